@@ -1,0 +1,161 @@
+// Declaring actor classes. TROUPE_ACTOR(Class, &Class::m1, &Class::m2, ...)
+// lists the methods callers may invoke; it fills ActorTraits<Class>, from
+// which the caller finds a method's index and the worker builds its
+// dispatch table. Constructors are registered where spawn<T>(args...) is
+// instantiated, so any constructor a driver uses is known to the worker
+// binary (the driver's own executable by default).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+#include "runtime/core/check.h"
+#include "runtime/wire/codec.h"
+
+namespace troupe {
+
+// Specialised by TROUPE_ACTOR.
+template <class T>
+struct ActorTraits;
+
+namespace client {
+
+template <class M>
+struct MethodTraits;
+#define TROUPE_METHOD_TRAITS(QUAL)                                    \
+  template <class C, class R, class... A>                             \
+  struct MethodTraits<R (C::*)(A...) QUAL> {                          \
+    using Class = C;                                                  \
+    using Result = std::decay_t<R>;                                   \
+    using Args = std::tuple<std::decay_t<A>...>;                      \
+    static constexpr size_t kArity = sizeof...(A);                    \
+  };
+TROUPE_METHOD_TRAITS()
+TROUPE_METHOD_TRAITS(const)
+TROUPE_METHOD_TRAITS(noexcept)
+TROUPE_METHOD_TRAITS(const noexcept)
+#undef TROUPE_METHOD_TRAITS
+
+// "&Counter::add, &Counter::get" -> {"add", "get"}
+std::vector<std::string> split_method_names(const char* list);
+
+template <class T>
+const std::vector<std::string>& method_names() {
+  static const std::vector<std::string> names = split_method_names(ActorTraits<T>::kMethodNames);
+  return names;
+}
+
+// Index of `m` in TROUPE_ACTOR's list for T.
+template <class T, class M>
+uint32_t method_index(M m) {
+  uint32_t found = UINT32_MAX;
+  uint32_t i = 0;
+  std::apply(
+      [&](auto... listed) {
+        (
+            [&](auto x) {
+              if constexpr (std::is_same_v<decltype(x), M>) {
+                if (found == UINT32_MAX && x == m) found = i;
+              }
+              ++i;
+            }(listed),
+            ...);
+      },
+      ActorTraits<T>::methods());
+  TROUPE_CHECK(found != UINT32_MAX) << "method is not listed in TROUPE_ACTOR(" << ActorTraits<T>::kName << ", ...)";
+  return found;
+}
+
+// An actor instance inside a worker, behind a type-erased interface.
+class HostedActor {
+ public:
+  virtual ~HostedActor() = default;
+  // Runs method `index` with encoded args; writes the encoded result.
+  virtual void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result) = 0;
+  virtual size_t method_count() const = 0;
+  virtual std::string method_name(uint32_t index) const = 0;
+};
+
+template <class T>
+class Hosted final : public HostedActor {
+ public:
+  explicit Hosted(std::unique_ptr<T> obj) : obj_(std::move(obj)) {}
+
+  void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result) override {
+    static const auto table = make_table(std::make_index_sequence<kCount>{});
+    if (index >= kCount) throw Error("method index " + std::to_string(index) + " out of range for " + ActorTraits<T>::kName);
+    table[index](*obj_, args, result);
+  }
+  size_t method_count() const override { return kCount; }
+  std::string method_name(uint32_t index) const override {
+    const auto& n = method_names<T>();
+    return index < n.size() ? n[index] : "#" + std::to_string(index);
+  }
+
+ private:
+  static constexpr size_t kCount = std::tuple_size_v<decltype(ActorTraits<T>::methods())>;
+  using Fn = void (*)(T&, wire::Decoder&, wire::Encoder&);
+
+  template <size_t I>
+  static void call_one(T& obj, wire::Decoder& d, wire::Encoder& e) {
+    constexpr auto m = std::get<I>(ActorTraits<T>::methods());
+    using MT = MethodTraits<std::remove_const_t<decltype(m)>>;
+    auto args = wire::decode<typename MT::Args>(d);
+    if (!d.done()) throw DecodeError("trailing bytes after the arguments of " + method_names<T>()[I]);
+    if constexpr (std::is_void_v<typename MT::Result>) {
+      std::apply([&](auto&&... a) { (obj.*m)(std::move(a)...); }, std::move(args));
+    } else {
+      wire::encode(e, std::apply([&](auto&&... a) { return (obj.*m)(std::move(a)...); }, std::move(args)));
+    }
+  }
+  template <size_t... I>
+  static std::array<Fn, kCount> make_table(std::index_sequence<I...>) {
+    return {&call_one<I>...};
+  }
+
+  std::unique_ptr<T> obj_;
+};
+
+// Constructor registry: key -> factory. Filled at static-initialisation
+// time by CtorRegistration instances that spawn<T>(args...) instantiates.
+struct ActorFactory {
+  std::string class_name;
+  std::unique_ptr<HostedActor> (*make)(wire::Decoder& args);
+};
+void register_factory(const std::string& key, ActorFactory f);
+const ActorFactory* find_factory(const std::string& key);
+
+template <class T, class... A>
+std::string factory_key() {
+  return std::string(ActorTraits<T>::kName) + "/" + typeid(std::tuple<A...>).name();
+}
+
+template <class T, class... A>
+struct CtorRegistration {
+  static std::unique_ptr<HostedActor> make(wire::Decoder& d) {
+    auto args = wire::decode<std::tuple<A...>>(d);
+    auto obj = std::apply([](auto&&... a) { return std::make_unique<T>(std::move(a)...); }, std::move(args));
+    return std::make_unique<Hosted<T>>(std::move(obj));
+  }
+  static inline const bool registered =
+      (register_factory(factory_key<T, A...>(), ActorFactory{ActorTraits<T>::kName, &make}), true);
+};
+
+}  // namespace client
+}  // namespace troupe
+
+// Declares Class as an actor type with the listed methods. Use at global
+// namespace scope, after the class definition.
+#define TROUPE_ACTOR(Class, ...)                                       \
+  template <>                                                          \
+  struct troupe::ActorTraits<Class> {                                  \
+    static constexpr const char* kName = #Class;                       \
+    static constexpr const char* kMethodNames = #__VA_ARGS__;          \
+    static constexpr auto methods() { return std::make_tuple(__VA_ARGS__); } \
+  };

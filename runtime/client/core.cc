@@ -1,0 +1,293 @@
+#include "runtime/client/core.h"
+
+#include "runtime/core/logging.h"
+
+namespace troupe::client {
+
+using namespace troupe::wire;
+
+ActorClient::ActorClient(Core& core, ActorInfo info) : core_(core), id_(info.id), info_(std::move(info)) {}
+
+ActorInfo ActorClient::info() const {
+  std::lock_guard lock(mu_);
+  return info_;
+}
+
+bool ActorClient::wait_ready(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] {
+        return info_.state == ActorState::kAlive || info_.state == ActorState::kDead;
+      }))
+    throw Timeout("actor " + std::to_string(id_) + " (" + info_.class_name + ") still " + to_string(info_.state) +
+                  " after " + std::to_string(timeout.count()) + " ms" +
+                  (info_.pending_reason.empty() ? "" : ": " + info_.pending_reason));
+  return info_.state == ActorState::kAlive;
+}
+
+void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fail fail) {
+  Message m;
+  m.kind = Kind::CALL;
+  m.op = method;
+  m.body = std::move(args.bytes());
+  m.attachments = std::move(args.attachments());
+  std::unique_lock lock(mu_);
+  m.id = next_call_id_++;
+  Pending p{m.id, encode_frame(m), std::move(complete), std::move(fail), info_.max_task_retries};
+  if (info_.state == ActorState::kDead) {
+    auto f = std::move(p.fail);
+    std::string cause = info_.death_cause;
+    lock.unlock();
+    f(std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name + ") is dead: " + cause)));
+    return;
+  }
+  if (conn_ && conn_->is_open() && queued_.empty()) {
+    conn_->send(p.frame);
+    inflight_.emplace(p.id, std::move(p));
+    return;
+  }
+  queued_.emplace(p.id, std::move(p));
+  connect_locked();
+}
+
+Future<Message> ActorClient::control(const std::string& topic, const std::string& payload) {
+  auto st = std::make_shared<core::FutureState<Message>>();
+  Message m;
+  m.kind = Kind::REQUEST;
+  m.op = static_cast<uint32_t>(Op::kControl);
+  m.body = std::move(encode_value(ControlMessage{topic, payload}).bytes());
+  std::unique_lock lock(mu_);
+  if (!conn_ || !conn_->is_open()) {
+    lock.unlock();
+    st->set_error(std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " is not connected")));
+    return Future<Message>(st);
+  }
+  m.id = next_call_id_++;
+  Pending p{m.id, encode_frame(m), [st](Message& r) { st->set_value(std::move(r)); },
+            [st](std::exception_ptr e) { st->set_error(e); }, 0};
+  conn_->send(p.frame);
+  inflight_.emplace(p.id, std::move(p));
+  return Future<Message>(st);
+}
+
+void ActorClient::connect_locked() {
+  if (connecting_ || info_.state != ActorState::kAlive || info_.address.empty()) return;
+  if (conn_ && conn_->is_open() && conn_incarnation_ == info_.incarnation) {
+    // Connected already: flush what queued up.
+    for (auto& [id, p] : queued_) {
+      conn_->send(p.frame);
+      inflight_.emplace(id, std::move(p));
+    }
+    queued_.clear();
+    return;
+  }
+  connecting_ = true;
+  uint32_t inc = info_.incarnation;
+  std::string address = info_.address;
+  auto self = shared_from_this();
+  asio::post(core_.io(), [self, inc, address] {
+    std::pair<std::string, uint16_t> hp;
+    try {
+      hp = parse_address(address);
+    } catch (const std::exception& e) {
+      return self->on_connected(nullptr, inc, e.what());
+    }
+    std::weak_ptr<ActorClient> weak = self;
+    Connection::connect(
+        self->core_.io(), hp.first, hp.second, self->core_.token(), FrameLimits{},
+        [weak](Message&& m) {
+          if (auto s = weak.lock()) s->on_reply(std::move(m));
+        },
+        [weak, inc](const std::string& reason) {
+          if (auto s = weak.lock()) s->on_closed(inc, reason);
+        },
+        [self, inc](std::shared_ptr<Connection> c, std::string error) { self->on_connected(std::move(c), inc, error); });
+  });
+}
+
+void ActorClient::on_connected(std::shared_ptr<Connection> c, uint32_t incarnation, const std::string& error) {
+  std::lock_guard lock(mu_);
+  connecting_ = false;
+  if (!c) {
+    // The worker is gone or going; the head's next update tells us where
+    // (or that it is dead). Nothing to do until then.
+    TROUPE_LOG_DEBUG("actor {}: connect failed: {}", id_, error);
+    return;
+  }
+  if (incarnation != info_.incarnation || info_.state != ActorState::kAlive) {
+    c->close("stale incarnation");
+    connect_locked();
+    return;
+  }
+  conn_ = std::move(c);
+  conn_incarnation_ = incarnation;
+  for (auto& [id, p] : queued_) {
+    conn_->send(p.frame);
+    inflight_.emplace(id, std::move(p));
+  }
+  queued_.clear();
+}
+
+void ActorClient::on_reply(Message&& m) {
+  Pending p;
+  {
+    std::lock_guard lock(mu_);
+    auto it = inflight_.find(m.id);
+    if (it == inflight_.end()) return;
+    p = std::move(it->second);
+    inflight_.erase(it);
+  }
+  p.complete(m);
+}
+
+std::vector<std::pair<ActorClient::Fail, std::exception_ptr>> ActorClient::drop_inflight_locked(
+    const std::string& reason) {
+  std::vector<std::pair<Fail, std::exception_ptr>> failures;
+  for (auto& [id, p] : inflight_) {
+    if (p.retries_left != 0) {
+      if (p.retries_left > 0) --p.retries_left;
+      queued_.emplace(id, std::move(p));
+    } else {
+      failures.emplace_back(std::move(p.fail),
+                            std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name +
+                                                              ") died while the call was in flight: " + reason)));
+    }
+  }
+  inflight_.clear();
+  return failures;
+}
+
+std::vector<std::pair<ActorClient::Fail, std::exception_ptr>> ActorClient::fail_all_locked(const std::string& reason) {
+  auto failures = drop_inflight_locked(reason);
+  for (auto& [id, p] : queued_)
+    failures.emplace_back(std::move(p.fail),
+                          std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name +
+                                                            ") is dead: " + reason)));
+  queued_.clear();
+  return failures;
+}
+
+void ActorClient::on_closed(uint32_t incarnation, const std::string& reason) {
+  std::vector<std::pair<Fail, std::exception_ptr>> failures;
+  {
+    std::lock_guard lock(mu_);
+    if (incarnation != conn_incarnation_ || !conn_) return;
+    conn_.reset();
+    failures = drop_inflight_locked(reason);
+    if (info_.state == ActorState::kDead) {
+      auto more = fail_all_locked(info_.death_cause);
+      failures.insert(failures.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    }
+    // If the head still says ALIVE at this incarnation, its update will
+    // follow; try once more in case only the connection broke.
+    if (!queued_.empty()) connect_locked();
+  }
+  for (auto& [f, e] : failures) f(e);
+}
+
+void ActorClient::on_update(const ActorInfo& info) {
+  std::vector<std::pair<Fail, std::exception_ptr>> failures;
+  {
+    std::lock_guard lock(mu_);
+    if (info.incarnation < info_.incarnation) return;
+    info_ = info;
+    if (conn_ && conn_incarnation_ != info.incarnation) {
+      // A newer process replaced the one we talk to.
+      conn_->close("actor restarted");
+      conn_.reset();
+      failures = drop_inflight_locked("worker replaced (" + info.death_cause + ")");
+    }
+    if (info.state == ActorState::kDead) {
+      if (conn_) conn_->close("actor dead");
+      conn_.reset();
+      auto more = fail_all_locked(info.death_cause);
+      failures.insert(failures.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    } else if (info.state == ActorState::kAlive && !queued_.empty()) {
+      connect_locked();
+    }
+  }
+  cv_.notify_all();
+  for (auto& [f, e] : failures) f(e);
+}
+
+std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
+  std::shared_ptr<Core> core(new Core());
+  core->address_ = o.address;
+  core->token_ = o.token;
+  core->io_thread_ = std::thread([c = core.get()] {
+    auto guard = asio::make_work_guard(c->io_);
+    c->io_.run();
+  });
+  try {
+    std::weak_ptr<Core> weak = core;
+    core->head_ = RpcChannel::connect(
+        core->io_, o.address, o.token, o.timeout,
+        [weak](Message&& m) {
+          if (auto c = weak.lock()) c->on_event(std::move(m));
+        },
+        [weak](const std::string& reason) {
+          if (auto c = weak.lock()) {
+            c->head_lost_ = true;
+            if (c->on_head_lost_) c->on_head_lost_(reason);
+          }
+        });
+    core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, o.hello, o.timeout);
+  } catch (...) {
+    core->shutdown();
+    throw;
+  }
+  return core;
+}
+
+Core::~Core() { shutdown(); }
+
+void Core::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    if (shut_) return;
+    shut_ = true;
+  }
+  if (head_) head_->close("client shutting down");
+  io_.stop();
+  if (io_thread_.joinable()) {
+    if (io_thread_.get_id() == std::this_thread::get_id())
+      io_thread_.detach();
+    else
+      io_thread_.join();
+  }
+}
+
+std::shared_ptr<ActorClient> Core::actor(const ActorInfo& info) {
+  std::shared_ptr<ActorClient> c;
+  {
+    std::lock_guard lock(mu_);
+    auto it = actors_.find(info.id);
+    if (it != actors_.end()) return it->second;
+    c = std::make_shared<ActorClient>(*this, info);
+    actors_[info.id] = c;
+  }
+  // Subscribe, then apply the head's current view (it may be newer).
+  auto latest = head_->call<ActorInfo>(Op::kSubscribeActor, info.id);
+  c->on_update(latest);
+  return c;
+}
+
+void Core::on_event(Message&& m) {
+  if (static_cast<Op>(m.op) != Op::kActorUpdate) return;
+  ActorInfo info;
+  try {
+    info = decode_value<ActorInfo>(m.body);
+  } catch (const std::exception& e) {
+    TROUPE_LOG_WARN("bad actor update from head: {}", e.what());
+    return;
+  }
+  std::shared_ptr<ActorClient> c;
+  {
+    std::lock_guard lock(mu_);
+    auto it = actors_.find(info.id);
+    if (it == actors_.end()) return;
+    c = it->second;
+  }
+  c->on_update(info);
+}
+
+}  // namespace troupe::client

@@ -1,0 +1,121 @@
+// The client side of the runtime inside one process (a driver or a worker):
+// the connection to the head, and one ActorClient per actor this process
+// calls. ActorClient keeps a direct connection to the actor's worker, sends
+// calls in order, matches replies, fails calls in flight with ActorDied when
+// the worker goes away (or queues them again when max_task_retries allows),
+// and follows the actor across restarts through the head's updates.
+#pragma once
+
+#include <asio.hpp>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "runtime/core/future.h"
+#include "runtime/wire/protocol.h"
+#include "runtime/wire/rpc.h"
+
+namespace troupe::client {
+
+class Core;
+
+class ActorClient : public std::enable_shared_from_this<ActorClient> {
+ public:
+  using Complete = std::function<void(wire::Message&)>;
+  using Fail = std::function<void(std::exception_ptr)>;
+
+  ActorClient(Core& core, wire::ActorInfo info);
+
+  // Sends method `method` with encoded args; `complete` gets the reply (OK
+  // or error status), `fail` an ActorDied. Thread-safe; calls from one
+  // thread go out in order.
+  void submit(uint32_t method, wire::Encoder&& args, Complete complete, Fail fail);
+  // Sends a control message handled by the worker's I/O thread.
+  Future<wire::Message> control(const std::string& topic, const std::string& payload);
+
+  void on_update(const wire::ActorInfo& info);
+  wire::ActorInfo info() const;
+  // Waits until the actor is ALIVE (true) or DEAD (false).
+  bool wait_ready(std::chrono::milliseconds timeout);
+  uint64_t id() const { return id_; }
+
+ private:
+  struct Pending {
+    uint64_t id;
+    wire::OutFrame frame;
+    Complete complete;
+    Fail fail;
+    int retries_left;
+  };
+  void connect_locked();
+  void on_connected(std::shared_ptr<wire::Connection> c, uint32_t incarnation, const std::string& error);
+  void on_reply(wire::Message&& m);
+  void on_closed(uint32_t incarnation, const std::string& reason);
+  // Fails or re-queues everything in flight (lock held; returns failures to
+  // run after unlocking).
+  std::vector<std::pair<Fail, std::exception_ptr>> drop_inflight_locked(const std::string& reason);
+  std::vector<std::pair<Fail, std::exception_ptr>> fail_all_locked(const std::string& reason);
+
+  Core& core_;
+  const uint64_t id_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  wire::ActorInfo info_;
+  std::shared_ptr<wire::Connection> conn_;
+  uint32_t conn_incarnation_ = 0;
+  bool connecting_ = false;
+  uint64_t next_call_id_ = 1;
+  std::unordered_map<uint64_t, Pending> inflight_;
+  std::map<uint64_t, Pending> queued_;  // by call id, so retries keep their order
+};
+
+struct ConnectOptions {
+  std::string address;
+  std::string token;
+  wire::Hello hello;  // role and, for workers, actor id + incarnation
+  std::chrono::milliseconds timeout{10000};
+};
+
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  // Connects to the head and says hello; the reply is kept (workers read
+  // their actor spec from it).
+  static std::shared_ptr<Core> connect(const ConnectOptions& options);
+  ~Core();
+
+  asio::io_context& io() { return io_; }
+  wire::RpcChannel& head() { return *head_; }
+  const std::string& address() const { return address_; }
+  const std::string& token() const { return token_; }
+  const wire::HelloReply& hello_reply() const { return hello_reply_; }
+
+  // The client for actor `info.id`, created and subscribed on first use.
+  std::shared_ptr<ActorClient> actor(const wire::ActorInfo& info);
+  // Called when the head connection drops (cluster gone).
+  void set_on_head_lost(std::function<void(const std::string&)> cb) { on_head_lost_ = std::move(cb); }
+  bool head_lost() const { return head_lost_.load(); }
+  void shutdown();
+
+ private:
+  Core() = default;
+  void on_event(wire::Message&& m);
+
+  asio::io_context io_;
+  std::thread io_thread_;
+  std::shared_ptr<wire::RpcChannel> head_;
+  std::string address_, token_;
+  wire::HelloReply hello_reply_;
+  std::mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<ActorClient>> actors_;
+  std::function<void(const std::string&)> on_head_lost_;
+  std::atomic<bool> head_lost_{false};
+  bool shut_ = false;
+};
+
+}  // namespace troupe::client

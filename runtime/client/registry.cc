@@ -1,0 +1,50 @@
+#include <map>
+#include <mutex>
+
+#include "runtime/client/actor.h"
+
+namespace troupe::client {
+
+namespace {
+std::map<std::string, ActorFactory>& factories() {
+  static std::map<std::string, ActorFactory> m;
+  return m;
+}
+std::mutex& factories_mu() {
+  static std::mutex mu;
+  return mu;
+}
+}  // namespace
+
+void register_factory(const std::string& key, ActorFactory f) {
+  std::lock_guard lock(factories_mu());
+  factories().emplace(key, std::move(f));
+}
+
+const ActorFactory* find_factory(const std::string& key) {
+  std::lock_guard lock(factories_mu());
+  auto it = factories().find(key);
+  return it == factories().end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> split_method_names(const char* list) {
+  std::vector<std::string> out;
+  std::string cur;
+  auto flush = [&] {
+    // "&Counter::add" -> "add"
+    auto pos = cur.rfind("::");
+    std::string n = pos == std::string::npos ? cur : cur.substr(pos + 2);
+    n.erase(0, n.find_first_not_of(" &\t\n"));
+    n.erase(n.find_last_not_of(" \t\n") + 1);
+    if (!n.empty()) out.push_back(n);
+    cur.clear();
+  };
+  for (const char* p = list; *p; ++p) {
+    if (*p == ',') flush();
+    else cur += *p;
+  }
+  flush();
+  return out;
+}
+
+}  // namespace troupe::client

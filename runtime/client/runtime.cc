@@ -1,0 +1,216 @@
+#include "runtime/client/runtime.h"
+
+#include <unistd.h>
+
+#include <climits>
+
+#include "runtime/core/logging.h"
+#include "runtime/core/session.h"
+#include "runtime/head/head.h"
+#include "runtime/node/node_agent.h"
+#include "runtime/worker/worker_context.h"
+
+namespace troupe {
+
+using namespace troupe::wire;
+
+namespace {
+
+// KvStore over the head's KV requests.
+class HeadKvStore final : public KvStore {
+ public:
+  explicit HeadKvStore(std::shared_ptr<client::Core> core) : core_(std::move(core)) {}
+  void put(const std::string& key, const std::string& value) override {
+    core_->head().call<void>(Op::kKvPut, KvEntry{key, value});
+  }
+  std::optional<std::string> get(const std::string& key) override {
+    return core_->head().call<std::optional<std::string>>(Op::kKvGet, key);
+  }
+  std::string wait(const std::string& key, std::chrono::milliseconds timeout) override {
+    uint32_t ms = static_cast<uint32_t>(std::min<int64_t>(timeout.count(), UINT32_MAX));
+    return core_->head().call<std::string>(Op::kKvWait, KvWait{key, ms}, timeout + std::chrono::seconds(5));
+  }
+  void erase(const std::string& key) override { core_->head().call<void>(Op::kKvErase, key); }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return core_->head().call<int64_t>(Op::kKvAdd, KvAdd{key, delta});
+  }
+
+ private:
+  std::shared_ptr<client::Core> core_;
+};
+
+}  // namespace
+
+struct Runtime::Embedded {
+  std::unique_ptr<head::Head> head;
+  std::unique_ptr<node::NodeAgent> node;
+};
+
+namespace client {
+std::string self_executable() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "/proc/self/exe";
+  return std::string(buf, n);
+}
+}  // namespace client
+
+Runtime::Runtime(Runtime&&) noexcept = default;
+Runtime& Runtime::operator=(Runtime&&) noexcept = default;
+Runtime::~Runtime() { shutdown(); }
+
+Runtime Runtime::attach(std::shared_ptr<client::Core> core) {
+  Runtime rt;
+  rt.core_ = std::move(core);
+  rt.kv_ = std::make_unique<HeadKvStore>(rt.core_);
+  return rt;
+}
+
+Runtime Runtime::connect(const InitOptions& o) {
+  Runtime rt;
+  std::string address = o.address;
+  std::string token = o.token;
+  if (address.empty()) {
+    rt.embedded_ = std::make_unique<Embedded>();
+    if (token.empty()) token = random_token();
+    head::HeadOptions ho;
+    ho.token = token;
+    ho.heartbeat_ms = o.heartbeat_ms;
+    ho.heartbeat_misses = o.heartbeat_misses;
+    rt.embedded_->head = std::make_unique<head::Head>(ho);
+    rt.embedded_->head->start();
+    address = rt.embedded_->head->address();
+    node::NodeOptions no;
+    no.head_address = address;
+    no.token = token;
+    no.resources = node::detect_resources(o.node_resources);
+    rt.embedded_->node = std::make_unique<node::NodeAgent>(no);
+  } else if (token.empty()) {
+    throw ConfigError("connecting to " + address + " needs the cluster token (TROUPE_TOKEN or the session directory)");
+  }
+  client::ConnectOptions co;
+  co.address = address;
+  co.token = token;
+  co.hello.role = Role::kDriver;
+  co.hello.pid = getpid();
+  rt.core_ = client::Core::connect(co);
+  rt.kv_ = std::make_unique<HeadKvStore>(rt.core_);
+  return rt;
+}
+
+void Runtime::shutdown() {
+  if (core_) {
+    // Worker runtimes share the process's core; only drivers close theirs.
+    if (embedded_ || !this_actor::in_worker()) core_->shutdown();
+    core_.reset();
+  }
+  if (embedded_) {
+    embedded_->node.reset();  // kills the workers
+    embedded_->head.reset();
+    embedded_.reset();
+  }
+  kv_.reset();
+}
+
+ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
+  spec.resources = options.resources;
+  spec.name = options.name;
+  spec.max_restarts = options.max_restarts;
+  spec.max_task_retries = options.max_task_retries;
+  spec.max_concurrency = options.max_concurrency;
+  if (options.placement_group) spec.placement_group = options.placement_group->id();
+  spec.bundle_index = options.bundle_index;
+  spec.executable = options.executable.empty() ? client::self_executable() : options.executable;
+  spec.env = options.env;
+  if (options.max_concurrency < 1)
+    throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(options.max_concurrency));
+  return core_->head().call<ActorInfo>(Op::kCreateActor, spec);
+}
+
+void Runtime::kill_actor(uint64_t actor_id, bool no_restart) {
+  core_->head().call<void>(Op::kKillActor, KillActor{actor_id, no_restart});
+}
+
+PlacementGroup Runtime::create_placement_group(const std::vector<Resources>& bundles, PlacementStrategy strategy,
+                                               const std::string& name) {
+  PlacementGroupSpec spec{bundles, strategy, name};
+  PlacementGroup pg;
+  pg.core_ = core_;
+  pg.info_ = core_->head().call<PlacementGroupInfo>(Op::kCreatePlacementGroup, spec);
+  pg.bundles_ = bundles.size();
+  return pg;
+}
+
+void Runtime::remove_placement_group(const PlacementGroup& pg) {
+  core_->head().call<void>(Op::kRemovePlacementGroup, pg.id());
+}
+
+bool PlacementGroup::wait(std::chrono::milliseconds timeout) {
+  uint32_t ms = static_cast<uint32_t>(std::min<int64_t>(timeout.count(), UINT32_MAX));
+  info_ = core_->head().call<PlacementGroupInfo>(Op::kWaitPlacementGroup, WaitPlacementGroup{info_.id, ms},
+                                                 timeout + std::chrono::seconds(5));
+  return info_.state == wire::PlacementGroupState::kCreated;
+}
+
+wire::PlacementGroupInfo PlacementGroup::info() const {
+  return core_->head().call<PlacementGroupInfo>(Op::kGetPlacementGroup, info_.id);
+}
+
+KvStore& Runtime::kv() { return *kv_; }
+
+std::string Runtime::status_json() { return core_->head().call_empty<std::string>(Op::kStatus); }
+
+std::string Runtime::address() const { return core_->address(); }
+const std::string& Runtime::token() const { return core_->token(); }
+
+Runtime init(const InitOptions& options) {
+  run_role_if_requested();
+  static bool logging = false;
+  if (!logging) {
+    core::init_logging("driver");
+    logging = true;
+  }
+  return Runtime::connect(options);
+}
+
+Runtime init(int argc, char** argv) {
+  run_role_if_requested(argc, argv);
+  InitOptions o;
+  if (const char* a = std::getenv("TROUPE_ADDRESS")) o.address = a;
+  if (const char* t = std::getenv("TROUPE_TOKEN")) o.token = t;
+  for (int i = 1; argv && i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--address" && i + 1 < argc) o.address = argv[++i];
+    else if (arg.rfind("--address=", 0) == 0) o.address = arg.substr(10);
+  }
+  if (o.address == "auto") {
+    std::string dir = core::session_dir();
+    o.address = core::read_session_file(dir, "address");
+    if (o.address.empty()) throw ConfigError("--address auto: no running cluster in " + dir + " (troupe start --head)");
+  }
+  if (!o.address.empty() && o.token.empty()) o.token = core::read_session_file(core::session_dir(), "token");
+  return init(o);
+}
+
+namespace this_actor {
+uint64_t id() { return worker::WorkerContext::get().actor_id; }
+std::vector<int> gpu_ids() { return worker::WorkerContext::get().gpu_ids; }
+bool in_worker() { return worker::WorkerContext::get().runtime != nullptr; }
+Runtime& runtime() {
+  auto& ctx = worker::WorkerContext::get();
+  if (!ctx.runtime) throw Error("this_actor::runtime() called outside an actor");
+  return *ctx.runtime;
+}
+void on_control(const std::string& topic, std::function<std::string(const std::string&)> handler) {
+  worker::WorkerContext::get().set_control_handler(topic, std::move(handler));
+}
+}  // namespace this_actor
+
+namespace worker {
+WorkerContext& WorkerContext::get() {
+  static WorkerContext ctx;
+  return ctx;
+}
+}  // namespace worker
+
+}  // namespace troupe

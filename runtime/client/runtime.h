@@ -1,0 +1,289 @@
+// The user-facing API of troupe: connect to (or embed) a cluster, spawn
+// actors, call their methods, look them up by name, kill them, reserve
+// placement groups, and use the cluster's KV store.
+//
+//   troupe::Runtime rt = troupe::init(argc, argv);
+//   auto c = rt.spawn<Counter>({.resources = {{"CPU", 1}}, .max_restarts = 3}, 10);
+//   int v = c.call(&Counter::add, 5).get();
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/client/actor.h"
+#include "runtime/client/core.h"
+#include "runtime/core/kv_store.h"
+
+namespace troupe {
+
+using wire::ActorInfo;
+using wire::ActorState;
+using wire::PlacementStrategy;
+using Resources = std::map<std::string, double>;
+
+class PlacementGroup {
+ public:
+  PlacementGroup() = default;
+  uint64_t id() const { return info_.id; }
+  size_t bundle_count() const { return bundles_; }
+  // Waits until every bundle is reserved: true, or false at the timeout
+  // (the group stays PENDING and is retried as nodes change).
+  bool wait(std::chrono::milliseconds timeout);
+  wire::PlacementGroupInfo info() const;
+
+ private:
+  friend class Runtime;
+  std::shared_ptr<client::Core> core_;
+  wire::PlacementGroupInfo info_;
+  size_t bundles_ = 0;
+};
+
+struct ActorOptions {
+  // What the actor reserves on its node ({} = nothing; a trainer asks for
+  // {{"GPU", 1}} or {{"CPU", 1}}).
+  Resources resources;
+  // A name makes the actor findable with get_actor<T>(name).
+  std::string name;
+  // Restarts after the worker dies (-1 = unlimited). The constructor runs
+  // again with the same arguments.
+  int max_restarts = 0;
+  // Times a call in flight when the worker died is sent again (-1 =
+  // unlimited); 0 = fail it with ActorDied.
+  int max_task_retries = 0;
+  int max_concurrency = 1;
+  const PlacementGroup* placement_group = nullptr;
+  int bundle_index = -1;
+  // Worker executable; "" = this program (it must call troupe::init).
+  std::string executable;
+  // Extra KEY=VALUE environment for the worker process.
+  std::vector<std::string> env;
+};
+
+class Runtime;
+
+template <class T>
+class ActorHandle {
+ public:
+  ActorHandle() = default;
+
+  // Calls `method` with `args` (Futures among them are awaited first and
+  // their values sent). Calls from one thread to one actor run in order.
+  template <class M, class... A>
+  auto call(M method, A&&... args) const -> Future<typename client::MethodTraits<M>::Result>;
+
+  uint64_t id() const { return client_->id(); }
+  // The latest state the head reported.
+  ActorInfo info() const { return client_->info(); }
+  // Waits until ALIVE (true) or DEAD (false); Timeout names the reason it is
+  // still pending.
+  bool wait_ready(std::chrono::milliseconds timeout = std::chrono::seconds(60)) const {
+    return client_->wait_ready(timeout);
+  }
+  // Sends a control message to the worker, bypassing the mailbox.
+  Future<wire::Message> control(const std::string& topic, const std::string& payload = {}) const {
+    return client_->control(topic, payload);
+  }
+  bool valid() const { return client_ != nullptr; }
+
+ private:
+  friend class Runtime;
+  explicit ActorHandle(std::shared_ptr<client::ActorClient> c) : client_(std::move(c)) {}
+  std::shared_ptr<client::ActorClient> client_;
+};
+
+// Where to connect; an empty address embeds a head and one node agent in
+// this process (the default local cluster).
+struct InitOptions {
+  std::string address;  // HOST:PORT of the head, "" = embedded
+  std::string token;    // "" = TROUPE_TOKEN or the session directory's
+  Resources node_resources;  // embedded node (empty = detect)
+  uint32_t heartbeat_ms = 100;
+  uint32_t heartbeat_misses = 5;
+};
+
+class Runtime {
+ public:
+  Runtime() = default;
+  Runtime(Runtime&&) noexcept;
+  Runtime& operator=(Runtime&&) noexcept;
+  ~Runtime();
+
+  static Runtime connect(const InitOptions& options);
+  // Wraps an existing client core (workers use this for this_actor).
+  static Runtime attach(std::shared_ptr<client::Core> core);
+
+  template <class T, class... A>
+  ActorHandle<T> spawn(const ActorOptions& options, A&&... args);
+
+  // The live actor registered under `name`; ConfigError when there is none.
+  template <class T>
+  ActorHandle<T> get_actor(const std::string& name) {
+    auto info = core_->head().call<ActorInfo>(wire::Op::kGetActor, name);
+    if (info.class_name != ActorTraits<T>::kName)
+      throw ConfigError("actor '" + name + "' is a " + info.class_name + ", not a " + ActorTraits<T>::kName);
+    return ActorHandle<T>(core_->actor(info));
+  }
+
+  // Kills the actor's worker (SIGKILL). With no_restart it ends DEAD;
+  // otherwise it restarts if it has restarts left.
+  template <class T>
+  void kill(const ActorHandle<T>& h, bool no_restart = true) {
+    kill_actor(h.id(), no_restart);
+  }
+  void kill_actor(uint64_t actor_id, bool no_restart = true);
+
+  PlacementGroup create_placement_group(const std::vector<Resources>& bundles, PlacementStrategy strategy,
+                                        const std::string& name = "");
+  void remove_placement_group(const PlacementGroup& pg);
+
+  // The cluster's KV store (shared by every process of the cluster).
+  KvStore& kv();
+  // The head's status as JSON text (nodes, resources, actors, groups).
+  std::string status_json();
+  // HOST:PORT of the head.
+  std::string address() const;
+  const std::string& token() const;
+  bool valid() const { return core_ != nullptr; }
+  // Stops the embedded cluster (if any) and disconnects.
+  void shutdown();
+
+  // The process-internal client core (for layers built on the runtime).
+  const std::shared_ptr<client::Core>& core() const { return core_; }
+
+ private:
+  ActorInfo create_actor(wire::ActorSpec spec, const ActorOptions& options);
+  struct Embedded;
+  std::shared_ptr<client::Core> core_;
+  std::unique_ptr<Embedded> embedded_;
+  std::unique_ptr<KvStore> kv_;
+};
+
+// Entry point of every troupe program. In a process started as a worker,
+// node agent or head (TROUPE_ROLE set) it serves that role and never
+// returns. Otherwise it connects to --address / TROUPE_ADDRESS ("auto" =
+// the local session directory) or embeds a local cluster.
+Runtime init(int argc = 0, char** argv = nullptr);
+Runtime init(const InitOptions& options);
+
+// Serves a head / node / worker role when TROUPE_ROLE asks for one (then
+// exits the process); returns otherwise.
+void run_role_if_requested(int argc = 0, char** argv = nullptr);
+
+namespace this_actor {
+// Inside an actor: its id, the GPUs it was given (indices into
+// CUDA_VISIBLE_DEVICES' view, i.e. 0..n-1 after remapping is the caller's
+// choice; these are the node's device ids), and a Runtime connected to the
+// cluster.
+uint64_t id();
+std::vector<int> gpu_ids();
+Runtime& runtime();
+bool in_worker();
+// Registers a handler for control messages with `topic` (runs on the
+// worker's I/O thread, concurrently with the actor's current call).
+void on_control(const std::string& topic, std::function<std::string(const std::string&)> handler);
+}  // namespace this_actor
+
+// ---- templates ------------------------------------------------------------
+
+namespace client {
+std::string self_executable();
+
+template <class R>
+void complete_call(core::FutureState<R>& st, wire::Message& m, const char* method) {
+  if (m.status != wire::Status::OK) {
+    if (m.status == wire::Status::ACTOR_DIED)
+      st.set_error(std::make_exception_ptr(ActorDied(m.error_message)));
+    else
+      st.set_error(std::make_exception_ptr(RemoteError(m.error_type, m.error_message)));
+    return;
+  }
+  try {
+    if constexpr (std::is_void_v<R>) {
+      st.set_value();
+    } else {
+      st.set_value(wire::decode_value<R>(m.body.data(), m.body.size(), &m.attachments));
+    }
+  } catch (...) {
+    st.set_error(std::current_exception());
+  }
+}
+
+template <class T>
+decltype(auto) resolve_arg(T&& v) {
+  if constexpr (IsFuture<std::decay_t<T>>::value) {
+    return v.get();
+  } else {
+    return std::forward<T>(v);
+  }
+}
+}  // namespace client
+
+template <class T>
+template <class M, class... A>
+auto ActorHandle<T>::call(M method, A&&... args) const -> Future<typename client::MethodTraits<M>::Result> {
+  using MT = client::MethodTraits<M>;
+  using R = typename MT::Result;
+  using Args = typename MT::Args;
+  static_assert(std::is_same_v<typename MT::Class, T> || std::is_base_of_v<typename MT::Class, T>,
+                "method does not belong to this actor type");
+  static_assert(sizeof...(A) == MT::kArity, "wrong number of arguments for this method");
+  uint32_t index = client::method_index<T>(method);
+  auto st = std::make_shared<core::FutureState<R>>();
+  auto send = [client = client_, index, st](Args tuple) {
+    wire::Encoder e;
+    wire::encode(e, tuple);
+    client->submit(
+        index, std::move(e), [st](wire::Message& m) { client::complete_call<R>(*st, m, ""); },
+        [st](std::exception_ptr ex) { st->set_error(ex); });
+  };
+  constexpr bool any_future = (IsFuture<std::decay_t<A>>::value || ...);
+  if constexpr (!any_future) {
+    send(Args(std::forward<A>(args)...));
+  } else {
+    // Futures among the arguments: send once all of them are ready, from
+    // the thread that completes the last one.
+    auto pack = std::make_shared<std::tuple<std::decay_t<A>...>>(std::forward<A>(args)...);
+    auto remaining = std::make_shared<std::atomic<int>>(1);
+    auto fire = [pack, st, send, remaining] {
+      if (remaining->fetch_sub(1) != 1) return;
+      try {
+        send(std::apply([](auto&... a) { return Args(client::resolve_arg(a)...); }, *pack));
+      } catch (...) {
+        st->set_error(std::current_exception());
+      }
+    };
+    std::apply(
+        [&](auto&... a) {
+          (
+              [&](auto& x) {
+                if constexpr (IsFuture<std::decay_t<decltype(x)>>::value) {
+                  remaining->fetch_add(1);
+                  x.on_ready(fire);
+                }
+              }(a),
+              ...);
+        },
+        *pack);
+    fire();
+  }
+  return Future<R>(st);
+}
+
+template <class T, class... A>
+ActorHandle<T> Runtime::spawn(const ActorOptions& options, A&&... args) {
+  using Registration = client::CtorRegistration<T, std::decay_t<A>...>;
+  (void)Registration::registered;
+  wire::ActorSpec spec;
+  spec.type_key = client::factory_key<T, std::decay_t<A>...>();
+  spec.class_name = ActorTraits<T>::kName;
+  wire::Encoder e;
+  wire::encode(e, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
+  spec.ctor_args = std::move(e.bytes());
+  spec.ctor_attachments = std::move(e.attachments());
+  return ActorHandle<T>(core_->actor(create_actor(std::move(spec), options)));
+}
+
+}  // namespace troupe

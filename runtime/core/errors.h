@@ -1,0 +1,67 @@
+// The exception hierarchy of troupe. Inside a process, logistics failures
+// (I/O, timeouts, bugs) are exceptions; across the wire they travel as error
+// values (type name + message) and are rethrown by Future::get.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace troupe {
+
+// Base of every exception troupe throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A wait ran out of time (Future::get, KV wait, rendezvous, collectives).
+class Timeout : public Error {
+ public:
+  using Error::Error;
+};
+
+// The actor that should run a call is dead (crashed, killed, or out of
+// restarts), or died while the call was in flight.
+class ActorDied : public Error {
+ public:
+  using Error::Error;
+};
+
+// A user method (or constructor) threw; carries the remote type name.
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string type_name, std::string message)
+      : Error(type_name + ": " + message), type_name_(std::move(type_name)), remote_message_(std::move(message)) {}
+  const std::string& type_name() const { return type_name_; }
+  const std::string& remote_message() const { return remote_message_; }
+
+ private:
+  std::string type_name_;
+  std::string remote_message_;
+};
+
+// A value could not be decoded (malformed or truncated bytes).
+class DecodeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A connection failed, was refused, or closed.
+class ConnectionError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Bad configuration or argument supplied by the user.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An operation was aborted (collective group aborted, runtime shutting down).
+class Aborted : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace troupe

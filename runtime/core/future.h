@@ -1,0 +1,174 @@
+// Future<T>: the result of an actor call. A shared state set exactly once by
+// the runtime (value or error); get() blocks with an optional timeout and
+// rethrows the remote failure (ActorDied, RemoteError, Timeout). Callbacks
+// let the runtime chain work (futures passed as call arguments).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/core/errors.h"
+
+namespace troupe {
+
+namespace core {
+
+// The part of a future's shared state that does not depend on T.
+class FutureStateBase {
+ public:
+  virtual ~FutureStateBase() = default;
+
+  bool ready() const {
+    std::lock_guard lock(mu_);
+    return ready_;
+  }
+  // Waits until ready; false on timeout.
+  bool wait_for(std::chrono::milliseconds timeout) const {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return ready_; });
+  }
+  void wait() const {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return ready_; });
+  }
+  void set_error(std::exception_ptr e) {
+    complete([&] { error_ = std::move(e); });
+  }
+  // Runs cb once the state is ready (at once, on this thread, if it is).
+  void on_ready(std::function<void()> cb) {
+    std::unique_lock lock(mu_);
+    if (ready_) {
+      lock.unlock();
+      cb();
+      return;
+    }
+    callbacks_.push_back(std::move(cb));
+  }
+  std::exception_ptr error() const {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+
+ protected:
+  template <class F>
+  void complete(F&& assign) {
+    std::vector<std::function<void()>> cbs;
+    {
+      std::lock_guard lock(mu_);
+      if (ready_) return;  // first completion wins
+      assign();
+      ready_ = true;
+      cbs.swap(callbacks_);
+    }
+    cv_.notify_all();
+    for (auto& cb : cbs) cb();
+  }
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool ready_ = false;
+  std::exception_ptr error_;
+  std::vector<std::function<void()>> callbacks_;
+};
+
+template <class T>
+class FutureState : public FutureStateBase {
+ public:
+  void set_value(T v) {
+    complete([&] { value_.emplace(std::move(v)); });
+  }
+  T& value() { return *value_; }
+
+ private:
+  std::optional<T> value_;
+};
+
+template <>
+class FutureState<void> : public FutureStateBase {
+ public:
+  void set_value() {
+    complete([] {});
+  }
+};
+
+}  // namespace core
+
+template <class T>
+class Future {
+ public:
+  using value_type = T;
+  Future() = default;
+  explicit Future(std::shared_ptr<core::FutureState<T>> s) : state_(std::move(s)) {}
+
+  bool valid() const { return state_ != nullptr; }
+  bool ready() const { return state_ && state_->ready(); }
+
+  // Blocks until the result is there and returns it (a copy; the future
+  // stays valid), or rethrows the failure.
+  T get() const {
+    state_->wait();
+    return take();
+  }
+  // Like get(), but throws troupe::Timeout after `timeout`.
+  T get(std::chrono::milliseconds timeout) const {
+    if (!state_->wait_for(timeout))
+      throw Timeout("future not ready after " + std::to_string(timeout.count()) + " ms");
+    return take();
+  }
+  bool wait_for(std::chrono::milliseconds timeout) const { return state_->wait_for(timeout); }
+  void on_ready(std::function<void()> cb) const { state_->on_ready(std::move(cb)); }
+  const std::shared_ptr<core::FutureState<T>>& state() const { return state_; }
+
+ private:
+  T take() const {
+    if (auto e = state_->error()) std::rethrow_exception(e);
+    if constexpr (!std::is_void_v<T>) return state_->value();
+  }
+  std::shared_ptr<core::FutureState<T>> state_;
+};
+
+template <class T>
+struct IsFuture : std::false_type {};
+template <class T>
+struct IsFuture<Future<T>> : std::true_type {};
+
+// Waits for every future (errors are not rethrown here; call get()).
+template <class... F>
+void wait_all(const F&... futures) {
+  (futures.state()->wait(), ...);
+}
+template <class T>
+void wait_all(const std::vector<Future<T>>& futures) {
+  for (auto& f : futures) f.state()->wait();
+}
+
+// Waits until one of the futures is ready and returns its index; throws
+// Timeout after `timeout`.
+template <class T>
+size_t wait_any(const std::vector<Future<T>>& futures,
+                std::chrono::milliseconds timeout = std::chrono::hours(24 * 365)) {
+  if (futures.empty()) throw Error("wait_any: no futures given");
+  auto mu = std::make_shared<std::mutex>();
+  auto cv = std::make_shared<std::condition_variable>();
+  auto first = std::make_shared<std::optional<size_t>>();
+  for (size_t i = 0; i < futures.size(); ++i) {
+    futures[i].on_ready([mu, cv, first, i] {
+      std::lock_guard lock(*mu);
+      if (!*first) *first = i;
+      cv->notify_all();
+    });
+  }
+  std::unique_lock lock(*mu);
+  if (!cv->wait_for(lock, timeout, [&] { return first->has_value(); }))
+    throw Timeout("wait_any: no future ready after " + std::to_string(timeout.count()) + " ms");
+  return **first;
+}
+
+}  // namespace troupe

@@ -1,0 +1,174 @@
+#include "runtime/head/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "runtime/core/errors.h"
+
+namespace troupe::head {
+
+namespace {
+constexpr double kEps = 1e-9;
+
+double get(const Resources& r, const std::string& k) {
+  auto it = r.find(k);
+  return it == r.end() ? 0.0 : it->second;
+}
+
+// Fraction of the node in use after placing req (the largest over the
+// resources the request names); lower is emptier.
+double load_after(const NodeView& n, const Resources& req) {
+  double worst = 0;
+  for (const auto& [k, v] : n.total) {
+    if (v <= 0) continue;
+    double used = v - get(n.available, k) + get(req, k);
+    worst = std::max(worst, used / v);
+  }
+  return worst;
+}
+
+std::string nodes_summary(const std::vector<NodeView>& nodes) {
+  std::ostringstream s;
+  if (nodes.empty()) return "no nodes alive";
+  s << "available:";
+  for (const auto& n : nodes) s << " node " << n.id << " {" << format_resources(n.available) << "}";
+  return s.str();
+}
+}  // namespace
+
+bool fits(const Resources& avail, const Resources& req) {
+  for (const auto& [k, v] : req)
+    if (v > kEps && get(avail, k) + kEps < v) return false;
+  return true;
+}
+
+void subtract(Resources& avail, const Resources& req) {
+  for (const auto& [k, v] : req)
+    if (v != 0) avail[k] = get(avail, k) - v;
+}
+
+void add(Resources& avail, const Resources& req) {
+  for (const auto& [k, v] : req)
+    if (v != 0) avail[k] = get(avail, k) + v;
+}
+
+std::string format_resources(const Resources& r) {
+  std::ostringstream s;
+  bool first = true;
+  for (const auto& [k, v] : r) {
+    if (!first) s << ", ";
+    first = false;
+    s << k << "=" << (std::abs(v - std::round(v)) < kEps ? std::to_string(static_cast<long long>(std::round(v)))
+                                                         : std::to_string(v));
+  }
+  return s.str();
+}
+
+Resources parse_resources(const std::string& text) {
+  Resources r;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    if (part.empty()) continue;
+    auto eq = part.find('=');
+    if (eq == std::string::npos || eq == 0) throw ConfigError("resource '" + part + "' is not NAME=AMOUNT");
+    std::string name = part.substr(0, eq);
+    double v = 0;
+    try {
+      size_t used = 0;
+      v = std::stod(part.substr(eq + 1), &used);
+      if (used != part.size() - eq - 1) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      throw ConfigError("resource '" + part + "' has a bad amount");
+    }
+    if (v < 0 || !std::isfinite(v)) throw ConfigError("resource '" + part + "' must be a non-negative number");
+    r[name] = v;
+  }
+  return r;
+}
+
+std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Resources& req, std::string* reason) {
+  const NodeView* best = nullptr;
+  double best_load = 0;
+  for (const auto& n : nodes) {
+    if (!fits(n.available, req)) continue;
+    double l = load_after(n, req);
+    if (!best || l < best_load - kEps) {
+      best = &n;
+      best_load = l;
+    }
+  }
+  if (best) return best->id;
+  if (reason) {
+    bool any_total = std::any_of(nodes.begin(), nodes.end(), [&](const NodeView& n) { return fits(n.total, req); });
+    *reason = "no node can hold {" + format_resources(req) + "} " +
+              (any_total ? "right now" : "at all (no node has that much in total)") + "; " + nodes_summary(nodes);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, const std::vector<Resources>& bundles,
+                                                   wire::PlacementStrategy strategy, std::string* reason) {
+  using S = wire::PlacementStrategy;
+  std::vector<uint64_t> out(bundles.size(), 0);
+  auto fail = [&](const std::string& why) -> std::optional<std::vector<uint64_t>> {
+    if (reason) *reason = why + "; " + nodes_summary(nodes);
+    return std::nullopt;
+  };
+  if (bundles.empty()) return out;
+
+  if (strategy == S::kStrictPack || strategy == S::kPack) {
+    Resources sum;
+    for (const auto& b : bundles) add(sum, b);
+    std::string why;
+    if (auto n = pick_node(nodes, sum, &why)) {
+      std::fill(out.begin(), out.end(), *n);
+      return out;
+    }
+    if (strategy == S::kStrictPack) return fail("STRICT_PACK: no single node can hold all bundles {" + format_resources(sum) + "}");
+    // PACK falls back to filling the fullest node that still fits each bundle.
+    for (size_t i = 0; i < bundles.size(); ++i) {
+      NodeView* target = nullptr;
+      for (auto& n : nodes) {
+        if (!fits(n.available, bundles[i])) continue;
+        if (!target || load_after(n, {}) > load_after(*target, {})) target = &n;
+      }
+      if (!target) return fail("PACK: bundle " + std::to_string(i) + " {" + format_resources(bundles[i]) + "} fits on no node");
+      subtract(target->available, bundles[i]);
+      out[i] = target->id;
+    }
+    return out;
+  }
+
+  // SPREAD and STRICT_SPREAD: each bundle on the least loaded node not yet
+  // used by this group (STRICT_SPREAD insists; SPREAD reuses when it must).
+  std::vector<uint64_t> used;
+  for (size_t i = 0; i < bundles.size(); ++i) {
+    NodeView* target = nullptr;
+    double best = 0;
+    for (int pass = 0; pass < 2 && !target; ++pass) {
+      if (pass == 1 && strategy == S::kStrictSpread) break;
+      for (auto& n : nodes) {
+        bool taken = std::find(used.begin(), used.end(), n.id) != used.end();
+        if (pass == 0 && taken) continue;
+        if (!fits(n.available, bundles[i])) continue;
+        double l = load_after(n, bundles[i]);
+        if (!target || l < best) {
+          target = &n;
+          best = l;
+        }
+      }
+    }
+    if (!target)
+      return fail(std::string(strategy == S::kStrictSpread ? "STRICT_SPREAD" : "SPREAD") + ": bundle " +
+                  std::to_string(i) + " {" + format_resources(bundles[i]) + "} has no " +
+                  (strategy == S::kStrictSpread ? "distinct " : "") + "node that fits");
+    subtract(target->available, bundles[i]);
+    used.push_back(target->id);
+    out[i] = target->id;
+  }
+  return out;
+}
+
+}  // namespace troupe::head

@@ -1,0 +1,269 @@
+#include "runtime/node/node_agent.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+
+#include "runtime/core/logging.h"
+#include "runtime/wire/rpc.h"
+
+extern char** environ;
+
+namespace troupe::node {
+
+using namespace troupe::wire;
+
+namespace {
+
+// GPU count through the CUDA runtime, loaded lazily so that a node without
+// CUDA (or a build without it) simply reports 0.
+int cuda_device_count() {
+  void* h = dlopen("libcudart.so", RTLD_LAZY | RTLD_LOCAL);
+  for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"})
+    if (!h) h = dlopen(name, RTLD_LAZY | RTLD_LOCAL);
+  if (!h) return 0;
+  using Fn = int (*)(int*);
+  auto fn = reinterpret_cast<Fn>(dlsym(h, "cudaGetDeviceCount"));
+  int n = 0;
+  if (!fn || fn(&n) != 0) n = 0;
+  return n;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+}  // namespace
+
+Resources detect_resources(const Resources& overrides) {
+  Resources r;
+  r["CPU"] = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  r["GPU"] = cuda_device_count();
+  for (const auto& [k, v] : overrides) r[k] = v;
+  return r;
+}
+
+class NodeAgent::Impl {
+ public:
+  explicit Impl(NodeOptions o) : opts_(std::move(o)), signals_(io_, SIGCHLD), timer_(io_) {
+    if (opts_.resources.empty()) opts_.resources = detect_resources({});
+    io_thread_ = std::thread([this] {
+      auto guard = asio::make_work_guard(io_);
+      io_.run();
+    });
+    try {
+      head_ = RpcChannel::connect(
+          io_, opts_.head_address, opts_.token, std::chrono::seconds(10),
+          [this](Message&& m) { on_event(std::move(m)); },
+          [this](const std::string& reason) {
+            if (!stopping_) TROUPE_LOG_WARN("lost the head ({}); stopping node", reason);
+            shutdown();
+          });
+      Hello h;
+      h.role = Role::kNode;
+      h.resources = opts_.resources;
+      h.hostname = hostname();
+      h.pid = getpid();
+      h.bind_host = opts_.bind_host;
+      auto reply = head_->call<HelloReply>(Op::kHello, h);
+      node_id_ = reply.node_id;
+      heartbeat_ms_ = reply.heartbeat_ms;
+    } catch (...) {
+      io_.stop();
+      io_thread_.join();
+      throw;
+    }
+    asio::post(io_, [this] {
+      wait_signal();
+      heartbeat();
+    });
+  }
+
+  ~Impl() {
+    shutdown();
+    if (io_thread_.joinable()) io_thread_.join();
+  }
+
+  void wait_done() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+
+  void shutdown() {
+    asio::post(io_, [this] {
+      if (stopping_) return;
+      stopping_ = true;
+      for (auto& [pid, w] : workers_) ::kill(pid, SIGKILL);
+      // Reap what we killed so no zombies stay behind.
+      for (auto& [pid, w] : workers_) {
+        int st = 0;
+        ::waitpid(pid, &st, 0);
+      }
+      workers_.clear();
+      if (head_) head_->close("node stopping");
+      signals_.cancel();
+      timer_.cancel();
+      io_.stop();
+      std::lock_guard lock(mu_);
+      done_ = true;
+      cv_.notify_all();
+    });
+  }
+
+  uint64_t node_id() const { return node_id_; }
+
+ private:
+  struct WorkerProc {
+    uint64_t actor_id;
+    uint32_t incarnation;
+  };
+
+  void on_event(Message&& m) {
+    try {
+      switch (static_cast<Op>(m.op)) {
+        case Op::kSpawnWorker: return spawn(decode_value<SpawnWorker>(m.body));
+        case Op::kKillWorker: {
+          auto k = decode_value<KillWorker>(m.body);
+          for (auto& [pid, w] : workers_)
+            if (w.actor_id == k.actor_id && w.incarnation == k.incarnation) ::kill(pid, SIGKILL);
+          return;
+        }
+        case Op::kShutdown: return shutdown();
+        default: TROUPE_LOG_WARN("node: unknown event op {}", m.op);
+      }
+    } catch (const std::exception& e) {
+      TROUPE_LOG_WARN("node: bad event from head: {}", e.what());
+    }
+  }
+
+  void spawn(const SpawnWorker& s) {
+    std::string exe = s.executable.empty() ? "/proc/self/exe" : s.executable;
+    // Everything the child needs is prepared before fork: between fork and
+    // exec only async-signal-safe calls are allowed in a threaded process.
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      if (kv.rfind("TROUPE_", 0) == 0 || kv.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0) continue;
+      env.push_back(kv);
+    }
+    std::string gpus;
+    for (size_t i = 0; i < s.gpu_ids.size(); ++i) gpus += (i ? "," : "") + std::to_string(s.gpu_ids[i]);
+    env.push_back("TROUPE_ROLE=worker");
+    env.push_back("TROUPE_HEAD_ADDRESS=" + opts_.head_address);
+    env.push_back("TROUPE_TOKEN=" + opts_.token);
+    env.push_back("TROUPE_ACTOR_ID=" + std::to_string(s.actor_id));
+    env.push_back("TROUPE_INCARNATION=" + std::to_string(s.incarnation));
+    env.push_back("TROUPE_NODE_ID=" + std::to_string(node_id_));
+    env.push_back("TROUPE_BIND_HOST=" + opts_.bind_host);
+    env.push_back("TROUPE_GPU_IDS=" + gpus);
+    env.push_back("CUDA_VISIBLE_DEVICES=" + gpus);
+    if (const char* lvl = std::getenv("TROUPE_LOG_LEVEL")) env.push_back(std::string("TROUPE_LOG_LEVEL=") + lvl);
+    for (const auto& e : s.env) env.push_back(e);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string arg0 = "troupe-worker:" + s.class_name;
+    char* argv[] = {arg0.data(), nullptr};
+    pid_t parent = getpid();
+
+    pid_t pid = fork();
+    if (pid < 0) {
+      report_exit(s.actor_id, s.incarnation, 0, std::string("failed to start: fork: ") + strerror(errno));
+      return;
+    }
+    if (pid == 0) {
+      // Child: die with the node agent, start clean, exec.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      sigset_t all;
+      sigemptyset(&all);
+      sigprocmask(SIG_SETMASK, &all, nullptr);
+      execve(exe.c_str(), argv, envp.data());
+      _exit(127);
+    }
+    workers_[pid] = {s.actor_id, s.incarnation};
+    TROUPE_LOG_DEBUG("node {}: started worker pid {} for actor {} ({})", node_id_, pid, s.actor_id, s.class_name);
+  }
+
+  void wait_signal() {
+    signals_.async_wait([this](asio::error_code ec, int) {
+      if (ec) return;
+      reap();
+      wait_signal();
+    });
+  }
+
+  void reap() {
+    // Only our own workers: the process may have other children (a driver
+    // with an embedded node, a test harness) that are not ours to reap.
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      int status = 0;
+      pid_t pid = ::waitpid(it->first, &status, WNOHANG);
+      if (pid != it->first) {
+        ++it;
+        continue;
+      }
+      std::string how = describe_status(status);
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 127) how += " (could not exec the worker executable?)";
+      report_exit(it->second.actor_id, it->second.incarnation, pid, how);
+      it = workers_.erase(it);
+    }
+  }
+
+  void report_exit(uint64_t actor, uint32_t inc, int32_t pid, const std::string& how) {
+    WorkerExited w{actor, inc, pid, how};
+    if (head_) head_->send(make_event_value(Op::kWorkerExited, w));
+  }
+
+  void heartbeat() {
+    if (stopping_) return;
+    head_->send(make_event(Op::kHeartbeat));
+    timer_.expires_after(std::chrono::milliseconds(heartbeat_ms_));
+    timer_.async_wait([this](asio::error_code ec) {
+      if (!ec) heartbeat();
+    });
+  }
+
+  NodeOptions opts_;
+  asio::io_context io_;
+  asio::signal_set signals_;
+  asio::steady_timer timer_;
+  std::thread io_thread_;
+  std::shared_ptr<RpcChannel> head_;
+  uint64_t node_id_ = 0;
+  uint32_t heartbeat_ms_ = 100;
+  std::map<pid_t, WorkerProc> workers_;
+  bool stopping_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+NodeAgent::NodeAgent(NodeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+NodeAgent::~NodeAgent() {
+  impl_->shutdown();
+  if (thread_.joinable()) thread_.join();
+}
+uint64_t NodeAgent::node_id() const { return impl_->node_id(); }
+void NodeAgent::run() { impl_->wait_done(); }
+void NodeAgent::start() {}
+void NodeAgent::stop() { impl_->shutdown(); }
+
+}  // namespace troupe::node

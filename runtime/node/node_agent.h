@@ -1,0 +1,50 @@
+// The node agent: one per machine. It advertises the machine's resources to
+// the head, starts one worker process per actor (fork + exec, with
+// CUDA_VISIBLE_DEVICES set from the actor's GPUs), reaps them on SIGCHLD and
+// reports every exit at once, and heartbeats. Its workers die with it
+// (PR_SET_PDEATHSIG), so a dead node takes its actors along.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "runtime/wire/protocol.h"
+
+namespace troupe::node {
+
+struct NodeOptions {
+  std::string head_address;
+  std::string token;
+  wire::Resources resources;  // empty: detect (CPU = cores, GPU = CUDA devices)
+  std::string bind_host = "127.0.0.1";  // where its workers listen
+  std::string session_dir;              // workers' logs go here when set
+};
+
+// Resources of this machine: CPU = online cores, GPU = CUDA devices (0 when
+// CUDA is not there), with `overrides` replacing or adding entries.
+wire::Resources detect_resources(const wire::Resources& overrides);
+
+class NodeAgent {
+ public:
+  // Connects and registers; throws ConnectionError when the head is not there.
+  explicit NodeAgent(NodeOptions options);
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  uint64_t node_id() const;
+  // Runs on this thread until the head goes away or tells it to stop; kills
+  // its workers before returning. SIGCHLD must not be blocked in this thread.
+  void run();
+  // Runs on a background thread.
+  void start();
+  void stop();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+  std::thread thread_;
+};
+
+}  // namespace troupe::node

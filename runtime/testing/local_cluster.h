@@ -1,0 +1,68 @@
+// LocalCluster: a whole cluster in one process tree, for tests, benchmarks
+// and examples. A real head process and N real node-agent processes on
+// loopback, each node with its own resource set, so multi-node placement
+// and node failures are tested on one machine. Head and nodes are this very
+// binary re-executed in a role (it must call troupe::init or
+// troupe::run_role_if_requested first thing in main); workers are, as
+// always, real processes started by the node agents.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/client/runtime.h"
+
+namespace troupe::testing {
+
+struct LocalClusterOptions {
+  // One entry per node.
+  std::vector<Resources> nodes = {{{"CPU", 2}}, {{"CPU", 2}}};
+  uint32_t heartbeat_ms = 100;
+  uint32_t heartbeat_misses = 5;
+  std::chrono::milliseconds start_timeout{20000};
+  // Extra KEY=VALUE for head and nodes (e.g. TROUPE_LOG_LEVEL=debug).
+  std::vector<std::string> env;
+};
+
+class LocalCluster {
+ public:
+  explicit LocalCluster(LocalClusterOptions options = {});
+  ~LocalCluster();
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  const std::string& address() const { return address_; }
+  const std::string& token() const { return token_; }
+  // A driver runtime connected to this cluster.
+  Runtime connect() const;
+
+  // Starts another node; returns its index.
+  size_t add_node(const Resources& resources);
+  size_t node_count() const { return nodes_.size(); }
+  pid_t head_pid() const { return head_pid_; }
+  pid_t node_pid(size_t i) const { return nodes_.at(i).pid; }
+  uint64_t node_id(size_t i) const { return nodes_.at(i).id; }
+  // Sends `sig` to node agent i and, for SIGKILL/SIGTERM, reaps it.
+  void kill_node(size_t i, int sig = 9);
+  void kill_head(int sig = 9);
+
+ private:
+  struct Proc {
+    pid_t pid = -1;
+    uint64_t id = 0;
+  };
+  pid_t start(const std::vector<std::string>& env, std::string* ready_line);
+  void reap(pid_t pid);
+
+  LocalClusterOptions options_;
+  std::string token_;
+  std::string address_;
+  pid_t head_pid_ = -1;
+  std::vector<Proc> nodes_;
+};
+
+}  // namespace troupe::testing

@@ -1,0 +1,45 @@
+#include "runtime/wire/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "runtime/core/errors.h"
+
+namespace troupe::wire {
+
+Nonce random_nonce() {
+  Nonce n;
+  if (RAND_bytes(n.data(), n.size()) != 1) throw Error("RAND_bytes failed");
+  return n;
+}
+
+std::string random_token() {
+  Nonce n = random_nonce();
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : n) {
+    s += hex[b >> 4];
+    s += hex[b & 15];
+  }
+  return s;
+}
+
+Proof make_proof(const std::string& token, char role, const Nonce& mine, const Nonce& theirs) {
+  std::string data = "troupe";
+  data += role;
+  data.append(reinterpret_cast<const char*>(mine.data()), mine.size());
+  data.append(reinterpret_cast<const char*>(theirs.data()), theirs.size());
+  Proof p;
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+            reinterpret_cast<const unsigned char*>(data.data()), data.size(), p.data(), &len) ||
+      len != p.size())
+    throw Error("HMAC failed");
+  return p;
+}
+
+bool proofs_equal(const Proof& a, const Proof& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+
+}  // namespace troupe::wire

@@ -1,0 +1,328 @@
+// Codec<T>: how user values cross the wire. Built in for arithmetic types,
+// enums, strings, vectors, arrays, maps, sets, optionals, pairs, tuples,
+// troupe::Buffer (large ones travel as frame attachments, not copied into
+// the message) and structs that list their fields with TROUPE_FIELDS.
+//
+// The encoding is little-endian, fixed-width, length-prefixed. Decoding is
+// bounds-checked: truncated or malformed bytes throw troupe::DecodeError,
+// never read out of range. Torch-aware layers add Codec<torch::Tensor>.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "runtime/core/buffer.h"
+#include "runtime/core/errors.h"
+
+namespace troupe::wire {
+
+// Buffers at least this large go as attachments instead of inline bytes.
+inline constexpr size_t kAttachThreshold = 16 * 1024;
+// Upper bound on any decoded container length, so a forged length cannot
+// make the decoder allocate terabytes before noticing the input is short.
+inline constexpr uint64_t kMaxDecodedElements = uint64_t(1) << 32;
+
+class Encoder {
+ public:
+  void write_bytes(const void* p, size_t n) {
+    auto* c = static_cast<const char*>(p);
+    bytes_.append(c, n);
+  }
+  template <class T>
+  void write_pod(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    write_bytes(&v, sizeof(T));
+  }
+  void write_size(uint64_t n) { write_pod(n); }
+  // Adds an attachment and writes its index inline.
+  void attach(Buffer b) {
+    write_size(attachments_.size());
+    attachments_.push_back(std::move(b));
+  }
+
+  std::string& bytes() { return bytes_; }
+  std::vector<Buffer>& attachments() { return attachments_; }
+
+ private:
+  std::string bytes_;
+  std::vector<Buffer> attachments_;
+};
+
+class Decoder {
+ public:
+  Decoder(const void* data, size_t size, const std::vector<Buffer>* attachments = nullptr)
+      : p_(static_cast<const char*>(data)), end_(p_ + size), attachments_(attachments) {}
+
+  void read_bytes(void* out, size_t n) {
+    need(n);
+    if (n) std::memcpy(out, p_, n);
+    p_ += n;
+  }
+  const char* take(size_t n) {
+    need(n);
+    const char* r = p_;
+    p_ += n;
+    return r;
+  }
+  template <class T>
+  T read_pod() {
+    T v;
+    read_bytes(&v, sizeof(T));
+    return v;
+  }
+  uint64_t read_size() {
+    auto n = read_pod<uint64_t>();
+    if (n > kMaxDecodedElements) throw DecodeError("decoded length " + std::to_string(n) + " exceeds limit");
+    return n;
+  }
+  // Checks that at least n more bytes are there (before allocating for n
+  // elements of a container of trivially copyable values).
+  void need(size_t n) const {
+    if (static_cast<size_t>(end_ - p_) < n)
+      throw DecodeError("truncated value: need " + std::to_string(n) + " bytes, have " +
+                        std::to_string(end_ - p_));
+  }
+  Buffer attachment() {
+    uint64_t i = read_pod<uint64_t>();
+    if (!attachments_ || i >= attachments_->size())
+      throw DecodeError("attachment index " + std::to_string(i) + " out of range");
+    return (*attachments_)[i];
+  }
+  size_t remaining() const { return end_ - p_; }
+  bool done() const { return p_ == end_; }
+
+ private:
+  const char* p_;
+  const char* end_;
+  const std::vector<Buffer>* attachments_;
+};
+
+template <class T, class Enable = void>
+struct Codec;
+
+template <class T>
+void encode(Encoder& e, const T& v) {
+  Codec<std::decay_t<T>>::encode(e, v);
+}
+template <class T>
+T decode(Decoder& d) {
+  return Codec<T>::decode(d);
+}
+
+// Arithmetic and enum types: raw little-endian bytes.
+template <class T>
+struct Codec<T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_enum_v<T>>> {
+  static void encode(Encoder& e, const T& v) { e.write_pod(v); }
+  static T decode(Decoder& d) { return d.read_pod<T>(); }
+};
+
+template <>
+struct Codec<std::string> {
+  static void encode(Encoder& e, const std::string& v) {
+    e.write_size(v.size());
+    e.write_bytes(v.data(), v.size());
+  }
+  static std::string decode(Decoder& d) {
+    auto n = d.read_size();
+    const char* p = d.take(n);
+    return std::string(p, n);
+  }
+};
+
+template <>
+struct Codec<Buffer> {
+  static void encode(Encoder& e, const Buffer& v) {
+    if (v.size() >= kAttachThreshold) {
+      e.write_pod<uint8_t>(1);
+      e.attach(v);
+    } else {
+      e.write_pod<uint8_t>(0);
+      e.write_size(v.size());
+      e.write_bytes(v.data(), v.size());
+    }
+  }
+  static Buffer decode(Decoder& d) {
+    auto tag = d.read_pod<uint8_t>();
+    if (tag == 1) return d.attachment();
+    if (tag != 0) throw DecodeError("bad buffer tag " + std::to_string(tag));
+    auto n = d.read_size();
+    const char* p = d.take(n);
+    return Buffer::copy(p, n);
+  }
+};
+
+template <class T, class A>
+struct Codec<std::vector<T, A>> {
+  static void encode(Encoder& e, const std::vector<T, A>& v) {
+    e.write_size(v.size());
+    if constexpr (std::is_arithmetic_v<T>) {
+      e.write_bytes(v.data(), v.size() * sizeof(T));
+    } else {
+      for (const auto& x : v) troupe::wire::encode(e, x);
+    }
+  }
+  static std::vector<T, A> decode(Decoder& d) {
+    auto n = d.read_size();
+    std::vector<T, A> v;
+    if constexpr (std::is_arithmetic_v<T>) {
+      d.need(n * sizeof(T));
+      v.resize(n);
+      d.read_bytes(v.data(), n * sizeof(T));
+    } else {
+      // Every element takes at least one byte: refuse counts the input
+      // cannot hold before reserving.
+      if constexpr (sizeof(T) > 0) d.need(n > 0 ? 1 : 0);
+      v.reserve(std::min<uint64_t>(n, d.remaining()));
+      for (uint64_t i = 0; i < n; ++i) v.push_back(troupe::wire::decode<T>(d));
+    }
+    return v;
+  }
+};
+
+template <class T, size_t N>
+struct Codec<std::array<T, N>> {
+  static void encode(Encoder& e, const std::array<T, N>& v) {
+    for (const auto& x : v) troupe::wire::encode(e, x);
+  }
+  static std::array<T, N> decode(Decoder& d) {
+    std::array<T, N> v;
+    for (auto& x : v) x = troupe::wire::decode<T>(d);
+    return v;
+  }
+};
+
+template <class M>
+struct MapCodec {
+  using K = typename M::key_type;
+  using V = typename M::mapped_type;
+  static void encode(Encoder& e, const M& m) {
+    e.write_size(m.size());
+    for (const auto& [k, v] : m) {
+      troupe::wire::encode(e, k);
+      troupe::wire::encode(e, v);
+    }
+  }
+  static M decode(Decoder& d) {
+    auto n = d.read_size();
+    M m;
+    for (uint64_t i = 0; i < n; ++i) {
+      K k = troupe::wire::decode<K>(d);
+      m.emplace(std::move(k), troupe::wire::decode<V>(d));
+    }
+    return m;
+  }
+};
+template <class K, class V, class C, class A>
+struct Codec<std::map<K, V, C, A>> : MapCodec<std::map<K, V, C, A>> {};
+template <class K, class V, class H, class E, class A>
+struct Codec<std::unordered_map<K, V, H, E, A>> : MapCodec<std::unordered_map<K, V, H, E, A>> {};
+
+template <class T, class C, class A>
+struct Codec<std::set<T, C, A>> {
+  static void encode(Encoder& e, const std::set<T, C, A>& s) {
+    e.write_size(s.size());
+    for (const auto& x : s) troupe::wire::encode(e, x);
+  }
+  static std::set<T, C, A> decode(Decoder& d) {
+    auto n = d.read_size();
+    std::set<T, C, A> s;
+    for (uint64_t i = 0; i < n; ++i) s.insert(troupe::wire::decode<T>(d));
+    return s;
+  }
+};
+
+template <class T>
+struct Codec<std::optional<T>> {
+  static void encode(Encoder& e, const std::optional<T>& v) {
+    e.write_pod<uint8_t>(v.has_value());
+    if (v) troupe::wire::encode(e, *v);
+  }
+  static std::optional<T> decode(Decoder& d) {
+    auto has = d.read_pod<uint8_t>();
+    if (has > 1) throw DecodeError("bad optional tag " + std::to_string(has));
+    if (!has) return std::nullopt;
+    return troupe::wire::decode<T>(d);
+  }
+};
+
+template <class A, class B>
+struct Codec<std::pair<A, B>> {
+  static void encode(Encoder& e, const std::pair<A, B>& v) {
+    troupe::wire::encode(e, v.first);
+    troupe::wire::encode(e, v.second);
+  }
+  static std::pair<A, B> decode(Decoder& d) {
+    A a = troupe::wire::decode<A>(d);
+    B b = troupe::wire::decode<B>(d);
+    return {std::move(a), std::move(b)};
+  }
+};
+
+template <class... Ts>
+struct Codec<std::tuple<Ts...>> {
+  static void encode(Encoder& e, const std::tuple<Ts...>& v) {
+    std::apply([&](const auto&... x) { (troupe::wire::encode(e, x), ...); }, v);
+  }
+  static std::tuple<Ts...> decode(Decoder& d) {
+    // Braced initialisation evaluates left to right.
+    return std::tuple<Ts...>{troupe::wire::decode<Ts>(d)...};
+  }
+};
+
+// Structs that declare TROUPE_FIELDS(a, b, c).
+template <class T>
+concept HasTroupeFields = requires(T& t) { t.troupe_fields([](auto&...) {}); };
+
+template <class T>
+struct Codec<T, std::enable_if_t<HasTroupeFields<T>>> {
+  static void encode(Encoder& e, const T& v) {
+    const_cast<T&>(v).troupe_fields([&](auto&... f) { (troupe::wire::encode(e, f), ...); });
+  }
+  static T decode(Decoder& d) {
+    T v{};
+    v.troupe_fields([&](auto&... f) { ((f = troupe::wire::decode<std::decay_t<decltype(f)>>(d)), ...); });
+    return v;
+  }
+};
+
+// Encodes a value into fresh bytes + attachments.
+template <class T>
+Encoder encode_value(const T& v) {
+  Encoder e;
+  encode(e, v);
+  return e;
+}
+// Decodes a whole value and checks nothing is left over.
+template <class T>
+T decode_value(const void* data, size_t size, const std::vector<Buffer>* attachments = nullptr) {
+  Decoder d(data, size, attachments);
+  T v = decode<T>(d);
+  if (!d.done())
+    throw DecodeError(std::to_string(d.remaining()) + " trailing bytes after decoding " + typeid(T).name());
+  return v;
+}
+template <class T>
+T decode_value(const std::string& s) {
+  return decode_value<T>(s.data(), s.size());
+}
+
+}  // namespace troupe::wire
+
+// Lists a struct's fields for Codec (and for anything else that wants to
+// visit them). Use inside the struct body: TROUPE_FIELDS(x, y, name).
+#define TROUPE_FIELDS(...)                                           \
+  template <class TroupeVisitor>                                     \
+  auto troupe_fields(TroupeVisitor&& troupe_visitor) {               \
+    return troupe_visitor(__VA_ARGS__);                              \
+  }

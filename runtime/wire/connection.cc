@@ -1,0 +1,333 @@
+#include "runtime/wire/connection.h"
+
+#include <cstring>
+
+#include "runtime/core/errors.h"
+#include "runtime/core/logging.h"
+
+namespace troupe::wire {
+
+namespace {
+constexpr size_t kReadChunk = 256 * 1024;
+
+std::string endpoint_text(const asio::ip::tcp::socket& s) {
+  asio::error_code ec;
+  auto ep = s.remote_endpoint(ec);
+  if (ec) return "?";
+  return ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+}  // namespace
+
+Connection::Connection(asio::ip::tcp::socket socket, std::string token, bool accepting, FrameLimits limits)
+    : io_(static_cast<asio::io_context&>(socket.get_executor().context())),
+      socket_(std::move(socket)),
+      token_(std::move(token)),
+      accepting_(accepting),
+      limits_(limits) {
+  peer_ = endpoint_text(socket_);
+  asio::error_code ec;
+  socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  rbuf_.resize(kReadChunk);
+}
+
+Connection::~Connection() = default;
+
+void Connection::start(ReadyHandler on_ready, FrameHandler on_frame, CloseHandler on_close) {
+  on_ready_ = std::move(on_ready);
+  on_frame_ = std::move(on_frame);
+  on_close_ = std::move(on_close);
+  do_handshake();
+}
+
+void Connection::do_handshake() {
+  my_nonce_ = random_nonce();
+  std::memcpy(hello_out_.data(), kAuthMagic, 8);
+  std::memcpy(hello_out_.data() + 8, my_nonce_.data(), kNonceBytes);
+  auto self = shared_from_this();
+  asio::async_write(socket_, asio::buffer(hello_out_), [self](asio::error_code ec, size_t) {
+    if (ec) return self->fail("handshake write failed: " + ec.message());
+  });
+  asio::async_read(socket_, asio::buffer(hello_in_), [self](asio::error_code ec, size_t) {
+    if (ec) return self->fail("handshake read failed: " + ec.message());
+    if (std::memcmp(self->hello_in_.data(), kAuthMagic, 8) != 0)
+      return self->fail("handshake refused: peer did not speak the troupe protocol");
+    Nonce theirs;
+    std::memcpy(theirs.data(), self->hello_in_.data() + 8, kNonceBytes);
+    self->proof_out_ = make_proof(self->token_, self->accepting_ ? 'S' : 'C', self->my_nonce_, theirs);
+    auto send_proof = [self] {
+      asio::async_write(self->socket_, asio::buffer(self->proof_out_), [self](asio::error_code ec, size_t) {
+        if (ec) return self->fail("handshake write failed: " + ec.message());
+      });
+    };
+    // The connecting side proves first; the accepting side answers only a
+    // correct proof, so a client with a wrong token learns nothing.
+    if (!self->accepting_) send_proof();
+    asio::async_read(self->socket_, asio::buffer(self->proof_in_), [self, theirs, send_proof](asio::error_code ec, size_t) {
+      if (ec) return self->fail("handshake failed: peer closed the connection (wrong cluster token?)");
+      Proof expect = make_proof(self->token_, self->accepting_ ? 'C' : 'S', theirs, self->my_nonce_);
+      if (!proofs_equal(expect, self->proof_in_))
+        return self->fail("handshake refused: wrong cluster token");
+      if (self->accepting_) send_proof();
+      self->ready_ = true;
+      if (self->on_ready_) self->on_ready_();
+      self->read_more();
+      // Frames queued before the handshake finished can go now.
+      std::lock_guard lock(self->write_mu_);
+      if (!self->queue_.empty() && !self->writing_) {
+        self->writing_ = true;
+        asio::post(self->io_, [self] { self->flush(); });
+      }
+    });
+  });
+}
+
+void Connection::read_more() {
+  if (closed_) return;
+  // Compact the unparsed bytes to the front, grow if a frame needs more.
+  if (rpos_ > 0) {
+    std::memmove(rbuf_.data(), rbuf_.data() + rpos_, rend_ - rpos_);
+    rend_ -= rpos_;
+    rpos_ = 0;
+  }
+  if (rbuf_.size() - rend_ < kReadChunk / 4) rbuf_.resize(std::max(rbuf_.size() * 2, rend_ + kReadChunk));
+  auto self = shared_from_this();
+  socket_.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
+                          [self](asio::error_code ec, size_t n) {
+                            if (ec) {
+                              self->fail(ec == asio::error::eof ? "peer closed the connection"
+                                                                : "read failed: " + ec.message());
+                              return;
+                            }
+                            self->on_read(n);
+                          });
+}
+
+void Connection::on_read(size_t n) {
+  rend_ += n;
+  try {
+    while (!closed_ && parse_one()) {
+    }
+  } catch (const std::exception& e) {
+    TROUPE_LOG_WARN("closing connection from {}: bad frame: {}", peer_, e.what());
+    fail(std::string("bad frame: ") + e.what());
+    return;
+  }
+  if (closed_) return;
+  if (tail_left_ > 0) {
+    read_attachment_tail();
+  } else {
+    read_more();
+  }
+}
+
+// Parses at most one frame (or advances the current one) from the buffer.
+// Returns true when it made progress and may be called again.
+bool Connection::parse_one() {
+  size_t avail = rend_ - rpos_;
+  const std::byte* p = rbuf_.data() + rpos_;
+  if (pending_sizes_.empty() && pending_next_ == 0 && !tail_dst_) {
+    // Start of a frame: header, sizes and message must be buffered whole.
+    if (avail < kFrameHeaderBytes) return false;
+    uint32_t msg_bytes = 0, natt = 0;
+    std::string err = check_header(p, limits_, &msg_bytes, &natt);
+    if (!err.empty()) throw DecodeError(err);
+    size_t sizes_end = kFrameHeaderBytes + 8ull * natt;
+    size_t need = sizes_end + msg_bytes;
+    if (rbuf_.size() < need) rbuf_.resize(need + kReadChunk);
+    if (avail < sizes_end) return false;
+    // Refuse an oversized frame as soon as its sizes are known.
+    std::vector<uint64_t> sizes(natt);
+    if (natt) std::memcpy(sizes.data(), p + kFrameHeaderBytes, 8ull * natt);
+    err = check_sizes(msg_bytes, sizes, limits_);
+    if (!err.empty()) throw DecodeError(err);
+    if (avail < need) return false;
+    pending_ = decode_message(p + kFrameHeaderBytes + 8ull * natt, msg_bytes, limits_);
+    rpos_ += need;
+    if (natt == 0) {
+      deliver();
+      return true;
+    }
+    pending_sizes_ = std::move(sizes);
+    pending_next_ = 0;
+    pending_.attachments.reserve(natt);
+    return true;
+  }
+  // Filling attachments from buffered bytes.
+  while (pending_next_ < pending_sizes_.size()) {
+    uint64_t size = pending_sizes_[pending_next_];
+    std::byte* dst = nullptr;
+    Buffer b = Buffer::allocate(size, &dst);
+    size_t have = std::min<uint64_t>(size, rend_ - rpos_);
+    if (have) std::memcpy(dst, rbuf_.data() + rpos_, have);
+    rpos_ += have;
+    pending_.attachments.push_back(std::move(b));
+    ++pending_next_;
+    if (have < size) {
+      // Read the rest straight into the attachment.
+      tail_dst_ = dst + have;
+      tail_left_ = size - have;
+      return false;
+    }
+  }
+  deliver();
+  return true;
+}
+
+void Connection::read_attachment_tail() {
+  auto self = shared_from_this();
+  asio::async_read(socket_, asio::buffer(tail_dst_, tail_left_), [self](asio::error_code ec, size_t) {
+    if (ec) return self->fail("read failed: " + ec.message());
+    self->tail_dst_ = nullptr;
+    self->tail_left_ = 0;
+    if (self->pending_next_ == self->pending_sizes_.size()) {
+      self->deliver();
+    }
+    self->on_read(0);
+  });
+}
+
+void Connection::deliver() {
+  pending_sizes_.clear();
+  pending_next_ = 0;
+  Message m = std::move(pending_);
+  pending_ = Message{};
+  if (on_frame_) on_frame_(std::move(m));
+}
+
+void Connection::send(const Message& m) { send(encode_frame(m)); }
+
+void Connection::send(OutFrame f) {
+  if (closed_) return;
+  std::lock_guard lock(write_mu_);
+  queue_.push_back(std::move(f));
+  if (!writing_ && ready_) {
+    writing_ = true;
+    asio::post(io_, [self = shared_from_this()] { self->flush(); });
+  }
+}
+
+void Connection::flush() {
+  {
+    std::lock_guard lock(write_mu_);
+    inflight_.swap(queue_);
+    queue_.clear();
+    if (inflight_.empty() || closed_) {
+      writing_ = false;
+      return;
+    }
+  }
+  std::vector<asio::const_buffer> bufs;
+  bufs.reserve(inflight_.size() * 2);
+  for (const auto& f : inflight_) {
+    bufs.emplace_back(f.head.data(), f.head.size());
+    for (const auto& a : f.attachments)
+      if (a.size()) bufs.emplace_back(a.data(), a.size());
+  }
+  asio::async_write(socket_, bufs, [self = shared_from_this()](asio::error_code ec, size_t) {
+    self->inflight_.clear();
+    if (ec) return self->fail("write failed: " + ec.message());
+    self->flush();
+  });
+}
+
+void Connection::close(const std::string& reason) {
+  asio::post(io_, [self = shared_from_this(), reason] { self->fail(reason); });
+}
+
+void Connection::fail(const std::string& reason) {
+  if (closed_.exchange(true)) return;
+  asio::error_code ec;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+  {
+    std::lock_guard lock(write_mu_);
+    queue_.clear();
+  }
+  if (!ready_) TROUPE_LOG_WARN("connection {} refused: {}", peer_, reason);
+  auto cb = std::move(on_close_);
+  on_close_ = nullptr;
+  if (cb) cb(reason);
+  // Drop the handlers (they may own whoever owns this connection) once no
+  // handler is running any more.
+  asio::post(io_, [self = shared_from_this()] {
+    self->on_frame_ = nullptr;
+    self->on_ready_ = nullptr;
+  });
+}
+
+void Connection::connect(asio::io_context& io, const std::string& host, uint16_t port, const std::string& token,
+                         FrameLimits limits, FrameHandler on_frame, CloseHandler on_close,
+                         std::function<void(std::shared_ptr<Connection>, std::string)> done) {
+  auto socket = std::make_shared<asio::ip::tcp::socket>(io);
+  asio::error_code ec;
+  auto addr = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  if (ec) {
+    asio::post(io, [done, host] { done(nullptr, "bad host address '" + host + "'"); });
+    return;
+  }
+  asio::ip::tcp::endpoint ep(addr, port);
+  socket->async_connect(ep, [&io, socket, token, limits, on_frame, on_close, done, host, port](asio::error_code ec) {
+    if (ec) return done(nullptr, "connect to " + host + ":" + std::to_string(port) + " failed: " + ec.message());
+    auto conn = std::make_shared<Connection>(std::move(*socket), token, false, limits);
+    auto done_once = std::make_shared<std::function<void(std::shared_ptr<Connection>, std::string)>>(done);
+    conn->start(
+        [conn, done_once] {
+          auto d = std::move(*done_once);
+          *done_once = nullptr;
+          if (d) d(conn, "");
+        },
+        on_frame,
+        [done_once, on_close](const std::string& reason) {
+          if (*done_once) {
+            auto d = std::move(*done_once);
+            *done_once = nullptr;
+            d(nullptr, reason);
+          } else if (on_close) {
+            on_close(reason);
+          }
+        });
+  });
+}
+
+Listener::Listener(asio::io_context& io, const std::string& host, uint16_t port, AcceptHandler on_accept)
+    : acceptor_(io), host_(host), on_accept_(std::move(on_accept)) {
+  asio::ip::tcp::endpoint ep(asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host), port);
+  acceptor_.open(ep.protocol());
+  acceptor_.set_option(asio::socket_base::reuse_address(true));
+  acceptor_.bind(ep);
+  acceptor_.listen(asio::socket_base::max_listen_connections);
+  port_ = acceptor_.local_endpoint().port();
+  accept_next();
+}
+
+void Listener::accept_next() {
+  acceptor_.async_accept([this](asio::error_code ec, asio::ip::tcp::socket s) {
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (!ec) on_accept_(std::move(s));
+    accept_next();
+  });
+}
+
+void Listener::close() {
+  asio::error_code ec;
+  acceptor_.close(ec);
+}
+
+std::pair<std::string, uint16_t> parse_address(const std::string& address) {
+  auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
+    throw ConfigError("address '" + address + "' is not HOST:PORT");
+  std::string host = address.substr(0, colon);
+  int port = 0;
+  try {
+    size_t used = 0;
+    port = std::stoi(address.substr(colon + 1), &used);
+    if (used != address.size() - colon - 1) throw std::invalid_argument("");
+  } catch (const std::exception&) {
+    throw ConfigError("address '" + address + "' has a bad port");
+  }
+  if (port <= 0 || port > 65535) throw ConfigError("address '" + address + "' has port out of range");
+  return {host, static_cast<uint16_t>(port)};
+}
+
+}  // namespace troupe::wire

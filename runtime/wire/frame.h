@@ -1,0 +1,78 @@
+// Frames: the unit that crosses a troupe connection.
+//
+// Layout on the wire (little-endian):
+//   u32 magic "TRP1" | u32 message bytes | u32 attachment count | u32 0
+//   u64 attachment size × count
+//   Cap'n Proto flat message (Envelope, a multiple of 8 bytes)
+//   attachment bytes, one block after another
+//
+// Every reader checks FrameLimits before allocating anything, and decodes
+// the Cap'n Proto message with traversal and nesting limits, so a malformed
+// or oversized frame costs only the connection that sent it.
+#pragma once
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/core/buffer.h"
+#include "runtime/wire/envelope.capnp.h"
+
+namespace troupe::wire {
+
+inline constexpr uint32_t kFrameMagic = 0x31505254;  // "TRP1"
+inline constexpr size_t kFrameHeaderBytes = 16;
+
+struct FrameLimits {
+  uint64_t max_message_bytes = 64ull << 20;  // the Cap'n Proto part
+  uint64_t max_frame_bytes = 4ull << 30;     // message + attachments
+  uint32_t max_attachments = 4096;
+  uint64_t traversal_limit_words = 16ull << 20;
+  int nesting_limit = 32;
+};
+
+// What a message looks like to the code that builds or reads it, before
+// and after Cap'n Proto: plain fields, cheap to construct.
+struct Message {
+  Kind kind = Kind::EVENT;
+  uint64_t id = 0;
+  uint32_t op = 0;
+  Status status = Status::OK;
+  std::string error_type;
+  std::string error_message;
+  std::string body;
+  std::vector<Buffer> attachments;
+};
+
+// A frame ready to write: the header + segment bytes and the attachments.
+struct OutFrame {
+  std::vector<std::byte> head;  // frame header, attachment sizes, message
+  std::vector<Buffer> attachments;
+  size_t total_bytes() const;
+};
+
+// Serializes a message into an OutFrame.
+OutFrame encode_frame(const Message& m);
+
+// Parsed frame header.
+struct FrameHeader {
+  uint32_t message_bytes = 0;
+  std::vector<uint64_t> attachment_sizes;
+};
+
+// Checks the fixed 16-byte header; returns an error text or "" and fills
+// message_bytes/attachment count.
+std::string check_header(const std::byte* p, const FrameLimits& limits, uint32_t* message_bytes,
+                         uint32_t* attachments);
+// Checks attachment sizes against the limits; returns error text or "".
+std::string check_sizes(uint32_t message_bytes, const std::vector<uint64_t>& sizes, const FrameLimits& limits);
+
+// Decodes the Cap'n Proto part (bytes need not be aligned). Throws
+// troupe::DecodeError on malformed input.
+Message decode_message(const std::byte* p, size_t n, const FrameLimits& limits);
+
+}  // namespace troupe::wire

@@ -1,0 +1,202 @@
+// The control-plane protocol between drivers, the head, node agents and
+// workers: operation codes and the Codec-encoded bodies they carry in an
+// Envelope. Calls and replies (the hot path) use the Envelope fields alone.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/wire/codec.h"
+
+namespace troupe::wire {
+
+using Resources = std::map<std::string, double>;
+
+enum class Op : uint32_t {
+  kHello = 1,             // request any -> head: Hello -> HelloReply
+  kHeartbeat = 2,         // event node -> head
+  kCreateActor = 3,       // request driver -> head: ActorSpec -> ActorInfo
+  kActorReady = 4,        // event worker -> head: ActorReady
+  kActorInitFailed = 5,   // event worker -> head: ActorInitFailed
+  kWorkerExited = 6,      // event node -> head: WorkerExited
+  kSpawnWorker = 7,       // event head -> node: SpawnWorker
+  kKillWorker = 8,        // event head -> node: KillWorker
+  kSubscribeActor = 9,    // request -> head: uint64 id -> ActorInfo, then kActorUpdate events
+  kActorUpdate = 10,      // event head -> subscriber: ActorInfo
+  kGetActor = 11,         // request -> head: name -> ActorInfo
+  kKillActor = 12,        // request -> head: KillActor -> void
+  kCreatePlacementGroup = 13,  // request: PlacementGroupSpec -> PlacementGroupInfo
+  kGetPlacementGroup = 14,     // request: uint64 id -> PlacementGroupInfo
+  kRemovePlacementGroup = 15,  // request: uint64 id -> void
+  kKvPut = 16,            // request: KvEntry -> void
+  kKvGet = 17,            // request: key -> optional<string>
+  kKvWait = 18,           // request: KvWait -> string (error Timeout)
+  kKvErase = 19,          // request: key -> void
+  kKvAdd = 20,            // request: KvAdd -> int64
+  kStatus = 21,           // request: -> JSON text
+  kShutdown = 22,         // request: -> void; the head stops the cluster
+  kControl = 23,          // request caller -> worker: ControlMessage (bypasses the mailbox)
+  kWaitPlacementGroup = 24,  // request: WaitPlacementGroup -> PlacementGroupInfo
+};
+
+enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
+
+struct Hello {
+  Role role = Role::kDriver;
+  uint64_t actor_id = 0;     // worker
+  uint32_t incarnation = 0;  // worker
+  Resources resources;       // node
+  std::string hostname;      // node
+  int32_t pid = 0;
+  std::string bind_host;     // node: where its workers listen
+  TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, bind_host)
+};
+
+enum class ActorState : uint8_t { kPending = 0, kAlive = 1, kRestarting = 2, kDead = 3 };
+const char* to_string(ActorState s);
+
+struct ActorSpec {
+  std::string type_key;     // constructor registry key
+  std::string class_name;
+  std::string ctor_args;    // Codec-encoded constructor arguments
+  std::vector<Buffer> ctor_attachments;
+  Resources resources;
+  std::string name;         // named actor ("" = anonymous)
+  int32_t max_restarts = 0;
+  int32_t max_task_retries = 0;
+  int32_t max_concurrency = 1;
+  uint64_t placement_group = 0;
+  int32_t bundle_index = -1;
+  std::string executable;
+  std::vector<std::string> env;  // extra KEY=VALUE for the worker
+  TROUPE_FIELDS(type_key, class_name, ctor_args, ctor_attachments, resources, name, max_restarts, max_task_retries,
+                max_concurrency, placement_group, bundle_index, executable, env)
+};
+
+struct ActorInfo {
+  uint64_t id = 0;
+  std::string class_name;
+  std::string name;
+  ActorState state = ActorState::kPending;
+  uint64_t node_id = 0;
+  std::string address;       // host:port where the worker takes calls
+  int32_t pid = 0;
+  uint32_t incarnation = 0;  // 0 for the first process, +1 per restart
+  int32_t restarts = 0;
+  int32_t max_restarts = 0;
+  int32_t max_task_retries = 0;
+  std::string pending_reason;  // why it is PENDING
+  std::string death_cause;     // why it is DEAD (or why it last died)
+  std::vector<int32_t> gpu_ids;
+  TROUPE_FIELDS(id, class_name, name, state, node_id, address, pid, incarnation, restarts, max_restarts,
+                max_task_retries, pending_reason, death_cause, gpu_ids)
+};
+
+struct HelloReply {
+  uint64_t node_id = 0;          // node
+  uint32_t heartbeat_ms = 100;   // node
+  ActorSpec spec;                // worker
+  ActorInfo info;                // worker
+  TROUPE_FIELDS(node_id, heartbeat_ms, spec, info)
+};
+
+struct ActorReady {
+  uint64_t actor_id = 0;
+  uint32_t incarnation = 0;
+  std::string address;
+  int32_t pid = 0;
+  TROUPE_FIELDS(actor_id, incarnation, address, pid)
+};
+
+struct ActorInitFailed {
+  uint64_t actor_id = 0;
+  uint32_t incarnation = 0;
+  std::string error;
+  TROUPE_FIELDS(actor_id, incarnation, error)
+};
+
+struct SpawnWorker {
+  uint64_t actor_id = 0;
+  uint32_t incarnation = 0;
+  std::string executable;
+  std::vector<int32_t> gpu_ids;
+  std::vector<std::string> env;
+  std::string class_name;
+  TROUPE_FIELDS(actor_id, incarnation, executable, gpu_ids, env, class_name)
+};
+
+struct KillWorker {
+  uint64_t actor_id = 0;
+  uint32_t incarnation = 0;
+  TROUPE_FIELDS(actor_id, incarnation)
+};
+
+struct WorkerExited {
+  uint64_t actor_id = 0;
+  uint32_t incarnation = 0;
+  int32_t pid = 0;
+  std::string how;  // "killed by signal 9", "exited with code 1", "failed to start: ..."
+  TROUPE_FIELDS(actor_id, incarnation, pid, how)
+};
+
+struct KillActor {
+  uint64_t actor_id = 0;
+  bool no_restart = true;
+  TROUPE_FIELDS(actor_id, no_restart)
+};
+
+enum class PlacementStrategy : uint8_t { kPack = 0, kSpread = 1, kStrictPack = 2, kStrictSpread = 3 };
+const char* to_string(PlacementStrategy s);
+
+struct PlacementGroupSpec {
+  std::vector<Resources> bundles;
+  PlacementStrategy strategy = PlacementStrategy::kPack;
+  std::string name;
+  TROUPE_FIELDS(bundles, strategy, name)
+};
+
+enum class PlacementGroupState : uint8_t { kPending = 0, kCreated = 1, kRemoved = 2 };
+
+struct PlacementGroupInfo {
+  uint64_t id = 0;
+  PlacementGroupState state = PlacementGroupState::kPending;
+  std::vector<uint64_t> bundle_nodes;  // node of each bundle (0 = unplaced)
+  std::string pending_reason;
+  TROUPE_FIELDS(id, state, bundle_nodes, pending_reason)
+};
+
+struct WaitPlacementGroup {
+  uint64_t id = 0;
+  uint32_t timeout_ms = 0;
+  TROUPE_FIELDS(id, timeout_ms)
+};
+
+struct KvEntry {
+  std::string key;
+  std::string value;
+  TROUPE_FIELDS(key, value)
+};
+
+struct KvWait {
+  std::string key;
+  uint32_t timeout_ms = 0;
+  TROUPE_FIELDS(key, timeout_ms)
+};
+
+struct KvAdd {
+  std::string key;
+  int64_t delta = 0;
+  TROUPE_FIELDS(key, delta)
+};
+
+// A message for the worker's control plane, handled on its I/O thread
+// without waiting for the actor's current call (e.g. abort a collective).
+struct ControlMessage {
+  std::string topic;
+  std::string payload;
+  TROUPE_FIELDS(topic, payload)
+};
+
+}  // namespace troupe::wire

@@ -1,0 +1,201 @@
+#include "runtime/worker/worker.h"
+
+#include <cxxabi.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "runtime/client/runtime.h"
+#include "runtime/core/logging.h"
+#include "runtime/worker/worker_context.h"
+
+namespace troupe::worker {
+
+using namespace troupe::wire;
+
+namespace {
+
+std::string demangled_type(const std::exception& e) {
+  int status = 0;
+  const char* mangled = typeid(e).name();
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string s = (status == 0 && d) ? d : mangled;
+  std::free(d);
+  return s;
+}
+
+std::string env_or(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+struct Job {
+  std::shared_ptr<Connection> conn;
+  Message msg;
+};
+
+class Mailbox {
+ public:
+  void push(Job j) {
+    {
+      std::lock_guard lock(mu_);
+      q_.push_back(std::move(j));
+    }
+    cv_.notify_one();
+  }
+  Job pop() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !q_.empty(); });
+    Job j = std::move(q_.front());
+    q_.pop_front();
+    return j;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> q_;
+};
+
+}  // namespace
+
+void run_worker() {
+  uint64_t actor_id = std::stoull(env_or("TROUPE_ACTOR_ID", "0"));
+  uint32_t incarnation = std::stoul(env_or("TROUPE_INCARNATION", "0"));
+  core::init_logging("worker a" + std::to_string(actor_id));
+
+  client::ConnectOptions co;
+  co.address = env_or("TROUPE_HEAD_ADDRESS");
+  co.token = env_or("TROUPE_TOKEN");
+  co.hello.role = Role::kWorker;
+  co.hello.actor_id = actor_id;
+  co.hello.incarnation = incarnation;
+  co.hello.pid = getpid();
+  std::shared_ptr<client::Core> core;
+  try {
+    core = client::Core::connect(co);
+  } catch (const std::exception& e) {
+    TROUPE_LOG_ERROR("cannot reach the head at {}: {}", co.address, e.what());
+    std::_Exit(2);
+  }
+  core->set_on_head_lost([](const std::string& reason) {
+    TROUPE_LOG_WARN("lost the head ({}); exiting", reason);
+    std::_Exit(0);
+  });
+  const ActorSpec& spec = core->hello_reply().spec;
+  WorkerContext& ctx = WorkerContext::get();
+  ctx.actor_id = actor_id;
+  for (const auto& part : {env_or("TROUPE_GPU_IDS")}) {
+    size_t pos = 0;
+    while (pos < part.size()) {
+      size_t comma = part.find(',', pos);
+      if (comma == std::string::npos) comma = part.size();
+      if (comma > pos) ctx.gpu_ids.push_back(std::stoi(part.substr(pos, comma - pos)));
+      pos = comma + 1;
+    }
+  }
+  ctx.runtime = std::make_unique<Runtime>(Runtime::attach(core));
+
+  auto fail_init = [&](const std::string& error) {
+    TROUPE_LOG_ERROR("actor {} ({}) failed to start: {}", actor_id, spec.class_name, error);
+    core->head().send(make_event_value(Op::kActorInitFailed, ActorInitFailed{actor_id, incarnation, error}));
+    // Let the event leave before exiting; the head also learns from the exit.
+    core->head().call_empty<std::string>(Op::kStatus, std::chrono::seconds(5));
+    std::_Exit(1);
+  };
+
+  const client::ActorFactory* factory = client::find_factory(spec.type_key);
+  if (!factory)
+    fail_init("this executable has no constructor " + spec.class_name + " for the arguments given (key " +
+              spec.type_key + "); is the worker executable the driver's binary?");
+
+  std::unique_ptr<client::HostedActor> actor;
+  try {
+    Decoder d(spec.ctor_args.data(), spec.ctor_args.size(), &spec.ctor_attachments);
+    actor = factory->make(d);
+  } catch (const std::exception& e) {
+    fail_init(demangled_type(e) + ": " + e.what());
+  } catch (...) {
+    fail_init("unknown exception");
+  }
+
+  Mailbox mailbox;
+  std::string bind_host = env_or("TROUPE_BIND_HOST", "127.0.0.1");
+  // Keeps every caller connection alive until it closes.
+  auto conns = std::make_shared<std::map<Connection*, std::shared_ptr<Connection>>>();
+  auto on_frame = [&mailbox, &ctx](const std::shared_ptr<Connection>& c, Message&& m) {
+    if (m.kind == Kind::CALL) {
+      mailbox.push(Job{c, std::move(m)});
+      return;
+    }
+    if (m.kind == Kind::REQUEST && static_cast<Op>(m.op) == Op::kControl) {
+      try {
+        auto cm = decode_value<ControlMessage>(m.body);
+        auto h = ctx.control_handler(cm.topic);
+        if (!h) throw ConfigError("no control handler for topic '" + cm.topic + "'");
+        c->send(ok_response(m.id, h(cm.payload)));
+      } catch (const std::exception& e) {
+        c->send(error_response(m.id, e));
+      }
+      return;
+    }
+    c->close("unexpected frame kind " + std::to_string(static_cast<int>(m.kind)) + " at a worker");
+  };
+  Listener listener(core->io(), bind_host, 0, [&, conns](asio::ip::tcp::socket s) {
+    auto c = std::make_shared<Connection>(std::move(s), core->token(), true);
+    (*conns)[c.get()] = c;
+    std::weak_ptr<Connection> weak = c;
+    c->start([] {},
+             [weak, &on_frame](Message&& m) {
+               if (auto c = weak.lock()) on_frame(c, std::move(m));
+             },
+             [conns, raw = c.get()](const std::string& reason) {
+               TROUPE_LOG_DEBUG("caller connection closed: {}", reason);
+               conns->erase(raw);
+             });
+  });
+  // The listener was created on this thread while the io thread runs; the
+  // accept loop itself runs on the io thread from here on.
+
+  std::string address = bind_host + ":" + std::to_string(listener.port());
+  core->head().send(make_event_value(Op::kActorReady, ActorReady{actor_id, incarnation, address, getpid()}));
+  TROUPE_LOG_DEBUG("actor {} ({}) serving at {}", actor_id, spec.class_name, address);
+
+  auto serve = [&] {
+    for (;;) {
+      Job j = mailbox.pop();
+      Message reply;
+      reply.kind = Kind::REPLY;
+      reply.id = j.msg.id;
+      try {
+        Decoder d(j.msg.body.data(), j.msg.body.size(), &j.msg.attachments);
+        Encoder e;
+        actor->invoke(j.msg.op, d, e);
+        reply.body = std::move(e.bytes());
+        reply.attachments = std::move(e.attachments());
+      } catch (const std::exception& e) {
+        reply.status = Status::ERROR;
+        reply.error_type = demangled_type(e);
+        reply.error_message = e.what();
+        reply.body.clear();
+        reply.attachments.clear();
+      } catch (...) {
+        reply.status = Status::ERROR;
+        reply.error_type = "unknown";
+        reply.error_message = "a non-standard exception was thrown";
+      }
+      j.conn->send(reply);
+    }
+  };
+  int threads = std::max(1, spec.max_concurrency);
+  std::vector<std::thread> extra;
+  for (int i = 1; i < threads; ++i) extra.emplace_back(serve);
+  serve();
+  std::_Exit(0);
+}
+
+}  // namespace troupe::worker

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every build, test and benchmark dependency of troupe from Debian's
+# packages. Idempotent: when everything is present it only checks and exits.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libasio-dev capnproto libcapnp-dev libtbb-dev
+  libtorch-dev libopenblas0-pthread
+  libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  pybind11-dev python3-dev python3-torch python3-numpy python3-sklearn
+  python3-matplotlib
+  libssl-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup: done"

@@ -1,0 +1,245 @@
+// Integration tests of the actor runtime on a LocalCluster: a real head
+// process, two node-agent processes and real worker processes on loopback.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "runtime/client/runtime.h"
+#include "runtime/testing/local_cluster.h"
+#include "runtime/wire/frame.h"
+#include "tests/runtime/test_util.h"
+
+using namespace std::chrono_literals;
+
+class Counter {
+ public:
+  explicit Counter(int start) : value_(start) {}
+  int add(int x) { return value_ += x; }
+  int get() const { return value_; }
+  int pid() const { return getpid(); }
+  uint64_t node() const { return std::stoull(std::getenv("TROUPE_NODE_ID")); }
+  std::string fail(std::string message) { throw std::invalid_argument(message); }
+  // Runs for `ms` (a workload that is in flight when a test kills the worker).
+  int busy(int ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return getpid();
+  }
+
+ private:
+  int value_;
+};
+TROUPE_ACTOR(Counter, &Counter::add, &Counter::get, &Counter::pid, &Counter::node, &Counter::fail, &Counter::busy)
+
+class Thrower {
+ public:
+  explicit Thrower(std::string why) { throw std::runtime_error(why); }
+  int nothing() { return 0; }
+};
+TROUPE_ACTOR(Thrower, &Thrower::nothing)
+
+namespace {
+
+using troupe::test::eventually;
+using troupe::testing::LocalCluster;
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  ClusterTest() : cluster_(), rt_(cluster_.connect()) {}
+  LocalCluster cluster_;
+  troupe::Runtime rt_;
+};
+
+TEST_F(ClusterTest, CallsFromOneCallerRunInOrder) {
+  auto c = rt_.spawn<Counter>({}, 0);
+  std::vector<troupe::Future<int>> fs;
+  for (int i = 0; i < 2000; ++i) fs.push_back(c.call(&Counter::add, 1));
+  for (int i = 0; i < 2000; ++i) ASSERT_EQ(fs[i].get(10s), i + 1);
+  EXPECT_EQ(c.call(&Counter::get).get(10s), 2000);
+}
+
+TEST_F(ClusterTest, RemoteErrorCarriesTypeAndMessageAndActorKeepsServing) {
+  auto c = rt_.spawn<Counter>({}, 5);
+  try {
+    c.call(&Counter::fail, std::string("boom 42")).get(10s);
+    FAIL() << "expected RemoteError";
+  } catch (const troupe::RemoteError& e) {
+    EXPECT_EQ(e.type_name(), "std::invalid_argument");
+    EXPECT_EQ(e.remote_message(), "boom 42");
+  }
+  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 6);
+}
+
+TEST_F(ClusterTest, ConstructorFailureMakesActorDeadWithReason) {
+  auto t = rt_.spawn<Thrower>({.max_restarts = 3}, std::string("no GPU here"));
+  EXPECT_FALSE(t.wait_ready(10s));
+  try {
+    t.call(&Thrower::nothing).get(10s);
+    FAIL() << "expected ActorDied";
+  } catch (const troupe::ActorDied& e) {
+    EXPECT_NE(std::string(e.what()).find("no GPU here"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ClusterTest, StrictSpreadPutsBundlesOnDistinctNodes) {
+  auto pg = rt_.create_placement_group({{{"CPU", 1}}, {{"CPU", 1}}}, troupe::PlacementStrategy::kStrictSpread);
+  ASSERT_TRUE(pg.wait(10s));
+  auto info = pg.info();
+  ASSERT_EQ(info.bundle_nodes.size(), 2u);
+  EXPECT_NE(info.bundle_nodes[0], info.bundle_nodes[1]);
+  auto a = rt_.spawn<Counter>({.resources = {{"CPU", 1}}, .placement_group = &pg, .bundle_index = 0}, 0);
+  auto b = rt_.spawn<Counter>({.resources = {{"CPU", 1}}, .placement_group = &pg, .bundle_index = 1}, 0);
+  EXPECT_EQ(a.call(&Counter::node).get(10s), info.bundle_nodes[0]);
+  EXPECT_EQ(b.call(&Counter::node).get(10s), info.bundle_nodes[1]);
+}
+
+TEST_F(ClusterTest, UnsatisfiableRequestsStayPendingAndAreReported) {
+  auto pg = rt_.create_placement_group({{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}},
+                                       troupe::PlacementStrategy::kStrictSpread);
+  EXPECT_FALSE(pg.wait(300ms));
+  EXPECT_NE(pg.info().pending_reason.find("STRICT_SPREAD"), std::string::npos);
+
+  auto g = rt_.spawn<Counter>({.resources = {{"GPU", 1}}}, 0);
+  try {
+    g.wait_ready(300ms);
+    FAIL() << "expected Timeout";
+  } catch (const troupe::Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("GPU=1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(g.info().state, troupe::ActorState::kPending);
+  auto status = nlohmann::json::parse(rt_.status_json());
+  bool found = false;
+  for (auto& a : status["actors"])
+    if (a["id"] == g.id()) {
+      found = true;
+      EXPECT_EQ(a["state"], "PENDING");
+      EXPECT_NE(a["pending_reason"].get<std::string>(), "");
+    }
+  EXPECT_TRUE(found);
+  // A node that has the resource makes it run.
+  cluster_.add_node({{"CPU", 1}, {"GPU", 1}});
+  EXPECT_TRUE(g.wait_ready(10s));
+  EXPECT_EQ(g.call(&Counter::add, 2).get(10s), 2);
+}
+
+TEST_F(ClusterTest, KilledWorkerRestartsThenDiesWhenRestartsRunOut) {
+  auto c = rt_.spawn<Counter>({.max_restarts = 1}, 10);
+  EXPECT_EQ(c.call(&Counter::add, 5).get(10s), 15);
+  int pid1 = c.call(&Counter::pid).get(10s);
+  auto in_flight = c.call(&Counter::busy, 5000);
+  ASSERT_EQ(::kill(pid1, SIGKILL), 0);
+  EXPECT_THROW(in_flight.get(10s), troupe::ActorDied);
+  ASSERT_TRUE(eventually([&] { return c.info().restarts == 1 && c.info().state == troupe::ActorState::kAlive; }));
+  // The constructor ran again with the same arguments.
+  EXPECT_EQ(c.call(&Counter::get).get(10s), 10);
+  int pid2 = c.call(&Counter::pid).get(10s);
+  EXPECT_NE(pid1, pid2);
+
+  ASSERT_EQ(::kill(pid2, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return c.info().state == troupe::ActorState::kDead; }));
+  EXPECT_NE(c.info().death_cause.find("signal 9"), std::string::npos) << c.info().death_cause;
+  EXPECT_THROW(c.call(&Counter::get).get(10s), troupe::ActorDied);
+}
+
+TEST_F(ClusterTest, TaskRetriesResendCallsInFlight) {
+  auto c = rt_.spawn<Counter>({.max_restarts = 1, .max_task_retries = 1}, 0);
+  int pid1 = c.call(&Counter::pid).get(10s);
+  auto in_flight = c.call(&Counter::busy, 300);
+  ASSERT_EQ(::kill(pid1, SIGKILL), 0);
+  int pid2 = in_flight.get(20s);  // ran again on the restarted worker
+  EXPECT_NE(pid2, pid1);
+}
+
+TEST_F(ClusterTest, KilledNodeAgentMovesItsActorsToTheOtherNode) {
+  auto c = rt_.spawn<Counter>({.resources = {{"CPU", 2}}, .max_restarts = 2}, 7);
+  uint64_t first = c.call(&Counter::node).get(10s);
+  size_t index = cluster_.node_id(0) == first ? 0 : 1;
+  int worker_pid = c.call(&Counter::pid).get(10s);
+  cluster_.kill_node(index, SIGKILL);
+  ASSERT_TRUE(eventually([&] {
+    auto i = c.info();
+    return i.state == troupe::ActorState::kAlive && i.node_id != first;
+  }));
+  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 8);
+  EXPECT_EQ(c.call(&Counter::node).get(10s), cluster_.node_id(1 - index));
+  // The old worker died with its node agent.
+  EXPECT_TRUE(eventually([&] { return ::kill(worker_pid, 0) != 0; }));
+}
+
+TEST_F(ClusterTest, NamedActorsAreFoundByName) {
+  auto c = rt_.spawn<Counter>({.name = "global-counter"}, 100);
+  auto same = rt_.get_actor<Counter>("global-counter");
+  EXPECT_EQ(same.id(), c.id());
+  EXPECT_EQ(same.call(&Counter::add, 1).get(10s), 101);
+  EXPECT_THROW(rt_.get_actor<Counter>("no-such-actor"), troupe::ConfigError);
+  EXPECT_THROW(rt_.spawn<Counter>({.name = "global-counter"}, 0), troupe::ConfigError);
+  // Another driver sees it too.
+  troupe::Runtime other = cluster_.connect();
+  EXPECT_EQ(other.get_actor<Counter>("global-counter").call(&Counter::get).get(10s), 101);
+}
+
+TEST_F(ClusterTest, FuturesCanBeArguments) {
+  auto a = rt_.spawn<Counter>({}, 1);
+  auto b = rt_.spawn<Counter>({}, 100);
+  auto fa = a.call(&Counter::add, 1);       // 2
+  auto fb = b.call(&Counter::add, fa);      // 102
+  EXPECT_EQ(fb.get(10s), 102);
+  std::vector<troupe::Future<int>> fs{a.call(&Counter::busy, 2000), b.call(&Counter::add, 0)};
+  EXPECT_EQ(troupe::wait_any(fs, 10s), 1u);
+  troupe::wait_all(fs);
+  EXPECT_TRUE(fs[0].ready());
+}
+
+TEST_F(ClusterTest, WrongTokenIsRefused) {
+  troupe::InitOptions o;
+  o.address = cluster_.address();
+  o.token = "not-the-token";
+  EXPECT_THROW(troupe::Runtime::connect(o), troupe::ConnectionError);
+  troupe::test::RawClient raw(cluster_.address());
+  EXPECT_FALSE(raw.handshake("still-wrong"));
+  // The cluster keeps serving.
+  auto c = rt_.spawn<Counter>({}, 1);
+  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 2);
+}
+
+TEST_F(ClusterTest, MalformedAndOversizedFramesCloseOnlyThatConnection) {
+  auto c = rt_.spawn<Counter>({}, 0);
+  ASSERT_EQ(c.call(&Counter::add, 1).get(10s), 1);
+  std::string worker = c.info().address;
+  for (const std::string& target : {cluster_.address(), worker}) {
+    {
+      troupe::test::RawClient raw(target);
+      ASSERT_TRUE(raw.handshake(cluster_.token()));
+      uint32_t bad[4] = {0x12345678, 64, 0, 0};  // wrong magic
+      raw.write(bad, sizeof(bad));
+      EXPECT_TRUE(raw.closed_by_peer()) << target;
+    }
+    {
+      troupe::test::RawClient raw(target);
+      ASSERT_TRUE(raw.handshake(cluster_.token()));
+      uint32_t huge[4] = {troupe::wire::kFrameMagic, 8, 1, 0};
+      uint64_t size = uint64_t(1) << 40;  // a 1 TiB attachment
+      raw.write(huge, sizeof(huge));
+      raw.write(&size, sizeof(size));
+      EXPECT_TRUE(raw.closed_by_peer()) << target;
+    }
+    {
+      troupe::test::RawClient raw(target);
+      ASSERT_TRUE(raw.handshake(cluster_.token()));
+      std::vector<uint8_t> junk(64, 0xff);
+      uint32_t hdr[4] = {troupe::wire::kFrameMagic, 64, 0, 0};
+      raw.write(hdr, sizeof(hdr));
+      raw.write(junk.data(), junk.size());  // not a Cap'n Proto message
+      EXPECT_TRUE(raw.closed_by_peer()) << target;
+    }
+  }
+  // Every process keeps working.
+  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 2);
+  EXPECT_EQ(c.info().state, troupe::ActorState::kAlive);
+  auto d = rt_.spawn<Counter>({}, 0);
+  EXPECT_EQ(d.call(&Counter::add, 3).get(10s), 3);
+}
+
+}  // namespace

@@ -1,0 +1,63 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "runtime/head/scheduler.h"
+
+namespace {
+
+using namespace troupe::head;
+using troupe::wire::PlacementStrategy;
+
+std::vector<NodeView> three_nodes() {
+  return {{1, {{"CPU", 4}, {"GPU", 2}}, {{"CPU", 4}, {"GPU", 2}}},
+          {2, {{"CPU", 4}, {"GPU", 2}}, {{"CPU", 4}, {"GPU", 2}}},
+          {3, {{"CPU", 2}}, {{"CPU", 2}}}};
+}
+
+TEST(Scheduler, ParseAndFormatResources) {
+  auto r = parse_resources("CPU=2,GPU=0,disk=1.5");
+  EXPECT_EQ(r.at("CPU"), 2);
+  EXPECT_EQ(r.at("disk"), 1.5);
+  EXPECT_EQ(format_resources({{"CPU", 2}, {"GPU", 1}}), "CPU=2, GPU=1");
+  EXPECT_THROW(parse_resources("CPU"), troupe::ConfigError);
+  EXPECT_THROW(parse_resources("CPU=x"), troupe::ConfigError);
+  EXPECT_THROW(parse_resources("CPU=-1"), troupe::ConfigError);
+}
+
+TEST(Scheduler, PickNodePrefersEmptierNodeAndExplainsFailure) {
+  auto nodes = three_nodes();
+  nodes[0].available["CPU"] = 1;
+  std::string why;
+  EXPECT_EQ(pick_node(nodes, {{"CPU", 1}}, &why), 2u);
+  EXPECT_FALSE(pick_node(nodes, {{"GPU", 3}}, &why).has_value());
+  EXPECT_NE(why.find("at all"), std::string::npos) << why;
+  EXPECT_FALSE(pick_node(nodes, {{"TPU", 1}}, &why).has_value());
+}
+
+TEST(Scheduler, StrictSpreadUsesDistinctNodes) {
+  std::string why;
+  auto p = place_bundles(three_nodes(), {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}, PlacementStrategy::kStrictSpread, &why);
+  ASSERT_TRUE(p) << why;
+  EXPECT_EQ(std::set<uint64_t>(p->begin(), p->end()).size(), 3u);
+  auto q = place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(4, {{"CPU", 1}}),
+                         PlacementStrategy::kStrictSpread, &why);
+  EXPECT_FALSE(q);
+  EXPECT_NE(why.find("STRICT_SPREAD"), std::string::npos);
+  // SPREAD reuses nodes when it must.
+  auto s = place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(4, {{"CPU", 1}}), PlacementStrategy::kSpread, &why);
+  ASSERT_TRUE(s) << why;
+}
+
+TEST(Scheduler, PackAndStrictPack) {
+  std::string why;
+  auto p = place_bundles(three_nodes(), {{{"GPU", 1}}, {{"GPU", 1}}}, PlacementStrategy::kStrictPack, &why);
+  ASSERT_TRUE(p) << why;
+  EXPECT_EQ((*p)[0], (*p)[1]);
+  EXPECT_FALSE(place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(3, {{"GPU", 1}}),
+                             PlacementStrategy::kStrictPack, &why));
+  auto q = place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(3, {{"GPU", 1}}), PlacementStrategy::kPack, &why);
+  ASSERT_TRUE(q) << why;
+}
+
+}  // namespace
