@@ -41,7 +41,9 @@ void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fai
     return;
   }
   if (conn_ && conn_->is_open() && queued_.empty()) {
-    conn_->send(p.frame);
+    // A lone call goes out on this thread at once; calls behind others
+    // in flight are batched by the I/O thread.
+    conn_->send(p.frame, inflight_.empty());
     inflight_.emplace(p.id, std::move(p));
     return;
   }
@@ -51,21 +53,51 @@ void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fai
 
 Future<Message> ActorClient::control(const std::string& topic, const std::string& payload) {
   auto st = std::make_shared<core::FutureState<Message>>();
+  std::string address;
+  {
+    std::lock_guard lock(mu_);
+    if (info_.state != ActorState::kAlive || info_.control_address.empty()) {
+      st->set_error(std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name +
+                                                      ") is " + to_string(info_.state))));
+      return Future<Message>(st);
+    }
+    address = info_.control_address;
+  }
   Message m;
   m.kind = Kind::REQUEST;
   m.op = static_cast<uint32_t>(Op::kControl);
+  m.id = 1;
   m.body = std::move(encode_value(ControlMessage{topic, payload}).bytes());
-  std::unique_lock lock(mu_);
-  if (!conn_ || !conn_->is_open()) {
-    lock.unlock();
-    st->set_error(std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " is not connected")));
-    return Future<Message>(st);
-  }
-  m.id = next_call_id_++;
-  Pending p{m.id, encode_frame(m), [st](Message& r) { st->set_value(std::move(r)); },
-            [st](std::exception_ptr e) { st->set_error(e); }, 0};
-  conn_->send(p.frame);
-  inflight_.emplace(p.id, std::move(p));
+  // Control messages use a short-lived connection to the worker's control
+  // listener, which its I/O thread serves even while a call runs.
+  asio::post(core_.io(), [this, st, m = std::move(m), address] {
+    std::pair<std::string, uint16_t> hp;
+    try {
+      hp = parse_address(address);
+    } catch (...) {
+      return st->set_error(std::current_exception());
+    }
+    auto holder = std::make_shared<std::shared_ptr<Connection>>();
+    Connection::connect(
+        core_.io(), hp.first, hp.second, core_.token(), FrameLimits{},
+        [st, holder](Message&& r) {
+          if (r.status != Status::OK)
+            st->set_error(error_from_message(r));
+          else
+            st->set_value(std::move(r));
+          if (*holder) (*holder)->close("control answered");
+          holder->reset();
+        },
+        [st, holder](const std::string& reason) {
+          st->set_error(std::make_exception_ptr(ConnectionError("control connection closed: " + reason)));
+          holder->reset();
+        },
+        [st, holder, m](std::shared_ptr<Connection> c, std::string error) {
+          if (!c) return st->set_error(std::make_exception_ptr(ConnectionError("control connect failed: " + error)));
+          *holder = c;
+          c->send(m, true);
+        });
+  });
   return Future<Message>(st);
 }
 

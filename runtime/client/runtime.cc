@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "runtime/core/logging.h"
+#include "runtime/core/process.h"
 #include "runtime/core/session.h"
 #include "runtime/head/head.h"
 #include "runtime/node/node_agent.h"
@@ -45,15 +46,6 @@ struct Runtime::Embedded {
   std::unique_ptr<head::Head> head;
   std::unique_ptr<node::NodeAgent> node;
 };
-
-namespace client {
-std::string self_executable() {
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "/proc/self/exe";
-  return std::string(buf, n);
-}
-}  // namespace client
 
 Runtime::Runtime(Runtime&&) noexcept = default;
 Runtime& Runtime::operator=(Runtime&&) noexcept = default;
@@ -120,7 +112,7 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
   spec.max_concurrency = options.max_concurrency;
   if (options.placement_group) spec.placement_group = options.placement_group->id();
   spec.bundle_index = options.bundle_index;
-  spec.executable = options.executable.empty() ? client::self_executable() : options.executable;
+  spec.executable = options.executable.empty() ? core::self_executable_path() : options.executable;
   spec.env = options.env;
   if (options.max_concurrency < 1)
     throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(options.max_concurrency));

@@ -189,7 +189,6 @@ void on_control(const std::string& topic, std::function<std::string(const std::s
 // ---- templates ------------------------------------------------------------
 
 namespace client {
-std::string self_executable();
 
 template <class R>
 void complete_call(core::FutureState<R>& st, wire::Message& m, const char* method) {

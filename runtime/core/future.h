@@ -5,7 +5,9 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
+#include <thread>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -25,18 +27,17 @@ class FutureStateBase {
  public:
   virtual ~FutureStateBase() = default;
 
-  bool ready() const {
-    std::lock_guard lock(mu_);
-    return ready_;
-  }
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
   // Waits until ready; false on timeout.
   bool wait_for(std::chrono::milliseconds timeout) const {
+    if (spin()) return true;
     std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return ready_; });
+    return cv_.wait_for(lock, timeout, [&] { return ready_.load(); });
   }
   void wait() const {
+    if (spin()) return;
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return ready_; });
+    cv_.wait(lock, [&] { return ready_.load(); });
   }
   void set_error(std::exception_ptr e) {
     complete([&] { error_ = std::move(e); });
@@ -44,12 +45,22 @@ class FutureStateBase {
   // Runs cb once the state is ready (at once, on this thread, if it is).
   void on_ready(std::function<void()> cb) {
     std::unique_lock lock(mu_);
-    if (ready_) {
+    if (ready_.load()) {
       lock.unlock();
       cb();
       return;
     }
     callbacks_.push_back(std::move(cb));
+  }
+  // A reply to a synchronous call usually lands within tens of
+  // microseconds: checking for that briefly saves a sleep and a wake-up.
+  bool spin() const {
+    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    while (!ready()) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::yield();
+    }
+    return true;
   }
   std::exception_ptr error() const {
     std::lock_guard lock(mu_);
@@ -62,18 +73,19 @@ class FutureStateBase {
     std::vector<std::function<void()>> cbs;
     {
       std::lock_guard lock(mu_);
-      if (ready_) return;  // first completion wins
+      if (ready_.load()) return;  // first completion wins
       assign();
-      ready_ = true;
+      ready_.store(true, std::memory_order_release);
       cbs.swap(callbacks_);
     }
     cv_.notify_all();
     for (auto& cb : cbs) cb();
   }
 
+  static constexpr int kSpinMicros = 50;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  bool ready_ = false;
+  std::atomic<bool> ready_{false};
   std::exception_ptr error_;
   std::vector<std::function<void()>> callbacks_;
 };

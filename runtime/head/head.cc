@@ -491,6 +491,7 @@ class Head::Impl {
     if (a.info.incarnation != r.incarnation || !a.placed) return;
     a.info.state = ActorState::kAlive;
     a.info.address = r.address;
+    a.info.control_address = r.control_address;
     a.info.pid = r.pid;
     TROUPE_LOG_INFO("actor {} ({}{}) alive on node {} pid {} at {}{}", a.info.id, a.info.class_name,
                     a.info.name.empty() ? "" : " '" + a.info.name + "'", a.info.node_id, r.pid, r.address,
@@ -511,6 +512,7 @@ class Head::Impl {
   void actor_lost(Actor& a, const std::string& why) {
     release(a);
     a.info.address.clear();
+    a.info.control_address.clear();
     a.info.pid = 0;
     if (a.info.state == ActorState::kDead) return;
     bool restarts_left = a.info.max_restarts == -1 || a.info.restarts < a.info.max_restarts;

@@ -1,5 +1,10 @@
 #include "runtime/wire/connection.h"
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "runtime/core/errors.h"
@@ -68,15 +73,18 @@ void Connection::do_handshake() {
       if (!proofs_equal(expect, self->proof_in_))
         return self->fail("handshake refused: wrong cluster token");
       if (self->accepting_) send_proof();
-      self->ready_ = true;
+      {
+        std::lock_guard lock(self->write_mu_);
+        self->ready_ = true;
+        self->reader_thread_ = std::this_thread::get_id();
+        // Frames queued before the handshake finished can go now.
+        if (!self->queue_.empty() && !self->writing_) {
+          self->writing_ = true;
+          asio::post(self->io_, [self] { self->flush(); });
+        }
+      }
       if (self->on_ready_) self->on_ready_();
       self->read_more();
-      // Frames queued before the handshake finished can go now.
-      std::lock_guard lock(self->write_mu_);
-      if (!self->queue_.empty() && !self->writing_) {
-        self->writing_ = true;
-        asio::post(self->io_, [self] { self->flush(); });
-      }
     });
   });
 }
@@ -104,10 +112,15 @@ void Connection::read_more() {
 
 void Connection::on_read(size_t n) {
   rend_ += n;
+  in_read_batch_ = true;
   try {
     while (!closed_ && parse_one()) {
     }
+    in_read_batch_ = false;
+    std::lock_guard lock(write_mu_);
+    if (!writing_ && ready_ && !closed_) write_direct_locked();
   } catch (const std::exception& e) {
+    in_read_batch_ = false;
     TROUPE_LOG_WARN("closing connection from {}: bad frame: {}", peer_, e.what());
     fail(std::string("bad frame: ") + e.what());
     return;
@@ -194,16 +207,58 @@ void Connection::deliver() {
   if (on_frame_) on_frame_(std::move(m));
 }
 
-void Connection::send(const Message& m) { send(encode_frame(m)); }
+void Connection::send(const Message& m, bool direct) { send(encode_frame(m), direct); }
 
-void Connection::send(OutFrame f) {
+void Connection::send(OutFrame f, bool direct) {
   if (closed_) return;
   std::lock_guard lock(write_mu_);
   queue_.push_back(std::move(f));
-  if (!writing_ && ready_) {
+  if (writing_ || !ready_) return;
+  // Replies made while the reader thread works through a batch of frames go
+  // out together when the batch ends (on_read).
+  if (std::this_thread::get_id() == reader_thread_ && in_read_batch_) return;
+  if (direct) {
+    write_direct_locked();
+  } else {
     writing_ = true;
     asio::post(io_, [self = shared_from_this()] { self->flush(); });
   }
+}
+
+// Writes the queue with one non-blocking sendmsg on the calling thread: the
+// cheapest path for a lone message (no wake-up of the I/O thread). Whatever
+// the socket does not take now is finished by the I/O thread.
+void Connection::write_direct_locked() {
+  if (queue_.empty()) return;
+  std::vector<iovec> iov;
+  iov.reserve(queue_.size() * 2);
+  for (const auto& f : queue_) {
+    iov.push_back({const_cast<std::byte*>(f.head.data()), f.head.size()});
+    for (const auto& a : f.attachments)
+      if (a.size()) iov.push_back({const_cast<std::byte*>(a.data()), a.size()});
+  }
+  size_t total = 0;
+  for (const auto& v : iov) total += v.iov_len;
+  msghdr mh{};
+  mh.msg_iov = iov.data();
+  mh.msg_iovlen = std::min<size_t>(iov.size(), IOV_MAX);
+  ssize_t n = ::sendmsg(socket_.native_handle(), &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    std::string why = std::string("write failed: ") + std::strerror(errno);
+    asio::post(io_, [self = shared_from_this(), why] { self->fail(why); });
+    return;
+  }
+  size_t written = n < 0 ? 0 : static_cast<size_t>(n);
+  if (written == total) {
+    queue_.clear();
+    return;
+  }
+  // The I/O thread writes the rest, starting `written` bytes in.
+  writing_ = true;
+  inflight_.swap(queue_);
+  queue_.clear();
+  inflight_offset_ = written;
+  asio::post(io_, [self = shared_from_this()] { self->write_inflight(); });
 }
 
 void Connection::flush() {
@@ -211,20 +266,35 @@ void Connection::flush() {
     std::lock_guard lock(write_mu_);
     inflight_.swap(queue_);
     queue_.clear();
+    inflight_offset_ = 0;
     if (inflight_.empty() || closed_) {
       writing_ = false;
       return;
     }
   }
+  write_inflight();
+}
+
+void Connection::write_inflight() {
   std::vector<asio::const_buffer> bufs;
   bufs.reserve(inflight_.size() * 2);
+  size_t skip = inflight_offset_;
+  auto add = [&](const std::byte* p, size_t n) {
+    if (n == 0) return;
+    if (skip >= n) {
+      skip -= n;
+      return;
+    }
+    bufs.emplace_back(p + skip, n - skip);
+    skip = 0;
+  };
   for (const auto& f : inflight_) {
-    bufs.emplace_back(f.head.data(), f.head.size());
-    for (const auto& a : f.attachments)
-      if (a.size()) bufs.emplace_back(a.data(), a.size());
+    add(f.head.data(), f.head.size());
+    for (const auto& a : f.attachments) add(a.data(), a.size());
   }
   asio::async_write(socket_, bufs, [self = shared_from_this()](asio::error_code ec, size_t) {
     self->inflight_.clear();
+    self->inflight_offset_ = 0;
     if (ec) return self->fail("write failed: " + ec.message());
     self->flush();
   });

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/wire/auth.h"
@@ -36,9 +37,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (including a failed handshake before on_ready).
   void start(ReadyHandler on_ready, FrameHandler on_frame, CloseHandler on_close);
 
-  // Thread-safe. Frames sent after close are dropped.
-  void send(const Message& m);
-  void send(OutFrame f);
+  // Thread-safe. Frames sent after close are dropped. `direct` writes at
+  // once on the calling thread when nothing else is queued (lowest latency);
+  // otherwise the I/O thread writes, batching whatever queued up meanwhile.
+  void send(const Message& m, bool direct = false);
+  void send(OutFrame f, bool direct = false);
   // Thread-safe; the close handler runs with `reason`.
   void close(const std::string& reason);
 
@@ -60,6 +63,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void read_attachment_tail();
   void deliver();
   void flush();
+  void write_direct_locked();
+  void write_inflight();
   void fail(const std::string& reason);
 
   asio::io_context& io_;
@@ -93,7 +98,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Write state.
   std::mutex write_mu_;
   std::vector<OutFrame> queue_;     // guarded by write_mu_
-  std::vector<OutFrame> inflight_;  // io thread only
+  std::vector<OutFrame> inflight_;  // being written by the io thread
+  size_t inflight_offset_ = 0;      // bytes of inflight_ already written
+  std::atomic<bool> in_read_batch_{false};
+  std::thread::id reader_thread_;
   bool writing_ = false;            // guarded by write_mu_
 
   std::atomic<bool> closed_{false};

@@ -90,8 +90,9 @@ struct ActorInfo {
   std::string pending_reason;  // why it is PENDING
   std::string death_cause;     // why it is DEAD (or why it last died)
   std::vector<int32_t> gpu_ids;
+  std::string control_address;  // host:port for control messages
   TROUPE_FIELDS(id, class_name, name, state, node_id, address, pid, incarnation, restarts, max_restarts,
-                max_task_retries, pending_reason, death_cause, gpu_ids)
+                max_task_retries, pending_reason, death_cause, gpu_ids, control_address)
 };
 
 struct HelloReply {
@@ -107,7 +108,8 @@ struct ActorReady {
   uint32_t incarnation = 0;
   std::string address;
   int32_t pid = 0;
-  TROUPE_FIELDS(actor_id, incarnation, address, pid)
+  std::string control_address;
+  TROUPE_FIELDS(actor_id, incarnation, address, pid, control_address)
 };
 
 struct ActorInitFailed {

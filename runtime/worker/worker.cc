@@ -123,77 +123,100 @@ void run_worker() {
     fail_init("unknown exception");
   }
 
-  Mailbox mailbox;
   std::string bind_host = env_or("TROUPE_BIND_HOST", "127.0.0.1");
-  // Keeps every caller connection alive until it closes.
-  auto conns = std::make_shared<std::map<Connection*, std::shared_ptr<Connection>>>();
-  auto on_frame = [&mailbox, &ctx](const std::shared_ptr<Connection>& c, Message&& m) {
-    if (m.kind == Kind::CALL) {
-      mailbox.push(Job{c, std::move(m)});
-      return;
+  const bool inline_calls = spec.max_concurrency <= 1;
+  // With one call at a time the actor runs calls on the thread that reads
+  // them (no hand-off: a synchronous call costs one wake-up here); control
+  // messages then come through their own listener on the core's I/O thread,
+  // which stays free while a call runs. With more concurrency, the I/O
+  // thread fills a mailbox that a pool of actor threads drains.
+  asio::io_context calls_io;
+  Mailbox mailbox;
+
+  auto run_call = [&actor](Message& call) {
+    Message reply;
+    reply.kind = Kind::REPLY;
+    reply.id = call.id;
+    try {
+      Decoder d(call.body.data(), call.body.size(), &call.attachments);
+      Encoder e;
+      actor->invoke(call.op, d, e);
+      reply.body = std::move(e.bytes());
+      reply.attachments = std::move(e.attachments());
+    } catch (const std::exception& e) {
+      reply.status = Status::ERROR;
+      reply.error_type = demangled_type(e);
+      reply.error_message = e.what();
+      reply.body.clear();
+      reply.attachments.clear();
+    } catch (...) {
+      reply.status = Status::ERROR;
+      reply.error_type = "unknown";
+      reply.error_message = "a non-standard exception was thrown";
     }
-    if (m.kind == Kind::REQUEST && static_cast<Op>(m.op) == Op::kControl) {
-      try {
-        auto cm = decode_value<ControlMessage>(m.body);
-        auto h = ctx.control_handler(cm.topic);
-        if (!h) throw ConfigError("no control handler for topic '" + cm.topic + "'");
-        c->send(ok_response(m.id, h(cm.payload)));
-      } catch (const std::exception& e) {
-        c->send(error_response(m.id, e));
+    return reply;
+  };
+  auto handle_control = [&ctx](const std::shared_ptr<Connection>& c, Message& m) {
+    try {
+      auto cm = decode_value<ControlMessage>(m.body);
+      auto h = ctx.control_handler(cm.topic);
+      if (!h) throw ConfigError("no control handler for topic '" + cm.topic + "'");
+      c->send(ok_response(m.id, h(cm.payload)), true);
+    } catch (const std::exception& e) {
+      c->send(error_response(m.id, e), true);
+    }
+  };
+  auto on_frame = [&](const std::shared_ptr<Connection>& c, Message&& m) {
+    if (m.kind == Kind::CALL) {
+      if (inline_calls) {
+        c->send(run_call(m));  // leaves with the rest of this read batch
+      } else {
+        mailbox.push(Job{c, std::move(m)});
       }
       return;
     }
+    if (m.kind == Kind::REQUEST && static_cast<Op>(m.op) == Op::kControl) return handle_control(c, m);
     c->close("unexpected frame kind " + std::to_string(static_cast<int>(m.kind)) + " at a worker");
   };
-  Listener listener(core->io(), bind_host, 0, [&, conns](asio::ip::tcp::socket s) {
-    auto c = std::make_shared<Connection>(std::move(s), core->token(), true);
-    (*conns)[c.get()] = c;
-    std::weak_ptr<Connection> weak = c;
-    c->start([] {},
-             [weak, &on_frame](Message&& m) {
-               if (auto c = weak.lock()) on_frame(c, std::move(m));
-             },
-             [conns, raw = c.get()](const std::string& reason) {
-               TROUPE_LOG_DEBUG("caller connection closed: {}", reason);
-               conns->erase(raw);
-             });
-  });
-  // The listener was created on this thread while the io thread runs; the
-  // accept loop itself runs on the io thread from here on.
+  // Keeps every caller connection alive until it closes (touched on the
+  // thread of the listener that accepted it).
+  auto make_listener = [&](asio::io_context& io) {
+    auto conns = std::make_shared<std::map<Connection*, std::shared_ptr<Connection>>>();
+    return std::make_unique<Listener>(io, bind_host, 0, [&, conns](asio::ip::tcp::socket s) {
+      auto c = std::make_shared<Connection>(std::move(s), core->token(), true);
+      (*conns)[c.get()] = c;
+      std::weak_ptr<Connection> weak = c;
+      c->start([] {},
+               [weak, &on_frame](Message&& m) {
+                 if (auto c = weak.lock()) on_frame(c, std::move(m));
+               },
+               [conns, raw = c.get()](const std::string& reason) {
+                 TROUPE_LOG_DEBUG("caller connection closed: {}", reason);
+                 conns->erase(raw);
+               });
+    });
+  };
+  auto call_listener = make_listener(inline_calls ? calls_io : core->io());
+  auto control_listener = make_listener(core->io());
 
-  std::string address = bind_host + ":" + std::to_string(listener.port());
-  core->head().send(make_event_value(Op::kActorReady, ActorReady{actor_id, incarnation, address, getpid()}));
-  TROUPE_LOG_DEBUG("actor {} ({}) serving at {}", actor_id, spec.class_name, address);
+  ActorReady ready{actor_id, incarnation, bind_host + ":" + std::to_string(call_listener->port()), getpid(),
+                   bind_host + ":" + std::to_string(control_listener->port())};
+  core->head().send(make_event_value(Op::kActorReady, ready));
+  TROUPE_LOG_DEBUG("actor {} ({}) serving at {}", actor_id, spec.class_name, ready.address);
 
+  if (inline_calls) {
+    auto guard = asio::make_work_guard(calls_io);
+    calls_io.run();
+    std::_Exit(0);
+  }
   auto serve = [&] {
     for (;;) {
       Job j = mailbox.pop();
-      Message reply;
-      reply.kind = Kind::REPLY;
-      reply.id = j.msg.id;
-      try {
-        Decoder d(j.msg.body.data(), j.msg.body.size(), &j.msg.attachments);
-        Encoder e;
-        actor->invoke(j.msg.op, d, e);
-        reply.body = std::move(e.bytes());
-        reply.attachments = std::move(e.attachments());
-      } catch (const std::exception& e) {
-        reply.status = Status::ERROR;
-        reply.error_type = demangled_type(e);
-        reply.error_message = e.what();
-        reply.body.clear();
-        reply.attachments.clear();
-      } catch (...) {
-        reply.status = Status::ERROR;
-        reply.error_type = "unknown";
-        reply.error_message = "a non-standard exception was thrown";
-      }
-      j.conn->send(reply);
+      j.conn->send(run_call(j.msg), true);
     }
   };
-  int threads = std::max(1, spec.max_concurrency);
   std::vector<std::thread> extra;
-  for (int i = 1; i < threads; ++i) extra.emplace_back(serve);
+  for (int i = 1; i < spec.max_concurrency; ++i) extra.emplace_back(serve);
   serve();
   std::_Exit(0);
 }

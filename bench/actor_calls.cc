@@ -1,0 +1,218 @@
+// bench/run actor_calls — actor call throughput and spawn latency across
+// processes on loopback, next to a raw TCP ping-pong between two plain
+// processes measured in the same run (the physical limit of a synchronous
+// round trip here). Prints one JSON object per line.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/client/runtime.h"
+#include "runtime/core/logging.h"
+#include "runtime/testing/local_cluster.h"
+
+using Clock = std::chrono::steady_clock;
+
+class Echo {
+ public:
+  std::string echo(std::string s) { return s; }
+  int ping() { return 1; }
+};
+TROUPE_ACTOR(Echo, &Echo::echo, &Echo::ping)
+
+// A caller actor for the n:n case: makes `n` pipelined calls spread over
+// the named Echo actors and returns the seconds it took.
+class Caller {
+ public:
+  explicit Caller(std::vector<std::string> targets) : targets_(std::move(targets)) {}
+  double run(int n, int window) {
+    auto& rt = troupe::this_actor::runtime();
+    std::vector<troupe::ActorHandle<Echo>> hs;
+    for (auto& t : targets_) hs.push_back(rt.get_actor<Echo>(t));
+    for (auto& h : hs) h.call(&Echo::ping).get();
+    std::string payload(64, 'x');
+    auto t0 = Clock::now();
+    std::vector<troupe::Future<std::string>> fs;
+    fs.reserve(window);
+    for (int done = 0; done < n;) {
+      int k = std::min(window, n - done);
+      for (int i = 0; i < k; ++i) fs.push_back(hs[(done + i) % hs.size()].call(&Echo::echo, payload));
+      for (auto& f : fs) f.get();
+      fs.clear();
+      done += k;
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+ private:
+  std::vector<std::string> targets_;
+};
+TROUPE_ACTOR(Caller, &Caller::run)
+
+namespace {
+
+void emit(const std::string& c, double value, const std::string& unit, const std::string& extra = "") {
+  std::printf("{\"bench\":\"actor_calls\",\"case\":\"%s\",\"value\":%.1f,\"unit\":\"%s\"%s}\n", c.c_str(), value,
+              unit.c_str(), extra.c_str());
+  std::fflush(stdout);
+}
+
+void read_full(int fd, char* p, size_t n) {
+  while (n) {
+    ssize_t r = ::read(fd, p, n);
+    if (r <= 0) _exit(1);
+    p += r;
+    n -= r;
+  }
+}
+void write_full(int fd, const char* p, size_t n) {
+  while (n) {
+    ssize_t r = ::write(fd, p, n);
+    if (r <= 0) _exit(1);
+    p += r;
+    n -= r;
+  }
+}
+
+// Round trips/s of 64-byte messages between two plain processes.
+double tcp_pingpong(double seconds) {
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+  listen(ls, 1);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int s = accept(ls, nullptr, nullptr);
+    int one = 1;
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char buf[64];
+    for (;;) {
+      ssize_t r = ::read(s, buf, 1);
+      if (r <= 0) _exit(0);
+      read_full(s, buf + 1, 63);
+      write_full(s, buf, 64);
+    }
+  }
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  int one = 1;
+  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  char buf[64] = {0};
+  long n = 0;
+  auto t0 = Clock::now();
+  double elapsed = 0;
+  while (elapsed < seconds) {
+    for (int i = 0; i < 500; ++i) {
+      write_full(c, buf, 64);
+      read_full(c, buf, 64);
+    }
+    n += 500;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  close(c);
+  close(ls);
+  int st;
+  waitpid(pid, &st, 0);
+  return n / elapsed;
+}
+
+double sync_calls(troupe::ActorHandle<Echo>& h, double seconds) {
+  std::string payload(64, 'x');
+  for (int i = 0; i < 200; ++i) h.call(&Echo::echo, payload).get();
+  long n = 0;
+  auto t0 = Clock::now();
+  double elapsed = 0;
+  while (elapsed < seconds) {
+    for (int i = 0; i < 200; ++i) h.call(&Echo::echo, payload).get();
+    n += 200;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return n / elapsed;
+}
+
+double async_calls(troupe::ActorHandle<Echo>& h, int total, int window) {
+  std::string payload(64, 'x');
+  std::vector<troupe::Future<std::string>> fs;
+  fs.reserve(window);
+  auto t0 = Clock::now();
+  for (int done = 0; done < total;) {
+    int k = std::min(window, total - done);
+    for (int i = 0; i < k; ++i) fs.push_back(h.call(&Echo::echo, payload));
+    for (auto& f : fs) f.get();
+    fs.clear();
+    done += k;
+  }
+  return total / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  troupe::run_role_if_requested(argc, argv);
+  troupe::core::init_logging("bench");
+  spdlog::set_level(spdlog::level::warn);
+  double seconds = 3;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--seconds" && i + 1 < argc) seconds = std::stod(argv[++i]);
+
+
+  troupe::testing::LocalClusterOptions lo;
+  lo.nodes = {{{"CPU", 8}}};
+  troupe::testing::LocalCluster cluster(lo);
+  troupe::Runtime rt = cluster.connect();
+  auto echo = rt.spawn<Echo>({.name = "echo0"});
+  echo.call(&Echo::ping).get();
+
+  // Interleaved, best of three each, so that background load hits both alike.
+  double tcp = 0, sync = 0;
+  for (int r = 0; r < 3; ++r) {
+    tcp = std::max(tcp, tcp_pingpong(seconds / 3));
+    sync = std::max(sync, sync_calls(echo, seconds / 3));
+  }
+  emit("tcp_pingpong", tcp, "round_trips/s");
+  char extra[128];
+  std::snprintf(extra, sizeof(extra), ",\"ratio\":%.3f,\"peer\":\"tcp_pingpong\"", sync / tcp);
+  emit("1_1_sync", sync, "calls/s", extra);
+
+  async_calls(echo, 20000, 5000);  // warm up
+  double best = 0;
+  for (int r = 0; r < 3; ++r) best = std::max(best, async_calls(echo, 400000, 20000));
+  emit("1_1_async", best, "calls/s");
+
+  auto echo1 = rt.spawn<Echo>({.name = "echo1"});
+  echo1.call(&Echo::ping).get();
+  std::vector<std::string> names{"echo0", "echo1"};
+  auto c0 = rt.spawn<Caller>({}, names);
+  auto c1 = rt.spawn<Caller>({}, names);
+  c0.wait_ready();
+  c1.wait_ready();
+  const int per_caller = 200000;
+  auto f0 = c0.call(&Caller::run, per_caller, 10000);
+  auto f1 = c1.call(&Caller::run, per_caller, 10000);
+  double t = std::max(f0.get(), f1.get());
+  emit("n_n_async", 2.0 * per_caller / t, "calls/s", ",\"callers\":2,\"actors\":2");
+
+  std::vector<double> ms;
+  for (int i = 0; i < 15; ++i) {
+    auto t0 = Clock::now();
+    auto a = rt.spawn<Echo>({});
+    a.call(&Echo::ping).get();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    rt.kill(a);
+  }
+  std::sort(ms.begin(), ms.end());
+  emit("spawn_p50_ms", ms[ms.size() / 2], "ms");
+  return 0;
+}

@@ -1,0 +1,241 @@
+// `troupe`: start and stop clusters by hand, look at them, run drivers
+// against them.
+//
+//   troupe start --head [--host H] [--port P] [--resources CPU=2,GPU=0] [--no-node]
+//   troupe start --address HOST:PORT [--resources ...]
+//   troupe status [--json]
+//   troupe stop
+//   troupe submit -- ./my_driver args...
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "runtime/client/runtime.h"
+#include "runtime/core/logging.h"
+#include "runtime/core/process.h"
+#include "runtime/core/session.h"
+#include "runtime/head/scheduler.h"
+#include "runtime/wire/auth.h"
+
+namespace fs = std::filesystem;
+using troupe::core::read_session_file;
+using troupe::core::session_dir;
+using troupe::core::write_session_file;
+
+namespace {
+
+struct Args {
+  bool head = false;
+  std::string host = "127.0.0.1";
+  int port = 6380;
+  std::string address;
+  std::string resources;
+  bool no_node = false;
+  bool json = false;
+  std::vector<std::string> command;
+};
+
+std::string token_for(const std::string& dir) {
+  if (const char* t = std::getenv("TROUPE_TOKEN"); t && *t) return t;
+  return read_session_file(dir, "token");
+}
+
+pid_t start_node(const std::string& dir, const std::string& address, const std::string& token,
+                 const std::string& resources, const std::string& bind_host) {
+  troupe::core::RoleProcessOptions o;
+  o.env = {"TROUPE_ROLE=node", "TROUPE_HEAD_ADDRESS=" + address, "TROUPE_TOKEN=" + token,
+           "TROUPE_RESOURCES=" + resources, "TROUPE_BIND_HOST=" + bind_host};
+  o.log_file = dir + "/node-" + std::to_string(::time(nullptr)) + "-" + std::to_string(getpid()) + ".log";
+  o.die_with_parent = false;
+  o.new_session = true;
+  auto p = troupe::core::start_role_process(o, "node agent");
+  write_session_file(dir, "node-" + p.ready_line + ".pid", std::to_string(p.pid), 0600);
+  std::printf("node %s started (pid %d), joined %s; log %s\n", p.ready_line.c_str(), p.pid, address.c_str(),
+              o.log_file.c_str());
+  return p.pid;
+}
+
+int cmd_start(const Args& a) {
+  std::string dir = session_dir();
+  troupe::core::ensure_session_dir(dir);
+  // Validate before starting anything.
+  troupe::head::parse_resources(a.resources);
+  if (a.head) {
+    std::string existing = read_session_file(dir, "head.pid");
+    if (!existing.empty() && ::kill(std::stoi(existing), 0) == 0) {
+      std::fprintf(stderr, "troupe: a head is already running (pid %s, %s); troupe stop first\n", existing.c_str(),
+                   read_session_file(dir, "address").c_str());
+      return 1;
+    }
+    std::string token = token_for(dir);
+    if (token.empty()) token = troupe::wire::random_token();
+    write_session_file(dir, "token", token, 0600);
+    troupe::core::RoleProcessOptions o;
+    o.env = {"TROUPE_ROLE=head", "TROUPE_TOKEN=" + token, "TROUPE_HEAD_HOST=" + a.host,
+             "TROUPE_HEAD_PORT=" + std::to_string(a.port)};
+    o.log_file = dir + "/head.log";
+    o.die_with_parent = false;
+    o.new_session = true;
+    auto p = troupe::core::start_role_process(o, "head");
+    write_session_file(dir, "head.pid", std::to_string(p.pid), 0600);
+    write_session_file(dir, "address", p.ready_line, 0600);
+    std::printf("head started (pid %d) at %s; session %s (token in %s/token)\n", p.pid, p.ready_line.c_str(),
+                dir.c_str(), dir.c_str());
+    if (!a.no_node) start_node(dir, p.ready_line, token, a.resources, a.host);
+    std::printf("drivers connect with --address %s (or --address auto on this machine)\n", p.ready_line.c_str());
+    return 0;
+  }
+  if (a.address.empty()) {
+    std::fprintf(stderr, "troupe start: give --head, or --address HOST:PORT of a head\n");
+    return 2;
+  }
+  troupe::wire::parse_address(a.address);
+  std::string token = token_for(dir);
+  if (token.empty()) {
+    std::fprintf(stderr, "troupe start: no cluster token (set TROUPE_TOKEN or copy the head's %s/token)\n",
+                 dir.c_str());
+    return 2;
+  }
+  if (read_session_file(dir, "address").empty()) write_session_file(dir, "address", a.address, 0600);
+  if (read_session_file(dir, "token").empty()) write_session_file(dir, "token", token, 0600);
+  start_node(dir, a.address, token, a.resources, a.host);
+  return 0;
+}
+
+troupe::Runtime connect_session(const std::string& address_flag) {
+  std::string dir = session_dir();
+  troupe::InitOptions o;
+  o.address = address_flag.empty() ? read_session_file(dir, "address") : address_flag;
+  o.token = token_for(dir);
+  if (o.address.empty()) throw troupe::ConfigError("no running cluster in " + dir + " (troupe start --head)");
+  return troupe::Runtime::connect(o);
+}
+
+int cmd_status(const Args& a) {
+  auto rt = connect_session(a.address);
+  auto j = nlohmann::json::parse(rt.status_json());
+  if (a.json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("head %s\n\nnodes:\n", j["address"].get<std::string>().c_str());
+  for (auto& n : j["nodes"]) {
+    std::string res;
+    for (auto& [k, v] : n["total"].items()) {
+      double used = n["used"].contains(k) ? n["used"][k].get<double>() : 0.0;
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "%s %g/%g  ", k.c_str(), used, v.get<double>());
+      res += buf;
+    }
+    std::printf("  node %-3llu %-6s %-20s pid %-7d %s\n", (unsigned long long)n["id"].get<uint64_t>(),
+                n["alive"].get<bool>() ? "ALIVE" : "DEAD", n["hostname"].get<std::string>().c_str(),
+                n["pid"].get<int>(), res.c_str());
+  }
+  std::printf("\nactors:\n");
+  for (auto& x : j["actors"]) {
+    std::string extra = x["pending_reason"].get<std::string>();
+    if (extra.empty()) extra = x["death_cause"].get<std::string>();
+    std::printf("  actor %-4llu %-20s %-12s node %-3llu restarts %d/%d  %s %s\n",
+                (unsigned long long)x["id"].get<uint64_t>(), x["class"].get<std::string>().c_str(),
+                x["state"].get<std::string>().c_str(), (unsigned long long)x["node"].get<uint64_t>(),
+                x["restarts"].get<int>(), x["max_restarts"].get<int>(), x["name"].get<std::string>().c_str(),
+                extra.c_str());
+  }
+  if (!j["placement_groups"].empty()) {
+    std::printf("\nplacement groups:\n");
+    for (auto& g : j["placement_groups"])
+      std::printf("  group %-4llu %-14s %-8s %s\n", (unsigned long long)g["id"].get<uint64_t>(),
+                  g["strategy"].get<std::string>().c_str(), g["state"].get<std::string>().c_str(),
+                  g["pending_reason"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+int cmd_stop(const Args& a) {
+  std::string dir = session_dir();
+  try {
+    auto rt = connect_session(a.address);
+    rt.core()->head().call_empty<void>(troupe::wire::Op::kShutdown, std::chrono::seconds(5));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe stop: head not reachable (%s); stopping local processes\n", e.what());
+  }
+  int stopped = 0;
+  if (fs::exists(dir)) {
+    for (auto& entry : fs::directory_iterator(dir)) {
+      std::string name = entry.path().filename();
+      if (name.size() < 4 || name.substr(name.size() - 4) != ".pid") continue;
+      std::string pid_text = read_session_file(dir, name);
+      if (!pid_text.empty()) {
+        pid_t pid = std::stoi(pid_text);
+        if (::kill(pid, SIGTERM) == 0) ++stopped;
+      }
+      fs::remove(entry.path());
+    }
+    fs::remove(dir + "/address");
+  }
+  std::printf("stopped %d local troupe process(es)\n", stopped);
+  return 0;
+}
+
+int cmd_submit(const Args& a) {
+  if (a.command.empty()) {
+    std::fprintf(stderr, "troupe submit: give the driver command after --\n");
+    return 2;
+  }
+  std::string dir = session_dir();
+  std::string address = a.address.empty() ? read_session_file(dir, "address") : a.address;
+  if (address.empty()) {
+    std::fprintf(stderr, "troupe submit: no running cluster in %s (troupe start --head)\n", dir.c_str());
+    return 2;
+  }
+  setenv("TROUPE_ADDRESS", address.c_str(), 1);
+  setenv("TROUPE_TOKEN", token_for(dir).c_str(), 1);
+  std::vector<char*> argv;
+  for (auto& s : a.command) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  std::perror(("troupe submit: cannot run " + a.command[0]).c_str());
+  return 127;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  troupe::run_role_if_requested(argc, argv);
+  troupe::core::init_logging("troupe");
+  CLI::App app{"troupe: a C++ actor runtime for data-parallel training"};
+  app.require_subcommand(1);
+  Args a;
+  auto* start = app.add_subcommand("start", "start a head (--head) or a node agent (--address) in the background");
+  start->add_flag("--head", a.head, "start the head (and a node agent on this machine)");
+  start->add_option("--host", a.host, "address to listen on / advertise")->capture_default_str();
+  start->add_option("--port", a.port, "head port (0 = any)")->capture_default_str();
+  start->add_option("--address", a.address, "HOST:PORT of the head to join");
+  start->add_option("--resources", a.resources, "resource overrides, e.g. CPU=2,GPU=0,custom=1");
+  start->add_flag("--no-node", a.no_node, "with --head: start no node agent");
+  auto* status = app.add_subcommand("status", "show nodes, resources and actors");
+  status->add_flag("--json", a.json, "machine-readable output");
+  status->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
+  auto* stop = app.add_subcommand("stop", "stop the cluster of this session");
+  stop->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
+  auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");
+  submit->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
+  submit->add_option("command", a.command, "driver command")->required();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*start) return cmd_start(a);
+    if (*status) return cmd_status(a);
+    if (*stop) return cmd_stop(a);
+    if (*submit) return cmd_submit(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

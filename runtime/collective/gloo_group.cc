@@ -1,0 +1,760 @@
+#include "runtime/collective/gloo_group.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include "runtime/collective/completion_work.h"
+#include "runtime/collective/kv_gloo_store.h"
+#include "runtime/collective/reduce.h"
+#include "runtime/core/check.h"
+#include "runtime/core/errors.h"
+
+namespace troupe::collective {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Slot prefixes of gloo's own collectives are 0x01..0x08; these stay clear.
+constexpr uint8_t kP2pSlotPrefix = 0x71;
+constexpr uint8_t kReduceScatterSlotPrefix = 0x72;
+
+// Calls f with a value of the C++ type that carries dtype's bytes (16-bit
+// floats travel as uint16_t: only reductions care about their meaning).
+template <class F>
+void with_storage_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: return f(float{});
+    case DType::kFloat64: return f(double{});
+    case DType::kInt32: return f(int32_t{});
+    case DType::kInt64: return f(int64_t{});
+    case DType::kBFloat16:
+    case DType::kFloat16: return f(uint16_t{});
+    case DType::kUInt8: return f(uint8_t{});
+  }
+  throw ConfigError("unknown dtype");
+}
+
+milliseconds left_until(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  return std::max(left, milliseconds(1));
+}
+
+}  // namespace
+
+// One queued operation: `run` executes on the operation thread and returns
+// true when the work is finished (point-to-point posts return false; the
+// p2p thread finishes them).
+struct QueuedOp {
+  std::shared_ptr<CompletionWork> work;
+  std::function<bool(const std::shared_ptr<CompletionWork>&)> run;
+};
+
+// A posted send or receive waiting for completion.
+struct InflightP2p {
+  std::shared_ptr<CompletionWork> work;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  bool is_send = false;
+  milliseconds timeout{0};
+};
+
+struct GlooGroup::Shared {
+  std::string name;
+  int64_t generation = 0;
+  int rank = 0;
+  int size = 0;
+  GlooGroupOptions options;
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+
+  // Lock order: mu before a gloo buffer's lock (abort() calls abortWait*
+  // under mu); never hold mu while calling into gloo otherwise.
+  mutable std::mutex mu;
+  std::condition_variable op_cv;
+  std::condition_variable p2p_cv;
+  std::condition_variable idle_cv;  // running changed
+  std::deque<QueuedOp> queue;
+  std::shared_ptr<CompletionWork> running;  // the op inside gloo, if any
+  std::list<InflightP2p> p2p;               // front is being waited on
+  bool p2p_front_taken = false;
+  bool stopping = false;
+  bool aborted = false;
+  std::exception_ptr broken;  // first failure; fails every later op
+  uint32_t next_seq = 1;      // collective tags, equal on every rank
+  std::thread op_thread;
+  std::thread p2p_thread;
+  std::atomic<bool> op_thread_done{false};
+  std::atomic<bool> p2p_thread_done{false};
+
+  std::string describe() const {
+    return "collective group '" + name + "' generation " + std::to_string(generation) + " (rank " +
+           std::to_string(rank) + " of " + std::to_string(size) + ")";
+  }
+
+  std::exception_ptr aborted_error(const std::string& reason) const {
+    return std::make_exception_ptr(Aborted(describe() + " aborted: " + reason));
+  }
+
+  milliseconds timeout_of(milliseconds requested) const {
+    return requested.count() > 0 ? requested : options.op_timeout;
+  }
+
+  // Enqueues op unless the group is aborted or broken, in which case the
+  // work fails at once with that error.
+  WorkPtr submit(const std::string& what, std::function<bool(const std::shared_ptr<CompletionWork>&)> run) {
+    auto work = std::make_shared<CompletionWork>(what + " of " + describe());
+    std::exception_ptr refuse;
+    {
+      std::lock_guard lock(mu);
+      if (broken) {
+        refuse = broken;
+      } else {
+        queue.push_back(QueuedOp{work, std::move(run)});
+      }
+    }
+    if (refuse) {
+      work->fail(refuse);
+    } else {
+      op_cv.notify_one();
+    }
+    return work;
+  }
+
+  // Work that needs no communication (count 0, world size 1) still honours
+  // abort and earlier failures.
+  WorkPtr completed(const std::string& what) {
+    auto work = std::make_shared<CompletionWork>(what + " of " + describe());
+    std::exception_ptr refuse;
+    {
+      std::lock_guard lock(mu);
+      refuse = broken;
+    }
+    if (refuse) {
+      work->fail(refuse);
+    } else {
+      work->complete();
+    }
+    return work;
+  }
+
+  // Turns whatever an operation threw into troupe's hierarchy, with context.
+  std::exception_ptr translate(const std::string& what, std::exception_ptr raw) {
+    {
+      std::lock_guard lock(mu);
+      if (aborted && broken) return broken;
+    }
+    try {
+      std::rethrow_exception(raw);
+    } catch (const Aborted&) {
+      return std::current_exception();
+    } catch (const Timeout&) {
+      return std::current_exception();
+    } catch (const Error& e) {
+      return std::make_exception_ptr(Error(what + " failed: " + e.what()));
+    } catch (const gloo::IoException& e) {
+      std::string msg = e.what();
+      if (msg.find("Timed out") != std::string::npos) {
+        return std::make_exception_ptr(Timeout(what + " timed out: gloo: " + msg));
+      }
+      return std::make_exception_ptr(
+          Error(what + " failed: gloo: " + msg + " (a peer's connection closed: a member may have died)"));
+    } catch (const std::exception& e) {
+      return std::make_exception_ptr(Error(what + " failed: " + e.what()));
+    } catch (...) {
+      return std::make_exception_ptr(Error(what + " failed with an unknown exception"));
+    }
+  }
+
+  // Shuts down (without closing) every socket of this group's pairs. gloo's
+  // Pair::close() does not wake operations waiting on the pair; a shutdown
+  // makes the device thread read EOF, which fails every operation posted on
+  // the pair, so the operation thread leaves gloo now rather than at its
+  // timeout. gloo does not expose the descriptors: they are found by their
+  // local address, which each connected pair reports.
+  void shutdown_sockets() {
+    std::vector<sockaddr_storage> locals;
+    for (int i = 0; i < size; ++i) {
+      if (i == rank) continue;
+      auto& pair = context->getPair(i);
+      if (!pair) continue;
+      const auto* addr = dynamic_cast<const gloo::transport::tcp::Address*>(&pair->address());
+      if (addr != nullptr) locals.push_back(addr->getSockaddr());
+    }
+    if (locals.empty()) return;
+    DIR* dir = ::opendir("/proc/self/fd");
+    if (dir == nullptr) return;
+    while (dirent* entry = ::readdir(dir)) {
+      char* end = nullptr;
+      long fd = std::strtol(entry->d_name, &end, 10);
+      if (end == entry->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+      struct stat st {};
+      if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+      sockaddr_storage local{};
+      socklen_t len = sizeof local;
+      if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+      sockaddr_storage peer{};
+      socklen_t peer_len = sizeof peer;
+      if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+      for (const auto& want : locals) {
+        if (same_endpoint(want, local)) {
+          ::shutdown(static_cast<int>(fd), SHUT_RDWR);
+          break;
+        }
+      }
+    }
+    ::closedir(dir);
+  }
+
+  static bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+    if (a.ss_family != b.ss_family) return false;
+    if (a.ss_family == AF_INET) {
+      const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+      const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+      return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+    }
+    if (a.ss_family == AF_INET6) {
+      const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+      const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+      return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+    }
+    return false;
+  }
+
+  // Marks the group broken by `error` (the first wins; an abort's reason
+  // replaces a transport error), and fails everything pending. Order
+  // matters for memory the caller passed in: queued operations never
+  // touched it and fail first; then the sockets are shut down and the pairs
+  // closed, after which gloo's device thread no longer reads or writes user
+  // memory, and posted sends/receives fail; the running operation fails
+  // when its thread has left gloo, or after abort_settle at the latest (see
+  // GlooGroupOptions::abort_settle).
+  void break_group(std::exception_ptr error, bool by_abort) {
+    std::vector<std::shared_ptr<CompletionWork>> queued;
+    std::vector<std::shared_ptr<CompletionWork>> posted;
+    std::shared_ptr<CompletionWork> in_gloo;
+    {
+      std::lock_guard lock(mu);
+      if (by_abort) {
+        if (aborted) return;
+        aborted = true;
+        broken = error;
+      } else {
+        if (broken) return;
+        broken = error;
+      }
+      for (auto& op : queue) queued.push_back(op.work);
+      queue.clear();
+      in_gloo = running;
+      for (auto& p : p2p) {
+        posted.push_back(p.work);
+        // Wakes the p2p thread if it waits on this buffer; sticky otherwise.
+        if (p.is_send) {
+          p.buffer->abortWaitSend();
+        } else {
+          p.buffer->abortWaitRecv();
+        }
+      }
+    }
+    for (auto& w : queued) w->fail(error);
+    op_cv.notify_all();
+    p2p_cv.notify_all();
+    if (context) {
+      shutdown_sockets();
+      try {
+        context->closeConnections();
+      } catch (...) {
+        // Closing a pair that already failed may throw; nothing more to do.
+      }
+    }
+    for (auto& w : posted) w->fail(error);
+    if (in_gloo && by_abort) {
+      std::unique_lock lock(mu);
+      idle_cv.wait_for(lock, options.abort_settle, [&] { return running != in_gloo; });
+    }
+    if (in_gloo) in_gloo->fail(error);
+  }
+
+  // A transport failure (not a timeout) is usually a member's death that
+  // the runtime is about to report through abort(): wait a little for it,
+  // so the pending work fails with the reason instead (abort() fails it).
+  void await_explanation(const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Timeout&) {
+      return;
+    } catch (const Aborted&) {
+      return;
+    } catch (...) {
+    }
+    std::unique_lock lock(mu);
+    op_cv.wait_for(lock, options.error_grace, [&] { return aborted; });
+  }
+
+  // The error a failed operation reports: abort()'s, once aborted.
+  std::exception_ptr final_error(std::exception_ptr error) {
+    std::lock_guard lock(mu);
+    return aborted && broken ? broken : error;
+  }
+
+  void op_loop() {
+    for (;;) {
+      QueuedOp op;
+      {
+        std::unique_lock lock(mu);
+        op_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) break;  // stopping and drained
+        op = std::move(queue.front());
+        queue.pop_front();
+        running = op.work;
+      }
+      bool finished = false;
+      std::exception_ptr error;
+      try {
+        finished = op.run(op.work);
+      } catch (...) {
+        error = translate(op.work->description(), std::current_exception());
+        await_explanation(error);
+        error = final_error(error);
+      }
+      // On failure the pairs are closed before the work fails, so that no
+      // gloo thread touches the caller's memory once wait() has returned.
+      if (error) break_group(error, false);
+      {
+        std::lock_guard lock(mu);
+        running.reset();
+      }
+      idle_cv.notify_all();
+      if (error) {
+        op.work->fail(error);
+      } else if (finished) {
+        op.work->complete();
+      }
+    }
+    op_thread_done = true;
+  }
+
+  void p2p_loop() {
+    for (;;) {
+      gloo::transport::UnboundBuffer* buffer = nullptr;
+      bool is_send = false;
+      milliseconds timeout{0};
+      std::shared_ptr<CompletionWork> work;
+      {
+        std::unique_lock lock(mu);
+        p2p_cv.wait(lock, [&] { return stopping || !p2p.empty(); });
+        if (p2p.empty()) break;
+        auto& front = p2p.front();
+        buffer = front.buffer.get();
+        is_send = front.is_send;
+        timeout = front.timeout;
+        work = front.work;
+      }
+      std::exception_ptr error;
+      bool ok = false;
+      try {
+        ok = is_send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
+      } catch (...) {
+        error = translate(work->description(), std::current_exception());
+        await_explanation(error);
+        error = final_error(error);
+      }
+      std::unique_ptr<gloo::transport::UnboundBuffer> done;
+      {
+        std::lock_guard lock(mu);
+        done = std::move(p2p.front().buffer);
+        p2p.pop_front();
+        if (!ok && !error) error = broken ? broken : aborted_error("point-to-point wait interrupted");
+      }
+      done.reset();
+      if (error) {
+        break_group(error, false);
+        work->fail(error);
+      } else {
+        work->complete();
+      }
+    }
+    p2p_thread_done = true;
+  }
+
+  // Posts a send or receive (never blocks) and hands it to the p2p thread.
+  void post_p2p(const std::shared_ptr<CompletionWork>& work, void* data, size_t bytes, int peer, uint32_t tag,
+                bool is_send, milliseconds timeout) {
+    auto buffer = context->createUnboundBuffer(data, bytes);
+    uint64_t slot = gloo::Slot::build(kP2pSlotPrefix, tag);
+    if (is_send) {
+      buffer->send(peer, slot);
+    } else {
+      buffer->recv(peer, slot);
+    }
+    {
+      std::lock_guard lock(mu);
+      // Aborted meanwhile: the work has failed already, and nothing would
+      // wake a wait on this buffer; drop it (gloo holds only a weak ref).
+      if (broken) return;
+      p2p.push_back(InflightP2p{work, std::move(buffer), is_send, timeout});
+    }
+    p2p_cv.notify_one();
+  }
+
+  // Ring reduce-scatter over float/native elements already laid out in
+  // `acc` (size * count elements): after size-1 steps, block `rank` of acc
+  // holds the reduction. gloo 0.5 has no unbound-buffer reduce-scatter.
+  void ring_reduce_scatter(void* acc, size_t count, size_t elem, detail::ReduceFn fn, uint32_t tag,
+                           milliseconds timeout) {
+    const size_t block = count * elem;
+    const int next = (rank + 1) % size;
+    const int prev = (rank + size - 1) % size;
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+    auto deadline = Clock::now() + timeout;
+    std::vector<char> incoming(block);
+    auto acc_buf = context->createUnboundBuffer(acc, block * size);
+    auto in_buf = context->createUnboundBuffer(incoming.data(), block);
+    auto* base = static_cast<char*>(acc);
+    for (int step = 0; step < size - 1; ++step) {
+      const int send_block = ((rank - step - 1) % size + size) % size;
+      const int recv_block = ((rank - step - 2) % size + size) % size;
+      acc_buf->send(next, slot, send_block * block, block);
+      in_buf->recv(prev, slot, 0, block);
+      if (!in_buf->waitRecv(left_until(deadline))) throw Aborted("reduce_scatter receive interrupted");
+      fn(base + recv_block * block, base + recv_block * block, incoming.data(), count);
+      if (!acc_buf->waitSend(left_until(deadline))) throw Aborted("reduce_scatter send interrupted");
+    }
+  }
+};
+
+GlooGroup::GlooGroup(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+
+std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& name, int64_t generation, int rank,
+                                             int world_size, const GlooGroupOptions& options) {
+  TROUPE_CHECK(world_size >= 1) << "world_size " << world_size;
+  TROUPE_CHECK(rank >= 0 && rank < world_size) << "rank " << rank << " of " << world_size;
+  TROUPE_CHECK(!name.empty()) << "a collective group needs a name";
+
+  // gloo writes to sockets without MSG_NOSIGNAL: a peer that died would
+  // kill this process with SIGPIPE instead of failing the operation. Ignore
+  // it unless the program installed its own handler.
+  {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+  }
+
+  auto shared = std::make_shared<Shared>();
+  shared->name = name;
+  shared->generation = generation;
+  shared->rank = rank;
+  shared->size = world_size;
+  shared->options = options;
+  const std::string where = shared->describe();
+  const auto deadline = Clock::now() + options.rendezvous_timeout;
+
+  // Announce this member, then wait for all of them, so that a rank that
+  // never arrives is reported by rank number rather than as a gloo key.
+  KvGlooStore store(kv, name, generation, options.rendezvous_timeout);
+  const std::string members = store.prefix() + "member/";
+  kv.put(members + std::to_string(rank), std::to_string(::getpid()));
+  for (int r = 0; r < world_size; ++r) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    try {
+      kv.wait(members + std::to_string(r), std::max(left, milliseconds(0)));
+    } catch (const Timeout&) {
+      std::string missing;
+      for (int m = 0; m < world_size; ++m) {
+        if (!kv.get(members + std::to_string(m))) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
+      }
+      throw Timeout("rendezvous of " + where + " timed out after " +
+                    std::to_string(options.rendezvous_timeout.count()) + " ms: rank(s) " + missing +
+                    " never arrived (keys '" + members + "<rank>')");
+    }
+  }
+
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.bind_host;
+    shared->device = gloo::transport::tcp::CreateDevice(attr);
+    shared->context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+    shared->context->setTimeout(left_until(deadline));
+    if (world_size > 1) {
+      KvGlooStore mesh_store(kv, name, generation, left_until(deadline));
+      shared->context->connectFullMesh(mesh_store, shared->device);
+    }
+    shared->context->setTimeout(options.op_timeout);
+  } catch (const Timeout& e) {
+    throw Timeout("rendezvous of " + where + " failed: " + e.what());
+  } catch (const std::exception& e) {
+    throw Error("rendezvous of " + where + " failed: " + e.what());
+  }
+
+  shared->op_thread = std::thread([s = shared.get()] { s->op_loop(); });
+  shared->p2p_thread = std::thread([s = shared.get()] { s->p2p_loop(); });
+  return std::unique_ptr<GlooGroup>(new GlooGroup(std::move(shared)));
+}
+
+GlooGroup::~GlooGroup() {
+  bool pending;
+  {
+    std::lock_guard lock(shared_->mu);
+    pending = !shared_->queue.empty() || shared_->running || !shared_->p2p.empty();
+  }
+  // Unfinished operations cannot complete without their peers' cooperation
+  // beyond this point; fail them rather than block on them.
+  if (pending) abort("group destroyed with operations pending");
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->stopping = true;
+  }
+  shared_->op_cv.notify_all();
+  shared_->p2p_cv.notify_all();
+
+  bool aborted;
+  {
+    std::lock_guard lock(shared_->mu);
+    aborted = shared_->aborted;
+  }
+  // A healthy group's threads are idle and exit at once. An aborted group's
+  // operation thread may sit in a gloo wait that nothing can interrupt (gloo
+  // does not wake a receive whose bytes were mid-flight when the peer died)
+  // until the operation's timeout: give it a grace period, then leave it
+  // behind holding its own reference to the shared state.
+  auto deadline = Clock::now() + shared_->options.abort_join_grace;
+  auto finish = [&](std::thread& t, std::atomic<bool>& done) {
+    if (!t.joinable()) return;
+    if (aborted) {
+      while (!done && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(5));
+      if (!done) {
+        // Keep Shared alive for the straggler.
+        std::thread([keep = shared_, th = std::move(t)]() mutable { th.join(); }).detach();
+        return;
+      }
+    }
+    t.join();
+  };
+  finish(shared_->op_thread, shared_->op_thread_done);
+  finish(shared_->p2p_thread, shared_->p2p_thread_done);
+}
+
+int GlooGroup::rank() const { return shared_->rank; }
+int GlooGroup::world_size() const { return shared_->size; }
+const std::string& GlooGroup::name() const { return shared_->name; }
+int64_t GlooGroup::generation() const { return shared_->generation; }
+
+bool GlooGroup::is_aborted() const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->aborted;
+}
+
+void GlooGroup::abort(const std::string& reason) {
+  shared_->break_group(shared_->aborted_error(reason), true);
+}
+
+WorkPtr GlooGroup::allreduce(void* data, size_t count, DType dtype, const AllreduceOptions& opts) {
+  TROUPE_CHECK(count == 0 || data != nullptr) << "allreduce of " << count << " elements at nullptr";
+  const char* what = "allreduce";
+  Shared* s = shared_.get();
+  if (count == 0 || (s->size == 1 && opts.op != ReduceOp::kAvg)) return s->completed(what);
+  const auto timeout = s->timeout_of(opts.timeout);
+  uint32_t tag;
+  {
+    std::lock_guard lock(s->mu);
+    tag = s->next_seq++;
+  }
+  return s->submit(what, [s, data, count, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+    if (s->size == 1) {  // kAvg over one rank: nothing to divide by but 1
+      return true;
+    }
+    auto run = [&](void* buf, DType type) {
+      with_storage_type(type, [&](auto zero) {
+        using T = decltype(zero);
+        gloo::AllreduceOptions o(s->context);
+        o.setOutput(static_cast<T*>(buf), count);
+        o.setReduceFunction(detail::reduce_function(type, op));
+        o.setTag(tag);
+        o.setTimeout(timeout);
+        gloo::allreduce(o);
+      });
+      if (op == ReduceOp::kAvg) detail::divide_in_place(buf, count, type, s->size);
+    };
+    if (detail::is_half(dtype)) {
+      std::vector<float> wide(count);
+      detail::widen_to_float(data, wide.data(), count, dtype);
+      run(wide.data(), DType::kFloat32);
+      detail::narrow_from_float(wide.data(), data, count, dtype);
+    } else {
+      run(data, dtype);
+    }
+    return true;
+  });
+}
+
+WorkPtr GlooGroup::broadcast(void* data, size_t count, DType dtype, int root, const BroadcastOptions& opts) {
+  Shared* s = shared_.get();
+  TROUPE_CHECK(root >= 0 && root < s->size) << "broadcast root " << root << " in a group of " << s->size;
+  TROUPE_CHECK(count == 0 || data != nullptr) << "broadcast of " << count << " elements at nullptr";
+  if (count == 0 || s->size == 1) return s->completed("broadcast");
+  const auto timeout = s->timeout_of(opts.timeout);
+  uint32_t tag;
+  {
+    std::lock_guard lock(s->mu);
+    tag = s->next_seq++;
+  }
+  return s->submit("broadcast", [s, data, count, dtype, root, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+    with_storage_type(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      gloo::BroadcastOptions o(s->context);
+      o.setOutput(static_cast<T*>(data), count);
+      o.setRoot(root);
+      o.setTag(tag);
+      o.setTimeout(timeout);
+      gloo::broadcast(o);
+    });
+    return true;
+  });
+}
+
+WorkPtr GlooGroup::allgather(const void* in, void* out, size_t count, DType dtype, const AllgatherOptions& opts) {
+  Shared* s = shared_.get();
+  TROUPE_CHECK(count == 0 || (in != nullptr && out != nullptr)) << "allgather of " << count << " elements at nullptr";
+  if (count == 0) return s->completed("allgather");
+  const size_t bytes = count * element_size(dtype);
+  if (s->size == 1) {
+    if (in != out) std::memmove(out, in, bytes);
+    return s->completed("allgather");
+  }
+  const auto timeout = s->timeout_of(opts.timeout);
+  uint32_t tag;
+  {
+    std::lock_guard lock(s->mu);
+    tag = s->next_seq++;
+  }
+  return s->submit("allgather", [s, in, out, count, dtype, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+    with_storage_type(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      gloo::AllgatherOptions o(s->context);
+      o.setInput(const_cast<T*>(static_cast<const T*>(in)), count);
+      o.setOutput(static_cast<T*>(out), count * s->size);
+      o.setTag(tag);
+      o.setTimeout(timeout);
+      gloo::allgather(o);
+    });
+    return true;
+  });
+}
+
+WorkPtr GlooGroup::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype,
+                                  const ReduceScatterOptions& opts) {
+  Shared* s = shared_.get();
+  TROUPE_CHECK(count_per_rank == 0 || (in != nullptr && out != nullptr))
+      << "reduce_scatter of " << count_per_rank << " elements at nullptr";
+  if (count_per_rank == 0) return s->completed("reduce_scatter");
+  if (s->size == 1 && opts.op != ReduceOp::kAvg) {
+    if (in != out) std::memmove(out, in, count_per_rank * element_size(dtype));
+    return s->completed("reduce_scatter");
+  }
+  const auto timeout = s->timeout_of(opts.timeout);
+  uint32_t tag;
+  {
+    std::lock_guard lock(s->mu);
+    tag = s->next_seq++;
+  }
+  return s->submit("reduce_scatter", [s, in, out, count_per_rank, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+    const size_t n = count_per_rank;
+    const size_t total = n * s->size;
+    const size_t mine = static_cast<size_t>(s->rank) * n;
+    if (detail::is_half(dtype)) {
+      std::vector<float> acc(total);
+      detail::widen_to_float(in, acc.data(), total, dtype);
+      if (s->size > 1) {
+        s->ring_reduce_scatter(acc.data(), n, sizeof(float), detail::reduce_function(DType::kFloat32, op), tag, timeout);
+      }
+      if (op == ReduceOp::kAvg) detail::divide_in_place(acc.data() + mine, n, DType::kFloat32, s->size);
+      detail::narrow_from_float(acc.data() + mine, out, n, dtype);
+    } else {
+      const size_t elem = element_size(dtype);
+      std::vector<char> acc(total * elem);
+      std::memcpy(acc.data(), in, total * elem);
+      if (s->size > 1) s->ring_reduce_scatter(acc.data(), n, elem, detail::reduce_function(dtype, op), tag, timeout);
+      if (op == ReduceOp::kAvg) detail::divide_in_place(acc.data() + mine * elem, n, dtype, s->size);
+      std::memcpy(out, acc.data() + mine * elem, n * elem);
+    }
+    return true;
+  });
+}
+
+WorkPtr GlooGroup::barrier(const BarrierOptions& opts) {
+  Shared* s = shared_.get();
+  if (s->size == 1) return s->completed("barrier");
+  const auto timeout = s->timeout_of(opts.timeout);
+  uint32_t tag;
+  {
+    std::lock_guard lock(s->mu);
+    tag = s->next_seq++;
+  }
+  return s->submit("barrier", [s, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+    gloo::BarrierOptions o(s->context);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    gloo::barrier(o);
+    return true;
+  });
+}
+
+WorkPtr GlooGroup::send(const void* data, size_t count, DType dtype, int dst, const SendOptions& opts) {
+  Shared* s = shared_.get();
+  TROUPE_CHECK(dst >= 0 && dst < s->size && dst != s->rank)
+      << "send to rank " << dst << " from rank " << s->rank << " of " << s->size;
+  TROUPE_CHECK(count == 0 || data != nullptr) << "send of " << count << " elements at nullptr";
+  // Both sides know the count; empty messages need not travel.
+  if (count == 0) return s->completed("send");
+  const size_t bytes = count * element_size(dtype);
+  const auto timeout = s->timeout_of(opts.timeout);
+  const uint32_t tag = opts.tag;
+  return s->submit("send to rank " + std::to_string(dst),
+                   [s, data, bytes, dst, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
+                     s->post_p2p(work, const_cast<void*>(data), bytes, dst, tag, true, timeout);
+                     return false;
+                   });
+}
+
+WorkPtr GlooGroup::recv(void* data, size_t count, DType dtype, int src, const RecvOptions& opts) {
+  Shared* s = shared_.get();
+  TROUPE_CHECK(src >= 0 && src < s->size && src != s->rank)
+      << "recv from rank " << src << " at rank " << s->rank << " of " << s->size;
+  TROUPE_CHECK(count == 0 || data != nullptr) << "recv of " << count << " elements at nullptr";
+  if (count == 0) return s->completed("recv");
+  const size_t bytes = count * element_size(dtype);
+  const auto timeout = s->timeout_of(opts.timeout);
+  const uint32_t tag = opts.tag;
+  return s->submit("recv from rank " + std::to_string(src),
+                   [s, data, bytes, src, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
+                     s->post_p2p(work, data, bytes, src, tag, false, timeout);
+                     return false;
+                   });
+}
+
+}  // namespace troupe::collective

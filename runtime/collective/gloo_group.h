@@ -1,0 +1,88 @@
+// GlooGroup: the host-memory collective backend, on libgloo's TCP
+// transport. A member rendezvouses through a troupe::KvStore (the head's KV
+// in a cluster) under "<name>/gen<generation>/", so groups re-form after a
+// failure with a fresh generation and no stale peers.
+//
+// Threads: operations are queued to one operation thread per group, which
+// runs them in issue order inside gloo; point-to-point operations are posted
+// by that thread and completed by a second thread, so a rank may send and
+// receive without deadlocking on its own queue. abort() fails every Work at
+// once (they complete independently of the threads) and hard-closes the TCP
+// pairs, which makes peers blocked on this member fail too. A failed
+// operation leaves the group broken (gloo's pairs are closed); every later
+// operation fails with the first error, and the group must be re-formed.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "runtime/collective/group.h"
+#include "runtime/core/kv_store.h"
+
+namespace troupe::collective {
+
+struct GlooGroupOptions {
+  // Address the TCP pairs listen on; loopback unless the cluster spans hosts.
+  std::string bind_host = "127.0.0.1";
+  // Bounds the whole rendezvous: waiting for every rank's key and
+  // connecting the full mesh.
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(60)};
+  // Default end-to-end timeout of one operation (options may override).
+  std::chrono::milliseconds op_timeout{std::chrono::seconds(300)};
+  // abort() fails the running operation once its thread has left gloo, or
+  // after this long at the latest. By then the pairs are closed, so gloo no
+  // longer moves bytes into or out of the caller's memory; a thread still
+  // inside gloo is parked in a wait that gloo cannot interrupt (a receive
+  // whose bytes were in flight when the peer died) and leaves at the
+  // operation's timeout without touching the caller's memory.
+  std::chrono::milliseconds abort_settle{std::chrono::milliseconds(200)};
+  // How long the destructor of an aborted group waits for its operation
+  // thread to leave gloo before leaving it behind (detached, holding what
+  // it uses); a healthy group's destructor always joins.
+  std::chrono::milliseconds abort_join_grace{std::chrono::seconds(1)};
+  // When a peer's connection breaks, the runtime usually calls abort() with
+  // the reason (which member died) moments later. A failed operation waits
+  // this long for that abort so its error names the dead member; without
+  // one it fails with the transport error.
+  std::chrono::milliseconds error_grace{std::chrono::milliseconds(500)};
+};
+
+class GlooGroup final : public Group {
+ public:
+  // Forms the group: publishes this member, waits for all world_size
+  // members of (name, generation), connects the full mesh. Throws
+  // troupe::Timeout naming the group, generation and the missing ranks when
+  // a member does not arrive within rendezvous_timeout; troupe::Error when
+  // connecting fails.
+  static std::unique_ptr<GlooGroup> create(KvStore& kv, const std::string& name, int64_t generation, int rank,
+                                           int world_size, const GlooGroupOptions& options = {});
+  ~GlooGroup() override;
+
+  int rank() const override;
+  int world_size() const override;
+  const std::string& name() const override;
+  int64_t generation() const override;
+
+  WorkPtr allreduce(void* data, size_t count, DType dtype, const AllreduceOptions& opts = {}) override;
+  WorkPtr broadcast(void* data, size_t count, DType dtype, int root, const BroadcastOptions& opts = {}) override;
+  WorkPtr allgather(const void* in, void* out, size_t count, DType dtype, const AllgatherOptions& opts = {}) override;
+  WorkPtr reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype,
+                         const ReduceScatterOptions& opts = {}) override;
+  WorkPtr barrier(const BarrierOptions& opts = {}) override;
+  WorkPtr send(const void* data, size_t count, DType dtype, int dst, const SendOptions& opts = {}) override;
+  WorkPtr recv(void* data, size_t count, DType dtype, int src, const RecvOptions& opts = {}) override;
+
+  void abort(const std::string& reason) override;
+  bool is_aborted() const override;
+
+  // State shared with the operation threads; defined in gloo_group.cc.
+  struct Shared;
+
+ private:
+  explicit GlooGroup(std::shared_ptr<Shared> shared);
+
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace troupe::collective
