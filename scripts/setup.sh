@@ -11,7 +11,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   pybind11-dev python3-dev python3-torch python3-numpy python3-sklearn
   python3-matplotlib
-  libssl-dev
+  libssl-dev zlib1g-dev
 )
 
 missing=()

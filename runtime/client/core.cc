@@ -216,8 +216,14 @@ void ActorClient::on_closed(uint32_t incarnation, const std::string& reason) {
   for (auto& [f, e] : failures) f(e);
 }
 
+void ActorClient::add_listener(std::function<void(const ActorInfo&)> cb) {
+  std::lock_guard lock(mu_);
+  listeners_.push_back(std::move(cb));
+}
+
 void ActorClient::on_update(const ActorInfo& info) {
   std::vector<std::pair<Fail, std::exception_ptr>> failures;
+  std::vector<std::function<void(const ActorInfo&)>> listeners;
   {
     std::lock_guard lock(mu_);
     if (info.incarnation < info_.incarnation) return;
@@ -236,9 +242,11 @@ void ActorClient::on_update(const ActorInfo& info) {
     } else if (info.state == ActorState::kAlive && !queued_.empty()) {
       connect_locked();
     }
+    listeners = listeners_;
   }
   cv_.notify_all();
   for (auto& [f, e] : failures) f(e);
+  for (auto& l : listeners) l(info);
 }
 
 std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
@@ -301,6 +309,15 @@ std::shared_ptr<ActorClient> Core::actor(const ActorInfo& info) {
   auto latest = head_->call<ActorInfo>(Op::kSubscribeActor, info.id);
   c->on_update(latest);
   return c;
+}
+
+std::shared_ptr<ActorClient> Core::actor(uint64_t id) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = actors_.find(id);
+    if (it != actors_.end()) return it->second;
+  }
+  return actor(head_->call<ActorInfo>(Op::kSubscribeActor, id));
 }
 
 void Core::on_event(Message&& m) {

@@ -40,6 +40,8 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   Future<wire::Message> control(const std::string& topic, const std::string& payload);
 
   void on_update(const wire::ActorInfo& info);
+  // Runs `cb` (on the I/O thread) on every state change the head reports.
+  void add_listener(std::function<void(const wire::ActorInfo&)> cb);
   wire::ActorInfo info() const;
   // Waits until the actor is ALIVE (true) or DEAD (false).
   bool wait_ready(std::chrono::milliseconds timeout);
@@ -73,6 +75,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   uint64_t next_call_id_ = 1;
   std::unordered_map<uint64_t, Pending> inflight_;
   std::map<uint64_t, Pending> queued_;  // by call id, so retries keep their order
+  std::vector<std::function<void(const wire::ActorInfo&)>> listeners_;
 };
 
 struct ConnectOptions {
@@ -97,6 +100,8 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // The client for actor `info.id`, created and subscribed on first use.
   std::shared_ptr<ActorClient> actor(const wire::ActorInfo& info);
+  // The same, knowing only the actor's id (asks the head).
+  std::shared_ptr<ActorClient> actor(uint64_t id);
   // Called when the head connection drops (cluster gone).
   void set_on_head_lost(std::function<void(const std::string&)> cb) { on_head_lost_ = std::move(cb); }
   bool head_lost() const { return head_lost_.load(); }

@@ -123,6 +123,12 @@ void Runtime::kill_actor(uint64_t actor_id, bool no_restart) {
   core_->head().call<void>(Op::kKillActor, KillActor{actor_id, no_restart});
 }
 
+ActorInfo Runtime::actor_info(uint64_t actor_id) { return core_->actor(actor_id)->info(); }
+
+void Runtime::watch_actor(uint64_t actor_id, std::function<void(const ActorInfo&)> cb) {
+  core_->actor(actor_id)->add_listener(std::move(cb));
+}
+
 PlacementGroup Runtime::create_placement_group(const std::vector<Resources>& bundles, PlacementStrategy strategy,
                                                const std::string& name) {
   PlacementGroupSpec spec{bundles, strategy, name};

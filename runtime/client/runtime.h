@@ -134,6 +134,11 @@ class Runtime {
     kill_actor(h.id(), no_restart);
   }
   void kill_actor(uint64_t actor_id, bool no_restart = true);
+  // The latest state of any actor by id.
+  ActorInfo actor_info(uint64_t actor_id);
+  // Runs `cb` on this process's I/O thread whenever the actor's state
+  // changes (restarting, alive again, dead). Keep `cb` short.
+  void watch_actor(uint64_t actor_id, std::function<void(const ActorInfo&)> cb);
 
   PlacementGroup create_placement_group(const std::vector<Resources>& bundles, PlacementStrategy strategy,
                                         const std::string& name = "");

@@ -269,6 +269,10 @@ void Connection::flush() {
     inflight_offset_ = 0;
     if (inflight_.empty() || closed_) {
       writing_ = false;
+      if (finishing_ && !closed_) {
+        asio::error_code ec;
+        socket_.shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+      }
       return;
     }
   }
@@ -300,6 +304,16 @@ void Connection::write_inflight() {
   });
 }
 
+void Connection::finish() {
+  std::lock_guard lock(write_mu_);
+  finishing_ = true;
+  if (!writing_ && queue_.empty())
+    asio::post(io_, [self = shared_from_this()] {
+      asio::error_code ec;
+      self->socket_.shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+    });
+}
+
 void Connection::close(const std::string& reason) {
   asio::post(io_, [self = shared_from_this(), reason] { self->fail(reason); });
 }
@@ -313,7 +327,7 @@ void Connection::fail(const std::string& reason) {
     std::lock_guard lock(write_mu_);
     queue_.clear();
   }
-  if (!ready_) TROUPE_LOG_WARN("connection {} refused: {}", peer_, reason);
+  if (!ready_ && accepting_) TROUPE_LOG_WARN("connection from {} refused: {}", peer_, reason);
   auto cb = std::move(on_close_);
   on_close_ = nullptr;
   if (cb) cb(reason);

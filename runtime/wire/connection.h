@@ -44,6 +44,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void send(OutFrame f, bool direct = false);
   // Thread-safe; the close handler runs with `reason`.
   void close(const std::string& reason);
+  // Thread-safe: once everything queued is written, sends FIN but keeps
+  // reading until the peer closes too. Closing hard with unread bytes in
+  // the receive buffer would make the kernel reset the connection and could
+  // drop frames the peer has not read yet.
+  void finish();
 
   bool is_open() const { return !closed_.load(); }
   const std::string& peer() const { return peer_; }
@@ -103,6 +108,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> in_read_batch_{false};
   std::thread::id reader_thread_;
   bool writing_ = false;            // guarded by write_mu_
+  bool finishing_ = false;          // guarded by write_mu_
 
   std::atomic<bool> closed_{false};
 };

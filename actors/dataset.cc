@@ -1,0 +1,261 @@
+#include "actors/dataset.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "actors/digits_dataset.h"
+#include "actors/image_dataset.h"
+#include "actors/npy.h"
+#include "actors/synthetic_dataset.h"
+#include "runtime/core/check.h"
+#include "runtime/core/errors.h"
+
+namespace troupe::actors {
+
+Sample Dataset::get(int64_t index, int64_t epoch) const {
+  TROUPE_CHECK(index >= 0 && index < size()) << "index " << index << " out of range for " << describe() << " of size "
+                                             << size();
+  return load(index, epoch);
+}
+
+// --- DatasetSpec ---
+
+void DatasetSpec::erase(const std::string& key) {
+  strings.erase(key);
+  ints.erase(key);
+  doubles.erase(key);
+  lists.erase(key);
+}
+
+bool DatasetSpec::has(const std::string& key) const {
+  return strings.count(key) || ints.count(key) || doubles.count(key) || lists.count(key);
+}
+
+namespace {
+
+[[noreturn]] void wrong_type(const DatasetSpec& spec, const std::string& key, const char* wanted) {
+  throw ConfigError("dataset '" + spec.name + "': parameter '" + key + "' must be " + wanted + " (spec " +
+                    spec.to_string() + ")");
+}
+
+std::string format_double(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+std::string DatasetSpec::get_string(const std::string& key, const std::string& fallback) const {
+  if (auto it = strings.find(key); it != strings.end()) return it->second;
+  if (has(key)) wrong_type(*this, key, "a string");
+  return fallback;
+}
+
+int64_t DatasetSpec::get_int(const std::string& key, int64_t fallback) const {
+  if (auto it = ints.find(key); it != ints.end()) return it->second;
+  if (has(key)) wrong_type(*this, key, "an integer");
+  return fallback;
+}
+
+double DatasetSpec::get_double(const std::string& key, double fallback) const {
+  if (auto it = doubles.find(key); it != doubles.end()) return it->second;
+  if (auto it = ints.find(key); it != ints.end()) return static_cast<double>(it->second);
+  if (has(key)) wrong_type(*this, key, "a number");
+  return fallback;
+}
+
+std::vector<double> DatasetSpec::get_list(const std::string& key, const std::vector<double>& fallback) const {
+  if (auto it = lists.find(key); it != lists.end()) return it->second;
+  // A single number is accepted as a one-element list (e.g. mean=0.5 for grey images).
+  if (doubles.count(key) || ints.count(key)) return {get_double(key, 0.0)};
+  if (has(key)) wrong_type(*this, key, "a list of numbers");
+  return fallback;
+}
+
+std::vector<std::string> DatasetSpec::keys() const {
+  std::vector<std::string> out;
+  for (auto& [k, v] : strings) out.push_back(k);
+  for (auto& [k, v] : ints) out.push_back(k);
+  for (auto& [k, v] : doubles) out.push_back(k);
+  for (auto& [k, v] : lists) out.push_back(k);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string DatasetSpec::to_string() const {
+  std::ostringstream os;
+  os << name << "(";
+  bool first = true;
+  for (const auto& key : keys()) {
+    if (!first) os << ", ";
+    first = false;
+    os << key << "=";
+    if (auto it = strings.find(key); it != strings.end()) {
+      os << "'" << it->second << "'";
+    } else if (auto it = ints.find(key); it != ints.end()) {
+      os << it->second;
+    } else if (auto it = doubles.find(key); it != doubles.end()) {
+      os << format_double(it->second);
+    } else {
+      const auto& l = lists.at(key);
+      os << "[";
+      for (size_t i = 0; i < l.size(); ++i) os << (i ? ", " : "") << format_double(l[i]);
+      os << "]";
+    }
+  }
+  os << ")";
+  return os.str();
+}
+
+void check_known_parameters(const DatasetSpec& spec, const std::vector<std::string>& known) {
+  for (const auto& key : spec.keys()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    throw ConfigError("dataset '" + spec.name + "': unknown parameter '" + key + "' (known: " + list + ")");
+  }
+}
+
+// --- factory ---
+
+namespace {
+
+// Reads an integer parameter that must be at least `min`.
+int64_t positive_int(const DatasetSpec& spec, const std::string& key, int64_t fallback, int64_t min = 1) {
+  int64_t v = spec.get_int(key, fallback);
+  if (v < min) {
+    throw ConfigError("dataset '" + spec.name + "': parameter '" + key + "' = " + std::to_string(v) +
+                      " must be >= " + std::to_string(min));
+  }
+  return v;
+}
+
+double non_negative_double(const DatasetSpec& spec, const std::string& key, double fallback) {
+  double v = spec.get_double(key, fallback);
+  if (!(v >= 0)) {
+    throw ConfigError("dataset '" + spec.name + "': parameter '" + key + "' = " + format_double(v) +
+                      " must be >= 0");
+  }
+  return v;
+}
+
+bool flag(const DatasetSpec& spec, const std::string& key, bool fallback) {
+  int64_t v = spec.get_int(key, fallback ? 1 : 0);
+  if (v != 0 && v != 1) {
+    throw ConfigError("dataset '" + spec.name + "': parameter '" + key + "' = " + std::to_string(v) +
+                      " must be 0 or 1");
+  }
+  return v == 1;
+}
+
+std::string required_string(const DatasetSpec& spec, const std::string& key) {
+  std::string v = spec.get_string(key);
+  if (v.empty()) throw ConfigError("dataset '" + spec.name + "': parameter '" + key + "' is required");
+  return v;
+}
+
+std::unique_ptr<Dataset> make_classification(const DatasetSpec& spec) {
+  check_known_parameters(spec, {"size", "num_features", "num_classes", "seed", "noise"});
+  SyntheticClassificationOptions o;
+  o.size = positive_int(spec, "size", o.size, 0);
+  o.num_features = positive_int(spec, "num_features", o.num_features);
+  o.num_classes = positive_int(spec, "num_classes", o.num_classes);
+  o.seed = spec.get_int("seed", o.seed);
+  o.noise = non_negative_double(spec, "noise", o.noise);
+  return std::make_unique<SyntheticClassification>(o);
+}
+
+std::unique_ptr<Dataset> make_regression(const DatasetSpec& spec) {
+  check_known_parameters(spec, {"size", "num_features", "num_outputs", "seed", "noise"});
+  SyntheticRegressionOptions o;
+  o.size = positive_int(spec, "size", o.size, 0);
+  o.num_features = positive_int(spec, "num_features", o.num_features);
+  o.num_outputs = positive_int(spec, "num_outputs", o.num_outputs);
+  o.seed = spec.get_int("seed", o.seed);
+  o.noise = non_negative_double(spec, "noise", o.noise);
+  return std::make_unique<SyntheticRegression>(o);
+}
+
+std::unique_ptr<Dataset> make_npy(const DatasetSpec& spec) {
+  check_known_parameters(spec, {"inputs", "targets"});
+  return std::make_unique<NpyDataset>(required_string(spec, "inputs"), spec.get_string("targets"));
+}
+
+std::unique_ptr<Dataset> make_digits(const DatasetSpec& spec) {
+  check_known_parameters(spec, {"path", "normalize", "image"});
+  DigitsOptions o;
+  o.path = spec.get_string("path");
+  o.normalize = flag(spec, "normalize", false);
+  o.image = flag(spec, "image", false);
+  return std::make_unique<DigitsDataset>(o);
+}
+
+std::unique_ptr<Dataset> make_image_records(const DatasetSpec& spec) {
+  check_known_parameters(spec, {"path", "labels", "size", "channels", "height", "width", "num_classes", "seed", "crop",
+                                "flip", "mean", "std", "scale"});
+  ImageTransformOptions t;
+  t.crop = positive_int(spec, "crop", 0, 0);
+  t.flip = flag(spec, "flip", false);
+  t.scale = spec.get_double("scale", t.scale);
+  t.mean = spec.get_list("mean");
+  t.std = spec.get_list("std");
+  t.seed = spec.get_int("seed", 0);
+  if (t.mean.size() != t.std.size()) {
+    throw ConfigError("dataset '" + spec.name + "': 'mean' has " + std::to_string(t.mean.size()) +
+                      " values but 'std' has " + std::to_string(t.std.size()));
+  }
+  for (double s : t.std) {
+    if (!(s > 0)) throw ConfigError("dataset '" + spec.name + "': 'std' values must be > 0, got " + format_double(s));
+  }
+  if (spec.has("path")) {
+    for (const char* k : {"size", "channels", "height", "width", "num_classes"}) {
+      if (spec.has(k)) {
+        throw ConfigError("dataset '" + spec.name + "': parameter '" + k +
+                          "' describes synthetic records and cannot be combined with 'path'");
+      }
+    }
+    return ImageRecordDataset::from_npy(required_string(spec, "path"), spec.get_string("labels"), t);
+  }
+  if (spec.has("labels")) throw ConfigError("dataset '" + spec.name + "': 'labels' needs 'path'");
+  SyntheticImageOptions o;
+  o.size = positive_int(spec, "size", o.size, 0);
+  o.channels = positive_int(spec, "channels", o.channels);
+  o.height = positive_int(spec, "height", o.height);
+  o.width = positive_int(spec, "width", o.width);
+  o.num_classes = positive_int(spec, "num_classes", o.num_classes);
+  o.seed = t.seed;
+  return ImageRecordDataset::synthetic(o, t);
+}
+
+struct Builder {
+  const char* name;
+  std::unique_ptr<Dataset> (*make)(const DatasetSpec&);
+};
+
+constexpr Builder kBuilders[] = {
+    {"synthetic_classification", make_classification},
+    {"synthetic_regression", make_regression},
+    {"npy", make_npy},
+    {"digits", make_digits},
+    {"image_records", make_image_records},
+};
+
+}  // namespace
+
+std::vector<std::string> dataset_names() {
+  std::vector<std::string> out;
+  for (const auto& b : kBuilders) out.push_back(b.name);
+  return out;
+}
+
+std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec) {
+  for (const auto& b : kBuilders) {
+    if (spec.name == b.name) return b.make(spec);
+  }
+  std::string list;
+  for (const auto& n : dataset_names()) list += (list.empty() ? "" : ", ") + n;
+  throw ConfigError("unknown dataset '" + spec.name + "' (known: " + list + ")");
+}
+
+}  // namespace troupe::actors

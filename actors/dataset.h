@@ -1,0 +1,126 @@
+// The data set abstraction of troupe's data layer. A Dataset is an indexed,
+// read-only collection of Samples that many pipeline threads read at once. A
+// DatasetSpec is the plain-value description of one (a built-in name plus
+// string/int/double parameters): the driver builds a spec, sends it to a
+// remote loader actor, and the loader calls make_dataset() on its side, so
+// data sets never need to be serialised themselves.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "actors/tensor_codec.h"
+#include "runtime/wire/codec.h"
+
+namespace troupe::actors {
+
+// One example. `target` may be undefined for unlabelled data.
+struct Sample {
+  torch::Tensor input{};
+  torch::Tensor target{};
+
+  TROUPE_FIELDS(input, target);
+};
+
+// A read-only, random-access data set. A resource: created by make_dataset()
+// or directly, owned by one std::unique_ptr, shared with pipeline threads by
+// const reference. get() must be safe to call concurrently: implementations
+// keep no mutable state, and per-sample randomness comes from
+// (seed, epoch, index) rather than from a shared generator.
+class Dataset {
+ public:
+  Dataset() = default;
+  Dataset(const Dataset&) = delete;
+  Dataset& operator=(const Dataset&) = delete;
+  virtual ~Dataset() = default;
+
+  virtual int64_t size() const = 0;
+  // A one-line description for logs and error messages.
+  virtual std::string describe() const = 0;
+
+  // Sample `index` as seen in `epoch` (the epoch matters only for data sets
+  // with random transforms). Throws troupe::Error when index is out of range.
+  Sample get(int64_t index, int64_t epoch = 0) const;
+
+ protected:
+  // The implementation of get(); `index` is already range-checked.
+  virtual Sample load(int64_t index, int64_t epoch) const = 0;
+};
+
+// Plain-value description of a data set: what crosses the wire when a driver
+// asks a remote loader to open one. Each parameter lives in exactly one of the
+// typed maps; set() picks the map from the C++ type.
+struct DatasetSpec {
+  std::string name;
+  std::map<std::string, std::string> strings;
+  std::map<std::string, int64_t> ints;
+  std::map<std::string, double> doubles;
+  std::map<std::string, std::vector<double>> lists;
+
+  TROUPE_FIELDS(name, strings, ints, doubles, lists);
+
+  DatasetSpec() = default;
+  explicit DatasetSpec(std::string n) : name(std::move(n)) {}
+
+  // spec.set("size", 1000).set("noise", 0.5).set("path", "x.npy")
+  template <class T>
+  DatasetSpec& set(const std::string& key, const T& value) {
+    erase(key);
+    if constexpr (std::is_integral_v<T>) {
+      ints[key] = static_cast<int64_t>(value);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      doubles[key] = static_cast<double>(value);
+    } else if constexpr (std::is_convertible_v<const T&, std::string>) {
+      strings[key] = std::string(value);
+    } else {
+      lists[key] = std::vector<double>(std::begin(value), std::end(value));
+    }
+    return *this;
+  }
+  DatasetSpec& set(const std::string& key, std::initializer_list<double> value) {
+    erase(key);
+    lists[key] = std::vector<double>(value);
+    return *this;
+  }
+
+  bool has(const std::string& key) const;
+  // Typed reads; a parameter present with the wrong type is a ConfigError
+  // naming it. get_double also accepts an integer parameter.
+  std::string get_string(const std::string& key, const std::string& fallback = "") const;
+  int64_t get_int(const std::string& key, int64_t fallback) const;
+  double get_double(const std::string& key, double fallback) const;
+  std::vector<double> get_list(const std::string& key, const std::vector<double>& fallback = {}) const;
+  // Every parameter key, sorted.
+  std::vector<std::string> keys() const;
+  // `name(key=value, ...)`, for messages.
+  std::string to_string() const;
+
+ private:
+  void erase(const std::string& key);
+};
+
+// Builds a built-in data set from its spec. Known names:
+//   synthetic_classification  size, num_features, num_classes, seed, noise
+//   synthetic_regression      size, num_features, num_outputs, seed, noise
+//   npy                       inputs (path), targets (path, optional)
+//   digits                    path (optional), normalize (0/1), image (0/1)
+//   image_records             path + labels (uint8 N×C×H×W .npy) or
+//                             size, channels, height, width, num_classes;
+//                             seed, crop, flip, mean, std, scale
+// Throws troupe::ConfigError naming the bad name, parameter or value.
+std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec);
+
+// The built-in names, for help texts.
+std::vector<std::string> dataset_names();
+
+// Throws ConfigError if `spec` has a parameter not in `known`. The built-in
+// factories call this; custom ones may too.
+void check_known_parameters(const DatasetSpec& spec, const std::vector<std::string>& known);
+
+}  // namespace troupe::actors

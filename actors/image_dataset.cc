@@ -1,0 +1,171 @@
+#include "actors/image_dataset.h"
+
+#include <array>
+#include <cstring>
+#include <sstream>
+
+#include "actors/random.h"
+#include "runtime/core/check.h"
+#include "runtime/core/errors.h"
+
+namespace troupe::actors {
+
+namespace {
+
+constexpr uint64_t kTransformTag = 0x1A6E'0001;
+constexpr uint64_t kPixelTag = 0x1A6E'0002;
+constexpr uint64_t kLabelTag = 0x1A6E'0003;
+
+// Crop + flip + normalise from raw C×H×W bytes. Normalisation goes through a
+// per-channel 256-entry table computed in double, so each output is the
+// correctly rounded (x·scale − mean)/std and the inner loop is a lookup.
+torch::Tensor transform_raw(const uint8_t* src, int64_t channels, int64_t height, int64_t width,
+                            const ImageTransformOptions& o, int64_t epoch, int64_t index) {
+  TROUPE_CHECK(o.crop <= height && o.crop <= width)
+      << "crop " << o.crop << " larger than the " << height << "x" << width << " image";
+  TROUPE_CHECK(o.mean.size() == o.std.size() && (o.mean.empty() || int64_t(o.mean.size()) == channels))
+      << "mean/std have " << o.mean.size() << "/" << o.std.size() << " values for " << channels << " channels";
+  ImageTransformDraw d = draw_image_transform(o, height, width, epoch, index);
+  const int64_t oh = o.crop > 0 ? o.crop : height;
+  const int64_t ow = o.crop > 0 ? o.crop : width;
+  auto out = torch::empty({channels, oh, ow}, torch::kFloat);
+  float* dst = out.data_ptr<float>();
+  std::array<float, 256> lut;
+  for (int64_t c = 0; c < channels; ++c) {
+    double mean = o.mean.empty() ? 0.0 : o.mean[c];
+    double std = o.std.empty() ? 1.0 : o.std[c];
+    for (int v = 0; v < 256; ++v) lut[v] = static_cast<float>((v * o.scale - mean) / std);
+    const uint8_t* plane = src + c * height * width;
+    for (int64_t y = 0; y < oh; ++y) {
+      const uint8_t* row = plane + (d.top + y) * width + d.left;
+      float* out_row = dst + (c * oh + y) * ow;
+      if (d.flip) {
+        for (int64_t x = 0; x < ow; ++x) out_row[x] = lut[row[ow - 1 - x]];
+      } else {
+        for (int64_t x = 0; x < ow; ++x) out_row[x] = lut[row[x]];
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ImageTransformDraw draw_image_transform(const ImageTransformOptions& o, int64_t height, int64_t width, int64_t epoch,
+                                        int64_t index) {
+  SampleRng rng(static_cast<uint64_t>(o.seed), kTransformTag, static_cast<uint64_t>(epoch),
+                static_cast<uint64_t>(index));
+  ImageTransformDraw d;
+  // Always draw all three, so the flip of a sample does not depend on
+  // whether cropping is on.
+  int64_t top = rng.uniform_int(o.crop > 0 ? height - o.crop + 1 : 1);
+  int64_t left = rng.uniform_int(o.crop > 0 ? width - o.crop + 1 : 1);
+  bool flip = rng.bernoulli(0.5);
+  if (o.crop > 0) {
+    d.top = top;
+    d.left = left;
+  }
+  d.flip = o.flip && flip;
+  return d;
+}
+
+torch::Tensor transform_image(const torch::Tensor& image, const ImageTransformOptions& options, int64_t epoch,
+                              int64_t index) {
+  TROUPE_CHECK(image.defined() && image.scalar_type() == torch::kByte && image.dim() == 3)
+      << "transform_image wants a uint8 [C, H, W] tensor, got " << (image.defined() ? image.sizes() : c10::IntArrayRef{})
+      << " of " << (image.defined() ? c10::toString(image.scalar_type()) : "undefined");
+  auto img = image.to(torch::kCPU).contiguous();
+  return transform_raw(img.data_ptr<uint8_t>(), img.size(0), img.size(1), img.size(2), options, epoch, index);
+}
+
+ImageRecordDataset::ImageRecordDataset(torch::Tensor images, torch::Tensor labels, ImageTransformOptions transform)
+    : transform_(std::move(transform)), origin_("tensors") {
+  TROUPE_CHECK(images.defined() && images.scalar_type() == torch::kByte && images.dim() == 4)
+      << "image records must be uint8 [N, C, H, W]";
+  images_ = images.contiguous();
+  const int64_t n = images_.size(0);
+  if (labels.defined()) {
+    TROUPE_CHECK(labels.dim() == 1 && labels.size(0) == n)
+        << "labels must be [N] = [" << n << "], got " << labels.sizes();
+    labels_ = labels.to(torch::kLong).contiguous();
+  } else {
+    labels_ = torch::zeros({n}, torch::kLong);
+  }
+  const int64_t c = images_.size(1), h = images_.size(2), w = images_.size(3);
+  if (transform_.crop > h || transform_.crop > w) {
+    throw ConfigError("image records: crop " + std::to_string(transform_.crop) + " larger than the " +
+                      std::to_string(h) + "x" + std::to_string(w) + " images");
+  }
+  if (transform_.mean.size() != transform_.std.size() ||
+      (!transform_.mean.empty() && int64_t(transform_.mean.size()) != c)) {
+    throw ConfigError("image records: mean/std have " + std::to_string(transform_.mean.size()) + "/" +
+                      std::to_string(transform_.std.size()) + " values for " + std::to_string(c) + " channels");
+  }
+}
+
+std::unique_ptr<ImageRecordDataset> ImageRecordDataset::synthetic(const SyntheticImageOptions& o,
+                                                                  ImageTransformOptions transform) {
+  TROUPE_CHECK(o.size >= 0 && o.channels > 0 && o.height > 0 && o.width > 0 && o.num_classes > 0)
+      << "bad synthetic image options";
+  auto images = torch::empty({o.size, o.channels, o.height, o.width}, torch::kByte);
+  auto labels = torch::empty({o.size}, torch::kLong);
+  const int64_t bytes = o.channels * o.height * o.width;
+  auto* px = images.data_ptr<uint8_t>();
+  auto* lb = labels.data_ptr<int64_t>();
+  const auto seed = static_cast<uint64_t>(o.seed);
+  for (int64_t i = 0; i < o.size; ++i) {
+    SampleRng rng(seed, kPixelTag, static_cast<uint64_t>(i));
+    uint8_t* p = px + i * bytes;
+    int64_t k = 0;
+    for (; k + 8 <= bytes; k += 8) {
+      uint64_t v = rng.next_u64();
+      std::memcpy(p + k, &v, 8);
+    }
+    if (k < bytes) {
+      uint64_t v = rng.next_u64();
+      std::memcpy(p + k, &v, size_t(bytes - k));
+    }
+    lb[i] = SampleRng(seed, kLabelTag, static_cast<uint64_t>(i)).uniform_int(o.num_classes);
+  }
+  auto ds = std::make_unique<ImageRecordDataset>(images, labels, std::move(transform));
+  std::ostringstream os;
+  os << "synthetic " << o.size << "x" << o.channels << "x" << o.height << "x" << o.width << ", seed " << o.seed;
+  ds->origin_ = os.str();
+  return ds;
+}
+
+std::unique_ptr<ImageRecordDataset> ImageRecordDataset::from_npy(const std::string& images_path,
+                                                                 const std::string& labels_path,
+                                                                 ImageTransformOptions transform) {
+  NpyArray images = NpyArray::open(images_path);
+  if (images.dtype() != torch::kByte || images.shape().size() != 4) {
+    throw Error("npy file '" + images_path + "': image records must be uint8 with shape (N, C, H, W)");
+  }
+  torch::Tensor labels;
+  if (!labels_path.empty()) {
+    NpyArray l = NpyArray::open(labels_path);
+    if (l.shape().size() != 1 || l.shape()[0] != images.rows() || !c10::isIntegralType(l.dtype(), false)) {
+      throw Error("npy file '" + labels_path + "': labels must be integers with shape (" +
+                  std::to_string(images.rows()) + ",)");
+    }
+    labels = l.tensor().to(torch::kLong);
+  }
+  auto ds = std::make_unique<ImageRecordDataset>(images.tensor(), labels, std::move(transform));
+  ds->origin_ = "'" + images_path + "'" + (labels_path.empty() ? "" : ", labels '" + labels_path + "'");
+  return ds;
+}
+
+std::string ImageRecordDataset::describe() const {
+  std::ostringstream os;
+  os << "image_records(" << origin_ << ", crop=" << transform_.crop << ", flip=" << transform_.flip << ")";
+  return os.str();
+}
+
+Sample ImageRecordDataset::load(int64_t index, int64_t epoch) const {
+  const int64_t c = images_.size(1), h = images_.size(2), w = images_.size(3);
+  const uint8_t* src = images_.data_ptr<uint8_t>() + index * c * h * w;
+  return {transform_raw(src, c, h, w, transform_, epoch, index),
+          torch::scalar_tensor(labels_.data_ptr<int64_t>()[index], torch::kLong)};
+}
+
+}  // namespace troupe::actors

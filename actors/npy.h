@@ -1,0 +1,88 @@
+// NumPy .npy files: reading them memory-mapped, and writing them. Training
+// sets exported from Python (`np.save`) load without a copy of the file in
+// memory; the mapping is shared by every tensor view of it, so pages are read
+// on demand and dropped by the kernel under pressure.
+//
+// Supported: format versions 1.0, 2.0 and 3.0; little-endian (or
+// single-byte) bool, int8/16/32/64, uint8, float16/32/64; C order.
+// Everything else (Fortran order, big-endian, structured or object dtypes,
+// unsigned types LibTorch lacks, truncated files) is a troupe::Error whose
+// message names the file and the problem.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/dataset.h"
+
+namespace troupe::actors {
+
+// A parsed .npy header.
+struct NpyHeader {
+  torch::ScalarType dtype = torch::kFloat;
+  std::vector<int64_t> shape;
+  int major_version = 1;
+  size_t data_offset = 0;  // bytes from the file start to the array data
+};
+
+// Parses the header at the start of `bytes` (the file's first `size` bytes,
+// or all of it). `path` only names the file in error messages.
+NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& path);
+
+// A read-only memory-mapped .npy array. A cheap handle: copies share the
+// mapping, and tensor views returned by tensor() keep it alive on their own.
+class NpyArray {
+ public:
+  // Maps `path`; throws troupe::Error naming the file when it is missing,
+  // unreadable, truncated, or in an unsupported layout.
+  static NpyArray open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  torch::ScalarType dtype() const { return header_.dtype; }
+  const std::vector<int64_t>& shape() const { return header_.shape; }
+  // shape[0], or 1 for a 0-d array.
+  int64_t rows() const;
+  const std::byte* data() const;
+  size_t nbytes() const;
+
+  // A zero-copy view of the whole array. The memory is mapped read-only:
+  // writing into the view faults, so clone() before modifying.
+  torch::Tensor tensor() const;
+  // A copy of row `i` (shape[1:]), independent of the mapping.
+  torch::Tensor row(int64_t i) const;
+
+ private:
+  struct Mapping;
+  NpyArray(std::string path, NpyHeader header, std::shared_ptr<const Mapping> mapping)
+      : path_(std::move(path)), header_(std::move(header)), mapping_(std::move(mapping)) {}
+
+  std::string path_;
+  NpyHeader header_;
+  std::shared_ptr<const Mapping> mapping_;
+};
+
+// Writes `t` as a version 1.0 .npy file in C order (non-contiguous tensors
+// are made contiguous first). Throws troupe::Error naming the file on I/O
+// failure or for a dtype NumPy cannot read back the same way.
+void write_npy(const std::string& path, const torch::Tensor& t);
+
+// Rows of one .npy file as inputs and, optionally, rows of another as
+// targets (the same number of rows). Samples are copies of the rows.
+class NpyDataset final : public Dataset {
+ public:
+  explicit NpyDataset(const std::string& inputs_path, const std::string& targets_path = "");
+  int64_t size() const override { return inputs_.rows(); }
+  std::string describe() const override;
+
+ protected:
+  Sample load(int64_t index, int64_t epoch) const override;
+
+ private:
+  NpyArray inputs_;
+  std::unique_ptr<NpyArray> targets_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,119 @@
+// Streams between actors: a StreamReader in one process, a StreamWriter in
+// another, over a direct authenticated connection, with credit-based flow
+// control. The reader grants credits (its buffer size); a writer without
+// credit waits, so a slow reader bounds the writer's memory. End-of-stream
+// and errors travel in-band; a writer that dies makes read() throw, a
+// reader that dies makes write() throw.
+//
+//   StreamReader<Batch> r(rt, /*credits=*/4);      // in the consumer
+//   producer.call(&Loader::feed, r.ref());         // hand the ref over
+//   StreamWriter<Batch> w(rt, ref); w.write(b);   // in the producer
+//   while (auto b = r.read()) ...                   // nullopt at the end
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "runtime/client/runtime.h"
+
+namespace troupe {
+
+// Where a writer connects: the reader process's stream listener and the
+// stream's id there. Pass it to the producer in a call.
+struct StreamRef {
+  std::string address;
+  uint64_t id = 0;
+  TROUPE_FIELDS(address, id)
+};
+
+// The reader or writer's peer went away, or the writer reported an error.
+class StreamError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace client {
+
+// Untyped halves; the templates below encode and decode.
+class StreamReaderCore {
+ public:
+  StreamReaderCore(const std::shared_ptr<Core>& core, size_t credits);
+  ~StreamReaderCore();
+  StreamRef ref() const { return ref_; }
+  // Next message body, nullopt at end of stream; throws StreamError.
+  std::optional<wire::Message> read(std::chrono::milliseconds timeout);
+  size_t buffered() const;
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+  StreamRef ref_;
+  std::weak_ptr<Core> server_core_;
+};
+
+class StreamWriterCore {
+ public:
+  StreamWriterCore(const std::shared_ptr<Core>& core, const StreamRef& ref, std::chrono::milliseconds timeout);
+  ~StreamWriterCore();
+  void write(wire::Encoder&& e, std::chrono::milliseconds timeout);
+  void close();
+  void fail(const std::string& error);
+  size_t in_flight() const;
+  size_t max_in_flight() const;
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace client
+
+template <class T>
+class StreamReader {
+ public:
+  explicit StreamReader(Runtime& rt, size_t credits = 8) : core_(rt.core(), credits) {}
+  StreamRef ref() const { return core_.ref(); }
+  // The next value; nullopt once the writer closed the stream. Throws
+  // StreamError when the writer died or failed, Timeout after `timeout`.
+  std::optional<T> read(std::chrono::milliseconds timeout = std::chrono::hours(24)) {
+    auto m = core_.read(timeout);
+    if (!m) return std::nullopt;
+    return wire::decode_value<T>(m->body.data(), m->body.size(), &m->attachments);
+  }
+  // Values received and not yet read (never more than the credits).
+  size_t buffered() const { return core_.buffered(); }
+
+ private:
+  client::StreamReaderCore core_;
+};
+
+template <class T>
+class StreamWriter {
+ public:
+  StreamWriter(Runtime& rt, const StreamRef& ref, std::chrono::milliseconds timeout = std::chrono::seconds(30))
+      : core_(rt.core(), ref, timeout) {}
+  // Sends v, waiting for credit first. Throws StreamError when the reader
+  // is gone, Timeout when no credit came within `timeout`.
+  void write(const T& v, std::chrono::milliseconds timeout = std::chrono::hours(24)) {
+    wire::Encoder e;
+    wire::encode(e, v);
+    core_.write(std::move(e), timeout);
+  }
+  // End of stream: the reader's read() returns nullopt after the last value.
+  void close() { core_.close(); }
+  // Ends the stream with an error the reader sees as StreamError.
+  void fail(const std::string& error) { core_.fail(error); }
+  // Values sent whose credit has not come back (the reader's buffer use).
+  size_t in_flight() const { return core_.in_flight(); }
+  size_t max_in_flight() const { return core_.max_in_flight(); }
+
+ private:
+  client::StreamWriterCore core_;
+};
+
+}  // namespace troupe

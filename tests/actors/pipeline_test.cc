@@ -1,0 +1,287 @@
+// BatchPipeline: every index exactly once and in order, identical results for
+// any thread count, memory bounded by the token count under a slow sink,
+// stop(), and errors from loading or from the sink.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <numeric>
+#include <stdexcept>
+#include <thread>
+
+#include "actors/batch_pipeline.h"
+#include "actors/distributed_sampler.h"
+#include "actors/image_dataset.h"
+#include "actors/synthetic_dataset.h"
+#include "runtime/core/errors.h"
+
+namespace troupe::actors {
+namespace {
+
+// A tensor's values as int64s, for readable EXPECT_EQs.
+std::vector<int64_t> to_longs(const torch::Tensor& t) {
+  auto c = t.to(torch::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+// A data set whose samples count themselves: the input tensor's deleter
+// decrements `live`, so the test sees how many samples exist at any moment.
+class CountingDataset final : public Dataset {
+ public:
+  explicit CountingDataset(int64_t n, int64_t fail_at = -1) : n_(n), fail_at_(fail_at) {}
+  int64_t size() const override { return n_; }
+  std::string describe() const override { return "counting"; }
+
+  mutable std::atomic<int64_t> live{0};
+  mutable std::atomic<int64_t> max_live{0};
+  mutable std::atomic<int64_t> loads{0};
+
+ protected:
+  Sample load(int64_t index, int64_t epoch) const override {
+    if (index == fail_at_) throw std::runtime_error("cannot load sample " + std::to_string(index));
+    ++loads;
+    int64_t now = ++live;
+    int64_t seen = max_live.load();
+    while (now > seen && !max_live.compare_exchange_weak(seen, now)) {
+    }
+    auto* data = new float[256];
+    for (int k = 0; k < 256; ++k) data[k] = float(index);
+    auto* counter = &live;
+    auto input = torch::from_blob(
+        data, {256},
+        [counter](void* p) {
+          delete[] static_cast<float*>(p);
+          --*counter;
+        },
+        torch::kFloat);
+    return {input, torch::scalar_tensor(index + 1000 * epoch, torch::kLong)};
+  }
+
+ private:
+  int64_t n_;
+  int64_t fail_at_;
+};
+
+std::vector<int64_t> shuffled(int64_t n, int64_t seed) {
+  return DistributedSampler({.dataset_size = n, .world_size = 1, .seed = seed}).indices(0, 0);
+}
+
+TEST(BatchPipeline, DeliversEveryIndexOnceInOrder) {
+  SyntheticClassification ds({.size = 1000, .num_features = 6, .num_classes = 5, .seed = 2});
+  auto indices = shuffled(1000, 8);
+  for (bool drop_last : {false, true}) {
+    BatchPipeline pipe(ds, {.batch_size = 32, .num_threads = 2, .drop_last = drop_last});
+    std::vector<int64_t> got;
+    int64_t expect_sequence = 0;
+    auto stats = pipe.run(indices, 4, [&](Batch&& b) {
+      EXPECT_EQ(b.sequence, expect_sequence++);
+      EXPECT_EQ(b.epoch, 4);
+      EXPECT_EQ(b.input.sizes(), (std::vector<int64_t>{b.size(), 6}));
+      EXPECT_EQ(b.target.sizes(), (std::vector<int64_t>{b.size()}));
+      // Rows are the samples of the listed indices.
+      for (int64_t r = 0; r < b.size(); r += 7) {
+        EXPECT_TRUE(b.input[r].equal(ds.get(b.indices[r]).input));
+        EXPECT_EQ(b.target[r].item<int64_t>(), ds.get(b.indices[r]).target.item<int64_t>());
+      }
+      got.insert(got.end(), b.indices.begin(), b.indices.end());
+    });
+    if (drop_last) {
+      EXPECT_EQ(stats.batches, 31);
+      EXPECT_EQ(got, std::vector<int64_t>(indices.begin(), indices.begin() + 31 * 32));
+    } else {
+      EXPECT_EQ(stats.batches, 32);  // the last one has 8 rows
+      EXPECT_EQ(got, indices);
+    }
+    EXPECT_EQ(stats.samples, static_cast<int64_t>(got.size()));
+    EXPECT_FALSE(stats.stopped);
+    EXPECT_EQ(pipe.live_batches(), 0);
+  }
+}
+
+TEST(BatchPipeline, SameBatchesForAnyThreadCount) {
+  auto ds = ImageRecordDataset::synthetic({.size = 300, .channels = 3, .height = 20, .width = 20, .seed = 5},
+                                          {.crop = 16, .flip = true, .mean = {0.5, 0.4, 0.3}, .std = {0.2, 0.2, 0.2},
+                                           .seed = 6});
+  auto indices = shuffled(300, 1);
+  std::vector<Batch> reference;
+  BatchPipeline one(*ds, {.batch_size = 16, .num_threads = 1});
+  one.run(indices, 2, [&](Batch&& b) { reference.push_back(std::move(b)); });
+  ASSERT_EQ(reference.size(), 19u);
+  for (int threads : {2, 4}) {
+    BatchPipeline many(*ds, {.batch_size = 16, .num_threads = threads, .prefetch_depth = 3});
+    size_t k = 0;
+    many.run(indices, 2, [&](Batch&& b) {
+      ASSERT_LT(k, reference.size());
+      EXPECT_TRUE(b.input.equal(reference[k].input)) << "batch " << k << " with " << threads << " threads";
+      EXPECT_TRUE(b.target.equal(reference[k].target));
+      ++k;
+    });
+    EXPECT_EQ(k, reference.size());
+  }
+  // Another epoch: other augmentations.
+  std::vector<Batch> epoch3;
+  one.run(indices, 3, [&](Batch&& b) { epoch3.push_back(std::move(b)); });
+  EXPECT_FALSE(epoch3[0].input.equal(reference[0].input));
+}
+
+TEST(BatchPipeline, MemoryStaysBoundedWithSlowSink) {
+  CountingDataset ds(4000);
+  const int64_t batch = 8;
+  BatchPipeline pipe(ds, {.batch_size = batch, .num_threads = 2, .prefetch_depth = 2});
+  ASSERT_EQ(pipe.max_live_tokens(), 4);
+  std::vector<int64_t> indices(4000);
+  std::iota(indices.begin(), indices.end(), 0);
+  int64_t max_seen_in_sink = 0;
+  int64_t delivered = 0;
+  auto stats = pipe.run(indices, 0, [&](Batch&& b) {
+    // A slow consumer: while it works, the loaders must not race ahead.
+    max_seen_in_sink = std::max(max_seen_in_sink, pipe.live_batches());
+    if (delivered++ % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  });
+  EXPECT_EQ(stats.batches, 500);
+  EXPECT_LE(stats.max_live_batches, pipe.max_live_tokens());
+  EXPECT_LE(max_seen_in_sink, pipe.max_live_tokens());
+  // Samples exist only inside tokens: at most one batch's worth per token.
+  EXPECT_LE(ds.max_live.load(), pipe.max_live_tokens() * batch);
+  EXPECT_EQ(ds.live.load(), 0);
+  EXPECT_EQ(ds.loads.load(), 4000);
+
+  // A tighter explicit bound holds too.
+  CountingDataset ds2(800);
+  BatchPipeline tight(ds2, {.batch_size = batch, .num_threads = 2, .max_live_tokens = 1});
+  std::vector<int64_t> idx2(indices.begin(), indices.begin() + 800);
+  auto s2 = tight.run(idx2, 0, [&](Batch&&) { std::this_thread::sleep_for(std::chrono::microseconds(300)); });
+  EXPECT_EQ(s2.batches, 100);
+  EXPECT_EQ(s2.max_live_batches, 1);
+  EXPECT_LE(ds2.max_live.load(), batch);
+}
+
+TEST(BatchPipeline, StopEndsTheRunFromAnotherThread) {
+  CountingDataset ds(100000);
+  std::vector<int64_t> indices(100000);
+  std::iota(indices.begin(), indices.end(), 0);
+  BatchPipeline pipe(ds, {.batch_size = 10, .num_threads = 2});
+  std::mutex m;
+  std::condition_variable cv;
+  int64_t delivered = 0;
+  std::thread stopper([&] {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return delivered >= 5; });
+    lock.unlock();
+    pipe.stop();
+  });
+  auto stats = pipe.run(indices, 0, [&](Batch&&) {
+    std::lock_guard<std::mutex> lock(m);
+    ++delivered;
+    cv.notify_all();
+  });
+  stopper.join();
+  EXPECT_TRUE(stats.stopped);
+  EXPECT_GE(stats.batches, 5);
+  EXPECT_LT(stats.batches, 10000);
+  EXPECT_EQ(pipe.live_batches(), 0);
+  EXPECT_EQ(ds.live.load(), 0);
+  // Stopped for good: a later run delivers nothing.
+  auto again = pipe.run(indices, 1, [&](Batch&&) { ADD_FAILURE() << "sink called after stop"; });
+  EXPECT_TRUE(again.stopped);
+  EXPECT_EQ(again.batches, 0);
+}
+
+TEST(BatchPipeline, ErrorsFromSinkAndLoadComeOutOfRun) {
+  std::vector<int64_t> indices(2000);
+  std::iota(indices.begin(), indices.end(), 0);
+  {
+    CountingDataset ds(2000);
+    BatchPipeline pipe(ds, {.batch_size = 10, .num_threads = 2});
+    int64_t calls = 0;
+    EXPECT_THROW(pipe.run(indices, 0,
+                          [&](Batch&&) {
+                            if (++calls == 3) throw Aborted("consumer went away");
+                          }),
+                 Aborted);
+    EXPECT_EQ(calls, 3);
+    EXPECT_EQ(pipe.live_batches(), 0);
+    EXPECT_EQ(ds.live.load(), 0);  // batches in flight were freed
+  }
+  {
+    CountingDataset ds(2000, /*fail_at=*/555);
+    BatchPipeline pipe(ds, {.batch_size = 10, .num_threads = 2});
+    int64_t last = -1;
+    try {
+      pipe.run(indices, 0, [&](Batch&& b) { last = b.indices.back(); });
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("555"), std::string::npos);
+    }
+    EXPECT_LT(last, 555);  // nothing after the failed batch was delivered
+    EXPECT_EQ(ds.live.load(), 0);
+  }
+  CountingDataset ds(10);
+  EXPECT_THROW(BatchPipeline(ds, {.batch_size = 0}), ConfigError);
+  EXPECT_THROW(BatchPipeline(ds, {.num_threads = 0}), ConfigError);
+}
+
+TEST(Collate, StacksAndNamesMismatches) {
+  std::vector<Sample> s = {{torch::ones({2, 3}), torch::scalar_tensor(1, torch::kLong)},
+                           {torch::zeros({2, 3}), torch::scalar_tensor(2, torch::kLong)}};
+  auto b = collate(std::move(s), {7, 9});
+  EXPECT_EQ(b.input.sizes(), (std::vector<int64_t>{2, 2, 3}));
+  EXPECT_EQ(to_longs(b.target), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(b.indices, (std::vector<int64_t>{7, 9}));
+  std::vector<Sample> bad = {{torch::ones({3})}, {torch::ones({3})}, {torch::ones({4})}};
+  try {
+    collate(std::move(bad));
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sample 2"), std::string::npos) << e.what();
+  }
+  std::vector<Sample> no_target = {{torch::ones({3})}, {torch::ones({3})}};
+  EXPECT_FALSE(collate(std::move(no_target)).target.defined());
+}
+
+// Batches cross the wire as dtype + shape + bytes; large tensors as
+// attachments that the decoded tensor views without a copy.
+TEST(BatchCodec, RoundTripsTensorsThroughAttachments) {
+  Batch b;
+  b.input = torch::randn({64, 3, 8, 8});  // 48 KiB: an attachment
+  b.target = torch::arange(64, torch::kLong);  // 512 B: inline
+  b.indices = {5, 3, 1};
+  b.epoch = 2;
+  b.sequence = 9;
+  auto enc = wire::encode_value(b);
+  ASSERT_EQ(enc.attachments().size(), 1u);
+  EXPECT_LT(enc.bytes().size(), 1024u);
+  // Encoding shares the tensor's memory instead of copying it.
+  EXPECT_EQ(static_cast<const void*>(enc.attachments()[0].data()), b.input.data_ptr());
+  auto back = wire::decode_value<Batch>(enc.bytes().data(), enc.bytes().size(), &enc.attachments());
+  EXPECT_TRUE(back.input.equal(b.input));
+  EXPECT_TRUE(back.target.equal(b.target));
+  EXPECT_EQ(back.indices, b.indices);
+  EXPECT_EQ(back.epoch, 2);
+  EXPECT_EQ(back.sequence, 9);
+  EXPECT_EQ(back.input.data_ptr(), static_cast<const void*>(enc.attachments()[0].data()));
+
+  // Non-contiguous, half, bool, empty and undefined tensors.
+  Sample s{torch::arange(12, torch::kFloat).reshape({3, 4}).t().to(torch::kHalf), torch::Tensor()};
+  auto s_enc = wire::encode_value(s);
+  auto s_back = wire::decode_value<Sample>(s_enc.bytes().data(), s_enc.bytes().size(), &s_enc.attachments());
+  EXPECT_TRUE(s_back.input.equal(s.input.contiguous()));
+  EXPECT_FALSE(s_back.target.defined());
+  for (auto t : {torch::eye(3, torch::kBool), torch::empty({0, 5}), torch::scalar_tensor(7, torch::kLong)}) {
+    auto e = wire::encode_value(t);
+    auto r = wire::decode_value<torch::Tensor>(e.bytes().data(), e.bytes().size(), &e.attachments());
+    EXPECT_TRUE(r.equal(t));
+  }
+  // Damaged bytes are a DecodeError, never a crash.
+  auto bytes = enc.bytes();
+  EXPECT_THROW(wire::decode_value<Batch>(bytes.data(), 10, &enc.attachments()), DecodeError);
+  EXPECT_THROW(wire::decode_value<Batch>(bytes.data(), bytes.size(), nullptr), DecodeError);
+  bytes[1] = 99;  // dtype
+  EXPECT_THROW(wire::decode_value<Batch>(bytes.data(), bytes.size(), &enc.attachments()), DecodeError);
+}
+
+}  // namespace
+}  // namespace troupe::actors

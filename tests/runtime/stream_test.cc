@@ -1,0 +1,129 @@
+// Streams between processes: order, credit-based back-pressure, end of
+// stream, and errors when either side dies.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include "runtime/client/stream.h"
+#include "runtime/testing/local_cluster.h"
+#include "tests/runtime/test_util.h"
+
+using namespace std::chrono_literals;
+
+struct Item {
+  int64_t seq = 0;
+  troupe::Buffer payload;
+  TROUPE_FIELDS(seq, payload)
+};
+
+class Producer {
+ public:
+  // Writes n items of `bytes` each and closes; returns the most items that
+  // were ever in flight (sent, not yet credited back by the reader).
+  int64_t produce(troupe::StreamRef ref, int n, int bytes) {
+    troupe::StreamWriter<Item> w(troupe::this_actor::runtime(), ref);
+    for (int i = 0; i < n; ++i) w.write(Item{i, troupe::Buffer::from_string(std::string(bytes, char('a' + i % 26)))});
+    w.close();
+    return static_cast<int64_t>(w.max_in_flight());
+  }
+  // Writes until the stream breaks; returns the error text.
+  std::string produce_until_error(troupe::StreamRef ref) {
+    troupe::StreamWriter<Item> w(troupe::this_actor::runtime(), ref);
+    try {
+      for (int64_t i = 0;; ++i) w.write(Item{i, troupe::Buffer::from_string("x")}, 10s);
+    } catch (const troupe::StreamError& e) {
+      return e.what();
+    }
+  }
+  int pid() { return getpid(); }
+};
+TROUPE_ACTOR(Producer, &Producer::produce, &Producer::produce_until_error, &Producer::pid)
+
+class Consumer {
+ public:
+  troupe::StreamRef open(int credits) {
+    reader_ = std::make_unique<troupe::StreamReader<Item>>(troupe::this_actor::runtime(), credits);
+    return reader_->ref();
+  }
+  int64_t read_one() { return reader_->read(10s)->seq; }
+  int pid() { return getpid(); }
+
+ private:
+  std::unique_ptr<troupe::StreamReader<Item>> reader_;
+};
+TROUPE_ACTOR(Consumer, &Consumer::open, &Consumer::read_one, &Consumer::pid)
+
+namespace {
+
+using troupe::test::eventually;
+
+class StreamTest : public ::testing::Test {
+ protected:
+  StreamTest() : rt_(cluster_.connect()) {}
+  troupe::testing::LocalCluster cluster_;
+  troupe::Runtime rt_;
+};
+
+TEST_F(StreamTest, DeliversInOrderAndEnds) {
+  troupe::StreamReader<Item> r(rt_, 8);
+  auto p = rt_.spawn<Producer>({});
+  auto done = p.call(&Producer::produce, r.ref(), 500, 100000);  // 100 kB items: attachments
+  for (int i = 0; i < 500; ++i) {
+    auto item = r.read(10s);
+    ASSERT_TRUE(item.has_value());
+    ASSERT_EQ(item->seq, i);
+    ASSERT_EQ(item->payload.size(), 100000u);
+    ASSERT_EQ(static_cast<char>(item->payload.data()[99999]), char('a' + i % 26));
+  }
+  EXPECT_FALSE(r.read(10s).has_value());
+  EXPECT_LE(done.get(10s), 8);
+}
+
+TEST_F(StreamTest, SlowReaderBoundsWhatTheWriterHasInFlight) {
+  const int credits = 4;
+  troupe::StreamReader<Item> r(rt_, credits);
+  auto p = rt_.spawn<Producer>({});
+  auto done = p.call(&Producer::produce, r.ref(), 200, 1000);
+  size_t max_buffered = 0;
+  for (int i = 0; i < 200; ++i) {
+    // Credit goes back in halves of the window: after every second read the
+    // writer may refill it completely. Let it, before reading on.
+    if (i % (credits / 2) == 0)
+      ASSERT_TRUE(eventually([&] { return r.buffered() >= static_cast<size_t>(std::min(credits, 200 - i)); }, 10s));
+    max_buffered = std::max(max_buffered, r.buffered());
+    ASSERT_EQ(r.read(10s)->seq, i);
+  }
+  EXPECT_FALSE(r.read(10s).has_value());
+  int64_t max_in_flight = done.get(10s);
+  std::printf("[measured] credits %d: writer max in flight %lld, reader max buffered %zu\n", credits,
+              static_cast<long long>(max_in_flight), max_buffered);
+  EXPECT_LE(max_in_flight, credits);
+  EXPECT_EQ(max_buffered, static_cast<size_t>(credits));  // the writer did fill the window
+}
+
+TEST_F(StreamTest, WriterKilledGivesReaderAClearError) {
+  troupe::StreamReader<Item> r(rt_, 4);
+  auto p = rt_.spawn<Producer>({});
+  int pid = p.call(&Producer::pid).get(10s);
+  auto f = p.call(&Producer::produce_until_error, r.ref());
+  ASSERT_TRUE(r.read(10s).has_value());
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  try {
+    for (;;) r.read(10s);
+  } catch (const troupe::StreamError& e) {
+    EXPECT_NE(std::string(e.what()).find("writer disconnected"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(StreamTest, ReaderKilledStopsTheWriter) {
+  auto c = rt_.spawn<Consumer>({});
+  auto p = rt_.spawn<Producer>({});
+  auto ref = c.call(&Consumer::open, 4).get(10s);
+  auto f = p.call(&Producer::produce_until_error, ref);
+  EXPECT_EQ(c.call(&Consumer::read_one).get(10s), 0);
+  ASSERT_EQ(::kill(c.call(&Consumer::pid).get(10s), SIGKILL), 0);
+  std::string error = f.get(10s);  // the producer returns: its buffers are freed
+  EXPECT_NE(error.find("reader disconnected"), std::string::npos) << error;
+}
+
+}  // namespace
