@@ -159,3 +159,12 @@ struct CtorRegistration {
     static constexpr const char* kMethodNames = #__VA_ARGS__;          \
     static constexpr auto methods() { return std::make_tuple(__VA_ARGS__); } \
   };
+
+// Registers the constructor T(Args...) explicitly, for binaries that serve
+// actors they never spawn themselves (the stand-alone troupe-worker, a
+// worker executable separate from the driver). Use at namespace scope.
+#define TROUPE_REGISTER_CTOR(Class, ...)                                                          \
+  static const bool TROUPE_CONCAT(troupe_ctor_registered_, __COUNTER__) =                         \
+      ::troupe::client::CtorRegistration<Class __VA_OPT__(, ) __VA_ARGS__>::registered;
+#define TROUPE_CONCAT_INNER(a, b) a##b
+#define TROUPE_CONCAT(a, b) TROUPE_CONCAT_INNER(a, b)
