@@ -168,6 +168,30 @@ TEST_F(ClusterTest, KilledNodeAgentMovesItsActorsToTheOtherNode) {
   EXPECT_TRUE(eventually([&] { return ::kill(worker_pid, 0) != 0; }));
 }
 
+TEST(ClusterHeartbeat, SilentNodeIsDeclaredDeadAndItsActorsMove) {
+  troupe::testing::LocalClusterOptions o;
+  o.heartbeat_ms = 50;
+  o.heartbeat_misses = 4;
+  LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  auto c = rt.spawn<Counter>({.resources = {{"CPU", 2}}, .max_restarts = 1}, 3);
+  uint64_t first = c.call(&Counter::node).get(10s);
+  size_t index = cluster.node_id(0) == first ? 0 : 1;
+  int worker_pid = c.call(&Counter::pid).get(10s);
+  // A stopped node agent keeps its connection open but stops heartbeating.
+  cluster.kill_node(index, SIGSTOP);
+  ASSERT_TRUE(eventually([&] {
+    auto i = c.info();
+    return i.state == troupe::ActorState::kAlive && i.node_id != first;
+  }));
+  EXPECT_EQ(c.info().restarts, 1);
+  EXPECT_NE(c.info().death_cause.find("node"), std::string::npos) << c.info().death_cause;
+  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 4);
+  // When it wakes up it finds itself declared dead and takes its worker down.
+  cluster.kill_node(index, SIGCONT);
+  EXPECT_TRUE(eventually([&] { return ::kill(worker_pid, 0) != 0; }));
+}
+
 TEST_F(ClusterTest, NamedActorsAreFoundByName) {
   auto c = rt_.spawn<Counter>({.name = "global-counter"}, 100);
   auto same = rt_.get_actor<Counter>("global-counter");
