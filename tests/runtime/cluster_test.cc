@@ -8,6 +8,7 @@
 #include <set>
 
 #include "runtime/client/runtime.h"
+#include "runtime/testing/fault_injector.h"
 #include "runtime/testing/local_cluster.h"
 #include "runtime/wire/frame.h"
 #include "tests/runtime/test_util.h"
@@ -190,6 +191,25 @@ TEST(ClusterHeartbeat, SilentNodeIsDeclaredDeadAndItsActorsMove) {
   // When it wakes up it finds itself declared dead and takes its worker down.
   cluster.kill_node(index, SIGCONT);
   EXPECT_TRUE(eventually([&] { return ::kill(worker_pid, 0) != 0; }));
+}
+
+TEST_F(ClusterTest, FaultInjectorKillsAndStallsOnCue) {
+  auto c = rt_.spawn<Counter>({.max_restarts = 2}, 0);
+  c.wait_ready();
+  troupe::testing::FaultInjector faults(rt_);
+  int pid1 = c.call(&Counter::pid).get(10s);
+  faults.at_step(3, [&] { faults.kill_actor(c.id()); });
+  for (int step = 0; step < 3; ++step) faults.on_step(step);
+  EXPECT_EQ(::kill(pid1, 0), 0);  // not yet
+  faults.on_step(3);
+  ASSERT_TRUE(eventually([&] { return c.info().restarts == 1 && c.info().state == troupe::ActorState::kAlive; }));
+  // A stalled worker answers late but answers.
+  faults.stall_actor(c.id(), 300ms);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 1);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
+  ASSERT_EQ(faults.faults().size(), 2u);
+  EXPECT_NE(faults.faults()[0].what.find("SIGKILL actor"), std::string::npos);
 }
 
 TEST_F(ClusterTest, NamedActorsAreFoundByName) {

@@ -1,0 +1,95 @@
+#include "runtime/testing/fault_injector.h"
+
+#include <signal.h>
+
+#include "runtime/core/logging.h"
+#include "runtime/testing/local_cluster.h"
+
+namespace troupe::testing {
+
+FaultInjector::~FaultInjector() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : timers_) t.join();
+}
+
+pid_t FaultInjector::pid_of(uint64_t actor_id) {
+  auto info = rt_.actor_info(actor_id);
+  if (info.state != ActorState::kAlive || info.pid <= 0)
+    throw Error("FaultInjector: actor " + std::to_string(actor_id) + " (" + info.class_name + ") is " +
+                to_string(info.state) + ", no process to act on");
+  return info.pid;
+}
+
+void FaultInjector::record(std::string what) {
+  TROUPE_LOG_WARN("fault injected: {}", what);
+  std::lock_guard lock(mu_);
+  faults_.push_back({std::move(what), Clock::now()});
+}
+
+pid_t FaultInjector::kill_actor(uint64_t actor_id) {
+  pid_t pid = pid_of(actor_id);
+  if (::kill(pid, SIGKILL) != 0) throw Error("FaultInjector: kill(" + std::to_string(pid) + ") failed");
+  record("SIGKILL actor " + std::to_string(actor_id) + " pid " + std::to_string(pid));
+  return pid;
+}
+
+void FaultInjector::kill_node(LocalCluster& cluster, size_t index) {
+  pid_t pid = cluster.node_pid(index);
+  record("SIGKILL node agent " + std::to_string(cluster.node_id(index)) + " pid " + std::to_string(pid));
+  cluster.kill_node(index, SIGKILL);
+}
+
+void FaultInjector::stall_actor(uint64_t actor_id, std::chrono::milliseconds duration) {
+  pid_t pid = pid_of(actor_id);
+  ::kill(pid, SIGSTOP);
+  record("SIGSTOP actor " + std::to_string(actor_id) + " pid " + std::to_string(pid) + " for " +
+         std::to_string(duration.count()) + " ms");
+  after(duration, [pid] { ::kill(pid, SIGCONT); });
+}
+
+void FaultInjector::after(std::chrono::milliseconds delay, std::function<void()> action) {
+  std::lock_guard lock(mu_);
+  timers_.emplace_back([this, delay, action = std::move(action)] {
+    std::unique_lock lock(mu_);
+    // Waiting on the injector's own condition: stops early when destroyed.
+    if (cv_.wait_for(lock, delay, [&] { return stopping_; })) return;
+    lock.unlock();
+    try {
+      action();
+    } catch (const std::exception& e) {
+      TROUPE_LOG_WARN("FaultInjector action failed: {}", e.what());
+    }
+  });
+}
+
+void FaultInjector::at_step(int64_t step, std::function<void()> action) {
+  std::lock_guard lock(mu_);
+  step_actions_.emplace_back(step, std::move(action));
+}
+
+void FaultInjector::on_step(int64_t step) {
+  std::vector<std::function<void()>> due;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = step_actions_.begin(); it != step_actions_.end();) {
+      if (it->first <= step) {
+        due.push_back(std::move(it->second));
+        it = step_actions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& a : due) a();
+}
+
+std::vector<FaultInjector::Fault> FaultInjector::faults() const {
+  std::lock_guard lock(mu_);
+  return faults_;
+}
+
+}  // namespace troupe::testing

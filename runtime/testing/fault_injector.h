@@ -1,0 +1,67 @@
+// FaultInjector: failures on demand for tests and experiments. It kills an
+// actor's worker process (SIGKILL) or a node agent, stalls a process
+// (SIGSTOP, then SIGCONT after a while: a straggler), now, after a delay, or
+// when a job reports reaching a step (on_step). Every injected fault is
+// recorded with its time, so tests can measure recovery from it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/client/runtime.h"
+
+namespace troupe::testing {
+
+class LocalCluster;
+
+class FaultInjector {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Fault {
+    std::string what;
+    Clock::time_point at;
+  };
+
+  explicit FaultInjector(Runtime& rt) : rt_(rt) {}
+  ~FaultInjector();
+  FaultInjector(const FaultInjector&) = delete;
+  FaultInjector& operator=(const FaultInjector&) = delete;
+
+  // SIGKILLs the current worker process of the actor (it must run on this
+  // machine, as in a LocalCluster). Returns the pid killed.
+  pid_t kill_actor(uint64_t actor_id);
+  // SIGKILLs node agent `index` of the cluster (its workers die with it).
+  void kill_node(LocalCluster& cluster, size_t index);
+  // SIGSTOPs the actor's worker now and SIGCONTs it after `duration`.
+  void stall_actor(uint64_t actor_id, std::chrono::milliseconds duration);
+
+  // Runs `action` after `delay` on the injector's thread.
+  void after(std::chrono::milliseconds delay, std::function<void()> action);
+  // Runs `action` (once) when on_step reports `step` or later.
+  void at_step(int64_t step, std::function<void()> action);
+  // Called by the code under test at each step boundary.
+  void on_step(int64_t step);
+
+  std::vector<Fault> faults() const;
+
+ private:
+  void record(std::string what);
+  pid_t pid_of(uint64_t actor_id);
+
+  Runtime& rt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Fault> faults_;
+  std::vector<std::pair<int64_t, std::function<void()>>> step_actions_;
+  std::vector<std::thread> timers_;
+  bool stopping_ = false;
+};
+
+}  // namespace troupe::testing
