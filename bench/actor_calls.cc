@@ -164,8 +164,11 @@ int main(int argc, char** argv) {
   troupe::core::init_logging("bench");
   spdlog::set_level(spdlog::level::warn);
   double seconds = 3;
-  for (int i = 1; i < argc; ++i)
+  bool only_sync = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--seconds" && i + 1 < argc) seconds = std::stod(argv[++i]);
+    if (std::string(argv[i]) == "--only-sync") only_sync = true;
+  }
 
 
   troupe::testing::LocalClusterOptions lo;
@@ -185,6 +188,7 @@ int main(int argc, char** argv) {
   char extra[128];
   std::snprintf(extra, sizeof(extra), ",\"ratio\":%.3f,\"peer\":\"tcp_pingpong\"", sync / tcp);
   emit("1_1_sync", sync, "calls/s", extra);
+  if (only_sync) return 0;
 
   async_calls(echo, 20000, 5000);  // warm up
   double best = 0;

@@ -42,8 +42,15 @@ void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fai
   }
   if (conn_ && conn_->is_open() && queued_.empty()) {
     // A lone call goes out on this thread at once; calls behind others
-    // in flight are batched by the I/O thread.
-    conn_->send(p.frame, inflight_.empty());
+    // in flight are batched by the I/O thread. The frame is kept only when
+    // a retry may need it again.
+    bool lone = inflight_.empty();
+    if (p.retries_left != 0) {
+      conn_->send(p.frame, lone);
+    } else {
+      conn_->send(std::move(p.frame), lone);
+      p.frame = {};
+    }
     inflight_.emplace(p.id, std::move(p));
     return;
   }

@@ -82,7 +82,7 @@ class FutureStateBase {
     for (auto& cb : cbs) cb();
   }
 
-  static constexpr int kSpinMicros = 50;
+  static constexpr int kSpinMicros = 100;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::atomic<bool> ready_{false};
