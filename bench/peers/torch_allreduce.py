@@ -1,7 +1,13 @@
 #!/usr/bin/python3
 """Peer for bench/allreduce.cc: torch.distributed allreduce with the gloo
-backend, 2 processes on loopback, float32, the same sizes and iteration
-schedule as troupe's run. Prints one JSON object per size (rank 0 only).
+backend, ranks in separate processes on loopback, float32.
+
+--serve (what the benchmark uses): starts the ranks once, then reads trial
+commands "<bytes> <iters> <warmups>" from stdin, one per line, and answers
+each with one JSON line on stdout: {"bytes": ..., "seconds_per_op": ...},
+the max over ranks of the mean time per op. A trial is `warmups` allreduces,
+a barrier, then `iters` timed allreduces, exactly as on troupe's side. EOF
+on stdin ends the ranks.
 
 Run with Debian's interpreter, /usr/bin/python3 (python3-torch)."""
 import argparse
@@ -19,63 +25,63 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_rank(rank, world, port, sizes, iters, warmups, trials):
+def serve_rank(rank, world, port):
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    for nbytes, n_iter, n_warm in zip(sizes, iters, warmups):
-        t = torch.ones(nbytes // 4, dtype=torch.float32)
-        for _ in range(n_warm):
+    buffers = {}
+    for line in sys.stdin:
+        nbytes, iters, warmups = (int(x) for x in line.split())
+        t = buffers.get(nbytes)
+        if t is None:
+            t = buffers[nbytes] = torch.ones(nbytes // 4, dtype=torch.float32)
+        for _ in range(warmups):
             dist.all_reduce(t)
-        best = None
-        for _ in range(trials):
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(n_iter):
-                dist.all_reduce(t)
-            elapsed = (time.perf_counter() - start) / n_iter
-            best = elapsed if best is None else min(best, elapsed)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t)
+        elapsed = (time.perf_counter() - start) / iters
         # The slower rank bounds the collective: report the max over ranks.
-        worst = torch.tensor([best], dtype=torch.float64)
+        worst = torch.tensor([elapsed], dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         if rank == 0:
-            busbw = 2.0 * (world - 1) / world * nbytes / worst.item() / 1e9
-            print(json.dumps({"bench": "allreduce", "case": "torch_gloo", "bytes": nbytes,
-                              "value": round(busbw, 4), "unit": "GB/s",
-                              "seconds_per_op": worst.item()}), flush=True)
+            print(json.dumps({"bytes": nbytes, "seconds_per_op": worst.item()}), flush=True)
     dist.destroy_process_group()
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--sizes", required=True, help="comma-separated byte counts")
-    p.add_argument("--iters", required=True, help="comma-separated iterations per size")
-    p.add_argument("--warmups", required=True, help="comma-separated warm-up iterations per size")
-    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--serve", action="store_true", help="take trial commands on stdin")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args()
-    sizes = [int(x) for x in a.sizes.split(",")]
-    iters = [int(x) for x in a.iters.split(",")]
-    warmups = [int(x) for x in a.warmups.split(",")]
     if a.rank >= 0:
-        run_rank(a.rank, a.world, a.port, sizes, iters, warmups, a.trials)
+        serve_rank(a.rank, a.world, a.port)
         return
+    if not a.serve:
+        p.error("only --serve is supported")
     port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     procs = []
     for r in range(a.world):
-        cmd = [sys.executable, os.path.abspath(__file__), "--sizes", a.sizes, "--iters", a.iters,
-               "--warmups", a.warmups, "--trials", str(a.trials), "--world", str(a.world),
-               "--rank", str(r), "--port", str(port)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=None if r == 0 else subprocess.DEVNULL))
+        cmd = [sys.executable, os.path.abspath(__file__), "--world", str(a.world), "--rank", str(r),
+               "--port", str(port)]
+        procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, text=True,
+                                      stdout=None if r == 0 else subprocess.DEVNULL))
+    # Forward every command to every rank; rank 0 answers on our stdout.
+    for line in sys.stdin:
+        for proc in procs:
+            proc.stdin.write(line)
+            proc.stdin.flush()
     code = 0
     for proc in procs:
+        proc.stdin.close()
         try:
-            code = code or proc.wait(timeout=600)
+            code = code or proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             code = 1

@@ -297,6 +297,9 @@ void StreamWriterCore::fail(const std::string& error) {
   if (state_->closed) return;
   state_->closed = true;
   if (state_->conn) state_->conn->send(stream_event(StreamOp::kError, state_->id, error), true);
+  // A write() blocked on credit (another thread) returns now.
+  if (state_->error.empty()) state_->error = "stream failed by its writer: " + error;
+  state_->cv.notify_all();
 }
 
 size_t StreamWriterCore::in_flight() const {

@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""Peer for bench/train_throughput.cc: the same training job under PyTorch
+DDP with the gloo backend — MLP 784→H→H→10 (ReLU), cross-entropy, SGD with
+momentum 0.9, per-worker batch B of random in-memory data, one torch thread
+per process, N processes on loopback. Prints one JSON object (samples/s over
+all ranks, timed by the slowest rank).
+
+Run with Debian's interpreter, /usr/bin/python3 (python3-torch)."""
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_rank(rank, world, port, args, queue):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
+                          nn.Linear(args.hidden, 10))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    torch.manual_seed(1000 + rank)
+    x = torch.randn(args.batch, 784)
+    y = torch.randint(0, 10, (args.batch,))
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad()
+        loss = loss_fn(ddp(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(args.warmup):
+        step()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step()
+    loss.item()
+    dist.barrier()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        queue.put(elapsed.item())
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args()
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=run_rank, args=(r, args.workers, port, args, queue)) for r in range(args.workers)]
+    for pr in procs:
+        pr.start()
+    elapsed = queue.get(timeout=600)
+    for pr in procs:
+        pr.join(timeout=60)
+    samples = args.steps * args.batch * args.workers
+    print(json.dumps({"bench": "train_throughput", "case": f"torch_ddp_{args.workers}", "value": samples / elapsed,
+                      "unit": "samples/s", "hidden": args.hidden, "batch": args.batch, "workers": args.workers,
+                      "steps": args.steps}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
