@@ -1,26 +1,32 @@
-// troupe_bench_allreduce: allreduce bus bandwidth of GlooGroup, 2 ranks in
-// separate processes on loopback, float32, 1 KiB to 64 MiB; then the same
-// with torch.distributed's gloo backend (bench/peers/torch_allreduce.py run
-// by Debian's /usr/bin/python3) in the same invocation. Prints one JSON
-// object per line; troupe rows carry ratio = troupe / torch.
+// troupe_bench_allreduce: allreduce bus bandwidth of GlooGroup against
+// torch.distributed's gloo backend (bench/peers/torch_allreduce.py, run by
+// Debian's /usr/bin/python3), 2 ranks in separate processes on loopback,
+// float32, 1 KiB to 64 MiB. Prints one JSON object per line; troupe rows
+// carry ratio = troupe / torch.
 //
 // Usage: troupe_bench_allreduce [--peer PATH/torch_allreduce.py] [--python /usr/bin/python3]
-//                               [--no-peer] [--trials N] [--rounds N]
-// Both sides run the same schedule: warm-ups, then `trials` timed runs of
-// `iters` back-to-back allreduces; the best trial's mean time per op, taken
-// as the max over ranks, gives bus bandwidth = 2(n-1)/n * bytes / time.
-// `rounds` alternates troupe and torch runs and keeps each side's best.
+//                               [--no-peer] [--rounds N] [--sizes B,B,...]
+//
+// Both sides stay up for the whole run, idle between trials, and take
+// turns trial by trial (ABBA order per size), so that load from other
+// processes on a shared machine falls on both alike. A trial is a few
+// warm-up operations, a barrier, then `iters` back-to-back allreduces; its
+// time per op is the max over the ranks. `value` is the best trial's bus
+// bandwidth, 2(n-1)/n * bytes / time; `median_value` the median trial's.
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "runtime/collective/file_kv_store.h"
 #include "runtime/collective/gloo_group.h"
@@ -37,51 +43,48 @@ using troupe::collective::FileKvStore;
 using troupe::collective::GlooGroup;
 
 constexpr int kWorld = 2;
-const std::vector<size_t> kSizes = {1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
+constexpr int kReplyTimeoutMs = 120'000;
 
-// About 1 GiB moved per size, within [10, 2000] iterations.
+// Back-to-back operations per trial: about 0.1-0.2 s each on a loaded
+// 2-core machine, so a run of 15 rounds stays well inside two minutes.
 int iterations_for(size_t bytes) {
-  return static_cast<int>(std::clamp<size_t>((size_t{1} << 30) / bytes, 10, 2000));
+  if (bytes <= (64u << 10)) return 200;
+  if (bytes <= (1u << 20)) return 60;
+  if (bytes <= (16u << 20)) return 8;
+  return 3;
 }
-int warmups_for(size_t bytes) { return std::max(3, iterations_for(bytes) / 10); }
+int warmups_for(size_t bytes) { return std::max(2, iterations_for(bytes) / 10); }
 
 double bus_bandwidth_gbps(size_t bytes, double seconds) {
   return 2.0 * (kWorld - 1) / kWorld * static_cast<double>(bytes) / seconds / 1e9;
 }
 
-// One rank: forms the group and measures every size. Rank 0 writes
-// "<bytes> <seconds per op>" lines to `out_fd`.
-int run_rank(int rank, const std::string& dir, int trials, int out_fd) {
-  FileKvStore kv(dir);
-  troupe::collective::GlooGroupOptions opts;
-  opts.rendezvous_timeout = 60s;
-  auto group = GlooGroup::create(kv, "bench-allreduce", 1, rank, kWorld, opts);
-  for (size_t bytes : kSizes) {
-    std::vector<float> data(bytes / sizeof(float), 1.0f);
-    for (int i = 0; i < warmups_for(bytes); ++i) group->allreduce(data.data(), data.size(), DType::kFloat32)->wait();
-    double best = 1e30;
-    for (int t = 0; t < trials; ++t) {
-      group->barrier()->wait();
-      auto start = std::chrono::steady_clock::now();
-      const int iters = iterations_for(bytes);
-      for (int i = 0; i < iters; ++i) group->allreduce(data.data(), data.size(), DType::kFloat32)->wait();
-      std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-      best = std::min(best, elapsed.count() / iters);
-    }
-    // The slower rank bounds the collective.
-    double worst = best;
-    troupe::collective::AllreduceOptions max_opts;
-    max_opts.op = troupe::collective::ReduceOp::kMax;
-    group->allreduce(&worst, 1, DType::kFloat64, max_opts)->wait();
-    if (rank == 0) dprintf(out_fd, "%zu %.9g\n", bytes, worst);
+// Reads one '\n'-terminated line from fd within timeout_ms; false on EOF,
+// error or timeout.
+bool read_line(int fd, std::string* line, int timeout_ms) {
+  line->clear();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int left = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, left) <= 0) return false;
+    char c;
+    if (::read(fd, &c, 1) != 1) return false;
+    if (c == '\n') return true;
+    line->push_back(c);
   }
-  return 0;
 }
 
-std::string join(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
+bool write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
 }
 
 // Pulls "key": number out of one JSON line written by the peer.
@@ -94,79 +97,191 @@ bool json_number(const std::string& line, const std::string& key, double* out) {
   return true;
 }
 
-// Runs both ranks once over every size; fills seconds per op by size.
-bool run_troupe(int trials, std::map<size_t, double>* troupe_seconds) {
-  char templ[] = "/tmp/troupe-bench-allreduce-XXXXXX";
-  if (::mkdtemp(templ) == nullptr) {
-    std::perror("mkdtemp");
-    return false;
+// One troupe rank: forms the group, then serves trial commands
+// "<bytes> <iters> <warmups>" from `cmd_fd` until EOF; rank 0 answers each
+// with "<bytes> <seconds per op>" on `out_fd`.
+int serve_rank(int rank, const std::string& dir, int cmd_fd, int out_fd) {
+  FileKvStore kv(dir);
+  troupe::collective::GlooGroupOptions opts;
+  opts.rendezvous_timeout = 60s;
+  auto group = GlooGroup::create(kv, "bench-allreduce", 1, rank, kWorld, opts);
+  std::map<size_t, std::vector<float>> buffers;
+  std::string line;
+  while (read_line(cmd_fd, &line, 24 * 3600 * 1000)) {
+    size_t bytes = 0;
+    int iters = 0, warmups = 0;
+    if (std::sscanf(line.c_str(), "%zu %d %d", &bytes, &iters, &warmups) != 3) return 1;
+    auto& data = buffers[bytes];
+    if (data.empty()) data.assign(bytes / sizeof(float), 1.0f);
+    for (int i = 0; i < warmups; ++i) group->allreduce(data.data(), data.size(), DType::kFloat32)->wait();
+    group->barrier()->wait();
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) group->allreduce(data.data(), data.size(), DType::kFloat32)->wait();
+    std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    // The slower rank bounds the collective.
+    double worst = elapsed.count() / iters;
+    troupe::collective::AllreduceOptions max_opts;
+    max_opts.op = troupe::collective::ReduceOp::kMax;
+    group->allreduce(&worst, 1, DType::kFloat64, max_opts)->wait();
+    char reply[64];
+    std::snprintf(reply, sizeof reply, "%zu %.9g\n", bytes, worst);
+    if (rank == 0 && !write_all(out_fd, reply)) return 1;
   }
-  const std::string dir = templ;
-  int fds[2];
-  if (::pipe(fds) != 0) {
-    std::perror("pipe");
-    return false;
-  }
-  std::fflush(stdout);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kWorld; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      int code = 1;
-      try {
-        code = run_rank(r, dir, trials, fds[1]);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      ::_exit(code);
-    }
-    pids.push_back(pid);
-  }
-  ::close(fds[1]);
-  if (FILE* in = ::fdopen(fds[0], "r")) {
-    size_t bytes;
-    double seconds;
-    while (std::fscanf(in, "%zu %lf", &bytes, &seconds) == 2) (*troupe_seconds)[bytes] = seconds;
-    std::fclose(in);
-  }
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  std::string rm = "rm -rf '" + dir + "'";
-  if (std::system(rm.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir.c_str());
-  if (!ok || troupe_seconds->size() != kSizes.size()) {
-    std::fprintf(stderr, "troupe ranks failed\n");
-    return false;
-  }
-  return true;
+  return 0;
 }
 
-// Runs the torch peer once; fills GB/s by size.
-void run_torch(const std::string& python, const std::string& peer, int trials, std::map<size_t, double>* gbps) {
-  std::vector<int> iters, warmups, sizes;
-  for (size_t b : kSizes) {
-    sizes.push_back(static_cast<int>(b));
-    iters.push_back(iterations_for(b));
-    warmups.push_back(warmups_for(b));
+// A side of the comparison: processes that take trial commands and answer
+// with seconds per op.
+class Side {
+ public:
+  virtual ~Side() = default;
+  // Seconds per op of one trial, or a negative value on failure.
+  virtual double trial(size_t bytes, int iters, int warmups) = 0;
+};
+
+class TroupeSide final : public Side {
+ public:
+  TroupeSide() {
+    char templ[] = "/tmp/troupe-bench-allreduce-XXXXXX";
+    if (::mkdtemp(templ) == nullptr) throw std::runtime_error("mkdtemp failed");
+    dir_ = templ;
+    int out[2];
+    if (::pipe(out) != 0) throw std::runtime_error("pipe failed");
+    std::fflush(stdout);
+    for (int r = 0; r < kWorld; ++r) {
+      int cmd[2];
+      if (::pipe(cmd) != 0) throw std::runtime_error("pipe failed");
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        ::close(cmd[1]);
+        ::close(out[0]);
+        for (int fd : cmd_fds_) ::close(fd);
+        int code = 1;
+        try {
+          code = serve_rank(r, dir_, cmd[0], out[1]);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "troupe rank %d: %s\n", r, e.what());
+        }
+        ::_exit(code);
+      }
+      ::close(cmd[0]);
+      cmd_fds_.push_back(cmd[1]);
+      pids_.push_back(pid);
+    }
+    ::close(out[1]);
+    out_fd_ = out[0];
   }
-  std::string cmd = "'" + python + "' '" + peer + "' --sizes " + join(sizes) + " --iters " + join(iters) +
-                    " --warmups " + join(warmups) + " --trials " + std::to_string(trials);
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    std::fprintf(stderr, "could not run %s\n", cmd.c_str());
-    return;
+
+  ~TroupeSide() override {
+    for (int fd : cmd_fds_) ::close(fd);  // EOF ends the ranks
+    ::close(out_fd_);
+    for (pid_t pid : pids_) ::waitpid(pid, nullptr, 0);
+    std::string rm = "rm -rf '" + dir_ + "'";
+    if (std::system(rm.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
   }
-  char line[4096];
-  while (std::fgets(line, sizeof line, p)) {
-    std::string s = line;
-    double bytes = 0, value = 0;
-    if (json_number(s, "bytes", &bytes) && json_number(s, "value", &value)) (*gbps)[static_cast<size_t>(bytes)] = value;
+
+  double trial(size_t bytes, int iters, int warmups) override {
+    std::string cmd = std::to_string(bytes) + " " + std::to_string(iters) + " " + std::to_string(warmups) + "\n";
+    for (int fd : cmd_fds_) {
+      if (!write_all(fd, cmd)) return -1;
+    }
+    std::string line;
+    if (!read_line(out_fd_, &line, kReplyTimeoutMs)) return -1;
+    size_t got = 0;
+    double seconds = -1;
+    if (std::sscanf(line.c_str(), "%zu %lf", &got, &seconds) != 2 || got != bytes) return -1;
+    return seconds;
   }
-  if (::pclose(p) != 0) std::fprintf(stderr, "torch peer failed: %s\n", cmd.c_str());
+
+ private:
+  std::string dir_;
+  std::vector<int> cmd_fds_;
+  std::vector<pid_t> pids_;
+  int out_fd_ = -1;
+};
+
+// The torch peer in --serve mode: commands on its stdin, one JSON line per
+// trial on its stdout.
+class TorchSide final : public Side {
+ public:
+  TorchSide(const std::string& python, const std::string& peer) {
+    int in[2], out[2];
+    if (::pipe(in) != 0 || ::pipe(out) != 0) throw std::runtime_error("pipe failed");
+    std::fflush(stdout);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      ::close(in[0]);
+      ::close(in[1]);
+      ::close(out[0]);
+      ::close(out[1]);
+      ::execl(python.c_str(), python.c_str(), peer.c_str(), "--serve", "--world", std::to_string(kWorld).c_str(),
+              static_cast<char*>(nullptr));
+      std::perror("exec torch peer");
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    cmd_fd_ = in[1];
+    out_fd_ = out[0];
+  }
+
+  ~TorchSide() override {
+    ::close(cmd_fd_);
+    ::close(out_fd_);
+    ::waitpid(pid_, nullptr, 0);
+  }
+
+  double trial(size_t bytes, int iters, int warmups) override {
+    std::string cmd = std::to_string(bytes) + " " + std::to_string(iters) + " " + std::to_string(warmups) + "\n";
+    if (!write_all(cmd_fd_, cmd)) return -1;
+    std::string line;
+    // The first trial also waits for python to import torch and connect.
+    if (!read_line(out_fd_, &line, kReplyTimeoutMs)) return -1;
+    double got = 0, seconds = -1;
+    if (!json_number(line, "bytes", &got) || !json_number(line, "seconds_per_op", &seconds) ||
+        static_cast<size_t>(got) != bytes) {
+      return -1;
+    }
+    return seconds;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int cmd_fd_ = -1;
+  int out_fd_ = -1;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void print_row(const char* name, size_t bytes, const std::vector<double>& seconds, const std::vector<double>* peer) {
+  const double best = *std::min_element(seconds.begin(), seconds.end());
+  const double med = median(seconds);
+  std::printf("{\"bench\":\"allreduce\",\"case\":\"%s\",\"bytes\":%zu,\"value\":%.4f,\"unit\":\"GB/s\"", name, bytes,
+              bus_bandwidth_gbps(bytes, best));
+  if (peer != nullptr && !peer->empty()) {
+    const double peer_best = *std::min_element(peer->begin(), peer->end());
+    std::printf(",\"ratio\":%.3f,\"median_ratio\":%.3f", peer_best / best, median(*peer) / med);
+  }
+  std::printf(",\"median_value\":%.4f,\"seconds_per_op\":%.9g,\"trials\":%zu}\n", bus_bandwidth_gbps(bytes, med), best,
+              seconds.size());
+  std::fflush(stdout);
+}
+
+std::vector<size_t> parse_sizes(const std::string& s) {
+  std::vector<size_t> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t comma = s.find(',', pos);
+    out.push_back(std::strtoull(s.substr(pos, comma - pos).c_str(), nullptr, 10));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -175,8 +290,8 @@ int main(int argc, char** argv) {
   std::string peer = std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_allreduce.py";
   std::string python = "/usr/bin/python3";
   bool run_peer = true;
-  int trials = 3;
-  int rounds = 2;
+  int rounds = 15;
+  std::vector<size_t> sizes = {1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) {
@@ -185,47 +300,45 @@ int main(int argc, char** argv) {
       python = argv[++i];
     } else if (a == "--no-peer") {
       run_peer = false;
-    } else if (a == "--trials" && i + 1 < argc) {
-      trials = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--rounds" && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--sizes" && i + 1 < argc) {
+      sizes = parse_sizes(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--peer PATH] [--python PATH] [--no-peer] [--trials N] [--rounds N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--peer PATH] [--python PATH] [--no-peer] [--rounds N] [--sizes B,B,...]\n",
+                   argv[0]);
       return 2;
     }
   }
 
-  std::map<size_t, double> troupe_seconds;
-  std::map<size_t, double> torch_gbps;
-  // Alternate troupe and torch rounds and keep each side's best, so that
-  // background load on a shared machine biases neither side.
-  for (int round = 0; round < rounds; ++round) {
-    std::map<size_t, double> t;
-    if (!run_troupe(trials, &t)) return 1;
-    for (auto& [b, sec] : t) {
-      if (!troupe_seconds.count(b) || sec < troupe_seconds[b]) troupe_seconds[b] = sec;
-    }
-    if (run_peer) {
-      std::map<size_t, double> g;
-      run_torch(python, peer, trials, &g);
-      for (auto& [b, v] : g) torch_gbps[b] = std::max(torch_gbps[b], v);
-    }
-  }
-  if (run_peer) {
-    for (size_t bytes : kSizes) {
-      if (!torch_gbps.count(bytes)) continue;
-      std::printf("{\"bench\":\"allreduce\",\"case\":\"torch_gloo\",\"bytes\":%zu,\"value\":%.4f,\"unit\":\"GB/s\"}\n",
-                  bytes, torch_gbps[bytes]);
-    }
-  }
+  try {
+    TroupeSide troupe;
+    std::unique_ptr<TorchSide> torch;
+    if (run_peer) torch = std::make_unique<TorchSide>(python, peer);
 
-  for (size_t bytes : kSizes) {
-    double gbps = bus_bandwidth_gbps(bytes, troupe_seconds[bytes]);
-    std::printf("{\"bench\":\"allreduce\",\"case\":\"troupe_gloo\",\"bytes\":%zu,\"value\":%.4f,\"unit\":\"GB/s\"", bytes,
-                gbps);
-    auto it = torch_gbps.find(bytes);
-    if (it != torch_gbps.end() && it->second > 0) std::printf(",\"ratio\":%.3f", gbps / it->second);
-    std::printf(",\"seconds_per_op\":%.9g}\n", troupe_seconds[bytes]);
+    for (size_t bytes : sizes) {
+      std::vector<double> mine, theirs;
+      const int iters = iterations_for(bytes);
+      const int warmups = warmups_for(bytes);
+      for (int round = 0; round < rounds; ++round) {
+        // ABBA: neither side always runs right after the other.
+        const bool troupe_first = round % 2 == 0;
+        for (int turn = 0; turn < (torch ? 2 : 1); ++turn) {
+          const bool troupe_turn = (turn == 0) == troupe_first || !torch;
+          double s = troupe_turn ? troupe.trial(bytes, iters, warmups) : torch->trial(bytes, iters, warmups);
+          if (s <= 0) {
+            std::fprintf(stderr, "%s side failed at %zu bytes\n", troupe_turn ? "troupe" : "torch", bytes);
+            return 1;
+          }
+          (troupe_turn ? mine : theirs).push_back(s);
+        }
+      }
+      if (torch) print_row("torch_gloo", bytes, theirs, nullptr);
+      print_row("troupe_gloo", bytes, mine, torch ? &theirs : nullptr);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "allreduce bench: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 
 #include <dirent.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -58,6 +59,33 @@ void with_storage_type(DType dtype, F&& f) {
     case DType::kUInt8: return f(uint8_t{});
   }
   throw ConfigError("unknown dtype");
+}
+
+// Creates the TCP device so that its event-loop thread runs under
+// SCHED_BATCH. gloo's loop thread only try-locks a pair when its socket is
+// readable (Pair::handleEvents) and epoll is level-triggered, so when it
+// wakes up and preempts the operation thread while that thread holds the
+// pair's mutex (inside Pair::send, writing to the socket), it spins on
+// epoll_wait for a whole time slice before the holder can run again: a few
+// milliseconds per operation whenever the ranks share busy cores. A
+// SCHED_BATCH thread does not preempt on wake-up, so the holder finishes
+// first. Threads inherit the policy of their creator, hence the helper
+// thread. Unprivileged; if it fails, the device is created as usual.
+std::shared_ptr<gloo::transport::Device> create_tcp_device(const gloo::transport::tcp::attr& attr) {
+  std::shared_ptr<gloo::transport::Device> device;
+  std::exception_ptr error;
+  std::thread creator([&] {
+    sched_param param{};
+    (void)::sched_setscheduler(0, SCHED_BATCH, &param);
+    try {
+      device = gloo::transport::tcp::CreateDevice(attr);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  creator.join();
+  if (error) std::rethrow_exception(error);
+  return device;
 }
 
 milliseconds left_until(Clock::time_point deadline) {
@@ -497,7 +525,7 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.bind_host;
-    shared->device = gloo::transport::tcp::CreateDevice(attr);
+    shared->device = create_tcp_device(attr);
     shared->context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
     shared->context->setTimeout(left_until(deadline));
     if (world_size > 1) {

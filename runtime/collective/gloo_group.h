@@ -11,6 +11,9 @@
 // pairs, which makes peers blocked on this member fail too. A failed
 // operation leaves the group broken (gloo's pairs are closed); every later
 // operation fails with the first error, and the group must be re-formed.
+// gloo's own event-loop thread runs under SCHED_BATCH (see
+// create_tcp_device in gloo_group.cc): it would otherwise preempt the
+// operation thread while that holds a pair's lock and spin for a time slice.
 #pragma once
 
 #include <chrono>

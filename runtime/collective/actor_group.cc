@@ -1,0 +1,337 @@
+#include "runtime/collective/actor_group.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "runtime/client/runtime.h"
+#include "runtime/collective/gloo_group.h"
+#include "runtime/collective/nccl_group.h"
+#include "runtime/core/check.h"
+#include "runtime/core/errors.h"
+#include "runtime/core/logging.h"
+#include "troupe/config.h"
+
+namespace troupe::collective {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How often a rendezvous blocked on the KV re-checks whether a member died,
+// so that forming a group fails soon after a death rather than at its
+// timeout.
+constexpr milliseconds kRendezvousPoll{200};
+
+// With the runtime watching every member, a transport error is almost
+// always a member's death that the head is about to report; the group waits
+// this long for that report so that the error names the dead rank (see
+// GlooGroupOptions::error_grace). Well inside the 2 s a survivor may take.
+constexpr milliseconds kWatchedErrorGrace{1200};
+
+// What one join knows about its members' fate. Shared by the watch
+// callbacks (I/O thread), the rendezvous (actor thread) and the group's
+// deleter.
+struct MemberWatch {
+  std::mutex mu;
+  std::weak_ptr<Group> group;  // set once the group is formed
+  std::string death;           // the first member death reported, "" = none
+};
+
+// Aborts `group` off the calling thread: abort() may wait for the
+// operation thread to leave the transport (GlooGroupOptions::abort_settle),
+// and the callers here are the worker's I/O thread, which must keep
+// serving the head and other control messages meanwhile.
+void abort_async(std::shared_ptr<Group> group, std::string reason) {
+  std::thread([group = std::move(group), reason = std::move(reason)] {
+    try {
+      group->abort(reason);
+    } catch (const std::exception& e) {
+      TROUPE_LOG_WARN("aborting collective group '{}' failed: {}", group->name(), e.what());
+    }
+  }).detach();
+}
+
+// Records a member's death and aborts the group if it is formed. Runs on
+// the I/O thread: only a lock, a string and a thread start.
+void report_death(const std::shared_ptr<MemberWatch>& watch, std::string reason) {
+  std::shared_ptr<Group> group;
+  {
+    std::lock_guard lock(watch->mu);
+    if (!watch->death.empty()) return;
+    watch->death = reason;
+    group = watch->group.lock();
+  }
+  if (group) abort_async(std::move(group), std::move(reason));
+}
+
+// The groups joined in this worker, by weak reference. A worker has one
+// control handler per topic, so one kAbortTopic handler serves every group
+// of the process and needs this table to find them. Leaked on purpose:
+// workers leave with _Exit, and a handler may still run on the I/O thread
+// while a driver process shuts down.
+class GroupTable {
+ public:
+  static GroupTable& get() {
+    static auto* table = new GroupTable;
+    return *table;
+  }
+
+  void add(const std::shared_ptr<Group>& group) {
+    std::lock_guard lock(mu_);
+    prune_locked();
+    groups_.push_back(group);
+  }
+
+  // Aborts every live group matching the request; returns how many.
+  int abort(const AbortRequest& request) {
+    std::vector<std::shared_ptr<Group>> hit;
+    {
+      std::lock_guard lock(mu_);
+      prune_locked();
+      for (auto& weak : groups_) {
+        auto g = weak.lock();
+        if (g && g->name() == request.name && (request.generation < 0 || g->generation() == request.generation)) {
+          hit.push_back(std::move(g));
+        }
+      }
+    }
+    for (auto& g : hit) abort_async(g, request.reason);
+    return static_cast<int>(hit.size());
+  }
+
+  // Registers the kAbortTopic handler once per process.
+  void ensure_handler() {
+    std::call_once(handler_once_, [] {
+      this_actor::on_control(kAbortTopic, [](const std::string& payload) {
+        int n = GroupTable::get().abort(decode_abort_request(payload));
+        return std::to_string(n);
+      });
+    });
+  }
+
+ private:
+  void prune_locked() {
+    groups_.erase(std::remove_if(groups_.begin(), groups_.end(), [](const auto& w) { return w.expired(); }),
+                  groups_.end());
+  }
+
+  std::mutex mu_;
+  std::vector<std::weak_ptr<Group>> groups_;
+  std::once_flag handler_once_;
+};
+
+// The runtime's KV, with waits that give up early when a member dies, so a
+// rendezvous with a dead member fails in a fraction of a second instead of
+// at its timeout.
+class WatchedKv final : public KvStore {
+ public:
+  WatchedKv(KvStore& kv, std::shared_ptr<MemberWatch> watch) : kv_(kv), watch_(std::move(watch)) {}
+
+  void put(const std::string& key, const std::string& value) override { kv_.put(key, value); }
+  std::optional<std::string> get(const std::string& key) override { return kv_.get(key); }
+  void erase(const std::string& key) override { kv_.erase(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return kv_.add(key, delta); }
+
+  std::string wait(const std::string& key, milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      throw_if_dead();
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      try {
+        return kv_.wait(key, std::clamp(left, milliseconds(0), kRendezvousPoll));
+      } catch (const Timeout&) {
+        if (Clock::now() >= deadline) {
+          throw Timeout("kv wait for key '" + key + "' timed out after " + std::to_string(timeout.count()) + " ms");
+        }
+      }
+    }
+  }
+
+  void throw_if_dead() {
+    std::lock_guard lock(watch_->mu);
+    if (!watch_->death.empty()) throw Aborted(watch_->death);
+  }
+
+ private:
+  KvStore& kv_;
+  std::shared_ptr<MemberWatch> watch_;
+};
+
+std::string describe_member(int rank, uint64_t id) {
+  return "rank " + std::to_string(rank) + " (actor " + std::to_string(id) + ")";
+}
+
+// Why `info` means the member is gone from this group, or "" when it is
+// still the process that joined (same incarnation, not restarting/dead).
+std::string departure(const ActorInfo& info, uint32_t joined_incarnation, int rank) {
+  std::string who = "member " + describe_member(rank, info.id);
+  if (info.state == ActorState::kDead || info.state == ActorState::kRestarting) {
+    std::string why = who + " is " + wire::to_string(info.state);
+    if (!info.death_cause.empty()) why += ": " + info.death_cause;
+    return why;
+  }
+  if (info.incarnation != joined_incarnation) {
+    return who + " restarted (incarnation " + std::to_string(joined_incarnation) + " -> " +
+           std::to_string(info.incarnation) + ")";
+  }
+  return "";
+}
+
+std::string default_bind_host() {
+  const char* env = std::getenv("TROUPE_BIND_HOST");
+  return env != nullptr && *env != '\0' ? env : "127.0.0.1";
+}
+
+std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool watched) {
+  switch (spec.backend) {
+    case Backend::kGloo: {
+      GlooGroupOptions opts;
+      opts.bind_host = spec.bind_host.empty() ? default_bind_host() : spec.bind_host;
+      opts.rendezvous_timeout = spec.rendezvous_timeout;
+      opts.op_timeout = spec.op_timeout;
+      if (watched) opts.error_grace = kWatchedErrorGrace;
+      return GlooGroup::create(kv, spec.name, spec.generation, spec.rank, spec.world_size, opts);
+    }
+    case Backend::kNccl: {
+#if TROUPE_WITH_NCCL
+      NcclGroupOptions opts;
+      opts.device = spec.device;
+      opts.rendezvous_timeout = spec.rendezvous_timeout;
+      opts.op_timeout = spec.op_timeout;
+      return NcclGroup::create(kv, spec.name, spec.generation, spec.rank, spec.world_size, opts);
+#else
+      throw ConfigError("collective group '" + spec.name + "' asks for the NCCL backend, which this build lacks");
+#endif
+    }
+  }
+  throw ConfigError("unknown collective backend");
+}
+
+}  // namespace
+
+const char* to_string(Backend backend) {
+  switch (backend) {
+    case Backend::kGloo: return "gloo";
+    case Backend::kNccl: return "nccl";
+  }
+  return "unknown";
+}
+
+std::string encode_abort_request(const std::string& name, int64_t generation, const std::string& reason) {
+  // name NUL generation NUL reason: names never hold NUL, reasons may hold
+  // anything (the last field runs to the end).
+  TROUPE_CHECK(name.find('\0') == std::string::npos) << "group names cannot contain NUL";
+  std::string out = name;
+  out.push_back('\0');
+  out += std::to_string(generation);
+  out.push_back('\0');
+  out += reason;
+  return out;
+}
+
+AbortRequest decode_abort_request(const std::string& payload) {
+  auto first = payload.find('\0');
+  auto second = first == std::string::npos ? std::string::npos : payload.find('\0', first + 1);
+  if (second == std::string::npos) throw DecodeError("malformed collective abort request");
+  AbortRequest r;
+  r.name = payload.substr(0, first);
+  try {
+    r.generation = std::stoll(payload.substr(first + 1, second - first - 1));
+  } catch (const std::exception&) {
+    throw DecodeError("malformed generation in collective abort request");
+  }
+  r.reason = payload.substr(second + 1);
+  return r;
+}
+
+std::shared_ptr<Group> join_group(const GroupSpec& spec) { return join_group(this_actor::runtime(), spec); }
+
+std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
+  TROUPE_CHECK(!spec.name.empty()) << "a collective group needs a name";
+  TROUPE_CHECK(spec.world_size >= 1 && spec.rank >= 0 && spec.rank < spec.world_size)
+      << "rank " << spec.rank << " of " << spec.world_size << " in group '" << spec.name << "'";
+  TROUPE_CHECK(spec.members.empty() || spec.members.size() == static_cast<size_t>(spec.world_size))
+      << "group '" << spec.name << "' has " << spec.members.size() << " member ids for world size "
+      << spec.world_size;
+
+  GroupTable::get().ensure_handler();
+  auto watch = std::make_shared<MemberWatch>();
+
+  // Watch first, then read each member's state: a change between the two is
+  // then seen by the callback rather than lost.
+  for (int r = 0; r < static_cast<int>(spec.members.size()); ++r) {
+    if (r == spec.rank) continue;
+    const uint64_t id = spec.members[r];
+    // The incarnation that joins is the one alive now; set before the
+    // callback can run (it compares against it).
+    auto joined = std::make_shared<std::atomic<int64_t>>(-1);
+    std::weak_ptr<MemberWatch> weak = watch;
+    runtime.watch_actor(id, [weak, joined, r](const ActorInfo& info) {
+      auto w = weak.lock();
+      int64_t inc = joined->load();
+      if (!w || inc < 0) return;
+      std::string why = departure(info, static_cast<uint32_t>(inc), r);
+      if (!why.empty()) report_death(w, std::move(why));
+    });
+    ActorInfo now = runtime.actor_info(id);
+    joined->store(now.incarnation);
+    std::string why = departure(now, now.incarnation, r);
+    if (!why.empty()) report_death(watch, std::move(why));
+  }
+
+  const bool watched = spec.members.size() > 1;
+  WatchedKv kv(runtime.kv(), watch);
+  std::unique_ptr<Group> formed;
+  try {
+    formed = create_backend(kv, spec, watched);
+  } catch (const Aborted& e) {
+    throw Aborted("forming collective group '" + spec.name + "' generation " + std::to_string(spec.generation) +
+                  " failed: " + e.what());
+  }
+
+  // The deleter keeps the watch alive exactly as long as the group, so the
+  // callbacks (which hold it weakly) go quiet once the group is destroyed.
+  std::shared_ptr<Group> group(formed.release(), [watch](Group* g) { delete g; });
+  std::string died;
+  {
+    std::lock_guard lock(watch->mu);
+    watch->group = group;
+    died = watch->death;
+  }
+  GroupTable::get().add(group);
+  // A member died after its last rendezvous step but before the group was
+  // registered: nothing else will abort it.
+  if (!died.empty()) group->abort(died);
+  return group;
+}
+
+int abort_group(Runtime& runtime, const std::vector<uint64_t>& member_ids, const std::string& name,
+                const std::string& reason, int64_t generation, milliseconds timeout) {
+  const std::string payload = encode_abort_request(name, generation, reason);
+  std::vector<Future<wire::Message>> answers;
+  for (uint64_t id : member_ids) {
+    try {
+      // Fails at once for a member that is not ALIVE.
+      answers.push_back(runtime.core()->actor(id)->control(kAbortTopic, payload));
+    } catch (const std::exception& e) {
+      TROUPE_LOG_DEBUG("abort of group '{}': actor {} not reached: {}", name, id, e.what());
+    }
+  }
+  const auto deadline = Clock::now() + timeout;
+  int acknowledged = 0;
+  for (auto& answer : answers) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    try {
+      answer.get(std::max(left, milliseconds(0)));
+      ++acknowledged;
+    } catch (const std::exception& e) {
+      TROUPE_LOG_DEBUG("abort of group '{}': a member did not acknowledge: {}", name, e.what());
+    }
+  }
+  return acknowledged;
+}
+
+}  // namespace troupe::collective
