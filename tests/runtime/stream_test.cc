@@ -88,8 +88,9 @@ TEST_F(StreamTest, SlowReaderBoundsWhatTheWriterHasInFlight) {
   for (int i = 0; i < 200; ++i) {
     // Credit goes back in halves of the window: after every second read the
     // writer may refill it completely. Let it, before reading on.
-    if (i % (credits / 2) == 0)
+    if (i % (credits / 2) == 0) {
       ASSERT_TRUE(eventually([&] { return r.buffered() >= static_cast<size_t>(std::min(credits, 200 - i)); }, 10s));
+    }
     max_buffered = std::max(max_buffered, r.buffered());
     ASSERT_EQ(r.read(10s)->seq, i);
   }
