@@ -56,9 +56,11 @@ class FutureStateBase {
   // microseconds: checking for that briefly saves a sleep and a wake-up.
   bool spin() const {
     auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
-    while (!ready()) {
-      if (std::chrono::steady_clock::now() > until) return false;
-      std::this_thread::yield();
+    for (unsigned i = 1; !ready(); ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return false;
     }
     return true;
   }
