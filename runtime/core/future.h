@@ -57,10 +57,8 @@ class FutureStateBase {
   bool spin() const {
     auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
     for (unsigned i = 1; !ready(); ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::yield();
+      if (i % 16 == 0 && std::chrono::steady_clock::now() > until) return false;
     }
     return true;
   }
