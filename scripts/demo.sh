@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: install, build, and run the demo driver on
-# an embedded local cluster.
+# The main job on a fresh machine: install, build, and run on an embedded
+# local cluster (1) the actor demo — actors spawned, one killed and restarted —
+# and (2) train_digits — 2 trainer actors on the real digits data set, with
+# checkpoints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh default hello_actors
-./build/examples/hello_actors "$@"
+bash scripts/build.sh default hello_actors train_digits
+echo "== hello_actors =="
+./build/examples/hello_actors
+echo
+echo "== train_digits =="
+./build/examples/train_digits "$@"

@@ -75,7 +75,23 @@ def main():
     procs = [ctx.Process(target=run_rank, args=(r, args.workers, port, args, queue)) for r in range(args.workers)]
     for pr in procs:
         pr.start()
-    elapsed = queue.get(timeout=600)
+    # Bounded wait that notices a rank dying (the others would wait for it
+    # in init_process_group or a collective for a long time).
+    import queue as queue_mod
+    deadline = time.monotonic() + 600
+    elapsed = None
+    while elapsed is None:
+        try:
+            elapsed = queue.get(timeout=1)
+        except queue_mod.Empty:
+            dead = [pr for pr in procs if pr.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for pr in procs:
+                    pr.kill()
+                why = f"rank exit codes {[pr.exitcode for pr in procs]}" if dead else "timed out"
+                print(json.dumps({"bench": "train_throughput", "case": f"torch_ddp_{args.workers}",
+                                  "error": why}))
+                return 1
     for pr in procs:
         pr.join(timeout=60)
     samples = args.steps * args.batch * args.workers

@@ -3,6 +3,7 @@
 // trainer, and one shared loader), deterministic transforms, errors that name
 // the file, bounded memory under a slow reader, a killed loader, and stop.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -290,8 +291,12 @@ TEST_F(DataLoaderTest, KilledLoaderFailsTheReaderPromptly) {
   StreamReader<Batch> r(rt_, config.credits);
   auto f = loader.call(&DataLoaderActor::feed, r.ref(), SamplerCursor{}, 0, 0);
   ASSERT_TRUE(r.read(10s).has_value());
+  // SIGKILL right here (a kill request through the head takes a moment, in
+  // which the reader would keep granting credit).
+  pid_t pid = loader.info().pid;
+  ASSERT_GT(pid, 0);
   auto killed = std::chrono::steady_clock::now();
-  rt_.kill(loader);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
   std::string error;
   int64_t after_kill = 0;
   try {

@@ -1,0 +1,302 @@
+// TrainJob on a LocalCluster, with TrainerActors in real worker processes:
+// data-parallel equivalence with a single worker, bitwise resume from a
+// checkpoint, checkpoints that Python's torch.load reads, a checkpoint
+// directory killed half-written is never taken as the latest, a
+// TorchScript model from Python trains, and bad input fails up front.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "runtime/testing/local_cluster.h"
+#include "trainer/checkpoint.h"
+#include "trainer/train_job.h"
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::trainer;
+namespace fs = std::filesystem;
+
+// Writes checkpoints of a few MB in a loop until killed.
+class CheckpointLoop {
+ public:
+  int64_t pid() { return ::getpid(); }
+  void write_forever(std::string root) {
+    TrainState s;
+    s.model["w"] = torch::randn({4 << 20});  // 16 MB: a write takes a while
+    for (int64_t step = 1;; ++step) {
+      s.step = step;
+      save_checkpoint(root, s);
+    }
+  }
+};
+TROUPE_ACTOR(CheckpointLoop, &CheckpointLoop::pid, &CheckpointLoop::write_forever)
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  auto p = fs::temp_directory_path() / ("troupe-trainer-test-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return pred();
+}
+
+TrainJobConfig small_job(int64_t workers, int64_t batch) {
+  TrainJobConfig c;
+  c.name = "test";
+  c.scaling.num_workers = workers;
+  c.trainer.model.name = "mlp";
+  c.trainer.model.input_dim = 16;
+  c.trainer.model.hidden = 32;
+  c.trainer.model.num_classes = 4;
+  c.trainer.data = actors::DatasetSpec("synthetic_classification")
+                       .set("size", 256)
+                       .set("num_features", 16)
+                       .set("num_classes", 4)
+                       .set("seed", 5);
+  c.trainer.batch_size = batch;
+  c.trainer.seed = 42;
+  c.trainer.optimizer.lr = 0.05;
+  c.epochs = 1;
+  c.evaluate = false;
+  c.verbose = false;
+  return c;
+}
+
+void expect_close(const TrainState& a, const TrainState& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.model.size(), b.model.size()) << what;
+  for (const auto& [name, t] : a.model) {
+    const auto& u = b.model.at(name);
+    double diff = (t - u).abs().max().item<double>();
+    EXPECT_LE(diff, tol) << what << ": " << name;
+  }
+}
+
+class TrainJobTest : public ::testing::Test {
+ protected:
+  TrainJobTest() : cluster_(troupe::testing::LocalClusterOptions{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}),
+                   rt_(cluster_.connect()) {}
+  troupe::testing::LocalCluster cluster_;
+  Runtime rt_;
+};
+
+// 2 workers × batch b reach the weights of 1 worker × batch 2b: SGD and
+// AdamW, with and without gradient accumulation.
+TEST_F(TrainJobTest, TwoWorkersMatchOneWorkerWithTheDoubleBatch) {
+  for (std::string opt : {"sgd", "adamw"}) {
+    for (int64_t accumulation : {1, 2}) {
+      auto one = small_job(1, 32);
+      auto two = small_job(2, 16);
+      for (auto* c : {&one, &two}) {
+        c->trainer.optimizer.name = opt;
+        c->trainer.optimizer.lr = opt == "sgd" ? 0.05 : 0.005;
+        c->trainer.accumulation = accumulation;
+        c->epochs = 2;
+      }
+      auto r1 = TrainJob(rt_, one).fit();
+      auto r2 = TrainJob(rt_, two).fit();
+      std::string what = opt + " accumulation " + std::to_string(accumulation);
+      EXPECT_EQ(r1.steps, 2 * 256 / (32 * accumulation)) << what;
+      EXPECT_EQ(r1.steps, r2.steps) << what;
+      expect_close(r1.final_state, r2.final_state, 2e-5, what);
+      // The same through TCP (Gloo) rather than shared memory.
+      two.trainer.shared_memory = false;
+      if (opt == "sgd" && accumulation == 2) expect_close(r1.final_state, TrainJob(rt_, two).fit().final_state, 2e-5, what + " gloo");
+      EXPECT_GT(r1.history.back().train_loss, 0.0);
+    }
+  }
+}
+
+// 2 epochs + checkpoint + 1 more == 3 epochs, bitwise; the checkpoint is
+// readable by Python's torch.load; resuming with another worker count works.
+TEST_F(TrainJobTest, ResumeFromCheckpointIsBitwiseEqual) {
+  auto dir = fresh_dir("resume");
+  auto full = small_job(2, 16);
+  full.epochs = 3;
+  full.trainer.optimizer.name = "adamw";
+  full.trainer.optimizer.lr = 0.005;
+  auto rf = TrainJob(rt_, full).fit();
+
+  auto first = full;
+  first.epochs = 2;
+  first.checkpoint.dir = dir.string();
+  first.checkpoint.keep = 1;
+  auto r1 = TrainJob(rt_, first).fit();
+  ASSERT_TRUE(r1.last_checkpoint.has_value());
+  EXPECT_EQ(r1.last_checkpoint->step, r1.steps);
+  EXPECT_EQ(list_checkpoints(dir.string()).size(), 1u);  // pruned to keep = 1
+
+  auto second = full;
+  second.resume_from = dir.string();
+  auto r2 = TrainJob(rt_, second).fit();
+  EXPECT_EQ(r2.steps, rf.steps);
+  ASSERT_EQ(r2.history.size(), 1u);
+  for (const auto& [name, t] : rf.final_state.model)
+    EXPECT_TRUE(torch::equal(t, r2.final_state.model.at(name))) << name;
+  for (const auto& [name, t] : rf.final_state.optimizer)
+    EXPECT_TRUE(torch::equal(t, r2.final_state.optimizer.at(name))) << name;
+
+  // Python reads the state dict.
+  std::string cmd = std::string(TROUPE_PYTHON) + " -c \"import torch,sys; d=torch.load('" + r1.last_checkpoint->path +
+                    "/model.pt'); o=torch.load('" + r1.last_checkpoint->path +
+                    "/optimizer.pt'); sys.exit(0 if sorted(d)==['fc1.bias','fc1.weight','fc2.bias','fc2.weight','fc3.bias','fc3.weight'] and d['fc1.weight'].shape==(32,16) and 'step' in o else 1)\"";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+
+  // A different number of workers continues from the same checkpoint.
+  auto other = second;
+  other.scaling.num_workers = 1;
+  other.trainer.batch_size = 32;
+  auto r3 = TrainJob(rt_, other).fit();
+  EXPECT_EQ(r3.steps, r1.steps + 256 / 32);
+  fs::remove_all(dir);
+}
+
+TEST_F(TrainJobTest, PeriodicCheckpointsAndMetrics) {
+  auto dir = fresh_dir("periodic");
+  auto c = small_job(2, 16);
+  c.epochs = 2;
+  c.checkpoint.dir = (dir / "ckpt").string();
+  c.checkpoint.every_steps = 3;
+  c.checkpoint.keep = 2;
+  c.metrics_path = (dir / "metrics.jsonl").string();
+  c.evaluate = true;
+  c.trainer.validation_fraction = 0.25;
+  auto r = TrainJob(rt_, c).fit();
+  // 192 training samples / (2 × 16) = 6 steps an epoch.
+  EXPECT_EQ(r.steps, 12);
+  auto all = list_checkpoints(c.checkpoint.dir);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all.back().step, 12);
+  EXPECT_EQ(all.back().world_size, 2);
+  EXPECT_EQ(r.history.size(), 2u);
+  EXPECT_EQ(r.history.back().val_count, 64);
+  std::ifstream m(c.metrics_path);
+  int steps = 0, epochs = 0;
+  for (std::string line; std::getline(m, line);) {
+    steps += line.find("\"kind\":\"step\"") != std::string::npos;
+    epochs += line.find("\"kind\":\"epoch\"") != std::string::npos;
+  }
+  EXPECT_EQ(steps, 12);
+  EXPECT_EQ(epochs, 2);
+  fs::remove_all(dir);
+}
+
+// A writer process killed (SIGKILL) in the middle of a checkpoint leaves
+// no directory that latest_checkpoint() would pick; nor do directories
+// without a manifest or with a corrupt file.
+TEST_F(TrainJobTest, HalfWrittenCheckpointIsNeverLatest) {
+  auto dir = fresh_dir("killed");
+  auto w = rt_.spawn<CheckpointLoop>({});
+  auto pid = w.call(&CheckpointLoop::pid).get(30s);
+  auto f = w.call(&CheckpointLoop::write_forever, dir.string());
+  // Kill it while a temporary directory exists and at least one checkpoint
+  // is complete.
+  ASSERT_TRUE(eventually(
+      [&] {
+        if (list_checkpoints(dir.string()).empty()) return false;
+        for (const auto& e : fs::directory_iterator(dir))
+          if (e.path().filename().string().rfind(".tmp-", 0) == 0) return true;
+        return false;
+      },
+      60s));
+  ASSERT_EQ(::kill(static_cast<pid_t>(pid), SIGKILL), 0);
+  EXPECT_THROW(f.get(30s), ActorDied);
+  auto latest = latest_checkpoint(dir.string());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_NO_THROW(load_checkpoint(latest->path));
+  // Forged leftovers: a step dir without manifest, and one whose file no
+  // longer matches its checksum.
+  fs::create_directories(dir / "step-99999998");
+  fs::copy(latest->path, dir / "step-99999999", fs::copy_options::recursive);
+  {
+    std::ofstream(dir / "step-99999999" / "model.pt", std::ios::app) << "x";
+  }
+  auto again = latest_checkpoint(dir.string());
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->step, latest->step);
+  prune_checkpoints(dir.string(), 1);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << e.path();
+  fs::remove_all(dir);
+}
+
+TEST_F(TrainJobTest, TorchScriptModelFromPythonTrains) {
+  auto dir = fresh_dir("script");
+  auto path = (dir / "model.pt").string();
+  std::string cmd = std::string(TROUPE_PYTHON) +
+                    " -c \"import torch; torch.manual_seed(0); m=torch.nn.Sequential(torch.nn.Linear(16,32), "
+                    "torch.nn.ReLU(), torch.nn.Linear(32,4)); torch.jit.save(torch.jit.script(m), '" +
+                    path + "')\"";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto c = small_job(2, 16);
+  c.trainer.model.name = "torchscript";
+  c.trainer.model.path = path;
+  c.epochs = 4;
+  auto r = TrainJob(rt_, c).fit();
+  ASSERT_EQ(r.history.size(), 4u);
+  EXPECT_LT(r.history.back().train_loss, 0.8 * r.history.front().train_loss);
+  EXPECT_EQ(r.final_state.model.count("0.weight"), 1u);
+  fs::remove_all(dir);
+}
+
+// The CNN with BatchNorm on the real digits images, two workers.
+TEST_F(TrainJobTest, CnnWithBatchNormTrainsOnDigits) {
+  auto c = small_job(2, 32);
+  c.trainer.model = ModelSpec{};
+  c.trainer.model.name = "cnn";
+  c.trainer.model.hidden = 16;
+  c.trainer.data = actors::DatasetSpec("digits").set("normalize", 1).set("image", 1);
+  c.trainer.validation_fraction = 0.2;
+  c.trainer.optimizer.name = "adamw";
+  c.trainer.optimizer.lr = 0.01;
+  c.epochs = 3;
+  c.evaluate = true;
+  auto r = TrainJob(rt_, c).fit();
+  ASSERT_EQ(r.history.size(), 3u);
+  EXPECT_LT(r.history.back().train_loss, r.history.front().train_loss);
+  EXPECT_GT(r.history.back().val_accuracy, 0.3);  // chance is 0.1
+  EXPECT_EQ(r.final_state.model.count("bn1.running_mean"), 1u);
+}
+
+TEST_F(TrainJobTest, BadInputFailsBeforeAnyWork) {
+  auto expect_error = [&](TrainJobConfig c, const std::string& needle) {
+    try {
+      TrainJob(rt_, c).fit();
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto c = small_job(1, 16);
+  c.trainer.model.name = "transformer-xxl";
+  expect_error(c, "unknown model 'transformer-xxl'");
+  c = small_job(1, 16);
+  c.trainer.model.name = "torchscript";
+  c.trainer.model.path = "/no/such/model.pt";
+  expect_error(c, "/no/such/model.pt");
+  c = small_job(1, 0);
+  expect_error(c, "batch_size must be positive");
+  c = small_job(5, 16);
+  expect_error(c, "PENDING");
+  expect_error(c, "CPU");
+  // Nothing was spawned.
+  auto status = rt_.status_json();
+  EXPECT_EQ(status.find("TrainerActor"), std::string::npos) << status;
+}
+
+}  // namespace

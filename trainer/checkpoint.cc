@@ -1,0 +1,291 @@
+#include "trainer/checkpoint.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+#include <torch/serialize.h>
+
+#include "runtime/core/errors.h"
+
+namespace fs = std::filesystem;
+
+namespace troupe::trainer {
+namespace {
+
+constexpr const char* kFormat = "troupe-checkpoint-1";
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string sha256_hex(const std::vector<char>& data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len; ++i) {
+    out += hex[md[i] >> 4];
+    out += hex[md[i] & 15];
+  }
+  return out;
+}
+
+void fsync_path(const fs::path& p, bool dir) {
+  int fd = ::open(p.c_str(), dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_file(const fs::path& p, const std::vector<char>& data) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(data.data(), static_cast<std::streamsize>(data.size()));
+  f.close();
+  if (!f) throw Error("cannot write checkpoint file " + p.string());
+  fsync_path(p, false);
+}
+
+std::vector<char> read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw Error("cannot read checkpoint file " + p.string());
+  return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// {name: tensor} as the bytes torch.save would write for a dict of tensors.
+std::vector<char> pickle_dict(const std::map<std::string, torch::Tensor>& m) {
+  c10::Dict<std::string, at::Tensor> d;
+  for (const auto& [k, v] : m) d.insert(k, v.detach().to(torch::kCPU).contiguous());
+  return torch::pickle_save(c10::IValue(d));
+}
+
+std::map<std::string, torch::Tensor> unpickle_dict(const std::vector<char>& bytes, const std::string& what) {
+  c10::IValue v;
+  try {
+    v = torch::pickle_load(bytes);
+  } catch (const c10::Error& e) {
+    throw Error("cannot unpickle " + what + ": " + e.what_without_backtrace());
+  }
+  if (!v.isGenericDict()) throw Error(what + " is not a dict of tensors");
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : v.toGenericDict()) out[item.key().toStringRef()] = item.value().toTensor();
+  return out;
+}
+
+nlohmann::json cursor_json(const actors::SamplerCursor& c) {
+  return {{"epoch", c.epoch}, {"world_size", c.world_size}, {"segment_start", c.segment_start},
+          {"segment_consumed", c.segment_consumed}};
+}
+
+// Parses and verifies <dir>/manifest.json; throws Error naming the problem.
+nlohmann::json read_manifest(const fs::path& dir, bool verify_files) {
+  auto mp = dir / "manifest.json";
+  if (!fs::exists(mp)) throw Error("checkpoint " + dir.string() + " has no manifest.json");
+  auto bytes = read_file(mp);
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(bytes.begin(), bytes.end());
+  } catch (const std::exception& e) {
+    throw Error("checkpoint manifest " + mp.string() + " is not valid JSON: " + e.what());
+  }
+  if (m.value("format", "") != kFormat) throw Error("checkpoint manifest " + mp.string() + " has an unknown format");
+  if (verify_files) {
+    for (auto& [name, f] : m.at("files").items()) {
+      auto data = read_file(dir / name);
+      if (sha256_hex(data) != f.at("sha256").get<std::string>())
+        throw Error("checkpoint file " + (dir / name).string() + " fails its checksum");
+    }
+  }
+  return m;
+}
+
+CheckpointInfo info_of(const fs::path& dir, const nlohmann::json& m) {
+  CheckpointInfo info;
+  info.path = dir.string();
+  info.step = m.at("step").get<int64_t>();
+  info.epoch = m.at("epoch").get<int64_t>();
+  info.world_size = m.at("world_size").get<int64_t>();
+  const auto& c = m.at("sampler_cursor");
+  info.cursor.epoch = c.at("epoch").get<int64_t>();
+  info.cursor.world_size = c.at("world_size").get<int64_t>();
+  info.cursor.segment_start = c.at("segment_start").get<int64_t>();
+  info.cursor.segment_consumed = c.at("segment_consumed").get<int64_t>();
+  const nlohmann::json metrics = m.value("metrics", nlohmann::json::object());
+  for (auto it = metrics.begin(); it != metrics.end(); ++it)
+    if (it->is_number()) info.metrics[it.key()] = it->get<double>();
+  return info;
+}
+
+}  // namespace
+
+CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
+                               const std::map<std::string, double>& metrics) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw Error("cannot create checkpoint directory " + root + ": " + ec.message());
+  fs::path final_dir = fs::path(root) / step_dir_name(state.step);
+  std::random_device rd;
+  fs::path tmp = fs::path(root) / (".tmp-" + step_dir_name(state.step) + "-" + std::to_string(::getpid()) + "-" +
+                                   std::to_string(rd()));
+  try {
+    fs::create_directory(tmp);
+    std::map<std::string, std::vector<char>> files;
+    files["model.pt"] = pickle_dict(state.model);
+    files["optimizer.pt"] = pickle_dict(state.optimizer);
+    std::map<std::string, torch::Tensor> rng;
+    if (state.rng.defined()) rng["cpu"] = state.rng;
+    files["rng.pt"] = pickle_dict(rng);
+    nlohmann::json m;
+    m["format"] = kFormat;
+    m["step"] = state.step;
+    m["epoch"] = state.epoch;
+    m["world_size"] = state.world_size;
+    m["sampler_cursor"] = cursor_json(state.cursor);
+    m["metrics"] = nlohmann::json::object();
+    for (const auto& [k, v] : metrics) m["metrics"][k] = v;
+    m["files"] = nlohmann::json::object();
+    for (const auto& [name, data] : files) {
+      write_file(tmp / name, data);
+      m["files"][name] = {{"sha256", sha256_hex(data)}, {"bytes", data.size()}};
+    }
+    std::string text = m.dump(2) + "\n";
+    write_file(tmp / "manifest.json", std::vector<char>(text.begin(), text.end()));
+    fsync_path(tmp, true);
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+    fs::rename(tmp, final_dir);
+    fsync_path(root, true);
+    return info_of(final_dir, m);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    throw Error(std::string("writing checkpoint failed: ") + e.what());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+TrainState load_checkpoint(const std::string& dir, CheckpointInfo* info_out) {
+  auto m = read_manifest(dir, true);
+  auto info = info_of(dir, m);
+  TrainState s;
+  s.step = info.step;
+  s.epoch = info.epoch;
+  s.world_size = info.world_size;
+  s.cursor = info.cursor;
+  s.model = unpickle_dict(read_file(fs::path(dir) / "model.pt"), dir + "/model.pt");
+  s.optimizer = unpickle_dict(read_file(fs::path(dir) / "optimizer.pt"), dir + "/optimizer.pt");
+  auto rng = unpickle_dict(read_file(fs::path(dir) / "rng.pt"), dir + "/rng.pt");
+  if (rng.count("cpu")) s.rng = rng["cpu"];
+  if (info_out) *info_out = info;
+  return s;
+}
+
+std::vector<CheckpointInfo> list_checkpoints(const std::string& root) {
+  std::vector<CheckpointInfo> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    auto name = e.path().filename().string();
+    if (!e.is_directory() || name.rfind("step-", 0) != 0) continue;
+    try {
+      out.push_back(info_of(e.path(), read_manifest(e.path(), true)));
+    } catch (const std::exception&) {
+      // Incomplete or corrupt: never a candidate.
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return out;
+}
+
+std::optional<CheckpointInfo> latest_checkpoint(const std::string& root) {
+  auto all = list_checkpoints(root);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+void prune_checkpoints(const std::string& root, int keep) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    auto name = e.path().filename().string();
+    // Temporary directories of this process's finished writes, or of a
+    // writer that crashed.
+    if (name.rfind(".tmp-", 0) == 0) fs::remove_all(e.path(), ec);
+  }
+  if (keep <= 0) return;
+  auto all = list_checkpoints(root);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].path, ec);
+}
+
+CheckpointWriter::CheckpointWriter(std::string root, int keep)
+    : root_(std::move(root)), keep_(keep), thread_([this] { run(); }) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CheckpointWriter::submit(TrainState state, std::map<std::string, double> metrics) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.emplace_back(std::move(state), std::move(metrics));
+  }
+  cv_.notify_all();
+}
+
+void CheckpointWriter::wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  if (error_) {
+    auto e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+std::optional<CheckpointInfo> CheckpointWriter::last() const {
+  std::lock_guard lock(mu_);
+  return last_;
+}
+
+void CheckpointWriter::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and drained
+    auto item = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    std::optional<CheckpointInfo> info;
+    try {
+      info = save_checkpoint(root_, item.first, item.second);
+      prune_checkpoints(root_, keep_);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    busy_ = false;
+    if (info) last_ = info;
+    if (error && !error_) error_ = error;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace troupe::trainer

@@ -1,0 +1,108 @@
+// Checkpoints on disk. TrainState is the full state of a data-parallel run
+// as one value (model, optimizer, schedule position, RNG, sampler cursor);
+// it crosses the wire through Codec (tensors as attachments) from rank 0 to
+// the driver, which writes it here:
+//
+//   <root>/step-00000120/manifest.json   step, epoch, world size, cursor,
+//                                        metrics, SHA-256 of every file
+//   <root>/step-00000120/model.pt        {name: tensor}  (torch.load reads it)
+//   <root>/step-00000120/optimizer.pt    {name: tensor}
+//   <root>/step-00000120/rng.pt          {"cpu": uint8 generator state}
+//
+// A checkpoint is written under "<root>/.tmp-…" and renamed into place once
+// complete (and fsync'd), so a crash never leaves a directory that looks
+// like a checkpoint; latest_checkpoint() also skips any step directory
+// whose manifest is missing or whose files fail their checksums.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "actors/distributed_sampler.h"
+#include "actors/tensor_codec.h"
+#include "runtime/wire/codec.h"
+
+namespace troupe::trainer {
+
+struct TrainState {
+  // Optimizer steps taken so far (the schedule's position) and the epoch the
+  // cursor is in.
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t world_size = 1;
+  // Parameters and buffers by name.
+  std::map<std::string, torch::Tensor> model;
+  std::map<std::string, torch::Tensor> optimizer;
+  // torch's default CPU generator (get_state()).
+  torch::Tensor rng;
+  actors::SamplerCursor cursor;
+
+  TROUPE_FIELDS(step, epoch, world_size, model, optimizer, rng, cursor);
+};
+
+struct CheckpointInfo {
+  std::string path;
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t world_size = 0;
+  actors::SamplerCursor cursor;
+  std::map<std::string, double> metrics;
+
+  TROUPE_FIELDS(path, step, epoch, world_size, cursor, metrics);
+};
+
+// Writes `state` as <root>/step-NNNNNNNN atomically; returns its info.
+// Throws troupe::Error on I/O failure (the temporary directory is removed).
+CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
+                               const std::map<std::string, double>& metrics = {});
+// Reads a checkpoint directory (verifying checksums). Throws troupe::Error
+// naming the file when something is missing or corrupt.
+TrainState load_checkpoint(const std::string& dir, CheckpointInfo* info = nullptr);
+// The valid checkpoint with the highest step under `root` (nullopt when
+// none). Temporary directories and incomplete ones are never chosen.
+std::optional<CheckpointInfo> latest_checkpoint(const std::string& root);
+// Valid checkpoints under root, by step.
+std::vector<CheckpointInfo> list_checkpoints(const std::string& root);
+// Removes all but the newest `keep` valid checkpoints and any stale
+// temporary directory. keep <= 0 keeps everything.
+void prune_checkpoints(const std::string& root, int keep);
+
+// Writes checkpoints on its own thread, so training does not wait for the
+// disk. One write at a time, in submission order; wait() drains the queue
+// and rethrows the first failure.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::string root, int keep);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  void submit(TrainState state, std::map<std::string, double> metrics);
+  // Blocks until every submitted checkpoint is on disk; rethrows a failure.
+  void wait();
+  std::optional<CheckpointInfo> last() const;
+
+ private:
+  void run();
+  std::string root_;
+  int keep_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<TrainState, std::map<std::string, double>>> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::optional<CheckpointInfo> last_;
+  std::thread thread_;
+};
+
+}  // namespace troupe::trainer

@@ -1,0 +1,175 @@
+#include "trainer/shm_group.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "runtime/core/check.h"
+#include "runtime/core/errors.h"
+
+namespace troupe::trainer {
+
+namespace {
+
+constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kAlign = 64;
+
+class DoneWork final : public collective::Work {
+ public:
+  void wait(std::chrono::milliseconds) override {}
+  bool is_completed() override { return true; }
+};
+
+long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+}  // namespace
+
+// Lives at the start of the segment; lock-free atomics work across
+// processes that map the same memory.
+struct ShmGroup::Header {
+  std::atomic<uint32_t> arrived;  // barrier arrivals, ever
+  std::atomic<uint32_t> aborted;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+std::unique_ptr<ShmGroup> ShmGroup::create(std::shared_ptr<collective::Group> inner, size_t arena_bytes,
+                                           std::chrono::milliseconds timeout) {
+  TROUPE_CHECK(inner);
+  arena_bytes = (arena_bytes + kAlign - 1) / kAlign * kAlign;
+  const size_t total = kHeaderBytes + arena_bytes * static_cast<size_t>(inner->world_size());
+  // A name every rank derives alike; the random part comes from rank 0
+  // through a broadcast, so a stale segment of an earlier run never matches.
+  uint64_t nonce = 0;
+  if (inner->rank() == 0) nonce = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  inner->broadcast(&nonce, 1, collective::DType::kInt64, 0)->wait(timeout);
+  std::string shm_name = "/troupe-" + std::to_string(nonce);
+  int fd = -1;
+  if (inner->rank() == 0) {
+    fd = ::shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    // Reserve the pages now: a tmpfs too small for the segment fails here
+    // (and every rank falls back) instead of SIGBUS on first touch.
+    if (fd >= 0 && (::ftruncate(fd, static_cast<off_t>(total)) != 0 ||
+                    ::posix_fallocate(fd, 0, static_cast<off_t>(total)) != 0)) {
+      ::close(fd);
+      ::shm_unlink(shm_name.c_str());
+      fd = -1;
+    }
+  }
+  int64_t ok = inner->rank() == 0 ? (fd >= 0) : 1;
+  inner->broadcast(&ok, 1, collective::DType::kInt64, 0)->wait(timeout);
+  if (!ok) throw Error("cannot create shared memory segment " + shm_name + ": " + std::strerror(errno));
+  if (inner->rank() != 0) fd = ::shm_open(shm_name.c_str(), O_RDWR, 0600);
+  int64_t mine = fd >= 0, all = 0;
+  void* base = MAP_FAILED;
+  if (fd >= 0) {
+    base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (base == MAP_FAILED) mine = 0;
+  }
+  all = mine;
+  collective::AllreduceOptions ao;
+  ao.op = collective::ReduceOp::kMin;
+  inner->allreduce(&all, 1, collective::DType::kInt64, ao)->wait(timeout);
+  // Everyone has it mapped (or failed): the name is no longer needed.
+  if (inner->rank() == 0) ::shm_unlink(shm_name.c_str());
+  if (!all) {
+    if (base != MAP_FAILED) ::munmap(base, total);
+    throw Error("a rank could not map the shared memory segment " + shm_name);
+  }
+  return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(inner), base, total, arena_bytes, timeout));
+}
+
+ShmGroup::ShmGroup(std::shared_ptr<collective::Group> inner, void* base, size_t total, size_t arena,
+                   std::chrono::milliseconds timeout)
+    : inner_(std::move(inner)), base_(base), total_(total), arena_bytes_(arena), timeout_(timeout) {}
+
+ShmGroup::~ShmGroup() { ::munmap(base_, total_); }
+
+std::byte* ShmGroup::arena(int r) const {
+  return static_cast<std::byte*>(base_) + kHeaderBytes + arena_bytes_ * static_cast<size_t>(r);
+}
+
+void* ShmGroup::allocate(size_t bytes) {
+  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  if (used_ + rounded > arena_bytes_) return nullptr;
+  void* p = arena(rank()) + used_;
+  used_ += rounded;
+  return p;
+}
+
+void ShmGroup::abort(const std::string& reason) {
+  auto* h = static_cast<Header*>(base_);
+  h->aborted.store(1);
+  futex(&h->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
+  inner_->abort(reason);
+}
+
+bool ShmGroup::is_aborted() const {
+  return static_cast<Header*>(base_)->aborted.load() != 0 || inner_->is_aborted();
+}
+
+void ShmGroup::wait_barrier(std::chrono::milliseconds timeout) {
+  auto* h = static_cast<Header*>(base_);
+  const uint32_t n = static_cast<uint32_t>(world_size());
+  ++barriers_;
+  const uint32_t target = barriers_ * n;
+  h->arrived.fetch_add(1);
+  futex(&h->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int spin = 0;; ++spin) {
+    uint32_t v = h->arrived.load();
+    // Wrap-safe: the counter passes the target by less than n.
+    if (static_cast<int32_t>(v - target) >= 0) return;
+    if (spin < 200) continue;
+    if (h->aborted.load() || inner_->is_aborted())
+      throw Aborted("shared-memory allreduce of " + name() + " aborted");
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline)
+      throw Timeout("shared-memory allreduce of " + name() + ": a rank did not arrive within " +
+                    std::to_string(timeout.count()) + " ms");
+    timespec ts{0, 2'000'000};  // re-check at least every 2 ms
+    futex(&h->arrived, FUTEX_WAIT, v, &ts);
+  }
+}
+
+collective::WorkPtr ShmGroup::allreduce(void* data, size_t count, collective::DType dtype,
+                                        const collective::AllreduceOptions& opts) {
+  auto* p = static_cast<std::byte*>(data);
+  std::byte* mine = arena(rank());
+  bool in_arena = p >= mine && p + count * sizeof(float) <= mine + used_;
+  if (dtype != collective::DType::kFloat32 || opts.op != collective::ReduceOp::kSum || !in_arena)
+    return inner_->allreduce(data, count, dtype, opts);
+  auto timeout = opts.timeout.count() > 0 ? opts.timeout : timeout_;
+  if (is_aborted()) throw Aborted("shared-memory allreduce of " + name() + " aborted");
+  const size_t offset = static_cast<size_t>(p - mine);
+  const int n = world_size();
+  wait_barrier(timeout);  // every rank's copy is complete
+  const size_t chunk = (count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);
+  const size_t begin = std::min(count, chunk * static_cast<size_t>(rank()));
+  const size_t end = std::min(count, begin + chunk);
+  if (end > begin) {
+    float* acc = reinterpret_cast<float*>(arena(0) + offset) + begin;
+    // The sum in rank order lands in rank 0's copy first, then is copied to
+    // the others: identical bits everywhere.
+    for (int r = 1; r < n; ++r) {
+      const float* src = reinterpret_cast<const float*>(arena(r) + offset) + begin;
+      for (size_t i = 0; i < end - begin; ++i) acc[i] += src[i];
+    }
+    for (int r = 1; r < n; ++r)
+      std::memcpy(reinterpret_cast<float*>(arena(r) + offset) + begin, acc, (end - begin) * sizeof(float));
+  }
+  wait_barrier(timeout);  // every chunk is summed everywhere
+  ++shm_ops_;
+  return std::make_shared<DoneWork>();
+}
+
+}  // namespace troupe::trainer

@@ -1,0 +1,417 @@
+#include "trainer/trainer_actor.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include "actors/tensor_codec.h"
+#include "runtime/collective/actor_group.h"
+#include "runtime/core/check.h"
+#include "runtime/core/errors.h"
+#include "trainer/gradient_reducer.h"
+#include "trainer/shm_group.h"
+
+TROUPE_REGISTER_CTOR(troupe::trainer::TrainerActor)
+
+namespace troupe::trainer {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
+
+void validate(const TrainerConfig& c) {
+  validate(c.model);
+  validate(c.optimizer);
+  validate(c.schedule);
+  if (c.batch_size <= 0) throw ConfigError("batch_size must be positive, got " + std::to_string(c.batch_size));
+  if (c.accumulation <= 0) throw ConfigError("accumulation must be positive, got " + std::to_string(c.accumulation));
+  if (c.bucket_mb <= 0) throw ConfigError("bucket_mb must be positive");
+  parse_compression(c.compression);
+  if (c.validation_fraction < 0 || c.validation_fraction >= 1)
+    throw ConfigError("validation_fraction must be in [0, 1)");
+  if (c.device != "auto" && c.device != "cpu") throw ConfigError("device must be 'auto' or 'cpu', got '" + c.device + "'");
+  if (c.data.name.empty()) throw ConfigError("no data set given (TrainerConfig::data)");
+}
+
+int64_t train_size(const TrainerConfig& c, int64_t n) {
+  return n - static_cast<int64_t>(static_cast<double>(n) * c.validation_fraction);
+}
+
+std::vector<int64_t> split_order(const TrainerConfig& c, int64_t n) {
+  if (c.validation_fraction <= 0) return {};
+  // Fisher-Yates with SplitMix64: the same split on every machine.
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  uint64_t state = static_cast<uint64_t>(c.split_seed) * 0x9E3779B97F4A7C15ULL + 1;
+  for (int64_t i = n - 1; i > 0; --i) {
+    state += 0x9E3779B97F4A7C15ULL;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    std::swap(order[i], order[static_cast<int64_t>(z % static_cast<uint64_t>(i + 1))]);
+  }
+  return order;
+}
+
+actors::SamplerOptions sampler_options(const TrainerConfig& c, int64_t n, int64_t world_size) {
+  actors::SamplerOptions o;
+  o.dataset_size = train_size(c, n);
+  o.world_size = world_size;
+  o.shuffle = c.shuffle;
+  o.seed = c.seed;
+  o.drop_last = false;
+  return o;
+}
+
+namespace {
+// True when every member of `g` runs on this host (same hostname and boot).
+bool all_on_one_host(collective::Group& g) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string id = host;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) id += buf;
+    std::fclose(f);
+  }
+  int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(id) & 0x7fffffffffffffffULL);
+  std::vector<int64_t> all(static_cast<size_t>(g.world_size()));
+  g.allgather(&mine, all.data(), 1, collective::DType::kInt64)->wait(std::chrono::minutes(2));
+  for (auto v : all)
+    if (v != mine) return false;
+  return true;
+}
+}  // namespace
+
+TrainerActor::TrainerActor() = default;
+// The reducer holds hooks on the model's parameters and memory the group
+// writes into: it goes first, then the group.
+TrainerActor::~TrainerActor() {
+  reducer_.reset();
+  group_.reset();
+}
+
+TrainerInfo TrainerActor::setup(TrainerConfig config) {
+  validate(config);
+  config_ = std::move(config);
+  if (config_.threads > 0) {
+    torch::set_num_threads(static_cast<int>(config_.threads));
+    // A pthreads OpenBLAS (Debian's default BLAS) keeps its own thread
+    // pool, sized to the machine, whatever torch is told: bound it too, so
+    // "one thread per worker" holds for the matrix products as well.
+    using SetThreads = void (*)(int);
+    if (auto f = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+      f(static_cast<int>(config_.threads));
+  }
+  device_ = torch::Device(torch::kCPU);
+  if (config_.device == "auto" && this_actor::in_worker() && !this_actor::gpu_ids().empty()) {
+    if (!torch::cuda::is_available())
+      throw ConfigError("this trainer was given a GPU but LibTorch sees no CUDA device");
+    device_ = torch::Device(torch::kCUDA, 0);
+  }
+  torch::manual_seed(static_cast<uint64_t>(config_.seed));
+  model_ = make_model(config_.model);
+  model_->to(device_);
+  optimizer_ = std::make_unique<Optimizer>(config_.optimizer, model_->named_parameters());
+  dataset_ = actors::make_dataset(config_.data);
+  if (train_size(config_, dataset_->size()) <= 0) throw ConfigError("the training split is empty");
+  split_ = split_order(config_, dataset_->size());
+  reducer_ = std::make_unique<GradientReducer>(model_->parameters(), nullptr);
+  step_ = 0;
+  ready_ = true;
+  return TrainerInfo{device_.str(), model_->describe(), model_->parameter_count(), dataset_->size(),
+                     static_cast<int64_t>(::getpid())};
+}
+
+void TrainerActor::join(JoinSpec spec) {
+  TROUPE_CHECK(ready_) << "setup() first";
+  reducer_.reset();
+  group_.reset();
+  collective::GroupSpec g;
+  g.name = spec.name;
+  g.generation = spec.generation;
+  g.rank = static_cast<int>(spec.rank);
+  g.world_size = static_cast<int>(spec.world_size);
+  g.members = spec.members;
+  // CUDA trainers reduce device memory with NCCL; CPU ones use Gloo.
+  g.backend = device_.is_cuda() ? collective::Backend::kNccl : collective::Backend::kGloo;
+  if (device_.is_cuda()) g.device = device_.index();
+  group_ = collective::join_group(g);
+  shm_ = nullptr;
+  ReducerOptions ro;
+  ro.bucket_bytes = config_.bucket_mb * 1024 * 1024;
+  ro.compression = parse_compression(config_.compression);
+  ro.group_takes_device_memory = device_.is_cuda();
+  if (config_.shared_memory && spec.world_size > 1 && device_.is_cpu() && ro.compression == Compression::kNone &&
+      all_on_one_host(*group_)) {
+    size_t arena = 0;
+    for (auto& p : model_->parameters()) arena += static_cast<size_t>(p.numel() * p.element_size()) + 64;
+    try {
+      auto shm = ShmGroup::create(group_, arena, std::chrono::minutes(5));
+      shm_ = shm.get();
+      group_ = std::shared_ptr<collective::Group>(std::move(shm));
+      ro.allocate = [s = shm_](size_t bytes) { return s->allocate(bytes); };
+    } catch (const Aborted&) {
+      throw;
+    } catch (const Timeout&) {
+      throw;
+    } catch (const Error& e) {
+      // Every rank saw the same failure (create() agrees collectively):
+      // all stay on the TCP path.
+      std::fprintf(stderr, "trainer rank %d: no shared-memory reduction (%s); using %s\n", group_->rank(), e.what(),
+                   collective::to_string(g.backend));
+    }
+  }
+  reducer_ = std::make_unique<GradientReducer>(model_->parameters(), group_.get(), ro);
+  std::vector<torch::Tensor> all = model_->parameters();
+  for (auto& [name, b] : model_->named_buffers()) all.push_back(b);
+  reducer_->broadcast_from_rank0(all);
+}
+
+StreamRef TrainerActor::open_stream(int64_t credits) {
+  reader_ = std::make_unique<StreamReader<actors::Batch>>(this_actor::runtime(), static_cast<size_t>(credits));
+  return reader_->ref();
+}
+
+torch::Tensor TrainerActor::compute_loss(const torch::Tensor& logits, const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), target);
+}
+
+std::pair<double, int64_t> TrainerActor::micro_step(const actors::Batch& batch, bool sync) {
+  // As DDP's broadcast_buffers: rank 0's buffers (BatchNorm statistics)
+  // everywhere before each forward, so every rank normalises alike and
+  // evaluation is consistent across ranks.
+  if (group_ && group_->world_size() > 1) {
+    auto buffers = model_->named_buffers();
+    if (!buffers.empty()) {
+      std::vector<torch::Tensor> bs;
+      for (auto& [name, b] : buffers) bs.push_back(b);
+      reducer_->broadcast_from_rank0(bs);
+    }
+  }
+  auto x = batch.input.to(device_, /*non_blocking=*/true);
+  auto y = batch.target.to(device_, /*non_blocking=*/true);
+  bool amp = config_.mixed_precision && device_.is_cuda();
+  torch::Tensor logits;
+  if (amp) {
+    at::autocast::set_enabled(true);
+    logits = model_->forward(x);
+    at::autocast::set_enabled(false);
+    at::autocast::clear_cache();
+  } else {
+    logits = model_->forward(x);
+  }
+  auto loss = compute_loss(logits, y);
+  reducer_->prepare(sync);
+  auto scaled = loss / static_cast<double>(config_.accumulation);
+  if (amp) scaled = scaled * loss_scale_;
+  scaled.backward();
+  reducer_->finish();
+  torch::NoGradGuard ng;
+  int64_t correct = logits.argmax(1).eq(y).sum().item<int64_t>();
+  return {loss.item<double>() * static_cast<double>(batch.size()), correct};
+}
+
+void TrainerActor::optimizer_step() {
+  double lr = learning_rate(config_.optimizer, config_.schedule, step_, reducer_->world_size());
+  bool amp = config_.mixed_precision && device_.is_cuda();
+  if (amp) {
+    // Dynamic loss scaling (as torch.cuda.amp.GradScaler): unscale, skip
+    // the step and halve the scale on inf/nan, double it after 2000 good
+    // steps. Every rank sees the same reduced gradients, so all decide alike.
+    torch::NoGradGuard ng;
+    bool finite = true;
+    for (auto& p : model_->parameters()) {
+      if (!p.grad().defined()) continue;
+      p.mutable_grad().mul_(1.0 / loss_scale_);
+      finite = finite && torch::isfinite(p.grad()).all().item<bool>();
+    }
+    if (!finite) {
+      loss_scale_ /= 2;
+      good_steps_ = 0;
+      optimizer_->zero_grad();
+      ++step_;
+      return;
+    }
+    if (++good_steps_ % 2000 == 0) loss_scale_ *= 2;
+  }
+  optimizer_->step(lr);
+  optimizer_->zero_grad();
+  ++step_;
+}
+
+TrainReport TrainerActor::train(TrainRequest req) {
+  TROUPE_CHECK(ready_) << "setup() first";
+  TROUPE_CHECK(req.max_steps > 0) << "max_steps must be positive";
+  auto t0 = Clock::now();
+  int64_t world = reducer_->world_size();
+  int64_t rank = group_ ? group_->rank() : 0;
+  actors::DistributedSampler sampler(sampler_options(config_, dataset_->size(), world));
+  auto cursor = sampler.resize(req.cursor, world);
+  TROUPE_CHECK(cursor.world_size == world) << "cursor for " << cursor.world_size << " ranks, group has " << world;
+  std::vector<int64_t> indices = sampler.remaining(cursor, rank);
+  const int64_t per_step = config_.batch_size * config_.accumulation;
+  int64_t steps = std::min<int64_t>(req.max_steps, static_cast<int64_t>(indices.size()) / per_step);
+  model_->train(true);
+  TrainReport rep;
+  size_t pos = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    double loss_sum = 0;
+    int64_t correct = 0, samples = 0;
+    for (int64_t k = 0; k < config_.accumulation; ++k) {
+      actors::Batch batch;
+      if (req.from_stream) {
+        TROUPE_CHECK(reader_) << "open_stream() first";
+        auto b = reader_->read(std::chrono::minutes(5));
+        if (!b) throw Error("the batch stream ended before step " + std::to_string(step_));
+        batch = std::move(*b);
+        pos += static_cast<size_t>(batch.size());
+      } else {
+        std::vector<actors::Sample> samples_v;
+        std::vector<int64_t> idx(indices.begin() + pos, indices.begin() + pos + config_.batch_size);
+        if (!split_.empty())
+          for (auto& i : idx) i = split_[static_cast<size_t>(i)];
+        samples_v.reserve(idx.size());
+        for (int64_t i : idx) samples_v.push_back(dataset_->get(i, cursor.epoch));
+        pos += idx.size();
+        batch = actors::collate(std::move(samples_v), std::move(idx));
+      }
+      auto [l, c] = micro_step(batch, k == config_.accumulation - 1);
+      loss_sum += l;
+      correct += c;
+      samples += batch.size();
+    }
+    optimizer_step();
+    rep.step_loss_sum.push_back(loss_sum);
+    rep.step_correct.push_back(correct);
+    rep.step_samples.push_back(samples);
+    rep.loss_sum += loss_sum;
+    rep.correct += correct;
+    rep.samples += samples;
+    ++rep.steps;
+  }
+  cursor = sampler.advance(cursor, steps * per_step);
+  // Fewer samples left than one step: the epoch ends here (as drop_last
+  // on the last incomplete global batch).
+  int64_t left = sampler.remaining_per_rank(cursor);
+  if (left > 0 && left < per_step) cursor = sampler.advance(cursor, left);
+  cursor_ = cursor;
+  epoch_ = cursor.epoch;
+  rep.cursor = cursor;
+  rep.global_step = step_;
+  rep.lr = learning_rate(config_.optimizer, config_.schedule, std::max<int64_t>(0, step_ - 1), world);
+  rep.seconds = seconds_since(t0);
+  return rep;
+}
+
+EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
+  TROUPE_CHECK(ready_) << "setup() first";
+  torch::NoGradGuard ng;
+  model_->train(false);
+  int64_t n = dataset_->size();
+  int64_t begin = config_.validation_fraction > 0 ? train_size(config_, n) : 0;
+  EvalReport rep;
+  std::vector<int64_t> idx;
+  for (int64_t i = begin + rank; i < n; i += world_size) idx.push_back(split_.empty() ? i : split_[static_cast<size_t>(i)]);
+  for (size_t s = 0; s < idx.size(); s += 256) {
+    std::vector<actors::Sample> samples;
+    std::vector<int64_t> chunk(idx.begin() + s, idx.begin() + std::min(idx.size(), s + 256));
+    for (int64_t i : chunk) samples.push_back(dataset_->get(i, 0));
+    auto b = actors::collate(std::move(samples), chunk);
+    auto x = b.input.to(device_);
+    auto y = b.target.to(device_);
+    auto logits = model_->forward(x);
+    rep.loss_sum += torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), y,
+                                                         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                        .item<double>();
+    rep.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+    rep.count += b.size();
+  }
+  model_->train(true);
+  return rep;
+}
+
+TrainState TrainerActor::state() {
+  TROUPE_CHECK(ready_) << "setup() first";
+  TrainState s;
+  s.step = step_;
+  s.epoch = epoch_;
+  s.world_size = reducer_->world_size();
+  for (auto& [name, p] : model_->named_parameters()) s.model[name] = p.detach().to(torch::kCPU).clone();
+  for (auto& [name, b] : model_->named_buffers()) s.model[name] = b.detach().to(torch::kCPU).clone();
+  s.optimizer = optimizer_->state();
+  s.optimizer["loss_scale"] = torch::tensor(loss_scale_, torch::kFloat64);
+  s.rng = at::detail::getDefaultCPUGenerator().get_state();
+  s.cursor = cursor_;
+  return s;
+}
+
+void TrainerActor::load_state(TrainState s) {
+  TROUPE_CHECK(ready_) << "setup() first";
+  torch::NoGradGuard ng;
+  auto take = [&](const std::string& name, torch::Tensor& t) {
+    auto it = s.model.find(name);
+    if (it == s.model.end()) throw Error("the checkpoint's model has no tensor '" + name + "'");
+    if (!it->second.sizes().equals(t.sizes()))
+      throw Error("the checkpoint's '" + name + "' has the wrong shape for this model");
+    t.copy_(it->second);
+  };
+  for (auto& [name, p] : model_->named_parameters()) take(name, p);
+  for (auto& [name, b] : model_->named_buffers()) take(name, b);
+  auto ls = s.optimizer.find("loss_scale");
+  if (ls != s.optimizer.end()) {
+    loss_scale_ = ls->second.item<double>();
+    s.optimizer.erase(ls);
+  }
+  optimizer_->load_state(s.optimizer);
+  optimizer_->zero_grad();
+  if (s.rng.defined()) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(s.rng);
+  }
+  step_ = s.step;
+  epoch_ = s.epoch;
+  cursor_ = s.cursor;
+}
+
+BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup) {
+  TROUPE_CHECK(ready_) << "setup() first";
+  torch::manual_seed(static_cast<uint64_t>(config_.seed) + 1000 + (group_ ? group_->rank() : 0));
+  auto probe = dataset_->get(0, 0);
+  std::vector<int64_t> shape{batch};
+  for (auto d : probe.input.sizes()) shape.push_back(d);
+  actors::Batch b;
+  b.input = torch::randn(shape).to(device_);
+  b.target = torch::randint(0, config_.model.num_classes, {batch}, torch::kInt64).to(device_);
+  model_->train(true);
+  double loss = 0;
+  for (int64_t s = 0; s < warmup; ++s) {
+    micro_step(b, true);
+    optimizer_step();
+  }
+  if (group_) group_->barrier()->wait(std::chrono::minutes(2));
+  auto t0 = Clock::now();
+  for (int64_t s = 0; s < steps; ++s) {
+    loss = micro_step(b, true).first / static_cast<double>(batch);
+    optimizer_step();
+  }
+  if (group_) group_->barrier()->wait(std::chrono::minutes(2));
+  BenchReport r;
+  r.steps = steps;
+  r.samples = steps * batch;
+  r.seconds = seconds_since(t0);
+  r.final_loss = loss;
+  return r;
+}
+
+int64_t TrainerActor::pid() { return static_cast<int64_t>(::getpid()); }
+
+int64_t TrainerActor::shm_allreduces() { return shm_ ? shm_->shm_allreduces() : 0; }
+
+}  // namespace troupe::trainer

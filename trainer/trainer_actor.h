@@ -1,0 +1,207 @@
+// TrainerActor: one data-parallel trainer, one per GPU (or per CPU slot).
+// The driver (TrainJob) spawns N of them, sets each up from the same
+// TrainerConfig, has them join a collective group, and then drives them in
+// lock step: train(cursor, steps) on every rank, evaluate, state/load_state
+// for checkpoints. Every rank reads its own part of the epoch, as
+// DistributedSampler assigns it, from the SamplerCursor the driver passes,
+// either from its own copy of the data set or from a StreamReader<Batch>
+// fed by a DataLoaderActor (open_stream()).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/batch.h"
+#include "actors/dataset.h"
+#include "actors/distributed_sampler.h"
+#include "runtime/client/runtime.h"
+#include "runtime/client/stream.h"
+#include "trainer/checkpoint.h"
+#include "trainer/model.h"
+#include "trainer/optimizer.h"
+
+namespace troupe::collective {
+class Group;
+}
+
+namespace troupe::trainer {
+
+class GradientReducer;
+class ShmGroup;
+
+// Everything a trainer needs to build itself; the same value on every rank.
+struct TrainerConfig {
+  ModelSpec model;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  // Seeds torch's generator before the model is built (identical initial
+  // weights on every rank) and the sampler's shuffle.
+  int64_t seed = 0;
+  // Per worker, per micro-step.
+  int64_t batch_size = 32;
+  // Micro-steps per optimizer step; gradients are reduced on the last.
+  int64_t accumulation = 1;
+  // "none", "bf16", "fp16": how gradient buckets travel.
+  std::string compression = "none";
+  int64_t bucket_mb = 25;
+  // The training data. With validation_fraction > 0 a random (split_seed)
+  // validation_fraction of it is held out for evaluate(); the sampler then
+  // draws from the remaining training split.
+  actors::DatasetSpec data;
+  double validation_fraction = 0.0;
+  int64_t split_seed = 0;
+  bool shuffle = true;
+  // torch intra-op threads in the worker (0 = leave torch's default).
+  int64_t threads = 1;
+  // "auto" (cuda:0 when this actor was given a GPU, else cpu), "cpu".
+  std::string device = "auto";
+  // CUDA only: autocast for forward, dynamic loss scaling.
+  bool mixed_precision = false;
+  // Ranks on one host reduce float32 CPU gradients through shared memory
+  // (ShmGroup) rather than TCP.
+  bool shared_memory = true;
+
+  TROUPE_FIELDS(model, optimizer, schedule, seed, batch_size, accumulation, compression, bucket_mb, data,
+                validation_fraction, split_seed, shuffle, threads, device, mixed_precision, shared_memory);
+};
+
+// Throws troupe::ConfigError naming the first bad field (no data set is
+// opened, no model built).
+void validate(const TrainerConfig& config);
+// Sampler options for the training split of a data set of `dataset_size`.
+actors::SamplerOptions sampler_options(const TrainerConfig& config, int64_t dataset_size, int64_t world_size);
+// Samples in the training split.
+int64_t train_size(const TrainerConfig& config, int64_t dataset_size);
+// Data set indices in split order: the first train_size() are the training
+// split (sampler position i reads data set index split[i]), the rest the
+// validation split. Empty without a validation split (identity).
+std::vector<int64_t> split_order(const TrainerConfig& config, int64_t dataset_size);
+
+struct TrainerInfo {
+  std::string device;
+  std::string model;
+  int64_t parameters = 0;
+  int64_t dataset_size = 0;
+  int64_t pid = 0;
+  TROUPE_FIELDS(device, model, parameters, dataset_size, pid);
+};
+
+// The group a trainer joins (GroupSpec without the parts that are not
+// values).
+struct JoinSpec {
+  std::string name;
+  int64_t generation = 1;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  std::vector<uint64_t> members;
+  TROUPE_FIELDS(name, generation, rank, world_size, members);
+};
+
+struct TrainRequest {
+  actors::SamplerCursor cursor;
+  // Optimizer steps to run at most (the epoch's end may come first).
+  int64_t max_steps = 0;
+  // Read batches from the stream opened with open_stream() instead of the
+  // trainer's own copy of the data set.
+  bool from_stream = false;
+  TROUPE_FIELDS(cursor, max_steps, from_stream);
+};
+
+// One rank's account of a train() call; the driver sums over ranks.
+struct TrainReport {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double loss_sum = 0;  // per-sample loss summed
+  int64_t correct = 0;
+  double seconds = 0;
+  // Per optimizer step: summed loss, correct and samples on this rank.
+  std::vector<double> step_loss_sum;
+  std::vector<int64_t> step_correct;
+  std::vector<int64_t> step_samples;
+  actors::SamplerCursor cursor;  // after the steps
+  int64_t global_step = 0;
+  double lr = 0;
+  TROUPE_FIELDS(steps, samples, loss_sum, correct, seconds, step_loss_sum, step_correct, step_samples, cursor,
+                global_step, lr);
+};
+
+struct EvalReport {
+  double loss_sum = 0;
+  int64_t correct = 0;
+  int64_t count = 0;
+  TROUPE_FIELDS(loss_sum, correct, count);
+};
+
+struct BenchReport {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double seconds = 0;
+  double final_loss = 0;
+  TROUPE_FIELDS(steps, samples, seconds, final_loss);
+};
+
+class TrainerActor {
+ public:
+  TrainerActor();
+  ~TrainerActor();
+
+  // Builds model, optimizer and data set. Throws ConfigError for a bad
+  // config (the driver sees RemoteError("troupe::ConfigError", ...)).
+  TrainerInfo setup(TrainerConfig config);
+  // Joins the data-parallel group (blocks until every rank joined), then
+  // takes rank 0's parameters and buffers.
+  void join(JoinSpec spec);
+  // A stream a DataLoaderActor writes this rank's batches to.
+  StreamRef open_stream(int64_t credits);
+  // Runs up to max_steps optimizer steps of the cursor's epoch.
+  TrainReport train(TrainRequest request);
+  // Loss and accuracy on this rank's shard (rank::world) of the validation
+  // split (or of the whole data set when there is no split).
+  EvalReport evaluate(int64_t rank, int64_t world_size);
+  TrainState state();
+  void load_state(TrainState state);
+  // Throughput probe: `steps` steps on random in-memory batches of
+  // `batch` (no data loading), after `warmup` steps that are not timed.
+  BenchReport benchmark(int64_t steps, int64_t batch, int64_t warmup);
+  int64_t pid();
+  // Allreduces this rank served through shared memory so far.
+  int64_t shm_allreduces();
+
+ private:
+  torch::Tensor compute_loss(const torch::Tensor& logits, const torch::Tensor& target);
+  // One micro-step forward + backward; returns (loss sum, correct).
+  std::pair<double, int64_t> micro_step(const actors::Batch& batch, bool sync);
+  void optimizer_step();
+
+  TrainerConfig config_;
+  bool ready_ = false;
+  torch::Device device_{torch::kCPU};
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<actors::Dataset> dataset_;
+  std::vector<int64_t> split_;
+  std::shared_ptr<collective::Group> group_;
+  ShmGroup* shm_ = nullptr;  // group_ itself when it is one
+  std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<StreamReader<actors::Batch>> reader_;
+  int64_t step_ = 0;
+  int64_t epoch_ = 0;
+  actors::SamplerCursor cursor_;
+  double loss_scale_ = 65536.0;
+  int64_t good_steps_ = 0;
+  bool skip_step_ = false;
+};
+
+}  // namespace troupe::trainer
+
+TROUPE_ACTOR(troupe::trainer::TrainerActor, &troupe::trainer::TrainerActor::setup,
+             &troupe::trainer::TrainerActor::join, &troupe::trainer::TrainerActor::open_stream,
+             &troupe::trainer::TrainerActor::train, &troupe::trainer::TrainerActor::evaluate,
+             &troupe::trainer::TrainerActor::state, &troupe::trainer::TrainerActor::load_state,
+             &troupe::trainer::TrainerActor::benchmark, &troupe::trainer::TrainerActor::pid,
+             &troupe::trainer::TrainerActor::shm_allreduces)
