@@ -7,7 +7,7 @@
 
 #include "runtime/core/check.h"
 #include "runtime/core/errors.h"
-#include "trainer/tensor_dtype.h"
+#include "trainer/tensor_collectives.h"
 
 namespace troupe::trainer {
 
@@ -149,7 +149,7 @@ void GradientReducer::launch(Bucket& b) {
   collective::AllreduceOptions opts;
   opts.op = collective::ReduceOp::kSum;
   opts.timeout = options_.timeout;
-  b.work = group_->allreduce(b.wire.data_ptr(), static_cast<size_t>(b.wire.numel()), to_group_dtype(b.wire.scalar_type()),
+  b.work = group_->allreduce(b.wire.data_ptr(), static_cast<size_t>(b.wire.numel()), collective_dtype(b.wire.scalar_type()),
                              opts);
   b.launched = true;
 }
@@ -199,7 +199,7 @@ void GradientReducer::broadcast_from_rank0(const std::vector<torch::Tensor>& ten
     torch::Tensor w = stage ? t.to(torch::kCPU).contiguous() : t.contiguous();
     collective::BroadcastOptions opts;
     opts.timeout = options_.timeout;
-    group_->broadcast(w.data_ptr(), static_cast<size_t>(w.numel()), to_group_dtype(w.scalar_type()), 0, opts)
+    group_->broadcast(w.data_ptr(), static_cast<size_t>(w.numel()), collective_dtype(w.scalar_type()), 0, opts)
         ->wait(options_.timeout);
     if (!w.is_same(t)) t.copy_(w);
   }
