@@ -35,6 +35,8 @@ void validate(const TrainerConfig& c) {
     throw ConfigError("validation_fraction must be in [0, 1)");
   if (c.device != "auto" && c.device != "cpu") throw ConfigError("device must be 'auto' or 'cpu', got '" + c.device + "'");
   if (c.data.name.empty()) throw ConfigError("no data set given (TrainerConfig::data)");
+  if (c.ema_decay < 0 || c.ema_decay >= 1)
+    throw ConfigError("ema_decay must be in [0, 1), got " + std::to_string(c.ema_decay));
 }
 
 int64_t train_size(const TrainerConfig& c, int64_t n) {
@@ -243,6 +245,19 @@ void TrainerActor::optimizer_step() {
   optimizer_->step(lr);
   optimizer_->zero_grad();
   ++step_;
+  update_ema();
+}
+
+void TrainerActor::update_ema() {
+  if (config_.ema_decay <= 0) return;
+  torch::NoGradGuard ng;
+  auto params = model_->named_parameters();
+  if (ema_.empty()) {
+    for (auto& [name, p] : params) ema_.push_back(p.detach().clone());
+    return;
+  }
+  const double d = config_.ema_decay;
+  for (size_t i = 0; i < params.size(); ++i) ema_[i].mul_(d).add_(params[i].second.detach(), 1.0 - d);
 }
 
 TrainReport TrainerActor::train(TrainRequest req) {
@@ -313,6 +328,15 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
   TROUPE_CHECK(ready_) << "setup() first";
   torch::NoGradGuard ng;
   model_->train(false);
+  // With EMA on, score the averaged weights: swap them in for the pass.
+  std::vector<torch::Tensor> live;
+  auto params = model_->named_parameters();
+  if (!ema_.empty()) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      live.push_back(params[i].second.detach().clone());
+      params[i].second.copy_(ema_[i]);
+    }
+  }
   int64_t n = dataset_->size();
   int64_t begin = config_.validation_fraction > 0 ? train_size(config_, n) : 0;
   EvalReport rep;
@@ -332,6 +356,7 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     rep.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
     rep.count += b.size();
   }
+  for (size_t i = 0; i < live.size(); ++i) params[i].second.copy_(live[i]);
   model_->train(true);
   return rep;
 }
@@ -346,6 +371,10 @@ TrainState TrainerActor::state() {
   for (auto& [name, b] : model_->named_buffers()) s.model[name] = b.detach().to(torch::kCPU).clone();
   s.optimizer = optimizer_->state();
   s.optimizer["loss_scale"] = torch::tensor(loss_scale_, torch::kFloat64);
+  {
+    auto params = model_->named_parameters();
+    for (size_t i = 0; i < ema_.size(); ++i) s.optimizer["ema/" + params[i].first] = ema_[i].to(torch::kCPU).clone();
+  }
   s.rng = at::detail::getDefaultCPUGenerator().get_state();
   s.cursor = cursor_;
   return s;
@@ -368,6 +397,16 @@ void TrainerActor::load_state(TrainState s) {
     loss_scale_ = ls->second.item<double>();
     s.optimizer.erase(ls);
   }
+  ema_.clear();
+  for (auto& [name, p] : model_->named_parameters()) {
+    auto e = s.optimizer.find("ema/" + name);
+    if (e == s.optimizer.end()) continue;
+    if (!e->second.sizes().equals(p.sizes())) throw Error("the checkpoint's EMA of '" + name + "' has the wrong shape");
+    ema_.push_back(e->second.to(p.device(), p.scalar_type()).clone());
+    s.optimizer.erase(e);
+  }
+  if (!ema_.empty() && ema_.size() != model_->named_parameters().size())
+    throw Error("the checkpoint's EMA covers only some parameters");
   optimizer_->load_state(s.optimizer);
   optimizer_->zero_grad();
   if (s.rng.defined()) {

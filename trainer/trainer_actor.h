@@ -65,9 +65,14 @@ struct TrainerConfig {
   // Ranks on one host reduce float32 CPU gradients through shared memory
   // (ShmGroup) rather than TCP.
   bool shared_memory = true;
+  // Exponential moving average of the weights, updated after every
+  // optimizer step (ema = decay * ema + (1 - decay) * weights); 0 = off.
+  // evaluate() then scores the averaged weights. Kept in the state (and in
+  // checkpoints) under the optimizer's "ema/<parameter>" entries.
+  double ema_decay = 0.0;
 
   TROUPE_FIELDS(model, optimizer, schedule, seed, batch_size, accumulation, compression, bucket_mb, data,
-                validation_fraction, split_seed, shuffle, threads, device, mixed_precision, shared_memory);
+                validation_fraction, split_seed, shuffle, threads, device, mixed_precision, shared_memory, ema_decay);
 };
 
 // Throws troupe::ConfigError naming the first bad field (no data set is
@@ -182,6 +187,9 @@ class TrainerActor {
   bool ready_ = false;
   torch::Device device_{torch::kCPU};
   std::unique_ptr<Model> model_;
+  // EMA of the parameters, in named_parameters() order (empty when off).
+  std::vector<torch::Tensor> ema_;
+  void update_ema();
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<actors::Dataset> dataset_;
   std::vector<int64_t> split_;

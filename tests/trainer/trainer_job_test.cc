@@ -122,6 +122,32 @@ TEST_F(TrainJobTest, TwoWorkersMatchOneWorkerWithTheDoubleBatch) {
   }
 }
 
+// The EMA of the weights follows ema = d * ema + (1 - d) * w after each
+// step (starting from the first step's weights) and travels in the state.
+TEST_F(TrainJobTest, EmaOfWeightsFollowsTheRecurrence) {
+  auto c = small_job(1, 32);
+  c.trainer.ema_decay = 0.75;
+  c.max_steps = 1;
+  auto r1 = TrainJob(rt_, c).fit();
+  c.max_steps = 2;
+  auto r2 = TrainJob(rt_, c).fit();
+  ASSERT_EQ(r2.steps, 2);
+  int checked = 0;
+  for (const auto& [name, w2] : r2.final_state.model) {
+    auto e = r2.final_state.optimizer.find("ema/" + name);
+    if (e == r2.final_state.optimizer.end()) continue;  // buffers have no EMA
+    auto e1 = r1.final_state.optimizer.at("ema/" + name);
+    EXPECT_TRUE(torch::equal(e1, r1.final_state.model.at(name))) << name;  // starts at the first step's weights
+    auto expect = 0.75 * r1.final_state.model.at(name) + 0.25 * w2;
+    EXPECT_LE((e->second - expect).abs().max().item<double>(), 1e-6) << name;
+    EXPECT_FALSE(torch::equal(e->second, w2)) << name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+  c.trainer.ema_decay = 1.5;
+  EXPECT_THROW(TrainJob(rt_, c), troupe::ConfigError);
+}
+
 // 2 epochs + checkpoint + 1 more == 3 epochs, bitwise; the checkpoint is
 // readable by Python's torch.load; resuming with another worker count works.
 TEST_F(TrainJobTest, ResumeFromCheckpointIsBitwiseEqual) {
