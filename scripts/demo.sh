@@ -5,9 +5,10 @@
 # checkpoints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh default hello_actors train_digits
+# Same configuration as the test suite, so running both builds once.
+bash scripts/build.sh ci hello_actors train_digits
 echo "== hello_actors =="
-./build/examples/hello_actors
+./build-ci/examples/hello_actors
 echo
 echo "== train_digits =="
-./build/examples/train_digits "$@"
+./build-ci/examples/train_digits "$@"
