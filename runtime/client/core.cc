@@ -233,7 +233,9 @@ void ActorClient::on_update(const ActorInfo& info) {
   std::vector<std::function<void(const ActorInfo&)>> listeners;
   {
     std::lock_guard lock(mu_);
-    if (info.incarnation < info_.incarnation) return;
+    // A stale view (an older incarnation, or a subscribe reply that lost
+    // the race with a newer event) changes nothing.
+    if (info.incarnation < info_.incarnation || info.version < info_.version) return;
     info_ = info;
     if (conn_ && conn_incarnation_ != info.incarnation) {
       // A newer process replaced the one we talk to.

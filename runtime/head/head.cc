@@ -380,6 +380,7 @@ class Head::Impl {
   }
 
   void publish(Actor& a) {
+    ++a.info.version;
     auto ev = encode_frame(make_event_value(Op::kActorUpdate, a.info));
     auto& subs = a.subscribers;
     subs.erase(std::remove_if(subs.begin(), subs.end(),

@@ -91,8 +91,11 @@ struct ActorInfo {
   std::string death_cause;     // why it is DEAD (or why it last died)
   std::vector<int32_t> gpu_ids;
   std::string control_address;  // host:port for control messages
+  // Bumped by the head on every published change, so a process applies
+  // updates in order even when a subscribe reply and an event cross.
+  uint64_t version = 0;
   TROUPE_FIELDS(id, class_name, name, state, node_id, address, pid, incarnation, restarts, max_restarts,
-                max_task_retries, pending_reason, death_cause, gpu_ids, control_address)
+                max_task_retries, pending_reason, death_cause, gpu_ids, control_address, version)
 };
 
 struct HelloReply {
