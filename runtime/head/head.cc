@@ -677,8 +677,6 @@ class Head::Impl {
       auto it = nodes_.find(g.info.bundle_nodes[b]);
       if (it == nodes_.end() || !it->second.alive) continue;
       add(it->second.available, g.spec.bundles[b]);
-      int k = gpu_count(g.spec.bundles[b]);
-      (void)k;
     }
     // GPU ids go back with the bundle's whole reservation.
     for (size_t b = 0; b < g.info.bundle_nodes.size(); ++b) {

@@ -257,13 +257,9 @@ class NodeAgent::Impl {
 };
 
 NodeAgent::NodeAgent(NodeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
-NodeAgent::~NodeAgent() {
-  impl_->shutdown();
-  if (thread_.joinable()) thread_.join();
-}
+NodeAgent::~NodeAgent() { impl_->shutdown(); }
 uint64_t NodeAgent::node_id() const { return impl_->node_id(); }
 void NodeAgent::run() { impl_->wait_done(); }
-void NodeAgent::start() {}
 void NodeAgent::stop() { impl_->shutdown(); }
 
 }  // namespace troupe::node

@@ -37,14 +37,11 @@ class NodeAgent {
   // Runs on this thread until the head goes away or tells it to stop; kills
   // its workers before returning. SIGCHLD must not be blocked in this thread.
   void run();
-  // Runs on a background thread.
-  void start();
   void stop();
 
  private:
   class Impl;
   std::unique_ptr<Impl> impl_;
-  std::thread thread_;
 };
 
 }  // namespace troupe::node
