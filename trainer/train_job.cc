@@ -2,15 +2,19 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "actors/tensor_codec.h"
+#include "runtime/collective/actor_group.h"
 #include "runtime/core/errors.h"
 
 namespace troupe::trainer {
@@ -18,6 +22,8 @@ namespace troupe::trainer {
 namespace {
 using Clock = std::chrono::steady_clock;
 using Trainer = ActorHandle<TrainerActor>;
+using Loader = ActorHandle<actors::DataLoaderActor>;
+using StatePtr = std::shared_ptr<core::FutureStateBase>;
 
 std::string format_resources(const Resources& r) {
   std::ostringstream s;
@@ -59,62 +65,742 @@ void get_all(std::vector<Future<void>>& fs, std::chrono::milliseconds timeout) {
   if (first) std::rethrow_exception(first);
 }
 
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// A round of calls that fails as soon as one of them fails: the driver must
+// not wait for survivors stuck in a collective with a dead peer.
+class Round {
+ public:
+  template <class T>
+  void add(const Future<T>& f) {
+    states_.push_back(f.state());
+    f.on_ready([s = signal_] {
+      {
+        std::lock_guard lock(s->mu);
+        ++s->ready;
+      }
+      s->cv.notify_all();
+    });
+  }
+  // "" when every call succeeded; otherwise why the first failed one did
+  // (or that the round ran out of time).
+  std::string wait(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(signal_->mu);
+    std::string why;
+    auto failed = [&] {
+      for (auto& st : states_)
+        if (st->ready())
+          if (auto e = st->error()) {
+            why = what_of(e);
+            return true;
+          }
+      return false;
+    };
+    bool done = signal_->cv.wait_for(lock, timeout, [&] {
+      return failed() || signal_->ready == static_cast<int64_t>(states_.size());
+    });
+    if (!done) return "no answer within " + std::to_string(timeout.count()) + " ms";
+    return why;
+  }
+  const std::vector<StatePtr>& states() const { return states_; }
+
+ private:
+  struct Signal {
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t ready = 0;
+  };
+  std::shared_ptr<Signal> signal_ = std::make_shared<Signal>();
+  std::vector<StatePtr> states_;
+};
+
+// A failure the job may recover from (a call failed, a peer died).
+class StepFailed : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace
 
 void validate(const TrainJobConfig& c) {
   validate(c.trainer);
-  if (c.scaling.num_workers <= 0) throw ConfigError("scaling.num_workers must be positive");
+  const auto& s = c.scaling;
+  if (s.num_workers <= 0) throw ConfigError("scaling.num_workers must be positive, got " + std::to_string(s.num_workers));
+  if (s.min_workers < 0 || s.max_workers < 0) throw ConfigError("scaling.min_workers/max_workers must not be negative");
+  const int64_t lo = s.min_workers > 0 ? s.min_workers : s.num_workers;
+  const int64_t hi = s.max_workers > 0 ? s.max_workers : s.num_workers;
+  if (!(lo <= s.num_workers && s.num_workers <= hi))
+    throw ConfigError("scaling needs min_workers <= num_workers <= max_workers, got " + std::to_string(lo) +
+                      " <= " + std::to_string(s.num_workers) + " <= " + std::to_string(hi));
+  if (s.grow_interval.count() < 0) throw ConfigError("scaling.grow_interval must not be negative");
   if (c.epochs <= 0 && c.max_steps <= 0) throw ConfigError("epochs must be positive");
   if (c.checkpoint.every_steps < 0) throw ConfigError("checkpoint.every_steps must not be negative");
+  if (c.failure.max_failures < -1)
+    throw ConfigError("failure.max_failures must be -1 (no limit) or more, got " + std::to_string(c.failure.max_failures));
+  if (c.failure.mode == RecoveryMode::kCheckpoint && c.checkpoint.dir.empty() && c.failure.max_failures != 0)
+    throw ConfigError("failure.mode = kCheckpoint needs checkpoint.dir");
   if (!c.resume_from.empty() && !std::filesystem::exists(c.resume_from))
     throw ConfigError("resume_from: '" + c.resume_from + "' does not exist");
 }
 
-// Everything fit() spawned; the destructor gives it back.
-struct TrainJob::Impl {
-  Runtime& rt;
-  std::optional<PlacementGroup> pg;
-  std::vector<Trainer> trainers;
-  std::vector<ActorHandle<actors::DataLoaderActor>> loaders;
-  explicit Impl(Runtime& r) : rt(r) {}
-  ~Impl() {
-    for (auto& l : loaders) {
-      try {
-        rt.kill(l);
-      } catch (...) {
-      }
+namespace {
+
+// One fit(): every actor and placement group it made, and where training
+// stands. The destructor gives everything back.
+class Run {
+ public:
+  Run(Runtime& rt, const TrainJobConfig& cfg) : rt_(rt), cfg_(cfg), t0_(Clock::now()) {}
+  ~Run() {
+    for (auto& s : slots_) release(s);
+  }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  Result fit();
+
+ private:
+  // One trainer with its loader, in a one-bundle placement group of its own.
+  struct Slot {
+    std::optional<PlacementGroup> pg;
+    Trainer trainer;
+    Loader loader;
+    bool ready = false;  // setup() done
+  };
+  // The running epoch's sums.
+  struct EpochSums {
+    int64_t epoch = -1;
+    Clock::time_point start;
+    double loss_sum = 0, busy = 0;
+    int64_t correct = 0, samples = 0;
+  };
+
+  double now() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
+  int64_t world() const { return static_cast<int64_t>(slots_.size()); }
+  int64_t per_step() const { return cfg_.trainer.batch_size * cfg_.trainer.accumulation; }
+
+  void event(const std::string& kind, const std::string& detail);
+  void write_metrics(const nlohmann::json& j) {
+    if (metrics_) *metrics_ << j.dump() << "\n" << std::flush;
+  }
+  void release(Slot& s);
+  // Places up to n new slots within `timeout`; those that fit are returned
+  // with their actors spawned (not set up).
+  std::vector<Slot> place(int64_t n, std::chrono::milliseconds timeout);
+  void spawn_loader(Slot& s);
+  void setup_new(std::chrono::milliseconds timeout);
+  // Joins every slot's trainer to the next generation of the group; with
+  // heal_src >= 0, heals every rank from that rank and adopts its progress.
+  void form(int64_t heal_src, std::chrono::milliseconds timeout);
+  void load_everywhere(const TrainState& state, std::chrono::milliseconds timeout);
+  // One step boundary's work; true when training is over.
+  bool advance();
+  void run_round();
+  void end_epoch();
+  void checkpoint(const std::map<std::string, double>& metrics);
+  void maybe_grow();
+  void recover(const std::string& why);
+  void record(const TrainReport& r, int64_t rank);
+  [[noreturn]] void give_up(const std::string& why);
+
+  Runtime& rt_;
+  const TrainJobConfig& cfg_;
+  Clock::time_point t0_;
+  Result result_;
+  std::vector<Slot> slots_;
+  int64_t min_ = 1, max_ = 1;
+  bool use_loaders_ = false;
+  int64_t dataset_size_ = 0;
+  std::optional<actors::DistributedSampler> sampler_;
+  actors::SamplerCursor cursor_;
+  int64_t step_ = 0;
+  int64_t generation_ = 0;
+  std::string group_name_;
+  int64_t pg_count_ = 0;
+  std::string pending_reason_;
+  std::unique_ptr<std::ofstream> metrics_;
+  std::unique_ptr<CheckpointWriter> writer_;
+  int64_t last_checkpoint_step_ = -1;
+  int64_t failures_ = 0;
+  Clock::time_point last_grow_check_;
+  // The recovery waiting for its first completed step.
+  std::optional<size_t> open_recovery_;
+  // Calls of the round that failed, still to settle.
+  std::vector<StatePtr> inflight_;
+  TrainerInfo info_;
+  EpochSums sums_;
+  bool stopped_ = false;  // max_steps reached
+  // With record_indices: global step -> (epoch, indices of every rank).
+  std::map<int64_t, std::pair<int64_t, std::vector<int64_t>>> consumed_;
+  bool tty_ = false;
+};
+
+void Run::event(const std::string& kind, const std::string& detail) {
+  JobEvent e{now(), kind, detail, step_, world()};
+  result_.events.push_back(e);
+  write_metrics({{"kind", "event"}, {"job", cfg_.name}, {"event", kind}, {"detail", detail}, {"time", e.time},
+                 {"step", step_}, {"workers", world()}});
+  static const char* const kShown[] = {"failure", "aborted", "replaced", "healed", "restored", "resized", "resumed"};
+  if (cfg_.verbose && std::find(std::begin(kShown), std::end(kShown), kind) != std::end(kShown)) {
+    std::printf("%s[%s] %7.3fs %-8s %s\n", tty_ ? "\r" : "", cfg_.name.c_str(), e.time, kind.c_str(), detail.c_str());
+    std::fflush(stdout);
+  }
+}
+
+void Run::release(Slot& s) {
+  for (uint64_t id : {s.loader.valid() ? s.loader.id() : 0, s.trainer.valid() ? s.trainer.id() : 0}) {
+    if (!id) continue;
+    try {
+      rt_.kill_actor(id, true);
+    } catch (...) {
     }
-    for (auto& t : trainers) {
-      try {
-        rt.kill(t);
-      } catch (...) {
-      }
+  }
+  if (s.pg) {
+    try {
+      rt_.remove_placement_group(*s.pg);
+    } catch (...) {
     }
-    if (pg) {
+    s.pg.reset();
+  }
+  s.trainer = Trainer();
+  s.loader = Loader();
+}
+
+void Run::spawn_loader(Slot& s) {
+  actors::LoaderConfig lc;
+  lc.dataset = cfg_.trainer.data;
+  lc.batch_size = cfg_.trainer.batch_size;
+  lc.shuffle = cfg_.trainer.shuffle;
+  lc.seed = cfg_.trainer.seed;
+  lc.threads = static_cast<int32_t>(cfg_.loader_threads);
+  lc.credits = 4;
+  ActorOptions o;
+  o.placement_group = &*s.pg;
+  o.bundle_index = 0;
+  o.executable = cfg_.executable;
+  s.loader = rt_.spawn<actors::DataLoaderActor>(o, lc);
+}
+
+std::vector<Run::Slot> Run::place(int64_t n, std::chrono::milliseconds timeout) {
+  std::vector<Slot> out;
+  std::vector<PlacementGroup> pgs;
+  for (int64_t i = 0; i < n; ++i)
+    pgs.push_back(rt_.create_placement_group({cfg_.scaling.resources_per_worker}, cfg_.scaling.strategy,
+                                             group_name_ + "-pg" + std::to_string(pg_count_++)));
+  const auto deadline = Clock::now() + timeout;
+  for (auto& pg : pgs) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (pg.wait(std::max(left, std::chrono::milliseconds(1)))) {
+      Slot s;
+      s.pg = pg;
+      ActorOptions o;
+      o.resources = cfg_.scaling.resources_per_worker;
+      o.placement_group = &*s.pg;
+      o.bundle_index = 0;
+      o.executable = cfg_.executable;
+      s.trainer = rt_.spawn<TrainerActor>(o);
+      if (use_loaders_) spawn_loader(s);
+      out.push_back(std::move(s));
+    } else {
+      pending_reason_ = pg.info().pending_reason;
       try {
-        rt.remove_placement_group(*pg);
+        rt_.remove_placement_group(pg);
       } catch (...) {
       }
     }
   }
-};
+  return out;
+}
 
-TrainJob::TrainJob(Runtime& rt, TrainJobConfig config) : rt_(rt), config_(std::move(config)) { validate(config_); }
-TrainJob::~TrainJob() = default;
+void Run::setup_new(std::chrono::milliseconds timeout) {
+  std::vector<Future<TrainerInfo>> fs;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].ready) continue;
+    fs.push_back(slots_[i].trainer.call(&TrainerActor::setup, cfg_.trainer));
+    which.push_back(i);
+  }
+  auto infos = get_all(fs, timeout);
+  for (size_t k = 0; k < which.size(); ++k) slots_[which[k]].ready = true;
+  if (!infos.empty()) info_ = infos[0];
+}
 
-Result TrainJob::fit() {
-  const auto& cfg = config_;
-  const auto t0 = Clock::now();
-  auto now = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-  Result result;
-  auto event = [&](std::string kind, std::string detail) {
-    result.events.push_back(JobEvent{now(), std::move(kind), std::move(detail)});
-  };
-  const int64_t world = cfg.scaling.num_workers;
+void Run::form(int64_t heal_src, std::chrono::milliseconds timeout) {
+  ++generation_;
+  std::vector<uint64_t> members;
+  for (auto& s : slots_) members.push_back(s.trainer.id());
+  std::vector<Future<void>> joins;
+  for (int64_t r = 0; r < world(); ++r)
+    joins.push_back(slots_[r].trainer.call(&TrainerActor::join,
+                                           JoinSpec{group_name_, generation_, r, world(), members, heal_src < 0}));
+  get_all(joins, timeout);
+  if (heal_src < 0) return;
+  std::vector<Future<Progress>> heals;
+  for (auto& s : slots_) heals.push_back(s.trainer.call(&TrainerActor::heal, heal_src));
+  auto ps = get_all(heals, timeout);
+  step_ = ps[0].step;
+  cursor_ = sampler_->resize(ps[0].cursor, world());
+}
+
+void Run::load_everywhere(const TrainState& state, std::chrono::milliseconds timeout) {
+  std::vector<Future<void>> loads;
+  for (auto& s : slots_) loads.push_back(s.trainer.call(&TrainerActor::load_state, state));
+  get_all(loads, timeout);
+  step_ = state.step;
+  cursor_ = sampler_->resize(state.cursor, world());
+  if (sampler_->epoch_done(cursor_)) cursor_ = sampler_->begin_epoch(cursor_.epoch + 1, world());
+}
+
+void Run::give_up(const std::string& why) {
+  event("failed", why);
+  result_.steps = step_;
+  result_.final_world_size = world();
+  std::ostringstream s;
+  s << "[" << cfg_.name << "] training failed at step " << step_ << ": " << why << "\nwhat happened:";
+  for (const auto& e : result_.events) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.3fs", e.time);
+    s << "\n  " << t << " " << e.kind << ": " << e.detail;
+  }
+  throw JobFailed(s.str(), result_);
+}
+
+void Run::record(const TrainReport& r, int64_t rank) {
+  (void)rank;
+  if (!cfg_.record_indices || r.step_samples.empty()) return;
+  // Split the report's indices into its steps.
+  size_t pos = 0;
+  const int64_t first = r.global_step - static_cast<int64_t>(r.step_samples.size()) + 1;
+  for (size_t k = 0; k < r.step_samples.size(); ++k) {
+    auto& [epoch, idx] = consumed_[first + static_cast<int64_t>(k)];
+    const size_t n = std::min(static_cast<size_t>(r.step_samples[k]), r.consumed.size() - pos);
+    epoch = r.cursor.epoch;
+    idx.insert(idx.end(), r.consumed.begin() + pos, r.consumed.begin() + pos + n);
+    pos += n;
+  }
+}
+
+void Run::checkpoint(const std::map<std::string, double>& m) {
+  if (!writer_ || last_checkpoint_step_ == step_) return;
+  auto state = slots_[0].trainer.call(&TrainerActor::state).get(cfg_.call_timeout);
+  state.world_size = world();
+  state.cursor = cursor_;
+  state.epoch = cursor_.epoch;
+  writer_->submit(std::move(state), m);
+  if (!cfg_.checkpoint.async) writer_->wait();
+  last_checkpoint_step_ = step_;
+  event("checkpoint", "step " + std::to_string(step_));
+}
+
+void Run::run_round() {
+  const int64_t remaining = sampler_->remaining_per_rank(cursor_) / per_step();
+  int64_t chunk = std::max<int64_t>(1, remaining);
+  if (cfg_.checkpoint.every_steps > 0 && writer_)
+    chunk = std::min(chunk, cfg_.checkpoint.every_steps - step_ % cfg_.checkpoint.every_steps);
+  if (cfg_.progress_every_steps > 0) chunk = std::min(chunk, cfg_.progress_every_steps);
+  if (cfg_.max_steps > 0) chunk = std::min(chunk, cfg_.max_steps - step_);
+  const int64_t steps_now = std::min(chunk, remaining);
+  const bool stream = use_loaders_ && steps_now > 0;
+  inflight_.clear();
+
+  Round round;
+  std::vector<Future<int64_t>> feeds;
+  if (stream) {
+    // A fresh stream per call: the loader closes it after the batches of
+    // `chunk` steps (fewer at the epoch's end).
+    std::vector<Future<StreamRef>> refs;
+    Round opening;
+    for (auto& s : slots_) {
+      refs.push_back(s.trainer.call(&TrainerActor::open_stream, int64_t{4}));
+      opening.add(refs.back());
+    }
+    auto why = opening.wait(cfg_.call_timeout);
+    if (!why.empty()) {
+      inflight_ = opening.states();
+      throw StepFailed("opening the batch streams: " + why);
+    }
+    for (int64_t r = 0; r < world(); ++r) {
+      feeds.push_back(slots_[r].loader.call(&actors::DataLoaderActor::feed, refs[r].get(), cursor_,
+                                            static_cast<int32_t>(r), steps_now * cfg_.trainer.accumulation));
+      round.add(feeds.back());
+    }
+  }
+  std::vector<Future<TrainReport>> fs;
+  for (auto& s : slots_) {
+    fs.push_back(s.trainer.call(&TrainerActor::train,
+                                TrainRequest{cursor_, chunk, stream, cfg_.record_indices}));
+    round.add(fs.back());
+  }
+  auto why = round.wait(cfg_.call_timeout);
+  if (!why.empty()) {
+    inflight_ = round.states();
+    throw StepFailed(why);
+  }
+  std::vector<TrainReport> reps;
+  for (auto& f : fs) reps.push_back(f.get());
+  for (auto& f : feeds) f.get();
+
+  cursor_ = reps[0].cursor;
+  double seconds = 0;
+  for (const auto& r : reps) seconds = std::max(seconds, r.seconds);
+  sums_.busy += seconds;
+  for (size_t s = 0; s < reps[0].step_loss_sum.size(); ++s) {
+    double l = 0;
+    int64_t c = 0, n = 0;
+    for (const auto& r : reps) {
+      l += r.step_loss_sum[s];
+      c += r.step_correct[s];
+      n += r.step_samples[s];
+    }
+    int64_t st = reps[0].global_step - static_cast<int64_t>(reps[0].step_loss_sum.size()) + static_cast<int64_t>(s) + 1;
+    write_metrics({{"kind", "step"}, {"job", cfg_.name}, {"epoch", cursor_.epoch}, {"step", st}, {"loss", l / n},
+                   {"accuracy", double(c) / n}, {"samples", n}, {"workers", world()}, {"time", now()}});
+  }
+  int64_t samples = 0;
+  for (int64_t r = 0; r < world(); ++r) {
+    const auto& rep = reps[r];
+    sums_.loss_sum += rep.loss_sum;
+    sums_.correct += rep.correct;
+    sums_.samples += rep.samples;
+    samples += rep.samples;
+    record(rep, r);
+  }
+  step_ = reps[0].global_step;
+  if (open_recovery_ && reps[0].steps > 0) {
+    result_.recoveries[*open_recovery_].step_done_at = now();
+    open_recovery_.reset();
+  }
+  if (cfg_.verbose && tty_ && sums_.samples > 0) {
+    std::printf("\r[%s] epoch %lld/%lld  step %lld  %lld workers  loss %.4f  acc %.3f  %.0f samples/s   ",
+                cfg_.name.c_str(), static_cast<long long>(cursor_.epoch + 1), static_cast<long long>(cfg_.epochs),
+                static_cast<long long>(step_), static_cast<long long>(world()), sums_.loss_sum / sums_.samples,
+                double(sums_.correct) / sums_.samples, sums_.samples / std::max(sums_.busy, 1e-9));
+    std::fflush(stdout);
+  }
+  if (cfg_.on_step) cfg_.on_step(StepInfo{step_, cursor_.epoch, world(), now(), samples, seconds});
+  if (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0)
+    checkpoint({{"train_loss", sums_.samples ? sums_.loss_sum / sums_.samples : 0.0}});
+  if (cfg_.max_steps > 0 && step_ >= cfg_.max_steps) stopped_ = true;
+}
+
+void Run::end_epoch() {
+  EpochMetrics em;
+  em.epoch = sums_.epoch;
+  em.steps = step_;
+  em.train_loss = sums_.samples ? sums_.loss_sum / sums_.samples : 0;
+  em.train_accuracy = sums_.samples ? double(sums_.correct) / sums_.samples : 0;
+  em.samples_per_second = sums_.busy > 0 ? sums_.samples / sums_.busy : 0;
+  if (cfg_.evaluate) {
+    std::vector<Future<EvalReport>> fs;
+    for (int64_t r = 0; r < world(); ++r) fs.push_back(slots_[r].trainer.call(&TrainerActor::evaluate, r, world()));
+    for (const auto& e : get_all(fs, cfg_.call_timeout)) {
+      em.val_loss += e.loss_sum;
+      em.val_accuracy += static_cast<double>(e.correct);
+      em.val_count += e.count;
+    }
+    if (em.val_count) {
+      em.val_loss /= em.val_count;
+      em.val_accuracy /= em.val_count;
+    }
+  }
+  em.seconds = std::chrono::duration<double>(Clock::now() - sums_.start).count();
+  result_.history.push_back(em);
+  write_metrics({{"kind", "epoch"}, {"job", cfg_.name}, {"epoch", em.epoch}, {"step", step_}, {"workers", world()},
+                 {"train_loss", em.train_loss}, {"train_accuracy", em.train_accuracy},
+                 {"samples_per_second", em.samples_per_second}, {"val_loss", em.val_loss},
+                 {"val_accuracy", em.val_accuracy}, {"val_count", em.val_count}, {"seconds", em.seconds}});
+  if (cfg_.verbose) {
+    char val[96] = "";
+    if (cfg_.evaluate) std::snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.3f", em.val_loss, em.val_accuracy);
+    std::printf("%s[%s] epoch %lld/%lld  step %lld  loss %.4f  acc %.3f%s  %.0f samples/s  %.2fs\n", tty_ ? "\r" : "",
+                cfg_.name.c_str(), static_cast<long long>(em.epoch + 1), static_cast<long long>(cfg_.epochs),
+                static_cast<long long>(step_), em.train_loss, em.train_accuracy, val, em.samples_per_second,
+                em.seconds);
+    std::fflush(stdout);
+  }
+  event("epoch", "epoch " + std::to_string(em.epoch) + " done at step " + std::to_string(step_));
+  if (cfg_.checkpoint.at_epoch_end && sampler_->epoch_done(cursor_))
+    checkpoint({{"train_loss", em.train_loss}, {"train_accuracy", em.train_accuracy}, {"val_loss", em.val_loss},
+                {"val_accuracy", em.val_accuracy}});
+  sums_ = EpochSums{};
+}
+
+void Run::maybe_grow() {
+  if (world() >= max_) return;
+  auto t = Clock::now();
+  if (t - last_grow_check_ < cfg_.scaling.grow_interval) return;
+  last_grow_check_ = t;
+  // Room for how many more? Counted from the live nodes' free resources,
+  // so a job at its limit costs one status call, not a placement attempt.
+  auto status = nlohmann::json::parse(rt_.status_json());
+  int64_t room = 0;
+  for (const auto& n : status.value("nodes", nlohmann::json::array())) {
+    if (!n.value("alive", true)) continue;
+    const nlohmann::json avail = n.value("available", nlohmann::json::object());
+    int64_t fit = max_;
+    for (const auto& [k, v] : cfg_.scaling.resources_per_worker) {
+      if (v <= 0) continue;
+      double have = avail.contains(k) && avail[k].is_number() ? avail[k].get<double>() : 0.0;
+      fit = std::min<int64_t>(fit, static_cast<int64_t>(have / v + 1e-9));
+    }
+    room += fit;
+  }
+  const int64_t want = std::min(room, max_ - world());
+  if (want <= 0) return;
+  auto added = place(want, cfg_.failure.replacement_timeout);
+  if (added.empty()) return;
+  const int64_t before = world();
+  for (auto& s : added) slots_.push_back(std::move(s));
+  event("replaced", std::to_string(added.size()) + " new trainer(s) placed to grow");
+  setup_new(cfg_.call_timeout);
+  form(0, cfg_.call_timeout);
+  event("healed", "new trainers took rank 0's state at step " + std::to_string(step_));
+  event("resized", std::to_string(before) + " -> " + std::to_string(world()) + " workers at step " +
+                       std::to_string(step_) + " (" + std::to_string(sampler_->remaining_per_rank(cursor_)) +
+                       " samples per rank left in epoch " + std::to_string(cursor_.epoch) + ")");
+}
+
+bool Run::advance() {
+  if (stopped_ || cursor_.epoch >= cfg_.epochs) {
+    if (sums_.epoch >= 0) end_epoch();
+    return true;
+  }
+  maybe_grow();
+  if (sums_.epoch != cursor_.epoch) {
+    sums_ = EpochSums{};
+    sums_.epoch = cursor_.epoch;
+    sums_.start = Clock::now();
+  }
+  if (sampler_->epoch_done(cursor_)) {
+    end_epoch();
+    cursor_ = sampler_->begin_epoch(cursor_.epoch + 1, world());
+    return false;
+  }
+  run_round();
+  return false;
+}
+
+void Run::recover(const std::string& why) {
+  const double failed_at = now();
+  ++failures_;
+  Recovery rec;
+  rec.failed_at = failed_at;
+  rec.cause = why;
+  rec.world_before = world();
+  event("failure", why);
+  if (cfg_.failure.max_failures >= 0 && failures_ > cfg_.failure.max_failures)
+    give_up("failure " + std::to_string(failures_) + " and failure.max_failures is " +
+            std::to_string(cfg_.failure.max_failures) + ": " + why);
+  const auto& fc = cfg_.failure;
+
+  // 1. No survivor may stay inside a collective with a dead peer, and no
+  //    loader may keep writing into a stream nobody reads.
+  std::vector<uint64_t> ids;
+  for (auto& s : slots_) ids.push_back(s.trainer.id());
+  int acked = collective::abort_group(rt_, ids, group_name_, why, generation_, std::chrono::seconds(2));
+  {
+    // A trainer waiting for batches from a loader that died before it
+    // connected is in no collective: fail its stream too.
+    std::vector<Future<wire::Message>> interrupts;
+    for (auto& s : slots_) {
+      try {
+        interrupts.push_back(s.trainer.control(TrainerActor::kInterruptTopic, why));
+      } catch (...) {
+      }
+    }
+    for (auto& f : interrupts) f.wait_for(std::chrono::milliseconds(500));
+  }
+  for (auto& s : slots_) {
+    if (!s.loader.valid()) continue;
+    try {
+      actors::stop_feeds(s.loader, -1, std::chrono::milliseconds(500));
+    } catch (...) {
+    }
+  }
+  event("aborted", "generation " + std::to_string(generation_) + " aborted in " + std::to_string(acked) + " of " +
+                       std::to_string(ids.size()) + " trainers");
+  {
+    const auto deadline = Clock::now() + fc.abort_timeout;
+    for (auto& st : inflight_) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() > 0) st->wait_for(left);
+    }
+    inflight_.clear();
+  }
+
+  // 2. Who is alive: a survivor answers progress() (it left the aborted
+  //    step); a loader answers stats(). Anything else is gone: killed for
+  //    good and its slot emptied.
+  std::vector<std::optional<Progress>> progress(slots_.size());
+  {
+    std::vector<Future<Progress>> ps;
+    std::vector<Future<actors::LoaderStats>> ls;
+    for (auto& s : slots_) {
+      ps.push_back(s.trainer.call(&TrainerActor::progress));
+      if (s.loader.valid()) ls.push_back(s.loader.call(&actors::DataLoaderActor::stats));
+    }
+    size_t li = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      auto& s = slots_[i];
+      try {
+        progress[i] = ps[i].get(fc.abort_timeout);
+      } catch (const std::exception&) {
+        progress[i].reset();
+      }
+      if (s.loader.valid()) {
+        bool alive = true;
+        try {
+          ls[li].get(fc.abort_timeout);
+        } catch (...) {
+          alive = false;
+        }
+        ++li;
+        if (!alive && progress[i]) {
+          try {
+            rt_.kill_actor(s.loader.id(), true);
+          } catch (...) {
+          }
+          s.loader = Loader();
+        }
+      }
+    }
+  }
+  std::vector<size_t> dead;
+  int64_t reached = step_;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!progress[i]) {
+      dead.push_back(i);
+      continue;
+    }
+    reached = std::max(reached, progress[i]->step);
+    // Steps survivors completed before the failure still count.
+    if (progress[i]->partial.steps > 0) {
+      record(progress[i]->partial, static_cast<int64_t>(i));
+      sums_.loss_sum += progress[i]->partial.loss_sum;
+      sums_.correct += progress[i]->partial.correct;
+      sums_.samples += progress[i]->partial.samples;
+    }
+  }
+  rec.reached_step = reached;
+
+  // 3. Replace what died: loaders of live trainers in their trainers'
+  //    bundles, dead trainers in fresh slots at the same ranks (the same
+  //    data shard and reduction order as before); what cannot be placed in
+  //    time is dropped (the job shrinks).
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (progress[i] && use_loaders_ && !slots_[i].loader.valid()) {
+      spawn_loader(slots_[i]);
+      event("replaced", "the loader of rank " + std::to_string(i) + " died; a new one resumes from the cursor");
+    }
+  const bool all_gone = dead.size() == slots_.size();
+  for (size_t i : dead) release(slots_[i]);
+  auto fresh = place(static_cast<int64_t>(dead.size()), all_gone ? cfg_.scaling.placement_timeout : fc.replacement_timeout);
+  {
+    std::vector<Slot> next;
+    size_t k = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (progress[i]) {
+        next.push_back(std::move(slots_[i]));
+      } else if (k < fresh.size()) {
+        next.push_back(std::move(fresh[k++]));
+      }
+    }
+    slots_ = std::move(next);
+  }
+  if (!dead.empty())
+    event("replaced", std::to_string(fresh.size()) + " of " + std::to_string(dead.size()) +
+                          " dead trainer(s) replaced" +
+                          (fresh.size() < dead.size() ? " (no room: " + pending_reason_ + ")" : ""));
+  if (world() < min_)
+    give_up("only " + std::to_string(world()) + " trainer(s) could be placed, scaling.min_workers is " +
+            std::to_string(min_) + (pending_reason_.empty() ? "" : " (" + pending_reason_ + ")"));
+
+  // 4. A new generation, and one state everywhere.
+  setup_new(cfg_.call_timeout);
+  std::optional<TrainState> disk;
+  if (all_gone || fc.mode == RecoveryMode::kCheckpoint) {
+    if (writer_) writer_->wait();
+    if (!cfg_.checkpoint.dir.empty())
+      if (auto latest = latest_checkpoint(cfg_.checkpoint.dir)) disk = load_checkpoint(latest->path);
+    if (!disk) {
+      // Back to the initial weights: survivors set up afresh too.
+      for (auto& s : slots_) s.ready = false;
+      setup_new(cfg_.call_timeout);
+    }
+    form(-1, cfg_.call_timeout);
+    if (disk) {
+      load_everywhere(*disk, cfg_.call_timeout);
+      rec.mode = "checkpoint";
+      event("restored", "every trainer took the checkpoint of step " + std::to_string(disk->step));
+    } else {
+      // No checkpoint: every trainer holds the initial weights.
+      step_ = 0;
+      cursor_ = sampler_->begin_epoch(0, world());
+      rec.mode = "restart";
+      event("restored", "no checkpoint: training starts over from the initial weights");
+    }
+    // Steps after the restored one are done again: forget their records.
+    consumed_.erase(consumed_.upper_bound(step_), consumed_.end());
+    sums_ = EpochSums{};
+    last_checkpoint_step_ = -1;
+  } else {
+    int64_t src = -1;
+    int64_t best = -1;
+    {
+      // Map old positions to new ranks: survivors keep their order, and a
+      // replaced rank keeps its position; dropped ranks close the gaps.
+      int64_t rank = 0;
+      size_t k = 0;
+      for (size_t i = 0; i < progress.size(); ++i) {
+        if (progress[i]) {
+          if (progress[i]->step > best) {
+            best = progress[i]->step;
+            src = rank;
+          }
+          ++rank;
+        } else if (k < fresh.size()) {
+          ++k;
+          ++rank;
+        }
+      }
+    }
+    form(src, cfg_.call_timeout);
+    rec.mode = "heal";
+    event("healed", "rank " + std::to_string(src) + " sent its state (step " + std::to_string(step_) + ") to " +
+                        std::to_string(world()) + " ranks by broadcast");
+  }
+  if (world() != rec.world_before)
+    event("resized", std::to_string(rec.world_before) + " -> " + std::to_string(world()) + " workers at step " +
+                         std::to_string(step_));
+  rec.world_after = world();
+  rec.resumed_step = step_;
+  rec.lost_steps = std::max<int64_t>(0, rec.reached_step - step_);
+  rec.resumed_at = now();
+  event("resumed", "at step " + std::to_string(step_) + " with " + std::to_string(world()) + " workers, " +
+                       std::to_string(rec.lost_steps) + " step(s) lost, " + rec.mode + " in " +
+                       std::to_string(rec.resumed_at - rec.failed_at).substr(0, 5) + " s");
+  result_.recoveries.push_back(rec);
+  open_recovery_ = result_.recoveries.size() - 1;
+  last_grow_check_ = Clock::now();
+}
+
+Result Run::fit() {
+  const auto& cfg = cfg_;
+  const auto& sc = cfg.scaling;
+  min_ = sc.min_workers > 0 ? sc.min_workers : sc.num_workers;
+  max_ = sc.max_workers > 0 ? sc.max_workers : sc.num_workers;
+  tty_ = ::isatty(1);
 
   // --- checks that need no trainer ---------------------------------------
-  int64_t dataset_size = actors::make_dataset(cfg.trainer.data)->size();
-  actors::DistributedSampler sampler(sampler_options(cfg.trainer, dataset_size, world));
+  dataset_size_ = actors::make_dataset(cfg.trainer.data)->size();
+  sampler_.emplace(sampler_options(cfg.trainer, dataset_size_, sc.num_workers));
   std::optional<TrainState> resume;
   if (!cfg.resume_from.empty()) {
     std::string dir = cfg.resume_from;
@@ -139,228 +825,98 @@ Result TrainJob::fit() {
       for (auto it = node_total.begin(); it != node_total.end(); ++it)
         if (it->is_number()) total[it.key()] += it->get<double>();
     }
-    for (const auto& [k, v] : cfg.scaling.resources_per_worker) {
-      double need = v * static_cast<double>(world);
+    for (const auto& [k, v] : sc.resources_per_worker) {
+      double need = v * static_cast<double>(min_);
       if (need > total[k] + 1e-9) {
         std::ostringstream s;
-        s << "cannot place " << world << " workers × " << format_resources(cfg.scaling.resources_per_worker)
+        s << "cannot place " << min_ << " workers × " << format_resources(sc.resources_per_worker)
           << ": they need " << k << " " << need << ", the cluster has " << k << " " << total[k]
           << " in all (the placement group would stay PENDING)";
         throw ConfigError(s.str());
       }
     }
   }
-
-  // --- placement and trainers ------------------------------------------
-  Impl impl(rt_);
-  std::vector<Resources> bundles(static_cast<size_t>(world), cfg.scaling.resources_per_worker);
-  impl.pg = rt_.create_placement_group(bundles, cfg.scaling.strategy, cfg.name + "-" + std::to_string(::getpid()));
-  if (!impl.pg->wait(cfg.scaling.placement_timeout)) {
-    auto info = impl.pg->info();
-    throw ConfigError("placement group for " + std::to_string(world) + " workers × " +
-                      format_resources(cfg.scaling.resources_per_worker) + " is still PENDING after " +
-                      std::to_string(cfg.scaling.placement_timeout.count()) + " ms: " + info.pending_reason);
-  }
-  event("placed", std::to_string(world) + " bundles " + format_resources(cfg.scaling.resources_per_worker));
-  for (int64_t r = 0; r < world; ++r) {
-    ActorOptions o;
-    o.resources = cfg.scaling.resources_per_worker;
-    o.placement_group = &*impl.pg;
-    o.bundle_index = static_cast<int>(r);
-    o.executable = cfg.executable;
-    impl.trainers.push_back(rt_.spawn<TrainerActor>(o));
-  }
-  const bool use_loaders = cfg.use_loaders && cfg.trainer.validation_fraction == 0;
-  if (use_loaders) {
-    actors::LoaderConfig lc;
-    lc.dataset = cfg.trainer.data;
-    lc.batch_size = cfg.trainer.batch_size;
-    lc.shuffle = cfg.trainer.shuffle;
-    lc.seed = cfg.trainer.seed;
-    lc.threads = static_cast<int32_t>(cfg.loader_threads);
-    lc.credits = 4;
-    for (int64_t r = 0; r < world; ++r) {
-      ActorOptions o;
-      o.placement_group = &*impl.pg;
-      o.bundle_index = static_cast<int>(r);
-      o.executable = cfg.executable;
-      impl.loaders.push_back(rt_.spawn<actors::DataLoaderActor>(o, lc));
-    }
-  }
-  std::vector<Future<TrainerInfo>> setups;
-  for (auto& t : impl.trainers) setups.push_back(t.call(&TrainerActor::setup, cfg.trainer));
-  auto infos = get_all(setups, cfg.call_timeout);
-  std::vector<uint64_t> members;
-  for (auto& t : impl.trainers) members.push_back(t.id());
-  std::string group_name = cfg.name + "-" + std::to_string(::getpid()) + "-" + std::to_string(impl.pg->id());
-  std::vector<Future<void>> joins;
-  for (int64_t r = 0; r < world; ++r)
-    joins.push_back(impl.trainers[r].call(&TrainerActor::join, JoinSpec{group_name, 1, r, world, members}));
-  get_all(joins, cfg.call_timeout);
-  event("started", std::to_string(world) + " trainers, " + infos[0].model + ", " +
-                       std::to_string(infos[0].parameters) + " parameters on " + infos[0].device);
-  if (cfg.verbose)
-    std::printf("[%s] %lld trainer(s) (%s, %lld parameters, %s), %lld samples\n", cfg.name.c_str(),
-                static_cast<long long>(world), infos[0].model.c_str(), static_cast<long long>(infos[0].parameters),
-                infos[0].device.c_str(), static_cast<long long>(dataset_size));
-
-  int64_t step = 0;
-  actors::SamplerCursor cursor = sampler.begin_epoch(0);
-  if (resume) {
-    std::vector<Future<void>> loads;
-    for (auto& t : impl.trainers) loads.push_back(t.call(&TrainerActor::load_state, *resume));
-    get_all(loads, cfg.call_timeout);
-    step = resume->step;
-    cursor = sampler.resize(resume->cursor, world);
-    if (sampler.epoch_done(cursor)) cursor = sampler.begin_epoch(cursor.epoch + 1);
-  }
-
-  std::unique_ptr<std::ofstream> metrics;
   if (!cfg.metrics_path.empty()) {
     auto parent = std::filesystem::path(cfg.metrics_path).parent_path();
     std::error_code ec;
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    metrics = std::make_unique<std::ofstream>(cfg.metrics_path, std::ios::app);
-    if (!*metrics) throw ConfigError("cannot open metrics file " + cfg.metrics_path);
+    metrics_ = std::make_unique<std::ofstream>(cfg.metrics_path, std::ios::app);
+    if (!*metrics_) throw ConfigError("cannot open metrics file " + cfg.metrics_path);
   }
-  auto write_metrics = [&](const nlohmann::json& j) {
-    if (metrics) *metrics << j.dump() << "\n" << std::flush;
-  };
+  if (!cfg.checkpoint.dir.empty()) writer_ = std::make_unique<CheckpointWriter>(cfg.checkpoint.dir, cfg.checkpoint.keep);
+  use_loaders_ = cfg.use_loaders && cfg.trainer.validation_fraction == 0;
+  static std::atomic<int64_t> job_counter{0};
+  group_name_ = cfg.name + "-" + std::to_string(::getpid()) + "-" + std::to_string(job_counter++);
 
-  std::unique_ptr<CheckpointWriter> writer;
-  if (!cfg.checkpoint.dir.empty()) writer = std::make_unique<CheckpointWriter>(cfg.checkpoint.dir, cfg.checkpoint.keep);
-  int64_t last_checkpoint_step = -1;
-  auto checkpoint = [&](const std::map<std::string, double>& m) {
-    if (!writer || last_checkpoint_step == step) return;
-    auto state = impl.trainers[0].call(&TrainerActor::state).get(cfg.call_timeout);
-    state.world_size = world;
-    state.cursor = cursor;
-    state.epoch = cursor.epoch;
-    writer->submit(std::move(state), m);
-    if (!cfg.checkpoint.async) writer->wait();
-    last_checkpoint_step = step;
-    event("checkpoint", "step " + std::to_string(step));
-  };
+  // --- placement and trainers ------------------------------------------
+  slots_ = place(sc.num_workers, sc.placement_timeout);
+  if (world() < min_) {
+    const int64_t got = world();
+    for (auto& s : slots_) release(s);
+    slots_.clear();
+    throw ConfigError("placement group for " + std::to_string(min_) + " workers × " +
+                      format_resources(sc.resources_per_worker) + " is still PENDING after " +
+                      std::to_string(sc.placement_timeout.count()) + " ms (" + std::to_string(got) +
+                      " placed): " + pending_reason_);
+  }
+  event("placed", std::to_string(world()) + " bundles " + format_resources(sc.resources_per_worker));
+  setup_new(cfg.call_timeout);
+  form(-1, cfg.call_timeout);
+  event("started", std::to_string(world()) + " trainers, " + info_.model + ", " + std::to_string(info_.parameters) +
+                       " parameters on " + info_.device);
+  if (cfg.verbose)
+    std::printf("[%s] %lld trainer(s) (%s, %lld parameters, %s), %lld samples\n", cfg.name.c_str(),
+                static_cast<long long>(world()), info_.model.c_str(), static_cast<long long>(info_.parameters),
+                info_.device.c_str(), static_cast<long long>(dataset_size_));
+  cursor_ = sampler_->begin_epoch(0, world());
+  if (resume) load_everywhere(*resume, cfg.call_timeout);
+  last_grow_check_ = Clock::now();
 
-  const int64_t per_step = cfg.trainer.batch_size * cfg.trainer.accumulation;
-  bool tty = ::isatty(1);
-  bool stop = false;
-  for (int64_t epoch = cursor.epoch; epoch < cfg.epochs && !stop; ++epoch) {
-    if (cursor.epoch != epoch) cursor = sampler.begin_epoch(epoch);
-    auto e0 = Clock::now();
-    const int64_t epoch_steps = sampler.remaining_per_rank(cursor) / per_step;
-    double loss_sum = 0, busy = 0;
-    int64_t correct = 0, samples = 0, done = 0;
-    while (!sampler.epoch_done(cursor)) {
-      int64_t chunk = std::max<int64_t>(1, epoch_steps - done);
-      if (cfg.checkpoint.every_steps > 0 && writer)
-        chunk = std::min(chunk, cfg.checkpoint.every_steps - step % cfg.checkpoint.every_steps);
-      if (cfg.progress_every_steps > 0) chunk = std::min(chunk, cfg.progress_every_steps);
-      if (cfg.max_steps > 0) chunk = std::min(chunk, cfg.max_steps - step);
-      if (chunk <= 0) {
-        stop = true;
-        break;
+  // --- training: every failure goes through recover() and training goes
+  //     on from where the survivors are --------------------------------
+  std::optional<std::string> failure;
+  for (;;) {
+    try {
+      if (failure) {
+        std::string why = std::move(*failure);
+        failure.reset();
+        recover(why);
       }
-      std::vector<Future<TrainReport>> fs;
-      std::vector<Future<int64_t>> feeds;
-      const int64_t steps_now = std::min(chunk, sampler.remaining_per_rank(cursor) / per_step);
-      if (use_loaders && steps_now > 0) {
-        // A fresh stream per call: the loader closes it after the batches
-        // of `chunk` steps (fewer at the epoch's end).
-        std::vector<Future<StreamRef>> refs;
-        for (auto& t : impl.trainers) refs.push_back(t.call(&TrainerActor::open_stream, int64_t{4}));
-        auto rs = get_all(refs, cfg.call_timeout);
-        for (int64_t r = 0; r < world; ++r)
-          feeds.push_back(impl.loaders[r].call(&actors::DataLoaderActor::feed, rs[r], cursor, static_cast<int32_t>(r),
-                                               steps_now * cfg.trainer.accumulation));
+      if (!advance()) continue;
+      if (writer_) {
+        writer_->wait();
+        result_.last_checkpoint = writer_->last();
       }
-      for (auto& t : impl.trainers)
-        fs.push_back(t.call(&TrainerActor::train, TrainRequest{cursor, chunk, use_loaders && steps_now > 0}));
-      auto reps = get_all(fs, cfg.call_timeout);
-      if (use_loaders) get_all(feeds, cfg.call_timeout);
-      cursor = reps[0].cursor;
-      double chunk_seconds = 0;
-      for (const auto& r : reps) chunk_seconds = std::max(chunk_seconds, r.seconds);
-      busy += chunk_seconds;
-      for (size_t s = 0; s < reps[0].step_loss_sum.size(); ++s) {
-        double l = 0;
-        int64_t c = 0, n = 0;
-        for (const auto& r : reps) {
-          l += r.step_loss_sum[s];
-          c += r.step_correct[s];
-          n += r.step_samples[s];
-        }
-        int64_t st = reps[0].global_step - static_cast<int64_t>(reps[0].step_loss_sum.size()) + static_cast<int64_t>(s) + 1;
-        write_metrics({{"kind", "step"}, {"job", cfg.name}, {"epoch", epoch}, {"step", st}, {"loss", l / n},
-                       {"accuracy", double(c) / n}, {"samples", n}});
-      }
-      for (const auto& r : reps) {
-        loss_sum += r.loss_sum;
-        correct += r.correct;
-        samples += r.samples;
-      }
-      step = reps[0].global_step;
-      done += reps[0].steps;
-      if (cfg.verbose && tty && samples > 0)
-        std::printf("\r[%s] epoch %lld/%lld  step %lld/%lld  loss %.4f  acc %.3f  %.0f samples/s   ", cfg.name.c_str(),
-                    static_cast<long long>(epoch + 1), static_cast<long long>(cfg.epochs),
-                    static_cast<long long>(done), static_cast<long long>(epoch_steps), loss_sum / samples,
-                    double(correct) / samples, samples / std::max(busy, 1e-9));
-      if (cfg.verbose && tty) std::fflush(stdout);
-      if (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0)
-        checkpoint({{"train_loss", samples ? loss_sum / samples : 0.0}});
-      if (cfg.max_steps > 0 && step >= cfg.max_steps) stop = true;
-      if (reps[0].steps == 0 || stop) break;
+      result_.final_state = slots_[0].trainer.call(&TrainerActor::state).get(cfg.call_timeout);
+      break;
+    } catch (const JobFailed&) {
+      throw;
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const std::exception& e) {
+      failure = e.what();
     }
-    EpochMetrics em;
-    em.epoch = epoch;
-    em.steps = step;
-    em.train_loss = samples ? loss_sum / samples : 0;
-    em.train_accuracy = samples ? double(correct) / samples : 0;
-    em.samples_per_second = busy > 0 ? samples / busy : 0;
-    if (cfg.evaluate) {
-      std::vector<Future<EvalReport>> fs;
-      for (int64_t r = 0; r < world; ++r) fs.push_back(impl.trainers[r].call(&TrainerActor::evaluate, r, world));
-      for (const auto& e : get_all(fs, cfg.call_timeout)) {
-        em.val_loss += e.loss_sum;
-        em.val_accuracy += static_cast<double>(e.correct);
-        em.val_count += e.count;
-      }
-      if (em.val_count) {
-        em.val_loss /= em.val_count;
-        em.val_accuracy /= em.val_count;
-      }
-    }
-    em.seconds = std::chrono::duration<double>(Clock::now() - e0).count();
-    result.history.push_back(em);
-    write_metrics({{"kind", "epoch"}, {"job", cfg.name}, {"epoch", epoch}, {"step", step}, {"workers", world},
-                   {"train_loss", em.train_loss}, {"train_accuracy", em.train_accuracy},
-                   {"samples_per_second", em.samples_per_second}, {"val_loss", em.val_loss},
-                   {"val_accuracy", em.val_accuracy}, {"val_count", em.val_count}, {"seconds", em.seconds}});
-    if (cfg.verbose) {
-      char val[96] = "";
-      if (cfg.evaluate) std::snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.3f", em.val_loss, em.val_accuracy);
-      std::printf("%s[%s] epoch %lld/%lld  step %lld  loss %.4f  acc %.3f%s  %.0f samples/s  %.2fs\n",
-                  tty ? "\r" : "", cfg.name.c_str(), static_cast<long long>(epoch + 1),
-                  static_cast<long long>(cfg.epochs), static_cast<long long>(step), em.train_loss, em.train_accuracy,
-                  val, em.samples_per_second, em.seconds);
-      std::fflush(stdout);
-    }
-    event("epoch", "epoch " + std::to_string(epoch) + " done at step " + std::to_string(step));
-    if (cfg.checkpoint.at_epoch_end && sampler.epoch_done(cursor))
-      checkpoint({{"train_loss", em.train_loss}, {"train_accuracy", em.train_accuracy}, {"val_loss", em.val_loss},
-                  {"val_accuracy", em.val_accuracy}});
   }
-  if (writer) {
-    writer->wait();
-    result.last_checkpoint = writer->last();
+  result_.final_state.world_size = world();
+  result_.final_state.cursor = cursor_;
+  result_.steps = step_;
+  result_.final_world_size = world();
+  for (auto& [st, entry] : consumed_) {
+    auto& v = result_.consumed[entry.first];
+    v.insert(v.end(), entry.second.begin(), entry.second.end());
   }
-  result.final_state = impl.trainers[0].call(&TrainerActor::state).get(cfg.call_timeout);
-  result.final_state.world_size = world;
-  result.final_state.cursor = cursor;
-  result.steps = step;
-  event("finished", "step " + std::to_string(step));
-  return result;
+  event("finished", "step " + std::to_string(step_));
+  return std::move(result_);
+}
+
+}  // namespace
+
+TrainJob::TrainJob(Runtime& rt, TrainJobConfig config) : rt_(rt), config_(std::move(config)) { validate(config_); }
+TrainJob::~TrainJob() = default;
+
+Result TrainJob::fit() {
+  Run run(rt_, config_);
+  return run.fit();
 }
 
 }  // namespace troupe::trainer

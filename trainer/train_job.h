@@ -1,15 +1,26 @@
 // TrainJob: the driver side of data-parallel training. Given a runtime and
-// a TrainJobConfig it reserves a placement group with one bundle per
-// trainer, spawns the TrainerActors, forms their collective group, runs the
-// epochs in lock step, reduces metrics across ranks, prints progress,
-// writes metrics as JSON lines, evaluates, checkpoints (from rank 0,
-// written asynchronously by the driver) and returns a Result.
+// a TrainJobConfig it places one trainer per worker (each in a one-bundle
+// placement group with its DataLoaderActor), forms their collective group,
+// runs the epochs in lock step, reduces metrics across ranks, prints
+// progress, writes metrics and events as JSON lines, evaluates, checkpoints
+// (from rank 0, written asynchronously by the driver) and returns a Result.
 //
 //   troupe::trainer::TrainJobConfig cfg;
 //   cfg.scaling.num_workers = 2;
 //   cfg.trainer.data = troupe::actors::DatasetSpec("digits").set("normalize", 1);
 //   cfg.epochs = 10;
+//   cfg.failure.max_failures = 3;   // survive three failures
 //   auto result = troupe::trainer::TrainJob(rt, cfg).fit();
+//
+// Failures (FailureConfig): when a trainer, a loader or a node dies, the
+// driver aborts the group in every survivor, places a replacement (or, with
+// none available, shrinks to the survivors down to scaling.min_workers),
+// re-forms the group under the next generation, heals the newcomers with a
+// live peer's whole state by broadcast, and retries the step that failed:
+// no completed step is lost, and with replacements the final weights are
+// bitwise those of a run without failures. With every trainer gone it
+// restarts from the last checkpoint. An elastic job below max_workers grows
+// back at a step boundary when room appears.
 //
 // Bad input (unknown model, missing TorchScript file, batch size 0, more
 // workers than the cluster can place) fails in the constructor or at the
@@ -18,6 +29,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -34,6 +46,19 @@ struct ScalingConfig {
   int64_t num_workers = 1;
   // What each trainer reserves: {{"CPU", 1}} or {{"GPU", 1}, {"CPU", 2}}.
   Resources resources_per_worker = {{"CPU", 1}};
+  // Elastic range (0 = num_workers for both). The job starts with
+  // num_workers, or with as many as can be placed when that is at least
+  // min_workers; it shrinks to no fewer than min_workers after failures and
+  // grows back to max_workers when room appears.
+  int64_t min_workers = 0;
+  int64_t max_workers = 0;
+  // How often, at a step boundary, a job below max_workers checks the
+  // cluster for room to grow (0 = at every step boundary).
+  std::chrono::milliseconds grow_interval{std::chrono::seconds(2)};
+  // Each trainer has its own one-bundle placement group (so one can be
+  // replaced without disturbing the others); the strategy applies to each
+  // of them. PACK fills nodes in turn, SPREAD places each on the least
+  // loaded node.
   PlacementStrategy strategy = PlacementStrategy::kPack;
   // How long to wait for the placement group before failing with the
   // reason it is PENDING.
@@ -52,6 +77,37 @@ struct CheckpointConfig {
   bool async = true;
 };
 
+enum class RecoveryMode {
+  // A replacement (or the survivors alone) is healed from a live peer by
+  // broadcast; the disk is read only when every trainer is gone.
+  kHeal,
+  // Every failure goes back to the last checkpoint (the torchrun / Ray
+  // Train behaviour; for comparison).
+  kCheckpoint,
+};
+
+struct FailureConfig {
+  // Failures survived before fit() gives up with JobFailed (-1 = no limit).
+  int64_t max_failures = 0;
+  RecoveryMode mode = RecoveryMode::kHeal;
+  // How long to wait for a replacement's resources before shrinking.
+  std::chrono::milliseconds replacement_timeout{std::chrono::seconds(2)};
+  // How long survivors get to leave an aborted step before they are killed
+  // and counted as failed too.
+  std::chrono::milliseconds abort_timeout{std::chrono::seconds(5)};
+};
+
+// What the driver saw at a step boundary (TrainJobConfig::on_step).
+struct StepInfo {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t world_size = 0;
+  double time = 0;  // seconds since fit() began
+  // Samples and seconds of the train() calls that just ended.
+  int64_t samples = 0;
+  double seconds = 0;
+};
+
 struct TrainJobConfig {
   std::string name = "train";
   ScalingConfig scaling;
@@ -60,6 +116,7 @@ struct TrainJobConfig {
   // Stop after this many optimizer steps in all (0 = run the epochs).
   int64_t max_steps = 0;
   CheckpointConfig checkpoint;
+  FailureConfig failure;
   // A checkpoint directory (step-…) or a root holding several (the latest
   // valid one is used). The world size may differ from the checkpoint's.
   std::string resume_from;
@@ -79,6 +136,12 @@ struct TrainJobConfig {
   // Executable for the trainers ("" = the driver's own).
   std::string executable;
   std::chrono::milliseconds call_timeout{std::chrono::minutes(10)};
+  // Keep the data set indices every completed step trained on, per epoch
+  // (Result::consumed): for tests of exactly-once delivery.
+  bool record_indices = false;
+  // Called on the driver's thread at every step boundary it sees (after
+  // each round of train() calls); fault injection and live plots hook here.
+  std::function<void(const StepInfo&)> on_step;
 };
 
 struct EpochMetrics {
@@ -95,8 +158,33 @@ struct EpochMetrics {
 
 struct JobEvent {
   double time = 0;  // seconds since fit() began
-  std::string kind;  // "placed", "started", "resumed", "checkpoint", "epoch", "finished"
+  // "placed", "started", "resumed", "checkpoint", "epoch", "finished";
+  // failures: "failure" (seen), "aborted" (group aborted in the
+  // survivors), "replaced" (replacement placed), "healed" (state sent from a
+  // live peer), "restored" (state read from a checkpoint), "resized" (world
+  // size changed), "resumed" (training goes on).
+  std::string kind;
   std::string detail;
+  int64_t step = 0;
+  int64_t world_size = 0;
+};
+
+// One failure and its recovery.
+struct Recovery {
+  double failed_at = 0;   // seconds since fit() began, when the driver saw it
+  double resumed_at = 0;  // when training went on
+  double step_done_at = 0;  // when the next step completed (0 = none did)
+  std::string cause;
+  // "heal" (from a live peer), "checkpoint" (from disk), "restart" (from
+  // the initial weights: every trainer gone and no checkpoint).
+  std::string mode;
+  int64_t world_before = 0;
+  int64_t world_after = 0;
+  // The most steps any survivor had completed, and the step training
+  // resumed at: lost_steps = reached - resumed_step (never negative).
+  int64_t reached_step = 0;
+  int64_t resumed_step = 0;
+  int64_t lost_steps = 0;
 };
 
 struct Result {
@@ -106,6 +194,21 @@ struct Result {
   // Rank 0's final state (model, optimizer, cursor).
   TrainState final_state;
   int64_t steps = 0;
+  std::vector<Recovery> recoveries;
+  int64_t final_world_size = 0;
+  // With record_indices: epoch -> the data set indices trained on.
+  std::map<int64_t, std::vector<int64_t>> consumed;
+};
+
+// fit() gave up (max_failures exhausted, fewer than min_workers left, a
+// failure it cannot recover from); carries what happened until then.
+class JobFailed : public Error {
+ public:
+  JobFailed(const std::string& what, Result partial) : Error(what), result_(std::move(partial)) {}
+  const Result& result() const { return result_; }
+
+ private:
+  Result result_;
 };
 
 class TrainJob {
@@ -119,7 +222,6 @@ class TrainJob {
   Result fit();
 
  private:
-  struct Impl;
   Runtime& rt_;
   TrainJobConfig config_;
 };

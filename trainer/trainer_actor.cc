@@ -1,6 +1,7 @@
 #include "trainer/trainer_actor.h"
 
 #include <dlfcn.h>
+#include <cstring>
 #include <unistd.h>
 
 #include <ATen/autocast_mode.h>
@@ -123,6 +124,18 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
   dataset_ = actors::make_dataset(config_.data);
   if (train_size(config_, dataset_->size()) <= 0) throw ConfigError("the training split is empty");
   split_ = split_order(config_, dataset_->size());
+  if (this_actor::in_worker() && !interrupt_registered_) {
+    this_actor::on_control(kInterruptTopic, [slot = stream_](const std::string& why) {
+      std::shared_ptr<StreamReader<actors::Batch>> r;
+      {
+        std::lock_guard lock(slot->mu);
+        r = slot->reader;
+      }
+      if (r) r->cancel(why.empty() ? "interrupted by the driver" : why);
+      return std::string(r ? "cancelled" : "idle");
+    });
+    interrupt_registered_ = true;
+  }
   reducer_ = std::make_unique<GradientReducer>(model_->parameters(), nullptr);
   step_ = 0;
   ready_ = true;
@@ -170,13 +183,20 @@ void TrainerActor::join(JoinSpec spec) {
     }
   }
   reducer_ = std::make_unique<GradientReducer>(model_->parameters(), group_.get(), ro);
+  if (!spec.sync_params) return;
   std::vector<torch::Tensor> all = model_->parameters();
   for (auto& [name, b] : model_->named_buffers()) all.push_back(b);
   reducer_->broadcast_from_rank0(all);
 }
 
+void TrainerActor::set_reader(std::shared_ptr<StreamReader<actors::Batch>> r) {
+  std::lock_guard lock(stream_->mu);
+  stream_->reader = r;
+  reader_ = std::move(r);
+}
+
 StreamRef TrainerActor::open_stream(int64_t credits) {
-  reader_ = std::make_unique<StreamReader<actors::Batch>>(this_actor::runtime(), static_cast<size_t>(credits));
+  set_reader(std::make_shared<StreamReader<actors::Batch>>(this_actor::runtime(), static_cast<size_t>(credits)));
   return reader_->ref();
 }
 
@@ -185,17 +205,6 @@ torch::Tensor TrainerActor::compute_loss(const torch::Tensor& logits, const torc
 }
 
 std::pair<double, int64_t> TrainerActor::micro_step(const actors::Batch& batch, bool sync) {
-  // As DDP's broadcast_buffers: rank 0's buffers (BatchNorm statistics)
-  // everywhere before each forward, so every rank normalises alike and
-  // evaluation is consistent across ranks.
-  if (group_ && group_->world_size() > 1) {
-    auto buffers = model_->named_buffers();
-    if (!buffers.empty()) {
-      std::vector<torch::Tensor> bs;
-      for (auto& [name, b] : buffers) bs.push_back(b);
-      reducer_->broadcast_from_rank0(bs);
-    }
-  }
   auto x = batch.input.to(device_, /*non_blocking=*/true);
   auto y = batch.target.to(device_, /*non_blocking=*/true);
   bool amp = config_.mixed_precision && device_.is_cuda();
@@ -214,6 +223,19 @@ std::pair<double, int64_t> TrainerActor::micro_step(const actors::Batch& batch, 
   if (amp) scaled = scaled * loss_scale_;
   scaled.backward();
   reducer_->finish();
+  // As DDP's broadcast_buffers: every forward runs with rank 0's buffers
+  // (BatchNorm statistics). Sent after the forward rather than before the
+  // next one (the same values reach the same forwards), so that between
+  // steps every rank holds identical buffers: any survivor can then heal a
+  // replacement, and evaluation agrees across ranks.
+  if (group_ && group_->world_size() > 1) {
+    auto buffers = model_->named_buffers();
+    if (!buffers.empty()) {
+      std::vector<torch::Tensor> bs;
+      for (auto& [name, b] : buffers) bs.push_back(b);
+      reducer_->broadcast_from_rank0(bs);
+    }
+  }
   torch::NoGradGuard ng;
   int64_t correct = logits.argmax(1).eq(y).sum().item<int64_t>();
   return {loss.item<double>() * static_cast<double>(batch.size()), correct};
@@ -264,6 +286,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
   TROUPE_CHECK(ready_) << "setup() first";
   TROUPE_CHECK(req.max_steps > 0) << "max_steps must be positive";
   auto t0 = Clock::now();
+  partial_ = TrainReport{};
   int64_t world = reducer_->world_size();
   int64_t rank = group_ ? group_->rank() : 0;
   actors::DistributedSampler sampler(sampler_options(config_, dataset_->size(), world));
@@ -275,7 +298,13 @@ TrainReport TrainerActor::train(TrainRequest req) {
   model_->train(true);
   TrainReport rep;
   size_t pos = 0;
-  for (int64_t s = 0; s < steps; ++s) {
+  int64_t s = 0;
+  StepSnapshot snap;
+  size_t consumed_mark = 0;
+  try {
+  for (; s < steps; ++s) {
+    snap = snapshot();
+    consumed_mark = rep.consumed.size();
     double loss_sum = 0;
     int64_t correct = 0, samples = 0;
     for (int64_t k = 0; k < config_.accumulation; ++k) {
@@ -300,6 +329,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
       loss_sum += l;
       correct += c;
       samples += batch.size();
+      if (req.record_indices) rep.consumed.insert(rep.consumed.end(), batch.indices.begin(), batch.indices.end());
     }
     optimizer_step();
     rep.step_loss_sum.push_back(loss_sum);
@@ -309,6 +339,23 @@ TrainReport TrainerActor::train(TrainRequest req) {
     rep.correct += correct;
     rep.samples += samples;
     ++rep.steps;
+  }
+  } catch (const std::exception& e) {
+    // A step cut short (a peer died, the group was aborted, the batch
+    // stream broke): undo its partial effects so the state is that of the
+    // last completed step, and abort the group so no peer waits on this
+    // rank in a collective.
+    roll_back(snap);
+    cursor_ = sampler.advance(cursor, s * per_step);
+    epoch_ = cursor_.epoch;
+    rep.consumed.resize(consumed_mark);
+    partial_ = rep;
+    partial_.cursor = cursor_;
+    partial_.global_step = step_;
+    partial_.seconds = seconds_since(t0);
+    set_reader(nullptr);
+    if (group_ && !group_->is_aborted()) group_->abort(std::string("rank ") + std::to_string(rank) + ": " + e.what());
+    throw;
   }
   cursor = sampler.advance(cursor, steps * per_step);
   // Fewer samples left than one step: the epoch ends here (as drop_last
@@ -417,6 +464,101 @@ void TrainerActor::load_state(TrainState s) {
   step_ = s.step;
   epoch_ = s.epoch;
   cursor_ = s.cursor;
+}
+
+TrainerActor::StepSnapshot TrainerActor::snapshot() {
+  StepSnapshot s;
+  for (auto& [name, b] : model_->named_buffers()) s.buffers.push_back(b.detach().clone());
+  s.rng = at::detail::getDefaultCPUGenerator().get_state();
+  return s;
+}
+
+void TrainerActor::roll_back(const StepSnapshot& s) {
+  torch::NoGradGuard ng;
+  auto buffers = model_->named_buffers();
+  if (s.buffers.size() == buffers.size())
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].second.copy_(s.buffers[i]);
+  if (s.rng.defined()) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(s.rng);
+  }
+  optimizer_->zero_grad();
+}
+
+Progress TrainerActor::progress() {
+  TROUPE_CHECK(ready_) << "setup() first";
+  return Progress{step_, epoch_, cursor_, partial_};
+}
+
+Progress TrainerActor::heal(int64_t src) {
+  TROUPE_CHECK(ready_) << "setup() first";
+  TROUPE_CHECK(group_) << "join() first";
+  TROUPE_CHECK(src >= 0 && src < group_->world_size()) << "heal source rank " << src << " out of range";
+  const auto timeout = std::chrono::minutes(5);
+  // The state travels as one byte block: [attachment count, body size,
+  // attachment sizes..., body, attachments...]. Its length goes first so
+  // every rank can allocate the block (on the group's device: NCCL
+  // broadcasts device memory).
+  const bool mine = group_->rank() == src;
+  torch::Tensor block;
+  int64_t length = 0;
+  if (mine) {
+    auto e = wire::encode_value(state());
+    const auto& body = e.bytes();
+    const auto& att = e.attachments();
+    std::vector<uint64_t> header{att.size(), body.size()};
+    for (const auto& a : att) header.push_back(a.size());
+    length = static_cast<int64_t>(header.size() * sizeof(uint64_t) + body.size());
+    for (const auto& a : att) length += static_cast<int64_t>(a.size());
+    block = torch::empty({length}, torch::kUInt8);
+    auto* out = static_cast<std::byte*>(block.data_ptr());
+    std::memcpy(out, header.data(), header.size() * sizeof(uint64_t));
+    out += header.size() * sizeof(uint64_t);
+    std::memcpy(out, body.data(), body.size());
+    out += body.size();
+    for (const auto& a : att) {
+      if (a.size()) std::memcpy(out, a.data(), a.size());
+      out += a.size();
+    }
+  }
+  auto len = torch::tensor({length}, torch::kInt64).to(device_);
+  group_->broadcast(len.data_ptr(), 1, collective::DType::kInt64, static_cast<int>(src))->wait(timeout);
+  length = len.to(torch::kCPU).item<int64_t>();
+  if (!mine) block = torch::empty({length}, torch::kUInt8);
+  auto on_device = block.to(device_);
+  group_->broadcast(on_device.data_ptr(), static_cast<size_t>(length), collective::DType::kUInt8,
+                    static_cast<int>(src))
+      ->wait(timeout);
+  if (!mine) {
+    block = on_device.to(torch::kCPU).contiguous();
+    const auto* p = static_cast<const std::byte*>(block.data_ptr());
+    const std::byte* end = p + length;
+    auto read_u64 = [&] {
+      if (end - p < 8) throw DecodeError("heal: truncated state block");
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      p += 8;
+      return v;
+    };
+    uint64_t n_att = read_u64();
+    uint64_t body_size = read_u64();
+    if (n_att > (1u << 20)) throw DecodeError("heal: bad attachment count " + std::to_string(n_att));
+    std::vector<uint64_t> sizes(n_att);
+    for (auto& sz : sizes) sz = read_u64();
+    auto owner = std::make_shared<torch::Tensor>(block);
+    auto view = [&](uint64_t n) {
+      if (static_cast<uint64_t>(end - p) < n) throw DecodeError("heal: truncated state block");
+      Buffer b(std::shared_ptr<const void>(owner, owner->data_ptr()), p, n);
+      p += n;
+      return b;
+    };
+    Buffer body = view(body_size);
+    std::vector<Buffer> att;
+    for (auto sz : sizes) att.push_back(view(sz));
+    load_state(wire::decode_value<TrainState>(body.data(), body.size(), &att));
+  }
+  return progress();
 }
 
 BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup) {

@@ -104,7 +104,10 @@ struct JoinSpec {
   int64_t rank = 0;
   int64_t world_size = 1;
   std::vector<uint64_t> members;
-  TROUPE_FIELDS(name, generation, rank, world_size, members);
+  // Take rank 0's parameters and buffers after joining. A driver that heals
+  // the group right after (heal()) skips this: the heal sends everything.
+  bool sync_params = true;
+  TROUPE_FIELDS(name, generation, rank, world_size, members, sync_params);
 };
 
 struct TrainRequest {
@@ -114,7 +117,9 @@ struct TrainRequest {
   // Read batches from the stream opened with open_stream() instead of the
   // trainer's own copy of the data set.
   bool from_stream = false;
-  TROUPE_FIELDS(cursor, max_steps, from_stream);
+  // Report the data set indices of every completed step (TrainReport::consumed).
+  bool record_indices = false;
+  TROUPE_FIELDS(cursor, max_steps, from_stream, record_indices);
 };
 
 // One rank's account of a train() call; the driver sums over ranks.
@@ -131,8 +136,23 @@ struct TrainReport {
   actors::SamplerCursor cursor;  // after the steps
   int64_t global_step = 0;
   double lr = 0;
+  // With record_indices: the data set indices this rank trained on, in order.
+  std::vector<int64_t> consumed;
   TROUPE_FIELDS(steps, samples, loss_sum, correct, seconds, step_loss_sum, step_correct, step_samples, cursor,
-                global_step, lr);
+                global_step, lr, consumed);
+};
+
+// Where a trainer stands: the optimizer steps it has completed and the
+// sampler cursor just after them. After a failed train() this is the last
+// completed step (a step cut short by a failure is rolled back).
+struct Progress {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  actors::SamplerCursor cursor;
+  // When the last train() failed part way: the report of the steps it
+  // completed before the failure (steps == 0 otherwise).
+  TrainReport partial;
+  TROUPE_FIELDS(step, epoch, cursor, partial);
 };
 
 struct EvalReport {
@@ -152,6 +172,10 @@ struct BenchReport {
 
 class TrainerActor {
  public:
+  // Control topic: fails the batch stream a train() call may be waiting on
+  // (its loader died before it connected), so the call ends at once.
+  static constexpr const char* kInterruptTopic = "trainer.interrupt";
+
   TrainerActor();
   ~TrainerActor();
 
@@ -170,6 +194,14 @@ class TrainerActor {
   EvalReport evaluate(int64_t rank, int64_t world_size);
   TrainState state();
   void load_state(TrainState state);
+  // Steps completed and the cursor after them (cheap; no tensors).
+  Progress progress();
+  // Collective over the joined group: every rank takes rank `src`'s whole
+  // training state (parameters, buffers, optimizer, schedule position, loss
+  // scale, EMA, RNG, cursor) by broadcast, so a replacement continues
+  // exactly where the survivors are, with no disk read. Returns the state's
+  // progress.
+  Progress heal(int64_t src);
   // Throughput probe: `steps` steps on random in-memory batches of
   // `batch` (no data loading), after `warmup` steps that are not timed.
   BenchReport benchmark(int64_t steps, int64_t batch, int64_t warmup);
@@ -182,6 +214,14 @@ class TrainerActor {
   // One micro-step forward + backward; returns (loss sum, correct).
   std::pair<double, int64_t> micro_step(const actors::Batch& batch, bool sync);
   void optimizer_step();
+  // Makes the state as it was before a step that failed part way: buffers
+  // (BatchNorm statistics) and RNG from the step's start, no gradients.
+  struct StepSnapshot {
+    std::vector<torch::Tensor> buffers;
+    torch::Tensor rng;
+  };
+  StepSnapshot snapshot();
+  void roll_back(const StepSnapshot& s);
 
   TrainerConfig config_;
   bool ready_ = false;
@@ -196,10 +236,20 @@ class TrainerActor {
   std::shared_ptr<collective::Group> group_;
   ShmGroup* shm_ = nullptr;  // group_ itself when it is one
   std::unique_ptr<GradientReducer> reducer_;
-  std::unique_ptr<StreamReader<actors::Batch>> reader_;
+  // The current batch stream, shared with the kInterruptTopic handler
+  // (which runs on the worker's I/O thread): replaced only under mu.
+  struct ReaderSlot {
+    std::mutex mu;
+    std::shared_ptr<StreamReader<actors::Batch>> reader;
+  };
+  std::shared_ptr<ReaderSlot> stream_ = std::make_shared<ReaderSlot>();
+  std::shared_ptr<StreamReader<actors::Batch>> reader_;
+  void set_reader(std::shared_ptr<StreamReader<actors::Batch>> r);
+  bool interrupt_registered_ = false;
   int64_t step_ = 0;
   int64_t epoch_ = 0;
   actors::SamplerCursor cursor_;
+  TrainReport partial_;
   double loss_scale_ = 65536.0;
   int64_t good_steps_ = 0;
   bool skip_step_ = false;
@@ -211,5 +261,6 @@ TROUPE_ACTOR(troupe::trainer::TrainerActor, &troupe::trainer::TrainerActor::setu
              &troupe::trainer::TrainerActor::join, &troupe::trainer::TrainerActor::open_stream,
              &troupe::trainer::TrainerActor::train, &troupe::trainer::TrainerActor::evaluate,
              &troupe::trainer::TrainerActor::state, &troupe::trainer::TrainerActor::load_state,
+             &troupe::trainer::TrainerActor::progress, &troupe::trainer::TrainerActor::heal,
              &troupe::trainer::TrainerActor::benchmark, &troupe::trainer::TrainerActor::pid,
              &troupe::trainer::TrainerActor::shm_allreduces)

@@ -189,6 +189,19 @@ std::optional<Message> StreamReaderCore::read(std::chrono::milliseconds timeout)
   return std::nullopt;
 }
 
+void StreamReaderCore::cancel(const std::string& reason) {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->error.empty() && !state_->ended) state_->error = "stream cancelled by its reader: " + reason;
+    conn = state_->conn;
+  }
+  state_->cv.notify_all();
+  // Outside the lock: closing may run the connection's close handler,
+  // which takes it.
+  if (conn) conn->close("stream cancelled: " + reason);
+}
+
 size_t StreamReaderCore::buffered() const {
   std::lock_guard lock(state_->mu);
   return state_->items.size();

@@ -47,6 +47,11 @@ class StreamReaderCore {
   StreamRef ref() const { return ref_; }
   // Next message body, nullopt at end of stream; throws StreamError.
   std::optional<wire::Message> read(std::chrono::milliseconds timeout);
+  // Fails the stream from the reader's side: a read() waiting now or later
+  // throws StreamError(reason) once the values already received are read.
+  // Thread-safe (for a control handler unblocking a reader whose writer
+  // never came).
+  void cancel(const std::string& reason);
   size_t buffered() const;
   struct State;
 
@@ -78,6 +83,8 @@ class StreamReader {
  public:
   explicit StreamReader(Runtime& rt, size_t credits = 8) : core_(rt.core(), credits) {}
   StreamRef ref() const { return core_.ref(); }
+  // See StreamReaderCore::cancel.
+  void cancel(const std::string& reason) { core_.cancel(reason); }
   // The next value; nullopt once the writer closed the stream. Throws
   // StreamError when the writer died or failed, Timeout after `timeout`.
   std::optional<T> read(std::chrono::milliseconds timeout = std::chrono::hours(24)) {

@@ -1,0 +1,167 @@
+// Recovery benchmark: a 2-worker CPU TrainJob on a LocalCluster with room
+// for a replacement; a trainer's process is SIGKILLed in the middle of the
+// run. Measured, as JSON lines (median of --trials runs, each trial listed):
+//   recovery_s       seconds from the SIGKILL to the next completed step,
+//                    healing the replacement from a live peer;
+//   lost_steps       completed steps that had to be done again;
+//   recovery_s_disk, lost_steps_disk
+//                    the same when every failure goes back to the last
+//                    checkpoint (RecoveryMode::kCheckpoint, every
+//                    --ckpt-every steps): what a restart-from-disk runtime
+//                    (torchrun, Ray Train) does, measured in the same run.
+//
+//   bench/run recovery [--trials 3] [--kill-step 23] [--ckpt-every 10]
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/testing/fault_injector.h"
+#include "runtime/testing/local_cluster.h"
+#include "trainer/train_job.h"
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::trainer;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Trial {
+  double recovery_s = 0;
+  int64_t lost_steps = 0;
+  double heal_s = 0;  // failure seen -> training resumed, inside the driver
+};
+
+uint64_t second_trainer(Runtime& rt) {
+  std::vector<uint64_t> ids;
+  auto j = nlohmann::json::parse(rt.status_json());
+  for (const auto& a : j["actors"])
+    if (a["class"] == "troupe::trainer::TrainerActor" && a["state"] == "ALIVE") ids.push_back(a["id"].get<uint64_t>());
+  std::sort(ids.begin(), ids.end());
+  if (ids.size() < 2) throw Error("expected 2 live trainers, found " + std::to_string(ids.size()));
+  return ids[1];
+}
+
+Trial run_trial(troupe::testing::LocalCluster& cluster, bool disk, int64_t kill_step, int64_t ckpt_every, int trial) {
+  Runtime rt = cluster.connect();
+  TrainJobConfig c;
+  c.name = disk ? "recovery-disk" : "recovery";
+  c.scaling.num_workers = 2;
+  c.trainer.model.name = "mlp";
+  c.trainer.model.input_dim = 64;
+  c.trainer.model.hidden = 512;
+  c.trainer.model.num_classes = 10;
+  c.trainer.data = actors::DatasetSpec("synthetic_classification")
+                       .set("size", 8192)
+                       .set("num_features", 64)
+                       .set("num_classes", 10)
+                       .set("seed", 1);
+  c.trainer.batch_size = 64;
+  c.trainer.optimizer.name = "adamw";
+  c.trainer.optimizer.lr = 1e-3;
+  c.epochs = 1;
+  c.max_steps = kill_step + 15;
+  c.evaluate = false;
+  c.verbose = false;
+  c.progress_every_steps = 1;
+  c.failure.max_failures = 1;
+  auto dir = std::filesystem::temp_directory_path() /
+             ("troupe-bench-recovery-" + std::to_string(::getpid()) + "-" + std::to_string(trial));
+  std::filesystem::remove_all(dir);
+  c.checkpoint.dir = dir.string();
+  c.checkpoint.every_steps = ckpt_every;
+  c.checkpoint.at_epoch_end = false;
+  if (disk) c.failure.mode = RecoveryMode::kCheckpoint;
+
+  troupe::testing::FaultInjector faults(rt);
+  std::atomic<bool> killed{false};
+  Clock::time_point kill_at, done_at;
+  c.on_step = [&](const StepInfo& s) {
+    if (killed && done_at == Clock::time_point{}) done_at = Clock::now();
+    if (s.step == kill_step && !killed) {
+      uint64_t id = second_trainer(rt);
+      // Mid-step: the kill lands while the next round runs.
+      faults.after(2ms, [&, id] {
+        kill_at = Clock::now();
+        faults.kill_actor(id);
+        killed = true;
+      });
+    }
+  };
+  auto r = TrainJob(rt, c).fit();
+  std::filesystem::remove_all(dir);
+  if (r.recoveries.size() != 1) throw Error("expected one recovery, saw " + std::to_string(r.recoveries.size()));
+  Trial t;
+  t.recovery_s = std::chrono::duration<double>(done_at - kill_at).count();
+  t.lost_steps = r.recoveries[0].lost_steps;
+  t.heal_s = r.recoveries[0].resumed_at - r.recoveries[0].failed_at;
+  return t;
+}
+
+template <class T>
+T median(std::vector<T> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  run_role_if_requested(argc, argv);
+  int trials = 3;
+  int64_t kill_step = 23, ckpt_every = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--trials") trials = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--kill-step") kill_step = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--ckpt-every") ckpt_every = std::max(1, std::atoi(argv[i + 1]));
+    else {
+      std::fprintf(stderr, "unknown argument %s\nusage: recovery [--trials N] [--kill-step S] [--ckpt-every K]\n", argv[i]);
+      return 2;
+    }
+  }
+  try {
+    // Two nodes of two CPUs: the two trainers, and room for a replacement.
+    troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+    for (bool disk : {false, true}) {
+      std::vector<double> rs, heal;
+      std::vector<int64_t> lost;
+      nlohmann::json each = nlohmann::json::array();
+      for (int t = 0; t < trials; ++t) {
+        auto tr = run_trial(cluster, disk, kill_step, ckpt_every, t);
+        rs.push_back(tr.recovery_s);
+        lost.push_back(tr.lost_steps);
+        heal.push_back(tr.heal_s);
+        each.push_back({{"recovery_s", tr.recovery_s}, {"lost_steps", tr.lost_steps}, {"driver_recovery_s", tr.heal_s}});
+      }
+      const std::string sfx = disk ? "_disk" : "";
+      nlohmann::json common = {{"bench", "recovery"}, {"workers", 2}, {"kill_step", kill_step}, {"trials", each}};
+      if (disk) common["checkpoint_every"] = ckpt_every;
+      auto a = common;
+      a["case"] = "recovery_s" + sfx;
+      a["value"] = median(rs);
+      a["unit"] = "s";
+      a["driver_recovery_s"] = median(heal);
+      std::printf("%s\n", a.dump().c_str());
+      auto b = common;
+      b["case"] = "lost_steps" + sfx;
+      b["value"] = median(lost);
+      b["unit"] = "steps";
+      std::printf("%s\n", b.dump().c_str());
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "recovery bench failed: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,308 @@
+// Fault tolerance and elasticity of TrainJob on a LocalCluster, with real
+// worker and node-agent processes killed by SIGKILL:
+//  - a trainer killed mid-run and a loader killed later (replacements
+//    available) end with weights bitwise equal to a run without failures;
+//    the same for a node agent killed, and for every trainer lost at once
+//    (restart from the last checkpoint);
+//  - shrinking 3 -> 2 and growing 2 -> 3 mid-epoch consumes every sample of
+//    every epoch exactly once;
+//  - killing a trainer, a loader or a node agent with no failures allowed
+//    ends in a clear JobFailed within 10 s (never a hang).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "runtime/testing/fault_injector.h"
+#include "runtime/testing/local_cluster.h"
+#include "trainer/train_job.h"
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::trainer;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kTrainerClass = "troupe::trainer::TrainerActor";
+constexpr const char* kLoaderClass = "troupe::actors::DataLoaderActor";
+
+// Alive actors of a class with ids above `after` (those of the job running
+// now, not of an earlier one being torn down), oldest first: {id, node id}.
+std::vector<std::pair<uint64_t, uint64_t>> alive(Runtime& rt, const std::string& cls, uint64_t after = 0) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  auto j = nlohmann::json::parse(rt.status_json());
+  for (const auto& a : j["actors"])
+    if (a["class"] == cls && a["state"] == "ALIVE" && a["id"].get<uint64_t>() > after)
+      out.emplace_back(a["id"].get<uint64_t>(), a["node"].get<uint64_t>());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The largest actor id so far.
+uint64_t last_actor(Runtime& rt) {
+  uint64_t m = 0;
+  auto j = nlohmann::json::parse(rt.status_json());
+  for (const auto& a : j["actors"]) m = std::max(m, a["id"].get<uint64_t>());
+  return m;
+}
+
+size_t node_index(const troupe::testing::LocalCluster& c, uint64_t node_id) {
+  for (size_t i = 0; i < c.node_count(); ++i)
+    if (c.node_id(i) == node_id) return i;
+  throw Error("no node " + std::to_string(node_id));
+}
+
+TrainJobConfig job(int64_t workers, int64_t batch, int64_t size) {
+  TrainJobConfig c;
+  c.name = "elastic";
+  c.scaling.num_workers = workers;
+  c.trainer.model.name = "mlp";
+  c.trainer.model.input_dim = 16;
+  c.trainer.model.hidden = 32;
+  c.trainer.model.num_classes = 4;
+  c.trainer.data = actors::DatasetSpec("synthetic_classification")
+                       .set("size", size)
+                       .set("num_features", 16)
+                       .set("num_classes", 4)
+                       .set("seed", 5);
+  c.trainer.batch_size = batch;
+  c.trainer.seed = 42;
+  c.trainer.optimizer.name = "adamw";
+  c.trainer.optimizer.lr = 0.01;
+  c.epochs = 2;
+  c.evaluate = false;
+  c.verbose = false;
+  c.progress_every_steps = 2;
+  c.failure.max_failures = 4;
+  c.failure.replacement_timeout = 3s;
+  return c;
+}
+
+void expect_bitwise_equal(const TrainState& a, const TrainState& b) {
+  ASSERT_EQ(a.step, b.step);
+  ASSERT_EQ(a.model.size(), b.model.size());
+  for (const auto& [name, t] : a.model) {
+    ASSERT_TRUE(b.model.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, b.model.at(name))) << name << " differs";
+  }
+  ASSERT_EQ(a.optimizer.size(), b.optimizer.size());
+  for (const auto& [name, t] : a.optimizer) {
+    ASSERT_TRUE(b.optimizer.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, b.optimizer.at(name))) << "optimizer " << name << " differs";
+  }
+}
+
+std::string describe(const Result& r) {
+  std::string s;
+  for (const auto& e : r.events) s += "  " + std::to_string(e.time) + " " + e.kind + ": " + e.detail + "\n";
+  return s;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  auto p = fs::temp_directory_path() / ("troupe-elastic-test-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(p);
+  return p;
+}
+
+}  // namespace
+
+// Spare capacity on both nodes: replacements are always available.
+TEST(ElasticTest, TrainerAndLoaderKilledSameWeights) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 16, 1024);  // 32 steps an epoch, K = 64 in all
+  cfg.progress_every_steps = 4;
+  const auto clean = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(clean.steps, 64);
+  ASSERT_TRUE(clean.recoveries.empty());
+
+  const uint64_t before = last_actor(rt);
+  troupe::testing::FaultInjector faults(rt);
+  // Killed a few ms after the boundary, so usually inside a round (in the
+  // middle of a step); wherever it lands, the result must not change.
+  faults.at_step(21, [&] {
+    auto id = alive(rt, kTrainerClass, before).at(1).first;
+    faults.after(2ms, [&faults, id] { faults.kill_actor(id); });
+  });
+  faults.at_step(43, [&] {
+    auto id = alive(rt, kLoaderClass, before).at(0).first;
+    faults.after(2ms, [&faults, id] { faults.kill_actor(id); });
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(faults.faults().size(), 2u);
+  ASSERT_EQ(hurt.recoveries.size(), 2u) << describe(hurt);
+  for (const auto& r : hurt.recoveries) {
+    EXPECT_EQ(r.mode, "heal") << describe(hurt);
+    EXPECT_EQ(r.lost_steps, 0) << describe(hurt);
+    EXPECT_EQ(r.world_after, 2);
+    EXPECT_LT(r.resumed_at - r.failed_at, 10.0) << describe(hurt);
+  }
+  EXPECT_EQ(hurt.final_world_size, 2);
+  expect_bitwise_equal(clean.final_state, hurt.final_state);
+  auto has = [&](const std::string& kind) {
+    return std::any_of(hurt.events.begin(), hurt.events.end(), [&](const JobEvent& e) { return e.kind == kind; });
+  };
+  for (const char* k : {"failure", "aborted", "replaced", "healed", "resumed"}) EXPECT_TRUE(has(k)) << k;
+}
+
+// Three nodes of one CPU, two trainers: killing the node agent of one
+// trainer takes its trainer and loader; the replacement goes to the spare
+// node and the weights end as without the failure.
+TEST(ElasticTest, NodeAgentKilledSameWeights) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  cfg.trainer.optimizer.name = "sgd";
+  cfg.trainer.optimizer.momentum = 0.9;
+  const auto clean = TrainJob(rt, cfg).fit();
+
+  const uint64_t before = last_actor(rt);
+  troupe::testing::FaultInjector faults(rt);
+  faults.at_step(12, [&] {
+    auto node = alive(rt, kTrainerClass, before).at(0).second;
+    faults.kill_node(cluster, node_index(cluster, node));
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].mode, "heal");
+  EXPECT_EQ(hurt.recoveries[0].lost_steps, 0);
+  EXPECT_EQ(hurt.final_world_size, 2);
+  expect_bitwise_equal(clean.final_state, hurt.final_state);
+}
+
+// Both trainers on one node, and that node killed: no live peer is left,
+// so the job restarts on the other node from the last checkpoint, and
+// still ends with the same weights.
+TEST(ElasticTest, AllTrainersLostRestartsFromCheckpoint) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  cfg.scaling.strategy = PlacementStrategy::kPack;
+  const auto clean = TrainJob(rt, cfg).fit();
+
+  auto dir = fresh_dir("ckpt");
+  cfg.checkpoint.dir = dir.string();
+  cfg.checkpoint.every_steps = 4;
+  cfg.checkpoint.async = false;
+  const uint64_t before = last_actor(rt);
+  troupe::testing::FaultInjector faults(rt);
+  faults.at_step(14, [&] {
+    auto trainers = alive(rt, kTrainerClass, before);
+    ASSERT_EQ(trainers.size(), 2u);
+    ASSERT_EQ(trainers[0].second, trainers[1].second) << "PACK should put both trainers on one node";
+    faults.kill_node(cluster, node_index(cluster, trainers[0].second));
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].mode, "checkpoint") << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].resumed_step, 12);
+  EXPECT_EQ(hurt.recoveries[0].lost_steps, 2);
+  expect_bitwise_equal(clean.final_state, hurt.final_state);
+  fs::remove_all(dir);
+}
+
+// 3 workers; a node dies at step 4 with nowhere to put a replacement (shrink
+// to 2), a node joins at step 7 (grow back to 3). Every epoch's samples are
+// each consumed exactly once. 120 samples, batch 2: 24 consumed by step 4,
+// 12 more by step 7 at 2 workers, the rest at 3; every stretch divides
+// evenly, so no padding duplicates exist to blur the count.
+TEST(ElasticTest, ExactlyOnceAcrossShrinkAndGrow) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(3, 2, 120);
+  cfg.scaling.min_workers = 2;
+  cfg.scaling.max_workers = 3;
+  cfg.scaling.grow_interval = 0ms;
+  cfg.failure.replacement_timeout = 300ms;
+  cfg.progress_every_steps = 1;
+  cfg.record_indices = true;
+  const uint64_t before = last_actor(rt);
+  troupe::testing::FaultInjector faults(rt);
+  faults.at_step(4, [&] {
+    auto node = alive(rt, kTrainerClass, before).at(1).second;
+    faults.kill_node(cluster, node_index(cluster, node));
+  });
+  faults.at_step(7, [&] { cluster.add_node({{"CPU", 1}}); });
+  std::vector<int64_t> worlds;
+  cfg.on_step = [&](const StepInfo& s) {
+    worlds.push_back(s.world_size);
+    faults.on_step(s.step);
+  };
+  const auto r = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(r.recoveries.size(), 1u) << describe(r);
+  EXPECT_EQ(r.recoveries[0].world_before, 3);
+  EXPECT_EQ(r.recoveries[0].world_after, 2);
+  EXPECT_EQ(r.final_world_size, 3) << describe(r);
+  EXPECT_NE(std::find(worlds.begin(), worlds.end(), 2), worlds.end());
+  int resized = 0;
+  for (const auto& e : r.events) resized += e.kind == "resized";
+  EXPECT_EQ(resized, 2) << describe(r);
+  ASSERT_EQ(r.consumed.size(), 2u);
+  std::vector<int64_t> all(120);
+  std::iota(all.begin(), all.end(), 0);
+  for (auto [epoch, idx] : r.consumed) {
+    std::sort(idx.begin(), idx.end());
+    EXPECT_EQ(idx, all) << "epoch " << epoch << ": " << idx.size() << " consumed\n" << describe(r);
+  }
+}
+
+// With no failures allowed, the death of any one process of the job ends
+// fit() in a JobFailed naming the failure and listing what happened, within
+// 10 s of the kill: never a hang.
+class NeverHangTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NeverHangTest, KillEndsInClearError) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}, {{"CPU", 1}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  cfg.epochs = 50;
+  cfg.failure.max_failures = 0;
+  const std::string what = GetParam();
+  const uint64_t before = last_actor(rt);
+  troupe::testing::FaultInjector faults(rt);
+  faults.at_step(6, [&] {
+    faults.after(3ms, [&] {
+      if (what == "trainer") faults.kill_actor(alive(rt, kTrainerClass, before).at(1).first);
+      if (what == "loader") faults.kill_actor(alive(rt, kLoaderClass, before).at(0).first);
+      if (what == "node") faults.kill_node(cluster, node_index(cluster, alive(rt, kTrainerClass, before).at(1).second));
+    });
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  std::chrono::steady_clock::time_point failed;
+  try {
+    TrainJob(rt, cfg).fit();
+    FAIL() << "fit() survived the " << what << " kill with max_failures = 0";
+  } catch (const JobFailed& e) {
+    failed = std::chrono::steady_clock::now();
+    EXPECT_NE(std::string(e.what()).find("max_failures is 0"), std::string::npos) << e.what();
+    const auto& ev = e.result().events;
+    EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [](const JobEvent& x) { return x.kind == "failure"; }));
+  }
+  ASSERT_EQ(faults.faults().size(), 1u);
+  EXPECT_LT(std::chrono::duration<double>(failed - faults.faults()[0].at).count(), 10.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, NeverHangTest, ::testing::Values("trainer", "loader", "node"));
+
+// A bad elastic range is refused before anything is placed.
+TEST(ElasticConfigTest, BadRangesAreRefused) {
+  auto c = job(2, 8, 64);
+  c.scaling.min_workers = 3;
+  EXPECT_THROW(validate(c), ConfigError);
+  c = job(2, 8, 64);
+  c.scaling.max_workers = 1;
+  EXPECT_THROW(validate(c), ConfigError);
+  c = job(2, 8, 64);
+  c.failure.max_failures = -2;
+  EXPECT_THROW(validate(c), ConfigError);
+}
