@@ -543,11 +543,15 @@ void Run::maybe_grow() {
   int64_t room = 0;
   for (const auto& n : status.value("nodes", nlohmann::json::array())) {
     if (!n.value("alive", true)) continue;
-    const nlohmann::json avail = n.value("available", nlohmann::json::object());
+    const nlohmann::json total = n.value("total", nlohmann::json::object());
+    const nlohmann::json used = n.value("used", nlohmann::json::object());
+    auto get = [](const nlohmann::json& j, const std::string& k) {
+      return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0;
+    };
     int64_t fit = max_;
     for (const auto& [k, v] : cfg_.scaling.resources_per_worker) {
       if (v <= 0) continue;
-      double have = avail.contains(k) && avail[k].is_number() ? avail[k].get<double>() : 0.0;
+      double have = get(total, k) - get(used, k);
       fit = std::min<int64_t>(fit, static_cast<int64_t>(have / v + 1e-9));
     }
     room += fit;

@@ -145,6 +145,14 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
 
 void TrainerActor::join(JoinSpec spec) {
   TROUPE_CHECK(ready_) << "setup() first";
+  // Gradients may be views of the old group's shared-memory buckets, which
+  // go away with it: give every parameter its own zeroed gradient first
+  // (zeros, not undefined, so a rejoined rank accumulates exactly as one
+  // that never left).
+  {
+    torch::NoGradGuard ng;
+    for (auto& p : model_->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  }
   reducer_.reset();
   group_.reset();
   collective::GroupSpec g;

@@ -6,6 +6,7 @@ actions) as labelled vertical lines.
 """
 import csv
 import os
+import re
 import sys
 
 import matplotlib
@@ -14,53 +15,94 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 STYLE = {  # kind: (colour, line style)
+    "scenario": ("0.35", "-."),
     "failure": ("tab:red", "-"),
     "resized": ("tab:green", "--"),
     "resumed": ("tab:blue", ":"),
-    "scenario": ("0.4", "-."),
 }
+NAN = float("nan")
+
+
+def label(e):
+    if e["kind"] == "scenario":
+        return e["detail"]
+    if e["kind"] == "resized":
+        m = re.match(r"(\d+) -> (\d+)", e["detail"])
+        return "resized %s → %s" % m.groups() if m else "resized"
+    if e["kind"] == "resumed":
+        return "resumed at step " + e["step"]
+    return "failure at step " + e["step"]
+
+
+def with_gaps(t, ys):
+    """Breaks the line where no step boundary was seen for a long while (a
+    recovery), rather than drawing a straight segment across it."""
+    if len(t) < 3:
+        return t, ys
+    gaps = sorted(b - a for a, b in zip(t, t[1:]))
+    limit = 4 * gaps[len(gaps) // 2]
+    tt, out = [t[0]], [list(y[:1]) for y in ys]
+    for i in range(1, len(t)):
+        if t[i] - t[i - 1] > limit:
+            tt.append((t[i] + t[i - 1]) / 2)
+            for o in out:
+                o.append(NAN)
+        tt.append(t[i])
+        for o, y in zip(out, ys):
+            o.append(y[i])
+    return tt, out
 
 
 def main(out):
     rows = list(csv.DictReader(open(os.path.join(out, "timeline.csv"))))
-    events = [e for e in csv.DictReader(open(os.path.join(out, "events.csv"))) if e["kind"] in STYLE]
+    events = list(csv.DictReader(open(os.path.join(out, "events.csv"))))
     t = [float(r["time_s"]) for r in rows]
     sps = [float(r["samples_per_s"]) for r in rows]
-    wall = [float(r.get("wall_samples_per_s") or 0) or float("nan") for r in rows]  # 0 = not measured
-    world = [int(r["world_size"]) for r in rows]
+    wall = [float(r.get("wall_samples_per_s") or 0) or NAN for r in rows]  # 0 = not measured
+    tg, (sps_g, wall_g) = with_gaps(t, [sps, wall])
+
+    # World size: at each step boundary, and exactly when the job changed it.
+    ws = [(float(r["time_s"]), int(r["world_size"])) for r in rows]
+    ws += [(float(e["time_s"]), int(e["world_size"])) for e in events
+           if e["kind"] in ("started", "resized", "resumed", "finished")]
+    ws.sort()
 
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(11, 6.5),
-                                      gridspec_kw={"height_ratios": [3, 1.3]})
-    if any(w == w for w in wall):
-        top.plot(t, wall, color="tab:orange", lw=0.8, alpha=0.5, label="wall clock (incl. driver, recovery)")
-    top.plot(t, sps, color="tab:blue", lw=1.2, label="train() time")
+                                      gridspec_kw={"height_ratios": [3, 1.2]})
+    top.plot(tg, wall_g, color="tab:orange", lw=0.8, alpha=0.6, label="samples / wall time between step boundaries")
+    top.plot(tg, sps_g, color="tab:blue", lw=1.2, label="samples / time in train()")
     top.set_ylabel("samples/s")
-    top.set_ylim(bottom=0)
+    top.set_ylim(0, max([s for s in sps if s == s] + [1]) * 1.45)
     top.grid(alpha=0.3)
-    top.set_title("elastic job: a node joins, then a node is SIGKILLed")
-    bottom.step(t, world, where="post", color="tab:purple", lw=2)
+    top.set_title("elastic job: a node joins, then a node is SIGKILLed (%d CPU cores)" % (os.cpu_count() or 0))
+    bottom.step([w[0] for w in ws], [w[1] for w in ws], where="post", color="tab:purple", lw=2)
+    top_world = max([w[1] for w in ws] + [3])
     bottom.set_ylabel("workers")
     bottom.set_xlabel("seconds since fit() began")
-    bottom.set_yticks(range(0, max(world + [3]) + 1))
-    bottom.set_ylim(0, max(world + [3]) + 0.5)
+    bottom.set_yticks(range(0, top_world + 1))
+    bottom.set_ylim(0, top_world + 0.6)
     bottom.grid(alpha=0.3)
 
-    # One line per event; labels stacked so close events stay readable.
-    ymax = top.get_ylim()[1]
+    # One line per event, its label written up the line; labels of events
+    # closer than 2% of the time axis stand side by side.
+    marked = [e for e in events if e["kind"] in STYLE]
+    span = max(t + [float(e["time_s"]) for e in marked] + [1.0]) - min(t + [0.0])
     seen = set()
-    for i, e in enumerate(events):
+    cluster_x, k = None, 0
+    for e in marked:
         x = float(e["time_s"])
+        if cluster_x is None or x - cluster_x > 0.02 * span:
+            cluster_x, k = x, 0
+        else:
+            k += 1
         colour, style = STYLE[e["kind"]]
-        label = e["kind"] if e["kind"] not in seen else None
+        legend = e["kind"] if e["kind"] not in seen else None
         seen.add(e["kind"])
-        for ax in (top, bottom):
-            ax.axvline(x, color=colour, ls=style, lw=1.2, label=label if ax is top else None)
-        text = e["detail"] if e["kind"] in ("scenario", "resized") else e["kind"]
-        if len(text) > 40:
-            text = text[:38] + "…"
-        top.text(x, ymax * (0.97 - 0.09 * (i % 4)), " " + text, color=colour, fontsize=8, va="top",
-                 bbox=dict(facecolor="white", edgecolor="none", alpha=0.7, pad=1))
-    top.legend(loc="lower left", fontsize=8, ncol=3)
+        top.axvline(x, color=colour, ls=style, lw=1.2, label=legend)
+        bottom.axvline(x, color=colour, ls=style, lw=1.2)
+        top.annotate(label(e), (cluster_x, 0.985), xycoords=top.get_xaxis_transform(), xytext=(1 + 10 * k, 0),
+                     textcoords="offset points", rotation=90, ha="left", va="top", fontsize=8, color=colour)
+    top.legend(loc="lower left", fontsize=8, ncol=3, framealpha=0.9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "elastic.png"), dpi=110)
 
