@@ -8,7 +8,8 @@
 // timeline.csv (one row per step boundary) and events.csv (the job's events
 // and the scenario's actions), prints the recoveries, and plots throughput
 // and world size over time to elastic.png with /usr/bin/python3's
-// matplotlib.
+// matplotlib (plot.py next to this file). Nodes are named by their
+// LocalCluster index: 0 and 1 from the start, 2 the one that joins.
 //
 //   ./elastic_experiment [--seconds 30] [--grow-at S] [--kill-at S]
 //                        [--kill-node 0] [--steps N] [--out elastic_experiment_out]
@@ -20,6 +21,8 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "runtime/client/runtime.h"
 #include "runtime/testing/local_cluster.h"
@@ -84,9 +87,10 @@ int main(int argc, char** argv) {
   }
   if (a.grow_at < 0) a.grow_at = a.seconds / 3;
   if (a.kill_at < 0) a.kill_at = 2 * a.seconds / 3;
-  // 55 steps a second: about 30 s on an idle 2-core machine (MLP 256-1024-1024-10,
-  // batch 32 per worker, 2 then 3 then 2 workers); slower ones run longer.
-  if (a.steps <= 0) a.steps = static_cast<int64_t>(a.seconds * 55);
+  // 50 steps a second: 25-45 s on a 2-core machine (MLP 256-1024-1024-10,
+  // batch 32 per worker, 2 then 3 then 2 workers), with room to spare so
+  // that a fast machine still reaches --kill-at.
+  if (a.steps <= 0) a.steps = static_cast<int64_t>(a.seconds * 50);
   if (a.kill_node > 1) return usage(argv[0]);
   std::filesystem::create_directories(a.out);
 
@@ -128,6 +132,8 @@ int main(int argc, char** argv) {
   std::vector<troupe::trainer::JobEvent> scenario;
   bool grown = false, killed = false;
   double last_time = 0;
+  // On a terminal the job's live progress line has no newline yet.
+  const char* nl = ::isatty(STDOUT_FILENO) ? "\n" : "";
   cfg.on_step = [&](const troupe::trainer::StepInfo& s) {
     // The first round's wall time includes placement and setup: left out (0).
     Sample row{s.time, s.step, s.world_size, s.seconds > 0 ? s.samples / s.seconds : 0.0,
@@ -138,13 +144,13 @@ int main(int argc, char** argv) {
     if (!grown && s.time >= a.grow_at) {
       grown = true;
       size_t i = cluster.add_node({{"CPU", 1}});
-      std::printf("\n[scenario] %.2fs step %lld: node %zu added\n", s.time, static_cast<long long>(s.step), i);
+      std::printf("%s[scenario] %.2fs step %lld: node %zu added\n", nl, s.time, static_cast<long long>(s.step), i);
       scenario.push_back({s.time, "scenario", "node " + std::to_string(i) + " added", s.step, s.world_size});
     }
     if (!killed && s.time >= a.kill_at) {
       killed = true;
       cluster.kill_node(a.kill_node);
-      std::printf("\n[scenario] %.2fs step %lld: node %zu SIGKILLed\n", s.time, static_cast<long long>(s.step),
+      std::printf("%s[scenario] %.2fs step %lld: node %zu SIGKILLed\n", nl, s.time, static_cast<long long>(s.step),
                   a.kill_node);
       scenario.push_back({s.time, "scenario", "node " + std::to_string(a.kill_node) + " killed", s.step,
                           s.world_size});

@@ -53,6 +53,21 @@ def with_gaps(t, ys):
     return tt, out
 
 
+def smooth(t, ys, window):
+    """Mean over the trailing `window` seconds, restarting after a gap (NaN)."""
+    out, start = [], 0
+    for i, y in enumerate(ys):
+        if y != y:
+            out.append(NAN)
+            start = i + 1
+            continue
+        while t[i] - t[start] > window:
+            start += 1
+        vals = [v for v in ys[start:i + 1] if v == v]
+        out.append(sum(vals) / len(vals))
+    return out
+
+
 def main(out):
     rows = list(csv.DictReader(open(os.path.join(out, "timeline.csv"))))
     events = list(csv.DictReader(open(os.path.join(out, "events.csv"))))
@@ -70,9 +85,11 @@ def main(out):
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(11, 6.5),
                                       gridspec_kw={"height_ratios": [3, 1.2]})
     top.plot(tg, wall_g, color="tab:orange", lw=0.8, alpha=0.6, label="samples / wall time between step boundaries")
-    top.plot(tg, sps_g, color="tab:blue", lw=1.2, label="samples / time in train()")
+    top.plot(tg, sps_g, color="tab:blue", lw=0.7, alpha=0.45, label="samples / time in train(), per round")
+    top.plot(tg, smooth(tg, sps_g, 1.0), color="tab:blue", lw=2, label="the same, 1 s mean")
     top.set_ylabel("samples/s")
-    top.set_ylim(0, max([s for s in sps if s == s] + [1]) * 1.45)
+    finite = sorted(s for s in sps if s == s) or [1.0]
+    top.set_ylim(0, finite[int(0.98 * (len(finite) - 1))] * 1.6)
     top.grid(alpha=0.3)
     top.set_title("elastic job: a node joins, then a node is SIGKILLed (%d CPU cores)" % (os.cpu_count() or 0))
     bottom.step([w[0] for w in ws], [w[1] for w in ws], where="post", color="tab:purple", lw=2)
@@ -101,8 +118,9 @@ def main(out):
         top.axvline(x, color=colour, ls=style, lw=1.2, label=legend)
         bottom.axvline(x, color=colour, ls=style, lw=1.2)
         top.annotate(label(e), (cluster_x, 0.985), xycoords=top.get_xaxis_transform(), xytext=(1 + 10 * k, 0),
-                     textcoords="offset points", rotation=90, ha="left", va="top", fontsize=8, color=colour)
-    top.legend(loc="lower left", fontsize=8, ncol=3, framealpha=0.9)
+                     textcoords="offset points", rotation=90, ha="left", va="top", fontsize=8, color=colour,
+                     bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.85))
+    top.legend(loc="lower left", fontsize=8, ncol=4, framealpha=0.9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "elastic.png"), dpi=110)
 
