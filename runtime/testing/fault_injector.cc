@@ -4,6 +4,7 @@
 
 #include "runtime/core/logging.h"
 #include "runtime/testing/local_cluster.h"
+#include "runtime/worker/worker.h"
 
 namespace troupe::testing {
 
@@ -41,6 +42,13 @@ void FaultInjector::kill_node(LocalCluster& cluster, size_t index) {
   pid_t pid = cluster.node_pid(index);
   record("SIGKILL node agent " + std::to_string(cluster.node_id(index)) + " pid " + std::to_string(pid));
   cluster.kill_node(index, SIGKILL);
+}
+
+void FaultInjector::drop_connections(uint64_t actor_id) {
+  pid_t pid = pid_of(actor_id);
+  auto reply = rt_.core()->actor(rt_.actor_info(actor_id))->control(worker::kDropConnectionsTopic, "");
+  reply.get(std::chrono::seconds(5));
+  record("dropped the connections of actor " + std::to_string(actor_id) + " pid " + std::to_string(pid));
 }
 
 void FaultInjector::stall_actor(uint64_t actor_id, std::chrono::milliseconds duration) {

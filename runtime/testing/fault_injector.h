@@ -1,6 +1,7 @@
 // FaultInjector: failures on demand for tests and experiments. It kills an
 // actor's worker process (SIGKILL) or a node agent, stalls a process
-// (SIGSTOP, then SIGCONT after a while: a straggler), now, after a delay, or
+// (SIGSTOP, then SIGCONT after a while: a straggler), drops an actor's
+// connections (a network fault), now, after a delay, or
 // when a job reports reaching a step (on_step). Every injected fault is
 // recorded with its time, so tests can measure recovery from it.
 #pragma once
@@ -39,6 +40,10 @@ class FaultInjector {
   pid_t kill_actor(uint64_t actor_id);
   // SIGKILLs node agent `index` of the cluster (its workers die with it).
   void kill_node(LocalCluster& cluster, size_t index);
+  // Closes every connection callers have open to the actor's worker (as a
+  // network fault would), leaving the process running. Callers see their
+  // calls in flight fail as if the actor had died.
+  void drop_connections(uint64_t actor_id);
   // SIGSTOPs the actor's worker now and SIGCONTs it after `duration`.
   void stall_actor(uint64_t actor_id, std::chrono::milliseconds duration);
 

@@ -180,8 +180,8 @@ void run_worker() {
   };
   // Keeps every caller connection alive until it closes (touched on the
   // thread of the listener that accepted it).
-  auto make_listener = [&](asio::io_context& io) {
-    auto conns = std::make_shared<std::map<Connection*, std::shared_ptr<Connection>>>();
+  using ConnMap = std::map<Connection*, std::shared_ptr<Connection>>;
+  auto make_listener = [&](asio::io_context& io, std::shared_ptr<ConnMap> conns) {
     return std::make_unique<Listener>(io, bind_host, 0, [&, conns](asio::ip::tcp::socket s) {
       auto c = std::make_shared<Connection>(std::move(s), core->token(), true);
       (*conns)[c.get()] = c;
@@ -196,8 +196,20 @@ void run_worker() {
                });
     });
   };
-  auto call_listener = make_listener(inline_calls ? calls_io : core->io());
-  auto control_listener = make_listener(core->io());
+  asio::io_context& call_io = inline_calls ? calls_io : core->io();
+  auto call_conns = std::make_shared<ConnMap>();
+  auto call_listener = make_listener(call_io, call_conns);
+  auto control_listener = make_listener(core->io(), std::make_shared<ConnMap>());
+  // Fault injection (FaultInjector::drop_connections): closes every caller
+  // connection of the call listener, as a network fault would, while the
+  // process lives on. Runs on the call listener's thread, which owns them.
+  ctx.set_control_handler(kDropConnectionsTopic, [&call_io, call_conns](const std::string&) {
+    asio::post(call_io, [call_conns] {
+      auto all = *call_conns;
+      for (auto& [raw, c] : all) c->close("connection dropped (fault injection)");
+    });
+    return std::string("dropping");
+  });
 
   ActorReady ready{actor_id, incarnation, bind_host + ":" + std::to_string(call_listener->port()), getpid(),
                    bind_host + ":" + std::to_string(control_listener->port())};

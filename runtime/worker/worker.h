@@ -10,6 +10,10 @@
 
 namespace troupe::worker {
 
+// Control topic every worker serves: close all its callers' connections
+// (a network fault, for fault injection); the process lives on.
+inline constexpr const char* kDropConnectionsTopic = "troupe.drop_connections";
+
 // Serves the actor named by TROUPE_ACTOR_ID etc.; never returns.
 [[noreturn]] void run_worker();
 

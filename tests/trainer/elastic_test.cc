@@ -153,6 +153,47 @@ TEST(ElasticTest, TrainerAndLoaderKilledSameWeights) {
   for (const char* k : {"failure", "aborted", "replaced", "healed", "resumed"}) EXPECT_TRUE(has(k)) << k;
 }
 
+// A network fault: every caller connection of one trainer is closed while
+// its process lives on. The job recovers (reconnecting to it or replacing
+// it) and the weights end as without the fault.
+TEST(ElasticTest, DroppedConnectionsSameWeights) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 16, 1024);
+  cfg.progress_every_steps = 4;
+  const auto clean = TrainJob(rt, cfg).fit();
+  const uint64_t before = last_actor(rt);
+  troupe::testing::FaultInjector faults(rt);
+  faults.at_step(20, [&] {
+    auto id = alive(rt, kTrainerClass, before).at(1).first;
+    faults.after(2ms, [&faults, id] { faults.drop_connections(id); });
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(faults.faults().size(), 1u);
+  EXPECT_LE(hurt.recoveries.size(), 1u) << describe(hurt);
+  for (const auto& r : hurt.recoveries) EXPECT_EQ(r.lost_steps, 0) << describe(hurt);
+  expect_bitwise_equal(clean.final_state, hurt.final_state);
+}
+
+// A straggler is not a failure: a trainer stopped (SIGSTOP) for a while
+// slows the job down but nothing is recovered and nothing changes.
+TEST(ElasticTest, StragglerIsNotAFailure) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 16, 1024);
+  cfg.progress_every_steps = 4;
+  const auto clean = TrainJob(rt, cfg).fit();
+  const uint64_t before = last_actor(rt);
+  troupe::testing::FaultInjector faults(rt);
+  faults.at_step(20, [&] { faults.stall_actor(alive(rt, kTrainerClass, before).at(0).first, 700ms); });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto slow = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(faults.faults().size(), 1u);
+  EXPECT_TRUE(slow.recoveries.empty()) << describe(slow);
+  expect_bitwise_equal(clean.final_state, slow.final_state);
+}
+
 // Three nodes of one CPU, two trainers: killing the node agent of one
 // trainer takes its trainer and loader; the replacement goes to the spare
 // node and the weights end as without the failure.
