@@ -41,26 +41,6 @@ struct Trial {
   double heal_s = 0;  // failure seen -> training resumed, inside the driver
 };
 
-// The largest actor id so far: actors of the next job have larger ones.
-uint64_t last_actor(Runtime& rt) {
-  uint64_t m = 0;
-  const auto status = nlohmann::json::parse(rt.status_json());
-  for (const auto& a : status["actors"]) m = std::max(m, a["id"].get<uint64_t>());
-  return m;
-}
-
-// Rank 1's trainer of the job whose actors have ids above `after`.
-uint64_t second_trainer(Runtime& rt, uint64_t after) {
-  std::vector<uint64_t> ids;
-  auto j = nlohmann::json::parse(rt.status_json());
-  for (const auto& a : j["actors"])
-    if (a["class"] == "troupe::trainer::TrainerActor" && a["state"] == "ALIVE" && a["id"].get<uint64_t>() > after)
-      ids.push_back(a["id"].get<uint64_t>());
-  std::sort(ids.begin(), ids.end());
-  if (ids.size() < 2) throw Error("expected 2 live trainers, found " + std::to_string(ids.size()));
-  return ids[1];
-}
-
 Trial run_trial(troupe::testing::LocalCluster& cluster, bool disk, int64_t kill_step, int64_t ckpt_every, int trial) {
   Runtime rt = cluster.connect();
   TrainJobConfig c;
@@ -92,14 +72,16 @@ Trial run_trial(troupe::testing::LocalCluster& cluster, bool disk, int64_t kill_
   c.checkpoint.at_epoch_end = false;
   if (disk) c.failure.mode = RecoveryMode::kCheckpoint;
 
-  const uint64_t before = last_actor(rt);
   troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
   std::atomic<bool> killed{false};
   Clock::time_point kill_at, done_at;
   c.on_step = [&](const StepInfo& s) {
     if (killed && done_at == Clock::time_point{}) done_at = Clock::now();
     if (s.step == kill_step && !killed) {
-      uint64_t id = second_trainer(rt, before);
+      auto trainers = faults.live_actors("troupe::trainer::TrainerActor", before);
+      if (trainers.size() != 2) throw Error("expected 2 live trainers, found " + std::to_string(trainers.size()));
+      uint64_t id = trainers[1].id;
       // Mid-step: the kill lands while the next round runs.
       faults.after(2ms, [&, id] {
         kill_at = Clock::now();

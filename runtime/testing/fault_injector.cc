@@ -2,6 +2,10 @@
 
 #include <signal.h>
 
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
 #include "runtime/core/logging.h"
 #include "runtime/testing/local_cluster.h"
 #include "runtime/worker/worker.h"
@@ -15,6 +19,25 @@ FaultInjector::~FaultInjector() {
   }
   cv_.notify_all();
   for (auto& t : timers_) t.join();
+}
+
+std::vector<FaultInjector::LiveActor> FaultInjector::live_actors(const std::string& class_name, uint64_t after) {
+  std::vector<LiveActor> out;
+  const auto status = nlohmann::json::parse(rt_.status_json());
+  for (const auto& a : status.at("actors")) {
+    const auto id = a.at("id").get<uint64_t>();
+    if (id > after && a.at("class") == class_name && a.at("state") == "ALIVE")
+      out.push_back({id, a.at("node").get<uint64_t>(), static_cast<pid_t>(a.at("pid").get<int64_t>())});
+  }
+  std::sort(out.begin(), out.end(), [](const LiveActor& x, const LiveActor& y) { return x.id < y.id; });
+  return out;
+}
+
+uint64_t FaultInjector::last_actor_id() {
+  uint64_t last = 0;
+  const auto status = nlohmann::json::parse(rt_.status_json());
+  for (const auto& a : status.at("actors")) last = std::max(last, a.at("id").get<uint64_t>());
+  return last;
 }
 
 pid_t FaultInjector::pid_of(uint64_t actor_id) {

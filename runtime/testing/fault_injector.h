@@ -30,10 +30,24 @@ class FaultInjector {
     Clock::time_point at;
   };
 
+  struct LiveActor {
+    uint64_t id = 0;
+    uint64_t node_id = 0;
+    pid_t pid = -1;
+  };
+
   explicit FaultInjector(Runtime& rt) : rt_(rt) {}
   ~FaultInjector();
   FaultInjector(const FaultInjector&) = delete;
   FaultInjector& operator=(const FaultInjector&) = delete;
+
+  // The ALIVE actors of a class (ActorTraits' name, e.g.
+  // "troupe::trainer::TrainerActor") with ids above `after`, oldest first:
+  // pass last_actor_id() taken before a job starts to see only its actors,
+  // not those of an earlier job still being torn down.
+  std::vector<LiveActor> live_actors(const std::string& class_name, uint64_t after = 0);
+  // The largest actor id the head has handed out so far (0 = none).
+  uint64_t last_actor_id();
 
   // SIGKILLs the current worker process of the actor (it must run on this
   // machine, as in a LocalCluster). Returns the pid killed.

@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <numeric>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "runtime/testing/fault_injector.h"
@@ -32,26 +31,6 @@ namespace {
 
 constexpr const char* kTrainerClass = "troupe::trainer::TrainerActor";
 constexpr const char* kLoaderClass = "troupe::actors::DataLoaderActor";
-
-// Alive actors of a class with ids above `after` (those of the job running
-// now, not of an earlier one being torn down), oldest first: {id, node id}.
-std::vector<std::pair<uint64_t, uint64_t>> alive(Runtime& rt, const std::string& cls, uint64_t after = 0) {
-  std::vector<std::pair<uint64_t, uint64_t>> out;
-  auto j = nlohmann::json::parse(rt.status_json());
-  for (const auto& a : j["actors"])
-    if (a["class"] == cls && a["state"] == "ALIVE" && a["id"].get<uint64_t>() > after)
-      out.emplace_back(a["id"].get<uint64_t>(), a["node"].get<uint64_t>());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-// The largest actor id so far.
-uint64_t last_actor(Runtime& rt) {
-  uint64_t m = 0;
-  auto j = nlohmann::json::parse(rt.status_json());
-  for (const auto& a : j["actors"]) m = std::max(m, a["id"].get<uint64_t>());
-  return m;
-}
 
 size_t node_index(const troupe::testing::LocalCluster& c, uint64_t node_id) {
   for (size_t i = 0; i < c.node_count(); ++i)
@@ -113,31 +92,42 @@ fs::path fresh_dir(const std::string& name) {
 
 }  // namespace
 
-// Spare capacity on both nodes: replacements are always available.
-TEST(ElasticTest, TrainerAndLoaderKilledSameWeights) {
-  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
-  Runtime rt = cluster.connect();
-  auto cfg = job(2, 16, 1024);  // 32 steps an epoch, K = 64 in all
-  cfg.progress_every_steps = 4;
-  const auto clean = TrainJob(rt, cfg).fit();
-  ASSERT_EQ(clean.steps, 64);
-  ASSERT_TRUE(clean.recoveries.empty());
+// Two workers on two 2-CPU nodes (replacements always find room), 64 steps
+// of 4-step rounds, run once without faults in SetUp; each test runs the
+// same job again with faults injected through on_step.
+class TwoWorkerJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cfg_.progress_every_steps = 4;
+    clean_ = TrainJob(rt_, cfg_).fit();
+    ASSERT_EQ(clean_.steps, 64);
+    ASSERT_TRUE(clean_.recoveries.empty());
+    before_ = faults_.last_actor_id();
+    cfg_.on_step = [this](const StepInfo& s) { faults_.on_step(s.step); };
+  }
+  uint64_t trainer(size_t rank) { return faults_.live_actors(kTrainerClass, before_).at(rank).id; }
 
-  const uint64_t before = last_actor(rt);
-  troupe::testing::FaultInjector faults(rt);
+  troupe::testing::LocalCluster cluster_{{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}};
+  Runtime rt_ = cluster_.connect();
+  troupe::testing::FaultInjector faults_{rt_};
+  TrainJobConfig cfg_ = job(2, 16, 1024);  // 32 steps an epoch, K = 64 in all
+  Result clean_;
+  uint64_t before_ = 0;
+};
+
+TEST_F(TwoWorkerJobTest, TrainerAndLoaderKilledSameWeights) {
   // Killed a few ms after the boundary, so usually inside a round (in the
   // middle of a step); wherever it lands, the result must not change.
-  faults.at_step(21, [&] {
-    auto id = alive(rt, kTrainerClass, before).at(1).first;
-    faults.after(2ms, [&faults, id] { faults.kill_actor(id); });
+  faults_.at_step(21, [&] {
+    auto id = trainer(1);
+    faults_.after(2ms, [this, id] { faults_.kill_actor(id); });
   });
-  faults.at_step(43, [&] {
-    auto id = alive(rt, kLoaderClass, before).at(0).first;
-    faults.after(2ms, [&faults, id] { faults.kill_actor(id); });
+  faults_.at_step(43, [&] {
+    auto id = faults_.live_actors(kLoaderClass, before_).at(0).id;
+    faults_.after(2ms, [this, id] { faults_.kill_actor(id); });
   });
-  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
-  const auto hurt = TrainJob(rt, cfg).fit();
-  ASSERT_EQ(faults.faults().size(), 2u);
+  const auto hurt = TrainJob(rt_, cfg_).fit();
+  ASSERT_EQ(faults_.faults().size(), 2u);
   ASSERT_EQ(hurt.recoveries.size(), 2u) << describe(hurt);
   for (const auto& r : hurt.recoveries) {
     EXPECT_EQ(r.mode, "heal") << describe(hurt);
@@ -146,7 +136,7 @@ TEST(ElasticTest, TrainerAndLoaderKilledSameWeights) {
     EXPECT_LT(r.resumed_at - r.failed_at, 10.0) << describe(hurt);
   }
   EXPECT_EQ(hurt.final_world_size, 2);
-  expect_bitwise_equal(clean.final_state, hurt.final_state);
+  expect_bitwise_equal(clean_.final_state, hurt.final_state);
   auto has = [&](const std::string& kind) {
     return std::any_of(hurt.events.begin(), hurt.events.end(), [&](const JobEvent& e) { return e.kind == kind; });
   };
@@ -156,42 +146,26 @@ TEST(ElasticTest, TrainerAndLoaderKilledSameWeights) {
 // A network fault: every caller connection of one trainer is closed while
 // its process lives on. The job recovers (reconnecting to it or replacing
 // it) and the weights end as without the fault.
-TEST(ElasticTest, DroppedConnectionsSameWeights) {
-  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
-  Runtime rt = cluster.connect();
-  auto cfg = job(2, 16, 1024);
-  cfg.progress_every_steps = 4;
-  const auto clean = TrainJob(rt, cfg).fit();
-  const uint64_t before = last_actor(rt);
-  troupe::testing::FaultInjector faults(rt);
-  faults.at_step(20, [&] {
-    auto id = alive(rt, kTrainerClass, before).at(1).first;
-    faults.after(2ms, [&faults, id] { faults.drop_connections(id); });
+TEST_F(TwoWorkerJobTest, DroppedConnectionsSameWeights) {
+  faults_.at_step(20, [&] {
+    auto id = trainer(1);
+    faults_.after(2ms, [this, id] { faults_.drop_connections(id); });
   });
-  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
-  const auto hurt = TrainJob(rt, cfg).fit();
-  ASSERT_EQ(faults.faults().size(), 1u);
+  const auto hurt = TrainJob(rt_, cfg_).fit();
+  ASSERT_EQ(faults_.faults().size(), 1u);
   EXPECT_LE(hurt.recoveries.size(), 1u) << describe(hurt);
   for (const auto& r : hurt.recoveries) EXPECT_EQ(r.lost_steps, 0) << describe(hurt);
-  expect_bitwise_equal(clean.final_state, hurt.final_state);
+  expect_bitwise_equal(clean_.final_state, hurt.final_state);
 }
 
 // A straggler is not a failure: a trainer stopped (SIGSTOP) for a while
 // slows the job down but nothing is recovered and nothing changes.
-TEST(ElasticTest, StragglerIsNotAFailure) {
-  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
-  Runtime rt = cluster.connect();
-  auto cfg = job(2, 16, 1024);
-  cfg.progress_every_steps = 4;
-  const auto clean = TrainJob(rt, cfg).fit();
-  const uint64_t before = last_actor(rt);
-  troupe::testing::FaultInjector faults(rt);
-  faults.at_step(20, [&] { faults.stall_actor(alive(rt, kTrainerClass, before).at(0).first, 700ms); });
-  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
-  const auto slow = TrainJob(rt, cfg).fit();
-  ASSERT_EQ(faults.faults().size(), 1u);
+TEST_F(TwoWorkerJobTest, StragglerIsNotAFailure) {
+  faults_.at_step(20, [&] { faults_.stall_actor(trainer(0), 700ms); });
+  const auto slow = TrainJob(rt_, cfg_).fit();
+  ASSERT_EQ(faults_.faults().size(), 1u);
   EXPECT_TRUE(slow.recoveries.empty()) << describe(slow);
-  expect_bitwise_equal(clean.final_state, slow.final_state);
+  expect_bitwise_equal(clean_.final_state, slow.final_state);
 }
 
 // Three nodes of one CPU, two trainers: killing the node agent of one
@@ -205,10 +179,10 @@ TEST(ElasticTest, NodeAgentKilledSameWeights) {
   cfg.trainer.optimizer.momentum = 0.9;
   const auto clean = TrainJob(rt, cfg).fit();
 
-  const uint64_t before = last_actor(rt);
   troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
   faults.at_step(12, [&] {
-    auto node = alive(rt, kTrainerClass, before).at(0).second;
+    auto node = faults.live_actors(kTrainerClass, before).at(0).node_id;
     faults.kill_node(cluster, node_index(cluster, node));
   });
   cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
@@ -232,12 +206,12 @@ TEST(ElasticTest, AllTrainersLostRestartsFromCheckpoint) {
   cfg.checkpoint.dir = dir.string();
   cfg.checkpoint.every_steps = 4;
   cfg.checkpoint.async = false;
-  const uint64_t before = last_actor(rt);
   troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
   faults.at_step(14, [&] {
-    auto trainers = alive(rt, kTrainerClass, before);
+    auto trainers = faults.live_actors(kTrainerClass, before);
     ASSERT_EQ(trainers.size(), 2u);
-    for (auto& [id, node] : trainers) faults.kill_actor(id);
+    for (const auto& t : trainers) faults.kill_actor(t.id);
   });
   cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
   const auto hurt = TrainJob(rt, cfg).fit();
@@ -264,10 +238,10 @@ TEST(ElasticTest, ExactlyOnceAcrossShrinkAndGrow) {
   cfg.failure.replacement_timeout = 300ms;
   cfg.progress_every_steps = 1;
   cfg.record_indices = true;
-  const uint64_t before = last_actor(rt);
   troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
   faults.at_step(4, [&] {
-    auto node = alive(rt, kTrainerClass, before).at(1).second;
+    auto node = faults.live_actors(kTrainerClass, before).at(1).node_id;
     faults.kill_node(cluster, node_index(cluster, node));
   });
   faults.at_step(7, [&] { cluster.add_node({{"CPU", 1}}); });
@@ -306,13 +280,13 @@ TEST_P(NeverHangTest, KillEndsInClearError) {
   cfg.epochs = 50;
   cfg.failure.max_failures = 0;
   const std::string what = GetParam();
-  const uint64_t before = last_actor(rt);
   troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
   faults.at_step(6, [&] {
     faults.after(3ms, [&] {
-      if (what == "trainer") faults.kill_actor(alive(rt, kTrainerClass, before).at(1).first);
-      if (what == "loader") faults.kill_actor(alive(rt, kLoaderClass, before).at(0).first);
-      if (what == "node") faults.kill_node(cluster, node_index(cluster, alive(rt, kTrainerClass, before).at(1).second));
+      if (what == "trainer") faults.kill_actor(faults.live_actors(kTrainerClass, before).at(1).id);
+      if (what == "loader") faults.kill_actor(faults.live_actors(kLoaderClass, before).at(0).id);
+      if (what == "node") faults.kill_node(cluster, node_index(cluster, faults.live_actors(kTrainerClass, before).at(1).node_id));
     });
   });
   cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
