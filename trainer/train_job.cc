@@ -122,6 +122,13 @@ class Round {
   std::vector<StatePtr> states_;
 };
 
+// What the user's on_step threw: not a failure of the job's processes, so
+// fit() passes it on as it is instead of recovering. Not a std::exception,
+// so no recovery handler catches it by mistake.
+struct CallbackFailed {
+  std::exception_ptr error;
+};
+
 // A failure the job may recover from (a call failed, a peer died).
 class StepFailed : public Error {
  public:
@@ -173,6 +180,9 @@ class Run {
     Trainer trainer;
     Loader loader;
     bool ready = false;  // setup() done
+    // Holds the job's training state (joined a formed group that synced
+    // or healed it, or loaded a checkpoint): may be a heal source.
+    bool has_state = false;
   };
   // The running epoch's sums.
   struct EpochSums {
@@ -208,6 +218,9 @@ class Run {
   void maybe_grow();
   void recover(const std::string& why);
   void record(const TrainReport& r, int64_t rank);
+  // With record_indices: the indices every rank of `cursor`'s world read in
+  // steps (from, to] that began at `cursor` (steps of a failed round).
+  void record_from_sampler(const actors::SamplerCursor& cursor, int64_t from, int64_t to);
   [[noreturn]] void give_up(const std::string& why);
 
   Runtime& rt_;
@@ -295,26 +308,38 @@ std::vector<Run::Slot> Run::place(int64_t n, std::chrono::milliseconds timeout) 
     pgs.push_back(rt_.create_placement_group({cfg_.scaling.resources_per_worker}, cfg_.scaling.strategy,
                                              group_name_ + "-pg" + std::to_string(pg_count_++)));
   const auto deadline = Clock::now() + timeout;
-  for (auto& pg : pgs) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (pg.wait(std::max(left, std::chrono::milliseconds(1)))) {
-      Slot s;
-      s.pg = pg;
-      ActorOptions o;
-      o.resources = cfg_.scaling.resources_per_worker;
-      o.placement_group = &*s.pg;
-      o.bundle_index = 0;
-      o.executable = cfg_.executable;
-      s.trainer = rt_.spawn<TrainerActor>(o);
-      if (use_loaders_) spawn_loader(s);
-      out.push_back(std::move(s));
-    } else {
-      pending_reason_ = pg.info().pending_reason;
-      try {
+  size_t i = 0;
+  try {
+    for (; i < pgs.size(); ++i) {
+      auto& pg = pgs[i];
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (pg.wait(std::max(left, std::chrono::milliseconds(1)))) {
+        out.emplace_back();
+        Slot& s = out.back();
+        s.pg = pg;
+        ActorOptions o;
+        o.resources = cfg_.scaling.resources_per_worker;
+        o.placement_group = &*s.pg;
+        o.bundle_index = 0;
+        o.executable = cfg_.executable;
+        s.trainer = rt_.spawn<TrainerActor>(o);
+        if (use_loaders_) spawn_loader(s);
+      } else {
+        pending_reason_ = pg.info().pending_reason;
         rt_.remove_placement_group(pg);
+      }
+    }
+  } catch (...) {
+    // Nothing half-made stays behind.
+    const bool held = !out.empty() && i < pgs.size() && out.back().pg && out.back().pg->id() == pgs[i].id();
+    for (auto& s : out) release(s);
+    for (i += held ? 1 : 0; i < pgs.size(); ++i) {
+      try {
+        rt_.remove_placement_group(pgs[i]);
       } catch (...) {
       }
     }
+    throw;
   }
   return out;
 }
@@ -341,18 +366,27 @@ void Run::form(int64_t heal_src, std::chrono::milliseconds timeout) {
     joins.push_back(slots_[r].trainer.call(&TrainerActor::join,
                                            JoinSpec{group_name_, generation_, r, world(), members, heal_src < 0}));
   get_all(joins, timeout);
-  if (heal_src < 0) return;
-  std::vector<Future<Progress>> heals;
-  for (auto& s : slots_) heals.push_back(s.trainer.call(&TrainerActor::heal, heal_src));
-  auto ps = get_all(heals, timeout);
-  step_ = ps[0].step;
-  cursor_ = sampler_->resize(ps[0].cursor, world());
+  if (heal_src >= 0) {
+    std::vector<Future<Progress>> heals;
+    for (auto& s : slots_) heals.push_back(s.trainer.call(&TrainerActor::heal, heal_src));
+    auto ps = get_all(heals, timeout);
+    // At the driver's own step its cursor is the truth (it may already
+    // stand at the next epoch's start, which the trainers have not seen);
+    // past it, the survivors completed steps of a failed round.
+    if (ps[0].step != step_) {
+      step_ = ps[0].step;
+      cursor_ = ps[0].cursor;
+    }
+  }
+  cursor_ = sampler_->resize(cursor_, world());
+  for (auto& s : slots_) s.has_state = true;
 }
 
 void Run::load_everywhere(const TrainState& state, std::chrono::milliseconds timeout) {
   std::vector<Future<void>> loads;
   for (auto& s : slots_) loads.push_back(s.trainer.call(&TrainerActor::load_state, state));
   get_all(loads, timeout);
+  for (auto& s : slots_) s.has_state = true;
   step_ = state.step;
   cursor_ = sampler_->resize(state.cursor, world());
   if (sampler_->epoch_done(cursor_)) cursor_ = sampler_->begin_epoch(cursor_.epoch + 1, world());
@@ -384,6 +418,21 @@ void Run::record(const TrainReport& r, int64_t rank) {
     epoch = r.cursor.epoch;
     idx.insert(idx.end(), r.consumed.begin() + pos, r.consumed.begin() + pos + n);
     pos += n;
+  }
+}
+
+void Run::record_from_sampler(const actors::SamplerCursor& cursor, int64_t from, int64_t to) {
+  if (!cfg_.record_indices || to <= from) return;
+  const auto split = split_order(cfg_.trainer, dataset_size_);
+  for (int64_t r = 0; r < cursor.world_size; ++r) {
+    const auto idx = sampler_->remaining(cursor, r);
+    for (int64_t st = from; st < to; ++st) {
+      auto& [epoch, out] = consumed_[st + 1];
+      epoch = cursor.epoch;
+      const size_t b = static_cast<size_t>((st - from) * per_step());
+      for (size_t k = b; k < std::min(idx.size(), b + static_cast<size_t>(per_step())); ++k)
+        out.push_back(split.empty() ? idx[k] : split[static_cast<size_t>(idx[k])]);
+    }
   }
 }
 
@@ -484,7 +533,13 @@ void Run::run_round() {
                 double(sums_.correct) / sums_.samples, sums_.samples / std::max(sums_.busy, 1e-9));
     std::fflush(stdout);
   }
-  if (cfg_.on_step) cfg_.on_step(StepInfo{step_, cursor_.epoch, world(), now(), samples, seconds});
+  if (cfg_.on_step) {
+    try {
+      cfg_.on_step(StepInfo{step_, cursor_.epoch, world(), now(), samples, seconds});
+    } catch (...) {
+      throw CallbackFailed{std::current_exception()};
+    }
+  }
   if (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0)
     checkpoint({{"train_loss", sums_.samples ? sums_.loss_sum / sums_.samples : 0.0}});
   if (cfg_.max_steps > 0 && step_ >= cfg_.max_steps) stopped_ = true;
@@ -603,94 +658,85 @@ void Run::recover(const std::string& why) {
     give_up("failure " + std::to_string(failures_) + " and failure.max_failures is " +
             std::to_string(cfg_.failure.max_failures) + ": " + why);
   const auto& fc = cfg_.failure;
+  // Every wait below shares one deadline, so a recovery's probing is
+  // bounded by abort_timeout whatever the number of ranks.
+  const auto deadline = Clock::now() + fc.abort_timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
 
-  // 1. No survivor may stay inside a collective with a dead peer, and no
-  //    loader may keep writing into a stream nobody reads.
+  // 1. No survivor may stay inside a collective with a dead peer (abort,
+  //    by control message: it bypasses the mailbox), wait for batches from
+  //    a loader that died before it connected (interrupt its stream), and
+  //    no loader may keep writing into a stream nobody reads (stop feeds).
   std::vector<uint64_t> ids;
   for (auto& s : slots_) ids.push_back(s.trainer.id());
   int acked = collective::abort_group(rt_, ids, group_name_, why, generation_, std::chrono::seconds(2));
   {
-    // A trainer waiting for batches from a loader that died before it
-    // connected is in no collective: fail its stream too.
-    std::vector<Future<wire::Message>> interrupts;
+    std::vector<Future<wire::Message>> controls;
     for (auto& s : slots_) {
       try {
-        interrupts.push_back(s.trainer.control(TrainerActor::kInterruptTopic, why));
+        controls.push_back(s.trainer.control(TrainerActor::kInterruptTopic, why));
+        if (s.loader.valid()) controls.push_back(s.loader.control(actors::DataLoaderActor::kStopTopic, "-1"));
       } catch (...) {
       }
     }
-    for (auto& f : interrupts) f.wait_for(std::chrono::milliseconds(500));
-  }
-  for (auto& s : slots_) {
-    if (!s.loader.valid()) continue;
-    try {
-      actors::stop_feeds(s.loader, -1, std::chrono::milliseconds(500));
-    } catch (...) {
-    }
+    for (auto& f : controls) f.wait_for(std::min(left(), std::chrono::milliseconds(1000)));
   }
   event("aborted", "generation " + std::to_string(generation_) + " aborted in " + std::to_string(acked) + " of " +
                        std::to_string(ids.size()) + " trainers");
-  {
-    const auto deadline = Clock::now() + fc.abort_timeout;
-    for (auto& st : inflight_) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() > 0) st->wait_for(left);
-    }
-    inflight_.clear();
-  }
+  for (auto& st : inflight_) st->wait_for(left());
+  inflight_.clear();
 
-  // 2. Who is alive: a survivor answers progress() (it left the aborted
-  //    step); a loader answers stats(). Anything else is gone: killed for
-  //    good and its slot emptied.
+  // 2. Who is alive: a trainer that answers progress() (it left the
+  //    aborted step; calls queue behind a running one) and a loader that
+  //    answers a stats control message (served beside a running feed).
+  //    Anything else is gone: killed for good and its slot emptied.
   std::vector<std::optional<Progress>> progress(slots_.size());
   {
     std::vector<Future<Progress>> ps;
-    std::vector<Future<actors::LoaderStats>> ls;
-    for (auto& s : slots_) {
-      ps.push_back(s.trainer.call(&TrainerActor::progress));
-      if (s.loader.valid()) ls.push_back(s.loader.call(&actors::DataLoaderActor::stats));
+    std::vector<std::optional<Future<wire::Message>>> ls(slots_.size());
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      ps.push_back(slots_[i].trainer.call(&TrainerActor::progress));
+      if (slots_[i].loader.valid()) ls[i] = slots_[i].loader.control(actors::DataLoaderActor::kStatsTopic);
     }
-    size_t li = 0;
     for (size_t i = 0; i < slots_.size(); ++i) {
       auto& s = slots_[i];
       try {
-        progress[i] = ps[i].get(fc.abort_timeout);
+        progress[i] = ps[i].get(left());
       } catch (const std::exception&) {
         progress[i].reset();
       }
-      if (s.loader.valid()) {
-        bool alive = true;
+      if (!ls[i]) continue;
+      bool alive = true;
+      try {
+        ls[i]->get(left());
+      } catch (...) {
+        alive = false;
+      }
+      if (!alive && progress[i]) {
         try {
-          ls[li].get(fc.abort_timeout);
+          rt_.kill_actor(s.loader.id(), true);
         } catch (...) {
-          alive = false;
         }
-        ++li;
-        if (!alive && progress[i]) {
-          try {
-            rt_.kill_actor(s.loader.id(), true);
-          } catch (...) {
-          }
-          s.loader = Loader();
-        }
+        s.loader = Loader();
       }
     }
   }
+  // A trainer that never received the job's state (a replacement whose
+  // heal failed) is no source: it holds the initial weights.
   std::vector<size_t> dead;
   int64_t reached = step_;
+  bool any_state = false;
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (!progress[i]) {
       dead.push_back(i);
       continue;
     }
+    if (!slots_[i].has_state) continue;
+    any_state = true;
     reached = std::max(reached, progress[i]->step);
-    // Steps survivors completed before the failure still count.
-    if (progress[i]->partial.steps > 0) {
-      record(progress[i]->partial, static_cast<int64_t>(i));
-      sums_.loss_sum += progress[i]->partial.loss_sum;
-      sums_.correct += progress[i]->partial.correct;
-      sums_.samples += progress[i]->partial.samples;
-    }
   }
   rec.reached_step = reached;
 
@@ -703,14 +749,23 @@ void Run::recover(const std::string& why) {
       spawn_loader(slots_[i]);
       event("replaced", "the loader of rank " + std::to_string(i) + " died; a new one resumes from the cursor");
     }
-  const bool all_gone = dead.size() == slots_.size();
+  const bool from_disk = !any_state || fc.mode == RecoveryMode::kCheckpoint;
   for (size_t i : dead) release(slots_[i]);
-  auto fresh = place(static_cast<int64_t>(dead.size()), all_gone ? cfg_.scaling.placement_timeout : fc.replacement_timeout);
+  auto fresh = place(static_cast<int64_t>(dead.size()),
+                     dead.size() == slots_.size() ? cfg_.scaling.placement_timeout : fc.replacement_timeout);
+  // Old rank -> new rank (-1: dropped), and the heal source: the survivor
+  // holding state with the most completed steps.
+  int64_t src = -1;
   {
     std::vector<Slot> next;
+    int64_t best = -1;
     size_t k = 0;
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (progress[i]) {
+        if (slots_[i].has_state && progress[i]->step > best) {
+          best = progress[i]->step;
+          src = static_cast<int64_t>(next.size());
+        }
         next.push_back(std::move(slots_[i]));
       } else if (k < fresh.size()) {
         next.push_back(std::move(fresh[k++]));
@@ -728,8 +783,8 @@ void Run::recover(const std::string& why) {
 
   // 4. A new generation, and one state everywhere.
   setup_new(cfg_.call_timeout);
-  std::optional<TrainState> disk;
-  if (all_gone || fc.mode == RecoveryMode::kCheckpoint) {
+  if (from_disk) {
+    std::optional<TrainState> disk;
     if (writer_) writer_->wait();
     if (!cfg_.checkpoint.dir.empty())
       if (auto latest = latest_checkpoint(cfg_.checkpoint.dir)) disk = load_checkpoint(latest->path);
@@ -740,6 +795,7 @@ void Run::recover(const std::string& why) {
     }
     form(-1, cfg_.call_timeout);
     if (disk) {
+      for (auto& s : slots_) s.has_state = false;  // until the load succeeds
       load_everywhere(*disk, cfg_.call_timeout);
       rec.mode = "checkpoint";
       event("restored", "every trainer took the checkpoint of step " + std::to_string(disk->step));
@@ -755,27 +811,13 @@ void Run::recover(const std::string& why) {
     sums_ = EpochSums{};
     last_checkpoint_step_ = -1;
   } else {
-    int64_t src = -1;
-    int64_t best = -1;
-    {
-      // Map old positions to new ranks: survivors keep their order, and a
-      // replaced rank keeps its position; dropped ranks close the gaps.
-      int64_t rank = 0;
-      size_t k = 0;
-      for (size_t i = 0; i < progress.size(); ++i) {
-        if (progress[i]) {
-          if (progress[i]->step > best) {
-            best = progress[i]->step;
-            src = rank;
-          }
-          ++rank;
-        } else if (k < fresh.size()) {
-          ++k;
-          ++rank;
-        }
-      }
-    }
+    const int64_t before = step_;
+    const auto before_cursor = cursor_;
     form(src, cfg_.call_timeout);
+    // Steps the survivors completed inside the failed round count as
+    // consumed: what each old rank read in them follows from the cursor
+    // the round started at (the dead ranks' share included).
+    record_from_sampler(before_cursor, before, step_);
     rec.mode = "heal";
     event("healed", "rank " + std::to_string(src) + " sent its state (step " + std::to_string(step_) + ") to " +
                         std::to_string(world()) + " ranks by broadcast");
@@ -787,9 +829,10 @@ void Run::recover(const std::string& why) {
   rec.resumed_step = step_;
   rec.lost_steps = std::max<int64_t>(0, rec.reached_step - step_);
   rec.resumed_at = now();
+  char took[32];
+  std::snprintf(took, sizeof took, "%.3f", rec.resumed_at - rec.failed_at);
   event("resumed", "at step " + std::to_string(step_) + " with " + std::to_string(world()) + " workers, " +
-                       std::to_string(rec.lost_steps) + " step(s) lost, " + rec.mode + " in " +
-                       std::to_string(rec.resumed_at - rec.failed_at).substr(0, 5) + " s");
+                       std::to_string(rec.lost_steps) + " step(s) lost, " + rec.mode + " in " + took + " s");
   result_.recoveries.push_back(rec);
   open_recovery_ = result_.recoveries.size() - 1;
   last_grow_check_ = Clock::now();
@@ -893,10 +936,17 @@ Result Run::fit() {
       }
       result_.final_state = slots_[0].trainer.call(&TrainerActor::state).get(cfg.call_timeout);
       break;
+    } catch (const CallbackFailed& c) {
+      std::rethrow_exception(c.error);
     } catch (const JobFailed&) {
       throw;
     } catch (const ConfigError&) {
       throw;
+    } catch (const RemoteError& e) {
+      // A trainer refusing its config will refuse it again: not a failure
+      // a replacement can fix.
+      if (e.type_name() == "troupe::ConfigError") give_up(e.what());
+      failure = e.what();
     } catch (const std::exception& e) {
       failure = e.what();
     }

@@ -137,7 +137,14 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
     interrupt_registered_ = true;
   }
   reducer_ = std::make_unique<GradientReducer>(model_->parameters(), nullptr);
+  // A trainer set up again (a restart from the initial weights) forgets
+  // everything of its earlier run.
   step_ = 0;
+  epoch_ = 0;
+  cursor_ = actors::SamplerCursor{};
+  ema_.clear();
+  loss_scale_ = 65536.0;
+  good_steps_ = 0;
   ready_ = true;
   return TrainerInfo{device_.str(), model_->describe(), model_->parameter_count(), dataset_->size(),
                      static_cast<int64_t>(::getpid())};
@@ -294,7 +301,6 @@ TrainReport TrainerActor::train(TrainRequest req) {
   TROUPE_CHECK(ready_) << "setup() first";
   TROUPE_CHECK(req.max_steps > 0) << "max_steps must be positive";
   auto t0 = Clock::now();
-  partial_ = TrainReport{};
   int64_t world = reducer_->world_size();
   int64_t rank = group_ ? group_->rank() : 0;
   actors::DistributedSampler sampler(sampler_options(config_, dataset_->size(), world));
@@ -308,11 +314,9 @@ TrainReport TrainerActor::train(TrainRequest req) {
   size_t pos = 0;
   int64_t s = 0;
   StepSnapshot snap;
-  size_t consumed_mark = 0;
   try {
   for (; s < steps; ++s) {
     snap = snapshot();
-    consumed_mark = rep.consumed.size();
     double loss_sum = 0;
     int64_t correct = 0, samples = 0;
     for (int64_t k = 0; k < config_.accumulation; ++k) {
@@ -356,11 +360,6 @@ TrainReport TrainerActor::train(TrainRequest req) {
     roll_back(snap);
     cursor_ = sampler.advance(cursor, s * per_step);
     epoch_ = cursor_.epoch;
-    rep.consumed.resize(consumed_mark);
-    partial_ = rep;
-    partial_.cursor = cursor_;
-    partial_.global_step = step_;
-    partial_.seconds = seconds_since(t0);
     set_reader(nullptr);
     if (group_ && !group_->is_aborted()) group_->abort(std::string("rank ") + std::to_string(rank) + ": " + e.what());
     throw;
@@ -426,6 +425,7 @@ TrainState TrainerActor::state() {
   for (auto& [name, b] : model_->named_buffers()) s.model[name] = b.detach().to(torch::kCPU).clone();
   s.optimizer = optimizer_->state();
   s.optimizer["loss_scale"] = torch::tensor(loss_scale_, torch::kFloat64);
+  s.optimizer["good_steps"] = torch::tensor(good_steps_, torch::kInt64);
   {
     auto params = model_->named_parameters();
     for (size_t i = 0; i < ema_.size(); ++i) s.optimizer["ema/" + params[i].first] = ema_[i].to(torch::kCPU).clone();
@@ -451,6 +451,11 @@ void TrainerActor::load_state(TrainState s) {
   if (ls != s.optimizer.end()) {
     loss_scale_ = ls->second.item<double>();
     s.optimizer.erase(ls);
+  }
+  auto gs = s.optimizer.find("good_steps");
+  if (gs != s.optimizer.end()) {
+    good_steps_ = gs->second.item<int64_t>();
+    s.optimizer.erase(gs);
   }
   ema_.clear();
   for (auto& [name, p] : model_->named_parameters()) {
@@ -496,7 +501,7 @@ void TrainerActor::roll_back(const StepSnapshot& s) {
 
 Progress TrainerActor::progress() {
   TROUPE_CHECK(ready_) << "setup() first";
-  return Progress{step_, epoch_, cursor_, partial_};
+  return Progress{step_, epoch_, cursor_};
 }
 
 Progress TrainerActor::heal(int64_t src) {

@@ -149,10 +149,7 @@ struct Progress {
   int64_t step = 0;
   int64_t epoch = 0;
   actors::SamplerCursor cursor;
-  // When the last train() failed part way: the report of the steps it
-  // completed before the failure (steps == 0 otherwise).
-  TrainReport partial;
-  TROUPE_FIELDS(step, epoch, cursor, partial);
+  TROUPE_FIELDS(step, epoch, cursor);
 };
 
 struct EvalReport {
@@ -249,7 +246,6 @@ class TrainerActor {
   int64_t step_ = 0;
   int64_t epoch_ = 0;
   actors::SamplerCursor cursor_;
-  TrainReport partial_;
   double loss_scale_ = 65536.0;
   int64_t good_steps_ = 0;
   bool skip_step_ = false;

@@ -268,6 +268,41 @@ TEST(ElasticTest, ExactlyOnceAcrossShrinkAndGrow) {
   }
 }
 
+// Kills that land inside multi-step rounds (the survivors completed some
+// of the round's steps): those steps count as consumed, the retried ones
+// are not counted twice, and every sample of every epoch is consumed
+// exactly once. Replacements keep the world at 3, whatever step the kills
+// land on.
+TEST(ElasticTest, ExactlyOnceAcrossMidRoundKills) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(3, 4, 1200);  // 100 steps an epoch at 3 workers
+  cfg.progress_every_steps = 8;
+  cfg.record_indices = true;
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  faults.at_step(24, [&] {
+    auto id = faults.live_actors(kTrainerClass, before).at(2).id;
+    faults.after(3ms, [&faults, id] { faults.kill_actor(id); });
+  });
+  faults.at_step(120, [&] {
+    auto id = faults.live_actors(kTrainerClass, before).at(0).id;
+    faults.after(3ms, [&faults, id] { faults.kill_actor(id); });
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto r = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(faults.faults().size(), 2u);
+  ASSERT_EQ(r.recoveries.size(), 2u) << describe(r);
+  EXPECT_EQ(r.final_world_size, 3);
+  std::vector<int64_t> all(1200);
+  std::iota(all.begin(), all.end(), 0);
+  ASSERT_EQ(r.consumed.size(), 2u);
+  for (auto [epoch, idx] : r.consumed) {
+    std::sort(idx.begin(), idx.end());
+    EXPECT_EQ(idx, all) << "epoch " << epoch << ": " << idx.size() << " consumed\n" << describe(r);
+  }
+}
+
 // With no failures allowed, the death of any one process of the job ends
 // fit() in a JobFailed naming the failure and listing what happened, within
 // 10 s of the kill: never a hang.
