@@ -677,7 +677,8 @@ void Run::recover(const std::string& why) {
     std::vector<Future<wire::Message>> controls;
     for (auto& s : slots_) {
       try {
-        controls.push_back(s.trainer.control(TrainerActor::kInterruptTopic, why));
+        controls.push_back(
+            s.trainer.control(TrainerActor::kInterruptTopic, TrainerActor::interrupt_payload(generation_, why)));
         if (s.loader.valid()) controls.push_back(s.loader.control(actors::DataLoaderActor::kStopTopic, "-1"));
       } catch (...) {
       }

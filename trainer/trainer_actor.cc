@@ -125,13 +125,21 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
   if (train_size(config_, dataset_->size()) <= 0) throw ConfigError("the training split is empty");
   split_ = split_order(config_, dataset_->size());
   if (this_actor::in_worker() && !interrupt_registered_) {
-    this_actor::on_control(kInterruptTopic, [slot = stream_](const std::string& why) {
+    this_actor::on_control(kInterruptTopic, [slot = stream_](const std::string& payload) {
+      const auto space = payload.find(' ');
+      int64_t generation = 0;
+      try {
+        generation = std::stoll(payload.substr(0, space));
+      } catch (const std::exception&) {
+        throw ConfigError("trainer.interrupt: payload must be '<generation> <reason>', got '" + payload + "'");
+      }
+      const std::string why = space == std::string::npos ? "interrupted by the driver" : payload.substr(space + 1);
       std::shared_ptr<StreamReader<actors::Batch>> r;
       {
         std::lock_guard lock(slot->mu);
-        r = slot->reader;
+        if (slot->generation <= generation) r = slot->reader;
       }
-      if (r) r->cancel(why.empty() ? "interrupted by the driver" : why);
+      if (r) r->cancel(why);
       return std::string(r ? "cancelled" : "idle");
     });
     interrupt_registered_ = true;
@@ -207,6 +215,7 @@ void TrainerActor::join(JoinSpec spec) {
 void TrainerActor::set_reader(std::shared_ptr<StreamReader<actors::Batch>> r) {
   std::lock_guard lock(stream_->mu);
   stream_->reader = r;
+  stream_->generation = group_ ? group_->generation() : 0;
   reader_ = std::move(r);
 }
 

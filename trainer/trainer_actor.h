@@ -171,7 +171,13 @@ class TrainerActor {
  public:
   // Control topic: fails the batch stream a train() call may be waiting on
   // (its loader died before it connected), so the call ends at once.
+  // Payload: "<generation> <reason>"; only a stream opened while the group
+  // was at that generation or an older one is failed, so an interrupt that
+  // arrives late never hits the next round's stream.
   static constexpr const char* kInterruptTopic = "trainer.interrupt";
+  static std::string interrupt_payload(int64_t generation, const std::string& reason) {
+    return std::to_string(generation) + " " + reason;
+  }
 
   TrainerActor();
   ~TrainerActor();
@@ -238,6 +244,7 @@ class TrainerActor {
   struct ReaderSlot {
     std::mutex mu;
     std::shared_ptr<StreamReader<actors::Batch>> reader;
+    int64_t generation = 0;  // of the group when the reader was opened
   };
   std::shared_ptr<ReaderSlot> stream_ = std::make_shared<ReaderSlot>();
   std::shared_ptr<StreamReader<actors::Batch>> reader_;
