@@ -190,6 +190,7 @@ TEST(ElasticTest, NodeAgentKilledSameWeights) {
   ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
   EXPECT_EQ(hurt.recoveries[0].mode, "heal");
   EXPECT_EQ(hurt.recoveries[0].lost_steps, 0);
+  EXPECT_LT(hurt.recoveries[0].resumed_at - hurt.recoveries[0].failed_at, 10.0) << describe(hurt);
   EXPECT_EQ(hurt.final_world_size, 2);
   expect_bitwise_equal(clean.final_state, hurt.final_state);
 }
