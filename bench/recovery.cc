@@ -8,7 +8,10 @@
 //                    the same when every failure goes back to the last
 //                    checkpoint (RecoveryMode::kCheckpoint, every
 //                    --ckpt-every steps): what a restart-from-disk runtime
-//                    (torchrun, Ray Train) does, measured in the same run.
+//                    (torchrun, Ray Train) does, measured in the same run;
+//   recovery_s_standby, lost_steps_standby
+//                    healing a standby trainer (failure.standby_workers =
+//                    1: started and set up ahead, no process start).
 //
 //   bench/run recovery [--trials 3] [--kill-step 23] [--ckpt-every 10]
 #include <signal.h>
@@ -41,10 +44,13 @@ struct Trial {
   double heal_s = 0;  // failure seen -> training resumed, inside the driver
 };
 
-Trial run_trial(troupe::testing::LocalCluster& cluster, bool disk, int64_t kill_step, int64_t ckpt_every, int trial) {
+enum class Mode { kHeal, kDisk, kStandby };
+
+Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_step, int64_t ckpt_every, int trial) {
+  const bool disk = mode == Mode::kDisk;
   Runtime rt = cluster.connect();
   TrainJobConfig c;
-  c.name = disk ? "recovery-disk" : "recovery";
+  c.name = disk ? "recovery-disk" : mode == Mode::kStandby ? "recovery-standby" : "recovery";
   c.scaling.num_workers = 2;
   c.trainer.model.name = "mlp";
   c.trainer.model.input_dim = 64;
@@ -71,6 +77,7 @@ Trial run_trial(troupe::testing::LocalCluster& cluster, bool disk, int64_t kill_
   c.checkpoint.every_steps = ckpt_every;
   c.checkpoint.at_epoch_end = false;
   if (disk) c.failure.mode = RecoveryMode::kCheckpoint;
+  if (mode == Mode::kStandby) c.failure.standby_workers = 1;
 
   troupe::testing::FaultInjector faults(rt);
   const uint64_t before = faults.last_actor_id();
@@ -123,20 +130,22 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    // Two nodes of two CPUs: the two trainers, and room for a replacement.
+    // Two nodes of two CPUs: the two trainers, and room for a replacement
+    // (or the standby).
     troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
-    for (bool disk : {false, true}) {
+    for (Mode mode : {Mode::kHeal, Mode::kDisk, Mode::kStandby}) {
+      const bool disk = mode == Mode::kDisk;
       std::vector<double> rs, heal;
       std::vector<int64_t> lost;
       nlohmann::json each = nlohmann::json::array();
       for (int t = 0; t < trials; ++t) {
-        auto tr = run_trial(cluster, disk, kill_step, ckpt_every, t);
+        auto tr = run_trial(cluster, mode, kill_step, ckpt_every, t);
         rs.push_back(tr.recovery_s);
         lost.push_back(tr.lost_steps);
         heal.push_back(tr.heal_s);
         each.push_back({{"recovery_s", tr.recovery_s}, {"lost_steps", tr.lost_steps}, {"driver_recovery_s", tr.heal_s}});
       }
-      const std::string sfx = disk ? "_disk" : "";
+      const std::string sfx = disk ? "_disk" : mode == Mode::kStandby ? "_standby" : "";
       nlohmann::json common = {{"bench", "recovery"}, {"workers", 2}, {"kill_step", kill_step}, {"trials", each}};
       if (disk) common["checkpoint_every"] = ckpt_every;
       auto a = common;

@@ -150,6 +150,8 @@ void validate(const TrainJobConfig& c) {
   if (s.grow_interval.count() < 0) throw ConfigError("scaling.grow_interval must not be negative");
   if (c.epochs <= 0 && c.max_steps <= 0) throw ConfigError("epochs must be positive");
   if (c.checkpoint.every_steps < 0) throw ConfigError("checkpoint.every_steps must not be negative");
+  if (c.failure.standby_workers < 0)
+    throw ConfigError("failure.standby_workers must not be negative, got " + std::to_string(c.failure.standby_workers));
   if (c.failure.max_failures < -1)
     throw ConfigError("failure.max_failures must be -1 (no limit) or more, got " + std::to_string(c.failure.max_failures));
   if (c.failure.mode == RecoveryMode::kCheckpoint && c.checkpoint.dir.empty() && c.failure.max_failures != 0)
@@ -167,6 +169,7 @@ class Run {
   Run(Runtime& rt, const TrainJobConfig& cfg) : rt_(rt), cfg_(cfg), t0_(Clock::now()) {}
   ~Run() {
     for (auto& s : slots_) release(s);
+    for (auto& s : standby_) release(s);
   }
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
@@ -183,6 +186,8 @@ class Run {
     // Holds the job's training state (joined a formed group that synced
     // or healed it, or loaded a checkpoint): may be a heal source.
     bool has_state = false;
+    // A standby's setup() call, until it has answered.
+    std::optional<Future<TrainerInfo>> setting_up;
   };
   // The running epoch's sums.
   struct EpochSums {
@@ -216,6 +221,12 @@ class Run {
   void end_epoch();
   void checkpoint(const std::map<std::string, double>& metrics);
   void maybe_grow();
+  // Tops the standby trainers up to failure.standby_workers, where there is
+  // room (their setup runs while training goes on).
+  void refill_standby();
+  // Up to n live, set-up standby trainers, taken out of standby_ (dead ones
+  // are released), waiting for each at most until `deadline`.
+  std::vector<Slot> take_standby(size_t n, Clock::time_point deadline);
   void recover(const std::string& why);
   void record(const TrainReport& r, int64_t rank);
   // With record_indices: the indices every rank of `cursor`'s world read in
@@ -228,6 +239,8 @@ class Run {
   Clock::time_point t0_;
   Result result_;
   std::vector<Slot> slots_;
+  std::vector<Slot> standby_;
+  Clock::time_point last_standby_check_;
   int64_t min_ = 1, max_ = 1;
   bool use_loaders_ = false;
   int64_t dataset_size_ = 0;
@@ -626,12 +639,63 @@ void Run::maybe_grow() {
                        " samples per rank left in epoch " + std::to_string(cursor_.epoch) + ")");
 }
 
+void Run::refill_standby() {
+  const auto want = cfg_.failure.standby_workers - static_cast<int64_t>(standby_.size());
+  if (want <= 0) return;
+  auto t = Clock::now();
+  if (t - last_standby_check_ < cfg_.scaling.grow_interval) return;
+  last_standby_check_ = t;
+  const auto reason = pending_reason_;
+  auto more = place(want, std::chrono::milliseconds(50));
+  pending_reason_ = reason;  // a full cluster is no news for standbys
+  for (auto& s : more) {
+    s.setting_up = s.trainer.call(&TrainerActor::setup, cfg_.trainer);
+    standby_.push_back(std::move(s));
+  }
+  if (!more.empty()) event("standby", std::to_string(more.size()) + " standby trainer(s) placed, " +
+                                          std::to_string(standby_.size()) + " in all");
+}
+
+std::vector<Run::Slot> Run::take_standby(size_t n, Clock::time_point deadline) {
+  std::vector<Slot> out;
+  std::vector<Future<Progress>> probes;
+  for (auto& s : standby_) probes.push_back(s.trainer.call(&TrainerActor::progress));
+  std::vector<Slot> keep;
+  for (size_t i = 0; i < standby_.size(); ++i) {
+    auto& s = standby_[i];
+    if (out.size() == n) {
+      keep.push_back(std::move(s));
+      continue;
+    }
+    auto left = std::max(std::chrono::milliseconds(1),
+                         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    bool alive = true;
+    try {
+      if (s.setting_up) s.setting_up->get(left);
+      probes[i].get(left);
+    } catch (...) {
+      alive = false;
+    }
+    if (!alive) {
+      release(s);
+      continue;
+    }
+    s.setting_up.reset();
+    s.ready = true;
+    s.has_state = false;
+    out.push_back(std::move(s));
+  }
+  standby_ = std::move(keep);
+  return out;
+}
+
 bool Run::advance() {
   if (stopped_ || cursor_.epoch >= cfg_.epochs) {
     if (sums_.epoch >= 0) end_epoch();
     return true;
   }
   maybe_grow();
+  refill_standby();
   if (sums_.epoch != cursor_.epoch) {
     sums_ = EpochSums{};
     sums_.epoch = cursor_.epoch;
@@ -752,8 +816,14 @@ void Run::recover(const std::string& why) {
     }
   const bool from_disk = !any_state || fc.mode == RecoveryMode::kCheckpoint;
   for (size_t i : dead) release(slots_[i]);
-  auto fresh = place(static_cast<int64_t>(dead.size()),
-                     dead.size() == slots_.size() ? cfg_.scaling.placement_timeout : fc.replacement_timeout);
+  auto fresh = take_standby(dead.size(), deadline + std::chrono::seconds(2));
+  rec.from_standby = static_cast<int64_t>(fresh.size());
+  if (fresh.size() < dead.size()) {
+    auto placed = place(static_cast<int64_t>(dead.size() - fresh.size()),
+                        dead.size() == slots_.size() ? cfg_.scaling.placement_timeout : fc.replacement_timeout);
+    rec.placed = static_cast<int64_t>(placed.size());
+    for (auto& p : placed) fresh.push_back(std::move(p));
+  }
   // Old rank -> new rank (-1: dropped), and the heal source: the survivor
   // holding state with the most completed steps.
   int64_t src = -1;
@@ -777,6 +847,7 @@ void Run::recover(const std::string& why) {
   if (!dead.empty())
     event("replaced", std::to_string(fresh.size()) + " of " + std::to_string(dead.size()) +
                           " dead trainer(s) replaced" +
+                          (rec.from_standby ? " (" + std::to_string(rec.from_standby) + " from standby)" : "") +
                           (fresh.size() < dead.size() ? " (no room: " + pending_reason_ + ")" : ""));
   if (world() < min_)
     give_up("only " + std::to_string(world()) + " trainer(s) could be placed, scaling.min_workers is " +
@@ -919,6 +990,7 @@ Result Run::fit() {
   cursor_ = sampler_->begin_epoch(0, world());
   if (resume) load_everywhere(*resume, cfg.call_timeout);
   last_grow_check_ = Clock::now();
+  refill_standby();
 
   // --- training: every failure goes through recover() and training goes
   //     on from where the survivors are --------------------------------

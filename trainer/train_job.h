@@ -95,6 +95,11 @@ struct FailureConfig {
   // How long survivors get to leave an aborted step before they are killed
   // and counted as failed too.
   std::chrono::milliseconds abort_timeout{std::chrono::seconds(5)};
+  // Hot spares: trainers kept placed, started and set up (each with its
+  // loader), idle, so a dead trainer's replacement needs no process start.
+  // Each holds a worker's resources. Refilled at step boundaries (no more
+  // often than scaling.grow_interval) when there is room.
+  int64_t standby_workers = 0;
 };
 
 // What the driver saw at a step boundary (TrainJobConfig::on_step).
@@ -178,6 +183,9 @@ struct Recovery {
   // "heal" (from a live peer), "checkpoint" (from disk), "restart" (from
   // the initial weights: every trainer gone and no checkpoint).
   std::string mode;
+  // Replacements taken from the standby trainers / newly placed.
+  int64_t from_standby = 0;
+  int64_t placed = 0;
   int64_t world_before = 0;
   int64_t world_after = 0;
   // The most steps any survivor had completed, and the step training

@@ -59,6 +59,7 @@ Runtime Runtime::attach(std::shared_ptr<client::Core> core) {
 }
 
 Runtime Runtime::connect(const InitOptions& o) {
+  core::init_logging_once("driver");
   Runtime rt;
   std::string address = o.address;
   std::string token = o.token;
@@ -163,11 +164,7 @@ const std::string& Runtime::token() const { return core_->token(); }
 
 Runtime init(const InitOptions& options) {
   run_role_if_requested();
-  static bool logging = false;
-  if (!logging) {
-    core::init_logging("driver");
-    logging = true;
-  }
+  core::init_logging_once("driver");
   return Runtime::connect(options);
 }
 

@@ -15,4 +15,9 @@ void init_logging(const std::string& role) {
   spdlog::set_default_logger(logger);
 }
 
+void init_logging_once(const std::string& role) {
+  // spdlog's own default logger has an empty name; ours never does.
+  if (spdlog::default_logger()->name().empty()) init_logging(role);
+}
+
 }  // namespace troupe::core

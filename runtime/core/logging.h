@@ -12,6 +12,10 @@ namespace troupe::core {
 // Sets the role shown in every log line of this process and the level from
 // TROUPE_LOG_LEVEL (trace, debug, info, warn, error; default info).
 void init_logging(const std::string& role);
+// init_logging(role) unless this process already has a troupe logger: a
+// driver that connects without troupe::init (tests, benchmarks) still logs
+// to stderr, never into its stdout.
+void init_logging_once(const std::string& role);
 
 }  // namespace troupe::core
 

@@ -158,6 +158,23 @@ TEST_F(TwoWorkerJobTest, DroppedConnectionsSameWeights) {
   expect_bitwise_equal(clean_.final_state, hurt.final_state);
 }
 
+// With a standby trainer (started and set up ahead), a dead trainer's
+// replacement needs no process start; the weights end as without failure.
+TEST_F(TwoWorkerJobTest, StandbyTrainerReplacesADeadOne) {
+  cfg_.failure.standby_workers = 1;
+  faults_.at_step(24, [&] {
+    auto id = trainer(1);
+    faults_.after(2ms, [this, id] { faults_.kill_actor(id); });
+  });
+  const auto hurt = TrainJob(rt_, cfg_).fit();
+  ASSERT_EQ(faults_.faults().size(), 1u);
+  ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].from_standby, 1) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].placed, 0);
+  EXPECT_EQ(hurt.recoveries[0].lost_steps, 0);
+  expect_bitwise_equal(clean_.final_state, hurt.final_state);
+}
+
 // A straggler is not a failure: a trainer stopped (SIGSTOP) for a while
 // slows the job down but nothing is recovered and nothing changes.
 TEST_F(TwoWorkerJobTest, StragglerIsNotAFailure) {
@@ -352,5 +369,8 @@ TEST(ElasticConfigTest, BadRangesAreRefused) {
   EXPECT_THROW(validate(c), ConfigError);
   c = job(2, 8, 64);
   c.failure.max_failures = -2;
+  EXPECT_THROW(validate(c), ConfigError);
+  c = job(2, 8, 64);
+  c.failure.standby_workers = -1;
   EXPECT_THROW(validate(c), ConfigError);
 }
