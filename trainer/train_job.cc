@@ -979,6 +979,8 @@ Result Run::fit() {
                       " placed): " + pending_reason_);
   }
   event("placed", std::to_string(world()) + " bundles " + format_resources(sc.resources_per_worker));
+  // Standbys start now, so their setup runs beside the trainers'.
+  refill_standby();
   setup_new(cfg.call_timeout);
   form(-1, cfg.call_timeout);
   event("started", std::to_string(world()) + " trainers, " + info_.model + ", " + std::to_string(info_.parameters) +
@@ -990,7 +992,6 @@ Result Run::fit() {
   cursor_ = sampler_->begin_epoch(0, world());
   if (resume) load_everywhere(*resume, cfg.call_timeout);
   last_grow_check_ = Clock::now();
-  refill_standby();
 
   // --- training: every failure goes through recover() and training goes
   //     on from where the survivors are --------------------------------
