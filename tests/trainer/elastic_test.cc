@@ -359,6 +359,46 @@ TEST_P(NeverHangTest, KillEndsInClearError) {
 
 INSTANTIATE_TEST_SUITE_P(Processes, NeverHangTest, ::testing::Values("trainer", "loader", "node"));
 
+// Fewer trainers than min_workers after a failure (no room for a
+// replacement): fit() ends in JobFailed saying so, not in a hang or a
+// smaller job than asked for.
+TEST(ElasticTest, BelowMinWorkersFails) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}, {{"CPU", 1}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  cfg.epochs = 50;
+  cfg.failure.replacement_timeout = 200ms;
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  faults.at_step(4, [&] {
+    faults.kill_node(cluster, node_index(cluster, faults.live_actors(kTrainerClass, before).at(1).node_id));
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  try {
+    TrainJob(rt, cfg).fit();
+    FAIL() << "fit() went on below min_workers";
+  } catch (const JobFailed& e) {
+    EXPECT_NE(std::string(e.what()).find("scaling.min_workers is 2"), std::string::npos) << e.what();
+    EXPECT_EQ(e.result().recoveries.size(), 0u);
+  }
+}
+
+// What on_step throws is the user's, not a failure of the job: it reaches
+// the caller as it is, and nothing is retried.
+TEST(ElasticTest, OnStepErrorIsPassedOn) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  cfg.failure.max_failures = 3;
+  int calls = 0;
+  cfg.on_step = [&](const StepInfo& s) {
+    ++calls;
+    if (s.step >= 4) throw std::invalid_argument("stop at step " + std::to_string(s.step));
+  };
+  EXPECT_THROW(TrainJob(rt, cfg).fit(), std::invalid_argument);
+  EXPECT_EQ(calls, 2);
+}
+
 // A bad elastic range is refused before anything is placed.
 TEST(ElasticConfigTest, BadRangesAreRefused) {
   auto c = job(2, 8, 64);
