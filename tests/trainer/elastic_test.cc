@@ -212,6 +212,31 @@ TEST(ElasticTest, NodeAgentKilledSameWeights) {
   expect_bitwise_equal(clean.final_state, hurt.final_state);
 }
 
+// A node agent that stops (SIGSTOP) rather than dies: the head declares
+// the node dead after missed heartbeats, and the job recovers on the spare
+// node as for a kill, with the same weights.
+TEST(ElasticTest, NodeAgentStoppedSameWeights) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  cfg.epochs = 60;  // long enough to outlast the heartbeat timeout (500 ms)
+  const auto clean = TrainJob(rt, cfg).fit();
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  size_t stopped = 0;
+  faults.at_step(12, [&] {
+    stopped = node_index(cluster, faults.live_actors(kTrainerClass, before).at(1).node_id);
+    ::kill(cluster.node_pid(stopped), SIGSTOP);
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  cluster.kill_node(stopped);  // SIGKILL reaps a stopped process too
+  ASSERT_GE(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].lost_steps, 0) << describe(hurt);
+  EXPECT_LT(hurt.recoveries[0].resumed_at - hurt.recoveries[0].failed_at, 10.0) << describe(hurt);
+  expect_bitwise_equal(clean.final_state, hurt.final_state);
+}
+
 // Both trainers killed at once: no live peer is left, so the job restarts
 // from the last checkpoint, and still ends with the same weights.
 TEST(ElasticTest, AllTrainersLostRestartsFromCheckpoint) {
