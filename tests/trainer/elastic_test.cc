@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 
 #include <torch/torch.h>
@@ -106,6 +107,17 @@ class TwoWorkerJobTest : public ::testing::Test {
     cfg_.on_step = [this](const StepInfo& s) { faults_.on_step(s.step); };
   }
   uint64_t trainer(size_t rank) { return faults_.live_actors(kTrainerClass, before_).at(rank).id; }
+  // At step boundary `step`, `fault` is applied 2 ms later (so usually inside
+  // the next round, in the middle of a step) to the actor `pick` names then.
+  void inject_at(int64_t step, std::function<uint64_t()> pick, std::function<void(uint64_t)> fault) {
+    faults_.at_step(step, [this, pick, fault] {
+      auto id = pick();
+      faults_.after(2ms, [fault, id] { fault(id); });
+    });
+  }
+  void kill_at(int64_t step, std::function<uint64_t()> pick) {
+    inject_at(step, std::move(pick), [this](uint64_t id) { faults_.kill_actor(id); });
+  }
 
   troupe::testing::LocalCluster cluster_{{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}};
   Runtime rt_ = cluster_.connect();
@@ -116,16 +128,9 @@ class TwoWorkerJobTest : public ::testing::Test {
 };
 
 TEST_F(TwoWorkerJobTest, TrainerAndLoaderKilledSameWeights) {
-  // Killed a few ms after the boundary, so usually inside a round (in the
-  // middle of a step); wherever it lands, the result must not change.
-  faults_.at_step(21, [&] {
-    auto id = trainer(1);
-    faults_.after(2ms, [this, id] { faults_.kill_actor(id); });
-  });
-  faults_.at_step(43, [&] {
-    auto id = faults_.live_actors(kLoaderClass, before_).at(0).id;
-    faults_.after(2ms, [this, id] { faults_.kill_actor(id); });
-  });
+  // Wherever in a round the kills land, the result must not change.
+  kill_at(21, [this] { return trainer(1); });
+  kill_at(43, [this] { return faults_.live_actors(kLoaderClass, before_).at(0).id; });
   const auto hurt = TrainJob(rt_, cfg_).fit();
   ASSERT_EQ(faults_.faults().size(), 2u);
   ASSERT_EQ(hurt.recoveries.size(), 2u) << describe(hurt);
@@ -147,10 +152,7 @@ TEST_F(TwoWorkerJobTest, TrainerAndLoaderKilledSameWeights) {
 // its process lives on. The job recovers (reconnecting to it or replacing
 // it) and the weights end as without the fault.
 TEST_F(TwoWorkerJobTest, DroppedConnectionsSameWeights) {
-  faults_.at_step(20, [&] {
-    auto id = trainer(1);
-    faults_.after(2ms, [this, id] { faults_.drop_connections(id); });
-  });
+  inject_at(20, [this] { return trainer(1); }, [this](uint64_t id) { faults_.drop_connections(id); });
   const auto hurt = TrainJob(rt_, cfg_).fit();
   ASSERT_EQ(faults_.faults().size(), 1u);
   EXPECT_LE(hurt.recoveries.size(), 1u) << describe(hurt);
@@ -162,10 +164,7 @@ TEST_F(TwoWorkerJobTest, DroppedConnectionsSameWeights) {
 // replacement needs no process start; the weights end as without failure.
 TEST_F(TwoWorkerJobTest, StandbyTrainerReplacesADeadOne) {
   cfg_.failure.standby_workers = 1;
-  faults_.at_step(24, [&] {
-    auto id = trainer(1);
-    faults_.after(2ms, [this, id] { faults_.kill_actor(id); });
-  });
+  kill_at(24, [this] { return trainer(1); });
   const auto hurt = TrainJob(rt_, cfg_).fit();
   ASSERT_EQ(faults_.faults().size(), 1u);
   ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
