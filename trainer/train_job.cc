@@ -37,6 +37,29 @@ std::string format_resources(const Resources& r) {
   return s.str();
 }
 
+// Each live node's total and free resources, from the head's status.
+struct NodeResources {
+  Resources total, free;
+};
+std::vector<NodeResources> live_nodes(Runtime& rt) {
+  std::vector<NodeResources> out;
+  const auto status = nlohmann::json::parse(rt.status_json());
+  for (const auto& n : status.value("nodes", nlohmann::json::array())) {
+    if (!n.value("alive", true)) continue;
+    NodeResources r;
+    const nlohmann::json total = n.value("total", nlohmann::json::object());
+    const nlohmann::json used = n.value("used", nlohmann::json::object());
+    for (auto it = total.begin(); it != total.end(); ++it) {
+      if (!it->is_number()) continue;
+      r.total[it.key()] = it->get<double>();
+      const double u = used.contains(it.key()) && used[it.key()].is_number() ? used[it.key()].get<double>() : 0.0;
+      r.free[it.key()] = it->get<double>() - u;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 // Waits for every future; rethrows the first failure after all settled, so
 // no call is left running unobserved.
 template <class R>
@@ -210,6 +233,8 @@ class Run {
   // with their actors spawned (not set up).
   std::vector<Slot> place(int64_t n, std::chrono::milliseconds timeout);
   void spawn_loader(Slot& s);
+  // Options for an actor in the slot's bundle (resources: none).
+  ActorOptions slot_options(const Slot& s) const;
   void setup_new(std::chrono::milliseconds timeout);
   // Joins every slot's trainer to the next generation of the group; with
   // heal_src >= 0, heals every rank from that rank and adopts its progress.
@@ -228,7 +253,7 @@ class Run {
   // are released), waiting for each at most until `deadline`.
   std::vector<Slot> take_standby(size_t n, Clock::time_point deadline);
   void recover(const std::string& why);
-  void record(const TrainReport& r, int64_t rank);
+  void record(const TrainReport& r);
   // With record_indices: the indices every rank of `cursor`'s world read in
   // steps (from, to] that began at `cursor` (steps of a failed round).
   void record_from_sampler(const actors::SamplerCursor& cursor, int64_t from, int64_t to);
@@ -299,6 +324,14 @@ void Run::release(Slot& s) {
   s.loader = Loader();
 }
 
+ActorOptions Run::slot_options(const Slot& s) const {
+  ActorOptions o;
+  o.placement_group = &*s.pg;
+  o.bundle_index = 0;
+  o.executable = cfg_.executable;
+  return o;
+}
+
 void Run::spawn_loader(Slot& s) {
   actors::LoaderConfig lc;
   lc.dataset = cfg_.trainer.data;
@@ -307,11 +340,7 @@ void Run::spawn_loader(Slot& s) {
   lc.seed = cfg_.trainer.seed;
   lc.threads = static_cast<int32_t>(cfg_.loader_threads);
   lc.credits = 4;
-  ActorOptions o;
-  o.placement_group = &*s.pg;
-  o.bundle_index = 0;
-  o.executable = cfg_.executable;
-  s.loader = rt_.spawn<actors::DataLoaderActor>(o, lc);
+  s.loader = rt_.spawn<actors::DataLoaderActor>(slot_options(s), lc);
 }
 
 std::vector<Run::Slot> Run::place(int64_t n, std::chrono::milliseconds timeout) {
@@ -330,11 +359,8 @@ std::vector<Run::Slot> Run::place(int64_t n, std::chrono::milliseconds timeout) 
         out.emplace_back();
         Slot& s = out.back();
         s.pg = pg;
-        ActorOptions o;
+        ActorOptions o = slot_options(s);
         o.resources = cfg_.scaling.resources_per_worker;
-        o.placement_group = &*s.pg;
-        o.bundle_index = 0;
-        o.executable = cfg_.executable;
         s.trainer = rt_.spawn<TrainerActor>(o);
         if (use_loaders_) spawn_loader(s);
       } else {
@@ -419,8 +445,7 @@ void Run::give_up(const std::string& why) {
   throw JobFailed(s.str(), result_);
 }
 
-void Run::record(const TrainReport& r, int64_t rank) {
-  (void)rank;
+void Run::record(const TrainReport& r) {
   if (!cfg_.record_indices || r.step_samples.empty()) return;
   // Split the report's indices into its steps.
   size_t pos = 0;
@@ -532,7 +557,7 @@ void Run::run_round() {
     sums_.correct += rep.correct;
     sums_.samples += rep.samples;
     samples += rep.samples;
-    record(rep, r);
+    record(rep);
   }
   step_ = reps[0].global_step;
   if (open_recovery_ && reps[0].steps > 0) {
@@ -607,19 +632,13 @@ void Run::maybe_grow() {
   last_grow_check_ = t;
   // Room for how many more? Counted from the live nodes' free resources,
   // so a job at its limit costs one status call, not a placement attempt.
-  auto status = nlohmann::json::parse(rt_.status_json());
   int64_t room = 0;
-  for (const auto& n : status.value("nodes", nlohmann::json::array())) {
-    if (!n.value("alive", true)) continue;
-    const nlohmann::json total = n.value("total", nlohmann::json::object());
-    const nlohmann::json used = n.value("used", nlohmann::json::object());
-    auto get = [](const nlohmann::json& j, const std::string& k) {
-      return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0;
-    };
+  for (const auto& n : live_nodes(rt_)) {
     int64_t fit = max_;
     for (const auto& [k, v] : cfg_.scaling.resources_per_worker) {
       if (v <= 0) continue;
-      double have = get(total, k) - get(used, k);
+      auto it = n.free.find(k);
+      const double have = it == n.free.end() ? 0.0 : it->second;
       fit = std::min<int64_t>(fit, static_cast<int64_t>(have / v + 1e-9));
     }
     room += fit;
@@ -736,7 +755,7 @@ void Run::recover(const std::string& why) {
   //    no loader may keep writing into a stream nobody reads (stop feeds).
   std::vector<uint64_t> ids;
   for (auto& s : slots_) ids.push_back(s.trainer.id());
-  int acked = collective::abort_group(rt_, ids, group_name_, why, generation_, std::chrono::seconds(2));
+  int acked = collective::abort_group(rt_, ids, group_name_, why, generation_, std::min(left(), std::chrono::milliseconds(2000)));
   {
     std::vector<Future<wire::Message>> controls;
     for (auto& s : slots_) {
@@ -824,7 +843,8 @@ void Run::recover(const std::string& why) {
     rec.placed = static_cast<int64_t>(placed.size());
     for (auto& p : placed) fresh.push_back(std::move(p));
   }
-  // Old rank -> new rank (-1: dropped), and the heal source: the survivor
+  // The new slot order (survivors and replacements at their old ranks,
+  // dropped ranks closing the gaps) and the heal source: the survivor
   // holding state with the most completed steps.
   int64_t src = -1;
   {
@@ -935,15 +955,9 @@ Result Run::fit() {
   {
     // Total resources of the live nodes: a job that can never be placed
     // fails now, naming the resource.
-    auto status = nlohmann::json::parse(rt_.status_json());
     std::map<std::string, double> total;
-    const nlohmann::json nodes = status.value("nodes", nlohmann::json::array());
-    for (const auto& n : nodes) {
-      if (!n.value("alive", true)) continue;
-      const nlohmann::json node_total = n.value("total", nlohmann::json::object());
-      for (auto it = node_total.begin(); it != node_total.end(); ++it)
-        if (it->is_number()) total[it.key()] += it->get<double>();
-    }
+    for (const auto& n : live_nodes(rt_))
+      for (const auto& [k, v] : n.total) total[k] += v;
     for (const auto& [k, v] : sc.resources_per_worker) {
       double need = v * static_cast<double>(min_);
       if (need > total[k] + 1e-9) {

@@ -91,7 +91,26 @@ bool all_on_one_host(collective::Group& g) {
 }
 }  // namespace
 
-TrainerActor::TrainerActor() = default;
+TrainerActor::TrainerActor() {
+  if (!this_actor::in_worker()) return;
+  this_actor::on_control(kInterruptTopic, [slot = stream_](const std::string& payload) {
+    const auto space = payload.find(' ');
+    int64_t generation = 0;
+    try {
+      generation = std::stoll(payload.substr(0, space));
+    } catch (const std::exception&) {
+      throw ConfigError("trainer.interrupt: payload must be '<generation> <reason>', got '" + payload + "'");
+    }
+    const std::string why = space == std::string::npos ? "interrupted by the driver" : payload.substr(space + 1);
+    std::shared_ptr<StreamReader<actors::Batch>> r;
+    {
+      std::lock_guard lock(slot->mu);
+      if (slot->generation <= generation) r = slot->reader;
+    }
+    if (r) r->cancel(why);
+    return std::string(r ? "cancelled" : "idle");
+  });
+}
 // The reducer holds hooks on the model's parameters and memory the group
 // writes into: it goes first, then the group.
 TrainerActor::~TrainerActor() {
@@ -124,26 +143,6 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
   dataset_ = actors::make_dataset(config_.data);
   if (train_size(config_, dataset_->size()) <= 0) throw ConfigError("the training split is empty");
   split_ = split_order(config_, dataset_->size());
-  if (this_actor::in_worker() && !interrupt_registered_) {
-    this_actor::on_control(kInterruptTopic, [slot = stream_](const std::string& payload) {
-      const auto space = payload.find(' ');
-      int64_t generation = 0;
-      try {
-        generation = std::stoll(payload.substr(0, space));
-      } catch (const std::exception&) {
-        throw ConfigError("trainer.interrupt: payload must be '<generation> <reason>', got '" + payload + "'");
-      }
-      const std::string why = space == std::string::npos ? "interrupted by the driver" : payload.substr(space + 1);
-      std::shared_ptr<StreamReader<actors::Batch>> r;
-      {
-        std::lock_guard lock(slot->mu);
-        if (slot->generation <= generation) r = slot->reader;
-      }
-      if (r) r->cancel(why);
-      return std::string(r ? "cancelled" : "idle");
-    });
-    interrupt_registered_ = true;
-  }
   reducer_ = std::make_unique<GradientReducer>(model_->parameters(), nullptr);
   // A trainer set up again (a restart from the initial weights) forgets
   // everything of its earlier run.
@@ -214,14 +213,13 @@ void TrainerActor::join(JoinSpec spec) {
 
 void TrainerActor::set_reader(std::shared_ptr<StreamReader<actors::Batch>> r) {
   std::lock_guard lock(stream_->mu);
-  stream_->reader = r;
+  stream_->reader = std::move(r);
   stream_->generation = group_ ? group_->generation() : 0;
-  reader_ = std::move(r);
 }
 
 StreamRef TrainerActor::open_stream(int64_t credits) {
   set_reader(std::make_shared<StreamReader<actors::Batch>>(this_actor::runtime(), static_cast<size_t>(credits)));
-  return reader_->ref();
+  return stream_->reader->ref();
 }
 
 torch::Tensor TrainerActor::compute_loss(const torch::Tensor& logits, const torch::Tensor& target) {
@@ -324,43 +322,45 @@ TrainReport TrainerActor::train(TrainRequest req) {
   int64_t s = 0;
   StepSnapshot snap;
   try {
-  for (; s < steps; ++s) {
-    snap = snapshot();
-    double loss_sum = 0;
-    int64_t correct = 0, samples = 0;
-    for (int64_t k = 0; k < config_.accumulation; ++k) {
-      actors::Batch batch;
-      if (req.from_stream) {
-        TROUPE_CHECK(reader_) << "open_stream() first";
-        auto b = reader_->read(std::chrono::minutes(5));
-        if (!b) throw Error("the batch stream ended before step " + std::to_string(step_));
-        batch = std::move(*b);
-        pos += static_cast<size_t>(batch.size());
-      } else {
-        std::vector<actors::Sample> samples_v;
-        std::vector<int64_t> idx(indices.begin() + pos, indices.begin() + pos + config_.batch_size);
-        if (!split_.empty())
-          for (auto& i : idx) i = split_[static_cast<size_t>(i)];
-        samples_v.reserve(idx.size());
-        for (int64_t i : idx) samples_v.push_back(dataset_->get(i, cursor.epoch));
-        pos += idx.size();
-        batch = actors::collate(std::move(samples_v), std::move(idx));
+    for (; s < steps; ++s) {
+      snap = snapshot();
+      double loss_sum = 0;
+      int64_t correct = 0, samples = 0;
+      for (int64_t k = 0; k < config_.accumulation; ++k) {
+        actors::Batch batch;
+        if (req.from_stream) {
+          // Only this thread replaces the reader: reading it needs no lock.
+          auto& reader = stream_->reader;
+          TROUPE_CHECK(reader) << "open_stream() first";
+          auto b = reader->read(std::chrono::minutes(5));
+          if (!b) throw Error("the batch stream ended before step " + std::to_string(step_));
+          batch = std::move(*b);
+          pos += static_cast<size_t>(batch.size());
+        } else {
+          std::vector<actors::Sample> samples_v;
+          std::vector<int64_t> idx(indices.begin() + pos, indices.begin() + pos + config_.batch_size);
+          if (!split_.empty())
+            for (auto& i : idx) i = split_[static_cast<size_t>(i)];
+          samples_v.reserve(idx.size());
+          for (int64_t i : idx) samples_v.push_back(dataset_->get(i, cursor.epoch));
+          pos += idx.size();
+          batch = actors::collate(std::move(samples_v), std::move(idx));
+        }
+        auto [l, c] = micro_step(batch, k == config_.accumulation - 1);
+        loss_sum += l;
+        correct += c;
+        samples += batch.size();
+        if (req.record_indices) rep.consumed.insert(rep.consumed.end(), batch.indices.begin(), batch.indices.end());
       }
-      auto [l, c] = micro_step(batch, k == config_.accumulation - 1);
-      loss_sum += l;
-      correct += c;
-      samples += batch.size();
-      if (req.record_indices) rep.consumed.insert(rep.consumed.end(), batch.indices.begin(), batch.indices.end());
+      optimizer_step();
+      rep.step_loss_sum.push_back(loss_sum);
+      rep.step_correct.push_back(correct);
+      rep.step_samples.push_back(samples);
+      rep.loss_sum += loss_sum;
+      rep.correct += correct;
+      rep.samples += samples;
+      ++rep.steps;
     }
-    optimizer_step();
-    rep.step_loss_sum.push_back(loss_sum);
-    rep.step_correct.push_back(correct);
-    rep.step_samples.push_back(samples);
-    rep.loss_sum += loss_sum;
-    rep.correct += correct;
-    rep.samples += samples;
-    ++rep.steps;
-  }
   } catch (const std::exception& e) {
     // A step cut short (a peer died, the group was aborted, the batch
     // stream broke): undo its partial effects so the state is that of the
@@ -513,73 +513,79 @@ Progress TrainerActor::progress() {
   return Progress{step_, epoch_, cursor_};
 }
 
+namespace {
+// A TrainState as one byte block, so a broadcast can carry it: [attachment
+// count, body size, attachment sizes..., body, attachments...]. (Not a wire
+// frame: a model's state may exceed a frame's attachment-count limit.)
+torch::Tensor pack_state(const TrainState& state) {
+  auto e = wire::encode_value(state);
+  const auto& body = e.bytes();
+  const auto& att = e.attachments();
+  std::vector<uint64_t> header{att.size(), body.size()};
+  for (const auto& a : att) header.push_back(a.size());
+  int64_t length = static_cast<int64_t>(header.size() * sizeof(uint64_t) + body.size());
+  for (const auto& a : att) length += static_cast<int64_t>(a.size());
+  auto block = torch::empty({length}, torch::kUInt8);
+  auto* out = static_cast<std::byte*>(block.data_ptr());
+  std::memcpy(out, header.data(), header.size() * sizeof(uint64_t));
+  out += header.size() * sizeof(uint64_t);
+  std::memcpy(out, body.data(), body.size());
+  out += body.size();
+  for (const auto& a : att) {
+    if (a.size()) std::memcpy(out, a.data(), a.size());
+    out += a.size();
+  }
+  return block;
+}
+
+// The inverse of pack_state for a contiguous CPU block; the decoded tensors
+// view the block. Throws DecodeError for a malformed one.
+TrainState unpack_state(const torch::Tensor& block) {
+  const auto* p = static_cast<const std::byte*>(block.data_ptr());
+  const std::byte* end = p + block.numel();
+  auto read_u64 = [&] {
+    if (end - p < 8) throw DecodeError("heal: truncated state block");
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    p += 8;
+    return v;
+  };
+  const uint64_t n_att = read_u64();
+  const uint64_t body_size = read_u64();
+  if (n_att > (1u << 20)) throw DecodeError("heal: bad attachment count " + std::to_string(n_att));
+  std::vector<uint64_t> sizes(n_att);
+  for (auto& sz : sizes) sz = read_u64();
+  auto owner = std::make_shared<torch::Tensor>(block);
+  auto view = [&](uint64_t n) {
+    if (static_cast<uint64_t>(end - p) < n) throw DecodeError("heal: truncated state block");
+    Buffer b(std::shared_ptr<const void>(owner, owner->data_ptr()), p, n);
+    p += n;
+    return b;
+  };
+  Buffer body = view(body_size);
+  std::vector<Buffer> att;
+  for (auto sz : sizes) att.push_back(view(sz));
+  return wire::decode_value<TrainState>(body.data(), body.size(), &att);
+}
+}  // namespace
+
 Progress TrainerActor::heal(int64_t src) {
   TROUPE_CHECK(ready_) << "setup() first";
   TROUPE_CHECK(group_) << "join() first";
   TROUPE_CHECK(src >= 0 && src < group_->world_size()) << "heal source rank " << src << " out of range";
   const auto timeout = std::chrono::minutes(5);
-  // The state travels as one byte block: [attachment count, body size,
-  // attachment sizes..., body, attachments...]. Its length goes first so
-  // every rank can allocate the block (on the group's device: NCCL
-  // broadcasts device memory).
+  // The block's length goes first so every rank can allocate it, on the
+  // group's device (NCCL broadcasts device memory).
   const bool mine = group_->rank() == src;
-  torch::Tensor block;
-  int64_t length = 0;
-  if (mine) {
-    auto e = wire::encode_value(state());
-    const auto& body = e.bytes();
-    const auto& att = e.attachments();
-    std::vector<uint64_t> header{att.size(), body.size()};
-    for (const auto& a : att) header.push_back(a.size());
-    length = static_cast<int64_t>(header.size() * sizeof(uint64_t) + body.size());
-    for (const auto& a : att) length += static_cast<int64_t>(a.size());
-    block = torch::empty({length}, torch::kUInt8);
-    auto* out = static_cast<std::byte*>(block.data_ptr());
-    std::memcpy(out, header.data(), header.size() * sizeof(uint64_t));
-    out += header.size() * sizeof(uint64_t);
-    std::memcpy(out, body.data(), body.size());
-    out += body.size();
-    for (const auto& a : att) {
-      if (a.size()) std::memcpy(out, a.data(), a.size());
-      out += a.size();
-    }
-  }
-  auto len = torch::tensor({length}, torch::kInt64).to(device_);
+  torch::Tensor block = mine ? pack_state(state()) : torch::Tensor();
+  auto len = torch::tensor({mine ? block.numel() : int64_t{0}}, torch::kInt64).to(device_);
   group_->broadcast(len.data_ptr(), 1, collective::DType::kInt64, static_cast<int>(src))->wait(timeout);
-  length = len.to(torch::kCPU).item<int64_t>();
-  if (!mine) block = torch::empty({length}, torch::kUInt8);
-  auto on_device = block.to(device_);
+  const int64_t length = len.to(torch::kCPU).item<int64_t>();
+  auto on_device = mine ? block.to(device_) : torch::empty({length}, torch::TensorOptions(torch::kUInt8).device(device_));
   group_->broadcast(on_device.data_ptr(), static_cast<size_t>(length), collective::DType::kUInt8,
                     static_cast<int>(src))
       ->wait(timeout);
-  if (!mine) {
-    block = on_device.to(torch::kCPU).contiguous();
-    const auto* p = static_cast<const std::byte*>(block.data_ptr());
-    const std::byte* end = p + length;
-    auto read_u64 = [&] {
-      if (end - p < 8) throw DecodeError("heal: truncated state block");
-      uint64_t v;
-      std::memcpy(&v, p, 8);
-      p += 8;
-      return v;
-    };
-    uint64_t n_att = read_u64();
-    uint64_t body_size = read_u64();
-    if (n_att > (1u << 20)) throw DecodeError("heal: bad attachment count " + std::to_string(n_att));
-    std::vector<uint64_t> sizes(n_att);
-    for (auto& sz : sizes) sz = read_u64();
-    auto owner = std::make_shared<torch::Tensor>(block);
-    auto view = [&](uint64_t n) {
-      if (static_cast<uint64_t>(end - p) < n) throw DecodeError("heal: truncated state block");
-      Buffer b(std::shared_ptr<const void>(owner, owner->data_ptr()), p, n);
-      p += n;
-      return b;
-    };
-    Buffer body = view(body_size);
-    std::vector<Buffer> att;
-    for (auto sz : sizes) att.push_back(view(sz));
-    load_state(wire::decode_value<TrainState>(body.data(), body.size(), &att));
-  }
+  if (!mine) load_state(unpack_state(on_device.to(torch::kCPU).contiguous()));
   return progress();
 }
 

@@ -240,16 +240,15 @@ class TrainerActor {
   ShmGroup* shm_ = nullptr;  // group_ itself when it is one
   std::unique_ptr<GradientReducer> reducer_;
   // The current batch stream, shared with the kInterruptTopic handler
-  // (which runs on the worker's I/O thread): replaced only under mu.
+  // (which runs on the worker's I/O thread). Replaced only by the call
+  // thread, under mu; the handler reads it under mu.
   struct ReaderSlot {
     std::mutex mu;
     std::shared_ptr<StreamReader<actors::Batch>> reader;
     int64_t generation = 0;  // of the group when the reader was opened
   };
   std::shared_ptr<ReaderSlot> stream_ = std::make_shared<ReaderSlot>();
-  std::shared_ptr<StreamReader<actors::Batch>> reader_;
   void set_reader(std::shared_ptr<StreamReader<actors::Batch>> r);
-  bool interrupt_registered_ = false;
   int64_t step_ = 0;
   int64_t epoch_ = 0;
   actors::SamplerCursor cursor_;

@@ -85,6 +85,17 @@ std::string describe(const Result& r) {
   return s;
 }
 
+// Every epoch of `r` consumed each of the data set's n samples exactly once.
+void expect_each_sample_once(const Result& r, int64_t n, size_t epochs) {
+  ASSERT_EQ(r.consumed.size(), epochs);
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+  for (auto [epoch, idx] : r.consumed) {
+    std::sort(idx.begin(), idx.end());
+    EXPECT_EQ(idx, all) << "epoch " << epoch << ": " << idx.size() << " consumed\n" << describe(r);
+  }
+}
+
 fs::path fresh_dir(const std::string& name) {
   auto p = fs::temp_directory_path() / ("troupe-elastic-test-" + std::to_string(::getpid()) + "-" + name);
   fs::remove_all(p);
@@ -301,13 +312,7 @@ TEST(ElasticTest, ExactlyOnceAcrossShrinkAndGrow) {
   int resized = 0;
   for (const auto& e : r.events) resized += e.kind == "resized";
   EXPECT_EQ(resized, 2) << describe(r);
-  ASSERT_EQ(r.consumed.size(), 2u);
-  std::vector<int64_t> all(120);
-  std::iota(all.begin(), all.end(), 0);
-  for (auto [epoch, idx] : r.consumed) {
-    std::sort(idx.begin(), idx.end());
-    EXPECT_EQ(idx, all) << "epoch " << epoch << ": " << idx.size() << " consumed\n" << describe(r);
-  }
+  expect_each_sample_once(r, 120, 2);
 }
 
 // Kills that land inside multi-step rounds (the survivors completed some
@@ -336,13 +341,7 @@ TEST(ElasticTest, ExactlyOnceAcrossMidRoundKills) {
   ASSERT_EQ(faults.faults().size(), 2u);
   ASSERT_EQ(r.recoveries.size(), 2u) << describe(r);
   EXPECT_EQ(r.final_world_size, 3);
-  std::vector<int64_t> all(1200);
-  std::iota(all.begin(), all.end(), 0);
-  ASSERT_EQ(r.consumed.size(), 2u);
-  for (auto [epoch, idx] : r.consumed) {
-    std::sort(idx.begin(), idx.end());
-    EXPECT_EQ(idx, all) << "epoch " << epoch << ": " << idx.size() << " consumed\n" << describe(r);
-  }
+  expect_each_sample_once(r, 1200, 2);
 }
 
 // With no failures allowed, the death of any one process of the job ends
