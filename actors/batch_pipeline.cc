@@ -38,8 +38,7 @@ struct BatchPipeline::Token {
   }
 };
 
-BatchPipeline::BatchPipeline(const Dataset& dataset, PipelineOptions options)
-    : dataset_(dataset), options_(options) {
+BatchPipeline::BatchPipeline(const Dataset& dataset, PipelineOptions options) : dataset_(dataset), options_(options) {
   if (options_.batch_size < 1) throw ConfigError("BatchPipeline: batch_size must be >= 1");
   if (options_.num_threads < 1) throw ConfigError("BatchPipeline: num_threads must be >= 1");
   if (options_.prefetch_depth < 0) throw ConfigError("BatchPipeline: prefetch_depth must be >= 0");

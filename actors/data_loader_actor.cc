@@ -124,7 +124,8 @@ struct DataLoaderActor::State {
 
 DataLoaderActor::DataLoaderActor(LoaderConfig config) : state_(std::make_shared<State>(std::move(config))) {
   const LoaderConfig& c = state_->config;
-  if (c.batch_size < 1) throw ConfigError("DataLoaderActor: batch_size must be >= 1, got " + std::to_string(c.batch_size));
+  if (c.batch_size < 1)
+    throw ConfigError("DataLoaderActor: batch_size must be >= 1, got " + std::to_string(c.batch_size));
   if (c.threads < 1) throw ConfigError("DataLoaderActor: threads must be >= 1, got " + std::to_string(c.threads));
   if (c.prefetch_depth < 0) throw ConfigError("DataLoaderActor: prefetch_depth must be >= 0");
   if (c.max_live_tokens < 0) throw ConfigError("DataLoaderActor: max_live_tokens must be >= 0");

@@ -13,8 +13,8 @@
 namespace troupe::actors {
 
 Sample Dataset::get(int64_t index, int64_t epoch) const {
-  TROUPE_CHECK(index >= 0 && index < size()) << "index " << index << " out of range for " << describe() << " of size "
-                                             << size();
+  TROUPE_CHECK(index >= 0 && index < size())
+      << "index " << index << " out of range for " << describe() << " of size " << size();
   return load(index, epoch);
 }
 
@@ -134,8 +134,7 @@ int64_t positive_int(const DatasetSpec& spec, const std::string& key, int64_t fa
 double non_negative_double(const DatasetSpec& spec, const std::string& key, double fallback) {
   double v = spec.get_double(key, fallback);
   if (!(v >= 0)) {
-    throw ConfigError("dataset '" + spec.name + "': parameter '" + key + "' = " + format_double(v) +
-                      " must be >= 0");
+    throw ConfigError("dataset '" + spec.name + "': parameter '" + key + "' = " + format_double(v) + " must be >= 0");
   }
   return v;
 }

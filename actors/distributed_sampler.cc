@@ -107,8 +107,8 @@ int64_t DistributedSampler::consumed(const SamplerCursor& c) const {
 SamplerCursor DistributedSampler::advance(const SamplerCursor& c, int64_t per_rank) const {
   check_cursor(c);
   TROUPE_CHECK(per_rank >= 0 && per_rank <= remaining_per_rank(c))
-      << "advance by " << per_rank << " per rank past the end of " << to_string(c) << " ("
-      << remaining_per_rank(c) << " left per rank)";
+      << "advance by " << per_rank << " per rank past the end of " << to_string(c) << " (" << remaining_per_rank(c)
+      << " left per rank)";
   SamplerCursor next = c;
   next.segment_consumed += per_rank * c.world_size;
   return next;

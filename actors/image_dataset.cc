@@ -72,8 +72,9 @@ ImageTransformDraw draw_image_transform(const ImageTransformOptions& o, int64_t 
 torch::Tensor transform_image(const torch::Tensor& image, const ImageTransformOptions& options, int64_t epoch,
                               int64_t index) {
   TROUPE_CHECK(image.defined() && image.scalar_type() == torch::kByte && image.dim() == 3)
-      << "transform_image wants a uint8 [C, H, W] tensor, got " << (image.defined() ? image.sizes() : c10::IntArrayRef{})
-      << " of " << (image.defined() ? c10::toString(image.scalar_type()) : "undefined");
+      << "transform_image wants a uint8 [C, H, W] tensor, got "
+      << (image.defined() ? image.sizes() : c10::IntArrayRef{}) << " of "
+      << (image.defined() ? c10::toString(image.scalar_type()) : "undefined");
   auto img = image.to(torch::kCPU).contiguous();
   return transform_raw(img.data_ptr<uint8_t>(), img.size(0), img.size(1), img.size(2), options, epoch, index);
 }

@@ -35,11 +35,16 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {'b', 1, torch::kBool, "bool"},          {'i', 1, torch::kChar, "int8"},
-    {'u', 1, torch::kByte, "uint8"},         {'i', 2, torch::kShort, "int16"},
-    {'i', 4, torch::kInt, "int32"},          {'i', 8, torch::kLong, "int64"},
-    {'f', 2, torch::kHalf, "float16"},       {'f', 4, torch::kFloat, "float32"},
-    {'f', 8, torch::kDouble, "float64"},     {'c', 8, torch::kComplexFloat, "complex64"},
+    {'b', 1, torch::kBool, "bool"},
+    {'i', 1, torch::kChar, "int8"},
+    {'u', 1, torch::kByte, "uint8"},
+    {'i', 2, torch::kShort, "int16"},
+    {'i', 4, torch::kInt, "int32"},
+    {'i', 8, torch::kLong, "int64"},
+    {'f', 2, torch::kHalf, "float16"},
+    {'f', 4, torch::kFloat, "float32"},
+    {'f', 8, torch::kDouble, "float64"},
+    {'c', 8, torch::kComplexFloat, "complex64"},
     {'c', 16, torch::kComplexDouble, "complex128"},
 };
 
@@ -61,8 +66,9 @@ torch::ScalarType parse_descr(const std::string& descr, const std::string& path)
   for (const auto& d : kDtypes) {
     if (d.kind == kind && d.size == size) return d.type;
   }
-  if (kind == 'u') fail(path, "dtype '" + descr + "' (unsigned " + std::to_string(size * 8) +
-                                  "-bit) has no LibTorch equivalent; convert it to a signed type");
+  if (kind == 'u')
+    fail(path, "dtype '" + descr + "' (unsigned " + std::to_string(size * 8) +
+                   "-bit) has no LibTorch equivalent; convert it to a signed type");
   fail(path, "unsupported dtype '" + descr + "'");
 }
 
@@ -94,7 +100,8 @@ class HeaderParser {
         h.dtype = parse_descr(parse_string(), path_);
         have_descr = true;
       } else if (key == "fortran_order") {
-        if (parse_bool()) fail(path_, "fortran_order is True; only C-order arrays are supported (use np.ascontiguousarray)");
+        if (parse_bool())
+          fail(path_, "fortran_order is True; only C-order arrays are supported (use np.ascontiguousarray)");
         have_order = true;
       } else if (key == "shape") {
         h.shape = parse_shape();
@@ -181,7 +188,8 @@ class HeaderParser {
 uint64_t element_count(const std::vector<int64_t>& shape, const std::string& path) {
   uint64_t n = 1;
   for (int64_t d : shape) {
-    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / 16 / uint64_t(d)) fail(path, "corrupt header: shape too large");
+    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / 16 / uint64_t(d))
+      fail(path, "corrupt header: shape too large");
     n *= uint64_t(d);
   }
   return n;
@@ -273,13 +281,9 @@ NpyArray NpyArray::open(const std::string& path) {
 
 int64_t NpyArray::rows() const { return header_.shape.empty() ? 1 : header_.shape[0]; }
 
-const std::byte* NpyArray::data() const {
-  return static_cast<const std::byte*>(mapping_->base) + header_.data_offset;
-}
+const std::byte* NpyArray::data() const { return static_cast<const std::byte*>(mapping_->base) + header_.data_offset; }
 
-size_t NpyArray::nbytes() const {
-  return element_count(header_.shape, path_) * torch::elementSize(header_.dtype);
-}
+size_t NpyArray::nbytes() const { return element_count(header_.shape, path_) * torch::elementSize(header_.dtype); }
 
 torch::Tensor NpyArray::tensor() const {
   auto options = torch::TensorOptions().dtype(header_.dtype);
@@ -292,7 +296,8 @@ torch::Tensor NpyArray::tensor() const {
     return t;
   }
   auto keep = mapping_;
-  return torch::from_blob(p, header_.shape, [keep](void*) mutable { keep.reset(); }, options);
+  return torch::from_blob(
+      p, header_.shape, [keep](void*) mutable { keep.reset(); }, options);
 }
 
 torch::Tensor NpyArray::row(int64_t i) const {
@@ -323,7 +328,15 @@ void write_npy(const std::string& path, const torch::Tensor& tensor) {
 
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) fail(path, std::string("cannot create: ") + std::strerror(errno));
-  unsigned char prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<unsigned char>(header.size() & 0xFF),
+  unsigned char prefix[10] = {0x93,
+                              'N',
+                              'U',
+                              'M',
+                              'P',
+                              'Y',
+                              1,
+                              0,
+                              static_cast<unsigned char>(header.size() & 0xFF),
                               static_cast<unsigned char>(header.size() >> 8)};
   size_t bytes = t.numel() * t.element_size();
   bool ok = std::fwrite(prefix, 1, sizeof prefix, f) == sizeof prefix &&

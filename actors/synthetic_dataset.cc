@@ -29,8 +29,8 @@ torch::Tensor normal_matrix(int64_t rows, int64_t cols, uint64_t seed, uint64_t 
 SyntheticClassification::SyntheticClassification(SyntheticClassificationOptions options) : options_(options) {
   TROUPE_CHECK(options_.size >= 0 && options_.num_features > 0 && options_.num_classes > 0)
       << "bad synthetic classification options: " << describe();
-  centres_ = normal_matrix(options_.num_classes, options_.num_features, static_cast<uint64_t>(options_.seed),
-                           kCentreTag, 3.0);
+  centres_ =
+      normal_matrix(options_.num_classes, options_.num_features, static_cast<uint64_t>(options_.seed), kCentreTag, 3.0);
 }
 
 std::string SyntheticClassification::describe() const {

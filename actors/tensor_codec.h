@@ -35,8 +35,8 @@ struct Codec<at::Tensor> {
     for (int64_t d : c.sizes()) e.write_pod<int64_t>(d);
     size_t bytes = c.numel() * c.element_size();
     auto owner = std::make_shared<at::Tensor>(c);
-    troupe::wire::encode(e, Buffer(std::shared_ptr<const void>(owner, owner.get()),
-                                   static_cast<const std::byte*>(c.data_ptr()), bytes));
+    troupe::wire::encode(
+        e, Buffer(std::shared_ptr<const void>(owner, owner.get()), static_cast<const std::byte*>(c.data_ptr()), bytes));
   }
 
   static at::Tensor decode(Decoder& d) {

@@ -170,7 +170,6 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--only-sync") only_sync = true;
   }
 
-
   troupe::testing::LocalClusterOptions lo;
   lo.nodes = {{{"CPU", 8}}};
   troupe::testing::LocalCluster cluster(lo);

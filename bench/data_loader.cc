@@ -135,8 +135,8 @@ double json_number(const std::string& line, const std::string& key) {
 
 std::string run_peer(const Args& a) {
   std::ostringstream cmd;
-  cmd << "/usr/bin/python3 " << TROUPE_BENCH_PEERS_DIR << "/torch_dataloader.py --seconds " << a.seconds
-      << " --size " << a.size << " --batch " << a.batch << " --workers 2";
+  cmd << "/usr/bin/python3 " << TROUPE_BENCH_PEERS_DIR << "/torch_dataloader.py --seconds " << a.seconds << " --size "
+      << a.size << " --batch " << a.batch << " --workers 2";
   std::FILE* p = popen(cmd.str().c_str(), "r");
   if (!p) return "";
   std::string out;
@@ -225,8 +225,8 @@ Rate loader_remote(troupe::Runtime& rt, const Args& a, troupe::ActorHandle<troup
   int64_t batches = 0, samples = 0;
   auto epoch_run = [&](int64_t epoch) {
     troupe::StreamReader<Batch> r(rt, config.credits);
-    auto sent = loader.call(&troupe::actors::DataLoaderActor::feed, r.ref(), troupe::actors::SamplerCursor{.epoch = epoch},
-                            0, 0);
+    auto sent = loader.call(&troupe::actors::DataLoaderActor::feed, r.ref(),
+                            troupe::actors::SamplerCursor{.epoch = epoch}, 0, 0);
     while (auto b = r.read(60s)) {
       checksum += b->input.data_ptr<float>()[0];
       ++batches;

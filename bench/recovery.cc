@@ -122,11 +122,15 @@ int main(int argc, char** argv) {
   int64_t kill_step = 23, ckpt_every = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--trials") trials = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--kill-step") kill_step = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--ckpt-every") ckpt_every = std::max(1, std::atoi(argv[i + 1]));
+    if (a == "--trials")
+      trials = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--kill-step")
+      kill_step = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--ckpt-every")
+      ckpt_every = std::max(1, std::atoi(argv[i + 1]));
     else {
-      std::fprintf(stderr, "unknown argument %s\nusage: recovery [--trials N] [--kill-step S] [--ckpt-every K]\n", argv[i]);
+      std::fprintf(stderr, "unknown argument %s\nusage: recovery [--trials N] [--kill-step S] [--ckpt-every K]\n",
+                   argv[i]);
       return 2;
     }
   }
@@ -144,7 +148,8 @@ int main(int argc, char** argv) {
         rs.push_back(tr.recovery_s);
         lost.push_back(tr.lost_steps);
         heal.push_back(tr.heal_s);
-        each.push_back({{"recovery_s", tr.recovery_s}, {"lost_steps", tr.lost_steps}, {"driver_recovery_s", tr.heal_s}});
+        each.push_back(
+            {{"recovery_s", tr.recovery_s}, {"lost_steps", tr.lost_steps}, {"driver_recovery_s", tr.heal_s}});
       }
       const std::string sfx = disk ? "_disk" : mode == Mode::kStandby ? "_standby" : "";
       nlohmann::json common = {{"bench", "recovery"}, {"workers", 2}, {"kill_step", kill_step}, {"trials", each}};

@@ -69,9 +69,12 @@ double troupe_rate(troupe::Runtime& rt, const Args& a, int64_t n) {
   c.threads = 1;
   c.seed = 0;
   // Only its sample shape is used.
-  c.data = troupe::actors::DatasetSpec("synthetic_classification").set("size", 64).set("num_features", 784).set(
-      "num_classes", 10);
-  auto pg = rt.create_placement_group(std::vector<troupe::Resources>(n, {{"CPU", 1}}), troupe::PlacementStrategy::kPack);
+  c.data = troupe::actors::DatasetSpec("synthetic_classification")
+               .set("size", 64)
+               .set("num_features", 784)
+               .set("num_classes", 10);
+  auto pg =
+      rt.create_placement_group(std::vector<troupe::Resources>(n, {{"CPU", 1}}), troupe::PlacementStrategy::kPack);
   if (!pg.wait(30s)) throw troupe::Error("placement group pending: " + pg.info().pending_reason);
   std::vector<troupe::ActorHandle<TrainerActor>> ts;
   for (int64_t r = 0; r < n; ++r)
@@ -103,8 +106,8 @@ double ddp_rate(const Args& a) {
   std::ostringstream cmd;
   // Same thread count as the trainers: torch.set_num_threads(1) in the
   // peer, and its pthreads OpenBLAS bounded as the trainers bound theirs.
-  cmd << "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 " << TROUPE_BENCH_PEERS_DIR << "/torch_ddp.py --hidden " << a.hidden << " --batch " << a.batch
-      << " --workers " << a.workers << " --steps " << a.steps << " --warmup " << a.warmup;
+  cmd << "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 " << TROUPE_BENCH_PEERS_DIR << "/torch_ddp.py --hidden " << a.hidden
+      << " --batch " << a.batch << " --workers " << a.workers << " --steps " << a.steps << " --warmup " << a.warmup;
   FILE* p = ::popen(cmd.str().c_str(), "r");
   if (!p) throw troupe::Error("cannot run " + cmd.str());
   std::string out;
@@ -133,17 +136,29 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];
     auto next = [&] { return i + 1 < argc ? std::atoll(argv[++i]) : 0LL; };
-    if (f == "--hidden") a.hidden = next();
-    else if (f == "--batch") a.batch = next();
-    else if (f == "--workers") a.workers = next();
-    else if (f == "--steps") a.steps = next();
-    else if (f == "--warmup") a.warmup = next();
-    else if (f == "--bucket-mb") a.bucket_mb = next();
-    else if (f == "--compression" && i + 1 < argc) a.compression = argv[++i];
-    else if (f == "--no-peer") a.peer = false;
-    else if (f == "--tcp") a.shared_memory = false;
+    if (f == "--hidden")
+      a.hidden = next();
+    else if (f == "--batch")
+      a.batch = next();
+    else if (f == "--workers")
+      a.workers = next();
+    else if (f == "--steps")
+      a.steps = next();
+    else if (f == "--warmup")
+      a.warmup = next();
+    else if (f == "--bucket-mb")
+      a.bucket_mb = next();
+    else if (f == "--compression" && i + 1 < argc)
+      a.compression = argv[++i];
+    else if (f == "--no-peer")
+      a.peer = false;
+    else if (f == "--tcp")
+      a.shared_memory = false;
     else {
-      std::fprintf(stderr, "usage: %s [--hidden H] [--batch B] [--workers N] [--steps S] [--warmup W] [--bucket-mb M] [--compression none|bf16|fp16] [--tcp] [--no-peer]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--hidden H] [--batch B] [--workers N] [--steps S] [--warmup W] [--bucket-mb M] "
+                   "[--compression none|bf16|fp16] [--tcp] [--no-peer]\n",
+                   argv[0]);
       return 2;
     }
   }

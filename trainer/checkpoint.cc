@@ -11,9 +11,9 @@
 #include <random>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-#include <torch/torch.h>
 #include <torch/serialize.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "runtime/core/errors.h"
 
@@ -85,7 +85,9 @@ std::map<std::string, torch::Tensor> unpickle_dict(const std::vector<char>& byte
 }
 
 nlohmann::json cursor_json(const actors::SamplerCursor& c) {
-  return {{"epoch", c.epoch}, {"world_size", c.world_size}, {"segment_start", c.segment_start},
+  return {{"epoch", c.epoch},
+          {"world_size", c.world_size},
+          {"segment_start", c.segment_start},
           {"segment_consumed", c.segment_consumed}};
 }
 
@@ -137,8 +139,8 @@ CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
   if (ec) throw Error("cannot create checkpoint directory " + root + ": " + ec.message());
   fs::path final_dir = fs::path(root) / step_dir_name(state.step);
   std::random_device rd;
-  fs::path tmp = fs::path(root) / (".tmp-" + step_dir_name(state.step) + "-" + std::to_string(::getpid()) + "-" +
-                                   std::to_string(rd()));
+  fs::path tmp = fs::path(root) /
+                 (".tmp-" + step_dir_name(state.step) + "-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
   try {
     fs::create_directory(tmp);
     std::map<std::string, std::vector<char>> files;

@@ -1,9 +1,9 @@
 #include "trainer/gradient_reducer.h"
 
-#include <torch/torch.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
 
 #include "runtime/core/check.h"
 #include "runtime/core/errors.h"
@@ -149,8 +149,8 @@ void GradientReducer::launch(Bucket& b) {
   collective::AllreduceOptions opts;
   opts.op = collective::ReduceOp::kSum;
   opts.timeout = options_.timeout;
-  b.work = group_->allreduce(b.wire.data_ptr(), static_cast<size_t>(b.wire.numel()), collective_dtype(b.wire.scalar_type()),
-                             opts);
+  b.work = group_->allreduce(b.wire.data_ptr(), static_cast<size_t>(b.wire.numel()),
+                             collective_dtype(b.wire.scalar_type()), opts);
   b.launched = true;
 }
 

@@ -2,8 +2,8 @@
 
 #include <filesystem>
 
-#include <torch/torch.h>
 #include <torch/script.h>
+#include <torch/torch.h>
 
 #include "runtime/core/errors.h"
 
@@ -29,9 +29,11 @@ struct CnnImpl : torch::nn::Module {
   CnnImpl(int64_t channels, int64_t image, int64_t hidden, int64_t out)
       : channels_(channels),
         image_(image),
-        conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, hidden, 3).padding(1).bias(false)))),
+        conv1(register_module("conv1",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, hidden, 3).padding(1).bias(false)))),
         bn1(register_module("bn1", torch::nn::BatchNorm2d(hidden))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(hidden, hidden, 3).padding(1).bias(false)))),
+        conv2(register_module("conv2",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(hidden, hidden, 3).padding(1).bias(false)))),
         bn2(register_module("bn2", torch::nn::BatchNorm2d(hidden))),
         fc(register_module("fc", torch::nn::Linear(hidden, out))) {}
   torch::Tensor forward(torch::Tensor x) {
@@ -83,9 +85,7 @@ class ScriptModel final : public Model {
       throw ConfigError("cannot load TorchScript model '" + path + "': " + e.what_without_backtrace());
     }
   }
-  torch::Tensor forward(const torch::Tensor& input) override {
-    return m_.forward({input}).toTensor();
-  }
+  torch::Tensor forward(const torch::Tensor& input) override { return m_.forward({input}).toTensor(); }
   std::vector<std::pair<std::string, torch::Tensor>> named_parameters() override {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     for (const auto& p : m_.named_parameters(true)) out.emplace_back(p.name, p.value);

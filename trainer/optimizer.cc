@@ -9,11 +9,11 @@
 namespace troupe::trainer {
 
 void validate(const OptimizerConfig& c) {
-  if (c.name != "sgd" && c.name != "adamw")
-    throw ConfigError("unknown optimizer '" + c.name + "' (known: sgd, adamw)");
+  if (c.name != "sgd" && c.name != "adamw") throw ConfigError("unknown optimizer '" + c.name + "' (known: sgd, adamw)");
   if (!(c.lr > 0)) throw ConfigError("optimizer lr must be positive, got " + std::to_string(c.lr));
   if (c.momentum < 0 || c.momentum >= 1) throw ConfigError("optimizer momentum must be in [0, 1)");
-  if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1) throw ConfigError("optimizer betas must be in [0, 1)");
+  if (c.beta1 < 0 || c.beta1 >= 1 || c.beta2 < 0 || c.beta2 >= 1)
+    throw ConfigError("optimizer betas must be in [0, 1)");
   if (c.weight_decay < 0) throw ConfigError("optimizer weight_decay must not be negative");
 }
 

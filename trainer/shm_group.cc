@@ -57,8 +57,8 @@ std::unique_ptr<ShmGroup> ShmGroup::create(std::shared_ptr<collective::Group> in
     fd = ::shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     // Reserve the pages now: a tmpfs too small for the segment fails here
     // (and every rank falls back) instead of SIGBUS on first touch.
-    if (fd >= 0 && (::ftruncate(fd, static_cast<off_t>(total)) != 0 ||
-                    ::posix_fallocate(fd, 0, static_cast<off_t>(total)) != 0)) {
+    if (fd >= 0 &&
+        (::ftruncate(fd, static_cast<off_t>(total)) != 0 || ::posix_fallocate(fd, 0, static_cast<off_t>(total)) != 0)) {
       ::close(fd);
       ::shm_unlink(shm_name.c_str());
       fd = -1;
@@ -113,9 +113,7 @@ void ShmGroup::abort(const std::string& reason) {
   inner_->abort(reason);
 }
 
-bool ShmGroup::is_aborted() const {
-  return static_cast<Header*>(base_)->aborted.load() != 0 || inner_->is_aborted();
-}
+bool ShmGroup::is_aborted() const { return static_cast<Header*>(base_)->aborted.load() != 0 || inner_->is_aborted(); }
 
 void ShmGroup::wait_barrier(std::chrono::milliseconds timeout) {
   auto* h = static_cast<Header*>(base_);
@@ -130,8 +128,7 @@ void ShmGroup::wait_barrier(std::chrono::milliseconds timeout) {
     // Wrap-safe: the counter passes the target by less than n.
     if (static_cast<int32_t>(v - target) >= 0) return;
     if (spin < 200) continue;
-    if (h->aborted.load() || inner_->is_aborted())
-      throw Aborted("shared-memory allreduce of " + name() + " aborted");
+    if (h->aborted.load() || inner_->is_aborted()) throw Aborted("shared-memory allreduce of " + name() + " aborted");
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline)
       throw Timeout("shared-memory allreduce of " + name() + ": a rank did not arrive within " +

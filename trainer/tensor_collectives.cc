@@ -43,9 +43,14 @@ Kind kind_of(Group& group) {
 std::string describe(Group& group) {
   const char* backend = "";
   switch (kind_of(group)) {
-    case Kind::kGloo: backend = "gloo "; break;
-    case Kind::kNccl: backend = "nccl "; break;
-    case Kind::kOther: break;
+    case Kind::kGloo:
+      backend = "gloo ";
+      break;
+    case Kind::kNccl:
+      backend = "nccl ";
+      break;
+    case Kind::kOther:
+      break;
   }
   return std::string(backend) + "group '" + group.name() + "'";
 }
@@ -72,12 +77,12 @@ collective::DType check_tensor(const char* op, const char* role, Group& group, c
   }
   const Kind kind = kind_of(group);
   if (kind == Kind::kGloo && !t.device().is_cpu()) {
-    throw ConfigError(std::string(op) + ": the " + role + " is on " + device_name(t) + ", but " +
-                      describe(group) + " moves host memory: use a CPU tensor or an NCCL group");
+    throw ConfigError(std::string(op) + ": the " + role + " is on " + device_name(t) + ", but " + describe(group) +
+                      " moves host memory: use a CPU tensor or an NCCL group");
   }
   if (kind == Kind::kNccl && !t.device().is_cuda()) {
-    throw ConfigError(std::string(op) + ": the " + role + " is on " + device_name(t) + ", but " +
-                      describe(group) + " moves device memory: use a CUDA tensor or a gloo group");
+    throw ConfigError(std::string(op) + ": the " + role + " is on " + device_name(t) + ", but " + describe(group) +
+                      " moves device memory: use a CUDA tensor or a gloo group");
   }
   return dtype;
 }
@@ -88,7 +93,8 @@ void check_pair(const char* op, const torch::Tensor& in, const torch::Tensor& ou
                       c10::toString(out.scalar_type()) + " differ");
   }
   if (in.device() != out.device()) {
-    throw ConfigError(std::string(op) + ": input on " + device_name(in) + " and output on " + device_name(out) + " differ");
+    throw ConfigError(std::string(op) + ": input on " + device_name(in) + " and output on " + device_name(out) +
+                      " differ");
   }
 }
 
@@ -102,13 +108,20 @@ WorkPtr keep(WorkPtr work, std::vector<torch::Tensor> tensors) {
 
 collective::DType collective_dtype(torch::ScalarType dtype) {
   switch (dtype) {
-    case torch::kFloat32: return collective::DType::kFloat32;
-    case torch::kFloat64: return collective::DType::kFloat64;
-    case torch::kInt32: return collective::DType::kInt32;
-    case torch::kInt64: return collective::DType::kInt64;
-    case torch::kBFloat16: return collective::DType::kBFloat16;
-    case torch::kFloat16: return collective::DType::kFloat16;
-    case torch::kUInt8: return collective::DType::kUInt8;
+    case torch::kFloat32:
+      return collective::DType::kFloat32;
+    case torch::kFloat64:
+      return collective::DType::kFloat64;
+    case torch::kInt32:
+      return collective::DType::kInt32;
+    case torch::kInt64:
+      return collective::DType::kInt64;
+    case torch::kBFloat16:
+      return collective::DType::kBFloat16;
+    case torch::kFloat16:
+      return collective::DType::kFloat16;
+    case torch::kUInt8:
+      return collective::DType::kUInt8;
     default:
       throw ConfigError(std::string("unsupported tensor dtype ") + c10::toString(dtype) +
                         " (collectives take Float, Double, Int, Long, BFloat16, Half and Byte)");

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "actors/tensor_codec.h"
 #include "runtime/collective/actor_group.h"
@@ -127,9 +127,8 @@ class Round {
           }
       return false;
     };
-    bool done = signal_->cv.wait_for(lock, timeout, [&] {
-      return failed() || signal_->ready == static_cast<int64_t>(states_.size());
-    });
+    bool done = signal_->cv.wait_for(
+        lock, timeout, [&] { return failed() || signal_->ready == static_cast<int64_t>(states_.size()); });
     if (!done) return "no answer within " + std::to_string(timeout.count()) + " ms";
     return why;
   }
@@ -163,7 +162,8 @@ class StepFailed : public Error {
 void validate(const TrainJobConfig& c) {
   validate(c.trainer);
   const auto& s = c.scaling;
-  if (s.num_workers <= 0) throw ConfigError("scaling.num_workers must be positive, got " + std::to_string(s.num_workers));
+  if (s.num_workers <= 0)
+    throw ConfigError("scaling.num_workers must be positive, got " + std::to_string(s.num_workers));
   if (s.min_workers < 0 || s.max_workers < 0) throw ConfigError("scaling.min_workers/max_workers must not be negative");
   const int64_t lo = s.min_workers > 0 ? s.min_workers : s.num_workers;
   const int64_t hi = s.max_workers > 0 ? s.max_workers : s.num_workers;
@@ -176,7 +176,8 @@ void validate(const TrainJobConfig& c) {
   if (c.failure.standby_workers < 0)
     throw ConfigError("failure.standby_workers must not be negative, got " + std::to_string(c.failure.standby_workers));
   if (c.failure.max_failures < -1)
-    throw ConfigError("failure.max_failures must be -1 (no limit) or more, got " + std::to_string(c.failure.max_failures));
+    throw ConfigError("failure.max_failures must be -1 (no limit) or more, got " +
+                      std::to_string(c.failure.max_failures));
   if (c.failure.mode == RecoveryMode::kCheckpoint && c.checkpoint.dir.empty() && c.failure.max_failures != 0)
     throw ConfigError("failure.mode = kCheckpoint needs checkpoint.dir");
   if (!c.resume_from.empty() && !std::filesystem::exists(c.resume_from))
@@ -296,8 +297,13 @@ class Run {
 void Run::event(const std::string& kind, const std::string& detail) {
   JobEvent e{now(), kind, detail, step_, world()};
   result_.events.push_back(e);
-  write_metrics({{"kind", "event"}, {"job", cfg_.name}, {"event", kind}, {"detail", detail}, {"time", e.time},
-                 {"step", step_}, {"workers", world()}});
+  write_metrics({{"kind", "event"},
+                 {"job", cfg_.name},
+                 {"event", kind},
+                 {"detail", detail},
+                 {"time", e.time},
+                 {"step", step_},
+                 {"workers", world()}});
   static const char* const kShown[] = {"failure", "aborted", "replaced", "healed", "restored", "resized", "resumed"};
   if (cfg_.verbose && std::find(std::begin(kShown), std::end(kShown), kind) != std::end(kShown)) {
     std::printf("%s[%s] %7.3fs %-8s %s\n", tty_ ? "\r" : "", cfg_.name.c_str(), e.time, kind.c_str(), detail.c_str());
@@ -521,8 +527,7 @@ void Run::run_round() {
   }
   std::vector<Future<TrainReport>> fs;
   for (auto& s : slots_) {
-    fs.push_back(s.trainer.call(&TrainerActor::train,
-                                TrainRequest{cursor_, chunk, stream, cfg_.record_indices}));
+    fs.push_back(s.trainer.call(&TrainerActor::train, TrainRequest{cursor_, chunk, stream, cfg_.record_indices}));
     round.add(fs.back());
   }
   auto why = round.wait(cfg_.call_timeout);
@@ -547,8 +552,15 @@ void Run::run_round() {
       n += r.step_samples[s];
     }
     int64_t st = reps[0].global_step - static_cast<int64_t>(reps[0].step_loss_sum.size()) + static_cast<int64_t>(s) + 1;
-    write_metrics({{"kind", "step"}, {"job", cfg_.name}, {"epoch", cursor_.epoch}, {"step", st}, {"loss", l / n},
-                   {"accuracy", double(c) / n}, {"samples", n}, {"workers", world()}, {"time", now()}});
+    write_metrics({{"kind", "step"},
+                   {"job", cfg_.name},
+                   {"epoch", cursor_.epoch},
+                   {"step", st},
+                   {"loss", l / n},
+                   {"accuracy", double(c) / n},
+                   {"samples", n},
+                   {"workers", world()},
+                   {"time", now()}});
   }
   int64_t samples = 0;
   for (int64_t r = 0; r < world(); ++r) {
@@ -605,10 +617,18 @@ void Run::end_epoch() {
   }
   em.seconds = std::chrono::duration<double>(Clock::now() - sums_.start).count();
   result_.history.push_back(em);
-  write_metrics({{"kind", "epoch"}, {"job", cfg_.name}, {"epoch", em.epoch}, {"step", step_}, {"workers", world()},
-                 {"train_loss", em.train_loss}, {"train_accuracy", em.train_accuracy},
-                 {"samples_per_second", em.samples_per_second}, {"val_loss", em.val_loss},
-                 {"val_accuracy", em.val_accuracy}, {"val_count", em.val_count}, {"seconds", em.seconds}});
+  write_metrics({{"kind", "epoch"},
+                 {"job", cfg_.name},
+                 {"epoch", em.epoch},
+                 {"step", step_},
+                 {"workers", world()},
+                 {"train_loss", em.train_loss},
+                 {"train_accuracy", em.train_accuracy},
+                 {"samples_per_second", em.samples_per_second},
+                 {"val_loss", em.val_loss},
+                 {"val_accuracy", em.val_accuracy},
+                 {"val_count", em.val_count},
+                 {"seconds", em.seconds}});
   if (cfg_.verbose) {
     char val[96] = "";
     if (cfg_.evaluate) std::snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.3f", em.val_loss, em.val_accuracy);
@@ -620,7 +640,9 @@ void Run::end_epoch() {
   }
   event("epoch", "epoch " + std::to_string(em.epoch) + " done at step " + std::to_string(step_));
   if (cfg_.checkpoint.at_epoch_end && sampler_->epoch_done(cursor_))
-    checkpoint({{"train_loss", em.train_loss}, {"train_accuracy", em.train_accuracy}, {"val_loss", em.val_loss},
+    checkpoint({{"train_loss", em.train_loss},
+                {"train_accuracy", em.train_accuracy},
+                {"val_loss", em.val_loss},
                 {"val_accuracy", em.val_accuracy}});
   sums_ = EpochSums{};
 }
@@ -671,8 +693,9 @@ void Run::refill_standby() {
     s.setting_up = s.trainer.call(&TrainerActor::setup, cfg_.trainer);
     standby_.push_back(std::move(s));
   }
-  if (!more.empty()) event("standby", std::to_string(more.size()) + " standby trainer(s) placed, " +
-                                          std::to_string(standby_.size()) + " in all");
+  if (!more.empty())
+    event("standby",
+          std::to_string(more.size()) + " standby trainer(s) placed, " + std::to_string(standby_.size()) + " in all");
 }
 
 std::vector<Run::Slot> Run::take_standby(size_t n, Clock::time_point deadline) {
@@ -755,7 +778,8 @@ void Run::recover(const std::string& why) {
   //    no loader may keep writing into a stream nobody reads (stop feeds).
   std::vector<uint64_t> ids;
   for (auto& s : slots_) ids.push_back(s.trainer.id());
-  int acked = collective::abort_group(rt_, ids, group_name_, why, generation_, std::min(left(), std::chrono::milliseconds(2000)));
+  int acked = collective::abort_group(rt_, ids, group_name_, why, generation_,
+                                      std::min(left(), std::chrono::milliseconds(2000)));
   {
     std::vector<Future<wire::Message>> controls;
     for (auto& s : slots_) {
@@ -962,8 +986,8 @@ Result Run::fit() {
       double need = v * static_cast<double>(min_);
       if (need > total[k] + 1e-9) {
         std::ostringstream s;
-        s << "cannot place " << min_ << " workers × " << format_resources(sc.resources_per_worker)
-          << ": they need " << k << " " << need << ", the cluster has " << k << " " << total[k]
+        s << "cannot place " << min_ << " workers × " << format_resources(sc.resources_per_worker) << ": they need "
+          << k << " " << need << ", the cluster has " << k << " " << total[k]
           << " in all (the placement group would stay PENDING)";
         throw ConfigError(s.str());
       }
@@ -976,7 +1000,8 @@ Result Run::fit() {
     metrics_ = std::make_unique<std::ofstream>(cfg.metrics_path, std::ios::app);
     if (!*metrics_) throw ConfigError("cannot open metrics file " + cfg.metrics_path);
   }
-  if (!cfg.checkpoint.dir.empty()) writer_ = std::make_unique<CheckpointWriter>(cfg.checkpoint.dir, cfg.checkpoint.keep);
+  if (!cfg.checkpoint.dir.empty())
+    writer_ = std::make_unique<CheckpointWriter>(cfg.checkpoint.dir, cfg.checkpoint.keep);
   use_loaders_ = cfg.use_loaders && cfg.trainer.validation_fraction == 0;
   static std::atomic<int64_t> job_counter{0};
   group_name_ = cfg.name + "-" + std::to_string(::getpid()) + "-" + std::to_string(job_counter++);

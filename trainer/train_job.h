@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/client/runtime.h"
 #include "actors/data_loader_actor.h"
+#include "runtime/client/runtime.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer_actor.h"
 
@@ -151,8 +151,8 @@ struct TrainJobConfig {
 
 struct EpochMetrics {
   int64_t epoch = 0;
-  int64_t steps = 0;         // optimizer steps at the end of the epoch
-  double train_loss = 0;     // mean over the epoch's samples, all ranks
+  int64_t steps = 0;      // optimizer steps at the end of the epoch
+  double train_loss = 0;  // mean over the epoch's samples, all ranks
   double train_accuracy = 0;
   double samples_per_second = 0;
   double val_loss = 0;
@@ -176,8 +176,8 @@ struct JobEvent {
 
 // One failure and its recovery.
 struct Recovery {
-  double failed_at = 0;   // seconds since fit() began, when the driver saw it
-  double resumed_at = 0;  // when training went on
+  double failed_at = 0;     // seconds since fit() began, when the driver saw it
+  double resumed_at = 0;    // when training went on
   double step_done_at = 0;  // when the next step completed (0 = none did)
   std::string cause;
   // "heal" (from a live peer), "checkpoint" (from disk), "restart" (from

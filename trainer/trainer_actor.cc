@@ -1,8 +1,8 @@
 #include "trainer/trainer_actor.h"
 
 #include <dlfcn.h>
-#include <cstring>
 #include <unistd.h>
+#include <cstring>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -34,7 +34,8 @@ void validate(const TrainerConfig& c) {
   parse_compression(c.compression);
   if (c.validation_fraction < 0 || c.validation_fraction >= 1)
     throw ConfigError("validation_fraction must be in [0, 1)");
-  if (c.device != "auto" && c.device != "cpu") throw ConfigError("device must be 'auto' or 'cpu', got '" + c.device + "'");
+  if (c.device != "auto" && c.device != "cpu")
+    throw ConfigError("device must be 'auto' or 'cpu', got '" + c.device + "'");
   if (c.data.name.empty()) throw ConfigError("no data set given (TrainerConfig::data)");
   if (c.ema_decay < 0 || c.ema_decay >= 1)
     throw ConfigError("ema_decay must be in [0, 1), got " + std::to_string(c.ema_decay));
@@ -82,7 +83,7 @@ bool all_on_one_host(collective::Group& g) {
     if (std::fgets(buf, sizeof buf, f)) id += buf;
     std::fclose(f);
   }
-  int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(id) & 0x7fffffffffffffffULL);
+  int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(id)&0x7fffffffffffffffULL);
   std::vector<int64_t> all(static_cast<size_t>(g.world_size()));
   g.allgather(&mine, all.data(), 1, collective::DType::kInt64)->wait(std::chrono::minutes(2));
   for (auto v : all)
@@ -404,7 +405,8 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
   int64_t begin = config_.validation_fraction > 0 ? train_size(config_, n) : 0;
   EvalReport rep;
   std::vector<int64_t> idx;
-  for (int64_t i = begin + rank; i < n; i += world_size) idx.push_back(split_.empty() ? i : split_[static_cast<size_t>(i)]);
+  for (int64_t i = begin + rank; i < n; i += world_size)
+    idx.push_back(split_.empty() ? i : split_[static_cast<size_t>(i)]);
   for (size_t s = 0; s < idx.size(); s += 256) {
     std::vector<actors::Sample> samples;
     std::vector<int64_t> chunk(idx.begin() + s, idx.begin() + std::min(idx.size(), s + 256));
@@ -413,9 +415,10 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     auto x = b.input.to(device_);
     auto y = b.target.to(device_);
     auto logits = model_->forward(x);
-    rep.loss_sum += torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), y,
-                                                         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                        .item<double>();
+    rep.loss_sum +=
+        torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), y,
+                                             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+            .item<double>();
     rep.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
     rep.count += b.size();
   }
@@ -581,9 +584,9 @@ Progress TrainerActor::heal(int64_t src) {
   auto len = torch::tensor({mine ? block.numel() : int64_t{0}}, torch::kInt64).to(device_);
   group_->broadcast(len.data_ptr(), 1, collective::DType::kInt64, static_cast<int>(src))->wait(timeout);
   const int64_t length = len.to(torch::kCPU).item<int64_t>();
-  auto on_device = mine ? block.to(device_) : torch::empty({length}, torch::TensorOptions(torch::kUInt8).device(device_));
-  group_->broadcast(on_device.data_ptr(), static_cast<size_t>(length), collective::DType::kUInt8,
-                    static_cast<int>(src))
+  auto on_device =
+      mine ? block.to(device_) : torch::empty({length}, torch::TensorOptions(torch::kUInt8).device(device_));
+  group_->broadcast(on_device.data_ptr(), static_cast<size_t>(length), collective::DType::kUInt8, static_cast<int>(src))
       ->wait(timeout);
   if (!mine) load_state(unpack_state(on_device.to(torch::kCPU).contiguous()));
   return progress();

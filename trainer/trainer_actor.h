@@ -259,10 +259,9 @@ class TrainerActor {
 
 }  // namespace troupe::trainer
 
-TROUPE_ACTOR(troupe::trainer::TrainerActor, &troupe::trainer::TrainerActor::setup,
-             &troupe::trainer::TrainerActor::join, &troupe::trainer::TrainerActor::open_stream,
-             &troupe::trainer::TrainerActor::train, &troupe::trainer::TrainerActor::evaluate,
-             &troupe::trainer::TrainerActor::state, &troupe::trainer::TrainerActor::load_state,
-             &troupe::trainer::TrainerActor::progress, &troupe::trainer::TrainerActor::heal,
-             &troupe::trainer::TrainerActor::benchmark, &troupe::trainer::TrainerActor::pid,
-             &troupe::trainer::TrainerActor::shm_allreduces)
+TROUPE_ACTOR(troupe::trainer::TrainerActor, &troupe::trainer::TrainerActor::setup, &troupe::trainer::TrainerActor::join,
+             &troupe::trainer::TrainerActor::open_stream, &troupe::trainer::TrainerActor::train,
+             &troupe::trainer::TrainerActor::evaluate, &troupe::trainer::TrainerActor::state,
+             &troupe::trainer::TrainerActor::load_state, &troupe::trainer::TrainerActor::progress,
+             &troupe::trainer::TrainerActor::heal, &troupe::trainer::TrainerActor::benchmark,
+             &troupe::trainer::TrainerActor::pid, &troupe::trainer::TrainerActor::shm_allreduces)

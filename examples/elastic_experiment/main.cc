@@ -35,11 +35,11 @@
 namespace {
 
 struct Args {
-  double seconds = 30;      // the run length the steps are sized for
-  double grow_at = -1;      // default seconds / 3
-  double kill_at = -1;      // default 2 * seconds / 3
+  double seconds = 30;  // the run length the steps are sized for
+  double grow_at = -1;  // default seconds / 3
+  double kill_at = -1;  // default 2 * seconds / 3
   size_t kill_node = 0;
-  int64_t steps = 0;        // default: sized from seconds
+  int64_t steps = 0;  // default: sized from seconds
   std::string out = "elastic_experiment_out";
 };
 
@@ -62,9 +62,8 @@ std::string quoted(const std::string& s) {
 }
 
 int usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--seconds S] [--grow-at S] [--kill-at S] [--kill-node 0|1] [--steps N] [--out DIR]\n",
-               argv0);
+  std::fprintf(
+      stderr, "usage: %s [--seconds S] [--grow-at S] [--kill-at S] [--kill-node 0|1] [--steps N] [--out DIR]\n", argv0);
   return 2;
 }
 
@@ -77,13 +76,20 @@ int main(int argc, char** argv) {
     std::string f = argv[i];
     if (i + 1 >= argc) return usage(argv[0]);
     const char* v = argv[++i];
-    if (f == "--seconds") a.seconds = std::atof(v);
-    else if (f == "--grow-at") a.grow_at = std::atof(v);
-    else if (f == "--kill-at") a.kill_at = std::atof(v);
-    else if (f == "--kill-node") a.kill_node = static_cast<size_t>(std::atoll(v));
-    else if (f == "--steps") a.steps = std::atoll(v);
-    else if (f == "--out") a.out = v;
-    else return usage(argv[0]);
+    if (f == "--seconds")
+      a.seconds = std::atof(v);
+    else if (f == "--grow-at")
+      a.grow_at = std::atof(v);
+    else if (f == "--kill-at")
+      a.kill_at = std::atof(v);
+    else if (f == "--kill-node")
+      a.kill_node = static_cast<size_t>(std::atoll(v));
+    else if (f == "--steps")
+      a.steps = std::atoll(v);
+    else if (f == "--out")
+      a.out = v;
+    else
+      return usage(argv[0]);
   }
   if (a.grow_at < 0) a.grow_at = a.seconds / 3;
   if (a.kill_at < 0) a.kill_at = 2 * a.seconds / 3;
@@ -152,8 +158,7 @@ int main(int argc, char** argv) {
       cluster.kill_node(a.kill_node);
       std::printf("%s[scenario] %.2fs step %lld: node %zu SIGKILLed\n", nl, s.time, static_cast<long long>(s.step),
                   a.kill_node);
-      scenario.push_back({s.time, "scenario", "node " + std::to_string(a.kill_node) + " killed", s.step,
-                          s.world_size});
+      scenario.push_back({s.time, "scenario", "node " + std::to_string(a.kill_node) + " killed", s.step, s.world_size});
     }
   };
 
@@ -185,22 +190,25 @@ int main(int argc, char** argv) {
   ev.close();
 
   std::printf("steps %lld, final world size %lld, %zu recover%s\n", static_cast<long long>(r.steps),
-              static_cast<long long>(r.final_world_size), r.recoveries.size(),
-              r.recoveries.size() == 1 ? "y" : "ies");
+              static_cast<long long>(r.final_world_size), r.recoveries.size(), r.recoveries.size() == 1 ? "y" : "ies");
   for (const auto& rec : r.recoveries)
-    std::printf("  recovery at %.2fs: mode %s, world %lld -> %lld, lost %lld step(s), resumed after %.2fs, "
-                "next step done after %.2fs\n    cause: %s\n",
-                rec.failed_at, rec.mode.c_str(), static_cast<long long>(rec.world_before),
-                static_cast<long long>(rec.world_after), static_cast<long long>(rec.lost_steps),
-                rec.resumed_at - rec.failed_at, rec.step_done_at > 0 ? rec.step_done_at - rec.failed_at : 0.0,
-                rec.cause.c_str());
+    std::printf(
+        "  recovery at %.2fs: mode %s, world %lld -> %lld, lost %lld step(s), resumed after %.2fs, "
+        "next step done after %.2fs\n    cause: %s\n",
+        rec.failed_at, rec.mode.c_str(), static_cast<long long>(rec.world_before),
+        static_cast<long long>(rec.world_after), static_cast<long long>(rec.lost_steps), rec.resumed_at - rec.failed_at,
+        rec.step_done_at > 0 ? rec.step_done_at - rec.failed_at : 0.0, rec.cause.c_str());
   for (const auto& e : r.events)
     if (e.kind == "resized") std::printf("  resized at %.2fs: %s\n", e.time, e.detail.c_str());
 
   std::string plot = std::string("/usr/bin/python3 ") + ELASTIC_PLOT_SCRIPT + " '" + a.out + "'";
   int rc = std::system(plot.c_str());
-  if (rc == 0) std::printf("wrote %s/timeline.csv, %s/events.csv and %s/elastic.png\n", a.out.c_str(), a.out.c_str(), a.out.c_str());
-  else std::printf("warning: no plot (%s failed); wrote %s/timeline.csv and %s/events.csv\n", plot.c_str(), a.out.c_str(), a.out.c_str());
+  if (rc == 0)
+    std::printf("wrote %s/timeline.csv, %s/events.csv and %s/elastic.png\n", a.out.c_str(), a.out.c_str(),
+                a.out.c_str());
+  else
+    std::printf("warning: no plot (%s failed); wrote %s/timeline.csv and %s/events.csv\n", plot.c_str(), a.out.c_str(),
+                a.out.c_str());
   rt.shutdown();
   return 0;
 }

@@ -19,9 +19,12 @@ int main(int argc, char** argv) {
   int64_t max_workers = 2, size = 8192;
   std::string out = "scaling_out";
   for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--max-workers")) max_workers = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--size")) size = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--out")) out = argv[++i];
+    if (!std::strcmp(argv[i], "--max-workers"))
+      max_workers = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--size"))
+      size = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--out"))
+      out = argv[++i];
   }
   std::filesystem::create_directories(out);
   std::ofstream csv(out + "/scaling.csv");
@@ -50,16 +53,22 @@ int main(int argc, char** argv) {
     csv << w << "," << sps << "," << sps / base << "," << sps / base / w << "\n";
   }
   csv.close();
-  std::string plot = "/usr/bin/python3 - <<'PY'\n"
-                     "import csv, matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
-                     "rows = list(csv.DictReader(open('" + out + "/scaling.csv')))\n"
-                     "w = [int(r['workers']) for r in rows]; s = [float(r['samples_per_second']) for r in rows]\n"
-                     "plt.plot(w, s, 'o-', label='troupe'); plt.plot(w, [s[0]*x for x in w], '--', label='linear')\n"
-                     "plt.xlabel('workers'); plt.ylabel('samples/s'); plt.xticks(w); plt.legend(); plt.grid(alpha=.3)\n"
-                     "plt.title('MLP 784-512-512-10, batch 64 per worker'); plt.savefig('" + out + "/scaling.png', dpi=100)\n"
-                     "PY";
+  std::string plot =
+      "/usr/bin/python3 - <<'PY'\n"
+      "import csv, matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+      "rows = list(csv.DictReader(open('" +
+      out +
+      "/scaling.csv')))\n"
+      "w = [int(r['workers']) for r in rows]; s = [float(r['samples_per_second']) for r in rows]\n"
+      "plt.plot(w, s, 'o-', label='troupe'); plt.plot(w, [s[0]*x for x in w], '--', label='linear')\n"
+      "plt.xlabel('workers'); plt.ylabel('samples/s'); plt.xticks(w); plt.legend(); plt.grid(alpha=.3)\n"
+      "plt.title('MLP 784-512-512-10, batch 64 per worker'); plt.savefig('" +
+      out +
+      "/scaling.png', dpi=100)\n"
+      "PY";
   int rc = std::system(plot.c_str());
-  std::printf("wrote %s/scaling.csv%s\n", out.c_str(), rc == 0 ? (" and " + out + "/scaling.png").c_str() : " (no plot: matplotlib failed)");
+  std::printf("wrote %s/scaling.csv%s\n", out.c_str(),
+              rc == 0 ? (" and " + out + "/scaling.png").c_str() : " (no plot: matplotlib failed)");
   rt.shutdown();
   return 0;
 }

@@ -18,9 +18,12 @@ int main(int argc, char** argv) {
   int64_t workers = 2, epochs = 12;
   std::string out = "train_digits_out";
   for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--workers")) workers = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--epochs")) epochs = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--out")) out = argv[++i];
+    if (!std::strcmp(argv[i], "--workers"))
+      workers = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--epochs"))
+      epochs = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--out"))
+      out = argv[++i];
   }
   if (troupe::actors::find_digits_file().empty()) {
     std::fprintf(stderr, "digits.csv.gz not found: install python3-sklearn or set TROUPE_DIGITS_PATH\n");

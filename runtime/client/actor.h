@@ -28,13 +28,13 @@ namespace client {
 
 template <class M>
 struct MethodTraits;
-#define TROUPE_METHOD_TRAITS(QUAL)                                    \
-  template <class C, class R, class... A>                             \
-  struct MethodTraits<R (C::*)(A...) QUAL> {                          \
-    using Class = C;                                                  \
-    using Result = std::decay_t<R>;                                   \
-    using Args = std::tuple<std::decay_t<A>...>;                      \
-    static constexpr size_t kArity = sizeof...(A);                    \
+#define TROUPE_METHOD_TRAITS(QUAL)                 \
+  template <class C, class R, class... A>          \
+  struct MethodTraits<R (C::*)(A...) QUAL> {       \
+    using Class = C;                               \
+    using Result = std::decay_t<R>;                \
+    using Args = std::tuple<std::decay_t<A>...>;   \
+    static constexpr size_t kArity = sizeof...(A); \
   };
 TROUPE_METHOD_TRAITS()
 TROUPE_METHOD_TRAITS(const)
@@ -89,7 +89,8 @@ class Hosted final : public HostedActor {
 
   void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result) override {
     static const auto table = make_table(std::make_index_sequence<kCount>{});
-    if (index >= kCount) throw Error("method index " + std::to_string(index) + " out of range for " + ActorTraits<T>::kName);
+    if (index >= kCount)
+      throw Error("method index " + std::to_string(index) + " out of range for " + ActorTraits<T>::kName);
     table[index](*obj_, args, result);
   }
   size_t method_count() const override { return kCount; }
@@ -152,19 +153,19 @@ struct CtorRegistration {
 
 // Declares Class as an actor type with the listed methods. Use at global
 // namespace scope, after the class definition.
-#define TROUPE_ACTOR(Class, ...)                                       \
-  template <>                                                          \
-  struct troupe::ActorTraits<Class> {                                  \
-    static constexpr const char* kName = #Class;                       \
-    static constexpr const char* kMethodNames = #__VA_ARGS__;          \
+#define TROUPE_ACTOR(Class, ...)                                             \
+  template <>                                                                \
+  struct troupe::ActorTraits<Class> {                                        \
+    static constexpr const char* kName = #Class;                             \
+    static constexpr const char* kMethodNames = #__VA_ARGS__;                \
     static constexpr auto methods() { return std::make_tuple(__VA_ARGS__); } \
   };
 
 // Registers the constructor T(Args...) explicitly, for binaries that serve
 // actors they never spawn themselves (the stand-alone troupe-worker, a
 // worker executable separate from the driver). Use at namespace scope.
-#define TROUPE_REGISTER_CTOR(Class, ...)                                                          \
-  static const bool TROUPE_CONCAT(troupe_ctor_registered_, __COUNTER__) =                         \
+#define TROUPE_REGISTER_CTOR(Class, ...)                                  \
+  static const bool TROUPE_CONCAT(troupe_ctor_registered_, __COUNTER__) = \
       ::troupe::client::CtorRegistration<Class __VA_OPT__(, ) __VA_ARGS__>::registered;
 #define TROUPE_CONCAT_INNER(a, b) a##b
 #define TROUPE_CONCAT(a, b) TROUPE_CONCAT_INNER(a, b)

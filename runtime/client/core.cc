@@ -15,9 +15,8 @@ ActorInfo ActorClient::info() const {
 
 bool ActorClient::wait_ready(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] {
-        return info_.state == ActorState::kAlive || info_.state == ActorState::kDead;
-      }))
+  if (!cv_.wait_for(lock, timeout,
+                    [&] { return info_.state == ActorState::kAlive || info_.state == ActorState::kDead; }))
     throw Timeout("actor " + std::to_string(id_) + " (" + info_.class_name + ") still " + to_string(info_.state) +
                   " after " + std::to_string(timeout.count()) + " ms" +
                   (info_.pending_reason.empty() ? "" : ": " + info_.pending_reason));
@@ -37,7 +36,8 @@ void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fai
     auto f = std::move(p.fail);
     std::string cause = info_.death_cause;
     lock.unlock();
-    f(std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name + ") is dead: " + cause)));
+    f(std::make_exception_ptr(
+        ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name + ") is dead: " + cause)));
     return;
   }
   if (conn_ && conn_->is_open() && queued_.empty()) {
@@ -64,8 +64,8 @@ Future<Message> ActorClient::control(const std::string& topic, const std::string
   {
     std::lock_guard lock(mu_);
     if (info_.state != ActorState::kAlive || info_.control_address.empty()) {
-      st->set_error(std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name +
-                                                      ") is " + to_string(info_.state))));
+      st->set_error(std::make_exception_ptr(
+          ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name + ") is " + to_string(info_.state))));
       return Future<Message>(st);
     }
     address = info_.control_address;
@@ -139,7 +139,9 @@ void ActorClient::connect_locked() {
         [weak, inc](const std::string& reason) {
           if (auto s = weak.lock()) s->on_closed(inc, reason);
         },
-        [self, inc](std::shared_ptr<Connection> c, std::string error) { self->on_connected(std::move(c), inc, error); });
+        [self, inc](std::shared_ptr<Connection> c, std::string error) {
+          self->on_connected(std::move(c), inc, error);
+        });
   });
 }
 

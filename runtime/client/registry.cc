@@ -40,8 +40,10 @@ std::vector<std::string> split_method_names(const char* list) {
     cur.clear();
   };
   for (const char* p = list; *p; ++p) {
-    if (*p == ',') flush();
-    else cur += *p;
+    if (*p == ',')
+      flush();
+    else
+      cur += *p;
   }
   flush();
   return out;

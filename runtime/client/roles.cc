@@ -87,8 +87,10 @@ std::thread stop_on_signal(std::function<void()> stop) {
     node::NodeAgent* agent_ptr = nullptr;
     auto waiter = stop_on_signal([&] {
       std::lock_guard lock(mu);
-      if (agent_ptr) agent_ptr->stop();
-      else std::_Exit(0);
+      if (agent_ptr)
+        agent_ptr->stop();
+      else
+        std::_Exit(0);
     });
     waiter.detach();
     node::NodeAgent agent(o);

@@ -175,8 +175,10 @@ Runtime init(int argc, char** argv) {
   if (const char* t = std::getenv("TROUPE_TOKEN")) o.token = t;
   for (int i = 1; argv && i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "--address" && i + 1 < argc) o.address = argv[++i];
-    else if (arg.rfind("--address=", 0) == 0) o.address = arg.substr(10);
+    if (arg == "--address" && i + 1 < argc)
+      o.address = argv[++i];
+    else if (arg.rfind("--address=", 0) == 0)
+      o.address = arg.substr(10);
   }
   if (o.address == "auto") {
     std::string dir = core::session_dir();

@@ -97,8 +97,8 @@ class ActorHandle {
 // Where to connect; an empty address embeds a head and one node agent in
 // this process (the default local cluster).
 struct InitOptions {
-  std::string address;  // HOST:PORT of the head, "" = embedded
-  std::string token;    // "" = TROUPE_TOKEN or the session directory's
+  std::string address;       // HOST:PORT of the head, "" = embedded
+  std::string token;         // "" = TROUPE_TOKEN or the session directory's
   Resources node_resources;  // embedded node (empty = detect)
   uint32_t heartbeat_ms = 100;
   uint32_t heartbeat_misses = 5;

@@ -78,7 +78,8 @@ class StreamServer {
     auto done = std::make_shared<core::FutureState<std::string>>();
     asio::post(core->io(), [this, host, done] {
       try {
-        listener_ = std::make_unique<Listener>(core_->io(), host, 0, [this](asio::ip::tcp::socket s) { accept(std::move(s)); });
+        listener_ =
+            std::make_unique<Listener>(core_->io(), host, 0, [this](asio::ip::tcp::socket s) { accept(std::move(s)); });
         done->set_value(host + ":" + std::to_string(listener_->port()));
       } catch (...) {
         done->set_error(std::current_exception());
@@ -138,9 +139,14 @@ class StreamServer {
         }
         st.items.push_back(std::move(m));
         break;
-      case StreamOp::kEnd: st.ended = true; break;
-      case StreamOp::kError: st.error = "stream writer failed: " + m.body; break;
-      default: c->close("unexpected stream op " + std::to_string(m.op));
+      case StreamOp::kEnd:
+        st.ended = true;
+        break;
+      case StreamOp::kError:
+        st.error = "stream writer failed: " + m.body;
+        break;
+      default:
+        c->close("unexpected stream op " + std::to_string(m.op));
     }
     st.cv.notify_all();
   }
@@ -170,9 +176,8 @@ StreamReaderCore::~StreamReaderCore() {
 
 std::optional<Message> StreamReaderCore::read(std::chrono::milliseconds timeout) {
   std::unique_lock lock(state_->mu);
-  if (!state_->cv.wait_for(lock, timeout, [&] {
-        return !state_->items.empty() || state_->ended || !state_->error.empty();
-      }))
+  if (!state_->cv.wait_for(lock, timeout,
+                           [&] { return !state_->items.empty() || state_->ended || !state_->error.empty(); }))
     throw Timeout("stream " + std::to_string(ref_.id) + ": nothing to read after " + std::to_string(timeout.count()) +
                   " ms");
   if (!state_->items.empty()) {
@@ -264,10 +269,12 @@ StreamWriterCore::StreamWriterCore(const std::shared_ptr<Core>& core, const Stre
         });
   });
   std::string err = Future<std::string>(done).get(timeout);
-  if (!err.empty()) throw StreamError("cannot connect to stream " + std::to_string(ref.id) + " at " + ref.address + ": " + err);
+  if (!err.empty())
+    throw StreamError("cannot connect to stream " + std::to_string(ref.id) + " at " + ref.address + ": " + err);
   std::unique_lock lock(st->mu);
   if (!st->cv.wait_for(lock, timeout, [&] { return st->opened || !st->error.empty(); }))
-    throw Timeout("stream " + std::to_string(ref.id) + " did not open within " + std::to_string(timeout.count()) + " ms");
+    throw Timeout("stream " + std::to_string(ref.id) + " did not open within " + std::to_string(timeout.count()) +
+                  " ms");
   if (!st->error.empty()) throw StreamError(st->error);
 }
 

@@ -214,8 +214,10 @@ std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool w
 
 const char* to_string(Backend backend) {
   switch (backend) {
-    case Backend::kGloo: return "gloo";
-    case Backend::kNccl: return "nccl";
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
   }
   return "unknown";
 }
@@ -254,8 +256,7 @@ std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
   TROUPE_CHECK(spec.world_size >= 1 && spec.rank >= 0 && spec.rank < spec.world_size)
       << "rank " << spec.rank << " of " << spec.world_size << " in group '" << spec.name << "'";
   TROUPE_CHECK(spec.members.empty() || spec.members.size() == static_cast<size_t>(spec.world_size))
-      << "group '" << spec.name << "' has " << spec.members.size() << " member ids for world size "
-      << spec.world_size;
+      << "group '" << spec.name << "' has " << spec.members.size() << " member ids for world size " << spec.world_size;
 
   GroupTable::get().ensure_handler();
   auto watch = std::make_shared<MemberWatch>();

@@ -50,13 +50,19 @@ constexpr uint8_t kReduceScatterSlotPrefix = 0x72;
 template <class F>
 void with_storage_type(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kFloat32: return f(float{});
-    case DType::kFloat64: return f(double{});
-    case DType::kInt32: return f(int32_t{});
-    case DType::kInt64: return f(int64_t{});
+    case DType::kFloat32:
+      return f(float{});
+    case DType::kFloat64:
+      return f(double{});
+    case DType::kInt32:
+      return f(int32_t{});
+    case DType::kInt64:
+      return f(int64_t{});
     case DType::kBFloat16:
-    case DType::kFloat16: return f(uint16_t{});
-    case DType::kUInt8: return f(uint8_t{});
+    case DType::kFloat16:
+      return f(uint16_t{});
+    case DType::kUInt8:
+      return f(uint8_t{});
   }
   throw ConfigError("unknown dtype");
 }
@@ -597,9 +603,7 @@ bool GlooGroup::is_aborted() const {
   return shared_->aborted;
 }
 
-void GlooGroup::abort(const std::string& reason) {
-  shared_->break_group(shared_->aborted_error(reason), true);
-}
+void GlooGroup::abort(const std::string& reason) { shared_->break_group(shared_->aborted_error(reason), true); }
 
 WorkPtr GlooGroup::allreduce(void* data, size_t count, DType dtype, const AllreduceOptions& opts) {
   TROUPE_CHECK(count == 0 || data != nullptr) << "allreduce of " << count << " elements at nullptr";
@@ -612,32 +616,33 @@ WorkPtr GlooGroup::allreduce(void* data, size_t count, DType dtype, const Allred
     std::lock_guard lock(s->mu);
     tag = s->next_seq++;
   }
-  return s->submit(what, [s, data, count, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
-    if (s->size == 1) {  // kAvg over one rank: nothing to divide by but 1
-      return true;
-    }
-    auto run = [&](void* buf, DType type) {
-      with_storage_type(type, [&](auto zero) {
-        using T = decltype(zero);
-        gloo::AllreduceOptions o(s->context);
-        o.setOutput(static_cast<T*>(buf), count);
-        o.setReduceFunction(detail::reduce_function(type, op));
-        o.setTag(tag);
-        o.setTimeout(timeout);
-        gloo::allreduce(o);
-      });
-      if (op == ReduceOp::kAvg) detail::divide_in_place(buf, count, type, s->size);
-    };
-    if (detail::is_half(dtype)) {
-      std::vector<float> wide(count);
-      detail::widen_to_float(data, wide.data(), count, dtype);
-      run(wide.data(), DType::kFloat32);
-      detail::narrow_from_float(wide.data(), data, count, dtype);
-    } else {
-      run(data, dtype);
-    }
-    return true;
-  });
+  return s->submit(what,
+                   [s, data, count, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+                     if (s->size == 1) {  // kAvg over one rank: nothing to divide by but 1
+                       return true;
+                     }
+                     auto run = [&](void* buf, DType type) {
+                       with_storage_type(type, [&](auto zero) {
+                         using T = decltype(zero);
+                         gloo::AllreduceOptions o(s->context);
+                         o.setOutput(static_cast<T*>(buf), count);
+                         o.setReduceFunction(detail::reduce_function(type, op));
+                         o.setTag(tag);
+                         o.setTimeout(timeout);
+                         gloo::allreduce(o);
+                       });
+                       if (op == ReduceOp::kAvg) detail::divide_in_place(buf, count, type, s->size);
+                     };
+                     if (detail::is_half(dtype)) {
+                       std::vector<float> wide(count);
+                       detail::widen_to_float(data, wide.data(), count, dtype);
+                       run(wide.data(), DType::kFloat32);
+                       detail::narrow_from_float(wide.data(), data, count, dtype);
+                     } else {
+                       run(data, dtype);
+                     }
+                     return true;
+                   });
 }
 
 WorkPtr GlooGroup::broadcast(void* data, size_t count, DType dtype, int root, const BroadcastOptions& opts) {
@@ -651,18 +656,19 @@ WorkPtr GlooGroup::broadcast(void* data, size_t count, DType dtype, int root, co
     std::lock_guard lock(s->mu);
     tag = s->next_seq++;
   }
-  return s->submit("broadcast", [s, data, count, dtype, root, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
-    with_storage_type(dtype, [&](auto zero) {
-      using T = decltype(zero);
-      gloo::BroadcastOptions o(s->context);
-      o.setOutput(static_cast<T*>(data), count);
-      o.setRoot(root);
-      o.setTag(tag);
-      o.setTimeout(timeout);
-      gloo::broadcast(o);
-    });
-    return true;
-  });
+  return s->submit("broadcast",
+                   [s, data, count, dtype, root, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+                     with_storage_type(dtype, [&](auto zero) {
+                       using T = decltype(zero);
+                       gloo::BroadcastOptions o(s->context);
+                       o.setOutput(static_cast<T*>(data), count);
+                       o.setRoot(root);
+                       o.setTag(tag);
+                       o.setTimeout(timeout);
+                       gloo::broadcast(o);
+                     });
+                     return true;
+                   });
 }
 
 WorkPtr GlooGroup::allgather(const void* in, void* out, size_t count, DType dtype, const AllgatherOptions& opts) {
@@ -680,18 +686,19 @@ WorkPtr GlooGroup::allgather(const void* in, void* out, size_t count, DType dtyp
     std::lock_guard lock(s->mu);
     tag = s->next_seq++;
   }
-  return s->submit("allgather", [s, in, out, count, dtype, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
-    with_storage_type(dtype, [&](auto zero) {
-      using T = decltype(zero);
-      gloo::AllgatherOptions o(s->context);
-      o.setInput(const_cast<T*>(static_cast<const T*>(in)), count);
-      o.setOutput(static_cast<T*>(out), count * s->size);
-      o.setTag(tag);
-      o.setTimeout(timeout);
-      gloo::allgather(o);
-    });
-    return true;
-  });
+  return s->submit("allgather",
+                   [s, in, out, count, dtype, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+                     with_storage_type(dtype, [&](auto zero) {
+                       using T = decltype(zero);
+                       gloo::AllgatherOptions o(s->context);
+                       o.setInput(const_cast<T*>(static_cast<const T*>(in)), count);
+                       o.setOutput(static_cast<T*>(out), count * s->size);
+                       o.setTag(tag);
+                       o.setTimeout(timeout);
+                       gloo::allgather(o);
+                     });
+                     return true;
+                   });
 }
 
 WorkPtr GlooGroup::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype,
@@ -710,28 +717,32 @@ WorkPtr GlooGroup::reduce_scatter(const void* in, void* out, size_t count_per_ra
     std::lock_guard lock(s->mu);
     tag = s->next_seq++;
   }
-  return s->submit("reduce_scatter", [s, in, out, count_per_rank, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
-    const size_t n = count_per_rank;
-    const size_t total = n * s->size;
-    const size_t mine = static_cast<size_t>(s->rank) * n;
-    if (detail::is_half(dtype)) {
-      std::vector<float> acc(total);
-      detail::widen_to_float(in, acc.data(), total, dtype);
-      if (s->size > 1) {
-        s->ring_reduce_scatter(acc.data(), n, sizeof(float), detail::reduce_function(DType::kFloat32, op), tag, timeout);
-      }
-      if (op == ReduceOp::kAvg) detail::divide_in_place(acc.data() + mine, n, DType::kFloat32, s->size);
-      detail::narrow_from_float(acc.data() + mine, out, n, dtype);
-    } else {
-      const size_t elem = element_size(dtype);
-      std::vector<char> acc(total * elem);
-      std::memcpy(acc.data(), in, total * elem);
-      if (s->size > 1) s->ring_reduce_scatter(acc.data(), n, elem, detail::reduce_function(dtype, op), tag, timeout);
-      if (op == ReduceOp::kAvg) detail::divide_in_place(acc.data() + mine * elem, n, dtype, s->size);
-      std::memcpy(out, acc.data() + mine * elem, n * elem);
-    }
-    return true;
-  });
+  return s->submit(
+      "reduce_scatter",
+      [s, in, out, count_per_rank, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+        const size_t n = count_per_rank;
+        const size_t total = n * s->size;
+        const size_t mine = static_cast<size_t>(s->rank) * n;
+        if (detail::is_half(dtype)) {
+          std::vector<float> acc(total);
+          detail::widen_to_float(in, acc.data(), total, dtype);
+          if (s->size > 1) {
+            s->ring_reduce_scatter(acc.data(), n, sizeof(float), detail::reduce_function(DType::kFloat32, op), tag,
+                                   timeout);
+          }
+          if (op == ReduceOp::kAvg) detail::divide_in_place(acc.data() + mine, n, DType::kFloat32, s->size);
+          detail::narrow_from_float(acc.data() + mine, out, n, dtype);
+        } else {
+          const size_t elem = element_size(dtype);
+          std::vector<char> acc(total * elem);
+          std::memcpy(acc.data(), in, total * elem);
+          if (s->size > 1)
+            s->ring_reduce_scatter(acc.data(), n, elem, detail::reduce_function(dtype, op), tag, timeout);
+          if (op == ReduceOp::kAvg) detail::divide_in_place(acc.data() + mine * elem, n, dtype, s->size);
+          std::memcpy(out, acc.data() + mine * elem, n * elem);
+        }
+        return true;
+      });
 }
 
 WorkPtr GlooGroup::barrier(const BarrierOptions& opts) {

@@ -15,24 +15,24 @@
 
 // Every CUDA and NCCL call goes through these: they throw troupe::Error
 // naming file:line, the call and the library's error string.
-#define TROUPE_CUDA_CHECK(expr)                                                                         \
-  do {                                                                                                  \
-    cudaError_t troupe_cuda_err_ = (expr);                                                              \
-    if (troupe_cuda_err_ != cudaSuccess) {                                                              \
+#define TROUPE_CUDA_CHECK(expr)                                                                        \
+  do {                                                                                                 \
+    cudaError_t troupe_cuda_err_ = (expr);                                                             \
+    if (troupe_cuda_err_ != cudaSuccess) {                                                             \
       throw ::troupe::Error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr ": " + \
-                            cudaGetErrorString(troupe_cuda_err_));                                      \
-    }                                                                                                   \
+                            cudaGetErrorString(troupe_cuda_err_));                                     \
+    }                                                                                                  \
   } while (0)
 
 // ncclInProgress is success for a non-blocking communicator: the call was
 // accepted and completes asynchronously (see wait_ready()).
-#define TROUPE_NCCL_CHECK(expr)                                                                         \
-  do {                                                                                                  \
-    ncclResult_t troupe_nccl_res_ = (expr);                                                             \
-    if (troupe_nccl_res_ != ncclSuccess && troupe_nccl_res_ != ncclInProgress) {                        \
-      throw ::troupe::Error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr ": " + \
+#define TROUPE_NCCL_CHECK(expr)                                                                             \
+  do {                                                                                                      \
+    ncclResult_t troupe_nccl_res_ = (expr);                                                                 \
+    if (troupe_nccl_res_ != ncclSuccess && troupe_nccl_res_ != ncclInProgress) {                            \
+      throw ::troupe::Error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr ": " +      \
                             ncclGetErrorString(troupe_nccl_res_) + " (" + ncclGetLastError(nullptr) + ")"); \
-    }                                                                                                   \
+    }                                                                                                       \
   } while (0)
 
 namespace troupe::collective {
@@ -43,24 +43,36 @@ using std::chrono::milliseconds;
 
 ncclDataType_t to_nccl(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kUInt8: return ncclUint8;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kUInt8:
+      return ncclUint8;
   }
   throw ConfigError("unknown dtype");
 }
 
 ncclRedOp_t to_nccl(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kProduct: return ncclProd;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kProduct:
+      return ncclProd;
   }
   throw ConfigError("unknown reduce op");
 }
@@ -186,9 +198,9 @@ class NcclWork final : public Work {
     ncclResult_t state = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(group_->comm, &state);
     if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-      error_ = std::make_exception_ptr(Error(description_ + " failed: nccl: " +
-                                             ncclGetErrorString(r != ncclSuccess ? r : state) + " (" +
-                                             ncclGetLastError(group_->comm) + ")"));
+      error_ = std::make_exception_ptr(Error(description_ +
+                                             " failed: nccl: " + ncclGetErrorString(r != ncclSuccess ? r : state) +
+                                             " (" + ncclGetLastError(group_->comm) + ")"));
       return true;
     }
     return false;
@@ -300,8 +312,8 @@ namespace {
 // Enqueues `call` under comm_mu and returns its Work; an aborted group fails
 // the work at once.
 template <class Call>
-WorkPtr enqueue(const std::shared_ptr<NcclGroup::Shared>& s, const std::string& what, milliseconds timeout,
-                bool skip, Call&& call) {
+WorkPtr enqueue(const std::shared_ptr<NcclGroup::Shared>& s, const std::string& what, milliseconds timeout, bool skip,
+                Call&& call) {
   auto work = std::make_shared<NcclWork>(s, what + " of " + s->describe(),
                                          timeout.count() > 0 ? timeout : s->options.op_timeout);
   std::lock_guard lock(s->comm_mu);
@@ -343,11 +355,10 @@ WorkPtr NcclGroup::allgather(const void* in, void* out, size_t count, DType dtyp
 
 WorkPtr NcclGroup::reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype,
                                   const ReduceScatterOptions& opts) {
-  return enqueue(shared_, "reduce_scatter", opts.timeout, count_per_rank == 0,
-                 [&](ncclComm_t comm, cudaStream_t stream) {
-                   TROUPE_NCCL_CHECK(ncclReduceScatter(in, out, count_per_rank, to_nccl(dtype), to_nccl(opts.op),
-                                                       comm, stream));
-                 });
+  return enqueue(
+      shared_, "reduce_scatter", opts.timeout, count_per_rank == 0, [&](ncclComm_t comm, cudaStream_t stream) {
+        TROUPE_NCCL_CHECK(ncclReduceScatter(in, out, count_per_rank, to_nccl(dtype), to_nccl(opts.op), comm, stream));
+      });
 }
 
 WorkPtr NcclGroup::barrier(const BarrierOptions& opts) {

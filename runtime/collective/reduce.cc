@@ -9,37 +9,56 @@ namespace troupe::collective {
 
 size_t element_size(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat16: return 2;
-    case DType::kUInt8: return 1;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat16:
+      return 2;
+    case DType::kUInt8:
+      return 1;
   }
   throw ConfigError("unknown collective dtype");
 }
 
 const char* to_string(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat16: return "float16";
-    case DType::kUInt8: return "uint8";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kUInt8:
+      return "uint8";
   }
   return "unknown";
 }
 
 const char* to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProduct:
+      return "product";
   }
   return "unknown";
 }
@@ -83,10 +102,14 @@ template <class T>
 ReduceFn typed_function(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return &sum_fn<T>;
-    case ReduceOp::kProduct: return &product_fn<T>;
-    case ReduceOp::kMin: return &min_fn<T>;
-    case ReduceOp::kMax: return &max_fn<T>;
+    case ReduceOp::kAvg:
+      return &sum_fn<T>;
+    case ReduceOp::kProduct:
+      return &product_fn<T>;
+    case ReduceOp::kMin:
+      return &min_fn<T>;
+    case ReduceOp::kMax:
+      return &max_fn<T>;
   }
   throw ConfigError("unknown reduce op");
 }
@@ -101,26 +124,38 @@ void divide(void* data, size_t n, int divisor) {
 
 ReduceFn reduce_function(DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::kFloat32: return typed_function<float>(op);
-    case DType::kFloat64: return typed_function<double>(op);
-    case DType::kInt32: return typed_function<int32_t>(op);
-    case DType::kInt64: return typed_function<int64_t>(op);
-    case DType::kUInt8: return typed_function<uint8_t>(op);
+    case DType::kFloat32:
+      return typed_function<float>(op);
+    case DType::kFloat64:
+      return typed_function<double>(op);
+    case DType::kInt32:
+      return typed_function<int32_t>(op);
+    case DType::kInt64:
+      return typed_function<int64_t>(op);
+    case DType::kUInt8:
+      return typed_function<uint8_t>(op);
     case DType::kBFloat16:
-    case DType::kFloat16: break;
+    case DType::kFloat16:
+      break;
   }
   throw ConfigError(std::string("no direct reduction for ") + to_string(dtype) + "; widen to float32 first");
 }
 
 void divide_in_place(void* data, size_t count, DType dtype, int divisor) {
   switch (dtype) {
-    case DType::kFloat32: return divide<float>(data, count, divisor);
-    case DType::kFloat64: return divide<double>(data, count, divisor);
-    case DType::kInt32: return divide<int32_t>(data, count, divisor);
-    case DType::kInt64: return divide<int64_t>(data, count, divisor);
-    case DType::kUInt8: return divide<uint8_t>(data, count, divisor);
+    case DType::kFloat32:
+      return divide<float>(data, count, divisor);
+    case DType::kFloat64:
+      return divide<double>(data, count, divisor);
+    case DType::kInt32:
+      return divide<int32_t>(data, count, divisor);
+    case DType::kInt64:
+      return divide<int64_t>(data, count, divisor);
+    case DType::kUInt8:
+      return divide<uint8_t>(data, count, divisor);
     case DType::kBFloat16:
-    case DType::kFloat16: break;
+    case DType::kFloat16:
+      break;
   }
   throw ConfigError(std::string("divide_in_place: unsupported dtype ") + to_string(dtype));
 }

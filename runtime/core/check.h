@@ -37,8 +37,7 @@ struct CheckRaiser {
 
 }  // namespace troupe::core
 
-#define TROUPE_CHECK(cond)                \
-  if (__builtin_expect(!!(cond), 1)) {    \
-  } else                                  \
-    ::troupe::core::CheckRaiser{} &       \
-        ::troupe::core::CheckFailure(__FILE__, __LINE__, #cond)
+#define TROUPE_CHECK(cond)             \
+  if (__builtin_expect(!!(cond), 1)) { \
+  } else                               \
+    ::troupe::core::CheckRaiser{} & ::troupe::core::CheckFailure(__FILE__, __LINE__, #cond)

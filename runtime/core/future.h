@@ -4,16 +4,16 @@
 // let the runtime chain work (futures passed as call arguments).
 #pragma once
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
-#include <thread>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/core/errors.h"
@@ -130,8 +130,7 @@ class Future {
   }
   // Like get(), but throws troupe::Timeout after `timeout`.
   T get(std::chrono::milliseconds timeout) const {
-    if (!state_->wait_for(timeout))
-      throw Timeout("future not ready after " + std::to_string(timeout.count()) + " ms");
+    if (!state_->wait_for(timeout)) throw Timeout("future not ready after " + std::to_string(timeout.count()) + " ms");
     return take();
   }
   bool wait_for(std::chrono::milliseconds timeout) const { return state_->wait_for(timeout); }

@@ -2,8 +2,8 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
-#include <cstdlib>
 #include <unistd.h>
+#include <cstdlib>
 
 namespace troupe::core {
 

@@ -43,8 +43,7 @@ RoleProcess start_role_process(const RoleProcessOptions& o, const std::string& w
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
-    if (kv.rfind("TROUPE_", 0) == 0 && kv.rfind("TROUPE_LOG_LEVEL=", 0) != 0 &&
-        kv.rfind("TROUPE_SESSION_DIR=", 0) != 0)
+    if (kv.rfind("TROUPE_", 0) == 0 && kv.rfind("TROUPE_LOG_LEVEL=", 0) != 0 && kv.rfind("TROUPE_SESSION_DIR=", 0) != 0)
       continue;
     env.push_back(kv);
   }

@@ -11,11 +11,11 @@
 namespace troupe::core {
 
 struct RoleProcessOptions {
-  std::string executable;         // "" = this binary
-  std::vector<std::string> env;   // KEY=VALUE added to a clean copy of ours
-  std::string log_file;           // "" = inherit stdout/stderr
-  bool die_with_parent = true;    // PR_SET_PDEATHSIG; off for daemons
-  bool new_session = false;       // setsid(); on for daemons
+  std::string executable;        // "" = this binary
+  std::vector<std::string> env;  // KEY=VALUE added to a clean copy of ours
+  std::string log_file;          // "" = inherit stdout/stderr
+  bool die_with_parent = true;   // PR_SET_PDEATHSIG; off for daemons
+  bool new_session = false;      // setsid(); on for daemons
   std::chrono::milliseconds ready_timeout{20000};
 };
 

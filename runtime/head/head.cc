@@ -106,9 +106,8 @@ class Head::Impl {
     peer->conn = conn;
     Peer* p = peer.get();
     peers_[conn.get()] = std::move(peer);
-    conn->start(
-        [] {}, [this, p](Message&& m) { on_message(*p, std::move(m)); },
-        [this, raw = conn.get()](const std::string& reason) { on_close(raw, reason); });
+    conn->start([] {}, [this, p](Message&& m) { on_message(*p, std::move(m)); },
+                [this, raw = conn.get()](const std::string& reason) { on_close(raw, reason); });
   }
 
   void on_close(Connection* raw, const std::string& reason) {
@@ -160,8 +159,10 @@ class Head::Impl {
     auto op = static_cast<Op>(m.op);
     if (op != Op::kHello) require_hello(p, op);
     switch (op) {
-      case Op::kHello: return hello(p, m);
-      case Op::kCreateActor: return create_actor(p, m);
+      case Op::kHello:
+        return hello(p, m);
+      case Op::kCreateActor:
+        return create_actor(p, m);
       case Op::kSubscribeActor: {
         auto id = body<uint64_t>(m);
         Actor& a = actor(id);
@@ -179,8 +180,10 @@ class Head::Impl {
         kill_actor(actor(k.actor_id), k.no_restart, "killed by request");
         return p.conn->send(ok_response(m.id));
       }
-      case Op::kCreatePlacementGroup: return create_pg(p, m);
-      case Op::kGetPlacementGroup: return p.conn->send(ok_response_value(m.id, pg(body<uint64_t>(m)).info));
+      case Op::kCreatePlacementGroup:
+        return create_pg(p, m);
+      case Op::kGetPlacementGroup:
+        return p.conn->send(ok_response_value(m.id, pg(body<uint64_t>(m)).info));
       case Op::kWaitPlacementGroup: {
         auto w = body<WaitPlacementGroup>(m);
         auto& g = pg(w.id);
@@ -227,8 +230,8 @@ class Head::Impl {
           auto& ws = it->second;
           for (auto w = ws.begin(); w != ws.end(); ++w)
             if (w->conn == conn && w->request_id == rid) {
-              conn->send(error_response(rid, Timeout("kv wait for key '" + key + "' timed out after " +
-                                                     std::to_string(ms) + " ms")));
+              conn->send(error_response(
+                  rid, Timeout("kv wait for key '" + key + "' timed out after " + std::to_string(ms) + " ms")));
               ws.erase(w);
               return;
             }
@@ -253,7 +256,8 @@ class Head::Impl {
         kv_set(a.key, std::to_string(v));
         return p.conn->send(ok_response_value(m.id, v));
       }
-      case Op::kStatus: return p.conn->send(ok_response_value(m.id, status_json().dump()));
+      case Op::kStatus:
+        return p.conn->send(ok_response_value(m.id, status_json().dump()));
       case Op::kShutdown: {
         p.conn->send(ok_response(m.id));
         TROUPE_LOG_INFO("shutdown requested by {}", p.conn->peer());
@@ -283,7 +287,8 @@ class Head::Impl {
         if (it != nodes_.end()) it->second.last_heartbeat = Clock::now();
         return;
       }
-      case Op::kActorReady: return actor_ready(body<ActorReady>(m));
+      case Op::kActorReady:
+        return actor_ready(body<ActorReady>(m));
       case Op::kActorInitFailed: {
         auto f = body<ActorInitFailed>(m);
         Actor& a = actor(f.actor_id);
@@ -293,7 +298,8 @@ class Head::Impl {
         a.kill_requested = true;  // no restart: the constructor would fail again
         return;
       }
-      case Op::kWorkerExited: return worker_exited(body<WorkerExited>(m));
+      case Op::kWorkerExited:
+        return worker_exited(body<WorkerExited>(m));
       default:
         throw DecodeError("unknown event op " + std::to_string(m.op));
     }
@@ -330,8 +336,8 @@ class Head::Impl {
     if (h.role == Role::kWorker) {
       Actor& a = actor(h.actor_id);
       if (a.info.incarnation != h.incarnation || a.info.state == ActorState::kDead)
-        throw Error("worker for actor " + std::to_string(h.actor_id) + " incarnation " +
-                    std::to_string(h.incarnation) + " is stale");
+        throw Error("worker for actor " + std::to_string(h.actor_id) + " incarnation " + std::to_string(h.incarnation) +
+                    " is stale");
       p.actor_id = h.actor_id;
       reply.spec = a.spec;
       reply.info = a.info;
@@ -348,8 +354,10 @@ class Head::Impl {
 
   void create_actor(Peer& p, const Message& m) {
     auto spec = body<ActorSpec>(m);
-    if (spec.max_concurrency < 1) throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(spec.max_concurrency));
-    if (spec.max_restarts < -1) throw ConfigError("max_restarts must be >= -1, got " + std::to_string(spec.max_restarts));
+    if (spec.max_concurrency < 1)
+      throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(spec.max_concurrency));
+    if (spec.max_restarts < -1)
+      throw ConfigError("max_restarts must be >= -1, got " + std::to_string(spec.max_restarts));
     for (const auto& [k, v] : spec.resources)
       if (v < 0) throw ConfigError("resource " + k + " must be >= 0, got " + std::to_string(v));
     if (spec.placement_group) {
@@ -456,8 +464,8 @@ class Head::Impl {
     s.env = a.spec.env;
     s.class_name = a.info.class_name;
     n.conn->send(make_event_value(Op::kSpawnWorker, s));
-    TROUPE_LOG_DEBUG("actor {} ({}) incarnation {} placed on node {}", a.info.id, a.info.class_name,
-                     a.info.incarnation, node_id);
+    TROUPE_LOG_DEBUG("actor {} ({}) incarnation {} placed on node {}", a.info.id, a.info.class_name, a.info.incarnation,
+                     node_id);
     return true;
   }
 
@@ -519,8 +527,9 @@ class Head::Impl {
     bool restarts_left = a.info.max_restarts == -1 || a.info.restarts < a.info.max_restarts;
     if (a.kill_requested || !restarts_left) {
       if (a.info.death_cause.empty() || !a.kill_requested)
-        a.info.death_cause = why + (restarts_left ? "" : " (no restarts left: " + std::to_string(a.info.restarts) +
-                                                          " of " + std::to_string(a.info.max_restarts) + " used)");
+        a.info.death_cause = why + (restarts_left ? ""
+                                                  : " (no restarts left: " + std::to_string(a.info.restarts) + " of " +
+                                                        std::to_string(a.info.max_restarts) + " used)");
       TROUPE_LOG_WARN("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
       set_dead(a);
       return;
@@ -530,7 +539,8 @@ class Head::Impl {
     a.info.state = ActorState::kRestarting;
     a.info.death_cause = why;
     TROUPE_LOG_WARN("actor {} ({}) died ({}); restarting ({} of {})", a.info.id, a.info.class_name, why,
-                    a.info.restarts, a.info.max_restarts == -1 ? std::string("unlimited") : std::to_string(a.info.max_restarts));
+                    a.info.restarts,
+                    a.info.max_restarts == -1 ? std::string("unlimited") : std::to_string(a.info.max_restarts));
     publish(a);
     pending_actors_.push_back(a.info.id);
   }
@@ -747,15 +757,21 @@ class Head::Impl {
     for (const auto& [id, n] : nodes_) {
       json u;
       for (const auto& [k, v] : n.total) u[k] = v - (n.available.count(k) ? n.available.at(k) : 0.0);
-      j["nodes"].push_back({{"id", id}, {"hostname", n.hostname}, {"pid", n.pid}, {"alive", n.alive},
-                            {"total", n.total}, {"used", u}});
+      j["nodes"].push_back(
+          {{"id", id}, {"hostname", n.hostname}, {"pid", n.pid}, {"alive", n.alive}, {"total", n.total}, {"used", u}});
     }
     j["actors"] = json::array();
     for (const auto& [id, a] : actors_) {
-      j["actors"].push_back({{"id", id}, {"class", a.info.class_name}, {"name", a.info.name},
-                             {"state", to_string(a.info.state)}, {"node", a.info.node_id}, {"pid", a.info.pid},
-                             {"address", a.info.address}, {"restarts", a.info.restarts},
-                             {"max_restarts", a.info.max_restarts}, {"pending_reason", a.info.pending_reason},
+      j["actors"].push_back({{"id", id},
+                             {"class", a.info.class_name},
+                             {"name", a.info.name},
+                             {"state", to_string(a.info.state)},
+                             {"node", a.info.node_id},
+                             {"pid", a.info.pid},
+                             {"address", a.info.address},
+                             {"restarts", a.info.restarts},
+                             {"max_restarts", a.info.max_restarts},
+                             {"pending_reason", a.info.pending_reason},
                              {"death_cause", a.info.death_cause}});
     }
     j["placement_groups"] = json::array();
@@ -763,7 +779,9 @@ class Head::Impl {
       const char* st = g.info.state == PlacementGroupState::kPending   ? "PENDING"
                        : g.info.state == PlacementGroupState::kCreated ? "CREATED"
                                                                        : "REMOVED";
-      j["placement_groups"].push_back({{"id", id}, {"strategy", to_string(g.spec.strategy)}, {"state", st},
+      j["placement_groups"].push_back({{"id", id},
+                                       {"strategy", to_string(g.spec.strategy)},
+                                       {"state", st},
                                        {"bundle_nodes", g.info.bundle_nodes},
                                        {"pending_reason", g.info.pending_reason}});
     }

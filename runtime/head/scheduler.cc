@@ -59,8 +59,9 @@ std::string format_resources(const Resources& r) {
   for (const auto& [k, v] : r) {
     if (!first) s << ", ";
     first = false;
-    s << k << "=" << (std::abs(v - std::round(v)) < kEps ? std::to_string(static_cast<long long>(std::round(v)))
-                                                         : std::to_string(v));
+    s << k << "="
+      << (std::abs(v - std::round(v)) < kEps ? std::to_string(static_cast<long long>(std::round(v)))
+                                             : std::to_string(v));
   }
   return s.str();
 }
@@ -126,7 +127,8 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
       std::fill(out.begin(), out.end(), *n);
       return out;
     }
-    if (strategy == S::kStrictPack) return fail("STRICT_PACK: no single node can hold all bundles {" + format_resources(sum) + "}");
+    if (strategy == S::kStrictPack)
+      return fail("STRICT_PACK: no single node can hold all bundles {" + format_resources(sum) + "}");
     // PACK falls back to filling the fullest node that still fits each bundle.
     for (size_t i = 0; i < bundles.size(); ++i) {
       NodeView* target = nullptr;
@@ -134,7 +136,8 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
         if (!fits(n.available, bundles[i])) continue;
         if (!target || load_after(n, {}) > load_after(*target, {})) target = &n;
       }
-      if (!target) return fail("PACK: bundle " + std::to_string(i) + " {" + format_resources(bundles[i]) + "} fits on no node");
+      if (!target)
+        return fail("PACK: bundle " + std::to_string(i) + " {" + format_resources(bundles[i]) + "} fits on no node");
       subtract(target->available, bundles[i]);
       out[i] = target->id;
     }

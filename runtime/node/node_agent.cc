@@ -138,15 +138,18 @@ class NodeAgent::Impl {
   void on_event(Message&& m) {
     try {
       switch (static_cast<Op>(m.op)) {
-        case Op::kSpawnWorker: return spawn(decode_value<SpawnWorker>(m.body));
+        case Op::kSpawnWorker:
+          return spawn(decode_value<SpawnWorker>(m.body));
         case Op::kKillWorker: {
           auto k = decode_value<KillWorker>(m.body);
           for (auto& [pid, w] : workers_)
             if (w.actor_id == k.actor_id && w.incarnation == k.incarnation) ::kill(pid, SIGKILL);
           return;
         }
-        case Op::kShutdown: return shutdown();
-        default: TROUPE_LOG_WARN("node: unknown event op {}", m.op);
+        case Op::kShutdown:
+          return shutdown();
+        default:
+          TROUPE_LOG_WARN("node: unknown event op {}", m.op);
       }
     } catch (const std::exception& e) {
       TROUPE_LOG_WARN("node: bad event from head: {}", e.what());

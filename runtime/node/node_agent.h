@@ -16,7 +16,7 @@ namespace troupe::node {
 struct NodeOptions {
   std::string head_address;
   std::string token;
-  wire::Resources resources;  // empty: detect (CPU = cores, GPU = CUDA devices)
+  wire::Resources resources;            // empty: detect (CPU = cores, GPU = CUDA devices)
   std::string bind_host = "127.0.0.1";  // where its workers listen
   std::string session_dir;              // workers' logs go here when set
 };

@@ -11,7 +11,6 @@
 
 namespace troupe::testing {
 
-
 LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {
   token_ = wire::random_token();
   std::string line;

@@ -90,8 +90,7 @@ class Decoder {
   // elements of a container of trivially copyable values).
   void need(size_t n) const {
     if (static_cast<size_t>(end_ - p_) < n)
-      throw DecodeError("truncated value: need " + std::to_string(n) + " bytes, have " +
-                        std::to_string(end_ - p_));
+      throw DecodeError("truncated value: need " + std::to_string(n) + " bytes, have " + std::to_string(end_ - p_));
   }
   Buffer attachment() {
     uint64_t i = read_pod<uint64_t>();
@@ -282,7 +281,9 @@ struct Codec<std::tuple<Ts...>> {
 
 // Structs that declare TROUPE_FIELDS(a, b, c).
 template <class T>
-concept HasTroupeFields = requires(T& t) { t.troupe_fields([](auto&...) {}); };
+concept HasTroupeFields = requires(T& t) {
+  t.troupe_fields([](auto&...) {});
+};
 
 template <class T>
 struct Codec<T, std::enable_if_t<HasTroupeFields<T>>> {
@@ -321,8 +322,8 @@ T decode_value(const std::string& s) {
 
 // Lists a struct's fields for Codec (and for anything else that wants to
 // visit them). Use inside the struct body: TROUPE_FIELDS(x, y, name).
-#define TROUPE_FIELDS(...)                                           \
-  template <class TroupeVisitor>                                     \
-  auto troupe_fields(TroupeVisitor&& troupe_visitor) {               \
-    return troupe_visitor(__VA_ARGS__);                              \
+#define TROUPE_FIELDS(...)                             \
+  template <class TroupeVisitor>                       \
+  auto troupe_fields(TroupeVisitor&& troupe_visitor) { \
+    return troupe_visitor(__VA_ARGS__);                \
   }

@@ -67,25 +67,26 @@ void Connection::do_handshake() {
     // The connecting side proves first; the accepting side answers only a
     // correct proof, so a client with a wrong token learns nothing.
     if (!self->accepting_) send_proof();
-    asio::async_read(self->socket_, asio::buffer(self->proof_in_), [self, theirs, send_proof](asio::error_code ec, size_t) {
-      if (ec) return self->fail("handshake failed: peer closed the connection (wrong cluster token?)");
-      Proof expect = make_proof(self->token_, self->accepting_ ? 'C' : 'S', theirs, self->my_nonce_);
-      if (!proofs_equal(expect, self->proof_in_))
-        return self->fail("handshake refused: wrong cluster token");
-      if (self->accepting_) send_proof();
-      {
-        std::lock_guard lock(self->write_mu_);
-        self->ready_ = true;
-        self->reader_thread_ = std::this_thread::get_id();
-        // Frames queued before the handshake finished can go now.
-        if (!self->queue_.empty() && !self->writing_) {
-          self->writing_ = true;
-          asio::post(self->io_, [self] { self->flush(); });
-        }
-      }
-      if (self->on_ready_) self->on_ready_();
-      self->read_more();
-    });
+    asio::async_read(self->socket_, asio::buffer(self->proof_in_),
+                     [self, theirs, send_proof](asio::error_code ec, size_t) {
+                       if (ec) return self->fail("handshake failed: peer closed the connection (wrong cluster token?)");
+                       Proof expect = make_proof(self->token_, self->accepting_ ? 'C' : 'S', theirs, self->my_nonce_);
+                       if (!proofs_equal(expect, self->proof_in_))
+                         return self->fail("handshake refused: wrong cluster token");
+                       if (self->accepting_) send_proof();
+                       {
+                         std::lock_guard lock(self->write_mu_);
+                         self->ready_ = true;
+                         self->reader_thread_ = std::this_thread::get_id();
+                         // Frames queued before the handshake finished can go now.
+                         if (!self->queue_.empty() && !self->writing_) {
+                           self->writing_ = true;
+                           asio::post(self->io_, [self] { self->flush(); });
+                         }
+                       }
+                       if (self->on_ready_) self->on_ready_();
+                       self->read_more();
+                     });
   });
 }
 
@@ -99,15 +100,14 @@ void Connection::read_more() {
   }
   if (rbuf_.size() - rend_ < kReadChunk / 4) rbuf_.resize(std::max(rbuf_.size() * 2, rend_ + kReadChunk));
   auto self = shared_from_this();
-  socket_.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
-                          [self](asio::error_code ec, size_t n) {
-                            if (ec) {
-                              self->fail(ec == asio::error::eof ? "peer closed the connection"
-                                                                : "read failed: " + ec.message());
-                              return;
-                            }
-                            self->on_read(n);
-                          });
+  socket_.async_read_some(
+      asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_), [self](asio::error_code ec, size_t n) {
+        if (ec) {
+          self->fail(ec == asio::error::eof ? "peer closed the connection" : "read failed: " + ec.message());
+          return;
+        }
+        self->on_read(n);
+      });
 }
 
 void Connection::on_read(size_t n) {

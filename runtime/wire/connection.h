@@ -107,8 +107,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t inflight_offset_ = 0;      // bytes of inflight_ already written
   std::atomic<bool> in_read_batch_{false};
   std::thread::id reader_thread_;
-  bool writing_ = false;            // guarded by write_mu_
-  bool finishing_ = false;          // guarded by write_mu_
+  bool writing_ = false;    // guarded by write_mu_
+  bool finishing_ = false;  // guarded by write_mu_
 
   std::atomic<bool> closed_{false};
 };

@@ -61,12 +61,14 @@ std::string check_header(const std::byte* p, const FrameLimits& limits, uint32_t
                          uint32_t* attachments) {
   uint32_t hdr[4];
   std::memcpy(hdr, p, sizeof(hdr));
-  if (hdr[0] != kFrameMagic) return "bad frame magic 0x" + ([&] {
-    char b[16];
-    std::snprintf(b, sizeof(b), "%08x", hdr[0]);
-    return std::string(b);
-  })();
-  if (hdr[1] == 0 || hdr[1] % 8 != 0) return "message size " + std::to_string(hdr[1]) + " is not a positive multiple of 8";
+  if (hdr[0] != kFrameMagic)
+    return "bad frame magic 0x" + ([&] {
+             char b[16];
+             std::snprintf(b, sizeof(b), "%08x", hdr[0]);
+             return std::string(b);
+           })();
+  if (hdr[1] == 0 || hdr[1] % 8 != 0)
+    return "message size " + std::to_string(hdr[1]) + " is not a positive multiple of 8";
   if (hdr[1] > limits.max_message_bytes)
     return "message size " + std::to_string(hdr[1]) + " exceeds limit " + std::to_string(limits.max_message_bytes);
   if (hdr[2] > limits.max_attachments)

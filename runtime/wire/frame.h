@@ -66,8 +66,7 @@ struct FrameHeader {
 
 // Checks the fixed 16-byte header; returns an error text or "" and fills
 // message_bytes/attachment count.
-std::string check_header(const std::byte* p, const FrameLimits& limits, uint32_t* message_bytes,
-                         uint32_t* attachments);
+std::string check_header(const std::byte* p, const FrameLimits& limits, uint32_t* message_bytes, uint32_t* attachments);
 // Checks attachment sizes against the limits; returns error text or "".
 std::string check_sizes(uint32_t message_bytes, const std::vector<uint64_t>& sizes, const FrameLimits& limits);
 

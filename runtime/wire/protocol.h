@@ -15,30 +15,30 @@ namespace troupe::wire {
 using Resources = std::map<std::string, double>;
 
 enum class Op : uint32_t {
-  kHello = 1,             // request any -> head: Hello -> HelloReply
-  kHeartbeat = 2,         // event node -> head
-  kCreateActor = 3,       // request driver -> head: ActorSpec -> ActorInfo
-  kActorReady = 4,        // event worker -> head: ActorReady
-  kActorInitFailed = 5,   // event worker -> head: ActorInitFailed
-  kWorkerExited = 6,      // event node -> head: WorkerExited
-  kSpawnWorker = 7,       // event head -> node: SpawnWorker
-  kKillWorker = 8,        // event head -> node: KillWorker
-  kSubscribeActor = 9,    // request -> head: uint64 id -> ActorInfo, then kActorUpdate events
-  kActorUpdate = 10,      // event head -> subscriber: ActorInfo
-  kGetActor = 11,         // request -> head: name -> ActorInfo
-  kKillActor = 12,        // request -> head: KillActor -> void
+  kHello = 1,                  // request any -> head: Hello -> HelloReply
+  kHeartbeat = 2,              // event node -> head
+  kCreateActor = 3,            // request driver -> head: ActorSpec -> ActorInfo
+  kActorReady = 4,             // event worker -> head: ActorReady
+  kActorInitFailed = 5,        // event worker -> head: ActorInitFailed
+  kWorkerExited = 6,           // event node -> head: WorkerExited
+  kSpawnWorker = 7,            // event head -> node: SpawnWorker
+  kKillWorker = 8,             // event head -> node: KillWorker
+  kSubscribeActor = 9,         // request -> head: uint64 id -> ActorInfo, then kActorUpdate events
+  kActorUpdate = 10,           // event head -> subscriber: ActorInfo
+  kGetActor = 11,              // request -> head: name -> ActorInfo
+  kKillActor = 12,             // request -> head: KillActor -> void
   kCreatePlacementGroup = 13,  // request: PlacementGroupSpec -> PlacementGroupInfo
   kGetPlacementGroup = 14,     // request: uint64 id -> PlacementGroupInfo
   kRemovePlacementGroup = 15,  // request: uint64 id -> void
-  kKvPut = 16,            // request: KvEntry -> void
-  kKvGet = 17,            // request: key -> optional<string>
-  kKvWait = 18,           // request: KvWait -> string (error Timeout)
-  kKvErase = 19,          // request: key -> void
-  kKvAdd = 20,            // request: KvAdd -> int64
-  kStatus = 21,           // request: -> JSON text
-  kShutdown = 22,         // request: -> void; the head stops the cluster
-  kControl = 23,          // request caller -> worker: ControlMessage (bypasses the mailbox)
-  kWaitPlacementGroup = 24,  // request: WaitPlacementGroup -> PlacementGroupInfo
+  kKvPut = 16,                 // request: KvEntry -> void
+  kKvGet = 17,                 // request: key -> optional<string>
+  kKvWait = 18,                // request: KvWait -> string (error Timeout)
+  kKvErase = 19,               // request: key -> void
+  kKvAdd = 20,                 // request: KvAdd -> int64
+  kStatus = 21,                // request: -> JSON text
+  kShutdown = 22,              // request: -> void; the head stops the cluster
+  kControl = 23,               // request caller -> worker: ControlMessage (bypasses the mailbox)
+  kWaitPlacementGroup = 24,    // request: WaitPlacementGroup -> PlacementGroupInfo
 };
 
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
@@ -50,7 +50,7 @@ struct Hello {
   Resources resources;       // node
   std::string hostname;      // node
   int32_t pid = 0;
-  std::string bind_host;     // node: where its workers listen
+  std::string bind_host;  // node: where its workers listen
   TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, bind_host)
 };
 
@@ -58,12 +58,12 @@ enum class ActorState : uint8_t { kPending = 0, kAlive = 1, kRestarting = 2, kDe
 const char* to_string(ActorState s);
 
 struct ActorSpec {
-  std::string type_key;     // constructor registry key
+  std::string type_key;  // constructor registry key
   std::string class_name;
-  std::string ctor_args;    // Codec-encoded constructor arguments
+  std::string ctor_args;  // Codec-encoded constructor arguments
   std::vector<Buffer> ctor_attachments;
   Resources resources;
-  std::string name;         // named actor ("" = anonymous)
+  std::string name;  // named actor ("" = anonymous)
   int32_t max_restarts = 0;
   int32_t max_task_retries = 0;
   int32_t max_concurrency = 1;
@@ -81,7 +81,7 @@ struct ActorInfo {
   std::string name;
   ActorState state = ActorState::kPending;
   uint64_t node_id = 0;
-  std::string address;       // host:port where the worker takes calls
+  std::string address;  // host:port where the worker takes calls
   int32_t pid = 0;
   uint32_t incarnation = 0;  // 0 for the first process, +1 per restart
   int32_t restarts = 0;
@@ -99,10 +99,10 @@ struct ActorInfo {
 };
 
 struct HelloReply {
-  uint64_t node_id = 0;          // node
-  uint32_t heartbeat_ms = 100;   // node
-  ActorSpec spec;                // worker
-  ActorInfo info;                // worker
+  uint64_t node_id = 0;         // node
+  uint32_t heartbeat_ms = 100;  // node
+  ActorSpec spec;               // worker
+  ActorInfo info;               // worker
   TROUPE_FIELDS(node_id, heartbeat_ms, spec, info)
 };
 

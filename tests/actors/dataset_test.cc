@@ -54,8 +54,8 @@ void expect_error_mentions(F&& f, std::initializer_list<std::string> parts) {
 }
 
 bool same_tensor(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.defined() == b.defined() && (!a.defined() || (a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-                                                         a.equal(b)));
+  return a.defined() == b.defined() &&
+         (!a.defined() || (a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.equal(b)));
 }
 
 // --- specs and the factory ---
@@ -87,8 +87,11 @@ TEST(DatasetSpec, FactoryNamesBadNamesAndParameters) {
   expect_error_mentions([] { make_dataset(DatasetSpec("synthetic_classification").set("size", "many")); },
                         {"size", "integer"});
   expect_error_mentions([] { make_dataset(DatasetSpec("npy")); }, {"inputs", "required"});
-  expect_error_mentions([] { make_dataset(DatasetSpec("image_records").set("mean", {0.5}).set("std", {0.2, 0.2})); },
-                        {"mean", "std"});
+  expect_error_mentions(
+      [] {
+        make_dataset(DatasetSpec("image_records").set("mean", {0.5}).set("std", {0.2, 0.2}));
+      },
+      {"mean", "std"});
   EXPECT_THROW(make_dataset(DatasetSpec("digits").set("normalize", 2)), ConfigError);
 }
 
@@ -264,26 +267,30 @@ TEST_F(Npy, ErrorsNameTheFileAndTheProblem) {
 
 TEST_F(Npy, ReadsWhatNumPyWrites) {
   if (!python_has_numpy()) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
-  run_python("import numpy as np\n"
-             "d = '" + dir_.string() + "'\n"
-             "x = np.arange(60, dtype=np.float32).reshape(5, 3, 4) / 7\n"
-             "np.save(d + '/x.npy', x)\n"
-             "np.save(d + '/y.npy', np.array([3, 1, 4, 1, 5], dtype=np.int64))\n"
-             "np.save(d + '/b.npy', np.array([[True, False], [False, True]]))\n"
-             "np.save(d + '/u8.npy', np.arange(24, dtype=np.uint8).reshape(2, 3, 2, 2))\n"
-             "np.save(d + '/i32.npy', np.array([-1, 2, -3], dtype=np.int32))\n"
-             "np.save(d + '/f64.npy', np.linspace(0, 1, 11))\n"
-             "np.save(d + '/fortran.npy', np.asfortranarray(np.ones((3, 4))))\n"
-             "with open(d + '/v2.npy', 'wb') as f:\n"
-             "    np.lib.format.write_array(f, x, version=(2, 0))\n"
-             "with open(d + '/v3.npy', 'wb') as f:\n"
-             "    np.lib.format.write_array(f, x, version=(3, 0))\n");
+  run_python(
+      "import numpy as np\n"
+      "d = '" +
+      dir_.string() +
+      "'\n"
+      "x = np.arange(60, dtype=np.float32).reshape(5, 3, 4) / 7\n"
+      "np.save(d + '/x.npy', x)\n"
+      "np.save(d + '/y.npy', np.array([3, 1, 4, 1, 5], dtype=np.int64))\n"
+      "np.save(d + '/b.npy', np.array([[True, False], [False, True]]))\n"
+      "np.save(d + '/u8.npy', np.arange(24, dtype=np.uint8).reshape(2, 3, 2, 2))\n"
+      "np.save(d + '/i32.npy', np.array([-1, 2, -3], dtype=np.int32))\n"
+      "np.save(d + '/f64.npy', np.linspace(0, 1, 11))\n"
+      "np.save(d + '/fortran.npy', np.asfortranarray(np.ones((3, 4))))\n"
+      "with open(d + '/v2.npy', 'wb') as f:\n"
+      "    np.lib.format.write_array(f, x, version=(2, 0))\n"
+      "with open(d + '/v3.npy', 'wb') as f:\n"
+      "    np.lib.format.write_array(f, x, version=(3, 0))\n");
   auto x = torch::arange(60, torch::kFloat).reshape({5, 3, 4}) / 7;
   for (const char* name : {"x.npy", "v2.npy", "v3.npy"}) {
     EXPECT_TRUE(torch::allclose(NpyArray::open(path(name)).tensor(), x)) << name;
   }
   EXPECT_TRUE(same_tensor(NpyArray::open(path("b.npy")).tensor(), torch::eye(2, torch::kBool)));
-  EXPECT_TRUE(same_tensor(NpyArray::open(path("u8.npy")).tensor(), torch::arange(24, torch::kByte).reshape({2, 3, 2, 2})));
+  EXPECT_TRUE(
+      same_tensor(NpyArray::open(path("u8.npy")).tensor(), torch::arange(24, torch::kByte).reshape({2, 3, 2, 2})));
   EXPECT_TRUE(same_tensor(NpyArray::open(path("i32.npy")).tensor(), torch::tensor({-1, 2, -3}, torch::kInt)));
   EXPECT_TRUE(torch::allclose(NpyArray::open(path("f64.npy")).tensor(), torch::linspace(0, 1, 11, torch::kDouble)));
   expect_error_mentions([&] { NpyArray::open(path("fortran.npy")); }, {"fortran.npy", "fortran_order"});
@@ -310,8 +317,7 @@ TEST(Digits, LoadsTheScikitLearnSet) {
   EXPECT_EQ(first.input.sizes(), (std::vector<int64_t>{64}));
   EXPECT_EQ(first.target.item<int64_t>(), 0);
   // The first row of sklearn's load_digits().data.
-  EXPECT_EQ(to_longs(first.input.slice(0, 0, 8)),
-            (std::vector<int64_t>{0, 0, 5, 13, 9, 1, 0, 0}));
+  EXPECT_EQ(to_longs(first.input.slice(0, 0, 8)), (std::vector<int64_t>{0, 0, 5, 13, 9, 1, 0, 0}));
   auto counts = torch::bincount(ds.labels());
   ASSERT_EQ(counts.size(0), 10);
   for (int64_t c = 0; c < 10; ++c) EXPECT_GT(counts[c].item<int64_t>(), 170) << c;

@@ -101,9 +101,9 @@ TEST(BatchPipeline, DeliversEveryIndexOnceInOrder) {
 }
 
 TEST(BatchPipeline, SameBatchesForAnyThreadCount) {
-  auto ds = ImageRecordDataset::synthetic({.size = 300, .channels = 3, .height = 20, .width = 20, .seed = 5},
-                                          {.crop = 16, .flip = true, .mean = {0.5, 0.4, 0.3}, .std = {0.2, 0.2, 0.2},
-                                           .seed = 6});
+  auto ds = ImageRecordDataset::synthetic(
+      {.size = 300, .channels = 3, .height = 20, .width = 20, .seed = 5},
+      {.crop = 16, .flip = true, .mean = {0.5, 0.4, 0.3}, .std = {0.2, 0.2, 0.2}, .seed = 6});
   auto indices = shuffled(300, 1);
   std::vector<Batch> reference;
   BatchPipeline one(*ds, {.batch_size = 16, .num_threads = 1});
@@ -246,7 +246,7 @@ TEST(Collate, StacksAndNamesMismatches) {
 // attachments that the decoded tensor views without a copy.
 TEST(BatchCodec, RoundTripsTensorsThroughAttachments) {
   Batch b;
-  b.input = torch::randn({64, 3, 8, 8});  // 48 KiB: an attachment
+  b.input = torch::randn({64, 3, 8, 8});       // 48 KiB: an attachment
   b.target = torch::arange(64, torch::kLong);  // 512 B: inline
   b.indices = {5, 3, 1};
   b.epoch = 2;

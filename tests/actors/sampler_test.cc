@@ -51,11 +51,11 @@ std::vector<FixtureCase> parse_cases(std::istream& in) {
 
 void expect_matches(const std::vector<FixtureCase>& cases) {
   for (const auto& c : cases) {
-    DistributedSampler s({.dataset_size = c.n, .world_size = c.world, .shuffle = c.shuffle, .seed = c.seed,
-                          .drop_last = c.drop_last});
+    DistributedSampler s(
+        {.dataset_size = c.n, .world_size = c.world, .shuffle = c.shuffle, .seed = c.seed, .drop_last = c.drop_last});
     EXPECT_EQ(s.indices(c.epoch, c.rank), c.expected)
-        << "n=" << c.n << " world=" << c.world << " seed=" << c.seed << " epoch=" << c.epoch
-        << " shuffle=" << c.shuffle << " drop_last=" << c.drop_last << " rank=" << c.rank;
+        << "n=" << c.n << " world=" << c.world << " seed=" << c.seed << " epoch=" << c.epoch << " shuffle=" << c.shuffle
+        << " drop_last=" << c.drop_last << " rank=" << c.rank;
     EXPECT_EQ(s.num_samples(), static_cast<int64_t>(c.expected.size()));
   }
 }
@@ -192,12 +192,12 @@ TEST(DistributedSampler, ResplitAfterResizeCoversRestExactlyOnce) {
       {103, true, {{4, 2}, {3, 1000}}},
       {1000, false, {{8, 3}, {3, 7}, {6, 1}, {1, 2}, {5, 1000}}},
       {1000, true, {{8, 3}, {3, 7}, {6, 1}, {1, 2}, {5, 1000}}},
-      {64, false, {{2, 1}, {7, 1000}}},  // padding needed only after the resize
+      {64, false, {{2, 1}, {7, 1000}}},     // padding needed only after the resize
       {50, false, {{3, 1000}, {2, 1000}}},  // resize after the end: nothing left
   };
   for (const auto& plan : plans) {
-    DistributedSampler s({.dataset_size = plan.n, .world_size = plan.segments[0].first, .seed = 77,
-                          .drop_last = plan.drop_last});
+    DistributedSampler s(
+        {.dataset_size = plan.n, .world_size = plan.segments[0].first, .seed = 77, .drop_last = plan.drop_last});
     auto cur = s.begin_epoch(1);
     std::map<int64_t, int> seen;
     int64_t padding = 0;

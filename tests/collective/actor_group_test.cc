@@ -62,7 +62,7 @@ class Rank {
     spec.world_size = world;
     spec.members = std::move(members);
     spec.rendezvous_timeout = std::chrono::milliseconds(rendezvous_ms);
-    spec.op_timeout = 60s;  // a bug fails the test instead of hanging it
+    spec.op_timeout = 60s;    // a bug fails the test instead of hanging it
     groups_[name] = nullptr;  // drops an older generation first
     groups_[name] = troupe::collective::join_group(spec);
   }
@@ -176,15 +176,15 @@ class Rank {
 
   std::map<std::string, std::shared_ptr<Group>> groups_;
 };
-TROUPE_ACTOR(Rank, &Rank::pid, &Rank::join, &Rank::allreduce, &Rank::broadcast, &Rank::allgather,
-             &Rank::reduce_scatter, &Rank::send_recv, &Rank::barrier, &Rank::allreduce_until_failure)
+TROUPE_ACTOR(Rank, &Rank::pid, &Rank::join, &Rank::allreduce, &Rank::broadcast, &Rank::allgather, &Rank::reduce_scatter,
+             &Rank::send_recv, &Rank::barrier, &Rank::allreduce_until_failure)
 
 namespace {
 
 using troupe::ActorHandle;
 using troupe::Future;
 
-constexpr DType kAllTypes[] = {DType::kFloat32, DType::kFloat64,  DType::kInt32, DType::kInt64,
+constexpr DType kAllTypes[] = {DType::kFloat32,  DType::kFloat64, DType::kInt32, DType::kInt64,
                                DType::kBFloat16, DType::kFloat16, DType::kUInt8};
 constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
 constexpr int64_t kCounts[] = {0, 1, 1000};
@@ -222,8 +222,8 @@ class ActorGroupTest : public ::testing::Test {
                        int64_t rendezvous_ms = 20000) {
     std::vector<Future<void>> joins;
     for (size_t r = 0; r < ranks.size(); ++r) {
-      joins.push_back(ranks[r].call(&Rank::join, name, generation, static_cast<int>(r),
-                                    static_cast<int>(ranks.size()), ids(ranks), rendezvous_ms));
+      joins.push_back(ranks[r].call(&Rank::join, name, generation, static_cast<int>(r), static_cast<int>(ranks.size()),
+                                    ids(ranks), rendezvous_ms));
     }
     for (auto& j : joins) j.get(30s);
   }
@@ -265,8 +265,9 @@ TEST_F(ActorGroupTest, EveryOpAndTypeForWorldSizesOneToFour) {
     }
     // The large cases: 10,000,000 elements.
     if (world == 4) {
-      issue("allreduce sum float32 x10M",
-            [&](auto& r) { return r.call(&Rank::allreduce, name, DType::kFloat32, ReduceOp::kSum, int64_t{10'000'000}); });
+      issue("allreduce sum float32 x10M", [&](auto& r) {
+        return r.call(&Rank::allreduce, name, DType::kFloat32, ReduceOp::kSum, int64_t{10'000'000});
+      });
     }
     if (world == 2) {
       issue("reduce_scatter max int64 x10M (5M per rank)", [&](auto& r) {
@@ -300,13 +301,14 @@ TEST_F(ActorGroupTest, KilledRankFailsSurvivorsFastAndTheyReformGenerationTwo) {
 
   const int64_t killed_at = monotonic_ms();
   ASSERT_EQ(::kill(victim_pid, SIGKILL), 0);
-  const std::string dead_rank = "rank " + std::to_string(victim) + " (actor " + std::to_string(ranks[victim].id()) + ")";
+  const std::string dead_rank =
+      "rank " + std::to_string(victim) + " (actor " + std::to_string(ranks[victim].id()) + ")";
   for (int r = 0; r < 3; ++r) {
     if (r == victim) continue;
     auto [error, failed_at] = loops[r].get(20s);
     const int64_t took = failed_at - killed_at;
-    SCOPED_TRACE("survivor rank " + std::to_string(r) + " failed " + std::to_string(took) + " ms after the kill: " +
-                 error);
+    SCOPED_TRACE("survivor rank " + std::to_string(r) + " failed " + std::to_string(took) +
+                 " ms after the kill: " + error);
     std::printf("[survivor rank %d] failed %lld ms after the kill: %s\n", r, static_cast<long long>(took),
                 error.c_str());
     EXPECT_NE(error, "") << "the allreduce never failed";
@@ -320,7 +322,8 @@ TEST_F(ActorGroupTest, KilledRankFailsSurvivorsFastAndTheyReformGenerationTwo) {
   std::vector<ActorHandle<Rank>> survivors = {ranks[0], ranks[2]};
   join_all(survivors, name, 2);
   std::vector<Future<std::string>> checks;
-  for (auto& r : survivors) checks.push_back(r.call(&Rank::allreduce, name, DType::kFloat32, ReduceOp::kSum, int64_t{1000}));
+  for (auto& r : survivors)
+    checks.push_back(r.call(&Rank::allreduce, name, DType::kFloat32, ReduceOp::kSum, int64_t{1000}));
   for (auto& c : checks) EXPECT_EQ(c.get(30s), "");
   for (auto& r : survivors) rt_->kill(r);
 }
@@ -332,7 +335,8 @@ TEST_F(ActorGroupTest, DriverAbortReachesMembersBlockedInsideAnAllreduce) {
   const std::string name = "driver-abort";
   join_all(ranks, name, 1);
   std::vector<Future<std::string>> stuck;
-  for (int r = 0; r < 2; ++r) stuck.push_back(ranks[r].call(&Rank::allreduce, name, DType::kFloat32, ReduceOp::kSum, int64_t{1000}));
+  for (int r = 0; r < 2; ++r)
+    stuck.push_back(ranks[r].call(&Rank::allreduce, name, DType::kFloat32, ReduceOp::kSum, int64_t{1000}));
   // Rank 2 never issues its allreduce; nothing can complete. (Whether the
   // two are inside it yet or not, the abort fails their allreduce.)
   EXPECT_FALSE(stuck[0].ready());

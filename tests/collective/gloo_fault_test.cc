@@ -157,7 +157,8 @@ TEST(GlooFaultTest, WithoutAbortSurvivorsFailWithinOpTimeout) {
     const int64_t killed_at = std::stoll(kv.wait("control/killed_at", 10s));
     report(rank, failed_at - killed_at, failure);
     const int64_t limit = std::chrono::milliseconds(kOpTimeout).count() + 2000;
-    TROUPE_CHECK(failed_at - killed_at < limit) << "survivor failed " << (failed_at - killed_at) << " ms after the kill";
+    TROUPE_CHECK(failed_at - killed_at < limit)
+        << "survivor failed " << (failed_at - killed_at) << " ms after the kill";
     const int64_t destroy_start = monotonic_ms();
     group.reset();
     TROUPE_CHECK(monotonic_ms() - destroy_start < 3000) << "destroying the failed group took too long";

@@ -22,7 +22,7 @@ using testing::expected_reduction;
 using testing::load;
 using testing::store;
 
-constexpr DType kAllTypes[] = {DType::kFloat32, DType::kFloat64, DType::kInt32,  DType::kInt64,
+constexpr DType kAllTypes[] = {DType::kFloat32,  DType::kFloat64, DType::kInt32, DType::kInt64,
                                DType::kBFloat16, DType::kFloat16, DType::kUInt8};
 constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
 constexpr auto kWait = 60s;

@@ -16,10 +16,10 @@ namespace troupe::collective::testing {
 
 struct RankExit {
   int rank = 0;
-  bool exited = false;    // exited normally (code valid)
+  bool exited = false;  // exited normally (code valid)
   int code = -1;
-  int signal = 0;         // terminating signal, when killed
-  bool timed_out = false; // still running at the deadline, killed by us
+  int signal = 0;          // terminating signal, when killed
+  bool timed_out = false;  // still running at the deadline, killed by us
 };
 
 class RankProcesses {

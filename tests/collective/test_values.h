@@ -21,25 +21,46 @@ inline double contribution(int rank, size_t i) { return (rank + 1) + static_cast
 
 inline void store(void* buf, size_t i, DType d, double v) {
   switch (d) {
-    case DType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case DType::kFloat64: static_cast<double*>(buf)[i] = v; break;
-    case DType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(static_cast<int64_t>(v)); break;
-    case DType::kInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
-    case DType::kUInt8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(static_cast<int64_t>(v)); break;
-    case DType::kBFloat16: static_cast<uint16_t*>(buf)[i] = detail::float_to_bf16(static_cast<float>(v)); break;
-    case DType::kFloat16: static_cast<uint16_t*>(buf)[i] = detail::float_to_fp16(static_cast<float>(v)); break;
+    case DType::kFloat32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DType::kFloat64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case DType::kInt32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(static_cast<int64_t>(v));
+      break;
+    case DType::kInt64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kUInt8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(static_cast<int64_t>(v));
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(buf)[i] = detail::float_to_bf16(static_cast<float>(v));
+      break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(buf)[i] = detail::float_to_fp16(static_cast<float>(v));
+      break;
   }
 }
 
 inline double load(const void* buf, size_t i, DType d) {
   switch (d) {
-    case DType::kFloat32: return static_cast<const float*>(buf)[i];
-    case DType::kFloat64: return static_cast<const double*>(buf)[i];
-    case DType::kInt32: return static_cast<const int32_t*>(buf)[i];
-    case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
-    case DType::kUInt8: return static_cast<const uint8_t*>(buf)[i];
-    case DType::kBFloat16: return detail::bf16_to_float(static_cast<const uint16_t*>(buf)[i]);
-    case DType::kFloat16: return detail::fp16_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::kFloat32:
+      return static_cast<const float*>(buf)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(buf)[i];
+    case DType::kInt32:
+      return static_cast<const int32_t*>(buf)[i];
+    case DType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case DType::kUInt8:
+      return static_cast<const uint8_t*>(buf)[i];
+    case DType::kBFloat16:
+      return detail::bf16_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::kFloat16:
+      return detail::fp16_to_float(static_cast<const uint16_t*>(buf)[i]);
   }
   return NAN;
 }
@@ -55,10 +76,18 @@ inline double expected_reduction(ReduceOp op, DType d, int n, size_t i) {
       int64_t v = static_cast<int64_t>(contribution(r, i));
       switch (op) {
         case ReduceOp::kSum:
-        case ReduceOp::kAvg: acc += v; break;
-        case ReduceOp::kProduct: acc *= v; break;
-        case ReduceOp::kMin: acc = std::min(acc, v); break;
-        case ReduceOp::kMax: acc = std::max(acc, v); break;
+        case ReduceOp::kAvg:
+          acc += v;
+          break;
+        case ReduceOp::kProduct:
+          acc *= v;
+          break;
+        case ReduceOp::kMin:
+          acc = std::min(acc, v);
+          break;
+        case ReduceOp::kMax:
+          acc = std::max(acc, v);
+          break;
       }
     }
     if (d == DType::kUInt8) acc = static_cast<uint8_t>(acc);  // wraps like the backend
@@ -70,10 +99,18 @@ inline double expected_reduction(ReduceOp op, DType d, int n, size_t i) {
     double v = contribution(r, i);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProduct: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kAvg:
+        acc += v;
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::kAvg) acc /= n;

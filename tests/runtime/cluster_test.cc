@@ -97,8 +97,8 @@ TEST_F(ClusterTest, StrictSpreadPutsBundlesOnDistinctNodes) {
 }
 
 TEST_F(ClusterTest, UnsatisfiableRequestsStayPendingAndAreReported) {
-  auto pg = rt_.create_placement_group({{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}},
-                                       troupe::PlacementStrategy::kStrictSpread);
+  auto pg =
+      rt_.create_placement_group({{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}, troupe::PlacementStrategy::kStrictSpread);
   EXPECT_FALSE(pg.wait(300ms));
   EXPECT_NE(pg.info().pending_reason.find("STRICT_SPREAD"), std::string::npos);
 
@@ -227,8 +227,8 @@ TEST_F(ClusterTest, NamedActorsAreFoundByName) {
 TEST_F(ClusterTest, FuturesCanBeArguments) {
   auto a = rt_.spawn<Counter>({}, 1);
   auto b = rt_.spawn<Counter>({}, 100);
-  auto fa = a.call(&Counter::add, 1);       // 2
-  auto fb = b.call(&Counter::add, fa);      // 102
+  auto fa = a.call(&Counter::add, 1);   // 2
+  auto fb = b.call(&Counter::add, fa);  // 102
   EXPECT_EQ(fb.get(10s), 102);
   std::vector<troupe::Future<int>> fs{a.call(&Counter::busy, 2000), b.call(&Counter::add, 0)};
   EXPECT_EQ(troupe::wait_any(fs, 10s), 1u);

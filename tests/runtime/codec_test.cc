@@ -68,7 +68,7 @@ TEST(Codec, LargeBuffersBecomeAttachments) {
   troupe::Buffer b = troupe::Buffer::from_vector(bytes);
   Encoder e = encode_value(b);
   ASSERT_EQ(e.attachments().size(), 1u);
-  EXPECT_LT(e.bytes().size(), 64u);  // only the index is inline
+  EXPECT_LT(e.bytes().size(), 64u);                // only the index is inline
   EXPECT_EQ(e.attachments()[0].data(), b.data());  // no copy on the way out
   auto back = decode_value<troupe::Buffer>(e.bytes().data(), e.bytes().size(), &e.attachments());
   ASSERT_EQ(back.size(), bytes.size());

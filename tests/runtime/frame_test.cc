@@ -58,7 +58,7 @@ TEST(Frame, HeaderLimits) {
   EXPECT_NE(check_header(header(kFrameMagic, 4096, 0).data(), lim, &msg, &natt), "");  // too large
   EXPECT_NE(check_header(header(kFrameMagic, 63, 0).data(), lim, &msg, &natt), "");    // not words
   EXPECT_NE(check_header(header(kFrameMagic, 0, 0).data(), lim, &msg, &natt), "");
-  EXPECT_NE(check_header(header(kFrameMagic, 64, 5).data(), lim, &msg, &natt), "");    // too many attachments
+  EXPECT_NE(check_header(header(kFrameMagic, 64, 5).data(), lim, &msg, &natt), "");  // too many attachments
   EXPECT_EQ(check_header(header(kFrameMagic, 64, 4).data(), lim, &msg, &natt), "");
   lim.max_frame_bytes = 1 << 20;
   EXPECT_NE(check_sizes(64, {1 << 19, 1 << 19}, lim), "");
@@ -76,11 +76,8 @@ TEST(Frame, MalformedMessageThrows) {
   OutFrame f = encode_frame(m);
   lim.traversal_limit_words = 8;
   Message back;
-  EXPECT_THROW(
-      {
-        back = decode_message(f.head.data() + kFrameHeaderBytes, f.head.size() - kFrameHeaderBytes, lim);
-      },
-      troupe::DecodeError);
+  EXPECT_THROW({ back = decode_message(f.head.data() + kFrameHeaderBytes, f.head.size() - kFrameHeaderBytes, lim); },
+               troupe::DecodeError);
 }
 
 TEST(Handshake, ProofsBindTokenRoleAndNonces) {

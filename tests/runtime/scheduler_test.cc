@@ -37,7 +37,8 @@ TEST(Scheduler, PickNodePrefersEmptierNodeAndExplainsFailure) {
 
 TEST(Scheduler, StrictSpreadUsesDistinctNodes) {
   std::string why;
-  auto p = place_bundles(three_nodes(), {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}, PlacementStrategy::kStrictSpread, &why);
+  auto p =
+      place_bundles(three_nodes(), {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}, PlacementStrategy::kStrictSpread, &why);
   ASSERT_TRUE(p) << why;
   EXPECT_EQ(std::set<uint64_t>(p->begin(), p->end()).size(), 3u);
   auto q = place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(4, {{"CPU", 1}}),
@@ -45,7 +46,8 @@ TEST(Scheduler, StrictSpreadUsesDistinctNodes) {
   EXPECT_FALSE(q);
   EXPECT_NE(why.find("STRICT_SPREAD"), std::string::npos);
   // SPREAD reuses nodes when it must.
-  auto s = place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(4, {{"CPU", 1}}), PlacementStrategy::kSpread, &why);
+  auto s = place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(4, {{"CPU", 1}}),
+                         PlacementStrategy::kSpread, &why);
   ASSERT_TRUE(s) << why;
 }
 
@@ -56,7 +58,8 @@ TEST(Scheduler, PackAndStrictPack) {
   EXPECT_EQ((*p)[0], (*p)[1]);
   EXPECT_FALSE(place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(3, {{"GPU", 1}}),
                              PlacementStrategy::kStrictPack, &why));
-  auto q = place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(3, {{"GPU", 1}}), PlacementStrategy::kPack, &why);
+  auto q = place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(3, {{"GPU", 1}}), PlacementStrategy::kPack,
+                         &why);
   ASSERT_TRUE(q) << why;
 }
 

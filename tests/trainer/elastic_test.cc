@@ -163,7 +163,8 @@ TEST_F(TwoWorkerJobTest, TrainerAndLoaderKilledSameWeights) {
 // its process lives on. The job recovers (reconnecting to it or replacing
 // it) and the weights end as without the fault.
 TEST_F(TwoWorkerJobTest, DroppedConnectionsSameWeights) {
-  inject_at(20, [this] { return trainer(1); }, [this](uint64_t id) { faults_.drop_connections(id); });
+  inject_at(
+      20, [this] { return trainer(1); }, [this](uint64_t id) { faults_.drop_connections(id); });
   const auto hurt = TrainJob(rt_, cfg_).fit();
   ASSERT_EQ(faults_.faults().size(), 1u);
   EXPECT_LE(hurt.recoveries.size(), 1u) << describe(hurt);
@@ -362,7 +363,8 @@ TEST_P(NeverHangTest, KillEndsInClearError) {
     faults.after(3ms, [&] {
       if (what == "trainer") faults.kill_actor(faults.live_actors(kTrainerClass, before).at(1).id);
       if (what == "loader") faults.kill_actor(faults.live_actors(kLoaderClass, before).at(0).id);
-      if (what == "node") faults.kill_node(cluster, node_index(cluster, faults.live_actors(kTrainerClass, before).at(1).node_id));
+      if (what == "node")
+        faults.kill_node(cluster, node_index(cluster, faults.live_actors(kTrainerClass, before).at(1).node_id));
     });
   });
   cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };

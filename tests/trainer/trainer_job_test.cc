@@ -89,8 +89,9 @@ void expect_close(const TrainState& a, const TrainState& b, double tol, const st
 
 class TrainJobTest : public ::testing::Test {
  protected:
-  TrainJobTest() : cluster_(troupe::testing::LocalClusterOptions{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}),
-                   rt_(cluster_.connect()) {}
+  TrainJobTest()
+      : cluster_(troupe::testing::LocalClusterOptions{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}),
+        rt_(cluster_.connect()) {}
   troupe::testing::LocalCluster cluster_;
   Runtime rt_;
 };
@@ -116,7 +117,8 @@ TEST_F(TrainJobTest, TwoWorkersMatchOneWorkerWithTheDoubleBatch) {
       expect_close(r1.final_state, r2.final_state, 2e-5, what);
       // The same through TCP (Gloo) rather than shared memory.
       two.trainer.shared_memory = false;
-      if (opt == "sgd" && accumulation == 2) expect_close(r1.final_state, TrainJob(rt_, two).fit().final_state, 2e-5, what + " gloo");
+      if (opt == "sgd" && accumulation == 2)
+        expect_close(r1.final_state, TrainJob(rt_, two).fit().final_state, 2e-5, what + " gloo");
       EXPECT_GT(r1.history.back().train_loss, 0.0);
     }
   }
@@ -180,7 +182,9 @@ TEST_F(TrainJobTest, ResumeFromCheckpointIsBitwiseEqual) {
   // Python reads the state dict.
   std::string cmd = std::string(TROUPE_PYTHON) + " -c \"import torch,sys; d=torch.load('" + r1.last_checkpoint->path +
                     "/model.pt'); o=torch.load('" + r1.last_checkpoint->path +
-                    "/optimizer.pt'); sys.exit(0 if sorted(d)==['fc1.bias','fc1.weight','fc2.bias','fc2.weight','fc3.bias','fc3.weight'] and d['fc1.weight'].shape==(32,16) and 'step' in o else 1)\"";
+                    "/optimizer.pt'); sys.exit(0 if "
+                    "sorted(d)==['fc1.bias','fc1.weight','fc2.bias','fc2.weight','fc3.bias','fc3.weight'] and "
+                    "d['fc1.weight'].shape==(32,16) and 'step' in o else 1)\"";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 
   // A different number of workers continues from the same checkpoint.
@@ -249,9 +253,7 @@ TEST_F(TrainJobTest, HalfWrittenCheckpointIsNeverLatest) {
   // longer matches its checksum.
   fs::create_directories(dir / "step-99999998");
   fs::copy(latest->path, dir / "step-99999999", fs::copy_options::recursive);
-  {
-    std::ofstream(dir / "step-99999999" / "model.pt", std::ios::app) << "x";
-  }
+  { std::ofstream(dir / "step-99999999" / "model.pt", std::ios::app) << "x"; }
   auto again = latest_checkpoint(dir.string());
   ASSERT_TRUE(again.has_value());
   EXPECT_EQ(again->step, latest->step);

@@ -30,7 +30,8 @@ class CountingGroup final : public collective::Group {
   int world_size() const override { return g_.world_size(); }
   const std::string& name() const override { return g_.name(); }
   int64_t generation() const override { return g_.generation(); }
-  collective::WorkPtr allreduce(void* d, size_t n, collective::DType t, const collective::AllreduceOptions& o) override {
+  collective::WorkPtr allreduce(void* d, size_t n, collective::DType t,
+                                const collective::AllreduceOptions& o) override {
     ++allreduces;
     return g_.allreduce(d, n, t, o);
   }
@@ -51,8 +52,7 @@ class CountingGroup final : public collective::Group {
                            const collective::SendOptions& o) override {
     return g_.send(d, n, t, dst, o);
   }
-  collective::WorkPtr recv(void* d, size_t n, collective::DType t, int src,
-                           const collective::RecvOptions& o) override {
+  collective::WorkPtr recv(void* d, size_t n, collective::DType t, int src, const collective::RecvOptions& o) override {
     return g_.recv(d, n, t, src, o);
   }
   void abort(const std::string& r) override { g_.abort(r); }
@@ -137,7 +137,8 @@ TEST(OptimizerTest, MatchesTorchOptim) {
       ref = std::make_unique<torch::optim::SGD>(b->parameters(),
                                                 torch::optim::SGDOptions(cfg.lr).momentum(0.9).weight_decay(0.01));
     else
-      ref = std::make_unique<torch::optim::AdamW>(b->parameters(), torch::optim::AdamWOptions(cfg.lr).weight_decay(0.01));
+      ref =
+          std::make_unique<torch::optim::AdamW>(b->parameters(), torch::optim::AdamWOptions(cfg.lr).weight_decay(0.01));
     torch::manual_seed(3);
     for (int step = 0; step < 5; ++step) {
       auto x = torch::randn({8, 16});
