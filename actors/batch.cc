@@ -1,8 +1,8 @@
-#include "actors/batch.h"
+#include "troupe/actors/batch.h"
 
 #include <sstream>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "actors/dataset.h"
+#include "troupe/actors/dataset.h"
 
 namespace troupe::actors {
 

@@ -1,4 +1,4 @@
-#include "actors/batch_pipeline.h"
+#include "troupe/actors/batch_pipeline.h"
 
 #include <tbb/parallel_pipeline.h>
 #include <tbb/task_arena.h>
@@ -7,8 +7,8 @@
 #include <mutex>
 #include <utility>
 
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 

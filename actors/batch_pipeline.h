@@ -19,8 +19,8 @@
 #include <memory>
 #include <vector>
 
-#include "actors/batch.h"
-#include "actors/dataset.h"
+#include "troupe/actors/batch.h"
+#include "troupe/actors/dataset.h"
 
 namespace troupe::actors {
 

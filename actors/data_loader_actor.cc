@@ -1,4 +1,4 @@
-#include "actors/data_loader_actor.h"
+#include "troupe/actors/data_loader_actor.h"
 
 #include <ATen/Parallel.h>
 
@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 

@@ -26,13 +26,13 @@
 #include <memory>
 #include <string>
 
-#include "actors/batch.h"
-#include "actors/batch_pipeline.h"
-#include "actors/dataset.h"
-#include "actors/distributed_sampler.h"
-#include "actors/tensor_codec.h"
-#include "runtime/client/runtime.h"
-#include "runtime/client/stream.h"
+#include "troupe/actors/batch.h"
+#include "troupe/actors/batch_pipeline.h"
+#include "troupe/actors/dataset.h"
+#include "troupe/actors/distributed_sampler.h"
+#include "troupe/actors/tensor_codec.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/stream.h"
 
 namespace troupe::actors {
 

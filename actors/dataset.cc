@@ -1,14 +1,14 @@
-#include "actors/dataset.h"
+#include "troupe/actors/dataset.h"
 
 #include <algorithm>
 #include <sstream>
 
-#include "actors/digits_dataset.h"
-#include "actors/image_dataset.h"
-#include "actors/npy.h"
-#include "actors/synthetic_dataset.h"
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/actors/digits_dataset.h"
+#include "troupe/actors/image_dataset.h"
+#include "troupe/actors/npy.h"
+#include "troupe/actors/synthetic_dataset.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 

@@ -15,8 +15,8 @@
 
 #include <torch/types.h>
 
-#include "actors/tensor_codec.h"
-#include "runtime/wire/codec.h"
+#include "troupe/actors/tensor_codec.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace troupe::actors {
 

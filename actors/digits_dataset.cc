@@ -1,4 +1,4 @@
-#include "actors/digits_dataset.h"
+#include "troupe/actors/digits_dataset.h"
 
 #include <glob.h>
 #include <sys/stat.h>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "actors/dataset.h"
+#include "troupe/actors/dataset.h"
 
 namespace troupe::actors {
 

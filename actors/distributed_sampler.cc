@@ -1,4 +1,4 @@
-#include "actors/distributed_sampler.h"
+#include "troupe/actors/distributed_sampler.h"
 
 #include <cstring>
 #include <numeric>
@@ -6,8 +6,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/types.h>
 
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 

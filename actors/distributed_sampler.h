@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/wire/codec.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace troupe::actors {
 

@@ -1,12 +1,12 @@
-#include "actors/image_dataset.h"
+#include "troupe/actors/image_dataset.h"
 
 #include <array>
 #include <cstring>
 #include <sstream>
 
-#include "actors/random.h"
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/actors/random.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 

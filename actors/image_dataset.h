@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/dataset.h"
-#include "actors/npy.h"
+#include "troupe/actors/dataset.h"
+#include "troupe/actors/npy.h"
 
 namespace troupe::actors {
 

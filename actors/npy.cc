@@ -1,4 +1,4 @@
-#include "actors/npy.h"
+#include "troupe/actors/npy.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,8 +11,8 @@
 #include <limits>
 #include <sstream>
 
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/dataset.h"
+#include "troupe/actors/dataset.h"
 
 namespace troupe::actors {
 

@@ -1,9 +1,9 @@
-#include "actors/synthetic_dataset.h"
+#include "troupe/actors/synthetic_dataset.h"
 
 #include <sstream>
 
-#include "actors/random.h"
-#include "runtime/core/check.h"
+#include "troupe/actors/random.h"
+#include "troupe/runtime/core/check.h"
 
 namespace troupe::actors {
 

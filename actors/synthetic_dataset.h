@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "actors/dataset.h"
+#include "troupe/actors/dataset.h"
 
 namespace troupe::actors {
 

@@ -13,9 +13,9 @@
 
 #include <torch/types.h>
 
-#include "runtime/core/buffer.h"
-#include "runtime/core/errors.h"
-#include "runtime/wire/codec.h"
+#include "troupe/runtime/core/buffer.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace troupe::wire {
 

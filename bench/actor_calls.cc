@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/client/runtime.h"
-#include "runtime/core/logging.h"
-#include "runtime/testing/local_cluster.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/testing/local_cluster.h"
 
 using Clock = std::chrono::steady_clock;
 

@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/collective/file_kv_store.h"
-#include "runtime/collective/gloo_group.h"
+#include "troupe/runtime/collective/file_kv_store.h"
+#include "troupe/runtime/collective/gloo_group.h"
 
 #ifndef TROUPE_BENCH_PEERS_DIR
 #define TROUPE_BENCH_PEERS_DIR "bench/peers"

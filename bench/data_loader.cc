@@ -38,13 +38,13 @@
 #include <thread>
 #include <vector>
 
-#include "actors/batch_pipeline.h"
-#include "actors/data_loader_actor.h"
-#include "actors/distributed_sampler.h"
-#include "actors/image_dataset.h"
-#include "runtime/client/stream.h"
-#include "runtime/core/logging.h"
-#include "runtime/testing/local_cluster.h"
+#include "troupe/actors/batch_pipeline.h"
+#include "troupe/actors/data_loader_actor.h"
+#include "troupe/actors/distributed_sampler.h"
+#include "troupe/actors/image_dataset.h"
+#include "troupe/runtime/client/stream.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/testing/local_cluster.h"
 
 #ifndef TROUPE_BENCH_PEERS_DIR
 #define TROUPE_BENCH_PEERS_DIR "bench/peers"

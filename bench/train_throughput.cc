@@ -29,8 +29,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/testing/local_cluster.h"
-#include "trainer/trainer_actor.h"
+#include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/trainer/trainer_actor.h"
 
 #ifndef TROUPE_BENCH_PEERS_DIR
 #define TROUPE_BENCH_PEERS_DIR "bench/peers"

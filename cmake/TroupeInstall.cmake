@@ -6,7 +6,10 @@ include(GNUInstallDirs)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime ${PROJECT_SOURCE_DIR}/actors ${PROJECT_SOURCE_DIR}/trainer
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/troupe
   FILES_MATCHING PATTERN "*.h")
-install(FILES ${PROJECT_BINARY_DIR}/include/troupe/config.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/troupe/troupe)
+# Users include <troupe/troupe.h>, <troupe/trainer.h> and the layer headers
+# as <troupe/runtime/...>: the include directory exported is include/.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/troupe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_BINARY_DIR}/include/troupe/config.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/troupe)
 install(FILES ${TROUPE_GENERATED_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/troupe/runtime/wire OPTIONAL)
 
 get_property(_troupe_targets GLOBAL PROPERTY TROUPE_EXPORTED_TARGETS)

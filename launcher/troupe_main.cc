@@ -16,12 +16,12 @@
 #include <filesystem>
 #include <iostream>
 
-#include "runtime/client/runtime.h"
-#include "runtime/core/logging.h"
-#include "runtime/core/process.h"
-#include "runtime/core/session.h"
-#include "runtime/head/scheduler.h"
-#include "runtime/wire/auth.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/session.h"
+#include "troupe/runtime/head/scheduler.h"
+#include "troupe/runtime/wire/auth.h"
 
 namespace fs = std::filesystem;
 using troupe::core::read_session_file;

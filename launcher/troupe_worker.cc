@@ -5,8 +5,8 @@
 // with TROUPE_ROLE=worker; run by hand, it only says what it is for.
 #include <cstdio>
 
-#include "actors/data_loader_actor.h"
-#include "runtime/client/runtime.h"
+#include "troupe/actors/data_loader_actor.h"
+#include "troupe/runtime/client/runtime.h"
 
 // The constructors a driver may spawn built-in actors with.
 TROUPE_REGISTER_CTOR(troupe::actors::DataLoaderActor, troupe::actors::LoaderConfig)

@@ -2,8 +2,8 @@
 // was re-executed as a head, node agent or worker; otherwise run the tests.
 #include <gtest/gtest.h>
 
-#include "runtime/client/runtime.h"
-#include "runtime/core/logging.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/logging.h"
 
 int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);

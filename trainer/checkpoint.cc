@@ -1,4 +1,4 @@
-#include "trainer/checkpoint.h"
+#include "troupe/trainer/checkpoint.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -15,7 +15,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace fs = std::filesystem;
 

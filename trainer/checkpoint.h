@@ -27,9 +27,9 @@
 
 #include <torch/types.h>
 
-#include "actors/distributed_sampler.h"
-#include "actors/tensor_codec.h"
-#include "runtime/wire/codec.h"
+#include "troupe/actors/distributed_sampler.h"
+#include "troupe/actors/tensor_codec.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace troupe::trainer {
 

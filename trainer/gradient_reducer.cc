@@ -1,13 +1,13 @@
-#include "trainer/gradient_reducer.h"
+#include "troupe/trainer/gradient_reducer.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
-#include "trainer/tensor_collectives.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/trainer/tensor_collectives.h"
 
 namespace troupe::trainer {
 

@@ -29,7 +29,7 @@
 
 #include <torch/types.h>
 
-#include "runtime/collective/group.h"
+#include "troupe/runtime/collective/group.h"
 
 namespace troupe::trainer {
 

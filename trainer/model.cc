@@ -1,11 +1,11 @@
-#include "trainer/model.h"
+#include "troupe/trainer/model.h"
 
 #include <filesystem>
 
 #include <torch/script.h>
 #include <torch/torch.h>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::trainer {
 namespace {

@@ -1,10 +1,10 @@
-#include "trainer/optimizer.h"
+#include "troupe/trainer/optimizer.h"
 
 #include <cmath>
 
 #include <torch/torch.h>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::trainer {
 

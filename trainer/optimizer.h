@@ -13,7 +13,7 @@
 
 #include <torch/types.h>
 
-#include "runtime/wire/codec.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace troupe::trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/shm_group.h"
+#include "troupe/trainer/shm_group.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -11,8 +11,8 @@
 #include <cstring>
 #include <random>
 
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::trainer {
 

@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/collective/group.h"
+#include "troupe/runtime/collective/group.h"
 
 namespace troupe::trainer {
 

@@ -1,12 +1,12 @@
-#include "trainer/tensor_collectives.h"
+#include "troupe/trainer/tensor_collectives.h"
 
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "runtime/collective/gloo_group.h"
-#include "runtime/collective/nccl_group.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/collective/gloo_group.h"
+#include "troupe/runtime/collective/nccl_group.h"
+#include "troupe/runtime/core/errors.h"
 #include "troupe/config.h"
 
 namespace troupe::trainer {

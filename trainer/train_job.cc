@@ -1,4 +1,4 @@
-#include "trainer/train_job.h"
+#include "troupe/trainer/train_job.h"
 
 #include <unistd.h>
 
@@ -13,9 +13,9 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
-#include "actors/tensor_codec.h"
-#include "runtime/collective/actor_group.h"
-#include "runtime/core/errors.h"
+#include "troupe/actors/tensor_codec.h"
+#include "troupe/runtime/collective/actor_group.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::trainer {
 

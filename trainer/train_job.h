@@ -35,10 +35,10 @@
 #include <string>
 #include <vector>
 
-#include "actors/data_loader_actor.h"
-#include "runtime/client/runtime.h"
-#include "trainer/checkpoint.h"
-#include "trainer/trainer_actor.h"
+#include "troupe/actors/data_loader_actor.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/trainer/checkpoint.h"
+#include "troupe/trainer/trainer_actor.h"
 
 namespace troupe::trainer {
 

@@ -1,4 +1,4 @@
-#include "trainer/trainer_actor.h"
+#include "troupe/trainer/trainer_actor.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -7,12 +7,12 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include "actors/tensor_codec.h"
-#include "runtime/collective/actor_group.h"
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
-#include "trainer/gradient_reducer.h"
-#include "trainer/shm_group.h"
+#include "troupe/actors/tensor_codec.h"
+#include "troupe/runtime/collective/actor_group.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/trainer/gradient_reducer.h"
+#include "troupe/trainer/shm_group.h"
 
 TROUPE_REGISTER_CTOR(troupe::trainer::TrainerActor)
 

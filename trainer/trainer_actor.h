@@ -16,14 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "actors/batch.h"
-#include "actors/dataset.h"
-#include "actors/distributed_sampler.h"
-#include "runtime/client/runtime.h"
-#include "runtime/client/stream.h"
-#include "trainer/checkpoint.h"
-#include "trainer/model.h"
-#include "trainer/optimizer.h"
+#include "troupe/actors/batch.h"
+#include "troupe/actors/dataset.h"
+#include "troupe/actors/distributed_sampler.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/stream.h"
+#include "troupe/trainer/checkpoint.h"
+#include "troupe/trainer/model.h"
+#include "troupe/trainer/optimizer.h"
 
 namespace troupe::collective {
 class Group;

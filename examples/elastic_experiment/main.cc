@@ -24,9 +24,9 @@
 
 #include <unistd.h>
 
-#include "runtime/client/runtime.h"
-#include "runtime/testing/local_cluster.h"
-#include "trainer/train_job.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/trainer/train_job.h"
 
 #ifndef ELASTIC_PLOT_SCRIPT
 #define ELASTIC_PLOT_SCRIPT "examples/elastic_experiment/plot.py"

@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "runtime/client/runtime.h"
+#include "troupe/runtime/client/runtime.h"
 
 class Counter {
  public:

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <string>
 
-#include "runtime/client/runtime.h"
-#include "trainer/train_job.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/trainer/train_job.h"
 
 int main(int argc, char** argv) {
   troupe::Runtime rt = troupe::init(argc, argv);

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <string>
 
-#include "actors/digits_dataset.h"
-#include "runtime/client/runtime.h"
-#include "trainer/train_job.h"
+#include "troupe/actors/digits_dataset.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/trainer/train_job.h"
 
 int main(int argc, char** argv) {
   troupe::Runtime rt = troupe::init(argc, argv);  // a worker process never returns from here

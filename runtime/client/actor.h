@@ -15,8 +15,8 @@
 #include <typeinfo>
 #include <vector>
 
-#include "runtime/core/check.h"
-#include "runtime/wire/codec.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace troupe {
 

@@ -1,6 +1,6 @@
-#include "runtime/client/core.h"
+#include "troupe/runtime/client/core.h"
 
-#include "runtime/core/logging.h"
+#include "troupe/runtime/core/logging.h"
 
 namespace troupe::client {
 

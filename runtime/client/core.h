@@ -17,9 +17,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "runtime/core/future.h"
-#include "runtime/wire/protocol.h"
-#include "runtime/wire/rpc.h"
+#include "troupe/runtime/core/future.h"
+#include "troupe/runtime/wire/protocol.h"
+#include "troupe/runtime/wire/rpc.h"
 
 namespace troupe::client {
 

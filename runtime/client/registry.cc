@@ -1,7 +1,7 @@
 #include <map>
 #include <mutex>
 
-#include "runtime/client/actor.h"
+#include "troupe/runtime/client/actor.h"
 
 namespace troupe::client {
 

@@ -6,12 +6,12 @@
 
 #include <thread>
 
-#include "runtime/client/runtime.h"
-#include "runtime/core/logging.h"
-#include "runtime/head/head.h"
-#include "runtime/head/scheduler.h"
-#include "runtime/node/node_agent.h"
-#include "runtime/worker/worker.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/head/head.h"
+#include "troupe/runtime/head/scheduler.h"
+#include "troupe/runtime/node/node_agent.h"
+#include "troupe/runtime/worker/worker.h"
 
 namespace troupe {
 

@@ -1,15 +1,15 @@
-#include "runtime/client/runtime.h"
+#include "troupe/runtime/client/runtime.h"
 
 #include <unistd.h>
 
 #include <climits>
 
-#include "runtime/core/logging.h"
-#include "runtime/core/process.h"
-#include "runtime/core/session.h"
-#include "runtime/head/head.h"
-#include "runtime/node/node_agent.h"
-#include "runtime/worker/worker_context.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/session.h"
+#include "troupe/runtime/head/head.h"
+#include "troupe/runtime/node/node_agent.h"
+#include "troupe/runtime/worker/worker_context.h"
 
 namespace troupe {
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/client/actor.h"
-#include "runtime/client/core.h"
-#include "runtime/core/kv_store.h"
+#include "troupe/runtime/client/actor.h"
+#include "troupe/runtime/client/core.h"
+#include "troupe/runtime/core/kv_store.h"
 
 namespace troupe {
 

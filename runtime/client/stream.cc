@@ -1,10 +1,10 @@
-#include "runtime/client/stream.h"
+#include "troupe/runtime/client/stream.h"
 
 #include <atomic>
 #include <map>
 
-#include "runtime/core/logging.h"
-#include "runtime/wire/connection.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/wire/connection.h"
 
 namespace troupe::client {
 

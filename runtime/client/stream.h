@@ -19,7 +19,7 @@
 #include <optional>
 #include <string>
 
-#include "runtime/client/runtime.h"
+#include "troupe/runtime/client/runtime.h"
 
 namespace troupe {
 

@@ -1,4 +1,4 @@
-#include "runtime/collective/actor_group.h"
+#include "troupe/runtime/collective/actor_group.h"
 
 #include <algorithm>
 #include <atomic>
@@ -6,12 +6,12 @@
 #include <mutex>
 #include <thread>
 
-#include "runtime/client/runtime.h"
-#include "runtime/collective/gloo_group.h"
-#include "runtime/collective/nccl_group.h"
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
-#include "runtime/core/logging.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/collective/gloo_group.h"
+#include "troupe/runtime/collective/nccl_group.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
 #include "troupe/config.h"
 
 namespace troupe::collective {

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/collective/group.h"
+#include "troupe/runtime/collective/group.h"
 
 namespace troupe {
 class Runtime;

@@ -1,6 +1,6 @@
-#include "runtime/collective/completion_work.h"
+#include "troupe/runtime/collective/completion_work.h"
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::collective {
 

@@ -10,7 +10,7 @@
 #include <mutex>
 #include <string>
 
-#include "runtime/collective/group.h"
+#include "troupe/runtime/collective/group.h"
 
 namespace troupe::collective {
 

@@ -1,4 +1,4 @@
-#include "runtime/collective/file_kv_store.h"
+#include "troupe/runtime/collective/file_kv_store.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,7 +12,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::collective {
 namespace {

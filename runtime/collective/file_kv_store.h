@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "runtime/core/kv_store.h"
+#include "troupe/runtime/core/kv_store.h"
 
 namespace troupe::collective {
 

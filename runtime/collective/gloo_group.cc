@@ -1,4 +1,4 @@
-#include "runtime/collective/gloo_group.h"
+#include "troupe/runtime/collective/gloo_group.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -29,11 +29,11 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
-#include "runtime/collective/completion_work.h"
-#include "runtime/collective/kv_gloo_store.h"
-#include "runtime/collective/reduce.h"
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/collective/completion_work.h"
+#include "troupe/runtime/collective/kv_gloo_store.h"
+#include "troupe/runtime/collective/reduce.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::collective {
 namespace {

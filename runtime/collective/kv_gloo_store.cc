@@ -1,8 +1,8 @@
-#include "runtime/collective/kv_gloo_store.h"
+#include "troupe/runtime/collective/kv_gloo_store.h"
 
 #include <algorithm>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::collective {
 

@@ -11,7 +11,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "runtime/core/kv_store.h"
+#include "troupe/runtime/core/kv_store.h"
 
 namespace troupe::collective {
 

@@ -1,4 +1,4 @@
-#include "runtime/collective/nccl_group.h"
+#include "troupe/runtime/collective/nccl_group.h"
 
 #if TROUPE_WITH_NCCL
 
@@ -9,9 +9,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "runtime/collective/kv_gloo_store.h"
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/collective/kv_gloo_store.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 // Every CUDA and NCCL call goes through these: they throw troupe::Error
 // naming file:line, the call and the library's error string.

@@ -17,8 +17,8 @@
 #include <memory>
 #include <string>
 
-#include "runtime/collective/group.h"
-#include "runtime/core/kv_store.h"
+#include "troupe/runtime/collective/group.h"
+#include "troupe/runtime/core/kv_store.h"
 
 namespace troupe::collective {
 

@@ -1,9 +1,9 @@
-#include "runtime/collective/reduce.h"
+#include "troupe/runtime/collective/reduce.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::collective {
 

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/collective/group.h"
+#include "troupe/runtime/collective/group.h"
 
 namespace troupe::collective::detail {
 

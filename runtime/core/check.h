@@ -5,7 +5,7 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::core {
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe {
 

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe {
 

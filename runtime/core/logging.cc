@@ -1,4 +1,4 @@
-#include "runtime/core/logging.h"
+#include "troupe/runtime/core/logging.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 

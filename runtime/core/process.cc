@@ -1,4 +1,4 @@
-#include "runtime/core/process.h"
+#include "troupe/runtime/core/process.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <thread>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include "runtime/core/session.h"
+#include "troupe/runtime/core/session.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::core {
 

@@ -1,4 +1,4 @@
-#include "runtime/head/head.h"
+#include "troupe/runtime/head/head.h"
 
 #include <nlohmann/json.hpp>
 
@@ -8,10 +8,10 @@
 #include <set>
 #include <unordered_map>
 
-#include "runtime/core/logging.h"
-#include "runtime/head/scheduler.h"
-#include "runtime/wire/connection.h"
-#include "runtime/wire/rpc.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/head/scheduler.h"
+#include "troupe/runtime/wire/connection.h"
+#include "troupe/runtime/wire/rpc.h"
 
 namespace troupe::head {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "runtime/wire/frame.h"
+#include "troupe/runtime/wire/frame.h"
 
 namespace troupe::head {
 

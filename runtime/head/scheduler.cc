@@ -1,10 +1,10 @@
-#include "runtime/head/scheduler.h"
+#include "troupe/runtime/head/scheduler.h"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::head {
 

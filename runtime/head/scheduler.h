@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/wire/protocol.h"
+#include "troupe/runtime/wire/protocol.h"
 
 namespace troupe::head {
 

@@ -1,4 +1,4 @@
-#include "runtime/node/node_agent.h"
+#include "troupe/runtime/node/node_agent.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -10,8 +10,8 @@
 #include <cstring>
 #include <map>
 
-#include "runtime/core/logging.h"
-#include "runtime/wire/rpc.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/wire/rpc.h"
 
 extern char** environ;
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "runtime/wire/protocol.h"
+#include "troupe/runtime/wire/protocol.h"
 
 namespace troupe::node {
 

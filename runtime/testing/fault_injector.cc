@@ -1,4 +1,4 @@
-#include "runtime/testing/fault_injector.h"
+#include "troupe/runtime/testing/fault_injector.h"
 
 #include <signal.h>
 
@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/core/logging.h"
-#include "runtime/testing/local_cluster.h"
-#include "runtime/worker/worker.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/runtime/worker/worker.h"
 
 namespace troupe::testing {
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/client/runtime.h"
+#include "troupe/runtime/client/runtime.h"
 
 namespace troupe::testing {
 

@@ -1,13 +1,13 @@
-#include "runtime/testing/local_cluster.h"
+#include "troupe/runtime/testing/local_cluster.h"
 
 #include <signal.h>
 
 #include <algorithm>
 
-#include "runtime/core/process.h"
+#include "troupe/runtime/core/process.h"
 
-#include "runtime/head/scheduler.h"
-#include "runtime/wire/auth.h"
+#include "troupe/runtime/head/scheduler.h"
+#include "troupe/runtime/wire/auth.h"
 
 namespace troupe::testing {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/client/runtime.h"
+#include "troupe/runtime/client/runtime.h"
 
 namespace troupe::testing {
 

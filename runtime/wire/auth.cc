@@ -1,11 +1,11 @@
-#include "runtime/wire/auth.h"
+#include "troupe/runtime/wire/auth.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::wire {
 

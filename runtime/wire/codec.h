@@ -22,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/core/buffer.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/buffer.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::wire {
 

@@ -1,4 +1,4 @@
-#include "runtime/wire/connection.h"
+#include "troupe/runtime/wire/connection.h"
 
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -7,8 +7,8 @@
 #include <climits>
 #include <cstring>
 
-#include "runtime/core/errors.h"
-#include "runtime/core/logging.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
 
 namespace troupe::wire {
 

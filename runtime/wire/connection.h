@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/wire/auth.h"
-#include "runtime/wire/frame.h"
+#include "troupe/runtime/wire/auth.h"
+#include "troupe/runtime/wire/frame.h"
 
 namespace troupe::wire {
 

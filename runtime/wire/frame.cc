@@ -1,10 +1,10 @@
-#include "runtime/wire/frame.h"
+#include "troupe/runtime/wire/frame.h"
 
 #include <kj/exception.h>
 
 #include <cstring>
 
-#include "runtime/core/errors.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::wire {
 

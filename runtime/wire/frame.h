@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/buffer.h"
-#include "runtime/wire/envelope.capnp.h"
+#include "troupe/runtime/core/buffer.h"
+#include "troupe/runtime/wire/envelope.capnp.h"
 
 namespace troupe::wire {
 

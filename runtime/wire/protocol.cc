@@ -1,4 +1,4 @@
-#include "runtime/wire/protocol.h"
+#include "troupe/runtime/wire/protocol.h"
 
 namespace troupe::wire {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/wire/codec.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace troupe::wire {
 

@@ -1,4 +1,4 @@
-#include "runtime/wire/rpc.h"
+#include "troupe/runtime/wire/rpc.h"
 
 #include <cxxabi.h>
 

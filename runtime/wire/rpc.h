@@ -8,9 +8,9 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "runtime/core/future.h"
-#include "runtime/wire/connection.h"
-#include "runtime/wire/protocol.h"
+#include "troupe/runtime/core/future.h"
+#include "troupe/runtime/wire/connection.h"
+#include "troupe/runtime/wire/protocol.h"
 
 namespace troupe::wire {
 

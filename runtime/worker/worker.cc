@@ -1,4 +1,4 @@
-#include "runtime/worker/worker.h"
+#include "troupe/runtime/worker/worker.h"
 
 #include <cxxabi.h>
 #include <unistd.h>
@@ -9,9 +9,9 @@
 #include <mutex>
 #include <thread>
 
-#include "runtime/client/runtime.h"
-#include "runtime/core/logging.h"
-#include "runtime/worker/worker_context.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/worker/worker_context.h"
 
 namespace troupe::worker {
 

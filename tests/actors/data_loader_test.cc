@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "actors/data_loader_actor.h"
-#include "runtime/testing/local_cluster.h"
+#include "troupe/actors/data_loader_actor.h"
+#include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;
 using troupe::ActorHandle;

@@ -10,12 +10,12 @@
 #include <set>
 #include <string>
 
-#include "actors/dataset.h"
-#include "actors/digits_dataset.h"
-#include "actors/image_dataset.h"
-#include "actors/npy.h"
-#include "actors/synthetic_dataset.h"
-#include "runtime/core/errors.h"
+#include "troupe/actors/dataset.h"
+#include "troupe/actors/digits_dataset.h"
+#include "troupe/actors/image_dataset.h"
+#include "troupe/actors/npy.h"
+#include "troupe/actors/synthetic_dataset.h"
+#include "troupe/runtime/core/errors.h"
 #include "tests/actors/python_helper.h"
 
 namespace troupe::actors {

@@ -11,11 +11,11 @@
 #include <stdexcept>
 #include <thread>
 
-#include "actors/batch_pipeline.h"
-#include "actors/distributed_sampler.h"
-#include "actors/image_dataset.h"
-#include "actors/synthetic_dataset.h"
-#include "runtime/core/errors.h"
+#include "troupe/actors/batch_pipeline.h"
+#include "troupe/actors/distributed_sampler.h"
+#include "troupe/actors/image_dataset.h"
+#include "troupe/actors/synthetic_dataset.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 namespace {

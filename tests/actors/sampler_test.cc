@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/distributed_sampler.h"
-#include "runtime/core/errors.h"
+#include "troupe/actors/distributed_sampler.h"
+#include "troupe/runtime/core/errors.h"
 #include "tests/actors/python_helper.h"
 
 namespace troupe::actors {

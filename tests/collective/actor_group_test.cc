@@ -16,11 +16,11 @@
 #include <tuple>
 #include <vector>
 
-#include "runtime/client/runtime.h"
-#include "runtime/collective/actor_group.h"
-#include "runtime/collective/kv_gloo_store.h"
-#include "runtime/core/errors.h"
-#include "runtime/testing/local_cluster.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/collective/actor_group.h"
+#include "troupe/runtime/collective/kv_gloo_store.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/testing/local_cluster.h"
 #include "tests/collective/test_values.h"
 
 using namespace std::chrono_literals;

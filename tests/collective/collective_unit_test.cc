@@ -9,12 +9,12 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/collective/file_kv_store.h"
-#include "runtime/collective/gloo_group.h"
-#include "runtime/collective/kv_gloo_store.h"
-#include "runtime/collective/reduce.h"
-#include "runtime/core/errors.h"
-#include "runtime/core/kv_store.h"
+#include "troupe/runtime/collective/file_kv_store.h"
+#include "troupe/runtime/collective/gloo_group.h"
+#include "troupe/runtime/collective/kv_gloo_store.h"
+#include "troupe/runtime/collective/reduce.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/kv_store.h"
 #include "tests/collective/process_harness.h"
 
 namespace troupe::collective {

@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/collective/file_kv_store.h"
-#include "runtime/collective/gloo_group.h"
-#include "runtime/core/check.h"
-#include "runtime/core/errors.h"
+#include "troupe/runtime/collective/file_kv_store.h"
+#include "troupe/runtime/collective/gloo_group.h"
+#include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 #include "tests/collective/process_harness.h"
 
 namespace troupe::collective {

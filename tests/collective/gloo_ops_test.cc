@@ -7,9 +7,9 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/collective/file_kv_store.h"
-#include "runtime/collective/gloo_group.h"
-#include "runtime/core/check.h"
+#include "troupe/runtime/collective/file_kv_store.h"
+#include "troupe/runtime/collective/gloo_group.h"
+#include "troupe/runtime/core/check.h"
 #include "tests/collective/process_harness.h"
 #include "tests/collective/test_values.h"
 

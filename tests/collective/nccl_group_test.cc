@@ -6,9 +6,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "runtime/collective/nccl_group.h"
-#include "runtime/core/errors.h"
-#include "runtime/core/kv_store.h"
+#include "troupe/runtime/collective/nccl_group.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/kv_store.h"
 
 namespace troupe::collective {
 namespace {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/collective/group.h"
-#include "runtime/collective/reduce.h"
-#include "runtime/core/check.h"
+#include "troupe/runtime/collective/group.h"
+#include "troupe/runtime/collective/reduce.h"
+#include "troupe/runtime/core/check.h"
 
 namespace troupe::collective::testing {
 

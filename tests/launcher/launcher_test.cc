@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "runtime/client/runtime.h"
-#include "runtime/core/session.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/session.h"
 #include "tests/runtime/test_util.h"
 
 using namespace std::chrono_literals;

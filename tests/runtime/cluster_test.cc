@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "runtime/client/runtime.h"
-#include "runtime/testing/fault_injector.h"
-#include "runtime/testing/local_cluster.h"
-#include "runtime/wire/frame.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/testing/fault_injector.h"
+#include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/runtime/wire/frame.h"
 #include "tests/runtime/test_util.h"
 
 using namespace std::chrono_literals;

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "runtime/wire/codec.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace {
 

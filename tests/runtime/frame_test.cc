@@ -2,9 +2,9 @@
 
 #include <cstring>
 
-#include "runtime/core/errors.h"
-#include "runtime/wire/auth.h"
-#include "runtime/wire/frame.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/wire/auth.h"
+#include "troupe/runtime/wire/frame.h"
 
 namespace {
 

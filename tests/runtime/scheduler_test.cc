@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "runtime/head/scheduler.h"
+#include "troupe/runtime/head/scheduler.h"
 
 namespace {
 

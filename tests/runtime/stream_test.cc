@@ -4,8 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "runtime/client/stream.h"
-#include "runtime/testing/local_cluster.h"
+#include "troupe/runtime/client/stream.h"
+#include "troupe/runtime/testing/local_cluster.h"
 #include "tests/runtime/test_util.h"
 
 using namespace std::chrono_literals;

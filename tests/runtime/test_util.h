@@ -9,8 +9,8 @@
 #include <functional>
 #include <thread>
 
-#include "runtime/wire/auth.h"
-#include "runtime/wire/connection.h"
+#include "troupe/runtime/wire/auth.h"
+#include "troupe/runtime/wire/connection.h"
 
 namespace troupe::test {
 

@@ -19,9 +19,9 @@
 
 #include <torch/torch.h>
 
-#include "runtime/testing/fault_injector.h"
-#include "runtime/testing/local_cluster.h"
-#include "trainer/train_job.h"
+#include "troupe/runtime/testing/fault_injector.h"
+#include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/trainer/train_job.h"
 
 using namespace std::chrono_literals;
 using namespace troupe;

@@ -10,10 +10,10 @@
 
 #include <torch/torch.h>
 
-#include "runtime/collective/gloo_group.h"
-#include "runtime/core/errors.h"
-#include "runtime/core/kv_store.h"
-#include "trainer/tensor_collectives.h"
+#include "troupe/runtime/collective/gloo_group.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/kv_store.h"
+#include "troupe/trainer/tensor_collectives.h"
 
 namespace troupe::trainer {
 namespace {

@@ -14,9 +14,9 @@
 
 #include <torch/torch.h>
 
-#include "runtime/testing/local_cluster.h"
-#include "trainer/checkpoint.h"
-#include "trainer/train_job.h"
+#include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/trainer/checkpoint.h"
+#include "troupe/trainer/train_job.h"
 
 using namespace std::chrono_literals;
 using namespace troupe;

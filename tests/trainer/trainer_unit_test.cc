@@ -10,12 +10,12 @@
 
 #include <torch/torch.h>
 
-#include "runtime/collective/gloo_group.h"
-#include "runtime/core/kv_store.h"
-#include "trainer/gradient_reducer.h"
-#include "trainer/model.h"
-#include "trainer/optimizer.h"
-#include "trainer/shm_group.h"
+#include "troupe/runtime/collective/gloo_group.h"
+#include "troupe/runtime/core/kv_store.h"
+#include "troupe/trainer/gradient_reducer.h"
+#include "troupe/trainer/model.h"
+#include "troupe/trainer/optimizer.h"
+#include "troupe/trainer/shm_group.h"
 
 using namespace troupe;
 using namespace troupe::trainer;
