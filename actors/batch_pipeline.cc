@@ -4,6 +4,8 @@
 #include <tbb/task_arena.h>
 #include <tbb/task_group.h>
 
+#include <atomic>
+#include <memory>
 #include <mutex>
 #include <utility>
 
@@ -55,6 +57,73 @@ void BatchPipeline::stop() {
   if (tbb_->context) tbb_->context->cancel_group_execution();
 }
 
+namespace {
+
+// The tokens of one run(). At most `count` are in flight, so the free list
+// is never empty when the source asks; `in_use` counts those handed to TBB
+// and not yet returned by the last stage. `live` and `max_live` are the
+// pipeline's counters, which stop() and stats read from other threads.
+template <class Token>
+class TokenPool {
+ public:
+  TokenPool(int64_t count, std::atomic<int64_t>& live, std::atomic<int64_t>& max_live)
+      : count_(count), live_(live), max_live_(max_live) {
+    for (int64_t k = 0; k < count; ++k) {
+      storage_.push_back(std::make_unique<Token>());
+      free_.push_back(storage_.back().get());
+    }
+  }
+  Token* acquire() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TROUPE_CHECK(!free_.empty()) << "more than " << count_ << " batches in flight";
+    Token* t = free_.back();
+    free_.pop_back();
+    ++in_use_;
+    int64_t now = ++live_;
+    int64_t seen = max_live_.load();
+    while (now > seen && !max_live_.compare_exchange_weak(seen, now)) {
+    }
+    return t;
+  }
+  void release(Token* t) {
+    t->clear();  // frees the samples and the batch before the token is reused
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(t);
+    --in_use_;
+    --live_;
+  }
+  // Tokens TBB abandoned (cancelled or failed run) are no longer live;
+  // storage_ frees them.
+  void forget_in_flight() { live_ -= in_use_; }
+
+ private:
+  int64_t count_;
+  std::atomic<int64_t>& live_;
+  std::atomic<int64_t>& max_live_;
+  std::vector<std::unique_ptr<Token>> storage_;
+  std::vector<Token*> free_;
+  std::mutex mutex_;
+  int64_t in_use_ = 0;
+};
+
+}  // namespace
+
+// Makes the run's TBB context visible to stop() for as long as run() lasts.
+class BatchPipeline::ContextRegistration {
+ public:
+  ContextRegistration(Tbb& tbb, tbb::task_group_context& context) : tbb_(tbb) {
+    std::lock_guard<std::mutex> lock(tbb_.mutex);
+    tbb_.context = &context;
+  }
+  ~ContextRegistration() {
+    std::lock_guard<std::mutex> lock(tbb_.mutex);
+    tbb_.context = nullptr;
+  }
+
+ private:
+  Tbb& tbb_;
+};
+
 PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t epoch, const BatchSink& sink) {
   TROUPE_CHECK(sink) << "BatchPipeline::run needs a sink";
   PipelineStats stats;
@@ -65,62 +134,21 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
   int64_t next = 0;
 
   tbb::task_group_context context;
-  {
-    std::lock_guard<std::mutex> lock(tbb_->mutex);
-    tbb_->context = &context;
-  }
-  struct Unregister {
-    Tbb* tbb;
-    ~Unregister() {
-      std::lock_guard<std::mutex> lock(tbb->mutex);
-      tbb->context = nullptr;
-    }
-  } unregister{tbb_.get()};
+  ContextRegistration registration(*tbb_, context);
   // A stop() that came before the context was registered is seen here or by
   // the source's check of stop_.
   if (stop_) context.cancel_group_execution();
-
-  // Token storage. At most tokens_ are in flight, so a free list of that
-  // many is never empty when the source asks; `in_use` counts those handed
-  // to TBB and not yet returned by the last stage.
-  std::vector<std::unique_ptr<Token>> storage;
-  std::vector<Token*> free_list;
-  std::mutex free_mutex;
-  int64_t in_use = 0;
-  for (int64_t k = 0; k < tokens_; ++k) {
-    storage.push_back(std::make_unique<Token>());
-    free_list.push_back(storage.back().get());
-  }
-  auto acquire = [&]() -> Token* {
-    std::lock_guard<std::mutex> lock(free_mutex);
-    TROUPE_CHECK(!free_list.empty()) << "more than " << tokens_ << " batches in flight";
-    Token* t = free_list.back();
-    free_list.pop_back();
-    ++in_use;
-    int64_t now = ++live_;
-    int64_t seen = max_live_.load();
-    while (now > seen && !max_live_.compare_exchange_weak(seen, now)) {
-    }
-    return t;
-  };
-  auto release = [&](Token* t) {
-    t->clear();  // frees the samples and the batch before the token is reused
-    std::lock_guard<std::mutex> lock(free_mutex);
-    free_list.push_back(t);
-    --in_use;
-    --live_;
-  };
+  TokenPool<Token> pool(tokens_, live_, max_live_);
 
   auto source = [&](tbb::flow_control& fc) -> Token* {
     if (next >= num_batches || stop_) {
       fc.stop();
       return nullptr;
     }
-    Token* t = acquire();
+    Token* t = pool.acquire();
     t->sequence = next;
     int64_t begin = next * b;
-    int64_t end = std::min(begin + b, n);
-    t->indices.assign(indices.begin() + begin, indices.begin() + end);
+    t->indices.assign(indices.begin() + begin, indices.begin() + std::min(begin + b, n));
     ++next;
     return t;
   };
@@ -145,13 +173,13 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
       try {
         sink(std::move(t->batch));
       } catch (...) {
-        release(t);
+        pool.release(t);
         throw;
       }
       ++stats.batches;
       stats.samples += rows;
     }
-    release(t);
+    pool.release(t);
   };
 
   try {
@@ -164,10 +192,10 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
                              context);
     });
   } catch (...) {
-    live_ -= in_use;  // tokens TBB abandoned; `storage` frees them
+    pool.forget_in_flight();
     throw;
   }
-  live_ -= in_use;
+  pool.forget_in_flight();
   stats.max_live_batches = max_live_.load();
   stats.stopped = stop_.load();
   return stats;

@@ -81,6 +81,7 @@ class BatchPipeline {
   // The TBB objects (arena, the running pipeline's context), kept out of
   // this header.
   struct Tbb;
+  class ContextRegistration;
 
   const Dataset& dataset_;
   PipelineOptions options_;
