@@ -35,15 +35,6 @@ std::pair<int64_t, int64_t> resident_memory() {
   return {rss, hwm};
 }
 
-int32_t parse_rank(const std::string& payload) {
-  if (payload.empty()) return -1;
-  try {
-    return static_cast<int32_t>(std::stol(payload));
-  } catch (const std::exception&) {
-    throw ConfigError("data loader stop: bad rank '" + payload + "'");
-  }
-}
-
 void raise_max(std::atomic<int64_t>& m, int64_t v) {
   int64_t seen = m.load();
   while (v > seen && !m.compare_exchange_weak(seen, v)) {
@@ -135,14 +126,13 @@ DataLoaderActor::DataLoaderActor(LoaderConfig config) : state_(std::make_shared<
   if (c.intra_op_threads > 0) at::set_num_threads(c.intra_op_threads);
   if (this_actor::in_worker()) {
     std::weak_ptr<State> weak = state_;
-    this_actor::on_control(kStopTopic, [weak](const std::string& payload) {
+    this_actor::on_control<StopFeeds>([weak](const StopFeeds& m) {
       auto st = weak.lock();
-      return std::to_string(st ? st->stop(parse_rank(payload)) : 0);
+      return st ? st->stop(m.rank) : 0;
     });
-    this_actor::on_control(kStatsTopic, [weak](const std::string&) {
+    this_actor::on_control<GetLoaderStats>([weak](const GetLoaderStats&) {
       auto st = weak.lock();
-      LoaderStats s = st ? st->stats() : LoaderStats{};
-      return std::move(wire::encode_value(s).bytes());
+      return st ? st->stats() : LoaderStats{};
     });
   }
 }
@@ -243,13 +233,11 @@ LoaderStats DataLoaderActor::stats() const { return state_->stats(); }
 int64_t DataLoaderActor::dataset_size() { return state_->open_dataset()->size(); }
 
 int32_t stop_feeds(const ActorHandle<DataLoaderActor>& loader, int32_t rank, std::chrono::milliseconds timeout) {
-  auto reply = loader.control(DataLoaderActor::kStopTopic, std::to_string(rank)).get(timeout);
-  return static_cast<int32_t>(std::stol(reply.body));
+  return loader.control(StopFeeds{.rank = rank}).get(timeout);
 }
 
 LoaderStats loader_stats(const ActorHandle<DataLoaderActor>& loader, std::chrono::milliseconds timeout) {
-  auto reply = loader.control(DataLoaderActor::kStatsTopic).get(timeout);
-  return wire::decode_value<LoaderStats>(reply.body);
+  return loader.control(GetLoaderStats{}).get(timeout);
 }
 
 }  // namespace troupe::actors

@@ -87,13 +87,25 @@ struct LoaderStats {
                 max_in_flight, rss_bytes, peak_rss_bytes);
 };
 
+// Control message: cancel the running feeds of `rank` (-1 = all); the
+// reply is how many were cancelled.
+struct StopFeeds {
+  static constexpr const char* kControlTag = "data_loader.stop";
+  using Reply = int32_t;
+  int32_t rank = -1;
+  TROUPE_FIELDS(rank)
+};
+
+// Control message: the loader's stats (served while feed() runs).
+struct GetLoaderStats {
+  static constexpr const char* kControlTag = "data_loader.stats";
+  using Reply = LoaderStats;
+  TROUPE_FIELDS()
+};
+
 // A resource (one per worker process); see the file comment.
 class DataLoaderActor {
  public:
-  // Control topics (payload: a rank as decimal text, "" or "-1" = all).
-  static constexpr const char* kStopTopic = "data_loader.stop";
-  static constexpr const char* kStatsTopic = "data_loader.stats";
-
   // Checks the config (ConfigError); the data set opens on the first call
   // that needs it, so a bad spec or file fails that call and its stream.
   explicit DataLoaderActor(LoaderConfig config);

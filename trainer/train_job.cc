@@ -781,16 +781,15 @@ void Run::recover(const std::string& why) {
   int acked = collective::abort_group(rt_, ids, group_name_, why, generation_,
                                       std::min(left(), std::chrono::milliseconds(2000)));
   {
-    std::vector<Future<wire::Message>> controls;
+    std::vector<std::shared_ptr<core::FutureStateBase>> controls;
     for (auto& s : slots_) {
       try {
-        controls.push_back(
-            s.trainer.control(TrainerActor::kInterruptTopic, TrainerActor::interrupt_payload(generation_, why)));
-        if (s.loader.valid()) controls.push_back(s.loader.control(actors::DataLoaderActor::kStopTopic, "-1"));
+        controls.push_back(s.trainer.control(InterruptBatches{.generation = generation_, .reason = why}).state());
+        if (s.loader.valid()) controls.push_back(s.loader.control(actors::StopFeeds{.rank = -1}).state());
       } catch (...) {
       }
     }
-    for (auto& f : controls) f.wait_for(std::min(left(), std::chrono::milliseconds(1000)));
+    for (auto& f : controls) f->wait_for(std::min(left(), std::chrono::milliseconds(1000)));
   }
   event("aborted", "generation " + std::to_string(generation_) + " aborted in " + std::to_string(acked) + " of " +
                        std::to_string(ids.size()) + " trainers");
@@ -804,10 +803,10 @@ void Run::recover(const std::string& why) {
   std::vector<std::optional<Progress>> progress(slots_.size());
   {
     std::vector<Future<Progress>> ps;
-    std::vector<std::optional<Future<wire::Message>>> ls(slots_.size());
+    std::vector<std::optional<Future<actors::LoaderStats>>> ls(slots_.size());
     for (size_t i = 0; i < slots_.size(); ++i) {
       ps.push_back(slots_[i].trainer.call(&TrainerActor::progress));
-      if (slots_[i].loader.valid()) ls[i] = slots_[i].loader.control(actors::DataLoaderActor::kStatsTopic);
+      if (slots_[i].loader.valid()) ls[i] = slots_[i].loader.control(actors::GetLoaderStats{});
     }
     for (size_t i = 0; i < slots_.size(); ++i) {
       auto& s = slots_[i];
@@ -1053,13 +1052,10 @@ Result Run::fit() {
       std::rethrow_exception(c.error);
     } catch (const JobFailed&) {
       throw;
-    } catch (const ConfigError&) {
-      throw;
-    } catch (const RemoteError& e) {
+    } catch (const ConfigError& e) {
       // A trainer refusing its config will refuse it again: not a failure
       // a replacement can fix.
-      if (e.type_name() == "troupe::ConfigError") give_up(e.what());
-      failure = e.what();
+      give_up(e.what());
     } catch (const std::exception& e) {
       failure = e.what();
     }

@@ -94,22 +94,14 @@ bool all_on_one_host(collective::Group& g) {
 
 TrainerActor::TrainerActor() {
   if (!this_actor::in_worker()) return;
-  this_actor::on_control(kInterruptTopic, [slot = stream_](const std::string& payload) {
-    const auto space = payload.find(' ');
-    int64_t generation = 0;
-    try {
-      generation = std::stoll(payload.substr(0, space));
-    } catch (const std::exception&) {
-      throw ConfigError("trainer.interrupt: payload must be '<generation> <reason>', got '" + payload + "'");
-    }
-    const std::string why = space == std::string::npos ? "interrupted by the driver" : payload.substr(space + 1);
+  this_actor::on_control<InterruptBatches>([slot = stream_](const InterruptBatches& m) {
     std::shared_ptr<StreamReader<actors::Batch>> r;
     {
       std::lock_guard lock(slot->mu);
-      if (slot->generation <= generation) r = slot->reader;
+      if (slot->generation <= m.generation) r = slot->reader;
     }
-    if (r) r->cancel(why);
-    return std::string(r ? "cancelled" : "idle");
+    if (r) r->cancel(m.reason);
+    return r != nullptr;
   });
 }
 // The reducer holds hooks on the model's parameters and memory the group

@@ -167,18 +167,21 @@ struct BenchReport {
   TROUPE_FIELDS(steps, samples, seconds, final_loss);
 };
 
+// Control message to a trainer: fails the batch stream a train() call may
+// be waiting on (its loader died before it connected), so the call ends at
+// once. Only a stream opened while the group was at `generation` or an
+// older one is failed, so an interrupt that arrives late never hits the
+// next round's stream. The reply says whether a stream was failed.
+struct InterruptBatches {
+  static constexpr const char* kControlTag = "trainer.interrupt";
+  using Reply = bool;
+  int64_t generation = 0;
+  std::string reason = "interrupted by the driver";
+  TROUPE_FIELDS(generation, reason)
+};
+
 class TrainerActor {
  public:
-  // Control topic: fails the batch stream a train() call may be waiting on
-  // (its loader died before it connected), so the call ends at once.
-  // Payload: "<generation> <reason>"; only a stream opened while the group
-  // was at that generation or an older one is failed, so an interrupt that
-  // arrives late never hits the next round's stream.
-  static constexpr const char* kInterruptTopic = "trainer.interrupt";
-  static std::string interrupt_payload(int64_t generation, const std::string& reason) {
-    return std::to_string(generation) + " " + reason;
-  }
-
   TrainerActor();
   ~TrainerActor();
 
@@ -239,7 +242,7 @@ class TrainerActor {
   std::shared_ptr<collective::Group> group_;
   ShmGroup* shm_ = nullptr;  // group_ itself when it is one
   std::unique_ptr<GradientReducer> reducer_;
-  // The current batch stream, shared with the kInterruptTopic handler
+  // The current batch stream, shared with the InterruptBatches handler
   // (which runs on the worker's I/O thread). Replaced only by the call
   // thread, under mu; the handler reads it under mu.
   struct ReaderSlot {

@@ -58,7 +58,7 @@ void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fai
   connect_locked();
 }
 
-Future<Message> ActorClient::control(const std::string& topic, const std::string& payload) {
+Future<Message> ActorClient::control(const std::string& tag, std::string body) {
   auto st = std::make_shared<core::FutureState<Message>>();
   std::string address;
   {
@@ -74,7 +74,7 @@ Future<Message> ActorClient::control(const std::string& topic, const std::string
   m.kind = Kind::REQUEST;
   m.op = static_cast<uint32_t>(Op::kControl);
   m.id = 1;
-  m.body = std::move(encode_value(ControlMessage{topic, payload}).bytes());
+  m.body = std::move(encode_value(ControlRequest{tag, std::move(body)}).bytes());
   // Control messages use a short-lived connection to the worker's control
   // listener, which its I/O thread serves even while a call runs.
   asio::post(core_.io(), [this, st, m = std::move(m), address] {
@@ -269,17 +269,15 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
     c->io_.run();
   });
   try {
-    std::weak_ptr<Core> weak = core;
+    // The callbacks run on the I/O thread, which shutdown() joins before
+    // the core goes: a plain pointer is safe, and the core is never
+    // destroyed from its own I/O thread.
+    Core* c = core.get();
     core->head_ = RpcChannel::connect(
-        core->io_, o.address, o.token, o.timeout,
-        [weak](Message&& m) {
-          if (auto c = weak.lock()) c->on_event(std::move(m));
-        },
-        [weak](const std::string& reason) {
-          if (auto c = weak.lock()) {
-            c->head_lost_ = true;
-            if (c->on_head_lost_) c->on_head_lost_(reason);
-          }
+        core->io_, o.address, o.token, o.timeout, [c](Message&& m) { c->on_event(std::move(m)); },
+        [c](const std::string& reason) {
+          c->head_lost_ = true;
+          if (c->on_head_lost_) c->on_head_lost_(reason);
         });
     core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, o.hello, o.timeout);
   } catch (...) {
@@ -297,14 +295,22 @@ void Core::shutdown() {
     if (shut_) return;
     shut_ = true;
   }
+  if (io_thread_.joinable() && io_thread_.get_id() == std::this_thread::get_id()) {
+    // Its own thread cannot be joined, and the io_context it runs would be
+    // destroyed under it: a bug in whatever kept the core alive there.
+    TROUPE_LOG_ERROR("client core shut down from its own I/O thread");
+    std::terminate();
+  }
   if (head_) head_->close("client shutting down");
   io_.stop();
-  if (io_thread_.joinable()) {
-    if (io_thread_.get_id() == std::this_thread::get_id())
-      io_thread_.detach();
-    else
-      io_thread_.join();
+  if (io_thread_.joinable()) io_thread_.join();
+  std::vector<Service> services;
+  {
+    std::lock_guard lock(services_mu_);
+    services_closed_ = true;
+    services.swap(services_);
   }
+  while (!services.empty()) services.pop_back();
 }
 
 std::shared_ptr<ActorClient> Core::actor(const ActorInfo& info) {

@@ -4,6 +4,11 @@
 // calls in order, matches replies, fails calls in flight with ActorDied when
 // the worker goes away (or queues them again when max_task_retries allows),
 // and follows the actor across restarts through the head's updates.
+//
+// The core is the one owner of the process's runtime state: its I/O thread,
+// its control handlers, and the services that layers above attach to it
+// (the stream listener, the collective group table). Shutting it down joins
+// every thread it owns; nothing of it lives in a process-wide static.
 #pragma once
 
 #include <asio.hpp>
@@ -15,8 +20,11 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <typeindex>
 #include <unordered_map>
+#include <vector>
 
+#include "troupe/runtime/client/control.h"
 #include "troupe/runtime/core/future.h"
 #include "troupe/runtime/wire/protocol.h"
 #include "troupe/runtime/wire/rpc.h"
@@ -36,8 +44,14 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   // or error status), `fail` an ActorDied. Thread-safe; calls from one
   // thread go out in order.
   void submit(uint32_t method, wire::Encoder&& args, Complete complete, Fail fail);
-  // Sends a control message handled by the worker's I/O thread.
-  Future<wire::Message> control(const std::string& topic, const std::string& payload);
+  // Sends a typed control message, handled by the worker's I/O thread.
+  template <ControlMessage M>
+  Future<typename M::Reply> control(const M& message) {
+    return typed_control_reply<M>(control(M::kControlTag, std::move(wire::encode_value(message).bytes())));
+  }
+  // The same, already encoded: `body` is the Codec encoding of the message
+  // registered under `tag`.
+  Future<wire::Message> control(const std::string& tag, std::string body);
 
   void on_update(const wire::ActorInfo& info);
   // Runs `cb` (on the I/O thread) on every state change the head reports.
@@ -105,9 +119,26 @@ class Core : public std::enable_shared_from_this<Core> {
   // Called when the head connection drops (cluster gone).
   void set_on_head_lost(std::function<void(const std::string&)> cb) { on_head_lost_ = std::move(cb); }
   bool head_lost() const { return head_lost_.load(); }
+  // This process's control handlers (served by a worker's control listener).
+  ControlTable& controls() { return controls_; }
+
+  // The service of type S attached to this core, created on first use as
+  // S(Core&). Services live until shutdown(), which destroys them in
+  // reverse order of creation after the I/O thread has stopped (so their
+  // I/O callbacks may use them without holding a reference). Throws Error
+  // after shutdown. Not to be called from the I/O thread.
+  template <class S>
+  std::shared_ptr<S> service();
+
+  // Stops the I/O thread and joins it, then destroys the services. Not to be
+  // called from the I/O thread.
   void shutdown();
 
  private:
+  struct Service {
+    std::type_index type;
+    std::shared_ptr<void> instance;
+  };
   Core() = default;
   void on_event(wire::Message&& m);
 
@@ -121,6 +152,21 @@ class Core : public std::enable_shared_from_this<Core> {
   std::function<void(const std::string&)> on_head_lost_;
   std::atomic<bool> head_lost_{false};
   bool shut_ = false;
+  ControlTable controls_;
+  std::mutex services_mu_;  // held while a service is created
+  std::vector<Service> services_;
+  bool services_closed_ = false;
 };
+
+template <class S>
+std::shared_ptr<S> Core::service() {
+  std::lock_guard lock(services_mu_);
+  if (services_closed_) throw Error("the client core is shut down");
+  for (auto& s : services_)
+    if (s.type == std::type_index(typeid(S))) return std::static_pointer_cast<S>(s.instance);
+  auto created = std::make_shared<S>(*this);
+  services_.push_back(Service{std::type_index(typeid(S)), created});
+  return created;
+}
 
 }  // namespace troupe::client

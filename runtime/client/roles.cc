@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <functional>
 #include <thread>
 
 #include "troupe/runtime/client/runtime.h"
@@ -32,20 +34,37 @@ void signal_ready(const std::string& text) {
   ::close(fd);
 }
 
-// Blocks SIGTERM/SIGINT in every thread and waits for them on one thread,
-// which then calls `stop`.
-std::thread stop_on_signal(std::function<void()> stop) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return std::thread([set, stop] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    stop();
-  });
-}
+// Blocks SIGTERM/SIGINT in every thread started after it and waits for
+// them on a thread of its own, which then calls `stop`. Joined when it
+// goes: a waiter that saw no signal is woken by one sent to it alone, and
+// then does nothing.
+class SignalWaiter {
+ public:
+  explicit SignalWaiter(std::function<void()> stop) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    thread_ = std::thread([this, set, stop = std::move(stop)] {
+      int sig = 0;
+      sigwait(&set, &sig);
+      if (!leaving_.load()) stop();
+    });
+  }
+  SignalWaiter(const SignalWaiter&) = delete;
+  SignalWaiter& operator=(const SignalWaiter&) = delete;
+  ~SignalWaiter() {
+    leaving_.store(true);
+    // Stays pending (and is dropped) if the thread is past its sigwait.
+    pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> leaving_{false};
+  std::thread thread_;
+};
 
 [[noreturn]] void run_head() {
   core::init_logging("head");
@@ -61,8 +80,7 @@ std::thread stop_on_signal(std::function<void()> stop) {
   }
   try {
     head::Head h(o);
-    auto waiter = stop_on_signal([&h] { h.stop(); });
-    waiter.detach();
+    SignalWaiter waiter([&h] { h.stop(); });
     TROUPE_LOG_INFO("head listening on {}", h.address());
     signal_ready(h.address());
     h.run();
@@ -85,14 +103,13 @@ std::thread stop_on_signal(std::function<void()> stop) {
     std::function<void()> stop;
     std::mutex mu;
     node::NodeAgent* agent_ptr = nullptr;
-    auto waiter = stop_on_signal([&] {
+    SignalWaiter waiter([&] {
       std::lock_guard lock(mu);
       if (agent_ptr)
         agent_ptr->stop();
       else
         std::_Exit(0);
     });
-    waiter.detach();
     node::NodeAgent agent(o);
     {
       std::lock_guard lock(mu);

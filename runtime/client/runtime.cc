@@ -198,9 +198,6 @@ Runtime& runtime() {
   if (!ctx.runtime) throw Error("this_actor::runtime() called outside an actor");
   return *ctx.runtime;
 }
-void on_control(const std::string& topic, std::function<std::string(const std::string&)> handler) {
-  worker::WorkerContext::get().set_control_handler(topic, std::move(handler));
-}
 }  // namespace this_actor
 
 namespace worker {

@@ -1,6 +1,9 @@
 // The user-facing API of troupe: connect to (or embed) a cluster, spawn
-// actors, call their methods, look them up by name, kill them, reserve
-// placement groups, and use the cluster's KV store.
+// actors, call their methods, send them typed control messages, look them
+// up by name, kill them, reserve placement groups, and use the cluster's KV
+// store. Errors thrown by an actor reach Future::get typed (ActorDied,
+// Timeout, ConfigError, Aborted, classes registered with TROUPE_ERROR;
+// others as RemoteError).
 //
 //   troupe::Runtime rt = troupe::init(argc, argv);
 //   auto c = rt.spawn<Counter>({.resources = {{"CPU", 1}}, .max_restarts = 3}, 10);
@@ -14,8 +17,11 @@
 #include <vector>
 
 #include "troupe/runtime/client/actor.h"
+#include "troupe/runtime/client/control.h"
 #include "troupe/runtime/client/core.h"
+#include "troupe/runtime/core/error_registry.h"
 #include "troupe/runtime/core/kv_store.h"
+#include "troupe/runtime/wire/error_kind.h"
 
 namespace troupe {
 
@@ -82,9 +88,11 @@ class ActorHandle {
   bool wait_ready(std::chrono::milliseconds timeout = std::chrono::seconds(60)) const {
     return client_->wait_ready(timeout);
   }
-  // Sends a control message to the worker, bypassing the mailbox.
-  Future<wire::Message> control(const std::string& topic, const std::string& payload = {}) const {
-    return client_->control(topic, payload);
+  // Sends a typed control message (client/control.h) to the worker, which
+  // serves it beside the running call (it bypasses the mailbox).
+  template <ControlMessage M>
+  Future<typename M::Reply> control(const M& message) const {
+    return client_->control(message);
   }
   bool valid() const { return client_ != nullptr; }
 
@@ -186,9 +194,13 @@ uint64_t id();
 std::vector<int> gpu_ids();
 Runtime& runtime();
 bool in_worker();
-// Registers a handler for control messages with `topic` (runs on the
-// worker's I/O thread, concurrently with the actor's current call).
-void on_control(const std::string& topic, std::function<std::string(const std::string&)> handler);
+// Registers the handler of control message type M, a callable
+// `const M& -> M::Reply` (runs on the worker's I/O thread, concurrently with
+// the actor's current call; keep it short).
+template <ControlMessage M, class F>
+void on_control(F handler) {
+  runtime().core()->controls().set(M::kControlTag, client::typed_control_handler<M>(std::move(handler)));
+}
 }  // namespace this_actor
 
 // ---- templates ------------------------------------------------------------
@@ -198,10 +210,7 @@ namespace client {
 template <class R>
 void complete_call(core::FutureState<R>& st, wire::Message& m, const char* method) {
   if (m.status != wire::Status::OK) {
-    if (m.status == wire::Status::ACTOR_DIED)
-      st.set_error(std::make_exception_ptr(ActorDied(m.error_message)));
-    else
-      st.set_error(std::make_exception_ptr(RemoteError(m.error_type, m.error_message)));
+    st.set_error(wire::error_from_message(m));
     return;
   }
   try {

@@ -1,7 +1,6 @@
 #include "troupe/runtime/client/stream.h"
 
-#include <atomic>
-#include <map>
+#include "troupe/runtime/client/stream_server.h"
 
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/wire/connection.h"
@@ -10,168 +9,18 @@ namespace troupe::client {
 
 using namespace troupe::wire;
 
-namespace {
-
-enum class StreamOp : uint32_t { kOpen = 100, kData = 101, kCredit = 102, kEnd = 103, kError = 104 };
-
-Message stream_event(StreamOp op, uint64_t id, std::string body = {}) {
-  Message m;
-  m.kind = Kind::EVENT;
-  m.op = static_cast<uint32_t>(op);
-  m.id = id;
-  m.body = std::move(body);
-  return m;
-}
-
-}  // namespace
-
-struct StreamReaderCore::State {
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Message> items;
-  size_t credits = 0;
-  size_t consumed_since_grant = 0;
-  bool ended = false;
-  std::string error;
-  std::shared_ptr<Connection> conn;
-};
-
-// One listener per process serves every reader in it; a writer's first frame
-// names the stream it feeds.
-class StreamServer {
- public:
-  static StreamServer& get(const std::shared_ptr<Core>& core) {
-    static std::mutex mu;
-    static std::map<Core*, std::unique_ptr<StreamServer>> servers;
-    std::lock_guard lock(mu);
-    auto& s = servers[core.get()];
-    if (!s) s.reset(new StreamServer(core));
-    return *s;
-  }
-
-  std::string address() const { return address_; }
-
-  uint64_t add(std::shared_ptr<StreamReaderCore::State> st) {
-    std::lock_guard lock(mu_);
-    uint64_t id = next_id_++;
-    readers_[id] = st;
-    return id;
-  }
-  void remove(uint64_t id) {
-    std::shared_ptr<StreamReaderCore::State> st;
-    {
-      std::lock_guard lock(mu_);
-      auto it = readers_.find(id);
-      if (it == readers_.end()) return;
-      st = it->second;
-      readers_.erase(it);
-    }
-    std::lock_guard lock(st->mu);
-    if (st->conn) st->conn->close("stream reader closed");
-  }
-
- private:
-  explicit StreamServer(const std::shared_ptr<Core>& core) : core_(core) {
-    std::string host = "127.0.0.1";
-    if (const char* h = std::getenv("TROUPE_BIND_HOST"); h && *h) host = h;
-    // The listener is created on the I/O thread that will serve it.
-    auto done = std::make_shared<core::FutureState<std::string>>();
-    asio::post(core->io(), [this, host, done] {
-      try {
-        listener_ =
-            std::make_unique<Listener>(core_->io(), host, 0, [this](asio::ip::tcp::socket s) { accept(std::move(s)); });
-        done->set_value(host + ":" + std::to_string(listener_->port()));
-      } catch (...) {
-        done->set_error(std::current_exception());
-      }
-    });
-    address_ = Future<std::string>(done).get(std::chrono::seconds(10));
-  }
-
-  void accept(asio::ip::tcp::socket s) {
-    auto c = std::make_shared<Connection>(std::move(s), core_->token(), true);
-    auto bound = std::make_shared<std::shared_ptr<StreamReaderCore::State>>();
-    std::weak_ptr<Connection> weak = c;
-    conns_[c.get()] = c;
-    c->start([] {},
-             [this, weak, bound](Message&& m) {
-               auto conn = weak.lock();
-               if (!conn) return;
-               on_frame(conn, *bound, std::move(m));
-             },
-             [this, bound, raw = c.get()](const std::string& reason) {
-               conns_.erase(raw);
-               if (auto st = *bound) {
-                 std::lock_guard lock(st->mu);
-                 if (!st->ended && st->error.empty()) st->error = "stream writer disconnected: " + reason;
-                 st->conn.reset();
-                 st->cv.notify_all();
-               }
-             });
-  }
-
-  void on_frame(const std::shared_ptr<Connection>& c, std::shared_ptr<StreamReaderCore::State>& bound, Message&& m) {
-    auto op = static_cast<StreamOp>(m.op);
-    if (!bound) {
-      if (op != StreamOp::kOpen) return c->close("stream frame before open");
-      std::shared_ptr<StreamReaderCore::State> st;
-      {
-        std::lock_guard lock(mu_);
-        auto it = readers_.find(m.id);
-        if (it != readers_.end()) st = it->second;
-      }
-      if (!st) return c->close("no stream with id " + std::to_string(m.id));
-      std::lock_guard lock(st->mu);
-      if (st->conn) return c->close("stream " + std::to_string(m.id) + " already has a writer");
-      st->conn = c;
-      bound = st;
-      c->send(stream_event(StreamOp::kCredit, m.id, std::to_string(st->credits)), true);
-      return;
-    }
-    auto& st = *bound;
-    std::lock_guard lock(st.mu);
-    switch (op) {
-      case StreamOp::kData:
-        if (st.items.size() >= st.credits) {
-          c->close("stream writer exceeded its credit");
-          st.error = "stream writer exceeded its credit";
-          break;
-        }
-        st.items.push_back(std::move(m));
-        break;
-      case StreamOp::kEnd:
-        st.ended = true;
-        break;
-      case StreamOp::kError:
-        st.error = "stream writer failed: " + m.body;
-        break;
-      default:
-        c->close("unexpected stream op " + std::to_string(m.op));
-    }
-    st.cv.notify_all();
-  }
-
-  std::shared_ptr<Core> core_;
-  std::unique_ptr<Listener> listener_;
-  std::string address_;
-  std::mutex mu_;
-  uint64_t next_id_ = 1;
-  std::map<uint64_t, std::shared_ptr<StreamReaderCore::State>> readers_;
-  std::map<Connection*, std::shared_ptr<Connection>> conns_;  // io thread only
-};
-
 StreamReaderCore::StreamReaderCore(const std::shared_ptr<Core>& core, size_t credits)
     : state_(std::make_shared<State>()) {
   if (credits == 0) throw ConfigError("a stream needs at least 1 credit");
   state_->credits = credits;
-  auto& server = StreamServer::get(core);
-  ref_.address = server.address();
-  ref_.id = server.add(state_);
-  server_core_ = core;
+  auto server = core->service<StreamServer>();
+  ref_.address = server->address();
+  ref_.id = server->add(state_);
+  server_ = server;
 }
 
 StreamReaderCore::~StreamReaderCore() {
-  if (auto c = server_core_.lock()) StreamServer::get(c).remove(ref_.id);
+  if (auto s = server_.lock()) s->remove(ref_.id);
 }
 
 std::optional<Message> StreamReaderCore::read(std::chrono::milliseconds timeout) {
@@ -185,7 +34,7 @@ std::optional<Message> StreamReaderCore::read(std::chrono::milliseconds timeout)
     state_->items.pop_front();
     // Grant credit back in batches (half the window) to keep frames few.
     if (++state_->consumed_since_grant >= std::max<size_t>(1, state_->credits / 2) && state_->conn) {
-      state_->conn->send(stream_event(StreamOp::kCredit, ref_.id, std::to_string(state_->consumed_since_grant)), true);
+      state_->conn->send(credit_event(ref_.id, state_->consumed_since_grant), true);
       state_->consumed_since_grant = 0;
     }
     return m;
@@ -235,12 +84,13 @@ StreamWriterCore::StreamWriterCore(const std::shared_ptr<Core>& core, const Stre
   asio::post(core->io(), [&io = core->io(), host = host, port = port, token = core->token(), st, done, id = ref.id] {
     Connection::connect(
         io, host, port, token, FrameLimits{},
-        [st](Message&& m) {
+        [st, id](Message&& m) {
           if (static_cast<StreamOp>(m.op) != StreamOp::kCredit) return;
-          size_t n = 0;
+          uint64_t n = 0;
           try {
-            n = std::stoull(m.body);
-          } catch (...) {
+            n = decode_value<uint64_t>(m.body);
+          } catch (const DecodeError& e) {
+            TROUPE_LOG_WARN("stream {}: bad credit from the reader: {}", id, e.what());
             return;
           }
           std::lock_guard lock(st->mu);

@@ -39,6 +39,8 @@ class StreamError : public Error {
 
 namespace client {
 
+class StreamServer;
+
 // Untyped halves; the templates below encode and decode.
 class StreamReaderCore {
  public:
@@ -58,7 +60,8 @@ class StreamReaderCore {
  private:
   std::shared_ptr<State> state_;
   StreamRef ref_;
-  std::weak_ptr<Core> server_core_;
+  // The process's stream listener (owned by its client core).
+  std::weak_ptr<StreamServer> server_;
 };
 
 class StreamWriterCore {

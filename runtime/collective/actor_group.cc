@@ -6,13 +6,14 @@
 #include <mutex>
 #include <thread>
 
+#include "troupe/config.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/collective/nccl_group.h"
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
-#include "troupe/config.h"
+#include "troupe/runtime/core/thread_set.h"
 
 namespace troupe::collective {
 namespace {
@@ -31,6 +32,8 @@ constexpr milliseconds kRendezvousPoll{200};
 // GlooGroupOptions::error_grace). Well inside the 2 s a survivor may take.
 constexpr milliseconds kWatchedErrorGrace{1200};
 
+class GroupTable;
+
 // What one join knows about its members' fate. Shared by the watch
 // callbacks (I/O thread), the rendezvous (actor thread) and the group's
 // deleter.
@@ -38,46 +41,23 @@ struct MemberWatch {
   std::mutex mu;
   std::weak_ptr<Group> group;  // set once the group is formed
   std::string death;           // the first member death reported, "" = none
+  std::weak_ptr<GroupTable> table;
 };
 
-// Aborts `group` off the calling thread: abort() may wait for the
-// operation thread to leave the transport (GlooGroupOptions::abort_settle),
-// and the callers here are the worker's I/O thread, which must keep
-// serving the head and other control messages meanwhile.
-void abort_async(std::shared_ptr<Group> group, std::string reason) {
-  std::thread([group = std::move(group), reason = std::move(reason)] {
-    try {
-      group->abort(reason);
-    } catch (const std::exception& e) {
-      TROUPE_LOG_WARN("aborting collective group '{}' failed: {}", group->name(), e.what());
-    }
-  }).detach();
-}
-
-// Records a member's death and aborts the group if it is formed. Runs on
-// the I/O thread: only a lock, a string and a thread start.
-void report_death(const std::shared_ptr<MemberWatch>& watch, std::string reason) {
-  std::shared_ptr<Group> group;
-  {
-    std::lock_guard lock(watch->mu);
-    if (!watch->death.empty()) return;
-    watch->death = reason;
-    group = watch->group.lock();
-  }
-  if (group) abort_async(std::move(group), std::move(reason));
-}
-
-// The groups joined in this worker, by weak reference. A worker has one
-// control handler per topic, so one kAbortTopic handler serves every group
-// of the process and needs this table to find them. Leaked on purpose:
-// workers leave with _Exit, and a handler may still run on the I/O thread
-// while a driver process shuts down.
+// The groups joined in this process, by weak reference: a service of the
+// process's client core (Core::service), which owns it until shutdown. It
+// serves the AbortGroup control message for every group of the process and
+// owns the threads that abort them.
 class GroupTable {
  public:
-  static GroupTable& get() {
-    static auto* table = new GroupTable;
-    return *table;
+  explicit GroupTable(client::Core& core) {
+    // The handler runs on the core's I/O thread, which the core joins
+    // before it destroys this table.
+    core.controls().set(AbortGroup::kControlTag,
+                        client::typed_control_handler<AbortGroup>([this](const AbortGroup& m) { return abort(m); }));
   }
+
+  std::weak_ptr<core::ThreadSet> threads() const { return threads_; }
 
   void add(const std::shared_ptr<Group>& group) {
     std::lock_guard lock(mu_);
@@ -86,7 +66,7 @@ class GroupTable {
   }
 
   // Aborts every live group matching the request; returns how many.
-  int abort(const AbortRequest& request) {
+  int32_t abort(const AbortGroup& request) {
     std::vector<std::shared_ptr<Group>> hit;
     {
       std::lock_guard lock(mu_);
@@ -99,16 +79,20 @@ class GroupTable {
       }
     }
     for (auto& g : hit) abort_async(g, request.reason);
-    return static_cast<int>(hit.size());
+    return static_cast<int32_t>(hit.size());
   }
 
-  // Registers the kAbortTopic handler once per process.
-  void ensure_handler() {
-    std::call_once(handler_once_, [] {
-      this_actor::on_control(kAbortTopic, [](const std::string& payload) {
-        int n = GroupTable::get().abort(decode_abort_request(payload));
-        return std::to_string(n);
-      });
+  // Aborts `group` off the calling thread: abort() may wait for the
+  // operation thread to leave the transport (GlooGroupOptions::abort_settle),
+  // and the callers here are the I/O thread, which must keep serving the
+  // head and other control messages meanwhile.
+  void abort_async(std::shared_ptr<Group> group, std::string reason) {
+    threads_->spawn([group = std::move(group), reason = std::move(reason)] {
+      try {
+        group->abort(reason);
+      } catch (const std::exception& e) {
+        TROUPE_LOG_WARN("aborting collective group '{}' failed: {}", group->name(), e.what());
+      }
     });
   }
 
@@ -120,8 +104,25 @@ class GroupTable {
 
   std::mutex mu_;
   std::vector<std::weak_ptr<Group>> groups_;
-  std::once_flag handler_once_;
+  // Abort threads, and gloo operation threads left behind by aborted
+  // groups; last, so they are joined before the rest goes.
+  std::shared_ptr<core::ThreadSet> threads_ = std::make_shared<core::ThreadSet>();
 };
+
+// Records a member's death and aborts the group if it is formed. Runs on
+// the I/O thread: only a lock, a string and a thread start.
+void report_death(const std::shared_ptr<MemberWatch>& watch, std::string reason) {
+  std::shared_ptr<Group> group;
+  std::shared_ptr<GroupTable> table;
+  {
+    std::lock_guard lock(watch->mu);
+    if (!watch->death.empty()) return;
+    watch->death = reason;
+    group = watch->group.lock();
+    table = watch->table.lock();
+  }
+  if (group && table) table->abort_async(std::move(group), std::move(reason));
+}
 
 // The runtime's KV, with waits that give up early when a member dies, so a
 // rendezvous with a dead member fails in a fraction of a second instead of
@@ -185,7 +186,8 @@ std::string default_bind_host() {
   return env != nullptr && *env != '\0' ? env : "127.0.0.1";
 }
 
-std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool watched) {
+std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool watched,
+                                      std::weak_ptr<core::ThreadSet> stragglers) {
   switch (spec.backend) {
     case Backend::kGloo: {
       GlooGroupOptions opts;
@@ -193,6 +195,7 @@ std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool w
       opts.rendezvous_timeout = spec.rendezvous_timeout;
       opts.op_timeout = spec.op_timeout;
       if (watched) opts.error_grace = kWatchedErrorGrace;
+      opts.stragglers = std::move(stragglers);
       return GlooGroup::create(kv, spec.name, spec.generation, spec.rank, spec.world_size, opts);
     }
     case Backend::kNccl: {
@@ -222,33 +225,6 @@ const char* to_string(Backend backend) {
   return "unknown";
 }
 
-std::string encode_abort_request(const std::string& name, int64_t generation, const std::string& reason) {
-  // name NUL generation NUL reason: names never hold NUL, reasons may hold
-  // anything (the last field runs to the end).
-  TROUPE_CHECK(name.find('\0') == std::string::npos) << "group names cannot contain NUL";
-  std::string out = name;
-  out.push_back('\0');
-  out += std::to_string(generation);
-  out.push_back('\0');
-  out += reason;
-  return out;
-}
-
-AbortRequest decode_abort_request(const std::string& payload) {
-  auto first = payload.find('\0');
-  auto second = first == std::string::npos ? std::string::npos : payload.find('\0', first + 1);
-  if (second == std::string::npos) throw DecodeError("malformed collective abort request");
-  AbortRequest r;
-  r.name = payload.substr(0, first);
-  try {
-    r.generation = std::stoll(payload.substr(first + 1, second - first - 1));
-  } catch (const std::exception&) {
-    throw DecodeError("malformed generation in collective abort request");
-  }
-  r.reason = payload.substr(second + 1);
-  return r;
-}
-
 std::shared_ptr<Group> join_group(const GroupSpec& spec) { return join_group(this_actor::runtime(), spec); }
 
 std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
@@ -258,8 +234,9 @@ std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
   TROUPE_CHECK(spec.members.empty() || spec.members.size() == static_cast<size_t>(spec.world_size))
       << "group '" << spec.name << "' has " << spec.members.size() << " member ids for world size " << spec.world_size;
 
-  GroupTable::get().ensure_handler();
+  auto table = runtime.core()->service<GroupTable>();
   auto watch = std::make_shared<MemberWatch>();
+  watch->table = table;
 
   // Watch first, then read each member's state: a change between the two is
   // then seen by the callback rather than lost.
@@ -287,7 +264,7 @@ std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
   WatchedKv kv(runtime.kv(), watch);
   std::unique_ptr<Group> formed;
   try {
-    formed = create_backend(kv, spec, watched);
+    formed = create_backend(kv, spec, watched, table->threads());
   } catch (const Aborted& e) {
     throw Aborted("forming collective group '" + spec.name + "' generation " + std::to_string(spec.generation) +
                   " failed: " + e.what());
@@ -302,7 +279,7 @@ std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
     watch->group = group;
     died = watch->death;
   }
-  GroupTable::get().add(group);
+  table->add(group);
   // A member died after its last rendezvous step but before the group was
   // registered: nothing else will abort it.
   if (!died.empty()) group->abort(died);
@@ -311,12 +288,12 @@ std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
 
 int abort_group(Runtime& runtime, const std::vector<uint64_t>& member_ids, const std::string& name,
                 const std::string& reason, int64_t generation, milliseconds timeout) {
-  const std::string payload = encode_abort_request(name, generation, reason);
-  std::vector<Future<wire::Message>> answers;
+  const AbortGroup message{.name = name, .generation = generation, .reason = reason};
+  std::vector<Future<int32_t>> answers;
   for (uint64_t id : member_ids) {
     try {
       // Fails at once for a member that is not ALIVE.
-      answers.push_back(runtime.core()->actor(id)->control(kAbortTopic, payload));
+      answers.push_back(runtime.core()->actor(id)->control(message));
     } catch (const std::exception& e) {
       TROUPE_LOG_DEBUG("abort of group '{}': actor {} not reached: {}", name, id, e.what());
     }

@@ -5,9 +5,13 @@
 //  - the group watches every other member (Runtime::watch_actor) and aborts
 //    itself, naming the dead rank and actor, as soon as the head reports a
 //    member RESTARTING or DEAD or running a new incarnation;
-//  - a control message with topic kAbortTopic (which bypasses the mailbox,
-//    so it reaches an actor blocked inside a collective) aborts it too: the
-//    driver sends one to every survivor with abort_group().
+//  - an AbortGroup control message (which bypasses the mailbox, so it
+//    reaches an actor blocked inside a collective) aborts it too: the driver
+//    sends one to every survivor with abort_group().
+//
+// The groups of a process are found through a table owned by its client
+// core (Runtime::core()), which also owns and joins the threads that abort
+// them.
 //
 //   // in the actor
 //   auto group = troupe::collective::join_group({.name = "dp", .generation = 2, .rank = r,
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "troupe/runtime/collective/group.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace troupe {
 class Runtime;
@@ -34,8 +39,17 @@ namespace troupe::collective {
 enum class Backend { kGloo, kNccl };
 const char* to_string(Backend backend);
 
-// The control-message topic that aborts a group in a worker.
-inline constexpr const char* kAbortTopic = "collective.abort";
+// The control message that aborts the groups named `name` in a worker, of
+// generation `generation` (-1 = every generation). The reply is how many
+// groups were aborted.
+struct AbortGroup {
+  static constexpr const char* kControlTag = "collective.abort";
+  using Reply = int32_t;
+  std::string name;
+  int64_t generation = -1;
+  std::string reason;
+  TROUPE_FIELDS(name, generation, reason)
+};
 
 // Which group this member joins and how. A value: every member passes the
 // same spec except `rank`.
@@ -65,32 +79,22 @@ struct GroupSpec {
 
 // Inside an actor: forms the group through this_actor::runtime().kv(),
 // starts watching the other members and registers the group for
-// kAbortTopic control messages. Blocks until every member has joined.
+// AbortGroup control messages. Blocks until every member has joined.
 // Throws troupe::Timeout when a member does not arrive in time, ConfigError
 // for a bad spec or a backend that is not built, Aborted when a member died
 // while the group was forming.
 //
-// Shared ownership because the runtime's abort paths hold weak references
-// to the group; the caller holds the only strong one, and destroying it
-// unregisters the group.
+// The caller holds the only strong reference (shared_ptr only so that the
+// runtime's abort paths can hold weak ones, which see it expire); destroying
+// it unregisters the group. The transport's resources inside it are owned
+// by exactly one object, the backend group.
 std::shared_ptr<Group> join_group(const GroupSpec& spec);
 
 // The same, through an explicit runtime (tests and drivers that host a
-// group outside an actor; kAbortTopic only reaches groups in workers).
+// group outside an actor; AbortGroup only reaches groups in workers).
 std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec);
 
-// Payload of a kAbortTopic message: the group's name, the generation to
-// abort (-1 = every generation of that name in the worker) and the reason.
-std::string encode_abort_request(const std::string& name, int64_t generation, const std::string& reason);
-struct AbortRequest {
-  std::string name;
-  int64_t generation = -1;
-  std::string reason;
-};
-// Throws DecodeError for a malformed payload.
-AbortRequest decode_abort_request(const std::string& payload);
-
-// Driver side: sends kAbortTopic to each member (dead ones are skipped) and
+// Driver side: sends AbortGroup to each member (dead ones are skipped) and
 // waits, at most `timeout` in all, for their answers. Returns how many
 // members acknowledged; members that are gone or do not answer in time are
 // not an error (their group fails through its own watches or timeouts).

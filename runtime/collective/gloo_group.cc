@@ -582,8 +582,12 @@ GlooGroup::~GlooGroup() {
     if (aborted) {
       while (!done && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(5));
       if (!done) {
-        // Keep Shared alive for the straggler.
-        std::thread([keep = shared_, th = std::move(t)]() mutable { th.join(); }).detach();
+        // Keep Shared alive for the straggler, and give it to its owner.
+        std::thread joiner([keep = shared_, th = std::move(t)]() mutable { th.join(); });
+        if (auto owner = shared_->options.stragglers.lock())
+          owner->adopt(std::move(joiner));
+        else
+          joiner.detach();
         return;
       }
     }

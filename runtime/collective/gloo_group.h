@@ -22,6 +22,7 @@
 
 #include "troupe/runtime/collective/group.h"
 #include "troupe/runtime/core/kv_store.h"
+#include "troupe/runtime/core/thread_set.h"
 
 namespace troupe::collective {
 
@@ -41,9 +42,14 @@ struct GlooGroupOptions {
   // operation's timeout without touching the caller's memory.
   std::chrono::milliseconds abort_settle{std::chrono::milliseconds(200)};
   // How long the destructor of an aborted group waits for its operation
-  // thread to leave gloo before leaving it behind (detached, holding what
-  // it uses); a healthy group's destructor always joins.
+  // thread to leave gloo before leaving it behind (holding what it uses);
+  // a healthy group's destructor always joins.
   std::chrono::milliseconds abort_join_grace{std::chrono::seconds(1)};
+  // Who joins a thread left behind: groups formed through the runtime
+  // (join_group) give the process's group table, which joins it when the
+  // client core shuts down. Without one (a group made directly, outside
+  // any runtime) the thread is detached and ends at the operation timeout.
+  std::weak_ptr<core::ThreadSet> stragglers;
   // When a peer's connection breaks, the runtime usually calls abort() with
   // the reason (which member died) moments later. A failed operation waits
   // this long for that abort so its error names the dead member; without

@@ -1,6 +1,7 @@
 // The exception hierarchy of troupe. Inside a process, logistics failures
 // (I/O, timeouts, bugs) are exceptions; across the wire they travel as error
-// values (type name + message) and are rethrown by Future::get.
+// values (kind + type name + message, wire/error_kind.h) and Future::get
+// rethrows the same type.
 #pragma once
 
 #include <stdexcept>
@@ -27,7 +28,8 @@ class ActorDied : public Error {
   using Error::Error;
 };
 
-// A user method (or constructor) threw; carries the remote type name.
+// A user method (or constructor) threw a class that is neither one of
+// these nor registered with TROUPE_ERROR; carries the remote type name.
 class RemoteError : public Error {
  public:
   RemoteError(std::string type_name, std::string message)

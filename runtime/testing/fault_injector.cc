@@ -69,7 +69,7 @@ void FaultInjector::kill_node(LocalCluster& cluster, size_t index) {
 
 void FaultInjector::drop_connections(uint64_t actor_id) {
   pid_t pid = pid_of(actor_id);
-  auto reply = rt_.core()->actor(rt_.actor_info(actor_id))->control(worker::kDropConnectionsTopic, "");
+  auto reply = rt_.core()->actor(rt_.actor_info(actor_id))->control(worker::DropConnections{});
   reply.get(std::chrono::seconds(5));
   record("dropped the connections of actor " + std::to_string(actor_id) + " pid " + std::to_string(pid));
 }

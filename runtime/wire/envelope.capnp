@@ -18,8 +18,22 @@ enum Kind {
 
 enum Status {
   ok @0;
-  error @1;       # errorType / errorMessage say what; `body` may be empty
+  error @1;       # errorKind / errorType / errorMessage say what; `body` may be empty
   actorDied @2;   # the target actor died before or while running the call
+}
+
+# Which exception an error answer stands for, so that the caller rethrows
+# the same type (Future::get). `user` names the class in errorType: a class
+# registered with TROUPE_ERROR is rebuilt, any other arrives as RemoteError.
+enum ErrorKind {
+  none @0;
+  user @1;
+  actorDied @2;
+  timeout @3;
+  configError @4;
+  aborted @5;
+  decodeError @6;
+  connectionError @7;
 }
 
 struct Envelope {
@@ -30,4 +44,5 @@ struct Envelope {
   errorType @4 :Text;
   errorMessage @5 :Text;
   body @6 :Data;          # Codec-encoded payload
+  errorKind @7 :ErrorKind;
 }

@@ -24,6 +24,7 @@ OutFrame encode_frame(const Message& m) {
   env.setId(m.id);
   env.setOp(m.op);
   env.setStatus(m.status);
+  env.setErrorKind(m.error_kind);
   if (!m.error_type.empty()) env.setErrorType(m.error_type);
   if (!m.error_message.empty()) env.setErrorMessage(m.error_message);
   if (!m.body.empty())
@@ -104,6 +105,7 @@ Message decode_message(const std::byte* p, size_t n, const FrameLimits& limits) 
     m.id = env.getId();
     m.op = env.getOp();
     m.status = env.getStatus();
+    m.error_kind = env.getErrorKind();
     if (env.hasErrorType()) m.error_type = env.getErrorType();
     if (env.hasErrorMessage()) m.error_message = env.getErrorMessage();
     if (env.hasBody()) {

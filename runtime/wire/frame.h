@@ -42,6 +42,7 @@ struct Message {
   uint64_t id = 0;
   uint32_t op = 0;
   Status status = Status::OK;
+  ErrorKind error_kind = ErrorKind::NONE;
   std::string error_type;
   std::string error_message;
   std::string body;

@@ -37,7 +37,7 @@ enum class Op : uint32_t {
   kKvAdd = 20,                 // request: KvAdd -> int64
   kStatus = 21,                // request: -> JSON text
   kShutdown = 22,              // request: -> void; the head stops the cluster
-  kControl = 23,               // request caller -> worker: ControlMessage (bypasses the mailbox)
+  kControl = 23,               // request caller -> worker: ControlRequest (bypasses the mailbox)
   kWaitPlacementGroup = 24,    // request: WaitPlacementGroup -> PlacementGroupInfo
 };
 
@@ -197,11 +197,12 @@ struct KvAdd {
 };
 
 // A message for the worker's control plane, handled on its I/O thread
-// without waiting for the actor's current call (e.g. abort a collective).
-struct ControlMessage {
-  std::string topic;
-  std::string payload;
-  TROUPE_FIELDS(topic, payload)
+// without waiting for the actor's current call (e.g. abort a collective):
+// the message type's tag and its Codec-encoded body (client/control.h).
+struct ControlRequest {
+  std::string tag;
+  std::string body;
+  TROUPE_FIELDS(tag, body)
 };
 
 }  // namespace troupe::wire

@@ -1,44 +1,12 @@
 #include "troupe/runtime/wire/rpc.h"
 
-#include <cxxabi.h>
-
-#include <typeinfo>
-
 namespace troupe::wire {
-
-namespace {
-std::string type_name_of(const std::exception& e) {
-  if (dynamic_cast<const Timeout*>(&e)) return "troupe::Timeout";
-  if (dynamic_cast<const ConfigError*>(&e)) return "troupe::ConfigError";
-  if (dynamic_cast<const ActorDied*>(&e)) return "troupe::ActorDied";
-  if (dynamic_cast<const Aborted*>(&e)) return "troupe::Aborted";
-  int status = 0;
-  const char* mangled = typeid(e).name();
-  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
-  std::string s = (status == 0 && d) ? d : mangled;
-  std::free(d);
-  return s;
-}
-}  // namespace
-
-std::exception_ptr error_from_message(const Message& m) {
-  const std::string& t = m.error_type;
-  const std::string& msg = m.error_message;
-  if (m.status == Status::ACTOR_DIED) return std::make_exception_ptr(ActorDied(msg));
-  if (t == "troupe::Timeout") return std::make_exception_ptr(Timeout(msg));
-  if (t == "troupe::ConfigError") return std::make_exception_ptr(ConfigError(msg));
-  if (t == "troupe::ActorDied") return std::make_exception_ptr(ActorDied(msg));
-  if (t == "troupe::Aborted") return std::make_exception_ptr(Aborted(msg));
-  return std::make_exception_ptr(Error(t + ": " + msg));
-}
 
 Message error_response(uint64_t id, const std::exception& e) {
   Message m;
   m.kind = Kind::RESPONSE;
   m.id = id;
-  m.status = Status::ERROR;
-  m.error_type = type_name_of(e);
-  m.error_message = e.what();
+  set_error(m, e);
   return m;
 }
 

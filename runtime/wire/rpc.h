@@ -10,12 +10,11 @@
 
 #include "troupe/runtime/core/future.h"
 #include "troupe/runtime/wire/connection.h"
+#include "troupe/runtime/wire/error_kind.h"
 #include "troupe/runtime/wire/protocol.h"
 
 namespace troupe::wire {
 
-// Maps an error response to the matching troupe exception.
-std::exception_ptr error_from_message(const Message& m);
 // Builds an error response to request `id` from an exception.
 Message error_response(uint64_t id, const std::exception& e);
 Message ok_response(uint64_t id, std::string body = {});

@@ -1,6 +1,5 @@
 #include "troupe/runtime/worker/worker.h"
 
-#include <cxxabi.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -18,15 +17,6 @@ namespace troupe::worker {
 using namespace troupe::wire;
 
 namespace {
-
-std::string demangled_type(const std::exception& e) {
-  int status = 0;
-  const char* mangled = typeid(e).name();
-  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
-  std::string s = (status == 0 && d) ? d : mangled;
-  std::free(d);
-  return s;
-}
 
 std::string env_or(const char* name, const std::string& fallback = "") {
   const char* v = std::getenv(name);
@@ -118,7 +108,7 @@ void run_worker() {
     Decoder d(spec.ctor_args.data(), spec.ctor_args.size(), &spec.ctor_attachments);
     actor = factory->make(d);
   } catch (const std::exception& e) {
-    fail_init(demangled_type(e) + ": " + e.what());
+    fail_init(type_name_of(e) + ": " + e.what());
   } catch (...) {
     fail_init("unknown exception");
   }
@@ -144,24 +134,16 @@ void run_worker() {
       reply.body = std::move(e.bytes());
       reply.attachments = std::move(e.attachments());
     } catch (const std::exception& e) {
-      reply.status = Status::ERROR;
-      reply.error_type = demangled_type(e);
-      reply.error_message = e.what();
-      reply.body.clear();
-      reply.attachments.clear();
+      set_error(reply, e);
     } catch (...) {
-      reply.status = Status::ERROR;
-      reply.error_type = "unknown";
-      reply.error_message = "a non-standard exception was thrown";
+      set_unknown_error(reply);
     }
     return reply;
   };
-  auto handle_control = [&ctx](const std::shared_ptr<Connection>& c, Message& m) {
+  auto handle_control = [&core](const std::shared_ptr<Connection>& c, Message& m) {
     try {
-      auto cm = decode_value<ControlMessage>(m.body);
-      auto h = ctx.control_handler(cm.topic);
-      if (!h) throw ConfigError("no control handler for topic '" + cm.topic + "'");
-      c->send(ok_response(m.id, h(cm.payload)), true);
+      auto request = decode_value<ControlRequest>(m.body);
+      c->send(ok_response(m.id, core->controls().find(request.tag)(request.body)), true);
     } catch (const std::exception& e) {
       c->send(error_response(m.id, e), true);
     }
@@ -203,13 +185,13 @@ void run_worker() {
   // Fault injection (FaultInjector::drop_connections): closes every caller
   // connection of the call listener, as a network fault would, while the
   // process lives on. Runs on the call listener's thread, which owns them.
-  ctx.set_control_handler(kDropConnectionsTopic, [&call_io, call_conns](const std::string&) {
-    asio::post(call_io, [call_conns] {
-      auto all = *call_conns;
-      for (auto& [raw, c] : all) c->close("connection dropped (fault injection)");
-    });
-    return std::string("dropping");
-  });
+  core->controls().set(DropConnections::kControlTag,
+                       client::typed_control_handler<DropConnections>([&call_io, call_conns](const DropConnections&) {
+                         asio::post(call_io, [call_conns] {
+                           auto all = *call_conns;
+                           for (auto& [raw, c] : all) c->close("connection dropped (fault injection)");
+                         });
+                       }));
 
   ActorReady ready{actor_id, incarnation, bind_host + ":" + std::to_string(call_listener->port()), getpid(),
                    bind_host + ":" + std::to_string(control_listener->port())};

@@ -8,11 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "troupe/runtime/wire/codec.h"
+
 namespace troupe::worker {
 
-// Control topic every worker serves: close all its callers' connections
+// Control message every worker serves: close all its callers' connections
 // (a network fault, for fault injection); the process lives on.
-inline constexpr const char* kDropConnectionsTopic = "troupe.drop_connections";
+struct DropConnections {
+  static constexpr const char* kControlTag = "troupe.drop_connections";
+  using Reply = void;
+  TROUPE_FIELDS()
+};
 
 // Serves the actor named by TROUPE_ACTOR_ID etc.; never returns.
 [[noreturn]] void run_worker();

@@ -4,14 +4,17 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
 
+#include "tests/runtime/test_util.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/runtime/wire/frame.h"
-#include "tests/runtime/test_util.h"
 
 using namespace std::chrono_literals;
 
@@ -40,6 +43,89 @@ class Thrower {
   int nothing() { return 0; }
 };
 TROUPE_ACTOR(Thrower, &Thrower::nothing)
+
+// A user exception class registered to cross the wire as itself.
+class QuotaExceeded : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+TROUPE_ERROR(QuotaExceeded);
+
+// Throws the exception `kind` names with `message`, from a real worker.
+class Raiser {
+ public:
+  Raiser() = default;
+  int raise(std::string kind, std::string message) {
+    if (kind == "timeout") throw troupe::Timeout(message);
+    if (kind == "config") throw troupe::ConfigError(message);
+    if (kind == "aborted") throw troupe::Aborted(message);
+    if (kind == "actor_died") throw troupe::ActorDied(message);
+    if (kind == "decode") throw troupe::DecodeError(message);
+    if (kind == "connection") throw troupe::ConnectionError(message);
+    if (kind == "quota") throw QuotaExceeded(message);
+    throw std::out_of_range(message);
+  }
+};
+TROUPE_ACTOR(Raiser, &Raiser::raise)
+
+// Control messages of the test: Add answers with a sum, Release opens a
+// latch that a running call waits on, Refuse makes the handler throw.
+struct Add {
+  static constexpr const char* kControlTag = "test.add";
+  using Reply = int64_t;
+  int64_t a = 0;
+  int64_t b = 0;
+  TROUPE_FIELDS(a, b)
+};
+struct Release {
+  static constexpr const char* kControlTag = "test.release";
+  using Reply = void;
+  std::string note;
+  TROUPE_FIELDS(note)
+};
+struct Refuse {
+  static constexpr const char* kControlTag = "test.refuse";
+  using Reply = std::string;
+  TROUPE_FIELDS()
+};
+struct Unhandled {
+  static constexpr const char* kControlTag = "test.unhandled";
+  using Reply = void;
+  TROUPE_FIELDS()
+};
+
+class Latch {
+ public:
+  Latch() : state_(std::make_shared<State>()) {
+    troupe::this_actor::on_control<Add>([](const Add& m) { return m.a + m.b; });
+    troupe::this_actor::on_control<Release>([st = state_](const Release& m) {
+      std::lock_guard lock(st->mu);
+      st->note = m.note;
+      st->open = true;
+      st->cv.notify_all();
+    });
+    troupe::this_actor::on_control<Refuse>(
+        [](const Refuse&) -> std::string { throw troupe::ConfigError("refused on purpose"); });
+  }
+  // Returns once a Release control message arrives (at most 60 s): only a
+  // message that bypasses the mailbox can end this call.
+  std::string wait_release() {
+    std::unique_lock lock(state_->mu);
+    if (!state_->cv.wait_for(lock, std::chrono::seconds(60), [&] { return state_->open; }))
+      throw troupe::Timeout("no release");
+    return state_->note;
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+    std::string note;
+  };
+  std::shared_ptr<State> state_;
+};
+TROUPE_ACTOR(Latch, &Latch::wait_release)
 
 namespace {
 
@@ -71,6 +157,66 @@ TEST_F(ClusterTest, RemoteErrorCarriesTypeAndMessageAndActorKeepsServing) {
     EXPECT_EQ(e.remote_message(), "boom 42");
   }
   EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 6);
+}
+
+// Each error kind crosses the wire and is caught by its type, with the
+// message the actor gave it; the actor keeps serving.
+TEST_F(ClusterTest, ErrorKindsAreCaughtByType) {
+  auto r = rt_.spawn<Raiser>({});
+  auto expect_kind = [&]<class E>(const std::string& kind) {
+    try {
+      r.call(&Raiser::raise, kind, "because " + kind).get(10s);
+      ADD_FAILURE() << "no error for " << kind;
+    } catch (const E& e) {
+      EXPECT_EQ(std::string(e.what()), "because " + kind);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << kind << " arrived as " << e.what();
+    }
+  };
+  expect_kind.operator()<troupe::Timeout>("timeout");
+  expect_kind.operator()<troupe::ConfigError>("config");
+  expect_kind.operator()<troupe::Aborted>("aborted");
+  expect_kind.operator()<troupe::ActorDied>("actor_died");
+  expect_kind.operator()<troupe::DecodeError>("decode");
+  expect_kind.operator()<troupe::ConnectionError>("connection");
+  // Unregistered classes still arrive as RemoteError naming their type.
+  try {
+    r.call(&Raiser::raise, std::string("other"), std::string("out")).get(10s);
+    ADD_FAILURE() << "no error";
+  } catch (const troupe::RemoteError& e) {
+    EXPECT_EQ(e.type_name(), "std::out_of_range");
+    EXPECT_EQ(e.remote_message(), "out");
+  }
+}
+
+// A class registered with TROUPE_ERROR is caught by its class.
+TEST_F(ClusterTest, RegisteredUserErrorIsCaughtByItsClass) {
+  auto r = rt_.spawn<Raiser>({});
+  try {
+    r.call(&Raiser::raise, std::string("quota"), std::string("3 of 2 GPUs")).get(10s);
+    FAIL() << "expected QuotaExceeded";
+  } catch (const QuotaExceeded& e) {
+    EXPECT_EQ(std::string(e.what()), "3 of 2 GPUs");
+  }
+}
+
+// Typed control messages: the reply is typed, a handler's error arrives by
+// type, a message with no handler is a ConfigError naming its tag, and a
+// control message is served while the actor's call runs.
+TEST_F(ClusterTest, TypedControlMessagesBypassTheMailbox) {
+  auto l = rt_.spawn<Latch>({});
+  ASSERT_TRUE(l.wait_ready(30s));
+  troupe::Future<std::string> waiting = l.call(&Latch::wait_release);
+  EXPECT_EQ(l.control(Add{.a = 40, .b = 2}).get(10s), 42);
+  EXPECT_THROW(l.control(Refuse{}).get(10s), troupe::ConfigError);
+  try {
+    l.control(Unhandled{}).get(10s);
+    ADD_FAILURE() << "expected ConfigError";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.unhandled"), std::string::npos) << e.what();
+  }
+  l.control(Release{.note = "go"}).get(10s);
+  EXPECT_EQ(waiting.get(30s), "go");
 }
 
 TEST_F(ClusterTest, ConstructorFailureMakesActorDeadWithReason) {

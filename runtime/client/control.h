@@ -1,0 +1,101 @@
+// Control messages: typed requests to an actor's worker that its I/O thread
+// serves at once, beside the call the actor is running (abort a collective,
+// interrupt a stream, stop a feed, report stats). A control message is a
+// struct with TROUPE_FIELDS, a stable tag that names it on the wire and the
+// type of its reply; its body is Codec-encoded like a method's arguments:
+//
+//   struct AbortGroup {
+//     static constexpr const char* kControlTag = "collective.abort";
+//     using Reply = int32_t;  // or void
+//     std::string name;
+//     int64_t generation = -1;
+//     TROUPE_FIELDS(name, generation)
+//   };
+//   // in the actor                 // in the caller
+//   this_actor::on_control<AbortGroup>(     int n = handle.control(AbortGroup{.name = "dp"}).get();
+//       [](const AbortGroup& m) { ... return n; });
+//
+// A message whose tag has no handler in the worker fails with ConfigError;
+// what the handler throws reaches the caller typed (wire/error_kind.h).
+#pragma once
+
+#include <concepts>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "troupe/runtime/core/future.h"
+#include "troupe/runtime/wire/codec.h"
+#include "troupe/runtime/wire/error_kind.h"
+
+namespace troupe {
+
+template <class M>
+concept ControlMessage = wire::HasTroupeFields<M> && requires {
+  typename M::Reply;
+  { M::kControlTag } -> std::convertible_to<const char*>;
+};
+
+namespace client {
+
+// The control handlers of one process by tag, owned by its client core
+// (the worker's control listener looks them up there). Thread-safe; a
+// handler runs on the I/O thread, so it must be short.
+class ControlTable {
+ public:
+  // Bytes of the message in, bytes of the reply out.
+  using Handler = std::function<std::string(const std::string& body)>;
+
+  // Registers (or replaces) the handler of `tag`.
+  void set(const std::string& tag, Handler handler);
+  // The handler of `tag`; ConfigError naming the tag when there is none.
+  Handler find(const std::string& tag) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, Handler> handlers_;
+};
+
+// Wraps a typed handler (const M& -> M::Reply) into a ControlTable handler.
+template <ControlMessage M, class F>
+ControlTable::Handler typed_control_handler(F handler) {
+  return [h = std::move(handler)](const std::string& body) -> std::string {
+    M message;
+    try {
+      message = wire::decode_value<M>(body);
+    } catch (const DecodeError& e) {
+      throw DecodeError(std::string("control message '") + M::kControlTag + "': " + e.what());
+    }
+    if constexpr (std::is_void_v<typename M::Reply>) {
+      h(message);
+      return {};
+    } else {
+      return std::move(wire::encode_value<typename M::Reply>(h(message)).bytes());
+    }
+  };
+}
+
+// Turns the raw answer to a control message into its typed reply.
+template <ControlMessage M>
+Future<typename M::Reply> typed_control_reply(Future<wire::Message> raw) {
+  using R = typename M::Reply;
+  auto st = std::make_shared<core::FutureState<R>>();
+  raw.on_ready([raw, st] {
+    try {
+      wire::Message m = raw.get();
+      if constexpr (std::is_void_v<R>) {
+        st->set_value();
+      } else {
+        st->set_value(wire::decode_value<R>(m.body));
+      }
+    } catch (...) {
+      st->set_error(std::current_exception());
+    }
+  });
+  return Future<R>(st);
+}
+
+}  // namespace client
+}  // namespace troupe

@@ -1,0 +1,125 @@
+#include "troupe/runtime/client/stream_server.h"
+
+#include "troupe/runtime/core/logging.h"
+
+namespace troupe::client {
+
+using namespace troupe::wire;
+
+Message stream_event(StreamOp op, uint64_t id, std::string body) {
+  Message m;
+  m.kind = Kind::EVENT;
+  m.op = static_cast<uint32_t>(op);
+  m.id = id;
+  m.body = std::move(body);
+  return m;
+}
+
+Message credit_event(uint64_t id, uint64_t credits) {
+  return stream_event(StreamOp::kCredit, id, std::move(encode_value(credits).bytes()));
+}
+
+StreamServer::StreamServer(Core& core) : core_(core) {
+  std::string host = "127.0.0.1";
+  if (const char* h = std::getenv("TROUPE_BIND_HOST"); h && *h) host = h;
+  // The listener is created on the I/O thread that will serve it.
+  auto done = std::make_shared<core::FutureState<std::string>>();
+  asio::post(core_.io(), [this, host, done] {
+    try {
+      listener_ =
+          std::make_unique<Listener>(core_.io(), host, 0, [this](asio::ip::tcp::socket s) { accept(std::move(s)); });
+      done->set_value(host + ":" + std::to_string(listener_->port()));
+    } catch (...) {
+      done->set_error(std::current_exception());
+    }
+  });
+  address_ = Future<std::string>(done).get(std::chrono::seconds(10));
+}
+
+uint64_t StreamServer::add(std::shared_ptr<StreamReaderCore::State> st) {
+  std::lock_guard lock(mu_);
+  uint64_t id = next_id_++;
+  readers_[id] = std::move(st);
+  return id;
+}
+
+void StreamServer::remove(uint64_t id) {
+  std::shared_ptr<StreamReaderCore::State> st;
+  {
+    std::lock_guard lock(mu_);
+    auto it = readers_.find(id);
+    if (it == readers_.end()) return;
+    st = it->second;
+    readers_.erase(it);
+  }
+  std::lock_guard lock(st->mu);
+  if (st->conn) st->conn->close("stream reader closed");
+}
+
+void StreamServer::accept(asio::ip::tcp::socket s) {
+  auto c = std::make_shared<Connection>(std::move(s), core_.token(), true);
+  auto bound = std::make_shared<std::shared_ptr<StreamReaderCore::State>>();
+  std::weak_ptr<Connection> weak = c;
+  conns_[c.get()] = c;
+  c->start([] {},
+           [this, weak, bound](Message&& m) {
+             auto conn = weak.lock();
+             if (!conn) return;
+             on_frame(conn, *bound, std::move(m));
+           },
+           [this, bound, raw = c.get()](const std::string& reason) {
+             conns_.erase(raw);
+             if (auto st = *bound) {
+               std::lock_guard lock(st->mu);
+               if (!st->ended && st->error.empty()) st->error = "stream writer disconnected: " + reason;
+               st->conn.reset();
+               st->cv.notify_all();
+             }
+           });
+}
+
+// A writer's first frame names the stream it feeds.
+void StreamServer::bind(const std::shared_ptr<Connection>& c, std::shared_ptr<StreamReaderCore::State>& bound,
+                        const Message& m) {
+  if (static_cast<StreamOp>(m.op) != StreamOp::kOpen) return c->close("stream frame before open");
+  std::shared_ptr<StreamReaderCore::State> st;
+  {
+    std::lock_guard lock(mu_);
+    auto it = readers_.find(m.id);
+    if (it != readers_.end()) st = it->second;
+  }
+  if (!st) return c->close("no stream with id " + std::to_string(m.id));
+  std::lock_guard lock(st->mu);
+  if (st->conn) return c->close("stream " + std::to_string(m.id) + " already has a writer");
+  st->conn = c;
+  bound = st;
+  c->send(credit_event(m.id, st->credits), true);
+}
+
+void StreamServer::on_frame(const std::shared_ptr<Connection>& c, std::shared_ptr<StreamReaderCore::State>& bound,
+                            Message&& m) {
+  if (!bound) return bind(c, bound, m);
+  auto& st = *bound;
+  std::lock_guard lock(st.mu);
+  switch (static_cast<StreamOp>(m.op)) {
+    case StreamOp::kData:
+      if (st.items.size() >= st.credits) {
+        c->close("stream writer exceeded its credit");
+        st.error = "stream writer exceeded its credit";
+        break;
+      }
+      st.items.push_back(std::move(m));
+      break;
+    case StreamOp::kEnd:
+      st.ended = true;
+      break;
+    case StreamOp::kError:
+      st.error = "stream writer failed: " + m.body;
+      break;
+    default:
+      c->close("unexpected stream op " + std::to_string(m.op));
+  }
+  st.cv.notify_all();
+}
+
+}  // namespace troupe::client
