@@ -8,13 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "troupe/runtime/core/worker_env.h"
+
 namespace troupe::worker {
 
 // Control topic every worker serves: close all its callers' connections
 // (a network fault, for fault injection); the process lives on.
 inline constexpr const char* kDropConnectionsTopic = "troupe.drop_connections";
 
-// Serves the actor named by TROUPE_ACTOR_ID etc.; never returns.
-[[noreturn]] void run_worker();
+// Serves the actor named by env (actor id, incarnation, head, token, bind
+// and advertise hosts, GPUs); never returns.
+[[noreturn]] void run_worker(const core::WorkerEnv& env);
 
 }  // namespace troupe::worker
