@@ -239,7 +239,8 @@ pid_t spawn_process(const SpawnOptions& o) {
   char* argv[] = {arg0.data(), nullptr};
   int error_pipe[2];
   if (::pipe2(error_pipe, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
-  ChildSetup c{::getpid(), -1, -1, error_pipe[1], {}, std::min(::sysconf(_SC_OPEN_MAX), 1L << 20)};
+  long open_max = ::sysconf(_SC_OPEN_MAX);
+  ChildSetup c{::getpid(), -1, -1, error_pipe[1], {}, open_max > 0 ? std::min(open_max, 1L << 20) : 65536};
   try {
     std::tie(c.log_fd, c.null_fd) = open_log(o.log_file);
   } catch (...) {
