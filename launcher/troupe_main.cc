@@ -1,8 +1,8 @@
 // `troupe`: start and stop clusters by hand, look at them, run drivers
 // against them.
 //
-//   troupe start --head [--host H] [--port P] [--resources CPU=2,GPU=0] [--no-node]
-//   troupe start --address HOST:PORT [--resources ...]
+//   troupe start --head [--host H] [--advertise-address A] [--port P] [--resources CPU=2,GPU=0] [--no-node]
+//   troupe start --address HOST:PORT [--host H] [--advertise-address A] [--resources ...]
 //   troupe status [--json]
 //   troupe stop
 //   troupe submit -- ./my_driver args...
@@ -16,11 +16,13 @@
 #include <filesystem>
 #include <iostream>
 
+#include "head_probe.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
 #include "troupe/runtime/head/scheduler.h"
+#include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/auth.h"
 
 namespace fs = std::filesystem;
@@ -32,7 +34,8 @@ namespace {
 
 struct Args {
   bool head = false;
-  std::string host = "127.0.0.1";
+  std::string host;  // "" = 127.0.0.1 for a head; the interface that routes to the head for a node
+  std::string advertise_address;
   int port = 6380;
   std::string address;
   std::string resources;
@@ -42,59 +45,64 @@ struct Args {
 };
 
 std::string token_for(const std::string& dir) {
-  if (const char* t = std::getenv("TROUPE_TOKEN"); t && *t) return t;
+  if (std::string t = troupe::core::env_value(troupe::core::kEnvToken); !t.empty()) return t;
   return read_session_file(dir, "token");
 }
 
-pid_t start_node(const std::string& dir, const std::string& address, const std::string& token,
-                 const std::string& resources, const std::string& bind_host) {
+// Starts a node agent that joins `address`; persists nothing until it has.
+pid_t start_node(const std::string& dir, const std::string& address, const std::string& token, const Args& a) {
   troupe::core::RoleProcessOptions o;
-  o.env = {"TROUPE_ROLE=node", "TROUPE_HEAD_ADDRESS=" + address, "TROUPE_TOKEN=" + token,
-           "TROUPE_RESOURCES=" + resources, "TROUPE_BIND_HOST=" + bind_host};
+  o.env.role = "node";
+  o.env.head_address = address;
+  o.env.token = token;
+  o.env.resources = a.resources;
+  o.env.bind_host = a.host;
+  o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
   o.log_file = dir + "/node-" + std::to_string(::time(nullptr)) + "-" + std::to_string(getpid()) + ".log";
   o.die_with_parent = false;
   o.new_session = true;
   auto p = troupe::core::start_role_process(o, "node agent");
-  write_session_file(dir, "node-" + p.ready_line + ".pid", std::to_string(p.pid), 0600);
+  troupe::core::write_pid_file(dir, "node-" + p.ready_line + ".pid", p.pid);
   std::printf("node %s started (pid %d), joined %s; log %s\n", p.ready_line.c_str(), p.pid, address.c_str(),
               o.log_file.c_str());
   return p.pid;
 }
 
-int cmd_start(const Args& a) {
-  std::string dir = session_dir();
-  troupe::core::ensure_session_dir(dir);
-  // Validate before starting anything.
-  troupe::head::parse_resources(a.resources);
-  if (a.head) {
-    std::string existing = read_session_file(dir, "head.pid");
-    if (!existing.empty() && ::kill(std::stoi(existing), 0) == 0) {
-      std::fprintf(stderr, "troupe: a head is already running (pid %s, %s); troupe stop first\n", existing.c_str(),
-                   read_session_file(dir, "address").c_str());
-      return 1;
-    }
-    std::string token = token_for(dir);
-    if (token.empty()) token = troupe::wire::random_token();
-    write_session_file(dir, "token", token, 0600);
-    troupe::core::RoleProcessOptions o;
-    o.env = {"TROUPE_ROLE=head", "TROUPE_TOKEN=" + token, "TROUPE_HEAD_HOST=" + a.host,
-             "TROUPE_HEAD_PORT=" + std::to_string(a.port)};
-    o.log_file = dir + "/head.log";
-    o.die_with_parent = false;
-    o.new_session = true;
-    auto p = troupe::core::start_role_process(o, "head");
-    write_session_file(dir, "head.pid", std::to_string(p.pid), 0600);
-    write_session_file(dir, "address", p.ready_line, 0600);
-    std::printf("head started (pid %d) at %s; session %s (token in %s/token)\n", p.pid, p.ready_line.c_str(),
-                dir.c_str(), dir.c_str());
-    if (!a.no_node) start_node(dir, p.ready_line, token, a.resources, a.host);
-    std::printf("drivers connect with --address %s (or --address auto on this machine)\n", p.ready_line.c_str());
-    return 0;
+int start_head(const std::string& dir, const Args& a) {
+  auto running = troupe::core::check_pid_file(dir, "head.pid");
+  if (running.alive) {
+    std::fprintf(stderr, "troupe: a head is already running (pid %d, %s); troupe stop first\n", running.pid,
+                 read_session_file(dir, "address").c_str());
+    return 1;
   }
-  if (a.address.empty()) {
-    std::fprintf(stderr, "troupe start: give --head, or --address HOST:PORT of a head\n");
-    return 2;
+  std::string token = token_for(dir);
+  if (token.empty()) token = troupe::wire::random_token();
+  troupe::core::RoleProcessOptions o;
+  o.env.role = "head";
+  o.env.token = token;
+  o.env.head_host = a.host.empty() ? "127.0.0.1" : a.host;
+  o.env.head_port = static_cast<uint16_t>(a.port);
+  o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
+  o.log_file = dir + "/head.log";
+  o.die_with_parent = false;
+  o.new_session = true;
+  auto p = troupe::core::start_role_process(o, "head");
+  troupe::core::write_pid_file(dir, "head.pid", p.pid);
+  write_session_file(dir, "token", token, 0600);
+  write_session_file(dir, "address", p.ready_line, 0600);
+  std::printf("head started (pid %d) at %s; session %s (token in %s/token)\n", p.pid, p.ready_line.c_str(), dir.c_str(),
+              dir.c_str());
+  if (!a.no_node) {
+    Args node = a;
+    node.host = o.env.head_host;  // the node's workers listen where the head does
+    node.advertise_address = "";  // the interface that routes to the head's advertised address
+    start_node(dir, p.ready_line, token, node);
   }
+  std::printf("drivers connect with --address %s (or --address auto on this machine)\n", p.ready_line.c_str());
+  return 0;
+}
+
+int join_head(const std::string& dir, const Args& a) {
   troupe::wire::parse_address(a.address);
   std::string token = token_for(dir);
   if (token.empty()) {
@@ -102,18 +110,42 @@ int cmd_start(const Args& a) {
                  dir.c_str());
     return 2;
   }
+  // Fails fast at a foreign service or with a wrong token, before anything
+  // is started or written.
+  troupe::launcher::probe_head(a.address, token);
+  start_node(dir, a.address, token, a);
+  // The token is proven right now: the node joined with it.
   if (read_session_file(dir, "address").empty()) write_session_file(dir, "address", a.address, 0600);
   if (read_session_file(dir, "token").empty()) write_session_file(dir, "token", token, 0600);
-  start_node(dir, a.address, token, a.resources, a.host);
   return 0;
+}
+
+int cmd_start(const Args& a) {
+  std::string dir = session_dir();
+  troupe::core::ensure_session_dir(dir);
+  // Validate before starting anything.
+  troupe::head::parse_resources(a.resources);
+  if (!a.advertise_address.empty() && troupe::wire::is_wildcard_host(a.advertise_address)) {
+    std::fprintf(stderr, "troupe start: --advertise-address %s is a wildcard; give an address others can reach\n",
+                 a.advertise_address.c_str());
+    return 2;
+  }
+  if (a.head) return start_head(dir, a);
+  if (a.address.empty()) {
+    std::fprintf(stderr, "troupe start: give --head, or --address HOST:PORT of a head\n");
+    return 2;
+  }
+  return join_head(dir, a);
 }
 
 troupe::Runtime connect_session(const std::string& address_flag) {
   std::string dir = session_dir();
+  troupe::core::check_session_dir(dir);
   troupe::InitOptions o;
   o.address = address_flag.empty() ? read_session_file(dir, "address") : address_flag;
   o.token = token_for(dir);
   if (o.address.empty()) throw troupe::ConfigError("no running cluster in " + dir + " (troupe start --head)");
+  if (!o.token.empty()) troupe::launcher::probe_head(o.address, o.token);
   return troupe::Runtime::connect(o);
 }
 
@@ -157,29 +189,39 @@ int cmd_status(const Args& a) {
   return 0;
 }
 
+// SIGTERMs the processes this session's pid files name, each only when it
+// is provably the process recorded (same pid and start time); a stale or
+// planted pid file is reported and removed, its pid left alone.
+int stop_local_processes(const std::string& dir) {
+  int stopped = 0;
+  if (!fs::exists(dir)) return 0;
+  troupe::core::check_session_dir(dir);
+  for (auto& entry : fs::directory_iterator(dir)) {
+    std::string name = entry.path().filename();
+    if (name.size() < 4 || name.substr(name.size() - 4) != ".pid") continue;
+    auto f = troupe::core::check_pid_file(dir, name);
+    if (f.alive) {
+      if (::kill(f.pid, SIGTERM) == 0) ++stopped;
+    } else {
+      std::fprintf(stderr, "troupe stop: ignoring %s/%s: %s; not signalling it\n", dir.c_str(), name.c_str(),
+                   f.problem.c_str());
+    }
+    fs::remove(entry.path());
+  }
+  fs::remove(dir + "/address");
+  return stopped;
+}
+
 int cmd_stop(const Args& a) {
   std::string dir = session_dir();
+  troupe::core::check_session_dir(dir);
   try {
     auto rt = connect_session(a.address);
     rt.core()->head().call_empty<void>(troupe::wire::Op::kShutdown, std::chrono::seconds(5));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "troupe stop: head not reachable (%s); stopping local processes\n", e.what());
   }
-  int stopped = 0;
-  if (fs::exists(dir)) {
-    for (auto& entry : fs::directory_iterator(dir)) {
-      std::string name = entry.path().filename();
-      if (name.size() < 4 || name.substr(name.size() - 4) != ".pid") continue;
-      std::string pid_text = read_session_file(dir, name);
-      if (!pid_text.empty()) {
-        pid_t pid = std::stoi(pid_text);
-        if (::kill(pid, SIGTERM) == 0) ++stopped;
-      }
-      fs::remove(entry.path());
-    }
-    fs::remove(dir + "/address");
-  }
-  std::printf("stopped %d local troupe process(es)\n", stopped);
+  std::printf("stopped %d local troupe process(es)\n", stop_local_processes(dir));
   return 0;
 }
 
@@ -189,13 +231,14 @@ int cmd_submit(const Args& a) {
     return 2;
   }
   std::string dir = session_dir();
+  troupe::core::check_session_dir(dir);
   std::string address = a.address.empty() ? read_session_file(dir, "address") : a.address;
   if (address.empty()) {
     std::fprintf(stderr, "troupe submit: no running cluster in %s (troupe start --head)\n", dir.c_str());
     return 2;
   }
-  setenv("TROUPE_ADDRESS", address.c_str(), 1);
-  setenv("TROUPE_TOKEN", token_for(dir).c_str(), 1);
+  setenv(troupe::core::kEnvAddress, address.c_str(), 1);
+  setenv(troupe::core::kEnvToken, token_for(dir).c_str(), 1);
   std::vector<char*> argv;
   for (auto& s : a.command) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
@@ -214,8 +257,14 @@ int main(int argc, char** argv) {
   Args a;
   auto* start = app.add_subcommand("start", "start a head (--head) or a node agent (--address) in the background");
   start->add_flag("--head", a.head, "start the head (and a node agent on this machine)");
-  start->add_option("--host", a.host, "address to listen on / advertise")->capture_default_str();
-  start->add_option("--port", a.port, "head port (0 = any)")->capture_default_str();
+  start->add_option("--host", a.host,
+                    "address to listen on (0.0.0.0 = every interface); default: 127.0.0.1 with --head, else the "
+                    "local address of the interface that routes to the head");
+  start->add_option("--advertise-address", a.advertise_address,
+                    "address others reach this head's or node's processes at (host name, IPv4, or IPv6 in "
+                    "brackets); default: --host, or when it is 0.0.0.0 the first non-loopback interface's "
+                    "address (127.0.0.1 if none) for a head, the interface that routes to the head for a node");
+  start->add_option("--port", a.port, "head port (0 = any)")->capture_default_str()->check(CLI::Range(0, 65535));
   start->add_option("--address", a.address, "HOST:PORT of the head to join");
   start->add_option("--resources", a.resources, "resource overrides, e.g. CPU=2,GPU=0,custom=1");
   start->add_flag("--no-node", a.no_node, "with --head: start no node agent");

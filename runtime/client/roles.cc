@@ -10,6 +10,7 @@
 
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/head.h"
 #include "troupe/runtime/head/scheduler.h"
 #include "troupe/runtime/node/node_agent.h"
@@ -19,16 +20,9 @@ namespace troupe {
 
 namespace {
 
-std::string env_or(const char* name, const std::string& fallback = "") {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
-
 // Tells whoever started us (through TROUPE_READY_FD) that we are serving.
-void signal_ready(const std::string& text) {
-  std::string fd_text = env_or("TROUPE_READY_FD");
-  if (fd_text.empty()) return;
-  int fd = std::stoi(fd_text);
+void signal_ready(int fd, const std::string& text) {
+  if (fd < 0) return;
   std::string line = text + "\n";
   (void)!::write(fd, line.data(), line.size());
   ::close(fd);
@@ -66,23 +60,24 @@ class SignalWaiter {
   std::thread thread_;
 };
 
-[[noreturn]] void run_head() {
+[[noreturn]] void run_head(const core::WorkerEnv& env) {
   core::init_logging("head");
   head::HeadOptions o;
-  o.host = env_or("TROUPE_HEAD_HOST", "127.0.0.1");
-  o.port = static_cast<uint16_t>(std::stoi(env_or("TROUPE_HEAD_PORT", "0")));
-  o.token = env_or("TROUPE_TOKEN");
-  o.heartbeat_ms = std::stoul(env_or("TROUPE_HEARTBEAT_MS", "100"));
-  o.heartbeat_misses = std::stoul(env_or("TROUPE_HEARTBEAT_MISSES", "5"));
+  o.host = env.head_host.empty() ? "127.0.0.1" : env.head_host;
+  o.advertise_host = env.advertise_host;
+  o.port = env.head_port;
+  o.token = env.token;
+  o.heartbeat_ms = env.heartbeat_ms;
+  o.heartbeat_misses = env.heartbeat_misses;
   if (o.token.empty()) {
-    TROUPE_LOG_ERROR("head: TROUPE_TOKEN is not set");
+    TROUPE_LOG_ERROR("head: {} is not set", core::kEnvToken);
     std::_Exit(2);
   }
   try {
     head::Head h(o);
     SignalWaiter waiter([&h] { h.stop(); });
     TROUPE_LOG_INFO("head listening on {}", h.address());
-    signal_ready(h.address());
+    signal_ready(env.ready_fd, h.address());
     h.run();
   } catch (const std::exception& e) {
     TROUPE_LOG_ERROR("head failed: {}", e.what());
@@ -91,14 +86,15 @@ class SignalWaiter {
   std::_Exit(0);
 }
 
-[[noreturn]] void run_node() {
+[[noreturn]] void run_node(const core::WorkerEnv& env) {
   core::init_logging("node");
   node::NodeOptions o;
-  o.head_address = env_or("TROUPE_HEAD_ADDRESS");
-  o.token = env_or("TROUPE_TOKEN");
-  o.bind_host = env_or("TROUPE_BIND_HOST", "127.0.0.1");
+  o.head_address = env.head_address;
+  o.token = env.token;
+  o.bind_host = env.bind_host;
+  o.advertise_host = env.advertise_host;
   try {
-    o.resources = node::detect_resources(head::parse_resources(env_or("TROUPE_RESOURCES")));
+    o.resources = node::detect_resources(head::parse_resources(env.resources));
     // Block TERM/INT before the agent's threads start so they inherit it.
     std::function<void()> stop;
     std::mutex mu;
@@ -116,7 +112,7 @@ class SignalWaiter {
       agent_ptr = &agent;
     }
     TROUPE_LOG_INFO("node {} serving with {{{}}}", agent.node_id(), head::format_resources(o.resources));
-    signal_ready(std::to_string(agent.node_id()));
+    signal_ready(env.ready_fd, std::to_string(agent.node_id()));
     agent.run();
     std::lock_guard lock(mu);
     agent_ptr = nullptr;
@@ -130,12 +126,19 @@ class SignalWaiter {
 }  // namespace
 
 void run_role_if_requested(int, char**) {
-  std::string role = env_or("TROUPE_ROLE");
+  std::string role = core::env_value(core::kEnvRole);
   if (role.empty()) return;
-  if (role == "worker") worker::run_worker();
-  if (role == "head") run_head();
-  if (role == "node") run_node();
-  std::fprintf(stderr, "troupe: unknown TROUPE_ROLE '%s' (head, node, worker)\n", role.c_str());
+  core::WorkerEnv env;
+  try {
+    env = core::WorkerEnv::from_env();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe %s: %s\n", role.c_str(), e.what());
+    std::_Exit(2);
+  }
+  if (role == "worker") worker::run_worker(env);
+  if (role == "head") run_head(env);
+  if (role == "node") run_node(env);
+  std::fprintf(stderr, "troupe: unknown %s '%s' (head, node, worker)\n", core::kEnvRole, role.c_str());
   std::_Exit(2);
 }
 

@@ -171,8 +171,8 @@ Runtime init(const InitOptions& options) {
 Runtime init(int argc, char** argv) {
   run_role_if_requested(argc, argv);
   InitOptions o;
-  if (const char* a = std::getenv("TROUPE_ADDRESS")) o.address = a;
-  if (const char* t = std::getenv("TROUPE_TOKEN")) o.token = t;
+  o.address = core::env_value(core::kEnvAddress);
+  o.token = core::env_value(core::kEnvToken);
   for (int i = 1; argv && i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--address" && i + 1 < argc)
@@ -180,6 +180,7 @@ Runtime init(int argc, char** argv) {
     else if (arg.rfind("--address=", 0) == 0)
       o.address = arg.substr(10);
   }
+  if (o.address == "auto" || (!o.address.empty() && o.token.empty())) core::check_session_dir(core::session_dir());
   if (o.address == "auto") {
     std::string dir = core::session_dir();
     o.address = core::read_session_file(dir, "address");

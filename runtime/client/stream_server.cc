@@ -1,6 +1,7 @@
 #include "troupe/runtime/client/stream_server.h"
 
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/worker_env.h"
 
 namespace troupe::client {
 
@@ -20,15 +21,18 @@ Message credit_event(uint64_t id, uint64_t credits) {
 }
 
 StreamServer::StreamServer(Core& core) : core_(core) {
-  std::string host = "127.0.0.1";
-  if (const char* h = std::getenv("TROUPE_BIND_HOST"); h && *h) host = h;
+  std::string host = core::env_value(core::kEnvBindHost);
+  if (host.empty()) host = "127.0.0.1";
+  // Readers connect to the advertise host (never a wildcard bind address).
+  std::string advertise = core::env_value(core::kEnvAdvertiseHost);
+  if (advertise.empty()) advertise = default_advertise_host(host);
   // The listener is created on the I/O thread that will serve it.
   auto done = std::make_shared<core::FutureState<std::string>>();
-  asio::post(core_.io(), [this, host, done] {
+  asio::post(core_.io(), [this, host, advertise, done] {
     try {
       listener_ =
           std::make_unique<Listener>(core_.io(), host, 0, [this](asio::ip::tcp::socket s) { accept(std::move(s)); });
-      done->set_value(host + ":" + std::to_string(listener_->port()));
+      done->set_value(format_address(advertise, listener_->port()));
     } catch (...) {
       done->set_error(std::current_exception());
     }

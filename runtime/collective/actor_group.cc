@@ -14,6 +14,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/thread_set.h"
+#include "troupe/runtime/core/worker_env.h"
 
 namespace troupe::collective {
 namespace {
@@ -181,9 +182,13 @@ std::string departure(const ActorInfo& info, uint32_t joined_incarnation, int ra
   return "";
 }
 
+// Gloo listens on the address it tells its peers, so it takes the node's
+// advertise host (the bind host may be the wildcard 0.0.0.0).
 std::string default_bind_host() {
-  const char* env = std::getenv("TROUPE_BIND_HOST");
-  return env != nullptr && *env != '\0' ? env : "127.0.0.1";
+  std::string advertise = core::env_value(core::kEnvAdvertiseHost);
+  if (!advertise.empty()) return advertise;
+  std::string bind = core::env_value(core::kEnvBindHost);
+  return bind.empty() ? "127.0.0.1" : bind;
 }
 
 std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool watched,

@@ -4,24 +4,215 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "troupe/runtime/core/errors.h"
 
-extern char** environ;
-
 namespace troupe::core {
+
+namespace {
+
+// Closes [from, to]. Runs in a forked child: async-signal-safe calls only.
+void close_fd_range(unsigned from, unsigned to, long max_fd) {
+#ifdef SYS_close_range
+  if (::syscall(SYS_close_range, from, to, 0) == 0) return;
+#endif
+  // Kernels before 5.9: close one by one up to the descriptor limit.
+  for (long fd = from; fd <= static_cast<long>(to) && fd < max_fd; ++fd) ::close(static_cast<int>(fd));
+}
+
+// Closes every descriptor above 2 except `keep` (sorted, unique, all > 2).
+void close_all_but(const std::vector<int>& keep, long max_fd) {
+  unsigned from = 3;
+  for (int k : keep) {
+    if (static_cast<unsigned>(k) > from) close_fd_range(from, static_cast<unsigned>(k) - 1, max_fd);
+    from = static_cast<unsigned>(k) + 1;
+  }
+  close_fd_range(from, UINT_MAX, max_fd);
+}
+
+struct ChildSetup {
+  pid_t parent;
+  int log_fd;
+  int null_fd;
+  int error_fd;  // write end of the exec-error pipe (close-on-exec)
+  std::vector<int> keep;
+  long max_fd;
+};
+
+// Between fork and execve. The parent is threaded, so only
+// async-signal-safe calls; everything else was prepared before fork.
+[[noreturn]] void exec_child(const SpawnOptions& o, const ChildSetup& c, const std::string& exe, char* const* argv,
+                             char* const* envp) {
+  if (o.die_with_parent) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != c.parent) ::_exit(127);
+  }
+  if (o.new_session) ::setsid();
+  if (c.log_fd >= 0) {
+    ::dup2(c.log_fd, 1);
+    ::dup2(c.log_fd, 2);
+    ::dup2(c.null_fd, 0);
+  }
+  for (int fd : o.keep_fds)
+    if (fd > 2) ::fcntl(fd, F_SETFD, 0);
+  close_all_but(c.keep, c.max_fd);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(exe.c_str(), argv, envp);
+  int err = errno;
+  (void)!::write(c.error_fd, &err, sizeof(err));
+  ::_exit(127);
+}
+
+// Opens what the child's 0, 1 and 2 become (-1, -1 when it inherits ours).
+std::pair<int, int> open_log(const std::string& log_file) {
+  if (log_file.empty()) return {-1, -1};
+  int log_fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (log_fd < 0) throw Error("cannot open log " + log_file + ": " + std::strerror(errno));
+  int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null_fd < 0) {
+    ::close(log_fd);
+    throw Error(std::string("cannot open /dev/null: ") + std::strerror(errno));
+  }
+  return {log_fd, null_fd};
+}
+
+// Waits for the exec-error pipe: EOF means execve succeeded; an errno means
+// it failed, and the child is reaped.
+void check_exec(int error_read_fd, pid_t pid, const std::string& exe) {
+  int err = 0;
+  ssize_t n;
+  do {
+    n = ::read(error_read_fd, &err, sizeof(err));
+  } while (n < 0 && errno == EINTR);
+  ::close(error_read_fd);
+  if (n != static_cast<ssize_t>(sizeof(err))) return;
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  throw Error("cannot run " + exe + ": " + std::strerror(err));
+}
+
+// Up to the last `max_lines` lines of what `path` gained after `from`.
+std::string log_tail(const std::string& path, std::streamoff from, size_t max_lines = 6) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "";
+  f.seekg(0, std::ios::end);
+  std::streamoff end = f.tellg();
+  std::streamoff start = std::max(from, end - static_cast<std::streamoff>(2048));
+  f.seekg(start);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  size_t pos = text.size(), lines = 0;
+  while (pos > 0 && lines < max_lines) {
+    pos = text.rfind('\n', pos - 1);
+    if (pos == std::string::npos) {
+      pos = 0;
+      break;
+    }
+    ++lines;
+  }
+  return text.substr(pos == 0 ? 0 : pos + 1);
+}
+
+std::streamoff file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
+}
+
+// Reads from `fd` until a newline, EOF or the deadline; sets `eof` on EOF.
+std::string read_ready_line(int fd, std::chrono::milliseconds timeout, bool& eof) {
+  std::string got;
+  eof = false;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (got.find('\n') == std::string::npos) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    char buf[256];
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      eof = true;
+      break;
+    }
+    got.append(buf, n);
+  }
+  return got;
+}
+
+// The child closed its ready pipe without a ready line: it is exiting (or
+// closed the pipe by mistake). Reports how it ended, with its last words.
+[[noreturn]] void report_early_exit(pid_t pid, const RoleProcessOptions& o, const std::string& what,
+                                    std::streamoff log_start) {
+  int st = 0;
+  pid_t r = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((r = ::waitpid(pid, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::string how = r == pid ? describe_exit_status(st) : "closed its ready pipe without a ready line";
+  if (r != pid) {
+    ::kill(pid, SIGKILL);
+    reap_process(pid);
+  }
+  std::string msg = what + " " + how + " before it was ready";
+  if (!o.log_file.empty()) {
+    std::string tail = log_tail(o.log_file, log_start);
+    msg += tail.empty() ? " (log " + o.log_file + " is empty)" : "; the end of " + o.log_file + ":\n" + tail;
+  }
+  throw Error(msg);
+}
+
+}  // namespace
 
 std::string self_executable_path() {
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   return n > 0 ? std::string(buf, n) : "/proc/self/exe";
+}
+
+std::string describe_exit_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+std::optional<uint64_t> process_start_time(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!f || !std::getline(f, stat)) return std::nullopt;
+  // The command name (field 2) may hold spaces and parentheses; the fields
+  // after its closing parenthesis are plain. Field 3 is the first of them.
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream rest(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)
+    if (!(rest >> field)) return std::nullopt;
+  try {
+    return std::stoull(field);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 void reap_process(pid_t pid, std::chrono::milliseconds grace) {
@@ -37,76 +228,82 @@ void reap_process(pid_t pid, std::chrono::milliseconds grace) {
   ::waitpid(pid, &st, 0);
 }
 
-RoleProcess start_role_process(const RoleProcessOptions& o, const std::string& what) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    if (kv.rfind("TROUPE_", 0) == 0 && kv.rfind("TROUPE_LOG_LEVEL=", 0) != 0 && kv.rfind("TROUPE_SESSION_DIR=", 0) != 0)
-      continue;
-    env.push_back(kv);
-  }
-  env.push_back("TROUPE_READY_FD=" + std::to_string(fds[1]));
-  for (const auto& e : o.env) env.push_back(e);
+pid_t spawn_process(const SpawnOptions& o) {
+  // Everything the child needs is prepared before fork.
+  std::vector<std::string> env = o.env;
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  std::string exe = o.executable.empty() ? self_executable_path() : o.executable;
-  std::string arg0 = exe;
+  std::string exe = o.executable;
+  std::string arg0 = o.arg0.empty() ? exe : o.arg0;
   char* argv[] = {arg0.data(), nullptr};
-  int log_fd = -1;
-  if (!o.log_file.empty()) {
-    log_fd = ::open(o.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (log_fd < 0) throw Error("cannot open log " + o.log_file + ": " + std::strerror(errno));
+  int error_pipe[2];
+  if (::pipe2(error_pipe, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  long open_max = ::sysconf(_SC_OPEN_MAX);
+  ChildSetup c{::getpid(), -1, -1, error_pipe[1], {}, open_max > 0 ? std::min(open_max, 1L << 20) : 65536};
+  try {
+    std::tie(c.log_fd, c.null_fd) = open_log(o.log_file);
+  } catch (...) {
+    ::close(error_pipe[0]);
+    ::close(error_pipe[1]);
+    throw;
   }
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) throw Error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    if (o.die_with_parent) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-    }
-    if (o.new_session) setsid();
-    if (log_fd >= 0) {
-      dup2(log_fd, 1);
-      dup2(log_fd, 2);
-      int devnull = ::open("/dev/null", O_RDONLY);
-      if (devnull >= 0) dup2(devnull, 0);
-    }
-    int flags = fcntl(fds[1], F_GETFD);
-    fcntl(fds[1], F_SETFD, flags & ~FD_CLOEXEC);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(exe.c_str(), argv, envp.data());
-    _exit(127);
+  for (int fd : o.keep_fds)
+    if (fd > 2) c.keep.push_back(fd);
+  c.keep.push_back(error_pipe[1]);
+  std::sort(c.keep.begin(), c.keep.end());
+  c.keep.erase(std::unique(c.keep.begin(), c.keep.end()), c.keep.end());
+
+  pid_t pid = ::fork();
+  if (pid == 0) exec_child(o, c, exe, argv, envp.data());
+  int fork_errno = errno;
+  ::close(error_pipe[1]);
+  if (c.log_fd >= 0) ::close(c.log_fd);
+  if (c.null_fd >= 0) ::close(c.null_fd);
+  if (pid < 0) {
+    ::close(error_pipe[0]);
+    throw Error("cannot start " + exe + ": fork: " + std::strerror(fork_errno));
   }
-  if (log_fd >= 0) ::close(log_fd);
+  check_exec(error_pipe[0], pid, exe);
+  return pid;
+}
+
+RoleProcess start_role_process(const RoleProcessOptions& o, const std::string& what) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  WorkerEnv role_env = o.env;
+  role_env.ready_fd = fds[1];
+  if (role_env.log_level.empty()) role_env.log_level = env_value(kEnvLogLevel);
+  if (role_env.session_dir.empty()) role_env.session_dir = env_value(kEnvSessionDir);
+  SpawnOptions s;
+  s.executable = o.executable.empty() ? self_executable_path() : o.executable;
+  s.env = clean_environment();
+  for (auto& kv : role_env.to_env()) s.env.push_back(std::move(kv));
+  s.env.insert(s.env.end(), o.extra_env.begin(), o.extra_env.end());
+  s.log_file = o.log_file;
+  s.keep_fds = {fds[1]};
+  s.die_with_parent = o.die_with_parent;
+  s.new_session = o.new_session;
+  std::streamoff log_start = o.log_file.empty() ? 0 : file_size(o.log_file);
+  pid_t pid = -1;
+  try {
+    pid = spawn_process(s);
+  } catch (...) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw;
+  }
   ::close(fds[1]);
-  std::string got;
-  auto deadline = std::chrono::steady_clock::now() + o.ready_timeout;
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    pollfd p{fds[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-    char buf[256];
-    ssize_t n = ::read(fds[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    got.append(buf, n);
-    if (got.find('\n') != std::string::npos) break;
-  }
+  bool eof = false;
+  std::string got = read_ready_line(fds[0], o.ready_timeout, eof);
   ::close(fds[0]);
   auto nl = got.find('\n');
-  if (nl == std::string::npos) {
-    ::kill(pid, SIGKILL);
-    reap_process(pid);
-    throw Error(what + " did not become ready within " + std::to_string(o.ready_timeout.count()) + " ms" +
-                (o.log_file.empty() ? "" : " (see " + o.log_file + ")"));
-  }
-  return {pid, got.substr(0, nl)};
+  if (nl != std::string::npos) return {pid, got.substr(0, nl)};
+  if (eof) report_early_exit(pid, o, what, log_start);
+  ::kill(pid, SIGKILL);
+  reap_process(pid);
+  throw Error(what + " did not become ready within " + std::to_string(o.ready_timeout.count()) + " ms" +
+              (o.log_file.empty() ? "" : " (see " + o.log_file + ")"));
 }
 
 }  // namespace troupe::core

@@ -1,21 +1,44 @@
-// Starting troupe processes in a role (head, node): fork + exec of a binary
-// with TROUPE_ROLE and a ready pipe, waiting (bounded) for the ready line.
+// Starting processes. spawn_process() is the one fork + exec in troupe: the
+// node agent starts workers with it and start_role_process() starts heads
+// and node agents with it. A child gets exactly the environment it is given
+// and only the file descriptors meant for it (0, 1, 2 and `keep_fds`), so
+// no socket, pipe or file of the parent (such as a node agent's
+// authenticated head connection) reaches user code.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "troupe/runtime/core/worker_env.h"
+
 namespace troupe::core {
 
+struct SpawnOptions {
+  std::string executable;        // path given to execve
+  std::string arg0;              // argv[0]; "" = executable
+  std::vector<std::string> env;  // the child's whole environment, KEY=VALUE
+  std::string log_file;          // "" = inherit 0, 1, 2; else stdin /dev/null, stdout+stderr appended here
+  std::vector<int> keep_fds;     // descriptors above 2 the child keeps, under the same numbers
+  bool die_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL)
+  bool new_session = false;      // setsid(), for daemons
+};
+
+// Forks and execs. Returns the child's pid once it has exec'd; throws
+// troupe::Error (and reaps the child) when fork or execve fails, naming the
+// executable and the reason.
+pid_t spawn_process(const SpawnOptions& options);
+
 struct RoleProcessOptions {
-  std::string executable;        // "" = this binary
-  std::vector<std::string> env;  // KEY=VALUE added to a clean copy of ours
-  std::string log_file;          // "" = inherit stdout/stderr
-  bool die_with_parent = true;   // PR_SET_PDEATHSIG; off for daemons
-  bool new_session = false;      // setsid(); on for daemons
+  std::string executable;              // "" = this binary
+  WorkerEnv env;                       // role, token, ...; ready_fd is set by start_role_process
+  std::vector<std::string> extra_env;  // KEY=VALUE appended (e.g. TROUPE_LOG_LEVEL=debug)
+  std::string log_file;                // "" = inherit stdout/stderr
+  bool die_with_parent = true;         // off for daemons
+  bool new_session = false;            // on for daemons
   std::chrono::milliseconds ready_timeout{20000};
 };
 
@@ -24,12 +47,22 @@ struct RoleProcess {
   std::string ready_line;  // what the process wrote to its ready pipe
 };
 
-// Starts the process and waits for its ready line; on timeout kills it and
-// throws troupe::Error naming `what`.
+// Starts a troupe binary in a role and waits for its ready line. A child
+// that exits first is reported with its exit status and the end of its log;
+// one that stays silent past the timeout is killed. Both throw troupe::Error
+// naming `what`.
 RoleProcess start_role_process(const RoleProcessOptions& options, const std::string& what);
 
 // Waits for pid to exit, SIGKILLing it after `grace`.
 void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
+
+// "exited with code 1", "killed by signal 9 (Killed)".
+std::string describe_exit_status(int status);
+
+// Field 22 of /proc/PID/stat: when the process started, in clock ticks since
+// boot. Together with the pid it names one process for the life of the
+// machine (pids are reused, start times of a reused pid differ).
+std::optional<uint64_t> process_start_time(pid_t pid);
 
 // Absolute path of the running binary.
 std::string self_executable_path();

@@ -78,10 +78,11 @@ class Head::Impl {
       : opts_(std::move(o)),
         listener_(io_, opts_.host, opts_.port, [this](asio::ip::tcp::socket s) { accept(std::move(s)); }),
         timer_(io_) {
+    if (opts_.advertise_host.empty()) opts_.advertise_host = wire::default_advertise_host(opts_.host);
     arm_timer();
   }
 
-  std::string address() const { return opts_.host + ":" + std::to_string(listener_.port()); }
+  std::string address() const { return wire::format_address(opts_.advertise_host, listener_.port()); }
   asio::io_context& io() { return io_; }
   void stop() {
     asio::post(io_, [this] {

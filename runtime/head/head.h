@@ -17,7 +17,10 @@
 namespace troupe::head {
 
 struct HeadOptions {
-  std::string host = "127.0.0.1";
+  std::string host = "127.0.0.1";  // address to listen on (0.0.0.0, :: = every interface)
+  // The address address() reports ("" = host, or for a wildcard host the
+  // first non-loopback interface's, else 127.0.0.1). Never the wildcard.
+  std::string advertise_host;
   uint16_t port = 0;  // 0 = any free port
   std::string token;
   uint32_t heartbeat_ms = 100;    // nodes heartbeat this often
@@ -32,7 +35,7 @@ class Head {
   Head(const Head&) = delete;
   Head& operator=(const Head&) = delete;
 
-  // "host:port" the head listens on.
+  // "host:port" others reach the head at: the advertise host and the port.
   std::string address() const;
   // Runs the event loop on a background thread.
   void start();

@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,9 +10,9 @@
 #include <map>
 
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/wire/rpc.h"
-
-extern char** environ;
 
 namespace troupe::node {
 
@@ -35,19 +34,21 @@ int cuda_device_count() {
   return n;
 }
 
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
-    return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
-  }
-  return "ended (status " + std::to_string(status) + ")";
-}
-
 std::string hostname() {
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
   return buf;
+}
+
+// Fills in the bind and advertise hosts left empty: the interface that
+// routes to the head is the one the head and the other nodes can reach.
+void choose_addresses(NodeOptions& o) {
+  if (!o.bind_host.empty() && !o.advertise_host.empty()) return;
+  auto [head_host, head_port] = parse_address(o.head_address);
+  if (o.bind_host.empty()) o.bind_host = local_address_towards(head_host, head_port);
+  if (o.advertise_host.empty())
+    o.advertise_host =
+        is_wildcard_host(o.bind_host) ? local_address_towards(head_host, head_port) : strip_brackets(o.bind_host);
 }
 
 }  // namespace
@@ -64,6 +65,7 @@ class NodeAgent::Impl {
  public:
   explicit Impl(NodeOptions o) : opts_(std::move(o)), signals_(io_, SIGCHLD), timer_(io_) {
     if (opts_.resources.empty()) opts_.resources = detect_resources({});
+    choose_addresses(opts_);
     io_thread_ = std::thread([this] {
       auto guard = asio::make_work_guard(io_);
       io_.run();
@@ -157,49 +159,32 @@ class NodeAgent::Impl {
   }
 
   void spawn(const SpawnWorker& s) {
-    std::string exe = s.executable.empty() ? "/proc/self/exe" : s.executable;
-    // Everything the child needs is prepared before fork: between fork and
-    // exec only async-signal-safe calls are allowed in a threaded process.
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) {
-      std::string kv = *e;
-      if (kv.rfind("TROUPE_", 0) == 0 || kv.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0) continue;
-      env.push_back(kv);
-    }
+    core::WorkerEnv w;
+    w.role = "worker";
+    w.head_address = opts_.head_address;
+    w.token = opts_.token;
+    w.actor_id = s.actor_id;
+    w.incarnation = s.incarnation;
+    w.node_id = node_id_;
+    w.bind_host = opts_.bind_host;
+    w.advertise_host = opts_.advertise_host;
+    w.gpu_ids.assign(s.gpu_ids.begin(), s.gpu_ids.end());
+    w.log_level = core::env_value(core::kEnvLogLevel);
+    core::SpawnOptions o;
+    o.executable = s.executable.empty() ? "/proc/self/exe" : s.executable;
+    o.arg0 = "troupe-worker:" + s.class_name;
+    o.env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
+    for (auto& kv : w.to_env()) o.env.push_back(std::move(kv));
     std::string gpus;
     for (size_t i = 0; i < s.gpu_ids.size(); ++i) gpus += (i ? "," : "") + std::to_string(s.gpu_ids[i]);
-    env.push_back("TROUPE_ROLE=worker");
-    env.push_back("TROUPE_HEAD_ADDRESS=" + opts_.head_address);
-    env.push_back("TROUPE_TOKEN=" + opts_.token);
-    env.push_back("TROUPE_ACTOR_ID=" + std::to_string(s.actor_id));
-    env.push_back("TROUPE_INCARNATION=" + std::to_string(s.incarnation));
-    env.push_back("TROUPE_NODE_ID=" + std::to_string(node_id_));
-    env.push_back("TROUPE_BIND_HOST=" + opts_.bind_host);
-    env.push_back("TROUPE_GPU_IDS=" + gpus);
-    env.push_back("CUDA_VISIBLE_DEVICES=" + gpus);
-    if (const char* lvl = std::getenv("TROUPE_LOG_LEVEL")) env.push_back(std::string("TROUPE_LOG_LEVEL=") + lvl);
-    for (const auto& e : s.env) env.push_back(e);
-    std::vector<char*> envp;
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string arg0 = "troupe-worker:" + s.class_name;
-    char* argv[] = {arg0.data(), nullptr};
-    pid_t parent = getpid();
-
-    pid_t pid = fork();
-    if (pid < 0) {
-      report_exit(s.actor_id, s.incarnation, 0, std::string("failed to start: fork: ") + strerror(errno));
+    o.env.push_back("CUDA_VISIBLE_DEVICES=" + gpus);
+    o.env.insert(o.env.end(), s.env.begin(), s.env.end());
+    pid_t pid = -1;
+    try {
+      pid = core::spawn_process(o);
+    } catch (const std::exception& e) {
+      report_exit(s.actor_id, s.incarnation, 0, std::string("failed to start: ") + e.what());
       return;
-    }
-    if (pid == 0) {
-      // Child: die with the node agent, start clean, exec.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      sigset_t all;
-      sigemptyset(&all);
-      sigprocmask(SIG_SETMASK, &all, nullptr);
-      execve(exe.c_str(), argv, envp.data());
-      _exit(127);
     }
     workers_[pid] = {s.actor_id, s.incarnation};
     TROUPE_LOG_DEBUG("node {}: started worker pid {} for actor {} ({})", node_id_, pid, s.actor_id, s.class_name);
@@ -223,7 +208,7 @@ class NodeAgent::Impl {
         ++it;
         continue;
       }
-      std::string how = describe_status(status);
+      std::string how = core::describe_exit_status(status);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 127) how += " (could not exec the worker executable?)";
       report_exit(it->second.actor_id, it->second.incarnation, pid, how);
       it = workers_.erase(it);

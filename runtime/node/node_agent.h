@@ -1,6 +1,7 @@
 // The node agent: one per machine. It advertises the machine's resources to
 // the head, starts one worker process per actor (fork + exec, with
-// CUDA_VISIBLE_DEVICES set from the actor's GPUs), reaps them on SIGCHLD and
+// CUDA_VISIBLE_DEVICES set from the actor's GPUs, through spawn_process so
+// that its own head connection never reaches them), reaps them on SIGCHLD and
 // reports every exit at once, and heartbeats. Its workers die with it
 // (PR_SET_PDEATHSIG), so a dead node takes its actors along.
 #pragma once
@@ -16,9 +17,15 @@ namespace troupe::node {
 struct NodeOptions {
   std::string head_address;
   std::string token;
-  wire::Resources resources;            // empty: detect (CPU = cores, GPU = CUDA devices)
-  std::string bind_host = "127.0.0.1";  // where its workers listen
-  std::string session_dir;              // workers' logs go here when set
+  wire::Resources resources;  // empty: detect (CPU = cores, GPU = CUDA devices)
+  // Where its workers listen; "" = the local address of the interface that
+  // routes to the head.
+  std::string bind_host = "127.0.0.1";
+  // The address its workers advertise; "" = bind_host, or for a wildcard
+  // bind_host the local address of the interface that routes to the head.
+  // Never 0.0.0.0.
+  std::string advertise_host;
+  std::string session_dir;  // workers' logs go here when set
 };
 
 // Resources of this machine: CPU = online cores, GPU = CUDA devices (0 when

@@ -14,9 +14,12 @@ namespace troupe::testing {
 LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {
   token_ = wire::random_token();
   std::string line;
-  head_pid_ = start({"TROUPE_ROLE=head", "TROUPE_HEARTBEAT_MS=" + std::to_string(options_.heartbeat_ms),
-                     "TROUPE_HEARTBEAT_MISSES=" + std::to_string(options_.heartbeat_misses)},
-                    &line);
+  core::WorkerEnv head;
+  head.role = "head";
+  head.head_host = options_.host;
+  head.heartbeat_ms = options_.heartbeat_ms;
+  head.heartbeat_misses = options_.heartbeat_misses;
+  head_pid_ = start(head, &line);
   address_ = line;
   try {
     for (const auto& r : options_.nodes) add_node(r);
@@ -58,7 +61,12 @@ size_t LocalCluster::add_node(const Resources& resources) {
   res.erase(std::remove(res.begin(), res.end(), '\0'), res.end());
   // Without GPU in the set the node would advertise what CUDA finds.
   if (!resources.count("GPU")) res += (res.empty() ? "" : ",") + std::string("GPU=0");
-  pid_t pid = start({"TROUPE_ROLE=node", "TROUPE_HEAD_ADDRESS=" + address_, "TROUPE_RESOURCES=" + res}, &line);
+  core::WorkerEnv node;
+  node.role = "node";
+  node.head_address = address_;
+  node.resources = res;
+  node.bind_host = options_.host;
+  pid_t pid = start(node, &line);
   nodes_.push_back({pid, std::stoull(line)});
   return nodes_.size() - 1;
 }
@@ -84,13 +92,13 @@ void LocalCluster::kill_head(int sig) {
 
 void LocalCluster::reap(pid_t pid) { core::reap_process(pid); }
 
-pid_t LocalCluster::start(const std::vector<std::string>& extra, std::string* ready_line) {
+pid_t LocalCluster::start(core::WorkerEnv env, std::string* ready_line) {
   core::RoleProcessOptions o;
-  o.env = extra;
-  o.env.push_back("TROUPE_TOKEN=" + token_);
-  o.env.insert(o.env.end(), options_.env.begin(), options_.env.end());
+  env.token = token_;
+  o.env = env;
+  o.extra_env = options_.env;
   o.ready_timeout = options_.start_timeout;
-  auto p = core::start_role_process(o, "LocalCluster " + extra.front());
+  auto p = core::start_role_process(o, "LocalCluster " + env.role);
   *ready_line = p.ready_line;
   return p.pid;
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/worker_env.h"
 
 namespace troupe::testing {
 
@@ -26,6 +27,9 @@ struct LocalClusterOptions {
   std::chrono::milliseconds start_timeout{20000};
   // Extra KEY=VALUE for head and nodes (e.g. TROUPE_LOG_LEVEL=debug).
   std::vector<std::string> env;
+  // Where the head and the nodes' workers listen ("0.0.0.0", "::1", ...);
+  // each advertises a reachable address of its own choosing.
+  std::string host = "127.0.0.1";
 };
 
 class LocalCluster {
@@ -55,7 +59,7 @@ class LocalCluster {
     pid_t pid = -1;
     uint64_t id = 0;
   };
-  pid_t start(const std::vector<std::string>& env, std::string* ready_line);
+  pid_t start(core::WorkerEnv env, std::string* ready_line);
   void reap(pid_t pid);
 
   LocalClusterOptions options_;

@@ -1,5 +1,6 @@
 #include "troupe/runtime/wire/connection.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -14,6 +15,10 @@ namespace troupe::wire {
 
 namespace {
 constexpr size_t kReadChunk = 256 * 1024;
+
+// asio opens sockets without SOCK_CLOEXEC; a socket must never outlive an
+// exec (spawn_process also closes stray descriptors in the child).
+void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
 
 std::string endpoint_text(const asio::ip::tcp::socket& s) {
   asio::error_code ec;
@@ -343,13 +348,17 @@ void Connection::connect(asio::io_context& io, const std::string& host, uint16_t
                          FrameLimits limits, FrameHandler on_frame, CloseHandler on_close,
                          std::function<void(std::shared_ptr<Connection>, std::string)> done) {
   auto socket = std::make_shared<asio::ip::tcp::socket>(io);
-  asio::error_code ec;
-  auto addr = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
-  if (ec) {
-    asio::post(io, [done, host] { done(nullptr, "bad host address '" + host + "'"); });
+  asio::ip::address addr;
+  try {
+    addr = resolve_host(host);
+  } catch (const std::exception& e) {
+    asio::post(io, [done, why = std::string(e.what())] { done(nullptr, why); });
     return;
   }
   asio::ip::tcp::endpoint ep(addr, port);
+  asio::error_code ec;
+  socket->open(ep.protocol(), ec);
+  if (!ec) set_cloexec(socket->native_handle());
   socket->async_connect(ep, [&io, socket, token, limits, on_frame, on_close, done, host, port](asio::error_code ec) {
     if (ec) return done(nullptr, "connect to " + host + ":" + std::to_string(port) + " failed: " + ec.message());
     auto conn = std::make_shared<Connection>(std::move(*socket), token, false, limits);
@@ -375,8 +384,9 @@ void Connection::connect(asio::io_context& io, const std::string& host, uint16_t
 
 Listener::Listener(asio::io_context& io, const std::string& host, uint16_t port, AcceptHandler on_accept)
     : acceptor_(io), host_(host), on_accept_(std::move(on_accept)) {
-  asio::ip::tcp::endpoint ep(asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host), port);
+  asio::ip::tcp::endpoint ep(resolve_host(host), port);
   acceptor_.open(ep.protocol());
+  set_cloexec(acceptor_.native_handle());
   acceptor_.set_option(asio::socket_base::reuse_address(true));
   acceptor_.bind(ep);
   acceptor_.listen(asio::socket_base::max_listen_connections);
@@ -387,7 +397,10 @@ Listener::Listener(asio::io_context& io, const std::string& host, uint16_t port,
 void Listener::accept_next() {
   acceptor_.async_accept([this](asio::error_code ec, asio::ip::tcp::socket s) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) on_accept_(std::move(s));
+    if (!ec) {
+      set_cloexec(s.native_handle());
+      on_accept_(std::move(s));
+    }
     accept_next();
   });
 }
@@ -395,23 +408,6 @@ void Listener::accept_next() {
 void Listener::close() {
   asio::error_code ec;
   acceptor_.close(ec);
-}
-
-std::pair<std::string, uint16_t> parse_address(const std::string& address) {
-  auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
-    throw ConfigError("address '" + address + "' is not HOST:PORT");
-  std::string host = address.substr(0, colon);
-  int port = 0;
-  try {
-    size_t used = 0;
-    port = std::stoi(address.substr(colon + 1), &used);
-    if (used != address.size() - colon - 1) throw std::invalid_argument("");
-  } catch (const std::exception&) {
-    throw ConfigError("address '" + address + "' has a bad port");
-  }
-  if (port <= 0 || port > 65535) throw ConfigError("address '" + address + "' has port out of range");
-  return {host, static_cast<uint16_t>(port)};
 }
 
 }  // namespace troupe::wire

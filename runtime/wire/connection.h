@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/auth.h"
 #include "troupe/runtime/wire/frame.h"
 
@@ -130,8 +131,5 @@ class Listener {
   uint16_t port_;
   AcceptHandler on_accept_;
 };
-
-// Splits "host:port"; throws ConfigError naming the text when malformed.
-std::pair<std::string, uint16_t> parse_address(const std::string& address);
 
 }  // namespace troupe::wire

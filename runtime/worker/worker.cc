@@ -18,9 +18,6 @@ using namespace troupe::wire;
 
 namespace {
 
-std::string env_or(const char* name, const std::string& fallback = "") {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
 }
 
 struct Job {
@@ -53,14 +50,14 @@ class Mailbox {
 
 }  // namespace
 
-void run_worker() {
-  uint64_t actor_id = std::stoull(env_or("TROUPE_ACTOR_ID", "0"));
-  uint32_t incarnation = std::stoul(env_or("TROUPE_INCARNATION", "0"));
+void run_worker(const core::WorkerEnv& env) {
+  uint64_t actor_id = env.actor_id;
+  uint32_t incarnation = env.incarnation;
   core::init_logging("worker a" + std::to_string(actor_id));
 
   client::ConnectOptions co;
-  co.address = env_or("TROUPE_HEAD_ADDRESS");
-  co.token = env_or("TROUPE_TOKEN");
+  co.address = env.head_address;
+  co.token = env.token;
   co.hello.role = Role::kWorker;
   co.hello.actor_id = actor_id;
   co.hello.incarnation = incarnation;
@@ -79,15 +76,7 @@ void run_worker() {
   const ActorSpec& spec = core->hello_reply().spec;
   WorkerContext& ctx = WorkerContext::get();
   ctx.actor_id = actor_id;
-  for (const auto& part : {env_or("TROUPE_GPU_IDS")}) {
-    size_t pos = 0;
-    while (pos < part.size()) {
-      size_t comma = part.find(',', pos);
-      if (comma == std::string::npos) comma = part.size();
-      if (comma > pos) ctx.gpu_ids.push_back(std::stoi(part.substr(pos, comma - pos)));
-      pos = comma + 1;
-    }
-  }
+  ctx.gpu_ids = env.gpu_ids;
   ctx.runtime = std::make_unique<Runtime>(Runtime::attach(core));
 
   auto fail_init = [&](const std::string& error) {
@@ -113,7 +102,10 @@ void run_worker() {
     fail_init("unknown exception");
   }
 
-  std::string bind_host = env_or("TROUPE_BIND_HOST", "127.0.0.1");
+  std::string bind_host = env.bind_host.empty() ? "127.0.0.1" : env.bind_host;
+  // Callers reach the actor at the node's advertise host, never at a
+  // wildcard bind address.
+  std::string advertise_host = env.advertise_host.empty() ? default_advertise_host(bind_host) : env.advertise_host;
   const bool inline_calls = spec.max_concurrency <= 1;
   // With one call at a time the actor runs calls on the thread that reads
   // them (no hand-off: a synchronous call costs one wake-up here); control
@@ -193,8 +185,8 @@ void run_worker() {
                          });
                        }));
 
-  ActorReady ready{actor_id, incarnation, bind_host + ":" + std::to_string(call_listener->port()), getpid(),
-                   bind_host + ":" + std::to_string(control_listener->port())};
+  ActorReady ready{actor_id, incarnation, format_address(advertise_host, call_listener->port()), getpid(),
+                   format_address(advertise_host, control_listener->port())};
   core->head().send(make_event_value(Op::kActorReady, ready));
   TROUPE_LOG_DEBUG("actor {} ({}) serving at {}", actor_id, spec.class_name, ready.address);
 

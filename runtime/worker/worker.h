@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "troupe/runtime/wire/codec.h"
+#include "troupe/runtime/core/worker_env.h"
 
 namespace troupe::worker {
 
@@ -20,7 +21,8 @@ struct DropConnections {
   TROUPE_FIELDS()
 };
 
-// Serves the actor named by TROUPE_ACTOR_ID etc.; never returns.
-[[noreturn]] void run_worker();
+// Serves the actor named by env (actor id, incarnation, head, token, bind
+// and advertise hosts, GPUs); never returns.
+[[noreturn]] void run_worker(const core::WorkerEnv& env);
 
 }  // namespace troupe::worker

@@ -4,14 +4,18 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <array>
+#include <asio.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "tests/runtime/test_util.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/session.h"
-#include "tests/runtime/test_util.h"
 
 using namespace std::chrono_literals;
 
@@ -43,6 +47,8 @@ class LauncherTest : public ::testing::Test {
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() / ("troupe-cli-test-" + std::to_string(getpid()));
     std::filesystem::create_directories(dir_);
+    // A session directory must be the user's own with mode 0700.
+    std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
     setenv("TROUPE_SESSION_DIR", dir_.c_str(), 1);
     unsetenv("TROUPE_TOKEN");
   }
@@ -52,6 +58,16 @@ class LauncherTest : public ::testing::Test {
     unsetenv("TROUPE_SESSION_DIR");
   }
   std::filesystem::path dir_;
+  std::string cli() const { return TROUPE_CLI; }
+};
+
+// A listening socket on loopback that accepts nothing: the kernel completes
+// connections to it, and nobody ever speaks on them.
+struct SilentService {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
+  std::string address() const { return "127.0.0.1:" + std::to_string(acceptor.local_endpoint().port()); }
+  uint16_t port() const { return acceptor.local_endpoint().port(); }
 };
 
 TEST_F(LauncherTest, StartStatusSubmitStop) {
@@ -101,6 +117,89 @@ TEST_F(LauncherTest, ClearErrorsWithoutACluster) {
   auto join = run(std::string(TROUPE_CLI) + " start --address 127.0.0.1:1");
   EXPECT_NE(join.status, 0);
   EXPECT_NE(join.output.find("token"), std::string::npos) << join.output;
+}
+
+TEST_F(LauncherTest, PortOutOfRangeIsRefused) {
+  for (std::string port : {"70000", "-5"}) {
+    auto r = run(cli() + " start --head --port " + port);
+    EXPECT_NE(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("--port"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(port), std::string::npos) << r.output;
+    EXPECT_TRUE(troupe::core::read_session_file(dir_.string(), "head.pid").empty());
+  }
+}
+
+TEST_F(LauncherTest, HeadThatFailsAtOnceIsReportedWithItsExitStatus) {
+  SilentService taken;  // holds the port the head is asked for
+  auto r = run(cli() + " start --head --port " + std::to_string(taken.port()));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("exited with code"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Address already in use"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("did not become ready"), std::string::npos) << r.output;
+}
+
+TEST_F(LauncherTest, AddressOfAForeignServiceFailsFastAndPersistsNothing) {
+  SilentService other;
+  auto r = run("TROUPE_TOKEN=abc " + cli() + " start --address " + other.address());
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(other.address() + " is not a troupe head"), std::string::npos) << r.output;
+  EXPECT_TRUE(troupe::core::read_session_file(dir_.string(), "token").empty());
+  EXPECT_TRUE(troupe::core::read_session_file(dir_.string(), "address").empty());
+}
+
+TEST_F(LauncherTest, UnsafeSessionDirectoryIsRefused) {
+  std::filesystem::permissions(dir_, std::filesystem::perms::all);  // 0777
+  auto open = run(cli() + " start --head --port 0 --no-node");
+  EXPECT_NE(open.status, 0) << open.output;
+  EXPECT_NE(open.output.find(dir_.string()), std::string::npos) << open.output;
+  EXPECT_NE(open.output.find("0777"), std::string::npos) << open.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "token"));
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown the directory to another user (CI runs as root)";
+  std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
+  ASSERT_EQ(::chown(dir_.c_str(), 65534, 65534), 0);  // nobody
+  auto theirs = run(cli() + " start --head --port 0 --no-node");
+  EXPECT_NE(theirs.status, 0) << theirs.output;
+  EXPECT_NE(theirs.output.find("uid 65534"), std::string::npos) << theirs.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "token"));
+  ASSERT_EQ(::chown(dir_.c_str(), ::geteuid(), ::getegid()), 0);
+}
+
+TEST_F(LauncherTest, PlantedPidFileDoesNotGetItsProcessKilled) {
+  pid_t victim = ::fork();
+  if (victim == 0) {
+    ::execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_GT(victim, 0);
+  std::string dir = dir_.string();
+  troupe::core::write_session_file(dir, "head.pid", std::to_string(victim) + "\n");          // old format
+  troupe::core::write_session_file(dir, "node-9.pid", std::to_string(victim) + " 12345\n");  // wrong start time
+  auto stop = run(cli() + " stop");
+  EXPECT_EQ(stop.status, 0) << stop.output;
+  EXPECT_NE(stop.output.find("ignoring"), std::string::npos) << stop.output;
+  int st = 0;
+  EXPECT_EQ(::waitpid(victim, &st, WNOHANG), 0) << "troupe stop killed an unrelated process";
+  ::kill(victim, SIGKILL);
+  ::waitpid(victim, &st, 0);
+}
+
+TEST_F(LauncherTest, WildcardHeadAdvertisesAReachableAddressAndAWrongTokenIsNotPersisted) {
+  auto head = run(cli() + " start --head --host 0.0.0.0 --advertise-address 127.0.0.1 --port 0 --no-node");
+  ASSERT_EQ(head.status, 0) << head.output;
+  std::string address = troupe::core::read_session_file(dir_.string(), "address");
+  EXPECT_EQ(address.rfind("127.0.0.1:", 0), 0u) << address;
+  auto status = run(cli() + " status --json");
+  ASSERT_EQ(status.status, 0) << status.output;
+  EXPECT_EQ(nlohmann::json::parse(status.output)["address"], address);
+  // A node joining with a wrong token fails at once and writes nothing.
+  auto other = dir_ / "other";
+  std::filesystem::create_directory(other);
+  std::filesystem::permissions(other, std::filesystem::perms::owner_all);
+  auto join = run("TROUPE_SESSION_DIR=" + other.string() + " TROUPE_TOKEN=wrong " + cli() + " start --address " +
+                  address + " --resources CPU=1,GPU=0");
+  EXPECT_NE(join.status, 0) << join.output;
+  EXPECT_NE(join.output.find("refused the cluster token"), std::string::npos) << join.output;
+  EXPECT_FALSE(std::filesystem::exists(other / "token"));
 }
 
 }  // namespace

@@ -1,0 +1,76 @@
+// WorkerEnv: the environment one troupe process hands to another. The
+// launcher, LocalCluster and node agents start heads, node agents and
+// workers by exec with TROUPE_* variables; every such name is spelled here
+// once, and to_env()/from_env() are the only code that writes or parses
+// them, so a name or a format cannot drift between the two sides.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::core {
+
+// The variables' names. Drivers and users set the last four by hand.
+inline constexpr const char* kEnvRole = "TROUPE_ROLE";
+inline constexpr const char* kEnvToken = "TROUPE_TOKEN";
+inline constexpr const char* kEnvHeadAddress = "TROUPE_HEAD_ADDRESS";
+inline constexpr const char* kEnvHeadHost = "TROUPE_HEAD_HOST";
+inline constexpr const char* kEnvHeadPort = "TROUPE_HEAD_PORT";
+inline constexpr const char* kEnvHeartbeatMs = "TROUPE_HEARTBEAT_MS";
+inline constexpr const char* kEnvHeartbeatMisses = "TROUPE_HEARTBEAT_MISSES";
+inline constexpr const char* kEnvResources = "TROUPE_RESOURCES";
+inline constexpr const char* kEnvBindHost = "TROUPE_BIND_HOST";
+inline constexpr const char* kEnvAdvertiseHost = "TROUPE_ADVERTISE_HOST";
+inline constexpr const char* kEnvActorId = "TROUPE_ACTOR_ID";
+inline constexpr const char* kEnvIncarnation = "TROUPE_INCARNATION";
+inline constexpr const char* kEnvNodeId = "TROUPE_NODE_ID";
+inline constexpr const char* kEnvGpuIds = "TROUPE_GPU_IDS";
+inline constexpr const char* kEnvReadyFd = "TROUPE_READY_FD";
+inline constexpr const char* kEnvLogLevel = "TROUPE_LOG_LEVEL";
+inline constexpr const char* kEnvSessionDir = "TROUPE_SESSION_DIR";
+inline constexpr const char* kEnvAddress = "TROUPE_ADDRESS";
+inline constexpr const char* kEnvWorkerBinary = "TROUPE_WORKER_BINARY";
+inline constexpr const char* kEnvDigitsPath = "TROUPE_DIGITS_PATH";
+
+// What a role process needs to know. Fields left at their defaults are not
+// written by to_env(); from_env() leaves absent variables at the defaults.
+struct WorkerEnv {
+  std::string role;  // head, node or worker
+  std::string token;
+  std::string head_address;  // node, worker: HOST:PORT of the head
+  // Head.
+  std::string head_host;  // address to listen on
+  uint16_t head_port = 0;
+  uint32_t heartbeat_ms = 100;
+  uint32_t heartbeat_misses = 5;
+  // Node agent and its workers.
+  std::string resources;       // node: overrides, "CPU=2,GPU=0"
+  std::string bind_host;       // where the node's workers listen ("" = derive)
+  std::string advertise_host;  // head, node, worker: the address others reach it at ("" = derive)
+  // Worker.
+  uint64_t actor_id = 0;
+  uint32_t incarnation = 0;
+  uint64_t node_id = 0;
+  std::vector<int> gpu_ids;
+  // Plumbing.
+  int ready_fd = -1;        // where the process writes its ready line
+  std::string log_level;    // spdlog level name
+  std::string session_dir;  // passed through for --address auto
+
+  // KEY=VALUE strings, ready for an exec environment.
+  std::vector<std::string> to_env() const;
+  // From this process's environment; throws ConfigError naming the variable
+  // and its value when one does not parse.
+  static WorkerEnv from_env();
+};
+
+// The value of `name` in this process's environment, "" when unset.
+std::string env_value(const char* name);
+
+// This process's environment without any TROUPE_* variable and without the
+// variables named in `drop` (e.g. CUDA_VISIBLE_DEVICES): the base a child's
+// environment is built on, so that nothing troupe-specific leaks by accident.
+std::vector<std::string> clean_environment(const std::vector<std::string>& drop = {});
+
+}  // namespace troupe::core

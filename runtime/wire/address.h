@@ -1,0 +1,46 @@
+// Network addresses: "HOST:PORT" text (IPv6 literals in brackets,
+// "[::1]:6380"), host names resolved, and the choice of the address a
+// process advertises. A process binds to one address (possibly the wildcard
+// 0.0.0.0) and tells others another one: the address they can reach it at,
+// never the wildcard.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <asio/ip/address.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace troupe::wire {
+
+// Splits "host:port" or "[v6]:port" (brackets dropped from the host);
+// throws ConfigError naming the text when malformed or the port is not in
+// 1..65535.
+std::pair<std::string, uint16_t> parse_address(const std::string& address);
+// "host:port", or "[host]:port" for an IPv6 literal.
+std::string format_address(const std::string& host, uint16_t port);
+// Drops brackets around an IPv6 literal ("[::1]" -> "::1").
+std::string strip_brackets(const std::string& host);
+
+// An IP literal as is, "localhost" as 127.0.0.1, a host name through the
+// resolver (IPv4 first). Throws ConfigError naming the host.
+asio::ip::address resolve_host(const std::string& host);
+
+// Fills `out` with ip:port; returns the length to pass to connect/bind.
+socklen_t to_sockaddr(const asio::ip::address& ip, uint16_t port, sockaddr_storage& out);
+
+// 0.0.0.0, :: or "": listening on every interface.
+bool is_wildcard_host(const std::string& host);
+// The address of this machine's first non-loopback interface that is up
+// (IPv4 first), or 127.0.0.1 when there is none.
+std::string first_non_loopback_address();
+// The local address of the interface that routes to host:port (a UDP
+// socket's getsockname after connect; nothing is sent).
+std::string local_address_towards(const std::string& host, uint16_t port);
+// What a process bound to `bind_host` advertises when not told: the bind
+// host itself, or for a wildcard first_non_loopback_address().
+std::string default_advertise_host(const std::string& bind_host);
+
+}  // namespace troupe::wire
