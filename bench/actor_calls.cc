@@ -70,8 +70,9 @@ TROUPE_ACTOR(Caller, &Caller::run)
 
 namespace {
 
-void emit(const std::string& c, double value, const std::string& unit, const nlohmann::json& extra = {}) {
-  nlohmann::json row = {{"bench", "actor_calls"}, {"case", c}, {"value", std::round(value * 10) / 10}, {"unit", unit}};
+void emit(const std::string& c, double value, const std::string& unit, const nlohmann::ordered_json& extra = {}) {
+  nlohmann::ordered_json row = {
+      {"bench", "actor_calls"}, {"case", c}, {"value", std::round(value * 10) / 10}, {"unit", unit}};
   if (extra.is_object()) row.update(extra);
   troupe::bench::print_row(row);
 }

@@ -182,7 +182,7 @@ class TorchSide final : public Side {
     // The first trial also waits for python to import torch and connect.
     auto line = peer_[0]->read_line(kReplyTimeout);
     if (!line) throw PeerFailed("torch peer ended before answering " + cmd);
-    auto j = nlohmann::json::parse(*line, nullptr, /*allow_exceptions=*/false);
+    auto j = nlohmann::ordered_json::parse(*line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("bytes") || !j.contains("seconds_per_op") || j["bytes"].get<size_t>() != bytes)
       throw PeerFailed("torch peer answered '" + *line + "' to " + cmd);
     return j["seconds_per_op"].get<double>();
@@ -200,11 +200,11 @@ double median(std::vector<double> v) {
 void print_result(const char* name, size_t bytes, const std::vector<double>& seconds, const std::vector<double>* peer) {
   const double best = *std::min_element(seconds.begin(), seconds.end());
   const double med = median(seconds);
-  nlohmann::json row = {{"bench", "allreduce"},
-                        {"case", name},
-                        {"bytes", bytes},
-                        {"value", bus_bandwidth_gbps(bytes, best)},
-                        {"unit", "GB/s"}};
+  nlohmann::ordered_json row = {{"bench", "allreduce"},
+                                {"case", name},
+                                {"bytes", bytes},
+                                {"value", bus_bandwidth_gbps(bytes, best)},
+                                {"unit", "GB/s"}};
   if (peer != nullptr && !peer->empty()) {
     const double peer_best = *std::min_element(peer->begin(), peer->end());
     row["ratio"] = peer_best / best;

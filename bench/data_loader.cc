@@ -125,7 +125,7 @@ int parse(int argc, char** argv, Args& a) {
 bool wanted(const Args& a, const char* name) { return a.only == "all" || a.only == name; }
 
 // The peer's result row; PeerFailed when it failed or missed its deadline.
-nlohmann::json run_peer(const Args& a) {
+nlohmann::ordered_json run_peer(const Args& a) {
   std::ostringstream seconds;
   seconds << a.seconds;
   return troupe::bench::run_peer_json(
@@ -292,17 +292,17 @@ double stream_bandwidth(troupe::Runtime& rt, const troupe::ActorHandle<StreamSou
   return total / s;
 }
 
-void emit_rate(const char* name, const Rate& r, const Args& a, double peer_rate, const nlohmann::json& extra) {
-  nlohmann::json row = {{"bench", "data_loader"},
-                        {"case", name},
-                        {"value", r.samples_per_s},
-                        {"unit", "samples/s"},
-                        {"batches_per_s", r.batches_per_s},
-                        {"batch", a.batch},
-                        {"threads", a.threads},
-                        {"max_live_batches", r.max_live},
-                        {"samples", r.samples},
-                        {"seconds", r.seconds}};
+void emit_rate(const char* name, const Rate& r, const Args& a, double peer_rate, const nlohmann::ordered_json& extra) {
+  nlohmann::ordered_json row = {{"bench", "data_loader"},
+                                {"case", name},
+                                {"value", r.samples_per_s},
+                                {"unit", "samples/s"},
+                                {"batches_per_s", r.batches_per_s},
+                                {"batch", a.batch},
+                                {"threads", a.threads},
+                                {"max_live_batches", r.max_live},
+                                {"samples", r.samples},
+                                {"seconds", r.seconds}};
   row.update(extra);
   if (peer_rate > 0) {
     row["peer"] = "torch_dataloader";
@@ -335,7 +335,7 @@ int main(int argc, char** argv) {
     cluster = std::make_unique<troupe::testing::LocalCluster>(lo);
     rt.emplace(cluster->connect());
   }
-  nlohmann::json peer_row;
+  nlohmann::ordered_json peer_row;
   std::string peer_error;
   double peer_rate = 0;
   Rate inprocess, remote;

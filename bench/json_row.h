@@ -1,4 +1,5 @@
 // How every benchmark prints a result: one JSON object per line on stdout,
+// keys in the order written (bench, case, value, unit first),
 // flushed at once (bench/run's readers and CI see rows as they come). A
 // peer that fails or times out is an error row, never a missing one.
 #pragma once
@@ -10,7 +11,7 @@
 
 namespace troupe::bench {
 
-inline void print_row(const nlohmann::json& row) {
+inline void print_row(const nlohmann::ordered_json& row) {
   std::printf("%s\n", row.dump().c_str());
   std::fflush(stdout);
 }

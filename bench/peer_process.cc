@@ -210,22 +210,22 @@ void PeerProcess::kill_group() {
   reaped_ = true;
 }
 
-nlohmann::json run_peer_json(const std::vector<std::string>& argv, const PeerOptions& options,
-                             std::chrono::milliseconds timeout) {
+nlohmann::ordered_json run_peer_json(const std::vector<std::string>& argv, const PeerOptions& options,
+                                     std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(1),
                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
   };
   PeerProcess peer(argv, options);
-  nlohmann::json row;
+  nlohmann::ordered_json row;
   std::string last;
   // Up to the first JSON object: the result. Reading on to EOF could wait
   // for a rank stuck at exit that still holds the pipe.
   while (auto line = peer.read_line(left())) {
     if (line->empty()) continue;
     last = *line;
-    auto j = nlohmann::json::parse(*line, nullptr, /*allow_exceptions=*/false);
+    auto j = nlohmann::ordered_json::parse(*line, nullptr, /*allow_exceptions=*/false);
     if (j.is_object()) {
       row = std::move(j);
       break;

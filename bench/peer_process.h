@@ -11,7 +11,8 @@
 //   peer.write("1024 10 2\n");
 //   std::optional<std::string> line = peer.read_line(std::chrono::seconds(60));
 //
-//   nlohmann::json row = troupe::bench::run_peer_json({"/usr/bin/python3", "peer.py"}, {}, std::chrono::minutes(5));
+//   nlohmann::ordered_json row = troupe::bench::run_peer_json({"/usr/bin/python3", "peer.py"}, {},
+//   std::chrono::minutes(5));
 #pragma once
 
 #include <sys/types.h>
@@ -92,8 +93,8 @@ class PeerProcess {
 // skipped); the peer then gets a few seconds to exit before its group is
 // killed. Throws PeerFailed when the peer exits or times out without one,
 // or prints one with an "error" key.
-nlohmann::json run_peer_json(const std::vector<std::string>& argv, const PeerOptions& options,
-                             std::chrono::milliseconds timeout);
+nlohmann::ordered_json run_peer_json(const std::vector<std::string>& argv, const PeerOptions& options,
+                                     std::chrono::milliseconds timeout);
 
 // "exited with status 3", "killed by signal 9": a wait status in words.
 std::string describe_exit(int wait_status);

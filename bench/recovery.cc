@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
       const bool disk = mode == Mode::kDisk;
       std::vector<double> rs, heal;
       std::vector<int64_t> lost;
-      nlohmann::json each = nlohmann::json::array();
+      nlohmann::ordered_json each = nlohmann::ordered_json::array();
       for (int t = 0; t < trials; ++t) {
         auto tr = run_trial(cluster, mode, kill_step, ckpt_every, t);
         rs.push_back(tr.recovery_s);
@@ -152,7 +152,8 @@ int main(int argc, char** argv) {
             {{"recovery_s", tr.recovery_s}, {"lost_steps", tr.lost_steps}, {"driver_recovery_s", tr.heal_s}});
       }
       const std::string sfx = disk ? "_disk" : mode == Mode::kStandby ? "_standby" : "";
-      nlohmann::json common = {{"bench", "recovery"}, {"workers", 2}, {"kill_step", kill_step}, {"trials", each}};
+      nlohmann::ordered_json common = {
+          {"bench", "recovery"}, {"workers", 2}, {"kill_step", kill_step}, {"trials", each}};
       if (disk) common["checkpoint_every"] = ckpt_every;
       auto a = common;
       a["case"] = "recovery_s" + sfx;

@@ -120,7 +120,7 @@ double ddp_rate(const Args& a) {
 }
 
 void row(const std::string& c, double value, const std::string& unit, const Args& a, bool ratio = false) {
-  nlohmann::json j = {{"bench", "train_throughput"}, {"case", c}, {"value", value}, {"unit", unit}};
+  nlohmann::ordered_json j = {{"bench", "train_throughput"}, {"case", c}, {"value", value}, {"unit", unit}};
   if (ratio) j["ratio"] = value;
   j["hidden"] = a.hidden;
   j["batch"] = a.batch;
