@@ -57,6 +57,10 @@ Measured measure(troupe::Runtime& rt, const Args& a, int64_t workers) {
   cfg.progress_every_steps = a.round_steps;
   cfg.evaluate = false;
   cfg.verbose = false;
+  // Each trainer reads its own in-memory copy, as bench/run
+  // train_throughput does: on a small machine loader processes would take
+  // the very cores whose scaling is measured.
+  cfg.use_loaders = false;
   Measured m;
   double window_start = -1;  // time of the boundary that ended the warm-up
   double first = -1;         // the first boundary: training has started
