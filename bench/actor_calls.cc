@@ -1,25 +1,36 @@
 // bench/run actor_calls — actor call throughput and spawn latency across
 // processes on loopback, next to a raw TCP ping-pong between two plain
 // processes measured in the same run (the physical limit of a synchronous
-// round trip here). Prints one JSON object per line.
+// round trip here). Prints one JSON object per line. Every wait for an
+// actor is bounded (kCallTimeout); the ping-pong child is killed at the end.
+//
+//   troupe_bench_actor_calls [--seconds 3] [--only-sync]
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "bench/json_row.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+// No single call or batch of this benchmark comes near it on a loaded
+// machine; a hung actor ends the run with an error instead of a hang.
+constexpr auto kCallTimeout = 120s;
 
 class Echo {
  public:
@@ -37,7 +48,7 @@ class Caller {
     auto& rt = troupe::this_actor::runtime();
     std::vector<troupe::ActorHandle<Echo>> hs;
     for (auto& t : targets_) hs.push_back(rt.get_actor<Echo>(t));
-    for (auto& h : hs) h.call(&Echo::ping).get();
+    for (auto& h : hs) h.call(&Echo::ping).get(kCallTimeout);
     std::string payload(64, 'x');
     auto t0 = Clock::now();
     std::vector<troupe::Future<std::string>> fs;
@@ -45,7 +56,7 @@ class Caller {
     for (int done = 0; done < n;) {
       int k = std::min(window, n - done);
       for (int i = 0; i < k; ++i) fs.push_back(hs[(done + i) % hs.size()].call(&Echo::echo, payload));
-      for (auto& f : fs) f.get();
+      for (auto& f : fs) f.get(kCallTimeout);
       fs.clear();
       done += k;
     }
@@ -59,10 +70,11 @@ TROUPE_ACTOR(Caller, &Caller::run)
 
 namespace {
 
-void emit(const std::string& c, double value, const std::string& unit, const std::string& extra = "") {
-  std::printf("{\"bench\":\"actor_calls\",\"case\":\"%s\",\"value\":%.1f,\"unit\":\"%s\"%s}\n", c.c_str(), value,
-              unit.c_str(), extra.c_str());
-  std::fflush(stdout);
+void emit(const std::string& c, double value, const std::string& unit, const nlohmann::ordered_json& extra = {}) {
+  nlohmann::ordered_json row = {
+      {"bench", "actor_calls"}, {"case", c}, {"value", std::round(value * 10) / 10}, {"unit", unit}};
+  if (extra.is_object()) row.update(extra);
+  troupe::bench::print_row(row);
 }
 
 void read_full(int fd, char* p, size_t n) {
@@ -130,12 +142,12 @@ double tcp_pingpong(double seconds) {
 
 double sync_calls(troupe::ActorHandle<Echo>& h, double seconds) {
   std::string payload(64, 'x');
-  for (int i = 0; i < 200; ++i) h.call(&Echo::echo, payload).get();
+  for (int i = 0; i < 200; ++i) h.call(&Echo::echo, payload).get(kCallTimeout);
   long n = 0;
   auto t0 = Clock::now();
   double elapsed = 0;
   while (elapsed < seconds) {
-    for (int i = 0; i < 200; ++i) h.call(&Echo::echo, payload).get();
+    for (int i = 0; i < 200; ++i) h.call(&Echo::echo, payload).get(kCallTimeout);
     n += 200;
     elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   }
@@ -150,12 +162,14 @@ double async_calls(troupe::ActorHandle<Echo>& h, int total, int window) {
   for (int done = 0; done < total;) {
     int k = std::min(window, total - done);
     for (int i = 0; i < k; ++i) fs.push_back(h.call(&Echo::echo, payload));
-    for (auto& f : fs) f.get();
+    for (auto& f : fs) f.get(kCallTimeout);
     fs.clear();
     done += k;
   }
   return total / std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+int run(double seconds, bool only_sync);
 
 }  // namespace
 
@@ -165,17 +179,29 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
   double seconds = 3;
   bool only_sync = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--seconds" && i + 1 < argc) seconds = std::stod(argv[++i]);
-    if (std::string(argv[i]) == "--only-sync") only_sync = true;
+  CLI::App app{"actor call throughput and spawn latency, next to a raw TCP ping-pong"};
+  app.add_option("--seconds", seconds, "seconds per ping-pong / sync case")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--only-sync", only_sync, "only the ping-pong and 1:1 sync cases");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(seconds, only_sync);
+  } catch (const std::exception& e) {
+    troupe::bench::print_error_row("actor_calls", "run", e.what());
+    return 1;
   }
+}
 
+namespace {
+
+int run(double seconds, bool only_sync) {
   troupe::testing::LocalClusterOptions lo;
   lo.nodes = {{{"CPU", 8}}};
   troupe::testing::LocalCluster cluster(lo);
   troupe::Runtime rt = cluster.connect();
   auto echo = rt.spawn<Echo>({.name = "echo0"});
-  echo.call(&Echo::ping).get();
+  echo.call(&Echo::ping).get(kCallTimeout);
 
   // Interleaved, best of three each, so that background load hits both alike.
   double tcp = 0, sync = 0;
@@ -184,9 +210,7 @@ int main(int argc, char** argv) {
     sync = std::max(sync, sync_calls(echo, seconds / 3));
   }
   emit("tcp_pingpong", tcp, "round_trips/s");
-  char extra[128];
-  std::snprintf(extra, sizeof(extra), ",\"ratio\":%.3f,\"peer\":\"tcp_pingpong\"", sync / tcp);
-  emit("1_1_sync", sync, "calls/s", extra);
+  emit("1_1_sync", sync, "calls/s", {{"ratio", std::round(sync / tcp * 1000) / 1000}, {"peer", "tcp_pingpong"}});
   if (only_sync) return 0;
 
   async_calls(echo, 20000, 5000);  // warm up
@@ -195,23 +219,25 @@ int main(int argc, char** argv) {
   emit("1_1_async", best, "calls/s");
 
   auto echo1 = rt.spawn<Echo>({.name = "echo1"});
-  echo1.call(&Echo::ping).get();
+  echo1.call(&Echo::ping).get(kCallTimeout);
   std::vector<std::string> names{"echo0", "echo1"};
   auto c0 = rt.spawn<Caller>({}, names);
   auto c1 = rt.spawn<Caller>({}, names);
-  c0.wait_ready();
-  c1.wait_ready();
+  if (!c0.wait_ready(kCallTimeout) || !c1.wait_ready(kCallTimeout)) {
+    troupe::bench::print_error_row("actor_calls", "n_n_async", "the caller actors did not start");
+    return 1;
+  }
   const int per_caller = 200000;
   auto f0 = c0.call(&Caller::run, per_caller, 10000);
   auto f1 = c1.call(&Caller::run, per_caller, 10000);
-  double t = std::max(f0.get(), f1.get());
-  emit("n_n_async", 2.0 * per_caller / t, "calls/s", ",\"callers\":2,\"actors\":2");
+  double t = std::max(f0.get(kCallTimeout), f1.get(kCallTimeout));
+  emit("n_n_async", 2.0 * per_caller / t, "calls/s", {{"callers", 2}, {"actors", 2}});
 
   std::vector<double> ms;
   for (int i = 0; i < 15; ++i) {
     auto t0 = Clock::now();
     auto a = rt.spawn<Echo>({});
-    a.call(&Echo::ping).get();
+    a.call(&Echo::ping).get(kCallTimeout);
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     rt.kill(a);
   }
@@ -219,3 +245,5 @@ int main(int argc, char** argv) {
   emit("spawn_p50_ms", ms[ms.size() / 2], "ms");
   return 0;
 }
+
+}  // namespace

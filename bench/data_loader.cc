@@ -15,6 +15,9 @@
 // One JSON object per line. The binary serves as head, node agent and worker
 // for the LocalCluster it starts (run_role_if_requested first in main).
 //
+// A peer that fails or misses its deadline (--seconds + 120 s) is an error
+// row; the troupe rows then carry no ratio.
+//
 //   troupe_bench_data_loader [--seconds S] [--threads N] [--size N] [--batch B]
 //                            [--case all|pipeline|loader|stream] [--blocks N]
 //                            [--rounds N] [--no-peer]
@@ -24,6 +27,8 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +43,8 @@
 #include <thread>
 #include <vector>
 
+#include "bench/json_row.h"
+#include "bench/peer_process.h"
 #include "troupe/actors/batch_pipeline.h"
 #include "troupe/actors/data_loader_actor.h"
 #include "troupe/actors/distributed_sampler.h"
@@ -86,72 +93,45 @@ struct Args {
   int rounds = 2;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << k << " needs a value\n";
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--seconds") {
-      a.seconds = std::stod(value());
-    } else if (k == "--threads") {
-      a.threads = std::stoi(value());
-    } else if (k == "--size") {
-      a.size = std::stoll(value());
-    } else if (k == "--batch") {
-      a.batch = std::stoll(value());
-    } else if (k == "--case") {
-      a.only = value();
-    } else if (k == "--blocks") {
-      a.blocks = std::stoll(value());
-    } else if (k == "--rounds") {
-      a.rounds = std::stoi(value());
-    } else if (k == "--no-peer") {
-      a.peer = false;
-    } else {
-      std::cerr << "usage: " << argv[0]
-                << " [--seconds S] [--threads N] [--size N] [--batch B] [--case all|pipeline|loader|stream]"
-                   " [--blocks N] [--rounds N] [--no-peer]\n";
-      std::exit(2);
-    }
+// Parses the flags into `a`; returns CLI11's exit code when main should
+// stop (--help, a bad value), -1 to go on.
+int parse(int argc, char** argv, Args& a) {
+  CLI::App app{"data loading: DataLoaderActor vs PyTorch's DataLoader; stream bandwidth vs loopback TCP"};
+  app.add_option("--seconds", a.seconds, "seconds per timed loader run")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", a.threads, "loader threads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--size", a.size, "images in the data set")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", a.batch, "batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--case", a.only, "cases to run")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"all", "pipeline", "loader", "stream"}));
+  app.add_option("--blocks", a.blocks, "4 MiB blocks per stream / loopback round")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--rounds", a.rounds, "alternating rounds of peer and loader cases")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag(
+      "--no-peer", [&](int64_t) { a.peer = false; }, "skip PyTorch's DataLoader");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
-  return a;
+  return -1;
 }
 
 bool wanted(const Args& a, const char* name) { return a.only == "all" || a.only == name; }
 
-// The "value" field of a one-line JSON object (no JSON library needed for one number).
-double json_number(const std::string& line, const std::string& key) {
-  auto pos = line.find("\"" + key + "\"");
-  if (pos == std::string::npos) return 0;
-  pos = line.find(':', pos);
-  return pos == std::string::npos ? 0 : std::strtod(line.c_str() + pos + 1, nullptr);
-}
-
-std::string run_peer(const Args& a) {
-  std::ostringstream cmd;
-  cmd << "/usr/bin/python3 " << TROUPE_BENCH_PEERS_DIR << "/torch_dataloader.py --seconds " << a.seconds << " --size "
-      << a.size << " --batch " << a.batch << " --workers 2";
-  std::FILE* p = popen(cmd.str().c_str(), "r");
-  if (!p) return "";
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  if (status != 0) {
-    std::cerr << "peer failed (status " << status << "): " << cmd.str() << "\n" << out;
-    return "";
-  }
-  // The last non-empty line is the JSON row.
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  auto nl = out.rfind('\n');
-  return nl == std::string::npos ? out : out.substr(nl + 1);
+// The peer's result row; PeerFailed when it failed or missed its deadline.
+nlohmann::ordered_json run_peer(const Args& a) {
+  std::ostringstream seconds;
+  seconds << a.seconds;
+  return troupe::bench::run_peer_json(
+      {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_dataloader.py", "--seconds", seconds.str(),
+       "--size", std::to_string(a.size), "--batch", std::to_string(a.batch), "--workers", "2"},
+      {.name = "torch_dataloader.py"}, std::chrono::milliseconds(static_cast<int64_t>((a.seconds + 120) * 1000)));
 }
 
 troupe::actors::ImageTransformOptions transform() {
@@ -312,15 +292,23 @@ double stream_bandwidth(troupe::Runtime& rt, const troupe::ActorHandle<StreamSou
   return total / s;
 }
 
-void emit_rate(const char* name, const Rate& r, const Args& a, double peer_rate, const std::string& extra) {
-  std::ostringstream row;
-  row << "{\"bench\":\"data_loader\",\"case\":\"" << name << "\",\"value\":" << r.samples_per_s
-      << ",\"unit\":\"samples/s\",\"batches_per_s\":" << r.batches_per_s << ",\"batch\":" << a.batch
-      << ",\"threads\":" << a.threads << ",\"max_live_batches\":" << r.max_live << ",\"samples\":" << r.samples
-      << ",\"seconds\":" << r.seconds << extra;
-  if (peer_rate > 0) row << ",\"peer\":\"torch_dataloader\",\"ratio\":" << r.samples_per_s / peer_rate;
-  row << "}";
-  std::cout << row.str() << std::endl;
+void emit_rate(const char* name, const Rate& r, const Args& a, double peer_rate, const nlohmann::ordered_json& extra) {
+  nlohmann::ordered_json row = {{"bench", "data_loader"},
+                                {"case", name},
+                                {"value", r.samples_per_s},
+                                {"unit", "samples/s"},
+                                {"batches_per_s", r.batches_per_s},
+                                {"batch", a.batch},
+                                {"threads", a.threads},
+                                {"max_live_batches", r.max_live},
+                                {"samples", r.samples},
+                                {"seconds", r.seconds}};
+  row.update(extra);
+  if (peer_rate > 0) {
+    row["peer"] = "torch_dataloader";
+    row["ratio"] = r.samples_per_s / peer_rate;
+  }
+  troupe::bench::print_row(row);
 }
 
 }  // namespace
@@ -329,7 +317,8 @@ int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);
   troupe::core::init_logging("bench");
   spdlog::set_level(spdlog::level::warn);
-  Args a = parse(argc, argv);
+  Args a;
+  if (int code = parse(argc, argv, a); code >= 0) return code;
   // Loader threads do whole samples; intra-op threads inside them would only
   // contend for the same cores (PyTorch's DataLoader workers do the same).
   at::set_num_threads(1);
@@ -346,7 +335,8 @@ int main(int argc, char** argv) {
     cluster = std::make_unique<troupe::testing::LocalCluster>(lo);
     rt.emplace(cluster->connect());
   }
-  std::string peer_row;
+  nlohmann::ordered_json peer_row;
+  std::string peer_error;
   double peer_rate = 0;
   Rate inprocess, remote;
   int64_t bound = 0;
@@ -356,24 +346,28 @@ int main(int argc, char** argv) {
     if (r.samples_per_s > best.samples_per_s) best = r;
   };
   for (int round = 0; loaders && round < a.rounds; ++round) {
-    if (a.peer) {
-      std::string row = run_peer(a);
-      if (json_number(row, "value") > peer_rate) {
-        peer_rate = json_number(row, "value");
-        peer_row = row;
+    if (a.peer && peer_error.empty()) {
+      try {
+        auto row = run_peer(a);
+        if (row.value("value", 0.0) > peer_rate) {
+          peer_rate = row.value("value", 0.0);
+          peer_row = row;
+        }
+      } catch (const troupe::bench::PeerFailed& e) {
+        peer_error = e.what();  // not tried again: the next round would fail alike
       }
     }
     if (wanted(a, "pipeline")) keep_best(inprocess, pipeline_inprocess(a, &bound));
     if (wanted(a, "loader")) keep_best(remote, loader_remote(*rt, a, &loader, &stats));
   }
-  if (!peer_row.empty()) std::cout << peer_row << std::endl;
-  if (wanted(a, "pipeline"))
-    emit_rate("pipeline_inprocess", inprocess, a, peer_rate, ",\"token_bound\":" + std::to_string(bound));
+  if (!peer_row.is_null()) troupe::bench::print_row(peer_row);
+  if (!peer_error.empty()) troupe::bench::print_error_row("data_loader", "torch_dataloader", peer_error);
+  if (wanted(a, "pipeline")) emit_rate("pipeline_inprocess", inprocess, a, peer_rate, {{"token_bound", bound}});
   if (wanted(a, "loader")) {
     emit_rate("loader", remote, a, peer_rate,
-              ",\"token_bound\":" + std::to_string(stats.token_bound) +
-                  ",\"max_in_flight\":" + std::to_string(stats.max_in_flight) +
-                  ",\"loader_peak_rss_mb\":" + std::to_string(stats.peak_rss_bytes >> 20));
+              {{"token_bound", stats.token_bound},
+               {"max_in_flight", stats.max_in_flight},
+               {"loader_peak_rss_mb", stats.peak_rss_bytes >> 20}});
   }
   if (wanted(a, "stream")) {
     auto source = rt->spawn<StreamSource>({});
@@ -385,15 +379,21 @@ int main(int argc, char** argv) {
       tcp = std::max(tcp, loopback_tcp(a.blocks));
       stream = std::max(stream, stream_bandwidth(*rt, source, a.blocks));
     }
-    std::ostringstream row;
-    row << "{\"bench\":\"data_loader\",\"case\":\"loopback_tcp\",\"value\":" << tcp / 1e9
-        << ",\"unit\":\"GB/s\",\"message_bytes\":" << kBlock << ",\"messages\":" << a.blocks << "}";
-    std::cout << row.str() << std::endl;
-    row.str("");
-    row << "{\"bench\":\"data_loader\",\"case\":\"stream\",\"value\":" << stream / 1e9
-        << ",\"unit\":\"GB/s\",\"message_bytes\":" << kBlock << ",\"messages\":" << a.blocks
-        << ",\"credits\":8,\"peer\":\"loopback_tcp\",\"ratio\":" << stream / tcp << "}";
-    std::cout << row.str() << std::endl;
+    troupe::bench::print_row({{"bench", "data_loader"},
+                              {"case", "loopback_tcp"},
+                              {"value", tcp / 1e9},
+                              {"unit", "GB/s"},
+                              {"message_bytes", kBlock},
+                              {"messages", a.blocks}});
+    troupe::bench::print_row({{"bench", "data_loader"},
+                              {"case", "stream"},
+                              {"value", stream / 1e9},
+                              {"unit", "GB/s"},
+                              {"message_bytes", kBlock},
+                              {"messages", a.blocks},
+                              {"credits", 8},
+                              {"peer", "loopback_tcp"},
+                              {"ratio", stream / tcp}});
   }
   return 0;
 }

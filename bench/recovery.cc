@@ -16,6 +16,8 @@
 //   bench/run recovery [--trials 3] [--kill-step 23] [--ckpt-every 10]
 #include <signal.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -27,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/json_row.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/train_job.h"
@@ -120,20 +123,17 @@ int main(int argc, char** argv) {
   run_role_if_requested(argc, argv);
   int trials = 3;
   int64_t kill_step = 23, ckpt_every = 10;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--trials")
-      trials = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--kill-step")
-      kill_step = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--ckpt-every")
-      ckpt_every = std::max(1, std::atoi(argv[i + 1]));
-    else {
-      std::fprintf(stderr, "unknown argument %s\nusage: recovery [--trials N] [--kill-step S] [--ckpt-every K]\n",
-                   argv[i]);
-      return 2;
-    }
-  }
+  CLI::App app{"recovery: a trainer SIGKILLed mid-step, healed from a peer vs from the last checkpoint"};
+  app.add_option("--trials", trials, "runs per mode (the median is reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kill-step", kill_step, "step at whose boundary the kill is armed")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ckpt-every", ckpt_every, "checkpoint interval of the disk mode, in steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
   try {
     // Two nodes of two CPUs: the two trainers, and room for a replacement
     // (or the standby).
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
       const bool disk = mode == Mode::kDisk;
       std::vector<double> rs, heal;
       std::vector<int64_t> lost;
-      nlohmann::json each = nlohmann::json::array();
+      nlohmann::ordered_json each = nlohmann::ordered_json::array();
       for (int t = 0; t < trials; ++t) {
         auto tr = run_trial(cluster, mode, kill_step, ckpt_every, t);
         rs.push_back(tr.recovery_s);
@@ -152,23 +152,23 @@ int main(int argc, char** argv) {
             {{"recovery_s", tr.recovery_s}, {"lost_steps", tr.lost_steps}, {"driver_recovery_s", tr.heal_s}});
       }
       const std::string sfx = disk ? "_disk" : mode == Mode::kStandby ? "_standby" : "";
-      nlohmann::json common = {{"bench", "recovery"}, {"workers", 2}, {"kill_step", kill_step}, {"trials", each}};
+      nlohmann::ordered_json common = {
+          {"bench", "recovery"}, {"workers", 2}, {"kill_step", kill_step}, {"trials", each}};
       if (disk) common["checkpoint_every"] = ckpt_every;
       auto a = common;
       a["case"] = "recovery_s" + sfx;
       a["value"] = median(rs);
       a["unit"] = "s";
       a["driver_recovery_s"] = median(heal);
-      std::printf("%s\n", a.dump().c_str());
+      troupe::bench::print_row(a);
       auto b = common;
       b["case"] = "lost_steps" + sfx;
       b["value"] = median(lost);
       b["unit"] = "steps";
-      std::printf("%s\n", b.dump().c_str());
-      std::fflush(stdout);
+      troupe::bench::print_row(b);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "recovery bench failed: %s\n", e.what());
+    troupe::bench::print_error_row("recovery", "recovery_s", e.what());
     return 1;
   }
   return 0;

@@ -14,21 +14,25 @@
 //   scaling       troupe_N / troupe_1
 // samples/s counts all workers' samples over the slowest worker's time.
 //
+// A peer that fails or misses --peer-timeout is an error row for its case.
+//
 //   troupe_bench_train_throughput [--hidden 1024] [--batch 64] [--workers 2]
 //                                 [--steps 60] [--warmup 5] [--no-peer]
 //                                 [--bucket-mb 25] [--compression none|bf16|fp16]
 //                                 [--tcp]   (Gloo over TCP even on one host)
+//                                 [--peer-timeout 600]
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "bench/json_row.h"
+#include "bench/peer_process.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/trainer_actor.h"
 
@@ -51,6 +55,7 @@ struct Args {
   std::string compression = "none";
   bool shared_memory = true;
   bool peer = true;
+  double peer_timeout_s = 600;
 };
 
 double troupe_rate(troupe::Runtime& rt, const Args& a, int64_t n) {
@@ -103,29 +108,25 @@ double troupe_rate(troupe::Runtime& rt, const Args& a, int64_t n) {
 }
 
 double ddp_rate(const Args& a) {
-  std::ostringstream cmd;
   // Same thread count as the trainers: torch.set_num_threads(1) in the
   // peer, and its pthreads OpenBLAS bounded as the trainers bound theirs.
-  cmd << "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 " << TROUPE_BENCH_PEERS_DIR << "/torch_ddp.py --hidden " << a.hidden
-      << " --batch " << a.batch << " --workers " << a.workers << " --steps " << a.steps << " --warmup " << a.warmup;
-  FILE* p = ::popen(cmd.str().c_str(), "r");
-  if (!p) throw troupe::Error("cannot run " + cmd.str());
-  std::string out;
-  char buf[4096];
-  while (size_t k = std::fread(buf, 1, sizeof buf, p)) out.append(buf, k);
-  int rc = ::pclose(p);
-  if (rc != 0) throw troupe::Error("peer failed (" + std::to_string(rc) + "): " + cmd.str());
-  auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
-  return j.at("value").get<double>();
+  auto row = troupe::bench::run_peer_json(
+      {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_ddp.py", "--hidden", std::to_string(a.hidden),
+       "--batch", std::to_string(a.batch), "--workers", std::to_string(a.workers), "--steps", std::to_string(a.steps),
+       "--warmup", std::to_string(a.warmup)},
+      {.env = {"OPENBLAS_NUM_THREADS=1"}, .name = "torch_ddp.py"},
+      std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
+  return row.at("value").get<double>();
 }
 
 void row(const std::string& c, double value, const std::string& unit, const Args& a, bool ratio = false) {
-  std::printf("{\"bench\":\"train_throughput\",\"case\":\"%s\",\"value\":%.4f,\"unit\":\"%s\"", c.c_str(), value,
-              unit.c_str());
-  if (ratio) std::printf(",\"ratio\":%.4f", value);
-  std::printf(",\"hidden\":%lld,\"batch\":%lld,\"workers\":%lld,\"steps\":%lld}\n", static_cast<long long>(a.hidden),
-              static_cast<long long>(a.batch), static_cast<long long>(a.workers), static_cast<long long>(a.steps));
-  std::fflush(stdout);
+  nlohmann::ordered_json j = {{"bench", "train_throughput"}, {"case", c}, {"value", value}, {"unit", unit}};
+  if (ratio) j["ratio"] = value;
+  j["hidden"] = a.hidden;
+  j["batch"] = a.batch;
+  j["workers"] = a.workers;
+  j["steps"] = a.steps;
+  troupe::bench::print_row(j);
 }
 
 }  // namespace
@@ -133,35 +134,25 @@ void row(const std::string& c, double value, const std::string& unit, const Args
 int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::atoll(argv[++i]) : 0LL; };
-    if (f == "--hidden")
-      a.hidden = next();
-    else if (f == "--batch")
-      a.batch = next();
-    else if (f == "--workers")
-      a.workers = next();
-    else if (f == "--steps")
-      a.steps = next();
-    else if (f == "--warmup")
-      a.warmup = next();
-    else if (f == "--bucket-mb")
-      a.bucket_mb = next();
-    else if (f == "--compression" && i + 1 < argc)
-      a.compression = argv[++i];
-    else if (f == "--no-peer")
-      a.peer = false;
-    else if (f == "--tcp")
-      a.shared_memory = false;
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--hidden H] [--batch B] [--workers N] [--steps S] [--warmup W] [--bucket-mb M] "
-                   "[--compression none|bf16|fp16] [--tcp] [--no-peer]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
+  bool tcp = false;
+  CLI::App app{"data-parallel training throughput: troupe's TrainerActors vs PyTorch DDP (gloo)"};
+  app.add_option("--hidden", a.hidden, "MLP hidden width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", a.batch, "per-worker batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--workers", a.workers, "workers of the N case")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--steps", a.steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--bucket-mb", a.bucket_mb, "gradient bucket size")->capture_default_str();
+  app.add_option("--compression", a.compression, "gradient compression")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
+  app.add_flag("--tcp", tcp, "Gloo over loopback TCP even on one host");
+  app.add_flag(
+      "--no-peer", [&](int64_t) { a.peer = false; }, "skip the PyTorch DDP peer");
+  app.add_option("--peer-timeout", a.peer_timeout_s, "seconds the DDP peer gets, start to result")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  a.shared_memory = !tcp;
   troupe::testing::LocalClusterOptions lo;
   lo.nodes = {{{"CPU", static_cast<double>(a.workers)}}};
   troupe::testing::LocalCluster cluster(lo);
@@ -176,8 +167,7 @@ int main(int argc, char** argv) {
       row("torch_ddp_" + std::to_string(a.workers), ddp, "samples/s", a);
       row("ratio_vs_ddp", many / ddp, "x", a, true);
     } catch (const std::exception& e) {
-      std::printf("{\"bench\":\"train_throughput\",\"case\":\"torch_ddp_%lld\",\"error\":\"%s\"}\n",
-                  static_cast<long long>(a.workers), e.what());
+      troupe::bench::print_error_row("train_throughput", "torch_ddp_" + std::to_string(a.workers), e.what());
     }
   }
   row("scaling", many / one, "x", a, true);

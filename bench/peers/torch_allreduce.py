@@ -7,7 +7,10 @@ commands "<bytes> <iters> <warmups>" from stdin, one per line, and answers
 each with one JSON line on stdout: {"bytes": ..., "seconds_per_op": ...},
 the max over ranks of the mean time per op. A trial is `warmups` allreduces,
 a barrier, then `iters` timed allreduces, exactly as on troupe's side. EOF
-on stdin ends the ranks.
+on stdin ends the ranks: they leave with os._exit(0), skipping torch 1.13's
+ProcessGroupGloo destructor (it can deadlock at exit), and a rank that has
+not left within a few seconds is killed. The benchmark kills the process
+group besides, so nothing here can keep it waiting.
 
 Run with Debian's interpreter, /usr/bin/python3 (python3-torch)."""
 import argparse
@@ -49,7 +52,8 @@ def serve_rank(rank, world, port):
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         if rank == 0:
             print(json.dumps({"bytes": nbytes, "seconds_per_op": worst.item()}), flush=True)
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # no ProcessGroupGloo destructor: it can deadlock at exit
 
 
 def main():
@@ -80,12 +84,14 @@ def main():
     code = 0
     for proc in procs:
         proc.stdin.close()
+    for proc in procs:
         try:
-            code = code or proc.wait(timeout=60)
+            code = code or proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
             code = 1
-    sys.exit(code)
+    sys.stdout.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,14 @@ that bench/data_loader.cc reports its ratio against.
 ToTensor-style scaling and Normalize, batch 64, shuffled, 2 worker
 processes: what torchvision's RandomCrop + RandomHorizontalFlip + ToTensor +
 Normalize do, written with plain tensor ops (Debian has no torchvision).
-Prints one JSON line. Run with Debian's python3-torch: /usr/bin/python3.
+Prints one JSON line, then leaves with os._exit(0): the DataLoader's worker
+processes are not joined (the benchmark kills the process group once the
+result is in). Run with Debian's python3-torch: /usr/bin/python3.
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
@@ -86,3 +90,5 @@ def main():
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    os._exit(0)

@@ -3,7 +3,13 @@
 DDP with the gloo backend — MLP 784→H→H→10 (ReLU), cross-entropy, SGD with
 momentum 0.9, per-worker batch B of random in-memory data, one torch thread
 per process, N processes on loopback. Prints one JSON object (samples/s over
-all ranks, timed by the slowest rank).
+all ranks, timed by the slowest rank), or one with an "error".
+
+Bounded end to end: torch 1.13's ProcessGroupGloo destructor can deadlock at
+interpreter exit, so ranks leave with os._exit(0) once they have reported,
+and this process kills any rank still there and leaves the same way
+(multiprocessing would otherwise join them at exit). The benchmark also
+kills the whole process group once the result is in.
 
 Run with Debian's interpreter, /usr/bin/python3 (python3-torch)."""
 import argparse
@@ -56,7 +62,11 @@ def run_rank(rank, world, port, args, queue):
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     if rank == 0:
         queue.put(elapsed.item())
-    dist.destroy_process_group()
+        # The queue's feeder thread must hand the value over before we leave.
+        queue.close()
+        queue.join_thread()
+    sys.stdout.flush()
+    os._exit(0)  # no ProcessGroupGloo destructor: it can deadlock at exit
 
 
 def main():
@@ -90,16 +100,20 @@ def main():
                     pr.kill()
                 why = f"rank exit codes {[pr.exitcode for pr in procs]}" if dead else "timed out"
                 print(json.dumps({"bench": "train_throughput", "case": f"torch_ddp_{args.workers}",
-                                  "error": why}))
+                                  "error": why}), flush=True)
                 return 1
     for pr in procs:
-        pr.join(timeout=60)
+        pr.join(timeout=10)
+        if pr.is_alive():
+            pr.kill()
     samples = args.steps * args.batch * args.workers
     print(json.dumps({"bench": "train_throughput", "case": f"torch_ddp_{args.workers}", "value": samples / elapsed,
                       "unit": "samples/s", "hidden": args.hidden, "batch": args.batch, "workers": args.workers,
-                      "steps": args.steps}))
+                      "steps": args.steps}), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # multiprocessing's exit handler would join ranks again

@@ -4,16 +4,25 @@
 // job's on_step hook, a third node is added at --grow-at seconds (the job
 // grows to 3 workers at a later step boundary) and node --kill-node is
 // SIGKILLed at --kill-at seconds (its trainer dies; with no spare node the
-// job heals the survivors by broadcast and shrinks to 2). Writes
+// job heals the survivors by broadcast and shrinks to 2).
+//
+// The run is sized by time: a short calibration job (the same model on 2
+// workers: --warmup seconds untimed, then --calibrate seconds timed)
+// measures this machine's steps per second, and the experiment trains for
+// about --seconds after its first step; --grow-at and --kill-at count from
+// that first step too, so placement and process start-up are left out. Writes
 // timeline.csv (one row per step boundary) and events.csv (the job's events
 // and the scenario's actions), prints the recoveries, and plots throughput
 // and world size over time to elastic.png with /usr/bin/python3's
 // matplotlib (plot.py next to this file). Nodes are named by their
 // LocalCluster index: 0 and 1 from the start, 2 the one that joins.
 //
-//   ./elastic_experiment [--seconds 30] [--grow-at S] [--kill-at S]
-//                        [--kill-node 0] [--steps N] [--out elastic_experiment_out]
+//   ./elastic_experiment [--seconds 30] [--grow-at S] [--kill-at S] [--kill-node 0]
+//                        [--warmup 1] [--calibrate 2] [--out elastic_experiment_out]
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -35,13 +44,20 @@
 namespace {
 
 struct Args {
-  double seconds = 30;  // the run length the steps are sized for
+  double seconds = 30;  // training time after the first step
   double grow_at = -1;  // default seconds / 3
   double kill_at = -1;  // default 2 * seconds / 3
   size_t kill_node = 0;
-  int64_t steps = 0;  // default: sized from seconds
+  double warmup = 1;     // calibration: untimed seconds after its first step
+  double calibrate = 2;  // calibration: timed seconds
   std::string out = "elastic_experiment_out";
 };
+
+constexpr int64_t kRoundSteps = 5;
+
+// Thrown from the calibration job's on_step when it has measured enough:
+// fit() passes it on as it is and releases the trainers.
+struct Calibrated {};
 
 struct Sample {
   double time = 0;
@@ -61,50 +77,8 @@ std::string quoted(const std::string& s) {
   return q + "\"";
 }
 
-int usage(const char* argv0) {
-  std::fprintf(
-      stderr, "usage: %s [--seconds S] [--grow-at S] [--kill-at S] [--kill-node 0|1] [--steps N] [--out DIR]\n", argv0);
-  return 2;
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  troupe::run_role_if_requested(argc, argv);
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    if (i + 1 >= argc) return usage(argv[0]);
-    const char* v = argv[++i];
-    if (f == "--seconds")
-      a.seconds = std::atof(v);
-    else if (f == "--grow-at")
-      a.grow_at = std::atof(v);
-    else if (f == "--kill-at")
-      a.kill_at = std::atof(v);
-    else if (f == "--kill-node")
-      a.kill_node = static_cast<size_t>(std::atoll(v));
-    else if (f == "--steps")
-      a.steps = std::atoll(v);
-    else if (f == "--out")
-      a.out = v;
-    else
-      return usage(argv[0]);
-  }
-  if (a.grow_at < 0) a.grow_at = a.seconds / 3;
-  if (a.kill_at < 0) a.kill_at = 2 * a.seconds / 3;
-  // 50 steps a second: 25-45 s on a 2-core machine (MLP 256-1024-1024-10,
-  // batch 32 per worker, 2 then 3 then 2 workers), with room to spare so
-  // that a fast machine still reaches --kill-at.
-  if (a.steps <= 0) a.steps = static_cast<int64_t>(a.seconds * 50);
-  if (a.kill_node > 1) return usage(argv[0]);
-  std::filesystem::create_directories(a.out);
-
-  troupe::testing::LocalClusterOptions lo;
-  lo.nodes = {{{"CPU", 1}}, {{"CPU", 1}}};
-  troupe::testing::LocalCluster cluster(lo);
-  troupe::Runtime rt = cluster.connect();
-
+// The experiment's job, before its scenario hook.
+troupe::trainer::TrainJobConfig job_config() {
   troupe::trainer::TrainJobConfig cfg;
   cfg.name = "elastic";
   cfg.scaling.num_workers = 2;
@@ -129,15 +103,89 @@ int main(int argc, char** argv) {
   cfg.trainer.optimizer.lr = 0.002;
   cfg.trainer.threads = 1;
   cfg.epochs = 1000;  // bounded by max_steps
-  cfg.max_steps = a.steps;
-  cfg.progress_every_steps = 5;
+  cfg.progress_every_steps = kRoundSteps;
   cfg.evaluate = false;
+  return cfg;
+}
+
+// Steps per second of the job on 2 workers on this machine, warm.
+double steps_per_second(troupe::Runtime& rt, const Args& a) {
+  auto cfg = job_config();
+  cfg.name = "elastic-calibration";
+  cfg.scaling.max_workers = 2;  // no growing
+  cfg.verbose = false;
+  double first = -1, window_start = -1, rate = 0;
+  int64_t start_step = 0;
+  cfg.on_step = [&](const troupe::trainer::StepInfo& s) {
+    if (first < 0) first = s.time;
+    if (window_start < 0) {
+      if (s.time - first >= a.warmup) {
+        window_start = s.time;
+        start_step = s.step;
+      }
+      return;
+    }
+    if (s.time - window_start >= a.calibrate) {
+      rate = (s.step - start_step) / (s.time - window_start);
+      throw Calibrated{};
+    }
+  };
+  try {
+    troupe::trainer::TrainJob(rt, cfg).fit();
+  } catch (const Calibrated&) {
+  }
+  if (rate <= 0) throw troupe::Error("calibration ended before its timed window");
+  return rate;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  troupe::run_role_if_requested(argc, argv);
+  Args a;
+  CLI::App app{"elastic_experiment: an elastic training job through a node joining and a node dying"};
+  app.add_option("--seconds", a.seconds, "training seconds after the first step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--grow-at", a.grow_at, "seconds after the first step to add a node (default: seconds / 3)");
+  app.add_option("--kill-at", a.kill_at, "seconds after the first step to SIGKILL a node (default: 2 seconds / 3)");
+  app.add_option("--kill-node", a.kill_node, "the node to kill")->capture_default_str()->check(CLI::Range(0, 1));
+  app.add_option("--warmup", a.warmup, "calibration: untimed seconds")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--calibrate", a.calibrate, "calibration: timed seconds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--out", a.out, "output directory")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (a.grow_at < 0) a.grow_at = a.seconds / 3;
+  if (a.kill_at < 0) a.kill_at = 2 * a.seconds / 3;
+  std::filesystem::create_directories(a.out);
+
+  troupe::testing::LocalClusterOptions lo;
+  lo.nodes = {{{"CPU", 1}}, {{"CPU", 1}}};
+  troupe::testing::LocalCluster cluster(lo);
+  troupe::Runtime rt = cluster.connect();
+
+  double rate = 0;
+  try {
+    rate = steps_per_second(rt, a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "calibration failed: %s\n", e.what());
+    rt.shutdown();
+    return 1;
+  }
+  auto cfg = job_config();
   cfg.verbose = true;
+  cfg.max_steps = kRoundSteps + static_cast<int64_t>(std::ceil(a.seconds * rate));
+  std::printf("calibrated: %.1f steps/s on 2 workers; %lld steps for about %.0f s of training\n", rate,
+              static_cast<long long>(cfg.max_steps), a.seconds);
 
   std::vector<Sample> timeline;
   std::vector<troupe::trainer::JobEvent> scenario;
   bool grown = false, killed = false;
   double last_time = 0;
+  double first = -1;  // the first step boundary: the scenario's clock starts
   // On a terminal the job's live progress line has no newline yet.
   const char* nl = ::isatty(STDOUT_FILENO) ? "\n" : "";
   cfg.on_step = [&](const troupe::trainer::StepInfo& s) {
@@ -146,14 +194,15 @@ int main(int argc, char** argv) {
                last_time > 0 && s.time > last_time ? s.samples / (s.time - last_time) : 0.0};
     last_time = s.time;
     timeline.push_back(row);
+    if (first < 0) first = s.time;
     // The driver's thread, between rounds: blocking here is fine.
-    if (!grown && s.time >= a.grow_at) {
+    if (!grown && s.time - first >= a.grow_at) {
       grown = true;
       size_t i = cluster.add_node({{"CPU", 1}});
       std::printf("%s[scenario] %.2fs step %lld: node %zu added\n", nl, s.time, static_cast<long long>(s.step), i);
       scenario.push_back({s.time, "scenario", "node " + std::to_string(i) + " added", s.step, s.world_size});
     }
-    if (!killed && s.time >= a.kill_at) {
+    if (!killed && s.time - first >= a.kill_at) {
       killed = true;
       cluster.kill_node(a.kill_node);
       std::printf("%s[scenario] %.2fs step %lld: node %zu SIGKILLed\n", nl, s.time, static_cast<long long>(s.step),
@@ -171,8 +220,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("\n");
-  if (!grown) std::printf("warning: the run ended before --grow-at %.1fs; raise --steps\n", a.grow_at);
-  if (!killed) std::printf("warning: the run ended before --kill-at %.1fs; raise --steps\n", a.kill_at);
+  if (!grown) std::printf("warning: the run ended before --grow-at %.1fs; raise --seconds\n", a.grow_at);
+  if (!killed) std::printf("warning: the run ended before --kill-at %.1fs; raise --seconds\n", a.kill_at);
 
   std::ofstream tl(a.out + "/timeline.csv");
   tl << "time_s,step,world_size,samples_per_s,wall_samples_per_s\n";

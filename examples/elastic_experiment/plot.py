@@ -34,6 +34,22 @@ def label(e):
     return "failure at step " + e["step"]
 
 
+def title(events):
+    """Says what happened in this run: the scenario's actions as they were
+    done, and the failures the job saw; nothing that did not happen."""
+    parts = []
+    for e in events:
+        if e["kind"] != "scenario":
+            continue
+        detail = e["detail"].replace(" killed", " SIGKILLed").replace(" added", " joined")
+        parts.append("%s at %.1f s" % (detail, float(e["time_s"])))
+    failures = sum(1 for e in events if e["kind"] == "failure")
+    if failures:
+        parts.append("%d failure%s recovered from" % (failures, "" if failures == 1 else "s"))
+    what = ", ".join(parts) if parts else "no node joined or died"
+    return "elastic job: %s (%d CPU cores)" % (what, os.cpu_count() or 0)
+
+
 def with_gaps(t, ys):
     """Breaks the line where no step boundary was seen for a long while (a
     recovery), rather than drawing a straight segment across it."""
@@ -91,7 +107,7 @@ def main(out):
     finite = sorted(s for s in sps if s == s) or [1.0]
     top.set_ylim(0, finite[int(0.98 * (len(finite) - 1))] * 1.6)
     top.grid(alpha=0.3)
-    top.set_title("elastic job: a node joins, then a node is SIGKILLed (%d CPU cores)" % (os.cpu_count() or 0))
+    top.set_title(title(events), fontsize=10)
     bottom.step([w[0] for w in ws], [w[1] for w in ws], where="post", color="tab:purple", lw=2)
     top_world = max([w[1] for w in ws] + [3])
     bottom.set_ylabel("workers")

@@ -1,7 +1,11 @@
 // hello_actors: the actor API in one page. Runs on an embedded local
 // cluster (or on a running one with --address HOST:PORT / --address auto).
+//
+//   ./hello_actors [--address HOST:PORT|auto]
 #include <signal.h>
 #include <unistd.h>
+
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 
@@ -20,7 +24,12 @@ class Counter {
 TROUPE_ACTOR(Counter, &Counter::add, &Counter::pid, &Counter::node)
 
 int main(int argc, char** argv) {
-  troupe::Runtime rt = troupe::init(argc, argv);  // a worker process never returns from here
+  troupe::run_role_if_requested(argc, argv);  // a worker process never returns from here
+  std::string address;
+  CLI::App app{"hello_actors: spawn an actor, call it, kill its process, watch it restart"};
+  app.add_option("--address", address, "HOST:PORT of a running cluster, or auto (default: an embedded one)");
+  CLI11_PARSE(app, argc, argv);
+  troupe::Runtime rt = troupe::init(argc, argv);
   auto c = rt.spawn<Counter>({.resources = {{"CPU", 1}}, .max_restarts = 1}, 10);
   std::printf("spawned Counter(10) as actor %llu on node %llu, worker pid %d\n", (unsigned long long)c.id(),
               (unsigned long long)c.call(&Counter::node).get(), c.call(&Counter::pid).get());

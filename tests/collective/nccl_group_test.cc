@@ -46,7 +46,22 @@ TEST_F(NcclGroupTest, WorldSizeOneAllreduceAndAbort) {
   cudaFree(dev);
 }
 
-TEST(NcclGroupNoDeviceTest, DeviceCountDoesNotThrow) { EXPECT_GE(NcclGroup::device_count(), 0); }
+// device_count() is what decides between NCCL and Gloo: it must agree
+// with the CUDA runtime (0 where CUDA reports an error, as without a
+// driver), on every call.
+TEST_F(NcclGroupTest, DeviceCountAgreesWithTheCudaRuntime) {
+  int n = -1;
+  ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+  EXPECT_GT(n, 0);
+  EXPECT_EQ(NcclGroup::device_count(), n);
+}
+
+TEST(NcclGroupNoDeviceTest, DeviceCountAgreesWithTheCudaRuntime) {
+  int n = 0;
+  const bool cuda_ok = cudaGetDeviceCount(&n) == cudaSuccess;
+  EXPECT_EQ(NcclGroup::device_count(), cuda_ok ? n : 0);
+  EXPECT_EQ(NcclGroup::device_count(), cuda_ok ? n : 0) << "a second call answers differently";
+}
 
 }  // namespace
 }  // namespace troupe::collective
