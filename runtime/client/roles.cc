@@ -55,6 +55,7 @@ std::thread stop_on_signal(std::function<void()> stop) {
   o.token = env_or("TROUPE_TOKEN");
   o.heartbeat_ms = std::stoul(env_or("TROUPE_HEARTBEAT_MS", "100"));
   o.heartbeat_misses = std::stoul(env_or("TROUPE_HEARTBEAT_MISSES", "5"));
+  o.max_dead_actors = std::stoul(env_or("TROUPE_MAX_DEAD_ACTORS", "1000"));
   if (o.token.empty()) {
     TROUPE_LOG_ERROR("head: TROUPE_TOKEN is not set");
     std::_Exit(2);
