@@ -170,7 +170,17 @@ TEST_P(GhostActors, KilledDriverAndAgentLeaveNoAliveActorWithADeadPid) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Orders, GhostActors,
-                         ::testing::Values(Order::kDriverOnly, Order::kDriverThenAgent, Order::kAgentThenDriver));
+                         ::testing::Values(Order::kDriverOnly, Order::kDriverThenAgent, Order::kAgentThenDriver),
+                         [](const ::testing::TestParamInfo<Order>& p) {
+                           switch (p.param) {
+                             case Order::kDriverOnly:
+                               return "DriverOnly";
+                             case Order::kDriverThenAgent:
+                               return "DriverThenAgent";
+                             default:
+                               return "AgentThenDriver";
+                           }
+                         });
 
 // A job that ends normally by removing its group: the group's actors are
 // DEAD once their workers are gone (not ALIVE with a dead pid).
