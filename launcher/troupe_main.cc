@@ -2,8 +2,9 @@
 // against them.
 //
 //   troupe start --head [--host H] [--advertise-address A] [--port P] [--resources CPU=2,GPU=0] [--no-node]
+//                [--max-dead-actors N]
 //   troupe start --address HOST:PORT [--host H] [--advertise-address A] [--resources ...]
-//   troupe status [--json]
+//   troupe status [--json] [--state ALIVE|PENDING|RESTARTING|DEAD] [--limit N]
 //   troupe stop
 //   troupe submit -- ./my_driver args...
 #include <signal.h>
@@ -41,6 +42,8 @@ struct Args {
   std::string resources;
   bool no_node = false;
   bool json = false;
+  troupe::wire::StatusRequest status;  // --state, --limit
+  size_t max_dead_actors = 1000;
   std::vector<std::string> command;
 };
 
@@ -83,6 +86,7 @@ int start_head(const std::string& dir, const Args& a) {
   o.env.head_host = a.host.empty() ? "127.0.0.1" : a.host;
   o.env.head_port = static_cast<uint16_t>(a.port);
   o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
+  o.env.max_dead_actors = a.max_dead_actors;
   o.log_file = dir + "/head.log";
   o.die_with_parent = false;
   o.new_session = true;
@@ -151,7 +155,7 @@ troupe::Runtime connect_session(const std::string& address_flag) {
 
 int cmd_status(const Args& a) {
   auto rt = connect_session(a.address);
-  auto j = nlohmann::json::parse(rt.status_json());
+  auto j = nlohmann::json::parse(rt.status_json(a.status));
   if (a.json) {
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -268,9 +272,17 @@ int main(int argc, char** argv) {
   start->add_option("--address", a.address, "HOST:PORT of the head to join");
   start->add_option("--resources", a.resources, "resource overrides, e.g. CPU=2,GPU=0,custom=1");
   start->add_flag("--no-node", a.no_node, "with --head: start no node agent");
+  start
+      ->add_option("--max-dead-actors", a.max_dead_actors, "with --head: DEAD actors kept for status (oldest go first)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(0), size_t(1) << 30));
   auto* status = app.add_subcommand("status", "show nodes, resources and actors");
   status->add_flag("--json", a.json, "machine-readable output");
   status->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
+  status->add_option("--state", a.status.state, "list only actors in this state")
+      ->check(CLI::IsMember({"PENDING", "ALIVE", "RESTARTING", "DEAD"}));
+  status->add_option("--limit", a.status.limit, "list at most N actors, the newest (0 = all)")
+      ->check(CLI::Range(0u, 1u << 30));
   auto* stop = app.add_subcommand("stop", "stop the cluster of this session");
   stop->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
   auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");

@@ -69,6 +69,7 @@ class SignalWaiter {
   o.token = env.token;
   o.heartbeat_ms = env.heartbeat_ms;
   o.heartbeat_misses = env.heartbeat_misses;
+  o.max_dead_actors = env.max_dead_actors;
   if (o.token.empty()) {
     TROUPE_LOG_ERROR("head: {} is not set", core::kEnvToken);
     std::_Exit(2);

@@ -8,6 +8,7 @@
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
 #include "troupe/runtime/head/head.h"
+#include "troupe/runtime/head/resource_pool.h"
 #include "troupe/runtime/node/node_agent.h"
 #include "troupe/runtime/worker/worker_context.h"
 
@@ -117,6 +118,7 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
   spec.env = options.env;
   if (options.max_concurrency < 1)
     throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(options.max_concurrency));
+  head::validate_resources(spec.resources, "actor " + spec.class_name + " options");
   return core_->head().call<ActorInfo>(Op::kCreateActor, spec);
 }
 
@@ -132,6 +134,8 @@ void Runtime::watch_actor(uint64_t actor_id, std::function<void(const ActorInfo&
 
 PlacementGroup Runtime::create_placement_group(const std::vector<Resources>& bundles, PlacementStrategy strategy,
                                                const std::string& name) {
+  for (size_t i = 0; i < bundles.size(); ++i)
+    head::validate_resources(bundles[i], "placement group bundle " + std::to_string(i));
   PlacementGroupSpec spec{bundles, strategy, name};
   PlacementGroup pg;
   pg.core_ = core_;
@@ -157,7 +161,25 @@ wire::PlacementGroupInfo PlacementGroup::info() const {
 
 KvStore& Runtime::kv() { return *kv_; }
 
-std::string Runtime::status_json() { return core_->head().call_empty<std::string>(Op::kStatus); }
+std::string Runtime::status_json(const wire::StatusRequest& request) {
+  return core_->head().call<std::string>(Op::kStatus, request);
+}
+
+std::vector<NodeInfo> Runtime::nodes() { return core_->head().call_empty<std::vector<NodeInfo>>(Op::kNodes); }
+
+namespace {
+Resources sum_over_live(const std::vector<NodeInfo>& nodes, Resources NodeInfo::*field) {
+  Resources sum;
+  for (const auto& n : nodes)
+    if (n.alive)
+      for (const auto& [k, v] : n.*field) sum[k] += v;
+  return sum;
+}
+}  // namespace
+
+Resources Runtime::cluster_resources() { return sum_over_live(nodes(), &NodeInfo::total); }
+
+Resources Runtime::available_resources() { return sum_over_live(nodes(), &NodeInfo::available); }
 
 std::string Runtime::address() const { return core_->address(); }
 const std::string& Runtime::token() const { return core_->token(); }

@@ -27,6 +27,7 @@ namespace troupe {
 
 using wire::ActorInfo;
 using wire::ActorState;
+using wire::NodeInfo;
 using wire::PlacementStrategy;
 using Resources = std::map<std::string, double>;
 
@@ -154,8 +155,15 @@ class Runtime {
 
   // The cluster's KV store (shared by every process of the cluster).
   KvStore& kv();
-  // The head's status as JSON text (nodes, resources, actors, groups).
-  std::string status_json();
+  // The head's status as JSON text (nodes, resources, actors, groups), for
+  // the launcher; `request` filters the actors listed (by state, newest N).
+  std::string status_json(const wire::StatusRequest& request = {});
+  // Every node the head knows (dead ones with alive = false): resources in
+  // total, used and available, and GPU ids.
+  std::vector<NodeInfo> nodes();
+  // Sums over the live nodes: everything, and what is not in use.
+  Resources cluster_resources();
+  Resources available_resources();
   // HOST:PORT of the head.
   std::string address() const;
   const std::string& token() const;

@@ -73,6 +73,7 @@ std::vector<std::string> WorkerEnv::to_env() const {
   if (head_port != 0) put(kEnvHeadPort, std::to_string(head_port));
   if (heartbeat_ms != WorkerEnv{}.heartbeat_ms) put(kEnvHeartbeatMs, std::to_string(heartbeat_ms));
   if (heartbeat_misses != WorkerEnv{}.heartbeat_misses) put(kEnvHeartbeatMisses, std::to_string(heartbeat_misses));
+  if (max_dead_actors != WorkerEnv{}.max_dead_actors) put(kEnvMaxDeadActors, std::to_string(max_dead_actors));
   put(kEnvResources, resources);
   put(kEnvBindHost, bind_host);
   put(kEnvAdvertiseHost, advertise_host);
@@ -98,6 +99,7 @@ WorkerEnv WorkerEnv::from_env() {
   read_number(kEnvHeadPort, e.head_port);
   read_number(kEnvHeartbeatMs, e.heartbeat_ms);
   read_number(kEnvHeartbeatMisses, e.heartbeat_misses);
+  read_number(kEnvMaxDeadActors, e.max_dead_actors);
   e.resources = env_value(kEnvResources);
   e.bind_host = env_value(kEnvBindHost);
   e.advertise_host = env_value(kEnvAdvertiseHost);

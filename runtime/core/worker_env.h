@@ -19,6 +19,7 @@ inline constexpr const char* kEnvHeadHost = "TROUPE_HEAD_HOST";
 inline constexpr const char* kEnvHeadPort = "TROUPE_HEAD_PORT";
 inline constexpr const char* kEnvHeartbeatMs = "TROUPE_HEARTBEAT_MS";
 inline constexpr const char* kEnvHeartbeatMisses = "TROUPE_HEARTBEAT_MISSES";
+inline constexpr const char* kEnvMaxDeadActors = "TROUPE_MAX_DEAD_ACTORS";
 inline constexpr const char* kEnvResources = "TROUPE_RESOURCES";
 inline constexpr const char* kEnvBindHost = "TROUPE_BIND_HOST";
 inline constexpr const char* kEnvAdvertiseHost = "TROUPE_ADVERTISE_HOST";
@@ -44,6 +45,7 @@ struct WorkerEnv {
   uint16_t head_port = 0;
   uint32_t heartbeat_ms = 100;
   uint32_t heartbeat_misses = 5;
+  uint64_t max_dead_actors = 1000;  // DEAD actors the head keeps (oldest go first)
   // Node agent and its workers.
   std::string resources;       // node: overrides, "CPU=2,GPU=0"
   std::string bind_host;       // where the node's workers listen ("" = derive)

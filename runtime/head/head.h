@@ -1,8 +1,8 @@
-// The head: the cluster directory. It knows the nodes and their resources,
-// every actor (spec, state, address, restarts), placement groups, named
-// actors and a small KV store; it places actors on nodes, restarts them when
-// their worker dies, and declares a node dead when its heartbeats stop.
-// All its state belongs to one event-loop thread.
+// The head: the cluster directory's server. Its tables and decisions (nodes
+// and their resources, actors, placement groups, named actors, the KV store)
+// are a HeadState; Head owns the listener, the connections and the timers,
+// turns each message into a HeadState call and sends what the state says to
+// send. All of it belongs to one event-loop thread.
 #pragma once
 
 #include <asio.hpp>
@@ -25,6 +25,7 @@ struct HeadOptions {
   std::string token;
   uint32_t heartbeat_ms = 100;    // nodes heartbeat this often
   uint32_t heartbeat_misses = 5;  // silent for this many intervals = dead
+  size_t max_dead_actors = 1000;  // DEAD actors kept for status (oldest forgotten first)
   wire::FrameLimits limits;
 };
 

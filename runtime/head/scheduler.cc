@@ -38,20 +38,28 @@ std::string nodes_summary(const std::vector<NodeView>& nodes) {
 }  // namespace
 
 bool fits(const Resources& avail, const Resources& req) {
-  for (const auto& [k, v] : req)
-    if (v > kEps && get(avail, k) + kEps < v) return false;
+  for (const auto& [k, v] : req) {
+    if (!std::isfinite(v) || v < 0) return false;  // never fits, never stored
+    // Written so that a NaN amount available fits nothing.
+    if (v > kEps && !(get(avail, k) + kEps >= v)) return false;
+  }
   return true;
 }
 
-void subtract(Resources& avail, const Resources& req) {
+namespace {
+// Adds sign * req to avail; a non-finite amount is refused before any is stored.
+void accumulate(Resources& avail, const Resources& req, double sign) {
   for (const auto& [k, v] : req)
-    if (v != 0) avail[k] = get(avail, k) - v;
+    if (!std::isfinite(v) || !std::isfinite(get(avail, k)))
+      throw ConfigError("resource '" + k + "' is not a finite number");
+  for (const auto& [k, v] : req)
+    if (v != 0) avail[k] = get(avail, k) + sign * v;
 }
+}  // namespace
 
-void add(Resources& avail, const Resources& req) {
-  for (const auto& [k, v] : req)
-    if (v != 0) avail[k] = get(avail, k) + v;
-}
+void subtract(Resources& avail, const Resources& req) { accumulate(avail, req, -1); }
+
+void add(Resources& avail, const Resources& req) { accumulate(avail, req, 1); }
 
 std::string format_resources(const Resources& r) {
   std::ostringstream s;

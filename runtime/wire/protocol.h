@@ -35,10 +35,11 @@ enum class Op : uint32_t {
   kKvWait = 18,                // request: KvWait -> string (error Timeout)
   kKvErase = 19,               // request: key -> void
   kKvAdd = 20,                 // request: KvAdd -> int64
-  kStatus = 21,                // request: -> JSON text
+  kStatus = 21,                // request: StatusRequest (or empty) -> JSON text
   kShutdown = 22,              // request: -> void; the head stops the cluster
   kControl = 23,               // request caller -> worker: ControlRequest (bypasses the mailbox)
   kWaitPlacementGroup = 24,    // request: WaitPlacementGroup -> PlacementGroupInfo
+  kNodes = 25,                 // request: -> std::vector<NodeInfo>
 };
 
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
@@ -194,6 +195,30 @@ struct KvAdd {
   std::string key;
   int64_t delta = 0;
   TROUPE_FIELDS(key, delta)
+};
+
+// One node as the head sees it (the typed cluster query, Op::kNodes).
+struct NodeInfo {
+  uint64_t id = 0;
+  std::string hostname;
+  std::string address;  // the host its workers listen on
+  int32_t pid = 0;
+  bool alive = true;
+  Resources total;
+  Resources used;
+  Resources available;
+  std::vector<int32_t> gpu_ids;       // every GPU id of the node
+  std::vector<int32_t> free_gpu_ids;  // those no actor or bundle holds
+  TROUPE_FIELDS(id, hostname, address, pid, alive, total, used, available, gpu_ids, free_gpu_ids)
+};
+
+// Filters of the status document: actors in `state` only ("" = any, else
+// PENDING, ALIVE, RESTARTING or DEAD), at most `limit` of them, the newest
+// (0 = all).
+struct StatusRequest {
+  std::string state;
+  uint32_t limit = 0;
+  TROUPE_FIELDS(state, limit)
 };
 
 // A message for the worker's control plane, handled on its I/O thread

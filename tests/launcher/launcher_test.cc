@@ -99,6 +99,21 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   auto human = run(std::string(TROUPE_CLI) + " status");
   EXPECT_NE(human.output.find("Adder"), std::string::npos) << human.output;
   EXPECT_NE(human.output.find("ALIVE"), std::string::npos) << human.output;
+  // Filtered and paged status (typed fields of the status request).
+  auto b = rt.spawn<Adder>({});
+  rt.kill(b);
+  ASSERT_TRUE(troupe::test::eventually([&] { return b.info().state == troupe::ActorState::kDead; }));
+  auto dead = run(std::string(TROUPE_CLI) + " status --json --state DEAD");
+  ASSERT_EQ(dead.status, 0) << dead.output;
+  auto dj = nlohmann::json::parse(dead.output);
+  ASSERT_EQ(dj["actors"].size(), 1u);
+  EXPECT_EQ(dj["actors"][0]["id"], b.id());
+  auto one = run(std::string(TROUPE_CLI) + " status --json --limit 1");
+  ASSERT_EQ(one.status, 0) << one.output;
+  EXPECT_EQ(nlohmann::json::parse(one.output)["actors"].size(), 1u);
+  auto bogus = run(std::string(TROUPE_CLI) + " status --state SLEEPY");
+  EXPECT_NE(bogus.status, 0);
+  EXPECT_NE(bogus.output.find("SLEEPY"), std::string::npos) << bogus.output;
 
   auto bad = run(std::string(TROUPE_CLI) + " start --address " + address + " --resources CPU=x");
   EXPECT_NE(bad.status, 0);

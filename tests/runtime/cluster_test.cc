@@ -6,6 +6,8 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -430,6 +432,70 @@ TEST_F(ClusterTest, MalformedAndOversizedFramesCloseOnlyThatConnection) {
   EXPECT_EQ(c.info().state, troupe::ActorState::kAlive);
   auto d = rt_.spawn<Counter>({}, 0);
   EXPECT_EQ(d.call(&Counter::add, 3).get(10s), 3);
+}
+
+TEST_F(ClusterTest, NodesAndClusterResourcesMatchTheLocalCluster) {
+  auto nodes = rt_.nodes();
+  ASSERT_EQ(nodes.size(), cluster_.node_count());
+  for (size_t i = 0; i < cluster_.node_count(); ++i) {
+    EXPECT_EQ(nodes[i].id, cluster_.node_id(i));
+    EXPECT_EQ(nodes[i].pid, cluster_.node_pid(i));
+    EXPECT_TRUE(nodes[i].alive);
+    EXPECT_EQ(nodes[i].total.at("CPU"), 2);
+    EXPECT_EQ(nodes[i].available.at("CPU"), 2);
+  }
+  EXPECT_EQ(rt_.cluster_resources().at("CPU"), 4);
+  auto c = rt_.spawn<Counter>({.resources = {{"CPU", 1.5}}}, 0);
+  ASSERT_TRUE(c.wait_ready(10s));
+  EXPECT_DOUBLE_EQ(rt_.available_resources().at("CPU"), 2.5);
+  EXPECT_EQ(rt_.cluster_resources().at("CPU"), 4);
+  double used_on_its_node = 0;
+  for (const auto& n : rt_.nodes())
+    if (n.id == c.info().node_id) used_on_its_node = n.used.at("CPU");
+  EXPECT_DOUBLE_EQ(used_on_its_node, 1.5);
+  // A dead node is listed as dead and leaves the sums.
+  size_t other = cluster_.node_id(0) == c.info().node_id ? 1 : 0;
+  cluster_.kill_node(other, SIGKILL);
+  ASSERT_TRUE(eventually([&] { return rt_.cluster_resources().at("CPU") == 2; }));
+  EXPECT_FALSE(rt_.nodes().at(other).alive);
+}
+
+TEST_F(ClusterTest, BadResourcesAreConfigErrorsNamingTheKeyAndSchedulingStaysRight) {
+  const double kBad[] = {std::nan(""), std::numeric_limits<double>::infinity(), -1.0, 1e300};
+  for (double bad : kBad) {
+    try {
+      rt_.spawn<Counter>({.resources = {{"CPU", bad}}}, 0);
+      FAIL() << "expected ConfigError for " << bad;
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'CPU'"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(rt_.create_placement_group({{{"disk", bad}}}, troupe::PlacementStrategy::kPack), troupe::ConfigError);
+    // The head refuses it too, whoever sends it.
+    troupe::wire::ActorSpec spec;
+    spec.class_name = "Counter";
+    spec.resources = {{"custom", bad}};
+    try {
+      rt_.core()->head().call<troupe::ActorInfo>(troupe::wire::Op::kCreateActor, spec);
+      FAIL() << "the head took " << bad;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("'custom'"), std::string::npos) << e.what();
+    }
+  }
+  // Three 2-CPU actors on two 2-CPU nodes: two run on distinct nodes, one waits.
+  std::vector<troupe::ActorHandle<Counter>> cs;
+  for (int i = 0; i < 3; ++i) cs.push_back(rt_.spawn<Counter>({.resources = {{"CPU", 2}}}, i));
+  ASSERT_TRUE(eventually([&] {
+    int alive = 0;
+    for (auto& c : cs) alive += c.info().state == troupe::ActorState::kAlive;
+    return alive == 2;
+  }));
+  std::set<uint64_t> nodes;
+  for (auto& c : cs)
+    if (c.info().state == troupe::ActorState::kAlive) nodes.insert(c.info().node_id);
+  EXPECT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(cs[2].info().state, troupe::ActorState::kPending);
+  auto status = nlohmann::json::parse(rt_.status_json());
+  for (auto& n : status["nodes"]) EXPECT_EQ(n["used"]["CPU"].get<double>(), 2.0);
 }
 
 }  // namespace

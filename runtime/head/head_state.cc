@@ -1,0 +1,604 @@
+#include "troupe/runtime/head/head_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/head/scheduler.h"
+
+namespace troupe::head {
+
+using namespace troupe::wire;
+
+namespace {
+const char* to_string(PlacementGroupState s) {
+  return s == PlacementGroupState::kPending ? "PENDING" : s == PlacementGroupState::kCreated ? "CREATED" : "REMOVED";
+}
+
+bool restarts_left(const ActorInfo& info) { return info.max_restarts == -1 || info.restarts < info.max_restarts; }
+}  // namespace
+
+// Ids first, then the calls: a call may make an actor DEAD and evict an
+// older one from the table being walked.
+template <class Pred>
+std::vector<uint64_t> HeadState::actor_ids_where(Pred pred) const {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, a] : actors_)
+    if (pred(a)) ids.push_back(id);
+  return ids;
+}
+
+HeadState::HeadState(HeadConfig config) : config_(config) {}
+
+HeadOutputs HeadState::take_outputs() { return std::exchange(out_, HeadOutputs{}); }
+
+// ---- nodes ------------------------------------------------------------------
+
+uint64_t HeadState::register_node(PeerId peer, const Hello& hello, Time now) {
+  validate_resources(hello.resources, "node " + hello.hostname + " (pid " + std::to_string(hello.pid) + ")");
+  Node n;
+  n.info.id = next_node_id_++;
+  n.info.hostname = hello.hostname;
+  n.info.address = hello.bind_host;
+  n.info.pid = hello.pid;
+  n.peer = peer;
+  n.pool = ResourcePool(hello.resources);
+  n.last_heartbeat = now;
+  uint64_t id = n.info.id;
+  TROUPE_LOG_INFO("node {} joined from {} (pid {}) with {{{}}}", id, hello.hostname, hello.pid,
+                  format_resources(hello.resources));
+  nodes_[id] = std::move(n);
+  schedule();
+  return id;
+}
+
+void HeadState::heartbeat(uint64_t node_id, Time now) {
+  auto it = nodes_.find(node_id);
+  if (it != nodes_.end()) it->second.last_heartbeat = now;
+}
+
+void HeadState::check_heartbeats(Time now) {
+  auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  std::vector<uint64_t> dead;
+  for (auto& [id, n] : nodes_)
+    if (n.info.alive && now - n.last_heartbeat > limit) dead.push_back(id);
+  for (auto id : dead) node_lost(id, "no heartbeat for " + std::to_string(limit.count()) + " ms");
+}
+
+void HeadState::node_lost(uint64_t node_id, const std::string& why) {
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || !it->second.info.alive) return;
+  Node& n = it->second;
+  n.info.alive = false;
+  TROUPE_LOG_WARN("node {} ({}) is dead: {}", node_id, n.info.hostname, why);
+  out_.dead_nodes.emplace_back(node_id, why);
+  // Every worker the node ran died with it (PR_SET_PDEATHSIG), whether or not
+  // the actor still holds resources there.
+  for (auto id : actor_ids_where([&](const Actor& a) { return a.worker_running && a.info.node_id == node_id; }))
+    if (auto it = actors_.find(id); it != actors_.end())
+      actor_lost(it->second, "node " + std::to_string(node_id) + " died");
+  // Bundles on the dead node must be placed again.
+  for (auto& [id, g] : groups_) {
+    if (g.info.state != PlacementGroupState::kCreated) continue;
+    if (std::find(g.info.bundle_nodes.begin(), g.info.bundle_nodes.end(), node_id) == g.info.bundle_nodes.end())
+      continue;
+    unreserve_group(g);
+    g.info.state = PlacementGroupState::kPending;
+    pending_groups_.push_back(g.info.id);
+  }
+  schedule();
+}
+
+void HeadState::peer_gone(PeerId peer, const std::string& reason) {
+  if (peer == 0) return;
+  for (auto& [id, n] : nodes_)
+    if (n.peer == peer && n.info.alive) node_lost(id, "node agent connection lost: " + reason);
+  // Whoever created actors or groups (a driver, or an actor) owns them.
+  for (auto id : actor_ids_where([&](const Actor& a) { return a.owner == peer; }))
+    if (auto it = actors_.find(id); it != actors_.end()) {
+      it->second.owner = 0;
+      kill_actor(id, true, "its driver exited");
+    }
+  for (auto& [id, g] : groups_)
+    if (g.owner == peer) {
+      g.owner = 0;
+      remove_placement_group(id);
+    }
+}
+
+std::vector<uint64_t> HeadState::live_nodes() const {
+  std::vector<uint64_t> v;
+  for (const auto& [id, n] : nodes_)
+    if (n.info.alive) v.push_back(id);
+  return v;
+}
+
+// ---- actors -----------------------------------------------------------------
+
+HeadState::Actor& HeadState::actor(uint64_t id) {
+  auto it = actors_.find(id);
+  if (it == actors_.end()) throw ConfigError("no actor with id " + std::to_string(id));
+  return it->second;
+}
+
+const ActorInfo& HeadState::actor_info(uint64_t id) const {
+  auto it = actors_.find(id);
+  if (it == actors_.end()) throw ConfigError("no actor with id " + std::to_string(id));
+  return it->second.info;
+}
+
+const ActorInfo& HeadState::named_actor(const std::string& name) const {
+  auto it = named_.find(name);
+  if (it == named_.end()) throw ConfigError("no actor named '" + name + "'");
+  return actor_info(it->second);
+}
+
+void HeadState::validate_actor(const ActorSpec& spec) {
+  if (spec.max_concurrency < 1)
+    throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(spec.max_concurrency));
+  if (spec.max_restarts < -1) throw ConfigError("max_restarts must be >= -1, got " + std::to_string(spec.max_restarts));
+  validate_resources(spec.resources, "actor " + spec.class_name + " options");
+  if (spec.placement_group) {
+    auto& g = group(spec.placement_group);
+    if (spec.bundle_index >= static_cast<int>(g.spec.bundles.size()))
+      throw ConfigError("bundle index " + std::to_string(spec.bundle_index) + " out of range for placement group " +
+                        std::to_string(g.info.id) + " with " + std::to_string(g.spec.bundles.size()) + " bundles");
+  }
+  if (!spec.name.empty()) {
+    auto it = named_.find(spec.name);
+    if (it != named_.end() && actors_.at(it->second).info.state != ActorState::kDead)
+      throw ConfigError("actor name '" + spec.name + "' is already taken by actor " + std::to_string(it->second));
+  }
+}
+
+ActorInfo HeadState::create_actor(PeerId owner, ActorSpec spec) {
+  validate_actor(spec);
+  Actor a;
+  a.info.id = next_actor_id_++;
+  a.info.class_name = spec.class_name;
+  a.info.name = spec.name;
+  a.info.max_restarts = spec.max_restarts;
+  a.info.max_task_retries = spec.max_task_retries;
+  a.spec = std::move(spec);
+  a.owner = owner;
+  uint64_t id = a.info.id;
+  if (!a.info.name.empty()) named_[a.info.name] = id;
+  actors_[id] = std::move(a);
+  pending_actors_.push_back(id);
+  schedule();
+  return actors_.at(id).info;
+}
+
+HelloReply HeadState::worker_hello(uint64_t actor_id, uint32_t incarnation) {
+  Actor& a = actor(actor_id);
+  if (a.info.incarnation != incarnation || a.info.state == ActorState::kDead || !a.worker_running)
+    throw Error("worker for actor " + std::to_string(actor_id) + " incarnation " + std::to_string(incarnation) +
+                " is stale");
+  HelloReply reply;
+  reply.spec = a.spec;
+  reply.info = a.info;
+  // This worker has its arguments; only a restart could need them again.
+  drop_ctor_args_if_final(a);
+  return reply;
+}
+
+bool HeadState::holds_ctor_args(uint64_t actor_id) const {
+  const auto& s = actors_.at(actor_id).spec;
+  return !s.ctor_args.empty() || !s.ctor_attachments.empty();
+}
+
+// Called when a worker has taken its arguments (hello) and when the actor is
+// DEAD: from then on only a restart could need them.
+void HeadState::drop_ctor_args_if_final(Actor& a) {
+  if (a.info.state != ActorState::kDead && restarts_left(a.info)) return;
+  a.spec.ctor_args = std::string();
+  a.spec.ctor_attachments = {};
+}
+
+void HeadState::publish(Actor& a) {
+  ++a.info.version;
+  out_.updates.push_back(a.info);
+}
+
+void HeadState::actor_ready(const ActorReady& r) {
+  Actor& a = actor(r.actor_id);
+  if (a.info.incarnation != r.incarnation || !a.worker_running || a.info.state == ActorState::kDead) return;
+  a.info.state = ActorState::kAlive;
+  a.info.address = r.address;
+  a.info.control_address = r.control_address;
+  a.info.pid = r.pid;
+  TROUPE_LOG_INFO("actor {} ({}{}) alive on node {} pid {} at {}{}", a.info.id, a.info.class_name,
+                  a.info.name.empty() ? "" : " '" + a.info.name + "'", a.info.node_id, r.pid, r.address,
+                  a.info.restarts ? " (restart " + std::to_string(a.info.restarts) + ")" : "");
+  publish(a);
+}
+
+void HeadState::actor_init_failed(const ActorInitFailed& f) {
+  Actor& a = actor(f.actor_id);
+  if (a.info.incarnation != f.incarnation) return;
+  TROUPE_LOG_WARN("actor {} ({}) failed to start: {}", a.info.id, a.info.class_name, f.error);
+  a.info.death_cause = "constructor failed: " + f.error;
+  a.kill_requested = true;  // no restart: the constructor would fail again
+}
+
+void HeadState::worker_exited(const WorkerExited& w) {
+  auto it = actors_.find(w.actor_id);
+  if (it == actors_.end()) return;
+  Actor& a = it->second;
+  if (a.info.incarnation != w.incarnation || !a.worker_running) return;
+  actor_lost(a, "worker pid " + std::to_string(w.pid) + " " + w.how);
+  schedule();
+}
+
+// The actor's current worker is gone; restart it or declare it dead.
+void HeadState::actor_lost(Actor& a, const std::string& why) {
+  release(a);
+  a.worker_running = false;
+  a.info.address.clear();
+  a.info.control_address.clear();
+  a.info.pid = 0;
+  if (a.info.state == ActorState::kDead) return;
+  bool left = restarts_left(a.info);
+  if (a.kill_requested || !left) {
+    if (a.info.death_cause.empty() || !a.kill_requested)
+      a.info.death_cause = why + (left ? ""
+                                       : " (no restarts left: " + std::to_string(a.info.restarts) + " of " +
+                                             std::to_string(a.info.max_restarts) + " used)");
+    TROUPE_LOG_WARN("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
+    set_dead(a);
+    return;
+  }
+  a.info.restarts++;
+  a.info.incarnation++;
+  a.info.state = ActorState::kRestarting;
+  a.info.death_cause = why;
+  TROUPE_LOG_WARN("actor {} ({}) died ({}); restarting ({} of {})", a.info.id, a.info.class_name, why, a.info.restarts,
+                  a.info.max_restarts == -1 ? std::string("unlimited") : std::to_string(a.info.max_restarts));
+  publish(a);
+  pending_actors_.push_back(a.info.id);
+}
+
+void HeadState::set_dead(Actor& a) {
+  a.info.state = ActorState::kDead;
+  a.info.address.clear();
+  a.info.pending_reason.clear();
+  if (!a.info.name.empty()) {
+    auto it = named_.find(a.info.name);
+    if (it != named_.end() && it->second == a.info.id) named_.erase(it);
+  }
+  drop_ctor_args_if_final(a);
+  publish(a);
+  dead_order_.push_back(a.info.id);
+  evict_dead();
+}
+
+void HeadState::evict_dead() {
+  while (dead_order_.size() > config_.max_dead_actors) {
+    uint64_t id = dead_order_.front();
+    dead_order_.pop_front();
+    actors_.erase(id);
+    out_.evicted.push_back(id);
+  }
+}
+
+void HeadState::kill_actor(uint64_t actor_id, bool no_restart, const std::string& why) {
+  Actor& a = actor(actor_id);
+  if (a.info.state == ActorState::kDead) return;
+  // Killed for good already (e.g. its driver left, then its group went):
+  // the first cause stands and the worker was told once.
+  if (no_restart && a.kill_requested) return;
+  if (no_restart) {
+    a.kill_requested = true;
+    a.info.death_cause = why;
+  }
+  if (a.worker_running) {
+    // DEAD once the node reports the exit (or the node itself is lost).
+    out_.kills.emplace_back(a.info.node_id, KillWorker{a.info.id, a.info.incarnation});
+  } else if (no_restart) {
+    set_dead(a);  // no process: nothing to wait for
+  }
+}
+
+void HeadState::kill_all(const std::string& why) {
+  for (auto id : actor_ids_where([](const Actor& a) { return a.info.state != ActorState::kDead; }))
+    if (actors_.count(id)) kill_actor(id, true, why);
+}
+
+// ---- placement of actors ----------------------------------------------------
+
+std::optional<HeadState::Allocation> HeadState::allocate_in_group(const Actor& a, std::string* reason) {
+  auto& g = groups_.at(a.spec.placement_group);
+  if (g.info.state != PlacementGroupState::kCreated) {
+    *reason = "waiting for placement group " + std::to_string(g.info.id) + ": " + g.info.pending_reason;
+    return std::nullopt;
+  }
+  for (size_t b = 0; b < g.bundles.size(); ++b) {
+    if (a.spec.bundle_index >= 0 && static_cast<size_t>(a.spec.bundle_index) != b) continue;
+    if (!g.bundles[b].fits(a.spec.resources)) continue;
+    return Allocation{g.info.bundle_nodes[b], g.info.id, b, g.epoch, g.bundles[b].take(a.spec.resources)};
+  }
+  *reason = "bundle " + std::to_string(a.spec.bundle_index) + " of placement group " + std::to_string(g.info.id) +
+            " has no room for {" + format_resources(a.spec.resources) + "}";
+  return std::nullopt;
+}
+
+std::optional<HeadState::Allocation> HeadState::allocate(const Actor& a, std::string* reason) {
+  if (a.spec.placement_group) return allocate_in_group(a, reason);
+  std::vector<NodeView> views;
+  for (const auto& [id, n] : nodes_)
+    if (n.info.alive) views.push_back({id, n.pool.total(), n.pool.available()});
+  auto pick = pick_node(views, a.spec.resources, reason);
+  if (!pick) return std::nullopt;
+  return Allocation{*pick, 0, 0, 0, nodes_.at(*pick).pool.take(a.spec.resources)};
+}
+
+// Tries to give `a` a node; true when placed.
+bool HeadState::try_place(Actor& a) {
+  if (a.spec.placement_group) {
+    auto git = groups_.find(a.spec.placement_group);
+    if (git == groups_.end() || git->second.info.state == PlacementGroupState::kRemoved) {
+      a.info.death_cause = "placement group " + std::to_string(a.spec.placement_group) + " was removed";
+      set_dead(a);
+      return false;
+    }
+  }
+  std::string reason;
+  auto alloc = allocate(a, &reason);
+  if (!alloc) {
+    if (a.info.pending_reason != reason) {
+      a.info.pending_reason = reason;
+      TROUPE_LOG_WARN("actor {} ({}) is {}: {}", a.info.id, a.info.class_name, to_string(a.info.state), reason);
+      publish(a);
+    }
+    return false;
+  }
+  start_worker(a, std::move(*alloc));
+  return true;
+}
+
+void HeadState::start_worker(Actor& a, Allocation alloc) {
+  a.info.node_id = alloc.node_id;
+  a.info.gpu_ids = alloc.grant.gpu_ids;
+  a.info.pending_reason.clear();
+  a.allocation = std::move(alloc);
+  a.worker_running = true;
+  SpawnWorker s;
+  s.actor_id = a.info.id;
+  s.incarnation = a.info.incarnation;
+  s.executable = a.spec.executable;
+  s.gpu_ids = a.info.gpu_ids;
+  s.env = a.spec.env;
+  s.class_name = a.info.class_name;
+  out_.spawns.emplace_back(a.info.node_id, std::move(s));
+  TROUPE_LOG_DEBUG("actor {} ({}) incarnation {} placed on node {}", a.info.id, a.info.class_name, a.info.incarnation,
+                   a.info.node_id);
+}
+
+void HeadState::release(Actor& a) {
+  if (!a.allocation) return;
+  Allocation& al = *a.allocation;
+  if (al.group_id) {
+    auto git = groups_.find(al.group_id);
+    // A reservation that was given up took the actor's share with it.
+    if (git != groups_.end() && git->second.info.state == PlacementGroupState::kCreated &&
+        git->second.epoch == al.epoch)
+      git->second.bundles[al.bundle].give_back(al.grant);
+  } else {
+    auto it = nodes_.find(al.node_id);
+    if (it != nodes_.end() && it->second.info.alive) it->second.pool.give_back(al.grant);
+  }
+  a.allocation.reset();
+  a.info.gpu_ids.clear();
+}
+
+void HeadState::schedule() {
+  std::deque<uint64_t> still;
+  for (auto id : pending_groups_) {
+    auto it = groups_.find(id);
+    if (it == groups_.end() || it->second.info.state != PlacementGroupState::kPending) continue;
+    if (!try_place_group(it->second)) still.push_back(id);
+  }
+  pending_groups_.swap(still);
+  still.clear();
+  for (auto id : pending_actors_) {
+    auto it = actors_.find(id);
+    if (it == actors_.end()) continue;
+    Actor& a = it->second;
+    if (a.info.state == ActorState::kDead || a.worker_running) continue;
+    if (a.kill_requested) {
+      set_dead(a);
+      continue;
+    }
+    if (!try_place(a) && a.info.state != ActorState::kDead) still.push_back(id);
+  }
+  pending_actors_.swap(still);
+}
+
+// ---- placement groups -------------------------------------------------------
+
+HeadState::Group& HeadState::group(uint64_t id) {
+  auto it = groups_.find(id);
+  if (it == groups_.end()) throw ConfigError("no placement group with id " + std::to_string(id));
+  return it->second;
+}
+
+const PlacementGroupInfo& HeadState::placement_group(uint64_t id) const {
+  auto it = groups_.find(id);
+  if (it == groups_.end()) throw ConfigError("no placement group with id " + std::to_string(id));
+  return it->second.info;
+}
+
+PlacementGroupInfo HeadState::create_placement_group(PeerId owner, PlacementGroupSpec spec) {
+  if (spec.bundles.empty()) throw ConfigError("a placement group needs at least one bundle");
+  for (size_t i = 0; i < spec.bundles.size(); ++i)
+    validate_resources(spec.bundles[i], "placement group bundle " + std::to_string(i));
+  Group g;
+  g.info.id = next_group_id_++;
+  g.spec = std::move(spec);
+  g.owner = owner;
+  uint64_t id = g.info.id;
+  groups_[id] = std::move(g);
+  pending_groups_.push_back(id);
+  schedule();
+  return groups_.at(id).info;
+}
+
+bool HeadState::try_place_group(Group& g) {
+  std::vector<NodeView> views;
+  for (const auto& [id, n] : nodes_)
+    if (n.info.alive) views.push_back({id, n.pool.total(), n.pool.available()});
+  std::string reason;
+  auto placed = place_bundles(views, g.spec.bundles, g.spec.strategy, &reason);
+  if (!placed) {
+    if (g.info.pending_reason != reason) {
+      g.info.pending_reason = reason;
+      TROUPE_LOG_WARN("placement group {} ({} bundles, {}) is PENDING: {}", g.info.id, g.spec.bundles.size(),
+                      to_string(g.spec.strategy), reason);
+    }
+    return false;
+  }
+  g.info.bundle_nodes = *placed;
+  g.epoch++;
+  g.reserved.clear();
+  g.bundles.clear();
+  for (size_t b = 0; b < g.spec.bundles.size(); ++b) {
+    Grant grant = nodes_.at(g.info.bundle_nodes[b]).pool.take(g.spec.bundles[b]);
+    g.bundles.emplace_back(grant.resources, grant.gpu_ids);
+    g.reserved.push_back(std::move(grant));
+  }
+  g.info.state = PlacementGroupState::kCreated;
+  g.info.pending_reason.clear();
+  TROUPE_LOG_INFO("placement group {} created ({}): bundles on nodes {}", g.info.id, to_string(g.spec.strategy),
+                  nlohmann::json(g.info.bundle_nodes).dump());
+  out_.groups_settled.push_back(g.info);
+  return true;
+}
+
+// Gives the whole reservation back to the live nodes; the actors' shares in
+// it go with it (their allocations become void).
+void HeadState::unreserve_group(Group& g) {
+  for (size_t b = 0; b < g.reserved.size(); ++b) {
+    auto it = nodes_.find(g.info.bundle_nodes[b]);
+    if (it != nodes_.end() && it->second.info.alive) it->second.pool.give_back(g.reserved[b]);
+  }
+  for (auto& [id, a] : actors_)
+    if (a.allocation && a.allocation->group_id == g.info.id) {
+      a.allocation.reset();
+      a.info.gpu_ids.clear();
+    }
+  g.reserved.clear();
+  g.bundles.clear();
+  g.info.bundle_nodes.assign(g.spec.bundles.size(), 0);
+}
+
+void HeadState::remove_placement_group(uint64_t id) {
+  Group& g = group(id);
+  if (g.info.state == PlacementGroupState::kRemoved) return;
+  // Kill first: the workers keep running until their exit is reported, and
+  // that report makes them DEAD even though their resources already went
+  // back with the bundles.
+  for (auto aid : actor_ids_where([&](const Actor& a) { return a.spec.placement_group == id; }))
+    if (actors_.count(aid)) kill_actor(aid, true, "its placement group was removed");
+  if (g.info.state == PlacementGroupState::kCreated) unreserve_group(g);
+  g.info.state = PlacementGroupState::kRemoved;
+  out_.groups_settled.push_back(g.info);
+  schedule();
+}
+
+// ---- KV ---------------------------------------------------------------------
+
+void HeadState::kv_set(const std::string& key, const std::string& value) {
+  kv_[key] = value;
+  out_.kv_set.push_back({key, value});
+}
+
+void HeadState::kv_put(const std::string& key, const std::string& value) { kv_set(key, value); }
+
+std::optional<std::string> HeadState::kv_get(const std::string& key) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return std::nullopt;
+  return it->second;
+}
+
+void HeadState::kv_erase(const std::string& key) { kv_.erase(key); }
+
+int64_t HeadState::kv_add(const std::string& key, int64_t delta) {
+  int64_t v = 0;
+  if (auto it = kv_.find(key); it != kv_.end()) {
+    try {
+      v = std::stoll(it->second);
+    } catch (const std::exception&) {
+      throw ConfigError("kv add: key '" + key + "' holds a non-integer value");
+    }
+  }
+  v += delta;
+  kv_set(key, std::to_string(v));
+  return v;
+}
+
+// ---- queries ----------------------------------------------------------------
+
+std::vector<NodeInfo> HeadState::nodes() const {
+  std::vector<NodeInfo> v;
+  for (const auto& [id, n] : nodes_) {
+    NodeInfo i = n.info;
+    i.total = n.pool.total();
+    i.available = n.pool.available();
+    i.used = n.pool.used();
+    i.gpu_ids = n.pool.gpu_ids();
+    i.free_gpu_ids = n.pool.free_gpus();
+    v.push_back(std::move(i));
+  }
+  return v;
+}
+
+nlohmann::json HeadState::actors_json(const StatusRequest& request) const {
+  std::vector<const ActorInfo*> shown;
+  for (const auto& [id, a] : actors_)
+    if (request.state.empty() || request.state == to_string(a.info.state)) shown.push_back(&a.info);
+  if (request.limit && shown.size() > request.limit) shown.erase(shown.begin(), shown.end() - request.limit);
+  auto j = nlohmann::json::array();
+  for (const ActorInfo* a : shown)
+    j.push_back({{"id", a->id},
+                 {"class", a->class_name},
+                 {"name", a->name},
+                 {"state", to_string(a->state)},
+                 {"node", a->node_id},
+                 {"pid", a->pid},
+                 {"address", a->address},
+                 {"restarts", a->restarts},
+                 {"max_restarts", a->max_restarts},
+                 {"pending_reason", a->pending_reason},
+                 {"death_cause", a->death_cause}});
+  return j;
+}
+
+nlohmann::json HeadState::status(const StatusRequest& request) const {
+  using nlohmann::json;
+  static const std::vector<std::string> kStates = {"PENDING", "ALIVE", "RESTARTING", "DEAD"};
+  if (!request.state.empty() && std::find(kStates.begin(), kStates.end(), request.state) == kStates.end())
+    throw ConfigError("status: unknown actor state '" + request.state + "' (PENDING, ALIVE, RESTARTING or DEAD)");
+  json j;
+  j["nodes"] = json::array();
+  for (const auto& n : nodes())
+    j["nodes"].push_back({{"id", n.id},
+                          {"hostname", n.hostname},
+                          {"pid", n.pid},
+                          {"alive", n.alive},
+                          {"total", n.total},
+                          {"used", n.used}});
+  j["actors"] = actors_json(request);
+  j["actors_total"] = actors_.size();
+  j["placement_groups"] = json::array();
+  for (const auto& [id, g] : groups_)
+    j["placement_groups"].push_back({{"id", id},
+                                     {"strategy", to_string(g.spec.strategy)},
+                                     {"state", to_string(g.info.state)},
+                                     {"bundle_nodes", g.info.bundle_nodes},
+                                     {"pending_reason", g.info.pending_reason}});
+  j["kv_keys"] = kv_.size();
+  return j;
+}
+
+}  // namespace troupe::head

@@ -1,0 +1,170 @@
+// HeadState: the head's tables and every decision made on them, as a pure
+// object. It owns the nodes (with their ResourcePool), the actors (spec,
+// state, restarts, where they run), the placement groups (bundle pools),
+// named actors and the KV store. It has no sockets, clocks or threads: the
+// server (Head) names each connection by a PeerId, passes the time in, calls
+// one method per message, and then carries out what take_outputs() returns
+// (workers to spawn or kill, actor updates to publish, waiters to answer).
+// That makes every transition testable deterministically
+// (tests/runtime/head_state_test.cc).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "troupe/runtime/head/resource_pool.h"
+#include "troupe/runtime/wire/protocol.h"
+
+namespace troupe::head {
+
+// The server's name for one connection (0 = none).
+using PeerId = uint64_t;
+using Time = std::chrono::steady_clock::time_point;
+
+struct HeadConfig {
+  uint32_t heartbeat_ms = 100;    // nodes heartbeat this often
+  uint32_t heartbeat_misses = 5;  // silent for this many intervals = dead
+  size_t max_dead_actors = 1000;  // DEAD actors kept for status; oldest go first
+};
+
+// What the server must do after a HeadState call.
+struct HeadOutputs {
+  std::vector<std::pair<uint64_t, wire::SpawnWorker>> spawns;  // node id, worker
+  std::vector<std::pair<uint64_t, wire::KillWorker>> kills;    // node id, worker
+  std::vector<wire::ActorInfo> updates;                        // publish to the actor's subscribers
+  std::vector<uint64_t> evicted;                               // actors forgotten: drop their subscribers
+  std::vector<wire::PlacementGroupInfo> groups_settled;        // no longer PENDING: answer waiters
+  std::vector<wire::KvEntry> kv_set;                           // answer waiters on the key
+  std::vector<std::pair<uint64_t, std::string>> dead_nodes;    // node id, why: close its connection
+};
+
+class HeadState {
+ public:
+  explicit HeadState(HeadConfig config = {});
+
+  // ---- nodes ----
+  // A node agent said hello on `peer`; returns its node id.
+  uint64_t register_node(PeerId peer, const wire::Hello& hello, Time now);
+  void heartbeat(uint64_t node_id, Time now);
+  // Declares dead every node silent for heartbeat_ms * heartbeat_misses.
+  void check_heartbeats(Time now);
+  void node_lost(uint64_t node_id, const std::string& why);
+  // The connection `peer` closed: its node (if it is one) is dead and the
+  // actors and groups it owns are killed / removed.
+  void peer_gone(PeerId peer, const std::string& reason);
+  // Live node ids (the server tells them to shut down).
+  std::vector<uint64_t> live_nodes() const;
+
+  // ---- actors ----
+  wire::ActorInfo create_actor(PeerId owner, wire::ActorSpec spec);
+  // The worker of (actor, incarnation) said hello: its spec and info.
+  wire::HelloReply worker_hello(uint64_t actor_id, uint32_t incarnation);
+  const wire::ActorInfo& actor_info(uint64_t actor_id) const;
+  // The live actor registered under `name`; ConfigError when none.
+  const wire::ActorInfo& named_actor(const std::string& name) const;
+  void kill_actor(uint64_t actor_id, bool no_restart, const std::string& why);
+  void actor_ready(const wire::ActorReady& r);
+  void actor_init_failed(const wire::ActorInitFailed& f);
+  void worker_exited(const wire::WorkerExited& w);
+  // Kills every actor for good (cluster shutdown).
+  void kill_all(const std::string& why);
+  // True while the actor keeps its constructor arguments (a restart may need them).
+  bool holds_ctor_args(uint64_t actor_id) const;
+  size_t actor_count() const { return actors_.size(); }
+
+  // ---- placement groups ----
+  wire::PlacementGroupInfo create_placement_group(PeerId owner, wire::PlacementGroupSpec spec);
+  const wire::PlacementGroupInfo& placement_group(uint64_t id) const;
+  void remove_placement_group(uint64_t id);
+
+  // ---- KV ----
+  void kv_put(const std::string& key, const std::string& value);
+  std::optional<std::string> kv_get(const std::string& key) const;
+  void kv_erase(const std::string& key);
+  int64_t kv_add(const std::string& key, int64_t delta);
+
+  // ---- queries ----
+  std::vector<wire::NodeInfo> nodes() const;
+  // The status document of `troupe status` (without the head's address).
+  nlohmann::json status(const wire::StatusRequest& request) const;
+
+  // What to send since the last call; clears it.
+  HeadOutputs take_outputs();
+
+ private:
+  // Resources an actor holds: from its node's pool, or from a bundle of a
+  // group's reservation `epoch`.
+  struct Allocation {
+    uint64_t node_id = 0;
+    uint64_t group_id = 0;
+    size_t bundle = 0;
+    uint64_t epoch = 0;
+    Grant grant;
+  };
+  struct Node {
+    wire::NodeInfo info;
+    PeerId peer = 0;
+    ResourcePool pool;
+    Time last_heartbeat;
+  };
+  struct Actor {
+    wire::ActorInfo info;
+    wire::ActorSpec spec;
+    PeerId owner = 0;
+    std::optional<Allocation> allocation;
+    // A worker process of this incarnation was started on info.node_id and
+    // its exit has not been reported: the actor cannot be DEAD yet.
+    bool worker_running = false;
+    bool kill_requested = false;
+  };
+  struct Group {
+    wire::PlacementGroupInfo info;
+    wire::PlacementGroupSpec spec;
+    PeerId owner = 0;
+    uint64_t epoch = 0;  // bumped at every reservation
+    std::vector<Grant> reserved;
+    std::vector<ResourcePool> bundles;
+  };
+
+  template <class Pred>
+  std::vector<uint64_t> actor_ids_where(Pred pred) const;
+  Actor& actor(uint64_t id);
+  Group& group(uint64_t id);
+  void validate_actor(const wire::ActorSpec& spec);
+  void publish(Actor& a);
+  void schedule();
+  bool try_place(Actor& a);
+  std::optional<Allocation> allocate(const Actor& a, std::string* reason);
+  std::optional<Allocation> allocate_in_group(const Actor& a, std::string* reason);
+  void start_worker(Actor& a, Allocation alloc);
+  void release(Actor& a);
+  void actor_lost(Actor& a, const std::string& why);
+  void set_dead(Actor& a);
+  void drop_ctor_args_if_final(Actor& a);
+  void evict_dead();
+  bool try_place_group(Group& g);
+  void unreserve_group(Group& g);
+  void kv_set(const std::string& key, const std::string& value);
+  nlohmann::json actors_json(const wire::StatusRequest& request) const;
+
+  HeadConfig config_;
+  std::map<uint64_t, Node> nodes_;
+  std::map<uint64_t, Actor> actors_;
+  std::map<uint64_t, Group> groups_;
+  std::map<std::string, uint64_t> named_;
+  std::map<std::string, std::string> kv_;
+  std::deque<uint64_t> pending_actors_;
+  std::deque<uint64_t> pending_groups_;
+  std::deque<uint64_t> dead_order_;  // DEAD actors, oldest first
+  HeadOutputs out_;
+  uint64_t next_node_id_ = 1, next_actor_id_ = 1, next_group_id_ = 1;
+};
+
+}  // namespace troupe::head

@@ -1,0 +1,68 @@
+// ResourcePool: the resources of one node (or of one placement-group bundle
+// reserved on a node) as a value: what it has in total, what is in use, and
+// which GPU ids are free. Every take and give-back of resources and GPU ids
+// in the head goes through here, so the bookkeeping lives in one place.
+// validate_resources is the one check every resource value passes at every
+// entry (node registration, actor options, bundles), on the head and in the
+// client.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "troupe/runtime/wire/protocol.h"
+
+namespace troupe::head {
+
+using wire::Resources;
+
+// Largest amount of any resource, and of GPUs, that anyone may ask for or
+// register: enough for any real machine, small enough that sums stay exact.
+inline constexpr double kMaxResourceAmount = 1e9;
+inline constexpr double kMaxGpus = 1024;
+
+// Throws ConfigError naming `where`, the key and the value unless every
+// amount is finite, >= 0 and within the bounds above (and every key is
+// non-empty).
+void validate_resources(const Resources& r, const std::string& where);
+
+// What a take handed out: the amounts and the GPU ids that go with them.
+struct Grant {
+  Resources resources;
+  std::vector<int32_t> gpu_ids;
+};
+
+// Whole GPUs in `r` (its "GPU" amount rounded).
+int gpu_count(const Resources& r);
+
+class ResourcePool {
+ public:
+  ResourcePool() = default;
+  // A node's pool: GPU ids 0..GPU-1.
+  explicit ResourcePool(Resources total);
+  // A bundle's pool: exactly the GPU ids it reserved.
+  ResourcePool(Resources total, std::vector<int32_t> gpu_ids);
+
+  const Resources& total() const { return total_; }
+  const Resources& available() const { return available_; }
+  // total - available, per key of total.
+  Resources used() const;
+  const std::vector<int32_t>& gpu_ids() const { return gpu_ids_; }
+  const std::vector<int32_t>& free_gpus() const { return free_gpus_; }
+
+  bool fits(const Resources& req) const;
+  // Takes `req` and as many free GPU ids as it asks GPUs; ConfigError when
+  // it does not fit (callers check fits first).
+  Grant take(const Resources& req);
+  // Returns what take handed out.
+  void give_back(const Grant& grant);
+
+ private:
+  Resources total_;
+  Resources available_;
+  std::vector<int32_t> gpu_ids_;
+  std::vector<int32_t> free_gpus_;
+};
+
+}  // namespace troupe::head

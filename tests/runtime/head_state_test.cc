@@ -1,0 +1,407 @@
+// Deterministic tests of the head's tables and decisions (HeadState): no
+// sockets, no clocks, no threads. Each test plays the messages a server
+// would pass in, with made-up times, and checks the state and its outputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/head/head_state.h"
+#include "troupe/runtime/head/resource_pool.h"
+#include "troupe/runtime/head/scheduler.h"
+
+namespace {
+
+using namespace troupe::head;
+using namespace troupe::wire;
+using namespace std::chrono_literals;
+
+constexpr PeerId kDriver = 100;
+constexpr PeerId kOtherDriver = 101;
+
+class HeadStateTest : public ::testing::Test {
+ protected:
+  HeadStateTest() : state_(HeadConfig{100, 5, 1000}) {}
+
+  uint64_t add_node(Resources r, PeerId peer) {
+    Hello h;
+    h.role = Role::kNode;
+    h.resources = std::move(r);
+    h.hostname = "host" + std::to_string(peer);
+    h.pid = static_cast<int32_t>(peer);
+    return state_.register_node(peer, h, now_);
+  }
+
+  ActorSpec spec(Resources r = {}, int max_restarts = 0, std::string name = "") {
+    ActorSpec s;
+    s.class_name = "Counter";
+    s.ctor_args = "args";
+    s.resources = std::move(r);
+    s.max_restarts = max_restarts;
+    s.name = std::move(name);
+    return s;
+  }
+
+  // Plays the node agent: every spawned worker says hello and is ready.
+  void start_spawned() {
+    auto out = state_.take_outputs();
+    for (auto& [node, s] : out.spawns) {
+      state_.worker_hello(s.actor_id, s.incarnation);
+      state_.actor_ready({s.actor_id, s.incarnation, "127.0.0.1:1", 1000 + static_cast<int32_t>(s.actor_id), ""});
+    }
+    kills_ = out.kills;
+  }
+
+  // Plays the node agent reporting the exit of the actor's current worker.
+  void exited(uint64_t actor_id, const std::string& how = "killed by signal 9") {
+    const auto& i = state_.actor_info(actor_id);
+    state_.worker_exited({actor_id, i.incarnation, i.pid, how});
+  }
+
+  ActorState state_of(uint64_t id) { return state_.actor_info(id).state; }
+  const NodeInfo node(uint64_t id) {
+    for (auto& n : state_.nodes())
+      if (n.id == id) return n;
+    throw std::runtime_error("no node");
+  }
+
+  HeadState state_;
+  Time now_{};
+  std::vector<std::pair<uint64_t, KillWorker>> kills_;
+};
+
+TEST(ResourcePool, TakesAndGivesBackAmountsAndGpuIds) {
+  ResourcePool p({{"CPU", 4}, {"GPU", 2}});
+  EXPECT_EQ(p.free_gpus(), (std::vector<int32_t>{0, 1}));
+  auto g = p.take({{"CPU", 1}, {"GPU", 1}});
+  EXPECT_EQ(g.gpu_ids, (std::vector<int32_t>{0}));
+  EXPECT_EQ(p.available().at("CPU"), 3);
+  EXPECT_EQ(p.used().at("GPU"), 1);
+  EXPECT_FALSE(p.fits({{"GPU", 2}}));
+  EXPECT_THROW(p.take({{"GPU", 2}}), troupe::ConfigError);
+  p.give_back(g);
+  EXPECT_EQ(p.available().at("CPU"), 4);
+  EXPECT_EQ(p.free_gpus().size(), 2u);
+}
+
+TEST(ResourcePool, NonFiniteOrNegativeRequestsNeverFitAndAreNeverStored) {
+  ResourcePool p({{"CPU", 2}});
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), -1.0}) {
+    EXPECT_FALSE(p.fits({{"CPU", bad}})) << bad;
+    EXPECT_THROW(p.take({{"CPU", bad}}), troupe::ConfigError) << bad;
+    EXPECT_TRUE(std::isfinite(p.available().at("CPU")));
+  }
+  Resources avail{{"CPU", 2}};
+  EXPECT_THROW(subtract(avail, {{"CPU", std::nan("")}}), troupe::ConfigError);
+  EXPECT_EQ(avail.at("CPU"), 2);
+}
+
+TEST(ResourcePool, ValidationNamesTheKeyAndTheValue) {
+  EXPECT_NO_THROW(validate_resources({{"CPU", 2}, {"GPU", 1}, {"custom", 0.5}}, "x"));
+  struct Case {
+    Resources r;
+    std::string needle;
+  };
+  std::vector<Case> cases = {
+      {{{"CPU", std::nan("")}}, "'CPU' = nan"}, {{{"CPU", std::numeric_limits<double>::infinity()}}, "'CPU' = inf"},
+      {{{"disk", -1}}, "'disk' = -1"},          {{{"CPU", 1e300}}, "'CPU' = 1e+300"},
+      {{{"GPU", 5000}}, "'GPU' = 5000"},        {{{"", 1}}, "empty name"}};
+  for (const auto& c : cases) {
+    try {
+      validate_resources(c.r, "actor options");
+      FAIL() << c.needle;
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("actor options"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_F(HeadStateTest, ActorsGoToTheEmptierNodeAndWaitWhenNothingFits) {
+  uint64_t n1 = add_node({{"CPU", 2}}, 1);
+  uint64_t n2 = add_node({{"CPU", 2}}, 2);
+  auto a = state_.create_actor(kDriver, spec({{"CPU", 2}}));
+  auto b = state_.create_actor(kDriver, spec({{"CPU", 2}}));
+  auto c = state_.create_actor(kDriver, spec({{"CPU", 2}}));
+  start_spawned();
+  EXPECT_EQ(state_of(a.id), ActorState::kAlive);
+  EXPECT_EQ(state_of(b.id), ActorState::kAlive);
+  EXPECT_NE(state_.actor_info(a.id).node_id, state_.actor_info(b.id).node_id);
+  EXPECT_EQ(state_of(c.id), ActorState::kPending);
+  EXPECT_NE(state_.actor_info(c.id).pending_reason.find("CPU=2"), std::string::npos);
+  EXPECT_EQ(node(n1).available.at("CPU"), 0);
+  EXPECT_EQ(node(n2).used.at("CPU"), 2);
+  // One exits for good: the pending one takes its place.
+  state_.kill_actor(a.id, true, "test");
+  exited(a.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  start_spawned();
+  EXPECT_EQ(state_of(c.id), ActorState::kAlive);
+}
+
+TEST_F(HeadStateTest, GpuIdsAreAssignedAndReleased) {
+  uint64_t n = add_node({{"CPU", 4}, {"GPU", 2}}, 1);
+  auto a = state_.create_actor(kDriver, spec({{"GPU", 1}}, 1));
+  auto b = state_.create_actor(kDriver, spec({{"GPU", 1}}));
+  auto out = state_.take_outputs();
+  ASSERT_EQ(out.spawns.size(), 2u);
+  EXPECT_EQ(out.spawns[0].second.gpu_ids, (std::vector<int32_t>{0}));
+  EXPECT_EQ(out.spawns[1].second.gpu_ids, (std::vector<int32_t>{1}));
+  EXPECT_TRUE(node(n).free_gpu_ids.empty());
+  // A restart gives the GPU back and takes one again.
+  state_.worker_exited({a.id, 0, 1, "killed by signal 9"});
+  EXPECT_EQ(state_.actor_info(a.id).restarts, 1);
+  out = state_.take_outputs();
+  ASSERT_EQ(out.spawns.size(), 1u);
+  EXPECT_EQ(out.spawns[0].second.gpu_ids, (std::vector<int32_t>{0}));
+  state_.worker_exited({b.id, 0, 2, "exited with code 0"});
+  EXPECT_EQ(state_of(b.id), ActorState::kDead);
+  EXPECT_EQ(node(n).free_gpu_ids, (std::vector<int32_t>{1}));
+}
+
+TEST_F(HeadStateTest, RestartsCountUpThenTheActorIsDead) {
+  add_node({{"CPU", 2}}, 1);
+  auto a = state_.create_actor(kDriver, spec({}, 2));
+  for (int i = 0; i < 2; ++i) {
+    start_spawned();
+    exited(a.id);
+    EXPECT_EQ(state_of(a.id), ActorState::kRestarting);
+    EXPECT_EQ(state_.actor_info(a.id).restarts, i + 1);
+    EXPECT_EQ(state_.actor_info(a.id).incarnation, uint32_t(i + 1));
+  }
+  start_spawned();
+  // A stale report (an older incarnation) changes nothing.
+  state_.worker_exited({a.id, 0, 1, "late"});
+  EXPECT_EQ(state_of(a.id), ActorState::kAlive);
+  exited(a.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  EXPECT_NE(state_.actor_info(a.id).death_cause.find("no restarts left: 2 of 2"), std::string::npos);
+}
+
+TEST_F(HeadStateTest, NodeDeathRestartsItsActorsElsewhereOrMakesThemDead) {
+  uint64_t n1 = add_node({{"CPU", 2}}, 1);
+  auto a = state_.create_actor(kDriver, spec({{"CPU", 2}}, 1));
+  auto b = state_.create_actor(kDriver, spec({}, 0));
+  start_spawned();
+  ASSERT_EQ(state_.actor_info(b.id).node_id, n1);
+  uint64_t n2 = add_node({{"CPU", 2}}, 2);
+  state_.heartbeat(n2, now_ + 400ms);
+  state_.check_heartbeats(now_ + 600ms);  // n1 silent for 600 ms > 5 * 100 ms
+  auto out = state_.take_outputs();
+  ASSERT_EQ(out.dead_nodes.size(), 1u);
+  EXPECT_EQ(out.dead_nodes[0].first, n1);
+  EXPECT_FALSE(node(n1).alive);
+  EXPECT_EQ(state_of(b.id), ActorState::kDead);
+  EXPECT_NE(state_.actor_info(b.id).death_cause.find("node"), std::string::npos);
+  ASSERT_EQ(out.spawns.size(), 1u);
+  EXPECT_EQ(out.spawns[0].first, n2);
+  EXPECT_EQ(state_.actor_info(a.id).restarts, 1);
+}
+
+TEST_F(HeadStateTest, NamedActorsAreFoundAndTheirNameIsFreedAtDeath) {
+  add_node({{"CPU", 2}}, 1);
+  auto a = state_.create_actor(kDriver, spec({}, 0, "svc"));
+  EXPECT_EQ(state_.named_actor("svc").id, a.id);
+  EXPECT_THROW(state_.create_actor(kDriver, spec({}, 0, "svc")), troupe::ConfigError);
+  EXPECT_THROW(state_.named_actor("nope"), troupe::ConfigError);
+  start_spawned();
+  state_.kill_actor(a.id, true, "test");
+  EXPECT_EQ(state_.named_actor("svc").id, a.id);  // still alive until its exit
+  exited(a.id);
+  EXPECT_THROW(state_.named_actor("svc"), troupe::ConfigError);
+  EXPECT_NO_THROW(state_.create_actor(kDriver, spec({}, 0, "svc")));
+}
+
+TEST_F(HeadStateTest, PlacementStrategiesPlaceBundles) {
+  uint64_t n1 = add_node({{"CPU", 4}}, 1);
+  uint64_t n2 = add_node({{"CPU", 4}}, 2);
+  auto pack = state_.create_placement_group(kDriver, {{{{"CPU", 1}}, {{"CPU", 1}}}, PlacementStrategy::kPack, ""});
+  EXPECT_EQ(pack.state, PlacementGroupState::kCreated);
+  EXPECT_EQ(pack.bundle_nodes[0], pack.bundle_nodes[1]);
+  auto spread =
+      state_.create_placement_group(kDriver, {{{{"CPU", 1}}, {{"CPU", 1}}}, PlacementStrategy::kStrictSpread, ""});
+  EXPECT_NE(spread.bundle_nodes[0], spread.bundle_nodes[1]);
+  auto soft = state_.create_placement_group(kDriver, {{{{"CPU", 1}}, {{"CPU", 1}}}, PlacementStrategy::kSpread, ""});
+  EXPECT_EQ(soft.state, PlacementGroupState::kCreated);
+  EXPECT_NE(soft.bundle_nodes[0], soft.bundle_nodes[1]);
+  auto strict_pack =
+      state_.create_placement_group(kDriver, {{{{"CPU", 2}}, {{"CPU", 1}}}, PlacementStrategy::kStrictPack, ""});
+  EXPECT_EQ(strict_pack.state, PlacementGroupState::kPending);
+  EXPECT_EQ(node(n1).available.at("CPU") + node(n2).available.at("CPU"), 2);
+  // Actors in a bundle take from the bundle, not from the node.
+  auto s = spec({{"CPU", 1}});
+  s.placement_group = spread.id;
+  s.bundle_index = 1;
+  auto a = state_.create_actor(kDriver, s);
+  EXPECT_EQ(state_.actor_info(a.id).node_id, spread.bundle_nodes[1]);
+  EXPECT_EQ(node(n1).available.at("CPU") + node(n2).available.at("CPU"), 2);
+  auto again = state_.create_actor(kDriver, s);
+  EXPECT_EQ(state_of(again.id), ActorState::kPending);
+  // Removing a group frees its reservation and lets the pending group in.
+  state_.remove_placement_group(pack.id);
+  state_.remove_placement_group(soft.id);
+  EXPECT_EQ(state_.placement_group(strict_pack.id).state, PlacementGroupState::kCreated);
+  auto out = state_.take_outputs();
+  EXPECT_GE(out.groups_settled.size(), 3u);
+}
+
+TEST_F(HeadStateTest, KvPutGetAddErase) {
+  state_.kv_put("k", "v");
+  EXPECT_EQ(state_.kv_get("k"), "v");
+  EXPECT_EQ(state_.kv_add("n", 2), 2);
+  EXPECT_EQ(state_.kv_add("n", 3), 5);
+  EXPECT_THROW(state_.kv_add("k", 1), troupe::ConfigError);
+  state_.kv_erase("k");
+  EXPECT_FALSE(state_.kv_get("k").has_value());
+  auto out = state_.take_outputs();
+  ASSERT_EQ(out.kv_set.size(), 3u);
+  EXPECT_EQ(out.kv_set[2].value, "5");
+}
+
+// Issue 12 item 3: an actor whose process is gone is DEAD, in every order.
+TEST_F(HeadStateTest, DriverGoneWithAGroupLeavesNoGhosts) {
+  add_node({{"CPU", 2}}, 1);
+  auto g = state_.create_placement_group(kDriver, {{{{"CPU", 1}}}, PlacementStrategy::kPack, ""});
+  auto s = spec({{"CPU", 1}}, 3, "trainer");
+  s.placement_group = g.id;
+  auto a = state_.create_actor(kDriver, s);
+  start_spawned();
+  state_.peer_gone(kDriver, "connection reset");
+  // The group is removed and the worker is told to die; it is not DEAD yet.
+  EXPECT_EQ(state_.placement_group(g.id).state, PlacementGroupState::kRemoved);
+  auto out = state_.take_outputs();
+  ASSERT_EQ(out.kills.size(), 1u);
+  EXPECT_EQ(out.kills[0].second.actor_id, a.id);
+  // Its exit report, after the group's resources went back, makes it DEAD.
+  exited(a.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  EXPECT_NE(state_.actor_info(a.id).death_cause.find("driver exited"), std::string::npos);
+  EXPECT_EQ(state_.actor_info(a.id).pid, 0);
+  EXPECT_THROW(state_.named_actor("trainer"), troupe::ConfigError);
+  EXPECT_EQ(node(1).available.at("CPU"), 2);
+}
+
+TEST_F(HeadStateTest, NodeLostAfterGroupRemovalLeavesNoGhosts) {
+  uint64_t n = add_node({{"CPU", 2}}, 1);
+  auto g = state_.create_placement_group(kDriver, {{{{"CPU", 1}}}, PlacementStrategy::kPack, ""});
+  auto s = spec({{"CPU", 1}});
+  s.placement_group = g.id;
+  auto a = state_.create_actor(kDriver, s);
+  start_spawned();
+  state_.remove_placement_group(g.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kAlive);  // its worker still runs
+  // The node agent is SIGKILLed before it reports the exit.
+  state_.peer_gone(1, "connection reset");
+  EXPECT_FALSE(node(n).alive);
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  EXPECT_NE(state_.actor_info(a.id).death_cause.find("placement group was removed"), std::string::npos);
+}
+
+TEST_F(HeadStateTest, NodeLostThenDriverGoneLeavesNoGhosts) {
+  add_node({{"CPU", 2}}, 1);
+  auto a = state_.create_actor(kDriver, spec({}, 5, "x"));
+  start_spawned();
+  state_.peer_gone(1, "connection reset");
+  EXPECT_EQ(state_of(a.id), ActorState::kRestarting);
+  state_.peer_gone(kDriver, "connection reset");
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  EXPECT_THROW(state_.named_actor("x"), troupe::ConfigError);
+}
+
+TEST_F(HeadStateTest, ActorsOfOtherDriversSurviveADriver) {
+  add_node({{"CPU", 2}}, 1);
+  auto mine = state_.create_actor(kDriver, spec());
+  auto theirs = state_.create_actor(kOtherDriver, spec());
+  start_spawned();
+  state_.peer_gone(kDriver, "closed");
+  exited(mine.id);
+  EXPECT_EQ(state_of(mine.id), ActorState::kDead);
+  EXPECT_EQ(state_of(theirs.id), ActorState::kAlive);
+}
+
+// Issue 12 item 4: bad resources are refused at every entry.
+TEST_F(HeadStateTest, BadResourcesAreRefusedAtEveryEntryAndSchedulingStaysRight) {
+  Hello h;
+  h.role = Role::kNode;
+  h.resources = {{"CPU", std::nan("")}};
+  EXPECT_THROW(state_.register_node(1, h, now_), troupe::ConfigError);
+  add_node({{"CPU", 2}}, 2);
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), -1.0, 1e300}) {
+    EXPECT_THROW(state_.create_actor(kDriver, spec({{"CPU", bad}})), troupe::ConfigError) << bad;
+    EXPECT_THROW(state_.create_placement_group(kDriver, {{{{"CPU", bad}}}, PlacementStrategy::kPack, ""}),
+                 troupe::ConfigError)
+        << bad;
+  }
+  EXPECT_EQ(state_.actor_count(), 0u);
+  auto a = state_.create_actor(kDriver, spec({{"CPU", 2}}));
+  auto b = state_.create_actor(kDriver, spec({{"CPU", 2}}));
+  EXPECT_NE(state_.actor_info(a.id).node_id, 0u);  // placed
+  EXPECT_EQ(state_.actor_info(b.id).node_id, 0u);  // the node is full: no poisoned arithmetic
+  EXPECT_NO_THROW(state_.status({}).dump());
+}
+
+// Issue 12 item 5: constructor arguments and DEAD actors are bounded.
+TEST_F(HeadStateTest, ConstructorArgumentsAreDroppedWhenNoRestartCanNeedThem) {
+  add_node({{"CPU", 2}}, 1);
+  auto once = state_.create_actor(kDriver, spec({}, 0));
+  auto twice = state_.create_actor(kDriver, spec({}, 1));
+  EXPECT_TRUE(state_.holds_ctor_args(once.id));
+  start_spawned();
+  EXPECT_FALSE(state_.holds_ctor_args(once.id));  // its only worker has them
+  EXPECT_TRUE(state_.holds_ctor_args(twice.id));
+  exited(twice.id);
+  auto out = state_.take_outputs();
+  ASSERT_EQ(out.spawns.size(), 1u);
+  EXPECT_EQ(state_.worker_hello(twice.id, 1).spec.ctor_args, "args");  // the restart got them
+  EXPECT_FALSE(state_.holds_ctor_args(twice.id));
+}
+
+TEST(HeadStateLimits, DeadActorsAreKeptUpToTheLimitOldestFirst) {
+  HeadState state(HeadConfig{100, 5, 3});
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 5; ++i) {
+    ActorSpec s;
+    s.class_name = "C";
+    ids.push_back(state.create_actor(kDriver, s).id);  // no node: PENDING
+  }
+  for (auto id : ids) state.kill_actor(id, true, "test");
+  EXPECT_EQ(state.actor_count(), 3u);
+  EXPECT_THROW(state.actor_info(ids[0]), troupe::ConfigError);
+  EXPECT_THROW(state.actor_info(ids[1]), troupe::ConfigError);
+  EXPECT_EQ(state.actor_info(ids[4]).state, ActorState::kDead);
+  auto out = state.take_outputs();
+  EXPECT_EQ(out.evicted, (std::vector<uint64_t>{ids[0], ids[1]}));
+}
+
+TEST_F(HeadStateTest, StatusFiltersByStateAndLimit) {
+  add_node({{"CPU", 1}}, 1);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(state_.create_actor(kDriver, spec({{"CPU", 1}})).id);
+  start_spawned();
+  auto all = state_.status({});
+  EXPECT_EQ(all["actors"].size(), 4u);
+  EXPECT_EQ(all["actors_total"], 4);
+  auto pending = state_.status({"PENDING", 0});
+  EXPECT_EQ(pending["actors"].size(), 3u);
+  auto newest = state_.status({"PENDING", 2});
+  ASSERT_EQ(newest["actors"].size(), 2u);
+  EXPECT_EQ(newest["actors"][0]["id"], ids[2]);
+  EXPECT_EQ(newest["actors"][1]["id"], ids[3]);
+  EXPECT_THROW(state_.status({"SLEEPY", 0}), troupe::ConfigError);
+}
+
+TEST_F(HeadStateTest, NodesReportTotalsUsageAndGpus) {
+  uint64_t n = add_node({{"CPU", 4}, {"GPU", 2}}, 1);
+  state_.create_actor(kDriver, spec({{"CPU", 1}, {"GPU", 1}}));
+  auto info = node(n);
+  EXPECT_EQ(info.hostname, "host1");
+  EXPECT_TRUE(info.alive);
+  EXPECT_EQ(info.total.at("CPU"), 4);
+  EXPECT_EQ(info.used.at("CPU"), 1);
+  EXPECT_EQ(info.available.at("GPU"), 1);
+  EXPECT_EQ(info.gpu_ids, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(info.free_gpu_ids, (std::vector<int32_t>{1}));
+}
+
+}  // namespace
