@@ -25,11 +25,18 @@
 // Bad input (unknown model, missing TorchScript file, batch size 0, more
 // workers than the cluster can place) fails in the constructor or at the
 // start of fit(), before any trainer is spawned, with a ConfigError.
+//
+// Inside (docs/runtime.md, "Recovery and elasticity"): fit() is a driver
+// loop over SlotPool (placement, standbys, room to grow), Gang (the trainers
+// of one generation: fan-out, group, heal, the fail-fast round),
+// FailureRecovery (one failure's steps), JobReporter (events, metrics JSON
+// lines, console) and ConsumedRecord (Result::consumed).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <optional>
 #include <string>
@@ -77,6 +84,8 @@ struct CheckpointConfig {
   bool async = true;
 };
 
+// How a job recovers from a failure: the policy (FailureConfig::mode, kHeal
+// or kCheckpoint) and what a recovery did (Recovery::mode, any of the three).
 enum class RecoveryMode {
   // A replacement (or the survivors alone) is healed from a live peer by
   // broadcast; the disk is read only when every trainer is gone.
@@ -84,7 +93,13 @@ enum class RecoveryMode {
   // Every failure goes back to the last checkpoint (the torchrun / Ray
   // Train behaviour; for comparison).
   kCheckpoint,
+  // Back to the initial weights: every trainer gone and no checkpoint. Only
+  // an outcome; validate() refuses it as FailureConfig::mode.
+  kRestart,
 };
+// "heal", "checkpoint", "restart".
+const char* to_string(RecoveryMode mode);
+std::ostream& operator<<(std::ostream& os, RecoveryMode mode);
 
 struct FailureConfig {
   // Failures survived before fit() gives up with JobFailed (-1 = no limit).
@@ -161,14 +176,36 @@ struct EpochMetrics {
   double seconds = 0;
 };
 
+// What a JobEvent records. to_string() gives the spelling used on stdout and
+// in the metrics file's {"kind": "event", "event": ...} lines (read by tools
+// such as examples/elastic_experiment/plot.py: keep it stable).
+enum class JobEventKind {
+  kPlaced,      // "placed": the first slots are placed
+  kResumeFrom,  // "resume_from": TrainJobConfig::resume_from was loaded
+  kStarted,     // "started": trainers set up and grouped
+  kStandby,     // "standby": standby trainers placed
+  kCheckpoint,  // "checkpoint": a checkpoint was submitted
+  kEpoch,       // "epoch": an epoch ended
+  kFinished,    // "finished"
+  kFailed,      // "failed": fit() gives up (JobFailed)
+  // A failure and its recovery, in order:
+  kFailure,   // "failure": seen
+  kAborted,   // "aborted": group aborted in the survivors
+  kReplaced,  // "replaced": replacement trainers (or loaders) placed
+  kHealed,    // "healed": state sent from a live peer
+  kRestored,  // "restored": state read from a checkpoint (or restart)
+  kResized,   // "resized": world size changed (recovery or growth)
+  kResumed,   // "resumed": training goes on after a recovery
+  // Growth at a step boundary:
+  kGrew,        // "grew": new trainers placed to grow
+  kGrowHealed,  // "grow_healed": the newcomers took rank 0's state
+};
+const char* to_string(JobEventKind kind);
+std::ostream& operator<<(std::ostream& os, JobEventKind kind);
+
 struct JobEvent {
   double time = 0;  // seconds since fit() began
-  // "placed", "started", "resumed", "checkpoint", "epoch", "finished";
-  // failures: "failure" (seen), "aborted" (group aborted in the
-  // survivors), "replaced" (replacement placed), "healed" (state sent from a
-  // live peer), "restored" (state read from a checkpoint), "resized" (world
-  // size changed), "resumed" (training goes on).
-  std::string kind;
+  JobEventKind kind = JobEventKind::kPlaced;
   std::string detail;
   int64_t step = 0;
   int64_t world_size = 0;
@@ -180,9 +217,9 @@ struct Recovery {
   double resumed_at = 0;    // when training went on
   double step_done_at = 0;  // when the next step completed (0 = none did)
   std::string cause;
-  // "heal" (from a live peer), "checkpoint" (from disk), "restart" (from
-  // the initial weights: every trainer gone and no checkpoint).
-  std::string mode;
+  // kHeal (from a live peer), kCheckpoint (from disk), kRestart (from the
+  // initial weights: every trainer gone and no checkpoint).
+  RecoveryMode mode = RecoveryMode::kHeal;
   // Replacements taken from the standby trainers / newly placed.
   int64_t from_standby = 0;
   int64_t placed = 0;

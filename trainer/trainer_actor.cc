@@ -297,6 +297,27 @@ void TrainerActor::update_ema() {
   for (size_t i = 0; i < params.size(); ++i) ema_[i].mul_(d).add_(params[i].second.detach(), 1.0 - d);
 }
 
+actors::Batch TrainerActor::next_batch(bool from_stream, const std::vector<int64_t>& indices, size_t& pos,
+                                       int64_t epoch) {
+  if (from_stream) {
+    // Only this thread replaces the reader: reading it needs no lock.
+    auto& reader = stream_->reader;
+    TROUPE_CHECK(reader) << "open_stream() first";
+    auto b = reader->read(std::chrono::minutes(5));
+    if (!b) throw Error("the batch stream ended before step " + std::to_string(step_));
+    pos += static_cast<size_t>(b->size());
+    return std::move(*b);
+  }
+  std::vector<actors::Sample> samples;
+  std::vector<int64_t> idx(indices.begin() + pos, indices.begin() + pos + config_.batch_size);
+  if (!split_.empty())
+    for (auto& i : idx) i = split_[static_cast<size_t>(i)];
+  samples.reserve(idx.size());
+  for (int64_t i : idx) samples.push_back(dataset_->get(i, epoch));
+  pos += idx.size();
+  return actors::collate(std::move(samples), std::move(idx));
+}
+
 TrainReport TrainerActor::train(TrainRequest req) {
   TROUPE_CHECK(ready_) << "setup() first";
   TROUPE_CHECK(req.max_steps > 0) << "max_steps must be positive";
@@ -320,25 +341,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
       double loss_sum = 0;
       int64_t correct = 0, samples = 0;
       for (int64_t k = 0; k < config_.accumulation; ++k) {
-        actors::Batch batch;
-        if (req.from_stream) {
-          // Only this thread replaces the reader: reading it needs no lock.
-          auto& reader = stream_->reader;
-          TROUPE_CHECK(reader) << "open_stream() first";
-          auto b = reader->read(std::chrono::minutes(5));
-          if (!b) throw Error("the batch stream ended before step " + std::to_string(step_));
-          batch = std::move(*b);
-          pos += static_cast<size_t>(batch.size());
-        } else {
-          std::vector<actors::Sample> samples_v;
-          std::vector<int64_t> idx(indices.begin() + pos, indices.begin() + pos + config_.batch_size);
-          if (!split_.empty())
-            for (auto& i : idx) i = split_[static_cast<size_t>(i)];
-          samples_v.reserve(idx.size());
-          for (int64_t i : idx) samples_v.push_back(dataset_->get(i, cursor.epoch));
-          pos += idx.size();
-          batch = actors::collate(std::move(samples_v), std::move(idx));
-        }
+        actors::Batch batch = next_batch(req.from_stream, indices, pos, cursor.epoch);
         auto [l, c] = micro_step(batch, k == config_.accumulation - 1);
         loss_sum += l;
         correct += c;

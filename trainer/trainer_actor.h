@@ -219,6 +219,10 @@ class TrainerActor {
   torch::Tensor compute_loss(const torch::Tensor& logits, const torch::Tensor& target);
   // One micro-step forward + backward; returns (loss sum, correct).
   std::pair<double, int64_t> micro_step(const actors::Batch& batch, bool sync);
+  // The next micro-batch of a train() call: read from the batch stream, or
+  // collated from this trainer's own data set at indices[pos...]; advances
+  // pos past it.
+  actors::Batch next_batch(bool from_stream, const std::vector<int64_t>& indices, size_t& pos, int64_t epoch);
   void optimizer_step();
   // Makes the state as it was before a step that failed part way: buffers
   // (BatchNorm statistics) and RNG from the step's start, no gradients.

@@ -67,6 +67,16 @@ struct Sample {
   double wall_samples_per_s = 0;  // the round's samples over the time since the last boundary
 };
 
+// A row of events.csv: the job's events (kind spelled by to_string) and the
+// scenario's own ("scenario").
+struct EventRow {
+  double time = 0;
+  std::string kind;
+  std::string detail;
+  int64_t step = 0;
+  int64_t world_size = 0;
+};
+
 // CSV fields are free text (a failure's cause): quote them.
 std::string quoted(const std::string& s) {
   std::string q = "\"";
@@ -182,7 +192,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(cfg.max_steps), a.seconds);
 
   std::vector<Sample> timeline;
-  std::vector<troupe::trainer::JobEvent> scenario;
+  std::vector<EventRow> scenario;
   bool grown = false, killed = false;
   double last_time = 0;
   double first = -1;  // the first step boundary: the scenario's clock starts
@@ -229,7 +239,8 @@ int main(int argc, char** argv) {
     tl << s.time << "," << s.step << "," << s.world_size << "," << s.samples_per_s << "," << s.wall_samples_per_s
        << "\n";
   tl.close();
-  std::vector<troupe::trainer::JobEvent> events = r.events;
+  std::vector<EventRow> events;
+  for (const auto& e : r.events) events.push_back({e.time, to_string(e.kind), e.detail, e.step, e.world_size});
   events.insert(events.end(), scenario.begin(), scenario.end());
   std::stable_sort(events.begin(), events.end(), [](const auto& x, const auto& y) { return x.time < y.time; });
   std::ofstream ev(a.out + "/events.csv");
@@ -244,11 +255,12 @@ int main(int argc, char** argv) {
     std::printf(
         "  recovery at %.2fs: mode %s, world %lld -> %lld, lost %lld step(s), resumed after %.2fs, "
         "next step done after %.2fs\n    cause: %s\n",
-        rec.failed_at, rec.mode.c_str(), static_cast<long long>(rec.world_before),
+        rec.failed_at, to_string(rec.mode), static_cast<long long>(rec.world_before),
         static_cast<long long>(rec.world_after), static_cast<long long>(rec.lost_steps), rec.resumed_at - rec.failed_at,
         rec.step_done_at > 0 ? rec.step_done_at - rec.failed_at : 0.0, rec.cause.c_str());
   for (const auto& e : r.events)
-    if (e.kind == "resized") std::printf("  resized at %.2fs: %s\n", e.time, e.detail.c_str());
+    if (e.kind == troupe::trainer::JobEventKind::kResized)
+      std::printf("  resized at %.2fs: %s\n", e.time, e.detail.c_str());
 
   std::string plot = std::string("/usr/bin/python3 ") + ELASTIC_PLOT_SCRIPT + " '" + a.out + "'";
   int rc = std::system(plot.c_str());

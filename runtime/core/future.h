@@ -182,4 +182,48 @@ size_t wait_any(const std::vector<Future<T>>& futures,
   return **first;
 }
 
+// Waits until every state has succeeded, or until one has failed, whichever
+// comes first (a round of calls where a failed one means the others may wait
+// forever, e.g. survivors in a collective with a dead peer). Returns nullptr
+// when all succeeded; otherwise the error of the first failed state in the
+// order given, or a Timeout when neither happened within `timeout`. Calls
+// still running are not cancelled.
+inline std::exception_ptr wait_all_or_first_failure(const std::vector<std::shared_ptr<core::FutureStateBase>>& states,
+                                                    std::chrono::milliseconds timeout) {
+  struct Signal {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t ready = 0;
+  };
+  auto signal = std::make_shared<Signal>();
+  for (const auto& st : states)
+    st->on_ready([signal] {
+      {
+        std::lock_guard lock(signal->mu);
+        ++signal->ready;
+      }
+      signal->cv.notify_all();
+    });
+  std::exception_ptr failed;
+  auto settled = [&] {
+    for (const auto& st : states)
+      if (st->ready())
+        if (auto e = st->error()) {
+          failed = e;
+          return true;
+        }
+    return signal->ready == states.size();
+  };
+  std::unique_lock lock(signal->mu);
+  if (!signal->cv.wait_for(lock, timeout, settled))
+    return std::make_exception_ptr(Timeout("no answer within " + std::to_string(timeout.count()) + " ms"));
+  return failed;
+}
+template <class T>
+std::exception_ptr wait_all_or_first_failure(const std::vector<Future<T>>& futures, std::chrono::milliseconds timeout) {
+  std::vector<std::shared_ptr<core::FutureStateBase>> states;
+  for (const auto& f : futures) states.push_back(f.state());
+  return wait_all_or_first_failure(states, timeout);
+}
+
 }  // namespace troupe

@@ -81,7 +81,7 @@ void expect_bitwise_equal(const TrainState& a, const TrainState& b) {
 
 std::string describe(const Result& r) {
   std::string s;
-  for (const auto& e : r.events) s += "  " + std::to_string(e.time) + " " + e.kind + ": " + e.detail + "\n";
+  for (const auto& e : r.events) s += "  " + std::to_string(e.time) + " " + to_string(e.kind) + ": " + e.detail + "\n";
   return s;
 }
 
@@ -146,17 +146,19 @@ TEST_F(TwoWorkerJobTest, TrainerAndLoaderKilledSameWeights) {
   ASSERT_EQ(faults_.faults().size(), 2u);
   ASSERT_EQ(hurt.recoveries.size(), 2u) << describe(hurt);
   for (const auto& r : hurt.recoveries) {
-    EXPECT_EQ(r.mode, "heal") << describe(hurt);
+    EXPECT_EQ(r.mode, RecoveryMode::kHeal) << describe(hurt);
     EXPECT_EQ(r.lost_steps, 0) << describe(hurt);
     EXPECT_EQ(r.world_after, 2);
     EXPECT_LT(r.resumed_at - r.failed_at, 10.0) << describe(hurt);
   }
   EXPECT_EQ(hurt.final_world_size, 2);
   expect_bitwise_equal(clean_.final_state, hurt.final_state);
-  auto has = [&](const std::string& kind) {
+  auto has = [&](JobEventKind kind) {
     return std::any_of(hurt.events.begin(), hurt.events.end(), [&](const JobEvent& e) { return e.kind == kind; });
   };
-  for (const char* k : {"failure", "aborted", "replaced", "healed", "resumed"}) EXPECT_TRUE(has(k)) << k;
+  for (auto k : {JobEventKind::kFailure, JobEventKind::kAborted, JobEventKind::kReplaced, JobEventKind::kHealed,
+                 JobEventKind::kResumed})
+    EXPECT_TRUE(has(k)) << k;
 }
 
 // A network fault: every caller connection of one trainer is closed while
@@ -216,7 +218,7 @@ TEST(ElasticTest, NodeAgentKilledSameWeights) {
   cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
   const auto hurt = TrainJob(rt, cfg).fit();
   ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
-  EXPECT_EQ(hurt.recoveries[0].mode, "heal");
+  EXPECT_EQ(hurt.recoveries[0].mode, RecoveryMode::kHeal);
   EXPECT_EQ(hurt.recoveries[0].lost_steps, 0);
   EXPECT_LT(hurt.recoveries[0].resumed_at - hurt.recoveries[0].failed_at, 10.0) << describe(hurt);
   EXPECT_EQ(hurt.final_world_size, 2);
@@ -270,7 +272,7 @@ TEST(ElasticTest, AllTrainersLostRestartsFromCheckpoint) {
   cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
   const auto hurt = TrainJob(rt, cfg).fit();
   ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
-  EXPECT_EQ(hurt.recoveries[0].mode, "checkpoint") << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].mode, RecoveryMode::kCheckpoint) << describe(hurt);
   EXPECT_EQ(hurt.recoveries[0].resumed_step, 12);
   EXPECT_EQ(hurt.recoveries[0].lost_steps, 2);
   expect_bitwise_equal(clean.final_state, hurt.final_state);
@@ -311,7 +313,7 @@ TEST(ElasticTest, ExactlyOnceAcrossShrinkAndGrow) {
   EXPECT_EQ(r.final_world_size, 3) << describe(r);
   EXPECT_NE(std::find(worlds.begin(), worlds.end(), 2), worlds.end());
   int resized = 0;
-  for (const auto& e : r.events) resized += e.kind == "resized";
+  for (const auto& e : r.events) resized += e.kind == JobEventKind::kResized;
   EXPECT_EQ(resized, 2) << describe(r);
   expect_each_sample_once(r, 120, 2);
 }
@@ -376,7 +378,7 @@ TEST_P(NeverHangTest, KillEndsInClearError) {
     failed = std::chrono::steady_clock::now();
     EXPECT_NE(std::string(e.what()).find("max_failures is 0"), std::string::npos) << e.what();
     const auto& ev = e.result().events;
-    EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [](const JobEvent& x) { return x.kind == "failure"; }));
+    EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [](const JobEvent& x) { return x.kind == JobEventKind::kFailure; }));
   }
   ASSERT_EQ(faults.faults().size(), 1u);
   EXPECT_LT(std::chrono::duration<double>(failed - faults.faults()[0].at).count(), 10.0);

@@ -1,0 +1,82 @@
+// wait_all_or_first_failure on futures completed by other threads: no
+// processes, no sleeps as synchronisation (threads complete what the test
+// tells them to; the waits are bounded by generous timeouts).
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "troupe/runtime/core/future.h"
+
+namespace {
+
+using troupe::Future;
+using troupe::core::FutureState;
+using troupe::core::FutureStateBase;
+using namespace std::chrono_literals;
+
+template <class T>
+Future<T> pending() {
+  return Future<T>(std::make_shared<FutureState<T>>());
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "not a std::exception";
+  }
+}
+
+TEST(WaitAllOrFirstFailure, ReturnsNullWhenEverySucceeded) {
+  std::vector<Future<int>> fs{pending<int>(), pending<int>(), pending<int>()};
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < fs.size(); ++i) ts.emplace_back([f = fs[i], i] { f.state()->set_value(static_cast<int>(i)); });
+  EXPECT_EQ(troupe::wait_all_or_first_failure(fs, 60s), nullptr);
+  for (auto& t : ts) t.join();
+  for (size_t i = 0; i < fs.size(); ++i) EXPECT_EQ(fs[i].get(), static_cast<int>(i));
+}
+
+TEST(WaitAllOrFirstFailure, NoFuturesIsSuccess) {
+  EXPECT_EQ(troupe::wait_all_or_first_failure(std::vector<Future<int>>{}, 1ms), nullptr);
+}
+
+TEST(WaitAllOrFirstFailure, ReturnsAsSoonAsOneFailedWhileOthersNeverAnswer) {
+  // The second future never completes: only a fail-fast wait returns the
+  // error (a plain wait_all would hit the 60 s timeout instead).
+  auto ok = pending<int>();
+  auto stuck = pending<int>();
+  auto bad = pending<void>();
+  std::thread t([&] {
+    ok.state()->set_value(1);
+    bad.state()->set_error(std::make_exception_ptr(troupe::ActorDied("rank 2 died")));
+  });
+  std::vector<std::shared_ptr<FutureStateBase>> states{ok.state(), stuck.state(), bad.state()};
+  auto e = troupe::wait_all_or_first_failure(states, 60s);
+  t.join();
+  ASSERT_NE(e, nullptr);
+  EXPECT_THROW(std::rethrow_exception(e), troupe::ActorDied);
+  EXPECT_EQ(what_of(e), "rank 2 died");
+}
+
+TEST(WaitAllOrFirstFailure, FirstFailureInOrderGivenWhenSeveralFailed) {
+  auto a = pending<int>();
+  auto b = pending<int>();
+  a.state()->set_value(1);
+  b.state()->set_error(std::make_exception_ptr(troupe::Error("b failed")));
+  auto c = pending<int>();
+  c.state()->set_error(std::make_exception_ptr(troupe::Error("c failed")));
+  EXPECT_EQ(what_of(troupe::wait_all_or_first_failure(std::vector<Future<int>>{a, b, c}, 60s)), "b failed");
+}
+
+TEST(WaitAllOrFirstFailure, TimeoutWhenNothingAnswers) {
+  std::vector<Future<int>> fs{pending<int>(), pending<int>()};
+  fs[0].state()->set_value(1);
+  auto e = troupe::wait_all_or_first_failure(fs, 20ms);
+  ASSERT_NE(e, nullptr);
+  EXPECT_THROW(std::rethrow_exception(e), troupe::Timeout);
+  EXPECT_EQ(what_of(e), "no answer within 20 ms");
+}
+
+}  // namespace

@@ -1,0 +1,242 @@
+#include "troupe/trainer/failure_recovery.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "troupe/runtime/collective/actor_group.h"
+
+namespace troupe::trainer {
+
+FailureRecovery::FailureRecovery(Parts parts, Recovery& record)
+    : p_(parts), rec_(record), deadline_(Clock::now() + parts.cfg.failure.abort_timeout) {}
+
+std::chrono::milliseconds FailureRecovery::left() const {
+  // Every wait of steps 1 and 2 shares one deadline, so a recovery's
+  // probing is bounded by abort_timeout whatever the number of ranks.
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()));
+}
+
+void FailureRecovery::run() {
+  stop_round();
+  probe();
+  respawn_loaders();
+  replace_trainers();
+  // A new generation, and one state everywhere.
+  p_.gang.setup_new(p_.cfg.call_timeout);
+  if (!any_state_ || p_.cfg.failure.mode == RecoveryMode::kCheckpoint)
+    restore_from_disk();
+  else
+    heal();
+  finish();
+}
+
+// 1. No survivor may stay inside a collective with a dead peer (abort, by
+//    control message: it bypasses the mailbox), wait for batches from a
+//    loader that died before it connected (interrupt its stream), and no
+//    loader may keep writing into a stream nobody reads (stop feeds).
+void FailureRecovery::stop_round() {
+  const int acked = abort_group();
+  for (auto& f : interrupt_and_stop_feeds()) f->wait_for(std::min(left(), std::chrono::milliseconds(1000)));
+  event(JobEventKind::kAborted, "generation " + std::to_string(p_.gang.generation()) + " aborted in " +
+                                    std::to_string(acked) + " of " + std::to_string(p_.gang.world()) + " trainers");
+  for (auto& st : p_.gang.take_inflight()) st->wait_for(left());
+}
+
+int FailureRecovery::abort_group() {
+  std::vector<uint64_t> ids;
+  for (auto& s : p_.gang.slots()) ids.push_back(s.trainer.id());
+  return collective::abort_group(p_.rt, ids, p_.gang.group_name(), rec_.cause, p_.gang.generation(),
+                                 std::min(left(), std::chrono::milliseconds(2000)));
+}
+
+std::vector<std::shared_ptr<core::FutureStateBase>> FailureRecovery::interrupt_and_stop_feeds() {
+  std::vector<std::shared_ptr<core::FutureStateBase>> controls;
+  for (auto& s : p_.gang.slots()) {
+    try {
+      controls.push_back(
+          s.trainer.control(InterruptBatches{.generation = p_.gang.generation(), .reason = rec_.cause}).state());
+      if (s.loader.valid()) controls.push_back(s.loader.control(actors::StopFeeds{.rank = -1}).state());
+    } catch (...) {
+    }
+  }
+  return controls;
+}
+
+bool FailureRecovery::loader_answers(std::optional<Future<actors::LoaderStats>>& stats) {
+  try {
+    stats->get(left());
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// 2. Who is alive: a trainer that answers progress() (it left the aborted
+//    step; calls queue behind a running one) and a loader that answers a
+//    stats control message (served beside a running feed). Anything else is
+//    gone: killed for good and its slot emptied.
+void FailureRecovery::probe() {
+  auto& slots = p_.gang.slots();
+  progress_.assign(slots.size(), std::nullopt);
+  auto ps = p_.gang.call_all(&TrainerActor::progress);
+  std::vector<std::optional<Future<actors::LoaderStats>>> stats(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].loader.valid()) stats[i] = slots[i].loader.control(actors::GetLoaderStats{});
+  for (size_t i = 0; i < slots.size(); ++i) {
+    try {
+      progress_[i] = ps[i].get(left());
+    } catch (const std::exception&) {
+      progress_[i].reset();
+    }
+    if (!stats[i] || loader_answers(stats[i]) || !progress_[i]) continue;
+    try {
+      p_.rt.kill_actor(slots[i].loader.id(), true);
+    } catch (...) {
+    }
+    slots[i].loader = LoaderHandle();
+  }
+  // A trainer that never received the job's state (a replacement whose
+  // heal failed) is no source: it holds the initial weights.
+  int64_t reached = p_.gang.step();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!progress_[i]) {
+      dead_.push_back(i);
+      continue;
+    }
+    if (!slots[i].has_state) continue;
+    any_state_ = true;
+    reached = std::max(reached, progress_[i]->step);
+  }
+  rec_.reached_step = reached;
+}
+
+// 3a. Loaders of live trainers, in their trainers' bundles.
+void FailureRecovery::respawn_loaders() {
+  auto& slots = p_.gang.slots();
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (progress_[i] && p_.pool.use_loaders() && !slots[i].loader.valid()) {
+      p_.pool.spawn_loader(slots[i]);
+      event(JobEventKind::kReplaced,
+            "the loader of rank " + std::to_string(i) + " died; a new one resumes from the cursor");
+    }
+}
+
+std::vector<Slot> FailureRecovery::replacements(size_t n) {
+  auto fresh = p_.pool.take_standby(n, deadline_ + std::chrono::seconds(2));
+  rec_.from_standby = static_cast<int64_t>(fresh.size());
+  if (fresh.size() < n) {
+    auto placed = p_.pool.place(static_cast<int64_t>(n - fresh.size()), n == p_.gang.slots().size()
+                                                                            ? p_.cfg.scaling.placement_timeout
+                                                                            : p_.cfg.failure.replacement_timeout);
+    rec_.placed = static_cast<int64_t>(placed.size());
+    for (auto& p : placed) fresh.push_back(std::move(p));
+  }
+  return fresh;
+}
+
+// The new slot order (survivors and replacements at their old ranks,
+// dropped ranks closing the gaps) and the heal source: the survivor holding
+// state with the most completed steps.
+std::vector<Slot> FailureRecovery::next_ranks(std::vector<Slot> fresh) {
+  auto& slots = p_.gang.slots();
+  std::vector<Slot> next;
+  int64_t best = -1;
+  size_t k = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (progress_[i]) {
+      if (slots[i].has_state && progress_[i]->step > best) {
+        best = progress_[i]->step;
+        heal_src_ = static_cast<int64_t>(next.size());
+      }
+      next.push_back(std::move(slots[i]));
+    } else if (k < fresh.size()) {
+      next.push_back(std::move(fresh[k++]));
+    }
+  }
+  return next;
+}
+
+// 3b. Dead trainers in fresh slots at the same ranks (the same data shard
+//     and reduction order as before); what cannot be placed in time is
+//     dropped (the job shrinks).
+void FailureRecovery::replace_trainers() {
+  for (size_t i : dead_) p_.pool.release(p_.gang.slots()[i]);
+  auto fresh = replacements(dead_.size());
+  const size_t replaced = fresh.size();
+  p_.gang.set_slots(next_ranks(std::move(fresh)));
+  const auto& reason = p_.pool.pending_reason();
+  if (!dead_.empty())
+    event(JobEventKind::kReplaced,
+          std::to_string(replaced) + " of " + std::to_string(dead_.size()) + " dead trainer(s) replaced" +
+              (rec_.from_standby ? " (" + std::to_string(rec_.from_standby) + " from standby)" : "") +
+              (replaced < dead_.size() ? " (no room: " + reason + ")" : ""));
+  const int64_t world = p_.gang.world();
+  if (world < p_.min_workers)
+    throw GiveUp{"only " + std::to_string(world) + " trainer(s) could be placed, scaling.min_workers is " +
+                 std::to_string(p_.min_workers) + (reason.empty() ? "" : " (" + reason + ")")};
+}
+
+// 4, from disk: the last checkpoint, or the initial weights without one.
+void FailureRecovery::restore_from_disk() {
+  auto& gang = p_.gang;
+  std::optional<TrainState> disk;
+  if (p_.writer) p_.writer->wait();
+  if (!p_.cfg.checkpoint.dir.empty())
+    if (auto latest = latest_checkpoint(p_.cfg.checkpoint.dir)) disk = load_checkpoint(latest->path);
+  if (!disk) {
+    // Back to the initial weights: survivors set up afresh too.
+    for (auto& s : gang.slots()) s.ready = false;
+    gang.setup_new(p_.cfg.call_timeout);
+  }
+  gang.form(-1, p_.cfg.call_timeout);
+  if (disk) {
+    for (auto& s : gang.slots()) s.has_state = false;  // until the load succeeds
+    gang.load_everywhere(*disk, p_.cfg.call_timeout);
+    rec_.mode = RecoveryMode::kCheckpoint;
+    event(JobEventKind::kRestored, "every trainer took the checkpoint of step " + std::to_string(disk->step));
+  } else {
+    // No checkpoint: every trainer holds the initial weights.
+    gang.set_position(0, gang.cursor());
+    gang.begin_epoch(0);
+    rec_.mode = RecoveryMode::kRestart;
+    event(JobEventKind::kRestored, "no checkpoint: training starts over from the initial weights");
+  }
+  // Steps after the restored one are done again: forget their records.
+  p_.consumed.forget_after(gang.step());
+}
+
+// 4, from a live peer, by broadcast.
+void FailureRecovery::heal() {
+  auto& gang = p_.gang;
+  const int64_t before = gang.step();
+  const auto before_cursor = gang.cursor();
+  gang.form(heal_src_, p_.cfg.call_timeout);
+  // Steps the survivors completed inside the failed round count as
+  // consumed: what each old rank read in them follows from the cursor the
+  // round started at (the dead ranks' share included).
+  p_.consumed.add_from_sampler(before_cursor, before, gang.step());
+  rec_.mode = RecoveryMode::kHeal;
+  event(JobEventKind::kHealed, "rank " + std::to_string(heal_src_) + " sent its state (step " +
+                                   std::to_string(gang.step()) + ") to " + std::to_string(gang.world()) +
+                                   " ranks by broadcast");
+}
+
+void FailureRecovery::finish() {
+  const int64_t world = p_.gang.world();
+  const int64_t step = p_.gang.step();
+  if (world != rec_.world_before)
+    event(JobEventKind::kResized, std::to_string(rec_.world_before) + " -> " + std::to_string(world) +
+                                      " workers at step " + std::to_string(step));
+  rec_.world_after = world;
+  rec_.resumed_step = step;
+  rec_.lost_steps = std::max<int64_t>(0, rec_.reached_step - step);
+  rec_.resumed_at = p_.reporter.now();
+  char took[32];
+  std::snprintf(took, sizeof took, "%.3f", rec_.resumed_at - rec_.failed_at);
+  event(JobEventKind::kResumed, "at step " + std::to_string(step) + " with " + std::to_string(world) + " workers, " +
+                                    std::to_string(rec_.lost_steps) + " step(s) lost, " + to_string(rec_.mode) +
+                                    " in " + took + " s");
+}
+
+}  // namespace troupe::trainer

@@ -1,0 +1,134 @@
+#include "troupe/trainer/gang.h"
+
+namespace troupe::trainer {
+
+void get_all(std::vector<Future<void>>& fs, std::chrono::milliseconds timeout) {
+  std::exception_ptr first;
+  for (auto& f : fs) {
+    try {
+      f.get(timeout);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+Gang::Gang(const TrainJobConfig& cfg, SlotPool& pool, const actors::DistributedSampler& sampler, std::string group_name)
+    : cfg_(cfg), pool_(pool), sampler_(sampler), group_name_(std::move(group_name)) {}
+
+Gang::~Gang() { release_all(); }
+
+void Gang::release_all() {
+  for (auto& s : slots_) pool_.release(s);
+  slots_.clear();
+}
+
+void Gang::add(std::vector<Slot> more) {
+  for (auto& s : more) slots_.push_back(std::move(s));
+}
+
+void Gang::set_position(int64_t step, const actors::SamplerCursor& cursor) {
+  step_ = step;
+  cursor_ = cursor;
+}
+
+void Gang::begin_epoch(int64_t epoch) { cursor_ = sampler_.begin_epoch(epoch, world()); }
+
+void Gang::setup_new(std::chrono::milliseconds timeout) {
+  std::vector<Future<TrainerInfo>> fs;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].ready) continue;
+    fs.push_back(slots_[i].trainer.call(&TrainerActor::setup, cfg_.trainer));
+    which.push_back(i);
+  }
+  auto infos = get_all(fs, timeout);
+  for (size_t k = 0; k < which.size(); ++k) slots_[which[k]].ready = true;
+  if (!infos.empty()) info_ = infos[0];
+}
+
+void Gang::form(int64_t heal_src, std::chrono::milliseconds timeout) {
+  ++generation_;
+  std::vector<uint64_t> members;
+  for (auto& s : slots_) members.push_back(s.trainer.id());
+  std::vector<Future<void>> joins;
+  for (int64_t r = 0; r < world(); ++r)
+    joins.push_back(slots_[r].trainer.call(&TrainerActor::join,
+                                           JoinSpec{group_name_, generation_, r, world(), members, heal_src < 0}));
+  get_all(joins, timeout);
+  if (heal_src >= 0) {
+    auto heals = call_all(&TrainerActor::heal, heal_src);
+    auto ps = get_all(heals, timeout);
+    // At the driver's own step its cursor is the truth (it may already
+    // stand at the next epoch's start, which the trainers have not seen);
+    // past it, the survivors completed steps of a failed round.
+    if (ps[0].step != step_) set_position(ps[0].step, ps[0].cursor);
+  }
+  cursor_ = sampler_.resize(cursor_, world());
+  for (auto& s : slots_) s.has_state = true;
+}
+
+void Gang::load_everywhere(const TrainState& state, std::chrono::milliseconds timeout) {
+  auto loads = call_all(&TrainerActor::load_state, state);
+  get_all(loads, timeout);
+  for (auto& s : slots_) s.has_state = true;
+  step_ = state.step;
+  cursor_ = sampler_.resize(state.cursor, world());
+  if (sampler_.epoch_done(cursor_)) cursor_ = sampler_.begin_epoch(cursor_.epoch + 1, world());
+}
+
+TrainState Gang::state(std::chrono::milliseconds timeout) {
+  auto state = slots_[0].trainer.call(&TrainerActor::state).get(timeout);
+  state.world_size = world();
+  state.cursor = cursor_;
+  return state;
+}
+
+std::vector<Future<int64_t>> Gang::start_feeds(int64_t batches, std::chrono::milliseconds timeout,
+                                               std::vector<StatePtr>& round) {
+  // A fresh stream per call: the loader closes it after `batches` batches
+  // (fewer at the epoch's end).
+  auto refs = call_all(&TrainerActor::open_stream, int64_t{4});
+  if (auto e = wait_all_or_first_failure(refs, timeout)) {
+    for (auto& f : refs) inflight_.push_back(f.state());
+    throw StepFailed("opening the batch streams: " + what_of(e));
+  }
+  std::vector<Future<int64_t>> feeds;
+  for (int64_t r = 0; r < world(); ++r) {
+    feeds.push_back(slots_[r].loader.call(&actors::DataLoaderActor::feed, refs[r].get(), cursor_,
+                                          static_cast<int32_t>(r), batches));
+    round.push_back(feeds.back().state());
+  }
+  return feeds;
+}
+
+std::vector<TrainReport> Gang::train_round(const TrainRequest& request, int64_t feed_steps,
+                                           std::chrono::milliseconds timeout) {
+  inflight_.clear();
+  std::vector<StatePtr> round;
+  std::vector<Future<int64_t>> feeds;
+  if (request.from_stream) feeds = start_feeds(feed_steps * cfg_.trainer.accumulation, timeout, round);
+  auto fs = call_all(&TrainerActor::train, request);
+  for (auto& f : fs) round.push_back(f.state());
+  if (auto e = wait_all_or_first_failure(round, timeout)) {
+    inflight_ = std::move(round);
+    throw StepFailed(what_of(e));
+  }
+  std::vector<TrainReport> reps;
+  for (auto& f : fs) reps.push_back(f.get());
+  for (auto& f : feeds) f.get();
+  return reps;
+}
+
+}  // namespace troupe::trainer

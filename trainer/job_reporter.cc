@@ -1,0 +1,181 @@
+#include "troupe/trainer/job_reporter.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <ostream>
+#include <sstream>
+
+#include "troupe/runtime/core/errors.h"
+
+namespace troupe::trainer {
+
+const char* to_string(JobEventKind kind) {
+  switch (kind) {
+    case JobEventKind::kPlaced:
+      return "placed";
+    case JobEventKind::kResumeFrom:
+      return "resume_from";
+    case JobEventKind::kStarted:
+      return "started";
+    case JobEventKind::kStandby:
+      return "standby";
+    case JobEventKind::kCheckpoint:
+      return "checkpoint";
+    case JobEventKind::kEpoch:
+      return "epoch";
+    case JobEventKind::kFinished:
+      return "finished";
+    case JobEventKind::kFailed:
+      return "failed";
+    case JobEventKind::kFailure:
+      return "failure";
+    case JobEventKind::kAborted:
+      return "aborted";
+    case JobEventKind::kReplaced:
+      return "replaced";
+    case JobEventKind::kHealed:
+      return "healed";
+    case JobEventKind::kRestored:
+      return "restored";
+    case JobEventKind::kResized:
+      return "resized";
+    case JobEventKind::kResumed:
+      return "resumed";
+    case JobEventKind::kGrew:
+      return "grew";
+    case JobEventKind::kGrowHealed:
+      return "grow_healed";
+  }
+  return "unknown";
+}
+
+std::ostream& operator<<(std::ostream& os, JobEventKind kind) { return os << to_string(kind); }
+
+namespace {
+
+// Recovery and growth are shown on the console; the rest is in the
+// progress and epoch lines already.
+bool shown(JobEventKind kind) {
+  switch (kind) {
+    case JobEventKind::kFailure:
+    case JobEventKind::kAborted:
+    case JobEventKind::kReplaced:
+    case JobEventKind::kHealed:
+    case JobEventKind::kRestored:
+    case JobEventKind::kResized:
+    case JobEventKind::kResumed:
+    case JobEventKind::kGrew:
+    case JobEventKind::kGrowHealed:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+JobReporter::JobReporter(const TrainJobConfig& cfg, std::function<JobPosition()> where)
+    : cfg_(cfg), where_(std::move(where)), t0_(std::chrono::steady_clock::now()), tty_(::isatty(1)) {}
+
+void JobReporter::open_metrics() {
+  if (cfg_.metrics_path.empty()) return;
+  auto parent = std::filesystem::path(cfg_.metrics_path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  metrics_ = std::make_unique<std::ofstream>(cfg_.metrics_path, std::ios::app);
+  if (!*metrics_) throw ConfigError("cannot open metrics file " + cfg_.metrics_path);
+}
+
+double JobReporter::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void JobReporter::write_metrics(const nlohmann::json& j) {
+  if (metrics_) *metrics_ << j.dump() << "\n" << std::flush;
+}
+
+void JobReporter::event(JobEventKind kind, const std::string& detail) {
+  const JobPosition at = where_();
+  JobEvent e{now(), kind, detail, at.step, at.world_size};
+  events_.push_back(e);
+  write_metrics({{"kind", "event"},
+                 {"job", cfg_.name},
+                 {"event", to_string(kind)},
+                 {"detail", detail},
+                 {"time", e.time},
+                 {"step", at.step},
+                 {"workers", at.world_size}});
+  if (cfg_.verbose && shown(kind)) {
+    std::printf("%s[%s] %7.3fs %-8s %s\n", tty_ ? "\r" : "", cfg_.name.c_str(), e.time, to_string(kind),
+                detail.c_str());
+    std::fflush(stdout);
+  }
+}
+
+std::string JobReporter::history() const {
+  std::ostringstream s;
+  for (const auto& e : events_) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.3fs", e.time);
+    s << "\n  " << t << " " << to_string(e.kind) << ": " << e.detail;
+  }
+  return s.str();
+}
+
+void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t correct, int64_t samples) {
+  write_metrics({{"kind", "step"},
+                 {"job", cfg_.name},
+                 {"epoch", epoch},
+                 {"step", step},
+                 {"loss", loss_sum / samples},
+                 {"accuracy", double(correct) / samples},
+                 {"samples", samples},
+                 {"workers", where_().world_size},
+                 {"time", now()}});
+}
+
+void JobReporter::progress(int64_t epoch, double loss, double accuracy, double samples_per_second) {
+  if (!cfg_.verbose || !tty_) return;
+  const JobPosition at = where_();
+  std::printf("\r[%s] epoch %lld/%lld  step %lld  %lld workers  loss %.4f  acc %.3f  %.0f samples/s   ",
+              cfg_.name.c_str(), static_cast<long long>(epoch + 1), static_cast<long long>(cfg_.epochs),
+              static_cast<long long>(at.step), static_cast<long long>(at.world_size), loss, accuracy,
+              samples_per_second);
+  std::fflush(stdout);
+}
+
+void JobReporter::epoch(const EpochMetrics& em) {
+  const JobPosition at = where_();
+  write_metrics({{"kind", "epoch"},
+                 {"job", cfg_.name},
+                 {"epoch", em.epoch},
+                 {"step", at.step},
+                 {"workers", at.world_size},
+                 {"train_loss", em.train_loss},
+                 {"train_accuracy", em.train_accuracy},
+                 {"samples_per_second", em.samples_per_second},
+                 {"val_loss", em.val_loss},
+                 {"val_accuracy", em.val_accuracy},
+                 {"val_count", em.val_count},
+                 {"seconds", em.seconds}});
+  if (!cfg_.verbose) return;
+  char val[96] = "";
+  if (cfg_.evaluate) std::snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.3f", em.val_loss, em.val_accuracy);
+  std::printf("%s[%s] epoch %lld/%lld  step %lld  loss %.4f  acc %.3f%s  %.0f samples/s  %.2fs\n", tty_ ? "\r" : "",
+              cfg_.name.c_str(), static_cast<long long>(em.epoch + 1), static_cast<long long>(cfg_.epochs),
+              static_cast<long long>(at.step), em.train_loss, em.train_accuracy, val, em.samples_per_second,
+              em.seconds);
+  std::fflush(stdout);
+}
+
+void JobReporter::started(const TrainerInfo& info, int64_t dataset_size) {
+  if (!cfg_.verbose) return;
+  std::printf("[%s] %lld trainer(s) (%s, %lld parameters, %s), %lld samples\n", cfg_.name.c_str(),
+              static_cast<long long>(where_().world_size), info.model.c_str(), static_cast<long long>(info.parameters),
+              info.device.c_str(), static_cast<long long>(dataset_size));
+}
+
+}  // namespace troupe::trainer

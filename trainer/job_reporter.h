@@ -1,0 +1,63 @@
+// JobReporter: everything a TrainJob tells the outside world. It owns the
+// job's clock (seconds since fit() began), the list of JobEvents, the
+// metrics file (JSON lines: one per step, per epoch and per event, written
+// with nlohmann-json) and the console output (a live progress line on a
+// terminal, a line per epoch, and the recovery events). Internal to
+// TrainJob.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "troupe/trainer/train_job.h"
+
+namespace troupe::trainer {
+
+// Where training stands when something is reported.
+struct JobPosition {
+  int64_t step = 0;
+  int64_t world_size = 0;
+};
+
+class JobReporter {
+ public:
+  // `where` is asked for the step and world size of every event.
+  JobReporter(const TrainJobConfig& cfg, std::function<JobPosition()> where);
+
+  // Opens TrainJobConfig::metrics_path for appending (ConfigError if it
+  // cannot); without it nothing is written.
+  void open_metrics();
+  // Seconds since the reporter was made (the job's clock).
+  double now() const;
+
+  void event(JobEventKind kind, const std::string& detail);
+  const std::vector<JobEvent>& events() const { return events_; }
+  // Every event so far, one per line, for JobFailed's message.
+  std::string history() const;
+
+  // One optimizer step's sums over all ranks.
+  void step(int64_t epoch, int64_t step, double loss_sum, int64_t correct, int64_t samples);
+  // The live line of a running epoch (terminal only).
+  void progress(int64_t epoch, double loss, double accuracy, double samples_per_second);
+  void epoch(const EpochMetrics& em);
+  void started(const TrainerInfo& info, int64_t dataset_size);
+
+ private:
+  void write_metrics(const nlohmann::json& j);
+
+  const TrainJobConfig& cfg_;
+  std::function<JobPosition()> where_;
+  std::chrono::steady_clock::time_point t0_;
+  bool tty_ = false;
+  std::unique_ptr<std::ofstream> metrics_;
+  std::vector<JobEvent> events_;
+};
+
+}  // namespace troupe::trainer
