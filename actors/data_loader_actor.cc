@@ -139,6 +139,47 @@ DataLoaderActor::DataLoaderActor(LoaderConfig config) : state_(std::make_shared<
 
 DataLoaderActor::~DataLoaderActor() = default;
 
+namespace {
+
+// The indices a feed sends: `rank`'s share of what `cursor` leaves of the
+// epoch, cut to `max_batches` batches (0 = all).
+std::vector<int64_t> feed_indices(int64_t dataset_size, const LoaderConfig& c, const SamplerCursor& cursor,
+                                  int32_t rank, int64_t max_batches) {
+  DistributedSampler sampler({.dataset_size = dataset_size,
+                              .world_size = cursor.world_size,
+                              .shuffle = c.shuffle,
+                              .seed = c.seed,
+                              .drop_last = c.sampler_drop_last});
+  if (rank < 0 || rank >= cursor.world_size) {
+    throw ConfigError("DataLoaderActor::feed: rank " + std::to_string(rank) + " outside world size " +
+                      std::to_string(cursor.world_size));
+  }
+  std::vector<int64_t> indices = sampler.remaining(cursor, rank);
+  if (max_batches > 0 && static_cast<int64_t>(indices.size()) > max_batches * c.batch_size)
+    indices.resize(static_cast<size_t>(max_batches * c.batch_size));
+  return indices;
+}
+
+}  // namespace
+
+// Makes a running feed visible to stop() (by rank) for as long as it runs.
+class DataLoaderActor::FeedRegistration {
+ public:
+  FeedRegistration(State& st, Feed& feed) : st_(st) {
+    std::lock_guard lock(st_.feeds_mutex);
+    id_ = st_.next_feed++;
+    st_.feeds[id_] = &feed;
+  }
+  ~FeedRegistration() {
+    std::lock_guard lock(st_.feeds_mutex);
+    st_.feeds.erase(id_);
+  }
+
+ private:
+  State& st_;
+  uint64_t id_ = 0;
+};
+
 int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank, int64_t max_batches) {
   State& st = *state_;
   const LoaderConfig& c = st.config;
@@ -147,39 +188,17 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
 
   Feed feed;
   feed.rank = rank;
-  uint64_t feed_id = 0;
-  auto unregister = [&] {
-    std::lock_guard lock(st.feeds_mutex);
-    st.feeds.erase(feed_id);
-  };
-  PipelineStats run{};
   int64_t sent = 0;  // written to the stream (a cancelled sink call writes nothing)
   try {
     auto dataset = st.open_dataset();
-    DistributedSampler sampler({.dataset_size = dataset->size(),
-                                .world_size = cursor.world_size,
-                                .shuffle = c.shuffle,
-                                .seed = c.seed,
-                                .drop_last = c.sampler_drop_last});
-    if (rank < 0 || rank >= cursor.world_size) {
-      throw ConfigError("DataLoaderActor::feed: rank " + std::to_string(rank) + " outside world size " +
-                        std::to_string(cursor.world_size));
-    }
-    std::vector<int64_t> indices = sampler.remaining(cursor, rank);
-    if (max_batches > 0 && static_cast<int64_t>(indices.size()) > max_batches * c.batch_size)
-      indices.resize(static_cast<size_t>(max_batches * c.batch_size));
-
+    std::vector<int64_t> indices = feed_indices(dataset->size(), c, cursor, rank, max_batches);
     BatchPipeline pipeline(*dataset, {.batch_size = c.batch_size,
                                       .num_threads = c.threads,
                                       .prefetch_depth = c.prefetch_depth,
                                       .max_live_tokens = c.max_live_tokens,
                                       .drop_last = c.drop_last});
     feed.pipeline = &pipeline;
-    {
-      std::lock_guard lock(st.feeds_mutex);
-      feed_id = st.next_feed++;
-      st.feeds[feed_id] = &feed;
-    }
+    FeedRegistration registration(st, feed);
     // The sink blocks while the reader grants no credit; that is the
     // back-pressure. It wakes every kWriteSlice to notice a stop, since a
     // blocked write cannot be interrupted otherwise.
@@ -199,13 +218,7 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
       st.batches_sent += 1;
       st.samples_sent += rows;
     };
-    try {
-      run = pipeline.run(indices, cursor.epoch, sink);
-    } catch (...) {
-      unregister();
-      throw;
-    }
-    unregister();
+    PipelineStats run = pipeline.run(indices, cursor.epoch, sink);
     raise_max(st.max_live_batches, run.max_live_batches);
   } catch (const StreamError&) {
     // The reader is gone (or refused the stream): nobody to tell.

@@ -132,6 +132,7 @@ class DataLoaderActor {
 
  private:
   struct Feed;
+  class FeedRegistration;
   struct State;
   // Shared with the control handlers, which may outlive nothing but must
   // never dangle: they hold the state, not the actor.

@@ -18,8 +18,6 @@ using namespace troupe::wire;
 
 namespace {
 
-}
-
 struct Job {
   std::shared_ptr<Connection> conn;
   Message msg;

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "troupe/runtime/wire/codec.h"
 #include "troupe/runtime/core/worker_env.h"
+#include "troupe/runtime/wire/codec.h"
 
 namespace troupe::worker {
 
