@@ -78,8 +78,8 @@ class StreamServer {
     auto done = std::make_shared<core::FutureState<std::string>>();
     asio::post(core->io(), [this, host, done] {
       try {
-        listener_ =
-            std::make_unique<Listener>(core_->io(), host, 0, [this](asio::ip::tcp::socket s) { accept(std::move(s)); });
+        listener_ = std::make_unique<Listener>(core_->io(), host, 0, core_->token(), ListenerOptions{},
+                                               [this](std::shared_ptr<Connection> c) { accept(std::move(c)); });
         done->set_value(host + ":" + std::to_string(listener_->port()));
       } catch (...) {
         done->set_error(std::current_exception());
@@ -88,8 +88,7 @@ class StreamServer {
     address_ = Future<std::string>(done).get(std::chrono::seconds(10));
   }
 
-  void accept(asio::ip::tcp::socket s) {
-    auto c = std::make_shared<Connection>(std::move(s), core_->token(), true);
+  void accept(std::shared_ptr<Connection> c) {
     auto bound = std::make_shared<std::shared_ptr<StreamReaderCore::State>>();
     std::weak_ptr<Connection> weak = c;
     conns_[c.get()] = c;

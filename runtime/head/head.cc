@@ -76,7 +76,8 @@ class Head::Impl {
  public:
   explicit Impl(HeadOptions o)
       : opts_(std::move(o)),
-        listener_(io_, opts_.host, opts_.port, [this](asio::ip::tcp::socket s) { accept(std::move(s)); }),
+        listener_(io_, opts_.host, opts_.port, opts_.token, opts_.listener,
+                  [this](std::shared_ptr<Connection> c) { accept(std::move(c)); }),
         timer_(io_) {
     arm_timer();
   }
@@ -100,8 +101,7 @@ class Head::Impl {
 
  private:
   // ---- connections --------------------------------------------------------
-  void accept(asio::ip::tcp::socket s) {
-    auto conn = std::make_shared<Connection>(std::move(s), opts_.token, true, opts_.limits);
+  void accept(std::shared_ptr<Connection> conn) {
     auto peer = std::make_unique<Peer>();
     peer->conn = conn;
     Peer* p = peer.get();
