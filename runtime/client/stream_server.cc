@@ -30,8 +30,8 @@ StreamServer::StreamServer(Core& core) : core_(core) {
   auto done = std::make_shared<core::FutureState<std::string>>();
   asio::post(core_.io(), [this, host, advertise, done] {
     try {
-      listener_ =
-          std::make_unique<Listener>(core_.io(), host, 0, [this](asio::ip::tcp::socket s) { accept(std::move(s)); });
+      listener_ = std::make_unique<Listener>(core_.io(), host, 0, core_.token(), ListenerOptions{},
+                                             [this](std::shared_ptr<Connection> c) { accept(std::move(c)); });
       done->set_value(format_address(advertise, listener_->port()));
     } catch (...) {
       done->set_error(std::current_exception());
@@ -60,8 +60,7 @@ void StreamServer::remove(uint64_t id) {
   if (st->conn) st->conn->close("stream reader closed");
 }
 
-void StreamServer::accept(asio::ip::tcp::socket s) {
-  auto c = std::make_shared<Connection>(std::move(s), core_.token(), true);
+void StreamServer::accept(std::shared_ptr<Connection> c) {
   auto bound = std::make_shared<std::shared_ptr<StreamReaderCore::State>>();
   std::weak_ptr<Connection> weak = c;
   conns_[c.get()] = c;

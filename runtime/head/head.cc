@@ -39,7 +39,8 @@ class Head::Impl {
   explicit Impl(HeadOptions o)
       : opts_(std::move(o)),
         state_(HeadConfig{opts_.heartbeat_ms, opts_.heartbeat_misses, opts_.max_dead_actors}),
-        listener_(io_, opts_.host, opts_.port, [this](asio::ip::tcp::socket s) { accept(std::move(s)); }),
+        listener_(io_, opts_.host, opts_.port, opts_.token, opts_.listener,
+                  [this](std::shared_ptr<Connection> c) { accept(std::move(c)); }),
         timer_(io_) {
     if (opts_.advertise_host.empty()) opts_.advertise_host = wire::default_advertise_host(opts_.host);
     arm_timer();
@@ -73,8 +74,7 @@ class Head::Impl {
   }
 
   // ---- connections --------------------------------------------------------
-  void accept(asio::ip::tcp::socket s) {
-    auto conn = std::make_shared<Connection>(std::move(s), opts_.token, true, opts_.limits);
+  void accept(std::shared_ptr<Connection> conn) {
     auto peer = std::make_unique<Peer>();
     peer->id = next_peer_id_++;
     peer->conn = conn;

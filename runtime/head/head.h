@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "troupe/runtime/wire/frame.h"
+#include "troupe/runtime/wire/connection.h"
 
 namespace troupe::head {
 
@@ -26,7 +26,9 @@ struct HeadOptions {
   uint32_t heartbeat_ms = 100;    // nodes heartbeat this often
   uint32_t heartbeat_misses = 5;  // silent for this many intervals = dead
   size_t max_dead_actors = 1000;  // DEAD actors kept for status (oldest forgotten first)
-  wire::FrameLimits limits;
+  // What a connection may cost the head: small frames, a modest write bound
+  // (its replies are small too) and the default handshake rules.
+  wire::ListenerOptions listener{.connection = {.limits = wire::kHeadFrameLimits, .max_queued_bytes = 64ull << 20}};
 };
 
 class Head {

@@ -4,7 +4,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 
@@ -14,7 +16,9 @@
 namespace troupe::wire {
 
 namespace {
-constexpr size_t kReadChunk = 256 * 1024;
+// Room kept for each read once authenticated; buffers grow past it only with
+// bytes that arrive (grown_capacity).
+constexpr size_t kReadChunk = 64 * 1024;
 
 // asio opens sockets without SOCK_CLOEXEC; a socket must never outlive an
 // exec (spawn_process also closes stray descriptors in the child).
@@ -26,18 +30,66 @@ std::string endpoint_text(const asio::ip::tcp::socket& s) {
   if (ec) return "?";
   return ep.address().to_string() + ":" + std::to_string(ep.port());
 }
+
+// Refused connections are logged at most kBurst times per window, then
+// counted, so a storm of bad connections cannot flood the log (or spend the
+// loop's time writing it). Shared by every connection of the process.
+class RefusalLog {
+ public:
+  template <typename... Args>
+  void warn(spdlog::format_string_t<Args...> fmt, Args&&... args) {
+    size_t missed = 0;
+    {
+      std::lock_guard lock(mu_);
+      auto now = std::chrono::steady_clock::now();
+      if (now - window_start_ >= kWindow) {
+        missed = suppressed_;
+        suppressed_ = 0;
+        logged_ = 0;
+        window_start_ = now;
+      }
+      if (logged_ >= kBurst) {
+        ++suppressed_;
+        return;
+      }
+      ++logged_;
+    }
+    if (missed) TROUPE_LOG_WARN("{} more refused connections were not logged", missed);
+    TROUPE_LOG_WARN(fmt, std::forward<Args>(args)...);
+  }
+
+ private:
+  static constexpr size_t kBurst = 20;
+  static constexpr std::chrono::seconds kWindow{10};
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point window_start_{};
+  size_t logged_ = 0;
+  size_t suppressed_ = 0;
+};
+
+RefusalLog& refusal_log() {
+  static RefusalLog log;
+  return log;
+}
+
+// Accept failures that mean "out of descriptors or kernel memory": retrying
+// at once would spin, so the listener pauses instead.
+bool is_resource_exhaustion(const asio::error_code& ec) {
+  int v = ec.value();
+  return ec.category() == asio::system_category() && (v == EMFILE || v == ENFILE || v == ENOBUFS || v == ENOMEM);
+}
 }  // namespace
 
-Connection::Connection(asio::ip::tcp::socket socket, std::string token, bool accepting, FrameLimits limits)
+Connection::Connection(asio::ip::tcp::socket socket, std::string token, bool accepting, ConnectionOptions options)
     : io_(static_cast<asio::io_context&>(socket.get_executor().context())),
       socket_(std::move(socket)),
       token_(std::move(token)),
       accepting_(accepting),
-      limits_(limits) {
+      opts_(options),
+      handshake_timer_(io_) {
   peer_ = endpoint_text(socket_);
   asio::error_code ec;
   socket_.set_option(asio::ip::tcp::no_delay(true), ec);
-  rbuf_.resize(kReadChunk);
 }
 
 Connection::~Connection() = default;
@@ -46,7 +98,19 @@ void Connection::start(ReadyHandler on_ready, FrameHandler on_frame, CloseHandle
   on_ready_ = std::move(on_ready);
   on_frame_ = std::move(on_frame);
   on_close_ = std::move(on_close);
+  if (accepting_) arm_handshake_deadline();
   do_handshake();
+}
+
+// An accepted peer that neither proves the token nor goes away would hold
+// its socket for ever; the deadline closes it.
+void Connection::arm_handshake_deadline() {
+  if (opts_.handshake_timeout.count() <= 0) return;
+  handshake_timer_.expires_after(opts_.handshake_timeout);
+  handshake_timer_.async_wait([self = shared_from_this()](asio::error_code ec) {
+    if (ec || self->ready_) return;
+    self->fail("handshake not finished within " + std::to_string(self->opts_.handshake_timeout.count()) + " ms");
+  });
 }
 
 void Connection::do_handshake() {
@@ -79,31 +143,41 @@ void Connection::do_handshake() {
                        if (!proofs_equal(expect, self->proof_in_))
                          return self->fail("handshake refused: wrong cluster token");
                        if (self->accepting_) send_proof();
-                       {
-                         std::lock_guard lock(self->write_mu_);
-                         self->ready_ = true;
-                         self->reader_thread_ = std::this_thread::get_id();
-                         // Frames queued before the handshake finished can go now.
-                         if (!self->queue_.empty() && !self->writing_) {
-                           self->writing_ = true;
-                           asio::post(self->io_, [self] { self->flush(); });
-                         }
-                       }
-                       if (self->on_ready_) self->on_ready_();
-                       self->read_more();
+                       self->handshake_done();
                      });
   });
 }
 
+void Connection::handshake_done() {
+  if (closed_) return;
+  handshake_timer_.cancel();
+  {
+    std::lock_guard lock(write_mu_);
+    ready_ = true;
+    reader_thread_ = std::this_thread::get_id();
+    // Frames queued before the handshake finished can go now.
+    if (!queue_.empty() && !writing_) {
+      writing_ = true;
+      asio::post(io_, [self = shared_from_this()] { self->flush(); });
+    }
+  }
+  if (on_ready_) on_ready_();
+  read_more();
+}
+
 void Connection::read_more() {
   if (closed_) return;
-  // Compact the unparsed bytes to the front, grow if a frame needs more.
+  // Compact the unparsed bytes to the front; make room for what is arriving.
   if (rpos_ > 0) {
     std::memmove(rbuf_.data(), rbuf_.data() + rpos_, rend_ - rpos_);
     rend_ -= rpos_;
     rpos_ = 0;
   }
-  if (rbuf_.size() - rend_ < kReadChunk / 4) rbuf_.resize(std::max(rbuf_.size() * 2, rend_ + kReadChunk));
+  size_t want = grown_capacity(rbuf_.size(), rend_, head_expected_, kReadChunk);
+  if (want != rbuf_.size()) {
+    rbuf_.resize(want);
+    if (want < rbuf_.capacity()) rbuf_.shrink_to_fit();
+  }
   auto self = shared_from_this();
   socket_.async_read_some(
       asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_), [self](asio::error_code ec, size_t n) {
@@ -118,9 +192,9 @@ void Connection::read_more() {
 void Connection::on_read(size_t n) {
   rend_ += n;
   in_read_batch_ = true;
+  bool more = false;
   try {
-    while (!closed_ && parse_one()) {
-    }
+    more = parse_frames();
     in_read_batch_ = false;
     std::lock_guard lock(write_mu_);
     if (!writing_ && ready_ && !closed_) write_direct_locked();
@@ -131,76 +205,100 @@ void Connection::on_read(size_t n) {
     return;
   }
   if (closed_) return;
-  if (tail_left_ > 0) {
+  if (more) {
+    // This turn's frame budget is spent: let the other connections of this
+    // loop have theirs, then go on with the buffered bytes.
+    asio::post(io_, [self = shared_from_this()] { self->on_read(0); });
+  } else if (block_ && !block_->complete()) {
     read_attachment_tail();
   } else {
     read_more();
   }
 }
 
+// Handles up to max_frames_per_turn frames from the buffer; true when it
+// stopped for the budget and more may be parsed at once.
+bool Connection::parse_frames() {
+  for (uint32_t i = 0; i < opts_.max_frames_per_turn; ++i)
+    if (closed_ || !parse_one()) return false;
+  return !closed_;
+}
+
 // Parses at most one frame (or advances the current one) from the buffer.
-// Returns true when it made progress and may be called again.
+// Returns true when it delivered a frame and may be called again.
 bool Connection::parse_one() {
-  size_t avail = rend_ - rpos_;
-  const std::byte* p = rbuf_.data() + rpos_;
-  if (pending_sizes_.empty() && pending_next_ == 0 && !tail_dst_) {
-    // Start of a frame: header, sizes and message must be buffered whole.
-    if (avail < kFrameHeaderBytes) return false;
-    uint32_t msg_bytes = 0, natt = 0;
-    std::string err = check_header(p, limits_, &msg_bytes, &natt);
-    if (!err.empty()) throw DecodeError(err);
-    size_t sizes_end = kFrameHeaderBytes + 8ull * natt;
-    size_t need = sizes_end + msg_bytes;
-    if (rbuf_.size() < need) rbuf_.resize(need + kReadChunk);
-    if (avail < sizes_end) return false;
-    // Refuse an oversized frame as soon as its sizes are known.
-    std::vector<uint64_t> sizes(natt);
-    if (natt) std::memcpy(sizes.data(), p + kFrameHeaderBytes, 8ull * natt);
-    err = check_sizes(msg_bytes, sizes, limits_);
-    if (!err.empty()) throw DecodeError(err);
-    if (avail < need) return false;
-    pending_ = decode_message(p + kFrameHeaderBytes + 8ull * natt, msg_bytes, limits_);
-    rpos_ += need;
-    if (natt == 0) {
+  if (pending_sizes_.empty()) {
+    if (!parse_head(rbuf_.data() + rpos_, rend_ - rpos_)) return false;
+    if (pending_sizes_.empty()) {
       deliver();
       return true;
     }
-    pending_sizes_ = std::move(sizes);
-    pending_next_ = 0;
-    pending_.attachments.reserve(natt);
-    return true;
   }
-  // Filling attachments from buffered bytes.
+  return fill_attachments();
+}
+
+// Start of a frame: header, sizes and message must be buffered whole. The
+// limits are checked as soon as the header, then the sizes, are in; the
+// buffer grows only as the bytes arrive (read_more).
+bool Connection::parse_head(const std::byte* p, size_t avail) {
+  if (avail < kFrameHeaderBytes) return false;
+  uint32_t msg_bytes = 0, natt = 0;
+  std::string err = check_header(p, opts_.limits, &msg_bytes, &natt);
+  if (!err.empty()) throw DecodeError(err);
+  size_t sizes_end = kFrameHeaderBytes + 8ull * natt;
+  size_t need = sizes_end + msg_bytes;
+  head_expected_ = need;
+  if (avail < sizes_end) return false;
+  std::vector<uint64_t> sizes(natt);
+  if (natt) std::memcpy(sizes.data(), p + kFrameHeaderBytes, 8ull * natt);
+  err = check_sizes(msg_bytes, sizes, opts_.limits);
+  if (!err.empty()) throw DecodeError(err);
+  if (avail < need) return false;
+  pending_ = decode_message(p + sizes_end, msg_bytes, opts_.limits);
+  rpos_ += need;
+  head_expected_ = 0;
+  pending_sizes_ = std::move(sizes);
+  pending_next_ = 0;
+  pending_.attachments.reserve(natt);
+  return true;
+}
+
+// Fills the frame's attachments from buffered bytes; true when the frame was
+// delivered, false when the rest must be read (read_attachment_tail).
+bool Connection::fill_attachments() {
   while (pending_next_ < pending_sizes_.size()) {
-    uint64_t size = pending_sizes_[pending_next_];
-    std::byte* dst = nullptr;
-    Buffer b = Buffer::allocate(size, &dst);
-    size_t have = std::min<uint64_t>(size, rend_ - rpos_);
-    if (have) std::memcpy(dst, rbuf_.data() + rpos_, have);
-    rpos_ += have;
-    pending_.attachments.push_back(std::move(b));
-    ++pending_next_;
-    if (have < size) {
-      // Read the rest straight into the attachment.
-      tail_dst_ = dst + have;
-      tail_left_ = size - have;
-      return false;
+    if (!block_) block_.emplace(pending_sizes_[pending_next_]);
+    while (rend_ > rpos_ && !block_->complete()) {
+      auto [dst, room] = block_->room(std::max(kReadChunk, rend_ - rpos_));
+      size_t n = std::min(room, rend_ - rpos_);
+      std::memcpy(dst, rbuf_.data() + rpos_, n);
+      block_->commit(n);
+      rpos_ += n;
     }
+    if (!block_->complete()) return false;
+    pending_.attachments.push_back(block_->take());
+    block_.reset();
+    ++pending_next_;
   }
   deliver();
   return true;
 }
 
+// Reads the rest of an attachment straight into its block, which grows with
+// what arrives.
 void Connection::read_attachment_tail() {
+  std::pair<std::byte*, size_t> room;
+  try {
+    room = block_->room(kReadChunk);
+  } catch (const std::exception& e) {
+    return fail(std::string("bad frame: ") + e.what());
+  }
   auto self = shared_from_this();
-  asio::async_read(socket_, asio::buffer(tail_dst_, tail_left_), [self](asio::error_code ec, size_t) {
+  socket_.async_read_some(asio::buffer(room.first, room.second), [self](asio::error_code ec, size_t n) {
     if (ec) return self->fail("read failed: " + ec.message());
-    self->tail_dst_ = nullptr;
-    self->tail_left_ = 0;
-    if (self->pending_next_ == self->pending_sizes_.size()) {
-      self->deliver();
-    }
-    self->on_read(0);
+    self->block_->commit(n);
+    if (self->block_->complete()) return self->on_read(0);
+    self->read_attachment_tail();
   });
 }
 
@@ -216,7 +314,10 @@ void Connection::send(const Message& m, bool direct) { send(encode_frame(m), dir
 
 void Connection::send(OutFrame f, bool direct) {
   if (closed_) return;
+  uint64_t bytes = f.total_bytes();
   std::lock_guard lock(write_mu_);
+  if (over_write_bound_locked(bytes)) return;
+  queued_bytes_ += bytes;
   queue_.push_back(std::move(f));
   if (writing_ || !ready_) return;
   // Replies made while the reader thread works through a batch of frames go
@@ -228,6 +329,20 @@ void Connection::send(OutFrame f, bool direct) {
     writing_ = true;
     asio::post(io_, [self = shared_from_this()] { self->flush(); });
   }
+}
+
+// A peer that does not read lets replies pile up here without end; past the
+// bound it is dropped (a lone frame always goes, however large).
+bool Connection::over_write_bound_locked(uint64_t bytes) {
+  if (overflowed_) return true;
+  if (queued_bytes_ == 0 || queued_bytes_ + bytes <= opts_.max_queued_bytes) return false;
+  overflowed_ = true;
+  queue_.clear();
+  std::string why = "peer does not read: " + std::to_string(queued_bytes_ + bytes) +
+                    " bytes queued for it exceed the write bound of " + std::to_string(opts_.max_queued_bytes);
+  TROUPE_LOG_WARN("dropping connection {}: {}", peer_, why);
+  asio::post(io_, [self = shared_from_this(), why] { self->fail(why); });
+  return true;
 }
 
 // Writes the queue with one non-blocking sendmsg on the calling thread: the
@@ -256,9 +371,11 @@ void Connection::write_direct_locked() {
   size_t written = n < 0 ? 0 : static_cast<size_t>(n);
   if (written == total) {
     queue_.clear();
+    queued_bytes_ = 0;
     return;
   }
   // The I/O thread writes the rest, starting `written` bytes in.
+  queued_bytes_ -= std::min<uint64_t>(queued_bytes_, written);
   writing_ = true;
   inflight_.swap(queue_);
   queue_.clear();
@@ -301,9 +418,14 @@ void Connection::write_inflight() {
     add(f.head.data(), f.head.size());
     for (const auto& a : f.attachments) add(a.data(), a.size());
   }
+  inflight_left_ = asio::buffer_size(bufs);
   asio::async_write(socket_, bufs, [self = shared_from_this()](asio::error_code ec, size_t) {
     self->inflight_.clear();
     self->inflight_offset_ = 0;
+    {
+      std::lock_guard lock(self->write_mu_);
+      self->queued_bytes_ -= std::min(self->queued_bytes_, self->inflight_left_);
+    }
     if (ec) return self->fail("write failed: " + ec.message());
     self->flush();
   });
@@ -326,13 +448,15 @@ void Connection::close(const std::string& reason) {
 void Connection::fail(const std::string& reason) {
   if (closed_.exchange(true)) return;
   asio::error_code ec;
+  handshake_timer_.cancel();
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
   socket_.close(ec);
   {
     std::lock_guard lock(write_mu_);
     queue_.clear();
+    queued_bytes_ = 0;
   }
-  if (!ready_ && accepting_) TROUPE_LOG_WARN("connection from {} refused: {}", peer_, reason);
+  if (!ready_ && accepting_) refusal_log().warn("connection from {} refused: {}", peer_, reason);
   auto cb = std::move(on_close_);
   on_close_ = nullptr;
   if (cb) cb(reason);
@@ -361,7 +485,7 @@ void Connection::connect(asio::io_context& io, const std::string& host, uint16_t
   if (!ec) set_cloexec(socket->native_handle());
   socket->async_connect(ep, [&io, socket, token, limits, on_frame, on_close, done, host, port](asio::error_code ec) {
     if (ec) return done(nullptr, "connect to " + host + ":" + std::to_string(port) + " failed: " + ec.message());
-    auto conn = std::make_shared<Connection>(std::move(*socket), token, false, limits);
+    auto conn = std::make_shared<Connection>(std::move(*socket), token, false, ConnectionOptions{.limits = limits});
     auto done_once = std::make_shared<std::function<void(std::shared_ptr<Connection>, std::string)>>(done);
     conn->start(
         [conn, done_once] {
@@ -382,8 +506,14 @@ void Connection::connect(asio::io_context& io, const std::string& host, uint16_t
   });
 }
 
-Listener::Listener(asio::io_context& io, const std::string& host, uint16_t port, AcceptHandler on_accept)
-    : acceptor_(io), host_(host), on_accept_(std::move(on_accept)) {
+Listener::Listener(asio::io_context& io, const std::string& host, uint16_t port, std::string token,
+                   ListenerOptions options, AcceptHandler on_accept)
+    : acceptor_(io),
+      backoff_timer_(io),
+      host_(host),
+      token_(std::move(token)),
+      opts_(options),
+      on_accept_(std::move(on_accept)) {
   asio::ip::tcp::endpoint ep(resolve_host(host), port);
   acceptor_.open(ep.protocol());
   set_cloexec(acceptor_.native_handle());
@@ -397,10 +527,49 @@ Listener::Listener(asio::io_context& io, const std::string& host, uint16_t port,
 void Listener::accept_next() {
   acceptor_.async_accept([this](asio::error_code ec, asio::ip::tcp::socket s) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) {
+    if (is_resource_exhaustion(ec)) return back_off(ec);
+    if (ec) {
+      refusal_log().warn("accept on {}:{} failed: {}", host_, port_, ec.message());
+    } else {
+      backoff_ = std::chrono::milliseconds(0);
       set_cloexec(s.native_handle());
-      on_accept_(std::move(s));
+      admit(std::move(s));
     }
+    accept_next();
+  });
+}
+
+// Counts the new connection against the pending handshakes (dropping the
+// oldest when full) and hands it over.
+void Listener::admit(asio::ip::tcp::socket s) {
+  std::erase_if(pending_, [](const std::weak_ptr<Connection>& w) {
+    auto c = w.lock();
+    return !c || !c->handshake_pending();
+  });
+  while (pending_.size() >= std::max<size_t>(opts_.max_pending_handshakes, 1))
+    drop_oldest_pending("too many pending handshakes (limit " + std::to_string(opts_.max_pending_handshakes) + ")");
+  auto conn = std::make_shared<Connection>(std::move(s), token_, true, opts_.connection);
+  pending_.push_back(conn);
+  on_accept_(std::move(conn));
+}
+
+void Listener::drop_oldest_pending(const std::string& reason) {
+  if (pending_.empty()) return;
+  if (auto c = pending_.front().lock(); c && c->handshake_pending()) c->close(reason);
+  pending_.pop_front();
+}
+
+// Out of descriptors: retrying at once would spin on the same error. Pause
+// (doubling up to max_accept_backoff) and give up the oldest pending
+// handshake, so the descriptor goes to a peer that may finish one.
+void Listener::back_off(const asio::error_code& ec) {
+  backoff_ = std::min(std::max(backoff_ * 2, std::chrono::milliseconds(10)), opts_.max_accept_backoff);
+  refusal_log().warn("accept on {}:{} failed: {}; pausing accepts for {} ms", host_, port_, ec.message(),
+                     backoff_.count());
+  drop_oldest_pending("out of file descriptors");
+  backoff_timer_.expires_after(backoff_);
+  backoff_timer_.async_wait([this](asio::error_code ec) {
+    if (ec || !acceptor_.is_open()) return;
     accept_next();
   });
 }
@@ -408,6 +577,7 @@ void Listener::accept_next() {
 void Listener::close() {
   asio::error_code ec;
   acceptor_.close(ec);
+  backoff_timer_.cancel();
 }
 
 }  // namespace troupe::wire

@@ -3,15 +3,25 @@
 // queue up and go out together in one scatter/gather write, which is what
 // makes pipelined calls cheap. A bad frame, a failed handshake or a peer that
 // goes away closes this connection with a logged reason and nothing else.
+//
+// What a connection may cost its process is bounded (ConnectionOptions):
+// before the handshake it holds no read buffer and has a deadline; after it,
+// buffers grow only with the bytes that arrive, a read turn handles a
+// bounded number of frames before other connections get theirs, and a peer
+// that does not read its replies is dropped once they exceed a bytes bound.
+// A Listener adds the accept side: a cap on pending handshakes (the oldest
+// is dropped) and a back-off when the process runs out of descriptors.
 #pragma once
 
 #include <asio.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,8 +29,21 @@
 #include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/auth.h"
 #include "troupe/runtime/wire/frame.h"
+#include "troupe/runtime/wire/incoming.h"
 
 namespace troupe::wire {
+
+// What one connection may cost the process that holds it.
+struct ConnectionOptions {
+  FrameLimits limits;
+  // An accepted connection that has not proven the token by then is closed.
+  std::chrono::milliseconds handshake_timeout{5000};
+  // Bytes queued for a peer (beyond a lone frame, which always goes) after
+  // which the peer counts as not reading and is dropped.
+  uint64_t max_queued_bytes = 256ull << 20;
+  // Frames handled per read turn before the loop serves other connections.
+  uint32_t max_frames_per_turn = 64;
+};
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
@@ -28,7 +51,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   using CloseHandler = std::function<void(const std::string& reason)>;
   using ReadyHandler = std::function<void()>;
 
-  Connection(asio::ip::tcp::socket socket, std::string token, bool accepting, FrameLimits limits = {});
+  Connection(asio::ip::tcp::socket socket, std::string token, bool accepting, ConnectionOptions options = {});
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -52,6 +75,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void finish();
 
   bool is_open() const { return !closed_.load(); }
+  // True until the handshake succeeds or the connection closes (io thread).
+  bool handshake_pending() const { return !ready_ && !closed_.load(); }
   const std::string& peer() const { return peer_; }
   asio::io_context& io() { return io_; }
 
@@ -63,22 +88,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   void do_handshake();
+  void arm_handshake_deadline();
+  void handshake_done();
   void read_more();
   void on_read(size_t n);
+  bool parse_frames();
   bool parse_one();
+  bool parse_head(const std::byte* p, size_t avail);
+  bool fill_attachments();
   void read_attachment_tail();
   void deliver();
   void flush();
   void write_direct_locked();
   void write_inflight();
+  bool over_write_bound_locked(uint64_t bytes);
   void fail(const std::string& reason);
 
   asio::io_context& io_;
   asio::ip::tcp::socket socket_;
   std::string token_;
   bool accepting_;
-  FrameLimits limits_;
+  ConnectionOptions opts_;
   std::string peer_;
+  asio::steady_timer handshake_timer_;
 
   ReadyHandler on_ready_;
   FrameHandler on_frame_;
@@ -91,14 +123,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Proof proof_out_{};
   Proof proof_in_{};
 
-  // Read state (io thread only). Bytes [rpos_, rend_) of rbuf_ are unparsed.
+  // Read state (io thread only). Bytes [rpos_, rend_) of rbuf_ are unparsed;
+  // rbuf_ stays empty until the handshake succeeds.
   std::vector<std::byte> rbuf_;
   size_t rpos_ = 0, rend_ = 0;
+  size_t head_expected_ = 0;             // bytes the frame at rpos_ needs buffered (0: unknown)
   Message pending_;                      // frame being assembled
   std::vector<uint64_t> pending_sizes_;  // its attachment sizes
   size_t pending_next_ = 0;              // next attachment to fill
-  std::byte* tail_dst_ = nullptr;        // attachment being read directly
-  size_t tail_left_ = 0;
+  std::optional<IncomingBlock> block_;   // attachment being received
   bool ready_ = false;
 
   // Write state.
@@ -106,6 +139,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<OutFrame> queue_;     // guarded by write_mu_
   std::vector<OutFrame> inflight_;  // being written by the io thread
   size_t inflight_offset_ = 0;      // bytes of inflight_ already written
+  uint64_t inflight_left_ = 0;      // bytes of inflight_ not yet written
+  uint64_t queued_bytes_ = 0;       // queue_ + inflight_ not yet written, guarded by write_mu_
+  bool overflowed_ = false;         // guarded by write_mu_
   std::atomic<bool> in_read_batch_{false};
   std::thread::id reader_thread_;
   bool writing_ = false;    // guarded by write_mu_
@@ -114,22 +150,44 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> closed_{false};
 };
 
-// Accepts connections on host:port and hands over each one that passes the
-// handshake (failures are logged and closed).
+// What a listener admits: each connection's options, how many connections
+// may be in their handshake at once (a new one drops the oldest), and the
+// longest pause of accepting when the process is out of descriptors.
+struct ListenerOptions {
+  ConnectionOptions connection;
+  size_t max_pending_handshakes = 128;
+  std::chrono::milliseconds max_accept_backoff{1000};
+};
+
+// Accepts connections on host:port and hands each over as a Connection made
+// with the listener's options and token, not yet started: the handler calls
+// start(). Connections still in their handshake are counted against
+// max_pending_handshakes; fd exhaustion pauses accepting (doubling up to
+// max_accept_backoff) instead of retrying at once. Refusals are logged at a
+// bounded rate.
 class Listener {
  public:
-  using AcceptHandler = std::function<void(asio::ip::tcp::socket)>;
-  Listener(asio::io_context& io, const std::string& host, uint16_t port, AcceptHandler on_accept);
+  using AcceptHandler = std::function<void(std::shared_ptr<Connection>)>;
+  Listener(asio::io_context& io, const std::string& host, uint16_t port, std::string token, ListenerOptions options,
+           AcceptHandler on_accept);
   uint16_t port() const { return port_; }
   const std::string& host() const { return host_; }
   void close();
 
  private:
   void accept_next();
+  void admit(asio::ip::tcp::socket s);
+  void back_off(const asio::error_code& ec);
+  void drop_oldest_pending(const std::string& reason);
   asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer backoff_timer_;
   std::string host_;
   uint16_t port_;
+  std::string token_;
+  ListenerOptions opts_;
   AcceptHandler on_accept_;
+  std::deque<std::weak_ptr<Connection>> pending_;  // oldest first
+  std::chrono::milliseconds backoff_{0};
 };
 
 }  // namespace troupe::wire

@@ -35,6 +35,12 @@ struct FrameLimits {
   int nesting_limit = 32;
 };
 
+// The head carries control messages and constructor arguments, never
+// tensors or batches: its frames are small, so one connection cannot make
+// it hold much (workers and streams keep the defaults above).
+inline constexpr FrameLimits kHeadFrameLimits{
+    .max_message_bytes = 16ull << 20, .max_frame_bytes = 64ull << 20, .max_attachments = 64};
+
 // What a message looks like to the code that builds or reads it, before
 // and after Cap'n Proto: plain fields, cheap to construct.
 struct Message {

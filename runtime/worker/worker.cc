@@ -154,8 +154,7 @@ void run_worker(const core::WorkerEnv& env) {
   // thread of the listener that accepted it).
   using ConnMap = std::map<Connection*, std::shared_ptr<Connection>>;
   auto make_listener = [&](asio::io_context& io, std::shared_ptr<ConnMap> conns) {
-    return std::make_unique<Listener>(io, bind_host, 0, [&, conns](asio::ip::tcp::socket s) {
-      auto c = std::make_shared<Connection>(std::move(s), core->token(), true);
+    return std::make_unique<Listener>(io, bind_host, 0, core->token(), ListenerOptions{}, [&, conns](auto c) {
       (*conns)[c.get()] = c;
       std::weak_ptr<Connection> weak = c;
       c->start([] {},

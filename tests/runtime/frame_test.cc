@@ -5,6 +5,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/wire/auth.h"
 #include "troupe/runtime/wire/frame.h"
+#include "troupe/runtime/wire/incoming.h"
 
 namespace {
 
@@ -78,6 +79,77 @@ TEST(Frame, MalformedMessageThrows) {
   Message back;
   EXPECT_THROW({ back = decode_message(f.head.data() + kFrameHeaderBytes, f.head.size() - kFrameHeaderBytes, lim); },
                troupe::DecodeError);
+}
+
+std::vector<std::byte> header(uint32_t magic, uint32_t size, uint32_t natt) {
+  std::vector<std::byte> h(16);
+  uint32_t v[4] = {magic, size, natt, 0};
+  std::memcpy(h.data(), v, 16);
+  return h;
+}
+
+TEST(Frame, HeadLimitsRefuseBigMessagesAndAttachments) {
+  uint32_t msg = 0, natt = 0;
+  EXPECT_NE(check_header(header(kFrameMagic, 64u << 20, 0).data(), kHeadFrameLimits, &msg, &natt), "");
+  EXPECT_NE(check_header(header(kFrameMagic, 64, 4096).data(), kHeadFrameLimits, &msg, &natt), "");
+  EXPECT_NE(check_sizes(64, {4ull << 30}, kHeadFrameLimits), "");
+  EXPECT_EQ(check_header(header(kFrameMagic, 1u << 20, 1).data(), kHeadFrameLimits, &msg, &natt), "");
+  EXPECT_EQ(check_sizes(64, {1u << 20}, kHeadFrameLimits), "");
+}
+
+// A reader that announces `expected` bytes and then receives them in reads
+// of `step`: the buffer never holds much more than what arrived.
+TEST(Incoming, ReadBufferGrowsWithArrivedBytesNotAnnouncedOnes) {
+  const size_t chunk = 64 * 1024, expected = 64u << 20;
+  size_t cap = grown_capacity(0, 0, 0, chunk);
+  EXPECT_EQ(cap, chunk);
+  size_t filled = kFrameHeaderBytes;
+  cap = grown_capacity(cap, filled, expected, chunk);
+  EXPECT_EQ(cap, chunk);  // the announcement alone commits nothing
+  while (filled < expected) {
+    cap = grown_capacity(cap, filled, expected, chunk);
+    ASSERT_GT(cap, filled);
+    ASSERT_LE(cap, std::max(expected, 2 * filled + chunk)) << "filled " << filled;
+    ASSERT_LE(cap, 2 * filled + chunk) << "filled " << filled;
+    filled = std::min(expected, cap);  // the read fills the room
+  }
+  EXPECT_GE(cap, expected);
+  EXPECT_EQ(grown_capacity(cap, 0, 0, chunk), chunk);      // given back once empty
+  EXPECT_EQ(grown_capacity(chunk, 100, 0, chunk), chunk);  // small frames never grow it
+}
+
+TEST(Incoming, AttachmentMemoryFollowsTheBytesThatArrive) {
+  const size_t chunk = 64 * 1024;
+  IncomingBlock block(4ull << 30);  // announced 4 GiB
+  auto [p, room] = block.room(chunk);
+  ASSERT_NE(p, nullptr);
+  EXPECT_LE(block.capacity(), chunk);
+  std::string sent;
+  for (int i = 0; block.filled() < (3u << 20); ++i) {
+    auto [dst, n] = block.room(chunk);
+    ASSERT_GT(n, 0u);
+    size_t k = std::min<size_t>(n, 10000);
+    std::memset(dst, 'a' + i % 26, k);
+    sent.append(k, static_cast<char>('a' + i % 26));
+    block.commit(k);
+    ASSERT_LE(block.capacity(), 2 * block.filled() + chunk);
+  }
+  EXPECT_FALSE(block.complete());
+
+  IncomingBlock small(sent.size());
+  while (!small.complete()) {
+    auto [dst, n] = small.room(chunk);
+    size_t k = std::min(n, sent.size() - small.filled());
+    std::memcpy(dst, sent.data() + small.filled(), k);
+    small.commit(k);
+  }
+  EXPECT_EQ(small.capacity(), sent.size());
+  troupe::Buffer b = small.take();
+  EXPECT_EQ(b.to_string(), sent);
+
+  IncomingBlock empty(0);
+  EXPECT_TRUE(empty.complete());
+  EXPECT_EQ(empty.take().size(), 0u);
 }
 
 TEST(Handshake, ProofsBindTokenRoleAndNonces) {

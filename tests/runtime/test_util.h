@@ -51,6 +51,17 @@ class RawClient {
     return !ec;
   }
   void write(const void* p, size_t n) { asio::write(socket_, asio::buffer(p, n)); }
+  // Blocking read of what is there; 0 at end of stream or on error.
+  size_t read_some(void* p, size_t n) {
+    asio::error_code ec;
+    size_t got = socket_.read_some(asio::buffer(p, n), ec);
+    return ec ? 0 : got;
+  }
+  // Ends both directions (wakes a thread blocked in read_some).
+  void shutdown() {
+    asio::error_code ec;
+    socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+  }
   // True when the peer closes the connection within `timeout`.
   bool closed_by_peer(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
     socket_.non_blocking(true);
