@@ -50,7 +50,7 @@ class StreamServer {
   void remove(uint64_t id);
 
  private:
-  void accept(std::shared_ptr<Connection> c);
+  void accept(std::shared_ptr<wire::Connection> c);
   void on_frame(const std::shared_ptr<wire::Connection>& c, std::shared_ptr<StreamReaderCore::State>& bound,
                 wire::Message&& m);
   void bind(const std::shared_ptr<wire::Connection>& c, std::shared_ptr<StreamReaderCore::State>& bound,

@@ -46,19 +46,15 @@ class Mailbox {
   std::deque<Job> q_;
 };
 
-}  // namespace
-
-void run_worker(const core::WorkerEnv& env) {
-  uint64_t actor_id = env.actor_id;
-  uint32_t incarnation = env.incarnation;
-  core::init_logging("worker a" + std::to_string(actor_id));
-
+// Connects to the head as the worker of env's actor; a worker that cannot
+// reach its head, or loses it, has nothing to do and exits.
+std::shared_ptr<client::Core> connect_to_head(const core::WorkerEnv& env) {
   client::ConnectOptions co;
   co.address = env.head_address;
   co.token = env.token;
   co.hello.role = Role::kWorker;
-  co.hello.actor_id = actor_id;
-  co.hello.incarnation = incarnation;
+  co.hello.actor_id = env.actor_id;
+  co.hello.incarnation = env.incarnation;
   co.hello.pid = getpid();
   std::shared_ptr<client::Core> core;
   try {
@@ -71,56 +67,87 @@ void run_worker(const core::WorkerEnv& env) {
     TROUPE_LOG_WARN("lost the head ({}); exiting", reason);
     std::_Exit(0);
   });
-  const ActorSpec& spec = core->hello_reply().spec;
-  WorkerContext& ctx = WorkerContext::get();
-  ctx.actor_id = actor_id;
-  ctx.gpu_ids = env.gpu_ids;
-  ctx.runtime = std::make_unique<Runtime>(Runtime::attach(core));
+  return core;
+}
 
+// Runs the actor's constructor from its spec; a missing constructor or one
+// that throws is reported to the head (ActorInitFailed) and ends the process.
+std::unique_ptr<client::HostedActor> construct_actor(client::Core& core, const core::WorkerEnv& env) {
+  const ActorSpec& spec = core.hello_reply().spec;
   auto fail_init = [&](const std::string& error) {
-    TROUPE_LOG_ERROR("actor {} ({}) failed to start: {}", actor_id, spec.class_name, error);
-    core->head().send(make_event_value(Op::kActorInitFailed, ActorInitFailed{actor_id, incarnation, error}));
+    TROUPE_LOG_ERROR("actor {} ({}) failed to start: {}", env.actor_id, spec.class_name, error);
+    core.head().send(make_event_value(Op::kActorInitFailed, ActorInitFailed{env.actor_id, env.incarnation, error}));
     // Let the event leave before exiting; the head also learns from the exit.
-    core->head().call_empty<std::string>(Op::kStatus, std::chrono::seconds(5));
+    core.head().call_empty<std::string>(Op::kStatus, std::chrono::seconds(5));
     std::_Exit(1);
   };
-
   const client::ActorFactory* factory = client::find_factory(spec.type_key);
   if (!factory)
     fail_init("this executable has no constructor " + spec.class_name + " for the arguments given (key " +
               spec.type_key + "); is the worker executable the driver's binary?");
-
-  std::unique_ptr<client::HostedActor> actor;
   try {
     Decoder d(spec.ctor_args.data(), spec.ctor_args.size(), &spec.ctor_attachments);
-    actor = factory->make(d);
+    return factory->make(d);
   } catch (const std::exception& e) {
     fail_init(type_name_of(e) + ": " + e.what());
   } catch (...) {
     fail_init("unknown exception");
   }
+  return nullptr;  // not reached: fail_init exits
+}
 
-  std::string bind_host = env.bind_host.empty() ? "127.0.0.1" : env.bind_host;
-  // Callers reach the actor at the node's advertise host, never at a
-  // wildcard bind address.
-  std::string advertise_host = env.advertise_host.empty() ? default_advertise_host(bind_host) : env.advertise_host;
-  const bool inline_calls = spec.max_concurrency <= 1;
-  // With one call at a time the actor runs calls on the thread that reads
-  // them (no hand-off: a synchronous call costs one wake-up here); control
-  // messages then come through their own listener on the core's I/O thread,
-  // which stays free while a call runs. With more concurrency, the I/O
-  // thread fills a mailbox that a pool of actor threads drains.
-  asio::io_context calls_io(1);  // one thread runs it: asio can skip some locking
-  Mailbox mailbox;
+// Serves one constructed actor: a call listener and a control listener, and
+// either inline calls or a mailbox drained by max_concurrency threads.
+//
+// With one call at a time the actor runs calls on the thread that reads
+// them (no hand-off: a synchronous call costs one wake-up here); control
+// messages then come through their own listener on the core's I/O thread,
+// which stays free while a call runs. With more concurrency, the I/O
+// thread fills a mailbox that a pool of actor threads drains.
+class ActorHost {
+ public:
+  ActorHost(std::shared_ptr<client::Core> core, std::unique_ptr<client::HostedActor> actor, const core::WorkerEnv& env)
+      : core_(std::move(core)),
+        actor_(std::move(actor)),
+        inline_calls_(core_->hello_reply().spec.max_concurrency <= 1),
+        bind_host_(env.bind_host.empty() ? "127.0.0.1" : env.bind_host),
+        // Callers reach the actor at the node's advertise host, never at a
+        // wildcard bind address.
+        advertise_host_(env.advertise_host.empty() ? default_advertise_host(bind_host_) : env.advertise_host),
+        call_io_(inline_calls_ ? calls_io_ : core_->io()) {}
 
-  auto run_call = [&actor](Message& call) {
+  // Listens, tells the head the actor is ready, and serves; never returns.
+  [[noreturn]] void serve(const core::WorkerEnv& env) {
+    auto call_listener = make_listener(call_io_, call_conns_);
+    auto control_listener = make_listener(core_->io(), std::make_shared<ConnMap>());
+    register_drop_connections();
+    ActorReady ready{env.actor_id, env.incarnation, format_address(advertise_host_, call_listener->port()), getpid(),
+                     format_address(advertise_host_, control_listener->port())};
+    core_->head().send(make_event_value(Op::kActorReady, ready));
+    TROUPE_LOG_DEBUG("actor {} ({}) serving at {}", env.actor_id, core_->hello_reply().spec.class_name, ready.address);
+    if (inline_calls_) {
+      auto guard = asio::make_work_guard(calls_io_);
+      calls_io_.run();
+      std::_Exit(0);
+    }
+    std::vector<std::thread> extra;
+    for (int i = 1; i < core_->hello_reply().spec.max_concurrency; ++i) extra.emplace_back([this] { drain(); });
+    drain();
+  }
+
+ private:
+  // Keeps every caller connection alive until it closes (touched on the
+  // thread of the listener that accepted it).
+  using ConnMap = std::map<Connection*, std::shared_ptr<Connection>>;
+
+  Message run_call(Message& call) {
     Message reply;
     reply.kind = Kind::REPLY;
     reply.id = call.id;
     try {
       Decoder d(call.body.data(), call.body.size(), &call.attachments);
       Encoder e;
-      actor->invoke(call.op, d, e);
+      actor_->invoke(call.op, d, e);
       reply.body = std::move(e.bytes());
       reply.attachments = std::move(e.attachments());
     } catch (const std::exception& e) {
@@ -129,36 +156,36 @@ void run_worker(const core::WorkerEnv& env) {
       set_unknown_error(reply);
     }
     return reply;
-  };
-  auto handle_control = [&core](const std::shared_ptr<Connection>& c, Message& m) {
+  }
+
+  void handle_control(const std::shared_ptr<Connection>& c, Message& m) {
     try {
       auto request = decode_value<ControlRequest>(m.body);
-      c->send(ok_response(m.id, core->controls().find(request.tag)(request.body)), true);
+      c->send(ok_response(m.id, core_->controls().find(request.tag)(request.body)), true);
     } catch (const std::exception& e) {
       c->send(error_response(m.id, e), true);
     }
-  };
-  auto on_frame = [&](const std::shared_ptr<Connection>& c, Message&& m) {
+  }
+
+  void on_frame(const std::shared_ptr<Connection>& c, Message&& m) {
     if (m.kind == Kind::CALL) {
-      if (inline_calls) {
+      if (inline_calls_) {
         c->send(run_call(m));  // leaves with the rest of this read batch
       } else {
-        mailbox.push(Job{c, std::move(m)});
+        mailbox_.push(Job{c, std::move(m)});
       }
       return;
     }
     if (m.kind == Kind::REQUEST && static_cast<Op>(m.op) == Op::kControl) return handle_control(c, m);
     c->close("unexpected frame kind " + std::to_string(static_cast<int>(m.kind)) + " at a worker");
-  };
-  // Keeps every caller connection alive until it closes (touched on the
-  // thread of the listener that accepted it).
-  using ConnMap = std::map<Connection*, std::shared_ptr<Connection>>;
-  auto make_listener = [&](asio::io_context& io, std::shared_ptr<ConnMap> conns) {
-    return std::make_unique<Listener>(io, bind_host, 0, core->token(), ListenerOptions{}, [&, conns](auto c) {
+  }
+
+  std::unique_ptr<Listener> make_listener(asio::io_context& io, std::shared_ptr<ConnMap> conns) {
+    return std::make_unique<Listener>(io, bind_host_, 0, core_->token(), ListenerOptions{}, [this, conns](auto c) {
       (*conns)[c.get()] = c;
       std::weak_ptr<Connection> weak = c;
       c->start([] {},
-               [weak, &on_frame](Message&& m) {
+               [weak, this](Message&& m) {
                  if (auto c = weak.lock()) on_frame(c, std::move(m));
                },
                [conns, raw = c.get()](const std::string& reason) {
@@ -166,42 +193,51 @@ void run_worker(const core::WorkerEnv& env) {
                  conns->erase(raw);
                });
     });
-  };
-  asio::io_context& call_io = inline_calls ? calls_io : core->io();
-  auto call_conns = std::make_shared<ConnMap>();
-  auto call_listener = make_listener(call_io, call_conns);
-  auto control_listener = make_listener(core->io(), std::make_shared<ConnMap>());
+  }
+
   // Fault injection (FaultInjector::drop_connections): closes every caller
   // connection of the call listener, as a network fault would, while the
   // process lives on. Runs on the call listener's thread, which owns them.
-  core->controls().set(DropConnections::kControlTag,
-                       client::typed_control_handler<DropConnections>([&call_io, call_conns](const DropConnections&) {
-                         asio::post(call_io, [call_conns] {
-                           auto all = *call_conns;
-                           for (auto& [raw, c] : all) c->close("connection dropped (fault injection)");
-                         });
-                       }));
-
-  ActorReady ready{actor_id, incarnation, format_address(advertise_host, call_listener->port()), getpid(),
-                   format_address(advertise_host, control_listener->port())};
-  core->head().send(make_event_value(Op::kActorReady, ready));
-  TROUPE_LOG_DEBUG("actor {} ({}) serving at {}", actor_id, spec.class_name, ready.address);
-
-  if (inline_calls) {
-    auto guard = asio::make_work_guard(calls_io);
-    calls_io.run();
-    std::_Exit(0);
+  void register_drop_connections() {
+    core_->controls().set(DropConnections::kControlTag,
+                          client::typed_control_handler<DropConnections>([this](const DropConnections&) {
+                            asio::post(call_io_, [conns = call_conns_] {
+                              auto all = *conns;
+                              for (auto& [raw, c] : all) c->close("connection dropped (fault injection)");
+                            });
+                          }));
   }
-  auto serve = [&] {
+
+  [[noreturn]] void drain() {
     for (;;) {
-      Job j = mailbox.pop();
+      Job j = mailbox_.pop();
       j.conn->send(run_call(j.msg), true);
     }
-  };
-  std::vector<std::thread> extra;
-  for (int i = 1; i < spec.max_concurrency; ++i) extra.emplace_back(serve);
-  serve();
-  std::_Exit(0);
+  }
+
+  std::shared_ptr<client::Core> core_;
+  std::unique_ptr<client::HostedActor> actor_;
+  const bool inline_calls_;
+  const std::string bind_host_;
+  const std::string advertise_host_;
+  asio::io_context calls_io_{1};  // one thread runs it: asio can skip some locking
+  asio::io_context& call_io_;
+  Mailbox mailbox_;
+  std::shared_ptr<ConnMap> call_conns_ = std::make_shared<ConnMap>();
+};
+
+}  // namespace
+
+void run_worker(const core::WorkerEnv& env) {
+  core::init_logging("worker a" + std::to_string(env.actor_id));
+  std::shared_ptr<client::Core> core = connect_to_head(env);
+  WorkerContext& ctx = WorkerContext::get();
+  ctx.actor_id = env.actor_id;
+  ctx.gpu_ids = env.gpu_ids;
+  ctx.runtime = std::make_unique<Runtime>(Runtime::attach(core));
+  auto actor = construct_actor(*core, env);
+  ActorHost host(core, std::move(actor), env);
+  host.serve(env);  // never returns: the process exits from there
 }
 
 }  // namespace troupe::worker
