@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The sanitizer lane: the runtime and collective tests built with
+# AddressSanitizer + UndefinedBehaviorSanitizer (CMake preset "asan") and
+# without LibTorch (TROUPE_WITH_TORCH=OFF keeps the build short). Any
+# sanitizer report fails the test that triggered it. CI runs this after the
+# test suite. Usage: scripts/sanitize.sh [ctest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake --preset asan -DTROUPE_WITH_TORCH=OFF -DTROUPE_BUILD_BENCH=OFF -DTROUPE_BUILD_EXAMPLES=OFF \
+  -DTROUPE_TEST_LAYERS=collective >/dev/null
+cmake --build --preset asan
+# halt_on_error: a UB report ends the process, so the test fails instead of
+# printing and going on. Processes killed on purpose (SIGKILL) skip leak
+# checks, so leak detection stays on for what exits normally.
+export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:allocator_may_return_null=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+ctest --test-dir build-asan --output-on-failure -j 2 --timeout 600 "$@"
