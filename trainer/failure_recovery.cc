@@ -45,7 +45,8 @@ void FailureRecovery::stop_round() {
 
 int FailureRecovery::abort_group() {
   std::vector<uint64_t> ids;
-  for (auto& s : p_.gang.slots()) ids.push_back(s.trainer.id());
+  for (auto& s : p_.gang.slots())
+    if (s.trainer.valid()) ids.push_back(s.trainer.id());
   return collective::abort_group(p_.rt, ids, p_.gang.group_name(), rec_.cause, p_.gang.generation(),
                                  std::min(left(), std::chrono::milliseconds(2000)));
 }

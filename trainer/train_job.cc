@@ -129,6 +129,9 @@ class Run {
   void maybe_grow();
   void refill_standby();
   void recover(const std::string& why);
+  // With the head gone nothing can be placed, probed or healed: the job
+  // ends at once, saying so, rather than blaming the trainer that died of it.
+  void give_up_if_head_lost(const std::string& why);
   Result finish();
   [[noreturn]] void give_up(const std::string& why);
 
@@ -448,7 +451,15 @@ void Run::recover(const std::string& why) {
   if (cfg_.failure.max_failures >= 0 && failures_ > cfg_.failure.max_failures)
     give_up("failure " + std::to_string(failures_) + " and failure.max_failures is " +
             std::to_string(cfg_.failure.max_failures) + ": " + why);
-  FailureRecovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec).run();
+  give_up_if_head_lost(why);
+  try {
+    FailureRecovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec).run();
+  } catch (const JobFailed&) {
+    throw;
+  } catch (...) {
+    give_up_if_head_lost(why);
+    throw;
+  }
   if (rec.mode != RecoveryMode::kHeal) {
     // Back to a checkpoint or to the start: the epoch's sums and the last
     // checkpoint's step no longer hold.
@@ -458,6 +469,11 @@ void Run::recover(const std::string& why) {
   result_.recoveries.push_back(rec);
   open_recovery_ = result_.recoveries.size() - 1;
   last_grow_check_ = Clock::now();
+}
+
+void Run::give_up_if_head_lost(const std::string& why) {
+  if (rt_.core() && rt_.core()->head_lost())
+    give_up("lost the cluster's head, so nothing can be placed or healed (the failure seen: " + why + ")");
 }
 
 }  // namespace

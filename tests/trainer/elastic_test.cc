@@ -426,6 +426,31 @@ TEST(ElasticTest, OnStepErrorIsPassedOn) {
   EXPECT_EQ(calls, 2);
 }
 
+// The head SIGKILLed under a running job: nothing can be replaced, so fit()
+// ends in JobFailed naming the lost head (not a crash, not a hang, not a
+// message blaming a trainer), within a bound.
+TEST(ElasticTest, HeadKilledEndsInJobFailedNamingTheHead) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  cfg.epochs = 50;
+  cfg.failure.max_failures = 3;
+  std::chrono::steady_clock::time_point killed{};
+  cfg.on_step = [&](const StepInfo& s) {
+    if (s.step == 4) {
+      killed = std::chrono::steady_clock::now();
+      cluster.kill_head(9);
+    }
+  };
+  try {
+    TrainJob(rt, cfg).fit();
+    FAIL() << "fit() went on without a head";
+  } catch (const JobFailed& e) {
+    EXPECT_NE(std::string(e.what()).find("lost the cluster's head"), std::string::npos) << e.what();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count(), 30.0);
+  }
+}
+
 // A bad elastic range is refused before anything is placed.
 TEST(ElasticConfigTest, BadRangesAreRefused) {
   auto c = job(2, 8, 64);
