@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/wait.h"
 #include "troupe/actors/data_loader_actor.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
@@ -34,15 +35,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Polls `pred` every 2 ms until it holds or `timeout` passes.
-bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return pred();
-}
+using troupe::test::eventually;
 
 LoaderConfig classification(int64_t size) {
   LoaderConfig c;

@@ -9,21 +9,11 @@
 #include <functional>
 #include <thread>
 
+#include "tests/support/wait.h"
 #include "troupe/runtime/wire/auth.h"
 #include "troupe/runtime/wire/connection.h"
 
 namespace troupe::test {
-
-// Polls `pred` every 5 ms until it holds or `timeout` passes.
-inline bool eventually(const std::function<bool()>& pred,
-                       std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return pred();
-}
 
 // A blocking TCP client that authenticates with `token` (true when the peer
 // accepted) and then writes raw bytes.

@@ -19,6 +19,7 @@
 
 #include <torch/torch.h>
 
+#include "tests/support/temp_dir.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/train_job.h"
@@ -96,11 +97,7 @@ void expect_each_sample_once(const Result& r, int64_t n, size_t epochs) {
   }
 }
 
-fs::path fresh_dir(const std::string& name) {
-  auto p = fs::temp_directory_path() / ("troupe-elastic-test-" + std::to_string(::getpid()) + "-" + name);
-  fs::remove_all(p);
-  return p;
-}
+using troupe::test::fresh_dir;
 
 }  // namespace
 

@@ -14,6 +14,8 @@
 
 #include <torch/torch.h>
 
+#include "tests/support/temp_dir.h"
+#include "tests/support/wait.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/train_job.h"
@@ -40,21 +42,8 @@ TROUPE_ACTOR(CheckpointLoop, &CheckpointLoop::pid, &CheckpointLoop::write_foreve
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  auto p = fs::temp_directory_path() / ("troupe-trainer-test-" + std::to_string(::getpid()) + "-" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return pred();
-}
+using troupe::test::eventually;
+using troupe::test::fresh_dir;
 
 TrainJobConfig small_job(int64_t workers, int64_t batch) {
   TrainJobConfig c;
