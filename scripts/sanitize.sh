@@ -12,8 +12,8 @@ cmake --preset asan -DTROUPE_WITH_TORCH=OFF -DTROUPE_BUILD_BENCH=OFF -DTROUPE_BU
 cmake --build --preset asan
 # halt_on_error: a UB report ends the process, so the test fails instead of
 # printing and going on. Leak checking is off: processes of the integration
-# tests exit with live connection cycles (shared_ptr callbacks) that
-# LeakSanitizer reports at exit; finding those is tracked separately.
+# tests report indirect leaks of connection read buffers at exit
+# (Connection::read_more), not yet traced to their owner.
 # LimitsFd (a head under RLIMIT_NOFILE=128) is left out: under the
 # sanitizers alone it trips a UBSan vptr report inside nlohmann-json's
 # make_shared while out of descriptors, not yet explained; it runs in the
