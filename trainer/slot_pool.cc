@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <sstream>
 
-
 #include "troupe/runtime/core/errors.h"
 
 namespace troupe::trainer {
@@ -31,21 +30,12 @@ SlotPool::~SlotPool() {
   for (auto& s : standby_) release(s);
 }
 
-// The live nodes' total and free resources (free = total - used), from the
-// head's typed node query: nothing else in the trainer looks at the
-// cluster's resources.
-std::vector<SlotPool::NodeResources> SlotPool::live_nodes() {
-  std::vector<NodeResources> out;
-  for (const auto& n : rt_.nodes()) {
-    if (!n.alive) continue;
-    NodeResources r;
-    r.total = n.total;
-    for (const auto& [k, v] : n.total) {
-      auto it = n.used.find(k);
-      r.free[k] = v - (it == n.used.end() ? 0.0 : it->second);
-    }
-    out.push_back(std::move(r));
-  }
+// From the head's typed node query; nothing else in the trainer looks at
+// the cluster's resources.
+std::vector<wire::NodeInfo> SlotPool::live_nodes() {
+  std::vector<wire::NodeInfo> out;
+  for (auto& n : rt_.nodes())
+    if (n.alive) out.push_back(std::move(n));
   return out;
 }
 
@@ -73,8 +63,8 @@ int64_t SlotPool::room_to_grow(int64_t limit) {
     int64_t fit = limit;
     for (const auto& [k, v] : cfg_.scaling.resources_per_worker) {
       if (v <= 0) continue;
-      auto it = n.free.find(k);
-      const double have = it == n.free.end() ? 0.0 : it->second;
+      auto it = n.available.find(k);
+      const double have = it == n.available.end() ? 0.0 : it->second;
       fit = std::min<int64_t>(fit, static_cast<int64_t>(have / v + 1e-9));
     }
     room += fit;

@@ -76,12 +76,9 @@ class SlotPool {
   void check_can_place(int64_t n);
 
  private:
-  // Each live node's total and free resources.
-  struct NodeResources {
-    Resources total, free;
-  };
-  // The one place that asks the cluster for its nodes' resources.
-  std::vector<NodeResources> live_nodes();
+  // The live nodes (total and available resources): the one place that
+  // asks the cluster for its nodes.
+  std::vector<wire::NodeInfo> live_nodes();
   // Options for an actor in the slot's bundle (resources: none).
   ActorOptions slot_options(const Slot& s) const;
   // Spawns the trainer (and loader) in the slot's ready placement group.

@@ -47,7 +47,6 @@ class Head::Impl {
   }
 
   std::string address() const { return wire::format_address(opts_.advertise_host, listener_.port()); }
-  asio::io_context& io() { return io_; }
   void stop() {
     asio::post(io_, [this] {
       shutdown_nodes();
