@@ -212,12 +212,18 @@ TEST_F(LimitsTest, WorkerSurvivesIdleAndDribblingConnections) {
 TEST_F(LimitsTest, StreamListenerSurvivesIdleAndDribblingConnections) {
   auto h = rt_.spawn<Holder>({});
   pid_t pid = h.call(&Holder::pid).get(30s);
-  std::string ref = h.call(&Holder::open_stream).get(30s);
-  troupe::StreamRef sref{ref.substr(0, ref.find('#')), std::stoull(ref.substr(ref.find('#') + 1))};
+  // A fresh stream each time: a reader whose writer has gone reports that
+  // (racing the next writer's items), so streams are not reused. Every
+  // stream of the process has the same listener address.
+  auto open = [&] {
+    std::string ref = h.call(&Holder::open_stream).get(30s);
+    return troupe::StreamRef{ref.substr(0, ref.find('#')), std::stoull(ref.substr(ref.find('#') + 1))};
+  };
+  const std::string address = open().address;
   int next = 0;
-  storm_against(pid, sref.address, [&] {
+  storm_against(pid, address, [&] {
     // A writer still connects and its items arrive.
-    troupe::StreamWriter<int> w(rt_, sref);
+    troupe::StreamWriter<int> w(rt_, open());
     w.write(++next);
     EXPECT_EQ(h.call(&Holder::read_one).get(30s), next);
   });
