@@ -1,12 +1,18 @@
 // bench/run actor_calls — actor call throughput and spawn latency across
-// processes on loopback, next to a raw TCP ping-pong between two plain
+// processes on loopback, next to two raw TCP ping-pongs between two plain
 // processes measured in the same run (the physical limit of a synchronous
-// round trip here). Prints one JSON object per line. Every wait for an
-// actor is bounded (kCallTimeout); the ping-pong child is killed at the end.
+// round trip here): `tcp_pingpong` blocks in read(), `tcp_pingpong_spin`
+// polls ~100 us before it blocks, as troupe's Future waits. The 1:1 sync
+// call's `ratio` is against the spinning peer, which waits the same way
+// (`ratio_blocking` against the blocking one): against a blocking peer the
+// ratio measures the scheduler's wake-up more than the runtime. Prints one
+// JSON object per line. Every wait for an actor is bounded (kCallTimeout);
+// the ping-pong child is killed at the end.
 //
 //   troupe_bench_actor_calls [--seconds 3] [--only-sync]
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +20,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +38,9 @@ using namespace std::chrono_literals;
 // No single call or batch of this benchmark comes near it on a loaded
 // machine; a hung actor ends the run with an error instead of a hang.
 constexpr auto kCallTimeout = 120s;
+// How long a troupe Future spins before it blocks
+// (core::FutureStateBase::kSpinMicros); the spinning ping-pong waits alike.
+constexpr int kFutureSpinMicros = 100;
 
 class Echo {
  public:
@@ -94,8 +104,29 @@ void write_full(int fd, const char* p, size_t n) {
   }
 }
 
-// Round trips/s of 64-byte messages between two plain processes.
-double tcp_pingpong(double seconds) {
+// Reads n bytes the way a troupe Future waits for a reply
+// (core::FutureStateBase::spin): non-blocking reads with a yield in
+// between for kFutureSpinMicros, checking the clock every 16 tries, then a
+// blocking read for the rest.
+void spin_read_full(int fd, char* p, size_t n) {
+  auto until = Clock::now() + std::chrono::microseconds(kFutureSpinMicros);
+  for (unsigned i = 1; n; ++i) {
+    ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) _exit(1);
+    sched_yield();
+    if (i % 16 == 0 && Clock::now() > until) return read_full(fd, p, n);
+  }
+}
+
+// Round trips/s of 64-byte messages between two plain processes. The echo
+// side blocks in read() (as a worker's I/O thread blocks in epoll); the
+// asking side blocks too, or spins first when `spin` is set.
+double tcp_pingpong(double seconds, bool spin) {
   int ls = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -128,7 +159,10 @@ double tcp_pingpong(double seconds) {
   while (elapsed < seconds) {
     for (int i = 0; i < 500; ++i) {
       write_full(c, buf, 64);
-      read_full(c, buf, 64);
+      if (spin)
+        spin_read_full(c, buf, 64);
+      else
+        read_full(c, buf, 64);
     }
     n += 500;
     elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -204,13 +238,20 @@ int run(double seconds, bool only_sync) {
   echo.call(&Echo::ping).get(kCallTimeout);
 
   // Interleaved, best of three each, so that background load hits both alike.
-  double tcp = 0, sync = 0;
+  double tcp = 0, tcp_spin = 0, sync = 0;
   for (int r = 0; r < 3; ++r) {
-    tcp = std::max(tcp, tcp_pingpong(seconds / 3));
+    tcp = std::max(tcp, tcp_pingpong(seconds / 3, false));
+    tcp_spin = std::max(tcp_spin, tcp_pingpong(seconds / 3, true));
     sync = std::max(sync, sync_calls(echo, seconds / 3));
   }
+  auto ratio = [](double a, double b) { return std::round(a / b * 1000) / 1000; };
   emit("tcp_pingpong", tcp, "round_trips/s");
-  emit("1_1_sync", sync, "calls/s", {{"ratio", std::round(sync / tcp * 1000) / 1000}, {"peer", "tcp_pingpong"}});
+  emit("tcp_pingpong_spin", tcp_spin, "round_trips/s", {{"spin_us", kFutureSpinMicros}});
+  emit("1_1_sync", sync, "calls/s",
+       {{"ratio", ratio(sync, tcp_spin)},
+        {"peer", "tcp_pingpong_spin"},
+        {"ratio_blocking", ratio(sync, tcp)},
+        {"peer_blocking", "tcp_pingpong"}});
   if (only_sync) return 0;
 
   async_calls(echo, 20000, 5000);  // warm up
