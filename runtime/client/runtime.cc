@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 
 #include "troupe/runtime/core/logging.h"
@@ -213,21 +214,46 @@ Runtime init(int argc, char** argv) {
 }
 
 namespace this_actor {
-uint64_t id() { return worker::WorkerContext::get().actor_id; }
-std::vector<int> gpu_ids() { return worker::WorkerContext::get().gpu_ids; }
-bool in_worker() { return worker::WorkerContext::get().runtime != nullptr; }
-Runtime& runtime() {
-  auto& ctx = worker::WorkerContext::get();
-  if (!ctx.runtime) throw Error("this_actor::runtime() called outside an actor");
-  return *ctx.runtime;
+namespace {
+const worker::WorkerContext& context(const char* what) {
+  const worker::WorkerContext* ctx = worker::WorkerContext::current();
+  if (!ctx) throw Error(std::string("this_actor::") + what + "() called outside an actor");
+  return *ctx;
 }
+}  // namespace
+
+uint64_t id() {
+  const worker::WorkerContext* ctx = worker::WorkerContext::current();
+  return ctx ? ctx->actor_id() : 0;
+}
+std::vector<int> gpu_ids() {
+  const worker::WorkerContext* ctx = worker::WorkerContext::current();
+  return ctx ? ctx->gpu_ids() : std::vector<int>{};
+}
+bool in_worker() { return worker::WorkerContext::current() != nullptr; }
+Runtime& runtime() { return context("runtime").runtime(); }
 }  // namespace this_actor
 
 namespace worker {
-WorkerContext& WorkerContext::get() {
-  static WorkerContext ctx;
-  return ctx;
+namespace {
+// The one piece of process-wide state behind this_actor: a pointer to the
+// context the worker's ActorHost owns. Written once at worker start, before
+// any actor code runs (and before any thread that could read it exists
+// beyond the client core's), never changed afterwards; atomic so that the
+// reads on the actor's threads need no further ordering argument.
+std::atomic<const WorkerContext*> g_context{nullptr};
+}  // namespace
+
+WorkerContext::WorkerContext(uint64_t actor_id, std::vector<int> gpu_ids, std::unique_ptr<Runtime> runtime)
+    : actor_id_(actor_id), gpu_ids_(std::move(gpu_ids)), runtime_(std::move(runtime)) {}
+WorkerContext::~WorkerContext() = default;
+
+void WorkerContext::install(const WorkerContext* context) {
+  const WorkerContext* expected = nullptr;
+  if (!g_context.compare_exchange_strong(expected, context, std::memory_order_acq_rel))
+    throw Error("a worker context is already installed in this process");
 }
+const WorkerContext* WorkerContext::current() { return g_context.load(std::memory_order_acquire); }
 }  // namespace worker
 
 }  // namespace troupe

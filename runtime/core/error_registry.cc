@@ -7,6 +7,11 @@ namespace troupe::core {
 
 namespace {
 
+// The one registry of the process, a function-local static. Process-wide
+// on purpose, like the TROUPE_ACTOR method table: TROUPE_ERROR fills it
+// during static initialisation (of the program and of libraries loaded
+// later, which is why registration still takes the lock), and after that
+// it is only read. Nothing that runs after main starts writes to it.
 struct Registry {
   std::mutex mu;
   std::map<std::type_index, std::string> names;

@@ -106,8 +106,10 @@ std::unique_ptr<client::HostedActor> construct_actor(client::Core& core, const c
 // thread fills a mailbox that a pool of actor threads drains.
 class ActorHost {
  public:
-  ActorHost(std::shared_ptr<client::Core> core, std::unique_ptr<client::HostedActor> actor, const core::WorkerEnv& env)
+  ActorHost(std::shared_ptr<client::Core> core, std::unique_ptr<WorkerContext> context,
+            std::unique_ptr<client::HostedActor> actor, const core::WorkerEnv& env)
       : core_(std::move(core)),
+        context_(std::move(context)),
         actor_(std::move(actor)),
         inline_calls_(core_->hello_reply().spec.max_concurrency <= 1),
         bind_host_(env.bind_host.empty() ? "127.0.0.1" : env.bind_host),
@@ -216,6 +218,8 @@ class ActorHost {
   }
 
   std::shared_ptr<client::Core> core_;
+  // What this_actor answers (installed in run_worker); outlives the actor.
+  std::unique_ptr<WorkerContext> context_;
   std::unique_ptr<client::HostedActor> actor_;
   const bool inline_calls_;
   const std::string bind_host_;
@@ -231,12 +235,12 @@ class ActorHost {
 void run_worker(const core::WorkerEnv& env) {
   core::init_logging("worker a" + std::to_string(env.actor_id));
   std::shared_ptr<client::Core> core = connect_to_head(env);
-  WorkerContext& ctx = WorkerContext::get();
-  ctx.actor_id = env.actor_id;
-  ctx.gpu_ids = env.gpu_ids;
-  ctx.runtime = std::make_unique<Runtime>(Runtime::attach(core));
+  // The actor's constructor may already use this_actor.
+  auto context =
+      std::make_unique<WorkerContext>(env.actor_id, env.gpu_ids, std::make_unique<Runtime>(Runtime::attach(core)));
+  WorkerContext::install(context.get());
   auto actor = construct_actor(*core, env);
-  ActorHost host(core, std::move(actor), env);
+  ActorHost host(core, std::move(context), std::move(actor), env);
   host.serve(env);  // never returns: the process exits from there
 }
 
