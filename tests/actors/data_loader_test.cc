@@ -29,6 +29,7 @@ using troupe::actors::DatasetSpec;
 using troupe::actors::DistributedSampler;
 using troupe::actors::LoaderConfig;
 using troupe::actors::SamplerCursor;
+using troupe::test::kWaitBound;
 using Loader = ActorHandle<DataLoaderActor>;
 
 namespace {
@@ -70,7 +71,7 @@ class Drain {
   explicit Drain(StreamReader<Batch>& r)
       : thread_([this, &r] {
           try {
-            while (auto b = r.read(10s)) batches_.push_back(std::move(*b));
+            while (auto b = r.read(kWaitBound)) batches_.push_back(std::move(*b));
           } catch (...) {
             error_ = std::current_exception();
           }
@@ -125,7 +126,7 @@ class DataLoaderTest : public ::testing::Test {
 
   Loader spawn(const LoaderConfig& config, int max_concurrency = 1) {
     auto h = rt_.spawn<DataLoaderActor>({.resources = {{"CPU", 1}}, .max_concurrency = max_concurrency}, config);
-    EXPECT_TRUE(h.wait_ready(30s));
+    EXPECT_TRUE(h.wait_ready(kWaitBound));
     return h;
   }
 
@@ -142,8 +143,8 @@ TEST_F(DataLoaderTest, OneLoaderPerTrainerDeliversTheEpochExactlyOnce) {
   auto f1 = l1.call(&DataLoaderActor::feed, r1.ref(), cursor, 1, 0);
   Drain d0(r0), d1(r1);
   std::vector<std::vector<Batch>> got{d0.get(), d1.get()};
-  EXPECT_EQ(f0.get(10s), 16);  // 500 samples per rank in batches of 32
-  EXPECT_EQ(f1.get(10s), 16);
+  EXPECT_EQ(f0.get(kWaitBound), 16);  // 500 samples per rank in batches of 32
+  EXPECT_EQ(f1.get(kWaitBound), 16);
   expect_epoch_once(got, config, 3);
 }
 
@@ -157,15 +158,15 @@ TEST_F(DataLoaderTest, SharedLoaderFeedsTwoTrainersAtOnce) {
   // Neither feed can finish while its reader holds back, so a first batch on
   // both streams means both pipelines run at once in the one actor.
   std::vector<std::vector<Batch>> got(2);
-  got[0].push_back(std::move(*r0.read(10s)));
-  got[1].push_back(std::move(*r1.read(10s)));
+  got[0].push_back(std::move(*r0.read(kWaitBound)));
+  got[1].push_back(std::move(*r1.read(kWaitBound)));
   EXPECT_EQ(troupe::actors::loader_stats(loader).feeds_running, 2);
   Drain d0(r0), d1(r1);
   for (int rank = 0; rank < 2; ++rank) {
     for (auto& b : (rank == 0 ? d0 : d1).get()) got[rank].push_back(std::move(b));
   }
-  EXPECT_EQ(f0.get(10s), 16);
-  EXPECT_EQ(f1.get(10s), 16);
+  EXPECT_EQ(f0.get(kWaitBound), 16);
+  EXPECT_EQ(f1.get(kWaitBound), 16);
   expect_epoch_once(got, config, 1);
 }
 
@@ -176,7 +177,7 @@ TEST_F(DataLoaderTest, TransformsAreDeterministicUnderASeed) {
     StreamReader<Batch> r(rt_, config.credits);
     auto f = l.call(&DataLoaderActor::feed, r.ref(), SamplerCursor{.epoch = epoch}, 0, 0);
     auto batches = Drain(r).get();
-    EXPECT_EQ(f.get(10s), 6);
+    EXPECT_EQ(f.get(kWaitBound), 6);
     return batches;
   };
   auto first = run(a, 2), second = run(b, 2), next_epoch = run(a, 3);
@@ -216,19 +217,19 @@ TEST_F(DataLoaderTest, CorruptOrMissingNpyFailsTheCallAndTheStreamNamingTheFile)
     StreamReader<Batch> r(rt_, 4);
     auto f = loader.call(&DataLoaderActor::feed, r.ref(), SamplerCursor{}, 0, 0);
     try {
-      r.read(10s);
+      r.read(kWaitBound);
       ADD_FAILURE() << "read did not throw for " << path;
     } catch (const troupe::StreamError& e) {
       EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     }
     try {
-      f.get(10s);
+      f.get(kWaitBound);
       ADD_FAILURE() << "feed did not throw for " << path;
     } catch (const troupe::RemoteError& e) {
       EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     }
     // The loader survives its error and answers the next call the same way.
-    EXPECT_THROW(loader.call(&DataLoaderActor::dataset_size).get(10s), troupe::RemoteError);
+    EXPECT_THROW(loader.call(&DataLoaderActor::dataset_size).get(kWaitBound), troupe::RemoteError);
   }
   fs::remove_all(dir);
 }
@@ -243,7 +244,7 @@ TEST_F(DataLoaderTest, SlowReaderKeepsTheLoadersMemoryBounded) {
   Loader loader = spawn(config);
   StreamReader<Batch> r(rt_, config.credits);
   auto f = loader.call(&DataLoaderActor::feed, r.ref(), SamplerCursor{}, 0, 0);
-  ASSERT_TRUE(r.read(10s).has_value());
+  ASSERT_TRUE(r.read(kWaitBound).has_value());
   const auto base = troupe::actors::loader_stats(loader);  // data set open, pipeline under way
   int64_t most_live = 0;
   size_t most_buffered = 0;
@@ -256,10 +257,10 @@ TEST_F(DataLoaderTest, SlowReaderKeepsTheLoadersMemoryBounded) {
       most_live = std::max(most_live, s.live_batches);
       ASSERT_LE(s.live_batches, s.token_bound);
     }
-    ASSERT_TRUE(r.read(10s).has_value());
+    ASSERT_TRUE(r.read(kWaitBound).has_value());
   }
   EXPECT_FALSE(r.read(10s).has_value());
-  EXPECT_EQ(f.get(10s), total);
+  EXPECT_EQ(f.get(kWaitBound), total);
   const auto end = troupe::actors::loader_stats(loader);
   const int64_t growth = end.peak_rss_bytes - base.peak_rss_bytes;
   std::printf(
@@ -283,7 +284,7 @@ TEST_F(DataLoaderTest, KilledLoaderFailsTheReaderPromptly) {
   Loader loader = spawn(config);
   StreamReader<Batch> r(rt_, config.credits);
   auto f = loader.call(&DataLoaderActor::feed, r.ref(), SamplerCursor{}, 0, 0);
-  ASSERT_TRUE(r.read(10s).has_value());
+  ASSERT_TRUE(r.read(kWaitBound).has_value());
   // SIGKILL right here (a kill request through the head takes a moment, in
   // which the reader would keep granting credit).
   pid_t pid = loader.info().pid;
@@ -293,7 +294,7 @@ TEST_F(DataLoaderTest, KilledLoaderFailsTheReaderPromptly) {
   std::string error;
   int64_t after_kill = 0;
   try {
-    while (r.read(10s)) ++after_kill;  // what was already buffered, then the error
+    while (r.read(kWaitBound)) ++after_kill;  // what was already buffered, then the error
     ADD_FAILURE() << "the stream ended cleanly";
   } catch (const troupe::StreamError& e) {
     error = e.what();
@@ -304,7 +305,7 @@ TEST_F(DataLoaderTest, KilledLoaderFailsTheReaderPromptly) {
   EXPECT_NE(error.find("writer disconnected"), std::string::npos) << error;
   EXPECT_LE(after_kill, config.credits);
   EXPECT_LT(seconds, 5.0);
-  EXPECT_THROW(f.get(10s), troupe::ActorDied);
+  EXPECT_THROW(f.get(kWaitBound), troupe::ActorDied);
 }
 
 // The stand-alone troupe-worker binary serves the loader too (what the
@@ -319,11 +320,11 @@ TEST(DataLoaderWorkerBinary, ServesTheLoader) {
   troupe::Runtime rt = cluster.connect();
   const LoaderConfig config = classification(1000);
   auto loader = rt.spawn<DataLoaderActor>({.resources = {{"CPU", 1}}, .executable = worker}, config);
-  ASSERT_TRUE(loader.wait_ready(30s));
+  ASSERT_TRUE(loader.wait_ready(kWaitBound));
   StreamReader<Batch> r(rt, config.credits);
   auto f = loader.call(&DataLoaderActor::feed, r.ref(), SamplerCursor{}, 0, 0);
   std::vector<std::vector<Batch>> got{Drain(r).get()};
-  EXPECT_EQ(f.get(10s), 32);
+  EXPECT_EQ(f.get(kWaitBound), 32);
   expect_epoch_once(got, config, 0);
 }
 
@@ -334,13 +335,13 @@ TEST_F(DataLoaderTest, StopCancelsRunningFeeds) {
   {
     StreamReader<Batch> r(rt_, config.credits);
     auto f = single.call(&DataLoaderActor::feed, r.ref(), SamplerCursor{}, 0, 0);
-    ASSERT_TRUE(r.read(10s).has_value());
+    ASSERT_TRUE(r.read(kWaitBound).has_value());
     EXPECT_EQ(troupe::actors::stop_feeds(single), 1);
-    int64_t sent = f.get(10s);
+    int64_t sent = f.get(kWaitBound);
     EXPECT_LT(sent, 20000 / 32);
     int64_t read = 1;
     try {
-      while (r.read(10s)) ++read;
+      while (r.read(kWaitBound)) ++read;
       ADD_FAILURE() << "a stopped feed ended its stream cleanly";
     } catch (const troupe::StreamError& e) {
       EXPECT_NE(std::string(e.what()).find("stopped"), std::string::npos) << e.what();
@@ -350,7 +351,7 @@ TEST_F(DataLoaderTest, StopCancelsRunningFeeds) {
     StreamReader<Batch> again(rt_, config.credits);
     auto g = single.call(&DataLoaderActor::feed, again.ref(), SamplerCursor{}, 0, 3);
     EXPECT_EQ(Drain(again).get().size(), 3u);
-    EXPECT_EQ(g.get(10s), 3);
+    EXPECT_EQ(g.get(kWaitBound), 3);
   }
   // A shared loader also takes stop() as a method, per rank.
   Loader shared = spawn(config, /*max_concurrency=*/3);
@@ -358,14 +359,14 @@ TEST_F(DataLoaderTest, StopCancelsRunningFeeds) {
   StreamReader<Batch> r0(rt_, config.credits), r1(rt_, config.credits);
   auto f0 = shared.call(&DataLoaderActor::feed, r0.ref(), cursor, 0, 0);
   auto f1 = shared.call(&DataLoaderActor::feed, r1.ref(), cursor, 1, 0);
-  ASSERT_TRUE(r0.read(10s).has_value());
-  ASSERT_TRUE(r1.read(10s).has_value());
-  EXPECT_EQ(shared.call(&DataLoaderActor::stop, 1).get(10s), 1);
-  EXPECT_LT(f1.get(10s), 10000 / 32);
+  ASSERT_TRUE(r0.read(kWaitBound).has_value());
+  ASSERT_TRUE(r1.read(kWaitBound).has_value());
+  EXPECT_EQ(shared.call(&DataLoaderActor::stop, 1).get(kWaitBound), 1);
+  EXPECT_LT(f1.get(kWaitBound), 10000 / 32);
   EXPECT_THROW(Drain(r1).get(), troupe::StreamError);
   EXPECT_EQ(troupe::actors::loader_stats(shared).feeds_running, 1);  // rank 0 still runs
-  EXPECT_EQ(shared.call(&DataLoaderActor::stop, -1).get(10s), 1);
-  EXPECT_LT(f0.get(10s), 10000 / 32);
+  EXPECT_EQ(shared.call(&DataLoaderActor::stop, -1).get(kWaitBound), 1);
+  EXPECT_LT(f0.get(kWaitBound), 10000 / 32);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/collective/test_values.h"
+#include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/collective/actor_group.h"
 #include "troupe/runtime/collective/kv_gloo_store.h"
@@ -27,6 +28,7 @@ using namespace std::chrono_literals;
 using troupe::collective::DType;
 using troupe::collective::Group;
 using troupe::collective::ReduceOp;
+using troupe::test::kWaitBound;
 namespace tv = troupe::collective::testing;
 
 namespace {
@@ -174,7 +176,7 @@ class Rank {
     return *it->second;
   }
 
-  std::map<std::string, std::shared_ptr<Group>> groups_;
+  std::map<std::string, std::unique_ptr<Group>> groups_;
 };
 TROUPE_ACTOR(Rank, &Rank::pid, &Rank::join, &Rank::allreduce, &Rank::broadcast, &Rank::allgather, &Rank::reduce_scatter,
              &Rank::send_recv, &Rank::barrier, &Rank::allreduce_until_failure)
@@ -207,7 +209,7 @@ class ActorGroupTest : public ::testing::Test {
   std::vector<ActorHandle<Rank>> spawn_ranks(int n) {
     std::vector<ActorHandle<Rank>> ranks;
     for (int i = 0; i < n; ++i) ranks.push_back(rt_->spawn<Rank>({.resources = {{"CPU", 1}}}));
-    for (auto& r : ranks) EXPECT_TRUE(r.wait_ready(20s));
+    for (auto& r : ranks) EXPECT_TRUE(r.wait_ready(kWaitBound));
     return ranks;
   }
 
@@ -225,7 +227,7 @@ class ActorGroupTest : public ::testing::Test {
       joins.push_back(ranks[r].call(&Rank::join, name, generation, static_cast<int>(r), static_cast<int>(ranks.size()),
                                     ids(ranks), rendezvous_ms));
     }
-    for (auto& j : joins) j.get(30s);
+    for (auto& j : joins) j.get(kWaitBound);
   }
 
   static inline troupe::testing::LocalCluster* cluster_ = nullptr;
@@ -278,9 +280,9 @@ TEST_F(ActorGroupTest, EveryOpAndTypeForWorldSizesOneToFour) {
     for (auto& r : ranks) barriers.push_back(r.call(&Rank::barrier, name));
 
     for (auto& [what, fs] : checks) {
-      for (size_t r = 0; r < fs.size(); ++r) EXPECT_EQ(fs[r].get(60s), "") << what << " at rank " << r;
+      for (size_t r = 0; r < fs.size(); ++r) EXPECT_EQ(fs[r].get(kWaitBound), "") << what << " at rank " << r;
     }
-    for (auto& b : barriers) b.get(60s);
+    for (auto& b : barriers) b.get(kWaitBound);
   }
   for (auto& r : all) rt_->kill(r);
 }
@@ -293,11 +295,11 @@ TEST_F(ActorGroupTest, KilledRankFailsSurvivorsFastAndTheyReformGenerationTwo) {
   const int victim = 1;
   const std::string name = "fault";
   join_all(ranks, name, 1);
-  const int victim_pid = ranks[victim].call(&Rank::pid).get(10s);
+  const int victim_pid = ranks[victim].call(&Rank::pid).get(kWaitBound);
 
   std::vector<Future<std::tuple<std::string, int64_t>>> loops;
   for (auto& r : ranks) loops.push_back(r.call(&Rank::allreduce_until_failure, name, int64_t{4'000'000}));
-  for (int r = 0; r < 3; ++r) rt_->kv().wait(name + "/looping/" + std::to_string(r), 30s);
+  for (int r = 0; r < 3; ++r) rt_->kv().wait(name + "/looping/" + std::to_string(r), kWaitBound);
 
   const int64_t killed_at = monotonic_ms();
   ASSERT_EQ(::kill(victim_pid, SIGKILL), 0);
@@ -305,7 +307,7 @@ TEST_F(ActorGroupTest, KilledRankFailsSurvivorsFastAndTheyReformGenerationTwo) {
       "rank " + std::to_string(victim) + " (actor " + std::to_string(ranks[victim].id()) + ")";
   for (int r = 0; r < 3; ++r) {
     if (r == victim) continue;
-    auto [error, failed_at] = loops[r].get(20s);
+    auto [error, failed_at] = loops[r].get(kWaitBound);
     const int64_t took = failed_at - killed_at;
     SCOPED_TRACE("survivor rank " + std::to_string(r) + " failed " + std::to_string(took) +
                  " ms after the kill: " + error);
@@ -316,7 +318,7 @@ TEST_F(ActorGroupTest, KilledRankFailsSurvivorsFastAndTheyReformGenerationTwo) {
     EXPECT_LT(took, 2000);
     EXPECT_GE(took, 0);
   }
-  EXPECT_THROW(loops[victim].get(20s), troupe::ActorDied);
+  EXPECT_THROW(loops[victim].get(kWaitBound), troupe::ActorDied);
 
   // Generation 2: the survivors, renumbered 0 and 1.
   std::vector<ActorHandle<Rank>> survivors = {ranks[0], ranks[2]};
@@ -324,7 +326,7 @@ TEST_F(ActorGroupTest, KilledRankFailsSurvivorsFastAndTheyReformGenerationTwo) {
   std::vector<Future<std::string>> checks;
   for (auto& r : survivors)
     checks.push_back(r.call(&Rank::allreduce, name, DType::kFloat32, ReduceOp::kSum, int64_t{1000}));
-  for (auto& c : checks) EXPECT_EQ(c.get(30s), "");
+  for (auto& c : checks) EXPECT_EQ(c.get(kWaitBound), "");
   for (auto& r : survivors) rt_->kill(r);
 }
 
@@ -345,7 +347,7 @@ TEST_F(ActorGroupTest, DriverAbortReachesMembersBlockedInsideAnAllreduce) {
   EXPECT_EQ(troupe::collective::abort_group(*rt_, ids(ranks), name, "driver says stop"), 3);
   for (auto& f : stuck) {
     try {
-      f.get(10s);
+      f.get(kWaitBound);
       ADD_FAILURE() << "expected the allreduce to fail";
     } catch (const troupe::Aborted& e) {
       EXPECT_NE(std::string(e.what()).find("driver says stop"), std::string::npos) << e.what();
@@ -353,7 +355,7 @@ TEST_F(ActorGroupTest, DriverAbortReachesMembersBlockedInsideAnAllreduce) {
   }
   EXPECT_LT(monotonic_ms() - start, 2000);
   // An aborted group refuses later operations too.
-  EXPECT_THROW(ranks[2].call(&Rank::barrier, name).get(10s), troupe::Aborted);
+  EXPECT_THROW(ranks[2].call(&Rank::barrier, name).get(kWaitBound), troupe::Aborted);
   for (auto& r : ranks) rt_->kill(r);
 }
 
@@ -369,7 +371,7 @@ TEST_F(ActorGroupTest, RankThatNeverArrivesFailsRendezvousAtItsTimeout) {
   }
   for (auto& j : joins) {
     try {
-      j.get(15s);
+      j.get(kWaitBound);
       ADD_FAILURE() << "expected the rendezvous to time out";
     } catch (const troupe::Timeout& e) {
       EXPECT_NE(std::string(e.what()).find("rank(s) 2 never arrived"), std::string::npos) << e.what();
@@ -386,20 +388,20 @@ TEST_F(ActorGroupTest, RankThatNeverArrivesFailsRendezvousAtItsTimeout) {
 TEST_F(ActorGroupTest, MemberDyingDuringRendezvousFailsItEarly) {
   auto ranks = spawn_ranks(3);
   std::vector<uint64_t> members = ids(ranks);
-  const int victim_pid = ranks[2].call(&Rank::pid).get(10s);
+  const int victim_pid = ranks[2].call(&Rank::pid).get(kWaitBound);
   std::vector<Future<void>> joins;
   for (int r = 0; r < 2; ++r) {
     joins.push_back(ranks[r].call(&Rank::join, std::string("early"), int64_t{1}, r, 3, members, int64_t{30000}));
   }
   // Both are inside the rendezvous once they have announced themselves.
   for (int r = 0; r < 2; ++r) {
-    rt_->kv().wait(troupe::collective::KvGlooStore::key_prefix("early", 1) + "member/" + std::to_string(r), 10s);
+    rt_->kv().wait(troupe::collective::KvGlooStore::key_prefix("early", 1) + "member/" + std::to_string(r), kWaitBound);
   }
   const int64_t killed_at = monotonic_ms();
   ASSERT_EQ(::kill(victim_pid, SIGKILL), 0);
   for (auto& j : joins) {
     try {
-      j.get(15s);
+      j.get(kWaitBound);
       ADD_FAILURE() << "expected the rendezvous to fail";
     } catch (const troupe::Aborted& e) {
       EXPECT_NE(std::string(e.what()).find("rank 2 (actor " + std::to_string(members[2]) + ")"), std::string::npos)

@@ -11,17 +11,21 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/rank_processes.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/wait.h"
 #include "troupe/runtime/collective/file_kv_store.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
-#include "tests/collective/process_harness.h"
+#include "troupe/runtime/core/thread_set.h"
 
 namespace troupe::collective {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::monotonic_ms;
+using test::monotonic_ms;
+using troupe::test::kWaitBound;
 
 constexpr int kWorld = 3;
 constexpr int kVictim = 1;
@@ -54,29 +58,33 @@ void report(int rank, int64_t ms, const std::exception_ptr& failure) {
 }
 
 // Parent side: wait until every rank loops, kill the victim, publish when.
-void kill_victim_when_looping(testing::RankProcesses& ranks, KvStore& kv) {
-  for (int r = 0; r < kWorld; ++r) kv.wait("control/looping/" + std::to_string(r), 60s);
+void kill_victim_when_looping(test::RankProcesses& ranks, KvStore& kv) {
+  for (int r = 0; r < kWorld; ++r) kv.wait("control/looping/" + std::to_string(r), kWaitBound);
   kv.put("control/killed_at", std::to_string(monotonic_ms()));
   ranks.kill(kVictim, SIGKILL);
 }
 
-void expect_survivors_passed(const std::vector<testing::RankExit>& exits) {
+void expect_survivors_passed(const std::vector<test::RankExit>& exits) {
   for (const auto& e : exits) {
     if (e.rank == kVictim) {
-      EXPECT_EQ(e.signal, SIGKILL) << testing::describe(e);
+      EXPECT_EQ(e.signal, SIGKILL) << test::describe(e);
     } else {
-      EXPECT_TRUE(e.exited && e.code == 0) << testing::describe(e);
+      EXPECT_TRUE(e.exited && e.code == 0) << test::describe(e);
     }
   }
 }
 
 TEST(GlooFaultTest, KilledRankAbortsSurvivorsWhichReformGenerationTwo) {
-  const std::string dir = testing::make_temp_dir("fault-abort");
-  testing::RankProcesses ranks(kWorld, [&](int rank) {
+  const std::string dir = test::make_temp_dir("fault-abort");
+  test::RankProcesses ranks(kWorld, [&](int rank) {
     FileKvStore kv(dir);
+    // Owns an operation thread the aborted group leaves behind (as the
+    // runtime's group table does), so destroying the group stays fast.
+    auto stragglers = std::make_shared<core::ThreadSet>();
     GlooGroupOptions opts;
     opts.rendezvous_timeout = 30s;
     opts.op_timeout = 60s;  // long: only abort can make the failure fast
+    opts.stragglers = stragglers;
     auto group = GlooGroup::create(kv, "fault", 1, rank, kWorld, opts);
 
     // Stands in for the runtime's control message: when the parent reports
@@ -104,7 +112,7 @@ TEST(GlooFaultTest, KilledRankAbortsSurvivorsWhichReformGenerationTwo) {
       TROUPE_CHECK(msg.find("rank 1") != std::string::npos) << "error does not name the dead rank: " << msg;
       TROUPE_CHECK(msg.find("'fault'") != std::string::npos) << "error does not name the group: " << msg;
     }
-    const int64_t killed_at = std::stoll(kv.wait("control/killed_at", 10s));
+    const int64_t killed_at = std::stoll(kv.wait("control/killed_at", kWaitBound));
     report(rank, failed_at - killed_at, failure);
     TROUPE_CHECK(failed_at - killed_at < 2000) << "survivor failed " << (failed_at - killed_at) << " ms after the kill";
 
@@ -132,14 +140,14 @@ TEST(GlooFaultTest, KilledRankAbortsSurvivorsWhichReformGenerationTwo) {
   kill_victim_when_looping(ranks, kv);
   kv.put("control/dead", std::to_string(kVictim));
   auto exits = ranks.wait_all(120s);
-  testing::remove_dir(dir);
+  test::remove_dir(dir);
   expect_survivors_passed(exits);
 }
 
 TEST(GlooFaultTest, WithoutAbortSurvivorsFailWithinOpTimeout) {
   constexpr auto kOpTimeout = 3s;
-  const std::string dir = testing::make_temp_dir("fault-noabort");
-  testing::RankProcesses ranks(kWorld, [&](int rank) {
+  const std::string dir = test::make_temp_dir("fault-noabort");
+  test::RankProcesses ranks(kWorld, [&](int rank) {
     FileKvStore kv(dir);
     GlooGroupOptions opts;
     opts.rendezvous_timeout = 30s;
@@ -154,7 +162,7 @@ TEST(GlooFaultTest, WithoutAbortSurvivorsFailWithinOpTimeout) {
     } catch (const Error&) {
       // troupe::Error (peer closed) or troupe::Timeout: both are fine.
     }
-    const int64_t killed_at = std::stoll(kv.wait("control/killed_at", 10s));
+    const int64_t killed_at = std::stoll(kv.wait("control/killed_at", kWaitBound));
     report(rank, failed_at - killed_at, failure);
     const int64_t limit = std::chrono::milliseconds(kOpTimeout).count() + 2000;
     TROUPE_CHECK(failed_at - killed_at < limit)
@@ -166,7 +174,7 @@ TEST(GlooFaultTest, WithoutAbortSurvivorsFailWithinOpTimeout) {
   FileKvStore kv(dir);
   kill_victim_when_looping(ranks, kv);
   auto exits = ranks.wait_all(120s);
-  testing::remove_dir(dir);
+  test::remove_dir(dir);
   expect_survivors_passed(exits);
 }
 

@@ -7,11 +7,12 @@
 #include <cstring>
 #include <vector>
 
+#include "tests/collective/test_values.h"
+#include "tests/support/rank_processes.h"
+#include "tests/support/temp_dir.h"
 #include "troupe/runtime/collective/file_kv_store.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/core/check.h"
-#include "tests/collective/process_harness.h"
-#include "tests/collective/test_values.h"
 
 namespace troupe::collective {
 namespace {
@@ -164,8 +165,8 @@ void run_all_small(Group& g) {
 }
 
 void run_ranks(int world_size, const std::string& tag, const std::function<void(Group&)>& body) {
-  const std::string dir = testing::make_temp_dir(tag);
-  testing::RankProcesses ranks(world_size, [&](int rank) {
+  const std::string dir = test::make_temp_dir(tag);
+  test::RankProcesses ranks(world_size, [&](int rank) {
     FileKvStore kv(dir);
     GlooGroupOptions opts;
     opts.rendezvous_timeout = 30s;
@@ -174,9 +175,9 @@ void run_ranks(int world_size, const std::string& tag, const std::function<void(
     body(*group);
   });
   auto exits = ranks.wait_all(240s);
-  testing::remove_dir(dir);
+  test::remove_dir(dir);
   for (const auto& e : exits) {
-    EXPECT_TRUE(e.exited && e.code == 0) << "world size " << world_size << ": " << testing::describe(e);
+    EXPECT_TRUE(e.exited && e.code == 0) << "world size " << world_size << ": " << test::describe(e);
   }
 }
 

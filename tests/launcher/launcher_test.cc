@@ -13,11 +13,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "tests/runtime/test_util.h"
+#include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/session.h"
 
 using namespace std::chrono_literals;
+using troupe::test::kWaitBound;
 
 class Adder {
  public:
@@ -95,7 +96,7 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   o.token = troupe::core::read_session_file(dir, "token");
   troupe::Runtime rt = troupe::Runtime::connect(o);
   auto a = rt.spawn<Adder>({.resources = {{"disk", 1}}});
-  EXPECT_EQ(a.call(&Adder::add, 2, 3).get(10s), 5);
+  EXPECT_EQ(a.call(&Adder::add, 2, 3).get(kWaitBound), 5);
   auto human = run(std::string(TROUPE_CLI) + " status");
   EXPECT_NE(human.output.find("Adder"), std::string::npos) << human.output;
   EXPECT_NE(human.output.find("ALIVE"), std::string::npos) << human.output;

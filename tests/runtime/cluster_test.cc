@@ -4,21 +4,23 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <condition_variable>
-#include <mutex>
 #include <cmath>
+#include <condition_variable>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 
-#include "tests/runtime/test_util.h"
+#include "tests/support/raw_client.h"
+#include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/runtime/wire/frame.h"
 
 using namespace std::chrono_literals;
+using troupe::test::kWaitBound;
 
 class Counter {
  public:
@@ -145,20 +147,20 @@ TEST_F(ClusterTest, CallsFromOneCallerRunInOrder) {
   auto c = rt_.spawn<Counter>({}, 0);
   std::vector<troupe::Future<int>> fs;
   for (int i = 0; i < 2000; ++i) fs.push_back(c.call(&Counter::add, 1));
-  for (int i = 0; i < 2000; ++i) ASSERT_EQ(fs[i].get(10s), i + 1);
-  EXPECT_EQ(c.call(&Counter::get).get(10s), 2000);
+  for (int i = 0; i < 2000; ++i) ASSERT_EQ(fs[i].get(kWaitBound), i + 1);
+  EXPECT_EQ(c.call(&Counter::get).get(kWaitBound), 2000);
 }
 
 TEST_F(ClusterTest, RemoteErrorCarriesTypeAndMessageAndActorKeepsServing) {
   auto c = rt_.spawn<Counter>({}, 5);
   try {
-    c.call(&Counter::fail, std::string("boom 42")).get(10s);
+    c.call(&Counter::fail, std::string("boom 42")).get(kWaitBound);
     FAIL() << "expected RemoteError";
   } catch (const troupe::RemoteError& e) {
     EXPECT_EQ(e.type_name(), "std::invalid_argument");
     EXPECT_EQ(e.remote_message(), "boom 42");
   }
-  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 6);
+  EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 6);
 }
 
 // Each error kind crosses the wire and is caught by its type, with the
@@ -167,7 +169,7 @@ TEST_F(ClusterTest, ErrorKindsAreCaughtByType) {
   auto r = rt_.spawn<Raiser>({});
   auto expect_kind = [&]<class E>(const std::string& kind) {
     try {
-      r.call(&Raiser::raise, kind, "because " + kind).get(10s);
+      r.call(&Raiser::raise, kind, "because " + kind).get(kWaitBound);
       ADD_FAILURE() << "no error for " << kind;
     } catch (const E& e) {
       EXPECT_EQ(std::string(e.what()), "because " + kind);
@@ -183,7 +185,7 @@ TEST_F(ClusterTest, ErrorKindsAreCaughtByType) {
   expect_kind.operator()<troupe::ConnectionError>("connection");
   // Unregistered classes still arrive as RemoteError naming their type.
   try {
-    r.call(&Raiser::raise, std::string("other"), std::string("out")).get(10s);
+    r.call(&Raiser::raise, std::string("other"), std::string("out")).get(kWaitBound);
     ADD_FAILURE() << "no error";
   } catch (const troupe::RemoteError& e) {
     EXPECT_EQ(e.type_name(), "std::out_of_range");
@@ -195,7 +197,7 @@ TEST_F(ClusterTest, ErrorKindsAreCaughtByType) {
 TEST_F(ClusterTest, RegisteredUserErrorIsCaughtByItsClass) {
   auto r = rt_.spawn<Raiser>({});
   try {
-    r.call(&Raiser::raise, std::string("quota"), std::string("3 of 2 GPUs")).get(10s);
+    r.call(&Raiser::raise, std::string("quota"), std::string("3 of 2 GPUs")).get(kWaitBound);
     FAIL() << "expected QuotaExceeded";
   } catch (const QuotaExceeded& e) {
     EXPECT_EQ(std::string(e.what()), "3 of 2 GPUs");
@@ -207,25 +209,25 @@ TEST_F(ClusterTest, RegisteredUserErrorIsCaughtByItsClass) {
 // control message is served while the actor's call runs.
 TEST_F(ClusterTest, TypedControlMessagesBypassTheMailbox) {
   auto l = rt_.spawn<Latch>({});
-  ASSERT_TRUE(l.wait_ready(30s));
+  ASSERT_TRUE(l.wait_ready(kWaitBound));
   troupe::Future<std::string> waiting = l.call(&Latch::wait_release);
-  EXPECT_EQ(l.control(Add{.a = 40, .b = 2}).get(10s), 42);
-  EXPECT_THROW(l.control(Refuse{}).get(10s), troupe::ConfigError);
+  EXPECT_EQ(l.control(Add{.a = 40, .b = 2}).get(kWaitBound), 42);
+  EXPECT_THROW(l.control(Refuse{}).get(kWaitBound), troupe::ConfigError);
   try {
-    l.control(Unhandled{}).get(10s);
+    l.control(Unhandled{}).get(kWaitBound);
     ADD_FAILURE() << "expected ConfigError";
   } catch (const troupe::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("test.unhandled"), std::string::npos) << e.what();
   }
-  l.control(Release{.note = "go"}).get(10s);
-  EXPECT_EQ(waiting.get(30s), "go");
+  l.control(Release{.note = "go"}).get(kWaitBound);
+  EXPECT_EQ(waiting.get(kWaitBound), "go");
 }
 
 TEST_F(ClusterTest, ConstructorFailureMakesActorDeadWithReason) {
   auto t = rt_.spawn<Thrower>({.max_restarts = 3}, std::string("no GPU here"));
   EXPECT_FALSE(t.wait_ready(10s));
   try {
-    t.call(&Thrower::nothing).get(10s);
+    t.call(&Thrower::nothing).get(kWaitBound);
     FAIL() << "expected ActorDied";
   } catch (const troupe::ActorDied& e) {
     EXPECT_NE(std::string(e.what()).find("no GPU here"), std::string::npos) << e.what();
@@ -234,14 +236,14 @@ TEST_F(ClusterTest, ConstructorFailureMakesActorDeadWithReason) {
 
 TEST_F(ClusterTest, StrictSpreadPutsBundlesOnDistinctNodes) {
   auto pg = rt_.create_placement_group({{{"CPU", 1}}, {{"CPU", 1}}}, troupe::PlacementStrategy::kStrictSpread);
-  ASSERT_TRUE(pg.wait(10s));
+  ASSERT_TRUE(pg.wait(kWaitBound));
   auto info = pg.info();
   ASSERT_EQ(info.bundle_nodes.size(), 2u);
   EXPECT_NE(info.bundle_nodes[0], info.bundle_nodes[1]);
   auto a = rt_.spawn<Counter>({.resources = {{"CPU", 1}}, .placement_group = &pg, .bundle_index = 0}, 0);
   auto b = rt_.spawn<Counter>({.resources = {{"CPU", 1}}, .placement_group = &pg, .bundle_index = 1}, 0);
-  EXPECT_EQ(a.call(&Counter::node).get(10s), info.bundle_nodes[0]);
-  EXPECT_EQ(b.call(&Counter::node).get(10s), info.bundle_nodes[1]);
+  EXPECT_EQ(a.call(&Counter::node).get(kWaitBound), info.bundle_nodes[0]);
+  EXPECT_EQ(b.call(&Counter::node).get(kWaitBound), info.bundle_nodes[1]);
 }
 
 TEST_F(ClusterTest, UnsatisfiableRequestsStayPendingAndAreReported) {
@@ -269,50 +271,50 @@ TEST_F(ClusterTest, UnsatisfiableRequestsStayPendingAndAreReported) {
   EXPECT_TRUE(found);
   // A node that has the resource makes it run.
   cluster_.add_node({{"CPU", 1}, {"GPU", 1}});
-  EXPECT_TRUE(g.wait_ready(10s));
-  EXPECT_EQ(g.call(&Counter::add, 2).get(10s), 2);
+  EXPECT_TRUE(g.wait_ready(kWaitBound));
+  EXPECT_EQ(g.call(&Counter::add, 2).get(kWaitBound), 2);
 }
 
 TEST_F(ClusterTest, KilledWorkerRestartsThenDiesWhenRestartsRunOut) {
   auto c = rt_.spawn<Counter>({.max_restarts = 1}, 10);
-  EXPECT_EQ(c.call(&Counter::add, 5).get(10s), 15);
-  int pid1 = c.call(&Counter::pid).get(10s);
+  EXPECT_EQ(c.call(&Counter::add, 5).get(kWaitBound), 15);
+  int pid1 = c.call(&Counter::pid).get(kWaitBound);
   auto in_flight = c.call(&Counter::busy, 5000);
   ASSERT_EQ(::kill(pid1, SIGKILL), 0);
-  EXPECT_THROW(in_flight.get(10s), troupe::ActorDied);
+  EXPECT_THROW(in_flight.get(kWaitBound), troupe::ActorDied);
   ASSERT_TRUE(eventually([&] { return c.info().restarts == 1 && c.info().state == troupe::ActorState::kAlive; }));
   // The constructor ran again with the same arguments.
-  EXPECT_EQ(c.call(&Counter::get).get(10s), 10);
-  int pid2 = c.call(&Counter::pid).get(10s);
+  EXPECT_EQ(c.call(&Counter::get).get(kWaitBound), 10);
+  int pid2 = c.call(&Counter::pid).get(kWaitBound);
   EXPECT_NE(pid1, pid2);
 
   ASSERT_EQ(::kill(pid2, SIGKILL), 0);
   ASSERT_TRUE(eventually([&] { return c.info().state == troupe::ActorState::kDead; }));
   EXPECT_NE(c.info().death_cause.find("signal 9"), std::string::npos) << c.info().death_cause;
-  EXPECT_THROW(c.call(&Counter::get).get(10s), troupe::ActorDied);
+  EXPECT_THROW(c.call(&Counter::get).get(kWaitBound), troupe::ActorDied);
 }
 
 TEST_F(ClusterTest, TaskRetriesResendCallsInFlight) {
   auto c = rt_.spawn<Counter>({.max_restarts = 1, .max_task_retries = 1}, 0);
-  int pid1 = c.call(&Counter::pid).get(10s);
+  int pid1 = c.call(&Counter::pid).get(kWaitBound);
   auto in_flight = c.call(&Counter::busy, 300);
   ASSERT_EQ(::kill(pid1, SIGKILL), 0);
-  int pid2 = in_flight.get(20s);  // ran again on the restarted worker
+  int pid2 = in_flight.get(kWaitBound);  // ran again on the restarted worker
   EXPECT_NE(pid2, pid1);
 }
 
 TEST_F(ClusterTest, KilledNodeAgentMovesItsActorsToTheOtherNode) {
   auto c = rt_.spawn<Counter>({.resources = {{"CPU", 2}}, .max_restarts = 2}, 7);
-  uint64_t first = c.call(&Counter::node).get(10s);
+  uint64_t first = c.call(&Counter::node).get(kWaitBound);
   size_t index = cluster_.node_id(0) == first ? 0 : 1;
-  int worker_pid = c.call(&Counter::pid).get(10s);
+  int worker_pid = c.call(&Counter::pid).get(kWaitBound);
   cluster_.kill_node(index, SIGKILL);
   ASSERT_TRUE(eventually([&] {
     auto i = c.info();
     return i.state == troupe::ActorState::kAlive && i.node_id != first;
   }));
-  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 8);
-  EXPECT_EQ(c.call(&Counter::node).get(10s), cluster_.node_id(1 - index));
+  EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 8);
+  EXPECT_EQ(c.call(&Counter::node).get(kWaitBound), cluster_.node_id(1 - index));
   // The old worker died with its node agent.
   EXPECT_TRUE(eventually([&] { return ::kill(worker_pid, 0) != 0; }));
 }
@@ -324,9 +326,9 @@ TEST(ClusterHeartbeat, SilentNodeIsDeclaredDeadAndItsActorsMove) {
   LocalCluster cluster(o);
   troupe::Runtime rt = cluster.connect();
   auto c = rt.spawn<Counter>({.resources = {{"CPU", 2}}, .max_restarts = 1}, 3);
-  uint64_t first = c.call(&Counter::node).get(10s);
+  uint64_t first = c.call(&Counter::node).get(kWaitBound);
   size_t index = cluster.node_id(0) == first ? 0 : 1;
-  int worker_pid = c.call(&Counter::pid).get(10s);
+  int worker_pid = c.call(&Counter::pid).get(kWaitBound);
   // A stopped node agent keeps its connection open but stops heartbeating.
   cluster.kill_node(index, SIGSTOP);
   ASSERT_TRUE(eventually([&] {
@@ -335,7 +337,7 @@ TEST(ClusterHeartbeat, SilentNodeIsDeclaredDeadAndItsActorsMove) {
   }));
   EXPECT_EQ(c.info().restarts, 1);
   EXPECT_NE(c.info().death_cause.find("node"), std::string::npos) << c.info().death_cause;
-  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 4);
+  EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 4);
   // When it wakes up it finds itself declared dead and takes its worker down.
   cluster.kill_node(index, SIGCONT);
   EXPECT_TRUE(eventually([&] { return ::kill(worker_pid, 0) != 0; }));
@@ -345,7 +347,7 @@ TEST_F(ClusterTest, FaultInjectorKillsAndStallsOnCue) {
   auto c = rt_.spawn<Counter>({.max_restarts = 2}, 0);
   c.wait_ready();
   troupe::testing::FaultInjector faults(rt_);
-  int pid1 = c.call(&Counter::pid).get(10s);
+  int pid1 = c.call(&Counter::pid).get(kWaitBound);
   faults.at_step(3, [&] { faults.kill_actor(c.id()); });
   for (int step = 0; step < 3; ++step) faults.on_step(step);
   EXPECT_EQ(::kill(pid1, 0), 0);  // not yet
@@ -354,7 +356,7 @@ TEST_F(ClusterTest, FaultInjectorKillsAndStallsOnCue) {
   // A stalled worker answers late but answers.
   faults.stall_actor(c.id(), 300ms);
   auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 1);
+  EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 1);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
   ASSERT_EQ(faults.faults().size(), 2u);
   EXPECT_NE(faults.faults()[0].what.find("SIGKILL actor"), std::string::npos);
@@ -364,12 +366,12 @@ TEST_F(ClusterTest, NamedActorsAreFoundByName) {
   auto c = rt_.spawn<Counter>({.name = "global-counter"}, 100);
   auto same = rt_.get_actor<Counter>("global-counter");
   EXPECT_EQ(same.id(), c.id());
-  EXPECT_EQ(same.call(&Counter::add, 1).get(10s), 101);
+  EXPECT_EQ(same.call(&Counter::add, 1).get(kWaitBound), 101);
   EXPECT_THROW(rt_.get_actor<Counter>("no-such-actor"), troupe::ConfigError);
   EXPECT_THROW(rt_.spawn<Counter>({.name = "global-counter"}, 0), troupe::ConfigError);
   // Another driver sees it too.
   troupe::Runtime other = cluster_.connect();
-  EXPECT_EQ(other.get_actor<Counter>("global-counter").call(&Counter::get).get(10s), 101);
+  EXPECT_EQ(other.get_actor<Counter>("global-counter").call(&Counter::get).get(kWaitBound), 101);
 }
 
 TEST_F(ClusterTest, FuturesCanBeArguments) {
@@ -377,9 +379,9 @@ TEST_F(ClusterTest, FuturesCanBeArguments) {
   auto b = rt_.spawn<Counter>({}, 100);
   auto fa = a.call(&Counter::add, 1);   // 2
   auto fb = b.call(&Counter::add, fa);  // 102
-  EXPECT_EQ(fb.get(10s), 102);
+  EXPECT_EQ(fb.get(kWaitBound), 102);
   std::vector<troupe::Future<int>> fs{a.call(&Counter::busy, 2000), b.call(&Counter::add, 0)};
-  EXPECT_EQ(troupe::wait_any(fs, 10s), 1u);
+  EXPECT_EQ(troupe::wait_any(fs, kWaitBound), 1u);
   troupe::wait_all(fs);
   EXPECT_TRUE(fs[0].ready());
 }
@@ -393,12 +395,12 @@ TEST_F(ClusterTest, WrongTokenIsRefused) {
   EXPECT_FALSE(raw.handshake("still-wrong"));
   // The cluster keeps serving.
   auto c = rt_.spawn<Counter>({}, 1);
-  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 2);
+  EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 2);
 }
 
 TEST_F(ClusterTest, MalformedAndOversizedFramesCloseOnlyThatConnection) {
   auto c = rt_.spawn<Counter>({}, 0);
-  ASSERT_EQ(c.call(&Counter::add, 1).get(10s), 1);
+  ASSERT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 1);
   std::string worker = c.info().address;
   for (const std::string& target : {cluster_.address(), worker}) {
     {
@@ -428,10 +430,10 @@ TEST_F(ClusterTest, MalformedAndOversizedFramesCloseOnlyThatConnection) {
     }
   }
   // Every process keeps working.
-  EXPECT_EQ(c.call(&Counter::add, 1).get(10s), 2);
+  EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 2);
   EXPECT_EQ(c.info().state, troupe::ActorState::kAlive);
   auto d = rt_.spawn<Counter>({}, 0);
-  EXPECT_EQ(d.call(&Counter::add, 3).get(10s), 3);
+  EXPECT_EQ(d.call(&Counter::add, 3).get(kWaitBound), 3);
 }
 
 TEST_F(ClusterTest, NodesAndClusterResourcesMatchTheLocalCluster) {
@@ -446,7 +448,7 @@ TEST_F(ClusterTest, NodesAndClusterResourcesMatchTheLocalCluster) {
   }
   EXPECT_EQ(rt_.cluster_resources().at("CPU"), 4);
   auto c = rt_.spawn<Counter>({.resources = {{"CPU", 1.5}}}, 0);
-  ASSERT_TRUE(c.wait_ready(10s));
+  ASSERT_TRUE(c.wait_ready(kWaitBound));
   EXPECT_DOUBLE_EQ(rt_.available_resources().at("CPU"), 2.5);
   EXPECT_EQ(rt_.cluster_resources().at("CPU"), 4);
   double used_on_its_node = 0;

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <thread>
 
-#include "tests/runtime/test_util.h"
+#include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/testing/local_cluster.h"
@@ -23,6 +23,7 @@
 extern char** environ;
 
 using namespace std::chrono_literals;
+using troupe::test::kWaitBound;
 
 class GhostProbe {
  public:
@@ -44,12 +45,12 @@ TEST(GhostDriverRole, Serve) {
   o.token = std::getenv("TROUPE_TEST_DRIVER_TOKEN");
   troupe::Runtime rt = troupe::Runtime::connect(o);
   auto pg = rt.create_placement_group({{{"CPU", 1}}}, troupe::PlacementStrategy::kPack);
-  ASSERT_TRUE(pg.wait(20s));
+  ASSERT_TRUE(pg.wait(kWaitBound));
   auto in_group = rt.spawn<GhostProbe>(
       {.resources = {{"CPU", 1}}, .name = "ghost-in-group", .max_restarts = 3, .placement_group = &pg});
   auto free = rt.spawn<GhostProbe>({.resources = {{"CPU", 1}}, .name = "ghost-free"});
-  ASSERT_TRUE(in_group.wait_ready(20s));
-  ASSERT_TRUE(free.wait_ready(20s));
+  ASSERT_TRUE(in_group.wait_ready(kWaitBound));
+  ASSERT_TRUE(free.wait_ready(kWaitBound));
   std::printf("READY %llu %llu\n", (unsigned long long)in_group.id(), (unsigned long long)free.id());
   std::fflush(stdout);
   std::this_thread::sleep_for(60s);  // until SIGKILLed (bounded all the same)
@@ -152,21 +153,26 @@ TEST_P(GhostActors, KilledDriverAndAgentLeaveNoAliveActorWithADeadPid) {
   if (GetParam() == Order::kAgentThenDriver) {
     cluster.kill_node(node_index, SIGKILL);
     // The actor in the group restarts elsewhere once its group is placed again.
-    ASSERT_TRUE(eventually([&] { return ::kill(pid_in_group, 0) != 0; }, 20s));
-    ASSERT_TRUE(eventually([&] { return no_ghosts(rt, {}); }, 20s));
+    ASSERT_TRUE(eventually([&] { return ::kill(pid_in_group, 0) != 0; }, kWaitBound));
+    ASSERT_TRUE(eventually([&] { return no_ghosts(rt, {}); }, kWaitBound));
   }
   driver.kill9();
   if (GetParam() == Order::kDriverThenAgent) cluster.kill_node(node_index, SIGKILL);
 
-  EXPECT_TRUE(eventually([&] { return no_ghosts(rt, {driver.in_group, driver.free}); }, 30s)) << rt.status_json();
-  EXPECT_TRUE(eventually([&] { return ::kill(pid_in_group, 0) != 0 && ::kill(pid_free, 0) != 0; }, 20s));
+  EXPECT_TRUE(eventually(
+      [&] {
+        return no_ghosts(rt, {driver.in_group, driver.free});
+      },
+      kWaitBound))
+      << rt.status_json();
+  EXPECT_TRUE(eventually([&] { return ::kill(pid_in_group, 0) != 0 && ::kill(pid_free, 0) != 0; }, kWaitBound));
   EXPECT_NE(rt.actor_info(driver.in_group).death_cause.find("driver exited"), std::string::npos)
       << rt.actor_info(driver.in_group).death_cause;
   // The names are free again.
   EXPECT_THROW(rt.get_actor<GhostProbe>("ghost-in-group"), troupe::ConfigError);
   EXPECT_THROW(rt.get_actor<GhostProbe>("ghost-free"), troupe::ConfigError);
   auto again = rt.spawn<GhostProbe>({.name = "ghost-in-group"});
-  EXPECT_GT(again.call(&GhostProbe::pid).get(20s), 0);
+  EXPECT_GT(again.call(&GhostProbe::pid).get(kWaitBound), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Orders, GhostActors,
@@ -188,11 +194,11 @@ TEST(GhostActorsNormalEnd, RemovedGroupsActorsAreDeadOnceTheirWorkersExit) {
   LocalCluster cluster({.nodes = {{{"CPU", 2}}}});
   troupe::Runtime rt = cluster.connect();
   auto pg = rt.create_placement_group({{{"CPU", 1}}}, troupe::PlacementStrategy::kPack);
-  ASSERT_TRUE(pg.wait(20s));
+  ASSERT_TRUE(pg.wait(kWaitBound));
   auto a = rt.spawn<GhostProbe>({.resources = {{"CPU", 1}}, .name = "in-removed-group", .placement_group = &pg});
-  int pid = a.call(&GhostProbe::pid).get(20s);
+  int pid = a.call(&GhostProbe::pid).get(kWaitBound);
   rt.remove_placement_group(pg);
-  EXPECT_TRUE(eventually([&] { return no_ghosts(rt, {a.id()}); }, 20s)) << rt.status_json();
+  EXPECT_TRUE(eventually([&] { return no_ghosts(rt, {a.id()}); }, kWaitBound)) << rt.status_json();
   EXPECT_TRUE(eventually([&] { return ::kill(pid, 0) != 0; }));
   EXPECT_NE(a.info().death_cause.find("placement group was removed"), std::string::npos) << a.info().death_cause;
   EXPECT_EQ(rt.nodes().at(0).available.at("CPU"), 2);

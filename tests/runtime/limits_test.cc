@@ -16,7 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tests/runtime/test_util.h"
+#include "tests/support/raw_client.h"
+#include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/stream.h"
 #include "troupe/runtime/testing/local_cluster.h"
@@ -24,6 +25,7 @@
 #include "troupe/runtime/wire/protocol.h"
 
 using namespace std::chrono_literals;
+using troupe::test::kWaitBound;
 
 class Holder {
  public:
@@ -166,7 +168,7 @@ void storm_against(pid_t target, const std::string& address, const std::function
         storm.dribble();
         return storm.open_count() == 0;
       },
-      60s))
+      kWaitBound))
       << storm.open_count() << " of " << storm.size() << " unauthenticated connections still open";
   serves();
   EXPECT_LT(proc_kb(target, "VmRSS") - before, kStormBoundKb);
@@ -203,20 +205,20 @@ TEST_F(LimitsTest, HeadSurvivesIdleAndDribblingConnections) {
 
 TEST_F(LimitsTest, WorkerSurvivesIdleAndDribblingConnections) {
   auto h = rt_.spawn<Holder>({});
-  pid_t pid = h.call(&Holder::pid).get(30s);
+  pid_t pid = h.call(&Holder::pid).get(kWaitBound);
   std::string address = address_of(h.id());
   ASSERT_FALSE(address.empty());
-  storm_against(pid, address, [&] { EXPECT_EQ(h.call(&Holder::pid).get(30s), pid); });
+  storm_against(pid, address, [&] { EXPECT_EQ(h.call(&Holder::pid).get(kWaitBound), pid); });
 }
 
 TEST_F(LimitsTest, StreamListenerSurvivesIdleAndDribblingConnections) {
   auto h = rt_.spawn<Holder>({});
-  pid_t pid = h.call(&Holder::pid).get(30s);
+  pid_t pid = h.call(&Holder::pid).get(kWaitBound);
   // A fresh stream each time: a reader whose writer has gone reports that
   // (racing the next writer's items), so streams are not reused. Every
   // stream of the process has the same listener address.
   auto open = [&] {
-    std::string ref = h.call(&Holder::open_stream).get(30s);
+    std::string ref = h.call(&Holder::open_stream).get(kWaitBound);
     return troupe::StreamRef{ref.substr(0, ref.find('#')), std::stoull(ref.substr(ref.find('#') + 1))};
   };
   const std::string address = open().address;
@@ -225,7 +227,7 @@ TEST_F(LimitsTest, StreamListenerSurvivesIdleAndDribblingConnections) {
     // A writer still connects and its items arrive.
     troupe::StreamWriter<int> w(rt_, open());
     w.write(++next);
-    EXPECT_EQ(h.call(&Holder::read_one).get(30s), next);
+    EXPECT_EQ(h.call(&Holder::read_one).get(kWaitBound), next);
   });
 }
 
@@ -282,7 +284,7 @@ TEST_F(LimitsTest, HugeFrameAnnouncementsDoNotGrowTheHeadOrWorker) {
   ASSERT_TRUE(too_big.handshake(cluster_.token()));
   auto h64 = header_only(64u << 20);
   too_big.write(h64.data(), h64.size());
-  EXPECT_TRUE(too_big.closed_by_peer(10s));
+  EXPECT_TRUE(too_big.closed_by_peer(kWaitBound));
   // Within them (12 MiB each), announced and never sent: nothing committed.
   std::vector<std::unique_ptr<RawClient>> stalled;
   for (int i = 0; i < 20; ++i) {
@@ -297,7 +299,7 @@ TEST_F(LimitsTest, HugeFrameAnnouncementsDoNotGrowTheHeadOrWorker) {
 
   // A worker: a call announcing a ~4 GiB attachment, a few bytes sent.
   auto h = rt_.spawn<Holder>({});
-  pid_t worker = h.call(&Holder::pid).get(30s);
+  pid_t worker = h.call(&Holder::pid).get(kWaitBound);
   std::string address = address_of(h.id());
   long vm_before = proc_kb(worker, "VmSize");
   long rss_before = proc_kb(worker, "VmRSS");
@@ -316,7 +318,7 @@ TEST_F(LimitsTest, HugeFrameAnnouncementsDoNotGrowTheHeadOrWorker) {
     announcers.back()->write(f.head.data(), f.head.size());
     announcers.back()->write(some.data(), some.size());
   }
-  EXPECT_EQ(h.call(&Holder::pid).get(30s), worker);
+  EXPECT_EQ(h.call(&Holder::pid).get(kWaitBound), worker);
   EXPECT_FALSE(eventually([&] { return proc_kb(worker, "VmSize") - vm_before >= (1l << 20); }, 3s))
       << "4 × 4 GiB announced: address space reserved";
   EXPECT_LT(proc_kb(worker, "VmRSS") - rss_before, 48l << 10);
@@ -374,7 +376,7 @@ TEST(ConnectionLimits, PeerThatDoesNotReadIsDroppedPastTheWriteBound) {
   m.body = std::string(64 << 10, 'x');
   auto done = closed.get_future();
   for (int i = 0; i < 4000 && done.wait_for(0s) != std::future_status::ready; ++i) server->send(m);
-  ASSERT_EQ(done.wait_for(30s), std::future_status::ready);
+  ASSERT_EQ(done.wait_for(kWaitBound), std::future_status::ready);
   std::string why = done.get();
   EXPECT_NE(why.find("does not read"), std::string::npos) << why;
   EXPECT_NE(why.find(std::to_string(1 << 20)), std::string::npos) << why;

@@ -12,7 +12,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "tests/runtime/test_util.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/process.h"

@@ -4,11 +4,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "tests/support/wait.h"
 #include "troupe/runtime/client/stream.h"
 #include "troupe/runtime/testing/local_cluster.h"
-#include "tests/runtime/test_util.h"
 
 using namespace std::chrono_literals;
+using troupe::test::kWaitBound;
 
 struct Item {
   int64_t seq = 0;
@@ -69,14 +70,14 @@ TEST_F(StreamTest, DeliversInOrderAndEnds) {
   auto p = rt_.spawn<Producer>({});
   auto done = p.call(&Producer::produce, r.ref(), 500, 100000);  // 100 kB items: attachments
   for (int i = 0; i < 500; ++i) {
-    auto item = r.read(10s);
+    auto item = r.read(kWaitBound);
     ASSERT_TRUE(item.has_value());
     ASSERT_EQ(item->seq, i);
     ASSERT_EQ(item->payload.size(), 100000u);
     ASSERT_EQ(static_cast<char>(item->payload.data()[99999]), char('a' + i % 26));
   }
   EXPECT_FALSE(r.read(10s).has_value());
-  EXPECT_LE(done.get(10s), 8);
+  EXPECT_LE(done.get(kWaitBound), 8);
 }
 
 TEST_F(StreamTest, SlowReaderBoundsWhatTheWriterHasInFlight) {
@@ -89,13 +90,14 @@ TEST_F(StreamTest, SlowReaderBoundsWhatTheWriterHasInFlight) {
     // Credit goes back in halves of the window: after every second read the
     // writer may refill it completely. Let it, before reading on.
     if (i % (credits / 2) == 0) {
-      ASSERT_TRUE(eventually([&] { return r.buffered() >= static_cast<size_t>(std::min(credits, 200 - i)); }, 10s));
+      ASSERT_TRUE(
+          eventually([&] { return r.buffered() >= static_cast<size_t>(std::min(credits, 200 - i)); }, kWaitBound));
     }
     max_buffered = std::max(max_buffered, r.buffered());
-    ASSERT_EQ(r.read(10s)->seq, i);
+    ASSERT_EQ(r.read(kWaitBound)->seq, i);
   }
   EXPECT_FALSE(r.read(10s).has_value());
-  int64_t max_in_flight = done.get(10s);
+  int64_t max_in_flight = done.get(kWaitBound);
   std::printf("[measured] credits %d: writer max in flight %lld, reader max buffered %zu\n", credits,
               static_cast<long long>(max_in_flight), max_buffered);
   EXPECT_LE(max_in_flight, credits);
@@ -105,12 +107,12 @@ TEST_F(StreamTest, SlowReaderBoundsWhatTheWriterHasInFlight) {
 TEST_F(StreamTest, WriterKilledGivesReaderAClearError) {
   troupe::StreamReader<Item> r(rt_, 4);
   auto p = rt_.spawn<Producer>({});
-  int pid = p.call(&Producer::pid).get(10s);
+  int pid = p.call(&Producer::pid).get(kWaitBound);
   auto f = p.call(&Producer::produce_until_error, r.ref());
-  ASSERT_TRUE(r.read(10s).has_value());
+  ASSERT_TRUE(r.read(kWaitBound).has_value());
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   try {
-    for (;;) r.read(10s);
+    for (;;) r.read(kWaitBound);
   } catch (const troupe::StreamError& e) {
     EXPECT_NE(std::string(e.what()).find("writer disconnected"), std::string::npos) << e.what();
   }
@@ -119,11 +121,11 @@ TEST_F(StreamTest, WriterKilledGivesReaderAClearError) {
 TEST_F(StreamTest, ReaderKilledStopsTheWriter) {
   auto c = rt_.spawn<Consumer>({});
   auto p = rt_.spawn<Producer>({});
-  auto ref = c.call(&Consumer::open, 4).get(10s);
+  auto ref = c.call(&Consumer::open, 4).get(kWaitBound);
   auto f = p.call(&Producer::produce_until_error, ref);
-  EXPECT_EQ(c.call(&Consumer::read_one).get(10s), 0);
-  ASSERT_EQ(::kill(c.call(&Consumer::pid).get(10s), SIGKILL), 0);
-  std::string error = f.get(10s);  // the producer returns: its buffers are freed
+  EXPECT_EQ(c.call(&Consumer::read_one).get(kWaitBound), 0);
+  ASSERT_EQ(::kill(c.call(&Consumer::pid).get(kWaitBound), SIGKILL), 0);
+  std::string error = f.get(kWaitBound);  // the producer returns: its buffers are freed
   EXPECT_NE(error.find("reader disconnected"), std::string::npos) << error;
 }
 

@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "tests/support/temp_dir.h"
+#include "tests/support/train_jobs.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/train_job.h"
@@ -41,25 +42,10 @@ size_t node_index(const troupe::testing::LocalCluster& c, uint64_t node_id) {
 }
 
 TrainJobConfig job(int64_t workers, int64_t batch, int64_t size) {
-  TrainJobConfig c;
-  c.name = "elastic";
-  c.scaling.num_workers = workers;
-  c.trainer.model.name = "mlp";
-  c.trainer.model.input_dim = 16;
-  c.trainer.model.hidden = 32;
-  c.trainer.model.num_classes = 4;
-  c.trainer.data = actors::DatasetSpec("synthetic_classification")
-                       .set("size", size)
-                       .set("num_features", 16)
-                       .set("num_classes", 4)
-                       .set("seed", 5);
-  c.trainer.batch_size = batch;
-  c.trainer.seed = 42;
+  TrainJobConfig c = troupe::test::small_mlp_job("elastic", workers, batch, size);
   c.trainer.optimizer.name = "adamw";
   c.trainer.optimizer.lr = 0.01;
   c.epochs = 2;
-  c.evaluate = false;
-  c.verbose = false;
   c.progress_every_steps = 2;
   c.failure.max_failures = 4;
   c.failure.replacement_timeout = 3s;

@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include "tests/support/wait.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/kv_store.h"
@@ -21,6 +22,7 @@ namespace {
 using namespace std::chrono_literals;
 using collective::GlooGroup;
 using collective::ReduceOp;
+using troupe::test::kWaitBound;
 
 std::unique_ptr<GlooGroup> single(KvStore& kv, const std::string& name) {
   collective::GlooGroupOptions opts;
@@ -96,13 +98,13 @@ TEST(TensorCollectivesTest, WorldSizeOneLeavesDataInPlace) {
   MemoryKvStore kv;
   auto g = single(kv, "one");
   auto t = torch::arange(10, torch::kFloat32);
-  allreduce(*g, t, {.op = ReduceOp::kAvg})->wait(10s);
+  allreduce(*g, t, {.op = ReduceOp::kAvg})->wait(kWaitBound);
   EXPECT_TRUE(torch::equal(t, torch::arange(10, torch::kFloat32)));
   auto out = torch::zeros({2, 5}, torch::kInt64);
-  allgather(*g, torch::arange(10, torch::kInt64), out)->wait(10s);
+  allgather(*g, torch::arange(10, torch::kInt64), out)->wait(kWaitBound);
   EXPECT_TRUE(torch::equal(out.flatten(), torch::arange(10, torch::kInt64)));
   auto part = torch::zeros({10}, torch::kFloat64);
-  reduce_scatter(*g, torch::ones({10}, torch::kFloat64), part)->wait(10s);
+  reduce_scatter(*g, torch::ones({10}, torch::kFloat64), part)->wait(kWaitBound);
   EXPECT_TRUE(torch::equal(part, torch::ones({10}, torch::kFloat64)));
   DeviceGroups groups{.cpu = std::move(g)};
   EXPECT_EQ(&groups.for_tensor(t), groups.cpu.get());
@@ -118,32 +120,32 @@ TEST(TensorCollectivesTest, TwoMembersMoveTensors) {
     auto g = GlooGroup::create(kv, "pair", 1, rank, 2, opts);
 
     auto sum = torch::full({1000}, rank + 1.0, torch::kFloat32);
-    allreduce(*g, sum)->wait(20s);
+    allreduce(*g, sum)->wait(kWaitBound);
     EXPECT_TRUE(torch::allclose(sum, torch::full({1000}, 3.0, torch::kFloat32)));
 
     auto half = torch::full({7}, rank + 1.0, torch::kBFloat16);
-    allreduce(*g, half, {.op = ReduceOp::kMax})->wait(20s);
+    allreduce(*g, half, {.op = ReduceOp::kMax})->wait(kWaitBound);
     EXPECT_TRUE(torch::equal(half, torch::full({7}, 2.0, torch::kBFloat16)));
 
     auto b = torch::full({3, 3}, static_cast<int64_t>(rank * 10), torch::kInt64);
-    broadcast(*g, b, 1)->wait(20s);
+    broadcast(*g, b, 1)->wait(kWaitBound);
     EXPECT_TRUE(torch::equal(b, torch::full({3, 3}, int64_t{10}, torch::kInt64)));
 
     auto gathered = torch::empty({2, 4}, torch::kInt32);
-    allgather(*g, torch::full({4}, rank, torch::kInt32), gathered)->wait(20s);
+    allgather(*g, torch::full({4}, rank, torch::kInt32), gathered)->wait(kWaitBound);
     EXPECT_TRUE(torch::equal(gathered[0], torch::zeros({4}, torch::kInt32)));
     EXPECT_TRUE(torch::equal(gathered[1], torch::ones({4}, torch::kInt32)));
 
     auto part = torch::empty({3}, torch::kFloat64);
-    reduce_scatter(*g, torch::arange(6, torch::kFloat64), part)->wait(20s);
+    reduce_scatter(*g, torch::arange(6, torch::kFloat64), part)->wait(kWaitBound);
     EXPECT_TRUE(torch::equal(part, torch::arange(6, torch::kFloat64).slice(0, rank * 3, rank * 3 + 3) * 2));
 
     auto mine = torch::full({5}, rank + 100.0, torch::kFloat16);
     auto theirs = torch::empty({5}, torch::kFloat16);
     auto sent = send(*g, mine, 1 - rank);
     auto got = recv(*g, theirs, 1 - rank);
-    sent->wait(20s);
-    got->wait(20s);
+    sent->wait(kWaitBound);
+    got->wait(kWaitBound);
     EXPECT_TRUE(torch::equal(theirs, torch::full({5}, (1 - rank) + 100.0, torch::kFloat16)));
   };
   auto other = std::async(std::launch::async, member, 1);

@@ -15,12 +15,14 @@
 #include <torch/torch.h>
 
 #include "tests/support/temp_dir.h"
+#include "tests/support/train_jobs.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/train_job.h"
 
 using namespace std::chrono_literals;
+using troupe::test::kWaitBound;
 using namespace troupe;
 using namespace troupe::trainer;
 namespace fs = std::filesystem;
@@ -46,24 +48,8 @@ using troupe::test::eventually;
 using troupe::test::fresh_dir;
 
 TrainJobConfig small_job(int64_t workers, int64_t batch) {
-  TrainJobConfig c;
-  c.name = "test";
-  c.scaling.num_workers = workers;
-  c.trainer.model.name = "mlp";
-  c.trainer.model.input_dim = 16;
-  c.trainer.model.hidden = 32;
-  c.trainer.model.num_classes = 4;
-  c.trainer.data = actors::DatasetSpec("synthetic_classification")
-                       .set("size", 256)
-                       .set("num_features", 16)
-                       .set("num_classes", 4)
-                       .set("seed", 5);
-  c.trainer.batch_size = batch;
-  c.trainer.seed = 42;
+  TrainJobConfig c = troupe::test::small_mlp_job("test", workers, batch, 256);
   c.trainer.optimizer.lr = 0.05;
-  c.epochs = 1;
-  c.evaluate = false;
-  c.verbose = false;
   return c;
 }
 
@@ -221,7 +207,7 @@ TEST_F(TrainJobTest, PeriodicCheckpointsAndMetrics) {
 TEST_F(TrainJobTest, HalfWrittenCheckpointIsNeverLatest) {
   auto dir = fresh_dir("killed");
   auto w = rt_.spawn<CheckpointLoop>({});
-  auto pid = w.call(&CheckpointLoop::pid).get(30s);
+  auto pid = w.call(&CheckpointLoop::pid).get(kWaitBound);
   auto f = w.call(&CheckpointLoop::write_forever, dir.string());
   // Kill it while a temporary directory exists and at least one checkpoint
   // is complete.
@@ -234,7 +220,7 @@ TEST_F(TrainJobTest, HalfWrittenCheckpointIsNeverLatest) {
       },
       60s));
   ASSERT_EQ(::kill(static_cast<pid_t>(pid), SIGKILL), 0);
-  EXPECT_THROW(f.get(30s), ActorDied);
+  EXPECT_THROW(f.get(kWaitBound), ActorDied);
   auto latest = latest_checkpoint(dir.string());
   ASSERT_TRUE(latest.has_value());
   EXPECT_NO_THROW(load_checkpoint(latest->path));

@@ -1,16 +1,15 @@
-#include "tests/collective/process_harness.h"
+#include "tests/support/rank_processes.h"
 
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <filesystem>
 #include <thread>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
-namespace troupe::collective::testing {
+namespace troupe::test {
 
 RankProcesses::RankProcesses(int world_size, const std::function<void(int)>& body) {
   std::fflush(stdout);
@@ -92,20 +91,6 @@ std::vector<RankExit> RankProcesses::wait_all(std::chrono::milliseconds timeout)
   return exits_;
 }
 
-std::string make_temp_dir(const std::string& tag) {
-  std::string templ = (std::filesystem::temp_directory_path() / ("troupe-" + tag + "-XXXXXX")).string();
-  if (::mkdtemp(templ.data()) == nullptr) {
-    std::perror("mkdtemp");
-    std::abort();
-  }
-  return templ;
-}
-
-void remove_dir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-}
-
 int64_t monotonic_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -118,4 +103,4 @@ std::string describe(const RankExit& e) {
   return s + "killed by signal " + std::to_string(e.signal);
 }
 
-}  // namespace troupe::collective::testing
+}  // namespace troupe::test

@@ -1,5 +1,6 @@
-// Helpers shared by runtime tests: bounded polling and a raw client that
-// speaks the handshake by hand so tests can send arbitrary bytes.
+// RawClient: a blocking TCP client for tests that speaks troupe's
+// handshake by hand and then sends arbitrary bytes (bad frames, floods,
+// half-written messages) to a head, node agent or worker.
 #pragma once
 
 #include <asio.hpp>
@@ -53,7 +54,7 @@ class RawClient {
     socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
   }
   // True when the peer closes the connection within `timeout`.
-  bool closed_by_peer(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  bool closed_by_peer(std::chrono::milliseconds timeout = kWaitBound) {
     socket_.non_blocking(true);
     auto deadline = std::chrono::steady_clock::now() + timeout;
     char buf[256];

@@ -6,13 +6,14 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <sys/types.h>
 
-namespace troupe::collective::testing {
+namespace troupe::test {
 
 struct RankExit {
   int rank = 0;
@@ -42,13 +43,9 @@ class RankProcesses {
   std::vector<bool> reaped_;
 };
 
-// A fresh temporary directory (for FileKvStore), removed by the caller.
-std::string make_temp_dir(const std::string& tag);
-void remove_dir(const std::string& dir);
-
 // steady_clock is CLOCK_MONOTONIC on Linux: comparable across processes.
 int64_t monotonic_ms();
 
 std::string describe(const RankExit& e);
 
-}  // namespace troupe::collective::testing
+}  // namespace troupe::test
