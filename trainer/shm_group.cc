@@ -41,7 +41,7 @@ struct ShmGroup::Header {
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-std::unique_ptr<ShmGroup> ShmGroup::create(std::shared_ptr<collective::Group> inner, size_t arena_bytes,
+std::unique_ptr<ShmGroup> ShmGroup::create(std::unique_ptr<collective::Group>& inner, size_t arena_bytes,
                                            std::chrono::milliseconds timeout) {
   TROUPE_CHECK(inner);
   arena_bytes = (arena_bytes + kAlign - 1) / kAlign * kAlign;
@@ -88,7 +88,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(std::shared_ptr<collective::Group> in
   return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(inner), base, total, arena_bytes, timeout));
 }
 
-ShmGroup::ShmGroup(std::shared_ptr<collective::Group> inner, void* base, size_t total, size_t arena,
+ShmGroup::ShmGroup(std::unique_ptr<collective::Group> inner, void* base, size_t total, size_t arena,
                    std::chrono::milliseconds timeout)
     : inner_(std::move(inner)), base_(base), total_(total), arena_bytes_(arena), timeout_(timeout) {}
 

@@ -26,9 +26,10 @@ namespace troupe::trainer {
 class ShmGroup final : public collective::Group {
  public:
   // Collective over `inner`: rank 0 creates the segment, the others map it
-  // after a barrier. `arena_bytes` per rank. Throws troupe::Error when
-  // shared memory is not available.
-  static std::unique_ptr<ShmGroup> create(std::shared_ptr<collective::Group> inner, size_t arena_bytes,
+  // after a barrier. `arena_bytes` per rank. On success the ShmGroup takes
+  // `inner` over (it is left null); when shared memory is not available it
+  // throws troupe::Error and `inner` stays with the caller, usable as it was.
+  static std::unique_ptr<ShmGroup> create(std::unique_ptr<collective::Group>& inner, size_t arena_bytes,
                                           std::chrono::milliseconds timeout);
   ~ShmGroup() override;
 
@@ -71,12 +72,12 @@ class ShmGroup final : public collective::Group {
 
  private:
   struct Header;
-  ShmGroup(std::shared_ptr<collective::Group> inner, void* base, size_t total, size_t arena,
+  ShmGroup(std::unique_ptr<collective::Group> inner, void* base, size_t total, size_t arena,
            std::chrono::milliseconds timeout);
   void wait_barrier(std::chrono::milliseconds timeout);
   std::byte* arena(int r) const;
 
-  std::shared_ptr<collective::Group> inner_;
+  std::unique_ptr<collective::Group> inner_;
   void* base_;
   size_t total_;
   size_t arena_bytes_;

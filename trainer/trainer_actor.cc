@@ -182,9 +182,9 @@ void TrainerActor::join(JoinSpec spec) {
     size_t arena = 0;
     for (auto& p : model_->parameters()) arena += static_cast<size_t>(p.numel() * p.element_size()) + 64;
     try {
-      auto shm = ShmGroup::create(group_, arena, std::chrono::minutes(5));
+      auto shm = ShmGroup::create(group_, arena, std::chrono::minutes(5));  // takes group_ over
       shm_ = shm.get();
-      group_ = std::shared_ptr<collective::Group>(std::move(shm));
+      group_ = std::move(shm);
       ro.allocate = [s = shm_](size_t bytes) { return s->allocate(bytes); };
     } catch (const Aborted&) {
       throw;

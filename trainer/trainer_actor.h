@@ -243,8 +243,8 @@ class TrainerActor {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<actors::Dataset> dataset_;
   std::vector<int64_t> split_;
-  std::shared_ptr<collective::Group> group_;
-  ShmGroup* shm_ = nullptr;  // group_ itself when it is one
+  std::unique_ptr<collective::Group> group_;  // the joined group, or a ShmGroup that owns it
+  ShmGroup* shm_ = nullptr;                   // group_ itself when it is one
   std::unique_ptr<GradientReducer> reducer_;
   // The current batch stream, shared with the InterruptBatches handler
   // (which runs on the worker's I/O thread). Replaced only by the call

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -35,20 +36,80 @@ constexpr milliseconds kWatchedErrorGrace{1200};
 
 class GroupTable;
 
+// How the runtime's abort paths reach a joined group that its caller owns
+// alone: a pointer to the backend group that is valid while the caller's
+// JoinedGroup lives. An abort pins it for the duration of the call; the
+// JoinedGroup's destructor clears it and waits for running aborts, so no
+// abort ever touches a destroyed group. Shared between the JoinedGroup, the
+// group table and the member watch (bookkeeping only: none of them owns
+// the group).
+class Membership {
+ public:
+  explicit Membership(Group* group) : group_(group) {}
+
+  // Runs group->abort(reason) unless the group is gone; true when it ran.
+  bool abort(const std::string& reason) {
+    Group* group = pin();
+    if (!group) return false;
+    try {
+      group->abort(reason);
+    } catch (const std::exception& e) {
+      TROUPE_LOG_WARN("aborting collective group '{}' failed: {}", group->name(), e.what());
+    } catch (...) {
+      TROUPE_LOG_WARN("aborting collective group '{}' failed", group->name());
+    }
+    unpin();
+    return true;
+  }
+  // True when the group is alive and called `name`, of `generation` (or of
+  // any generation when it is negative).
+  bool matches(const std::string& name, int64_t generation) {
+    std::lock_guard lock(mu_);
+    return group_ && group_->name() == name && (generation < 0 || group_->generation() == generation);
+  }
+  bool retired() {
+    std::lock_guard lock(mu_);
+    return group_ == nullptr;
+  }
+  // The owner is about to destroy the group: no new aborts, and the running
+  // ones finish first.
+  void retire() {
+    std::unique_lock lock(mu_);
+    group_ = nullptr;
+    idle_.wait(lock, [&] { return pins_ == 0; });
+  }
+
+ private:
+  Group* pin() {
+    std::lock_guard lock(mu_);
+    if (group_) ++pins_;
+    return group_;
+  }
+  void unpin() {
+    std::lock_guard lock(mu_);
+    if (--pins_ == 0) idle_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable idle_;
+  Group* group_;
+  int pins_ = 0;
+};
+
 // What one join knows about its members' fate. Shared by the watch
-// callbacks (I/O thread), the rendezvous (actor thread) and the group's
-// deleter.
+// callbacks (I/O thread), the rendezvous (actor thread) and the joined
+// group.
 struct MemberWatch {
   std::mutex mu;
-  std::weak_ptr<Group> group;  // set once the group is formed
-  std::string death;           // the first member death reported, "" = none
+  std::shared_ptr<Membership> membership;  // set once the group is formed
+  std::string death;                       // the first member death reported, "" = none
   std::weak_ptr<GroupTable> table;
 };
 
-// The groups joined in this process, by weak reference: a service of the
-// process's client core (Core::service), which owns it until shutdown. It
-// serves the AbortGroup control message for every group of the process and
-// owns the threads that abort them.
+// The groups joined in this process, through their Membership: a service
+// of the process's client core (Core::service), which owns it until
+// shutdown. It serves the AbortGroup control message for every group of the
+// process and owns the threads that abort them.
 class GroupTable {
  public:
   explicit GroupTable(client::Core& core) {
@@ -60,69 +121,110 @@ class GroupTable {
 
   std::weak_ptr<core::ThreadSet> threads() const { return threads_; }
 
-  void add(const std::shared_ptr<Group>& group) {
+  void add(std::shared_ptr<Membership> membership) {
     std::lock_guard lock(mu_);
     prune_locked();
-    groups_.push_back(group);
+    groups_.push_back(std::move(membership));
   }
 
   // Aborts every live group matching the request; returns how many.
   int32_t abort(const AbortGroup& request) {
-    std::vector<std::shared_ptr<Group>> hit;
+    std::vector<std::shared_ptr<Membership>> hit;
     {
       std::lock_guard lock(mu_);
       prune_locked();
-      for (auto& weak : groups_) {
-        auto g = weak.lock();
-        if (g && g->name() == request.name && (request.generation < 0 || g->generation() == request.generation)) {
-          hit.push_back(std::move(g));
-        }
-      }
+      for (auto& m : groups_)
+        if (m->matches(request.name, request.generation)) hit.push_back(m);
     }
-    for (auto& g : hit) abort_async(g, request.reason);
+    for (auto& m : hit) abort_async(m, request.reason);
     return static_cast<int32_t>(hit.size());
   }
 
-  // Aborts `group` off the calling thread: abort() may wait for the
+  // Aborts the group off the calling thread: abort() may wait for the
   // operation thread to leave the transport (GlooGroupOptions::abort_settle),
   // and the callers here are the I/O thread, which must keep serving the
   // head and other control messages meanwhile.
-  void abort_async(std::shared_ptr<Group> group, std::string reason) {
-    threads_->spawn([group = std::move(group), reason = std::move(reason)] {
-      try {
-        group->abort(reason);
-      } catch (const std::exception& e) {
-        TROUPE_LOG_WARN("aborting collective group '{}' failed: {}", group->name(), e.what());
-      }
-    });
+  void abort_async(std::shared_ptr<Membership> membership, std::string reason) {
+    threads_->spawn([membership = std::move(membership), reason = std::move(reason)] { membership->abort(reason); });
   }
 
  private:
   void prune_locked() {
-    groups_.erase(std::remove_if(groups_.begin(), groups_.end(), [](const auto& w) { return w.expired(); }),
+    groups_.erase(std::remove_if(groups_.begin(), groups_.end(), [](const auto& m) { return m->retired(); }),
                   groups_.end());
   }
 
   std::mutex mu_;
-  std::vector<std::weak_ptr<Group>> groups_;
+  std::vector<std::shared_ptr<Membership>> groups_;
   // Abort threads, and gloo operation threads left behind by aborted
   // groups; last, so they are joined before the rest goes.
   std::shared_ptr<core::ThreadSet> threads_ = std::make_shared<core::ThreadSet>();
 };
 
+// The group join_group() hands out: the caller's unique_ptr is its only
+// owner. It owns the backend group and forwards to it; its destructor
+// retires the Membership first (so the runtime's aborts are done with the
+// backend), then destroys the backend, then lets the member watch go (the
+// watch callbacks hold it weakly and go quiet).
+class JoinedGroup final : public Group {
+ public:
+  JoinedGroup(std::unique_ptr<Group> backend, std::shared_ptr<MemberWatch> watch)
+      : backend_(std::move(backend)),
+        membership_(std::make_shared<Membership>(backend_.get())),
+        watch_(std::move(watch)) {}
+  ~JoinedGroup() override {
+    membership_->retire();
+    backend_.reset();
+  }
+
+  const std::shared_ptr<Membership>& membership() const { return membership_; }
+
+  int rank() const override { return backend_->rank(); }
+  int world_size() const override { return backend_->world_size(); }
+  const std::string& name() const override { return backend_->name(); }
+  int64_t generation() const override { return backend_->generation(); }
+  WorkPtr allreduce(void* data, size_t count, DType dtype, const AllreduceOptions& opts) override {
+    return backend_->allreduce(data, count, dtype, opts);
+  }
+  WorkPtr broadcast(void* data, size_t count, DType dtype, int root, const BroadcastOptions& opts) override {
+    return backend_->broadcast(data, count, dtype, root, opts);
+  }
+  WorkPtr allgather(const void* in, void* out, size_t count, DType dtype, const AllgatherOptions& opts) override {
+    return backend_->allgather(in, out, count, dtype, opts);
+  }
+  WorkPtr reduce_scatter(const void* in, void* out, size_t count_per_rank, DType dtype,
+                         const ReduceScatterOptions& opts) override {
+    return backend_->reduce_scatter(in, out, count_per_rank, dtype, opts);
+  }
+  WorkPtr barrier(const BarrierOptions& opts) override { return backend_->barrier(opts); }
+  WorkPtr send(const void* data, size_t count, DType dtype, int dst, const SendOptions& opts) override {
+    return backend_->send(data, count, dtype, dst, opts);
+  }
+  WorkPtr recv(void* data, size_t count, DType dtype, int src, const RecvOptions& opts) override {
+    return backend_->recv(data, count, dtype, src, opts);
+  }
+  void abort(const std::string& reason) override { backend_->abort(reason); }
+  bool is_aborted() const override { return backend_->is_aborted(); }
+
+ private:
+  std::unique_ptr<Group> backend_;
+  std::shared_ptr<Membership> membership_;
+  std::shared_ptr<MemberWatch> watch_;
+};
+
 // Records a member's death and aborts the group if it is formed. Runs on
 // the I/O thread: only a lock, a string and a thread start.
 void report_death(const std::shared_ptr<MemberWatch>& watch, std::string reason) {
-  std::shared_ptr<Group> group;
+  std::shared_ptr<Membership> membership;
   std::shared_ptr<GroupTable> table;
   {
     std::lock_guard lock(watch->mu);
     if (!watch->death.empty()) return;
     watch->death = reason;
-    group = watch->group.lock();
+    membership = watch->membership;
     table = watch->table.lock();
   }
-  if (group && table) table->abort_async(std::move(group), std::move(reason));
+  if (membership && table) table->abort_async(std::move(membership), std::move(reason));
 }
 
 // The runtime's KV, with waits that give up early when a member dies, so a
@@ -230,9 +332,9 @@ const char* to_string(Backend backend) {
   return "unknown";
 }
 
-std::shared_ptr<Group> join_group(const GroupSpec& spec) { return join_group(this_actor::runtime(), spec); }
+std::unique_ptr<Group> join_group(const GroupSpec& spec) { return join_group(this_actor::runtime(), spec); }
 
-std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
+std::unique_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
   TROUPE_CHECK(!spec.name.empty()) << "a collective group needs a name";
   TROUPE_CHECK(spec.world_size >= 1 && spec.rank >= 0 && spec.rank < spec.world_size)
       << "rank " << spec.rank << " of " << spec.world_size << " in group '" << spec.name << "'";
@@ -275,16 +377,16 @@ std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
                   " failed: " + e.what());
   }
 
-  // The deleter keeps the watch alive exactly as long as the group, so the
+  // The group keeps the watch alive exactly as long as itself, so the
   // callbacks (which hold it weakly) go quiet once the group is destroyed.
-  std::shared_ptr<Group> group(formed.release(), [watch](Group* g) { delete g; });
+  auto group = std::make_unique<JoinedGroup>(std::move(formed), watch);
   std::string died;
   {
     std::lock_guard lock(watch->mu);
-    watch->group = group;
+    watch->membership = group->membership();
     died = watch->death;
   }
-  table->add(group);
+  table->add(group->membership());
   // A member died after its last rendezvous step but before the group was
   // registered: nothing else will abort it.
   if (!died.empty()) group->abort(died);

@@ -84,15 +84,16 @@ struct GroupSpec {
 // for a bad spec or a backend that is not built, Aborted when a member died
 // while the group was forming.
 //
-// The caller holds the only strong reference (shared_ptr only so that the
-// runtime's abort paths can hold weak ones, which see it expire); destroying
-// it unregisters the group. The transport's resources inside it are owned
-// by exactly one object, the backend group.
-std::shared_ptr<Group> join_group(const GroupSpec& spec);
+// The caller's unique_ptr is the group's only owner. The runtime's abort
+// paths reach it through bookkeeping of their own that never keeps it
+// alive; destroying it unregisters the group (after any abort already
+// running on it has returned). The transport's resources inside it are
+// owned by exactly one object, the backend group.
+std::unique_ptr<Group> join_group(const GroupSpec& spec);
 
 // The same, through an explicit runtime (tests and drivers that host a
 // group outside an actor; AbortGroup only reaches groups in workers).
-std::shared_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec);
+std::unique_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec);
 
 // Driver side: sends AbortGroup to each member (dead ones are skipped) and
 // waits, at most `timeout` in all, for their answers. Returns how many

@@ -34,6 +34,7 @@
 #include "troupe/runtime/collective/reduce.h"
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
 
 namespace troupe::collective {
 namespace {
@@ -574,22 +575,23 @@ GlooGroup::~GlooGroup() {
   // A healthy group's threads are idle and exit at once. An aborted group's
   // operation thread may sit in a gloo wait that nothing can interrupt (gloo
   // does not wake a receive whose bytes were mid-flight when the peer died)
-  // until the operation's timeout: give it a grace period, then leave it
-  // behind holding its own reference to the shared state.
+  // until the operation's timeout: give it a grace period, then hand it to
+  // the owner of stragglers (options.stragglers), holding its own reference
+  // to the shared state. Without an owner, wait for it here: no thread is
+  // ever detached.
   auto deadline = Clock::now() + shared_->options.abort_join_grace;
   auto finish = [&](std::thread& t, std::atomic<bool>& done) {
     if (!t.joinable()) return;
     if (aborted) {
       while (!done && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(5));
-      if (!done) {
-        // Keep Shared alive for the straggler, and give it to its owner.
-        std::thread joiner([keep = shared_, th = std::move(t)]() mutable { th.join(); });
-        if (auto owner = shared_->options.stragglers.lock())
-          owner->adopt(std::move(joiner));
-        else
-          joiner.detach();
+      auto owner = shared_->options.stragglers.lock();
+      if (!done && owner) {
+        owner->adopt(std::thread([keep = shared_, th = std::move(t)]() mutable { th.join(); }));
         return;
       }
+      if (!done)
+        TROUPE_LOG_WARN("group '{}': waiting for an operation thread parked in gloo (no owner for stragglers)",
+                        shared_->name);
     }
     t.join();
   };

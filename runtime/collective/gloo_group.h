@@ -48,7 +48,8 @@ struct GlooGroupOptions {
   // Who joins a thread left behind: groups formed through the runtime
   // (join_group) give the process's group table, which joins it when the
   // client core shuts down. Without one (a group made directly, outside
-  // any runtime) the thread is detached and ends at the operation timeout.
+  // any runtime) the destructor waits for the thread itself, which leaves
+  // gloo at the operation timeout at the latest; no thread is detached.
   std::weak_ptr<core::ThreadSet> stragglers;
   // When a peer's connection breaks, the runtime usually calls abort() with
   // the reason (which member died) moments later. A failed operation waits

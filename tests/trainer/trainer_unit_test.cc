@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include "tests/support/rank_threads.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/core/kv_store.h"
 #include "troupe/trainer/gradient_reducer.h"
@@ -201,51 +202,24 @@ TEST(ScheduleTest, WarmupScalingAndCosine) {
 }
 
 // Runs `body(rank, group)` on `world` threads, each a member of a fresh
-// GlooGroup over one in-memory KV store.
-void run_ranks_shared(int world, const std::function<void(int, std::shared_ptr<collective::Group>)>& body) {
+// GlooGroup named `name` over one in-memory KV store; `body` may take the
+// group over.
+void run_ranks_owned(int world, const std::function<void(int, std::unique_ptr<collective::Group>&)>& body,
+                     const std::string& name = "shm-test") {
   static std::atomic<int> generation{0};
   int gen = ++generation;
   MemoryKvStore kv;
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        collective::GlooGroupOptions go;
-        go.rendezvous_timeout = std::chrono::seconds(30);
-        std::shared_ptr<collective::Group> g = collective::GlooGroup::create(kv, "shm-test", gen, r, world, go);
-        body(r, g);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  troupe::test::run_rank_threads(world, [&](int r) {
+    collective::GlooGroupOptions go;
+    go.rendezvous_timeout = std::chrono::seconds(30);
+    std::unique_ptr<collective::Group> g = collective::GlooGroup::create(kv, name, gen, r, world, go);
+    body(r, g);
+  });
 }
 
 void run_ranks(int world, const std::function<void(int, collective::Group&)>& body) {
-  static std::atomic<int> generation{0};
-  int gen = ++generation;
-  MemoryKvStore kv;
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        collective::GlooGroupOptions go;
-        go.rendezvous_timeout = std::chrono::seconds(30);
-        auto g = collective::GlooGroup::create(kv, "reducer-test", gen, r, world, go);
-        body(r, *g);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  run_ranks_owned(
+      world, [&](int r, std::unique_ptr<collective::Group>& g) { body(r, *g); }, "reducer-test");
 }
 
 TEST(GradientReducerTest, BucketsAreInReverseOrderAndBounded) {
@@ -342,7 +316,7 @@ namespace {
 // Three ranks sum through shared memory: bitwise equal everywhere, equal
 // to the sum in rank order; memory outside the arena goes to the inner group.
 TEST(ShmGroupTest, AllreduceSumsInPlaceAndFallsBack) {
-  run_ranks_shared(3, [](int rank, std::shared_ptr<collective::Group> inner) {
+  run_ranks_owned(3, [](int rank, std::unique_ptr<collective::Group>& inner) {
     auto shm = ShmGroup::create(inner, 1 << 20, std::chrono::seconds(30));
     const size_t n = 1001;  // not a multiple of the world size
     auto* data = static_cast<float*>(shm->allocate(n * sizeof(float)));
@@ -371,7 +345,7 @@ TEST(ShmGroupTest, ReducerBucketsInSharedMemory) {
   auto y = torch::randint(0, 5, {8});
   auto ref = seeded_model(mlp(32, 64, 5), 3);
   loss_of(*ref, x, y).backward();
-  run_ranks_shared(2, [&](int rank, std::shared_ptr<collective::Group> inner) {
+  run_ranks_owned(2, [&](int rank, std::unique_ptr<collective::Group>& inner) {
     auto m = seeded_model(mlp(32, 64, 5), 3);
     auto shm = ShmGroup::create(inner, 1 << 20, std::chrono::seconds(30));
     ReducerOptions o;
