@@ -4,7 +4,8 @@
 // in GB/s, end to end (A's put call + B's get call, as the driver sees
 // them), next to loopback TCP moving the same bytes between two plain
 // processes in the same run (a request, then the bytes into a reused
-// buffer). Prints one JSON object per line; every wait is bounded.
+// buffer: `ratio`; into fresh memory per fetch: `ratio_fresh`). Prints one
+// JSON object per line; every wait is bounded.
 //
 //   troupe_bench_objects [--rounds 3]
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,8 +63,9 @@ using troupe::bench::read_full;
 using troupe::bench::write_full;
 
 // The peer: a child that answers each 8-byte request for n bytes with n
-// bytes; GB/s over `reps` requests.
-double tcp_fetch(int64_t bytes, int reps) {
+// bytes; GB/s over `reps` requests, read into one reused buffer or (fresh)
+// into new memory each time, as a receiver of a new object must.
+double tcp_fetch(int64_t bytes, int reps, bool fresh) {
   sockaddr_in a;
   int ls = troupe::bench::listen_loopback(a);
   pid_t pid = fork();
@@ -80,7 +83,8 @@ double tcp_fetch(int64_t bytes, int reps) {
   std::vector<char> buf(bytes);
   auto fetch = [&] {
     write_full(c, reinterpret_cast<const char*>(&bytes), 8);
-    read_full(c, buf.data(), bytes);
+    std::unique_ptr<char[]> block(fresh ? new char[bytes] : nullptr);
+    read_full(c, fresh ? block.get() : buf.data(), bytes);
   };
   fetch();  // warm up
   auto t0 = Clock::now();
@@ -106,14 +110,16 @@ double put_get(troupe::ActorHandle<Source>& a, troupe::ActorHandle<Sink>& b, int
   return double(bytes) * reps / s / 1e9;
 }
 
-void emit(const std::string& c, double gbps, double tcp) {
+void emit(const std::string& c, double gbps, double tcp, double tcp_fresh) {
   troupe::bench::print_row({{"bench", "objects"},
                             {"case", c},
                             {"value", std::round(gbps * 1000) / 1000},
                             {"unit", "GB/s"},
                             {"ratio", std::round(gbps / tcp * 1000) / 1000},
                             {"peer", "tcp_fetch"},
-                            {"peer_value", std::round(tcp * 1000) / 1000}});
+                            {"peer_value", std::round(tcp * 1000) / 1000},
+                            {"ratio_fresh", std::round(gbps / tcp_fresh * 1000) / 1000},
+                            {"peer_fresh_value", std::round(tcp_fresh * 1000) / 1000}});
 }
 
 int run(int rounds) {
@@ -134,12 +140,13 @@ int run(int rounds) {
   };
   for (Case c : {Case{"put_get_1MiB", int64_t{1} << 20, 200}, Case{"put_get_64MiB", int64_t{64} << 20, 8}}) {
     // Interleaved, best of `rounds` each, so that background load hits both alike.
-    double tcp = 0, troupe_gbps = 0;
+    double tcp = 0, tcp_fresh = 0, troupe_gbps = 0;
     for (int r = 0; r < rounds; ++r) {
-      tcp = std::max(tcp, tcp_fetch(c.bytes, c.reps));
+      tcp = std::max(tcp, tcp_fetch(c.bytes, c.reps, false));
+      tcp_fresh = std::max(tcp_fresh, tcp_fetch(c.bytes, c.reps, true));
       troupe_gbps = std::max(troupe_gbps, put_get(a, b, c.bytes, c.reps));
     }
-    emit(c.name, troupe_gbps, tcp);
+    emit(c.name, troupe_gbps, tcp, tcp_fresh);
   }
   return 0;
 }

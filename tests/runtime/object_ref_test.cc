@@ -147,6 +147,8 @@ TEST_F(ObjectRefTest, OwnerKilledMeansObjectLost) {
   auto r = m.call_ref(&Maker::make, int64_t{1000}).get(30s);
   int pid = m.call(&Maker::pid).get(30s);
   rt_.kill(m);
+  // DEAD once its node agent reaped the process: the owner is gone for sure.
+  ASSERT_TRUE(eventually([&] { return rt_.actor_info(m.id()).state == troupe::ActorState::kDead; }, 30s));
   auto t0 = std::chrono::steady_clock::now();
   try {
     r.get(30s);
