@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench/json_row.h"
+#include "bench/loopback_tcp.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/testing/local_cluster.h"
@@ -87,22 +88,8 @@ void emit(const std::string& c, double value, const std::string& unit, const nlo
   troupe::bench::print_row(row);
 }
 
-void read_full(int fd, char* p, size_t n) {
-  while (n) {
-    ssize_t r = ::read(fd, p, n);
-    if (r <= 0) _exit(1);
-    p += r;
-    n -= r;
-  }
-}
-void write_full(int fd, const char* p, size_t n) {
-  while (n) {
-    ssize_t r = ::write(fd, p, n);
-    if (r <= 0) _exit(1);
-    p += r;
-    n -= r;
-  }
-}
+using troupe::bench::read_full;
+using troupe::bench::write_full;
 
 // Reads n bytes the way a troupe Future waits for a reply
 // (core::FutureStateBase::spin): non-blocking reads with a yield in
@@ -127,14 +114,8 @@ void spin_read_full(int fd, char* p, size_t n) {
 // side blocks in read() (as a worker's I/O thread blocks in epoll); the
 // asking side blocks too, or spins first when `spin` is set.
 double tcp_pingpong(double seconds, bool spin) {
-  int ls = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
-  listen(ls, 1);
+  sockaddr_in a;
+  int ls = troupe::bench::listen_loopback(a);
   pid_t pid = fork();
   if (pid == 0) {
     int s = accept(ls, nullptr, nullptr);
@@ -148,10 +129,7 @@ double tcp_pingpong(double seconds, bool spin) {
       write_full(s, buf, 64);
     }
   }
-  int c = socket(AF_INET, SOCK_STREAM, 0);
-  connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  int one = 1;
-  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int c = troupe::bench::connect_loopback(a);
   char buf[64] = {0};
   long n = 0;
   auto t0 = Clock::now();

@@ -15,6 +15,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "troupe/runtime/client/object_value.h"
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/wire/codec.h"
 
@@ -72,12 +73,18 @@ uint32_t method_index(M m) {
   return found;
 }
 
+// The top bit of a call's method index (Message::op) asks the callee to keep
+// the result and reply with a reference to it (ActorHandle::call_ref).
+inline constexpr uint32_t kKeepResult = 1u << 31;
+
 // An actor instance inside a worker, behind a type-erased interface.
 class HostedActor {
  public:
   virtual ~HostedActor() = default;
-  // Runs method `index` with encoded args; writes the encoded result.
-  virtual void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result) = 0;
+  // Runs method `index` with encoded args; writes the encoded result, or,
+  // with `keep` (a call_ref), hands the result to `keep`, which stores it
+  // and writes a reference to it.
+  virtual void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result, const ObjectSink* keep) = 0;
   virtual size_t method_count() const = 0;
   virtual std::string method_name(uint32_t index) const = 0;
 };
@@ -87,11 +94,11 @@ class Hosted final : public HostedActor {
  public:
   explicit Hosted(std::unique_ptr<T> obj) : obj_(std::move(obj)) {}
 
-  void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result) override {
+  void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result, const ObjectSink* keep) override {
     static const auto table = make_table(std::make_index_sequence<kCount>{});
     if (index >= kCount)
       throw Error("method index " + std::to_string(index) + " out of range for " + ActorTraits<T>::kName);
-    table[index](*obj_, args, result);
+    table[index](*obj_, args, result, keep);
   }
   size_t method_count() const override { return kCount; }
   std::string method_name(uint32_t index) const override {
@@ -101,18 +108,24 @@ class Hosted final : public HostedActor {
 
  private:
   static constexpr size_t kCount = std::tuple_size_v<decltype(ActorTraits<T>::methods())>;
-  using Fn = void (*)(T&, wire::Decoder&, wire::Encoder&);
+  using Fn = void (*)(T&, wire::Decoder&, wire::Encoder&, const ObjectSink*);
 
   template <size_t I>
-  static void call_one(T& obj, wire::Decoder& d, wire::Encoder& e) {
+  static void call_one(T& obj, wire::Decoder& d, wire::Encoder& e, const ObjectSink* keep) {
     constexpr auto m = std::get<I>(ActorTraits<T>::methods());
     using MT = MethodTraits<std::remove_const_t<decltype(m)>>;
     auto args = wire::decode<typename MT::Args>(d);
     if (!d.done()) throw DecodeError("trailing bytes after the arguments of " + method_names<T>()[I]);
     if constexpr (std::is_void_v<typename MT::Result>) {
+      if (keep) throw ConfigError("call_ref on " + method_names<T>()[I] + ", which returns nothing");
       std::apply([&](auto&&... a) { (obj.*m)(std::move(a)...); }, std::move(args));
     } else {
-      wire::encode(e, std::apply([&](auto&&... a) { return (obj.*m)(std::move(a)...); }, std::move(args)));
+      auto r = std::apply([&](auto&&... a) { return (obj.*m)(std::move(a)...); }, std::move(args));
+      if (keep) {
+        (*keep)(make_object_value(std::move(r)), e);
+      } else {
+        wire::encode(e, r);
+      }
     }
   }
   template <size_t... I>

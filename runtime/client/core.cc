@@ -86,7 +86,7 @@ Future<Message> ActorClient::control(const std::string& tag, std::string body) {
     }
     auto holder = std::make_shared<std::shared_ptr<Connection>>();
     Connection::connect(
-        core_.io(), hp.first, hp.second, core_.token(), FrameLimits{},
+        core_.io(), hp.first, hp.second, core_.token(), core_.connection_options(),
         [st, holder](Message&& r) {
           if (r.status != Status::OK)
             st->set_error(error_from_message(r));
@@ -132,7 +132,7 @@ void ActorClient::connect_locked() {
     }
     std::weak_ptr<ActorClient> weak = self;
     Connection::connect(
-        self->core_.io(), hp.first, hp.second, self->core_.token(), FrameLimits{},
+        self->core_.io(), hp.first, hp.second, self->core_.token(), self->core_.connection_options(),
         [weak](Message&& m) {
           if (auto s = weak.lock()) s->on_reply(std::move(m));
         },
@@ -278,7 +278,8 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
         [c](const std::string& reason) {
           c->head_lost_ = true;
           if (c->on_head_lost_) c->on_head_lost_(reason);
-        });
+        },
+        core->connection_options());
     core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, o.hello, o.timeout);
   } catch (...) {
     core->shutdown();

@@ -60,6 +60,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   // Waits until the actor is ALIVE (true) or DEAD (false).
   bool wait_ready(std::chrono::milliseconds timeout);
   uint64_t id() const { return id_; }
+  Core& core() const { return core_; }
 
  private:
   struct Pending {
@@ -119,6 +120,12 @@ class Core : public std::enable_shared_from_this<Core> {
   // Called when the head connection drops (cluster gone).
   void set_on_head_lost(std::function<void(const std::string&)> cb) { on_head_lost_ = std::move(cb); }
   bool head_lost() const { return head_lost_.load(); }
+  // The options of every connection this core makes or accepts: default
+  // limits, and byte counters shared by all of them (traffic()).
+  wire::ConnectionOptions connection_options() const { return {.counters = counters_}; }
+  // Bytes read and written by this core's connections (head, actors,
+  // streams, objects) since it started.
+  const wire::ByteCounters& traffic() const { return *counters_; }
   // This process's control handlers (served by a worker's control listener).
   ControlTable& controls() { return controls_; }
 
@@ -153,6 +160,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<bool> head_lost_{false};
   bool shut_ = false;
   ControlTable controls_;
+  std::shared_ptr<wire::ByteCounters> counters_ = std::make_shared<wire::ByteCounters>();
   std::mutex services_mu_;  // held while a service is created
   std::vector<Service> services_;
   bool services_closed_ = false;

@@ -60,6 +60,8 @@ Runtime Runtime::attach(std::shared_ptr<client::Core> core) {
   return rt;
 }
 
+client::ObjectStoreStats Runtime::object_store_stats() { return core_->service<client::ObjectStore>()->stats(); }
+
 Runtime Runtime::connect(const InitOptions& o) {
   core::init_logging_once("driver");
   Runtime rt;
@@ -90,6 +92,7 @@ Runtime Runtime::connect(const InitOptions& o) {
   co.hello.pid = getpid();
   rt.core_ = client::Core::connect(co);
   rt.kv_ = std::make_unique<HeadKvStore>(rt.core_);
+  if (o.object_store_bytes != 0) rt.core_->service<client::ObjectStore>()->set_limit(o.object_store_bytes);
   return rt;
 }
 

@@ -1,7 +1,8 @@
 // The user-facing API of troupe: connect to (or embed) a cluster, spawn
-// actors, call their methods, send them typed control messages, look them
-// up by name, kill them, reserve placement groups, and use the cluster's KV
-// store. Errors thrown by an actor reach Future::get typed (ActorDied,
+// actors, call their methods (keeping results remote with call_ref), put
+// objects (ObjectRef, object_ref.h), send actors typed control messages,
+// look them up by name, kill them, reserve placement groups, and use the
+// cluster's KV store. Errors thrown by an actor reach Future::get typed (ActorDied,
 // Timeout, ConfigError, Aborted, classes registered with TROUPE_ERROR;
 // others as RemoteError).
 //
@@ -19,6 +20,7 @@
 #include "troupe/runtime/client/actor.h"
 #include "troupe/runtime/client/control.h"
 #include "troupe/runtime/client/core.h"
+#include "troupe/runtime/client/object_ref.h"
 #include "troupe/runtime/core/error_registry.h"
 #include "troupe/runtime/core/kv_store.h"
 #include "troupe/runtime/wire/error_kind.h"
@@ -80,6 +82,11 @@ class ActorHandle {
   // their values sent). Calls from one thread to one actor run in order.
   template <class M, class... A>
   auto call(M method, A&&... args) const -> Future<typename client::MethodTraits<M>::Result>;
+  // The same, but the callee keeps the result in its process's object store
+  // and replies with a reference to it: pass the ref on to other actors,
+  // which fetch the value from the callee directly. Chosen per call.
+  template <class M, class... A>
+  auto call_ref(M method, A&&... args) const -> Future<ObjectRef<typename client::MethodTraits<M>::Result>>;
 
   uint64_t id() const { return client_->id(); }
   // The latest state the head reported.
@@ -100,6 +107,9 @@ class ActorHandle {
  private:
   friend class Runtime;
   explicit ActorHandle(std::shared_ptr<client::ActorClient> c) : client_(std::move(c)) {}
+  // Sends method `M` as call op `op`; the reply decodes as R.
+  template <class R, class M, class... A>
+  Future<R> send_call(M method, uint32_t op, A&&... args) const;
   std::shared_ptr<client::ActorClient> client_;
 };
 
@@ -111,6 +121,10 @@ struct InitOptions {
   Resources node_resources;  // embedded node (empty = detect)
   uint32_t heartbeat_ms = 100;
   uint32_t heartbeat_misses = 5;
+  // This process's object store limit in bytes (0: TROUPE_OBJECT_STORE_BYTES,
+  // else a quarter of the machine's memory). Workers take theirs from
+  // TROUPE_OBJECT_STORE_BYTES (ActorOptions::env).
+  uint64_t object_store_bytes = 0;
 };
 
 class Runtime {
@@ -171,6 +185,17 @@ class Runtime {
   // Stops the embedded cluster (if any) and disconnects.
   void shutdown();
 
+  // Keeps `value` in this process's object store; the ref may be passed to
+  // any actor, which fetches the value from here. ObjectStoreFull when it
+  // would exceed the store's limit.
+  template <class T>
+  ObjectRef<std::decay_t<T>> put(T&& value) {
+    auto store = core_->service<client::ObjectStore>();
+    return ObjectRef<std::decay_t<T>>(store->put(client::make_object_value(std::decay_t<T>(std::forward<T>(value)))));
+  }
+  // What this process's object store holds, and its limit.
+  client::ObjectStoreStats object_store_stats();
+
   // The process-internal client core (for layers built on the runtime).
   const std::shared_ptr<client::Core>& core() const { return core_; }
 
@@ -215,8 +240,9 @@ void on_control(F handler) {
 
 namespace client {
 
+// Completes a call's future from its reply; `core` decodes refs in it.
 template <class R>
-void complete_call(core::FutureState<R>& st, wire::Message& m, const char* method) {
+void complete_call(core::FutureState<R>& st, wire::Message& m, Core* core) {
   if (m.status != wire::Status::OK) {
     st.set_error(wire::error_from_message(m));
     return;
@@ -225,7 +251,7 @@ void complete_call(core::FutureState<R>& st, wire::Message& m, const char* metho
     if constexpr (std::is_void_v<R>) {
       st.set_value();
     } else {
-      st.set_value(wire::decode_value<R>(m.body.data(), m.body.size(), &m.attachments));
+      st.set_value(wire::decode_value<R>(m.body.data(), m.body.size(), &m.attachments, core));
     }
   } catch (...) {
     st.set_error(std::current_exception());
@@ -245,19 +271,36 @@ decltype(auto) resolve_arg(T&& v) {
 template <class T>
 template <class M, class... A>
 auto ActorHandle<T>::call(M method, A&&... args) const -> Future<typename client::MethodTraits<M>::Result> {
+  using R = typename client::MethodTraits<M>::Result;
+  return send_call<R>(method, client::method_index<T>(method), std::forward<A>(args)...);
+}
+
+template <class T>
+template <class M, class... A>
+auto ActorHandle<T>::call_ref(M method, A&&... args) const
+    -> Future<ObjectRef<typename client::MethodTraits<M>::Result>> {
+  using R = typename client::MethodTraits<M>::Result;
+  static_assert(!std::is_void_v<R>, "call_ref needs a method that returns a value");
+  return send_call<ObjectRef<R>>(method, client::method_index<T>(method) | client::kKeepResult,
+                                 std::forward<A>(args)...);
+}
+
+template <class T>
+template <class R, class M, class... A>
+Future<R> ActorHandle<T>::send_call(M method, uint32_t op, A&&... args) const {
   using MT = client::MethodTraits<M>;
-  using R = typename MT::Result;
   using Args = typename MT::Args;
   static_assert(std::is_same_v<typename MT::Class, T> || std::is_base_of_v<typename MT::Class, T>,
                 "method does not belong to this actor type");
   static_assert(sizeof...(A) == MT::kArity, "wrong number of arguments for this method");
-  uint32_t index = client::method_index<T>(method);
+  (void)method;
   auto st = std::make_shared<core::FutureState<R>>();
-  auto send = [client = client_, index, st](Args tuple) {
+  auto send = [client = client_, op, st](Args tuple) {
     wire::Encoder e;
     wire::encode(e, tuple);
+    client::Core* core = &client->core();
     client->submit(
-        index, std::move(e), [st](wire::Message& m) { client::complete_call<R>(*st, m, ""); },
+        op, std::move(e), [st, core](wire::Message& m) { client::complete_call<R>(*st, m, core); },
         [st](std::exception_ptr ex) { st->set_error(ex); });
   };
   constexpr bool any_future = (IsFuture<std::decay_t<A>>::value || ...);

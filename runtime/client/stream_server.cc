@@ -30,7 +30,9 @@ StreamServer::StreamServer(Core& core) : core_(core) {
   auto done = std::make_shared<core::FutureState<std::string>>();
   asio::post(core_.io(), [this, host, advertise, done] {
     try {
-      listener_ = std::make_unique<Listener>(core_.io(), host, 0, core_.token(), ListenerOptions{},
+      ListenerOptions options;
+      options.connection = core_.connection_options();
+      listener_ = std::make_unique<Listener>(core_.io(), host, 0, core_.token(), options,
                                              [this](std::shared_ptr<Connection> c) { accept(std::move(c)); });
       done->set_value(format_address(advertise, listener_->port()));
     } catch (...) {

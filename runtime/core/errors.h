@@ -66,4 +66,20 @@ class Aborted : public Error {
   using Error::Error;
 };
 
+// An ObjectRef's value cannot be had: its owner process died or cannot be
+// reached, or no longer holds the object. The message names the owner
+// (address, pid, actor) and the object.
+class ObjectLost : public Error {
+ public:
+  using Error::Error;
+};
+
+// A put (or a call_ref result) would take the process's object store past
+// its limit (InitOptions::object_store_bytes, TROUPE_OBJECT_STORE_BYTES);
+// the message gives the object's size, what is held and the limit.
+class ObjectStoreFull : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace troupe

@@ -87,6 +87,7 @@ std::vector<std::string> WorkerEnv::to_env() const {
   if (ready_fd >= 0) put(kEnvReadyFd, std::to_string(ready_fd));
   put(kEnvLogLevel, log_level);
   put(kEnvSessionDir, session_dir);
+  if (object_store_bytes != 0) put(kEnvObjectStoreBytes, std::to_string(object_store_bytes));
   return env;
 }
 
@@ -113,6 +114,7 @@ WorkerEnv WorkerEnv::from_env() {
   }
   e.log_level = env_value(kEnvLogLevel);
   e.session_dir = env_value(kEnvSessionDir);
+  read_number(kEnvObjectStoreBytes, e.object_store_bytes);
   return e;
 }
 

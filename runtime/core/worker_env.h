@@ -32,6 +32,7 @@ inline constexpr const char* kEnvLogLevel = "TROUPE_LOG_LEVEL";
 inline constexpr const char* kEnvSessionDir = "TROUPE_SESSION_DIR";
 inline constexpr const char* kEnvAddress = "TROUPE_ADDRESS";
 inline constexpr const char* kEnvWorkerBinary = "TROUPE_WORKER_BINARY";
+inline constexpr const char* kEnvObjectStoreBytes = "TROUPE_OBJECT_STORE_BYTES";
 inline constexpr const char* kEnvDigitsPath = "TROUPE_DIGITS_PATH";
 
 // What a role process needs to know. Fields left at their defaults are not
@@ -59,6 +60,8 @@ struct WorkerEnv {
   int ready_fd = -1;        // where the process writes its ready line
   std::string log_level;    // spdlog level name
   std::string session_dir;  // passed through for --address auto
+  // Any process: the limit of its object store (0 = the default).
+  uint64_t object_store_bytes = 0;
 
   // KEY=VALUE strings, ready for an exec environment.
   std::vector<std::string> to_env() const;

@@ -25,6 +25,10 @@
 #include "troupe/runtime/core/buffer.h"
 #include "troupe/runtime/core/errors.h"
 
+namespace troupe::client {
+class Core;
+}
+
 namespace troupe::wire {
 
 // Buffers at least this large go as attachments instead of inline bytes.
@@ -61,8 +65,11 @@ class Encoder {
 
 class Decoder {
  public:
-  Decoder(const void* data, size_t size, const std::vector<Buffer>* attachments = nullptr)
-      : p_(static_cast<const char*>(data)), end_(p_ + size), attachments_(attachments) {}
+  // `core` is the client core of the process that decodes: values that name
+  // another process's state (ObjectRef) register with it. Without one, such
+  // values fail to decode with DecodeError.
+  Decoder(const void* data, size_t size, const std::vector<Buffer>* attachments = nullptr, client::Core* core = nullptr)
+      : p_(static_cast<const char*>(data)), end_(p_ + size), attachments_(attachments), core_(core) {}
 
   void read_bytes(void* out, size_t n) {
     need(n);
@@ -100,11 +107,13 @@ class Decoder {
   }
   size_t remaining() const { return end_ - p_; }
   bool done() const { return p_ == end_; }
+  client::Core* core() const { return core_; }
 
  private:
   const char* p_;
   const char* end_;
   const std::vector<Buffer>* attachments_;
+  client::Core* core_;
 };
 
 template <class T, class Enable = void>
@@ -306,8 +315,9 @@ Encoder encode_value(const T& v) {
 }
 // Decodes a whole value and checks nothing is left over.
 template <class T>
-T decode_value(const void* data, size_t size, const std::vector<Buffer>* attachments = nullptr) {
-  Decoder d(data, size, attachments);
+T decode_value(const void* data, size_t size, const std::vector<Buffer>* attachments = nullptr,
+               client::Core* core = nullptr) {
+  Decoder d(data, size, attachments, core);
   T v = decode<T>(d);
   if (!d.done())
     throw DecodeError(std::to_string(d.remaining()) + " trailing bytes after decoding " + typeid(T).name());

@@ -190,6 +190,7 @@ void Connection::read_more() {
 }
 
 void Connection::on_read(size_t n) {
+  count_read(n);
   rend_ += n;
   in_read_batch_ = true;
   bool more = false;
@@ -296,6 +297,7 @@ void Connection::read_attachment_tail() {
   auto self = shared_from_this();
   socket_.async_read_some(asio::buffer(room.first, room.second), [self](asio::error_code ec, size_t n) {
     if (ec) return self->fail("read failed: " + ec.message());
+    self->count_read(n);
     self->block_->commit(n);
     if (self->block_->complete()) return self->on_read(0);
     self->read_attachment_tail();
@@ -369,6 +371,7 @@ void Connection::write_direct_locked() {
     return;
   }
   size_t written = n < 0 ? 0 : static_cast<size_t>(n);
+  count_written(written);
   if (written == total) {
     queue_.clear();
     queued_bytes_ = 0;
@@ -419,7 +422,8 @@ void Connection::write_inflight() {
     for (const auto& a : f.attachments) add(a.data(), a.size());
   }
   inflight_left_ = asio::buffer_size(bufs);
-  asio::async_write(socket_, bufs, [self = shared_from_this()](asio::error_code ec, size_t) {
+  asio::async_write(socket_, bufs, [self = shared_from_this()](asio::error_code ec, size_t n) {
+    self->count_written(n);
     self->inflight_.clear();
     self->inflight_offset_ = 0;
     {
@@ -471,6 +475,13 @@ void Connection::fail(const std::string& reason) {
 void Connection::connect(asio::io_context& io, const std::string& host, uint16_t port, const std::string& token,
                          FrameLimits limits, FrameHandler on_frame, CloseHandler on_close,
                          std::function<void(std::shared_ptr<Connection>, std::string)> done) {
+  connect(io, host, port, token, ConnectionOptions{.limits = limits}, std::move(on_frame), std::move(on_close),
+          std::move(done));
+}
+
+void Connection::connect(asio::io_context& io, const std::string& host, uint16_t port, const std::string& token,
+                         ConnectionOptions options, FrameHandler on_frame, CloseHandler on_close,
+                         std::function<void(std::shared_ptr<Connection>, std::string)> done) {
   auto socket = std::make_shared<asio::ip::tcp::socket>(io);
   asio::ip::address addr;
   try {
@@ -483,9 +494,9 @@ void Connection::connect(asio::io_context& io, const std::string& host, uint16_t
   asio::error_code ec;
   socket->open(ep.protocol(), ec);
   if (!ec) set_cloexec(socket->native_handle());
-  socket->async_connect(ep, [&io, socket, token, limits, on_frame, on_close, done, host, port](asio::error_code ec) {
+  socket->async_connect(ep, [&io, socket, token, options, on_frame, on_close, done, host, port](asio::error_code ec) {
     if (ec) return done(nullptr, "connect to " + host + ":" + std::to_string(port) + " failed: " + ec.message());
-    auto conn = std::make_shared<Connection>(std::move(*socket), token, false, ConnectionOptions{.limits = limits});
+    auto conn = std::make_shared<Connection>(std::move(*socket), token, false, options);
     auto done_once = std::make_shared<std::function<void(std::shared_ptr<Connection>, std::string)>>(done);
     conn->start(
         [conn, done_once] {

@@ -33,6 +33,14 @@
 
 namespace troupe::wire {
 
+// Bytes a set of connections read and wrote (frames, handshakes excluded):
+// a client core shares one among the connections it makes and accepts, so a
+// test can tell which process carried a value.
+struct ByteCounters {
+  std::atomic<uint64_t> read{0};
+  std::atomic<uint64_t> written{0};
+};
+
 // What one connection may cost the process that holds it.
 struct ConnectionOptions {
   FrameLimits limits;
@@ -43,6 +51,8 @@ struct ConnectionOptions {
   uint64_t max_queued_bytes = 256ull << 20;
   // Frames handled per read turn before the loop serves other connections.
   uint32_t max_frames_per_turn = 64;
+  // Where this connection adds the bytes it reads and writes (none: nowhere).
+  std::shared_ptr<ByteCounters> counters;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -85,6 +95,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   static void connect(asio::io_context& io, const std::string& host, uint16_t port, const std::string& token,
                       FrameLimits limits, FrameHandler on_frame, CloseHandler on_close,
                       std::function<void(std::shared_ptr<Connection>, std::string error)> done);
+  // The same with all of the connection's options (limits, byte counters).
+  static void connect(asio::io_context& io, const std::string& host, uint16_t port, const std::string& token,
+                      ConnectionOptions options, FrameHandler on_frame, CloseHandler on_close,
+                      std::function<void(std::shared_ptr<Connection>, std::string error)> done);
 
  private:
   void do_handshake();
@@ -103,6 +117,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void write_inflight();
   bool over_write_bound_locked(uint64_t bytes);
   void fail(const std::string& reason);
+  void count_read(size_t n) {
+    if (opts_.counters) opts_.counters->read.fetch_add(n, std::memory_order_relaxed);
+  }
+  void count_written(size_t n) {
+    if (opts_.counters) opts_.counters->written.fetch_add(n, std::memory_order_relaxed);
+  }
 
   asio::io_context& io_;
   asio::ip::tcp::socket socket_;

@@ -11,6 +11,11 @@ namespace troupe::wire {
 
 namespace {
 
+// The object store's errors travel by name (as TROUPE_ERROR classes do);
+// registered here, in code every caller links, so they arrive typed.
+[[maybe_unused]] const bool kObjectErrorsRegistered = core::register_error<ObjectLost>("troupe::ObjectLost") &&
+                                                      core::register_error<ObjectStoreFull>("troupe::ObjectStoreFull");
+
 // Built-in kinds; a subclass travels as its nearest built-in base unless it
 // is registered itself (checked first, by exact type).
 ErrorKind builtin_kind(const std::exception& e) {

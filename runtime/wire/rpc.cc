@@ -28,7 +28,8 @@ Message make_event(Op op, std::string body) {
 
 std::shared_ptr<RpcChannel> RpcChannel::connect(asio::io_context& io, const std::string& address,
                                                 const std::string& token, std::chrono::milliseconds timeout,
-                                                EventHandler on_event, CloseHandler on_close) {
+                                                EventHandler on_event, CloseHandler on_close,
+                                                ConnectionOptions options) {
   auto [host, port] = parse_address(address);
   auto ch = std::make_shared<RpcChannel>();
   ch->on_event_ = std::move(on_event);
@@ -36,7 +37,7 @@ std::shared_ptr<RpcChannel> RpcChannel::connect(asio::io_context& io, const std:
   auto done = std::make_shared<core::FutureState<std::string>>();
   std::weak_ptr<RpcChannel> weak = ch;
   Connection::connect(
-      io, host, port, token, FrameLimits{},
+      io, host, port, token, std::move(options),
       [weak](Message&& m) {
         if (auto c = weak.lock()) c->on_frame(std::move(m));
       },

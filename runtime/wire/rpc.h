@@ -37,7 +37,7 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
   // not be io's thread) up to `timeout`. Events and close run on io's thread.
   static std::shared_ptr<RpcChannel> connect(asio::io_context& io, const std::string& address, const std::string& token,
                                              std::chrono::milliseconds timeout, EventHandler on_event,
-                                             CloseHandler on_close);
+                                             CloseHandler on_close, ConnectionOptions options = {});
 
   Future<Message> request(Op op, std::string body = {});
   // Sends a request and decodes the response body as R (void for none).

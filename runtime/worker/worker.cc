@@ -86,7 +86,7 @@ std::unique_ptr<client::HostedActor> construct_actor(client::Core& core, const c
     fail_init("this executable has no constructor " + spec.class_name + " for the arguments given (key " +
               spec.type_key + "); is the worker executable the driver's binary?");
   try {
-    Decoder d(spec.ctor_args.data(), spec.ctor_args.size(), &spec.ctor_attachments);
+    Decoder d(spec.ctor_args.data(), spec.ctor_args.size(), &spec.ctor_attachments, &core);
     return factory->make(d);
   } catch (const std::exception& e) {
     fail_init(type_name_of(e) + ": " + e.what());
@@ -147,9 +147,10 @@ class ActorHost {
     reply.kind = Kind::REPLY;
     reply.id = call.id;
     try {
-      Decoder d(call.body.data(), call.body.size(), &call.attachments);
+      Decoder d(call.body.data(), call.body.size(), &call.attachments, core_.get());
       Encoder e;
-      actor_->invoke(call.op, d, e);
+      bool keep = (call.op & client::kKeepResult) != 0;
+      actor_->invoke(call.op & ~client::kKeepResult, d, e, keep ? &keep_result_ : nullptr);
       reply.body = std::move(e.bytes());
       reply.attachments = std::move(e.attachments());
     } catch (const std::exception& e) {
@@ -183,7 +184,9 @@ class ActorHost {
   }
 
   std::unique_ptr<Listener> make_listener(asio::io_context& io, std::shared_ptr<ConnMap> conns) {
-    return std::make_unique<Listener>(io, bind_host_, 0, core_->token(), ListenerOptions{}, [this, conns](auto c) {
+    ListenerOptions options;
+    options.connection = core_->connection_options();
+    return std::make_unique<Listener>(io, bind_host_, 0, core_->token(), options, [this, conns](auto c) {
       (*conns)[c.get()] = c;
       std::weak_ptr<Connection> weak = c;
       c->start([] {},
@@ -228,6 +231,13 @@ class ActorHost {
   asio::io_context& call_io_;
   Mailbox mailbox_;
   std::shared_ptr<ConnMap> call_conns_ = std::make_shared<ConnMap>();
+  // call_ref: the result stays in this process's object store; the reply
+  // carries a ref, pinned until the caller has registered.
+  const client::ObjectSink keep_result_ = [store = core_->service<client::ObjectStore>()](client::ObjectValue v,
+                                                                                          Encoder& reply) {
+    auto holder = store->put(std::move(v));
+    store->encode_ref(reply, *holder);
+  };
 };
 
 }  // namespace

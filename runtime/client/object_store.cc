@@ -1,0 +1,410 @@
+#include "troupe/runtime/client/object_store.h"
+
+#include <unistd.h>
+
+#include <random>
+
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/worker_env.h"
+#include "troupe/runtime/wire/error_kind.h"
+
+namespace troupe::client {
+
+using namespace troupe::wire;
+
+namespace {
+
+// The frames between a borrower and an owner's object server (Message::op).
+enum class ObjectOp : uint32_t { kGet = 200, kAddRef = 201, kRemoveRef = 202, kPin = 203 };
+
+// The body of every object frame: which object, at which owner, which pin.
+struct ObjectFrame {
+  uint64_t id = 0;
+  uint64_t instance = 0;
+  uint64_t pin = 0;
+  TROUPE_FIELDS(id, instance, pin)
+};
+
+Message object_message(Kind kind, ObjectOp op, const ObjectRefInfo& info, uint64_t pin = 0) {
+  Message m;
+  m.kind = kind;
+  m.op = static_cast<uint32_t>(op);
+  m.body = std::move(encode_value(ObjectFrame{info.id, info.owner_instance, pin}).bytes());
+  return m;
+}
+
+uint64_t random_u64() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd();
+}
+
+// The limit from TROUPE_OBJECT_STORE_BYTES, else the default.
+uint64_t configured_limit() {
+  std::string text = core::env_value(core::kEnvObjectStoreBytes);
+  if (text.empty()) return ObjectStore::default_limit();
+  uint64_t v = core::WorkerEnv::from_env().object_store_bytes;
+  return v == 0 ? ObjectStore::default_limit() : v;
+}
+
+}  // namespace
+
+std::string describe(const ObjectRefInfo& info) {
+  std::string who = info.owner_actor ? "actor " + std::to_string(info.owner_actor) : std::string("driver");
+  return "object " + std::to_string(info.id) + " of " + info.owner_address + " (pid " + std::to_string(info.owner_pid) +
+         ", " + who + ")";
+}
+
+RefHolder::~RefHolder() {
+  if (auto s = store_.lock()) s->release(info_, owned_);
+}
+
+std::shared_ptr<ObjectStore> RefHolder::store() const {
+  auto s = store_.lock();
+  if (!s) throw Error("the runtime that held " + describe(info_) + " is shut down");
+  return s;
+}
+
+ObjectStore::ObjectStore(Core& core) : core_(core), instance_(random_u64() | 1), limit_(configured_limit()) {}
+
+// Destroyed by the core's shutdown, after its I/O thread stopped: the
+// connections' handlers will never run again.
+ObjectStore::~ObjectStore() = default;
+
+uint64_t ObjectStore::default_limit() {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 2ull << 30;
+  return uint64_t(pages) * uint64_t(page) / 4;
+}
+
+void ObjectStore::set_limit(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  limit_ = bytes;
+}
+
+ObjectStoreStats ObjectStore::stats() const {
+  std::lock_guard lock(mu_);
+  return ObjectStoreStats{objects_.size(), bytes_, limit_};
+}
+
+// ---- owner side -------------------------------------------------------------
+
+std::shared_ptr<RefHolder> ObjectStore::put(ObjectValue value) {
+  ensure_server();
+  std::lock_guard lock(mu_);
+  if (bytes_ + value.bytes > limit_)
+    throw ObjectStoreFull("object store full: an object of " + std::to_string(value.bytes) + " bytes does not fit: " +
+                          std::to_string(bytes_) + " bytes held in " + std::to_string(objects_.size()) +
+                          " objects, limit " + std::to_string(limit_) + " bytes (TROUPE_OBJECT_STORE_BYTES)");
+  uint64_t id = next_id_++;
+  std::string type = value.type;
+  bytes_ += value.bytes;
+  Entry& e = objects_[id];
+  e.value = std::move(value);
+  e.local = 1;
+  return std::make_shared<RefHolder>(weak_from_this(), owner_info(id, type), true);
+}
+
+ObjectRefInfo ObjectStore::owner_info(uint64_t id, const std::string& type) const {
+  ObjectRefInfo info;
+  info.owner_address = address_;
+  info.owner_instance = instance_;
+  info.owner_pid = getpid();
+  info.owner_actor = core_.hello_reply().info.id;
+  info.id = id;
+  info.type = type;
+  return info;
+}
+
+std::shared_ptr<const void> ObjectStore::local_value(uint64_t id, const std::string& type) const {
+  std::lock_guard lock(mu_);
+  auto it = objects_.find(id);
+  if (it == objects_.end()) throw ObjectLost(describe(owner_info(id, type)) + " is no longer held by its owner");
+  if (type != it->second.value.type)
+    throw DecodeError("object " + std::to_string(id) + " holds a " + it->second.value.type + ", not a " + type);
+  return it->second.value.value;
+}
+
+// Unique per store (a counter), and across stores with high probability
+// (mixed with the store's random instance).
+uint64_t ObjectStore::new_pin() {
+  std::lock_guard lock(mu_);
+  uint64_t z = instance_ + 0x9e3779b97f4a7c15ull * next_pin_++;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (z ^ (z >> 31)) | 1;
+}
+
+void ObjectStore::pin_local(uint64_t id, uint64_t pin) {
+  std::lock_guard lock(mu_);
+  auto it = objects_.find(id);
+  if (it == objects_.end()) return;
+  if (!it->second.pins_used.erase(pin)) it->second.pins.insert(pin);
+}
+
+void ObjectStore::unpin_locked(Entry& e, uint64_t pin) {
+  if (pin == 0) return;
+  if (!e.pins.erase(pin)) e.pins_used.insert(pin);
+}
+
+ObjectValue ObjectStore::free_if_unused_locked(uint64_t id) {
+  auto it = objects_.find(id);
+  if (it == objects_.end()) return {};
+  Entry& e = it->second;
+  if (e.local > 0 || e.remote > 0 || !e.pins.empty()) return {};
+  bytes_ -= e.value.bytes;
+  ObjectValue dropped = std::move(e.value);
+  objects_.erase(it);
+  return dropped;
+}
+
+void ObjectStore::encode_ref(Encoder& e, const RefHolder& holder) {
+  ObjectRefInfo info = holder.info();
+  info.pin = new_pin();
+  if (info.owner_instance == instance_) {
+    pin_local(info.id, info.pin);
+  } else {
+    // Goes to the owner before the message that carries the ref can reach
+    // anyone, on the connection this process's own registration uses.
+    send_to_owner(info, object_message(Kind::EVENT, ObjectOp::kPin, info, info.pin));
+  }
+  e.write_pod<uint8_t>(1);  // Codec<ObjectRef<T>>: a valid ref follows
+  encode(e, info);
+}
+
+std::shared_ptr<RefHolder> ObjectStore::adopt(ObjectRefInfo info) {
+  uint64_t pin = info.pin;
+  info.pin = 0;
+  if (info.owner_instance == instance_) {
+    std::lock_guard lock(mu_);
+    auto it = objects_.find(info.id);
+    if (it != objects_.end()) {
+      ++it->second.local;
+      unpin_locked(it->second, pin);
+    }
+    return std::make_shared<RefHolder>(weak_from_this(), std::move(info), true);
+  }
+  send_to_owner(info, object_message(Kind::EVENT, ObjectOp::kAddRef, info, pin));
+  return std::make_shared<RefHolder>(weak_from_this(), std::move(info), false);
+}
+
+void ObjectStore::release(const ObjectRefInfo& info, bool owned) {
+  if (!owned) {
+    if (!core_.head_lost()) send_to_owner(info, object_message(Kind::EVENT, ObjectOp::kRemoveRef, info));
+    return;
+  }
+  ObjectValue dropped;  // destroyed after the lock: it may hold refs itself
+  std::lock_guard lock(mu_);
+  auto it = objects_.find(info.id);
+  if (it == objects_.end()) return;
+  --it->second.local;
+  dropped = free_if_unused_locked(info.id);
+}
+
+void ObjectStore::ensure_server() {
+  std::lock_guard server_lock(server_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (!address_.empty()) return;
+  }
+  if (core_.io().get_executor().running_in_this_thread()) return start_listener();
+  // The listener is created on the I/O thread that will serve it.
+  auto done = std::make_shared<core::FutureState<bool>>();
+  asio::post(core_.io(), [this, done] {
+    try {
+      start_listener();
+      done->set_value(true);
+    } catch (...) {
+      done->set_error(std::current_exception());
+    }
+  });
+  Future<bool>(done).get(std::chrono::seconds(10));
+}
+
+void ObjectStore::start_listener() {
+  std::string host = core::env_value(core::kEnvBindHost);
+  if (host.empty()) host = "127.0.0.1";
+  // Consumers connect to the advertise host (never a wildcard bind address).
+  std::string advertise = core::env_value(core::kEnvAdvertiseHost);
+  if (advertise.empty()) advertise = default_advertise_host(host);
+  ListenerOptions options;
+  options.connection = core_.connection_options();
+  auto listener = std::make_unique<Listener>(core_.io(), host, 0, core_.token(), options,
+                                             [this](ConnPtr c) { accept(std::move(c)); });
+  std::lock_guard lock(mu_);
+  address_ = format_address(advertise, listener->port());
+  listener_ = std::move(listener);
+}
+
+void ObjectStore::accept(ConnPtr c) {
+  {
+    std::lock_guard lock(mu_);
+    borrowers_[c.get()].first = c;
+  }
+  std::weak_ptr<Connection> weak = c;
+  c->start([] {},
+           [this, weak](Message&& m) {
+             if (auto conn = weak.lock()) on_borrower_frame(conn, std::move(m));
+           },
+           [this, raw = c.get()](const std::string&) { on_borrower_closed(raw); });
+}
+
+void ObjectStore::on_borrower_frame(const ConnPtr& c, Message&& m) {
+  ObjectFrame f;
+  try {
+    f = decode_value<ObjectFrame>(m.body);
+  } catch (const std::exception& e) {
+    return c->close(std::string("bad object frame: ") + e.what());
+  }
+  auto op = static_cast<ObjectOp>(m.op);
+  if (m.kind == Kind::REQUEST && op == ObjectOp::kGet) return serve_get(c, m);
+  if (m.kind != Kind::EVENT || f.instance != instance_) return;
+  ObjectValue dropped;  // destroyed after the lock: it may hold refs itself
+  std::lock_guard lock(mu_);
+  auto it = objects_.find(f.id);
+  if (it == objects_.end()) return;  // freed: the borrower's get says ObjectLost
+  Entry& e = it->second;
+  auto& registered = borrowers_[c.get()].second;
+  if (op == ObjectOp::kAddRef) {
+    ++e.remote;
+    ++registered[f.id];
+    unpin_locked(e, f.pin);
+  } else if (auto r = registered.find(f.id); op == ObjectOp::kRemoveRef && r != registered.end()) {
+    --e.remote;
+    if (--r->second == 0) registered.erase(r);
+  } else if (op == ObjectOp::kPin && f.pin != 0) {
+    if (!e.pins_used.erase(f.pin)) e.pins.insert(f.pin);
+  }
+  dropped = free_if_unused_locked(f.id);
+}
+
+void ObjectStore::serve_get(const ConnPtr& c, const Message& m) {
+  Message r;
+  r.kind = Kind::RESPONSE;
+  r.id = m.id;
+  try {
+    auto f = decode_value<ObjectFrame>(m.body);
+    ObjectValue v;
+    {
+      std::lock_guard lock(mu_);
+      auto it = objects_.find(f.id);
+      if (f.instance != instance_ || it == objects_.end())
+        throw ObjectLost(describe(owner_info(f.id, "")) + " is no longer held by its owner");
+      v = it->second.value;
+    }
+    // Encoded outside the lock: large values are attachments viewing the
+    // owner's memory, which the frame keeps alive until written.
+    Encoder e;
+    v.encode(v.value, e);
+    r.body = std::move(e.bytes());
+    r.attachments = std::move(e.attachments());
+  } catch (const std::exception& e) {
+    set_error(r, e);
+  }
+  c->send(r);
+}
+
+void ObjectStore::on_borrower_closed(Connection* raw) {
+  std::vector<ObjectValue> dropped;  // destroyed after the lock
+  std::lock_guard lock(mu_);
+  auto it = borrowers_.find(raw);
+  if (it == borrowers_.end()) return;
+  auto registered = std::move(it->second.second);
+  borrowers_.erase(it);
+  for (auto& [id, n] : registered) {
+    auto e = objects_.find(id);
+    if (e == objects_.end()) continue;
+    e->second.remote -= n;
+    dropped.push_back(free_if_unused_locked(id));
+  }
+}
+
+// ---- borrower side ----------------------------------------------------------
+
+Future<Message> ObjectStore::fetch(const ObjectRefInfo& info) {
+  auto st = std::make_shared<core::FutureState<Message>>();
+  send_to_owner(info, object_message(Kind::REQUEST, ObjectOp::kGet, info), st);
+  return Future<Message>(st);
+}
+
+void ObjectStore::send_to_owner(const ObjectRefInfo& info, Message m,
+                                std::shared_ptr<core::FutureState<Message>> reply) {
+  ConnPtr conn;
+  {
+    std::lock_guard lock(mu_);
+    auto [it, fresh] = links_.try_emplace(info.owner_address);
+    Link& link = it->second;
+    if (reply) {
+      m.id = next_request_++;
+      link.gets[m.id] = Link::Get{reply, describe(info)};
+    }
+    if (link.conn) {
+      conn = link.conn;
+    } else {
+      link.queued.push_back(std::move(m));
+      if (fresh) asio::post(core_.io(), [this, address = info.owner_address] { connect_link(address); });
+      return;
+    }
+  }
+  conn->send(m);
+}
+
+void ObjectStore::connect_link(const std::string& address) {
+  std::pair<std::string, uint16_t> hp;
+  try {
+    hp = parse_address(address);
+  } catch (const std::exception& e) {
+    return fail_link(address, e.what());
+  }
+  Connection::connect(
+      core_.io(), hp.first, hp.second, core_.token(), core_.connection_options(),
+      [this, address](Message&& m) { on_link_frame(address, std::move(m)); },
+      [this, address](const std::string& reason) { fail_link(address, "connection dropped: " + reason); },
+      [this, address](ConnPtr c, std::string error) { on_link_ready(address, std::move(c), error); });
+}
+
+void ObjectStore::on_link_ready(const std::string& address, ConnPtr c, const std::string& error) {
+  if (!c) return fail_link(address, error);
+  std::vector<Message> queued;
+  {
+    std::lock_guard lock(mu_);
+    auto it = links_.find(address);
+    if (it == links_.end()) return c->close("object link no longer wanted");
+    it->second.conn = c;
+    queued.swap(it->second.queued);
+  }
+  for (auto& m : queued) c->send(m);
+}
+
+void ObjectStore::on_link_frame(const std::string& address, Message&& m) {
+  std::shared_ptr<core::FutureState<Message>> reply;
+  {
+    std::lock_guard lock(mu_);
+    auto it = links_.find(address);
+    if (it == links_.end() || m.kind != Kind::RESPONSE) return;
+    auto g = it->second.gets.find(m.id);
+    if (g == it->second.gets.end()) return;
+    reply = std::move(g->second.reply);
+    it->second.gets.erase(g);
+  }
+  if (m.status != Status::OK) return reply->set_error(error_from_message(m));
+  reply->set_value(std::move(m));
+}
+
+// The owner is gone or unreachable: every fetch waiting on it fails with
+// ObjectLost, and the next use of the link connects afresh.
+void ObjectStore::fail_link(const std::string& address, const std::string& reason) {
+  Link link;
+  {
+    std::lock_guard lock(mu_);
+    auto it = links_.find(address);
+    if (it == links_.end()) return;
+    link = std::move(it->second);
+    links_.erase(it);
+  }
+  for (auto& [id, get] : link.gets)
+    get.reply->set_error(
+        std::make_exception_ptr(ObjectLost(get.object + " is lost: its owner is unreachable (" + reason + ")")));
+}
+
+}  // namespace troupe::client

@@ -1,0 +1,182 @@
+// Object references between real processes: put/get in the owner and from
+// an actor, call_ref results consumed on another node without the driver in
+// the path, freeing when the last handle goes, ObjectLost when the owner is
+// killed, and the store's limit.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <numeric>
+
+#include "tests/runtime/test_util.h"
+#include "troupe/runtime/testing/local_cluster.h"
+
+using namespace std::chrono_literals;
+using Bytes = std::vector<uint8_t>;
+
+namespace {
+
+// Bytes 0, 1, 2, ... (mod 251) and their sum, to check a transfer.
+Bytes pattern(int64_t n) {
+  Bytes b(n);
+  for (int64_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(i % 251);
+  return b;
+}
+int64_t checksum(const Bytes& b) { return std::accumulate(b.begin(), b.end(), int64_t{0}); }
+
+}  // namespace
+
+// Makes objects in its own process (call_ref results, puts).
+class Maker {
+ public:
+  Bytes make(int64_t n) { return pattern(n); }
+  troupe::ObjectRef<std::string> put_text(std::string s) { return troupe::this_actor::runtime().put(std::move(s)); }
+  troupe::client::ObjectStoreStats stats() { return troupe::this_actor::runtime().object_store_stats(); }
+  int pid() { return getpid(); }
+};
+TROUPE_ACTOR(Maker, &Maker::make, &Maker::put_text, &Maker::stats, &Maker::pid)
+
+// Consumes refs made elsewhere.
+class User {
+ public:
+  int64_t consume(troupe::ObjectRef<Bytes> r) { return checksum(r.get(30s)); }
+  int64_t sum(troupe::ObjectRef<std::vector<int>> r) {
+    auto v = r.get(30s);
+    return std::accumulate(v.begin(), v.end(), int64_t{0});
+  }
+  // Keeps a ref beyond the call, then lets it go.
+  void keep(troupe::ObjectRef<Bytes> r) { kept_ = std::move(r); }
+  void drop() { kept_ = {}; }
+  // Consumes a ref given to it inside a value, and hands the ref back.
+  troupe::ObjectRef<Bytes> pass(troupe::ObjectRef<Bytes> r) { return r; }
+
+ private:
+  troupe::ObjectRef<Bytes> kept_;
+};
+TROUPE_ACTOR(User, &User::consume, &User::sum, &User::keep, &User::drop, &User::pass)
+
+namespace {
+
+using troupe::test::eventually;
+
+class ObjectRefTest : public ::testing::Test {
+ protected:
+  ObjectRefTest()
+      : cluster_(troupe::testing::LocalClusterOptions{.nodes = {{{"CPU", 2}, {"a", 4}}, {{"CPU", 2}, {"b", 4}}}}),
+        rt_(cluster_.connect()) {}
+  troupe::ActorHandle<Maker> maker(std::vector<std::string> env = {}) {
+    return rt_.spawn<Maker>({.resources = {{"a", 1}}, .env = std::move(env)});
+  }
+  troupe::ActorHandle<User> user() { return rt_.spawn<User>({.resources = {{"b", 1}}}); }
+  troupe::testing::LocalCluster cluster_;
+  troupe::Runtime rt_;
+};
+
+TEST_F(ObjectRefTest, PutAndGetInTheOwner) {
+  auto before = rt_.object_store_stats();
+  {
+    auto r = rt_.put(std::vector<int>{1, 2, 3});
+    auto copy = r;
+    EXPECT_EQ(copy.get(), (std::vector<int>{1, 2, 3}));
+    EXPECT_EQ(rt_.object_store_stats().objects, before.objects + 1);
+    EXPECT_EQ(rt_.object_store_stats().bytes, before.bytes + 3 * sizeof(int));
+  }
+  EXPECT_EQ(rt_.object_store_stats().objects, before.objects);
+  EXPECT_EQ(rt_.object_store_stats().bytes, before.bytes);
+}
+
+TEST_F(ObjectRefTest, ActorGetsWhatTheDriverPut) {
+  auto u = user();
+  std::vector<int> v(100000);
+  std::iota(v.begin(), v.end(), 0);
+  auto r = rt_.put(v);
+  EXPECT_EQ(u.call(&User::sum, r).get(30s), int64_t{99999} * 100000 / 2);
+  // The ref the actor returns is the driver's own object again.
+  auto back = u.call(&User::pass, rt_.put(pattern(10))).get(30s);
+  EXPECT_EQ(back.get(), pattern(10));
+}
+
+TEST_F(ObjectRefTest, ActorPutReachesTheDriver) {
+  auto m = maker();
+  auto r = m.call(&Maker::put_text, std::string(50000, 'x')).get(30s);
+  EXPECT_EQ(r.get(30s), std::string(50000, 'x'));
+  r = {};
+  EXPECT_TRUE(eventually([&] { return m.call(&Maker::stats).get(30s).objects == 0; }));
+}
+
+// The value goes from the maker's node to the user's node directly: the
+// driver's connections carry the ref, not the 8 MiB.
+TEST_F(ObjectRefTest, CallRefIsConsumedOnAnotherNodeWithoutTheDriver) {
+  constexpr int64_t kBytes = 8 << 20;
+  auto m = maker();
+  auto u = user();
+  ASSERT_TRUE(m.wait_ready(30s));
+  ASSERT_TRUE(u.wait_ready(30s));
+  EXPECT_NE(m.info().node_id, u.info().node_id);
+  const auto& traffic = rt_.core()->traffic();
+  uint64_t read0 = traffic.read, written0 = traffic.written;
+
+  auto r = m.call_ref(&Maker::make, kBytes).get(30s);
+  EXPECT_EQ(u.call(&User::consume, r).get(60s), checksum(pattern(kBytes)));
+
+  uint64_t moved = (traffic.read - read0) + (traffic.written - written0);
+  EXPECT_LT(moved, 64u * 1024) << "the driver's connections carried " << moved << " bytes";
+  EXPECT_EQ(m.call(&Maker::stats).get(30s).bytes, static_cast<uint64_t>(kBytes));
+  r = {};
+  EXPECT_TRUE(eventually([&] { return m.call(&Maker::stats).get(30s).objects == 0; }));
+}
+
+TEST_F(ObjectRefTest, FreedWhenTheLastHandleGoes) {
+  auto m = maker();
+  auto u = user();
+  auto base = m.call(&Maker::stats).get(30s);
+  auto r = m.call_ref(&Maker::make, int64_t{1} << 20).get(30s);
+  u.call(&User::keep, r).get(30s);
+  r = {};
+  // The user still holds it, so it stays: the driver's pin for the copy it
+  // sent held it until the user registered.
+  EXPECT_EQ(m.call(&Maker::stats).get(30s).objects, base.objects + 1);
+  u.call(&User::drop).get(30s);
+  EXPECT_TRUE(eventually([&] {
+    auto s = m.call(&Maker::stats).get(30s);
+    return s.objects == base.objects && s.bytes == base.bytes;
+  }));
+}
+
+TEST_F(ObjectRefTest, OwnerKilledMeansObjectLost) {
+  auto m = maker();
+  auto r = m.call_ref(&Maker::make, int64_t{1000}).get(30s);
+  int pid = m.call(&Maker::pid).get(30s);
+  rt_.kill(m);
+  // DEAD once its node agent reaped the process: the owner is gone for sure.
+  ASSERT_TRUE(eventually([&] { return rt_.actor_info(m.id()).state == troupe::ActorState::kDead; }, 30s));
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    r.get(30s);
+    FAIL() << "get() of an object whose owner was killed returned";
+  } catch (const troupe::ObjectLost& e) {
+    EXPECT_NE(std::string(e.what()).find("pid " + std::to_string(pid)), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+  // A consumer gets the same error, typed, through its call.
+  auto u = user();
+  EXPECT_THROW(u.call(&User::consume, r).get(30s), troupe::ObjectLost);
+}
+
+TEST_F(ObjectRefTest, StoreLimitIsEnforced) {
+  rt_.core()->service<troupe::client::ObjectStore>()->set_limit(1 << 20);
+  auto kept = rt_.put(pattern(600 << 10));
+  try {
+    rt_.put(pattern(600 << 10));
+    FAIL() << "put past the limit succeeded";
+  } catch (const troupe::ObjectStoreFull& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(600 << 10)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(1 << 20)), std::string::npos) << e.what();
+  }
+  // A worker's limit comes from TROUPE_OBJECT_STORE_BYTES; a call_ref past
+  // it fails typed at the caller.
+  auto m = maker({"TROUPE_OBJECT_STORE_BYTES=100000"});
+  EXPECT_THROW(m.call_ref(&Maker::make, int64_t{200000}).get(30s), troupe::ObjectStoreFull);
+  EXPECT_EQ(m.call_ref(&Maker::make, int64_t{1000}).get(30s).get(30s), pattern(1000));
+}
+
+}  // namespace
