@@ -338,6 +338,11 @@ std::shared_ptr<ActorClient> Core::actor(uint64_t id) {
   return actor(head_->call<ActorInfo>(Op::kSubscribeActor, id));
 }
 
+void Core::forget_actor(uint64_t id) {
+  std::lock_guard lock(mu_);
+  actors_.erase(id);
+}
+
 void Core::on_event(Message&& m) {
   if (static_cast<Op>(m.op) != Op::kActorUpdate) return;
   ActorInfo info;

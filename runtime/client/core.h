@@ -117,6 +117,9 @@ class Core : public std::enable_shared_from_this<Core> {
   std::shared_ptr<ActorClient> actor(const wire::ActorInfo& info);
   // The same, knowing only the actor's id (asks the head).
   std::shared_ptr<ActorClient> actor(uint64_t id);
+  // Drops this process's client for actor `id` (one it will never call
+  // again, such as a released task executor), so clients do not pile up.
+  void forget_actor(uint64_t id);
   // Called when the head connection drops (cluster gone).
   void set_on_head_lost(std::function<void(const std::string&)> cb) { on_head_lost_ = std::move(cb); }
   bool head_lost() const { return head_lost_.load(); }
@@ -136,6 +139,9 @@ class Core : public std::enable_shared_from_this<Core> {
   // after shutdown. Not to be called from the I/O thread.
   template <class S>
   std::shared_ptr<S> service();
+  // The service of type S if one was created, else null (never creates).
+  template <class S>
+  std::shared_ptr<S> find_service();
 
   // Stops the I/O thread and joins it, then destroys the services. Not to be
   // called from the I/O thread.
@@ -175,6 +181,14 @@ std::shared_ptr<S> Core::service() {
   auto created = std::make_shared<S>(*this);
   services_.push_back(Service{std::type_index(typeid(S)), created});
   return created;
+}
+
+template <class S>
+std::shared_ptr<S> Core::find_service() {
+  std::lock_guard lock(services_mu_);
+  for (auto& s : services_)
+    if (s.type == std::type_index(typeid(S))) return std::static_pointer_cast<S>(s.instance);
+  return nullptr;
 }
 
 }  // namespace troupe::client

@@ -2,12 +2,17 @@
 #include <mutex>
 
 #include "troupe/runtime/client/actor.h"
+#include "troupe/runtime/client/task.h"
 
 namespace troupe::client {
 
 namespace {
+// Starts with the built-in task executor, so that every troupe binary
+// serves tasks (a static registration elsewhere could be left out by the
+// linker).
 std::map<std::string, ActorFactory>& factories() {
-  static std::map<std::string, ActorFactory> m;
+  static std::map<std::string, ActorFactory> m{
+      {kTaskExecutorKey, ActorFactory{kTaskExecutorClass, &make_task_executor}}};
   return m;
 }
 std::mutex& factories_mu() {

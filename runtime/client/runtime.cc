@@ -98,8 +98,12 @@ Runtime Runtime::connect(const InitOptions& o) {
 
 void Runtime::shutdown() {
   if (core_) {
-    // Worker runtimes share the process's core; only drivers close theirs.
-    if (embedded_ || !this_actor::in_worker()) core_->shutdown();
+    // Worker runtimes share the process's core; only drivers close theirs
+    // (and release their task executors first, while the head is there).
+    if (embedded_ || !this_actor::in_worker()) {
+      if (auto tasks = core_->find_service<client::TaskSubmitter>()) tasks->release_all();
+      core_->shutdown();
+    }
     core_.reset();
   }
   if (embedded_) {
@@ -124,6 +128,24 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
     throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(options.max_concurrency));
   head::validate_resources(spec.resources, "actor " + spec.class_name + " options");
   return core_->head().call<ActorInfo>(Op::kCreateActor, spec);
+}
+
+client::TaskPlacement Runtime::task_placement(const TaskOptions& options) {
+  client::TaskPlacement p;
+  p.resources = options.resources;
+  if (options.placement_group) {
+    p.placement_group = options.placement_group->id();
+    if (options.bundle_index < -1 || options.bundle_index >= static_cast<int>(options.placement_group->bundle_count()))
+      throw ConfigError("task bundle_index " + std::to_string(options.bundle_index) +
+                        " is out of range for a group of " + std::to_string(options.placement_group->bundle_count()) +
+                        " bundles");
+  }
+  p.bundle_index = options.bundle_index;
+  p.executable = options.executable;
+  p.env = options.env;
+  if (options.max_retries < -1)
+    throw ConfigError("max_retries must be >= -1, got " + std::to_string(options.max_retries));
+  return p;
 }
 
 void Runtime::kill_actor(uint64_t actor_id, bool no_restart) {

@@ -9,6 +9,9 @@
 //   troupe::Runtime rt = troupe::init(argc, argv);
 //   auto c = rt.spawn<Counter>({.resources = {{"CPU", 1}}, .max_restarts = 3}, 10);
 //   int v = c.call(&Counter::add, 5).get();
+//
+// Tasks (stateless functions registered with TROUPE_TASK) run on pooled
+// workers: `int v = rt.submit(&square, {.resources = {{"CPU", 1}}}, 7).get();`
 #pragma once
 
 #include <chrono>
@@ -21,6 +24,8 @@
 #include "troupe/runtime/client/control.h"
 #include "troupe/runtime/client/core.h"
 #include "troupe/runtime/client/object_ref.h"
+#include "troupe/runtime/client/task.h"
+#include "troupe/runtime/client/task_submitter.h"
 #include "troupe/runtime/core/error_registry.h"
 #include "troupe/runtime/core/kv_store.h"
 #include "troupe/runtime/wire/error_kind.h"
@@ -65,6 +70,23 @@ struct ActorOptions {
   int max_concurrency = 1;
   const PlacementGroup* placement_group = nullptr;
   int bundle_index = -1;
+  // Worker executable; "" = this program (it must call troupe::init).
+  std::string executable;
+  // Extra KEY=VALUE environment for the worker process.
+  std::vector<std::string> env;
+};
+
+// How a task runs (Runtime::submit).
+struct TaskOptions {
+  // What the worker running it reserves ({} = nothing).
+  Resources resources;
+  const PlacementGroup* placement_group = nullptr;
+  int bundle_index = -1;
+  // Times the task runs again (on another worker) when the worker running
+  // it dies (-1 = unlimited); then it fails with WorkerDied.
+  int max_retries = 0;
+  // Shown in logs and errors ("" = the task's registered name).
+  std::string name;
   // Worker executable; "" = this program (it must call troupe::init).
   std::string executable;
   // Extra KEY=VALUE environment for the worker process.
@@ -199,7 +221,23 @@ class Runtime {
   // The process-internal client core (for layers built on the runtime).
   const std::shared_ptr<client::Core>& core() const { return core_; }
 
+  // Runs task `fn` (registered with TROUPE_TASK) with `args` on a pooled
+  // worker that has `options.resources`. Futures among the arguments are
+  // awaited first and their values sent. An error the task throws reaches
+  // get() typed, as an actor call's would; ConfigError at once when no node
+  // could ever fit the resources.
+  template <class R, class... P, class... A>
+  Future<std::decay_t<R>> submit(R (*fn)(P...), const TaskOptions& options, A&&... args);
+  // As submit, but the executor keeps the result and the future gives a
+  // reference to it (chosen at submit time, as call_ref is): pass it to
+  // other tasks and calls, which fetch it from the executor directly.
+  template <class R, class... P, class... A>
+  Future<ObjectRef<std::decay_t<R>>> submit_ref(R (*fn)(P...), const TaskOptions& options, A&&... args);
+
  private:
+  template <class Result, class R, class... P, class... A>
+  Future<Result> submit_task(R (*fn)(P...), const TaskOptions& options, bool keep_result, A&&... args);
+  static client::TaskPlacement task_placement(const TaskOptions& options);
   ActorInfo create_actor(wire::ActorSpec spec, const ActorOptions& options);
   struct Embedded;
   std::shared_ptr<client::Core> core_;
@@ -266,6 +304,41 @@ decltype(auto) resolve_arg(T&& v) {
     return std::forward<T>(v);
   }
 }
+
+// Calls `send(Args(...))` with `args`, once every Future among them is
+// ready (at once when there is none), from the thread that completes the
+// last one; an argument's error (or send's) goes to `st`.
+template <class Args, class State, class Send, class... A>
+void send_when_ready(const std::shared_ptr<State>& st, Send send, A&&... args) {
+  constexpr bool any_future = (IsFuture<std::decay_t<A>>::value || ...);
+  if constexpr (!any_future) {
+    send(Args(std::forward<A>(args)...));
+  } else {
+    auto pack = std::make_shared<std::tuple<std::decay_t<A>...>>(std::forward<A>(args)...);
+    auto remaining = std::make_shared<std::atomic<int>>(1);
+    auto fire = [pack, st, send, remaining] {
+      if (remaining->fetch_sub(1) != 1) return;
+      try {
+        send(std::apply([](auto&... a) { return Args(resolve_arg(a)...); }, *pack));
+      } catch (...) {
+        st->set_error(std::current_exception());
+      }
+    };
+    std::apply(
+        [&](auto&... a) {
+          (
+              [&](auto& x) {
+                if constexpr (IsFuture<std::decay_t<decltype(x)>>::value) {
+                  remaining->fetch_add(1);
+                  x.on_ready(fire);
+                }
+              }(a),
+              ...);
+        },
+        *pack);
+    fire();
+  }
+}
 }  // namespace client
 
 template <class T>
@@ -303,36 +376,7 @@ Future<R> ActorHandle<T>::send_call(M method, uint32_t op, A&&... args) const {
         op, std::move(e), [st, core](wire::Message& m) { client::complete_call<R>(*st, m, core); },
         [st](std::exception_ptr ex) { st->set_error(ex); });
   };
-  constexpr bool any_future = (IsFuture<std::decay_t<A>>::value || ...);
-  if constexpr (!any_future) {
-    send(Args(std::forward<A>(args)...));
-  } else {
-    // Futures among the arguments: send once all of them are ready, from
-    // the thread that completes the last one.
-    auto pack = std::make_shared<std::tuple<std::decay_t<A>...>>(std::forward<A>(args)...);
-    auto remaining = std::make_shared<std::atomic<int>>(1);
-    auto fire = [pack, st, send, remaining] {
-      if (remaining->fetch_sub(1) != 1) return;
-      try {
-        send(std::apply([](auto&... a) { return Args(client::resolve_arg(a)...); }, *pack));
-      } catch (...) {
-        st->set_error(std::current_exception());
-      }
-    };
-    std::apply(
-        [&](auto&... a) {
-          (
-              [&](auto& x) {
-                if constexpr (IsFuture<std::decay_t<decltype(x)>>::value) {
-                  remaining->fetch_add(1);
-                  x.on_ready(fire);
-                }
-              }(a),
-              ...);
-        },
-        *pack);
-    fire();
-  }
+  client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
   return Future<R>(st);
 }
 
@@ -348,6 +392,38 @@ ActorHandle<T> Runtime::spawn(const ActorOptions& options, A&&... args) {
   spec.ctor_args = std::move(e.bytes());
   spec.ctor_attachments = std::move(e.attachments());
   return ActorHandle<T>(core_->actor(create_actor(std::move(spec), options)));
+}
+
+template <class R, class... P, class... A>
+Future<std::decay_t<R>> Runtime::submit(R (*fn)(P...), const TaskOptions& options, A&&... args) {
+  return submit_task<std::decay_t<R>>(fn, options, false, std::forward<A>(args)...);
+}
+
+template <class R, class... P, class... A>
+Future<ObjectRef<std::decay_t<R>>> Runtime::submit_ref(R (*fn)(P...), const TaskOptions& options, A&&... args) {
+  static_assert(!std::is_void_v<R>, "submit_ref needs a task that returns a value");
+  return submit_task<ObjectRef<std::decay_t<R>>>(fn, options, true, std::forward<A>(args)...);
+}
+
+template <class Result, class R, class... P, class... A>
+Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, bool keep_result, A&&... args) {
+  using Args = std::tuple<std::decay_t<P>...>;
+  static_assert(sizeof...(A) == sizeof...(P), "wrong number of arguments for this task");
+  const client::TaskEntry& entry = client::task_for_function(client::task_function_key(fn));
+  auto submitter = core_->service<client::TaskSubmitter>();
+  auto key = submitter->key_for(task_placement(options));
+  auto st = std::make_shared<core::FutureState<Result>>();
+  auto send = [submitter, key, st, &entry, label = options.name.empty() ? entry.name : options.name,
+               retries = options.max_retries, keep_result, core = core_.get()](Args tuple) {
+    wire::Encoder e;
+    wire::encode(e, entry.name);
+    wire::encode(e, tuple);
+    submitter->submit(
+        key, label, std::move(e), retries, [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
+        [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
+  };
+  client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
+  return Future<Result>(st);
 }
 
 }  // namespace troupe

@@ -28,6 +28,14 @@ class ActorDied : public Error {
   using Error::Error;
 };
 
+// The worker process that ran a task died while it ran (and the task had no
+// retries left), or task executors kept dying before they could start; the
+// message names the task and the cause of death.
+class WorkerDied : public ActorDied {
+ public:
+  using ActorDied::ActorDied;
+};
+
 // A user method (or constructor) threw a class that is neither one of
 // these nor registered with TROUPE_ERROR; carries the remote type name.
 class RemoteError : public Error {

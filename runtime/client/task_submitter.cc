@@ -1,0 +1,479 @@
+#include "troupe/runtime/client/task_submitter.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "troupe/runtime/client/task.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
+#include "troupe/runtime/head/resource_pool.h"
+#include "troupe/runtime/head/scheduler.h"
+
+namespace troupe::client {
+
+using namespace troupe::wire;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+// Executors in a row that die before running anything make a key give up
+// (a worker executable that cannot start would otherwise be respawned
+// forever).
+constexpr int kMaxFailedLeases = 3;
+// How long a task whose worker died waits for the head to say why before
+// it fails with what the connection saw.
+constexpr auto kDeathCauseWait = std::chrono::seconds(2);
+}  // namespace
+
+struct TaskSubmitter::Executor {
+  std::shared_ptr<ActorClient> client;
+  uint64_t id = 0;
+  int32_t pid = 0;
+  int inflight = 0;
+  bool ready = false;
+  bool gone = false;
+  // It ran a submit_ref, so it may own objects others still refer to:
+  // kept until the runtime shuts down rather than reaped when idle.
+  bool holds_objects = false;
+  std::string death_cause;
+  Clock::time_point idle_since = Clock::now();
+  // Tasks that died with it and wait for the head's cause of death.
+  std::vector<std::pair<std::shared_ptr<Task>, std::string>> lost;
+  Clock::time_point lost_since;
+};
+
+struct TaskSubmitter::Task {
+  std::shared_ptr<Key> key;
+  std::string name;  // for messages
+  std::string body;
+  std::vector<Buffer> attachments;
+  int retries_left = 0;
+  uint32_t op = 0;  // 0, or kKeepResult for submit_ref
+  Complete complete;
+  Fail fail;
+  std::shared_ptr<Executor> on;
+};
+
+struct TaskSubmitter::Key {
+  std::string text;  // for messages: "{CPU: 1}" and the group
+  ActorSpec spec;    // of its executors
+  int cap = 1;
+  std::deque<std::shared_ptr<Task>> queue;
+  std::vector<std::shared_ptr<Executor>> executors;  // not gone
+  int requested = 0;                                 // leases asked of the lease thread, not yet made
+  int failed_leases = 0;
+};
+
+namespace {
+
+// How many executors asking for `r` the live nodes fit at once; 0 when no
+// node could ever run one.
+int fit_count(const Resources& r, const std::vector<NodeInfo>& nodes) {
+  int total = 0;
+  for (const auto& n : nodes) {
+    if (!n.alive) continue;
+    double fits = 1e9;
+    for (const auto& [name, amount] : r) {
+      if (amount <= 0) continue;
+      auto it = n.total.find(name);
+      double have = it == n.total.end() ? 0 : it->second;
+      fits = std::min(fits, std::floor(have / amount + 1e-9));
+    }
+    if (r.empty() || fits >= 1e9) {
+      auto cpu = n.total.find("CPU");
+      fits = cpu == n.total.end() ? 1 : std::max(1.0, std::floor(cpu->second));
+    }
+    total += static_cast<int>(std::min(fits, 1e6));
+  }
+  return total;
+}
+
+std::string describe_nodes(const std::vector<NodeInfo>& nodes) {
+  std::string out;
+  for (const auto& n : nodes)
+    if (n.alive) out += (out.empty() ? "{" : ", {") + head::format_resources(n.total) + "}";
+  return out.empty() ? "no live nodes" : out;
+}
+
+}  // namespace
+
+std::exception_ptr TaskSubmitter::worker_died(const std::string& task, const Executor& e, const std::string& cause) {
+  return std::make_exception_ptr(WorkerDied("task '" + task + "' failed: its worker (task executor actor " +
+                                            std::to_string(e.id) + ", pid " + std::to_string(e.pid) +
+                                            ") died while running it: " + cause));
+}
+
+TaskSubmitter::TaskSubmitter(Core& core) : core_(core) {
+  leaser_ = std::thread([this] { lease_loop(); });
+}
+
+TaskSubmitter::~TaskSubmitter() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (leaser_.joinable()) leaser_.join();
+}
+
+void TaskSubmitter::set_options(const TaskSubmitterOptions& options) {
+  if (options.pipeline_depth < 1)
+    throw ConfigError("pipeline_depth must be >= 1, got " + std::to_string(options.pipeline_depth));
+  std::lock_guard lock(mu_);
+  options_ = options;
+}
+
+std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& p) {
+  std::string id = encode_value(p).bytes();
+  {
+    std::lock_guard lock(mu_);
+    auto it = keys_.find(id);
+    if (it != keys_.end()) return it->second;
+  }
+  head::validate_resources(p.resources, "task options");
+  auto key = std::make_shared<Key>();
+  key->text = "{" + head::format_resources(p.resources) + "}";
+  if (p.placement_group) key->text += " in placement group " + std::to_string(p.placement_group);
+  auto nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes);
+  int fits = fit_count(p.resources, nodes);
+  if (fits == 0 && !p.placement_group)
+    throw ConfigError("task resources " + key->text + " fit on no node of the cluster (" + describe_nodes(nodes) + ")");
+  key->cap = std::max(1, fits);
+  key->spec.type_key = kTaskExecutorKey;
+  key->spec.class_name = kTaskExecutorClass;
+  key->spec.resources = p.resources;
+  key->spec.placement_group = p.placement_group;
+  key->spec.bundle_index = p.bundle_index;
+  key->spec.executable = p.executable.empty() ? core::self_executable_path() : p.executable;
+  key->spec.env = p.env;
+  std::lock_guard lock(mu_);
+  return keys_.emplace(id, key).first->second;  // a racing caller's key wins
+}
+
+void TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::string& name, Encoder&& body, int max_retries,
+                           Complete complete, Fail fail, bool keep_result) {
+  auto t = std::make_shared<Task>();
+  t->op = keep_result ? kKeepResult : 0;
+  t->key = key;
+  t->name = name;
+  t->body = std::move(body.bytes());
+  t->attachments = std::move(body.attachments());
+  t->retries_left = max_retries;
+  t->complete = std::move(complete);
+  t->fail = std::move(fail);
+  std::vector<Send> sends;
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_) {
+      key->queue.push_back(std::move(t));
+      sends = pump_locked(key);
+    }
+  }
+  if (t) return t->fail(std::make_exception_ptr(Aborted("task '" + name + "' submitted after the runtime shut down")));
+  send(std::move(sends));
+}
+
+std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_ptr<Key>& key) {
+  std::vector<Send> out;
+  Key& k = *key;
+  int effective_cap = options_.max_executors > 0 ? options_.max_executors : k.cap;
+  bool can_grow = static_cast<int>(k.executors.size()) + k.requested < effective_cap;
+  // While executors may still come (leasable or starting), tasks wait here
+  // rather than queue behind others on the first one ready.
+  bool more_coming = can_grow || k.requested > 0 ||
+                     std::any_of(k.executors.begin(), k.executors.end(), [](const auto& e) { return !e->ready; });
+  int depth = more_coming ? 1 : options_.pipeline_depth;
+  while (!k.queue.empty()) {
+    Executor* best = nullptr;
+    std::shared_ptr<Executor> best_ptr;
+    for (auto& e : k.executors)
+      if (e->ready && (!best || e->inflight < best->inflight)) {
+        best = e.get();
+        best_ptr = e;
+      }
+    if (!best || best->inflight >= depth) break;
+    ++best->inflight;
+    auto t = std::move(k.queue.front());
+    k.queue.pop_front();
+    t->on = best_ptr;
+    out.emplace_back(std::move(best_ptr), std::move(t));
+  }
+  if (can_grow && !k.queue.empty()) request_leases_locked(key);
+  return out;
+}
+
+void TaskSubmitter::request_leases_locked(const std::shared_ptr<Key>& key) {
+  Key& k = *key;
+  if (stopping_) return;
+  int effective_cap = options_.max_executors > 0 ? options_.max_executors : k.cap;
+  int starting = k.requested;
+  for (auto& e : k.executors)
+    if (!e->ready) ++starting;
+  int room = effective_cap - static_cast<int>(k.executors.size()) - k.requested;
+  int want = std::min<int>(room, static_cast<int>(k.queue.size()) - starting);
+  if (want <= 0) return;
+  k.requested += want;
+  for (int i = 0; i < want; ++i) lease_requests_.push_back(key);
+  cv_.notify_all();
+}
+
+void TaskSubmitter::send(std::vector<Send> sends) {
+  for (auto& [e, t] : sends) {
+    Encoder body;
+    if (t->retries_left != 0) {
+      // Kept for a run on another executor should this one die.
+      body.bytes() = t->body;
+      body.attachments() = t->attachments;
+    } else {
+      body.bytes() = std::move(t->body);
+      body.attachments() = std::move(t->attachments);
+    }
+    e->client->submit(
+        t->op, std::move(body), [this, t](Message& m) { on_task_done(t, m); },
+        [this, t](std::exception_ptr ex) {
+          std::string reason = "unknown";
+          try {
+            std::rethrow_exception(ex);
+          } catch (const std::exception& x) {
+            reason = x.what();
+          }
+          on_task_lost(t, reason);
+        });
+  }
+}
+
+void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
+  t->complete(m);
+  std::vector<Send> sends;
+  {
+    std::lock_guard lock(mu_);
+    if (auto& e = t->on) {
+      if (t->op & kKeepResult) e->holds_objects = true;
+      if (--e->inflight == 0) e->idle_since = Clock::now();
+      e.reset();
+    }
+    sends = pump_locked(t->key);
+  }
+  send(std::move(sends));
+}
+
+void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::string& reason) {
+  std::vector<Send> sends;
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mu_);
+    std::shared_ptr<Executor> e = std::move(t->on);
+    if (!e) return;
+    --e->inflight;
+    drop_executor_locked(*t->key, *e, "");
+    if (stopping_) {
+      error = worker_died(t->name, *e, reason);
+    } else if (t->retries_left != 0) {
+      if (t->retries_left > 0) --t->retries_left;
+      TROUPE_LOG_INFO("task '{}' lost its worker ({}); running it again", t->name, reason);
+      t->key->queue.push_front(t);
+      sends = pump_locked(t->key);
+    } else if (e->death_cause.empty()) {
+      // The head's word on why the worker died is usually a moment behind
+      // the connection's; the task waits for it (bounded) to report it.
+      if (e->lost.empty()) {
+        e->lost_since = Clock::now();
+        awaiting_cause_.push_back(e);
+      }
+      e->lost.emplace_back(t, reason);
+    } else {
+      error = worker_died(t->name, *e, e->death_cause);
+    }
+  }
+  send(std::move(sends));
+  if (error) t->fail(error);
+}
+
+std::vector<std::shared_ptr<TaskSubmitter::Task>> TaskSubmitter::drop_executor_locked(Key& key, Executor& e,
+                                                                                      const std::string& cause) {
+  if (!cause.empty() && e.death_cause.empty()) e.death_cause = cause;
+  if (!e.gone) {
+    e.gone = true;
+    auto& v = key.executors;
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& p) { return p.get() == &e; }), v.end());
+  }
+  // Tasks that waited for the cause of death can now be told it.
+  std::vector<std::shared_ptr<Task>> lost;
+  if (e.death_cause.empty()) return lost;
+  for (auto& [t, reason] : e.lost) lost.push_back(t);
+  e.lost.clear();
+  return lost;
+}
+
+TaskSubmitter::Failures TaskSubmitter::fail_queue_locked(Key& key, std::exception_ptr error) {
+  Failures out;
+  for (auto& t : key.queue) out.emplace_back(t, error);
+  key.queue.clear();
+  return out;
+}
+
+void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const std::shared_ptr<Executor>& e,
+                                       const ActorInfo& info) {
+  std::vector<Send> sends;
+  Failures failures;
+  bool died = false;
+  {
+    std::lock_guard lock(mu_);
+    if (info.state == ActorState::kAlive && !e->gone && !e->ready) {
+      e->ready = true;
+      e->pid = info.pid;
+      e->idle_since = Clock::now();
+      key->failed_leases = 0;
+      sends = pump_locked(key);
+    } else if (info.state == ActorState::kDead && e->death_cause.empty()) {
+      died = true;
+      std::string cause = info.death_cause.empty() ? "the head reports it dead" : info.death_cause;
+      bool never_started = !e->ready;
+      for (auto& t : drop_executor_locked(*key, *e, cause)) failures.emplace_back(t, worker_died(t->name, *e, cause));
+      std::erase(awaiting_cause_, e);
+      if (never_started && ++key->failed_leases >= kMaxFailedLeases) {
+        auto error = std::make_exception_ptr(WorkerDied("task executors for " + key->text + " died " +
+                                                        std::to_string(kMaxFailedLeases) +
+                                                        " times in a row before starting; the last: " + cause));
+        key->failed_leases = 0;
+        auto queued = fail_queue_locked(*key, error);
+        failures.insert(failures.end(), queued.begin(), queued.end());
+      } else {
+        sends = pump_locked(key);
+      }
+    }
+  }
+  if (died) core_.forget_actor(e->id);
+  send(std::move(sends));
+  for (auto& [t, error] : failures) t->fail(error);
+}
+
+void TaskSubmitter::lease_loop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    auto period = std::clamp<std::chrono::milliseconds>(options_.idle_release / 4, std::chrono::milliseconds(10),
+                                                        std::chrono::milliseconds(250));
+    cv_.wait_for(lock, period, [&] { return stopping_ || !lease_requests_.empty(); });
+    while (!stopping_ && !lease_requests_.empty()) {
+      auto key = std::move(lease_requests_.front());
+      lease_requests_.pop_front();
+      lock.unlock();
+      lease_one(key);
+      lock.lock();
+    }
+    if (!stopping_) reap_idle(lock);
+  }
+}
+
+void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
+  ActorInfo info;
+  std::shared_ptr<ActorClient> client;
+  std::exception_ptr error;
+  try {
+    info = core_.head().call<ActorInfo>(Op::kCreateActor, key->spec);
+    client = core_.actor(info);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  auto e = std::make_shared<Executor>();
+  Failures failures;
+  {
+    std::lock_guard lock(mu_);
+    --key->requested;
+    if (error) {
+      failures = fail_queue_locked(*key, error);
+    } else {
+      e->client = client;
+      e->id = info.id;
+      key->executors.push_back(e);
+    }
+  }
+  for (auto& [t, x] : failures) t->fail(x);
+  if (error) return;
+  std::weak_ptr<Executor> weak = e;
+  std::weak_ptr<Key> weak_key = key;
+  client->add_listener([this, weak, weak_key](const ActorInfo& i) {
+    auto e = weak.lock();
+    auto k = weak_key.lock();
+    if (e && k) on_executor_update(k, e, i);
+  });
+  // It may have started before the listener was in place.
+  on_executor_update(key, e, client->info());
+}
+
+void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
+  auto now = Clock::now();
+  std::vector<uint64_t> idle;
+  for (auto& [id, key] : keys_) {
+    auto& v = key->executors;
+    for (auto it = v.begin(); it != v.end();) {
+      Executor& e = **it;
+      if (e.ready && e.inflight == 0 && !e.holds_objects && now - e.idle_since >= options_.idle_release) {
+        e.gone = true;
+        idle.push_back(e.id);
+        it = v.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  Failures overdue;
+  for (auto it = awaiting_cause_.begin(); it != awaiting_cause_.end();) {
+    Executor& e = **it;
+    if (now - e.lost_since < kDeathCauseWait) {
+      ++it;
+      continue;
+    }
+    for (auto& [t, reason] : e.lost) overdue.emplace_back(t, worker_died(t->name, e, reason));
+    e.lost.clear();
+    it = awaiting_cause_.erase(it);
+  }
+  if (idle.empty() && overdue.empty()) return;
+  lock.unlock();
+  for (uint64_t id : idle) kill_executor(id);
+  for (auto& [t, error] : overdue) t->fail(error);
+  lock.lock();
+}
+
+void TaskSubmitter::kill_executor(uint64_t id) {
+  try {
+    core_.head().call<void>(Op::kKillActor, KillActor{id, true});
+  } catch (const std::exception& x) {
+    TROUPE_LOG_DEBUG("releasing task executor {}: {}", id, x.what());
+  }
+  core_.forget_actor(id);
+}
+
+void TaskSubmitter::release_all() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (leaser_.joinable()) leaser_.join();
+  std::vector<uint64_t> ids;
+  Failures failures;
+  {
+    std::lock_guard lock(mu_);
+    auto error = std::make_exception_ptr(Aborted("the runtime shut down before the task ran"));
+    for (auto& [id, key] : keys_) {
+      for (auto& e : key->executors) {
+        e->gone = true;
+        ids.push_back(e->id);
+      }
+      key->executors.clear();
+      auto queued = fail_queue_locked(*key, error);
+      failures.insert(failures.end(), queued.begin(), queued.end());
+    }
+  }
+  for (auto& [t, error] : failures) t->fail(error);
+  for (uint64_t id : ids) kill_executor(id);
+}
+
+size_t TaskSubmitter::executor_count() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& [id, key] : keys_) n += key->executors.size();
+  return n;
+}
+
+}  // namespace troupe::client

@@ -1,0 +1,116 @@
+// TaskSubmitter: how a process runs tasks, as Ray does it — with worker
+// leases, not a head round trip per task. One submitter per client core
+// (Core::service<TaskSubmitter>()). Per scheduling key (resources,
+// placement group + bundle, executable, env) it keeps a set of leased task
+// executors (hidden actors, client/task.h) and sends tasks straight to them:
+//
+// - a queued task goes to the least-busy ready executor; while more
+//   executors may still be leased, each runs one task at a time from here
+//   (so work spreads), once the key has all it can get, up to
+//   pipeline_depth tasks travel to each (batched into few frames);
+// - executors are leased (spawned with the key's resources) while tasks
+//   queue and the cluster can fit more, and released (killed) after
+//   idle_release without work;
+// - a task in flight on an executor that dies runs again on another, at
+//   most max_retries times, then fails with WorkerDied naming the cause.
+//
+// Spawning and killing executors (head calls) happen on a thread of the
+// submitter's own, never on the I/O thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/runtime/client/core.h"
+
+namespace troupe::client {
+
+struct TaskSubmitterOptions {
+  // An executor without work for this long is released.
+  std::chrono::milliseconds idle_release{1000};
+  // Tasks in flight per executor once a key cannot lease more executors.
+  int pipeline_depth = 256;
+  // Executors per key; 0 = as many as the cluster's nodes fit (for tasks
+  // that ask for no resources: the cluster's CPU count).
+  int max_executors = 0;
+};
+
+// Where a task runs: TaskOptions without the per-task fields.
+struct TaskPlacement {
+  std::map<std::string, double> resources;
+  uint64_t placement_group = 0;
+  int32_t bundle_index = -1;
+  std::string executable;
+  std::vector<std::string> env;
+  TROUPE_FIELDS(resources, placement_group, bundle_index, executable, env)
+};
+
+class TaskSubmitter {
+ public:
+  using Complete = ActorClient::Complete;
+  using Fail = ActorClient::Fail;
+  struct Key;
+
+  explicit TaskSubmitter(Core& core);
+  ~TaskSubmitter();
+  TaskSubmitter(const TaskSubmitter&) = delete;
+  TaskSubmitter& operator=(const TaskSubmitter&) = delete;
+
+  void set_options(const TaskSubmitterOptions& options);
+
+  // The scheduling key for `placement`, created on first use; checks then
+  // (once per key) that some node could ever fit it: ConfigError naming the
+  // resources otherwise. Asks the head: not to be called on the I/O thread.
+  std::shared_ptr<Key> key_for(const TaskPlacement& placement);
+  // Queues one task: `body` holds the task's name and encoded arguments;
+  // `complete` gets the executor's reply (value or the task's error),
+  // `fail` a WorkerDied; with `keep_result` the executor keeps the result
+  // and replies with a reference to it (submit_ref). Any thread.
+  void submit(const std::shared_ptr<Key>& key, const std::string& name, wire::Encoder&& body, int max_retries,
+              Complete complete, Fail fail, bool keep_result = false);
+  // Releases every executor and stops leasing (before the core closes).
+  void release_all();
+  // Executors leased now, over all keys (ready or starting).
+  size_t executor_count() const;
+
+ private:
+  struct Executor;
+  struct Task;
+  using Send = std::pair<std::shared_ptr<Executor>, std::shared_ptr<Task>>;
+  using Failures = std::vector<std::pair<std::shared_ptr<Task>, std::exception_ptr>>;
+
+  std::vector<Send> pump_locked(const std::shared_ptr<Key>& key);
+  void request_leases_locked(const std::shared_ptr<Key>& key);
+  void send(std::vector<Send> sends);
+  void on_task_done(const std::shared_ptr<Task>& t, wire::Message& m);
+  void on_task_lost(const std::shared_ptr<Task>& t, const std::string& reason);
+  void on_executor_update(const std::shared_ptr<Key>& key, const std::shared_ptr<Executor>& e,
+                          const wire::ActorInfo& info);
+  std::vector<std::shared_ptr<Task>> drop_executor_locked(Key& key, Executor& e, const std::string& cause);
+  Failures fail_queue_locked(Key& key, std::exception_ptr error);
+  static std::exception_ptr worker_died(const std::string& task, const Executor& e, const std::string& cause);
+  void lease_loop();
+  void lease_one(const std::shared_ptr<Key>& key);
+  void reap_idle(std::unique_lock<std::mutex>& lock);
+  void kill_executor(uint64_t id);
+
+  Core& core_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  TaskSubmitterOptions options_;
+  std::map<std::string, std::shared_ptr<Key>> keys_;
+  std::deque<std::shared_ptr<Key>> lease_requests_;
+  // Dead executors whose lost tasks wait for the head's cause of death.
+  std::vector<std::shared_ptr<Executor>> awaiting_cause_;
+  bool stopping_ = false;
+  std::thread leaser_;
+};
+
+}  // namespace troupe::client

@@ -1,0 +1,203 @@
+// Tasks on a LocalCluster: real head, node agent and task-executor worker
+// processes on loopback. Results, futures as arguments, typed errors,
+// resources respected, retries while the worker is SIGKILLed, and a bounded
+// soak that checks the driver's fds and the executors left behind.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "tests/support/temp_dir.h"
+#include "tests/support/wait.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/testing/local_cluster.h"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+class TaskQuotaExceeded : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+int square(int x) { return x * x; }
+int add(int a, int b) { return a + b; }
+std::string shout(std::string s) { return s + "!"; }
+int not_a_task(int x) { return x; }
+
+// Throws the error `kind` names.
+int fail_with(std::string kind, std::string message) {
+  if (kind == "config") throw troupe::ConfigError(message);
+  if (kind == "quota") throw TaskQuotaExceeded(message);
+  throw std::invalid_argument(message);
+}
+
+// SIGKILLs its own worker the first time (when `marker` does not exist
+// yet); afterwards returns its pid.
+int die_once(std::string marker) {
+  if (!std::filesystem::exists(marker)) {
+    std::ofstream(marker) << "ran";
+    ::kill(::getpid(), SIGKILL);
+  }
+  return ::getpid();
+}
+
+// Counts the tasks running at once under KV key `tag` and returns the most
+// it saw. With `wait` it waits (bounded) until a second task ran beside it:
+// one that found another running bumps `tag/overlaps`, so a short partner
+// is not missed between two polls.
+int64_t overlap(std::string tag, bool wait) {
+  auto& kv = troupe::this_actor::runtime().kv();
+  std::string overlaps = tag + "/overlaps";
+  int64_t before = kv.add(overlaps, 0);
+  int64_t seen = kv.add(tag, 1);
+  if (seen >= 2) kv.add(overlaps, 1);
+  if (wait) troupe::test::eventually([&] { return kv.add(overlaps, 0) > before; }, 10s);
+  seen = std::max(seen, kv.add(tag, 0));
+  kv.add(tag, -1);
+  return seen;
+}
+
+class Adder {
+ public:
+  int plus(int a, int b) { return a + b; }
+};
+
+size_t open_fds() {
+  size_t n = 0;
+  for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+}  // namespace
+
+TROUPE_ERROR(TaskQuotaExceeded);
+TROUPE_TASK(square)
+TROUPE_TASK(add)
+TROUPE_TASK(shout)
+TROUPE_TASK(fail_with)
+TROUPE_TASK(die_once)
+TROUPE_TASK(overlap)
+TROUPE_ACTOR(Adder, &Adder::plus)
+
+class TaskTest : public ::testing::Test {
+ protected:
+  static troupe::testing::LocalClusterOptions two_cpus() {
+    troupe::testing::LocalClusterOptions o;
+    o.nodes = {{{"CPU", 2}}};
+    return o;
+  }
+  troupe::testing::LocalCluster cluster_{two_cpus()};
+  troupe::Runtime rt_ = cluster_.connect();
+};
+
+TEST_F(TaskTest, ReturnsResults) {
+  EXPECT_EQ(rt_.submit(&square, {.resources = {{"CPU", 1}}, .max_retries = 2}, 7).get(30s), 49);
+  EXPECT_EQ(rt_.submit(&shout, {}, std::string("hey")).get(30s), "hey!");
+  std::vector<troupe::Future<int>> fs;
+  for (int i = 0; i < 100; ++i) fs.push_back(rt_.submit(&square, {}, i));
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(fs[i].get(30s), i * i);
+}
+
+TEST_F(TaskTest, FuturesAreArgumentsOfTasksAndActorCalls) {
+  auto a = rt_.submit(&square, {}, 3);
+  auto b = rt_.submit(&square, {}, 4);
+  auto sum = rt_.submit(&add, {}, a, b);
+  auto chained = rt_.submit(&add, {}, sum, 5);
+  EXPECT_EQ(chained.get(30s), 30);
+  auto adder = rt_.spawn<Adder>({});
+  EXPECT_EQ(adder.call(&Adder::plus, rt_.submit(&square, {}, 6), 1).get(30s), 37);
+  // A failed argument fails the task that needed it, with the same error.
+  auto bad = rt_.submit(&fail_with, {}, std::string("config"), std::string("no"));
+  EXPECT_THROW(rt_.submit(&add, {}, bad, 1).get(30s), troupe::ConfigError);
+}
+
+TEST_F(TaskTest, ErrorsArriveTypedAsFromActorCalls) {
+  try {
+    rt_.submit(&fail_with, {}, std::string("other"), std::string("bad value 42")).get(30s);
+    FAIL() << "expected RemoteError";
+  } catch (const troupe::RemoteError& e) {
+    EXPECT_NE(e.type_name().find("invalid_argument"), std::string::npos) << e.type_name();
+    EXPECT_EQ(e.remote_message(), "bad value 42");
+  }
+  EXPECT_THROW(rt_.submit(&fail_with, {}, std::string("config"), std::string("x")).get(30s), troupe::ConfigError);
+  EXPECT_THROW(rt_.submit(&fail_with, {}, std::string("quota"), std::string("x")).get(30s), TaskQuotaExceeded);
+  // The executor keeps serving after a task threw.
+  EXPECT_EQ(rt_.submit(&square, {}, 2).get(30s), 4);
+}
+
+TEST_F(TaskTest, BadSubmissionsFailFast) {
+  EXPECT_THROW(rt_.submit(&not_a_task, {}, 1), troupe::ConfigError);
+  try {
+    rt_.submit(&square, {.resources = {{"CPU", 64}}}, 1);
+    FAIL() << "expected ConfigError";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("CPU=64"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(rt_.submit(&square, {.resources = {{"GPU", 1}}}, 1), troupe::ConfigError);
+  EXPECT_THROW(rt_.submit(&square, {.max_retries = -2}, 1), troupe::ConfigError);
+}
+
+TEST_F(TaskTest, AtMostAsManyRunAsTheResourcesAllow) {
+  // {"CPU": 1} each on a 2-CPU cluster: two at a time, never three.
+  std::vector<troupe::Future<int64_t>> fs;
+  // The last two need not wait for a partner: one may run alone.
+  for (int i = 0; i < 6; ++i)
+    fs.push_back(rt_.submit(&overlap, {.resources = {{"CPU", 1}}}, std::string("running"), i < 4));
+  int64_t most = 0;
+  for (auto& f : fs) most = std::max(most, f.get(60s));
+  EXPECT_EQ(most, 2);
+  auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
+  EXPECT_LE(tasks->executor_count(), 2u);
+}
+
+TEST_F(TaskTest, RetriesOnAnotherWorkerWhenItsWorkerIsKilled) {
+  auto dir = troupe::test::fresh_dir("task-retry");
+  std::string marker = (dir / "retry-once").string();
+  int pid = rt_.submit(&die_once, {.max_retries = 1}, marker).get(60s);
+  EXPECT_GT(pid, 0);
+  EXPECT_TRUE(std::filesystem::exists(marker));
+}
+
+TEST_F(TaskTest, WithoutRetriesTheWorkersDeathIsTheError) {
+  auto dir = troupe::test::fresh_dir("task-no-retry");
+  std::string marker = (dir / "no-retry").string();
+  try {
+    rt_.submit(&die_once, {.max_retries = 0, .name = "die-once-no-retry"}, marker).get(60s);
+    FAIL() << "expected WorkerDied";
+  } catch (const troupe::WorkerDied& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("die-once-no-retry"), std::string::npos) << what;
+    EXPECT_NE(what.find("died"), std::string::npos) << what;
+  }
+  // The next task gets a fresh worker.
+  EXPECT_GT(rt_.submit(&die_once, {}, marker).get(60s), 0);
+}
+
+TEST_F(TaskTest, SoakKeepsFdsAndExecutorsBounded) {
+  auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
+  tasks->set_options({.idle_release = 200ms});
+  for (int i = 0; i < 50; ++i) rt_.submit(&square, {}, i).get(30s);
+  size_t fds = open_fds();
+  for (int round = 0; round < 20; ++round) {
+    std::vector<troupe::Future<int>> fs;
+    for (int i = 0; i < 50; ++i) fs.push_back(rt_.submit(&square, {}, i));
+    for (int i = 0; i < 50; ++i) ASSERT_EQ(fs[i].get(30s), i * i);
+    for (int i = 0; i < 50; ++i) ASSERT_EQ(rt_.submit(&add, {}, i, round).get(30s), i + round);
+    ASSERT_LE(tasks->executor_count(), 2u);
+  }
+  EXPECT_LE(open_fds(), fds + 4) << "fds before: " << fds;
+  // Idle executors are released, and their resources with them.
+  EXPECT_TRUE(troupe::test::eventually([&] { return tasks->executor_count() == 0; }, 20s));
+  EXPECT_TRUE(troupe::test::eventually(
+      [&] {
+        auto avail = rt_.available_resources();
+        return avail["CPU"] == 2;
+      },
+      20s));
+}
