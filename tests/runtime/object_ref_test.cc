@@ -7,7 +7,7 @@
 
 #include <numeric>
 
-#include "tests/runtime/test_util.h"
+#include "tests/support/wait.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;

@@ -63,6 +63,14 @@ int64_t overlap(std::string tag, bool wait) {
   return seen;
 }
 
+// A vector of n bytes, all `fill`; and the sum of a referenced vector's bytes.
+std::vector<uint8_t> make_bytes(int64_t n, int fill) { return std::vector<uint8_t>(n, static_cast<uint8_t>(fill)); }
+int64_t sum_bytes(troupe::ObjectRef<std::vector<uint8_t>> ref) {
+  int64_t s = 0;
+  for (uint8_t b : ref.get()) s += b;
+  return s;
+}
+
 class Adder {
  public:
   int plus(int a, int b) { return a + b; }
@@ -83,6 +91,8 @@ TROUPE_TASK(shout)
 TROUPE_TASK(fail_with)
 TROUPE_TASK(die_once)
 TROUPE_TASK(overlap)
+TROUPE_TASK(make_bytes)
+TROUPE_TASK(sum_bytes)
 TROUPE_ACTOR(Adder, &Adder::plus)
 
 class TaskTest : public ::testing::Test {
@@ -115,6 +125,17 @@ TEST_F(TaskTest, FuturesAreArgumentsOfTasksAndActorCalls) {
   // A failed argument fails the task that needed it, with the same error.
   auto bad = rt_.submit(&fail_with, {}, std::string("config"), std::string("no"));
   EXPECT_THROW(rt_.submit(&add, {}, bad, 1).get(30s), troupe::ConfigError);
+}
+
+TEST_F(TaskTest, RefsAreArgumentsAndSubmitRefKeepsTheResultRemote) {
+  // The driver's own object, read by a task in another process.
+  auto mine = rt_.put(std::vector<uint8_t>(1000, 3));
+  EXPECT_EQ(rt_.submit(&sum_bytes, {}, mine).get(30s), 3000);
+  // A result kept in its executor: the driver gets only a reference, and a
+  // second task reads it from there.
+  auto kept = rt_.submit_ref(&make_bytes, {}, int64_t{1 << 20}, 2).get(30s);
+  EXPECT_EQ(rt_.submit(&sum_bytes, {}, kept).get(30s), int64_t{2} << 20);
+  EXPECT_EQ(kept.get(30s).size(), size_t{1} << 20);
 }
 
 TEST_F(TaskTest, ErrorsArriveTypedAsFromActorCalls) {
