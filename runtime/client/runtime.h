@@ -111,6 +111,10 @@ struct InitOptions {
   Resources node_resources;  // embedded node (empty = detect)
   uint32_t heartbeat_ms = 100;
   uint32_t heartbeat_misses = 5;
+  // Embedded node's warm workers per executable (0 = none) and how long an
+  // executable's idle workers outlive its last spawn (docs/runtime.md).
+  uint32_t worker_pool_size = 2;
+  std::chrono::milliseconds worker_idle_timeout{std::chrono::minutes(5)};
 };
 
 class Runtime {
