@@ -2,8 +2,9 @@
 // against them.
 //
 //   troupe start --head [--host H] [--advertise-address A] [--port P] [--resources CPU=2,GPU=0] [--no-node]
-//                [--max-dead-actors N]
+//                [--max-dead-actors N] [--worker-pool-size N] [--worker-idle-timeout S]
 //   troupe start --address HOST:PORT [--host H] [--advertise-address A] [--resources ...]
+//                [--worker-pool-size N] [--worker-idle-timeout S]
 //   troupe status [--json] [--state ALIVE|PENDING|RESTARTING|DEAD] [--limit N]
 //   troupe stop
 //   troupe submit -- ./my_driver args...
@@ -23,6 +24,7 @@
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
 #include "troupe/runtime/head/scheduler.h"
+#include "troupe/runtime/node/worker_pool.h"
 #include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/auth.h"
 
@@ -44,6 +46,8 @@ struct Args {
   bool json = false;
   troupe::wire::StatusRequest status;  // --state, --limit
   size_t max_dead_actors = 1000;
+  uint32_t worker_pool_size = 2;
+  double worker_idle_timeout_s = 300;
   std::vector<std::string> command;
 };
 
@@ -61,6 +65,8 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   o.env.resources = a.resources;
   o.env.bind_host = a.host;
   o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
+  o.env.worker_pool_size = a.worker_pool_size;
+  o.env.worker_idle_timeout_ms = static_cast<uint64_t>(a.worker_idle_timeout_s * 1000.0);
   o.log_file = dir + "/node-" + std::to_string(::time(nullptr)) + "-" + std::to_string(getpid()) + ".log";
   o.die_with_parent = false;
   o.new_session = true;
@@ -129,6 +135,13 @@ int cmd_start(const Args& a) {
   troupe::core::ensure_session_dir(dir);
   // Validate before starting anything.
   troupe::head::parse_resources(a.resources);
+  if (!(a.worker_idle_timeout_s >= 0.001 && a.worker_idle_timeout_s <= 30.0 * 24 * 3600)) {
+    std::fprintf(stderr, "troupe start: --worker-idle-timeout %g is out of range [0.001, 2592000] seconds\n",
+                 a.worker_idle_timeout_s);
+    return 2;
+  }
+  troupe::node::validate_pool_options(
+      {a.worker_pool_size, std::chrono::milliseconds(static_cast<int64_t>(a.worker_idle_timeout_s * 1000.0))});
   if (!a.advertise_address.empty() && troupe::wire::is_wildcard_host(a.advertise_address)) {
     std::fprintf(stderr, "troupe start: --advertise-address %s is a wildcard; give an address others can reach\n",
                  a.advertise_address.c_str());
@@ -271,6 +284,14 @@ int main(int argc, char** argv) {
   start->add_option("--port", a.port, "head port (0 = any)")->capture_default_str()->check(CLI::Range(0, 65535));
   start->add_option("--address", a.address, "HOST:PORT of the head to join");
   start->add_option("--resources", a.resources, "resource overrides, e.g. CPU=2,GPU=0,custom=1");
+  start
+      ->add_option("--worker-pool-size", a.worker_pool_size,
+                   "warm idle workers the node keeps per worker executable (0 = start every worker on demand)")
+      ->capture_default_str();
+  start
+      ->add_option("--worker-idle-timeout", a.worker_idle_timeout_s,
+                   "seconds an executable's idle workers outlive its last spawn")
+      ->capture_default_str();
   start->add_flag("--no-node", a.no_node, "with --head: start no node agent");
   start
       ->add_option("--max-dead-actors", a.max_dead_actors, "with --head: DEAD actors kept for status (oldest go first)")

@@ -94,6 +94,8 @@ class SignalWaiter {
   o.token = env.token;
   o.bind_host = env.bind_host;
   o.advertise_host = env.advertise_host;
+  o.worker_pool.size = env.worker_pool_size;
+  o.worker_pool.idle_timeout = std::chrono::milliseconds(env.worker_idle_timeout_ms);
   try {
     o.resources = node::detect_resources(head::parse_resources(env.resources));
     // Block TERM/INT before the agent's threads start so they inherit it.
@@ -136,6 +138,7 @@ void run_role_if_requested(int, char**) {
     std::fprintf(stderr, "troupe %s: %s\n", role.c_str(), e.what());
     std::_Exit(2);
   }
+  if (role == "worker" && env.pool_fd >= 0) worker::run_pooled_worker(env);
   if (role == "worker") worker::run_worker(env);
   if (role == "head") run_head(env);
   if (role == "node") run_node(env);

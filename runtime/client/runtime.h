@@ -147,6 +147,10 @@ struct InitOptions {
   // else a quarter of the machine's memory). Workers take theirs from
   // TROUPE_OBJECT_STORE_BYTES (ActorOptions::env).
   uint64_t object_store_bytes = 0;
+  // Embedded node's warm workers per executable (0 = none) and how long an
+  // executable's idle workers outlive its last spawn (docs/runtime.md).
+  uint32_t worker_pool_size = 2;
+  std::chrono::milliseconds worker_idle_timeout{std::chrono::minutes(5)};
 };
 
 class Runtime {

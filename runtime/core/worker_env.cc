@@ -33,6 +33,13 @@ void read_number(const char* name, T& out) {
   if (!text.empty()) out = static_cast<T>(parse_unsigned(name, text, std::numeric_limits<T>::max()));
 }
 
+// A descriptor number, -1 when the variable is absent.
+int read_fd(const char* name) {
+  std::string text = env_value(name);
+  if (text.empty()) return -1;
+  return static_cast<int>(parse_unsigned(name, text, static_cast<uint64_t>(std::numeric_limits<int>::max())));
+}
+
 std::vector<int> parse_gpu_ids(const std::string& text) {
   std::vector<int> ids;
   size_t pos = 0;
@@ -77,6 +84,9 @@ std::vector<std::string> WorkerEnv::to_env() const {
   put(kEnvResources, resources);
   put(kEnvBindHost, bind_host);
   put(kEnvAdvertiseHost, advertise_host);
+  if (worker_pool_size != WorkerEnv{}.worker_pool_size) put(kEnvWorkerPoolSize, std::to_string(worker_pool_size));
+  if (worker_idle_timeout_ms != WorkerEnv{}.worker_idle_timeout_ms)
+    put(kEnvWorkerIdleTimeoutMs, std::to_string(worker_idle_timeout_ms));
   if (role == "worker") {
     put(kEnvActorId, std::to_string(actor_id));
     put(kEnvIncarnation, std::to_string(incarnation));
@@ -84,6 +94,7 @@ std::vector<std::string> WorkerEnv::to_env() const {
     // Always present for workers, empty when the actor has no GPU.
     env.push_back(std::string(kEnvGpuIds) + "=" + join_gpu_ids(gpu_ids));
   }
+  if (pool_fd >= 0) put(kEnvPoolFd, std::to_string(pool_fd));
   if (ready_fd >= 0) put(kEnvReadyFd, std::to_string(ready_fd));
   put(kEnvLogLevel, log_level);
   put(kEnvSessionDir, session_dir);
@@ -104,14 +115,14 @@ WorkerEnv WorkerEnv::from_env() {
   e.resources = env_value(kEnvResources);
   e.bind_host = env_value(kEnvBindHost);
   e.advertise_host = env_value(kEnvAdvertiseHost);
+  read_number(kEnvWorkerPoolSize, e.worker_pool_size);
+  read_number(kEnvWorkerIdleTimeoutMs, e.worker_idle_timeout_ms);
   read_number(kEnvActorId, e.actor_id);
   read_number(kEnvIncarnation, e.incarnation);
   read_number(kEnvNodeId, e.node_id);
   e.gpu_ids = parse_gpu_ids(env_value(kEnvGpuIds));
-  if (!env_value(kEnvReadyFd).empty()) {
-    e.ready_fd = static_cast<int>(
-        parse_unsigned(kEnvReadyFd, env_value(kEnvReadyFd), static_cast<uint64_t>(std::numeric_limits<int>::max())));
-  }
+  e.ready_fd = read_fd(kEnvReadyFd);
+  e.pool_fd = read_fd(kEnvPoolFd);
   e.log_level = env_value(kEnvLogLevel);
   e.session_dir = env_value(kEnvSessionDir);
   read_number(kEnvObjectStoreBytes, e.object_store_bytes);

@@ -28,6 +28,9 @@ inline constexpr const char* kEnvIncarnation = "TROUPE_INCARNATION";
 inline constexpr const char* kEnvNodeId = "TROUPE_NODE_ID";
 inline constexpr const char* kEnvGpuIds = "TROUPE_GPU_IDS";
 inline constexpr const char* kEnvReadyFd = "TROUPE_READY_FD";
+inline constexpr const char* kEnvPoolFd = "TROUPE_POOL_FD";
+inline constexpr const char* kEnvWorkerPoolSize = "TROUPE_WORKER_POOL_SIZE";
+inline constexpr const char* kEnvWorkerIdleTimeoutMs = "TROUPE_WORKER_IDLE_TIMEOUT_MS";
 inline constexpr const char* kEnvLogLevel = "TROUPE_LOG_LEVEL";
 inline constexpr const char* kEnvSessionDir = "TROUPE_SESSION_DIR";
 inline constexpr const char* kEnvAddress = "TROUPE_ADDRESS";
@@ -48,14 +51,19 @@ struct WorkerEnv {
   uint32_t heartbeat_misses = 5;
   uint64_t max_dead_actors = 1000;  // DEAD actors the head keeps (oldest go first)
   // Node agent and its workers.
-  std::string resources;       // node: overrides, "CPU=2,GPU=0"
-  std::string bind_host;       // where the node's workers listen ("" = derive)
-  std::string advertise_host;  // head, node, worker: the address others reach it at ("" = derive)
+  std::string resources;                     // node: overrides, "CPU=2,GPU=0"
+  std::string bind_host;                     // where the node's workers listen ("" = derive)
+  std::string advertise_host;                // head, node, worker: the address others reach it at ("" = derive)
+  uint32_t worker_pool_size = 2;             // node: idle workers per executable (0 = no pool)
+  uint64_t worker_idle_timeout_ms = 300000;  // node: idle workers of an executable unused this long go
   // Worker.
   uint64_t actor_id = 0;
   uint32_t incarnation = 0;
   uint64_t node_id = 0;
   std::vector<int> gpu_ids;
+  // Pooled worker: the socket its node agent sends its assignment on (-1 =
+  // started for one actor, named above).
+  int pool_fd = -1;
   // Plumbing.
   int ready_fd = -1;        // where the process writes its ready line
   std::string log_level;    // spdlog level name

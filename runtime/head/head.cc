@@ -270,7 +270,7 @@ class Head::Impl {
     switch (op) {
       case Op::kHeartbeat:
         if (p.role != Role::kNode) throw DecodeError("heartbeat from a non-node");
-        return state_.heartbeat(p.node_id, Clock::now());
+        return state_.heartbeat(p.node_id, Clock::now(), m.body.empty() ? NodeHeartbeat{} : body<NodeHeartbeat>(m));
       case Op::kActorReady:
         return state_.actor_ready(body<ActorReady>(m));
       case Op::kActorInitFailed:

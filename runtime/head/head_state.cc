@@ -53,9 +53,11 @@ uint64_t HeadState::register_node(PeerId peer, const Hello& hello, Time now) {
   return id;
 }
 
-void HeadState::heartbeat(uint64_t node_id, Time now) {
+void HeadState::heartbeat(uint64_t node_id, Time now, const NodeHeartbeat& report) {
   auto it = nodes_.find(node_id);
-  if (it != nodes_.end()) it->second.last_heartbeat = now;
+  if (it == nodes_.end()) return;
+  it->second.last_heartbeat = now;
+  it->second.info.idle_workers = report.idle_workers;
 }
 
 void HeadState::check_heartbeats(Time now) {

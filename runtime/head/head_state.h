@@ -52,7 +52,7 @@ class HeadState {
   // ---- nodes ----
   // A node agent said hello on `peer`; returns its node id.
   uint64_t register_node(PeerId peer, const wire::Hello& hello, Time now);
-  void heartbeat(uint64_t node_id, Time now);
+  void heartbeat(uint64_t node_id, Time now, const wire::NodeHeartbeat& report = {});
   // Declares dead every node silent for heartbeat_ms * heartbeat_misses.
   void check_heartbeats(Time now);
   void node_lost(uint64_t node_id, const std::string& why);

@@ -6,12 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
+#include "troupe/runtime/node/worker_assignment.h"
 #include "troupe/runtime/wire/rpc.h"
 
 namespace troupe::node {
@@ -40,6 +43,15 @@ std::string hostname() {
   return buf;
 }
 
+// The executable a spawn runs: the actor's, or this agent's own program, by
+// its real path, which also names its pool (a driver names its own binary
+// by the path it was started with, a symlink or /proc/self/exe alike).
+std::string executable_of(const std::string& given) {
+  std::string path = given.empty() ? "/proc/self/exe" : given;
+  char real[PATH_MAX];
+  return ::realpath(path.c_str(), real) ? std::string(real) : path;
+}
+
 // Fills in the bind and advertise hosts left empty: the interface that
 // routes to the head is the one the head and the other nodes can reach.
 void choose_addresses(NodeOptions& o) {
@@ -64,8 +76,12 @@ Resources detect_resources(const Resources& overrides) {
 class NodeAgent::Impl {
  public:
   explicit Impl(NodeOptions o) : opts_(std::move(o)), signals_(io_, SIGCHLD), timer_(io_) {
+    validate_pool_options(opts_.worker_pool);
     if (opts_.resources.empty()) opts_.resources = detect_resources({});
     choose_addresses(opts_);
+    // Before the event loop runs: a spawn may arrive as soon as the node is
+    // registered. Pooled workers learn the node id with their assignment.
+    pool_ = std::make_unique<WorkerPool>(io_, opts_.worker_pool, worker_env());
     io_thread_ = std::thread([this] {
       auto guard = asio::make_work_guard(io_);
       io_.run();
@@ -95,6 +111,7 @@ class NodeAgent::Impl {
     asio::post(io_, [this] {
       wait_signal();
       heartbeat();
+      pool_->fill(executable_of(""));
     });
   }
 
@@ -112,6 +129,7 @@ class NodeAgent::Impl {
     asio::post(io_, [this] {
       if (stopping_) return;
       stopping_ = true;
+      if (pool_) pool_->stop();
       for (auto& [pid, w] : workers_) ::kill(pid, SIGKILL);
       // Reap what we killed so no zombies stay behind.
       for (auto& [pid, w] : workers_) {
@@ -158,36 +176,65 @@ class NodeAgent::Impl {
     }
   }
 
-  void spawn(const SpawnWorker& s) {
+  // What every worker of this node gets: head, token, node, hosts.
+  core::WorkerEnv worker_env() const {
     core::WorkerEnv w;
     w.role = "worker";
     w.head_address = opts_.head_address;
     w.token = opts_.token;
-    w.actor_id = s.actor_id;
-    w.incarnation = s.incarnation;
     w.node_id = node_id_;
     w.bind_host = opts_.bind_host;
     w.advertise_host = opts_.advertise_host;
-    w.gpu_ids.assign(s.gpu_ids.begin(), s.gpu_ids.end());
     w.log_level = core::env_value(core::kEnvLogLevel);
+    return w;
+  }
+
+  // The actor's part of a worker's environment: its GPUs, then its extra env.
+  static std::vector<std::string> actor_env(const SpawnWorker& s) {
+    std::string gpus;
+    for (size_t i = 0; i < s.gpu_ids.size(); ++i) gpus += (i ? "," : "") + std::to_string(s.gpu_ids[i]);
+    std::vector<std::string> env{"CUDA_VISIBLE_DEVICES=" + gpus};
+    env.insert(env.end(), s.env.begin(), s.env.end());
+    return env;
+  }
+
+  void spawn(const SpawnWorker& s) {
+    std::string executable = executable_of(s.executable);
+    std::optional<pid_t> pid;
+    // Variables the loader or libc read at exec cannot reach a running
+    // worker: such an actor starts cold.
+    if (std::string late = exec_time_variable(s.env); late.empty()) {
+      pid = pool_->take(executable,
+                        WorkerAssignment{s.actor_id, s.incarnation, node_id_, s.gpu_ids, actor_env(s), s.class_name});
+    } else {
+      TROUPE_LOG_DEBUG("node {}: actor {} sets {}, which must be there at exec; starting a worker for it", node_id_,
+                       s.actor_id, late);
+    }
+    if (!pid) pid = cold_spawn(s, executable);
+    if (!pid) return;
+    workers_[*pid] = {s.actor_id, s.incarnation};
+    TROUPE_LOG_DEBUG("node {}: worker pid {} serves actor {} ({})", node_id_, *pid, s.actor_id, s.class_name);
+  }
+
+  // Fork + exec of a worker for this actor alone; a failure is the actor's
+  // exit.
+  std::optional<pid_t> cold_spawn(const SpawnWorker& s, const std::string& executable) {
+    core::WorkerEnv w = worker_env();
+    w.actor_id = s.actor_id;
+    w.incarnation = s.incarnation;
+    w.gpu_ids.assign(s.gpu_ids.begin(), s.gpu_ids.end());
     core::SpawnOptions o;
-    o.executable = s.executable.empty() ? "/proc/self/exe" : s.executable;
+    o.executable = executable;
     o.arg0 = "troupe-worker:" + s.class_name;
     o.env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
     for (auto& kv : w.to_env()) o.env.push_back(std::move(kv));
-    std::string gpus;
-    for (size_t i = 0; i < s.gpu_ids.size(); ++i) gpus += (i ? "," : "") + std::to_string(s.gpu_ids[i]);
-    o.env.push_back("CUDA_VISIBLE_DEVICES=" + gpus);
-    o.env.insert(o.env.end(), s.env.begin(), s.env.end());
-    pid_t pid = -1;
+    for (auto& kv : actor_env(s)) o.env.push_back(std::move(kv));
     try {
-      pid = core::spawn_process(o);
+      return core::spawn_process(o);
     } catch (const std::exception& e) {
       report_exit(s.actor_id, s.incarnation, 0, std::string("failed to start: ") + e.what());
-      return;
+      return std::nullopt;
     }
-    workers_[pid] = {s.actor_id, s.incarnation};
-    TROUPE_LOG_DEBUG("node {}: started worker pid {} for actor {} ({})", node_id_, pid, s.actor_id, s.class_name);
   }
 
   void wait_signal() {
@@ -199,6 +246,7 @@ class NodeAgent::Impl {
   }
 
   void reap() {
+    pool_->reap();
     // Only our own workers: the process may have other children (a driver
     // with an embedded node, a test harness) that are not ours to reap.
     for (auto it = workers_.begin(); it != workers_.end();) {
@@ -222,7 +270,7 @@ class NodeAgent::Impl {
 
   void heartbeat() {
     if (stopping_) return;
-    head_->send(make_event(Op::kHeartbeat));
+    head_->send(make_event_value(Op::kHeartbeat, NodeHeartbeat{pool_->idle_count()}));
     timer_.expires_after(std::chrono::milliseconds(heartbeat_ms_));
     timer_.async_wait([this](asio::error_code ec) {
       if (!ec) heartbeat();
@@ -238,6 +286,7 @@ class NodeAgent::Impl {
   uint64_t node_id_ = 0;
   uint32_t heartbeat_ms_ = 100;
   std::map<pid_t, WorkerProc> workers_;
+  std::unique_ptr<WorkerPool> pool_;
   bool stopping_ = false;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,15 +1,18 @@
 // The node agent: one per machine. It advertises the machine's resources to
-// the head, starts one worker process per actor (fork + exec, with
-// CUDA_VISIBLE_DEVICES set from the actor's GPUs, through spawn_process so
-// that its own head connection never reaches them), reaps them on SIGCHLD and
-// reports every exit at once, and heartbeats. Its workers die with it
-// (PR_SET_PDEATHSIG), so a dead node takes its actors along.
+// the head, gives each actor a worker process — a warm one from its
+// WorkerPool when one of the actor's executable is idle, else one started
+// for it (fork + exec through spawn_process, so that its own head connection
+// never reaches them) — with CUDA_VISIBLE_DEVICES set from the actor's GPUs,
+// reaps them on SIGCHLD and reports every exit at once, and heartbeats (with
+// its idle worker count). Its workers die with it (PR_SET_PDEATHSIG), so a
+// dead node takes its actors along.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "troupe/runtime/node/worker_pool.h"
 #include "troupe/runtime/wire/protocol.h"
 
 namespace troupe::node {
@@ -26,6 +29,9 @@ struct NodeOptions {
   // Never 0.0.0.0.
   std::string advertise_host;
   std::string session_dir;  // workers' logs go here when set
+  // Warm workers per executable and their idle timeout; the pool of this
+  // agent's own executable is filled at start.
+  WorkerPoolOptions worker_pool;
 };
 
 // Resources of this machine: CPU = online cores, GPU = CUDA devices (0 when

@@ -7,11 +7,13 @@
 #include "troupe/runtime/core/process.h"
 
 #include "troupe/runtime/head/scheduler.h"
+#include "troupe/runtime/node/worker_pool.h"
 #include "troupe/runtime/wire/auth.h"
 
 namespace troupe::testing {
 
 LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {
+  node::validate_pool_options({options_.worker_pool_size, options_.worker_idle_timeout});
   token_ = wire::random_token();
   std::string line;
   core::WorkerEnv head;
@@ -66,6 +68,8 @@ size_t LocalCluster::add_node(const Resources& resources) {
   node.head_address = address_;
   node.resources = res;
   node.bind_host = options_.host;
+  node.worker_pool_size = options_.worker_pool_size;
+  node.worker_idle_timeout_ms = static_cast<uint64_t>(options_.worker_idle_timeout.count());
   pid_t pid = start(node, &line);
   nodes_.push_back({pid, std::stoull(line)});
   return nodes_.size() - 1;

@@ -30,6 +30,10 @@ struct LocalClusterOptions {
   // Where the head and the nodes' workers listen ("0.0.0.0", "::1", ...);
   // each advertises a reachable address of its own choosing.
   std::string host = "127.0.0.1";
+  // Each node's warm workers per executable (0 = none) and their idle
+  // timeout.
+  uint32_t worker_pool_size = 2;
+  std::chrono::milliseconds worker_idle_timeout{std::chrono::minutes(5)};
 };
 
 class LocalCluster {

@@ -16,7 +16,7 @@ using Resources = std::map<std::string, double>;
 
 enum class Op : uint32_t {
   kHello = 1,                  // request any -> head: Hello -> HelloReply
-  kHeartbeat = 2,              // event node -> head
+  kHeartbeat = 2,              // event node -> head: NodeHeartbeat (or empty)
   kCreateActor = 3,            // request driver -> head: ActorSpec -> ActorInfo
   kActorReady = 4,             // event worker -> head: ActorReady
   kActorInitFailed = 5,        // event worker -> head: ActorInitFailed
@@ -209,7 +209,14 @@ struct NodeInfo {
   Resources available;
   std::vector<int32_t> gpu_ids;       // every GPU id of the node
   std::vector<int32_t> free_gpu_ids;  // those no actor or bundle holds
-  TROUPE_FIELDS(id, hostname, address, pid, alive, total, used, available, gpu_ids, free_gpu_ids)
+  uint32_t idle_workers = 0;          // warm pooled workers, as of its last heartbeat
+  TROUPE_FIELDS(id, hostname, address, pid, alive, total, used, available, gpu_ids, free_gpu_ids, idle_workers)
+};
+
+// What a node agent reports with each heartbeat.
+struct NodeHeartbeat {
+  uint32_t idle_workers = 0;  // its warm pool's ready workers
+  TROUPE_FIELDS(idle_workers)
 };
 
 // Filters of the status document: actors in `state` only ("" = any, else

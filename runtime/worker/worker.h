@@ -25,4 +25,10 @@ struct DropConnections {
 // and advertise hosts, GPUs); never returns.
 [[noreturn]] void run_worker(const core::WorkerEnv& env);
 
+// A pooled worker (env.pool_fd set): waits for its node agent's assignment on
+// that descriptor, takes on the actor's environment (GPUs, extra env) and
+// runs as run_worker; exits quietly when the agent closes the descriptor
+// first. Never returns.
+[[noreturn]] void run_pooled_worker(core::WorkerEnv env);
+
 }  // namespace troupe::worker

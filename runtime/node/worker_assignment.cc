@@ -1,0 +1,70 @@
+#include "troupe/runtime/node/worker_assignment.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "troupe/runtime/core/errors.h"
+
+namespace troupe::node {
+
+namespace {
+
+// Reads exactly n bytes; false on EOF before the first byte.
+bool read_exactly(int fd, char* p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::read(fd, p + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw Error(std::string("reading the worker assignment: ") + std::strerror(errno));
+    if (r == 0) {
+      if (got == 0) return false;
+      throw DecodeError("worker assignment cut short after " + std::to_string(got) + " of " + std::to_string(n) +
+                        " bytes");
+    }
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void write_exactly(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw Error(std::string("sending the worker assignment: ") + std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+void send_assignment(int fd, const WorkerAssignment& a) {
+  std::string body = std::move(wire::encode_value(a).bytes());
+  uint32_t size = static_cast<uint32_t>(body.size());
+  std::string frame(reinterpret_cast<const char*>(&size), sizeof(size));
+  frame += body;
+  write_exactly(fd, frame.data(), frame.size());
+}
+
+std::optional<WorkerAssignment> receive_assignment(int fd) {
+  uint32_t size = 0;
+  if (!read_exactly(fd, reinterpret_cast<char*>(&size), sizeof(size))) return std::nullopt;
+  if (size > kMaxAssignmentBytes)
+    throw DecodeError("worker assignment of " + std::to_string(size) + " bytes exceeds " +
+                      std::to_string(kMaxAssignmentBytes));
+  std::string body(size, '\0');
+  if (size > 0 && !read_exactly(fd, body.data(), size)) throw DecodeError("worker assignment cut short");
+  return wire::decode_value<WorkerAssignment>(body);
+}
+
+std::string exec_time_variable(const std::vector<std::string>& env) {
+  static const char* const kPrefixes[] = {"LD_", "GLIBC_TUNABLES", "MALLOC_", "OMP_", "KMP_", "MKL_", "TROUPE_"};
+  for (const auto& kv : env)
+    for (const char* prefix : kPrefixes)
+      if (kv.rfind(prefix, 0) == 0) return kv.substr(0, kv.find('='));
+  return "";
+}
+
+}  // namespace troupe::node

@@ -1,0 +1,214 @@
+#include "troupe/runtime/node/worker_pool.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
+
+namespace troupe::node {
+
+namespace {
+
+// After this many workers of one executable die before they are ready, the
+// pool stops starting them (the executable cannot serve as a pooled worker)
+// and spawns of it start cold.
+constexpr int kMaxFailedStarts = 3;
+
+}  // namespace
+
+void validate_pool_options(const WorkerPoolOptions& o) {
+  if (o.size > 64) throw ConfigError("worker pool size " + std::to_string(o.size) + " is out of range [0, 64]");
+  auto ms = o.idle_timeout.count();
+  if (ms < 1 || ms > 30LL * 24 * 3600 * 1000)
+    throw ConfigError("worker idle timeout " + std::to_string(ms) + " ms is out of range [1 ms, 30 days]");
+}
+
+WorkerPool::WorkerPool(asio::io_context& io, WorkerPoolOptions options, core::WorkerEnv base)
+    : io_(io), opts_(options), base_(std::move(base)), idle_timer_(io) {
+  validate_pool_options(opts_);
+  if (opts_.size > 0) check_idle();
+}
+
+WorkerPool::~WorkerPool() { stop(); }
+
+void WorkerPool::fill(const std::string& executable) {
+  if (stopped_ || opts_.size == 0) return;
+  auto& e = executables_[executable];
+  e.last_used = std::chrono::steady_clock::now();
+  e.active = true;
+  if (e.failed_starts >= kMaxFailedStarts) return;
+  while (count(executable) < opts_.size && e.failed_starts < kMaxFailedStarts) {
+    try {
+      start_one(executable);
+    } catch (const std::exception& ex) {
+      ++e.failed_starts;
+      TROUPE_LOG_WARN("worker pool: cannot start an idle worker of {}: {}", executable, ex.what());
+    }
+  }
+}
+
+void WorkerPool::start_one(const std::string& executable) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
+    throw Error(std::string("socketpair: ") + std::strerror(errno));
+  core::WorkerEnv env = base_;
+  env.role = "worker";
+  env.pool_fd = fds[1];
+  core::SpawnOptions o;
+  o.executable = executable;
+  o.arg0 = "troupe-worker:pooled";
+  o.env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
+  for (auto& kv : env.to_env()) o.env.push_back(std::move(kv));
+  o.keep_fds = {fds[1]};
+  pid_t pid = -1;
+  try {
+    pid = core::spawn_process(o);
+  } catch (...) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw;
+  }
+  ::close(fds[1]);
+  Idle idle;
+  idle.executable = executable;
+  idle.socket = std::make_unique<asio::local::stream_protocol::socket>(io_, asio::local::stream_protocol(), fds[0]);
+  idle_[pid] = std::move(idle);
+  watch_ready(pid);
+}
+
+// The worker writes one byte when it waits for its assignment.
+void WorkerPool::watch_ready(pid_t pid) {
+  auto byte = std::make_shared<char>(0);
+  asio::async_read(*idle_[pid].socket, asio::buffer(byte.get(), 1), [this, pid, byte](asio::error_code ec, size_t) {
+    if (ec) return;  // taken, killed, or it died (reap() removes it)
+    if (auto it = idle_.find(pid); it != idle_.end()) it->second.ready = true;
+  });
+}
+
+std::optional<pid_t> WorkerPool::take(const std::string& executable, const WorkerAssignment& a) {
+  if (stopped_ || opts_.size == 0) return std::nullopt;
+  auto& e = executables_[executable];
+  e.last_used = std::chrono::steady_clock::now();
+  e.active = true;
+  post_refill(executable);
+  // A ready worker first; one still starting is still ahead of a cold start.
+  auto chosen = idle_.end();
+  for (auto it = idle_.begin(); it != idle_.end(); ++it)
+    if (it->second.executable == executable && (chosen == idle_.end() || (it->second.ready && !chosen->second.ready)))
+      chosen = it;
+  while (chosen != idle_.end()) {
+    pid_t pid = chosen->first;
+    auto socket = std::move(chosen->second.socket);
+    idle_.erase(chosen);
+    asio::error_code ignored;
+    socket->cancel(ignored);
+    try {
+      send_assignment(socket->native_handle(), a);
+      return pid;
+    } catch (const std::exception& ex) {
+      // It died while idle: reap() will collect it; try another.
+      TROUPE_LOG_DEBUG("worker pool: idle worker {} could not take actor {}: {}", pid, a.actor_id, ex.what());
+      ::kill(pid, SIGKILL);
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+    chosen = idle_.end();
+    for (auto it = idle_.begin(); it != idle_.end(); ++it)
+      if (it->second.executable == executable) chosen = it;
+  }
+  return std::nullopt;
+}
+
+void WorkerPool::post_refill(const std::string& executable) {
+  auto& e = executables_[executable];
+  if (e.refilling) return;
+  e.refilling = true;
+  asio::post(io_, [this, executable] {
+    executables_[executable].refilling = false;
+    if (!stopped_ && executables_[executable].active) fill(executable);
+  });
+}
+
+void WorkerPool::reap() {
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    int status = 0;
+    if (::waitpid(it->first, &status, WNOHANG) != it->first) {
+      ++it;
+      continue;
+    }
+    auto& e = executables_[it->second.executable];
+    TROUPE_LOG_DEBUG("worker pool: idle worker {} of {} {}", it->first, it->second.executable,
+                     core::describe_exit_status(status));
+    if (!it->second.ready && ++e.failed_starts == kMaxFailedStarts)
+      TROUPE_LOG_WARN("worker pool: {} idle workers of {} died before they were ready; spawns of it start cold",
+                      kMaxFailedStarts, it->second.executable);
+    std::string executable = it->second.executable;
+    it = idle_.erase(it);
+    if (e.active) post_refill(executable);
+  }
+}
+
+uint32_t WorkerPool::idle_count() const {
+  uint32_t n = 0;
+  for (const auto& [pid, w] : idle_) n += w.ready ? 1 : 0;
+  return n;
+}
+
+size_t WorkerPool::count(const std::string& executable) const {
+  size_t n = 0;
+  for (const auto& [pid, w] : idle_) n += w.executable == executable ? 1 : 0;
+  return n;
+}
+
+// Every so often (a fraction of the timeout, at most a second): executables
+// unused for the timeout lose their idle workers.
+void WorkerPool::check_idle() {
+  auto now = std::chrono::steady_clock::now();
+  for (auto& [exe, e] : executables_)
+    if (e.active && now - e.last_used >= opts_.idle_timeout) {
+      e.active = false;
+      kill_idle(exe);
+    }
+  auto period = std::clamp<std::chrono::milliseconds>(opts_.idle_timeout / 4, std::chrono::milliseconds(5),
+                                                      std::chrono::seconds(1));
+  idle_timer_.expires_after(period);
+  idle_timer_.async_wait([this](asio::error_code ec) {
+    if (!ec && !stopped_) check_idle();
+  });
+}
+
+void WorkerPool::kill_idle(const std::string& executable) {
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    if (it->second.executable != executable) {
+      ++it;
+      continue;
+    }
+    TROUPE_LOG_DEBUG("worker pool: idle worker {} of {} unused for {} ms; killing it", it->first, executable,
+                     opts_.idle_timeout.count());
+    ::kill(it->first, SIGKILL);
+    int st = 0;
+    ::waitpid(it->first, &st, 0);
+    it = idle_.erase(it);
+  }
+}
+
+void WorkerPool::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  idle_timer_.cancel();
+  for (auto& [pid, w] : idle_) ::kill(pid, SIGKILL);
+  for (auto& [pid, w] : idle_) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+  }
+  idle_.clear();
+}
+
+}  // namespace troupe::node

@@ -1,0 +1,87 @@
+// WorkerPool: a node agent's warm workers. Per executable it keeps `size`
+// worker processes started and waiting (exec, dynamic loading — LibTorch
+// included when the executable links it — and static initialisation done),
+// each holding one end of a socketpair. A spawn takes an idle one of the
+// right executable and sends it its WorkerAssignment; the pool refills in
+// the background. Workers of an executable unused for `idle_timeout` are
+// killed and not refilled until it is used again. An idle worker's exit is
+// the pool's business (it is never reported as an actor's exit); a taken
+// worker belongs to the agent like a cold-started one. Lives on the agent's
+// event loop thread; every method runs there.
+#pragma once
+
+#include <sys/types.h>
+
+#include <asio.hpp>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "troupe/runtime/core/worker_env.h"
+#include "troupe/runtime/node/worker_assignment.h"
+
+namespace troupe::node {
+
+struct WorkerPoolOptions {
+  uint32_t size = 2;  // idle workers per executable; 0 disables the pool
+  std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};
+};
+
+// Throws ConfigError naming the value when `o` is out of range (size at most
+// 64, idle timeout between 1 ms and 30 days).
+void validate_pool_options(const WorkerPoolOptions& o);
+
+class WorkerPool {
+ public:
+  // `base` is what every pooled worker gets in its environment (head, token,
+  // node id, hosts, log level); the assignment adds the actor.
+  WorkerPool(asio::io_context& io, WorkerPoolOptions options, core::WorkerEnv base);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // Marks `executable` in use and starts idle workers for it up to the size.
+  void fill(const std::string& executable);
+  // Hands `a` to an idle worker of `executable` and returns its pid; nullopt
+  // when none is idle. Either way the pool refills in the background.
+  std::optional<pid_t> take(const std::string& executable, const WorkerAssignment& a);
+  // Reaps idle workers that exited (SIGCHLD); they are not actors' exits.
+  void reap();
+  // Idle workers that are ready (past their start), over all executables.
+  uint32_t idle_count() const;
+  // Kills and reaps every idle worker; the pool starts nothing after it.
+  void stop();
+
+ private:
+  struct Idle {
+    std::string executable;
+    std::unique_ptr<asio::local::stream_protocol::socket> socket;
+    bool ready = false;
+  };
+  struct Executable {
+    std::chrono::steady_clock::time_point last_used;
+    bool active = false;     // refilled; false once idle past the timeout
+    bool refilling = false;  // a refill is posted
+    int failed_starts = 0;   // workers that died before they were ready
+  };
+
+  void start_one(const std::string& executable);
+  void watch_ready(pid_t pid);
+  void post_refill(const std::string& executable);
+  size_t count(const std::string& executable) const;
+  void check_idle();
+  void kill_idle(const std::string& executable);
+
+  asio::io_context& io_;
+  const WorkerPoolOptions opts_;
+  const core::WorkerEnv base_;
+  asio::steady_timer idle_timer_;
+  std::map<pid_t, Idle> idle_;
+  std::map<std::string, Executable> executables_;
+  bool stopped_ = false;
+};
+
+}  // namespace troupe::node

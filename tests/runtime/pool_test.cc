@@ -1,0 +1,229 @@
+// The node agent's warm worker pool on a LocalCluster: real node agents and
+// real pooled worker processes. A pooled worker runs as
+// "troupe-worker:pooled" (its argv[0]); the tests find a node's idle ones
+// as its children by that name, and its count through Runtime::nodes().
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "tests/support/wait.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/testing/local_cluster.h"
+
+using namespace std::chrono_literals;
+using troupe::test::eventually;
+
+class PoolProbe {
+ public:
+  PoolProbe() = default;
+  int pid() const { return getpid(); }
+  std::string env(std::string name) const {
+    const char* v = std::getenv(name.c_str());
+    return v ? v : "<unset>";
+  }
+  std::vector<int> gpus() const { return troupe::this_actor::gpu_ids(); }
+  // argv[0]: "troupe-worker:pooled" for a worker taken from the pool.
+  std::string argv0() const {
+    std::ifstream f("/proc/self/cmdline");
+    std::string s;
+    std::getline(f, s, '\0');
+    return s;
+  }
+};
+TROUPE_ACTOR(PoolProbe, &PoolProbe::pid, &PoolProbe::env, &PoolProbe::gpus, &PoolProbe::argv0)
+
+namespace {
+
+constexpr const char* kPooledName = "troupe-worker:pooled";
+
+std::string read_first(const std::string& path, char delim) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s, delim);
+  return s;
+}
+
+// Live (not zombie) children of `parent` named `kPooledName` but for
+// `actors` (a taken worker keeps its argv[0]): its idle workers.
+std::set<pid_t> idle_children(pid_t parent, const std::set<pid_t>& actors = {}) {
+  std::set<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = read_first(entry.path() / "stat", '\n');
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent || state == 'Z' || actors.count(std::stoi(name))) continue;
+    if (read_first(entry.path() / "cmdline", '\0') == kPooledName) out.insert(std::stoi(name));
+  }
+  return out;
+}
+
+// Gone, or a zombie nobody reaped yet: either way it runs no more.
+bool process_gone(pid_t pid) {
+  std::string stat = read_first("/proc/" + std::to_string(pid) + "/stat", '\n');
+  if (stat.empty()) return true;
+  auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+}
+
+uint32_t idle_reported(troupe::Runtime& rt, uint64_t node_id) {
+  for (const auto& n : rt.nodes())
+    if (n.id == node_id) return n.idle_workers;
+  return 0;
+}
+
+troupe::testing::LocalClusterOptions one_node(uint32_t pool_size, std::chrono::milliseconds idle_timeout = 5min) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes = {{{"CPU", 4}, {"GPU", 2}}};
+  o.worker_pool_size = pool_size;
+  o.worker_idle_timeout = idle_timeout;
+  return o;
+}
+
+}  // namespace
+
+TEST(WorkerPool, RefillsAfterSpawnsAndReportsIdleWorkers) {
+  troupe::testing::LocalCluster cluster(one_node(2));
+  auto rt = cluster.connect();
+  ASSERT_TRUE(eventually([&] { return idle_reported(rt, cluster.node_id(0)) == 2; }, 30s));
+  std::set<pid_t> before = idle_children(cluster.node_pid(0));
+  ASSERT_EQ(before.size(), 2u);
+
+  auto a = rt.spawn<PoolProbe>({});
+  pid_t pid = a.call(&PoolProbe::pid).get();
+  EXPECT_EQ(a.call(&PoolProbe::argv0).get(), kPooledName);
+  EXPECT_TRUE(before.count(pid)) << "actor's worker " << pid << " was not one of the idle ones";
+  std::vector<troupe::ActorHandle<PoolProbe>> more;
+  for (int i = 0; i < 3; ++i) more.push_back(rt.spawn<PoolProbe>({}));
+  std::set<pid_t> actors{pid};
+  for (auto& h : more) actors.insert(h.call(&PoolProbe::pid).get());
+  EXPECT_EQ(actors.size(), 4u);
+
+  // Back to two idle workers, none of them an actor's.
+  ASSERT_TRUE(eventually([&] { return idle_reported(rt, cluster.node_id(0)) == 2; }, 30s));
+  EXPECT_EQ(idle_children(cluster.node_pid(0), actors).size(), 2u);
+}
+
+TEST(WorkerPool, IdleWorkersAreReapedAfterTheTimeoutAndComeBackWithUse) {
+  troupe::testing::LocalCluster cluster(one_node(2, 400ms));
+  auto rt = cluster.connect();
+  pid_t node = cluster.node_pid(0);
+  ASSERT_TRUE(
+      eventually([&] { return idle_children(node).empty() && idle_reported(rt, cluster.node_id(0)) == 0; }, 30s));
+  // A spawn makes the executable used again: its pool fills, then times out.
+  auto a = rt.spawn<PoolProbe>({});
+  std::set<pid_t> actor{a.call(&PoolProbe::pid).get()};
+  std::set<pid_t> seen;
+  ASSERT_TRUE(eventually(
+      [&] {
+        for (pid_t p : idle_children(node, actor)) seen.insert(p);
+        return !seen.empty() && idle_children(node, actor).empty();
+      },
+      30s));
+  for (pid_t p : seen) EXPECT_TRUE(eventually([&] { return process_gone(p); }, 10s)) << p;
+  // The actor itself is not an idle worker and lives on.
+  EXPECT_EQ(a.info().state, troupe::ActorState::kAlive);
+  EXPECT_GT(a.call(&PoolProbe::pid).get(), 0);
+}
+
+TEST(WorkerPool, PooledActorGetsItsGpusAndEnvironment) {
+  troupe::testing::LocalCluster cluster(one_node(2));
+  auto rt = cluster.connect();
+  ASSERT_TRUE(eventually([&] { return idle_children(cluster.node_pid(0)).size() == 2; }, 30s));
+  auto a = rt.spawn<PoolProbe>({.resources = {{"GPU", 1}}, .env = {"POOL_TEST_VAR=hello world"}});
+  EXPECT_EQ(a.call(&PoolProbe::argv0).get(), kPooledName);
+  std::vector<int> gpus = a.call(&PoolProbe::gpus).get();
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_EQ(a.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get(), std::to_string(gpus[0]));
+  EXPECT_EQ(a.call(&PoolProbe::env, std::string("POOL_TEST_VAR")).get(), "hello world");
+  EXPECT_EQ(a.call(&PoolProbe::env, std::string("TROUPE_ACTOR_ID")).get(), std::to_string(a.id()));
+  EXPECT_EQ(a.call(&PoolProbe::env, std::string("TROUPE_NODE_ID")).get(), std::to_string(cluster.node_id(0)));
+  EXPECT_EQ(a.call(&PoolProbe::env, std::string("TROUPE_POOL_FD")).get(), "<unset>");
+
+  // A variable the loader reads at exec cannot reach a running worker: cold.
+  auto b = rt.spawn<PoolProbe>({.env = {"LD_BIND_NOW=1"}});
+  EXPECT_EQ(b.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  EXPECT_EQ(b.call(&PoolProbe::env, std::string("LD_BIND_NOW")).get(), "1");
+  EXPECT_EQ(b.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get(), "");
+}
+
+TEST(WorkerPool, RestartTakesAPooledWorker) {
+  troupe::testing::LocalCluster cluster(one_node(2));
+  auto rt = cluster.connect();
+  auto a = rt.spawn<PoolProbe>({.max_restarts = 2});
+  pid_t first = a.call(&PoolProbe::pid).get();
+  ASSERT_TRUE(eventually([&] { return idle_children(cluster.node_pid(0), {first}).size() == 2; }, 30s));
+  std::set<pid_t> idle = idle_children(cluster.node_pid(0), {first});
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  ASSERT_TRUE(
+      eventually([&] { return a.info().incarnation == 1 && a.info().state == troupe::ActorState::kAlive; }, 30s));
+  pid_t second = a.call(&PoolProbe::pid).get();
+  EXPECT_NE(second, first);
+  EXPECT_TRUE(idle.count(second)) << "the restart did not take an idle worker";
+  EXPECT_EQ(a.call(&PoolProbe::env, std::string("TROUPE_INCARNATION")).get(), "1");
+}
+
+TEST(WorkerPool, IdleWorkerKilledDisturbsNothing) {
+  troupe::testing::LocalCluster cluster(one_node(2));
+  auto rt = cluster.connect();
+  auto a = rt.spawn<PoolProbe>({});
+  pid_t actor_pid = a.call(&PoolProbe::pid).get();
+  pid_t node = cluster.node_pid(0);
+  ASSERT_TRUE(eventually([&] { return idle_children(node, {actor_pid}).size() == 2; }, 30s));
+  pid_t victim = *idle_children(node, {actor_pid}).begin();
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  // The pool refills without the dead one; no actor noticed.
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto now = idle_children(node, {actor_pid});
+        return now.size() == 2 && !now.count(victim);
+      },
+      30s));
+  EXPECT_EQ(a.info().state, troupe::ActorState::kAlive);
+  EXPECT_EQ(a.info().restarts, 0);
+  EXPECT_EQ(a.call(&PoolProbe::pid).get(), actor_pid);
+  auto b = rt.spawn<PoolProbe>({});
+  EXPECT_GT(b.call(&PoolProbe::pid).get(), 0);
+}
+
+TEST(WorkerPool, IdleWorkersDieWithTheirAgent) {
+  troupe::testing::LocalCluster cluster(one_node(3));
+  pid_t node = cluster.node_pid(0);
+  ASSERT_TRUE(eventually([&] { return idle_children(node).size() == 3; }, 30s));
+  std::set<pid_t> idle = idle_children(node);
+  cluster.kill_node(0, SIGKILL);
+  for (pid_t p : idle) EXPECT_TRUE(eventually([&] { return process_gone(p); }, 10s)) << "pooled worker " << p;
+}
+
+TEST(WorkerPool, SizeZeroStartsEveryWorkerCold) {
+  troupe::testing::LocalCluster cluster(one_node(0));
+  auto rt = cluster.connect();
+  auto a = rt.spawn<PoolProbe>({});
+  EXPECT_EQ(a.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  EXPECT_TRUE(idle_children(cluster.node_pid(0)).empty());
+  EXPECT_EQ(idle_reported(rt, cluster.node_id(0)), 0u);
+}
+
+TEST(WorkerPool, OutOfRangeOptionsAreRefusedNamingTheValue) {
+  auto o = one_node(65);
+  try {
+    troupe::testing::LocalCluster cluster(o);
+    FAIL() << "pool size 65 was accepted";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("65"), std::string::npos) << e.what();
+  }
+  o = one_node(2, 0ms);
+  EXPECT_THROW(troupe::testing::LocalCluster{o}, troupe::ConfigError);
+}
