@@ -156,7 +156,7 @@ Rate pipeline_inprocess(const Args& a, int64_t* token_bound) {
   double checksum = 0;
   int64_t batches = 0, samples = 0;
   auto consume = [&](Batch&& b) {
-    checksum += b.input.data_ptr<float>()[0];
+    checksum += b.tensors.at("input").data_ptr<float>()[0];
     ++batches;
     samples += b.size();
   };
