@@ -208,7 +208,7 @@ Rate loader_remote(troupe::Runtime& rt, const Args& a, troupe::ActorHandle<troup
     auto sent = loader.call(&troupe::actors::DataLoaderActor::feed, r.ref(),
                             troupe::actors::SamplerCursor{.epoch = epoch}, 0, 0);
     while (auto b = r.read(60s)) {
-      checksum += b->input.data_ptr<float>()[0];
+      checksum += b->tensors.at("input").data_ptr<float>()[0];
       ++batches;
       samples += b->size();
     }
