@@ -1,53 +1,80 @@
 #include "troupe/actors/batch.h"
 
-#include <sstream>
-
 #include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 
 namespace {
 
-std::string describe_tensor(const torch::Tensor& t) {
-  if (!t.defined()) return "undefined";
-  std::ostringstream os;
-  os << c10::toString(t.scalar_type()) << " " << t.sizes();
-  return os.str();
+std::string key_list(const Sample& s) {
+  std::string out;
+  for (const auto& k : s.keys()) out += (out.empty() ? "" : ", ") + k;
+  return "{" + out + "}";
 }
 
-// Stacks field `which` of every sample, after checking they agree, so a
+// Stacks key `key` of every sample, after checking they agree, so a
 // mismatch names the sample rather than surfacing as a c10::Error from stack.
-torch::Tensor stack_field(const std::vector<Sample>& samples, torch::Tensor Sample::*which, const char* name) {
-  const torch::Tensor& first = samples.front().*which;
+torch::Tensor stack_key(const std::vector<Sample>& samples, const std::string& key) {
+  const torch::Tensor& first = samples.front().at(key);
   std::vector<torch::Tensor> parts;
   parts.reserve(samples.size());
   for (size_t i = 0; i < samples.size(); ++i) {
-    const torch::Tensor& t = samples[i].*which;
-    if (t.defined() != first.defined() ||
-        (t.defined() && (t.scalar_type() != first.scalar_type() || t.sizes() != first.sizes()))) {
-      throw Error(std::string("collate: sample ") + std::to_string(i) + " has " + name + " " + describe_tensor(t) +
+    torch::Tensor t = samples[i].get(key);
+    if (!t.defined() || t.scalar_type() != first.scalar_type() || t.sizes() != first.sizes()) {
+      throw Error("collate: sample " + std::to_string(i) + " has " + key + " " + describe_tensor(t) +
                   " but sample 0 has " + describe_tensor(first));
     }
-    if (t.defined()) parts.push_back(t);
+    parts.push_back(t);
   }
-  if (!first.defined()) return {};
   return torch::stack(parts);
+}
+
+void check_sizes(size_t samples, const std::vector<int64_t>& indices) {
+  if (samples == 0) throw Error("collate: no samples");
+  if (!indices.empty() && indices.size() != samples) {
+    throw Error("collate: " + std::to_string(samples) + " samples but " + std::to_string(indices.size()) + " indices");
+  }
 }
 
 }  // namespace
 
-Batch collate(std::vector<Sample>&& samples, std::vector<int64_t> indices) {
+TensorDict stack_collate(const std::vector<Sample>& samples) {
   if (samples.empty()) throw Error("collate: no samples");
-  if (!indices.empty() && indices.size() != samples.size()) {
-    throw Error("collate: " + std::to_string(samples.size()) + " samples but " + std::to_string(indices.size()) +
-                " indices");
+  const Sample& first = samples.front();
+  if (first.empty()) throw Error("collate: samples have no tensors");
+  for (size_t i = 1; i < samples.size(); ++i) {
+    if (samples[i].size() != first.size()) {
+      throw Error("collate: sample " + std::to_string(i) + " has keys " + key_list(samples[i]) + " but sample 0 has " +
+                  key_list(first));
+    }
   }
+  TensorDict out;
+  for (const auto& [key, t] : first) out.set(key, stack_key(samples, key));
+  return out;
+}
+
+Batch collate(std::vector<Sample>&& samples, std::vector<int64_t> indices) {
+  check_sizes(samples.size(), indices);
   Batch b;
-  b.input = stack_field(samples, &Sample::input, "input");
-  if (!b.input.defined()) throw Error("collate: samples have no input");
-  b.target = stack_field(samples, &Sample::target, "target");
+  b.tensors = stack_collate(samples);
+  b.samples = static_cast<int64_t>(samples.size());
   b.indices = std::move(indices);
   samples.clear();
+  return b;
+}
+
+Batch collate(const Dataset& dataset, std::vector<Sample>&& samples, std::vector<int64_t> indices) {
+  check_sizes(samples.size(), indices);
+  Batch b;
+  b.samples = static_cast<int64_t>(samples.size());
+  try {
+    b.tensors = dataset.collate(std::move(samples));
+  } catch (const std::exception& e) {
+    std::string where = indices.empty() ? "" : " (batch starting at index " + std::to_string(indices.front()) + ")";
+    throw Error("collate of " + dataset.describe() + " failed" + where + ": " + e.what());
+  }
+  if (b.tensors.empty()) throw Error("collate of " + dataset.describe() + " returned no tensors");
+  b.indices = std::move(indices);
   return b;
 }
 

@@ -162,7 +162,7 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
   };
   auto collate_stage = [&](Token* t) -> Token* {
     if (stop_) return t;
-    t->batch = collate(std::move(t->samples), std::move(t->indices));
+    t->batch = collate(dataset_, std::move(t->samples), std::move(t->indices));
     t->batch.epoch = epoch;
     t->batch.sequence = t->sequence;
     return t;

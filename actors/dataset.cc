@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "troupe/actors/array_datasets.h"
+#include "troupe/actors/batch.h"
 #include "troupe/actors/digits_dataset.h"
 #include "troupe/actors/image_dataset.h"
 #include "troupe/actors/npy.h"
@@ -17,6 +19,8 @@ Sample Dataset::get(int64_t index, int64_t epoch) const {
       << "index " << index << " out of range for " << describe() << " of size " << size();
   return load(index, epoch);
 }
+
+TensorDict Dataset::collate(std::vector<Sample>&& samples) const { return stack_collate(samples); }
 
 // --- DatasetSpec ---
 
@@ -227,6 +231,29 @@ std::unique_ptr<Dataset> make_image_records(const DatasetSpec& spec) {
   return ImageRecordDataset::synthetic(o, t);
 }
 
+std::unique_ptr<Dataset> make_npz(const DatasetSpec& spec) {
+  check_known_parameters(spec, {"path"});
+  return ArrayDataset::from_npz(required_string(spec, "path"));
+}
+
+// Every parameter is a batch key naming its .npy file.
+std::unique_ptr<Dataset> make_arrays(const DatasetSpec& spec) {
+  if (!spec.ints.empty() || !spec.doubles.empty() || !spec.lists.empty() || spec.strings.empty())
+    throw ConfigError("dataset 'arrays': every parameter must be key = path of a .npy file (spec " + spec.to_string() +
+                      ")");
+  return ArrayDataset::from_npy_files(spec.strings);
+}
+
+std::unique_ptr<Dataset> make_token_stream(const DatasetSpec& spec) {
+  check_known_parameters(spec, {"path", "block_size", "stride", "dtype"});
+  TokenStreamOptions o;
+  o.path = required_string(spec, "path");
+  o.block_size = positive_int(spec, "block_size", o.block_size);
+  o.stride = positive_int(spec, "stride", o.stride, 0);
+  o.dtype = spec.get_string("dtype", o.dtype);
+  return std::make_unique<TokenStreamDataset>(o);
+}
+
 struct Builder {
   const char* name;
   std::unique_ptr<Dataset> (*make)(const DatasetSpec&);
@@ -238,6 +265,9 @@ constexpr Builder kBuilders[] = {
     {"npy", make_npy},
     {"digits", make_digits},
     {"image_records", make_image_records},
+    {"npz", make_npz},
+    {"arrays", make_arrays},
+    {"token_stream", make_token_stream},
 };
 
 }  // namespace
@@ -245,12 +275,22 @@ constexpr Builder kBuilders[] = {
 std::vector<std::string> dataset_names() {
   std::vector<std::string> out;
   for (const auto& b : kBuilders) out.push_back(b.name);
+  for (const auto& n : FactoryRegistry<DatasetFactory>::instance().names()) out.push_back(n);
   return out;
+}
+
+bool register_dataset(const std::string& name, DatasetFactory factory) {
+  return FactoryRegistry<DatasetFactory>::instance().add(name, std::move(factory));
 }
 
 std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec) {
   for (const auto& b : kBuilders) {
     if (spec.name == b.name) return b.make(spec);
+  }
+  if (auto factory = FactoryRegistry<DatasetFactory>::instance().find(spec.name)) {
+    auto ds = (*factory)(spec);
+    if (!ds) throw ConfigError("dataset factory '" + spec.name + "' returned no data set");
+    return ds;
   }
   std::string list;
   for (const auto& n : dataset_names()) list += (list.empty() ? "" : ", ") + n;

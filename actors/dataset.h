@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,18 +16,16 @@
 
 #include <torch/types.h>
 
+#include "troupe/actors/factory_registry.h"
 #include "troupe/actors/tensor_codec.h"
+#include "troupe/actors/tensor_dict.h"
 #include "troupe/runtime/wire/codec.h"
 
 namespace troupe::actors {
 
-// One example. `target` may be undefined for unlabelled data.
-struct Sample {
-  torch::Tensor input{};
-  torch::Tensor target{};
-
-  TROUPE_FIELDS(input, target);
-};
+// One example: named tensors. The built-in data sets give {"input",
+// "target"} ("target" absent for unlabelled data).
+using Sample = TensorDict;
 
 // A read-only, random-access data set. A resource: created by make_dataset()
 // or directly, owned by one std::unique_ptr, shared with pipeline threads by
@@ -47,6 +46,14 @@ class Dataset {
   // Sample `index` as seen in `epoch` (the epoch matters only for data sets
   // with random transforms). Throws troupe::Error when index is out of range.
   Sample get(int64_t index, int64_t epoch = 0) const;
+
+  // Turns the samples of one batch into the batch's tensors. Runs inside the
+  // loader's pipeline (and the trainer's own loading), on one thread at a
+  // time per batch but possibly concurrently for different batches. The
+  // default stacks each key along a new first dimension (stack_collate());
+  // ragged data (graphs: concatenated node features, offset edge indices, a
+  // `batch` vector) overrides it. May throw; the error reaches the trainer.
+  virtual TensorDict collate(std::vector<Sample>&& samples) const;
 
  protected:
   // The implementation of get(); `index` is already range-checked.
@@ -109,6 +116,10 @@ struct DatasetSpec {
 //   synthetic_classification  size, num_features, num_classes, seed, noise
 //   synthetic_regression      size, num_features, num_outputs, seed, noise
 //   npy                       inputs (path), targets (path, optional)
+//   npz                       path: each array of the archive a batch key
+//   arrays                    key = path of a .npy, for every key
+//   token_stream              path (.bin or 1-d .npy of token ids),
+//                             block_size, stride, dtype (raw files)
 //   digits                    path (optional), normalize (0/1), image (0/1)
 //   image_records             path + labels (uint8 N×C×H×W .npy) or
 //                             size, channels, height, width, num_classes;
@@ -116,11 +127,26 @@ struct DatasetSpec {
 // Throws troupe::ConfigError naming the bad name, parameter or value.
 std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec);
 
-// The built-in names, for help texts.
+// The built-in and registered names, for help texts.
 std::vector<std::string> dataset_names();
+
+// A user-defined data set: built from its spec (parameters in the spec's
+// maps, e.g. a path or a config string) on the loader's or trainer's side.
+using DatasetFactory = std::function<std::unique_ptr<Dataset>(const DatasetSpec&)>;
+// Registers `factory` under `name` (make_dataset() then finds it); returns
+// true so it can initialise a static. Prefer TROUPE_DATASET.
+bool register_dataset(const std::string& name, DatasetFactory factory);
 
 // Throws ConfigError if `spec` has a parameter not in `known`. The built-in
 // factories call this; custom ones may too.
 void check_known_parameters(const DatasetSpec& spec, const std::vector<std::string>& known);
 
 }  // namespace troupe::actors
+
+// At namespace scope in the user's binary:
+//   TROUPE_DATASET("my_graphs", [](const troupe::actors::DatasetSpec& s) {
+//     return std::make_unique<MyGraphs>(s.get_string("path"));
+//   });
+#define TROUPE_DATASET(name, factory)                                                 \
+  static const bool TROUPE_REGISTRY_CONCAT(troupe_dataset_registered_, __COUNTER__) = \
+      ::troupe::actors::register_dataset(name, factory)

@@ -139,7 +139,7 @@ std::string DigitsDataset::describe() const {
 Sample DigitsDataset::load(int64_t index, int64_t /*epoch*/) const {
   auto input = images_[index].clone();
   if (options_.image) input = input.view({1, 8, 8});
-  return {input, labels_[index].clone()};
+  return {{"input", input}, {"target", labels_[index].clone()}};
 }
 
 }  // namespace troupe::actors

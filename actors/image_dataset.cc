@@ -165,8 +165,8 @@ std::string ImageRecordDataset::describe() const {
 Sample ImageRecordDataset::load(int64_t index, int64_t epoch) const {
   const int64_t c = images_.size(1), h = images_.size(2), w = images_.size(3);
   const uint8_t* src = images_.data_ptr<uint8_t>() + index * c * h * w;
-  return {transform_raw(src, c, h, w, transform_, epoch, index),
-          torch::scalar_tensor(labels_.data_ptr<int64_t>()[index], torch::kLong)};
+  return {{"input", transform_raw(src, c, h, w, transform_, epoch, index)},
+          {"target", torch::scalar_tensor(labels_.data_ptr<int64_t>()[index], torch::kLong)}};
 }
 
 }  // namespace troupe::actors

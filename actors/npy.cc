@@ -10,7 +10,9 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <vector>
 
+#include "troupe/actors/npy_mapping.h"
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
 
@@ -48,7 +50,8 @@ constexpr DtypeInfo kDtypes[] = {
     {'c', 16, torch::kComplexDouble, "complex128"},
 };
 
-torch::ScalarType parse_descr(const std::string& descr, const std::string& path) {
+torch::ScalarType parse_descr(const std::string& descr, const std::string& path, bool allow_unsigned,
+                              bool& unsigned_ints) {
   if (descr.size() < 3) fail(path, "unsupported dtype '" + descr + "'");
   char order = descr[0];
   char kind = descr[1];
@@ -65,6 +68,10 @@ torch::ScalarType parse_descr(const std::string& descr, const std::string& path)
   if (order != '<' && order != '|' && order != '=' && order != '>') fail(path, "unsupported dtype '" + descr + "'");
   for (const auto& d : kDtypes) {
     if (d.kind == kind && d.size == size) return d.type;
+  }
+  if (kind == 'u' && allow_unsigned && (size == 2 || size == 4 || size == 8)) {
+    unsigned_ints = true;
+    return size == 2 ? torch::kShort : size == 4 ? torch::kInt : torch::kLong;
   }
   if (kind == 'u')
     fail(path, "dtype '" + descr + "' (unsigned " + std::to_string(size * 8) +
@@ -83,7 +90,8 @@ const DtypeInfo& dtype_info(torch::ScalarType t) {
 // {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
 class HeaderParser {
  public:
-  HeaderParser(std::string text, const std::string& path) : s_(std::move(text)), path_(path) {}
+  HeaderParser(std::string text, const std::string& path, bool allow_unsigned)
+      : s_(std::move(text)), path_(path), allow_unsigned_(allow_unsigned) {}
 
   NpyHeader parse() {
     NpyHeader h;
@@ -97,7 +105,7 @@ class HeaderParser {
       skip_ws();
       if (key == "descr") {
         if (peek() == '[') fail(path_, "structured dtypes are not supported");
-        h.dtype = parse_descr(parse_string(), path_);
+        h.dtype = parse_descr(parse_string(), path_, allow_unsigned_, h.unsigned_ints);
         have_descr = true;
       } else if (key == "fortran_order") {
         if (parse_bool())
@@ -182,6 +190,7 @@ class HeaderParser {
 
   std::string s_;
   const std::string& path_;
+  bool allow_unsigned_;
   size_t i_ = 0;
 };
 
@@ -197,7 +206,7 @@ uint64_t element_count(const std::vector<int64_t>& shape, const std::string& pat
 
 }  // namespace
 
-NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& path) {
+NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& path, bool allow_unsigned) {
   const auto* p = static_cast<const unsigned char*>(bytes);
   if (size < kMagicSize + 2 || std::memcmp(p, kMagic, kMagicSize) != 0) {
     if (size < kMagicSize + 2 && (size == 0 || std::memcmp(p, kMagic, std::min(size, kMagicSize)) == 0)) {
@@ -224,7 +233,7 @@ NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& pa
                    std::to_string(prefix + header_len) + ")");
   }
   std::string text(reinterpret_cast<const char*>(p + prefix), header_len);
-  NpyHeader h = HeaderParser(std::move(text), path).parse();
+  NpyHeader h = HeaderParser(std::move(text), path, allow_unsigned).parse();
   h.major_version = major;
   h.data_offset = prefix + header_len;
   return h;
@@ -232,15 +241,7 @@ NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& pa
 
 // --- NpyArray ---
 
-struct NpyArray::Mapping {
-  void* base = nullptr;
-  size_t size = 0;
-  ~Mapping() {
-    if (base) munmap(base, size);
-  }
-};
-
-NpyArray NpyArray::open(const std::string& path) {
+std::shared_ptr<NpyArray::Mapping> NpyArray::map_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
@@ -263,12 +264,40 @@ NpyArray NpyArray::open(const std::string& path) {
       fail(path, std::string("cannot mmap: ") + std::strerror(e));
     }
     mapping->base = base;
+    mapping->mapped = true;
   }
   ::close(fd);  // the mapping stays valid without the descriptor
-  NpyHeader header = parse_npy_header(mapping->base, mapping->size, path);
+  return mapping;
+}
+
+NpyArray NpyArray::open(const std::string& path, bool allow_unsigned) {
+  auto mapping = map_file(path);
+  size_t size = mapping->size;
+  return from_image(path, std::move(mapping), 0, size, allow_unsigned);
+}
+
+NpyArray NpyArray::open_raw(const std::string& path, torch::ScalarType dtype, bool unsigned_ints) {
+  auto mapping = map_file(path);
+  NpyHeader header;
+  header.dtype = dtype;
+  header.unsigned_ints = unsigned_ints;
+  const auto item = torch::elementSize(dtype);
+  if (mapping->size % item != 0) {
+    fail(path, "raw file of " + std::to_string(mapping->size) + " bytes is not a whole number of " +
+                   std::to_string(item) + "-byte elements");
+  }
+  header.shape = {static_cast<int64_t>(mapping->size / item)};
+  return NpyArray(path, std::move(header), std::move(mapping));
+}
+
+NpyArray NpyArray::from_image(const std::string& path, std::shared_ptr<const Mapping> mapping, size_t offset,
+                              size_t size, bool allow_unsigned) {
+  const auto* image = static_cast<const std::byte*>(mapping->base) + offset;
+  NpyHeader header = parse_npy_header(image, size, path, allow_unsigned);
   uint64_t elements = element_count(header.shape, path);
   uint64_t need = elements * uint64_t(torch::elementSize(header.dtype));
-  uint64_t have = mapping->size - header.data_offset;
+  uint64_t have = size - header.data_offset;
+  header.data_offset += offset;
   if (have < need) {
     std::ostringstream os;
     os << "truncated: shape (";
@@ -370,8 +399,8 @@ std::string NpyDataset::describe() const {
 
 Sample NpyDataset::load(int64_t index, int64_t /*epoch*/) const {
   Sample s;
-  s.input = inputs_.row(index);
-  if (targets_) s.target = targets_->row(index);
+  s.set("input", inputs_.row(index));
+  if (targets_) s.set("target", targets_->row(index));
   return s;
 }
 

@@ -1,4 +1,5 @@
-// NumPy .npy files: reading them memory-mapped, and writing them. Training
+// NumPy .npy files (and .npz archives of them): reading them memory-mapped,
+// and writing them. Training
 // sets exported from Python (`np.save`) load without a copy of the file in
 // memory; the mapping is shared by every tensor view of it, so pages are read
 // on demand and dropped by the kernel under pressure.
@@ -12,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,11 +28,16 @@ struct NpyHeader {
   std::vector<int64_t> shape;
   int major_version = 1;
   size_t data_offset = 0;  // bytes from the file start to the array data
+  // The file holds unsigned integers (uint16/32/64, which LibTorch lacks)
+  // and dtype is the signed type of the same width: the tensor's bits are
+  // the unsigned values'. Only when the reader allowed it (allow_unsigned).
+  bool unsigned_ints = false;
 };
 
 // Parses the header at the start of `bytes` (the file's first `size` bytes,
-// or all of it). `path` only names the file in error messages.
-NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& path);
+// or all of it). `path` only names the file in error messages. Unsigned
+// dtypes other than uint8 are an error unless `allow_unsigned`.
+NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& path, bool allow_unsigned = false);
 
 // A read-only memory-mapped .npy array. A cheap handle: copies share the
 // mapping, and tensor views returned by tensor() keep it alive on their own.
@@ -38,10 +45,20 @@ class NpyArray {
  public:
   // Maps `path`; throws troupe::Error naming the file when it is missing,
   // unreadable, truncated, or in an unsupported layout.
-  static NpyArray open(const std::string& path);
+  static NpyArray open(const std::string& path, bool allow_unsigned = false);
+  // A headerless file of `dtype` elements as a 1-d array (a raw token
+  // stream, e.g. nanoGPT's uint16 train.bin: dtype kShort, unsigned_ints).
+  static NpyArray open_raw(const std::string& path, torch::ScalarType dtype, bool unsigned_ints);
+  // The arrays of a .npz archive (np.savez, stored, or np.savez_compressed,
+  // deflated) by key: the member's name without ".npy". Stored members are
+  // views of the mapped archive; deflated ones are inflated into memory.
+  // Throws troupe::Error naming the archive (and member) when it is not a
+  // zip, uses an unsupported compression, or holds something else than .npy.
+  static std::map<std::string, NpyArray> open_npz(const std::string& path, bool allow_unsigned = false);
 
   const std::string& path() const { return path_; }
   torch::ScalarType dtype() const { return header_.dtype; }
+  bool unsigned_ints() const { return header_.unsigned_ints; }
   const std::vector<int64_t>& shape() const { return header_.shape; }
   // shape[0], or 1 for a 0-d array.
   int64_t rows() const;
@@ -58,6 +75,10 @@ class NpyArray {
   struct Mapping;
   NpyArray(std::string path, NpyHeader header, std::shared_ptr<const Mapping> mapping)
       : path_(std::move(path)), header_(std::move(header)), mapping_(std::move(mapping)) {}
+  static std::shared_ptr<Mapping> map_file(const std::string& path);
+  // The .npy image at mapping[offset, offset + size).
+  static NpyArray from_image(const std::string& path, std::shared_ptr<const Mapping> mapping, size_t offset,
+                             size_t size, bool allow_unsigned);
 
   std::string path_;
   NpyHeader header_;

@@ -49,7 +49,7 @@ Sample SyntheticClassification::load(int64_t index, int64_t /*epoch*/) const {
   for (int64_t f = 0; f < options_.num_features; ++f) {
     x[f] = centre[f] + static_cast<float>(options_.noise * rng.normal());
   }
-  return {input, torch::scalar_tensor(label, torch::kLong)};
+  return {{"input", input}, {"target", torch::scalar_tensor(label, torch::kLong)}};
 }
 
 SyntheticRegression::SyntheticRegression(SyntheticRegressionOptions options) : options_(options) {
@@ -84,7 +84,7 @@ Sample SyntheticRegression::load(int64_t index, int64_t /*epoch*/) const {
     for (int64_t f = 0; f < nf; ++f) acc += double(w[o * nf + f]) * double(x[f]);
     y[o] = static_cast<float>(acc + options_.noise * rng.normal());
   }
-  return {input, target};
+  return {{"input", input}, {"target", target}};
 }
 
 }  // namespace troupe::actors

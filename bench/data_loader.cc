@@ -156,7 +156,7 @@ Rate pipeline_inprocess(const Args& a, int64_t* token_bound) {
   double checksum = 0;
   int64_t batches = 0, samples = 0;
   auto consume = [&](Batch&& b) {
-    checksum += b.input.data_ptr<float>()[0];
+    checksum += b.tensors.at("input").data_ptr<float>()[0];
     ++batches;
     samples += b.size();
   };
@@ -208,7 +208,7 @@ Rate loader_remote(troupe::Runtime& rt, const Args& a, troupe::ActorHandle<troup
     auto sent = loader.call(&troupe::actors::DataLoaderActor::feed, r.ref(),
                             troupe::actors::SamplerCursor{.epoch = epoch}, 0, 0);
     while (auto b = r.read(60s)) {
-      checksum += b->input.data_ptr<float>()[0];
+      checksum += b->tensors.at("input").data_ptr<float>()[0];
       ++batches;
       samples += b->size();
     }

@@ -125,16 +125,19 @@ std::string JobReporter::history() const {
   return s.str();
 }
 
-void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t correct, int64_t samples) {
-  write_metrics({{"kind", "step"},
-                 {"job", cfg_.name},
-                 {"epoch", epoch},
-                 {"step", step},
-                 {"loss", loss_sum / samples},
-                 {"accuracy", double(correct) / samples},
-                 {"samples", samples},
-                 {"workers", where_().world_size},
-                 {"time", now()}});
+void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t samples,
+                       const std::map<std::string, double>& metrics) {
+  nlohmann::json j = {{"kind", "step"},
+                      {"job", cfg_.name},
+                      {"epoch", epoch},
+                      {"step", step},
+                      {"loss", loss_sum / samples},
+                      {"samples", samples},
+                      {"workers", where_().world_size},
+                      {"time", now()}};
+  // The step's own metrics under their names; fixed keys win a clash.
+  for (const auto& [k, v] : metrics) j.emplace(k, v);
+  write_metrics(j);
 }
 
 void JobReporter::progress(int64_t epoch, double loss, double accuracy, double samples_per_second) {
@@ -160,7 +163,9 @@ void JobReporter::epoch(const EpochMetrics& em) {
                  {"val_loss", em.val_loss},
                  {"val_accuracy", em.val_accuracy},
                  {"val_count", em.val_count},
-                 {"seconds", em.seconds}});
+                 {"seconds", em.seconds},
+                 {"train_metrics", em.train_metrics},
+                 {"val_metrics", em.val_metrics}});
   if (!cfg_.verbose) return;
   char val[96] = "";
   if (cfg_.evaluate) std::snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.3f", em.val_loss, em.val_accuracy);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,7 +44,9 @@ class JobReporter {
   std::string history() const;
 
   // One optimizer step's sums over all ranks.
-  void step(int64_t epoch, int64_t step, double loss_sum, int64_t correct, int64_t samples);
+  // `metrics` are the step's reduced metrics.
+  void step(int64_t epoch, int64_t step, double loss_sum, int64_t samples,
+            const std::map<std::string, double>& metrics);
   // The live line of a running epoch (terminal only).
   void progress(int64_t epoch, double loss, double accuracy, double samples_per_second);
   void epoch(const EpochMetrics& em);

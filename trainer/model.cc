@@ -2,10 +2,12 @@
 
 #include <filesystem>
 
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/trainer/module_model.h"
 
 namespace troupe::trainer {
 namespace {
@@ -52,30 +54,11 @@ struct CnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(Cnn);
 
-template <class Holder>
-class NnModel final : public Model {
- public:
-  NnModel(Holder m, std::string description) : m_(std::move(m)), description_(std::move(description)) {}
-  torch::Tensor forward(const torch::Tensor& input) override { return m_->forward(input); }
-  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (auto& item : m_->named_parameters(true)) out.emplace_back(item.key(), item.value());
-    return out;
-  }
-  std::vector<std::pair<std::string, torch::Tensor>> named_buffers() override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (auto& item : m_->named_buffers(true)) out.emplace_back(item.key(), item.value());
-    return out;
-  }
-  void train(bool on) override { m_->train(on); }
-  void to(const torch::Device& device) override { m_->to(device); }
-  std::string describe() const override { return description_; }
-
- private:
-  Holder m_;
-  std::string description_;
-};
-
+// A TorchScript module. Its graphs run unoptimised: the profiling executor
+// would specialise and fuse them after a few warm-up calls, so a
+// replacement trainer (a fresh process) would compute its first steps with
+// other kernels than the warmed-up survivors, and recovery would no longer
+// give bitwise-equal weights.
 class ScriptModel final : public Model {
  public:
   explicit ScriptModel(const std::string& path) : path_(path) {
@@ -84,8 +67,41 @@ class ScriptModel final : public Model {
     } catch (const c10::Error& e) {
       throw ConfigError("cannot load TorchScript model '" + path + "': " + e.what_without_backtrace());
     }
+    takes_batch_ = check_signature();
   }
-  torch::Tensor forward(const torch::Tensor& input) override { return m_.forward({input}).toTensor(); }
+  torch::Tensor forward(const torch::Tensor& input) override {
+    if (takes_batch_) throw ConfigError("TorchScript model '" + path_ + "' takes the batch dict, not one tensor");
+    torch::jit::GraphOptimizerEnabledGuard plain(false);
+    return m_.forward({input}).toTensor();
+  }
+  bool takes_batch() const override { return takes_batch_; }
+  std::vector<std::string> summed_metrics() const override {
+    std::vector<std::string> out;
+    if (!m_.hasattr("summed_metrics")) return out;
+    auto v = m_.attr("summed_metrics");
+    if (!v.isList()) throw ConfigError("TorchScript model '" + path_ + "': summed_metrics must be a List[str]");
+    for (const auto& e : v.toListRef()) {
+      if (!e.isString()) throw ConfigError("TorchScript model '" + path_ + "': summed_metrics must be a List[str]");
+      out.push_back(e.toStringRef());
+    }
+    return out;
+  }
+  actors::TensorDict forward_batch(const actors::TensorDict& batch) override {
+    if (!takes_batch_) return Model::forward_batch(batch);
+    c10::Dict<std::string, at::Tensor> in;
+    for (const auto& [key, value] : batch) in.insert(key, value);
+    c10::IValue out;
+    try {
+      torch::jit::GraphOptimizerEnabledGuard plain(false);
+      out = m_.forward({in});
+    } catch (const c10::Error& e) {
+      throw ConfigError("TorchScript model '" + path_ + "' failed on a batch " + batch.describe() + ": " +
+                        e.what_without_backtrace());
+    }
+    actors::TensorDict result;
+    for (const auto& entry : out.toGenericDict()) result.set(entry.key().toStringRef(), entry.value().toTensor());
+    return result;
+  }
   std::vector<std::pair<std::string, torch::Tensor>> named_parameters() override {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     for (const auto& p : m_.named_parameters(true)) out.emplace_back(p.name, p.value);
@@ -101,8 +117,40 @@ class ScriptModel final : public Model {
   std::string describe() const override { return "torchscript(" + path_ + ")"; }
 
  private:
+  // True for forward(Dict[str, Tensor]) -> Dict[str, Tensor], false for
+  // forward(Tensor) -> Tensor; anything else is a ConfigError naming the
+  // file, before any training.
+  bool check_signature() const {
+    auto method = m_.find_method("forward");
+    if (!method) throw ConfigError("TorchScript model '" + path_ + "' has no forward method");
+    const auto& schema = method->function().getSchema();
+    auto is_dict = [](const c10::TypePtr& t) {
+      auto d = t->cast<c10::DictType>();
+      return d && d->getKeyType()->kind() == c10::TypeKind::StringType &&
+             d->getValueType()->kind() == c10::TypeKind::TensorType;
+    };
+    const auto& all = schema.arguments();
+    const auto& rets = schema.returns();
+    // The arguments after self that a call must give (later ones have
+    // defaults).
+    std::vector<c10::Argument> args(all.begin(), all.end());
+    while (args.size() > 2 && args.back().default_value()) args.pop_back();
+    if (args.size() == 2 && is_dict(args[1].type())) {
+      if (rets.size() == 1 && is_dict(rets[0].type())) return true;
+      throw ConfigError("TorchScript model '" + path_ +
+                        "': forward(batch: Dict[str, Tensor]) must return Dict[str, Tensor] with a 'loss', not " +
+                        (rets.empty() ? std::string("nothing") : rets[0].type()->str()));
+    }
+    if (args.size() == 2 && args[1].type()->kind() == c10::TypeKind::TensorType) return false;
+    std::string got;
+    for (size_t i = 1; i < args.size(); ++i) got += (got.empty() ? "" : ", ") + args[i].type()->str();
+    throw ConfigError("TorchScript model '" + path_ + "': forward must take one Tensor or one Dict[str, Tensor], " +
+                      "it takes (" + got + ")");
+  }
+
   std::string path_;
   torch::jit::Module m_;
+  bool takes_batch_ = false;
 };
 
 void check_positive(int64_t v, const char* what) {
@@ -111,7 +159,19 @@ void check_positive(int64_t v, const char* what) {
 
 }  // namespace
 
-std::vector<std::string> model_names() { return {"mlp", "cnn", "torchscript"}; }
+std::vector<std::string> model_names() {
+  std::vector<std::string> out = {"mlp", "cnn", "torchscript"};
+  for (const auto& n : actors::FactoryRegistry<ModelFactory>::instance().names()) out.push_back(n);
+  return out;
+}
+
+bool register_model(const std::string& name, ModelFactory factory) {
+  return actors::FactoryRegistry<ModelFactory>::instance().add(name, std::move(factory));
+}
+
+actors::TensorDict Model::forward_batch(const actors::TensorDict& batch) {
+  return {{"output", forward(batch.at("input"))}};
+}
 
 void validate(const ModelSpec& spec) {
   if (spec.name == "mlp") {
@@ -128,7 +188,7 @@ void validate(const ModelSpec& spec) {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(spec.path, ec))
       throw ConfigError("TorchScript model file '" + spec.path + "' does not exist");
-  } else {
+  } else if (!actors::FactoryRegistry<ModelFactory>::instance().find(spec.name)) {
     std::string known;
     for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
     throw ConfigError("unknown model '" + spec.name + "' (known: " + known + ")");
@@ -150,18 +210,21 @@ int64_t Model::parameter_count() {
 std::unique_ptr<Model> make_model(const ModelSpec& spec) {
   validate(spec);
   if (spec.name == "mlp") {
-    return std::make_unique<NnModel<Mlp>>(Mlp(spec.input_dim, spec.hidden, spec.num_classes),
-                                          "mlp(" + std::to_string(spec.input_dim) + "→" + std::to_string(spec.hidden) +
-                                              "→" + std::to_string(spec.hidden) + "→" +
-                                              std::to_string(spec.num_classes) + ")");
+    return std::make_unique<ModuleModel<Mlp>>(Mlp(spec.input_dim, spec.hidden, spec.num_classes),
+                                              "mlp(" + std::to_string(spec.input_dim) + "→" +
+                                                  std::to_string(spec.hidden) + "→" + std::to_string(spec.hidden) +
+                                                  "→" + std::to_string(spec.num_classes) + ")");
   }
   if (spec.name == "cnn") {
-    return std::make_unique<NnModel<Cnn>>(Cnn(spec.channels, spec.image_size, spec.hidden, spec.num_classes),
-                                          "cnn(" + std::to_string(spec.channels) + "×" +
-                                              std::to_string(spec.image_size) + "², " + std::to_string(spec.hidden) +
-                                              " channels, BatchNorm)");
+    return std::make_unique<ModuleModel<Cnn>>(Cnn(spec.channels, spec.image_size, spec.hidden, spec.num_classes),
+                                              "cnn(" + std::to_string(spec.channels) + "×" +
+                                                  std::to_string(spec.image_size) + "², " +
+                                                  std::to_string(spec.hidden) + " channels, BatchNorm)");
   }
-  return std::make_unique<ScriptModel>(spec.path);
+  if (spec.name == "torchscript") return std::make_unique<ScriptModel>(spec.path);
+  auto model = (*actors::FactoryRegistry<ModelFactory>::instance().find(spec.name))(spec);
+  if (!model) throw ConfigError("model factory '" + spec.name + "' returned no model");
+  return model;
 }
 
 }  // namespace troupe::trainer

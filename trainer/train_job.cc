@@ -104,6 +104,8 @@ class Run {
     Clock::time_point start;
     double loss_sum = 0, busy = 0;
     int64_t correct = 0, samples = 0;
+    std::map<std::string, double> metric_sums;
+    std::vector<std::string> summed_metrics;
   };
 
   int64_t per_step() const { return cfg_.trainer.batch_size * cfg_.trainer.accumulation; }
@@ -346,20 +348,24 @@ int64_t Run::account(const std::vector<TrainReport>& reps) {
   const auto& first = reps[0];
   for (size_t s = 0; s < first.step_loss_sum.size(); ++s) {
     double l = 0;
-    int64_t c = 0, n = 0;
+    int64_t n = 0;
+    std::map<std::string, double> m;
     for (const auto& r : reps) {
       l += r.step_loss_sum[s];
-      c += r.step_correct[s];
       n += r.step_samples[s];
+      if (s < r.step_metric_sums.size())
+        for (const auto& [k, v] : r.step_metric_sums[s]) m[k] += v;
     }
     const int64_t st =
         first.global_step - static_cast<int64_t>(first.step_loss_sum.size()) + static_cast<int64_t>(s) + 1;
-    reporter_.step(first.cursor.epoch, st, l, c, n);
+    reporter_.step(first.cursor.epoch, st, l, n, finish_metrics(m, first.summed_metrics, n));
   }
   int64_t samples = 0;
+  sums_.summed_metrics = first.summed_metrics;
   for (const auto& rep : reps) {
     sums_.loss_sum += rep.loss_sum;
     sums_.correct += rep.correct;
+    for (const auto& [k, v] : rep.metric_sums) sums_.metric_sums[k] += v;
     sums_.samples += rep.samples;
     samples += rep.samples;
     consumed_.add(rep);
@@ -371,15 +377,18 @@ void Run::evaluate(EpochMetrics& em) {
   std::vector<Future<EvalReport>> fs;
   for (int64_t r = 0; r < gang_.world(); ++r)
     fs.push_back(gang_.slots()[r].trainer.call(&TrainerActor::evaluate, r, gang_.world()));
+  std::map<std::string, double> sums;
   for (const auto& e : get_all(fs, cfg_.call_timeout)) {
     em.val_loss += e.loss_sum;
     em.val_accuracy += static_cast<double>(e.correct);
     em.val_count += e.count;
+    for (const auto& [k, v] : e.metric_sums) sums[k] += v;
   }
   if (em.val_count) {
     em.val_loss /= em.val_count;
     em.val_accuracy /= em.val_count;
   }
+  em.val_metrics = finish_metrics(sums, sums_.summed_metrics, em.val_count);
 }
 
 void Run::end_epoch() {
@@ -388,6 +397,7 @@ void Run::end_epoch() {
   em.steps = gang_.step();
   em.train_loss = sums_.samples ? sums_.loss_sum / sums_.samples : 0;
   em.train_accuracy = sums_.samples ? double(sums_.correct) / sums_.samples : 0;
+  em.train_metrics = finish_metrics(sums_.metric_sums, sums_.summed_metrics, sums_.samples);
   em.samples_per_second = sums_.busy > 0 ? sums_.samples / sums_.busy : 0;
   if (cfg_.evaluate) evaluate(em);
   em.seconds = std::chrono::duration<double>(Clock::now() - sums_.start).count();

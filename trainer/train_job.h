@@ -174,6 +174,11 @@ struct EpochMetrics {
   double val_accuracy = 0;
   int64_t val_count = 0;
   double seconds = 0;
+  // Every metric the step returned, reduced over the epoch's samples and
+  // all ranks (mean, or sum for the step's summed metrics);
+  // train_accuracy/val_accuracy repeat "accuracy" when there is one.
+  std::map<std::string, double> train_metrics;
+  std::map<std::string, double> val_metrics;
 };
 
 // What a JobEvent records. to_string() gives the spelling used on stdout and

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <unistd.h>
+#include <cmath>
 #include <cstring>
 
 #include <ATen/autocast_mode.h>
@@ -22,10 +23,37 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Samples classified right, from the summed `accuracy` metric (each batch's
+// accuracy times its samples is a whole number, up to rounding).
+// Autocast (CUDA mixed precision) for the forward pass of one step, off
+// again however the pass ends.
+class Autocast {
+ public:
+  explicit Autocast(bool on) : on_(on) {
+    if (on_) at::autocast::set_enabled(true);
+  }
+  ~Autocast() {
+    if (!on_) return;
+    at::autocast::set_enabled(false);
+    at::autocast::clear_cache();
+  }
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  bool on_;
+};
+
+int64_t correct_of(const std::map<std::string, double>& metric_sums) {
+  auto it = metric_sums.find("accuracy");
+  return it == metric_sums.end() ? 0 : std::llround(it->second);
+}
 }  // namespace
 
 void validate(const TrainerConfig& c) {
   validate(c.model);
+  validate(c.step);
   validate(c.optimizer);
   validate(c.schedule);
   if (c.batch_size <= 0) throw ConfigError("batch_size must be positive, got " + std::to_string(c.batch_size));
@@ -132,6 +160,7 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
   torch::manual_seed(static_cast<uint64_t>(config_.seed));
   model_ = make_model(config_.model);
   model_->to(device_);
+  step_fn_ = make_step(config_.step, *model_);
   optimizer_ = std::make_unique<Optimizer>(config_.optimizer, model_->named_parameters());
   dataset_ = actors::make_dataset(config_.data);
   if (train_size(config_, dataset_->size()) <= 0) throw ConfigError("the training split is empty");
@@ -215,24 +244,44 @@ StreamRef TrainerActor::open_stream(int64_t credits) {
   return stream_->reader->ref();
 }
 
-torch::Tensor TrainerActor::compute_loss(const torch::Tensor& logits, const torch::Tensor& target) {
-  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), target);
+void TrainerActor::StepSums::add(const StepSums& o) {
+  loss_sum += o.loss_sum;
+  for (const auto& [k, v] : o.metric_sums) metric_sums[k] += v;
 }
 
-std::pair<double, int64_t> TrainerActor::micro_step(const actors::Batch& batch, bool sync) {
-  auto x = batch.input.to(device_, /*non_blocking=*/true);
-  auto y = batch.target.to(device_, /*non_blocking=*/true);
-  bool amp = config_.mixed_precision && device_.is_cuda();
-  torch::Tensor logits;
-  if (amp) {
-    at::autocast::set_enabled(true);
-    logits = model_->forward(x);
-    at::autocast::set_enabled(false);
-    at::autocast::clear_cache();
-  } else {
-    logits = model_->forward(x);
+TrainerActor::StepSums TrainerActor::sums_of(const StepOutput& out, int64_t samples) const {
+  StepSums s;
+  s.loss_sum = out.loss.item<double>() * static_cast<double>(samples);
+  const auto summed = step_fn_->summed_metrics();
+  for (const auto& [k, v] : out.metrics) {
+    double x = v.item<double>();
+    s.metric_sums[k] = summed.count(k) ? x : x * static_cast<double>(samples);
   }
-  auto loss = compute_loss(logits, y);
+  return s;
+}
+
+StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
+  StepOutput out;
+  try {
+    Autocast autocast(config_.mixed_precision && device_.is_cuda());
+    out = step_fn_->train(*model_, tensors);
+  } catch (const c10::Error& e) {
+    // The user's model or step refusing this batch (a missing key, a
+    // shape that does not fit) refuses it on every rank and every retry:
+    // not a failure a replacement could fix.
+    throw ConfigError("step " + step_fn_->describe() + " with " + model_->describe() + " failed on a batch " +
+                      tensors.describe() + ": " + e.what_without_backtrace());
+  }
+  check_output(out, *step_fn_);
+  if (!out.loss.requires_grad())
+    throw ConfigError("step " + step_fn_->describe() + " returned a 'loss' that does not depend on the parameters");
+  return out;
+}
+
+TrainerActor::StepSums TrainerActor::micro_step(const actors::Batch& batch, bool sync) {
+  bool amp = config_.mixed_precision && device_.is_cuda();
+  StepOutput out = run_step(batch.tensors.to(device_, /*non_blocking=*/true));
+  auto loss = out.loss;
   reducer_->prepare(sync);
   auto scaled = loss / static_cast<double>(config_.accumulation);
   if (amp) scaled = scaled * loss_scale_;
@@ -252,8 +301,7 @@ std::pair<double, int64_t> TrainerActor::micro_step(const actors::Batch& batch, 
     }
   }
   torch::NoGradGuard ng;
-  int64_t correct = logits.argmax(1).eq(y).sum().item<int64_t>();
-  return {loss.item<double>() * static_cast<double>(batch.size()), correct};
+  return sums_of(out, batch.size());
 }
 
 void TrainerActor::optimizer_step() {
@@ -315,7 +363,7 @@ actors::Batch TrainerActor::next_batch(bool from_stream, const std::vector<int64
   samples.reserve(idx.size());
   for (int64_t i : idx) samples.push_back(dataset_->get(i, epoch));
   pos += idx.size();
-  return actors::collate(std::move(samples), std::move(idx));
+  return actors::collate(*dataset_, std::move(samples), std::move(idx));
 }
 
 TrainReport TrainerActor::train(TrainRequest req) {
@@ -338,22 +386,23 @@ TrainReport TrainerActor::train(TrainRequest req) {
   try {
     for (; s < steps; ++s) {
       snap = snapshot();
-      double loss_sum = 0;
-      int64_t correct = 0, samples = 0;
+      StepSums sums;
+      int64_t samples = 0;
       for (int64_t k = 0; k < config_.accumulation; ++k) {
         actors::Batch batch = next_batch(req.from_stream, indices, pos, cursor.epoch);
-        auto [l, c] = micro_step(batch, k == config_.accumulation - 1);
-        loss_sum += l;
-        correct += c;
+        sums.add(micro_step(batch, k == config_.accumulation - 1));
         samples += batch.size();
         if (req.record_indices) rep.consumed.insert(rep.consumed.end(), batch.indices.begin(), batch.indices.end());
       }
       optimizer_step();
-      rep.step_loss_sum.push_back(loss_sum);
+      const int64_t correct = correct_of(sums.metric_sums);
+      rep.step_loss_sum.push_back(sums.loss_sum);
       rep.step_correct.push_back(correct);
       rep.step_samples.push_back(samples);
-      rep.loss_sum += loss_sum;
+      rep.step_metric_sums.push_back(sums.metric_sums);
+      rep.loss_sum += sums.loss_sum;
       rep.correct += correct;
+      for (const auto& [k, v] : sums.metric_sums) rep.metric_sums[k] += v;
       rep.samples += samples;
       ++rep.steps;
     }
@@ -378,6 +427,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
   epoch_ = cursor.epoch;
   rep.cursor = cursor;
   rep.global_step = step_;
+  for (const auto& k : step_fn_->summed_metrics()) rep.summed_metrics.push_back(k);
   rep.lr = learning_rate(config_.optimizer, config_.schedule, std::max<int64_t>(0, step_ - 1), world);
   rep.seconds = seconds_since(t0);
   return rep;
@@ -406,17 +456,15 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     std::vector<actors::Sample> samples;
     std::vector<int64_t> chunk(idx.begin() + s, idx.begin() + std::min(idx.size(), s + 256));
     for (int64_t i : chunk) samples.push_back(dataset_->get(i, 0));
-    auto b = actors::collate(std::move(samples), chunk);
-    auto x = b.input.to(device_);
-    auto y = b.target.to(device_);
-    auto logits = model_->forward(x);
-    rep.loss_sum +=
-        torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), y,
-                                             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-            .item<double>();
-    rep.correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+    auto b = actors::collate(*dataset_, std::move(samples), chunk);
+    StepOutput out = step_fn_->eval(*model_, b.tensors.to(device_));
+    check_output(out, *step_fn_);
+    StepSums sums = sums_of(out, b.size());
+    rep.loss_sum += sums.loss_sum;
+    for (const auto& [k, v] : sums.metric_sums) rep.metric_sums[k] += v;
     rep.count += b.size();
   }
+  rep.correct = correct_of(rep.metric_sums);
   for (size_t i = 0; i < live.size(); ++i) params[i].second.copy_(live[i]);
   model_->train(true);
   return rep;
@@ -592,10 +640,11 @@ BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup
   torch::manual_seed(static_cast<uint64_t>(config_.seed) + 1000 + (group_ ? group_->rank() : 0));
   auto probe = dataset_->get(0, 0);
   std::vector<int64_t> shape{batch};
-  for (auto d : probe.input.sizes()) shape.push_back(d);
+  for (auto d : probe.at("input").sizes()) shape.push_back(d);
   actors::Batch b;
-  b.input = torch::randn(shape).to(device_);
-  b.target = torch::randint(0, config_.model.num_classes, {batch}, torch::kInt64).to(device_);
+  b.tensors.set("input", torch::randn(shape).to(device_));
+  b.tensors.set("target", torch::randint(0, config_.model.num_classes, {batch}, torch::kInt64).to(device_));
+  b.samples = batch;
   model_->train(true);
   double loss = 0;
   for (int64_t s = 0; s < warmup; ++s) {
@@ -605,7 +654,7 @@ BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup
   if (group_) group_->barrier()->wait(std::chrono::minutes(2));
   auto t0 = Clock::now();
   for (int64_t s = 0; s < steps; ++s) {
-    loss = micro_step(b, true).first / static_cast<double>(batch);
+    loss = micro_step(b, true).loss_sum / static_cast<double>(batch);
     optimizer_step();
   }
   if (group_) group_->barrier()->wait(std::chrono::minutes(2));

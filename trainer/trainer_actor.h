@@ -24,6 +24,7 @@
 #include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/model.h"
 #include "troupe/trainer/optimizer.h"
+#include "troupe/trainer/train_step.h"
 
 namespace troupe::collective {
 class Group;
@@ -37,6 +38,8 @@ class ShmGroup;
 // Everything a trainer needs to build itself; the same value on every rank.
 struct TrainerConfig {
   ModelSpec model;
+  // What a step computes from a batch (loss and metrics); see train_step.h.
+  StepSpec step;
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
   // Seeds torch's generator before the model is built (identical initial
@@ -71,7 +74,7 @@ struct TrainerConfig {
   // checkpoints) under the optimizer's "ema/<parameter>" entries.
   double ema_decay = 0.0;
 
-  TROUPE_FIELDS(model, optimizer, schedule, seed, batch_size, accumulation, compression, bucket_mb, data,
+  TROUPE_FIELDS(model, step, optimizer, schedule, seed, batch_size, accumulation, compression, bucket_mb, data,
                 validation_fraction, split_seed, shuffle, threads, device, mixed_precision, shared_memory, ema_decay);
 };
 
@@ -127,19 +130,26 @@ struct TrainReport {
   int64_t steps = 0;
   int64_t samples = 0;
   double loss_sum = 0;  // per-sample loss summed
+  // Samples classified right: the `accuracy` metric times the samples (0
+  // for steps without one).
   int64_t correct = 0;
+  // The step's metrics: per-sample value summed (a mean metric times its
+  // batch's samples), or the plain sum for the metrics in summed_metrics.
+  std::map<std::string, double> metric_sums;
+  std::vector<std::string> summed_metrics;
   double seconds = 0;
   // Per optimizer step: summed loss, correct and samples on this rank.
   std::vector<double> step_loss_sum;
   std::vector<int64_t> step_correct;
   std::vector<int64_t> step_samples;
+  std::vector<std::map<std::string, double>> step_metric_sums;
   actors::SamplerCursor cursor;  // after the steps
   int64_t global_step = 0;
   double lr = 0;
   // With record_indices: the data set indices this rank trained on, in order.
   std::vector<int64_t> consumed;
-  TROUPE_FIELDS(steps, samples, loss_sum, correct, seconds, step_loss_sum, step_correct, step_samples, cursor,
-                global_step, lr, consumed);
+  TROUPE_FIELDS(steps, samples, loss_sum, correct, metric_sums, summed_metrics, seconds, step_loss_sum, step_correct,
+                step_samples, step_metric_sums, cursor, global_step, lr, consumed);
 };
 
 // Where a trainer stands: the optimizer steps it has completed and the
@@ -156,7 +166,9 @@ struct EvalReport {
   double loss_sum = 0;
   int64_t correct = 0;
   int64_t count = 0;
-  TROUPE_FIELDS(loss_sum, correct, count);
+  // As TrainReport::metric_sums, from the step's eval().
+  std::map<std::string, double> metric_sums;
+  TROUPE_FIELDS(loss_sum, correct, count, metric_sums);
 };
 
 struct BenchReport {
@@ -216,9 +228,19 @@ class TrainerActor {
   int64_t shm_allreduces();
 
  private:
-  torch::Tensor compute_loss(const torch::Tensor& logits, const torch::Tensor& target);
-  // One micro-step forward + backward; returns (loss sum, correct).
-  std::pair<double, int64_t> micro_step(const actors::Batch& batch, bool sync);
+  // A micro-step's (or an evaluation chunk's) contribution: per-sample loss
+  // summed and the metric sums (see TrainReport::metric_sums).
+  struct StepSums {
+    double loss_sum = 0;
+    std::map<std::string, double> metric_sums;
+    void add(const StepSums& o);
+  };
+  // What one step output adds up to over `samples` samples.
+  StepSums sums_of(const StepOutput& out, int64_t samples) const;
+  // The step's forward (under autocast when mixed precision is on).
+  StepOutput run_step(const actors::TensorDict& tensors);
+  // One micro-step forward + backward.
+  StepSums micro_step(const actors::Batch& batch, bool sync);
   // The next micro-batch of a train() call: read from the batch stream, or
   // collated from this trainer's own data set at indices[pos...]; advances
   // pos past it.
@@ -237,6 +259,7 @@ class TrainerActor {
   bool ready_ = false;
   torch::Device device_{torch::kCPU};
   std::unique_ptr<Model> model_;
+  std::unique_ptr<TrainStep> step_fn_;
   // EMA of the parameters, in named_parameters() order (empty when off).
   std::vector<torch::Tensor> ema_;
   void update_ema();

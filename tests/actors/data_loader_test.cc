@@ -111,8 +111,9 @@ void expect_epoch_once(const std::vector<std::vector<Batch>>& per_rank, const Lo
         ASSERT_TRUE(i >= 0 && i < n) << i;
         ++seen[i];
         got.push_back(i);
-        ASSERT_TRUE(torch::equal(b.input[row], dataset->get(i, epoch).input)) << "row of sample " << i;
-        ASSERT_EQ(b.target[row].item<int64_t>(), dataset->get(i, epoch).target.item<int64_t>());
+        ASSERT_TRUE(torch::equal(b.tensors.at("input")[row], dataset->get(i, epoch).at("input")))
+            << "row of sample " << i;
+        ASSERT_EQ(b.tensors.get("target")[row].item<int64_t>(), dataset->get(i, epoch).get("target").item<int64_t>());
       }
     }
     EXPECT_EQ(got, sampler.indices(epoch, static_cast<int64_t>(rank))) << "rank " << rank;
@@ -184,9 +185,9 @@ TEST_F(DataLoaderTest, TransformsAreDeterministicUnderASeed) {
   ASSERT_EQ(first.size(), second.size());
   for (size_t s = 0; s < first.size(); ++s) {
     EXPECT_EQ(first[s].indices, second[s].indices);
-    ASSERT_EQ(first[s].input.sizes(), (std::vector<int64_t>{16, 3, 16, 16}));
-    EXPECT_TRUE(torch::equal(first[s].input, second[s].input)) << "batch " << s;
-    EXPECT_TRUE(torch::equal(first[s].target, second[s].target)) << "batch " << s;
+    ASSERT_EQ(first[s].tensors.at("input").sizes(), (std::vector<int64_t>{16, 3, 16, 16}));
+    EXPECT_TRUE(torch::equal(first[s].tensors.at("input"), second[s].tensors.at("input"))) << "batch " << s;
+    EXPECT_TRUE(torch::equal(first[s].tensors.get("target"), second[s].tensors.get("target"))) << "batch " << s;
   }
   // Two processes agree with each other and with this one; another epoch
   // draws other crops and flips.
@@ -194,7 +195,7 @@ TEST_F(DataLoaderTest, TransformsAreDeterministicUnderASeed) {
   auto sample0 = [](const std::vector<Batch>& bs, int64_t index) {
     for (const auto& b : bs)
       for (size_t row = 0; row < b.indices.size(); ++row)
-        if (b.indices[row] == index) return b.input[row];
+        if (b.indices[row] == index) return b.tensors.at("input")[row];
     return torch::Tensor();
   };
   EXPECT_FALSE(torch::equal(sample0(first, 0), sample0(next_epoch, 0)));

@@ -10,13 +10,13 @@
 #include <set>
 #include <string>
 
+#include "tests/actors/python_helper.h"
 #include "troupe/actors/dataset.h"
 #include "troupe/actors/digits_dataset.h"
 #include "troupe/actors/image_dataset.h"
 #include "troupe/actors/npy.h"
 #include "troupe/actors/synthetic_dataset.h"
 #include "troupe/runtime/core/errors.h"
-#include "tests/actors/python_helper.h"
 
 namespace troupe::actors {
 namespace {
@@ -99,7 +99,7 @@ TEST(DatasetSpec, FactoryBuildsEachBuiltIn) {
   auto c = make_dataset(DatasetSpec("synthetic_classification").set("size", 50).set("num_classes", 3));
   EXPECT_EQ(c->size(), 50);
   auto r = make_dataset(DatasetSpec("synthetic_regression").set("size", 20).set("num_outputs", 2));
-  EXPECT_EQ(r->get(3).target.sizes(), (std::vector<int64_t>{2}));
+  EXPECT_EQ(r->get(3).get("target").sizes(), (std::vector<int64_t>{2}));
   auto im = make_dataset(DatasetSpec("image_records")
                              .set("size", 8)
                              .set("height", 10)
@@ -108,8 +108,12 @@ TEST(DatasetSpec, FactoryBuildsEachBuiltIn) {
                              .set("flip", 1)
                              .set("mean", {0.5, 0.5, 0.5})
                              .set("std", {0.25, 0.25, 0.25}));
-  EXPECT_EQ(im->get(7).input.sizes(), (std::vector<int64_t>{3, 6, 6}));
-  EXPECT_EQ(dataset_names().size(), 5u);
+  EXPECT_EQ(im->get(7).at("input").sizes(), (std::vector<int64_t>{3, 6, 6}));
+  // The built-ins, then the names this binary registered (TROUPE_DATASET).
+  auto names = dataset_names();
+  std::vector<std::string> built_in(names.begin(), names.begin() + 8);
+  EXPECT_EQ(built_in, (std::vector<std::string>{"synthetic_classification", "synthetic_regression", "npy", "digits",
+                                                "image_records", "npz", "arrays", "token_stream"}));
 }
 
 // --- synthetic ---
@@ -123,21 +127,21 @@ TEST(SyntheticDatasets, ReproducibleFromSeedAndIndexAlone) {
   for (int64_t i = 299; i >= 0; i -= 7) {
     auto x = a.get(i);
     auto y = b.get(i);
-    EXPECT_TRUE(same_tensor(x.input, y.input) && same_tensor(x.target, y.target)) << i;
-    EXPECT_EQ(x.input.scalar_type(), torch::kFloat);
-    EXPECT_EQ(x.target.scalar_type(), torch::kLong);
-    labels.insert(x.target.item<int64_t>());
+    EXPECT_TRUE(same_tensor(x.at("input"), y.at("input")) && same_tensor(x.get("target"), y.get("target"))) << i;
+    EXPECT_EQ(x.at("input").scalar_type(), torch::kFloat);
+    EXPECT_EQ(x.get("target").scalar_type(), torch::kLong);
+    labels.insert(x.get("target").item<int64_t>());
   }
   EXPECT_EQ(labels, (std::set<int64_t>{0, 1, 2}));
-  EXPECT_FALSE(same_tensor(a.get(5).input, other.get(5).input));
+  EXPECT_FALSE(same_tensor(a.get(5).at("input"), other.get(5).at("input")));
   EXPECT_THROW(a.get(300), Error);
   EXPECT_THROW(a.get(-1), Error);
 
   SyntheticRegression r({.size = 100, .num_features = 4, .num_outputs = 2, .seed = 1, .noise = 0.0});
   for (int64_t i : {0, 17, 99}) {
     auto s = r.get(i);
-    auto expect = torch::matmul(r.weights(), s.input) + r.bias();
-    EXPECT_TRUE(torch::allclose(s.target, expect, 1e-5, 1e-5));
+    auto expect = torch::matmul(r.weights(), s.at("input")) + r.bias();
+    EXPECT_TRUE(torch::allclose(s.get("target"), expect, 1e-5, 1e-5));
   }
 }
 
@@ -297,8 +301,8 @@ TEST_F(Npy, ReadsWhatNumPyWrites) {
 
   NpyDataset ds(path("x.npy"), path("y.npy"));
   ASSERT_EQ(ds.size(), 5);
-  EXPECT_TRUE(torch::allclose(ds.get(2).input, x[2]));
-  EXPECT_EQ(ds.get(2).target.item<int64_t>(), 4);
+  EXPECT_TRUE(torch::allclose(ds.get(2).at("input"), x[2]));
+  EXPECT_EQ(ds.get(2).get("target").item<int64_t>(), 4);
 
   // And NumPy reads what write_npy writes.
   write_npy(path("from_cpp.npy"), torch::arange(6, torch::kLong).reshape({2, 3}));
@@ -314,16 +318,16 @@ TEST(Digits, LoadsTheScikitLearnSet) {
   DigitsDataset ds;
   ASSERT_EQ(ds.size(), 1797);
   auto first = ds.get(0);
-  EXPECT_EQ(first.input.sizes(), (std::vector<int64_t>{64}));
-  EXPECT_EQ(first.target.item<int64_t>(), 0);
+  EXPECT_EQ(first.at("input").sizes(), (std::vector<int64_t>{64}));
+  EXPECT_EQ(first.get("target").item<int64_t>(), 0);
   // The first row of sklearn's load_digits().data.
-  EXPECT_EQ(to_longs(first.input.slice(0, 0, 8)), (std::vector<int64_t>{0, 0, 5, 13, 9, 1, 0, 0}));
+  EXPECT_EQ(to_longs(first.at("input").slice(0, 0, 8)), (std::vector<int64_t>{0, 0, 5, 13, 9, 1, 0, 0}));
   auto counts = torch::bincount(ds.labels());
   ASSERT_EQ(counts.size(0), 10);
   for (int64_t c = 0; c < 10; ++c) EXPECT_GT(counts[c].item<int64_t>(), 170) << c;
   EXPECT_EQ(ds.images().max().item<float>(), 16.0f);
   DigitsDataset img({.normalize = true, .image = true});
-  EXPECT_EQ(img.get(5).input.sizes(), (std::vector<int64_t>{1, 8, 8}));
+  EXPECT_EQ(img.get(5).at("input").sizes(), (std::vector<int64_t>{1, 8, 8}));
   EXPECT_LE(img.images().max().item<float>(), 1.0f);
   auto via_spec = make_dataset(DatasetSpec("digits").set("normalize", 1));
   EXPECT_EQ(via_spec->size(), 1797);
@@ -371,9 +375,9 @@ TEST(ImageRecords, SyntheticAndNpyBackedAgree) {
   auto ds = ImageRecordDataset::synthetic({.size = 20, .channels = 2, .height = 8, .width = 8, .seed = 3}, t);
   auto again = ImageRecordDataset::synthetic({.size = 20, .channels = 2, .height = 8, .width = 8, .seed = 3}, t);
   EXPECT_TRUE(same_tensor(ds->images(), again->images()));
-  EXPECT_TRUE(same_tensor(ds->get(7, 3).input, again->get(7, 3).input));
-  EXPECT_EQ(ds->get(7, 3).input.sizes(), (std::vector<int64_t>{2, 5, 5}));
-  EXPECT_TRUE(same_tensor(ds->get(7, 3).input, transform_image(ds->images()[7], t, 3, 7)));
+  EXPECT_TRUE(same_tensor(ds->get(7, 3).at("input"), again->get(7, 3).at("input")));
+  EXPECT_EQ(ds->get(7, 3).at("input").sizes(), (std::vector<int64_t>{2, 5, 5}));
+  EXPECT_TRUE(same_tensor(ds->get(7, 3).at("input"), transform_image(ds->images()[7], t, 3, 7)));
 
   std::string dir = (fs::temp_directory_path() / ("troupe_img_" + std::to_string(::getpid()))).string();
   fs::create_directories(dir);
@@ -388,8 +392,8 @@ TEST(ImageRecords, SyntheticAndNpyBackedAgree) {
                                     .set("std", {0.5, 0.5})
                                     .set("seed", 1));
   for (int64_t i = 0; i < 20; ++i) {
-    EXPECT_TRUE(same_tensor(from_file->get(i, 2).input, ds->get(i, 2).input)) << i;
-    EXPECT_TRUE(same_tensor(from_file->get(i, 2).target, ds->get(i, 2).target)) << i;
+    EXPECT_TRUE(same_tensor(from_file->get(i, 2).at("input"), ds->get(i, 2).at("input"))) << i;
+    EXPECT_TRUE(same_tensor(from_file->get(i, 2).get("target"), ds->get(i, 2).get("target"))) << i;
   }
   write_npy(dir + "/float.npy", torch::zeros({2, 3, 4, 4}));
   expect_error_mentions([&] { ImageRecordDataset::from_npy(dir + "/float.npy", "", {}); }, {"float.npy", "uint8"});

@@ -56,7 +56,7 @@ class CountingDataset final : public Dataset {
           --*counter;
         },
         torch::kFloat);
-    return {input, torch::scalar_tensor(index + 1000 * epoch, torch::kLong)};
+    return {{"input", input}, {"target", torch::scalar_tensor(index + 1000 * epoch, torch::kLong)}};
   }
 
  private:
@@ -78,12 +78,12 @@ TEST(BatchPipeline, DeliversEveryIndexOnceInOrder) {
     auto stats = pipe.run(indices, 4, [&](Batch&& b) {
       EXPECT_EQ(b.sequence, expect_sequence++);
       EXPECT_EQ(b.epoch, 4);
-      EXPECT_EQ(b.input.sizes(), (std::vector<int64_t>{b.size(), 6}));
-      EXPECT_EQ(b.target.sizes(), (std::vector<int64_t>{b.size()}));
+      EXPECT_EQ(b.tensors.at("input").sizes(), (std::vector<int64_t>{b.size(), 6}));
+      EXPECT_EQ(b.tensors.get("target").sizes(), (std::vector<int64_t>{b.size()}));
       // Rows are the samples of the listed indices.
       for (int64_t r = 0; r < b.size(); r += 7) {
-        EXPECT_TRUE(b.input[r].equal(ds.get(b.indices[r]).input));
-        EXPECT_EQ(b.target[r].item<int64_t>(), ds.get(b.indices[r]).target.item<int64_t>());
+        EXPECT_TRUE(b.tensors.at("input")[r].equal(ds.get(b.indices[r]).at("input")));
+        EXPECT_EQ(b.tensors.get("target")[r].item<int64_t>(), ds.get(b.indices[r]).get("target").item<int64_t>());
       }
       got.insert(got.end(), b.indices.begin(), b.indices.end());
     });
@@ -114,8 +114,9 @@ TEST(BatchPipeline, SameBatchesForAnyThreadCount) {
     size_t k = 0;
     many.run(indices, 2, [&](Batch&& b) {
       ASSERT_LT(k, reference.size());
-      EXPECT_TRUE(b.input.equal(reference[k].input)) << "batch " << k << " with " << threads << " threads";
-      EXPECT_TRUE(b.target.equal(reference[k].target));
+      EXPECT_TRUE(b.tensors.at("input").equal(reference[k].tensors.at("input")))
+          << "batch " << k << " with " << threads << " threads";
+      EXPECT_TRUE(b.tensors.get("target").equal(reference[k].tensors.get("target")));
       ++k;
     });
     EXPECT_EQ(k, reference.size());
@@ -123,7 +124,7 @@ TEST(BatchPipeline, SameBatchesForAnyThreadCount) {
   // Another epoch: other augmentations.
   std::vector<Batch> epoch3;
   one.run(indices, 3, [&](Batch&& b) { epoch3.push_back(std::move(b)); });
-  EXPECT_FALSE(epoch3[0].input.equal(reference[0].input));
+  EXPECT_FALSE(epoch3[0].tensors.at("input").equal(reference[0].tensors.at("input")));
 }
 
 TEST(BatchPipeline, MemoryStaysBoundedWithSlowSink) {
@@ -225,29 +226,39 @@ TEST(BatchPipeline, ErrorsFromSinkAndLoadComeOutOfRun) {
 }
 
 TEST(Collate, StacksAndNamesMismatches) {
-  std::vector<Sample> s = {{torch::ones({2, 3}), torch::scalar_tensor(1, torch::kLong)},
-                           {torch::zeros({2, 3}), torch::scalar_tensor(2, torch::kLong)}};
+  std::vector<Sample> s = {{{"input", torch::ones({2, 3})}, {"target", torch::scalar_tensor(1, torch::kLong)}},
+                           {{"input", torch::zeros({2, 3})}, {"target", torch::scalar_tensor(2, torch::kLong)}}};
   auto b = collate(std::move(s), {7, 9});
-  EXPECT_EQ(b.input.sizes(), (std::vector<int64_t>{2, 2, 3}));
-  EXPECT_EQ(to_longs(b.target), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(b.tensors.at("input").sizes(), (std::vector<int64_t>{2, 2, 3}));
+  EXPECT_EQ(to_longs(b.tensors.get("target")), (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(b.indices, (std::vector<int64_t>{7, 9}));
-  std::vector<Sample> bad = {{torch::ones({3})}, {torch::ones({3})}, {torch::ones({4})}};
+  std::vector<Sample> bad = {
+      {{"input", torch::ones({3})}}, {{"input", torch::ones({3})}}, {{"input", torch::ones({4})}}};
   try {
     collate(std::move(bad));
     ADD_FAILURE() << "no exception";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("sample 2"), std::string::npos) << e.what();
   }
-  std::vector<Sample> no_target = {{torch::ones({3})}, {torch::ones({3})}};
-  EXPECT_FALSE(collate(std::move(no_target)).target.defined());
+  std::vector<Sample> no_target = {{{"input", torch::ones({3})}}, {{"input", torch::ones({3})}}};
+  EXPECT_FALSE(collate(std::move(no_target)).tensors.get("target").defined());
+  // Samples with different keys are named, not stacked.
+  std::vector<Sample> ragged_keys = {{{"input", torch::ones({3})}}, {{"x", torch::ones({3})}}};
+  try {
+    collate(std::move(ragged_keys));
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sample 1"), std::string::npos) << e.what();
+  }
 }
 
 // Batches cross the wire as dtype + shape + bytes; large tensors as
 // attachments that the decoded tensor views without a copy.
 TEST(BatchCodec, RoundTripsTensorsThroughAttachments) {
   Batch b;
-  b.input = torch::randn({64, 3, 8, 8});       // 48 KiB: an attachment
-  b.target = torch::arange(64, torch::kLong);  // 512 B: inline
+  b.tensors.set("input", torch::randn({64, 3, 8, 8}));       // 48 KiB: an attachment
+  b.tensors.set("target", torch::arange(64, torch::kLong));  // 512 B: inline
+  b.samples = 64;
   b.indices = {5, 3, 1};
   b.epoch = 2;
   b.sequence = 9;
@@ -255,21 +266,22 @@ TEST(BatchCodec, RoundTripsTensorsThroughAttachments) {
   ASSERT_EQ(enc.attachments().size(), 1u);
   EXPECT_LT(enc.bytes().size(), 1024u);
   // Encoding shares the tensor's memory instead of copying it.
-  EXPECT_EQ(static_cast<const void*>(enc.attachments()[0].data()), b.input.data_ptr());
+  EXPECT_EQ(static_cast<const void*>(enc.attachments()[0].data()), b.tensors.at("input").data_ptr());
   auto back = wire::decode_value<Batch>(enc.bytes().data(), enc.bytes().size(), &enc.attachments());
-  EXPECT_TRUE(back.input.equal(b.input));
-  EXPECT_TRUE(back.target.equal(b.target));
+  EXPECT_TRUE(back.tensors.at("input").equal(b.tensors.at("input")));
+  EXPECT_TRUE(back.tensors.get("target").equal(b.tensors.get("target")));
   EXPECT_EQ(back.indices, b.indices);
   EXPECT_EQ(back.epoch, 2);
   EXPECT_EQ(back.sequence, 9);
-  EXPECT_EQ(back.input.data_ptr(), static_cast<const void*>(enc.attachments()[0].data()));
+  EXPECT_EQ(back.tensors.at("input").data_ptr(), static_cast<const void*>(enc.attachments()[0].data()));
 
   // Non-contiguous, half, bool, empty and undefined tensors.
-  Sample s{torch::arange(12, torch::kFloat).reshape({3, 4}).t().to(torch::kHalf), torch::Tensor()};
+  Sample s{{"input", torch::arange(12, torch::kFloat).reshape({3, 4}).t().to(torch::kHalf)},
+           {"target", torch::Tensor()}};
   auto s_enc = wire::encode_value(s);
   auto s_back = wire::decode_value<Sample>(s_enc.bytes().data(), s_enc.bytes().size(), &s_enc.attachments());
-  EXPECT_TRUE(s_back.input.equal(s.input.contiguous()));
-  EXPECT_FALSE(s_back.target.defined());
+  EXPECT_TRUE(s_back.at("input").equal(s.at("input").contiguous()));
+  EXPECT_FALSE(s_back.get("target").defined());
   for (auto t : {torch::eye(3, torch::kBool), torch::empty({0, 5}), torch::scalar_tensor(7, torch::kLong)}) {
     auto e = wire::encode_value(t);
     auto r = wire::decode_value<torch::Tensor>(e.bytes().data(), e.bytes().size(), &e.attachments());

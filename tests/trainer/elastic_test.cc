@@ -21,6 +21,7 @@
 
 #include "tests/support/temp_dir.h"
 #include "tests/support/train_jobs.h"
+#include "tests/trainer/state_compare.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/train_job.h"
@@ -52,19 +53,7 @@ TrainJobConfig job(int64_t workers, int64_t batch, int64_t size) {
   return c;
 }
 
-void expect_bitwise_equal(const TrainState& a, const TrainState& b) {
-  ASSERT_EQ(a.step, b.step);
-  ASSERT_EQ(a.model.size(), b.model.size());
-  for (const auto& [name, t] : a.model) {
-    ASSERT_TRUE(b.model.count(name)) << name;
-    EXPECT_TRUE(torch::equal(t, b.model.at(name))) << name << " differs";
-  }
-  ASSERT_EQ(a.optimizer.size(), b.optimizer.size());
-  for (const auto& [name, t] : a.optimizer) {
-    ASSERT_TRUE(b.optimizer.count(name)) << name;
-    EXPECT_TRUE(torch::equal(t, b.optimizer.at(name))) << "optimizer " << name << " differs";
-  }
-}
+using troupe::test::expect_bitwise_equal;
 
 std::string describe(const Result& r) {
   std::string s;

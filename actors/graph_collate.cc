@@ -1,0 +1,67 @@
+#include "troupe/actors/graph_collate.h"
+
+#include <algorithm>
+#include <map>
+
+#include "troupe/actors/batch.h"
+#include "troupe/runtime/core/errors.h"
+
+namespace troupe::actors {
+
+namespace {
+
+bool listed(const std::vector<std::string>& keys, const std::string& key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+[[noreturn]] void bad(size_t sample, const std::string& problem) {
+  throw Error("graph_collate: sample " + std::to_string(sample) + " " + problem);
+}
+
+// Sample `g`'s edge index, checked against its `nodes`, offset by `offset`.
+torch::Tensor offset_edges(const torch::Tensor& e, size_t g, int64_t nodes, int64_t offset) {
+  if (e.dim() != 2 || e.size(0) != 2 || e.is_floating_point())
+    bad(g, "has an edge index of " + describe_tensor(e) + "; it must be [2, E] integers");
+  if (e.numel() > 0 && (e.min().item<int64_t>() < 0 || e.max().item<int64_t>() >= nodes))
+    bad(g, "has an edge index outside its " + std::to_string(nodes) + " nodes");
+  return e.to(torch::kLong) + offset;
+}
+
+}  // namespace
+
+TensorDict graph_collate(const std::vector<Sample>& samples, const GraphKeys& keys) {
+  if (samples.empty()) throw Error("graph_collate: no samples");
+  if (keys.node.empty()) throw Error("graph_collate: no node key");
+  std::map<std::string, std::vector<torch::Tensor>> cat0, stack;
+  std::vector<torch::Tensor> edges, batch;
+  int64_t offset = 0;
+  for (size_t g = 0; g < samples.size(); ++g) {
+    const Sample& s = samples[g];
+    if (!s.contains(keys.node.front())) bad(g, "has no node key '" + keys.node.front() + "'");
+    const int64_t nodes = s.at(keys.node.front()).size(0);
+    for (const auto& [key, t] : s) {
+      if (key == keys.edge_index) {
+        edges.push_back(offset_edges(t, g, nodes, offset));
+      } else if (listed(keys.node, key) || listed(keys.edge, key)) {
+        cat0[key].push_back(t);
+      } else {
+        stack[key].push_back(t);
+      }
+    }
+    batch.push_back(torch::full({nodes}, static_cast<int64_t>(g), torch::kLong));
+    offset += nodes;
+  }
+  TensorDict out;
+  for (auto& [key, parts] : cat0) out.set(key, torch::cat(parts));
+  if (!edges.empty()) out.set(keys.edge_index, torch::cat(edges, 1));
+  for (const auto& [key, parts] : stack) {
+    if (parts.size() != samples.size()) throw Error("graph_collate: key '" + key + "' is missing in some samples");
+    std::vector<Sample> single;
+    for (const auto& p : parts) single.push_back(TensorDict{{key, p}});
+    out.set(key, stack_collate(single).at(key));
+  }
+  out.set(keys.batch, torch::cat(batch));
+  return out;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,24 @@
+// The memory behind NpyArrays (internal to npy.cc and npz.cc): a read-only
+// file mapping, or bytes held in memory (an inflated .npz member).
+#pragma once
+
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "troupe/actors/npy.h"
+
+namespace troupe::actors {
+
+struct NpyArray::Mapping {
+  void* base = nullptr;
+  size_t size = 0;
+  bool mapped = false;  // base came from mmap
+  std::vector<std::byte> owned;
+  ~Mapping() {
+    if (mapped) munmap(base, size);
+  }
+};
+
+}  // namespace troupe::actors

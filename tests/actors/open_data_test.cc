@@ -1,0 +1,206 @@
+// The open data layer: TensorDict samples and batches, a data set's own
+// collate (graph batching) inside the TBB pipeline, a collate that throws,
+// user data sets registered by name, and data from files a Python user has
+// (.npz stored and compressed, one .npy per key, token streams as raw
+// uint16 .bin and uint32 .npy).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "tests/actors/python_helper.h"
+#include "tests/support/temp_dir.h"
+#include "troupe/actors/array_datasets.h"
+#include "troupe/actors/batch_pipeline.h"
+#include "troupe/actors/dataset.h"
+#include "troupe/actors/graph_collate.h"
+#include "troupe/runtime/core/errors.h"
+
+using namespace troupe;
+using namespace troupe::actors;
+
+namespace {
+
+// Graph i has i % 3 + 2 nodes in a chain: features [n, 2], edge_index [2, n-1].
+class ChainGraphs final : public Dataset {
+ public:
+  explicit ChainGraphs(int64_t n, bool broken = false) : n_(n), broken_(broken) {}
+  int64_t size() const override { return n_; }
+  std::string describe() const override { return "chain_graphs"; }
+
+  TensorDict collate(std::vector<Sample>&& samples) const override {
+    if (broken_) throw std::runtime_error("edge_index out of range");
+    return graph_collate(samples);
+  }
+
+ protected:
+  Sample load(int64_t index, int64_t /*epoch*/) const override {
+    const int64_t nodes = index % 3 + 2;
+    auto x = torch::arange(nodes * 2, torch::kFloat).reshape({nodes, 2}) + static_cast<double>(index);
+    auto src = torch::arange(nodes - 1, torch::kLong);
+    return {{"x", x}, {"edge_index", torch::stack({src, src + 1})}, {"y", torch::scalar_tensor(double(index))}};
+  }
+
+ private:
+  int64_t n_;
+  bool broken_;
+};
+
+TROUPE_DATASET("test_chain_graphs",
+               [](const DatasetSpec& s) { return std::make_unique<ChainGraphs>(s.get_int("size", 10)); });
+
+TEST(TensorDict, NamesTheMissingKey) {
+  TensorDict d{{"input", torch::ones({2})}, {"target", torch::Tensor()}};
+  EXPECT_EQ(d.keys(), (std::vector<std::string>{"input"}));
+  EXPECT_FALSE(d.get("target").defined());
+  try {
+    d.at("edge_index");
+    ADD_FAILURE() << "no exception";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'edge_index'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("input"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CustomCollate, GraphBatchesComeOutOfThePipeline) {
+  auto ds = make_dataset(DatasetSpec("test_chain_graphs").set("size", 9));
+  BatchPipeline pipeline(*ds, {.batch_size = 3, .num_threads = 2});
+  std::vector<Batch> got;
+  std::vector<int64_t> indices = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+  pipeline.run(indices, 0, [&](Batch&& b) { got.push_back(std::move(b)); });
+  ASSERT_EQ(got.size(), 3u);
+  // Graphs 0, 1, 2 have 2, 3, 4 nodes: 9 nodes, 6 edges.
+  const auto& b = got[0].tensors;
+  EXPECT_EQ(got[0].size(), 3);
+  EXPECT_EQ(b.at("x").sizes(), (std::vector<int64_t>{9, 2}));
+  EXPECT_EQ(b.at("edge_index").sizes(), (std::vector<int64_t>{2, 6}));
+  auto batch = b.at("batch");
+  EXPECT_TRUE(torch::equal(batch, torch::tensor({0, 0, 1, 1, 1, 2, 2, 2, 2}, torch::kLong)));
+  // The second graph's edges start at its first node, 2.
+  EXPECT_EQ(b.at("edge_index")[0][1].item<int64_t>(), 2);
+  EXPECT_EQ(b.at("edge_index").max().item<int64_t>(), 8);
+  EXPECT_TRUE(torch::equal(b.at("y"), torch::tensor({0.f, 1.f, 2.f})));
+}
+
+TEST(CustomCollate, GraphCollateNamesABadEdgeIndex) {
+  std::vector<Sample> s = {{{"x", torch::zeros({2, 1})}, {"edge_index", torch::tensor({{0}, {1}}, torch::kLong)}},
+                           {{"x", torch::zeros({2, 1})}, {"edge_index", torch::tensor({{0}, {2}}, torch::kLong)}}};
+  try {
+    graph_collate(s);
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sample 1 has an edge index outside its 2 nodes"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CustomCollate, AThrowingCollateNamesTheDataSet) {
+  ChainGraphs broken(6, /*broken=*/true);
+  BatchPipeline pipeline(broken, {.batch_size = 2, .num_threads = 2});
+  std::vector<int64_t> indices = {0, 1, 2, 3};
+  try {
+    pipeline.run(indices, 0, [](Batch&&) {});
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("collate of chain_graphs failed"), std::string::npos) << what;
+    EXPECT_NE(what.find("edge_index out of range"), std::string::npos) << what;
+  }
+}
+
+TEST(Registry, UnknownNamesListTheRegisteredOnes) {
+  try {
+    make_dataset(DatasetSpec("no_such_set"));
+    ADD_FAILURE() << "no exception";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("test_chain_graphs"), std::string::npos) << e.what();
+  }
+}
+
+class FileData : public ::testing::Test {
+ protected:
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::filesystem::path dir_ = troupe::test::fresh_dir("open-data");
+};
+
+TEST_F(FileData, NpzStoredAndCompressedAndNpyByKey) {
+  if (!python_has_numpy()) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
+  run_python("import numpy as np\nd = '" + dir_.string() +
+             "'\n"
+             "x = np.arange(40, dtype=np.float32).reshape(10, 4) / 3\n"
+             "y = np.arange(10, dtype=np.int64) % 3\n"
+             "w = np.linspace(0, 1, 10)\n"
+             "np.savez(d + '/plain.npz', features=x, label=y, weight=w)\n"
+             "np.savez_compressed(d + '/packed.npz', features=x, label=y, weight=w)\n"
+             "np.save(d + '/x.npy', x)\nnp.save(d + '/y.npy', y)\n"
+             "np.savez(d + '/ragged.npz', a=x, b=y[:7])\n");
+  auto x = torch::arange(40, torch::kFloat).reshape({10, 4}) / 3;
+  for (const char* name : {"plain.npz", "packed.npz"}) {
+    auto ds = make_dataset(DatasetSpec("npz").set("path", path(name)));
+    ASSERT_EQ(ds->size(), 10) << name;
+    auto s = ds->get(7);
+    EXPECT_EQ(s.keys(), (std::vector<std::string>{"features", "label", "weight"})) << name;
+    EXPECT_TRUE(torch::allclose(s.at("features"), x[7])) << name;
+    EXPECT_EQ(s.at("label").item<int64_t>(), 1) << name;
+    EXPECT_NEAR(s.at("weight").item<double>(), 7.0 / 9.0, 1e-12) << name;
+  }
+  auto arrays = make_dataset(DatasetSpec("arrays").set("input", path("x.npy")).set("target", path("y.npy")));
+  ASSERT_EQ(arrays->size(), 10);
+  EXPECT_TRUE(torch::allclose(arrays->get(3).at("input"), x[3]));
+  try {
+    make_dataset(DatasetSpec("npz").set("path", path("ragged.npz")));
+    ADD_FAILURE() << "no exception";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'b' has 7 rows"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(FileData, NotAZipIsNamed) {
+  std::ofstream(path("junk.npz")) << "this is not a zip archive at all, just some text";
+  try {
+    NpyArray::open_npz(path("junk.npz"));
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("junk.npz"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(FileData, TokenStreamWindowsFromBinAndNpy) {
+  // 0, 1, ..., 99 and then 65535, as raw uint16.
+  std::vector<uint16_t> tokens(101);
+  for (size_t i = 0; i < 100; ++i) tokens[i] = static_cast<uint16_t>(i);
+  tokens[100] = 65535;
+  {
+    std::ofstream f(path("train.bin"), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  }
+  auto ds = make_dataset(DatasetSpec("token_stream").set("path", path("train.bin")).set("block_size", 10));
+  ASSERT_EQ(ds->size(), 10);  // (101 - 11) / 10 + 1
+  auto s = ds->get(2);
+  EXPECT_TRUE(torch::equal(s.at("input"), torch::arange(20, 30, torch::kLong)));
+  EXPECT_TRUE(torch::equal(s.at("target"), torch::arange(21, 31, torch::kLong)));
+  EXPECT_EQ(ds->get(9).at("target")[9].item<int64_t>(), 65535);  // read unsigned
+
+  auto overlapping =
+      make_dataset(DatasetSpec("token_stream").set("path", path("train.bin")).set("block_size", 10).set("stride", 1));
+  EXPECT_EQ(overlapping->size(), 91);
+
+  if (python_has_numpy()) {
+    run_python("import numpy as np\nnp.save('" + path("ids.npy") +
+               "', np.array([4000000000, 1, 2, 3, 4, 5], dtype=np.uint32))\n");
+    auto npy = make_dataset(DatasetSpec("token_stream").set("path", path("ids.npy")).set("block_size", 2));
+    ASSERT_EQ(npy->size(), 2);
+    EXPECT_EQ(npy->get(0).at("input")[0].item<int64_t>(), 4000000000LL);
+  }
+  try {
+    make_dataset(DatasetSpec("token_stream").set("path", path("train.bin")).set("block_size", 200));
+    ADD_FAILURE() << "no exception";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.bin"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
