@@ -133,12 +133,21 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-every", ckpt_every, "checkpoint interval of the disk mode, in steps")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  uint32_t pool_size = 2;
+  app.add_option("--worker-pool-size", pool_size, "idle workers each node agent keeps warm (0 = every spawn cold)")
+      ->capture_default_str();
+  std::string only;
+  app.add_option("--mode", only, "run one mode only")->check(CLI::IsMember({"heal", "disk", "standby"}));
   CLI11_PARSE(app, argc, argv);
   try {
     // Two nodes of two CPUs: the two trainers, and room for a replacement
     // (or the standby).
-    troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+    troupe::testing::LocalClusterOptions co{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}};
+    co.worker_pool_size = pool_size;
+    troupe::testing::LocalCluster cluster(co);
     for (Mode mode : {Mode::kHeal, Mode::kDisk, Mode::kStandby}) {
+      const char* mode_name = mode == Mode::kHeal ? "heal" : mode == Mode::kDisk ? "disk" : "standby";
+      if (!only.empty() && only != mode_name) continue;
       const bool disk = mode == Mode::kDisk;
       std::vector<double> rs, heal;
       std::vector<int64_t> lost;
