@@ -56,6 +56,18 @@ std::ostream& operator<<(std::ostream& os, JobEventKind kind) { return os << to_
 
 namespace {
 
+// "  accuracy 0.972  mae 0.118": the step's own metrics (whatever it
+// returned), each name after `prefix`, for the console lines.
+std::string metrics_text(const std::map<std::string, double>& metrics, const char* prefix) {
+  std::string out;
+  char value[32];
+  for (const auto& [name, v] : metrics) {
+    std::snprintf(value, sizeof value, " %.4g", v);
+    out += "  " + std::string(prefix) + name + value;
+  }
+  return out;
+}
+
 // Recovery and growth are shown on the console; the rest is in the
 // progress and epoch lines already.
 bool shown(JobEventKind kind) {
@@ -140,13 +152,13 @@ void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t sam
   write_metrics(j);
 }
 
-void JobReporter::progress(int64_t epoch, double loss, double accuracy, double samples_per_second) {
+void JobReporter::progress(int64_t epoch, double loss, const std::map<std::string, double>& metrics,
+                           double samples_per_second) {
   if (!cfg_.verbose || !tty_) return;
   const JobPosition at = where_();
-  std::printf("\r[%s] epoch %lld/%lld  step %lld  %lld workers  loss %.4f  acc %.3f  %.0f samples/s   ",
-              cfg_.name.c_str(), static_cast<long long>(epoch + 1), static_cast<long long>(cfg_.epochs),
-              static_cast<long long>(at.step), static_cast<long long>(at.world_size), loss, accuracy,
-              samples_per_second);
+  std::printf("\r[%s] epoch %lld/%lld  step %lld  %lld workers  loss %.4f%s  %.0f samples/s   ", cfg_.name.c_str(),
+              static_cast<long long>(epoch + 1), static_cast<long long>(cfg_.epochs), static_cast<long long>(at.step),
+              static_cast<long long>(at.world_size), loss, metrics_text(metrics, "").c_str(), samples_per_second);
   std::fflush(stdout);
 }
 
@@ -167,12 +179,16 @@ void JobReporter::epoch(const EpochMetrics& em) {
                  {"train_metrics", em.train_metrics},
                  {"val_metrics", em.val_metrics}});
   if (!cfg_.verbose) return;
-  char val[96] = "";
-  if (cfg_.evaluate) std::snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.3f", em.val_loss, em.val_accuracy);
-  std::printf("%s[%s] epoch %lld/%lld  step %lld  loss %.4f  acc %.3f%s  %.0f samples/s  %.2fs\n", tty_ ? "\r" : "",
+  std::string val;
+  if (cfg_.evaluate) {
+    char loss[48];
+    std::snprintf(loss, sizeof loss, "  val_loss %.4f", em.val_loss);
+    val = loss + metrics_text(em.val_metrics, "val_");
+  }
+  std::printf("%s[%s] epoch %lld/%lld  step %lld  loss %.4f%s%s  %.0f samples/s  %.2fs\n", tty_ ? "\r" : "",
               cfg_.name.c_str(), static_cast<long long>(em.epoch + 1), static_cast<long long>(cfg_.epochs),
-              static_cast<long long>(at.step), em.train_loss, em.train_accuracy, val, em.samples_per_second,
-              em.seconds);
+              static_cast<long long>(at.step), em.train_loss, metrics_text(em.train_metrics, "").c_str(), val.c_str(),
+              em.samples_per_second, em.seconds);
   std::fflush(stdout);
 }
 

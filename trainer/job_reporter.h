@@ -48,7 +48,7 @@ class JobReporter {
   void step(int64_t epoch, int64_t step, double loss_sum, int64_t samples,
             const std::map<std::string, double>& metrics);
   // The live line of a running epoch (terminal only).
-  void progress(int64_t epoch, double loss, double accuracy, double samples_per_second);
+  void progress(int64_t epoch, double loss, const std::map<std::string, double>& metrics, double samples_per_second);
   void epoch(const EpochMetrics& em);
   void started(const TrainerInfo& info, int64_t dataset_size);
 

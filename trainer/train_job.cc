@@ -328,7 +328,8 @@ void Run::run_round() {
     open_recovery_.reset();
   }
   if (sums_.samples > 0)
-    reporter_.progress(gang_.cursor().epoch, sums_.loss_sum / sums_.samples, double(sums_.correct) / sums_.samples,
+    reporter_.progress(gang_.cursor().epoch, sums_.loss_sum / sums_.samples,
+                       finish_metrics(sums_.metric_sums, sums_.summed_metrics, sums_.samples),
                        sums_.samples / std::max(sums_.busy, 1e-9));
   const int64_t step = gang_.step();
   if (cfg_.on_step) {
