@@ -1,5 +1,7 @@
 #include "troupe/trainer/gang.h"
 
+#include "troupe/runtime/core/exception_text.h"
+
 namespace troupe::trainer {
 
 void get_all(std::vector<Future<void>>& fs, std::chrono::milliseconds timeout) {
@@ -12,16 +14,6 @@ void get_all(std::vector<Future<void>>& fs, std::chrono::milliseconds timeout) {
     }
   }
   if (first) std::rethrow_exception(first);
-}
-
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
 }
 
 Gang::Gang(const TrainJobConfig& cfg, SlotPool& pool, const actors::DistributedSampler& sampler, std::string group_name)
@@ -102,7 +94,7 @@ std::vector<Future<int64_t>> Gang::start_feeds(int64_t batches, std::chrono::mil
   auto refs = call_all(&TrainerActor::open_stream, int64_t{4});
   if (auto e = wait_all_or_first_failure(refs, timeout)) {
     for (auto& f : refs) inflight_.push_back(f.state());
-    throw StepFailed("opening the batch streams: " + what_of(e));
+    throw StepFailed("opening the batch streams: " + core::exception_text(e));
   }
   std::vector<Future<int64_t>> feeds;
   for (int64_t r = 0; r < world(); ++r) {
@@ -123,7 +115,7 @@ std::vector<TrainReport> Gang::train_round(const TrainRequest& request, int64_t 
   for (auto& f : fs) round.push_back(f.state());
   if (auto e = wait_all_or_first_failure(round, timeout)) {
     inflight_ = std::move(round);
-    throw StepFailed(what_of(e));
+    throw StepFailed(core::exception_text(e));
   }
   std::vector<TrainReport> reps;
   for (auto& f : fs) reps.push_back(f.get());

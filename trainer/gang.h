@@ -116,7 +116,4 @@ class Gang {
   std::vector<StatePtr> inflight_;
 };
 
-// What an exception_ptr says.
-std::string what_of(const std::exception_ptr& e);
-
 }  // namespace troupe::trainer

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "troupe/runtime/client/task.h"
+#include "troupe/runtime/core/exception_text.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/head/resource_pool.h"
@@ -229,15 +230,7 @@ void TaskSubmitter::send(std::vector<Send> sends) {
     }
     e->client->submit(
         t->op, std::move(body), [this, t](Message& m) { on_task_done(t, m); },
-        [this, t](std::exception_ptr ex) {
-          std::string reason = "unknown";
-          try {
-            std::rethrow_exception(ex);
-          } catch (const std::exception& x) {
-            reason = x.what();
-          }
-          on_task_lost(t, reason);
-        });
+        [this, t](std::exception_ptr ex) { on_task_lost(t, core::exception_text(ex)); });
   }
 }
 

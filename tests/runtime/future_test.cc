@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "troupe/runtime/core/exception_text.h"
 #include "troupe/runtime/core/future.h"
 
 namespace {
@@ -19,15 +20,7 @@ Future<T> pending() {
   return Future<T>(std::make_shared<FutureState<T>>());
 }
 
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "not a std::exception";
-  }
-}
+using troupe::core::exception_text;
 
 TEST(WaitAllOrFirstFailure, ReturnsNullWhenEverySucceeded) {
   std::vector<Future<int>> fs{pending<int>(), pending<int>(), pending<int>()};
@@ -57,7 +50,7 @@ TEST(WaitAllOrFirstFailure, ReturnsAsSoonAsOneFailedWhileOthersNeverAnswer) {
   t.join();
   ASSERT_NE(e, nullptr);
   EXPECT_THROW(std::rethrow_exception(e), troupe::ActorDied);
-  EXPECT_EQ(what_of(e), "rank 2 died");
+  EXPECT_EQ(exception_text(e), "rank 2 died");
 }
 
 TEST(WaitAllOrFirstFailure, FirstFailureInOrderGivenWhenSeveralFailed) {
@@ -67,7 +60,7 @@ TEST(WaitAllOrFirstFailure, FirstFailureInOrderGivenWhenSeveralFailed) {
   b.state()->set_error(std::make_exception_ptr(troupe::Error("b failed")));
   auto c = pending<int>();
   c.state()->set_error(std::make_exception_ptr(troupe::Error("c failed")));
-  EXPECT_EQ(what_of(troupe::wait_all_or_first_failure(std::vector<Future<int>>{a, b, c}, 60s)), "b failed");
+  EXPECT_EQ(exception_text(troupe::wait_all_or_first_failure(std::vector<Future<int>>{a, b, c}, 60s)), "b failed");
 }
 
 TEST(WaitAllOrFirstFailure, TimeoutWhenNothingAnswers) {
@@ -76,7 +69,7 @@ TEST(WaitAllOrFirstFailure, TimeoutWhenNothingAnswers) {
   auto e = troupe::wait_all_or_first_failure(fs, 20ms);
   ASSERT_NE(e, nullptr);
   EXPECT_THROW(std::rethrow_exception(e), troupe::Timeout);
-  EXPECT_EQ(what_of(e), "no answer within 20 ms");
+  EXPECT_EQ(exception_text(e), "no answer within 20 ms");
 }
 
 }  // namespace
