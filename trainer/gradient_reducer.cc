@@ -8,6 +8,7 @@
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/trainer/tensor_collectives.h"
+#include "troupe/trainer/torch_compat.h"
 
 namespace troupe::trainer {
 
@@ -82,7 +83,7 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, collective::
           on_grad_ready(i);
           return outputs;
         }));
-    accumulators_.push_back(acc);
+    accumulators_.push_back(compat::keep_alive(std::move(acc)));
     hook_keys_.push_back(key);
   }
 }

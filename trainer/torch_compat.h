@@ -1,0 +1,22 @@
+// What differs between the LibTorch versions troupe builds against
+// (Debian's 1.13 and the 2.x of current PyTorch wheels), in one place, so
+// the trainer itself has no version checks. Add a shim here rather than an
+// #if at the point of use.
+#pragma once
+
+#include <memory>
+
+#include <torch/csrc/autograd/function.h>
+
+namespace troupe::trainer::compat {
+
+// Keeps a gradient-accumulator node alive behind a type-erased pointer
+// whose get() is the Node*: 1.13 hands the node out as a
+// std::shared_ptr<Node>, 2.x as a c10::intrusive_ptr<Node>.
+template <class NodePtr>
+std::shared_ptr<void> keep_alive(NodePtr node) {
+  torch::autograd::Node* raw = node.get();
+  return std::shared_ptr<void>(raw, [owner = std::move(node)](void*) mutable { owner.reset(); });
+}
+
+}  // namespace troupe::trainer::compat
