@@ -114,14 +114,21 @@ std::vector<size_t> wait_some(const RefList& refs, size_t num_returns, const std
   };
   auto signal = std::make_shared<Signal>();
   std::vector<std::shared_ptr<ReplyState>> states;
-  for (const auto& r : refs) states.push_back(r->answer());
-  for (const auto& st : states)
-    st->on_ready([signal] {
-      std::lock_guard lock(signal->mu);
-      ++signal->ready;
-      signal->cv.notify_all();
-    });
-  {
+  size_t ready_now = 0;
+  for (const auto& r : refs) {
+    states.push_back(r->answer());
+    ready_now += states.back()->ready();
+  }
+  // Callbacks only when there is something to wait for (a polling loop
+  // would pile them up on the refs still pending).
+  if (ready_now < num_returns)
+    for (const auto& st : states)
+      st->on_ready([signal] {
+        std::lock_guard lock(signal->mu);
+        ++signal->ready;
+        signal->cv.notify_all();
+      });
+  if (ready_now < num_returns) {
     std::unique_lock lock(signal->mu);
     auto enough = [&] { return signal->ready >= num_returns; };
     if (timeout)
@@ -175,15 +182,15 @@ void bind_values(pyb::module_& m) {
   pyb::class_<PyTaskKey>(m, "TaskKey");
 }
 
-void bind_client(pyb::module_& m) {
+pyb::class_<PyClient> bind_client(pyb::module_& m) {
   using NoGil = pyb::call_guard<pyb::gil_scoped_release>;
-  pyb::class_<PyClient>(m, "Client")
-      .def(pyb::init([](std::string address, std::string token, Resources resources) {
-             InitOptions o = resolve_init_options(std::move(address), std::move(token));
-             o.node_resources = std::move(resources);
-             return std::make_unique<PyClient>(o);
-           }),
-           NoGil())
+  pyb::class_<PyClient> cls(m, "Client");
+  cls.def(pyb::init([](std::string address, std::string token, Resources resources) {
+            InitOptions o = resolve_init_options(std::move(address), std::move(token));
+            o.node_resources = std::move(resources);
+            return std::make_unique<PyClient>(o);
+          }),
+          NoGil())
       .def_static("attach_worker", [] { return std::make_unique<PyClient>(this_actor::runtime().core()); })
       .def("spawn",
            [](PyClient& c, const std::string& class_name, const pyb::handle& blob, const pyb::handle& args,
@@ -216,12 +223,19 @@ void bind_client(pyb::module_& m) {
              pyb::gil_scoped_release nogil;
              return c.submit(key, std::move(call), top);
            })
-      .def("put",
-           [](PyClient& c, const pyb::handle& value) {
-             PyValue v = value_from_python(value);
-             pyb::gil_scoped_release nogil;
-             return c.put(std::move(v));
-           })
+      .def("shutdown", &PyClient::shutdown, NoGil());
+  return cls;
+}
+
+// Objects, waiting, actors by name or id, the cluster's state and KV.
+void bind_client_queries(pyb::class_<PyClient>& cls) {
+  using NoGil = pyb::call_guard<pyb::gil_scoped_release>;
+  cls.def("put",
+          [](PyClient& c, const pyb::handle& value) {
+            PyValue v = value_from_python(value);
+            pyb::gil_scoped_release nogil;
+            return c.put(std::move(v));
+          })
       .def("get", &get_many, pyb::arg("refs"), pyb::arg("timeout") = pyb::none())
       .def(
           "wait",
@@ -275,8 +289,7 @@ void bind_client(pyb::module_& m) {
              return pyb::bytes(*v);
            })
       .def_property_readonly("address", [](PyClient& c) { return c.runtime().address(); })
-      .def_property_readonly("token", [](PyClient& c) { return c.runtime().token(); })
-      .def("shutdown", &PyClient::shutdown, NoGil());
+      .def_property_readonly("token", [](PyClient& c) { return c.runtime().token(); });
 }
 
 }  // namespace
@@ -285,7 +298,8 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "troupe's C++ client core (used by the troupe package)";
   pyb::register_exception_translator(&translate);
   bind_values(m);
-  bind_client(m);
+  auto client = bind_client(m);
+  bind_client_queries(client);
   m.def("set_error_classes", [](pyb::dict d) { g_errors = new pyb::dict(std::move(d)); });
   m.def("serve_worker", &serve_worker);
   m.def("in_worker", [] { return this_actor::in_worker(); });

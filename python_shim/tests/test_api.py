@@ -81,7 +81,7 @@ def test_nested_refs_stay_refs():
 
 def test_wait_and_get_timeout():
     slow = troupe.remote(lambda s: threading.Event().wait(s) or s)
-    fast_ref, slow_ref = square.remote(2), slow.remote(30)
+    fast_ref, slow_ref = square.remote(2), slow.remote(8)
     ready, not_ready = troupe.wait([slow_ref, fast_ref], num_returns=1, timeout=60)
     assert ready == [fast_ref] and not_ready == [slow_ref]
     ready, not_ready = troupe.wait([slow_ref], num_returns=1, timeout=0.1)
@@ -160,3 +160,13 @@ def test_bad_input_is_a_clear_python_error():
         troupe.get(3)
     with pytest.raises(RuntimeError):
         troupe.init()
+
+
+def test_torch_tensors_travel_out_of_band():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(1 << 20, dtype=torch.float32).reshape(1024, 1024)
+    double = troupe.remote(lambda x: x * 2)
+    assert torch.equal(troupe.get(double.remote(t), timeout=120), t * 2)
+    half = torch.ones(3, 5, dtype=torch.bfloat16)
+    back = troupe.get(troupe.put(half), timeout=60)
+    assert back.dtype == torch.bfloat16 and torch.equal(back, half)

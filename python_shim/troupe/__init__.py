@@ -9,15 +9,15 @@
         return x * x
 
     @troupe.remote(max_restarts=1)
-    class Counter:
-        def __init__(self):
-            self.n = 0
-        def add(self, k):
-            self.n += k
-            return self.n
+    class Tally:
+        def __init__(self, seen=()):
+            self.seen = list(seen)
+        def note(self, item):
+            self.seen.append(item)
+            return len(self.seen)
 
-    c = Counter.remote()
-    print(troupe.get([square.remote(i) for i in range(4)]), troupe.get(c.add.remote(2)))
+    t = Tally.remote()
+    print(troupe.get([square.remote(i) for i in range(4)]), troupe.get(t.note.remote("x")))
 
 Everything below this API (scheduling, restarts, retries, placement, failure
 detection, object ownership) is the C++ runtime's: this package only turns

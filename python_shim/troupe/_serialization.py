@@ -58,10 +58,18 @@ def _reduce_tensor(t):
 
 
 def _load_tensor(buffer, dtype, shape, requires_grad):
+    import warnings
+
     import torch
 
-    raw = torch.frombuffer(bytearray(buffer) if len(memoryview(buffer)) == 0 else buffer, dtype=torch.uint8)
-    t = raw.view(dtype).reshape(shape) if raw.numel() else torch.empty(shape, dtype=dtype)
+    if len(memoryview(buffer)) == 0:
+        t = torch.empty(shape, dtype=dtype)
+    else:
+        # The tensor views the received attachment (no copy); torch warns
+        # that the buffer is read-only, which only means troupe's.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
