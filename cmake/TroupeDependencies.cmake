@@ -47,11 +47,18 @@ if(TROUPE_WITH_TORCH)
   find_package(Torch CONFIG REQUIRED)
 endif()
 
-find_package(Python3 COMPONENTS Interpreter Development QUIET)
-find_package(pybind11 CONFIG QUIET)
+# The shim is built against /usr/bin/python3, the interpreter that has
+# Debian's torch and numpy (the first python3 on PATH may be another one).
+if(NOT DEFINED Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
+  set(Python3_EXECUTABLE /usr/bin/python3)
+endif()
 set(_py_found OFF)
-if(Python3_FOUND AND pybind11_FOUND AND TROUPE_WITH_TORCH)
-  set(_py_found ON)
+if(NOT TROUPE_WITH_PYTHON STREQUAL "OFF")
+  find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
+  find_package(pybind11 CONFIG QUIET)
+  if(Python3_FOUND AND pybind11_FOUND)
+    set(_py_found ON)
+  endif()
 endif()
 troupe_resolve_auto(TROUPE_WITH_PYTHON _py_found)
 

@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # Installs every build, test and benchmark dependency of troupe from Debian's
-# packages. Idempotent: when everything is present it only checks and exits.
+# packages, and the venv .venv/ (Debian's site packages visible, plus
+# scikit-build-core from PyPI) that `pip install ./python_shim` builds with.
+# Idempotent: when everything is present it only checks and exits.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The venv of the Python shim's pip install (ignored by git).
+setup_venv() {
+  if [ ! -x .venv/bin/python3 ]; then
+    /usr/bin/python3 -m venv --system-site-packages .venv
+  fi
+  if ! .venv/bin/python3 -c "import scikit_build_core" 2>/dev/null; then
+    .venv/bin/pip install --quiet "scikit-build-core>=0.8"
+  fi
+  echo "setup: .venv ready ($(.venv/bin/python3 -c 'import scikit_build_core as s; print("scikit-build-core", s.__version__)'))"
+}
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
@@ -10,7 +24,7 @@ PACKAGES=(
   libgloo-dev libgtest-dev libgmock-dev libbenchmark-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   pybind11-dev python3-dev python3-torch python3-numpy python3-sklearn
-  python3-matplotlib
+  python3-matplotlib python3-cloudpickle python3-pytest python3-venv python3-pip
   libssl-dev zlib1g-dev
 )
 
@@ -23,6 +37,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
+  setup_venv
   exit 0
 fi
 
@@ -33,3 +48,4 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 echo "setup: done"
+setup_venv

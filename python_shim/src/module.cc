@@ -1,0 +1,309 @@
+// troupe._core: the pybind11 extension under the Python API. It exposes the
+// C++ client core (PyClient: connect or embed, spawn, call, submit, put,
+// get, wait, kill, status) and the worker entry point; every operation that
+// blocks or moves bytes runs with the GIL released. The Ray-shaped API is
+// plain Python on top (troupe/__init__.py).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <condition_variable>
+
+#include "python_shim/src/py_client.h"
+#include "python_shim/src/py_convert.h"
+#include "python_shim/src/py_worker.h"
+#include "troupe/runtime/core/worker_env.h"
+
+namespace pyb = pybind11;
+using namespace troupe;
+using namespace troupe::py;
+
+namespace {
+
+// troupe.exceptions' classes by C++ error name; set once by the package.
+pyb::dict* g_errors = nullptr;
+
+void raise_as(const char* name, const std::exception& e) {
+  if (g_errors && g_errors->contains(name)) {
+    PyErr_SetString((*g_errors)[name].ptr(), e.what());
+  } else {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
+
+void translate(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const WorkerDied& e) {
+    raise_as("WorkerDied", e);
+  } catch (const ActorDied& e) {
+    raise_as("ActorDied", e);
+  } catch (const Timeout& e) {
+    raise_as("Timeout", e);
+  } catch (const ObjectLost& e) {
+    raise_as("ObjectLost", e);
+  } catch (const ConfigError& e) {
+    raise_as("ConfigError", e);
+  } catch (const ConnectionError& e) {
+    raise_as("ConnectionError", e);
+  } catch (const RemoteError& e) {
+    raise_as("RemoteError", e);
+  } catch (const Error& e) {
+    raise_as("Error", e);
+  }
+}
+
+PyOptions options_from(const pyb::dict& d) {
+  PyOptions o;
+  if (d.contains("resources")) o.resources = d["resources"].cast<Resources>();
+  if (d.contains("name") && !d["name"].is_none()) o.name = d["name"].cast<std::string>();
+  if (d.contains("max_restarts")) o.max_restarts = d["max_restarts"].cast<int>();
+  if (d.contains("max_task_retries")) o.max_task_retries = d["max_task_retries"].cast<int>();
+  if (d.contains("max_retries")) o.max_retries = d["max_retries"].cast<int>();
+  if (d.contains("max_concurrency")) o.max_concurrency = d["max_concurrency"].cast<int>();
+  if (d.contains("executable")) o.executable = d["executable"].cast<std::string>();
+  if (d.contains("env")) o.env = d["env"].cast<std::vector<std::string>>();
+  return o;
+}
+
+PyCall call_from(std::string target, const pyb::handle& args) {
+  PyCall c;
+  c.target = std::move(target);
+  c.args = value_from_python(args);
+  return c;
+}
+
+// The states of `refs`, waited for with the GIL released: all of them, or
+// Timeout after `timeout` seconds (None = no limit).
+std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std::optional<double>& timeout) {
+  std::vector<std::shared_ptr<ReplyState>> states;
+  states.reserve(refs.size());
+  for (const auto& r : refs) states.push_back(r->answer());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout.value_or(1e9));
+  for (const auto& st : states) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (!timeout) {
+      st->wait();
+    } else if (left.count() < 0 || !st->wait_for(left)) {
+      throw Timeout("get: no result within " + std::to_string(*timeout) + " s");
+    }
+  }
+  return states;
+}
+
+pyb::list get_many(PyClient& client, const RefList& refs, const std::optional<double>& timeout) {
+  std::vector<std::shared_ptr<ReplyState>> states;
+  {
+    pyb::gil_scoped_release nogil;
+    states = wait_all(refs, timeout);
+  }
+  pyb::list out;
+  for (const auto& st : states) {
+    if (auto e = st->error()) std::rethrow_exception(e);
+    out.append(reply_to_python(st->value(), client.core()));
+  }
+  return out;
+}
+
+// Indices of the first `num_returns` refs ready (in the order given), once
+// that many are, or those ready at the timeout.
+std::vector<size_t> wait_some(const RefList& refs, size_t num_returns, const std::optional<double>& timeout) {
+  struct Signal {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t ready = 0;
+  };
+  auto signal = std::make_shared<Signal>();
+  std::vector<std::shared_ptr<ReplyState>> states;
+  size_t ready_now = 0;
+  for (const auto& r : refs) {
+    states.push_back(r->answer());
+    ready_now += states.back()->ready();
+  }
+  // Callbacks only when there is something to wait for (a polling loop
+  // would pile them up on the refs still pending).
+  if (ready_now < num_returns)
+    for (const auto& st : states)
+      st->on_ready([signal] {
+        std::lock_guard lock(signal->mu);
+        ++signal->ready;
+        signal->cv.notify_all();
+      });
+  if (ready_now < num_returns) {
+    std::unique_lock lock(signal->mu);
+    auto enough = [&] { return signal->ready >= num_returns; };
+    if (timeout)
+      signal->cv.wait_for(lock, std::chrono::duration<double>(*timeout), enough);
+    else
+      signal->cv.wait(lock, enough);
+  }
+  std::vector<size_t> ready;
+  for (size_t i = 0; i < states.size() && ready.size() < num_returns; ++i)
+    if (states[i]->ready()) ready.push_back(i);
+  return ready;
+}
+
+pyb::dict node_to_python(const wire::NodeInfo& n) {
+  pyb::dict d;
+  d["NodeID"] = std::to_string(n.id);
+  d["Alive"] = n.alive;
+  d["NodeManagerHostname"] = n.hostname;
+  d["NodeManagerAddress"] = n.address;
+  d["Resources"] = n.total;
+  d["AvailableResources"] = n.available;
+  d["GPUIds"] = n.gpu_ids;
+  return d;
+}
+
+pyb::dict actor_to_python(const wire::ActorInfo& i) {
+  pyb::dict d;
+  d["id"] = i.id;
+  d["class_name"] = i.class_name;
+  d["name"] = i.name;
+  d["state"] = wire::to_string(i.state);
+  d["node_id"] = i.node_id;
+  d["pid"] = i.pid;
+  d["restarts"] = i.restarts;
+  d["death_cause"] = i.death_cause;
+  return d;
+}
+
+void bind_values(pyb::module_& m) {
+  pyb::class_<Buffer>(m, "Bytes", pyb::buffer_protocol()).def_buffer([](Buffer& b) {
+    return pyb::buffer_info(const_cast<std::byte*>(b.data()), 1, "B", 1, {static_cast<pyb::ssize_t>(b.size())}, {1},
+                            /*readonly=*/true);
+  });
+  pyb::class_<PyRef, std::shared_ptr<PyRef>>(m, "ObjectRef")
+      .def("_id", &PyRef::id)
+      .def("_ready", [](PyRef& r) { return r.answer()->ready(); })
+      .def("__repr__", [](PyRef& r) { return "ObjectRef(" + std::to_string(r.id()) + ")"; });
+  pyb::class_<client::ActorClient, std::shared_ptr<client::ActorClient>>(m, "Actor")
+      .def_property_readonly("id", &client::ActorClient::id)
+      .def("info", [](client::ActorClient& a) { return actor_to_python(a.info()); });
+  pyb::class_<PyTaskKey>(m, "TaskKey");
+}
+
+pyb::class_<PyClient> bind_client(pyb::module_& m) {
+  using NoGil = pyb::call_guard<pyb::gil_scoped_release>;
+  pyb::class_<PyClient> cls(m, "Client");
+  cls.def(pyb::init([](std::string address, std::string token, Resources resources) {
+            InitOptions o = resolve_init_options(std::move(address), std::move(token));
+            o.node_resources = std::move(resources);
+            return std::make_unique<PyClient>(o);
+          }),
+          NoGil())
+      .def_static("attach_worker", [] { return std::make_unique<PyClient>(this_actor::runtime().core()); })
+      .def("spawn",
+           [](PyClient& c, const std::string& class_name, const pyb::handle& blob, const pyb::handle& args,
+              const RefList& top, const pyb::dict& options) {
+             PyActorSpec spec{buffer_from_python(blob), call_from("__init__", args)};
+             PyOptions o = options_from(options);
+             pyb::gil_scoped_release nogil;
+             // Top-level refs of a constructor are resolved here: the spec
+             // is kept by the head and replayed on restarts.
+             spec.ctor.top.resize(top.size());
+             for (size_t i = 0; i < top.size(); ++i) spec.ctor.top[i].ref = top[i]->stored_ref();
+             return c.spawn(class_name, std::move(spec), o);
+           })
+      .def(
+          "call",
+          [](PyClient& c, client::ActorClient& actor, std::string method, const pyb::handle& args, const RefList& top) {
+            PyCall call = call_from(std::move(method), args);
+            pyb::gil_scoped_release nogil;
+            return c.call(actor, std::move(call), top);
+          })
+      .def("task_key",
+           [](PyClient& c, const pyb::dict& options) {
+             PyOptions o = options_from(options);
+             pyb::gil_scoped_release nogil;
+             return c.task_key(o);
+           })
+      .def("submit",
+           [](PyClient& c, const PyTaskKey& key, std::string fn, const pyb::handle& args, const RefList& top) {
+             PyCall call = call_from(std::move(fn), args);
+             pyb::gil_scoped_release nogil;
+             return c.submit(key, std::move(call), top);
+           })
+      .def("shutdown", &PyClient::shutdown, NoGil());
+  return cls;
+}
+
+// Objects, waiting, actors by name or id, the cluster's state and KV.
+void bind_client_queries(pyb::class_<PyClient>& cls) {
+  using NoGil = pyb::call_guard<pyb::gil_scoped_release>;
+  cls.def("put",
+          [](PyClient& c, const pyb::handle& value) {
+            PyValue v = value_from_python(value);
+            pyb::gil_scoped_release nogil;
+            return c.put(std::move(v));
+          })
+      .def("get", &get_many, pyb::arg("refs"), pyb::arg("timeout") = pyb::none())
+      .def(
+          "wait",
+          [](PyClient&, const RefList& refs, size_t n, const std::optional<double>& timeout) {
+            return wait_some(refs, n, timeout);
+          },
+          NoGil())
+      .def(
+          "kill", [](PyClient& c, uint64_t id, bool no_restart) { c.runtime().kill_actor(id, no_restart); }, NoGil())
+      .def("get_actor", &PyClient::get_actor, NoGil())
+      .def(
+          "actor_by_id", [](PyClient& c, uint64_t id) { return c.core()->actor(id); }, NoGil())
+      .def("actor_info",
+           [](PyClient& c, uint64_t id) {
+             wire::ActorInfo info;
+             {
+               pyb::gil_scoped_release nogil;
+               info = c.actor_info(id);
+             }
+             return actor_to_python(info);
+           })
+      .def("nodes",
+           [](PyClient& c) {
+             std::vector<wire::NodeInfo> nodes;
+             {
+               pyb::gil_scoped_release nogil;
+               nodes = c.runtime().nodes();
+             }
+             pyb::list out;
+             for (const auto& n : nodes) out.append(node_to_python(n));
+             return out;
+           })
+      .def(
+          "cluster_resources", [](PyClient& c) { return c.runtime().cluster_resources(); }, NoGil())
+      .def(
+          "available_resources", [](PyClient& c) { return c.runtime().available_resources(); }, NoGil())
+      .def("kv_put",
+           [](PyClient& c, const std::string& k, const pyb::bytes& v) {
+             std::string value = v;
+             pyb::gil_scoped_release nogil;
+             c.runtime().kv().put(k, value);
+           })
+      .def("kv_get",
+           [](PyClient& c, const std::string& k) -> pyb::object {
+             std::optional<std::string> v;
+             {
+               pyb::gil_scoped_release nogil;
+               v = c.runtime().kv().get(k);
+             }
+             if (!v) return pyb::none();
+             return pyb::bytes(*v);
+           })
+      .def_property_readonly("address", [](PyClient& c) { return c.runtime().address(); })
+      .def_property_readonly("token", [](PyClient& c) { return c.runtime().token(); });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "troupe's C++ client core (used by the troupe package)";
+  pyb::register_exception_translator(&translate);
+  bind_values(m);
+  auto client = bind_client(m);
+  bind_client_queries(client);
+  m.def("set_error_classes", [](pyb::dict d) { g_errors = new pyb::dict(std::move(d)); });
+  m.def("serve_worker", &serve_worker);
+  m.def("in_worker", [] { return this_actor::in_worker(); });
+  m.def("actor_id", [] { return this_actor::id(); });
+  m.def("gpu_ids", [] { return this_actor::gpu_ids(); });
+  m.def("getenv", [](const std::string& name) { return core::env_value(name.c_str()); });
+}

@@ -1,0 +1,152 @@
+#include "python_shim/src/py_client.h"
+
+#include <atomic>
+
+#include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/session.h"
+#include "troupe/runtime/core/worker_env.h"
+#include "troupe/runtime/head/resource_pool.h"
+
+namespace troupe::py {
+
+namespace {
+
+// Fills a call's top-level arguments from the refs given, once every call
+// answer among them is there; then `send` runs (on the thread that completed
+// the last one). A failed argument fails the call, a Python exception
+// answer becomes its answer (as Ray propagates a task's error downstream).
+template <class Send>
+void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const RefList& top, Send send) {
+  struct Pending {
+    PyCall call;
+    std::vector<std::pair<size_t, std::shared_ptr<ReplyState>>> answers;
+    std::atomic<int> remaining{1};
+  };
+  auto p = std::make_shared<Pending>();
+  p->call = std::move(call);
+  p->call.top.resize(top.size());
+  for (size_t i = 0; i < top.size(); ++i) {
+    if (const auto* stored = top[i]->stored_if_any()) {
+      p->call.top[i].ref = *stored;
+    } else {
+      p->answers.emplace_back(i, top[i]->answer());
+    }
+  }
+  auto fire = [p, st, send = std::move(send)]() mutable {
+    if (p->remaining.fetch_sub(1) != 1) return;
+    for (auto& [i, a] : p->answers) {
+      if (auto e = a->error()) return st->set_error(e);
+      if (a->value().error) return st->set_value(a->value());
+      p->call.top[i].inline_value = 1;
+      p->call.top[i].value = a->value().value;
+    }
+    try {
+      send(std::move(p->call));
+    } catch (...) {
+      st->set_error(std::current_exception());
+    }
+  };
+  p->remaining.fetch_add(static_cast<int>(p->answers.size()));
+  for (auto& [i, a] : p->answers) a->on_ready(fire);
+  fire();
+}
+
+}  // namespace
+
+InitOptions resolve_init_options(std::string address, std::string token) {
+  InitOptions o;
+  o.address = std::move(address);
+  o.token = token.empty() ? core::env_value(core::kEnvToken) : std::move(token);
+  if (o.address == "auto" || (!o.address.empty() && o.token.empty())) core::check_session_dir(core::session_dir());
+  if (o.address == "auto") {
+    std::string dir = core::session_dir();
+    o.address = core::read_session_file(dir, "address");
+    if (o.address.empty()) throw ConfigError("address 'auto': no running cluster in " + dir + " (troupe start --head)");
+  }
+  if (!o.address.empty() && o.token.empty()) o.token = core::read_session_file(core::session_dir(), "token");
+  return o;
+}
+
+PyClient::PyClient(const InitOptions& options) : runtime_(Runtime::connect(options)), driver_(true) {}
+
+PyClient::PyClient(std::shared_ptr<client::Core> core) : runtime_(Runtime::attach(std::move(core))) {}
+
+PyClient::~PyClient() { shutdown(); }
+
+void PyClient::shutdown() {
+  if (driver_) runtime_.shutdown();
+}
+
+std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_name, PyActorSpec spec,
+                                                     const PyOptions& o) {
+  if (o.max_concurrency < 1)
+    throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(o.max_concurrency));
+  head::validate_resources(o.resources, "actor " + class_name + " options");
+  wire::ActorSpec s;
+  s.type_key = kPyActorKey;
+  s.class_name = class_name;
+  wire::Encoder e = wire::encode_value(spec);
+  s.ctor_args = std::move(e.bytes());
+  s.ctor_attachments = std::move(e.attachments());
+  s.resources = o.resources;
+  s.name = o.name;
+  s.max_restarts = o.max_restarts;
+  s.max_task_retries = o.max_task_retries;
+  s.max_concurrency = o.max_concurrency;
+  s.executable = o.executable;
+  s.env = o.env;
+  auto info = core()->head().call<wire::ActorInfo>(wire::Op::kCreateActor, s);
+  return core()->actor(info);
+}
+
+std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, const RefList& top) {
+  auto st = std::make_shared<ReplyState>();
+  auto client = actor.shared_from_this();
+  auto send = [client, st](PyCall c) {
+    client::Core* core = &client->core();
+    client->submit(
+        0, wire::encode_value(c), [st, core](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
+        [st](std::exception_ptr ex) { st->set_error(ex); });
+  };
+  send_when_ready(st, std::move(call), top, std::move(send));
+  return std::make_shared<PyRef>(core(), st);
+}
+
+PyTaskKey PyClient::task_key(const PyOptions& o) {
+  if (o.max_retries < -1) throw ConfigError("max_retries must be >= -1, got " + std::to_string(o.max_retries));
+  client::TaskPlacement p;
+  p.resources = o.resources;
+  p.executable = o.executable;
+  p.env = o.env;
+  auto submitter = core()->service<client::TaskSubmitter>();
+  return PyTaskKey{submitter->key_for(p), o.name, o.max_retries};
+}
+
+std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const RefList& top) {
+  auto st = std::make_shared<ReplyState>();
+  auto submitter = core()->service<client::TaskSubmitter>();
+  auto send = [submitter, key, st, core = core().get()](PyCall c) {
+    wire::Encoder e;
+    wire::encode(e, std::string(kPyTaskName));
+    wire::encode(e, c);
+    submitter->submit(
+        key.key, key.name, std::move(e), key.max_retries,
+        [st, core](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
+        [st](std::exception_ptr ex) { st->set_error(ex); });
+  };
+  send_when_ready(st, std::move(call), top, std::move(send));
+  return std::make_shared<PyRef>(core(), st);
+}
+
+std::shared_ptr<PyRef> PyClient::put(PyValue value) {
+  auto store = core()->service<client::ObjectStore>();
+  return std::make_shared<PyRef>(core(), ObjectRef<PyValue>(store->put(client::make_object_value(std::move(value)))));
+}
+
+std::shared_ptr<client::ActorClient> PyClient::get_actor(const std::string& name) {
+  return core()->actor(core()->head().call<wire::ActorInfo>(wire::Op::kGetActor, name));
+}
+
+wire::ActorInfo PyClient::actor_info(uint64_t id) { return core()->actor(id)->info(); }
+
+}  // namespace troupe::py

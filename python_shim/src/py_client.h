@@ -1,0 +1,83 @@
+// PyClient: the driver side of the Python shim, on the C++ client core. It
+// holds the Runtime (embedded local cluster or a connection) of a Python
+// driver, or the worker's own core inside a Python worker, and runs the
+// runtime's operations for troupe/__init__.py: spawn Python actors, call
+// them, submit Python tasks through the TaskSubmitter (leased executors,
+// retries), put objects, kill, look up actors. Nothing here schedules,
+// retries or detects failures: the runtime does.
+//
+// Every method is called with the GIL released (module.cc converts the
+// Python values first) and never touches Python objects.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "python_shim/src/py_ref.h"
+#include "troupe/runtime/client/runtime.h"
+
+namespace troupe::py {
+
+using RefList = std::vector<std::shared_ptr<PyRef>>;
+
+// The type key and the hidden task name the Python worker serves.
+inline constexpr const char* kPyActorKey = "troupe.PyActor";
+inline constexpr const char* kPyTaskName = "troupe.python_task";
+
+// Where and how an actor or a task's executors run.
+struct PyOptions {
+  Resources resources;
+  std::string name;
+  int max_restarts = 0;
+  int max_task_retries = 0;
+  int max_retries = 0;
+  int max_concurrency = 1;
+  std::string executable;  // the Python worker launcher
+  std::vector<std::string> env;
+};
+
+// A scheduling key of the task submitter (placement of Python tasks).
+struct PyTaskKey {
+  std::shared_ptr<client::TaskSubmitter::Key> key;
+  std::string name;
+  int max_retries = 0;
+};
+
+class PyClient {
+ public:
+  // A driver: an embedded cluster (empty address) or a connection.
+  explicit PyClient(const InitOptions& options);
+  // Inside a Python worker: the worker's own core (never shut down here).
+  explicit PyClient(std::shared_ptr<client::Core> core);
+  ~PyClient();
+
+  // Creates a Python actor; returns its client once the head has it.
+  std::shared_ptr<client::ActorClient> spawn(const std::string& class_name, PyActorSpec spec, const PyOptions& o);
+  // A call of method `call.target` with `top` as the top-level refs.
+  std::shared_ptr<PyRef> call(client::ActorClient& actor, PyCall call, const RefList& top);
+  PyTaskKey task_key(const PyOptions& o);
+  std::shared_ptr<PyRef> submit(const PyTaskKey& key, PyCall call, const RefList& top);
+  std::shared_ptr<PyRef> put(PyValue value);
+
+  std::shared_ptr<client::ActorClient> get_actor(const std::string& name);
+  // The latest view of an actor (state, node, restarts).
+  wire::ActorInfo actor_info(uint64_t id);
+
+  Runtime& runtime() { return runtime_; }
+  const std::shared_ptr<client::Core>& core() const { return runtime_.core(); }
+  bool embedded_driver() const { return driver_; }
+  void shutdown();
+
+ private:
+  Runtime runtime_;
+  bool driver_ = false;
+};
+
+// "HOST:PORT", "auto" or "" (embedded) and a token ("" = TROUPE_TOKEN or the
+// session directory's), as troupe::init resolves them for C++ drivers.
+InitOptions resolve_init_options(std::string address, std::string token);
+
+}  // namespace troupe::py

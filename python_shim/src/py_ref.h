@@ -1,0 +1,50 @@
+// PyRef: what Python sees as troupe.ObjectRef. Either the pending answer of
+// a call or task (a future of its PyReply: the usual case, answered inline
+// with no second round trip), or a stored object (troupe.put, or a ref that
+// arrived inside a value), fetched from its owner on first use.
+//
+// A call result that must travel as a ref (nested in another value) is put
+// in this process's object store once it is there (stored_ref()).
+#pragma once
+
+#include <memory>
+#include <mutex>
+
+#include "python_shim/src/py_value.h"
+#include "troupe/runtime/client/core.h"
+#include "troupe/runtime/core/future.h"
+
+namespace troupe::py {
+
+using ReplyState = core::FutureState<PyReply>;
+
+class PyRef {
+ public:
+  PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer)
+      : core_(std::move(core)), answer_(std::move(answer)) {}
+  PyRef(std::shared_ptr<client::Core> core, ObjectRef<PyValue> stored)
+      : core_(std::move(core)), stored_(std::move(stored)) {}
+
+  // The state that completes with the value (for a stored ref: starts the
+  // fetch from its owner on first use). Thread-safe.
+  std::shared_ptr<ReplyState> answer();
+  // The ref as a stored object: waits for a call's answer (GIL released by
+  // the caller) and puts it in this process's store. Throws the call's
+  // error; a Python exception answer is stored as is (its pickle is an
+  // error box, which whoever loads it raises).
+  ObjectRef<PyValue> stored_ref();
+  // The stored ref when there is one already, else null.
+  const ObjectRef<PyValue>* stored_if_any() const { return stored_.valid() ? &stored_ : nullptr; }
+  uint64_t id() const;
+
+ private:
+  std::shared_ptr<client::Core> core_;
+  std::mutex mu_;
+  std::shared_ptr<ReplyState> answer_;
+  ObjectRef<PyValue> stored_;
+};
+
+// The answer a stored ref's owner gives: the payload, decoded.
+std::shared_ptr<ReplyState> fetch_stored(client::Core& core, const ObjectRef<PyValue>& ref);
+
+}  // namespace troupe::py

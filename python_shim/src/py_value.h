@@ -1,0 +1,96 @@
+// Python values on troupe's wire. A Python value is its pickle (protocol 5)
+// plus the out-of-band buffers pickle handed over (NumPy arrays, tensors:
+// frame attachments, never copied into the message) plus the object refs
+// found inside it (nested refs stay refs: each crosses as an
+// ObjectRef<PyValue>, pinned and registered with its owner like any ref).
+//
+// A call's arguments are one PyValue (the pickled (args, kwargs), in which
+// top-level refs are placeholders) and the top-level refs beside it: each
+// either the value already (a call result the driver had) or a ref the
+// callee resolves before the function runs, as Ray does.
+//
+// Conversions to and from Python objects live here too; they need the GIL.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "troupe/runtime/client/object_ref.h"
+#include "troupe/runtime/wire/codec.h"
+
+namespace troupe::py {
+
+namespace pyb = pybind11;
+
+struct PyValue {
+  Buffer data;  // the pickle stream
+  std::vector<Buffer> buffers;
+  std::vector<ObjectRef<PyValue>> refs;
+  TROUPE_FIELDS(data, buffers, refs)
+};
+
+// A top-level argument that was an object ref.
+struct PyArg {
+  uint8_t inline_value = 0;  // 1: `value` holds it; 0: fetch `ref`
+  PyValue value;
+  ObjectRef<PyValue> ref;
+  TROUPE_FIELDS(inline_value, value, ref)
+};
+
+// One call: an actor method (by name) or a task (by its function's hash),
+// with its arguments.
+struct PyCall {
+  std::string target;
+  PyValue args;
+  std::vector<PyArg> top;
+  TROUPE_FIELDS(target, args, top)
+};
+
+// What a Python actor's constructor receives: its class, pickled, and the
+// constructor's arguments.
+struct PyActorSpec {
+  Buffer class_blob;
+  PyCall ctor;
+  TROUPE_FIELDS(class_blob, ctor)
+};
+
+// A call's answer. A Python exception is an answer too (error = 1, the value
+// being the pickled exception with its traceback): the caller rebuilds the
+// original class; failures of the runtime itself travel as error replies.
+struct PyReply {
+  uint8_t error = 0;
+  PyValue value;
+  TROUPE_FIELDS(error, value)
+};
+
+}  // namespace troupe::py
+
+namespace troupe::client {
+// A stored Python value costs its pickle and buffers; it encodes as itself
+// (the generic size estimate would encode it, pinning its refs).
+template <>
+struct ObjectPayload<py::PyValue> {
+  static void encode(const std::shared_ptr<const py::PyValue>& v, wire::Encoder& e) { wire::encode(e, *v); }
+  static py::PyValue decode(wire::Decoder& d) { return wire::decode<py::PyValue>(d); }
+  static uint64_t bytes(const py::PyValue& v) {
+    uint64_t n = v.data.size();
+    for (const auto& b : v.buffers) n += b.size();
+    return n;
+  }
+};
+}  // namespace troupe::client
+
+namespace troupe::py {
+
+// Python -> C++: `data` is a bytes-like pickle, `buffers` a list of
+// PickleBuffers (or any buffer), `refs` a list of ObjectRef (PyRef) objects
+// already turned into stored refs. Large buffers are viewed, not copied: the
+// view keeps the Python object alive and releases it under the GIL.
+Buffer buffer_from_python(const pyb::handle& object);
+// C++ -> Python: a read-only buffer object viewing `b` (no copy).
+pyb::object buffer_to_python(const Buffer& b);
+
+}  // namespace troupe::py

@@ -1,0 +1,119 @@
+#include "python_shim/src/py_worker.h"
+
+#include "python_shim/src/py_client.h"
+#include "python_shim/src/py_convert.h"
+#include "troupe/runtime/client/task.h"
+
+namespace troupe::py {
+
+namespace {
+
+// The hooks module; set once before the worker loop starts, never freed
+// (the process ends with _Exit).
+pyb::object* g_hooks = nullptr;
+
+std::shared_ptr<client::Core> worker_core() { return this_actor::runtime().core(); }
+
+pyb::object hook(const char* name) {
+  if (!g_hooks) throw ConfigError("Python calls reached a process that is not a troupe Python worker");
+  return g_hooks->attr(name);
+}
+
+// Fetches the top-level refs from their owners (GIL not held), so that the
+// function sees values.
+void resolve_top(PyCall& call) {
+  for (auto& arg : call.top) {
+    if (arg.inline_value) continue;
+    if (!arg.ref.valid()) throw DecodeError("a top-level argument ref is empty");
+    auto st = fetch_stored(*worker_core(), arg.ref);
+    st->wait();
+    if (auto e = st->error()) std::rethrow_exception(e);
+    arg.value = st->value().value;
+    arg.inline_value = 1;
+  }
+}
+
+pyb::tuple call_args(const PyCall& call) {
+  auto core = worker_core();
+  pyb::list top;
+  for (const auto& arg : call.top) top.append(value_to_python(arg.value, core));
+  return pyb::make_tuple(value_to_python(call.args, core), top);
+}
+
+// Writes a hook's reply: as the answer, or (a call_ref) kept here.
+void write_reply(PyReply reply, wire::Encoder& result, const client::ObjectSink* keep) {
+  if (!keep) return wire::encode(result, reply);
+  if (reply.error) return wire::encode(result, reply);
+  (*keep)(client::make_object_value(std::move(reply.value)), result);
+}
+
+PyCall decode_call(wire::Decoder& args, const char* what) {
+  PyCall call = wire::decode<PyCall>(args);
+  if (!args.done()) throw DecodeError(std::string("trailing bytes after the arguments of a Python ") + what);
+  resolve_top(call);
+  return call;
+}
+
+class PyHostedActor final : public client::HostedActor {
+ public:
+  explicit PyHostedActor(pyb::object instance) : instance_(std::move(instance)) {}
+  ~PyHostedActor() override {
+    pyb::gil_scoped_acquire gil;
+    instance_ = pyb::object();
+  }
+
+  void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result, const client::ObjectSink* keep) override {
+    if (index != 0) throw Error("a Python actor has one entry point, not #" + std::to_string(index));
+    PyCall call = decode_call(args, "method call");
+    PyReply reply;
+    {
+      pyb::gil_scoped_acquire gil;
+      pyb::tuple a = call_args(call);
+      reply = reply_from_python(hook("call_method")(instance_, call.target, a[0], a[1]));
+    }
+    write_reply(std::move(reply), result, keep);
+  }
+  size_t method_count() const override { return 1; }
+  std::string method_name(uint32_t) const override { return "call"; }
+
+ private:
+  pyb::object instance_;
+};
+
+std::unique_ptr<client::HostedActor> make_py_actor(wire::Decoder& d) {
+  PyActorSpec spec = wire::decode<PyActorSpec>(d);
+  if (!d.done()) throw DecodeError("trailing bytes after a Python actor's constructor arguments");
+  resolve_top(spec.ctor);
+  pyb::gil_scoped_acquire gil;
+  pyb::tuple a = call_args(spec.ctor);
+  pyb::object blob = buffer_to_python(spec.class_blob);
+  return std::make_unique<PyHostedActor>(hook("make_actor")(blob, a[0], a[1]));
+}
+
+void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::ObjectSink* keep) {
+  PyCall call = decode_call(args, "task");
+  PyReply reply;
+  {
+    pyb::gil_scoped_acquire gil;
+    pyb::tuple a = call_args(call);
+    reply = reply_from_python(hook("run_task")(call.target, a[0], a[1]));
+  }
+  write_reply(std::move(reply), result, keep);
+}
+
+const bool registered = [] {
+  client::register_factory(kPyActorKey, client::ActorFactory{"PythonActor", &make_py_actor});
+  client::register_task(kPyTaskName, client::task_function_key(&invoke_py_task), &invoke_py_task);
+  return true;
+}();
+
+}  // namespace
+
+void serve_worker(pyb::object hooks) {
+  (void)registered;
+  g_hooks = new pyb::object(std::move(hooks));
+  pyb::gil_scoped_release nogil;
+  run_role_if_requested();
+}
+
+}  // namespace troupe::py

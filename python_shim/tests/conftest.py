@@ -1,0 +1,47 @@
+"""Fixtures of the Python shim's tests: real clusters on loopback.
+
+`cluster` is an embedded local cluster (troupe.init()) shared by a test
+module; tests that start their own (`troupe start --head`) use the launcher
+binary named by TROUPE_CLI (set by CTest)."""
+import os
+
+import pytest
+
+import troupe
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    troupe.init(num_cpus=2)
+    yield
+    troupe.shutdown()
+
+
+def wait_until(predicate, timeout=60.0, what="condition"):
+    """Polls `predicate` (bounded), for state the runtime reports later."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def cli():
+    path = os.environ.get("TROUPE_CLI")
+    if not path:
+        pytest.skip("TROUPE_CLI (the troupe launcher binary) is not set")
+    return path
+
+
+def pytest_collection_finish(session):
+    # Every test_*.py file given must contribute tests: a run that collects
+    # none of a file's tests (an import that failed quietly, a renamed
+    # function) fails instead of passing empty.
+    given = [a for a in session.config.args if a.endswith(".py")]
+    for path in given:
+        name = os.path.basename(path)
+        if not any(os.path.basename(str(item.fspath)) == name for item in session.items):
+            pytest.exit(f"{name}: no tests collected", returncode=5)

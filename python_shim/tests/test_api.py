@@ -1,0 +1,172 @@
+"""The Ray-shaped API on an embedded cluster: tasks, actors, refs, put/get,
+wait, options, errors by class, named actors, cluster information."""
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import troupe
+from troupe.exceptions import ActorDiedError, ConfigError, GetTimeoutError, TaskError
+
+pytestmark = pytest.mark.usefixtures("cluster")
+
+
+@troupe.remote
+def square(x):
+    return x * x
+
+
+@troupe.remote
+def add(a, b):
+    return a + b
+
+
+@troupe.remote
+class Counter:
+    def __init__(self, start=0):
+        self.n = start
+
+    def add(self, k=1):
+        self.n += k
+        return self.n
+
+    def pid(self):
+        return os.getpid()
+
+
+def test_tasks_and_chained_refs():
+    assert troupe.get([square.remote(i) for i in range(8)], timeout=60) == [i * i for i in range(8)]
+    chained = add.remote(square.remote(3), square.remote(4))
+    assert troupe.get(add.remote(chained, 1), timeout=60) == 26
+
+
+def test_actor_calls_run_in_order():
+    c = Counter.remote(10)
+    refs = [c.add.remote(1) for _ in range(100)]
+    assert troupe.get(refs, timeout=60) == list(range(11, 111))
+    assert troupe.get(c.add.remote(k=5), timeout=60) == 115
+
+
+def test_lambda_closure_and_kwargs():
+    offset = 7
+    f = troupe.remote(lambda x, y=1: x + y + offset)
+    assert troupe.get(f.remote(1, y=2), timeout=60) == 10
+
+
+def test_put_large_array_zero_copy():
+    a = np.arange(16 << 20, dtype=np.float32)  # 64 MiB
+    ref = troupe.put(a)
+    total = troupe.remote(lambda x: float(x.sum()))
+    assert troupe.get(total.remote(ref), timeout=120) == float(a.sum())
+    back = troupe.get(ref, timeout=60)
+    assert back.shape == a.shape and np.array_equal(back[:10], a[:10])
+
+
+def test_large_array_result_and_argument():
+    make = troupe.remote(lambda n: np.ones(n, dtype=np.float64))
+    out = troupe.get(make.remote(4 << 20), timeout=120)
+    assert out.nbytes == 32 << 20 and out[-1] == 1.0
+    c = Counter.remote(0)
+    assert troupe.get(c.add.remote(np.int64(3)), timeout=60) == 3
+
+
+def test_nested_refs_stay_refs():
+    inner = troupe.put(41)
+    kind = troupe.remote(lambda box: (type(box[0]).__name__, troupe.get(box[0]) + 1))
+    assert troupe.get(kind.remote([inner]), timeout=60) == ("ObjectRef", 42)
+    from_call = square.remote(5)
+    assert troupe.get(kind.remote([from_call]), timeout=60) == ("ObjectRef", 26)
+
+
+def test_wait_and_get_timeout():
+    slow = troupe.remote(lambda s: threading.Event().wait(s) or s)
+    fast_ref, slow_ref = square.remote(2), slow.remote(8)
+    ready, not_ready = troupe.wait([slow_ref, fast_ref], num_returns=1, timeout=60)
+    assert ready == [fast_ref] and not_ready == [slow_ref]
+    ready, not_ready = troupe.wait([slow_ref], num_returns=1, timeout=0.1)
+    assert ready == [] and not_ready == [slow_ref]
+    with pytest.raises(GetTimeoutError):
+        troupe.get(slow_ref, timeout=0.1)
+    with pytest.raises(ValueError):
+        troupe.wait([fast_ref], num_returns=2)
+
+
+class MyError(Exception):
+    pass
+
+
+def test_remote_exceptions_keep_their_class():
+    @troupe.remote
+    def fail(kind):
+        if kind == "value":
+            raise ValueError("bad value 42")
+        raise MyError("mine")
+
+    with pytest.raises(ValueError, match="bad value 42") as info:
+        troupe.get(fail.remote("value"), timeout=60)
+    assert isinstance(info.value, TaskError) and "Traceback" in str(info.value)
+    with pytest.raises(MyError):
+        troupe.get(fail.remote("mine"), timeout=60)
+    # An error flows on through a task that takes the failed result.
+    with pytest.raises(ValueError):
+        troupe.get(add.remote(fail.remote("value"), 1), timeout=60)
+
+    @troupe.remote
+    class Broken:
+        def boom(self):
+            raise KeyError("k")
+
+    with pytest.raises(KeyError):
+        troupe.get(Broken.remote().boom.remote(), timeout=60)
+
+
+def test_named_actor_kill_and_options():
+    c = Counter.options(name="the_counter", max_concurrency=2).remote(1)
+    assert troupe.get(c.add.remote(1), timeout=60) == 2
+    same = troupe.get_actor("the_counter")
+    assert troupe.get(same.add.remote(1), timeout=60) == 3
+    troupe.kill(c)
+    with pytest.raises(ActorDiedError):
+        troupe.get(c.add.remote(1), timeout=60)
+    with pytest.raises(ValueError):
+        troupe.get_actor("the_counter")
+
+
+def test_resources_options_and_cluster_info():
+    assert troupe.cluster_resources()["CPU"] == 2.0
+    assert len(troupe.nodes()) == 1 and troupe.nodes()[0]["Alive"]
+    assert troupe.get(square.options(num_cpus=2).remote(3), timeout=60) == 9
+    with pytest.raises(ConfigError, match="fit on no node"):
+        square.options(num_gpus=4).remote(1)
+    with pytest.raises(ConfigError, match="unknown option"):
+        square.options(num_cpu=1)
+    ctx = troupe.remote(lambda: (troupe.get_runtime_context().get_actor_id(),
+                                 troupe.get_runtime_context().get_node_id()))
+    actor_id, node_id = troupe.get(ctx.remote(), timeout=60)
+    assert actor_id is not None and node_id == troupe.nodes()[0]["NodeID"]
+    assert troupe.get_runtime_context().get_job_id()
+
+
+def test_bad_input_is_a_clear_python_error():
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="lock"):
+        square.remote(lock)
+    with pytest.raises(ValueError, match="no_such_actor"):
+        troupe.get_actor("no_such_actor")
+    with pytest.raises(TypeError, match="remote"):
+        square(3)
+    with pytest.raises(TypeError):
+        troupe.get(3)
+    with pytest.raises(RuntimeError):
+        troupe.init()
+
+
+def test_torch_tensors_travel_out_of_band():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(1 << 20, dtype=torch.float32).reshape(1024, 1024)
+    double = troupe.remote(lambda x: x * 2)
+    assert torch.equal(troupe.get(double.remote(t), timeout=120), t * 2)
+    half = torch.ones(3, 5, dtype=torch.bfloat16)
+    back = troupe.get(troupe.put(half), timeout=60)
+    assert back.dtype == torch.bfloat16 and torch.equal(back, half)

@@ -1,0 +1,76 @@
+"""troupe.init(address=...) against a cluster started with `troupe start
+--head`; a C++ driver's actor and a Python actor on that one cluster; wrong
+address or token."""
+import os
+import subprocess
+
+import pytest
+
+import troupe
+from troupe.exceptions import TroupeConnectionError, TroupeError
+from conftest import cli
+
+
+@pytest.fixture()
+def head(tmp_path):
+    launcher = cli()
+    session = tmp_path / "session"
+    session.mkdir(mode=0o700)
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
+    env.pop("TROUPE_ADDRESS", None)
+    env.pop("TROUPE_TOKEN", None)
+    subprocess.run([launcher, "start", "--head", "--resources", "CPU=2"], env=env, check=True, timeout=120)
+    old = {k: os.environ.get(k) for k in ("TROUPE_SESSION_DIR", "TROUPE_TOKEN", "TROUPE_ADDRESS")}
+    os.environ["TROUPE_SESSION_DIR"] = str(session)
+    os.environ.pop("TROUPE_TOKEN", None)
+    os.environ.pop("TROUPE_ADDRESS", None)
+    try:
+        yield env, (session / "address").read_text().strip()
+    finally:
+        troupe.shutdown()
+        subprocess.run([launcher, "stop"], env=env, timeout=120)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@troupe.remote
+class Echo:
+    def echo(self, x):
+        return x
+
+
+def test_connect_by_address_and_auto_with_a_cpp_driver_beside(head):
+    env, address = head
+    troupe.init(address=address)
+    e = Echo.remote()
+    assert troupe.get(e.echo.remote("py"), timeout=60) == "py"
+    assert troupe.cluster_resources()["CPU"] == 2.0
+    hello = os.environ.get("TROUPE_HELLO_ACTORS")
+    if hello:
+        # A C++ driver spawns C++ actors on the same cluster meanwhile.
+        run = subprocess.run([hello, "--address", address], env=env, capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, run.stdout + run.stderr
+    assert troupe.get(e.echo.remote("still here"), timeout=60) == "still here"
+    troupe.shutdown()
+    troupe.init(address="auto")
+    assert troupe.get(Echo.remote().echo.remote(1), timeout=60) == 1
+
+
+def test_wrong_token_and_address(head):
+    env, address = head
+    with pytest.raises(TroupeError):
+        troupe.init(address=address, _token="0" * 64)
+    assert not troupe.is_initialized()
+    with pytest.raises(TroupeError):
+        troupe.init(address="127.0.0.1:1")
+    with pytest.raises(TroupeError):
+        troupe.init(address="not an address")
+    os.environ["TROUPE_TOKEN"] = "wrong"
+    try:
+        with pytest.raises(TroupeConnectionError):
+            troupe.init(address=address)
+    finally:
+        os.environ.pop("TROUPE_TOKEN")

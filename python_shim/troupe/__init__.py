@@ -1,0 +1,214 @@
+"""troupe: a Ray-shaped Python API over troupe's C++ runtime.
+
+    import troupe
+
+    troupe.init()                       # embedded local cluster
+
+    @troupe.remote
+    def square(x):
+        return x * x
+
+    @troupe.remote(max_restarts=1)
+    class Tally:
+        def __init__(self, seen=()):
+            self.seen = list(seen)
+        def note(self, item):
+            self.seen.append(item)
+            return len(self.seen)
+
+    t = Tally.remote()
+    print(troupe.get([square.remote(i) for i in range(4)]), troupe.get(t.note.remote("x")))
+
+Everything below this API (scheduling, restarts, retries, placement, failure
+detection, object ownership) is the C++ runtime's: this package only turns
+Python values into troupe values and calls troupe._core.
+"""
+import atexit
+import os
+import threading
+
+from troupe import _core
+from troupe import exceptions
+from troupe._remote import ActorClass, ActorHandle, RemoteFunction, remote, _actor_handle
+from troupe import _serialization as _ser
+
+ObjectRef = _core.ObjectRef
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "remote", "get", "put", "wait", "kill", "get_actor",
+    "cluster_resources", "available_resources", "nodes", "get_runtime_context", "get_gpu_ids",
+    "ObjectRef", "ActorHandle", "ActorClass", "RemoteFunction", "exceptions",
+]
+
+_core.set_error_classes(dict(exceptions._FROM_RUNTIME))
+_lock = threading.Lock()
+_state = None  # the process's client: a driver's, or the worker's own
+
+
+class _State:
+    def __init__(self, client, job_id):
+        self.client = client
+        self.job_id = job_id
+
+
+def _client():
+    """The process's client core, or an error naming what to do."""
+    state = _state
+    if state is None:
+        if _core.in_worker():
+            return _attach_worker().client
+        raise exceptions.TroupeError("troupe is not initialized: call troupe.init() first")
+    return state.client
+
+
+def _attach_worker():
+    global _state
+    with _lock:
+        if _state is None:
+            _state = _State(_core.Client.attach_worker(), _core.getenv("PYTROUPE_JOB_ID"))
+        return _state
+
+
+def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, ignore_reinit_error=False,
+         _token=None):
+    """Starts an embedded local cluster (address None), or connects to one:
+    "HOST:PORT", or "auto" for the cluster `troupe start --head` recorded in
+    the session directory. The token comes from TROUPE_TOKEN or the session
+    directory, as for C++ drivers."""
+    global _state
+    if address is None:
+        address = os.environ.get("TROUPE_ADDRESS") or None
+    if address is not None and not isinstance(address, str):
+        raise exceptions.ConfigError(f"address must be 'HOST:PORT' or 'auto', not {address!r}")
+    node = dict(resources or {})
+    if num_cpus is not None:
+        node["CPU"] = float(num_cpus)
+    if num_gpus is not None:
+        node["GPU"] = float(num_gpus)
+    if address and node:
+        raise exceptions.ConfigError("num_cpus, num_gpus and resources describe an embedded cluster; "
+                                     f"not allowed with address={address!r}")
+    with _lock:
+        if _state is not None:
+            if ignore_reinit_error:
+                return
+            raise RuntimeError("troupe.init() was called twice (troupe.shutdown() first)")
+        client = _core.Client(address or "", _token or "", {k: float(v) for k, v in node.items()})
+        _state = _State(client, f"{os.getpid()}@{client.address}")
+    atexit.register(shutdown)
+
+
+def is_initialized():
+    return _state is not None
+
+
+def shutdown():
+    """Stops the embedded cluster (its workers too) or disconnects."""
+    global _state
+    with _lock:
+        state, _state = _state, None
+    if state is not None and not _core.in_worker():
+        state.client.shutdown()
+
+
+def get(refs, *, timeout=None):
+    """The value of a ref, or the values of a list of refs; raises the remote
+    error (TaskError, ActorDiedError, ...) or GetTimeoutError."""
+    client = _client()
+    if type(refs) is ObjectRef:
+        return _ser.value_of(client.get([refs], timeout)[0][1:])
+    if isinstance(refs, (list, tuple)):
+        for r in refs:
+            if type(r) is not ObjectRef:
+                raise TypeError(f"troupe.get takes ObjectRefs, got a {type(r).__name__} in the list")
+        return [_ser.value_of(r[1:]) for r in client.get(list(refs), timeout)]
+    raise TypeError(f"troupe.get takes an ObjectRef or a list of them, not a {type(refs).__name__}")
+
+
+def put(value):
+    """Keeps value in this process's object store; the ref may go to any task
+    or actor, which fetches the value from here."""
+    if type(value) is ObjectRef:
+        raise TypeError("troupe.put of an ObjectRef: pass the ref itself")
+    return _client().put(_ser.dumps(value))
+
+
+def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
+    """(ready, not_ready): the first num_returns refs ready, in the order
+    given, or those ready when timeout (seconds) passes."""
+    if not isinstance(refs, list) or any(type(r) is not ObjectRef for r in refs):
+        raise TypeError("troupe.wait takes a list of ObjectRefs")
+    if len(set(map(id, refs))) != len(refs):
+        raise ValueError("troupe.wait: the list holds the same ref twice")
+    if not 0 <= num_returns <= len(refs):
+        raise ValueError(f"num_returns={num_returns} is not between 0 and len(refs)={len(refs)}")
+    ready_at = set(_client().wait(refs, num_returns, timeout))
+    ready = [r for i, r in enumerate(refs) if i in ready_at]
+    return ready, [r for i, r in enumerate(refs) if i not in ready_at]
+
+
+def kill(actor, *, no_restart=True):
+    """Kills the actor's worker (SIGKILL); with no_restart=False it restarts
+    if it has restarts left."""
+    if not isinstance(actor, ActorHandle):
+        raise TypeError(f"troupe.kill takes an actor handle, not a {type(actor).__name__}")
+    _client().kill(actor._actor.id, no_restart)
+
+
+def get_actor(name):
+    """The live actor registered under name (ValueError when there is none)."""
+    if not isinstance(name, str) or not name:
+        raise exceptions.ConfigError(f"get_actor takes an actor's name, not {name!r}")
+    return _actor_handle(_client().get_actor(name), None)
+
+
+def nodes():
+    return _client().nodes()
+
+
+def cluster_resources():
+    return _client().cluster_resources()
+
+
+def available_resources():
+    return _client().available_resources()
+
+
+def get_gpu_ids():
+    return list(_core.gpu_ids())
+
+
+class RuntimeContext:
+    """Where the calling code runs: job, node, actor, GPUs."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def get_job_id(self):
+        return self._state.job_id
+
+    def get_actor_id(self):
+        actor = _core.actor_id()
+        return str(actor) if actor else None
+
+    def get_node_id(self):
+        client = self._state.client
+        actor = _core.actor_id()
+        if actor:
+            return str(client.actor_info(actor)["node_id"])
+        import socket
+
+        host = socket.gethostname()
+        mine = [n["NodeID"] for n in client.nodes() if n["Alive"] and n["NodeManagerHostname"] == host]
+        return mine[0] if mine else None
+
+    def get_accelerator_ids(self):
+        return {"GPU": [str(g) for g in _core.gpu_ids()]}
+
+    def get_gpu_ids(self):
+        return list(_core.gpu_ids())
+
+
+def get_runtime_context():
+    _client()
+    return RuntimeContext(_state)

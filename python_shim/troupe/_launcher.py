@@ -1,0 +1,47 @@
+"""The executable a node agent starts for Python workers.
+
+A worker executable is a single path (ActorOptions::executable), so the
+driver writes a small launcher that runs this interpreter on troupe.worker
+with this package importable, named by the hash of its content in a
+directory of this user's (mode 0700); the node agent's warm pool keeps idle
+workers per executable, Python ones included. On a multi-machine cluster the
+same path must exist on every node (the same install, e.g. a shared venv).
+"""
+import hashlib
+import os
+import shlex
+import stat
+import sys
+import tempfile
+
+_cached = None
+
+
+def _private_dir():
+    path = os.path.join(tempfile.gettempdir(), f"troupe-python-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} must be a directory of this user's with mode 0700")
+    return path
+
+
+def worker_executable():
+    global _cached
+    if _cached is not None:
+        return _cached
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = ("#!/bin/sh\n# troupe Python worker launcher (written by troupe._launcher)\n"
+            f"PYTHONPATH={shlex.quote(package_parent)}${{PYTHONPATH:+:$PYTHONPATH}} "
+            f"exec {shlex.quote(sys.executable)} -m troupe.worker \"$@\"\n")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    directory = _private_dir()
+    path = os.path.join(directory, f"worker-{digest}")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    _cached = path
+    return path

@@ -1,0 +1,223 @@
+"""@troupe.remote: remote functions (tasks) and actor classes, as Ray's.
+
+A task runs through the runtime's task submitter (leased executor workers,
+retries); its function travels once per worker: pickled once per driver,
+kept in the cluster's KV store under its content hash, fetched by a worker
+the first time it runs it. An actor's class travels in its spec (the head
+keeps it for restarts).
+"""
+import hashlib
+
+from troupe import _core
+from troupe import _serialization as ser
+from troupe._launcher import worker_executable
+from troupe.exceptions import ConfigError
+
+_FUNCTION_KEY = "troupe.py.fn."
+_TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "num_returns", "retry_exceptions"}
+_ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
+                  "lifetime", "namespace", "get_if_exists"}
+
+
+def _client():
+    import troupe
+
+    return troupe._client()
+
+
+def _check_options(options, allowed, what):
+    unknown = set(options) - allowed
+    if unknown:
+        raise ConfigError(f"unknown option(s) for {what}: {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(allowed))})")
+    if options.get("num_returns", 1) != 1:
+        raise ConfigError(f"num_returns={options['num_returns']!r} is not supported (one return value per call)")
+    for key in ("max_restarts", "max_task_retries", "max_retries"):
+        value = options.get(key, 0)
+        if not isinstance(value, int) or value < -1:
+            raise ConfigError(f"{key} must be an int >= -1, got {value!r}")
+    concurrency = options.get("max_concurrency", 1)
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"max_concurrency must be an int >= 1, got {concurrency!r}")
+
+
+def _runtime_options(options, default_cpus):
+    """Ray's options -> the runtime's (resources, restarts, the worker)."""
+    resources = {}
+    for k, v in dict(options.get("resources") or {}).items():
+        if k in ("CPU", "GPU"):
+            raise ConfigError(f"use num_cpus/num_gpus, not resources={{'{k}': ...}}")
+        resources[str(k)] = float(v)
+    cpus = options.get("num_cpus", default_cpus)
+    if cpus:
+        resources["CPU"] = float(cpus)
+    if options.get("num_gpus"):
+        resources["GPU"] = float(options["num_gpus"])
+    out = {
+        "resources": resources,
+        "executable": worker_executable(),
+        "max_restarts": options.get("max_restarts", 0),
+        "max_task_retries": options.get("max_task_retries", 0),
+        "max_retries": options.get("max_retries", 0),
+        "max_concurrency": options.get("max_concurrency", 1),
+    }
+    if options.get("name"):
+        out["name"] = str(options["name"])
+    import troupe
+
+    job = troupe._state.job_id if troupe._state else ""
+    if job:
+        out["env"] = [f"PYTROUPE_JOB_ID={job}"]
+    return out
+
+
+class RemoteFunction:
+    """A function decorated with @troupe.remote; f.remote(...) runs it as a
+    task and returns an ObjectRef."""
+
+    def __init__(self, fn, options, shared=None):
+        _check_options(options, _TASK_OPTIONS, f"task {fn.__qualname__}")
+        self._fn = fn
+        self._options = options
+        # The pickled function and its hash, shared by every .options() copy.
+        self._shared = shared if shared is not None else {}
+        self._key = None
+        self._key_client = None
+        self.__name__ = getattr(fn, "__name__", "task")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"remote function {self.__name__} cannot be called directly: use {self.__name__}.remote()")
+
+    def options(self, **options):
+        return RemoteFunction(self._fn, {**self._options, **options}, self._shared)
+
+    def _prepare(self, client):
+        shared = self._shared
+        if "hash" not in shared:
+            blob = ser.dumps_code(self._fn)
+            shared["blob"] = blob
+            shared["hash"] = hashlib.sha256(blob).hexdigest()[:32]
+        exported = shared.setdefault("exported", set())
+        if id(client) not in exported:
+            client.kv_put(_FUNCTION_KEY + shared["hash"], shared["blob"])
+            exported.add(id(client))
+        options = _runtime_options(self._options, 1)
+        options.setdefault("name", self.__name__)
+        self._key = client.task_key(options)
+        self._key_client = client
+
+    def remote(self, *args, **kwargs):
+        client = _client()
+        if self._key_client is not client:
+            self._prepare(client)
+        data, top = ser.call_args(args, kwargs)
+        return client.submit(self._key, self._shared["hash"], data, top)
+
+
+class ActorMethod:
+    __slots__ = ("_handle", "_name")
+
+    def __init__(self, handle, name):
+        self._handle = handle
+        self._name = name
+
+    def remote(self, *args, **kwargs):
+        h = self._handle
+        data, top = ser.call_args(args, kwargs)
+        return h._client.call(h._actor, self._name, data, top)
+
+    def options(self, **options):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"actor method {self._name} cannot be called directly: use .{self._name}.remote()")
+
+
+class ActorHandle:
+    """A handle to an actor: handle.method.remote(...) returns an ObjectRef.
+    Calls from one caller run in the order sent."""
+
+    def __init__(self, actor, cls, client):
+        self._actor = actor
+        self._cls = cls
+        self._client = client
+        self._methods = {}
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        methods = self.__dict__["_methods"]
+        m = methods.get(name)
+        if m is None:
+            cls = self.__dict__["_cls"]
+            if cls is not None and not callable(getattr(cls, name, None)):
+                raise AttributeError(f"actor class {cls.__name__} has no method {name!r}")
+            m = methods[name] = ActorMethod(self, name)
+        return m
+
+    def __repr__(self):
+        info = self._actor.info()
+        return f"ActorHandle({info['class_name']}, id={info['id']}, {info['state']})"
+
+    def __reduce__(self):
+        return _handle_by_id, (self._actor.id,)
+
+
+def _handle_by_id(actor_id):
+    client = _client()
+    return ActorHandle(client.actor_by_id(actor_id), None, client)
+
+
+def _actor_handle(actor, cls):
+    return ActorHandle(actor, cls, _client())
+
+
+class ActorClass:
+    """A class decorated with @troupe.remote; Cls.remote(...) starts an actor
+    and returns its handle."""
+
+    def __init__(self, cls, options, shared=None):
+        _check_options(options, _ACTOR_OPTIONS, f"actor {cls.__qualname__}")
+        self._cls = cls
+        self._options = options
+        self._shared = shared if shared is not None else {}
+        self.__name__ = cls.__name__
+        self.__doc__ = cls.__doc__
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"actor class {self.__name__} cannot be instantiated directly: use {self.__name__}.remote()")
+
+    def options(self, **options):
+        return ActorClass(self._cls, {**self._options, **options}, self._shared)
+
+    def remote(self, *args, **kwargs):
+        client = _client()
+        if "blob" not in self._shared:
+            self._shared["blob"] = ser.dumps_code(self._cls)
+        if self._options.get("get_if_exists") and self._options.get("name"):
+            try:
+                return ActorHandle(client.get_actor(self._options["name"]), self._cls, client)
+            except ConfigError:
+                pass
+        data, top = ser.call_args(args, kwargs)
+        options = _runtime_options(self._options, 0)
+        actor = client.spawn(self._cls.__qualname__, self._shared["blob"], data, list(top), options)
+        return ActorHandle(actor, self._cls, client)
+
+
+def remote(*args, **options):
+    """@troupe.remote, @troupe.remote(num_cpus=..., ...): a function becomes
+    a RemoteFunction, a class an ActorClass."""
+    def wrap(obj):
+        if isinstance(obj, type):
+            return ActorClass(obj, options)
+        if callable(obj):
+            return RemoteFunction(obj, options)
+        raise TypeError(f"@troupe.remote applies to functions and classes, not to a {type(obj).__name__}")
+
+    if len(args) == 1 and not options and (callable(args[0]) or isinstance(args[0], type)):
+        return wrap(args[0])
+    if args:
+        raise TypeError("@troupe.remote takes keyword options only, e.g. @troupe.remote(num_cpus=1)")
+    return wrap

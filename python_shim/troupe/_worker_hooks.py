@@ -1,0 +1,87 @@
+"""What the C++ worker loop calls inside a Python worker (src/py_worker.cc):
+build an actor, run one of its methods, run a task. Arguments arrive as
+(data, buffers, refs) with the top-level refs already fetched; answers go
+back as (error, data, buffers, refs). An exception in user code is an answer
+(an _ErrorBox with the traceback), not a failure of the worker.
+"""
+import os
+import traceback
+
+from troupe import _core
+from troupe import _serialization as ser
+from troupe.exceptions import _ErrorBox
+
+_functions = {}  # task function by content hash, loaded once per worker
+_FUNCTION_KEY = "troupe.py.fn."
+
+
+def _sync_environment():
+    # A pooled worker receives its actor's environment (CUDA_VISIBLE_DEVICES,
+    # extra variables) after the interpreter started: os.environ catches up.
+    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID"):
+        value = _core.getenv(name)
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
+
+
+def _answer(value):
+    data, buffers, refs = ser.dumps(value)
+    return False, data, buffers, refs
+
+
+def _error(where):
+    import pickle
+
+    import cloudpickle
+
+    exc = traceback.sys.exc_info()[1]
+    text = traceback.format_exc()
+    try:
+        blob = cloudpickle.dumps(exc, 5)
+        pickle.loads(blob)
+    except Exception:
+        blob = None
+    box = _ErrorBox(blob, type(exc).__name__, str(exc), text, where)
+    data, buffers, refs = ser.dumps(box)
+    return True, data, buffers, refs
+
+
+def make_actor(blob, args, top):
+    _sync_environment()
+    cls = ser.loads_code(blob)
+    a, kw = ser.load_call_args(args, top)
+    return cls(*a, **kw)
+
+
+def call_method(instance, name, args, top):
+    try:
+        a, kw = ser.load_call_args(args, top)
+        return _answer(getattr(instance, name)(*a, **kw))
+    except BaseException:
+        return _error(f"{type(instance).__name__}.{name} (pid {os.getpid()})")
+
+
+def _function(key):
+    fn = _functions.get(key)
+    if fn is None:
+        import troupe
+
+        blob = troupe._client().kv_get(_FUNCTION_KEY + key)
+        if blob is None:
+            raise troupe.exceptions.ConfigError(f"task function {key} is not in the cluster's function table")
+        fn = _functions[key] = ser.loads_code(blob)
+    return fn
+
+
+def run_task(key, args, top):
+    name = key
+    try:
+        _sync_environment()
+        fn = _function(key)
+        name = getattr(fn, "__qualname__", key)
+        a, kw = ser.load_call_args(args, top)
+        return _answer(fn(*a, **kw))
+    except BaseException:
+        return _error(f"task {name} (pid {os.getpid()})")

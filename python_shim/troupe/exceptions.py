@@ -1,0 +1,115 @@
+"""Errors of the troupe Python API, named as Ray's (troupe.exceptions).
+
+A Python exception raised by a remote function or method reaches the caller
+as a TaskError whose message holds the remote traceback; the instance is also
+of the original exception's class (a class made on the fly that derives from
+both), so ``except ValueError`` catches a remote ValueError. Failures of the
+runtime (a dead actor or worker, a timeout, a lost object) have classes of
+their own, raised from the C++ runtime's errors of the same meaning.
+"""
+
+
+class TroupeError(Exception):
+    """Base of every error troupe raises."""
+
+
+class TaskError(TroupeError):
+    """A remote function or actor method raised; ``cause`` is the original
+    exception (None when it could not be pickled), ``traceback_str`` the
+    remote traceback."""
+
+    def __init__(self, message, cause=None, traceback_str=""):
+        super().__init__(message)
+        self.cause = cause
+        self.traceback_str = traceback_str
+
+
+class ActorDiedError(TroupeError):
+    """The actor is dead (killed, crashed, out of restarts) or died while the
+    call was in flight."""
+
+
+class WorkerCrashedError(TroupeError):
+    """The worker process running a task died and the task had no retries
+    left."""
+
+
+class GetTimeoutError(TroupeError, TimeoutError):
+    """get() or an actor's start ran past its timeout."""
+
+
+class ObjectLostError(TroupeError):
+    """An object's owner died or cannot be reached."""
+
+
+class ConfigError(TroupeError, ValueError):
+    """Bad input: an option, an address, an actor name that does not exist."""
+
+
+class TroupeConnectionError(TroupeError, ConnectionError):
+    """The cluster cannot be reached, or refused this process (wrong token)."""
+
+
+# Subclasses of TaskError and an original class, by that class.
+_task_error_classes = {}
+
+
+def _task_error_class(cause_class):
+    cls = _task_error_classes.get(cause_class)
+    if cls is not None:
+        return cls
+    try:
+        cls = type(f"TaskError({cause_class.__name__})", (TaskError, cause_class), {
+            "__init__": TaskError.__init__,
+            "__str__": lambda self: self.args[0] if self.args else "",
+            "__module__": __name__,
+        })
+    except TypeError:  # a class that cannot be a base (layout, final)
+        cls = TaskError
+    _task_error_classes[cause_class] = cls
+    return cls
+
+
+class _ErrorBox:
+    """What a failed remote call answers: the exception (pickled apart, so an
+    unpicklable one still reports its class and message) and its traceback.
+    Loading one where a value is expected raises it (get, task arguments)."""
+
+    def __init__(self, cause_blob, class_name, message, traceback_str, where):
+        self.cause_blob = cause_blob
+        self.class_name = class_name
+        self.message = message
+        self.traceback_str = traceback_str
+        self.where = where
+
+    def exception(self):
+        import pickle
+
+        cause = None
+        if self.cause_blob is not None:
+            try:
+                cause = pickle.loads(self.cause_blob)
+            except Exception:  # its class is not importable here
+                cause = None
+        text = f"{self.class_name}: {self.message}\n\n{self.where} raised:\n{self.traceback_str}"
+        if isinstance(cause, TaskError):
+            return cause
+        if isinstance(cause, Exception):
+            error = _task_error_class(type(cause))(text, cause, self.traceback_str)
+        else:
+            error = TaskError(text, cause, self.traceback_str)
+        return error
+
+
+# The C++ runtime's errors (troupe/runtime/core/errors.h) by name, for the
+# extension's exception translator.
+_FROM_RUNTIME = {
+    "ActorDied": ActorDiedError,
+    "WorkerDied": WorkerCrashedError,
+    "Timeout": GetTimeoutError,
+    "ObjectLost": ObjectLostError,
+    "ConfigError": ConfigError,
+    "ConnectionError": TroupeConnectionError,
+    "RemoteError": TaskError,
+    "Error": TroupeError,
+}
