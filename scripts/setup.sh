@@ -12,6 +12,7 @@ PACKAGES=(
   pybind11-dev python3-dev python3-torch python3-numpy python3-sklearn
   python3-matplotlib
   libssl-dev zlib1g-dev
+  clang-14 libfuzzer-14-dev
 )
 
 missing=()
