@@ -26,7 +26,9 @@ void round_trip(const T& v) {
   if (first.bytes() != second.bytes()) std::abort();
 }
 
-template <class T>
+// `Check` false for types whose encoding follows an unspecified order (an
+// unordered_map iterates differently once rebuilt).
+template <class T, bool Check = true>
 void decode_as(const uint8_t* data, size_t size, const std::vector<Buffer>& attachments) {
   T v;
   try {
@@ -34,7 +36,7 @@ void decode_as(const uint8_t* data, size_t size, const std::vector<Buffer>& atta
   } catch (const troupe::Error&) {
     return;
   }
-  round_trip(v);
+  if constexpr (Check) round_trip(v);
 }
 
 using Decode = void (*)(const uint8_t*, size_t, const std::vector<Buffer>&);
@@ -71,7 +73,7 @@ constexpr Decode kTypes[] = {
     decode_as<std::vector<float>>,
     decode_as<std::vector<std::string>>,
     decode_as<std::map<std::string, double>>,
-    decode_as<std::unordered_map<std::string, int64_t>>,
+    decode_as<std::unordered_map<std::string, int64_t>, false>,
     decode_as<std::set<int64_t>>,
     decode_as<std::pair<std::string, std::vector<int32_t>>>,
     decode_as<std::array<uint16_t, 3>>,
