@@ -225,9 +225,16 @@ void ActorClient::on_closed(uint32_t incarnation, const std::string& reason) {
   for (auto& [f, e] : failures) f(e);
 }
 
-void ActorClient::add_listener(std::function<void(const ActorInfo&)> cb) {
+uint64_t ActorClient::add_listener(std::function<void(const ActorInfo&)> cb) {
   std::lock_guard lock(mu_);
-  listeners_.push_back(std::move(cb));
+  uint64_t id = next_listener_id_++;
+  listeners_.emplace(id, std::move(cb));
+  return id;
+}
+
+void ActorClient::remove_listener(uint64_t listener_id) {
+  std::lock_guard lock(mu_);
+  listeners_.erase(listener_id);
 }
 
 void ActorClient::on_update(const ActorInfo& info) {
@@ -253,7 +260,7 @@ void ActorClient::on_update(const ActorInfo& info) {
     } else if (info.state == ActorState::kAlive && !queued_.empty()) {
       connect_locked();
     }
-    listeners = listeners_;
+    for (const auto& [id, l] : listeners_) listeners.push_back(l);
   }
   cv_.notify_all();
   for (auto& [f, e] : failures) f(e);
@@ -303,8 +310,15 @@ void Core::shutdown() {
     std::terminate();
   }
   if (head_) head_->close("client shutting down");
-  io_.stop();
-  if (io_thread_.joinable()) io_thread_.join();
+  // The close runs on the I/O thread: stop the loop after it, so the head
+  // sees this process leave now (and kills what it owns), not only once
+  // whatever still holds the core lets it go.
+  if (io_thread_.joinable()) {
+    asio::post(io_, [this] { io_.stop(); });
+    io_thread_.join();
+  } else {
+    io_.stop();
+  }
   std::vector<Service> services;
   {
     std::lock_guard lock(services_mu_);

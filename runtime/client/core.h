@@ -55,7 +55,9 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
 
   void on_update(const wire::ActorInfo& info);
   // Runs `cb` (on the I/O thread) on every state change the head reports.
-  void add_listener(std::function<void(const wire::ActorInfo&)> cb);
+  // Runs `cb` on every update; returns the id remove_listener takes.
+  uint64_t add_listener(std::function<void(const wire::ActorInfo&)> cb);
+  void remove_listener(uint64_t listener_id);
   wire::ActorInfo info() const;
   // Waits until the actor is ALIVE (true) or DEAD (false).
   bool wait_ready(std::chrono::milliseconds timeout);
@@ -90,7 +92,8 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   uint64_t next_call_id_ = 1;
   std::unordered_map<uint64_t, Pending> inflight_;
   std::map<uint64_t, Pending> queued_;  // by call id, so retries keep their order
-  std::vector<std::function<void(const wire::ActorInfo&)>> listeners_;
+  std::map<uint64_t, std::function<void(const wire::ActorInfo&)>> listeners_;  // by listener id
+  uint64_t next_listener_id_ = 1;
 };
 
 struct ConnectOptions {

@@ -155,8 +155,10 @@ void Runtime::kill_actor(uint64_t actor_id, bool no_restart) {
 
 ActorInfo Runtime::actor_info(uint64_t actor_id) { return core_->actor(actor_id)->info(); }
 
-void Runtime::watch_actor(uint64_t actor_id, std::function<void(const ActorInfo&)> cb) {
-  core_->actor(actor_id)->add_listener(std::move(cb));
+ActorWatch Runtime::watch_actor(uint64_t actor_id, std::function<void(const ActorInfo&)> cb) {
+  auto client = core_->actor(actor_id);
+  uint64_t id = client->add_listener(std::move(cb));
+  return ActorWatch(client, id);
 }
 
 PlacementGroup Runtime::create_placement_group(const std::vector<Resources>& bundles, PlacementStrategy strategy,

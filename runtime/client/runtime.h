@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "troupe/runtime/client/actor.h"
+#include "troupe/runtime/client/actor_watch.h"
 #include "troupe/runtime/client/control.h"
 #include "troupe/runtime/client/core.h"
 #include "troupe/runtime/client/object_ref.h"
@@ -186,8 +187,9 @@ class Runtime {
   // The latest state of any actor by id.
   ActorInfo actor_info(uint64_t actor_id);
   // Runs `cb` on this process's I/O thread whenever the actor's state
-  // changes (restarting, alive again, dead). Keep `cb` short.
-  void watch_actor(uint64_t actor_id, std::function<void(const ActorInfo&)> cb);
+  // changes (restarting, alive again, dead), for as long as the returned
+  // watch lives. Keep `cb` short.
+  ActorWatch watch_actor(uint64_t actor_id, std::function<void(const ActorInfo&)> cb);
 
   PlacementGroup create_placement_group(const std::vector<Resources>& bundles, PlacementStrategy strategy,
                                         const std::string& name = "");
@@ -423,7 +425,8 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
     wire::encode(e, entry.name);
     wire::encode(e, tuple);
     submitter->submit(
-        key, label, std::move(e), retries, [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
+        key, label, std::move(e), retries,
+        [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
         [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
   };
   client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);

@@ -228,9 +228,11 @@ void TaskSubmitter::send(std::vector<Send> sends) {
       body.bytes() = std::move(t->body);
       body.attachments() = std::move(t->attachments);
     }
+    // A copy to capture: clang before 16 cannot capture a structured binding.
+    auto task = t;
     e->client->submit(
-        t->op, std::move(body), [this, t](Message& m) { on_task_done(t, m); },
-        [this, t](std::exception_ptr ex) { on_task_lost(t, core::exception_text(ex)); });
+        task->op, std::move(body), [this, task](Message& m) { on_task_done(task, m); },
+        [this, task](std::exception_ptr ex) { on_task_lost(task, core::exception_text(ex)); });
   }
 }
 

@@ -104,6 +104,8 @@ struct MemberWatch {
   std::shared_ptr<Membership> membership;  // set once the group is formed
   std::string death;                       // the first member death reported, "" = none
   std::weak_ptr<GroupTable> table;
+  // The listeners on the other members: removed when the group goes.
+  std::vector<ActorWatch> watches;
 };
 
 // The groups joined in this process, through their Membership: a service
@@ -354,13 +356,13 @@ std::unique_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
     // callback can run (it compares against it).
     auto joined = std::make_shared<std::atomic<int64_t>>(-1);
     std::weak_ptr<MemberWatch> weak = watch;
-    runtime.watch_actor(id, [weak, joined, r](const ActorInfo& info) {
+    watch->watches.push_back(runtime.watch_actor(id, [weak, joined, r](const ActorInfo& info) {
       auto w = weak.lock();
       int64_t inc = joined->load();
       if (!w || inc < 0) return;
       std::string why = departure(info, static_cast<uint32_t>(inc), r);
       if (!why.empty()) report_death(w, std::move(why));
-    });
+    }));
     ActorInfo now = runtime.actor_info(id);
     joined->store(now.incarnation);
     std::string why = departure(now, now.incarnation, r);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "troupe/runtime/core/logging.h"
@@ -21,8 +22,17 @@ struct Peer {
   std::shared_ptr<Connection> conn;
   Role role = Role::kDriver;
   bool hello = false;
+  // A node agent's own node, or the node a worker runs on.
   uint64_t node_id = 0;
+  // Its node was declared dead: whatever it still sends is ignored.
+  bool fenced = false;
+  // Actors whose updates it gets (dropped from subscribers_ when it goes).
+  std::set<uint64_t> subscriptions;
 };
+
+// How long a fenced node agent's connection stays half-open for the agent
+// to read its NodeFenced (it may be stopped) before the head closes it.
+constexpr std::chrono::seconds kFencedLinger{60};
 
 struct Waiter {
   std::shared_ptr<Connection> conn;
@@ -87,17 +97,44 @@ class Head::Impl {
     auto it = peers_.find(raw);
     if (it == peers_.end()) return;
     state_.peer_gone(it->second->id, reason);
-    for (auto& [k, ws] : kv_waiters_) drop_waiters(ws, raw);
-    for (auto& [g, ws] : group_waiters_) drop_waiters(ws, raw);
+    drop_waiters(kv_waiters_, raw);
+    drop_waiters(group_waiters_, raw);
+    for (uint64_t id : it->second->subscriptions) unsubscribe(id, raw);
     peers_.erase(it);
     flush();
   }
 
-  static void drop_waiters(std::vector<Waiter>& ws, Connection* raw) {
-    ws.erase(std::remove_if(ws.begin(), ws.end(), [&](const Waiter& w) { return w.conn.get() == raw; }), ws.end());
+  // Nothing is kept for a connection that went: its waiters, and (in
+  // on_close) its subscriptions; keys left without waiters go too.
+  template <class K>
+  static void drop_waiters(std::map<K, std::vector<Waiter>>& table, Connection* raw) {
+    for (auto it = table.begin(); it != table.end();) {
+      auto& ws = it->second;
+      ws.erase(std::remove_if(ws.begin(), ws.end(), [&](const Waiter& w) { return w.conn.get() == raw; }), ws.end());
+      it = ws.empty() ? table.erase(it) : std::next(it);
+    }
+  }
+
+  void subscribe(Peer& p, uint64_t actor_id) {
+    if (!p.subscriptions.insert(actor_id).second) return;  // one update per change, however often asked
+    subscribers_[actor_id].push_back(p.conn);
+  }
+
+  void unsubscribe(uint64_t actor_id, Connection* raw) {
+    auto it = subscribers_.find(actor_id);
+    if (it == subscribers_.end()) return;
+    auto& subs = it->second;
+    subs.erase(std::remove_if(subs.begin(), subs.end(),
+                              [&](const std::weak_ptr<Connection>& w) {
+                                auto c = w.lock();
+                                return !c || c.get() == raw;
+                              }),
+               subs.end());
+    if (subs.empty()) subscribers_.erase(it);
   }
 
   void on_message(Peer& p, Message&& m) {
+    if (p.fenced) return;
     try {
       if (m.kind == Kind::REQUEST) {
         handle_request(p, m);
@@ -139,7 +176,7 @@ class Head::Impl {
       case Op::kSubscribeActor: {
         auto id = body<uint64_t>(m);
         const ActorInfo& info = state_.actor_info(id);
-        subscribers_[id].push_back(p.conn);
+        subscribe(p, id);
         return p.conn->send(ok_response_value(m.id, info));
       }
       case Op::kGetActor:
@@ -241,6 +278,7 @@ class Head::Impl {
     for (auto w = ws.begin(); w != ws.end(); ++w)
       if (w->conn == conn && w->request_id == rid) {
         ws.erase(w);
+        if (ws.empty()) table.erase(it);
         return true;
       }
     return false;
@@ -261,7 +299,24 @@ class Head::Impl {
     StatusRequest request = m.body.empty() ? StatusRequest{} : body<StatusRequest>(m);
     auto j = state_.status(request);
     j["address"] = address();
+    j["tables"].update(server_table_sizes());
     return j;
+  }
+
+  // What the server keeps per connection and per waiter (state's tables are
+  // in HeadState::status): none of it may outlive what it is for.
+  nlohmann::json server_table_sizes() const {
+    size_t subscriptions = 0;
+    for (const auto& [id, subs] : subscribers_) subscriptions += subs.size();
+    size_t kv_waiting = 0, group_waiting = 0;
+    for (const auto& [k, ws] : kv_waiters_) kv_waiting += ws.size();
+    for (const auto& [g, ws] : group_waiters_) group_waiting += ws.size();
+    return {{"connections", peers_.size()},
+            {"node_connections", node_conns_.size()},
+            {"subscribed_actors", subscribers_.size()},
+            {"subscriptions", subscriptions},
+            {"kv_waiters", kv_waiting},
+            {"group_waiters", group_waiting}};
   }
 
   void handle_event(Peer& p, const Message& m) {
@@ -294,6 +349,7 @@ class Head::Impl {
       node_conns_[reply.node_id] = p.conn;
     } else if (h.role == Role::kWorker) {
       reply = state_.worker_hello(h.actor_id, h.incarnation);
+      p.node_id = reply.info.node_id;
     }
     p.role = h.role;
     p.hello = true;
@@ -303,19 +359,45 @@ class Head::Impl {
   // ---- carrying out the state's outputs -----------------------------------
   void flush() {
     HeadOutputs out = state_.take_outputs();
+    // Stale workers go before their replacements start.
+    for (auto& [node, why] : out.dead_nodes) fence_node(node, why);
     for (auto& [node, s] : out.spawns) send_to_node(node, make_event_value(Op::kSpawnWorker, s));
     for (auto& [node, k] : out.kills) send_to_node(node, make_event_value(Op::kKillWorker, k));
     for (auto& info : out.updates) publish(info);
-    for (auto id : out.evicted) subscribers_.erase(id);
+    for (auto id : out.evicted) forget_subscribers(id);
     for (auto& g : out.groups_settled) answer(group_waiters_, g.id, g);
     for (auto& e : out.kv_set) answer(kv_waiters_, e.key, e.value);
-    for (auto& [node, why] : out.dead_nodes) {
-      auto it = node_conns_.find(node);
-      if (it == node_conns_.end()) continue;
-      auto conn = std::move(it->second);
-      node_conns_.erase(it);
-      conn->close("declared dead: " + why);
-    }
+  }
+
+  // A node declared dead may still be running (stopped, partitioned, slow):
+  // its workers' connections are closed (a worker that loses the head
+  // exits), so none of them acts beside its replacement; the agent is told
+  // its incarnation is over, and its connection is half-closed so that an
+  // agent that wakes up reads the NodeFenced first.
+  void fence_node(uint64_t node, const std::string& why) {
+    std::vector<std::shared_ptr<Connection>> stale;
+    for (auto& [raw, p] : peers_)
+      if (p->node_id == node && p->hello && !p->fenced) {
+        p->fenced = true;
+        if (p->role == Role::kWorker) stale.push_back(p->conn);
+      }
+    for (auto& c : stale) c->close("node " + std::to_string(node) + " was declared dead (" + why + ")");
+    auto it = node_conns_.find(node);
+    if (it == node_conns_.end()) return;
+    auto conn = std::move(it->second);
+    node_conns_.erase(it);
+    conn->send(make_event_value(Op::kNodeFenced, NodeFenced{node, why}));
+    conn->finish();
+    after(kFencedLinger, [conn] { conn->close("fenced node agent did not close its connection"); });
+  }
+
+  void forget_subscribers(uint64_t actor_id) {
+    auto it = subscribers_.find(actor_id);
+    if (it == subscribers_.end()) return;
+    for (auto& w : it->second)
+      if (auto c = w.lock())
+        if (auto p = peers_.find(c.get()); p != peers_.end()) p->second->subscriptions.erase(actor_id);
+    subscribers_.erase(it);
   }
 
   void send_to_node(uint64_t node, const Message& m) {
@@ -343,6 +425,7 @@ class Head::Impl {
                                 return false;
                               }),
                subs.end());
+    if (subs.empty()) subscribers_.erase(it);
   }
 
   void arm_timer() {

@@ -75,6 +75,7 @@ void HeadState::node_lost(uint64_t node_id, const std::string& why) {
   n.info.alive = false;
   TROUPE_LOG_WARN("node {} ({}) is dead: {}", node_id, n.info.hostname, why);
   out_.dead_nodes.emplace_back(node_id, why);
+  dead_nodes_order_.push_back(node_id);
   // Every worker the node ran died with it (PR_SET_PDEATHSIG), whether or not
   // the actor still holds resources there.
   for (auto id : actor_ids_where([&](const Actor& a) { return a.worker_running && a.info.node_id == node_id; }))
@@ -89,22 +90,37 @@ void HeadState::node_lost(uint64_t node_id, const std::string& why) {
     g.info.state = PlacementGroupState::kPending;
     pending_groups_.push_back(g.info.id);
   }
+  forget_oldest(nodes_, dead_nodes_order_, config_.max_dead_nodes);
   schedule();
+}
+
+template <class Table>
+void HeadState::forget_oldest(Table& table, std::deque<uint64_t>& order, size_t keep) {
+  while (order.size() > keep) {
+    table.erase(order.front());
+    order.pop_front();
+  }
 }
 
 void HeadState::peer_gone(PeerId peer, const std::string& reason) {
   if (peer == 0) return;
+  // Ids first, then the calls: each may forget old entries of the tables.
+  std::vector<uint64_t> ids;
   for (auto& [id, n] : nodes_)
-    if (n.peer == peer && n.info.alive) node_lost(id, "node agent connection lost: " + reason);
+    if (n.peer == peer && n.info.alive) ids.push_back(id);
+  for (auto id : ids) node_lost(id, "node agent connection lost: " + reason);
   // Whoever created actors or groups (a driver, or an actor) owns them.
   for (auto id : actor_ids_where([&](const Actor& a) { return a.owner == peer; }))
     if (auto it = actors_.find(id); it != actors_.end()) {
       it->second.owner = 0;
       kill_actor(id, true, "its driver exited");
     }
+  ids.clear();
   for (auto& [id, g] : groups_)
-    if (g.owner == peer) {
-      g.owner = 0;
+    if (g.owner == peer) ids.push_back(id);
+  for (auto id : ids)
+    if (auto it = groups_.find(id); it != groups_.end()) {
+      it->second.owner = 0;
       remove_placement_group(id);
     }
 }
@@ -505,6 +521,8 @@ void HeadState::remove_placement_group(uint64_t id) {
   if (g.info.state == PlacementGroupState::kCreated) unreserve_group(g);
   g.info.state = PlacementGroupState::kRemoved;
   out_.groups_settled.push_back(g.info);
+  removed_groups_order_.push_back(id);
+  forget_oldest(groups_, removed_groups_order_, config_.max_removed_groups);
   schedule();
 }
 
@@ -600,6 +618,16 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
                                      {"bundle_nodes", g.info.bundle_nodes},
                                      {"pending_reason", g.info.pending_reason}});
   j["kv_keys"] = kv_.size();
+  j["tables"] = {{"actors", actors_.size()},
+                 {"dead_actors", dead_order_.size()},
+                 {"nodes", nodes_.size()},
+                 {"dead_nodes", dead_nodes_order_.size()},
+                 {"placement_groups", groups_.size()},
+                 {"removed_groups", removed_groups_order_.size()},
+                 {"named_actors", named_.size()},
+                 {"kv_keys", kv_.size()},
+                 {"pending_actors", pending_actors_.size()},
+                 {"pending_groups", pending_groups_.size()}};
   return j;
 }
 

@@ -32,6 +32,11 @@ struct HeadConfig {
   uint32_t heartbeat_ms = 100;    // nodes heartbeat this often
   uint32_t heartbeat_misses = 5;  // silent for this many intervals = dead
   size_t max_dead_actors = 1000;  // DEAD actors kept for status; oldest go first
+  // Dead nodes and removed placement groups kept for status (and for late
+  // lookups); the oldest are forgotten first. A fenced node that joins
+  // again is a new node, so dead nodes add up on a long-running cluster.
+  size_t max_dead_nodes = 100;
+  size_t max_removed_groups = 1000;
 };
 
 // What the server must do after a HeadState call.
@@ -149,6 +154,8 @@ class HeadState {
   void set_dead(Actor& a);
   void drop_ctor_args_if_final(Actor& a);
   void evict_dead();
+  template <class Table>
+  static void forget_oldest(Table& table, std::deque<uint64_t>& order, size_t keep);
   bool try_place_group(Group& g);
   void unreserve_group(Group& g);
   void kv_set(const std::string& key, const std::string& value);
@@ -162,7 +169,9 @@ class HeadState {
   std::map<std::string, std::string> kv_;
   std::deque<uint64_t> pending_actors_;
   std::deque<uint64_t> pending_groups_;
-  std::deque<uint64_t> dead_order_;  // DEAD actors, oldest first
+  std::deque<uint64_t> dead_order_;            // DEAD actors, oldest first
+  std::deque<uint64_t> dead_nodes_order_;      // dead nodes, oldest first
+  std::deque<uint64_t> removed_groups_order_;  // REMOVED placement groups, oldest first
   HeadOutputs out_;
   uint64_t next_node_id_ = 1, next_actor_id_ = 1, next_group_id_ = 1;
 };

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -87,22 +88,9 @@ class NodeAgent::Impl {
       io_.run();
     });
     try {
-      head_ = RpcChannel::connect(
-          io_, opts_.head_address, opts_.token, std::chrono::seconds(10),
-          [this](Message&& m) { on_event(std::move(m)); },
-          [this](const std::string& reason) {
-            if (!stopping_) TROUPE_LOG_WARN("lost the head ({}); stopping node", reason);
-            shutdown();
-          });
-      Hello h;
-      h.role = Role::kNode;
-      h.resources = opts_.resources;
-      h.hostname = hostname();
-      h.pid = getpid();
-      h.bind_host = opts_.bind_host;
-      auto reply = head_->call<HelloReply>(Op::kHello, h);
-      node_id_ = reply.node_id;
-      heartbeat_ms_ = reply.heartbeat_ms;
+      Registration r = join_head(std::chrono::seconds(10));
+      node_id_ = r.reply.node_id;
+      asio::post(io_, [this, r] { install(r); });
     } catch (...) {
       io_.stop();
       io_thread_.join();
@@ -118,6 +106,7 @@ class NodeAgent::Impl {
   ~Impl() {
     shutdown();
     if (io_thread_.joinable()) io_thread_.join();
+    if (rejoin_thread_.joinable()) rejoin_thread_.join();
   }
 
   void wait_done() {
@@ -130,13 +119,7 @@ class NodeAgent::Impl {
       if (stopping_) return;
       stopping_ = true;
       if (pool_) pool_->stop();
-      for (auto& [pid, w] : workers_) ::kill(pid, SIGKILL);
-      // Reap what we killed so no zombies stay behind.
-      for (auto& [pid, w] : workers_) {
-        int st = 0;
-        ::waitpid(pid, &st, 0);
-      }
-      workers_.clear();
+      kill_workers();
       if (head_) head_->close("node stopping");
       signals_.cancel();
       timer_.cancel();
@@ -154,6 +137,91 @@ class NodeAgent::Impl {
     uint64_t actor_id;
     uint32_t incarnation;
   };
+  // One registration with the head: its connection (events and close are
+  // told apart from an earlier registration's by `generation`) and reply.
+  struct Registration {
+    uint64_t generation = 0;
+    std::shared_ptr<RpcChannel> channel;
+    HelloReply reply;
+  };
+
+  // Connects and says hello as a new node; blocks, so never on io's thread.
+  Registration join_head(std::chrono::milliseconds timeout) {
+    Registration r;
+    r.generation = ++generations_;
+    uint64_t gen = r.generation;
+    r.channel = RpcChannel::connect(
+        io_, opts_.head_address, opts_.token, timeout, [this, gen](Message&& m) { on_head_event(gen, std::move(m)); },
+        [this, gen](const std::string& reason) { on_head_closed(gen, reason); });
+    Hello h;
+    h.role = Role::kNode;
+    h.resources = opts_.resources;
+    h.hostname = hostname();
+    h.pid = getpid();
+    h.bind_host = opts_.bind_host;
+    r.reply = r.channel->call<HelloReply>(Op::kHello, h);
+    return r;
+  }
+
+  // On io's thread: the registration becomes the current one, and the events
+  // that came on it before this ran (a spawn can follow the hello reply at
+  // once) are handled now, with the node id they are meant for.
+  void install(const Registration& r) {
+    if (stopping_) return r.channel->close("node stopping");
+    head_ = r.channel;
+    generation_ = r.generation;
+    node_id_ = r.reply.node_id;
+    heartbeat_ms_ = r.reply.heartbeat_ms;
+    rejoining_ = false;
+    for (auto& m : std::exchange(early_events_, {})) on_event(std::move(m));
+    if (!head_->is_open()) on_head_closed(generation_, "closed before the node was registered");
+  }
+
+  void on_head_event(uint64_t gen, Message&& m) {
+    if (gen > generation_) return early_events_.push_back(std::move(m));
+    if (gen == generation_) on_event(std::move(m));
+  }
+
+  // Only the current registration's connection matters: a fenced one is
+  // expected to close, and a newer one not yet installed is checked then.
+  void on_head_closed(uint64_t gen, const std::string& reason) {
+    if (gen != generation_ || rejoining_) return;
+    if (!stopping_) TROUPE_LOG_WARN("lost the head ({}); stopping node", reason);
+    shutdown();
+  }
+
+  // The head declared this incarnation of the node dead: its actors run
+  // elsewhere now, so every worker here goes, before the node joins again
+  // as a new node with its resources whole.
+  void fenced(const NodeFenced& f) {
+    if (stopping_ || rejoining_) return;
+    TROUPE_LOG_WARN("node {}: the head declared it dead ({}); killing its {} workers and joining again", f.node_id,
+                    f.reason, workers_.size());
+    rejoining_ = true;
+    kill_workers();
+    pool_->recycle();
+    if (rejoin_thread_.joinable()) rejoin_thread_.join();  // the last rejoin has installed its registration
+    rejoin_thread_ = std::thread([this] {
+      try {
+        Registration r = join_head(std::chrono::seconds(5));
+        asio::post(io_, [this, r] { install(r); });
+      } catch (const std::exception& e) {
+        TROUPE_LOG_WARN("node: cannot join the head again ({}); stopping node", e.what());
+        shutdown();
+      }
+    });
+  }
+
+  // Kills and reaps every worker without reporting their exits: the node is
+  // stopping, or its incarnation is over and the head knows.
+  void kill_workers() {
+    for (auto& [pid, w] : workers_) ::kill(pid, SIGKILL);
+    for (auto& [pid, w] : workers_) {
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+    workers_.clear();
+  }
 
   void on_event(Message&& m) {
     try {
@@ -168,6 +236,8 @@ class NodeAgent::Impl {
         }
         case Op::kShutdown:
           return shutdown();
+        case Op::kNodeFenced:
+          return fenced(decode_value<NodeFenced>(m.body));
         default:
           TROUPE_LOG_WARN("node: unknown event op {}", m.op);
       }
@@ -265,12 +335,12 @@ class NodeAgent::Impl {
 
   void report_exit(uint64_t actor, uint32_t inc, int32_t pid, const std::string& how) {
     WorkerExited w{actor, inc, pid, how};
-    if (head_) head_->send(make_event_value(Op::kWorkerExited, w));
+    if (head_ && !rejoining_) head_->send(make_event_value(Op::kWorkerExited, w));
   }
 
   void heartbeat() {
     if (stopping_) return;
-    head_->send(make_event_value(Op::kHeartbeat, NodeHeartbeat{pool_->idle_count()}));
+    if (!rejoining_) head_->send(make_event_value(Op::kHeartbeat, NodeHeartbeat{pool_->idle_count()}));
     timer_.expires_after(std::chrono::milliseconds(heartbeat_ms_));
     timer_.async_wait([this](asio::error_code ec) {
       if (!ec) heartbeat();
@@ -282,8 +352,13 @@ class NodeAgent::Impl {
   asio::signal_set signals_;
   asio::steady_timer timer_;
   std::thread io_thread_;
+  std::thread rejoin_thread_;  // joins the head again after a fence
   std::shared_ptr<RpcChannel> head_;
-  uint64_t node_id_ = 0;
+  std::atomic<uint64_t> generations_{0};  // registrations made
+  uint64_t generation_ = 0;               // the current one's (io thread)
+  std::vector<Message> early_events_;     // from a registration not yet installed
+  bool rejoining_ = false;                // fenced, not yet registered again
+  std::atomic<uint64_t> node_id_{0};
   uint32_t heartbeat_ms_ = 100;
   std::map<pid_t, WorkerProc> workers_;
   std::unique_ptr<WorkerPool> pool_;

@@ -5,7 +5,9 @@
 // never reaches them) — with CUDA_VISIBLE_DEVICES set from the actor's GPUs,
 // reaps them on SIGCHLD and reports every exit at once, and heartbeats (with
 // its idle worker count). Its workers die with it (PR_SET_PDEATHSIG), so a
-// dead node takes its actors along.
+// dead node takes its actors along. An agent the head declared dead while it
+// was only stopped or cut off is told so (NodeFenced) when it wakes up: it
+// kills every worker it still runs and registers again as a new node.
 #pragma once
 
 #include <memory>
@@ -46,6 +48,7 @@ class NodeAgent {
   NodeAgent(const NodeAgent&) = delete;
   NodeAgent& operator=(const NodeAgent&) = delete;
 
+  // The current registration's node id (a new one after a fence).
   uint64_t node_id() const;
   // Runs on this thread until the head goes away or tells it to stop; kills
   // its workers before returning. SIGCHLD must not be blocked in this thread.

@@ -199,10 +199,21 @@ void WorkerPool::kill_idle(const std::string& executable) {
   }
 }
 
+void WorkerPool::recycle() {
+  if (stopped_) return;
+  kill_all_idle();
+  for (auto& [exe, e] : executables_)
+    if (e.active) post_refill(exe);
+}
+
 void WorkerPool::stop() {
   if (stopped_) return;
   stopped_ = true;
   idle_timer_.cancel();
+  kill_all_idle();
+}
+
+void WorkerPool::kill_all_idle() {
   for (auto& [pid, w] : idle_) ::kill(pid, SIGKILL);
   for (auto& [pid, w] : idle_) {
     int st = 0;

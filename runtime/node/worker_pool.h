@@ -54,6 +54,9 @@ class WorkerPool {
   uint32_t idle_count() const;
   // Kills and reaps every idle worker; the pool starts nothing after it.
   void stop();
+  // Kills and reaps every idle worker and refills the executables in use
+  // (a fenced node keeps nothing it started before).
+  void recycle();
 
  private:
   struct Idle {
@@ -74,6 +77,7 @@ class WorkerPool {
   size_t count(const std::string& executable) const;
   void check_idle();
   void kill_idle(const std::string& executable);
+  void kill_all_idle();
 
   asio::io_context& io_;
   const WorkerPoolOptions opts_;

@@ -91,6 +91,11 @@ std::string check_sizes(uint32_t message_bytes, const std::vector<uint64_t>& siz
 }
 
 Message decode_message(const std::byte* p, size_t n, const FrameLimits& limits) {
+  // A flat message is whole words; anything else would be copied past the
+  // words allocated for it.
+  if (n % sizeof(capnp::word) != 0)
+    throw DecodeError("message size " + std::to_string(n) + " is not a multiple of " +
+                      std::to_string(sizeof(capnp::word)));
   // FlatArrayMessageReader needs word alignment; the copy is small.
   std::vector<capnp::word> words(n / sizeof(capnp::word));
   std::memcpy(words.data(), p, n);

@@ -77,8 +77,8 @@ std::string check_header(const std::byte* p, const FrameLimits& limits, uint32_t
 // Checks attachment sizes against the limits; returns error text or "".
 std::string check_sizes(uint32_t message_bytes, const std::vector<uint64_t>& sizes, const FrameLimits& limits);
 
-// Decodes the Cap'n Proto part (bytes need not be aligned). Throws
-// troupe::DecodeError on malformed input.
+// Decodes the Cap'n Proto part (bytes need not be aligned; their count must
+// be a multiple of 8). Throws troupe::DecodeError on malformed input.
 Message decode_message(const std::byte* p, size_t n, const FrameLimits& limits);
 
 }  // namespace troupe::wire

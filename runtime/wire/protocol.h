@@ -40,6 +40,7 @@ enum class Op : uint32_t {
   kControl = 23,               // request caller -> worker: ControlRequest (bypasses the mailbox)
   kWaitPlacementGroup = 24,    // request: WaitPlacementGroup -> PlacementGroupInfo
   kNodes = 25,                 // request: -> std::vector<NodeInfo>
+  kNodeFenced = 26,            // event head -> node: NodeFenced (then the head closes)
 };
 
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
@@ -211,6 +212,16 @@ struct NodeInfo {
   std::vector<int32_t> free_gpu_ids;  // those no actor or bundle holds
   uint32_t idle_workers = 0;          // warm pooled workers, as of its last heartbeat
   TROUPE_FIELDS(id, hostname, address, pid, alive, total, used, available, gpu_ids, free_gpu_ids, idle_workers)
+};
+
+// The head declared this node agent's incarnation dead (missed heartbeats:
+// a SIGSTOP, a partition, a stall): its workers have been replaced or
+// given up. The agent kills every worker it runs and registers again as a
+// new node, or exits.
+struct NodeFenced {
+  uint64_t node_id = 0;
+  std::string reason;
+  TROUPE_FIELDS(node_id, reason)
 };
 
 // What a node agent reports with each heartbeat.

@@ -81,6 +81,13 @@ TEST(Frame, MalformedMessageThrows) {
                troupe::DecodeError);
 }
 
+// Found by the frame fuzz target: a size that is not whole words was copied
+// past the words allocated for it.
+TEST(Frame, MessageOfPartWordsIsRefused) {
+  std::vector<std::byte> bytes(13, std::byte{0});
+  EXPECT_THROW(decode_message(bytes.data(), bytes.size(), FrameLimits{}), troupe::DecodeError);
+}
+
 std::vector<std::byte> header(uint32_t magic, uint32_t size, uint32_t natt) {
   std::vector<std::byte> h(16);
   uint32_t v[4] = {magic, size, natt, 0};

@@ -374,6 +374,48 @@ TEST(HeadStateLimits, DeadActorsAreKeptUpToTheLimitOldestFirst) {
   EXPECT_EQ(out.evicted, (std::vector<uint64_t>{ids[0], ids[1]}));
 }
 
+// A fenced node that joins again is a new node, and every job removes its
+// placement groups: both tables keep only the newest few of the dead ones.
+TEST(HeadStateLimits, DeadNodesAndRemovedGroupsAreKeptUpToTheirLimits) {
+  HeadConfig config{100, 5, 3};
+  config.max_dead_nodes = 2;
+  config.max_removed_groups = 2;
+  HeadState state(config);
+  Hello h;
+  h.role = Role::kNode;
+  h.resources = {{"CPU", 1}};
+  std::vector<uint64_t> nodes;
+  for (PeerId peer = 1; peer <= 4; ++peer) {
+    nodes.push_back(state.register_node(peer, h, Time{}));
+    state.node_lost(nodes.back(), "fenced");
+  }
+  uint64_t live = state.register_node(9, h, Time{});
+  auto shown = state.nodes();
+  ASSERT_EQ(shown.size(), 3u);
+  EXPECT_EQ(shown[0].id, nodes[2]);
+  EXPECT_EQ(shown[2].id, live);
+  EXPECT_EQ(state.status({})["tables"]["dead_nodes"], 2);
+
+  std::vector<uint64_t> groups;
+  for (int i = 0; i < 4; ++i) {
+    groups.push_back(state.create_placement_group(kDriver, {{{{"CPU", 1}}}}).id);
+    state.remove_placement_group(groups.back());
+  }
+  EXPECT_THROW(state.placement_group(groups[1]), troupe::ConfigError);
+  EXPECT_EQ(state.placement_group(groups[3]).state, PlacementGroupState::kRemoved);
+  // A driver that leaves with groups, some of them removed and forgotten.
+  for (int i = 0; i < 3; ++i) groups.push_back(state.create_placement_group(kOtherDriver, {{{{"CPU", 1}}}}).id);
+  state.peer_gone(kOtherDriver, "gone");
+  auto tables = state.status({})["tables"];
+  EXPECT_EQ(tables["placement_groups"], 2);
+  EXPECT_EQ(tables["removed_groups"], 2);
+  // A new actor in a forgotten group is refused, naming it.
+  ActorSpec s;
+  s.class_name = "C";
+  s.placement_group = groups[4];
+  EXPECT_THROW(state.create_actor(kDriver, s), troupe::ConfigError);
+}
+
 TEST_F(HeadStateTest, StatusFiltersByStateAndLimit) {
   add_node({{"CPU", 1}}, 1);
   std::vector<uint64_t> ids;

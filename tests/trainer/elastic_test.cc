@@ -11,20 +11,28 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+
+#include <fstream>
 #include <functional>
+#include <map>
 #include <numeric>
+#include <sstream>
 
 #include <torch/torch.h>
 
 #include "tests/support/temp_dir.h"
 #include "tests/support/train_jobs.h"
+#include "tests/support/wait.h"
 #include "tests/trainer/state_compare.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/train_job.h"
+#include "troupe/trainer/train_step.h"
 
 using namespace std::chrono_literals;
 using namespace troupe;
@@ -73,6 +81,53 @@ void expect_each_sample_once(const Result& r, int64_t n, size_t epochs) {
 }
 
 using troupe::test::fresh_dir;
+
+// The built-in classification step that also appends "pid start end" (steady
+// clock, ns: one clock for every process of the machine) for each step to
+// the file its config names, so a test sees which process stepped when.
+class LoggedStep final : public TrainStep {
+ public:
+  explicit LoggedStep(std::string path) : path_(std::move(path)) {}
+  StepOutput train(Model& model, const actors::TensorDict& batch) override {
+    if (!inner_) inner_ = make_step(StepSpec{"classification", ""}, model);
+    auto start = now_ns();
+    StepOutput out = inner_->train(model, batch);
+    std::string line = std::to_string(getpid()) + " " + std::to_string(start) + " " + std::to_string(now_ns()) + "\n";
+    int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      (void)!::write(fd, line.data(), line.size());  // one append: lines never interleave
+      ::close(fd);
+    }
+    return out;
+  }
+  std::string describe() const override { return "logged classification"; }
+
+ private:
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  std::string path_;
+  std::unique_ptr<TrainStep> inner_;
+};
+
+TROUPE_STEP("test_logged_classification", [](const std::string& path) { return std::make_unique<LoggedStep>(path); });
+
+// Each process's steps in the log: pid -> (first start, last end).
+std::map<pid_t, std::pair<int64_t, int64_t>> step_spans(const fs::path& log) {
+  std::map<pid_t, std::pair<int64_t, int64_t>> spans;
+  std::ifstream in(log);
+  pid_t pid;
+  int64_t start, end;
+  while (in >> pid >> start >> end) {
+    auto [it, fresh] = spans.emplace(pid, std::make_pair(start, end));
+    if (!fresh) {
+      it->second.first = std::min(it->second.first, start);
+      it->second.second = std::max(it->second.second, end);
+    }
+  }
+  return spans;
+}
 
 }  // namespace
 
@@ -220,6 +275,74 @@ TEST(ElasticTest, NodeAgentStoppedSameWeights) {
   EXPECT_EQ(hurt.recoveries[0].lost_steps, 0) << describe(hurt);
   EXPECT_LT(hurt.recoveries[0].resumed_at - hurt.recoveries[0].failed_at, 10.0) << describe(hurt);
   expect_bitwise_equal(clean.final_state, hurt.final_state);
+}
+
+// Fencing, mid-training: a node agent stopped (SIGSTOP) is declared dead
+// while its trainer keeps running. The head closes that trainer's
+// connection, so it stops itself before its replacement exists; the agent,
+// woken (SIGCONT) after the recovery, is told it is fenced and rejoins as a
+// new node with its resources. At no moment do the stale trainer and its
+// replacement both step, and the job finishes.
+TEST(ElasticTest, FencedNodeAgentsTrainerNeverStepsBesideItsReplacement) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}});
+  Runtime rt = cluster.connect();
+  auto dir = fresh_dir("fence");
+  auto cfg = job(2, 8, 256);
+  cfg.epochs = 30;  // outlasts the heartbeat timeout (500 ms) and the recovery
+  cfg.trainer.step = StepSpec{"test_logged_classification", (dir / "steps.log").string()};
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  size_t stopped = 0;
+  troupe::testing::FaultInjector::LiveActor stale;
+  bool woken = false;
+  int64_t stopped_at = 0;  // steady clock, ns
+  cfg.on_step = [&](const StepInfo& s) {
+    if (s.step >= 12 && stale.pid <= 0) {
+      stale = faults.live_actors(kTrainerClass, before).at(1);
+      stopped = node_index(cluster, stale.node_id);
+      stopped_at =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count();
+      ::kill(cluster.node_pid(stopped), SIGSTOP);
+    } else if (stale.pid > 0 && !woken && rt.actor_info(stale.id).state == ActorState::kDead) {
+      ::kill(cluster.node_pid(stopped), SIGCONT);  // after the recovery replaced the trainer
+      woken = true;
+    }
+  };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_GT(stale.pid, 0);
+  if (!woken) ::kill(cluster.node_pid(stopped), SIGCONT);
+  ASSERT_GE(hurt.recoveries.size(), 1u) << describe(hurt);
+
+  // The stale trainer's last step ended before any process that began
+  // stepping after the stop (its replacement) took its first.
+  auto spans = step_spans(dir / "steps.log");
+  ASSERT_TRUE(spans.count(stale.pid)) << "no steps logged by the stale trainer";
+  const int64_t stale_end = spans.at(stale.pid).second;
+  int newcomers = 0;
+  for (const auto& [pid, span] : spans)
+    if (pid != stale.pid && span.first > stopped_at) {
+      ++newcomers;
+      EXPECT_LT(stale_end, span.first) << "pid " << pid << " stepped while the stale trainer " << stale.pid
+                                       << " still did\n"
+                                       << describe(hurt);
+    }
+  EXPECT_GE(newcomers, 1) << describe(hurt);
+
+  // The agent rejoined as a new node, same process, its resources whole.
+  const pid_t agent = cluster.node_pid(stopped);
+  EXPECT_TRUE(troupe::test::eventually([&] {
+    double cpus = 0;
+    bool rejoined = false;
+    for (const auto& n : rt.nodes()) {
+      if (!n.alive) continue;
+      cpus += n.total.at("CPU");
+      rejoined = rejoined || (n.pid == agent && n.id != stale.node_id);
+    }
+    return rejoined && cpus == 3;
+  }));
+  EXPECT_NE(::kill(stale.pid, 0), 0) << "the stale trainer " << stale.pid << " still runs";
+  fs::remove_all(dir);
 }
 
 // Both trainers killed at once: no live peer is left, so the job restarts

@@ -1,0 +1,74 @@
+// The head keeps nothing for what is gone: over many drivers that connect,
+// spawn, call, watch, wait and leave (their actors killed or dying with
+// them), every table of live things and every per-connection table returns
+// to where it started (the dead are kept up to their limits only).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/support/wait.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/testing/local_cluster.h"
+
+using namespace std::chrono_literals;
+using troupe::test::eventually;
+using troupe::test::kWaitBound;
+
+namespace {
+
+class Echo {
+ public:
+  explicit Echo(int start) : value_(start) {}
+  int add(int x) { return value_ += x; }
+
+ private:
+  int value_;
+};
+
+// The head's table sizes less the dead it keeps on purpose.
+nlohmann::json live_tables(troupe::Runtime& rt) {
+  auto t = nlohmann::json::parse(rt.status_json({"", 1}))["tables"];
+  t["actors"] = t["actors"].get<int64_t>() - t["dead_actors"].get<int64_t>();
+  t["placement_groups"] = t["placement_groups"].get<int64_t>() - t["removed_groups"].get<int64_t>();
+  t.erase("dead_actors");
+  t.erase("removed_groups");
+  return t;
+}
+
+}  // namespace
+
+TROUPE_ACTOR(Echo, &Echo::add)
+
+TEST(HeadTables, DriversThatComeAndGoLeaveNothingBehind) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 4}}}});
+  troupe::Runtime rt = cluster.connect();
+  const auto base = live_tables(rt);
+  constexpr int kCycles = 24;
+  for (int i = 0; i < kCycles; ++i) {
+    troupe::Runtime driver = cluster.connect();
+    auto e = driver.spawn<Echo>({.resources = {{"CPU", 1}}, .name = "echo-" + std::to_string(i)}, i);
+    EXPECT_EQ(e.call(&Echo::add, 1).get(kWaitBound), i + 1);
+    auto watch = driver.watch_actor(e.id(), [](const troupe::ActorInfo&) {});
+    auto pg = driver.create_placement_group({{{"CPU", 1}}}, troupe::PlacementStrategy::kPack);
+    EXPECT_THROW(driver.kv().wait("never-" + std::to_string(i), 1ms), troupe::Timeout);
+    if (i % 2 == 0) {
+      // Half are cleaned up by their driver, the others die with it.
+      watch.reset();
+      driver.kill(e);
+      driver.remove_placement_group(pg);
+    }
+    driver.shutdown();
+    // Its connection is gone before the next driver comes (its actor and
+    // group are then released: the node has room for the next cycle).
+    EXPECT_TRUE(eventually([&] { return live_tables(rt)["connections"] == base["connections"]; }))
+        << "cycle " << i << ": " << live_tables(rt).dump();
+  }
+  nlohmann::json now;
+  EXPECT_TRUE(eventually([&] {
+    now = live_tables(rt);
+    return now == base;
+  })) << "before: "
+      << base.dump() << "\nafter:  " << now.dump();
+}
