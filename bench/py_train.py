@@ -102,7 +102,7 @@ def stop(proc, pid_dir):
             pass
 
 
-def one_restart(launcher, warm_steps, timeout):
+def one_restart(launcher, warm_steps, timeout, kill_after):
     """Seconds from SIGKILL of rank 1 to the restarted group's first step."""
     with tempfile.TemporaryDirectory(prefix="troupe-py-train-") as d:
         steps, pids = os.path.join(d, "steps"), os.path.join(d, "pids")
@@ -116,6 +116,10 @@ def one_restart(launcher, warm_steps, timeout):
         try:
             wait_until(lambda: len([s for s in read_steps(steps) if s[3] == 0]) >= warm_steps, timeout,
                        f"{warm_steps} steps")
+            # Mid-run: the job has trained a while (troupe's spare interpreters are
+            # ready 3 s after a start plus torch's import time).
+            first_step = read_steps(steps)[0][0]
+            time.sleep(max(0.0, first_step + kill_after - time.time()))
             with open(os.path.join(pids, "rank1.pid")) as f:
                 victim = int(f.read())
             t0 = time.time()
@@ -131,10 +135,10 @@ def one_restart(launcher, warm_steps, timeout):
             stop(proc, pids)
 
 
-def measure(name, launcher, runs, warm_steps, timeout):
+def measure(name, launcher, runs, warm_steps, timeout, kill_after):
     values = []
     for i in range(runs):
-        v = one_restart(launcher, warm_steps, timeout)
+        v = one_restart(launcher, warm_steps, timeout, kill_after)
         log(f"{name} run {i + 1}: {v:.3f} s")
         values.append(v)
     return values
@@ -149,6 +153,8 @@ def main():
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--warm-steps", type=int, default=20)
     p.add_argument("--timeout", type=float, default=180)
+    p.add_argument("--kill-after", type=float, default=10,
+                   help="seconds from the first step to the SIGKILL (both launchers)")
     p.add_argument("--python-fallback", default="/usr/bin/python3",
                    help="the interpreter for troupe when the venv cannot be made")
     p.add_argument("--no-peer", action="store_true", help="measure troupe torchrun alone")
@@ -160,12 +166,12 @@ def main():
     python, torchrun, version, why = (None, None, None, "--no-peer") if a.no_peer else ensure_venv(a.venv)
     common = ["--nproc-per-node", str(a.nproc), "--max-restarts", "3"]
     troupe = measure("troupe torchrun", [a.troupe, "torchrun", "--python", python or a.python_fallback] + common,
-                     a.runs, a.warm_steps, a.timeout)
+                     a.runs, a.warm_steps, a.timeout, a.kill_after)
     row = {"bench": "py_train", "case": "torchrun_restart", "value": round(statistics.median(troupe), 4),
            "unit": "s", "runs": [round(v, 4) for v in troupe], "workers": a.nproc,
-           "python": python or a.python_fallback}
+           "python": python or a.python_fallback, "kill_after_s": a.kill_after}
     if torchrun:
-        peer = measure("torchrun", [torchrun] + common, a.runs, a.warm_steps, a.timeout)
+        peer = measure("torchrun", [torchrun] + common, a.runs, a.warm_steps, a.timeout, a.kill_after)
         row.update({"peer": f"torchrun, torch {version} from PyPI (venv)",
                     "peer_value": round(statistics.median(peer), 4), "peer_runs": [round(v, 4) for v in peer],
                     "ratio": round(statistics.median(troupe) / statistics.median(peer), 3)})
