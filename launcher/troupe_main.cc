@@ -8,6 +8,8 @@
 //   troupe status [--json] [--state ALIVE|PENDING|RESTARTING|DEAD] [--limit N]
 //   troupe stop
 //   troupe submit -- ./my_driver args...
+//   troupe torchrun [--nproc-per-node N] [--nnodes MIN:MAX] [--max-restarts K] [--address HOST:PORT]
+//                   [--python PATH] [--run-id ID] script.py args...   (docs/torchrun.md)
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,6 +21,9 @@
 #include <iostream>
 
 #include "head_probe.h"
+#include "torchrun_job.h"
+#include "torchrun_options.h"
+#include "torchrun_slot.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -264,11 +269,62 @@ int cmd_submit(const Args& a) {
   return 127;
 }
 
+// `troupe torchrun ...`: parsed by hand rather than by CLI11, since
+// everything after the script is the script's and torchrun's spellings
+// (--nproc_per_node=2) must pass. Bad input is one line and exit code 2,
+// before anything starts.
+int cmd_torchrun(const std::vector<std::string>& args) {
+  namespace tl = troupe::launcher;
+  tl::TorchrunOptions o;
+  try {
+    o = tl::parse_torchrun_args(args);
+  } catch (const tl::TorchrunUsageError& e) {
+    std::fprintf(stderr, "troupe torchrun: %s\n", e.what());
+    return 2;
+  }
+  if (o.help) {
+    std::fputs(tl::torchrun_usage().c_str(), stdout);
+    return 0;
+  }
+  std::error_code ec;
+  if (!o.module && !fs::is_regular_file(o.script, ec)) {
+    std::fprintf(stderr, "troupe torchrun: script %s: no such file\n", o.script.c_str());
+    return 2;
+  }
+  const char* path = std::getenv("PATH");
+  if (o.address.empty() && tl::find_executable(o.python, path ? path : "").empty()) {
+    std::fprintf(stderr, "troupe torchrun: --python %s: no such interpreter%s\n", o.python.c_str(),
+                 o.python.find('/') == std::string::npos ? " on PATH" : "");
+    return 2;
+  }
+  auto rt = [&] {
+    if (!o.address.empty()) return connect_session(o.address);
+    troupe::InitOptions io;
+    io.node_resources = tl::torchrun_local_resources(o);
+    return troupe::init(io);
+  }();
+  int rc = tl::run_torchrun(rt, o);
+  rt.shutdown();
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);
+  bool torchrun = argc >= 2 && std::string(argv[1]) == "torchrun";
+  // The script's output is what a torchrun user reads: the runtime says
+  // only what went wrong unless asked for more.
+  if (torchrun) setenv(troupe::core::kEnvLogLevel, "warn", 0);
   troupe::core::init_logging("troupe");
+  if (torchrun) {
+    try {
+      return cmd_torchrun(std::vector<std::string>(argv + 2, argv + argc));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "troupe torchrun: %s\n", e.what());
+      return 1;
+    }
+  }
   CLI::App app{"troupe: a C++ actor runtime for data-parallel training"};
   app.require_subcommand(1);
   Args a;
@@ -309,6 +365,8 @@ int main(int argc, char** argv) {
   auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");
   submit->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
   submit->add_option("command", a.command, "driver command")->required();
+  // Listed for --help only: main() hands `troupe torchrun` to cmd_torchrun.
+  app.add_subcommand("torchrun", "run an unmodified torchrun script on the cluster (troupe torchrun --help)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*start) return cmd_start(a);

@@ -65,6 +65,14 @@ struct ChildSetup {
     ::dup2(c.log_fd, 2);
     ::dup2(c.null_fd, 0);
   }
+  if (o.stdin_fd >= 0) ::dup2(o.stdin_fd, 0);
+  if (o.stdout_fd >= 0) ::dup2(o.stdout_fd, 1);
+  if (o.stderr_fd >= 0) ::dup2(o.stderr_fd, 2);
+  if (!o.working_dir.empty() && ::chdir(o.working_dir.c_str()) != 0) {
+    int err = errno;
+    (void)!::write(c.error_fd, &err, sizeof(err));
+    ::_exit(127);
+  }
   for (int fd : o.keep_fds)
     if (fd > 2) ::fcntl(fd, F_SETFD, 0);
   close_all_but(c.keep, c.max_fd);
@@ -236,7 +244,10 @@ pid_t spawn_process(const SpawnOptions& o) {
   envp.push_back(nullptr);
   std::string exe = o.executable;
   std::string arg0 = o.arg0.empty() ? exe : o.arg0;
-  char* argv[] = {arg0.data(), nullptr};
+  std::vector<std::string> args = o.args;
+  std::vector<char*> argv{arg0.data()};
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   int error_pipe[2];
   if (::pipe2(error_pipe, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
   long open_max = ::sysconf(_SC_OPEN_MAX);
@@ -255,7 +266,7 @@ pid_t spawn_process(const SpawnOptions& o) {
   c.keep.erase(std::unique(c.keep.begin(), c.keep.end()), c.keep.end());
 
   pid_t pid = ::fork();
-  if (pid == 0) exec_child(o, c, exe, argv, envp.data());
+  if (pid == 0) exec_child(o, c, exe, argv.data(), envp.data());
   int fork_errno = errno;
   ::close(error_pipe[1]);
   if (c.log_fd >= 0) ::close(c.log_fd);

@@ -18,13 +18,21 @@
 namespace troupe::core {
 
 struct SpawnOptions {
-  std::string executable;        // path given to execve
-  std::string arg0;              // argv[0]; "" = executable
-  std::vector<std::string> env;  // the child's whole environment, KEY=VALUE
-  std::string log_file;          // "" = inherit 0, 1, 2; else stdin /dev/null, stdout+stderr appended here
-  std::vector<int> keep_fds;     // descriptors above 2 the child keeps, under the same numbers
-  bool die_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL)
-  bool new_session = false;      // setsid(), for daemons
+  std::string executable;         // path given to execve
+  std::string arg0;               // argv[0]; "" = executable
+  std::vector<std::string> args;  // argv[1...]
+  std::vector<std::string> env;   // the child's whole environment, KEY=VALUE
+  std::string log_file;           // "" = inherit 0, 1, 2; else stdin /dev/null, stdout+stderr appended here
+  // Descriptors that become the child's stdin, stdout and stderr (-1 = as
+  // log_file says); for a parent that reads the child's output (the
+  // `troupe torchrun` slot forwards its script's lines).
+  int stdin_fd = -1;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+  std::string working_dir;      // "" = the parent's
+  std::vector<int> keep_fds;    // descriptors above 2 the child keeps, under the same numbers
+  bool die_with_parent = true;  // PR_SET_PDEATHSIG(SIGKILL)
+  bool new_session = false;     // setsid(), for daemons
 };
 
 // Forks and execs. Returns the child's pid once it has exec'd; throws

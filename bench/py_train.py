@@ -1,0 +1,185 @@
+"""bench/run py_train: training from Python, a worker SIGKILLed mid-run.
+
+Case torchrun_restart: `troupe torchrun` vs torchrun, the same script
+(examples/torchrun/train_ddp.py, 2 CPU workers, gloo, rank-0 checkpoint
+every epoch) under each, run by the same interpreter. Time = from the
+SIGKILL of rank 1 to the next completed step of the restarted group
+(the step log's timestamps, written by the script); median of --runs.
+The peer is torchrun from a PyPI torch in a venv this benchmark creates
+(<build>/torch-venv, `pip install torch`, no system site packages):
+Debian's own torchrun (torch 1.13, Python 3.11) cannot start a worker
+(docs/torchrun.md). When the venv cannot be made, the row says why in
+`peer_error` and troupe runs the script with --python-fallback.
+
+The other py_train cases of issue 16 (trainjob_recovery_s,
+trainjob_lost_steps, trainer_recovery_s) are not written yet.
+
+Prints one JSON object per line, as every bench/run benchmark does.
+"""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "examples", "torchrun", "train_ddp.py")
+CASES = ["torchrun_restart"]
+NOT_YET = ["trainjob_recovery_s", "trainjob_lost_steps", "trainer_recovery_s"]
+
+
+def log(msg):
+    print(f"py_train: {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_venv(venv):
+    """The venv's python and torchrun, or (None, reason)."""
+    python, torchrun = os.path.join(venv, "bin", "python"), os.path.join(venv, "bin", "torchrun")
+    check = [python, "-c", "import torch, torch.distributed.run; print(torch.__version__)"]
+
+    def version():
+        r = subprocess.run(check, capture_output=True, text=True, timeout=300)
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    if os.path.exists(torchrun) and version():
+        return python, torchrun, version(), None
+    log(f"creating {venv} and installing torch from PyPI (large: a CUDA build and its libraries)")
+    steps = [[sys.executable, "-m", "venv", venv],
+             [python, "-m", "pip", "install", "--quiet", "torch", "numpy"]]
+    for cmd in steps:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        if r.returncode != 0:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
+            return None, None, None, f"{' '.join(cmd[:4])} failed: {tail[0]}"
+    v = version()
+    if not v:
+        return None, None, None, "torch installed in the venv but does not import"
+    return python, torchrun, v, None
+
+
+def read_steps(path):
+    try:
+        with open(path) as f:
+            rows = [line.split() for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+    return [(float(t), int(rank), int(step), int(restart)) for t, rank, step, restart in rows]
+
+
+def wait_until(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.005)
+    raise TimeoutError(f"no {what} within {timeout} s")
+
+
+def stop(proc, pid_dir):
+    """Ends the launcher and whatever scripts it left."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    for name in os.listdir(pid_dir):
+        try:
+            with open(os.path.join(pid_dir, name)) as f:
+                os.kill(int(f.read()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError, FileNotFoundError):
+            pass
+
+
+def one_restart(launcher, warm_steps, timeout, kill_after):
+    """Seconds from SIGKILL of rank 1 to the restarted group's first step."""
+    with tempfile.TemporaryDirectory(prefix="troupe-py-train-") as d:
+        steps, pids = os.path.join(d, "steps"), os.path.join(d, "pids")
+        os.mkdir(pids)
+        args = [SCRIPT, "--epochs", "100000", "--checkpoint", os.path.join(d, "ck.pt"),
+                "--step-log", steps, "--pid-dir", pids, "--step-sleep", "0.01"]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(os.path.join(d, "out"), "w") as out:
+            proc = subprocess.Popen(launcher + args, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True, cwd=d)
+        try:
+            wait_until(lambda: len([s for s in read_steps(steps) if s[3] == 0]) >= warm_steps, timeout,
+                       f"{warm_steps} steps")
+            # Mid-run: the job has trained a while (troupe's spare interpreters are
+            # ready 3 s after a start plus torch's import time).
+            first_step = read_steps(steps)[0][0]
+            time.sleep(max(0.0, first_step + kill_after - time.time()))
+            with open(os.path.join(pids, "rank1.pid")) as f:
+                victim = int(f.read())
+            t0 = time.time()
+            os.kill(victim, signal.SIGKILL)
+            first = wait_until(lambda: [s for s in read_steps(steps) if s[3] >= 1], timeout,
+                               "step after the restart")
+            return min(s[0] for s in first) - t0
+        except Exception:
+            with open(os.path.join(d, "out")) as f:
+                log("launcher output:\n" + f.read()[-3000:])
+            raise
+        finally:
+            stop(proc, pids)
+
+
+def measure(name, launcher, runs, warm_steps, timeout, kill_after):
+    values = []
+    for i in range(runs):
+        v = one_restart(launcher, warm_steps, timeout, kill_after)
+        log(f"{name} run {i + 1}: {v:.3f} s")
+        values.append(v)
+    return values
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", default="torchrun_restart", choices=CASES + NOT_YET)
+    p.add_argument("--troupe", required=True, help="the troupe binary")
+    p.add_argument("--venv", required=True, help="where the peer's PyPI torch lives (created if absent)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--warm-steps", type=int, default=20)
+    p.add_argument("--timeout", type=float, default=180)
+    p.add_argument("--kill-after", type=float, default=10,
+                   help="seconds from the first step to the SIGKILL (both launchers)")
+    p.add_argument("--python-fallback", default="/usr/bin/python3",
+                   help="the interpreter for troupe when the venv cannot be made")
+    p.add_argument("--no-peer", action="store_true", help="measure troupe torchrun alone")
+    a = p.parse_args()
+    a.troupe, a.venv = os.path.abspath(a.troupe), os.path.abspath(a.venv)
+    if a.case in NOT_YET:
+        print(f"py_train: case {a.case} is not implemented yet (issue 16 parts 2-3)", file=sys.stderr)
+        return 2
+    python, torchrun, version, why = (None, None, None, "--no-peer") if a.no_peer else ensure_venv(a.venv)
+    common = ["--nproc-per-node", str(a.nproc), "--max-restarts", "3"]
+    troupe = measure("troupe torchrun", [a.troupe, "torchrun", "--python", python or a.python_fallback] + common,
+                     a.runs, a.warm_steps, a.timeout, a.kill_after)
+    row = {"bench": "py_train", "case": "torchrun_restart", "value": round(statistics.median(troupe), 4),
+           "unit": "s", "runs": [round(v, 4) for v in troupe], "workers": a.nproc,
+           "python": python or a.python_fallback, "kill_after_s": a.kill_after}
+    if torchrun:
+        peer = measure("torchrun", [torchrun] + common, a.runs, a.warm_steps, a.timeout, a.kill_after)
+        row.update({"peer": f"torchrun, torch {version} from PyPI (venv)",
+                    "peer_value": round(statistics.median(peer), 4), "peer_runs": [round(v, 4) for v in peer],
+                    "ratio": round(statistics.median(troupe) / statistics.median(peer), 3)})
+    else:
+        row["peer_error"] = why
+    print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

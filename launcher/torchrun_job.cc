@@ -1,0 +1,378 @@
+#include "torchrun_job.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "torchrun_slot.h"
+#include "troupe/runtime/core/exception_text.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
+#include "troupe/runtime/wire/address.h"
+
+namespace troupe::launcher {
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// How long an attempt waits for MIN nodes (torchrun's join timeout is 600 s).
+constexpr auto kRendezvousTimeout = 300s;
+// How long one placement try waits before the nodes are counted again.
+constexpr auto kPlaceTimeout = 10s;
+// SIGTERM to SIGKILL when an attempt is stopped (torchrun: 30 s; scripts
+// rarely need long, and a fast restart is the point).
+constexpr uint32_t kStopGraceMs = 5000;
+
+std::mutex print_mu;
+
+void say(const std::string& line) {
+  std::lock_guard lock(print_mu);
+  std::fprintf(stderr, "troupe torchrun: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+// How many nodes an attempt spans and what a rank reserves there.
+struct Shape {
+  std::string resource;  // "GPU" or "CPU"
+  int nodes = 0;
+};
+
+// One attempt's group: its placement, its slots (by rank), and a thread per
+// rank printing what the slot forwards.
+struct Attempt {
+  Shape shape;
+  PlacementGroup pg;
+  bool has_pg = false;
+  std::vector<ActorHandle<TorchrunSlot>> slots;
+  std::vector<std::unique_ptr<StreamReader<OutputLine>>> readers;
+  std::vector<std::thread> printers;
+  std::vector<Future<ScriptExit>> exits;
+  bool intact = false;  // every slot outlived the last attempt
+};
+
+// How an attempt ended.
+struct Outcome {
+  bool ok = true;
+  int rank = -1;
+  int exit_code = 0;
+  std::string cause;
+};
+
+int exit_code_of(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+// The first line of the message torch.distributed.elastic's @record wrote.
+std::string error_file_message(const std::string& text) {
+  if (text.empty()) return "";
+  try {
+    auto j = nlohmann::json::parse(text);
+    auto m = j.at("message");
+    std::string s = m.is_object() ? m.at("message").get<std::string>() : m.get<std::string>();
+    return s.substr(0, s.find('\n'));
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+void print_lines(StreamReader<OutputLine>& reader) {
+  try {
+    while (auto l = reader.read()) {
+      std::lock_guard lock(print_mu);
+      FILE* f = l->is_stderr ? stderr : stdout;
+      // torchrun's --tee prefix, "[<role><rank>]:".
+      std::fprintf(f, "[default%d]:%s\n", l->rank, l->text.c_str());
+      std::fflush(f);
+    }
+  } catch (const std::exception&) {
+    // The slot is gone or the stream was cancelled: its lines end here.
+  }
+}
+
+class TorchrunJob {
+ public:
+  TorchrunJob(Runtime& rt, const TorchrunOptions& o) : rt_(rt), o_(o) {
+    run_id_ = o.run_id.empty() ? random_run_id() : o.run_id;
+    std::error_code ec;
+    cwd_ = std::filesystem::current_path(ec).string();
+    if (const char* v = std::getenv("OMP_NUM_THREADS")) {
+      omp_ = v;
+    } else if (o.nproc_per_node > 1) {
+      omp_ = "1";  // as torchrun does, and says so
+      say("setting OMP_NUM_THREADS=1 for each process (torchrun's default with several per node); set it to tune");
+    }
+    if (const char* v = std::getenv("NCCL_ASYNC_ERROR_HANDLING")) nccl_async_ = v;
+  }
+
+  int run() {
+    Attempt a;
+    for (int restart = 0;; ++restart) {
+      Outcome out;
+      try {
+        if (!reusable(a)) {
+          release(a);
+          form(a, Clock::now() + kRendezvousTimeout);
+        }
+        launch(a, restart);
+        TROUPE_LOG_INFO("torchrun: attempt {} launched on {} node(s)", restart, a.shape.nodes);
+        out = watch(a);
+      } catch (const ConfigError& e) {
+        stop(a, restart);
+        release(a);
+        say(e.what());
+        return 1;
+      }
+      TROUPE_LOG_INFO("torchrun: attempt {} ended: {}", restart, out.ok ? "ok" : out.cause);
+      stop(a, restart);
+      TROUPE_LOG_INFO("torchrun: attempt {} stopped", restart);
+      if (out.ok || restart >= o_.max_restarts) release(a);
+      if (out.ok) return 0;
+      if (restart >= o_.max_restarts) {
+        say(out.cause + "; no restarts left (--max-restarts " + std::to_string(o_.max_restarts) + ")");
+        return out.exit_code == 0 ? 1 : out.exit_code;
+      }
+      say(out.cause + "; restarting the group (restart " + std::to_string(restart + 1) + "/" +
+          std::to_string(o_.max_restarts) + ")");
+    }
+  }
+
+ private:
+  // Whether the next attempt can run on the slots of the last one: every
+  // slot survived and no node could be added. Reused slots hand the
+  // launch to their spare interpreters, which have imported torch.
+  bool reusable(const Attempt& a) {
+    if (a.slots.empty() || !a.intact) return false;
+    if (a.shape.nodes >= o_.max_nodes) return true;
+    auto placed = a.pg.info().bundle_nodes;
+    for (auto& n : rt_.nodes()) {
+      if (!n.alive || std::find(placed.begin(), placed.end(), n.id) != placed.end()) continue;
+      auto it = n.available.find(a.shape.resource);
+      if (it != n.available.end() && it->second >= o_.nproc_per_node) return false;
+    }
+    return true;
+  }
+
+  // The shape of the next attempt: the live nodes with room for a node's
+  // ranks, at most MAX of them; waits (bounded) for MIN.
+  Shape choose_shape(Clock::time_point deadline) {
+    bool waiting_said = false;
+    for (;;) {
+      auto nodes = rt_.nodes();
+      Shape s{"CPU", 0};
+      for (auto& n : nodes)
+        if (n.alive && n.total.count("GPU") && n.total.at("GPU") >= o_.nproc_per_node) s.resource = "GPU";
+      for (auto& n : nodes) {
+        auto it = n.available.find(s.resource);
+        if (n.alive && it != n.available.end() && it->second >= o_.nproc_per_node) ++s.nodes;
+      }
+      s.nodes = std::min(s.nodes, o_.max_nodes);
+      if (s.nodes >= o_.min_nodes) return s;
+      if (Clock::now() >= deadline)
+        throw ConfigError("waited " + std::to_string(kRendezvousTimeout.count()) + " s for " +
+                          std::to_string(o_.min_nodes) + " node(s) with " + std::to_string(o_.nproc_per_node) +
+                          " free " + s.resource + "; " + std::to_string(s.nodes) + " have them");
+      if (!waiting_said) say("waiting for " + std::to_string(o_.min_nodes) + " node(s) with room for the group");
+      waiting_said = true;
+      std::this_thread::sleep_for(200ms);
+    }
+  }
+
+  // Places one attempt: retries with a fresh count of the nodes when a
+  // placement does not complete (a node died before the head noticed).
+  void form(Attempt& a, Clock::time_point deadline) {
+    for (;;) {
+      a.shape = choose_shape(deadline);
+      try {
+        if (place(a)) return;
+      } catch (const ConfigError&) {
+        throw;
+      } catch (const std::exception& e) {
+        if (Clock::now() >= deadline) throw ConfigError(std::string("cannot place the group: ") + e.what());
+      }
+      release(a);
+      if (Clock::now() >= deadline) throw ConfigError("cannot place the group within the rendezvous timeout");
+    }
+  }
+
+  bool place(Attempt& a) {
+    int n = o_.nproc_per_node;
+    std::vector<Resources> bundles(static_cast<size_t>(a.shape.nodes), Resources{{a.shape.resource, double(n)}});
+    a.pg = rt_.create_placement_group(bundles, PlacementStrategy::kStrictSpread, "torchrun-" + run_id_);
+    a.has_pg = true;
+    if (!a.pg.wait(kPlaceTimeout)) return false;
+    for (int node = 0; node < a.shape.nodes; ++node)
+      for (int local = 0; local < n; ++local) {
+        ActorOptions ao;
+        ao.resources = {{a.shape.resource, 1.0}};
+        ao.placement_group = &a.pg;
+        ao.bundle_index = node;
+        a.slots.push_back(rt_.spawn<TorchrunSlot>(ao));
+      }
+    for (auto& s : a.slots)
+      if (!s.wait_ready(kPlaceTimeout)) return false;
+    return true;
+  }
+
+  // Every rank's CUDA_VISIBLE_DEVICES on GPU slots: its node's slot GPUs in
+  // local-rank order, so cuda:LOCAL_RANK is the rank's own GPU.
+  std::vector<std::string> gpu_lists(const Attempt& a) {
+    std::vector<std::string> lists(static_cast<size_t>(a.shape.nodes));
+    if (a.shape.resource != "GPU") return lists;
+    for (size_t r = 0; r < a.slots.size(); ++r) {
+      auto& l = lists[r / static_cast<size_t>(o_.nproc_per_node)];
+      for (int g : a.slots[r].info().gpu_ids) l += (l.empty() ? "" : ",") + std::to_string(g);
+    }
+    return lists;
+  }
+
+  void launch(Attempt& a, int restart) {
+    AttemptEnv env{restart, o_.max_restarts, run_id_, "", 0, omp_, nccl_async_};
+    env.master_addr = wire::strip_brackets(wire::parse_address(a.slots[0].info().address).first);
+    env.master_port = a.slots[0].call(&TorchrunSlot::free_port).get();
+    auto gpus = gpu_lists(a);
+    std::vector<Future<int64_t>> started;
+    for (size_t r = 0; r < a.slots.size(); ++r) {
+      RankPlace p{int(r), int(r) % o_.nproc_per_node, int(r) / o_.nproc_per_node, o_.nproc_per_node, a.shape.nodes};
+      ScriptLaunch l{p.rank,  o_.python, o_.module, script_path(), o_.script_args, torchrun_env(p, env), cwd_,
+                     run_id_, restart,   {}};
+      if (a.shape.resource == "GPU") l.env.push_back("CUDA_VISIBLE_DEVICES=" + gpus[size_t(p.group_rank)]);
+      a.readers.push_back(std::make_unique<StreamReader<OutputLine>>(rt_, 64));
+      l.output = a.readers.back()->ref();
+      StreamReader<OutputLine>* reader = a.readers.back().get();
+      a.printers.emplace_back([reader] { print_lines(*reader); });
+      started.push_back(a.slots[r].call(&TorchrunSlot::start, std::move(l)));
+    }
+    for (auto& f : started) f.get(60s);
+    for (auto& s : a.slots) a.exits.push_back(s.call(&TorchrunSlot::wait_exit));
+  }
+
+  // Waits for the first rank that fails, or for all to exit 0.
+  Outcome watch(Attempt& a) {
+    // Shared with the callbacks, which may fire after this returns.
+    struct Done {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::deque<size_t> ranks;
+    };
+    auto done = std::make_shared<Done>();
+    for (size_t r = 0; r < a.exits.size(); ++r)
+      a.exits[r].on_ready([done, r] {
+        std::lock_guard lock(done->mu);
+        done->ranks.push_back(r);
+        done->cv.notify_all();
+      });
+    Outcome out;
+    for (size_t finished = 0; finished < a.exits.size() && out.ok; ++finished) {
+      size_t r;
+      {
+        std::unique_lock lock(done->mu);
+        done->cv.wait(lock, [&] { return !done->ranks.empty(); });
+        r = done->ranks.front();
+        done->ranks.pop_front();
+      }
+      out = outcome_of(a, r);
+    }
+    return out;
+  }
+
+  Outcome outcome_of(Attempt& a, size_t r) {
+    std::string who = "rank " + std::to_string(r);
+    try {
+      ScriptExit e = a.exits[r].get();
+      if (e.started && e.wait_status == 0) return {};
+      std::string cause = who + " " + core::describe_exit_status(e.wait_status);
+      if (auto m = error_file_message(e.error_file_text); !m.empty()) cause += " (" + m + ")";
+      return {false, int(r), e.started ? exit_code_of(e.wait_status) : 1, cause};
+    } catch (const std::exception& ex) {
+      return {false, int(r), 1, who + " lost its slot: " + core::exception_text(std::current_exception())};
+    }
+  }
+
+  // Stops every rank of attempt `restart` (SIGTERM, SIGKILL after the
+  // grace), waits for their exits (bounded) and joins the printers; notes
+  // whether every slot survived, so the next attempt may reuse them.
+  void stop(Attempt& a, int restart) {
+    std::vector<Future<int32_t>> stops;
+    for (auto& s : a.slots) {
+      try {
+        stops.push_back(s.control(StopScript{restart, kStopGraceMs}));
+      } catch (const std::exception&) {
+      }
+    }
+    auto deadline = Clock::now() + std::chrono::milliseconds(kStopGraceMs) + 5s;
+    auto left = [&] {
+      return std::max(0ms, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    };
+    for (auto& f : stops) f.wait_for(left());
+    a.intact = a.exits.size() == a.slots.size();
+    for (auto& f : a.exits) {
+      try {
+        f.get(left());
+      } catch (const std::exception&) {
+        a.intact = false;
+      }
+    }
+    if (!a.intact) release(a);
+    for (auto& reader : a.readers) reader->cancel("the attempt ended");
+    for (auto& t : a.printers) t.join();
+    a.printers.clear();
+    a.readers.clear();
+    a.exits.clear();
+  }
+
+  void release(Attempt& a) {
+    for (auto& s : a.slots) {
+      try {
+        rt_.kill_actor(s.id(), true);
+      } catch (const std::exception&) {
+      }
+    }
+    a.slots.clear();
+    a.intact = false;
+    if (a.has_pg) {
+      try {
+        rt_.remove_placement_group(a.pg);
+      } catch (const std::exception&) {
+      }
+      a.has_pg = false;
+    }
+  }
+
+  // The script as the nodes should find it: absolute when it is a file
+  // here, so it runs from any working directory.
+  std::string script_path() const {
+    if (o_.module) return o_.script;
+    std::error_code ec;
+    auto p = std::filesystem::absolute(o_.script, ec);
+    return ec ? o_.script : p.string();
+  }
+
+  Runtime& rt_;
+  TorchrunOptions o_;
+  std::string run_id_;
+  std::string cwd_;
+  std::string omp_;
+  std::string nccl_async_ = "1";
+};
+
+}  // namespace
+
+int run_torchrun(Runtime& rt, const TorchrunOptions& options) { return TorchrunJob(rt, options).run(); }
+
+Resources torchrun_local_resources(const TorchrunOptions& options) {
+  double cores = std::max(1u, std::thread::hardware_concurrency());
+  return {{"CPU", std::max(cores, double(options.nproc_per_node))}};
+}
+
+}  // namespace troupe::launcher

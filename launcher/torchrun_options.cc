@@ -1,0 +1,193 @@
+#include "torchrun_options.h"
+
+#include <charconv>
+#include <map>
+#include <random>
+
+namespace troupe::launcher {
+
+namespace {
+
+constexpr int kMaxNodes = 4096;
+constexpr int kMaxProcPerNode = 1024;
+constexpr int kMaxRestarts = 1000000;
+
+// A whole decimal number in [lo, hi]; otherwise an error naming the flag
+// and the value.
+int parse_int(const std::string& flag, const std::string& value, int lo, int hi) {
+  int v = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size() || v < lo || v > hi)
+    throw TorchrunUsageError(flag + " " + (value.empty() ? "\"\"" : value) + ": expected a whole number in [" +
+                             std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+// torchrun's flags that take a value, under every spelling it accepts.
+enum class Flag { kNproc, kNnodes, kMaxRestarts, kAddress, kPython, kRunId };
+
+const std::map<std::string, Flag>& value_flags() {
+  static const std::map<std::string, Flag> flags = {
+      {"--nproc-per-node", Flag::kNproc},
+      {"--nproc_per_node", Flag::kNproc},
+      {"--nnodes", Flag::kNnodes},
+      {"--max-restarts", Flag::kMaxRestarts},
+      {"--max_restarts", Flag::kMaxRestarts},
+      {"--address", Flag::kAddress},
+      {"--python", Flag::kPython},
+      {"--run-id", Flag::kRunId},
+      {"--run_id", Flag::kRunId},
+      {"--rdzv-id", Flag::kRunId},
+      {"--rdzv_id", Flag::kRunId},
+  };
+  return flags;
+}
+
+void set_value(TorchrunOptions& o, Flag f, const std::string& flag, const std::string& v) {
+  switch (f) {
+    case Flag::kNproc:
+      o.nproc_per_node = parse_int(flag, v, 1, kMaxProcPerNode);
+      break;
+    case Flag::kNnodes:
+      std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(v);
+      break;
+    case Flag::kMaxRestarts:
+      o.max_restarts = parse_int(flag, v, 0, kMaxRestarts);
+      break;
+    case Flag::kAddress:
+      o.address = v;
+      break;
+    case Flag::kPython:
+      if (v.empty()) throw TorchrunUsageError(flag + " \"\": give an interpreter");
+      o.python = v;
+      break;
+    case Flag::kRunId:
+      if (v.empty()) throw TorchrunUsageError(flag + " \"\": give a run id");
+      o.run_id = v;
+      break;
+  }
+}
+
+// One option at args[i] (a value may follow it); returns the next index.
+size_t parse_option(TorchrunOptions& o, const std::vector<std::string>& args, size_t i) {
+  const std::string& arg = args[i];
+  if (arg == "-h" || arg == "--help") {
+    o.help = true;
+    return i + 1;
+  }
+  if (arg == "-m" || arg == "--module") {
+    o.module = true;
+    return i + 1;
+  }
+  if (arg == "--cold-restart") {
+    o.cold_restarts = true;
+    return i + 1;
+  }
+  // torchrun's single-node rendezvous is what troupe always does.
+  if (arg == "--standalone") return i + 1;
+  auto eq = arg.find('=');
+  std::string flag = arg.substr(0, eq);
+  auto it = value_flags().find(flag);
+  if (it == value_flags().end()) throw TorchrunUsageError("unknown option " + flag + " (see troupe torchrun --help)");
+  if (eq != std::string::npos) {
+    set_value(o, it->second, flag, arg.substr(eq + 1));
+    return i + 1;
+  }
+  if (i + 1 >= args.size()) throw TorchrunUsageError(flag + " needs a value");
+  set_value(o, it->second, flag, args[i + 1]);
+  return i + 2;
+}
+
+}  // namespace
+
+std::pair<int, int> parse_nnodes(const std::string& value) {
+  auto colon = value.find(':');
+  if (colon == std::string::npos) {
+    int n = parse_int("--nnodes", value, 1, kMaxNodes);
+    return {n, n};
+  }
+  auto bad = [&](const std::string& why) {
+    return TorchrunUsageError("--nnodes " + value + ": " + why + " (give N or MIN:MAX with 1 <= MIN <= MAX)");
+  };
+  int lo = 0, hi = 0;
+  try {
+    lo = parse_int("--nnodes", value.substr(0, colon), 1, kMaxNodes);
+    hi = parse_int("--nnodes", value.substr(colon + 1), 1, kMaxNodes);
+  } catch (const TorchrunUsageError&) {
+    throw bad("MIN and MAX must be whole numbers in [1, " + std::to_string(kMaxNodes) + "]");
+  }
+  if (lo > hi) throw bad("MIN is above MAX");
+  return {lo, hi};
+}
+
+TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args) {
+  TorchrunOptions o;
+  size_t i = 0;
+  // Options come before the script; everything after it is the script's.
+  while (i < args.size() && args[i].size() > 1 && args[i][0] == '-' && args[i] != "--") {
+    i = parse_option(o, args, i);
+    if (o.help) return o;
+  }
+  if (i < args.size() && args[i] == "--") ++i;
+  if (i >= args.size())
+    throw TorchrunUsageError("give the training script (troupe torchrun [options] script.py args...)");
+  o.script = args[i];
+  o.script_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+  return o;
+}
+
+std::string torchrun_usage() {
+  return "usage: troupe torchrun [--nproc-per-node N] [--nnodes N|MIN:MAX] [--max-restarts K]\n"
+         "                       [--address HOST:PORT] [--python PATH] [--run-id ID] [-m]\n"
+         "                       [--cold-restart]\n"
+         "                       script.py [args...]\n"
+         "\n"
+         "Runs an unmodified torchrun script on a troupe cluster (an embedded local one without\n"
+         "--address): N worker processes per node, each with torchrun's environment (RANK,\n"
+         "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, ...).\n"
+         "When a worker dies every worker is stopped and the group restarts, up to K times;\n"
+         "with MIN:MAX nodes the group shrinks to the live nodes (not below MIN) and grows\n"
+         "into new ones at a restart. Output lines carry torchrun's [default<rank>]: prefix.\n"
+         "Options also take torchrun's underscore spellings (--nproc_per_node, --max_restarts)\n"
+         "and --flag=value. --python: the interpreter (default python3 on each node's PATH).\n"
+         "Restarts hand the launch to a spare interpreter that imported torch while the last\n"
+         "attempt ran; --cold-restart starts a fresh one instead.\n"
+         "See docs/torchrun.md.\n";
+}
+
+std::vector<std::string> torchrun_env(const RankPlace& p, const AttemptEnv& a) {
+  std::vector<std::string> env = {
+      "LOCAL_RANK=" + std::to_string(p.local_rank),
+      "RANK=" + std::to_string(p.rank),
+      "GROUP_RANK=" + std::to_string(p.group_rank),
+      "ROLE_RANK=" + std::to_string(p.rank),
+      "ROLE_NAME=default",
+      "LOCAL_WORLD_SIZE=" + std::to_string(p.local_world_size),
+      "WORLD_SIZE=" + std::to_string(p.world_size()),
+      "GROUP_WORLD_SIZE=" + std::to_string(p.group_world_size),
+      "ROLE_WORLD_SIZE=" + std::to_string(p.world_size()),
+      "MASTER_ADDR=" + a.master_addr,
+      "MASTER_PORT=" + std::to_string(a.master_port),
+      "TORCHELASTIC_RESTART_COUNT=" + std::to_string(a.restart_count),
+      "TORCHELASTIC_MAX_RESTARTS=" + std::to_string(a.max_restarts),
+      "TORCHELASTIC_RUN_ID=" + a.run_id,
+      // torchrun's c10d rendezvous: rank 0's process hosts the TCP store.
+      "TORCHELASTIC_USE_AGENT_STORE=False",
+      "NCCL_ASYNC_ERROR_HANDLING=" + a.nccl_async_error_handling,
+  };
+  if (!a.omp_num_threads.empty()) env.push_back("OMP_NUM_THREADS=" + a.omp_num_threads);
+  return env;
+}
+
+std::string random_run_id() {
+  std::random_device rd;
+  std::uniform_int_distribution<int> hex(0, 15);
+  std::string id;
+  for (int i = 0; i < 32; ++i) {
+    if (i == 8 || i == 12 || i == 16 || i == 20) id += '-';
+    id += "0123456789abcdef"[hex(rd)];
+  }
+  return id;
+}
+
+}  // namespace troupe::launcher

@@ -1,0 +1,70 @@
+// What `troupe torchrun` is asked to run, parsed from its command line with
+// torchrun's spellings (--nproc-per-node and --nproc_per_node, --flag=value
+// and --flag value), and the environment each rank's script gets: exactly
+// the variables torchrun's elastic agent sets (docs/torchrun.md lists them).
+// Pure functions, so the launcher's tests check them without a cluster.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "troupe/runtime/core/errors.h"
+
+namespace troupe::launcher {
+
+// A command line `troupe torchrun` refuses; the message names the value.
+class TorchrunUsageError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
+struct TorchrunOptions {
+  int nproc_per_node = 1;
+  int min_nodes = 1;  // --nnodes MIN:MAX (or N = N:N)
+  int max_nodes = 1;
+  int max_restarts = 0;
+  std::string address;             // "" = an embedded local cluster
+  std::string python = "python3";  // looked up on each node's PATH unless a path
+  std::string run_id;              // TORCHELASTIC_RUN_ID; "" = a random one
+  bool module = false;             // -m: the script is a module name
+  bool cold_restarts = false;      // --cold-restart: no spare interpreters
+  std::string script;
+  std::vector<std::string> script_args;
+  bool help = false;
+};
+
+// Parses the arguments after `torchrun`; throws TorchrunUsageError.
+TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args);
+// "N" or "MIN:MAX" with 1 <= MIN <= MAX.
+std::pair<int, int> parse_nnodes(const std::string& value);
+std::string torchrun_usage();
+
+// Where one rank sits in the group of one attempt.
+struct RankPlace {
+  int rank = 0;
+  int local_rank = 0;
+  int group_rank = 0;  // the node's index in the group
+  int local_world_size = 1;
+  int group_world_size = 1;  // nodes in the group
+  int world_size() const { return local_world_size * group_world_size; }
+};
+
+// What every rank of one attempt shares.
+struct AttemptEnv {
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string run_id;
+  std::string master_addr;
+  int master_port = 0;
+  std::string omp_num_threads;  // "" = not set (torchrun: 1 when nproc > 1 and unset)
+  std::string nccl_async_error_handling = "1";
+};
+
+// The torchrun variables for one rank, KEY=VALUE (TORCHELASTIC_ERROR_FILE
+// and CUDA_VISIBLE_DEVICES are added where the script runs).
+std::vector<std::string> torchrun_env(const RankPlace& place, const AttemptEnv& attempt);
+
+// The default run id: a random UUID, as torchrun --standalone makes.
+std::string random_run_id();
+
+}  // namespace troupe::launcher

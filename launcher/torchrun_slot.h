@@ -1,0 +1,99 @@
+// The slot actor of `troupe torchrun`: one per rank, placed by the driver in
+// the attempt's placement group. It runs its rank's script as a child
+// process (the interpreter, fork/exec'd in a process group of its own, which
+// dies with the slot), forwards the script's stdout and stderr line by line
+// to the driver over a stream, and reports how the script ended. It links
+// no LibTorch: the script's interpreter does the training, so the `troupe`
+// binary serves it as a worker.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/stream.h"
+
+namespace troupe::launcher {
+
+// One line of a script's output (without its newline).
+struct OutputLine {
+  int32_t rank = 0;
+  bool is_stderr = false;
+  std::string text;
+  TROUPE_FIELDS(rank, is_stderr, text)
+};
+
+// What a slot runs: `python [-m] script args...` with `env` added to the
+// node's environment, in `working_dir` when that exists on the node.
+struct ScriptLaunch {
+  int32_t rank = 0;
+  std::string python;
+  bool module = false;
+  std::string script;
+  std::vector<std::string> args;
+  std::vector<std::string> env;  // torchrun's variables, KEY=VALUE
+  std::string working_dir;
+  std::string run_id;  // names the TORCHELASTIC_ERROR_FILE folder
+  int32_t restart_count = 0;
+  StreamRef output;  // where the lines go
+  // Start a spare interpreter now, which imports torch while this attempt
+  // runs and becomes the next attempt's script (restarts skip the import).
+  bool keep_spare = false;
+  TROUPE_FIELDS(rank, python, module, script, args, env, working_dir, run_id, restart_count, output, keep_spare)
+};
+
+// How a script ended: its wait status (`describe_exit_status` spells it),
+// and the error file it wrote (torch.distributed.elastic's @record), if any.
+struct ScriptExit {
+  bool started = false;
+  int32_t wait_status = 0;
+  std::string error_file_text;
+  TROUPE_FIELDS(started, wait_status, error_file_text)
+};
+
+// Control message: stop attempt `attempt`'s script — SIGTERM to its
+// process group, SIGKILL after `grace_ms` — as torchrun stops its workers
+// (a start() of that attempt that comes later starts nothing). Served
+// beside a running wait_exit(); the reply is 1 when a script was signalled.
+struct StopScript {
+  static constexpr const char* kControlTag = "torchrun.stop";
+  using Reply = int32_t;
+  int32_t attempt = 0;
+  uint32_t grace_ms = 5000;
+  TROUPE_FIELDS(attempt, grace_ms)
+};
+
+// A resource: one per worker process. It may outlive one attempt: the
+// driver reuses the slots of a group whose nodes did not change, and then
+// the next start() hands the launch to the spare interpreter.
+class TorchrunSlot {
+ public:
+  TorchrunSlot();
+  ~TorchrunSlot();
+  TorchrunSlot(const TorchrunSlot&) = delete;
+  TorchrunSlot& operator=(const TorchrunSlot&) = delete;
+
+  // A TCP port free on this node now (rank 0's slot gives MASTER_PORT).
+  int32_t free_port();
+  // Starts the script; returns its pid. ConfigError when the interpreter
+  // is not found or cannot run.
+  int64_t start(ScriptLaunch launch);
+  // Waits until the script exits and its output is forwarded.
+  ScriptExit wait_exit();
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// `name` when it holds a '/', else the first executable `name` in `path`
+// (a PATH value); "" when there is none.
+std::string find_executable(const std::string& name, const std::string& path);
+
+}  // namespace troupe::launcher
+
+TROUPE_ACTOR(troupe::launcher::TorchrunSlot, &troupe::launcher::TorchrunSlot::free_port,
+             &troupe::launcher::TorchrunSlot::start, &troupe::launcher::TorchrunSlot::wait_exit)

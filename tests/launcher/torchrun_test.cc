@@ -1,0 +1,321 @@
+// `troupe torchrun` end to end, with real interpreters and real processes:
+// the environment is torchrun's, output is rank-prefixed, a dead worker
+// restarts the group (and a DDP script resumes from its own checkpoint),
+// max_restarts exhausted is a non-zero exit, a killed node agent shrinks an
+// elastic group, and bad input is one clear line with nothing left running.
+// The parsing and the environment table are also checked without processes.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "launcher/torchrun_options.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/wait.h"
+
+namespace fs = std::filesystem;
+using troupe::test::eventually;
+using troupe::test::kWaitBound;
+namespace tl = troupe::launcher;
+
+namespace {
+
+const std::string kPython = "/usr/bin/python3";
+const std::string kScripts = TROUPE_TORCHRUN_SCRIPTS;
+
+struct CommandResult {
+  int status = -1;
+  std::string output;
+  pid_t session = -1;
+};
+
+// Runs `args` in a session of its own (so what it leaves running can be
+// found), with stdout and stderr together; bounded by the ctest timeout.
+CommandResult run(const std::vector<std::string>& args) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setsid();
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  CommandResult r;
+  r.session = pid;
+  std::array<char, 4096> buf;
+  ssize_t n;
+  while ((n = ::read(fds[0], buf.data(), buf.size())) > 0) r.output.append(buf.data(), size_t(n));
+  ::close(fds[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+std::vector<std::string> torchrun(std::vector<std::string> args) {
+  args.insert(args.begin(), {TROUPE_CLI, "torchrun"});
+  return args;
+}
+
+// Processes still in session `sid` (the command's own session).
+std::vector<pid_t> left_in_session(pid_t sid) {
+  std::vector<pid_t> left;
+  for (auto& e : fs::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    long ppid = 0, pgrp = 0, session = 0;
+    rest >> state >> ppid >> pgrp >> session;
+    if (session == sid && state != "Z") left.push_back(std::stoi(name));
+  }
+  return left;
+}
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+pid_t read_pid(const fs::path& p) {
+  std::ifstream f(p);
+  pid_t pid = -1;
+  f >> pid;
+  return pid;
+}
+
+bool have_torch() {
+  static bool yes = std::system((kPython + " -c 'import torch.distributed' 2>/dev/null").c_str()) == 0;
+  return yes;
+}
+
+class TorchrunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = troupe::test::fresh_dir("torchrun");
+    out_ = dir_ / "out";
+    fs::create_directories(out_);
+    session_ = dir_ / "session";
+    fs::create_directories(session_);
+    fs::permissions(session_, fs::perms::owner_all);
+    setenv("TROUPE_SESSION_DIR", session_.c_str(), 1);
+    unsetenv("TROUPE_TOKEN");
+    unsetenv("OMP_NUM_THREADS");
+  }
+  void TearDown() override {
+    run({TROUPE_CLI, "stop"});
+    unsetenv("TROUPE_SESSION_DIR");
+    fs::remove_all(dir_);
+  }
+  fs::path dir_, out_, session_;
+};
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+}  // namespace
+
+TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
+  auto o = tl::parse_torchrun_args({"--nproc_per_node=3", "--nnodes", "1:4", "--max-restarts", "2", "--standalone",
+                                    "--run_id", "job7", "train.py", "--lr", "0.1", "--nnodes", "x"});
+  EXPECT_EQ(o.nproc_per_node, 3);
+  EXPECT_EQ(o.min_nodes, 1);
+  EXPECT_EQ(o.max_nodes, 4);
+  EXPECT_EQ(o.max_restarts, 2);
+  EXPECT_EQ(o.run_id, "job7");
+  EXPECT_EQ(o.script, "train.py");
+  EXPECT_EQ(o.script_args, (std::vector<std::string>{"--lr", "0.1", "--nnodes", "x"}));
+  EXPECT_EQ(tl::parse_nnodes("2"), std::make_pair(2, 2));
+  EXPECT_TRUE(tl::parse_torchrun_args({"-m", "pkg.train"}).module);
+}
+
+TEST(TorchrunOptions, BadValuesNameThemselves) {
+  auto message = [](std::vector<std::string> args) {
+    try {
+      tl::parse_torchrun_args(args);
+    } catch (const tl::TorchrunUsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message({"--nnodes", "3:1", "a.py"}).find("--nnodes 3:1: MIN is above MAX"), std::string::npos);
+  EXPECT_NE(message({"--nnodes", "x", "a.py"}).find("--nnodes x"), std::string::npos);
+  EXPECT_NE(message({"--nnodes", "0:2", "a.py"}).find("--nnodes 0:2"), std::string::npos);
+  EXPECT_NE(message({"--nproc-per-node", "0", "a.py"}).find("--nproc-per-node 0"), std::string::npos);
+  EXPECT_NE(message({"--nproc_per_node=abc", "a.py"}).find("--nproc_per_node abc"), std::string::npos);
+  EXPECT_NE(message({"--max-restarts", "-1", "a.py"}).find("--max-restarts -1"), std::string::npos);
+  EXPECT_NE(message({"--frobnicate", "a.py"}).find("unknown option --frobnicate"), std::string::npos);
+  EXPECT_NE(message({"--nproc-per-node"}).find("needs a value"), std::string::npos);
+  EXPECT_NE(message({}).find("give the training script"), std::string::npos);
+}
+
+TEST(TorchrunOptions, EnvironmentIsTorchrunsTable) {
+  tl::RankPlace p{5, 1, 2, 2, 3};
+  tl::AttemptEnv a{4, 7, "job", "10.0.0.1", 29500, "1", "1"};
+  auto env = tl::torchrun_env(p, a);
+  std::vector<std::string> want = {"LOCAL_RANK=1",
+                                   "RANK=5",
+                                   "GROUP_RANK=2",
+                                   "ROLE_RANK=5",
+                                   "ROLE_NAME=default",
+                                   "LOCAL_WORLD_SIZE=2",
+                                   "WORLD_SIZE=6",
+                                   "GROUP_WORLD_SIZE=3",
+                                   "ROLE_WORLD_SIZE=6",
+                                   "MASTER_ADDR=10.0.0.1",
+                                   "MASTER_PORT=29500",
+                                   "TORCHELASTIC_RESTART_COUNT=4",
+                                   "TORCHELASTIC_MAX_RESTARTS=7",
+                                   "TORCHELASTIC_RUN_ID=job",
+                                   "TORCHELASTIC_USE_AGENT_STORE=False",
+                                   "NCCL_ASYNC_ERROR_HANDLING=1",
+                                   "OMP_NUM_THREADS=1"};
+  EXPECT_EQ(env, want);
+}
+
+TEST_F(TorchrunTest, EnvironmentIsTorchrunsAndOutputIsRankPrefixed) {
+  auto r = run(torchrun(
+      {"--nproc-per-node", "2", "--run-id", "envtest", "--python", kPython, kScripts + "/env_dump.py", out_.string()}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[default0]:hello from 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[default1]:hello from 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[default1]:oops from 1"), std::string::npos) << r.output;
+  std::string port;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto j = read_json(out_ / ("env-" + std::to_string(rank) + "-0.json"));
+    auto env = j["env"].get<std::map<std::string, std::string>>();
+    std::map<std::string, std::string> want = {{"LOCAL_RANK", std::to_string(rank)},
+                                               {"RANK", std::to_string(rank)},
+                                               {"GROUP_RANK", "0"},
+                                               {"ROLE_RANK", std::to_string(rank)},
+                                               {"ROLE_NAME", "default"},
+                                               {"LOCAL_WORLD_SIZE", "2"},
+                                               {"WORLD_SIZE", "2"},
+                                               {"GROUP_WORLD_SIZE", "1"},
+                                               {"ROLE_WORLD_SIZE", "2"},
+                                               {"MASTER_ADDR", "127.0.0.1"},
+                                               {"TORCHELASTIC_RESTART_COUNT", "0"},
+                                               {"TORCHELASTIC_MAX_RESTARTS", "0"},
+                                               {"TORCHELASTIC_RUN_ID", "envtest"},
+                                               {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+                                               {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+                                               {"OMP_NUM_THREADS", "1"}};
+    for (auto& [k, v] : want) EXPECT_EQ(env[k], v) << k << " of rank " << rank;
+    EXPECT_TRUE(env.count("CUDA_VISIBLE_DEVICES")) << "rank " << rank;
+    EXPECT_FALSE(env["TORCHELASTIC_ERROR_FILE"].empty());
+    int p = std::stoi(env["MASTER_PORT"]);
+    EXPECT_GT(p, 0);
+    if (rank == 0) port = env["MASTER_PORT"];
+    EXPECT_EQ(env["MASTER_PORT"], port);
+    for (auto& [k, v] : env) EXPECT_NE(k.rfind("TROUPE_", 0), 0u) << "leaked " << k;
+    EXPECT_EQ(j["cwd"].get<std::string>(), fs::current_path().string());
+  }
+  EXPECT_TRUE(left_in_session(r.session).empty());
+}
+
+TEST_F(TorchrunTest, MaxRestartsExhaustedExitsNonZeroAndStopsEveryScript) {
+  auto r = run(torchrun({"--nproc-per-node", "2", "--max-restarts", "1", "--python", kPython,
+                         kScripts + "/fail_rank1.py", out_.string()}));
+  EXPECT_EQ(r.status, 3) << r.output;
+  EXPECT_NE(r.output.find("rank 1 exited with code 3; restarting the group (restart 1/1)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("no restarts left (--max-restarts 1)"), std::string::npos) << r.output;
+  for (auto attempt : {"0", "1"})
+    for (auto rank : {"0", "1"}) {
+      pid_t pid = read_pid(out_ / (std::string("pid-") + rank + "-" + attempt));
+      ASSERT_GT(pid, 0) << "rank " << rank << " attempt " << attempt << " never ran";
+      EXPECT_TRUE(eventually([&] { return !alive(pid); })) << "script " << pid << " outlived troupe torchrun";
+    }
+  EXPECT_TRUE(left_in_session(r.session).empty());
+}
+
+TEST_F(TorchrunTest, KilledWorkerRestartsTheGroupWhichResumesFromItsCheckpoint) {
+  if (!have_torch()) GTEST_SKIP() << kPython << " has no torch.distributed";
+  std::string ckpt = (out_ / "ckpt.pt").string();
+  auto r = run(torchrun({"--nproc_per_node=2", "--max_restarts=2", "--python", kPython,
+                         TROUPE_SOURCE_DIR "/examples/torchrun/train_ddp.py", "--checkpoint", ckpt, "--kill-rank", "1",
+                         "--kill-step", "12"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 killed by signal 9"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restart 1/2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[default0]:rank 0: epoch 0 step 8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[default1]:rank 1: resumed from epoch 0 step 8 (restart 1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[default0]:rank 0: epoch 2 step 24 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("world 2 restart 1"), std::string::npos) << r.output;
+  EXPECT_TRUE(left_in_session(r.session).empty());
+}
+
+TEST_F(TorchrunTest, KilledNodeAgentShrinksAnElasticGroup) {
+  auto head = run({TROUPE_CLI, "start", "--head", "--port", "0", "--resources", "CPU=1,GPU=0"});
+  ASSERT_EQ(head.status, 0) << head.output;
+  std::ifstream af(session_ / "address");
+  std::string address;
+  af >> address;
+  auto node = run({TROUPE_CLI, "start", "--address", address, "--resources", "CPU=1,GPU=0"});
+  ASSERT_EQ(node.status, 0) << node.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(node.output, m, std::regex("\\(pid ([0-9]+)\\)"))) << node.output;
+  pid_t node_pid = std::stoi(m[1]);
+
+  auto job = std::async(std::launch::async, [&] {
+    return run(torchrun({"--address", address, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "2",
+                         "--python", kPython, kScripts + "/wait_for_done.py", out_.string()}));
+  });
+  auto up = [&](const std::string& name) { return fs::exists(out_ / name); };
+  ASSERT_TRUE(eventually([&] { return up("up-0-0-2") && up("up-0-1-2"); }))
+      << (job.wait_for(std::chrono::seconds(0)) == std::future_status::ready ? job.get().output : "");
+  ASSERT_EQ(::kill(node_pid, SIGKILL), 0);
+  bool shrunk = eventually([&] { return up("up-1-0-1"); });
+  std::ofstream(out_ / "done") << "1";
+  ASSERT_EQ(job.wait_for(kWaitBound), std::future_status::ready);
+  auto r = job.get();
+  ASSERT_TRUE(shrunk) << r.output;
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("restarting the group (restart 1/2)"), std::string::npos) << r.output;
+  for (auto f : {"up-0-0-2", "up-0-1-2", "up-1-0-1"})
+    EXPECT_TRUE(eventually([&] { return !alive(read_pid(out_ / f)); })) << f;
+}
+
+TEST_F(TorchrunTest, BadInputIsOneClearLineAndLeavesNothingRunning) {
+  std::string script = kScripts + "/env_dump.py";
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  std::vector<Case> cases = {
+      {{"missing_script.py"}, "troupe torchrun: script missing_script.py: no such file"},
+      {{"--nnodes", "3:1", script}, "troupe torchrun: --nnodes 3:1: MIN is above MAX"},
+      {{"--nnodes", "x", script}, "troupe torchrun: --nnodes x: "},
+      {{"--nproc-per-node", "0", script}, "troupe torchrun: --nproc-per-node 0: expected a whole number"},
+      {{"--nproc_per_node", "two", script}, "troupe torchrun: --nproc_per_node two: expected a whole number"},
+      {{"--python", "/no/such/python3", script}, "troupe torchrun: --python /no/such/python3: no such interpreter"},
+  };
+  for (auto& c : cases) {
+    auto r = run(torchrun(c.args));
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_EQ(r.output.rfind(c.says, 0), 0u) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_TRUE(left_in_session(r.session).empty()) << c.says;
+  }
+  auto help = run(torchrun({"--help"}));
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.output.find("usage: troupe torchrun"), std::string::npos);
+}
