@@ -8,13 +8,16 @@
 //   troupe status [--json] [--state ALIVE|PENDING|RESTARTING|DEAD] [--limit N]
 //   troupe stop
 //   troupe submit -- ./my_driver args...
+//   troupe train --model step.pt --data train.npz ... (troupe-train --help)
 #include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 
@@ -264,10 +267,26 @@ int cmd_submit(const Args& a) {
   return 127;
 }
 
+// `troupe train ...` is `troupe-train ...`: training needs LibTorch, which
+// this binary does not link; troupe-train is installed next to it.
+int exec_train(int argc, char** argv) {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  fs::path train = (ec ? fs::path(argv[0]) : self).parent_path() / "troupe-train";
+  std::vector<char*> args = {const_cast<char*>("troupe-train")};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(train.c_str(), args.data());
+  std::fprintf(stderr, "troupe train: cannot run %s (%s); it is built with LibTorch (TROUPE_WITH_TORCH=ON)\n",
+               train.c_str(), std::strerror(errno));
+  return 127;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "train") return exec_train(argc, argv);
   troupe::core::init_logging("troupe");
   CLI::App app{"troupe: a C++ actor runtime for data-parallel training"};
   app.require_subcommand(1);
@@ -309,6 +328,8 @@ int main(int argc, char** argv) {
   auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");
   submit->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
   submit->add_option("command", a.command, "driver command")->required();
+  // Only for --help: `troupe train` is handed to troupe-train before parsing.
+  app.add_subcommand("train", "train a TorchScript step module on .npz arrays (troupe train --help)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*start) return cmd_start(a);
