@@ -10,13 +10,16 @@
 //   troupe submit -- ./my_driver args...
 //   troupe torchrun [--nproc-per-node N] [--nnodes MIN:MAX] [--max-restarts K] [--address HOST:PORT]
 //                   [--python PATH] [--run-id ID] script.py args...   (docs/torchrun.md)
+//   troupe train --model step.pt --data train.npz ... (troupe-train --help)
 #include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 
@@ -308,6 +311,21 @@ int cmd_torchrun(const std::vector<std::string>& args) {
   return rc;
 }
 
+// `troupe train ...` is `troupe-train ...`: training needs LibTorch, which
+// this binary does not link; troupe-train is installed next to it.
+int exec_train(int argc, char** argv) {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  fs::path train = (ec ? fs::path(argv[0]) : self).parent_path() / "troupe-train";
+  std::vector<char*> args = {const_cast<char*>("troupe-train")};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(train.c_str(), args.data());
+  std::fprintf(stderr, "troupe train: cannot run %s (%s); it is built with LibTorch (TROUPE_WITH_TORCH=ON)\n",
+               train.c_str(), std::strerror(errno));
+  return 127;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -316,6 +334,7 @@ int main(int argc, char** argv) {
   // The script's output is what a torchrun user reads: the runtime says
   // only what went wrong unless asked for more.
   if (torchrun) setenv(troupe::core::kEnvLogLevel, "warn", 0);
+  if (argc >= 2 && std::string(argv[1]) == "train") return exec_train(argc, argv);
   troupe::core::init_logging("troupe");
   if (torchrun) {
     try {
@@ -367,6 +386,8 @@ int main(int argc, char** argv) {
   submit->add_option("command", a.command, "driver command")->required();
   // Listed for --help only: main() hands `troupe torchrun` to cmd_torchrun.
   app.add_subcommand("torchrun", "run an unmodified torchrun script on the cluster (troupe torchrun --help)");
+  // Only for --help: `troupe train` is handed to troupe-train before parsing.
+  app.add_subcommand("train", "train a TorchScript step module on .npz arrays (troupe train --help)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*start) return cmd_start(a);

@@ -138,7 +138,7 @@ std::string JobReporter::history() const {
 }
 
 void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t samples,
-                       const std::map<std::string, double>& metrics) {
+                       const std::map<std::string, double>& metrics, double samples_per_second) {
   nlohmann::json j = {{"kind", "step"},
                       {"job", cfg_.name},
                       {"epoch", epoch},
@@ -146,6 +146,8 @@ void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t sam
                       {"loss", loss_sum / samples},
                       {"samples", samples},
                       {"workers", where_().world_size},
+                      {"world_size", where_().world_size},
+                      {"samples_per_s", samples_per_second},
                       {"time", now()}};
   // The step's own metrics under their names; fixed keys win a clash.
   for (const auto& [k, v] : metrics) j.emplace(k, v);

@@ -44,9 +44,10 @@ class JobReporter {
   std::string history() const;
 
   // One optimizer step's sums over all ranks.
-  // `metrics` are the step's reduced metrics.
-  void step(int64_t epoch, int64_t step, double loss_sum, int64_t samples,
-            const std::map<std::string, double>& metrics);
+  // `metrics` are the step's reduced metrics; `samples_per_second` the rate
+  // of the train() round the step was part of.
+  void step(int64_t epoch, int64_t step, double loss_sum, int64_t samples, const std::map<std::string, double>& metrics,
+            double samples_per_second);
   // The live line of a running epoch (terminal only).
   void progress(int64_t epoch, double loss, const std::map<std::string, double>& metrics, double samples_per_second);
   void epoch(const EpochMetrics& em);

@@ -8,6 +8,7 @@
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/trainer/module_model.h"
+#include "troupe/trainer/sync_batch_norm.h"
 
 namespace troupe::trainer {
 namespace {
@@ -40,8 +41,9 @@ struct CnnImpl : torch::nn::Module {
         fc(register_module("fc", torch::nn::Linear(hidden, out))) {}
   torch::Tensor forward(torch::Tensor x) {
     x = x.reshape({x.size(0), channels_, image_, image_});
-    x = torch::relu(bn1->forward(conv1->forward(x)));
-    x = torch::relu(bn2->forward(conv2->forward(x)));
+    // Synchronised over the ranks with TrainerConfig::sync_batchnorm.
+    x = torch::relu(batch_norm(bn1, conv1->forward(x)));
+    x = torch::relu(batch_norm(bn2, conv2->forward(x)));
     x = x.mean({2, 3});
     return fc->forward(x);
   }

@@ -347,6 +347,13 @@ void Run::run_round() {
 int64_t Run::account(const std::vector<TrainReport>& reps) {
   gang_.set_position(reps[0].global_step, reps[0].cursor);
   const auto& first = reps[0];
+  int64_t round_samples = 0;
+  double round_seconds = 0;
+  for (const auto& r : reps) {
+    round_samples += r.samples;
+    round_seconds = std::max(round_seconds, r.seconds);
+  }
+  const double rate = round_seconds > 0 ? static_cast<double>(round_samples) / round_seconds : 0.0;
   for (size_t s = 0; s < first.step_loss_sum.size(); ++s) {
     double l = 0;
     int64_t n = 0;
@@ -359,7 +366,7 @@ int64_t Run::account(const std::vector<TrainReport>& reps) {
     }
     const int64_t st =
         first.global_step - static_cast<int64_t>(first.step_loss_sum.size()) + static_cast<int64_t>(s) + 1;
-    reporter_.step(first.cursor.epoch, st, l, n, finish_metrics(m, first.summed_metrics, n));
+    reporter_.step(first.cursor.epoch, st, l, n, finish_metrics(m, first.summed_metrics, n), rate);
   }
   int64_t samples = 0;
   sums_.summed_metrics = first.summed_metrics;

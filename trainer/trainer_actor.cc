@@ -14,6 +14,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/trainer/gradient_reducer.h"
 #include "troupe/trainer/shm_group.h"
+#include "troupe/trainer/sync_batch_norm.h"
 
 TROUPE_REGISTER_CTOR(troupe::trainer::TrainerActor)
 
@@ -67,6 +68,15 @@ void validate(const TrainerConfig& c) {
   if (c.data.name.empty()) throw ConfigError("no data set given (TrainerConfig::data)");
   if (c.ema_decay < 0 || c.ema_decay >= 1)
     throw ConfigError("ema_decay must be in [0, 1), got " + std::to_string(c.ema_decay));
+  if (!c.validation_data.name.empty() && c.validation_fraction > 0)
+    throw ConfigError("give validation_data (" + c.validation_data.name + ") or validation_fraction (" +
+                      std::to_string(c.validation_fraction) + "), not both");
+  // A TorchScript module runs its own BatchNorm code: there is nothing to
+  // hook (torch.nn.SyncBatchNorm does not script for CPU either).
+  if (c.sync_batchnorm && c.model.name == "torchscript")
+    throw ConfigError("sync_batchnorm: the TorchScript module " + c.model.path +
+                      " normalises with its own code; SyncBatchNorm applies to C++ models (built-in cnn, "
+                      "trainer::batch_norm)");
 }
 
 int64_t train_size(const TrainerConfig& c, int64_t n) {
@@ -165,6 +175,8 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
   dataset_ = actors::make_dataset(config_.data);
   if (train_size(config_, dataset_->size()) <= 0) throw ConfigError("the training split is empty");
   split_ = split_order(config_, dataset_->size());
+  val_dataset_.reset();
+  if (!config_.validation_data.name.empty()) val_dataset_ = actors::make_dataset(config_.validation_data);
   reducer_ = std::make_unique<GradientReducer>(model_->parameters(), nullptr);
   // A trainer set up again (a restart from the initial weights) forgets
   // everything of its earlier run.
@@ -264,6 +276,7 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
   StepOutput out;
   try {
     Autocast autocast(config_.mixed_precision && device_.is_cuda());
+    SyncBatchNormScope sync_bn(config_.sync_batchnorm ? group_.get() : nullptr);
     out = step_fn_->train(*model_, tensors);
   } catch (const c10::Error& e) {
     // The user's model or step refusing this batch (a missing key, a
@@ -446,17 +459,18 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
       params[i].second.copy_(ema_[i]);
     }
   }
-  int64_t n = dataset_->size();
-  int64_t begin = config_.validation_fraction > 0 ? train_size(config_, n) : 0;
+  const actors::Dataset& data = val_dataset_ ? *val_dataset_ : *dataset_;
+  int64_t n = data.size();
+  int64_t begin = !val_dataset_ && config_.validation_fraction > 0 ? train_size(config_, n) : 0;
   EvalReport rep;
   std::vector<int64_t> idx;
   for (int64_t i = begin + rank; i < n; i += world_size)
-    idx.push_back(split_.empty() ? i : split_[static_cast<size_t>(i)]);
+    idx.push_back(split_.empty() || val_dataset_ ? i : split_[static_cast<size_t>(i)]);
   for (size_t s = 0; s < idx.size(); s += 256) {
     std::vector<actors::Sample> samples;
     std::vector<int64_t> chunk(idx.begin() + s, idx.begin() + std::min(idx.size(), s + 256));
-    for (int64_t i : chunk) samples.push_back(dataset_->get(i, 0));
-    auto b = actors::collate(*dataset_, std::move(samples), chunk);
+    for (int64_t i : chunk) samples.push_back(data.get(i, 0));
+    auto b = actors::collate(data, std::move(samples), chunk);
     StepOutput out = step_fn_->eval(*model_, b.tensors.to(device_));
     check_output(out, *step_fn_);
     StepSums sums = sums_of(out, b.size());

@@ -73,9 +73,17 @@ struct TrainerConfig {
   // evaluate() then scores the averaged weights. Kept in the state (and in
   // checkpoints) under the optimizer's "ema/<parameter>" entries.
   double ema_decay = 0.0;
+  // A data set of its own for evaluate() (name "" = none): scored whole,
+  // and the training data is not split (validation_fraction must be 0).
+  actors::DatasetSpec validation_data;
+  // BatchNorm layers of C++ models (the built-in cnn; the user's through
+  // trainer::batch_norm, sync_batch_norm.h) normalise with the statistics
+  // of the whole batch over all ranks, as torch.nn.SyncBatchNorm.
+  bool sync_batchnorm = false;
 
   TROUPE_FIELDS(model, step, optimizer, schedule, seed, batch_size, accumulation, compression, bucket_mb, data,
-                validation_fraction, split_seed, shuffle, threads, device, mixed_precision, shared_memory, ema_decay);
+                validation_fraction, split_seed, shuffle, threads, device, mixed_precision, shared_memory, ema_decay,
+                validation_data, sync_batchnorm);
 };
 
 // Throws troupe::ConfigError naming the first bad field (no data set is
@@ -208,7 +216,8 @@ class TrainerActor {
   // Runs up to max_steps optimizer steps of the cursor's epoch.
   TrainReport train(TrainRequest request);
   // Loss and accuracy on this rank's shard (rank::world) of the validation
-  // split (or of the whole data set when there is no split).
+  // data set, else of the validation split (or of the whole data set when
+  // there is no split).
   EvalReport evaluate(int64_t rank, int64_t world_size);
   TrainState state();
   void load_state(TrainState state);
@@ -265,6 +274,8 @@ class TrainerActor {
   void update_ema();
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<actors::Dataset> dataset_;
+  // TrainerConfig::validation_data, opened (null when none).
+  std::unique_ptr<actors::Dataset> val_dataset_;
   std::vector<int64_t> split_;
   std::unique_ptr<collective::Group> group_;  // the joined group, or a ShmGroup that owns it
   ShmGroup* shm_ = nullptr;                   // group_ itself when it is one

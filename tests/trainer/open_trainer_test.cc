@@ -6,6 +6,8 @@
 //  - C++ pieces registered in this binary (TROUPE_DATASET with a graph
 //    collate, TROUPE_MODEL, TROUPE_STEP) found by the trainers it spawns;
 //  - the built-in regression step;
+//  - SyncBatchNorm: 2 workers train the cnn to the weights of 1 worker on
+//    the whole batch, and heal bitwise;
 //  - bad input: a TorchScript file of the wrong signature, a step without
 //    `loss`, a batch key the model does not expect, a collate that throws.
 #include <gtest/gtest.h>
@@ -312,6 +314,75 @@ TEST_F(OpenTrainerTest, BadInputIsNamed) {
   c.trainer.data = actors::DatasetSpec("test_graphs");
   c.trainer.step.name = "no_such_step";
   expect_error(c, {"unknown step 'no_such_step'"});
+  fs::remove_all(dir);
+}
+
+// SyncBatchNorm in a job: two workers of batch 16 train the built-in cnn to
+// the weights one worker of batch 32 reaches (the same samples make each
+// global batch, and the statistics are the global batch's); without it the
+// BatchNorm statistics are each half's and the weights drift apart.
+TEST_F(OpenTrainerTest, SyncBatchNormTwoWorkersMatchOneWorkerOfTheWholeBatch) {
+  auto cfg = base_job(1);
+  cfg.trainer.model.name = "cnn";
+  cfg.trainer.model.channels = 1;
+  cfg.trainer.model.image_size = 6;
+  cfg.trainer.model.hidden = 6;
+  cfg.trainer.model.num_classes = 3;
+  cfg.trainer.data = actors::DatasetSpec("synthetic_classification")
+                         .set("size", 192)
+                         .set("num_features", 36)
+                         .set("num_classes", 3)
+                         .set("seed", 9);
+  cfg.trainer.optimizer.name = "sgd";
+  cfg.trainer.optimizer.lr = 0.05;
+  cfg.epochs = 1;
+  cfg.trainer.batch_size = 32;
+  const Result one = TrainJob(rt_, cfg).fit();
+  cfg.scaling.num_workers = 2;
+  cfg.trainer.batch_size = 16;
+  cfg.trainer.sync_batchnorm = true;
+  const Result sync = TrainJob(rt_, cfg).fit();
+  cfg.trainer.sync_batchnorm = false;
+  const Result local = TrainJob(rt_, cfg).fit();
+  ASSERT_EQ(one.steps, 6);
+  ASSERT_EQ(sync.steps, 6);
+  double sync_diff = 0, local_diff = 0;
+  for (const auto& [name, t] : one.final_state.model) {
+    if (!t.is_floating_point()) continue;
+    sync_diff = std::max(sync_diff, (sync.final_state.model.at(name) - t).abs().max().item<double>());
+    local_diff = std::max(local_diff, (local.final_state.model.at(name) - t).abs().max().item<double>());
+  }
+  EXPECT_LT(sync_diff, 1e-4) << "sync BatchNorm is off the one-worker run";
+  EXPECT_GT(local_diff, 10 * sync_diff) << "the test cannot tell sync from local statistics";
+  EXPECT_NEAR(sync.history.back().train_loss, one.history.back().train_loss, 1e-4);
+
+  // A trainer killed mid-run heals to the same weights, bit for bit.
+  troupe::testing::FaultInjector faults(rt_);
+  const uint64_t before = faults.last_actor_id();
+  cfg.trainer.sync_batchnorm = true;
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  faults.at_step(2, [&] {
+    auto id = faults.live_actors(kTrainerClass, before).at(1).id;
+    faults.after(2ms, [&faults, id] { faults.kill_actor(id); });
+  });
+  const Result hurt = TrainJob(rt_, cfg).fit();
+  ASSERT_EQ(hurt.recoveries.size(), 1u);
+  test::expect_bitwise_equal(sync.final_state, hurt.final_state);
+  cfg.on_step = nullptr;
+
+  // A TorchScript module's BatchNorm cannot be synchronised: refused.
+  auto dir = test::fresh_dir("sync-bn");
+  std::ofstream(dir / "step.pt") << "not read by validate()";
+  cfg.trainer.model.name = "torchscript";
+  cfg.trainer.model.path = (dir / "step.pt").string();
+  cfg.trainer.sync_batchnorm = true;
+  try {
+    validate(cfg.trainer);
+    ADD_FAILURE() << "sync_batchnorm with a TorchScript model was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sync_batchnorm"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(cfg.trainer.model.path), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
 }
 

@@ -1,10 +1,12 @@
 // Unit tests of the trainer layer, in one process: model factory, the
 // optimizers against torch.optim's rules, the LR schedule, and the
 // GradientReducer on a world-size-1 group and on two ranks (two threads,
-// each a GlooGroup member over an in-memory KV store).
+// each a GlooGroup member over an in-memory KV store), and SyncBatchNorm
+// against one process on the concatenated batch.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -17,6 +19,7 @@
 #include "troupe/trainer/model.h"
 #include "troupe/trainer/optimizer.h"
 #include "troupe/trainer/shm_group.h"
+#include "troupe/trainer/sync_batch_norm.h"
 
 using namespace troupe;
 using namespace troupe::trainer;
@@ -369,3 +372,83 @@ TEST(ShmGroupTest, ReducerBucketsInSharedMemory) {
 }
 
 }  // namespace
+
+namespace {
+
+ModelSpec small_cnn() {
+  ModelSpec s;
+  s.name = "cnn";
+  s.channels = 2;
+  s.image_size = 5;
+  s.hidden = 6;
+  s.num_classes = 3;
+  return s;
+}
+
+std::map<std::string, torch::Tensor> buffers_of(Model& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& [k, v] : m.named_buffers()) out[k] = v.detach().clone();
+  return out;
+}
+
+}  // namespace
+
+// Two ranks with SyncBatchNorm, each on half of a batch, compute what one
+// process computes on the whole batch: the outputs, the BatchNorm running
+// statistics and (after the reducer's average) the gradients; without it
+// each rank's statistics are its own half's.
+TEST(SyncBatchNormTest, TwoRanksEqualOneProcessOnTheConcatenatedBatch) {
+  torch::manual_seed(21);
+  auto x = torch::randn({12, 2 * 5 * 5}) * 2 + 0.5;
+  auto y = torch::randint(0, 3, {12});
+  auto ref = seeded_model(small_cnn(), 4);
+  auto ref_out = ref->forward(x);
+  torch::nn::functional::cross_entropy(ref_out, y).backward();
+  const auto ref_buffers = buffers_of(*ref);
+  run_ranks(2, [&](int rank, collective::Group& g) {
+    auto m = seeded_model(small_cnn(), 4);
+    GradientReducer reducer(m->parameters(), &g);
+    auto xs = x.narrow(0, rank * 6, 6), ys = y.narrow(0, rank * 6, 6);
+    torch::Tensor out;
+    {
+      SyncBatchNormScope scope(&g);
+      out = m->forward(xs);
+      reducer.prepare(true);
+      torch::nn::functional::cross_entropy(out, ys).backward();
+    }
+    reducer.finish();
+    EXPECT_TRUE(torch::allclose(out, ref_out.narrow(0, rank * 6, 6), 1e-5, 1e-5))
+        << "rank " << rank << " outputs differ by " << (out - ref_out.narrow(0, rank * 6, 6)).abs().max().item<float>();
+    for (auto& [k, v] : buffers_of(*m))
+      EXPECT_TRUE(torch::allclose(v.to(torch::kDouble), ref_buffers.at(k).to(torch::kDouble), 1e-5, 1e-6))
+          << "rank " << rank << " buffer " << k;
+    auto pa = m->named_parameters(), pb = ref->named_parameters();
+    for (size_t i = 0; i < pa.size(); ++i)
+      EXPECT_TRUE(torch::allclose(pa[i].second.grad(), pb[i].second.grad(), 1e-4, 1e-5))
+          << "rank " << rank << " gradient of " << pa[i].first << " differs by "
+          << (pa[i].second.grad() - pb[i].second.grad()).abs().max().item<float>();
+    // Outside a scope the layers use this rank's own statistics.
+    auto local = seeded_model(small_cnn(), 4);
+    EXPECT_FALSE(torch::allclose(local->forward(xs), ref_out.narrow(0, rank * 6, 6), 1e-3, 1e-3));
+  });
+}
+
+// trainer::batch_norm() outside a scope (or in eval mode) is the layer's own
+// forward, bit for bit; in a scope of one rank too.
+TEST(SyncBatchNormTest, LocalPathIsTheLayersOwnForward) {
+  torch::manual_seed(5);
+  auto x = torch::randn({7, 4, 3});
+  torch::nn::BatchNorm1d a(4), b(4);
+  EXPECT_TRUE(torch::equal(batch_norm(a, x), b->forward(x)));
+  run_ranks(1, [&](int, collective::Group& g) {
+    SyncBatchNormScope scope(&g);
+    EXPECT_TRUE(torch::equal(batch_norm(a, x), b->forward(x)));
+  });
+  EXPECT_TRUE(torch::equal(a->running_mean, b->running_mean));
+  a->eval();
+  b->eval();
+  run_ranks(2, [&](int, collective::Group& g) {
+    SyncBatchNormScope scope(&g);
+    EXPECT_TRUE(torch::equal(batch_norm(a, x), b->forward(x)));
+  });
+}

@@ -1,0 +1,278 @@
+#include "train_options.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+
+#include "troupe/runtime/core/errors.h"
+#include "troupe/trainer/model.h"
+#include "yaml_to_json.h"
+
+namespace fs = std::filesystem;
+
+namespace troupe::launcher {
+namespace {
+
+using Json = nlohmann::json;
+
+// One job-file key: how to store its value into TrainOptions.
+using Setter = std::function<void(const Json&, TrainOptions&)>;
+
+template <class T>
+Setter field(T TrainOptions::*member) {
+  return [member](const Json& v, TrainOptions& o) { o.*member = v.get<T>(); };
+}
+
+const std::map<std::string, Setter>& job_keys() {
+  static const std::map<std::string, Setter> keys = {
+      {"model", field(&TrainOptions::model)},
+      {"model_options", field(&TrainOptions::model_options)},
+      {"data", field(&TrainOptions::data)},
+      {"val_data", field(&TrainOptions::val_data)},
+      {"workers", field(&TrainOptions::workers)},
+      {"epochs", field(&TrainOptions::epochs)},
+      {"batch_size", field(&TrainOptions::batch_size)},
+      {"optimizer", field(&TrainOptions::optimizer)},
+      {"lr", field(&TrainOptions::lr)},
+      {"weight_decay", field(&TrainOptions::weight_decay)},
+      {"warmup_steps", field(&TrainOptions::warmup_steps)},
+      {"grad_clip", field(&TrainOptions::grad_clip)},
+      {"max_failures", field(&TrainOptions::max_failures)},
+      {"checkpoint_dir", field(&TrainOptions::checkpoint_dir)},
+      {"metrics", field(&TrainOptions::metrics)},
+      {"address", field(&TrainOptions::address)},
+      {"seed", field(&TrainOptions::seed)},
+      {"sync_batchnorm", field(&TrainOptions::sync_batchnorm)},
+      {"cpus_per_worker", field(&TrainOptions::cpus_per_worker)},
+      {"log_every", field(&TrainOptions::log_every)},
+      {"name", field(&TrainOptions::name)},
+  };
+  return keys;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+Json parse_job_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read job file " + path + ": " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (ends_with(path, ".yaml") || ends_with(path, ".yml")) return yaml_to_json(text.str(), path);
+  try {
+    return Json::parse(text.str());
+  } catch (const Json::parse_error& e) {
+    throw ConfigError("job file " + path + " is not JSON: " + e.what());
+  }
+}
+
+// The value after --config, if any: the job file is read before the flags
+// so that flags override it.
+std::string config_arg(int argc, char** argv) {
+  std::string path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) path = argv[i + 1];
+    if (a.rfind("--config=", 0) == 0) path = a.substr(9);
+  }
+  return path;
+}
+
+int64_t parse_int(const std::string& what, const std::string& text) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw ConfigError(what + ": '" + text + "' is not an integer");
+  return v;
+}
+
+void add_flags(CLI::App& app, TrainOptions& o) {
+  // A flag given twice: the last one counts (as a flag overrides the job file).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--config", o.config, "a JSON (or YAML) job file with the same fields; flags override it");
+  app.add_option("--model", o.model,
+                 "TorchScript step module (forward(Dict[str, Tensor]) -> Dict[str, Tensor] with a 'loss'), or a "
+                 "built-in model name (mlp, cnn)");
+  app.add_option_function<std::vector<std::string>>(
+         "--model-option",
+         [&o](const std::vector<std::string>& pairs) {
+           for (const auto& kv : pairs) {
+             auto eq = kv.find('=');
+             if (eq == std::string::npos) throw ConfigError("--model-option " + kv + ": expected KEY=VALUE");
+             o.model_options[kv.substr(0, eq)] = parse_int("--model-option " + kv, kv.substr(eq + 1));
+           }
+         },
+         "a built-in model's size, e.g. hidden=64 (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--data", o.data, ".npz of the training data: each array a batch key, first dimension the sample");
+  app.add_option("--val-data", o.val_data, ".npz scored after each epoch (same keys as --data)");
+  app.add_option("--workers", o.workers, "data-parallel trainers");
+  app.add_option("--epochs", o.epochs, "passes over --data");
+  app.add_option("--batch-size", o.batch_size, "samples per worker per step");
+  app.add_option("--optimizer", o.optimizer, "sgd or adamw");
+  app.add_option("--lr", o.lr, "learning rate");
+  app.add_option("--weight-decay", o.weight_decay, "L2 (sgd) or decoupled (adamw) weight decay");
+  app.add_option("--warmup-steps", o.warmup_steps, "linear learning-rate warmup over the first N steps");
+  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (0 = off)");
+  app.add_option("--max-failures", o.max_failures, "trainer failures healed before giving up (-1 = no limit)");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (model.pt loads with torch.load)");
+  app.add_option("--metrics", o.metrics, "JSON lines: one per step, epoch and event");
+  app.add_option("--address", o.address, "HOST:PORT of a running cluster (default: an embedded one)");
+  app.add_option("--seed", o.seed, "seeds the sampler's shuffle");
+  app.add_flag("--sync-batchnorm", o.sync_batchnorm,
+               "BatchNorm statistics over the whole batch of all workers (C++ models: cnn)");
+  app.add_option("--cpus-per-worker", o.cpus_per_worker, "CPU each trainer reserves");
+  app.add_option("--log-every", o.log_every, "optimizer steps between progress updates");
+  app.add_option("--name", o.name, "job name on the console and in the metrics file");
+}
+
+// A double as the user would write it (1, 0.001, 1e-08).
+std::string num(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw ConfigError(what);
+}
+
+void check_file(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw ConfigError(flag + " " + path + ": no such file");
+  std::ifstream in(path);
+  if (!in) throw ConfigError(flag + " " + path + ": cannot read it: " + std::strerror(errno));
+}
+
+bool is_model_name(const std::string& model) {
+  for (const auto& n : trainer::model_names())
+    if (n == model && n != "torchscript") return true;
+  return false;
+}
+
+trainer::ModelSpec model_spec(const TrainOptions& o) {
+  trainer::ModelSpec m;
+  if (!is_model_name(o.model)) {
+    m.name = "torchscript";
+    m.path = fs::absolute(o.model).string();
+    return m;
+  }
+  m.name = o.model;
+  static const std::map<std::string, int64_t trainer::ModelSpec::*> sizes = {
+      {"input_dim", &trainer::ModelSpec::input_dim},
+      {"hidden", &trainer::ModelSpec::hidden},
+      {"num_classes", &trainer::ModelSpec::num_classes},
+      {"channels", &trainer::ModelSpec::channels},
+      {"image_size", &trainer::ModelSpec::image_size}};
+  for (const auto& [k, v] : o.model_options) {
+    auto it = sizes.find(k);
+    if (it == sizes.end())
+      throw ConfigError("model option '" + k + "' is not one of input_dim, hidden, num_classes, channels, image_size");
+    m.*(it->second) = v;
+  }
+  return m;
+}
+
+}  // namespace
+
+void read_job_file(const std::string& path, TrainOptions& o) {
+  Json j = parse_job_file(path);
+  if (!j.is_object()) throw ConfigError("job file " + path + " must hold an object of fields, got " + j.type_name());
+  for (const auto& [key, value] : j.items()) {
+    auto it = job_keys().find(key);
+    if (it == job_keys().end()) {
+      std::string known;
+      for (const auto& [k, s] : job_keys()) known += (known.empty() ? "" : ", ") + k;
+      throw ConfigError("job file " + path + ": unknown key '" + key + "' (known: " + known + ")");
+    }
+    try {
+      it->second(value, o);
+    } catch (const Json::exception&) {
+      throw ConfigError("job file " + path + ": key '" + key + "' has the wrong type (" + value.dump() + ")");
+    }
+  }
+  o.config = path;
+}
+
+bool parse_train_args(int argc, char** argv, TrainOptions& o) {
+  if (std::string path = config_arg(argc, argv); !path.empty()) read_job_file(path, o);
+  CLI::App app{
+      "troupe train: trains a TorchScript step module on .npz arrays with data-parallel workers, heal, "
+      "checkpoints and metrics; no C++ needed",
+      "troupe train"};
+  add_flags(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return false;
+  } catch (const CLI::ParseError& e) {
+    throw ConfigError(e.what());
+  }
+  return true;
+}
+
+void check(const TrainOptions& o) {
+  require(!o.model.empty(), "no model: give --model step.pt (or \"model\" in the job file)");
+  require(!o.data.empty(), "no data: give --data train.npz");
+  require(!o.checkpoint_dir.empty(), "no checkpoint directory: give --checkpoint-dir DIR");
+  if (!is_model_name(o.model)) check_file("--model", o.model);
+  check_file("--data", o.data);
+  if (!o.val_data.empty()) check_file("--val-data", o.val_data);
+  require(o.workers >= 1, "--workers must be at least 1, got " + std::to_string(o.workers));
+  require(o.epochs >= 1, "--epochs must be at least 1, got " + std::to_string(o.epochs));
+  require(o.batch_size >= 1, "--batch-size must be at least 1, got " + std::to_string(o.batch_size));
+  require(o.optimizer == "sgd" || o.optimizer == "adamw",
+          "--optimizer must be sgd or adamw, got '" + o.optimizer + "'");
+  require(o.lr > 0, "--lr must be positive, got " + num(o.lr));
+  require(o.warmup_steps >= 0, "--warmup-steps must not be negative, got " + std::to_string(o.warmup_steps));
+  require(o.grad_clip >= 0, "--grad-clip must not be negative, got " + num(o.grad_clip));
+  require(o.grad_clip == 0,
+          "--grad-clip " + num(o.grad_clip) + ": gradient clipping is not supported by this build yet (leave it at 0)");
+  require(o.max_failures >= -1, "--max-failures must be -1 (no limit) or more, got " + std::to_string(o.max_failures));
+  require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
+  require(o.cpus_per_worker > 0, "--cpus-per-worker must be positive, got " + num(o.cpus_per_worker));
+  std::error_code ec;
+  fs::create_directories(o.checkpoint_dir, ec);
+  if (ec) throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + ": " + ec.message());
+}
+
+trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
+  trainer::TrainJobConfig c;
+  c.name = o.name;
+  c.scaling.num_workers = o.workers;
+  c.scaling.resources_per_worker = {{"CPU", o.cpus_per_worker}};
+  c.trainer.model = model_spec(o);
+  c.trainer.data = actors::DatasetSpec("npz").set("path", fs::absolute(o.data).string());
+  if (!o.val_data.empty())
+    c.trainer.validation_data = actors::DatasetSpec("npz").set("path", fs::absolute(o.val_data).string());
+  c.trainer.batch_size = o.batch_size;
+  c.trainer.seed = o.seed;
+  c.trainer.optimizer.name = o.optimizer;
+  c.trainer.optimizer.lr = o.lr;
+  c.trainer.optimizer.weight_decay = o.weight_decay;
+  c.trainer.schedule.warmup_steps = o.warmup_steps;
+  c.trainer.sync_batchnorm = o.sync_batchnorm;
+  c.epochs = o.epochs;
+  c.failure.max_failures = o.max_failures;
+  c.checkpoint.dir = fs::absolute(o.checkpoint_dir).string();
+  c.checkpoint.at_epoch_end = true;
+  c.metrics_path = o.metrics.empty() ? "" : fs::absolute(o.metrics).string();
+  c.evaluate = !o.val_data.empty();
+  c.progress_every_steps = o.log_every;
+  trainer::validate(c);
+  return c;
+}
+
+}  // namespace troupe::launcher

@@ -1,0 +1,64 @@
+// What `troupe train` is asked to do: the command line and the JSON (or
+// YAML) job file it may name, read into one TrainOptions, checked, and made
+// into the TrainJobConfig the driver runs. A job file holds the same fields
+// as the flags, spelt with underscores ({"model": "step.pt", "batch_size":
+// 64, ...}); a flag given on the command line overrides the file.
+//
+// Every problem is a troupe::ConfigError whose message is one line naming
+// the flag, key, file or value at fault.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "troupe/trainer/train_job.h"
+
+namespace troupe::launcher {
+
+struct TrainOptions {
+  // A TorchScript file (forward(Dict[str, Tensor]) -> Dict[str, Tensor]
+  // returning `loss`), or the name of a built-in or registered model whose
+  // sizes come from model_options (hidden, num_classes, input_dim, channels,
+  // image_size).
+  std::string model;
+  std::map<std::string, int64_t> model_options;
+  std::string data;      // .npz
+  std::string val_data;  // .npz, "" = no evaluation
+  int64_t workers = 1;
+  int64_t epochs = 1;
+  int64_t batch_size = 32;
+  std::string optimizer = "adamw";
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  int64_t warmup_steps = 0;
+  double grad_clip = 0.0;  // 0 = off
+  int64_t max_failures = 0;
+  std::string checkpoint_dir;
+  std::string metrics;  // JSON lines, "" = none
+  std::string address;  // "" = an embedded cluster of this machine
+  int64_t seed = 0;
+  bool sync_batchnorm = false;
+  double cpus_per_worker = 1.0;
+  // Optimizer steps between progress updates (the driver's train() rounds).
+  int64_t log_every = 10;
+  std::string name = "train";
+  std::string config;  // the job file read, for messages
+};
+
+// Reads a job file (.json, or .yaml/.yml) into `o`. Unknown keys and values
+// of the wrong type are errors naming the key and the file.
+void read_job_file(const std::string& path, TrainOptions& o);
+
+// The command line, after `troupe train` (argv[0] is the program). Returns
+// false when it printed --help (nothing more to do).
+bool parse_train_args(int argc, char** argv, TrainOptions& o);
+
+// Bad values and files that are not there, naming them; reads nothing
+// large.
+void check(const TrainOptions& o);
+
+trainer::TrainJobConfig to_job_config(const TrainOptions& o);
+
+}  // namespace troupe::launcher

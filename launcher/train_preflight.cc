@@ -1,0 +1,85 @@
+#include "train_preflight.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/batch.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/trainer/train_step.h"
+
+namespace troupe::launcher {
+namespace {
+
+// The last non-empty line of a (TorchScript) error: where its traceback
+// ends, the line that says what went wrong.
+std::string last_line(const std::string& text) {
+  size_t end = text.find_last_not_of(" \n\r\t");
+  if (end == std::string::npos) return text;
+  size_t begin = text.rfind('\n', end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+}
+
+std::string path_of(const actors::DatasetSpec& spec) {
+  auto it = spec.strings.find("path");
+  return it == spec.strings.end() ? spec.name : it->second;
+}
+
+actors::Batch first_batch(const actors::DatasetSpec& spec, int64_t batch_size) {
+  auto data = actors::make_dataset(spec);
+  if (data->size() <= 0) throw ConfigError(path_of(spec) + " holds no samples");
+  const int64_t n = std::min<int64_t>(data->size(), std::max<int64_t>(2, std::min<int64_t>(batch_size, 4)));
+  std::vector<actors::Sample> samples;
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < n; ++i) {
+    samples.push_back(data->get(i, 0));
+    idx.push_back(i);
+  }
+  return actors::collate(*data, std::move(samples), idx);
+}
+
+// One step of `step` on `batch` (train or eval), its failure made a
+// one-line ConfigError naming the model, the data file and the keys.
+void try_step(trainer::TrainStep& step, trainer::Model& model, const actors::Batch& batch, bool train,
+              const std::string& data_file) {
+  trainer::StepOutput out;
+  const std::string where =
+      "the model " + model.describe() + " on the first samples of " + data_file + " " + batch.tensors.describe();
+  try {
+    model.train(train);
+    if (train) {
+      out = step.train(model, batch.tensors);
+    } else {
+      torch::NoGradGuard ng;
+      out = step.eval(model, batch.tensors);
+    }
+  } catch (const c10::Error& e) {
+    throw ConfigError(where + " failed: " + last_line(e.what_without_backtrace()));
+  } catch (const ConfigError& e) {
+    throw ConfigError(where + ": " + e.what());
+  } catch (const std::exception& e) {
+    // The TorchScript interpreter's errors (a KeyError for a missing batch
+    // key) are std::runtime_errors with the script's traceback.
+    throw ConfigError(where + " failed: " + last_line(e.what()));
+  }
+  trainer::check_output(out, step);
+  if (train && !out.loss.requires_grad())
+    throw ConfigError(where + ": the 'loss' it returned does not depend on the parameters");
+}
+
+}  // namespace
+
+void preflight(const trainer::TrainerConfig& config) {
+  torch::manual_seed(static_cast<uint64_t>(config.seed));
+  auto model = trainer::make_model(config.model);
+  auto step = trainer::make_step(config.step, *model);
+  try_step(*step, *model, first_batch(config.data, config.batch_size), true, path_of(config.data));
+  if (!config.validation_data.name.empty())
+    try_step(*step, *model, first_batch(config.validation_data, config.batch_size), false,
+             path_of(config.validation_data));
+}
+
+}  // namespace troupe::launcher

@@ -1,0 +1,93 @@
+// troupe-train: `troupe train`, the driver and the worker in one binary.
+// The `troupe` CLI stays free of LibTorch and execs this program, installed
+// next to it, with the arguments after `train`. As the driver it reads the
+// flags (or a job file), checks the files and runs the step once on the
+// first samples (train_preflight.h), starts an embedded cluster (or connects
+// to --address), runs a TrainJob with progress on the console and exits 0,
+// or non-zero with one line `troupe train: <reason>`: 2 for bad input, 1 for
+// a run that failed. The trainers it spawns run this same executable.
+//
+//   troupe train --model step.pt --data train.npz --workers 2 --epochs 3
+//                --batch-size 64 --optimizer adamw --lr 1e-3 --checkpoint-dir ckpt
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "train_options.h"
+#include "train_preflight.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/trainer/train_job.h"
+
+namespace {
+
+using troupe::launcher::TrainOptions;
+
+std::string first_line(const std::string& text) {
+  std::string s = text.substr(0, text.find('\n'));
+  return s.empty() ? text : s;
+}
+
+int fail(int code, const std::string& reason) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "troupe train: %s\n", first_line(reason).c_str());
+  return code;
+}
+
+// An embedded cluster, or the one at --address with the token the C++
+// client finds (TROUPE_TOKEN, else the session directory's).
+troupe::Runtime connect(const TrainOptions& o) {
+  std::vector<std::string> args = {"troupe-train"};
+  if (!o.address.empty()) args.insert(args.end(), {"--address", o.address});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return troupe::init(static_cast<int>(argv.size()), argv.data());
+}
+
+void print_summary(const troupe::trainer::Result& r) {
+  if (!r.history.empty()) {
+    const auto& last = r.history.back();
+    std::printf("troupe train: done, %lld steps, final loss %.4f", static_cast<long long>(r.steps), last.train_loss);
+    if (last.val_count > 0) std::printf(", val_loss %.4f", last.val_loss);
+    std::printf(", %zu failure(s) healed\n", r.recoveries.size());
+  }
+  if (r.last_checkpoint)
+    std::printf("troupe train: final checkpoint %s (model.pt loads with torch.load)\n",
+                r.last_checkpoint->path.c_str());
+  std::fflush(stdout);
+}
+
+int run(const TrainOptions& o, troupe::trainer::TrainJobConfig cfg) {
+  troupe::Runtime rt = connect(o);
+  troupe::trainer::Result r = troupe::trainer::TrainJob(rt, std::move(cfg)).fit();
+  print_summary(r);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  troupe::run_role_if_requested(argc, argv);
+  // The console is the job's progress: the runtime's own info and warning
+  // lines (actors placed, stopped at the end) only when asked for. The
+  // cluster's processes inherit this.
+  setenv("TROUPE_LOG_LEVEL", "error", /*overwrite=*/0);
+  TrainOptions o;
+  troupe::trainer::TrainJobConfig cfg;
+  try {
+    if (!troupe::launcher::parse_train_args(argc, argv, o)) return 0;
+    troupe::launcher::check(o);
+    cfg = troupe::launcher::to_job_config(o);
+    troupe::launcher::preflight(cfg.trainer);
+  } catch (const std::exception& e) {
+    return fail(2, e.what());
+  }
+  try {
+    return run(o, std::move(cfg));
+  } catch (const troupe::ConfigError& e) {
+    return fail(2, e.what());
+  } catch (const std::exception& e) {
+    return fail(1, e.what());
+  }
+}

@@ -1,0 +1,70 @@
+#include "yaml_to_json.h"
+
+#include <yaml.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "troupe/runtime/core/errors.h"
+
+namespace troupe::launcher {
+namespace {
+
+using Json = nlohmann::json;
+
+Json scalar(const yaml_node_t& n) {
+  std::string s(reinterpret_cast<const char*>(n.data.scalar.value), n.data.scalar.length);
+  if (n.data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return s;
+  if (s == "true" || s == "True") return true;
+  if (s == "false" || s == "False") return false;
+  if (s == "null" || s == "~" || s.empty()) return nullptr;
+  char* end = nullptr;
+  long long i = std::strtoll(s.c_str(), &end, 10);
+  if (end && *end == '\0') return static_cast<int64_t>(i);
+  double d = std::strtod(s.c_str(), &end);
+  if (end && *end == '\0') return d;
+  return s;
+}
+
+Json convert(yaml_document_t& doc, yaml_node_t* n, int depth) {
+  if (!n) return nullptr;
+  if (depth > 64) throw ConfigError("YAML nested deeper than 64 levels");
+  switch (n->type) {
+    case YAML_SCALAR_NODE:
+      return scalar(*n);
+    case YAML_SEQUENCE_NODE: {
+      Json a = Json::array();
+      for (auto* it = n->data.sequence.items.start; it < n->data.sequence.items.top; ++it)
+        a.push_back(convert(doc, yaml_document_get_node(&doc, *it), depth + 1));
+      return a;
+    }
+    case YAML_MAPPING_NODE: {
+      Json o = Json::object();
+      for (auto* p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; ++p) {
+        Json key = convert(doc, yaml_document_get_node(&doc, p->key), depth + 1);
+        o[key.is_string() ? key.get<std::string>() : key.dump()] =
+            convert(doc, yaml_document_get_node(&doc, p->value), depth + 1);
+      }
+      return o;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+Json yaml_to_json(const std::string& text, const std::string& file) {
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser)) throw ConfigError("cannot start a YAML parser for " + file);
+  std::unique_ptr<yaml_parser_t, void (*)(yaml_parser_t*)> parser_guard(&parser, yaml_parser_delete);
+  yaml_parser_set_input_string(&parser, reinterpret_cast<const unsigned char*>(text.data()), text.size());
+  yaml_document_t doc;
+  if (!yaml_parser_load(&parser, &doc))
+    throw ConfigError("job file " + file + " is not YAML: " + (parser.problem ? parser.problem : "parse error") +
+                      " at line " + std::to_string(parser.problem_mark.line + 1));
+  std::unique_ptr<yaml_document_t, void (*)(yaml_document_t*)> doc_guard(&doc, yaml_document_delete);
+  return convert(doc, yaml_document_get_root_node(&doc), 0);
+}
+
+}  // namespace troupe::launcher

@@ -1,0 +1,16 @@
+// YAML job files for `troupe train`: a YAML document read with libyaml
+// (Debian's libyaml-dev) into the JSON value a JSON job file would give, so
+// one reader checks both. Plain scalars that read as integers, floats,
+// true/false or null become those; quoted ones stay strings.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace troupe::launcher {
+
+// ConfigError naming `file` and the line of a syntax error.
+nlohmann::json yaml_to_json(const std::string& text, const std::string& file);
+
+}  // namespace troupe::launcher

@@ -1,0 +1,319 @@
+// `troupe train` end to end, as a user runs it: a TorchScript step module
+// and .npz arrays written by Debian's python3 (torch, numpy), then
+//  - `troupe train` (the torch-free CLI exec'ing troupe-train) with a JSON
+//    job file and flags overriding it trains 2 workers on an embedded
+//    cluster: loss falls, the metrics file has one line per step with the
+//    step's metrics, samples/s and world size, the final checkpoint loads
+//    with torch.load, and no process is left behind;
+//  - run against a running cluster (--address) it heals a trainer SIGKILLed
+//    mid-run and finishes;
+//  - bad input (a missing file, a step without `loss`, a batch key the
+//    module does not expect, bad flag values, an unknown job-file key) exits
+//    non-zero with one line naming the culprit.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/temp_dir.h"
+#include "tests/support/wait.h"
+#include "troupe/runtime/testing/fault_injector.h"
+#include "troupe/runtime/testing/local_cluster.h"
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kTrainerClass = "troupe::trainer::TrainerActor";
+
+bool have_python_torch() {
+  return std::system((std::string(TROUPE_PYTHON) + " -c 'import torch, numpy' 2>/dev/null").c_str()) == 0;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `script` with the system python; its stdout.
+std::string python(const fs::path& dir, const std::string& script) {
+  std::ofstream(dir / "script.py") << script;
+  std::string cmd =
+      std::string(TROUPE_PYTHON) + " " + (dir / "script.py").string() + " > " + (dir / "script.out").string() + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  std::string out = read_text(dir / "script.out");
+  if (rc != 0) ADD_FAILURE() << "python failed: " << out;
+  return out;
+}
+
+// A regressor step module: `variant` "ok" returns loss, mae and a summed
+// count; "noloss" returns no `loss`. `n` samples of 8 features in
+// train.npz and n / 4 in val.npz (keys `features`, `value`; `bad.npz` has
+// `feats` instead of `features`).
+void write_inputs(const fs::path& dir, const std::string& variant, int n, int hidden) {
+  std::string loss_key = variant == "noloss" ? "err2" : "loss";
+  python(dir, "import torch, numpy as np\nfrom typing import Dict, List\nd = '" + dir.string() +
+                  "'\n"
+                  "class Step(torch.nn.Module):\n"
+                  "    summed_metrics: List[str]\n"
+                  "    def __init__(self):\n"
+                  "        super().__init__()\n"
+                  "        self.net = torch.nn.Sequential(torch.nn.Linear(8, " +
+                  std::to_string(hidden) + "), torch.nn.Tanh(), torch.nn.Linear(" + std::to_string(hidden) +
+                  ", 1))\n"
+                  "        self.summed_metrics = ['count']\n"
+                  "    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:\n"
+                  "        err = self.net(batch['features']).squeeze(1) - batch['value']\n"
+                  "        return {'" +
+                  loss_key +
+                  "': (err * err).mean(), 'mae': err.abs().mean().detach(),\n"
+                  "                'count': torch.tensor(float(err.shape[0]))}\n"
+                  "torch.manual_seed(0)\n"
+                  "torch.jit.save(torch.jit.script(Step()), d + '/step.pt')\n"
+                  "rng = np.random.default_rng(0)\n"
+                  "w = rng.standard_normal(8)\n"
+                  "def arrays(n):\n"
+                  "    x = rng.standard_normal((n, 8)).astype(np.float32)\n"
+                  "    return x, (x @ w + 0.1 * rng.standard_normal(n)).astype(np.float32)\n"
+                  "x, v = arrays(" +
+                  std::to_string(n) +
+                  ")\n"
+                  "np.savez(d + '/train.npz', features=x, value=v)\n"
+                  "np.savez(d + '/bad.npz', feats=x, value=v)\n"
+                  "x, v = arrays(" +
+                  std::to_string(n / 4) + ")\nnp.savez(d + '/val.npz', features=x, value=v)\n");
+}
+
+struct Outcome {
+  int status = -1;  // exit code, or 128 + signal
+  std::string output;
+};
+
+// Starts `args` with stdout and stderr to `log` and `env` added.
+pid_t spawn(const std::vector<std::string>& args, const fs::path& log,
+            const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    FILE* f = std::freopen(log.c_str(), "w", stdout);
+    if (!f || ::dup2(STDOUT_FILENO, STDERR_FILENO) < 0) ::_exit(126);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits (bounded) for `pid`; kills it when the bound passes.
+Outcome finish(pid_t pid, const fs::path& log, std::chrono::seconds bound = 240s) {
+  Outcome o;
+  int st = 0;
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (::waitpid(pid, &st, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      ADD_FAILURE() << "troupe train did not end within " << bound.count() << " s";
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  o.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  o.output = read_text(log);
+  return o;
+}
+
+Outcome run(const std::vector<std::string>& args, const fs::path& log) { return finish(spawn(args, log), log); }
+
+// Processes whose executable is troupe-train.
+int live_train_processes() {
+  std::error_code ec;
+  const fs::path exe = fs::canonical(TROUPE_TRAIN, ec);
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    std::error_code ec2;
+    fs::path p = fs::read_symlink(e.path() / "exe", ec2);
+    if (!ec2 && p == exe) ++n;
+  }
+  return n;
+}
+
+std::vector<nlohmann::json> metrics_lines(const fs::path& p, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(j);
+  }
+  return out;
+}
+
+// The one line a failed run prints.
+void expect_one_line_failure(const Outcome& o, const std::string& must_name) {
+  EXPECT_NE(o.status, 0) << o.output;
+  std::string text = o.output;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  EXPECT_EQ(text.find('\n'), std::string::npos) << "more than one line:\n" << o.output;
+  EXPECT_EQ(text.rfind("troupe train: ", 0), 0u) << o.output;
+  EXPECT_NE(text.find(must_name), std::string::npos) << "does not name '" << must_name << "': " << o.output;
+}
+
+class TrainCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_python_torch()) GTEST_SKIP() << "no python3 with torch and numpy";
+    dir_ = troupe::test::fresh_dir("train-cli");
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string at(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+TEST_F(TrainCliTest, TrainsTwoWorkersFromAJobFileWithMetricsAndATorchLoadableCheckpoint) {
+  write_inputs(dir_, "ok", 512, 16);
+  // The job file says one worker and one epoch; the flags override both.
+  std::ofstream(dir_ / "job.json") << nlohmann::json{
+      {"model", at("step.pt")},
+      {"data", at("train.npz")},
+      {"val_data", at("val.npz")},
+      {"workers", 1},
+      {"epochs", 1},
+      {"batch_size", 16},
+      {"optimizer", "adamw"},
+      {"lr", 0.01},
+      {"warmup_steps", 4},
+      {"checkpoint_dir", at("ckpt")}}.dump();
+  const Outcome o = run({TROUPE_CLI, "train", "--config", at("job.json"), "--workers", "2", "--epochs", "3",
+                         "--metrics", at("metrics.jsonl")},
+                        dir_ / "train.log");
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("epoch 3/3"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("final checkpoint"), std::string::npos) << o.output;
+
+  const auto steps = metrics_lines(dir_ / "metrics.jsonl", "step");
+  ASSERT_EQ(steps.size(), 48u);  // 512 / (2 × 16) per epoch, 3 epochs
+  for (const char* key : {"step", "epoch", "loss", "mae", "count", "samples_per_s", "world_size"})
+    EXPECT_TRUE(steps.front().contains(key)) << key << " missing in " << steps.front().dump();
+  EXPECT_EQ(steps.back()["world_size"], 2);
+  EXPECT_EQ(steps.back()["step"], 48);
+  EXPECT_EQ(steps.back()["count"], 32.0);  // summed over both ranks' batches
+  EXPECT_GT(steps.back()["samples_per_s"].get<double>(), 0.0);
+  const auto epochs = metrics_lines(dir_ / "metrics.jsonl", "epoch");
+  ASSERT_EQ(epochs.size(), 3u);
+  EXPECT_LT(epochs.back()["train_loss"].get<double>(), 0.5 * epochs.front()["train_loss"].get<double>());
+  EXPECT_EQ(epochs.back()["val_count"], 128);
+  EXPECT_TRUE(epochs.back()["val_metrics"].contains("mae"));
+
+  // The last checkpoint loads with torch.load, with the module's names.
+  std::string out = python(dir_,
+                           "import glob, torch\n"
+                           "d = sorted(glob.glob('" +
+                               at("ckpt") +
+                               "/step-*'))[-1]\n"
+                               "m = torch.load(d + '/model.pt')\n"
+                               "print(d.split('/')[-1], sorted(m.keys()), tuple(m['net.0.weight'].shape))\n");
+  EXPECT_NE(out.find("step-00000048"), std::string::npos) << out;
+  EXPECT_NE(out.find("'net.2.bias'"), std::string::npos) << out;
+  EXPECT_NE(out.find("(16, 8)"), std::string::npos) << out;
+
+  // The embedded cluster's processes (node agent, workers) went with it.
+  EXPECT_TRUE(troupe::test::eventually([] { return live_train_processes() == 0; }, 30s))
+      << live_train_processes() << " troupe-train process(es) left";
+}
+
+TEST_F(TrainCliTest, HealsATrainerKilledMidRunOnARunningCluster) {
+  write_inputs(dir_, "ok", 2048, 64);
+  troupe::testing::LocalCluster cluster{{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}};
+  troupe::Runtime rt = cluster.connect();
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  const fs::path log = dir_ / "train.log", metrics = dir_ / "metrics.jsonl";
+  pid_t pid = spawn({TROUPE_TRAIN,
+                     "--model",
+                     at("step.pt"),
+                     "--data",
+                     at("train.npz"),
+                     "--workers",
+                     "2",
+                     "--epochs",
+                     "3",
+                     "--batch-size",
+                     "16",
+                     "--optimizer",
+                     "sgd",
+                     "--lr",
+                     "0.01",
+                     "--max-failures",
+                     "2",
+                     "--checkpoint-dir",
+                     at("ckpt"),
+                     "--metrics",
+                     metrics.string(),
+                     "--address",
+                     cluster.address()},
+                    log, {{"TROUPE_TOKEN", cluster.token()}});
+  // Mid-run: both trainers up and ten steps done (of 192).
+  bool started = troupe::test::eventually(
+      [&] {
+        return metrics_lines(metrics, "step").size() >= 10 && faults.live_actors(kTrainerClass, before).size() == 2;
+      },
+      120s);
+  if (started) faults.kill_actor(faults.live_actors(kTrainerClass, before).at(1).id);
+  const Outcome o = finish(pid, log);
+  ASSERT_TRUE(started) << o.output;
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("1 failure(s) healed"), std::string::npos) << o.output;
+  bool healed = false;
+  for (const auto& e : metrics_lines(metrics, "event")) healed = healed || e["event"] == "healed";
+  EXPECT_TRUE(healed) << read_text(metrics).substr(0, 2000);
+  EXPECT_EQ(metrics_lines(metrics, "step").back()["step"], 192);
+}
+
+TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
+  write_inputs(dir_, "ok", 64, 8);
+  const std::vector<std::string> ok = {TROUPE_TRAIN,    "--model",          at("step.pt"), "--data",
+                                       at("train.npz"), "--checkpoint-dir", at("ckpt")};
+  auto with = [&](std::vector<std::string> extra) {
+    auto a = ok;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run(a, dir_ / "bad.log");
+  };
+  expect_one_line_failure(with({"--data", at("missing.npz")}), "missing.npz");
+  expect_one_line_failure(with({"--val-data", at("nowhere.npz")}), "nowhere.npz");
+  expect_one_line_failure(with({"--data", at("bad.npz")}), "features");  // the key the module reads
+  expect_one_line_failure(with({"--optimizer", "adam"}), "adam");
+  expect_one_line_failure(with({"--workers", "zero"}), "--workers");
+  expect_one_line_failure(with({"--batch-size", "0"}), "--batch-size");
+  expect_one_line_failure(with({"--lr", "-1"}), "--lr");
+  expect_one_line_failure(with({"--frobnicate"}), "--frobnicate");
+  std::ofstream(dir_ / "job.json") << R"({"epochs": 2, "learning_rate": 0.1})";
+  expect_one_line_failure(with({"--config", at("job.json")}), "learning_rate");
+  std::ofstream(dir_ / "job.yaml") << "epochs: 2\nbatch_size: many\n";
+  expect_one_line_failure(with({"--config", at("job.yaml")}), "batch_size");
+  EXPECT_EQ(run({TROUPE_TRAIN, "--help"}, dir_ / "help.log").status, 0);
+
+  write_inputs(dir_, "noloss", 64, 8);
+  expect_one_line_failure(with({}), "loss");
+  EXPECT_TRUE(troupe::test::eventually([] { return live_train_processes() == 0; }, 30s));
+}
+
+}  // namespace
