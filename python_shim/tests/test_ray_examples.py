@@ -14,14 +14,13 @@ main thread be stuck where a Python signal handler cannot run (inside a
 blocking native call), faulthandler ends the whole run shortly after.
 """
 
-import faulthandler
 import importlib
 import os
-import signal
 import time
 
 import numpy as np
 import pytest
+from timebox import bounded_fixture
 
 AGAINST = os.environ.get("TROUPE_TEST_AGAINST", "troupe")
 # The only change to the examples: `import ray` becomes `import troupe as ray`.
@@ -37,20 +36,7 @@ def cluster():
     ray.shutdown()
 
 
-@pytest.fixture(autouse=True)
-def bounded(request):
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"{request.node.name} ran past {TEST_TIMEOUT_S} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(TEST_TIMEOUT_S)
-    faulthandler.dump_traceback_later(TEST_TIMEOUT_S + 30, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+bounded = bounded_fixture(TEST_TIMEOUT_S)
 
 
 # --- Tasks: "Running a Task" ------------------------------------------------
