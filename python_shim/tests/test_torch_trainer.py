@@ -190,6 +190,16 @@ def test_context_environment_and_process_group(tmp_path):
         assert r["env"]["MASTER_ADDR"] == ranks[0]["env"]["MASTER_ADDR"]
 
 
+def test_elastic_group_takes_what_the_cluster_holds(tmp_path):
+    # 4 CPUs hold two workers of 2 CPUs: between min 1 and max 4, two start.
+    scaling = train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 2}, min_workers=1, max_workers=4)
+    result = TorchTrainer(context_loop, scaling_config=scaling, run_config=run_config(tmp_path)).fit()
+    assert [r["world_size"] for r in result.metrics["ranks"]] == [2, 2]
+    with pytest.raises(train.TrainingFailedError, match="min_workers=3"):
+        scaling = train.ScalingConfig(num_workers=3, resources_per_worker={"CPU": 2}, min_workers=3, max_workers=4)
+        TorchTrainer(context_loop, scaling_config=scaling, run_config=run_config(tmp_path)).fit()
+
+
 def test_prepare_data_loader_shards_and_advances_epochs(tmp_path):
     result = TorchTrainer(sharding_loop, scaling_config=train.ScalingConfig(num_workers=2),
                           run_config=run_config(tmp_path)).fit()
