@@ -1,0 +1,282 @@
+"""troupe.train.TorchTrainer (issue 16, part 2): Ray Train's API on troupe's
+actors. The same tests run against Ray's actors (TROUPE_TEST_AGAINST=ray,
+with an interpreter that imports ray: build/ray-venv) to show that the
+trainer's own code is right whatever runtime places its workers; by default
+they run against troupe.
+
+Two CPU workers train a tiny model with gloo DDP. Loops that must die do so
+with SIGKILL on themselves, so deaths are real process deaths. Every test is
+bounded (alarm, then faulthandler ends the run if a native call hangs).
+"""
+
+import importlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import pytest
+import torch
+from timebox import bounded_fixture
+
+AGAINST = os.environ.get("TROUPE_TEST_AGAINST", "troupe")
+SHIM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Workers import troupe.train from the shim's folder (inherited environment).
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SHIM_DIR, os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, SHIM_DIR)
+
+rt = importlib.import_module(AGAINST)
+from troupe import train  # noqa: E402
+from troupe.train import trainer as trainer_module  # noqa: E402
+from troupe.train.checkpoint import CheckpointStore  # noqa: E402
+from troupe.train.torch import TorchTrainer, prepare_data_loader, prepare_model  # noqa: E402
+
+TEST_TIMEOUT_S = 240
+
+
+def _pickle_this_module_by_value():
+    """The loops below are module functions; workers cannot import this test
+    module, so they travel by value (for whichever cloudpickle the runtime
+    uses)."""
+    picklers = [importlib.import_module("cloudpickle")]
+    if AGAINST == "ray":
+        picklers.append(importlib.import_module("ray.cloudpickle"))
+    for p in picklers:
+        p.register_pickle_by_value(sys.modules[__name__])
+
+
+_pickle_this_module_by_value()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    trainer_module.use_runtime(AGAINST)
+    rt.init(num_cpus=4)
+    yield
+    rt.shutdown()
+
+
+bounded = bounded_fixture(TEST_TIMEOUT_S)
+
+
+def run_config(tmp_path, **kwargs):
+    return train.RunConfig(name="run", storage_path=str(tmp_path), **kwargs)
+
+
+# ------------------------------------------------------------ the loops
+
+
+def _dataset(n=64):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    return torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+
+
+def _gather(value):
+    out = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, value)
+    return out
+
+
+def _report_epoch(epoch, model, metrics):
+    """Every rank reports; rank 0 with a checkpoint of the model."""
+    if train.get_context().get_world_rank() != 0:
+        train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+        with open(os.path.join(d, "state.json"), "w") as f:
+            json.dump({"epoch": epoch}, f)
+        train.report(metrics, checkpoint=train.Checkpoint.from_directory(d))
+
+
+def ddp_loop(config):
+    """A DDP step loop that resumes from its checkpoint; with config
+    `die_at` = (rank, epoch, attempts) that rank SIGKILLs itself at that
+    epoch's start while restart_count < attempts."""
+    ctx = train.get_context()
+    model = prepare_model(torch.nn.Linear(4, 1))
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            with open(os.path.join(d, "state.json")) as f:
+                start = json.load(f)["epoch"] + 1
+            getattr(model, "module", model).load_state_dict(torch.load(os.path.join(d, "model.pt")))
+    loader = prepare_data_loader(torch.utils.data.DataLoader(_dataset(), batch_size=8, shuffle=True))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    die_rank, die_epoch, die_attempts = config.get("die_at", (-1, -1, 0))
+    for epoch in range(start, config["epochs"]):
+        if ctx.get_world_rank() == die_rank and epoch == die_epoch and ctx.get_restart_count() < die_attempts:
+            os.kill(os.getpid(), signal.SIGKILL)
+        total = 0.0
+        for x, y in loader:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        weights = float(sum(p.detach().sum() for p in model.parameters()))
+        same = len(set(_gather(round(weights, 6)))) == 1
+        _report_epoch(epoch, getattr(model, "module", model), {"epoch": epoch, "loss": total, "replicas_equal": same,
+                                             "resumed_from": start})
+        # Rank 0 has persisted this epoch before anyone starts the next.
+        torch.distributed.barrier()
+
+
+def context_loop():
+    ctx = train.get_context()
+    env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                          "MASTER_PORT")}
+    mine = {"world_rank": ctx.get_world_rank(), "world_size": ctx.get_world_size(),
+            "local_rank": ctx.get_local_rank(), "local_world_size": ctx.get_local_world_size(),
+            "node_rank": ctx.get_node_rank(), "env": env, "backend": torch.distributed.get_backend(),
+            "checkpoint": train.get_checkpoint(), "pid": os.getpid()}
+    train.report({"ranks": _gather(mine)})
+
+
+def sharding_loop():
+    loader = prepare_data_loader(torch.utils.data.DataLoader(list(range(40)), batch_size=5, shuffle=True))
+    epochs = []
+    for _ in range(2):
+        epochs.append([int(i) for batch in loader for i in batch])
+    train.report({"ranks": _gather(epochs), "batches": len(loader)})
+
+
+def raising_loop(config):
+    if train.get_context().get_world_rank() == config["rank"]:
+        raise ValueError("bad batch 7")
+    torch.distributed.barrier()  # the other rank waits on the one that raised
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_fit_trains_ddp_and_keeps_k_checkpoints(tmp_path):
+    trainer = TorchTrainer(ddp_loop, train_loop_config={"epochs": 3},
+                           scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path, checkpoint_config=train.CheckpointConfig(num_to_keep=2)))
+    result = trainer.fit()
+    assert result.error is None
+    assert result.metrics["epoch"] == 2 and result.metrics["replicas_equal"]
+    rows = result.metrics_dataframe
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert result.path == str(tmp_path / "run")
+    assert sorted(os.listdir(result.path)) == ["checkpoint_000001", "checkpoint_000002", "progress.jsonl"]
+    assert result.checkpoint.path == os.path.join(result.path, "checkpoint_000002")
+    state = torch.load(os.path.join(result.checkpoint.path, "model.pt"))
+    assert set(state) == {"weight", "bias"}
+    assert [c.path for c, _ in result.best_checkpoints] == [
+        os.path.join(result.path, f"checkpoint_00000{i}") for i in (1, 2)]
+
+
+def test_context_environment_and_process_group(tmp_path):
+    result = TorchTrainer(context_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                          run_config=run_config(tmp_path)).fit()
+    ranks = result.metrics["ranks"]
+    assert [r["world_rank"] for r in ranks] == [0, 1]
+    assert {r["world_size"] for r in ranks} == {2}
+    assert sorted(r["local_rank"] for r in ranks) == [0, 1]
+    assert {r["local_world_size"] for r in ranks} == {2} and {r["node_rank"] for r in ranks} == {0}
+    assert {r["backend"] for r in ranks} == {"gloo"}
+    assert all(r["checkpoint"] is None for r in ranks)
+    assert len({r["pid"] for r in ranks} | {os.getpid()}) == 3
+    for r in ranks:
+        assert r["env"]["RANK"] == str(r["world_rank"]) and r["env"]["WORLD_SIZE"] == "2"
+        assert r["env"]["LOCAL_RANK"] == str(r["local_rank"]) and r["env"]["MASTER_PORT"].isdigit()
+        assert r["env"]["MASTER_ADDR"] == ranks[0]["env"]["MASTER_ADDR"]
+
+
+def test_elastic_group_takes_what_the_cluster_holds(tmp_path):
+    # 4 CPUs hold two workers of 2 CPUs: between min 1 and max 4, two start.
+    scaling = train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 2}, min_workers=1, max_workers=4)
+    result = TorchTrainer(context_loop, scaling_config=scaling, run_config=run_config(tmp_path)).fit()
+    assert [r["world_size"] for r in result.metrics["ranks"]] == [2, 2]
+    with pytest.raises(train.TrainingFailedError, match="min_workers=3"):
+        scaling = train.ScalingConfig(num_workers=3, resources_per_worker={"CPU": 2}, min_workers=3, max_workers=4)
+        TorchTrainer(context_loop, scaling_config=scaling, run_config=run_config(tmp_path)).fit()
+
+
+def test_prepare_data_loader_shards_and_advances_epochs(tmp_path):
+    result = TorchTrainer(sharding_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                          run_config=run_config(tmp_path)).fit()
+    ranks = result.metrics["ranks"]
+    assert result.metrics["batches"] == 4
+    for epoch in range(2):
+        a, b = ranks[0][epoch], ranks[1][epoch]
+        assert len(a) == len(b) == 20 and not set(a) & set(b) and set(a) | set(b) == set(range(40))
+    # A new pass is a new epoch: a different shuffle.
+    assert ranks[0][0] != ranks[0][1]
+
+
+def test_worker_killed_restarts_from_last_checkpoint(tmp_path):
+    trainer = TorchTrainer(ddp_loop, train_loop_config={"epochs": 4, "die_at": (1, 2, 1)},
+                           scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=1)))
+    result = trainer.fit()
+    assert trainer.failures == 1
+    assert result.metrics["epoch"] == 3 and result.metrics["resumed_from"] == 2
+    progress = CheckpointStore(result.path, train.CheckpointConfig()).progress()
+    assert [(p["metrics"]["epoch"], p["restart_count"]) for p in progress] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert result.checkpoint.path.endswith("checkpoint_000003")
+
+
+def test_max_failures_exhausted_raises_with_the_cause(tmp_path):
+    trainer = TorchTrainer(ddp_loop, train_loop_config={"epochs": 3, "die_at": (1, 0, 99)},
+                           scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=1)))
+    with pytest.raises(train.TrainingFailedError, match="max_failures=1") as info:
+        trainer.fit()
+    assert trainer.failures == 2
+    assert info.value.__cause__ is not None and info.value.result.checkpoint is None
+
+
+def test_loop_that_raises_fails_at_once_and_leaves_no_workers(tmp_path):
+    trainer = TorchTrainer(raising_loop, train_loop_config={"rank": 1},
+                           scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=3)))
+    with pytest.raises(train.TrainingFailedError, match="bad batch 7") as info:
+        trainer.fit()
+    assert trainer.failures == 0
+    assert isinstance(info.value.__cause__, ValueError)
+    # Both workers were stopped: their CPUs come back.
+    deadline = time.monotonic() + 60
+    while rt.available_resources().get("CPU", 0) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rt.available_resources().get("CPU", 0) == 4
+
+
+def test_bad_input_names_the_value(tmp_path):
+    with pytest.raises(ValueError, match="num_workers.*0"):
+        train.ScalingConfig(num_workers=0)
+    with pytest.raises(ValueError, match="min_workers"):
+        train.ScalingConfig(num_workers=2, min_workers=3, max_workers=2)
+    with pytest.raises(ValueError, match="num_to_keep"):
+        train.CheckpointConfig(num_to_keep=0)
+    with pytest.raises(ValueError, match="max_failures"):
+        train.FailureConfig(max_failures=-2)
+    with pytest.raises(TypeError, match="callable"):
+        TorchTrainer("not a function")
+    with pytest.raises(ValueError, match="no_such_dir"):
+        train.Checkpoint.from_directory(str(tmp_path / "no_such_dir"))
+    with pytest.raises(RuntimeError, match="report"):
+        train.report({"loss": 1.0})
+
+
+def test_checkpoint_store_is_atomic_and_keeps_the_best(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w").write_text("x")
+    store = CheckpointStore(tmp_path / "run", train.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="acc"))
+    store.sweep()
+    (tmp_path / "run" / ".tmp_checkpoint_000000_dead").mkdir()  # what a crash mid-copy leaves
+    for acc in (0.9, 0.1, 0.5, 0.2):
+        store.persist(str(src), {"acc": acc})
+    store.sweep()
+    # The best (0.9, index 0) and the latest (index 3) stay.
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint_000000", "checkpoint_000003", "progress.jsonl"]
+    assert (tmp_path / "run" / "checkpoint_000003" / "w").read_text() == "x"
+    assert store.latest().path.endswith("checkpoint_000003")

@@ -1,0 +1,170 @@
+"""Checkpoints: `Checkpoint` (a directory, as Ray Train's) and
+`CheckpointStore`, which persists the ones rank 0 reports under a run's
+folder atomically and keeps K of them.
+
+A persisted checkpoint is `<run>/checkpoint_NNNNNN/`: copied into a hidden
+temporary folder, every file and folder fsynced, then renamed into place, so
+a crash at any point leaves either the whole checkpoint or none (a leftover
+temporary folder is swept at the next start). Each report of rank 0 is one
+line of `<run>/progress.jsonl` (metrics, checkpoint name), which is how the
+driver learns the metrics and how keep-K ranks checkpoints by score.
+"""
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+
+_NAME = re.compile(r"^checkpoint_(\d{6,})$")
+_TMP_PREFIX = ".tmp_checkpoint_"
+PROGRESS = "progress.jsonl"
+
+
+class Checkpoint:
+    """A checkpoint is a directory of files the training loop wrote."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+
+    @classmethod
+    def from_directory(cls, path):
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise ValueError(f"Checkpoint.from_directory: {path!r} is not a directory")
+        return cls(os.path.abspath(path))
+
+    def to_directory(self, path=None):
+        """Copies the checkpoint into `path` (a new temporary folder if None)."""
+        path = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="troupe_checkpoint_")
+        shutil.copytree(self.path, path, dirs_exist_ok=True)
+        return path
+
+    @contextlib.contextmanager
+    def as_directory(self):
+        """The checkpoint's files, read in place (no copy)."""
+        yield self.path
+
+    def __repr__(self):
+        return f"Checkpoint(path={self.path!r})"
+
+    def __eq__(self, other):
+        return isinstance(other, Checkpoint) and other.path == self.path
+
+    def __hash__(self):
+        return hash(self.path)
+
+
+def _fsync_tree(root):
+    for folder, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(folder, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(folder)
+
+
+def _fsync_dir(folder):
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointStore:
+    """The persisted checkpoints and progress of one run folder. Only rank 0
+    writes (one writer); the driver reads between attempts."""
+
+    def __init__(self, run_dir, checkpoint_config):
+        self.run_dir = os.fspath(run_dir)
+        self.config = checkpoint_config
+
+    def sweep(self):
+        """Creates the run folder; removes temporary folders a crash left."""
+        os.makedirs(self.run_dir, exist_ok=True)
+        for entry in os.listdir(self.run_dir):
+            if entry.startswith(_TMP_PREFIX) or entry.startswith(".deleting_"):
+                shutil.rmtree(os.path.join(self.run_dir, entry), ignore_errors=True)
+
+    def indices(self):
+        """Indices of the complete checkpoints, oldest first."""
+        if not os.path.isdir(self.run_dir):
+            return []
+        return sorted(int(m.group(1)) for m in map(_NAME.match, os.listdir(self.run_dir)) if m)
+
+    def path_of(self, index):
+        return os.path.join(self.run_dir, f"checkpoint_{index:06d}")
+
+    def latest(self):
+        found = self.indices()
+        return Checkpoint(self.path_of(found[-1])) if found else None
+
+    def persist(self, source_dir, metrics, extra=None):
+        """Copies `source_dir` in as the next checkpoint, atomically, records
+        the report and applies keep-K. Returns the new Checkpoint."""
+        found = self.indices()
+        index = found[-1] + 1 if found else 0
+        tmp = os.path.join(self.run_dir, f"{_TMP_PREFIX}{index:06d}_{uuid.uuid4().hex[:8]}")
+        shutil.copytree(source_dir, tmp)
+        _fsync_tree(tmp)
+        final = self.path_of(index)
+        os.rename(tmp, final)
+        _fsync_dir(self.run_dir)
+        self.record(metrics, os.path.basename(final), extra)
+        self._keep()
+        return Checkpoint(final)
+
+    def record(self, metrics, checkpoint_name=None, extra=None):
+        line = {"metrics": metrics, "checkpoint": checkpoint_name, "time": time.time(), **(extra or {})}
+        with open(os.path.join(self.run_dir, PROGRESS), "a") as f:
+            f.write(json.dumps(line, default=repr) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def progress(self):
+        """Every report rank 0 made, in order (across restarts)."""
+        path = os.path.join(self.run_dir, PROGRESS)
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def _keep(self):
+        keep = self.config.num_to_keep
+        found = self.indices()
+        if keep is None or len(found) <= keep:
+            return
+        latest = found[-1]
+        ranked = self._ranked([i for i in found if i != latest])
+        for index in ranked[keep - 1:]:
+            # Renamed before removal, so a half-removed folder never reads
+            # as a checkpoint.
+            doomed = os.path.join(self.run_dir, f".deleting_{index:06d}_{uuid.uuid4().hex[:8]}")
+            os.rename(self.path_of(index), doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+
+    def _ranked(self, indices):
+        """Indices best first: newest first, or by the score attribute."""
+        attr = self.config.checkpoint_score_attribute
+        if attr is None:
+            return sorted(indices, reverse=True)
+        score = {}
+        for line in self.progress():
+            m = _NAME.match(line.get("checkpoint") or "")
+            if m and isinstance(line.get("metrics"), dict) and attr in line["metrics"]:
+                score[int(m.group(1))] = line["metrics"][attr]
+        sign = 1 if self.config.checkpoint_score_order == "max" else -1
+        # Checkpoints without the score rank last, newest first among them.
+        return sorted(indices, key=lambda i: (i in score, sign * score.get(i, 0), i), reverse=True)
+
+    def best_checkpoints(self):
+        """(Checkpoint, metrics) of every kept checkpoint, oldest first."""
+        metrics = {line.get("checkpoint"): line.get("metrics") for line in self.progress()}
+        return [(Checkpoint(self.path_of(i)), metrics.get(os.path.basename(self.path_of(i)), {}))
+                for i in self.indices()]

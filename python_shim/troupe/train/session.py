@@ -1,0 +1,125 @@
+"""What the training loop sees of its run, inside a worker: `report`,
+`get_checkpoint` and `get_context` (Ray Train's ray.train.report, ...).
+
+A worker runs one loop at a time, so the run's state is one module global
+that TrainWorker.run sets before calling the loop and clears after. Outside a
+run the functions raise, naming what was called.
+"""
+
+import dataclasses
+from typing import Optional
+
+from .checkpoint import Checkpoint, CheckpointStore
+
+
+@dataclasses.dataclass
+class TrainContext:
+    """Where this worker stands in the group (Ray's TrainContext)."""
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    experiment_name: str
+    trial_dir: str
+    restart_count: int = 0
+
+    def get_world_rank(self):
+        return self.world_rank
+
+    def get_world_size(self):
+        return self.world_size
+
+    def get_local_rank(self):
+        return self.local_rank
+
+    def get_local_world_size(self):
+        return self.local_world_size
+
+    def get_node_rank(self):
+        return self.node_rank
+
+    def get_experiment_name(self):
+        return self.experiment_name
+
+    def get_trial_dir(self):
+        return self.trial_dir
+
+    def get_restart_count(self):
+        return self.restart_count
+
+
+@dataclasses.dataclass
+class _Session:
+    context: TrainContext
+    store: CheckpointStore
+    checkpoint: Optional[Checkpoint]
+    use_gpu: bool
+    reports: int = 0
+
+
+_session: Optional[_Session] = None
+
+
+def _current(what):
+    if _session is None:
+        raise RuntimeError(f"troupe.train.{what}() is for the training loop of a TorchTrainer worker; "
+                           "no run is active in this process")
+    return _session
+
+
+def start(session):
+    global _session
+    _session = session
+
+
+def end():
+    global _session
+    _session = None
+
+
+def report(metrics, checkpoint=None):
+    """Reports this step's metrics (a dict) and, optionally, a checkpoint.
+    Rank 0's reports are the run's: its checkpoints are persisted (atomically,
+    keep-K) and its metrics recorded; other ranks' are counted only (as in
+    Ray, have every rank call report the same number of times)."""
+    s = _current("report")
+    if not isinstance(metrics, dict):
+        raise TypeError(f"troupe.train.report: metrics must be a dict, got {type(metrics).__name__}")
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        raise TypeError(f"troupe.train.report: checkpoint must be a troupe.train.Checkpoint, "
+                        f"got {type(checkpoint).__name__}")
+    s.reports += 1
+    if s.context.world_rank != 0:
+        return
+    extra = {"iteration": s.reports, "restart_count": s.context.restart_count}
+    if checkpoint is not None:
+        s.store.persist(checkpoint.path, metrics, extra)
+    else:
+        s.store.record(metrics, None, extra)
+
+
+def get_checkpoint():
+    """The latest persisted checkpoint when this attempt started (after a
+    restart: the one to resume from), or the run's resume_from_checkpoint;
+    None on a fresh run."""
+    return _current("get_checkpoint").checkpoint
+
+
+def get_context():
+    return _current("get_context").context
+
+
+def use_gpu():
+    return _session is not None and _session.use_gpu
+
+
+def local_env(ctx, master_addr, master_port):
+    """The environment torchrun would give this rank."""
+    return {
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(ctx.world_rank),
+        "WORLD_SIZE": str(ctx.world_size), "LOCAL_RANK": str(ctx.local_rank),
+        "LOCAL_WORLD_SIZE": str(ctx.local_world_size), "NODE_RANK": str(ctx.node_rank),
+        "GROUP_RANK": str(ctx.node_rank), "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
+    }

@@ -1,0 +1,237 @@
+"""TorchTrainer: Ray Train's TorchTrainer on troupe's actors, in pure Python
+over the public API (remote, get, wait, kill, cluster_resources).
+
+`fit()` runs attempts. An attempt places one TrainWorker actor per worker,
+orders ranks by node (ranks of a node are contiguous; local ranks follow),
+asks rank 0 for a free port (MASTER_PORT) and starts every loop, then waits.
+A worker that dies (its actor reports death) ends the attempt: every worker
+is killed and, while failures <= max_failures, a new attempt resumes from
+the latest persisted checkpoint. A loop that raises is the user's error and
+is not retried (Ray retries those too; a deterministic error would only fail
+again): fit raises TrainingFailedError with the remote traceback. Because a
+peer's death also surfaces on the survivors as a gloo error, an error is
+classified only after the other ranks have had a grace period to report a
+death.
+"""
+
+import datetime
+import importlib
+import os
+import time
+
+from . import worker as worker_module
+from .checkpoint import Checkpoint, CheckpointStore
+from .config import RunConfig, ScalingConfig
+
+# How long an attempt waits for its workers to be placed and start.
+PLACEMENT_TIMEOUT_S = 300
+# After a loop's error: how long the other ranks get to show a worker death
+# or their own errors.
+CLASSIFY_GRACE_S = 5.0
+# What a rank's collective says when a peer is gone: an echo of another
+# rank's failure, never the root cause when a root cause is known.
+_PEER_LOST = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "NCCL error",
+              "ProcessGroupNCCL", "ProcessGroupGloo")
+
+_runtime_name = "troupe"
+
+
+def use_runtime(module_name):
+    """Which runtime module the trainer places its workers with: "troupe"
+    (the default), or "ray", to check this code against Ray's actors."""
+    global _runtime_name
+    _runtime_name = module_name
+
+
+class TrainingFailedError(RuntimeError):
+    """fit() failed: a loop raised, or workers died more than max_failures
+    times. `__cause__` is the last error; `result` what the run left."""
+
+    def __init__(self, message, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class Result:
+    """What a run left (Ray's ray.train.Result)."""
+
+    def __init__(self, metrics, checkpoint, metrics_dataframe, error, path, best_checkpoints):
+        self.metrics = metrics
+        self.checkpoint = checkpoint
+        self.metrics_dataframe = metrics_dataframe
+        self.error = error
+        self.path = path
+        self.best_checkpoints = best_checkpoints
+
+    def __repr__(self):
+        return f"Result(metrics={self.metrics!r}, checkpoint={self.checkpoint!r}, path={self.path!r})"
+
+
+class _WorkersDied(Exception):
+    pass
+
+
+def _death_errors(rt):
+    names = ("ActorDiedError", "RayActorError", "WorkerCrashedError", "ActorUnavailableError")
+    return tuple(c for c in (getattr(rt.exceptions, n, None) for n in names) if isinstance(c, type))
+
+
+class TorchTrainer:
+    def __init__(self, train_loop_per_worker, *, train_loop_config=None, scaling_config=None, run_config=None,
+                 resume_from_checkpoint=None):
+        if not callable(train_loop_per_worker):
+            raise TypeError(f"TorchTrainer: train_loop_per_worker must be callable, "
+                            f"got {type(train_loop_per_worker).__name__}")
+        if scaling_config is not None and not isinstance(scaling_config, ScalingConfig):
+            raise TypeError(f"TorchTrainer: scaling_config must be a ScalingConfig, got {scaling_config!r}")
+        if run_config is not None and not isinstance(run_config, RunConfig):
+            raise TypeError(f"TorchTrainer: run_config must be a RunConfig, got {run_config!r}")
+        if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, Checkpoint):
+            raise TypeError(f"TorchTrainer: resume_from_checkpoint must be a Checkpoint, got {resume_from_checkpoint!r}")
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.resume_from_checkpoint = resume_from_checkpoint
+        self.failures = 0
+
+    # ------------------------------------------------------------------ fit
+
+    def fit(self):
+        rt = importlib.import_module(_runtime_name)
+        if not rt.is_initialized():
+            rt.init()
+        name = self.run_config.name or "TorchTrainer_" + datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        storage = self.run_config.storage_path or os.path.join(os.path.expanduser("~"), "troupe_results")
+        store = CheckpointStore(os.path.join(os.path.abspath(storage), name), self.run_config.checkpoint_config)
+        store.sweep()
+        max_failures = self.run_config.failure_config.max_failures
+        self.failures = 0
+        while True:
+            try:
+                self._attempt(rt, store, name)
+                return self._result(store, None)
+            except _WorkersDied as died:
+                self.failures += 1
+                if 0 <= max_failures < self.failures:
+                    raise self._failed(store, f"workers died {self.failures} times, more than "
+                                              f"max_failures={max_failures}; last: {died.__cause__}",
+                                       died.__cause__) from died.__cause__
+            except Exception as e:
+                raise self._failed(store, f"run {name!r} failed: {type(e).__name__}: {e}", e) from e
+
+    def _failed(self, store, message, cause):
+        return TrainingFailedError(message, self._result(store, cause))
+
+    def _result(self, store, error):
+        progress = store.progress()
+        metrics = progress[-1]["metrics"] if progress else {}
+        rows = [dict(p["metrics"], **{k: p.get(k) for k in ("checkpoint", "iteration", "restart_count", "time")})
+                for p in progress]
+        try:
+            import pandas
+
+            frame = pandas.DataFrame(rows)
+        except ImportError:
+            frame = rows
+        return Result(metrics, store.latest(), frame, error, store.run_dir, store.best_checkpoints())
+
+    # -------------------------------------------------------------- attempt
+
+    def _attempt(self, rt, store, name):
+        workers = []
+        try:
+            self._place(rt, workers)
+            refs = self._start(rt, workers, store, name)
+            self._wait(rt, refs)
+        except _death_errors(rt) as e:  # while placing or starting
+            raise _WorkersDied() from e
+        finally:
+            for w in workers:
+                try:
+                    rt.kill(w)
+                except Exception:  # already gone: nothing to stop
+                    pass
+
+    def _group_size(self, rt):
+        lo, hi = self.scaling_config.worker_bounds()
+        if lo == hi:
+            return lo
+        total = rt.cluster_resources()
+        fits = min(int(total.get(k, 0) // v) for k, v in self.scaling_config.worker_resources().items() if v > 0)
+        if fits < lo:
+            raise RuntimeError(f"ScalingConfig: the cluster holds {fits} workers of "
+                               f"{self.scaling_config.worker_resources()}, fewer than min_workers={lo}")
+        return min(fits, hi)
+
+    def _place(self, rt, workers):
+        """Creates the workers into `workers` (so that the caller stops them
+        whatever happens), then puts them in rank order."""
+        res = self.scaling_config.worker_resources()
+        opts = {"num_cpus": res.pop("CPU"), "num_gpus": res.pop("GPU", 0), "max_restarts": 0}
+        if res:
+            opts["resources"] = res
+        actor_class = rt.remote(**opts)(worker_module.TrainWorker)
+        workers.extend(actor_class.remote(_runtime_name) for _ in range(self._group_size(rt)))
+        try:
+            infos = rt.get([w.node_info.remote() for w in workers], timeout=PLACEMENT_TIMEOUT_S)
+        except rt.exceptions.GetTimeoutError as e:
+            raise RuntimeError(f"could not place {len(workers)} workers of {self.scaling_config.worker_resources()} "
+                               f"within {PLACEMENT_TIMEOUT_S} s") from e
+        node_order = {}
+        for info in infos:
+            node_order.setdefault(info["node_id"], len(node_order))
+        ranked = sorted(range(len(workers)), key=lambda i: (node_order[infos[i]["node_id"]], i))
+        self._infos = [infos[i] for i in ranked]
+        self._node_order = node_order
+        workers[:] = [workers[i] for i in ranked]
+
+    def _start(self, rt, workers, store, name):
+        per_node = {}
+        for info in self._infos:
+            per_node[info["node_id"]] = per_node.get(info["node_id"], 0) + 1
+        port = rt.get(workers[0].free_port.remote(), timeout=PLACEMENT_TIMEOUT_S)
+        latest = store.latest() or self.resume_from_checkpoint
+        cc = self.run_config.checkpoint_config
+        refs, seen = [], {}
+        for rank, (w, info) in enumerate(zip(workers, self._infos)):
+            node = info["node_id"]
+            local_rank = seen.get(node, 0)
+            seen[node] = local_rank + 1
+            spec = {
+                "context": {"world_rank": rank, "world_size": len(workers), "local_rank": local_rank,
+                            "local_world_size": per_node[node], "node_rank": self._node_order[node],
+                            "experiment_name": name, "trial_dir": store.run_dir, "restart_count": self.failures},
+                "master_addr": self._infos[0]["ip"], "master_port": port, "use_gpu": self.scaling_config.use_gpu,
+                "checkpoint": latest.path if latest else None,
+                "checkpoint_config": {"num_to_keep": cc.num_to_keep,
+                                      "checkpoint_score_attribute": cc.checkpoint_score_attribute,
+                                      "checkpoint_score_order": cc.checkpoint_score_order},
+            }
+            refs.append(w.run.remote(spec, self.train_loop_per_worker, self.train_loop_config))
+        return refs
+
+    def _wait(self, rt, refs):
+        """Returns when every loop returned; raises _WorkersDied when a worker
+        died, else the root error: the first that is not a collective's echo
+        of a lost peer."""
+        deaths = _death_errors(rt)
+        pending = list(refs)
+        errors = []
+        grace_until = None
+        while pending:
+            timeout = 1.0 if grace_until is None else max(0.0, grace_until - time.monotonic())
+            ready, pending = rt.wait(pending, num_returns=1, timeout=timeout)
+            for ref in ready:
+                try:
+                    rt.get(ref, timeout=PLACEMENT_TIMEOUT_S)
+                except deaths as e:
+                    raise _WorkersDied() from e
+                except Exception as e:
+                    errors.append(e)
+                    grace_until = grace_until or time.monotonic() + CLASSIFY_GRACE_S
+            if grace_until is not None and time.monotonic() >= grace_until:
+                break
+        if errors:
+            roots = [e for e in errors if not any(m in str(e) for m in _PEER_LOST)]
+            raise (roots or errors)[0]

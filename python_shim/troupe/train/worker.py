@@ -1,0 +1,101 @@
+"""TrainWorker: the actor that runs the training loop on one rank. The
+driver (trainer.py) makes it a remote actor of whichever runtime module it
+was given (troupe, or ray in the tests that check the code against Ray) and
+calls, in order: `node_info` (where it landed, to order ranks by node),
+`free_port` (rank 0 only: MASTER_PORT), then `run`, which sets the torchrun
+environment, initialises torch.distributed (gloo on CPU, nccl on GPU),
+runs the loop and tears the process group down.
+"""
+
+import datetime
+import importlib
+import inspect
+import os
+import socket
+
+from . import session
+from .checkpoint import Checkpoint, CheckpointStore
+
+# How long init_process_group waits for every rank. A peer that never comes
+# (it died while starting) is also caught by the driver, which sees the death
+# and restarts the group; this only bounds a hang nobody reports.
+PROCESS_GROUP_TIMEOUT_S = 300
+
+
+def _node_ip():
+    ip = os.environ.get("TROUPE_NODE_IP")
+    if ip:
+        return ip
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _node_id(rt):
+    ctx = rt.get_runtime_context()
+    for name in ("get_node_id", "node_id"):
+        value = getattr(ctx, name, None)
+        if value is not None:
+            return str(value() if callable(value) else value)
+    return socket.gethostname()
+
+
+def call_loop(fn, config):
+    """Ray's convention: a loop with one parameter gets the config."""
+    try:
+        takes_config = len(inspect.signature(fn).parameters) >= 1
+    except (TypeError, ValueError):
+        takes_config = True
+    if takes_config:
+        return fn(config if config is not None else {})
+    return fn()
+
+
+class TrainWorker:
+    def __init__(self, runtime_name):
+        self._rt = importlib.import_module(runtime_name)
+
+    def node_info(self):
+        return {"node_id": _node_id(self._rt), "ip": _node_ip(), "pid": os.getpid()}
+
+    def free_port(self):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def run(self, spec, fn, config):
+        """Runs the loop as rank spec['context'].world_rank; returns how many
+        reports it made."""
+        import torch
+        import torch.distributed as dist
+
+        ctx = session.TrainContext(**spec["context"])
+        os.environ.update(session.local_env(ctx, spec["master_addr"], spec["master_port"]))
+        use_gpu = spec["use_gpu"] and torch.cuda.is_available()
+        if use_gpu:
+            torch.cuda.set_device(_device_index(ctx))
+        dist.init_process_group(
+            "nccl" if use_gpu else "gloo",
+            init_method=f"tcp://{spec['master_addr']}:{spec['master_port']}",
+            rank=ctx.world_rank, world_size=ctx.world_size,
+            timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
+        from .config import CheckpointConfig
+
+        store = CheckpointStore(ctx.trial_dir, CheckpointConfig(**spec["checkpoint_config"]))
+        checkpoint = Checkpoint(spec["checkpoint"]) if spec["checkpoint"] else None
+        session.start(session._Session(ctx, store, checkpoint, use_gpu))
+        try:
+            call_loop(fn, config)
+            return session._session.reports
+        finally:
+            session.end()
+            dist.destroy_process_group()
+
+
+def _device_index(ctx):
+    import torch
+
+    # With CUDA_VISIBLE_DEVICES set to this worker's GPUs, its first is 0.
+    n = torch.cuda.device_count()
+    return 0 if n <= 1 else ctx.local_rank % n
