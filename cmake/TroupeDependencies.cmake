@@ -43,7 +43,47 @@ if(TROUPE_WITH_CUDA)
 endif()
 troupe_resolve_auto(TROUPE_WITH_NCCL _nccl_found)
 
-if(TROUPE_WITH_TORCH)
+# LibTorch. Default: the system's (Debian's 1.13) through its TorchConfig.
+# TROUPE_TORCH_ROOT names another LibTorch, e.g. a PyTorch 2.x wheel's torch/
+# folder (scripts/torch2_check.sh) or the GPU machine's
+# torch.utils.cmake_prefix_path/../.. . A CUDA-built wheel's TorchConfig wants
+# libtorch_cuda and the CUDA toolkit; when either is absent (a CPU machine
+# building against the CUDA wheel), import torch_cpu + c10 directly instead,
+# so the same headers and CPU kernels are tested. 1.13 vs 2.x source
+# differences live in trainer/torch_compat.h, never here.
+set(TROUPE_TORCH_ROOT "" CACHE PATH "LibTorch to build against (folder holding include/, lib/, share/cmake/)")
+set(TROUPE_TORCH_KIND "system")
+function(troupe_import_torch_cpu root)
+  foreach(lib torch_cpu c10)
+    find_library(TROUPE_TORCH_${lib}_LIB ${lib} PATHS ${root}/lib NO_DEFAULT_PATH REQUIRED)
+  endforeach()
+  add_library(troupe_torch_cpu INTERFACE IMPORTED GLOBAL)
+  target_include_directories(troupe_torch_cpu SYSTEM INTERFACE
+    ${root}/include ${root}/include/torch/csrc/api/include)
+  target_link_libraries(troupe_torch_cpu INTERFACE
+    ${TROUPE_TORCH_torch_cpu_LIB} ${TROUPE_TORCH_c10_LIB} Threads::Threads)
+  # A CUDA-built libtorch_cpu names libcudart/libcupti; on a CPU machine they
+  # are absent and only reached through CUDA calls troupe never makes there.
+  target_link_options(troupe_torch_cpu INTERFACE LINKER:--allow-shlib-undefined)
+  set(TORCH_LIBRARIES troupe_torch_cpu PARENT_SCOPE)
+endfunction()
+if(TROUPE_WITH_TORCH AND TROUPE_TORCH_ROOT)
+  if(NOT EXISTS ${TROUPE_TORCH_ROOT}/include/torch/torch.h AND
+     NOT EXISTS ${TROUPE_TORCH_ROOT}/include/torch/csrc/api/include/torch/torch.h)
+    message(FATAL_ERROR "TROUPE_TORCH_ROOT=${TROUPE_TORCH_ROOT} holds no LibTorch headers")
+  endif()
+  file(GLOB _torch_cuda_libs ${TROUPE_TORCH_ROOT}/lib/libtorch_cuda*.so)
+  if(_torch_cuda_libs AND NOT CUDAToolkit_FOUND)
+    message(WARNING "TROUPE_TORCH_ROOT has libtorch_cuda but no CUDA toolkit was found")
+  endif()
+  if(_torch_cuda_libs AND CUDAToolkit_FOUND)
+    find_package(Torch CONFIG REQUIRED PATHS ${TROUPE_TORCH_ROOT}/share/cmake/Torch NO_DEFAULT_PATH)
+    set(TROUPE_TORCH_KIND "config")
+  else()
+    troupe_import_torch_cpu(${TROUPE_TORCH_ROOT})
+    set(TROUPE_TORCH_KIND "cpu-import")
+  endif()
+elseif(TROUPE_WITH_TORCH)
   find_package(Torch CONFIG REQUIRED)
 endif()
 
@@ -62,4 +102,4 @@ if(NOT TROUPE_WITH_PYTHON STREQUAL "OFF")
 endif()
 troupe_resolve_auto(TROUPE_WITH_PYTHON _py_found)
 
-message(STATUS "troupe: CUDA=${TROUPE_WITH_CUDA} NCCL=${TROUPE_WITH_NCCL} PYTHON=${TROUPE_WITH_PYTHON} TORCH=${TROUPE_WITH_TORCH}")
+message(STATUS "troupe: CUDA=${TROUPE_WITH_CUDA} NCCL=${TROUPE_WITH_NCCL} PYTHON=${TROUPE_WITH_PYTHON} TORCH=${TROUPE_WITH_TORCH} (${TROUPE_TORCH_KIND} ${TROUPE_TORCH_ROOT})")

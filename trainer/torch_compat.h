@@ -6,7 +6,9 @@
 
 #include <memory>
 
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/version.h>
 
 namespace troupe::trainer::compat {
 
@@ -17,6 +19,17 @@ template <class NodePtr>
 std::shared_ptr<void> keep_alive(NodePtr node) {
   torch::autograd::Node* raw = node.get();
   return std::shared_ptr<void>(raw, [owner = std::move(node)](void*) mutable { owner.reset(); });
+}
+
+// Turns CUDA autocast on or off for this thread: 1.13 has only the
+// device-less set_enabled(bool), which 2.4+ deprecates in favour of
+// set_autocast_enabled(device type, bool).
+inline void set_cuda_autocast(bool on) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_enabled(at::kCUDA, on);
+#else
+  at::autocast::set_enabled(on);
+#endif
 }
 
 }  // namespace troupe::trainer::compat

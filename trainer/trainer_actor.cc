@@ -15,6 +15,7 @@
 #include "troupe/trainer/gradient_reducer.h"
 #include "troupe/trainer/shm_group.h"
 #include "troupe/trainer/sync_batch_norm.h"
+#include "troupe/trainer/torch_compat.h"
 
 TROUPE_REGISTER_CTOR(troupe::trainer::TrainerActor)
 
@@ -32,11 +33,11 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 class Autocast {
  public:
   explicit Autocast(bool on) : on_(on) {
-    if (on_) at::autocast::set_enabled(true);
+    if (on_) compat::set_cuda_autocast(true);
   }
   ~Autocast() {
     if (!on_) return;
-    at::autocast::set_enabled(false);
+    compat::set_cuda_autocast(false);
     at::autocast::clear_cache();
   }
   Autocast(const Autocast&) = delete;

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Builds and tests troupe against a LibTorch 2.x (the portability lane of
+# issue 17) on a CPU machine, next to the usual build against Debian's 1.13.
+#
+#   scripts/torch2_check.sh [fetch|configure|build|test|all] [ctest -R regex]
+#
+# The LibTorch is a PyTorch wheel (CPU x86_64 Linux; the default index's wheel
+# is CUDA-built, which is fine: cmake/TroupeDependencies.cmake then imports
+# torch_cpu + c10 without its TorchConfig). The wheel is downloaded once with
+# `pip download torch --no-deps` into $TROUPE_TORCH2_CACHE and unpacked there.
+# A CUDA-built libtorch_cpu names libcudart/libcupti, absent on a CPU machine:
+# the test step generates stub libraries for exactly the symbols it imports
+# (each returns an error, so torch sees no CUDA) and puts them on
+# LD_LIBRARY_PATH. The tests run the TorchScript/checkpoint files that
+# Debian's torch 1.13 python writes through LibTorch 2.x, and the reverse.
+#
+# Too slow for .ci/run (a full build with LibTorch 2.x headers, no ccache
+# hits shared with the 1.13 build): run it by hand after touching
+# trainer/torch_compat.h or the torch-facing code.
+#
+# Environment: TROUPE_TORCH2_CACHE (default ~/.cache/troupe-torch2),
+# TROUPE_TORCH2_SPEC (pip requirement, default "torch"), JOBS (build
+# parallelism, default 1, run under nice), TROUPE_TEST_WRAP (a prefix for the
+# ctest command, e.g. "flock /tmp/troupe-cpu.lock").
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+cache=${TROUPE_TORCH2_CACHE:-$HOME/.cache/troupe-torch2}
+spec=${TROUPE_TORCH2_SPEC:-torch}
+jobs=${JOBS:-1}
+export TROUPE_TORCH_ROOT=$cache/root/torch
+stubs=$cache/stubs
+stage=${1:-all}
+regex=${2:-}
+
+die() { echo "torch2_check: $*" >&2; exit 1; }
+
+fetch() {
+  [[ -f $TROUPE_TORCH_ROOT/include/torch/script.h ]] && return 0
+  mkdir -p "$cache"
+  local wheel
+  wheel=$(ls "$cache"/torch-2*.whl 2>/dev/null | head -n1 || true)
+  if [[ -z $wheel ]]; then
+    python3 -m pip download --no-deps --only-binary=:all: -d "$cache" "$spec" ||
+      die "pip download $spec failed (no network? put a torch-2.*.whl into $cache)"
+    wheel=$(ls "$cache"/torch-2*.whl | head -n1)
+  fi
+  echo "torch2_check: unpacking $wheel"
+  # Only what a C++ build needs: headers, libraries, CMake config.
+  python3 - "$wheel" "$cache/root" <<'EOF'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for n in z.namelist():
+        if n.startswith(("torch/include/", "torch/lib/", "torch/share/cmake/")):
+            z.extract(n, sys.argv[2])
+EOF
+  chmod -R u+w "$cache/root"
+}
+
+# Stub shared libraries for what libtorch_cpu needs but this machine lacks.
+make_stubs() {
+  local lib=$TROUPE_TORCH_ROOT/lib/libtorch_cpu.so need syms
+  mkdir -p "$stubs"
+  for need in $(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+    [[ -e $TROUPE_TORCH_ROOT/lib/$need ]] && continue
+    ldconfig -p | grep -q " $need " && continue
+    [[ -e $stubs/$need ]] && continue
+    syms=$(nm -D --undefined-only "$lib" | sed -n "s/^ *U \(.*\)@$need$/\1/p")
+    [[ -n $syms ]] || continue
+    echo "torch2_check: stub $need ($(wc -w <<<"$syms") symbols)"
+    { for s in $syms; do echo "int $s(void) { return 100; }"; done; } >"$stubs/$need.c"
+    { echo "$need {"; echo " global:"; for s in $syms; do echo "  $s;"; done; echo " local: *;"; echo "};"; } \
+      >"$stubs/$need.map"
+    cc -shared -fPIC -o "$stubs/$need" -Wl,-soname,"$need" -Wl,--version-script="$stubs/$need.map" \
+      "$stubs/$need.c"
+  done
+}
+
+configure() { cmake --preset torch2; }
+build() { nice -n 19 cmake --build --preset torch2 -j"$jobs"; }
+run_tests() {
+  make_stubs
+  local args=(--preset torch2)
+  [[ -n $regex ]] && args+=(-R "$regex")
+  LD_LIBRARY_PATH=$stubs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ${TROUPE_TEST_WRAP:-} ctest "${args[@]}"
+}
+
+case $stage in
+  fetch) fetch ;;
+  configure) fetch; configure ;;
+  build) build ;;
+  test) run_tests ;;
+  all) fetch; configure; build; run_tests ;;
+  *) die "unknown stage '$stage' (fetch|configure|build|test|all)" ;;
+esac
