@@ -274,7 +274,8 @@ bool in_worker();
 // the actor's current call; keep it short).
 template <ControlMessage M, class F>
 void on_control(F handler) {
-  runtime().core()->controls().set(M::kControlTag, client::typed_control_handler<M>(std::move(handler)));
+  auto& core = runtime().core();
+  core->controls().set(M::kControlTag, client::typed_control_handler<M>(std::move(handler), core.get()));
 }
 }  // namespace this_actor
 
@@ -423,7 +424,8 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
     wire::encode(e, entry.name);
     wire::encode(e, tuple);
     submitter->submit(
-        key, label, std::move(e), retries, [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
+        key, label, std::move(e), retries,
+        [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
         [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
   };
   client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
