@@ -59,12 +59,14 @@ class ControlTable {
 };
 
 // Wraps a typed handler (const M& -> M::Reply) into a ControlTable handler.
+// With the process's client core (the table's owner), object refs inside
+// the message decode as they do in call arguments.
 template <ControlMessage M, class F>
-ControlTable::Handler typed_control_handler(F handler) {
-  return [h = std::move(handler)](const std::string& body) -> std::string {
+ControlTable::Handler typed_control_handler(F handler, Core* core = nullptr) {
+  return [h = std::move(handler), core](const std::string& body) -> std::string {
     M message;
     try {
-      message = wire::decode_value<M>(body);
+      message = wire::decode_value<M>(body.data(), body.size(), nullptr, core);
     } catch (const DecodeError& e) {
       throw DecodeError(std::string("control message '") + M::kControlTag + "': " + e.what());
     }
@@ -77,18 +79,19 @@ ControlTable::Handler typed_control_handler(F handler) {
   };
 }
 
-// Turns the raw answer to a control message into its typed reply.
+// Turns the raw answer to a control message into its typed reply; `core`
+// (the caller's) lets object refs inside the reply decode.
 template <ControlMessage M>
-Future<typename M::Reply> typed_control_reply(Future<wire::Message> raw) {
+Future<typename M::Reply> typed_control_reply(Future<wire::Message> raw, Core* core = nullptr) {
   using R = typename M::Reply;
   auto st = std::make_shared<core::FutureState<R>>();
-  raw.on_ready([raw, st] {
+  raw.on_ready([raw, st, core] {
     try {
       wire::Message m = raw.get();
       if constexpr (std::is_void_v<R>) {
         st->set_value();
       } else {
-        st->set_value(wire::decode_value<R>(m.body));
+        st->set_value(wire::decode_value<R>(m.body.data(), m.body.size(), &m.attachments, core));
       }
     } catch (...) {
       st->set_error(std::current_exception());

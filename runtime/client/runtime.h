@@ -276,7 +276,8 @@ bool in_worker();
 // the actor's current call; keep it short).
 template <ControlMessage M, class F>
 void on_control(F handler) {
-  runtime().core()->controls().set(M::kControlTag, client::typed_control_handler<M>(std::move(handler)));
+  auto& core = runtime().core();
+  core->controls().set(M::kControlTag, client::typed_control_handler<M>(std::move(handler), core.get()));
 }
 }  // namespace this_actor
 

@@ -10,7 +10,7 @@ namespace troupe::client {
 using namespace troupe::wire;
 
 StreamReaderCore::StreamReaderCore(const std::shared_ptr<Core>& core, size_t credits)
-    : state_(std::make_shared<State>()) {
+    : state_(std::make_shared<State>()), core_(core) {
   if (credits == 0) throw ConfigError("a stream needs at least 1 credit");
   state_->credits = credits;
   auto server = core->service<StreamServer>();

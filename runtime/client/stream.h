@@ -55,11 +55,15 @@ class StreamReaderCore {
   // never came).
   void cancel(const std::string& reason);
   size_t buffered() const;
+  // The reader process's client core, which decoding an ObjectRef inside a
+  // value needs; null once the process's runtime is gone.
+  std::shared_ptr<Core> core() const { return core_.lock(); }
   struct State;
 
  private:
   std::shared_ptr<State> state_;
   StreamRef ref_;
+  std::weak_ptr<Core> core_;
   // The process's stream listener (owned by its client core).
   std::weak_ptr<StreamServer> server_;
 };
@@ -93,7 +97,10 @@ class StreamReader {
   std::optional<T> read(std::chrono::milliseconds timeout = std::chrono::hours(24)) {
     auto m = core_.read(timeout);
     if (!m) return std::nullopt;
-    return wire::decode_value<T>(m->body.data(), m->body.size(), &m->attachments);
+    // With the core, object refs inside the value decode (and register
+    // with their owners) as they do in call arguments.
+    auto core = core_.core();
+    return wire::decode_value<T>(m->body.data(), m->body.size(), &m->attachments, core.get());
   }
   // Values received and not yet read (never more than the credits).
   size_t buffered() const { return core_.buffered(); }

@@ -99,6 +99,11 @@ class NodeAgent::Impl {
     asio::post(io_, [this] {
       wait_signal();
       heartbeat();
+      // A change of the idle count reaches the head at once: the head's
+      // view (Runtime::nodes) is what callers wait on for a filled pool.
+      pool_->on_idle_count_change([this](uint32_t n) {
+        if (!stopping_) head_->send(make_event_value(Op::kHeartbeat, NodeHeartbeat{n}));
+      });
       pool_->fill(executable_of(""));
     });
   }

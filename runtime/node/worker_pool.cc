@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "troupe/runtime/core/cpu_priority.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -21,6 +22,9 @@ namespace {
 // and spawns of it start cold.
 constexpr int kMaxFailedStarts = 3;
 
+// The longest a refill waits for the worker taken before it to serve.
+constexpr std::chrono::milliseconds kRefillBound{500};
+
 }  // namespace
 
 void validate_pool_options(const WorkerPoolOptions& o) {
@@ -31,7 +35,11 @@ void validate_pool_options(const WorkerPoolOptions& o) {
 }
 
 WorkerPool::WorkerPool(asio::io_context& io, WorkerPoolOptions options, core::WorkerEnv base)
-    : io_(io), opts_(options), base_(std::move(base)), idle_timer_(io) {
+    : io_(io),
+      opts_(options),
+      base_(std::move(base)),
+      idle_timer_(io),
+      idle_priority_(opts_.size > 0 && core::can_restore_normal_priority()) {
   validate_pool_options(opts_);
   if (opts_.size > 0) check_idle();
 }
@@ -76,6 +84,11 @@ void WorkerPool::start_one(const std::string& executable) {
     throw;
   }
   ::close(fds[1]);
+  // Its start (library loading, static initialisation) is background work:
+  // it must not slow a spawn or a recovery that runs meanwhile. Set from
+  // here, after the exec, so that the agent never waits on an idle-priority
+  // child; take() restores normal priority.
+  if (idle_priority_) core::enter_idle_priority(pid);
   Idle idle;
   idle.executable = executable;
   idle.socket = std::make_unique<asio::local::stream_protocol::socket>(io_, asio::local::stream_protocol(), fds[0]);
@@ -89,6 +102,7 @@ void WorkerPool::watch_ready(pid_t pid) {
   asio::async_read(*idle_[pid].socket, asio::buffer(byte.get(), 1), [this, pid, byte](asio::error_code ec, size_t) {
     if (ec) return;  // taken, killed, or it died (reap() removes it)
     if (auto it = idle_.find(pid); it != idle_.end()) it->second.ready = true;
+    report_idle_count();
   });
 }
 
@@ -97,7 +111,6 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
   auto& e = executables_[executable];
   e.last_used = std::chrono::steady_clock::now();
   e.active = true;
-  post_refill(executable);
   // A ready worker first; one still starting is still ahead of a cold start.
   auto chosen = idle_.end();
   for (auto it = idle_.begin(); it != idle_.end(); ++it)
@@ -109,8 +122,12 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
     idle_.erase(chosen);
     asio::error_code ignored;
     socket->cancel(ignored);
+    report_idle_count();
     try {
+      if (idle_priority_ && !core::leave_idle_priority(pid))
+        TROUPE_LOG_DEBUG("worker pool: could not restore the priority of every thread of worker {}", pid);
       send_assignment(socket->native_handle(), a);
+      refill_when_serving(pid, std::move(socket), executable);
       return pid;
     } catch (const std::exception& ex) {
       // It died while idle: reap() will collect it; try another.
@@ -123,7 +140,36 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
     for (auto it = idle_.begin(); it != idle_.end(); ++it)
       if (it->second.executable == executable) chosen = it;
   }
+  post_refill(executable);
   return std::nullopt;
+}
+
+// The taken worker writes one byte once its actor serves (or closes the
+// socket by dying first); the refill starts then, or after kRefillBound
+// when the actor's constructor takes longer. Starting workers while the
+// taken one starts its actor would compete with it for the CPU.
+void WorkerPool::refill_when_serving(pid_t pid, std::unique_ptr<asio::local::stream_protocol::socket> socket,
+                                     const std::string& executable) {
+  auto& t = taken_[pid];
+  t.socket = std::move(socket);
+  t.bound = std::make_unique<asio::steady_timer>(io_, kRefillBound);
+  auto byte = std::make_shared<char>(0);
+  asio::async_read(*t.socket, asio::buffer(byte.get(), 1), [this, pid, byte, executable](asio::error_code ec, size_t) {
+    if (ec != asio::error::operation_aborted) refill_after_take(pid, executable);
+  });
+  t.bound->async_wait([this, pid, executable](asio::error_code ec) {
+    if (!ec) refill_after_take(pid, executable);
+  });
+}
+
+void WorkerPool::refill_after_take(pid_t pid, const std::string& executable) {
+  auto it = taken_.find(pid);
+  if (it == taken_.end()) return;  // the other of byte and bound came first
+  asio::error_code ignored;
+  it->second.socket->cancel(ignored);
+  it->second.bound->cancel();
+  taken_.erase(it);
+  post_refill(executable);
 }
 
 void WorkerPool::post_refill(const std::string& executable) {
@@ -153,6 +199,18 @@ void WorkerPool::reap() {
     it = idle_.erase(it);
     if (e.active) post_refill(executable);
   }
+  report_idle_count();
+}
+
+void WorkerPool::on_idle_count_change(std::function<void(uint32_t)> callback) {
+  on_idle_count_change_ = std::move(callback);
+}
+
+void WorkerPool::report_idle_count() {
+  uint32_t n = idle_count();
+  if (n == reported_idle_ || stopped_) return;
+  reported_idle_ = n;
+  if (on_idle_count_change_) on_idle_count_change_(n);
 }
 
 uint32_t WorkerPool::idle_count() const {
@@ -197,11 +255,13 @@ void WorkerPool::kill_idle(const std::string& executable) {
     ::waitpid(it->first, &st, 0);
     it = idle_.erase(it);
   }
+  report_idle_count();
 }
 
 void WorkerPool::recycle() {
   if (stopped_) return;
   kill_all_idle();
+  report_idle_count();
   for (auto& [exe, e] : executables_)
     if (e.active) post_refill(exe);
 }
@@ -220,6 +280,7 @@ void WorkerPool::kill_all_idle() {
     ::waitpid(pid, &st, 0);
   }
   idle_.clear();
+  taken_.clear();
 }
 
 }  // namespace troupe::node

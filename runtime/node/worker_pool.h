@@ -3,7 +3,9 @@
 // included when the executable links it — and static initialisation done),
 // each holding one end of a socketpair. A spawn takes an idle one of the
 // right executable and sends it its WorkerAssignment; the pool refills in
-// the background. Workers of an executable unused for `idle_timeout` are
+// the background once that worker serves, at idle CPU priority where the
+// agent may restore it.
+// Workers of an executable unused for `idle_timeout` are
 // killed and not refilled until it is used again. An idle worker's exit is
 // the pool's business (it is never reported as an actor's exit); a taken
 // worker belongs to the agent like a cold-started one. Lives on the agent's
@@ -15,6 +17,7 @@
 #include <asio.hpp>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -46,12 +49,17 @@ class WorkerPool {
   // Marks `executable` in use and starts idle workers for it up to the size.
   void fill(const std::string& executable);
   // Hands `a` to an idle worker of `executable` and returns its pid; nullopt
-  // when none is idle. Either way the pool refills in the background.
+  // when none is idle. Either way the pool refills in the background: at
+  // once when none was idle, else once the taken worker's actor serves.
   std::optional<pid_t> take(const std::string& executable, const WorkerAssignment& a);
   // Reaps idle workers that exited (SIGCHLD); they are not actors' exits.
   void reap();
   // Idle workers that are ready (past their start), over all executables.
   uint32_t idle_count() const;
+  // Called (on the event loop) with the new idle_count() whenever it
+  // changes, so the agent can report it at once rather than with its next
+  // heartbeat.
+  void on_idle_count_change(std::function<void(uint32_t)> callback);
   // Kills and reaps every idle worker; the pool starts nothing after it.
   void stop();
   // Kills and reaps every idle worker and refills the executables in use
@@ -64,6 +72,11 @@ class WorkerPool {
     std::unique_ptr<asio::local::stream_protocol::socket> socket;
     bool ready = false;
   };
+  // A worker just taken, until its actor serves (see take()).
+  struct Taken {
+    std::unique_ptr<asio::local::stream_protocol::socket> socket;
+    std::unique_ptr<asio::steady_timer> bound;
+  };
   struct Executable {
     std::chrono::steady_clock::time_point last_used;
     bool active = false;     // refilled; false once idle past the timeout
@@ -74,17 +87,27 @@ class WorkerPool {
   void start_one(const std::string& executable);
   void watch_ready(pid_t pid);
   void post_refill(const std::string& executable);
+  void refill_when_serving(pid_t pid, std::unique_ptr<asio::local::stream_protocol::socket> socket,
+                           const std::string& executable);
+  void refill_after_take(pid_t pid, const std::string& executable);
   size_t count(const std::string& executable) const;
   void check_idle();
   void kill_idle(const std::string& executable);
   void kill_all_idle();
+  void report_idle_count();
 
   asio::io_context& io_;
   const WorkerPoolOptions opts_;
   const core::WorkerEnv base_;
   asio::steady_timer idle_timer_;
   std::map<pid_t, Idle> idle_;
+  std::map<pid_t, Taken> taken_;
   std::map<std::string, Executable> executables_;
+  // Idle workers start under SCHED_IDLE (core/cpu_priority.h) where this
+  // process can give a taken one its normal priority back.
+  const bool idle_priority_;
+  std::function<void(uint32_t)> on_idle_count_change_;
+  uint32_t reported_idle_ = 0;
   bool stopped_ = false;
 };
 

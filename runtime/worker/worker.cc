@@ -1,5 +1,6 @@
 #include "troupe/runtime/worker/worker.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -119,13 +120,18 @@ class ActorHost {
         call_io_(inline_calls_ ? calls_io_ : core_->io()) {}
 
   // Listens, tells the head the actor is ready, and serves; never returns.
-  [[noreturn]] void serve(const core::WorkerEnv& env) {
+  [[noreturn]] void serve(const core::WorkerEnv& env, int serving_fd) {
     auto call_listener = make_listener(call_io_, call_conns_);
     auto control_listener = make_listener(core_->io(), std::make_shared<ConnMap>());
     register_drop_connections();
     ActorReady ready{env.actor_id, env.incarnation, format_address(advertise_host_, call_listener->port()), getpid(),
                      format_address(advertise_host_, control_listener->port())};
     core_->head().send(make_event_value(Op::kActorReady, ready));
+    if (serving_fd >= 0) {
+      const char serving = 'S';
+      (void)!::send(serving_fd, &serving, 1, MSG_NOSIGNAL);  // the agent may be gone
+      ::close(serving_fd);
+    }
     TROUPE_LOG_DEBUG("actor {} ({}) serving at {}", env.actor_id, core_->hello_reply().spec.class_name, ready.address);
     if (inline_calls_) {
       auto guard = asio::make_work_guard(calls_io_);
@@ -242,7 +248,7 @@ class ActorHost {
 
 }  // namespace
 
-void run_worker(const core::WorkerEnv& env) {
+void run_worker(const core::WorkerEnv& env, int serving_fd) {
   core::init_logging("worker a" + std::to_string(env.actor_id));
   std::shared_ptr<client::Core> core = connect_to_head(env);
   // The actor's constructor may already use this_actor.
@@ -251,7 +257,7 @@ void run_worker(const core::WorkerEnv& env) {
   WorkerContext::install(context.get());
   auto actor = construct_actor(*core, env);
   ActorHost host(core, std::move(context), std::move(actor), env);
-  host.serve(env);  // never returns: the process exits from there
+  host.serve(env, serving_fd);  // never returns: the process exits from there
 }
 
 }  // namespace troupe::worker

@@ -22,8 +22,10 @@ struct DropConnections {
 };
 
 // Serves the actor named by env (actor id, incarnation, head, token, bind
-// and advertise hosts, GPUs); never returns.
-[[noreturn]] void run_worker(const core::WorkerEnv& env);
+// and advertise hosts, GPUs); never returns. A pooled worker passes its
+// agent's socket as `serving_fd`: one byte goes there, and it is closed,
+// once the actor serves (the agent refills its pool then).
+[[noreturn]] void run_worker(const core::WorkerEnv& env, int serving_fd = -1);
 
 // A pooled worker (env.pool_fd set): waits for its node agent's assignment on
 // that descriptor, takes on the actor's environment (GPUs, extra env) and

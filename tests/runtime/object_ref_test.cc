@@ -1,13 +1,14 @@
 // Object references between real processes: put/get in the owner and from
 // an actor, call_ref results consumed on another node without the driver in
 // the path, freeing when the last handle goes, ObjectLost when the owner is
-// killed, and the store's limit.
+// killed, the store's limit, and refs inside streams and control messages.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <numeric>
 
 #include "tests/support/wait.h"
+#include "troupe/runtime/client/stream.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;
@@ -25,15 +26,71 @@ int64_t checksum(const Bytes& b) { return std::accumulate(b.begin(), b.end(), in
 
 }  // namespace
 
+// A stream item that carries a ref: the bytes stay with their owner.
+struct Shard {
+  int64_t seq = 0;
+  troupe::ObjectRef<Bytes> data;
+  TROUPE_FIELDS(seq, data)
+};
+
 // Makes objects in its own process (call_ref results, puts).
 class Maker {
  public:
   Bytes make(int64_t n) { return pattern(n); }
   troupe::ObjectRef<std::string> put_text(std::string s) { return troupe::this_actor::runtime().put(std::move(s)); }
+  // Puts n shards of 1..n KiB here and streams refs to them.
+  void stream_shards(troupe::StreamRef ref, int n) {
+    troupe::StreamWriter<Shard> w(troupe::this_actor::runtime(), ref);
+    for (int i = 1; i <= n; ++i) w.write(Shard{i, troupe::this_actor::runtime().put(pattern(i << 10))});
+    w.close();
+  }
   troupe::client::ObjectStoreStats stats() { return troupe::this_actor::runtime().object_store_stats(); }
   int pid() { return getpid(); }
 };
-TROUPE_ACTOR(Maker, &Maker::make, &Maker::put_text, &Maker::stats, &Maker::pid)
+TROUPE_ACTOR(Maker, &Maker::make, &Maker::put_text, &Maker::stream_shards, &Maker::stats, &Maker::pid)
+
+// Control messages with refs: one hands the worker a ref to keep, one
+// asks it for a ref to a value it puts.
+struct StashRef {
+  static constexpr const char* kControlTag = "test.stash_ref";
+  using Reply = void;
+  troupe::ObjectRef<Bytes> ref;
+  TROUPE_FIELDS(ref)
+};
+struct PutText {
+  static constexpr const char* kControlTag = "test.put_text";
+  using Reply = troupe::ObjectRef<std::string>;
+  std::string text;
+  TROUPE_FIELDS(text)
+};
+
+class Stasher {
+ public:
+  Stasher() : stash_(std::make_shared<Stash>()) {
+    // Handlers run on the I/O thread: keep the ref, fetch it in a call.
+    troupe::this_actor::on_control<StashRef>([s = stash_](const StashRef& m) {
+      std::lock_guard lock(s->mu);
+      s->ref = m.ref;
+    });
+    troupe::this_actor::on_control<PutText>([](const PutText& m) { return troupe::this_actor::runtime().put(m.text); });
+  }
+  int64_t stashed_checksum() {
+    troupe::ObjectRef<Bytes> r;
+    {
+      std::lock_guard lock(stash_->mu);
+      r = stash_->ref;
+    }
+    return checksum(r.get(30s));
+  }
+
+ private:
+  struct Stash {
+    std::mutex mu;
+    troupe::ObjectRef<Bytes> ref;
+  };
+  std::shared_ptr<Stash> stash_;
+};
+TROUPE_ACTOR(Stasher, &Stasher::stashed_checksum)
 
 // Consumes refs made elsewhere.
 class User {
@@ -57,6 +114,7 @@ TROUPE_ACTOR(User, &User::consume, &User::sum, &User::keep, &User::drop, &User::
 namespace {
 
 using troupe::test::eventually;
+using troupe::test::kWaitBound;
 
 class ObjectRefTest : public ::testing::Test {
  protected:
@@ -177,6 +235,40 @@ TEST_F(ObjectRefTest, StoreLimitIsEnforced) {
   auto m = maker({"TROUPE_OBJECT_STORE_BYTES=100000"});
   EXPECT_THROW(m.call_ref(&Maker::make, int64_t{200000}).get(30s), troupe::ObjectStoreFull);
   EXPECT_EQ(m.call_ref(&Maker::make, int64_t{1000}).get(30s).get(30s), pattern(1000));
+}
+
+// A ref written into a stream decodes on the reader's side (registering
+// with its owner) and get() fetches from the writer's process; the owner
+// frees the objects once the reader lets the refs go.
+TEST_F(ObjectRefTest, RefsInsideStreamsDecodeOnTheReader) {
+  auto m = maker();
+  {
+    troupe::StreamReader<Shard> r(rt_, 4);
+    auto done = m.call(&Maker::stream_shards, r.ref(), 10);
+    std::vector<troupe::ObjectRef<Bytes>> kept;
+    for (int i = 1; i <= 10; ++i) {
+      auto shard = r.read(kWaitBound);
+      ASSERT_TRUE(shard.has_value());
+      ASSERT_EQ(shard->seq, i);
+      ASSERT_TRUE(shard->data.valid());
+      EXPECT_EQ(checksum(shard->data.get(30s)), checksum(pattern(i << 10)));
+      kept.push_back(shard->data);
+    }
+    EXPECT_FALSE(r.read(10s).has_value());
+    done.get(kWaitBound);
+    EXPECT_EQ(m.call(&Maker::stats).get(30s).objects, 10u);
+  }
+  EXPECT_TRUE(eventually([&] { return m.call(&Maker::stats).get(30s).objects == 0; }));
+}
+
+// Refs inside a control message and inside a control reply decode too.
+TEST_F(ObjectRefTest, RefsInsideControlMessagesDecode) {
+  auto s = rt_.spawn<Stasher>({.resources = {{"b", 1}}});
+  ASSERT_TRUE(s.wait_ready(kWaitBound));
+  s.control(StashRef{rt_.put(pattern(100000))}).get(kWaitBound);
+  EXPECT_EQ(s.call(&Stasher::stashed_checksum).get(30s), checksum(pattern(100000)));
+  auto text = s.control(PutText{"kept in the worker"}).get(kWaitBound);
+  EXPECT_EQ(text.get(30s), "kept in the worker");
 }
 
 }  // namespace
