@@ -31,7 +31,7 @@ for t in "${targets[@]}"; do
     status=1
     tail -40 "$log" >&2
   fi
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
+  execs=$(grep -o "stat::number_of_executed_units: *[0-9]*" "$log" | tail -1 | grep -o "[0-9]*$" || true)
   echo "{\"bench\": \"fuzz\", \"case\": \"$t\", \"seconds\": $seconds, \"execs\": ${execs:-0}, \"clean\": $clean}"
 done
 exit $status

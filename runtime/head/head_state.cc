@@ -1,6 +1,7 @@
 #include "troupe/runtime/head/head_state.h"
 
 #include <algorithm>
+#include <charconv>
 #include <utility>
 
 #include "troupe/runtime/core/errors.h"
@@ -546,15 +547,18 @@ void HeadState::kv_erase(const std::string& key) { kv_.erase(key); }
 int64_t HeadState::kv_add(const std::string& key, int64_t delta) {
   int64_t v = 0;
   if (auto it = kv_.find(key); it != kv_.end()) {
-    try {
-      v = std::stoll(it->second);
-    } catch (const std::exception&) {
+    const std::string& s = it->second;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size())
       throw ConfigError("kv add: key '" + key + "' holds a non-integer value");
-    }
   }
-  v += delta;
-  kv_set(key, std::to_string(v));
-  return v;
+  // Values come from clients: a sum past int64 is refused, not wrapped.
+  int64_t sum = 0;
+  if (__builtin_add_overflow(v, delta, &sum))
+    throw ConfigError("kv add: key '" + key + "' holds " + std::to_string(v) + "; adding " + std::to_string(delta) +
+                      " overflows a 64-bit integer");
+  kv_set(key, std::to_string(sum));
+  return sum;
 }
 
 // ---- queries ----------------------------------------------------------------

@@ -135,6 +135,18 @@ struct Codec<T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_enum_v<T>>> 
   static T decode(Decoder& d) { return d.read_pod<T>(); }
 };
 
+// A bool is one byte, 0 or 1: any other byte read as a bool would be
+// undefined behaviour, so it is refused.
+template <>
+struct Codec<bool> {
+  static void encode(Encoder& e, const bool& v) { e.write_pod<uint8_t>(v ? 1 : 0); }
+  static bool decode(Decoder& d) {
+    auto b = d.read_pod<uint8_t>();
+    if (b > 1) throw DecodeError("bad bool byte " + std::to_string(b));
+    return b == 1;
+  }
+};
+
 template <>
 struct Codec<std::string> {
   static void encode(Encoder& e, const std::string& v) {

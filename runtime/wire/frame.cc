@@ -98,7 +98,7 @@ Message decode_message(const std::byte* p, size_t n, const FrameLimits& limits) 
                       std::to_string(sizeof(capnp::word)));
   // FlatArrayMessageReader needs word alignment; the copy is small.
   std::vector<capnp::word> words(n / sizeof(capnp::word));
-  std::memcpy(words.data(), p, n);
+  if (n) std::memcpy(words.data(), p, n);  // an empty vector's data() may be null
   capnp::ReaderOptions opts;
   opts.traversalLimitInWords = limits.traversal_limit_words;
   opts.nestingLimit = limits.nesting_limit;

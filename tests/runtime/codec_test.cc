@@ -78,6 +78,14 @@ TEST(Codec, LargeBuffersBecomeAttachments) {
   EXPECT_TRUE(small.attachments().empty());
 }
 
+// Found by the codec fuzz target: a byte other than 0 or 1 was loaded as a
+// bool (undefined behaviour).
+TEST(Codec, BoolsAreZeroOrOne) {
+  EXPECT_TRUE(decode_value<bool>(encode_value(true).bytes()));
+  EXPECT_FALSE(decode_value<bool>(encode_value(false).bytes()));
+  EXPECT_THROW(decode_value<bool>(std::string(1, '\x04')), troupe::DecodeError);
+}
+
 TEST(Codec, TruncatedInputThrows) {
   Point p{3, -1.5, "label", {1, 2, 3}, std::nullopt};
   Encoder e = encode_value(p);

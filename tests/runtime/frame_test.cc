@@ -86,6 +86,8 @@ TEST(Frame, MalformedMessageThrows) {
 TEST(Frame, MessageOfPartWordsIsRefused) {
   std::vector<std::byte> bytes(13, std::byte{0});
   EXPECT_THROW(decode_message(bytes.data(), bytes.size(), FrameLimits{}), troupe::DecodeError);
+  // And no bytes at all (a null copy, found by the fuzzer under UBSan).
+  EXPECT_THROW(decode_message(nullptr, 0, FrameLimits{}), troupe::DecodeError);
 }
 
 std::vector<std::byte> header(uint32_t magic, uint32_t size, uint32_t natt) {

@@ -259,6 +259,16 @@ TEST_F(HeadStateTest, KvPutGetAddErase) {
   EXPECT_EQ(out.kv_set[2].value, "5");
 }
 
+// Found by the kv fuzz target: sums past int64 were signed overflow, and a
+// value with trailing junk counted as its leading number.
+TEST_F(HeadStateTest, KvAddRefusesOverflowAndPartNumbers) {
+  state_.kv_put("big", std::to_string(std::numeric_limits<int64_t>::max()));
+  EXPECT_THROW(state_.kv_add("big", 1), troupe::ConfigError);
+  EXPECT_EQ(state_.kv_add("big", -1), std::numeric_limits<int64_t>::max() - 1);
+  state_.kv_put("partly", "12abc");
+  EXPECT_THROW(state_.kv_add("partly", 1), troupe::ConfigError);
+}
+
 // Issue 12 item 3: an actor whose process is gone is DEAD, in every order.
 TEST_F(HeadStateTest, DriverGoneWithAGroupLeavesNoGhosts) {
   add_node({{"CPU", 2}}, 1);
