@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "troupe/runtime/core/cpu_priority.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -35,11 +34,7 @@ void validate_pool_options(const WorkerPoolOptions& o) {
 }
 
 WorkerPool::WorkerPool(asio::io_context& io, WorkerPoolOptions options, core::WorkerEnv base)
-    : io_(io),
-      opts_(options),
-      base_(std::move(base)),
-      idle_timer_(io),
-      idle_priority_(opts_.size > 0 && core::can_restore_normal_priority()) {
+    : io_(io), opts_(options), base_(std::move(base)), idle_timer_(io) {
   validate_pool_options(opts_);
   if (opts_.size > 0) check_idle();
 }
@@ -84,11 +79,6 @@ void WorkerPool::start_one(const std::string& executable) {
     throw;
   }
   ::close(fds[1]);
-  // Its start (library loading, static initialisation) is background work:
-  // it must not slow a spawn or a recovery that runs meanwhile. Set from
-  // here, after the exec, so that the agent never waits on an idle-priority
-  // child; take() restores normal priority.
-  if (idle_priority_) core::enter_idle_priority(pid);
   Idle idle;
   idle.executable = executable;
   idle.socket = std::make_unique<asio::local::stream_protocol::socket>(io_, asio::local::stream_protocol(), fds[0]);
@@ -124,8 +114,6 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
     socket->cancel(ignored);
     report_idle_count();
     try {
-      if (idle_priority_ && !core::leave_idle_priority(pid))
-        TROUPE_LOG_DEBUG("worker pool: could not restore the priority of every thread of worker {}", pid);
       send_assignment(socket->native_handle(), a);
       refill_when_serving(pid, std::move(socket), executable);
       return pid;

@@ -3,8 +3,7 @@
 // included when the executable links it — and static initialisation done),
 // each holding one end of a socketpair. A spawn takes an idle one of the
 // right executable and sends it its WorkerAssignment; the pool refills in
-// the background once that worker serves, at idle CPU priority where the
-// agent may restore it.
+// the background once that worker serves.
 // Workers of an executable unused for `idle_timeout` are
 // killed and not refilled until it is used again. An idle worker's exit is
 // the pool's business (it is never reported as an actor's exit); a taken
@@ -103,9 +102,6 @@ class WorkerPool {
   std::map<pid_t, Idle> idle_;
   std::map<pid_t, Taken> taken_;
   std::map<std::string, Executable> executables_;
-  // Idle workers start under SCHED_IDLE (core/cpu_priority.h) where this
-  // process can give a taken one its normal priority back.
-  const bool idle_priority_;
   std::function<void(uint32_t)> on_idle_count_change_;
   uint32_t reported_idle_ = 0;
   bool stopped_ = false;

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "troupe/runtime/core/cpu_priority.h"
 #include "troupe/runtime/node/worker_assignment.h"
 #include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/auth.h"
@@ -60,9 +59,6 @@ void run_pooled_worker(core::WorkerEnv env) {
   }
   // EOF: the agent let us go (idle timeout, shutdown) or died.
   if (!a) std::_Exit(0);
-  // Started at idle priority (core/cpu_priority.h): the agent moved our
-  // threads back before the assignment; this catches one started since.
-  core::leave_idle_priority(0);
   // Kept until the actor serves (run_worker), but not for the actor's children.
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   env.pool_fd = -1;

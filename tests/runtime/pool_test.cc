@@ -3,7 +3,6 @@
 // "troupe-worker:pooled" (its argv[0]); the tests find a node's idle ones
 // as its children by that name, and its count through Runtime::nodes().
 #include <gtest/gtest.h>
-#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,7 +15,6 @@
 
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
-#include "troupe/runtime/core/cpu_priority.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;
@@ -38,15 +36,8 @@ class PoolProbe {
     std::getline(f, s, '\0');
     return s;
   }
-  // Threads of this process still under SCHED_IDLE.
-  int idle_threads() const {
-    int n = 0;
-    for (const auto& t : std::filesystem::directory_iterator("/proc/self/task"))
-      n += ::sched_getscheduler(std::stoi(t.path().filename().string())) == SCHED_IDLE ? 1 : 0;
-    return n;
-  }
 };
-TROUPE_ACTOR(PoolProbe, &PoolProbe::pid, &PoolProbe::env, &PoolProbe::gpus, &PoolProbe::argv0, &PoolProbe::idle_threads)
+TROUPE_ACTOR(PoolProbe, &PoolProbe::pid, &PoolProbe::env, &PoolProbe::gpus, &PoolProbe::argv0)
 
 namespace {
 
@@ -123,25 +114,6 @@ TEST(WorkerPool, RefillsAfterSpawnsAndReportsIdleWorkers) {
   // Back to two idle workers, none of them an actor's.
   ASSERT_TRUE(eventually([&] { return idle_reported(rt, cluster.node_id(0)) == 2; }, 30s));
   EXPECT_EQ(idle_children(cluster.node_pid(0), actors).size(), 2u);
-}
-
-// Where the agent may undo it, idle workers start under SCHED_IDLE (their
-// start competes with nothing that matters); a taken one runs at normal
-// priority, every thread of it.
-TEST(WorkerPool, IdleWorkersStartAtIdlePriorityAndTakenOnesRunNormally) {
-  if (!troupe::core::can_restore_normal_priority())
-    GTEST_SKIP() << "this process may not leave SCHED_IDLE (no CAP_SYS_NICE, RLIMIT_NICE < 20)";
-  troupe::testing::LocalCluster cluster(one_node(2));
-  auto rt = cluster.connect();
-  ASSERT_TRUE(eventually([&] { return idle_reported(rt, cluster.node_id(0)) == 2; }, 30s));
-  std::set<pid_t> idle = idle_children(cluster.node_pid(0));
-  ASSERT_EQ(idle.size(), 2u);
-  for (pid_t p : idle) EXPECT_EQ(::sched_getscheduler(p), SCHED_IDLE) << p;
-  auto a = rt.spawn<PoolProbe>({});
-  pid_t pid = a.call(&PoolProbe::pid).get();
-  EXPECT_TRUE(idle.count(pid)) << "actor's worker " << pid << " was not one of the idle ones";
-  EXPECT_EQ(::sched_getscheduler(pid), SCHED_OTHER);
-  EXPECT_EQ(a.call(&PoolProbe::idle_threads).get(), 0);
 }
 
 TEST(WorkerPool, IdleWorkersAreReapedAfterTheTimeoutAndComeBackWithUse) {
