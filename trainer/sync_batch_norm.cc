@@ -17,15 +17,15 @@ thread_local collective::Group* t_sync_group = nullptr;
 
 constexpr auto kTimeout = std::chrono::minutes(5);
 
-// Sums `t` over the group's ranks (a copy; `t` is left alone). Device
-// tensors go through host memory: these are a few floats per channel.
+// Sums `t` over the group's ranks (a copy; `t` is left alone), on t's
+// device: a CUDA trainer's group is an NcclGroup, a CPU one's Gloo.
 torch::Tensor summed(const torch::Tensor& t, collective::Group& group) {
-  auto host = t.detach().to(torch::kCPU).contiguous().clone();
+  auto out = t.detach().contiguous().clone();
   collective::AllreduceOptions opts;
   opts.op = collective::ReduceOp::kSum;
   opts.timeout = kTimeout;
-  allreduce(group, host, opts)->wait(kTimeout);
-  return host.to(t.device());
+  allreduce(group, out, opts)->wait(kTimeout);
+  return out;
 }
 
 // y = Σ_ranks x. Backward: the gradient of every rank's loss reaches every
