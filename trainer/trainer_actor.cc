@@ -67,6 +67,8 @@ void validate(const TrainerConfig& c) {
   if (c.data.name.empty()) throw ConfigError("no data set given (TrainerConfig::data)");
   if (c.ema_decay < 0 || c.ema_decay >= 1)
     throw ConfigError("ema_decay must be in [0, 1), got " + std::to_string(c.ema_decay));
+  if (!(c.grad_clip >= 0) || !std::isfinite(c.grad_clip))
+    throw ConfigError("grad_clip must be a finite number >= 0 (0 = off), got " + std::to_string(c.grad_clip));
 }
 
 int64_t train_size(const TrainerConfig& c, int64_t n) {
@@ -327,6 +329,9 @@ void TrainerActor::optimizer_step() {
     }
     if (++good_steps_ % 2000 == 0) loss_scale_ *= 2;
   }
+  // After the reduction (and the unscaling): the gradients clipped are the
+  // ones every rank holds alike.
+  if (config_.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model_->parameters(), config_.grad_clip);
   optimizer_->step(lr);
   optimizer_->zero_grad();
   ++step_;
