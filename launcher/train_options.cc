@@ -238,8 +238,6 @@ void check(const TrainOptions& o) {
   require(o.lr > 0, "--lr must be positive, got " + num(o.lr));
   require(o.warmup_steps >= 0, "--warmup-steps must not be negative, got " + std::to_string(o.warmup_steps));
   require(o.grad_clip >= 0, "--grad-clip must not be negative, got " + num(o.grad_clip));
-  require(o.grad_clip == 0,
-          "--grad-clip " + num(o.grad_clip) + ": gradient clipping is not supported by this build yet (leave it at 0)");
   require(o.max_failures >= -1, "--max-failures must be -1 (no limit) or more, got " + std::to_string(o.max_failures));
   require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
   require(o.cpus_per_worker > 0, "--cpus-per-worker must be positive, got " + num(o.cpus_per_worker));
@@ -264,6 +262,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
   c.trainer.optimizer.weight_decay = o.weight_decay;
   c.trainer.schedule.warmup_steps = o.warmup_steps;
   c.trainer.sync_batchnorm = o.sync_batchnorm;
+  c.trainer.grad_clip = o.grad_clip;
   c.epochs = o.epochs;
   c.failure.max_failures = o.max_failures;
   c.checkpoint.dir = fs::absolute(o.checkpoint_dir).string();

@@ -78,6 +78,8 @@ void validate(const TrainerConfig& c) {
     throw ConfigError("sync_batchnorm: the TorchScript module " + c.model.path +
                       " normalises with its own code; SyncBatchNorm applies to C++ models (built-in cnn, "
                       "trainer::batch_norm)");
+  if (!(c.grad_clip >= 0) || !std::isfinite(c.grad_clip))
+    throw ConfigError("grad_clip must be a finite number >= 0 (0 = off), got " + std::to_string(c.grad_clip));
 }
 
 int64_t train_size(const TrainerConfig& c, int64_t n) {
@@ -341,6 +343,9 @@ void TrainerActor::optimizer_step() {
     }
     if (++good_steps_ % 2000 == 0) loss_scale_ *= 2;
   }
+  // After the reduction (and the unscaling): the gradients clipped are the
+  // ones every rank holds alike.
+  if (config_.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model_->parameters(), config_.grad_clip);
   optimizer_->step(lr);
   optimizer_->zero_grad();
   ++step_;

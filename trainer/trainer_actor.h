@@ -80,10 +80,15 @@ struct TrainerConfig {
   // trainer::batch_norm, sync_batch_norm.h) normalise with the statistics
   // of the whole batch over all ranks, as torch.nn.SyncBatchNorm.
   bool sync_batchnorm = false;
+  // Gradient clipping: the global L2 norm of all gradients is scaled down to
+  // at most grad_clip (torch.nn.utils.clip_grad_norm_); 0 = off. Applied to
+  // the reduced gradients, which every rank holds alike, so every rank
+  // clips identically and recovery stays bitwise.
+  double grad_clip = 0.0;
 
   TROUPE_FIELDS(model, step, optimizer, schedule, seed, batch_size, accumulation, compression, bucket_mb, data,
                 validation_fraction, split_seed, shuffle, threads, device, mixed_precision, shared_memory, ema_decay,
-                validation_data, sync_batchnorm);
+                validation_data, sync_batchnorm, grad_clip);
 };
 
 // Throws troupe::ConfigError naming the first bad field (no data set is

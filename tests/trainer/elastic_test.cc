@@ -252,6 +252,30 @@ TEST(ElasticTest, NodeAgentKilledSameWeights) {
   expect_bitwise_equal(clean.final_state, hurt.final_state);
 }
 
+// Gradient clipping acts on the reduced gradients, alike on every rank: a
+// trainer killed mid-run with grad_clip on still heals to the same weights
+// as a run without failures.
+TEST(ElasticTest, GradClipTrainerKilledSameWeights) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  cfg.trainer.grad_clip = 0.05;  // well below the MLP's gradient norms: every step clips
+  const auto clean = TrainJob(rt, cfg).fit();
+
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  faults.at_step(10, [&] {
+    auto id = faults.live_actors(kTrainerClass, before).at(1).id;
+    faults.after(2ms, [&faults, id] { faults.kill_actor(id); });
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].mode, RecoveryMode::kHeal);
+  EXPECT_EQ(hurt.recoveries[0].lost_steps, 0);
+  expect_bitwise_equal(clean.final_state, hurt.final_state);
+}
+
 // A node agent that stops (SIGSTOP) rather than dies: the head declares
 // the node dead after missed heartbeats, and the job recovers on the spare
 // node as for a kill, with the same weights.

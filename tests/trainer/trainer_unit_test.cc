@@ -20,6 +20,7 @@
 #include "troupe/trainer/optimizer.h"
 #include "troupe/trainer/shm_group.h"
 #include "troupe/trainer/sync_batch_norm.h"
+#include "troupe/trainer/trainer_actor.h"
 
 using namespace troupe;
 using namespace troupe::trainer;
@@ -369,6 +370,43 @@ TEST(ShmGroupTest, ReducerBucketsInSharedMemory) {
       for (auto& p : pa) p.mutable_grad() = torch::Tensor();  // the arena goes with shm
     }
   });
+}
+
+// grad_clip bounds the gradient's global L2 norm: one plain SGD step (no
+// momentum) then moves the weights by exactly lr * grad_clip, where the
+// unclipped step moves them much further. A TrainerActor in-process, world 1.
+TEST(GradClipTest, BoundsTheStepToLrTimesClip) {
+  auto step_length = [](double clip) {
+    TrainerConfig c;
+    c.model.name = "mlp";
+    c.model.input_dim = 16;
+    c.model.hidden = 32;
+    c.model.num_classes = 4;
+    c.data =
+        actors::DatasetSpec("synthetic_classification").set("size", 64).set("num_features", 16).set("num_classes", 4);
+    c.batch_size = 16;
+    c.seed = 3;
+    c.optimizer.lr = 0.1;
+    c.optimizer.momentum = 0;
+    c.grad_clip = clip;
+    TrainerActor t;
+    t.setup(c);
+    auto before = t.state().model;
+    TrainRequest r;
+    r.max_steps = 1;
+    EXPECT_EQ(t.train(r).steps, 1);
+    double sq = 0;
+    for (const auto& [name, w] : t.state().model)
+      sq += (w - before.at(name)).to(torch::kFloat64).pow(2).sum().item<double>();
+    return std::sqrt(sq);
+  };
+  const double clip = 1e-3, lr = 0.1;
+  EXPECT_GT(step_length(0), 10 * lr * clip);
+  EXPECT_NEAR(step_length(clip), lr * clip, 1e-3 * lr * clip);
+  TrainerConfig bad;
+  bad.data = actors::DatasetSpec("synthetic_classification");
+  bad.grad_clip = -1;
+  EXPECT_THROW(validate(bad), ConfigError);
 }
 
 }  // namespace
