@@ -25,7 +25,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   pybind11-dev python3-dev python3-torch python3-numpy python3-sklearn
   python3-matplotlib python3-cloudpickle python3-pytest python3-venv python3-pip
-  libssl-dev zlib1g-dev
+  libssl-dev zlib1g-dev libyaml-dev
   clang-14 libfuzzer-14-dev
 )
 
