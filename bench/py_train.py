@@ -116,8 +116,7 @@ def one_restart(launcher, warm_steps, timeout, kill_after):
         try:
             wait_until(lambda: len([s for s in read_steps(steps) if s[3] == 0]) >= warm_steps, timeout,
                        f"{warm_steps} steps")
-            # Mid-run: the job has trained a while (troupe's spare interpreters are
-            # ready 3 s after a start plus torch's import time).
+            # Mid-run: the job has trained a while.
             first_step = read_steps(steps)[0][0]
             time.sleep(max(0.0, first_step + kill_after - time.time()))
             with open(os.path.join(pids, "rank1.pid")) as f:

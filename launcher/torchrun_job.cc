@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -13,7 +12,6 @@
 
 #include "torchrun_slot.h"
 #include "troupe/runtime/core/exception_text.h"
-#include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/wire/address.h"
 
@@ -56,7 +54,6 @@ struct Attempt {
   std::vector<std::unique_ptr<StreamReader<OutputLine>>> readers;
   std::vector<std::thread> printers;
   std::vector<Future<ScriptExit>> exits;
-  bool intact = false;  // every slot outlived the last attempt
 };
 
 // How an attempt ended.
@@ -116,27 +113,19 @@ class TorchrunJob {
   }
 
   int run() {
-    Attempt a;
     for (int restart = 0;; ++restart) {
+      Attempt a;
       Outcome out;
       try {
-        if (!reusable(a)) {
-          release(a);
-          form(a, Clock::now() + kRendezvousTimeout);
-        }
+        form(a, Clock::now() + kRendezvousTimeout);
         launch(a, restart);
-        TROUPE_LOG_INFO("torchrun: attempt {} launched on {} node(s)", restart, a.shape.nodes);
         out = watch(a);
       } catch (const ConfigError& e) {
-        stop(a, restart);
-        release(a);
+        stop(a);
         say(e.what());
         return 1;
       }
-      TROUPE_LOG_INFO("torchrun: attempt {} ended: {}", restart, out.ok ? "ok" : out.cause);
-      stop(a, restart);
-      TROUPE_LOG_INFO("torchrun: attempt {} stopped", restart);
-      if (out.ok || restart >= o_.max_restarts) release(a);
+      stop(a);
       if (out.ok) return 0;
       if (restart >= o_.max_restarts) {
         say(out.cause + "; no restarts left (--max-restarts " + std::to_string(o_.max_restarts) + ")");
@@ -148,21 +137,6 @@ class TorchrunJob {
   }
 
  private:
-  // Whether the next attempt can run on the slots of the last one: every
-  // slot survived and no node could be added. Reused slots hand the
-  // launch to their spare interpreters, which have imported torch.
-  bool reusable(const Attempt& a) {
-    if (a.slots.empty() || !a.intact) return false;
-    if (a.shape.nodes >= o_.max_nodes) return true;
-    auto placed = a.pg.info().bundle_nodes;
-    for (auto& n : rt_.nodes()) {
-      if (!n.alive || std::find(placed.begin(), placed.end(), n.id) != placed.end()) continue;
-      auto it = n.available.find(a.shape.resource);
-      if (it != n.available.end() && it->second >= o_.nproc_per_node) return false;
-    }
-    return true;
-  }
-
   // The shape of the next attempt: the live nodes with room for a node's
   // ranks, at most MAX of them; waits (bounded) for MIN.
   Shape choose_shape(Clock::time_point deadline) {
@@ -299,36 +273,25 @@ class TorchrunJob {
     }
   }
 
-  // Stops every rank of attempt `restart` (SIGTERM, SIGKILL after the
-  // grace), waits for their exits (bounded) and joins the printers; notes
-  // whether every slot survived, so the next attempt may reuse them.
-  void stop(Attempt& a, int restart) {
+  // Stops every rank (SIGTERM, SIGKILL after the grace), then the slots and
+  // the placement group; joins the printers.
+  void stop(Attempt& a) {
     std::vector<Future<int32_t>> stops;
     for (auto& s : a.slots) {
       try {
-        stops.push_back(s.control(StopScript{restart, kStopGraceMs}));
+        stops.push_back(s.control(StopScript{kStopGraceMs}));
       } catch (const std::exception&) {
       }
     }
     auto deadline = Clock::now() + std::chrono::milliseconds(kStopGraceMs) + 5s;
-    auto left = [&] {
-      return std::max(0ms, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-    };
-    for (auto& f : stops) f.wait_for(left());
-    a.intact = a.exits.size() == a.slots.size();
+    for (auto& f : stops) f.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
     for (auto& f : a.exits) {
-      try {
-        f.get(left());
-      } catch (const std::exception&) {
-        a.intact = false;
-      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      f.wait_for(std::max(left, 0ms));
     }
-    if (!a.intact) release(a);
+    release(a);
     for (auto& reader : a.readers) reader->cancel("the attempt ended");
     for (auto& t : a.printers) t.join();
-    a.printers.clear();
-    a.readers.clear();
-    a.exits.clear();
   }
 
   void release(Attempt& a) {
@@ -339,7 +302,6 @@ class TorchrunJob {
       }
     }
     a.slots.clear();
-    a.intact = false;
     if (a.has_pg) {
       try {
         rt_.remove_placement_group(a.pg);

@@ -79,10 +79,6 @@ size_t parse_option(TorchrunOptions& o, const std::vector<std::string>& args, si
     o.module = true;
     return i + 1;
   }
-  if (arg == "--cold-restart") {
-    o.cold_restarts = true;
-    return i + 1;
-  }
   // torchrun's single-node rendezvous is what troupe always does.
   if (arg == "--standalone") return i + 1;
   auto eq = arg.find('=');
@@ -139,7 +135,6 @@ TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args) {
 std::string torchrun_usage() {
   return "usage: troupe torchrun [--nproc-per-node N] [--nnodes N|MIN:MAX] [--max-restarts K]\n"
          "                       [--address HOST:PORT] [--python PATH] [--run-id ID] [-m]\n"
-         "                       [--cold-restart]\n"
          "                       script.py [args...]\n"
          "\n"
          "Runs an unmodified torchrun script on a troupe cluster (an embedded local one without\n"
@@ -150,8 +145,6 @@ std::string torchrun_usage() {
          "into new ones at a restart. Output lines carry torchrun's [default<rank>]: prefix.\n"
          "Options also take torchrun's underscore spellings (--nproc_per_node, --max_restarts)\n"
          "and --flag=value. --python: the interpreter (default python3 on each node's PATH).\n"
-         "Restarts hand the launch to a spare interpreter that imported torch while the last\n"
-         "attempt ran; --cold-restart starts a fresh one instead.\n"
          "See docs/torchrun.md.\n";
 }
 

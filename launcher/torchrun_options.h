@@ -27,7 +27,6 @@ struct TorchrunOptions {
   std::string python = "python3";  // looked up on each node's PATH unless a path
   std::string run_id;              // TORCHELASTIC_RUN_ID; "" = a random one
   bool module = false;             // -m: the script is a module name
-  bool cold_restarts = false;      // --cold-restart: no spare interpreters
   std::string script;
   std::vector<std::string> script_args;
   bool help = false;

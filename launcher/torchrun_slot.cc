@@ -18,9 +18,6 @@
 #include <optional>
 #include <sstream>
 #include <thread>
-#include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/process.h"
@@ -34,9 +31,6 @@ using Clock = std::chrono::steady_clock;
 
 // Longer lines go out in pieces of this size.
 constexpr size_t kMaxLine = 64 * 1024;
-// How long a script runs before its slot starts the next attempt's spare
-// interpreter.
-constexpr auto kSpareDelay = std::chrono::seconds(3);
 // How long output is still forwarded after the script exits, from
 // descendants that keep its pipes open.
 constexpr auto kDrainBound = std::chrono::seconds(2);
@@ -144,184 +138,25 @@ std::vector<std::string> script_environment(const std::vector<std::string>& vars
   return env;
 }
 
-// A child interpreter and our ends of its pipes (-1 = none).
-struct Child {
-  pid_t pid = -1;
-  int in = -1;  // its stdin (spares only)
-  int out = -1;
-  int err = -1;
-  std::string python;  // what it was started as
-};
-
-// What a spare interpreter runs: it imports torch ahead of time, then waits
-// for one JSON line on stdin (environment, working directory, argv) and
-// runs the script as `python script.py` or `python -m module` would.
-constexpr const char* kSpareBoot = R"PY(
-import json, os, sys
-try:
-    import torch  # noqa: F401  what a restart would spend its time on
-except Exception:
-    pass
-line = sys.stdin.readline()
-if not line:
-    sys.exit(0)
-spec = json.loads(line)
-sys.stdin = open(os.devnull)
-os.environ.clear()
-os.environ.update(spec["env"])
-if spec["cwd"]:
-    os.chdir(spec["cwd"])
-import runpy
-sys.argv = list(spec["argv"])
-if spec["module"]:
-    sys.path[0] = os.getcwd()
-    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-else:
-    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-    runpy.run_path(sys.argv[0], run_name="__main__")
-)PY";
-
-void close_child(Child& c) {
-  for (int* fd : {&c.in, &c.out, &c.err})
-    if (*fd >= 0) ::close(std::exchange(*fd, -1));
-}
-
-// Starts `exe args...` in a process group of its own with its stdout and
-// stderr (and, for a spare, its stdin) on pipes.
-Child spawn_child(const std::string& exe, const std::string& python, std::vector<std::string> args,
-                  std::vector<std::string> env, const std::string& cwd, bool with_stdin) {
-  int pipes[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
-  auto close_all = [&] {
-    for (auto& p : pipes)
-      for (int fd : p)
-        if (fd >= 0) ::close(fd);
-  };
-  for (int i = with_stdin ? 0 : 1; i < 3; ++i)
-    if (::pipe2(pipes[i], O_CLOEXEC) != 0) {
-      int e = errno;
-      close_all();
-      throw Error(std::string("pipe: ") + std::strerror(e));
-    }
-  core::SpawnOptions s;
-  s.executable = exe;
-  s.arg0 = python;
-  s.args = std::move(args);
-  s.env = std::move(env);
-  s.working_dir = cwd;
-  s.new_session = true;  // its own process group, stopped as one
-  s.stdin_fd = pipes[0][0];
-  s.stdout_fd = pipes[1][1];
-  s.stderr_fd = pipes[2][1];
-  Child c;
-  c.python = python;
-  try {
-    c.pid = core::spawn_process(s);
-  } catch (...) {
-    close_all();
-    throw;
-  }
-  // The child's ends.
-  for (int fd : {pipes[0][0], pipes[1][1], pipes[2][1]})
-    if (fd >= 0) ::close(fd);
-  c.in = pipes[0][1];
-  c.out = pipes[1][0];
-  c.err = pipes[2][0];
-  return c;
-}
-
-// The launch line a spare reads.
-std::string spare_spec(const std::vector<std::string>& env, const std::string& cwd,
-                       const std::vector<std::string>& argv, bool module) {
-  nlohmann::json e = nlohmann::json::object();
-  for (auto& kv : env) {
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) e[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  nlohmann::json spec = {{"env", e}, {"cwd", cwd}, {"argv", argv}, {"module", module}};
-  return spec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-}
-
-// Runs in the slot's call thread (wait_exit), as every child of the slot
-// does: PR_SET_PDEATHSIG follows the thread that forked.
-template <class State>
-void start_planned_spare(State& st) {
-  if (!st.spare_plan || Clock::now() < st.spare_plan->at) return;
-  auto plan = std::move(*st.spare_plan);
-  st.spare_plan.reset();
-  try {
-    st.spare = spawn_child(plan.exe, plan.python, {"-c", kSpareBoot}, plan.env, "", true);
-  } catch (const std::exception&) {
-    // No spare: the next attempt starts cold.
-  }
-}
-
-bool write_all(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += size_t(n);
-  }
-  return true;
-}
-
 }  // namespace
 
 struct TorchrunSlot::State {
   std::mutex mu;
   pid_t pid = -1;
-  bool reaped = true;
-  int32_t attempt = -1;          // of the script started last
-  int32_t stopped_attempt = -1;  // the last attempt told to stop
+  bool reaped = false;
+  bool stop_requested = false;
   std::optional<Clock::time_point> kill_at;
   std::unique_ptr<OutputPump> pump;
-  Child spare;
-  // The spare to start once the script has run kSpareDelay (not before:
-  // its import of torch would slow the script's own start).
-  struct SparePlan {
-    std::string exe, python;
-    std::vector<std::string> env;
-    Clock::time_point at;
-  };
-  std::optional<SparePlan> spare_plan;
   std::string dir;  // holds TORCHELASTIC_ERROR_FILE
   std::string error_file;
 
-  int32_t stop(int32_t of_attempt, uint32_t grace_ms) {
+  int32_t stop(uint32_t grace_ms) {
     std::lock_guard lock(mu);
-    stopped_attempt = std::max(stopped_attempt, of_attempt);
-    if (pid <= 0 || reaped || attempt > of_attempt) return 0;
+    stop_requested = true;
+    if (pid <= 0 || reaped) return 0;
     ::kill(-pid, SIGTERM);
     kill_at = Clock::now() + std::chrono::milliseconds(grace_ms);
     return 1;
-  }
-
-  // The spare, when it runs `python` and is still alive; else none (reaped).
-  std::optional<Child> take_spare(const std::string& python) {
-    Child c = std::exchange(spare, Child{});
-    if (c.pid <= 0) return std::nullopt;
-    if (c.python == python && ::waitpid(c.pid, nullptr, WNOHANG) == 0) return c;
-    drop(c);
-    return std::nullopt;
-  }
-
-  static void drop(Child& c) {
-    if (c.pid > 0) {
-      ::kill(-c.pid, SIGKILL);
-      ::waitpid(c.pid, nullptr, 0);
-    }
-    close_child(c);
-  }
-
-  // A fresh folder for this attempt's TORCHELASTIC_ERROR_FILE.
-  void new_error_dir() {
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    char d[] = "/tmp/troupe-torchrun-XXXXXX";
-    if (::mkdtemp(d) == nullptr) throw Error(std::string("torchrun slot: mkdtemp: ") + std::strerror(errno));
-    dir = d;
-    error_file = dir + "/error.json";
   }
 };
 
@@ -345,7 +180,7 @@ TorchrunSlot::TorchrunSlot() : state_(std::make_shared<State>()) {
   std::weak_ptr<State> weak = state_;
   this_actor::on_control<StopScript>([weak](const StopScript& m) {
     auto st = weak.lock();
-    return st ? st->stop(m.attempt, m.grace_ms) : 0;
+    return st ? st->stop(m.grace_ms) : 0;
   });
 }
 
@@ -356,7 +191,6 @@ TorchrunSlot::~TorchrunSlot() {
     ::waitpid(state_->pid, nullptr, 0);
     state_->reaped = true;
   }
-  State::drop(state_->spare);
   auto pump = std::move(state_->pump);
   lock.unlock();
   pump.reset();
@@ -381,39 +215,50 @@ int32_t TorchrunSlot::free_port() {
 
 int64_t TorchrunSlot::start(ScriptLaunch l) {
   std::lock_guard lock(state_->mu);
-  if (state_->stopped_attempt >= l.restart_count) return -1;
-  if (state_->pid > 0 && !state_->reaped)
-    throw ConfigError("torchrun slot: rank " + std::to_string(l.rank) + " already runs a script");
+  if (state_->stop_requested) return -1;
+  if (state_->pid > 0) throw ConfigError("torchrun slot: rank " + std::to_string(l.rank) + " already runs a script");
   const char* path = std::getenv("PATH");
   std::string exe = find_executable(l.python, path ? path : "/usr/bin:/bin");
   if (exe.empty())
     throw ConfigError("interpreter " + l.python + " not found" +
                       (l.python.find('/') == std::string::npos ? " on PATH" : "") + " (give --python PATH)");
-  state_->new_error_dir();
+  char dir[] = "/tmp/troupe-torchrun-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) throw Error(std::string("torchrun slot: mkdtemp: ") + std::strerror(errno));
+  state_->dir = dir;
+  state_->error_file = state_->dir + "/error.json";
   std::vector<std::string> vars = l.env;
   vars.push_back("TORCHELASTIC_ERROR_FILE=" + state_->error_file);
-  std::vector<std::string> env = script_environment(vars);
+  core::SpawnOptions s;
+  s.executable = exe;
+  s.arg0 = l.python;
+  if (l.module) s.args.push_back("-m");
+  s.args.push_back(l.script);
+  s.args.insert(s.args.end(), l.args.begin(), l.args.end());
+  s.env = script_environment(vars);
   std::error_code ec;
-  std::string cwd = !l.working_dir.empty() && std::filesystem::is_directory(l.working_dir, ec) ? l.working_dir : "";
-  std::vector<std::string> argv{l.script};
-  argv.insert(argv.end(), l.args.begin(), l.args.end());
-  Child c;
-  if (auto spare = state_->take_spare(l.python); spare && write_all(spare->in, spare_spec(env, cwd, argv, l.module))) {
-    c = *spare;
-    ::close(std::exchange(c.in, -1));
-  } else {
-    if (spare) State::drop(*spare);
-    if (l.module) argv.insert(argv.begin(), "-m");
-    c = spawn_child(exe, l.python, argv, env, cwd, false);
+  if (!l.working_dir.empty() && std::filesystem::is_directory(l.working_dir, ec)) s.working_dir = l.working_dir;
+  s.new_session = true;  // its own process group, stopped as one
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    throw Error(std::string("pipe: ") + std::strerror(errno));
   }
-  state_->pid = c.pid;
-  state_->reaped = false;
-  state_->attempt = l.restart_count;
-  state_->kill_at.reset();
-  state_->pump = std::make_unique<OutputPump>(l.rank, c.out, c.err, l.output);
-  state_->spare_plan.reset();
-  if (l.keep_spare) state_->spare_plan = State::SparePlan{exe, l.python, env, Clock::now() + kSpareDelay};
-  return c.pid;
+  s.stdout_fd = out[1];
+  s.stderr_fd = err[1];
+  pid_t pid = -1;
+  try {
+    pid = core::spawn_process(s);
+  } catch (...) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    throw;
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  state_->pid = pid;
+  state_->pump = std::make_unique<OutputPump>(l.rank, out[0], err[0], l.output);
+  return pid;
 }
 
 ScriptExit TorchrunSlot::wait_exit() {
@@ -430,7 +275,6 @@ ScriptExit TorchrunSlot::wait_exit() {
     if (r < 0 && errno != EINTR) throw Error(std::string("torchrun slot: waitpid: ") + std::strerror(errno));
     {
       std::lock_guard lock(state_->mu);
-      start_planned_spare(*state_);
       if (state_->kill_at && Clock::now() >= *state_->kill_at) {
         ::kill(-pid, SIGKILL);
         state_->kill_at.reset();

@@ -38,10 +38,7 @@ struct ScriptLaunch {
   std::string run_id;  // names the TORCHELASTIC_ERROR_FILE folder
   int32_t restart_count = 0;
   StreamRef output;  // where the lines go
-  // Start a spare interpreter now, which imports torch while this attempt
-  // runs and becomes the next attempt's script (restarts skip the import).
-  bool keep_spare = false;
-  TROUPE_FIELDS(rank, python, module, script, args, env, working_dir, run_id, restart_count, output, keep_spare)
+  TROUPE_FIELDS(rank, python, module, script, args, env, working_dir, run_id, restart_count, output)
 };
 
 // How a script ended: its wait status (`describe_exit_status` spells it),
@@ -53,21 +50,17 @@ struct ScriptExit {
   TROUPE_FIELDS(started, wait_status, error_file_text)
 };
 
-// Control message: stop attempt `attempt`'s script — SIGTERM to its
-// process group, SIGKILL after `grace_ms` — as torchrun stops its workers
-// (a start() of that attempt that comes later starts nothing). Served
-// beside a running wait_exit(); the reply is 1 when a script was signalled.
+// Control message: stop the script — SIGTERM to its process group, SIGKILL
+// after `grace_ms` — as torchrun stops its workers. Served beside a
+// running wait_exit(); the reply is 1 when a script was signalled.
 struct StopScript {
   static constexpr const char* kControlTag = "torchrun.stop";
   using Reply = int32_t;
-  int32_t attempt = 0;
   uint32_t grace_ms = 5000;
-  TROUPE_FIELDS(attempt, grace_ms)
+  TROUPE_FIELDS(grace_ms)
 };
 
-// A resource: one per worker process. It may outlive one attempt: the
-// driver reuses the slots of a group whose nodes did not change, and then
-// the next start() hands the launch to the spare interpreter.
+// A resource: one per worker process.
 class TorchrunSlot {
  public:
   TorchrunSlot();

@@ -65,7 +65,6 @@ struct ChildSetup {
     ::dup2(c.log_fd, 2);
     ::dup2(c.null_fd, 0);
   }
-  if (o.stdin_fd >= 0) ::dup2(o.stdin_fd, 0);
   if (o.stdout_fd >= 0) ::dup2(o.stdout_fd, 1);
   if (o.stderr_fd >= 0) ::dup2(o.stderr_fd, 2);
   if (!o.working_dir.empty() && ::chdir(o.working_dir.c_str()) != 0) {

@@ -23,10 +23,9 @@ struct SpawnOptions {
   std::vector<std::string> args;  // argv[1...]
   std::vector<std::string> env;   // the child's whole environment, KEY=VALUE
   std::string log_file;           // "" = inherit 0, 1, 2; else stdin /dev/null, stdout+stderr appended here
-  // Descriptors that become the child's stdin, stdout and stderr (-1 = as
+  // Descriptors that become the child's stdout and stderr (-1 = as
   // log_file says); for a parent that reads the child's output (the
   // `troupe torchrun` slot forwards its script's lines).
-  int stdin_fd = -1;
   int stdout_fd = -1;
   int stderr_fd = -1;
   std::string working_dir;      // "" = the parent's

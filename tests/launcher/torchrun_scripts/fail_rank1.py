@@ -1,6 +1,6 @@
-# Rank 1 exits 3 once rank 0 of its attempt is up; the other ranks wait to
-# be stopped (at most 120 s). Each writes OUT/pid-RANK-RESTART with its pid,
-# so the test can tell that no script outlives `troupe torchrun`.
+# Rank 1 exits 3 at once; the other ranks wait to be stopped (at most 120 s).
+# Each writes OUT/pid-RANK-RESTART with its pid, so the test can tell that
+# no script outlives `troupe torchrun`.
 import os
 import sys
 import time
@@ -9,10 +9,7 @@ out = sys.argv[1]
 rank, restart = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
 with open(os.path.join(out, f"pid-{rank}-{restart}"), "w") as f:
     f.write(str(os.getpid()))
-deadline = time.time() + 120
 if rank == "1":
-    while not os.path.exists(os.path.join(out, f"pid-0-{restart}")) and time.time() < deadline:
-        time.sleep(0.01)
     sys.exit(3)
 time.sleep(120)
 sys.exit(9)
