@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The sanitizer lane: the runtime and collective tests built with
 # AddressSanitizer + UndefinedBehaviorSanitizer (CMake preset "asan") and
-# without LibTorch (TROUPE_WITH_TORCH=OFF keeps the build short). Any
+# without LibTorch (TROUPE_WITH_TORCH=OFF keeps the build short) or the
+# Python shim (an instrumented extension cannot load into Debian's
+# uninstrumented interpreter; the shim's tests run in the regular suite). Any
 # sanitizer report fails the test that triggered it. CI runs this after the
 # test suite. Usage: scripts/sanitize.sh [ctest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cmake --preset asan -DTROUPE_WITH_TORCH=OFF -DTROUPE_BUILD_BENCH=OFF -DTROUPE_BUILD_EXAMPLES=OFF \
+cmake --preset asan -DTROUPE_WITH_TORCH=OFF -DTROUPE_WITH_PYTHON=OFF -DTROUPE_BUILD_BENCH=OFF -DTROUPE_BUILD_EXAMPLES=OFF \
   -DTROUPE_TEST_LAYERS=collective >/dev/null
 cmake --build --preset asan
 # halt_on_error: a UB report ends the process, so the test fails instead of
