@@ -62,6 +62,8 @@ PyOptions options_from(const pyb::dict& d) {
   if (d.contains("max_concurrency")) o.max_concurrency = d["max_concurrency"].cast<int>();
   if (d.contains("executable")) o.executable = d["executable"].cast<std::string>();
   if (d.contains("env")) o.env = d["env"].cast<std::vector<std::string>>();
+  if (d.contains("placement_group")) o.placement_group = d["placement_group"].cast<uint64_t>();
+  if (d.contains("bundle_index")) o.bundle_index = d["bundle_index"].cast<int>();
   return o;
 }
 
@@ -292,6 +294,50 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
       .def_property_readonly("token", [](PyClient& c) { return c.runtime().token(); });
 }
 
+pyb::dict group_to_python(const wire::PlacementGroupInfo& g) {
+  pyb::dict d;
+  d["id"] = g.id;
+  using S = wire::PlacementGroupState;
+  d["state"] = g.state == S::kPending ? "PENDING" : g.state == S::kCreated ? "CREATED" : "REMOVED";
+  d["bundle_nodes"] = g.bundle_nodes;
+  d["pending_reason"] = g.pending_reason;
+  return d;
+}
+
+// Placement groups: create, wait (blocking or as a ref), look up, remove.
+void bind_placement_groups(pyb::class_<PyClient>& cls) {
+  using NoGil = pyb::call_guard<pyb::gil_scoped_release>;
+  // Runs `f` with the GIL released, converts its group info with it held.
+  auto info_call = [](auto f) {
+    wire::PlacementGroupInfo g;
+    {
+      pyb::gil_scoped_release nogil;
+      g = f();
+    }
+    return group_to_python(g);
+  };
+  cls.def("create_placement_group",
+          [info_call](PyClient& c, const std::vector<Resources>& bundles, const std::string& strategy,
+                      const std::string& name) {
+            return info_call([&] { return c.create_placement_group(bundles, strategy, name); });
+          })
+      .def("wait_placement_group",
+           [info_call](PyClient& c, uint64_t id, double timeout_s) {
+             auto ms = std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1000));
+             return info_call([&] { return c.wait_placement_group(id, ms); });
+           })
+      .def("placement_group_info",
+           [info_call](PyClient& c, uint64_t id) { return info_call([&] { return c.placement_group_info(id); }); })
+      .def("remove_placement_group", &PyClient::remove_placement_group, NoGil())
+      .def(
+          "status_json", [](PyClient& c) { return c.runtime().status_json({}); }, NoGil())
+      .def("placement_group_ready", [](PyClient& c, uint64_t id, const pyb::handle& value) {
+        PyValue v = value_from_python(value);
+        pyb::gil_scoped_release nogil;
+        return c.placement_group_ready(id, std::move(v));
+      });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -300,6 +346,7 @@ PYBIND11_MODULE(_core, m) {
   bind_values(m);
   auto client = bind_client(m);
   bind_client_queries(client);
+  bind_placement_groups(client);
   m.def("set_error_classes", [](pyb::dict d) { g_errors = new pyb::dict(std::move(d)); });
   m.def("serve_worker", &serve_worker);
   m.def("in_worker", [] { return this_actor::in_worker(); });

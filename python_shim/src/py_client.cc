@@ -1,5 +1,6 @@
 #include "python_shim/src/py_client.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "troupe/runtime/core/process.h"
@@ -95,6 +96,8 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   s.max_concurrency = o.max_concurrency;
   s.executable = o.executable;
   s.env = o.env;
+  s.placement_group = o.placement_group;
+  s.bundle_index = o.bundle_index;
   auto info = core()->head().call<wire::ActorInfo>(wire::Op::kCreateActor, s);
   return core()->actor(info);
 }
@@ -118,6 +121,8 @@ PyTaskKey PyClient::task_key(const PyOptions& o) {
   p.resources = o.resources;
   p.executable = o.executable;
   p.env = o.env;
+  p.placement_group = o.placement_group;
+  p.bundle_index = o.bundle_index;
   auto submitter = core()->service<client::TaskSubmitter>();
   return PyTaskKey{submitter->key_for(p), o.name, o.max_retries};
 }
@@ -148,5 +153,77 @@ std::shared_ptr<client::ActorClient> PyClient::get_actor(const std::string& name
 }
 
 wire::ActorInfo PyClient::actor_info(uint64_t id) { return core()->actor(id)->info(); }
+
+// ---- placement groups --------------------------------------------------------
+
+namespace {
+
+wire::PlacementStrategy strategy_from(const std::string& name) {
+  if (name == "PACK") return wire::PlacementStrategy::kPack;
+  if (name == "SPREAD") return wire::PlacementStrategy::kSpread;
+  if (name == "STRICT_PACK") return wire::PlacementStrategy::kStrictPack;
+  if (name == "STRICT_SPREAD") return wire::PlacementStrategy::kStrictSpread;
+  throw ConfigError("unknown placement strategy '" + name + "' (known: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD)");
+}
+
+// One round of waiting for group `id` on the head, without blocking a
+// thread: the head answers when the group is reserved or after a while,
+// and an unreserved answer asks again. Runs its continuation on the I/O
+// thread.
+void wait_group_async(std::shared_ptr<client::Core> core, uint64_t id, std::shared_ptr<ReplyState> st,
+                      std::shared_ptr<PyValue> value) {
+  constexpr uint32_t kRoundMs = 10000;
+  Future<wire::Message> f;
+  try {
+    f = core->head().request(wire::Op::kWaitPlacementGroup,
+                             std::move(wire::encode_value(wire::WaitPlacementGroup{id, kRoundMs}).bytes()));
+  } catch (...) {
+    st->set_error(std::current_exception());
+    return;
+  }
+  f.on_ready([core, id, st, value, f]() mutable {
+    try {
+      wire::Message m = f.get();
+      auto info = wire::decode_value<wire::PlacementGroupInfo>(m.body.data(), m.body.size(), &m.attachments);
+      if (info.state == wire::PlacementGroupState::kCreated) {
+        PyReply reply;
+        reply.value = std::move(*value);
+        st->set_value(std::move(reply));
+      } else if (info.state == wire::PlacementGroupState::kRemoved) {
+        throw Error("placement group " + std::to_string(id) + " was removed before it was ready");
+      } else {
+        wait_group_async(std::move(core), id, std::move(st), std::move(value));
+      }
+    } catch (...) {
+      st->set_error(std::current_exception());
+    }
+  });
+}
+
+}  // namespace
+
+wire::PlacementGroupInfo PyClient::create_placement_group(const std::vector<Resources>& bundles,
+                                                          const std::string& strategy, const std::string& name) {
+  if (bundles.empty()) throw ConfigError("a placement group needs at least one bundle, got none");
+  return runtime_.create_placement_group(bundles, strategy_from(strategy), name).info();
+}
+
+wire::PlacementGroupInfo PyClient::wait_placement_group(uint64_t id, std::chrono::milliseconds timeout) {
+  uint32_t ms = static_cast<uint32_t>(std::min<int64_t>(timeout.count(), UINT32_MAX));
+  return core()->head().call<wire::PlacementGroupInfo>(wire::Op::kWaitPlacementGroup, wire::WaitPlacementGroup{id, ms},
+                                                       timeout + std::chrono::seconds(5));
+}
+
+wire::PlacementGroupInfo PyClient::placement_group_info(uint64_t id) {
+  return core()->head().call<wire::PlacementGroupInfo>(wire::Op::kGetPlacementGroup, id);
+}
+
+void PyClient::remove_placement_group(uint64_t id) { core()->head().call<void>(wire::Op::kRemovePlacementGroup, id); }
+
+std::shared_ptr<PyRef> PyClient::placement_group_ready(uint64_t id, PyValue value) {
+  auto st = std::make_shared<ReplyState>();
+  wait_group_async(core(), id, st, std::make_shared<PyValue>(std::move(value)));
+  return std::make_shared<PyRef>(core(), st);
+}
 
 }  // namespace troupe::py

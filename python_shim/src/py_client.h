@@ -37,6 +37,8 @@ struct PyOptions {
   int max_concurrency = 1;
   std::string executable;  // the Python worker launcher
   std::vector<std::string> env;
+  uint64_t placement_group = 0;  // 0 = none
+  int bundle_index = -1;         // -1 = any bundle of the group
 };
 
 // A scheduling key of the task submitter (placement of Python tasks).
@@ -63,6 +65,18 @@ class PyClient {
   std::shared_ptr<PyRef> put(PyValue value);
 
   std::shared_ptr<client::ActorClient> get_actor(const std::string& name);
+
+  // Placement groups, as the runtime's (Runtime::create_placement_group):
+  // `strategy` is Ray's name (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD).
+  wire::PlacementGroupInfo create_placement_group(const std::vector<Resources>& bundles, const std::string& strategy,
+                                                  const std::string& name);
+  // The group's state once it is reserved, or at the timeout.
+  wire::PlacementGroupInfo wait_placement_group(uint64_t id, std::chrono::milliseconds timeout);
+  wire::PlacementGroupInfo placement_group_info(uint64_t id);
+  void remove_placement_group(uint64_t id);
+  // A ref that resolves to `value` once group `id` is reserved, or fails
+  // if the group is removed first (Ray's PlacementGroup.ready()).
+  std::shared_ptr<PyRef> placement_group_ready(uint64_t id, PyValue value);
   // The latest view of an actor (state, node, restarts).
   wire::ActorInfo actor_info(uint64_t id);
 

@@ -14,9 +14,13 @@ from troupe._launcher import worker_executable
 from troupe.exceptions import ConfigError
 
 _FUNCTION_KEY = "troupe.py.fn."
-_TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "num_returns", "retry_exceptions"}
+# Where to run: Ray's scheduling_strategy, or its older placement_group and
+# placement_group_bundle_index options.
+_PLACEMENT_OPTIONS = {"scheduling_strategy", "placement_group", "placement_group_bundle_index"}
+_TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "num_returns",
+                 "retry_exceptions"} | _PLACEMENT_OPTIONS
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
-                  "lifetime", "namespace", "get_if_exists"}
+                  "lifetime", "namespace", "get_if_exists"} | _PLACEMENT_OPTIONS
 
 
 def _client():
@@ -63,12 +67,37 @@ def _runtime_options(options, default_cpus):
     }
     if options.get("name"):
         out["name"] = str(options["name"])
+    out.update(_placement(options))
     import troupe
 
     job = troupe._state.job_id if troupe._state else ""
     if job:
         out["env"] = [f"PYTROUPE_JOB_ID={job}"]
     return out
+
+
+def _placement(options):
+    """The placement group and bundle of `options` ({} = none)."""
+    from troupe.util.placement_group import PlacementGroup
+    from troupe.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = options.get("scheduling_strategy")
+    pg = options.get("placement_group")
+    index = options.get("placement_group_bundle_index", -1)
+    if isinstance(strategy, PlacementGroupSchedulingStrategy):
+        if pg is not None:
+            raise ConfigError("give either scheduling_strategy or placement_group, not both")
+        pg, index = strategy.placement_group, strategy.placement_group_bundle_index
+    elif strategy not in (None, "DEFAULT"):
+        raise ConfigError(f"scheduling_strategy {strategy!r} is not supported "
+                          "(known: 'DEFAULT', PlacementGroupSchedulingStrategy)")
+    if pg is None or pg == "default":
+        return {}
+    if not isinstance(pg, PlacementGroup):
+        raise ConfigError(f"placement_group must be a PlacementGroup, got a {type(pg).__name__}")
+    if not isinstance(index, int) or index < -1:
+        raise ConfigError(f"placement_group_bundle_index must be an int >= -1, got {index!r}")
+    return {"placement_group": pg.id, "bundle_index": index}
 
 
 class RemoteFunction:

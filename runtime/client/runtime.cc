@@ -149,8 +149,27 @@ client::TaskPlacement Runtime::task_placement(const TaskOptions& options) {
   return p;
 }
 
+namespace {
+
+// Waits (bounded) until the head reports the actor DEAD.
+void wait_dead(client::ActorClient& actor, std::chrono::milliseconds timeout) {
+  auto dead = std::make_shared<core::FutureState<void>>();
+  uint64_t listener = actor.add_listener([dead](const ActorInfo& info) {
+    if (info.state == ActorState::kDead && !dead->ready()) dead->set_value();
+  });
+  if (actor.info().state != ActorState::kDead) dead->wait_for(timeout);
+  actor.remove_listener(listener);
+}
+
+}  // namespace
+
 void Runtime::kill_actor(uint64_t actor_id, bool no_restart) {
   core_->head().call<void>(Op::kKillActor, KillActor{actor_id, no_restart});
+  // The head answers once the kill is sent; the worker may still serve a
+  // call sent meanwhile. A kill for good returns once the head reports the
+  // actor DEAD, so no call made after it can succeed (bounded: a node that
+  // does not report is declared dead by its heartbeats well within this).
+  if (no_restart) wait_dead(*core_->actor(actor_id), std::chrono::seconds(10));
 }
 
 ActorInfo Runtime::actor_info(uint64_t actor_id) { return core_->actor(actor_id)->info(); }

@@ -1,0 +1,80 @@
+"""Placement groups from Python (troupe.util, as Ray's ray.util): a group is
+reserved by the head, actors and tasks run in its bundles, a group that does
+not fit stays pending, removing one kills its actors and gives the resources
+back; bad options are refused with a clear error."""
+import pytest
+
+import troupe
+from troupe.exceptions import ActorDiedError, ConfigError, TroupeError
+from troupe.util import placement_group, placement_group_table, remove_placement_group
+from troupe.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from conftest import wait_until
+
+
+@troupe.remote
+class Where:
+    def node(self):
+        return troupe.get_runtime_context().get_node_id()
+
+
+@troupe.remote
+def node_of_task():
+    return troupe.get_runtime_context().get_node_id()
+
+
+def in_bundle(pg, index):
+    return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
+
+
+def test_actor_and_task_run_in_reserved_bundles(cluster):
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK")
+    assert troupe.get(pg.ready(), timeout=60) == pg
+    table = placement_group_table(pg)
+    assert table["state"] == "CREATED"
+    assert all(node for node in table["bundle_nodes"])
+    wait_until(lambda: troupe.available_resources().get("CPU", 0) == 0, what="both CPUs reserved by the group")
+
+    actor = Where.options(scheduling_strategy=in_bundle(pg, 0), num_cpus=1).remote()
+    task = node_of_task.options(placement_group=pg, placement_group_bundle_index=1)
+    assert int(troupe.get(actor.node.remote(), timeout=60)) == table["bundle_nodes"][0]
+    assert int(troupe.get(task.remote(), timeout=60)) == table["bundle_nodes"][1]
+
+    remove_placement_group(pg)
+    with pytest.raises(ActorDiedError):
+        # The group's actors die with it (the call may race the kill once).
+        for _ in range(100):
+            troupe.get(actor.node.remote(), timeout=60)
+    wait_until(lambda: troupe.available_resources().get("CPU", 0) == 2, what="the group's CPUs back in the pool")
+
+
+def test_group_that_does_not_fit_stays_pending_until_removed(cluster):
+    pg = placement_group([{"CPU": 64}])
+    ready = pg.ready()
+    done, pending = troupe.wait([ready], timeout=0.5)
+    assert done == [] and pending == [ready]
+    assert pg.wait(timeout_seconds=0.2) is False
+    table = placement_group_table(pg)
+    assert table["state"] == "PENDING" and table["pending_reason"]
+    assert pg.id in placement_group_table()
+    remove_placement_group(pg)
+    with pytest.raises(TroupeError, match="removed"):
+        troupe.get(ready, timeout=60)
+
+
+def test_bad_placement_options_are_refused(cluster):
+    with pytest.raises(ConfigError, match="strategy 'SIDEWAYS'"):
+        placement_group([{"CPU": 1}], strategy="SIDEWAYS")
+    with pytest.raises(ConfigError, match="non-empty list"):
+        placement_group([])
+    with pytest.raises(ConfigError, match="bundle 0"):
+        placement_group([{"CPU": -1}])
+    pg = placement_group([{"CPU": 1}])
+    try:
+        with pytest.raises(ValueError, match="out of range"):
+            in_bundle(pg, 3)
+        with pytest.raises(ConfigError, match="SPREAD"):
+            node_of_task.options(scheduling_strategy="SPREAD").remote()
+        with pytest.raises(ConfigError, match="not both"):
+            node_of_task.options(scheduling_strategy=in_bundle(pg, 0), placement_group=pg).remote()
+    finally:
+        remove_placement_group(pg)

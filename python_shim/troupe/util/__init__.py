@@ -1,0 +1,8 @@
+"""Ray's ray.util, as far as troupe has it: placement groups and scheduling
+strategies (troupe.util.placement_group, troupe.util.scheduling_strategies)."""
+
+from troupe.util.placement_group import (PlacementGroup, get_placement_group, placement_group,
+                                         placement_group_table, remove_placement_group)
+
+__all__ = ["PlacementGroup", "get_placement_group", "placement_group", "placement_group_table",
+           "remove_placement_group"]

@@ -1,0 +1,108 @@
+"""Placement groups as in Ray's ray.util.placement_group: a set of resource
+bundles the head reserves together (PACK, SPREAD, STRICT_PACK,
+STRICT_SPREAD), then actors and tasks placed into a bundle with
+PlacementGroupSchedulingStrategy. The runtime's own placement groups do the
+work (the head reserves and releases bundles, actors in a group that is
+still pending wait for it); nothing here schedules.
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+    troupe.get(pg.ready())
+    a = Actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
+    remove_placement_group(pg)
+"""
+
+from troupe.exceptions import ConfigError
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def _client():
+    import troupe
+
+    return troupe._client()
+
+
+def _bundle(i, bundle):
+    if not isinstance(bundle, dict) or not bundle:
+        raise ConfigError(f"placement group bundle {i} must be a non-empty dict of resources, got {bundle!r}")
+    out = {}
+    for k, v in bundle.items():
+        if not isinstance(v, (int, float)) or v < 0:
+            raise ConfigError(f"placement group bundle {i}: {k}={v!r} is not a non-negative number")
+        out[str(k)] = float(v)
+    return out
+
+
+class PlacementGroup:
+    """A handle on a placement group; pickles (ids travel to tasks and actors)."""
+
+    def __init__(self, id, bundle_specs):
+        self.id = int(id)
+        self.bundle_specs = [dict(b) for b in bundle_specs]
+
+    @property
+    def bundle_count(self):
+        return len(self.bundle_specs)
+
+    def ready(self):
+        """An ObjectRef that resolves to this group once every bundle is
+        reserved (troupe.get / troupe.wait on it); it fails if the group is
+        removed first."""
+        from troupe import _serialization as ser
+
+        return _client().placement_group_ready(self.id, ser.dumps(self))
+
+    def wait(self, timeout_seconds=30):
+        """True once every bundle is reserved, False at the timeout."""
+        return _client().wait_placement_group(self.id, float(timeout_seconds))["state"] == "CREATED"
+
+    def __eq__(self, other):
+        return isinstance(other, PlacementGroup) and other.id == self.id
+
+    def __hash__(self):
+        return hash(self.id)
+
+    def __repr__(self):
+        return f"PlacementGroup(id={self.id}, bundles={self.bundle_specs})"
+
+
+def placement_group(bundles, strategy="PACK", name="", lifetime=None):
+    """Reserves `bundles` (a list of resource dicts) with `strategy`. Returns
+    at once; the group is PENDING until the cluster has room (see ready())."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+    if lifetime not in (None, "detached"):
+        raise ConfigError(f"lifetime must be None or 'detached', got {lifetime!r}")
+    if not isinstance(bundles, (list, tuple)) or not bundles:
+        raise ConfigError(f"a placement group needs a non-empty list of bundles, got {bundles!r}")
+    specs = [_bundle(i, b) for i, b in enumerate(bundles)]
+    info = _client().create_placement_group(specs, strategy, str(name or ""))
+    return PlacementGroup(info["id"], specs)
+
+
+def remove_placement_group(pg):
+    """Releases the group's bundles; actors placed in it are killed."""
+    _client().remove_placement_group(_as_group(pg).id)
+
+
+def get_placement_group(pg_id):
+    """A handle on the group with this id (bundle specs unknown: empty)."""
+    _client().placement_group_info(int(pg_id))
+    return PlacementGroup(pg_id, [])
+
+
+def placement_group_table(pg=None):
+    """The head's view of one group (id, state, the node of each bundle,
+    why it is pending): a dict; without pg, every group the head has."""
+    if pg is not None:
+        return _client().placement_group_info(_as_group(pg).id)
+    import json
+
+    status = json.loads(_client().status_json())
+    return {g["id"]: g for g in status.get("placement_groups", [])}
+
+
+def _as_group(pg):
+    if not isinstance(pg, PlacementGroup):
+        raise TypeError(f"expected a PlacementGroup, got a {type(pg).__name__}")
+    return pg
