@@ -190,6 +190,7 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
   cls.def(pyb::init([](std::string address, std::string token, Resources resources) {
             InitOptions o = resolve_init_options(std::move(address), std::move(token));
             o.node_resources = std::move(resources);
+            o.prefill_own_executable = false;  // the interpreter is no worker
             return std::make_unique<PyClient>(o);
           }),
           NoGil())

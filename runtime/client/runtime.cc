@@ -82,6 +82,7 @@ Runtime Runtime::connect(const InitOptions& o) {
     no.token = token;
     no.resources = node::detect_resources(o.node_resources);
     no.worker_pool = {o.worker_pool_size, o.worker_idle_timeout};
+    no.prefill_own_executable = o.prefill_own_executable;
     rt.embedded_->node = std::make_unique<node::NodeAgent>(no);
   } else if (token.empty()) {
     throw ConfigError("connecting to " + address + " needs the cluster token (TROUPE_TOKEN or the session directory)");

@@ -152,6 +152,9 @@ struct InitOptions {
   // executable's idle workers outlive its last spawn (docs/runtime.md).
   uint32_t worker_pool_size = 2;
   std::chrono::milliseconds worker_idle_timeout{std::chrono::minutes(5)};
+  // Embedded node: start warm workers of this program at once (off for a
+  // driver that cannot be a worker, such as the Python interpreter).
+  bool prefill_own_executable = true;
 };
 
 class Runtime {

@@ -104,7 +104,7 @@ class NodeAgent::Impl {
       pool_->on_idle_count_change([this](uint32_t n) {
         if (!stopping_) head_->send(make_event_value(Op::kHeartbeat, NodeHeartbeat{n}));
       });
-      pool_->fill(executable_of(""));
+      if (opts_.prefill_own_executable) pool_->fill(executable_of(""));
     });
   }
 

@@ -34,6 +34,9 @@ struct NodeOptions {
   // Warm workers per executable and their idle timeout; the pool of this
   // agent's own executable is filled at start.
   WorkerPoolOptions worker_pool;
+  // Fill the pool of this agent's own executable at start. Off when that
+  // program cannot serve as a worker (a Python driver's interpreter).
+  bool prefill_own_executable = true;
 };
 
 // Resources of this machine: CPU = online cores, GPU = CUDA devices (0 when
