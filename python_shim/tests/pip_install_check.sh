@@ -2,7 +2,8 @@
 # `pip install ./python_shim`, offline, as a user would: builds the wheel with
 # the setup venv's scikit-build-core (--no-build-isolation), installs it into
 # a fresh venv made with --system-site-packages, and runs a task and an actor
-# on an embedded cluster from outside the source tree. Exits 77 (skipped)
+# on an embedded cluster from outside the source tree, and the `troupe`
+# console script. Exits 77 (skipped)
 # when scripts/setup.sh has not made .venv.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -42,3 +43,7 @@ assert troupe.get([c.add.remote(1), c.add.remote(2)], timeout=120) == [1, 3]
 troupe.shutdown()
 print("pip-installed troupe works:", troupe.__file__)
 PY
+# The console script runs the CLI the wheel carries (troupe/_bin/troupe).
+env -u PYTHONPATH -u TROUPE_CLI "$work/venv/bin/troupe" --help | grep -q torchrun
+env -u PYTHONPATH -u TROUPE_CLI "$work/venv/bin/troupe" torchrun --help | grep -q nproc
+echo "pip-installed troupe console script works: $work/venv/bin/troupe"

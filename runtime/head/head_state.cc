@@ -264,7 +264,12 @@ void HeadState::actor_lost(Actor& a, const std::string& why) {
       a.info.death_cause = why + (left ? ""
                                        : " (no restarts left: " + std::to_string(a.info.restarts) + " of " +
                                              std::to_string(a.info.max_restarts) + " used)");
-    TROUPE_LOG_WARN("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
+    // A kill somebody asked for is routine; a death with no restarts left
+    // is worth a warning.
+    if (a.kill_requested)
+      TROUPE_LOG_INFO("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
+    else
+      TROUPE_LOG_WARN("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
     set_dead(a);
     return;
   }

@@ -18,8 +18,10 @@ from .checkpoint import Checkpoint
 from .config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from .session import TrainContext, get_checkpoint, get_context, report
 from .trainer import Result, TorchTrainer, TrainingFailedError
+from .job import TrainJob, TrainJobResult
 
 __all__ = [
     "Checkpoint", "CheckpointConfig", "FailureConfig", "RunConfig", "ScalingConfig", "TrainContext",
     "get_checkpoint", "get_context", "report", "Result", "TorchTrainer", "TrainingFailedError",
+    "TrainJob", "TrainJobResult",
 ]

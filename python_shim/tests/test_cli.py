@@ -1,0 +1,48 @@
+"""The package's `troupe` console script (troupe._cli): it execs the C++ CLI,
+and `troupe torchrun` runs the script with the package's interpreter unless
+--python names another."""
+import os
+import subprocess
+import sys
+
+from conftest import cli
+
+from troupe import _cli
+
+
+def run_cli(args, tmp_path, timeout=180):
+    env = dict(os.environ, TROUPE_CLI=cli(), TROUPE_SESSION_DIR=str(tmp_path / "session"))
+    env.pop("TROUPE_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "troupe._cli"] + args, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_lists_the_commands(tmp_path):
+    out = run_cli(["--help"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "torchrun" in out.stdout and "start" in out.stdout
+
+
+def test_torchrun_uses_this_interpreter(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
+                      "'python', sys.executable, flush=True)\n")
+    out = run_cli(["torchrun", "--nproc-per-node", "2", str(script)], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 python {sys.executable}" in text, text
+
+
+def test_a_later_python_flag_wins():
+    argv = _cli.command_line("/bin/troupe", ["torchrun", "--python", "/opt/py", "s.py", "--python", "x"])
+    assert argv[:4] == ["/bin/troupe", "torchrun", "--python", sys.executable]
+    assert argv[4:] == ["--python", "/opt/py", "s.py", "--python", "x"]
+    assert _cli.command_line("/bin/troupe", ["status"]) == ["/bin/troupe", "status"]
+
+
+def test_missing_binary_is_named(tmp_path):
+    env = dict(os.environ, TROUPE_CLI=str(tmp_path / "no-such-troupe"))
+    out = subprocess.run([sys.executable, "-m", "troupe._cli", "status"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "no-such-troupe" in out.stderr

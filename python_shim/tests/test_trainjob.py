@@ -1,0 +1,110 @@
+"""troupe.train.TrainJob: the C++ TrainJob driven from Python. A run's
+history, events and checkpoint come back as Python objects; a trainer
+SIGKILLed mid-run heals from its live peer and the final weights are
+bitwise equal to a failure-free run's; bad input is a ConfigError naming
+it."""
+import json
+import os
+import signal
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import troupe  # noqa: E402
+from troupe.exceptions import ConfigError  # noqa: E402
+from troupe.train import TrainJob  # noqa: E402
+from conftest import wait_until  # noqa: E402
+
+TRAINER_CLASS = "troupe::trainer::TrainerActor"
+
+
+class Step(torch.nn.Module):
+    summed_metrics: List[str]
+
+    def __init__(self, loss_key: str = "loss"):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        self.summed_metrics = ["count"]
+        self.loss_key = loss_key
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        err = self.net(batch["features"]).squeeze(1) - batch["value"]
+        out = {"mae": err.abs().mean().detach(), "count": torch.tensor(float(err.shape[0]))}
+        out[self.loss_key] = (err * err).mean()
+        return out
+
+
+def regression(n, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(8)
+    x = rng.standard_normal((n, 8)).astype(np.float32)
+    return {"features": x, "value": (x @ w + 0.1 * rng.standard_normal(n)).astype(np.float32)}
+
+
+def model():
+    torch.manual_seed(0)
+    return Step()
+
+
+JOB = dict(workers=2, epochs=2, batch_size=16, optimizer="adamw", lr=0.01, seed=3, verbose=False)
+
+
+def test_fit_returns_history_events_and_a_loadable_checkpoint(tmp_path):
+    result = TrainJob(model(), regression(512), val_data=regression(128, 1), checkpoint_dir=str(tmp_path),
+                      **JOB).fit()
+    steps = [h["step"] for h in result.history]
+    assert steps == list(range(1, len(steps) + 1)) and steps[-1] == 2 * 512 // 32
+    assert result.history[-1]["loss"] < result.history[0]["loss"]
+    assert all(h["world_size"] == 2 and "mae" in h for h in result.history)
+    assert [e["epoch"] for e in result.epochs] == [0, 1] and "mae" in result.metrics["val_metrics"]
+    assert {e["event"] for e in result.events} >= {"placed", "finished"} and result.recoveries == 0
+    weights = result.state_dict()
+    assert set(weights) == {name for name, _ in Step().named_parameters()}
+    assert os.path.dirname(result.checkpoint).startswith(str(tmp_path))
+
+
+def trainer_pids():
+    status = json.loads(troupe._client().status_json())
+    return [a["pid"] for a in status["actors"] if a["class"] == TRAINER_CLASS and a["state"] == "ALIVE"]
+
+
+def test_killed_trainer_heals_to_the_same_weights(tmp_path):
+    data = regression(1024)
+    clean = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "clean"), max_failures=1, **JOB).fit()
+
+    troupe.init(num_cpus=4)
+    try:
+        job = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "healed"), max_failures=1, **JOB).start()
+        wait_until(lambda: len(job.progress()) >= 10 and len(trainer_pids()) == 2, timeout=120,
+                   what="ten steps with two trainers")
+        os.kill(trainer_pids()[1], signal.SIGKILL)
+        healed = job.wait(timeout=300)
+    finally:
+        troupe.shutdown()
+
+    assert healed.recoveries == 1, healed.events
+    assert "healed" in {e["event"] for e in healed.events}, healed.events
+    assert healed.history[-1]["step"] == clean.history[-1]["step"]
+    # Heal loses no step: every step number ran once.
+    steps = [h["step"] for h in healed.history]
+    assert len(steps) == len(set(steps))
+    a, b = clean.state_dict(), healed.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a), "healed weights differ from the failure-free run's"
+
+
+def test_bad_input_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match="loss"):
+        TrainJob(Step(loss_key="err2"), regression(64), checkpoint_dir=str(tmp_path), **JOB).fit()
+    with pytest.raises(ConfigError, match="learning_rate"):
+        TrainJob(model(), regression(64), learning_rate=0.1)
+    with pytest.raises(ConfigError, match="workers=2.5"):
+        TrainJob(model(), regression(64), workers=2.5)
+    bad = regression(64)
+    bad["value"] = bad["value"][:10]
+    with pytest.raises(ConfigError, match="first"):
+        TrainJob(model(), bad, checkpoint_dir=str(tmp_path), **JOB).fit()
+    with pytest.raises(ConfigError, match="nothing.npz"):
+        TrainJob(model(), "/nonexistent/nothing.npz", **JOB).fit()
