@@ -11,8 +11,8 @@ Debian's own torchrun (torch 1.13, Python 3.11) cannot start a worker
 (docs/torchrun.md). When the venv cannot be made, the row says why in
 `peer_error` and troupe runs the script with --python-fallback.
 
-The other py_train cases of issue 16 (trainjob_recovery_s,
-trainjob_lost_steps, trainer_recovery_s) are not written yet.
+Cases trainjob (rows trainjob_recovery_s and trainjob_lost_steps) and
+trainer_recovery_s: training from Python, bench/py_train_jobs.py.
 
 Prints one JSON object per line, as every bench/run benchmark does.
 """
@@ -29,8 +29,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "torchrun", "train_ddp.py")
-CASES = ["torchrun_restart"]
-NOT_YET = ["trainjob_recovery_s", "trainjob_lost_steps", "trainer_recovery_s"]
+CASES = ["torchrun_restart", "trainjob", "trainer_recovery_s", "all"]
 
 
 def log(msg):
@@ -145,8 +144,9 @@ def measure(name, launcher, runs, warm_steps, timeout, kill_after):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--case", default="torchrun_restart", choices=CASES + NOT_YET)
-    p.add_argument("--troupe", required=True, help="the troupe binary")
+    p.add_argument("--case", default="all", choices=CASES,
+                   help="trainjob prints trainjob_recovery_s and trainjob_lost_steps; all = every case")
+    p.add_argument("--build-dir", required=True, help="the build tree (launcher/, python/)")
     p.add_argument("--venv", required=True, help="where the peer's PyPI torch lives (created if absent)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--nproc", type=int, default=2)
@@ -157,11 +157,26 @@ def main():
     p.add_argument("--python-fallback", default="/usr/bin/python3",
                    help="the interpreter for troupe when the venv cannot be made")
     p.add_argument("--no-peer", action="store_true", help="measure troupe torchrun alone")
+    p.add_argument("--samples", type=int, default=16384, help="trainjob: training samples")
+    p.add_argument("--epochs", type=int, default=2, help="trainjob: epochs")
+    p.add_argument("--trainer-steps", type=int, default=300, help="trainer_recovery_s: steps of the loop")
     a = p.parse_args()
-    a.troupe, a.venv = os.path.abspath(a.troupe), os.path.abspath(a.venv)
-    if a.case in NOT_YET:
-        print(f"py_train: case {a.case} is not implemented yet (issue 16 parts 2-3)", file=sys.stderr)
-        return 2
+    a.build_dir, a.venv = os.path.abspath(a.build_dir), os.path.abspath(a.venv)
+    a.troupe = os.path.join(a.build_dir, "launcher", "troupe")
+    import py_train_jobs
+
+    if a.case in ("trainjob", "all"):
+        for row in py_train_jobs.trainjob_cases(a, log):
+            print(json.dumps(row), flush=True)
+    if a.case in ("trainer_recovery_s", "all"):
+        for row in py_train_jobs.trainer_case(a, log):
+            print(json.dumps(row), flush=True)
+    if a.case in ("torchrun_restart", "all"):
+        torchrun_case(a)
+    return 0
+
+
+def torchrun_case(a):
     python, torchrun, version, why = (None, None, None, "--no-peer") if a.no_peer else ensure_venv(a.venv)
     common = ["--nproc-per-node", str(a.nproc), "--max-restarts", "3"]
     troupe = measure("troupe torchrun", [a.troupe, "torchrun", "--python", python or a.python_fallback] + common,
@@ -177,7 +192,6 @@ def main():
     else:
         row["peer_error"] = why
     print(json.dumps(row), flush=True)
-    return 0
 
 
 if __name__ == "__main__":
