@@ -1,0 +1,45 @@
+"""One torchrun-style DDP training (examples/torchrun/) run three ways, each
+with a worker SIGKILLed mid-run and the run finishing: the unmodified script
+under `troupe torchrun`, the same training as a TorchTrainer loop, and on
+the C++ TrainJob from Python."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import cli
+
+pytest.importorskip("torch")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "examples", "torchrun")
+
+
+def run(args, tmp_path, timeout=300):
+    env = dict(os.environ, TROUPE_LOG_LEVEL="error")
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    return text
+
+
+def test_unmodified_script_under_troupe_torchrun(tmp_path):
+    text = run([cli(), "torchrun", "--nproc-per-node", "2", "--max-restarts", "2", "--python", sys.executable,
+                os.path.join(EXAMPLES, "train_ddp.py"), "--epochs", "3", "--kill-rank", "1", "--kill-step", "12",
+                "--checkpoint", str(tmp_path / "ck.pt")], tmp_path)
+    assert "resumed from epoch" in text and "restart 1" in text, text[-3000:]
+    assert "epoch 2 step" in text
+
+
+def test_same_training_as_a_torchtrainer_loop(tmp_path):
+    text = run([sys.executable, os.path.join(EXAMPLES, "train_torchtrainer.py"), "--epochs", "3", "--kill-rank",
+                "1", "--kill-step", "12", "--storage", str(tmp_path / "runs")], tmp_path)
+    assert "(restart 1)" in text and "done: {'epoch': 2" in text, text[-3000:]
+
+
+def test_same_training_on_the_cpp_trainjob(tmp_path):
+    text = run([sys.executable, os.path.join(EXAMPLES, "train_trainjob.py"), "--epochs", "3",
+                "--kill-after-steps", "20", "--checkpoint-dir", str(tmp_path / "ckpt")], tmp_path)
+    if "nothing to kill" in text:
+        pytest.fail("the job ended before the kill: " + text[-2000:])
+    assert "1 recovery(ies)" in text and "done: 768 steps" in text, text[-3000:]
