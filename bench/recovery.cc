@@ -13,6 +13,12 @@
 //                    healing a standby trainer (failure.standby_workers =
 //                    1: started and set up ahead, no process start).
 //
+// Each trial starts once every node's warm pool is full again (the steady
+// state of a cluster that has been up a while): back-to-back trials would
+// otherwise race the previous trial's pool refills, processes loading
+// LibTorch on the same cores, and measure that instead. A trial that found
+// the pool not refilled within 60 s says so ("pool_full": false).
+//
 //   bench/run recovery [--trials 3] [--kill-step 23] [--ckpt-every 10]
 #include <signal.h>
 
@@ -25,6 +31,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -103,12 +110,28 @@ Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_
   };
   auto r = TrainJob(rt, c).fit();
   std::filesystem::remove_all(dir);
+  if (std::getenv("TROUPE_BENCH_EVENTS"))  // the job's timeline, to see where recovery time goes
+    for (const auto& e : r.events)
+      std::fprintf(stderr, "  %8.3fs %-10s %s\n", e.time, to_string(e.kind), e.detail.c_str());
   if (r.recoveries.size() != 1) throw Error("expected one recovery, saw " + std::to_string(r.recoveries.size()));
   Trial t;
   t.recovery_s = std::chrono::duration<double>(done_at - kill_at).count();
   t.lost_steps = r.recoveries[0].lost_steps;
   t.heal_s = r.recoveries[0].resumed_at - r.recoveries[0].failed_at;
   return t;
+}
+
+// Waits (bounded) until every live node has `size` idle pooled workers.
+bool wait_pool_full(Runtime& rt, uint32_t size, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    bool full = true;
+    for (const auto& n : rt.nodes())
+      if (n.alive && n.idle_workers < size) full = false;
+    if (full) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
 }
 
 template <class T>
@@ -153,12 +176,19 @@ int main(int argc, char** argv) {
       std::vector<int64_t> lost;
       nlohmann::ordered_json each = nlohmann::ordered_json::array();
       for (int t = 0; t < trials; ++t) {
+        bool pool_full = true;
+        {
+          Runtime rt = cluster.connect();
+          pool_full = wait_pool_full(rt, pool_size, std::chrono::seconds(60));
+        }
         auto tr = run_trial(cluster, mode, kill_step, ckpt_every, t);
         rs.push_back(tr.recovery_s);
         lost.push_back(tr.lost_steps);
         heal.push_back(tr.heal_s);
-        each.push_back(
-            {{"recovery_s", tr.recovery_s}, {"lost_steps", tr.lost_steps}, {"driver_recovery_s", tr.heal_s}});
+        each.push_back({{"recovery_s", tr.recovery_s},
+                        {"lost_steps", tr.lost_steps},
+                        {"driver_recovery_s", tr.heal_s},
+                        {"pool_full", pool_full}});
       }
       const std::string sfx = disk ? "_disk" : mode == Mode::kStandby ? "_standby" : "";
       nlohmann::ordered_json common = {
