@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -31,6 +32,7 @@
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
+#include "troupe/runtime/head/http_endpoint.h"
 #include "troupe/runtime/head/scheduler.h"
 #include "troupe/runtime/node/worker_pool.h"
 #include "troupe/runtime/wire/address.h"
@@ -43,6 +45,8 @@ using troupe::core::write_session_file;
 
 namespace {
 
+constexpr int kDefaultDashboardPort = 8265;  // Ray's, so operators find it where they look
+
 struct Args {
   bool head = false;
   std::string host;  // "" = 127.0.0.1 for a head; the interface that routes to the head for a node
@@ -54,6 +58,9 @@ struct Args {
   bool json = false;
   troupe::wire::StatusRequest status;  // --state, --limit
   size_t max_dead_actors = 1000;
+  int dashboard_port = kDefaultDashboardPort;  // -1 = off, 0 = any free port
+  bool dashboard_port_given = false;
+  bool dashboard_require_token = false;
   uint32_t worker_pool_size = 2;
   double worker_idle_timeout_s = 300;
   std::vector<std::string> command;
@@ -101,22 +108,38 @@ int start_head(const std::string& dir, const Args& a) {
   o.env.head_port = static_cast<uint16_t>(a.port);
   o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
   o.env.max_dead_actors = a.max_dead_actors;
+  o.env.dashboard = a.dashboard_port >= 0;
+  o.env.dashboard_port = static_cast<uint16_t>(std::max(a.dashboard_port, 0));
+  // The default port falls back to a free one when taken (another cluster
+  // on this machine); a port given on the command line does not.
+  o.env.dashboard_port_fallback = !a.dashboard_port_given;
+  o.env.dashboard_require_token = a.dashboard_require_token;
   o.log_file = dir + "/head.log";
   o.die_with_parent = false;
   o.new_session = true;
   auto p = troupe::core::start_role_process(o, "head");
+  // The ready line: "ADDRESS" or "ADDRESS DASHBOARD_URL".
+  const size_t space = p.ready_line.find(' ');
+  const std::string address = p.ready_line.substr(0, space);
+  const std::string dashboard = space == std::string::npos ? "" : p.ready_line.substr(space + 1);
   troupe::core::write_pid_file(dir, "head.pid", p.pid);
   write_session_file(dir, "token", token, 0600);
-  write_session_file(dir, "address", p.ready_line, 0600);
-  std::printf("head started (pid %d) at %s; session %s (token in %s/token)\n", p.pid, p.ready_line.c_str(), dir.c_str(),
+  write_session_file(dir, "address", address, 0600);
+  write_session_file(dir, "dashboard", dashboard, 0600);
+  std::printf("head started (pid %d) at %s; session %s (token in %s/token)\n", p.pid, address.c_str(), dir.c_str(),
               dir.c_str());
+  if (!dashboard.empty())
+    std::printf("dashboard at %s%s\n", dashboard.c_str(),
+                troupe::head::is_loopback_host(o.env.head_host) && !a.dashboard_require_token
+                    ? ""
+                    : " (needs the token: Authorization: Bearer TOKEN, or log in there)");
   if (!a.no_node) {
     Args node = a;
     node.host = o.env.head_host;  // the node's workers listen where the head does
     node.advertise_address = "";  // the interface that routes to the head's advertised address
-    start_node(dir, p.ready_line, token, node);
+    start_node(dir, address, token, node);
   }
-  std::printf("drivers connect with --address %s (or --address auto on this machine)\n", p.ready_line.c_str());
+  std::printf("drivers connect with --address %s (or --address auto on this machine)\n", address.c_str());
   return 0;
 }
 
@@ -204,6 +227,17 @@ int cmd_status(const Args& a) {
                 x["restarts"].get<int>(), x["max_restarts"].get<int>(), x["name"].get<std::string>().c_str(),
                 extra.c_str());
   }
+  if (j.contains("jobs") && !j["jobs"].empty()) {
+    std::printf("\njobs:\n");
+    for (auto& x : j["jobs"])
+      std::printf(
+          "  job %-16s %-9s step %-7lld epoch %-3lld %8.0f samples/s  loss %-9.4f %lld worker(s)  %lld "
+          "recoveries\n",
+          x.value("name", "?").c_str(), x.value("state", "?").c_str(), (long long)x.value("step", 0LL),
+          (long long)x.value("epoch", 0LL), x.value("samples_per_s", 0.0), x.value("loss", 0.0),
+          (long long)x.value("world_size", 0LL), (long long)x.value("recoveries", 0LL));
+  }
+  if (j.contains("dashboard")) std::printf("\ndashboard: %s\n", j["dashboard"].get<std::string>().c_str());
   if (!j["placement_groups"].empty()) {
     std::printf("\nplacement groups:\n");
     for (auto& g : j["placement_groups"])
@@ -368,6 +402,15 @@ int main(int argc, char** argv) {
                    "seconds an executable's idle workers outlive its last spawn")
       ->capture_default_str();
   start->add_flag("--no-node", a.no_node, "with --head: start no node agent");
+  start
+      ->add_option("--dashboard-port", a.dashboard_port,
+                   "with --head: port of the dashboard, /metrics and /api/status (0 = any free port, -1 = off; the "
+                   "default falls back to a free port when taken)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 65535))
+      ->each([&a](const std::string&) { a.dashboard_port_given = true; });
+  start->add_flag("--dashboard-require-token", a.dashboard_require_token,
+                  "with --head: the dashboard asks for the token even when the head listens on loopback only");
   start
       ->add_option("--max-dead-actors", a.max_dead_actors, "with --head: DEAD actors kept for status (oldest go first)")
       ->capture_default_str()

@@ -8,6 +8,9 @@
 #include <ostream>
 #include <sstream>
 
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/head/metrics.h"
+
 #include "troupe/runtime/core/errors.h"
 
 namespace troupe::trainer {
@@ -109,10 +112,54 @@ void JobReporter::write_metrics(const nlohmann::json& j) {
   if (metrics_) *metrics_ << j.dump() << "\n" << std::flush;
 }
 
+void JobReporter::publish_to(KvStore* kv) {
+  kv_ = kv;
+  doc_ = {{"name", cfg_.name},
+          {"state", "running"},
+          {"step", 0},
+          {"epoch", 0},
+          {"loss", 0.0},
+          {"samples_per_s", 0.0},
+          {"world_size", 0},
+          {"recoveries", 0},
+          {"history", nlohmann::json::array()},
+          {"events", nlohmann::json::array()}};
+  publish(true);
+}
+
+void JobReporter::publish(bool now) {
+  if (!kv_) return;
+  const auto t = std::chrono::steady_clock::now();
+  if (!now && t - published_ < std::chrono::milliseconds(500)) return;
+  published_ = t;
+  doc_["time"] = this->now();
+  try {
+    kv_->put(std::string(head::kJobKeyPrefix) + cfg_.name, doc_.dump());
+  } catch (const std::exception& e) {
+    if (!publish_warned_)
+      TROUPE_LOG_WARN("[{}] cannot publish the job's progress to the head: {}", cfg_.name, e.what());
+    publish_warned_ = true;
+  }
+}
+
 void JobReporter::event(JobEventKind kind, const std::string& detail) {
   const JobPosition at = where_();
   JobEvent e{now(), kind, detail, at.step, at.world_size};
   events_.push_back(e);
+  if (kv_ && kind != JobEventKind::kCheckpoint && kind != JobEventKind::kEpoch) {
+    // The document keeps the latest 100 events; the metrics file has them all.
+    auto& list = doc_["events"];
+    if (list.size() >= 100) list.erase(list.begin());
+    list.push_back({{"t", e.time}, {"kind", to_string(kind)}, {"detail", detail}, {"step", at.step}});
+    if (kind == JobEventKind::kFailure) doc_["recoveries"] = doc_["recoveries"].get<int64_t>() + 1;
+    if (kind == JobEventKind::kFinished) doc_["state"] = "finished";
+    if (kind == JobEventKind::kFailed) {
+      doc_["state"] = "failed";
+      doc_["recoveries"] = doc_["recoveries"].get<int64_t>() - 1;  // the last failure was not survived
+    }
+    doc_["world_size"] = at.world_size;
+    publish(true);
+  }
   write_metrics({{"kind", "event"},
                  {"job", cfg_.name},
                  {"event", to_string(kind)},
@@ -152,6 +199,23 @@ void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t sam
   // The step's own metrics under their names; fixed keys win a clash.
   for (const auto& [k, v] : metrics) j.emplace(k, v);
   write_metrics(j);
+  if (kv_) {
+    doc_["step"] = step;
+    doc_["epoch"] = epoch;
+    doc_["loss"] = loss_sum / samples;
+    doc_["samples_per_s"] = samples_per_second;
+    doc_["world_size"] = where_().world_size;
+    // The chart's points (time, samples/s, world size, step), at most 600:
+    // when full, every other one goes, so the whole run stays in view.
+    auto& h = doc_["history"];
+    if (h.size() >= 600) {
+      nlohmann::json half = nlohmann::json::array();
+      for (size_t i = 0; i < h.size(); i += 2) half.push_back(std::move(h[i]));
+      h = std::move(half);
+    }
+    h.push_back({now(), samples_per_second, where_().world_size, step});
+    publish(false);
+  }
 }
 
 void JobReporter::progress(int64_t epoch, double loss, const std::map<std::string, double>& metrics,

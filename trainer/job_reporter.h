@@ -1,9 +1,10 @@
 // JobReporter: everything a TrainJob tells the outside world. It owns the
 // job's clock (seconds since fit() began), the list of JobEvents, the
 // metrics file (JSON lines: one per step, per epoch and per event, written
-// with nlohmann-json) and the console output (a live progress line on a
-// terminal, a line per epoch, and the recovery events). Internal to
-// TrainJob.
+// with nlohmann-json), the console output (a live progress line on a
+// terminal, a line per epoch, and the recovery events), and the job's
+// progress document in the cluster's KV store (troupe.jobs/<name>: what the
+// head's /metrics and dashboard show). Internal to TrainJob.
 #pragma once
 
 #include <chrono>
@@ -35,6 +36,10 @@ class JobReporter {
   // Opens TrainJobConfig::metrics_path for appending (ConfigError if it
   // cannot); without it nothing is written.
   void open_metrics();
+  // Publishes the progress document to `kv` from now on (at most twice a
+  // second, and at every failure, recovery and the end). Never fails the
+  // job: a head that cannot take it is warned about once.
+  void publish_to(KvStore* kv);
   // Seconds since the reporter was made (the job's clock).
   double now() const;
 
@@ -55,6 +60,13 @@ class JobReporter {
 
  private:
   void write_metrics(const nlohmann::json& j);
+  void publish(bool now);
+
+  // The progress document's state (publish_to).
+  KvStore* kv_ = nullptr;
+  nlohmann::json doc_;
+  std::chrono::steady_clock::time_point published_{};
+  bool publish_warned_ = false;
 
   const TrainJobConfig& cfg_;
   std::function<JobPosition()> where_;

@@ -70,6 +70,9 @@ class SignalWaiter {
   o.heartbeat_ms = env.heartbeat_ms;
   o.heartbeat_misses = env.heartbeat_misses;
   o.max_dead_actors = env.max_dead_actors;
+  if (env.dashboard) o.dashboard_port = env.dashboard_port;
+  o.dashboard_require_token = env.dashboard_require_token;
+  o.dashboard_port_fallback = env.dashboard_port_fallback;
   if (o.token.empty()) {
     TROUPE_LOG_ERROR("head: {} is not set", core::kEnvToken);
     std::_Exit(2);
@@ -78,7 +81,10 @@ class SignalWaiter {
     head::Head h(o);
     SignalWaiter waiter([&h] { h.stop(); });
     TROUPE_LOG_INFO("head listening on {}", h.address());
-    signal_ready(env.ready_fd, h.address());
+    // The ready line: the address, then the dashboard's URL when it is on.
+    const std::string url = h.dashboard_url();
+    if (!url.empty()) TROUPE_LOG_INFO("dashboard at {}", url);
+    signal_ready(env.ready_fd, url.empty() ? h.address() : h.address() + " " + url);
     h.run();
   } catch (const std::exception& e) {
     TROUPE_LOG_ERROR("head failed: {}", e.what());

@@ -81,6 +81,9 @@ std::vector<std::string> WorkerEnv::to_env() const {
   if (heartbeat_ms != WorkerEnv{}.heartbeat_ms) put(kEnvHeartbeatMs, std::to_string(heartbeat_ms));
   if (heartbeat_misses != WorkerEnv{}.heartbeat_misses) put(kEnvHeartbeatMisses, std::to_string(heartbeat_misses));
   if (max_dead_actors != WorkerEnv{}.max_dead_actors) put(kEnvMaxDeadActors, std::to_string(max_dead_actors));
+  if (dashboard) put(kEnvDashboardPort, std::to_string(dashboard_port));
+  if (dashboard_require_token) put(kEnvDashboardAuth, "1");
+  if (dashboard_port_fallback) put(kEnvDashboardFallback, "1");
   put(kEnvResources, resources);
   put(kEnvBindHost, bind_host);
   put(kEnvAdvertiseHost, advertise_host);
@@ -112,6 +115,10 @@ WorkerEnv WorkerEnv::from_env() {
   read_number(kEnvHeartbeatMs, e.heartbeat_ms);
   read_number(kEnvHeartbeatMisses, e.heartbeat_misses);
   read_number(kEnvMaxDeadActors, e.max_dead_actors);
+  e.dashboard = !env_value(kEnvDashboardPort).empty();
+  read_number(kEnvDashboardPort, e.dashboard_port);
+  e.dashboard_require_token = env_value(kEnvDashboardAuth) == "1";
+  e.dashboard_port_fallback = env_value(kEnvDashboardFallback) == "1";
   e.resources = env_value(kEnvResources);
   e.bind_host = env_value(kEnvBindHost);
   e.advertise_host = env_value(kEnvAdvertiseHost);

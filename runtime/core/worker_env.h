@@ -20,6 +20,12 @@ inline constexpr const char* kEnvHeadPort = "TROUPE_HEAD_PORT";
 inline constexpr const char* kEnvHeartbeatMs = "TROUPE_HEARTBEAT_MS";
 inline constexpr const char* kEnvHeartbeatMisses = "TROUPE_HEARTBEAT_MISSES";
 inline constexpr const char* kEnvMaxDeadActors = "TROUPE_MAX_DEAD_ACTORS";
+// Head: the HTTP endpoint's port (absent = off, 0 = any free one), "1" to
+// ask for the token even on loopback, "1" to take a free port when the
+// given one is taken.
+inline constexpr const char* kEnvDashboardPort = "TROUPE_DASHBOARD_PORT";
+inline constexpr const char* kEnvDashboardAuth = "TROUPE_DASHBOARD_AUTH";
+inline constexpr const char* kEnvDashboardFallback = "TROUPE_DASHBOARD_FALLBACK";
 inline constexpr const char* kEnvResources = "TROUPE_RESOURCES";
 inline constexpr const char* kEnvBindHost = "TROUPE_BIND_HOST";
 inline constexpr const char* kEnvAdvertiseHost = "TROUPE_ADVERTISE_HOST";
@@ -50,6 +56,10 @@ struct WorkerEnv {
   uint32_t heartbeat_ms = 100;
   uint32_t heartbeat_misses = 5;
   uint64_t max_dead_actors = 1000;  // DEAD actors the head keeps (oldest go first)
+  bool dashboard = false;           // the HTTP endpoint on dashboard_port (0 = any free)
+  uint16_t dashboard_port = 0;
+  bool dashboard_require_token = false;
+  bool dashboard_port_fallback = false;
   // Node agent and its workers.
   std::string resources;                     // node: overrides, "CPU=2,GPU=0"
   std::string bind_host;                     // where the node's workers listen ("" = derive)

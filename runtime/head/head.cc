@@ -1,12 +1,16 @@
 #include "troupe/runtime/head/head.h"
 
 #include <algorithm>
+#include <future>
 #include <map>
 #include <set>
 #include <unordered_map>
 
+#include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/head/head_state.h"
+#include "troupe/runtime/head/http_endpoint.h"
+#include "troupe/runtime/head/metrics.h"
 #include "troupe/runtime/wire/connection.h"
 #include "troupe/runtime/wire/rpc.h"
 
@@ -54,9 +58,22 @@ class Head::Impl {
         timer_(io_) {
     if (opts_.advertise_host.empty()) opts_.advertise_host = wire::default_advertise_host(opts_.host);
     arm_timer();
+    if (opts_.dashboard_port >= 0) {
+      HttpOptions h{opts_.host, opts_.dashboard_port, opts_.token,
+                    opts_.dashboard_require_token || !is_loopback_host(opts_.host)};
+      try {
+        http_ = std::make_unique<HttpEndpoint>(h, [this] { return snapshot(); });
+      } catch (const ConfigError& e) {
+        if (!opts_.dashboard_port_fallback || h.port == 0) throw;
+        TROUPE_LOG_WARN("dashboard port {} is taken; using a free one", h.port);
+        h.port = 0;
+        http_ = std::make_unique<HttpEndpoint>(h, [this] { return snapshot(); });
+      }
+    }
   }
 
   std::string address() const { return wire::format_address(opts_.advertise_host, listener_.port()); }
+  std::string dashboard_url() const { return http_ ? http_->url(opts_.advertise_host) : ""; }
   void stop() {
     asio::post(io_, [this] {
       shutdown_nodes();
@@ -135,6 +152,9 @@ class Head::Impl {
 
   void on_message(Peer& p, Message&& m) {
     if (p.fenced) return;
+    // Known ops by name, anything else as "other": the table stays small
+    // whatever a peer sends.
+    ++message_counts_[m.op <= static_cast<uint32_t>(Op::kNodeFenced) ? m.op : 0];
     try {
       if (m.kind == Kind::REQUEST) {
         handle_request(p, m);
@@ -300,7 +320,19 @@ class Head::Impl {
     auto j = state_.status(request);
     j["address"] = address();
     j["tables"].update(server_table_sizes());
+    j["jobs"] = jobs_json();
+    if (http_) j["dashboard"] = dashboard_url();
     return j;
+  }
+
+  // The progress documents TrainJobs publish in the KV store.
+  nlohmann::json jobs_json() const {
+    auto jobs = nlohmann::json::array();
+    for (const auto& [key, value] : state_.kv_with_prefix(kJobKeyPrefix)) {
+      auto doc = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+      if (doc.is_object()) jobs.push_back(std::move(doc));  // anything else is not a job's document
+    }
+    return jobs;
   }
 
   // What the server keeps per connection and per waiter (state's tables are
@@ -428,6 +460,66 @@ class Head::Impl {
     if (subs.empty()) subscribers_.erase(it);
   }
 
+  // ---- the HTTP endpoint's view ------------------------------------------
+  // The status document plus jobs and the head's counters, built on the
+  // event loop for an HTTP thread; null if the loop does not get to it in
+  // time (stopped, or very busy).
+  nlohmann::json snapshot() {
+    auto done = std::make_shared<std::promise<nlohmann::json>>();
+    auto result = done->get_future();
+    asio::post(io_, [this, done] {
+      try {
+        done->set_value(build_snapshot());
+      } catch (...) {
+        done->set_value(nullptr);
+      }
+    });
+    if (result.wait_for(std::chrono::seconds(2)) != std::future_status::ready) return nullptr;
+    return result.get();
+  }
+
+  nlohmann::json build_snapshot() {
+    nlohmann::json j = state_.status(StatusRequest{});
+    j["address"] = address();
+    j["jobs"] = jobs_json();
+    nlohmann::json messages = nlohmann::json::object();
+    for (const auto& [op, n] : message_counts_) messages[op_name(op)] = n;
+    j["head"] = {{"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
+                 {"messages", std::move(messages)}};
+    return j;
+  }
+
+  static std::string op_name(uint32_t op) {
+    static const char* kNames[] = {"other",
+                                   "hello",
+                                   "heartbeat",
+                                   "create_actor",
+                                   "actor_ready",
+                                   "actor_init_failed",
+                                   "worker_exited",
+                                   "spawn_worker",
+                                   "kill_worker",
+                                   "subscribe_actor",
+                                   "actor_update",
+                                   "get_actor",
+                                   "kill_actor",
+                                   "create_placement_group",
+                                   "get_placement_group",
+                                   "remove_placement_group",
+                                   "kv_put",
+                                   "kv_get",
+                                   "kv_wait",
+                                   "kv_erase",
+                                   "kv_add",
+                                   "status",
+                                   "shutdown",
+                                   "control",
+                                   "wait_placement_group",
+                                   "nodes",
+                                   "node_fenced"};
+    return op < std::size(kNames) ? kNames[op] : "op_" + std::to_string(op);
+  }
+
   void arm_timer() {
     timer_.expires_after(std::chrono::milliseconds(opts_.heartbeat_ms));
     timer_.async_wait([this](asio::error_code ec) {
@@ -449,6 +541,11 @@ class Head::Impl {
   std::map<uint64_t, std::vector<Waiter>> group_waiters_;
   std::map<std::string, std::vector<Waiter>> kv_waiters_;
   PeerId next_peer_id_ = 1;
+  std::map<uint32_t, uint64_t> message_counts_;  // by op, for /metrics
+  const Clock::time_point started_ = Clock::now();
+  // Last: destroyed first, so no HTTP thread asks for a snapshot of a head
+  // being torn down.
+  std::unique_ptr<HttpEndpoint> http_;
 };
 
 Head::Head(HeadOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
@@ -459,6 +556,8 @@ Head::~Head() {
 }
 
 std::string Head::address() const { return impl_->address(); }
+
+std::string Head::dashboard_url() const { return impl_->dashboard_url(); }
 
 void Head::start() {
   thread_ = std::thread([this] { impl_->run(); });

@@ -26,6 +26,15 @@ struct HeadOptions {
   uint32_t heartbeat_ms = 100;    // nodes heartbeat this often
   uint32_t heartbeat_misses = 5;  // silent for this many intervals = dead
   size_t max_dead_actors = 1000;  // DEAD actors kept for status (oldest forgotten first)
+  // The HTTP endpoint (/metrics, /api/status, the dashboard at /; see
+  // http_endpoint.h): -1 = off, 0 = any free port. It listens on `host`
+  // and asks for the token unless `host` is loopback only, or always with
+  // dashboard_require_token.
+  int dashboard_port = -1;
+  bool dashboard_require_token = false;
+  // When dashboard_port is taken, take any free one instead of failing
+  // (the default port of `troupe start`: a second cluster on the machine).
+  bool dashboard_port_fallback = false;
   // What a connection may cost the head: small frames, a modest write bound
   // (its replies are small too) and the default handshake rules.
   wire::ListenerOptions listener{.connection = {.limits = wire::kHeadFrameLimits, .max_queued_bytes = 64ull << 20}};
@@ -40,6 +49,8 @@ class Head {
 
   // "host:port" others reach the head at: the advertise host and the port.
   std::string address() const;
+  // http://HOST:PORT/ of the dashboard ("" when it is off).
+  std::string dashboard_url() const;
   // Runs the event loop on a background thread.
   void start();
   // Runs the event loop on this thread until stop() or a Shutdown request.

@@ -541,6 +541,13 @@ void HeadState::kv_set(const std::string& key, const std::string& value) {
 
 void HeadState::kv_put(const std::string& key, const std::string& value) { kv_set(key, value); }
 
+std::vector<std::pair<std::string, std::string>> HeadState::kv_with_prefix(const std::string& prefix) const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    out.emplace_back(it->first, it->second);
+  return out;
+}
+
 std::optional<std::string> HeadState::kv_get(const std::string& key) const {
   auto it = kv_.find(key);
   if (it == kv_.end()) return std::nullopt;
@@ -616,7 +623,8 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
                           {"pid", n.pid},
                           {"alive", n.alive},
                           {"total", n.total},
-                          {"used", n.used}});
+                          {"used", n.used},
+                          {"idle_workers", n.idle_workers}});
   j["actors"] = actors_json(request);
   j["actors_total"] = actors_.size();
   j["placement_groups"] = json::array();

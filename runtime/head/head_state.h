@@ -94,6 +94,8 @@ class HeadState {
   std::optional<std::string> kv_get(const std::string& key) const;
   void kv_erase(const std::string& key);
   int64_t kv_add(const std::string& key, int64_t delta);
+  // Every (key, value) whose key starts with `prefix`, in key order.
+  std::vector<std::pair<std::string, std::string>> kv_with_prefix(const std::string& prefix) const;
 
   // ---- queries ----
   std::vector<wire::NodeInfo> nodes() const;

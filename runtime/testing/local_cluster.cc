@@ -21,8 +21,13 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
   head.head_host = options_.host;
   head.heartbeat_ms = options_.heartbeat_ms;
   head.heartbeat_misses = options_.heartbeat_misses;
+  head.dashboard = options_.dashboard;
+  head.dashboard_require_token = options_.dashboard_require_token;
   head_pid_ = start(head, &line);
-  address_ = line;
+  // "ADDRESS" or "ADDRESS DASHBOARD_URL".
+  const size_t space = line.find(' ');
+  address_ = line.substr(0, space);
+  if (space != std::string::npos) dashboard_url_ = line.substr(space + 1);
   try {
     for (const auto& r : options_.nodes) add_node(r);
   } catch (...) {

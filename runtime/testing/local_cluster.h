@@ -34,6 +34,10 @@ struct LocalClusterOptions {
   // timeout.
   uint32_t worker_pool_size = 2;
   std::chrono::milliseconds worker_idle_timeout{std::chrono::minutes(5)};
+  // The head's HTTP endpoint (dashboard, /metrics) on a free port, and
+  // whether it asks for the token although it is on loopback.
+  bool dashboard = false;
+  bool dashboard_require_token = false;
 };
 
 class LocalCluster {
@@ -45,6 +49,8 @@ class LocalCluster {
 
   const std::string& address() const { return address_; }
   const std::string& token() const { return token_; }
+  // http://HOST:PORT/ of the head's dashboard ("" unless options.dashboard).
+  const std::string& dashboard_url() const { return dashboard_url_; }
   // A driver runtime connected to this cluster.
   Runtime connect() const;
 
@@ -69,6 +75,7 @@ class LocalCluster {
   LocalClusterOptions options_;
   std::string token_;
   std::string address_;
+  std::string dashboard_url_;
   pid_t head_pid_ = -1;
   std::vector<Proc> nodes_;
 };

@@ -1,0 +1,155 @@
+"""The head's HTTP endpoint for real: a cluster started with `troupe start
+--head`, a TrainJob (from Python) with a trainer SIGKILLed mid-run on it;
+then /metrics parsed by Prometheus' own text parser (prometheus_client),
+/api/status, `troupe status`, and the dashboard page rendered by headless
+Chromium: its job chart with the world-size line and the failure marker in
+the DOM, and a screenshot (written to $TROUPE_DASHBOARD_SCREENSHOT too when
+set: docs/dashboard.png comes from there)."""
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import urllib.error
+import urllib.request
+from typing import Dict
+
+import pytest
+
+from conftest import cli, wait_until
+
+np = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
+parser = pytest.importorskip("prometheus_client.parser")
+
+import troupe  # noqa: E402,F401
+from troupe.train import TrainJob  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    launcher = cli()
+    session = tmp_path_factory.mktemp("session")
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
+    env.pop("TROUPE_TOKEN", None)
+    out = subprocess.run([launcher, "start", "--head", "--resources", "CPU=4", "--dashboard-port", "0"], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    url = (session / "dashboard").read_text().strip()
+    assert f"dashboard at {url}" in out.stdout, out.stdout
+    old = os.environ.get("TROUPE_SESSION_DIR")
+    os.environ["TROUPE_SESSION_DIR"] = str(session)
+    try:
+        yield {"url": url, "env": env, "address": (session / "address").read_text().strip(),
+               "token": (session / "token").read_text().strip()}
+    finally:
+        subprocess.run([launcher, "stop"], env=env, timeout=120)
+        if old is None:
+            os.environ.pop("TROUPE_SESSION_DIR", None)
+        else:
+            os.environ["TROUPE_SESSION_DIR"] = old
+
+
+def get(url, token=None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read().decode()
+
+
+class Step(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        err = self.net(batch["x"]).squeeze(1) - batch["y"]
+        return {"loss": (err * err).mean()}
+
+
+def trainer_pids(url):
+    status = json.loads(get(url + "api/status"))
+    return [a["pid"] for a in status["actors"]
+            if a["class"] == "troupe::trainer::TrainerActor" and a["state"] == "ALIVE"]
+
+
+@pytest.fixture(scope="module")
+def healed_job(cluster, tmp_path_factory):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8192, 16)).astype(np.float32)
+    job = TrainJob(Step(), {"x": x, "y": x.sum(1).astype(np.float32)}, workers=2, epochs=3, batch_size=16,
+                   max_failures=1, name="dash-job", address=cluster["address"], verbose=False,
+                   checkpoint_dir=str(tmp_path_factory.mktemp("ckpt"))).start()
+    wait_until(lambda: len(job.progress()) >= 30 and len(trainer_pids(cluster["url"])) == 2, timeout=120,
+               what="thirty steps on two trainers")
+    os.kill(trainer_pids(cluster["url"])[1], signal.SIGKILL)
+    return job.wait(timeout=300)
+
+
+def families(text):
+    return {f.name: f for f in parser.text_string_to_metric_families(text)}
+
+
+def value(fams, name, **labels):
+    for s in fams[name].samples:
+        if all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise AssertionError(f"no sample {name}{labels} in {fams[name].samples}")
+
+
+def test_metrics_parse_with_prometheus_client(cluster, healed_job):
+    assert healed_job.recoveries == 1
+    fams = families(get(cluster["url"] + "metrics"))
+    assert value(fams, "troupe_nodes", state="alive") == 1
+    assert value(fams, "troupe_cluster_resource_total", resource="CPU") == 4
+    assert value(fams, "troupe_job_step", job="dash-job") == healed_job.history[-1]["step"]
+    assert value(fams, "troupe_job_recoveries", job="dash-job") == 1  # the parser drops _total
+    assert value(fams, "troupe_job_running", job="dash-job") == 0
+    assert value(fams, "troupe_job_world_size", job="dash-job") == 2
+    assert value(fams, "troupe_actors", state="DEAD") >= 3  # two trainers at the end, and the killed one
+    assert value(fams, "troupe_head_messages", op="create_actor") >= 3
+
+
+def test_api_status_and_troupe_status_show_the_job(cluster, healed_job):
+    status = json.loads(get(cluster["url"] + "api/status"))
+    job = next(j for j in status["jobs"] if j["name"] == "dash-job")
+    assert job["state"] == "finished" and job["recoveries"] == 1
+    assert "failure" in [e["kind"] for e in job["events"]] and len(job["history"]) > 10
+    out = subprocess.run([cli(), "status"], env=cluster["env"], capture_output=True, text=True, timeout=60)
+    assert "job dash-job" in out.stdout and "finished" in out.stdout, out.stdout
+
+
+def test_loopback_dashboard_needs_no_token_but_refuses_a_wrong_one_politely(cluster):
+    assert "troupe_nodes" in get(cluster["url"] + "metrics")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get(cluster["url"] + "no-such-page")
+    assert e.value.code == 404
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("no chromium on PATH (Debian package chromium)")
+
+
+def headless(args, timeout=120):
+    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--virtual-time-budget=4000"] + args, capture_output=True, text=True, timeout=timeout)
+
+
+def test_dashboard_renders_the_job_chart_in_chromium(cluster, healed_job, tmp_path):
+    dom = headless(["--dump-dom", cluster["url"]]).stdout
+    # Drawn elements (the page's script holds the same names in templates:
+    # match attributes with numbers in them).
+    assert re.search(r'<svg[^>]*class="job-chart" id="job-chart-dash-job"', dom), dom[-2000:]
+    assert re.search(r'class="world-size"[^>]*points="[0-9]', dom)
+    assert re.search(r'class="throughput"[^>]*points="[0-9]', dom)
+    assert len(re.findall(r'class="failure-marker" x1="[0-9]', dom)) == 1
+    shot = tmp_path / "dashboard.png"
+    headless([f"--screenshot={shot}", "--window-size=1200,1000", cluster["url"]])
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (1200, 1000)
+    assert len(data) > 20000  # a page with a table and a chart, not a blank one
+    if os.environ.get("TROUPE_DASHBOARD_SCREENSHOT"):
+        shutil.copy(shot, os.environ["TROUPE_DASHBOARD_SCREENSHOT"])

@@ -1,0 +1,160 @@
+#include "troupe/runtime/head/metrics.h"
+
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace troupe::head {
+
+namespace {
+
+using nlohmann::json;
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+// A label value with \, " and newlines escaped as the format requires.
+std::string escape(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
+  }
+  return out;
+}
+
+std::string number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+
+double as_number(const json& j) { return j.is_number() ? j.get<double>() : j.is_boolean() ? j.get<bool>() : 0.0; }
+
+// One metric family: HELP and TYPE once, then its samples.
+class Family {
+ public:
+  Family(std::ostringstream& out, const std::string& name, const std::string& type, const std::string& help)
+      : out_(out), name_(name) {
+    out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  }
+  void sample(const Labels& labels, double value) {
+    out_ << name_;
+    if (!labels.empty()) {
+      out_ << "{";
+      for (size_t i = 0; i < labels.size(); ++i)
+        out_ << (i ? "," : "") << labels[i].first << "=\"" << escape(labels[i].second) << "\"";
+      out_ << "}";
+    }
+    out_ << " " << number(value) << "\n";
+  }
+
+ private:
+  std::ostringstream& out_;
+  std::string name_;
+};
+
+void node_metrics(std::ostringstream& out, const json& nodes) {
+  Family alive(out, "troupe_nodes", "gauge", "Node agents the head knows, by liveness.");
+  double up = 0, down = 0;
+  for (const auto& n : nodes) (n.value("alive", false) ? up : down) += 1;
+  alive.sample({{"state", "alive"}}, up);
+  alive.sample({{"state", "dead"}}, down);
+  std::map<std::string, double> total, used;
+  Family node_total(out, "troupe_node_resource_total", "gauge", "Resources of each live node.");
+  for (const auto& n : nodes) {
+    if (!n.value("alive", false)) continue;
+    const json res = n.value("total", json::object());  // a copy: items() must not outlive it
+    for (const auto& [r, v] : res.items()) {
+      node_total.sample({{"node", std::to_string(n.value("id", 0))}, {"resource", r}}, as_number(v));
+      total[r] += as_number(v);
+    }
+  }
+  Family node_used(out, "troupe_node_resource_used", "gauge", "Resources held by actors and bundles, per node.");
+  for (const auto& n : nodes) {
+    if (!n.value("alive", false)) continue;
+    const json res = n.value("used", json::object());
+    for (const auto& [r, v] : res.items()) {
+      node_used.sample({{"node", std::to_string(n.value("id", 0))}, {"resource", r}}, as_number(v));
+      used[r] += as_number(v);
+    }
+  }
+  Family cluster_total(out, "troupe_cluster_resource_total", "gauge", "Resources of all live nodes.");
+  for (const auto& [r, v] : total) cluster_total.sample({{"resource", r}}, v);
+  Family cluster_used(out, "troupe_cluster_resource_used", "gauge", "Resources in use over all live nodes.");
+  for (const auto& [r, v] : total) cluster_used.sample({{"resource", r}}, used.count(r) ? used[r] : 0.0);
+}
+
+void actor_metrics(std::ostringstream& out, const json& snapshot) {
+  std::map<std::string, double> by_state = {{"PENDING", 0}, {"ALIVE", 0}, {"RESTARTING", 0}, {"DEAD", 0}};
+  double restarts = 0;
+  for (const auto& a : snapshot.value("actors", json::array())) {
+    by_state[a.value("state", "UNKNOWN")] += 1;
+    restarts += as_number(a.value("restarts", json(0)));
+  }
+  Family actors(out, "troupe_actors", "gauge", "Actors by state (DEAD ones as many as the head keeps).");
+  for (const auto& [s, n] : by_state) actors.sample({{"state", s}}, n);
+  Family r(out, "troupe_actor_restarts_total", "counter", "Restarts of the actors the head keeps.");
+  r.sample({}, restarts);
+  std::map<std::string, double> groups = {{"PENDING", 0}, {"CREATED", 0}, {"REMOVED", 0}};
+  for (const auto& g : snapshot.value("placement_groups", json::array())) groups[g.value("state", "UNKNOWN")] += 1;
+  Family pg(out, "troupe_placement_groups", "gauge", "Placement groups by state.");
+  for (const auto& [s, n] : groups) pg.sample({{"state", s}}, n);
+  Family kv(out, "troupe_kv_keys", "gauge", "Keys in the cluster's KV store.");
+  kv.sample({}, as_number(snapshot.value("kv_keys", json(0))));
+}
+
+void head_metrics(std::ostringstream& out, const json& head) {
+  Family up(out, "troupe_head_uptime_seconds", "gauge", "Seconds since the head started.");
+  up.sample({}, as_number(head.value("uptime_s", json(0))));
+  Family msgs(out, "troupe_head_messages_total", "counter",
+              "Messages the head handled, by operation (actor calls do not pass through the head).");
+  const json messages = head.value("messages", json::object());
+  for (const auto& [op, n] : messages.items()) msgs.sample({{"op", op}}, as_number(n));
+}
+
+void job_metrics(std::ostringstream& out, const json& jobs) {
+  struct Field {
+    const char* metric;
+    const char* key;
+    const char* type;
+    const char* help;
+  };
+  static const Field kFields[] = {
+      {"troupe_job_step", "step", "gauge", "Optimizer steps a TrainJob has done."},
+      {"troupe_job_epoch", "epoch", "gauge", "The epoch a TrainJob is in."},
+      {"troupe_job_samples_per_second", "samples_per_s", "gauge", "A TrainJob's training throughput."},
+      {"troupe_job_loss", "loss", "gauge", "A TrainJob's latest step loss."},
+      {"troupe_job_world_size", "world_size", "gauge", "Trainers a TrainJob runs with."},
+      {"troupe_job_recoveries_total", "recoveries", "counter", "Failures a TrainJob recovered from."},
+  };
+  for (const auto& f : kFields) {
+    Family fam(out, f.metric, f.type, f.help);
+    for (const auto& j : jobs) fam.sample({{"job", j.value("name", "")}}, as_number(j.value(f.key, json(0))));
+  }
+  Family running(out, "troupe_job_running", "gauge", "1 while a TrainJob runs, 0 once it finished or failed.");
+  for (const auto& j : jobs) running.sample({{"job", j.value("name", "")}}, j.value("state", "") == "running");
+}
+
+}  // namespace
+
+std::string prometheus_text(const nlohmann::json& snapshot) {
+  std::ostringstream out;
+  node_metrics(out, snapshot.value("nodes", json::array()));
+  actor_metrics(out, snapshot);
+  head_metrics(out, snapshot.value("head", json::object()));
+  job_metrics(out, snapshot.value("jobs", json::array()));
+  return out.str();
+}
+
+}  // namespace troupe::head

@@ -1,0 +1,24 @@
+// The head's Prometheus metrics: the text exposition format (version 0.0.4)
+// rendered from a status snapshot (HeadState::status plus the jobs and the
+// head's own counters, as the HTTP endpoint builds it). A pure function of
+// the snapshot, so it is tested without a head.
+//
+// What the head can count is what passes through it: nodes, resources,
+// actors and their restarts, placement groups, the KV store, the messages
+// it handles, and the TrainJobs that publish their progress to the KV store
+// (troupe.jobs/<name>). Actor calls and stream bytes go straight between
+// processes and are not seen here.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace troupe::head {
+
+// The KV prefix under which a TrainJob publishes its progress document.
+inline constexpr const char* kJobKeyPrefix = "troupe.jobs/";
+
+std::string prometheus_text(const nlohmann::json& snapshot);
+
+}  // namespace troupe::head

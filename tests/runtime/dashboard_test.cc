@@ -1,0 +1,138 @@
+// The head's HTTP endpoint (runtime/head/http_endpoint.h) from outside, over
+// real sockets: a head that asks for the token refuses a request without
+// it or with a wrong one (401, a one-line reason), sends a browser to the
+// login form, takes the bearer header or the form's cookie; a garbage
+// request hurts nothing (the head still serves HTTP and its own protocol).
+// And the metrics text escapes what jobs name.
+#include <gtest/gtest.h>
+
+#include <asio.hpp>
+
+#include <string>
+
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/head/head.h"
+#include "troupe/runtime/head/metrics.h"
+#include "troupe/runtime/wire/address.h"
+
+namespace {
+
+using troupe::head::Head;
+using troupe::head::HeadOptions;
+
+// One request on a fresh connection; the whole answer (the server closes).
+// With `half_close`, the client says it sends nothing more (a garbage
+// request then ends at once rather than at the server's read timeout).
+std::string http(uint16_t port, const std::string& request, bool half_close = false) {
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  asio::write(s, asio::buffer(request));
+  if (half_close) s.shutdown(asio::ip::tcp::socket::shutdown_send);
+  std::string out;
+  asio::error_code ec;
+  char buf[4096];
+  for (;;) {
+    size_t n = s.read_some(asio::buffer(buf), ec);
+    out.append(buf, n);
+    if (ec) break;
+  }
+  return out;
+}
+
+std::string get(uint16_t port, const std::string& path, const std::string& extra_headers = "") {
+  return http(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra_headers + "\r\n");
+}
+
+uint16_t port_of(const std::string& url) {
+  // http://127.0.0.1:PORT/
+  return static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+}
+
+class DashboardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HeadOptions o;
+    o.token = "the-token";
+    o.dashboard_port = 0;
+    o.dashboard_require_token = true;
+    head_ = std::make_unique<Head>(o);
+    head_->start();
+    port_ = port_of(head_->dashboard_url());
+  }
+  std::unique_ptr<Head> head_;
+  uint16_t port_ = 0;
+};
+
+TEST_F(DashboardTest, RefusesRequestsWithoutOrWithAWrongToken) {
+  std::string none = get(port_, "/metrics");
+  EXPECT_EQ(none.rfind("HTTP/1.1 401", 0), 0u) << none;
+  EXPECT_NE(none.find("missing token"), std::string::npos) << none;
+  std::string wrong = get(port_, "/api/status", "Authorization: Bearer not-the-token\r\n");
+  EXPECT_EQ(wrong.rfind("HTTP/1.1 401", 0), 0u) << wrong;
+  EXPECT_NE(wrong.find("wrong token"), std::string::npos) << wrong;
+  std::string prefix = get(port_, "/metrics", "Authorization: Bearer the-token-and-more\r\n");
+  EXPECT_EQ(prefix.rfind("HTTP/1.1 401", 0), 0u) << prefix;
+}
+
+TEST_F(DashboardTest, ServesMetricsAndStatusWithTheBearerToken) {
+  std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
+  EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
+  EXPECT_NE(m.find("# TYPE troupe_nodes gauge"), std::string::npos) << m;
+  std::string s = get(port_, "/api/status", "Authorization: Bearer the-token\r\n");
+  ASSERT_EQ(s.rfind("HTTP/1.1 200", 0), 0u) << s;
+  auto j = nlohmann::json::parse(s.substr(s.find("\r\n\r\n") + 4));
+  EXPECT_TRUE(j["nodes"].is_array());
+  EXPECT_TRUE(j["jobs"].is_array());
+}
+
+TEST_F(DashboardTest, BrowserLogsInWithTheFormAndItsCookie) {
+  std::string page = get(port_, "/");
+  EXPECT_EQ(page.rfind("HTTP/1.1 303", 0), 0u) << page;
+  EXPECT_NE(page.find("Location: /login"), std::string::npos) << page;
+  const std::string form = "token=the-token";
+  std::string login = http(port_,
+                           "POST /login HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                           "application/x-www-form-urlencoded\r\nContent-Length: " +
+                               std::to_string(form.size()) + "\r\n\r\n" + form);
+  ASSERT_EQ(login.rfind("HTTP/1.1 303", 0), 0u) << login;
+  EXPECT_NE(login.find("Set-Cookie: troupe_token=the-token; HttpOnly"), std::string::npos) << login;
+  std::string in = get(port_, "/", "Cookie: other=1; troupe_token=the-token\r\n");
+  EXPECT_EQ(in.rfind("HTTP/1.1 200", 0), 0u) << in.substr(0, 200);
+  EXPECT_NE(in.find("<title>troupe dashboard</title>"), std::string::npos);
+  std::string bad = http(port_,
+                         "POST /login HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                         "application/x-www-form-urlencoded\r\nContent-Length: 9\r\n\r\ntoken=abc");
+  EXPECT_EQ(bad.rfind("HTTP/1.1 401", 0), 0u) << bad;
+}
+
+TEST_F(DashboardTest, GarbageRequestHurtsNeitherEndpointNorHead) {
+  std::string junk = http(port_, std::string("\x16\x03\x01\x02\x00garbage \xff\xfe\r\n\r\n", 22), true);
+  EXPECT_EQ(junk.find("HTTP/1.1 200"), std::string::npos) << junk;
+  std::string huge = http(port_, "GET /" + std::string(100000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", true);
+  EXPECT_EQ(huge.find("HTTP/1.1 200"), std::string::npos);
+  std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
+  EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
+  // The head's own protocol still answers.
+  troupe::InitOptions io;
+  io.address = head_->address();
+  io.token = "the-token";
+  troupe::Runtime rt = troupe::Runtime::connect(io);
+  EXPECT_TRUE(rt.nodes().empty());
+}
+
+TEST(DashboardMetrics, EscapesLabelValuesAndRendersJobs) {
+  nlohmann::json snap = {{"nodes", nlohmann::json::array()},
+                         {"jobs",
+                          {{{"name", "a \"quoted\" \\ job\nname"},
+                            {"state", "running"},
+                            {"step", 7},
+                            {"recoveries", 1},
+                            {"world_size", 2}}}}};
+  const std::string text = troupe::head::prometheus_text(snap);
+  EXPECT_NE(text.find("troupe_job_step{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 7"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_job_running{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE troupe_job_recoveries_total counter"), std::string::npos);
+}
+
+}  // namespace
