@@ -12,6 +12,7 @@
 #include "troupe/runtime/collective/actor_group.h"
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
 #include "troupe/trainer/gradient_reducer.h"
 #include "troupe/trainer/shm_group.h"
 #include "troupe/trainer/sync_batch_norm.h"
@@ -114,7 +115,9 @@ actors::SamplerOptions sampler_options(const TrainerConfig& c, int64_t n, int64_
 }
 
 namespace {
-// True when every member of `g` runs on this host (same hostname and boot).
+// True when every member of `g` runs on this host and may share memory:
+// same hostname and boot, and the same network and IPC namespaces (two
+// containers on one machine are two hosts to us: their /dev/shm differ).
 bool all_on_one_host(collective::Group& g) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
@@ -123,6 +126,10 @@ bool all_on_one_host(collective::Group& g) {
     char buf[64] = {};
     if (std::fgets(buf, sizeof buf, f)) id += buf;
     std::fclose(f);
+  }
+  for (const char* ns : {"/proc/self/ns/net", "/proc/self/ns/ipc"}) {
+    char link[64] = {};
+    if (::readlink(ns, link, sizeof link - 1) > 0) id += link;  // "net:[4026531992]"
   }
   int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(id)&0x7fffffffffffffffULL);
   std::vector<int64_t> all(static_cast<size_t>(g.world_size()));
@@ -241,6 +248,8 @@ void TrainerActor::join(JoinSpec spec) {
                    collective::to_string(g.backend));
     }
   }
+  TROUPE_LOG_INFO("trainer rank {} of {}: gradients reduced over {}", group_->rank(), spec.world_size,
+                  shm_ ? "shared memory" : collective::to_string(g.backend));
   reducer_ = std::make_unique<GradientReducer>(model_->parameters(), group_.get(), ro);
   if (!spec.sync_params) return;
   std::vector<torch::Tensor> all = model_->parameters();
