@@ -12,6 +12,7 @@
 //                   [--python PATH] [--run-id ID] script.py args...   (docs/torchrun.md)
 //   troupe train --model step.pt --data train.npz ... (troupe-train --help)
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -47,8 +48,12 @@ namespace {
 
 constexpr int kDefaultDashboardPort = 8265;  // Ray's, so operators find it where they look
 
+// What this `troupe start` started (for --block).
+std::vector<pid_t> g_started;
+
 struct Args {
   bool head = false;
+  bool block = false;
   std::string host;  // "" = 127.0.0.1 for a head; the interface that routes to the head for a node
   std::string advertise_address;
   int port = 6380;
@@ -86,6 +91,7 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   o.die_with_parent = false;
   o.new_session = true;
   auto p = troupe::core::start_role_process(o, "node agent");
+  g_started.push_back(p.pid);
   troupe::core::write_pid_file(dir, "node-" + p.ready_line + ".pid", p.pid);
   std::printf("node %s started (pid %d), joined %s; log %s\n", p.ready_line.c_str(), p.pid, address.c_str(),
               o.log_file.c_str());
@@ -118,6 +124,7 @@ int start_head(const std::string& dir, const Args& a) {
   o.die_with_parent = false;
   o.new_session = true;
   auto p = troupe::core::start_role_process(o, "head");
+  g_started.push_back(p.pid);
   // The ready line: "ADDRESS" or "ADDRESS DASHBOARD_URL".
   const size_t space = p.ready_line.find(' ');
   const std::string address = p.ready_line.substr(0, space);
@@ -161,6 +168,40 @@ int join_head(const std::string& dir, const Args& a) {
   return 0;
 }
 
+// --block: stays in the foreground while what it started runs (a
+// container's main process, a Slurm task). SIGTERM or SIGINT stops them;
+// when one of them exits the others are stopped, and its exit code is
+// this command's.
+int block_on(std::vector<pid_t> pids) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+  std::printf("troupe start: running in the foreground; SIGTERM or Ctrl-C stops it\n");
+  std::fflush(stdout);
+  int rc = 0;
+  for (bool done = false; !done;) {
+    for (auto it = pids.begin(); it != pids.end() && !done; ++it) {
+      int st = 0;
+      if (::waitpid(*it, &st, WNOHANG) != *it) continue;
+      std::fprintf(stderr, "troupe start: process %d %s; stopping the rest\n", *it,
+                   troupe::core::describe_exit_status(st).c_str());
+      rc = WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+      pids.erase(it);
+      done = true;
+    }
+    if (done) break;
+    timespec wait{1, 0};  // SIGCHLD wakes it; the timeout covers a missed one
+    int sig = sigtimedwait(&set, nullptr, &wait);
+    if (sig == SIGTERM || sig == SIGINT) done = true;
+  }
+  for (pid_t p : pids) ::kill(p, SIGTERM);
+  for (pid_t p : pids) troupe::core::reap_process(p, std::chrono::seconds(10));
+  return rc;
+}
+
 int cmd_start(const Args& a) {
   std::string dir = session_dir();
   troupe::core::ensure_session_dir(dir);
@@ -178,12 +219,13 @@ int cmd_start(const Args& a) {
                  a.advertise_address.c_str());
     return 2;
   }
-  if (a.head) return start_head(dir, a);
-  if (a.address.empty()) {
+  if (!a.head && a.address.empty()) {
     std::fprintf(stderr, "troupe start: give --head, or --address HOST:PORT of a head\n");
     return 2;
   }
-  return join_head(dir, a);
+  int rc = a.head ? start_head(dir, a) : join_head(dir, a);
+  if (rc != 0 || !a.block) return rc;
+  return block_on(g_started);
 }
 
 troupe::Runtime connect_session(const std::string& address_flag) {
@@ -402,6 +444,8 @@ int main(int argc, char** argv) {
                    "seconds an executable's idle workers outlive its last spawn")
       ->capture_default_str();
   start->add_flag("--no-node", a.no_node, "with --head: start no node agent");
+  start->add_flag("--block", a.block,
+                  "stay in the foreground until what was started exits; SIGTERM/Ctrl-C stops it (containers, srun)");
   start
       ->add_option("--dashboard-port", a.dashboard_port,
                    "with --head: port of the dashboard, /metrics and /api/status (0 = any free port, -1 = off; the "
