@@ -26,6 +26,7 @@
 #include <iostream>
 
 #include "head_probe.h"
+#include "slurm.h"
 #include "torchrun_job.h"
 #include "torchrun_options.h"
 #include "torchrun_slot.h"
@@ -88,8 +89,10 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   o.env.worker_pool_size = a.worker_pool_size;
   o.env.worker_idle_timeout_ms = static_cast<uint64_t>(a.worker_idle_timeout_s * 1000.0);
   o.log_file = dir + "/node-" + std::to_string(::time(nullptr)) + "-" + std::to_string(getpid()) + ".log";
-  o.die_with_parent = false;
-  o.new_session = true;
+  // Daemons, unless --block keeps this command as their parent (then they
+  // die with it: a container or Slurm task killed leaves nothing behind).
+  o.die_with_parent = a.block;
+  o.new_session = !a.block;
   auto p = troupe::core::start_role_process(o, "node agent");
   g_started.push_back(p.pid);
   troupe::core::write_pid_file(dir, "node-" + p.ready_line + ".pid", p.pid);
@@ -121,8 +124,10 @@ int start_head(const std::string& dir, const Args& a) {
   o.env.dashboard_port_fallback = !a.dashboard_port_given;
   o.env.dashboard_require_token = a.dashboard_require_token;
   o.log_file = dir + "/head.log";
-  o.die_with_parent = false;
-  o.new_session = true;
+  // Daemons, unless --block keeps this command as their parent (then they
+  // die with it: a container or Slurm task killed leaves nothing behind).
+  o.die_with_parent = a.block;
+  o.new_session = !a.block;
   auto p = troupe::core::start_role_process(o, "head");
   g_started.push_back(p.pid);
   // The ready line: "ADDRESS" or "ADDRESS DASHBOARD_URL".
@@ -471,6 +476,22 @@ int main(int argc, char** argv) {
   auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");
   submit->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
   submit->add_option("command", a.command, "driver command")->required();
+  troupe::launcher::SlurmOptions so;
+  auto* slurm = app.add_subcommand(
+      "slurm",
+      "inside a Slurm allocation: a cluster on its nodes (head here, an agent per node via srun) for one driver");
+  slurm->add_option("--port", so.port, "head port (0 = any free)")->capture_default_str()->check(CLI::Range(0, 65535));
+  slurm->add_option("--dashboard-port", so.dashboard_port, "the head's dashboard port (0 = any free, -1 = off)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 65535));
+  slurm
+      ->add_option("--gpus-per-node", so.gpus_per_node,
+                   "GPUs each node agent offers; an error when the allocation has fewer (default: what it has)")
+      ->check(CLI::Range(0, 64));
+  slurm->add_option("--start-timeout", so.start_timeout_s, "seconds for the head and every agent to come up")
+      ->capture_default_str();
+  slurm->add_flag("--print-sbatch", so.print_sbatch, "print an sbatch script that runs this command, and exit");
+  slurm->add_option("command", so.command, "driver command (after --)");
   // Listed for --help only: main() hands `troupe torchrun` to cmd_torchrun.
   app.add_subcommand("torchrun", "run an unmodified torchrun script on the cluster (troupe torchrun --help)");
   // Only for --help: `troupe train` is handed to troupe-train before parsing.
@@ -481,6 +502,15 @@ int main(int argc, char** argv) {
     if (*status) return cmd_status(a);
     if (*stop) return cmd_stop(a);
     if (*submit) return cmd_submit(a);
+    if (*slurm) {
+      std::error_code ec;
+      const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+      if (so.print_sbatch) {
+        std::fputs(troupe::launcher::sbatch_script(so, self).c_str(), stdout);
+        return 0;
+      }
+      return troupe::launcher::run_slurm(so, self);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 1;

@@ -1,0 +1,155 @@
+"""`troupe slurm` against a real Slurm: the test starts slurmctld and two
+slurmd (Debian's slurm-wlm; two node names on this host, auth/none since
+nothing leaves the machine) from a configuration in a temporary directory,
+and stops them in every path. A two-node sbatch job runs a Python driver
+whose actors land on both nodes; a job cancelled with scancel mid-run leaves
+no troupe process behind; outside an allocation, and with GPUs asked for
+where there are none, the command refuses with the variables it read.
+Skipped where slurmctld is missing or the test is not root."""
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import cli, wait_until
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("slurmctld"),
+                                reason="needs root and Debian's slurmctld/slurmd (slurm-wlm)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CONF = """ClusterName=troupetest
+SlurmctldHost=localhost
+SlurmctldPort={ctld}
+SlurmdPort={slurmd}
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool/%n
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd-%n.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd-%n.log
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+KillWait=5
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port={n1} CPUs=2 State=UNKNOWN
+NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port={n2} CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    d = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool"):
+        (d / sub).mkdir()
+    conf = d / "slurm.conf"
+    conf.write_text(CONF.format(d=d, ctld=free_port(), slurmd=free_port(), n1=free_port(), n2=free_port()))
+    env = dict(os.environ, SLURM_CONF=str(conf), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    daemons = []
+    try:
+        daemons.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf)], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for node in ("n1", "n2"):
+            daemons.append(subprocess.Popen(["slurmd", "-D", "-f", str(conf), "-N", node], env=env,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+        def idle():
+            out = subprocess.run(["sinfo", "-h", "-o", "%T %D"], env=env, capture_output=True, text=True, timeout=30)
+            return out.stdout.split() == ["idle", "2"]
+        wait_until(idle, timeout=60, what="two idle Slurm nodes")
+        yield {"env": env, "dir": d}
+    finally:
+        for p in daemons:
+            p.terminate()
+        for p in daemons:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def troupe_processes():
+    """Pids of processes running the troupe binary (its workers included)."""
+    binary = os.path.realpath(cli())
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.path.realpath(f"/proc/{pid}/exe") == binary:
+                    pids.append(int(pid))
+            except OSError:
+                pass
+    return pids
+
+
+DRIVER = """
+import troupe
+troupe.init(address="auto")
+@troupe.remote(num_cpus=2)
+class Where:
+    def node(self):
+        return troupe.get_runtime_context().get_node_id()
+actors = [Where.remote() for _ in range(2)]
+print("nodes:", sorted(troupe.get([a.node.remote() for a in actors], timeout=120)), flush=True)
+"""
+
+
+def test_two_node_job_runs_its_driver_on_both_nodes(slurm, tmp_path):
+    (tmp_path / "driver.py").write_text(DRIVER)
+    out = tmp_path / "job.out"
+    r = subprocess.run(["sbatch", "--wait", "-N2", "--exclusive", f"--output={out}", "--wrap",
+                        f"{cli()} slurm --port 0 -- /usr/bin/python3 {tmp_path / 'driver.py'}"],
+                       env=slurm["env"], capture_output=True, text=True, timeout=300)
+    text = out.read_text()
+    assert r.returncode == 0, r.stderr + text
+    assert "troupe slurm: cluster of 2 node(s)" in text, text
+    assert "nodes: ['1', '2']" in text, text
+    assert "troupe slurm: driver exited with 0; cluster stopped" in text, text
+    wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
+
+
+def test_scancel_ends_everything(slurm, tmp_path):
+    ready = tmp_path / "ready"
+    job = subprocess.run(["sbatch", "--parsable", "-N2", "--exclusive", f"--output={tmp_path / 'job.out'}", "--wrap",
+                          f"{cli()} slurm --port 0 -- /bin/sh -c 'touch {ready}; sleep 600'"],
+                         env=slurm["env"], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    wait_until(ready.exists, timeout=120, what="the driver running")
+    assert len(troupe_processes()) >= 3  # the head, its node agents, troupe slurm
+    subprocess.run(["scancel", job], env=slurm["env"], check=True, timeout=60)
+    t0 = time.monotonic()
+    wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process after scancel")
+    print(f"every troupe process gone {time.monotonic() - t0:.2f} s after scancel")
+
+
+def test_bad_input_is_refused_with_what_was_read(slurm, tmp_path):
+    outside = subprocess.run([cli(), "slurm", "--", "true"], env={k: v for k, v in os.environ.items()
+                                                                   if not k.startswith("SLURM_")},
+                             capture_output=True, text=True, timeout=60)
+    assert outside.returncode == 2 and "SLURM_JOB_ID is not set" in outside.stderr
+    out = tmp_path / "gpus.out"
+    r = subprocess.run(["sbatch", "--wait", "-N1", f"--output={out}", "--wrap",
+                        f"{cli()} slurm --gpus-per-node 2 -- true"], env=slurm["env"], capture_output=True, text=True,
+                       timeout=120)
+    text = out.read_text()
+    assert r.returncode != 0
+    assert "--gpus-per-node 2 but the allocation has 0 GPU(s)" in text and "SLURM_GPUS_ON_NODE" in text, text
+    assert "CUDA_VISIBLE_DEVICES" in text
