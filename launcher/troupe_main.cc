@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include "head_probe.h"
 #include "slurm.h"
@@ -242,6 +243,56 @@ troupe::Runtime connect_session(const std::string& address_flag) {
   if (o.address.empty()) throw troupe::ConfigError("no running cluster in " + dir + " (troupe start --head)");
   if (!o.token.empty()) troupe::launcher::probe_head(o.address, o.token);
   return troupe::Runtime::connect(o);
+}
+
+// `troupe logs [head | node N | ACTOR] [-f]`: the head relays the read to
+// the node agent that has the file, so no ssh is needed.
+struct LogsArgs {
+  std::vector<std::string> target;
+  bool follow = false;
+  uint32_t tail = 64 * 1024;
+};
+
+troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
+  troupe::wire::ReadLog r;
+  r.max_bytes = l.tail;
+  const auto& t = l.target;
+  auto number = [](const std::string& s, const char* what) {
+    try {
+      size_t used = 0;
+      uint64_t v = std::stoull(s, &used);
+      if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw troupe::ConfigError(std::string("troupe logs: '") + s + "' is not a " + what);
+  };
+  if (t.empty() || (t.size() == 1 && t[0] == "head")) {
+    r.target = "head";
+  } else if (t.size() == 2 && t[0] == "node") {
+    r.target = "node";
+    r.id = number(t[1], "node id");
+  } else if (t.size() == 1) {
+    r.target = "actor";
+    bool numeric = !t[0].empty() && t[0].find_first_not_of("0123456789") == std::string::npos;
+    r.id = numeric ? number(t[0], "actor id")
+                   : rt.core()->head().call<troupe::wire::ActorInfo>(troupe::wire::Op::kGetActor, t[0]).id;
+  } else {
+    throw troupe::ConfigError("troupe logs: give head, node N, or an actor's id or name");
+  }
+  return r;
+}
+
+int cmd_logs(const Args& a, const LogsArgs& l) {
+  auto rt = connect_session(a.address);
+  auto req = log_request(rt, l);
+  for (;;) {
+    auto chunk = rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, req);
+    std::fwrite(chunk.text.data(), 1, chunk.text.size(), stdout);
+    std::fflush(stdout);
+    if (!l.follow) return 0;
+    req.offset = chunk.next_offset;
+    if (chunk.next_offset >= chunk.size) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
 }
 
 int cmd_status(const Args& a) {
@@ -476,6 +527,14 @@ int main(int argc, char** argv) {
   auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");
   submit->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
   submit->add_option("command", a.command, "driver command")->required();
+  LogsArgs la;
+  auto* logs = app.add_subcommand("logs", "print a log of the cluster: the head's, a node agent's, or an actor's");
+  logs->add_option("target", la.target, "head (default), node N, or an actor's id or name");
+  logs->add_flag("-f,--follow", la.follow, "keep printing what is appended (Ctrl-C ends)");
+  logs->add_option("--tail", la.tail, "bytes from the end to start with (and per read)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 4u << 20));
+  logs->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
   troupe::launcher::SlurmOptions so;
   auto* slurm = app.add_subcommand(
       "slurm",
@@ -502,6 +561,7 @@ int main(int argc, char** argv) {
     if (*status) return cmd_status(a);
     if (*stop) return cmd_stop(a);
     if (*submit) return cmd_submit(a);
+    if (*logs) return cmd_logs(a, la);
     if (*slurm) {
       std::error_code ec;
       const std::string self = fs::read_symlink("/proc/self/exe", ec).string();

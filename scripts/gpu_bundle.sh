@@ -32,6 +32,7 @@ packages=(
   libibverbs-dev libibverbs1 ibverbs-providers libnl-3-200 libnl-3-dev libnl-route-3-200 libnl-route-3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev libbenchmark1debian
   libssl-dev libssl3 zlib1g-dev zlib1g
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libsqlite3-dev libsqlite3-0 libyaml-dev libyaml-0-2
 )
 
 mkdir -p "$debs" "$out"

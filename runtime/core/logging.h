@@ -12,6 +12,16 @@ namespace troupe::core {
 // Sets the role shown in every log line of this process and the level from
 // TROUPE_LOG_LEVEL (trace, debug, info, warn, error; default info).
 void init_logging(const std::string& role);
+
+// The file this process's stdout goes to (a daemon's log), or "" when it
+// is no regular file (a terminal, a pipe).
+std::string own_log_file();
+
+// Up to `max_bytes` of `path` from `offset` (UINT64_MAX: the last
+// max_bytes); sets `next_offset` and `size`. Error naming the file when it
+// cannot be read.
+std::string read_log_piece(const std::string& path, uint64_t offset, uint32_t max_bytes, uint64_t* next_offset,
+                           uint64_t* size);
 // init_logging(role) unless this process already has a troupe logger: a
 // driver that connects without troupe::init (tests, benchmarks) still logs
 // to stderr, never into its stdout.

@@ -154,10 +154,12 @@ class Head::Impl {
     if (p.fenced) return;
     // Known ops by name, anything else as "other": the table stays small
     // whatever a peer sends.
-    ++message_counts_[m.op <= static_cast<uint32_t>(Op::kNodeFenced) ? m.op : 0];
+    ++message_counts_[m.op <= static_cast<uint32_t>(Op::kReadLog) ? m.op : 0];
     try {
       if (m.kind == Kind::REQUEST) {
         handle_request(p, m);
+      } else if (m.kind == Kind::RESPONSE && p.role == Role::kNode && p.hello) {
+        relay_log(m);
       } else if (m.kind == Kind::EVENT) {
         handle_event(p, m);
       } else {
@@ -212,6 +214,8 @@ class Head::Impl {
         return p.conn->send(ok_response_value(m.id, status_json(m).dump()));
       case Op::kShutdown:
         return shutdown(p, m);
+      case Op::kReadLog:
+        return read_log(p, m);
       default:
         if (handle_group_request(p, m, op) || handle_kv_request(p, m, op)) return;
         throw DecodeError("unknown request op " + std::to_string(m.op));
@@ -407,6 +411,7 @@ class Head::Impl {
   // its incarnation is over, and its connection is half-closed so that an
   // agent that wakes up reads the NodeFenced first.
   void fence_node(uint64_t node, const std::string& why) {
+    fail_log_reads(node, "was declared dead (" + why + ")");
     std::vector<std::shared_ptr<Connection>> stale;
     for (auto& [raw, p] : peers_)
       if (p->node_id == node && p->hello && !p->fenced) {
@@ -458,6 +463,65 @@ class Head::Impl {
                               }),
                subs.end());
     if (subs.empty()) subscribers_.erase(it);
+  }
+
+  // ---- troupe logs ----------------------------------------------------------
+  // The head's own log is read here; a node's or an actor's worker's is
+  // asked of its node agent (a request on the agent's connection), whose
+  // answer goes back to the asker under the asker's request id.
+  void read_log(Peer& p, const Message& m) {
+    auto req = body<ReadLog>(m);
+    if (req.max_bytes == 0 || req.max_bytes > (4u << 20))
+      throw ConfigError("read log: max_bytes " + std::to_string(req.max_bytes) + " is not in 1..4 MiB");
+    if (req.target == "head") {
+      LogChunk c;
+      c.path = core::own_log_file();
+      if (c.path.empty()) throw ConfigError("the head's output is not a file (it was not started as a daemon)");
+      c.text = core::read_log_piece(c.path, req.offset, req.max_bytes, &c.next_offset, &c.size);
+      return p.conn->send(ok_response_value(m.id, c));
+    }
+    uint64_t node = req.id;
+    if (req.target == "actor") {
+      const ActorInfo& a = state_.actor_info(req.id);
+      if (a.pid <= 0)
+        throw ConfigError("actor " + std::to_string(req.id) + " has no worker process (" + to_string(a.state) + ")");
+      node = a.node_id;
+      req.target = "worker";
+      req.id = static_cast<uint64_t>(a.pid);
+    } else if (req.target != "node") {
+      throw ConfigError("read log: unknown target '" + req.target + "' (head, node or actor)");
+    }
+    auto it = node_conns_.find(node);
+    if (it == node_conns_.end()) throw ConfigError("node " + std::to_string(node) + " is not alive");
+    const uint64_t id = next_log_request_++;
+    log_waiters_[id] = {node, Waiter{p.conn, m.id}};
+    Message ask;
+    ask.kind = Kind::REQUEST;
+    ask.op = static_cast<uint32_t>(Op::kReadLog);
+    ask.id = id;
+    ask.body = std::move(encode_value(req).bytes());
+    it->second->send(ask);
+  }
+
+  void relay_log(Message& m) {
+    auto it = log_waiters_.find(m.id);
+    if (it == log_waiters_.end()) return;  // its asker left
+    m.id = it->second.second.request_id;
+    it->second.second.conn->send(m);
+    log_waiters_.erase(it);
+  }
+
+  // A node that goes fails the log reads it had not answered.
+  void fail_log_reads(uint64_t node, const std::string& why) {
+    for (auto it = log_waiters_.begin(); it != log_waiters_.end();) {
+      if (it->second.first != node) {
+        ++it;
+        continue;
+      }
+      it->second.second.conn->send(
+          error_response(it->second.second.request_id, Error("node " + std::to_string(node) + " " + why)));
+      it = log_waiters_.erase(it);
+    }
   }
 
   // ---- the HTTP endpoint's view ------------------------------------------
@@ -516,7 +580,8 @@ class Head::Impl {
                                    "control",
                                    "wait_placement_group",
                                    "nodes",
-                                   "node_fenced"};
+                                   "node_fenced",
+                                   "read_log"};
     return op < std::size(kNames) ? kNames[op] : "op_" + std::to_string(op);
   }
 
@@ -542,6 +607,10 @@ class Head::Impl {
   std::map<std::string, std::vector<Waiter>> kv_waiters_;
   PeerId next_peer_id_ = 1;
   std::map<uint32_t, uint64_t> message_counts_;  // by op, for /metrics
+  // troupe logs requests a node agent has not answered yet, by the id the
+  // head gave them: (node, the asker and its request id).
+  std::map<uint64_t, std::pair<uint64_t, Waiter>> log_waiters_;
+  uint64_t next_log_request_ = 1;
   const Clock::time_point started_ = Clock::now();
   // Last: destroyed first, so no HTTP thread asks for a snapshot of a head
   // being torn down.

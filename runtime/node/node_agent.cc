@@ -10,8 +10,10 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
+#include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -78,6 +80,10 @@ class NodeAgent::Impl {
  public:
   explicit Impl(NodeOptions o) : opts_(std::move(o)), signals_(io_, SIGCHLD), timer_(io_) {
     validate_pool_options(opts_.worker_pool);
+    // A daemon agent (its output a file) gives each worker a log file of its
+    // own beside it, which `troupe logs ACTOR` reads.
+    if (const std::string own = core::own_log_file(); !own.empty() && opts_.worker_pool.log_dir.empty())
+      opts_.worker_pool.log_dir = std::filesystem::path(own).parent_path().string();
     if (opts_.resources.empty()) opts_.resources = detect_resources({});
     choose_addresses(opts_);
     // Before the event loop runs: a spawn may arrive as soon as the node is
@@ -243,11 +249,36 @@ class NodeAgent::Impl {
           return shutdown();
         case Op::kNodeFenced:
           return fenced(decode_value<NodeFenced>(m.body));
+        case Op::kReadLog:
+          return read_log(m);
         default:
           TROUPE_LOG_WARN("node: unknown event op {}", m.op);
       }
     } catch (const std::exception& e) {
       TROUPE_LOG_WARN("node: bad event from head: {}", e.what());
+    }
+  }
+
+  // `troupe logs` (a request the head relays): a piece of this agent's log
+  // or of one of its workers' (by pid).
+  void read_log(const Message& m) {
+    try {
+      auto req = decode_value<ReadLog>(m.body);
+      LogChunk c;
+      if (req.target == "node") {
+        c.path = core::own_log_file();
+        if (c.path.empty()) throw ConfigError("node " + std::to_string(node_id_) + "'s output is not a file");
+      } else if (req.target == "worker") {
+        if (opts_.worker_pool.log_dir.empty())
+          throw ConfigError("node " + std::to_string(node_id_) + " keeps no worker log files (its output is no file)");
+        c.path = worker_log_path(opts_.worker_pool.log_dir, static_cast<pid_t>(req.id));
+      } else {
+        throw ConfigError("read log: unknown target '" + req.target + "' at the node");
+      }
+      c.text = core::read_log_piece(c.path, req.offset, req.max_bytes, &c.next_offset, &c.size);
+      head_->send(ok_response_value(m.id, c));
+    } catch (const std::exception& e) {
+      head_->send(error_response(m.id, e));
     }
   }
 
@@ -305,7 +336,7 @@ class NodeAgent::Impl {
     for (auto& kv : w.to_env()) o.env.push_back(std::move(kv));
     for (auto& kv : actor_env(s)) o.env.push_back(std::move(kv));
     try {
-      return core::spawn_process(o);
+      return spawn_logged(std::move(o), opts_.worker_pool.log_dir);
     } catch (const std::exception& e) {
       report_exit(s.actor_id, s.incarnation, 0, std::string("failed to start: ") + e.what());
       return std::nullopt;

@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "troupe/runtime/core/errors.h"
@@ -57,6 +59,23 @@ void WorkerPool::fill(const std::string& executable) {
   }
 }
 
+std::string worker_log_path(const std::string& dir, pid_t pid) {
+  return dir + "/worker-" + std::to_string(pid) + ".log";
+}
+
+pid_t spawn_logged(core::SpawnOptions o, const std::string& dir) {
+  if (dir.empty()) return core::spawn_process(o);
+  static std::atomic<uint64_t> seq{0};
+  const std::string fresh =
+      dir + "/worker-starting-" + std::to_string(::getpid()) + "-" + std::to_string(seq++) + ".log";
+  o.log_file = fresh;
+  pid_t pid = core::spawn_process(o);
+  // The child holds the file open: renaming it now loses nothing (and
+  // replaces the file of an older process that had this pid).
+  std::rename(fresh.c_str(), worker_log_path(dir, pid).c_str());
+  return pid;
+}
+
 void WorkerPool::start_one(const std::string& executable) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
@@ -72,7 +91,7 @@ void WorkerPool::start_one(const std::string& executable) {
   o.keep_fds = {fds[1]};
   pid_t pid = -1;
   try {
-    pid = core::spawn_process(o);
+    pid = spawn_logged(std::move(o), opts_.log_dir);
   } catch (...) {
     ::close(fds[0]);
     ::close(fds[1]);

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 
+#include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/node/worker_assignment.h"
 
@@ -30,7 +31,16 @@ namespace troupe::node {
 struct WorkerPoolOptions {
   uint32_t size = 2;  // idle workers per executable; 0 disables the pool
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};
+  // Where each worker's stdout and stderr go, one file per worker
+  // (worker_log_path); "" = the agent's own output.
+  std::string log_dir;
 };
+
+// A worker's own log file, found again by its pid (`troupe logs ACTOR`).
+std::string worker_log_path(const std::string& dir, pid_t pid);
+// Spawns `o` with its output in a fresh file of `dir` (none when `dir` is
+// empty), named worker_log_path(dir, pid) once the pid is known.
+pid_t spawn_logged(core::SpawnOptions o, const std::string& dir);
 
 // Throws ConfigError naming the value when `o` is out of range (size at most
 // 64, idle timeout between 1 ms and 30 days).

@@ -41,6 +41,7 @@ enum class Op : uint32_t {
   kWaitPlacementGroup = 24,    // request: WaitPlacementGroup -> PlacementGroupInfo
   kNodes = 25,                 // request: -> std::vector<NodeInfo>
   kNodeFenced = 26,            // event head -> node: NodeFenced (then the head closes)
+  kReadLog = 27,               // request driver -> head (-> node): ReadLog -> LogChunk
 };
 
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
@@ -222,6 +223,25 @@ struct NodeFenced {
   uint64_t node_id = 0;
   std::string reason;
   TROUPE_FIELDS(node_id, reason)
+};
+
+// `troupe logs`: a piece of the head's log ("head"), a node agent's
+// ("node", id = node id) or an actor's worker's ("actor", id = actor id;
+// the head turns it into "worker", id = the worker's pid, for its node).
+struct ReadLog {
+  std::string target;
+  uint64_t id = 0;
+  uint64_t offset = UINT64_MAX;  // UINT64_MAX: the last max_bytes
+  uint32_t max_bytes = 64 * 1024;
+  TROUPE_FIELDS(target, id, offset, max_bytes)
+};
+
+struct LogChunk {
+  std::string path;  // the file, on its machine
+  std::string text;
+  uint64_t next_offset = 0;  // where the next read starts
+  uint64_t size = 0;         // the file's size when read
+  TROUPE_FIELDS(path, text, next_offset, size)
 };
 
 // What a node agent reports with each heartbeat.

@@ -1,0 +1,85 @@
+"""`troupe logs` reads a cluster's logs without ssh: the head's, a node
+agent's, and an actor's own worker log (what the actor printed included),
+relayed by the head from the node agent that has the file; -f follows what
+is appended; unknown actors and nodes are refused by name."""
+import os
+import subprocess
+import time
+
+import pytest
+
+import troupe
+from conftest import cli, wait_until
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    session = tmp_path_factory.mktemp("session")
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(session), TROUPE_LOG_LEVEL="info")
+    env.pop("TROUPE_TOKEN", None)
+    env.pop("TROUPE_ADDRESS", None)
+    subprocess.run([cli(), "start", "--head", "--resources", "CPU=2", "--dashboard-port", "-1"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    old = os.environ.get("TROUPE_SESSION_DIR")
+    os.environ["TROUPE_SESSION_DIR"] = str(session)
+    troupe.init(address="auto")
+    try:
+        yield env
+    finally:
+        troupe.shutdown()
+        subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)
+        if old is None:
+            os.environ.pop("TROUPE_SESSION_DIR", None)
+        else:
+            os.environ["TROUPE_SESSION_DIR"] = old
+
+
+@troupe.remote
+class Talker:
+    def say(self, text):
+        print(text, flush=True)
+        return troupe.get_runtime_context().get_actor_id()
+
+
+def logs(env, *args, timeout=60):
+    return subprocess.run([cli(), "logs", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_head_and_node_logs(cluster):
+    head = logs(cluster, "head")
+    assert head.returncode == 0 and "head listening on" in head.stdout, head.stderr
+    node = logs(cluster, "node", "1")
+    assert node.returncode == 0 and "node 1 serving" in node.stdout, node.stderr
+
+
+def test_an_actors_own_log_has_what_it_printed(cluster):
+    t = Talker.options(name="talker").remote()
+    actor_id = troupe.get(t.say.remote("marker-one from the actor"), timeout=60)
+    by_id = logs(cluster, str(actor_id))
+    assert by_id.returncode == 0, by_id.stderr
+    assert "marker-one from the actor" in by_id.stdout
+    by_name = logs(cluster, "talker")
+    assert "marker-one from the actor" in by_name.stdout, by_name.stderr
+
+    follow = subprocess.Popen([cli(), "logs", "-f", str(actor_id)], env=cluster, stdout=subprocess.PIPE, text=True)
+    try:
+        troupe.get(t.say.remote("marker-two, appended"), timeout=60)
+        seen = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("marker-two" in line for line in seen):
+            seen.append(follow.stdout.readline())
+        assert any("marker-two, appended" in line for line in seen), seen
+    finally:
+        follow.terminate()
+        follow.wait(timeout=30)
+
+
+def test_unknown_targets_are_named(cluster):
+    r = logs(cluster, "987654")
+    assert r.returncode != 0 and "no actor with id 987654" in r.stderr
+    r = logs(cluster, "node", "77")
+    assert r.returncode != 0 and "node 77 is not alive" in r.stderr
+    r = logs(cluster, "node", "x")
+    assert r.returncode != 0 and "'x' is not a node id" in r.stderr
+    r = logs(cluster, "no-such-actor-name")
+    assert r.returncode != 0 and "no-such-actor-name" in r.stderr
