@@ -108,6 +108,10 @@ def test_metrics_parse_with_prometheus_client(cluster, healed_job):
     assert value(fams, "troupe_job_world_size", job="dash-job") == 2
     assert value(fams, "troupe_actors", state="DEAD") >= 3  # two trainers at the end, and the killed one
     assert value(fams, "troupe_head_messages", op="create_actor") >= 3
+    # Calls go straight to the workers, which report them: the trainers
+    # served hundreds of steps' calls, the loaders streamed batches.
+    assert value(fams, "troupe_actor_calls") > 100  # the parser drops _total
+    assert value(fams, "troupe_stream_received_bytes") > 0
 
 
 def test_api_status_and_troupe_status_show_the_job(cluster, healed_job):

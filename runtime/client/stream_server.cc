@@ -1,5 +1,6 @@
 #include "troupe/runtime/client/stream_server.h"
 
+#include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/worker_env.h"
 
@@ -112,6 +113,11 @@ void StreamServer::on_frame(const std::shared_ptr<Connection>& c, std::shared_pt
         c->close("stream writer exceeded its credit");
         st.error = "stream writer exceeded its credit";
         break;
+      }
+      {
+        uint64_t bytes = m.body.size();
+        for (const auto& a : m.attachments) bytes += a.size();
+        process_stats().stream_bytes.fetch_add(bytes, std::memory_order_relaxed);
       }
       st.items.push_back(std::move(m));
       break;

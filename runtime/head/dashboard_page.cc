@@ -72,7 +72,9 @@ function render(st) {
   const actors = st.actors || [];
   document.getElementById("summary").textContent =
     `${alive} live node(s), ${actors.filter(a => a.state === "ALIVE").length} live actor(s), ` +
-    `${(st.jobs || []).length} job(s); head up ${((st.head || {}).uptime_s || 0).toFixed(0)} s`;
+    `${(st.jobs || []).length} job(s); ${((st.workers || {}).calls_per_second || 0).toFixed(0)} calls/s, ` +
+    `${(((st.workers || {}).stream_bytes_per_second || 0) / 1e6).toFixed(1)} MB/s streamed; ` +
+    `head up ${((st.head || {}).uptime_s || 0).toFixed(0)} s`;
   table(document.getElementById("nodes"), ["id", "host", "state", "resources", "used", "idle workers"],
     (st.nodes || []).map(n => [`<td>${n.id}</td>`, `<td>${esc(n.hostname)}</td>`,
       `<td class="${n.alive ? "ALIVE" : "DEAD"}">${n.alive ? "alive" : "dead"}</td>`,

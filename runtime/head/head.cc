@@ -1,6 +1,7 @@
 #include "troupe/runtime/head/head.h"
 
 #include <algorithm>
+#include <deque>
 #include <future>
 #include <map>
 #include <set>
@@ -546,11 +547,40 @@ class Head::Impl {
     nlohmann::json j = state_.status(StatusRequest{});
     j["address"] = address();
     j["jobs"] = jobs_json();
+    j["workers"] = worker_rates();
     nlohmann::json messages = nlohmann::json::object();
     for (const auto& [op, n] : message_counts_) messages[op_name(op)] = n;
     j["head"] = {{"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
                  {"messages", std::move(messages)}};
     return j;
+  }
+
+  // Totals of the workers' calls and stream bytes, and their rates over
+  // the last few seconds (samples taken once a second by the timer).
+  void sample_worker_stats() {
+    const auto now = Clock::now();
+    if (!stats_samples_.empty() && now - stats_samples_.back().at < std::chrono::seconds(1)) return;
+    auto [calls, bytes] = state_.worker_stats();
+    stats_samples_.push_back({now, calls, bytes});
+    if (stats_samples_.size() > 6) stats_samples_.pop_front();
+  }
+
+  nlohmann::json worker_rates() const {
+    auto [calls, bytes] = state_.worker_stats();
+    double calls_rate = 0, bytes_rate = 0;
+    if (stats_samples_.size() >= 2) {
+      const auto& a = stats_samples_.front();
+      const auto& b = stats_samples_.back();
+      const double dt = std::chrono::duration<double>(b.at - a.at).count();
+      if (dt > 0) {
+        calls_rate = static_cast<double>(b.calls - std::min(a.calls, b.calls)) / dt;
+        bytes_rate = static_cast<double>(b.bytes - std::min(a.bytes, b.bytes)) / dt;
+      }
+    }
+    return {{"calls_total", calls},
+            {"stream_bytes_total", bytes},
+            {"calls_per_second", calls_rate},
+            {"stream_bytes_per_second", bytes_rate}};
   }
 
   static std::string op_name(uint32_t op) {
@@ -591,6 +621,7 @@ class Head::Impl {
       if (ec) return;
       state_.check_heartbeats(Clock::now());
       flush();
+      sample_worker_stats();
       arm_timer();
     });
   }
@@ -610,6 +641,11 @@ class Head::Impl {
   // troupe logs requests a node agent has not answered yet, by the id the
   // head gave them: (node, the asker and its request id).
   std::map<uint64_t, std::pair<uint64_t, Waiter>> log_waiters_;
+  struct StatsSample {
+    Clock::time_point at;
+    uint64_t calls = 0, bytes = 0;
+  };
+  std::deque<StatsSample> stats_samples_;  // the last few seconds, for rates
   uint64_t next_log_request_ = 1;
   const Clock::time_point started_ = Clock::now();
   // Last: destroyed first, so no HTTP thread asks for a snapshot of a head

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <utility>
 
+#include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/head/scheduler.h"
@@ -223,6 +224,7 @@ void HeadState::publish(Actor& a) {
 void HeadState::actor_ready(const ActorReady& r) {
   Actor& a = actor(r.actor_id);
   if (a.info.incarnation != r.incarnation || !a.worker_running || a.info.state == ActorState::kDead) return;
+  retire_stats(a.info.id, a.info.incarnation);  // a restarted actor's earlier processes
   a.info.state = ActorState::kAlive;
   a.info.address = r.address;
   a.info.control_address = r.control_address;
@@ -284,6 +286,7 @@ void HeadState::actor_lost(Actor& a, const std::string& why) {
 }
 
 void HeadState::set_dead(Actor& a) {
+  retire_stats(a.info.id, UINT32_MAX);
   a.info.state = ActorState::kDead;
   a.info.address.clear();
   a.info.pending_reason.clear();
@@ -539,13 +542,57 @@ void HeadState::kv_set(const std::string& key, const std::string& value) {
   out_.kv_set.push_back({key, value});
 }
 
-void HeadState::kv_put(const std::string& key, const std::string& value) { kv_set(key, value); }
+void HeadState::kv_put(const std::string& key, const std::string& value) {
+  // A worker's last stats may land after its actor died (or was restarted)
+  // and its numbers were retired: dropped (at most its last second's
+  // calls), so no key outlives its process and nothing counts twice.
+  const std::string prefix = client::kStatsKeyPrefix;
+  if (key.compare(0, prefix.size(), prefix) == 0) {
+    const char* p = key.c_str() + prefix.size();
+    char* dot = nullptr;
+    const uint64_t id = std::strtoull(p, &dot, 10);
+    const auto inc = static_cast<uint32_t>(dot && *dot == '.' ? std::strtoul(dot + 1, nullptr, 10) : 0);
+    auto it = actors_.find(id);
+    if (it == actors_.end() || it->second.info.state == ActorState::kDead || inc < it->second.info.incarnation) return;
+  }
+  kv_set(key, value);
+}
 
 std::vector<std::pair<std::string, std::string>> HeadState::kv_with_prefix(const std::string& prefix) const {
   std::vector<std::pair<std::string, std::string>> out;
   for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
     out.emplace_back(it->first, it->second);
   return out;
+}
+
+void HeadState::retire_stats(uint64_t actor_id, uint32_t incarnation) {
+  const std::string prefix = std::string(client::kStatsKeyPrefix) + std::to_string(actor_id) + ".";
+  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
+    uint64_t calls = 0, bytes = 0;
+    const auto inc = std::strtoull(it->first.c_str() + prefix.size(), nullptr, 10);
+    if (inc >= incarnation) {
+      ++it;
+      continue;
+    }
+    if (client::parse_stats(it->second, &calls, &bytes)) {
+      retired_calls_ += calls;
+      retired_stream_bytes_ += bytes;
+    }
+    it = kv_.erase(it);
+  }
+}
+
+std::pair<uint64_t, uint64_t> HeadState::worker_stats() const {
+  uint64_t calls = retired_calls_, bytes = retired_stream_bytes_;
+  const std::string prefix = client::kStatsKeyPrefix;
+  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    uint64_t c = 0, b = 0;
+    if (client::parse_stats(it->second, &c, &b)) {
+      calls += c;
+      bytes += b;
+    }
+  }
+  return {calls, bytes};
 }
 
 std::optional<std::string> HeadState::kv_get(const std::string& key) const {

@@ -96,6 +96,10 @@ class HeadState {
   int64_t kv_add(const std::string& key, int64_t delta);
   // Every (key, value) whose key starts with `prefix`, in key order.
   std::vector<std::pair<std::string, std::string>> kv_with_prefix(const std::string& prefix) const;
+  // Calls served and stream bytes received by every worker so far: the
+  // workers' published numbers (client/process_stats.h) plus those of
+  // processes that ended.
+  std::pair<uint64_t, uint64_t> worker_stats() const;
 
   // ---- queries ----
   std::vector<wire::NodeInfo> nodes() const;
@@ -162,6 +166,9 @@ class HeadState {
   void unreserve_group(Group& g);
   void kv_set(const std::string& key, const std::string& value);
   nlohmann::json actors_json(const wire::StatusRequest& request) const;
+  // Folds the published stats of `actor_id`'s processes older than
+  // `incarnation` into the retired totals and drops their keys.
+  void retire_stats(uint64_t actor_id, uint32_t incarnation);
 
   HeadConfig config_;
   std::map<uint64_t, Node> nodes_;
@@ -169,6 +176,7 @@ class HeadState {
   std::map<uint64_t, Group> groups_;
   std::map<std::string, uint64_t> named_;
   std::map<std::string, std::string> kv_;
+  uint64_t retired_calls_ = 0, retired_stream_bytes_ = 0;
   std::deque<uint64_t> pending_actors_;
   std::deque<uint64_t> pending_groups_;
   std::deque<uint64_t> dead_order_;            // DEAD actors, oldest first

@@ -114,6 +114,18 @@ void actor_metrics(std::ostringstream& out, const json& snapshot) {
   kv.sample({}, as_number(snapshot.value("kv_keys", json(0))));
 }
 
+void worker_metrics(std::ostringstream& out, const json& w) {
+  Family calls(out, "troupe_actor_calls_total", "counter",
+               "Actor calls (tasks included) served by every worker, as they report them each second.");
+  calls.sample({}, as_number(w.value("calls_total", json(0))));
+  Family rate(out, "troupe_actor_calls_per_second", "gauge", "Actor calls served per second over the last seconds.");
+  rate.sample({}, as_number(w.value("calls_per_second", json(0))));
+  Family bytes(out, "troupe_stream_received_bytes_total", "counter", "Stream item bytes every worker received.");
+  bytes.sample({}, as_number(w.value("stream_bytes_total", json(0))));
+  Family brate(out, "troupe_stream_bytes_per_second", "gauge", "Stream bytes received per second, recently.");
+  brate.sample({}, as_number(w.value("stream_bytes_per_second", json(0))));
+}
+
 void head_metrics(std::ostringstream& out, const json& head) {
   Family up(out, "troupe_head_uptime_seconds", "gauge", "Seconds since the head started.");
   up.sample({}, as_number(head.value("uptime_s", json(0))));
@@ -153,6 +165,7 @@ std::string prometheus_text(const nlohmann::json& snapshot) {
   node_metrics(out, snapshot.value("nodes", json::array()));
   actor_metrics(out, snapshot);
   head_metrics(out, snapshot.value("head", json::object()));
+  worker_metrics(out, snapshot.value("workers", json::object()));
   job_metrics(out, snapshot.value("jobs", json::array()));
   return out.str();
 }

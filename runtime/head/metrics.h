@@ -5,9 +5,10 @@
 //
 // What the head can count is what passes through it: nodes, resources,
 // actors and their restarts, placement groups, the KV store, the messages
-// it handles, and the TrainJobs that publish their progress to the KV store
-// (troupe.jobs/<name>). Actor calls and stream bytes go straight between
-// processes and are not seen here.
+// it handles, the TrainJobs that publish their progress to the KV store
+// (troupe.jobs/<name>), and the calls and stream bytes the workers report
+// (client/process_stats.h: they go straight between processes, so each
+// worker counts its own and publishes them once a second).
 #pragma once
 
 #include <string>

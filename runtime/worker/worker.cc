@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/worker/worker_context.h"
@@ -133,6 +134,7 @@ class ActorHost {
       ::close(serving_fd);
     }
     TROUPE_LOG_DEBUG("actor {} ({}) serving at {}", env.actor_id, core_->hello_reply().spec.class_name, ready.address);
+    publish_stats(env.actor_id, env.incarnation);
     if (inline_calls_) {
       auto guard = asio::make_work_guard(calls_io_);
       calls_io_.run();
@@ -149,6 +151,7 @@ class ActorHost {
   using ConnMap = std::map<Connection*, std::shared_ptr<Connection>>;
 
   Message run_call(Message& call) {
+    client::process_stats().calls.fetch_add(1, std::memory_order_relaxed);
     Message reply;
     reply.kind = Kind::REPLY;
     reply.id = call.id;
@@ -217,6 +220,31 @@ class ActorHost {
                               for (auto& [raw, c] : all) c->close("connection dropped (fault injection)");
                             });
                           }));
+  }
+
+  // Every second, the calls served and stream bytes received so far go to
+  // the KV store when they changed (the head's /metrics sums them). A
+  // thread of its own: a KV put waits for the head, never on a call path.
+  void publish_stats(uint64_t actor_id, uint32_t incarnation) {
+    std::thread([core = core_, actor_id, incarnation] {
+      const std::string key =
+          std::string(client::kStatsKeyPrefix) + std::to_string(actor_id) + "." + std::to_string(incarnation);
+      uint64_t last_calls = 0, last_bytes = 0;
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        auto& s = client::process_stats();
+        const uint64_t calls = s.calls.load(std::memory_order_relaxed);
+        const uint64_t bytes = s.stream_bytes.load(std::memory_order_relaxed);
+        if (calls == last_calls && bytes == last_bytes) continue;
+        try {
+          core->head().call<void>(Op::kKvPut, KvEntry{key, client::format_stats(calls, bytes)});
+          last_calls = calls;
+          last_bytes = bytes;
+        } catch (const std::exception&) {
+          // The head is away or the process is ending: the next round tries again.
+        }
+      }
+    }).detach();
   }
 
   [[noreturn]] void drain() {

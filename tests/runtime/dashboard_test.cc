@@ -133,6 +133,11 @@ TEST(DashboardMetrics, EscapesLabelValuesAndRendersJobs) {
   EXPECT_NE(text.find("troupe_job_step{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 7"), std::string::npos) << text;
   EXPECT_NE(text.find("troupe_job_running{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 1"), std::string::npos);
   EXPECT_NE(text.find("# TYPE troupe_job_recoveries_total counter"), std::string::npos);
+  snap["workers"] = {{"calls_total", 1234}, {"calls_per_second", 56.5}, {"stream_bytes_total", 789}};
+  const std::string with_workers = troupe::head::prometheus_text(snap);
+  EXPECT_NE(with_workers.find("troupe_actor_calls_total 1234\n"), std::string::npos) << with_workers;
+  EXPECT_NE(with_workers.find("troupe_actor_calls_per_second 56.5\n"), std::string::npos);
+  EXPECT_NE(with_workers.find("troupe_stream_received_bytes_total 789\n"), std::string::npos);
 }
 
 }  // namespace
