@@ -107,7 +107,8 @@ TEST_F(DashboardTest, BrowserLogsInWithTheFormAndItsCookie) {
 }
 
 TEST_F(DashboardTest, GarbageRequestHurtsNeitherEndpointNorHead) {
-  std::string junk = http(port_, std::string("\x16\x03\x01\x02\x00garbage \xff\xfe\r\n\r\n", 22), true);
+  static const char kJunk[] = "\x16\x03\x01\x02\x00garbage \xff\xfe\r\n\r\n";  // a NUL inside
+  std::string junk = http(port_, std::string(kJunk, sizeof kJunk - 1), true);
   EXPECT_EQ(junk.find("HTTP/1.1 200"), std::string::npos) << junk;
   std::string huge = http(port_, "GET /" + std::string(100000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", true);
   EXPECT_EQ(huge.find("HTTP/1.1 200"), std::string::npos);
