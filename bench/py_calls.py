@@ -144,7 +144,7 @@ def ray_python(build_dir):
         return SYSTEM_PYTHON
     venv = os.path.join(build_dir, "ray-venv")
     python = os.path.join(venv, "bin", "python")
-    if subprocess.run([python, "-c", "import ray"], capture_output=True).returncode != 0:
+    if not os.path.exists(python) or subprocess.run([python, "-c", "import ray"], capture_output=True).returncode != 0:
         print(f"py_calls: installing ray from PyPI into {venv}", file=sys.stderr, flush=True)
         subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--system-site-packages", venv], check=True)
         subprocess.run([python, "-m", "pip", "install", "-q", "ray"], check=True, stdout=sys.stderr)
