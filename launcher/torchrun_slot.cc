@@ -9,6 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -26,6 +30,37 @@
 namespace troupe::launcher {
 
 namespace {
+
+// The interface that carries `address` on this machine ("" when none does).
+std::string interface_of(const std::string& address) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string name;
+  for (ifaddrs* a = list; a && name.empty(); a = a->ifa_next) {
+    if (!a->ifa_addr || (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6)) continue;
+    char buf[INET6_ADDRSTRLEN] = {};
+    const void* raw = a->ifa_addr->sa_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr);
+    if (::inet_ntop(a->ifa_addr->sa_family, raw, buf, sizeof buf) && address == buf) name = a->ifa_name;
+  }
+  ::freeifaddrs(list);
+  return name;
+}
+
+// Gloo and NCCL pick their interface from the host name, which often
+// resolves to 127.0.1.1: ranks on other machines could not reach it. The
+// script gets the interface of this node's address (where its worker
+// listens), unless the environment names one already.
+void add_socket_interfaces(std::vector<std::string>& vars) {
+  std::string host = core::env_value(core::kEnvAdvertiseHost);
+  if (host.empty()) host = core::env_value(core::kEnvBindHost);
+  if (host.empty() || host.rfind("127.", 0) == 0 || host == "::1") return;
+  const std::string ifname = interface_of(host);
+  if (ifname.empty()) return;
+  for (const char* var : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
+    if (core::env_value(var).empty()) vars.push_back(std::string(var) + "=" + ifname);
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -228,6 +263,7 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
   state_->error_file = state_->dir + "/error.json";
   std::vector<std::string> vars = l.env;
   vars.push_back("TORCHELASTIC_ERROR_FILE=" + state_->error_file);
+  add_socket_interfaces(vars);
   core::SpawnOptions s;
   s.executable = exe;
   s.arg0 = l.python;

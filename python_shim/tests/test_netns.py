@@ -146,6 +146,35 @@ def test_nodes_advertise_their_own_addresses(hosts):
     assert st["address"] == hosts["address"]
 
 
+TORCHRUN_SCRIPT = """
+import os, socket, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print("rank", dist.get_rank(), "MASTER_ADDR", os.environ["MASTER_ADDR"], "sum", int(t.item()), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_workers_meet_at_rank0s_host_address(hosts, tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    out = subprocess.run([cli(), "torchrun", "--address", hosts["address"], "--nnodes", "2", "--nproc-per-node", "1",
+                          "--python", "/usr/bin/python3", str(script)],
+                         env=dict(os.environ, TROUPE_TOKEN=hosts["token"]), capture_output=True, text=True,
+                         timeout=300)
+    text = out.stdout + out.stderr
+    if out.returncode != 0:
+        logs = "".join(open(p, errors="replace").read()[-1500:] for v in hosts["nodes"].values()
+                       for p in glob.glob(str(v["session"] / "worker-*.log")))
+        pytest.fail(f"{text[-2000:]}\nworker logs:\n{logs[-4000:]}")
+    addresses = {v["ip"] for v in hosts["nodes"].values()}
+    lines = [ln for ln in text.splitlines() if "MASTER_ADDR" in ln]
+    assert len(lines) == 2 and all("sum 3" in ln for ln in lines), text[-3000:]
+    master = {ln.split("MASTER_ADDR ")[1].split()[0] for ln in lines}
+    assert len(master) == 1 and master <= addresses, (master, addresses)  # a host's own address, never 127.0.0.1
+
+
 def test_training_across_hosts_heals_when_a_host_is_cut_off(hosts, tmp_path):
     clean = job(hosts, tmp_path, "clean").fit()
     assert clean.recoveries == 0

@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "troupe/runtime/client/listen_host.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/wire/error_kind.h"
@@ -222,8 +223,7 @@ void ObjectStore::ensure_server() {
 }
 
 void ObjectStore::start_listener() {
-  std::string host = core::env_value(core::kEnvBindHost);
-  if (host.empty()) host = "127.0.0.1";
+  const std::string host = listen_host(core_.address());
   // Consumers connect to the advertise host (never a wildcard bind address).
   std::string advertise = core::env_value(core::kEnvAdvertiseHost);
   if (advertise.empty()) advertise = default_advertise_host(host);

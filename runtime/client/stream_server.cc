@@ -1,5 +1,6 @@
 #include "troupe/runtime/client/stream_server.h"
 
+#include "troupe/runtime/client/listen_host.h"
 #include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -22,8 +23,7 @@ Message credit_event(uint64_t id, uint64_t credits) {
 }
 
 StreamServer::StreamServer(Core& core) : core_(core) {
-  std::string host = core::env_value(core::kEnvBindHost);
-  if (host.empty()) host = "127.0.0.1";
+  const std::string host = listen_host(core_.address());
   // Readers connect to the advertise host (never a wildcard bind address).
   std::string advertise = core::env_value(core::kEnvAdvertiseHost);
   if (advertise.empty()) advertise = default_advertise_host(host);
