@@ -241,6 +241,10 @@ TEST_F(TorchrunTest, MaxRestartsExhaustedExitsNonZeroAndStopsEveryScript) {
   for (auto attempt : {"0", "1"})
     for (auto rank : {"0", "1"}) {
       pid_t pid = read_pid(out_ / (std::string("pid-") + rank + "-" + attempt));
+      // Rank 1 fails at once, so the group may be stopped before rank 0's
+      // interpreter got to write its pid (a loaded machine): nothing of it
+      // can outlive the run then. Rank 1 ran in each attempt.
+      if (std::string(rank) == "0" && pid <= 0) continue;
       ASSERT_GT(pid, 0) << "rank " << rank << " attempt " << attempt << " never ran";
       EXPECT_TRUE(eventually([&] { return !alive(pid); })) << "script " << pid << " outlived troupe torchrun";
     }
