@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "torchrun_slot.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/process.h"
@@ -31,13 +32,8 @@ std::string env_or(const char* name, const std::string& fallback = "") {
   return v ? v : fallback;
 }
 
-// `name` on PATH, or "" when absent.
-std::string which(const std::string& name) {
-  std::stringstream path(env_or("PATH", "/usr/bin:/bin"));
-  for (std::string dir; std::getline(path, dir, ':');)
-    if (!dir.empty() && ::access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
-  return "";
-}
+// `name` on PATH (or as given when it holds a '/'), or "" when absent.
+std::string which(const std::string& name) { return find_executable(name, env_or("PATH", "/usr/bin:/bin")); }
 
 // A command's standard output (the Slurm clients: scontrol).
 std::string output_of(const std::vector<std::string>& argv) {
@@ -207,7 +203,7 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
 
 int run_driver(const Cluster& c, const SlurmOptions& o) {
   core::SpawnOptions s;
-  s.executable = o.command[0].find('/') == std::string::npos ? which(o.command[0]) : o.command[0];
+  s.executable = which(o.command[0]);
   if (s.executable.empty()) throw ConfigError("driver '" + o.command[0] + "' is not on PATH");
   s.arg0 = o.command[0];
   s.args.assign(o.command.begin() + 1, o.command.end());

@@ -14,7 +14,6 @@ import struct
 import subprocess
 import urllib.error
 import urllib.request
-from typing import Dict
 
 import pytest
 
@@ -26,6 +25,7 @@ parser = pytest.importorskip("prometheus_client.parser")
 
 import troupe  # noqa: E402,F401
 from troupe.train import TrainJob  # noqa: E402
+from step_models import SumRegression  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +57,6 @@ def get(url, token=None):
         return r.read().decode()
 
 
-class Step(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-
-    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        err = self.net(batch["x"]).squeeze(1) - batch["y"]
-        return {"loss": (err * err).mean()}
-
-
 def trainer_pids(url):
     status = json.loads(get(url + "api/status"))
     return [a["pid"] for a in status["actors"]
@@ -77,7 +67,7 @@ def trainer_pids(url):
 def healed_job(cluster, tmp_path_factory):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8192, 16)).astype(np.float32)
-    job = TrainJob(Step(), {"x": x, "y": x.sum(1).astype(np.float32)}, workers=2, epochs=3, batch_size=16,
+    job = TrainJob(SumRegression(), {"x": x, "y": x.sum(1).astype(np.float32)}, workers=2, epochs=3, batch_size=16,
                    max_failures=1, name="dash-job", address=cluster["address"], verbose=False,
                    checkpoint_dir=str(tmp_path_factory.mktemp("ckpt"))).start()
     wait_until(lambda: len(job.progress()) >= 30 and len(trainer_pids(cluster["url"])) == 2, timeout=120,

@@ -4,7 +4,7 @@ relayed by the head from the node agent that has the file; -f follows what
 is appended; unknown actors and nodes are refused by name."""
 import os
 import subprocess
-import time
+import threading
 
 import pytest
 
@@ -64,10 +64,14 @@ def test_an_actors_own_log_has_what_it_printed(cluster):
     follow = subprocess.Popen([cli(), "logs", "-f", str(actor_id)], env=cluster, stdout=subprocess.PIPE, text=True)
     try:
         troupe.get(t.say.remote("marker-two, appended"), timeout=60)
+        # A reader thread takes the follower's lines; the wait for the new
+        # one is bounded, however little the follower prints.
         seen = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any("marker-two" in line for line in seen):
-            seen.append(follow.stdout.readline())
+        def read():
+            for line in follow.stdout:
+                seen.append(line)
+        threading.Thread(target=read, daemon=True).start()
+        wait_until(lambda: any("marker-two" in line for line in seen), timeout=60, what="the appended line")
         assert any("marker-two, appended" in line for line in seen), seen
     finally:
         follow.terminate()

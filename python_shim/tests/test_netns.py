@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import time
-from typing import Dict
 
 import pytest
 
@@ -27,6 +26,7 @@ np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 
 from troupe.train import TrainJob  # noqa: E402
+from step_models import SumRegression  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CAP_NET_ADMIN)")
 
@@ -119,22 +119,12 @@ def status(hosts):
     return json.loads(out.stdout)
 
 
-class Step(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-
-    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        err = self.net(batch["x"]).squeeze(1) - batch["y"]
-        return {"loss": (err * err).mean()}
-
-
 def job(hosts, tmp_path, name):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4096, 16)).astype(np.float32)
     torch.manual_seed(0)
     os.environ["TROUPE_TOKEN"] = hosts["token"]
-    return TrainJob(Step(), {"x": x, "y": x.sum(1).astype(np.float32)}, workers=2, epochs=2, batch_size=16,
+    return TrainJob(SumRegression(), {"x": x, "y": x.sum(1).astype(np.float32)}, workers=2, epochs=2, batch_size=16,
                     cpus_per_worker=2.0, max_failures=1, seed=5, name=name, address=hosts["address"],
                     checkpoint_dir=str(tmp_path / name), verbose=False)
 

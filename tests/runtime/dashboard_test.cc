@@ -6,6 +6,9 @@
 // And the metrics text escapes what jobs name.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include <asio.hpp>
 
 #include <string>
@@ -27,6 +30,9 @@ std::string http(uint16_t port, const std::string& request, bool half_close = fa
   asio::io_context io;
   asio::ip::tcp::socket s(io);
   s.connect({asio::ip::make_address("127.0.0.1"), port});
+  // Bounded: a server that never closes fails the read instead of hanging.
+  timeval limit{30, 0};
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
   asio::write(s, asio::buffer(request));
   if (half_close) s.shutdown(asio::ip::tcp::socket::shutdown_send);
   std::string out;
