@@ -10,6 +10,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "troupe/actors/dataset.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/trainer/model.h"
 #include "yaml_to_json.h"
@@ -35,6 +36,11 @@ const std::map<std::string, Setter>& job_keys() {
       {"model_options", field(&TrainOptions::model_options)},
       {"data", field(&TrainOptions::data)},
       {"val_data", field(&TrainOptions::val_data)},
+      {"block_size", field(&TrainOptions::block_size)},
+      {"token_dtype", field(&TrainOptions::token_dtype)},
+      {"schedule", field(&TrainOptions::schedule)},
+      {"min_lr_factor", field(&TrainOptions::min_lr_factor)},
+      {"compression", field(&TrainOptions::compression)},
       {"workers", field(&TrainOptions::workers)},
       {"epochs", field(&TrainOptions::epochs)},
       {"batch_size", field(&TrainOptions::batch_size)},
@@ -115,8 +121,14 @@ void add_flags(CLI::App& app, TrainOptions& o) {
          },
          "a built-in model's size, e.g. hidden=64 (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--data", o.data, ".npz of the training data: each array a batch key, first dimension the sample");
-  app.add_option("--val-data", o.val_data, ".npz scored after each epoch (same keys as --data)");
+  app.add_option("--data", o.data,
+                 ".npz of the training data (each array a batch key, first dimension the sample), or with "
+                 "--block-size a token stream (.bin of raw token ids, or a 1-d integer .npy)");
+  app.add_option("--val-data", o.val_data, "scored after each epoch (same kind as --data)");
+  app.add_option("--block-size", o.block_size,
+                 "language model: --data is a token stream cut into windows of this many tokens, batch keys "
+                 "input and target (the next tokens)");
+  app.add_option("--token-dtype", o.token_dtype, "token id type of a raw .bin stream: uint16, uint32, int32, int64");
   app.add_option("--workers", o.workers, "data-parallel trainers");
   app.add_option("--epochs", o.epochs, "passes over --data");
   app.add_option("--batch-size", o.batch_size, "samples per worker per step");
@@ -124,6 +136,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--lr", o.lr, "learning rate");
   app.add_option("--weight-decay", o.weight_decay, "L2 (sgd) or decoupled (adamw) weight decay");
   app.add_option("--warmup-steps", o.warmup_steps, "linear learning-rate warmup over the first N steps");
+  app.add_option("--schedule", o.schedule, "learning rate after warmup: constant, or cosine down to the last step");
+  app.add_option("--min-lr-factor", o.min_lr_factor, "cosine: the last step's lr as a fraction of --lr");
+  app.add_option("--compression", o.compression, "gradient buckets between workers: none, bf16 or fp16");
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (0 = off)");
   app.add_option("--max-failures", o.max_failures, "trainer failures healed before giving up (-1 = no limit)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (model.pt loads with torch.load)");
@@ -184,6 +199,18 @@ trainer::ModelSpec model_spec(const TrainOptions& o) {
   return m;
 }
 
+// A token stream when --block-size is given, else the npz arrays.
+actors::DatasetSpec data_spec(const TrainOptions& o, const std::string& path) {
+  const std::string abs = fs::absolute(path).string();
+  if (o.block_size > 0) {
+    auto spec = actors::DatasetSpec("token_stream").set("path", abs).set("block_size", o.block_size);
+    if (!ends_with(path, ".npy")) spec.set("dtype", o.token_dtype);
+    return spec;
+  }
+  require(!ends_with(path, ".bin"), path + " looks like a token stream: give --block-size to train a language model on it");
+  return actors::DatasetSpec("npz").set("path", abs);
+}
+
 }  // namespace
 
 void read_job_file(const std::string& path, TrainOptions& o) {
@@ -236,6 +263,15 @@ void check(const TrainOptions& o) {
   require(o.optimizer == "sgd" || o.optimizer == "adamw",
           "--optimizer must be sgd or adamw, got '" + o.optimizer + "'");
   require(o.lr > 0, "--lr must be positive, got " + num(o.lr));
+  require(o.block_size >= 0, "--block-size must not be negative, got " + std::to_string(o.block_size));
+  require(o.token_dtype == "uint16" || o.token_dtype == "uint32" || o.token_dtype == "int32" || o.token_dtype == "int64",
+          "--token-dtype must be uint16, uint32, int32 or int64, got '" + o.token_dtype + "'");
+  require(o.schedule == "constant" || o.schedule == "cosine",
+          "--schedule must be constant or cosine, got '" + o.schedule + "'");
+  require(o.min_lr_factor >= 0 && o.min_lr_factor <= 1,
+          "--min-lr-factor must be between 0 and 1, got " + num(o.min_lr_factor));
+  require(o.compression == "none" || o.compression == "bf16" || o.compression == "fp16",
+          "--compression must be none, bf16 or fp16, got '" + o.compression + "'");
   require(o.warmup_steps >= 0, "--warmup-steps must not be negative, got " + std::to_string(o.warmup_steps));
   require(o.grad_clip >= 0, "--grad-clip must not be negative, got " + num(o.grad_clip));
   require(o.max_failures >= -1, "--max-failures must be -1 (no limit) or more, got " + std::to_string(o.max_failures));
@@ -252,15 +288,24 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
   c.scaling.num_workers = o.workers;
   c.scaling.resources_per_worker = {{"CPU", o.cpus_per_worker}};
   c.trainer.model = model_spec(o);
-  c.trainer.data = actors::DatasetSpec("npz").set("path", fs::absolute(o.data).string());
-  if (!o.val_data.empty())
-    c.trainer.validation_data = actors::DatasetSpec("npz").set("path", fs::absolute(o.val_data).string());
+  c.trainer.data = data_spec(o, o.data);
+  if (!o.val_data.empty()) c.trainer.validation_data = data_spec(o, o.val_data);
   c.trainer.batch_size = o.batch_size;
   c.trainer.seed = o.seed;
   c.trainer.optimizer.name = o.optimizer;
   c.trainer.optimizer.lr = o.lr;
   c.trainer.optimizer.weight_decay = o.weight_decay;
   c.trainer.schedule.warmup_steps = o.warmup_steps;
+  c.trainer.schedule.decay = o.schedule;
+  c.trainer.schedule.min_factor = o.min_lr_factor;
+  if (o.schedule == "cosine") {
+    const int64_t samples = actors::make_dataset(c.trainer.data)->size();
+    const int64_t per_epoch = samples / (o.workers * o.batch_size);
+    require(per_epoch >= 1, "--data " + o.data + " has " + std::to_string(samples) +
+                                " samples, fewer than one step of --workers × --batch-size");
+    c.trainer.schedule.total_steps = o.epochs * per_epoch;
+  }
+  c.trainer.compression = o.compression;
   c.trainer.sync_batchnorm = o.sync_batchnorm;
   c.trainer.grad_clip = o.grad_clip;
   c.epochs = o.epochs;

@@ -24,8 +24,13 @@ struct TrainOptions {
   // image_size).
   std::string model;
   std::map<std::string, int64_t> model_options;
-  std::string data;      // .npz
-  std::string val_data;  // .npz, "" = no evaluation
+  // .npz (each array a batch key), or a token stream for a language model
+  // (.bin of raw token ids, or a 1-d integer .npy) cut into windows of
+  // block_size: {"input": x[s:s+B], "target": x[s+1:s+B+1]}.
+  std::string data;
+  std::string val_data;  // the same kinds, "" = no evaluation
+  int64_t block_size = 0;              // > 0: --data is a token stream
+  std::string token_dtype = "uint16";  // of a raw .bin token stream
   int64_t workers = 1;
   int64_t epochs = 1;
   int64_t batch_size = 32;
@@ -33,6 +38,12 @@ struct TrainOptions {
   double lr = 1e-3;
   double weight_decay = 0.0;
   int64_t warmup_steps = 0;
+  // "constant", or "cosine": decays to min_lr_factor · lr at the last step
+  // (epochs × steps per epoch, from the data's size).
+  std::string schedule = "constant";
+  double min_lr_factor = 0.0;
+  // How gradient buckets travel between workers: none, bf16 or fp16.
+  std::string compression = "none";
   double grad_clip = 0.0;  // 0 = off
   int64_t max_failures = 0;
   std::string checkpoint_dir;
@@ -59,6 +70,9 @@ bool parse_train_args(int argc, char** argv, TrainOptions& o);
 // large.
 void check(const TrainOptions& o);
 
+// The job: a token-stream or .npz data set, and for a cosine schedule its
+// total steps, counted from the training data's size (opened here; nothing
+// is read but its header).
 trainer::TrainJobConfig to_job_config(const TrainOptions& o);
 
 }  // namespace troupe::launcher

@@ -1,7 +1,8 @@
 """One torchrun-style DDP training (examples/torchrun/) run three ways, each
 with a worker SIGKILLed mid-run and the run finishing: the unmodified script
 under `troupe torchrun`, the same training as a TorchTrainer loop, and on
-the C++ TrainJob from Python."""
+the C++ TrainJob from Python. Then examples/train_lm, small, with a trainer
+SIGKILLed: it heals, its validation loss falls and it writes a sample."""
 import os
 import subprocess
 import sys
@@ -11,8 +12,8 @@ import pytest
 from conftest import cli
 
 pytest.importorskip("torch")
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                        "examples", "torchrun")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples", "torchrun")
 
 
 def run(args, tmp_path, timeout=300):
@@ -43,3 +44,15 @@ def test_same_training_on_the_cpp_trainjob(tmp_path):
     if "nothing to kill" in text:
         pytest.fail("the job ended before the kill: " + text[-2000:])
     assert "1 recovery(ies)" in text and "done: 768 steps" in text, text[-3000:]
+
+
+def test_train_lm_heals_and_its_validation_loss_falls(tmp_path):
+    text = run([sys.executable, os.path.join(ROOT, "examples", "train_lm", "train_lm.py"), "--corpus-bytes", "120000",
+                "--block-size", "32", "--width", "32", "--layers", "1", "--heads", "2", "--batch-size", "16",
+                "--epochs", "2", "--warmup-steps", "10", "--kill-after-steps", "30", "--sample-bytes", "40",
+                "--out", str(tmp_path / "lm")], tmp_path)
+    if "nothing to kill" in text:
+        pytest.fail("the job ended before the kill: " + text[-2000:])
+    assert "1 recovery(ies)" in text, text[-3000:]
+    assert "epoch 2/2: train loss" in text and "perplexity" in text, text[-3000:]
+    assert "sample from the final checkpoint" in text, text[-3000:]

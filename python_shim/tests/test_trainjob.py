@@ -108,3 +108,34 @@ def test_bad_input_is_a_config_error_naming_it(tmp_path):
         TrainJob(model(), bad, checkpoint_dir=str(tmp_path), **JOB).fit()
     with pytest.raises(ConfigError, match="nothing.npz"):
         TrainJob(model(), "/nonexistent/nothing.npz", **JOB).fit()
+
+
+class TinyLm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(256, 16)
+        self.out = torch.nn.Linear(16, 256)
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        logits = self.out(self.embed(batch["input"]))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), batch["target"].reshape(-1))
+        return {"loss": loss}
+
+
+def test_token_stream_with_cosine_schedule_and_bf16_gradients(tmp_path):
+    # A language model's data: a .bin of uint16 token ids cut into windows.
+    text = (b"the quick brown fox jumps over the lazy dog. " * 400)[:16385]
+    np.frombuffer(text, dtype=np.uint8).astype(np.uint16).tofile(tmp_path / "train.bin")
+    torch.manual_seed(0)
+    result = TrainJob(TinyLm(), str(tmp_path / "train.bin"), block_size=32, workers=2, epochs=2, batch_size=8,
+                      optimizer="adamw", lr=0.02, warmup_steps=4, schedule="cosine", min_lr_factor=0.1,
+                      compression="bf16", grad_clip=1.0, checkpoint_dir=str(tmp_path / "ck"), verbose=False).fit()
+    # 16,385 tokens: 512 windows of 32 (each with its next-token target);
+    # 512 / (2 workers × 8) = 32 steps an epoch.
+    assert result.history[-1]["step"] == 64
+    assert result.history[-1]["loss"] < 0.5 * result.history[0]["loss"]
+    with pytest.raises(ConfigError, match="block-size"):
+        TrainJob(TinyLm(), str(tmp_path / "train.bin"), checkpoint_dir=str(tmp_path / "ck2"), verbose=False).fit()
+    with pytest.raises(ConfigError, match="schedule"):
+        TrainJob(TinyLm(), str(tmp_path / "train.bin"), block_size=32, schedule="linear",
+                 checkpoint_dir=str(tmp_path / "ck3"), verbose=False).fit()

@@ -36,6 +36,7 @@ _FIELDS = {
     "workers": int, "epochs": int, "batch_size": int, "optimizer": str, "lr": float, "weight_decay": float,
     "warmup_steps": int, "grad_clip": float, "max_failures": int, "seed": int, "sync_batchnorm": bool,
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
+    "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
 }
 
 
@@ -138,14 +139,17 @@ class TrainJob:
     """A C++ TrainJob, configured from Python (see the module's text).
 
     model: torch.nn.Module (scripted), a TorchScript file, or "mlp"/"cnn".
-    data, val_data: {batch key: array} or an .npz path.
+    data, val_data: {batch key: array} or an .npz path; with block_size, a
+    token stream for a language model (a .bin of raw token ids of
+    token_dtype, or a 1-d integer .npy) cut into windows of block_size.
     checkpoint_dir: where checkpoints go (default: a new directory under the
     system's temp dir, kept after the run). address: "HOST:PORT", "auto", or
     None (this process's troupe cluster if initialised, else embedded).
     Other keywords: the TrainJobConfig fields of `troupe train` (workers,
     epochs, batch_size, optimizer, lr, weight_decay, warmup_steps, grad_clip,
     max_failures, seed, sync_batchnorm, cpus_per_worker, log_every, name,
-    model_options). verbose: print the driver's progress lines.
+    model_options, block_size, token_dtype, schedule ("constant"/"cosine"),
+    min_lr_factor, compression ("none"/"bf16"/"fp16")). verbose: print the driver's progress lines.
     """
 
     def __init__(self, model, data, *, val_data=None, checkpoint_dir=None, address=None, verbose=True, **fields):
