@@ -12,6 +12,16 @@
 //                 run in the same invocation
 //   ratio_vs_ddp  troupe_N / torch_ddp_N
 //   scaling       troupe_N / troupe_1
+// and for a transformer language model (examples/train_lm/model.py's
+// TinyGPT: byte tokens, context --lm-block, --lm-layers blocks of width
+// --lm-width; its own cross-entropy loss; AdamW; a per-worker batch of
+// --lm-batch sequences), scripted for troupe's trainers (TorchScript step
+// module) and run eagerly by the peer, value in tokens/s, the median of
+// --lm-repeats runs of each side, alternating (each row lists its runs):
+//   troupe_lm_1, troupe_lm_N        1 and N TrainerActors
+//   torch_ddp_lm_1, torch_ddp_lm_N  bench/peers/torch_ddp.py --model lm
+//   lm_ratio_vs_ddp                 troupe_lm_N / torch_ddp_lm_N
+//   lm_ratio_vs_ddp_1               troupe_lm_1 / torch_ddp_lm_1
 // samples/s counts all workers' samples over the slowest worker's time.
 //
 // A peer that fails or misses --peer-timeout is an error row for its case.
@@ -21,10 +31,16 @@
 //                                 [--bucket-mb 25] [--compression none|bf16|fp16]
 //                                 [--tcp]   (Gloo over TCP even on one host)
 //                                 [--peer-timeout 600]
+//                                 [--lm-block 128] [--lm-width 128] [--lm-layers 4]
+//                                 [--lm-heads 4] [--lm-batch 16] [--lm-steps 20] [--lm-repeats 3]
+//                                 [--no-lm | --lm-only]
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <unistd.h>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,9 +72,19 @@ struct Args {
   bool shared_memory = true;
   bool peer = true;
   double peer_timeout_s = 600;
+  // The language-model cases.
+  bool mlp = true;
+  bool lm = true;
+  int64_t lm_block = 128;
+  int64_t lm_width = 128;
+  int64_t lm_layers = 4;
+  int64_t lm_heads = 4;
+  int64_t lm_batch = 16;
+  int64_t lm_steps = 20;
+  int64_t lm_repeats = 3;
 };
 
-double troupe_rate(troupe::Runtime& rt, const Args& a, int64_t n) {
+troupe::trainer::TrainerConfig mlp_config(const Args& a) {
   troupe::trainer::TrainerConfig c;
   c.model.name = "mlp";
   c.model.input_dim = 784;
@@ -73,11 +99,43 @@ double troupe_rate(troupe::Runtime& rt, const Args& a, int64_t n) {
   c.shared_memory = a.shared_memory;
   c.threads = 1;
   c.seed = 0;
-  // Only its sample shape is used.
+  // The benchmark trains on one batch of its samples, again and again.
   c.data = troupe::actors::DatasetSpec("synthetic_classification")
                .set("size", 64)
                .set("num_features", 784)
                .set("num_classes", 10);
+  return c;
+}
+
+// The TorchScript TinyGPT and a random token stream of its context
+// (bench/peers/lm_files.py writes them into dir).
+troupe::trainer::TrainerConfig lm_config(const Args& a, const std::string& dir, double peer_timeout_s) {
+  auto files = troupe::bench::run_peer_json(
+      {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/lm_files.py", dir, "--block",
+       std::to_string(a.lm_block), "--width", std::to_string(a.lm_width), "--layers", std::to_string(a.lm_layers),
+       "--heads", std::to_string(a.lm_heads), "--windows", std::to_string(std::max<int64_t>(64, 4 * a.lm_batch))},
+      {.env = {"OPENBLAS_NUM_THREADS=1"}, .name = "lm_files.py"},
+      std::chrono::milliseconds(static_cast<int64_t>(peer_timeout_s * 1000)));
+  troupe::trainer::TrainerConfig c;
+  c.model.name = "torchscript";
+  c.model.path = files.at("step").get<std::string>();
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 1e-3;
+  c.batch_size = a.lm_batch;
+  c.bucket_mb = a.bucket_mb;
+  c.compression = a.compression;
+  c.shared_memory = a.shared_memory;
+  c.threads = 1;
+  c.seed = 0;
+  c.data = troupe::actors::DatasetSpec("token_stream")
+               .set("path", files.at("tokens").get<std::string>())
+               .set("block_size", a.lm_block);
+  return c;
+}
+
+// Samples/s of n TrainerActors running config c's benchmark().
+double troupe_rate(troupe::Runtime& rt, const troupe::trainer::TrainerConfig& c, int64_t n, int64_t batch,
+                   int64_t steps, int64_t warmup) {
   auto pg =
       rt.create_placement_group(std::vector<troupe::Resources>(n, {{"CPU", 1}}), troupe::PlacementStrategy::kPack);
   if (!pg.wait(30s)) throw troupe::Error("placement group pending: " + pg.info().pending_reason);
@@ -94,7 +152,7 @@ double troupe_rate(troupe::Runtime& rt, const Args& a, int64_t n) {
     joins.push_back(ts[r].call(&TrainerActor::join, troupe::trainer::JoinSpec{name, 1, r, n, members}));
   for (auto& j : joins) j.get(120s);
   std::vector<troupe::Future<troupe::trainer::BenchReport>> fs;
-  for (auto& t : ts) fs.push_back(t.call(&TrainerActor::benchmark, a.steps, a.batch, a.warmup));
+  for (auto& t : ts) fs.push_back(t.call(&TrainerActor::benchmark, steps, batch, warmup));
   double seconds = 0;
   int64_t samples = 0;
   for (auto& f : fs) {
@@ -117,6 +175,75 @@ double ddp_rate(const Args& a) {
       {.env = {"OPENBLAS_NUM_THREADS=1"}, .name = "torch_ddp.py"},
       std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
   return row.at("value").get<double>();
+}
+
+// Tokens/s of the language model under DDP with `workers` processes.
+double ddp_lm_rate(const Args& a, int64_t workers) {
+  auto row = troupe::bench::run_peer_json(
+      {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_ddp.py", "--model", "lm", "--block",
+       std::to_string(a.lm_block), "--width", std::to_string(a.lm_width), "--layers", std::to_string(a.lm_layers),
+       "--heads", std::to_string(a.lm_heads), "--batch", std::to_string(a.lm_batch), "--workers",
+       std::to_string(workers), "--steps", std::to_string(a.lm_steps), "--warmup", std::to_string(a.warmup)},
+      {.env = {"OPENBLAS_NUM_THREADS=1"}, .name = "torch_ddp.py --model lm"},
+      std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
+  return row.at("tokens_per_s").get<double>();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+void lm_row(const std::string& c, double value, const std::string& unit, const Args& a, int64_t workers,
+            bool ratio = false, const std::vector<double>& runs = {}) {
+  nlohmann::ordered_json j = {{"bench", "train_throughput"}, {"case", c}, {"value", value}, {"unit", unit}};
+  if (ratio) j["ratio"] = value;
+  if (!runs.empty()) j["runs"] = runs;
+  j["model"] = "tiny_gpt";
+  j["block"] = a.lm_block;
+  j["width"] = a.lm_width;
+  j["layers"] = a.lm_layers;
+  j["batch"] = a.lm_batch;
+  j["workers"] = workers;
+  j["steps"] = a.lm_steps;
+  troupe::bench::print_row(j);
+}
+
+void lm_cases(troupe::Runtime& rt, const Args& a) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("troupe-bench-lm-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  try {
+    const auto c = lm_config(a, dir, a.peer_timeout_s);
+    const double tokens = static_cast<double>(a.lm_block);
+    // Each world size: troupe and the peer alternately, --lm-repeats times,
+    // medians reported (this machine's speed drifts between runs).
+    for (int64_t w : {int64_t{1}, a.workers}) {
+      std::vector<double> ours, theirs;
+      std::string peer_error;
+      for (int64_t r = 0; r < a.lm_repeats; ++r) {
+        ours.push_back(tokens * troupe_rate(rt, c, w, a.lm_batch, a.lm_steps, a.warmup));
+        if (!a.peer || !peer_error.empty()) continue;
+        try {
+          theirs.push_back(ddp_lm_rate(a, w));
+        } catch (const std::exception& e) {
+          peer_error = e.what();
+        }
+      }
+      const std::string n = std::to_string(w);
+      lm_row("troupe_lm_" + n, median(ours), "tokens/s", a, w, false, ours);
+      if (!peer_error.empty()) {
+        troupe::bench::print_error_row("train_throughput", "torch_ddp_lm_" + n, peer_error);
+      } else if (a.peer) {
+        lm_row("torch_ddp_lm_" + n, median(theirs), "tokens/s", a, w, false, theirs);
+        lm_row(w == 1 ? "lm_ratio_vs_ddp_1" : "lm_ratio_vs_ddp", median(ours) / median(theirs), "x", a, w, true);
+      }
+      if (a.workers == 1) break;
+    }
+  } catch (const std::exception& e) {
+    troupe::bench::print_error_row("train_throughput", "troupe_lm", e.what());
+  }
+  std::filesystem::remove_all(dir);
 }
 
 void row(const std::string& c, double value, const std::string& unit, const Args& a, bool ratio = false) {
@@ -151,26 +278,54 @@ int main(int argc, char** argv) {
   app.add_option("--peer-timeout", a.peer_timeout_s, "seconds the DDP peer gets, start to result")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--lm-block", a.lm_block, "language model: context (tokens per sequence)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lm-width", a.lm_width, "language model: width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lm-layers", a.lm_layers, "language model: transformer blocks")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lm-heads", a.lm_heads, "language model: attention heads")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lm-batch", a.lm_batch, "language model: sequences per worker per step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lm-steps", a.lm_steps, "language model: timed steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lm-repeats", a.lm_repeats, "language model: alternating troupe/peer runs per world size (median)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  auto* no_lm = app.add_flag(
+      "--no-lm", [&](int64_t) { a.lm = false; }, "skip the language-model cases");
+  app.add_flag(
+         "--lm-only", [&](int64_t) { a.mlp = false; }, "only the language-model cases")
+      ->excludes(no_lm);
   CLI11_PARSE(app, argc, argv);
   a.shared_memory = !tcp;
   troupe::testing::LocalClusterOptions lo;
   lo.nodes = {{{"CPU", static_cast<double>(a.workers)}}};
   troupe::testing::LocalCluster cluster(lo);
   auto rt = cluster.connect();
-  double one = troupe_rate(rt, a, 1);
-  row("troupe_1", one, "samples/s", a);
-  double many = troupe_rate(rt, a, a.workers);
-  row("troupe_" + std::to_string(a.workers), many, "samples/s", a);
-  if (a.peer) {
-    try {
-      double ddp = ddp_rate(a);
-      row("torch_ddp_" + std::to_string(a.workers), ddp, "samples/s", a);
-      row("ratio_vs_ddp", many / ddp, "x", a, true);
-    } catch (const std::exception& e) {
-      troupe::bench::print_error_row("train_throughput", "torch_ddp_" + std::to_string(a.workers), e.what());
+  if (a.mlp) {
+    const auto c = mlp_config(a);
+    double one = troupe_rate(rt, c, 1, a.batch, a.steps, a.warmup);
+    row("troupe_1", one, "samples/s", a);
+    double many = troupe_rate(rt, c, a.workers, a.batch, a.steps, a.warmup);
+    row("troupe_" + std::to_string(a.workers), many, "samples/s", a);
+    if (a.peer) {
+      try {
+        double ddp = ddp_rate(a);
+        row("torch_ddp_" + std::to_string(a.workers), ddp, "samples/s", a);
+        row("ratio_vs_ddp", many / ddp, "x", a, true);
+      } catch (const std::exception& e) {
+        troupe::bench::print_error_row("train_throughput", "torch_ddp_" + std::to_string(a.workers), e.what());
+      }
     }
+    row("scaling", many / one, "x", a, true);
   }
-  row("scaling", many / one, "x", a, true);
+  if (a.lm) lm_cases(rt, a);
   rt.shutdown();
   return 0;
 }

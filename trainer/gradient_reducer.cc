@@ -1,5 +1,7 @@
 #include "troupe/trainer/gradient_reducer.h"
 
+#include <algorithm>
+
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -57,9 +59,14 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, collective::
     const auto& p = params_[k];
     TROUPE_CHECK(p.requires_grad()) << "parameter " << k << " does not require grad";
     if (cur) {
+      // The first bucket (the last layers, whose gradients are ready
+      // first) is small, so that reducing starts early in backward.
+      const int64_t limit = buckets_.size() == 1 && options_.first_bucket_bytes > 0
+                                ? std::min(options_.first_bucket_bytes, options_.bucket_bytes)
+                                : options_.bucket_bytes;
       const auto& p0 = params_[cur->params.front()];
       if (p0.scalar_type() != p.scalar_type() || p0.device() != p.device() ||
-          cur_bytes + static_cast<int64_t>(p.numel() * p.element_size()) > options_.bucket_bytes)
+          cur_bytes + static_cast<int64_t>(p.numel() * p.element_size()) > limit)
         close();
     }
     if (!cur) {

@@ -39,6 +39,10 @@ Compression parse_compression(const std::string& name);
 
 struct ReducerOptions {
   int64_t bucket_bytes = 25 * 1024 * 1024;
+  // The first bucket filled (the last layers') holds at most this much, as
+  // DDP's first bucket: its reduction starts while backward goes on. 0 =
+  // as large as the others.
+  int64_t first_bucket_bytes = 1024 * 1024;
   Compression compression = Compression::kNone;
   // True when the group reduces device memory itself (NCCL); otherwise CUDA
   // buckets are staged through host memory.

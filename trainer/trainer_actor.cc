@@ -667,12 +667,14 @@ Progress TrainerActor::heal(int64_t src) {
 BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup) {
   TROUPE_CHECK(ready_) << "setup() first";
   torch::manual_seed(static_cast<uint64_t>(config_.seed) + 1000 + (group_ ? group_->rank() : 0));
-  auto probe = dataset_->get(0, 0);
-  std::vector<int64_t> shape{batch};
-  for (auto d : probe.at("input").sizes()) shape.push_back(d);
+  // One batch of the data set's own samples (index i mod its size, this
+  // rank's offset first), collated as training collates them, then reused.
+  std::vector<actors::Sample> samples;
+  const int64_t size = dataset_->size();
+  const int64_t offset = (group_ ? group_->rank() : 0) * batch;
+  for (int64_t i = 0; i < batch; ++i) samples.push_back(dataset_->get((offset + i) % size, 0));
   actors::Batch b;
-  b.tensors.set("input", torch::randn(shape).to(device_));
-  b.tensors.set("target", torch::randint(0, config_.model.num_classes, {batch}, torch::kInt64).to(device_));
+  b.tensors = dataset_->collate(std::move(samples)).to(device_);
   b.samples = batch;
   model_->train(true);
   double loss = 0;

@@ -234,8 +234,9 @@ class TrainerActor {
   // exactly where the survivors are, with no disk read. Returns the state's
   // progress.
   Progress heal(int64_t src);
-  // Throughput probe: `steps` steps on random in-memory batches of
-  // `batch` (no data loading), after `warmup` steps that are not timed.
+  // Throughput probe: `steps` steps on one in-memory batch of `batch`
+  // samples of the data set (no data loading), after `warmup` steps that
+  // are not timed.
   BenchReport benchmark(int64_t steps, int64_t batch, int64_t warmup);
   int64_t pid();
   // Allreduces this rank served through shared memory so far.

@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """Peer for bench/train_throughput.cc: the same training job under PyTorch
-DDP with the gloo backend — MLP 784→H→H→10 (ReLU), cross-entropy, SGD with
-momentum 0.9, per-worker batch B of random in-memory data, one torch thread
-per process, N processes on loopback. Prints one JSON object (samples/s over
-all ranks, timed by the slowest rank), or one with an "error".
+DDP with the gloo backend, one torch thread per process, N processes on
+loopback, per-worker batch B of in-memory data:
+  --model mlp: MLP 784→H→H→10 (ReLU), cross-entropy, SGD with momentum 0.9;
+  --model lm: examples/train_lm/model.py's TinyGPT (--block, --width,
+    --layers, --heads) on random byte tokens, its own loss, AdamW.
+Prints one JSON object (samples/s over all ranks, timed by the slowest
+rank; tokens/s too for lm), or one with an "error".
 
 Bounded end to end: torch 1.13's ProcessGroupGloo destructor can deadlock at
 interpreter exit, so ranks leave with os._exit(0) once they have reported,
@@ -34,18 +37,36 @@ def run_rank(rank, world, port, args, queue):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, 10))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    torch.manual_seed(1000 + rank)
-    x = torch.randn(args.batch, 784)
-    y = torch.randint(0, 10, (args.batch,))
-    loss_fn = nn.CrossEntropyLoss()
+    if args.model == "lm":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                                        "train_lm"))
+        from model import TinyGPT
+
+        ddp = nn.parallel.DistributedDataParallel(
+            TinyGPT(block_size=args.block, width=args.width, layers=args.layers, heads=args.heads))
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.0)
+        torch.manual_seed(1000 + rank)
+        tokens = torch.randint(0, 256, (args.batch, args.block + 1))
+        batch = {"input": tokens[:, :-1].contiguous(), "target": tokens[:, 1:].contiguous()}
+
+        def loss_of():
+            return ddp(batch)["loss"]
+    else:
+        model = nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden),
+                              nn.ReLU(), nn.Linear(args.hidden, 10))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+        torch.manual_seed(1000 + rank)
+        x = torch.randn(args.batch, 784)
+        y = torch.randint(0, 10, (args.batch,))
+        loss_fn = nn.CrossEntropyLoss()
+
+        def loss_of():
+            return loss_fn(ddp(x), y)
 
     def step():
         opt.zero_grad()
-        loss = loss_fn(ddp(x), y)
+        loss = loss_of()
         loss.backward()
         opt.step()
         return loss
@@ -76,7 +97,13 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--model", choices=["mlp", "lm"], default="mlp")
+    p.add_argument("--block", type=int, default=128)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
     args = p.parse_args()
+    case = f"torch_ddp_{args.workers}" if args.model == "mlp" else f"torch_ddp_lm_{args.workers}"
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -99,17 +126,20 @@ def main():
                 for pr in procs:
                     pr.kill()
                 why = f"rank exit codes {[pr.exitcode for pr in procs]}" if dead else "timed out"
-                print(json.dumps({"bench": "train_throughput", "case": f"torch_ddp_{args.workers}",
-                                  "error": why}), flush=True)
+                print(json.dumps({"bench": "train_throughput", "case": case, "error": why}), flush=True)
                 return 1
     for pr in procs:
         pr.join(timeout=10)
         if pr.is_alive():
             pr.kill()
     samples = args.steps * args.batch * args.workers
-    print(json.dumps({"bench": "train_throughput", "case": f"torch_ddp_{args.workers}", "value": samples / elapsed,
-                      "unit": "samples/s", "hidden": args.hidden, "batch": args.batch, "workers": args.workers,
-                      "steps": args.steps}), flush=True)
+    row = {"bench": "train_throughput", "case": case, "value": samples / elapsed, "unit": "samples/s",
+           "batch": args.batch, "workers": args.workers, "steps": args.steps}
+    if args.model == "lm":
+        row["tokens_per_s"] = samples * args.block / elapsed
+    else:
+        row["hidden"] = args.hidden
+    print(json.dumps(row), flush=True)
     return 0
 
 

@@ -239,6 +239,18 @@ TEST(GradientReducerTest, BucketsAreInReverseOrderAndBounded) {
   EXPECT_EQ(order, (std::vector<size_t>{5, 4, 3, 2, 1, 0}));
 }
 
+TEST(GradientReducerTest, FirstBucketIsSmallSoReducingStartsEarly) {
+  auto m = seeded_model(mlp(64, 64, 10), 1);
+  ReducerOptions o;  // 25 MiB buckets: the rest fits in one
+  o.first_bucket_bytes = 64 * 10 * 4 + 10 * 4;  // the output layer
+  GradientReducer r(m->parameters(), nullptr, o);
+  ASSERT_EQ(r.bucket_count(), 2u);
+  EXPECT_EQ(r.bucket_params(0), (std::vector<size_t>{5, 4}));
+  EXPECT_EQ(r.bucket_params(1), (std::vector<size_t>{3, 2, 1, 0}));
+  o.first_bucket_bytes = 0;  // off: one bucket
+  EXPECT_EQ(GradientReducer(m->parameters(), nullptr, o).bucket_count(), 1u);
+}
+
 TEST(GradientReducerTest, WorldOfOneKeepsGradients) {
   run_ranks(1, [](int rank, collective::Group& g) {
     auto m = seeded_model(mlp(16, 8, 3), 1);
