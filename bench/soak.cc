@@ -1,23 +1,52 @@
-// bench/run soak — the long form of the test suite's bounded soak: many
-// task cycles and actor spawn → call → kill cycles against one LocalCluster,
-// then how much the driver grew. Rows: `soak_cycles_per_s` (task and actor
-// cycles together), `soak_fd_growth` (open descriptors of the driver, end
-// minus start after a warm-up) and `soak_rss_growth_mib` (its resident
-// memory). Nothing here is asserted; the figures are for a reader to judge.
+// bench/run soak — does a long-running cluster stay flat, and how much
+// training survives a trainer SIGKILLed every 30 s?
 //
-//   troupe_bench_soak [--tasks 20000] [--actors 500]
+// Cycles: --cycles spawn → call → kill actor cycles (and --tasks task
+// cycles spread among them) against one LocalCluster of 2 node agents,
+// after a warm-up of 5% of the cycles (at least 50). Every cycle's call is
+// answered or fails with a documented troupe error (counted; anything else
+// ends the run). The head's and the agents' resident memory
+// (/proc/PID/status VmRSS) and open descriptors (/proc/PID/fd) are read
+// after the warm-up and at the end:
+//   head_rss_growth, head_fd_growth    (end - start) / start
+//   agent_rss_growth, agent_fd_growth  the same, the larger of the agents
+//   soak_cycles_per_s                  actor and task cycles together
+//   soak_failed_cycles                 cycles whose call failed (documented)
+//   soak_fd_growth, soak_rss_growth_mib  the driver's own, end - start
+// Training (built with LibTorch): the same data-parallel job (2 trainers,
+// an MLP on synthetic data) for as many steps as --train-seconds of a
+// failure-free run take, run without failures and then with a trainer
+// SIGKILLed every --kill-every seconds (max_failures unlimited: each heals
+// from its live peer), on the same cluster:
+//   goodput  steps/s with the kills ÷ steps/s without (same steps)
+//   soak_kills, soak_lost_steps
+//
+//   troupe_bench_soak [--cycles 10000] [--tasks 20000] [--train-seconds 600]
+//                     [--kill-every 30] [--no-train]
+#include <signal.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "bench/json_row.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/testing/local_cluster.h"
+#ifdef TROUPE_SOAK_TRAINING
+#include "troupe/trainer/train_job.h"
+#endif
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -34,61 +63,225 @@ TROUPE_ACTOR(Echo, &Echo::echo)
 
 namespace {
 
-size_t open_fds() {
-  size_t n = 0;
-  for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
-  return n;
+struct Args {
+  int cycles = 10000;
+  int tasks = 20000;
+  double train_seconds = 600;
+  double kill_every = 30;
+  bool train = true;
+};
+
+struct Usage {
+  double rss_kib = 0;
+  double fds = 0;
+};
+
+// /proc/PID/status VmRSS and the entries of /proc/PID/fd.
+Usage usage_of(const std::string& pid) {
+  Usage u;
+  std::ifstream status("/proc/" + pid + "/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmRSS:", 0) == 0) u.rss_kib = std::stod(line.substr(6));
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + pid + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++u.fds;
+  return u;
+}
+Usage usage_of(pid_t pid) { return usage_of(std::to_string(pid)); }
+
+double growth(double start, double end) { return start > 0 ? (end - start) / start : 0; }
+
+void print(nlohmann::ordered_json base, const std::string& c, double v, const std::string& unit,
+           nlohmann::ordered_json extra = {}) {
+  base["case"] = c;
+  base["value"] = v;
+  base["unit"] = unit;
+  for (auto& [k, x] : extra.items()) base[k] = x;
+  troupe::bench::print_row(base);
 }
 
-double rss_mib() {
-  std::ifstream statm("/proc/self/statm");
-  long pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+// One actor cycle: spawn, one call, kill (no restart). False when the call
+// failed with a documented error (the actor or its worker died, a timeout).
+bool actor_cycle(troupe::Runtime& rt, int i) {
+  try {
+    auto a = rt.spawn<Echo>({.resources = {{"CPU", 1}}});
+    if (a.call(&Echo::echo, i).get(kTimeout) != i) throw std::runtime_error("actor echoed a wrong value");
+    rt.kill(a);
+    return true;
+  } catch (const troupe::ActorDied&) {
+    return false;
+  } catch (const troupe::Timeout&) {
+    return false;
+  }
 }
 
-// One actor cycle: spawn, one call, kill (no restart).
-void actor_cycle(troupe::Runtime& rt, int i) {
-  auto a = rt.spawn<Echo>({.resources = {{"CPU", 1}}});
-  if (a.call(&Echo::echo, i).get(kTimeout) != i) throw std::runtime_error("actor echoed a wrong value");
-  rt.kill(a);
-}
-
-int run(int tasks, int actors) {
-  troupe::testing::LocalClusterOptions o;
-  o.nodes = {{{"CPU", 2}}};
-  troupe::testing::LocalCluster cluster(o);
-  troupe::Runtime rt = cluster.connect();
-  // Warm-up: executors leased, connections and pools in place.
+void cycles_phase(troupe::testing::LocalCluster& cluster, troupe::Runtime& rt, const Args& a, size_t agents) {
+  const int warm = std::max(50, a.cycles / 20);
   for (int i = 0; i < 200; ++i) rt.submit(&twice, {}, i).get(kTimeout);
-  actor_cycle(rt, 0);
-  const size_t fds0 = open_fds();
-  const double rss0 = rss_mib();
+  for (int i = 0; i < warm; ++i) actor_cycle(rt, i);
+  auto head0 = usage_of(cluster.head_pid());
+  std::vector<Usage> agent0;
+  for (size_t n = 0; n < agents; ++n) agent0.push_back(usage_of(cluster.node_pid(n)));
+  auto self0 = usage_of("self");
+  const int tasks_per_cycle = a.cycles > 0 ? a.tasks / a.cycles : 0;
+  int failed = 0;
   auto t0 = Clock::now();
-  const int every = actors > 0 ? std::max(1, tasks / actors) : 0;
-  int spawned = 0;
-  for (int i = 0; i < tasks; ++i) {
-    if (rt.submit(&twice, {}, i).get(kTimeout) != 2 * i) throw std::runtime_error("task returned a wrong value");
-    if (every && i % every == 0 && spawned < actors) {
-      actor_cycle(rt, i);
-      ++spawned;
+  for (int i = 0; i < a.cycles; ++i) {
+    if (!actor_cycle(rt, i)) ++failed;
+    for (int k = 0; k < tasks_per_cycle; ++k)
+      if (rt.submit(&twice, {}, k).get(kTimeout) != 2 * k) throw std::runtime_error("task returned a wrong value");
+    if ((i + 1) % 1000 == 0) {
+      auto h = usage_of(cluster.head_pid());
+      std::fprintf(stderr, "soak: %d/%d cycles, head %.1f MiB %.0f fds, driver %.1f MiB %.0f fds\n", i + 1, a.cycles,
+                   h.rss_kib / 1024, h.fds, usage_of("self").rss_kib / 1024, usage_of("self").fds);
     }
-    if ((i + 1) % 5000 == 0)
-      std::fprintf(stderr, "soak: %d/%d tasks, %d actors, %zu fds, %.1f MiB\n", i + 1, tasks, spawned, open_fds(),
-                   rss_mib());
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  nlohmann::ordered_json base = {{"bench", "soak"}, {"tasks", tasks}, {"actors", spawned}};
-  auto row = [&](const char* c, double v, const char* unit) {
-    auto r = base;
-    r["case"] = c;
-    r["value"] = v;
-    r["unit"] = unit;
-    troupe::bench::print_row(r);
+  auto head1 = usage_of(cluster.head_pid());
+  // The agent that grew most, with its own start and end.
+  double agent_rss = -1e9, agent_fds = -1e9;
+  nlohmann::ordered_json agent_rss_at, agent_fds_at;
+  for (size_t n = 0; n < agents; ++n) {
+    auto u = usage_of(cluster.node_pid(n));
+    if (double g = growth(agent0[n].rss_kib, u.rss_kib); g > agent_rss) {
+      agent_rss = g;
+      agent_rss_at = {{"agent", n}, {"start_kib", agent0[n].rss_kib}, {"end_kib", u.rss_kib}};
+    }
+    if (double g = growth(agent0[n].fds, u.fds); g > agent_fds) {
+      agent_fds = g;
+      agent_fds_at = {{"agent", n}, {"start", agent0[n].fds}, {"end", u.fds}};
+    }
+  }
+  auto self1 = usage_of("self");
+  nlohmann::ordered_json base = {{"bench", "soak"}, {"cycles", a.cycles}, {"tasks", tasks_per_cycle * a.cycles}};
+  print(base, "head_rss_growth", growth(head0.rss_kib, head1.rss_kib), "fraction",
+        {{"start_kib", head0.rss_kib}, {"end_kib", head1.rss_kib}});
+  print(base, "head_fd_growth", growth(head0.fds, head1.fds), "fraction", {{"start", head0.fds}, {"end", head1.fds}});
+  print(base, "agent_rss_growth", agent_rss, "fraction", agent_rss_at);
+  print(base, "agent_fd_growth", agent_fds, "fraction", agent_fds_at);
+  print(base, "soak_cycles_per_s", (a.cycles + tasks_per_cycle * a.cycles) / secs, "cycles/s");
+  print(base, "soak_failed_cycles", failed, "cycles");
+  print(base, "soak_fd_growth", self1.fds - self0.fds, "fds");
+  print(base, "soak_rss_growth_mib", (self1.rss_kib - self0.rss_kib) / 1024, "MiB");
+}
+
+#ifdef TROUPE_SOAK_TRAINING
+troupe::trainer::TrainJobConfig soak_job(int64_t max_steps) {
+  troupe::trainer::TrainJobConfig c;
+  c.name = "soak";
+  c.scaling.num_workers = 2;
+  c.trainer.model.name = "mlp";
+  c.trainer.model.input_dim = 64;
+  c.trainer.model.hidden = 256;
+  c.trainer.model.num_classes = 10;
+  c.trainer.data = troupe::actors::DatasetSpec("synthetic_classification")
+                       .set("size", 1 << 16)
+                       .set("num_features", 64)
+                       .set("num_classes", 10);
+  c.trainer.batch_size = 64;
+  c.trainer.optimizer.name = "sgd";
+  c.trainer.optimizer.lr = 0.01;
+  c.trainer.seed = 1;
+  c.epochs = 1000000;
+  c.max_steps = max_steps;
+  c.evaluate = false;
+  c.verbose = false;
+  c.failure.max_failures = -1;
+  return c;
+}
+
+// The live trainers' pids, from the head's status.
+std::vector<int> trainer_pids(troupe::Runtime& rt) {
+  std::vector<int> pids;
+  auto status = nlohmann::json::parse(rt.status_json());
+  for (const auto& actor : status["actors"])
+    if (actor["class"] == "troupe::trainer::TrainerActor" && actor["state"] == "ALIVE")
+      pids.push_back(actor["pid"].get<int>());
+  return pids;
+}
+
+void training_phase(troupe::Runtime& rt, const Args& a) {
+  // Calibration: the failure-free rate between steps 10 and 60.
+  double t10 = 0, t60 = 0;
+  auto calib = soak_job(60);
+  calib.progress_every_steps = 10;
+  calib.on_step = [&](const troupe::trainer::StepInfo& s) {
+    if (s.step == 10) t10 = s.time;
+    if (s.step == 60) t60 = s.time;
   };
-  row("soak_cycles_per_s", (tasks + spawned) / secs, "cycles/s");
-  row("soak_fd_growth", static_cast<double>(open_fds()) - static_cast<double>(fds0), "fds");
-  row("soak_rss_growth_mib", rss_mib() - rss0, "MiB");
+  troupe::trainer::TrainJob(rt, calib).fit();
+  const double rate = (t60 > t10) ? 50 / (t60 - t10) : 10;
+  const int64_t steps = std::max<int64_t>(100, static_cast<int64_t>(rate * a.train_seconds));
+  std::fprintf(stderr, "soak: training %lld steps (%.0f steps/s failure-free)\n", static_cast<long long>(steps), rate);
+
+  auto t0 = Clock::now();
+  auto clean = troupe::trainer::TrainJob(rt, soak_job(steps)).fit();
+  const double clean_s = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::atomic<int> kills{0};
+  std::thread killer([&] {
+    std::unique_lock lock(mu);
+    while (!cv.wait_for(lock, std::chrono::duration<double>(a.kill_every), [&] { return done; })) {
+      lock.unlock();
+      auto pids = trainer_pids(rt);
+      const int victim = pids.empty() ? 0 : pids[kills % pids.size()];
+      if (victim > 0 && ::kill(victim, SIGKILL) == 0)
+        std::fprintf(stderr, "soak: SIGKILL %d to trainer pid %d\n", ++kills, victim);
+      lock.lock();
+    }
+  });
+  t0 = Clock::now();
+  troupe::trainer::Result hurt;
+  try {
+    hurt = troupe::trainer::TrainJob(rt, soak_job(steps)).fit();
+  } catch (...) {
+    {
+      std::lock_guard lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+    killer.join();
+    throw;
+  }
+  const double hurt_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  {
+    std::lock_guard lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  killer.join();
+  int64_t lost = 0;
+  for (const auto& r : hurt.recoveries) lost += r.lost_steps;
+  nlohmann::ordered_json base = {{"bench", "soak"}, {"steps", steps}, {"kill_every_s", a.kill_every}};
+  print(base, "goodput", clean_s / hurt_s, "fraction",
+        {{"ratio", clean_s / hurt_s},
+         {"clean_s", clean_s},
+         {"with_kills_s", hurt_s},
+         {"clean_steps", clean.steps},
+         {"steps_with_kills", hurt.steps}});
+  print(base, "soak_kills", kills.load(), "kills", {{"recoveries", hurt.recoveries.size()}});
+  print(base, "soak_lost_steps", static_cast<double>(lost), "steps");
+}
+#endif
+
+int run(const Args& a) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes = {{{"CPU", 2}}, {{"CPU", 2}}};
+  troupe::testing::LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  cycles_phase(cluster, rt, a, o.nodes.size());
+  if (a.train) {
+#ifdef TROUPE_SOAK_TRAINING
+    training_phase(rt, a);
+#else
+    troupe::bench::print_error_row("soak", "goodput", "this build has no LibTorch (TROUPE_WITH_TORCH=OFF)");
+#endif
+  }
+  rt.shutdown();
   return 0;
 }
 
@@ -98,15 +291,25 @@ int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);
   troupe::core::init_logging("bench");
   spdlog::set_level(spdlog::level::warn);
-  int tasks = 20000, actors = 500;
-  CLI::App app{"long soak: task and actor cycles, then the driver's fd and memory growth"};
-  app.add_option("--tasks", tasks, "task cycles (submit + get)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--actors", actors, "actor cycles (spawn, call, kill) spread among them")
+  Args a;
+  CLI::App app{"soak: a cluster's head and agents through many actor cycles, and training goodput under kills"};
+  app.add_option("--cycles", a.cycles, "actor cycles (spawn, call, kill)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--tasks", a.tasks, "task cycles (submit + get) spread among them")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--train-seconds", a.train_seconds, "length of the failure-free training run")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kill-every", a.kill_every, "seconds between trainer SIGKILLs")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag(
+      "--no-train", [&](int64_t) { a.train = false; }, "only the cycles");
   CLI11_PARSE(app, argc, argv);
   try {
-    return run(tasks, actors);
+    return run(a);
   } catch (const std::exception& e) {
     troupe::bench::print_error_row("soak", "run", e.what());
     return 1;
