@@ -134,13 +134,9 @@ bool wait_pool_full(Runtime& rt, uint32_t size, std::chrono::seconds timeout) {
   return false;
 }
 
-template <class T>
-T median(std::vector<T> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
+
+using troupe::bench::median;
 
 int main(int argc, char** argv) {
   run_role_if_requested(argc, argv);

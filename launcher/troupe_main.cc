@@ -59,6 +59,8 @@ struct Args {
   std::string host;  // "" = 127.0.0.1 for a head; the interface that routes to the head for a node
   std::string advertise_address;
   int port = 6380;
+  std::string state_db;  // "" = <session>/head.sqlite
+  bool no_state_db = false;
   std::string address;
   std::string resources;
   bool no_node = false;
@@ -118,6 +120,7 @@ int start_head(const std::string& dir, const Args& a) {
   o.env.head_port = static_cast<uint16_t>(a.port);
   o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
   o.env.max_dead_actors = a.max_dead_actors;
+  if (!a.no_state_db) o.env.head_state_db = a.state_db.empty() ? dir + "/head.sqlite" : a.state_db;
   o.env.dashboard = a.dashboard_port >= 0;
   o.env.dashboard_port = static_cast<uint16_t>(std::max(a.dashboard_port, 0));
   // The default port falls back to a free one when taken (another cluster
@@ -511,6 +514,12 @@ int main(int argc, char** argv) {
       ->each([&a](const std::string&) { a.dashboard_port_given = true; });
   start->add_flag("--dashboard-require-token", a.dashboard_require_token,
                   "with --head: the dashboard asks for the token even when the head listens on loopback only");
+  start->add_option("--state-db", a.state_db,
+                    "with --head: SQLite file the head writes its tables through to; a head started again on the "
+                    "same port after it died reloads them, and node agents, workers and drivers reconnect to it "
+                    "(default: SESSION/head.sqlite; troupe stop empties it)");
+  start->add_flag("--no-state-db", a.no_state_db,
+                  "with --head: keep the tables in memory only (a head that dies ends the cluster)");
   start
       ->add_option("--max-dead-actors", a.max_dead_actors, "with --head: DEAD actors kept for status (oldest go first)")
       ->capture_default_str()

@@ -1,8 +1,25 @@
 #include "troupe/runtime/client/core.h"
 
+#include <random>
+
+#include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/worker_env.h"
 
 namespace troupe::client {
+
+std::chrono::milliseconds ConnectOptions::default_head_reconnect() { return core::default_head_reconnect(); }
+
+namespace {
+// A process's id towards the head: random, so that two processes (or two
+// runs of one) never share one.
+uint64_t new_client_id() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t(rd()) << 32) ^ rd();
+  return id;
+}
+}  // namespace
 
 using namespace troupe::wire;
 
@@ -287,7 +304,13 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
           if (c->on_head_lost_) c->on_head_lost_(reason);
         },
         core->connection_options());
-    core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, o.hello, o.timeout);
+    Hello hello = o.hello;
+    if (hello.client_id == 0) hello.client_id = new_client_id();
+    core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, hello, o.timeout);
+    if (core->hello_reply_.durable && o.head_reconnect.count() > 0)
+      core->head_->enable_reconnect({.window = o.head_reconnect,
+                                     .hello = std::move(encode_value(hello).bytes()),
+                                     .on_reconnected = [c](Message&&) { c->resubscribe(); }});
   } catch (...) {
     core->shutdown();
     throw;
@@ -350,6 +373,28 @@ std::shared_ptr<ActorClient> Core::actor(uint64_t id) {
     if (it != actors_.end()) return it->second;
   }
   return actor(head_->call<ActorInfo>(Op::kSubscribeActor, id));
+}
+
+// The restarted head knows no subscribers: ask again for every actor this
+// process follows and apply what it says now (on the I/O thread; the replies
+// come there too).
+void Core::resubscribe() {
+  std::vector<std::shared_ptr<ActorClient>> clients;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, c] : actors_) clients.push_back(c);
+  }
+  for (auto& c : clients) {
+    auto f = head_->request(Op::kSubscribeActor, std::move(encode_value(c->id()).bytes()));
+    f.on_ready([f, c] {
+      try {
+        Message m = f.get();
+        c->on_update(decode_value<ActorInfo>(m.body));
+      } catch (const std::exception& e) {
+        TROUPE_LOG_WARN("actor {}: the restarted head does not know it ({})", c->id(), e.what());
+      }
+    });
+  }
 }
 
 void Core::forget_actor(uint64_t id) {

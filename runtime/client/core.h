@@ -101,6 +101,11 @@ struct ConnectOptions {
   std::string token;
   wire::Hello hello;  // role and, for workers, actor id + incarnation
   std::chrono::milliseconds timeout{10000};
+  // How long to wait for a restarted head (one that writes its tables
+  // through to a store) before the head counts as lost; 0 = never wait.
+  // Default: TROUPE_HEAD_RECONNECT_MS, else 30 s.
+  std::chrono::milliseconds head_reconnect = default_head_reconnect();
+  static std::chrono::milliseconds default_head_reconnect();
 };
 
 class Core : public std::enable_shared_from_this<Core> {
@@ -123,7 +128,8 @@ class Core : public std::enable_shared_from_this<Core> {
   // Drops this process's client for actor `id` (one it will never call
   // again, such as a released task executor), so clients do not pile up.
   void forget_actor(uint64_t id);
-  // Called when the head connection drops (cluster gone).
+  // Called when the head connection drops for good: at once, or for a
+  // durable head once it has not come back within head_reconnect.
   void set_on_head_lost(std::function<void(const std::string&)> cb) { on_head_lost_ = std::move(cb); }
   bool head_lost() const { return head_lost_.load(); }
   // The options of every connection this core makes or accepts: default
@@ -157,6 +163,7 @@ class Core : public std::enable_shared_from_this<Core> {
   };
   Core() = default;
   void on_event(wire::Message&& m);
+  void resubscribe();
 
   asio::io_context io_;
   std::thread io_thread_;

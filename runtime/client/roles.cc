@@ -70,6 +70,7 @@ class SignalWaiter {
   o.heartbeat_ms = env.heartbeat_ms;
   o.heartbeat_misses = env.heartbeat_misses;
   o.max_dead_actors = env.max_dead_actors;
+  o.state_db = env.head_state_db;
   if (env.dashboard) o.dashboard_port = env.dashboard_port;
   o.dashboard_require_token = env.dashboard_require_token;
   o.dashboard_port_fallback = env.dashboard_port_fallback;
@@ -102,6 +103,7 @@ class SignalWaiter {
   o.advertise_host = env.advertise_host;
   o.worker_pool.size = env.worker_pool_size;
   o.worker_pool.idle_timeout = std::chrono::milliseconds(env.worker_idle_timeout_ms);
+  if (env.head_reconnect_ms) o.head_reconnect = std::chrono::milliseconds(env.head_reconnect_ms);
   try {
     o.resources = node::detect_resources(head::parse_resources(env.resources));
     // Block TERM/INT before the agent's threads start so they inherit it.

@@ -84,6 +84,8 @@ std::vector<std::string> WorkerEnv::to_env() const {
   if (dashboard) put(kEnvDashboardPort, std::to_string(dashboard_port));
   if (dashboard_require_token) put(kEnvDashboardAuth, "1");
   if (dashboard_port_fallback) put(kEnvDashboardFallback, "1");
+  put(kEnvHeadStateDb, head_state_db);
+  if (head_reconnect_ms != 0) put(kEnvHeadReconnectMs, std::to_string(head_reconnect_ms));
   put(kEnvResources, resources);
   put(kEnvBindHost, bind_host);
   put(kEnvAdvertiseHost, advertise_host);
@@ -119,6 +121,8 @@ WorkerEnv WorkerEnv::from_env() {
   read_number(kEnvDashboardPort, e.dashboard_port);
   e.dashboard_require_token = env_value(kEnvDashboardAuth) == "1";
   e.dashboard_port_fallback = env_value(kEnvDashboardFallback) == "1";
+  e.head_state_db = env_value(kEnvHeadStateDb);
+  read_number(kEnvHeadReconnectMs, e.head_reconnect_ms);
   e.resources = env_value(kEnvResources);
   e.bind_host = env_value(kEnvBindHost);
   e.advertise_host = env_value(kEnvAdvertiseHost);
@@ -134,6 +138,12 @@ WorkerEnv WorkerEnv::from_env() {
   e.session_dir = env_value(kEnvSessionDir);
   read_number(kEnvObjectStoreBytes, e.object_store_bytes);
   return e;
+}
+
+std::chrono::milliseconds default_head_reconnect() {
+  uint64_t ms = 30000;
+  read_number(kEnvHeadReconnectMs, ms);
+  return std::chrono::milliseconds(ms);
 }
 
 std::vector<std::string> clean_environment(const std::vector<std::string>& drop) {

@@ -5,6 +5,7 @@
 // them, so a name or a format cannot drift between the two sides.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@ inline constexpr const char* kEnvHeadPort = "TROUPE_HEAD_PORT";
 inline constexpr const char* kEnvHeartbeatMs = "TROUPE_HEARTBEAT_MS";
 inline constexpr const char* kEnvHeartbeatMisses = "TROUPE_HEARTBEAT_MISSES";
 inline constexpr const char* kEnvMaxDeadActors = "TROUPE_MAX_DEAD_ACTORS";
+inline constexpr const char* kEnvHeadStateDb = "TROUPE_HEAD_STATE_DB";
+inline constexpr const char* kEnvHeadReconnectMs = "TROUPE_HEAD_RECONNECT_MS";
 // Head: the HTTP endpoint's port (absent = off, 0 = any free one), "1" to
 // ask for the token even on loopback, "1" to take a free port when the
 // given one is taken.
@@ -60,6 +63,12 @@ struct WorkerEnv {
   uint16_t dashboard_port = 0;
   bool dashboard_require_token = false;
   bool dashboard_port_fallback = false;
+  // The SQLite file the head writes its tables through to and reloads them
+  // from when restarted ("" = none: a head that dies ends the cluster).
+  std::string head_state_db;
+  // Node agents, workers: how long to wait for a durable head that went
+  // away (0 = the default, ConnectOptions::default_head_reconnect).
+  uint64_t head_reconnect_ms = 0;
   // Node agent and its workers.
   std::string resources;                     // node: overrides, "CPU=2,GPU=0"
   std::string bind_host;                     // where the node's workers listen ("" = derive)
@@ -87,6 +96,11 @@ struct WorkerEnv {
   // and its value when one does not parse.
   static WorkerEnv from_env();
 };
+
+// How long a process waits for a durable head that went away before it
+// counts as lost: TROUPE_HEAD_RECONNECT_MS, else 30 s (ConfigError naming
+// the value when it is not a number).
+std::chrono::milliseconds default_head_reconnect();
 
 // The value of `name` in this process's environment, "" when unset.
 std::string env_value(const char* name);

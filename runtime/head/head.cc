@@ -10,6 +10,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/head/head_state.h"
+#include "troupe/runtime/head/head_store.h"
 #include "troupe/runtime/head/http_endpoint.h"
 #include "troupe/runtime/head/metrics.h"
 #include "troupe/runtime/wire/connection.h"
@@ -58,6 +59,7 @@ class Head::Impl {
                   [this](std::shared_ptr<Connection> c) { accept(std::move(c)); }),
         timer_(io_) {
     if (opts_.advertise_host.empty()) opts_.advertise_host = wire::default_advertise_host(opts_.host);
+    if (!opts_.state_db.empty()) open_store();
     arm_timer();
     if (opts_.dashboard_port >= 0) {
       HttpOptions h{opts_.host, opts_.dashboard_port, opts_.token,
@@ -77,6 +79,7 @@ class Head::Impl {
   std::string dashboard_url() const { return http_ ? http_->url(opts_.advertise_host) : ""; }
   void stop() {
     asio::post(io_, [this] {
+      end_for_good();
       shutdown_nodes();
       listener_.close();
       // Give the shutdown events a moment to leave, then stop the loop.
@@ -93,6 +96,46 @@ class Head::Impl {
   void after(std::chrono::milliseconds d, F f) {
     auto t = std::make_shared<asio::steady_timer>(io_, d);
     t->async_wait([t, f = std::move(f)](asio::error_code) { f(); });
+  }
+
+  // A durable head reloads an earlier one's tables; from then on every
+  // change is written through (flush).
+  void open_store() {
+    store_ = std::make_unique<HeadStore>(opts_.state_db);
+    auto rows = store_->load();
+    if (!rows.empty()) {
+      TROUPE_LOG_INFO("reloading the tables of the head before this one from {}", opts_.state_db);
+      auto limit = std::chrono::milliseconds(uint64_t(opts_.heartbeat_ms) * opts_.heartbeat_misses);
+      state_.restore(rows, Clock::now(), std::max(opts_.restore_grace, limit));
+    }
+    state_.enable_write_through();
+    persist();
+  }
+
+  void persist() {
+    if (!store_) return;
+    try {
+      store_->write(state_.take_rows());
+    } catch (const std::exception& e) {
+      // A head that cannot write goes on as a non-durable one, loudly.
+      TROUPE_LOG_ERROR("{}; the head's tables are no longer written through", e.what());
+      store_.reset();
+    }
+  }
+
+  // The cluster ends on purpose: whoever is connected is told not to wait
+  // for a restart, and the store forgets the tables.
+  void end_for_good() {
+    for (auto& [raw, p] : peers_)
+      if (p->hello && p->role != Role::kNode) p->conn->send(make_event(Op::kShutdown));
+    if (store_) {
+      try {
+        store_->clear();
+      } catch (const std::exception& e) {
+        TROUPE_LOG_WARN("{}", e.what());
+      }
+      store_.reset();
+    }
   }
 
   void shutdown_nodes() {
@@ -314,6 +357,7 @@ class Head::Impl {
     TROUPE_LOG_INFO("shutdown requested by {}", p.conn->peer());
     state_.kill_all("cluster shut down");
     after(std::chrono::milliseconds(100), [this] {
+      end_for_good();
       shutdown_nodes();
       after(std::chrono::milliseconds(100), [this] { io_.stop(); });
     });
@@ -380,7 +424,8 @@ class Head::Impl {
     auto h = body<Hello>(m);
     HelloReply reply;
     if (h.role == Role::kNode) {
-      reply.node_id = state_.register_node(p.id, h, Clock::now());
+      reply.node_id = h.resume_node_id ? state_.resume_node(p.id, h, Clock::now())
+                                       : state_.register_node(p.id, h, Clock::now());
       reply.heartbeat_ms = opts_.heartbeat_ms;
       p.node_id = reply.node_id;
       node_conns_[reply.node_id] = p.conn;
@@ -388,6 +433,8 @@ class Head::Impl {
       reply = state_.worker_hello(h.actor_id, h.incarnation);
       p.node_id = reply.info.node_id;
     }
+    if (h.role != Role::kNode) state_.bind_client(p.id, h.client_id);
+    reply.durable = store_ != nullptr;
     p.role = h.role;
     p.hello = true;
     p.conn->send(ok_response_value(m.id, reply));
@@ -395,6 +442,8 @@ class Head::Impl {
 
   // ---- carrying out the state's outputs -----------------------------------
   void flush() {
+    // Written before anything it caused is sent.
+    persist();
     HeadOutputs out = state_.take_outputs();
     // Stale workers go before their replacements start.
     for (auto& [node, why] : out.dead_nodes) fence_node(node, why);
@@ -407,8 +456,8 @@ class Head::Impl {
   }
 
   // A node declared dead may still be running (stopped, partitioned, slow):
-  // its workers' connections are closed (a worker that loses the head
-  // exits), so none of them acts beside its replacement; the agent is told
+  // its workers are told to end and their connections closed (a worker
+  // that loses the head for good exits), so none of them acts beside its replacement; the agent is told
   // its incarnation is over, and its connection is half-closed so that an
   // agent that wakes up reads the NodeFenced first.
   void fence_node(uint64_t node, const std::string& why) {
@@ -419,7 +468,17 @@ class Head::Impl {
         p->fenced = true;
         if (p->role == Role::kWorker) stale.push_back(p->conn);
       }
-    for (auto& c : stale) c->close("node " + std::to_string(node) + " was declared dead (" + why + ")");
+    for (auto& c : stale) {
+      // Told not to wait for this head to come back, then closed once the
+      // worker has read that (or at once when it is not durable).
+      if (store_) {
+        c->send(make_event(Op::kShutdown), true);
+        c->finish();
+        after(std::chrono::seconds(5), [c] { c->close("fenced worker did not close its connection"); });
+      } else {
+        c->close("node " + std::to_string(node) + " was declared dead (" + why + ")");
+      }
+    }
     auto it = node_conns_.find(node);
     if (it == node_conns_.end()) return;
     auto conn = std::move(it->second);
@@ -628,6 +687,7 @@ class Head::Impl {
 
   HeadOptions opts_;
   HeadState state_;
+  std::unique_ptr<HeadStore> store_;
   asio::io_context io_;
   Listener listener_;
   asio::steady_timer timer_;

@@ -7,6 +7,7 @@
 
 #include <asio.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,6 +36,13 @@ struct HeadOptions {
   // When dashboard_port is taken, take any free one instead of failing
   // (the default port of `troupe start`: a second cluster on the machine).
   bool dashboard_port_fallback = false;
+  // The SQLite file its tables are written through to ("" = none). When it
+  // holds an earlier head's tables, they are reloaded: node agents, workers
+  // and drivers that lost that head reconnect, and those that do not within
+  // restore_grace are treated as gone. A stop (troupe stop, SIGTERM) ends the
+  // cluster and empties the file.
+  std::string state_db;
+  std::chrono::milliseconds restore_grace{5000};
   // What a connection may cost the head: small frames, a modest write bound
   // (its replies are small too) and the default handshake rules.
   wire::ListenerOptions listener{.connection = {.limits = wire::kHeadFrameLimits, .max_queued_bytes = 64ull << 20}};

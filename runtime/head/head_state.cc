@@ -21,16 +21,6 @@ const char* to_string(PlacementGroupState s) {
 bool restarts_left(const ActorInfo& info) { return info.max_restarts == -1 || info.restarts < info.max_restarts; }
 }  // namespace
 
-// Ids first, then the calls: a call may make an actor DEAD and evict an
-// older one from the table being walked.
-template <class Pred>
-std::vector<uint64_t> HeadState::actor_ids_where(Pred pred) const {
-  std::vector<uint64_t> ids;
-  for (const auto& [id, a] : actors_)
-    if (pred(a)) ids.push_back(id);
-  return ids;
-}
-
 HeadState::HeadState(HeadConfig config) : config_(config) {}
 
 HeadOutputs HeadState::take_outputs() { return std::exchange(out_, HeadOutputs{}); }
@@ -64,10 +54,13 @@ void HeadState::heartbeat(uint64_t node_id, Time now, const NodeHeartbeat& repor
 
 void HeadState::check_heartbeats(Time now) {
   auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
-  std::vector<uint64_t> dead;
+  std::vector<std::pair<uint64_t, std::string>> dead;
   for (auto& [id, n] : nodes_)
-    if (n.info.alive && now - n.last_heartbeat > limit) dead.push_back(id);
-  for (auto id : dead) node_lost(id, "no heartbeat for " + std::to_string(limit.count()) + " ms");
+    if (n.info.alive && now - n.last_heartbeat > limit)
+      dead.emplace_back(id, n.awaiting ? "did not come back to the restarted head"
+                                        : "no heartbeat for " + std::to_string(limit.count()) + " ms");
+  for (auto& [id, why] : dead) node_lost(id, why);
+  check_restored_owners(now);
 }
 
 void HeadState::node_lost(uint64_t node_id, const std::string& why) {
@@ -106,6 +99,7 @@ void HeadState::forget_oldest(Table& table, std::deque<uint64_t>& order, size_t 
 
 void HeadState::peer_gone(PeerId peer, const std::string& reason) {
   if (peer == 0) return;
+  clients_.erase(peer);
   // Ids first, then the calls: each may forget old entries of the tables.
   std::vector<uint64_t> ids;
   for (auto& [id, n] : nodes_)
@@ -139,6 +133,7 @@ std::vector<uint64_t> HeadState::live_nodes() const {
 HeadState::Actor& HeadState::actor(uint64_t id) {
   auto it = actors_.find(id);
   if (it == actors_.end()) throw ConfigError("no actor with id " + std::to_string(id));
+  mark(it->second);  // whoever asks for it writable may change it
   return it->second;
 }
 
@@ -182,7 +177,9 @@ ActorInfo HeadState::create_actor(PeerId owner, ActorSpec spec) {
   a.info.max_task_retries = spec.max_task_retries;
   a.spec = std::move(spec);
   a.owner = owner;
+  if (auto c = clients_.find(owner); c != clients_.end()) a.owner_client = c->second;
   uint64_t id = a.info.id;
+  mark(a);
   if (!a.info.name.empty()) named_[a.info.name] = id;
   actors_[id] = std::move(a);
   pending_actors_.push_back(id);
@@ -195,6 +192,7 @@ HelloReply HeadState::worker_hello(uint64_t actor_id, uint32_t incarnation) {
   if (a.info.incarnation != incarnation || a.info.state == ActorState::kDead || !a.worker_running)
     throw Error("worker for actor " + std::to_string(actor_id) + " incarnation " + std::to_string(incarnation) +
                 " is stale");
+  mark(a);
   HelloReply reply;
   reply.spec = a.spec;
   reply.info = a.info;
@@ -217,6 +215,7 @@ void HeadState::drop_ctor_args_if_final(Actor& a) {
 }
 
 void HeadState::publish(Actor& a) {
+  mark(a);
   ++a.info.version;
   out_.updates.push_back(a.info);
 }
@@ -254,6 +253,7 @@ void HeadState::worker_exited(const WorkerExited& w) {
 
 // The actor's current worker is gone; restart it or declare it dead.
 void HeadState::actor_lost(Actor& a, const std::string& why) {
+  mark(a);
   release(a);
   a.worker_running = false;
   a.info.address.clear();
@@ -306,6 +306,7 @@ void HeadState::evict_dead() {
     dead_order_.pop_front();
     actors_.erase(id);
     out_.evicted.push_back(id);
+    if (write_through_) dirty_actors_.insert(id);
   }
 }
 
@@ -342,7 +343,7 @@ std::optional<HeadState::Allocation> HeadState::allocate_in_group(const Actor& a
   }
   for (size_t b = 0; b < g.bundles.size(); ++b) {
     if (a.spec.bundle_index >= 0 && static_cast<size_t>(a.spec.bundle_index) != b) continue;
-    if (!g.bundles[b].fits(a.spec.resources)) continue;
+    if (!g.bundles[b].fits(a.spec.resources) || nodes_.at(g.info.bundle_nodes[b]).awaiting) continue;
     return Allocation{g.info.bundle_nodes[b], g.info.id, b, g.epoch, g.bundles[b].take(a.spec.resources)};
   }
   *reason = "bundle " + std::to_string(a.spec.bundle_index) + " of placement group " + std::to_string(g.info.id) +
@@ -354,7 +355,7 @@ std::optional<HeadState::Allocation> HeadState::allocate(const Actor& a, std::st
   if (a.spec.placement_group) return allocate_in_group(a, reason);
   std::vector<NodeView> views;
   for (const auto& [id, n] : nodes_)
-    if (n.info.alive) views.push_back({id, n.pool.total(), n.pool.available()});
+    if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available()});
   auto pick = pick_node(views, a.spec.resources, reason);
   if (!pick) return std::nullopt;
   return Allocation{*pick, 0, 0, 0, nodes_.at(*pick).pool.take(a.spec.resources)};
@@ -385,6 +386,7 @@ bool HeadState::try_place(Actor& a) {
 }
 
 void HeadState::start_worker(Actor& a, Allocation alloc) {
+  mark(a);
   a.info.node_id = alloc.node_id;
   a.info.gpu_ids = alloc.grant.gpu_ids;
   a.info.pending_reason.clear();
@@ -404,6 +406,7 @@ void HeadState::start_worker(Actor& a, Allocation alloc) {
 
 void HeadState::release(Actor& a) {
   if (!a.allocation) return;
+  mark(a);
   Allocation& al = *a.allocation;
   if (al.group_id) {
     auto git = groups_.find(al.group_id);
@@ -464,6 +467,7 @@ PlacementGroupInfo HeadState::create_placement_group(PeerId owner, PlacementGrou
   g.info.id = next_group_id_++;
   g.spec = std::move(spec);
   g.owner = owner;
+  if (auto c = clients_.find(owner); c != clients_.end()) g.owner_client = c->second;
   uint64_t id = g.info.id;
   groups_[id] = std::move(g);
   pending_groups_.push_back(id);
@@ -474,7 +478,7 @@ PlacementGroupInfo HeadState::create_placement_group(PeerId owner, PlacementGrou
 bool HeadState::try_place_group(Group& g) {
   std::vector<NodeView> views;
   for (const auto& [id, n] : nodes_)
-    if (n.info.alive) views.push_back({id, n.pool.total(), n.pool.available()});
+    if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available()});
   std::string reason;
   auto placed = place_bundles(views, g.spec.bundles, g.spec.strategy, &reason);
   if (!placed) {
@@ -511,6 +515,7 @@ void HeadState::unreserve_group(Group& g) {
   }
   for (auto& [id, a] : actors_)
     if (a.allocation && a.allocation->group_id == g.info.id) {
+      mark(a);
       a.allocation.reset();
       a.info.gpu_ids.clear();
     }
@@ -539,6 +544,7 @@ void HeadState::remove_placement_group(uint64_t id) {
 
 void HeadState::kv_set(const std::string& key, const std::string& value) {
   kv_[key] = value;
+  if (write_through_) dirty_kv_.insert(key);
   out_.kv_set.push_back({key, value});
 }
 
@@ -601,7 +607,9 @@ std::optional<std::string> HeadState::kv_get(const std::string& key) const {
   return it->second;
 }
 
-void HeadState::kv_erase(const std::string& key) { kv_.erase(key); }
+void HeadState::kv_erase(const std::string& key) {
+  if (kv_.erase(key) && write_through_) dirty_kv_.insert(key);
+}
 
 int64_t HeadState::kv_add(const std::string& key, int64_t delta) {
   int64_t v = 0;

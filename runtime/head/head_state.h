@@ -16,6 +16,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,30 @@ class HeadState {
   // What to send since the last call; clears it.
   HeadOutputs take_outputs();
 
+  // ---- write-through (head_state_rows.cc; Head keeps the rows in SQLite) ----
+  // Rows are "a/<id>" (actor), "g/<id>" (group), "n/<id>" (node), "k/<key>"
+  // (KV) and "m/counters", each a Codec-encoded record.
+  using Row = std::pair<std::string, std::optional<std::string>>;  // no value: delete the row
+  // Turns change tracking on; every row is due at the next take_rows.
+  void enable_write_through();
+  // The rows changed since the last call (all of them the first time).
+  std::vector<Row> take_rows();
+  // A restarted head: loads the rows an earlier one wrote, before anyone
+  // connects. Its nodes (live then) and the processes that owned actors
+  // and groups get until now + grace to come back (resume_node,
+  // bind_client); a node that does not is dead, and what an owner that
+  // does not owned is killed, as if they had gone while the head was up.
+  void restore(const std::map<std::string, std::string>& rows, Time now, std::chrono::milliseconds grace);
+  // The process `client_id` said hello on `peer`: what it created before a
+  // restart is its own again.
+  void bind_client(PeerId peer, uint64_t client_id);
+  // A node agent came back to a restarted head as node `hello.resume_node_id`
+  // with `hello.workers`: its workers the head knows stay, the ones it does
+  // not are killed, and actors whose workers are gone are lost (restarted
+  // or dead). A node the head declared dead meanwhile joins as a new node
+  // (the agent sees another id and kills what it runs). Returns the id.
+  uint64_t resume_node(PeerId peer, const wire::Hello& hello, Time now);
+
  private:
   // Resources an actor holds: from its node's pool, or from a bundle of a
   // group's reservation `epoch`.
@@ -124,11 +149,15 @@ class HeadState {
     PeerId peer = 0;
     ResourcePool pool;
     Time last_heartbeat;
+    // Restored by a restarted head, its agent not back yet: nothing new is
+    // placed on it.
+    bool awaiting = false;
   };
   struct Actor {
     wire::ActorInfo info;
     wire::ActorSpec spec;
     PeerId owner = 0;
+    uint64_t owner_client = 0;  // the owner's client id, which outlives a head restart
     std::optional<Allocation> allocation;
     // A worker process of this incarnation was started on info.node_id and
     // its exit has not been reported: the actor cannot be DEAD yet.
@@ -139,6 +168,7 @@ class HeadState {
     wire::PlacementGroupInfo info;
     wire::PlacementGroupSpec spec;
     PeerId owner = 0;
+    uint64_t owner_client = 0;
     uint64_t epoch = 0;  // bumped at every reservation
     std::vector<Grant> reserved;
     std::vector<ResourcePool> bundles;
@@ -170,7 +200,19 @@ class HeadState {
   // `incarnation` into the retired totals and drops their keys.
   void retire_stats(uint64_t actor_id, uint32_t incarnation);
 
+  // Owners whose things a restarted head keeps until then.
+  void check_restored_owners(Time now);
+  void mark(const Actor& a) {
+    if (write_through_) dirty_actors_.insert(a.info.id);
+  }
+
   HeadConfig config_;
+  std::map<PeerId, uint64_t> clients_;  // peer -> its client id
+  std::map<uint64_t, Time> awaited_owners_;  // client id -> deadline (after a restore)
+  bool write_through_ = false;
+  std::set<uint64_t> dirty_actors_;
+  std::set<std::string> dirty_kv_;
+  std::map<std::string, std::string> written_;  // nodes, groups, counters: what the store has
   std::map<uint64_t, Node> nodes_;
   std::map<uint64_t, Actor> actors_;
   std::map<uint64_t, Group> groups_;
@@ -185,5 +227,15 @@ class HeadState {
   HeadOutputs out_;
   uint64_t next_node_id_ = 1, next_actor_id_ = 1, next_group_id_ = 1;
 };
+
+// Ids first, then the calls: a call may make an actor DEAD and evict an
+// older one from the table being walked.
+template <class Pred>
+std::vector<uint64_t> HeadState::actor_ids_where(Pred pred) const {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, a] : actors_)
+    if (pred(a)) ids.push_back(id);
+  return ids;
+}
 
 }  // namespace troupe::head

@@ -1,5 +1,6 @@
 #include "troupe/runtime/head/resource_pool.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -62,6 +63,17 @@ Grant ResourcePool::take(const Resources& req) {
   g.gpu_ids.assign(free_gpus_.begin(), free_gpus_.begin() + k);
   free_gpus_.erase(free_gpus_.begin(), free_gpus_.begin() + k);
   return g;
+}
+
+void ResourcePool::retake(const Grant& grant) {
+  if (!fits(grant.resources))
+    throw ConfigError("{" + format_resources(grant.resources) + "} does not fit in {" + format_resources(available_) +
+                      "}");
+  for (int32_t id : grant.gpu_ids)
+    if (std::find(free_gpus_.begin(), free_gpus_.end(), id) == free_gpus_.end())
+      throw ConfigError("GPU " + std::to_string(id) + " is not free");
+  subtract(available_, grant.resources);
+  for (int32_t id : grant.gpu_ids) free_gpus_.erase(std::find(free_gpus_.begin(), free_gpus_.end(), id));
 }
 
 void ResourcePool::give_back(const Grant& grant) {

@@ -57,6 +57,9 @@ class ResourcePool {
   Grant take(const Resources& req);
   // Returns what take handed out.
   void give_back(const Grant& grant);
+  // Takes exactly `grant` again (its amounts and its GPU ids): a restarted
+  // head rebuilding what it had handed out. ConfigError when it is not free.
+  void retake(const Grant& grant);
 
  private:
   Resources total_;

@@ -126,6 +126,7 @@ class NodeAgent::Impl {
   }
 
   void shutdown() {
+    leaving_ = true;
     asio::post(io_, [this] {
       if (stopping_) return;
       stopping_ = true;
@@ -156,8 +157,10 @@ class NodeAgent::Impl {
     HelloReply reply;
   };
 
-  // Connects and says hello as a new node; blocks, so never on io's thread.
-  Registration join_head(std::chrono::milliseconds timeout) {
+  // Connects and says hello, as a new node or (resume_id) as the node it
+  // was before the head restarted; blocks, so never on io's thread.
+  Registration join_head(std::chrono::milliseconds timeout, uint64_t resume_id = 0,
+                         std::vector<LiveWorker> workers = {}) {
     Registration r;
     r.generation = ++generations_;
     uint64_t gen = r.generation;
@@ -170,7 +173,9 @@ class NodeAgent::Impl {
     h.hostname = hostname();
     h.pid = getpid();
     h.bind_host = opts_.bind_host;
-    r.reply = r.channel->call<HelloReply>(Op::kHello, h);
+    h.resume_node_id = resume_id;
+    h.workers = std::move(workers);
+    r.reply = r.channel->call<HelloReply>(Op::kHello, h, timeout);
     return r;
   }
 
@@ -179,11 +184,23 @@ class NodeAgent::Impl {
   // once) are handled now, with the node id they are meant for.
   void install(const Registration& r) {
     if (stopping_) return r.channel->close("node stopping");
+    if (resuming_ && r.reply.node_id != node_id_) {
+      // The head had declared this node dead meanwhile: its actors run
+      // elsewhere now (or will), so none of its workers may go on.
+      TROUPE_LOG_WARN("node {}: the restarted head took it back as node {}; killing its {} workers", node_id_.load(),
+                      r.reply.node_id, workers_.size());
+      kill_workers();
+      pool_->recycle();
+      missed_exits_.clear();
+    }
+    resuming_ = false;
     head_ = r.channel;
     generation_ = r.generation;
     node_id_ = r.reply.node_id;
     heartbeat_ms_ = r.reply.heartbeat_ms;
+    durable_ = r.reply.durable;
     rejoining_ = false;
+    for (auto& w : std::exchange(missed_exits_, {})) head_->send(make_event_value(Op::kWorkerExited, w));
     for (auto& m : std::exchange(early_events_, {})) on_event(std::move(m));
     if (!head_->is_open()) on_head_closed(generation_, "closed before the node was registered");
   }
@@ -197,8 +214,41 @@ class NodeAgent::Impl {
   // expected to close, and a newer one not yet installed is checked then.
   void on_head_closed(uint64_t gen, const std::string& reason) {
     if (gen != generation_ || rejoining_) return;
+    if (!stopping_ && durable_ && !told_to_stop_ && opts_.head_reconnect.count() > 0) return wait_for_head(reason);
     if (!stopping_) TROUPE_LOG_WARN("lost the head ({}); stopping node", reason);
     shutdown();
+  }
+
+  // The durable head went away: its workers go on, and the agent joins the
+  // restarted head as the node it was, with the list of them (exits
+  // meanwhile are told after). Not back within head_reconnect: it stops.
+  void wait_for_head(const std::string& reason) {
+    TROUPE_LOG_WARN("node {}: lost the head ({}); keeping {} workers and waiting up to {} ms for it to come back",
+                    node_id_.load(), reason, workers_.size(), opts_.head_reconnect.count());
+    rejoining_ = true;
+    resuming_ = true;
+    std::vector<LiveWorker> live;
+    for (const auto& [pid, w] : workers_) live.push_back({w.actor_id, w.incarnation, pid});
+    if (rejoin_thread_.joinable()) rejoin_thread_.join();
+    rejoin_thread_ = std::thread([this, live = std::move(live), id = node_id_.load()] {
+      const auto deadline = std::chrono::steady_clock::now() + opts_.head_reconnect;
+      std::string last;
+      while (!leaving_.load()) {
+        try {
+          Registration r = join_head(std::chrono::seconds(2), id, live);
+          asio::post(io_, [this, r] { install(r); });
+          return;
+        } catch (const std::exception& e) {
+          last = e.what();
+        }
+        if (std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a retry interval, not a wait for an event
+      }
+      if (!leaving_.load())
+        TROUPE_LOG_WARN("node: the head did not come back within {} ms ({}); stopping node",
+                        opts_.head_reconnect.count(), last);
+      shutdown();
+    });
   }
 
   // The head declared this incarnation of the node dead: its actors run
@@ -246,6 +296,7 @@ class NodeAgent::Impl {
           return;
         }
         case Op::kShutdown:
+          told_to_stop_ = true;
           return shutdown();
         case Op::kNodeFenced:
           return fenced(decode_value<NodeFenced>(m.body));
@@ -292,6 +343,7 @@ class NodeAgent::Impl {
     w.bind_host = opts_.bind_host;
     w.advertise_host = opts_.advertise_host;
     w.log_level = core::env_value(core::kEnvLogLevel);
+    w.head_reconnect_ms = static_cast<uint64_t>(opts_.head_reconnect.count());
     return w;
   }
 
@@ -371,7 +423,10 @@ class NodeAgent::Impl {
 
   void report_exit(uint64_t actor, uint32_t inc, int32_t pid, const std::string& how) {
     WorkerExited w{actor, inc, pid, how};
-    if (head_ && !rejoining_) head_->send(make_event_value(Op::kWorkerExited, w));
+    if (resuming_)
+      missed_exits_.push_back(w);  // the restarted head hears of it once it is back
+    else if (head_ && !rejoining_)
+      head_->send(make_event_value(Op::kWorkerExited, w));
   }
 
   void heartbeat() {
@@ -394,6 +449,11 @@ class NodeAgent::Impl {
   uint64_t generation_ = 0;               // the current one's (io thread)
   std::vector<Message> early_events_;     // from a registration not yet installed
   bool rejoining_ = false;                // fenced, not yet registered again
+  bool resuming_ = false;                 // waiting for a restarted head (rejoining_ too)
+  bool durable_ = false;                  // the head reloads its tables when restarted
+  bool told_to_stop_ = false;             // the head said it is going for good
+  std::atomic<bool> leaving_{false};      // shutdown began (read by the rejoin thread)
+  std::vector<WorkerExited> missed_exits_;  // while resuming
   std::atomic<uint64_t> node_id_{0};
   uint32_t heartbeat_ms_ = 100;
   std::map<pid_t, WorkerProc> workers_;

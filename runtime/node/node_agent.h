@@ -7,13 +7,16 @@
 // its idle worker count). Its workers die with it (PR_SET_PDEATHSIG), so a
 // dead node takes its actors along. An agent the head declared dead while it
 // was only stopped or cut off is told so (NodeFenced) when it wakes up: it
-// kills every worker it still runs and registers again as a new node.
+// kills every worker it still runs and registers again as a new node. A
+// durable head that dies is waited for: the agent keeps its workers, joins
+// the restarted head as the node it was, and tells it which workers it runs.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/node/worker_pool.h"
 #include "troupe/runtime/wire/protocol.h"
 
@@ -37,6 +40,10 @@ struct NodeOptions {
   // Fill the pool of this agent's own executable at start. Off when that
   // program cannot serve as a worker (a Python driver's interpreter).
   bool prefill_own_executable = true;
+  // A durable head (one that reloads its tables when restarted) that goes
+  // away is waited for this long, its workers kept running; then, or at
+  // once for a head that is not durable, the node stops.
+  std::chrono::milliseconds head_reconnect = core::default_head_reconnect();
 };
 
 // Resources of this machine: CPU = online cores, GPU = CUDA devices (0 when

@@ -3,11 +3,16 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 
 #include "troupe/runtime/core/process.h"
 
 #include "troupe/runtime/head/scheduler.h"
 #include "troupe/runtime/node/worker_pool.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/auth.h"
 
 namespace troupe::testing {
@@ -23,10 +28,18 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
   head.heartbeat_misses = options_.heartbeat_misses;
   head.dashboard = options_.dashboard;
   head.dashboard_require_token = options_.dashboard_require_token;
+  if (options_.durable_head) {
+    char dir[] = "/tmp/troupe-head-XXXXXX";
+    if (!::mkdtemp(dir)) throw Error(std::string("LocalCluster: mkdtemp: ") + std::strerror(errno));
+    state_dir_ = dir;
+    head.head_state_db = state_dir_ + "/head.sqlite";
+  }
   head_pid_ = start(head, &line);
   // "ADDRESS" or "ADDRESS DASHBOARD_URL".
   const size_t space = line.find(' ');
   address_ = line.substr(0, space);
+  head.head_port = wire::parse_address(address_).second;  // a restarted head listens where this one did
+  head_env_ = head;
   if (space != std::string::npos) dashboard_url_ = line.substr(space + 1);
   try {
     for (const auto& r : options_.nodes) add_node(r);
@@ -51,6 +64,17 @@ LocalCluster::~LocalCluster() {
     ::kill(head_pid_, SIGTERM);
     reap(head_pid_);
   }
+  if (!state_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(state_dir_, ec);
+  }
+}
+
+void LocalCluster::restart_head() {
+  if (head_pid_ > 0) throw Error("LocalCluster::restart_head: the head (pid " + std::to_string(head_pid_) +
+                                 ") is still running; kill_head first");
+  std::string line;
+  head_pid_ = start(head_env_, &line);
 }
 
 Runtime LocalCluster::connect() const {
@@ -75,6 +99,7 @@ size_t LocalCluster::add_node(const Resources& resources) {
   node.bind_host = options_.host;
   node.worker_pool_size = options_.worker_pool_size;
   node.worker_idle_timeout_ms = static_cast<uint64_t>(options_.worker_idle_timeout.count());
+  node.head_reconnect_ms = static_cast<uint64_t>(options_.head_reconnect.count());
   pid_t pid = start(node, &line);
   nodes_.push_back({pid, std::stoull(line)});
   return nodes_.size() - 1;

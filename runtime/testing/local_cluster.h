@@ -38,6 +38,12 @@ struct LocalClusterOptions {
   // whether it asks for the token although it is on loopback.
   bool dashboard = false;
   bool dashboard_require_token = false;
+  // The head writes its tables through to a SQLite file in a directory of
+  // the cluster's own, so restart_head() brings back the same cluster.
+  bool durable_head = false;
+  // How long node agents and workers wait for a durable head that went
+  // away (0 = the default, 30 s).
+  std::chrono::milliseconds head_reconnect{0};
 };
 
 class LocalCluster {
@@ -63,6 +69,11 @@ class LocalCluster {
   // Sends `sig` to node agent i and, for SIGKILL/SIGTERM, reaps it.
   void kill_node(size_t i, int sig = 9);
   void kill_head(int sig = 9);
+  // Starts the head again, on the same address and (durable_head) with the
+  // tables the last one wrote; returns once it listens. Like every process
+  // LocalCluster starts, the head dies with the thread that started it
+  // (PR_SET_PDEATHSIG): call this from one that outlives it.
+  void restart_head();
 
  private:
   struct Proc {
@@ -77,6 +88,8 @@ class LocalCluster {
   std::string address_;
   std::string dashboard_url_;
   pid_t head_pid_ = -1;
+  core::WorkerEnv head_env_;
+  std::string state_dir_;  // durable_head: holds head.sqlite
   std::vector<Proc> nodes_;
 };
 

@@ -36,7 +36,7 @@ enum class Op : uint32_t {
   kKvErase = 19,               // request: key -> void
   kKvAdd = 20,                 // request: KvAdd -> int64
   kStatus = 21,                // request: StatusRequest (or empty) -> JSON text
-  kShutdown = 22,              // request: -> void; the head stops the cluster
+  kShutdown = 22,              // request: -> void; the head stops the cluster (as an event from the head: it is going for good)
   kControl = 23,               // request caller -> worker: ControlRequest (bypasses the mailbox)
   kWaitPlacementGroup = 24,    // request: WaitPlacementGroup -> PlacementGroupInfo
   kNodes = 25,                 // request: -> std::vector<NodeInfo>
@@ -46,6 +46,14 @@ enum class Op : uint32_t {
 
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
 
+// A worker a node agent still runs, told to a head that restarted.
+struct LiveWorker {
+  uint64_t actor_id = 0;
+  uint32_t incarnation = 0;
+  int32_t pid = 0;
+  TROUPE_FIELDS(actor_id, incarnation, pid)
+};
+
 struct Hello {
   Role role = Role::kDriver;
   uint64_t actor_id = 0;     // worker
@@ -54,7 +62,14 @@ struct Hello {
   std::string hostname;      // node
   int32_t pid = 0;
   std::string bind_host;  // node: where its workers listen
-  TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, bind_host)
+  // A node coming back to a restarted head: the id it had (0 = a new node)
+  // and the workers it still runs.
+  uint64_t resume_node_id = 0;
+  std::vector<LiveWorker> workers;
+  // Drivers and workers: the process's own id, the same on every
+  // connection it makes, so a restarted head knows who owns what.
+  uint64_t client_id = 0;
+  TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, bind_host, resume_node_id, workers, client_id)
 };
 
 enum class ActorState : uint8_t { kPending = 0, kAlive = 1, kRestarting = 2, kDead = 3 };
@@ -106,7 +121,10 @@ struct HelloReply {
   uint32_t heartbeat_ms = 100;  // node
   ActorSpec spec;               // worker
   ActorInfo info;               // worker
-  TROUPE_FIELDS(node_id, heartbeat_ms, spec, info)
+  // The head writes its tables through to a store and reloads them when it
+  // is restarted: whoever loses it should wait for it to come back.
+  bool durable = false;
+  TROUPE_FIELDS(node_id, heartbeat_ms, spec, info, durable)
 };
 
 struct ActorReady {

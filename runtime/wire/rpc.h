@@ -49,10 +49,27 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
   R call_empty(Op op, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
     return finish<R>(request(op), op, timeout);
   }
-  void send(const Message& m) { conn_->send(m); }
-  void close(const std::string& reason) { conn_->close(reason); }
-  bool is_open() const { return conn_ && conn_->is_open(); }
-  const std::shared_ptr<Connection>& connection() const { return conn_; }
+  // An event; while the channel reconnects it waits (a bounded backlog)
+  // and leaves on the new connection.
+  void send(const Message& m);
+  void close(const std::string& reason);
+  bool is_open() const;
+  std::shared_ptr<Connection> connection() const;
+
+  // When the connection drops (not by close(), and not after the head said
+  // it is going for good with a kShutdown event), connect again to the same
+  // address for up to `window`, re-sending `hello` (a kHello body) first.
+  // Requests in flight at the drop fail with ConnectionError (the head may
+  // or may not have acted on them); requests and events made meanwhile wait
+  // and go out once the hello is answered, when `on_reconnected` (on io's
+  // thread) gets the reply. Only when the window passes, or the hello is
+  // refused, does the close handler run. Call once, right after connect.
+  struct Reconnect {
+    std::chrono::milliseconds window{0};
+    std::string hello;
+    std::function<void(Message&& reply)> on_reconnected;
+  };
+  void enable_reconnect(Reconnect r);
 
  private:
   template <class R>
@@ -67,13 +84,31 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
       return decode_value<R>(m.body.data(), m.body.size(), &m.attachments);
     }
   }
-  void on_frame(Message&& m);
-  void on_close(const std::string& reason);
+  void on_frame(uint64_t gen, Message&& m);
+  void on_close(uint64_t gen, const std::string& reason);
+  // Starts connection generation `gen`'s connect (on io's thread).
+  void dial(uint64_t gen);
+  void retry_later(uint64_t gen);
+  void on_hello_reply(uint64_t gen, Message&& m);
+  // The end: fails everything waiting and runs the close handler.
+  void give_up(const std::string& reason);
 
+  asio::io_context* io_ = nullptr;
+  std::string host_, token_;
+  uint16_t port_ = 0;
+  ConnectionOptions options_;
   std::shared_ptr<Connection> conn_;
+  uint64_t gen_ = 0;  // of conn_; frames of older connections are ignored
+  Reconnect reconnect_;
+  bool user_closed_ = false, final_ = false, reconnecting_ = false;
+  std::chrono::steady_clock::time_point lost_at_;
+  std::string lost_reason_;
+  uint64_t hello_id_ = 0;
+  std::vector<Message> backlog_;
+  std::shared_ptr<Connection> dialing_;
   EventHandler on_event_;
   CloseHandler on_close_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   uint64_t next_id_ = 1;
   bool closed_ = false;
   std::string close_reason_;

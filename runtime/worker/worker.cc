@@ -49,7 +49,9 @@ class Mailbox {
 };
 
 // Connects to the head as the worker of env's actor; a worker that cannot
-// reach its head, or loses it, has nothing to do and exits.
+// reach its head, or loses it for good (a durable head is waited for, and
+// must take it back as its actor's current worker), has nothing to do and
+// exits.
 std::shared_ptr<client::Core> connect_to_head(const core::WorkerEnv& env) {
   client::ConnectOptions co;
   co.address = env.head_address;

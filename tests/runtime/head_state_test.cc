@@ -457,3 +457,125 @@ TEST_F(HeadStateTest, NodesReportTotalsUsageAndGpus) {
 }
 
 }  // namespace
+
+// ---- write-through and restore ------------------------------------------------
+
+namespace {
+
+// Applies rows to a map as a store would.
+void apply_rows(std::map<std::string, std::string>& store, const std::vector<HeadState::Row>& rows) {
+  for (const auto& [k, v] : rows)
+    if (v)
+      store[k] = *v;
+    else
+      store.erase(k);
+}
+
+Hello node_hello(Resources r, uint64_t resume = 0, std::vector<LiveWorker> workers = {}) {
+  Hello h;
+  h.role = Role::kNode;
+  h.resources = std::move(r);
+  h.hostname = "host";
+  h.resume_node_id = resume;
+  h.workers = std::move(workers);
+  return h;
+}
+
+}  // namespace
+
+TEST_F(HeadStateTest, RestartedHeadKeepsWhatComesBackAndLosesWhatDoesNot) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  state_.bind_client(kDriver, 7);
+  const uint64_t n1 = add_node({{"CPU", 1}, {"GPU", 2}}, 1);
+  const uint64_t n2 = add_node({{"CPU", 2}}, 2);
+  const uint64_t kept = state_.create_actor(kDriver, spec({{"GPU", 1}}, 1, "kept")).id;
+  const uint64_t gone = state_.create_actor(kDriver, spec({{"CPU", 2}}, 1)).id;
+  start_spawned();
+  state_.kv_put("rendezvous/0", "addr");
+  state_.kv_put("scratch", "x");
+  state_.kv_erase("scratch");
+  apply_rows(store, state_.take_rows());
+  const auto kept_info = state_.actor_info(kept);
+  ASSERT_EQ(kept_info.node_id, n1);
+  ASSERT_EQ(state_.actor_info(gone).node_id, n2);
+
+  // The head dies; a new one reloads the rows.
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  EXPECT_EQ(again.kv_get("rendezvous/0"), std::optional<std::string>("addr"));
+  EXPECT_EQ(again.kv_get("scratch"), std::nullopt);
+  EXPECT_EQ(again.named_actor("kept").id, kept);
+  EXPECT_EQ(again.actor_info(kept).state, ActorState::kAlive);
+  // Node 1 comes back with its worker; node 2 never does.
+  again.bind_client(200, 7);
+  EXPECT_EQ(again.resume_node(11, node_hello({{"CPU", 1}, {"GPU", 2}}, n1, {{kept, kept_info.incarnation, 5}}), now_),
+            n1);
+  EXPECT_TRUE(again.take_outputs().kills.empty());
+  // The kept actor still holds its GPU: one left on node 1.
+  for (const auto& n : again.nodes())
+    if (n.id == n1) {
+      EXPECT_EQ(n.free_gpu_ids.size(), 1u);
+    }
+  again.heartbeat(n1, now_ + 2800ms);
+  again.check_heartbeats(now_ + 3s);
+  EXPECT_EQ(again.actor_info(kept).state, ActorState::kAlive);
+  EXPECT_EQ(again.actor_info(gone).state, ActorState::kRestarting);  // its node did not come back
+  // New ids never collide with old ones.
+  EXPECT_GT(again.create_actor(200, spec()).id, gone);
+}
+
+TEST_F(HeadStateTest, RestoredNodeReportsWorkersThatEndedAndOnesItMustKill) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  const uint64_t n = add_node({{"CPU", 4}}, 1);
+  const uint64_t a = state_.create_actor(kDriver, spec({{"CPU", 1}}, 1)).id;
+  const uint64_t b = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
+  start_spawned();
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  // a's worker ended while the head was down; an unknown worker is still there.
+  again.resume_node(11, node_hello({{"CPU", 4}}, n, {{b, 0, 6}, {999, 0, 7}}), now_);
+  auto out = again.take_outputs();
+  ASSERT_EQ(out.kills.size(), 1u);
+  EXPECT_EQ(out.kills[0].second.actor_id, 999u);
+  EXPECT_EQ(again.actor_info(a).state, ActorState::kRestarting);
+  EXPECT_EQ(again.actor_info(a).incarnation, 1u);
+  ASSERT_EQ(out.spawns.size(), 1u);  // a's restart, on the node that is back
+  EXPECT_EQ(out.spawns[0].second.actor_id, a);
+  EXPECT_EQ(again.actor_info(b).state, ActorState::kAlive);
+}
+
+TEST_F(HeadStateTest, OwnerThatDoesNotComeBackLosesItsActors) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  state_.bind_client(kDriver, 7);
+  const uint64_t n = add_node({{"CPU", 2}}, 1);
+  const uint64_t a = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
+  start_spawned();
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  again.resume_node(11, node_hello({{"CPU", 2}}, n, {{a, 0, 5}}), now_);
+  again.take_outputs();
+  again.heartbeat(n, now_ + 900ms);
+  again.check_heartbeats(now_ + 1s);
+  EXPECT_EQ(again.actor_info(a).state, ActorState::kAlive);
+  again.heartbeat(n, now_ + 2500ms);
+  again.check_heartbeats(now_ + 3s);
+  auto out = again.take_outputs();
+  ASSERT_EQ(out.kills.size(), 1u);  // its worker is told to go
+  EXPECT_EQ(out.kills[0].second.actor_id, a);
+}
+
+TEST_F(HeadStateTest, NodeDeclaredDeadBeforeItCameBackJoinsAsANewNode) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  const uint64_t n = add_node({{"CPU", 2}}, 1);
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 1s);
+  again.check_heartbeats(now_ + 2s);
+  EXPECT_NE(again.resume_node(11, node_hello({{"CPU", 2}}, n), now_ + 2s), n);
+}

@@ -1,0 +1,293 @@
+// HeadState's write-through and restore: its tables as rows a store keeps
+// (Head writes them to SQLite after every message it handles), and a
+// restarted head's reload of them. See head_state.h.
+#include <algorithm>
+
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/head/head_state.h"
+
+namespace troupe::head {
+
+using namespace troupe::wire;
+
+namespace {
+
+// The records behind the rows: what a restarted head needs, no more (a
+// node's heartbeat time and idle workers, and the pending queues, are
+// rebuilt).
+struct ActorRow {
+  ActorInfo info;
+  ActorSpec spec;  // its ctor_attachments travel in `attachments`
+  std::vector<std::string> attachments;
+  uint64_t owner_client = 0;
+  bool allocated = false;
+  uint64_t node_id = 0, group_id = 0, bundle = 0, epoch = 0;
+  Resources grant;
+  std::vector<int32_t> grant_gpus;
+  bool worker_running = false, kill_requested = false;
+  TROUPE_FIELDS(info, spec, attachments, owner_client, allocated, node_id, group_id, bundle, epoch, grant, grant_gpus,
+                worker_running, kill_requested)
+};
+
+struct GroupRow {
+  PlacementGroupInfo info;
+  PlacementGroupSpec spec;
+  uint64_t owner_client = 0;
+  uint64_t epoch = 0;
+  std::vector<Resources> reserved;
+  std::vector<std::vector<int32_t>> reserved_gpus;
+  TROUPE_FIELDS(info, spec, owner_client, epoch, reserved, reserved_gpus)
+};
+
+struct NodeRow {
+  NodeInfo info;
+  Resources total;
+  TROUPE_FIELDS(info, total)
+};
+
+struct Counters {
+  uint64_t next_node = 1, next_actor = 1, next_group = 1;
+  uint64_t retired_calls = 0, retired_stream_bytes = 0;
+  TROUPE_FIELDS(next_node, next_actor, next_group, retired_calls, retired_stream_bytes)
+};
+
+template <class T>
+std::string encode_row(const T& v) {
+  Encoder e = encode_value(v);
+  if (!e.attachments().empty()) throw Error("head row with attachments");  // kept inline by the records above
+  return std::move(e.bytes());
+}
+
+std::string actor_key(uint64_t id) { return "a/" + std::to_string(id); }
+std::string group_key(uint64_t id) { return "g/" + std::to_string(id); }
+std::string node_key(uint64_t id) { return "n/" + std::to_string(id); }
+constexpr const char* kCountersKey = "m/counters";
+
+}  // namespace
+
+void HeadState::enable_write_through() {
+  write_through_ = true;
+  for (const auto& [id, a] : actors_) dirty_actors_.insert(id);
+  for (const auto& [k, v] : kv_) dirty_kv_.insert(k);
+}
+
+std::vector<HeadState::Row> HeadState::take_rows() {
+  std::vector<Row> rows;
+  if (!write_through_) return rows;
+  for (uint64_t id : std::exchange(dirty_actors_, {})) {
+    auto it = actors_.find(id);
+    if (it == actors_.end()) {
+      rows.emplace_back(actor_key(id), std::nullopt);
+      continue;
+    }
+    const Actor& a = it->second;
+    ActorRow r;
+    r.info = a.info;
+    r.spec = a.spec;
+    r.spec.ctor_attachments.clear();
+    for (const auto& b : a.spec.ctor_attachments) r.attachments.push_back(b.to_string());
+    r.owner_client = a.owner_client;
+    if (a.allocation) {
+      r.allocated = true;
+      r.node_id = a.allocation->node_id;
+      r.group_id = a.allocation->group_id;
+      r.bundle = a.allocation->bundle;
+      r.epoch = a.allocation->epoch;
+      r.grant = a.allocation->grant.resources;
+      r.grant_gpus = a.allocation->grant.gpu_ids;
+    }
+    r.worker_running = a.worker_running;
+    r.kill_requested = a.kill_requested;
+    rows.emplace_back(actor_key(id), encode_row(r));
+  }
+  for (const auto& key : std::exchange(dirty_kv_, {})) {
+    auto it = kv_.find(key);
+    rows.emplace_back("k/" + key, it == kv_.end() ? std::nullopt : std::optional<std::string>(it->second));
+  }
+  // Nodes, groups and the counters are few: each is compared with what the
+  // store has and written when it changed.
+  std::map<std::string, std::string> now;
+  for (const auto& [id, n] : nodes_) {
+    NodeRow r{n.info, n.pool.total()};
+    r.info.idle_workers = 0;  // changes with every heartbeat; not worth a write
+    now[node_key(id)] = encode_row(r);
+  }
+  for (const auto& [id, g] : groups_) {
+    GroupRow r{g.info, g.spec, g.owner_client, g.epoch, {}, {}};
+    for (const auto& grant : g.reserved) {
+      r.reserved.push_back(grant.resources);
+      r.reserved_gpus.push_back(grant.gpu_ids);
+    }
+    now[group_key(id)] = encode_row(r);
+  }
+  now[kCountersKey] = encode_row(
+      Counters{next_node_id_, next_actor_id_, next_group_id_, retired_calls_, retired_stream_bytes_});
+  for (const auto& [key, value] : written_)
+    if (!now.count(key)) rows.emplace_back(key, std::nullopt);
+  for (auto& [key, value] : now) {
+    auto it = written_.find(key);
+    if (it == written_.end() || it->second != value) rows.emplace_back(key, value);
+  }
+  written_ = std::move(now);
+  return rows;
+}
+
+void HeadState::restore(const std::map<std::string, std::string>& rows, Time now, std::chrono::milliseconds grace) {
+  const auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  const Time deadline = now + grace;
+  for (const auto& [key, value] : rows) {
+    if (key == kCountersKey) {
+      auto c = decode_value<Counters>(value);
+      next_node_id_ = c.next_node;
+      next_actor_id_ = c.next_actor;
+      next_group_id_ = c.next_group;
+      retired_calls_ = c.retired_calls;
+      retired_stream_bytes_ = c.retired_stream_bytes;
+    } else if (key.rfind("k/", 0) == 0) {
+      kv_[key.substr(2)] = value;
+    } else if (key.rfind("n/", 0) == 0) {
+      auto r = decode_value<NodeRow>(value);
+      Node n;
+      n.info = r.info;
+      n.pool = ResourcePool(r.total);
+      n.last_heartbeat = deadline - limit;  // declared dead at the deadline unless it comes back
+      n.awaiting = n.info.alive;
+      if (!n.info.alive) dead_nodes_order_.push_back(n.info.id);
+      nodes_[n.info.id] = std::move(n);
+    }
+  }
+  // Groups hold their bundles on nodes; actors hold shares of nodes or
+  // bundles: rebuilt in that order.
+  for (const auto& [key, value] : rows) {
+    if (key.rfind("g/", 0) != 0) continue;
+    auto r = decode_value<GroupRow>(value);
+    Group g;
+    g.info = r.info;
+    g.spec = r.spec;
+    g.owner_client = r.owner_client;
+    g.epoch = r.epoch;
+    if (g.info.state == PlacementGroupState::kCreated) {
+      for (size_t b = 0; b < r.reserved.size() && b < g.info.bundle_nodes.size(); ++b) {
+        Grant grant{r.reserved[b], r.reserved_gpus.at(b)};
+        nodes_.at(g.info.bundle_nodes[b]).pool.retake(grant);
+        g.bundles.emplace_back(grant.resources, grant.gpu_ids);
+        g.reserved.push_back(std::move(grant));
+      }
+    } else if (g.info.state == PlacementGroupState::kPending) {
+      pending_groups_.push_back(g.info.id);
+    } else {
+      removed_groups_order_.push_back(g.info.id);
+    }
+    if (g.owner_client && g.info.state != PlacementGroupState::kRemoved) awaited_owners_[g.owner_client] = deadline;
+    groups_[g.info.id] = std::move(g);
+  }
+  for (const auto& [key, value] : rows) {
+    if (key.rfind("a/", 0) != 0) continue;
+    auto r = decode_value<ActorRow>(value);
+    Actor a;
+    a.info = r.info;
+    a.spec = r.spec;
+    for (const auto& bytes : r.attachments) a.spec.ctor_attachments.push_back(Buffer::from_string(bytes));
+    a.owner_client = r.owner_client;
+    a.worker_running = r.worker_running;
+    a.kill_requested = r.kill_requested;
+    if (r.allocated) {
+      Allocation al{r.node_id, r.group_id, r.bundle, r.epoch, Grant{r.grant, r.grant_gpus}};
+      if (al.group_id) {
+        auto g = groups_.find(al.group_id);
+        if (g != groups_.end() && g->second.info.state == PlacementGroupState::kCreated && g->second.epoch == al.epoch)
+          g->second.bundles.at(al.bundle).retake(al.grant);
+      } else if (auto n = nodes_.find(al.node_id); n != nodes_.end() && n->second.info.alive) {
+        n->second.pool.retake(al.grant);
+      }
+      a.allocation = std::move(al);
+    }
+    const uint64_t id = a.info.id;
+    if (a.info.state == ActorState::kDead) {
+      dead_order_.push_back(id);
+    } else {
+      if (!a.info.name.empty()) named_[a.info.name] = id;
+      if (!a.worker_running) pending_actors_.push_back(id);
+      if (a.owner_client) awaited_owners_[a.owner_client] = deadline;
+    }
+    actors_[id] = std::move(a);
+  }
+  written_.clear();
+  for (const auto& [key, value] : rows)
+    if (key[0] == 'n' || key[0] == 'g' || key[0] == 'm') written_[key] = value;
+  TROUPE_LOG_INFO("restored {} nodes, {} actors, {} placement groups and {} keys; nodes and owners have {} ms to "
+                  "come back",
+                  nodes_.size(), actors_.size(), groups_.size(), kv_.size(), grace.count());
+  schedule();
+}
+
+void HeadState::bind_client(PeerId peer, uint64_t client_id) {
+  if (client_id == 0) return;
+  clients_[peer] = client_id;
+  if (!awaited_owners_.erase(client_id)) return;
+  size_t actors = 0, groups = 0;
+  for (auto& [id, a] : actors_)
+    if (a.owner_client == client_id && a.owner == 0 && a.info.state != ActorState::kDead) {
+      a.owner = peer;
+      ++actors;
+    }
+  for (auto& [id, g] : groups_)
+    if (g.owner_client == client_id && g.owner == 0 && g.info.state != PlacementGroupState::kRemoved) {
+      g.owner = peer;
+      ++groups;
+    }
+  TROUPE_LOG_INFO("the owner of {} actors and {} placement groups is back", actors, groups);
+}
+
+void HeadState::check_restored_owners(Time now) {
+  std::vector<uint64_t> gone;
+  for (const auto& [client, deadline] : awaited_owners_)
+    if (now > deadline) gone.push_back(client);
+  for (uint64_t client : gone) {
+    awaited_owners_.erase(client);
+    TROUPE_LOG_WARN("an owner did not come back to the restarted head; what it owned goes");
+    for (auto id : actor_ids_where([&](const Actor& a) { return a.owner == 0 && a.owner_client == client; }))
+      if (actors_.count(id)) kill_actor(id, true, "its driver did not come back after the head restarted");
+    std::vector<uint64_t> groups;
+    for (auto& [id, g] : groups_)
+      if (g.owner == 0 && g.owner_client == client) groups.push_back(id);
+    for (auto id : groups)
+      if (groups_.count(id)) remove_placement_group(id);
+  }
+}
+
+uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
+  auto it = nodes_.find(hello.resume_node_id);
+  if (it == nodes_.end() || !it->second.info.alive || !it->second.awaiting) {
+    TROUPE_LOG_WARN("node {} came back, but it was declared dead meanwhile: it joins as a new node",
+                    hello.resume_node_id);
+    return register_node(peer, hello, now);
+  }
+  Node& n = it->second;
+  n.awaiting = false;
+  n.peer = peer;
+  n.last_heartbeat = now;
+  n.info.pid = hello.pid;
+  const uint64_t node_id = n.info.id;
+  std::set<std::pair<uint64_t, uint32_t>> running;
+  for (const auto& w : hello.workers) running.emplace(w.actor_id, w.incarnation);
+  // Workers the head does not know of (their actor moved on or was
+  // forgotten) go; actors whose worker is not there any more are lost.
+  for (const auto& w : hello.workers) {
+    auto a = actors_.find(w.actor_id);
+    if (a == actors_.end() || a->second.info.incarnation != w.incarnation || !a->second.worker_running ||
+        a->second.info.node_id != node_id)
+      out_.kills.emplace_back(node_id, KillWorker{w.actor_id, w.incarnation});
+  }
+  for (auto id : actor_ids_where([&](const Actor& a) {
+         return a.worker_running && a.info.node_id == node_id && !running.count({a.info.id, a.info.incarnation});
+       }))
+    if (auto a = actors_.find(id); a != actors_.end())
+      actor_lost(a->second, "its worker ended while the head was down");
+  TROUPE_LOG_INFO("node {} is back with {} workers", node_id, hello.workers.size());
+  schedule();
+  return node_id;
+}
+
+}  // namespace troupe::head

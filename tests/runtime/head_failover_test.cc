@@ -1,0 +1,103 @@
+// A durable head (tables written through to SQLite) SIGKILLed and started
+// again: node agents keep their workers and join it as the nodes they were,
+// drivers reconnect, and actors, names, keys and resources are as they were.
+// Work that does not need the head goes on while it is down.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include "tests/support/wait.h"
+#include "troupe/runtime/client/core.h"
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/testing/local_cluster.h"
+
+using troupe::test::eventually;
+using troupe::test::kWaitBound;
+
+namespace {
+
+class Ledger {
+ public:
+  explicit Ledger(int start) : value_(start) {}
+  int add(int x) { return value_ += x; }
+  int pid() const { return getpid(); }
+
+ private:
+  int value_;
+};
+
+troupe::testing::LocalClusterOptions durable(int nodes) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes.assign(nodes, {{"CPU", 2}});
+  o.durable_head = true;
+  return o;
+}
+
+// The driver has seen the head go (so nothing it sends next can be lost in
+// a connection that is already dead).
+void wait_until_head_lost(troupe::Runtime& rt) {
+  ASSERT_TRUE(eventually([&] { return !rt.core()->head().is_open(); }));
+}
+
+}  // namespace
+
+TROUPE_ACTOR(Ledger, &Ledger::add, &Ledger::pid)
+
+TEST(HeadFailover, ActorsNamesKeysAndNodesOutliveARestartedHead) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  troupe::Runtime rt = cluster.connect();
+  auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}, .name = "ledger"}, 10);
+  ASSERT_EQ(t.call(&Ledger::add, 5).get(kWaitBound), 15);
+  const int pid = t.call(&Ledger::pid).get(kWaitBound);
+  rt.kv().put("answer", "42");
+  const uint64_t node = cluster.node_id(0);
+
+  cluster.kill_head(SIGKILL);
+  wait_until_head_lost(rt);
+  // Calls go straight to the worker: no head needed.
+  EXPECT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), 16);
+
+  cluster.restart_head();
+  EXPECT_EQ(rt.kv().get("answer"), std::optional<std::string>("42"));
+  EXPECT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), 17);
+  EXPECT_EQ(t.call(&Ledger::pid).get(kWaitBound), pid);  // the same process, its state intact
+  EXPECT_EQ(rt.get_actor<Ledger>("ledger").id(), t.id());
+  // The node is back as itself, the actor's CPU still taken.
+  EXPECT_TRUE(eventually([&] {
+    auto ns = rt.nodes();
+    return ns.size() == 1 && ns[0].id == node && ns[0].alive && ns[0].available.at("CPU") == 1;
+  }));
+  // New work is placed.
+  auto u = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 0);
+  EXPECT_EQ(u.call(&Ledger::add, 2).get(kWaitBound), 2);
+}
+
+TEST(HeadFailover, WorkerThatDiedWhileTheHeadWasDownIsRestartedAfter) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  troupe::Runtime rt = cluster.connect();
+  auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}, .max_restarts = 1}, 10);
+  const int pid = t.call(&Ledger::pid).get(kWaitBound);
+  cluster.kill_head(SIGKILL);
+  wait_until_head_lost(rt);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  cluster.restart_head();
+  // The node reports it gone when it joins again; the actor restarts.
+  EXPECT_TRUE(eventually([&] {
+    auto i = rt.actor_info(t.id());
+    return i.state == troupe::ActorState::kAlive && i.incarnation == 1;
+  }));
+  EXPECT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), 11);
+  EXPECT_NE(t.call(&Ledger::pid).get(kWaitBound), pid);
+}
+
+TEST(HeadFailover, ClusterStoppedOnPurposeStartsEmpty) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  {
+    troupe::Runtime rt = cluster.connect();
+    rt.kv().put("k", "v");
+  }
+  cluster.kill_head(SIGTERM);  // a stop: the cluster ends, the store forgets
+  cluster.restart_head();
+  troupe::Runtime rt = cluster.connect();
+  EXPECT_EQ(rt.kv().get("k"), std::nullopt);
+}
