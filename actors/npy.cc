@@ -12,6 +12,7 @@
 #include <sstream>
 #include <vector>
 
+#include "troupe/actors/npy_format.h"
 #include "troupe/actors/npy_mapping.h"
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
@@ -22,12 +23,7 @@ namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the .npy reader assumes a little-endian host");
 
-constexpr char kMagic[] = "\x93NUMPY";
-constexpr size_t kMagicSize = 6;
-
-[[noreturn]] void fail(const std::string& path, const std::string& problem) {
-  throw Error("npy file '" + path + "': " + problem);
-}
+[[noreturn]] void fail(const std::string& path, const std::string& problem) { npy_fail(path, problem); }
 
 struct DtypeInfo {
   char kind;
@@ -50,33 +46,22 @@ constexpr DtypeInfo kDtypes[] = {
     {'c', 16, torch::kComplexDouble, "complex128"},
 };
 
-torch::ScalarType parse_descr(const std::string& descr, const std::string& path, bool allow_unsigned,
-                              bool& unsigned_ints) {
-  if (descr.size() < 3) fail(path, "unsupported dtype '" + descr + "'");
-  char order = descr[0];
-  char kind = descr[1];
-  int size = 0;
-  try {
-    size_t used = 0;
-    size = std::stoi(descr.substr(2), &used);
-    if (used != descr.size() - 2) size = -1;
-  } catch (const std::exception&) {
-    size = -1;
-  }
-  if (size <= 0) fail(path, "unsupported dtype '" + descr + "'");
-  if (order == '>' && size > 1) fail(path, "big-endian dtype '" + descr + "' is not supported (save it as '<' order)");
-  if (order != '<' && order != '|' && order != '=' && order != '>') fail(path, "unsupported dtype '" + descr + "'");
+// The LibTorch type of the file's elements. Unsigned types wider than a
+// byte have none: with allow_unsigned they load as the signed type of the
+// same width, their bits unchanged (unsigned_ints says so).
+torch::ScalarType torch_dtype(const NpyFormat& f, const std::string& path, bool allow_unsigned, bool& unsigned_ints) {
   for (const auto& d : kDtypes) {
-    if (d.kind == kind && d.size == size) return d.type;
+    if (d.kind == f.kind && d.size == f.item_size) return d.type;
   }
-  if (kind == 'u' && allow_unsigned && (size == 2 || size == 4 || size == 8)) {
+  const int size = f.item_size;
+  if (f.kind == 'u' && allow_unsigned && (size == 2 || size == 4 || size == 8)) {
     unsigned_ints = true;
     return size == 2 ? torch::kShort : size == 4 ? torch::kInt : torch::kLong;
   }
-  if (kind == 'u')
-    fail(path, "dtype '" + descr + "' (unsigned " + std::to_string(size * 8) +
+  if (f.kind == 'u')
+    fail(path, "dtype '" + f.descr + "' (unsigned " + std::to_string(size * 8) +
                    "-bit) has no LibTorch equivalent; convert it to a signed type");
-  fail(path, "unsupported dtype '" + descr + "'");
+  fail(path, "unsupported dtype '" + f.descr + "'");
 }
 
 const DtypeInfo& dtype_info(torch::ScalarType t) {
@@ -86,157 +71,19 @@ const DtypeInfo& dtype_info(torch::ScalarType t) {
   throw Error(std::string("dtype ") + c10::toString(t) + " cannot be written as .npy");
 }
 
-// A cursor over the header's Python dict literal, e.g.
-// {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
-class HeaderParser {
- public:
-  HeaderParser(std::string text, const std::string& path, bool allow_unsigned)
-      : s_(std::move(text)), path_(path), allow_unsigned_(allow_unsigned) {}
-
-  NpyHeader parse() {
-    NpyHeader h;
-    bool have_descr = false, have_order = false, have_shape = false;
-    expect('{');
-    while (true) {
-      skip_ws();
-      if (peek() == '}') break;
-      std::string key = parse_string();
-      expect(':');
-      skip_ws();
-      if (key == "descr") {
-        if (peek() == '[') fail(path_, "structured dtypes are not supported");
-        h.dtype = parse_descr(parse_string(), path_, allow_unsigned_, h.unsigned_ints);
-        have_descr = true;
-      } else if (key == "fortran_order") {
-        if (parse_bool())
-          fail(path_, "fortran_order is True; only C-order arrays are supported (use np.ascontiguousarray)");
-        have_order = true;
-      } else if (key == "shape") {
-        h.shape = parse_shape();
-        have_shape = true;
-      } else {
-        fail(path_, "corrupt header: unexpected key '" + key + "'");
-      }
-      skip_ws();
-      if (peek() == ',') ++i_;
-    }
-    if (!have_descr || !have_order || !have_shape) {
-      fail(path_, "corrupt header: missing 'descr', 'fortran_order' or 'shape'");
-    }
-    return h;
-  }
-
- private:
-  char peek() {
-    if (i_ >= s_.size()) fail(path_, "corrupt header: ends early in '" + s_ + "'");
-    return s_[i_];
-  }
-  void skip_ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
-  }
-  void expect(char c) {
-    skip_ws();
-    if (peek() != c) fail(path_, std::string("corrupt header: expected '") + c + "' at offset " + std::to_string(i_));
-    ++i_;
-  }
-  std::string parse_string() {
-    skip_ws();
-    char q = peek();
-    if (q != '\'' && q != '"') fail(path_, "corrupt header: expected a string at offset " + std::to_string(i_));
-    size_t end = s_.find(q, i_ + 1);
-    if (end == std::string::npos) fail(path_, "corrupt header: unterminated string");
-    std::string out = s_.substr(i_ + 1, end - i_ - 1);
-    i_ = end + 1;
-    return out;
-  }
-  bool parse_bool() {
-    if (s_.compare(i_, 4, "True") == 0) {
-      i_ += 4;
-      return true;
-    }
-    if (s_.compare(i_, 5, "False") == 0) {
-      i_ += 5;
-      return false;
-    }
-    fail(path_, "corrupt header: fortran_order is not True or False");
-  }
-  std::vector<int64_t> parse_shape() {
-    std::vector<int64_t> shape;
-    expect('(');
-    while (true) {
-      skip_ws();
-      if (peek() == ')') {
-        ++i_;
-        break;
-      }
-      size_t start = i_;
-      int64_t v = 0;
-      while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
-        if (v > (std::numeric_limits<int64_t>::max() - 9) / 10) fail(path_, "corrupt header: dimension too large");
-        v = v * 10 + (s_[i_++] - '0');
-      }
-      if (i_ == start) fail(path_, "corrupt header: bad shape at offset " + std::to_string(i_));
-      if (i_ < s_.size() && s_[i_] == 'L') ++i_;  // Python 2 longs
-      shape.push_back(v);
-      skip_ws();
-      if (peek() == ',') {
-        ++i_;
-      } else if (peek() != ')') {
-        fail(path_, "corrupt header: bad shape at offset " + std::to_string(i_));
-      }
-    }
-    return shape;
-  }
-
-  std::string s_;
-  const std::string& path_;
-  bool allow_unsigned_;
-  size_t i_ = 0;
-};
-
-uint64_t element_count(const std::vector<int64_t>& shape, const std::string& path) {
-  uint64_t n = 1;
-  for (int64_t d : shape) {
-    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / 16 / uint64_t(d))
-      fail(path, "corrupt header: shape too large");
-    n *= uint64_t(d);
-  }
-  return n;
+NpyHeader to_header(const NpyFormat& f, const std::string& path, bool allow_unsigned) {
+  NpyHeader h;
+  h.dtype = torch_dtype(f, path, allow_unsigned, h.unsigned_ints);
+  h.shape = f.shape;
+  h.major_version = f.major_version;
+  h.data_offset = f.data_offset;
+  return h;
 }
 
 }  // namespace
 
 NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& path, bool allow_unsigned) {
-  const auto* p = static_cast<const unsigned char*>(bytes);
-  if (size < kMagicSize + 2 || std::memcmp(p, kMagic, kMagicSize) != 0) {
-    if (size < kMagicSize + 2 && (size == 0 || std::memcmp(p, kMagic, std::min(size, kMagicSize)) == 0)) {
-      fail(path, "truncated: " + std::to_string(size) + " bytes, shorter than a .npy header");
-    }
-    fail(path, "not a .npy file (bad magic string)");
-  }
-  int major = p[6];
-  size_t prefix = 0;
-  size_t header_len = 0;
-  if (major == 1) {
-    prefix = 10;
-    if (size < prefix) fail(path, "truncated inside the header");
-    header_len = size_t(p[8]) | size_t(p[9]) << 8;
-  } else if (major == 2 || major == 3) {
-    prefix = 12;
-    if (size < prefix) fail(path, "truncated inside the header");
-    header_len = size_t(p[8]) | size_t(p[9]) << 8 | size_t(p[10]) << 16 | size_t(p[11]) << 24;
-  } else {
-    fail(path, "unsupported format version " + std::to_string(major) + "." + std::to_string(p[7]));
-  }
-  if (size < prefix + header_len) {
-    fail(path, "truncated inside the header (" + std::to_string(size) + " bytes, header needs " +
-                   std::to_string(prefix + header_len) + ")");
-  }
-  std::string text(reinterpret_cast<const char*>(p + prefix), header_len);
-  NpyHeader h = HeaderParser(std::move(text), path, allow_unsigned).parse();
-  h.major_version = major;
-  h.data_offset = prefix + header_len;
-  return h;
+  return to_header(parse_npy_format(bytes, size, path), path, allow_unsigned);
 }
 
 // --- NpyArray ---
@@ -293,18 +140,10 @@ NpyArray NpyArray::open_raw(const std::string& path, torch::ScalarType dtype, bo
 NpyArray NpyArray::from_image(const std::string& path, std::shared_ptr<const Mapping> mapping, size_t offset,
                               size_t size, bool allow_unsigned) {
   const auto* image = static_cast<const std::byte*>(mapping->base) + offset;
-  NpyHeader header = parse_npy_header(image, size, path, allow_unsigned);
-  uint64_t elements = element_count(header.shape, path);
-  uint64_t need = elements * uint64_t(torch::elementSize(header.dtype));
-  uint64_t have = size - header.data_offset;
+  const NpyFormat format = parse_npy_format(image, size, path);
+  NpyHeader header = to_header(format, path, allow_unsigned);
+  (void)npy_data_bytes(format, size, path);
   header.data_offset += offset;
-  if (have < need) {
-    std::ostringstream os;
-    os << "truncated: shape (";
-    for (size_t i = 0; i < header.shape.size(); ++i) os << (i ? ", " : "") << header.shape[i];
-    os << ") of " << c10::toString(header.dtype) << " needs " << need << " data bytes, file has " << have;
-    fail(path, os.str());
-  }
   return NpyArray(path, std::move(header), std::move(mapping));
 }
 
@@ -312,7 +151,7 @@ int64_t NpyArray::rows() const { return header_.shape.empty() ? 1 : header_.shap
 
 const std::byte* NpyArray::data() const { return static_cast<const std::byte*>(mapping_->base) + header_.data_offset; }
 
-size_t NpyArray::nbytes() const { return element_count(header_.shape, path_) * torch::elementSize(header_.dtype); }
+size_t NpyArray::nbytes() const { return npy_element_count(header_.shape, path_) * torch::elementSize(header_.dtype); }
 
 torch::Tensor NpyArray::tensor() const {
   auto options = torch::TensorOptions().dtype(header_.dtype);

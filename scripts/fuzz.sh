@@ -6,13 +6,13 @@
 # per target with its executions; exits 1 when a target crashed, leaving the
 # input as build-fuzz/crashes/<t>/crash-* — keep it under
 # tests/fuzz/corpus/<t>/ with the fix (fuzz_corpus_tests replays it).
-# Usage: scripts/fuzz.sh [seconds] [target...]   (targets: frame codec connection kv)
+# Usage: scripts/fuzz.sh [seconds] [target...]   (targets: frame codec connection kv npy manifest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(frame codec connection kv)
+[ ${#targets[@]} -eq 0 ] && targets=(frame codec connection kv npy manifest)
 bash scripts/setup.sh
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz

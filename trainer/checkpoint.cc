@@ -13,16 +13,14 @@
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
-#include <nlohmann/json.hpp>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/trainer/checkpoint_manifest.h"
 
 namespace fs = std::filesystem;
 
 namespace troupe::trainer {
 namespace {
-
-constexpr const char* kFormat = "troupe-checkpoint-1";
 
 std::string step_dir_name(int64_t step) {
   char buf[32];
@@ -84,49 +82,37 @@ std::map<std::string, torch::Tensor> unpickle_dict(const std::vector<char>& byte
   return out;
 }
 
-nlohmann::json cursor_json(const actors::SamplerCursor& c) {
-  return {{"epoch", c.epoch},
-          {"world_size", c.world_size},
-          {"segment_start", c.segment_start},
-          {"segment_consumed", c.segment_consumed}};
-}
-
-// Parses and verifies <dir>/manifest.json; throws Error naming the problem.
-nlohmann::json read_manifest(const fs::path& dir, bool verify_files) {
+// Reads and verifies <dir>/manifest.json (every file's size and checksum
+// when verify_files); throws Error naming the problem.
+CheckpointManifest read_manifest(const fs::path& dir, bool verify_files) {
   auto mp = dir / "manifest.json";
   if (!fs::exists(mp)) throw Error("checkpoint " + dir.string() + " has no manifest.json");
-  auto bytes = read_file(mp);
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(bytes.begin(), bytes.end());
-  } catch (const std::exception& e) {
-    throw Error("checkpoint manifest " + mp.string() + " is not valid JSON: " + e.what());
-  }
-  if (m.value("format", "") != kFormat) throw Error("checkpoint manifest " + mp.string() + " has an unknown format");
+  const auto bytes = read_file(mp);
+  CheckpointManifest m = parse_manifest(std::string_view(bytes.data(), bytes.size()), mp.string());
   if (verify_files) {
-    for (auto& [name, f] : m.at("files").items()) {
+    for (const auto& [name, f] : m.files) {
+      std::error_code ec;
+      const auto size = fs::file_size(dir / name, ec);
+      if (ec) throw Error("checkpoint file " + (dir / name).string() + " is missing: " + ec.message());
+      if (size != f.bytes)
+        throw Error("checkpoint file " + (dir / name).string() + " has " + std::to_string(size) +
+                    " bytes, its manifest says " + std::to_string(f.bytes));
       auto data = read_file(dir / name);
-      if (sha256_hex(data) != f.at("sha256").get<std::string>())
+      if (sha256_hex(data) != f.sha256)
         throw Error("checkpoint file " + (dir / name).string() + " fails its checksum");
     }
   }
   return m;
 }
 
-CheckpointInfo info_of(const fs::path& dir, const nlohmann::json& m) {
+CheckpointInfo info_of(const fs::path& dir, const CheckpointManifest& m) {
   CheckpointInfo info;
   info.path = dir.string();
-  info.step = m.at("step").get<int64_t>();
-  info.epoch = m.at("epoch").get<int64_t>();
-  info.world_size = m.at("world_size").get<int64_t>();
-  const auto& c = m.at("sampler_cursor");
-  info.cursor.epoch = c.at("epoch").get<int64_t>();
-  info.cursor.world_size = c.at("world_size").get<int64_t>();
-  info.cursor.segment_start = c.at("segment_start").get<int64_t>();
-  info.cursor.segment_consumed = c.at("segment_consumed").get<int64_t>();
-  const nlohmann::json metrics = m.value("metrics", nlohmann::json::object());
-  for (auto it = metrics.begin(); it != metrics.end(); ++it)
-    if (it->is_number()) info.metrics[it.key()] = it->get<double>();
+  info.step = m.step;
+  info.epoch = m.epoch;
+  info.world_size = m.world_size;
+  info.cursor = m.cursor;
+  info.metrics = m.metrics;
   return info;
 }
 
@@ -149,20 +135,17 @@ CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
     std::map<std::string, torch::Tensor> rng;
     if (state.rng.defined()) rng["cpu"] = state.rng;
     files["rng.pt"] = pickle_dict(rng);
-    nlohmann::json m;
-    m["format"] = kFormat;
-    m["step"] = state.step;
-    m["epoch"] = state.epoch;
-    m["world_size"] = state.world_size;
-    m["sampler_cursor"] = cursor_json(state.cursor);
-    m["metrics"] = nlohmann::json::object();
-    for (const auto& [k, v] : metrics) m["metrics"][k] = v;
-    m["files"] = nlohmann::json::object();
+    CheckpointManifest m;
+    m.step = state.step;
+    m.epoch = state.epoch;
+    m.world_size = state.world_size;
+    m.cursor = state.cursor;
+    m.metrics = metrics;
     for (const auto& [name, data] : files) {
       write_file(tmp / name, data);
-      m["files"][name] = {{"sha256", sha256_hex(data)}, {"bytes", data.size()}};
+      m.files[name] = {sha256_hex(data), data.size()};
     }
-    std::string text = m.dump(2) + "\n";
+    std::string text = manifest_text(m);
     write_file(tmp / "manifest.json", std::vector<char>(text.begin(), text.end()));
     fsync_path(tmp, true);
     if (fs::exists(final_dir)) fs::remove_all(final_dir);

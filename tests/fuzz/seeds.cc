@@ -1,6 +1,9 @@
+#include <zlib.h>
+
 #include <cstring>
 
 #include "tests/fuzz/targets.h"
+#include "troupe/trainer/checkpoint_manifest.h"
 #include "troupe/runtime/node/worker_assignment.h"
 #include "troupe/runtime/wire/frame.h"
 #include "troupe/runtime/wire/protocol.h"
@@ -55,9 +58,82 @@ std::vector<std::string> codec_values() {
           tagged(29, std::map<std::string, double>{{"CPU", 1}})};
 }
 
+// A version 1.0 .npy image of `n` float32 zeros, its header padded to 64
+// bytes as NumPy pads it.
+std::string npy_image(const std::string& shape, size_t n) {
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::string img = "\x93NUMPY\x01";
+  img += '\0';
+  img += char(dict.size() & 0xff);
+  img += char(dict.size() >> 8);
+  return img + dict + std::string(n * 4, '\0');
+}
+
+void put16(std::string& s, uint16_t v) { s.append(reinterpret_cast<const char*>(&v), 2); }
+void put32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
+
+// A zip archive of (name, image) members as np.savez (stored) or
+// np.savez_compressed (deflated) writes one.
+std::string zip_archive(const std::vector<std::pair<std::string, std::string>>& members, bool compress) {
+  std::string out, dir;
+  for (const auto& [name, image] : members) {
+    std::string data = image;
+    if (compress) {
+      z_stream z{};
+      deflateInit2(&z, Z_BEST_COMPRESSION, Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+      data.resize(deflateBound(&z, image.size()));
+      z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(image.data()));
+      z.avail_in = static_cast<uInt>(image.size());
+      z.next_out = reinterpret_cast<Bytef*>(data.data());
+      z.avail_out = static_cast<uInt>(data.size());
+      deflate(&z, Z_FINISH);
+      data.resize(z.total_out);
+      deflateEnd(&z);
+    }
+    const uint32_t crc = crc32(0, reinterpret_cast<const Bytef*>(image.data()), static_cast<uInt>(image.size()));
+    const uint32_t offset = static_cast<uint32_t>(out.size());
+    const uint16_t method = compress ? 8 : 0;
+    put32(out, 0x04034b50), put16(out, 20), put16(out, 0), put16(out, method), put32(out, 0), put32(out, crc);
+    put32(out, uint32_t(data.size())), put32(out, uint32_t(image.size())), put16(out, uint16_t(name.size()));
+    put16(out, 0), out += name, out += data;
+    put32(dir, 0x02014b50), put16(dir, 20), put16(dir, 20), put16(dir, 0), put16(dir, method), put32(dir, 0);
+    put32(dir, crc), put32(dir, uint32_t(data.size())), put32(dir, uint32_t(image.size()));
+    put16(dir, uint16_t(name.size())), put16(dir, 0), put16(dir, 0), put16(dir, 0), put16(dir, 0), put32(dir, 0);
+    put32(dir, offset), dir += name;
+  }
+  const uint32_t dir_offset = static_cast<uint32_t>(out.size());
+  out += dir;
+  put32(out, 0x06054b50), put16(out, 0), put16(out, 0), put16(out, uint16_t(members.size()));
+  put16(out, uint16_t(members.size())), put32(out, uint32_t(dir.size())), put32(out, dir_offset), put16(out, 0);
+  return out;
+}
+
+std::vector<std::string> npy_files() {
+  const std::string a = npy_image("(3, 4)", 12), b = npy_image("(5,)", 5);
+  const std::vector<std::pair<std::string, std::string>> members = {{"input.npy", a}, {"target.npy", b}};
+  return {std::string(1, '\0') + a, std::string(1, '\0') + npy_image("()", 1),
+          "\x01" + zip_archive(members, false), "\x01" + zip_archive(members, true)};
+}
+
+std::string manifest() {
+  trainer::CheckpointManifest m;
+  m.step = 120;
+  m.epoch = 3;
+  m.world_size = 2;
+  m.cursor = {3, 2, 64, 16};
+  m.metrics = {{"loss", 0.25}, {"accuracy", 0.9}};
+  m.files["model.pt"] = {std::string(64, 'a'), 1024};
+  m.files["rng.pt"] = {std::string(64, '0'), 8};
+  return trainer::manifest_text(m);
+}
+
 }  // namespace
 
 std::vector<std::string> seeds(const std::string& target) {
+  if (target == "npy") return npy_files();
+  if (target == "manifest") return {manifest()};
   if (target == "frame") return frames();
   if (target == "codec") return codec_values();
   if (target == "connection") {

@@ -27,13 +27,20 @@ int connection_target(const uint8_t* data, size_t size);
 // The head's KV store: values put by one client and read as counters
 // (kv_add) by another.
 int kv_target(const uint8_t* data, size_t size);
+// .npy images (first byte even) and .npz archives (odd) as the data sets
+// read them: header, data size, zip directory, inflated members.
+int npy_target(const uint8_t* data, size_t size);
+// A checkpoint's manifest.json; one that is accepted must write and read
+// back as itself.
+int manifest_target(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;
   int (*run)(const uint8_t*, size_t);
 };
 inline constexpr Target kTargets[] = {
-    {"frame", frame_target}, {"codec", codec_target}, {"connection", connection_target}, {"kv", kv_target}};
+    {"frame", frame_target}, {"codec", codec_target}, {"connection", connection_target}, {"kv", kv_target},
+    {"npy", npy_target},     {"manifest", manifest_target}};
 
 // Valid inputs of each target (seeds for the fuzzer, and the corpus test's
 // starting points).
