@@ -61,6 +61,7 @@ struct Args {
   int port = 6380;
   std::string state_db;  // "" = <session>/head.sqlite
   bool no_state_db = false;
+  bool supervise = false;
   std::string address;
   std::string resources;
   bool no_node = false;
@@ -121,6 +122,7 @@ int start_head(const std::string& dir, const Args& a) {
   o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
   o.env.max_dead_actors = a.max_dead_actors;
   if (!a.no_state_db) o.env.head_state_db = a.state_db.empty() ? dir + "/head.sqlite" : a.state_db;
+  o.env.head_supervise = a.supervise;
   o.env.dashboard = a.dashboard_port >= 0;
   o.env.dashboard_port = static_cast<uint16_t>(std::max(a.dashboard_port, 0));
   // The default port falls back to a free one when taken (another cluster
@@ -518,8 +520,13 @@ int main(int argc, char** argv) {
                     "with --head: SQLite file the head writes its tables through to; a head started again on the "
                     "same port after it died reloads them, and node agents, workers and drivers reconnect to it "
                     "(default: SESSION/head.sqlite; troupe stop empties it)");
+  auto* supervise = start->add_flag("--supervise", a.supervise,
+                  "with --head: a supervisor process (the pid in SESSION/head.pid) starts the head again at once "
+                  "on the same address whenever it dies other than by troupe stop; the new head reloads the state "
+                  "db and the cluster goes on");
   start->add_flag("--no-state-db", a.no_state_db,
-                  "with --head: keep the tables in memory only (a head that dies ends the cluster)");
+                  "with --head: keep the tables in memory only (a head that dies ends the cluster)")
+      ->excludes(supervise);
   start
       ->add_option("--max-dead-actors", a.max_dead_actors, "with --head: DEAD actors kept for status (oldest go first)")
       ->capture_default_str()

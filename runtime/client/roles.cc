@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 
+#include "troupe/runtime/client/head_supervisor.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -60,7 +61,9 @@ class SignalWaiter {
   std::thread thread_;
 };
 
-[[noreturn]] void run_head(const core::WorkerEnv& env) {
+[[noreturn]] void run_head(core::WorkerEnv env) {
+  // Before any thread starts: the supervisor forks the head processes.
+  if (env.head_supervise) env = client::supervise_head(std::move(env));
   core::init_logging("head");
   head::HeadOptions o;
   o.host = env.head_host.empty() ? "127.0.0.1" : env.head_host;

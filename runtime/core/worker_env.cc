@@ -85,6 +85,7 @@ std::vector<std::string> WorkerEnv::to_env() const {
   if (dashboard_require_token) put(kEnvDashboardAuth, "1");
   if (dashboard_port_fallback) put(kEnvDashboardFallback, "1");
   put(kEnvHeadStateDb, head_state_db);
+  if (head_supervise) put(kEnvHeadSupervise, "1");
   if (head_reconnect_ms != 0) put(kEnvHeadReconnectMs, std::to_string(head_reconnect_ms));
   put(kEnvResources, resources);
   put(kEnvBindHost, bind_host);
@@ -122,6 +123,7 @@ WorkerEnv WorkerEnv::from_env() {
   e.dashboard_require_token = env_value(kEnvDashboardAuth) == "1";
   e.dashboard_port_fallback = env_value(kEnvDashboardFallback) == "1";
   e.head_state_db = env_value(kEnvHeadStateDb);
+  e.head_supervise = env_value(kEnvHeadSupervise) == "1";
   read_number(kEnvHeadReconnectMs, e.head_reconnect_ms);
   e.resources = env_value(kEnvResources);
   e.bind_host = env_value(kEnvBindHost);

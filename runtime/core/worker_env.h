@@ -23,6 +23,7 @@ inline constexpr const char* kEnvHeartbeatMisses = "TROUPE_HEARTBEAT_MISSES";
 inline constexpr const char* kEnvMaxDeadActors = "TROUPE_MAX_DEAD_ACTORS";
 inline constexpr const char* kEnvHeadStateDb = "TROUPE_HEAD_STATE_DB";
 inline constexpr const char* kEnvHeadReconnectMs = "TROUPE_HEAD_RECONNECT_MS";
+inline constexpr const char* kEnvHeadSupervise = "TROUPE_HEAD_SUPERVISE";
 // Head: the HTTP endpoint's port (absent = off, 0 = any free one), "1" to
 // ask for the token even on loopback, "1" to take a free port when the
 // given one is taken.
@@ -66,6 +67,9 @@ struct WorkerEnv {
   // The SQLite file the head writes its tables through to and reloads them
   // from when restarted ("" = none: a head that dies ends the cluster).
   std::string head_state_db;
+  // Run the head under a supervisor that starts it again when it dies
+  // (client/head_supervisor.h); needs head_state_db.
+  bool head_supervise = false;
   // Node agents, workers: how long to wait for a durable head that went
   // away (0 = the default, ConnectOptions::default_head_reconnect).
   uint64_t head_reconnect_ms = 0;

@@ -11,6 +11,7 @@
 #include <asio.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/wait.h"
@@ -124,6 +125,64 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   auto stop = run(std::string(TROUPE_CLI) + " stop");
   EXPECT_EQ(stop.status, 0) << stop.output;
   EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(std::stoi(head_pid), 0) != 0; }));
+}
+
+namespace {
+// The oldest child of `p` (0 when none), from /proc.
+pid_t child_of(pid_t p) {
+  std::ifstream f("/proc/" + std::to_string(p) + "/task/" + std::to_string(p) + "/children");
+  pid_t c = 0;
+  f >> c;
+  return c;
+}
+}  // namespace
+
+// --supervise: the head SIGKILLed is started again on its address by the
+// supervisor that head.pid names; the node rejoins as itself, an actor
+// spawned before keeps its process and its name, and troupe stop ends
+// head and supervisor alike.
+TEST_F(LauncherTest, SupervisedHeadComesBackAfterSigkill) {
+  auto head = run(cli() + " start --head --supervise --port 0 --resources CPU=2,GPU=0");
+  ASSERT_EQ(head.status, 0) << head.output;
+  const std::string dir = dir_.string();
+  const pid_t supervisor = std::stoi(troupe::core::read_session_file(dir, "head.pid"));
+  const pid_t first = child_of(supervisor);
+  ASSERT_GT(first, 0) << "no head under the supervisor " << supervisor;
+  troupe::InitOptions o;
+  o.address = troupe::core::read_session_file(dir, "address");
+  o.token = troupe::core::read_session_file(dir, "token");
+  {
+    troupe::Runtime rt = troupe::Runtime::connect(o);
+    auto a = rt.spawn<Adder>({.name = "adder"});
+    ASSERT_EQ(a.call(&Adder::add, 2, 3).get(kWaitBound), 5);
+    ASSERT_EQ(::kill(first, SIGKILL), 0);
+    ASSERT_TRUE(troupe::test::eventually([&] {
+      const pid_t c = child_of(supervisor);
+      return c > 0 && c != first;
+    }));
+    EXPECT_EQ(a.call(&Adder::add, 1, 1).get(kWaitBound), 2);  // caller to worker: no head on the way
+    EXPECT_TRUE(troupe::test::eventually([&] {
+      auto status = run(cli() + " status --json");
+      if (status.status != 0) return false;
+      auto j = nlohmann::json::parse(status.output);
+      return j["nodes"].size() == 1 && j["nodes"][0]["id"] == 1 && j["nodes"][0]["alive"] == true;
+    }));
+    EXPECT_TRUE(troupe::test::eventually([&] {
+      try {
+        return rt.get_actor<Adder>("adder").id() == a.id();
+      } catch (const std::exception&) {
+        return false;  // the driver's own reconnection is still under way
+      }
+    }));
+  }
+  auto log = troupe::core::read_session_file(dir, "head.log");
+  EXPECT_NE(log.find("starting it again"), std::string::npos) << log;
+  auto stop = run(cli() + " stop");
+  EXPECT_EQ(stop.status, 0) << stop.output;
+  EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(supervisor, 0) != 0; }));
+  auto refused = run(cli() + " start --head --supervise --no-state-db");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find("--no-state-db"), std::string::npos) << refused.output;
 }
 
 TEST_F(LauncherTest, ClearErrorsWithoutACluster) {

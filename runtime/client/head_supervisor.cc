@@ -1,0 +1,124 @@
+#include "troupe/runtime/client/head_supervisor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <string>
+
+#include "troupe/runtime/core/process.h"
+#include "troupe/runtime/wire/address.h"
+
+namespace troupe::client {
+
+namespace {
+
+constexpr size_t kMaxQuickRestarts = 5;
+constexpr std::chrono::seconds kQuickWindow{10};
+
+// The head's ready line, or "" when it exited first (end of file).
+std::string read_ready_line(int fd) {
+  std::string line;
+  char c = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') return line;
+    line += c;
+  }
+}
+
+// A restarted head listens where the first one did: the ready line is
+// "HOST:PORT" or "HOST:PORT http://HOST:PORT/".
+void pin_ports(const std::string& ready, core::WorkerEnv& env) {
+  const size_t space = ready.find(' ');
+  env.head_port = wire::parse_address(ready.substr(0, space)).second;
+  if (space == std::string::npos) return;
+  const std::string url = ready.substr(space + 1);
+  const size_t colon = url.rfind(':');
+  if (colon == std::string::npos) return;
+  env.dashboard_port = static_cast<uint16_t>(std::atoi(url.c_str() + colon + 1));
+  env.dashboard_port_fallback = false;
+}
+
+// Waits for the head's exit (its wait status) or for a stop signal, which is
+// passed on to the head before the supervisor exits.
+int wait_for_head(pid_t head, const sigset_t& signals) {
+  for (;;) {
+    int status = 0;
+    if (::waitpid(head, &status, WNOHANG) == head) return status;
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0 || sig == SIGCHLD) continue;
+    std::fprintf(stderr, "head supervisor: signal %d; stopping the head (pid %d)\n", sig, head);
+    ::kill(head, SIGTERM);
+    while (::waitpid(head, &status, 0) < 0 && errno == EINTR) {
+    }
+    std::_Exit(0);
+  }
+}
+
+}  // namespace
+
+core::WorkerEnv supervise_head(core::WorkerEnv env) {
+  sigset_t signals, old;
+  sigemptyset(&signals);
+  for (int s : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&signals, s);
+  sigprocmask(SIG_BLOCK, &signals, &old);
+  const pid_t self = ::getpid();
+  int ready_fd = env.ready_fd;
+  std::deque<std::chrono::steady_clock::time_point> restarts;
+  for (bool served = false;;) {
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) std::_Exit(1);
+    const pid_t head = ::fork();
+    if (head < 0) std::_Exit(1);
+    if (head == 0) {
+      sigprocmask(SIG_SETMASK, &old, nullptr);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a supervisor killed outright takes its head along
+      if (::getppid() != self) std::_Exit(1);
+      ::close(pipe_fds[0]);
+      if (ready_fd >= 0) ::close(ready_fd);
+      env.ready_fd = pipe_fds[1];
+      env.head_supervise = false;
+      return env;
+    }
+    ::close(pipe_fds[1]);
+    const std::string ready = read_ready_line(pipe_fds[0]);
+    ::close(pipe_fds[0]);
+    if (!ready.empty()) {
+      pin_ports(ready, env);
+      if (ready_fd >= 0) {
+        const std::string line = ready + "\n";
+        (void)!::write(ready_fd, line.data(), line.size());
+        ::close(ready_fd);
+        ready_fd = -1;
+      }
+      served = true;
+    }
+    const int status = wait_for_head(head, signals);
+    // A head that never served fails the start as an unsupervised one would;
+    // one that exits 0 was stopped (troupe stop).
+    if (!served) std::_Exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) std::_Exit(0);
+    const auto now = std::chrono::steady_clock::now();
+    while (!restarts.empty() && now - restarts.front() > kQuickWindow) restarts.pop_front();
+    if (restarts.size() >= kMaxQuickRestarts) {
+      std::fprintf(stderr, "head supervisor: the head (pid %d) %s, its %zu-th death within %lld s; giving up\n", head,
+                   core::describe_exit_status(status).c_str(), restarts.size() + 1,
+                   static_cast<long long>(kQuickWindow.count()));
+      std::_Exit(1);
+    }
+    restarts.push_back(now);
+    std::fprintf(stderr, "head supervisor: the head (pid %d) %s; starting it again on port %u\n", head,
+                 core::describe_exit_status(status).c_str(), unsigned(env.head_port));
+    std::fflush(stderr);
+  }
+}
+
+}  // namespace troupe::client
