@@ -100,6 +100,27 @@ milliseconds left_until(Clock::time_point deadline) {
   return std::max(left, milliseconds(1));
 }
 
+// Waits until every rank has put its key under `members`; a rank that never
+// arrives is named by number. Ranks below the one that timed out were seen
+// (a rank that gave up first has erased its key by now: it is not missing).
+void wait_for_members(KvStore& kv, const std::string& members, int world_size, Clock::time_point deadline,
+                      const std::string& where, const GlooGroupOptions& options) {
+  for (int r = 0; r < world_size; ++r) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    try {
+      kv.wait(members + std::to_string(r), std::max(left, milliseconds(0)));
+    } catch (const Timeout&) {
+      std::string missing = std::to_string(r);
+      for (int m = r + 1; m < world_size; ++m) {
+        if (!kv.get(members + std::to_string(m))) missing += ", " + std::to_string(m);
+      }
+      throw Timeout("rendezvous of " + where + " timed out after " +
+                    std::to_string(options.rendezvous_timeout.count()) + " ms: rank(s) " + missing +
+                    " never arrived (keys '" + members + "<rank>')");
+    }
+  }
+}
+
 }  // namespace
 
 // One queued operation: `run` executes on the operation thread and returns
@@ -511,22 +532,26 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
 
   // Announce this member, then wait for all of them, so that a rank that
   // never arrives is reported by rank number rather than as a gloo key.
+  // Rendezvous keys are needed only until every member holds the mesh: each
+  // member erases its own once a barrier on the new group shows that, or
+  // when the rendezvous fails, so the head's KV store does not grow with
+  // every group a long job forms.
   KvGlooStore store(kv, name, generation, options.rendezvous_timeout);
-  const std::string members = store.prefix() + "member/";
-  kv.put(members + std::to_string(rank), std::to_string(::getpid()));
-  for (int r = 0; r < world_size; ++r) {
-    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  const std::string member_key = store.prefix() + "member/" + std::to_string(rank);
+  kv.put(member_key, std::to_string(::getpid()));
+  auto erase_own_keys = [&] {
+    store.erase_own_keys();
     try {
-      kv.wait(members + std::to_string(r), std::max(left, milliseconds(0)));
-    } catch (const Timeout&) {
-      std::string missing;
-      for (int m = 0; m < world_size; ++m) {
-        if (!kv.get(members + std::to_string(m))) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
-      }
-      throw Timeout("rendezvous of " + where + " timed out after " +
-                    std::to_string(options.rendezvous_timeout.count()) + " ms: rank(s) " + missing +
-                    " never arrived (keys '" + members + "<rank>')");
+      kv.erase(member_key);
+    } catch (const std::exception&) {
+      // Best effort, as in KvGlooStore::erase_own_keys.
     }
+  };
+  try {
+    wait_for_members(kv, store.prefix() + "member/", world_size, deadline, where, options);
+  } catch (...) {
+    erase_own_keys();
+    throw;
   }
 
   try {
@@ -536,15 +561,20 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
     shared->context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
     shared->context->setTimeout(left_until(deadline));
     if (world_size > 1) {
-      KvGlooStore mesh_store(kv, name, generation, left_until(deadline));
-      shared->context->connectFullMesh(mesh_store, shared->device);
+      shared->context->connectFullMesh(store, shared->device);
+      gloo::BarrierOptions barrier(shared->context);
+      barrier.setTimeout(left_until(deadline));
+      gloo::barrier(barrier);
     }
     shared->context->setTimeout(options.op_timeout);
   } catch (const Timeout& e) {
+    erase_own_keys();
     throw Timeout("rendezvous of " + where + " failed: " + e.what());
   } catch (const std::exception& e) {
+    erase_own_keys();
     throw Error("rendezvous of " + where + " failed: " + e.what());
   }
+  erase_own_keys();
 
   shared->op_thread = std::thread([s = shared.get()] { s->op_loop(); });
   shared->p2p_thread = std::thread([s = shared.get()] { s->p2p_loop(); });

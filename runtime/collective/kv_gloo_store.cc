@@ -15,6 +15,18 @@ std::string KvGlooStore::key_prefix(const std::string& group_name, int64_t gener
 
 void KvGlooStore::set(const std::string& key, const std::vector<char>& data) {
   kv_.put(prefix_ + key, std::string(data.begin(), data.end()));
+  own_keys_.push_back(prefix_ + key);
+}
+
+void KvGlooStore::erase_own_keys() noexcept {
+  for (const auto& key : own_keys_) {
+    try {
+      kv_.erase(key);
+    } catch (const std::exception&) {
+      // The key outlives this group; the next generation uses other keys.
+    }
+  }
+  own_keys_.clear();
 }
 
 std::vector<char> KvGlooStore::get(const std::string& key) {

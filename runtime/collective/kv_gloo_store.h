@@ -32,10 +32,15 @@ class KvGlooStore final : public gloo::rendezvous::Store {
 
   const std::string& prefix() const { return prefix_; }
 
+  // Erases every key this store has set (best effort: a head that is away
+  // leaves them). Call it once no member can still need them.
+  void erase_own_keys() noexcept;
+
  private:
   KvStore& kv_;
   const std::string prefix_;
   const std::chrono::milliseconds timeout_;
+  std::vector<std::string> own_keys_;
 };
 
 }  // namespace troupe::collective

@@ -267,6 +267,17 @@ std::unique_ptr<NcclGroup> NcclGroup::create(KvStore& kv, const std::string& nam
   TROUPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s->barrier_scratch), sizeof(int)));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // lets ncclCommAbort interrupt a stuck communicator
+  // Once rank 0's communicator is ready every rank has joined with the id:
+  // rank 0 erases it (also when the init fails), so the head's KV store
+  // does not grow with every group a long job forms.
+  auto erase_id = [&] {
+    if (rank != 0) return;
+    try {
+      kv.erase(id_key);
+    } catch (const std::exception&) {
+      // Best effort: a head that is away keeps the key.
+    }
+  };
   {
     std::lock_guard lock(s->comm_mu);
     TROUPE_NCCL_CHECK(ncclCommInitRankConfig(&s->comm, world_size, id, rank, &config));
@@ -275,9 +286,11 @@ std::unique_ptr<NcclGroup> NcclGroup::create(KvStore& kv, const std::string& nam
     } catch (...) {
       ncclCommAbort(s->comm);
       s->comm = nullptr;
+      erase_id();
       throw;
     }
   }
+  erase_id();
   return std::unique_ptr<NcclGroup>(new NcclGroup(std::move(s)));
 }
 

@@ -283,6 +283,12 @@ TEST_F(ActorGroupTest, EveryOpAndTypeForWorldSizesOneToFour) {
       for (size_t r = 0; r < fs.size(); ++r) EXPECT_EQ(fs[r].get(kWaitBound), "") << what << " at rank " << r;
     }
     for (auto& b : barriers) b.get(kWaitBound);
+    // The group formed: its rendezvous keys left the head's KV store.
+    const std::string prefix = troupe::collective::KvGlooStore::key_prefix(name, 1);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_FALSE(rt_->kv().get(prefix + "member/" + std::to_string(r))) << "member key of rank " << r;
+      EXPECT_FALSE(rt_->kv().get(prefix + std::to_string(r))) << "mesh key of rank " << r;
+    }
   }
   for (auto& r : all) rt_->kill(r);
 }

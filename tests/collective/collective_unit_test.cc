@@ -128,6 +128,27 @@ TEST(GlooGroupTest, RendezvousFailsAtItsTimeoutNamingMissingRank) {
   }
 }
 
+TEST(GlooGroupTest, RendezvousKeysLeaveTheStoreOnceTheGroupFormsOrFails) {
+  MemoryKvStore kv;
+  auto groups = form(kv, "tidy", 3, {0, 1, 2}, 3, {});
+  ASSERT_TRUE(groups[0] && groups[1] && groups[2]);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(kv.get("tidy/gen3/member/" + std::to_string(r))) << "member key of rank " << r;
+    EXPECT_FALSE(kv.get("tidy/gen3/" + std::to_string(r))) << "mesh key of rank " << r;
+  }
+  // The formed group still works without them.
+  std::vector<std::vector<int32_t>> v = {{1}, {2}, {3}};
+  std::vector<WorkPtr> works;
+  for (int r = 0; r < 3; ++r) works.push_back(groups[r]->allreduce(v[r].data(), 1, DType::kInt32));
+  for (auto& w : works) w->wait(10s);
+  EXPECT_EQ(v[2], std::vector<int32_t>{6});
+
+  GlooGroupOptions opts;
+  opts.rendezvous_timeout = 200ms;
+  EXPECT_THROW(GlooGroup::create(kv, "tidy", 4, 0, 2, opts), Timeout);
+  EXPECT_FALSE(kv.get("tidy/gen4/member/0")) << "a failed rendezvous left its member key";
+}
+
 TEST(GlooGroupTest, RendezvousTimeoutIsATroupeTimeout) {
   MemoryKvStore kv;
   GlooGroupOptions opts;
