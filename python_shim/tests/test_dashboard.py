@@ -67,7 +67,7 @@ def trainer_pids(url):
 def healed_job(cluster, tmp_path_factory):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8192, 16)).astype(np.float32)
-    job = TrainJob(SumRegression(), {"x": x, "y": x.sum(1).astype(np.float32)}, workers=2, epochs=3, batch_size=16,
+    job = TrainJob(SumRegression(), {"x": x, "y": x.sum(1).astype(np.float32)}, workers=2, epochs=12, batch_size=16,
                    max_failures=1, name="dash-job", address=cluster["address"], verbose=False,
                    checkpoint_dir=str(tmp_path_factory.mktemp("ckpt"))).start()
     wait_until(lambda: len(job.progress()) >= 30 and len(trainer_pids(cluster["url"])) == 2, timeout=120,

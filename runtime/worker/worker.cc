@@ -225,15 +225,18 @@ class ActorHost {
   }
 
   // Every second, the calls served and stream bytes received so far go to
-  // the KV store when they changed (the head's /metrics sums them). A
-  // thread of its own: a KV put waits for the head, never on a call path.
+  // the KV store when they changed (the head's /metrics sums them); the
+  // first within 100 ms of the first call, so that a worker killed in its
+  // first second (actors are SIGKILLed) is counted too. A thread of its
+  // own: a KV put waits for the head, never on a call path.
   void publish_stats(uint64_t actor_id, uint32_t incarnation) {
     std::thread([core = core_, actor_id, incarnation] {
       const std::string key =
           std::string(client::kStatsKeyPrefix) + std::to_string(actor_id) + "." + std::to_string(incarnation);
       uint64_t last_calls = 0, last_bytes = 0;
       for (;;) {
-        std::this_thread::sleep_for(std::chrono::seconds(1));
+        const bool reported = last_calls != 0 || last_bytes != 0;
+        std::this_thread::sleep_for(reported ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(100));
         auto& s = client::process_stats();
         const uint64_t calls = s.calls.load(std::memory_order_relaxed);
         const uint64_t bytes = s.stream_bytes.load(std::memory_order_relaxed);
