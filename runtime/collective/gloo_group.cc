@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -145,6 +146,13 @@ struct GlooGroup::Shared {
   int rank = 0;
   int size = 0;
   GlooGroupOptions options;
+  // What gloo's device thread may still touch while an operation fails: the
+  // operation's gloo options (their unbound buffers) and its scratch
+  // memory. Operations allocate them here (hold()), and they are dropped
+  // only once the pairs are closed (op_loop), never by the unwinding of a
+  // failed operation. Op thread only. Declared before the context and the
+  // device, so that when the group goes they go after them.
+  std::vector<std::shared_ptr<void>> held;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
 
@@ -160,6 +168,7 @@ struct GlooGroup::Shared {
   bool p2p_front_taken = false;
   bool stopping = false;
   bool aborted = false;
+  bool pairs_closed = false;  // by break_group (idle_cv tells)
   std::exception_ptr broken;  // first failure; fails every later op
   uint32_t next_seq = 1;      // collective tags, equal on every rank
   std::thread op_thread;
@@ -174,6 +183,41 @@ struct GlooGroup::Shared {
 
   std::exception_ptr aborted_error(const std::string& reason) const {
     return std::make_exception_ptr(Aborted(describe() + " aborted: " + reason));
+  }
+
+  template <class T, class... Args>
+  T& hold(Args&&... args) {
+    auto p = std::make_shared<T>(std::forward<Args>(args)...);
+    held.push_back(p);
+    return *p;
+  }
+
+  // After closeConnections() gloo's device thread touches no buffer of this
+  // group's pairs (it handles a pair's events under the pair's lock, which
+  // closing takes).
+  void close_pairs() {
+    if (context) {
+      // Either may throw: a pair that already failed, or a rendezvous that
+      // failed before gloo made its pairs. Nothing more to do then.
+      try {
+        shutdown_sockets();
+      } catch (...) {
+      }
+      try {
+        context->closeConnections();
+      } catch (...) {
+      }
+    }
+    {
+      std::lock_guard lock(mu);
+      pairs_closed = true;
+    }
+    idle_cv.notify_all();
+  }
+
+  void await_pairs_closed() {
+    std::unique_lock lock(mu);
+    idle_cv.wait(lock, [&] { return pairs_closed; });
   }
 
   milliseconds timeout_of(milliseconds requested) const {
@@ -268,22 +312,30 @@ struct GlooGroup::Shared {
       char* end = nullptr;
       long fd = std::strtol(entry->d_name, &end, 10);
       if (end == entry->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
-      struct stat st {};
-      if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-      sockaddr_storage local{};
-      socklen_t len = sizeof local;
-      if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
-      sockaddr_storage peer{};
-      socklen_t peer_len = sizeof peer;
-      if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
-      for (const auto& want : locals) {
-        if (same_endpoint(want, local)) {
-          ::shutdown(static_cast<int>(fd), SHUT_RDWR);
-          break;
-        }
-      }
+      // gloo's device thread may close this descriptor at any moment and
+      // its number be reused: what is checked and shut down is a duplicate,
+      // which no one else can close (shutdown acts on the socket itself).
+      const int dup = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
+      if (dup < 0) continue;
+      if (is_pair_socket(dup, locals)) ::shutdown(dup, SHUT_RDWR);
+      ::close(dup);
     }
     ::closedir(dir);
+  }
+
+  // A connected socket whose local endpoint is one of `locals`.
+  static bool is_pair_socket(int fd, const std::vector<sockaddr_storage>& locals) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return false;
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof peer;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
+    for (const auto& want : locals)
+      if (same_endpoint(want, local)) return true;
+    return false;
   }
 
   static bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
@@ -339,14 +391,7 @@ struct GlooGroup::Shared {
     for (auto& w : queued) w->fail(error);
     op_cv.notify_all();
     p2p_cv.notify_all();
-    if (context) {
-      shutdown_sockets();
-      try {
-        context->closeConnections();
-      } catch (...) {
-        // Closing a pair that already failed may throw; nothing more to do.
-      }
-    }
+    close_pairs();
     for (auto& w : posted) w->fail(error);
     if (in_gloo && by_abort) {
       std::unique_lock lock(mu);
@@ -397,9 +442,15 @@ struct GlooGroup::Shared {
         await_explanation(error);
         error = final_error(error);
       }
-      // On failure the pairs are closed before the work fails, so that no
-      // gloo thread touches the caller's memory once wait() has returned.
-      if (error) break_group(error, false);
+      // On failure the pairs are closed (here, or by the abort that broke
+      // the group) before the work fails and what the operation held goes,
+      // so that no gloo thread touches the caller's memory once wait() has
+      // returned, nor memory that was freed.
+      if (error) {
+        break_group(error, false);
+        await_pairs_closed();
+      }
+      held.clear();
       {
         std::lock_guard lock(mu);
         running.reset();
@@ -446,9 +497,12 @@ struct GlooGroup::Shared {
         p2p.pop_front();
         if (!ok && !error) error = broken ? broken : aborted_error("point-to-point wait interrupted");
       }
-      done.reset();
       if (error) {
         break_group(error, false);
+        await_pairs_closed();
+      }
+      done.reset();
+      if (error) {
         work->fail(error);
       } else {
         work->complete();
@@ -470,9 +524,12 @@ struct GlooGroup::Shared {
     {
       std::lock_guard lock(mu);
       // Aborted meanwhile: the work has failed already, and nothing would
-      // wake a wait on this buffer; drop it (gloo holds only a weak ref).
-      if (broken) return;
-      p2p.push_back(InflightP2p{work, std::move(buffer), is_send, timeout});
+      // wake a wait on this buffer; drop it once the pairs are closed.
+      if (!broken) p2p.push_back(InflightP2p{work, std::move(buffer), is_send, timeout});
+    }
+    if (buffer) {
+      await_pairs_closed();
+      return;
     }
     p2p_cv.notify_one();
   }
@@ -487,9 +544,10 @@ struct GlooGroup::Shared {
     const int prev = (rank + size - 1) % size;
     const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
     auto deadline = Clock::now() + timeout;
-    std::vector<char> incoming(block);
-    auto acc_buf = context->createUnboundBuffer(acc, block * size);
-    auto in_buf = context->createUnboundBuffer(incoming.data(), block);
+    auto& incoming = hold<std::vector<char>>(block);
+    auto& acc_buf = hold<std::unique_ptr<gloo::transport::UnboundBuffer>>(context->createUnboundBuffer(acc, block * size));
+    auto& in_buf = hold<std::unique_ptr<gloo::transport::UnboundBuffer>>(
+        context->createUnboundBuffer(incoming.data(), block));
     auto* base = static_cast<char*>(acc);
     for (int step = 0; step < size - 1; ++step) {
       const int send_block = ((rank - step - 1) % size + size) % size;
@@ -562,18 +620,21 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
     shared->context->setTimeout(left_until(deadline));
     if (world_size > 1) {
       shared->context->connectFullMesh(store, shared->device);
-      gloo::BarrierOptions barrier(shared->context);
+      auto& barrier = shared->hold<gloo::BarrierOptions>(shared->context);
       barrier.setTimeout(left_until(deadline));
       gloo::barrier(barrier);
     }
     shared->context->setTimeout(options.op_timeout);
   } catch (const Timeout& e) {
+    shared->close_pairs();
     erase_own_keys();
     throw Timeout("rendezvous of " + where + " failed: " + e.what());
   } catch (const std::exception& e) {
+    shared->close_pairs();
     erase_own_keys();
     throw Error("rendezvous of " + where + " failed: " + e.what());
   }
+  shared->held.clear();
   erase_own_keys();
 
   shared->op_thread = std::thread([s = shared.get()] { s->op_loop(); });
@@ -660,7 +721,7 @@ WorkPtr GlooGroup::allreduce(void* data, size_t count, DType dtype, const Allred
                      auto run = [&](void* buf, DType type) {
                        with_storage_type(type, [&](auto zero) {
                          using T = decltype(zero);
-                         gloo::AllreduceOptions o(s->context);
+                         auto& o = s->hold<gloo::AllreduceOptions>(s->context);
                          o.setOutput(static_cast<T*>(buf), count);
                          o.setReduceFunction(detail::reduce_function(type, op));
                          o.setTag(tag);
@@ -670,7 +731,7 @@ WorkPtr GlooGroup::allreduce(void* data, size_t count, DType dtype, const Allred
                        if (op == ReduceOp::kAvg) detail::divide_in_place(buf, count, type, s->size);
                      };
                      if (detail::is_half(dtype)) {
-                       std::vector<float> wide(count);
+                       auto& wide = s->hold<std::vector<float>>(count);
                        detail::widen_to_float(data, wide.data(), count, dtype);
                        run(wide.data(), DType::kFloat32);
                        detail::narrow_from_float(wide.data(), data, count, dtype);
@@ -696,7 +757,7 @@ WorkPtr GlooGroup::broadcast(void* data, size_t count, DType dtype, int root, co
                    [s, data, count, dtype, root, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
                      with_storage_type(dtype, [&](auto zero) {
                        using T = decltype(zero);
-                       gloo::BroadcastOptions o(s->context);
+                       auto& o = s->hold<gloo::BroadcastOptions>(s->context);
                        o.setOutput(static_cast<T*>(data), count);
                        o.setRoot(root);
                        o.setTag(tag);
@@ -726,7 +787,7 @@ WorkPtr GlooGroup::allgather(const void* in, void* out, size_t count, DType dtyp
                    [s, in, out, count, dtype, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
                      with_storage_type(dtype, [&](auto zero) {
                        using T = decltype(zero);
-                       gloo::AllgatherOptions o(s->context);
+                       auto& o = s->hold<gloo::AllgatherOptions>(s->context);
                        o.setInput(const_cast<T*>(static_cast<const T*>(in)), count);
                        o.setOutput(static_cast<T*>(out), count * s->size);
                        o.setTag(tag);
@@ -760,7 +821,7 @@ WorkPtr GlooGroup::reduce_scatter(const void* in, void* out, size_t count_per_ra
         const size_t total = n * s->size;
         const size_t mine = static_cast<size_t>(s->rank) * n;
         if (detail::is_half(dtype)) {
-          std::vector<float> acc(total);
+          auto& acc = s->hold<std::vector<float>>(total);
           detail::widen_to_float(in, acc.data(), total, dtype);
           if (s->size > 1) {
             s->ring_reduce_scatter(acc.data(), n, sizeof(float), detail::reduce_function(DType::kFloat32, op), tag,
@@ -770,7 +831,7 @@ WorkPtr GlooGroup::reduce_scatter(const void* in, void* out, size_t count_per_ra
           detail::narrow_from_float(acc.data() + mine, out, n, dtype);
         } else {
           const size_t elem = element_size(dtype);
-          std::vector<char> acc(total * elem);
+          auto& acc = s->hold<std::vector<char>>(total * elem);
           std::memcpy(acc.data(), in, total * elem);
           if (s->size > 1)
             s->ring_reduce_scatter(acc.data(), n, elem, detail::reduce_function(dtype, op), tag, timeout);
@@ -791,7 +852,7 @@ WorkPtr GlooGroup::barrier(const BarrierOptions& opts) {
     tag = s->next_seq++;
   }
   return s->submit("barrier", [s, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
-    gloo::BarrierOptions o(s->context);
+    auto& o = s->hold<gloo::BarrierOptions>(s->context);
     o.setTag(tag);
     o.setTimeout(timeout);
     gloo::barrier(o);

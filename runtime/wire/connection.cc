@@ -318,7 +318,9 @@ void Connection::send(OutFrame f, bool direct) {
   if (closed_) return;
   uint64_t bytes = f.total_bytes();
   std::lock_guard lock(write_mu_);
-  if (over_write_bound_locked(bytes)) return;
+  // fail() closes the socket under write_mu_: checked again here, a direct
+  // write never reaches a descriptor that was closed (and perhaps reused).
+  if (closed_ || over_write_bound_locked(bytes)) return;
   queued_bytes_ += bytes;
   queue_.push_back(std::move(f));
   if (writing_ || !ready_) return;
@@ -453,10 +455,12 @@ void Connection::fail(const std::string& reason) {
   if (closed_.exchange(true)) return;
   asio::error_code ec;
   handshake_timer_.cancel();
-  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
-  socket_.close(ec);
   {
+    // Under write_mu_: another thread may be inside write_direct_locked()
+    // on this socket's descriptor.
     std::lock_guard lock(write_mu_);
+    socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
     queue_.clear();
     queued_bytes_ = 0;
   }
