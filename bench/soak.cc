@@ -2,7 +2,8 @@
 // training survives a trainer SIGKILLed every 30 s?
 //
 // Cycles: --cycles spawn → call → kill actor cycles (and --tasks task
-// cycles spread among them) against one LocalCluster of 2 node agents,
+// cycles spread among them) against one LocalCluster of 2 node agents, run
+// by troupe_bench_soak_worker (soak_echo.h),
 // after a warm-up of 5% of the cycles (at least 50). Every cycle's call is
 // answered or fails with a documented troupe error (counted; anything else
 // ends the run). The head's and the agents' resident memory
@@ -41,6 +42,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/json_row.h"
+#include "bench/soak_echo.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/testing/local_cluster.h"
@@ -52,16 +54,17 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 constexpr auto kTimeout = 120s;
 
-int twice(int x) { return 2 * x; }
-TROUPE_TASK(twice)
-
-class Echo {
- public:
-  int echo(int x) { return x; }
-};
-TROUPE_ACTOR(Echo, &Echo::echo)
-
 namespace {
+
+// The cycles' worker binary, beside this one (soak_echo.h says why).
+const std::string& cycle_worker() {
+  static const std::string path = [] {
+    auto p = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "troupe_bench_soak_worker";
+    if (!std::filesystem::exists(p)) throw std::runtime_error("the soak's worker binary is missing: " + p.string());
+    return p.string();
+  }();
+  return path;
+}
 
 struct Args {
   int cycles = 10000;
@@ -90,6 +93,19 @@ Usage usage_of(const std::string& pid) {
 }
 Usage usage_of(pid_t pid) { return usage_of(std::to_string(pid)); }
 
+// At the start and the end alike: the fewest descriptors of 20 readings
+// 50 ms apart, so that a connection closing or a pooled worker being
+// started at the moment of one reading is not taken for growth.
+Usage settled_usage(const std::string& pid) {
+  Usage u = usage_of(pid);
+  for (int i = 1; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    u.fds = std::min(u.fds, usage_of(pid).fds);
+  }
+  return u;
+}
+Usage settled_usage(pid_t pid) { return settled_usage(std::to_string(pid)); }
+
 double growth(double start, double end) { return start > 0 ? (end - start) / start : 0; }
 
 void print(nlohmann::ordered_json base, const std::string& c, double v, const std::string& unit,
@@ -105,7 +121,7 @@ void print(nlohmann::ordered_json base, const std::string& c, double v, const st
 // failed with a documented error (the actor or its worker died, a timeout).
 bool actor_cycle(troupe::Runtime& rt, int i) {
   try {
-    auto a = rt.spawn<Echo>({.resources = {{"CPU", 1}}});
+    auto a = rt.spawn<Echo>({.resources = {{"CPU", 1}}, .executable = cycle_worker()});
     if (a.call(&Echo::echo, i).get(kTimeout) != i) throw std::runtime_error("actor echoed a wrong value");
     rt.kill(a);
     return true;
@@ -118,32 +134,45 @@ bool actor_cycle(troupe::Runtime& rt, int i) {
 
 void cycles_phase(troupe::testing::LocalCluster& cluster, troupe::Runtime& rt, const Args& a, size_t agents) {
   const int warm = std::max(50, a.cycles / 20);
-  for (int i = 0; i < 200; ++i) rt.submit(&twice, {}, i).get(kTimeout);
-  for (int i = 0; i < warm; ++i) actor_cycle(rt, i);
-  auto head0 = usage_of(cluster.head_pid());
-  std::vector<Usage> agent0;
-  for (size_t n = 0; n < agents; ++n) agent0.push_back(usage_of(cluster.node_pid(n)));
-  auto self0 = usage_of("self");
   const int tasks_per_cycle = a.cycles > 0 ? a.tasks / a.cycles : 0;
   int failed = 0;
-  auto t0 = Clock::now();
-  for (int i = 0; i < a.cycles; ++i) {
+  // One cycle: an actor, then its share of the tasks. The warm-up runs the
+  // same cycles, so that the start is read in the state the end is (the
+  // task worker connected, the pools as they run).
+  auto cycle = [&](int i) {
     if (!actor_cycle(rt, i)) ++failed;
     for (int k = 0; k < tasks_per_cycle; ++k)
-      if (rt.submit(&twice, {}, k).get(kTimeout) != 2 * k) throw std::runtime_error("task returned a wrong value");
+      if (rt.submit(&twice, {.executable = cycle_worker()}, k).get(kTimeout) != 2 * k)
+        throw std::runtime_error("task returned a wrong value");
+  };
+  for (int i = 0; i < warm; ++i) cycle(i);
+  failed = 0;
+  auto head0 = settled_usage(cluster.head_pid());
+  std::vector<Usage> agent0;
+  for (size_t n = 0; n < agents; ++n) agent0.push_back(settled_usage(cluster.node_pid(n)));
+  auto self0 = settled_usage("self");
+  auto t0 = Clock::now();
+  for (int i = 0; i < a.cycles; ++i) {
+    cycle(i);
     if ((i + 1) % 1000 == 0) {
       auto h = usage_of(cluster.head_pid());
-      std::fprintf(stderr, "soak: %d/%d cycles, head %.1f MiB %.0f fds, driver %.1f MiB %.0f fds\n", i + 1, a.cycles,
-                   h.rss_kib / 1024, h.fds, usage_of("self").rss_kib / 1024, usage_of("self").fds);
+      std::string nodes;
+      for (size_t n = 0; n < agents; ++n) {
+        auto u = usage_of(cluster.node_pid(n));
+        nodes += ", agent " + std::to_string(n) + " " + std::to_string(static_cast<int>(u.rss_kib / 1024)) + " MiB " +
+                 std::to_string(static_cast<int>(u.fds)) + " fds";
+      }
+      std::fprintf(stderr, "soak: %d/%d cycles, head %.1f MiB %.0f fds, driver %.1f MiB %.0f fds%s\n", i + 1, a.cycles,
+                   h.rss_kib / 1024, h.fds, usage_of("self").rss_kib / 1024, usage_of("self").fds, nodes.c_str());
     }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  auto head1 = usage_of(cluster.head_pid());
+  auto head1 = settled_usage(cluster.head_pid());
   // The agent that grew most, with its own start and end.
   double agent_rss = -1e9, agent_fds = -1e9;
   nlohmann::ordered_json agent_rss_at, agent_fds_at;
   for (size_t n = 0; n < agents; ++n) {
-    auto u = usage_of(cluster.node_pid(n));
+    auto u = settled_usage(cluster.node_pid(n));
     if (double g = growth(agent0[n].rss_kib, u.rss_kib); g > agent_rss) {
       agent_rss = g;
       agent_rss_at = {{"agent", n}, {"start_kib", agent0[n].rss_kib}, {"end_kib", u.rss_kib}};
@@ -153,7 +182,7 @@ void cycles_phase(troupe::testing::LocalCluster& cluster, troupe::Runtime& rt, c
       agent_fds_at = {{"agent", n}, {"start", agent0[n].fds}, {"end", u.fds}};
     }
   }
-  auto self1 = usage_of("self");
+  auto self1 = settled_usage("self");
   nlohmann::ordered_json base = {{"bench", "soak"}, {"cycles", a.cycles}, {"tasks", tasks_per_cycle * a.cycles}};
   print(base, "head_rss_growth", growth(head0.rss_kib, head1.rss_kib), "fraction",
         {{"start_kib", head0.rss_kib}, {"end_kib", head1.rss_kib}});
@@ -202,16 +231,18 @@ std::vector<int> trainer_pids(troupe::Runtime& rt) {
 }
 
 void training_phase(troupe::Runtime& rt, const Args& a) {
-  // Calibration: the failure-free rate between steps 10 and 60.
-  double t10 = 0, t60 = 0;
-  auto calib = soak_job(60);
-  calib.progress_every_steps = 10;
+  // Calibration: the failure-free rate between steps 500 and 2,500 (the
+  // first steps are slower: the job would end well short of
+  // --train-seconds if they set the rate).
+  double t_from = 0, t_to = 0;
+  auto calib = soak_job(2500);
+  calib.progress_every_steps = 100;
   calib.on_step = [&](const troupe::trainer::StepInfo& s) {
-    if (s.step == 10) t10 = s.time;
-    if (s.step == 60) t60 = s.time;
+    if (s.step == 500) t_from = s.time;
+    if (s.step == 2500) t_to = s.time;
   };
   troupe::trainer::TrainJob(rt, calib).fit();
-  const double rate = (t60 > t10) ? 50 / (t60 - t10) : 10;
+  const double rate = (t_to > t_from) ? 2000 / (t_to - t_from) : 10;
   const int64_t steps = std::max<int64_t>(100, static_cast<int64_t>(rate * a.train_seconds));
   std::fprintf(stderr, "soak: training %lld steps (%.0f steps/s failure-free)\n", static_cast<long long>(steps), rate);
 

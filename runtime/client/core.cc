@@ -417,6 +417,10 @@ void Core::on_event(Message&& m) {
     auto it = actors_.find(info.id);
     if (it == actors_.end()) return;
     c = it->second;
+    // A dead actor never changes again: its handles keep their client (and
+    // fail with ActorDied), the table lets it go, so that a driver that
+    // spawns and kills actors for days does not grow with them.
+    if (info.state == ActorState::kDead) actors_.erase(it);
   }
   c->on_update(info);
 }
