@@ -202,6 +202,12 @@ class HeadState {
 
   // Owners whose things a restarted head keeps until then.
   void check_restored_owners(Time now);
+  // restore()'s parts, in their order: counters, keys and nodes; then the
+  // groups (they hold bundles on nodes); then the actors (they hold shares
+  // of nodes or bundles).
+  void restore_nodes_and_keys(const std::map<std::string, std::string>& rows, Time deadline);
+  void restore_groups(const std::map<std::string, std::string>& rows, Time deadline);
+  void restore_actors(const std::map<std::string, std::string>& rows, Time deadline);
   void mark(const Actor& a) {
     if (write_through_) dirty_actors_.insert(a.info.id);
   }

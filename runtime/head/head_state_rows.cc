@@ -134,8 +134,21 @@ std::vector<HeadState::Row> HeadState::take_rows() {
 }
 
 void HeadState::restore(const std::map<std::string, std::string>& rows, Time now, std::chrono::milliseconds grace) {
-  const auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
   const Time deadline = now + grace;
+  restore_nodes_and_keys(rows, deadline);
+  restore_groups(rows, deadline);
+  restore_actors(rows, deadline);
+  written_.clear();
+  for (const auto& [key, value] : rows)
+    if (key[0] == 'n' || key[0] == 'g' || key[0] == 'm') written_[key] = value;
+  TROUPE_LOG_INFO("restored {} nodes, {} actors, {} placement groups and {} keys; nodes and owners have {} ms to "
+                  "come back",
+                  nodes_.size(), actors_.size(), groups_.size(), kv_.size(), grace.count());
+  schedule();
+}
+
+void HeadState::restore_nodes_and_keys(const std::map<std::string, std::string>& rows, Time deadline) {
+  const auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
   for (const auto& [key, value] : rows) {
     if (key == kCountersKey) {
       auto c = decode_value<Counters>(value);
@@ -157,8 +170,9 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
       nodes_[n.info.id] = std::move(n);
     }
   }
-  // Groups hold their bundles on nodes; actors hold shares of nodes or
-  // bundles: rebuilt in that order.
+}
+
+void HeadState::restore_groups(const std::map<std::string, std::string>& rows, Time deadline) {
   for (const auto& [key, value] : rows) {
     if (key.rfind("g/", 0) != 0) continue;
     auto r = decode_value<GroupRow>(value);
@@ -182,6 +196,9 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
     if (g.owner_client && g.info.state != PlacementGroupState::kRemoved) awaited_owners_[g.owner_client] = deadline;
     groups_[g.info.id] = std::move(g);
   }
+}
+
+void HeadState::restore_actors(const std::map<std::string, std::string>& rows, Time deadline) {
   for (const auto& [key, value] : rows) {
     if (key.rfind("a/", 0) != 0) continue;
     auto r = decode_value<ActorRow>(value);
@@ -213,13 +230,6 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
     }
     actors_[id] = std::move(a);
   }
-  written_.clear();
-  for (const auto& [key, value] : rows)
-    if (key[0] == 'n' || key[0] == 'g' || key[0] == 'm') written_[key] = value;
-  TROUPE_LOG_INFO("restored {} nodes, {} actors, {} placement groups and {} keys; nodes and owners have {} ms to "
-                  "come back",
-                  nodes_.size(), actors_.size(), groups_.size(), kv_.size(), grace.count());
-  schedule();
 }
 
 void HeadState::bind_client(PeerId peer, uint64_t client_id) {
