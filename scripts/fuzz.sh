@@ -7,10 +7,19 @@
 # input as build-fuzz/crashes/<t>/crash-* — keep it under
 # tests/fuzz/corpus/<t>/ with the fix (fuzz_corpus_tests replays it).
 # Usage: scripts/fuzz.sh [seconds] [target...]   (targets: frame codec connection kv npy manifest)
+#        scripts/fuzz.sh --runs N [target...]    each target for N executions (10000000: issue 18's bar)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:-60}
-shift || true
+limit=()
+if [ "${1:-}" = "--runs" ]; then
+  runs=${2:?--runs needs a count}
+  shift 2
+  limit=(-runs="$runs")
+else
+  seconds=${1:-60}
+  shift || true
+  limit=(-max_total_time="$seconds")
+fi
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(frame codec connection kv npy manifest)
 bash scripts/setup.sh
@@ -25,13 +34,14 @@ for t in "${targets[@]}"; do
   log=build-fuzz/fuzz_$t.log
   mkdir -p "$work" "$crashes" "tests/fuzz/corpus/$t"
   clean=true
-  if ! TROUPE_FUZZ_SEEDS="$work" build-fuzz/tests/fuzz/fuzz_$t -max_total_time="$seconds" -print_final_stats=1 \
+  start=$SECONDS
+  if ! TROUPE_FUZZ_SEEDS="$work" build-fuzz/tests/fuzz/fuzz_$t "${limit[@]}" -print_final_stats=1 \
       -artifact_prefix="$crashes/" "$work" "tests/fuzz/corpus/$t" >"$log" 2>&1; then
     clean=false
     status=1
     tail -40 "$log" >&2
   fi
   execs=$(grep -o "stat::number_of_executed_units: *[0-9]*" "$log" | tail -1 | grep -o "[0-9]*$" || true)
-  echo "{\"bench\": \"fuzz\", \"case\": \"$t\", \"seconds\": $seconds, \"execs\": ${execs:-0}, \"clean\": $clean}"
+  echo "{\"bench\": \"fuzz\", \"case\": \"$t\", \"seconds\": $((SECONDS - start)), \"execs\": ${execs:-0}, \"clean\": $clean}"
 done
 exit $status
