@@ -595,20 +595,12 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
   // when the rendezvous fails, so the head's KV store does not grow with
   // every group a long job forms.
   KvGlooStore store(kv, name, generation, options.rendezvous_timeout);
-  const std::string member_key = store.prefix() + "member/" + std::to_string(rank);
-  kv.put(member_key, std::to_string(::getpid()));
-  auto erase_own_keys = [&] {
-    store.erase_own_keys();
-    try {
-      kv.erase(member_key);
-    } catch (const std::exception&) {
-      // Best effort, as in KvGlooStore::erase_own_keys.
-    }
-  };
+  const std::string pid = std::to_string(::getpid());
+  store.set("member/" + std::to_string(rank), std::vector<char>(pid.begin(), pid.end()));
   try {
     wait_for_members(kv, store.prefix() + "member/", world_size, deadline, where, options);
   } catch (...) {
-    erase_own_keys();
+    store.erase_own_keys();
     throw;
   }
 
@@ -627,15 +619,15 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
     shared->context->setTimeout(options.op_timeout);
   } catch (const Timeout& e) {
     shared->close_pairs();
-    erase_own_keys();
+    store.erase_own_keys();
     throw Timeout("rendezvous of " + where + " failed: " + e.what());
   } catch (const std::exception& e) {
     shared->close_pairs();
-    erase_own_keys();
+    store.erase_own_keys();
     throw Error("rendezvous of " + where + " failed: " + e.what());
   }
   shared->held.clear();
-  erase_own_keys();
+  store.erase_own_keys();
 
   shared->op_thread = std::thread([s = shared.get()] { s->op_loop(); });
   shared->p2p_thread = std::thread([s = shared.get()] { s->p2p_loop(); });
