@@ -19,7 +19,7 @@ def head(tmp_path):
     env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
     env.pop("TROUPE_ADDRESS", None)
     env.pop("TROUPE_TOKEN", None)
-    subprocess.run([launcher, "start", "--head", "--resources", "CPU=2"], env=env, check=True, timeout=120)
+    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True, timeout=120)
     old = {k: os.environ.get(k) for k in ("TROUPE_SESSION_DIR", "TROUPE_TOKEN", "TROUPE_ADDRESS")}
     os.environ["TROUPE_SESSION_DIR"] = str(session)
     os.environ.pop("TROUPE_TOKEN", None)

@@ -34,7 +34,7 @@ def cluster(tmp_path_factory):
     session = tmp_path_factory.mktemp("session")
     env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
     env.pop("TROUPE_TOKEN", None)
-    out = subprocess.run([launcher, "start", "--head", "--resources", "CPU=4", "--dashboard-port", "0"], env=env,
+    out = subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=4", "--dashboard-port", "0"], env=env,
                          capture_output=True, text=True, timeout=120, check=True)
     url = (session / "dashboard").read_text().strip()
     assert f"dashboard at {url}" in out.stdout, out.stdout

@@ -18,7 +18,7 @@ def cluster(tmp_path_factory):
     env = dict(os.environ, TROUPE_SESSION_DIR=str(session), TROUPE_LOG_LEVEL="info")
     env.pop("TROUPE_TOKEN", None)
     env.pop("TROUPE_ADDRESS", None)
-    subprocess.run([cli(), "start", "--head", "--resources", "CPU=2", "--dashboard-port", "-1"], env=env, check=True,
+    subprocess.run([cli(), "start", "--head", "--port", "0", "--resources", "CPU=2", "--dashboard-port", "-1"], env=env, check=True,
                    capture_output=True, timeout=120)
     old = os.environ.get("TROUPE_SESSION_DIR")
     os.environ["TROUPE_SESSION_DIR"] = str(session)
