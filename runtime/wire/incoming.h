@@ -1,8 +1,9 @@
 // Memory for bytes a connection is receiving. A frame header announces how
 // much is coming, but an announcement costs nothing: buffers grow with the
 // bytes that actually arrive (at most about twice what arrived plus one read
-// chunk), so a peer that announces 64 MiB or a 4 GiB attachment and then
-// stalls commits only what it sent.
+// chunk; for large attachments, pages are committed as they are written,
+// at most one 2 MiB huge page ahead), so a peer that announces 64 MiB or a
+// 4 GiB attachment and then stalls commits only about what it sent.
 #pragma once
 
 #include <cstddef>
@@ -21,9 +22,14 @@ namespace troupe::wire {
 size_t grown_capacity(size_t capacity, size_t filled, size_t expected, size_t chunk);
 
 // One attachment being received: `size` bytes announced, memory allocated
-// as they arrive (realloc, which remaps rather than copies large blocks).
+// as they arrive. Small blocks grow with realloc (which remaps rather than
+// copies large blocks); from kMappedFrom bytes the block reserves address
+// space for the announced size, aligned for transparent huge pages, and the
+// kernel commits pages as bytes are written into them.
 class IncomingBlock {
  public:
+  static constexpr size_t kMappedFrom = size_t{4} << 20;
+
   explicit IncomingBlock(size_t size) : size_(size) {}
   ~IncomingBlock();
   IncomingBlock(IncomingBlock&& other) noexcept;
@@ -49,6 +55,7 @@ class IncomingBlock {
   size_t size_ = 0;
   size_t filled_ = 0;
   size_t capacity_ = 0;
+  size_t mapped_ = 0;  // length of the mapping when reserved, 0 when malloc'd
 };
 
 }  // namespace troupe::wire

@@ -1,6 +1,11 @@
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/wire/auth.h"
@@ -144,6 +149,16 @@ TEST(Incoming, AttachmentMemoryFollowsTheBytesThatArrive) {
     ASSERT_LE(block.capacity(), 2 * block.filled() + chunk);
   }
   EXPECT_FALSE(block.complete());
+  // A block this large reserves address space only: the pages the kernel
+  // has committed are those written, plus at most one huge page.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t span = 64u << 20;
+  std::vector<unsigned char> resident(span / page);
+  ASSERT_EQ(::mincore(p, span, resident.data()), 0) << std::strerror(errno);
+  size_t committed = page * static_cast<size_t>(std::count_if(resident.begin(), resident.end(),
+                                                              [](unsigned char r) { return (r & 1) != 0; }));
+  EXPECT_GE(committed, block.filled());
+  EXPECT_LE(committed, block.filled() + (2u << 20) + chunk);
 
   IncomingBlock small(sent.size());
   while (!small.complete()) {
