@@ -13,11 +13,12 @@
 //                    healing a standby trainer (failure.standby_workers =
 //                    1: started and set up ahead, no process start).
 //
-// Each trial starts once every node's warm pool is full again (the steady
-// state of a cluster that has been up a while): back-to-back trials would
-// otherwise race the previous trial's pool refills, processes loading
-// LibTorch on the same cores, and measure that instead. A trial that found
-// the pool not refilled within 60 s says so ("pool_full": false).
+// Each trial starts once every node's warm pool is full again, and the
+// kill waits until the pool has refilled after the job's own four spawns
+// (the steady state of a cluster that has been up a while): otherwise the
+// replacement races those refills, processes loading LibTorch on the same
+// cores, and the trial measures that instead. A trial that found the pool
+// not refilled within 60 s says so ("pool_full": false).
 //
 //   bench/run recovery [--trials 3] [--kill-step 23] [--ckpt-every 10]
 #include <signal.h>
@@ -52,11 +53,26 @@ struct Trial {
   double recovery_s = 0;
   int64_t lost_steps = 0;
   double heal_s = 0;  // failure seen -> training resumed, inside the driver
+  bool pool_full = true;  // the pool had refilled after the job's own spawns
 };
 
 enum class Mode { kHeal, kDisk, kStandby };
 
-Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_step, int64_t ckpt_every, int trial) {
+// Waits (bounded) until every live node has `size` idle pooled workers.
+bool wait_pool_full(Runtime& rt, uint32_t size, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    bool full = true;
+    for (const auto& n : rt.nodes())
+      if (n.alive && n.idle_workers < size) full = false;
+    if (full) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_step, int64_t ckpt_every, int trial,
+                uint32_t pool_size) {
   const bool disk = mode == Mode::kDisk;
   Runtime rt = cluster.connect();
   TrainJobConfig c;
@@ -93,9 +109,15 @@ Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_
   const uint64_t before = faults.last_actor_id();
   std::atomic<bool> killed{false};
   Clock::time_point kill_at, done_at;
+  bool pool_full = true;
   c.on_step = [&](const StepInfo& s) {
     if (killed && done_at == Clock::time_point{}) done_at = Clock::now();
     if (s.step == kill_step && !killed) {
+      // The job's own spawns took the pooled workers; the kill waits until
+      // the pool has refilled, as it would have in a job that has run for a
+      // while (else the replacement waits for a worker still loading
+      // LibTorch, and the trial measures the job's start, not a recovery).
+      pool_full = wait_pool_full(rt, pool_size, std::chrono::seconds(60));
       auto trainers = faults.live_actors("troupe::trainer::TrainerActor", before);
       // Ranks 0 and 1 are the oldest; a standby (if any) comes after them.
       if (trainers.size() < 2) throw Error("expected 2 live trainers, found " + std::to_string(trainers.size()));
@@ -118,20 +140,8 @@ Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_
   t.recovery_s = std::chrono::duration<double>(done_at - kill_at).count();
   t.lost_steps = r.recoveries[0].lost_steps;
   t.heal_s = r.recoveries[0].resumed_at - r.recoveries[0].failed_at;
+  t.pool_full = pool_full;
   return t;
-}
-
-// Waits (bounded) until every live node has `size` idle pooled workers.
-bool wait_pool_full(Runtime& rt, uint32_t size, std::chrono::seconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    bool full = true;
-    for (const auto& n : rt.nodes())
-      if (n.alive && n.idle_workers < size) full = false;
-    if (full) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
 }
 
 }  // namespace
@@ -177,14 +187,14 @@ int main(int argc, char** argv) {
           Runtime rt = cluster.connect();
           pool_full = wait_pool_full(rt, pool_size, std::chrono::seconds(60));
         }
-        auto tr = run_trial(cluster, mode, kill_step, ckpt_every, t);
+        auto tr = run_trial(cluster, mode, kill_step, ckpt_every, t, pool_size);
         rs.push_back(tr.recovery_s);
         lost.push_back(tr.lost_steps);
         heal.push_back(tr.heal_s);
         each.push_back({{"recovery_s", tr.recovery_s},
                         {"lost_steps", tr.lost_steps},
                         {"driver_recovery_s", tr.heal_s},
-                        {"pool_full", pool_full}});
+                        {"pool_full", pool_full && tr.pool_full}});
       }
       const std::string sfx = disk ? "_disk" : mode == Mode::kStandby ? "_standby" : "";
       nlohmann::ordered_json common = {
