@@ -134,12 +134,20 @@ def one_restart(launcher, warm_steps, timeout, kill_after):
 
 
 def measure(name, launcher, runs, warm_steps, timeout, kill_after):
-    values = []
+    """Seconds of each run that restarted, and why each other one did not
+    (a run that never trained again is a failure of that launcher, kept in
+    the row, not a reason to stop the benchmark)."""
+    values, failures = [], []
     for i in range(runs):
-        v = one_restart(launcher, warm_steps, timeout, kill_after)
+        try:
+            v = one_restart(launcher, warm_steps, timeout, kill_after)
+        except Exception as e:  # noqa: BLE001 - reported in the row
+            log(f"{name} run {i + 1}: FAILED: {e}")
+            failures.append(f"run {i + 1}: {e}")
+            continue
         log(f"{name} run {i + 1}: {v:.3f} s")
         values.append(v)
-    return values
+    return values, failures
 
 
 def main():
@@ -179,16 +187,27 @@ def main():
 def torchrun_case(a):
     python, torchrun, version, why = (None, None, None, "--no-peer") if a.no_peer else ensure_venv(a.venv)
     common = ["--nproc-per-node", str(a.nproc), "--max-restarts", "3"]
-    troupe = measure("troupe torchrun", [a.troupe, "torchrun", "--python", python or a.python_fallback] + common,
-                     a.runs, a.warm_steps, a.timeout, a.kill_after)
-    row = {"bench": "py_train", "case": "torchrun_restart", "value": round(statistics.median(troupe), 4),
+    troupe, troupe_failed = measure("troupe torchrun",
+                                    [a.troupe, "torchrun", "--python", python or a.python_fallback] + common,
+                                    a.runs, a.warm_steps, a.timeout, a.kill_after)
+    row = {"bench": "py_train", "case": "torchrun_restart",
+           "value": round(statistics.median(troupe), 4) if troupe else None,
            "unit": "s", "runs": [round(v, 4) for v in troupe], "workers": a.nproc,
            "python": python or a.python_fallback, "kill_after_s": a.kill_after}
+    if troupe_failed:
+        row["failed_runs"] = troupe_failed
+    if not troupe:
+        row["error"] = "no troupe torchrun run restarted"
     if torchrun:
-        peer = measure("torchrun", [torchrun] + common, a.runs, a.warm_steps, a.timeout, a.kill_after)
-        row.update({"peer": f"torchrun, torch {version} from PyPI (venv)",
-                    "peer_value": round(statistics.median(peer), 4), "peer_runs": [round(v, 4) for v in peer],
-                    "ratio": round(statistics.median(troupe) / statistics.median(peer), 3)})
+        peer, peer_failed = measure("torchrun", [torchrun] + common, a.runs, a.warm_steps, a.timeout, a.kill_after)
+        row["peer"] = f"torchrun, torch {version} from PyPI (venv)"
+        row["peer_runs"] = [round(v, 4) for v in peer]
+        if peer_failed:
+            row["peer_failed_runs"] = peer_failed
+        if peer:
+            row["peer_value"] = round(statistics.median(peer), 4)
+        if peer and troupe:
+            row["ratio"] = round(statistics.median(troupe) / statistics.median(peer), 3)
     else:
         row["peer_error"] = why
     print(json.dumps(row), flush=True)

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "torchrun_slot.h"
@@ -50,6 +51,8 @@ struct Attempt {
   Shape shape;
   PlacementGroup pg;
   bool has_pg = false;
+  int restart = 0;         // the attempt now running in the slots
+  bool slot_lost = false;  // a slot died or did not answer: form anew
   std::vector<ActorHandle<TorchrunSlot>> slots;
   std::vector<std::unique_ptr<StreamReader<OutputLine>>> readers;
   std::vector<std::thread> printers;
@@ -83,6 +86,19 @@ std::string error_file_message(const std::string& text) {
   }
 }
 
+// How long after a script starts its slot starts the spare for the next
+// attempt: TROUPE_TORCHRUN_SPARE_DELAY_MS (0 to 600000), default 2000, so
+// that the spare's imports do not compete with the script's own start.
+uint32_t spare_delay_from_env() {
+  const char* v = std::getenv("TROUPE_TORCHRUN_SPARE_DELAY_MS");
+  if (!v || !*v) return 2000;
+  char* end = nullptr;
+  long ms = std::strtol(v, &end, 10);
+  if (*end != '\0' || ms < 0 || ms > 600000)
+    throw ConfigError(std::string("TROUPE_TORCHRUN_SPARE_DELAY_MS=") + v + ": expected milliseconds in [0, 600000]");
+  return static_cast<uint32_t>(ms);
+}
+
 void print_lines(StreamReader<OutputLine>& reader) {
   try {
     while (auto l = reader.read()) {
@@ -112,20 +128,30 @@ class TorchrunJob {
     if (const char* v = std::getenv("NCCL_ASYNC_ERROR_HANDLING")) nccl_async_ = v;
   }
 
+  // Each attempt runs in the slots of the one before while the group keeps
+  // its shape (every slot alive, no node to grow into): their spare
+  // interpreters have imported torch already. Otherwise the group is placed
+  // anew.
   int run() {
+    Attempt a;
     for (int restart = 0;; ++restart) {
-      Attempt a;
       Outcome out;
       try {
-        form(a, Clock::now() + kRendezvousTimeout);
+        if (!reusable(a)) {
+          release(a);
+          a = Attempt{};
+          form(a, Clock::now() + kRendezvousTimeout);
+        }
         launch(a, restart);
         out = watch(a);
       } catch (const ConfigError& e) {
         stop(a);
+        release(a);
         say(e.what());
         return 1;
       }
       stop(a);
+      if (out.ok || restart >= o_.max_restarts) release(a);
       if (out.ok) return 0;
       if (restart >= o_.max_restarts) {
         say(out.cause + "; no restarts left (--max-restarts " + std::to_string(o_.max_restarts) + ")");
@@ -160,6 +186,21 @@ class TorchrunJob {
       waiting_said = true;
       std::this_thread::sleep_for(200ms);
     }
+  }
+
+  // Whether the next attempt can run in `a`'s slots: warm restarts are on,
+  // every slot answered the last stop, and no live node outside the group
+  // has room that the group could grow into.
+  bool reusable(const Attempt& a) {
+    if (o_.cold_restarts || a.slots.empty() || a.slot_lost) return false;
+    if (a.shape.nodes >= o_.max_nodes) return true;
+    std::set<uint64_t> ours;
+    for (const auto& s : a.slots) ours.insert(s.info().node_id);
+    for (const auto& n : rt_.nodes()) {
+      auto it = n.available.find(a.shape.resource);
+      if (n.alive && !ours.count(n.id) && it != n.available.end() && it->second >= o_.nproc_per_node) return false;
+    }
+    return true;
   }
 
   // Places one attempt: retries with a fresh count of the nodes when a
@@ -211,6 +252,7 @@ class TorchrunJob {
   }
 
   void launch(Attempt& a, int restart) {
+    a.restart = restart;
     AttemptEnv env{restart, o_.max_restarts, run_id_, "", 0, omp_, nccl_async_};
     env.master_addr = wire::strip_brackets(wire::parse_address(a.slots[0].info().address).first);
     env.master_port = a.slots[0].call(&TorchrunSlot::free_port).get();
@@ -221,6 +263,9 @@ class TorchrunJob {
       ScriptLaunch l{p.rank,  o_.python, o_.module, script_path(), o_.script_args, torchrun_env(p, env), cwd_,
                      run_id_, restart,   {}};
       if (a.shape.resource == "GPU") l.env.push_back("CUDA_VISIBLE_DEVICES=" + gpus[size_t(p.group_rank)]);
+      l.warm = !o_.cold_restarts;
+      l.preload = o_.preload;
+      l.spare_delay_ms = spare_delay_ms_;
       a.readers.push_back(std::make_unique<StreamReader<OutputLine>>(rt_, 64));
       l.output = a.readers.back()->ref();
       StreamReader<OutputLine>* reader = a.readers.back().get();
@@ -273,25 +318,42 @@ class TorchrunJob {
     }
   }
 
-  // Stops every rank (SIGTERM, SIGKILL after the grace), then the slots and
-  // the placement group; joins the printers.
+  // Stops every rank (SIGTERM, SIGKILL after the grace) and waits for the
+  // scripts to exit; joins the printers. A slot that does not answer, or
+  // whose script's end cannot be learnt, marks the group as lost.
   void stop(Attempt& a) {
     std::vector<Future<int32_t>> stops;
     for (auto& s : a.slots) {
       try {
-        stops.push_back(s.control(StopScript{kStopGraceMs}));
+        stops.push_back(s.control(StopScript{kStopGraceMs, a.restart}));
       } catch (const std::exception&) {
+        a.slot_lost = true;
       }
     }
     auto deadline = Clock::now() + std::chrono::milliseconds(kStopGraceMs) + 5s;
-    for (auto& f : stops) f.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-    for (auto& f : a.exits) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      f.wait_for(std::max(left, 0ms));
-    }
-    release(a);
+    auto left = [&] {
+      return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()), 0ms);
+    };
+    for (auto& f : stops) a.slot_lost |= !settled_ok(f, left());
+    if (a.exits.size() != a.slots.size()) a.slot_lost = true;
+    for (auto& f : a.exits) a.slot_lost |= !settled_ok(f, left());
     for (auto& reader : a.readers) reader->cancel("the attempt ended");
     for (auto& t : a.printers) t.join();
+    a.readers.clear();
+    a.printers.clear();
+    a.exits.clear();
+  }
+
+  // Whether `f` holds a value within `bound` (not an error, not pending).
+  template <typename T>
+  static bool settled_ok(Future<T>& f, std::chrono::milliseconds bound) {
+    if (!f.wait_for(bound)) return false;
+    try {
+      f.get();
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
   }
 
   void release(Attempt& a) {
@@ -326,6 +388,7 @@ class TorchrunJob {
   std::string cwd_;
   std::string omp_;
   std::string nccl_async_ = "1";
+  uint32_t spare_delay_ms_ = spare_delay_from_env();
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "torchrun_options.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <map>
 #include <random>
@@ -23,8 +25,24 @@ int parse_int(const std::string& flag, const std::string& value, int lo, int hi)
   return v;
 }
 
+// A comma-separated list of Python module names ("" = none).
+std::vector<std::string> parse_module_list(const std::string& flag, const std::string& v) {
+  std::vector<std::string> mods;
+  size_t start = 0;
+  while (start <= v.size() && !v.empty()) {
+    size_t comma = std::min(v.find(',', start), v.size());
+    std::string m = v.substr(start, comma - start);
+    bool ok = !m.empty() && m.front() != '.' && m.back() != '.';
+    for (char c : m) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.');
+    if (!ok) throw TorchrunUsageError(flag + " " + v + ": '" + m + "' is not a module name (give a,b.c or \"\")");
+    mods.push_back(m);
+    start = comma + 1;
+  }
+  return mods;
+}
+
 // torchrun's flags that take a value, under every spelling it accepts.
-enum class Flag { kNproc, kNnodes, kMaxRestarts, kAddress, kPython, kRunId };
+enum class Flag { kNproc, kNnodes, kMaxRestarts, kAddress, kPython, kRunId, kPreload };
 
 const std::map<std::string, Flag>& value_flags() {
   static const std::map<std::string, Flag> flags = {
@@ -39,6 +57,7 @@ const std::map<std::string, Flag>& value_flags() {
       {"--run_id", Flag::kRunId},
       {"--rdzv-id", Flag::kRunId},
       {"--rdzv_id", Flag::kRunId},
+      {"--preload", Flag::kPreload},
   };
   return flags;
 }
@@ -65,6 +84,9 @@ void set_value(TorchrunOptions& o, Flag f, const std::string& flag, const std::s
       if (v.empty()) throw TorchrunUsageError(flag + " \"\": give a run id");
       o.run_id = v;
       break;
+    case Flag::kPreload:
+      o.preload = parse_module_list(flag, v);
+      break;
   }
 }
 
@@ -77,6 +99,10 @@ size_t parse_option(TorchrunOptions& o, const std::vector<std::string>& args, si
   }
   if (arg == "-m" || arg == "--module") {
     o.module = true;
+    return i + 1;
+  }
+  if (arg == "--cold-restarts") {
+    o.cold_restarts = true;
     return i + 1;
   }
   // torchrun's single-node rendezvous is what troupe always does.
@@ -135,6 +161,7 @@ TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args) {
 std::string torchrun_usage() {
   return "usage: troupe torchrun [--nproc-per-node N] [--nnodes N|MIN:MAX] [--max-restarts K]\n"
          "                       [--address HOST:PORT] [--python PATH] [--run-id ID] [-m]\n"
+         "                       [--preload MODULES] [--cold-restarts]\n"
          "                       script.py [args...]\n"
          "\n"
          "Runs an unmodified torchrun script on a troupe cluster (an embedded local one without\n"
@@ -145,6 +172,9 @@ std::string torchrun_usage() {
          "into new ones at a restart. Output lines carry torchrun's [default<rank>]: prefix.\n"
          "Options also take torchrun's underscore spellings (--nproc_per_node, --max_restarts)\n"
          "and --flag=value. --python: the interpreter (default python3 on each node's PATH).\n"
+         "A restart runs each rank in a spare interpreter that has imported --preload MODULES\n"
+         "already (default torch,torch.distributed,torch.nn.parallel; \"\" = none);\n"
+         "--cold-restarts starts every attempt in a fresh interpreter, as torchrun does.\n"
          "See docs/torchrun.md.\n";
 }
 

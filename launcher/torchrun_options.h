@@ -29,6 +29,10 @@ struct TorchrunOptions {
   bool module = false;             // -m: the script is a module name
   std::string script;
   std::vector<std::string> script_args;
+  // Restarts in a spare interpreter that has imported `preload` already;
+  // --cold-restarts starts every attempt in a fresh one, as torchrun does.
+  bool cold_restarts = false;
+  std::vector<std::string> preload = {"torch", "torch.distributed", "torch.nn.parallel"};
   bool help = false;
 };
 

@@ -23,7 +23,10 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
 
@@ -173,25 +176,224 @@ std::vector<std::string> script_environment(const std::vector<std::string>& vars
   return env;
 }
 
+// What a spare interpreter runs: it imports the modules named in
+// TROUPE_TORCHRUN_PRELOAD (one that fails is skipped), then blocks reading
+// its launch (JSON) from the descriptor TROUPE_TORCHRUN_SPARE_FD names.
+// EOF with nothing read (the slot let it go, or died) ends it. Otherwise it
+// takes the launch's environment (whole), working directory and argv and
+// runs the script or module as __main__, as `python script.py` would: its
+// exceptions and SystemExit end the process the same way.
+constexpr const char* kSpareBootstrap = R"PY(
+import importlib, json, os, runpy, sys
+_fd = int(os.environ.pop("TROUPE_TORCHRUN_SPARE_FD"))
+for _m in os.environ.pop("TROUPE_TORCHRUN_PRELOAD", "").split(","):
+    if _m:
+        try:
+            importlib.import_module(_m)
+        except Exception:
+            pass
+with os.fdopen(_fd, "rb") as _f:
+    _raw = _f.read()
+if not _raw:
+    os._exit(0)
+_l = json.loads(_raw)
+os.environ.clear()
+os.environ.update(kv.split("=", 1) for kv in _l["env"] if "=" in kv)
+if _l["cwd"]:
+    os.chdir(_l["cwd"])
+sys.argv = [_l["script"]] + _l["args"]
+if _l["module"]:
+    sys.path[0] = os.getcwd()
+    runpy.run_module(_l["script"], run_name="__main__", alter_sys=True)
+else:
+    sys.path[0] = os.path.dirname(os.path.realpath(_l["script"]))
+    runpy.run_path(_l["script"], run_name="__main__")
+)PY";
+
+// A spare interpreter, started ahead of the next attempt: its pid (the
+// leader of its own process group), the write end of its launch pipe, and
+// the read ends of its stdout and stderr.
+struct Spare {
+  pid_t pid = -1;
+  std::string exe;
+  int launch_fd = -1;
+  int out_fd = -1;
+  int err_fd = -1;
+
+  // Kills and reaps it and closes its descriptors.
+  void discard() {
+    if (pid > 0) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    for (int fd : {launch_fd, out_fd, err_fd})
+      if (fd >= 0) ::close(fd);
+    pid = -1;
+    launch_fd = out_fd = err_fd = -1;
+  }
+};
+
+// What the next spare is started with: the last script's interpreter,
+// environment and working directory, and the modules to import.
+struct SpareRecipe {
+  std::string exe;
+  std::string arg0;
+  std::vector<std::string> env;
+  std::string working_dir;
+  std::vector<std::string> preload;
+};
+
+// Three CLOEXEC pipes, or none: {launch, stdout, stderr}, each {read, write}.
+bool make_pipes(int (&p)[3][2]) {
+  for (int i = 0; i < 3; ++i)
+    if (::pipe2(p[i], O_CLOEXEC) != 0) {
+      for (int j = 0; j < i; ++j) ::close(p[j][0]), ::close(p[j][1]);
+      return false;
+    }
+  return true;
+}
+
+std::optional<Spare> start_spare(const SpareRecipe& r) {
+  int p[3][2];
+  if (!make_pipes(p)) return std::nullopt;
+  core::SpawnOptions s;
+  s.executable = r.exe;
+  s.arg0 = r.arg0;
+  s.args = {"-c", kSpareBootstrap};
+  s.env = r.env;
+  s.env.push_back("TROUPE_TORCHRUN_SPARE_FD=" + std::to_string(p[0][0]));
+  std::string preload;
+  for (const auto& m : r.preload) preload += (preload.empty() ? "" : ",") + m;
+  s.env.push_back("TROUPE_TORCHRUN_PRELOAD=" + preload);
+  s.working_dir = r.working_dir;
+  s.new_session = true;
+  s.stdout_fd = p[1][1];
+  s.stderr_fd = p[2][1];
+  s.keep_fds = {p[0][0]};
+  Spare spare;
+  try {
+    spare.pid = core::spawn_process(s);
+  } catch (const std::exception&) {
+    for (auto& pipe : p) ::close(pipe[0]), ::close(pipe[1]);
+    return std::nullopt;
+  }
+  ::close(p[0][0]);
+  ::close(p[1][1]);
+  ::close(p[2][1]);
+  spare.exe = r.exe;
+  spare.launch_fd = p[0][1];
+  spare.out_fd = p[1][0];
+  spare.err_fd = p[2][0];
+  return spare;
+}
+
+// Hands `l` to the spare; false (the spare discarded) when it is gone.
+bool hand_over(Spare& spare, const ScriptLaunch& l, const std::vector<std::string>& env, const std::string& cwd) {
+  int status = 0;
+  if (::waitpid(spare.pid, &status, WNOHANG) == spare.pid) {
+    spare.pid = -1;  // reaped: it died while idle
+    spare.discard();
+    return false;
+  }
+  std::string text = nlohmann::json{{"env", env},
+                                    {"cwd", cwd},
+                                    {"script", l.script},
+                                    {"args", l.args},
+                                    {"module", l.module}}
+                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(spare.launch_fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      spare.discard();
+      return false;
+    }
+    off += static_cast<size_t>(n);
+  }
+  ::close(spare.launch_fd);
+  spare.launch_fd = -1;
+  return true;
+}
+
+// Starts `python [-m] script args...` in a fresh interpreter, in a process
+// group of its own; its stdout and stderr come back as out_fd and err_fd.
+pid_t spawn_script(const std::string& exe, const ScriptLaunch& l, std::vector<std::string> env,
+                   const std::string& cwd, int& out_fd, int& err_fd) {
+  core::SpawnOptions s;
+  s.executable = exe;
+  s.arg0 = l.python;
+  if (l.module) s.args.push_back("-m");
+  s.args.push_back(l.script);
+  s.args.insert(s.args.end(), l.args.begin(), l.args.end());
+  s.env = std::move(env);
+  s.working_dir = cwd;
+  s.new_session = true;  // its own process group, stopped as one
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    throw Error(std::string("pipe: ") + std::strerror(errno));
+  }
+  s.stdout_fd = out[1];
+  s.stderr_fd = err[1];
+  pid_t pid = -1;
+  try {
+    pid = core::spawn_process(s);
+  } catch (...) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    throw;
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  out_fd = out[0];
+  err_fd = err[0];
+  return pid;
+}
+
 }  // namespace
 
 struct TorchrunSlot::State {
   std::mutex mu;
   pid_t pid = -1;
   bool reaped = false;
-  bool stop_requested = false;
+  int32_t running_restart = -1;  // the attempt of the script in `pid`
+  int32_t stopped_through = -1;  // attempts up to this one are stopped
   std::optional<Clock::time_point> kill_at;
   std::unique_ptr<OutputPump> pump;
   std::string dir;  // holds TORCHELASTIC_ERROR_FILE
   std::string error_file;
+  std::optional<Spare> spare;
+  std::optional<SpareRecipe> recipe;  // set while warm restarts are on
+  Clock::time_point spare_due = Clock::time_point::max();
 
-  int32_t stop(uint32_t grace_ms) {
+  int32_t stop(uint32_t grace_ms, int32_t restart_count) {
     std::lock_guard lock(mu);
-    stop_requested = true;
-    if (pid <= 0 || reaped) return 0;
+    stopped_through = std::max(stopped_through, restart_count);
+    if (pid <= 0 || reaped || running_restart > restart_count) return 0;
     ::kill(-pid, SIGTERM);
     kill_at = Clock::now() + std::chrono::milliseconds(grace_ms);
     return 1;
+  }
+
+  // Starts the spare once it is due (under mu).
+  void start_spare_if_due() {
+    if (!recipe || spare || Clock::now() < spare_due) return;
+    spare = start_spare(*recipe);
+    spare_due = Clock::time_point::max();  // one try per script
+  }
+
+  // Forgets the previous, finished script (under mu).
+  void clear_finished() {
+    pid = -1;
+    reaped = false;
+    kill_at.reset();
+    pump.reset();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    dir.clear();
+    error_file.clear();
   }
 };
 
@@ -215,7 +417,7 @@ TorchrunSlot::TorchrunSlot() : state_(std::make_shared<State>()) {
   std::weak_ptr<State> weak = state_;
   this_actor::on_control<StopScript>([weak](const StopScript& m) {
     auto st = weak.lock();
-    return st ? st->stop(m.grace_ms) : 0;
+    return st ? st->stop(m.grace_ms, m.restart_count) : 0;
   });
 }
 
@@ -226,6 +428,7 @@ TorchrunSlot::~TorchrunSlot() {
     ::waitpid(state_->pid, nullptr, 0);
     state_->reaped = true;
   }
+  if (state_->spare) state_->spare->discard();
   auto pump = std::move(state_->pump);
   lock.unlock();
   pump.reset();
@@ -250,8 +453,10 @@ int32_t TorchrunSlot::free_port() {
 
 int64_t TorchrunSlot::start(ScriptLaunch l) {
   std::lock_guard lock(state_->mu);
-  if (state_->stop_requested) return -1;
-  if (state_->pid > 0) throw ConfigError("torchrun slot: rank " + std::to_string(l.rank) + " already runs a script");
+  if (l.restart_count <= state_->stopped_through) return -1;
+  if (state_->pid > 0 && !state_->reaped)
+    throw ConfigError("torchrun slot: rank " + std::to_string(l.rank) + " already runs a script");
+  state_->clear_finished();
   const char* path = std::getenv("PATH");
   std::string exe = find_executable(l.python, path ? path : "/usr/bin:/bin");
   if (exe.empty())
@@ -264,36 +469,38 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
   std::vector<std::string> vars = l.env;
   vars.push_back("TORCHELASTIC_ERROR_FILE=" + state_->error_file);
   add_socket_interfaces(vars);
-  core::SpawnOptions s;
-  s.executable = exe;
-  s.arg0 = l.python;
-  if (l.module) s.args.push_back("-m");
-  s.args.push_back(l.script);
-  s.args.insert(s.args.end(), l.args.begin(), l.args.end());
-  s.env = script_environment(vars);
+  std::vector<std::string> env = script_environment(vars);
+  std::string cwd;
   std::error_code ec;
-  if (!l.working_dir.empty() && std::filesystem::is_directory(l.working_dir, ec)) s.working_dir = l.working_dir;
-  s.new_session = true;  // its own process group, stopped as one
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    throw Error(std::string("pipe: ") + std::strerror(errno));
+  if (!l.working_dir.empty() && std::filesystem::is_directory(l.working_dir, ec)) cwd = l.working_dir;
+
+  auto& spare = state_->spare;
+  if (spare && (!l.warm || spare->exe != exe)) {
+    spare->discard();
+    spare.reset();
   }
-  s.stdout_fd = out[1];
-  s.stderr_fd = err[1];
   pid_t pid = -1;
-  try {
-    pid = core::spawn_process(s);
-  } catch (...) {
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    throw;
+  int out_fd = -1, err_fd = -1;
+  if (spare && hand_over(*spare, l, env, cwd)) {
+    pid = spare->pid;
+    out_fd = spare->out_fd;
+    err_fd = spare->err_fd;
+    TROUPE_LOG_INFO("torchrun slot: rank {} attempt {} runs in the spare interpreter (pid {})", l.rank,
+                    l.restart_count, pid);
+  } else {
+    pid = spawn_script(exe, l, env, cwd, out_fd, err_fd);
   }
-  ::close(out[1]);
-  ::close(err[1]);
+  spare.reset();
   state_->pid = pid;
-  state_->pump = std::make_unique<OutputPump>(l.rank, out[0], err[0], l.output);
+  state_->running_restart = l.restart_count;
+  state_->pump = std::make_unique<OutputPump>(l.rank, out_fd, err_fd, l.output);
+  if (l.warm) {
+    state_->recipe = SpareRecipe{exe, l.python, env, cwd, l.preload};
+    state_->spare_due = Clock::now() + std::chrono::milliseconds(l.spare_delay_ms);
+    state_->start_spare_if_due();
+  } else {
+    state_->recipe.reset();
+  }
   return pid;
 }
 
@@ -315,6 +522,7 @@ ScriptExit TorchrunSlot::wait_exit() {
         ::kill(-pid, SIGKILL);
         state_->kill_at.reset();
       }
+      state_->start_spare_if_due();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

@@ -38,7 +38,14 @@ struct ScriptLaunch {
   std::string run_id;  // names the TORCHELASTIC_ERROR_FILE folder
   int32_t restart_count = 0;
   StreamRef output;  // where the lines go
-  TROUPE_FIELDS(rank, python, module, script, args, env, working_dir, run_id, restart_count, output)
+  // Warm restarts: the slot keeps a spare interpreter that has imported
+  // `preload` (started `spare_delay_ms` after this script, so that it does
+  // not compete with its start), and the next attempt's script runs in it.
+  bool warm = true;
+  std::vector<std::string> preload;
+  uint32_t spare_delay_ms = 2000;
+  TROUPE_FIELDS(rank, python, module, script, args, env, working_dir, run_id, restart_count, output, warm, preload,
+                spare_delay_ms)
 };
 
 // How a script ended: its wait status (`describe_exit_status` spells it),
@@ -50,17 +57,22 @@ struct ScriptExit {
   TROUPE_FIELDS(started, wait_status, error_file_text)
 };
 
-// Control message: stop the script — SIGTERM to its process group, SIGKILL
-// after `grace_ms` — as torchrun stops its workers. Served beside a
-// running wait_exit(); the reply is 1 when a script was signalled.
+// Control message: stop the script of attempt `restart_count` (or an
+// earlier one) — SIGTERM to its process group, SIGKILL after `grace_ms` —
+// as torchrun stops its workers; a start() of that attempt arriving later
+// is refused. Served beside a running wait_exit(); the reply is 1 when a
+// script was signalled.
 struct StopScript {
   static constexpr const char* kControlTag = "torchrun.stop";
   using Reply = int32_t;
   uint32_t grace_ms = 5000;
-  TROUPE_FIELDS(grace_ms)
+  int32_t restart_count = 0;
+  TROUPE_FIELDS(grace_ms, restart_count)
 };
 
-// A resource: one per worker process.
+// A resource: one per worker process. A slot serves the attempts of its
+// group one after another while the group keeps its shape: start() is
+// accepted again once the previous script has exited.
 class TorchrunSlot {
  public:
   TorchrunSlot();
@@ -70,8 +82,9 @@ class TorchrunSlot {
 
   // A TCP port free on this node now (rank 0's slot gives MASTER_PORT).
   int32_t free_port();
-  // Starts the script; returns its pid. ConfigError when the interpreter
-  // is not found or cannot run.
+  // Starts the script (in the spare interpreter when there is one for the
+  // same interpreter); returns its pid, -1 when its attempt was stopped
+  // already. ConfigError when the interpreter is not found or cannot run.
   int64_t start(ScriptLaunch launch);
   // Waits until the script exits and its output is forwarded.
   ScriptExit wait_exit();

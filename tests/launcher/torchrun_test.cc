@@ -145,6 +145,13 @@ TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   EXPECT_EQ(o.script_args, (std::vector<std::string>{"--lr", "0.1", "--nnodes", "x"}));
   EXPECT_EQ(tl::parse_nnodes("2"), std::make_pair(2, 2));
   EXPECT_TRUE(tl::parse_torchrun_args({"-m", "pkg.train"}).module);
+  auto warm = tl::parse_torchrun_args({"a.py"});
+  EXPECT_FALSE(warm.cold_restarts);
+  EXPECT_EQ(warm.preload, (std::vector<std::string>{"torch", "torch.distributed", "torch.nn.parallel"}));
+  auto cold = tl::parse_torchrun_args({"--cold-restarts", "--preload=numpy,my_pkg.models", "a.py"});
+  EXPECT_TRUE(cold.cold_restarts);
+  EXPECT_EQ(cold.preload, (std::vector<std::string>{"numpy", "my_pkg.models"}));
+  EXPECT_TRUE(tl::parse_torchrun_args({"--preload", "", "a.py"}).preload.empty());
 }
 
 TEST(TorchrunOptions, BadValuesNameThemselves) {
@@ -165,6 +172,9 @@ TEST(TorchrunOptions, BadValuesNameThemselves) {
   EXPECT_NE(message({"--frobnicate", "a.py"}).find("unknown option --frobnicate"), std::string::npos);
   EXPECT_NE(message({"--nproc-per-node"}).find("needs a value"), std::string::npos);
   EXPECT_NE(message({}).find("give the training script"), std::string::npos);
+  EXPECT_NE(message({"--preload", "torch,,numpy", "a.py"}).find("--preload torch,,numpy: '' is not a module name"),
+            std::string::npos);
+  EXPECT_NE(message({"--preload", "os;rm", "a.py"}).find("'os;rm' is not a module name"), std::string::npos);
 }
 
 TEST(TorchrunOptions, EnvironmentIsTorchrunsTable) {
@@ -249,6 +259,68 @@ TEST_F(TorchrunTest, MaxRestartsExhaustedExitsNonZeroAndStopsEveryScript) {
       EXPECT_TRUE(eventually([&] { return !alive(pid); })) << "script " << pid << " outlived troupe torchrun";
     }
   EXPECT_TRUE(left_in_session(r.session).empty());
+}
+
+// Processes whose environment carries TORCHELASTIC_RUN_ID=`run_id` (the
+// scripts of that run and their spare interpreters).
+std::vector<pid_t> processes_of_run(const std::string& run_id) {
+  std::vector<pid_t> found;
+  const std::string needle = "TORCHELASTIC_RUN_ID=" + run_id;
+  for (auto& e : fs::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    for (size_t at = env.find(needle); at != std::string::npos; at = env.find(needle, at + 1))
+      if ((at == 0 || env[at - 1] == '\0') && (at + needle.size() == env.size() || env[at + needle.size()] == '\0')) {
+        found.push_back(std::stoi(name));
+        break;
+      }
+  }
+  return found;
+}
+
+TEST_F(TorchrunTest, RestartRunsInASpareInterpreterThatPreloaded) {
+  // The spare starts with its script (no delay), so it is there, its
+  // import done or under way, when rank 1 fails at once.
+  setenv("TROUPE_TORCHRUN_SPARE_DELAY_MS", "0", 1);
+  const std::string run_id = "warm-" + std::to_string(::getpid());
+  auto r = run(torchrun({"--nproc-per-node", "2", "--max-restarts", "1", "--python", kPython, "--run-id", run_id,
+                         "--preload", "email.mime.text", kScripts + "/warm_restart.py", out_.string()}));
+  unsetenv("TROUPE_TORCHRUN_SPARE_DELAY_MS");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 exited with code 3; restarting the group (restart 1/1)"), std::string::npos)
+      << r.output;
+  auto first = read_json(out_ / "warm-1-0.json");
+  EXPECT_FALSE(first["preloaded"].get<bool>()) << first;  // a fresh interpreter
+  for (auto rank : {"0", "1"}) {
+    auto w = read_json(out_ / (std::string("warm-") + rank + "-1.json"));
+    EXPECT_TRUE(w["preloaded"].get<bool>()) << "rank " << rank << ": " << w;
+    EXPECT_EQ(w["name"], "__main__") << w;
+    EXPECT_EQ(w["argv"], (nlohmann::json{kScripts + "/warm_restart.py", out_.string()})) << w;
+    EXPECT_EQ(w["path0"], fs::canonical(kScripts).string()) << w;
+    EXPECT_EQ(w["cwd"], fs::current_path().string()) << w;
+    EXPECT_TRUE(w["troupe_vars"].empty()) << w;
+    EXPECT_EQ(w["world_size"], "2") << w;
+    EXPECT_NE(w["error_file"], "") << w;
+  }
+  EXPECT_NE(read_json(out_ / "warm-1-1.json")["pid"], first["pid"]);
+  // Nothing of the run outlives it: not its scripts, not the spares made
+  // for a restart that never came.
+  EXPECT_TRUE(eventually([&] { return processes_of_run(run_id).empty(); }))
+      << "left running: " << processes_of_run(run_id).size() << " process(es)";
+}
+
+TEST_F(TorchrunTest, ColdRestartsStartEveryAttemptInAFreshInterpreter) {
+  setenv("TROUPE_TORCHRUN_SPARE_DELAY_MS", "0", 1);
+  auto r = run(torchrun({"--nproc-per-node", "2", "--max-restarts", "1", "--python", kPython, "--cold-restarts",
+                         "--preload", "email.mime.text", kScripts + "/warm_restart.py", out_.string()}));
+  unsetenv("TROUPE_TORCHRUN_SPARE_DELAY_MS");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (auto rank : {"0", "1"}) {
+    auto w = read_json(out_ / (std::string("warm-") + rank + "-1.json"));
+    EXPECT_FALSE(w["preloaded"].get<bool>()) << "rank " << rank << ": " << w;
+  }
 }
 
 TEST_F(TorchrunTest, KilledWorkerRestartsTheGroupWhichResumesFromItsCheckpoint) {
