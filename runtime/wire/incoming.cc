@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -26,11 +27,11 @@ constexpr size_t kHugePage = size_t{2} << 20;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-// Reserves `len` bytes of address space at a huge-page boundary, asking for
-// transparent huge pages: nothing is committed until written, and a 64 MiB
-// attachment then faults 32 times instead of 16,384 (a fresh 4 KiB page per
-// fault made a large receive cost twice the copy itself). nullptr when the
-// address space cannot be had.
+// Maps `len` bytes at a huge-page boundary, asking for transparent huge
+// pages: nothing is committed until written, and a 64 MiB attachment then
+// faults 32 times instead of 16,384 (a fresh 4 KiB page per fault made a
+// large receive cost as much as the copy itself). nullptr when the address
+// space cannot be had.
 std::byte* reserve_huge(size_t len) {
   size_t span = len + kHugePage;
   void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -65,25 +66,42 @@ IncomingBlock::IncomingBlock(IncomingBlock&& other) noexcept
 std::pair<std::byte*, size_t> IncomingBlock::room(size_t chunk) {
   if (capacity_ - filled_ < chunk / 2 || capacity_ == filled_) {
     size_t want = std::min(size_, grown_capacity(capacity_, filled_, size_, chunk));
-    if (data_ == nullptr && size_ >= kMappedFrom) {
-      // Address space for the whole announced size; pages are committed
-      // only as bytes arrive, so a stalled peer still costs what it sent.
-      size_t len = round_up(size_, kHugePage);
-      if (std::byte* p = reserve_huge(len)) {
-        data_ = p;
-        mapped_ = len;
-      }
-    }
-    if (want > capacity_ && mapped_ == 0) {
-      void* p = std::realloc(data_, want);
-      if (!p)
-        throw DecodeError("cannot allocate " + std::to_string(want) + " bytes for an attachment of " +
+    if (want > capacity_) {
+      bool mapped = size_ >= kMappedFrom && (mapped_ > 0 || data_ == nullptr) && grow_mapped(want);
+      if (!mapped && mapped_ > 0)
+        throw DecodeError("cannot reserve " + std::to_string(want) + " bytes for an attachment of " +
                           std::to_string(size_) + " bytes");
-      data_ = static_cast<std::byte*>(p);
+      if (!mapped) grow_malloced(want);
+      capacity_ = want;
     }
-    capacity_ = std::max(capacity_, want);
   }
   return {data_ + filled_, capacity_ - filled_};
+}
+
+// Address space for `want` bytes, in whole huge pages: a new aligned
+// mapping, onto whose start the pages received so far are moved (mremap
+// moves page tables, not bytes). False when no address space is left.
+bool IncomingBlock::grow_mapped(size_t want) {
+  size_t len = round_up(want, kHugePage);
+  if (len <= mapped_) return true;
+  std::byte* p = reserve_huge(len);
+  if (p == nullptr) return false;
+  if (data_ != nullptr &&
+      ::mremap(data_, mapped_, mapped_, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {
+    std::memcpy(p, data_, filled_);
+    ::munmap(data_, mapped_);
+  }
+  data_ = p;
+  mapped_ = len;
+  return true;
+}
+
+void IncomingBlock::grow_malloced(size_t want) {
+  void* p = std::realloc(data_, want);
+  if (!p)
+    throw DecodeError("cannot allocate " + std::to_string(want) + " bytes for an attachment of " +
+                      std::to_string(size_) + " bytes");
+  data_ = static_cast<std::byte*>(p);
 }
 
 Buffer IncomingBlock::take() {

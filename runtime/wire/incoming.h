@@ -23,9 +23,10 @@ size_t grown_capacity(size_t capacity, size_t filled, size_t expected, size_t ch
 
 // One attachment being received: `size` bytes announced, memory allocated
 // as they arrive. Small blocks grow with realloc (which remaps rather than
-// copies large blocks); from kMappedFrom bytes the block reserves address
-// space for the announced size, aligned for transparent huge pages, and the
-// kernel commits pages as bytes are written into them.
+// copies large blocks); from kMappedFrom bytes announced, the block is a
+// mapping aligned for transparent huge pages that grows, as realloc would,
+// in whole huge pages (the pages received so far are moved, not copied).
+// Neither reserves address space for what has not arrived.
 class IncomingBlock {
  public:
   static constexpr size_t kMappedFrom = size_t{4} << 20;
@@ -56,6 +57,9 @@ class IncomingBlock {
   size_t filled_ = 0;
   size_t capacity_ = 0;
   size_t mapped_ = 0;  // length of the mapping when reserved, 0 when malloc'd
+
+  bool grow_mapped(size_t want);
+  void grow_malloced(size_t want);
 };
 
 }  // namespace troupe::wire

@@ -149,12 +149,13 @@ TEST(Incoming, AttachmentMemoryFollowsTheBytesThatArrive) {
     ASSERT_LE(block.capacity(), 2 * block.filled() + chunk);
   }
   EXPECT_FALSE(block.complete());
-  // A block this large reserves address space only: the pages the kernel
-  // has committed are those written, plus at most one huge page.
+  // A block this large is a mapping of huge pages: the pages the kernel has
+  // committed are those written, plus at most one huge page.
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  const size_t span = 64u << 20;
+  std::byte* base = block.room(chunk).first - block.filled();
+  const size_t span = (block.capacity() + page - 1) / page * page;
   std::vector<unsigned char> resident(span / page);
-  ASSERT_EQ(::mincore(p, span, resident.data()), 0) << std::strerror(errno);
+  ASSERT_EQ(::mincore(base, span, resident.data()), 0) << std::strerror(errno);
   size_t committed = page * static_cast<size_t>(std::count_if(resident.begin(), resident.end(),
                                                               [](unsigned char r) { return (r & 1) != 0; }));
   EXPECT_GE(committed, block.filled());
