@@ -18,6 +18,7 @@ import tempfile
 import time
 
 STEP_SLEEP_S = 0.01  # TorchTrainer loop: a step's stand-in compute
+POOL_SIZE = 2  # idle workers a node agent keeps per executable (the default)
 
 
 def poll(pred, timeout, what, every=0.002):
@@ -169,6 +170,11 @@ def trainer_once(troupe, train, TorchTrainer, args):
         th = threading.Thread(target=lambda: out.setdefault("result", trainer.fit()), daemon=True)
         th.start()
         poll(lambda: len(_read_log(log_path)) >= 2 * args.warm_steps, args.timeout, "warm steps", every=0.05)
+        # The workers came from the warm pool; the kill waits until the pool
+        # has refilled (its new workers import torch first), as in a cluster
+        # that has been up a while, so the replacement is a ready worker.
+        poll(lambda: all(n.get("IdleWorkers", 0) >= POOL_SIZE for n in troupe.nodes() if n["Alive"]),
+             60, "the warm pool refilled", every=0.05)
         with open(os.path.join(pids, "rank1.pid")) as f:
             victim = int(f.read())
         seen = len(_read_log(log_path))
@@ -211,4 +217,4 @@ def trainer_case(args, log):
     return [{"bench": "py_train", "case": "trainer_recovery_s", "value": round(statistics.median(values), 4),
              "unit": "s", "runs": [round(v, 4) for v in values], "workers": 2,
              "how": "troupe.train.TorchTrainer, gloo DDP, restart from the last reported checkpoint "
-                    "(every 10 steps)"}]
+                    "(every 10 steps); the kill waits for the warm pool to refill"}]

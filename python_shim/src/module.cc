@@ -153,6 +153,7 @@ pyb::dict node_to_python(const wire::NodeInfo& n) {
   d["Resources"] = n.total;
   d["AvailableResources"] = n.available;
   d["GPUIds"] = n.gpu_ids;
+  d["IdleWorkers"] = n.idle_workers;  // troupe's: warm pooled workers, as of the node's last report
   return d;
 }
 

@@ -73,11 +73,14 @@ def trainer_pids():
 
 def test_killed_trainer_heals_to_the_same_weights(tmp_path):
     data = regression(1024)
-    clean = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "clean"), max_failures=1, **JOB).fit()
+    # Long enough (384 steps) that the kill, sent once ten steps are done,
+    # always lands mid-run: 64 steps could all be done before it arrived.
+    long_job = dict(JOB, epochs=12)
+    clean = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "clean"), max_failures=1, **long_job).fit()
 
     troupe.init(num_cpus=4)
     try:
-        job = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "healed"), max_failures=1, **JOB).start()
+        job = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "healed"), max_failures=1, **long_job).start()
         wait_until(lambda: len(job.progress()) >= 10 and len(trainer_pids()) == 2, timeout=120,
                    what="ten steps with two trainers")
         os.kill(trainer_pids()[1], signal.SIGKILL)

@@ -14,7 +14,7 @@ import stat
 import sys
 import tempfile
 
-_cached = None
+_cached = {}
 
 
 def _private_dir():
@@ -26,13 +26,17 @@ def _private_dir():
     return path
 
 
-def worker_executable():
-    global _cached
-    if _cached is not None:
-        return _cached
+def worker_executable(preload=()):
+    """The launcher's path; `preload` (module names) are imported by the
+    worker before it serves, so a pooled worker has them loaded already.
+    Each preload set is an executable, and so a pool, of its own."""
+    preload = tuple(preload)
+    if preload in _cached:
+        return _cached[preload]
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    imports = f"TROUPE_PYTHON_PRELOAD={shlex.quote(','.join(preload))} " if preload else ""
     text = ("#!/bin/sh\n# troupe Python worker launcher (written by troupe._launcher)\n"
-            f"PYTHONPATH={shlex.quote(package_parent)}${{PYTHONPATH:+:$PYTHONPATH}} "
+            f"PYTHONPATH={shlex.quote(package_parent)}${{PYTHONPATH:+:$PYTHONPATH}} {imports}"
             f"exec {shlex.quote(sys.executable)} -m troupe.worker \"$@\"\n")
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     directory = _private_dir()
@@ -43,5 +47,5 @@ def worker_executable():
             f.write(text)
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)
-    _cached = path
+    _cached[preload] = path
     return path

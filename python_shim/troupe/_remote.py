@@ -7,6 +7,7 @@ the first time it runs it. An actor's class travels in its spec (the head
 keeps it for restarts).
 """
 import hashlib
+import re
 
 from troupe import _core
 from troupe import _serialization as ser
@@ -18,9 +19,10 @@ _FUNCTION_KEY = "troupe.py.fn."
 # placement_group_bundle_index options.
 _PLACEMENT_OPTIONS = {"scheduling_strategy", "placement_group", "placement_group_bundle_index"}
 _TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "num_returns",
-                 "retry_exceptions"} | _PLACEMENT_OPTIONS
+                 "retry_exceptions", "preload_modules"} | _PLACEMENT_OPTIONS
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
-                  "lifetime", "namespace", "get_if_exists"} | _PLACEMENT_OPTIONS
+                  "lifetime", "namespace", "get_if_exists", "preload_modules"} | _PLACEMENT_OPTIONS
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def _client():
@@ -43,6 +45,15 @@ def _check_options(options, allowed, what):
     concurrency = options.get("max_concurrency", 1)
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"max_concurrency must be an int >= 1, got {concurrency!r}")
+    _preload(options)
+
+
+def _preload(options):
+    """preload_modules (troupe's own option): module names, checked."""
+    mods = options.get("preload_modules") or ()
+    if isinstance(mods, str) or not all(isinstance(m, str) and _MODULE_NAME.fullmatch(m) for m in mods):
+        raise ConfigError(f"preload_modules must be a list of module names, got {mods!r}")
+    return tuple(mods)
 
 
 def _runtime_options(options, default_cpus):
@@ -59,7 +70,7 @@ def _runtime_options(options, default_cpus):
         resources["GPU"] = float(options["num_gpus"])
     out = {
         "resources": resources,
-        "executable": worker_executable(),
+        "executable": worker_executable(_preload(options)),
         "max_restarts": options.get("max_restarts", 0),
         "max_task_retries": options.get("max_task_retries", 0),
         "max_retries": options.get("max_retries", 0),

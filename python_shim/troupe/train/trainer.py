@@ -20,6 +20,11 @@ import os
 import time
 
 from . import worker as worker_module
+
+# What a TorchTrainer worker imports before it serves (troupe's
+# preload_modules): torch, and torch.distributed, which the worker
+# initialises before the loop starts.
+WORKER_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel")
 from .checkpoint import Checkpoint, CheckpointStore
 from .config import RunConfig, ScalingConfig
 
@@ -168,7 +173,10 @@ class TorchTrainer:
         """Creates the workers into `workers` (so that the caller stops them
         whatever happens), then puts them in rank order."""
         res = self.scaling_config.worker_resources()
-        opts = {"num_cpus": res.pop("CPU"), "num_gpus": res.pop("GPU", 0), "max_restarts": 0}
+        # Workers import torch before they are ready: a pooled one taken for
+        # the next attempt (after a death) has it loaded already.
+        opts = {"num_cpus": res.pop("CPU"), "num_gpus": res.pop("GPU", 0), "max_restarts": 0,
+                "preload_modules": list(WORKER_PRELOAD)}
         if res:
             opts["resources"] = res
         actor_class = rt.remote(**opts)(worker_module.TrainWorker)
