@@ -224,7 +224,7 @@ struct Spare {
   void discard() {
     if (pid > 0) {
       ::kill(-pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
+      core::wait_child(pid);
     }
     for (int fd : {launch_fd, out_fd, err_fd})
       if (fd >= 0) ::close(fd);
@@ -425,7 +425,7 @@ TorchrunSlot::~TorchrunSlot() {
   std::unique_lock lock(state_->mu);
   if (state_->pid > 0 && !state_->reaped) {
     ::kill(-state_->pid, SIGKILL);
-    ::waitpid(state_->pid, nullptr, 0);
+    core::wait_child(state_->pid);
     state_->reaped = true;
   }
   if (state_->spare) state_->spare->discard();

@@ -107,8 +107,7 @@ void check_exec(int error_read_fd, pid_t pid, const std::string& exe) {
   } while (n < 0 && errno == EINTR);
   ::close(error_read_fd);
   if (n != static_cast<ssize_t>(sizeof(err))) return;
-  int st = 0;
-  ::waitpid(pid, &st, 0);
+  wait_child(pid);
   throw Error("cannot run " + exe + ": " + std::strerror(err));
 }
 
@@ -231,8 +230,17 @@ void reap_process(pid_t pid, std::chrono::milliseconds grace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ::kill(pid, SIGKILL);
+  wait_child(pid);
+}
+
+pid_t wait_child(pid_t pid, int* status) {
   int st = 0;
-  ::waitpid(pid, &st, 0);
+  pid_t r;
+  do {
+    r = ::waitpid(pid, &st, 0);
+  } while (r < 0 && errno == EINTR);
+  if (status) *status = st;
+  return r;
 }
 
 pid_t spawn_process(const SpawnOptions& o) {

@@ -60,6 +60,12 @@ struct RoleProcess {
 // naming `what`.
 RoleProcess start_role_process(const RoleProcessOptions& options, const std::string& what);
 
+// waitpid(pid, status, 0), again each time a signal interrupts it: asio's
+// signal_set installs its handlers without SA_RESTART, so in a process that
+// watches SIGCHLD a child's exit can cut a plain waitpid short and leave
+// the child a zombie. Returns waitpid's result (-1 with errno otherwise).
+pid_t wait_child(pid_t pid, int* status = nullptr);
+
 // Waits for pid to exit, SIGKILLing it after `grace`.
 void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
 

@@ -277,10 +277,7 @@ class NodeAgent::Impl {
   // stopping, or its incarnation is over and the head knows.
   void kill_workers() {
     for (auto& [pid, w] : workers_) ::kill(pid, SIGKILL);
-    for (auto& [pid, w] : workers_) {
-      int st = 0;
-      ::waitpid(pid, &st, 0);
-    }
+    for (auto& [pid, w] : workers_) core::wait_child(pid);
     workers_.clear();
   }
 

@@ -140,8 +140,7 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
       // It died while idle: reap() will collect it; try another.
       TROUPE_LOG_DEBUG("worker pool: idle worker {} could not take actor {}: {}", pid, a.actor_id, ex.what());
       ::kill(pid, SIGKILL);
-      int st = 0;
-      ::waitpid(pid, &st, 0);
+      core::wait_child(pid);
     }
     chosen = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it)
@@ -258,8 +257,7 @@ void WorkerPool::kill_idle(const std::string& executable) {
     TROUPE_LOG_DEBUG("worker pool: idle worker {} of {} unused for {} ms; killing it", it->first, executable,
                      opts_.idle_timeout.count());
     ::kill(it->first, SIGKILL);
-    int st = 0;
-    ::waitpid(it->first, &st, 0);
+    core::wait_child(it->first);
     it = idle_.erase(it);
   }
   report_idle_count();
@@ -282,10 +280,7 @@ void WorkerPool::stop() {
 
 void WorkerPool::kill_all_idle() {
   for (auto& [pid, w] : idle_) ::kill(pid, SIGKILL);
-  for (auto& [pid, w] : idle_) {
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-  }
+  for (auto& [pid, w] : idle_) core::wait_child(pid);
   idle_.clear();
   taken_.clear();
 }

@@ -365,7 +365,13 @@ TEST(ElasticTest, FencedNodeAgentsTrainerNeverStepsBesideItsReplacement) {
     }
     return rejoined && cpus == 3;
   }));
-  EXPECT_NE(::kill(stale.pid, 0), 0) << "the stale trainer " << stale.pid << " still runs";
+  EXPECT_NE(::kill(stale.pid, 0), 0) << "the stale trainer " << stale.pid << " still runs: "
+                                     << [&] {
+                                          std::ifstream f("/proc/" + std::to_string(stale.pid) + "/stat");
+                                          std::string stat;
+                                          std::getline(f, stat);
+                                          return stat;
+                                        }();
   fs::remove_all(dir);
 }
 
