@@ -176,6 +176,33 @@ std::vector<std::string> script_environment(const std::vector<std::string>& vars
   return env;
 }
 
+// Spawns `s` in a process group of its own (stopped as one), its stdout and
+// stderr into pipes whose read ends come back as out_fd and err_fd.
+pid_t spawn_with_output(core::SpawnOptions s, int& out_fd, int& err_fd) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    throw Error(std::string("pipe: ") + std::strerror(errno));
+  }
+  s.new_session = true;
+  s.stdout_fd = out[1];
+  s.stderr_fd = err[1];
+  pid_t pid = -1;
+  try {
+    pid = core::spawn_process(s);
+  } catch (...) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    throw;
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  out_fd = out[0];
+  err_fd = err[0];
+  return pid;
+}
+
 // What a spare interpreter runs: it imports the modules named in
 // TROUPE_TORCHRUN_PRELOAD (one that fails is skipped), then blocks reading
 // its launch (JSON) from the descriptor TROUPE_TORCHRUN_SPARE_FD names.
@@ -243,47 +270,31 @@ struct SpareRecipe {
   std::vector<std::string> preload;
 };
 
-// Three CLOEXEC pipes, or none: {launch, stdout, stderr}, each {read, write}.
-bool make_pipes(int (&p)[3][2]) {
-  for (int i = 0; i < 3; ++i)
-    if (::pipe2(p[i], O_CLOEXEC) != 0) {
-      for (int j = 0; j < i; ++j) ::close(p[j][0]), ::close(p[j][1]);
-      return false;
-    }
-  return true;
-}
-
 std::optional<Spare> start_spare(const SpareRecipe& r) {
-  int p[3][2];
-  if (!make_pipes(p)) return std::nullopt;
+  int launch[2];
+  if (::pipe2(launch, O_CLOEXEC) != 0) return std::nullopt;
   core::SpawnOptions s;
   s.executable = r.exe;
   s.arg0 = r.arg0;
   s.args = {"-c", kSpareBootstrap};
   s.env = r.env;
-  s.env.push_back("TROUPE_TORCHRUN_SPARE_FD=" + std::to_string(p[0][0]));
+  s.env.push_back("TROUPE_TORCHRUN_SPARE_FD=" + std::to_string(launch[0]));
   std::string preload;
   for (const auto& m : r.preload) preload += (preload.empty() ? "" : ",") + m;
   s.env.push_back("TROUPE_TORCHRUN_PRELOAD=" + preload);
   s.working_dir = r.working_dir;
-  s.new_session = true;
-  s.stdout_fd = p[1][1];
-  s.stderr_fd = p[2][1];
-  s.keep_fds = {p[0][0]};
+  s.keep_fds = {launch[0]};
   Spare spare;
   try {
-    spare.pid = core::spawn_process(s);
+    spare.pid = spawn_with_output(std::move(s), spare.out_fd, spare.err_fd);
   } catch (const std::exception&) {
-    for (auto& pipe : p) ::close(pipe[0]), ::close(pipe[1]);
+    ::close(launch[0]);
+    ::close(launch[1]);
     return std::nullopt;
   }
-  ::close(p[0][0]);
-  ::close(p[1][1]);
-  ::close(p[2][1]);
+  ::close(launch[0]);
   spare.exe = r.exe;
-  spare.launch_fd = p[0][1];
-  spare.out_fd = p[1][0];
-  spare.err_fd = p[2][0];
+  spare.launch_fd = launch[1];
   return spare;
 }
 
@@ -316,8 +327,8 @@ bool hand_over(Spare& spare, const ScriptLaunch& l, const std::vector<std::strin
   return true;
 }
 
-// Starts `python [-m] script args...` in a fresh interpreter, in a process
-// group of its own; its stdout and stderr come back as out_fd and err_fd.
+// Starts `python [-m] script args...` in a fresh interpreter; its stdout
+// and stderr come back as out_fd and err_fd.
 pid_t spawn_script(const std::string& exe, const ScriptLaunch& l, std::vector<std::string> env,
                    const std::string& cwd, int& out_fd, int& err_fd) {
   core::SpawnOptions s;
@@ -328,28 +339,7 @@ pid_t spawn_script(const std::string& exe, const ScriptLaunch& l, std::vector<st
   s.args.insert(s.args.end(), l.args.begin(), l.args.end());
   s.env = std::move(env);
   s.working_dir = cwd;
-  s.new_session = true;  // its own process group, stopped as one
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    throw Error(std::string("pipe: ") + std::strerror(errno));
-  }
-  s.stdout_fd = out[1];
-  s.stderr_fd = err[1];
-  pid_t pid = -1;
-  try {
-    pid = core::spawn_process(s);
-  } catch (...) {
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    throw;
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  out_fd = out[0];
-  err_fd = err[0];
-  return pid;
+  return spawn_with_output(std::move(s), out_fd, err_fd);
 }
 
 }  // namespace

@@ -57,8 +57,7 @@ int wait_for_head(pid_t head, const sigset_t& signals) {
     if (sigwait(&signals, &sig) != 0 || sig == SIGCHLD) continue;
     std::fprintf(stderr, "head supervisor: signal %d; stopping the head (pid %d)\n", sig, head);
     ::kill(head, SIGTERM);
-    while (::waitpid(head, &status, 0) < 0 && errno == EINTR) {
-    }
+    core::wait_child(head);
     std::_Exit(0);
   }
 }

@@ -67,11 +67,15 @@ std::pair<std::byte*, size_t> IncomingBlock::room(size_t chunk) {
   if (capacity_ - filled_ < chunk / 2 || capacity_ == filled_) {
     size_t want = std::min(size_, grown_capacity(capacity_, filled_, size_, chunk));
     if (want > capacity_) {
-      bool mapped = size_ >= kMappedFrom && (mapped_ > 0 || data_ == nullptr) && grow_mapped(want);
-      if (!mapped && mapped_ > 0)
-        throw DecodeError("cannot reserve " + std::to_string(want) + " bytes for an attachment of " +
-                          std::to_string(size_) + " bytes");
-      if (!mapped) grow_malloced(want);
+      // A large attachment starts as a mapping and stays one; a small one,
+      // or one whose first mapping failed, is malloc'd.
+      if (mapped_ > 0) {
+        if (!grow_mapped(want))
+          throw DecodeError("cannot reserve " + std::to_string(want) + " bytes for an attachment of " +
+                            std::to_string(size_) + " bytes");
+      } else if (data_ != nullptr || size_ < kMappedFrom || !grow_mapped(want)) {
+        grow_malloced(want);
+      }
       capacity_ = want;
     }
   }

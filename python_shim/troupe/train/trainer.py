@@ -20,13 +20,13 @@ import os
 import time
 
 from . import worker as worker_module
-
-# What a TorchTrainer worker imports before it serves (troupe's
-# preload_modules): torch, and torch.distributed, which the worker
-# initialises before the loop starts.
-WORKER_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel")
 from .checkpoint import Checkpoint, CheckpointStore
 from .config import RunConfig, ScalingConfig
+
+# What a TorchTrainer worker imports before it serves (troupe's
+# preload_modules): torch, torch.distributed (initialised before the loop
+# starts) and torch.nn.parallel (prepare_model's DDP).
+WORKER_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel")
 
 # How long an attempt waits for its workers to be placed and start.
 PLACEMENT_TIMEOUT_S = 300
