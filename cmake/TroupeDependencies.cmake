@@ -68,6 +68,11 @@ function(troupe_import_torch_cpu root)
   set(TORCH_LIBRARIES troupe_torch_cpu PARENT_SCOPE)
 endfunction()
 if(TROUPE_WITH_TORCH AND TROUPE_TORCH_ROOT)
+  # PyPI's libtorch.so exports copies of libstdc++ functions (std::filesystem
+  # among them) built by its own toolchain; with libtorch ahead of libstdc++
+  # in DT_NEEDED, ours bind to those and crash (remove_all jumped to 0 on the
+  # GPU machine). Naming libstdc++ first makes every lookup find it first.
+  add_link_options(LINKER:--push-state,--no-as-needed -lstdc++ LINKER:--pop-state)
   if(NOT EXISTS ${TROUPE_TORCH_ROOT}/include/torch/torch.h AND
      NOT EXISTS ${TROUPE_TORCH_ROOT}/include/torch/csrc/api/include/torch/torch.h)
     message(FATAL_ERROR "TROUPE_TORCH_ROOT=${TROUPE_TORCH_ROOT} holds no LibTorch headers")
@@ -77,6 +82,11 @@ if(TROUPE_WITH_TORCH AND TROUPE_TORCH_ROOT)
     message(WARNING "TROUPE_TORCH_ROOT has libtorch_cuda but no CUDA toolkit was found")
   endif()
   if(_torch_cuda_libs AND CUDAToolkit_FOUND)
+    # TorchConfig finds Caffe2 and its libraries with PATHS, which come after
+    # the system's: without this a machine that also has Debian's LibTorch
+    # would mix the two.
+    list(PREPEND CMAKE_PREFIX_PATH ${TROUPE_TORCH_ROOT})
+    set(Caffe2_DIR ${TROUPE_TORCH_ROOT}/share/cmake/Caffe2)
     find_package(Torch CONFIG REQUIRED PATHS ${TROUPE_TORCH_ROOT}/share/cmake/Torch NO_DEFAULT_PATH)
     set(TROUPE_TORCH_KIND "config")
   else()

@@ -19,7 +19,8 @@ out=.gpu-bundle
 limit_mib=${BUNDLE_LIMIT_MIB:-56}
 debs=${GPU_BUNDLE_DEBS:-$HOME/.cache/troupe-gpu-debs}
 
-# Build deps (headers, CMake configs, the capnp compiler) and the runtime
+# Build deps (headers, CMake configs, the capnp compiler, pkg-config, which
+# the GPU machine may lack) and the runtime
 # libraries they link; the C runtime, libstdc++, OpenSSL 3 and zlib runtimes
 # are assumed present (any glibc-2.36-or-newer Linux has them), their -dev
 # packages are not.
@@ -32,6 +33,7 @@ packages=(
   libibverbs-dev libibverbs1 ibverbs-providers libnl-3-200 libnl-3-dev libnl-route-3-200 libnl-route-3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev libbenchmark1debian
   libssl-dev libssl3 zlib1g-dev zlib1g
+  pkgconf pkgconf-bin libpkgconf3 pkg-config
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libsqlite3-dev libsqlite3-0 libyaml-dev libyaml-0-2
 )
 

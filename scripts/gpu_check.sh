@@ -2,7 +2,7 @@
 # The GPU lane of issue 17, run ON the GPU machine (CUDA, NCCL, PyTorch 2.x in
 # a venv, CMake, ninja; none of troupe's Debian dependencies; no network).
 #
-#   scripts/gpu_check.sh [unpack|configure|build|test|bench|all]
+#   scripts/gpu_check.sh [unpack|configure|build|test|gpu_tests|suites|bench|all]
 #
 # Each stage fits one 10-minute command and resumes from the previous one
 # (the git-ignored build-gpu/ stays between calls; the prefix is re-unpacked
@@ -17,9 +17,11 @@
 #              machine's CUDA and NCCL (the venv's nvidia-nccl when present)
 #              and the prefix (CMAKE_PREFIX_PATH, PKG_CONFIG_PATH, PATH for
 #              the capnp compiler, LD_LIBRARY_PATH at run time).
-#   build      ninja -j$JOBS (default: all cores).
-#   test       ctest -L gpu, then the actors/trainer suites.
-#   bench      bench/run gpu_train when that case exists.
+#   build      ninja -j$JOBS (default: all cores) of $GPU_TARGETS.
+#   test       ctest -L gpu, then the trainer suites ($GPU_SUITES) against
+#              this LibTorch (all runs them around the bench).
+#   bench      troupe_bench_gpu_train (bench/gpu_train.cc) against the
+#              machine's PyTorch: JSON lines to $OUT/gpu_train.jsonl.
 # Every stage appends JSON lines to $OUT/gpu-check.jsonl (stage, status,
 # seconds, GPU name) and its output to $OUT/gpu-check.log ($OUT defaults to
 # out/ when not set by the device tool).
@@ -63,6 +65,13 @@ unpack() {
   grep -rlE '(^|[ ="])/usr(/|"|$)' "$prefix"/usr/lib/$multiarch/pkgconfig "$prefix"/usr/share/pkgconfig \
     "$prefix"/usr/lib/$multiarch/cmake "$prefix"/usr/share/cmake 2>/dev/null |
     xargs -r sed -i -E "s#(^|[ =\"])/usr(/|\"|\$)#\1$prefix/usr\2#g"
+  # Cap'n Proto 0.9's blob.h compares const char* with kj::StringPtr in an
+  # order that GCC 13 in C++20 mode finds no operator for (kj drops its
+  # const char* overloads where rewritten comparisons exist); compare as
+  # StringPtr on both sides, the member operator that every compiler takes.
+  sed -i -e 's/{ return a == b.asString(); }/{ return b.asString() == kj::StringPtr(a); }/' \
+    -e 's/{ return a != b.asString(); }/{ return !(b.asString() == kj::StringPtr(a)); }/' \
+    "$prefix/usr/include/capnp/blob.h"
   find "$prefix" -type l -lname '/*' | while read -r l; do
     local t
     t=$(readlink "$l")
@@ -76,13 +85,17 @@ configure() {
   local torch_cmake torch_root nccl_dir args
   torch_cmake=$("$torch_py" -c 'import torch; print(torch.utils.cmake_prefix_path)')
   torch_root=$(dirname "$(dirname "$torch_cmake")")
-  args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  # Release: no debug info, so the lane's build and links are quicker.
+  # CMAKE_POLICY_VERSION_MINIMUM: a CMake 4 there refuses package files that
+  # ask for policies older than 3.5; older CMakes ignore the variable.
+  args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_POLICY_VERSION_MINIMUM=3.5
         -DTROUPE_TORCH_ROOT="$torch_root" -DTROUPE_WITH_PYTHON=OFF
-        -DOPENSSL_ROOT_DIR="$prefix/usr")
+        -DOPENSSL_ROOT_DIR="$prefix/usr"
+        -DTORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}")
   # shellcheck disable=SC2206 # extra arguments, split on spaces on purpose
   [[ -n ${GPU_CMAKE_ARGS:-} ]] && args+=(${GPU_CMAKE_ARGS})
   # The venv's NCCL (nvidia-nccl-cu*), when the CUDA install has none.
-  nccl_dir=$("$torch_py" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__ or nvidia.nccl.__path__[0]))' 2>/dev/null || true)
+  nccl_dir=$("$torch_py" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
   if [[ -n $nccl_dir && -f $nccl_dir/include/nccl.h ]]; then
     args+=(-DNCCL_INCLUDE_DIR="$nccl_dir/include" -DNCCL_LIBRARY="$(ls "$nccl_dir"/lib/libnccl.so* | head -n1)")
   fi
@@ -90,23 +103,49 @@ configure() {
   cmake "${args[@]}"
 }
 
-build_all() { env_for_prefix; cmake --build "$build" -j"$jobs"; }
+# What the lane needs (GPU_TARGETS=all builds everything): the GPU tests,
+# the trainer suites run after them, and the benchmark.
+targets=${GPU_TARGETS:-nccl_group_test troupe_cuda_trainer_test troupe_tensor_collectives_test troupe_trainer_unit_test troupe_trainer_job_test troupe_open_trainer_test troupe_bench_gpu_train}
 
-run_tests() {
+build_all() {
   env_for_prefix
+  # shellcheck disable=SC2086 # a list of targets
+  # -k 0: a target that fails to compile does not stop the others, so the
+  # tests and the benchmark that did build still run.
   local rc=0
-  ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 -j2 || rc=$?
-  ctest --test-dir "$build" -R 'actors|trainer|tensor_collectives|elastic' --output-on-failure --timeout 300 -j4 || rc=$?
+  cmake --build "$build" -j"$jobs" ${targets:+--target $targets} -- -k 0 || rc=$?
+  # How the binaries reach libstdc++ (docs/runtime.md: PyPI's libtorch.so
+  # exports std::filesystem functions of its own).
+  local probe=$build/tests/trainer/troupe_trainer_job_test
+  local cxx
+  cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+  if [[ -x $probe && -n $cxx ]]; then
+    echo "libstdc++ of $cxx: $("$cxx" -print-file-name=libstdc++.so) (static: $("$cxx" -print-file-name=libstdc++.a))"
+    echo "NEEDED of $(basename "$probe"): $(readelf -d "$probe" | awk '/NEEDED/ {printf "%s ", $5}')"
+  fi
   return $rc
 }
 
+run_gpu_tests() {
+  env_for_prefix
+  # torch.load checks and TorchScript files need a python with torch.
+  export TROUPE_TEST_PYTHON=$torch_py
+  ctest --test-dir "$build" -L gpu --output-on-failure --timeout "${GPU_TEST_TIMEOUT:-180}" -j2
+}
+
+run_suites() {
+  env_for_prefix
+  export TROUPE_TEST_PYTHON=$torch_py
+  ctest --test-dir "$build" -LE gpu -R "${GPU_SUITES:-trainer_unit|tensor_collectives|trainer_job}" \
+    --output-on-failure --timeout "${GPU_TEST_TIMEOUT:-180}" -j4
+}
+
+run_tests() { local rc=0; run_gpu_tests || rc=$?; run_suites || rc=$?; return $rc; }
+
 run_bench() {
   env_for_prefix
-  if grep -q gpu_train bench/run 2>/dev/null; then
-    TROUPE_BUILD=$build bench/run gpu_train --out "$out"
-  else
-    echo "bench/run has no gpu_train case yet: nothing to measure" && return 0
-  fi
+  # shellcheck disable=SC2086 # extra arguments, split on spaces on purpose
+  timeout -k 10 "${GPU_BENCH_TIMEOUT:-300}" "$build/bench/troupe_bench_gpu_train" --python "$torch_py" ${GPU_BENCH_ARGS:-} | tee -a "$out/gpu_train.jsonl"
 }
 
 stage() { # name function
@@ -122,7 +161,18 @@ case ${1:-all} in
   configure) stage unpack unpack && stage configure configure ;;
   build) stage unpack unpack && { [[ -f $build/build.ninja ]] || stage configure configure; } && stage build build_all ;;
   test) stage unpack unpack && stage test run_tests ;;
+  gpu_tests) stage unpack unpack && stage gpu_tests run_gpu_tests ;;
+  suites) stage unpack unpack && stage suites run_suites ;;
   bench) stage unpack unpack && stage bench run_bench ;;
-  all) stage unpack unpack && stage configure configure && stage build build_all && stage test run_tests && stage bench run_bench ;;
-  *) echo "unknown stage '$1' (unpack|configure|build|test|bench|all)" >&2; exit 2 ;;
+  # The GPU tests, then the benchmark (the figures the lane is for), then
+  # the CPU suites against this LibTorch; a failing stage stops none after it.
+  all) stage unpack unpack && stage configure configure && {
+      rc=0
+      stage build build_all || rc=1
+      stage gpu_tests run_gpu_tests || rc=1
+      stage bench run_bench || rc=1
+      stage suites run_suites || rc=1
+      exit $rc
+    } ;;
+  *) echo "unknown stage '$1' (unpack|configure|build|test|gpu_tests|suites|bench|all)" >&2; exit 2 ;;
 esac
