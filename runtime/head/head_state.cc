@@ -355,7 +355,7 @@ std::optional<HeadState::Allocation> HeadState::allocate(const Actor& a, std::st
   if (a.spec.placement_group) return allocate_in_group(a, reason);
   std::vector<NodeView> views;
   for (const auto& [id, n] : nodes_)
-    if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available()});
+    if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available(), n.pool.gpu_free()});
   auto pick = pick_node(views, a.spec.resources, reason);
   if (!pick) return std::nullopt;
   return Allocation{*pick, 0, 0, 0, nodes_.at(*pick).pool.take(a.spec.resources)};
@@ -478,7 +478,7 @@ PlacementGroupInfo HeadState::create_placement_group(PeerId owner, PlacementGrou
 bool HeadState::try_place_group(Group& g) {
   std::vector<NodeView> views;
   for (const auto& [id, n] : nodes_)
-    if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available()});
+    if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available(), n.pool.gpu_free()});
   std::string reason;
   auto placed = place_bundles(views, g.spec.bundles, g.spec.strategy, &reason);
   if (!placed) {

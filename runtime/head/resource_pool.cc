@@ -10,6 +10,9 @@
 namespace troupe::head {
 
 namespace {
+// Shares are sums of fractions such as 0.1: compare with room for rounding.
+constexpr double kShareEps = 1e-9;
+
 std::string show(double v) {
   std::ostringstream s;
   s << v;
@@ -25,6 +28,8 @@ void validate_resources(const Resources& r, const std::string& where) {
     if (v < 0) throw ConfigError(what + " is negative");
     if (v > kMaxResourceAmount) throw ConfigError(what + " exceeds the limit " + show(kMaxResourceAmount));
     if (k == "GPU" && v > kMaxGpus) throw ConfigError(what + " exceeds the limit of " + show(kMaxGpus) + " GPUs");
+    if (k == "GPU" && v > 1 && std::abs(v - std::round(v)) > kShareEps)
+      throw ConfigError(what + " is more than one GPU but not a whole number: ask for whole GPUs, or a part of one");
   }
 }
 
@@ -36,11 +41,23 @@ int gpu_count(const Resources& r) {
 
 ResourcePool::ResourcePool(Resources total) : total_(total), available_(std::move(total)) {
   for (int i = 0; i < gpu_count(total_); ++i) gpu_ids_.push_back(i);
-  free_gpus_ = gpu_ids_;
+  // A node that offers part of one GPU offers that part of GPU 0.
+  const double amount = gpu_amount(total_);
+  gpu_free_.assign(gpu_ids_.size(), gpu_ids_.size() == 1 && amount < 1 ? amount : 1.0);
 }
 
 ResourcePool::ResourcePool(Resources total, std::vector<int32_t> gpu_ids)
-    : total_(total), available_(std::move(total)), gpu_ids_(std::move(gpu_ids)), free_gpus_(gpu_ids_) {}
+    : total_(total), available_(std::move(total)), gpu_ids_(std::move(gpu_ids)) {
+  const double amount = gpu_amount(total_);
+  gpu_free_.assign(gpu_ids_.size(), gpu_ids_.size() == 1 && amount < 1 ? amount : 1.0);
+}
+
+std::vector<int32_t> ResourcePool::free_gpus() const {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < gpu_ids_.size(); ++i)
+    if (gpu_free_[i] >= 1 - kShareEps) out.push_back(gpu_ids_[i]);
+  return out;
+}
 
 Resources ResourcePool::used() const {
   Resources u;
@@ -51,7 +68,9 @@ Resources ResourcePool::used() const {
   return u;
 }
 
-bool ResourcePool::fits(const Resources& req) const { return head::fits(available_, req); }
+bool ResourcePool::fits(const Resources& req) const {
+  return head::fits(available_, req) && pick_gpus(gpu_free_, gpu_amount(req)).has_value();
+}
 
 Grant ResourcePool::take(const Resources& req) {
   if (!fits(req))
@@ -59,26 +78,41 @@ Grant ResourcePool::take(const Resources& req) {
   Grant g;
   g.resources = req;
   subtract(available_, req);
-  size_t k = std::min<size_t>(gpu_count(req), free_gpus_.size());
-  g.gpu_ids.assign(free_gpus_.begin(), free_gpus_.begin() + k);
-  free_gpus_.erase(free_gpus_.begin(), free_gpus_.begin() + k);
+  const double amount = gpu_amount(req);
+  auto picked = *pick_gpus(gpu_free_, amount);
+  take_gpus(gpu_free_, picked, amount);
+  for (size_t i : picked) g.gpu_ids.push_back(gpu_ids_[i]);
   return g;
 }
 
 void ResourcePool::retake(const Grant& grant) {
-  if (!fits(grant.resources))
+  if (!head::fits(available_, grant.resources))
     throw ConfigError("{" + format_resources(grant.resources) + "} does not fit in {" + format_resources(available_) +
                       "}");
-  for (int32_t id : grant.gpu_ids)
-    if (std::find(free_gpus_.begin(), free_gpus_.end(), id) == free_gpus_.end())
+  const double amount = gpu_amount(grant.resources);
+  const double each = amount < 1 ? amount : 1.0;
+  std::vector<size_t> picked;
+  for (int32_t id : grant.gpu_ids) {
+    auto it = std::find(gpu_ids_.begin(), gpu_ids_.end(), id);
+    auto i = static_cast<size_t>(it - gpu_ids_.begin());
+    if (it == gpu_ids_.end() || gpu_free_[i] + kShareEps < each)
       throw ConfigError("GPU " + std::to_string(id) + " is not free");
+    picked.push_back(i);
+  }
   subtract(available_, grant.resources);
-  for (int32_t id : grant.gpu_ids) free_gpus_.erase(std::find(free_gpus_.begin(), free_gpus_.end(), id));
+  take_gpus(gpu_free_, picked, amount);
 }
 
 void ResourcePool::give_back(const Grant& grant) {
   add(available_, grant.resources);
-  free_gpus_.insert(free_gpus_.end(), grant.gpu_ids.begin(), grant.gpu_ids.end());
+  const double amount = gpu_amount(grant.resources);
+  const double each = amount < 1 ? amount : 1.0;
+  for (int32_t id : grant.gpu_ids) {
+    auto it = std::find(gpu_ids_.begin(), gpu_ids_.end(), id);
+    if (it == gpu_ids_.end()) continue;
+    auto& f = gpu_free_[static_cast<size_t>(it - gpu_ids_.begin())];
+    f = std::min(1.0, f + each);
+  }
 }
 
 }  // namespace troupe::head

@@ -41,7 +41,8 @@ class ResourcePool {
   ResourcePool() = default;
   // A node's pool: GPU ids 0..GPU-1.
   explicit ResourcePool(Resources total);
-  // A bundle's pool: exactly the GPU ids it reserved.
+  // A bundle's pool: exactly the GPU ids it reserved (a bundle of a fraction
+  // of a GPU has that fraction of its one GPU).
   ResourcePool(Resources total, std::vector<int32_t> gpu_ids);
 
   const Resources& total() const { return total_; }
@@ -49,11 +50,15 @@ class ResourcePool {
   // total - available, per key of total.
   Resources used() const;
   const std::vector<int32_t>& gpu_ids() const { return gpu_ids_; }
-  const std::vector<int32_t>& free_gpus() const { return free_gpus_; }
+  // The GPU ids that are wholly free.
+  std::vector<int32_t> free_gpus() const;
+  // The free part of each GPU of gpu_ids() (1 = all of it), in that order.
+  const std::vector<double>& gpu_free() const { return gpu_free_; }
 
   bool fits(const Resources& req) const;
-  // Takes `req` and as many free GPU ids as it asks GPUs; ConfigError when
-  // it does not fit (callers check fits first).
+  // Takes `req` and its GPUs: whole free GPUs for a whole number, a share of
+  // one GPU for a fraction (scheduler.h pick_gpus); ConfigError when it does
+  // not fit (callers check fits first).
   Grant take(const Resources& req);
   // Returns what take handed out.
   void give_back(const Grant& grant);
@@ -65,7 +70,7 @@ class ResourcePool {
   Resources total_;
   Resources available_;
   std::vector<int32_t> gpu_ids_;
-  std::vector<int32_t> free_gpus_;
+  std::vector<double> gpu_free_;
 };
 
 }  // namespace troupe::head

@@ -28,6 +28,10 @@ double load_after(const NodeView& n, const Resources& req) {
   return worst;
 }
 
+// Takes req out of a node view being planned on: its amounts and its GPUs.
+// Defined below the public helpers it uses.
+void reserve(NodeView& n, const Resources& req);
+
 std::string nodes_summary(const std::vector<NodeView>& nodes) {
   std::ostringstream s;
   if (nodes.empty()) return "no nodes alive";
@@ -36,6 +40,46 @@ std::string nodes_summary(const std::vector<NodeView>& nodes) {
   return s.str();
 }
 }  // namespace
+
+double gpu_amount(const Resources& r) { return get(r, "GPU"); }
+
+namespace {
+void reserve(NodeView& n, const Resources& req) {
+  subtract(n.available, req);
+  if (n.gpu_free.empty()) return;
+  const double amount = gpu_amount(req);
+  if (auto picked = pick_gpus(n.gpu_free, amount)) take_gpus(n.gpu_free, *picked, amount);
+}
+}  // namespace
+
+std::optional<std::vector<size_t>> pick_gpus(const std::vector<double>& free, double amount) {
+  std::vector<size_t> out;
+  if (!(amount > kEps)) return out;
+  if (amount < 1 - kEps) {
+    // Best fit: the GPU with the least free share that still holds it.
+    std::optional<size_t> best;
+    for (size_t i = 0; i < free.size(); ++i)
+      if (free[i] + kEps >= amount && (!best || free[i] < free[*best])) best = i;
+    if (!best) return std::nullopt;
+    out.push_back(*best);
+    return out;
+  }
+  const auto whole = static_cast<size_t>(std::llround(amount));
+  for (size_t i = 0; i < free.size() && out.size() < whole; ++i)
+    if (free[i] >= 1 - kEps) out.push_back(i);
+  if (out.size() < whole) return std::nullopt;
+  return out;
+}
+
+void take_gpus(std::vector<double>& free, const std::vector<size_t>& picked, double amount) {
+  const double each = amount < 1 - kEps ? amount : 1.0;
+  for (size_t i : picked) free.at(i) = std::max(0.0, free.at(i) - each);
+}
+
+bool fits(const NodeView& n, const Resources& req) {
+  if (!fits(n.available, req)) return false;
+  return n.gpu_free.empty() || pick_gpus(n.gpu_free, gpu_amount(req)).has_value();
+}
 
 bool fits(const Resources& avail, const Resources& req) {
   for (const auto& [k, v] : req) {
@@ -101,7 +145,7 @@ std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Reso
   const NodeView* best = nullptr;
   double best_load = 0;
   for (const auto& n : nodes) {
-    if (!fits(n.available, req)) continue;
+    if (!fits(n, req)) continue;
     double l = load_after(n, req);
     if (!best || l < best_load - kEps) {
       best = &n;
@@ -130,9 +174,29 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
   if (strategy == S::kStrictPack || strategy == S::kPack) {
     Resources sum;
     for (const auto& b : bundles) add(sum, b);
-    std::string why;
-    if (auto n = pick_node(nodes, sum, &why)) {
-      std::fill(out.begin(), out.end(), *n);
+    // The least loaded node that holds every bundle, taken one by one (two
+    // halves of a GPU may share one GPU; a whole GPU may not be split).
+    const NodeView* all_on = nullptr;
+    double all_load = 0;
+    for (const auto& n : nodes) {
+      NodeView trial = n;
+      bool ok = true;
+      for (const auto& b : bundles) {
+        if (!fits(trial, b)) {
+          ok = false;
+          break;
+        }
+        reserve(trial, b);
+      }
+      if (!ok) continue;
+      double l = load_after(n, sum);
+      if (!all_on || l < all_load - kEps) {
+        all_on = &n;
+        all_load = l;
+      }
+    }
+    if (all_on) {
+      std::fill(out.begin(), out.end(), all_on->id);
       return out;
     }
     if (strategy == S::kStrictPack)
@@ -141,12 +205,12 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
     for (size_t i = 0; i < bundles.size(); ++i) {
       NodeView* target = nullptr;
       for (auto& n : nodes) {
-        if (!fits(n.available, bundles[i])) continue;
+        if (!fits(n, bundles[i])) continue;
         if (!target || load_after(n, {}) > load_after(*target, {})) target = &n;
       }
       if (!target)
         return fail("PACK: bundle " + std::to_string(i) + " {" + format_resources(bundles[i]) + "} fits on no node");
-      subtract(target->available, bundles[i]);
+      reserve(*target, bundles[i]);
       out[i] = target->id;
     }
     return out;
@@ -163,7 +227,7 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
       for (auto& n : nodes) {
         bool taken = std::find(used.begin(), used.end(), n.id) != used.end();
         if (pass == 0 && taken) continue;
-        if (!fits(n.available, bundles[i])) continue;
+        if (!fits(n, bundles[i])) continue;
         double l = load_after(n, bundles[i]);
         if (!target || l < best) {
           target = &n;
@@ -175,7 +239,7 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
       return fail(std::string(strategy == S::kStrictSpread ? "STRICT_SPREAD" : "SPREAD") + ": bundle " +
                   std::to_string(i) + " {" + format_resources(bundles[i]) + "} has no " +
                   (strategy == S::kStrictSpread ? "distinct " : "") + "node that fits");
-    subtract(target->available, bundles[i]);
+    reserve(*target, bundles[i]);
     used.push_back(target->id);
     out[i] = target->id;
   }

@@ -17,7 +17,25 @@ struct NodeView {
   uint64_t id = 0;
   Resources total;
   Resources available;
+  // The free part of each of the node's GPUs (1 = all of it), in GPU id
+  // order. Empty: GPUs are counted as an amount only.
+  std::vector<double> gpu_free;
 };
+
+// GPUs as devices, not only an amount. A request for a whole number of GPUs
+// takes that many GPUs that are wholly free; a request for a fraction (0 <
+// GPU < 1, as Ray allows) takes that share of one GPU that still has it,
+// the fullest such GPU, so that fractions pack onto as few GPUs as they
+// can. Returns the indices into `free` the request takes, or nullopt when
+// they are not there. A request without GPUs takes none.
+std::optional<std::vector<size_t>> pick_gpus(const std::vector<double>& free, double amount);
+// Takes `amount` (as pick_gpus chose `picked`) out of `free`.
+void take_gpus(std::vector<double>& free, const std::vector<size_t>& picked, double amount);
+// The "GPU" amount of `r` (0 without one).
+double gpu_amount(const Resources& r);
+// True when node `n` can hold `req`: its amounts and, where it tracks them,
+// its GPUs.
+bool fits(const NodeView& n, const Resources& req);
 
 // True when `avail` holds every amount in `req`.
 bool fits(const Resources& avail, const Resources& req);

@@ -85,6 +85,47 @@ TEST(ResourcePool, TakesAndGivesBackAmountsAndGpuIds) {
   EXPECT_EQ(p.free_gpus().size(), 2u);
 }
 
+// Two trainers asking for {GPU: 0.5} share GPU 0 and leave GPU 1 whole; a
+// whole GPU then takes GPU 1; giving back a half makes room for a half but
+// not a whole GPU; a restarted head retakes a half on the GPU it was on;
+// a bundle of half a GPU holds that half of its one GPU.
+TEST(ResourcePool, HalvesOfAGpuShareItAndWholeGpusStayWhole) {
+  ResourcePool p({{"CPU", 4}, {"GPU", 2}});
+  auto a = p.take({{"GPU", 0.5}});
+  auto b = p.take({{"GPU", 0.5}});
+  EXPECT_EQ(a.gpu_ids, (std::vector<int32_t>{0}));
+  EXPECT_EQ(b.gpu_ids, (std::vector<int32_t>{0}));
+  EXPECT_EQ(p.free_gpus(), (std::vector<int32_t>{1}));
+  auto c = p.take({{"GPU", 1}});
+  EXPECT_EQ(c.gpu_ids, (std::vector<int32_t>{1}));
+  EXPECT_FALSE(p.fits({{"GPU", 0.5}}));
+  p.give_back(a);
+  EXPECT_TRUE(p.fits({{"GPU", 0.5}}));
+  EXPECT_FALSE(p.fits({{"GPU", 1}}));
+  p.retake(a);
+  EXPECT_THROW(p.retake(a), troupe::ConfigError);
+  p.give_back(a);
+  p.give_back(b);
+  p.give_back(c);
+  EXPECT_EQ(p.free_gpus(), (std::vector<int32_t>{0, 1}));
+
+  ResourcePool two({{"GPU", 2}});
+  two.take({{"GPU", 0.6}});
+  two.take({{"GPU", 0.6}});
+  EXPECT_NEAR(two.available().at("GPU"), 0.8, 1e-12);
+  EXPECT_FALSE(two.fits({{"GPU", 0.5}})) << "0.8 is free, but 0.4 on each GPU";
+
+  ResourcePool bundle({{"CPU", 1}, {"GPU", 0.5}}, {1});
+  EXPECT_EQ(bundle.take({{"GPU", 0.5}, {"CPU", 1}}).gpu_ids, (std::vector<int32_t>{1}));
+  EXPECT_FALSE(bundle.fits({{"GPU", 0.1}}));
+  try {
+    validate_resources({{"GPU", 1.5}}, "actor options");
+    FAIL() << "GPU 1.5 accepted";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'GPU' = 1.5"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ResourcePool, NonFiniteOrNegativeRequestsNeverFitAndAreNeverStored) {
   ResourcePool p({{"CPU", 2}});
   for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), -1.0}) {

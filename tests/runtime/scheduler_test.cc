@@ -63,4 +63,38 @@ TEST(Scheduler, PackAndStrictPack) {
   ASSERT_TRUE(q) << why;
 }
 
+// GPUs as devices: fractions of a GPU pack onto the fullest GPU that still
+// holds them, whole GPUs are never split, and a node whose free GPU amount
+// would do but whose GPUs are each too full does not fit.
+TEST(Scheduler, FractionsOfAGpuPackAndWholeGpusStayWhole) {
+  EXPECT_EQ(pick_gpus({1, 1}, 0.5), (std::vector<size_t>{0}));
+  EXPECT_EQ(pick_gpus({1, 0.5}, 0.5), (std::vector<size_t>{1}));  // the fuller one
+  EXPECT_EQ(pick_gpus({0.4, 1}, 1), (std::vector<size_t>{1}));
+  EXPECT_EQ(pick_gpus({1, 1, 1}, 2), (std::vector<size_t>{0, 1}));
+  EXPECT_FALSE(pick_gpus({0.4, 0.4}, 0.5).has_value());
+  EXPECT_FALSE(pick_gpus({0.5, 1}, 2).has_value());
+  EXPECT_EQ(pick_gpus({}, 0), (std::vector<size_t>{}));
+  std::vector<double> free{1, 1};
+  take_gpus(free, {0}, 0.3);
+  take_gpus(free, {0}, 0.3);
+  take_gpus(free, {0}, 0.4);
+  EXPECT_NEAR(free[0], 0.0, 1e-12);
+  EXPECT_FALSE(pick_gpus(free, 0.1).has_value() && (*pick_gpus(free, 0.1))[0] == 0);
+
+  NodeView one_gpu{1, {{"CPU", 4}, {"GPU", 1}}, {{"CPU", 4}, {"GPU", 1}}, {1.0}};
+  std::string why;
+  // Two halves share the one GPU; two 0.6s do not fit on it.
+  auto halves = place_bundles({one_gpu}, {{{"GPU", 0.5}}, {{"GPU", 0.5}}}, PlacementStrategy::kStrictPack, &why);
+  ASSERT_TRUE(halves) << why;
+  EXPECT_FALSE(place_bundles({one_gpu}, {{{"GPU", 0.6}}, {{"GPU", 0.6}}}, PlacementStrategy::kPack, &why));
+  // 0.8 of GPU amount is free on two GPUs at 0.4 each: 0.5 fits neither.
+  NodeView split{2, {{"GPU", 2}}, {{"GPU", 0.8}}, {0.4, 0.4}};
+  EXPECT_FALSE(fits(split, {{"GPU", 0.5}}));
+  EXPECT_TRUE(fits(split, {{"GPU", 0.4}}));
+  EXPECT_FALSE(pick_node({split}, {{"GPU", 0.5}}, &why).has_value());
+  // A view without GPU shares counts the amount only.
+  NodeView amounts{3, {{"GPU", 2}}, {{"GPU", 0.8}}};
+  EXPECT_TRUE(fits(amounts, {{"GPU", 0.5}}));
+}
+
 }  // namespace
