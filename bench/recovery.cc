@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/json_row.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/train_job.h"
@@ -98,7 +99,7 @@ Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_
   c.failure.max_failures = 1;
   auto dir = std::filesystem::temp_directory_path() /
              ("troupe-bench-recovery-" + std::to_string(::getpid()) + "-" + std::to_string(trial));
-  std::filesystem::remove_all(dir);
+  troupe::core::remove_tree(dir);
   c.checkpoint.dir = dir.string();
   c.checkpoint.every_steps = ckpt_every;
   c.checkpoint.at_epoch_end = false;
@@ -131,7 +132,7 @@ Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_
     }
   };
   auto r = TrainJob(rt, c).fit();
-  std::filesystem::remove_all(dir);
+  troupe::core::remove_tree(dir);
   if (std::getenv("TROUPE_BENCH_EVENTS"))  // the job's timeline, to see where recovery time goes
     for (const auto& e : r.events)
       std::fprintf(stderr, "  %8.3fs %-10s %s\n", e.time, to_string(e.kind), e.detail.c_str());

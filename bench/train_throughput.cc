@@ -49,6 +49,7 @@
 
 #include "bench/json_row.h"
 #include "bench/peer_process.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/trainer_actor.h"
 
@@ -243,7 +244,7 @@ void lm_cases(troupe::Runtime& rt, const Args& a) {
   } catch (const std::exception& e) {
     troupe::bench::print_error_row("train_throughput", "troupe_lm", e.what());
   }
-  std::filesystem::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 void row(const std::string& c, double value, const std::string& unit, const Args& a, bool ratio = false) {

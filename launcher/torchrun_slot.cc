@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -381,7 +382,7 @@ struct TorchrunSlot::State {
     kill_at.reset();
     pump.reset();
     std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    if (!dir.empty()) troupe::core::remove_tree(dir, ec);
     dir.clear();
     error_file.clear();
   }
@@ -423,7 +424,7 @@ TorchrunSlot::~TorchrunSlot() {
   lock.unlock();
   pump.reset();
   std::error_code ec;
-  if (!state_->dir.empty()) std::filesystem::remove_all(state_->dir, ec);
+  if (!state_->dir.empty()) troupe::core::remove_tree(state_->dir, ec);
 }
 
 int32_t TorchrunSlot::free_port() {

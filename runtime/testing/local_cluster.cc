@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/process.h"
 
 #include "troupe/runtime/head/scheduler.h"
@@ -66,7 +67,7 @@ LocalCluster::~LocalCluster() {
   }
   if (!state_dir_.empty()) {
     std::error_code ec;
-    std::filesystem::remove_all(state_dir_, ec);
+    troupe::core::remove_tree(state_dir_, ec);
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "tests/support/wait.h"
 #include "troupe/actors/data_loader_actor.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;
@@ -232,7 +233,7 @@ TEST_F(DataLoaderTest, CorruptOrMissingNpyFailsTheCallAndTheStreamNamingTheFile)
     // The loader survives its error and answers the next call the same way.
     EXPECT_THROW(loader.call(&DataLoaderActor::dataset_size).get(kWaitBound), troupe::RemoteError);
   }
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 TEST_F(DataLoaderTest, SlowReaderKeepsTheLoadersMemoryBounded) {

@@ -16,6 +16,7 @@
 
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/session.h"
 
 using namespace std::chrono_literals;
@@ -56,7 +57,7 @@ class LauncherTest : public ::testing::Test {
   }
   void TearDown() override {
     run(std::string(TROUPE_CLI) + " stop");
-    std::filesystem::remove_all(dir_);
+    troupe::core::remove_tree(dir_);
     unsetenv("TROUPE_SESSION_DIR");
   }
   std::filesystem::path dir_;

@@ -20,6 +20,7 @@
 #include "launcher/torchrun_options.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/wait.h"
+#include "troupe/runtime/core/files.h"
 
 namespace fs = std::filesystem;
 using troupe::test::eventually;
@@ -121,7 +122,7 @@ class TorchrunTest : public ::testing::Test {
   void TearDown() override {
     run({TROUPE_CLI, "stop"});
     unsetenv("TROUPE_SESSION_DIR");
-    fs::remove_all(dir_);
+    troupe::core::remove_tree(dir_);
   }
   fs::path dir_, out_, session_;
 };

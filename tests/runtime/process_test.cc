@@ -14,6 +14,7 @@
 
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
@@ -107,7 +108,7 @@ TEST(SpawnProcess, RoleProcessThatExitsAtOnceIsReportedWithStatusAndLog) {
     EXPECT_NE(what.find("Address already in use"), std::string::npos) << what;
     EXPECT_EQ(what.find("did not become ready"), std::string::npos) << what;
   }
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 TEST(WorkerDescriptors, WorkerHoldsNoSocketOfItsNodeAgent) {

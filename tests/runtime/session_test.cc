@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -22,10 +23,10 @@ class SessionDirTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = fs::temp_directory_path() / ("troupe-session-test-" + std::to_string(::getpid()));
-    fs::remove_all(root_);
+    troupe::core::remove_tree(root_);
     fs::create_directories(root_);
   }
-  void TearDown() override { fs::remove_all(root_); }
+  void TearDown() override { troupe::core::remove_tree(root_); }
   std::string path(const std::string& name) const { return (root_ / name).string(); }
   // The error ensure_session_dir throws for `dir` ("" when it accepts it).
   static std::string refusal(const std::string& dir) {

@@ -12,13 +12,15 @@
 #include <string>
 #include <system_error>
 
+#include "troupe/runtime/core/files.h"
+
 namespace troupe::test {
 
 // An empty directory troupe-test-PID-NAME in the temporary directory
 // (whatever an earlier run left there is removed first).
 inline std::filesystem::path fresh_dir(const std::string& name) {
   auto p = std::filesystem::temp_directory_path() / ("troupe-test-" + std::to_string(::getpid()) + "-" + name);
-  std::filesystem::remove_all(p);
+  troupe::core::remove_tree(p);
   std::filesystem::create_directories(p);
   return p;
 }
@@ -34,7 +36,7 @@ inline std::string make_temp_dir(const std::string& tag) {
 // Removes `dir` and what is in it; errors are ignored (cleanup only).
 inline void remove_dir(const std::string& dir) {
   std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  troupe::core::remove_tree(dir, ec);
 }
 
 }  // namespace troupe::test

@@ -29,6 +29,7 @@
 #include "tests/support/train_jobs.h"
 #include "tests/support/wait.h"
 #include "tests/trainer/state_compare.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/train_job.h"
@@ -372,7 +373,7 @@ TEST(ElasticTest, FencedNodeAgentsTrainerNeverStepsBesideItsReplacement) {
                                           std::getline(f, stat);
                                           return stat;
                                         }();
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 // Both trainers killed at once: no live peer is left, so the job restarts
@@ -401,7 +402,7 @@ TEST(ElasticTest, AllTrainersLostRestartsFromCheckpoint) {
   EXPECT_EQ(hurt.recoveries[0].resumed_step, 12);
   EXPECT_EQ(hurt.recoveries[0].lost_steps, 2);
   expect_bitwise_equal(clean.final_state, hurt.final_state);
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 // 3 workers; a node dies at step 4 with nowhere to put a replacement (shrink

@@ -14,6 +14,7 @@
 #include "examples/train_graphs/molecules.h"
 #include "tests/support/temp_dir.h"
 #include "tests/trainer/state_compare.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/train_job.h"
@@ -104,7 +105,7 @@ TEST(GraphsExample, BinarySurvivesKillAndLearns) {
   EXPECT_NE(out.find("SIGKILL to trainer"), std::string::npos) << out;
   EXPECT_NE(out.find("survived a failure"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(dir / "metrics.jsonl"));
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 }  // namespace
