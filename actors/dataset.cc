@@ -196,10 +196,11 @@ std::unique_ptr<Dataset> make_digits(const DatasetSpec& spec) {
 
 std::unique_ptr<Dataset> make_image_records(const DatasetSpec& spec) {
   check_known_parameters(spec, {"path", "labels", "size", "channels", "height", "width", "num_classes", "seed", "crop",
-                                "flip", "mean", "std", "scale"});
+                                "flip", "mean", "std", "scale", "defer_normalize"});
   ImageTransformOptions t;
   t.crop = positive_int(spec, "crop", 0, 0);
   t.flip = flag(spec, "flip", false);
+  t.defer_normalize = flag(spec, "defer_normalize", false);
   t.scale = spec.get_double("scale", t.scale);
   t.mean = spec.get_list("mean");
   t.std = spec.get_list("std");

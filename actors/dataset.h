@@ -55,6 +55,14 @@ class Dataset {
   // `batch` vector) overrides it. May throw; the error reaches the trainer.
   virtual TensorDict collate(std::vector<Sample>&& samples) const;
 
+  // The last step of loading, run by the trainer on a collated batch once
+  // it is on the trainer's device (the GPU for a CUDA trainer). The default
+  // returns it unchanged. A data set that ships a compact batch and expands
+  // it where the arithmetic is cheap overrides it: image records with
+  // defer_normalize ship uint8 pixels, a quarter of float32's bytes through
+  // the stream and the host-to-device copy, and normalise here.
+  virtual TensorDict finish(TensorDict batch) const { return batch; }
+
  protected:
   // The implementation of get(); `index` is already range-checked.
   virtual Sample load(int64_t index, int64_t epoch) const = 0;
@@ -123,7 +131,9 @@ struct DatasetSpec {
 //   digits                    path (optional), normalize (0/1), image (0/1)
 //   image_records             path + labels (uint8 N×C×H×W .npy) or
 //                             size, channels, height, width, num_classes;
-//                             seed, crop, flip, mean, std, scale
+//                             seed, crop, flip, mean, std, scale,
+//                             defer_normalize (uint8 to the trainer, which
+//                             normalises on its device)
 // Throws troupe::ConfigError naming the bad name, parameter or value.
 std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec);
 

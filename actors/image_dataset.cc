@@ -19,6 +19,14 @@ constexpr uint64_t kLabelTag = 0x1A6E'0003;
 // Crop + flip + normalise from raw C×H×W bytes. Normalisation goes through a
 // per-channel 256-entry table computed in double, so each output is the
 // correctly rounded (x·scale − mean)/std and the inner loop is a lookup.
+// (v·scale − mean[c])/std[c], computed in double and rounded once: the one
+// formula both the loader's fused pass and finish() use.
+float normalized(const ImageTransformOptions& o, int64_t c, int v) {
+  double mean = o.mean.empty() ? 0.0 : o.mean[static_cast<size_t>(c)];
+  double std = o.std.empty() ? 1.0 : o.std[static_cast<size_t>(c)];
+  return static_cast<float>((v * o.scale - mean) / std);
+}
+
 torch::Tensor transform_raw(const uint8_t* src, int64_t channels, int64_t height, int64_t width,
                             const ImageTransformOptions& o, int64_t epoch, int64_t index) {
   TROUPE_CHECK(o.crop <= height && o.crop <= width)
@@ -28,13 +36,29 @@ torch::Tensor transform_raw(const uint8_t* src, int64_t channels, int64_t height
   ImageTransformDraw d = draw_image_transform(o, height, width, epoch, index);
   const int64_t oh = o.crop > 0 ? o.crop : height;
   const int64_t ow = o.crop > 0 ? o.crop : width;
+  if (o.defer_normalize) {
+    // Crop and flip only; finish() normalises on the trainer's device.
+    auto out = torch::empty({channels, oh, ow}, torch::kByte);
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    for (int64_t c = 0; c < channels; ++c) {
+      const uint8_t* plane = src + c * height * width;
+      for (int64_t y = 0; y < oh; ++y) {
+        const uint8_t* row = plane + (d.top + y) * width + d.left;
+        uint8_t* out_row = dst + (c * oh + y) * ow;
+        if (d.flip) {
+          for (int64_t x = 0; x < ow; ++x) out_row[x] = row[ow - 1 - x];
+        } else {
+          std::memcpy(out_row, row, static_cast<size_t>(ow));
+        }
+      }
+    }
+    return out;
+  }
   auto out = torch::empty({channels, oh, ow}, torch::kFloat);
   float* dst = out.data_ptr<float>();
   std::array<float, 256> lut;
   for (int64_t c = 0; c < channels; ++c) {
-    double mean = o.mean.empty() ? 0.0 : o.mean[c];
-    double std = o.std.empty() ? 1.0 : o.std[c];
-    for (int v = 0; v < 256; ++v) lut[v] = static_cast<float>((v * o.scale - mean) / std);
+    for (int v = 0; v < 256; ++v) lut[v] = normalized(o, c, v);
     const uint8_t* plane = src + c * height * width;
     for (int64_t y = 0; y < oh; ++y) {
       const uint8_t* row = plane + (d.top + y) * width + d.left;
@@ -158,7 +182,8 @@ std::unique_ptr<ImageRecordDataset> ImageRecordDataset::from_npy(const std::stri
 
 std::string ImageRecordDataset::describe() const {
   std::ostringstream os;
-  os << "image_records(" << origin_ << ", crop=" << transform_.crop << ", flip=" << transform_.flip << ")";
+  os << "image_records(" << origin_ << ", crop=" << transform_.crop << ", flip=" << transform_.flip
+     << (transform_.defer_normalize ? ", normalised on the trainer" : "") << ")";
   return os.str();
 }
 
@@ -167,6 +192,25 @@ Sample ImageRecordDataset::load(int64_t index, int64_t epoch) const {
   const uint8_t* src = images_.data_ptr<uint8_t>() + index * c * h * w;
   return {{"input", transform_raw(src, c, h, w, transform_, epoch, index)},
           {"target", torch::scalar_tensor(labels_.data_ptr<int64_t>()[index], torch::kLong)}};
+}
+
+TensorDict ImageRecordDataset::finish(TensorDict batch) const {
+  if (!transform_.defer_normalize) return batch;
+  const torch::Tensor& x = batch.at("input");
+  if (x.scalar_type() != torch::kByte || x.dim() != 4)
+    throw ConfigError(
+        std::string("image records with defer_normalize: the batch's 'input' should be uint8 [B, C, H, W], got ") +
+        c10::toString(x.scalar_type()) + " of " + std::to_string(x.dim()) + " dimensions");
+  const int64_t channels = x.size(1);
+  // One table of 256 floats per channel, indexed by channel·256 + pixel.
+  auto lut = torch::empty({channels * 256}, torch::kFloat);
+  float* l = lut.data_ptr<float>();
+  for (int64_t c = 0; c < channels; ++c)
+    for (int v = 0; v < 256; ++v) l[c * 256 + v] = normalized(transform_, c, v);
+  auto offsets = (torch::arange(channels, torch::kLong) * 256).view({1, channels, 1, 1});
+  auto index = x.to(torch::kLong) + offsets.to(x.device());
+  batch.set("input", lut.to(x.device()).take(index));
+  return batch;
 }
 
 }  // namespace troupe::actors

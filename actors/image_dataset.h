@@ -28,6 +28,10 @@ struct ImageTransformOptions {
   std::vector<double> mean{};
   std::vector<double> std{};
   int64_t seed = 0;
+  // Crop and flip in the loader, but leave the pixels uint8: the trainer
+  // applies the normalisation on its device (ImageRecordDataset::finish),
+  // with the same per-channel table, so the values are the same floats.
+  bool defer_normalize = false;
 };
 
 // The random choices for one (epoch, index): crop corner and flip.
@@ -74,6 +78,9 @@ class ImageRecordDataset final : public Dataset {
 
   int64_t size() const override { return images_.size(0); }
   std::string describe() const override;
+  // With defer_normalize: uint8 "input" [B, C, H, W] → float32, by the
+  // per-channel table transform_image uses, on the batch's own device.
+  TensorDict finish(TensorDict batch) const override;
   const torch::Tensor& images() const { return images_; }
   const torch::Tensor& labels() const { return labels_; }
   const ImageTransformOptions& transform() const { return transform_; }

@@ -17,6 +17,7 @@
 #include "troupe/actors/npy.h"
 #include "troupe/actors/synthetic_dataset.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/files.h"
 
 namespace troupe::actors {
 namespace {
@@ -36,7 +37,7 @@ class TempDir : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { troupe::core::remove_tree(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   fs::path dir_;
@@ -370,6 +371,37 @@ TEST(ImageTransforms, MatchReferenceOpsAndAreDeterministic) {
   EXPECT_THROW(transform_image(image, {.crop = 17}, 0, 0), Error);
 }
 
+// defer_normalize: the loader's samples are the cropped, flipped uint8
+// pixels, and finish() on the collated batch gives exactly the floats the
+// fused transform gives (the same per-channel table); a batch of the wrong
+// type is refused by name, and data sets without the option pass batches
+// through untouched.
+TEST(ImageRecords, DeferredNormalisationFinishesToTheSameFloats) {
+  ImageTransformOptions fused{.crop = 5, .flip = true, .mean = {0.485, 0.456}, .std = {0.229, 0.224}, .seed = 1};
+  ImageTransformOptions deferred = fused;
+  deferred.defer_normalize = true;
+  SyntheticImageOptions o{.size = 16, .channels = 2, .height = 8, .width = 7, .seed = 3};
+  auto a = ImageRecordDataset::synthetic(o, fused);
+  auto b = ImageRecordDataset::synthetic(o, deferred);
+  std::vector<Sample> sa, sb;
+  for (int64_t i = 0; i < 16; ++i) {
+    sa.push_back(a->get(i, 2));
+    sb.push_back(b->get(i, 2));
+  }
+  EXPECT_EQ(sb[0].at("input").scalar_type(), torch::kByte);
+  EXPECT_EQ(sb[0].at("input").sizes(), (std::vector<int64_t>{2, 5, 5}));
+  auto fused_batch = a->finish(a->collate(std::move(sa)));
+  auto deferred_batch = b->collate(std::move(sb));
+  EXPECT_EQ(deferred_batch.at("input").scalar_type(), torch::kByte);
+  auto finished = b->finish(deferred_batch);
+  EXPECT_EQ(finished.at("input").scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(finished.at("input"), fused_batch.at("input")));
+  EXPECT_TRUE(torch::equal(finished.at("target"), fused_batch.at("target")));
+  EXPECT_THROW(b->finish(fused_batch), ConfigError);
+  auto spec = DatasetSpec("image_records").set("size", 4).set("height", 8).set("width", 8).set("defer_normalize", 1);
+  EXPECT_NE(make_dataset(spec)->describe().find("normalised on the trainer"), std::string::npos);
+}
+
 TEST(ImageRecords, SyntheticAndNpyBackedAgree) {
   ImageTransformOptions t{.crop = 5, .flip = true, .mean = {0.5, 0.5}, .std = {0.5, 0.5}, .seed = 1};
   auto ds = ImageRecordDataset::synthetic({.size = 20, .channels = 2, .height = 8, .width = 8, .seed = 3}, t);
@@ -397,7 +429,7 @@ TEST(ImageRecords, SyntheticAndNpyBackedAgree) {
   }
   write_npy(dir + "/float.npy", torch::zeros({2, 3, 4, 4}));
   expect_error_mentions([&] { ImageRecordDataset::from_npy(dir + "/float.npy", "", {}); }, {"float.npy", "uint8"});
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 }  // namespace
