@@ -11,10 +11,14 @@
 #include <random>
 #include <sstream>
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/trainer/checkpoint_manifest.h"
 
 namespace fs = std::filesystem;
@@ -63,10 +67,31 @@ std::vector<char> read_file(const fs::path& p) {
 }
 
 // {name: tensor} as the bytes torch.save would write for a dict of tensors.
+// This is torch::pickle_save without type tags: pickle_save tags a typed
+// dict with the torch.jit._pickle.restore_type_tag global, which the
+// default torch.load of PyTorch 2.6 and later (weights_only=True) refuses
+// to call. Untagged, the file is a plain dict of tensors to every
+// torch.load, and pickle_load (load_checkpoint) reads it as a dict too.
 std::vector<char> pickle_dict(const std::map<std::string, torch::Tensor>& m) {
   c10::Dict<std::string, at::Tensor> d;
   for (const auto& [k, v] : m) d.insert(k, v.detach().to(torch::kCPU).contiguous());
-  return torch::pickle_save(c10::IValue(d));
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* bytes, size_t n) { pickled.insert(pickled.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(d));
+  pickler.stop();
+  std::vector<char> out;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) {
+      const char* b = static_cast<const char*>(bytes);
+      out.insert(out.end(), b, b + n);
+      return n;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+  }  // the writer finishes the archive as it goes
+  return out;
 }
 
 std::map<std::string, torch::Tensor> unpickle_dict(const std::vector<char>& bytes, const std::string& what) {
@@ -148,15 +173,15 @@ CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
     std::string text = manifest_text(m);
     write_file(tmp / "manifest.json", std::vector<char>(text.begin(), text.end()));
     fsync_path(tmp, true);
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+    if (fs::exists(final_dir)) troupe::core::remove_tree(final_dir);
     fs::rename(tmp, final_dir);
     fsync_path(root, true);
     return info_of(final_dir, m);
   } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, ec);
+    troupe::core::remove_tree(tmp, ec);
     throw Error(std::string("writing checkpoint failed: ") + e.what());
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    troupe::core::remove_tree(tmp, ec);
     throw;
   }
 }
@@ -206,11 +231,11 @@ void prune_checkpoints(const std::string& root, int keep) {
     auto name = e.path().filename().string();
     // Temporary directories of this process's finished writes, or of a
     // writer that crashed.
-    if (name.rfind(".tmp-", 0) == 0) fs::remove_all(e.path(), ec);
+    if (name.rfind(".tmp-", 0) == 0) troupe::core::remove_tree(e.path(), ec);
   }
   if (keep <= 0) return;
   auto all = list_checkpoints(root);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].path, ec);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) troupe::core::remove_tree(all[i].path, ec);
 }
 
 CheckpointWriter::CheckpointWriter(std::string root, int keep)

@@ -20,9 +20,11 @@
 
 #include <torch/torch.h>
 
+#include "tests/support/python.h"
 #include "tests/support/temp_dir.h"
 #include "tests/trainer/state_compare.h"
 #include "troupe/actors/graph_collate.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/module_model.h"
@@ -133,12 +135,12 @@ TROUPE_STEP("test_counting_mse", [](const std::string&) { return std::make_uniqu
 void python(const std::string& script, const fs::path& dir) {
   auto file = dir / "make.py";
   std::ofstream(file) << script;
-  std::string cmd = std::string(TROUPE_PYTHON) + " " + file.string();
+  std::string cmd = troupe::test::python() + " " + file.string();
   ASSERT_EQ(std::system(cmd.c_str()), 0) << script;
 }
 
 bool have_python_torch() {
-  return std::system((std::string(TROUPE_PYTHON) + " -c 'import torch, numpy' 2>/dev/null").c_str()) == 0;
+  return std::system((troupe::test::python() + " -c 'import torch, numpy' 2>/dev/null").c_str()) == 0;
 }
 
 // A TorchScript step module (a small regressor with `mae` and a summed
@@ -221,7 +223,7 @@ TEST_F(OpenTrainerTest, ScriptedDictStepOnNpzHealsBitwise) {
   ASSERT_EQ(hurt.recoveries.size(), 1u);
   EXPECT_EQ(hurt.recoveries[0].mode, RecoveryMode::kHeal);
   test::expect_bitwise_equal(clean.final_state, hurt.final_state);
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 TEST_F(OpenTrainerTest, RegisteredGraphPiecesTrainWithTwoWorkers) {
@@ -314,7 +316,7 @@ TEST_F(OpenTrainerTest, BadInputIsNamed) {
   c.trainer.data = actors::DatasetSpec("test_graphs");
   c.trainer.step.name = "no_such_step";
   expect_error(c, {"unknown step 'no_such_step'"});
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 // SyncBatchNorm in a job: two workers of batch 16 train the built-in cnn to
@@ -383,7 +385,7 @@ TEST_F(OpenTrainerTest, SyncBatchNormTwoWorkersMatchOneWorkerOfTheWholeBatch) {
     EXPECT_NE(std::string(e.what()).find("sync_batchnorm"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(cfg.trainer.model.path), std::string::npos) << e.what();
   }
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 }  // namespace

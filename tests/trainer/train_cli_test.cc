@@ -25,8 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/python.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/wait.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
@@ -38,7 +40,7 @@ namespace {
 constexpr const char* kTrainerClass = "troupe::trainer::TrainerActor";
 
 bool have_python_torch() {
-  return std::system((std::string(TROUPE_PYTHON) + " -c 'import torch, numpy' 2>/dev/null").c_str()) == 0;
+  return std::system((troupe::test::python() + " -c 'import torch, numpy' 2>/dev/null").c_str()) == 0;
 }
 
 std::string read_text(const fs::path& p) {
@@ -52,7 +54,7 @@ std::string read_text(const fs::path& p) {
 std::string python(const fs::path& dir, const std::string& script) {
   std::ofstream(dir / "script.py") << script;
   std::string cmd =
-      std::string(TROUPE_PYTHON) + " " + (dir / "script.py").string() + " > " + (dir / "script.out").string() + " 2>&1";
+      troupe::test::python() + " " + (dir / "script.py").string() + " > " + (dir / "script.out").string() + " 2>&1";
   int rc = std::system(cmd.c_str());
   std::string out = read_text(dir / "script.out");
   if (rc != 0) ADD_FAILURE() << "python failed: " << out;
@@ -182,7 +184,7 @@ class TrainCliTest : public ::testing::Test {
   }
   void TearDown() override {
     std::error_code ec;
-    fs::remove_all(dir_, ec);
+    troupe::core::remove_tree(dir_, ec);
   }
   std::string at(const std::string& name) const { return (dir_ / name).string(); }
   fs::path dir_;

@@ -14,9 +14,11 @@
 
 #include <torch/torch.h>
 
+#include "tests/support/python.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/train_jobs.h"
 #include "tests/support/wait.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/train_job.h"
@@ -154,10 +156,11 @@ TEST_F(TrainJobTest, ResumeFromCheckpointIsBitwiseEqual) {
   for (const auto& [name, t] : rf.final_state.optimizer)
     EXPECT_TRUE(torch::equal(t, r2.final_state.optimizer.at(name))) << name;
 
-  // Python reads the state dict.
-  std::string cmd = std::string(TROUPE_PYTHON) + " -c \"import torch,sys; d=torch.load('" + r1.last_checkpoint->path +
-                    "/model.pt'); o=torch.load('" + r1.last_checkpoint->path +
-                    "/optimizer.pt'); sys.exit(0 if "
+  // Python reads the state dict, with the weights-only unpickler that is
+  // torch.load's default from PyTorch 2.6 on.
+  std::string cmd = troupe::test::python() + " -c \"import torch,sys; d=torch.load('" + r1.last_checkpoint->path +
+                    "/model.pt', weights_only=True); o=torch.load('" + r1.last_checkpoint->path +
+                    "/optimizer.pt', weights_only=True); sys.exit(0 if "
                     "sorted(d)==['fc1.bias','fc1.weight','fc2.bias','fc2.weight','fc3.bias','fc3.weight'] and "
                     "d['fc1.weight'].shape==(32,16) and 'step' in o else 1)\"";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
@@ -168,7 +171,7 @@ TEST_F(TrainJobTest, ResumeFromCheckpointIsBitwiseEqual) {
   other.trainer.batch_size = 32;
   auto r3 = TrainJob(rt_, other).fit();
   EXPECT_EQ(r3.steps, r1.steps + 256 / 32);
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 TEST_F(TrainJobTest, PeriodicCheckpointsAndMetrics) {
@@ -198,7 +201,7 @@ TEST_F(TrainJobTest, PeriodicCheckpointsAndMetrics) {
   }
   EXPECT_EQ(steps, 12);
   EXPECT_EQ(epochs, 2);
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 // A writer process killed (SIGKILL) in the middle of a checkpoint leaves
@@ -235,13 +238,13 @@ TEST_F(TrainJobTest, HalfWrittenCheckpointIsNeverLatest) {
   prune_checkpoints(dir.string(), 1);
   for (const auto& e : fs::directory_iterator(dir))
     EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << e.path();
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 TEST_F(TrainJobTest, TorchScriptModelFromPythonTrains) {
   auto dir = fresh_dir("script");
   auto path = (dir / "model.pt").string();
-  std::string cmd = std::string(TROUPE_PYTHON) +
+  std::string cmd = troupe::test::python() +
                     " -c \"import torch; torch.manual_seed(0); m=torch.nn.Sequential(torch.nn.Linear(16,32), "
                     "torch.nn.ReLU(), torch.nn.Linear(32,4)); torch.jit.save(torch.jit.script(m), '" +
                     path + "')\"";
@@ -254,7 +257,7 @@ TEST_F(TrainJobTest, TorchScriptModelFromPythonTrains) {
   ASSERT_EQ(r.history.size(), 4u);
   EXPECT_LT(r.history.back().train_loss, 0.8 * r.history.front().train_loss);
   EXPECT_EQ(r.final_state.model.count("0.weight"), 1u);
-  fs::remove_all(dir);
+  troupe::core::remove_tree(dir);
 }
 
 // The CNN with BatchNorm on the real digits images, two workers.
