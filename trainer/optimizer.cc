@@ -42,15 +42,93 @@ Optimizer::Optimizer(OptimizerConfig config, std::vector<std::pair<std::string, 
 }
 
 void Optimizer::zero_grad() {
+  std::vector<torch::Tensor> cuda;
   for (auto& s : slots_) {
     auto& g = s.param.mutable_grad();
-    if (g.defined()) g.zero_();
+    if (!g.defined()) continue;
+    if (g.is_cuda()) {
+      cuda.push_back(g);
+    } else {
+      g.zero_();
+    }
   }
+  if (!cuda.empty()) at::_foreach_zero_(cuda);
+}
+
+bool Optimizer::on_cuda() const {
+  if (slots_.empty()) return false;
+  for (const auto& s : slots_)
+    if (!s.param.is_cuda() || s.param.device() != slots_.front().param.device()) return false;
+  return true;
+}
+
+// The same arithmetic as the per-parameter loop below, as torch.optim's
+// foreach implementations do it on a GPU: a handful of multi-tensor kernels
+// per step instead of several kernels per parameter, whose launches would
+// otherwise bound a step of a model with many small parameters.
+void Optimizer::step_foreach(double lr) {
+  const auto& c = config_;
+  std::vector<Slot*> live;
+  for (auto& s : slots_)
+    if (s.param.grad().defined()) live.push_back(&s);
+  if (live.empty()) return;
+  std::vector<torch::Tensor> params, grads;
+  for (auto* s : live) {
+    params.push_back(s->param);
+    grads.push_back(s->param.grad());
+  }
+  if (c.name == "sgd") {
+    std::vector<torch::Tensor> d = c.weight_decay != 0 ? at::_foreach_add(grads, params, c.weight_decay) : grads;
+    if (c.momentum != 0) {
+      // buf = d on a parameter's first step, else buf = μ·buf + d.
+      std::vector<torch::Tensor> bufs, older, older_d;
+      for (size_t i = 0; i < live.size(); ++i) {
+        if (!live[i]->buf.defined()) {
+          live[i]->buf = d[i].clone();
+        } else {
+          older.push_back(live[i]->buf);
+          older_d.push_back(d[i]);
+        }
+        bufs.push_back(live[i]->buf);
+      }
+      if (!older.empty()) {
+        at::_foreach_mul_(older, c.momentum);
+        at::_foreach_add_(older, older_d);
+      }
+      d = c.nesterov ? at::_foreach_add(d, bufs, c.momentum) : bufs;
+    }
+    at::_foreach_add_(params, d, -lr);
+    return;
+  }
+  std::vector<torch::Tensor> m, v;
+  for (auto* s : live) {
+    if (!s->buf.defined()) {
+      s->buf = torch::zeros_like(s->param);
+      s->sq = torch::zeros_like(s->param);
+    }
+    m.push_back(s->buf);
+    v.push_back(s->sq);
+  }
+  at::_foreach_mul_(params, 1 - lr * c.weight_decay);
+  at::_foreach_mul_(m, c.beta1);
+  at::_foreach_add_(m, grads, 1 - c.beta1);
+  at::_foreach_mul_(v, c.beta2);
+  at::_foreach_addcmul_(v, grads, grads, 1 - c.beta2);
+  double bc1 = 1 - std::pow(c.beta1, static_cast<double>(steps_));
+  double bc2 = 1 - std::pow(c.beta2, static_cast<double>(steps_));
+  auto denom = at::_foreach_sqrt(v);
+  at::_foreach_div_(denom, std::sqrt(bc2));
+  at::_foreach_add_(denom, c.eps);
+  at::_foreach_addcdiv_(params, m, denom, -lr / bc1);
 }
 
 void Optimizer::step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;
+  if (on_cuda()) {
+    step_foreach(lr);
+    return;
+  }
   const auto& c = config_;
   for (auto& s : slots_) {
     const auto& g0 = s.param.grad();

@@ -79,6 +79,10 @@ class Optimizer {
     torch::Tensor buf;  // SGD momentum / AdamW exp_avg
     torch::Tensor sq;   // AdamW exp_avg_sq
   };
+  // Every parameter on one CUDA device: step() takes the multi-tensor path.
+  bool on_cuda() const;
+  void step_foreach(double lr);
+
   OptimizerConfig config_;
   std::vector<Slot> slots_;
   int64_t steps_ = 0;

@@ -17,15 +17,18 @@ thread_local collective::Group* t_sync_group = nullptr;
 
 constexpr auto kTimeout = std::chrono::minutes(5);
 
-// Sums `t` over the group's ranks (a copy; `t` is left alone), on t's
-// device: a CUDA trainer's group is an NcclGroup, a CPU one's Gloo.
+// Sums `t` over the group's ranks (a copy; `t` is left alone) and returns
+// it on t's device. A CUDA trainer's group is an NcclGroup, which sums
+// device memory; a CUDA trainer on a gloo group (trainers sharing one GPU)
+// sums a host copy.
 torch::Tensor summed(const torch::Tensor& t, collective::Group& group) {
-  auto out = t.detach().contiguous().clone();
+  const bool stage = t.is_cuda() && !moves_device_memory(group);
+  auto out = stage ? t.detach().to(torch::kCPU).contiguous() : t.detach().contiguous().clone();
   collective::AllreduceOptions opts;
   opts.op = collective::ReduceOp::kSum;
   opts.timeout = kTimeout;
   allreduce(group, out, opts)->wait(kTimeout);
-  return out;
+  return stage ? out.to(t.device()) : out;
 }
 
 // y = Σ_ranks x. Backward: the gradient of every rank's loss reaches every

@@ -106,6 +106,8 @@ WorkPtr keep(WorkPtr work, std::vector<torch::Tensor> tensors) {
 
 }  // namespace
 
+bool moves_device_memory(Group& group) { return kind_of(group) == Kind::kNccl; }
+
 collective::DType collective_dtype(torch::ScalarType dtype) {
   switch (dtype) {
     case torch::kFloat32:

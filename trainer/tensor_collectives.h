@@ -25,6 +25,11 @@ namespace troupe::trainer {
 // it has none (bool, int8, int16, complex, ...).
 collective::DType collective_dtype(torch::ScalarType dtype);
 
+// True when `group` moves device memory (an NcclGroup); a gloo group (and a
+// ShmGroup over one) moves host memory, so CUDA tensors go through a host
+// copy on their way to it.
+bool moves_device_memory(collective::Group& group);
+
 // All operations are asynchronous like Group's; the returned Work holds the
 // tensors until it completes. In-place operations write into `tensor`.
 collective::WorkPtr allreduce(collective::Group& group, const torch::Tensor& tensor,

@@ -21,13 +21,16 @@ std::shared_ptr<void> keep_alive(NodePtr node) {
   return std::shared_ptr<void>(raw, [owner = std::move(node)](void*) mutable { owner.reset(); });
 }
 
-// Turns CUDA autocast on or off for this thread: 1.13 has only the
-// device-less set_enabled(bool), which 2.4+ deprecates in favour of
-// set_autocast_enabled(device type, bool).
-inline void set_cuda_autocast(bool on) {
+// Turns CUDA autocast on or off for this thread, computing in `dtype`
+// (kHalf or kBFloat16) while on: 1.13 has only the device-less
+// set_enabled(bool) and set_autocast_gpu_dtype, which 2.4+ deprecates in
+// favour of set_autocast_enabled / set_autocast_dtype(device type, ...).
+inline void set_cuda_autocast(bool on, at::ScalarType dtype = at::kHalf) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  if (on) at::autocast::set_autocast_dtype(at::kCUDA, dtype);
   at::autocast::set_autocast_enabled(at::kCUDA, on);
 #else
+  if (on) at::autocast::set_autocast_gpu_dtype(dtype);
   at::autocast::set_enabled(on);
 #endif
 }

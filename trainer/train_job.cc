@@ -497,7 +497,15 @@ void Run::give_up_if_head_lost(const std::string& why) {
 
 }  // namespace
 
-TrainJob::TrainJob(Runtime& rt, TrainJobConfig config) : rt_(rt), config_(std::move(config)) { validate(config_); }
+TrainJob::TrainJob(Runtime& rt, TrainJobConfig config) : rt_(rt), config_(std::move(config)) {
+  validate(config_);
+  // Trainers that hold part of a GPU may share it with another rank, which
+  // NCCL cannot do: they reduce through host memory (Gloo).
+  auto gpu = config_.scaling.resources_per_worker.find("GPU");
+  if (config_.trainer.collective == "auto" && gpu != config_.scaling.resources_per_worker.end() &&
+      gpu->second > 0 && gpu->second < 1)
+    config_.trainer.collective = "gloo";
+}
 TrainJob::~TrainJob() = default;
 
 Result TrainJob::fit() {

@@ -52,6 +52,8 @@ namespace troupe::trainer {
 struct ScalingConfig {
   int64_t num_workers = 1;
   // What each trainer reserves: {{"CPU", 1}} or {{"GPU", 1}, {"CPU", 2}}.
+  // A part of a GPU ({{"GPU", 0.5}}) lets two trainers share one GPU; they
+  // then reduce through host memory (TrainerConfig::collective "gloo").
   Resources resources_per_worker = {{"CPU", 1}};
   // Elastic range (0 = num_workers for both). The job starts with
   // num_workers, or with as many as can be placed when that is at least

@@ -33,8 +33,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // again however the pass ends.
 class Autocast {
  public:
-  explicit Autocast(bool on) : on_(on) {
-    if (on_) compat::set_cuda_autocast(true);
+  Autocast(bool on, at::ScalarType dtype) : on_(on) {
+    if (on_) compat::set_cuda_autocast(true, dtype);
   }
   ~Autocast() {
     if (!on_) return;
@@ -65,8 +65,16 @@ void validate(const TrainerConfig& c) {
   parse_compression(c.compression);
   if (c.validation_fraction < 0 || c.validation_fraction >= 1)
     throw ConfigError("validation_fraction must be in [0, 1)");
-  if (c.device != "auto" && c.device != "cpu")
-    throw ConfigError("device must be 'auto' or 'cpu', got '" + c.device + "'");
+  if (c.device != "auto" && c.device != "cpu" && c.device != "cuda")
+    throw ConfigError("device must be 'auto', 'cpu' or 'cuda', got '" + c.device + "'");
+  if (c.collective != "auto" && c.collective != "nccl" && c.collective != "gloo")
+    throw ConfigError("collective must be 'auto', 'nccl' or 'gloo', got '" + c.collective + "'");
+  if (c.collective == "nccl" && c.device == "cpu")
+    throw ConfigError("collective 'nccl' moves GPU memory, and device is 'cpu'");
+  if (c.amp_dtype != "fp16" && c.amp_dtype != "bf16")
+    throw ConfigError("amp_dtype must be 'fp16' or 'bf16', got '" + c.amp_dtype + "'");
+  if (!(c.initial_loss_scale >= 1 && c.initial_loss_scale <= 3e38))
+    throw ConfigError("initial_loss_scale must be in [1, 3e38], got " + std::to_string(c.initial_loss_scale));
   if (c.data.name.empty()) throw ConfigError("no data set given (TrainerConfig::data)");
   if (c.ema_decay < 0 || c.ema_decay >= 1)
     throw ConfigError("ema_decay must be in [0, 1), got " + std::to_string(c.ema_decay));
@@ -172,9 +180,11 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
       f(static_cast<int>(config_.threads));
   }
   device_ = torch::Device(torch::kCPU);
-  if (config_.device == "auto" && this_actor::in_worker() && !this_actor::gpu_ids().empty()) {
+  if (config_.device == "cuda" ||
+      (config_.device == "auto" && this_actor::in_worker() && !this_actor::gpu_ids().empty())) {
     if (!torch::cuda::is_available())
-      throw ConfigError("this trainer was given a GPU but LibTorch sees no CUDA device");
+      throw ConfigError(config_.device == "cuda" ? "device 'cuda' was asked for but LibTorch sees no CUDA device"
+                                                 : "this trainer was given a GPU but LibTorch sees no CUDA device");
     device_ = torch::Device(torch::kCUDA, 0);
   }
   torch::manual_seed(static_cast<uint64_t>(config_.seed));
@@ -194,7 +204,7 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
   epoch_ = 0;
   cursor_ = actors::SamplerCursor{};
   ema_.clear();
-  loss_scale_ = 65536.0;
+  loss_scale_ = config_.initial_loss_scale;
   good_steps_ = 0;
   ready_ = true;
   return TrainerInfo{device_.str(), model_->describe(), model_->parameter_count(), dataset_->size(),
@@ -219,15 +229,19 @@ void TrainerActor::join(JoinSpec spec) {
   g.rank = static_cast<int>(spec.rank);
   g.world_size = static_cast<int>(spec.world_size);
   g.members = spec.members;
-  // CUDA trainers reduce device memory with NCCL; CPU ones use Gloo.
-  g.backend = device_.is_cuda() ? collective::Backend::kNccl : collective::Backend::kGloo;
-  if (device_.is_cuda()) g.device = device_.index();
+  // CUDA trainers reduce device memory with NCCL, unless told to use Gloo
+  // (ranks sharing a GPU); CPU ones use Gloo.
+  if (config_.collective == "nccl" && !device_.is_cuda())
+    throw ConfigError("collective 'nccl' needs a CUDA trainer, and this one runs on " + device_.str());
+  group_on_device_ = device_.is_cuda() && config_.collective != "gloo";
+  g.backend = group_on_device_ ? collective::Backend::kNccl : collective::Backend::kGloo;
+  if (group_on_device_) g.device = device_.index();
   group_ = collective::join_group(g);
   shm_ = nullptr;
   ReducerOptions ro;
   ro.bucket_bytes = config_.bucket_mb * 1024 * 1024;
   ro.compression = parse_compression(config_.compression);
-  ro.group_takes_device_memory = device_.is_cuda();
+  ro.group_takes_device_memory = group_on_device_;
   if (config_.shared_memory && spec.world_size > 1 && device_.is_cpu() && ro.compression == Compression::kNone &&
       all_on_one_host(*group_)) {
     size_t arena = 0;
@@ -287,7 +301,8 @@ TrainerActor::StepSums TrainerActor::sums_of(const StepOutput& out, int64_t samp
 StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
   StepOutput out;
   try {
-    Autocast autocast(config_.mixed_precision && device_.is_cuda());
+    Autocast autocast(config_.mixed_precision && device_.is_cuda(),
+                      config_.amp_dtype == "bf16" ? torch::kBFloat16 : torch::kHalf);
     SyncBatchNormScope sync_bn(config_.sync_batchnorm ? group_.get() : nullptr);
     out = step_fn_->train(*model_, tensors);
   } catch (const c10::Error& e) {
@@ -304,8 +319,8 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
 }
 
 TrainerActor::StepSums TrainerActor::micro_step(const actors::Batch& batch, bool sync) {
-  bool amp = config_.mixed_precision && device_.is_cuda();
-  StepOutput out = run_step(batch.tensors.to(device_, /*non_blocking=*/true));
+  bool amp = scales_loss();
+  StepOutput out = run_step(dataset_->finish(batch.tensors.to(device_, /*non_blocking=*/true)));
   auto loss = out.loss;
   reducer_->prepare(sync);
   auto scaled = loss / static_cast<double>(config_.accumulation);
@@ -331,18 +346,20 @@ TrainerActor::StepSums TrainerActor::micro_step(const actors::Batch& batch, bool
 
 void TrainerActor::optimizer_step() {
   double lr = learning_rate(config_.optimizer, config_.schedule, step_, reducer_->world_size());
-  bool amp = config_.mixed_precision && device_.is_cuda();
+  bool amp = scales_loss();
   if (amp) {
     // Dynamic loss scaling (as torch.cuda.amp.GradScaler): unscale, skip
     // the step and halve the scale on inf/nan, double it after 2000 good
     // steps. Every rank sees the same reduced gradients, so all decide alike.
     torch::NoGradGuard ng;
-    bool finite = true;
+    // One device-to-host read for all gradients, not one per parameter.
+    std::vector<torch::Tensor> finite_each;
     for (auto& p : model_->parameters()) {
       if (!p.grad().defined()) continue;
       p.mutable_grad().mul_(1.0 / loss_scale_);
-      finite = finite && torch::isfinite(p.grad()).all().item<bool>();
+      finite_each.push_back(torch::isfinite(p.grad()).all());
     }
+    bool finite = finite_each.empty() || torch::stack(finite_each).all().item<bool>();
     if (!finite) {
       loss_scale_ /= 2;
       good_steps_ = 0;
@@ -359,6 +376,10 @@ void TrainerActor::optimizer_step() {
   optimizer_->zero_grad();
   ++step_;
   update_ema();
+}
+
+bool TrainerActor::scales_loss() const {
+  return config_.mixed_precision && device_.is_cuda() && config_.amp_dtype == "fp16";
 }
 
 void TrainerActor::update_ema() {
@@ -486,7 +507,7 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     std::vector<int64_t> chunk(idx.begin() + s, idx.begin() + std::min(idx.size(), s + 256));
     for (int64_t i : chunk) samples.push_back(data.get(i, 0));
     auto b = actors::collate(data, std::move(samples), chunk);
-    StepOutput out = step_fn_->eval(*model_, b.tensors.to(device_));
+    StepOutput out = step_fn_->eval(*model_, data.finish(b.tensors.to(device_)));
     check_output(out, *step_fn_);
     StepSums sums = sums_of(out, b.size());
     rep.loss_sum += sums.loss_sum;
@@ -649,15 +670,15 @@ Progress TrainerActor::heal(int64_t src) {
   TROUPE_CHECK(group_) << "join() first";
   TROUPE_CHECK(src >= 0 && src < group_->world_size()) << "heal source rank " << src << " out of range";
   const auto timeout = std::chrono::minutes(5);
-  // The block's length goes first so every rank can allocate it, on the
-  // group's device (NCCL broadcasts device memory).
+  // The block's length goes first so every rank can allocate it, where the
+  // group moves memory (NCCL broadcasts device memory, Gloo host memory).
+  const torch::Device comm = group_on_device_ ? device_ : torch::Device(torch::kCPU);
   const bool mine = group_->rank() == src;
   torch::Tensor block = mine ? pack_state(state()) : torch::Tensor();
-  auto len = torch::tensor({mine ? block.numel() : int64_t{0}}, torch::kInt64).to(device_);
+  auto len = torch::tensor({mine ? block.numel() : int64_t{0}}, torch::kInt64).to(comm);
   group_->broadcast(len.data_ptr(), 1, collective::DType::kInt64, static_cast<int>(src))->wait(timeout);
   const int64_t length = len.to(torch::kCPU).item<int64_t>();
-  auto on_device =
-      mine ? block.to(device_) : torch::empty({length}, torch::TensorOptions(torch::kUInt8).device(device_));
+  auto on_device = mine ? block.to(comm) : torch::empty({length}, torch::TensorOptions(torch::kUInt8).device(comm));
   group_->broadcast(on_device.data_ptr(), static_cast<size_t>(length), collective::DType::kUInt8, static_cast<int>(src))
       ->wait(timeout);
   if (!mine) load_state(unpack_state(on_device.to(torch::kCPU).contiguous()));
@@ -674,7 +695,7 @@ BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup
   const int64_t offset = (group_ ? group_->rank() : 0) * batch;
   for (int64_t i = 0; i < batch; ++i) samples.push_back(dataset_->get((offset + i) % size, 0));
   actors::Batch b;
-  b.tensors = dataset_->collate(std::move(samples)).to(device_);
+  b.tensors = dataset_->finish(dataset_->collate(std::move(samples)).to(device_));
   b.samples = batch;
   model_->train(true);
   double loss = 0;

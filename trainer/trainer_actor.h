@@ -61,10 +61,21 @@ struct TrainerConfig {
   bool shuffle = true;
   // torch intra-op threads in the worker (0 = leave torch's default).
   int64_t threads = 1;
-  // "auto" (cuda:0 when this actor was given a GPU, else cpu), "cpu".
+  // "auto" (cuda:0 when this actor was given a GPU, else cpu), "cpu", or
+  // "cuda" (cuda:0 whatever the actor was given; a ConfigError where
+  // LibTorch sees no CUDA device).
   std::string device = "auto";
-  // CUDA only: autocast for forward, dynamic loss scaling.
+  // CUDA only: autocast for the forward pass in amp_dtype ("fp16" or
+  // "bf16"); fp16 adds dynamic loss scaling (as torch.amp.GradScaler),
+  // starting at initial_loss_scale. bf16 has fp32's range and needs none.
   bool mixed_precision = false;
+  std::string amp_dtype = "fp16";
+  double initial_loss_scale = 65536.0;
+  // How ranks reduce: "auto" (NCCL for CUDA trainers, Gloo for CPU ones),
+  // "nccl", or "gloo" (a CUDA trainer's gradients, buffers and heal state
+  // go through host memory: for trainers that share one GPU, which NCCL
+  // cannot put two ranks on; TrainJob picks it for a fractional GPU).
+  std::string collective = "auto";
   // Ranks on one host reduce float32 CPU gradients through shared memory
   // (ShmGroup) rather than TCP.
   bool shared_memory = true;
@@ -87,8 +98,9 @@ struct TrainerConfig {
   double grad_clip = 0.0;
 
   TROUPE_FIELDS(model, step, optimizer, schedule, seed, batch_size, accumulation, compression, bucket_mb, data,
-                validation_fraction, split_seed, shuffle, threads, device, mixed_precision, shared_memory, ema_decay,
-                validation_data, sync_batchnorm, grad_clip);
+                validation_fraction, split_seed, shuffle, threads, device, mixed_precision, amp_dtype,
+                initial_loss_scale, collective, shared_memory, ema_decay, validation_data, sync_batchnorm,
+                grad_clip);
 };
 
 // Throws troupe::ConfigError naming the first bad field (no data set is
@@ -300,6 +312,11 @@ class TrainerActor {
   int64_t epoch_ = 0;
   actors::SamplerCursor cursor_;
   double loss_scale_ = 65536.0;
+  // The joined group moves device memory (NCCL): heal() broadcasts on the
+  // GPU; otherwise through host memory.
+  bool group_on_device_ = false;
+  // Loss scaling is on: CUDA, mixed precision, fp16.
+  bool scales_loss() const;
   int64_t good_steps_ = 0;
   bool skip_step_ = false;
 };
