@@ -1,0 +1,365 @@
+// Benchmark: training on one GPU, troupe against PyTorch 2.x eager on the
+// same GPU in the same run (issue 17). Both sides train the same scripted
+// modules (bench/peers/torch_gpu.py writes them; the peer runs their eager
+// originals) with bf16 autocast and read every step's loss. Cases, one JSON
+// object per line, each with the GPU's name:
+//   cnn_compute_bound  ResNet-18 on one in-memory batch of 3×224×224
+//                      (TrainerActor::benchmark in a worker holding {GPU: 1});
+//                      images/s, ratio = troupe ÷ PyTorch
+//   cnn_loader_bound   the same model fed by a DataLoaderActor: uint8
+//                      3×256×256 records, random crop 224 and flip in its
+//                      TBB pipeline (--loader-threads), normalised on the
+//                      trainer's GPU (defer_normalize; --normalize-in-loader
+//                      normalises in the pipeline instead), against
+//                      DataLoader(num_workers=--loader-threads,
+//                      pin_memory=True); images/s over the steps after
+//                      --warmup, ratio = troupe ÷ PyTorch
+//   gpu_busy           NVML utilization.gpu (nvidia-smi) averaged over
+//                      troupe's timed loader-bound steps (0-1); the peer's
+//                      own figure beside it
+//   lm_tokens          examples/train_lm's TinyGPT (--block, --width,
+//                      --layers, --heads), AdamW, one in-memory batch;
+//                      tokens/s, ratio = troupe ÷ PyTorch
+// A side that fails is an error row for its case.
+//
+//   troupe_bench_gpu_train [--python /opt/torch/.venv/bin/python]
+//                          [--batch 128] [--steps 30] [--warmup 5]
+//                          [--loader-threads 8] [--records 2048]
+//                          [--lm-batch 16] [--block 256] [--width 512]
+//                          [--layers 8] [--heads 8] [--case NAME]...
+#include <CLI/CLI.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/json_row.h"
+#include "bench/peer_process.h"
+#include "troupe/runtime/core/files.h"
+#include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/trainer/train_job.h"
+#include "troupe/trainer/trainer_actor.h"
+
+#ifndef TROUPE_BENCH_PEERS_DIR
+#define TROUPE_BENCH_PEERS_DIR "bench/peers"
+#endif
+
+using namespace std::chrono_literals;
+using troupe::trainer::TrainerActor;
+using troupe::trainer::TrainerConfig;
+
+namespace {
+
+struct Args {
+  std::string python = "/opt/torch/.venv/bin/python";
+  int64_t batch = 128;
+  int64_t steps = 30;
+  int64_t warmup = 5;
+  int64_t loader_threads = 8;
+  int64_t records = 2048;
+  int64_t lm_batch = 16;
+  int64_t block = 256;
+  int64_t width = 512;
+  int64_t layers = 8;
+  int64_t heads = 8;
+  double peer_timeout_s = 300;
+  // "cpu": both sides on the CPU in fp32 (a dry run of the whole benchmark
+  // on a machine without a GPU; its figures say nothing about GPUs).
+  std::string device = "cuda";
+  bool normalize_in_loader = false;
+  std::vector<std::string> cases;
+  bool gpu() const { return device == "cuda"; }
+  troupe::Resources trainer_resources() const {
+    return gpu() ? troupe::Resources{{"GPU", 1}, {"CPU", 1}} : troupe::Resources{{"CPU", 1}};
+  }
+  bool want(const std::string& c) const {
+    return cases.empty() || std::find(cases.begin(), cases.end(), c) != cases.end();
+  }
+};
+
+std::string gpu_name() {
+  try {
+    troupe::bench::PeerProcess p({"nvidia-smi", "--query-gpu=name", "--format=csv,noheader"}, {.name = "nvidia-smi"});
+    auto line = p.read_line(20s);
+    return line ? *line : "unknown";
+  } catch (const std::exception&) {
+    return "unknown";
+  }
+}
+
+// NVML's utilization.gpu, sampled by nvidia-smi every 100 ms from start()
+// until fraction().
+class GpuBusy {
+ public:
+  void start() {
+    peer_ = std::make_unique<troupe::bench::PeerProcess>(
+        std::vector<std::string>{"nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms",
+                                 "100"},
+        troupe::bench::PeerOptions{.name = "nvidia-smi"});
+    reader_ = std::thread([this] {
+      try {
+        while (!stop_) {
+          auto line = peer_->read_line(5s);
+          if (!line) return;
+          std::lock_guard<std::mutex> l(mu_);
+          if (!stop_) samples_.push_back(std::stod(*line));
+        }
+      } catch (const std::exception&) {
+      }
+    });
+  }
+  // Mean of the samples as a fraction (-1 without any).
+  double fraction() {
+    stop_ = true;
+    if (peer_) peer_->kill_group();
+    if (reader_.joinable()) reader_.join();
+    std::lock_guard<std::mutex> l(mu_);
+    if (samples_.empty()) return -1;
+    double s = 0;
+    for (double v : samples_) s += v;
+    return s / static_cast<double>(samples_.size()) / 100.0;
+  }
+  ~GpuBusy() { fraction(); }
+
+ private:
+  std::unique_ptr<troupe::bench::PeerProcess> peer_;
+  std::thread reader_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<double> samples_;
+};
+
+nlohmann::ordered_json peer(const Args& a, std::vector<std::string> args) {
+  std::vector<std::string> argv = {a.python, std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_gpu.py"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  if (args[0] == "run") argv.insert(argv.end(), {"--device", a.device});
+  return troupe::bench::run_peer_json(argv, {.name = "torch_gpu.py " + args[0]},
+                                      std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
+}
+
+std::vector<std::string> model_args(const Args& a) {
+  return {"--block",  std::to_string(a.block),  "--width", std::to_string(a.width),
+          "--layers", std::to_string(a.layers), "--heads", std::to_string(a.heads)};
+}
+
+// bf16 autocast on the GPU; fp32 on the CPU dry run.
+void set_precision(TrainerConfig& c, const Args& a) {
+  c.device = a.gpu() ? "auto" : "cpu";
+  c.mixed_precision = a.gpu();
+  c.amp_dtype = "bf16";
+}
+
+TrainerConfig cnn_config(const Args& a, const std::string& step, int64_t size, int64_t batch) {
+  TrainerConfig c;
+  set_precision(c, a);
+  c.model.name = "torchscript";
+  c.model.path = step;
+  c.optimizer.name = "sgd";
+  c.optimizer.lr = 0.1;
+  c.optimizer.momentum = 0.9;
+  c.batch_size = batch;
+  c.threads = 4;
+  c.data = troupe::actors::DatasetSpec("image_records")
+               .set("size", size)
+               .set("channels", 3)
+               .set("height", 256)
+               .set("width", 256)
+               .set("num_classes", 1000)
+               .set("crop", 224)
+               .set("flip", 1)
+               .set("mean", {0.485, 0.456, 0.406})
+               .set("std", {0.229, 0.224, 0.225});
+  return c;
+}
+
+// Samples/s of one TrainerActor holding the GPU, running c's benchmark().
+double troupe_rate(troupe::Runtime& rt, const TrainerConfig& c, const Args& a, int64_t batch) {
+  auto t = rt.spawn<TrainerActor>({.resources = a.trainer_resources()});
+  // Killed however this ends: a failed case must not keep the GPU from the
+  // next one.
+  struct Kill {
+    troupe::Runtime& rt;
+    troupe::ActorHandle<TrainerActor>& t;
+    ~Kill() {
+      try {
+        rt.kill(t);
+      } catch (const std::exception&) {
+      }
+    }
+  } kill{rt, t};
+  auto info = t.call(&TrainerActor::setup, c).get(300s);
+  if (a.gpu() && info.device.rfind("cuda", 0) != 0)
+    throw troupe::Error("the trainer runs on " + info.device + ", not a GPU");
+  t.call(&TrainerActor::join, troupe::trainer::JoinSpec{"gpu-bench-" + std::to_string(t.id()), 1, 0, 1, {t.id()}})
+      .get(300s);
+  auto r = t.call(&TrainerActor::benchmark, a.steps, batch, a.warmup).get(600s);
+  return static_cast<double>(r.samples) / r.seconds;
+}
+
+void ratio_row(const std::string& c, double troupe, const nlohmann::ordered_json& torch, const std::string& unit,
+               const std::string& gpu, const std::string& key = "value") {
+  double theirs = torch.at(key).get<double>();
+  troupe::bench::print_row({{"bench", "gpu_train"},
+                            {"case", c},
+                            {"value", troupe},
+                            {"unit", unit},
+                            {"ratio", troupe / theirs},
+                            {"torch", theirs},
+                            {"torch_version", torch.value("torch", "")},
+                            {"gpu", gpu}});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  troupe::run_role_if_requested(argc, argv);
+  Args a;
+  CLI::App app{"training on one GPU: troupe's trainer against PyTorch eager on the same GPU"};
+  app.add_option("--python", a.python, "the interpreter with CUDA PyTorch for the peer and the module files");
+  app.add_option("--batch", a.batch, "images per step (cnn cases)");
+  app.add_option("--steps", a.steps, "timed steps per side");
+  app.add_option("--warmup", a.warmup, "untimed steps first");
+  app.add_option("--loader-threads", a.loader_threads, "DataLoaderActor threads and DataLoader workers");
+  app.add_option("--records", a.records, "uint8 records in the loader-bound data set");
+  app.add_option("--lm-batch", a.lm_batch, "sequences per step (lm_tokens)");
+  app.add_option("--block", a.block, "lm context");
+  app.add_option("--width", a.width, "lm width");
+  app.add_option("--layers", a.layers, "lm blocks");
+  app.add_option("--heads", a.heads, "lm attention heads");
+  app.add_option("--peer-timeout", a.peer_timeout_s, "seconds a peer may take");
+  app.add_flag("--normalize-in-loader", a.normalize_in_loader,
+               "cnn_loader_bound: normalise in the loader (float32 batches) rather than on the trainer's GPU");
+  app.add_option("--device", a.device, "cuda, or cpu for a dry run on a machine without a GPU")
+      ->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_option("--case", a.cases, "run only these cases (cnn_compute_bound, cnn_loader_bound, lm_tokens)");
+  CLI11_PARSE(app, argc, argv);
+
+  const std::string gpu = a.gpu() ? gpu_name() : "none (cpu dry run)";
+  auto dir = std::filesystem::temp_directory_path() / ("troupe-gpu-bench-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  nlohmann::ordered_json files;
+  try {
+    auto args = model_args(a);
+    args.insert(args.begin(), {"write", dir.string()});
+    files = peer(a, args);
+  } catch (const std::exception& e) {
+    for (auto c : {"cnn_compute_bound", "cnn_loader_bound", "lm_tokens"})
+      troupe::bench::print_error_row("gpu_train", c, std::string("writing the modules: ") + e.what());
+    return 1;
+  }
+
+  const int64_t cpus = std::max<long>(2, ::sysconf(_SC_NPROCESSORS_ONLN));
+  troupe::testing::LocalClusterOptions lo;
+  lo.nodes = {{{"CPU", static_cast<double>(cpus)}, {"GPU", a.gpu() ? 1.0 : 0.0}}};
+  lo.worker_pool_size = 0;
+  troupe::testing::LocalCluster cluster(lo);
+  troupe::Runtime rt = cluster.connect();
+  const auto n = [](int64_t v) { return std::to_string(v); };
+
+  if (a.want("cnn_compute_bound")) {
+    try {
+      double mine = troupe_rate(rt, cnn_config(a, files.at("cnn").get<std::string>(), a.batch, a.batch), a, a.batch);
+      auto theirs = peer(
+          a, {"run", "--case", "cnn_compute", "--batch", n(a.batch), "--steps", n(a.steps), "--warmup", n(a.warmup)});
+      ratio_row("cnn_compute_bound", mine, theirs, "images/s", gpu);
+    } catch (const std::exception& e) {
+      troupe::bench::print_error_row("gpu_train", "cnn_compute_bound", e.what());
+    }
+  }
+
+  if (a.want("cnn_loader_bound")) {
+    try {
+      troupe::trainer::TrainJobConfig job;
+      job.name = "gpu-loader-bench";
+      job.trainer = cnn_config(a, files.at("cnn").get<std::string>(), a.records, a.batch);
+      // The loader crops and flips; the trainer normalises on its GPU (the
+      // same floats, docs/runtime.md), so the stream and the host-to-device
+      // copy move uint8 pixels. --normalize-in-loader keeps it all there.
+      job.trainer.data.set("defer_normalize", a.normalize_in_loader ? 0 : 1);
+      job.scaling.num_workers = 1;
+      job.scaling.resources_per_worker = a.trainer_resources();
+      job.scaling.placement_timeout = 60s;
+      job.use_loaders = true;
+      job.loader_threads = a.loader_threads;
+      job.evaluate = false;
+      job.verbose = false;
+      job.epochs = 100;
+      job.max_steps = a.warmup + a.steps;
+      // Progress marks time the steps; about six of them after the warm-up.
+      job.progress_every_steps = std::max<int64_t>(1, a.steps / 6);
+      GpuBusy busy;
+      struct Mark {
+        double time;
+        int64_t step;
+        int64_t samples;
+      };
+      std::vector<Mark> marks;
+      int64_t samples = 0;
+      bool sampling = false;
+      job.on_step = [&](const troupe::trainer::StepInfo& s) {
+        samples += s.samples;
+        marks.push_back({s.time, s.step, samples});
+        if (a.gpu() && !sampling && s.step >= a.warmup) {
+          busy.start();
+          sampling = true;
+        }
+      };
+      troupe::trainer::TrainJob(rt, job).fit();
+      double busy_fraction = busy.fraction();
+      // From the first progress mark at or after the warm-up to the last.
+      auto first = std::find_if(marks.begin(), marks.end(), [&](const Mark& m) { return m.step >= a.warmup; });
+      if (first == marks.end() || first == marks.end() - 1) throw troupe::Error("too few steps to time");
+      double mine = static_cast<double>(marks.back().samples - first->samples) / (marks.back().time - first->time);
+      auto theirs = peer(a, {"run", "--case", "cnn_loader", "--batch", n(a.batch), "--steps", n(a.steps), "--warmup",
+                             n(a.warmup), "--workers", n(a.loader_threads), "--records", n(a.records)});
+      ratio_row("cnn_loader_bound", mine, theirs, "images/s", gpu);
+      if (a.gpu()) {
+        nlohmann::ordered_json row = {
+            {"bench", "gpu_train"}, {"case", "gpu_busy"}, {"value", busy_fraction}, {"unit", "fraction"}};
+        row["torch"] = theirs.value("gpu_busy", nlohmann::json());
+        row["gpu"] = gpu;
+        troupe::bench::print_row(row);
+      }
+    } catch (const std::exception& e) {
+      troupe::bench::print_error_row("gpu_train", "cnn_loader_bound", e.what());
+    }
+  }
+
+  if (a.want("lm_tokens")) {
+    try {
+      TrainerConfig c;
+      c.model.name = "torchscript";
+      c.model.path = files.at("lm").get<std::string>();
+      c.optimizer.name = "adamw";
+      c.optimizer.lr = 1e-3;
+      c.batch_size = a.lm_batch;
+      set_precision(c, a);
+      c.threads = 4;
+      c.data = troupe::actors::DatasetSpec("token_stream")
+                   .set("path", files.at("tokens").get<std::string>())
+                   .set("block_size", a.block);
+      double mine = troupe_rate(rt, c, a, a.lm_batch) * static_cast<double>(a.block);
+      auto args = model_args(a);
+      std::vector<std::string> run = {"run",     "--case",   "lm",       "--batch",  n(a.lm_batch),
+                                      "--steps", n(a.steps), "--warmup", n(a.warmup)};
+      run.insert(run.end(), args.begin(), args.end());
+      ratio_row("lm_tokens", mine, peer(a, run), "tokens/s", gpu, "tokens_per_s");
+    } catch (const std::exception& e) {
+      troupe::bench::print_error_row("gpu_train", "lm_tokens", e.what());
+    }
+  }
+  std::error_code ec;
+  troupe::core::remove_tree(dir, ec);
+  return 0;
+}

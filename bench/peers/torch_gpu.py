@@ -1,0 +1,273 @@
+#!/usr/bin/python3
+"""The PyTorch side of bench/gpu_train.cc (issue 17), on the same GPU, run by
+the benchmark in the same invocation. Two jobs:
+
+  torch_gpu.py write DIR [--width W ...]
+      writes DIR/cnn_step.pt (ResNet18Step below, scripted, seed 0) and
+      DIR/lm_step.pt (examples/train_lm's TinyGPT, scripted, seed 0) plus a
+      random byte token stream DIR/tokens.bin: the modules troupe's trainers
+      run. Prints {"cnn": path, "lm": path, "tokens": path}.
+
+  torch_gpu.py run --case cnn_compute|cnn_loader|lm [...]
+      trains the same model in PyTorch eager on cuda:0, as a user's script
+      does: torch.autocast(bf16), SGD with momentum (cnn) or AdamW (lm),
+      loss.item() every step (the seeds' scripts log it every step, and
+      troupe's trainer reads every step's loss too).
+      cnn_compute: one batch already on the GPU, reused (no loading).
+      cnn_loader:  uint8 3×H×W records decoded per sample by
+                   DataLoader(num_workers=--workers, pin_memory=True) with
+                   random crop, horizontal flip and normalisation, copied
+                   with non_blocking=True.
+      lm:          one batch of random token windows on the GPU.
+      Prints {"value": samples/s, "tokens_per_s": ..., "gpu_busy": ...}:
+      gpu_busy is NVML's utilization.gpu averaged over the timed steps
+      (pynvml, when present).
+
+On failure it prints {"error": ...} and exits non-zero."""
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from typing import Dict
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "train_lm"))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(y + self.down(x))
+
+
+class ResNet18Step(nn.Module):
+    """ResNet-18 (torchvision's layout: 7×7 stem, 4 stages of 2 basic blocks)
+    with its cross-entropy step: forward(batch) -> {"loss", "accuracy"}."""
+
+    def __init__(self, num_classes: int = 1000, width: int = 64):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        blocks = []
+        cin = width
+        for i, cout in enumerate([width, 2 * width, 4 * width, 8 * width]):
+            blocks.append(BasicBlock(cin, cout, 1 if i == 0 else 2))
+            blocks.append(BasicBlock(cout, cout, 1))
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        logits = self.logits(batch["input"])
+        loss = F.cross_entropy(logits.float(), batch["target"])
+        accuracy = (logits.argmax(-1) == batch["target"]).float().mean()
+        return {"loss": loss, "accuracy": accuracy.detach()}
+
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+
+
+class Records(torch.utils.data.Dataset):
+    """uint8 [N, 3, H, W] records; a sample is a random crop, a flip with
+    probability 1/2 and (x / 255 - mean) / std, as torchvision's RandomCrop +
+    RandomHorizontalFlip + ToTensor + Normalize on a tensor image."""
+
+    def __init__(self, size: int, height: int, crop: int, classes: int):
+        g = torch.Generator().manual_seed(0)
+        self.records = torch.randint(0, 256, (size, 3, height, height), dtype=torch.uint8, generator=g)
+        self.labels = torch.randint(0, classes, (size,), generator=g)
+        self.crop = crop
+        self.mean = torch.tensor(MEAN).view(3, 1, 1)
+        self.std = torch.tensor(STD).view(3, 1, 1)
+
+    def __len__(self):
+        return self.records.size(0)
+
+    def __getitem__(self, i):
+        r = self.records[i]
+        h = r.size(1)
+        top, left = torch.randint(0, h - self.crop + 1, (2,)).tolist()
+        x = r[:, top:top + self.crop, left:left + self.crop]
+        if torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        x = (x.float().div_(255) - self.mean) / self.std
+        return x, self.labels[i]
+
+
+class GpuBusy:
+    """NVML utilization.gpu sampled every 100 ms in a thread."""
+
+    def __init__(self, on: bool):
+        self.samples = []
+        self.stop = threading.Event()
+        self.nvml = None
+        if not on:
+            return
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:
+            self.nvml = None
+
+    def __enter__(self):
+        if self.nvml:
+            self.thread = threading.Thread(target=self.run, daemon=True)
+            self.thread.start()
+        return self
+
+    def run(self):
+        while not self.stop.wait(0.1):
+            self.samples.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.nvml:
+            self.thread.join()
+
+    def fraction(self):
+        return sum(self.samples) / len(self.samples) / 100.0 if self.samples else None
+
+
+def write(a):
+    from model import TinyGPT
+    os.makedirs(a.dir, exist_ok=True)
+    torch.manual_seed(0)
+    cnn = os.path.join(a.dir, "cnn_step.pt")
+    torch.jit.save(torch.jit.script(ResNet18Step(a.classes, a.cnn_width)), cnn)
+    torch.manual_seed(0)
+    lm = os.path.join(a.dir, "lm_step.pt")
+    torch.jit.save(torch.jit.script(TinyGPT(block_size=a.block, width=a.width, layers=a.layers, heads=a.heads)), lm)
+    import numpy as np
+    tokens = os.path.join(a.dir, "tokens.bin")
+    np.random.default_rng(0).integers(0, 256, a.windows * a.block + 1, dtype=np.uint16).tofile(tokens)
+    print(json.dumps({"cnn": cnn, "lm": lm, "tokens": tokens}), flush=True)
+
+
+def run(a):
+    dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
+    pin = a.device == "cuda"
+    torch.set_num_threads(4)
+    torch.manual_seed(0)
+    if a.case == "lm":
+        from model import TinyGPT
+        model = TinyGPT(block_size=a.block, width=a.width, layers=a.layers, heads=a.heads).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(1)
+        w = torch.randint(0, 256, (a.batch, a.block + 1), generator=g)
+        fixed = {"input": w[:, :-1].to(dev), "target": w[:, 1:].to(dev)}
+        batches = None
+    else:
+        model = ResNet18Step(a.classes, a.cnn_width).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if a.case == "cnn_compute":
+            g = torch.Generator().manual_seed(1)
+            fixed = {"input": torch.randn(a.batch, 3, a.crop, a.crop, generator=g).to(dev),
+                     "target": torch.randint(0, a.classes, (a.batch,), generator=g).to(dev)}
+            batches = None
+        else:
+            data = Records(a.records, a.height, a.crop, a.classes)
+            loader = torch.utils.data.DataLoader(data, batch_size=a.batch, shuffle=True, num_workers=a.workers,
+                                                 pin_memory=pin, drop_last=True, persistent_workers=True)
+            batches = iter(loader)
+            fixed = None
+    model.train()
+
+    def next_batch():
+        nonlocal batches
+        if fixed is not None:
+            return fixed
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            x, y = next(batches)
+        return {"input": x.to(dev, non_blocking=True), "target": y.to(dev, non_blocking=True)}
+
+    def step():
+        b = next_batch()
+        with torch.autocast("cuda", dtype=torch.bfloat16) if pin else contextlib.nullcontext():
+            out = model(b)
+        out["loss"].backward()
+        opt.step()
+        opt.zero_grad()
+        return out["loss"].item()
+
+    for _ in range(a.warmup):
+        step()
+    sync = torch.cuda.synchronize if pin else (lambda: None)
+    sync()
+    with GpuBusy(pin) as busy:
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            loss = step()
+        sync()
+        seconds = time.perf_counter() - t0
+    samples = a.steps * a.batch
+    row = {"value": samples / seconds, "samples": samples, "seconds": seconds, "final_loss": loss,
+           "gpu_busy": busy.fraction(), "gpu": torch.cuda.get_device_name(0) if pin else "none",
+           "torch": torch.__version__}
+    if a.case == "lm":
+        row["tokens_per_s"] = samples * a.block / seconds
+    print(json.dumps(row), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="job", required=True)
+    for name in ("write", "run"):
+        s = sub.add_parser(name)
+        if name == "write":
+            s.add_argument("dir")
+            s.add_argument("--windows", type=int, default=1024)
+        else:
+            s.add_argument("--case", choices=["cnn_compute", "cnn_loader", "lm"], required=True)
+            s.add_argument("--batch", type=int, default=128)
+            s.add_argument("--steps", type=int, default=30)
+            s.add_argument("--warmup", type=int, default=5)
+            s.add_argument("--workers", type=int, default=8)
+            s.add_argument("--records", type=int, default=2048)
+            s.add_argument("--height", type=int, default=256)
+            s.add_argument("--crop", type=int, default=224)
+            s.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                           help="cpu: fp32 on the CPU, a dry run without a GPU")
+        s.add_argument("--classes", type=int, default=1000)
+        s.add_argument("--cnn-width", type=int, default=64)
+        s.add_argument("--block", type=int, default=256)
+        s.add_argument("--width", type=int, default=512)
+        s.add_argument("--layers", type=int, default=8)
+        s.add_argument("--heads", type=int, default=8)
+    a = p.parse_args()
+    write(a) if a.job == "write" else run(a)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # the benchmark prints it as the case's error row
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+        sys.exit(1)
