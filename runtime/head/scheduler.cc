@@ -161,6 +161,35 @@ std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Reso
   return std::nullopt;
 }
 
+namespace {
+// The least loaded node that holds every bundle (whose sum is `sum`), taken
+// one by one: two halves of a GPU may share one GPU; a whole GPU may not be
+// split. nullptr when no node does.
+const NodeView* node_for_all(const std::vector<NodeView>& nodes, const std::vector<Resources>& bundles,
+                             const Resources& sum) {
+  const NodeView* best = nullptr;
+  double best_load = 0;
+  for (const auto& n : nodes) {
+    NodeView trial = n;
+    bool ok = true;
+    for (const auto& b : bundles) {
+      if (!fits(trial, b)) {
+        ok = false;
+        break;
+      }
+      reserve(trial, b);
+    }
+    if (!ok) continue;
+    double l = load_after(n, sum);
+    if (!best || l < best_load - kEps) {
+      best = &n;
+      best_load = l;
+    }
+  }
+  return best;
+}
+}  // namespace
+
 std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, const std::vector<Resources>& bundles,
                                                    wire::PlacementStrategy strategy, std::string* reason) {
   using S = wire::PlacementStrategy;
@@ -174,28 +203,7 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
   if (strategy == S::kStrictPack || strategy == S::kPack) {
     Resources sum;
     for (const auto& b : bundles) add(sum, b);
-    // The least loaded node that holds every bundle, taken one by one (two
-    // halves of a GPU may share one GPU; a whole GPU may not be split).
-    const NodeView* all_on = nullptr;
-    double all_load = 0;
-    for (const auto& n : nodes) {
-      NodeView trial = n;
-      bool ok = true;
-      for (const auto& b : bundles) {
-        if (!fits(trial, b)) {
-          ok = false;
-          break;
-        }
-        reserve(trial, b);
-      }
-      if (!ok) continue;
-      double l = load_after(n, sum);
-      if (!all_on || l < all_load - kEps) {
-        all_on = &n;
-        all_load = l;
-      }
-    }
-    if (all_on) {
+    if (const NodeView* all_on = node_for_all(nodes, bundles, sum)) {
       std::fill(out.begin(), out.end(), all_on->id);
       return out;
     }
