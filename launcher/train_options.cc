@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -56,6 +57,8 @@ const std::map<std::string, Setter>& job_keys() {
       {"seed", field(&TrainOptions::seed)},
       {"sync_batchnorm", field(&TrainOptions::sync_batchnorm)},
       {"cpus_per_worker", field(&TrainOptions::cpus_per_worker)},
+      {"gpus_per_worker", field(&TrainOptions::gpus_per_worker)},
+      {"amp", field(&TrainOptions::amp)},
       {"log_every", field(&TrainOptions::log_every)},
       {"name", field(&TrainOptions::name)},
   };
@@ -148,6 +151,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_flag("--sync-batchnorm", o.sync_batchnorm,
                "BatchNorm statistics over the whole batch of all workers (C++ models: cnn)");
   app.add_option("--cpus-per-worker", o.cpus_per_worker, "CPU each trainer reserves");
+  app.add_option("--gpus-per-worker", o.gpus_per_worker,
+                 "GPUs each trainer reserves and trains on: 0 (CPU), a part of one (0.5: two trainers share a GPU), "
+                 "or a whole number");
+  app.add_option("--amp", o.amp, "mixed precision on the GPU: none, bf16, or fp16 (with dynamic loss scaling)");
   app.add_option("--log-every", o.log_every, "optimizer steps between progress updates");
   app.add_option("--name", o.name, "job name on the console and in the metrics file");
 }
@@ -277,6 +284,13 @@ void check(const TrainOptions& o) {
   require(o.max_failures >= -1, "--max-failures must be -1 (no limit) or more, got " + std::to_string(o.max_failures));
   require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
   require(o.cpus_per_worker > 0, "--cpus-per-worker must be positive, got " + num(o.cpus_per_worker));
+  require(o.gpus_per_worker >= 0 && o.gpus_per_worker <= 1024 &&
+              (o.gpus_per_worker <= 1 || o.gpus_per_worker == std::floor(o.gpus_per_worker)),
+          "--gpus-per-worker must be 0, a part of one GPU, or a whole number, got " + num(o.gpus_per_worker));
+  require(o.amp == "none" || o.amp == "bf16" || o.amp == "fp16",
+          "--amp must be none, bf16 or fp16, got '" + o.amp + "'");
+  require(o.amp == "none" || o.gpus_per_worker > 0,
+          "--amp " + o.amp + " is mixed precision on a GPU: give --gpus-per-worker too");
   std::error_code ec;
   fs::create_directories(o.checkpoint_dir, ec);
   if (ec) throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + ": " + ec.message());
@@ -287,6 +301,9 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
   c.name = o.name;
   c.scaling.num_workers = o.workers;
   c.scaling.resources_per_worker = {{"CPU", o.cpus_per_worker}};
+  if (o.gpus_per_worker > 0) c.scaling.resources_per_worker["GPU"] = o.gpus_per_worker;
+  c.trainer.mixed_precision = o.amp != "none";
+  if (c.trainer.mixed_precision) c.trainer.amp_dtype = o.amp;
   c.trainer.model = model_spec(o);
   c.trainer.data = data_spec(o, o.data);
   if (!o.val_data.empty()) c.trainer.validation_data = data_spec(o, o.val_data);

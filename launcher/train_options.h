@@ -52,6 +52,13 @@ struct TrainOptions {
   int64_t seed = 0;
   bool sync_batchnorm = false;
   double cpus_per_worker = 1.0;
+  // GPUs each trainer reserves: 0 (train on the CPU), a part of one GPU
+  // (trainers then share GPUs and reduce through host memory), or a whole
+  // number. A trainer that holds a GPU trains on it.
+  double gpus_per_worker = 0.0;
+  // Mixed precision on the GPU: none, bf16 (autocast) or fp16 (autocast and
+  // dynamic loss scaling).
+  std::string amp = "none";
   // Optimizer steps between progress updates (the driver's train() rounds).
   int64_t log_every = 10;
   std::string name = "train";
