@@ -23,7 +23,7 @@
 // A side that fails is an error row for its case.
 //
 //   troupe_bench_gpu_train [--python /opt/torch/.venv/bin/python]
-//                          [--batch 128] [--steps 30] [--warmup 5]
+//                          [--batch 128] [--steps 50] [--lm-steps 100] [--warmup 5]
 //                          [--loader-threads 8] [--records 2048]
 //                          [--lm-batch 16] [--block 256] [--width 512]
 //                          [--layers 8] [--heads 8] [--case NAME]...
@@ -64,7 +64,8 @@ namespace {
 struct Args {
   std::string python = "/opt/torch/.venv/bin/python";
   int64_t batch = 128;
-  int64_t steps = 30;
+  int64_t steps = 50;
+  int64_t lm_steps = 100;
   int64_t warmup = 5;
   int64_t loader_threads = 8;
   int64_t records = 2048;
@@ -228,7 +229,8 @@ int main(int argc, char** argv) {
   CLI::App app{"training on one GPU: troupe's trainer against PyTorch eager on the same GPU"};
   app.add_option("--python", a.python, "the interpreter with CUDA PyTorch for the peer and the module files");
   app.add_option("--batch", a.batch, "images per step (cnn cases)");
-  app.add_option("--steps", a.steps, "timed steps per side");
+  app.add_option("--steps", a.steps, "timed steps per side (cnn cases)");
+  app.add_option("--lm-steps", a.lm_steps, "timed steps per side (lm_tokens; its steps are short)");
   app.add_option("--warmup", a.warmup, "untimed steps first");
   app.add_option("--loader-threads", a.loader_threads, "DataLoaderActor threads and DataLoader workers");
   app.add_option("--records", a.records, "uint8 records in the loader-bound data set");
@@ -349,10 +351,12 @@ int main(int argc, char** argv) {
       c.data = troupe::actors::DatasetSpec("token_stream")
                    .set("path", files.at("tokens").get<std::string>())
                    .set("block_size", a.block);
-      double mine = troupe_rate(rt, c, a, a.lm_batch) * static_cast<double>(a.block);
+      Args lm = a;
+      lm.steps = a.lm_steps;
+      double mine = troupe_rate(rt, c, lm, a.lm_batch) * static_cast<double>(a.block);
       auto args = model_args(a);
-      std::vector<std::string> run = {"run",     "--case",   "lm",       "--batch",  n(a.lm_batch),
-                                      "--steps", n(a.steps), "--warmup", n(a.warmup)};
+      std::vector<std::string> run = {"run",     "--case",      "lm",       "--batch",  n(a.lm_batch),
+                                      "--steps", n(a.lm_steps), "--warmup", n(a.warmup)};
       run.insert(run.end(), args.begin(), args.end());
       ratio_row("lm_tokens", mine, peer(a, run), "tokens/s", gpu, "tokens_per_s");
     } catch (const std::exception& e) {

@@ -136,7 +136,10 @@ run_gpu_tests() {
 run_suites() {
   env_for_prefix
   export TROUPE_TEST_PYTHON=$torch_py
-  ctest --test-dir "$build" -LE gpu -R "${GPU_SUITES:-trainer_unit|tensor_collectives|trainer_job}" \
+  # -R matches test names (gtest's Suite.Case), not binaries.
+  local suites='TrainJobTest|OpenTrainerTest|OptimizerTest|ModelTest|GradientReducerTest|ShmGroupTest'
+  suites+='|SyncBatchNormTest|GradClipTest|ScheduleTest|TensorCollectivesTest'
+  ctest --test-dir "$build" -LE gpu -R "${GPU_SUITES:-$suites}" \
     --output-on-failure --timeout "${GPU_TEST_TIMEOUT:-180}" -j4
 }
 
