@@ -284,9 +284,11 @@ void check(const TrainOptions& o) {
   require(o.max_failures >= -1, "--max-failures must be -1 (no limit) or more, got " + std::to_string(o.max_failures));
   require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
   require(o.cpus_per_worker > 0, "--cpus-per-worker must be positive, got " + num(o.cpus_per_worker));
-  require(o.gpus_per_worker >= 0 && o.gpus_per_worker <= 1024 &&
-              (o.gpus_per_worker <= 1 || o.gpus_per_worker == std::floor(o.gpus_per_worker)),
-          "--gpus-per-worker must be 0, a part of one GPU, or a whole number, got " + num(o.gpus_per_worker));
+  require(o.gpus_per_worker == 0 ||
+              (o.gpus_per_worker >= 0.01 && o.gpus_per_worker <= 1024 &&
+               (o.gpus_per_worker <= 1 || o.gpus_per_worker == std::floor(o.gpus_per_worker))),
+          "--gpus-per-worker must be 0, a part of one GPU (at least 0.01), or a whole number, got " +
+              num(o.gpus_per_worker));
   require(o.amp == "none" || o.amp == "bf16" || o.amp == "fp16",
           "--amp must be none, bf16 or fp16, got '" + o.amp + "'");
   require(o.amp == "none" || o.gpus_per_worker > 0,

@@ -38,7 +38,9 @@ actors::Batch first_batch(const actors::DatasetSpec& spec, int64_t batch_size) {
     samples.push_back(data->get(i, 0));
     idx.push_back(i);
   }
-  return actors::collate(*data, std::move(samples), idx);
+  auto batch = actors::collate(*data, std::move(samples), idx);
+  batch.tensors = data->finish(std::move(batch.tensors));  // as the trainer does
+  return batch;
 }
 
 // One step of `step` on `batch` (train or eval), its failure made a

@@ -90,7 +90,8 @@ std::vector<char> pickle_dict(const std::map<std::string, torch::Tensor>& m) {
       return n;
     });
     torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
-  }  // the writer finishes the archive as it goes
+    writer.writeEndOfFile();  // here, where an error can throw, not in the destructor
+  }
   return out;
 }
 

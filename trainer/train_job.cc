@@ -502,9 +502,11 @@ TrainJob::TrainJob(Runtime& rt, TrainJobConfig config) : rt_(rt), config_(std::m
   // Trainers that hold part of a GPU may share it with another rank, which
   // NCCL cannot do: they reduce through host memory (Gloo).
   auto gpu = config_.scaling.resources_per_worker.find("GPU");
-  if (config_.trainer.collective == "auto" && gpu != config_.scaling.resources_per_worker.end() &&
-      gpu->second > 0 && gpu->second < 1)
-    config_.trainer.collective = "gloo";
+  const bool part_of_a_gpu = gpu != config_.scaling.resources_per_worker.end() && gpu->second > 0 && gpu->second < 1;
+  if (part_of_a_gpu && config_.trainer.collective == "nccl")
+    throw ConfigError("trainers holding GPU " + std::to_string(gpu->second) +
+                      " each may share a GPU, which NCCL cannot: use collective 'gloo' or 'auto'");
+  if (part_of_a_gpu && config_.trainer.collective == "auto") config_.trainer.collective = "gloo";
 }
 TrainJob::~TrainJob() = default;
 

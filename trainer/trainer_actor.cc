@@ -695,7 +695,8 @@ BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup
   const int64_t offset = (group_ ? group_->rank() : 0) * batch;
   for (int64_t i = 0; i < batch; ++i) samples.push_back(dataset_->get((offset + i) % size, 0));
   actors::Batch b;
-  b.tensors = dataset_->finish(dataset_->collate(std::move(samples)).to(device_));
+  // micro_step() finishes it (Dataset::finish) on every step, as training does.
+  b.tensors = dataset_->collate(std::move(samples)).to(device_);
   b.samples = batch;
   model_->train(true);
   double loss = 0;

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <string>
 
 namespace troupe::core {
 
@@ -16,8 +17,9 @@ thread_local std::uintmax_t removed_count = 0;
 thread_local int first_error = 0;
 
 int remove_entry(const char* path, const struct stat* /*st*/, int type, struct FTW* /*ftw*/) {
-  // Post-order (FTW_DEPTH): a directory comes after everything in it.
-  int rc = (type == FTW_DP) ? ::rmdir(path) : ::unlink(path);
+  // Post-order (FTW_DEPTH): a directory comes after everything in it. One
+  // nftw could not read (FTW_DNR) is still removed when it is empty.
+  int rc = (type == FTW_DP || type == FTW_DNR) ? ::rmdir(path) : ::unlink(path);
   if (rc == 0) {
     ++removed_count;
   } else if (errno != ENOENT && first_error == 0) {
@@ -28,8 +30,13 @@ int remove_entry(const char* path, const struct stat* /*st*/, int type, struct F
 
 }  // namespace
 
-std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) {
+std::uintmax_t remove_tree(const std::filesystem::path& given, std::error_code& ec) {
   ec.clear();
+  // "link/" would make lstat follow a link to a directory and empty its
+  // target: look at the path without trailing separators.
+  std::string text = given.native();
+  while (text.size() > 1 && text.back() == '/') text.pop_back();
+  const std::filesystem::path path(text);
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno != ENOENT) ec = std::error_code(errno, std::generic_category());

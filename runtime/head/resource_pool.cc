@@ -36,20 +36,21 @@ void validate_resources(const Resources& r, const std::string& where) {
 int gpu_count(const Resources& r) {
   auto it = r.find("GPU");
   if (it == r.end() || !(it->second > 0)) return 0;
+  if (it->second < 1) return 1;  // a part of one GPU is a share of GPU 0
   return static_cast<int>(std::min(it->second, kMaxGpus) + 0.5);
 }
 
 ResourcePool::ResourcePool(Resources total) : total_(total), available_(std::move(total)) {
   for (int i = 0; i < gpu_count(total_); ++i) gpu_ids_.push_back(i);
   // A node that offers part of one GPU offers that part of GPU 0.
-  const double amount = gpu_amount(total_);
-  gpu_free_.assign(gpu_ids_.size(), gpu_ids_.size() == 1 && amount < 1 ? amount : 1.0);
+  gpu_capacity_.assign(gpu_ids_.size(), gpu_ids_.size() == 1 ? gpu_share(gpu_amount(total_)) : 1.0);
+  gpu_free_ = gpu_capacity_;
 }
 
 ResourcePool::ResourcePool(Resources total, std::vector<int32_t> gpu_ids)
     : total_(total), available_(std::move(total)), gpu_ids_(std::move(gpu_ids)) {
-  const double amount = gpu_amount(total_);
-  gpu_free_.assign(gpu_ids_.size(), gpu_ids_.size() == 1 && amount < 1 ? amount : 1.0);
+  gpu_capacity_.assign(gpu_ids_.size(), gpu_ids_.size() == 1 ? gpu_share(gpu_amount(total_)) : 1.0);
+  gpu_free_ = gpu_capacity_;
 }
 
 std::vector<int32_t> ResourcePool::free_gpus() const {
@@ -90,7 +91,7 @@ void ResourcePool::retake(const Grant& grant) {
     throw ConfigError("{" + format_resources(grant.resources) + "} does not fit in {" + format_resources(available_) +
                       "}");
   const double amount = gpu_amount(grant.resources);
-  const double each = amount < 1 ? amount : 1.0;
+  const double each = gpu_share(amount);
   std::vector<size_t> picked;
   for (int32_t id : grant.gpu_ids) {
     auto it = std::find(gpu_ids_.begin(), gpu_ids_.end(), id);
@@ -105,13 +106,12 @@ void ResourcePool::retake(const Grant& grant) {
 
 void ResourcePool::give_back(const Grant& grant) {
   add(available_, grant.resources);
-  const double amount = gpu_amount(grant.resources);
-  const double each = amount < 1 ? amount : 1.0;
+  const double each = gpu_share(gpu_amount(grant.resources));
   for (int32_t id : grant.gpu_ids) {
     auto it = std::find(gpu_ids_.begin(), gpu_ids_.end(), id);
     if (it == gpu_ids_.end()) continue;
-    auto& f = gpu_free_[static_cast<size_t>(it - gpu_ids_.begin())];
-    f = std::min(1.0, f + each);
+    const auto i = static_cast<size_t>(it - gpu_ids_.begin());
+    gpu_free_[i] = std::min(gpu_capacity_[i], gpu_free_[i] + each);
   }
 }
 

@@ -33,7 +33,7 @@ struct Grant {
   std::vector<int32_t> gpu_ids;
 };
 
-// Whole GPUs in `r` (its "GPU" amount rounded).
+// GPU ids in `r`: its "GPU" amount rounded, and 1 for a part of one GPU.
 int gpu_count(const Resources& r);
 
 class ResourcePool {
@@ -70,6 +70,8 @@ class ResourcePool {
   Resources total_;
   Resources available_;
   std::vector<int32_t> gpu_ids_;
+  // Per GPU of gpu_ids_: what this pool has of it, and what is free now.
+  std::vector<double> gpu_capacity_;
   std::vector<double> gpu_free_;
 };
 

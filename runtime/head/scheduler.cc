@@ -71,8 +71,10 @@ std::optional<std::vector<size_t>> pick_gpus(const std::vector<double>& free, do
   return out;
 }
 
+double gpu_share(double amount) { return amount < 1 - kEps ? amount : 1.0; }
+
 void take_gpus(std::vector<double>& free, const std::vector<size_t>& picked, double amount) {
-  const double each = amount < 1 - kEps ? amount : 1.0;
+  const double each = gpu_share(amount);
   for (size_t i : picked) free.at(i) = std::max(0.0, free.at(i) - each);
 }
 

@@ -33,6 +33,9 @@ std::optional<std::vector<size_t>> pick_gpus(const std::vector<double>& free, do
 void take_gpus(std::vector<double>& free, const std::vector<size_t>& picked, double amount);
 // The "GPU" amount of `r` (0 without one).
 double gpu_amount(const Resources& r);
+// What a request of `amount` GPUs takes of each GPU it is given: the
+// amount itself for a part of one GPU, else all of each.
+double gpu_share(double amount);
 // True when node `n` can hold `req`: its amounts and, where it tracks them,
 // its GPUs.
 bool fits(const NodeView& n, const Resources& req);

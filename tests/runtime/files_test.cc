@@ -47,6 +47,12 @@ TEST(RemoveTreeTest, RemovesALinkNotWhatItPointsTo) {
   fs::create_directory_symlink(root / "kept", root / "doomed" / "link");
   EXPECT_EQ(remove_tree(root / "doomed"), 2u);
   EXPECT_TRUE(fs::exists(root / "kept" / "precious"));
+  // Named with a trailing separator, a link to a directory is still the
+  // link: its target keeps what it holds.
+  fs::create_directory_symlink(root / "kept", root / "alias");
+  EXPECT_EQ(remove_tree(root.string() + "/alias/"), 1u);
+  EXPECT_FALSE(fs::is_symlink(root / "alias"));
+  EXPECT_TRUE(fs::exists(root / "kept" / "precious"));
   remove_tree(root);
 }
 

@@ -116,8 +116,23 @@ TEST(ResourcePool, HalvesOfAGpuShareItAndWholeGpusStayWhole) {
   EXPECT_FALSE(two.fits({{"GPU", 0.5}})) << "0.8 is free, but 0.4 on each GPU";
 
   ResourcePool bundle({{"CPU", 1}, {"GPU", 0.5}}, {1});
-  EXPECT_EQ(bundle.take({{"GPU", 0.5}, {"CPU", 1}}).gpu_ids, (std::vector<int32_t>{1}));
+  auto whole_bundle = bundle.take({{"GPU", 0.5}, {"CPU", 1}});
+  EXPECT_EQ(whole_bundle.gpu_ids, (std::vector<int32_t>{1}));
   EXPECT_FALSE(bundle.fits({{"GPU", 0.1}}));
+  // Given back twice, a half stays a half: a pool never holds more of a GPU
+  // than it has.
+  bundle.give_back(whole_bundle);
+  bundle.give_back(whole_bundle);
+  EXPECT_EQ(bundle.gpu_free(), (std::vector<double>{0.5}));
+
+  // A node that offers 0.3 of a GPU offers that share of GPU 0 (it had no
+  // GPU id at all, and the scheduler then placed what the pool refused).
+  ResourcePool partial({{"GPU", 0.3}});
+  EXPECT_EQ(partial.gpu_ids(), (std::vector<int32_t>{0}));
+  EXPECT_TRUE(partial.fits({{"GPU", 0.2}}));
+  EXPECT_FALSE(partial.fits({{"GPU", 0.4}}));
+  EXPECT_EQ(partial.take({{"GPU", 0.2}}).gpu_ids, (std::vector<int32_t>{0}));
+  EXPECT_TRUE(partial.free_gpus().empty());
   try {
     validate_resources({{"GPU", 1.5}}, "actor options");
     FAIL() << "GPU 1.5 accepted";

@@ -109,6 +109,27 @@ TEST(CudaTrainerTest, DeviceCudaIsRefusedWithoutOneAndBadAmpValuesAreConfigError
   c.device = "cuda:3";
   c.initial_loss_scale = 1024;
   EXPECT_THROW(validate(c), ConfigError);
+  c.device = "cpu";
+  c.collective = "nccl";
+  EXPECT_THROW(validate(c), ConfigError);
+  c.collective = "mpi";
+  EXPECT_THROW(validate(c), ConfigError);
+}
+
+// Trainers holding part of a GPU may share one, which NCCL cannot: a job
+// that asks for NCCL anyway is refused up front, and "auto" picks Gloo.
+TEST(CudaTrainerTest, PartOfAGpuRefusesNcclAndPicksGloo) {
+  troupe::testing::LocalCluster cluster(troupe::testing::LocalClusterOptions{.nodes = {{{"CPU", 1}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = troupe::test::small_mlp_job("part", 2, 16, 64);
+  cfg.scaling.resources_per_worker = {{"GPU", 0.5}, {"CPU", 1}};
+  cfg.trainer.collective = "nccl";
+  try {
+    TrainJob job(rt, cfg);
+    FAIL() << "NCCL accepted for trainers on half a GPU each";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();
+  }
 }
 
 // SGD with momentum and AdamW, each with an EMA of the weights: six steps on
