@@ -491,12 +491,13 @@ bool HeadState::try_place_group(Group& g) {
   }
   g.info.bundle_nodes = *placed;
   g.epoch++;
-  g.reserved.clear();
-  g.bundles.clear();
-  for (size_t b = 0; b < g.spec.bundles.size(); ++b) {
+  g.reserved.assign(g.spec.bundles.size(), Grant{});
+  g.bundles.assign(g.spec.bundles.size(), ResourcePool{});
+  // In the order place_bundles planned them, so every take fits.
+  for (size_t b : placement_order(g.spec.bundles)) {
     Grant grant = nodes_.at(g.info.bundle_nodes[b]).pool.take(g.spec.bundles[b]);
-    g.bundles.emplace_back(grant.resources, grant.gpu_ids);
-    g.reserved.push_back(std::move(grant));
+    g.bundles[b] = ResourcePool(grant.resources, grant.gpu_ids);
+    g.reserved[b] = std::move(grant);
   }
   g.info.state = PlacementGroupState::kCreated;
   g.info.pending_reason.clear();

@@ -71,6 +71,15 @@ std::optional<std::vector<size_t>> pick_gpus(const std::vector<double>& free, do
   return out;
 }
 
+std::vector<size_t> placement_order(const std::vector<Resources>& bundles) {
+  std::vector<size_t> order(bundles.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return gpu_share(gpu_amount(bundles[a])) > gpu_share(gpu_amount(bundles[b])) + kEps;
+  });
+  return order;
+}
+
 double gpu_share(double amount) { return amount < 1 - kEps ? amount : 1.0; }
 
 void take_gpus(std::vector<double>& free, const std::vector<size_t>& picked, double amount) {
@@ -174,12 +183,12 @@ const NodeView* node_for_all(const std::vector<NodeView>& nodes, const std::vect
   for (const auto& n : nodes) {
     NodeView trial = n;
     bool ok = true;
-    for (const auto& b : bundles) {
-      if (!fits(trial, b)) {
+    for (size_t i : placement_order(bundles)) {
+      if (!fits(trial, bundles[i])) {
         ok = false;
         break;
       }
-      reserve(trial, b);
+      reserve(trial, bundles[i]);
     }
     if (!ok) continue;
     double l = load_after(n, sum);
@@ -212,7 +221,7 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
     if (strategy == S::kStrictPack)
       return fail("STRICT_PACK: no single node can hold all bundles {" + format_resources(sum) + "}");
     // PACK falls back to filling the fullest node that still fits each bundle.
-    for (size_t i = 0; i < bundles.size(); ++i) {
+    for (size_t i : placement_order(bundles)) {
       NodeView* target = nullptr;
       for (auto& n : nodes) {
         if (!fits(n, bundles[i])) continue;
@@ -229,7 +238,7 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
   // SPREAD and STRICT_SPREAD: each bundle on the least loaded node not yet
   // used by this group (STRICT_SPREAD insists; SPREAD reuses when it must).
   std::vector<uint64_t> used;
-  for (size_t i = 0; i < bundles.size(); ++i) {
+  for (size_t i : placement_order(bundles)) {
     NodeView* target = nullptr;
     double best = 0;
     for (int pass = 0; pass < 2 && !target; ++pass) {

@@ -53,6 +53,12 @@ Resources parse_resources(const std::string& text);
 // fits it, or nullopt with `reason` saying why none does.
 std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Resources& req, std::string* reason);
 
+// The order in which a group's bundles are placed and taken: the largest
+// GPU share first (stable otherwise), so that parts of GPUs pack as well as
+// they can (0.6 before 0.4). place_bundles plans in this order, and the
+// head takes the bundles' resources in it too, so plan and take agree.
+std::vector<size_t> placement_order(const std::vector<Resources>& bundles);
+
 // Places every bundle (all or nothing) under `strategy`; returns the node of
 // each bundle, or nullopt with `reason`.
 std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, const std::vector<Resources>& bundles,

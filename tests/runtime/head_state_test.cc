@@ -269,6 +269,20 @@ TEST_F(HeadStateTest, NamedActorsAreFoundAndTheirNameIsFreedAtDeath) {
   EXPECT_NO_THROW(state_.create_actor(kDriver, spec({}, 0, "svc")));
 }
 
+// A group of 0.4, 0.4, 0.6 and 0.6 of a GPU on a node with two GPUs: the
+// head places it and takes each bundle's share in the order it planned, so
+// every take fits and the two GPUs end fully reserved.
+TEST_F(HeadStateTest, PartsOfGpusPackIntoAGroup) {
+  uint64_t n = add_node({{"CPU", 4}, {"GPU", 2}}, 1);
+  auto g = state_.create_placement_group(
+      kDriver, {{{{"GPU", 0.4}}, {{"GPU", 0.4}}, {{"GPU", 0.6}}, {{"GPU", 0.6}}}, PlacementStrategy::kStrictPack, ""});
+  ASSERT_EQ(g.state, PlacementGroupState::kCreated) << g.pending_reason;
+  EXPECT_NEAR(node(n).available.at("GPU"), 0.0, 1e-9);
+  EXPECT_TRUE(node(n).free_gpu_ids.empty());
+  state_.remove_placement_group(g.id);
+  EXPECT_EQ(node(n).free_gpu_ids, (std::vector<int32_t>{0, 1}));
+}
+
 TEST_F(HeadStateTest, PlacementStrategiesPlaceBundles) {
   uint64_t n1 = add_node({{"CPU", 4}}, 1);
   uint64_t n2 = add_node({{"CPU", 4}}, 2);

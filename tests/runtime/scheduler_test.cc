@@ -92,6 +92,13 @@ TEST(Scheduler, FractionsOfAGpuPackAndWholeGpusStayWhole) {
   EXPECT_FALSE(fits(split, {{"GPU", 0.5}}));
   EXPECT_TRUE(fits(split, {{"GPU", 0.4}}));
   EXPECT_FALSE(pick_node({split}, {{"GPU", 0.5}}, &why).has_value());
+  // Largest share first: 0.4, 0.4, 0.6, 0.6 fit two GPUs as 0.6 + 0.4 each
+  // (in the order given, the two 0.4s would take one GPU and strand a 0.6).
+  NodeView two_gpus{4, {{"GPU", 2}}, {{"GPU", 2}}, {1.0, 1.0}};
+  std::vector<Resources> mixed = {{{"GPU", 0.4}}, {{"GPU", 0.4}}, {{"GPU", 0.6}}, {{"GPU", 0.6}}};
+  EXPECT_EQ(placement_order(mixed), (std::vector<size_t>{2, 3, 0, 1}));
+  EXPECT_TRUE(place_bundles({two_gpus}, mixed, PlacementStrategy::kStrictPack, &why)) << why;
+  EXPECT_EQ(placement_order({{{"CPU", 1}}, {{"CPU", 2}}}), (std::vector<size_t>{0, 1}));
   // A view without GPU shares counts the amount only.
   NodeView amounts{3, {{"GPU", 2}}, {{"GPU", 0.8}}};
   EXPECT_TRUE(fits(amounts, {{"GPU", 0.5}}));
