@@ -16,6 +16,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from model import TinyGPT  # noqa: E402
 
 
+def write_lm(directory, block, width, layers, heads, windows):
+    """Writes DIR/lm_step.pt (TinyGPT, scripted, seed 0) and DIR/tokens.bin
+    (random bytes as uint16, windows × block + 1 of them); returns their
+    paths and the parameter count."""
+    torch.manual_seed(0)
+    model = torch.jit.script(TinyGPT(block_size=block, width=width, layers=layers, heads=heads))
+    step = os.path.join(directory, "lm_step.pt")
+    torch.jit.save(model, step)
+    tokens = os.path.join(directory, "tokens.bin")
+    np.random.default_rng(0).integers(0, 256, windows * block + 1, dtype=np.uint16).tofile(tokens)
+    return {"step": step, "tokens": tokens, "parameters": sum(p.numel() for p in model.parameters())}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("dir")
@@ -25,14 +38,7 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--windows", type=int, default=256)
     a = p.parse_args()
-    torch.manual_seed(0)
-    model = torch.jit.script(TinyGPT(block_size=a.block, width=a.width, layers=a.layers, heads=a.heads))
-    step = os.path.join(a.dir, "lm_step.pt")
-    torch.jit.save(model, step)
-    tokens = os.path.join(a.dir, "tokens.bin")
-    np.random.default_rng(0).integers(0, 256, a.windows * a.block + 1, dtype=np.uint16).tofile(tokens)
-    print(json.dumps({"step": step, "tokens": tokens,
-                      "parameters": sum(p.numel() for p in model.parameters())}), flush=True)
+    print(json.dumps(write_lm(a.dir, a.block, a.width, a.layers, a.heads, a.windows)), flush=True)
 
 
 if __name__ == "__main__":

@@ -154,18 +154,13 @@ class GpuBusy:
 
 
 def write(a):
-    from model import TinyGPT
+    from lm_files import write_lm  # the language-model files train_throughput uses too
     os.makedirs(a.dir, exist_ok=True)
     torch.manual_seed(0)
     cnn = os.path.join(a.dir, "cnn_step.pt")
     torch.jit.save(torch.jit.script(ResNet18Step(a.classes, a.cnn_width)), cnn)
-    torch.manual_seed(0)
-    lm = os.path.join(a.dir, "lm_step.pt")
-    torch.jit.save(torch.jit.script(TinyGPT(block_size=a.block, width=a.width, layers=a.layers, heads=a.heads)), lm)
-    import numpy as np
-    tokens = os.path.join(a.dir, "tokens.bin")
-    np.random.default_rng(0).integers(0, 256, a.windows * a.block + 1, dtype=np.uint16).tofile(tokens)
-    print(json.dumps({"cnn": cnn, "lm": lm, "tokens": tokens}), flush=True)
+    lm = write_lm(a.dir, a.block, a.width, a.layers, a.heads, a.windows)
+    print(json.dumps({"cnn": cnn, "lm": lm["step"], "tokens": lm["tokens"]}), flush=True)
 
 
 def run(a):

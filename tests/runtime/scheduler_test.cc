@@ -79,7 +79,7 @@ TEST(Scheduler, FractionsOfAGpuPackAndWholeGpusStayWhole) {
   take_gpus(free, {0}, 0.3);
   take_gpus(free, {0}, 0.4);
   EXPECT_NEAR(free[0], 0.0, 1e-12);
-  EXPECT_FALSE(pick_gpus(free, 0.1).has_value() && (*pick_gpus(free, 0.1))[0] == 0);
+  EXPECT_EQ(pick_gpus(free, 0.1), (std::vector<size_t>{1}));  // GPU 0 is full
 
   NodeView one_gpu{1, {{"CPU", 4}, {"GPU", 1}}, {{"CPU", 4}, {"GPU", 1}}, {1.0}};
   std::string why;

@@ -40,18 +40,9 @@ bool have_cuda() { return torch::cuda::is_available(); }
 #define SKIP_WITHOUT_CUDA() \
   if (!have_cuda()) GTEST_SKIP() << "LibTorch sees no CUDA device"
 
+// The tests' small MLP job (tests/support/train_jobs.h), one trainer's part.
 TrainerConfig small_config(const std::string& device, const std::string& optimizer) {
-  TrainerConfig c;
-  c.model.name = "mlp";
-  c.model.input_dim = 16;
-  c.model.hidden = 64;
-  c.model.num_classes = 4;
-  c.data = actors::DatasetSpec("synthetic_classification")
-               .set("size", 256)
-               .set("num_features", 16)
-               .set("num_classes", 4)
-               .set("seed", 5);
-  c.batch_size = 32;
+  TrainerConfig c = troupe::test::small_mlp_job("cuda", 1, 32, 256).trainer;
   c.seed = 7;
   c.device = device;
   c.optimizer.name = optimizer;

@@ -385,49 +385,6 @@ TEST(ShmGroupTest, ReducerBucketsInSharedMemory) {
   });
 }
 
-// Image records with defer_normalize reach the model as the same floats
-// as with normalisation in the loader: training steps land on the same
-// weights, and benchmark() (which reuses one collated batch) finishes the
-// batch once per step, never twice.
-TEST(DeferredNormalisationTest, TrainAndBenchmarkSeeTheSameFloats) {
-  auto config = [](bool defer) {
-    TrainerConfig c;
-    c.model.name = "cnn";
-    c.model.channels = 3;
-    c.model.image_size = 6;
-    c.model.hidden = 8;
-    c.model.num_classes = 3;
-    c.data = actors::DatasetSpec("image_records")
-                 .set("size", 32)
-                 .set("height", 8)
-                 .set("width", 8)
-                 .set("num_classes", 3)
-                 .set("crop", 6)
-                 .set("flip", 1)
-                 .set("mean", {0.5, 0.4, 0.3})
-                 .set("std", {0.2, 0.25, 0.3})
-                 .set("defer_normalize", defer ? 1 : 0);
-    c.batch_size = 8;
-    c.seed = 4;
-    return c;
-  };
-  auto train = [&](bool defer) {
-    TrainerActor t;
-    t.setup(config(defer));
-    TrainRequest r;
-    r.max_steps = 3;
-    EXPECT_EQ(t.train(r).steps, 3);
-    return t.state().model;
-  };
-  auto in_loader = train(false), on_trainer = train(true);
-  for (const auto& [name, w] : in_loader) EXPECT_TRUE(torch::equal(w, on_trainer.at(name))) << name;
-  TrainerActor t;
-  t.setup(config(true));
-  auto r = t.benchmark(2, 8, 1);
-  EXPECT_EQ(r.steps, 2);
-  EXPECT_TRUE(std::isfinite(r.final_loss));
-}
-
 // grad_clip bounds the gradient's global L2 norm: one plain SGD step (no
 // momentum) then moves the weights by exactly lr * grad_clip, where the
 // unclipped step moves them much further. A TrainerActor in-process, world 1.
@@ -545,4 +502,44 @@ TEST(SyncBatchNormTest, LocalPathIsTheLayersOwnForward) {
     SyncBatchNormScope scope(&g);
     EXPECT_TRUE(torch::equal(batch_norm(a, x), b->forward(x)));
   });
+}
+
+// Image records with defer_normalize reach the model as the same floats
+// as with normalisation in the loader: training steps land on the same
+// weights, and benchmark() (which reuses one collated batch) finishes the
+// batch once per step, never twice.
+TEST(DeferredNormalisationTest, TrainAndBenchmarkSeeTheSameFloats) {
+  auto config = [](bool defer) {
+    TrainerConfig c;
+    c.model = small_cnn();  // 2 channels, 5×5 images, 3 classes
+    c.data = actors::DatasetSpec("image_records")
+                 .set("size", 32)
+                 .set("channels", 2)
+                 .set("height", 7)
+                 .set("width", 7)
+                 .set("num_classes", 3)
+                 .set("crop", 5)
+                 .set("flip", 1)
+                 .set("mean", {0.5, 0.4})
+                 .set("std", {0.2, 0.25})
+                 .set("defer_normalize", defer ? 1 : 0);
+    c.batch_size = 8;
+    c.seed = 4;
+    return c;
+  };
+  auto train = [&](bool defer) {
+    TrainerActor t;
+    t.setup(config(defer));
+    TrainRequest r;
+    r.max_steps = 3;
+    EXPECT_EQ(t.train(r).steps, 3);
+    return t.state().model;
+  };
+  auto in_loader = train(false), on_trainer = train(true);
+  for (const auto& [name, w] : in_loader) EXPECT_TRUE(torch::equal(w, on_trainer.at(name))) << name;
+  TrainerActor t;
+  t.setup(config(true));
+  auto r = t.benchmark(2, 8, 1);
+  EXPECT_EQ(r.steps, 2);
+  EXPECT_TRUE(std::isfinite(r.final_loss));
 }
