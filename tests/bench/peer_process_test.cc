@@ -13,25 +13,18 @@
 #include <thread>
 
 #include "bench/peer_process.h"
+#include "tests/support/process.h"
 
 namespace troupe::bench {
 namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using troupe::test::process_gone;
 
 constexpr const char* kPython = "/usr/bin/python3";
 
 std::vector<std::string> fake_peer(const std::string& mode) { return {kPython, TROUPE_TEST_PEER_SCRIPT, mode}; }
-
-// Gone, or a zombie waiting for init to reap it.
-bool process_gone(pid_t pid) {
-  if (::kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string pid_field, comm, state;
-  stat >> pid_field >> comm >> state;
-  return !stat || state == "Z";
-}
 
 // Bounded poll: the kernel tears a SIGKILLed process down asynchronously.
 bool eventually_gone(pid_t pid) {

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/process.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/files.h"
@@ -180,7 +181,7 @@ TEST_F(LauncherTest, SupervisedHeadComesBackAfterSigkill) {
   EXPECT_NE(log.find("starting it again"), std::string::npos) << log;
   auto stop = run(cli() + " stop");
   EXPECT_EQ(stop.status, 0) << stop.output;
-  EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(supervisor, 0) != 0; }));
+  EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(supervisor); }));
   auto refused = run(cli() + " start --head --supervise --no-state-db");
   EXPECT_NE(refused.status, 0);
   EXPECT_NE(refused.output.find("--no-state-db"), std::string::npos) << refused.output;

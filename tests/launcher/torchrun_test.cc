@@ -18,6 +18,7 @@
 #include <regex>
 
 #include "launcher/torchrun_options.h"
+#include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/core/files.h"
@@ -92,14 +93,20 @@ std::vector<pid_t> left_in_session(pid_t sid) {
   return left;
 }
 
-bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
-
-pid_t read_pid(const fs::path& p) {
-  std::ifstream f(p);
+// A script's pid file: its pid and start time (see tests/support/process.h).
+struct ScriptPid {
   pid_t pid = -1;
-  f >> pid;
-  return pid;
+  long long started = -1;
+};
+
+ScriptPid read_pid(const fs::path& p) {
+  std::ifstream f(p);
+  ScriptPid s;
+  f >> s.pid >> s.started;
+  return s;
 }
+
+bool alive(const ScriptPid& s) { return !troupe::test::process_gone(s.pid, s.started); }
 
 bool have_torch() {
   static bool yes = std::system((kPython + " -c 'import torch.distributed' 2>/dev/null").c_str()) == 0;
@@ -251,13 +258,13 @@ TEST_F(TorchrunTest, MaxRestartsExhaustedExitsNonZeroAndStopsEveryScript) {
   EXPECT_NE(r.output.find("no restarts left (--max-restarts 1)"), std::string::npos) << r.output;
   for (auto attempt : {"0", "1"})
     for (auto rank : {"0", "1"}) {
-      pid_t pid = read_pid(out_ / (std::string("pid-") + rank + "-" + attempt));
+      ScriptPid script = read_pid(out_ / (std::string("pid-") + rank + "-" + attempt));
       // Rank 1 fails at once, so the group may be stopped before rank 0's
       // interpreter got to write its pid (a loaded machine): nothing of it
       // can outlive the run then. Rank 1 ran in each attempt.
-      if (std::string(rank) == "0" && pid <= 0) continue;
-      ASSERT_GT(pid, 0) << "rank " << rank << " attempt " << attempt << " never ran";
-      EXPECT_TRUE(eventually([&] { return !alive(pid); })) << "script " << pid << " outlived troupe torchrun";
+      if (std::string(rank) == "0" && script.pid <= 0) continue;
+      ASSERT_GT(script.pid, 0) << "rank " << rank << " attempt " << attempt << " never ran";
+      EXPECT_TRUE(eventually([&] { return !alive(script); })) << "script " << script.pid << " outlived troupe torchrun";
     }
   EXPECT_TRUE(left_in_session(r.session).empty());
 }

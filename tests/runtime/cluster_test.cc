@@ -12,6 +12,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "tests/support/process.h"
 #include "tests/support/raw_client.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
@@ -316,7 +317,7 @@ TEST_F(ClusterTest, KilledNodeAgentMovesItsActorsToTheOtherNode) {
   EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 8);
   EXPECT_EQ(c.call(&Counter::node).get(kWaitBound), cluster_.node_id(1 - index));
   // The old worker died with its node agent.
-  EXPECT_TRUE(eventually([&] { return ::kill(worker_pid, 0) != 0; }));
+  EXPECT_TRUE(eventually([&] { return troupe::test::process_gone(worker_pid); }));
 }
 
 TEST(ClusterHeartbeat, SilentNodeIsDeclaredDeadAndItsActorsMove) {
@@ -340,7 +341,7 @@ TEST(ClusterHeartbeat, SilentNodeIsDeclaredDeadAndItsActorsMove) {
   EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 4);
   // When it wakes up it finds itself declared dead and takes its worker down.
   cluster.kill_node(index, SIGCONT);
-  EXPECT_TRUE(eventually([&] { return ::kill(worker_pid, 0) != 0; }));
+  EXPECT_TRUE(eventually([&] { return troupe::test::process_gone(worker_pid); }));
 }
 
 TEST_F(ClusterTest, FaultInjectorKillsAndStallsOnCue) {

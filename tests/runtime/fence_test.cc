@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "tests/support/process.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/testing/local_cluster.h"
@@ -93,7 +94,8 @@ TEST(Fencing, StoppedNodeAgentIsFencedAndRejoinsAsANewNode) {
   const auto nodes = rt.nodes();
   ASSERT_NE(node_with_id(nodes, first), nullptr);
   EXPECT_FALSE(node_with_id(nodes, first)->alive);
-  EXPECT_TRUE(eventually([&] { return ::kill(old_pid, 0) != 0; })) << "old worker " << old_pid << " not reaped";
+  EXPECT_TRUE(eventually([&] { return troupe::test::process_gone(old_pid); }))
+      << "old worker " << old_pid << " not reaped";
   // Its resources are back in the pool, and it takes work again.
   EXPECT_TRUE(eventually([&] { return live_cpus(rt) == cpus; }));
   auto d = rt.spawn<Tally>({.resources = {{"CPU", 2}}}, 0);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <thread>
 
+#include "tests/support/process.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/process.h"
@@ -127,7 +128,7 @@ bool no_ghosts(troupe::Runtime& rt, const std::vector<uint64_t>& ids) {
   auto status = nlohmann::json::parse(rt.status_json());
   for (auto& a : status["actors"]) {
     int pid = a["pid"].get<int>();
-    if (a["state"] == "ALIVE" && (pid <= 0 || ::kill(pid, 0) != 0)) return false;
+    if (a["state"] == "ALIVE" && (pid <= 0 || troupe::test::process_gone(pid))) return false;
   }
   for (auto id : ids) {
     auto info = rt.actor_info(id);
@@ -153,7 +154,7 @@ TEST_P(GhostActors, KilledDriverAndAgentLeaveNoAliveActorWithADeadPid) {
   if (GetParam() == Order::kAgentThenDriver) {
     cluster.kill_node(node_index, SIGKILL);
     // The actor in the group restarts elsewhere once its group is placed again.
-    ASSERT_TRUE(eventually([&] { return ::kill(pid_in_group, 0) != 0; }, kWaitBound));
+    ASSERT_TRUE(eventually([&] { return troupe::test::process_gone(pid_in_group); }, kWaitBound));
     ASSERT_TRUE(eventually([&] { return no_ghosts(rt, {}); }, kWaitBound));
   }
   driver.kill9();
@@ -165,7 +166,7 @@ TEST_P(GhostActors, KilledDriverAndAgentLeaveNoAliveActorWithADeadPid) {
       },
       kWaitBound))
       << rt.status_json();
-  EXPECT_TRUE(eventually([&] { return ::kill(pid_in_group, 0) != 0 && ::kill(pid_free, 0) != 0; }, kWaitBound));
+  EXPECT_TRUE(eventually([&] { return troupe::test::process_gone(pid_in_group) && troupe::test::process_gone(pid_free); }, kWaitBound));
   EXPECT_NE(rt.actor_info(driver.in_group).death_cause.find("driver exited"), std::string::npos)
       << rt.actor_info(driver.in_group).death_cause;
   // The names are free again.
@@ -199,7 +200,7 @@ TEST(GhostActorsNormalEnd, RemovedGroupsActorsAreDeadOnceTheirWorkersExit) {
   int pid = a.call(&GhostProbe::pid).get(kWaitBound);
   rt.remove_placement_group(pg);
   EXPECT_TRUE(eventually([&] { return no_ghosts(rt, {a.id()}); }, kWaitBound)) << rt.status_json();
-  EXPECT_TRUE(eventually([&] { return ::kill(pid, 0) != 0; }));
+  EXPECT_TRUE(eventually([&] { return troupe::test::process_gone(pid); }));
   EXPECT_NE(a.info().death_cause.find("placement group was removed"), std::string::npos) << a.info().death_cause;
   EXPECT_EQ(rt.nodes().at(0).available.at("CPU"), 2);
 }

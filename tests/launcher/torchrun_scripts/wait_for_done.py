@@ -7,7 +7,11 @@ import time
 out = sys.argv[1]
 e = os.environ
 with open(os.path.join(out, f"up-{e['TORCHELASTIC_RESTART_COUNT']}-{e['RANK']}-{e['WORLD_SIZE']}"), "w") as f:
-    f.write(str(os.getpid()))
+    # The pid and its start time, which tells this process from a later one
+    # that takes the same pid.
+    with open("/proc/self/stat") as stat:
+        started = stat.read().rsplit(")", 1)[1].split()[19]
+    f.write(f"{os.getpid()} {started}")
 deadline = time.time() + 120
 while not os.path.exists(os.path.join(out, "done")):
     if time.time() > deadline:
