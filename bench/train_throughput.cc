@@ -22,6 +22,11 @@
 //   torch_ddp_lm_1, torch_ddp_lm_N  bench/peers/torch_ddp.py --model lm
 //   lm_ratio_vs_ddp                 troupe_lm_N / torch_ddp_lm_N
 //   lm_ratio_vs_ddp_1               troupe_lm_1 / torch_ddp_lm_1
+// and the same with bf16 autocast on both sides (TrainerConfig's
+// mixed_precision on the CPU; torch.autocast("cpu", bfloat16) in the peer),
+// fp32 weights and optimizer: troupe_lm_bf16_1, troupe_lm_bf16_N,
+// torch_ddp_lm_bf16_1, torch_ddp_lm_bf16_N, lm_ratio_vs_ddp_bf16 and
+// lm_ratio_vs_ddp_bf16_1 (--no-lm-bf16 skips them).
 // samples/s counts all workers' samples over the slowest worker's time.
 //
 // A peer that fails or misses --peer-timeout is an error row for its case.
@@ -33,7 +38,7 @@
 //                                 [--peer-timeout 600]
 //                                 [--lm-block 128] [--lm-width 128] [--lm-layers 4]
 //                                 [--lm-heads 4] [--lm-batch 16] [--lm-steps 20] [--lm-repeats 3]
-//                                 [--no-lm | --lm-only]
+//                                 [--no-lm | --lm-only] [--no-lm-bf16]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -83,6 +88,7 @@ struct Args {
   int64_t lm_batch = 16;
   int64_t lm_steps = 20;
   int64_t lm_repeats = 3;
+  bool lm_bf16 = true;
 };
 
 troupe::trainer::TrainerConfig mlp_config(const Args& a) {
@@ -178,13 +184,15 @@ double ddp_rate(const Args& a) {
   return row.at("value").get<double>();
 }
 
-// Tokens/s of the language model under DDP with `workers` processes.
-double ddp_lm_rate(const Args& a, int64_t workers) {
+// Tokens/s of the language model under DDP with `workers` processes
+// (forward under bf16 autocast with `bf16`).
+double ddp_lm_rate(const Args& a, int64_t workers, bool bf16) {
   auto row = troupe::bench::run_peer_json(
       {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_ddp.py", "--model", "lm", "--block",
        std::to_string(a.lm_block), "--width", std::to_string(a.lm_width), "--layers", std::to_string(a.lm_layers),
        "--heads", std::to_string(a.lm_heads), "--batch", std::to_string(a.lm_batch), "--workers",
-       std::to_string(workers), "--steps", std::to_string(a.lm_steps), "--warmup", std::to_string(a.warmup)},
+       std::to_string(workers), "--steps", std::to_string(a.lm_steps), "--warmup", std::to_string(a.warmup), "--amp",
+       bf16 ? "bf16" : "none"},
       {.env = {"OPENBLAS_NUM_THREADS=1"}, .name = "torch_ddp.py --model lm"},
       std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
   return row.at("tokens_per_s").get<double>();
@@ -196,7 +204,7 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-void lm_row(const std::string& c, double value, const std::string& unit, const Args& a, int64_t workers,
+void lm_row(const std::string& c, double value, const std::string& unit, const Args& a, int64_t workers, bool bf16,
             bool ratio = false, const std::vector<double>& runs = {}) {
   nlohmann::ordered_json j = {{"bench", "train_throughput"}, {"case", c}, {"value", value}, {"unit", unit}};
   if (ratio) j["ratio"] = value;
@@ -208,6 +216,7 @@ void lm_row(const std::string& c, double value, const std::string& unit, const A
   j["batch"] = a.lm_batch;
   j["workers"] = workers;
   j["steps"] = a.lm_steps;
+  j["amp"] = bf16 ? "bf16" : "none";
   troupe::bench::print_row(j);
 }
 
@@ -215,31 +224,39 @@ void lm_cases(troupe::Runtime& rt, const Args& a) {
   const std::string dir = std::filesystem::temp_directory_path() / ("troupe-bench-lm-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   try {
-    const auto c = lm_config(a, dir, a.peer_timeout_s);
+    const auto fp32 = lm_config(a, dir, a.peer_timeout_s);
     const double tokens = static_cast<double>(a.lm_block);
-    // Each world size: troupe and the peer alternately, --lm-repeats times,
-    // medians reported (this machine's speed drifts between runs).
-    for (int64_t w : {int64_t{1}, a.workers}) {
-      std::vector<double> ours, theirs;
-      std::string peer_error;
-      for (int64_t r = 0; r < a.lm_repeats; ++r) {
-        ours.push_back(tokens * troupe_rate(rt, c, w, a.lm_batch, a.lm_steps, a.warmup));
-        if (!a.peer || !peer_error.empty()) continue;
-        try {
-          theirs.push_back(ddp_lm_rate(a, w));
-        } catch (const std::exception& e) {
-          peer_error = e.what();
+    for (bool bf16 : {false, true}) {
+      if (bf16 && !a.lm_bf16) break;
+      auto c = fp32;
+      c.mixed_precision = bf16;
+      c.amp_dtype = "bf16";
+      const std::string amp = bf16 ? "bf16_" : "";
+      // Each world size: troupe and the peer alternately, --lm-repeats
+      // times, medians reported (this machine's speed drifts between runs).
+      for (int64_t w : {int64_t{1}, a.workers}) {
+        std::vector<double> ours, theirs;
+        std::string peer_error;
+        for (int64_t r = 0; r < a.lm_repeats; ++r) {
+          ours.push_back(tokens * troupe_rate(rt, c, w, a.lm_batch, a.lm_steps, a.warmup));
+          if (!a.peer || !peer_error.empty()) continue;
+          try {
+            theirs.push_back(ddp_lm_rate(a, w, bf16));
+          } catch (const std::exception& e) {
+            peer_error = e.what();
+          }
         }
+        const std::string n = std::to_string(w);
+        lm_row("troupe_lm_" + amp + n, median(ours), "tokens/s", a, w, bf16, false, ours);
+        if (!peer_error.empty()) {
+          troupe::bench::print_error_row("train_throughput", "torch_ddp_lm_" + amp + n, peer_error);
+        } else if (a.peer) {
+          lm_row("torch_ddp_lm_" + amp + n, median(theirs), "tokens/s", a, w, bf16, false, theirs);
+          const std::string ratio = "lm_ratio_vs_ddp" + (bf16 ? std::string("_bf16") : std::string());
+          lm_row(w == 1 ? ratio + "_1" : ratio, median(ours) / median(theirs), "x", a, w, bf16, true);
+        }
+        if (a.workers == 1) break;
       }
-      const std::string n = std::to_string(w);
-      lm_row("troupe_lm_" + n, median(ours), "tokens/s", a, w, false, ours);
-      if (!peer_error.empty()) {
-        troupe::bench::print_error_row("train_throughput", "torch_ddp_lm_" + n, peer_error);
-      } else if (a.peer) {
-        lm_row("torch_ddp_lm_" + n, median(theirs), "tokens/s", a, w, false, theirs);
-        lm_row(w == 1 ? "lm_ratio_vs_ddp_1" : "lm_ratio_vs_ddp", median(ours) / median(theirs), "x", a, w, true);
-      }
-      if (a.workers == 1) break;
     }
   } catch (const std::exception& e) {
     troupe::bench::print_error_row("train_throughput", "troupe_lm", e.what());
@@ -303,6 +320,8 @@ int main(int argc, char** argv) {
   app.add_flag(
          "--lm-only", [&](int64_t) { a.mlp = false; }, "only the language-model cases")
       ->excludes(no_lm);
+  app.add_flag(
+      "--no-lm-bf16", [&](int64_t) { a.lm_bf16 = false; }, "skip the language-model cases under bf16 autocast");
   CLI11_PARSE(app, argc, argv);
   a.shared_memory = !tcp;
   troupe::testing::LocalClusterOptions lo;

@@ -154,7 +154,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--gpus-per-worker", o.gpus_per_worker,
                  "GPUs each trainer reserves and trains on: 0 (CPU), a part of one (0.5: two trainers share a GPU), "
                  "or a whole number");
-  app.add_option("--amp", o.amp, "mixed precision on the GPU: none, bf16, or fp16 (with dynamic loss scaling)");
+  app.add_option("--amp", o.amp,
+                 "mixed precision: none, bf16 (GPU, or CPU: pays on CPUs with AVX512-BF16 or AMX), or fp16 (GPU "
+                 "only, with dynamic loss scaling)");
   app.add_option("--log-every", o.log_every, "optimizer steps between progress updates");
   app.add_option("--name", o.name, "job name on the console and in the metrics file");
 }
@@ -291,8 +293,8 @@ void check(const TrainOptions& o) {
               num(o.gpus_per_worker));
   require(o.amp == "none" || o.amp == "bf16" || o.amp == "fp16",
           "--amp must be none, bf16 or fp16, got '" + o.amp + "'");
-  require(o.amp == "none" || o.gpus_per_worker > 0,
-          "--amp " + o.amp + " is mixed precision on a GPU: give --gpus-per-worker too");
+  require(o.amp != "fp16" || o.gpus_per_worker > 0,
+          "--amp fp16 is mixed precision on a GPU: give --gpus-per-worker too (on the CPU, --amp bf16)");
   std::error_code ec;
   fs::create_directories(o.checkpoint_dir, ec);
   if (ec) throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + ": " + ec.message());

@@ -35,4 +35,17 @@ inline void set_cuda_autocast(bool on, at::ScalarType dtype = at::kHalf) {
 #endif
 }
 
+// Turns CPU autocast on or off for this thread, computing in `dtype`
+// (kBFloat16) while on: 1.13 spells it set_cpu_enabled and
+// set_autocast_cpu_dtype, 2.4+ as for CUDA above.
+inline void set_cpu_autocast(bool on, at::ScalarType dtype = at::kBFloat16) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  if (on) at::autocast::set_autocast_dtype(at::kCPU, dtype);
+  at::autocast::set_autocast_enabled(at::kCPU, on);
+#else
+  if (on) at::autocast::set_autocast_cpu_dtype(dtype);
+  at::autocast::set_cpu_enabled(on);
+#endif
+}
+
 }  // namespace troupe::trainer::compat

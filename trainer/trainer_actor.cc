@@ -27,18 +27,23 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Samples classified right, from the summed `accuracy` metric (each batch's
-// accuracy times its samples is a whole number, up to rounding).
-// Autocast (CUDA mixed precision) for the forward pass of one step, off
-// again however the pass ends.
+// Autocast (mixed precision, CUDA or CPU) for the forward pass of one
+// step, off again however the pass ends.
 class Autocast {
  public:
-  Autocast(bool on, at::ScalarType dtype) : on_(on) {
-    if (on_) compat::set_cuda_autocast(true, dtype);
+  Autocast(bool on, bool cuda, at::ScalarType dtype) : on_(on), cuda_(cuda) {
+    if (!on_) return;
+    if (cuda_)
+      compat::set_cuda_autocast(true, dtype);
+    else
+      compat::set_cpu_autocast(true, dtype);
   }
   ~Autocast() {
     if (!on_) return;
-    compat::set_cuda_autocast(false);
+    if (cuda_)
+      compat::set_cuda_autocast(false);
+    else
+      compat::set_cpu_autocast(false);
     at::autocast::clear_cache();
   }
   Autocast(const Autocast&) = delete;
@@ -46,8 +51,11 @@ class Autocast {
 
  private:
   bool on_;
+  bool cuda_;
 };
 
+// Samples classified right, from the summed `accuracy` metric (each batch's
+// accuracy times its samples is a whole number, up to rounding).
 int64_t correct_of(const std::map<std::string, double>& metric_sums) {
   auto it = metric_sums.find("accuracy");
   return it == metric_sums.end() ? 0 : std::llround(it->second);
@@ -187,6 +195,9 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
                                                  : "this trainer was given a GPU but LibTorch sees no CUDA device");
     device_ = torch::Device(torch::kCUDA, 0);
   }
+  if (config_.mixed_precision && !device_.is_cuda() && config_.amp_dtype != "bf16")
+    throw ConfigError("mixed precision with amp_dtype '" + config_.amp_dtype +
+                      "' needs a CUDA device; on the CPU autocast computes in 'bf16'");
   torch::manual_seed(static_cast<uint64_t>(config_.seed));
   model_ = make_model(config_.model);
   model_->to(device_);
@@ -301,7 +312,7 @@ TrainerActor::StepSums TrainerActor::sums_of(const StepOutput& out, int64_t samp
 StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
   StepOutput out;
   try {
-    Autocast autocast(config_.mixed_precision && device_.is_cuda(),
+    Autocast autocast(config_.mixed_precision, device_.is_cuda(),
                       config_.amp_dtype == "bf16" ? torch::kBFloat16 : torch::kHalf);
     SyncBatchNormScope sync_bn(config_.sync_batchnorm ? group_.get() : nullptr);
     out = step_fn_->train(*model_, tensors);

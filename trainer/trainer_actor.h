@@ -65,9 +65,12 @@ struct TrainerConfig {
   // "cuda" (cuda:0 whatever the actor was given; a ConfigError where
   // LibTorch sees no CUDA device).
   std::string device = "auto";
-  // CUDA only: autocast for the forward pass in amp_dtype ("fp16" or
-  // "bf16"); fp16 adds dynamic loss scaling (as torch.amp.GradScaler),
-  // starting at initial_loss_scale. bf16 has fp32's range and needs none.
+  // Autocast for the forward pass in amp_dtype: "fp16" (CUDA only) or
+  // "bf16" (CUDA, or the CPU, where it pays on CPUs with AVX512-BF16 or
+  // AMX: oneDNN's bf16 matmuls). fp16 adds dynamic loss scaling (as
+  // torch.amp.GradScaler), starting at initial_loss_scale. bf16 has fp32's
+  // range and needs none. Parameters, gradients and optimizer state stay
+  // fp32.
   bool mixed_precision = false;
   std::string amp_dtype = "fp16";
   double initial_loss_scale = 65536.0;

@@ -4,7 +4,8 @@ DDP with the gloo backend, one torch thread per process, N processes on
 loopback, per-worker batch B of in-memory data:
   --model mlp: MLP 784→H→H→10 (ReLU), cross-entropy, SGD with momentum 0.9;
   --model lm: examples/train_lm/model.py's TinyGPT (--block, --width,
-    --layers, --heads) on random byte tokens, its own loss, AdamW.
+    --layers, --heads) on random byte tokens, its own loss, AdamW; with
+    --amp bf16 the forward runs under torch.autocast("cpu", bfloat16).
 Prints one JSON object (samples/s over all ranks, timed by the slowest
 rank; tokens/s too for lm), or one with an "error".
 
@@ -50,6 +51,9 @@ def run_rank(rank, world, port, args, queue):
         batch = {"input": tokens[:, :-1].contiguous(), "target": tokens[:, 1:].contiguous()}
 
         def loss_of():
+            if args.amp == "bf16":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return ddp(batch)["loss"]
             return ddp(batch)["loss"]
     else:
         model = nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden),
@@ -102,8 +106,12 @@ def main():
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--amp", choices=["none", "bf16"], default="none")
     args = p.parse_args()
-    case = f"torch_ddp_{args.workers}" if args.model == "mlp" else f"torch_ddp_lm_{args.workers}"
+    if args.model == "mlp":
+        case = f"torch_ddp_{args.workers}"
+    else:
+        case = f"torch_ddp_lm_{'bf16_' if args.amp == 'bf16' else ''}{args.workers}"
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")

@@ -12,7 +12,10 @@ perplexity are printed after every epoch; at the end a sample is generated
 from the final checkpoint (model.pt, read with torch.load).
 
     PYTHONPATH=build-ci/python /usr/bin/python3 examples/train_lm/train_lm.py \\
-        [--workers 2] [--epochs 2] [--corpus-bytes 1000000] [--kill-after-steps N]
+        [--workers 2] [--epochs 2] [--corpus-bytes 1000000] [--kill-after-steps N] [--amp bf16]
+
+--amp bf16 runs the forward pass under bf16 autocast (weights and optimizer
+in fp32): about twice the tokens/s on a CPU with AVX512-BF16 or AMX.
 
 --kill-after-steps N SIGKILLs one trainer once N steps are done: the job
 heals and goes on (at most --max-failures times).
@@ -89,6 +92,7 @@ def main():
     p.add_argument("--warmup-steps", type=int, default=50)
     p.add_argument("--max-failures", type=int, default=3)
     p.add_argument("--kill-after-steps", type=int, default=-1)
+    p.add_argument("--amp", choices=["none", "bf16"], default="none", help="bf16 autocast for the forward pass")
     p.add_argument("--sample-bytes", type=int, default=300)
     p.add_argument("--out", default=None, help="corpus, checkpoints (default: a new temp dir)")
     p.add_argument("--address", default=None, help="HOST:PORT of a cluster (default: an embedded one)")
@@ -109,14 +113,14 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     print(f"model: byte-level GPT, {a.layers} layers, width {a.width}, {a.heads} heads, context {a.block_size}, "
           f"{params:,} parameters; {a.workers} workers, AdamW, warmup {a.warmup_steps} + cosine, clip 1.0, "
-          f"bf16 gradients", flush=True)
+          f"bf16 gradients{', bf16 autocast' if a.amp == 'bf16' else ''}", flush=True)
 
     troupe.init(address=a.address)
     job = TrainJob(model, os.path.join(out, "train.bin"), val_data=os.path.join(out, "val.bin"),
                    block_size=a.block_size, workers=a.workers, epochs=a.epochs, batch_size=a.batch_size,
                    optimizer="adamw", lr=a.lr, weight_decay=0.01, warmup_steps=a.warmup_steps,
                    schedule="cosine", min_lr_factor=0.1, grad_clip=1.0, compression="bf16",
-                   max_failures=a.max_failures, log_every=20, checkpoint_dir=os.path.join(out, "checkpoints"),
+                   max_failures=a.max_failures, amp=a.amp, log_every=20, checkpoint_dir=os.path.join(out, "checkpoints"),
                    name="train_lm").start()
     if a.kill_after_steps > 0:
         kill_one_trainer_after(job, a.kill_after_steps)

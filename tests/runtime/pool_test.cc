@@ -13,12 +13,14 @@
 #include <set>
 #include <sstream>
 
+#include "tests/support/process.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;
 using troupe::test::eventually;
+using troupe::test::process_gone;
 
 class PoolProbe {
  public:
@@ -68,14 +70,6 @@ std::set<pid_t> idle_children(pid_t parent, const std::set<pid_t>& actors = {}) 
     if (read_first(entry.path() / "cmdline", '\0') == kPooledName) out.insert(std::stoi(name));
   }
   return out;
-}
-
-// Gone, or a zombie nobody reaped yet: either way it runs no more.
-bool process_gone(pid_t pid) {
-  std::string stat = read_first("/proc/" + std::to_string(pid) + "/stat", '\n');
-  if (stat.empty()) return true;
-  auto close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
 }
 
 uint32_t idle_reported(troupe::Runtime& rt, uint64_t node_id) {

@@ -309,7 +309,7 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--frobnicate"}), "--frobnicate");
   expect_one_line_failure(with({"--gpus-per-worker", "1.5"}), "--gpus-per-worker");
   expect_one_line_failure(with({"--amp", "fp8", "--gpus-per-worker", "1"}), "fp8");
-  expect_one_line_failure(with({"--amp", "bf16"}), "--gpus-per-worker");
+  expect_one_line_failure(with({"--amp", "fp16"}), "--gpus-per-worker");
   std::ofstream(dir_ / "job.json") << R"({"epochs": 2, "learning_rate": 0.1})";
   expect_one_line_failure(with({"--config", at("job.json")}), "learning_rate");
   std::ofstream(dir_ / "job.yaml") << "epochs: 2\nbatch_size: many\n";

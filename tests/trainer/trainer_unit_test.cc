@@ -2,7 +2,7 @@
 // optimizers against torch.optim's rules, the LR schedule, and the
 // GradientReducer on a world-size-1 group and on two ranks (two threads,
 // each a GlooGroup member over an in-memory KV store), and SyncBatchNorm
-// against one process on the concatenated batch.
+// against one process on the concatenated batch; bf16 autocast on the CPU.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "tests/support/rank_threads.h"
+#include "tests/support/train_jobs.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/core/kv_store.h"
 #include "troupe/trainer/gradient_reducer.h"
@@ -542,4 +543,54 @@ TEST(DeferredNormalisationTest, TrainAndBenchmarkSeeTheSameFloats) {
   auto r = t.benchmark(2, 8, 1);
   EXPECT_EQ(r.steps, 2);
   EXPECT_TRUE(std::isfinite(r.final_loss));
+}
+
+namespace {
+
+// Six AdamW steps of the tests' small MLP in one in-process trainer.
+TrainState six_cpu_steps(bool bf16) {
+  TrainerConfig c = troupe::test::small_mlp_job("amp", 1, 32, 256).trainer;
+  c.device = "cpu";
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 0.005;
+  c.mixed_precision = bf16;
+  c.amp_dtype = "bf16";
+  TrainerActor t;
+  t.setup(c);
+  TrainRequest r;
+  r.max_steps = 6;
+  EXPECT_EQ(t.train(r).steps, 6);
+  return t.state();
+}
+
+}  // namespace
+
+// bf16 autocast on the CPU: the forward runs in bf16 (the weights differ
+// from the fp32 run's, yet stay near them), parameters stay fp32, and a
+// second run lands on the same bits (what a healed trainer relies on).
+// fp16 has no CPU autocast here and is refused, naming it.
+TEST(CpuAutocastTest, Bf16TrainsNearFp32RepeatablyAndFp16IsRefused) {
+  auto fp32 = six_cpu_steps(false);
+  auto bf16 = six_cpu_steps(true);
+  auto again = six_cpu_steps(true);
+  double furthest = 0;
+  for (const auto& [name, w] : bf16.model) {
+    EXPECT_EQ(w.scalar_type(), torch::kFloat32) << name;
+    EXPECT_TRUE(torch::equal(w, again.model.at(name))) << name << ": two bf16 runs differ";
+    furthest = std::max(furthest, (w - fp32.model.at(name)).abs().max().item<double>());
+  }
+  EXPECT_GT(furthest, 0.0) << "bf16 autocast changed nothing: did it run?";
+  EXPECT_LT(furthest, 0.05);
+
+  TrainerConfig c = troupe::test::small_mlp_job("amp", 1, 32, 256).trainer;
+  c.device = "cpu";
+  c.mixed_precision = true;
+  c.amp_dtype = "fp16";
+  TrainerActor t;
+  try {
+    t.setup(c);
+    FAIL() << "fp16 autocast accepted on the CPU";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'fp16'"), std::string::npos) << e.what();
+  }
 }

@@ -37,6 +37,7 @@ _FIELDS = {
     "warmup_steps": int, "grad_clip": float, "max_failures": int, "seed": int, "sync_batchnorm": bool,
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
+    "gpus_per_worker": float, "amp": str,
 }
 
 
@@ -149,7 +150,9 @@ class TrainJob:
     epochs, batch_size, optimizer, lr, weight_decay, warmup_steps, grad_clip,
     max_failures, seed, sync_batchnorm, cpus_per_worker, log_every, name,
     model_options, block_size, token_dtype, schedule ("constant"/"cosine"),
-    min_lr_factor, compression ("none"/"bf16"/"fp16")). verbose: print the driver's progress lines.
+    min_lr_factor, compression ("none"/"bf16"/"fp16"), gpus_per_worker, amp
+    ("none"/"bf16"/"fp16": autocast; bf16 on the CPU too, fp16 on GPUs
+    only)). verbose: print the driver's progress lines.
     """
 
     def __init__(self, model, data, *, val_data=None, checkpoint_dir=None, address=None, verbose=True, **fields):
