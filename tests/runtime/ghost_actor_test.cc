@@ -166,7 +166,8 @@ TEST_P(GhostActors, KilledDriverAndAgentLeaveNoAliveActorWithADeadPid) {
       },
       kWaitBound))
       << rt.status_json();
-  EXPECT_TRUE(eventually([&] { return troupe::test::process_gone(pid_in_group) && troupe::test::process_gone(pid_free); }, kWaitBound));
+  EXPECT_TRUE(eventually(
+      [&] { return troupe::test::process_gone(pid_in_group) && troupe::test::process_gone(pid_free); }, kWaitBound));
   EXPECT_NE(rt.actor_info(driver.in_group).death_cause.find("driver exited"), std::string::npos)
       << rt.actor_info(driver.in_group).death_cause;
   // The names are free again.
