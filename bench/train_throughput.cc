@@ -187,15 +187,19 @@ double ddp_rate(const Args& a) {
 // Tokens/s of the language model under DDP with `workers` processes
 // (forward under bf16 autocast with `bf16`).
 double ddp_lm_rate(const Args& a, int64_t workers, bool bf16) {
-  std::vector<std::string> args = {
-      "/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_ddp.py", "--model", "lm", "--block",
-      std::to_string(a.lm_block), "--width", std::to_string(a.lm_width), "--layers", std::to_string(a.lm_layers),
-      "--heads", std::to_string(a.lm_heads), "--batch", std::to_string(a.lm_batch), "--workers",
-      std::to_string(workers), "--steps", std::to_string(a.lm_steps), "--warmup", std::to_string(a.warmup)};
+  std::vector<std::string> args = {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_ddp.py",
+                                   "--model",          "lm",
+                                   "--block",          std::to_string(a.lm_block),
+                                   "--width",          std::to_string(a.lm_width),
+                                   "--layers",         std::to_string(a.lm_layers),
+                                   "--heads",          std::to_string(a.lm_heads),
+                                   "--batch",          std::to_string(a.lm_batch),
+                                   "--workers",        std::to_string(workers),
+                                   "--steps",          std::to_string(a.lm_steps),
+                                   "--warmup",         std::to_string(a.warmup)};
   args.insert(args.end(), {"--amp", bf16 ? "bf16" : "none"});
-  auto row = troupe::bench::run_peer_json(
-      args, {.env = {"OPENBLAS_NUM_THREADS=1"}, .name = "torch_ddp.py --model lm"},
-      std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
+  auto row = troupe::bench::run_peer_json(args, {.env = {"OPENBLAS_NUM_THREADS=1"}, .name = "torch_ddp.py --model lm"},
+                                          std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
   return row.at("tokens_per_s").get<double>();
 }
 
