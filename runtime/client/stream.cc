@@ -62,6 +62,10 @@ size_t StreamReaderCore::buffered() const {
 }
 
 struct StreamWriterCore::State {
+  // Held by write() and close() from taking a credit until the frame is
+  // queued, so frames keep the order of the calls; fail() does not take it
+  // (it must reach a write() that waits for credit).
+  std::mutex send_mu;
   mutable std::mutex mu;
   std::condition_variable cv;
   size_t credits = 0;
@@ -141,21 +145,35 @@ StreamWriterCore::~StreamWriterCore() {
 
 void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   auto& st = *state_;
-  std::unique_lock lock(st.mu);
-  if (st.closed) throw StreamError("write after close on stream " + std::to_string(st.id));
-  if (!st.cv.wait_for(lock, timeout, [&] { return st.credits > 0 || !st.error.empty(); }))
-    throw Timeout("stream " + std::to_string(st.id) + ": no credit from the reader after " +
-                  std::to_string(timeout.count()) + " ms");
-  if (!st.error.empty()) throw StreamError(st.error);
-  --st.credits;
-  ++st.in_flight;
-  st.max_in_flight = std::max(st.max_in_flight, st.in_flight);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::lock_guard order(st.send_mu);
+  std::shared_ptr<Connection> conn;
+  {
+    std::unique_lock lock(st.mu);
+    if (st.closed) throw StreamError("write after close on stream " + std::to_string(st.id));
+    if (!st.cv.wait_until(lock, deadline, [&] { return st.credits > 0 || !st.error.empty(); }))
+      throw Timeout("stream " + std::to_string(st.id) + ": no credit from the reader after " +
+                    std::to_string(timeout.count()) + " ms");
+    if (!st.error.empty()) throw StreamError(st.error);
+    --st.credits;
+    ++st.in_flight;
+    st.max_in_flight = std::max(st.max_in_flight, st.in_flight);
+    conn = st.conn;
+  }
   Message m = stream_event(StreamOp::kData, st.id, std::move(e.bytes()));
   m.attachments = std::move(e.attachments());
-  st.conn->send(m, true);
+  OutFrame f = encode_frame(m);
+  // Credits bound the items in flight, not their bytes: large items (a
+  // batch of images) could exceed the connection's write bound, which would
+  // drop a reader that is reading. Wait for the socket to take enough.
+  if (!conn->wait_for_room(f.total_bytes(), deadline))
+    throw Timeout("stream " + std::to_string(st.id) + ": the connection to the reader did not drain within " +
+                  std::to_string(timeout.count()) + " ms");
+  conn->send(std::move(f), true);
 }
 
 void StreamWriterCore::close() {
+  std::lock_guard order(state_->send_mu);
   std::lock_guard lock(state_->mu);
   if (state_->closed) return;
   state_->closed = true;

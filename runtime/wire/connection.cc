@@ -335,6 +335,14 @@ void Connection::send(OutFrame f, bool direct) {
   }
 }
 
+bool Connection::wait_for_room(uint64_t bytes, std::chrono::steady_clock::time_point deadline) {
+  if (io_.get_executor().running_in_this_thread()) return true;
+  std::unique_lock lock(write_mu_);
+  return room_cv_.wait_until(lock, deadline, [&] {
+    return closed_ || overflowed_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= opts_.max_queued_bytes;
+  });
+}
+
 // A peer that does not read lets replies pile up here without end; past the
 // bound it is dropped (a lone frame always goes, however large).
 bool Connection::over_write_bound_locked(uint64_t bytes) {
@@ -377,10 +385,12 @@ void Connection::write_direct_locked() {
   if (written == total) {
     queue_.clear();
     queued_bytes_ = 0;
+    room_cv_.notify_all();
     return;
   }
   // The I/O thread writes the rest, starting `written` bytes in.
   queued_bytes_ -= std::min<uint64_t>(queued_bytes_, written);
+  if (written > 0) room_cv_.notify_all();
   writing_ = true;
   inflight_.swap(queue_);
   queue_.clear();
@@ -431,6 +441,7 @@ void Connection::write_inflight() {
     {
       std::lock_guard lock(self->write_mu_);
       self->queued_bytes_ -= std::min(self->queued_bytes_, self->inflight_left_);
+      self->room_cv_.notify_all();
     }
     if (ec) return self->fail("write failed: " + ec.message());
     self->flush();
@@ -463,6 +474,7 @@ void Connection::fail(const std::string& reason) {
     socket_.close(ec);
     queue_.clear();
     queued_bytes_ = 0;
+    room_cv_.notify_all();
   }
   if (!ready_ && accepting_) refusal_log().warn("connection from {} refused: {}", peer_, reason);
   auto cb = std::move(on_close_);

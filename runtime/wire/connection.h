@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -76,6 +77,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // otherwise the I/O thread writes, batching whatever queued up meanwhile.
   void send(const Message& m, bool direct = false);
   void send(OutFrame f, bool direct = false);
+  // Blocks until `bytes` more fit under the write bound (max_queued_bytes)
+  // or nothing is queued, or the connection closed; false when `deadline`
+  // passed first. For flow-controlled senders (streams), whose own credits
+  // may allow more bytes in flight than the bound: they wait here for the
+  // peer to take them instead of tripping the bound, which is for peers
+  // that stop reading. Returns at once on the I/O thread (which drains the
+  // queue and must not wait for itself).
+  bool wait_for_room(uint64_t bytes, std::chrono::steady_clock::time_point deadline);
   // Thread-safe; the close handler runs with `reason`.
   void close(const std::string& reason);
   // Thread-safe: once everything queued is written, sends FIN but keeps
@@ -161,6 +170,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t inflight_offset_ = 0;      // bytes of inflight_ already written
   uint64_t inflight_left_ = 0;      // bytes of inflight_ not yet written
   uint64_t queued_bytes_ = 0;       // queue_ + inflight_ not yet written, guarded by write_mu_
+  std::condition_variable room_cv_;  // with write_mu_: queued_bytes_ went down, or the connection closed
   bool overflowed_ = false;         // guarded by write_mu_
   std::atomic<bool> in_read_batch_{false};
   std::thread::id reader_thread_;

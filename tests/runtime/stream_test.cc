@@ -1,5 +1,6 @@
 // Streams between processes: order, credit-based back-pressure, end of
-// stream, and errors when either side dies.
+// stream, items whose credits exceed the write bound, and errors when
+// either side dies.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -36,9 +37,19 @@ class Producer {
       return e.what();
     }
   }
+  // Writes n items that all view one block of `bytes` (no copies here) and
+  // closes; returns the items written.
+  int64_t produce_views(troupe::StreamRef ref, int n, int64_t bytes) {
+    auto block = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(bytes), std::byte{'v'});
+    troupe::Buffer view(block, block->data(), block->size());
+    troupe::StreamWriter<Item> w(troupe::this_actor::runtime(), ref);
+    for (int i = 0; i < n; ++i) w.write(Item{i, view});
+    w.close();
+    return n;
+  }
   int pid() { return getpid(); }
 };
-TROUPE_ACTOR(Producer, &Producer::produce, &Producer::produce_until_error, &Producer::pid)
+TROUPE_ACTOR(Producer, &Producer::produce, &Producer::produce_until_error, &Producer::produce_views, &Producer::pid)
 
 class Consumer {
  public:
@@ -102,6 +113,26 @@ TEST_F(StreamTest, SlowReaderBoundsWhatTheWriterHasInFlight) {
               static_cast<long long>(max_in_flight), max_buffered);
   EXPECT_LE(max_in_flight, credits);
   EXPECT_EQ(max_buffered, static_cast<size_t>(credits));  // the writer did fill the window
+}
+
+// Credits bound items, not bytes: four credits of 96 MB items are more than
+// a connection's write bound (256 MB of queued bytes, past which a peer
+// counts as not reading and is dropped). The writer waits for the socket
+// to take its frames instead, and every item arrives.
+TEST_F(StreamTest, ItemsWhoseCreditsExceedTheWriteBoundStillFlow) {
+  const int64_t bytes = 96ll << 20;
+  troupe::StreamReader<Item> r(rt_, 4);
+  auto p = rt_.spawn<Producer>({});
+  auto done = p.call(&Producer::produce_views, r.ref(), 6, bytes);
+  for (int i = 0; i < 6; ++i) {
+    auto item = r.read(kWaitBound);
+    ASSERT_TRUE(item.has_value()) << "item " << i;
+    EXPECT_EQ(item->seq, i);
+    ASSERT_EQ(item->payload.size(), static_cast<size_t>(bytes));
+    EXPECT_EQ(static_cast<char>(item->payload.data()[bytes - 1]), 'v');
+  }
+  EXPECT_FALSE(r.read(kWaitBound).has_value());
+  EXPECT_EQ(done.get(kWaitBound), 6);
 }
 
 TEST_F(StreamTest, WriterKilledGivesReaderAClearError) {
