@@ -1,8 +1,13 @@
 // Benchmark: the data-loading pipeline against PyTorch's DataLoader, and
 // stream bandwidth against raw loopback TCP.
 //
-// Loader workload (both sides): 3x64x64 uint8 images in memory, random crop
-// to 56, horizontal flip, normalize, batch 64, shuffled. Cases:
+// Loader workload (both sides): 3x64x64 uint8 images in memory (--image),
+// random crop to 56 (--crop), horizontal flip, normalize, batch 64,
+// shuffled. With --defer-normalize the loader ships the uint8 crops and the
+// consumer normalises each batch (Dataset::finish, what a trainer does with
+// image_records' defer_normalize), so the stream carries a quarter of the
+// bytes; --image 256 --crop 224 --batch 128 is the GPU benchmark's
+// loader-bound shape. Cases:
 //   pipeline_inprocess  BatchPipeline feeding a consumer in this process
 //   loader              a DataLoaderActor in a worker process feeding this
 //                       process over a stream (what a trainer sees)
@@ -19,6 +24,7 @@
 // row; the troupe rows then carry no ratio.
 //
 //   troupe_bench_data_loader [--seconds S] [--threads N] [--size N] [--batch B]
+//                            [--image 64] [--crop 56] [--defer-normalize]
 //                            [--case all|pipeline|loader|stream] [--blocks N]
 //                            [--rounds N] [--no-peer]
 #include <ATen/Parallel.h>
@@ -85,6 +91,9 @@ struct Args {
   int threads = 2;
   int64_t size = 4096;
   int64_t batch = 64;
+  int64_t image = 64;  // square uint8 images of this side
+  int64_t crop = 56;
+  bool defer_normalize = false;
   std::string only = "all";
   bool peer = true;
   // Blocks per stream / loopback round.
@@ -103,6 +112,9 @@ int parse(int argc, char** argv, Args& a) {
   app.add_option("--threads", a.threads, "loader threads")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--size", a.size, "images in the data set")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--batch", a.batch, "batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--image", a.image, "side of the square images")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--crop", a.crop, "side of the random crop")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--defer-normalize", a.defer_normalize, "ship uint8 crops; the consumer normalises");
   app.add_option("--case", a.only, "cases to run")
       ->capture_default_str()
       ->check(CLI::IsMember({"all", "pipeline", "loader", "stream"}));
@@ -116,6 +128,8 @@ int parse(int argc, char** argv, Args& a) {
       "--no-peer", [&](int64_t) { a.peer = false; }, "skip PyTorch's DataLoader");
   try {
     app.parse(argc, argv);
+    if (a.crop > a.image)
+      throw CLI::ValidationError("--crop", std::to_string(a.crop) + " is larger than --image " + std::to_string(a.image));
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
@@ -130,12 +144,18 @@ nlohmann::ordered_json run_peer(const Args& a) {
   seconds << a.seconds;
   return troupe::bench::run_peer_json(
       {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_dataloader.py", "--seconds", seconds.str(),
-       "--size", std::to_string(a.size), "--batch", std::to_string(a.batch), "--workers", "2"},
+       "--size", std::to_string(a.size), "--batch", std::to_string(a.batch), "--workers", "2",
+       "--image", std::to_string(a.image), "--crop", std::to_string(a.crop)},
       {.name = "torch_dataloader.py"}, std::chrono::milliseconds(static_cast<int64_t>((a.seconds + 120) * 1000)));
 }
 
-troupe::actors::ImageTransformOptions transform() {
-  return {.crop = 56, .flip = true, .mean = {0.485, 0.456, 0.406}, .std = {0.229, 0.224, 0.225}, .seed = 0};
+troupe::actors::ImageTransformOptions transform(const Args& a) {
+  return {.crop = a.crop,
+          .flip = true,
+          .mean = {0.485, 0.456, 0.406},
+          .std = {0.229, 0.224, 0.225},
+          .seed = 0,
+          .defer_normalize = a.defer_normalize};
 }
 
 struct Rate {
@@ -149,14 +169,15 @@ struct Rate {
 // BatchPipeline with an in-process consumer.
 Rate pipeline_inprocess(const Args& a, int64_t* token_bound) {
   auto ds = troupe::actors::ImageRecordDataset::synthetic(
-      {.size = a.size, .channels = 3, .height = 64, .width = 64, .num_classes = 10, .seed = 0}, transform());
+      {.size = a.size, .channels = 3, .height = a.image, .width = a.image, .num_classes = 10, .seed = 0},
+      transform(a));
   troupe::actors::DistributedSampler sampler({.dataset_size = a.size, .world_size = 1, .shuffle = true, .seed = 0});
   troupe::actors::BatchPipeline pipe(*ds, {.batch_size = a.batch, .num_threads = a.threads, .prefetch_depth = 2});
   *token_bound = pipe.max_live_tokens();
   double checksum = 0;
   int64_t batches = 0, samples = 0;
   auto consume = [&](Batch&& b) {
-    checksum += b.tensors.at("input").data_ptr<float>()[0];
+    checksum += ds->finish(std::move(b.tensors)).at("input").data_ptr<float>()[0];
     ++batches;
     samples += b.size();
   };
@@ -184,14 +205,17 @@ Rate loader_remote(troupe::Runtime& rt, const Args& a, troupe::ActorHandle<troup
   config.dataset = troupe::actors::DatasetSpec("image_records")
                        .set("size", a.size)
                        .set("channels", 3)
-                       .set("height", 64)
-                       .set("width", 64)
+                       .set("height", a.image)
+                       .set("width", a.image)
                        .set("num_classes", 10)
                        .set("seed", 0)
-                       .set("crop", 56)
+                       .set("crop", a.crop)
                        .set("flip", 1)
                        .set("mean", {0.485, 0.456, 0.406})
-                       .set("std", {0.229, 0.224, 0.225});
+                       .set("std", {0.229, 0.224, 0.225})
+                       .set("defer_normalize", a.defer_normalize ? 1 : 0);
+  // The consumer's half of a deferred normalisation (a trainer's finish()).
+  const auto finisher = troupe::actors::make_dataset(config.dataset);
   config.batch_size = a.batch;
   config.threads = a.threads;
   config.prefetch_depth = 2;
@@ -208,7 +232,7 @@ Rate loader_remote(troupe::Runtime& rt, const Args& a, troupe::ActorHandle<troup
     auto sent = loader.call(&troupe::actors::DataLoaderActor::feed, r.ref(),
                             troupe::actors::SamplerCursor{.epoch = epoch}, 0, 0);
     while (auto b = r.read(60s)) {
-      checksum += b->tensors.at("input").data_ptr<float>()[0];
+      checksum += finisher->finish(std::move(b->tensors)).at("input").data_ptr<float>()[0];
       ++batches;
       samples += b->size();
     }
@@ -299,6 +323,9 @@ void emit_rate(const char* name, const Rate& r, const Args& a, double peer_rate,
                                 {"unit", "samples/s"},
                                 {"batches_per_s", r.batches_per_s},
                                 {"batch", a.batch},
+                                {"image", a.image},
+                                {"crop", a.crop},
+                                {"defer_normalize", a.defer_normalize},
                                 {"threads", a.threads},
                                 {"max_live_batches", r.max_live},
                                 {"samples", r.samples},

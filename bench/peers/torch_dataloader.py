@@ -2,8 +2,8 @@
 """PyTorch's DataLoader on the data_loader benchmark's workload, as the peer
 that bench/data_loader.cc reports its ratio against.
 
-3x64x64 uint8 images held in memory, random crop to 56, horizontal flip,
-ToTensor-style scaling and Normalize, batch 64, shuffled, 2 worker
+3x64x64 uint8 images held in memory (--image), random crop to 56 (--crop),
+horizontal flip, ToTensor-style scaling and Normalize, batch 64, shuffled, 2 worker
 processes: what torchvision's RandomCrop + RandomHorizontalFlip + ToTensor +
 Normalize do, written with plain tensor ops (Debian has no torchvision).
 Prints one JSON line, then leaves with os._exit(0): the DataLoader's worker
@@ -24,9 +24,9 @@ STD = (0.229, 0.224, 0.225)
 
 
 class Images(Dataset):
-    def __init__(self, size, crop, seed):
+    def __init__(self, size, image, crop, seed):
         g = torch.Generator().manual_seed(seed)
-        self.images = torch.randint(0, 256, (size, 3, 64, 64), dtype=torch.uint8, generator=g)
+        self.images = torch.randint(0, 256, (size, 3, image, image), dtype=torch.uint8, generator=g)
         self.labels = torch.randint(0, 10, (size,), generator=g)
         self.crop = crop
         self.mean = torch.tensor(MEAN).view(3, 1, 1)
@@ -38,7 +38,7 @@ class Images(Dataset):
     def __getitem__(self, i):
         img = self.images[i]
         h, w = img.shape[1:]
-        # RandomCrop(56)
+        # RandomCrop(crop)
         top = int(torch.randint(0, h - self.crop + 1, (1,)))
         left = int(torch.randint(0, w - self.crop + 1, (1,)))
         img = img[:, top:top + self.crop, left:left + self.crop]
@@ -55,12 +55,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--size", type=int, default=4096)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--image", type=int, default=64)
     p.add_argument("--crop", type=int, default=56)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seconds", type=float, default=3.0)
     args = p.parse_args()
 
-    ds = Images(args.size, args.crop, seed=0)
+    ds = Images(args.size, args.image, args.crop, seed=0)
     loader = DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
                         persistent_workers=args.workers > 0, drop_last=False)
     checksum = 0.0
