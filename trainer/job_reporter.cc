@@ -260,9 +260,10 @@ void JobReporter::epoch(const EpochMetrics& em) {
 
 void JobReporter::started(const TrainerInfo& info, int64_t dataset_size) {
   if (!cfg_.verbose) return;
-  std::printf("[%s] %lld trainer(s) (%s, %lld parameters, %s), %lld samples\n", cfg_.name.c_str(),
+  const std::string amp = cfg_.trainer.mixed_precision ? ", " + cfg_.trainer.amp_dtype + " autocast" : "";
+  std::printf("[%s] %lld trainer(s) (%s, %lld parameters, %s%s), %lld samples\n", cfg_.name.c_str(),
               static_cast<long long>(where_().world_size), info.model.c_str(), static_cast<long long>(info.parameters),
-              info.device.c_str(), static_cast<long long>(dataset_size));
+              info.device.c_str(), amp.c_str(), static_cast<long long>(dataset_size));
 }
 
 }  // namespace troupe::trainer
