@@ -146,18 +146,21 @@ StreamWriterCore::~StreamWriterCore() {
 void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   auto& st = *state_;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto timed_out = [&](const std::string& what) {
+    return Timeout("stream " + std::to_string(st.id) + ": " + what + " within " + std::to_string(timeout.count()) +
+                   " ms");
+  };
+  // Nothing changes until the frame goes: a write that times out (the
+  // loader's feed retries in short slices) leaves credits and counts as
+  // they were.
   std::lock_guard order(st.send_mu);
   std::shared_ptr<Connection> conn;
   {
     std::unique_lock lock(st.mu);
     if (st.closed) throw StreamError("write after close on stream " + std::to_string(st.id));
     if (!st.cv.wait_until(lock, deadline, [&] { return st.credits > 0 || !st.error.empty(); }))
-      throw Timeout("stream " + std::to_string(st.id) + ": no credit from the reader after " +
-                    std::to_string(timeout.count()) + " ms");
+      throw timed_out("no credit from the reader");
     if (!st.error.empty()) throw StreamError(st.error);
-    --st.credits;
-    ++st.in_flight;
-    st.max_in_flight = std::max(st.max_in_flight, st.in_flight);
     conn = st.conn;
   }
   Message m = stream_event(StreamOp::kData, st.id, std::move(e.bytes()));
@@ -166,9 +169,15 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   // Credits bound the items in flight, not their bytes: large items (a
   // batch of images) could exceed the connection's write bound, which would
   // drop a reader that is reading. Wait for the socket to take enough.
-  if (!conn->wait_for_room(f.total_bytes(), deadline))
-    throw Timeout("stream " + std::to_string(st.id) + ": the connection to the reader did not drain within " +
-                  std::to_string(timeout.count()) + " ms");
+  if (!conn->wait_for_room(f.total_bytes(), deadline)) throw timed_out("the connection to the reader did not drain");
+  {
+    // Credits only grow while send_mu is held: the one checked is still here.
+    std::lock_guard lock(st.mu);
+    if (!st.error.empty()) throw StreamError(st.error);
+    --st.credits;
+    ++st.in_flight;
+    st.max_in_flight = std::max(st.max_in_flight, st.in_flight);
+  }
   conn->send(std::move(f), true);
 }
 

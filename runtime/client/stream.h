@@ -114,8 +114,10 @@ class StreamWriter {
  public:
   StreamWriter(Runtime& rt, const StreamRef& ref, std::chrono::milliseconds timeout = std::chrono::seconds(30))
       : core_(rt.core(), ref, timeout) {}
-  // Sends v, waiting for credit first. Throws StreamError when the reader
-  // is gone, Timeout when no credit came within `timeout`.
+  // Sends v, waiting for credit first (and, for large values, for the
+  // connection to drain under its write bound). Throws StreamError when the
+  // reader is gone, Timeout when either wait outlasts `timeout`: nothing
+  // was sent then, and writing v again is safe.
   void write(const T& v, std::chrono::milliseconds timeout = std::chrono::hours(24)) {
     wire::Encoder e;
     wire::encode(e, v);

@@ -38,18 +38,38 @@ class Producer {
     }
   }
   // Writes n items that all view one block of `bytes` (no copies here) and
-  // closes; returns the items written.
-  int64_t produce_views(troupe::StreamRef ref, int n, int64_t bytes) {
+  // closes; returns the write attempts that timed out. Each write gets
+  // `slice_ms` and is tried again after a Timeout, as the data loader's
+  // feed does (to notice a stop between slices).
+  int64_t produce_views(troupe::StreamRef ref, int n, int64_t bytes, int slice_ms) {
     auto block = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(bytes), std::byte{'v'});
     troupe::Buffer view(block, block->data(), block->size());
     troupe::StreamWriter<Item> w(troupe::this_actor::runtime(), ref);
-    for (int i = 0; i < n; ++i) w.write(Item{i, view});
+    int64_t timeouts = 0;
+    for (int i = 0; i < n; ++i) {
+      for (;;) {
+        try {
+          w.write(Item{i, view}, std::chrono::milliseconds(slice_ms));
+          break;
+        } catch (const troupe::Timeout& e) {
+          ++timeouts;
+          if (std::string(e.what()).find("drain") != std::string::npos) ++drain_timeouts_;
+        }
+      }
+    }
     w.close();
-    return n;
+    return timeouts;
   }
+  // How many of produce_views' timeouts were waits for the connection to
+  // drain (the rest waited for credit).
+  int64_t drain_timeouts() { return drain_timeouts_; }
   int pid() { return getpid(); }
+
+ private:
+  int64_t drain_timeouts_ = 0;
 };
-TROUPE_ACTOR(Producer, &Producer::produce, &Producer::produce_until_error, &Producer::produce_views, &Producer::pid)
+TROUPE_ACTOR(Producer, &Producer::produce, &Producer::produce_until_error, &Producer::produce_views,
+             &Producer::drain_timeouts, &Producer::pid)
 
 class Consumer {
  public:
@@ -115,24 +135,34 @@ TEST_F(StreamTest, SlowReaderBoundsWhatTheWriterHasInFlight) {
   EXPECT_EQ(max_buffered, static_cast<size_t>(credits));  // the writer did fill the window
 }
 
-// Credits bound items, not bytes: four credits of 96 MB items are more than
+// Credits bound items, not bytes: four credits of 160 MB items are more than
 // a connection's write bound (256 MB of queued bytes, past which a peer
 // counts as not reading and is dropped). The writer waits for the socket
-// to take its frames instead, and every item arrives.
+// to take its frames instead, and every item arrives: with writes that
+// wait as long as they need, and with writes of 1 ms tried again after
+// each Timeout, which must leave the credit window whole.
 TEST_F(StreamTest, ItemsWhoseCreditsExceedTheWriteBoundStillFlow) {
-  const int64_t bytes = 96ll << 20;
-  troupe::StreamReader<Item> r(rt_, 4);
-  auto p = rt_.spawn<Producer>({});
-  auto done = p.call(&Producer::produce_views, r.ref(), 6, bytes);
-  for (int i = 0; i < 6; ++i) {
-    auto item = r.read(kWaitBound);
-    ASSERT_TRUE(item.has_value()) << "item " << i;
-    EXPECT_EQ(item->seq, i);
-    ASSERT_EQ(item->payload.size(), static_cast<size_t>(bytes));
-    EXPECT_EQ(static_cast<char>(item->payload.data()[bytes - 1]), 'v');
+  const int64_t bytes = 160ll << 20;
+  for (int slice_ms : {86'400'000, 1}) {
+    troupe::StreamReader<Item> r(rt_, 4);
+    auto p = rt_.spawn<Producer>({});
+    auto done = p.call(&Producer::produce_views, r.ref(), 8, bytes, slice_ms);
+    for (int i = 0; i < 8; ++i) {
+      auto item = r.read(kWaitBound);
+      ASSERT_TRUE(item.has_value()) << "item " << i << ", writes of " << slice_ms << " ms";
+      EXPECT_EQ(item->seq, i);
+      ASSERT_EQ(item->payload.size(), static_cast<size_t>(bytes));
+      EXPECT_EQ(static_cast<char>(item->payload.data()[bytes - 1]), 'v');
+    }
+    EXPECT_FALSE(r.read(kWaitBound).has_value());
+    int64_t timeouts = done.get(kWaitBound);
+    std::printf("[measured] writes of %d ms: %lld timed out and were tried again (%lld waiting to drain)\n",
+                slice_ms, static_cast<long long>(timeouts),
+                static_cast<long long>(p.call(&Producer::drain_timeouts).get(kWaitBound)));
+    if (slice_ms > 1000) {
+      EXPECT_EQ(timeouts, 0);
+    }
   }
-  EXPECT_FALSE(r.read(kWaitBound).has_value());
-  EXPECT_EQ(done.get(kWaitBound), 6);
 }
 
 TEST_F(StreamTest, WriterKilledGivesReaderAClearError) {
