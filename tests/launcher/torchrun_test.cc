@@ -374,8 +374,11 @@ TEST_F(TorchrunTest, KilledNodeAgentShrinksAnElasticGroup) {
   ASSERT_TRUE(shrunk) << r.output;
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("restarting the group (restart 1/2)"), std::string::npos) << r.output;
-  for (auto f : {"up-0-0-2", "up-0-1-2", "up-1-0-1"})
-    EXPECT_TRUE(eventually([&] { return !alive(read_pid(out_ / f)); })) << f;
+  for (auto f : {"up-0-0-2", "up-0-1-2", "up-1-0-1"}) {
+    ScriptPid script = read_pid(out_ / f);
+    ASSERT_GT(script.pid, 0) << f;
+    EXPECT_TRUE(eventually([&] { return !alive(script); })) << f << " (pid " << script.pid << ")";
+  }
 }
 
 TEST_F(TorchrunTest, BadInputIsOneClearLineAndLeavesNothingRunning) {

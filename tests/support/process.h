@@ -40,7 +40,7 @@ inline long long process_start_time(pid_t pid) {
 // that started then.
 inline bool process_gone(pid_t pid, long long started = -1) {
   if (pid <= 0) return true;
-  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;  // EPERM: there, another user's
   long long now = process_start_time(pid);
   return now < 0 || (started >= 0 && now != started);
 }
