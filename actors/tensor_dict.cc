@@ -47,7 +47,18 @@ std::vector<std::string> TensorDict::keys() const {
 
 TensorDict TensorDict::to(const torch::Device& device, bool non_blocking) const {
   TensorDict out;
-  for (const auto& [k, v] : entries_) out.entries_[k] = v.to(device, non_blocking);
+  for (const auto& [k, v] : entries_) {
+    // A non-blocking copy from pageable memory is not: CUDA synchronises
+    // the stream first and stages the bytes itself. From pinned memory it
+    // is queued behind the work already on the stream and the caller goes
+    // on (LibTorch's pinned-memory cache keeps the staging block until the
+    // copy is done), so the GPU runs the last step's optimizer, the copy
+    // and the next forward back to back.
+    if (non_blocking && device.is_cuda() && v.device().is_cpu() && !v.is_pinned())
+      out.entries_[k] = v.pin_memory().to(device, true);
+    else
+      out.entries_[k] = v.to(device, non_blocking);
+  }
   return out;
 }
 

@@ -46,7 +46,9 @@ class TensorDict {
   Map::const_iterator end() const { return entries_.end(); }
   const Map& entries() const { return entries_; }
 
-  // Every tensor moved to `device` (non_blocking copies from pinned memory).
+  // Every tensor moved to `device`. non_blocking to a GPU copies CPU
+  // tensors through pinned memory (pinning those that are not), so the
+  // copies queue without synchronising the stream.
   TensorDict to(const torch::Device& device, bool non_blocking = false) const;
   // "{input: Float [4, 3], target: Long [4]}", for messages.
   std::string describe() const;
