@@ -111,6 +111,8 @@ def test_bad_input_is_a_config_error_naming_it(tmp_path):
         TrainJob(model(), bad, checkpoint_dir=str(tmp_path), **JOB).fit()
     with pytest.raises(ConfigError, match="nothing.npz"):
         TrainJob(model(), "/nonexistent/nothing.npz", **JOB).fit()
+    with pytest.raises(ConfigError, match="gpus-per-worker"):  # fp16 autocast is for GPUs
+        TrainJob(model(), regression(64), amp="fp16", checkpoint_dir=str(tmp_path), **JOB).fit()
 
 
 class TinyLm(torch.nn.Module):
@@ -137,6 +139,16 @@ def test_token_stream_with_cosine_schedule_and_bf16_gradients(tmp_path):
     # 512 / (2 workers × 8) = 32 steps an epoch.
     assert result.history[-1]["step"] == 64
     assert result.history[-1]["loss"] < 0.5 * result.history[0]["loss"]
+    # The same under bf16 autocast on the CPU: it learns as well, on other
+    # floats.
+    torch.manual_seed(0)
+    bf16 = TrainJob(TinyLm(), str(tmp_path / "train.bin"), block_size=32, workers=2, epochs=2, batch_size=8,
+                    optimizer="adamw", lr=0.02, warmup_steps=4, schedule="cosine", min_lr_factor=0.1,
+                    compression="bf16", grad_clip=1.0, amp="bf16", checkpoint_dir=str(tmp_path / "ck-bf16"),
+                    verbose=False).fit()
+    assert bf16.history[-1]["step"] == 64
+    assert bf16.history[-1]["loss"] < 0.5 * bf16.history[0]["loss"]
+    assert bf16.history[-1]["loss"] != result.history[-1]["loss"]
     with pytest.raises(ConfigError, match="block-size"):
         TrainJob(TinyLm(), str(tmp_path / "train.bin"), checkpoint_dir=str(tmp_path / "ck2"), verbose=False).fit()
     with pytest.raises(ConfigError, match="schedule"):
