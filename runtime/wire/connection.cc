@@ -19,6 +19,7 @@ namespace {
 // Room kept for each read once authenticated; buffers grow past it only with
 // bytes that arrive (grown_capacity).
 constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kLowWater = 256 * 1024;
 
 // asio opens sockets without SOCK_CLOEXEC; a socket must never outlive an
 // exec (spawn_process also closes stray descriptors in the child).
@@ -165,8 +166,15 @@ void Connection::handshake_done() {
   read_more();
 }
 
+void Connection::set_low_water(size_t bytes) {
+  int want = static_cast<int>(std::max<size_t>(1, bytes));
+  if (want == low_water_) return;
+  if (::setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0) low_water_ = want;
+}
+
 void Connection::read_more() {
   if (closed_) return;
+  set_low_water(1);
   // Compact the unparsed bytes to the front; make room for what is arriving.
   if (rpos_ > 0) {
     std::memmove(rbuf_.data(), rbuf_.data() + rpos_, rend_ - rpos_);
@@ -294,6 +302,7 @@ void Connection::read_attachment_tail() {
   } catch (const std::exception& e) {
     return fail(std::string("bad frame: ") + e.what());
   }
+  set_low_water(std::min(block_->size() - block_->filled(), kLowWater));
   auto self = shared_from_this();
   socket_.async_read_some(asio::buffer(room.first, room.second), [self](asio::error_code ec, size_t n) {
     if (ec) return self->fail("read failed: " + ec.message());

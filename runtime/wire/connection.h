@@ -114,6 +114,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void arm_handshake_deadline();
   void handshake_done();
   void read_more();
+  void set_low_water(size_t bytes);
   void on_read(size_t n);
   bool parse_frames();
   bool parse_one();
@@ -161,6 +162,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<uint64_t> pending_sizes_;  // its attachment sizes
   size_t pending_next_ = 0;              // next attachment to fill
   std::optional<IncomingBlock> block_;   // attachment being received
+  int low_water_ = 1;                    // the socket's SO_RCVLOWAT
   bool ready_ = false;
 
   // Write state.
