@@ -1,10 +1,14 @@
 #include "troupe/actors/batch.h"
 
+#include <utility>
+
 #include "troupe/runtime/core/errors.h"
 
 namespace troupe::actors {
 
 namespace {
+
+thread_local CollateBuffers* current_buffers = nullptr;
 
 std::string key_list(const Sample& s) {
   std::string out;
@@ -26,7 +30,15 @@ torch::Tensor stack_key(const std::vector<Sample>& samples, const std::string& k
     }
     parts.push_back(t);
   }
-  return torch::stack(parts);
+  // Kept buffers are plain CPU tensors: anything else stacks as before.
+  if (current_buffers == nullptr || !first.device().is_cpu() || first.layout() != torch::kStrided ||
+      first.requires_grad())
+    return torch::stack(parts);
+  std::vector<int64_t> sizes{static_cast<int64_t>(parts.size())};
+  sizes.insert(sizes.end(), first.sizes().begin(), first.sizes().end());
+  torch::Tensor out = current_buffers->take(key, first.scalar_type(), sizes);
+  torch::stack_out(out, parts);
+  return out;
 }
 
 void check_sizes(size_t samples, const std::vector<int64_t>& indices) {
@@ -37,6 +49,37 @@ void check_sizes(size_t samples, const std::vector<int64_t>& indices) {
 }
 
 }  // namespace
+
+torch::Tensor CollateBuffers::take(const std::string& key, c10::ScalarType dtype, c10::IntArrayRef sizes) {
+  std::lock_guard lock(mu_);
+  auto& kept = kept_[key];
+  for (const torch::Tensor& t : kept) {
+    // Only this set's handle left: no batch, view or queued frame uses it.
+    if (t.use_count() == 1 && t.storage().use_count() == 1 && t.scalar_type() == dtype && t.sizes() == sizes) return t;
+  }
+  torch::Tensor fresh = torch::empty(sizes, torch::TensorOptions().dtype(dtype));
+  if (kept.size() < max_per_key_) {
+    kept.push_back(fresh);
+  } else {
+    // A shape change (the last, short batch) replaces a tensor nobody holds.
+    for (torch::Tensor& t : kept)
+      if (t.use_count() == 1 && t.storage().use_count() == 1) {
+        t = fresh;
+        break;
+      }
+  }
+  return fresh;
+}
+
+size_t CollateBuffers::kept() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& [key, v] : kept_) n += v.size();
+  return n;
+}
+
+CollateBuffers::Scope::Scope(CollateBuffers* buffers) : previous_(std::exchange(current_buffers, buffers)) {}
+CollateBuffers::Scope::~Scope() { current_buffers = previous_; }
 
 TensorDict stack_collate(const std::vector<Sample>& samples) {
   if (samples.empty()) throw Error("collate: no samples");

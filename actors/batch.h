@@ -8,6 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "troupe/actors/dataset.h"
@@ -35,8 +38,43 @@ struct Batch {
 
 // Stacks each key of the samples along a new first dimension (as PyTorch's
 // default_collate). Throws troupe::Error naming the first sample whose keys,
-// shape or dtype differ from sample 0's.
+// shape or dtype differ from sample 0's. Inside a CollateBuffers::Scope it
+// stacks into that set's buffers.
 TensorDict stack_collate(const std::vector<Sample>& samples);
+
+// Batch tensors for stack_collate to write into again once nothing else
+// holds them (the batch went out on its stream, or the consumer dropped
+// it). A large batch (128 × 3 × 224² floats: 77 MB) is otherwise fresh
+// memory from the kernel each time, and faulting in its zeroed pages cost
+// the loader more than the stacking. A set keeps at most `max_per_key`
+// tensors for each key (it grows to the most batches held at once) and
+// frees them when destroyed; several pipelines may share one.
+class CollateBuffers {
+ public:
+  explicit CollateBuffers(size_t max_per_key = 16) : max_per_key_(max_per_key) {}
+  // A tensor of `sizes` and `dtype` for `key`: a kept one that nothing
+  // else holds, else a new one (kept while under max_per_key).
+  torch::Tensor take(const std::string& key, c10::ScalarType dtype, c10::IntArrayRef sizes);
+  size_t kept() const;
+
+  // Makes `buffers` the set stack_collate uses on this thread until the
+  // scope ends (nullptr: none).
+  class Scope {
+   public:
+    explicit Scope(CollateBuffers* buffers);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    CollateBuffers* previous_;
+  };
+
+ private:
+  size_t max_per_key_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<torch::Tensor>> kept_;
+};
 
 // A batch of `samples` collated by stack_collate(). `indices` are copied
 // into the batch (may be empty, else one per sample).

@@ -59,6 +59,10 @@ void BatchPipeline::stop() {
 
 namespace {
 
+// Batches a run keeps buffers for beyond its own tokens: those handed on
+// and still held (frames queued on a stream, a consumer's batch in hand).
+constexpr size_t kReusedInFlight = 8;
+
 // The tokens of one run(). At most `count` are in flight, so the free list
 // is never empty when the source asks; `in_use` counts those handed to TBB
 // and not yet returned by the last stage. `live` and `max_live` are the
@@ -160,8 +164,12 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
     }
     return t;
   };
+  // This run's batch tensors, written again once their batches are gone.
+  CollateBuffers own_buffers(static_cast<size_t>(tokens_) + kReusedInFlight);
+  CollateBuffers* buffers = options_.collate_buffers ? options_.collate_buffers : &own_buffers;
   auto collate_stage = [&](Token* t) -> Token* {
     if (stop_) return t;
+    CollateBuffers::Scope scope(buffers);
     t->batch = collate(dataset_, std::move(t->samples), std::move(t->indices));
     t->batch.epoch = epoch;
     t->batch.sequence = t->sequence;

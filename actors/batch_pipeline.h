@@ -37,6 +37,10 @@ struct PipelineOptions {
   int max_live_tokens = 0;
   // Drop a final batch smaller than batch_size.
   bool drop_last = false;
+  // Where stacked batches are written again once released (shared by a
+  // loader's feeds, so its epochs reuse them too); none: each run() keeps
+  // its own.
+  CollateBuffers* collate_buffers = nullptr;
 };
 
 // Receives each batch. May block (that is how back-pressure arrives); may

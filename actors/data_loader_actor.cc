@@ -35,6 +35,11 @@ std::pair<int64_t, int64_t> resident_memory() {
   return {rss, hwm};
 }
 
+// Batch tensors a loader keeps per key for its feeds to stack into again:
+// enough for a few ranks' batches in flight (tokens, frames queued on their
+// streams); beyond that, batches are fresh memory as before.
+constexpr size_t kCollateBuffersPerKey = 16;
+
 void raise_max(std::atomic<int64_t>& m, int64_t v) {
   int64_t seen = m.load();
   while (v > seen && !m.compare_exchange_weak(seen, v)) {
@@ -72,6 +77,10 @@ struct DataLoaderActor::State {
   std::atomic<int64_t> samples_sent{0};
   std::atomic<int64_t> max_live_batches{0};
   std::atomic<int64_t> max_in_flight{0};
+
+  // Batch tensors every feed's pipeline stacks into again (the working set
+  // of batches in flight, kept across epochs).
+  CollateBuffers collate_buffers{kCollateBuffersPerKey};
 
   std::shared_ptr<const Dataset> open_dataset() {
     std::lock_guard lock(dataset_mutex);
@@ -196,7 +205,8 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
                                       .num_threads = c.threads,
                                       .prefetch_depth = c.prefetch_depth,
                                       .max_live_tokens = c.max_live_tokens,
-                                      .drop_last = c.drop_last});
+                                      .drop_last = c.drop_last,
+                                      .collate_buffers = &st.collate_buffers});
     feed.pipeline = &pipeline;
     FeedRegistration registration(st, feed);
     // The sink blocks while the reader grants no credit; that is the

@@ -213,7 +213,18 @@ TensorDict ImageRecordDataset::finish(TensorDict batch) const {
     // A table lookup per pixel, plane by plane (the gather below widens
     // every pixel to int64 first: several times slower on a CPU).
     auto src = x.contiguous();
-    auto out = torch::empty(src.sizes(), torch::kFloat);
+    torch::Tensor out;
+    {
+      // Reused only when this object's handle is the storage's one owner:
+      // a caller still holding the last batch (or a view of it) gets its
+      // own fresh tensor.
+      std::lock_guard lock(finish_mu_);
+      if (finish_out_.defined() && finish_out_.sizes() == src.sizes() && finish_out_.use_count() == 1 &&
+          finish_out_.storage().use_count() == 1)
+        out = finish_out_;
+      else
+        out = finish_out_ = torch::empty(src.sizes(), torch::kFloat);
+    }
     const uint8_t* in = src.data_ptr<uint8_t>();
     float* dst = out.data_ptr<float>();
     const int64_t plane = src.size(2) * src.size(3);

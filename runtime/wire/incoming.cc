@@ -6,8 +6,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "troupe/runtime/core/errors.h"
 
@@ -45,9 +49,68 @@ std::byte* reserve_huge(size_t len) {
   return reinterpret_cast<std::byte*>(aligned);
 }
 
+// Mappings of received attachments that were let go, kept for the next
+// large attachment: a stream of batches or a series of large objects then
+// writes into pages that are already there instead of faulting in and
+// zeroing fresh ones for every item (which cost the reader more than the
+// copy from the socket). Bounded in bytes and entries; a kept mapping is
+// marked MADV_FREE, so under memory pressure the kernel may take its pages
+// back (a reuse then faults them in again).
+class MappingCache {
+ public:
+  static constexpr size_t kMaxBytes = size_t{256} << 20;
+  static constexpr size_t kMaxEntries = 8;
+
+  // A kept mapping of at least `len` bytes and at most twice that, or
+  // {nullptr, 0}.
+  std::pair<std::byte*, size_t> take(size_t len) {
+    std::lock_guard lock(mu_);
+    // The most recently kept first: its pages are the likeliest still there.
+    for (auto it = kept_.rbegin(); it != kept_.rend(); ++it) {
+      if (it->second < len || it->second > 2 * len) continue;
+      auto found = *it;
+      kept_.erase(std::next(it).base());
+      bytes_ -= found.second;
+      return found;
+    }
+    return {nullptr, 0};
+  }
+
+  void put(std::byte* p, size_t len) {
+    if (len > kMaxBytes / 2) {
+      ::munmap(p, len);
+      return;
+    }
+    ::madvise(p, len, MADV_FREE);
+    std::vector<std::pair<std::byte*, size_t>> evicted;
+    {
+      std::lock_guard lock(mu_);
+      while (!kept_.empty() && (bytes_ + len > kMaxBytes || kept_.size() >= kMaxEntries)) {
+        evicted.push_back(kept_.front());
+        bytes_ -= kept_.front().second;
+        kept_.erase(kept_.begin());
+      }
+      kept_.emplace_back(p, len);
+      bytes_ += len;
+    }
+    for (auto [q, n] : evicted) ::munmap(q, n);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<std::byte*, size_t>> kept_;  // oldest first
+  size_t bytes_ = 0;
+};
+
+// Never destroyed: buffers may be released during static destruction.
+MappingCache& mapping_cache() {
+  static auto* cache = new MappingCache;
+  return *cache;
+}
+
 void release(std::byte* p, size_t mapped) {
   if (mapped > 0)
-    ::munmap(p, mapped);
+    mapping_cache().put(p, mapped);
   else
     std::free(p);
 }
@@ -88,6 +151,16 @@ std::pair<std::byte*, size_t> IncomingBlock::room(size_t chunk) {
 bool IncomingBlock::grow_mapped(size_t want) {
   size_t len = round_up(want, kHugePage);
   if (len <= mapped_) return true;
+  if (data_ == nullptr) {
+    // A kept mapping that holds the whole announced size commits nothing
+    // new, whatever the peer sends.
+    auto [p, n] = mapping_cache().take(round_up(size_, kHugePage));
+    if (p != nullptr) {
+      data_ = p;
+      mapped_ = n;
+      return true;
+    }
+  }
   std::byte* p = reserve_huge(len);
   if (p == nullptr) return false;
   if (data_ != nullptr &&

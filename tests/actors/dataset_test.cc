@@ -397,6 +397,24 @@ TEST(ImageRecords, DeferredNormalisationFinishesToTheSameFloats) {
   EXPECT_EQ(finished.at("input").scalar_type(), torch::kFloat);
   EXPECT_TRUE(torch::equal(finished.at("input"), fused_batch.at("input")));
   EXPECT_TRUE(torch::equal(finished.at("target"), fused_batch.at("target")));
+  // finish() writes into its last output again only once that is released.
+  auto again = b->finish(deferred_batch);
+  const void* out = again.at("input").data_ptr();
+  EXPECT_NE(out, finished.at("input").data_ptr());  // `finished` is held
+  auto view = again.at("input").view({-1});
+  again = TensorDict();
+  auto third = b->finish(deferred_batch);  // a view of `again` is held
+  EXPECT_NE(third.at("input").data_ptr(), out);
+  EXPECT_TRUE(torch::equal(view.view_as(fused_batch.at("input")), fused_batch.at("input")));
+  const void* third_out = third.at("input").data_ptr();
+  third = TensorDict();
+  TensorDict flipped = deferred_batch;
+  flipped.set("input", deferred_batch.at("input").flip(3).contiguous());
+  auto fourth = b->finish(flipped);
+  EXPECT_EQ(fourth.at("input").data_ptr(), third_out);
+  EXPECT_TRUE(
+      torch::equal(fourth.at("input"), ImageRecordDataset::synthetic(o, deferred)->finish(flipped).at("input")));
+  EXPECT_FALSE(torch::equal(fourth.at("input"), fused_batch.at("input")));
   EXPECT_THROW(b->finish(fused_batch), ConfigError);
   auto spec = DatasetSpec("image_records").set("size", 4).set("height", 8).set("width", 8).set("defer_normalize", 1);
   EXPECT_NE(make_dataset(spec)->describe().find("normalised on the trainer"), std::string::npos);

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -250,6 +251,61 @@ TEST(Collate, StacksAndNamesMismatches) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("sample 1"), std::string::npos) << e.what();
   }
+}
+
+// Stacked batches go into kept tensors only once nothing holds them: a
+// batch in hand, a view of it or a detached handle (an encoded frame's
+// owner) keeps its memory from being written over.
+TEST(Collate, BuffersAreWrittenAgainOnlyOnceReleased) {
+  auto samples = [](float v) {
+    return std::vector<Sample>{{{"input", torch::full({4}, v)}}, {{"input", torch::full({4}, v + 1)}}};
+  };
+  CollateBuffers buffers(2);
+  CollateBuffers::Scope scope(&buffers);
+  auto first = stack_collate(samples(1)).at("input");
+  const void* memory = first.data_ptr();
+  auto held = stack_collate(samples(10)).at("input");  // `first` is still held
+  EXPECT_NE(held.data_ptr(), memory);
+  EXPECT_EQ(first[0][0].item<float>(), 1);
+  auto view = first.view({8});
+  auto detached = first.detach();
+  first = torch::Tensor();
+  auto third = stack_collate(samples(20)).at("input");  // `first`'s memory still viewed
+  EXPECT_NE(third.data_ptr(), memory);
+  EXPECT_EQ(view[0].item<float>(), 1);
+  view = torch::Tensor();
+  auto fourth = stack_collate(samples(30)).at("input");  // a detached handle remains
+  EXPECT_NE(fourth.data_ptr(), memory);
+  EXPECT_EQ(detached[0][0].item<float>(), 1);
+  detached = torch::Tensor();
+  auto reused = stack_collate(samples(40)).at("input");
+  EXPECT_EQ(reused.data_ptr(), memory);
+  EXPECT_EQ(to_longs(reused), (std::vector<int64_t>{40, 40, 40, 40, 41, 41, 41, 41}));
+  EXPECT_LE(buffers.kept(), 2u);
+  // Another shape (the short last batch) is a tensor of its own.
+  std::vector<Sample> one = {{{"input", torch::full({4}, 5.0f)}}};
+  EXPECT_EQ(stack_collate(one).at("input").sizes(), (std::vector<int64_t>{1, 4}));
+}
+
+// A loader's runs share one set: later epochs stack into the first one's
+// memory while the consumer drops each batch, and a consumer that keeps
+// every batch still sees each one's own values.
+TEST(BatchPipeline, RunsSharingCollateBuffersReuseReleasedBatches) {
+  SyntheticClassification ds({.size = 256, .num_features = 6, .num_classes = 5, .seed = 2});
+  auto indices = shuffled(256, 8);
+  CollateBuffers buffers(8);
+  BatchPipeline pipe(ds, {.batch_size = 32, .num_threads = 2, .collate_buffers = &buffers});
+  std::set<const void*> first_run, second_run;
+  pipe.run(indices, 0, [&](Batch&& b) { first_run.insert(b.tensors.at("input").data_ptr()); });
+  pipe.run(indices, 1, [&](Batch&& b) { second_run.insert(b.tensors.at("input").data_ptr()); });
+  EXPECT_LE(first_run.size(), 8u);
+  for (const void* p : second_run) EXPECT_TRUE(first_run.count(p)) << "run 2 took fresh memory";
+  std::vector<Batch> kept;
+  pipe.run(indices, 2, [&](Batch&& b) { kept.push_back(std::move(b)); });
+  ASSERT_EQ(kept.size(), 8u);
+  for (const Batch& b : kept)
+    for (int64_t r = 0; r < b.size(); ++r)
+      ASSERT_TRUE(b.tensors.at("input")[r].equal(ds.get(b.indices[r]).at("input"))) << "batch " << b.sequence;
 }
 
 // Batches cross the wire as dtype + shape + bytes; large tensors as

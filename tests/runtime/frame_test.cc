@@ -177,6 +177,40 @@ TEST(Incoming, AttachmentMemoryFollowsTheBytesThatArrive) {
   EXPECT_EQ(empty.take().size(), 0u);
 }
 
+// The mapping of a released large attachment is kept for the next one of
+// about its size (no fresh pages to fault in and zero), never handed to a
+// block announcing more than it holds or to one much smaller, and a kept
+// block's bytes are the new attachment's.
+TEST(Incoming, ReleasedMappingsServeTheNextLargeAttachment) {
+  auto receive = [](size_t size, char fill) {
+    IncomingBlock block(size);
+    while (!block.complete()) {
+      auto [dst, n] = block.room(64 * 1024);
+      size_t k = std::min(n, block.size() - block.filled());
+      std::memset(dst, fill, k);
+      block.commit(k);
+    }
+    return block.take();
+  };
+  const size_t size = 16u << 20;
+  troupe::Buffer first = receive(size, 'a');
+  const std::byte* memory = first.data();
+  first = troupe::Buffer();
+  troupe::Buffer second = receive(size - 12345, 'b');
+  EXPECT_EQ(second.data(), memory);
+  EXPECT_EQ(second.size(), size - 12345);
+  EXPECT_EQ(second.to_string(), std::string(size - 12345, 'b'));
+  second = troupe::Buffer();
+  // Announcing more than the kept mapping holds: not taken (the bytes that
+  // arrive decide what is committed), nor by a block a quarter its size.
+  IncomingBlock huge(4ull << 30);
+  EXPECT_NE(huge.room(64 * 1024).first, memory);
+  troupe::Buffer quarter = receive(size / 4 + 1, 'c');
+  EXPECT_NE(quarter.data(), memory);
+  quarter = troupe::Buffer();
+  EXPECT_EQ(receive(size, 'd').data(), memory);
+}
+
 TEST(Handshake, ProofsBindTokenRoleAndNonces) {
   Nonce a = random_nonce(), b = random_nonce();
   EXPECT_NE(a, b);
