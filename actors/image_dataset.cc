@@ -18,6 +18,21 @@ constexpr uint64_t kTransformTag = 0x1A6E'0001;
 constexpr uint64_t kPixelTag = 0x1A6E'0002;
 constexpr uint64_t kLabelTag = 0x1A6E'0003;
 
+// dst[x] = src[n − 1 − x] for x < n, eight bytes a step (a byte swap of
+// each 8-byte word taken from the other end): the flip of a uint8 row,
+// which byte by byte was nearly all of a deferred-normalisation loader's
+// time.
+void reverse_bytes(uint8_t* dst, const uint8_t* src, int64_t n) {
+  int64_t x = 0;
+  for (; x + 8 <= n; x += 8) {
+    uint64_t word = 0;
+    std::memcpy(&word, src + n - x - 8, 8);
+    word = __builtin_bswap64(word);
+    std::memcpy(dst + x, &word, 8);
+  }
+  for (; x < n; ++x) dst[x] = src[n - 1 - x];
+}
+
 // Crop + flip + normalise from raw C×H×W bytes. Normalisation goes through a
 // per-channel 256-entry table computed in double, so each output is the
 // correctly rounded (x·scale − mean)/std and the inner loop is a lookup.
@@ -48,7 +63,7 @@ torch::Tensor transform_raw(const uint8_t* src, int64_t channels, int64_t height
         const uint8_t* row = plane + (d.top + y) * width + d.left;
         uint8_t* out_row = dst + (c * oh + y) * ow;
         if (d.flip) {
-          for (int64_t x = 0; x < ow; ++x) out_row[x] = row[ow - 1 - x];
+          reverse_bytes(out_row, row, ow);
         } else {
           std::memcpy(out_row, row, static_cast<size_t>(ow));
         }

@@ -369,6 +369,17 @@ TEST(ImageTransforms, MatchReferenceOpsAndAreDeterministic) {
   EXPECT_LT(same, 10);
   EXPECT_THROW(transform_image(image.to(torch::kFloat), o, 0, 0), Error);
   EXPECT_THROW(transform_image(image, {.crop = 17}, 0, 0), Error);
+  // Deferred normalisation flips whole words and then a tail: crops of
+  // every width up to two words against the plain flip.
+  for (int64_t crop = 1; crop <= 16; ++crop) {
+    ImageTransformOptions raw{.crop = crop, .flip = true, .seed = 5, .defer_normalize = true};
+    for (int64_t index = 0; index < 8; ++index) {
+      auto d = draw_image_transform(raw, 16, 20, 0, index);
+      auto ref = image.slice(1, d.top, d.top + crop).slice(2, d.left, d.left + crop);
+      if (d.flip) ref = ref.flip({2});
+      ASSERT_TRUE(torch::equal(transform_image(image, raw, 0, index), ref)) << "crop " << crop << ", index " << index;
+    }
+  }
 }
 
 // defer_normalize: the loader's samples are the cropped, flipped uint8
