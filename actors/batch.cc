@@ -50,12 +50,13 @@ void check_sizes(size_t samples, const std::vector<int64_t>& indices) {
 
 }  // namespace
 
+bool sole_handle(const torch::Tensor& t) { return t.use_count() == 1 && t.storage().use_count() == 1; }
+
 torch::Tensor CollateBuffers::take(const std::string& key, c10::ScalarType dtype, c10::IntArrayRef sizes) {
   std::lock_guard lock(mu_);
   auto& kept = kept_[key];
   for (const torch::Tensor& t : kept) {
-    // Only this set's handle left: no batch, view or queued frame uses it.
-    if (t.use_count() == 1 && t.storage().use_count() == 1 && t.scalar_type() == dtype && t.sizes() == sizes) return t;
+    if (sole_handle(t) && t.scalar_type() == dtype && t.sizes() == sizes) return t;
   }
   torch::Tensor fresh = torch::empty(sizes, torch::TensorOptions().dtype(dtype));
   if (kept.size() < max_per_key_) {
@@ -63,7 +64,7 @@ torch::Tensor CollateBuffers::take(const std::string& key, c10::ScalarType dtype
   } else {
     // A shape change (the last, short batch) replaces a tensor nobody holds.
     for (torch::Tensor& t : kept)
-      if (t.use_count() == 1 && t.storage().use_count() == 1) {
+      if (sole_handle(t)) {
         t = fresh;
         break;
       }

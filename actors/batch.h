@@ -42,6 +42,11 @@ struct Batch {
 // stacks into that set's buffers.
 TensorDict stack_collate(const std::vector<Sample>& samples);
 
+// True when `t` is the only handle on its memory: no other tensor, view or
+// detached handle (an encoded frame's owner) shares its storage, so its
+// bytes may be written over.
+bool sole_handle(const torch::Tensor& t);
+
 // Batch tensors for stack_collate to write into again once nothing else
 // holds them (the batch went out on its stream, or the consumer dropped
 // it). A large batch (128 × 3 × 224² floats: 77 MB) is otherwise fresh

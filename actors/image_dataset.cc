@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "troupe/actors/batch.h"
 #include "troupe/actors/random.h"
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
@@ -230,12 +231,10 @@ TensorDict ImageRecordDataset::finish(TensorDict batch) const {
     auto src = x.contiguous();
     torch::Tensor out;
     {
-      // Reused only when this object's handle is the storage's one owner:
-      // a caller still holding the last batch (or a view of it) gets its
+      // A caller still holding the last batch (or a view of it) gets its
       // own fresh tensor.
       std::lock_guard lock(finish_mu_);
-      if (finish_out_.defined() && finish_out_.sizes() == src.sizes() && finish_out_.use_count() == 1 &&
-          finish_out_.storage().use_count() == 1)
+      if (finish_out_.defined() && finish_out_.sizes() == src.sizes() && sole_handle(finish_out_))
         out = finish_out_;
       else
         out = finish_out_ = torch::empty(src.sizes(), torch::kFloat);
