@@ -298,15 +298,41 @@ void TrainerActor::StepSums::add(const StepSums& o) {
   for (const auto& [k, v] : o.metric_sums) metric_sums[k] += v;
 }
 
-TrainerActor::StepSums TrainerActor::sums_of(const StepOutput& out, int64_t samples) const {
-  StepSums s;
-  s.loss_sum = out.loss.item<double>() * static_cast<double>(samples);
-  const auto summed = step_fn_->summed_metrics();
-  for (const auto& [k, v] : out.metrics) {
-    double x = v.item<double>();
-    s.metric_sums[k] = summed.count(k) ? x : x * static_cast<double>(samples);
+TrainerActor::PendingSums TrainerActor::pending_of(const StepOutput& out, int64_t samples) {
+  PendingSums p;
+  p.loss = out.loss.detach();
+  for (const auto& [k, v] : out.metrics) p.metrics[k] = v.detach();
+  p.samples = samples;
+  return p;
+}
+
+std::vector<TrainerActor::StepSums> TrainerActor::resolve(const std::vector<PendingSums>& pending) const {
+  // Every value as one double on the loss's device (exact for the float,
+  // half and integer types a step returns, as item<double>() is), then one
+  // copy to the host.
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : pending) {
+    const auto to = torch::TensorOptions().dtype(torch::kDouble).device(p.loss.device());
+    flat.push_back(p.loss.reshape({1}).to(to));
+    for (const auto& [k, v] : p.metrics) flat.push_back(v.reshape({1}).to(to));
   }
-  return s;
+  std::vector<StepSums> out;
+  if (flat.empty()) return out;
+  const auto host = torch::cat(flat).to(torch::kCPU).contiguous();
+  const double* x = host.data_ptr<double>();
+  const auto summed = step_fn_->summed_metrics();
+  out.reserve(pending.size());
+  for (const auto& p : pending) {
+    StepSums s;
+    const auto n = static_cast<double>(p.samples);
+    s.loss_sum = *x++ * n;
+    for (const auto& [k, v] : p.metrics) {
+      const double value = *x++;
+      s.metric_sums[k] = summed.count(k) ? value : value * n;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
@@ -329,7 +355,7 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
   return out;
 }
 
-TrainerActor::StepSums TrainerActor::micro_step(const actors::Batch& batch, bool sync) {
+TrainerActor::PendingSums TrainerActor::micro_step(const actors::Batch& batch, bool sync) {
   bool amp = scales_loss();
   StepOutput out = run_step(dataset_->finish(batch.tensors.to(device_, /*non_blocking=*/true)));
   auto loss = out.loss;
@@ -351,8 +377,7 @@ TrainerActor::StepSums TrainerActor::micro_step(const actors::Batch& batch, bool
       reducer_->broadcast_from_rank0(bs);
     }
   }
-  torch::NoGradGuard ng;
-  return sums_of(out, batch.size());
+  return pending_of(out, batch.size());
 }
 
 void TrainerActor::optimizer_step() {
@@ -443,28 +468,36 @@ TrainReport TrainerActor::train(TrainRequest req) {
   size_t pos = 0;
   int64_t s = 0;
   StepSnapshot snap;
+  // Each micro-step's loss and metrics stay on the device until the last
+  // step has been launched (see resolve()).
+  std::vector<PendingSums> pending;
   try {
     for (; s < steps; ++s) {
       snap = snapshot();
-      StepSums sums;
       int64_t samples = 0;
       for (int64_t k = 0; k < config_.accumulation; ++k) {
         actors::Batch batch = next_batch(req.from_stream, indices, pos, cursor.epoch);
-        sums.add(micro_step(batch, k == config_.accumulation - 1));
+        pending.push_back(micro_step(batch, k == config_.accumulation - 1));
         samples += batch.size();
         if (req.record_indices) rep.consumed.insert(rep.consumed.end(), batch.indices.begin(), batch.indices.end());
       }
       optimizer_step();
+      rep.step_samples.push_back(samples);
+      rep.samples += samples;
+      ++rep.steps;
+    }
+    const auto micro = resolve(pending);
+    for (size_t i = 0; i < rep.step_samples.size(); ++i) {
+      StepSums sums;
+      for (int64_t k = 0; k < config_.accumulation; ++k)
+        sums.add(micro[i * static_cast<size_t>(config_.accumulation) + static_cast<size_t>(k)]);
       const int64_t correct = correct_of(sums.metric_sums);
       rep.step_loss_sum.push_back(sums.loss_sum);
       rep.step_correct.push_back(correct);
-      rep.step_samples.push_back(samples);
       rep.step_metric_sums.push_back(sums.metric_sums);
       rep.loss_sum += sums.loss_sum;
       rep.correct += correct;
       for (const auto& [k, v] : sums.metric_sums) rep.metric_sums[k] += v;
-      rep.samples += samples;
-      ++rep.steps;
     }
   } catch (const std::exception& e) {
     // A step cut short (a peer died, the group was aborted, the batch
@@ -513,6 +546,7 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
   std::vector<int64_t> idx;
   for (int64_t i = begin + rank; i < n; i += world_size)
     idx.push_back(split_.empty() || val_dataset_ ? i : split_[static_cast<size_t>(i)]);
+  std::vector<PendingSums> pending;
   for (size_t s = 0; s < idx.size(); s += 256) {
     std::vector<actors::Sample> samples;
     std::vector<int64_t> chunk(idx.begin() + s, idx.begin() + std::min(idx.size(), s + 256));
@@ -520,10 +554,12 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     auto b = actors::collate(data, std::move(samples), chunk);
     StepOutput out = step_fn_->eval(*model_, data.finish(b.tensors.to(device_)));
     check_output(out, *step_fn_);
-    StepSums sums = sums_of(out, b.size());
+    pending.push_back(pending_of(out, b.size()));
+    rep.count += b.size();
+  }
+  for (const auto& sums : resolve(pending)) {
     rep.loss_sum += sums.loss_sum;
     for (const auto& [k, v] : sums.metric_sums) rep.metric_sums[k] += v;
-    rep.count += b.size();
   }
   rep.correct = correct_of(rep.metric_sums);
   for (size_t i = 0; i < live.size(); ++i) params[i].second.copy_(live[i]);
@@ -718,8 +754,11 @@ BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup
   if (group_) group_->barrier()->wait(std::chrono::minutes(2));
   auto t0 = Clock::now();
   for (int64_t s = 0; s < steps; ++s) {
-    loss = micro_step(b, true).loss_sum / static_cast<double>(batch);
+    // Every step's loss read back before the next (as a training loop that
+    // logs each step does, and as the benchmarks' peers do).
+    const auto pending = micro_step(b, true);
     optimizer_step();
+    loss = resolve({pending}).at(0).loss_sum / static_cast<double>(batch);
   }
   if (group_) group_->barrier()->wait(std::chrono::minutes(2));
   BenchReport r;

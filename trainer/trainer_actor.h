@@ -265,12 +265,23 @@ class TrainerActor {
     std::map<std::string, double> metric_sums;
     void add(const StepSums& o);
   };
-  // What one step output adds up to over `samples` samples.
-  StepSums sums_of(const StepOutput& out, int64_t samples) const;
+  // A step output's loss and metrics as the step left them (detached, on
+  // the device that computed them), not yet read back to the host.
+  struct PendingSums {
+    torch::Tensor loss;
+    std::map<std::string, torch::Tensor> metrics;
+    int64_t samples = 0;
+  };
+  static PendingSums pending_of(const StepOutput& out, int64_t samples);
+  // What each pending output adds up to over its samples, read back in one
+  // device-to-host copy: on a GPU, a train() call waits for the device
+  // once at its end rather than after every step, so the next batch is
+  // read, pinned and copied while the device still runs the last step.
+  std::vector<StepSums> resolve(const std::vector<PendingSums>& pending) const;
   // The step's forward (under autocast when mixed precision is on).
   StepOutput run_step(const actors::TensorDict& tensors);
   // One micro-step forward + backward.
-  StepSums micro_step(const actors::Batch& batch, bool sync);
+  PendingSums micro_step(const actors::Batch& batch, bool sync);
   // The next micro-batch of a train() call: read from the batch stream, or
   // collated from this trainer's own data set at indices[pos...]; advances
   // pos past it.

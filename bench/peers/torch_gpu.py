@@ -11,8 +11,10 @@ the benchmark in the same invocation. Two jobs:
   torch_gpu.py run --case cnn_compute|cnn_loader|lm [...]
       trains the same model in PyTorch eager on cuda:0, as a user's script
       does: torch.autocast(bf16), SGD with momentum (cnn) or AdamW (lm),
-      loss.item() every step (the seeds' scripts log it every step, and
-      troupe's trainer reads every step's loss too).
+      loss.item() every step (the seeds' scripts log it every step;
+      troupe's trainer reports every step's loss too, read back from the
+      GPU once per train() call in the loader-bound case and after every
+      step in TrainerActor::benchmark).
       cnn_compute: one batch already on the GPU, reused (no loading).
       cnn_loader:  uint8 3×H×W records decoded per sample by
                    DataLoader(num_workers=--workers, pin_memory=True) with

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <torch/torch.h>
@@ -593,4 +594,49 @@ TEST(CpuAutocastTest, Bf16TrainsNearFp32RepeatablyAndFp16IsRefused) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("'fp16'"), std::string::npos) << e.what();
   }
+}
+
+// A train() call reads its steps' losses and metrics back from the device
+// all at once, at its end. Six steps of two micro-steps each in one call
+// must report what six one-step calls report, step by step, to the bit:
+// the values land on the right step and micro-step.
+TEST(TrainReportTest, OneCallReportsEveryStepAsOneStepCallsDo) {
+  TrainerConfig c = troupe::test::small_mlp_job("report", 1, 16, 256).trainer;
+  c.accumulation = 2;
+  auto run = [&](int64_t per_call) {
+    TrainerActor t;
+    t.setup(c);
+    TrainReport all;
+    while (all.steps < 6) {
+      TrainRequest r;
+      r.cursor = t.progress().cursor;
+      r.max_steps = per_call;
+      auto rep = t.train(r);
+      EXPECT_EQ(rep.steps, per_call);
+      EXPECT_EQ(rep.step_loss_sum.size(), static_cast<size_t>(per_call));
+      all.steps += rep.steps;
+      all.loss_sum += rep.loss_sum;
+      all.correct += rep.correct;
+      for (size_t i = 0; i < rep.step_loss_sum.size(); ++i) {
+        all.step_loss_sum.push_back(rep.step_loss_sum[i]);
+        all.step_correct.push_back(rep.step_correct[i]);
+        all.step_samples.push_back(rep.step_samples[i]);
+        all.step_metric_sums.push_back(rep.step_metric_sums[i]);
+      }
+    }
+    return all;
+  };
+  const auto one_call = run(6), stepwise = run(1);
+  ASSERT_EQ(one_call.step_loss_sum.size(), 6u);
+  std::set<double> distinct;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(one_call.step_loss_sum[i], stepwise.step_loss_sum[i]) << "step " << i;
+    EXPECT_EQ(one_call.step_correct[i], stepwise.step_correct[i]) << "step " << i;
+    EXPECT_EQ(one_call.step_samples[i], 32) << "step " << i;
+    EXPECT_EQ(one_call.step_metric_sums[i], stepwise.step_metric_sums[i]) << "step " << i;
+    EXPECT_GT(one_call.step_loss_sum[i], 0) << "step " << i;
+    distinct.insert(one_call.step_loss_sum[i]);
+  }
+  EXPECT_EQ(distinct.size(), 6u) << "every step has its own loss";
+  EXPECT_EQ(one_call.correct, stepwise.correct);
 }
