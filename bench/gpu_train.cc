@@ -13,7 +13,9 @@
 //                      normalises in the pipeline instead), against
 //                      DataLoader(num_workers=--loader-threads,
 //                      pin_memory=True); images/s over the steps after
-//                      --warmup, ratio = troupe ÷ PyTorch
+//                      --warmup, ratio = troupe ÷ PyTorch; data_wait = the
+//                      share of the trainer's timed train() calls spent
+//                      waiting for batches (StepInfo::data_wait)
 //   gpu_busy           NVML utilization.gpu (nvidia-smi) averaged over
 //                      troupe's timed loader-bound steps (0-1); the peer's
 //                      own figure beside it
@@ -209,16 +211,19 @@ double troupe_rate(troupe::Runtime& rt, const TrainerConfig& c, const Args& a, i
 }
 
 void ratio_row(const std::string& c, double troupe, const nlohmann::ordered_json& torch, const std::string& unit,
-               const std::string& gpu, const std::string& key = "value") {
+               const std::string& gpu, const std::string& key = "value",
+               const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) {
   double theirs = torch.at(key).get<double>();
-  troupe::bench::print_row({{"bench", "gpu_train"},
-                            {"case", c},
-                            {"value", troupe},
-                            {"unit", unit},
-                            {"ratio", troupe / theirs},
-                            {"torch", theirs},
-                            {"torch_version", torch.value("torch", "")},
-                            {"gpu", gpu}});
+  nlohmann::ordered_json row = {{"bench", "gpu_train"},
+                                {"case", c},
+                                {"value", troupe},
+                                {"unit", unit},
+                                {"ratio", troupe / theirs},
+                                {"torch", theirs},
+                                {"torch_version", torch.value("torch", "")},
+                                {"gpu", gpu}};
+  for (const auto& [k, v] : extra.items()) row[k] = v;
+  troupe::bench::print_row(row);
 }
 
 }  // namespace
@@ -313,13 +318,15 @@ int main(int argc, char** argv) {
         double time;
         int64_t step;
         int64_t samples;
+        double seconds;    // of the train() calls behind this mark
+        double data_wait;  // the share of them spent waiting for batches
       };
       std::vector<Mark> marks;
       int64_t samples = 0;
       bool sampling = false;
       job.on_step = [&](const troupe::trainer::StepInfo& s) {
         samples += s.samples;
-        marks.push_back({s.time, s.step, samples});
+        marks.push_back({s.time, s.step, samples, s.seconds, s.data_wait});
         if (a.gpu() && !sampling && s.step >= a.warmup) {
           sampling = true;
           try {
@@ -335,9 +342,17 @@ int main(int argc, char** argv) {
       auto first = std::find_if(marks.begin(), marks.end(), [&](const Mark& m) { return m.step >= a.warmup; });
       if (first == marks.end() || first == marks.end() - 1) throw troupe::Error("too few steps to time");
       double mine = static_cast<double>(marks.back().samples - first->samples) / (marks.back().time - first->time);
+      // The trainer's time waiting for batches over the timed calls: near 1,
+      // the loader (or the stream) bounds the rate; near 0, the trainer.
+      double waited = 0, called = 0;
+      for (auto m = first + 1; m != marks.end(); ++m) {
+        waited += m->data_wait * m->seconds;
+        called += m->seconds;
+      }
       auto theirs = peer(a, {"run", "--case", "cnn_loader", "--batch", n(a.batch), "--steps", n(a.steps), "--warmup",
                              n(a.warmup), "--workers", n(a.loader_threads), "--records", n(a.records)});
-      ratio_row("cnn_loader_bound", mine, theirs, "images/s", gpu);
+      ratio_row("cnn_loader_bound", mine, theirs, "images/s", gpu, "value",
+                {{"data_wait", called > 0 ? waited / called : 0.0}});
       if (a.gpu()) {
         nlohmann::ordered_json row = {
             {"bench", "gpu_train"}, {"case", "gpu_busy"}, {"value", busy_fraction}, {"unit", "fraction"}};

@@ -238,6 +238,7 @@ void JobReporter::epoch(const EpochMetrics& em) {
                  {"train_loss", em.train_loss},
                  {"train_accuracy", em.train_accuracy},
                  {"samples_per_second", em.samples_per_second},
+                 {"data_wait", em.data_wait},
                  {"val_loss", em.val_loss},
                  {"val_accuracy", em.val_accuracy},
                  {"val_count", em.val_count},
@@ -251,10 +252,13 @@ void JobReporter::epoch(const EpochMetrics& em) {
     std::snprintf(loss, sizeof loss, "  val_loss %.4f", em.val_loss);
     val = loss + metrics_text(em.val_metrics, "val_");
   }
-  std::printf("%s[%s] epoch %lld/%lld  step %lld  loss %.4f%s%s  %.0f samples/s  %.2fs\n", tty_ ? "\r" : "",
+  // Worth a word only when the input, not the model, holds steps back.
+  char wait[40] = "";
+  if (em.data_wait >= 0.05) std::snprintf(wait, sizeof wait, "  waiting for data %.0f%%", 100 * em.data_wait);
+  std::printf("%s[%s] epoch %lld/%lld  step %lld  loss %.4f%s%s  %.0f samples/s%s  %.2fs\n", tty_ ? "\r" : "",
               cfg_.name.c_str(), static_cast<long long>(em.epoch + 1), static_cast<long long>(cfg_.epochs),
               static_cast<long long>(at.step), em.train_loss, metrics_text(em.train_metrics, "").c_str(), val.c_str(),
-              em.samples_per_second, em.seconds);
+              em.samples_per_second, wait, em.seconds);
   std::fflush(stdout);
 }
 

@@ -103,6 +103,7 @@ class Run {
     int64_t epoch = -1;
     Clock::time_point start;
     double loss_sum = 0, busy = 0;
+    double wait = 0;  // of busy, waiting for batches (the slowest rank's per call)
     int64_t correct = 0, samples = 0;
     std::map<std::string, double> metric_sums;
     std::vector<std::string> summed_metrics;
@@ -320,9 +321,14 @@ void Run::run_round() {
   const bool stream = pool_.use_loaders() && steps_now > 0;
   auto reps =
       gang_.train_round(TrainRequest{gang_.cursor(), chunk, stream, cfg_.record_indices}, steps_now, cfg_.call_timeout);
-  double seconds = 0;
-  for (const auto& r : reps) seconds = std::max(seconds, r.seconds);
+  double seconds = 0, wait = 0, wait_share = 0;
+  for (const auto& r : reps) {
+    seconds = std::max(seconds, r.seconds);
+    wait = std::max(wait, r.wait_seconds);
+    if (r.seconds > 0) wait_share = std::max(wait_share, std::min(1.0, r.wait_seconds / r.seconds));
+  }
   sums_.busy += seconds;
+  sums_.wait += std::min(wait, seconds);
   const int64_t samples = account(reps);
   if (open_recovery_ && reps[0].steps > 0) {
     result_.recoveries[*open_recovery_].step_done_at = reporter_.now();
@@ -335,7 +341,7 @@ void Run::run_round() {
   const int64_t step = gang_.step();
   if (cfg_.on_step) {
     try {
-      cfg_.on_step(StepInfo{step, gang_.cursor().epoch, gang_.world(), reporter_.now(), samples, seconds});
+      cfg_.on_step(StepInfo{step, gang_.cursor().epoch, gang_.world(), reporter_.now(), samples, seconds, wait_share});
     } catch (...) {
       throw CallbackFailed{std::current_exception()};
     }
@@ -408,6 +414,7 @@ void Run::end_epoch() {
   em.train_accuracy = sums_.samples ? double(sums_.correct) / sums_.samples : 0;
   em.train_metrics = finish_metrics(sums_.metric_sums, sums_.summed_metrics, sums_.samples);
   em.samples_per_second = sums_.busy > 0 ? sums_.samples / sums_.busy : 0;
+  em.data_wait = sums_.busy > 0 ? sums_.wait / sums_.busy : 0;
   if (cfg_.evaluate) evaluate(em);
   em.seconds = std::chrono::duration<double>(Clock::now() - sums_.start).count();
   result_.history.push_back(em);

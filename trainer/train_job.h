@@ -128,6 +128,9 @@ struct StepInfo {
   // Samples and seconds of the train() calls that just ended.
   int64_t samples = 0;
   double seconds = 0;
+  // The share of those seconds a trainer spent waiting for its batches
+  // (the largest over ranks, 0-1; TrainReport::wait_seconds).
+  double data_wait = 0;
 };
 
 struct TrainJobConfig {
@@ -172,6 +175,9 @@ struct EpochMetrics {
   double train_loss = 0;  // mean over the epoch's samples, all ranks
   double train_accuracy = 0;
   double samples_per_second = 0;
+  // The share of the epoch's training time the trainers waited for their
+  // batches (per call the largest over ranks; 0-1). Printed when 5 % or more.
+  double data_wait = 0;
   double val_loss = 0;
   double val_accuracy = 0;
   int64_t val_count = 0;

@@ -476,7 +476,9 @@ TrainReport TrainerActor::train(TrainRequest req) {
       snap = snapshot();
       int64_t samples = 0;
       for (int64_t k = 0; k < config_.accumulation; ++k) {
+        const auto asked = Clock::now();
         actors::Batch batch = next_batch(req.from_stream, indices, pos, cursor.epoch);
+        rep.wait_seconds += seconds_since(asked);
         pending.push_back(micro_step(batch, k == config_.accumulation - 1));
         samples += batch.size();
         if (req.record_indices) rep.consumed.insert(rep.consumed.end(), batch.indices.begin(), batch.indices.end());

@@ -166,6 +166,10 @@ struct TrainReport {
   std::map<std::string, double> metric_sums;
   std::vector<std::string> summed_metrics;
   double seconds = 0;
+  // Of those, the time spent getting micro-batches: waiting on the batch
+  // stream, or collating from the trainer's own data set. Near `seconds`,
+  // the step waits on its input; near 0, on its model.
+  double wait_seconds = 0;
   // Per optimizer step: summed loss, correct and samples on this rank.
   std::vector<double> step_loss_sum;
   std::vector<int64_t> step_correct;
@@ -177,7 +181,7 @@ struct TrainReport {
   // With record_indices: the data set indices this rank trained on, in order.
   std::vector<int64_t> consumed;
   TROUPE_FIELDS(steps, samples, loss_sum, correct, metric_sums, summed_metrics, seconds, step_loss_sum, step_correct,
-                step_samples, step_metric_sums, cursor, global_step, lr, consumed);
+                step_samples, step_metric_sums, cursor, global_step, lr, consumed, wait_seconds);
 };
 
 // Where a trainer stands: the optimizer steps it has completed and the

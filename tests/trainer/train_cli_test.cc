@@ -224,6 +224,8 @@ TEST_F(TrainCliTest, TrainsTwoWorkersFromAJobFileWithMetricsAndATorchLoadableChe
   EXPECT_LT(epochs.back()["train_loss"].get<double>(), 0.5 * epochs.front()["train_loss"].get<double>());
   EXPECT_EQ(epochs.back()["val_count"], 128);
   EXPECT_TRUE(epochs.back()["val_metrics"].contains("mae"));
+  const double wait = epochs.back()["data_wait"].get<double>();
+  EXPECT_TRUE(wait >= 0 && wait <= 1) << wait;
 
   // The last checkpoint loads with torch.load, with the module's names.
   std::string out = python(dir_,

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -594,6 +595,49 @@ TEST(CpuAutocastTest, Bf16TrainsNearFp32RepeatablyAndFp16IsRefused) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("'fp16'"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+// Samples that take 4 ms each to load (a slow disk), 16 features, 4 classes.
+class SlowSamples final : public actors::Dataset {
+ public:
+  int64_t size() const override { return 64; }
+  std::string describe() const override { return "slow_samples"; }
+
+ protected:
+  actors::Sample load(int64_t index, int64_t /*epoch*/) const override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(4));
+    return {{"input", torch::sin(torch::arange(16, torch::kFloat) * double(index + 1))},
+            {"target", torch::tensor(index % 4, torch::kLong)}};
+  }
+};
+
+TROUPE_DATASET("trainer_unit_slow_samples", [](const actors::DatasetSpec&) { return std::make_unique<SlowSamples>(); });
+
+}  // namespace
+
+// TrainReport::wait_seconds is the part of a call spent getting batches:
+// with samples that are slow to load and a model that is quick to step,
+// most of it.
+TEST(TrainReportTest, WaitSecondsAreTheTimeSpentGettingBatches) {
+  TrainerConfig c;
+  c.model.name = "mlp";
+  c.model.input_dim = 16;
+  c.model.hidden = 8;
+  c.model.num_classes = 4;
+  c.data = actors::DatasetSpec("trainer_unit_slow_samples");
+  c.batch_size = 4;
+  TrainerActor t;
+  t.setup(c);
+  TrainRequest r;
+  r.max_steps = 3;
+  const auto rep = t.train(r);
+  EXPECT_EQ(rep.steps, 3);
+  // 3 batches of 4 samples of at least 4 ms each.
+  EXPECT_GE(rep.wait_seconds, 0.048);
+  EXPECT_LE(rep.wait_seconds, rep.seconds);
+  EXPECT_GT(rep.wait_seconds, 0.5 * rep.seconds) << "the model's steps took most of the call";
 }
 
 // A train() call reads its steps' losses and metrics back from the device
