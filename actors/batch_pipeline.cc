@@ -195,7 +195,7 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
       tbb::parallel_pipeline(static_cast<size_t>(tokens_),
                              tbb::make_filter<void, Token*>(tbb::filter_mode::serial_in_order, source) &
                                  tbb::make_filter<Token*, Token*>(tbb::filter_mode::parallel, load) &
-                                 tbb::make_filter<Token*, Token*>(tbb::filter_mode::serial_in_order, collate_stage) &
+                                 tbb::make_filter<Token*, Token*>(tbb::filter_mode::parallel, collate_stage) &
                                  tbb::make_filter<Token*, void>(tbb::filter_mode::serial_in_order, push),
                              context);
     });

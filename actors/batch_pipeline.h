@@ -2,8 +2,9 @@
 //
 //   source (serial, in order)        cut the index list into batches
 //   load (parallel)                  Dataset::get + transforms, per batch
-//   collate (serial, in order)       Dataset::collate (by default stacking each
-//                                    key) makes the samples a Batch
+//   collate (parallel)               Dataset::collate (by default stacking each
+//                                    key) makes the samples a Batch; several
+//                                    batches' collates may run at once
 //   push (serial, in order)          hand the Batch to the sink
 //
 // runs inside its own tbb::task_arena, so the loader's thread count is its
