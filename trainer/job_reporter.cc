@@ -185,7 +185,7 @@ std::string JobReporter::history() const {
 }
 
 void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t samples,
-                       const std::map<std::string, double>& metrics, double samples_per_second) {
+                       const std::map<std::string, double>& metrics, double samples_per_second, double data_wait) {
   nlohmann::json j = {{"kind", "step"},
                       {"job", cfg_.name},
                       {"epoch", epoch},
@@ -195,6 +195,7 @@ void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t sam
                       {"workers", where_().world_size},
                       {"world_size", where_().world_size},
                       {"samples_per_s", samples_per_second},
+                      {"data_wait", data_wait},
                       {"time", now()}};
   // The step's own metrics under their names; fixed keys win a clash.
   for (const auto& [k, v] : metrics) j.emplace(k, v);
@@ -204,6 +205,7 @@ void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t sam
     doc_["epoch"] = epoch;
     doc_["loss"] = loss_sum / samples;
     doc_["samples_per_s"] = samples_per_second;
+    doc_["data_wait"] = data_wait;
     doc_["world_size"] = where_().world_size;
     // The chart's points (time, samples/s, world size, step), at most 600:
     // when full, every other one goes, so the whole run stays in view.

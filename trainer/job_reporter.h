@@ -50,9 +50,10 @@ class JobReporter {
 
   // One optimizer step's sums over all ranks.
   // `metrics` are the step's reduced metrics; `samples_per_second` the rate
-  // of the train() round the step was part of.
+  // of the train() round the step was part of, `data_wait` the share of
+  // that round spent waiting for batches (StepInfo::data_wait).
   void step(int64_t epoch, int64_t step, double loss_sum, int64_t samples, const std::map<std::string, double>& metrics,
-            double samples_per_second);
+            double samples_per_second, double data_wait);
   // The live line of a running epoch (terminal only).
   void progress(int64_t epoch, double loss, const std::map<std::string, double>& metrics, double samples_per_second);
   void epoch(const EpochMetrics& em);

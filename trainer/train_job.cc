@@ -75,8 +75,15 @@ struct CallbackFailed {
   std::exception_ptr error;
 };
 
-// A trainer refusing its config will refuse it again: not a failure a
-// replacement can fix.
+// The share of a round's train() calls spent waiting for batches: the
+// largest over ranks (StepInfo::data_wait).
+double wait_share(const std::vector<TrainReport>& reps) {
+  double share = 0;
+  for (const auto& r : reps)
+    if (r.seconds > 0) share = std::max(share, std::min(1.0, r.wait_seconds / r.seconds));
+  return share;
+}
+
 // Unique per fit() in this process: names the collective group and the
 // placement groups.
 std::string unique_group_name(const TrainJobConfig& cfg) {
@@ -321,11 +328,10 @@ void Run::run_round() {
   const bool stream = pool_.use_loaders() && steps_now > 0;
   auto reps =
       gang_.train_round(TrainRequest{gang_.cursor(), chunk, stream, cfg_.record_indices}, steps_now, cfg_.call_timeout);
-  double seconds = 0, wait = 0, wait_share = 0;
+  double seconds = 0, wait = 0;
   for (const auto& r : reps) {
     seconds = std::max(seconds, r.seconds);
     wait = std::max(wait, r.wait_seconds);
-    if (r.seconds > 0) wait_share = std::max(wait_share, std::min(1.0, r.wait_seconds / r.seconds));
   }
   sums_.busy += seconds;
   sums_.wait += std::min(wait, seconds);
@@ -341,7 +347,8 @@ void Run::run_round() {
   const int64_t step = gang_.step();
   if (cfg_.on_step) {
     try {
-      cfg_.on_step(StepInfo{step, gang_.cursor().epoch, gang_.world(), reporter_.now(), samples, seconds, wait_share});
+      cfg_.on_step(
+          StepInfo{step, gang_.cursor().epoch, gang_.world(), reporter_.now(), samples, seconds, wait_share(reps)});
     } catch (...) {
       throw CallbackFailed{std::current_exception()};
     }
@@ -361,6 +368,7 @@ int64_t Run::account(const std::vector<TrainReport>& reps) {
     round_seconds = std::max(round_seconds, r.seconds);
   }
   const double rate = round_seconds > 0 ? static_cast<double>(round_samples) / round_seconds : 0.0;
+  const double data_wait = wait_share(reps);
   for (size_t s = 0; s < first.step_loss_sum.size(); ++s) {
     double l = 0;
     int64_t n = 0;
@@ -373,7 +381,7 @@ int64_t Run::account(const std::vector<TrainReport>& reps) {
     }
     const int64_t st =
         first.global_step - static_cast<int64_t>(first.step_loss_sum.size()) + static_cast<int64_t>(s) + 1;
-    reporter_.step(first.cursor.epoch, st, l, n, finish_metrics(m, first.summed_metrics, n), rate);
+    reporter_.step(first.cursor.epoch, st, l, n, finish_metrics(m, first.summed_metrics, n), rate, data_wait);
   }
   int64_t samples = 0;
   sums_.summed_metrics = first.summed_metrics;

@@ -146,6 +146,8 @@ void job_metrics(std::ostringstream& out, const json& jobs) {
       {"troupe_job_step", "step", "gauge", "Optimizer steps a TrainJob has done."},
       {"troupe_job_epoch", "epoch", "gauge", "The epoch a TrainJob is in."},
       {"troupe_job_samples_per_second", "samples_per_s", "gauge", "A TrainJob's training throughput."},
+      {"troupe_job_data_wait", "data_wait", "gauge",
+       "Share of a TrainJob's latest train() round its trainers spent waiting for batches (0-1)."},
       {"troupe_job_loss", "loss", "gauge", "A TrainJob's latest step loss."},
       {"troupe_job_world_size", "world_size", "gauge", "Trainers a TrainJob runs with."},
       {"troupe_job_recoveries_total", "recoveries", "counter", "Failures a TrainJob recovered from."},

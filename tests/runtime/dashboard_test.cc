@@ -134,12 +134,15 @@ TEST(DashboardMetrics, EscapesLabelValuesAndRendersJobs) {
                           {{{"name", "a \"quoted\" \\ job\nname"},
                             {"state", "running"},
                             {"step", 7},
+                            {"data_wait", 0.25},
                             {"recoveries", 1},
                             {"world_size", 2}}}}};
   const std::string text = troupe::head::prometheus_text(snap);
   EXPECT_NE(text.find("troupe_job_step{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 7"), std::string::npos) << text;
   EXPECT_NE(text.find("troupe_job_running{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 1"), std::string::npos);
   EXPECT_NE(text.find("# TYPE troupe_job_recoveries_total counter"), std::string::npos);
+  EXPECT_NE(text.find("troupe_job_data_wait{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 0.25"), std::string::npos)
+      << text;
   snap["workers"] = {{"calls_total", 1234}, {"calls_per_second", 56.5}, {"stream_bytes_total", 789}};
   const std::string with_workers = troupe::head::prometheus_text(snap);
   EXPECT_NE(with_workers.find("troupe_actor_calls_total 1234\n"), std::string::npos) << with_workers;

@@ -213,7 +213,7 @@ TEST_F(TrainCliTest, TrainsTwoWorkersFromAJobFileWithMetricsAndATorchLoadableChe
 
   const auto steps = metrics_lines(dir_ / "metrics.jsonl", "step");
   ASSERT_EQ(steps.size(), 48u);  // 512 / (2 × 16) per epoch, 3 epochs
-  for (const char* key : {"step", "epoch", "loss", "mae", "count", "samples_per_s", "world_size"})
+  for (const char* key : {"step", "epoch", "loss", "mae", "count", "samples_per_s", "world_size", "data_wait"})
     EXPECT_TRUE(steps.front().contains(key)) << key << " missing in " << steps.front().dump();
   EXPECT_EQ(steps.back()["world_size"], 2);
   EXPECT_EQ(steps.back()["step"], 48);
