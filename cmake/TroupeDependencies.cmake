@@ -57,9 +57,22 @@ function(troupe_import_torch_cpu root)
   foreach(lib torch_cpu c10)
     find_library(TROUPE_TORCH_${lib}_LIB ${lib} PATHS ${root}/lib NO_DEFAULT_PATH REQUIRED)
   endforeach()
+  # The wheel's include/ also carries its own fmt (12.x), which would shadow
+  # the system fmt that spdlog was built against (9.x on Debian 12) for every
+  # file that includes both. c10/ATen/torch's API headers do not use fmt, so
+  # the build sees the wheel's include/ through a folder of links to all of
+  # it but fmt.
+  set(inc ${CMAKE_BINARY_DIR}/torch-include)
+  file(MAKE_DIRECTORY ${inc})
+  file(GLOB entries RELATIVE ${root}/include ${root}/include/*)
+  foreach(e IN LISTS entries)
+    if(NOT e STREQUAL "fmt" AND NOT IS_SYMLINK ${inc}/${e})
+      file(CREATE_LINK ${root}/include/${e} ${inc}/${e} SYMBOLIC)
+    endif()
+  endforeach()
   add_library(troupe_torch_cpu INTERFACE IMPORTED GLOBAL)
   target_include_directories(troupe_torch_cpu SYSTEM INTERFACE
-    ${root}/include ${root}/include/torch/csrc/api/include)
+    ${inc} ${root}/include/torch/csrc/api/include)
   target_link_libraries(troupe_torch_cpu INTERFACE
     ${TROUPE_TORCH_torch_cpu_LIB} ${TROUPE_TORCH_c10_LIB} Threads::Threads)
   # A CUDA-built libtorch_cpu names libcudart/libcupti; on a CPU machine they
@@ -78,10 +91,13 @@ if(TROUPE_WITH_TORCH AND TROUPE_TORCH_ROOT)
     message(FATAL_ERROR "TROUPE_TORCH_ROOT=${TROUPE_TORCH_ROOT} holds no LibTorch headers")
   endif()
   file(GLOB _torch_cuda_libs ${TROUPE_TORCH_ROOT}/lib/libtorch_cuda*.so)
-  if(_torch_cuda_libs AND NOT CUDAToolkit_FOUND)
+  if(_torch_cuda_libs AND TROUPE_WITH_CUDA AND NOT CUDAToolkit_FOUND)
     message(WARNING "TROUPE_TORCH_ROOT has libtorch_cuda but no CUDA toolkit was found")
   endif()
-  if(_torch_cuda_libs AND CUDAToolkit_FOUND)
+  # -DTROUPE_WITH_CUDA=OFF builds for the CPU against a CUDA wheel even where
+  # a CUDA toolkit is installed (its NCCL may not be the one libtorch_cuda
+  # was linked against).
+  if(_torch_cuda_libs AND CUDAToolkit_FOUND AND TROUPE_WITH_CUDA)
     # TorchConfig finds Caffe2 and its libraries with PATHS, which come after
     # the system's: without this a machine that also has Debian's LibTorch
     # would mix the two.

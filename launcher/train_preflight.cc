@@ -8,20 +8,13 @@
 
 #include "troupe/actors/batch.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/exception_text.h"
 #include "troupe/trainer/train_step.h"
 
 namespace troupe::launcher {
 namespace {
 
-// The last non-empty line of a (TorchScript) error: where its traceback
-// ends, the line that says what went wrong.
-std::string last_line(const std::string& text) {
-  size_t end = text.find_last_not_of(" \n\r\t");
-  if (end == std::string::npos) return text;
-  size_t begin = text.rfind('\n', end);
-  return text.substr(begin == std::string::npos ? 0 : begin + 1,
-                     end + 1 - (begin == std::string::npos ? 0 : begin + 1));
-}
+using core::last_line;
 
 std::string path_of(const actors::DatasetSpec& spec) {
   auto it = spec.strings.find("path");

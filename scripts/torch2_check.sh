@@ -18,7 +18,8 @@
 # hits shared with the 1.13 build): run it by hand after touching
 # trainer/torch_compat.h or the torch-facing code.
 #
-# Environment: TROUPE_TORCH2_CACHE (default ~/.cache/troupe-torch2),
+# Environment: TROUPE_TORCH_ROOT (a LibTorch 2.x folder to use as it is),
+# TROUPE_TORCH2_CACHE (default ~/.cache/troupe-torch2),
 # TROUPE_TORCH2_SPEC (pip requirement, default "torch"), JOBS (build
 # parallelism, default 1, run under nice), TROUPE_TEST_WRAP (a prefix for the
 # ctest command, e.g. "flock /tmp/troupe-cpu.lock").
@@ -28,7 +29,9 @@ cd "$(dirname "$0")/.."
 cache=${TROUPE_TORCH2_CACHE:-$HOME/.cache/troupe-torch2}
 spec=${TROUPE_TORCH2_SPEC:-torch}
 jobs=${JOBS:-1}
-export TROUPE_TORCH_ROOT=$cache/root/torch
+# An unpacked LibTorch 2.x already on the machine (a venv's
+# site-packages/torch) can be named instead of downloading the wheel.
+export TROUPE_TORCH_ROOT=${TROUPE_TORCH_ROOT:-$cache/root/torch}
 stubs=$cache/stubs
 stage=${1:-all}
 regex=${2:-}
@@ -76,7 +79,10 @@ make_stubs() {
   done
 }
 
-configure() { cmake --preset torch2; }
+# CUDA off: this is the CPU lane. With a CUDA toolkit installed, the wheel's
+# TorchConfig would link libtorch_cuda against the toolkit's NCCL, which
+# need not be the one the wheel was built with.
+configure() { cmake --preset torch2 -DTROUPE_WITH_CUDA=OFF; }
 build() { nice -n 19 cmake --build --preset torch2 -j"$jobs"; }
 run_tests() {
   make_stubs

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/exception_text.h"
 #include "troupe/trainer/module_model.h"
 #include "troupe/trainer/sync_batch_norm.h"
 
@@ -97,8 +98,12 @@ class ScriptModel final : public Model {
       torch::jit::GraphOptimizerEnabledGuard plain(false);
       out = m_.forward({in});
     } catch (const c10::Error& e) {
+      // The interpreter's message is the script's traceback ending in the
+      // error itself: that line first (a one-line report keeps it, e.g.
+      // "KeyError: features"), then the traceback.
+      const std::string what = e.what_without_backtrace();
       throw ConfigError("TorchScript model '" + path_ + "' failed on a batch " + batch.describe() + ": " +
-                        e.what_without_backtrace());
+                        core::last_line(what) + "\n" + what);
     }
     actors::TensorDict result;
     for (const auto& entry : out.toGenericDict()) result.set(entry.key().toStringRef(), entry.value().toTensor());

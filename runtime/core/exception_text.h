@@ -1,5 +1,4 @@
-// What an exception_ptr says, for messages that name a failure's cause:
-// its what() for a std::exception, a fixed text for anything else thrown.
+// What an exception says, for messages that name a failure's cause.
 #pragma once
 
 #include <exception>
@@ -7,6 +6,8 @@
 
 namespace troupe::core {
 
+// An exception_ptr's what() for a std::exception, a fixed text for anything
+// else thrown.
 inline std::string exception_text(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -15,6 +16,17 @@ inline std::string exception_text(const std::exception_ptr& e) {
   } catch (...) {
     return "not a std::exception";
   }
+}
+
+// The last non-empty line of a message that ends a traceback (TorchScript's
+// interpreter errors): the line that says what went wrong, e.g.
+// "RuntimeError: KeyError: features".
+inline std::string last_line(const std::string& text) {
+  const size_t end = text.find_last_not_of(" \n\r\t");
+  if (end == std::string::npos) return text;
+  const size_t newline = text.rfind('\n', end);
+  const size_t begin = newline == std::string::npos ? 0 : newline + 1;
+  return text.substr(begin, end + 1 - begin);
 }
 
 }  // namespace troupe::core

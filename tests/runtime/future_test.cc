@@ -73,3 +73,14 @@ TEST(WaitAllOrFirstFailure, TimeoutWhenNothingAnswers) {
 }
 
 }  // namespace
+
+// A traceback's last non-empty line is what a one-line report keeps.
+TEST(ExceptionText, LastLineIsTheLastNonEmptyOne) {
+  using troupe::core::last_line;
+  EXPECT_EQ(last_line("The following operation failed.\n  File \"s.py\", line 7\nRuntimeError: KeyError: x\n  \n"),
+            "RuntimeError: KeyError: x");
+  EXPECT_EQ(last_line("one line"), "one line");
+  EXPECT_EQ(last_line("first\nsecond"), "second");
+  EXPECT_EQ(last_line(""), "");
+  EXPECT_EQ(last_line("\n\n"), "\n\n");
+}
