@@ -299,9 +299,15 @@ void TrainerActor::StepSums::add(const StepSums& o) {
 }
 
 TrainerActor::PendingSums TrainerActor::pending_of(const StepOutput& out, int64_t samples) {
+  // Kept until the call ends: a value that views a larger tensor (a metric
+  // such as `losses[0]`) is copied, so the step's other memory can go.
+  const auto keep = [](const torch::Tensor& t) {
+    auto d = t.detach();
+    return d.has_storage() && d.storage().nbytes() > d.nbytes() ? d.clone() : d;
+  };
   PendingSums p;
-  p.loss = out.loss.detach();
-  for (const auto& [k, v] : out.metrics) p.metrics[k] = v.detach();
+  p.loss = keep(out.loss);
+  for (const auto& [k, v] : out.metrics) p.metrics[k] = keep(v);
   p.samples = samples;
   return p;
 }
