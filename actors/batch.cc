@@ -82,6 +82,11 @@ size_t CollateBuffers::kept() const {
 CollateBuffers::Scope::Scope(CollateBuffers* buffers) : previous_(std::exchange(current_buffers, buffers)) {}
 CollateBuffers::Scope::~Scope() { current_buffers = previous_; }
 
+torch::Tensor batch_buffer(const std::string& key, c10::ScalarType dtype, c10::IntArrayRef sizes) {
+  return current_buffers ? current_buffers->take(key, dtype, sizes)
+                         : torch::empty(sizes, torch::TensorOptions().dtype(dtype));
+}
+
 TensorDict stack_collate(const std::vector<Sample>& samples) {
   if (samples.empty()) throw Error("collate: no samples");
   const Sample& first = samples.front();
@@ -120,6 +125,22 @@ Batch collate(const Dataset& dataset, std::vector<Sample>&& samples, std::vector
   if (b.tensors.empty()) throw Error("collate of " + dataset.describe() + " returned no tensors");
   b.indices = std::move(indices);
   return b;
+}
+
+Batch loaded_batch(TensorDict tensors, std::vector<int64_t> indices) {
+  Batch b;
+  b.tensors = std::move(tensors);
+  b.samples = static_cast<int64_t>(indices.size());
+  b.indices = std::move(indices);
+  return b;
+}
+
+Batch load_and_collate(const Dataset& dataset, std::vector<int64_t> indices, int64_t epoch) {
+  if (auto whole = dataset.load_batch(indices, epoch)) return loaded_batch(std::move(*whole), std::move(indices));
+  std::vector<Sample> samples;
+  samples.reserve(indices.size());
+  for (int64_t i : indices) samples.push_back(dataset.get(i, epoch));
+  return collate(dataset, std::move(samples), std::move(indices));
 }
 
 }  // namespace troupe::actors

@@ -42,6 +42,10 @@ struct Batch {
 // stacks into that set's buffers.
 TensorDict stack_collate(const std::vector<Sample>& samples);
 
+// A CPU tensor for key `key` of a batch: from this thread's CollateBuffers
+// (see Scope) when it has some, else fresh. For Dataset::load_batch.
+torch::Tensor batch_buffer(const std::string& key, c10::ScalarType dtype, c10::IntArrayRef sizes);
+
 // True when `t` is the only handle on its memory: no other tensor, view or
 // detached handle (an encoded frame's owner) shares its storage, so its
 // bytes may be written over.
@@ -87,5 +91,10 @@ Batch collate(std::vector<Sample>&& samples, std::vector<int64_t> indices = {});
 // The same with `dataset`'s own collate; an exception it throws comes out
 // as troupe::Error naming the data set and the first index of the batch.
 Batch collate(const Dataset& dataset, std::vector<Sample>&& samples, std::vector<int64_t> indices = {});
+// The batch of `indices` in `epoch`: Dataset::load_batch when the data set
+// has it, else get() of each index and collate().
+Batch load_and_collate(const Dataset& dataset, std::vector<int64_t> indices, int64_t epoch);
+// A batch from tensors load_batch() made for `indices`.
+Batch loaded_batch(TensorDict tensors, std::vector<int64_t> indices);
 
 }  // namespace troupe::actors

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "troupe/runtime/core/check.h"
@@ -31,11 +32,14 @@ struct BatchPipeline::Token {
   int64_t sequence = 0;
   std::vector<int64_t> indices;
   std::vector<Sample> samples;
+  // The whole batch, when the data set wrote it at once (load_batch).
+  std::optional<TensorDict> loaded;
   Batch batch;
 
   void clear() {
     indices.clear();
     samples.clear();
+    loaded.reset();
     batch = Batch();
   }
 };
@@ -156,7 +160,16 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
     ++next;
     return t;
   };
+  // This run's batch tensors, written again once their batches are gone.
+  CollateBuffers own_buffers(static_cast<size_t>(tokens_) + kReusedInFlight);
+  CollateBuffers* buffers = options_.collate_buffers ? options_.collate_buffers : &own_buffers;
   auto load = [&](Token* t) -> Token* {
+    if (stop_) return t;
+    {
+      CollateBuffers::Scope scope(buffers);
+      t->loaded = dataset_.load_batch(t->indices, epoch);
+    }
+    if (t->loaded) return t;
     t->samples.reserve(t->indices.size());
     for (int64_t index : t->indices) {
       if (stop_) break;
@@ -164,13 +177,11 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
     }
     return t;
   };
-  // This run's batch tensors, written again once their batches are gone.
-  CollateBuffers own_buffers(static_cast<size_t>(tokens_) + kReusedInFlight);
-  CollateBuffers* buffers = options_.collate_buffers ? options_.collate_buffers : &own_buffers;
   auto collate_stage = [&](Token* t) -> Token* {
     if (stop_) return t;
     CollateBuffers::Scope scope(buffers);
-    t->batch = collate(dataset_, std::move(t->samples), std::move(t->indices));
+    t->batch = t->loaded ? loaded_batch(std::move(*t->loaded), std::move(t->indices))
+                         : collate(dataset_, std::move(t->samples), std::move(t->indices));
     t->batch.epoch = epoch;
     t->batch.sequence = t->sequence;
     return t;

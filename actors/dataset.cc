@@ -15,9 +15,13 @@
 namespace troupe::actors {
 
 Sample Dataset::get(int64_t index, int64_t epoch) const {
+  check_index(index);
+  return load(index, epoch);
+}
+
+void Dataset::check_index(int64_t index) const {
   TROUPE_CHECK(index >= 0 && index < size())
       << "index " << index << " out of range for " << describe() << " of size " << size();
-  return load(index, epoch);
 }
 
 TensorDict Dataset::collate(std::vector<Sample>&& samples) const { return stack_collate(samples); }

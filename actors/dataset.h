@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -55,6 +56,17 @@ class Dataset {
   // `batch` vector) overrides it. May throw; the error reaches the trainer.
   virtual TensorDict collate(std::vector<Sample>&& samples) const;
 
+  // The batch of `indices` written straight into the batch's tensors:
+  // bit for bit what collate() of get(i, epoch) for each index makes, without
+  // each sample's own tensor or the copy into the batch. Empty (the
+  // default) when the data set has no such path; the loader then gets and
+  // collates sample by sample. Range-checks every index, as get() does. Only
+  // for a data set that collates with the default stacking (a custom
+  // collate must see its samples).
+  virtual std::optional<TensorDict> load_batch(const std::vector<int64_t>& /*indices*/, int64_t /*epoch*/) const {
+    return std::nullopt;
+  }
+
   // The last step of loading, run by the trainer on a collated batch once
   // it is on the trainer's device (the GPU for a CUDA trainer). The default
   // returns it unchanged. A data set that ships a compact batch and expands
@@ -66,6 +78,8 @@ class Dataset {
  protected:
   // The implementation of get(); `index` is already range-checked.
   virtual Sample load(int64_t index, int64_t epoch) const = 0;
+  // Throws as get() does for an index out of range.
+  void check_index(int64_t index) const;
 };
 
 // Plain-value description of a data set: what crosses the wire when a driver

@@ -45,8 +45,18 @@ float normalized(const ImageTransformOptions& o, int64_t c, int v) {
   return static_cast<float>((v * o.scale - mean) / std);
 }
 
-torch::Tensor transform_raw(const uint8_t* src, int64_t channels, int64_t height, int64_t width,
-                            const ImageTransformOptions& o, int64_t epoch, int64_t index) {
+// The C×oh×ow shape and dtype transform_raw gives an image of C×H×W.
+std::vector<int64_t> transformed_sizes(int64_t channels, int64_t height, int64_t width, const ImageTransformOptions& o) {
+  return {channels, o.crop > 0 ? o.crop : height, o.crop > 0 ? o.crop : width};
+}
+c10::ScalarType transformed_dtype(const ImageTransformOptions& o) {
+  return o.defer_normalize ? torch::kByte : torch::kFloat;
+}
+
+// transform_raw's work, written to `out` (transformed_sizes() elements of
+// transformed_dtype(), contiguous).
+void transform_into(void* out, const uint8_t* src, int64_t channels, int64_t height, int64_t width,
+                    const ImageTransformOptions& o, int64_t epoch, int64_t index) {
   TROUPE_CHECK(o.crop <= height && o.crop <= width)
       << "crop " << o.crop << " larger than the " << height << "x" << width << " image";
   TROUPE_CHECK(o.mean.size() == o.std.size() && (o.mean.empty() || int64_t(o.mean.size()) == channels))
@@ -56,8 +66,7 @@ torch::Tensor transform_raw(const uint8_t* src, int64_t channels, int64_t height
   const int64_t ow = o.crop > 0 ? o.crop : width;
   if (o.defer_normalize) {
     // Crop and flip only; finish() normalises on the trainer's device.
-    auto out = torch::empty({channels, oh, ow}, torch::kByte);
-    uint8_t* dst = out.data_ptr<uint8_t>();
+    auto* dst = static_cast<uint8_t*>(out);
     for (int64_t c = 0; c < channels; ++c) {
       const uint8_t* plane = src + c * height * width;
       for (int64_t y = 0; y < oh; ++y) {
@@ -70,10 +79,9 @@ torch::Tensor transform_raw(const uint8_t* src, int64_t channels, int64_t height
         }
       }
     }
-    return out;
+    return;
   }
-  auto out = torch::empty({channels, oh, ow}, torch::kFloat);
-  float* dst = out.data_ptr<float>();
+  auto* dst = static_cast<float*>(out);
   std::array<float, 256> lut;
   for (int64_t c = 0; c < channels; ++c) {
     for (int v = 0; v < 256; ++v) lut[v] = normalized(o, c, v);
@@ -88,6 +96,12 @@ torch::Tensor transform_raw(const uint8_t* src, int64_t channels, int64_t height
       }
     }
   }
+}
+
+torch::Tensor transform_raw(const uint8_t* src, int64_t channels, int64_t height, int64_t width,
+                            const ImageTransformOptions& o, int64_t epoch, int64_t index) {
+  auto out = torch::empty(transformed_sizes(channels, height, width, o), transformed_dtype(o));
+  transform_into(out.data_ptr(), src, channels, height, width, o, epoch, index);
   return out;
 }
 
@@ -210,6 +224,29 @@ Sample ImageRecordDataset::load(int64_t index, int64_t epoch) const {
   const uint8_t* src = images_.data_ptr<uint8_t>() + index * c * h * w;
   return {{"input", transform_raw(src, c, h, w, transform_, epoch, index)},
           {"target", torch::scalar_tensor(labels_.data_ptr<int64_t>()[index], torch::kLong)}};
+}
+
+std::optional<TensorDict> ImageRecordDataset::load_batch(const std::vector<int64_t>& indices, int64_t epoch) const {
+  if (indices.empty()) return std::nullopt;
+  for (int64_t i : indices) check_index(i);
+  const int64_t c = images_.size(1), h = images_.size(2), w = images_.size(3);
+  const auto one = transformed_sizes(c, h, w, transform_);
+  std::vector<int64_t> sizes{static_cast<int64_t>(indices.size())};
+  sizes.insert(sizes.end(), one.begin(), one.end());
+  torch::Tensor input = batch_buffer("input", transformed_dtype(transform_), sizes);
+  torch::Tensor target = batch_buffer("target", torch::kLong, {static_cast<int64_t>(indices.size())});
+  const uint8_t* images = images_.data_ptr<uint8_t>();
+  const int64_t* labels = labels_.data_ptr<int64_t>();
+  auto* rows = static_cast<char*>(input.data_ptr());
+  const int64_t row_bytes = input.numel() / input.size(0) * static_cast<int64_t>(input.element_size());
+  int64_t* targets = target.data_ptr<int64_t>();
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const int64_t index = indices[k];
+    transform_into(rows + static_cast<int64_t>(k) * row_bytes, images + index * c * h * w, c, h, w, transform_, epoch,
+                   index);
+    targets[k] = labels[index];
+  }
+  return TensorDict{{"input", input}, {"target", target}};
 }
 
 TensorDict ImageRecordDataset::finish(TensorDict batch) const {

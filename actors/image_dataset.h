@@ -85,6 +85,9 @@ class ImageRecordDataset final : public Dataset {
   // that any more (a fresh 77 MB tensor per batch of 128 × 224² spent more
   // time faulting in zeroed pages than normalising).
   TensorDict finish(TensorDict batch) const override;
+  // Crops straight into the batch's rows (and its buffers, see
+  // CollateBuffers): no per-sample tensor, no stacking copy.
+  std::optional<TensorDict> load_batch(const std::vector<int64_t>& indices, int64_t epoch) const override;
   const torch::Tensor& images() const { return images_; }
   const torch::Tensor& labels() const { return labels_; }
   const ImageTransformOptions& transform() const { return transform_; }

@@ -447,14 +447,11 @@ actors::Batch TrainerActor::next_batch(bool from_stream, const std::vector<int64
     pos += static_cast<size_t>(b->size());
     return std::move(*b);
   }
-  std::vector<actors::Sample> samples;
   std::vector<int64_t> idx(indices.begin() + pos, indices.begin() + pos + config_.batch_size);
   if (!split_.empty())
     for (auto& i : idx) i = split_[static_cast<size_t>(i)];
-  samples.reserve(idx.size());
-  for (int64_t i : idx) samples.push_back(dataset_->get(i, epoch));
   pos += idx.size();
-  return actors::collate(*dataset_, std::move(samples), std::move(idx));
+  return actors::load_and_collate(*dataset_, std::move(idx), epoch);
 }
 
 TrainReport TrainerActor::train(TrainRequest req) {
@@ -556,10 +553,8 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     idx.push_back(split_.empty() || val_dataset_ ? i : split_[static_cast<size_t>(i)]);
   std::vector<PendingSums> pending;
   for (size_t s = 0; s < idx.size(); s += 256) {
-    std::vector<actors::Sample> samples;
     std::vector<int64_t> chunk(idx.begin() + s, idx.begin() + std::min(idx.size(), s + 256));
-    for (int64_t i : chunk) samples.push_back(data.get(i, 0));
-    auto b = actors::collate(data, std::move(samples), chunk);
+    auto b = actors::load_and_collate(data, std::move(chunk), 0);
     StepOutput out = step_fn_->eval(*model_, data.finish(b.tensors.to(device_)));
     check_output(out, *step_fn_);
     pending.push_back(pending_of(out, b.size()));

@@ -2,6 +2,8 @@
 // NumPy-written files, corrupt/missing/Fortran files), digits, image
 // records and their transforms.
 #include <gtest/gtest.h>
+
+#include <numeric>
 #include <unistd.h>
 
 #include <cstring>
@@ -11,6 +13,8 @@
 #include <string>
 
 #include "tests/actors/python_helper.h"
+#include "troupe/actors/batch.h"
+#include "troupe/actors/batch_pipeline.h"
 #include "troupe/actors/dataset.h"
 #include "troupe/actors/digits_dataset.h"
 #include "troupe/actors/image_dataset.h"
@@ -429,6 +433,51 @@ TEST(ImageRecords, DeferredNormalisationFinishesToTheSameFloats) {
   EXPECT_THROW(b->finish(fused_batch), ConfigError);
   auto spec = DatasetSpec("image_records").set("size", 4).set("height", 8).set("width", 8).set("defer_normalize", 1);
   EXPECT_NE(make_dataset(spec)->describe().find("normalised on the trainer"), std::string::npos);
+}
+
+// load_batch writes the batch at once, bit for bit what get() of each index
+// then collate() give: both normalisations, crops, flips, any index order;
+// into the thread's collate buffers when it has some; an index out of range
+// is refused as get() refuses it.
+TEST(ImageRecords, WholeBatchLoadEqualsSamplesCollated) {
+  SyntheticImageOptions o{.size = 24, .channels = 3, .height = 9, .width = 11, .seed = 5};
+  for (bool defer : {false, true}) {
+    ImageTransformOptions t{
+        .crop = 7, .flip = true, .mean = {0.4, 0.5, 0.6}, .std = {0.2, 0.25, 0.3}, .seed = 2, .defer_normalize = defer};
+    auto ds = ImageRecordDataset::synthetic(o, t);
+    const std::vector<int64_t> indices = {5, 0, 23, 17, 5, 9, 1, 12, 20, 3};
+    std::vector<Sample> samples;
+    for (int64_t i : indices) samples.push_back(ds->get(i, 4));
+    const TensorDict expected = ds->collate(std::move(samples));
+    const auto whole = ds->load_batch(indices, 4);
+    ASSERT_TRUE(whole.has_value());
+    EXPECT_EQ(whole->at("input").scalar_type(), defer ? torch::kByte : torch::kFloat);
+    EXPECT_EQ(whole->at("input").sizes(), expected.at("input").sizes());
+    EXPECT_TRUE(torch::equal(whole->at("input"), expected.at("input"))) << "defer " << defer;
+    EXPECT_TRUE(torch::equal(whole->at("target"), expected.at("target"))) << "defer " << defer;
+    EXPECT_FALSE(torch::equal(ds->load_batch(indices, 5)->at("input"), whole->at("input")))
+        << "another epoch draws other crops";
+    // In a scope, the batch lands in that set's buffers once released.
+    CollateBuffers buffers(4);
+    CollateBuffers::Scope scope(&buffers);
+    const void* first = ds->load_batch(indices, 4)->at("input").data_ptr();
+    EXPECT_EQ(ds->load_batch(indices, 4)->at("input").data_ptr(), first);
+    EXPECT_THROW(ds->load_batch({0, 24}, 0), Error);
+    EXPECT_THROW(ds->load_batch({-1}, 0), Error);
+    // A loader's pipeline takes the same path: each batch as collated.
+    BatchPipeline pipe(*ds, {.batch_size = 5, .num_threads = 2});
+    std::vector<int64_t> order(24);
+    std::iota(order.rbegin(), order.rend(), 0);
+    int64_t batches = 0;
+    pipe.run(order, 3, [&](Batch&& b) {
+      std::vector<Sample> each;
+      for (int64_t i : b.indices) each.push_back(ds->get(i, 3));
+      EXPECT_EQ(b.size(), static_cast<int64_t>(b.indices.size()));
+      EXPECT_TRUE(torch::equal(b.tensors.at("input"), ds->collate(std::move(each)).at("input")));
+      ++batches;
+    });
+    EXPECT_EQ(batches, 5);  // 24 samples: 4 of 5 and the short last one of 4
+  }
 }
 
 TEST(ImageRecords, SyntheticAndNpyBackedAgree) {
