@@ -132,6 +132,29 @@ class BatchPipeline::ContextRegistration {
   Tbb& tbb_;
 };
 
+void BatchPipeline::load(Token& t, int64_t epoch, CollateBuffers* buffers) const {
+  if (stop_) return;
+  {
+    CollateBuffers::Scope scope(buffers);
+    t.loaded = dataset_.load_batch(t.indices, epoch);
+  }
+  if (t.loaded) return;
+  t.samples.reserve(t.indices.size());
+  for (int64_t index : t.indices) {
+    if (stop_) break;
+    t.samples.push_back(dataset_.get(index, epoch));
+  }
+}
+
+void BatchPipeline::collate(Token& t, int64_t epoch, CollateBuffers* buffers) const {
+  if (stop_) return;
+  CollateBuffers::Scope scope(buffers);
+  t.batch = t.loaded ? loaded_batch(std::move(*t.loaded), std::move(t.indices))
+                     : actors::collate(dataset_, std::move(t.samples), std::move(t.indices));
+  t.batch.epoch = epoch;
+  t.batch.sequence = t.sequence;
+}
+
 PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t epoch, const BatchSink& sink) {
   TROUPE_CHECK(sink) << "BatchPipeline::run needs a sink";
   PipelineStats stats;
@@ -163,27 +186,12 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
   // This run's batch tensors, written again once their batches are gone.
   CollateBuffers own_buffers(static_cast<size_t>(tokens_) + kReusedInFlight);
   CollateBuffers* buffers = options_.collate_buffers ? options_.collate_buffers : &own_buffers;
-  auto load = [&](Token* t) -> Token* {
-    if (stop_) return t;
-    {
-      CollateBuffers::Scope scope(buffers);
-      t->loaded = dataset_.load_batch(t->indices, epoch);
-    }
-    if (t->loaded) return t;
-    t->samples.reserve(t->indices.size());
-    for (int64_t index : t->indices) {
-      if (stop_) break;
-      t->samples.push_back(dataset_.get(index, epoch));
-    }
+  auto load_stage = [&](Token* t) -> Token* {
+    load(*t, epoch, buffers);
     return t;
   };
   auto collate_stage = [&](Token* t) -> Token* {
-    if (stop_) return t;
-    CollateBuffers::Scope scope(buffers);
-    t->batch = t->loaded ? loaded_batch(std::move(*t->loaded), std::move(t->indices))
-                         : collate(dataset_, std::move(t->samples), std::move(t->indices));
-    t->batch.epoch = epoch;
-    t->batch.sequence = t->sequence;
+    collate(*t, epoch, buffers);
     return t;
   };
   auto push = [&](Token* t) {
@@ -205,7 +213,7 @@ PipelineStats BatchPipeline::run(const std::vector<int64_t>& indices, int64_t ep
     tbb_->arena.execute([&] {
       tbb::parallel_pipeline(static_cast<size_t>(tokens_),
                              tbb::make_filter<void, Token*>(tbb::filter_mode::serial_in_order, source) &
-                                 tbb::make_filter<Token*, Token*>(tbb::filter_mode::parallel, load) &
+                                 tbb::make_filter<Token*, Token*>(tbb::filter_mode::parallel, load_stage) &
                                  tbb::make_filter<Token*, Token*>(tbb::filter_mode::parallel, collate_stage) &
                                  tbb::make_filter<Token*, void>(tbb::filter_mode::serial_in_order, push),
                              context);

@@ -84,6 +84,10 @@ class BatchPipeline {
 
  private:
   struct Token;
+  // The load stage: the whole batch from Dataset::load_batch, else each
+  // sample's get(); the collate stage: the Batch made of either.
+  void load(Token& t, int64_t epoch, CollateBuffers* buffers) const;
+  void collate(Token& t, int64_t epoch, CollateBuffers* buffers) const;
   // The TBB objects (arena, the running pipeline's context), kept out of
   // this header.
   struct Tbb;
