@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -25,13 +26,9 @@ actors::Batch first_batch(const actors::DatasetSpec& spec, int64_t batch_size) {
   auto data = actors::make_dataset(spec);
   if (data->size() <= 0) throw ConfigError(path_of(spec) + " holds no samples");
   const int64_t n = std::min<int64_t>(data->size(), std::max<int64_t>(2, std::min<int64_t>(batch_size, 4)));
-  std::vector<actors::Sample> samples;
-  std::vector<int64_t> idx;
-  for (int64_t i = 0; i < n; ++i) {
-    samples.push_back(data->get(i, 0));
-    idx.push_back(i);
-  }
-  auto batch = actors::collate(*data, std::move(samples), idx);
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  auto batch = actors::load_and_collate(*data, std::move(idx), 0);  // as the trainer loads
   batch.tensors = data->finish(std::move(batch.tensors));  // as the trainer does
   return batch;
 }
