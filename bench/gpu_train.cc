@@ -19,6 +19,12 @@
 //   gpu_busy           NVML utilization.gpu (nvidia-smi) averaged over
 //                      troupe's timed loader-bound steps (0-1); the peer's
 //                      own figure beside it
+//   loader_feed        cnn_loader_bound's loader and data, training a probe
+//                      (bench/peers/torch_gpu.py's PoolStep: channel means
+//                      through one linear layer) on both sides: how fast
+//                      batches reach the GPU when the model costs nothing,
+//                      so a loader-bound miss says whether feeding or
+//                      overlap is short; data_wait as above
 //   lm_tokens          examples/train_lm's TinyGPT (--block, --width,
 //                      --layers, --heads), AdamW, one in-memory batch;
 //                      tokens/s, ratio = troupe ÷ PyTorch
@@ -210,6 +216,72 @@ double troupe_rate(troupe::Runtime& rt, const TrainerConfig& c, const Args& a, i
   return static_cast<double>(r.samples) / r.seconds;
 }
 
+struct LoaderFed {
+  double rate;       // images/s over the steps after the warm-up
+  double data_wait;  // the share of the trainer's timed calls spent waiting for batches
+  double busy;       // NVML utilization over the timed steps (-1 without samples)
+};
+
+// One trainer holding the GPU, fed by a DataLoaderActor (a TrainJob with
+// loaders), training the scripted module at `step` on uint8 records.
+LoaderFed loader_fed(troupe::Runtime& rt, const Args& a, const std::string& step) {
+  troupe::trainer::TrainJobConfig job;
+  job.name = "gpu-loader-bench";
+  job.trainer = cnn_config(a, step, a.records, a.batch);
+  // The loader crops and flips; the trainer normalises on its GPU (the
+  // same floats, docs/runtime.md), so the stream and the host-to-device
+  // copy move uint8 pixels. --normalize-in-loader keeps it all there.
+  job.trainer.data.set("defer_normalize", a.normalize_in_loader ? 0 : 1);
+  job.scaling.num_workers = 1;
+  job.scaling.resources_per_worker = a.trainer_resources();
+  job.scaling.placement_timeout = 60s;
+  job.use_loaders = true;
+  job.loader_threads = a.loader_threads;
+  job.evaluate = false;
+  job.verbose = false;
+  job.epochs = 100;
+  job.max_steps = a.warmup + a.steps;
+  // Progress marks time the steps; about six of them after the warm-up.
+  job.progress_every_steps = std::max<int64_t>(1, a.steps / 6);
+  GpuBusy busy;
+  struct Mark {
+    double time;
+    int64_t step;
+    int64_t samples;
+    double seconds;    // of the train() calls behind this mark
+    double data_wait;  // the share of them spent waiting for batches
+  };
+  std::vector<Mark> marks;
+  int64_t samples = 0;
+  bool sampling = false;
+  job.on_step = [&](const troupe::trainer::StepInfo& s) {
+    samples += s.samples;
+    marks.push_back({s.time, s.step, samples, s.seconds, s.data_wait});
+    if (a.gpu() && !sampling && s.step >= a.warmup) {
+      sampling = true;
+      try {
+        busy.start();
+      } catch (const std::exception& e) {  // no nvidia-smi: no gpu_busy, the rate still counts
+        std::fprintf(stderr, "gpu_train: cannot sample GPU use: %s\n", e.what());
+      }
+    }
+  };
+  troupe::trainer::TrainJob(rt, job).fit();
+  double busy_fraction = busy.fraction();
+  // From the first progress mark at or after the warm-up to the last.
+  auto first = std::find_if(marks.begin(), marks.end(), [&](const Mark& m) { return m.step >= a.warmup; });
+  if (first == marks.end() || first == marks.end() - 1) throw troupe::Error("too few steps to time");
+  double mine = static_cast<double>(marks.back().samples - first->samples) / (marks.back().time - first->time);
+  // The trainer's time waiting for batches over the timed calls: near 1,
+  // the loader (or the stream) bounds the rate; near 0, the trainer.
+  double waited = 0, called = 0;
+  for (auto m = first + 1; m != marks.end(); ++m) {
+    waited += m->data_wait * m->seconds;
+    called += m->seconds;
+  }
+  return {mine, called > 0 ? waited / called : 0.0, busy_fraction};
+}
+
 void ratio_row(const std::string& c, double troupe, const nlohmann::ordered_json& torch, const std::string& unit,
                const std::string& gpu, const std::string& key = "value",
                const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) {
@@ -249,7 +321,7 @@ int main(int argc, char** argv) {
                "cnn_loader_bound: normalise in the loader (float32 batches) rather than on the trainer's GPU");
   app.add_option("--device", a.device, "cuda, or cpu for a dry run on a machine without a GPU")
       ->check(CLI::IsMember({"cuda", "cpu"}));
-  app.add_option("--case", a.cases, "run only these cases (cnn_compute_bound, cnn_loader_bound, lm_tokens)");
+  app.add_option("--case", a.cases, "run only these cases (cnn_compute_bound, cnn_loader_bound, loader_feed, lm_tokens)");
   CLI11_PARSE(app, argc, argv);
 
   const std::string gpu = a.gpu() ? gpu_name() : "none (cpu dry run)";
@@ -269,7 +341,7 @@ int main(int argc, char** argv) {
     args.insert(args.begin(), {"write", dir.string()});
     files = peer(a, args);
   } catch (const std::exception& e) {
-    for (auto c : {"cnn_compute_bound", "cnn_loader_bound", "lm_tokens"})
+    for (auto c : {"cnn_compute_bound", "cnn_loader_bound", "loader_feed", "lm_tokens"})
       troupe::bench::print_error_row("gpu_train", c, std::string("writing the modules: ") + e.what());
     return 1;
   }
@@ -295,73 +367,31 @@ int main(int argc, char** argv) {
 
   if (a.want("cnn_loader_bound")) {
     try {
-      troupe::trainer::TrainJobConfig job;
-      job.name = "gpu-loader-bench";
-      job.trainer = cnn_config(a, files.at("cnn").get<std::string>(), a.records, a.batch);
-      // The loader crops and flips; the trainer normalises on its GPU (the
-      // same floats, docs/runtime.md), so the stream and the host-to-device
-      // copy move uint8 pixels. --normalize-in-loader keeps it all there.
-      job.trainer.data.set("defer_normalize", a.normalize_in_loader ? 0 : 1);
-      job.scaling.num_workers = 1;
-      job.scaling.resources_per_worker = a.trainer_resources();
-      job.scaling.placement_timeout = 60s;
-      job.use_loaders = true;
-      job.loader_threads = a.loader_threads;
-      job.evaluate = false;
-      job.verbose = false;
-      job.epochs = 100;
-      job.max_steps = a.warmup + a.steps;
-      // Progress marks time the steps; about six of them after the warm-up.
-      job.progress_every_steps = std::max<int64_t>(1, a.steps / 6);
-      GpuBusy busy;
-      struct Mark {
-        double time;
-        int64_t step;
-        int64_t samples;
-        double seconds;    // of the train() calls behind this mark
-        double data_wait;  // the share of them spent waiting for batches
-      };
-      std::vector<Mark> marks;
-      int64_t samples = 0;
-      bool sampling = false;
-      job.on_step = [&](const troupe::trainer::StepInfo& s) {
-        samples += s.samples;
-        marks.push_back({s.time, s.step, samples, s.seconds, s.data_wait});
-        if (a.gpu() && !sampling && s.step >= a.warmup) {
-          sampling = true;
-          try {
-            busy.start();
-          } catch (const std::exception& e) {  // no nvidia-smi: no gpu_busy, the rate still counts
-            std::fprintf(stderr, "gpu_train: cannot sample GPU use: %s\n", e.what());
-          }
-        }
-      };
-      troupe::trainer::TrainJob(rt, job).fit();
-      double busy_fraction = busy.fraction();
-      // From the first progress mark at or after the warm-up to the last.
-      auto first = std::find_if(marks.begin(), marks.end(), [&](const Mark& m) { return m.step >= a.warmup; });
-      if (first == marks.end() || first == marks.end() - 1) throw troupe::Error("too few steps to time");
-      double mine = static_cast<double>(marks.back().samples - first->samples) / (marks.back().time - first->time);
-      // The trainer's time waiting for batches over the timed calls: near 1,
-      // the loader (or the stream) bounds the rate; near 0, the trainer.
-      double waited = 0, called = 0;
-      for (auto m = first + 1; m != marks.end(); ++m) {
-        waited += m->data_wait * m->seconds;
-        called += m->seconds;
-      }
+      const auto mine = loader_fed(rt, a, files.at("cnn").get<std::string>());
       auto theirs = peer(a, {"run", "--case", "cnn_loader", "--batch", n(a.batch), "--steps", n(a.steps), "--warmup",
                              n(a.warmup), "--workers", n(a.loader_threads), "--records", n(a.records)});
-      ratio_row("cnn_loader_bound", mine, theirs, "images/s", gpu, "value",
-                {{"data_wait", called > 0 ? waited / called : 0.0}});
+      ratio_row("cnn_loader_bound", mine.rate, theirs, "images/s", gpu, "value", {{"data_wait", mine.data_wait}});
       if (a.gpu()) {
         nlohmann::ordered_json row = {
-            {"bench", "gpu_train"}, {"case", "gpu_busy"}, {"value", busy_fraction}, {"unit", "fraction"}};
+            {"bench", "gpu_train"}, {"case", "gpu_busy"}, {"value", mine.busy}, {"unit", "fraction"}};
         row["torch"] = theirs.value("gpu_busy", nlohmann::json());
         row["gpu"] = gpu;
         troupe::bench::print_row(row);
       }
     } catch (const std::exception& e) {
       troupe::bench::print_error_row("gpu_train", "cnn_loader_bound", e.what());
+    }
+  }
+
+  if (a.want("loader_feed")) {
+    try {
+      const auto mine = loader_fed(rt, a, files.at("probe").get<std::string>());
+      auto theirs = peer(a, {"run", "--case", "cnn_loader", "--probe", "--batch", n(a.batch), "--steps", n(a.steps),
+                             "--warmup", n(a.warmup), "--workers", n(a.loader_threads), "--records", n(a.records)});
+      ratio_row("loader_feed", mine.rate, theirs, "images/s", gpu, "value",
+                {{"data_wait", mine.data_wait}});
+    } catch (const std::exception& e) {
+      troupe::bench::print_error_row("gpu_train", "loader_feed", e.what());
     }
   }
 

@@ -88,6 +88,20 @@ class ResNet18Step(nn.Module):
         return {"loss": loss, "accuracy": accuracy.detach()}
 
 
+class PoolStep(nn.Module):
+    """The feeding probe: each image's channel means through one linear layer.
+    Its step costs next to nothing, so a loader-fed run of it measures how
+    fast batches reach the device, not the model."""
+
+    def __init__(self, num_classes: int = 1000):
+        super().__init__()
+        self.fc = nn.Linear(3, num_classes)
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        loss = F.cross_entropy(self.fc(batch["input"].float().mean(dim=(2, 3))).float(), batch["target"])
+        return {"loss": loss}
+
+
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
@@ -161,8 +175,10 @@ def write(a):
     torch.manual_seed(0)
     cnn = os.path.join(a.dir, "cnn_step.pt")
     torch.jit.save(torch.jit.script(ResNet18Step(a.classes, a.cnn_width)), cnn)
+    probe = os.path.join(a.dir, "probe_step.pt")
+    torch.jit.save(torch.jit.script(PoolStep(a.classes)), probe)
     lm = write_lm(a.dir, a.block, a.width, a.layers, a.heads, a.windows)
-    print(json.dumps({"cnn": cnn, "lm": lm["step"], "tokens": lm["tokens"]}), flush=True)
+    print(json.dumps({"cnn": cnn, "probe": probe, "lm": lm["step"], "tokens": lm["tokens"]}), flush=True)
 
 
 def run(a):
@@ -179,7 +195,7 @@ def run(a):
         fixed = {"input": w[:, :-1].to(dev), "target": w[:, 1:].to(dev)}
         batches = None
     else:
-        model = ResNet18Step(a.classes, a.cnn_width).to(dev)
+        model = (PoolStep(a.classes) if a.probe else ResNet18Step(a.classes, a.cnn_width)).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         if a.case == "cnn_compute":
             g = torch.Generator().manual_seed(1)
@@ -250,6 +266,7 @@ def main():
             s.add_argument("--records", type=int, default=2048)
             s.add_argument("--height", type=int, default=256)
             s.add_argument("--crop", type=int, default=224)
+            s.add_argument("--probe", action="store_true", help="cnn_loader: train PoolStep, not ResNet-18")
             s.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                            help="cpu: fp32 on the CPU, a dry run without a GPU")
         s.add_argument("--classes", type=int, default=1000)
