@@ -80,8 +80,7 @@ std::vector<pid_t> left_in_session(pid_t sid) {
   for (auto& e : fs::directory_iterator("/proc")) {
     std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string stat = troupe::test::read_proc_file(e.path() / "stat");
     auto close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream rest(stat.substr(close + 2));
@@ -277,8 +276,7 @@ std::vector<pid_t> processes_of_run(const std::string& run_id) {
   for (auto& e : fs::directory_iterator("/proc")) {
     std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "environ", std::ios::binary);
-    std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string env = troupe::test::read_proc_file(e.path() / "environ");
     for (size_t at = env.find(needle); at != std::string::npos; at = env.find(needle, at + 1))
       if ((at == 0 || env[at - 1] == '\0') && (at + needle.size() == env.size() || env[at + needle.size()] == '\0')) {
         found.push_back(std::stoi(name));

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "tests/support/raw_client.h"
+#include "tests/support/process.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/stream.h"
@@ -61,8 +62,7 @@ long proc_kb(pid_t pid, const std::string& field) {
 
 // User + system CPU seconds the process has used.
 double cpu_seconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string all = troupe::test::read_proc_file("/proc/" + std::to_string(pid) + "/stat");
   std::istringstream rest(all.substr(all.rfind(')') + 2));
   std::string f;
   unsigned long long utime = 0, stime = 0;

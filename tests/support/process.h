@@ -7,23 +7,41 @@
 // that took its pid.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string>
 
 namespace troupe::test {
 
+// The whole of a /proc file, "" when it cannot be read. A process that exits
+// between the open and the read makes read() fail with ESRCH; through an
+// istreambuf_iterator libstdc++ throws that out of the stream buffer, so
+// /proc is read with read(2) here.
+inline std::string read_proc_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 // The start time of live process `pid` (/proc/PID/stat field 22, in clock
 // ticks since boot); -1 when it is gone or a zombie.
 inline long long process_start_time(pid_t pid) {
   if (pid <= 0) return -1;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string stat = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
   auto close = stat.rfind(')');  // the command name may hold spaces and parentheses
   if (close == std::string::npos) return -1;
   std::istringstream rest(stat.substr(close + 1));
