@@ -5,7 +5,9 @@
 // object per line, each with the GPU's name:
 //   cnn_compute_bound  ResNet-18 on one in-memory batch of 3×224×224
 //                      (TrainerActor::benchmark in a worker holding {GPU: 1});
-//                      images/s, ratio = troupe ÷ PyTorch
+//                      images/s, ratio = troupe ÷ PyTorch; gpu_busy and
+//                      torch_gpu_busy, each side's NVML utilization (the
+//                      ceiling of the loader-bound case's)
 //   cnn_loader_bound   the same model fed by a DataLoaderActor: uint8
 //                      3×256×256 records, random crop 224 and flip in its
 //                      TBB pipeline (--loader-threads), normalised on the
@@ -192,8 +194,13 @@ TrainerConfig cnn_config(const Args& a, const std::string& step, int64_t size, i
   return c;
 }
 
+struct Rate {
+  double per_s;  // samples/s
+  double busy;   // NVML utilization during the benchmark() call, warm-up included (-1 without samples)
+};
+
 // Samples/s of one TrainerActor holding the GPU, running c's benchmark().
-double troupe_rate(troupe::Runtime& rt, const TrainerConfig& c, const Args& a, int64_t batch) {
+Rate troupe_rate(troupe::Runtime& rt, const TrainerConfig& c, const Args& a, int64_t batch) {
   auto t = rt.spawn<TrainerActor>({.resources = a.trainer_resources()});
   // Killed however this ends: a failed case must not keep the GPU from the
   // next one.
@@ -212,8 +219,16 @@ double troupe_rate(troupe::Runtime& rt, const TrainerConfig& c, const Args& a, i
     throw troupe::Error("the trainer runs on " + info.device + ", not a GPU");
   t.call(&TrainerActor::join, troupe::trainer::JoinSpec{"gpu-bench-" + std::to_string(t.id()), 1, 0, 1, {t.id()}})
       .get(300s);
+  GpuBusy busy;
+  if (a.gpu()) {
+    try {
+      busy.start();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gpu_train: cannot sample GPU use: %s\n", e.what());
+    }
+  }
   auto r = t.call(&TrainerActor::benchmark, a.steps, batch, a.warmup).get(600s);
-  return static_cast<double>(r.samples) / r.seconds;
+  return {static_cast<double>(r.samples) / r.seconds, busy.fraction()};
 }
 
 struct LoaderFed {
@@ -356,10 +371,14 @@ int main(int argc, char** argv) {
 
   if (a.want("cnn_compute_bound")) {
     try {
-      double mine = troupe_rate(rt, cnn_config(a, files.at("cnn").get<std::string>(), a.batch, a.batch), a, a.batch);
+      auto mine = troupe_rate(rt, cnn_config(a, files.at("cnn").get<std::string>(), a.batch, a.batch), a, a.batch);
       auto theirs = peer(
           a, {"run", "--case", "cnn_compute", "--batch", n(a.batch), "--steps", n(a.steps), "--warmup", n(a.warmup)});
-      ratio_row("cnn_compute_bound", mine, theirs, "images/s", gpu);
+      // How busy the GPU is when nothing but the model runs: the ceiling
+      // of the loader-bound case's gpu_busy.
+      nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+      if (a.gpu()) extra = {{"gpu_busy", mine.busy}, {"torch_gpu_busy", theirs.value("gpu_busy", nlohmann::json())}};
+      ratio_row("cnn_compute_bound", mine.per_s, theirs, "images/s", gpu, "value", extra);
     } catch (const std::exception& e) {
       troupe::bench::print_error_row("gpu_train", "cnn_compute_bound", e.what());
     }
@@ -410,7 +429,7 @@ int main(int argc, char** argv) {
                    .set("block_size", a.block);
       Args lm = a;
       lm.steps = a.lm_steps;
-      double mine = troupe_rate(rt, c, lm, a.lm_batch) * static_cast<double>(a.block);
+      double mine = troupe_rate(rt, c, lm, a.lm_batch).per_s * static_cast<double>(a.block);
       auto args = model_args(a);
       std::vector<std::string> run = {"run",     "--case",      "lm",       "--batch",  n(a.lm_batch),
                                       "--steps", n(a.lm_steps), "--warmup", n(a.warmup)};
