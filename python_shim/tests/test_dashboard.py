@@ -70,8 +70,19 @@ def healed_job(cluster, tmp_path_factory):
     job = TrainJob(SumRegression(), {"x": x, "y": x.sum(1).astype(np.float32)}, workers=2, epochs=12, batch_size=16,
                    max_failures=1, name="dash-job", address=cluster["address"], verbose=False,
                    checkpoint_dir=str(tmp_path_factory.mktemp("ckpt"))).start()
-    wait_until(lambda: len(job.progress()) >= 30 and len(trainer_pids(cluster["url"])) == 2, timeout=120,
-               what="thirty steps on two trainers")
+    try:
+        wait_until(lambda: len(job.progress()) >= 30 and len(trainer_pids(cluster["url"])) == 2, timeout=120,
+                   what="thirty steps on two trainers")
+    except AssertionError as e:
+        # Say where the job stood: its step lines, its driver's output, the
+        # head's view of its actors.
+        exited = job._proc.poll()
+        steps = len(job.progress())
+        output = "".join(job._output)[-3000:]
+        status = get(cluster["url"] + "api/status")
+        job.stop()
+        raise AssertionError(f"{e}: {steps} step lines, driver exit status {exited}; "
+                             f"driver output:\n{output}\n/api/status: {status[-3000:]}") from None
     os.kill(trainer_pids(cluster["url"])[1], signal.SIGKILL)
     return job.wait(timeout=300)
 

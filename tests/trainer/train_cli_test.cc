@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/process.h"
 #include "tests/support/python.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/wait.h"
@@ -104,11 +105,19 @@ struct Outcome {
   std::string output;
 };
 
+// Set in the environment of every process this test starts, and so of
+// their children (the embedded cluster's agent and workers, which inherit
+// all but TROUPE_* variables): ctest runs tests side by side, and other
+// tests start troupe-train processes too.
+std::string own_mark() { return "TRAIN_CLI_TEST_MARK=" + std::to_string(::getpid()); }
+
 // Starts `args` with stdout and stderr to `log` and `env` added.
 pid_t spawn(const std::vector<std::string>& args, const fs::path& log,
             const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  const std::string mark = own_mark();
   pid_t pid = ::fork();
   if (pid == 0) {
+    ::putenv(const_cast<char*>(mark.c_str()));  // the child's copy of the string outlives the exec
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
     FILE* f = std::freopen(log.c_str(), "w", stdout);
     if (!f || ::dup2(STDOUT_FILENO, STDERR_FILENO) < 0) ::_exit(126);
@@ -142,15 +151,23 @@ Outcome finish(pid_t pid, const fs::path& log, std::chrono::seconds bound = 240s
 
 Outcome run(const std::vector<std::string>& args, const fs::path& log) { return finish(spawn(args, log), log); }
 
-// Processes whose executable is troupe-train.
+// Processes whose executable is troupe-train and that this test started
+// (own_mark() in their environment), zombies aside.
 int live_train_processes() {
   std::error_code ec;
   const fs::path exe = fs::canonical(TROUPE_TRAIN, ec);
+  const std::string mark = own_mark();
   int n = 0;
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     std::error_code ec2;
     fs::path p = fs::read_symlink(e.path() / "exe", ec2);
-    if (!ec2 && p == exe) ++n;
+    if (ec2 || p != exe) continue;
+    const std::string env = troupe::test::read_proc_file(e.path() / "environ");
+    for (size_t at = env.find(mark); at != std::string::npos; at = env.find(mark, at + 1))
+      if ((at == 0 || env[at - 1] == '\0') && (at + mark.size() == env.size() || env[at + mark.size()] == '\0')) {
+        ++n;
+        break;
+      }
   }
   return n;
 }
