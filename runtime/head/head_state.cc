@@ -54,6 +54,19 @@ void HeadState::heartbeat(uint64_t node_id, Time now, const NodeHeartbeat& repor
 
 void HeadState::check_heartbeats(Time now) {
   auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  // The time this check came later than due is the head's own stall, not
+  // the nodes' silence: it is credited to every node (heartbeats sent
+  // meanwhile may sit unread in the head's sockets still).
+  const auto interval = std::chrono::milliseconds(config_.heartbeat_ms);
+  const auto late = last_check_ ? now - *last_check_ - interval : Time::duration::zero();
+  last_check_ = now;
+  if (late > Time::duration::zero()) {
+    for (auto& [id, n] : nodes_)
+      if (n.info.alive) n.last_heartbeat = std::min(now, n.last_heartbeat + late);
+    if (late > limit / 2)
+      TROUPE_LOG_WARN("the head's heartbeat check ran {} ms late; that time does not count against the nodes",
+                      std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
+  }
   std::vector<std::pair<uint64_t, std::string>> dead;
   for (auto& [id, n] : nodes_)
     if (n.info.alive && now - n.last_heartbeat > limit)

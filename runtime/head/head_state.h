@@ -60,6 +60,10 @@ class HeadState {
   uint64_t register_node(PeerId peer, const wire::Hello& hello, Time now);
   void heartbeat(uint64_t node_id, Time now, const wire::NodeHeartbeat& report = {});
   // Declares dead every node silent for heartbeat_ms * heartbeat_misses.
+  // Silence counts only while the head was checking: the time a call comes
+  // later than heartbeat_ms after the one before is the head's own stall
+  // (starved of CPU, stopped, its loop blocked), with heartbeats perhaps
+  // unread in its sockets, and does not count against any node.
   void check_heartbeats(Time now);
   void node_lost(uint64_t node_id, const std::string& why);
   // The connection `peer` closed: its node (if it is one) is dead and the
@@ -220,6 +224,7 @@ class HeadState {
   std::set<std::string> dirty_kv_;
   std::map<std::string, std::string> written_;  // nodes, groups, counters: what the store has
   std::map<uint64_t, Node> nodes_;
+  std::optional<Time> last_check_;  // of check_heartbeats (none yet: no stall to detect)
   std::map<uint64_t, Actor> actors_;
   std::map<uint64_t, Group> groups_;
   std::map<std::string, uint64_t> named_;

@@ -255,6 +255,22 @@ TEST_F(HeadStateTest, NodeDeathRestartsItsActorsElsewhereOrMakesThemDead) {
   EXPECT_EQ(state_.actor_info(a.id).restarts, 1);
 }
 
+// The head's own stall (its check running a second late) is not the nodes'
+// silence: a node whose heartbeats the stalled head had no chance to read
+// stays alive, and silence from then on still kills it after 5 intervals.
+TEST_F(HeadStateTest, TheHeadsOwnStallDoesNotCountAgainstTheNodes) {
+  uint64_t n = add_node({{"CPU", 2}}, 1);
+  state_.check_heartbeats(now_ + 100ms);
+  state_.check_heartbeats(now_ + 1200ms);  // 1 s late: the head was stalled
+  EXPECT_TRUE(node(n).alive);
+  EXPECT_TRUE(state_.take_outputs().dead_nodes.empty());
+  for (auto t = 1300ms; t <= 1500ms; t += 100ms) state_.check_heartbeats(now_ + t);
+  EXPECT_TRUE(node(n).alive);  // silent for 500 ms of the head's time: not more
+  state_.check_heartbeats(now_ + 1600ms);
+  EXPECT_FALSE(node(n).alive);
+  ASSERT_EQ(state_.take_outputs().dead_nodes.size(), 1u);
+}
+
 TEST_F(HeadStateTest, NamedActorsAreFoundAndTheirNameIsFreedAtDeath) {
   add_node({{"CPU", 2}}, 1);
   auto a = state_.create_actor(kDriver, spec({}, 0, "svc"));
