@@ -32,12 +32,40 @@ ActorInfo ActorClient::info() const {
 
 bool ActorClient::wait_ready(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
-  if (!cv_.wait_for(lock, timeout,
-                    [&] { return info_.state == ActorState::kAlive || info_.state == ActorState::kDead; }))
+  if (!cv_.wait_for(lock, timeout, [&] {
+        return info_.state == ActorState::kAlive || info_.state == ActorState::kDead || !detached_.empty();
+      }))
     throw Timeout("actor " + std::to_string(id_) + " (" + info_.class_name + ") still " + to_string(info_.state) +
                   " after " + std::to_string(timeout.count()) + " ms" +
                   (info_.pending_reason.empty() ? "" : ": " + info_.pending_reason));
+  if (!detached_.empty()) throw ConnectionError(detached_error_locked());
   return info_.state == ActorState::kAlive;
+}
+
+std::string ActorClient::detached_error_locked() const {
+  return "actor " + std::to_string(id_) + " (" + info_.class_name + ") cannot be reached: " + detached_;
+}
+
+void ActorClient::detach(const std::string& reason) {
+  std::vector<std::pair<Fail, std::exception_ptr>> failures;
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard lock(mu_);
+    if (!detached_.empty()) return;
+    detached_ = reason;
+    conn = std::move(conn_);
+    connecting_ = false;
+    auto error = std::make_exception_ptr(ConnectionError(detached_error_locked()));
+    for (auto& [id, p] : inflight_) failures.emplace_back(std::move(p.fail), error);
+    for (auto& [id, p] : queued_) failures.emplace_back(std::move(p.fail), error);
+    inflight_.clear();
+    queued_.clear();
+    listeners_.clear();
+  }
+  cv_.notify_all();
+  if (conn) conn->close(reason);
+  conn.reset();
+  for (auto& [f, e] : failures) f(e);
 }
 
 void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fail fail) {
@@ -49,6 +77,13 @@ void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fai
   std::unique_lock lock(mu_);
   m.id = next_call_id_++;
   Pending p{m.id, encode_frame(m), std::move(complete), std::move(fail), info_.max_task_retries};
+  if (!detached_.empty()) {
+    auto f = std::move(p.fail);
+    auto error = std::make_exception_ptr(ConnectionError(detached_error_locked()));
+    lock.unlock();
+    f(error);
+    return;
+  }
   if (info_.state == ActorState::kDead) {
     auto f = std::move(p.fail);
     std::string cause = info_.death_cause;
@@ -80,6 +115,10 @@ Future<Message> ActorClient::control(const std::string& tag, std::string body) {
   std::string address;
   {
     std::lock_guard lock(mu_);
+    if (!detached_.empty()) {
+      st->set_error(std::make_exception_ptr(ConnectionError(detached_error_locked())));
+      return Future<Message>(st);
+    }
     if (info_.state != ActorState::kAlive || info_.control_address.empty()) {
       st->set_error(std::make_exception_ptr(
           ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name + ") is " + to_string(info_.state))));
@@ -101,7 +140,9 @@ Future<Message> ActorClient::control(const std::string& tag, std::string body) {
     } catch (...) {
       return st->set_error(std::current_exception());
     }
-    auto holder = std::make_shared<std::shared_ptr<Connection>>();
+    // Weak: the connection's own pending read keeps it alive until the
+    // answer; a strong pointer here would be a cycle through its handlers.
+    auto holder = std::make_shared<std::weak_ptr<Connection>>();
     Connection::connect(
         core_.io(), hp.first, hp.second, core_.token(), core_.connection_options(),
         [st, holder](Message&& r) {
@@ -109,7 +150,7 @@ Future<Message> ActorClient::control(const std::string& tag, std::string body) {
             st->set_error(error_from_message(r));
           else
             st->set_value(std::move(r));
-          if (*holder) (*holder)->close("control answered");
+          if (auto c = holder->lock()) c->close("control answered");
           holder->reset();
         },
         [st, holder](const std::string& reason) {
@@ -126,7 +167,7 @@ Future<Message> ActorClient::control(const std::string& tag, std::string body) {
 }
 
 void ActorClient::connect_locked() {
-  if (connecting_ || info_.state != ActorState::kAlive || info_.address.empty()) return;
+  if (!detached_.empty() || connecting_ || info_.state != ActorState::kAlive || info_.address.empty()) return;
   if (conn_ && conn_->is_open() && conn_incarnation_ == info_.incarnation) {
     // Connected already: flush what queued up.
     for (auto& [id, p] : queued_) {
@@ -263,6 +304,7 @@ void ActorClient::on_update(const ActorInfo& info) {
     // the race with a newer event) changes nothing.
     if (info.incarnation < info_.incarnation || info.version < info_.version) return;
     info_ = info;
+    if (!detached_.empty()) return;
     if (conn_ && conn_incarnation_ != info.incarnation) {
       // A newer process replaced the one we talk to.
       conn_->close("actor restarted");
@@ -342,6 +384,15 @@ void Core::shutdown() {
   } else {
     io_.stop();
   }
+  // Handles may outlive the core: their clients let go of their
+  // connections now, while the io_context those belong to still exists.
+  std::unordered_map<uint64_t, std::shared_ptr<ActorClient>> actors;
+  {
+    std::lock_guard lock(mu_);
+    actors.swap(actors_);
+  }
+  for (auto& [id, c] : actors) c->detach("its runtime was shut down");
+  actors.clear();
   std::vector<Service> services;
   {
     std::lock_guard lock(services_mu_);
@@ -355,6 +406,7 @@ std::shared_ptr<ActorClient> Core::actor(const ActorInfo& info) {
   std::shared_ptr<ActorClient> c;
   {
     std::lock_guard lock(mu_);
+    if (shut_) throw ConnectionError("actor " + std::to_string(info.id) + ": the client core was shut down");
     auto it = actors_.find(info.id);
     if (it != actors_.end()) return it->second;
     c = std::make_shared<ActorClient>(*this, info);

@@ -54,6 +54,12 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   Future<wire::Message> control(const std::string& tag, std::string body);
 
   void on_update(const wire::ActorInfo& info);
+  // The core is shutting down (its I/O loop has stopped): drops the
+  // connection while the core's io_context is still there, fails every
+  // call in flight or queued, and makes later calls, control messages and
+  // waits fail at once with a ConnectionError. A handle may outlive its
+  // Runtime; this is what it then reaches.
+  void detach(const std::string& reason);
   // Runs `cb` (on the I/O thread) on every state change the head reports.
   // Runs `cb` on every update; returns the id remove_listener takes.
   uint64_t add_listener(std::function<void(const wire::ActorInfo&)> cb);
@@ -80,6 +86,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   // run after unlocking).
   std::vector<std::pair<Fail, std::exception_ptr>> drop_inflight_locked(const std::string& reason);
   std::vector<std::pair<Fail, std::exception_ptr>> fail_all_locked(const std::string& reason);
+  std::string detached_error_locked() const;
 
   Core& core_;
   const uint64_t id_;
@@ -94,6 +101,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   std::map<uint64_t, Pending> queued_;  // by call id, so retries keep their order
   std::map<uint64_t, std::function<void(const wire::ActorInfo&)>> listeners_;  // by listener id
   uint64_t next_listener_id_ = 1;
+  std::string detached_;  // why, once detach() ran
 };
 
 struct ConnectOptions {

@@ -162,7 +162,11 @@ void Connection::handshake_done() {
       asio::post(io_, [self = shared_from_this()] { self->flush(); });
     }
   }
-  if (on_ready_) on_ready_();
+  // Called once, then dropped: what it captured (often this connection
+  // itself) must not stay reachable from the connection.
+  auto ready = std::move(on_ready_);
+  on_ready_ = nullptr;
+  if (ready) ready();
   read_more();
 }
 
@@ -523,11 +527,12 @@ void Connection::connect(asio::io_context& io, const std::string& host, uint16_t
     if (ec) return done(nullptr, "connect to " + host + ":" + std::to_string(port) + " failed: " + ec.message());
     auto conn = std::make_shared<Connection>(std::move(*socket), token, false, options);
     auto done_once = std::make_shared<std::function<void(std::shared_ptr<Connection>, std::string)>>(done);
+    std::weak_ptr<Connection> weak = conn;
     conn->start(
-        [conn, done_once] {
+        [weak, done_once] {
           auto d = std::move(*done_once);
           *done_once = nullptr;
-          if (d) d(conn, "");
+          if (auto c = weak.lock(); c && d) d(std::move(c), "");
         },
         on_frame,
         [done_once, on_close](const std::string& reason) {

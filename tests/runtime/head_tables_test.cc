@@ -72,3 +72,32 @@ TEST(HeadTables, DriversThatComeAndGoLeaveNothingBehind) {
   })) << "before: "
       << base.dump() << "\nafter:  " << now.dump();
 }
+
+// A handle kept after the Runtime it came from was shut down (its client
+// core and I/O loop gone): calls and waits fail at once with a
+// ConnectionError naming the actor and the reason, the actor itself lives
+// on for the runtimes that own it, and letting the handle go later is safe
+// (the ASan lane checks that its connection did not outlive its loop).
+TEST(HeadTables, HandlesThatOutliveTheirRuntimeFailClearly) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}}});
+  troupe::Runtime rt = cluster.connect();
+  auto owned = rt.spawn<Echo>({.name = "kept"}, 10);
+  ASSERT_TRUE(owned.wait_ready(kWaitBound));
+  troupe::ActorHandle<Echo> kept;
+  {
+    troupe::Runtime driver = cluster.connect();
+    kept = driver.get_actor<Echo>("kept");
+    EXPECT_EQ(kept.call(&Echo::add, 1).get(kWaitBound), 11);
+    driver.shutdown();
+  }
+  try {
+    kept.call(&Echo::add, 1).get(kWaitBound);
+    ADD_FAILURE() << "a call through a handle of a shut-down runtime went through";
+  } catch (const troupe::ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("shut down"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Echo"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kept.wait_ready(kWaitBound), troupe::ConnectionError);
+  EXPECT_EQ(owned.call(&Echo::add, 1).get(kWaitBound), 12);
+  kept = {};
+}
