@@ -35,6 +35,7 @@
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
+#include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/http_endpoint.h"
 #include "troupe/runtime/head/scheduler.h"
 #include "troupe/runtime/node/worker_pool.h"
@@ -68,6 +69,8 @@ struct Args {
   bool json = false;
   troupe::wire::StatusRequest status;  // --state, --limit
   size_t max_dead_actors = 1000;
+  uint32_t heartbeat_ms = troupe::core::WorkerEnv{}.heartbeat_ms;
+  uint32_t heartbeat_misses = troupe::core::WorkerEnv{}.heartbeat_misses;
   int dashboard_port = kDefaultDashboardPort;  // -1 = off, 0 = any free port
   bool dashboard_port_given = false;
   bool dashboard_require_token = false;
@@ -121,6 +124,8 @@ int start_head(const std::string& dir, const Args& a) {
   o.env.head_port = static_cast<uint16_t>(a.port);
   o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
   o.env.max_dead_actors = a.max_dead_actors;
+  o.env.heartbeat_ms = a.heartbeat_ms;
+  o.env.heartbeat_misses = a.heartbeat_misses;
   if (!a.no_state_db) o.env.head_state_db = a.state_db.empty() ? dir + "/head.sqlite" : a.state_db;
   o.env.head_supervise = a.supervise;
   o.env.dashboard = a.dashboard_port >= 0;
@@ -531,6 +536,17 @@ int main(int argc, char** argv) {
       ->add_option("--max-dead-actors", a.max_dead_actors, "with --head: DEAD actors kept for status (oldest go first)")
       ->capture_default_str()
       ->check(CLI::Range(size_t(0), size_t(1) << 30));
+  start
+      ->add_option("--heartbeat-ms", a.heartbeat_ms,
+                   "with --head: how often node agents report to the head (the head tells each agent)")
+      ->capture_default_str()
+      ->check(CLI::Range(10u, 60000u));
+  start
+      ->add_option("--heartbeat-misses", a.heartbeat_misses,
+                   "with --head: a node silent for this many intervals is declared dead and fenced (its actors "
+                   "restart elsewhere); raise it where agents may be starved of CPU for longer")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 100000u));
   auto* status = app.add_subcommand("status", "show nodes, resources and actors");
   status->add_flag("--json", a.json, "machine-readable output");
   status->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");

@@ -74,3 +74,41 @@ def test_wrong_token_and_address(head):
             troupe.init(address=address)
     finally:
         os.environ.pop("TROUPE_TOKEN")
+
+
+def test_heartbeat_tolerance_is_set_by_troupe_start(tmp_path):
+    """`troupe start --head --heartbeat-misses 40`: a node agent stopped
+    (SIGSTOP) for 1.5 s stays the same live node, where the default (5
+    misses of 100 ms) would have declared it dead and fenced it."""
+    import json
+    import signal
+    import time
+
+    launcher = cli()
+    session = tmp_path / "session"
+    session.mkdir(mode=0o700)
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
+    env.pop("TROUPE_ADDRESS", None)
+    env.pop("TROUPE_TOKEN", None)
+
+    def nodes():
+        out = subprocess.run([launcher, "status", "--json"], env=env, capture_output=True, text=True, check=True,
+                             timeout=60).stdout
+        return json.loads(out)["nodes"]
+
+    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=1", "--heartbeat-misses", "40"],
+                   env=env, check=True, timeout=120)
+    pid = None
+    try:
+        before = nodes()
+        assert [n["alive"] for n in before] == [True], before
+        pid = before[0]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(1.5)  # the fault's length: 1.5 s of the 4 s allowed
+        os.kill(pid, signal.SIGCONT)
+        after = nodes()
+        assert [(n["id"], n["alive"]) for n in after] == [(before[0]["id"], True)], after
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGCONT)
+        subprocess.run([launcher, "stop"], env=env, timeout=120)
