@@ -11,14 +11,20 @@ from troupe.exceptions import TroupeConnectionError, TroupeError
 from conftest import cli
 
 
-@pytest.fixture()
-def head(tmp_path):
-    launcher = cli()
+def session_env(tmp_path):
+    """A fresh session directory and the environment that names it."""
     session = tmp_path / "session"
     session.mkdir(mode=0o700)
     env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
     env.pop("TROUPE_ADDRESS", None)
     env.pop("TROUPE_TOKEN", None)
+    return session, env
+
+
+@pytest.fixture()
+def head(tmp_path):
+    launcher = cli()
+    session, env = session_env(tmp_path)
     subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True, timeout=120)
     old = {k: os.environ.get(k) for k in ("TROUPE_SESSION_DIR", "TROUPE_TOKEN", "TROUPE_ADDRESS")}
     os.environ["TROUPE_SESSION_DIR"] = str(session)
@@ -85,11 +91,7 @@ def test_heartbeat_tolerance_is_set_by_troupe_start(tmp_path):
     import time
 
     launcher = cli()
-    session = tmp_path / "session"
-    session.mkdir(mode=0o700)
-    env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
-    env.pop("TROUPE_ADDRESS", None)
-    env.pop("TROUPE_TOKEN", None)
+    _, env = session_env(tmp_path)
 
     def nodes():
         out = subprocess.run([launcher, "status", "--json"], env=env, capture_output=True, text=True, check=True,
