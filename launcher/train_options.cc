@@ -60,6 +60,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"gpus_per_worker", field(&TrainOptions::gpus_per_worker)},
       {"amp", field(&TrainOptions::amp)},
       {"log_every", field(&TrainOptions::log_every)},
+      {"loader_threads", field(&TrainOptions::loader_threads)},
       {"name", field(&TrainOptions::name)},
   };
   return keys;
@@ -157,6 +158,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--amp", o.amp,
                  "mixed precision: none, bf16 (GPU, or CPU: pays on CPUs with AVX512-BF16 or AMX), or fp16 (GPU "
                  "only, with dynamic loss scaling)");
+  app.add_option("--loader-threads", o.loader_threads,
+                 "pipeline threads of each trainer's data loader (decode and collate; a custom collate runs there)");
   app.add_option("--log-every", o.log_every, "optimizer steps between progress updates");
   app.add_option("--name", o.name, "job name on the console and in the metrics file");
 }
@@ -284,6 +287,8 @@ void check(const TrainOptions& o) {
   require(o.warmup_steps >= 0, "--warmup-steps must not be negative, got " + std::to_string(o.warmup_steps));
   require(o.grad_clip >= 0, "--grad-clip must not be negative, got " + num(o.grad_clip));
   require(o.max_failures >= -1, "--max-failures must be -1 (no limit) or more, got " + std::to_string(o.max_failures));
+  require(o.loader_threads >= 1 && o.loader_threads <= 256,
+          "--loader-threads must be between 1 and 256, got " + std::to_string(o.loader_threads));
   require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
   require(o.cpus_per_worker > 0, "--cpus-per-worker must be positive, got " + num(o.cpus_per_worker));
   require(o.gpus_per_worker == 0 ||
@@ -336,6 +341,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
   c.metrics_path = o.metrics.empty() ? "" : fs::absolute(o.metrics).string();
   c.evaluate = !o.val_data.empty();
   c.progress_every_steps = o.log_every;
+  c.loader_threads = o.loader_threads;
   trainer::validate(c);
   return c;
 }

@@ -59,6 +59,8 @@ struct TrainOptions {
   // Mixed precision on the GPU: none, bf16 (autocast) or fp16 (autocast and
   // dynamic loss scaling).
   std::string amp = "none";
+  // Pipeline threads of each trainer's data loader (decode and collate).
+  int64_t loader_threads = 1;
   // Optimizer steps between progress updates (the driver's train() rounds).
   int64_t log_every = 10;
   std::string name = "train";

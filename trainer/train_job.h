@@ -157,6 +157,7 @@ struct TrainJobConfig {
   // the data set. Only when the training split is the whole data set
   // (validation_fraction == 0): a loader samples the whole set.
   bool use_loaders = true;
+  // Pipeline threads of each loader (decode, augment, collate; 1-256).
   int64_t loader_threads = 1;
   // Executable for the trainers ("" = the driver's own).
   std::string executable;

@@ -220,6 +220,7 @@ TEST_F(TrainCliTest, TrainsTwoWorkersFromAJobFileWithMetricsAndATorchLoadableChe
       {"optimizer", "adamw"},
       {"lr", 0.01},
       {"warmup_steps", 4},
+      {"loader_threads", 2},
       {"checkpoint_dir", at("ckpt")}}.dump();
   const Outcome o = run({TROUPE_CLI, "train", "--config", at("job.json"), "--workers", "2", "--epochs", "3",
                          "--metrics", at("metrics.jsonl")},
@@ -325,6 +326,7 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--workers", "zero"}), "--workers");
   expect_one_line_failure(with({"--batch-size", "0"}), "--batch-size");
   expect_one_line_failure(with({"--lr", "-1"}), "--lr");
+  expect_one_line_failure(with({"--loader-threads", "0"}), "--loader-threads");
   expect_one_line_failure(with({"--frobnicate"}), "--frobnicate");
   expect_one_line_failure(with({"--gpus-per-worker", "1.5"}), "--gpus-per-worker");
   expect_one_line_failure(with({"--amp", "fp8", "--gpus-per-worker", "1"}), "fp8");
