@@ -28,6 +28,7 @@
 #include "troupe/runtime/client/task.h"
 #include "troupe/runtime/client/task_submitter.h"
 #include "troupe/runtime/core/error_registry.h"
+#include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/core/kv_store.h"
 #include "troupe/runtime/wire/error_kind.h"
 
@@ -142,8 +143,8 @@ struct InitOptions {
   std::string address;       // HOST:PORT of the head, "" = embedded
   std::string token;         // "" = TROUPE_TOKEN or the session directory's
   Resources node_resources;  // embedded node (empty = detect)
-  uint32_t heartbeat_ms = 100;
-  uint32_t heartbeat_misses = 5;
+  uint32_t heartbeat_ms = core::kHeartbeatMs;
+  uint32_t heartbeat_misses = core::kHeartbeatMisses;
   // This process's object store limit in bytes (0: TROUPE_OBJECT_STORE_BYTES,
   // else a quarter of the machine's memory). Workers take theirs from
   // TROUPE_OBJECT_STORE_BYTES (ActorOptions::env).

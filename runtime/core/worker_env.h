@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "troupe/runtime/core/heartbeat.h"
+
 namespace troupe::core {
 
 // The variables' names. Drivers and users set the last four by hand.
@@ -57,8 +59,8 @@ struct WorkerEnv {
   // Head.
   std::string head_host;  // address to listen on
   uint16_t head_port = 0;
-  uint32_t heartbeat_ms = 100;
-  uint32_t heartbeat_misses = 5;
+  uint32_t heartbeat_ms = core::kHeartbeatMs;
+  uint32_t heartbeat_misses = core::kHeartbeatMisses;
   uint64_t max_dead_actors = 1000;  // DEAD actors the head keeps (oldest go first)
   bool dashboard = false;           // the HTTP endpoint on dashboard_port (0 = any free)
   uint16_t dashboard_port = 0;

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/wire/connection.h"
 
 namespace troupe::head {
@@ -24,8 +25,8 @@ struct HeadOptions {
   std::string advertise_host;
   uint16_t port = 0;  // 0 = any free port
   std::string token;
-  uint32_t heartbeat_ms = 100;    // nodes heartbeat this often
-  uint32_t heartbeat_misses = 5;  // silent for this many intervals = dead
+  uint32_t heartbeat_ms = core::kHeartbeatMs;          // nodes heartbeat this often
+  uint32_t heartbeat_misses = core::kHeartbeatMisses;  // silent for this many intervals = dead
   size_t max_dead_actors = 1000;  // DEAD actors kept for status (oldest forgotten first)
   // The HTTP endpoint (/metrics, /api/status, the dashboard at /; see
   // http_endpoint.h): -1 = off, 0 = any free port. It listens on `host`

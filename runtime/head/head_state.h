@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/head/resource_pool.h"
 #include "troupe/runtime/wire/protocol.h"
 
@@ -30,8 +31,8 @@ using PeerId = uint64_t;
 using Time = std::chrono::steady_clock::time_point;
 
 struct HeadConfig {
-  uint32_t heartbeat_ms = 100;    // nodes heartbeat this often
-  uint32_t heartbeat_misses = 5;  // silent for this many intervals = dead
+  uint32_t heartbeat_ms = core::kHeartbeatMs;          // nodes heartbeat this often
+  uint32_t heartbeat_misses = core::kHeartbeatMisses;  // silent for this many intervals = dead
   size_t max_dead_actors = 1000;  // DEAD actors kept for status; oldest go first
   // Dead nodes and removed placement groups kept for status (and for late
   // lookups); the oldest are forgotten first. A fenced node that joins

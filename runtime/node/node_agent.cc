@@ -452,7 +452,7 @@ class NodeAgent::Impl {
   std::atomic<bool> leaving_{false};      // shutdown began (read by the rejoin thread)
   std::vector<WorkerExited> missed_exits_;  // while resuming
   std::atomic<uint64_t> node_id_{0};
-  uint32_t heartbeat_ms_ = 100;
+  uint32_t heartbeat_ms_ = core::kHeartbeatMs;
   std::map<pid_t, WorkerProc> workers_;
   std::unique_ptr<WorkerPool> pool_;
   bool stopping_ = false;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/core/worker_env.h"
 
 namespace troupe::testing {
@@ -22,8 +23,8 @@ namespace troupe::testing {
 struct LocalClusterOptions {
   // One entry per node.
   std::vector<Resources> nodes = {{{"CPU", 2}}, {{"CPU", 2}}};
-  uint32_t heartbeat_ms = 100;
-  uint32_t heartbeat_misses = 5;
+  uint32_t heartbeat_ms = core::kHeartbeatMs;
+  uint32_t heartbeat_misses = core::kHeartbeatMisses;
   std::chrono::milliseconds start_timeout{20000};
   // Extra KEY=VALUE for head and nodes (e.g. TROUPE_LOG_LEVEL=debug).
   std::vector<std::string> env;

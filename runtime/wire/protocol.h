@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/wire/codec.h"
 
 namespace troupe::wire {
@@ -118,7 +119,7 @@ struct ActorInfo {
 
 struct HelloReply {
   uint64_t node_id = 0;         // node
-  uint32_t heartbeat_ms = 100;  // node
+  uint32_t heartbeat_ms = core::kHeartbeatMs;  // node
   ActorSpec spec;               // worker
   ActorInfo info;               // worker
   // The head writes its tables through to a store and reloads them when it
