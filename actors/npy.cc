@@ -25,6 +25,11 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the .npy reader assume
 
 [[noreturn]] void fail(const std::string& path, const std::string& problem) { npy_fail(path, problem); }
 
+// An error about the file at `path`, read as a `kind` ("npy file", ...).
+[[noreturn]] void fail_as(const std::string& kind, const std::string& path, const std::string& problem) {
+  throw Error(kind + " '" + path + "': " + problem);
+}
+
 struct DtypeInfo {
   char kind;
   int size;
@@ -88,18 +93,18 @@ NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& pa
 
 // --- NpyArray ---
 
-std::shared_ptr<NpyArray::Mapping> NpyArray::map_file(const std::string& path) {
+std::shared_ptr<NpyArray::Mapping> NpyArray::Mapping::map(const std::string& path, const std::string& kind) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  if (fd < 0) fail_as(kind, path, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     int e = errno;
     ::close(fd);
-    fail(path, std::string("cannot stat: ") + std::strerror(e));
+    fail_as(kind, path, std::string("cannot stat: ") + std::strerror(e));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail(path, "not a regular file");
+    fail_as(kind, path, "not a regular file");
   }
   auto mapping = std::make_shared<Mapping>();
   mapping->size = static_cast<size_t>(st.st_size);
@@ -108,13 +113,17 @@ std::shared_ptr<NpyArray::Mapping> NpyArray::map_file(const std::string& path) {
     if (base == MAP_FAILED) {
       int e = errno;
       ::close(fd);
-      fail(path, std::string("cannot mmap: ") + std::strerror(e));
+      fail_as(kind, path, std::string("cannot mmap: ") + std::strerror(e));
     }
     mapping->base = base;
     mapping->mapped = true;
   }
   ::close(fd);  // the mapping stays valid without the descriptor
   return mapping;
+}
+
+std::shared_ptr<NpyArray::Mapping> NpyArray::map_file(const std::string& path) {
+  return Mapping::map(path, "npy file");
 }
 
 NpyArray NpyArray::open(const std::string& path, bool allow_unsigned) {
@@ -124,14 +133,16 @@ NpyArray NpyArray::open(const std::string& path, bool allow_unsigned) {
 }
 
 NpyArray NpyArray::open_raw(const std::string& path, torch::ScalarType dtype, bool unsigned_ints) {
-  auto mapping = map_file(path);
+  // Not a .npy file: its errors say what it is.
+  auto mapping = Mapping::map(path, "raw token file");
   NpyHeader header;
   header.dtype = dtype;
   header.unsigned_ints = unsigned_ints;
   const auto item = torch::elementSize(dtype);
   if (mapping->size % item != 0) {
-    fail(path, "raw file of " + std::to_string(mapping->size) + " bytes is not a whole number of " +
-                   std::to_string(item) + "-byte elements");
+    fail_as(
+        "raw token file", path,
+        std::to_string(mapping->size) + " bytes, not a whole number of " + std::to_string(item) + "-byte token ids");
   }
   header.shape = {static_cast<int64_t>(mapping->size / item)};
   return NpyArray(path, std::move(header), std::move(mapping));

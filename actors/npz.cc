@@ -7,7 +7,7 @@
 namespace troupe::actors {
 
 std::map<std::string, NpyArray> NpyArray::open_npz(const std::string& path, bool allow_unsigned) {
-  auto archive = map_file(path);
+  auto archive = Mapping::map(path, "npz file");
   const auto* base = static_cast<const std::byte*>(archive->base);
   std::map<std::string, NpyArray> out;
   for (const NpzMember& m : read_npz_directory(base, archive->size, path)) {
