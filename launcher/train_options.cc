@@ -10,6 +10,7 @@
 #include <functional>
 #include <iostream>
 #include <sstream>
+#include <type_traits>
 
 #include "troupe/actors/dataset.h"
 #include "troupe/runtime/core/errors.h"
@@ -26,9 +27,53 @@ using Json = nlohmann::json;
 // One job-file key: how to store its value into TrainOptions.
 using Setter = std::function<void(const Json&, TrainOptions&)>;
 
+// A job-file value of the wrong kind: what the key takes, and the value
+// when it is not the key's whole value (a model_options entry).
+struct WrongValue {
+  std::string expected;
+  std::string where;  // "" or ".hidden"
+  std::string got;
+};
+
+// nlohmann's get<int64_t> truncates 1.5 to 1 and takes true as 1: an
+// integer key takes an integer (2.0 too), nothing else.
+int64_t json_int(const Json& v) {
+  constexpr double kLimit = 9223372036854775808.0;  // 2^63
+  if (v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t{INT64_MAX}) return v.get<int64_t>();
+  if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::trunc(d) == d && d >= -kLimit && d < kLimit) return static_cast<int64_t>(d);
+  }
+  throw WrongValue{"an integer", "", ""};
+}
+
+template <class T>
+T json_value(const Json& v) {
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string>) {
+    return v.get<T>();
+  } else if constexpr (std::is_integral_v<T>) {
+    return json_int(v);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) throw WrongValue{"a number", "", ""};
+    return v.get<T>();
+  } else {  // model_options: {"hidden": 64, ...}
+    if (!v.is_object()) throw WrongValue{"an object of integers", "", ""};
+    T out;
+    for (const auto& [k, x] : v.items()) {
+      try {
+        out[k] = json_int(x);
+      } catch (const WrongValue&) {
+        throw WrongValue{"an integer", "." + k, x.dump()};
+      }
+    }
+    return out;
+  }
+}
+
 template <class T>
 Setter field(T TrainOptions::*member) {
-  return [member](const Json& v, TrainOptions& o) { o.*member = v.get<T>(); };
+  return [member](const Json& v, TrainOptions& o) { o.*member = json_value<T>(v); };
 }
 
 const std::map<std::string, Setter>& job_keys() {
@@ -70,7 +115,17 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// nlohmann's "[json.exception.out_of_range.406] number overflow ...",
+// without the bracket.
+std::string json_problem(const Json::exception& e) {
+  std::string what = e.what();
+  const auto close = what.find("] ");
+  return what.rfind("[json.exception.", 0) == 0 && close != std::string::npos ? what.substr(close + 2) : what;
+}
+
 Json parse_job_file(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw ConfigError("job file " + path + " is a directory");
   std::ifstream in(path);
   if (!in) throw ConfigError("cannot read job file " + path + ": " + std::strerror(errno));
   std::stringstream text;
@@ -80,6 +135,8 @@ Json parse_job_file(const std::string& path) {
     return Json::parse(text.str());
   } catch (const Json::parse_error& e) {
     throw ConfigError("job file " + path + " is not JSON: " + e.what());
+  } catch (const Json::exception& e) {  // a number too large for a double
+    throw ConfigError("job file " + path + ": " + json_problem(e));
   }
 }
 
@@ -131,7 +188,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--val-data", o.val_data, "scored after each epoch (same kind as --data)");
   app.add_option("--block-size", o.block_size,
                  "language model: --data is a token stream cut into windows of this many tokens, batch keys "
-                 "input and target (the next tokens)");
+                 "input and target (the next tokens); 0 (the default): --data is .npz");
   app.add_option("--token-dtype", o.token_dtype, "token id type of a raw .bin stream: uint16, uint32, int32, int64");
   app.add_option("--workers", o.workers, "data-parallel trainers");
   app.add_option("--epochs", o.epochs, "passes over --data");
@@ -177,9 +234,47 @@ void require(bool ok, const std::string& what) {
 
 void check_file(const std::string& flag, const std::string& path) {
   std::error_code ec;
+  if (fs::is_directory(path, ec)) throw ConfigError(flag + " " + path + " is a directory, not a file");
   if (!fs::is_regular_file(path, ec)) throw ConfigError(flag + " " + path + ": no such file");
   std::ifstream in(path);
   if (!in) throw ConfigError(flag + " " + path + ": cannot read it: " + std::strerror(errno));
+}
+
+// A floating option: finite (CLI11 and YAML read "inf" and "nan", and
+// 1e400 as inf) and `in_range`, which `must` states.
+void require_number(const std::string& flag, double v, bool in_range, const std::string& must) {
+  require(std::isfinite(v) && in_range, flag + " must be " + must + ", got " + num(v));
+}
+
+// Every floating option, each checked here and only here.
+void check_numbers(const TrainOptions& o) {
+  require_number("--lr", o.lr, o.lr > 0, "a positive finite number");
+  require_number("--weight-decay", o.weight_decay, o.weight_decay >= 0, "a finite number >= 0");
+  require_number("--min-lr-factor", o.min_lr_factor, o.min_lr_factor >= 0 && o.min_lr_factor <= 1, "between 0 and 1");
+  require_number("--grad-clip", o.grad_clip, o.grad_clip >= 0, "a finite number >= 0 (0 = off)");
+  require_number("--cpus-per-worker", o.cpus_per_worker, o.cpus_per_worker > 0, "a positive finite number");
+  const double g = o.gpus_per_worker;
+  require_number("--gpus-per-worker", g, g == 0 || (g >= 0.01 && g <= 1024 && (g <= 1 || g == std::floor(g))),
+                 "0, a part of one GPU (at least 0.01), or a whole number up to 1024");
+}
+
+std::string plural(int64_t n, const std::string& noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
+
+// Optimizer steps in an epoch of --data (`data`): the sampler gives each
+// worker ceil(n / workers) samples and the trainers drop a last batch short
+// of --batch-size. Data too small for one step is refused here, the one
+// place that counts it, so that a job never "trains" 0 steps.
+int64_t steps_per_epoch(const TrainOptions& o, const actors::DatasetSpec& data) {
+  const int64_t n = actors::make_dataset(data)->size();
+  const int64_t per_worker = n / o.workers + (n % o.workers != 0 ? 1 : 0);
+  if (per_worker >= o.batch_size) return per_worker / o.batch_size;
+  const std::string held =
+      o.block_size > 0 ? plural(n, "window") + " of --block-size " + std::to_string(o.block_size) : plural(n, "sample");
+  int64_t global = 0;
+  const bool fits = !__builtin_mul_overflow(o.workers, o.batch_size, &global);
+  throw ConfigError("--data " + o.data + " has " + held + ", fewer than one step of --workers " +
+                    std::to_string(o.workers) + " × --batch-size " + std::to_string(o.batch_size) +
+                    (fits ? " = " + std::to_string(global) : ""));
 }
 
 bool is_model_name(const std::string& model) {
@@ -237,6 +332,9 @@ void read_job_file(const std::string& path, TrainOptions& o) {
     }
     try {
       it->second(value, o);
+    } catch (const WrongValue& w) {
+      throw ConfigError("job file " + path + ": key '" + key + w.where + "' must be " + w.expected + ", got " +
+                        (w.got.empty() ? value.dump() : w.got));
     } catch (const Json::exception&) {
       throw ConfigError("job file " + path + ": key '" + key + "' has the wrong type (" + value.dump() + ")");
     }
@@ -274,28 +372,19 @@ void check(const TrainOptions& o) {
   require(o.batch_size >= 1, "--batch-size must be at least 1, got " + std::to_string(o.batch_size));
   require(o.optimizer == "sgd" || o.optimizer == "adamw",
           "--optimizer must be sgd or adamw, got '" + o.optimizer + "'");
-  require(o.lr > 0, "--lr must be positive, got " + num(o.lr));
+  check_numbers(o);
   require(o.block_size >= 0, "--block-size must not be negative, got " + std::to_string(o.block_size));
   require(o.token_dtype == "uint16" || o.token_dtype == "uint32" || o.token_dtype == "int32" || o.token_dtype == "int64",
           "--token-dtype must be uint16, uint32, int32 or int64, got '" + o.token_dtype + "'");
   require(o.schedule == "constant" || o.schedule == "cosine",
           "--schedule must be constant or cosine, got '" + o.schedule + "'");
-  require(o.min_lr_factor >= 0 && o.min_lr_factor <= 1,
-          "--min-lr-factor must be between 0 and 1, got " + num(o.min_lr_factor));
   require(o.compression == "none" || o.compression == "bf16" || o.compression == "fp16",
           "--compression must be none, bf16 or fp16, got '" + o.compression + "'");
   require(o.warmup_steps >= 0, "--warmup-steps must not be negative, got " + std::to_string(o.warmup_steps));
-  require(o.grad_clip >= 0, "--grad-clip must not be negative, got " + num(o.grad_clip));
   require(o.max_failures >= -1, "--max-failures must be -1 (no limit) or more, got " + std::to_string(o.max_failures));
   require(o.loader_threads >= 1 && o.loader_threads <= 256,
           "--loader-threads must be between 1 and 256, got " + std::to_string(o.loader_threads));
   require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
-  require(o.cpus_per_worker > 0, "--cpus-per-worker must be positive, got " + num(o.cpus_per_worker));
-  require(o.gpus_per_worker == 0 ||
-              (o.gpus_per_worker >= 0.01 && o.gpus_per_worker <= 1024 &&
-               (o.gpus_per_worker <= 1 || o.gpus_per_worker == std::floor(o.gpus_per_worker))),
-          "--gpus-per-worker must be 0, a part of one GPU (at least 0.01), or a whole number, got " +
-              num(o.gpus_per_worker));
   require(o.amp == "none" || o.amp == "bf16" || o.amp == "fp16",
           "--amp must be none, bf16 or fp16, got '" + o.amp + "'");
   require(o.amp != "fp16" || o.gpus_per_worker > 0,
@@ -324,13 +413,10 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
   c.trainer.schedule.warmup_steps = o.warmup_steps;
   c.trainer.schedule.decay = o.schedule;
   c.trainer.schedule.min_factor = o.min_lr_factor;
-  if (o.schedule == "cosine") {
-    const int64_t samples = actors::make_dataset(c.trainer.data)->size();
-    const int64_t per_epoch = samples / (o.workers * o.batch_size);
-    require(per_epoch >= 1, "--data " + o.data + " has " + std::to_string(samples) +
-                                " samples, fewer than one step of --workers × --batch-size");
-    c.trainer.schedule.total_steps = o.epochs * per_epoch;
-  }
+  const int64_t per_epoch = steps_per_epoch(o, c.trainer.data);
+  if (!o.val_data.empty() && actors::make_dataset(c.trainer.validation_data)->size() <= 0)
+    throw ConfigError("--val-data " + o.val_data + " holds no samples");
+  if (o.schedule == "cosine") c.trainer.schedule.total_steps = o.epochs * per_epoch;
   c.trainer.compression = o.compression;
   c.trainer.sync_batchnorm = o.sync_batchnorm;
   c.trainer.grad_clip = o.grad_clip;

@@ -29,7 +29,7 @@ struct TrainOptions {
   // block_size: {"input": x[s:s+B], "target": x[s+1:s+B+1]}.
   std::string data;
   std::string val_data;  // the same kinds, "" = no evaluation
-  int64_t block_size = 0;              // > 0: --data is a token stream
+  int64_t block_size = 0;              // > 0: --data is a token stream; 0: .npz
   std::string token_dtype = "uint16";  // of a raw .bin token stream
   int64_t workers = 1;
   int64_t epochs = 1;
@@ -68,20 +68,22 @@ struct TrainOptions {
 };
 
 // Reads a job file (.json, or .yaml/.yml) into `o`. Unknown keys and values
-// of the wrong type are errors naming the key and the file.
+// of the wrong type (1.5 or true for an integer key) are errors naming the
+// key and the file.
 void read_job_file(const std::string& path, TrainOptions& o);
 
 // The command line, after `troupe train` (argv[0] is the program). Returns
 // false when it printed --help (nothing more to do).
 bool parse_train_args(int argc, char** argv, TrainOptions& o);
 
-// Bad values and files that are not there, naming them; reads nothing
-// large.
+// Bad values (a floating one must be finite) and files that are not there
+// or are directories, naming them; reads nothing large.
 void check(const TrainOptions& o);
 
 // The job: a token-stream or .npz data set, and for a cosine schedule its
 // total steps, counted from the training data's size (opened here; nothing
-// is read but its header).
+// is read but its header). Data too small for one step of --workers ×
+// --batch-size, or an empty --val-data, is refused.
 trainer::TrainJobConfig to_job_config(const TrainOptions& o);
 
 }  // namespace troupe::launcher

@@ -45,13 +45,16 @@ troupe::Runtime connect(const TrainOptions& o) {
   return troupe::init(static_cast<int>(argv.size()), argv.data());
 }
 
+// A loss only when steps were taken: an epoch of no steps reports 0, which
+// is no loss at all.
 void print_summary(const troupe::trainer::Result& r) {
-  if (!r.history.empty()) {
+  std::printf("troupe train: done, %lld steps", static_cast<long long>(r.steps));
+  if (r.steps > 0 && !r.history.empty()) {
     const auto& last = r.history.back();
-    std::printf("troupe train: done, %lld steps, final loss %.4f", static_cast<long long>(r.steps), last.train_loss);
+    std::printf(", final loss %.4f", last.train_loss);
     if (last.val_count > 0) std::printf(", val_loss %.4f", last.val_loss);
-    std::printf(", %zu failure(s) healed\n", r.recoveries.size());
   }
+  std::printf(", %zu failure(s) healed\n", r.recoveries.size());
   if (r.last_checkpoint)
     std::printf("troupe train: final checkpoint %s (model.pt loads with torch.load)\n",
                 r.last_checkpoint->path.c_str());

@@ -28,7 +28,8 @@ Json scalar(const yaml_node_t& n) {
 
 Json convert(yaml_document_t& doc, yaml_node_t* n, int depth) {
   if (!n) return nullptr;
-  if (depth > 64) throw ConfigError("YAML nested deeper than 64 levels");
+  // An alias inside the node it names (`a: &x [*x]`) nests without end.
+  if (depth > 64) throw ConfigError("YAML nested deeper than 64 levels (an alias that refers to itself?)");
   switch (n->type) {
     case YAML_SCALAR_NODE:
       return scalar(*n);
@@ -64,7 +65,11 @@ Json yaml_to_json(const std::string& text, const std::string& file) {
     throw ConfigError("job file " + file + " is not YAML: " + (parser.problem ? parser.problem : "parse error") +
                       " at line " + std::to_string(parser.problem_mark.line + 1));
   std::unique_ptr<yaml_document_t, void (*)(yaml_document_t*)> doc_guard(&doc, yaml_document_delete);
-  return convert(doc, yaml_document_get_root_node(&doc), 0);
+  try {
+    return convert(doc, yaml_document_get_root_node(&doc), 0);
+  } catch (const ConfigError& e) {
+    throw ConfigError("job file " + file + ": " + e.what());
+  }
 }
 
 }  // namespace troupe::launcher

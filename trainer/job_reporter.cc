@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <ostream>
 #include <sstream>
@@ -100,8 +102,14 @@ void JobReporter::open_metrics() {
   auto parent = std::filesystem::path(cfg_.metrics_path).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  errno = 0;
   metrics_ = std::make_unique<std::ofstream>(cfg_.metrics_path, std::ios::app);
-  if (!*metrics_) throw ConfigError("cannot open metrics file " + cfg_.metrics_path);
+  if (!*metrics_) {
+    const int e = errno;
+    metrics_.reset();
+    throw ConfigError("cannot open metrics file " + cfg_.metrics_path + ": " +
+                      (e != 0 ? std::strerror(e) : "reason unknown"));
+  }
 }
 
 double JobReporter::now() const {

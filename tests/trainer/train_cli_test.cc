@@ -7,15 +7,18 @@
 //    with torch.load, and no process is left behind;
 //  - run against a running cluster (--address) it heals a trainer SIGKILLed
 //    mid-run and finishes;
-//  - bad input (a missing file, a step without `loss`, a batch key the
-//    module does not expect, bad flag values, an unknown job-file key) exits
-//    non-zero with one line naming the culprit.
+//  - bad input (a missing file or a directory, a step without `loss`, a
+//    batch key the module does not expect, bad flag values, NaN or infinite
+//    floating options, data too small for one step, an unknown job-file key
+//    or a number of the wrong kind there) exits non-zero with one line
+//    naming the culprit.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -331,10 +334,58 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--gpus-per-worker", "1.5"}), "--gpus-per-worker");
   expect_one_line_failure(with({"--amp", "fp8", "--gpus-per-worker", "1"}), "fp8");
   expect_one_line_failure(with({"--amp", "fp16"}), "--gpus-per-worker");
+  // Floating options are finite and in range (CLI11 reads inf, nan, and
+  // 1e400 as inf; the job would train to NaN and exit 0).
+  expect_one_line_failure(with({"--lr", "inf"}), "--lr must be a positive finite number, got inf");
+  expect_one_line_failure(with({"--lr", "1e400"}), "--lr must be a positive finite number, got inf");
+  expect_one_line_failure(with({"--weight-decay", "nan"}), "--weight-decay must be a finite number >= 0, got nan");
+  expect_one_line_failure(with({"--weight-decay", "-1"}), "--weight-decay must be a finite number >= 0, got -1");
+  expect_one_line_failure(with({"--grad-clip", "inf"}), "--grad-clip must be a finite number >= 0");
+  expect_one_line_failure(with({"--min-lr-factor", "nan"}), "--min-lr-factor must be between 0 and 1, got nan");
+  expect_one_line_failure(with({"--cpus-per-worker", "inf"}), "--cpus-per-worker must be a positive finite number");
+  expect_one_line_failure(with({"--gpus-per-worker", "nan"}), "--gpus-per-worker");
+  expect_one_line_failure(with({"--block-size", "-1"}), "--block-size");  // 0 (the default) is .npz
+  // Data too small for one step of workers × batch size: refused before
+  // anything runs, not 0 steps, a made-up loss and a checkpoint.
+  expect_one_line_failure(
+      with({"--workers", "2", "--batch-size", "64"}),
+      "--data " + at("train.npz") + " has 64 samples, fewer than one step of --workers 2 × --batch-size 64 = 128");
+  EXPECT_TRUE(!fs::exists(dir_ / "ckpt") || fs::is_empty(dir_ / "ckpt")) << "a checkpoint of no steps";
+  {
+    std::ofstream tokens(dir_ / "tokens.bin", std::ios::binary);
+    for (uint16_t t = 0; t < 20; ++t) tokens.write(reinterpret_cast<const char*>(&t), sizeof t);
+  }
+  expect_one_line_failure(with({"--data", at("tokens.bin"), "--block-size", "16", "--batch-size", "4"}),
+                          "has 1 window of --block-size 16, fewer than one step of --workers 1 × --batch-size 4");
+  std::ofstream(dir_ / "odd.bin", std::ios::binary) << "abc";  // not whole uint16 ids
+  const Outcome odd = with({"--data", at("odd.bin"), "--block-size", "4"});
+  expect_one_line_failure(odd, "raw token file '" + at("odd.bin") + "': 3 bytes");
+  EXPECT_EQ(odd.output.find("npy file"), std::string::npos) << odd.output;
+  // A directory is named as one.
+  expect_one_line_failure(with({"--model", dir_.string()}), "--model " + dir_.string() + " is a directory");
+  expect_one_line_failure(with({"--data", dir_.string()}), "--data " + dir_.string() + " is a directory");
+  expect_one_line_failure(with({"--config", dir_.string()}), "job file " + dir_.string() + " is a directory");
+  // The metrics file's open failure says why (a regular file as its parent).
+  expect_one_line_failure(with({"--metrics", at("train.npz") + "/m.jsonl"}), "m.jsonl: Not a directory");
   std::ofstream(dir_ / "job.json") << R"({"epochs": 2, "learning_rate": 0.1})";
   expect_one_line_failure(with({"--config", at("job.json")}), "learning_rate");
   std::ofstream(dir_ / "job.yaml") << "epochs: 2\nbatch_size: many\n";
   expect_one_line_failure(with({"--config", at("job.yaml")}), "batch_size");
+  // Job-file numbers: too large for a double, or not an integer where one
+  // is due (nlohmann would read 1.5 and true as 1), name the file and key.
+  std::ofstream(dir_ / "big.json") << R"({"epochs": 1e400})";
+  expect_one_line_failure(with({"--config", at("big.json")}), "job file " + at("big.json") + ": number overflow");
+  std::ofstream(dir_ / "half.json") << R"({"workers": 1.5})";
+  expect_one_line_failure(with({"--config", at("half.json")}),
+                          "job file " + at("half.json") + ": key 'workers' must be an integer, got 1.5");
+  std::ofstream(dir_ / "bool.json") << R"({"epochs": true})";
+  expect_one_line_failure(with({"--config", at("bool.json")}), "key 'epochs' must be an integer, got true");
+  std::ofstream(dir_ / "opts.json") << R"({"model_options": {"hidden": 2.5}})";
+  expect_one_line_failure(with({"--config", at("opts.json")}), "key 'model_options.hidden' must be an integer");
+  std::ofstream(dir_ / "half.yaml") << "workers: 1.5\n";
+  expect_one_line_failure(with({"--config", at("half.yaml")}), "half.yaml: key 'workers' must be an integer");
+  std::ofstream(dir_ / "self.yaml") << "a: &x [*x]\n";
+  expect_one_line_failure(with({"--config", at("self.yaml")}), "job file " + at("self.yaml") + ": YAML nested");
   EXPECT_EQ(run({TROUPE_TRAIN, "--help"}, dir_ / "help.log").status, 0);
 
   write_inputs(dir_, "noloss", 64, 8);
