@@ -11,7 +11,9 @@
 //   troupe torchrun [--nproc-per-node N] [--nnodes MIN:MAX] [--max-restarts K] [--address HOST:PORT]
 //                   [--python PATH] [--run-id ID] script.py args...   (docs/torchrun.md)
 //   troupe train --model step.pt --data train.npz ... (troupe-train --help)
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,7 +79,18 @@ struct Args {
   uint32_t worker_pool_size = 2;
   double worker_idle_timeout_s = 300;
   std::vector<std::string> command;
+  // `troupe start` options given on the command line that only a head
+  // (--head) or only a node agent takes: given to the other, an error.
+  std::vector<std::string> head_options_given;
+  std::vector<std::string> node_options_given;
 };
+
+// The options of `troupe start` that only --head takes, and those that only
+// a node agent takes (refused with --head --no-node, which starts none).
+const std::vector<std::string> kHeadOnlyOptions = {
+    "--port",        "--no-node",         "--dashboard-port", "--dashboard-require-token", "--state-db", "--supervise",
+    "--no-state-db", "--max-dead-actors", "--heartbeat-ms",   "--heartbeat-misses"};
+const std::vector<std::string> kNodeOnlyOptions = {"--resources", "--worker-pool-size", "--worker-idle-timeout"};
 
 std::string token_for(const std::string& dir) {
   if (std::string t = troupe::core::env_value(troupe::core::kEnvToken); !t.empty()) return t;
@@ -108,7 +121,37 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   return p.pid;
 }
 
+// Held while a `troupe start --head` checks for a running head and starts
+// one, so that two at once in one session cannot both start a head: the
+// second waits, then finds the first's. Released when this goes.
+class StartLock {
+ public:
+  explicit StartLock(const std::string& dir)
+      : fd_(::open((dir + "/start.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
+    if (fd_ < 0) throw troupe::ConfigError("cannot open " + dir + "/start.lock: " + std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0)
+      if (errno != EINTR) throw troupe::ConfigError("cannot lock " + dir + "/start.lock: " + std::strerror(errno));
+  }
+  ~StartLock() { ::close(fd_); }
+  StartLock(const StartLock&) = delete;
+  StartLock& operator=(const StartLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// Undoes a head start whose node agent failed: stops the head and removes
+// what was written of it, so the session is as before (the state db too is
+// left as it was: the head reloaded it and was stopped before changing it).
+void undo_head_start(const std::string& dir, pid_t head) {
+  ::kill(head, SIGTERM);
+  troupe::core::reap_process(head, std::chrono::seconds(10));
+  for (const char* f : {"head.pid", "address", "dashboard", "state_db"}) fs::remove(fs::path(dir) / f);
+  g_started.clear();
+}
+
 int start_head(const std::string& dir, const Args& a) {
+  StartLock lock(dir);
   auto running = troupe::core::check_pid_file(dir, "head.pid");
   if (running.alive) {
     std::fprintf(stderr, "troupe: a head is already running (pid %d, %s); troupe stop first\n", running.pid,
@@ -149,6 +192,7 @@ int start_head(const std::string& dir, const Args& a) {
   write_session_file(dir, "token", token, 0600);
   write_session_file(dir, "address", address, 0600);
   write_session_file(dir, "dashboard", dashboard, 0600);
+  write_session_file(dir, "state_db", o.env.head_state_db, 0600);
   std::printf("head started (pid %d) at %s; session %s (token in %s/token)\n", p.pid, address.c_str(), dir.c_str(),
               dir.c_str());
   if (!dashboard.empty())
@@ -160,7 +204,13 @@ int start_head(const std::string& dir, const Args& a) {
     Args node = a;
     node.host = o.env.head_host;  // the node's workers listen where the head does
     node.advertise_address = "";  // the interface that routes to the head's advertised address
-    start_node(dir, address, token, node);
+    try {
+      start_node(dir, address, token, node);
+    } catch (const std::exception& e) {
+      undo_head_start(dir, p.pid);
+      throw troupe::ConfigError(std::string(e.what()) + "; the head (pid " + std::to_string(p.pid) +
+                                ") started with it is stopped again");
+    }
   }
   std::printf("drivers connect with --address %s (or --address auto on this machine)\n", address.c_str());
   return 0;
@@ -218,6 +268,23 @@ int block_on(std::vector<pid_t> pids) {
   return rc;
 }
 
+// "" when the options fit together, else why not.
+std::string conflicting_start_options(const Args& a) {
+  if (a.head && !a.address.empty())
+    return "--head starts a head and --address " + a.address + " joins one; give one of them";
+  if (!a.head && !a.head_options_given.empty())
+    return a.head_options_given.front() + " is an option of the head: give it with --head (a node agent joining " +
+           a.address + " takes the head's settings from it)";
+  if (a.head && a.no_node && !a.node_options_given.empty())
+    return a.node_options_given.front() + " is an option of the node agent, and --no-node starts none";
+  try {
+    if (!a.advertise_address.empty()) troupe::wire::check_host("--advertise-address", a.advertise_address);
+  } catch (const troupe::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 int cmd_start(const Args& a) {
   std::string dir = session_dir();
   troupe::core::ensure_session_dir(dir);
@@ -237,6 +304,10 @@ int cmd_start(const Args& a) {
   }
   if (!a.head && a.address.empty()) {
     std::fprintf(stderr, "troupe start: give --head, or --address HOST:PORT of a head\n");
+    return 2;
+  }
+  if (const std::string why = conflicting_start_options(a); !why.empty()) {
+    std::fprintf(stderr, "troupe start: %s\n", why.c_str());
     return 2;
   }
   int rc = a.head ? start_head(dir, a) : join_head(dir, a);
@@ -379,16 +450,31 @@ int stop_local_processes(const std::string& dir) {
   return stopped;
 }
 
+// The state db of the session's head, emptied as the head empties it when
+// told to shut down: its files removed (SQLite's journal files with it).
+void remove_state_db(const std::string& dir) {
+  const std::string db = read_session_file(dir, "state_db");
+  if (db.empty()) return;
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(db + suffix);
+  std::printf("removed the head's state db %s\n", db.c_str());
+}
+
 int cmd_stop(const Args& a) {
   std::string dir = session_dir();
   troupe::core::check_session_dir(dir);
+  bool head_told = false;
   try {
     auto rt = connect_session(a.address);
     rt.core()->head().call_empty<void>(troupe::wire::Op::kShutdown, std::chrono::seconds(5));
+    head_told = true;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "troupe stop: head not reachable (%s); stopping local processes\n", e.what());
   }
   std::printf("stopped %d local troupe process(es)\n", stop_local_processes(dir));
+  // A head that could not be told did not empty its state db: a head
+  // started next in this session would reload the stopped cluster.
+  if (!head_told) remove_state_db(dir);
+  fs::remove(fs::path(dir) / "state_db");
   return 0;
 }
 
@@ -588,6 +674,10 @@ int main(int argc, char** argv) {
   // Only for --help: `troupe train` is handed to troupe-train before parsing.
   app.add_subcommand("train", "train a TorchScript step module on .npz arrays (troupe train --help)");
   CLI11_PARSE(app, argc, argv);
+  for (const auto& name : kHeadOnlyOptions)
+    if (start->count(name) > 0) a.head_options_given.push_back(name);
+  for (const auto& name : kNodeOnlyOptions)
+    if (start->count(name) > 0) a.node_options_given.push_back(name);
   try {
     if (*start) return cmd_start(a);
     if (*status) return cmd_status(a);

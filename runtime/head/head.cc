@@ -58,7 +58,10 @@ class Head::Impl {
         listener_(io_, opts_.host, opts_.port, opts_.token, opts_.listener,
                   [this](std::shared_ptr<Connection> c) { accept(std::move(c)); }),
         timer_(io_) {
-    if (opts_.advertise_host.empty()) opts_.advertise_host = wire::default_advertise_host(opts_.host);
+    if (opts_.advertise_host.empty())
+      opts_.advertise_host = wire::default_advertise_host(opts_.host);
+    else
+      wire::check_host("advertise address", opts_.advertise_host);
     if (!opts_.state_db.empty()) open_store();
     arm_timer();
     if (opts_.dashboard_port >= 0) {

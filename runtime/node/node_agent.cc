@@ -58,6 +58,7 @@ std::string executable_of(const std::string& given) {
 // Fills in the bind and advertise hosts left empty: the interface that
 // routes to the head is the one the head and the other nodes can reach.
 void choose_addresses(NodeOptions& o) {
+  if (!o.advertise_host.empty()) check_host("advertise address", o.advertise_host);
   if (!o.bind_host.empty() && !o.advertise_host.empty()) return;
   auto [head_host, head_port] = parse_address(o.head_address);
   if (o.bind_host.empty()) o.bind_host = local_address_towards(head_host, head_port);

@@ -7,7 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "troupe/runtime/core/errors.h"
@@ -17,6 +19,36 @@ namespace troupe::wire {
 std::string strip_brackets(const std::string& host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
   return host;
+}
+
+namespace {
+
+// A character as a message shows it: itself when printable, else \xNN.
+std::string shown(char c) {
+  if (std::isprint(static_cast<unsigned char>(c))) return std::string(1, c);
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
+  return hex;
+}
+
+}  // namespace
+
+void check_host(const std::string& what, const std::string& host_text) {
+  const std::string host = strip_brackets(host_text);
+  const auto bad = [&](const std::string& why) {
+    throw ConfigError(what + " '" + host_text + "' is not a host name or IP address: " + why);
+  };
+  if (host.empty()) bad("it is empty");
+  if (host.size() > 253) bad("it is longer than 253 characters");
+  if (host.find(':') != std::string::npos) {
+    asio::error_code ec;
+    asio::ip::make_address_v6(host, ec);
+    if (ec) bad("it has a ':' but is not an IPv6 address");
+    return;
+  }
+  for (char c : host)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_')
+      bad("it has the character '" + shown(c) + "'");
 }
 
 std::pair<std::string, uint16_t> parse_address(const std::string& address) {

@@ -23,6 +23,11 @@ std::pair<std::string, uint16_t> parse_address(const std::string& address);
 std::string format_address(const std::string& host, uint16_t port);
 // Drops brackets around an IPv6 literal ("[::1]" -> "::1").
 std::string strip_brackets(const std::string& host);
+// Throws ConfigError naming `what` and the text unless `host` can be a host
+// part of an address others connect to: a host name or IPv4 literal
+// (letters, digits, '.', '-', '_'), or an IPv6 literal, bracketed or not.
+// Nothing is resolved.
+void check_host(const std::string& what, const std::string& host);
 
 // An IP literal as is, "localhost" as 127.0.0.1, a host name through the
 // resolver (IPv4 first). Throws ConfigError naming the host.

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <system_error>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
@@ -559,8 +560,12 @@ Listener::Listener(asio::io_context& io, const std::string& host, uint16_t port,
   acceptor_.open(ep.protocol());
   set_cloexec(acceptor_.native_handle());
   acceptor_.set_option(asio::socket_base::reuse_address(true));
-  acceptor_.bind(ep);
-  acceptor_.listen(asio::socket_base::max_listen_connections);
+  // The error names the address: "bind 127.0.0.1:6380: Address already in use".
+  asio::error_code ec;
+  acceptor_.bind(ep, ec);
+  if (ec) throw std::system_error(ec, "bind " + format_address(host, port));
+  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) throw std::system_error(ec, "listen on " + format_address(host, port));
   port_ = acceptor_.local_endpoint().port();
   accept_next();
 }

@@ -212,6 +212,7 @@ TEST_F(LauncherTest, HeadThatFailsAtOnceIsReportedWithItsExitStatus) {
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("exited with code"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Address already in use"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bind 127.0.0.1:" + std::to_string(taken.port())), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("did not become ready"), std::string::npos) << r.output;
 }
 
@@ -277,6 +278,83 @@ TEST_F(LauncherTest, WildcardHeadAdvertisesAReachableAddressAndAWrongTokenIsNotP
   EXPECT_NE(join.status, 0) << join.output;
   EXPECT_NE(join.output.find("refused the cluster token"), std::string::npos) << join.output;
   EXPECT_FALSE(std::filesystem::exists(other / "token"));
+}
+
+// Options that do not fit together are usage errors (exit code 2) naming
+// the option, before anything starts.
+TEST_F(LauncherTest, StartOptionsThatDoNotFitAreRefusedNamingThem) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" start --head --address 127.0.0.1:1 --no-node", "--address 127.0.0.1:1"},
+      {" start --address 127.0.0.1:1 --heartbeat-ms 50", "--heartbeat-ms"},
+      {" start --address 127.0.0.1:1 --supervise", "--supervise"},
+      {" start --head --no-node --resources CPU=1", "--resources"},
+      {" start --head --no-node --advertise-address 'bad host'", "'bad host'"},
+  };
+  for (const auto& [args, named] : cases) {
+    auto r = run(cli() + args);
+    ASSERT_TRUE(WIFEXITED(r.status)) << args;
+    EXPECT_EQ(WEXITSTATUS(r.status), 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(named), std::string::npos) << args << ": " << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "head.pid")) << args;
+  }
+}
+
+// The head's pid from "head started (pid N) ...", or 0.
+pid_t started_head_pid(const std::string& output) {
+  const std::string mark = "head started (pid ";
+  const size_t at = output.find(mark);
+  return at == std::string::npos ? 0 : std::stoi(output.substr(at + mark.size()));
+}
+
+// The head starts, its node agent cannot reach it at the address it
+// advertises (127.0.0.2: the head listens on 127.0.0.1 only): the command
+// fails and stops the head it started, leaving no head behind.
+TEST_F(LauncherTest, HeadWhoseNodeAgentFailsIsStoppedAgain) {
+  auto r = run(cli() + " start --head --port 0 --dashboard-port -1 --advertise-address 127.0.0.2");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("stopped again"), std::string::npos) << r.output;
+  const pid_t head = started_head_pid(r.output);
+  ASSERT_GT(head, 0) << r.output;
+  EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "head.pid"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "address"));
+}
+
+// Two `troupe start --head` at once in one session: one head starts, the
+// other command finds it and fails; troupe stop leaves no head running.
+TEST_F(LauncherTest, TwoHeadStartsAtOnceStartOneHead) {
+  const std::string start = cli() + " start --head --no-node --port 0 --dashboard-port -1";
+  auto r = run("(" + start + " > " + (dir_ / "a.out").string() + " 2>&1; echo $? >> " + (dir_ / "a.out").string() +
+               ") & " + start + " 2>&1; wait");
+  const std::string both = r.output + troupe::core::read_session_file(dir_.string(), "a.out");
+  std::vector<pid_t> heads;
+  for (size_t at = 0; (at = both.find("head started (pid ", at)) != std::string::npos; ++at)
+    heads.push_back(started_head_pid(both.substr(at)));
+  EXPECT_EQ(heads.size(), 1u) << both;
+  EXPECT_NE(both.find("a head is already running"), std::string::npos) << both;
+  auto stop = run(cli() + " stop");
+  EXPECT_EQ(stop.status, 0) << stop.output;
+  for (pid_t h : heads) EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(h); })) << h;
+}
+
+// troupe stop with the head gone (SIGKILLed) empties its state db all the
+// same, as the head does when told: the next head starts a new cluster
+// rather than reloading the stopped one.
+TEST_F(LauncherTest, StopWithTheHeadGoneEmptiesItsStateDb) {
+  auto r = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const pid_t head = started_head_pid(r.output);
+  ASSERT_GT(head, 0) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(dir_ / "head.sqlite"));
+  ASSERT_EQ(::kill(head, SIGKILL), 0);
+  ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+  auto stop = run(cli() + " stop");
+  EXPECT_EQ(stop.status, 0) << stop.output;
+  EXPECT_NE(stop.output.find("head not reachable"), std::string::npos) << stop.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "head.sqlite")) << stop.output;
+  auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_EQ(troupe::core::read_session_file(dir_.string(), "head.log").find("reloading"), std::string::npos);
 }
 
 }  // namespace

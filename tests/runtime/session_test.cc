@@ -176,6 +176,24 @@ TEST(AddressTest, ParsesIPv6InBracketsAndFormatsThemBack) {
   EXPECT_EQ(wire::resolve_host("localhost").to_string(), "127.0.0.1");
 }
 
+TEST(AddressTest, HostsOthersCannotConnectToAreRefusedNamingThem) {
+  for (const char* ok : {"node-7.cluster.local", "10.0.0.1", "::1", "[fe80::1]", "host_1"})
+    EXPECT_NO_THROW(wire::check_host("--advertise-address", ok)) << ok;
+  for (const char* bad : {"", "bad addr", "a/b", "::zz::", "tab\there"}) {
+    try {
+      wire::check_host("--advertise-address", bad);
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--advertise-address '"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    wire::check_host("advertise address", "tab\there");
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'\\x09'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(AddressTest, WildcardIsNeverAdvertised) {
   EXPECT_NE(wire::default_advertise_host("0.0.0.0"), "0.0.0.0");
   EXPECT_NE(wire::default_advertise_host("::"), "::");
