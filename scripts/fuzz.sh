@@ -6,7 +6,7 @@
 # per target with its executions; exits 1 when a target crashed, leaving the
 # input as build-fuzz/crashes/<t>/crash-* — keep it under
 # tests/fuzz/corpus/<t>/ with the fix (fuzz_corpus_tests replays it).
-# Usage: scripts/fuzz.sh [seconds] [target...]   (targets: frame codec connection kv npy manifest)
+# Usage: scripts/fuzz.sh [seconds] [target...]   (targets: frame codec connection kv npy manifest http)
 #        scripts/fuzz.sh --runs N [target...]    each target for N executions (10000000: issue 18's bar)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ else
   limit=(-max_total_time="$seconds")
 fi
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(frame codec connection kv npy manifest)
+[ ${#targets[@]} -eq 0 ] && targets=(frame codec connection kv npy manifest http)
 bash scripts/setup.sh
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz

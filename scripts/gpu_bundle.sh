@@ -34,7 +34,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev libbenchmark1debian
   libssl-dev libssl3 zlib1g-dev zlib1g
   pkgconf pkgconf-bin libpkgconf3 pkg-config
-  libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libsqlite3-dev libsqlite3-0 libyaml-dev libyaml-0-2
+  libsqlite3-dev libsqlite3-0 libyaml-dev libyaml-0-2
 )
 
 mkdir -p "$debs" "$out"

@@ -27,7 +27,7 @@ PACKAGES=(
   python3-matplotlib python3-cloudpickle python3-pytest python3-venv python3-pip
   libssl-dev zlib1g-dev libyaml-dev
   clang-14 libfuzzer-14-dev
-  libsqlite3-dev libcpp-httplib-dev python3-prometheus-client
+  libsqlite3-dev python3-prometheus-client
   chromium fonts-dejavu-core fonts-liberation
   slurmctld slurmd slurm-client munge
   yamllint python3-jsonschema iproute2

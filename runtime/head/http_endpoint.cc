@@ -1,12 +1,10 @@
 #include "troupe/runtime/head/http_endpoint.h"
 
-#include <httplib.h>
 #include <openssl/crypto.h>
-
-#include <thread>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/head/http_server.h"
 #include "troupe/runtime/head/metrics.h"
 #include "troupe/runtime/wire/address.h"
 
@@ -21,10 +19,10 @@ bool same_token(const std::string& given, const std::string& token) {
 }
 
 // The token a request carries: the bearer header, else the login cookie.
-std::string token_of(const httplib::Request& req) {
-  const std::string auth = req.get_header_value("Authorization");
+std::string token_of(const HttpRequest& req) {
+  const std::string auth = req.header("Authorization");
   if (auth.rfind("Bearer ", 0) == 0) return auth.substr(7);
-  const std::string cookies = req.get_header_value("Cookie");
+  const std::string cookies = req.header("Cookie");
   const std::string key = std::string(kCookie) + "=";
   for (size_t at = 0; at < cookies.size();) {
     size_t end = cookies.find(';', at);
@@ -52,38 +50,26 @@ bool is_loopback_host(const std::string& host) {
 
 class HttpEndpoint::Impl {
  public:
-  Impl(HttpOptions o, Snapshot snapshot) : opts_(std::move(o)), snapshot_(std::move(snapshot)) {
-    // Two threads: an operator's browser and a Prometheus scraper.
-    server_.new_task_queue = [] { return new httplib::ThreadPool(2); };
-    server_.set_read_timeout(5, 0);
-    server_.set_write_timeout(5, 0);
-    server_.set_payload_max_length(64 * 1024);
-    // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, with which
-    // a second head would share a taken port instead of being refused.
-    server_.set_socket_options([](socket_t sock) {
-      int yes = 1;
-      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    });
-    routes();
-    const std::string host = wire::strip_brackets(opts_.host);
-    port_ =
-        opts_.port == 0 ? server_.bind_to_any_port(host) : (server_.bind_to_port(host, opts_.port) ? opts_.port : -1);
-    if (port_ <= 0)
-      throw ConfigError("dashboard: cannot listen on " + wire::format_address(opts_.host, opts_.port) +
-                        " (in use, or not an address of this machine); pick another with --dashboard-port");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-  }
-  ~Impl() { stop(); }
+  Impl(HttpOptions o, Snapshot snapshot)
+      : opts_(std::move(o)),
+        snapshot_(std::move(snapshot)),
+        server_(listen(opts_, [this](const HttpRequest& req, HttpResponse& res) { handle(req, res); })) {}
 
-  void stop() {
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  int port() const { return port_; }
+  void stop() { server_.stop(); }
+  int port() const { return server_.port(); }
 
  private:
+  static HttpServer listen(const HttpOptions& o, HttpServer::Handler handler) {
+    try {
+      return HttpServer(wire::strip_brackets(o.host), o.port, std::move(handler));
+    } catch (const ConfigError& e) {
+      throw ConfigError("dashboard: " + std::string(e.what()) +
+                        " (in use, or not an address of this machine); pick another with --dashboard-port");
+    }
+  }
+
   // A 401 unless the request may pass; true when it may.
-  bool allowed(const httplib::Request& req, httplib::Response& res) {
+  bool allowed(const HttpRequest& req, HttpResponse& res) {
     if (!opts_.require_token) return true;
     const std::string given = token_of(req);
     if (same_token(given, opts_.token)) return true;
@@ -102,7 +88,7 @@ class HttpEndpoint::Impl {
   }
 
   // The snapshot, or a 503 (false) when the head did not answer in time.
-  bool with_snapshot(httplib::Response& res, nlohmann::json& out) {
+  bool with_snapshot(HttpResponse& res, nlohmann::json& out) {
     out = snapshot_();
     if (!out.is_null()) return true;
     res.status = 503;
@@ -110,40 +96,44 @@ class HttpEndpoint::Impl {
     return false;
   }
 
-  void routes() {
-    server_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-      nlohmann::json s;
+  void login(const HttpRequest& req, HttpResponse& res) {
+    const std::string given = req.form_value("token");
+    if (!same_token(given, opts_.token)) {
+      res.status = 401;
+      res.set_content("troupe dashboard: wrong token\n", "text/plain");
+      return;
+    }
+    res.status = 303;
+    res.set_header("Set-Cookie", std::string(kCookie) + "=" + given + "; HttpOnly; SameSite=Strict; Path=/");
+    res.set_header("Location", "/");
+  }
+
+  void handle(const HttpRequest& req, HttpResponse& res) {
+    const bool get = req.method == "GET";
+    nlohmann::json s;
+    if (req.path == "/metrics" && get) {
       if (allowed(req, res) && with_snapshot(res, s))
         res.set_content(prometheus_text(s), "text/plain; version=0.0.4; charset=utf-8");
-    });
-    server_.Get("/api/status", [this](const httplib::Request& req, httplib::Response& res) {
-      nlohmann::json s;
+    } else if (req.path == "/api/status" && get) {
       if (allowed(req, res) && with_snapshot(res, s)) res.set_content(s.dump(), "application/json");
-    });
-    server_.Get("/", [this](const httplib::Request& req, httplib::Response& res) {
+    } else if (req.path == "/" && get) {
       if (allowed(req, res)) res.set_content(dashboard_html(), "text/html; charset=utf-8");
-    });
-    server_.Get("/login", [](const httplib::Request&, httplib::Response& res) {
+    } else if (req.path == "/login" && get) {
       res.set_content(kLoginPage, "text/html; charset=utf-8");
-    });
-    server_.Post("/login", [this](const httplib::Request& req, httplib::Response& res) {
-      const std::string given = req.get_param_value("token");
-      if (!same_token(given, opts_.token)) {
-        res.status = 401;
-        res.set_content("troupe dashboard: wrong token\n", "text/plain");
-        return;
-      }
-      res.status = 303;
-      res.set_header("Set-Cookie", std::string(kCookie) + "=" + given + "; HttpOnly; SameSite=Strict; Path=/");
-      res.set_header("Location", "/");
-    });
+    } else if (req.path == "/login" && req.method == "POST") {
+      login(req, res);
+    } else if (req.path == "/metrics" || req.path == "/api/status" || req.path == "/" || req.path == "/login") {
+      res.status = 405;
+      res.set_content("troupe dashboard: " + req.method + " is not served at " + req.path + "\n", "text/plain");
+    } else {
+      res.status = 404;
+      res.set_content("troupe dashboard: nothing at " + req.path + " (try /, /metrics or /api/status)\n", "text/plain");
+    }
   }
 
   HttpOptions opts_;
   Snapshot snapshot_;
-  httplib::Server server_;
-  int port_ = -1;
-  std::thread thread_;
+  HttpServer server_;
 };
 
 HttpEndpoint::HttpEndpoint(HttpOptions options, Snapshot snapshot)

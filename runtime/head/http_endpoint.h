@@ -1,8 +1,10 @@
 // HttpEndpoint: the head's HTTP side, for operators: `/metrics`
 // (Prometheus text), `/api/status` (the status JSON plus jobs) and `/` (the
-// dashboard page, dashboard_page.cc). Served by cpp-httplib on threads of
-// its own; it never touches the head's tables: every request asks the
-// head's event loop for a snapshot (Snapshot, run there) and renders that.
+// dashboard page, dashboard_page.cc). Served by HttpServer (http_server.h:
+// one event loop on a thread of its own, every connection bounded in time,
+// so slow clients cannot starve the others); it never touches the head's
+// tables: every request asks the head's event loop for a snapshot
+// (Snapshot, run there) and renders that.
 //
 // Access: with `require_token`, every path but /login needs the cluster
 // token, as `Authorization: Bearer TOKEN` or the cookie the /login form

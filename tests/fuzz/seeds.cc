@@ -142,6 +142,9 @@ std::vector<std::string> seeds(const std::string& target) {
     v.push_back(std::string("\x00", 1) + std::string(wire::kAuthMagic, 8) + std::string(32, 'n'));
     return v;
   }
+  if (target == "http")
+    return {"GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t",
+            "POST /login HTTP/1.1\r\nContent-Length: 11\r\nCookie: a=1; troupe_token=t", "token=a%2Db+c&x"};
   if (target == "kv") {
     std::string put_then_add(
         "\x00\x00\x02"

@@ -33,14 +33,18 @@ int npy_target(const uint8_t* data, size_t size);
 // A checkpoint's manifest.json; one that is accepted must write and read
 // back as itself.
 int manifest_target(const uint8_t* data, size_t size);
+// The head's HTTP endpoint: a request head as HttpServer parses it, and
+// the same bytes as a form body and as URL-encoded text.
+int http_target(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;
   int (*run)(const uint8_t*, size_t);
 };
 inline constexpr Target kTargets[] = {
-    {"frame", frame_target}, {"codec", codec_target}, {"connection", connection_target}, {"kv", kv_target},
-    {"npy", npy_target},     {"manifest", manifest_target}};
+    {"frame", frame_target}, {"codec", codec_target}, {"connection", connection_target},
+    {"kv", kv_target},       {"npy", npy_target},     {"manifest", manifest_target},
+    {"http", http_target}};
 
 // Valid inputs of each target (seeds for the fuzzer, and the corpus test's
 // starting points).

@@ -11,7 +11,9 @@
 
 #include <asio.hpp>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/head/head.h"
@@ -126,6 +128,57 @@ TEST_F(DashboardTest, GarbageRequestHurtsNeitherEndpointNorHead) {
   io.token = "the-token";
   troupe::Runtime rt = troupe::Runtime::connect(io);
   EXPECT_TRUE(rt.nodes().empty());
+}
+
+// Clients that open connections and dribble half-sent requests (a header
+// line now and then, never the blank line) do not keep others from being
+// served: twice as many as the server keeps open, still sending, and
+// /metrics answers all the same. (A server on a pool of two threads was
+// stalled by two.) Each dribbler is also cut off: its connection ends.
+TEST_F(DashboardTest, SlowClientsDoNotStarveTheOthers) {
+  asio::io_context io;
+  std::vector<std::unique_ptr<asio::ip::tcp::socket>> slow;
+  for (int i = 0; i < 128; ++i) {
+    auto s = std::make_unique<asio::ip::tcp::socket>(io);
+    s->connect({asio::ip::make_address("127.0.0.1"), port_});
+    asio::write(*s, asio::buffer(std::string("GET /metrics HTTP/1.1\r\nHost: x\r\n")));
+    slow.push_back(std::move(s));
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (auto& s : slow) {
+      asio::error_code ec;
+      asio::write(*s, asio::buffer(std::string("X-Slow: 1\r\n")), ec);  // a closed one may refuse
+    }
+    std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
+    EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << "round " << round << ": " << m;
+  }
+  // The first dribbler was closed to make room: it reads the end of stream.
+  timeval limit{30, 0};
+  ::setsockopt(slow.front()->native_handle(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  char buf[64];
+  asio::error_code ec;
+  slow.front()->read_some(asio::buffer(buf), ec);
+  EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << ec.message();
+}
+
+// A method a route does not take is a 405, a path with no route a 404,
+// a body too large a 413 — each answered, none hurting what follows.
+TEST_F(DashboardTest, WrongMethodsPathsAndSizesAreAnsweredWithTheirStatus) {
+  EXPECT_EQ(http(port_, "DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
+  std::string missing = get(port_, "/nowhere");
+  EXPECT_EQ(missing.rfind("HTTP/1.1 404", 0), 0u) << missing;
+  EXPECT_NE(missing.find("/nowhere"), std::string::npos) << missing;
+  std::string big = http(port_, "POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n\r\ntoken=", true);
+  EXPECT_EQ(big.rfind("HTTP/1.1 413", 0), 0u) << big;
+  std::string chunked =
+      http(port_, "POST /login HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", true);
+  EXPECT_EQ(chunked.rfind("HTTP/1.1 400", 0), 0u) << chunked;
+  std::string form = "other=1&token=the%2Dtoken";  // percent-encoded
+  std::string login = http(
+      port_, "POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(form.size()) + "\r\n\r\n" + form);
+  EXPECT_EQ(login.rfind("HTTP/1.1 303", 0), 0u) << login;
+  std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
+  EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
 }
 
 TEST(DashboardMetrics, EscapesLabelValuesAndRendersJobs) {
