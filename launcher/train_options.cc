@@ -106,6 +106,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"amp", field(&TrainOptions::amp)},
       {"log_every", field(&TrainOptions::log_every)},
       {"loader_threads", field(&TrainOptions::loader_threads)},
+      {"step_timeout", field(&TrainOptions::step_timeout_s)},
       {"name", field(&TrainOptions::name)},
   };
   return keys;
@@ -217,6 +218,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "only, with dynamic loss scaling)");
   app.add_option("--loader-threads", o.loader_threads,
                  "pipeline threads of each trainer's data loader (decode and collate; a custom collate runs there)");
+  app.add_option("--step-timeout", o.step_timeout_s,
+                 "seconds a trainer may take to answer (a round of --log-every steps, a checkpoint); one that does "
+                 "not (hung, stopped) is killed and healed as a failure (default 600)");
   app.add_option("--log-every", o.log_every, "optimizer steps between progress updates");
   app.add_option("--name", o.name, "job name on the console and in the metrics file");
 }
@@ -253,6 +257,8 @@ void check_numbers(const TrainOptions& o) {
   require_number("--min-lr-factor", o.min_lr_factor, o.min_lr_factor >= 0 && o.min_lr_factor <= 1, "between 0 and 1");
   require_number("--grad-clip", o.grad_clip, o.grad_clip >= 0, "a finite number >= 0 (0 = off)");
   require_number("--cpus-per-worker", o.cpus_per_worker, o.cpus_per_worker > 0, "a positive finite number");
+  require_number("--step-timeout", o.step_timeout_s, o.step_timeout_s >= 1 && o.step_timeout_s <= 7 * 24 * 3600,
+                 "a number of seconds from 1 to 604800");
   const double g = o.gpus_per_worker;
   require_number("--gpus-per-worker", g, g == 0 || (g >= 0.01 && g <= 1024 && (g <= 1 || g == std::floor(g))),
                  "0, a part of one GPU (at least 0.01), or a whole number up to 1024");
@@ -428,6 +434,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
   c.evaluate = !o.val_data.empty();
   c.progress_every_steps = o.log_every;
   c.loader_threads = o.loader_threads;
+  c.call_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.step_timeout_s * 1000.0));
   trainer::validate(c);
   return c;
 }

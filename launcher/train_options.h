@@ -61,6 +61,10 @@ struct TrainOptions {
   std::string amp = "none";
   // Pipeline threads of each trainer's data loader (decode and collate).
   int64_t loader_threads = 1;
+  // Seconds a trainer may take to answer a call (a round of log_every
+  // steps, a checkpoint): one that does not (hung, stopped) counts as
+  // failed, is killed and the job heals.
+  double step_timeout_s = 600;
   // Optimizer steps between progress updates (the driver's train() rounds).
   int64_t log_every = 10;
   std::string name = "train";

@@ -313,6 +313,57 @@ TEST_F(TrainCliTest, HealsATrainerKilledMidRunOnARunningCluster) {
   EXPECT_EQ(metrics_lines(metrics, "step").back()["step"], 192);
 }
 
+// A trainer stopped (SIGSTOP) mid-run neither dies nor answers: after
+// --step-timeout its round counts as failed, recovery finds it silent,
+// kills it and heals the job, which ends with every step done.
+TEST_F(TrainCliTest, AStoppedTrainerIsKilledAndHealedAfterTheStepTimeout) {
+  write_inputs(dir_, "ok", 1024, 64);
+  troupe::testing::LocalCluster cluster{{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}};
+  troupe::Runtime rt = cluster.connect();
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  const fs::path log = dir_ / "train.log", metrics = dir_ / "metrics.jsonl";
+  pid_t pid = spawn({TROUPE_TRAIN,
+                     "--model",
+                     at("step.pt"),
+                     "--data",
+                     at("train.npz"),
+                     "--workers",
+                     "2",
+                     "--epochs",
+                     "2",
+                     "--batch-size",
+                     "16",
+                     "--optimizer",
+                     "sgd",
+                     "--lr",
+                     "0.01",
+                     "--max-failures",
+                     "1",
+                     "--step-timeout",
+                     "5",
+                     "--log-every",
+                     "2",
+                     "--checkpoint-dir",
+                     at("ckpt"),
+                     "--metrics",
+                     metrics.string(),
+                     "--address",
+                     cluster.address()},
+                    log, {{"TROUPE_TOKEN", cluster.token()}});
+  bool started = troupe::test::eventually(
+      [&] {
+        return metrics_lines(metrics, "step").size() >= 4 && faults.live_actors(kTrainerClass, before).size() == 2;
+      },
+      120s);
+  if (started) faults.stall_actor(faults.live_actors(kTrainerClass, before).at(1).id, std::chrono::minutes(5));
+  const Outcome o = finish(pid, log);
+  ASSERT_TRUE(started) << o.output;
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_NE(o.output.find("1 failure(s) healed"), std::string::npos) << o.output;
+  EXPECT_EQ(metrics_lines(metrics, "step").back()["step"], 64);  // 1024 / (2 × 16) per epoch, 2 epochs
+}
+
 TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   write_inputs(dir_, "ok", 64, 8);
   const std::vector<std::string> ok = {TROUPE_TRAIN,    "--model",          at("step.pt"), "--data",
@@ -330,6 +381,7 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--batch-size", "0"}), "--batch-size");
   expect_one_line_failure(with({"--lr", "-1"}), "--lr");
   expect_one_line_failure(with({"--loader-threads", "0"}), "--loader-threads");
+  expect_one_line_failure(with({"--step-timeout", "0"}), "--step-timeout");
   expect_one_line_failure(with({"--frobnicate"}), "--frobnicate");
   expect_one_line_failure(with({"--gpus-per-worker", "1.5"}), "--gpus-per-worker");
   expect_one_line_failure(with({"--amp", "fp8", "--gpus-per-worker", "1"}), "fp8");
