@@ -26,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "head_probe.h"
@@ -285,21 +286,37 @@ std::string conflicting_start_options(const Args& a) {
   return "";
 }
 
+// "" when every value given to `troupe start` is one it takes, else why
+// not, naming the option and the value: a usage error like CLI11's.
+std::string bad_start_value(const Args& a) {
+  try {
+    troupe::head::parse_resources(a.resources);
+  } catch (const troupe::ConfigError& e) {
+    return std::string("--resources: ") + e.what();
+  }
+  if (!(a.worker_idle_timeout_s >= 0.001 && a.worker_idle_timeout_s <= 30.0 * 24 * 3600)) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), "--worker-idle-timeout %g is out of range [0.001, 2592000] seconds",
+                  a.worker_idle_timeout_s);
+    return buf;
+  }
+  try {  // the idle timeout is in range (above): what is left is the size
+    troupe::node::validate_pool_options(
+        {a.worker_pool_size, std::chrono::milliseconds(static_cast<int64_t>(a.worker_idle_timeout_s * 1000.0))});
+  } catch (const troupe::ConfigError& e) {
+    return std::string("--worker-pool-size: ") + e.what();
+  }
+  if (!a.advertise_address.empty() && troupe::wire::is_wildcard_host(a.advertise_address))
+    return "--advertise-address " + a.advertise_address + " is a wildcard; give an address others can reach";
+  return "";
+}
+
 int cmd_start(const Args& a) {
   std::string dir = session_dir();
   troupe::core::ensure_session_dir(dir);
   // Validate before starting anything.
-  troupe::head::parse_resources(a.resources);
-  if (!(a.worker_idle_timeout_s >= 0.001 && a.worker_idle_timeout_s <= 30.0 * 24 * 3600)) {
-    std::fprintf(stderr, "troupe start: --worker-idle-timeout %g is out of range [0.001, 2592000] seconds\n",
-                 a.worker_idle_timeout_s);
-    return 2;
-  }
-  troupe::node::validate_pool_options(
-      {a.worker_pool_size, std::chrono::milliseconds(static_cast<int64_t>(a.worker_idle_timeout_s * 1000.0))});
-  if (!a.advertise_address.empty() && troupe::wire::is_wildcard_host(a.advertise_address)) {
-    std::fprintf(stderr, "troupe start: --advertise-address %s is a wildcard; give an address others can reach\n",
-                 a.advertise_address.c_str());
+  if (const std::string why = bad_start_value(a); !why.empty()) {
+    std::fprintf(stderr, "troupe start: %s\n", why.c_str());
     return 2;
   }
   if (!a.head && a.address.empty()) {
@@ -345,7 +362,7 @@ troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
       if (used == s.size()) return v;
     } catch (const std::exception&) {
     }
-    throw troupe::ConfigError(std::string("troupe logs: '") + s + "' is not a " + what);
+    throw troupe::ConfigError("'" + s + "' is not a " + what);
   };
   if (t.empty() || (t.size() == 1 && t[0] == "head")) {
     r.target = "head";
@@ -358,14 +375,20 @@ troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
     r.id = numeric ? number(t[0], "actor id")
                    : rt.core()->head().call<troupe::wire::ActorInfo>(troupe::wire::Op::kGetActor, t[0]).id;
   } else {
-    throw troupe::ConfigError("troupe logs: give head, node N, or an actor's id or name");
+    throw troupe::ConfigError("give head, node N, or an actor's id or name");
   }
   return r;
 }
 
 int cmd_logs(const Args& a, const LogsArgs& l) {
   auto rt = connect_session(a.address);
-  auto req = log_request(rt, l);
+  troupe::wire::ReadLog req;
+  try {
+    req = log_request(rt, l);
+  } catch (const troupe::ConfigError& e) {  // a target that names no log
+    std::fprintf(stderr, "troupe logs: %s\n", e.what());
+    return 2;
+  }
   for (;;) {
     auto chunk = rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, req);
     std::fwrite(chunk.text.data(), 1, chunk.text.size(), stdout);
@@ -374,6 +397,25 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
     req.offset = chunk.next_offset;
     if (chunk.next_offset >= chunk.size) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
+}
+
+// "CPU 1/2  GPU 0/0  " for a status row: used/total of each resource. A
+// dead node shows "-" for used: the head leaves its pool as it was when the
+// node died (nothing is placed there again), and nothing on it runs.
+std::string node_resources_text(const nlohmann::json& n) {
+  const bool alive = n["alive"].get<bool>();
+  std::string res;
+  for (auto& [k, v] : n["total"].items()) {
+    char buf[96];
+    if (!alive) {
+      std::snprintf(buf, sizeof(buf), "%s -/%g  ", k.c_str(), v.get<double>());
+    } else {
+      double used = n["used"].contains(k) ? n["used"][k].get<double>() : 0.0;
+      std::snprintf(buf, sizeof(buf), "%s %g/%g  ", k.c_str(), used, v.get<double>());
+    }
+    res += buf;
+  }
+  return res;
 }
 
 int cmd_status(const Args& a) {
@@ -385,13 +427,7 @@ int cmd_status(const Args& a) {
   }
   std::printf("head %s\n\nnodes:\n", j["address"].get<std::string>().c_str());
   for (auto& n : j["nodes"]) {
-    std::string res;
-    for (auto& [k, v] : n["total"].items()) {
-      double used = n["used"].contains(k) ? n["used"][k].get<double>() : 0.0;
-      char buf[96];
-      std::snprintf(buf, sizeof(buf), "%s %g/%g  ", k.c_str(), used, v.get<double>());
-      res += buf;
-    }
+    const std::string res = node_resources_text(n);
     std::printf("  node %-3llu %-6s %-20s pid %-7d %s\n", (unsigned long long)n["id"].get<uint64_t>(),
                 n["alive"].get<bool>() ? "ALIVE" : "DEAD", n["hostname"].get<std::string>().c_str(),
                 n["pid"].get<int>(), res.c_str());
@@ -554,6 +590,23 @@ int exec_train(int argc, char** argv) {
   return 127;
 }
 
+// Parses the command line: nullopt when it parsed, else the exit code.
+// --help and --version exit 0 as CLI11 prints them; a bad command line (a
+// value out of range or not a number, an unknown option) is a usage error,
+// exit code 2 as for troupe's own checks, in one line naming the option
+// (CLI11's own codes, 104 for a conversion error and so on, mean nothing
+// to a shell script).
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    return 2;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -673,7 +726,7 @@ int main(int argc, char** argv) {
   app.add_subcommand("torchrun", "run an unmodified torchrun script on the cluster (troupe torchrun --help)");
   // Only for --help: `troupe train` is handed to troupe-train before parsing.
   app.add_subcommand("train", "train a TorchScript step module on .npz arrays (troupe train --help)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = parse_command_line(app, argc, argv)) return *rc;
   for (const auto& name : kHeadOnlyOptions)
     if (start->count(name) > 0) a.head_options_given.push_back(name);
   for (const auto& name : kNodeOnlyOptions)

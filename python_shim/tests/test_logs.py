@@ -84,6 +84,7 @@ def test_unknown_targets_are_named(cluster):
     r = logs(cluster, "node", "77")
     assert r.returncode != 0 and "node 77 is not alive" in r.stderr
     r = logs(cluster, "node", "x")
-    assert r.returncode != 0 and "'x' is not a node id" in r.stderr
+    assert r.returncode == 2 and "troupe logs: 'x' is not a node id" in r.stderr
+    assert "troupe: troupe" not in r.stderr, r.stderr  # one prefix, not two
     r = logs(cluster, "no-such-actor-name")
     assert r.returncode != 0 and "no-such-actor-name" in r.stderr

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <asio.hpp>
 #include <cstdio>
@@ -129,6 +130,35 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(std::stoi(head_pid), 0) != 0; }));
 }
 
+// A dead node's resources are not shown in use: what ran there died with
+// it, though the head leaves the dead node's pool as it was.
+TEST_F(LauncherTest, StatusShowsNothingInUseOnADeadNode) {
+  auto head = run(cli() + " start --head --port 0 --dashboard-port -1 --resources CPU=1,GPU=0");
+  ASSERT_EQ(head.status, 0) << head.output;
+  troupe::InitOptions o;
+  o.address = troupe::core::read_session_file(dir_.string(), "address");
+  o.token = troupe::core::read_session_file(dir_.string(), "token");
+  auto node = run(cli() + " start --address " + o.address + " --resources CPU=1,GPU=0,disk=1");
+  ASSERT_EQ(node.status, 0) << node.output;
+  troupe::Runtime rt = troupe::Runtime::connect(o);
+  auto a = rt.spawn<Adder>({.resources = {{"disk", 1}}});
+  ASSERT_EQ(a.call(&Adder::add, 2, 3).get(kWaitBound), 5);
+  auto before = run(cli() + " status");
+  EXPECT_NE(before.output.find("disk 1/1"), std::string::npos) << before.output;
+  const auto nodes = nlohmann::json::parse(run(cli() + " status --json").output)["nodes"];
+  ASSERT_EQ(nodes.size(), 2u);
+  ASSERT_EQ(::kill(nodes[1]["pid"].get<pid_t>(), SIGKILL), 0);
+  ASSERT_TRUE(troupe::test::eventually(
+      [&] { return nlohmann::json::parse(run(cli() + " status --json").output)["nodes"][1]["alive"] == false; }));
+  auto after = run(cli() + " status");
+  const size_t row = after.output.find("node 2 ");
+  ASSERT_NE(row, std::string::npos) << after.output;
+  const std::string line = after.output.substr(row, after.output.find('\n', row) - row);
+  EXPECT_NE(line.find("DEAD"), std::string::npos) << line;
+  EXPECT_NE(line.find("disk -/1"), std::string::npos) << line;
+  EXPECT_EQ(line.find("1/1"), std::string::npos) << line;
+}
+
 namespace {
 // The oldest child of `p` (0 when none), from /proc.
 pid_t child_of(pid_t p) {
@@ -199,11 +229,36 @@ TEST_F(LauncherTest, ClearErrorsWithoutACluster) {
 TEST_F(LauncherTest, PortOutOfRangeIsRefused) {
   for (std::string port : {"70000", "-5"}) {
     auto r = run(cli() + " start --head --port " + port);
-    EXPECT_NE(r.status, 0) << r.output;
+    ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+    EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.output;
     EXPECT_NE(r.output.find("--port"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(port), std::string::npos) << r.output;
     EXPECT_TRUE(troupe::core::read_session_file(dir_.string(), "head.pid").empty());
   }
+}
+
+// Every bad value of a `troupe start` option, whether CLI11 or troupe finds
+// it, is a usage error (exit code 2) said in one line naming the option and
+// the value; --help still exits 0.
+TEST_F(LauncherTest, BadStartValuesAreUsageErrorsNamingOptionAndValue) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--worker-pool-size", "100"},    {"--worker-pool-size", "-1"},  {"--worker-idle-timeout", "0"},
+      {"--worker-idle-timeout", "abc"}, {"--heartbeat-ms", "5"},       {"--resources", "CPU=x"},
+      {"--max-dead-actors", "-1"},      {"--dashboard-port", "70000"}, {"--port", "abc"},
+  };
+  for (const auto& [option, value] : cases) {
+    auto r = run(cli() + " start --head " + option + " " + value);
+    const std::string what = option + " " + value + ": " + r.output;
+    ASSERT_TRUE(WIFEXITED(r.status)) << what;
+    EXPECT_EQ(WEXITSTATUS(r.status), 2) << what;
+    EXPECT_NE(r.output.find(option), std::string::npos) << what;
+    EXPECT_NE(r.output.find(value), std::string::npos) << what;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << what;
+    EXPECT_TRUE(troupe::core::read_session_file(dir_.string(), "head.pid").empty()) << what;
+  }
+  auto help = run(cli() + " start --help");
+  ASSERT_TRUE(WIFEXITED(help.status));
+  EXPECT_EQ(WEXITSTATUS(help.status), 0) << help.output;
 }
 
 TEST_F(LauncherTest, HeadThatFailsAtOnceIsReportedWithItsExitStatus) {
