@@ -7,6 +7,7 @@
 #include "troupe/runtime/core/session.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/resource_pool.h"
+#include "troupe/runtime/wire/address.h"
 
 namespace troupe::py {
 
@@ -57,6 +58,9 @@ void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const R
 InitOptions resolve_init_options(std::string address, std::string token) {
   InitOptions o;
   o.address = std::move(address);
+  // A malformed address (port 0 or past 65535 included) is named as that,
+  // before the token it would need is looked for.
+  if (!o.address.empty() && o.address != "auto") wire::parse_address(o.address);
   o.token = token.empty() ? core::env_value(core::kEnvToken) : std::move(token);
   if (o.address == "auto" || (!o.address.empty() && o.token.empty())) core::check_session_dir(core::session_dir());
   if (o.address == "auto") {

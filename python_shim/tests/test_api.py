@@ -90,6 +90,17 @@ def test_wait_and_get_timeout():
         troupe.get(slow_ref, timeout=0.1)
     with pytest.raises(ValueError):
         troupe.wait([fast_ref], num_returns=2)
+    # A negative or NaN timeout is refused by name, as Ray does, not taken as
+    # "do not wait"; infinity waits without limit.
+    for bad in (-1, -0.5, float("nan")):
+        with pytest.raises(ValueError, match=f"troupe.get: timeout={float(bad)!r}"):
+            troupe.get(fast_ref, timeout=bad)
+        with pytest.raises(ValueError, match=f"troupe.wait: timeout={float(bad)!r}"):
+            troupe.wait([fast_ref], timeout=bad)
+    with pytest.raises(TypeError, match="timeout"):
+        troupe.get(fast_ref, timeout="1")
+    assert troupe.get(fast_ref, timeout=float("inf")) == 4
+    assert troupe.wait([fast_ref], timeout=float("inf"))[0] == [fast_ref]
 
 
 class MyError(Exception):

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 import troupe
-from troupe.exceptions import TroupeConnectionError, TroupeError
+from troupe.exceptions import ConfigError, TroupeConnectionError, TroupeError
 from conftest import cli
 
 
@@ -80,6 +80,26 @@ def test_wrong_token_and_address(head):
             troupe.init(address=address)
     finally:
         os.environ.pop("TROUPE_TOKEN")
+
+
+def test_empty_or_malformed_address_is_named(tmp_path, monkeypatch):
+    """address="" is no request for an embedded cluster (that is None); a
+    bad HOST:PORT is named as such before the token it would need is looked
+    for (this session directory has none)."""
+    session, _ = session_env(tmp_path)
+    monkeypatch.setenv("TROUPE_SESSION_DIR", str(session))
+    monkeypatch.delenv("TROUPE_TOKEN", raising=False)
+    monkeypatch.delenv("TROUPE_ADDRESS", raising=False)
+    for empty in ("", " "):
+        with pytest.raises(ConfigError, match=f"address '{empty}' is empty"):
+            troupe.init(address=empty)
+        assert not troupe.is_initialized()
+    for bad, why in (("127.0.0.1:99999", "port out of range"), ("127.0.0.1:0", "port out of range"),
+                     ("127.0.0.1:x", "bad port"), ("127.0.0.1", "is not HOST:PORT")):
+        with pytest.raises(ConfigError, match=f"address '{bad}' .*{why}") as info:
+            troupe.init(address=bad)
+        assert "token" not in str(info.value)
+        assert not troupe.is_initialized()
 
 
 def test_heartbeat_tolerance_is_set_by_troupe_start(tmp_path):

@@ -60,6 +60,8 @@ def test_group_that_does_not_fit_stays_pending_until_removed(cluster):
     done, pending = troupe.wait([ready], timeout=0.5)
     assert done == [] and pending == [ready]
     assert pg.wait(timeout_seconds=0.2) is False
+    with pytest.raises(ValueError, match="timeout_seconds=-1.0"):
+        pg.wait(timeout_seconds=-1)
     table = placement_group_table(pg)
     assert table["state"] == "PENDING" and table["pending_reason"]
     assert pg.id in placement_group_table()

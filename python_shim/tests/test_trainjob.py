@@ -113,6 +113,8 @@ def test_bad_input_is_a_config_error_naming_it(tmp_path):
         TrainJob(model(), "/nonexistent/nothing.npz", **JOB).fit()
     with pytest.raises(ConfigError, match="gpus-per-worker"):  # fp16 autocast is for GPUs
         TrainJob(model(), regression(64), amp="fp16", checkpoint_dir=str(tmp_path), **JOB).fit()
+    with pytest.raises(ConfigError, match="TrainJob.wait: timeout=-1.0"):  # checked before "start() first"
+        TrainJob(model(), regression(64), checkpoint_dir=str(tmp_path), **JOB).wait(timeout=-1)
 
 
 class TinyLm(torch.nn.Module):

@@ -31,6 +31,7 @@ from troupe import _core
 from troupe import exceptions
 from troupe._remote import ActorClass, ActorHandle, RemoteFunction, remote, _actor_handle
 from troupe import _serialization as _ser
+from troupe import _timeouts
 
 ObjectRef = _core.ObjectRef
 
@@ -80,6 +81,9 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, ignore_r
         address = os.environ.get("TROUPE_ADDRESS") or None
     if address is not None and not isinstance(address, str):
         raise exceptions.ConfigError(f"address must be 'HOST:PORT' or 'auto', not {address!r}")
+    if address is not None and not address.strip():
+        raise exceptions.ConfigError(f"address {address!r} is empty: give 'HOST:PORT', 'auto' for the "
+                                     "session's cluster, or None for an embedded one")
     node = dict(resources or {})
     if num_cpus is not None:
         node["CPU"] = float(num_cpus)
@@ -113,7 +117,9 @@ def shutdown():
 
 def get(refs, *, timeout=None):
     """The value of a ref, or the values of a list of refs; raises the remote
-    error (TaskError, ActorDiedError, ...) or GetTimeoutError."""
+    error (TaskError, ActorDiedError, ...) or GetTimeoutError. A negative
+    or NaN timeout is a ConfigError (a ValueError)."""
+    timeout = _timeouts.seconds(timeout, "troupe.get")
     client = _client()
     if type(refs) is ObjectRef:
         return _ser.value_of(client.get([refs], timeout)[0][1:])
@@ -136,6 +142,7 @@ def put(value):
 def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
     """(ready, not_ready): the first num_returns refs ready, in the order
     given, or those ready when timeout (seconds) passes."""
+    timeout = _timeouts.seconds(timeout, "troupe.wait")
     if not isinstance(refs, list) or any(type(r) is not ObjectRef for r in refs):
         raise TypeError("troupe.wait takes a list of ObjectRefs")
     if len(set(map(id, refs))) != len(refs):

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 
+from troupe import _timeouts
 from troupe.exceptions import ConfigError
 from troupe.train.trainer import TrainingFailedError
 
@@ -240,6 +241,7 @@ class TrainJob:
 
     def wait(self, timeout=None):
         """Waits for the job's end: its TrainJobResult, or the error."""
+        timeout = _timeouts.seconds(timeout, "TrainJob.wait")
         if self._proc is None:
             raise RuntimeError("start() the TrainJob first")
         try:

@@ -11,6 +11,7 @@ still pending wait for it); nothing here schedules.
     remove_placement_group(pg)
 """
 
+from troupe import _timeouts
 from troupe.exceptions import ConfigError
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -54,7 +55,8 @@ class PlacementGroup:
 
     def wait(self, timeout_seconds=30):
         """True once every bundle is reserved, False at the timeout."""
-        return _client().wait_placement_group(self.id, float(timeout_seconds))["state"] == "CREATED"
+        timeout_seconds = _timeouts.seconds(timeout_seconds, "PlacementGroup.wait", "timeout_seconds", none_ok=False)
+        return _client().wait_placement_group(self.id, timeout_seconds)["state"] == "CREATED"
 
     def __eq__(self, other):
         return isinstance(other, PlacementGroup) and other.id == self.id
