@@ -109,6 +109,9 @@ void Runtime::shutdown() {
     core_.reset();
   }
   if (embedded_) {
+    // The head first: it then knows its node agent goes with it, and does
+    // not warn that the node is dead.
+    embedded_->head->stop();
     embedded_->node.reset();  // kills the workers
     embedded_->head.reset();
     embedded_.reset();

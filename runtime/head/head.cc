@@ -1,6 +1,7 @@
 #include "troupe/runtime/head/head.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <future>
 #include <map>
@@ -81,7 +82,9 @@ class Head::Impl {
   std::string address() const { return wire::format_address(opts_.advertise_host, listener_.port()); }
   std::string dashboard_url() const { return http_ ? http_->url(opts_.advertise_host) : ""; }
   void stop() {
+    ending_ = true;  // before the post: a node may go before it runs
     asio::post(io_, [this] {
+      state_.stopping();
       end_for_good();
       shutdown_nodes();
       listener_.close();
@@ -160,6 +163,7 @@ class Head::Impl {
   void on_close(Connection* raw, const std::string& reason) {
     auto it = peers_.find(raw);
     if (it == peers_.end()) return;
+    if (ending_) state_.stopping();
     state_.peer_gone(it->second->id, reason);
     drop_waiters(kv_waiters_, raw);
     drop_waiters(group_waiters_, raw);
@@ -358,6 +362,8 @@ class Head::Impl {
   void shutdown(Peer& p, const Message& m) {
     p.conn->send(ok_response(m.id));
     TROUPE_LOG_INFO("shutdown requested by {}", p.conn->peer());
+    ending_ = true;
+    state_.stopping();
     state_.kill_all("cluster shut down");
     after(std::chrono::milliseconds(100), [this] {
       end_for_good();
@@ -711,6 +717,9 @@ class Head::Impl {
   std::deque<StatsSample> stats_samples_;  // the last few seconds, for rates
   uint64_t next_log_request_ = 1;
   const Clock::time_point started_ = Clock::now();
+  // Set by stop() and a Shutdown request (stop() from another thread): the
+  // head is going on purpose, and so are the nodes it loses from then on.
+  std::atomic<bool> ending_{false};
   // Last: destroyed first, so no HTTP thread asks for a snapshot of a head
   // being torn down.
   std::unique_ptr<HttpEndpoint> http_;

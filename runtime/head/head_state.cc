@@ -81,7 +81,10 @@ void HeadState::node_lost(uint64_t node_id, const std::string& why) {
   if (it == nodes_.end() || !it->second.info.alive) return;
   Node& n = it->second;
   n.info.alive = false;
-  TROUPE_LOG_WARN("node {} ({}) is dead: {}", node_id, n.info.hostname, why);
+  if (stopping_)
+    TROUPE_LOG_DEBUG("node {} ({}) is gone with the head: {}", node_id, n.info.hostname, why);
+  else
+    TROUPE_LOG_WARN("node {} ({}) is dead: {}", node_id, n.info.hostname, why);
   out_.dead_nodes.emplace_back(node_id, why);
   dead_nodes_order_.push_back(node_id);
   // Every worker the node ran died with it (PR_SET_PDEATHSIG), whether or not

@@ -72,6 +72,10 @@ class HeadState {
   void peer_gone(PeerId peer, const std::string& reason);
   // Live node ids (the server tells them to shut down).
   std::vector<uint64_t> live_nodes() const;
+  // The head is stopping on purpose (troupe stop, SIGTERM, an embedded
+  // cluster's shutdown): the nodes it loses from now on go with it, which is
+  // logged at debug, not warned about.
+  void stopping() { stopping_ = true; }
 
   // ---- actors ----
   wire::ActorInfo create_actor(PeerId owner, wire::ActorSpec spec);
@@ -226,6 +230,7 @@ class HeadState {
   std::map<std::string, std::string> written_;  // nodes, groups, counters: what the store has
   std::map<uint64_t, Node> nodes_;
   std::optional<Time> last_check_;  // of check_heartbeats (none yet: no stall to detect)
+  bool stopping_ = false;           // see stopping()
   std::map<uint64_t, Actor> actors_;
   std::map<uint64_t, Group> groups_;
   std::map<std::string, uint64_t> named_;

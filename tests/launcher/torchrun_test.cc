@@ -215,6 +215,8 @@ TEST_F(TorchrunTest, EnvironmentIsTorchrunsAndOutputIsRankPrefixed) {
   EXPECT_NE(r.output.find("[default0]:hello from 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[default1]:hello from 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[default1]:oops from 1"), std::string::npos) << r.output;
+  // The embedded cluster's node agent goes with its head: no warning of it.
+  EXPECT_EQ(r.output.find("is dead"), std::string::npos) << r.output;
   std::string port;
   for (int rank = 0; rank < 2; ++rank) {
     auto j = read_json(out_ / ("env-" + std::to_string(rank) + "-0.json"));
