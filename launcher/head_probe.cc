@@ -105,12 +105,11 @@ void probe_head(const std::string& address, const std::string& token, std::chron
   if (got >= 8 && std::memcmp(theirs.data(), wire::kAuthMagic, 8) != 0)
     throw ConnectionError(address + " is not a troupe head (it answered \"" + printable(theirs.data(), got) +
                           "\", not the troupe handshake)");
+  if (got == 0 && ms_left(deadline) == 0)
+    throw ConnectionError(address + " did not answer the troupe handshake within " + seconds +
+                          ": it is not a troupe head, or a head that is stopped or overloaded");
   if (got < theirs.size())
-    throw ConnectionError(address + " is not a troupe head (" +
-                          (got == 0 && ms_left(deadline) == 0
-                               ? "no troupe handshake within " + seconds
-                               : "it closed the connection without the troupe handshake") +
-                          ")");
+    throw ConnectionError(address + " is not a troupe head (it closed the connection without the troupe handshake)");
   wire::Nonce their_nonce;
   std::memcpy(their_nonce.data(), theirs.data() + 8, their_nonce.size());
   wire::Proof proof = wire::make_proof(token, 'C', mine, their_nonce);

@@ -431,6 +431,8 @@ class Head::Impl {
   void hello(Peer& p, const Message& m) {
     if (p.hello) throw Error("hello sent twice");
     auto h = body<Hello>(m);
+    if (h.role != Role::kDriver && h.role != Role::kNode && h.role != Role::kWorker)
+      throw DecodeError("hello with an unknown role " + std::to_string(static_cast<int>(h.role)));
     HelloReply reply;
     if (h.role == Role::kNode) {
       reply.node_id = h.resume_node_id ? state_.resume_node(p.id, h, Clock::now())

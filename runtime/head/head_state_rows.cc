@@ -270,8 +270,10 @@ void HeadState::check_restored_owners(Time now) {
 uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
   auto it = nodes_.find(hello.resume_node_id);
   if (it == nodes_.end() || !it->second.info.alive || !it->second.awaiting) {
-    TROUPE_LOG_WARN("node {} came back, but it was declared dead meanwhile: it joins as a new node",
-                    hello.resume_node_id);
+    const char* why = it == nodes_.end()       ? "this head has no node of that id"
+                      : !it->second.info.alive ? "it was declared dead meanwhile"
+                                               : "a node of that id is still connected";
+    TROUPE_LOG_WARN("node {} came back, but {}: it joins as a new node", hello.resume_node_id, why);
     return register_node(peer, hello, now);
   }
   Node& n = it->second;

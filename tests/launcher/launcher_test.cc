@@ -275,7 +275,7 @@ TEST_F(LauncherTest, AddressOfAForeignServiceFailsFastAndPersistsNothing) {
   SilentService other;
   auto r = run("TROUPE_TOKEN=abc " + cli() + " start --address " + other.address());
   EXPECT_NE(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find(other.address() + " is not a troupe head"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(other.address() + " did not answer the troupe handshake"), std::string::npos) << r.output;
   EXPECT_TRUE(troupe::core::read_session_file(dir_.string(), "token").empty());
   EXPECT_TRUE(troupe::core::read_session_file(dir_.string(), "address").empty());
 }

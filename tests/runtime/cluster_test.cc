@@ -19,6 +19,8 @@
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/runtime/wire/frame.h"
+#include "troupe/runtime/wire/protocol.h"
+#include "troupe/runtime/wire/rpc.h"
 
 using namespace std::chrono_literals;
 using troupe::test::kWaitBound;
@@ -435,6 +437,31 @@ TEST_F(ClusterTest, MalformedAndOversizedFramesCloseOnlyThatConnection) {
   EXPECT_EQ(c.info().state, troupe::ActorState::kAlive);
   auto d = rt_.spawn<Counter>({}, 0);
   EXPECT_EQ(d.call(&Counter::add, 3).get(kWaitBound), 3);
+}
+
+// A hello naming no role the head knows, from a peer past the token, is a
+// protocol violation: the head closes that connection (logging the role)
+// rather than answering it, and serves everyone else as before.
+TEST_F(ClusterTest, HelloWithAnUnknownRoleClosesOnlyThatConnection) {
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  std::thread loop([&] { io.run(); });
+  {
+    auto channel = troupe::wire::RpcChannel::connect(
+        io, cluster_.address(), cluster_.token(), kWaitBound, [](troupe::wire::Message&&) {},
+        [](const std::string&) {});
+    troupe::wire::Hello hello;
+    hello.role = static_cast<troupe::wire::Role>(7);
+    EXPECT_THROW(channel->call<troupe::wire::HelloReply>(troupe::wire::Op::kHello, hello, kWaitBound),
+                 troupe::ConnectionError);
+    channel->close("test done");
+  }
+  work.reset();
+  io.stop();
+  loop.join();
+  auto c = rt_.spawn<Counter>({}, 1);
+  EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 2);
+  EXPECT_EQ(rt_.nodes().size(), 2u);
 }
 
 TEST_F(ClusterTest, NodesAndClusterResourcesMatchTheLocalCluster) {

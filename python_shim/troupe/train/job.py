@@ -38,7 +38,7 @@ _FIELDS = {
     "warmup_steps": int, "grad_clip": float, "max_failures": int, "seed": int, "sync_batchnorm": bool,
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
-    "gpus_per_worker": float, "amp": str, "loader_threads": int,
+    "gpus_per_worker": float, "amp": str, "loader_threads": int, "step_timeout": float,
 }
 
 
@@ -154,7 +154,8 @@ class TrainJob:
     min_lr_factor, compression ("none"/"bf16"/"fp16"), gpus_per_worker, amp
     ("none"/"bf16"/"fp16": autocast; bf16 on the CPU too, fp16 on GPUs
     only), loader_threads (pipeline threads of each trainer's data
-    loader)). verbose: print the driver's progress lines.
+    loader), step_timeout (seconds a trainer may take to answer before it
+    counts as hung and is healed)). verbose: print the driver's progress lines.
     """
 
     def __init__(self, model, data, *, val_data=None, checkpoint_dir=None, address=None, verbose=True, **fields):
