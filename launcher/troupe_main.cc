@@ -278,11 +278,6 @@ std::string conflicting_start_options(const Args& a) {
            a.address + " takes the head's settings from it)";
   if (a.head && a.no_node && !a.node_options_given.empty())
     return a.node_options_given.front() + " is an option of the node agent, and --no-node starts none";
-  try {
-    if (!a.advertise_address.empty()) troupe::wire::check_host("--advertise-address", a.advertise_address);
-  } catch (const troupe::ConfigError& e) {
-    return e.what();
-  }
   return "";
 }
 
@@ -306,8 +301,14 @@ std::string bad_start_value(const Args& a) {
   } catch (const troupe::ConfigError& e) {
     return std::string("--worker-pool-size: ") + e.what();
   }
-  if (!a.advertise_address.empty() && troupe::wire::is_wildcard_host(a.advertise_address))
+  if (a.advertise_address.empty()) return "";
+  if (troupe::wire::is_wildcard_host(a.advertise_address))
     return "--advertise-address " + a.advertise_address + " is a wildcard; give an address others can reach";
+  try {
+    troupe::wire::check_host("--advertise-address", a.advertise_address);
+  } catch (const troupe::ConfigError& e) {
+    return e.what();
+  }
   return "";
 }
 

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -207,6 +208,40 @@ class TrainCliTest : public ::testing::Test {
     troupe::core::remove_tree(dir_, ec);
   }
   std::string at(const std::string& name) const { return (dir_ / name).string(); }
+
+  // `troupe train` of two workers on a running cluster of two nodes, with
+  // `flags` after the common ones (model, data, sgd, batch 16, checkpoints,
+  // metrics in metrics.jsonl); once `steps` steps are logged and both
+  // trainers are up, `fault` is done to the second trainer's actor id.
+  struct Faulted {
+    bool started = false;  // the fault was done
+    Outcome outcome;
+  };
+  Faulted run_with_fault(const std::vector<std::string>& flags, size_t steps,
+                         const std::function<void(troupe::testing::FaultInjector&, uint64_t)>& fault) {
+    troupe::testing::LocalCluster cluster{{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}};
+    troupe::Runtime rt = cluster.connect();
+    troupe::testing::FaultInjector faults(rt);
+    const uint64_t before = faults.last_actor_id();
+    const fs::path log = dir_ / "train.log", metrics = dir_ / "metrics.jsonl";
+    std::vector<std::string> args = {
+        TROUPE_TRAIN,   "--model",   at("step.pt"),    "--data",    at("train.npz"),  "--workers", "2",
+        "--batch-size", "16",        "--optimizer",    "sgd",       "--lr",           "0.01",      "--checkpoint-dir",
+        at("ckpt"),     "--metrics", metrics.string(), "--address", cluster.address()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    pid_t pid = spawn(args, log, {{"TROUPE_TOKEN", cluster.token()}});
+    Faulted r;
+    r.started = troupe::test::eventually(
+        [&] {
+          return metrics_lines(metrics, "step").size() >= steps &&
+                 faults.live_actors(kTrainerClass, before).size() == 2;
+        },
+        120s);
+    if (r.started) fault(faults, faults.live_actors(kTrainerClass, before).at(1).id);
+    r.outcome = finish(pid, log);
+    return r;
+  }
+
   fs::path dir_;
 };
 
@@ -267,43 +302,10 @@ TEST_F(TrainCliTest, TrainsTwoWorkersFromAJobFileWithMetricsAndATorchLoadableChe
 
 TEST_F(TrainCliTest, HealsATrainerKilledMidRunOnARunningCluster) {
   write_inputs(dir_, "ok", 2048, 64);
-  troupe::testing::LocalCluster cluster{{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}};
-  troupe::Runtime rt = cluster.connect();
-  troupe::testing::FaultInjector faults(rt);
-  const uint64_t before = faults.last_actor_id();
-  const fs::path log = dir_ / "train.log", metrics = dir_ / "metrics.jsonl";
-  pid_t pid = spawn({TROUPE_TRAIN,
-                     "--model",
-                     at("step.pt"),
-                     "--data",
-                     at("train.npz"),
-                     "--workers",
-                     "2",
-                     "--epochs",
-                     "3",
-                     "--batch-size",
-                     "16",
-                     "--optimizer",
-                     "sgd",
-                     "--lr",
-                     "0.01",
-                     "--max-failures",
-                     "2",
-                     "--checkpoint-dir",
-                     at("ckpt"),
-                     "--metrics",
-                     metrics.string(),
-                     "--address",
-                     cluster.address()},
-                    log, {{"TROUPE_TOKEN", cluster.token()}});
+  const fs::path metrics = dir_ / "metrics.jsonl";
   // Mid-run: both trainers up and ten steps done (of 192).
-  bool started = troupe::test::eventually(
-      [&] {
-        return metrics_lines(metrics, "step").size() >= 10 && faults.live_actors(kTrainerClass, before).size() == 2;
-      },
-      120s);
-  if (started) faults.kill_actor(faults.live_actors(kTrainerClass, before).at(1).id);
-  const Outcome o = finish(pid, log);
+  const auto [started, o] = run_with_fault({"--epochs", "3", "--max-failures", "2"}, 10,
+                                           [](troupe::testing::FaultInjector& f, uint64_t id) { f.kill_actor(id); });
   ASSERT_TRUE(started) << o.output;
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("1 failure(s) healed"), std::string::npos) << o.output;
@@ -318,46 +320,10 @@ TEST_F(TrainCliTest, HealsATrainerKilledMidRunOnARunningCluster) {
 // kills it and heals the job, which ends with every step done.
 TEST_F(TrainCliTest, AStoppedTrainerIsKilledAndHealedAfterTheStepTimeout) {
   write_inputs(dir_, "ok", 1024, 64);
-  troupe::testing::LocalCluster cluster{{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}};
-  troupe::Runtime rt = cluster.connect();
-  troupe::testing::FaultInjector faults(rt);
-  const uint64_t before = faults.last_actor_id();
-  const fs::path log = dir_ / "train.log", metrics = dir_ / "metrics.jsonl";
-  pid_t pid = spawn({TROUPE_TRAIN,
-                     "--model",
-                     at("step.pt"),
-                     "--data",
-                     at("train.npz"),
-                     "--workers",
-                     "2",
-                     "--epochs",
-                     "2",
-                     "--batch-size",
-                     "16",
-                     "--optimizer",
-                     "sgd",
-                     "--lr",
-                     "0.01",
-                     "--max-failures",
-                     "1",
-                     "--step-timeout",
-                     "5",
-                     "--log-every",
-                     "2",
-                     "--checkpoint-dir",
-                     at("ckpt"),
-                     "--metrics",
-                     metrics.string(),
-                     "--address",
-                     cluster.address()},
-                    log, {{"TROUPE_TOKEN", cluster.token()}});
-  bool started = troupe::test::eventually(
-      [&] {
-        return metrics_lines(metrics, "step").size() >= 4 && faults.live_actors(kTrainerClass, before).size() == 2;
-      },
-      120s);
-  if (started) faults.stall_actor(faults.live_actors(kTrainerClass, before).at(1).id, std::chrono::minutes(5));
-  const Outcome o = finish(pid, log);
+  const fs::path metrics = dir_ / "metrics.jsonl";
+  const auto [started, o] = run_with_fault(
+      {"--epochs", "2", "--max-failures", "1", "--step-timeout", "5", "--log-every", "2"}, 4,
+      [](troupe::testing::FaultInjector& f, uint64_t id) { f.stall_actor(id, std::chrono::minutes(5)); });
   ASSERT_TRUE(started) << o.output;
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("1 failure(s) healed"), std::string::npos) << o.output;
