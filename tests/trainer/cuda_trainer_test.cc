@@ -272,6 +272,7 @@ TEST(CudaTrainerTest, TwoTrainersShareOneGpuAndHealToTheSameWeights) {
   cfg.trainer.optimizer.lr = 0.05;
   cfg.scaling.resources_per_worker = {{"GPU", 0.5}, {"CPU", 1}};
   cfg.progress_every_steps = 4;
+  cfg.failure.max_failures = 2;
   const auto clean = TrainJob(rt, cfg).fit();
   ASSERT_EQ(clean.steps, 512 / 32);
   ASSERT_EQ(clean.final_world_size, 2);
