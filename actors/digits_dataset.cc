@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/worker_env.h"
 
 namespace troupe::actors {
 
@@ -47,7 +48,7 @@ std::string read_maybe_gzipped(const std::string& path) {
 }  // namespace
 
 std::string find_digits_file() {
-  if (const char* env = std::getenv("TROUPE_DIGITS_PATH"); env && *env && is_file(env)) return env;
+  if (const char* env = std::getenv(core::kEnvDigitsPath); env && *env && is_file(env)) return env;
   const char* patterns[] = {
       "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz",
       "/usr/lib/python3*/dist-packages/sklearn/datasets/data/digits.csv.gz",

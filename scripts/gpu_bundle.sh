@@ -49,6 +49,12 @@ for p in "${packages[@]}"; do
 done
 rm -rf "$prefix"/usr/share/{doc,man,lintian,bug,doc-base}
 
+# The digits data set of the trainer suites (python3-sklearn ships it; the
+# GPU machine's venv may have no scikit-learn): gpu_check.sh points
+# TROUPE_DIGITS_PATH at this copy.
+digits=$(ls /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz 2>/dev/null || true)
+[[ -n $digits ]] && cp "$digits" "$out/digits.csv.gz"
+
 archive=$out/troupe-deps.tar.xz
 tar -C "$prefix" -cJf "$archive" .
 size=$(stat -c %s "$archive")

@@ -136,6 +136,11 @@ run_gpu_tests() {
 run_suites() {
   env_for_prefix
   export TROUPE_TEST_PYTHON=$torch_py
+  # The digits data (TrainJobTest.CnnWithBatchNormTrainsOnDigits), carried
+  # by the bundle where the machine has no scikit-learn.
+  local digits
+  digits=$(dirname "$bundle")/digits.csv.gz
+  [[ -f $digits && -z ${TROUPE_DIGITS_PATH:-} ]] && export TROUPE_DIGITS_PATH=$digits
   # -R matches test names (gtest's Suite.Case), not binaries.
   local suites='TrainJobTest|OpenTrainerTest|OptimizerTest|ModelTest|GradientReducerTest|ShmGroupTest'
   suites+='|SyncBatchNormTest|GradClipTest|ScheduleTest|TensorCollectivesTest'

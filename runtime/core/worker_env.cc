@@ -152,7 +152,11 @@ std::vector<std::string> clean_environment(const std::vector<std::string>& drop)
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
-    if (kv.rfind("TROUPE_", 0) == 0) continue;
+    if (kv.rfind("TROUPE_", 0) == 0) {
+      bool passed = false;
+      for (const char* name : kEnvForWorkers) passed = passed || kv.rfind(std::string(name) + "=", 0) == 0;
+      if (!passed) continue;
+    }
     bool dropped = false;
     for (const auto& name : drop) dropped = dropped || kv.rfind(name + "=", 0) == 0;
     if (!dropped) env.push_back(std::move(kv));

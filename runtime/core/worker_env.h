@@ -111,9 +111,13 @@ std::chrono::milliseconds default_head_reconnect();
 // The value of `name` in this process's environment, "" when unset.
 std::string env_value(const char* name);
 
-// This process's environment without any TROUPE_* variable and without the
-// variables named in `drop` (e.g. CUDA_VISIBLE_DEVICES): the base a child's
-// environment is built on, so that nothing troupe-specific leaks by accident.
+// This process's environment without troupe's own wiring (every TROUPE_*
+// variable but the user settings that workers act on, kEnvForWorkers) and
+// without the variables named in `drop` (e.g. CUDA_VISIBLE_DEVICES): the
+// base a child's environment is built on, so that no role, address or token
+// leaks by accident while a setting such as TROUPE_DIGITS_PATH reaches the
+// trainer that reads it.
+inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath};
 std::vector<std::string> clean_environment(const std::vector<std::string>& drop = {});
 
 }  // namespace troupe::core

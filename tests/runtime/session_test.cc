@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -162,6 +163,24 @@ TEST(WorkerEnvTest, BadNumberNamesTheVariableAndValue) {
     EXPECT_NE(std::string(e.what()).find("TROUPE_HEAD_PORT='70000'"), std::string::npos) << e.what();
   }
   ::unsetenv(core::kEnvHeadPort);
+}
+
+// A child's environment drops troupe's wiring (role, address, token) and
+// the variables asked for, but keeps the user's settings that workers read.
+TEST(WorkerEnvTest, ChildEnvironmentKeepsUserSettingsAndDropsWiring) {
+  ::setenv(core::kEnvToken, "secret", 1);
+  ::setenv("TROUPE_DIGITS_PATH", "/data/digits.csv.gz", 1);
+  ::setenv("CUDA_VISIBLE_DEVICES", "3", 1);
+  auto env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
+  ::unsetenv(core::kEnvToken);
+  ::unsetenv("TROUPE_DIGITS_PATH");
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  auto has = [&](const std::string& prefix) {
+    return std::any_of(env.begin(), env.end(), [&](const std::string& kv) { return kv.rfind(prefix, 0) == 0; });
+  };
+  EXPECT_FALSE(has(std::string(core::kEnvToken) + "="));
+  EXPECT_FALSE(has("CUDA_VISIBLE_DEVICES="));
+  EXPECT_TRUE(has("TROUPE_DIGITS_PATH=/data/digits.csv.gz"));
 }
 
 TEST(AddressTest, ParsesIPv6InBracketsAndFormatsThemBack) {
