@@ -18,9 +18,12 @@
 //                      --warmup, ratio = troupe ÷ PyTorch; data_wait = the
 //                      share of the trainer's timed train() calls spent
 //                      waiting for batches (StepInfo::data_wait)
-//   gpu_busy           NVML utilization.gpu (nvidia-smi) averaged over
-//                      troupe's timed loader-bound steps (0-1); the peer's
-//                      own figure beside it
+//   gpu_busy           NVML utilization.gpu of the GPU, read every 100 ms
+//                      over troupe's timed loader-bound steps (0-1), the
+//                      peer's own reading beside it (the same reads, by
+//                      pynvml); by_rate and torch_by_rate, each side's
+//                      loader-bound rate over its compute-bound rate (the
+//                      share of the GPU's full rate that the feeding kept)
 //   loader_feed        cnn_loader_bound's loader and data, training a probe
 //                      (bench/peers/torch_gpu.py's PoolStep: channel means
 //                      through one linear layer) on both sides: how fast
@@ -33,17 +36,19 @@
 // A side that fails is an error row for its case.
 //
 //   troupe_bench_gpu_train [--python /opt/torch/.venv/bin/python]
-//                          [--batch 128] [--steps 50] [--lm-steps 100] [--warmup 5]
+//                          [--batch 128] [--steps 150] [--lm-steps 100] [--warmup 5]
 //                          [--loader-threads 8] [--records 2048]
 //                          [--lm-batch 16] [--block 256] [--width 512]
 //                          [--layers 8] [--heads 8] [--case NAME]...
 #include <CLI/CLI.hpp>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -74,7 +79,7 @@ namespace {
 struct Args {
   std::string python = "/opt/torch/.venv/bin/python";
   int64_t batch = 128;
-  int64_t steps = 50;
+  int64_t steps = 150;
   int64_t lm_steps = 100;
   int64_t warmup = 5;
   int64_t loader_threads = 8;
@@ -109,31 +114,37 @@ std::string gpu_name() {
   }
 }
 
-// NVML's utilization.gpu, sampled by nvidia-smi every 100 ms from start()
-// until fraction().
+// NVML's utilization.gpu of GPU 0, read every 100 ms on a thread from
+// start() until fraction(): the same reads as the peer's pynvml sampler, so
+// both sides' gpu_busy come from one method. NVML is dlopen()ed, so the
+// benchmark builds and dry-runs where there is none.
 class GpuBusy {
  public:
   void start() {
-    peer_ = std::make_unique<troupe::bench::PeerProcess>(
-        std::vector<std::string>{"nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms",
-                                 "100"},
-        troupe::bench::PeerOptions{.name = "nvidia-smi"});
+    lib_ = ::dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!lib_) throw troupe::Error(std::string("dlopen libnvidia-ml.so.1: ") + ::dlerror());
+    auto init = reinterpret_cast<int (*)()>(::dlsym(lib_, "nvmlInit_v2"));
+    auto handle = reinterpret_cast<int (*)(unsigned, void**)>(::dlsym(lib_, "nvmlDeviceGetHandleByIndex_v2"));
+    read_ = reinterpret_cast<int (*)(void*, Utilization*)>(::dlsym(lib_, "nvmlDeviceGetUtilizationRates"));
+    if (!init || !handle || !read_) throw troupe::Error("libnvidia-ml.so.1 lacks the NVML functions");
+    if (int rc = init(); rc != 0) throw troupe::Error("nvmlInit_v2 returned " + std::to_string(rc));
+    if (int rc = handle(0, &device_); rc != 0)
+      throw troupe::Error("nvmlDeviceGetHandleByIndex_v2(0) returned " + std::to_string(rc));
     reader_ = std::thread([this] {
-      try {
-        while (!stop_) {
-          auto line = peer_->read_line(5s);
-          if (!line) return;
-          std::lock_guard<std::mutex> l(mu_);
-          if (!stop_) samples_.push_back(std::stod(*line));
-        }
-      } catch (const std::exception&) {
+      std::unique_lock<std::mutex> l(mu_);
+      while (!cv_.wait_for(l, 100ms, [this] { return stop_; })) {
+        Utilization u{};
+        if (read_(device_, &u) == 0) samples_.push_back(u.gpu);
       }
     });
   }
   // Mean of the samples as a fraction (-1 without any).
   double fraction() {
-    stop_ = true;
-    if (peer_) peer_->kill_group();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
     if (reader_.joinable()) reader_.join();
     std::lock_guard<std::mutex> l(mu_);
     if (samples_.empty()) return -1;
@@ -144,10 +155,17 @@ class GpuBusy {
   ~GpuBusy() { fraction(); }
 
  private:
-  std::unique_ptr<troupe::bench::PeerProcess> peer_;
+  struct Utilization {  // nvmlUtilization_t
+    unsigned gpu;
+    unsigned memory;
+  };
+  void* lib_ = nullptr;  // left loaded: NVML is process-wide
+  void* device_ = nullptr;
+  int (*read_)(void*, Utilization*) = nullptr;
   std::thread reader_;
-  std::atomic<bool> stop_{false};
   std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
   std::vector<double> samples_;
 };
 
@@ -196,7 +214,7 @@ TrainerConfig cnn_config(const Args& a, const std::string& step, int64_t size, i
 
 struct Rate {
   double per_s;  // samples/s
-  double busy;   // NVML utilization during the benchmark() call, warm-up included (-1 without samples)
+  double busy;   // NVML utilization over the timed benchmark() call (-1 without samples)
 };
 
 // Samples/s of one TrainerActor holding the GPU, running c's benchmark().
@@ -219,6 +237,9 @@ Rate troupe_rate(troupe::Runtime& rt, const TrainerConfig& c, const Args& a, int
     throw troupe::Error("the trainer runs on " + info.device + ", not a GPU");
   t.call(&TrainerActor::join, troupe::trainer::JoinSpec{"gpu-bench-" + std::to_string(t.id()), 1, 0, 1, {t.id()}})
       .get(300s);
+  // The warm-up in a call of its own, so that the GPU's use is sampled over
+  // the timed steps only.
+  if (a.warmup > 0) t.call(&TrainerActor::benchmark, a.warmup, batch, int64_t{0}).get(600s);
   GpuBusy busy;
   if (a.gpu()) {
     try {
@@ -227,7 +248,7 @@ Rate troupe_rate(troupe::Runtime& rt, const TrainerConfig& c, const Args& a, int
       std::fprintf(stderr, "gpu_train: cannot sample GPU use: %s\n", e.what());
     }
   }
-  auto r = t.call(&TrainerActor::benchmark, a.steps, batch, a.warmup).get(600s);
+  auto r = t.call(&TrainerActor::benchmark, a.steps, batch, int64_t{0}).get(600s);
   return {static_cast<double>(r.samples) / r.seconds, busy.fraction()};
 }
 
@@ -368,6 +389,10 @@ int main(int argc, char** argv) {
   troupe::testing::LocalCluster cluster(lo);
   troupe::Runtime rt = cluster.connect();
   const auto n = [](int64_t v) { return std::to_string(v); };
+  // Each side's compute-bound rate: the GPU's rate with nothing but the
+  // model to run, so the loader-bound rate over it is a second, NVML-free
+  // reading of how busy the loader-fed GPU was.
+  double compute_mine = 0, compute_theirs = 0;
 
   if (a.want("cnn_compute_bound")) {
     try {
@@ -379,6 +404,8 @@ int main(int argc, char** argv) {
       nlohmann::ordered_json extra = nlohmann::ordered_json::object();
       if (a.gpu()) extra = {{"gpu_busy", mine.busy}, {"torch_gpu_busy", theirs.value("gpu_busy", nlohmann::json())}};
       ratio_row("cnn_compute_bound", mine.per_s, theirs, "images/s", gpu, "value", extra);
+      compute_mine = mine.per_s;
+      compute_theirs = theirs.at("value").get<double>();
     } catch (const std::exception& e) {
       troupe::bench::print_error_row("gpu_train", "cnn_compute_bound", e.what());
     }
@@ -394,6 +421,10 @@ int main(int argc, char** argv) {
         nlohmann::ordered_json row = {
             {"bench", "gpu_train"}, {"case", "gpu_busy"}, {"value", mine.busy}, {"unit", "fraction"}};
         row["torch"] = theirs.value("gpu_busy", nlohmann::json());
+        if (compute_mine > 0 && compute_theirs > 0) {
+          row["by_rate"] = mine.rate / compute_mine;
+          row["torch_by_rate"] = theirs.at("value").get<double>() / compute_theirs;
+        }
         row["gpu"] = gpu;
         troupe::bench::print_row(row);
       }
