@@ -396,6 +396,12 @@ void check(const TrainOptions& o) {
   require(o.amp != "fp16" || o.gpus_per_worker > 0,
           "--amp fp16 is mixed precision on a GPU: give --gpus-per-worker too (on the CPU, --amp bf16)");
   std::error_code ec;
+  if (fs::exists(o.checkpoint_dir, ec) && !fs::is_directory(o.checkpoint_dir, ec))
+    throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + " is a file, not a directory");
+}
+
+void make_checkpoint_dir(const TrainOptions& o) {
+  std::error_code ec;
   fs::create_directories(o.checkpoint_dir, ec);
   if (ec) throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + ": " + ec.message());
 }

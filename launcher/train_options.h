@@ -81,8 +81,12 @@ void read_job_file(const std::string& path, TrainOptions& o);
 bool parse_train_args(int argc, char** argv, TrainOptions& o);
 
 // Bad values (a floating one must be finite) and files that are not there
-// or are directories, naming them; reads nothing large.
+// or are directories, naming them; reads nothing large and writes nothing.
 void check(const TrainOptions& o);
+
+// Creates --checkpoint-dir (ConfigError naming it and the reason): called
+// once every check has passed, so a refused run leaves no directory.
+void make_checkpoint_dir(const TrainOptions& o);
 
 // The job: a token-stream or .npz data set, and for a cosine schedule its
 // total steps, counted from the training data's size (opened here; nothing

@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
     troupe::launcher::check(o);
     cfg = troupe::launcher::to_job_config(o);
     troupe::launcher::preflight(cfg.trainer);
+    // Last: a run refused above leaves no empty directory behind.
+    troupe::launcher::make_checkpoint_dir(o);
   } catch (const std::exception& e) {
     return fail(2, e.what());
   }

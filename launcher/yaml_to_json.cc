@@ -2,6 +2,7 @@
 
 #include <yaml.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 
@@ -26,25 +27,33 @@ Json scalar(const yaml_node_t& n) {
   return s;
 }
 
-Json convert(yaml_document_t& doc, yaml_node_t* n, int depth) {
+// A job file holds tens of values. Aliases share nodes, so a few lines
+// can name a tree of billions (each level's list repeating the one below):
+// past this many values, converting stops.
+constexpr int64_t kMaxValues = 100000;
+
+Json convert(yaml_document_t& doc, yaml_node_t* n, int depth, int64_t& values) {
   if (!n) return nullptr;
   // An alias inside the node it names (`a: &x [*x]`) nests without end.
   if (depth > 64) throw ConfigError("YAML nested deeper than 64 levels (an alias that refers to itself?)");
+  if (++values > kMaxValues)
+    throw ConfigError("YAML expands to more than " + std::to_string(kMaxValues) +
+                      " values (aliases that repeat each other?)");
   switch (n->type) {
     case YAML_SCALAR_NODE:
       return scalar(*n);
     case YAML_SEQUENCE_NODE: {
       Json a = Json::array();
       for (auto* it = n->data.sequence.items.start; it < n->data.sequence.items.top; ++it)
-        a.push_back(convert(doc, yaml_document_get_node(&doc, *it), depth + 1));
+        a.push_back(convert(doc, yaml_document_get_node(&doc, *it), depth + 1, values));
       return a;
     }
     case YAML_MAPPING_NODE: {
       Json o = Json::object();
       for (auto* p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; ++p) {
-        Json key = convert(doc, yaml_document_get_node(&doc, p->key), depth + 1);
+        Json key = convert(doc, yaml_document_get_node(&doc, p->key), depth + 1, values);
         o[key.is_string() ? key.get<std::string>() : key.dump()] =
-            convert(doc, yaml_document_get_node(&doc, p->value), depth + 1);
+            convert(doc, yaml_document_get_node(&doc, p->value), depth + 1, values);
       }
       return o;
     }
@@ -66,7 +75,8 @@ Json yaml_to_json(const std::string& text, const std::string& file) {
                       " at line " + std::to_string(parser.problem_mark.line + 1));
   std::unique_ptr<yaml_document_t, void (*)(yaml_document_t*)> doc_guard(&doc, yaml_document_delete);
   try {
-    return convert(doc, yaml_document_get_root_node(&doc), 0);
+    int64_t values = 0;
+    return convert(doc, yaml_document_get_root_node(&doc), 0, values);
   } catch (const ConfigError& e) {
     throw ConfigError("job file " + file + ": " + e.what());
   }

@@ -368,7 +368,10 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(
       with({"--workers", "2", "--batch-size", "64"}),
       "--data " + at("train.npz") + " has 64 samples, fewer than one step of --workers 2 × --batch-size 64 = 128");
-  EXPECT_TRUE(!fs::exists(dir_ / "ckpt") || fs::is_empty(dir_ / "ckpt")) << "a checkpoint of no steps";
+  // Every run above was refused before it began: none made --checkpoint-dir.
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt")) << "a refused run left an empty --checkpoint-dir";
+  expect_one_line_failure(with({"--checkpoint-dir", at("train.npz")}),
+                          "--checkpoint-dir " + at("train.npz") + " is a file, not a directory");
   {
     std::ofstream tokens(dir_ / "tokens.bin", std::ios::binary);
     for (uint16_t t = 0; t < 20; ++t) tokens.write(reinterpret_cast<const char*>(&t), sizeof t);
@@ -404,6 +407,17 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--config", at("half.yaml")}), "half.yaml: key 'workers' must be an integer");
   std::ofstream(dir_ / "self.yaml") << "a: &x [*x]\n";
   expect_one_line_failure(with({"--config", at("self.yaml")}), "job file " + at("self.yaml") + ": YAML nested");
+  // Ten lines that name 10^9 values: refused, not expanded until memory runs out.
+  {
+    std::ofstream bomb(dir_ / "bomb.yaml");
+    for (int i = 0; i < 10; ++i) {
+      const std::string item = i == 0 ? "x" : "*a" + std::to_string(i - 1);
+      bomb << "a" << i << ": &a" << i << " [" << item;
+      for (int k = 1; k < 10; ++k) bomb << ", " << item;
+      bomb << "]\n";
+    }
+  }
+  expect_one_line_failure(with({"--config", at("bomb.yaml")}), "bomb.yaml: YAML expands to more than 100000 values");
   EXPECT_EQ(run({TROUPE_TRAIN, "--help"}, dir_ / "help.log").status, 0);
 
   write_inputs(dir_, "noloss", 64, 8);
