@@ -401,8 +401,8 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
 }
 
 // "CPU 1/2  GPU 0/0  " for a status row: used/total of each resource. A
-// dead node shows "-" for used: the head leaves its pool as it was when the
-// node died (nothing is placed there again), and nothing on it runs.
+// dead node shows "-" for used: nothing on it runs (its JSON shows nothing
+// in use either).
 std::string node_resources_text(const nlohmann::json& n) {
   const bool alive = n["alive"].get<bool>();
   std::string res;

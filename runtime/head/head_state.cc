@@ -689,13 +689,15 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
     throw ConfigError("status: unknown actor state '" + request.state + "' (PENDING, ALIVE, RESTARTING or DEAD)");
   json j;
   j["nodes"] = json::array();
+  // A dead node's pool stays as it was when the node died (nothing is
+  // placed there again), but nothing on it runs: it shows nothing in use.
   for (const auto& n : nodes())
     j["nodes"].push_back({{"id", n.id},
                           {"hostname", n.hostname},
                           {"pid", n.pid},
                           {"alive", n.alive},
                           {"total", n.total},
-                          {"used", n.used},
+                          {"used", n.alive ? json(n.used) : json::object()},
                           {"idle_workers", n.idle_workers}});
   j["actors"] = actors_json(request);
   j["actors_total"] = actors_.size();

@@ -150,6 +150,10 @@ TEST_F(LauncherTest, StatusShowsNothingInUseOnADeadNode) {
   ASSERT_EQ(::kill(nodes[1]["pid"].get<pid_t>(), SIGKILL), 0);
   ASSERT_TRUE(troupe::test::eventually(
       [&] { return nlohmann::json::parse(run(cli() + " status --json").output)["nodes"][1]["alive"] == false; }));
+  // The JSON (and so the dashboard and the metrics) shows nothing in use
+  // on the dead node either.
+  const auto dead = nlohmann::json::parse(run(cli() + " status --json").output)["nodes"][1];
+  EXPECT_TRUE(dead["used"].empty()) << dead.dump();
   auto after = run(cli() + " status");
   const size_t row = after.output.find("node 2 ");
   ASSERT_NE(row, std::string::npos) << after.output;
