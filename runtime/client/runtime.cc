@@ -11,6 +11,7 @@
 #include "troupe/runtime/head/head.h"
 #include "troupe/runtime/head/resource_pool.h"
 #include "troupe/runtime/node/node_agent.h"
+#include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/worker/worker_context.h"
 
 namespace troupe {
@@ -84,8 +85,12 @@ Runtime Runtime::connect(const InitOptions& o) {
     no.worker_pool = {o.worker_pool_size, o.worker_idle_timeout};
     no.prefill_own_executable = o.prefill_own_executable;
     rt.embedded_->node = std::make_unique<node::NodeAgent>(no);
-  } else if (token.empty()) {
-    throw ConfigError("connecting to " + address + " needs the cluster token (TROUPE_TOKEN or the session directory)");
+  } else {
+    // A malformed address is named before a missing token is asked for.
+    wire::parse_address(address);
+    if (token.empty())
+      throw ConfigError("connecting to " + address +
+                        " needs the cluster token (TROUPE_TOKEN or the session directory)");
   }
   client::ConnectOptions co;
   co.address = address;

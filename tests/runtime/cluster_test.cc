@@ -389,6 +389,30 @@ TEST_F(ClusterTest, FuturesCanBeArguments) {
   EXPECT_TRUE(fs[0].ready());
 }
 
+// Without a token, a malformed address is still what is named first; a
+// good address without a token asks for the token.
+TEST(ConnectTest, MalformedAddressIsNamedBeforeTheMissingToken) {
+  for (const std::string bad : {"nohost", "127.0.0.1:99999", "127.0.0.1:"}) {
+    troupe::InitOptions o;
+    o.address = bad;
+    try {
+      troupe::Runtime::connect(o);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("token"), std::string::npos) << e.what();
+    }
+  }
+  troupe::InitOptions o;
+  o.address = "127.0.0.1:6380";
+  try {
+    troupe::Runtime::connect(o);
+    ADD_FAILURE() << "connected without a token";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("token"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(ClusterTest, WrongTokenIsRefused) {
   troupe::InitOptions o;
   o.address = cluster_.address();
