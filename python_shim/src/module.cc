@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <condition_variable>
 
 #include "python_shim/src/py_client.h"
@@ -74,21 +75,46 @@ PyCall call_from(std::string target, const pyb::handle& args) {
   return c;
 }
 
+// Called without the GIL between slices of a wait: runs Python's signal
+// handlers, so that Ctrl-C in a driver blocked in get or wait raises
+// KeyboardInterrupt there instead of waiting on (the main thread only).
+void check_signals() {
+  pyb::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) throw pyb::error_already_set();
+}
+
+// Runs `wait_slice(ms)` (true once done) in slices until it is done or
+// `timeout` seconds pass (None = no limit), checking signals between
+// slices. Called without the GIL; false at the timeout.
+template <class WaitSlice>
+bool wait_interruptibly(WaitSlice wait_slice, const std::optional<double>& timeout) {
+  using namespace std::chrono;
+  constexpr milliseconds kSlice{100};
+  const auto deadline = steady_clock::now() + duration_cast<milliseconds>(duration<double>(timeout.value_or(0)));
+  for (;;) {
+    milliseconds slice = kSlice;
+    if (timeout)
+      slice = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds{0}, kSlice);
+    if (wait_slice(slice)) return true;
+    if (timeout && steady_clock::now() >= deadline) return false;
+    check_signals();
+  }
+}
+
 // The states of `refs`, waited for with the GIL released: all of them, or
 // Timeout after `timeout` seconds (None = no limit).
 std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std::optional<double>& timeout) {
   std::vector<std::shared_ptr<ReplyState>> states;
   states.reserve(refs.size());
   for (const auto& r : refs) states.push_back(r->answer());
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout.value_or(1e9));
-  for (const auto& st : states) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (!timeout) {
-      st->wait();
-    } else if (left.count() < 0 || !st->wait_for(left)) {
-      throw Timeout("get: no result within " + std::to_string(*timeout) + " s");
-    }
-  }
+  size_t next = 0;  // the first state not known to be ready
+  auto all_ready = [&](std::chrono::milliseconds slice) {
+    for (; next < states.size(); ++next)
+      if (!states[next]->wait_for(slice)) return false;
+    return true;
+  };
+  if (!wait_interruptibly(all_ready, timeout))
+    throw Timeout("get: no result within " + std::to_string(*timeout) + " s");
   return states;
 }
 
@@ -131,12 +157,11 @@ std::vector<size_t> wait_some(const RefList& refs, size_t num_returns, const std
         signal->cv.notify_all();
       });
   if (ready_now < num_returns) {
-    std::unique_lock lock(signal->mu);
-    auto enough = [&] { return signal->ready >= num_returns; };
-    if (timeout)
-      signal->cv.wait_for(lock, std::chrono::duration<double>(*timeout), enough);
-    else
-      signal->cv.wait(lock, enough);
+    auto enough = [&](std::chrono::milliseconds slice) {
+      std::unique_lock lock(signal->mu);
+      return signal->cv.wait_for(lock, slice, [&] { return signal->ready >= num_returns; });
+    };
+    wait_interruptibly(enough, timeout);
   }
   std::vector<size_t> ready;
   for (size_t i = 0; i < states.size() && ready.size() < num_returns; ++i)

@@ -1,7 +1,10 @@
 """The Ray-shaped API on an embedded cluster: tasks, actors, refs, put/get,
 wait, options, errors by class, named actors, cluster information."""
 import os
+import signal
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -101,6 +104,61 @@ def test_wait_and_get_timeout():
         troupe.get(fast_ref, timeout="1")
     assert troupe.get(fast_ref, timeout=float("inf")) == 4
     assert troupe.wait([fast_ref], timeout=float("inf"))[0] == [fast_ref]
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _signal_when_blocked_in(function, signum):
+    """Sends `signum` to this process once the main thread is inside
+    troupe.`function` (blocked in its native wait: this thread runs, so the
+    main one let go of the GIL)."""
+    main = threading.main_thread().ident
+
+    def send():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            if frame is not None and frame.f_code is function.__code__:
+                os.kill(os.getpid(), signum)
+                return
+            threading.Event().wait(0.01)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def test_signal_handlers_run_while_get_or_wait_blocks():
+    # Ctrl-C in a driver blocked in troupe.get or troupe.wait must raise
+    # there (KeyboardInterrupt) instead of waiting on for the result: the
+    # native wait runs Python's signal handlers between slices.
+    @troupe.remote(max_concurrency=2)
+    class Gate:
+        def __init__(self):
+            self.open = threading.Event()
+
+        def wait(self):
+            return self.open.wait(300)
+
+    def on_signal(signum, frame):
+        raise _Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, on_signal)
+    gate = Gate.remote()
+    try:
+        ref = gate.wait.remote()
+        for function, call in ((troupe.get, lambda: troupe.get(ref, timeout=30)),
+                               (troupe.wait, lambda: troupe.wait([ref], timeout=30))):
+            _signal_when_blocked_in(function, signal.SIGUSR1)
+            start = time.monotonic()
+            with pytest.raises(_Interrupted):
+                call()
+            assert time.monotonic() - start < 25, f"troupe.{function.__name__} ran on past the signal"
+        # The interrupted ref is intact.
+        assert troupe.wait([ref], timeout=0) == ([], [ref])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        troupe.kill(gate)
 
 
 class MyError(Exception):
