@@ -190,6 +190,51 @@ def test_remote_exceptions_keep_their_class():
         troupe.get(Broken.remote().boom.remote(), timeout=60)
 
 
+class StrFails(Exception):
+    def __str__(self):
+        raise RuntimeError("__str__ of StrFails")
+
+
+class OwnNew(Exception):
+    def __new__(cls, a, b):
+        return super().__new__(cls, a, b)
+
+
+def test_remote_exceptions_that_resist_rebuilding_still_report():
+    # Exceptions whose constructor takes other arguments than a message
+    # (json's, unicode's, a __new__ of their own, a group) or whose __str__
+    # fails reach the caller as a TaskError with their class name, message
+    # and remote traceback, not as an error of troupe's own code.
+    import json
+
+    @troupe.remote
+    def fail(kind):
+        if kind == "json":
+            json.loads("{oops")
+        if kind == "unicode":
+            b"\xff".decode("utf-8")
+        if kind == "new":
+            raise OwnNew(1, 2)
+        if kind == "group":
+            raise ExceptionGroup("two failed", [ValueError(1), KeyError(2)])
+        raise StrFails()
+
+    with pytest.raises(json.JSONDecodeError, match="JSONDecodeError: Expecting property name") as info:
+        troupe.get(fail.remote("json"), timeout=60)
+    assert isinstance(info.value, TaskError) and "json.loads" in info.value.traceback_str
+    with pytest.raises(UnicodeDecodeError, match="can't decode byte 0xff"):
+        troupe.get(fail.remote("unicode"), timeout=60)
+    with pytest.raises(TaskError, match="OwnNew: \\(1, 2\\)") as info:
+        troupe.get(fail.remote("new"), timeout=60)
+    assert type(info.value.cause) is OwnNew and "raise OwnNew" in str(info.value)
+    with pytest.raises(TaskError, match="ExceptionGroup: two failed") as info:
+        troupe.get(fail.remote("group"), timeout=60)
+    assert isinstance(info.value.cause, ExceptionGroup)
+    with pytest.raises(StrFails, match="StrFails: <the StrFails's str\\(\\) failed>") as info:
+        troupe.get(fail.remote("str"), timeout=60)
+    assert "raise StrFails()" in info.value.traceback_str
+
+
 def test_named_actor_kill_and_options():
     c = Counter.options(name="the_counter", max_concurrency=2).remote(1)
     assert troupe.get(c.add.remote(1), timeout=60) == 2

@@ -43,7 +43,11 @@ def _error(where):
         pickle.loads(blob)
     except Exception:
         blob = None
-    box = _ErrorBox(blob, type(exc).__name__, str(exc), text, where)
+    try:
+        message = str(exc)
+    except Exception:  # its __str__ raised, or returned no string
+        message = f"<the {type(exc).__name__}'s str() failed>"
+    box = _ErrorBox(blob, type(exc).__name__, message, text, where)
     data, buffers, refs = ser.dumps(box)
     return True, data, buffers, refs
 

@@ -54,13 +54,21 @@ class TroupeConnectionError(TroupeError, ConnectionError):
 _task_error_classes = {}
 
 
+def _dual_init(self, message, cause=None, traceback_str=""):
+    # Not the original class's __init__, whose arguments (JSONDecodeError's
+    # msg, doc, pos; UnicodeDecodeError's five) the message does not fit.
+    BaseException.__init__(self, message)
+    self.cause = cause
+    self.traceback_str = traceback_str
+
+
 def _task_error_class(cause_class):
     cls = _task_error_classes.get(cause_class)
     if cls is not None:
         return cls
     try:
         cls = type(f"TaskError({cause_class.__name__})", (TaskError, cause_class), {
-            "__init__": TaskError.__init__,
+            "__init__": _dual_init,
             "__str__": lambda self: self.args[0] if self.args else "",
             "__module__": __name__,
         })
@@ -95,10 +103,11 @@ class _ErrorBox:
         if isinstance(cause, TaskError):
             return cause
         if isinstance(cause, Exception):
-            error = _task_error_class(type(cause))(text, cause, self.traceback_str)
-        else:
-            error = TaskError(text, cause, self.traceback_str)
-        return error
+            try:
+                return _task_error_class(type(cause))(text, cause, self.traceback_str)
+            except Exception:  # a __new__ of its own (ExceptionGroup's): a plain TaskError
+                pass
+        return TaskError(text, cause, self.traceback_str)
 
 
 # The C++ runtime's errors (troupe/runtime/core/errors.h) by name, for the
