@@ -134,3 +134,48 @@ def test_heartbeat_tolerance_is_set_by_troupe_start(tmp_path):
         if pid:
             os.kill(pid, signal.SIGCONT)
         subprocess.run([launcher, "stop"], env=env, timeout=120)
+
+
+@troupe.remote
+class Echo:
+    def echo(self, x):
+        return x
+
+
+def test_handles_of_a_shut_down_session_reach_nothing_of_the_next():
+    # Actor and placement group ids are per cluster: the first actor (group)
+    # of the next embedded cluster has the id the first one of the last had.
+    # troupe.kill or remove_placement_group of an old handle must say so,
+    # not kill the new cluster's actor or free its group.
+    from troupe.util import placement_group, placement_group_table, remove_placement_group
+    from troupe.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    troupe.init(num_cpus=2)
+    try:
+        old = Echo.remote()
+        assert troupe.get(old.echo.remote(1), timeout=60) == 1
+        old_pg = placement_group([{"CPU": 1}])
+        assert old_pg.wait(60)
+        troupe.shutdown()
+        troupe.init(num_cpus=2)
+        new = Echo.remote()
+        assert troupe.get(new.echo.remote(2), timeout=60) == 2
+        pg = placement_group([{"CPU": 1}])
+        assert pg.wait(60)
+        # What makes the mix-up possible:
+        assert (new._actor.id, pg.id) == (old._actor.id, old_pg.id)
+        stale = "belongs to a troupe session that was shut down"
+        with pytest.raises(TroupeError, match=f"actor {old._actor.id} {stale}"):
+            troupe.kill(old)
+        with pytest.raises(TroupeError, match=f"placement group {old_pg.id} {stale}"):
+            remove_placement_group(old_pg)
+        with pytest.raises(TroupeError, match=stale):
+            Echo.options(scheduling_strategy=PlacementGroupSchedulingStrategy(old_pg, 0)).remote()
+        assert troupe.get(new.echo.remote(3), timeout=60) == 3
+        assert placement_group_table(pg)["state"] == "CREATED"
+        # A group that came back through a value is this session's.
+        back = troupe.get(pg.ready(), timeout=60)
+        assert back == pg and placement_group_table(back)["state"] == "CREATED"
+        remove_placement_group(back)
+    finally:
+        troupe.shutdown()

@@ -62,6 +62,25 @@ def _client():
     return state.client
 
 
+def _current_client():
+    """The process's client, or None (not initialized, or a worker not yet
+    attached): what a handle made now belongs to."""
+    state = _state
+    return state.client if state is not None else None
+
+
+def _same_session(client, what):
+    """The process's client, when `client` (the one a handle was made with;
+    None: not known) is it. Ids (actors, placement groups) are the
+    cluster's: after shutdown and init the same id names another object of
+    the new cluster, so a handle of the old session must not reach it."""
+    current = _client()
+    if client is not None and client is not current:
+        raise exceptions.TroupeError(f"{what} belongs to a troupe session that was shut down; "
+                                     "its handle cannot name anything in this one")
+    return current
+
+
 def _attach_worker():
     global _state
     with _lock:
@@ -159,7 +178,7 @@ def kill(actor, *, no_restart=True):
     if it has restarts left."""
     if not isinstance(actor, ActorHandle):
         raise TypeError(f"troupe.kill takes an actor handle, not a {type(actor).__name__}")
-    _client().kill(actor._actor.id, no_restart)
+    _same_session(actor._client, f"troupe.kill: actor {actor._actor.id}").kill(actor._actor.id, no_restart)
 
 
 def get_actor(name):

@@ -108,6 +108,9 @@ def _placement(options):
         raise ConfigError(f"placement_group must be a PlacementGroup, got a {type(pg).__name__}")
     if not isinstance(index, int) or index < -1:
         raise ConfigError(f"placement_group_bundle_index must be an int >= -1, got {index!r}")
+    from troupe.util.placement_group import _client_of
+
+    _client_of(pg)
     return {"placement_group": pg.id, "bundle_index": index}
 
 

@@ -23,6 +23,13 @@ def _client():
     return troupe._client()
 
 
+def _client_of(pg):
+    """The process's client, if `pg` was made in this session."""
+    import troupe
+
+    return troupe._same_session(pg._client, f"placement group {pg.id}")
+
+
 def _bundle(i, bundle):
     if not isinstance(bundle, dict) or not bundle:
         raise ConfigError(f"placement group bundle {i} must be a non-empty dict of resources, got {bundle!r}")
@@ -40,6 +47,20 @@ class PlacementGroup:
     def __init__(self, id, bundle_specs):
         self.id = int(id)
         self.bundle_specs = [dict(b) for b in bundle_specs]
+        self._bind()
+
+    def _bind(self):
+        # The session this handle names a group of (the id is its cluster's).
+        import troupe
+
+        self._client = troupe._current_client()
+
+    def __getstate__(self):
+        return {"id": self.id, "bundle_specs": self.bundle_specs}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._bind()
 
     @property
     def bundle_count(self):
@@ -51,12 +72,12 @@ class PlacementGroup:
         removed first."""
         from troupe import _serialization as ser
 
-        return _client().placement_group_ready(self.id, ser.dumps(self))
+        return _client_of(self).placement_group_ready(self.id, ser.dumps(self))
 
     def wait(self, timeout_seconds=30):
         """True once every bundle is reserved, False at the timeout."""
         timeout_seconds = _timeouts.seconds(timeout_seconds, "PlacementGroup.wait", "timeout_seconds", none_ok=False)
-        return _client().wait_placement_group(self.id, timeout_seconds)["state"] == "CREATED"
+        return _client_of(self).wait_placement_group(self.id, timeout_seconds)["state"] == "CREATED"
 
     def __eq__(self, other):
         return isinstance(other, PlacementGroup) and other.id == self.id
@@ -84,7 +105,8 @@ def placement_group(bundles, strategy="PACK", name="", lifetime=None):
 
 def remove_placement_group(pg):
     """Releases the group's bundles; actors placed in it are killed."""
-    _client().remove_placement_group(_as_group(pg).id)
+    pg = _as_group(pg)
+    _client_of(pg).remove_placement_group(pg.id)
 
 
 def get_placement_group(pg_id):
@@ -97,7 +119,8 @@ def placement_group_table(pg=None):
     """The head's view of one group (id, state, the node of each bundle,
     why it is pending): a dict; without pg, every group the head has."""
     if pg is not None:
-        return _client().placement_group_info(_as_group(pg).id)
+        pg = _as_group(pg)
+        return _client_of(pg).placement_group_info(pg.id)
     import json
 
     status = json.loads(_client().status_json())
