@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -44,6 +47,44 @@ void raise_max(std::atomic<int64_t>& m, int64_t v) {
   int64_t seen = m.load();
   while (v > seen && !m.compare_exchange_weak(seen, v)) {
   }
+}
+
+// The sampler of `c` over `dataset_size` samples and `world_size` ranks.
+DistributedSampler sampler_of(int64_t dataset_size, const LoaderConfig& c, int64_t world_size) {
+  return DistributedSampler({.dataset_size = dataset_size,
+                             .world_size = world_size,
+                             .shuffle = c.shuffle,
+                             .seed = c.seed,
+                             .drop_last = c.sampler_drop_last});
+}
+
+// The indices a feed sends: `rank`'s share of what `cursor` leaves of the
+// epoch, cut to `max_batches` batches (0 = all).
+std::vector<int64_t> feed_indices(int64_t dataset_size, const LoaderConfig& c, const SamplerCursor& cursor,
+                                  int32_t rank, int64_t max_batches) {
+  const DistributedSampler sampler = sampler_of(dataset_size, c, cursor.world_size);
+  if (rank < 0 || rank >= cursor.world_size) {
+    throw ConfigError("DataLoaderActor::feed: rank " + std::to_string(rank) + " outside world size " +
+                      std::to_string(cursor.world_size));
+  }
+  std::vector<int64_t> indices = sampler.remaining(cursor, rank);
+  if (max_batches > 0 && static_cast<int64_t>(indices.size()) > max_batches * c.batch_size)
+    indices.resize(static_cast<size_t>(max_batches * c.batch_size));
+  return indices;
+}
+
+// Where the feed after one that began at `cursor` and sent `samples` of
+// its rank's samples begins, as the driver's TrainJob will ask: the trainers
+// end an epoch that has less than a batch left, and the driver then begins
+// the next one.
+SamplerCursor next_feed_cursor(int64_t dataset_size, const LoaderConfig& c, const SamplerCursor& cursor,
+                               int64_t samples) {
+  const DistributedSampler sampler = sampler_of(dataset_size, c, cursor.world_size);
+  SamplerCursor next = sampler.advance(cursor, samples);
+  const int64_t left = sampler.remaining_per_rank(next);
+  if (left > 0 && left < c.batch_size) next = sampler.advance(next, left);
+  if (sampler.epoch_done(next)) next = sampler.begin_epoch(next.epoch + 1, next.world_size);
+  return next;
 }
 
 }  // namespace
@@ -82,10 +123,129 @@ struct DataLoaderActor::State {
   // of batches in flight, kept across epochs).
   CollateBuffers collate_buffers{kCollateBuffersPerKey};
 
+  // A rank's look-ahead: the first config.look_ahead batches of the feed
+  // predicted to come next, made on a thread of its own.
+  struct Ahead {
+    SamplerCursor cursor;  // where the feed they begin starts
+    std::vector<Batch> batches;
+    bool failed = false;  // or stopped: nothing to use
+    std::mutex mutex;     // guards pipeline (set while it runs) and stopped
+    BatchPipeline* pipeline = nullptr;
+    bool stopped = false;
+    std::thread thread;
+  };
+  std::mutex ahead_mutex;  // never held with feeds_mutex
+  std::map<int32_t, std::shared_ptr<Ahead>> ahead;
+  std::atomic<int64_t> ahead_hits{0};
+  std::atomic<int64_t> ahead_misses{0};
+
+  ~State() {
+    std::map<int32_t, std::shared_ptr<Ahead>> all;
+    {
+      std::lock_guard lock(ahead_mutex);
+      all.swap(ahead);
+    }
+    for (auto& [rank, a] : all) stop_ahead(*a);
+    for (auto& [rank, a] : all) a->thread.join();
+  }
+
+  static void stop_ahead(Ahead& a) {
+    std::lock_guard lock(a.mutex);
+    a.stopped = true;
+    if (a.pipeline) a.pipeline->stop();
+  }
+
+  // Starts making the first batches of `rank`'s feed at `next`, replacing
+  // any look-ahead of that rank.
+  void start_ahead(int32_t rank, const SamplerCursor& next) {
+    if (config.look_ahead <= 0) return;
+    auto a = std::make_shared<Ahead>();
+    a->cursor = next;
+    // Every owner joins the thread before letting go of `a`.
+    a->thread = std::thread([this, a = a.get(), rank] {
+      try {
+        auto data = open_dataset();
+        std::vector<int64_t> indices = feed_indices(data->size(), config, a->cursor, rank, config.look_ahead);
+        BatchPipeline pipeline(*data, pipeline_options());
+        {
+          std::lock_guard lock(a->mutex);
+          if (a->stopped) throw Error("stopped");
+          a->pipeline = &pipeline;
+        }
+        PipelineStats run =
+            pipeline.run(indices, a->cursor.epoch, [&](Batch&& b) { a->batches.push_back(std::move(b)); });
+        std::lock_guard lock(a->mutex);
+        a->pipeline = nullptr;
+        a->failed = run.stopped || a->stopped;
+      } catch (const std::exception&) {
+        std::lock_guard lock(a->mutex);
+        a->pipeline = nullptr;
+        a->failed = true;  // the feed makes its batches itself, and reports what fails
+      }
+    });
+    std::shared_ptr<Ahead> old;
+    {
+      std::lock_guard lock(ahead_mutex);
+      old = std::exchange(ahead[rank], std::move(a));
+    }
+    if (old) {
+      stop_ahead(*old);
+      old->thread.join();
+    }
+  }
+
+  // The look-ahead of `rank` when it was made for a feed at `cursor` (then
+  // its batches begin that feed), else nothing; either way it is used up.
+  std::vector<Batch> take_ahead(int32_t rank, const SamplerCursor& cursor) {
+    std::shared_ptr<Ahead> a;
+    {
+      std::lock_guard lock(ahead_mutex);
+      auto it = ahead.find(rank);
+      if (it == ahead.end()) return {};
+      a = std::move(it->second);
+      ahead.erase(it);
+    }
+    a->thread.join();
+    if (a->failed || !(a->cursor == cursor)) {
+      ahead_misses += 1;
+      return {};
+    }
+    ahead_hits += 1;
+    return std::move(a->batches);
+  }
+
+  // Stops and forgets `rank`'s look-ahead (-1: every rank's).
+  void drop_ahead(int32_t rank) {
+    std::vector<std::shared_ptr<Ahead>> gone;
+    {
+      std::lock_guard lock(ahead_mutex);
+      for (auto it = ahead.begin(); it != ahead.end();) {
+        if (rank >= 0 && it->first != rank) {
+          ++it;
+          continue;
+        }
+        gone.push_back(std::move(it->second));
+        it = ahead.erase(it);
+      }
+    }
+    for (auto& a : gone) stop_ahead(*a);
+    for (auto& a : gone) a->thread.join();
+  }
+
   std::shared_ptr<const Dataset> open_dataset() {
     std::lock_guard lock(dataset_mutex);
     if (!dataset) dataset = make_dataset(config.dataset);
     return dataset;
+  }
+
+  // Every feed's (and look-ahead's) pipeline.
+  PipelineOptions pipeline_options() {
+    return {.batch_size = config.batch_size,
+            .num_threads = config.threads,
+            .prefetch_depth = config.prefetch_depth,
+            .max_live_tokens = config.max_live_tokens,
+            .drop_last = config.drop_last,
+            .collate_buffers = &collate_buffers};
   }
 
   int64_t token_bound() const {
@@ -93,6 +253,7 @@ struct DataLoaderActor::State {
   }
 
   int32_t stop(int32_t rank) {
+    drop_ahead(rank);
     std::lock_guard lock(feeds_mutex);
     int32_t n = 0;
     for (auto& [id, f] : feeds) {
@@ -117,6 +278,8 @@ struct DataLoaderActor::State {
     s.max_live_batches = max_live_batches.load();
     s.token_bound = token_bound();
     s.max_in_flight = max_in_flight.load();
+    s.ahead_hits = ahead_hits.load();
+    s.ahead_misses = ahead_misses.load();
     std::tie(s.rss_bytes, s.peak_rss_bytes) = resident_memory();
     return s;
   }
@@ -131,6 +294,8 @@ DataLoaderActor::DataLoaderActor(LoaderConfig config) : state_(std::make_shared<
   if (c.max_live_tokens < 0) throw ConfigError("DataLoaderActor: max_live_tokens must be >= 0");
   if (c.credits < 1) throw ConfigError("DataLoaderActor: credits must be >= 1");
   if (c.intra_op_threads < 0) throw ConfigError("DataLoaderActor: intra_op_threads must be >= 0");
+  if (c.look_ahead < 0)
+    throw ConfigError("DataLoaderActor: look_ahead must be >= 0, got " + std::to_string(c.look_ahead));
   // A worker hosts exactly one actor, so the process-wide setting is ours.
   if (c.intra_op_threads > 0) at::set_num_threads(c.intra_op_threads);
   if (this_actor::in_worker()) {
@@ -147,29 +312,6 @@ DataLoaderActor::DataLoaderActor(LoaderConfig config) : state_(std::make_shared<
 }
 
 DataLoaderActor::~DataLoaderActor() = default;
-
-namespace {
-
-// The indices a feed sends: `rank`'s share of what `cursor` leaves of the
-// epoch, cut to `max_batches` batches (0 = all).
-std::vector<int64_t> feed_indices(int64_t dataset_size, const LoaderConfig& c, const SamplerCursor& cursor,
-                                  int32_t rank, int64_t max_batches) {
-  DistributedSampler sampler({.dataset_size = dataset_size,
-                              .world_size = cursor.world_size,
-                              .shuffle = c.shuffle,
-                              .seed = c.seed,
-                              .drop_last = c.sampler_drop_last});
-  if (rank < 0 || rank >= cursor.world_size) {
-    throw ConfigError("DataLoaderActor::feed: rank " + std::to_string(rank) + " outside world size " +
-                      std::to_string(cursor.world_size));
-  }
-  std::vector<int64_t> indices = sampler.remaining(cursor, rank);
-  if (max_batches > 0 && static_cast<int64_t>(indices.size()) > max_batches * c.batch_size)
-    indices.resize(static_cast<size_t>(max_batches * c.batch_size));
-  return indices;
-}
-
-}  // namespace
 
 // Makes a running feed visible to stop() (by rank) for as long as it runs.
 class DataLoaderActor::FeedRegistration {
@@ -198,15 +340,23 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
   Feed feed;
   feed.rank = rank;
   int64_t sent = 0;  // written to the stream (a cancelled sink call writes nothing)
+  int64_t sent_rows = 0;
+  std::optional<SamplerCursor> next;  // where the next feed should begin, once this one is whole
   try {
     auto dataset = st.open_dataset();
     std::vector<int64_t> indices = feed_indices(dataset->size(), c, cursor, rank, max_batches);
-    BatchPipeline pipeline(*dataset, {.batch_size = c.batch_size,
-                                      .num_threads = c.threads,
-                                      .prefetch_depth = c.prefetch_depth,
-                                      .max_live_tokens = c.max_live_tokens,
-                                      .drop_last = c.drop_last,
-                                      .collate_buffers = &st.collate_buffers});
+    // Batches made ahead for this very feed come first; the pipeline makes
+    // the rest. They are the same batches (a batch is a function of its
+    // indices and epoch), only sooner.
+    std::vector<Batch> ready = st.take_ahead(rank, cursor);
+    const int64_t wanted = max_batches > 0 ? max_batches : std::numeric_limits<int64_t>::max();
+    if (static_cast<int64_t>(ready.size()) > wanted) ready.resize(static_cast<size_t>(wanted));
+    size_t ready_rows = 0;
+    for (const auto& b : ready) ready_rows += static_cast<size_t>(b.size());
+    TROUPE_CHECK(ready_rows <= indices.size())
+        << "look-ahead of " << ready_rows << " samples for a feed of " << indices.size();
+    indices.erase(indices.begin(), indices.begin() + static_cast<std::ptrdiff_t>(ready_rows));
+    BatchPipeline pipeline(*dataset, st.pipeline_options());
     feed.pipeline = &pipeline;
     FeedRegistration registration(st, feed);
     // The sink blocks while the reader grants no credit; that is the
@@ -214,6 +364,7 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
     // blocked write cannot be interrupted otherwise.
     auto sink = [&](Batch&& b) {
       const int64_t rows = b.size();
+      b.sequence = sent;  // batches made ahead and the pipeline's, numbered as one feed
       for (;;) {
         if (feed.cancelled) return;
         try {
@@ -225,11 +376,25 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
       raise_max(st.max_in_flight, static_cast<int64_t>(writer.in_flight()));
       raise_max(st.max_live_batches, pipeline.live_batches());
       ++sent;
+      sent_rows += rows;
       st.batches_sent += 1;
       st.samples_sent += rows;
     };
-    PipelineStats run = pipeline.run(indices, cursor.epoch, sink);
-    raise_max(st.max_live_batches, run.max_live_batches);
+    for (auto& b : ready) {
+      if (feed.cancelled) break;
+      sink(std::move(b));
+    }
+    ready.clear();
+    if (!feed.cancelled && !indices.empty()) {
+      PipelineStats run = pipeline.run(indices, cursor.epoch, sink);
+      raise_max(st.max_live_batches, run.max_live_batches);
+    }
+    if (!feed.cancelled && sent > 0) {
+      try {
+        next = next_feed_cursor(dataset->size(), c, cursor, sent_rows);
+      } catch (const std::exception&) {  // no look-ahead; this feed is whole all the same
+      }
+    }
   } catch (const StreamError&) {
     // The reader is gone (or refused the stream): nobody to tell.
     st.feeds_done += 1;
@@ -240,6 +405,9 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
     throw;
   }
   st.feeds_done += 1;
+  // A whole feed sent: make the next one's first batches while the reader
+  // works through these.
+  if (next && !feed.cancelled) st.start_ahead(rank, *next);
   if (feed.cancelled) {
     writer.fail("data loader feed for rank " + std::to_string(rank) + " stopped after " + std::to_string(sent) +
                 " batches");

@@ -61,9 +61,15 @@ struct LoaderConfig {
   // Intra-op threads of the loader's process (at::set_num_threads); 1 keeps
   // collate from competing with the pipeline threads. 0 leaves it alone.
   int32_t intra_op_threads = 1;
+  // Batches of a rank's next feed made as soon as its feed ends, while the
+  // trainer still works through what was sent: the next feed starts with
+  // them instead of waiting for its pipeline's first batch. Its cursor is
+  // predicted (this feed's end, or the next epoch's start); a feed that
+  // asks for another drops them. 0 = none.
+  int32_t look_ahead = 2;
 
   TROUPE_FIELDS(dataset, batch_size, drop_last, sampler_drop_last, shuffle, seed, threads, prefetch_depth,
-                max_live_tokens, credits, intra_op_threads);
+                max_live_tokens, credits, intra_op_threads, look_ahead);
 };
 
 // Counters of one loader, for tests, metrics and the benchmarks. The max_*
@@ -82,9 +88,13 @@ struct LoaderStats {
   // The loader process's resident and peak resident memory (bytes).
   int64_t rss_bytes = 0;
   int64_t peak_rss_bytes = 0;
+  // Feeds that began with look-ahead batches, and feeds whose look-ahead
+  // was for another cursor (or failed) and was dropped.
+  int64_t ahead_hits = 0;
+  int64_t ahead_misses = 0;
 
   TROUPE_FIELDS(feeds_running, feeds_done, batches_sent, samples_sent, live_batches, max_live_batches, token_bound,
-                max_in_flight, rss_bytes, peak_rss_bytes);
+                max_in_flight, rss_bytes, peak_rss_bytes, ahead_hits, ahead_misses);
 };
 
 // Control message: cancel the running feeds of `rank` (-1 = all); the

@@ -17,7 +17,9 @@
 //                      pin_memory=True); images/s over the steps after
 //                      --warmup, ratio = troupe ÷ PyTorch; data_wait = the
 //                      share of the trainer's timed train() calls spent
-//                      waiting for batches (StepInfo::data_wait)
+//                      waiting for batches (StepInfo::data_wait);
+//                      without_look_ahead and its data_wait: the same run
+//                      with --look-ahead 0
 //   gpu_busy           NVML utilization.gpu of the GPU, read every 100 ms
 //                      over troupe's timed loader-bound steps (0-1), the
 //                      peer's own reading beside it (the same reads, by
@@ -37,7 +39,7 @@
 //
 //   troupe_bench_gpu_train [--python /opt/torch/.venv/bin/python]
 //                          [--batch 128] [--steps 150] [--lm-steps 100] [--warmup 5]
-//                          [--loader-threads 8] [--records 2048]
+//                          [--loader-threads 8] [--records 2048] [--look-ahead 2]
 //                          [--lm-batch 16] [--block 256] [--width 512]
 //                          [--layers 8] [--heads 8] [--case NAME]...
 #include <CLI/CLI.hpp>
@@ -83,6 +85,7 @@ struct Args {
   int64_t lm_steps = 100;
   int64_t warmup = 5;
   int64_t loader_threads = 8;
+  int64_t look_ahead = 2;
   int64_t records = 2048;
   int64_t lm_batch = 16;
   int64_t block = 256;
@@ -273,6 +276,7 @@ LoaderFed loader_fed(troupe::Runtime& rt, const Args& a, const std::string& step
   job.scaling.placement_timeout = 60s;
   job.use_loaders = true;
   job.loader_threads = a.loader_threads;
+  job.loader_look_ahead = a.look_ahead;
   job.evaluate = false;
   job.verbose = false;
   job.epochs = 100;
@@ -347,6 +351,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", a.warmup, "untimed steps first");
   app.add_option("--loader-threads", a.loader_threads, "DataLoaderActor threads and DataLoader workers");
   app.add_option("--records", a.records, "uint8 records in the loader-bound data set");
+  app.add_option("--look-ahead", a.look_ahead, "batches a loader makes of the next round early (0 = none)");
   app.add_option("--lm-batch", a.lm_batch, "sequences per step (lm_tokens)");
   app.add_option("--block", a.block, "lm context");
   app.add_option("--width", a.width, "lm width");
@@ -416,7 +421,16 @@ int main(int argc, char** argv) {
       const auto mine = loader_fed(rt, a, files.at("cnn").get<std::string>());
       auto theirs = peer(a, {"run", "--case", "cnn_loader", "--batch", n(a.batch), "--steps", n(a.steps), "--warmup",
                              n(a.warmup), "--workers", n(a.loader_threads), "--records", n(a.records)});
-      ratio_row("cnn_loader_bound", mine.rate, theirs, "images/s", gpu, "value", {{"data_wait", mine.data_wait}});
+      nlohmann::ordered_json extra = {{"data_wait", mine.data_wait}};
+      if (a.look_ahead > 0) {
+        // The same without the loaders' look-ahead, so the row says what it is worth.
+        Args none = a;
+        none.look_ahead = 0;
+        const auto plain = loader_fed(rt, none, files.at("cnn").get<std::string>());
+        extra["without_look_ahead"] = plain.rate;
+        extra["data_wait_without_look_ahead"] = plain.data_wait;
+      }
+      ratio_row("cnn_loader_bound", mine.rate, theirs, "images/s", gpu, "value", extra);
       if (a.gpu()) {
         nlohmann::ordered_json row = {
             {"bench", "gpu_train"}, {"case", "gpu_busy"}, {"value", mine.busy}, {"unit", "fraction"}};

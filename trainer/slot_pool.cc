@@ -106,6 +106,7 @@ void SlotPool::spawn_loader(Slot& s) {
   lc.shuffle = cfg_.trainer.shuffle;
   lc.seed = cfg_.trainer.seed;
   lc.threads = static_cast<int32_t>(cfg_.loader_threads);
+  lc.look_ahead = static_cast<int32_t>(cfg_.loader_look_ahead);
   lc.credits = 4;
   s.loader = rt_.spawn<actors::DataLoaderActor>(slot_options(s), lc);
 }

@@ -52,6 +52,8 @@ void validate(const TrainJobConfig& c) {
   if (c.epochs <= 0 && c.max_steps <= 0) throw ConfigError("epochs must be positive");
   if (c.loader_threads < 1 || c.loader_threads > 256)
     throw ConfigError("loader_threads must be between 1 and 256, got " + std::to_string(c.loader_threads));
+  if (c.loader_look_ahead < 0 || c.loader_look_ahead > 64)
+    throw ConfigError("loader_look_ahead must be between 0 and 64, got " + std::to_string(c.loader_look_ahead));
   if (c.checkpoint.every_steps < 0) throw ConfigError("checkpoint.every_steps must not be negative");
   if (c.failure.standby_workers < 0)
     throw ConfigError("failure.standby_workers must not be negative, got " + std::to_string(c.failure.standby_workers));

@@ -159,6 +159,10 @@ struct TrainJobConfig {
   bool use_loaders = true;
   // Pipeline threads of each loader (decode, augment, collate; 1-256).
   int64_t loader_threads = 1;
+  // Batches each loader makes of its trainer's next round as soon as it has
+  // sent this round's, so that a round does not begin by waiting for its
+  // pipeline's first batch (LoaderConfig::look_ahead; 0-64, 0 = none).
+  int64_t loader_look_ahead = 2;
   // Executable for the trainers ("" = the driver's own).
   std::string executable;
   std::chrono::milliseconds call_timeout{std::chrono::minutes(10)};

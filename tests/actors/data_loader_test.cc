@@ -371,4 +371,52 @@ TEST_F(DataLoaderTest, StopCancelsRunningFeeds) {
   EXPECT_LT(f0.get(kWaitBound), 10000 / 32);
 }
 
+// A loader makes the first batches of a rank's next feed as soon as a feed
+// ends (LoaderConfig::look_ahead): a feed at the predicted cursor (the end
+// of the last, or the next epoch's start) begins with them, a feed elsewhere
+// drops them. Either way every feed sends exactly the batches of a loader
+// without look-ahead: the same indices, rows, epoch and sequence.
+TEST_F(DataLoaderTest, NextFeedBeginsWithBatchesMadeAheadAndTheSameBatches) {
+  LoaderConfig config = classification(200);  // 6 batches of 32 and one of 8
+  config.look_ahead = 2;
+  LoaderConfig plain = config;
+  plain.look_ahead = 0;
+  Loader ahead = spawn(config), reference = spawn(plain);
+  auto feed = [&](Loader& l, const SamplerCursor& cursor, int64_t max_batches) {
+    StreamReader<Batch> r(rt_, config.credits);
+    auto f = l.call(&DataLoaderActor::feed, r.ref(), cursor, 0, max_batches);
+    auto got = Drain(r).get();
+    EXPECT_EQ(f.get(kWaitBound), static_cast<int64_t>(got.size()));
+    return got;
+  };
+  DistributedSampler sampler({.dataset_size = 200, .world_size = 1, .shuffle = true, .seed = config.seed});
+  const SamplerCursor start = sampler.begin_epoch(0, 1);
+  const struct {
+    SamplerCursor cursor;
+    int64_t max_batches;
+    int64_t hits, misses;  // the loader's counts after this feed
+  } feeds[] = {
+      {start, 3, 0, 0},                       // nothing made ahead yet
+      {sampler.advance(start, 96), 0, 1, 0},  // where the first ended: the rest of the epoch
+      {sampler.begin_epoch(1, 1), 1, 2, 0},   // the next epoch's start
+      {sampler.begin_epoch(7, 1), 2, 2, 1},   // not where the last ended
+      {sampler.advance(sampler.begin_epoch(7, 1), 64), 1, 3, 1},
+  };
+  for (const auto& f : feeds) {
+    const auto got = feed(ahead, f.cursor, f.max_batches);
+    const auto want = feed(reference, f.cursor, f.max_batches);
+    ASSERT_EQ(got.size(), want.size()) << troupe::actors::to_string(f.cursor);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].indices, want[i].indices) << "batch " << i;
+      EXPECT_EQ(got[i].sequence, static_cast<int64_t>(i));
+      EXPECT_EQ(got[i].epoch, want[i].epoch);
+      EXPECT_TRUE(torch::equal(got[i].tensors.at("input"), want[i].tensors.at("input"))) << "batch " << i;
+    }
+    const auto stats = troupe::actors::loader_stats(ahead);
+    EXPECT_EQ(stats.ahead_hits, f.hits) << troupe::actors::to_string(f.cursor);
+    EXPECT_EQ(stats.ahead_misses, f.misses) << troupe::actors::to_string(f.cursor);
+  }
+  EXPECT_EQ(troupe::actors::loader_stats(reference).ahead_hits, 0);
+}
+
 }  // namespace
