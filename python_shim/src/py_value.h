@@ -20,6 +20,7 @@
 
 #include "troupe/runtime/client/object_ref.h"
 #include "troupe/runtime/wire/codec.h"
+#include "troupe/runtime/wire/frame.h"
 
 namespace troupe::py {
 
@@ -56,6 +57,19 @@ struct PyActorSpec {
   PyCall ctor;
   TROUPE_FIELDS(class_blob, ctor)
 };
+
+// A PyActorSpec as the head keeps it (for restarts) and hands it to the
+// worker: its encoding with the attachments copied inline, since the
+// head's messages carry no attachments (and the head takes small frames
+// only: the spec is at most kMaxInlineSpecBytes).
+struct PyInlineSpec {
+  std::string bytes;
+  std::vector<std::string> attachments;
+  TROUPE_FIELDS(bytes, attachments)
+};
+// What the head takes in one message (wire::kHeadFrameLimits), less room
+// for the rest of the actor's spec.
+inline constexpr size_t kMaxInlineSpecBytes = wire::kHeadFrameLimits.max_message_bytes - (64u << 10);
 
 // A call's answer. A Python exception is an answer too (error = 1, the value
 // being the pickled exception with its traceback): the caller rebuilds the

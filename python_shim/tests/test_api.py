@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import troupe
+from conftest import wait_until
 from troupe.exceptions import ActorDiedError, ConfigError, GetTimeoutError, TaskError
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -188,6 +189,45 @@ def test_remote_exceptions_keep_their_class():
 
     with pytest.raises(KeyError):
         troupe.get(Broken.remote().boom.remote(), timeout=60)
+
+
+@troupe.remote(max_restarts=1, max_task_retries=-1)
+class Holder:
+    def __init__(self, value):
+        self.size = len(value)
+
+    def size_and_pid(self):
+        return self.size, os.getpid()
+
+
+def test_large_actor_arguments_and_task_closures():
+    # An actor's class and constructor arguments go through the head (which
+    # keeps them for restarts). From 16 KiB up they used to travel as
+    # attachments the head's messages do not carry: the head closed the
+    # driver's connection and every later call failed. Up to the head's
+    # limit they work, restarts included; past it, and for a task whose
+    # closure is past it, the error names the size, and the driver goes on.
+    from troupe import _core
+
+    limit = _core.HEAD_VALUE_LIMIT
+    for size in (20_000, 1 << 20, limit - 8192):
+        h = Holder.remote(b"x" * size)
+        got, pid = troupe.get(h.size_and_pid.remote(), timeout=120)
+        assert got == size
+    troupe.kill(h, no_restart=False)
+    wait_until(lambda: h._actor.info()["restarts"] == 1, what="the actor's restart")
+    got, new_pid = troupe.get(h.size_and_pid.remote(), timeout=120)
+    assert (got, new_pid != pid) == (limit - 8192, True)  # the restart had the arguments
+    big_class = troupe.remote(type("BigClass", (), {"blob": "y" * 40_000, "size": lambda self: len(self.blob)}))
+    assert troupe.get(big_class.remote().size.remote(), timeout=120) == 40_000
+    with pytest.raises(ConfigError, match=r"actor Holder: .* pickle to \d+ bytes, more than the \d+ .*troupe.put"):
+        Holder.remote(b"x" * (limit + 1))
+    captured = b"z" * (limit + 1)
+    with pytest.raises(ConfigError, match=r"task <lambda>: the function pickles to \d+ bytes"):
+        troupe.remote(lambda: len(captured)).remote()
+    assert troupe.get(square.remote(5), timeout=60) == 25
+    h2 = Holder.remote(troupe.put(b"x" * (limit + 1)))  # the way past the limit
+    assert troupe.get(h2.size_and_pid.remote(), timeout=120)[0] == limit + 1
 
 
 class StrFails(Exception):

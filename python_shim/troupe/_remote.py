@@ -139,6 +139,11 @@ class RemoteFunction:
         shared = self._shared
         if "hash" not in shared:
             blob = ser.dumps_code(self._fn)
+            if len(blob) > _core.HEAD_VALUE_LIMIT:
+                # The head's message limit: more would cost the connection.
+                raise ConfigError(f"task {self.__name__}: the function pickles to {len(blob)} bytes with what it "
+                                  f"captures, more than the {_core.HEAD_VALUE_LIMIT} the cluster's function table "
+                                  "takes; pass large values as arguments or troupe.put() refs")
             shared["blob"] = blob
             shared["hash"] = hashlib.sha256(blob).hexdigest()[:32]
         exported = shared.setdefault("exported", set())
