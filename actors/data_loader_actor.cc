@@ -75,14 +75,14 @@ std::vector<int64_t> feed_indices(int64_t dataset_size, const LoaderConfig& c, c
 
 // Where the feed after one that began at `cursor` and sent `samples` of
 // its rank's samples begins, as the driver's TrainJob will ask: the trainers
-// end an epoch that has less than a batch left, and the driver then begins
-// the next one.
+// end an epoch that has less than a step (step_batches batches) left, and
+// the driver then begins the next one.
 SamplerCursor next_feed_cursor(int64_t dataset_size, const LoaderConfig& c, const SamplerCursor& cursor,
                                int64_t samples) {
   const DistributedSampler sampler = sampler_of(dataset_size, c, cursor.world_size);
   SamplerCursor next = sampler.advance(cursor, samples);
   const int64_t left = sampler.remaining_per_rank(next);
-  if (left > 0 && left < c.batch_size) next = sampler.advance(next, left);
+  if (left > 0 && left < c.batch_size * c.step_batches) next = sampler.advance(next, left);
   if (sampler.epoch_done(next)) next = sampler.begin_epoch(next.epoch + 1, next.world_size);
   return next;
 }
@@ -128,10 +128,10 @@ struct DataLoaderActor::State {
   struct Ahead {
     SamplerCursor cursor;  // where the feed they begin starts
     std::vector<Batch> batches;
-    bool failed = false;  // or stopped: nothing to use
-    std::mutex mutex;     // guards pipeline (set while it runs) and stopped
-    BatchPipeline* pipeline = nullptr;
+    std::mutex mutex;                   // guards the three below
+    BatchPipeline* pipeline = nullptr;  // while it runs
     bool stopped = false;
+    bool failed = false;  // or stopped: nothing to use
     std::thread thread;
   };
   std::mutex ahead_mutex;  // never held with feeds_mutex
@@ -139,63 +139,76 @@ struct DataLoaderActor::State {
   std::atomic<int64_t> ahead_hits{0};
   std::atomic<int64_t> ahead_misses{0};
 
-  ~State() {
-    std::map<int32_t, std::shared_ptr<Ahead>> all;
-    {
-      std::lock_guard lock(ahead_mutex);
-      all.swap(ahead);
-    }
-    for (auto& [rank, a] : all) stop_ahead(*a);
-    for (auto& [rank, a] : all) a->thread.join();
-  }
+  ~State() { drop_ahead(-1); }
 
   static void stop_ahead(Ahead& a) {
     std::lock_guard lock(a.mutex);
     a.stopped = true;
     if (a.pipeline) a.pipeline->stop();
   }
+  static void finish_ahead(Ahead& a) {
+    if (a.thread.joinable()) a.thread.join();
+  }
+
+  // The look-ahead thread's work: a's batches, or a.failed.
+  void make_ahead(Ahead& a, int32_t rank) {
+    try {
+      auto data = open_dataset();
+      const std::vector<int64_t> indices = feed_indices(data->size(), config, a.cursor, rank, config.look_ahead);
+      BatchPipeline pipeline(*data, pipeline_options());
+      // Visible to stop_ahead() while it runs; hidden again before the
+      // pipeline is destroyed, however run() ends.
+      struct Visible {
+        Ahead& a;
+        Visible(Ahead& a, BatchPipeline& p) : a(a) {
+          std::lock_guard lock(a.mutex);
+          if (a.stopped) throw Error("look-ahead stopped");
+          a.pipeline = &p;
+        }
+        ~Visible() {
+          std::lock_guard lock(a.mutex);
+          a.pipeline = nullptr;
+        }
+      } visible(a, pipeline);
+      const PipelineStats run =
+          pipeline.run(indices, a.cursor.epoch, [&](Batch&& b) { a.batches.push_back(std::move(b)); });
+      if (run.stopped) throw Error("look-ahead stopped");
+    } catch (...) {  // the feed makes its batches itself, and reports what fails
+      std::lock_guard lock(a.mutex);
+      a.failed = true;
+    }
+  }
 
   // Starts making the first batches of `rank`'s feed at `next`, replacing
-  // any look-ahead of that rank.
+  // any look-ahead of that rank. Never throws: a look-ahead that cannot
+  // start is none.
   void start_ahead(int32_t rank, const SamplerCursor& next) {
     if (config.look_ahead <= 0) return;
-    auto a = std::make_shared<Ahead>();
-    a->cursor = next;
-    // Every owner joins the thread before letting go of `a`.
-    a->thread = std::thread([this, a = a.get(), rank] {
-      try {
-        auto data = open_dataset();
-        std::vector<int64_t> indices = feed_indices(data->size(), config, a->cursor, rank, config.look_ahead);
-        BatchPipeline pipeline(*data, pipeline_options());
-        {
-          std::lock_guard lock(a->mutex);
-          if (a->stopped) throw Error("stopped");
-          a->pipeline = &pipeline;
-        }
-        PipelineStats run =
-            pipeline.run(indices, a->cursor.epoch, [&](Batch&& b) { a->batches.push_back(std::move(b)); });
-        std::lock_guard lock(a->mutex);
-        a->pipeline = nullptr;
-        a->failed = run.stopped || a->stopped;
-      } catch (const std::exception&) {
-        std::lock_guard lock(a->mutex);
-        a->pipeline = nullptr;
-        a->failed = true;  // the feed makes its batches itself, and reports what fails
-      }
-    });
-    std::shared_ptr<Ahead> old;
-    {
+    if (config.epochs > 0 && next.epoch >= config.epochs) return;  // the job ends before it
+    std::shared_ptr<Ahead> a, old;
+    try {
+      a = std::make_shared<Ahead>();
+      a->cursor = next;
+      // Every owner stops and joins the thread before letting go of `a`.
+      a->thread = std::thread([this, p = a.get(), rank] { make_ahead(*p, rank); });
       std::lock_guard lock(ahead_mutex);
-      old = std::exchange(ahead[rank], std::move(a));
+      old = std::exchange(ahead[rank], a);
+    } catch (...) {
+      if (a) {
+        stop_ahead(*a);
+        finish_ahead(*a);
+      }
+      return;
     }
     if (old) {
       stop_ahead(*old);
-      old->thread.join();
+      finish_ahead(*old);
     }
   }
 
   // The look-ahead of `rank` when it was made for a feed at `cursor` (then
   // its batches begin that feed), else nothing; either way it is used up.
+  // One for another cursor is stopped rather than waited for.
   std::vector<Batch> take_ahead(int32_t rank, const SamplerCursor& cursor) {
     std::shared_ptr<Ahead> a;
     {
@@ -205,8 +218,10 @@ struct DataLoaderActor::State {
       a = std::move(it->second);
       ahead.erase(it);
     }
-    a->thread.join();
-    if (a->failed || !(a->cursor == cursor)) {
+    const bool same = a->cursor == cursor;
+    if (!same) stop_ahead(*a);
+    finish_ahead(*a);
+    if (!same || a->failed) {
       ahead_misses += 1;
       return {};
     }
@@ -229,8 +244,18 @@ struct DataLoaderActor::State {
       }
     }
     for (auto& a : gone) stop_ahead(*a);
-    for (auto& a : gone) a->thread.join();
+    for (auto& a : gone) finish_ahead(*a);
   }
+
+  // stop() calls so far that reach `rank`: a feed that sees the count move
+  // between its start and its registration (or its end) was stopped.
+  int64_t stops_of(int32_t rank) const {
+    std::lock_guard lock(feeds_mutex);
+    auto it = stops_by_rank.find(rank);
+    return stops_of_all + (it == stops_by_rank.end() ? 0 : it->second);
+  }
+  std::map<int32_t, int64_t> stops_by_rank;  // guarded by feeds_mutex
+  int64_t stops_of_all = 0;                  // guarded by feeds_mutex
 
   std::shared_ptr<const Dataset> open_dataset() {
     std::lock_guard lock(dataset_mutex);
@@ -253,15 +278,23 @@ struct DataLoaderActor::State {
   }
 
   int32_t stop(int32_t rank) {
-    drop_ahead(rank);
-    std::lock_guard lock(feeds_mutex);
     int32_t n = 0;
-    for (auto& [id, f] : feeds) {
-      if (rank >= 0 && f->rank != rank) continue;
-      f->cancelled = true;
-      f->pipeline->stop();
-      ++n;
+    {
+      std::lock_guard lock(feeds_mutex);
+      if (rank >= 0) {
+        stops_by_rank[rank] += 1;
+      } else {
+        stops_of_all += 1;
+      }
+      for (auto& [id, f] : feeds) {
+        if (rank >= 0 && f->rank != rank) continue;
+        f->cancelled = true;
+        f->pipeline->stop();
+        ++n;
+      }
     }
+    // The running feeds first: the look-ahead's join may wait for a load.
+    drop_ahead(rank);
     return n;
   }
 
@@ -296,6 +329,9 @@ DataLoaderActor::DataLoaderActor(LoaderConfig config) : state_(std::make_shared<
   if (c.intra_op_threads < 0) throw ConfigError("DataLoaderActor: intra_op_threads must be >= 0");
   if (c.look_ahead < 0)
     throw ConfigError("DataLoaderActor: look_ahead must be >= 0, got " + std::to_string(c.look_ahead));
+  if (c.step_batches < 1)
+    throw ConfigError("DataLoaderActor: step_batches must be >= 1, got " + std::to_string(c.step_batches));
+  if (c.epochs < 0) throw ConfigError("DataLoaderActor: epochs must be >= 0, got " + std::to_string(c.epochs));
   // A worker hosts exactly one actor, so the process-wide setting is ours.
   if (c.intra_op_threads > 0) at::set_num_threads(c.intra_op_threads);
   if (this_actor::in_worker()) {
@@ -339,6 +375,9 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
 
   Feed feed;
   feed.rank = rank;
+  // A stop() from here on reaches this feed, also one that comes before it
+  // is registered (while it waits for its look-ahead, say).
+  const int64_t stops = st.stops_of(rank);
   int64_t sent = 0;  // written to the stream (a cancelled sink call writes nothing)
   int64_t sent_rows = 0;
   std::optional<SamplerCursor> next;  // where the next feed should begin, once this one is whole
@@ -359,6 +398,7 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
     BatchPipeline pipeline(*dataset, st.pipeline_options());
     feed.pipeline = &pipeline;
     FeedRegistration registration(st, feed);
+    if (st.stops_of(rank) != stops) feed.cancelled = true;
     // The sink blocks while the reader grants no credit; that is the
     // back-pressure. It wakes every kWriteSlice to notice a stop, since a
     // blocked write cannot be interrupted otherwise.
@@ -405,15 +445,15 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
     throw;
   }
   st.feeds_done += 1;
-  // A whole feed sent: make the next one's first batches while the reader
-  // works through these.
-  if (next && !feed.cancelled) st.start_ahead(rank, *next);
   if (feed.cancelled) {
     writer.fail("data loader feed for rank " + std::to_string(rank) + " stopped after " + std::to_string(sent) +
                 " batches");
-  } else {
-    writer.close();
+    return sent;
   }
+  writer.close();
+  // A whole feed sent: make the next one's first batches while the reader
+  // works through these (unless a stop came meanwhile).
+  if (next && st.stops_of(rank) == stops) st.start_ahead(rank, *next);
   return sent;
 }
 

@@ -67,9 +67,14 @@ struct LoaderConfig {
   // predicted (this feed's end, or the next epoch's start); a feed that
   // asks for another drops them. 0 = none.
   int32_t look_ahead = 2;
+  // What the look-ahead predicts from: batches per trainer step (its
+  // gradient accumulation; an epoch ends with less than a step left), and
+  // the epochs the job runs (none is made for epoch `epochs`; 0 = no end).
+  int64_t step_batches = 1;
+  int64_t epochs = 0;
 
   TROUPE_FIELDS(dataset, batch_size, drop_last, sampler_drop_last, shuffle, seed, threads, prefetch_depth,
-                max_live_tokens, credits, intra_op_threads, look_ahead);
+                max_live_tokens, credits, intra_op_threads, look_ahead, step_batches, epochs);
 };
 
 // Counters of one loader, for tests, metrics and the benchmarks. The max_*

@@ -107,6 +107,8 @@ void SlotPool::spawn_loader(Slot& s) {
   lc.seed = cfg_.trainer.seed;
   lc.threads = static_cast<int32_t>(cfg_.loader_threads);
   lc.look_ahead = static_cast<int32_t>(cfg_.loader_look_ahead);
+  lc.step_batches = cfg_.trainer.accumulation;
+  lc.epochs = cfg_.epochs;
   lc.credits = 4;
   s.loader = rt_.spawn<actors::DataLoaderActor>(slot_options(s), lc);
 }

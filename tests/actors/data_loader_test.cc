@@ -419,4 +419,32 @@ TEST_F(DataLoaderTest, NextFeedBeginsWithBatchesMadeAheadAndTheSameBatches) {
   EXPECT_EQ(troupe::actors::loader_stats(reference).ahead_hits, 0);
 }
 
+// The prediction follows the trainers: with two batches a step an epoch
+// ends when less than a step is left (here 32 samples, a whole batch), and
+// nothing is made for an epoch past the job's last.
+TEST_F(DataLoaderTest, LookAheadFollowsStepsOfSeveralBatchesAndStopsAtTheLastEpoch) {
+  LoaderConfig config = classification(224);  // 7 batches of 32: 3 steps of 64 and 32 left
+  config.step_batches = 2;
+  config.epochs = 2;
+  Loader loader = spawn(config);
+  auto feed = [&](const SamplerCursor& cursor, int64_t max_batches) {
+    StreamReader<Batch> r(rt_, config.credits);
+    auto f = loader.call(&DataLoaderActor::feed, r.ref(), cursor, 0, max_batches);
+    const auto got = Drain(r).get();
+    EXPECT_EQ(f.get(kWaitBound), max_batches);
+    EXPECT_EQ(static_cast<int64_t>(got.size()), max_batches);
+  };
+  auto hits = [&] { return troupe::actors::loader_stats(loader).ahead_hits; };
+  auto misses = [&] { return troupe::actors::loader_stats(loader).ahead_misses; };
+  DistributedSampler sampler({.dataset_size = 224, .world_size = 1, .shuffle = true, .seed = config.seed});
+  feed(sampler.begin_epoch(0, 1), 6);  // 3 steps: the epoch is done
+  feed(sampler.begin_epoch(1, 1), 2);
+  EXPECT_EQ(hits(), 1);
+  feed(sampler.advance(sampler.begin_epoch(1, 1), 64), 4);
+  EXPECT_EQ(hits(), 2);
+  feed(sampler.begin_epoch(2, 1), 1);  // past the last epoch: nothing was made for it
+  EXPECT_EQ(hits(), 2);
+  EXPECT_EQ(misses(), 0);
+}
+
 }  // namespace
