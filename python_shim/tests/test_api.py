@@ -75,6 +75,21 @@ def test_large_array_result_and_argument():
     assert troupe.get(c.add.remote(np.int64(3)), timeout=60) == 3
 
 
+def test_values_with_thousands_of_arrays():
+    # Each NumPy array is an out-of-band buffer, a frame attachment; a frame
+    # takes at most 4096. A value with more used to make the receiver close
+    # the connection: the task failed as WorkerCrashedError, a put value as
+    # ObjectLostError. Such a value is pickled in band instead.
+    arrays = [np.full(4096, i, dtype=np.float64) for i in range(5000)]
+    total = troupe.remote(lambda xs: float(sum(x[0] for x in xs)))
+    expected = float(sum(range(5000)))
+    assert troupe.get(total.remote(arrays), timeout=120) == expected
+    assert troupe.get(total.remote(troupe.put(arrays)), timeout=120) == expected
+    back = troupe.get(troupe.remote(lambda n: [np.full(4096, i, dtype=np.float64) for i in range(n)]).remote(5000),
+                      timeout=120)
+    assert len(back) == 5000 and all(x[0] == i and x.shape == (4096,) for i, x in enumerate(back))
+
+
 def test_nested_refs_stay_refs():
     inner = troupe.put(41)
     kind = troupe.remote(lambda box: (type(box[0]).__name__, troupe.get(box[0]) + 1))

@@ -19,6 +19,10 @@ from troupe.exceptions import _ErrorBox
 ObjectRef = _core.ObjectRef
 _tls = threading.local()
 _SIMPLE = frozenset((int, float, str, bytes, bool, type(None)))
+# A message takes at most 4096 attachments (wire::FrameLimits), and a call's
+# frame may carry several values: a value with more out-of-band buffers
+# than this is pickled in band (one buffer) instead.
+MAX_OUT_OF_BAND = 1024
 EMPTY = ()
 
 
@@ -96,6 +100,11 @@ def dumps(value):
 
             out = io.BytesIO()
             _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(value)
+            if len(buffers) > MAX_OUT_OF_BAND:
+                buffers.clear()
+                refs.clear()
+                out = io.BytesIO()
+                _Pickler(out, protocol=5).dump(value)
             data = out.getbuffer()
     finally:
         _tls.refs = None
