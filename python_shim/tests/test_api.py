@@ -331,6 +331,26 @@ def test_bad_input_is_a_clear_python_error():
         troupe.init()
 
 
+def test_out_of_range_options_are_named():
+    # Counts past the runtime's 32-bit ints and resource amounts that are
+    # no numbers used to fail in the binding ("Unable to cast Python
+    # instance to C++ type") or as float()'s error, naming neither.
+    huge = 2**40
+    for bad in ({"max_retries": huge}, {"max_restarts": huge}, {"max_task_retries": huge},
+                {"max_concurrency": huge}, {"max_retries": True}):
+        (key, value), = bad.items()
+        target = square if key == "max_retries" else Counter
+        with pytest.raises(ConfigError, match=f"{key} must be an int in .*, got {value!r}"):
+            target.options(**bad).remote()
+    for key in ("num_cpus", "num_gpus"):
+        with pytest.raises(ConfigError, match=f"{key} must be a number, got 'two'"):
+            square.options(**{key: "two"}).remote(1)
+    with pytest.raises(ConfigError, match="resources\\['x'\\] must be a number, got \\[1\\]"):
+        Counter.options(resources={"x": [1]}).remote()
+    # None and NumPy numbers still mean what they did.
+    assert troupe.get(square.options(num_cpus=np.int64(1), num_gpus=None).remote(4), timeout=60) == 16
+
+
 def test_torch_tensors_travel_out_of_band():
     torch = pytest.importorskip("torch")
     t = torch.arange(1 << 20, dtype=torch.float32).reshape(1024, 1024)

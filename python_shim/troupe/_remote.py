@@ -7,6 +7,7 @@ the first time it runs it. An actor's class travels in its spec (the head
 keeps it for restarts).
 """
 import hashlib
+import numbers
 import re
 
 from troupe import _core
@@ -40,12 +41,31 @@ def _check_options(options, allowed, what):
         raise ConfigError(f"num_returns={options['num_returns']!r} is not supported (one return value per call)")
     for key in ("max_restarts", "max_task_retries", "max_retries"):
         value = options.get(key, 0)
-        if not isinstance(value, int) or value < -1:
-            raise ConfigError(f"{key} must be an int >= -1, got {value!r}")
+        if not _is_int(value, -1):
+            raise ConfigError(f"{key} must be an int in [-1, {_INT_MAX}], got {value!r}")
     concurrency = options.get("max_concurrency", 1)
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise ConfigError(f"max_concurrency must be an int >= 1, got {concurrency!r}")
+    if not _is_int(concurrency, 1):
+        raise ConfigError(f"max_concurrency must be an int in [1, {_INT_MAX}], got {concurrency!r}")
+    for key in ("num_cpus", "num_gpus"):
+        _number(options.get(key, 0), key)
+    for key, value in dict(options.get("resources") or {}).items():
+        _number(value, f"resources[{key!r}]")
     _preload(options)
+
+
+# The runtime's counts are 32-bit ints.
+_INT_MAX = 2**31 - 1
+
+
+def _is_int(value, least):
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= _INT_MAX
+
+
+def _number(value, key):
+    """A resource amount given as a number (its range is the runtime's
+    check, which names the value)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
 
 
 def _preload(options):
@@ -106,8 +126,8 @@ def _placement(options):
         return {}
     if not isinstance(pg, PlacementGroup):
         raise ConfigError(f"placement_group must be a PlacementGroup, got a {type(pg).__name__}")
-    if not isinstance(index, int) or index < -1:
-        raise ConfigError(f"placement_group_bundle_index must be an int >= -1, got {index!r}")
+    if not _is_int(index, -1):
+        raise ConfigError(f"placement_group_bundle_index must be an int in [-1, {_INT_MAX}], got {index!r}")
     from troupe.util.placement_group import _client_of
 
     _client_of(pg)
