@@ -29,6 +29,27 @@ def wait_until(predicate, timeout=60.0, what="condition"):
     raise AssertionError(f"{what} not reached within {timeout} s")
 
 
+def when_blocked_in(function, action):
+    """Runs `action` on a thread of its own once the main thread is inside
+    `function` (a troupe call blocked in its native wait: this thread runs,
+    so the main one let go of the GIL)."""
+    import sys
+    import threading
+    import time
+
+    main = threading.main_thread().ident
+
+    def run():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            if frame is not None and frame.f_code is function.__code__:
+                return action()
+            threading.Event().wait(0.01)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
 def cli():
     path = os.environ.get("TROUPE_CLI")
     if not path:

@@ -2,7 +2,6 @@
 wait, options, errors by class, named actors, cluster information."""
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 import troupe
-from conftest import wait_until
+from conftest import wait_until, when_blocked_in
 from troupe.exceptions import ActorDiedError, ConfigError, GetTimeoutError, TaskError
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -126,24 +125,6 @@ class _Interrupted(Exception):
     pass
 
 
-def _signal_when_blocked_in(function, signum):
-    """Sends `signum` to this process once the main thread is inside
-    troupe.`function` (blocked in its native wait: this thread runs, so the
-    main one let go of the GIL)."""
-    main = threading.main_thread().ident
-
-    def send():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            frame = sys._current_frames().get(main)
-            if frame is not None and frame.f_code is function.__code__:
-                os.kill(os.getpid(), signum)
-                return
-            threading.Event().wait(0.01)
-
-    threading.Thread(target=send, daemon=True).start()
-
-
 def test_signal_handlers_run_while_get_or_wait_blocks():
     # Ctrl-C in a driver blocked in troupe.get or troupe.wait must raise
     # there (KeyboardInterrupt) instead of waiting on for the result: the
@@ -165,7 +146,7 @@ def test_signal_handlers_run_while_get_or_wait_blocks():
         ref = gate.wait.remote()
         for function, call in ((troupe.get, lambda: troupe.get(ref, timeout=30)),
                                (troupe.wait, lambda: troupe.wait([ref], timeout=30))):
-            _signal_when_blocked_in(function, signal.SIGUSR1)
+            when_blocked_in(function, lambda: os.kill(os.getpid(), signal.SIGUSR1))
             start = time.monotonic()
             with pytest.raises(_Interrupted):
                 call()

@@ -3,12 +3,14 @@
 address or token."""
 import os
 import subprocess
+import threading
+import time
 
 import pytest
 
 import troupe
 from troupe.exceptions import ConfigError, TroupeConnectionError, TroupeError
-from conftest import cli
+from conftest import cli, wait_until, when_blocked_in
 
 
 def session_env(tmp_path):
@@ -177,5 +179,30 @@ def test_handles_of_a_shut_down_session_reach_nothing_of_the_next():
         back = troupe.get(pg.ready(), timeout=60)
         assert back == pg and placement_group_table(back)["state"] == "CREATED"
         remove_placement_group(back)
+    finally:
+        troupe.shutdown()
+
+
+def test_shutdown_ends_a_get_on_a_running_task(tmp_path):
+    # troupe.shutdown() (from another thread) while a get waits on a task
+    # that is running: the get fails at once. The task's executor was
+    # forgotten by the core before it shut down, so the call used to wait
+    # for a reply that never came: the get hung for good without a timeout.
+    started = tmp_path / "started"
+
+    @troupe.remote
+    def stuck(path):
+        open(path, "w").close()
+        return threading.Event().wait(300)
+
+    troupe.init(num_cpus=2)
+    try:
+        ref = stuck.remote(str(started))
+        wait_until(started.exists, what="the task's start")
+        when_blocked_in(troupe.get, troupe.shutdown)
+        begin = time.monotonic()
+        with pytest.raises(TroupeError, match="did not finish: the runtime shut down while it ran"):
+            troupe.get(ref, timeout=60)
+        assert time.monotonic() - begin < 30
     finally:
         troupe.shutdown()

@@ -261,7 +261,8 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
     --e->inflight;
     drop_executor_locked(*t->key, *e, "");
     if (stopping_) {
-      error = worker_died(t->name, *e, reason);
+      error =
+          std::make_exception_ptr(Aborted("task '" + t->name + "' did not finish: the runtime shut down while it ran"));
     } else if (t->retries_left != 0) {
       if (t->retries_left > 0) --t->retries_left;
       TROUPE_LOG_INFO("task '{}' lost its worker ({}); running it again", t->name, reason);
@@ -445,7 +446,7 @@ void TaskSubmitter::release_all() {
   }
   cv_.notify_all();
   if (leaser_.joinable()) leaser_.join();
-  std::vector<uint64_t> ids;
+  std::vector<std::shared_ptr<ActorClient>> clients;
   Failures failures;
   {
     std::lock_guard lock(mu_);
@@ -453,7 +454,7 @@ void TaskSubmitter::release_all() {
     for (auto& [id, key] : keys_) {
       for (auto& e : key->executors) {
         e->gone = true;
-        ids.push_back(e->id);
+        clients.push_back(e->client);
       }
       key->executors.clear();
       auto queued = fail_queue_locked(*key, error);
@@ -461,7 +462,13 @@ void TaskSubmitter::release_all() {
     }
   }
   for (auto& [t, error] : failures) t->fail(error);
-  for (uint64_t id : ids) kill_executor(id);
+  for (const auto& c : clients) {
+    kill_executor(c->id());
+    // The core no longer knows the client (it will not detach it): the
+    // tasks still running there fail now (on_task_lost), rather than wait
+    // for a reply that the stopped I/O loop would never deliver.
+    c->detach("the runtime shut down");
+  }
 }
 
 size_t TaskSubmitter::executor_count() const {
