@@ -105,6 +105,11 @@ def test_bad_input_is_a_config_error_naming_it(tmp_path):
         TrainJob(model(), regression(64), learning_rate=0.1)
     with pytest.raises(ConfigError, match="workers=2.5"):
         TrainJob(model(), regression(64), workers=2.5)
+    # Not "job file ... is not JSON: parse error ... invalid literal" from
+    # troupe-train, after the job was written and started.
+    for key, value in (("lr", float("nan")), ("grad_clip", float("inf")), ("weight_decay", float("-inf"))):
+        with pytest.raises(ConfigError, match=f"TrainJob option {key}={value!r} must be a finite number"):
+            TrainJob(model(), regression(64), **{key: value})
     bad = regression(64)
     bad["value"] = bad["value"][:10]
     with pytest.raises(ConfigError, match="first"):

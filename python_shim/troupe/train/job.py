@@ -21,6 +21,7 @@ training starts; a run that fails (more failures than max_failures) raises
 TrainingFailedError with the C++ driver's reason.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -168,6 +169,8 @@ class TrainJob:
             ok = isinstance(value, kind) or (kind is float and isinstance(value, int) and not isinstance(value, bool))
             if not ok or (kind is int and isinstance(value, bool)):
                 raise ConfigError(f"TrainJob option {key}={value!r} must be a {kind.__name__}")
+            if kind is float and not math.isfinite(value):  # NaN and inf are no JSON for troupe-train
+                raise ConfigError(f"TrainJob option {key}={value!r} must be a finite number")
         self._model = model
         self._data = data
         self._val_data = val_data
