@@ -75,10 +75,17 @@ PyCall call_from(std::string target, const pyb::handle& args) {
   return c;
 }
 
+// The interpreter's main thread (PyThread_get_thread_ident), set on import.
+unsigned long g_main_thread = 0;
+
 // Called without the GIL between slices of a wait: runs Python's signal
 // handlers, so that Ctrl-C in a driver blocked in get or wait raises
-// KeyboardInterrupt there instead of waiting on (the main thread only).
+// KeyboardInterrupt there instead of waiting on. Only the main thread runs
+// them, so only it takes the GIL here: another thread (a daemon one still
+// waiting while the interpreter exits) must not, or finalization ends it
+// inside C++ frames.
 void check_signals() {
+  if (PyThread_get_thread_ident() != g_main_thread) return;
   pyb::gil_scoped_acquire gil;
   if (PyErr_CheckSignals() != 0) throw pyb::error_already_set();
 }
@@ -370,6 +377,7 @@ void bind_placement_groups(pyb::class_<PyClient>& cls) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "troupe's C++ client core (used by the troupe package)";
   pyb::register_exception_translator(&translate);
+  g_main_thread = pyb::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   bind_values(m);
   auto client = bind_client(m);
   bind_client_queries(client);

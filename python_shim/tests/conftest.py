@@ -32,7 +32,8 @@ def wait_until(predicate, timeout=60.0, what="condition"):
 def when_blocked_in(function, action):
     """Runs `action` on a thread of its own once the main thread is inside
     `function` (a troupe call blocked in its native wait: this thread runs,
-    so the main one let go of the GIL)."""
+    so the main one let go of the GIL). Returns the thread: join it before
+    the test ends if `action` may outlast it."""
     import sys
     import threading
     import time
@@ -47,7 +48,9 @@ def when_blocked_in(function, action):
                 return action()
             threading.Event().wait(0.01)
 
-    threading.Thread(target=run, daemon=True).start()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 def cli():

@@ -199,10 +199,14 @@ def test_shutdown_ends_a_get_on_a_running_task(tmp_path):
     try:
         ref = stuck.remote(str(started))
         wait_until(started.exists, what="the task's start")
-        when_blocked_in(troupe.get, troupe.shutdown)
+        stopper = when_blocked_in(troupe.get, troupe.shutdown)
         begin = time.monotonic()
         with pytest.raises(TroupeError, match="did not finish: the runtime shut down while it ran"):
             troupe.get(ref, timeout=60)
         assert time.monotonic() - begin < 30
+        # The get fails before the shutdown is over: the process must not
+        # exit under it (a daemon thread inside C++ at finalization aborts).
+        stopper.join(60)
+        assert not stopper.is_alive()
     finally:
         troupe.shutdown()
