@@ -74,7 +74,7 @@ ControlTable::Handler typed_control_handler(F handler, Core* core = nullptr) {
       h(message);
       return {};
     } else {
-      return std::move(wire::encode_value<typename M::Reply>(h(message)).bytes());
+      return wire::encode_inline<typename M::Reply>(h(message));
     }
   };
 }

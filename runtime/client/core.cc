@@ -130,7 +130,7 @@ Future<Message> ActorClient::control(const std::string& tag, std::string body) {
   m.kind = Kind::REQUEST;
   m.op = static_cast<uint32_t>(Op::kControl);
   m.id = 1;
-  m.body = std::move(encode_value(ControlRequest{tag, std::move(body)}).bytes());
+  m.body = encode_inline(ControlRequest{tag, std::move(body)});
   // Control messages use a short-lived connection to the worker's control
   // listener, which its I/O thread serves even while a call runs.
   asio::post(core_.io(), [this, st, m = std::move(m), address] {
@@ -351,7 +351,7 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
     core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, hello, o.timeout);
     if (core->hello_reply_.durable && o.head_reconnect.count() > 0)
       core->head_->enable_reconnect({.window = o.head_reconnect,
-                                     .hello = std::move(encode_value(hello).bytes()),
+                                     .hello = encode_inline(hello),
                                      .on_reconnected = [c](Message&&) { c->resubscribe(); }});
   } catch (...) {
     core->shutdown();
@@ -437,7 +437,7 @@ void Core::resubscribe() {
     for (auto& [id, c] : actors_) clients.push_back(c);
   }
   for (auto& c : clients) {
-    auto f = head_->request(Op::kSubscribeActor, std::move(encode_value(c->id()).bytes()));
+    auto f = head_->request(Op::kSubscribeActor, encode_inline(c->id()));
     f.on_ready([f, c] {
       try {
         Message m = f.get();

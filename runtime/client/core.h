@@ -47,7 +47,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   // Sends a typed control message, handled by the worker's I/O thread.
   template <ControlMessage M>
   Future<typename M::Reply> control(const M& message) {
-    return typed_control_reply<M>(control(M::kControlTag, std::move(wire::encode_value(message).bytes())), &core_);
+    return typed_control_reply<M>(control(M::kControlTag, wire::encode_inline(message)), &core_);
   }
   // The same, already encoded: `body` is the Codec encoding of the message
   // registered under `tag`.

@@ -30,7 +30,7 @@ Message object_message(Kind kind, ObjectOp op, const ObjectRefInfo& info, uint64
   Message m;
   m.kind = kind;
   m.op = static_cast<uint32_t>(op);
-  m.body = std::move(encode_value(ObjectFrame{info.id, info.owner_instance, pin}).bytes());
+  m.body = encode_inline(ObjectFrame{info.id, info.owner_instance, pin});
   return m;
 }
 

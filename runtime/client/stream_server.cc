@@ -19,7 +19,7 @@ Message stream_event(StreamOp op, uint64_t id, std::string body) {
 }
 
 Message credit_event(uint64_t id, uint64_t credits) {
-  return stream_event(StreamOp::kCredit, id, std::move(encode_value(credits).bytes()));
+  return stream_event(StreamOp::kCredit, id, encode_inline(credits));
 }
 
 StreamServer::StreamServer(Core& core) : core_(core) {

@@ -124,7 +124,7 @@ void TaskSubmitter::set_options(const TaskSubmitterOptions& options) {
 }
 
 std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& p) {
-  std::string id = encode_value(p).bytes();
+  std::string id = encode_inline(p);
   {
     std::lock_guard lock(mu_);
     auto it = keys_.find(id);

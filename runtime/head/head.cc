@@ -570,7 +570,7 @@ class Head::Impl {
     ask.kind = Kind::REQUEST;
     ask.op = static_cast<uint32_t>(Op::kReadLog);
     ask.id = id;
-    ask.body = std::move(encode_value(req).bytes());
+    ask.body = encode_inline(req);
     it->second->send(ask);
   }
 

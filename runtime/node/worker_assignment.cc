@@ -41,7 +41,7 @@ void write_exactly(int fd, const char* p, size_t n) {
 }  // namespace
 
 void send_assignment(int fd, const WorkerAssignment& a) {
-  std::string body = std::move(wire::encode_value(a).bytes());
+  std::string body = wire::encode_inline(a);
   uint32_t size = static_cast<uint32_t>(body.size());
   std::string frame(reinterpret_cast<const char*>(&size), sizeof(size));
   frame += body;

@@ -39,6 +39,12 @@ inline constexpr uint64_t kMaxDecodedElements = uint64_t(1) << 32;
 
 class Encoder {
  public:
+  Encoder() = default;
+  // inline_buffers: every Buffer goes into bytes(), none into attachments()
+  // (see encode_inline).
+  explicit Encoder(bool inline_buffers) : inline_buffers_(inline_buffers) {}
+  bool inline_buffers() const { return inline_buffers_; }
+
   void write_bytes(const void* p, size_t n) {
     auto* c = static_cast<const char*>(p);
     bytes_.append(c, n);
@@ -61,6 +67,7 @@ class Encoder {
  private:
   std::string bytes_;
   std::vector<Buffer> attachments_;
+  bool inline_buffers_ = false;
 };
 
 class Decoder {
@@ -163,7 +170,7 @@ struct Codec<std::string> {
 template <>
 struct Codec<Buffer> {
   static void encode(Encoder& e, const Buffer& v) {
-    if (v.size() >= kAttachThreshold) {
+    if (v.size() >= kAttachThreshold && !e.inline_buffers()) {
       e.write_pod<uint8_t>(1);
       e.attach(v);
     } else {
@@ -324,6 +331,16 @@ Encoder encode_value(const T& v) {
   Encoder e;
   encode(e, v);
   return e;
+}
+// Encodes a value into one string with every buffer inline: for messages
+// that travel as a body alone (the control plane's requests, replies and
+// events, hellos, assignments), which carry no attachments. Encoding those
+// with encode_value(v).bytes() lost any buffer of kAttachThreshold or more.
+template <class T>
+std::string encode_inline(const T& v) {
+  Encoder e(true);
+  encode(e, v);
+  return std::move(e.bytes());
 }
 // Decodes a whole value and checks nothing is left over.
 template <class T>

@@ -20,12 +20,12 @@ Message error_response(uint64_t id, const std::exception& e);
 Message ok_response(uint64_t id, std::string body = {});
 template <class T>
 Message ok_response_value(uint64_t id, const T& v) {
-  return ok_response(id, std::move(encode_value(v).bytes()));
+  return ok_response(id, encode_inline(v));
 }
 Message make_event(Op op, std::string body = {});
 template <class T>
 Message make_event_value(Op op, const T& v) {
-  return make_event(op, std::move(encode_value(v).bytes()));
+  return make_event(op, encode_inline(v));
 }
 
 class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
@@ -43,7 +43,7 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
   // Sends a request and decodes the response body as R (void for none).
   template <class R, class Q>
   R call(Op op, const Q& req, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-    return finish<R>(request(op, std::move(encode_value(req).bytes())), op, timeout);
+    return finish<R>(request(op, encode_inline(req)), op, timeout);
   }
   template <class R>
   R call_empty(Op op, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {

@@ -44,6 +44,23 @@ class Counter {
 };
 TROUPE_ACTOR(Counter, &Counter::add, &Counter::get, &Counter::pid, &Counter::node, &Counter::fail, &Counter::busy)
 
+// Holds a constructor argument large enough to travel as an attachment.
+class BlobHolder {
+ public:
+  explicit BlobHolder(troupe::Buffer b) : b_(std::move(b)) {}
+  int64_t size() const { return static_cast<int64_t>(b_.size()); }
+  int64_t sum() const {
+    int64_t s = 0;
+    for (size_t i = 0; i < b_.size(); ++i) s += static_cast<unsigned char>(b_.data()[i]);
+    return s;
+  }
+  int pid() const { return getpid(); }
+
+ private:
+  troupe::Buffer b_;
+};
+TROUPE_ACTOR(BlobHolder, &BlobHolder::size, &BlobHolder::sum, &BlobHolder::pid)
+
 class Thrower {
  public:
   explicit Thrower(std::string why) { throw std::runtime_error(why); }
@@ -411,6 +428,35 @@ TEST(ConnectTest, MalformedAddressIsNamedBeforeTheMissingToken) {
   } catch (const troupe::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("token"), std::string::npos) << e.what();
   }
+}
+
+// Constructor arguments of 16 KiB and more are encoded as attachments; the
+// head is sent them and keeps them (a restart replays them), and the driver
+// stays connected. They used to be dropped on the way to the head, which
+// then closed the driver's connection.
+TEST_F(ClusterTest, LargeConstructorArgumentsReachTheActorAndItsRestart) {
+  std::string bytes(256 * 1024, '\0');
+  int64_t want = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>(i * 7 % 251);
+    want += static_cast<unsigned char>(bytes[i]);
+  }
+  auto h = rt_.spawn<BlobHolder>({.max_restarts = 1}, troupe::Buffer::from_string(bytes));
+  EXPECT_EQ(h.call(&BlobHolder::size).get(kWaitBound), static_cast<int64_t>(bytes.size()));
+  EXPECT_EQ(h.call(&BlobHolder::sum).get(kWaitBound), want);
+  const int first = h.call(&BlobHolder::pid).get(kWaitBound);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  ASSERT_TRUE(troupe::test::eventually([&] {
+    try {
+      return h.call(&BlobHolder::pid).get(kWaitBound) != first;
+    } catch (const troupe::Error&) {
+      return false;
+    }
+  }));
+  EXPECT_EQ(h.call(&BlobHolder::sum).get(kWaitBound), want);
+  // The driver's connection to the head still serves.
+  auto c = rt_.spawn<Counter>({}, 1);
+  EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 2);
 }
 
 TEST_F(ClusterTest, WrongTokenIsRefused) {

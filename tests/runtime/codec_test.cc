@@ -76,6 +76,14 @@ TEST(Codec, LargeBuffersBecomeAttachments) {
   // Small buffers stay inline.
   Encoder small = encode_value(troupe::Buffer::from_string("abc"));
   EXPECT_TRUE(small.attachments().empty());
+  // encode_inline (messages that travel as a body alone) keeps large ones
+  // inline too, so nothing is lost with the attachments.
+  const std::string whole = troupe::wire::encode_inline(std::vector<troupe::Buffer>{b, b});
+  EXPECT_GT(whole.size(), 2 * bytes.size());
+  auto both = decode_value<std::vector<troupe::Buffer>>(whole.data(), whole.size());
+  ASSERT_EQ(both.size(), 2u);
+  ASSERT_EQ(both[1].size(), bytes.size());
+  EXPECT_EQ(std::memcmp(both[1].data(), bytes.data(), bytes.size()), 0);
 }
 
 // Found by the codec fuzz target: a byte other than 0 or 1 was loaded as a
