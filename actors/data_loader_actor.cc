@@ -87,6 +87,17 @@ SamplerCursor next_feed_cursor(int64_t dataset_size, const LoaderConfig& c, cons
   return next;
 }
 
+// next_feed_cursor, or none where it cannot say (no look-ahead then; the
+// feed is whole all the same).
+std::optional<SamplerCursor> predict_next_feed(int64_t dataset_size, const LoaderConfig& c, const SamplerCursor& cursor,
+                                               int64_t samples) {
+  try {
+    return next_feed_cursor(dataset_size, c, cursor, samples);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 // One running feed(), registered while its pipeline exists.
@@ -227,6 +238,22 @@ struct DataLoaderActor::State {
     }
     ahead_hits += 1;
     return std::move(a->batches);
+  }
+
+  // The batches made ahead for the feed of `rank` at `cursor` that fit its
+  // `max_batches` (0 = all); `indices` loses theirs, leaving what the
+  // pipeline makes. They are the same batches (a batch is a function of
+  // its indices and epoch), only sooner.
+  std::vector<Batch> ready_batches(int32_t rank, const SamplerCursor& cursor, int64_t max_batches,
+                                   std::vector<int64_t>& indices) {
+    std::vector<Batch> ready = take_ahead(rank, cursor);
+    const int64_t wanted = max_batches > 0 ? max_batches : std::numeric_limits<int64_t>::max();
+    if (static_cast<int64_t>(ready.size()) > wanted) ready.resize(static_cast<size_t>(wanted));
+    size_t rows = 0;
+    for (const auto& b : ready) rows += static_cast<size_t>(b.size());
+    TROUPE_CHECK(rows <= indices.size()) << "look-ahead of " << rows << " samples for a feed of " << indices.size();
+    indices.erase(indices.begin(), indices.begin() + static_cast<std::ptrdiff_t>(rows));
+    return ready;
   }
 
   // Stops and forgets `rank`'s look-ahead (-1: every rank's).
@@ -384,17 +411,7 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
   try {
     auto dataset = st.open_dataset();
     std::vector<int64_t> indices = feed_indices(dataset->size(), c, cursor, rank, max_batches);
-    // Batches made ahead for this very feed come first; the pipeline makes
-    // the rest. They are the same batches (a batch is a function of its
-    // indices and epoch), only sooner.
-    std::vector<Batch> ready = st.take_ahead(rank, cursor);
-    const int64_t wanted = max_batches > 0 ? max_batches : std::numeric_limits<int64_t>::max();
-    if (static_cast<int64_t>(ready.size()) > wanted) ready.resize(static_cast<size_t>(wanted));
-    size_t ready_rows = 0;
-    for (const auto& b : ready) ready_rows += static_cast<size_t>(b.size());
-    TROUPE_CHECK(ready_rows <= indices.size())
-        << "look-ahead of " << ready_rows << " samples for a feed of " << indices.size();
-    indices.erase(indices.begin(), indices.begin() + static_cast<std::ptrdiff_t>(ready_rows));
+    std::vector<Batch> ready = st.ready_batches(rank, cursor, max_batches, indices);
     BatchPipeline pipeline(*dataset, st.pipeline_options());
     feed.pipeline = &pipeline;
     FeedRegistration registration(st, feed);
@@ -429,12 +446,7 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
       PipelineStats run = pipeline.run(indices, cursor.epoch, sink);
       raise_max(st.max_live_batches, run.max_live_batches);
     }
-    if (!feed.cancelled && sent > 0) {
-      try {
-        next = next_feed_cursor(dataset->size(), c, cursor, sent_rows);
-      } catch (const std::exception&) {  // no look-ahead; this feed is whole all the same
-      }
-    }
+    if (!feed.cancelled && sent > 0) next = predict_next_feed(dataset->size(), c, cursor, sent_rows);
   } catch (const StreamError&) {
     // The reader is gone (or refused the stream): nobody to tell.
     st.feeds_done += 1;
