@@ -384,7 +384,7 @@ PYBIND11_MODULE(_core, m) {
   bind_placement_groups(client);
   // The most a value kept by the head (an actor's spec, a task's function
   // in the KV store) may take.
-  m.attr("HEAD_VALUE_LIMIT") = kMaxInlineSpecBytes;
+  m.attr("HEAD_VALUE_LIMIT") = kMaxSpecBytes;
   m.def("set_error_classes", [](pyb::dict d) { g_errors = new pyb::dict(std::move(d)); });
   m.def("serve_worker", &serve_worker);
   m.def("in_worker", [] { return this_actor::in_worker(); });

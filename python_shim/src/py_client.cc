@@ -53,19 +53,15 @@ void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const R
   fire();
 }
 
-// The spec of a Python actor as the head keeps it (PyInlineSpec), or a
-// ConfigError naming its size when it is more than the head takes.
-std::string inline_spec(const std::string& class_name, const PyActorSpec& spec) {
-  wire::Encoder e = wire::encode_value(spec);
-  PyInlineSpec out{std::move(e.bytes()), {}};
-  size_t size = out.bytes.size();
+// A ConfigError naming the size when the encoded spec of a Python actor
+// is more than the head takes.
+void check_spec_size(const std::string& class_name, wire::Encoder& e) {
+  size_t size = e.bytes().size();
   for (const auto& b : e.attachments()) size += b.size();
-  if (size > kMaxInlineSpecBytes)
+  if (size > kMaxSpecBytes)
     throw ConfigError("actor " + class_name + ": its class and constructor arguments pickle to " +
-                      std::to_string(size) + " bytes, more than the " + std::to_string(kMaxInlineSpecBytes) +
+                      std::to_string(size) + " bytes, more than the " + std::to_string(kMaxSpecBytes) +
                       " the head keeps for an actor (for its restarts); pass large values as troupe.put() refs");
-  for (const auto& b : e.attachments()) out.attachments.push_back(b.to_string());
-  return std::move(wire::encode_value(out).bytes());
 }
 
 }  // namespace
@@ -105,7 +101,10 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   wire::ActorSpec s;
   s.type_key = kPyActorKey;
   s.class_name = class_name;
-  s.ctor_args = inline_spec(class_name, spec);
+  wire::Encoder e = wire::encode_value(spec);
+  check_spec_size(class_name, e);
+  s.ctor_args = std::move(e.bytes());
+  s.ctor_attachments = std::move(e.attachments());
   s.resources = o.resources;
   s.name = o.name;
   s.max_restarts = o.max_restarts;

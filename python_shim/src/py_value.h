@@ -58,18 +58,10 @@ struct PyActorSpec {
   TROUPE_FIELDS(class_blob, ctor)
 };
 
-// A PyActorSpec as the head keeps it (for restarts) and hands it to the
-// worker: its encoding with the attachments copied inline, since the
-// head's messages carry no attachments (and the head takes small frames
-// only: the spec is at most kMaxInlineSpecBytes).
-struct PyInlineSpec {
-  std::string bytes;
-  std::vector<std::string> attachments;
-  TROUPE_FIELDS(bytes, attachments)
-};
-// What the head takes in one message (wire::kHeadFrameLimits), less room
-// for the rest of the actor's spec.
-inline constexpr size_t kMaxInlineSpecBytes = wire::kHeadFrameLimits.max_message_bytes - (64u << 10);
+// The most an actor's spec may take: the head keeps it (for restarts) and
+// takes one message of wire::kHeadFrameLimits, less room for the rest of
+// the actor's spec.
+inline constexpr size_t kMaxSpecBytes = wire::kHeadFrameLimits.max_message_bytes - (64u << 10);
 
 // A call's answer. A Python exception is an answer too (error = 1, the value
 // being the pickled exception with its traceback): the caller rebuilds the

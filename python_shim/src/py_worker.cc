@@ -81,12 +81,8 @@ class PyHostedActor final : public client::HostedActor {
 };
 
 std::unique_ptr<client::HostedActor> make_py_actor(wire::Decoder& d) {
-  PyInlineSpec inline_spec = wire::decode<PyInlineSpec>(d);
+  PyActorSpec spec = wire::decode<PyActorSpec>(d);
   if (!d.done()) throw DecodeError("trailing bytes after a Python actor's constructor arguments");
-  std::vector<Buffer> attachments;
-  for (const auto& a : inline_spec.attachments) attachments.push_back(Buffer::from_string(a));
-  auto spec =
-      wire::decode_value<PyActorSpec>(inline_spec.bytes.data(), inline_spec.bytes.size(), &attachments, d.core());
   resolve_top(spec.ctor);
   pyb::gil_scoped_acquire gil;
   pyb::tuple a = call_args(spec.ctor);
