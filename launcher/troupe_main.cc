@@ -27,6 +27,8 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <string>
+#include <system_error>
 #include <thread>
 
 #include "head_probe.h"
@@ -554,10 +556,24 @@ int cmd_torchrun(const std::vector<std::string>& args) {
     std::fputs(tl::torchrun_usage().c_str(), stdout);
     return 0;
   }
-  std::error_code ec;
-  if (!o.module && !fs::is_regular_file(o.script, ec)) {
-    std::fprintf(stderr, "troupe torchrun: script %s: no such file\n", o.script.c_str());
-    return 2;
+  if (!o.module) {
+    // The script must be a file: a directory (a project's folder given for
+    // its main script) is named as such, not as missing.
+    std::error_code ec;
+    fs::file_status st = fs::status(o.script, ec);
+    std::string why;
+    if (fs::is_directory(st)) {
+      why = "is a directory; expected a script file (troupe torchrun [options] script.py args...)";
+    } else if (!fs::exists(st)) {
+      bool missing = !ec || ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory;
+      why = missing ? "no such file" : "cannot be read (" + ec.message() + ")";
+    } else if (!fs::is_regular_file(st)) {
+      why = "is not a regular file; expected a script file";
+    }
+    if (!why.empty()) {
+      std::fprintf(stderr, "troupe torchrun: script %s: %s\n", o.script.c_str(), why.c_str());
+      return 2;
+    }
   }
   const char* path = std::getenv("PATH");
   if (o.address.empty() && tl::find_executable(o.python, path ? path : "").empty()) {

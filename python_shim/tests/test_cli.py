@@ -46,3 +46,18 @@ def test_missing_binary_is_named(tmp_path):
     out = subprocess.run([sys.executable, "-m", "troupe._cli", "status"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "no-such-troupe" in out.stderr
+
+
+def test_torchrun_of_a_directory_says_it_is_one(tmp_path):
+    # A directory given as the script used to be reported as "no such file".
+    folder = tmp_path / "project"
+    folder.mkdir()
+    out = run_cli(["torchrun", "--nproc-per-node", "1", str(folder)], tmp_path, timeout=60)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert str(folder) in lines[0] and "is a directory" in lines[0] and "script file" in lines[0], lines[0]
+    assert "no such file" not in lines[0]
+    # A missing script is still named as missing.
+    out = run_cli(["torchrun", str(tmp_path / "missing.py")], tmp_path, timeout=60)
+    assert out.returncode != 0 and "missing.py: no such file" in out.stderr
