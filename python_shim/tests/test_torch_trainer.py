@@ -32,6 +32,7 @@ from troupe import train  # noqa: E402
 from troupe.train import trainer as trainer_module  # noqa: E402
 from troupe.train.checkpoint import CheckpointStore  # noqa: E402
 from troupe.train.torch import TorchTrainer, prepare_data_loader, prepare_model  # noqa: E402
+from troupe.exceptions import ConfigError  # noqa: E402
 
 TEST_TIMEOUT_S = 240
 
@@ -198,6 +199,57 @@ def test_elastic_group_takes_what_the_cluster_holds(tmp_path):
     with pytest.raises(train.TrainingFailedError, match="min_workers=3"):
         scaling = train.ScalingConfig(num_workers=3, resources_per_worker={"CPU": 2}, min_workers=3, max_workers=4)
         TorchTrainer(context_loop, scaling_config=scaling, run_config=run_config(tmp_path)).fit()
+
+
+class Hog:
+    """Holds CPUs of the cluster while it lives."""
+
+    def ping(self):
+        return True
+
+
+def test_a_group_the_cluster_can_never_hold_fails_at_once(tmp_path, monkeypatch):
+    # More workers, or bigger ones, than the cluster's 4 CPUs (and no 64
+    # GPUs) can ever hold: fit fails before it places anything, naming what
+    # was asked and what the cluster has. It used to wait for placement
+    # (PLACEMENT_TIMEOUT_S, 300 s; shortened here so that the old behaviour
+    # fails quickly too, with a timeout instead of the reason).
+    monkeypatch.setattr(trainer_module, "PLACEMENT_TIMEOUT_S", 30)
+    cases = [
+        (train.ScalingConfig(num_workers=5),
+         r"5 workers \(num_workers=5\) of \{CPU: 1\}.*at most 4 such workers.*cluster total \{CPU: 4\}"),
+        (train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 8}),
+         r"1 worker \(num_workers=1\) of \{CPU: 8\}.*no node has .* one worker.*cluster total \{CPU: 4\}"),
+        (train.ScalingConfig(num_workers=1, use_gpu=True, resources_per_worker={"CPU": 1, "GPU": 64}),
+         r"of \{CPU: 1, GPU: 64\}.*no node has .* one worker.*cluster total \{CPU: 4, GPU: \d+\}"),
+        (train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}, min_workers=5, max_workers=8),
+         r"at least 5 workers \(min_workers=5\).*at most 4 such workers"),
+    ]
+    for scaling, reason in cases:
+        begin = time.monotonic()
+        with pytest.raises(train.TrainingFailedError, match=reason) as info:
+            TorchTrainer(context_loop, scaling_config=scaling, run_config=run_config(tmp_path)).fit()
+        assert isinstance(info.value.__cause__, ConfigError), info.value
+        assert time.monotonic() - begin < 20, scaling
+
+
+def test_a_group_that_fits_but_finds_the_cluster_busy_waits(tmp_path, monkeypatch):
+    # Two workers fit the cluster's 4 CPUs, but 3 are taken: placing waits
+    # (for PLACEMENT_TIMEOUT_S, short here) instead of failing as never fitting.
+    monkeypatch.setattr(trainer_module, "PLACEMENT_TIMEOUT_S", 3)
+    hog = rt.remote(num_cpus=3)(Hog).remote()
+    try:
+        assert rt.get(hog.ping.remote(), timeout=60)
+        with pytest.raises(train.TrainingFailedError, match="could not place 2 workers") as info:
+            TorchTrainer(context_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                         run_config=run_config(tmp_path)).fit()
+        assert not isinstance(info.value.__cause__, ConfigError)
+    finally:
+        rt.kill(hog)
+    deadline = time.monotonic() + 60
+    while rt.available_resources().get("CPU", 0) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rt.available_resources().get("CPU", 0) == 4
 
 
 def test_prepare_data_loader_shards_and_advances_epochs(tmp_path):

@@ -22,6 +22,7 @@ import time
 from . import worker as worker_module
 from .checkpoint import Checkpoint, CheckpointStore
 from .config import RunConfig, ScalingConfig
+from ..exceptions import ConfigError
 
 # What a TorchTrainer worker imports before it serves (troupe's
 # preload_modules): torch, torch.distributed (initialised before the loop
@@ -74,6 +75,45 @@ class Result:
 
 class _WorkersDied(Exception):
     pass
+
+
+def _workers_that_fit(res, nodes):
+    """How many workers asking `res` the nodes hold at once by their total
+    resources (a worker is one actor: it lives on one node), None when it
+    asks for nothing."""
+    asked = {k: float(v) for k, v in res.items() if v > 0}
+    if not asked:
+        return None
+    # A little slack for amounts that are sums of fractions (0.1 * 3).
+    return sum(min(int(float(n.get("Resources", {}).get(k, 0)) / v + 1e-9) for k, v in asked.items())
+               for n in nodes)
+
+
+def _amounts(resources, keys=None):
+    """{CPU: 2, GPU: 1}: the amounts of `keys` (0 where missing), or the
+    non-zero ones."""
+    if keys is None:
+        keys = [k for k, v in resources.items() if v]
+    return "{" + ", ".join(f"{k}: {float(resources.get(k, 0)):g}" for k in sorted(keys)) + "}"
+
+
+def _unplaceable(res, lo, fits, elastic, nodes):
+    """Why a group of workers asking `res` can never be placed on `nodes`
+    (their total resources, of the kinds a worker asks for)."""
+    keys = [k for k, v in res.items() if v > 0]
+    total = {k: sum(float(n.get("Resources", {}).get(k, 0)) for n in nodes) for k in keys}
+    count = f"{lo} worker{'s' if lo != 1 else ''}"
+    wanted = f"at least {count} (min_workers={lo})" if elastic else f"{count} (num_workers={lo})"
+    if fits == 0:
+        held = "no node has the resources of one worker, even when idle"
+    else:
+        held = f"its nodes hold at most {fits} such worker{'s' if fits != 1 else ''} when idle"
+    shown = 8  # a large cluster's nodes would drown the reason
+    per_node = "; ".join(f"node {n.get('NodeID')} {_amounts(n.get('Resources', {}), keys)}" for n in nodes[:shown])
+    if len(nodes) > shown:
+        per_node += f"; {len(nodes) - shown} more"
+    return (f"ScalingConfig asks for {wanted} of {_amounts(res)} each, which this cluster can never place: "
+            f"{held} (cluster total {_amounts(total, keys)}; nodes: {per_node or 'none alive'})")
 
 
 def _death_errors(rt):
@@ -159,15 +199,18 @@ class TorchTrainer:
                     pass
 
     def _group_size(self, rt):
+        """How many workers this attempt places: num_workers, or, elastic,
+        as many as the cluster holds between min_workers and max_workers.
+        A group the cluster's total resources can never hold is a
+        ConfigError at once (placing it would wait PLACEMENT_TIMEOUT_S for
+        nothing); one that fits the total but not what is free now waits."""
         lo, hi = self.scaling_config.worker_bounds()
-        if lo == hi:
-            return lo
-        total = rt.cluster_resources()
-        fits = min(int(total.get(k, 0) // v) for k, v in self.scaling_config.worker_resources().items() if v > 0)
-        if fits < lo:
-            raise RuntimeError(f"ScalingConfig: the cluster holds {fits} workers of "
-                               f"{self.scaling_config.worker_resources()}, fewer than min_workers={lo}")
-        return min(fits, hi)
+        res = self.scaling_config.worker_resources()
+        nodes = [n for n in rt.nodes() if n.get("Alive", True)]
+        fits = _workers_that_fit(res, nodes)
+        if fits is not None and fits < lo:
+            raise ConfigError(_unplaceable(res, lo, fits, self.scaling_config.elastic, nodes))
+        return lo if lo == hi else min(hi if fits is None else fits, hi)
 
     def _place(self, rt, workers):
         """Creates the workers into `workers` (so that the caller stops them
