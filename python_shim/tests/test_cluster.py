@@ -210,3 +210,37 @@ def test_shutdown_ends_a_get_on_a_running_task(tmp_path):
         assert not stopper.is_alive()
     finally:
         troupe.shutdown()
+
+
+def test_a_stale_actor_handle_is_refused_after_shutdown():
+    # After troupe.shutdown() a handle's actor is gone with its cluster: a
+    # call on it used to return an ObjectRef (of a call that could never
+    # run, or, after a new init, of the new cluster's actor with that id)
+    # and its repr still said ALIVE.
+    troupe.init(num_cpus=2)
+    try:
+        old = Echo.remote()
+        assert troupe.get(old.echo.remote(1), timeout=60) == 1
+        assert "ALIVE" in repr(old)
+        troupe.shutdown()
+        stale = f"actor {old._actor.id} belongs to a troupe session that was shut down"
+        assert "ALIVE" not in repr(old) and "session shut down" in repr(old), repr(old)
+        with pytest.raises(TroupeError, match=f"echo.remote\\(\\): {stale}"):
+            old.echo.remote(2)
+        with pytest.raises(TroupeError, match=stale):
+            troupe.kill(old)
+        # In the next session the same id names another actor.
+        troupe.init(num_cpus=2)
+        new = Echo.remote()
+        assert new._actor.id == old._actor.id
+        with pytest.raises(TroupeError, match=stale):
+            old.echo.remote(3)
+        with pytest.raises(TroupeError, match=stale):
+            troupe.put(old)
+        assert troupe.get(new.echo.remote(4), timeout=60) == 4
+        assert "session shut down" in repr(old) and "ALIVE" in repr(new)
+        # This session's handle travels in values as before.
+        assert troupe.get(troupe.get(troupe.put(new), timeout=60).echo.remote(5), timeout=60) == 5
+    finally:
+        troupe.shutdown()
+

@@ -69,16 +69,23 @@ def _current_client():
     return state.client if state is not None else None
 
 
+def _is_stale(client):
+    """Whether a handle made with `client` (None: not known) belongs to a
+    session that was shut down: its client is not the process's current one
+    (another session's, or none since troupe.shutdown())."""
+    return client is not None and client is not _current_client()
+
+
 def _same_session(client, what):
     """The process's client, when `client` (the one a handle was made with;
     None: not known) is it. Ids (actors, placement groups) are the
     cluster's: after shutdown and init the same id names another object of
-    the new cluster, so a handle of the old session must not reach it."""
-    current = _client()
-    if client is not None and client is not current:
+    the new cluster, so a handle of the old session must not reach it; after
+    shutdown alone its cluster is gone."""
+    if _is_stale(client):
         raise exceptions.TroupeError(f"{what} belongs to a troupe session that was shut down; "
                                      "its handle cannot name anything in this one")
-    return current
+    return _client()
 
 
 def _attach_worker():

@@ -191,9 +191,14 @@ class ActorMethod:
         self._name = name
 
     def remote(self, *args, **kwargs):
+        import troupe
+
         h = self._handle
+        client = h._client
+        if client is not troupe._current_client():  # the message only when needed
+            client = _session_client(h, f"{self._name}.remote()")
         data, top = ser.call_args(args, kwargs)
-        return h._client.call(h._actor, self._name, data, top)
+        return client.call(h._actor, self._name, data, top)
 
     def options(self, **options):
         return self
@@ -225,11 +230,26 @@ class ActorHandle:
         return m
 
     def __repr__(self):
+        import troupe
+
+        # The client's last view of the actor (no round trip): after
+        # shutdown it is what the cluster said before it went away.
         info = self._actor.info()
-        return f"ActorHandle({info['class_name']}, id={info['id']}, {info['state']})"
+        state = "session shut down" if troupe._is_stale(self._client) else info["state"]
+        return f"ActorHandle({info['class_name']}, id={info['id']}, {state})"
 
     def __reduce__(self):
+        # The id travels: in another session it would name another actor.
+        _session_client(self, "pickling its handle")
         return _handle_by_id, (self._actor.id,)
+
+
+def _session_client(handle, what):
+    """The client of `handle`, if its session is the current one; else the
+    stale-handle TroupeError (troupe.kill's), naming the actor and `what`."""
+    import troupe
+
+    return troupe._same_session(handle._client, f"{what}: actor {handle._actor.id}")
 
 
 def _handle_by_id(actor_id):
