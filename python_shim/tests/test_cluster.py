@@ -244,3 +244,63 @@ def test_a_stale_actor_handle_is_refused_after_shutdown():
     finally:
         troupe.shutdown()
 
+
+def test_a_second_shutdown_returns_once_the_cluster_is_stopped(monkeypatch):
+    # Two threads call troupe.shutdown() at once. The second used to return
+    # at once (it found nothing left to stop) while the first was still
+    # stopping the cluster. The first one's stop is held here until the
+    # second has called shutdown(); the second must return after the stop.
+    troupe.init(num_cpus=2)
+    real = troupe._state.client
+    entered, release, stopped, arrived = (threading.Event() for _ in range(4))
+
+    class HeldClient:
+        def shutdown(self):
+            entered.set()
+            release.wait(120)
+            real.shutdown()
+            stopped.set()
+
+    class WatchedLock:
+        # Says when the second shutdown() is about to wait for the first.
+        def __init__(self, lock):
+            self._lock = lock
+
+        def __enter__(self):
+            arrived.set()
+            return self._lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self._lock.__exit__(*exc)
+
+    seen = {}
+
+    def second():
+        try:
+            troupe.shutdown()
+            seen["stopped"] = stopped.is_set()
+        finally:
+            arrived.set()
+
+    troupe._state.client = HeldClient()
+    first = threading.Thread(target=troupe.shutdown, daemon=True)
+    late = threading.Thread(target=second, daemon=True)
+    try:
+        first.start()
+        assert entered.wait(60), "the first shutdown() did not reach the client"
+        monkeypatch.setattr(troupe, "_shutdown_lock", WatchedLock(getattr(troupe, "_shutdown_lock", None)),
+                            raising=False)
+        late.start()
+        assert arrived.wait(60), "the second shutdown() neither waited nor returned"
+        release.set()
+        first.join(120)
+        late.join(120)
+        assert not first.is_alive() and not late.is_alive()
+        assert seen == {"stopped": True}, "the second shutdown() returned before the cluster was stopped"
+    finally:
+        release.set()
+        for thread in (first, late):
+            if thread.ident is not None:
+                thread.join(120)
+        real.shutdown()
+        troupe.shutdown()

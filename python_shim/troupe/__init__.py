@@ -44,6 +44,10 @@ __all__ = [
 _core.set_error_classes(dict(exceptions._FROM_RUNTIME))
 _lock = threading.Lock()
 _state = None  # the process's client: a driver's, or the worker's own
+# Held by shutdown() for the whole of it: a second shutdown (another thread,
+# atexit) returns only once the first has stopped the cluster. Reentrant, so
+# that a signal handler calling shutdown() on the same thread cannot deadlock.
+_shutdown_lock = threading.RLock()
 
 
 class _State:
@@ -133,12 +137,14 @@ def is_initialized():
 
 
 def shutdown():
-    """Stops the embedded cluster (its workers too) or disconnects."""
+    """Stops the embedded cluster (its workers too) or disconnects. Returns
+    once that is done, also when another thread's shutdown() is doing it."""
     global _state
-    with _lock:
-        state, _state = _state, None
-    if state is not None and not _core.in_worker():
-        state.client.shutdown()
+    with _shutdown_lock:
+        with _lock:
+            state, _state = _state, None
+        if state is not None and not _core.in_worker():
+            state.client.shutdown()
 
 
 def get(refs, *, timeout=None):
