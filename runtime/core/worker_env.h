@@ -49,6 +49,8 @@ inline constexpr const char* kEnvAddress = "TROUPE_ADDRESS";
 inline constexpr const char* kEnvWorkerBinary = "TROUPE_WORKER_BINARY";
 inline constexpr const char* kEnvObjectStoreBytes = "TROUPE_OBJECT_STORE_BYTES";
 inline constexpr const char* kEnvDigitsPath = "TROUPE_DIGITS_PATH";
+// Workers: "reuse" (default) or "system"; see malloc_policy.h.
+inline constexpr const char* kEnvWorkerMalloc = "TROUPE_WORKER_MALLOC";
 
 // What a role process needs to know. Fields left at their defaults are not
 // written by to_env(); from_env() leaves absent variables at the defaults.
@@ -117,7 +119,7 @@ std::string env_value(const char* name);
 // base a child's environment is built on, so that no role, address or token
 // leaks by accident while a setting such as TROUPE_DIGITS_PATH reaches the
 // trainer that reads it.
-inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath};
+inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath, kEnvWorkerMalloc};
 std::vector<std::string> clean_environment(const std::vector<std::string>& drop = {});
 
 }  // namespace troupe::core

@@ -15,6 +15,7 @@
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/malloc_policy.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/node/worker_assignment.h"
@@ -81,6 +82,8 @@ class NodeAgent::Impl {
  public:
   explicit Impl(NodeOptions o) : opts_(std::move(o)), signals_(io_, SIGCHLD), timer_(io_) {
     validate_pool_options(opts_.worker_pool);
+    // A bad TROUPE_WORKER_MALLOC fails the agent's start, not each worker.
+    (void)core::malloc_policy_from_env();
     // A daemon agent (its output a file) gives each worker a log file of its
     // own beside it, which `troupe logs ACTOR` reads.
     if (const std::string own = core::own_log_file(); !own.empty() && opts_.worker_pool.log_dir.empty())

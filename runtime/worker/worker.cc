@@ -11,7 +11,9 @@
 
 #include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/malloc_policy.h"
 #include "troupe/runtime/worker/worker_context.h"
 
 namespace troupe::worker {
@@ -279,10 +281,22 @@ class ActorHost {
   };
 };
 
+// Before the actor allocates anything: see malloc_policy.h. The node agent
+// refused a bad value at its start; one set for this actor alone is logged.
+void apply_worker_malloc_policy() {
+  try {
+    if (std::string refused = core::apply_malloc_policy(core::malloc_policy_from_env()); !refused.empty())
+      TROUPE_LOG_DEBUG("worker: {}", refused);
+  } catch (const ConfigError& e) {
+    TROUPE_LOG_ERROR("worker: {}; keeping the system allocator's defaults", e.what());
+  }
+}
+
 }  // namespace
 
 void run_worker(const core::WorkerEnv& env, int serving_fd) {
   core::init_logging("worker a" + std::to_string(env.actor_id));
+  apply_worker_malloc_policy();
   std::shared_ptr<client::Core> core = connect_to_head(env);
   // The actor's constructor may already use this_actor.
   auto context =

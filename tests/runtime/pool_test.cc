@@ -3,6 +3,7 @@
 // "troupe-worker:pooled" (its argv[0]); the tests find a node's idle ones
 // as its children by that name, and its count through Runtime::nodes().
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -31,6 +32,18 @@ class PoolProbe {
     return v ? v : "<unset>";
   }
   std::vector<int> gpus() const { return troupe::this_actor::gpu_ids(); }
+  // Whether a 24 MiB block comes from its own mapping (glibc's default for
+  // blocks that large) rather than from the heap (TROUPE_WORKER_MALLOC's
+  // "reuse"). The actor thread's arena, like a training step's.
+  bool large_block_mapped() const {
+    const size_t before = ::mallinfo2().hblkhd;
+    // volatile: the compiler may not drop the malloc/free pair.
+    volatile char* p = static_cast<volatile char*>(std::malloc(24u << 20));
+    p[0] = 1;
+    const size_t during = ::mallinfo2().hblkhd;
+    std::free(const_cast<char*>(p));
+    return during > before;
+  }
   // argv[0]: "troupe-worker:pooled" for a worker taken from the pool.
   std::string argv0() const {
     std::ifstream f("/proc/self/cmdline");
@@ -39,7 +52,8 @@ class PoolProbe {
     return s;
   }
 };
-TROUPE_ACTOR(PoolProbe, &PoolProbe::pid, &PoolProbe::env, &PoolProbe::gpus, &PoolProbe::argv0)
+TROUPE_ACTOR(PoolProbe, &PoolProbe::pid, &PoolProbe::env, &PoolProbe::gpus, &PoolProbe::argv0,
+             &PoolProbe::large_block_mapped)
 
 namespace {
 
@@ -151,6 +165,26 @@ TEST(WorkerPool, PooledActorGetsItsGpusAndEnvironment) {
   EXPECT_EQ(b.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
   EXPECT_EQ(b.call(&PoolProbe::env, std::string("LD_BIND_NOW")).get(), "1");
   EXPECT_EQ(b.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get(), "");
+}
+
+// Workers keep freed memory in their heap (see malloc_policy.h): a large
+// block is not a mapping of its own there, unless the actor asks for the
+// system allocator's defaults. Pooled and cold workers alike.
+TEST(WorkerPool, WorkersKeepLargeBlocksInTheHeapUnlessAskedNotTo) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer's allocator replaces glibc's";
+#endif
+  troupe::testing::LocalCluster cluster(one_node(2));
+  auto rt = cluster.connect();
+  auto pooled = rt.spawn<PoolProbe>({});
+  EXPECT_EQ(pooled.call(&PoolProbe::argv0).get(), kPooledName);
+  EXPECT_FALSE(pooled.call(&PoolProbe::large_block_mapped).get());
+  auto system = rt.spawn<PoolProbe>({.env = {"TROUPE_WORKER_MALLOC=system"}});
+  EXPECT_EQ(system.call(&PoolProbe::env, std::string("TROUPE_WORKER_MALLOC")).get(), "system");
+  EXPECT_TRUE(system.call(&PoolProbe::large_block_mapped).get());
+  auto cold = rt.spawn<PoolProbe>({.env = {"LD_BIND_NOW=1"}});
+  EXPECT_EQ(cold.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  EXPECT_FALSE(cold.call(&PoolProbe::large_block_mapped).get());
 }
 
 TEST(WorkerPool, RestartTakesAPooledWorker) {

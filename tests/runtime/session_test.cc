@@ -10,6 +10,7 @@
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/files.h"
+#include "troupe/runtime/core/malloc_policy.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -181,6 +182,23 @@ TEST(WorkerEnvTest, ChildEnvironmentKeepsUserSettingsAndDropsWiring) {
   EXPECT_FALSE(has(std::string(core::kEnvToken) + "="));
   EXPECT_FALSE(has("CUDA_VISIBLE_DEVICES="));
   EXPECT_TRUE(has("TROUPE_DIGITS_PATH=/data/digits.csv.gz"));
+}
+
+TEST(WorkerEnvTest, MallocPolicyIsReuseByDefaultAndABadValueIsNamed) {
+  ::unsetenv(core::kEnvWorkerMalloc);
+  EXPECT_EQ(core::malloc_policy_from_env(), core::MallocPolicy::kReuse);
+  ::setenv(core::kEnvWorkerMalloc, "system", 1);
+  EXPECT_EQ(core::malloc_policy_from_env(), core::MallocPolicy::kSystem);
+  const auto env = core::clean_environment();
+  EXPECT_NE(std::find(env.begin(), env.end(), "TROUPE_WORKER_MALLOC=system"), env.end());
+  ::setenv(core::kEnvWorkerMalloc, "jemalloc", 1);
+  try {
+    core::malloc_policy_from_env();
+    ADD_FAILURE() << "jemalloc accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("TROUPE_WORKER_MALLOC='jemalloc'"), std::string::npos) << e.what();
+  }
+  ::unsetenv(core::kEnvWorkerMalloc);
 }
 
 TEST(AddressTest, ParsesIPv6InBracketsAndFormatsThemBack) {
