@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -243,9 +244,18 @@ pid_t wait_child(pid_t pid, int* status) {
   return r;
 }
 
+std::vector<std::string> last_setting_wins(const std::vector<std::string>& env) {
+  std::map<std::string, size_t> last;
+  for (size_t i = 0; i < env.size(); ++i) last[env[i].substr(0, env[i].find('='))] = i;
+  std::vector<std::string> out;
+  for (size_t i = 0; i < env.size(); ++i)
+    if (last[env[i].substr(0, env[i].find('='))] == i) out.push_back(env[i]);
+  return out;
+}
+
 pid_t spawn_process(const SpawnOptions& o) {
   // Everything the child needs is prepared before fork.
-  std::vector<std::string> env = o.env;
+  std::vector<std::string> env = last_setting_wins(o.env);
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);

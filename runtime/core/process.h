@@ -34,6 +34,11 @@ struct SpawnOptions {
   bool new_session = false;     // setsid(), for daemons
 };
 
+// `env` with one entry per name, the last one given (a later setting, such
+// as an actor's own `env` after the inherited environment, overrides an
+// earlier one; getenv would see the first). spawn_process applies it.
+std::vector<std::string> last_setting_wins(const std::vector<std::string>& env);
+
 // Forks and execs. Returns the child's pid once it has exec'd; throws
 // troupe::Error (and reaps the child) when fork or execve fails, naming the
 // executable and the reason.

@@ -187,6 +187,23 @@ TEST(WorkerPool, WorkersKeepLargeBlocksInTheHeapUnlessAskedNotTo) {
   EXPECT_FALSE(cold.call(&PoolProbe::large_block_mapped).get());
 }
 
+// An actor's own setting of a variable its node agent also has wins, in a
+// cold worker (the agent's environment first, the actor's after) as in a
+// pooled one (setenv over the inherited value).
+TEST(WorkerPool, AnActorsEnvOverridesTheAgentsInColdAndPooledWorkers) {
+  ::setenv("POOL_TEST_OVERRIDE", "agent", 1);
+  troupe::testing::LocalCluster cluster(one_node(2));
+  ::unsetenv("POOL_TEST_OVERRIDE");
+  auto rt = cluster.connect();
+  auto cold = rt.spawn<PoolProbe>({.env = {"LD_BIND_NOW=1", "POOL_TEST_OVERRIDE=actor"}});
+  EXPECT_EQ(cold.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  EXPECT_EQ(cold.call(&PoolProbe::env, std::string("POOL_TEST_OVERRIDE")).get(), "actor");
+  auto pooled = rt.spawn<PoolProbe>({.env = {"POOL_TEST_OVERRIDE=actor"}});
+  EXPECT_EQ(pooled.call(&PoolProbe::argv0).get(), kPooledName);
+  EXPECT_EQ(pooled.call(&PoolProbe::env, std::string("POOL_TEST_OVERRIDE")).get(), "actor");
+  EXPECT_EQ(rt.spawn<PoolProbe>({}).call(&PoolProbe::env, std::string("POOL_TEST_OVERRIDE")).get(), "agent");
+}
+
 TEST(WorkerPool, RestartTakesAPooledWorker) {
   troupe::testing::LocalCluster cluster(one_node(2));
   auto rt = cluster.connect();

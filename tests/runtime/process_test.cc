@@ -88,6 +88,20 @@ TEST(SpawnProcess, ExecFailureIsAnErrorNamingTheExecutable) {
   }
 }
 
+// An actor's `env` comes after the inherited environment: its setting must
+// be the one the child sees (getenv would return the first).
+TEST(SpawnProcess, TheLastSettingOfAVariableIsTheOneTheChildSees) {
+  troupe::core::SpawnOptions o;
+  o.executable = "/bin/sh";
+  o.args = {"-c", "test \"$SPAWN_TEST_X\" = second && test \"$SPAWN_TEST_Y\" = kept"};
+  o.env = {"SPAWN_TEST_X=first", "SPAWN_TEST_Y=kept", "SPAWN_TEST_X=second"};
+  int status = 0;
+  const pid_t pid = troupe::core::spawn_process(o);
+  ASSERT_EQ(troupe::core::wait_child(pid, &status), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(troupe::core::last_setting_wins({"A=1", "B=2", "A=3", "C"}), (std::vector<std::string>{"B=2", "A=3", "C"}));
+}
+
 TEST(SpawnProcess, RoleProcessThatExitsAtOnceIsReportedWithStatusAndLog) {
   std::string dir = (fs::temp_directory_path() / ("troupe-role-" + std::to_string(::getpid()))).string();
   fs::create_directories(dir);
