@@ -26,4 +26,23 @@ std::string apply_malloc_policy(MallocPolicy policy) {
   return refused.empty() ? "" : "mallopt refused" + refused;
 }
 
+void add_exec_time_malloc_settings(std::vector<std::string>& env) {
+  const std::string policy_key = std::string(kEnvWorkerMalloc) + "=";
+  const std::string tunables_key = "GLIBC_TUNABLES=";
+  const std::string* tunables = nullptr;
+  bool system = false;  // anything but "reuse" and "system" was refused at the agent's start
+  for (const auto& kv : env) {
+    if (kv.rfind(policy_key, 0) == 0) system = kv.substr(policy_key.size()) == "system";
+    if (kv.rfind(tunables_key, 0) == 0) tunables = &kv;
+  }
+  if (system) return;
+  constexpr const char* kHugePages = "glibc.malloc.hugetlb";
+  if (!tunables) {
+    env.push_back(tunables_key + kHugePages + "=1");
+  } else if (tunables->find(kHugePages) == std::string::npos) {
+    const std::string value = tunables->substr(tunables_key.size());
+    env.push_back(tunables_key + (value.empty() ? "" : value + ":") + kHugePages + "=1");
+  }
+}
+
 }  // namespace troupe::core

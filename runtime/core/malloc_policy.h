@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "troupe/runtime/core/worker_env.h"
 
@@ -27,5 +28,13 @@ MallocPolicy malloc_policy_from_env();
 // changes only where memory comes from, never what a program computes.
 // kSystem changes nothing. Returns "" when applied, else what libc refused.
 std::string apply_malloc_policy(MallocPolicy policy);
+
+// The part of kReuse that glibc reads only at exec: a worker's environment
+// `env` (KEY=VALUE, the last setting of a name wins, as in spawn_process)
+// gets glibc.malloc.hugetlb=1 added to its GLIBC_TUNABLES, so the heap asks
+// for transparent huge pages (where the kernel leaves them to madvise),
+// unless `env` asks for "system" or its GLIBC_TUNABLES already sets that
+// tunable.
+void add_exec_time_malloc_settings(std::vector<std::string>& env);
 
 }  // namespace troupe::core

@@ -388,6 +388,7 @@ class NodeAgent::Impl {
     o.env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
     for (auto& kv : w.to_env()) o.env.push_back(std::move(kv));
     for (auto& kv : actor_env(s)) o.env.push_back(std::move(kv));
+    core::add_exec_time_malloc_settings(o.env);
     try {
       return spawn_logged(std::move(o), opts_.worker_pool.log_dir);
     } catch (const std::exception& e) {

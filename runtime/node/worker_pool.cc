@@ -12,6 +12,7 @@
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/malloc_policy.h"
 #include "troupe/runtime/core/process.h"
 
 namespace troupe::node {
@@ -88,6 +89,7 @@ void WorkerPool::start_one(const std::string& executable) {
   o.arg0 = "troupe-worker:pooled";
   o.env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
   for (auto& kv : env.to_env()) o.env.push_back(std::move(kv));
+  core::add_exec_time_malloc_settings(o.env);
   o.keep_fds = {fds[1]};
   pid_t pid = -1;
   try {

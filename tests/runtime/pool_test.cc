@@ -179,9 +179,12 @@ TEST(WorkerPool, WorkersKeepLargeBlocksInTheHeapUnlessAskedNotTo) {
   auto pooled = rt.spawn<PoolProbe>({});
   EXPECT_EQ(pooled.call(&PoolProbe::argv0).get(), kPooledName);
   EXPECT_FALSE(pooled.call(&PoolProbe::large_block_mapped).get());
+  EXPECT_NE(pooled.call(&PoolProbe::env, std::string("GLIBC_TUNABLES")).get().find("glibc.malloc.hugetlb=1"),
+            std::string::npos);
   auto system = rt.spawn<PoolProbe>({.env = {"TROUPE_WORKER_MALLOC=system"}});
   EXPECT_EQ(system.call(&PoolProbe::env, std::string("TROUPE_WORKER_MALLOC")).get(), "system");
   EXPECT_TRUE(system.call(&PoolProbe::large_block_mapped).get());
+  EXPECT_EQ(system.call(&PoolProbe::env, std::string("GLIBC_TUNABLES")).get().find("hugetlb"), std::string::npos);
   auto cold = rt.spawn<PoolProbe>({.env = {"LD_BIND_NOW=1"}});
   EXPECT_EQ(cold.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
   EXPECT_FALSE(cold.call(&PoolProbe::large_block_mapped).get());

@@ -201,6 +201,22 @@ TEST(WorkerEnvTest, MallocPolicyIsReuseByDefaultAndABadValueIsNamed) {
   ::unsetenv(core::kEnvWorkerMalloc);
 }
 
+TEST(WorkerEnvTest, WorkersExecWithHugePagesForTheirHeapUnlessToldOtherwise) {
+  using Env = std::vector<std::string>;
+  auto with = [](Env env) {
+    core::add_exec_time_malloc_settings(env);
+    return core::last_setting_wins(env);
+  };
+  EXPECT_EQ(with({"A=1"}), (Env{"A=1", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"}));
+  EXPECT_EQ(with({"GLIBC_TUNABLES=glibc.malloc.arena_max=2"}),
+            (Env{"GLIBC_TUNABLES=glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}));
+  EXPECT_EQ(with({"GLIBC_TUNABLES=glibc.malloc.hugetlb=0"}), (Env{"GLIBC_TUNABLES=glibc.malloc.hugetlb=0"}));
+  EXPECT_EQ(with({"TROUPE_WORKER_MALLOC=system"}), (Env{"TROUPE_WORKER_MALLOC=system"}));
+  // The actor's setting comes last and wins.
+  EXPECT_EQ(with({"TROUPE_WORKER_MALLOC=system", "TROUPE_WORKER_MALLOC=reuse"}),
+            (Env{"TROUPE_WORKER_MALLOC=reuse", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"}));
+}
+
 TEST(AddressTest, ParsesIPv6InBracketsAndFormatsThemBack) {
   auto [host, port] = wire::parse_address("[::1]:6380");
   EXPECT_EQ(host, "::1");
