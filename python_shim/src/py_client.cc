@@ -95,8 +95,7 @@ void PyClient::shutdown() {
 
 std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_name, PyActorSpec spec,
                                                      const PyOptions& o) {
-  if (o.max_concurrency < 1)
-    throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(o.max_concurrency));
+  head::validate_max_concurrency(o.max_concurrency);
   head::validate_resources(o.resources, "actor " + class_name + " options");
   wire::ActorSpec s;
   s.type_key = kPyActorKey;

@@ -318,7 +318,7 @@ def test_out_of_range_options_are_named():
     # instance to C++ type") or as float()'s error, naming neither.
     huge = 2**40
     for bad in ({"max_retries": huge}, {"max_restarts": huge}, {"max_task_retries": huge},
-                {"max_concurrency": huge}, {"max_retries": True}):
+                {"max_concurrency": huge}, {"max_concurrency": 1025}, {"max_retries": True}):
         (key, value), = bad.items()
         target = square if key == "max_retries" else Counter
         with pytest.raises(ConfigError, match=f"{key} must be an int in .*, got {value!r}"):

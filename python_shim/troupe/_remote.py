@@ -44,8 +44,8 @@ def _check_options(options, allowed, what):
         if not _is_int(value, -1):
             raise ConfigError(f"{key} must be an int in [-1, {_INT_MAX}], got {value!r}")
     concurrency = options.get("max_concurrency", 1)
-    if not _is_int(concurrency, 1):
-        raise ConfigError(f"max_concurrency must be an int in [1, {_INT_MAX}], got {concurrency!r}")
+    if not _is_int(concurrency, 1) or concurrency > _MAX_CONCURRENCY:
+        raise ConfigError(f"max_concurrency must be an int in [1, {_MAX_CONCURRENCY}], got {concurrency!r}")
     for key in ("num_cpus", "num_gpus"):
         _number(options.get(key, 0), key)
     for key, value in dict(options.get("resources") or {}).items():
@@ -55,6 +55,9 @@ def _check_options(options, allowed, what):
 
 # The runtime's counts are 32-bit ints.
 _INT_MAX = 2**31 - 1
+# A worker runs one thread per concurrent call (the runtime's
+# kMaxActorConcurrency; the head checks it again).
+_MAX_CONCURRENCY = 1024
 
 
 def _is_int(value, least):

@@ -134,8 +134,7 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
   spec.bundle_index = options.bundle_index;
   spec.executable = options.executable.empty() ? core::self_executable_path() : options.executable;
   spec.env = options.env;
-  if (options.max_concurrency < 1)
-    throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(options.max_concurrency));
+  head::validate_max_concurrency(options.max_concurrency);
   head::validate_resources(spec.resources, "actor " + spec.class_name + " options");
   return core_->head().call<ActorInfo>(Op::kCreateActor, spec);
 }

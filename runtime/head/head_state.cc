@@ -166,8 +166,7 @@ const ActorInfo& HeadState::named_actor(const std::string& name) const {
 }
 
 void HeadState::validate_actor(const ActorSpec& spec) {
-  if (spec.max_concurrency < 1)
-    throw ConfigError("max_concurrency must be >= 1, got " + std::to_string(spec.max_concurrency));
+  validate_max_concurrency(spec.max_concurrency);
   if (spec.max_restarts < -1) throw ConfigError("max_restarts must be >= -1, got " + std::to_string(spec.max_restarts));
   validate_resources(spec.resources, "actor " + spec.class_name + " options");
   if (spec.placement_group) {

@@ -20,6 +20,12 @@ std::string show(double v) {
 }
 }  // namespace
 
+void validate_max_concurrency(int64_t n) {
+  if (n < 1 || n > kMaxActorConcurrency)
+    throw ConfigError("max_concurrency must be in [1, " + std::to_string(kMaxActorConcurrency) + "], got " +
+                      std::to_string(n));
+}
+
 void validate_resources(const Resources& r, const std::string& where) {
   for (const auto& [k, v] : r) {
     if (k.empty()) throw ConfigError(where + ": a resource has an empty name (amount " + show(v) + ")");

@@ -27,6 +27,12 @@ inline constexpr double kMaxGpus = 1024;
 // non-empty).
 void validate_resources(const Resources& r, const std::string& where);
 
+// An actor's max_concurrency: its worker runs that many call threads, so it
+// is bounded like any other request (the head checks it again for any
+// client). ConfigError naming the value outside [1, kMaxActorConcurrency].
+inline constexpr int32_t kMaxActorConcurrency = 1024;
+void validate_max_concurrency(int64_t n);
+
 // What a take handed out: the amounts and the GPU ids that go with them.
 struct Grant {
   Resources resources;

@@ -243,6 +243,23 @@ TEST_F(ClusterTest, TypedControlMessagesBypassTheMailbox) {
   EXPECT_EQ(waiting.get(kWaitBound), "go");
 }
 
+// A worker runs one thread per concurrent call: a count past the bound is
+// refused naming it, not a worker that dies making threads.
+TEST_F(ClusterTest, MaxConcurrencyOutsideItsBoundIsRefusedNamingIt) {
+  for (int bad : {0, 1025, 1 << 30}) {
+    try {
+      rt_.spawn<Counter>({.max_concurrency = bad}, 0);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("max_concurrency must be in [1, 1024], got " + std::to_string(bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  auto c = rt_.spawn<Counter>({.max_concurrency = 1024}, 0);
+  EXPECT_EQ(c.call(&Counter::add, 2).get(), 2);
+}
+
 TEST_F(ClusterTest, ConstructorFailureMakesActorDeadWithReason) {
   auto t = rt_.spawn<Thrower>({.max_restarts = 3}, std::string("no GPU here"));
   EXPECT_FALSE(t.wait_ready(10s));
