@@ -23,9 +23,13 @@ from timebox import bounded_fixture
 
 AGAINST = os.environ.get("TROUPE_TEST_AGAINST", "troupe")
 SHIM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Workers import troupe.train from the shim's folder (inherited environment).
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SHIM_DIR, os.environ.get("PYTHONPATH")]))
-sys.path.insert(0, SHIM_DIR)
+# Against Ray, workers import troupe.train from the shim's folder (inherited
+# environment). troupe's own build already holds it; putting the source
+# folder first there would make every later subprocess of the pytest run
+# (test_cli.py's) import a troupe without its native module.
+if AGAINST != "troupe":
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SHIM_DIR, os.environ.get("PYTHONPATH")]))
+    sys.path.insert(0, SHIM_DIR)
 
 rt = importlib.import_module(AGAINST)
 from troupe import train  # noqa: E402
