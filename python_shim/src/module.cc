@@ -13,6 +13,7 @@
 #include "python_shim/src/py_convert.h"
 #include "python_shim/src/py_worker.h"
 #include "troupe/runtime/core/worker_env.h"
+#include "troupe/runtime/head/resource_pool.h"
 
 namespace pyb = pybind11;
 using namespace troupe;
@@ -385,6 +386,8 @@ PYBIND11_MODULE(_core, m) {
   // The most a value kept by the head (an actor's spec, a task's function
   // in the KV store) may take.
   m.attr("HEAD_VALUE_LIMIT") = kMaxSpecBytes;
+  // The most calls an actor may run at once (head::validate_max_concurrency).
+  m.attr("MAX_ACTOR_CONCURRENCY") = head::kMaxActorConcurrency;
   m.def("set_error_classes", [](pyb::dict d) { g_errors = new pyb::dict(std::move(d)); });
   m.def("serve_worker", &serve_worker);
   m.def("in_worker", [] { return this_actor::in_worker(); });

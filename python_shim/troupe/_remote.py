@@ -55,9 +55,8 @@ def _check_options(options, allowed, what):
 
 # The runtime's counts are 32-bit ints.
 _INT_MAX = 2**31 - 1
-# A worker runs one thread per concurrent call (the runtime's
-# kMaxActorConcurrency; the head checks it again).
-_MAX_CONCURRENCY = 1024
+# A worker runs one thread per concurrent call (the head checks it again).
+_MAX_CONCURRENCY = _core.MAX_ACTOR_CONCURRENCY
 
 
 def _is_int(value, least):
