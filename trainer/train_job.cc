@@ -510,7 +510,7 @@ void Run::recover(const std::string& why) {
 }
 
 void Run::give_up_if_head_lost(const std::string& why) {
-  if (rt_.core() && rt_.core()->head_lost())
+  if (rt_.valid() && rt_.core()->head_lost())
     give_up("lost the cluster's head, so nothing can be placed or healed (the failure seen: " + why + ")");
 }
 

@@ -81,7 +81,7 @@ class PyClient {
   wire::ActorInfo actor_info(uint64_t id);
 
   Runtime& runtime() { return runtime_; }
-  const std::shared_ptr<client::Core>& core() const { return runtime_.core(); }
+  std::shared_ptr<client::Core> core() const { return runtime_.core(); }
   bool embedded_driver() const { return driver_; }
   void shutdown();
 

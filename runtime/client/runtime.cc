@@ -20,27 +20,36 @@ using namespace troupe::wire;
 
 namespace {
 
+constexpr const char* kShutDownMessage =
+    "this troupe::Runtime was shut down (or moved from): make a new one with troupe::init()";
+
 // KvStore over the head's KV requests.
 class HeadKvStore final : public KvStore {
  public:
-  explicit HeadKvStore(std::shared_ptr<client::Core> core) : core_(std::move(core)) {}
+  explicit HeadKvStore(const std::shared_ptr<client::Core>& core) : core_(core) {}
   void put(const std::string& key, const std::string& value) override {
-    core_->head().call<void>(Op::kKvPut, KvEntry{key, value});
+    live()->head().call<void>(Op::kKvPut, KvEntry{key, value});
   }
   std::optional<std::string> get(const std::string& key) override {
-    return core_->head().call<std::optional<std::string>>(Op::kKvGet, key);
+    return live()->head().call<std::optional<std::string>>(Op::kKvGet, key);
   }
   std::string wait(const std::string& key, std::chrono::milliseconds timeout) override {
     uint32_t ms = static_cast<uint32_t>(std::min<int64_t>(timeout.count(), UINT32_MAX));
-    return core_->head().call<std::string>(Op::kKvWait, KvWait{key, ms}, timeout + std::chrono::seconds(5));
+    return live()->head().call<std::string>(Op::kKvWait, KvWait{key, ms}, timeout + std::chrono::seconds(5));
   }
-  void erase(const std::string& key) override { core_->head().call<void>(Op::kKvErase, key); }
+  void erase(const std::string& key) override { live()->head().call<void>(Op::kKvErase, key); }
   int64_t add(const std::string& key, int64_t delta) override {
-    return core_->head().call<int64_t>(Op::kKvAdd, KvAdd{key, delta});
+    return live()->head().call<int64_t>(Op::kKvAdd, KvAdd{key, delta});
   }
 
  private:
-  std::shared_ptr<client::Core> core_;
+  // The Runtime owns the core: once it is shut down the store refuses.
+  std::shared_ptr<client::Core> live() const {
+    auto core = core_.lock();
+    if (!core) throw Error(kShutDownMessage);
+    return core;
+  }
+  std::weak_ptr<client::Core> core_;
 };
 
 }  // namespace
@@ -51,8 +60,34 @@ struct Runtime::Embedded {
 };
 
 Runtime::Runtime(Runtime&&) noexcept = default;
-Runtime& Runtime::operator=(Runtime&&) noexcept = default;
+Runtime& Runtime::operator=(Runtime&& other) noexcept {
+  if (this != &other) {
+    shutdown();  // what this one held goes first, as if it were destroyed
+    core_mu_ = std::move(other.core_mu_);
+    lifecycle_mu_ = std::move(other.lifecycle_mu_);
+    core_ = std::move(other.core_);
+    embedded_ = std::move(other.embedded_);
+    kv_ = std::move(other.kv_);
+  }
+  return *this;
+}
 Runtime::~Runtime() { shutdown(); }
+
+std::shared_ptr<client::Core> Runtime::live() const {
+  std::shared_ptr<client::Core> core;
+  if (core_mu_) {
+    std::lock_guard lock(*core_mu_);
+    core = core_;
+  }
+  if (!core) throw Error(kShutDownMessage);
+  return core;
+}
+
+bool Runtime::valid() const {
+  if (!core_mu_) return false;
+  std::lock_guard lock(*core_mu_);
+  return core_ != nullptr;
+}
 
 Runtime Runtime::attach(std::shared_ptr<client::Core> core) {
   Runtime rt;
@@ -61,7 +96,7 @@ Runtime Runtime::attach(std::shared_ptr<client::Core> core) {
   return rt;
 }
 
-client::ObjectStoreStats Runtime::object_store_stats() { return core_->service<client::ObjectStore>()->stats(); }
+client::ObjectStoreStats Runtime::object_store_stats() { return live()->service<client::ObjectStore>()->stats(); }
 
 Runtime Runtime::connect(const InitOptions& o) {
   core::init_logging_once("driver");
@@ -104,14 +139,21 @@ Runtime Runtime::connect(const InitOptions& o) {
 }
 
 void Runtime::shutdown() {
-  if (core_) {
+  if (!lifecycle_mu_) return;  // moved from
+  std::lock_guard whole(*lifecycle_mu_);
+  std::shared_ptr<client::Core> core;
+  {
+    std::lock_guard lock(*core_mu_);
+    core = std::move(core_);
+  }
+  if (core) {
     // Worker runtimes share the process's core; only drivers close theirs
     // (and release their task executors first, while the head is there).
     if (embedded_ || !this_actor::in_worker()) {
-      if (auto tasks = core_->find_service<client::TaskSubmitter>()) tasks->release_all();
-      core_->shutdown();
+      if (auto tasks = core->find_service<client::TaskSubmitter>()) tasks->release_all();
+      core->shutdown();
     }
-    core_.reset();
+    core.reset();
   }
   if (embedded_) {
     // The head first: it then knows its node agent goes with it, and does
@@ -121,7 +163,8 @@ void Runtime::shutdown() {
     embedded_->head.reset();
     embedded_.reset();
   }
-  kv_.reset();
+  // kv_ stays: a reference kv() gave out may still be in use on another
+  // thread; without the core it refuses every call.
 }
 
 ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
@@ -136,7 +179,7 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
   spec.env = options.env;
   head::validate_max_concurrency(options.max_concurrency);
   head::validate_resources(spec.resources, "actor " + spec.class_name + " options");
-  return core_->head().call<ActorInfo>(Op::kCreateActor, spec);
+  return live()->head().call<ActorInfo>(Op::kCreateActor, spec);
 }
 
 client::TaskPlacement Runtime::task_placement(const TaskOptions& options) {
@@ -172,18 +215,19 @@ void wait_dead(client::ActorClient& actor, std::chrono::milliseconds timeout) {
 }  // namespace
 
 void Runtime::kill_actor(uint64_t actor_id, bool no_restart) {
-  core_->head().call<void>(Op::kKillActor, KillActor{actor_id, no_restart});
+  auto core = live();
+  core->head().call<void>(Op::kKillActor, KillActor{actor_id, no_restart});
   // The head answers once the kill is sent; the worker may still serve a
   // call sent meanwhile. A kill for good returns once the head reports the
   // actor DEAD, so no call made after it can succeed (bounded: a node that
   // does not report is declared dead by its heartbeats well within this).
-  if (no_restart) wait_dead(*core_->actor(actor_id), std::chrono::seconds(10));
+  if (no_restart) wait_dead(*core->actor(actor_id), std::chrono::seconds(10));
 }
 
-ActorInfo Runtime::actor_info(uint64_t actor_id) { return core_->actor(actor_id)->info(); }
+ActorInfo Runtime::actor_info(uint64_t actor_id) { return live()->actor(actor_id)->info(); }
 
 ActorWatch Runtime::watch_actor(uint64_t actor_id, std::function<void(const ActorInfo&)> cb) {
-  auto client = core_->actor(actor_id);
+  auto client = live()->actor(actor_id);
   uint64_t id = client->add_listener(std::move(cb));
   return ActorWatch(client, id);
 }
@@ -194,14 +238,14 @@ PlacementGroup Runtime::create_placement_group(const std::vector<Resources>& bun
     head::validate_resources(bundles[i], "placement group bundle " + std::to_string(i));
   PlacementGroupSpec spec{bundles, strategy, name};
   PlacementGroup pg;
-  pg.core_ = core_;
-  pg.info_ = core_->head().call<PlacementGroupInfo>(Op::kCreatePlacementGroup, spec);
+  pg.core_ = live();
+  pg.info_ = pg.core_->head().call<PlacementGroupInfo>(Op::kCreatePlacementGroup, spec);
   pg.bundles_ = bundles.size();
   return pg;
 }
 
 void Runtime::remove_placement_group(const PlacementGroup& pg) {
-  core_->head().call<void>(Op::kRemovePlacementGroup, pg.id());
+  live()->head().call<void>(Op::kRemovePlacementGroup, pg.id());
 }
 
 bool PlacementGroup::wait(std::chrono::milliseconds timeout) {
@@ -215,13 +259,16 @@ wire::PlacementGroupInfo PlacementGroup::info() const {
   return core_->head().call<PlacementGroupInfo>(Op::kGetPlacementGroup, info_.id);
 }
 
-KvStore& Runtime::kv() { return *kv_; }
-
-std::string Runtime::status_json(const wire::StatusRequest& request) {
-  return core_->head().call<std::string>(Op::kStatus, request);
+KvStore& Runtime::kv() {
+  live();  // refused once shut down
+  return *kv_;
 }
 
-std::vector<NodeInfo> Runtime::nodes() { return core_->head().call_empty<std::vector<NodeInfo>>(Op::kNodes); }
+std::string Runtime::status_json(const wire::StatusRequest& request) {
+  return live()->head().call<std::string>(Op::kStatus, request);
+}
+
+std::vector<NodeInfo> Runtime::nodes() { return live()->head().call_empty<std::vector<NodeInfo>>(Op::kNodes); }
 
 namespace {
 Resources sum_over_live(const std::vector<NodeInfo>& nodes, Resources NodeInfo::*field) {
@@ -237,8 +284,11 @@ Resources Runtime::cluster_resources() { return sum_over_live(nodes(), &NodeInfo
 
 Resources Runtime::available_resources() { return sum_over_live(nodes(), &NodeInfo::available); }
 
-std::string Runtime::address() const { return core_->address(); }
-const std::string& Runtime::token() const { return core_->token(); }
+std::string Runtime::address() const { return live()->address(); }
+const std::string& Runtime::token() const {
+  // The core lives while this Runtime holds it; the string is the core's.
+  return live()->token();
+}
 
 Runtime init(const InitOptions& options) {
   run_role_if_requested();

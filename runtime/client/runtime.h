@@ -17,6 +17,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -175,10 +176,11 @@ class Runtime {
   // The live actor registered under `name`; ConfigError when there is none.
   template <class T>
   ActorHandle<T> get_actor(const std::string& name) {
-    auto info = core_->head().call<ActorInfo>(wire::Op::kGetActor, name);
+    auto core = live();
+    auto info = core->head().call<ActorInfo>(wire::Op::kGetActor, name);
     if (info.class_name != ActorTraits<T>::kName)
       throw ConfigError("actor '" + name + "' is a " + info.class_name + ", not a " + ActorTraits<T>::kName);
-    return ActorHandle<T>(core_->actor(info));
+    return ActorHandle<T>(core->actor(info));
   }
 
   // Kills the actor's worker (SIGKILL). With no_restart it ends DEAD;
@@ -213,8 +215,13 @@ class Runtime {
   // HOST:PORT of the head.
   std::string address() const;
   const std::string& token() const;
-  bool valid() const { return core_ != nullptr; }
-  // Stops the embedded cluster (if any) and disconnects.
+  // False once shut down (or when default-constructed or moved from).
+  bool valid() const;
+  // Stops the embedded cluster (if any) and disconnects. Any thread may
+  // call it, more than once: a call made while another is under way returns
+  // once that one has finished. Afterwards (and in a call that races it)
+  // every method of this Runtime throws troupe::Error saying it is shut
+  // down, rather than reaching a cluster that is gone.
   void shutdown();
 
   // Keeps `value` in this process's object store; the ref may be passed to
@@ -222,14 +229,15 @@ class Runtime {
   // would exceed the store's limit.
   template <class T>
   ObjectRef<std::decay_t<T>> put(T&& value) {
-    auto store = core_->service<client::ObjectStore>();
+    auto store = live()->service<client::ObjectStore>();
     return ObjectRef<std::decay_t<T>>(store->put(client::make_object_value(std::decay_t<T>(std::forward<T>(value)))));
   }
   // What this process's object store holds, and its limit.
   client::ObjectStoreStats object_store_stats();
 
-  // The process-internal client core (for layers built on the runtime).
-  const std::shared_ptr<client::Core>& core() const { return core_; }
+  // The process-internal client core (for layers built on the runtime);
+  // troupe::Error once shut down.
+  std::shared_ptr<client::Core> core() const { return live(); }
 
   // Runs task `fn` (registered with TROUPE_TASK) with `args` on a pooled
   // worker that has `options.resources`. Futures among the arguments are
@@ -249,7 +257,15 @@ class Runtime {
   Future<Result> submit_task(R (*fn)(P...), const TaskOptions& options, bool keep_result, A&&... args);
   static client::TaskPlacement task_placement(const TaskOptions& options);
   ActorInfo create_actor(wire::ActorSpec spec, const ActorOptions& options);
+  // core_, or troupe::Error when shut down: what every method works on, a
+  // reference of its own, so that a shutdown() racing the call cannot
+  // destroy the core under it.
+  std::shared_ptr<client::Core> live() const;
   struct Embedded;
+  // Guards core_ (held briefly); lifecycle_mu_ is held for the whole of
+  // shutdown(). Null only in a moved-from Runtime.
+  std::unique_ptr<std::mutex> core_mu_ = std::make_unique<std::mutex>();
+  std::unique_ptr<std::mutex> lifecycle_mu_ = std::make_unique<std::mutex>();
   std::shared_ptr<client::Core> core_;
   std::unique_ptr<Embedded> embedded_;
   std::unique_ptr<KvStore> kv_;
@@ -280,7 +296,7 @@ bool in_worker();
 // the actor's current call; keep it short).
 template <ControlMessage M, class F>
 void on_control(F handler) {
-  auto& core = runtime().core();
+  auto core = runtime().core();
   core->controls().set(M::kControlTag, client::typed_control_handler<M>(std::move(handler), core.get()));
 }
 }  // namespace this_actor
@@ -402,7 +418,8 @@ ActorHandle<T> Runtime::spawn(const ActorOptions& options, A&&... args) {
   wire::encode(e, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
   spec.ctor_args = std::move(e.bytes());
   spec.ctor_attachments = std::move(e.attachments());
-  return ActorHandle<T>(core_->actor(create_actor(std::move(spec), options)));
+  auto info = create_actor(std::move(spec), options);
+  return ActorHandle<T>(live()->actor(info));
 }
 
 template <class R, class... P, class... A>
@@ -421,11 +438,12 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
   using Args = std::tuple<std::decay_t<P>...>;
   static_assert(sizeof...(A) == sizeof...(P), "wrong number of arguments for this task");
   const client::TaskEntry& entry = client::task_for_function(client::task_function_key(fn));
-  auto submitter = core_->service<client::TaskSubmitter>();
+  auto live_core = live();
+  auto submitter = live_core->service<client::TaskSubmitter>();
   auto key = submitter->key_for(task_placement(options));
   auto st = std::make_shared<core::FutureState<Result>>();
   auto send = [submitter, key, st, &entry, label = options.name.empty() ? entry.name : options.name,
-               retries = options.max_retries, keep_result, core = core_.get()](Args tuple) {
+               retries = options.max_retries, keep_result, core = live_core.get()](Args tuple) {
     wire::Encoder e;
     wire::encode(e, entry.name);
     wire::encode(e, tuple);

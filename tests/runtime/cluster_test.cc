@@ -4,13 +4,16 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "tests/support/process.h"
 #include "tests/support/raw_client.h"
@@ -616,3 +619,128 @@ TEST_F(ClusterTest, BadResourcesAreConfigErrorsNamingTheKeyAndSchedulingStaysRig
 }
 
 }  // namespace
+
+namespace {
+
+// An embedded cluster (head and node agent in this process) with no warm
+// workers: what the shutdown tests stop.
+troupe::Runtime embedded_runtime() {
+  troupe::InitOptions o;
+  o.node_resources = {{"CPU", 1}};
+  o.worker_pool_size = 0;
+  o.prefill_own_executable = false;
+  return troupe::Runtime::connect(o);
+}
+
+// Whether something accepts TCP connections at HOST:PORT.
+bool accepts(const std::string& address) {
+  auto [host, port] = troupe::wire::parse_address(address);
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  asio::error_code ec;
+  s.connect({asio::ip::make_address(host), port}, ec);
+  return !ec;
+}
+
+// The message of the troupe::Error `f` throws ("" when it throws none).
+template <class F>
+std::string refusal_of(F&& f) {
+  try {
+    f();
+  } catch (const troupe::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// After shutdown() every method says the Runtime is shut down, instead of
+// dereferencing the core it let go (a crash before); shutdown() again and
+// the destructor are no-ops.
+TEST(RuntimeShutdown, CallsAfterShutdownAreRefusedNamingIt) {
+  auto rt = embedded_runtime();
+  const std::string address = rt.address();
+  ASSERT_TRUE(rt.valid());
+  ASSERT_EQ(rt.nodes().size(), 1u);
+  rt.shutdown();
+  EXPECT_FALSE(rt.valid());
+  EXPECT_FALSE(accepts(address)) << "the embedded head still listens at " << address;
+  const std::vector<std::function<void()>> calls = {
+      [&] { rt.nodes(); },
+      [&] { rt.status_json(); },
+      [&] { rt.spawn<Counter>({}, 1); },
+      [&] { rt.kill_actor(1); },
+      [&] { rt.actor_info(1); },
+      [&] {
+        rt.create_placement_group({{{"CPU", 1}}}, troupe::PlacementStrategy::kPack);
+      },
+      [&] { rt.put(7); },
+      [&] { rt.address(); },
+      [&] { rt.core(); },
+      [&] { rt.kv().put("k", "v"); },
+  };
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::string why = refusal_of(calls[i]);
+    EXPECT_NE(why.find("shut down"), std::string::npos) << "call " << i << ": '" << why << "'";
+  }
+  rt.shutdown();
+  EXPECT_FALSE(rt.valid());
+}
+
+// A reference to the KV store taken before shutdown refuses afterwards
+// rather than reaching a freed core.
+TEST(RuntimeShutdown, TheKvStoreOfAShutDownRuntimeRefuses) {
+  auto rt = embedded_runtime();
+  troupe::KvStore& kv = rt.kv();
+  kv.put("key", "value");
+  ASSERT_EQ(kv.get("key"), std::optional<std::string>("value"));
+  rt.shutdown();
+  EXPECT_NE(refusal_of([&] { kv.get("key"); }).find("shut down"), std::string::npos);
+}
+
+// Several threads shut one Runtime down while another keeps calling it:
+// each shutdown() returns only once the embedded head has stopped
+// listening, and the caller ends with the shut-down error, not a crash.
+TEST(RuntimeShutdown, ConcurrentShutdownsWaitForTheFirstAndCallsRacingThemFailCleanly) {
+  for (int round = 0; round < 3; ++round) {
+    auto rt = embedded_runtime();
+    const std::string address = rt.address();
+    std::atomic<int> calls{0};
+    std::string caller_error;
+    std::thread caller([&] {
+      try {
+        for (;;) {
+          rt.nodes();
+          ++calls;
+        }
+      } catch (const std::exception& e) {
+        caller_error = e.what();
+      }
+    });
+    ASSERT_TRUE(eventually([&] { return calls.load() > 0; }));
+    std::vector<std::thread> stoppers;
+    std::atomic<int> still_listening{0};
+    for (int i = 0; i < 3; ++i)
+      stoppers.emplace_back([&] {
+        rt.shutdown();
+        if (accepts(address)) ++still_listening;
+      });
+    for (auto& t : stoppers) t.join();
+    caller.join();
+    EXPECT_EQ(still_listening.load(), 0) << "a shutdown() returned while the head still listened (round " << round
+                                         << ")";
+    EXPECT_FALSE(caller_error.empty());
+    EXPECT_FALSE(rt.valid());
+  }
+}
+
+// Assigning a new Runtime over a live one shuts the old one down first.
+TEST(RuntimeShutdown, MoveAssigningOverALiveRuntimeStopsTheOldOne) {
+  auto rt = embedded_runtime();
+  const std::string old_address = rt.address();
+  rt = embedded_runtime();
+  EXPECT_FALSE(accepts(old_address));
+  EXPECT_TRUE(rt.valid());
+  EXPECT_EQ(rt.nodes().size(), 1u);
+}
