@@ -245,6 +245,77 @@ def test_a_stale_actor_handle_is_refused_after_shutdown():
         troupe.shutdown()
 
 
+class _WatchedLock:
+    """troupe's shutdown lock, setting `arrived` when a caller is about to
+    wait for it (a second shutdown(), or an init())."""
+
+    def __init__(self, lock, arrived):
+        self._lock = lock
+        self._arrived = arrived
+
+    def __enter__(self):
+        self._arrived.set()
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self._lock.__exit__(*exc)
+
+
+def test_init_during_another_threads_shutdown_starts_once_the_old_cluster_is_stopped(monkeypatch):
+    # troupe.init() on one thread while another is in troupe.shutdown(): the
+    # new cluster used to start beside the one still stopping. The stop is
+    # held here until init() has been called; the new client must come after.
+    troupe.init(num_cpus=2)
+    real = troupe._state.client
+    entered, release, arrived = (threading.Event() for _ in range(3))
+    order = []
+
+    class HeldClient:
+        def shutdown(self):
+            entered.set()
+            release.wait(120)
+            real.shutdown()
+            order.append("old stopped")
+
+    client_class = troupe._core.Client
+
+    def new_client(*args):
+        order.append("new started")
+        return client_class(*args)
+
+    def start_again():
+        try:
+            troupe.init(num_cpus=2)
+        finally:
+            arrived.set()
+
+    troupe._state.client = HeldClient()
+    stopper = threading.Thread(target=troupe.shutdown, daemon=True)
+    starter = threading.Thread(target=start_again, daemon=True)
+    try:
+        stopper.start()
+        assert entered.wait(60), "shutdown() did not reach the client"
+        monkeypatch.setattr(troupe, "_shutdown_lock", _WatchedLock(troupe._shutdown_lock, arrived))
+        monkeypatch.setattr(troupe._core, "Client", new_client)
+        starter.start()
+        assert arrived.wait(60), "init() neither waited nor returned"
+        release.set()
+        stopper.join(120)
+        starter.join(120)
+        assert not stopper.is_alive() and not starter.is_alive()
+        assert order == ["old stopped", "new started"], order
+        assert troupe.is_initialized()
+        assert troupe.cluster_resources().get("CPU") == 2
+    finally:
+        release.set()
+        for thread in (stopper, starter):
+            if thread.ident is not None:
+                thread.join(120)
+        monkeypatch.undo()
+        real.shutdown()
+        troupe.shutdown()
+
+
 def test_a_second_shutdown_returns_once_the_cluster_is_stopped(monkeypatch):
     # Two threads call troupe.shutdown() at once. The second used to return
     # at once (it found nothing left to stop) while the first was still
@@ -261,18 +332,6 @@ def test_a_second_shutdown_returns_once_the_cluster_is_stopped(monkeypatch):
             real.shutdown()
             stopped.set()
 
-    class WatchedLock:
-        # Says when the second shutdown() is about to wait for the first.
-        def __init__(self, lock):
-            self._lock = lock
-
-        def __enter__(self):
-            arrived.set()
-            return self._lock.__enter__()
-
-        def __exit__(self, *exc):
-            return self._lock.__exit__(*exc)
-
     seen = {}
 
     def second():
@@ -288,7 +347,7 @@ def test_a_second_shutdown_returns_once_the_cluster_is_stopped(monkeypatch):
     try:
         first.start()
         assert entered.wait(60), "the first shutdown() did not reach the client"
-        monkeypatch.setattr(troupe, "_shutdown_lock", WatchedLock(getattr(troupe, "_shutdown_lock", None)),
+        monkeypatch.setattr(troupe, "_shutdown_lock", _WatchedLock(getattr(troupe, "_shutdown_lock", None), arrived),
                             raising=False)
         late.start()
         assert arrived.wait(60), "the second shutdown() neither waited nor returned"

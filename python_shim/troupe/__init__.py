@@ -122,7 +122,9 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, ignore_r
     if address and node:
         raise exceptions.ConfigError("num_cpus, num_gpus and resources describe an embedded cluster; "
                                      f"not allowed with address={address!r}")
-    with _lock:
+    # After a shutdown() under way on another thread: the new session starts
+    # once the old cluster is stopped, not beside it.
+    with _shutdown_lock, _lock:
         if _state is not None:
             if ignore_reinit_error:
                 return
