@@ -237,6 +237,24 @@ def test_a_group_the_cluster_can_never_hold_fails_at_once(tmp_path, monkeypatch)
         assert time.monotonic() - begin < 20, scaling
 
 
+def test_parts_of_gpus_are_counted_per_gpu_as_the_head_places_them():
+    # A worker's part of a GPU comes out of one GPU. Counting 0.4 GPU on a
+    # node of 2 GPUs as 5 workers (2 / 0.4) made an elastic group ask for 5
+    # and wait out PLACEMENT_TIMEOUT_S for a fifth that never fits.
+    def fits(res, *totals):
+        return trainer_module._workers_that_fit(res, [{"Resources": t} for t in totals])
+
+    assert fits({"GPU": 0.4}, {"GPU": 2}) == 4
+    assert fits({"GPU": 0.4, "CPU": 1}, {"GPU": 2, "CPU": 3}) == 3
+    assert fits({"GPU": 0.3}, {"GPU": 1}, {"GPU": 3}) == 3 + 9
+    assert fits({"GPU": 0.1}, {"GPU": 1}) == 10
+    assert fits({"GPU": 0.25}, {"GPU": 2}) == 8
+    assert fits({"GPU": 0.5}, {"GPU": 0}) == 0
+    assert fits({"GPU": 2}, {"GPU": 3}) == 1
+    assert fits({"CPU": 0.3}, {"CPU": 1}) == 3
+    assert fits({"CPU": 0}, {"CPU": 1}) is None
+
+
 def test_a_group_that_fits_but_finds_the_cluster_busy_waits(tmp_path, monkeypatch):
     # Two workers fit the cluster's 4 CPUs, but 3 are taken: placing waits
     # (for PLACEMENT_TIMEOUT_S, short here) instead of failing as never fitting.

@@ -84,9 +84,27 @@ def _workers_that_fit(res, nodes):
     asked = {k: float(v) for k, v in res.items() if v > 0}
     if not asked:
         return None
-    # A little slack for amounts that are sums of fractions (0.1 * 3).
-    return sum(min(int(float(n.get("Resources", {}).get(k, 0)) / v + 1e-9) for k, v in asked.items())
+    return sum(min(_fits_on_node(k, v, float(n.get("Resources", {}).get(k, 0))) for k, v in asked.items())
                for n in nodes)
+
+
+def _fits_on_node(key, amount, total):
+    """How many workers asking `amount` of `key` a node holding `total`
+    places. A part of a GPU comes out of one GPU (the head never splits a
+    worker over two), so 0.4 GPU fits twice on each GPU, not 5 times on 2
+    GPUs; shares are taken as the head's scheduler takes them, down to its
+    1e-9 slack, so that 10 workers of 0.1 fit on one GPU."""
+    if key == "GPU" and amount < 1 - _EPS:
+        per_gpu, free = 0, 1.0
+        while free + _EPS >= amount:
+            free -= amount
+            per_gpu += 1
+        return int(total + _EPS) * per_gpu
+    # A little slack for amounts that are sums of fractions (0.1 * 3).
+    return int(total / amount + _EPS)
+
+
+_EPS = 1e-9  # the head scheduler's slack (runtime/head/scheduler.cc)
 
 
 def _amounts(resources, keys=None):
