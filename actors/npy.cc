@@ -150,7 +150,7 @@ NpyArray NpyArray::open_raw(const std::string& path, torch::ScalarType dtype, bo
 
 NpyArray NpyArray::from_image(const std::string& path, std::shared_ptr<const Mapping> mapping, size_t offset,
                               size_t size, bool allow_unsigned) {
-  const auto* image = static_cast<const std::byte*>(mapping->base) + offset;
+  const auto* image = mapping->bytes() + offset;
   const NpyFormat format = parse_npy_format(image, size, path);
   NpyHeader header = to_header(format, path, allow_unsigned);
   (void)npy_data_bytes(format, size, path);
@@ -158,9 +158,17 @@ NpyArray NpyArray::from_image(const std::string& path, std::shared_ptr<const Map
   return NpyArray(path, std::move(header), std::move(mapping));
 }
 
+NpyArray NpyArray::from_header(const std::string& path, const std::byte* head, size_t head_size, size_t size,
+                               std::shared_ptr<const Mapping> mapping, bool allow_unsigned) {
+  const NpyFormat format = parse_npy_format(head, head_size, path);
+  NpyHeader header = to_header(format, path, allow_unsigned);
+  (void)npy_data_bytes(format, size, path);
+  return NpyArray(path, std::move(header), std::move(mapping));
+}
+
 int64_t NpyArray::rows() const { return header_.shape.empty() ? 1 : header_.shape[0]; }
 
-const std::byte* NpyArray::data() const { return static_cast<const std::byte*>(mapping_->base) + header_.data_offset; }
+const std::byte* NpyArray::data() const { return mapping_->bytes() + header_.data_offset; }
 
 size_t NpyArray::nbytes() const { return npy_element_count(header_.shape, path_) * torch::elementSize(header_.dtype); }
 

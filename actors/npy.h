@@ -79,6 +79,11 @@ class NpyArray {
   // The .npy image at mapping[offset, offset + size).
   static NpyArray from_image(const std::string& path, std::shared_ptr<const Mapping> mapping, size_t offset,
                              size_t size, bool allow_unsigned);
+  // An image of `size` bytes of which only the first `head_size` (`head`,
+  // holding at least the .npy header) are at hand; its bytes come from
+  // `mapping` when first read (a lazily inflated .npz member).
+  static NpyArray from_header(const std::string& path, const std::byte* head, size_t head_size, size_t size,
+                              std::shared_ptr<const Mapping> mapping, bool allow_unsigned);
 
   std::string path_;
   NpyHeader header_;

@@ -62,5 +62,10 @@ std::vector<NpzMember> read_npz_directory(const std::byte* base, size_t size, co
 // against what deflate can produce from its compressed size before any
 // memory is taken.
 std::vector<std::byte> inflate_npz_member(const std::byte* archive, const NpzMember& m, const std::string& path);
+// The first min(bytes, m.uncompressed) bytes of a deflated member, inflated
+// (enough for its .npy header without inflating the array). The same checks
+// as inflate_npz_member; a stream that ends early is corrupt.
+std::vector<std::byte> inflate_npz_prefix(const std::byte* archive, const NpzMember& m, const std::string& path,
+                                          uint64_t bytes);
 
 }  // namespace troupe::actors

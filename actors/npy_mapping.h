@@ -5,7 +5,9 @@
 #include <sys/mman.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,10 +20,27 @@ struct NpyArray::Mapping {
   // ("npy file", "npz file", "raw token file": what the caller reads it as).
   static std::shared_ptr<Mapping> map(const std::string& path, const std::string& kind);
 
+  // The bytes: `base`, or for a lazy mapping `fill`'s result, made on the
+  // first call (from any thread; a throwing fill is retried next time).
+  const std::byte* bytes() const {
+    if (!lazy) return static_cast<const std::byte*>(base);
+    std::call_once(filled, [this] {
+      owned = fill();
+      fill = nullptr;  // and what it held (the archive's mapping)
+    });
+    return owned.data();
+  }
+
   void* base = nullptr;
   size_t size = 0;
   bool mapped = false;  // base came from mmap
-  std::vector<std::byte> owned;
+  // A deflated .npz member is inflated only when its data is first read:
+  // a process that only asks for shapes (a driver counting samples, a
+  // trainer fed by loaders) holds no inflated copy.
+  bool lazy = false;
+  mutable std::function<std::vector<std::byte>()> fill;
+  mutable std::once_flag filled;
+  mutable std::vector<std::byte> owned;
   ~Mapping() {
     if (mapped) munmap(base, size);
   }

@@ -3,6 +3,7 @@
 // members, zip64 records (NumPy forces them), no encryption, no spanning.
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -131,23 +132,30 @@ uint64_t member_data(const ZipReader& z, const Member& m, const std::string& pat
 
 }  // namespace
 
-std::vector<std::byte> inflate_npz_member(const std::byte* archive, const NpzMember& m, const std::string& path) {
+namespace {
+
+// Inflates m's first `want` bytes (all of it when want == m.uncompressed,
+// which must then end the stream exactly).
+std::vector<std::byte> inflate_npz(const std::byte* archive, const NpzMember& m, const std::string& path,
+                                   uint64_t want) {
   if (m.uncompressed > (uint64_t(1) << 40)) fail(path, "member '" + m.name + "' is too large to inflate");
   // Deflate expands at most 1032-fold: a larger claim is a corrupt (or
   // hostile) directory, refused before the memory is taken.
   if (m.uncompressed / kMaxDeflateRatio > m.compressed + 1)
     fail(path, "member '" + m.name + "' claims " + std::to_string(m.uncompressed) + " bytes inflated from " +
                    std::to_string(m.compressed) + ", more than deflate can produce");
+  const bool whole = want == m.uncompressed;
   const std::byte* data = archive + m.data_offset;
-  std::vector<std::byte> out(m.uncompressed);
+  std::vector<std::byte> out(want);
   z_stream s{};
   if (inflateInit2(&s, -MAX_WBITS) != Z_OK) fail(path, "zlib could not start");
   s.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(data));
   s.next_out = reinterpret_cast<Bytef*>(out.data());
-  uint64_t in_left = m.compressed, out_left = m.uncompressed;
+  uint64_t in_left = m.compressed, out_left = want;
   int rc = Z_OK;
   // zlib counts in uInt: feed and drain in chunks for members over 4 GiB.
-  while (rc == Z_OK) {
+  // A prefix is done once its bytes are out.
+  while (rc == Z_OK && (whole || out_left > 0)) {
     const uInt chunk = std::numeric_limits<uInt>::max();
     s.avail_in = in_left > chunk ? chunk : static_cast<uInt>(in_left);
     s.avail_out = out_left > chunk ? chunk : static_cast<uInt>(out_left);
@@ -158,10 +166,21 @@ std::vector<std::byte> inflate_npz_member(const std::byte* archive, const NpzMem
     if (rc == Z_OK && in0 == s.avail_in && out0 == s.avail_out) rc = Z_BUF_ERROR;
   }
   inflateEnd(&s);
-  if (rc != Z_STREAM_END || out_left != 0) fail(path, "member '" + m.name + "': corrupt deflate data");
+  if (out_left != 0 || (whole && rc != Z_STREAM_END) || (!whole && rc != Z_OK && rc != Z_STREAM_END))
+    fail(path, "member '" + m.name + "': corrupt deflate data");
   return out;
 }
 
+}  // namespace
+
+std::vector<std::byte> inflate_npz_member(const std::byte* archive, const NpzMember& m, const std::string& path) {
+  return inflate_npz(archive, m, path, m.uncompressed);
+}
+
+std::vector<std::byte> inflate_npz_prefix(const std::byte* archive, const NpzMember& m, const std::string& path,
+                                          uint64_t bytes) {
+  return inflate_npz(archive, m, path, std::min(bytes, m.uncompressed));
+}
 
 std::vector<NpzMember> read_npz_directory(const std::byte* base, size_t size, const std::string& path) {
   ZipReader z(base, size, path);

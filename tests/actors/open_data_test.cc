@@ -5,8 +5,12 @@
 // uint16 .bin and uint32 .npy).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -156,6 +160,48 @@ TEST_F(FileData, NpzStoredAndCompressedAndNpyByKey) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("'b' has 7 rows"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+// This process's resident memory in MiB.
+double resident_mib() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+}  // namespace
+
+// A compressed member is inflated when its data is first read, not when the
+// archive is opened: counting samples (the driver) or being fed by loaders
+// (a trainer) used to cost a whole inflated copy of the data set.
+TEST_F(FileData, ACompressedArrayIsInflatedOnlyWhenItsDataIsRead) {
+  if (!python_has_numpy()) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
+  run_python(
+      "import numpy as np\n"
+      "x = np.zeros((65536, 256), dtype=np.float32)\n"  // 64 MiB
+      "x[-1] = np.arange(256)\n"
+      "np.savez_compressed('" +
+      path("big.npz") + "', input=x, target=np.arange(65536) % 7)\n");
+  const double before = resident_mib();
+  auto ds = make_dataset(DatasetSpec("npz").set("path", path("big.npz")));
+  ASSERT_EQ(ds->size(), 65536);
+  const double opened = resident_mib();
+  EXPECT_LT(opened - before, 24) << "opening the archive took " << opened - before << " MiB";
+  auto last = ds->get(65535);
+  EXPECT_TRUE(torch::equal(last.at("input"), torch::arange(256, torch::kFloat)));
+  EXPECT_EQ(last.at("target").item<int64_t>(), 65535 % 7);
+  EXPECT_GT(resident_mib() - before, 56) << "the 64 MiB array was not inflated when read";
+  // Many threads reading at once inflate it once and all see it.
+  std::vector<std::thread> readers;
+  std::atomic<int> right{0};
+  auto again = make_dataset(DatasetSpec("npz").set("path", path("big.npz")));
+  for (int t = 0; t < 4; ++t)
+    readers.emplace_back([&] {
+      if (torch::equal(again->get(65535).at("input"), torch::arange(256, torch::kFloat))) ++right;
+    });
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(right.load(), 4);
 }
 
 TEST_F(FileData, NotAZipIsNamed) {
