@@ -35,6 +35,8 @@
 //                                 [--steps 60] [--warmup 5] [--no-peer]
 //                                 [--bucket-mb 25] [--compression none|bf16|fp16]
 //                                 [--tcp]   (Gloo over TCP even on one host)
+//                                 [--worker-pool-size 2]   (0: trainers start cold, and no
+//                                 warm worker is started again while they train)
 //                                 [--peer-timeout 600]
 //                                 [--lm-block 128] [--lm-width 128] [--lm-layers 4]
 //                                 [--lm-heads 4] [--lm-batch 16] [--lm-steps 20] [--lm-repeats 3]
@@ -285,6 +287,7 @@ int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);
   Args a;
   bool tcp = false;
+  uint32_t pool_size = 2;
   CLI::App app{"data-parallel training throughput: troupe's TrainerActors vs PyTorch DDP (gloo)"};
   app.add_option("--hidden", a.hidden, "MLP hidden width")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--batch", a.batch, "per-worker batch")->capture_default_str()->check(CLI::PositiveNumber);
@@ -296,6 +299,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "bf16", "fp16"}));
   app.add_flag("--tcp", tcp, "Gloo over loopback TCP even on one host");
+  app.add_option("--worker-pool-size", pool_size, "warm workers the node agent keeps (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
   app.add_flag(
       "--no-peer", [&](int64_t) { a.peer = false; }, "skip the PyTorch DDP peer");
   app.add_option("--peer-timeout", a.peer_timeout_s, "seconds the DDP peer gets, start to result")
@@ -331,6 +337,7 @@ int main(int argc, char** argv) {
   a.shared_memory = !tcp;
   troupe::testing::LocalClusterOptions lo;
   lo.nodes = {{{"CPU", static_cast<double>(a.workers)}}};
+  lo.worker_pool_size = pool_size;
   troupe::testing::LocalCluster cluster(lo);
   auto rt = cluster.connect();
   if (a.mlp) {
