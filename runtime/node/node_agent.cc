@@ -86,7 +86,8 @@ class NodeAgent::Impl {
     (void)core::malloc_policy_from_env();
     // A daemon agent (its output a file) gives each worker a log file of its
     // own beside it, which `troupe logs ACTOR` reads.
-    if (const std::string own = core::own_log_file(); !own.empty() && opts_.worker_pool.log_dir.empty())
+    if (const std::string own = core::own_log_file();
+        opts_.worker_logs_beside_own_output && !own.empty() && opts_.worker_pool.log_dir.empty())
       opts_.worker_pool.log_dir = std::filesystem::path(own).parent_path().string();
     if (opts_.resources.empty()) opts_.resources = detect_resources({});
     choose_addresses(opts_);
@@ -322,7 +323,9 @@ class NodeAgent::Impl {
         if (c.path.empty()) throw ConfigError("node " + std::to_string(node_id_) + "'s output is not a file");
       } else if (req.target == "worker") {
         if (opts_.worker_pool.log_dir.empty())
-          throw ConfigError("node " + std::to_string(node_id_) + " keeps no worker log files (its output is no file)");
+          throw ConfigError("node " + std::to_string(node_id_) +
+                            " keeps no worker log files (its output is no file, or it runs inside a driver, whose "
+                            "output its workers share)");
         c.path = worker_log_path(opts_.worker_pool.log_dir, static_cast<pid_t>(req.id));
       } else {
         throw ConfigError("read log: unknown target '" + req.target + "' at the node");

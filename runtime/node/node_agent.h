@@ -34,6 +34,12 @@ struct NodeOptions {
   // Never 0.0.0.0.
   std::string advertise_host;
   std::string session_dir;  // workers' logs go here when set
+  // A daemon agent (`troupe start`, a LocalCluster's) whose output is a
+  // file gives each worker a log file beside it (what `troupe logs ACTOR`
+  // reads). An agent embedded in a driver does not: its workers write to
+  // the driver's output, and a driver run as `prog > out.log` (a batch
+  // job's output) leaves no worker-PID.log files beside out.log.
+  bool worker_logs_beside_own_output = false;
   // Warm workers per executable and their idle timeout; the pool of this
   // agent's own executable is filled at start.
   WorkerPoolOptions worker_pool;
