@@ -14,6 +14,7 @@
 
 #include "troupe/actors/dataset.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/model.h"
 #include "yaml_to_json.h"
 
@@ -97,6 +98,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"grad_clip", field(&TrainOptions::grad_clip)},
       {"max_failures", field(&TrainOptions::max_failures)},
       {"checkpoint_dir", field(&TrainOptions::checkpoint_dir)},
+      {"resume", field(&TrainOptions::resume)},
       {"metrics", field(&TrainOptions::metrics)},
       {"address", field(&TrainOptions::address)},
       {"seed", field(&TrainOptions::seed)},
@@ -204,6 +206,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (0 = off)");
   app.add_option("--max-failures", o.max_failures, "trainer failures healed before giving up (-1 = no limit)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (model.pt loads with torch.load)");
+  app.add_flag("--resume", o.resume,
+               "go on from the latest checkpoint in --checkpoint-dir (from step 0 when there is none); without it a "
+               "--checkpoint-dir that holds checkpoints is refused");
   app.add_option("--metrics", o.metrics, "JSON lines: one per step, epoch and event");
   app.add_option("--address", o.address, "HOST:PORT of a running cluster (default: an embedded one)");
   app.add_option("--seed", o.seed, "seeds the sampler's shuffle");
@@ -425,6 +430,16 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
   c.trainer.schedule.warmup_steps = o.warmup_steps;
   c.trainer.schedule.decay = o.schedule;
   c.trainer.schedule.min_factor = o.min_lr_factor;
+  if (fs::is_directory(o.checkpoint_dir)) {
+    if (auto latest = trainer::latest_checkpoint(o.checkpoint_dir)) {
+      if (!o.resume)
+        throw ConfigError(
+            "--checkpoint-dir " + o.checkpoint_dir + " already holds a checkpoint (" +
+            fs::path(latest->path).filename().string() + ", step " + std::to_string(latest->step) +
+            "): add --resume (a job file's \"resume\": true) to go on from it, or name another directory");
+      c.resume_from = latest->path;
+    }
+  }
   const int64_t per_epoch = steps_per_epoch(o, c.trainer.data);
   if (!o.val_data.empty() && actors::make_dataset(c.trainer.validation_data)->size() <= 0)
     throw ConfigError("--val-data " + o.val_data + " holds no samples");

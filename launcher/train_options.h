@@ -47,6 +47,11 @@ struct TrainOptions {
   double grad_clip = 0.0;  // 0 = off
   int64_t max_failures = 0;
   std::string checkpoint_dir;
+  // Go on from the latest checkpoint in checkpoint_dir (from step 0 when it
+  // holds none). Without it a checkpoint_dir that holds checkpoints is
+  // refused: a second run writing there would mix its steps with the first
+  // run's, and pruning could keep the wrong ones.
+  bool resume = false;
   std::string metrics;  // JSON lines, "" = none
   std::string address;  // "" = an embedded cluster of this machine
   int64_t seed = 0;
@@ -91,7 +96,9 @@ void make_checkpoint_dir(const TrainOptions& o);
 // The job: a token-stream or .npz data set, and for a cosine schedule its
 // total steps, counted from the training data's size (opened here; nothing
 // is read but its header). Data too small for one step of --workers ×
-// --batch-size, or an empty --val-data, is refused.
+// --batch-size, or an empty --val-data, is refused; so is a --checkpoint-dir
+// holding a checkpoint without --resume (with it, resume_from is set to
+// the latest one).
 trainer::TrainJobConfig to_job_config(const TrainOptions& o);
 
 }  // namespace troupe::launcher

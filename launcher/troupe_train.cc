@@ -7,12 +7,23 @@
 // or non-zero with one line `troupe train: <reason>`: 2 for bad input, 1 for
 // a run that failed. The trainers it spawns run this same executable.
 //
+// SIGINT or SIGTERM (Ctrl-C, a batch system's time limit) stops the job at
+// the next step boundary (within --log-every steps) with a checkpoint of the
+// step reached, and exits 128 + the signal; the same command with --resume
+// goes on from there. A second signal ends the driver at once.
+//
 //   troupe train --model step.pt --data train.npz --workers 2 --epochs 3
 //                --batch-size 64 --optimizer adamw --lr 1e-3 --checkpoint-dir ckpt
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "train_options.h"
@@ -61,11 +72,71 @@ void print_summary(const troupe::trainer::Result& r) {
   std::fflush(stdout);
 }
 
-int run(const TrainOptions& o, troupe::trainer::TrainJobConfig cfg) {
+// SIGINT and SIGTERM, taken by a thread of their own (blocked in every
+// other thread, and so never the default "die at once"): the first asks the
+// job to stop at its next step boundary, a second ends the process now.
+class StopSignals {
+ public:
+  StopSignals() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    // Before any other thread exists, so that all of them inherit the mask
+    // (workers the embedded agent spawns get a clear mask: process.cc).
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    waiter_ = std::thread([this] { wait(); });
+  }
+  ~StopSignals() {
+    done_ = true;
+    pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes sigwait
+    waiter_.join();
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  bool requested() const { return signal_.load() != 0; }
+  int signal() const { return signal_.load(); }
+
+ private:
+  static const char* name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+  void wait() {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set_, &sig) != 0 || done_) return;
+      if (signal_.exchange(sig) != 0) {
+        std::fprintf(stderr, "troupe train: %s again: stopping now, without a checkpoint\n", name(sig));
+        std::fflush(stderr);
+        ::_exit(128 + sig);
+      }
+      std::fprintf(stderr,
+                   "troupe train: %s: stopping after the current round of steps, with a checkpoint (again to stop "
+                   "at once)\n",
+                   name(sig));
+      std::fflush(stderr);
+    }
+  }
+
+  sigset_t set_;
+  std::atomic<int> signal_{0};
+  std::atomic<bool> done_{false};
+  std::thread waiter_;
+};
+
+int run(const TrainOptions& o, troupe::trainer::TrainJobConfig cfg, const StopSignals& stop) {
   troupe::Runtime rt = connect(o);
+  cfg.stop_requested = [&stop] { return stop.requested(); };
   troupe::trainer::Result r = troupe::trainer::TrainJob(rt, std::move(cfg)).fit();
-  print_summary(r);
-  return 0;
+  if (!r.interrupted) {
+    print_summary(r);
+    return 0;
+  }
+  std::printf("troupe train: interrupted at step %lld", static_cast<long long>(r.steps));
+  if (r.last_checkpoint)
+    std::printf(", checkpoint %s; the same command with --resume goes on from it\n", r.last_checkpoint->path.c_str());
+  else
+    std::printf(" (no checkpoint written)\n");
+  std::fflush(stdout);
+  return 128 + stop.signal();
 }
 
 }  // namespace
@@ -76,6 +147,10 @@ int main(int argc, char** argv) {
   // lines (actors placed, stopped at the end) only when asked for. The
   // cluster's processes inherit this.
   setenv("TROUPE_LOG_LEVEL", "error", /*overwrite=*/0);
+  // Progress lines reach a log file (a batch job's output) as they are
+  // printed, not when a buffer fills or the job ends.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  StopSignals stop;
   TrainOptions o;
   troupe::trainer::TrainJobConfig cfg;
   try {
@@ -88,8 +163,12 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return fail(2, e.what());
   }
+  if (!cfg.resume_from.empty())
+    std::printf("troupe train: resuming from %s\n", cfg.resume_from.c_str());
+  else if (o.resume)
+    std::printf("troupe train: --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir.c_str());
   try {
-    return run(o, std::move(cfg));
+    return run(o, std::move(cfg), stop);
   } catch (const troupe::ConfigError& e) {
     return fail(2, e.what());
   } catch (const std::exception& e) {

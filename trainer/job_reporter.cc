@@ -33,6 +33,8 @@ const char* to_string(JobEventKind kind) {
       return "epoch";
     case JobEventKind::kFinished:
       return "finished";
+    case JobEventKind::kInterrupted:
+      return "interrupted";
     case JobEventKind::kFailed:
       return "failed";
     case JobEventKind::kFailure:
@@ -161,6 +163,7 @@ void JobReporter::event(JobEventKind kind, const std::string& detail) {
     list.push_back({{"t", e.time}, {"kind", to_string(kind)}, {"detail", detail}, {"step", at.step}});
     if (kind == JobEventKind::kFailure) doc_["recoveries"] = doc_["recoveries"].get<int64_t>() + 1;
     if (kind == JobEventKind::kFinished) doc_["state"] = "finished";
+    if (kind == JobEventKind::kInterrupted) doc_["state"] = "interrupted";
     if (kind == JobEventKind::kFailed) {
       doc_["state"] = "failed";
       doc_["recoveries"] = doc_["recoveries"].get<int64_t>() - 1;  // the last failure was not survived

@@ -188,11 +188,12 @@ Run::Run(Runtime& rt, const TrainJobConfig& cfg)
       consumed_(cfg.trainer, cfg.record_indices, sampler_, dataset_size_) {}
 
 Result Run::fit() {
+  // First, so that the metrics file has every event (resume_from too).
+  reporter_.open_metrics();
   // Checks that need no trainer.
   std::optional<TrainState> resume = load_resume_from();
   // A job that can never be placed fails now, naming the resource.
   pool_.check_can_place(min_);
-  reporter_.open_metrics();
   reporter_.publish_to(&rt_.kv());  // the head's dashboard and /metrics
   if (!cfg_.checkpoint.dir.empty())
     writer_ = std::make_unique<CheckpointWriter>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
@@ -278,7 +279,7 @@ Result Run::finish() {
   result_.steps = gang_.step();
   result_.final_world_size = gang_.world();
   result_.consumed = consumed_.by_epoch();
-  event(JobEventKind::kFinished, "step " + std::to_string(gang_.step()));
+  if (!result_.interrupted) event(JobEventKind::kFinished, "step " + std::to_string(gang_.step()));
   result_.events = reporter_.events();
   return std::move(result_);
 }
@@ -297,6 +298,16 @@ void Run::give_up(const std::string& why) {
 JobStatus Run::step_boundary() {
   if (stopped_ || gang_.cursor().epoch >= cfg_.epochs) {
     if (sums_.epoch >= 0) end_epoch();
+    return JobStatus::kDone;
+  }
+  if (cfg_.stop_requested && cfg_.stop_requested()) {
+    // Mid-epoch: no epoch summary nor evaluation; the checkpoint holds the
+    // cursor, so a resume goes on from this very step.
+    result_.interrupted = true;
+    event(JobEventKind::kInterrupted, "at step " + std::to_string(gang_.step()) + ", epoch " +
+                                          std::to_string(gang_.cursor().epoch + 1) + " of " +
+                                          std::to_string(cfg_.epochs));
+    checkpoint({{"train_loss", sums_.samples ? sums_.loss_sum / sums_.samples : 0.0}});
     return JobStatus::kDone;
   }
   maybe_grow();

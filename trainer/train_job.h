@@ -172,6 +172,12 @@ struct TrainJobConfig {
   // Called on the driver's thread at every step boundary it sees (after
   // each round of train() calls); fault injection and live plots hook here.
   std::function<void(const StepInfo&)> on_step;
+  // Polled on the driver's thread at every step boundary: true stops the
+  // job there, early. It checkpoints the step reached (with checkpoint.dir
+  // set; mid-epoch, so resume_from goes on from that very step) and fit()
+  // returns with Result::interrupted. For a driver told to stop by a
+  // signal (troupe train on SIGINT or SIGTERM). Keep it cheap.
+  std::function<bool()> stop_requested;
 };
 
 struct EpochMetrics {
@@ -198,14 +204,15 @@ struct EpochMetrics {
 // in the metrics file's {"kind": "event", "event": ...} lines (read by tools
 // such as examples/elastic_experiment/plot.py: keep it stable).
 enum class JobEventKind {
-  kPlaced,      // "placed": the first slots are placed
-  kResumeFrom,  // "resume_from": TrainJobConfig::resume_from was loaded
-  kStarted,     // "started": trainers set up and grouped
-  kStandby,     // "standby": standby trainers placed
-  kCheckpoint,  // "checkpoint": a checkpoint was submitted
-  kEpoch,       // "epoch": an epoch ended
-  kFinished,    // "finished"
-  kFailed,      // "failed": fit() gives up (JobFailed)
+  kPlaced,       // "placed": the first slots are placed
+  kResumeFrom,   // "resume_from": TrainJobConfig::resume_from was loaded
+  kStarted,      // "started": trainers set up and grouped
+  kStandby,      // "standby": standby trainers placed
+  kCheckpoint,   // "checkpoint": a checkpoint was submitted
+  kEpoch,        // "epoch": an epoch ended
+  kFinished,     // "finished"
+  kInterrupted,  // "interrupted": stopped early (stop_requested)
+  kFailed,       // "failed": fit() gives up (JobFailed)
   // A failure and its recovery, in order:
   kFailure,   // "failure": seen
   kAborted,   // "aborted": group aborted in the survivors
@@ -261,6 +268,8 @@ struct Result {
   int64_t final_world_size = 0;
   // With record_indices: epoch -> the data set indices trained on.
   std::map<int64_t, std::vector<int64_t>> consumed;
+  // Stopped early by TrainJobConfig::stop_requested (steps: where).
+  bool interrupted = false;
 };
 
 // fit() gave up (max_failures exhausted, fewer than min_workers left, a

@@ -98,6 +98,21 @@ def test_killed_trainer_heals_to_the_same_weights(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a), "healed weights differ from the failure-free run's"
 
 
+def test_a_checkpoint_dir_that_holds_a_run_needs_resume(tmp_path):
+    # A second job writing into a directory that holds the first one's
+    # checkpoints would mix their steps; it is refused unless it resumes,
+    # and resuming a finished run has nothing left to train.
+    first = TrainJob(model(), regression(256), checkpoint_dir=str(tmp_path), **JOB).fit()
+    with pytest.raises(ConfigError, match="already holds a checkpoint.*resume"):
+        TrainJob(model(), regression(256), checkpoint_dir=str(tmp_path), **JOB).fit()
+    again = TrainJob(model(), regression(256), checkpoint_dir=str(tmp_path), resume=True, **JOB).fit()
+    assert again.history == []
+    assert any(e["event"] == "resume_from" for e in again.events)
+    assert again.checkpoint is None or os.path.basename(again.checkpoint) == os.path.basename(first.checkpoint)
+    with pytest.raises(ConfigError, match="resume=1 must be a bool"):
+        TrainJob(model(), regression(256), resume=1)
+
+
 def test_bad_input_is_a_config_error_naming_it(tmp_path):
     with pytest.raises(ConfigError, match="loss"):
         TrainJob(Step(loss_key="err2"), regression(64), checkpoint_dir=str(tmp_path), **JOB).fit()

@@ -330,6 +330,75 @@ TEST_F(TrainCliTest, AStoppedTrainerIsKilledAndHealedAfterTheStepTimeout) {
   EXPECT_EQ(metrics_lines(metrics, "step").back()["step"], 64);  // 1024 / (2 × 16) per epoch, 2 epochs
 }
 
+// SIGTERM (a batch system's time limit, or Ctrl-C's SIGINT) mid-run: the
+// job stops at the next round of --log-every steps with a checkpoint of the
+// step reached and exits 143, naming the checkpoint. The directory is then
+// refused without --resume (it would mix two runs' checkpoints); with it the
+// same command goes on from that step and ends with weights bitwise those
+// of a run never interrupted. Progress lines reach the log file while the
+// job runs, and the embedded cluster's workers leave no log files beside it.
+TEST_F(TrainCliTest, SigtermStopsWithACheckpointAndResumeEndsWithTheSameWeights) {
+  write_inputs(dir_, "ok", 2048, 64);
+  auto args = [&](const std::string& ckpt, const std::string& metrics) {
+    return std::vector<std::string>{TROUPE_TRAIN,  "--model",     at("step.pt"), "--data",    at("train.npz"),
+                                    "--workers",   "2",           "--epochs",    "3",         "--batch-size",
+                                    "16",          "--optimizer", "adamw",       "--lr",      "0.005",
+                                    "--log-every", "4",           "--metrics",   at(metrics), "--checkpoint-dir",
+                                    at(ckpt)};
+  };
+  const Outcome whole = run(args("ckpt-whole", "whole.jsonl"), dir_ / "whole.log");
+  ASSERT_EQ(whole.status, 0) << whole.output;
+
+  const fs::path log = dir_ / "cut.log";
+  pid_t pid = spawn(args("ckpt", "cut.jsonl"), log);
+  const bool running =
+      troupe::test::eventually([&] { return metrics_lines(dir_ / "cut.jsonl", "step").size() >= 12; }, 120s);
+  // The first progress line is in the file already, not in a buffer.
+  const std::string early = read_text(log);
+  if (running) ::kill(pid, SIGTERM);
+  const Outcome cut = finish(pid, log);
+  ASSERT_TRUE(running) << cut.output;
+  EXPECT_NE(early.find("[train] 2 trainer(s)"), std::string::npos) << early;
+  ASSERT_EQ(cut.status, 128 + SIGTERM) << cut.output;
+  EXPECT_NE(cut.output.find("interrupted at step"), std::string::npos) << cut.output;
+  EXPECT_NE(cut.output.find("--resume"), std::string::npos) << cut.output;
+  const int64_t stopped_at = metrics_lines(dir_ / "cut.jsonl", "step").back()["step"];
+  EXPECT_LT(stopped_at, 192);  // 2048 / (2 × 16) = 64 steps an epoch, 3 epochs
+  EXPECT_TRUE(fs::exists(
+      dir_ / "ckpt" / ("step-" + std::string(8 - std::to_string(stopped_at).size(), '0') + std::to_string(stopped_at))))
+      << cut.output;
+  bool interrupted = false;
+  for (const auto& e : metrics_lines(dir_ / "cut.jsonl", "event"))
+    interrupted = interrupted || e["event"] == "interrupted";
+  EXPECT_TRUE(interrupted);
+
+  expect_one_line_failure(run(args("ckpt", "again.jsonl"), dir_ / "again.log"), "add --resume");
+
+  auto resume = args("ckpt", "resumed.jsonl");
+  resume.push_back("--resume");
+  const Outcome resumed = run(resume, dir_ / "resumed.log");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
+  const auto steps = metrics_lines(dir_ / "resumed.jsonl", "step");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.front()["step"], stopped_at + 1);
+  EXPECT_EQ(steps.back()["step"], 192);
+  const std::string same = python(dir_,
+                                  "import torch\n"
+                                  "a = torch.load('" +
+                                      at("ckpt-whole/step-00000192/model.pt") +
+                                      "')\n"
+                                      "b = torch.load('" +
+                                      at("ckpt/step-00000192/model.pt") +
+                                      "')\n"
+                                      "print('same' if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)"
+                                      " else 'different')\n");
+  EXPECT_NE(same.find("same"), std::string::npos) << same;
+
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_NE(e.path().filename().string().rfind("worker-", 0), 0u) << "a worker log beside the driver's: " << e.path();
+}
+
 TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   write_inputs(dir_, "ok", 64, 8);
   const std::vector<std::string> ok = {TROUPE_TRAIN,    "--model",          at("step.pt"), "--data",

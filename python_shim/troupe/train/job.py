@@ -39,7 +39,7 @@ _FIELDS = {
     "warmup_steps": int, "grad_clip": float, "max_failures": int, "seed": int, "sync_batchnorm": bool,
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
-    "gpus_per_worker": float, "amp": str, "loader_threads": int, "step_timeout": float,
+    "gpus_per_worker": float, "amp": str, "loader_threads": int, "step_timeout": float, "resume": bool,
 }
 
 
@@ -272,7 +272,10 @@ class TrainJob:
         return None
 
     def stop(self):
-        """Stops a running job (SIGTERM to its driver, then SIGKILL)."""
+        """Stops a running job: SIGTERM to its driver, which checkpoints the
+        step reached and exits (wait() then raises TrainingFailedError
+        naming the checkpoint; resume=True goes on from it); SIGKILL when
+        it has not ended within 10 s."""
         if self._proc and self._proc.poll() is None:
             self._proc.terminate()
             try:
