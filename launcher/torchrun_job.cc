@@ -113,9 +113,14 @@ void print_lines(StreamReader<OutputLine>& reader) {
   }
 }
 
+// The command was told to stop (StopSignals): no restart follows.
+struct Stopped {
+  int signal = 0;
+};
+
 class TorchrunJob {
  public:
-  TorchrunJob(Runtime& rt, const TorchrunOptions& o) : rt_(rt), o_(o) {
+  TorchrunJob(Runtime& rt, const TorchrunOptions& o, const StopSignals* stop) : rt_(rt), o_(o), stop_(stop) {
     run_id_ = o.run_id.empty() ? random_run_id() : o.run_id;
     std::error_code ec;
     cwd_ = std::filesystem::current_path(ec).string();
@@ -142,6 +147,7 @@ class TorchrunJob {
           a = Attempt{};
           form(a, Clock::now() + kRendezvousTimeout);
         }
+        check_stop();
         launch(a, restart);
         out = watch(a);
       } catch (const ConfigError& e) {
@@ -149,6 +155,13 @@ class TorchrunJob {
         release(a);
         say(e.what());
         return 1;
+      } catch (const Stopped& s) {
+        // As torchrun: SIGTERM to every script (a preemption-aware one
+        // checkpoints then), SIGKILL after the grace.
+        stop(a, kFinalGraceMs);
+        release(a);
+        say(std::string("stopped every rank on ") + StopSignals::name(s.signal));
+        return 128 + s.signal;
       }
       stop(a);
       if (out.ok || restart >= o_.max_restarts) release(a);
@@ -184,6 +197,7 @@ class TorchrunJob {
                           " free " + s.resource + "; " + std::to_string(s.nodes) + " have them");
       if (!waiting_said) say("waiting for " + std::to_string(o_.min_nodes) + " node(s) with room for the group");
       waiting_said = true;
+      check_stop();
       std::this_thread::sleep_for(200ms);
     }
   }
@@ -296,13 +310,23 @@ class TorchrunJob {
       size_t r;
       {
         std::unique_lock lock(done->mu);
-        done->cv.wait(lock, [&] { return !done->ranks.empty(); });
+        // Looks at the stop request between exits (the signal thread does
+        // not know this wait).
+        while (!done->cv.wait_for(lock, 100ms, [&] { return !done->ranks.empty(); })) {
+          lock.unlock();
+          check_stop();
+          lock.lock();
+        }
         r = done->ranks.front();
         done->ranks.pop_front();
       }
       out = outcome_of(a, r);
     }
     return out;
+  }
+
+  void check_stop() const {
+    if (stop_ && stop_->requested()) throw Stopped{stop_->signal()};
   }
 
   Outcome outcome_of(Attempt& a, size_t r) {
@@ -321,16 +345,16 @@ class TorchrunJob {
   // Stops every rank (SIGTERM, SIGKILL after the grace) and waits for the
   // scripts to exit; joins the printers. A slot that does not answer, or
   // whose script's end cannot be learnt, marks the group as lost.
-  void stop(Attempt& a) {
+  void stop(Attempt& a, uint32_t grace_ms = kStopGraceMs) {
     std::vector<Future<int32_t>> stops;
     for (auto& s : a.slots) {
       try {
-        stops.push_back(s.control(StopScript{kStopGraceMs, a.restart}));
+        stops.push_back(s.control(StopScript{grace_ms, a.restart}));
       } catch (const std::exception&) {
         a.slot_lost = true;
       }
     }
-    auto deadline = Clock::now() + std::chrono::milliseconds(kStopGraceMs) + 5s;
+    auto deadline = Clock::now() + std::chrono::milliseconds(grace_ms) + 5s;
     auto left = [&] {
       return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()), 0ms);
     };
@@ -389,11 +413,14 @@ class TorchrunJob {
   std::string omp_;
   std::string nccl_async_ = "1";
   uint32_t spare_delay_ms_ = spare_delay_from_env();
+  const StopSignals* stop_ = nullptr;
 };
 
 }  // namespace
 
-int run_torchrun(Runtime& rt, const TorchrunOptions& options) { return TorchrunJob(rt, options).run(); }
+int run_torchrun(Runtime& rt, const TorchrunOptions& options, const StopSignals* stop) {
+  return TorchrunJob(rt, options, stop).run();
+}
 
 Resources torchrun_local_resources(const TorchrunOptions& options) {
   double cores = std::max(1u, std::thread::hardware_concurrency());

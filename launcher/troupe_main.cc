@@ -581,13 +581,16 @@ int cmd_torchrun(const std::vector<std::string>& args) {
                  o.python.find('/') == std::string::npos ? " on PATH" : "");
     return 2;
   }
+  // Before the runtime's threads start, so that they leave the signals to it.
+  tl::StopSignals stop("troupe torchrun", "sending SIGTERM to every rank (SIGKILL after " +
+                                              std::to_string(tl::kFinalGraceMs / 1000) + " s)");
   auto rt = [&] {
     if (!o.address.empty()) return connect_session(o.address);
     troupe::InitOptions io;
     io.node_resources = tl::torchrun_local_resources(o);
     return troupe::init(io);
   }();
-  int rc = tl::run_torchrun(rt, o);
+  int rc = tl::run_torchrun(rt, o, &stop);
   rt.shutdown();
   return rc;
 }

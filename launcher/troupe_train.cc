@@ -14,18 +14,13 @@
 //
 //   troupe train --model step.pt --data train.npz --workers 2 --epochs 3
 //                --batch-size 64 --optimizer adamw --lr 1e-3 --checkpoint-dir ckpt
-#include <pthread.h>
-#include <signal.h>
-#include <unistd.h>
-
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "stop_signals.h"
 #include "train_options.h"
 #include "train_preflight.h"
 #include "troupe/runtime/client/runtime.h"
@@ -72,57 +67,7 @@ void print_summary(const troupe::trainer::Result& r) {
   std::fflush(stdout);
 }
 
-// SIGINT and SIGTERM, taken by a thread of their own (blocked in every
-// other thread, and so never the default "die at once"): the first asks the
-// job to stop at its next step boundary, a second ends the process now.
-class StopSignals {
- public:
-  StopSignals() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
-    // Before any other thread exists, so that all of them inherit the mask
-    // (workers the embedded agent spawns get a clear mask: process.cc).
-    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
-    waiter_ = std::thread([this] { wait(); });
-  }
-  ~StopSignals() {
-    done_ = true;
-    pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes sigwait
-    waiter_.join();
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
-  bool requested() const { return signal_.load() != 0; }
-  int signal() const { return signal_.load(); }
-
- private:
-  static const char* name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
-  void wait() {
-    for (;;) {
-      int sig = 0;
-      if (sigwait(&set_, &sig) != 0 || done_) return;
-      if (signal_.exchange(sig) != 0) {
-        std::fprintf(stderr, "troupe train: %s again: stopping now, without a checkpoint\n", name(sig));
-        std::fflush(stderr);
-        ::_exit(128 + sig);
-      }
-      std::fprintf(stderr,
-                   "troupe train: %s: stopping after the current round of steps, with a checkpoint (again to stop "
-                   "at once)\n",
-                   name(sig));
-      std::fflush(stderr);
-    }
-  }
-
-  sigset_t set_;
-  std::atomic<int> signal_{0};
-  std::atomic<bool> done_{false};
-  std::thread waiter_;
-};
-
-int run(const TrainOptions& o, troupe::trainer::TrainJobConfig cfg, const StopSignals& stop) {
+int run(const TrainOptions& o, troupe::trainer::TrainJobConfig cfg, const troupe::launcher::StopSignals& stop) {
   troupe::Runtime rt = connect(o);
   cfg.stop_requested = [&stop] { return stop.requested(); };
   troupe::trainer::Result r = troupe::trainer::TrainJob(rt, std::move(cfg)).fit();
@@ -150,7 +95,7 @@ int main(int argc, char** argv) {
   // Progress lines reach a log file (a batch job's output) as they are
   // printed, not when a buffer fills or the job ends.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  StopSignals stop;
+  troupe::launcher::StopSignals stop("troupe train", "stopping after the current round of steps, with a checkpoint");
   TrainOptions o;
   troupe::trainer::TrainJobConfig cfg;
   try {

@@ -39,9 +39,14 @@ struct CommandResult {
   pid_t session = -1;
 };
 
-// Runs `args` in a session of its own (so what it leaves running can be
-// found), with stdout and stderr together; bounded by the ctest timeout.
-CommandResult run(const std::vector<std::string>& args) {
+// A command started in a session of its own (so what it leaves running can
+// be found), its stdout and stderr together in a pipe.
+struct Started {
+  pid_t pid = -1;
+  int output = -1;  // the pipe's read end
+};
+
+Started start(const std::vector<std::string>& args) {
   int fds[2];
   EXPECT_EQ(::pipe(fds), 0);
   pid_t pid = ::fork();
@@ -57,17 +62,25 @@ CommandResult run(const std::vector<std::string>& args) {
     ::_exit(127);
   }
   ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+// Reads the command's output to its end and reaps it; bounded by the ctest
+// timeout.
+CommandResult collect(Started c) {
   CommandResult r;
-  r.session = pid;
+  r.session = c.pid;
   std::array<char, 4096> buf;
   ssize_t n;
-  while ((n = ::read(fds[0], buf.data(), buf.size())) > 0) r.output.append(buf.data(), size_t(n));
-  ::close(fds[0]);
+  while ((n = ::read(c.output, buf.data(), buf.size())) > 0) r.output.append(buf.data(), size_t(n));
+  ::close(c.output);
   int st = 0;
-  ::waitpid(pid, &st, 0);
+  ::waitpid(c.pid, &st, 0);
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   return r;
 }
+
+CommandResult run(const std::vector<std::string>& args) { return collect(start(args)); }
 
 std::vector<std::string> torchrun(std::vector<std::string> args) {
   args.insert(args.begin(), {TROUPE_CLI, "torchrun"});
@@ -268,6 +281,30 @@ TEST_F(TorchrunTest, MaxRestartsExhaustedExitsNonZeroAndStopsEveryScript) {
       EXPECT_TRUE(eventually([&] { return !alive(script); })) << "script " << script.pid << " outlived troupe torchrun";
     }
   EXPECT_TRUE(left_in_session(r.session).empty());
+}
+
+// SIGTERM to troupe torchrun (a batch system's time limit, a preemption)
+// reaches every script as torchrun's does, so one that saves its state on
+// SIGTERM gets to; the command then exits 143 without restarting the group
+// and leaves nothing running. It used to die at once and its scripts were
+// killed without a chance to save.
+TEST_F(TorchrunTest, SigtermReachesEveryScriptAndNothingRestarts) {
+  Started c = start(torchrun({"--nproc-per-node", "2", "--max-restarts", "3", "--python", kPython,
+                              kScripts + "/save_on_sigterm.py", out_.string()}));
+  const bool running = eventually([&] { return read_pid(out_ / "pid-0").pid > 0 && read_pid(out_ / "pid-1").pid > 0; });
+  if (running) ::kill(c.pid, SIGTERM);
+  CommandResult r = collect(c);
+  ASSERT_TRUE(running) << r.output;
+  EXPECT_EQ(r.status, 128 + SIGTERM) << r.output;
+  EXPECT_NE(r.output.find("stopped every rank on SIGTERM"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
+  for (auto rank : {"0", "1"}) {
+    std::ifstream saved(out_ / (std::string("saved-") + rank));
+    std::string line;
+    std::getline(saved, line);
+    EXPECT_EQ(line, std::string("rank ") + rank + " saved on signal 15") << r.output;
+  }
+  EXPECT_TRUE(eventually([&] { return left_in_session(r.session).empty(); }));
 }
 
 // Processes whose environment carries TORCHELASTIC_RUN_ID=`run_id` (the

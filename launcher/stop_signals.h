@@ -1,0 +1,68 @@
+// StopSignals: SIGINT and SIGTERM for a launcher command that must stop
+// what it runs in order (troupe train, troupe torchrun) rather than die at
+// once. Construct it first in main, before any thread exists: it blocks the
+// two signals in this thread, so every later thread inherits the mask
+// (processes the runtime spawns get a clear one: runtime/core/process.cc),
+// and takes them on a thread of its own. The first sets requested() and
+// prints `first_note`; a second ends the process at once (128 + signal).
+#pragma once
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+namespace troupe::launcher {
+
+class StopSignals {
+ public:
+  // Lines go to stderr as "<command>: SIGTERM: <first_note>".
+  StopSignals(std::string command, std::string first_note)
+      : command_(std::move(command)), first_note_(std::move(first_note)) {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    waiter_ = std::thread([this] { wait(); });
+  }
+  ~StopSignals() {
+    done_ = true;
+    pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes sigwait
+    waiter_.join();
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  bool requested() const { return signal_.load() != 0; }
+  // The first signal taken (0 = none).
+  int signal() const { return signal_.load(); }
+  static const char* name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+ private:
+  void wait() {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set_, &sig) != 0 || done_) return;
+      if (signal_.exchange(sig) != 0) {
+        std::fprintf(stderr, "%s: %s again: stopping now\n", command_.c_str(), name(sig));
+        std::fflush(stderr);
+        ::_exit(128 + sig);
+      }
+      std::fprintf(stderr, "%s: %s: %s (again to stop at once)\n", command_.c_str(), name(sig), first_note_.c_str());
+      std::fflush(stderr);
+    }
+  }
+
+  const std::string command_;
+  const std::string first_note_;
+  sigset_t set_;
+  std::atomic<int> signal_{0};
+  std::atomic<bool> done_{false};
+  std::thread waiter_;
+};
+
+}  // namespace troupe::launcher
