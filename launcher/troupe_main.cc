@@ -219,7 +219,20 @@ int start_head(const std::string& dir, const Args& a) {
   return 0;
 }
 
-int join_head(const std::string& dir, const Args& a) {
+// An --address flag as the user gave it: "" or "auto" is the session's
+// cluster (the address `troupe start --head` recorded; "" when none).
+std::string session_address(const std::string& dir, const std::string& flag) {
+  if (!flag.empty() && flag != "auto") return flag;
+  return read_session_file(dir, "address");
+}
+
+int join_head(const std::string& dir, const Args& given) {
+  Args a = given;
+  a.address = session_address(dir, given.address);
+  if (a.address.empty()) {
+    std::fprintf(stderr, "troupe start: --address auto: no running cluster in %s (troupe start --head)\n", dir.c_str());
+    return 2;
+  }
   troupe::wire::parse_address(a.address);
   std::string token = token_for(dir);
   if (token.empty()) {
@@ -339,7 +352,7 @@ troupe::Runtime connect_session(const std::string& address_flag) {
   std::string dir = session_dir();
   troupe::core::check_session_dir(dir);
   troupe::InitOptions o;
-  o.address = address_flag.empty() ? read_session_file(dir, "address") : address_flag;
+  o.address = session_address(dir, address_flag);
   o.token = token_for(dir);
   if (o.address.empty()) throw troupe::ConfigError("no running cluster in " + dir + " (troupe start --head)");
   if (!o.token.empty()) troupe::launcher::probe_head(o.address, o.token);
@@ -524,7 +537,7 @@ int cmd_submit(const Args& a) {
   }
   std::string dir = session_dir();
   troupe::core::check_session_dir(dir);
-  std::string address = a.address.empty() ? read_session_file(dir, "address") : a.address;
+  std::string address = session_address(dir, a.address);
   if (address.empty()) {
     std::fprintf(stderr, "troupe submit: no running cluster in %s (troupe start --head)\n", dir.c_str());
     return 2;
@@ -658,7 +671,7 @@ int main(int argc, char** argv) {
                     "brackets); default: --host, or when it is 0.0.0.0 the first non-loopback interface's "
                     "address (127.0.0.1 if none) for a head, the interface that routes to the head for a node");
   start->add_option("--port", a.port, "head port (0 = any)")->capture_default_str()->check(CLI::Range(0, 65535));
-  start->add_option("--address", a.address, "HOST:PORT of the head to join");
+  start->add_option("--address", a.address, "HOST:PORT of the head to join (auto: the session's)");
   start->add_option("--resources", a.resources, "resource overrides, e.g. CPU=2,GPU=0,custom=1");
   start
       ->add_option("--worker-pool-size", a.worker_pool_size,
@@ -708,15 +721,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1u, 100000u));
   auto* status = app.add_subcommand("status", "show nodes, resources and actors");
   status->add_flag("--json", a.json, "machine-readable output");
-  status->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
+  status->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   status->add_option("--state", a.status.state, "list only actors in this state")
       ->check(CLI::IsMember({"PENDING", "ALIVE", "RESTARTING", "DEAD"}));
   status->add_option("--limit", a.status.limit, "list at most N actors, the newest (0 = all)")
       ->check(CLI::Range(0u, 1u << 30));
   auto* stop = app.add_subcommand("stop", "stop the cluster of this session");
-  stop->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
+  stop->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");
-  submit->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
+  submit->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   submit->add_option("command", a.command, "driver command")->required();
   LogsArgs la;
   auto* logs = app.add_subcommand("logs", "print a log of the cluster: the head's, a node agent's, or an actor's");
@@ -725,7 +738,7 @@ int main(int argc, char** argv) {
   logs->add_option("--tail", la.tail, "bytes from the end to start with (and per read)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 4u << 20));
-  logs->add_option("--address", a.address, "HOST:PORT of the head (default: the session's)");
+  logs->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   troupe::launcher::SlurmOptions so;
   auto* slurm = app.add_subcommand(
       "slurm",

@@ -85,10 +85,11 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   ASSERT_EQ(::stat((dir + "/token").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600);
 
-  auto node = run(std::string(TROUPE_CLI) + " start --address " + address + " --resources CPU=3,GPU=0,disk=1");
+  // `auto`, as drivers spell it, is the session's head for the CLI too.
+  auto node = run(std::string(TROUPE_CLI) + " start --address auto --resources CPU=3,GPU=0,disk=1");
   ASSERT_EQ(node.status, 0) << node.output;
 
-  auto status = run(std::string(TROUPE_CLI) + " status --json");
+  auto status = run(std::string(TROUPE_CLI) + " status --json --address auto");
   ASSERT_EQ(status.status, 0) << status.output;
   auto j = nlohmann::json::parse(status.output);
   ASSERT_EQ(j["nodes"].size(), 2u);
