@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,12 +18,25 @@
 
 namespace troupe::core {
 
+std::optional<spdlog::level::level_enum> parse_log_level(const std::string& name) {
+  std::string n = name;
+  for (auto& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (n == "off") return spdlog::level::off;
+  const auto level = spdlog::level::from_str(n);
+  if (level == spdlog::level::off) return std::nullopt;  // from_str's answer for a name it does not know
+  return level;
+}
+
 void init_logging(const std::string& role) {
   auto logger = spdlog::stderr_color_mt("troupe:" + role + ":" + std::to_string(::getpid()));
   logger->set_pattern("[%H:%M:%S.%e] [" + role + " pid %P] [%^%l%$] %v");
-  const char* level = std::getenv(kEnvLogLevel);
-  logger->set_level(level ? spdlog::level::from_str(level) : spdlog::level::info);
+  const char* value = std::getenv(kEnvLogLevel);
+  const auto level = value ? parse_log_level(value) : std::optional(spdlog::level::info);
+  logger->set_level(level.value_or(spdlog::level::info));
   spdlog::set_default_logger(logger);
+  if (!level)
+    TROUPE_LOG_WARN("{}='{}' is not one of trace, debug, info, warn, error, critical, off: logging at info",
+                    kEnvLogLevel, value);
 }
 
 void init_logging_once(const std::string& role) {

@@ -5,13 +5,20 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
 #include <string>
 
 namespace troupe::core {
 
 // Sets the role shown in every log line of this process and the level from
-// TROUPE_LOG_LEVEL (trace, debug, info, warn, error; default info).
+// TROUPE_LOG_LEVEL (trace, debug, info, warn, error; default info). A value
+// that is none of them logs at info, and says so in a warning naming it.
 void init_logging(const std::string& role);
+
+// A TROUPE_LOG_LEVEL value, any case: trace, debug, info, warn or warning,
+// error or err, critical, off. nullopt for anything else (spdlog's own
+// parser maps an unknown name to "off", which would silence errors too).
+std::optional<spdlog::level::level_enum> parse_log_level(const std::string& name);
 
 // The file this process's stdout goes to (a daemon's log), or "" when it
 // is no regular file (a terminal, a pipe).

@@ -1,0 +1,70 @@
+// TROUPE_LOG_LEVEL: every spelling users write is read, in any case, and a
+// value that is none of them logs at info with a warning naming it. spdlog's
+// own parser turned an unknown name into "off", so TROUPE_LOG_LEVEL=verbose
+// silenced errors too.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "troupe/runtime/core/logging.h"
+
+namespace troupe::core {
+namespace {
+
+TEST(LogLevel, EverySpellingIsReadInAnyCase) {
+  using L = spdlog::level::level_enum;
+  const std::vector<std::pair<std::string, L>> known = {
+      {"trace", L::trace}, {"debug", L::debug},       {"info", L::info}, {"INFO", L::info},
+      {"warn", L::warn},   {"Warning", L::warn},      {"error", L::err}, {"err", L::err},
+      {"ERROR", L::err},   {"critical", L::critical}, {"off", L::off},   {"OFF", L::off}};
+  for (const auto& [name, level] : known) {
+    auto got = parse_log_level(name);
+    ASSERT_TRUE(got.has_value()) << name;
+    EXPECT_EQ(*got, level) << name;
+  }
+  for (const std::string bad : {"verbose", "", "warnings", "1", "inf o"})
+    EXPECT_FALSE(parse_log_level(bad).has_value()) << "'" << bad << "'";
+}
+
+// What a process started with TROUPE_LOG_LEVEL=`value` writes to stderr
+// when it logs an error after init_logging.
+std::string stderr_of_a_process_logging_at(const std::string& value) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    ::setenv("TROUPE_LOG_LEVEL", value.c_str(), 1);
+    init_logging("probe");
+    TROUPE_LOG_ERROR("an error is still heard");
+    spdlog::default_logger()->flush();
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  std::array<char, 1024> buf;
+  ssize_t n;
+  while ((n = ::read(fds[0], buf.data(), buf.size())) > 0) out.append(buf.data(), static_cast<size_t>(n));
+  ::close(fds[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return out;
+}
+
+TEST(LogLevel, AnUnknownValueLogsAtInfoAndNamesItself) {
+  const std::string out = stderr_of_a_process_logging_at("verbose");
+  EXPECT_NE(out.find("TROUPE_LOG_LEVEL='verbose' is not one of"), std::string::npos) << out;
+  EXPECT_NE(out.find("an error is still heard"), std::string::npos) << out;
+  const std::string quiet = stderr_of_a_process_logging_at("off");
+  EXPECT_EQ(quiet.find("an error is still heard"), std::string::npos) << quiet;
+}
+
+}  // namespace
+}  // namespace troupe::core
