@@ -109,6 +109,10 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, ignore_r
     global _state
     if address is None:
         address = os.environ.get("TROUPE_ADDRESS") or None
+    # A Python driver's console is the script's: the runtime's warnings and
+    # errors only (not a line per actor placed or stopped), unless asked
+    # for more with TROUPE_LOG_LEVEL=info. The embedded cluster inherits it.
+    os.environ.setdefault("TROUPE_LOG_LEVEL", "warning")
     if address is not None and not isinstance(address, str):
         raise exceptions.ConfigError(f"address must be 'HOST:PORT' or 'auto', not {address!r}")
     if address is not None and not address.strip():
