@@ -376,6 +376,12 @@ std::optional<HeadState::Allocation> HeadState::allocate(const Actor& a, std::st
   return Allocation{*pick, 0, 0, 0, nodes_.at(*pick).pool.take(a.spec.resources)};
 }
 
+bool HeadState::could_ever_hold(const Resources& req) const {
+  for (const auto& [id, n] : nodes_)
+    if (n.info.alive && fits(n.pool.total(), req)) return true;
+  return false;
+}
+
 // Tries to give `a` a node; true when placed.
 bool HeadState::try_place(Actor& a) {
   if (a.spec.placement_group) {
@@ -391,7 +397,12 @@ bool HeadState::try_place(Actor& a) {
   if (!alloc) {
     if (a.info.pending_reason != reason) {
       a.info.pending_reason = reason;
-      TROUPE_LOG_WARN("actor {} ({}) is {}: {}", a.info.id, a.info.class_name, to_string(a.info.state), reason);
+      // Waiting for a busy cluster is queueing, not a problem: a warning
+      // only when no live node could hold the actor even when idle.
+      if (a.spec.placement_group || could_ever_hold(a.spec.resources))
+        TROUPE_LOG_INFO("actor {} ({}) is {}: {}", a.info.id, a.info.class_name, to_string(a.info.state), reason);
+      else
+        TROUPE_LOG_WARN("actor {} ({}) is {}: {}", a.info.id, a.info.class_name, to_string(a.info.state), reason);
       publish(a);
     }
     return false;

@@ -191,6 +191,8 @@ class HeadState {
   void publish(Actor& a);
   void schedule();
   bool try_place(Actor& a);
+  // Whether some live node holds `req` in total (idle, it could run it).
+  bool could_ever_hold(const Resources& req) const;
   std::optional<Allocation> allocate(const Actor& a, std::string* reason);
   std::optional<Allocation> allocate_in_group(const Actor& a, std::string* reason);
   void start_worker(Actor& a, Allocation alloc);
