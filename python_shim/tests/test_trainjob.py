@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 import troupe  # noqa: E402
 from troupe.exceptions import ConfigError  # noqa: E402
 from troupe.train import TrainJob  # noqa: E402
+from troupe.train.trainer import TrainingFailedError  # noqa: E402
 from conftest import wait_until  # noqa: E402
 
 TRAINER_CLASS = "troupe::trainer::TrainerActor"
@@ -96,6 +97,28 @@ def test_killed_trainer_heals_to_the_same_weights(tmp_path):
     assert len(steps) == len(set(steps))
     a, b = clean.state_dict(), healed.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a), "healed weights differ from the failure-free run's"
+
+
+def test_stop_checkpoints_and_resume_ends_with_the_same_weights(tmp_path):
+    # stop() (SIGTERM to the driver, as a batch system's time limit sends)
+    # ends the job at its next round of steps with a checkpoint there;
+    # resume=True goes on from that step and ends with the weights of a run
+    # never stopped.
+    data = regression(1024)
+    long_job = dict(JOB, epochs=12, log_every=4)
+    clean = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "clean"), **long_job).fit()
+    job = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "cut"), **long_job).start()
+    wait_until(lambda: len(job.progress()) >= 10, timeout=120, what="ten steps")
+    job.stop()
+    with pytest.raises(TrainingFailedError, match=r"interrupted at step \d+, checkpoint .*--resume") as info:
+        job.wait(timeout=60)
+    stopped_at = int(str(info.value).split("interrupted at step ")[1].split(",")[0])
+    assert 10 <= stopped_at < clean.history[-1]["step"]
+    resumed = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "cut"), resume=True, **long_job).fit()
+    assert resumed.history[0]["step"] == stopped_at + 1
+    assert resumed.history[-1]["step"] == clean.history[-1]["step"]
+    a, b = clean.state_dict(), resumed.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the run never stopped"
 
 
 def test_a_checkpoint_dir_that_holds_a_run_needs_resume(tmp_path):

@@ -271,15 +271,16 @@ class TrainJob:
                 return line[len(marker):].split(" (")[0]
         return None
 
-    def stop(self):
+    def stop(self, timeout=30):
         """Stops a running job: SIGTERM to its driver, which checkpoints the
         step reached and exits (wait() then raises TrainingFailedError
         naming the checkpoint; resume=True goes on from it); SIGKILL when
-        it has not ended within 10 s."""
+        it has not ended within `timeout` seconds."""
+        timeout = _timeouts.seconds(timeout, "TrainJob.stop")
         if self._proc and self._proc.poll() is None:
             self._proc.terminate()
             try:
-                self._proc.wait(10)
+                self._proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
