@@ -6,24 +6,15 @@
 #include <gtest/gtest.h>
 
 #include "tests/fuzz/targets.h"
+#include "tests/support/error_text.h"
 #include "troupe/actors/npy_format.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/trainer/checkpoint_manifest.h"
 
+using troupe::test::error_of;
 using troupe::trainer::parse_manifest;
 
 namespace {
-
-// The message of the troupe::Error that f throws ("" when none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const troupe::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::string manifest_with(const std::string& replace, const std::string& with) {
   std::string text = troupe::fuzz::seeds("manifest").at(0);

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "tests/support/error_text.h"
 #include "tests/support/process.h"
 #include "tests/support/raw_client.h"
 #include "tests/support/wait.h"
@@ -642,17 +643,6 @@ bool accepts(const std::string& address) {
   return !ec;
 }
 
-// The message of the troupe::Error `f` throws ("" when it throws none).
-template <class F>
-std::string refusal_of(F&& f) {
-  try {
-    f();
-  } catch (const troupe::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 // After shutdown() every method says the Runtime is shut down, instead of
@@ -681,7 +671,7 @@ TEST(RuntimeShutdown, CallsAfterShutdownAreRefusedNamingIt) {
       [&] { rt.kv().put("k", "v"); },
   };
   for (size_t i = 0; i < calls.size(); ++i) {
-    const std::string why = refusal_of(calls[i]);
+    const std::string why = troupe::test::error_of(calls[i]);
     EXPECT_NE(why.find("shut down"), std::string::npos) << "call " << i << ": '" << why << "'";
   }
   rt.shutdown();
@@ -696,7 +686,7 @@ TEST(RuntimeShutdown, TheKvStoreOfAShutDownRuntimeRefuses) {
   kv.put("key", "value");
   ASSERT_EQ(kv.get("key"), std::optional<std::string>("value"));
   rt.shutdown();
-  EXPECT_NE(refusal_of([&] { kv.get("key"); }).find("shut down"), std::string::npos);
+  EXPECT_NE(troupe::test::error_of([&] { kv.get("key"); }).find("shut down"), std::string::npos);
 }
 
 // Several threads shut one Runtime down while another keeps calling it:
