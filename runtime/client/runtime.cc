@@ -179,7 +179,12 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
   spec.env = options.env;
   head::validate_max_concurrency(options.max_concurrency);
   head::validate_resources(spec.resources, "actor " + spec.class_name + " options");
-  return live()->head().call<ActorInfo>(Op::kCreateActor, spec);
+  auto core = live();
+  auto info = core->head().call<ActorInfo>(Op::kCreateActor, spec);
+  // Waiting for resources: this process's idle task executors may hold them.
+  if (info.state == ActorState::kPending && !info.pending_reason.empty())
+    if (auto tasks = core->find_service<client::TaskSubmitter>()) tasks->release_idle();
+  return info;
 }
 
 client::TaskPlacement Runtime::task_placement(const TaskOptions& options) {
@@ -241,6 +246,9 @@ PlacementGroup Runtime::create_placement_group(const std::vector<Resources>& bun
   pg.core_ = live();
   pg.info_ = pg.core_->head().call<PlacementGroupInfo>(Op::kCreatePlacementGroup, spec);
   pg.bundles_ = bundles.size();
+  // As in create_actor: idle task executors may hold what it waits for.
+  if (pg.info_.state == wire::PlacementGroupState::kPending && !pg.info_.pending_reason.empty())
+    if (auto tasks = pg.core_->find_service<client::TaskSubmitter>()) tasks->release_idle();
   return pg;
 }
 

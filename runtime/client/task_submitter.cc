@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "troupe/runtime/client/task.h"
 #include "troupe/runtime/core/exception_text.h"
@@ -348,7 +349,7 @@ void TaskSubmitter::lease_loop() {
   while (!stopping_) {
     auto period = std::clamp<std::chrono::milliseconds>(options_.idle_release / 4, std::chrono::milliseconds(10),
                                                         std::chrono::milliseconds(250));
-    cv_.wait_for(lock, period, [&] { return stopping_ || !lease_requests_.empty(); });
+    cv_.wait_for(lock, period, [&] { return stopping_ || !lease_requests_.empty() || release_idle_requested_; });
     while (!stopping_ && !lease_requests_.empty()) {
       auto key = std::move(lease_requests_.front());
       lease_requests_.pop_front();
@@ -378,6 +379,8 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
     if (error) {
       failures = fail_queue_locked(*key, error);
     } else {
+      // Waiting for resources: executors of other keys, idle, may hold them.
+      if (info.node_id == 0 && !info.pending_reason.empty()) release_idle_requested_ = true;
       e->client = client;
       e->id = info.id;
       key->executors.push_back(e);
@@ -398,12 +401,14 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
 
 void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
   auto now = Clock::now();
+  const auto idle_for =
+      std::exchange(release_idle_requested_, false) ? Clock::duration::zero() : Clock::duration(options_.idle_release);
   std::vector<uint64_t> idle;
   for (auto& [id, key] : keys_) {
     auto& v = key->executors;
     for (auto it = v.begin(); it != v.end();) {
       Executor& e = **it;
-      if (e.ready && e.inflight == 0 && !e.holds_objects && now - e.idle_since >= options_.idle_release) {
+      if (e.ready && e.inflight == 0 && !e.holds_objects && now - e.idle_since >= idle_for) {
         e.gone = true;
         idle.push_back(e.id);
         it = v.erase(it);
@@ -437,6 +442,14 @@ void TaskSubmitter::kill_executor(uint64_t id) {
     TROUPE_LOG_DEBUG("releasing task executor {}: {}", id, x.what());
   }
   core_.forget_actor(id);
+}
+
+void TaskSubmitter::release_idle() {
+  {
+    std::lock_guard lock(mu_);
+    release_idle_requested_ = true;
+  }
+  cv_.notify_all();
 }
 
 void TaskSubmitter::release_all() {

@@ -10,7 +10,9 @@
 //   pipeline_depth tasks travel to each (batched into few frames);
 // - executors are leased (spawned with the key's resources) while tasks
 //   queue and the cluster can fit more, and released (killed) after
-//   idle_release without work;
+//   idle_release without work, or at once when something this process
+//   creates waits for resources that idle executors may hold
+//   (release_idle);
 // - a task in flight on an executor that dies runs again on another, at
 //   most max_retries times, then fails with WorkerDied naming the cause.
 //
@@ -77,6 +79,11 @@ class TaskSubmitter {
               Complete complete, Fail fail, bool keep_result = false);
   // Releases every executor and stops leasing (before the core closes).
   void release_all();
+  // Releases every executor without work now rather than after
+  // idle_release (on the submitter's thread; returns at once): an actor or
+  // placement group that this process created waits for resources, and
+  // idle executors may be what holds them.
+  void release_idle();
   // Executors leased now, over all keys (ready or starting).
   size_t executor_count() const;
 
@@ -98,6 +105,8 @@ class TaskSubmitter {
   static std::exception_ptr worker_died(const std::string& task, const Executor& e, const std::string& cause);
   void lease_loop();
   void lease_one(const std::shared_ptr<Key>& key);
+  // Releases executors idle for idle_release, or all idle ones after
+  // release_idle().
   void reap_idle(std::unique_lock<std::mutex>& lock);
   void kill_executor(uint64_t id);
 
@@ -110,6 +119,7 @@ class TaskSubmitter {
   // Dead executors whose lost tasks wait for the head's cause of death.
   std::vector<std::shared_ptr<Executor>> awaiting_cause_;
   bool stopping_ = false;
+  bool release_idle_requested_ = false;  // release_idle(): reap_idle takes every idle executor
   std::thread leaser_;
 };
 

@@ -510,8 +510,19 @@ bool HeadState::try_place_group(Group& g) {
   if (!placed) {
     if (g.info.pending_reason != reason) {
       g.info.pending_reason = reason;
-      TROUPE_LOG_WARN("placement group {} ({} bundles, {}) is PENDING: {}", g.info.id, g.spec.bundles.size(),
-                      to_string(g.spec.strategy), reason);
+      // As for actors: a warning only when the live nodes, idle, could not
+      // hold it either.
+      std::vector<NodeView> idle = views;
+      for (auto& v : idle) {
+        v.available = v.total;
+        std::fill(v.gpu_free.begin(), v.gpu_free.end(), 1.0);
+      }
+      if (place_bundles(idle, g.spec.bundles, g.spec.strategy, nullptr))
+        TROUPE_LOG_INFO("placement group {} ({} bundles, {}) is PENDING: {}", g.info.id, g.spec.bundles.size(),
+                        to_string(g.spec.strategy), reason);
+      else
+        TROUPE_LOG_WARN("placement group {} ({} bundles, {}) is PENDING: {}", g.info.id, g.spec.bundles.size(),
+                        to_string(g.spec.strategy), reason);
     }
     return false;
   }

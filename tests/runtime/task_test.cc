@@ -200,6 +200,34 @@ TEST_F(TaskTest, WithoutRetriesTheWorkersDeathIsTheError) {
   EXPECT_GT(rt_.submit(&die_once, {}, marker).get(60s), 0);
 }
 
+// Idle executors hold their CPUs for idle_release; an actor or placement
+// group this process creates, which needs those CPUs, makes them go at once
+// (here idle_release is far longer than the test's bounds).
+TEST_F(TaskTest, IdleExecutorsMakeWayForAnActorOrGroupThatNeedsTheirResources) {
+  auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
+  tasks->set_options({.idle_release = 10min});
+  auto run_two = [&](const std::string& tag) {
+    std::vector<troupe::Future<int64_t>> fs;
+    for (int i = 0; i < 2; ++i) fs.push_back(rt_.submit(&overlap, {.resources = {{"CPU", 1}}}, tag, true));
+    int64_t most = 0;
+    for (auto& f : fs) most = std::max(most, f.get(60s));
+    ASSERT_EQ(most, 2);
+    ASSERT_EQ(tasks->executor_count(), 2u);
+    ASSERT_TRUE(troupe::test::eventually([&] { return rt_.available_resources()["CPU"] == 0; }, 20s));
+  };
+  run_two("before-actor");
+  auto adder = rt_.spawn<Adder>({.resources = {{"CPU", 2}}});
+  EXPECT_EQ(adder.call(&Adder::plus, 2, 3).get(60s), 5);
+  EXPECT_EQ(tasks->executor_count(), 0u);
+  rt_.kill(adder);
+  ASSERT_TRUE(troupe::test::eventually([&] { return rt_.available_resources()["CPU"] == 2; }, 20s));
+
+  run_two("before-group");
+  auto pg = rt_.create_placement_group({{{"CPU", 2}}}, troupe::PlacementStrategy::kPack);
+  EXPECT_TRUE(pg.wait(60s)) << pg.info().pending_reason;
+  EXPECT_EQ(tasks->executor_count(), 0u);
+}
+
 TEST_F(TaskTest, SoakKeepsFdsAndExecutorsBounded) {
   auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
   tasks->set_options({.idle_release = 200ms});
