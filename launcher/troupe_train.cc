@@ -8,7 +8,8 @@
 // a run that failed. The trainers it spawns run this same executable.
 //
 // SIGINT or SIGTERM (Ctrl-C, a batch system's time limit) stops the job at
-// the next step boundary (within --log-every steps) with a checkpoint of the
+// the next step boundary (within --log-every steps or about 5 s,
+// TrainJobConfig::stop_within) with a checkpoint of the
 // step reached, and exits 128 + the signal; the same command with --resume
 // goes on from there. A second signal ends the driver at once.
 //

@@ -169,6 +169,7 @@ class Run {
   std::optional<size_t> open_recovery_;
   EpochSums sums_;
   bool stopped_ = false;  // max_steps reached
+  double step_seconds_ = 0;  // a step's time in the last round (0: none yet)
 };
 
 Run::Run(Runtime& rt, const TrainJobConfig& cfg)
@@ -333,6 +334,12 @@ int64_t Run::round_steps(int64_t remaining) const {
     chunk = std::min(chunk, cfg_.checkpoint.every_steps - step % cfg_.checkpoint.every_steps);
   if (cfg_.progress_every_steps > 0) chunk = std::min(chunk, cfg_.progress_every_steps);
   if (cfg_.max_steps > 0) chunk = std::min(chunk, cfg_.max_steps - step);
+  if (cfg_.stop_requested) {
+    // One step first, while a step's time is unknown.
+    const double budget = std::chrono::duration<double>(cfg_.stop_within).count();
+    const double fit = step_seconds_ > 0 ? budget / step_seconds_ : 1.0;
+    chunk = std::min(chunk, std::max<int64_t>(1, static_cast<int64_t>(std::min(fit, 1e12))));
+  }
   return chunk;
 }
 
@@ -350,6 +357,7 @@ void Run::run_round() {
   }
   sums_.busy += seconds;
   sums_.wait += std::min(wait, seconds);
+  if (steps_now > 0 && seconds > 0) step_seconds_ = seconds / static_cast<double>(steps_now);
   const int64_t samples = account(reps);
   if (open_recovery_ && reps[0].steps > 0) {
     result_.recoveries[*open_recovery_].step_done_at = reporter_.now();

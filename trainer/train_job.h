@@ -178,6 +178,11 @@ struct TrainJobConfig {
   // returns with Result::interrupted. For a driver told to stop by a
   // signal (troupe train on SIGINT or SIGTERM). Keep it cheap.
   std::function<bool()> stop_requested;
+  // With stop_requested set, a round of train() calls (the steps between
+  // two boundaries) is cut to about this long, at least one step, judged
+  // by the last round's time a step; so a stop comes this soon even when
+  // progress_every_steps and checkpoint.every_steps are 0 or far apart.
+  std::chrono::milliseconds stop_within{5000};
 };
 
 struct EpochMetrics {

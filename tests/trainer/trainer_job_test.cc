@@ -207,6 +207,30 @@ TEST_F(TrainJobTest, PeriodicCheckpointsAndMetrics) {
 // A writer process killed (SIGKILL) in the middle of a checkpoint leaves
 // no directory that latest_checkpoint() would pick; nor do directories
 // without a manifest or with a corrupt file.
+// A stop is seen at a step boundary, and rounds are cut to stop_within: with
+// neither progress nor periodic checkpoints (one round would otherwise be
+// the whole epoch) the job stops at the step where it was asked to, with a
+// checkpoint of that step.
+TEST_F(TrainJobTest, StopRequestedStopsWithinARoundOfStopWithin) {
+  auto dir = fresh_dir("stop");
+  auto c = small_job(2, 16);  // 256 samples / (2 × 16) = 8 steps an epoch
+  c.epochs = 2;
+  c.checkpoint.dir = dir.string();
+  c.stop_within = 0ms;  // one step a round
+  int64_t seen = 0;
+  c.on_step = [&](const StepInfo& s) { seen = s.step; };
+  c.stop_requested = [&] { return seen >= 3; };
+  auto r = TrainJob(rt_, c).fit();
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps, 3);
+  ASSERT_TRUE(r.last_checkpoint.has_value());
+  EXPECT_EQ(r.last_checkpoint->step, 3);
+  bool event = false;
+  for (const auto& e : r.events) event = event || e.kind == JobEventKind::kInterrupted;
+  EXPECT_TRUE(event);
+  troupe::core::remove_tree(dir);
+}
+
 TEST_F(TrainJobTest, HalfWrittenCheckpointIsNeverLatest) {
   auto dir = fresh_dir("killed");
   auto w = rt_.spawn<CheckpointLoop>({});
