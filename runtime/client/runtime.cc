@@ -293,8 +293,8 @@ Resources Runtime::cluster_resources() { return sum_over_live(nodes(), &NodeInfo
 Resources Runtime::available_resources() { return sum_over_live(nodes(), &NodeInfo::available); }
 
 std::string Runtime::address() const { return live()->address(); }
-const std::string& Runtime::token() const {
-  // The core lives while this Runtime holds it; the string is the core's.
+std::string Runtime::token() const {
+  // A copy: another thread's shutdown() may let the core go at any time.
   return live()->token();
 }
 

@@ -214,7 +214,7 @@ class Runtime {
   Resources available_resources();
   // HOST:PORT of the head.
   std::string address() const;
-  const std::string& token() const;
+  std::string token() const;
   // False once shut down (or when default-constructed or moved from).
   bool valid() const;
   // Stops the embedded cluster (if any) and disconnects. Any thread may
