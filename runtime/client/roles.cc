@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "troupe/runtime/client/head_supervisor.h"
@@ -82,14 +83,34 @@ class SignalWaiter {
     std::_Exit(2);
   }
   try {
+    // Block TERM/INT before the head's threads start (its dashboard's
+    // server starts one in the constructor): a signal that such a thread
+    // took would end the process at once, and the stop would not empty the
+    // state db, so the next head of the session reloaded the stopped cluster.
+    std::mutex mu;
+    head::Head* running = nullptr;
+    bool stop_asked = false;
+    SignalWaiter waiter([&] {
+      std::lock_guard lock(mu);
+      if (running)
+        running->stop();
+      else
+        stop_asked = true;
+    });
     head::Head h(o);
-    SignalWaiter waiter([&h] { h.stop(); });
+    {
+      std::lock_guard lock(mu);
+      running = &h;
+      if (stop_asked) h.stop();
+    }
     TROUPE_LOG_INFO("head listening on {}", h.address());
     // The ready line: the address, then the dashboard's URL when it is on.
     const std::string url = h.dashboard_url();
     if (!url.empty()) TROUPE_LOG_INFO("dashboard at {}", url);
     signal_ready(env.ready_fd, url.empty() ? h.address() : h.address() + " " + url);
     h.run();
+    std::lock_guard lock(mu);
+    running = nullptr;
   } catch (const std::exception& e) {
     TROUPE_LOG_ERROR("head failed: {}", e.what());
     std::_Exit(1);

@@ -20,6 +20,7 @@
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/session.h"
+#include "troupe/runtime/head/head_store.h"
 
 using namespace std::chrono_literals;
 using troupe::test::kWaitBound;
@@ -415,6 +416,35 @@ TEST_F(LauncherTest, StopWithTheHeadGoneEmptiesItsStateDb) {
   auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_EQ(troupe::core::read_session_file(dir_.string(), "head.log").find("reloading"), std::string::npos);
+}
+
+// troupe stop, and SIGTERM, reach a head that serves its dashboard (whose
+// HTTP thread once took the signal and ended the head before it emptied
+// its state db): the next head of the session starts a new cluster.
+TEST_F(LauncherTest, StopEmptiesTheStateDbOfAHeadServingItsDashboard) {
+  for (const bool by_signal : {false, true}) {
+    SCOPED_TRACE(by_signal ? "SIGTERM" : "troupe stop");
+    auto r = run(cli() + " start --head --port 0 --dashboard-port 0");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const pid_t head = started_head_pid(r.output);
+    ASSERT_GT(head, 0) << r.output;
+    if (by_signal) {
+      ASSERT_EQ(::kill(head, SIGTERM), 0);
+      ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+      // Emptied by the head itself (troupe stop would remove the file).
+      EXPECT_TRUE(troupe::head::HeadStore((dir_ / "head.sqlite").string()).load().empty());
+    }
+    auto stop = run(cli() + " stop");
+    EXPECT_EQ(stop.status, 0) << stop.output;
+    ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+    auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port 0");
+    ASSERT_EQ(again.status, 0) << again.output;
+    const std::string log = troupe::core::read_session_file(dir_.string(), "head.log");
+    EXPECT_EQ(log.find("reloading"), std::string::npos) << log;
+    EXPECT_EQ(log.find("restored"), std::string::npos) << log;
+    auto last = run(cli() + " stop");
+    EXPECT_EQ(last.status, 0) << last.output;
+  }
 }
 
 }  // namespace
