@@ -406,7 +406,13 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
     return 2;
   }
   for (;;) {
-    auto chunk = rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, req);
+    troupe::wire::LogChunk chunk;
+    try {
+      chunk = rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, req);
+    } catch (const troupe::ConfigError& e) {  // no such actor or node, no log file: as above
+      std::fprintf(stderr, "troupe logs: %s\n", e.what());
+      return 2;
+    }
     std::fwrite(chunk.text.data(), 1, chunk.text.size(), stdout);
     std::fflush(stdout);
     if (!l.follow) return 0;

@@ -1,7 +1,9 @@
 """`troupe logs` reads a cluster's logs without ssh: the head's, a node
 agent's, and an actor's own worker log (what the actor printed included),
 relayed by the head from the node agent that has the file; -f follows what
-is appended; unknown actors and nodes are refused by name."""
+is appended; a dead actor's log is its last worker's, and one whose
+constructor threw shows the error it printed; unknown actors and nodes are
+refused by name, with exit status 2."""
 import os
 import subprocess
 import threading
@@ -36,6 +38,18 @@ def cluster(tmp_path_factory):
 
 @troupe.remote
 class Talker:
+    def say(self, text):
+        print(text, flush=True)
+        return troupe.get_runtime_context().get_actor_id()
+
+
+@troupe.remote
+class Fragile:
+    def __init__(self, fail):
+        if fail:
+            print("fragile: giving up in the constructor", flush=True)
+            raise RuntimeError("constructor failed on purpose")
+
     def say(self, text):
         print(text, flush=True)
         return troupe.get_runtime_context().get_actor_id()
@@ -78,11 +92,27 @@ def test_an_actors_own_log_has_what_it_printed(cluster):
         follow.wait(timeout=30)
 
 
+def test_a_dead_actors_log_is_its_last_workers(cluster):
+    # Killed on purpose: the log has what it printed before.
+    t = Fragile.remote(False)
+    actor_id = troupe.get(t.say.remote("marker-three before the kill"), timeout=60)
+    troupe.kill(t)
+    wait_until(lambda: "marker-three" in logs(cluster, str(actor_id)).stdout, timeout=60,
+               what="the dead actor's log")
+    # Died in its constructor, never ready: the traceback is in the log.
+    f = Fragile.remote(True)
+    with pytest.raises(Exception):
+        troupe.get(f.say.remote("never"), timeout=60)
+    r = logs(cluster, str(f._actor.info()["id"]))
+    assert r.returncode == 0, r.stderr
+    assert "fragile: giving up in the constructor" in r.stdout, r.stdout
+
+
 def test_unknown_targets_are_named(cluster):
     r = logs(cluster, "987654")
-    assert r.returncode != 0 and "no actor with id 987654" in r.stderr
+    assert r.returncode == 2 and "no actor with id 987654" in r.stderr, (r.returncode, r.stderr)
     r = logs(cluster, "node", "77")
-    assert r.returncode != 0 and "node 77 is not alive" in r.stderr
+    assert r.returncode == 2 and "node 77 is not alive" in r.stderr, (r.returncode, r.stderr)
     r = logs(cluster, "node", "x")
     assert r.returncode == 2 and "troupe logs: 'x' is not a node id" in r.stderr
     assert "troupe: troupe" not in r.stderr, r.stderr  # one prefix, not two

@@ -553,12 +553,15 @@ class Head::Impl {
     }
     uint64_t node = req.id;
     if (req.target == "actor") {
-      const ActorInfo& a = state_.actor_info(req.id);
-      if (a.pid <= 0)
-        throw ConfigError("actor " + std::to_string(req.id) + " has no worker process (" + to_string(a.state) + ")");
-      node = a.node_id;
+      // Its worker's log, or its last worker's when it has none now (a
+      // dead actor's log is the one most worth reading).
+      const auto [on_node, pid] = state_.actor_log_source(req.id);
+      if (pid <= 0)
+        throw ConfigError("actor " + std::to_string(req.id) + " has had no worker process yet (" +
+                          to_string(state_.actor_info(req.id).state) + ")");
+      node = on_node;
       req.target = "worker";
-      req.id = static_cast<uint64_t>(a.pid);
+      req.id = static_cast<uint64_t>(pid);
     } else if (req.target != "node") {
       throw ConfigError("read log: unknown target '" + req.target + "' (head, node or actor)");
     }

@@ -159,6 +159,14 @@ const ActorInfo& HeadState::actor_info(uint64_t id) const {
   return it->second.info;
 }
 
+std::pair<uint64_t, int32_t> HeadState::actor_log_source(uint64_t id) const {
+  auto it = actors_.find(id);
+  if (it == actors_.end()) throw ConfigError("no actor with id " + std::to_string(id));
+  const Actor& a = it->second;
+  if (a.info.pid > 0) return {a.info.node_id, a.info.pid};
+  return {a.last_node, a.last_pid};
+}
+
 const ActorInfo& HeadState::named_actor(const std::string& name) const {
   auto it = named_.find(name);
   if (it == named_.end()) throw ConfigError("no actor named '" + name + "'");
@@ -262,6 +270,12 @@ void HeadState::worker_exited(const WorkerExited& w) {
   if (it == actors_.end()) return;
   Actor& a = it->second;
   if (a.info.incarnation != w.incarnation || !a.worker_running) return;
+  // Also a worker that died before it was ready, whose pid the actor
+  // never showed.
+  if (w.pid > 0) {
+    a.last_node = a.info.node_id;
+    a.last_pid = w.pid;
+  }
   actor_lost(a, "worker pid " + std::to_string(w.pid) + " " + w.how);
   schedule();
 }
@@ -273,6 +287,10 @@ void HeadState::actor_lost(Actor& a, const std::string& why) {
   a.worker_running = false;
   a.info.address.clear();
   a.info.control_address.clear();
+  if (a.info.pid > 0) {
+    a.last_node = a.info.node_id;
+    a.last_pid = a.info.pid;
+  }
   a.info.pid = 0;
   if (a.info.state == ActorState::kDead) return;
   bool left = restarts_left(a.info);

@@ -82,6 +82,11 @@ class HeadState {
   // The worker of (actor, incarnation) said hello: its spec and info.
   wire::HelloReply worker_hello(uint64_t actor_id, uint32_t incarnation);
   const wire::ActorInfo& actor_info(uint64_t actor_id) const;
+  // The node and pid of the worker whose log `troupe logs ACTOR` reads: the
+  // actor's worker, or its last one when it has none now (dead, or waiting
+  // to restart); pid 0 when no worker of it has run (ConfigError naming an
+  // unknown id).
+  std::pair<uint64_t, int32_t> actor_log_source(uint64_t actor_id) const;
   // The live actor registered under `name`; ConfigError when none.
   const wire::ActorInfo& named_actor(const std::string& name) const;
   void kill_actor(uint64_t actor_id, bool no_restart, const std::string& why);
@@ -172,6 +177,10 @@ class HeadState {
     // its exit has not been reported: the actor cannot be DEAD yet.
     bool worker_running = false;
     bool kill_requested = false;
+    // The last worker that ran it and ended, for `troupe logs` of an actor
+    // that has none now (not kept across a head restart).
+    uint64_t last_node = 0;
+    int32_t last_pid = 0;
   };
   struct Group {
     wire::PlacementGroupInfo info;
