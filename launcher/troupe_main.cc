@@ -336,7 +336,11 @@ int cmd_start(const Args& a) {
     return 2;
   }
   if (!a.head && a.address.empty()) {
-    std::fprintf(stderr, "troupe start: give --head, or --address HOST:PORT of a head\n");
+    // A head's option given alone most likely meant --head: say so.
+    const std::string hint = a.head_options_given.empty()
+                                 ? ""
+                                 : " (" + a.head_options_given.front() + " is an option of the head: add --head)";
+    std::fprintf(stderr, "troupe start: give --head, or --address HOST:PORT of a head%s\n", hint.c_str());
     return 2;
   }
   if (const std::string why = conflicting_start_options(a); !why.empty()) {
@@ -466,13 +470,17 @@ int cmd_status(const Args& a) {
   }
   if (j.contains("jobs") && !j["jobs"].empty()) {
     std::printf("\njobs:\n");
-    for (auto& x : j["jobs"])
+    for (auto& x : j["jobs"]) {
+      // Counted from 1, as the job's console counts them ("epoch 2/3").
+      std::string epoch = std::to_string(x.value("epoch", 0LL) + 1);
+      if (x.contains("epochs")) epoch += "/" + std::to_string(x.value("epochs", 0LL));
       std::printf(
-          "  job %-16s %-9s step %-7lld epoch %-3lld %8.0f samples/s  loss %-9.4f %lld worker(s)  %lld "
+          "  job %-16s %-9s step %-7lld epoch %-5s %8.0f samples/s  loss %-9.4f %lld worker(s)  %lld "
           "recoveries\n",
-          x.value("name", "?").c_str(), x.value("state", "?").c_str(), (long long)x.value("step", 0LL),
-          (long long)x.value("epoch", 0LL), x.value("samples_per_s", 0.0), x.value("loss", 0.0),
-          (long long)x.value("world_size", 0LL), (long long)x.value("recoveries", 0LL));
+          x.value("name", "?").c_str(), x.value("state", "?").c_str(), (long long)x.value("step", 0LL), epoch.c_str(),
+          x.value("samples_per_s", 0.0), x.value("loss", 0.0), (long long)x.value("world_size", 0LL),
+          (long long)x.value("recoveries", 0LL));
+    }
   }
   if (j.contains("dashboard")) std::printf("\ndashboard: %s\n", j["dashboard"].get<std::string>().c_str());
   if (!j["placement_groups"].empty()) {

@@ -127,7 +127,8 @@ void JobReporter::publish_to(KvStore* kv) {
   doc_ = {{"name", cfg_.name},
           {"state", "running"},
           {"step", 0},
-          {"epoch", 0},
+          {"epoch", 0},  // counted from 0, as in the metrics file; shown from 1 of "epochs"
+          {"epochs", cfg_.epochs},
           {"loss", 0.0},
           {"samples_per_s", 0.0},
           {"world_size", 0},

@@ -122,6 +122,9 @@ def test_api_status_and_troupe_status_show_the_job(cluster, healed_job):
     assert "failure" in [e["kind"] for e in job["events"]] and len(job["history"]) > 10
     out = subprocess.run([cli(), "status"], env=cluster["env"], capture_output=True, text=True, timeout=60)
     assert "job dash-job" in out.stdout and "finished" in out.stdout, out.stdout
+    # Epochs counted from 1, as the job's console counts them.
+    assert job["epoch"] == 11 and job["epochs"] == 12, job
+    assert re.search(r"job dash-job .* epoch 12/12 ", out.stdout), out.stdout
 
 
 def test_loopback_dashboard_needs_no_token_but_refuses_a_wrong_one_politely(cluster):

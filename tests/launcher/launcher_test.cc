@@ -350,6 +350,8 @@ TEST_F(LauncherTest, StartOptionsThatDoNotFitAreRefusedNamingThem) {
       {" start --address 127.0.0.1:1 --supervise", "--supervise"},
       {" start --head --no-node --resources CPU=1", "--resources"},
       {" start --head --no-node --advertise-address 'bad host'", "'bad host'"},
+      // Neither --head nor --address: the head's option is named all the same.
+      {" start --port 6390", "--port is an option of the head"},
   };
   for (const auto& [args, named] : cases) {
     auto r = run(cli() + args);
