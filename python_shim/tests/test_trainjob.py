@@ -154,6 +154,12 @@ def test_bad_input_is_a_config_error_naming_it(tmp_path):
         TrainJob(model(), bad, checkpoint_dir=str(tmp_path), **JOB).fit()
     with pytest.raises(ConfigError, match="nothing.npz"):
         TrainJob(model(), "/nonexistent/nothing.npz", **JOB).fit()
+    # Refused by troupe-train (batch larger than the data): the checkpoint
+    # folder the job made for itself goes with the refusal.
+    job = TrainJob(model(), regression(8), **dict(JOB, batch_size=64))
+    with pytest.raises(ConfigError):
+        job.fit()
+    assert job._checkpoint_dir and not os.path.exists(job._checkpoint_dir), job._checkpoint_dir
     with pytest.raises(ConfigError, match="gpus-per-worker"):  # fp16 autocast is for GPUs
         TrainJob(model(), regression(64), amp="fp16", checkpoint_dir=str(tmp_path), **JOB).fit()
     with pytest.raises(ConfigError, match="TrainJob.wait: timeout=-1.0"):  # checked before "start() first"

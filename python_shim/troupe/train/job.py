@@ -179,6 +179,7 @@ class TrainJob:
         self._address = address
         self._verbose = verbose
         self._work = None
+        self._made_checkpoint_dir = False
         self._proc = None
         self._output = []
         self._reader = None
@@ -200,13 +201,16 @@ class TrainJob:
             raise RuntimeError("this TrainJob was started already")
         self._work = tempfile.TemporaryDirectory(prefix="troupe-trainjob-")
         work = self._work.name
-        if self._checkpoint_dir is None:
-            self._checkpoint_dir = tempfile.mkdtemp(prefix="troupe-trainjob-ckpt-")
         config = {k: v for k, v in self._fields.items()}
         config["model"] = _save_model(self._model, work)
         config["data"] = _save_data(self._data, work, "data")
         if self._val_data is not None:
             config["val_data"] = _save_data(self._val_data, work, "val_data")
+        # Made once the input is known good. Left for the caller
+        # (result.path): the final weights are there.
+        self._made_checkpoint_dir = self._checkpoint_dir is None
+        if self._made_checkpoint_dir:
+            self._checkpoint_dir = tempfile.mkdtemp(prefix="troupe-trainjob-ckpt-")
         config["checkpoint_dir"] = os.path.abspath(self._checkpoint_dir)
         config["metrics"] = self.metrics_path
         env = dict(os.environ)
@@ -256,6 +260,13 @@ class TrainJob:
         output = "".join(self._output)
         lines = _read_lines(self.metrics_path)
         self._work.cleanup()
+        if code != 0 and self._made_checkpoint_dir:
+            # A job refused before its first checkpoint leaves no empty
+            # folder of ours behind.
+            try:
+                os.rmdir(self._checkpoint_dir)
+            except OSError:
+                pass  # it holds a checkpoint to resume from
         if code != 0:
             reason = [ln for ln in output.splitlines() if ln.startswith("troupe train: ")]
             message = reason[-1][len("troupe train: "):] if reason else f"troupe-train exited with {code}"
