@@ -57,6 +57,28 @@ def test_lambda_closure_and_kwargs():
     assert troupe.get(f.remote(1, y=2), timeout=60) == 10
 
 
+def test_a_task_or_actor_that_calls_a_remote_function_pickles():
+    # Defined here, so pickled by value with what they use: `mid` and
+    # `Caller` carry `leaf`, a RemoteFunction the driver has used (its
+    # session key and client must not travel).
+    @troupe.remote
+    def leaf(x):
+        return x + 1
+
+    @troupe.remote
+    def mid(x):
+        return troupe.get(leaf.remote(x), timeout=60) * 10
+
+    @troupe.remote
+    class Caller:
+        def call(self, x):
+            return troupe.get(leaf.remote(x), timeout=60)
+
+    assert troupe.get(leaf.remote(1), timeout=60) == 2
+    assert troupe.get(mid.remote(1), timeout=60) == 20
+    assert troupe.get(Caller.remote().call.remote(5), timeout=60) == 6
+
+
 def test_put_large_array_zero_copy():
     a = np.arange(16 << 20, dtype=np.float32)  # 64 MiB
     ref = troupe.put(a)

@@ -183,6 +183,25 @@ def test_handles_of_a_shut_down_session_reach_nothing_of_the_next():
         troupe.shutdown()
 
 
+@troupe.remote
+def plus_one(x):
+    return x + 1
+
+
+def test_a_function_is_exported_to_every_new_session():
+    # The function table is per cluster; a new session's client may get
+    # the id() of a collected one, which once made the export look done.
+    import gc
+
+    for i in range(8):
+        troupe.init(num_cpus=1)
+        try:
+            assert troupe.get(plus_one.remote(i), timeout=60) == i + 1
+        finally:
+            troupe.shutdown()
+        gc.collect()
+
+
 def test_shutdown_ends_a_get_on_a_running_task(tmp_path):
     # troupe.shutdown() (from another thread) while a get waits on a task
     # that is running: the get fails at once. The task's executor was

@@ -154,6 +154,15 @@ class RemoteFunction:
     def __call__(self, *args, **kwargs):
         raise TypeError(f"remote function {self.__name__} cannot be called directly: use {self.__name__}.remote()")
 
+    def __getstate__(self):
+        # What travels when a task or actor that calls this function is
+        # pickled: the function and its options; the session's key and
+        # client stay here (a worker makes its own on first use).
+        return {"fn": self._fn, "options": self._options}
+
+    def __setstate__(self, state):
+        self.__init__(state["fn"], state["options"])
+
     def options(self, **options):
         return RemoteFunction(self._fn, {**self._options, **options}, self._shared)
 
@@ -168,10 +177,13 @@ class RemoteFunction:
                                   "takes; pass large values as arguments or troupe.put() refs")
             shared["blob"] = blob
             shared["hash"] = hashlib.sha256(blob).hexdigest()[:32]
+        # By the cluster's address and token, not id(client): a later
+        # session's client may be given the id of one that is gone.
         exported = shared.setdefault("exported", set())
-        if id(client) not in exported:
+        cluster = (client.address, client.token)
+        if cluster not in exported:
             client.kv_put(_FUNCTION_KEY + shared["hash"], shared["blob"])
-            exported.add(id(client))
+            exported.add(cluster)
         options = _runtime_options(self._options, 1)
         options.setdefault("name", self.__name__)
         self._key = client.task_key(options)
