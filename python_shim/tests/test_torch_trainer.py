@@ -340,6 +340,16 @@ def test_bad_input_names_the_value(tmp_path):
         train.report({"loss": 1.0})
 
 
+def test_runs_without_a_name_get_folders_of_their_own(tmp_path):
+    # Started within one second, they once shared TorchTrainer_<time>, and
+    # each run resumed from the checkpoints of the one before.
+    from troupe.train.trainer import _fresh_run_name
+
+    names = [_fresh_run_name(str(tmp_path)) for _ in range(5)]
+    assert len(set(names)) == 5, names
+    assert all((tmp_path / n).is_dir() and n.startswith("TorchTrainer_") for n in names), names
+
+
 def test_checkpoint_store_is_atomic_and_keeps_the_best(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

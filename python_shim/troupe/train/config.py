@@ -92,7 +92,8 @@ class CheckpointConfig:
 @dataclasses.dataclass
 class RunConfig:
     """Where a run keeps its checkpoints and metrics:
-    `storage_path`/`name`/ (default ~/troupe_results/TorchTrainer_<time>)."""
+    `storage_path`/`name`/ (default ~/troupe_results/TorchTrainer_<time>,
+    with _2, _3, ... for runs started in the same second)."""
 
     name: Optional[str] = None
     storage_path: Optional[str] = None

@@ -15,6 +15,7 @@ death.
 """
 
 import datetime
+import itertools
 import importlib
 import os
 import time
@@ -139,6 +140,22 @@ def _death_errors(rt):
     return tuple(c for c in (getattr(rt.exceptions, n, None) for n in names) if isinstance(c, type))
 
 
+def _fresh_run_name(storage):
+    """TorchTrainer_<time>, with _2, _3, ... when a run started in the same
+    second has that folder: a run of its own never resumes another's
+    checkpoints. The folder is made here (exclusively), so two drivers
+    starting at once get two names."""
+    base = "TorchTrainer_" + datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    os.makedirs(storage, exist_ok=True)
+    for n in itertools.count(1):
+        name = base if n == 1 else f"{base}_{n}"
+        try:
+            os.mkdir(os.path.join(storage, name))
+            return name
+        except FileExistsError:
+            continue
+
+
 class TorchTrainer:
     def __init__(self, train_loop_per_worker, *, train_loop_config=None, scaling_config=None, run_config=None,
                  resume_from_checkpoint=None):
@@ -164,8 +181,8 @@ class TorchTrainer:
         rt = importlib.import_module(_runtime_name)
         if not rt.is_initialized():
             rt.init()
-        name = self.run_config.name or "TorchTrainer_" + datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         storage = self.run_config.storage_path or os.path.join(os.path.expanduser("~"), "troupe_results")
+        name = self.run_config.name or _fresh_run_name(os.path.abspath(storage))
         store = CheckpointStore(os.path.join(os.path.abspath(storage), name), self.run_config.checkpoint_config)
         store.sweep()
         max_failures = self.run_config.failure_config.max_failures
