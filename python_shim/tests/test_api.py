@@ -130,6 +130,10 @@ def test_wait_and_get_timeout():
         troupe.get(slow_ref, timeout=0.1)
     with pytest.raises(ValueError):
         troupe.wait([fast_ref], num_returns=2)
+    # As Ray: nothing to wait for is no error; zero of something is.
+    assert troupe.wait([]) == ([], [])
+    with pytest.raises(ValueError, match="num_returns=0"):
+        troupe.wait([fast_ref], num_returns=0)
     # A negative or NaN timeout is refused by name, as Ray does, not taken as
     # "do not wait"; infinity waits without limit.
     for bad in (-1, -0.5, float("nan")):

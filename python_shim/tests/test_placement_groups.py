@@ -85,5 +85,13 @@ def test_bad_placement_options_are_refused(cluster):
             node_of_task.options(scheduling_strategy="SPREAD").remote()
         with pytest.raises(ConfigError, match="not both"):
             node_of_task.options(scheduling_strategy=in_bundle(pg, 0), placement_group=pg).remote()
+        # More than the bundle holds would wait for ever: refused, naming both.
+        assert troupe.get(pg.ready(), timeout=60) == pg
+        with pytest.raises(ConfigError, match=r"asks for \{CPU=2\}, more than bundle 0 of placement group .* \{CPU=1\}"):
+            Where.options(num_cpus=2, scheduling_strategy=in_bundle(pg, 0)).remote()
+        with pytest.raises(ConfigError, match=r"more than any bundle of placement group"):
+            Where.options(resources={"foo": 1}, scheduling_strategy=in_bundle(pg, -1)).remote()
+        with pytest.raises(ConfigError, match=r"tasks \{CPU=2\} in placement group .*more than bundle 0"):
+            troupe.get(node_of_task.options(num_cpus=2, scheduling_strategy=in_bundle(pg, 0)).remote(), timeout=60)
     finally:
         remove_placement_group(pg)

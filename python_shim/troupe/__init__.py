@@ -183,10 +183,12 @@ def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
     timeout = _timeouts.seconds(timeout, "troupe.wait")
     if not isinstance(refs, list) or any(type(r) is not ObjectRef for r in refs):
         raise TypeError("troupe.wait takes a list of ObjectRefs")
+    if not refs:  # as Ray: nothing to wait for
+        return [], []
     if len(set(map(id, refs))) != len(refs):
         raise ValueError("troupe.wait: the list holds the same ref twice")
-    if not 0 <= num_returns <= len(refs):
-        raise ValueError(f"num_returns={num_returns} is not between 0 and len(refs)={len(refs)}")
+    if isinstance(num_returns, bool) or not isinstance(num_returns, int) or not 1 <= num_returns <= len(refs):
+        raise ValueError(f"num_returns={num_returns!r} is not between 1 and len(refs)={len(refs)}")
     ready_at = set(_client().wait(refs, num_returns, timeout))
     ready = [r for i, r in enumerate(refs) if i in ready_at]
     return ready, [r for i, r in enumerate(refs) if i not in ready_at]

@@ -368,6 +368,9 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
   try {
     info = core_.head().call<ActorInfo>(Op::kCreateActor, key->spec);
     client = core_.actor(info);
+  } catch (const ConfigError& e) {
+    // The head speaks of the executor actor; the tasks are what was asked.
+    error = std::make_exception_ptr(ConfigError("tasks " + key->text + ": " + e.what()));
   } catch (...) {
     error = std::current_exception();
   }

@@ -182,6 +182,21 @@ void HeadState::validate_actor(const ActorSpec& spec) {
     if (spec.bundle_index >= static_cast<int>(g.spec.bundles.size()))
       throw ConfigError("bundle index " + std::to_string(spec.bundle_index) + " out of range for placement group " +
                         std::to_string(g.info.id) + " with " + std::to_string(g.spec.bundles.size()) + " bundles");
+    // A bundle never holds more than it was made with: an actor (or a
+    // task's executor) larger than its bundle, or than every bundle for
+    // index -1, would wait for ever.
+    bool fits_one = false;
+    for (size_t i = 0; i < g.spec.bundles.size(); ++i)
+      if (spec.bundle_index < 0 || i == static_cast<size_t>(spec.bundle_index))
+        fits_one = fits_one || fits(g.spec.bundles[i], spec.resources);
+    if (!fits_one) {
+      const std::string where = spec.bundle_index < 0 ? "any bundle of placement group " + std::to_string(g.info.id)
+                                                      : "bundle " + std::to_string(spec.bundle_index) +
+                                                            " of placement group " + std::to_string(g.info.id) + " {" +
+                                                            format_resources(g.spec.bundles[spec.bundle_index]) + "}";
+      throw ConfigError(spec.class_name + " asks for {" + format_resources(spec.resources) + "}, more than " + where +
+                        " holds");
+    }
   }
   if (!spec.name.empty()) {
     auto it = named_.find(spec.name);
