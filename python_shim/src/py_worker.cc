@@ -87,7 +87,24 @@ std::unique_ptr<client::HostedActor> make_py_actor(wire::Decoder& d) {
   pyb::gil_scoped_acquire gil;
   pyb::tuple a = call_args(spec.ctor);
   pyb::object blob = buffer_to_python(spec.class_blob);
-  return std::make_unique<PyHostedActor>(hook("make_actor")(blob, a[0], a[1]));
+  try {
+    return std::make_unique<PyHostedActor>(hook("make_actor")(blob, a[0], a[1]));
+  } catch (pyb::error_already_set& e) {
+    // The constructor's own error first ("ValueError: ..."), then its
+    // Python traceback: the actor's death cause, without pybind11's
+    // wrapper text around them.
+    std::string text;
+    try {
+      text = pyb::str(e.type().attr("__name__")).cast<std::string>() + ": " + pyb::str(e.value()).cast<std::string>();
+      pyb::list lines = pyb::module_::import("traceback").attr("format_exception")(e.type(), e.value(), e.trace());
+      text += "\n";
+      for (const auto& line : lines) text += pyb::str(line).cast<std::string>();
+    } catch (const std::exception&) {
+      text = e.what();
+    }
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    throw Error(text);
+  }
 }
 
 void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::ObjectSink* keep) {

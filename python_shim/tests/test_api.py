@@ -79,6 +79,57 @@ def test_a_task_or_actor_that_calls_a_remote_function_pickles():
     assert troupe.get(Caller.remote().call.remote(5), timeout=60) == 6
 
 
+def test_retry_exceptions_runs_a_failing_task_again(tmp_path):
+    @troupe.remote(max_retries=3, retry_exceptions=True)
+    def flaky(path):
+        n = int(open(path).read()) + 1 if os.path.exists(path) else 1
+        with open(path, "w") as f:
+            f.write(str(n))
+        if n < 3:
+            raise ValueError(f"attempt {n}")
+        return n
+
+    assert troupe.get(flaky.remote(str(tmp_path / "a")), timeout=60) == 3
+    # Only the classes listed are retried.
+    with pytest.raises(ValueError, match="attempt 1"):
+        troupe.get(flaky.options(retry_exceptions=[KeyError]).remote(str(tmp_path / "b")), timeout=60)
+    # Retries run out: the last attempt's error is the task's.
+    with pytest.raises(ValueError, match="attempt 2"):
+        troupe.get(flaky.options(max_retries=1).remote(str(tmp_path / "c")), timeout=60)
+    # Without retry_exceptions, one attempt.
+    with pytest.raises(ValueError, match="attempt 1"):
+        troupe.get(flaky.options(retry_exceptions=False).remote(str(tmp_path / "d")), timeout=60)
+    with pytest.raises(ConfigError, match="retry_exceptions must be"):
+        flaky.options(retry_exceptions="yes")
+
+
+def test_an_argument_that_cannot_be_pickled_is_named():
+    with pytest.raises(TypeError, match=r"task square: argument 0 \(a lock\) cannot be pickled"):
+        square.remote(threading.Lock())
+    c = Counter.remote()
+    with pytest.raises(TypeError, match=r"actor method add: keyword argument 'k' \(a lock\) cannot be pickled"):
+        c.add.remote(k=threading.Lock())
+    with pytest.raises(ConfigError, match="lifetime must be"):
+        Counter.options(lifetime="bogus")
+
+
+def test_a_constructor_that_raises_is_named_in_the_actors_death():
+    @troupe.remote
+    class Refuses:
+        def __init__(self):
+            raise ValueError("ctor-bad")
+
+        def ping(self):
+            return 1
+
+    r = Refuses.remote()
+    with pytest.raises(ActorDiedError) as e:
+        troupe.get(r.ping.remote(), timeout=60)
+    text = str(e.value)
+    assert "ValueError: ctor-bad" in text and "Traceback" in text, text
+    assert "pybind11" not in text and "error_already_set" not in text and "troupe::Error" not in text, text
+
+
 def test_put_large_array_zero_copy():
     a = np.arange(16 << 20, dtype=np.float32)  # 64 MiB
     ref = troupe.put(a)

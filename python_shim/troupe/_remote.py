@@ -51,6 +51,70 @@ def _check_options(options, allowed, what):
     for key, value in dict(options.get("resources") or {}).items():
         _number(value, f"resources[{key!r}]")
     _preload(options)
+    _retry_kinds(options)
+    lifetime = options.get("lifetime")
+    if lifetime not in (None, "detached", "non_detached"):
+        raise ConfigError(f"lifetime must be None, 'detached' or 'non_detached', got {lifetime!r}")
+
+
+def _retry_kinds(options):
+    """retry_exceptions as Ray takes it: False (default), True (any
+    Exception) or a list of exception classes; the classes to retry on, or
+    None for none."""
+    value = options.get("retry_exceptions", False)
+    if value is False or value is None:
+        return None
+    if value is True:
+        return (Exception,)
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(k, type) and issubclass(k, BaseException) for k in value):
+        return tuple(value)
+    raise ConfigError(f"retry_exceptions must be a bool or a list of exception classes, got {value!r}")
+
+
+class _RetryOnError:
+    """A task function that is run again, in the same worker, when it
+    raises one of `kinds` (retry_exceptions), up to `retries` more times
+    (max_retries; -1: without limit); the last error is the task's."""
+
+    def __init__(self, fn, retries, kinds):
+        self.fn = fn
+        self.retries = retries
+        self.kinds = kinds
+        self.__qualname__ = getattr(fn, "__qualname__", "task")
+        self.__name__ = getattr(fn, "__name__", "task")
+
+    def __call__(self, *args, **kwargs):
+        attempt = 0
+        while True:
+            try:
+                return self.fn(*args, **kwargs)
+            except self.kinds:
+                if 0 <= self.retries <= attempt:
+                    raise
+                attempt += 1
+
+
+def _call_args(what, args, kwargs):
+    """ser.call_args, with an argument that cannot be pickled named."""
+    try:
+        return ser.call_args(args, kwargs)
+    except (TypeError, AttributeError, ser.pickle.PicklingError) as e:
+        culprit = "an argument"
+        for i, a in enumerate(args):
+            try:
+                ser.dumps(a)
+            except Exception:
+                culprit = f"argument {i} (a {type(a).__name__})"
+                break
+        else:
+            for k, v in kwargs.items():
+                try:
+                    ser.dumps(v)
+                except Exception:
+                    culprit = f"keyword argument {k!r} (a {type(v).__name__})"
+                    break
+        raise TypeError(f"{what}: {culprit} cannot be pickled: {e}") from e
 
 
 # The runtime's counts are 32-bit ints.
@@ -164,12 +228,18 @@ class RemoteFunction:
         self.__init__(state["fn"], state["options"])
 
     def options(self, **options):
-        return RemoteFunction(self._fn, {**self._options, **options}, self._shared)
+        merged = {**self._options, **options}
+        # The pickled function is shared unless what is shipped differs.
+        retry = ("retry_exceptions", "max_retries")
+        same = all(merged.get(k) == self._options.get(k) for k in retry)
+        return RemoteFunction(self._fn, merged, self._shared if same else None)
 
     def _prepare(self, client):
         shared = self._shared
         if "hash" not in shared:
-            blob = ser.dumps_code(self._fn)
+            kinds = _retry_kinds(self._options)
+            shipped = self._fn if kinds is None else _RetryOnError(self._fn, self._options.get("max_retries", 0), kinds)
+            blob = ser.dumps_code(shipped)
             if len(blob) > _core.HEAD_VALUE_LIMIT:
                 # The head's message limit: more would cost the connection.
                 raise ConfigError(f"task {self.__name__}: the function pickles to {len(blob)} bytes with what it "
@@ -193,7 +263,7 @@ class RemoteFunction:
         client = _client()
         if self._key_client is not client:
             self._prepare(client)
-        data, top = ser.call_args(args, kwargs)
+        data, top = _call_args(f"task {self.__name__}", args, kwargs)
         return client.submit(self._key, self._shared["hash"], data, top)
 
 
@@ -211,7 +281,7 @@ class ActorMethod:
         client = h._client
         if client is not troupe._current_client():  # the message only when needed
             client = _session_client(h, f"{self._name}.remote()")
-        data, top = ser.call_args(args, kwargs)
+        data, top = _call_args(f"actor method {self._name}", args, kwargs)
         return client.call(h._actor, self._name, data, top)
 
     def options(self, **options):
@@ -302,7 +372,7 @@ class ActorClass:
                 return ActorHandle(client.get_actor(self._options["name"]), self._cls, client)
             except ConfigError:
                 pass
-        data, top = ser.call_args(args, kwargs)
+        data, top = _call_args(f"actor {self.__name__}", args, kwargs)
         options = _runtime_options(self._options, 0)
         actor = client.spawn(self._cls.__qualname__, self._shared["blob"], data, list(top), options)
         return ActorHandle(actor, self._cls, client)

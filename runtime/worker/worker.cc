@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <typeinfo>
 
 #include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/client/runtime.h"
@@ -95,7 +96,9 @@ std::unique_ptr<client::HostedActor> construct_actor(client::Core& core, const c
     Decoder d(spec.ctor_args.data(), spec.ctor_args.size(), &spec.ctor_attachments, &core);
     return factory->make(d);
   } catch (const std::exception& e) {
-    fail_init(type_name_of(e) + ": " + e.what());
+    // A plain troupe::Error says all itself (a Python constructor's
+    // "ValueError: ..." and traceback); any other type is named.
+    fail_init(typeid(e) == typeid(Error) ? std::string(e.what()) : type_name_of(e) + ": " + e.what());
   } catch (...) {
     fail_init("unknown exception");
   }
