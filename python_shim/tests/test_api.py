@@ -308,6 +308,12 @@ class StrFails(Exception):
         raise RuntimeError("__str__ of StrFails")
 
 
+class NeedsTwo(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"{a} and {b}")
+        self.a, self.b = a, b
+
+
 class OwnNew(Exception):
     def __new__(cls, a, b):
         return super().__new__(cls, a, b)
@@ -346,6 +352,19 @@ def test_remote_exceptions_that_resist_rebuilding_still_report():
     with pytest.raises(StrFails, match="StrFails: <the StrFails's str\\(\\) failed>") as info:
         troupe.get(fail.remote("str"), timeout=60)
     assert "raise StrFails()" in info.value.traceback_str
+
+
+def test_an_exception_whose_init_wants_other_arguments_keeps_its_class():
+    # pickle would call NeedsTwo("1 and 2"), which raises: it is rebuilt
+    # from its class, args and attributes instead.
+    @troupe.remote
+    def fail():
+        raise NeedsTwo(1, 2)
+
+    with pytest.raises(NeedsTwo, match="NeedsTwo: 1 and 2") as info:
+        troupe.get(fail.remote(), timeout=60)
+    assert isinstance(info.value, TaskError)
+    assert type(info.value.cause) is NeedsTwo and (info.value.cause.a, info.value.cause.b) == (1, 2)
 
 
 def test_named_actor_kill_and_options():

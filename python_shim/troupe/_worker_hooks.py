@@ -9,7 +9,7 @@ import traceback
 
 from troupe import _core
 from troupe import _serialization as ser
-from troupe.exceptions import _ErrorBox
+from troupe.exceptions import _ErrorBox, _RebuildByState
 
 _functions = {}  # task function by content hash, loaded once per worker
 _FUNCTION_KEY = "troupe.py.fn."
@@ -38,11 +38,16 @@ def _error(where):
 
     exc = traceback.sys.exc_info()[1]
     text = traceback.format_exc()
-    try:
-        blob = cloudpickle.dumps(exc, 5)
-        pickle.loads(blob)
-    except Exception:
-        blob = None
+    blob = None
+    # As it pickles; else by class, args and attributes (an __init__ that
+    # wants other arguments than its args); else only its class name.
+    for form in (exc, _RebuildByState(exc)):
+        try:
+            blob = cloudpickle.dumps(form, 5)
+            pickle.loads(blob)
+            break
+        except Exception:
+            blob = None
     try:
         message = str(exc)
     except Exception:  # its __str__ raised, or returned no string

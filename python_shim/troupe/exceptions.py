@@ -78,6 +78,27 @@ def _task_error_class(cause_class):
     return cls
 
 
+def _rebuild_exception(cls, args, state):
+    """An exception of `cls` with `args` and attributes `state`, made
+    without calling its __init__ (for one whose __init__ takes other
+    arguments than its args, which pickle would call it with)."""
+    e = BaseException.__new__(cls)
+    e.args = args
+    e.__dict__.update(state)
+    return e
+
+
+class _RebuildByState:
+    """Pickles an exception as _rebuild_exception(class, args, attributes)."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __reduce__(self):
+        e = self.exc
+        return _rebuild_exception, (type(e), e.args, dict(getattr(e, "__dict__", {})))
+
+
 class _ErrorBox:
     """What a failed remote call answers: the exception (pickled apart, so an
     unpicklable one still reports its class and message) and its traceback.
