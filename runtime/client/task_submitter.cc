@@ -383,7 +383,7 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
       failures = fail_queue_locked(*key, error);
     } else {
       // Waiting for resources: executors of other keys, idle, may hold them.
-      if (info.node_id == 0 && !info.pending_reason.empty()) release_idle_requested_ = true;
+      if (info.state == ActorState::kPending && !info.pending_reason.empty()) release_idle_requested_ = true;
       e->client = client;
       e->id = info.id;
       key->executors.push_back(e);

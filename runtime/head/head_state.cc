@@ -287,12 +287,15 @@ void HeadState::worker_exited(const WorkerExited& w) {
   if (a.info.incarnation != w.incarnation || !a.worker_running) return;
   // Also a worker that died before it was ready, whose pid the actor
   // never showed.
-  if (w.pid > 0) {
-    a.last_node = a.info.node_id;
-    a.last_pid = w.pid;
-  }
+  remember_worker(a, w.pid);
   actor_lost(a, "worker pid " + std::to_string(w.pid) + " " + w.how);
   schedule();
+}
+
+void HeadState::remember_worker(Actor& a, int32_t pid) {
+  if (pid <= 0) return;
+  a.last_node = a.info.node_id;
+  a.last_pid = pid;
 }
 
 // The actor's current worker is gone; restart it or declare it dead.
@@ -302,10 +305,7 @@ void HeadState::actor_lost(Actor& a, const std::string& why) {
   a.worker_running = false;
   a.info.address.clear();
   a.info.control_address.clear();
-  if (a.info.pid > 0) {
-    a.last_node = a.info.node_id;
-    a.last_pid = a.info.pid;
-  }
+  remember_worker(a, a.info.pid);
   a.info.pid = 0;
   if (a.info.state == ActorState::kDead) return;
   bool left = restarts_left(a.info);

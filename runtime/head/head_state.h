@@ -195,6 +195,8 @@ class HeadState {
   template <class Pred>
   std::vector<uint64_t> actor_ids_where(Pred pred) const;
   Actor& actor(uint64_t id);
+  // Keeps `pid` (> 0), on the actor's current node, as its last worker.
+  void remember_worker(Actor& a, int32_t pid);
   Group& group(uint64_t id);
   void validate_actor(const wire::ActorSpec& spec);
   void publish(Actor& a);
