@@ -93,11 +93,15 @@ void check_signals() {
 
 // Runs `wait_slice(ms)` (true once done) in slices until it is done or
 // `timeout` seconds pass (None = no limit), checking signals between
-// slices. Called without the GIL; false at the timeout.
+// slices. Called without the GIL; false at the timeout. A wait that blocks
+// inside a task lends the task's CPU back meanwhile (core::BlockedScope).
 template <class WaitSlice>
 bool wait_interruptibly(WaitSlice wait_slice, const std::optional<double>& timeout) {
   using namespace std::chrono;
   constexpr milliseconds kSlice{100};
+  if (wait_slice(milliseconds{0})) return true;
+  if (timeout && *timeout <= 0) return false;
+  core::BlockedScope blocked;
   const auto deadline = steady_clock::now() + duration_cast<milliseconds>(duration<double>(timeout.value_or(0)));
   for (;;) {
     milliseconds slice = kSlice;

@@ -22,6 +22,61 @@ namespace troupe {
 
 namespace core {
 
+// Told when a thread starts and stops waiting for a result. A task
+// executor's worker installs one on the thread that runs a task, so that a
+// task blocked in get() lends its CPU back to the cluster meanwhile (as Ray
+// does; tasks that wait for tasks cannot deadlock a small cluster).
+class WaitObserver {
+ public:
+  virtual ~WaitObserver() = default;
+  virtual void blocked() = 0;
+  virtual void unblocked() = 0;
+};
+
+struct WaitObserverSlot {
+  WaitObserver* observer = nullptr;
+  int depth = 0;  // BlockedScopes open on this thread
+};
+inline thread_local WaitObserverSlot tls_wait_observer;
+
+// Installs `observer` on the calling thread for the scope's life.
+class WaitObserverInstall {
+ public:
+  explicit WaitObserverInstall(WaitObserver* observer) : before_(tls_wait_observer.observer) {
+    tls_wait_observer.observer = observer;
+  }
+  ~WaitObserverInstall() { tls_wait_observer.observer = before_; }
+  WaitObserverInstall(const WaitObserverInstall&) = delete;
+  WaitObserverInstall& operator=(const WaitObserverInstall&) = delete;
+
+ private:
+  WaitObserver* before_;
+};
+
+// A wait that may take long: the outermost one on a thread with an
+// observer tells it (blocked() now, unblocked() at the end). What an
+// observer throws is its own business and not the waiter's.
+class BlockedScope {
+ public:
+  BlockedScope() : observer_(tls_wait_observer.observer) {
+    if (observer_ && tls_wait_observer.depth++ == 0) tell(&WaitObserver::blocked);
+  }
+  ~BlockedScope() {
+    if (observer_ && --tls_wait_observer.depth == 0) tell(&WaitObserver::unblocked);
+  }
+  BlockedScope(const BlockedScope&) = delete;
+  BlockedScope& operator=(const BlockedScope&) = delete;
+
+ private:
+  void tell(void (WaitObserver::*what)()) {
+    try {
+      (observer_->*what)();
+    } catch (...) {
+    }
+  }
+  WaitObserver* observer_;
+};
+
 // The part of a future's shared state that does not depend on T.
 class FutureStateBase {
  public:
@@ -31,11 +86,14 @@ class FutureStateBase {
   // Waits until ready; false on timeout.
   bool wait_for(std::chrono::milliseconds timeout) const {
     if (spin()) return true;
+    if (timeout.count() <= 0) return ready();
+    BlockedScope blocked;
     std::unique_lock lock(mu_);
     return cv_.wait_for(lock, timeout, [&] { return ready_.load(); });
   }
   void wait() const {
     if (spin()) return;
+    BlockedScope blocked;
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return ready_.load(); });
   }
@@ -176,7 +234,9 @@ size_t wait_any(const std::vector<Future<T>>& futures,
       cv->notify_all();
     });
   }
+  std::optional<core::BlockedScope> blocked;
   std::unique_lock lock(*mu);
+  if (!first->has_value()) blocked.emplace();
   if (!cv->wait_for(lock, timeout, [&] { return first->has_value(); }))
     throw Timeout("wait_any: no future ready after " + std::to_string(timeout.count()) + " ms");
   return **first;
@@ -214,7 +274,9 @@ inline std::exception_ptr wait_all_or_first_failure(const std::vector<std::share
         }
     return signal->ready == states.size();
   };
+  std::optional<core::BlockedScope> blocked;
   std::unique_lock lock(signal->mu);
+  if (!settled()) blocked.emplace();
   if (!signal->cv.wait_for(lock, timeout, settled))
     return std::make_exception_ptr(Timeout("no answer within " + std::to_string(timeout.count()) + " ms"));
   return failed;

@@ -205,7 +205,7 @@ class Head::Impl {
     if (p.fenced) return;
     // Known ops by name, anything else as "other": the table stays small
     // whatever a peer sends.
-    ++message_counts_[m.op <= static_cast<uint32_t>(Op::kReadLog) ? m.op : 0];
+    ++message_counts_[m.op <= static_cast<uint32_t>(Op::kLastOp) ? m.op : 0];
     try {
       if (m.kind == Kind::REQUEST) {
         handle_request(p, m);
@@ -420,6 +420,9 @@ class Head::Impl {
         return state_.actor_ready(body<ActorReady>(m));
       case Op::kActorInitFailed:
         return state_.actor_init_failed(body<ActorInitFailed>(m));
+      case Op::kLendResources:
+        if (p.role != Role::kWorker) throw DecodeError("resources lent by a non-worker");
+        return state_.lend_resources(body<LendResources>(m));
       case Op::kWorkerExited:
         if (p.role != Role::kNode) throw DecodeError("worker exit report from a non-node");
         return state_.worker_exited(body<WorkerExited>(m));
@@ -684,7 +687,9 @@ class Head::Impl {
                                    "wait_placement_group",
                                    "nodes",
                                    "node_fenced",
-                                   "read_log"};
+                                   "read_log",
+                                   "lend_resources"};
+    static_assert(std::size(kNames) == static_cast<size_t>(Op::kLastOp) + 1, "a name for every op");
     return op < std::size(kNames) ? kNames[op] : "op_" + std::to_string(op);
   }
 

@@ -463,22 +463,54 @@ void HeadState::start_worker(Actor& a, Allocation alloc) {
                    a.info.node_id);
 }
 
-void HeadState::release(Actor& a) {
-  if (!a.allocation) return;
-  mark(a);
-  Allocation& al = *a.allocation;
+ResourcePool* HeadState::pool_of(const Allocation& al) {
   if (al.group_id) {
     auto git = groups_.find(al.group_id);
     // A reservation that was given up took the actor's share with it.
     if (git != groups_.end() && git->second.info.state == PlacementGroupState::kCreated &&
-        git->second.epoch == al.epoch)
-      git->second.bundles[al.bundle].give_back(al.grant);
-  } else {
-    auto it = nodes_.find(al.node_id);
-    if (it != nodes_.end() && it->second.info.alive) it->second.pool.give_back(al.grant);
+        git->second.epoch == al.epoch && al.bundle < git->second.bundles.size())
+      return &git->second.bundles[al.bundle];
+    return nullptr;
   }
+  auto it = nodes_.find(al.node_id);
+  return it != nodes_.end() && it->second.info.alive ? &it->second.pool : nullptr;
+}
+
+void HeadState::release(Actor& a) {
+  if (!a.allocation) return;
+  mark(a);
+  if (ResourcePool* pool = pool_of(*a.allocation)) {
+    pool->reclaim(a.lent);  // the lent part is in the pool already
+    pool->give_back(a.allocation->grant);
+  }
+  a.lent.clear();
   a.allocation.reset();
   a.info.gpu_ids.clear();
+}
+
+void HeadState::lend_resources(const wire::LendResources& l) {
+  auto it = actors_.find(l.actor_id);
+  if (it == actors_.end()) return;
+  Actor& a = it->second;
+  if (a.info.incarnation != l.incarnation || !a.allocation) return;
+  ResourcePool* pool = pool_of(*a.allocation);
+  if (!pool) return;
+  if (!l.lend) {
+    if (a.lent.empty()) return;
+    pool->reclaim(a.lent);
+    TROUPE_LOG_DEBUG("actor {} took back {{{}}}", a.info.id, format_resources(a.lent));
+    a.lent.clear();
+    mark(a);
+    return;
+  }
+  if (!a.lent.empty() || a.info.state != ActorState::kAlive) return;
+  auto cpu = a.allocation->grant.resources.find("CPU");
+  if (cpu == a.allocation->grant.resources.end() || cpu->second <= 0) return;
+  a.lent = {{"CPU", cpu->second}};
+  pool->give_back(Grant{a.lent, {}});
+  TROUPE_LOG_DEBUG("actor {} lent {{{}}} while its task waits", a.info.id, format_resources(a.lent));
+  mark(a);
+  schedule();
 }
 
 void HeadState::schedule() {

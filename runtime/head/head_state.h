@@ -93,6 +93,11 @@ class HeadState {
   void actor_ready(const wire::ActorReady& r);
   void actor_init_failed(const wire::ActorInitFailed& f);
   void worker_exited(const wire::WorkerExited& w);
+  // A task executor's task blocks in get() (lend) or resumes: its CPU goes
+  // back to its node's (or bundle's) pool meanwhile and is taken back on
+  // resume, over what is free if need be. Stale incarnations, unknown
+  // actors and a second lend are ignored.
+  void lend_resources(const wire::LendResources& l);
   // Kills every actor for good (cluster shutdown).
   void kill_all(const std::string& why);
   // True while the actor keeps its constructor arguments (a restart may need them).
@@ -173,12 +178,15 @@ class HeadState {
     PeerId owner = 0;
     uint64_t owner_client = 0;  // the owner's client id, which outlives a head restart
     std::optional<Allocation> allocation;
+    // The part of allocation->grant given back while its task waits
+    // (lend_resources); release() gives back only the rest.
+    Resources lent;
     // A worker process of this incarnation was started on info.node_id and
     // its exit has not been reported: the actor cannot be DEAD yet.
     bool worker_running = false;
     bool kill_requested = false;
     // The last worker that ran it and ended, for `troupe logs` of an actor
-    // that has none now (not kept across a head restart).
+    // that has none now.
     uint64_t last_node = 0;
     int32_t last_pid = 0;
   };
@@ -208,6 +216,9 @@ class HeadState {
   std::optional<Allocation> allocate_in_group(const Actor& a, std::string* reason);
   void start_worker(Actor& a, Allocation alloc);
   void release(Actor& a);
+  // The pool an allocation was taken from: its node's, or its bundle's;
+  // nullptr when that is gone (a dead node, a given-up reservation).
+  ResourcePool* pool_of(const Allocation& al);
   void actor_lost(Actor& a, const std::string& why);
   void set_dead(Actor& a);
   void drop_ctor_args_if_final(Actor& a);

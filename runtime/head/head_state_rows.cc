@@ -26,8 +26,11 @@ struct ActorRow {
   Resources grant;
   std::vector<int32_t> grant_gpus;
   bool worker_running = false, kill_requested = false;
+  Resources lent;  // of grant, back in the pool while its task waits
+  uint64_t last_node = 0;
+  int32_t last_pid = 0;
   TROUPE_FIELDS(info, spec, attachments, owner_client, allocated, node_id, group_id, bundle, epoch, grant, grant_gpus,
-                worker_running, kill_requested)
+                worker_running, kill_requested, lent, last_node, last_pid)
 };
 
 struct GroupRow {
@@ -96,9 +99,12 @@ std::vector<HeadState::Row> HeadState::take_rows() {
       r.epoch = a.allocation->epoch;
       r.grant = a.allocation->grant.resources;
       r.grant_gpus = a.allocation->grant.gpu_ids;
+      r.lent = a.lent;
     }
     r.worker_running = a.worker_running;
     r.kill_requested = a.kill_requested;
+    r.last_node = a.last_node;
+    r.last_pid = a.last_pid;
     rows.emplace_back(actor_key(id), encode_row(r));
   }
   for (const auto& key : std::exchange(dirty_kv_, {})) {
@@ -209,16 +215,16 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
     a.owner_client = r.owner_client;
     a.worker_running = r.worker_running;
     a.kill_requested = r.kill_requested;
+    a.last_node = r.last_node;
+    a.last_pid = r.last_pid;
     if (r.allocated) {
       Allocation al{r.node_id, r.group_id, r.bundle, r.epoch, Grant{r.grant, r.grant_gpus}};
-      if (al.group_id) {
-        auto g = groups_.find(al.group_id);
-        if (g != groups_.end() && g->second.info.state == PlacementGroupState::kCreated && g->second.epoch == al.epoch)
-          g->second.bundles.at(al.bundle).retake(al.grant);
-      } else if (auto n = nodes_.find(al.node_id); n != nodes_.end() && n->second.info.alive) {
-        n->second.pool.retake(al.grant);
+      if (ResourcePool* pool = pool_of(al)) {
+        pool->retake(al.grant);
+        pool->give_back(Grant{r.lent, {}});
       }
       a.allocation = std::move(al);
+      a.lent = r.lent;
     }
     const uint64_t id = a.info.id;
     if (a.info.state == ActorState::kDead) {

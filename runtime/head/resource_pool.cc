@@ -93,10 +93,12 @@ Grant ResourcePool::take(const Resources& req) {
 }
 
 void ResourcePool::retake(const Grant& grant) {
-  if (!head::fits(available_, grant.resources))
+  // Only GPUs must fit: other amounts may have run over the total before
+  // the restart (reclaim).
+  const double amount = gpu_amount(grant.resources);
+  if (!head::fits(available_, {{"GPU", amount}}))
     throw ConfigError("{" + format_resources(grant.resources) + "} does not fit in {" + format_resources(available_) +
                       "}");
-  const double amount = gpu_amount(grant.resources);
   const double each = gpu_share(amount);
   std::vector<size_t> picked;
   for (int32_t id : grant.gpu_ids) {
@@ -109,6 +111,8 @@ void ResourcePool::retake(const Grant& grant) {
   subtract(available_, grant.resources);
   take_gpus(gpu_free_, picked, amount);
 }
+
+void ResourcePool::reclaim(const Resources& amounts) { subtract(available_, amounts); }
 
 void ResourcePool::give_back(const Grant& grant) {
   add(available_, grant.resources);

@@ -68,8 +68,14 @@ class ResourcePool {
   Grant take(const Resources& req);
   // Returns what take handed out.
   void give_back(const Grant& grant);
+  // Takes back amounts (no GPUs) that were lent to the pool, whether or not
+  // they are free now: available() may go below zero, and nothing fits
+  // there until enough comes back (a task that resumes after lending its
+  // CPU runs at once, as in Ray).
+  void reclaim(const Resources& amounts);
   // Takes exactly `grant` again (its amounts and its GPU ids): a restarted
-  // head rebuilding what it had handed out. ConfigError when it is not free.
+  // head rebuilding what it had handed out. ConfigError when its GPUs are
+  // not free (other amounts may run over, as after reclaim).
   void retake(const Grant& grant);
 
  private:

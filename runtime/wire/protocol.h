@@ -43,6 +43,8 @@ enum class Op : uint32_t {
   kNodes = 25,                 // request: -> std::vector<NodeInfo>
   kNodeFenced = 26,            // event head -> node: NodeFenced (then the head closes)
   kReadLog = 27,               // request driver -> head (-> node): ReadLog -> LogChunk
+  kLendResources = 28,         // event worker -> head: LendResources
+  kLastOp = kLendResources,    // the highest op (tables indexed by op)
 };
 
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
@@ -166,6 +168,17 @@ struct WorkerExited {
   int32_t pid = 0;
   std::string how;  // "killed by signal 9", "exited with code 1", "failed to start: ..."
   TROUPE_FIELDS(actor_id, incarnation, pid, how)
+};
+
+// A task executor's task started (lend) or stopped (!lend) waiting in get():
+// while it waits, the head counts the executor's CPU as free, as Ray does,
+// so that the tasks it waits for can run (nested tasks cannot deadlock a
+// small cluster); taking it back may run a node over its CPUs for a while.
+struct LendResources {
+  uint64_t actor_id = 0;
+  uint32_t incarnation = 0;
+  bool lend = false;
+  TROUPE_FIELDS(actor_id, incarnation, lend)
 };
 
 struct KillActor {

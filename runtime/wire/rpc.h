@@ -74,6 +74,10 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
  private:
   template <class R>
   static R finish(Future<Message> f, Op op, std::chrono::milliseconds timeout) {
+    // An answer comes within a round trip: a task waiting for one lends
+    // its CPU only where the request waits by design (core::WaitObserver).
+    const bool waits = op == Op::kKvWait || op == Op::kWaitPlacementGroup;
+    core::WaitObserverInstall quick(waits ? core::tls_wait_observer.observer : nullptr);
     if (!f.wait_for(timeout))
       throw Timeout("no response to request op " + std::to_string(static_cast<uint32_t>(op)) + " after " +
                     std::to_string(timeout.count()) + " ms");

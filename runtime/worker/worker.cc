@@ -7,11 +7,13 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <typeinfo>
 
 #include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/task.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/malloc_policy.h"
@@ -49,6 +51,26 @@ class Mailbox {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> q_;
+};
+
+// Tells the head when the task a task executor runs starts and stops
+// waiting in get(), so that its CPU serves other tasks meanwhile
+// (LendResources). Installed on the thread of each call; sending is
+// thread-safe and never blocks on the head.
+class CpuLender final : public core::WaitObserver {
+ public:
+  CpuLender(client::Core& core, uint64_t actor_id, uint32_t incarnation)
+      : core_(core), actor_id_(actor_id), incarnation_(incarnation) {}
+  void blocked() override { tell(true); }
+  void unblocked() override { tell(false); }
+
+ private:
+  void tell(bool lend) {
+    core_.head().send(make_event_value(Op::kLendResources, LendResources{actor_id_, incarnation_, lend}));
+  }
+  client::Core& core_;
+  const uint64_t actor_id_;
+  const uint32_t incarnation_;
 };
 
 // Connects to the head as the worker of env's actor; a worker that cannot
@@ -125,7 +147,10 @@ class ActorHost {
         // Callers reach the actor at the node's advertise host, never at a
         // wildcard bind address.
         advertise_host_(env.advertise_host.empty() ? default_advertise_host(bind_host_) : env.advertise_host),
-        call_io_(inline_calls_ ? calls_io_ : core_->io()) {}
+        call_io_(inline_calls_ ? calls_io_ : core_->io()) {
+    if (core_->hello_reply().spec.type_key == client::kTaskExecutorKey)
+      lender_.emplace(*core_, env.actor_id, env.incarnation);
+  }
 
   // Listens, tells the head the actor is ready, and serves; never returns.
   [[noreturn]] void serve(const core::WorkerEnv& env, int serving_fd) {
@@ -166,6 +191,7 @@ class ActorHost {
       Decoder d(call.body.data(), call.body.size(), &call.attachments, core_.get());
       Encoder e;
       bool keep = (call.op & client::kKeepResult) != 0;
+      core::WaitObserverInstall observe(lender_ ? &*lender_ : nullptr);
       actor_->invoke(call.op & ~client::kKeepResult, d, e, keep ? &keep_result_ : nullptr);
       reply.body = std::move(e.bytes());
       reply.attachments = std::move(e.attachments());
@@ -274,6 +300,7 @@ class ActorHost {
   asio::io_context calls_io_{1};  // one thread runs it: asio can skip some locking
   asio::io_context& call_io_;
   Mailbox mailbox_;
+  std::optional<CpuLender> lender_;  // a task executor's
   std::shared_ptr<ConnMap> call_conns_ = std::make_shared<ConnMap>();
   // call_ref: the result stays in this process's object store; the reply
   // carries a ref, pinned until the caller has registered.

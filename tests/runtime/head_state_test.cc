@@ -665,3 +665,82 @@ TEST_F(HeadStateTest, NodeDeclaredDeadBeforeItCameBackJoinsAsANewNode) {
   again.check_heartbeats(now_ + 2s);
   EXPECT_NE(again.resume_node(11, node_hello({{"CPU", 2}}, n), now_ + 2s), n);
 }
+
+// A task executor whose task waits in get() lends its CPU: a pending actor
+// takes it; the waiter takes it back over the node's total (the node shows
+// -1 free and fits nothing) and gives back only the unlent part if it dies
+// while lent; a lend of a stale incarnation, a second lend and a take-back
+// without a lend change nothing; a restarted head keeps what is lent, and
+// a node over its total.
+TEST_F(HeadStateTest, ATaskWaitingInGetLendsItsCpuUntilItResumes) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  const uint64_t n = add_node({{"CPU", 1}, {"memory", 4}}, 1);
+  const uint64_t waiter = state_.create_actor(kDriver, spec({{"CPU", 1}, {"memory", 1}})).id;
+  start_spawned();
+  const uint32_t inc = state_.actor_info(waiter).incarnation;
+  const uint64_t child = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
+  start_spawned();
+  ASSERT_EQ(state_of(child), ActorState::kPending);
+
+  state_.lend_resources({waiter, inc + 1, true});  // a stale worker: ignored
+  start_spawned();
+  EXPECT_EQ(state_of(child), ActorState::kPending);
+  state_.lend_resources({waiter, inc, false});  // nothing lent: ignored
+  EXPECT_EQ(node(n).available.at("CPU"), 0);
+
+  state_.lend_resources({waiter, inc, true});
+  state_.lend_resources({waiter, inc, true});  // a second lend: ignored
+  start_spawned();
+  EXPECT_EQ(state_of(child), ActorState::kAlive);
+  EXPECT_EQ(node(n).available.at("CPU"), 0);
+  EXPECT_EQ(node(n).available.at("memory"), 3);  // only CPU is lent
+
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  for (const auto& info : again.nodes()) EXPECT_EQ(info.available.at("CPU"), 0);
+
+  state_.lend_resources({waiter, inc, false});
+  EXPECT_EQ(node(n).available.at("CPU"), -1);
+  const uint64_t third = state_.create_actor(kDriver, spec({{"CPU", 0.5}})).id;
+  start_spawned();
+  EXPECT_EQ(state_of(third), ActorState::kPending);
+  apply_rows(store, state_.take_rows());
+  HeadState over(HeadConfig{100, 5, 1000});
+  over.restore(store, now_, 2s);  // a node over its total is restored as it was
+  for (const auto& info : over.nodes()) EXPECT_EQ(info.available.at("CPU"), -1);
+
+  state_.kill_actor(child, true, "test");
+  exited(child);
+  EXPECT_EQ(node(n).available.at("CPU"), 0);
+  start_spawned();
+  EXPECT_EQ(state_of(third), ActorState::kPending);
+  state_.lend_resources({waiter, inc, true});
+  start_spawned();
+  EXPECT_EQ(state_of(third), ActorState::kAlive);
+  EXPECT_EQ(node(n).available.at("CPU"), 0.5);
+  // Dying while lent gives back what was not lent.
+  state_.kill_actor(waiter, true, "test");
+  exited(waiter);
+  EXPECT_EQ(node(n).available.at("CPU"), 0.5);
+  EXPECT_EQ(node(n).available.at("memory"), 4);
+}
+
+// `troupe logs` of an actor that died before the head restarted still
+// finds its last worker.
+TEST_F(HeadStateTest, ARestartedHeadKnowsTheLastWorkerOfADeadActor) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  const uint64_t n = add_node({{"CPU", 1}}, 1);
+  const uint64_t a = state_.create_actor(kDriver, spec()).id;
+  start_spawned();
+  const int32_t pid = state_.actor_info(a).pid;
+  exited(a, "exited with code 1");
+  ASSERT_EQ(state_of(a), ActorState::kDead);
+  EXPECT_EQ(state_.actor_log_source(a), std::make_pair(n, pid));
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  EXPECT_EQ(again.actor_log_source(a), std::make_pair(n, pid));
+}

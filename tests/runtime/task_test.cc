@@ -71,6 +71,20 @@ int64_t sum_bytes(troupe::ObjectRef<std::vector<uint8_t>> ref) {
   return s;
 }
 
+// Tasks that wait for tasks, each with a CPU of its own: top waits for two
+// middles, each middle for a leaf. On two CPUs the leaves run only because
+// a task waiting in get() lends its CPU back meanwhile.
+int64_t leaf(int64_t x) { return x + 1; }
+int64_t middle(int64_t x) {
+  return troupe::this_actor::runtime().submit(&leaf, {.resources = {{"CPU", 1}}}, x).get(60s) * 10;
+}
+int64_t top(int64_t x) {
+  auto& rt = troupe::this_actor::runtime();
+  auto a = rt.submit(&middle, {.resources = {{"CPU", 1}}}, x);
+  auto b = rt.submit(&middle, {.resources = {{"CPU", 1}}}, x + 1);
+  return a.get(90s) + b.get(90s);
+}
+
 class Adder {
  public:
   int plus(int a, int b) { return a + b; }
@@ -93,6 +107,9 @@ TROUPE_TASK(die_once)
 TROUPE_TASK(overlap)
 TROUPE_TASK(make_bytes)
 TROUPE_TASK(sum_bytes)
+TROUPE_TASK(leaf)
+TROUPE_TASK(middle)
+TROUPE_TASK(top)
 TROUPE_ACTOR(Adder, &Adder::plus)
 
 class TaskTest : public ::testing::Test {
@@ -226,6 +243,17 @@ TEST_F(TaskTest, IdleExecutorsMakeWayForAnActorOrGroupThatNeedsTheirResources) {
   auto pg = rt_.create_placement_group({{{"CPU", 2}}}, troupe::PlacementStrategy::kPack);
   EXPECT_TRUE(pg.wait(60s)) << pg.info().pending_reason;
   EXPECT_EQ(tasks->executor_count(), 0u);
+}
+
+TEST_F(TaskTest, TasksWaitingForTasksLendTheirCpuSoNestingCannotDeadlock) {
+  // Five executors of one CPU each on two CPUs: without lending, top and
+  // one middle hold both and the leaves never start (the middles' gets
+  // time out after 60 s and the error says so).
+  EXPECT_EQ(rt_.submit(&top, {.resources = {{"CPU", 1}}}, 1).get(180s), 50);
+  // Once the idle executors are released the node has its two CPUs again:
+  // nothing stays lent or taken twice.
+  EXPECT_TRUE(troupe::test::eventually([&] { return rt_.nodes().at(0).available.at("CPU") == 2; }, 60s));
+  EXPECT_EQ(rt_.submit(&leaf, {.resources = {{"CPU", 2}}}, 1).get(60s), 2);
 }
 
 TEST_F(TaskTest, SoakKeepsFdsAndExecutorsBounded) {
