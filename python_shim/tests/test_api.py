@@ -1,5 +1,6 @@
 """The Ray-shaped API on an embedded cluster: tasks, actors, refs, put/get,
 wait, options, errors by class, named actors, cluster information."""
+import asyncio
 import os
 import signal
 import threading
@@ -44,11 +45,84 @@ def test_tasks_and_chained_refs():
     assert troupe.get(add.remote(chained, 1), timeout=60) == 26
 
 
+def test_tasks_that_wait_for_tasks_lend_their_cpu():
+    # Five tasks of one CPU each on two CPUs: top waits for two middles,
+    # each middle for a leaf. Without lending, top and a middle hold both
+    # CPUs and the leaves never start (the gets time out and say so).
+    @troupe.remote
+    def leaf(x):
+        return x + 1
+
+    @troupe.remote
+    def middle(x):
+        return troupe.get(leaf.remote(x), timeout=60) * 10
+
+    @troupe.remote
+    def top(x):
+        return sum(troupe.get([middle.remote(x), middle.remote(x + 1)], timeout=90))
+
+    assert troupe.get(top.remote(1), timeout=180) == 50
+
+
 def test_actor_calls_run_in_order():
     c = Counter.remote(10)
     refs = [c.add.remote(1) for _ in range(100)]
     assert troupe.get(refs, timeout=60) == list(range(11, 111))
     assert troupe.get(c.add.remote(k=5), timeout=60) == 115
+
+
+@troupe.remote
+class Sleeper:
+    def __init__(self):
+        self.inside = 0
+        self.both_inside = None  # an asyncio.Event, made on the worker's loop
+
+    async def double_later(self, x):
+        await asyncio.sleep(0.01)
+        return 2 * x
+
+    async def fail_later(self):
+        await asyncio.sleep(0.01)
+        raise ValueError("async bad value")
+
+    async def get_nested(self, refs):
+        # Awaiting a ref leaves the loop free for the actor's other calls
+        # (a troupe.get on the loop itself would hold them all up).
+        return await refs[0]
+
+    async def wait_for_peer(self):
+        # True once a second call is inside too: only calls that run at
+        # the same time on the loop can both see it (bounded if not).
+        if self.both_inside is None:
+            self.both_inside = asyncio.Event()
+        self.inside += 1
+        if self.inside >= 2:
+            self.both_inside.set()
+        try:
+            await asyncio.wait_for(self.both_inside.wait(), timeout=30)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+
+def test_async_actor_methods_run_on_an_event_loop():
+    s = Sleeper.remote()
+    assert troupe.get([s.double_later.remote(i) for i in range(5)], timeout=60) == [0, 2, 4, 6, 8]
+    with pytest.raises(ValueError, match="async bad value") as info:
+        troupe.get(s.fail_later.remote(), timeout=60)
+    assert isinstance(info.value, TaskError) and "fail_later" in str(info.value)
+    assert troupe.get(s.get_nested.remote([square.remote(7)]), timeout=60) == 49
+    # A class with async methods and no max_concurrency runs calls at once.
+    assert troupe.get([s.wait_for_peer.remote(), s.wait_for_peer.remote()], timeout=60) == [True, True]
+
+
+def test_async_remote_functions_run_to_their_end():
+    @troupe.remote
+    async def later(x):
+        await asyncio.sleep(0.01)
+        return x + await square.remote(x)
+
+    assert troupe.get(later.remote(3), timeout=60) == 12
 
 
 def test_lambda_closure_and_kwargs():

@@ -169,6 +169,17 @@ def get(refs, *, timeout=None):
     raise TypeError(f"troupe.get takes an ObjectRef or a list of them, not a {type(refs).__name__}")
 
 
+def _await_ref(ref):
+    # `await ref` in a coroutine (an async def method): troupe.get waits on
+    # a thread of the loop's default executor, so the loop runs on.
+    import asyncio
+
+    return asyncio.get_running_loop().run_in_executor(None, get, ref).__await__()
+
+
+ObjectRef.__await__ = _await_ref
+
+
 def put(value):
     """Keeps value in this process's object store; the ref may go to any task
     or actor, which fetches the value from here."""

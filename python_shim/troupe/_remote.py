@@ -7,6 +7,7 @@ the first time it runs it. An actor's class travels in its spec (the head
 keeps it for restarts).
 """
 import hashlib
+import inspect
 import numbers
 import re
 
@@ -121,6 +122,15 @@ def _call_args(what, args, kwargs):
 _INT_MAX = 2**31 - 1
 # A worker runs one thread per concurrent call (the head checks it again).
 _MAX_CONCURRENCY = _core.MAX_ACTOR_CONCURRENCY
+# The max_concurrency of an actor class with async def methods when none is
+# given: its calls wait on one event loop and should be able to overlap, as
+# in Ray (which says 1000); here the worker starts a thread for each call
+# it may run at once, so fewer.
+_ASYNC_MAX_CONCURRENCY = 100
+
+
+def _has_async_methods(cls):
+    return any(inspect.iscoroutinefunction(getattr(cls, name, None)) for name in dir(cls))
 
 
 def _is_int(value, least):
@@ -374,6 +384,8 @@ class ActorClass:
                 pass
         data, top = _call_args(f"actor {self.__name__}", args, kwargs)
         options = _runtime_options(self._options, 0)
+        if "max_concurrency" not in self._options and _has_async_methods(self._cls):
+            options["max_concurrency"] = _ASYNC_MAX_CONCURRENCY
         actor = client.spawn(self._cls.__qualname__, self._shared["blob"], data, list(top), options)
         return ActorHandle(actor, self._cls, client)
 

@@ -4,7 +4,10 @@ build an actor, run one of its methods, run a task. Arguments arrive as
 back as (error, data, buffers, refs). An exception in user code is an answer
 (an _ErrorBox with the traceback), not a failure of the worker.
 """
+import asyncio
+import inspect
 import os
+import threading
 import traceback
 
 from troupe import _core
@@ -13,6 +16,8 @@ from troupe.exceptions import _ErrorBox, _RebuildByState
 
 _functions = {}  # task function by content hash, loaded once per worker
 _FUNCTION_KEY = "troupe.py.fn."
+_loop = None  # the worker's event loop for async def methods, made on first use
+_loop_lock = threading.Lock()
 
 
 def _sync_environment():
@@ -64,10 +69,34 @@ def make_actor(blob, args, top):
     return cls(*a, **kw)
 
 
+def _event_loop():
+    """The worker's one event loop, running forever in a daemon thread.
+    One loop for all calls (as Ray's async actors): the coroutines of calls
+    in flight at once (max_concurrency > 1, a worker thread each) interleave
+    on it and can share asyncio objects (events, locks, queues)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            # Daemon: a worker that exits does not wait for the loop.
+            threading.Thread(target=loop.run_forever, name="troupe-asyncio", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
+def _settle(value):
+    """The value of a call: an async def method's coroutine runs to its end
+    on the worker's loop while this call's thread waits (without the GIL);
+    its exception is raised here, for _error."""
+    if inspect.iscoroutine(value):
+        return asyncio.run_coroutine_threadsafe(value, _event_loop()).result()
+    return value
+
+
 def call_method(instance, name, args, top):
     try:
         a, kw = ser.load_call_args(args, top)
-        return _answer(getattr(instance, name)(*a, **kw))
+        return _answer(_settle(getattr(instance, name)(*a, **kw)))
     except BaseException:
         return _error(f"{type(instance).__name__}.{name} (pid {os.getpid()})")
 
@@ -91,6 +120,6 @@ def run_task(key, args, top):
         fn = _function(key)
         name = getattr(fn, "__qualname__", key)
         a, kw = ser.load_call_args(args, top)
-        return _answer(fn(*a, **kw))
+        return _answer(_settle(fn(*a, **kw)))
     except BaseException:
         return _error(f"task {name} (pid {os.getpid()})")
