@@ -66,6 +66,7 @@ PyOptions options_from(const pyb::dict& d) {
   if (d.contains("env")) o.env = d["env"].cast<std::vector<std::string>>();
   if (d.contains("placement_group")) o.placement_group = d["placement_group"].cast<uint64_t>();
   if (d.contains("bundle_index")) o.bundle_index = d["bundle_index"].cast<int>();
+  if (d.contains("detached")) o.detached = d["detached"].cast<bool>();
   return o;
 }
 

@@ -113,6 +113,7 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   s.env = o.env;
   s.placement_group = o.placement_group;
   s.bundle_index = o.bundle_index;
+  s.detached = o.detached;
   auto info = core()->head().call<wire::ActorInfo>(wire::Op::kCreateActor, s);
   return core()->actor(info);
 }

@@ -39,6 +39,7 @@ struct PyOptions {
   std::vector<std::string> env;
   uint64_t placement_group = 0;  // 0 = none
   int bundle_index = -1;         // -1 = any bundle of the group
+  bool detached = false;         // lifetime="detached"
 };
 
 // A scheduling key of the task submitter (placement of Python tasks).

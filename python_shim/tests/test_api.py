@@ -64,6 +64,18 @@ def test_tasks_that_wait_for_tasks_lend_their_cpu():
     assert troupe.get(top.remote(1), timeout=180) == 50
 
 
+def test_refs_a_task_returns_outlive_its_idle_executor():
+    # The task's worker owns what it put: its executor is kept, and lends
+    # its CPU once idle, so the cluster is whole again and the refs resolve.
+    @troupe.remote
+    def chunks(n):
+        return [troupe.put(bytes([i]) * 1000) for i in range(n)]
+
+    refs = troupe.get(chunks.remote(3), timeout=60)
+    wait_until(lambda: troupe.available_resources().get("CPU") == 2.0, what="the idle executor to lend its CPU")
+    assert troupe.get(refs, timeout=60) == [bytes([i]) * 1000 for i in range(3)]
+
+
 def test_actor_calls_run_in_order():
     c = Counter.remote(10)
     refs = [c.add.remote(1) for _ in range(100)]

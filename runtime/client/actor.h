@@ -76,6 +76,10 @@ uint32_t method_index(M m) {
 // The top bit of a call's method index (Message::op) asks the callee to keep
 // the result and reply with a reference to it (ActorHandle::call_ref).
 inline constexpr uint32_t kKeepResult = 1u << 31;
+// Set in a task executor's reply (Message::op) when its process's object
+// store holds objects after the task (a Python task that returns what it
+// put): the submitter keeps that executor, whose objects others may read.
+inline constexpr uint32_t kHoldsObjects = 1u << 30;
 
 // An actor instance inside a worker, behind a type-erased interface.
 class HostedActor {

@@ -177,6 +177,7 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
   spec.bundle_index = options.bundle_index;
   spec.executable = options.executable.empty() ? core::self_executable_path() : options.executable;
   spec.env = options.env;
+  spec.detached = options.detached;
   head::validate_max_concurrency(options.max_concurrency);
   head::validate_resources(spec.resources, "actor " + spec.class_name + " options");
   auto core = live();

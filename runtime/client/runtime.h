@@ -77,6 +77,11 @@ struct ActorOptions {
   std::string executable;
   // Extra KEY=VALUE environment for the worker process.
   std::vector<std::string> env;
+  // Outlives this process (Ray's lifetime="detached"): otherwise the actor
+  // is killed when the process that created it exits. A detached actor
+  // ends with kill_actor (a handle, or get_actor by name) or the cluster;
+  // one in a placement group still goes with the group.
+  bool detached = false;
 };
 
 // How a task runs (Runtime::submit).

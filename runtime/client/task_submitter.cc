@@ -33,9 +33,12 @@ struct TaskSubmitter::Executor {
   int inflight = 0;
   bool ready = false;
   bool gone = false;
-  // It ran a submit_ref, so it may own objects others still refer to:
-  // kept until the runtime shuts down rather than reaped when idle.
+  // It ran a submit_ref, or a task that left objects in its store, so it
+  // may own objects others still refer to: kept until the runtime shuts
+  // down rather than reaped when idle; idle that long, it lends its CPU
+  // (LendResources) until it gets work again.
   bool holds_objects = false;
+  bool lent_idle = false;
   std::string death_cause;
   Clock::time_point idle_since = Clock::now();
   // Tasks that died with it and wait for the head's cause of death.
@@ -193,6 +196,7 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
         best_ptr = e;
       }
     if (!best || best->inflight >= depth) break;
+    if (std::exchange(best->lent_idle, false)) reclaims_.push_back(best->id);
     ++best->inflight;
     auto t = std::move(k.queue.front());
     k.queue.pop_front();
@@ -219,6 +223,12 @@ void TaskSubmitter::request_leases_locked(const std::shared_ptr<Key>& key) {
 }
 
 void TaskSubmitter::send(std::vector<Send> sends) {
+  std::vector<uint64_t> reclaims;
+  {
+    std::lock_guard lock(mu_);
+    reclaims.swap(reclaims_);
+  }
+  for (uint64_t id : reclaims) lend(id, false);
   for (auto& [e, t] : sends) {
     Encoder body;
     if (t->retries_left != 0) {
@@ -243,7 +253,7 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
   {
     std::lock_guard lock(mu_);
     if (auto& e = t->on) {
-      if (t->op & kKeepResult) e->holds_objects = true;
+      if ((t->op & kKeepResult) || (m.op & kHoldsObjects)) e->holds_objects = true;
       if (--e->inflight == 0) e->idle_since = Clock::now();
       e.reset();
     }
@@ -406,12 +416,17 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
   auto now = Clock::now();
   const auto idle_for =
       std::exchange(release_idle_requested_, false) ? Clock::duration::zero() : Clock::duration(options_.idle_release);
-  std::vector<uint64_t> idle;
+  std::vector<uint64_t> idle, lends;
   for (auto& [id, key] : keys_) {
     auto& v = key->executors;
     for (auto it = v.begin(); it != v.end();) {
       Executor& e = **it;
-      if (e.ready && e.inflight == 0 && !e.holds_objects && now - e.idle_since >= idle_for) {
+      if (e.ready && e.inflight == 0 && now - e.idle_since >= idle_for) {
+        if (e.holds_objects) {
+          if (!std::exchange(e.lent_idle, true)) lends.push_back(e.id);
+          ++it;
+          continue;
+        }
         e.gone = true;
         idle.push_back(e.id);
         it = v.erase(it);
@@ -431,11 +446,21 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
     e.lost.clear();
     it = awaiting_cause_.erase(it);
   }
-  if (idle.empty() && overdue.empty()) return;
+  if (idle.empty() && overdue.empty() && lends.empty()) return;
   lock.unlock();
+  for (uint64_t id : lends) lend(id, true);
   for (uint64_t id : idle) kill_executor(id);
   for (auto& [t, error] : overdue) t->fail(error);
   lock.lock();
+}
+
+void TaskSubmitter::lend(uint64_t id, bool lend) {
+  try {
+    // Executors never restart: incarnation 0.
+    core_.head().send(make_event_value(Op::kLendResources, LendResources{id, 0, lend}));
+  } catch (const std::exception& x) {
+    TROUPE_LOG_DEBUG("lending task executor {}'s resources: {}", id, x.what());
+  }
 }
 
 void TaskSubmitter::kill_executor(uint64_t id) {

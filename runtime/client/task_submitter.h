@@ -109,6 +109,9 @@ class TaskSubmitter {
   // release_idle().
   void reap_idle(std::unique_lock<std::mutex>& lock);
   void kill_executor(uint64_t id);
+  // Tells the head that executor `id`, idle and kept for its objects, lends
+  // its resources (or takes them back before it gets a task).
+  void lend(uint64_t id, bool lend);
 
   Core& core_;
   mutable std::mutex mu_;
@@ -118,6 +121,9 @@ class TaskSubmitter {
   std::deque<std::shared_ptr<Key>> lease_requests_;
   // Dead executors whose lost tasks wait for the head's cause of death.
   std::vector<std::shared_ptr<Executor>> awaiting_cause_;
+  // Executors lent while idle that pump_locked gave work: send() takes
+  // their resources back first.
+  std::vector<uint64_t> reclaims_;
   bool stopping_ = false;
   bool release_idle_requested_ = false;  // release_idle(): reap_idle takes every idle executor
   std::thread leaser_;

@@ -421,8 +421,9 @@ class Head::Impl {
       case Op::kActorInitFailed:
         return state_.actor_init_failed(body<ActorInitFailed>(m));
       case Op::kLendResources:
-        if (p.role != Role::kWorker) throw DecodeError("resources lent by a non-worker");
-        return state_.lend_resources(body<LendResources>(m));
+        // From the executor's worker (a task waits), or from its owner (an
+        // executor kept idle for its objects).
+        return state_.lend_resources(body<LendResources>(m), p.role == Role::kWorker ? 0 : p.id);
       case Op::kWorkerExited:
         if (p.role != Role::kNode) throw DecodeError("worker exit report from a non-node");
         return state_.worker_exited(body<WorkerExited>(m));

@@ -214,8 +214,11 @@ ActorInfo HeadState::create_actor(PeerId owner, ActorSpec spec) {
   a.info.max_restarts = spec.max_restarts;
   a.info.max_task_retries = spec.max_task_retries;
   a.spec = std::move(spec);
-  a.owner = owner;
-  if (auto c = clients_.find(owner); c != clients_.end()) a.owner_client = c->second;
+  // A detached actor has no owner: no one's exit kills it.
+  if (!a.spec.detached) {
+    a.owner = owner;
+    if (auto c = clients_.find(owner); c != clients_.end()) a.owner_client = c->second;
+  }
   uint64_t id = a.info.id;
   mark(a);
   if (!a.info.name.empty()) named_[a.info.name] = id;
@@ -488,11 +491,11 @@ void HeadState::release(Actor& a) {
   a.info.gpu_ids.clear();
 }
 
-void HeadState::lend_resources(const wire::LendResources& l) {
+void HeadState::lend_resources(const wire::LendResources& l, PeerId owner) {
   auto it = actors_.find(l.actor_id);
   if (it == actors_.end()) return;
   Actor& a = it->second;
-  if (a.info.incarnation != l.incarnation || !a.allocation) return;
+  if (a.info.incarnation != l.incarnation || !a.allocation || (owner != 0 && owner != a.owner)) return;
   ResourcePool* pool = pool_of(*a.allocation);
   if (!pool) return;
   if (!l.lend) {

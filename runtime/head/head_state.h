@@ -96,8 +96,10 @@ class HeadState {
   // A task executor's task blocks in get() (lend) or resumes: its CPU goes
   // back to its node's (or bundle's) pool meanwhile and is taken back on
   // resume, over what is free if need be. Stale incarnations, unknown
-  // actors and a second lend are ignored.
-  void lend_resources(const wire::LendResources& l);
+  // actors and a second lend are ignored. `owner`: 0 when the actor's
+  // worker sends it; else the sender, which must own the actor (a
+  // submitter lending an idle executor it keeps for its objects).
+  void lend_resources(const wire::LendResources& l, PeerId owner = 0);
   // Kills every actor for good (cluster shutdown).
   void kill_all(const std::string& why);
   // True while the actor keeps its constructor arguments (a restart may need them).

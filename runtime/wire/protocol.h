@@ -92,8 +92,11 @@ struct ActorSpec {
   int32_t bundle_index = -1;
   std::string executable;
   std::vector<std::string> env;  // extra KEY=VALUE for the worker
+  // Outlives the process that created it (Ray's lifetime="detached"): it
+  // has no owner, and only a kill or the cluster's end stops it.
+  bool detached = false;
   TROUPE_FIELDS(type_key, class_name, ctor_args, ctor_attachments, resources, name, max_restarts, max_task_retries,
-                max_concurrency, placement_group, bundle_index, executable, env)
+                max_concurrency, placement_group, bundle_index, executable, env, detached)
 };
 
 struct ActorInfo {

@@ -193,6 +193,7 @@ class ActorHost {
       bool keep = (call.op & client::kKeepResult) != 0;
       core::WaitObserverInstall observe(lender_ ? &*lender_ : nullptr);
       actor_->invoke(call.op & ~client::kKeepResult, d, e, keep ? &keep_result_ : nullptr);
+      if (lender_ && core_->service<client::ObjectStore>()->stats().objects > 0) reply.op |= client::kHoldsObjects;
       reply.body = std::move(e.bytes());
       reply.attachments = std::move(e.attachments());
     } catch (const std::exception& e) {

@@ -744,3 +744,50 @@ TEST_F(HeadStateTest, ARestartedHeadKnowsTheLastWorkerOfADeadActor) {
   again.restore(store, now_, 2s);
   EXPECT_EQ(again.actor_log_source(a), std::make_pair(n, pid));
 }
+
+// A detached actor outlives the driver that made it, also across a head
+// restart where that driver does not come back; a kill still ends it.
+TEST_F(HeadStateTest, ADetachedActorOutlivesItsDriver) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  state_.bind_client(kDriver, 7);
+  const uint64_t n = add_node({{"CPU", 2}}, 1);
+  auto s = spec({}, 0, "service");
+  s.detached = true;
+  const auto detached = state_.create_actor(kDriver, s);
+  const auto owned = state_.create_actor(kDriver, spec());
+  start_spawned();
+  apply_rows(store, state_.take_rows());
+  state_.peer_gone(kDriver, "closed");
+  exited(owned.id);
+  EXPECT_EQ(state_of(owned.id), ActorState::kDead);
+  EXPECT_EQ(state_of(detached.id), ActorState::kAlive);
+  EXPECT_EQ(state_.named_actor("service").id, detached.id);
+
+  // A restarted head waits for the driver of owned actors; not for this one.
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  const auto& info = again.actor_info(detached.id);
+  again.resume_node(11, node_hello({{"CPU", 2}}, n, {{detached.id, info.incarnation, info.pid}}), now_);
+  again.heartbeat(n, now_ + 2800ms);
+  again.check_heartbeats(now_ + 3s);
+  EXPECT_EQ(again.actor_info(detached.id).state, ActorState::kAlive);
+
+  state_.kill_actor(detached.id, true, "killed by request");
+  exited(detached.id);
+  EXPECT_EQ(state_of(detached.id), ActorState::kDead);
+}
+
+// A submitter lends the CPU of an idle executor it keeps for its objects:
+// only the executor's owner may; anyone else is ignored.
+TEST_F(HeadStateTest, OnlyItsOwnerLendsAnIdleExecutorsCpu) {
+  const uint64_t n = add_node({{"CPU", 1}}, 1);
+  const uint64_t kept = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
+  start_spawned();
+  state_.lend_resources({kept, 0, true}, kOtherDriver);
+  EXPECT_EQ(node(n).available.at("CPU"), 0);
+  state_.lend_resources({kept, 0, true}, kDriver);
+  EXPECT_EQ(node(n).available.at("CPU"), 1);
+  state_.lend_resources({kept, 0, false}, kDriver);
+  EXPECT_EQ(node(n).available.at("CPU"), 0);
+}
