@@ -1,8 +1,9 @@
 """troupe.init(address=...) against a cluster started with `troupe start
 --head`; a C++ driver's actor and a Python actor on that one cluster; wrong
-address or token."""
+address or token; a detached actor outlives its driver."""
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -382,3 +383,51 @@ def test_a_second_shutdown_returns_once_the_cluster_is_stopped(monkeypatch):
                 thread.join(120)
         real.shutdown()
         troupe.shutdown()
+
+
+DETACHED_DRIVER = """
+import sys
+import troupe
+
+troupe.init(address=sys.argv[1])
+
+
+@troupe.remote
+class Keeper:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, k):
+        self.n += k
+        return self.n
+
+
+keeper = Keeper.options(name="keeper", lifetime="detached").remote()
+Keeper.options(name="owned").remote()
+print(troupe.get(keeper.add.remote(1), timeout=60))
+"""
+
+
+def test_a_detached_actor_outlives_its_driver(head, tmp_path):
+    env, address = head
+    script = tmp_path / "driver.py"
+    script.write_text(DETACHED_DRIVER)
+    done = subprocess.run([sys.executable, str(script), address], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+    troupe.init(address=address)
+    # The driver's own actor went with it; the detached one kept its state.
+    wait_until(lambda: not _has_actor("owned"), what="the driver's actor to go")
+    keeper = troupe.get_actor("keeper")
+    assert troupe.get(keeper.add.remote(2), timeout=60) == 3
+    troupe.kill(keeper)
+    wait_until(lambda: not _has_actor("keeper"), what="the killed detached actor to go")
+
+
+def _has_actor(name):
+    try:
+        troupe.get_actor(name)
+        return True
+    except ValueError:
+        return False

@@ -30,6 +30,7 @@ import threading
 from troupe import _core
 from troupe import exceptions
 from troupe._remote import ActorClass, ActorHandle, RemoteFunction, remote, _actor_handle
+from troupe import _remote
 from troupe import _serialization as _ser
 from troupe import _timeouts
 
@@ -51,9 +52,13 @@ _shutdown_lock = threading.RLock()
 
 
 class _State:
-    def __init__(self, client, job_id):
+    def __init__(self, client, job_id, namespace=""):
         self.client = client
         self.job_id = job_id
+        # Where named actors are made and looked up by default: the
+        # driver's init(namespace=...), "" (the default: names as given,
+        # cluster-wide) when none was.
+        self.namespace = namespace
 
 
 def _client():
@@ -92,21 +97,35 @@ def _same_session(client, what):
     return _client()
 
 
+def _namespace():
+    """The namespace of the calling code: its driver's ("" = the default)."""
+    _client()
+    state = _state
+    return state.namespace if state is not None else ""
+
+
 def _attach_worker():
     global _state
     with _lock:
         if _state is None:
-            _state = _State(_core.Client.attach_worker(), _core.getenv("PYTROUPE_JOB_ID"))
+            # A pooled worker is handed its driver's job and namespace after
+            # it started: from the process's environment, not os.environ's
+            # copy of it.
+            _state = _State(_core.Client.attach_worker(), _core.getenv("PYTROUPE_JOB_ID"),
+                            _core.getenv("PYTROUPE_NAMESPACE"))
         return _state
 
 
-def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, ignore_reinit_error=False,
-         _token=None):
+def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespace=None,
+         ignore_reinit_error=False, _token=None):
     """Starts an embedded local cluster (address None), or connects to one:
     "HOST:PORT", or "auto" for the cluster `troupe start --head` recorded in
     the session directory. The token comes from TROUPE_TOKEN or the session
-    directory, as for C++ drivers."""
+    directory, as for C++ drivers. `namespace`: where this driver's named
+    actors (and those of its tasks and actors) live and are looked up; None
+    (the default) keeps names cluster-wide, unlike Ray's anonymous one."""
     global _state
+    _remote.check_namespace(namespace, "troupe.init")
     if address is None:
         address = os.environ.get("TROUPE_ADDRESS") or None
     # A Python driver's console is the script's: the runtime's warnings and
@@ -134,7 +153,7 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, ignore_r
                 return
             raise RuntimeError("troupe.init() was called twice (troupe.shutdown() first)")
         client = _core.Client(address or "", _token or "", {k: float(v) for k, v in node.items()})
-        _state = _State(client, f"{os.getpid()}@{client.address}")
+        _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "")
     atexit.register(shutdown)
 
 
@@ -171,10 +190,33 @@ def get(refs, *, timeout=None):
 
 def _await_ref(ref):
     # `await ref` in a coroutine (an async def method): troupe.get waits on
-    # a thread of the loop's default executor, so the loop runs on.
+    # a thread of its own, so the loop runs on, and no number of awaits in
+    # flight (or abandoned by a wait_for timeout) can use up a thread pool.
     import asyncio
+    import threading
 
-    return asyncio.get_running_loop().run_in_executor(None, get, ref).__await__()
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(value, error):
+        if not future.cancelled():
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+    def wait():
+        try:
+            value, error = get(ref), None
+        except BaseException as e:  # the ref's error is the await's
+            value, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the loop closed meanwhile: no one waits
+            pass
+
+    threading.Thread(target=wait, name="troupe-await", daemon=True).start()
+    return future.__await__()
 
 
 ObjectRef.__await__ = _await_ref
@@ -213,11 +255,22 @@ def kill(actor, *, no_restart=True):
     _same_session(actor._client, f"troupe.kill: actor {actor._actor.id}").kill(actor._actor.id, no_restart)
 
 
-def get_actor(name):
-    """The live actor registered under name (ValueError when there is none)."""
+def get_actor(name, namespace=None):
+    """The live actor registered under name in `namespace`, by default the
+    caller's (ValueError when there is none)."""
     if not isinstance(name, str) or not name:
         raise exceptions.ConfigError(f"get_actor takes an actor's name, not {name!r}")
-    return _actor_handle(_client().get_actor(name), None)
+    _remote.check_namespace(namespace, "troupe.get_actor")
+    _remote.check_actor_name(name, "troupe.get_actor")
+    client = _client()
+    namespace = namespace or _namespace()
+    try:
+        actor = client.get_actor(_remote.full_actor_name(name, namespace))
+    except exceptions.ConfigError as e:
+        if not namespace or not str(e).startswith("no actor named"):
+            raise
+        raise exceptions.ConfigError(f"no actor named {name!r} in namespace {namespace!r}") from None
+    return _actor_handle(actor, None)
 
 
 def nodes():
@@ -237,13 +290,20 @@ def get_gpu_ids():
 
 
 class RuntimeContext:
-    """Where the calling code runs: job, node, actor, GPUs."""
+    """Where the calling code runs: job, namespace, node, actor, GPUs."""
 
     def __init__(self, state):
         self._state = state
 
     def get_job_id(self):
         return self._state.job_id
+
+    @property
+    def namespace(self):
+        """The namespace named actors are made and looked up in: the
+        driver's init(namespace=...), "" when none was given (names are
+        then cluster-wide; Ray's would be an anonymous namespace)."""
+        return self._state.namespace
 
     def get_actor_id(self):
         actor = _core.actor_id()

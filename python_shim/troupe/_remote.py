@@ -25,6 +25,11 @@ _TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "nu
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
                   "lifetime", "namespace", "get_if_exists", "preload_modules"} | _PLACEMENT_OPTIONS
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+# The head has one flat table of actor names: a name in a namespace is kept
+# there as NAMESPACE/NAME, one in the default namespace ("") as NAME alone,
+# as before namespaces. Neither part may hold the separator, so no two
+# (namespace, name) pairs share an entry.
+NAMESPACE_SEPARATOR = "/"
 
 
 def _client():
@@ -56,6 +61,32 @@ def _check_options(options, allowed, what):
     lifetime = options.get("lifetime")
     if lifetime not in (None, "detached", "non_detached"):
         raise ConfigError(f"lifetime must be None, 'detached' or 'non_detached', got {lifetime!r}")
+
+
+def check_namespace(namespace, what):
+    """A namespace given by the user (init, .options, get_actor): a
+    non-empty string without the separator; the error names `what` and the
+    value. None (not given) passes."""
+    if namespace is None:
+        return None
+    if not isinstance(namespace, str) or not namespace:
+        raise ConfigError(f"{what}: namespace must be a non-empty string (None for the default), got {namespace!r}")
+    if NAMESPACE_SEPARATOR in namespace:
+        raise ConfigError(f"{what}: namespace {namespace!r} contains {NAMESPACE_SEPARATOR!r}, which troupe keeps "
+                          "to join a namespace and an actor name")
+    return namespace
+
+
+def check_actor_name(name, what):
+    """An actor's name (.options(name=...), get_actor): no separator."""
+    if name and NAMESPACE_SEPARATOR in str(name):
+        raise ConfigError(f"{what}: actor name {name!r} contains {NAMESPACE_SEPARATOR!r}, which troupe keeps to "
+                          "join a namespace and a name; give the namespace with namespace=... instead")
+
+
+def full_actor_name(name, namespace):
+    """The head's key of actor `name` in `namespace` ("" = the default)."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
 
 
 def _retry_kinds(options):
@@ -175,11 +206,20 @@ def _runtime_options(options, default_cpus):
     if options.get("name"):
         out["name"] = str(options["name"])
     out.update(_placement(options))
+    if options.get("lifetime") == "detached":
+        out["detached"] = True  # outlives this driver (the head gives it no owner)
     import troupe
 
-    job = troupe._state.job_id if troupe._state else ""
-    if job:
-        out["env"] = [f"PYTROUPE_JOB_ID={job}"]
+    # Tasks and actors run in their driver's job and namespace (nested
+    # ones too: a worker's state has its driver's).
+    state = troupe._state
+    env = []
+    if state and state.job_id:
+        env.append(f"PYTROUPE_JOB_ID={state.job_id}")
+    if state and state.namespace:
+        env.append(f"PYTROUPE_NAMESPACE={state.namespace}")
+    if env:
+        out["env"] = env
     return out
 
 
@@ -361,6 +401,8 @@ class ActorClass:
 
     def __init__(self, cls, options, shared=None):
         _check_options(options, _ACTOR_OPTIONS, f"actor {cls.__qualname__}")
+        check_namespace(options.get("namespace"), f"actor {cls.__qualname__}")
+        check_actor_name(options.get("name"), f"actor {cls.__qualname__}")
         self._cls = cls
         self._options = options
         self._shared = shared if shared is not None else {}
@@ -374,16 +416,24 @@ class ActorClass:
         return ActorClass(self._cls, {**self._options, **options}, self._shared)
 
     def remote(self, *args, **kwargs):
+        import troupe
+
         client = _client()
         if "blob" not in self._shared:
             self._shared["blob"] = ser.dumps_code(self._cls)
-        if self._options.get("get_if_exists") and self._options.get("name"):
+        # A named actor lives in the namespace given, else in its creator's.
+        name = str(self._options["name"]) if self._options.get("name") else None
+        if name is not None:
+            name = full_actor_name(name, self._options.get("namespace") or troupe._namespace())
+        if self._options.get("get_if_exists") and name is not None:
             try:
-                return ActorHandle(client.get_actor(self._options["name"]), self._cls, client)
+                return ActorHandle(client.get_actor(name), self._cls, client)
             except ConfigError:
                 pass
         data, top = _call_args(f"actor {self.__name__}", args, kwargs)
         options = _runtime_options(self._options, 0)
+        if name is not None:
+            options["name"] = name
         if "max_concurrency" not in self._options and _has_async_methods(self._cls):
             options["max_concurrency"] = _ASYNC_MAX_CONCURRENCY
         actor = client.spawn(self._cls.__qualname__, self._shared["blob"], data, list(top), options)

@@ -23,7 +23,7 @@ _loop_lock = threading.Lock()
 def _sync_environment():
     # A pooled worker receives its actor's environment (CUDA_VISIBLE_DEVICES,
     # extra variables) after the interpreter started: os.environ catches up.
-    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID"):
+    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE"):
         value = _core.getenv(name)
         if value:
             os.environ[name] = value
