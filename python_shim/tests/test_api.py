@@ -64,6 +64,45 @@ def test_tasks_that_wait_for_tasks_lend_their_cpu():
     assert troupe.get(top.remote(1), timeout=180) == 50
 
 
+@troupe.remote
+class Signal:
+    def __init__(self):
+        self.event = asyncio.Event()
+        self.waiting = 0
+
+    async def wait(self):
+        self.waiting += 1
+        await self.event.wait()
+
+    async def send(self):
+        self.event.set()
+
+    def waiters(self):
+        return self.waiting
+
+
+def test_a_task_sent_after_tasks_that_wait_runs_beside_them():
+    # Ray's signal pattern with tasks: two waiters hold both executors the
+    # cluster fits; the setter must not queue behind a waiter (it would
+    # wait for ever) but run on an executor that the lent CPUs make room for.
+    @troupe.remote
+    def waiter(signal, i):
+        troupe.get(signal.wait.remote(), timeout=60)
+        return i
+
+    @troupe.remote
+    def setter(signal):
+        troupe.get(signal.send.remote(), timeout=60)
+        return "set"
+
+    signal = Signal.remote()
+    waiting = [waiter.remote(signal, i) for i in range(2)]
+    wait_until(lambda: troupe.get(signal.waiters.remote(), timeout=60) == 2, what="both waiters to wait")
+    wait_until(lambda: troupe.available_resources().get("CPU") == 2.0, what="both waiters to lend their CPUs")
+    assert troupe.get(setter.remote(signal), timeout=60) == "set"
+    assert troupe.get(waiting, timeout=60) == [0, 1]
+
+
 def test_refs_a_task_returns_outlive_its_idle_executor():
     # The task's worker owns what it put: its executor is kept, and lends
     # its CPU once idle, so the cluster is whole again and the refs resolve.

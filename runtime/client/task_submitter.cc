@@ -39,6 +39,9 @@ struct TaskSubmitter::Executor {
   // (LendResources) until it gets work again.
   bool holds_objects = false;
   bool lent_idle = false;
+  // Its task waits in get() (ActorInfo::blocked): no task is sent to it,
+  // and the key may lease one more executor in its place.
+  bool blocked = false;
   std::string death_cause;
   Clock::time_point idle_since = Clock::now();
   // Tasks that died with it and wait for the head's cause of death.
@@ -100,6 +103,11 @@ std::string describe_nodes(const std::vector<NodeInfo>& nodes) {
 }
 
 }  // namespace
+
+int TaskSubmitter::working_count(const Key& k) {
+  return static_cast<int>(
+      std::count_if(k.executors.begin(), k.executors.end(), [](const auto& e) { return !e->blocked; }));
+}
 
 std::exception_ptr TaskSubmitter::worker_died(const std::string& task, const Executor& e, const std::string& cause) {
   return std::make_exception_ptr(WorkerDied("task '" + task + "' failed: its worker (task executor actor " +
@@ -181,7 +189,7 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
   std::vector<Send> out;
   Key& k = *key;
   int effective_cap = options_.max_executors > 0 ? options_.max_executors : k.cap;
-  bool can_grow = static_cast<int>(k.executors.size()) + k.requested < effective_cap;
+  bool can_grow = working_count(k) + k.requested < effective_cap;
   // While executors may still come (leasable or starting), tasks wait here
   // rather than queue behind others on the first one ready.
   bool more_coming = can_grow || k.requested > 0 ||
@@ -191,7 +199,7 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
     Executor* best = nullptr;
     std::shared_ptr<Executor> best_ptr;
     for (auto& e : k.executors)
-      if (e->ready && (!best || e->inflight < best->inflight)) {
+      if (e->ready && !e->blocked && (!best || e->inflight < best->inflight)) {
         best = e.get();
         best_ptr = e;
       }
@@ -214,7 +222,7 @@ void TaskSubmitter::request_leases_locked(const std::shared_ptr<Key>& key) {
   int starting = k.requested;
   for (auto& e : k.executors)
     if (!e->ready) ++starting;
-  int room = effective_cap - static_cast<int>(k.executors.size()) - k.requested;
+  int room = effective_cap - working_count(k) - k.requested;
   int want = std::min<int>(room, static_cast<int>(k.queue.size()) - starting);
   if (want <= 0) return;
   k.requested += want;
@@ -328,8 +336,14 @@ void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const st
     if (info.state == ActorState::kAlive && !e->gone && !e->ready) {
       e->ready = true;
       e->pid = info.pid;
+      e->blocked = info.blocked;
       e->idle_since = Clock::now();
       key->failed_leases = 0;
+      sends = pump_locked(key);
+    } else if (info.state == ActorState::kAlive && !e->gone && e->blocked != info.blocked) {
+      // Its task waits (or resumed): the tasks queued here go elsewhere,
+      // to a new executor if need be, which the lent CPU may hold.
+      e->blocked = info.blocked;
       sends = pump_locked(key);
     } else if (info.state == ActorState::kDead && e->death_cause.empty()) {
       died = true;

@@ -487,6 +487,7 @@ void HeadState::release(Actor& a) {
     pool->give_back(a.allocation->grant);
   }
   a.lent.clear();
+  a.info.blocked = false;
   a.allocation.reset();
   a.info.gpu_ids.clear();
 }
@@ -503,6 +504,7 @@ void HeadState::lend_resources(const wire::LendResources& l, PeerId owner) {
     pool->reclaim(a.lent);
     TROUPE_LOG_DEBUG("actor {} took back {{{}}}", a.info.id, format_resources(a.lent));
     a.lent.clear();
+    if (std::exchange(a.info.blocked, false)) return publish(a);
     mark(a);
     return;
   }
@@ -511,8 +513,15 @@ void HeadState::lend_resources(const wire::LendResources& l, PeerId owner) {
   if (cpu == a.allocation->grant.resources.end() || cpu->second <= 0) return;
   a.lent = {{"CPU", cpu->second}};
   pool->give_back(Grant{a.lent, {}});
-  TROUPE_LOG_DEBUG("actor {} lent {{{}}} while its task waits", a.info.id, format_resources(a.lent));
-  mark(a);
+  TROUPE_LOG_DEBUG("actor {} lent {{{}}} ({})", a.info.id, format_resources(a.lent),
+                   owner ? "idle, kept by its owner" : "its task waits");
+  // Its submitter hears that its task waits (and sends it no more).
+  if (owner == 0) {
+    a.info.blocked = true;
+    publish(a);
+  } else {
+    mark(a);
+  }
   schedule();
 }
 

@@ -118,8 +118,11 @@ struct ActorInfo {
   // Bumped by the head on every published change, so a process applies
   // updates in order even when a subscribe reply and an event cross.
   uint64_t version = 0;
+  // A task executor whose task waits in get() and lent its CPU
+  // (LendResources): its submitter sends it nothing more meanwhile.
+  bool blocked = false;
   TROUPE_FIELDS(id, class_name, name, state, node_id, address, pid, incarnation, restarts, max_restarts,
-                max_task_retries, pending_reason, death_cause, gpu_ids, control_address, version)
+                max_task_retries, pending_reason, death_cause, gpu_ids, control_address, version, blocked)
 };
 
 struct HelloReply {

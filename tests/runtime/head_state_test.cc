@@ -690,7 +690,8 @@ TEST_F(HeadStateTest, ATaskWaitingInGetLendsItsCpuUntilItResumes) {
   EXPECT_EQ(node(n).available.at("CPU"), 0);
 
   state_.lend_resources({waiter, inc, true});
-  state_.lend_resources({waiter, inc, true});  // a second lend: ignored
+  EXPECT_TRUE(state_.actor_info(waiter).blocked);  // published: its submitter sends it nothing
+  state_.lend_resources({waiter, inc, true});      // a second lend: ignored
   start_spawned();
   EXPECT_EQ(state_of(child), ActorState::kAlive);
   EXPECT_EQ(node(n).available.at("CPU"), 0);
@@ -702,6 +703,7 @@ TEST_F(HeadStateTest, ATaskWaitingInGetLendsItsCpuUntilItResumes) {
   for (const auto& info : again.nodes()) EXPECT_EQ(info.available.at("CPU"), 0);
 
   state_.lend_resources({waiter, inc, false});
+  EXPECT_FALSE(state_.actor_info(waiter).blocked);
   EXPECT_EQ(node(n).available.at("CPU"), -1);
   const uint64_t third = state_.create_actor(kDriver, spec({{"CPU", 0.5}})).id;
   start_spawned();
@@ -788,6 +790,7 @@ TEST_F(HeadStateTest, OnlyItsOwnerLendsAnIdleExecutorsCpu) {
   EXPECT_EQ(node(n).available.at("CPU"), 0);
   state_.lend_resources({kept, 0, true}, kDriver);
   EXPECT_EQ(node(n).available.at("CPU"), 1);
+  EXPECT_FALSE(state_.actor_info(kept).blocked);  // idle, not waiting
   state_.lend_resources({kept, 0, false}, kDriver);
   EXPECT_EQ(node(n).available.at("CPU"), 0);
 }
