@@ -193,7 +193,7 @@ class ActorHost {
       bool keep = (call.op & client::kKeepResult) != 0;
       core::WaitObserverInstall observe(lender_ ? &*lender_ : nullptr);
       actor_->invoke(call.op & ~client::kKeepResult, d, e, keep ? &keep_result_ : nullptr);
-      if (lender_ && core_->service<client::ObjectStore>()->stats().objects > 0) reply.op |= client::kHoldsObjects;
+      if (lender_ && store_->stats().objects > 0) reply.op |= client::kHoldsObjects;
       reply.body = std::move(e.bytes());
       reply.attachments = std::move(e.attachments());
     } catch (const std::exception& e) {
@@ -303,10 +303,11 @@ class ActorHost {
   Mailbox mailbox_;
   std::optional<CpuLender> lender_;  // a task executor's
   std::shared_ptr<ConnMap> call_conns_ = std::make_shared<ConnMap>();
+  // The process's object store, looked up once (every call may ask it).
+  const std::shared_ptr<client::ObjectStore> store_ = core_->service<client::ObjectStore>();
   // call_ref: the result stays in this process's object store; the reply
   // carries a ref, pinned until the caller has registered.
-  const client::ObjectSink keep_result_ = [store = core_->service<client::ObjectStore>()](client::ObjectValue v,
-                                                                                          Encoder& reply) {
+  const client::ObjectSink keep_result_ = [store = store_](client::ObjectValue v, Encoder& reply) {
     auto holder = store->put(std::move(v));
     store->encode_ref(reply, *holder);
   };
