@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "troupe/runtime/client/task_submitter.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -431,6 +432,8 @@ std::shared_ptr<ActorClient> Core::actor(uint64_t id) {
 // process follows and apply what it says now (on the I/O thread; the replies
 // come there too).
 void Core::resubscribe() {
+  // It tells again whether room is wanted, if it is.
+  if (auto tasks = find_service<TaskSubmitter>()) tasks->set_resources_wanted(false);
   std::vector<std::shared_ptr<ActorClient>> clients;
   {
     std::lock_guard lock(mu_);
@@ -455,6 +458,15 @@ void Core::forget_actor(uint64_t id) {
 }
 
 void Core::on_event(Message&& m) {
+  if (static_cast<Op>(m.op) == Op::kResourcesWanted) {
+    try {
+      const bool wanted = decode_value<ResourcesWanted>(m.body).wanted;
+      if (auto tasks = find_service<TaskSubmitter>()) tasks->set_resources_wanted(wanted);
+    } catch (const std::exception& e) {
+      TROUPE_LOG_WARN("bad resources-wanted event from head: {}", e.what());
+    }
+    return;
+  }
   if (static_cast<Op>(m.op) != Op::kActorUpdate) return;
   ActorInfo info;
   try {

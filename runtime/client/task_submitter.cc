@@ -258,6 +258,7 @@ void TaskSubmitter::send(std::vector<Send> sends) {
 void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
   t->complete(m);
   std::vector<Send> sends;
+  bool wake = false;
   {
     std::lock_guard lock(mu_);
     if (auto& e = t->on) {
@@ -266,7 +267,11 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
       e.reset();
     }
     sends = pump_locked(t->key);
+    // Room is wanted: an executor left without work goes now.
+    wake = resources_wanted_ && sends.empty();
+    if (wake) release_idle_requested_ = true;
   }
+  if (wake) cv_.notify_all();
   send(std::move(sends));
 }
 
@@ -428,8 +433,9 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
 
 void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
   auto now = Clock::now();
-  const auto idle_for =
-      std::exchange(release_idle_requested_, false) ? Clock::duration::zero() : Clock::duration(options_.idle_release);
+  const auto idle_for = std::exchange(release_idle_requested_, false) || resources_wanted_
+                            ? Clock::duration::zero()
+                            : Clock::duration(options_.idle_release);
   std::vector<uint64_t> idle, lends;
   for (auto& [id, key] : keys_) {
     auto& v = key->executors;
@@ -492,6 +498,20 @@ void TaskSubmitter::release_idle() {
     release_idle_requested_ = true;
   }
   cv_.notify_all();
+}
+
+void TaskSubmitter::set_resources_wanted(bool wanted) {
+  {
+    std::lock_guard lock(mu_);
+    resources_wanted_ = wanted;
+    if (wanted) release_idle_requested_ = true;
+  }
+  if (wanted) cv_.notify_all();
+}
+
+bool TaskSubmitter::resources_wanted() const {
+  std::lock_guard lock(mu_);
+  return resources_wanted_;
 }
 
 void TaskSubmitter::release_all() {

@@ -12,7 +12,8 @@
 //   queue and the cluster can fit more, and released (killed) after
 //   idle_release without work, or at once when something this process
 //   creates waits for resources that idle executors may hold
-//   (release_idle);
+//   (release_idle), or while the head says that something anywhere in the
+//   cluster does (set_resources_wanted);
 // - a task in flight on an executor that dies runs again on another, at
 //   most max_retries times, then fails with WorkerDied naming the cause.
 //
@@ -84,6 +85,11 @@ class TaskSubmitter {
   // placement group that this process created waits for resources, and
   // idle executors may be what holds them.
   void release_idle();
+  // The head says whether something waits for room in the cluster: while
+  // it does, an executor is released as soon as it has no work (any
+  // thread; returns at once).
+  void set_resources_wanted(bool wanted);
+  bool resources_wanted() const;
   // Executors leased now, over all keys (ready or starting).
   size_t executor_count() const;
 
@@ -128,6 +134,7 @@ class TaskSubmitter {
   std::vector<uint64_t> reclaims_;
   bool stopping_ = false;
   bool release_idle_requested_ = false;  // release_idle(): reap_idle takes every idle executor
+  bool resources_wanted_ = false;        // set_resources_wanted()
   std::thread leaser_;
 };
 

@@ -468,6 +468,18 @@ class Head::Impl {
     for (auto id : out.evicted) forget_subscribers(id);
     for (auto& g : out.groups_settled) answer(group_waiters_, g.id, g);
     for (auto& e : out.kv_set) answer(kv_waiters_, e.key, e.value);
+    if (!out.resources_wanted.empty()) tell_owners(out.resources_wanted);
+  }
+
+  // Owners hear when the cluster starts or stops waiting for room.
+  void tell_owners(const std::vector<std::pair<PeerId, bool>>& told) {
+    std::unordered_map<PeerId, Connection*> by_id;
+    for (auto& [raw, p] : peers_) by_id[p->id] = raw;
+    for (auto& [peer, wanted] : told) {
+      auto it = by_id.find(peer);
+      if (it != by_id.end())
+        peers_.at(it->second)->conn->send(make_event_value(Op::kResourcesWanted, ResourcesWanted{wanted}));
+    }
   }
 
   // A node declared dead may still be running (stopped, partitioned, slow):
@@ -689,7 +701,8 @@ class Head::Impl {
                                    "nodes",
                                    "node_fenced",
                                    "read_log",
-                                   "lend_resources"};
+                                   "lend_resources",
+                                   "resources_wanted"};
     static_assert(std::size(kNames) == static_cast<size_t>(Op::kLastOp) + 1, "a name for every op");
     return op < std::size(kNames) ? kNames[op] : "op_" + std::to_string(op);
   }

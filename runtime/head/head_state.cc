@@ -116,6 +116,7 @@ void HeadState::forget_oldest(Table& table, std::deque<uint64_t>& order, size_t 
 void HeadState::peer_gone(PeerId peer, const std::string& reason) {
   if (peer == 0) return;
   clients_.erase(peer);
+  told_wanted_.erase(peer);
   // Ids first, then the calls: each may forget old entries of the tables.
   std::vector<uint64_t> ids;
   for (auto& [id, n] : nodes_)
@@ -225,6 +226,7 @@ ActorInfo HeadState::create_actor(PeerId owner, ActorSpec spec) {
   actors_[id] = std::move(a);
   pending_actors_.push_back(id);
   schedule();
+  if (!actors_.at(id).spec.detached) tell_resources_wanted(owner);
   return actors_.at(id).info;
 }
 
@@ -376,6 +378,7 @@ void HeadState::kill_actor(uint64_t actor_id, bool no_restart, const std::string
     out_.kills.emplace_back(a.info.node_id, KillWorker{a.info.id, a.info.incarnation});
   } else if (no_restart) {
     set_dead(a);  // no process: nothing to wait for
+    update_resources_wanted();  // it may have been what waited for room
   }
 }
 
@@ -546,6 +549,45 @@ void HeadState::schedule() {
     if (!try_place(a) && a.info.state != ActorState::kDead) still.push_back(id);
   }
   pending_actors_.swap(still);
+  update_resources_wanted();
+}
+
+bool HeadState::waits_for_room() const {
+  for (auto id : pending_actors_) {
+    auto it = actors_.find(id);
+    if (it == actors_.end()) continue;
+    const Actor& a = it->second;
+    if (a.info.state == ActorState::kDead || a.worker_running || a.kill_requested) continue;
+    if (a.spec.placement_group) {
+      auto g = groups_.find(a.spec.placement_group);
+      if (g != groups_.end() && g->second.info.state == PlacementGroupState::kCreated) return true;
+    } else if (could_ever_hold(a.spec.resources)) {
+      return true;
+    }
+  }
+  for (auto id : pending_groups_)
+    if (auto it = groups_.find(id);
+        it != groups_.end() && it->second.info.state == PlacementGroupState::kPending && could_ever_place(it->second))
+      return true;
+  return false;
+}
+
+void HeadState::update_resources_wanted() {
+  const bool wanted = waits_for_room();
+  if (wanted == resources_wanted_) return;
+  resources_wanted_ = wanted;
+  if (wanted) {
+    for (const auto& [id, a] : actors_)
+      if (a.info.state != ActorState::kDead) tell_resources_wanted(a.owner);
+  } else {
+    for (PeerId p : told_wanted_) out_.resources_wanted.emplace_back(p, false);
+    told_wanted_.clear();
+  }
+}
+
+void HeadState::tell_resources_wanted(PeerId owner) {
+  if (resources_wanted_ && owner != 0 && told_wanted_.insert(owner).second)
+    out_.resources_wanted.emplace_back(owner, true);
 }
 
 // ---- placement groups -------------------------------------------------------
@@ -589,12 +631,7 @@ bool HeadState::try_place_group(Group& g) {
       g.info.pending_reason = reason;
       // As for actors: a warning only when the live nodes, idle, could not
       // hold it either.
-      std::vector<NodeView> idle = views;
-      for (auto& v : idle) {
-        v.available = v.total;
-        std::fill(v.gpu_free.begin(), v.gpu_free.end(), 1.0);
-      }
-      if (place_bundles(idle, g.spec.bundles, g.spec.strategy, nullptr))
+      if (could_ever_place(g))
         TROUPE_LOG_INFO("placement group {} ({} bundles, {}) is PENDING: {}", g.info.id, g.spec.bundles.size(),
                         to_string(g.spec.strategy), reason);
       else
@@ -619,6 +656,16 @@ bool HeadState::try_place_group(Group& g) {
                   nlohmann::json(g.info.bundle_nodes).dump());
   out_.groups_settled.push_back(g.info);
   return true;
+}
+
+bool HeadState::could_ever_place(const Group& g) const {
+  std::vector<NodeView> idle;
+  for (const auto& [id, n] : nodes_)
+    if (n.info.alive && !n.awaiting) {
+      idle.push_back({id, n.pool.total(), n.pool.total(), n.pool.gpu_free()});
+      std::fill(idle.back().gpu_free.begin(), idle.back().gpu_free.end(), 1.0);
+    }
+  return place_bundles(idle, g.spec.bundles, g.spec.strategy, nullptr).has_value();
 }
 
 // Gives the whole reservation back to the live nodes; the actors' shares in

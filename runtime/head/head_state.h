@@ -50,6 +50,7 @@ struct HeadOutputs {
   std::vector<wire::PlacementGroupInfo> groups_settled;        // no longer PENDING: answer waiters
   std::vector<wire::KvEntry> kv_set;                           // answer waiters on the key
   std::vector<std::pair<uint64_t, std::string>> dead_nodes;    // node id, why: close its connection
+  std::vector<std::pair<PeerId, bool>> resources_wanted;       // tell an owner: ResourcesWanted
 };
 
 class HeadState {
@@ -228,6 +229,16 @@ class HeadState {
   template <class Table>
   static void forget_oldest(Table& table, std::deque<uint64_t>& order, size_t keep);
   bool try_place_group(Group& g);
+  // Whether `g` would fit the live nodes if they were idle.
+  bool could_ever_place(const Group& g) const;
+  // Whether an actor or group waits for room that an idle cluster has.
+  bool waits_for_room() const;
+  // After a scheduling pass: tells the owners of actors when the cluster
+  // starts or stops waiting for room (wire::ResourcesWanted).
+  void update_resources_wanted();
+  // A process that owns actors now (created one, or came back to a
+  // restarted head) hears that room is wanted, if it is.
+  void tell_resources_wanted(PeerId owner);
   void unreserve_group(Group& g);
   void kv_set(const std::string& key, const std::string& value);
   nlohmann::json actors_json(const wire::StatusRequest& request) const;
@@ -267,6 +278,8 @@ class HeadState {
   std::deque<uint64_t> dead_order_;            // DEAD actors, oldest first
   std::deque<uint64_t> dead_nodes_order_;      // dead nodes, oldest first
   std::deque<uint64_t> removed_groups_order_;  // REMOVED placement groups, oldest first
+  bool resources_wanted_ = false;              // see update_resources_wanted()
+  std::set<PeerId> told_wanted_;               // owners told that room is wanted
   HeadOutputs out_;
   uint64_t next_node_id_ = 1, next_actor_id_ = 1, next_group_id_ = 1;
 };

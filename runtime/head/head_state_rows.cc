@@ -254,6 +254,7 @@ void HeadState::bind_client(PeerId peer, uint64_t client_id) {
       ++groups;
     }
   TROUPE_LOG_INFO("the owner of {} actors and {} placement groups is back", actors, groups);
+  if (actors > 0) tell_resources_wanted(peer);
 }
 
 void HeadState::check_restored_owners(Time now) {

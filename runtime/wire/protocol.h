@@ -44,7 +44,8 @@ enum class Op : uint32_t {
   kNodeFenced = 26,            // event head -> node: NodeFenced (then the head closes)
   kReadLog = 27,               // request driver -> head (-> node): ReadLog -> LogChunk
   kLendResources = 28,         // event worker -> head: LendResources
-  kLastOp = kLendResources,    // the highest op (tables indexed by op)
+  kResourcesWanted = 29,       // event head -> actor owner: ResourcesWanted
+  kLastOp = kResourcesWanted,  // the highest op (tables indexed by op)
 };
 
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
@@ -185,6 +186,16 @@ struct LendResources {
   uint32_t incarnation = 0;
   bool lend = false;
   TROUPE_FIELDS(actor_id, incarnation, lend)
+};
+
+// Something waits for resources (an actor, a task executor or a placement
+// group that would fit an idle cluster), or no longer does. Every process
+// that owns actors hears it: while it lasts, its task submitter releases an
+// executor as soon as it has no work, rather than keep it for reuse, so that
+// CPUs held idle in one process go to the tasks another one waits for.
+struct ResourcesWanted {
+  bool wanted = false;
+  TROUPE_FIELDS(wanted)
 };
 
 struct KillActor {

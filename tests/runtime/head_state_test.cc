@@ -794,3 +794,43 @@ TEST_F(HeadStateTest, OnlyItsOwnerLendsAnIdleExecutorsCpu) {
   state_.lend_resources({kept, 0, false}, kDriver);
   EXPECT_EQ(node(n).available.at("CPU"), 0);
 }
+
+// Task executors idle in one process must not keep CPUs from the tasks that
+// another one waits for: while something waits for room that an idle
+// cluster has, every owner of actors hears it, and hears when it is over.
+TEST_F(HeadStateTest, OwnersHearWhileSomethingWaitsForRoom) {
+  using Told = std::vector<std::pair<PeerId, bool>>;
+  constexpr PeerId kThird = 102;
+  add_node({{"CPU", 2}}, 1);
+  const uint64_t mine = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
+  const uint64_t other = state_.create_actor(kOtherDriver, spec({{"CPU", 1}})).id;
+  EXPECT_EQ(state_.take_outputs().resources_wanted, Told{});  // both fit
+  start_spawned();
+
+  const uint64_t waiting = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
+  EXPECT_EQ(state_.take_outputs().resources_wanted, (Told{{kDriver, true}, {kOtherDriver, true}}));
+  // An owner that comes while room is wanted hears it at once; the others
+  // hear nothing new.
+  const uint64_t third = state_.create_actor(kThird, spec({{"CPU", 1}})).id;
+  EXPECT_EQ(state_.take_outputs().resources_wanted, (Told{{kThird, true}}));
+
+  // One CPU comes free: `waiting` starts, `third` still waits.
+  state_.kill_actor(other, true, "released");
+  exited(other);
+  EXPECT_EQ(state_.actor_info(waiting).state, ActorState::kPending);  // not yet started, but placed
+  EXPECT_EQ(state_.take_outputs().resources_wanted, Told{});
+  // Nothing waits once `third` is gone (killed while pending): the owners
+  // told, and still there, hear that it is over.
+  state_.peer_gone(kOtherDriver, "exited");
+  state_.kill_actor(third, true, "given up");
+  EXPECT_EQ(state_.take_outputs().resources_wanted, (Told{{kDriver, false}, {kThird, false}}));
+
+  // A request no node could ever hold is refused, not waited for; a
+  // placement group that could never be placed does not make room wanted.
+  PlacementGroupSpec huge;
+  huge.bundles = {{{"CPU", 2}}, {{"CPU", 2}}};
+  huge.strategy = PlacementStrategy::kStrictSpread;
+  state_.create_placement_group(kDriver, huge);
+  EXPECT_EQ(state_.take_outputs().resources_wanted, Told{});
+  (void)mine;
+}

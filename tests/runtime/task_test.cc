@@ -245,6 +245,30 @@ TEST_F(TaskTest, IdleExecutorsMakeWayForAnActorOrGroupThatNeedsTheirResources) {
   EXPECT_EQ(tasks->executor_count(), 0u);
 }
 
+// The same across processes: executors idle in one driver make way for the
+// tasks of another, which the head says wait for room (ResourcesWanted).
+// Without that the other driver's task would wait the ten minutes.
+TEST_F(TaskTest, IdleExecutorsOfOneDriverMakeWayForAnothersTasks) {
+  auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
+  tasks->set_options({.idle_release = 10min});
+  std::vector<troupe::Future<int64_t>> fs;
+  for (int i = 0; i < 2; ++i) fs.push_back(rt_.submit(&overlap, {.resources = {{"CPU", 1}}}, "held", true));
+  int64_t most = 0;
+  for (auto& f : fs) most = std::max(most, f.get(60s));
+  ASSERT_EQ(most, 2);
+  ASSERT_EQ(tasks->executor_count(), 2u);
+  ASSERT_TRUE(troupe::test::eventually([&] { return rt_.available_resources()["CPU"] == 0; }, 20s));
+
+  troupe::Runtime other = cluster_.connect();
+  EXPECT_EQ(other.submit(&square, {.resources = {{"CPU", 1}}}, 9).get(60s), 81);
+  EXPECT_LT(tasks->executor_count(), 2u);
+  // Once nothing waits, executors are kept for reuse again.
+  EXPECT_EQ(rt_.submit(&square, {.resources = {{"CPU", 1}}}, 3).get(60s), 9);
+  EXPECT_TRUE(troupe::test::eventually([&] { return !tasks->resources_wanted(); }, 20s));
+  EXPECT_EQ(rt_.submit(&square, {.resources = {{"CPU", 1}}}, 4).get(60s), 16);
+  EXPECT_GE(tasks->executor_count(), 1u);
+}
+
 TEST_F(TaskTest, TasksWaitingForTasksLendTheirCpuSoNestingCannotDeadlock) {
   // Five executors of one CPU each on two CPUs: without lending, top and
   // one middle hold both and the leaves never start (the middles' gets
