@@ -3,6 +3,7 @@
 // get, wait, kill, status) and the worker entry point; every operation that
 // blocks or moves bytes runs with the GIL released. The Ray-shaped API is
 // plain Python on top (troupe/__init__.py).
+#include <fmt/format.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -126,8 +127,13 @@ std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std
       if (!states[next]->wait_for(slice)) return false;
     return true;
   };
-  if (!wait_interruptibly(all_ready, timeout))
-    throw Timeout("get: no result within " + std::to_string(*timeout) + " s");
+  if (!wait_interruptibly(all_ready, timeout)) {
+    size_t missing = 0;
+    for (const auto& st : states) missing += st->wait_for(std::chrono::milliseconds(0)) ? 0 : 1;
+    throw Timeout(states.size() == 1
+                      ? fmt::format("get: no result within {:g} s", *timeout)
+                      : fmt::format("get: {} of {} results not there within {:g} s", missing, states.size(), *timeout));
+  }
   return states;
 }
 
@@ -248,11 +254,14 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
            })
       .def(
           "call",
-          [](PyClient& c, client::ActorClient& actor, std::string method, const pyb::handle& args, const RefList& top) {
+          [](PyClient& c, client::ActorClient& actor, std::string method, const pyb::handle& args, const RefList& top,
+             std::shared_ptr<PyRef> keep) {
             PyCall call = call_from(std::move(method), args);
             pyb::gil_scoped_release nogil;
-            return c.call(actor, std::move(call), top);
-          })
+            return c.call(actor, std::move(call), top, std::move(keep));
+          },
+          pyb::arg("actor"), pyb::arg("method"), pyb::arg("args"), pyb::arg("top"), pyb::arg("keep") = nullptr)
+      .def("actor_lifetime", &PyClient::actor_lifetime, pyb::call_guard<pyb::gil_scoped_release>())
       .def("task_key",
            [](PyClient& c, const pyb::dict& options) {
              PyOptions o = options_from(options);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -118,14 +119,15 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   return core()->actor(info);
 }
 
-std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, const RefList& top) {
+std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, const RefList& top,
+                                      std::shared_ptr<PyRef> keep) {
   auto st = std::make_shared<ReplyState>();
   auto client = actor.shared_from_this();
-  auto send = [client, st](PyCall c) {
+  auto send = [client, st, keep](PyCall c) {
     client::Core* core = &client->core();
     client->submit(
-        0, wire::encode_value(c), [st, core](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
-        [st](std::exception_ptr ex) { st->set_error(ex); });
+        0, wire::encode_value(c), [st, core, keep](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
+        [st, keep](std::exception_ptr ex) { st->set_error(ex); });
   };
   send_when_ready(st, std::move(call), top, std::move(send));
   return std::make_shared<PyRef>(core(), st);
@@ -162,6 +164,25 @@ std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const
 std::shared_ptr<PyRef> PyClient::put(PyValue value) {
   auto store = core()->service<client::ObjectStore>();
   return std::make_shared<PyRef>(core(), ObjectRef<PyValue>(store->put(client::make_object_value(std::move(value)))));
+}
+
+std::shared_ptr<PyRef> PyClient::actor_lifetime(uint64_t actor_id) {
+  auto store = core()->service<client::ObjectStore>();
+  client::ObjectValue v = client::make_object_value(PyValue{});
+  std::weak_ptr<client::Core> weak = core();
+  // The value goes when the store lets the object go: no handle or call is
+  // left in this process, and no borrower anywhere.
+  v.value = std::shared_ptr<const void>(v.value.get(), [kept = v.value, weak, actor_id](const void*) {
+    auto core = weak.lock();
+    if (!core) return;
+    try {
+      core->head().request(wire::Op::kKillActor,
+                           wire::encode_inline(wire::KillActor{actor_id, true, "all its handles went out of scope"}));
+    } catch (const std::exception& e) {
+      TROUPE_LOG_DEBUG("actor {} went out of scope, but the head was not told: {}", actor_id, e.what());
+    }
+  });
+  return std::make_shared<PyRef>(core(), ObjectRef<PyValue>(store->put(std::move(v))));
 }
 
 std::shared_ptr<client::ActorClient> PyClient::get_actor(const std::string& name) {

@@ -59,8 +59,16 @@ class PyClient {
 
   // Creates a Python actor; returns its client once the head has it.
   std::shared_ptr<client::ActorClient> spawn(const std::string& class_name, PyActorSpec spec, const PyOptions& o);
-  // A call of method `call.target` with `top` as the top-level refs.
-  std::shared_ptr<PyRef> call(client::ActorClient& actor, PyCall call, const RefList& top);
+  // A call of method `call.target` with `top` as the top-level refs; the
+  // call holds `keep` (an actor's lifetime ref, or null) until answered.
+  std::shared_ptr<PyRef> call(client::ActorClient& actor, PyCall call, const RefList& top,
+                              std::shared_ptr<PyRef> keep = nullptr);
+  // The lifetime ref of actor `actor_id`, which this process created: a
+  // stored object that every handle holds (a handle sent to another
+  // process carries it as a borrowed ref, calls hold it until answered).
+  // When the last reference anywhere goes, the actor is killed, as Ray ends
+  // an actor whose handles all went out of scope.
+  std::shared_ptr<PyRef> actor_lifetime(uint64_t actor_id);
   PyTaskKey task_key(const PyOptions& o);
   std::shared_ptr<PyRef> submit(const PyTaskKey& key, PyCall call, const RefList& top);
   std::shared_ptr<PyRef> put(PyValue value);

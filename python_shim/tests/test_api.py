@@ -38,6 +38,9 @@ class Counter:
     def pid(self):
         return os.getpid()
 
+    def actor_id(self):
+        return troupe.get_runtime_context().get_actor_id()
+
 
 def test_tasks_and_chained_refs():
     assert troupe.get([square.remote(i) for i in range(8)], timeout=60) == [i * i for i in range(8)]
@@ -120,6 +123,57 @@ def test_actor_calls_run_in_order():
     refs = [c.add.remote(1) for _ in range(100)]
     assert troupe.get(refs, timeout=60) == list(range(11, 111))
     assert troupe.get(c.add.remote(k=5), timeout=60) == 115
+
+
+def test_an_actor_whose_handles_are_all_gone_ends_and_frees_its_cpu():
+    # Ray's rule: a loop that makes a one-CPU actor per round and drops it
+    # must not fill the cluster (two CPUs here: the third round would wait
+    # for ever if dropped actors lived on).
+    for i in range(5):
+        c = Counter.options(num_cpus=1).remote(i)
+        assert troupe.get(c.add.remote(), timeout=60) == i + 1
+    # A call in flight keeps its actor until it is answered.
+    actor = c._actor
+    ref = c.add.remote(10)
+    del c
+    assert troupe.get(ref, timeout=60) == 15
+    del ref
+    wait_until(lambda: actor.info()["state"] == "DEAD", what="the dropped actor's end")
+    assert "out of scope" in actor.info()["death_cause"]
+
+
+@troupe.remote
+class HandleKeeper:
+    def keep(self, handle):
+        self.handle = handle
+        return True
+
+    def use(self):
+        return troupe.get(self.handle.add.remote(5), timeout=60)
+
+    def drop(self):
+        self.handle = None
+        return True
+
+
+def test_a_handle_passed_to_another_process_keeps_its_actor():
+    holder = HandleKeeper.remote()
+    c = Counter.remote()
+    actor = c._actor
+    assert troupe.get(holder.keep.remote(c), timeout=60)
+    del c
+    # The creator holds no handle now; the holder's borrowed one keeps it.
+    assert troupe.get(holder.use.remote(), timeout=60) == 5
+    assert actor.info()["state"] == "ALIVE"
+    assert troupe.get(holder.drop.remote(), timeout=60)
+    wait_until(lambda: actor.info()["state"] == "DEAD", what="the actor's end once the holder let go")
+    # Named and detached actors are not ended this way: kill them.
+    named = Counter.options(name="kept_by_name").remote()
+    named_actor = named._actor
+    del named
+    assert troupe.get(troupe.get_actor("kept_by_name").add.remote(), timeout=60) == 1
+    assert named_actor.info()["state"] == "ALIVE"
+    troupe.kill(troupe.get_actor("kept_by_name"))
 
 
 @troupe.remote
@@ -238,6 +292,29 @@ def test_an_argument_that_cannot_be_pickled_is_named():
         Counter.options(lifetime="bogus")
 
 
+def test_a_result_that_cannot_travel_is_named():
+    @troupe.remote
+    def counts_up():
+        yield 1
+
+    @troupe.remote
+    def makes_lock():
+        return threading.Lock()
+
+    with pytest.raises(TypeError, match="task .*counts_up returned a generator: .* return a list instead"):
+        troupe.get(counts_up.remote(), timeout=60)
+    with pytest.raises(TypeError, match="task .*makes_lock returned a lock that cannot be pickled"):
+        troupe.get(makes_lock.remote(), timeout=60)
+
+    @troupe.remote
+    class Streams:
+        def items(self):
+            yield 1
+
+    with pytest.raises(TypeError, match="Streams.items returned a generator"):
+        troupe.get(Streams.remote().items.remote(), timeout=60)
+
+
 def test_a_constructor_that_raises_is_named_in_the_actors_death():
     @troupe.remote
     class Refuses:
@@ -302,8 +379,10 @@ def test_wait_and_get_timeout():
     assert ready == [fast_ref] and not_ready == [slow_ref]
     ready, not_ready = troupe.wait([slow_ref], num_returns=1, timeout=0.1)
     assert ready == [] and not_ready == [slow_ref]
-    with pytest.raises(GetTimeoutError):
+    with pytest.raises(GetTimeoutError, match=r"no result within 0\.1 s"):
         troupe.get(slow_ref, timeout=0.1)
+    with pytest.raises(GetTimeoutError, match=r"1 of 2 results not there within 0\.1 s"):
+        troupe.get([fast_ref, slow_ref], timeout=0.1)
     with pytest.raises(ValueError):
         troupe.wait([fast_ref], num_returns=2)
     # As Ray: nothing to wait for is no error; zero of something is.
@@ -515,8 +594,16 @@ def test_resources_options_and_cluster_info():
     ctx = troupe.remote(lambda: (troupe.get_runtime_context().get_actor_id(),
                                  troupe.get_runtime_context().get_node_id()))
     actor_id, node_id = troupe.get(ctx.remote(), timeout=60)
-    assert actor_id is not None and node_id == troupe.nodes()[0]["NodeID"]
+    # As in Ray: a task is in no actor (its executor is troupe's, not the user's).
+    assert actor_id is None and node_id == troupe.nodes()[0]["NodeID"]
+    c = Counter.remote()
+    assert troupe.get(c.actor_id.remote(), timeout=60) == str(c._actor.id)
+    assert troupe.get_runtime_context().get_actor_id() is None
     assert troupe.get_runtime_context().get_job_id()
+    # Per-call options: a label is taken, what would change the call is refused.
+    assert troupe.get(c.add.options(name="labelled").remote(), timeout=60) == 1
+    with pytest.raises(ConfigError, match=r"actor method add: option num_returns=2 is not supported"):
+        c.add.options(num_returns=2)
 
 
 def test_bad_input_is_a_clear_python_error():

@@ -263,7 +263,8 @@ def get_actor(name, namespace=None):
     _remote.check_namespace(namespace, "troupe.get_actor")
     _remote.check_actor_name(name, "troupe.get_actor")
     client = _client()
-    namespace = namespace or _namespace()
+    if namespace is None:
+        namespace = _namespace()
     try:
         actor = client.get_actor(_remote.full_actor_name(name, namespace))
     except exceptions.ConfigError as e:
@@ -306,8 +307,12 @@ class RuntimeContext:
         return self._state.namespace
 
     def get_actor_id(self):
+        """The actor's id inside an actor; None in a driver or a task (its
+        hidden executor is no actor of the user's)."""
+        from troupe import _worker_hooks
+
         actor = _core.actor_id()
-        return str(actor) if actor else None
+        return str(actor) if actor and not _worker_hooks.runs_tasks() else None
 
     def get_node_id(self):
         client = self._state.client

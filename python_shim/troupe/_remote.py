@@ -318,23 +318,35 @@ class RemoteFunction:
 
 
 class ActorMethod:
-    __slots__ = ("_handle", "_name")
+    # Not the handle itself: a handle caches its methods, and a cycle would
+    # keep an actor that went out of scope alive until Python's cycle GC.
+    __slots__ = ("_actor", "_client", "_lifetime", "_name")
 
     def __init__(self, handle, name):
-        self._handle = handle
+        self._actor = handle._actor
+        self._client = handle._client
+        self._lifetime = handle._lifetime
         self._name = name
 
     def remote(self, *args, **kwargs):
         import troupe
 
-        h = self._handle
-        client = h._client
+        client = self._client
         if client is not troupe._current_client():  # the message only when needed
-            client = _session_client(h, f"{self._name}.remote()")
+            client = _session_client(self, f"{self._name}.remote()")
         data, top = _call_args(f"actor method {self._name}", args, kwargs)
-        return client.call(h._actor, self._name, data, top)
+        return client.call(self._actor, self._name, data, top, self._lifetime)
 
     def options(self, **options):
+        """Ray's per-call options: `name` (a label) and num_returns=1 are
+        taken; any other is refused rather than ignored."""
+        for key, value in options.items():
+            if key == "name" or (key == "num_returns" and value == 1):
+                continue
+            raise ConfigError(
+                f"actor method {self._name}: option {key}={value!r} is not supported "
+                "(per-call options are name and num_returns=1)"
+            )
         return self
 
     def __call__(self, *args, **kwargs):
@@ -345,10 +357,14 @@ class ActorHandle:
     """A handle to an actor: handle.method.remote(...) returns an ObjectRef.
     Calls from one caller run in the order sent."""
 
-    def __init__(self, actor, cls, client):
+    def __init__(self, actor, cls, client, lifetime=None):
         self._actor = actor
         self._cls = cls
         self._client = client
+        # The actor's lifetime ref (client.actor_lifetime) when its creator
+        # ends it once no handle is left anywhere; None for detached and
+        # named actors and for handles found by name or id.
+        self._lifetime = lifetime
         self._methods = {}
 
     def __getattr__(self, name):
@@ -374,7 +390,11 @@ class ActorHandle:
 
     def __reduce__(self):
         # The id travels: in another session it would name another actor.
+        # So does the lifetime ref, when troupe pickles the handle (a copy
+        # pickled elsewhere does not keep the actor alive).
         _session_client(self, "pickling its handle")
+        if self._lifetime is not None and ser.pickling_refs():
+            return _handle_by_id, (self._actor.id, self._lifetime)
         return _handle_by_id, (self._actor.id,)
 
 
@@ -386,9 +406,9 @@ def _session_client(handle, what):
     return troupe._same_session(handle._client, f"{what}: actor {handle._actor.id}")
 
 
-def _handle_by_id(actor_id):
+def _handle_by_id(actor_id, lifetime=None):
     client = _client()
-    return ActorHandle(client.actor_by_id(actor_id), None, client)
+    return ActorHandle(client.actor_by_id(actor_id), None, client, lifetime)
 
 
 def _actor_handle(actor, cls):
@@ -437,7 +457,13 @@ class ActorClass:
         if "max_concurrency" not in self._options and _has_async_methods(self._cls):
             options["max_concurrency"] = _ASYNC_MAX_CONCURRENCY
         actor = client.spawn(self._cls.__qualname__, self._shared["blob"], data, list(top), options)
-        return ActorHandle(actor, self._cls, client)
+        # Unnamed and not detached: it ends once no handle is left (Ray's
+        # rule; a named one stays for get_actor until killed or its owner
+        # exits).
+        lifetime = None
+        if name is None and not options.get("detached"):
+            lifetime = client.actor_lifetime(actor.id)
+        return ActorHandle(actor, self._cls, client, lifetime)
 
 
 def remote(*args, **options):

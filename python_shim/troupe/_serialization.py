@@ -45,6 +45,11 @@ def _reduce_ref(ref):
     return _load_ref, (len(refs) - 1,)
 
 
+def pickling_refs():
+    """Whether troupe is pickling a value now (ObjectRefs inside it cross as refs)."""
+    return getattr(_tls, "refs", None) is not None
+
+
 def _load_ref(index):
     return _tls.loaded[index]
 

@@ -18,6 +18,7 @@ _functions = {}  # task function by content hash, loaded once per worker
 _FUNCTION_KEY = "troupe.py.fn."
 _loop = None  # the worker's event loop for async def methods, made on first use
 _loop_lock = threading.Lock()
+_runs_tasks = False  # a task executor's worker (run_task was called)
 
 
 def _sync_environment():
@@ -31,8 +32,17 @@ def _sync_environment():
             os.environ.pop(name, None)
 
 
-def _answer(value):
-    data, buffers, refs = ser.dumps(value)
+def _answer(value, what):
+    """The answer of `what` (a task or method), which returned `value`."""
+    if inspect.isgenerator(value) or inspect.isasyncgen(value):
+        raise TypeError(
+            f"{what} returned a generator: troupe tasks and actor methods do not stream their "
+            "results (Ray's num_returns='streaming'); return a list instead"
+        )
+    try:
+        data, buffers, refs = ser.dumps(value)
+    except Exception as e:
+        raise TypeError(f"{what} returned a {type(value).__name__} that cannot be pickled: {e}") from e
     return False, data, buffers, refs
 
 
@@ -96,7 +106,7 @@ def _settle(value):
 def call_method(instance, name, args, top):
     try:
         a, kw = ser.load_call_args(args, top)
-        return _answer(_settle(getattr(instance, name)(*a, **kw)))
+        return _answer(_settle(getattr(instance, name)(*a, **kw)), f"{type(instance).__name__}.{name}")
     except BaseException:
         return _error(f"{type(instance).__name__}.{name} (pid {os.getpid()})")
 
@@ -113,13 +123,20 @@ def _function(key):
     return fn
 
 
+def runs_tasks():
+    """Whether this worker is a task executor (it has run a task)."""
+    return _runs_tasks
+
+
 def run_task(key, args, top):
+    global _runs_tasks
+    _runs_tasks = True
     name = key
     try:
         _sync_environment()
         fn = _function(key)
         name = getattr(fn, "__qualname__", key)
         a, kw = ser.load_call_args(args, top)
-        return _answer(_settle(fn(*a, **kw)))
+        return _answer(_settle(fn(*a, **kw)), f"task {name}")
     except BaseException:
         return _error(f"task {name} (pid {os.getpid()})")

@@ -201,7 +201,8 @@ struct ResourcesWanted {
 struct KillActor {
   uint64_t actor_id = 0;
   bool no_restart = true;
-  TROUPE_FIELDS(actor_id, no_restart)
+  std::string why;  // the death cause; "" = "killed by request"
+  TROUPE_FIELDS(actor_id, no_restart, why)
 };
 
 enum class PlacementStrategy : uint8_t { kPack = 0, kSpread = 1, kStrictPack = 2, kStrictSpread = 3 };
