@@ -648,3 +648,25 @@ def test_torch_tensors_travel_out_of_band():
     half = torch.ones(3, 5, dtype=torch.bfloat16)
     back = troupe.get(troupe.put(half), timeout=60)
     assert back.dtype == torch.bfloat16 and torch.equal(back, half)
+
+
+def test_tasks_queued_behind_a_task_that_waits_run_elsewhere():
+    # Ray's signal pattern in one burst: four waiters and then the setter,
+    # on two CPUs. Once the key has both executors it can lease, the
+    # submitter queues the rest behind the first two, the setter behind a
+    # waiter: when that waiter blocks, its executor hands the setter back,
+    # and it runs on the CPU the waiters lend (it used to wait for ever).
+    signal = Signal.remote()
+
+    @troupe.remote
+    def waiter(s):
+        troupe.get(s.wait.remote(), timeout=120)
+        return "woken"
+
+    @troupe.remote
+    def setter(s):
+        troupe.get(s.send.remote(), timeout=60)
+        return "set"
+
+    refs = [waiter.remote(signal) for _ in range(4)] + [setter.remote(signal)]
+    assert troupe.get(refs, timeout=150) == ["woken"] * 4 + ["set"]

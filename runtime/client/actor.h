@@ -80,6 +80,10 @@ inline constexpr uint32_t kKeepResult = 1u << 31;
 // store holds objects after the task (a Python task that returns what it
 // put): the submitter keeps that executor, whose objects others may read.
 inline constexpr uint32_t kHoldsObjects = 1u << 30;
+// A task executor's reply (Message::op) to a task it did not start because
+// the task before it waits in get(): the body and attachments are the
+// task's own, handed back; the submitter sends it elsewhere.
+inline constexpr uint32_t kBounced = 1u << 29;
 
 // An actor instance inside a worker, behind a type-erased interface.
 class HostedActor {

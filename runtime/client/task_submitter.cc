@@ -42,11 +42,16 @@ struct TaskSubmitter::Executor {
   // Its task waits in get() (ActorInfo::blocked): no task is sent to it,
   // and the key may lease one more executor in its place.
   bool blocked = false;
+  // It handed a task back (kBounced) because its task waits: treated as
+  // blocked until the head says so or it answers a task.
+  bool bounced = false;
   std::string death_cause;
   Clock::time_point idle_since = Clock::now();
   // Tasks that died with it and wait for the head's cause of death.
   std::vector<std::pair<std::shared_ptr<Task>, std::string>> lost;
   Clock::time_point lost_since;
+
+  bool waits() const { return blocked || bounced; }
 };
 
 struct TaskSubmitter::Task {
@@ -106,7 +111,7 @@ std::string describe_nodes(const std::vector<NodeInfo>& nodes) {
 
 int TaskSubmitter::working_count(const Key& k) {
   return static_cast<int>(
-      std::count_if(k.executors.begin(), k.executors.end(), [](const auto& e) { return !e->blocked; }));
+      std::count_if(k.executors.begin(), k.executors.end(), [](const auto& e) { return !e->waits(); }));
 }
 
 std::exception_ptr TaskSubmitter::worker_died(const std::string& task, const Executor& e, const std::string& cause) {
@@ -199,7 +204,7 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
     Executor* best = nullptr;
     std::shared_ptr<Executor> best_ptr;
     for (auto& e : k.executors)
-      if (e->ready && !e->blocked && (!best || e->inflight < best->inflight)) {
+      if (e->ready && !e->waits() && (!best || e->inflight < best->inflight)) {
         best = e.get();
         best_ptr = e;
       }
@@ -256,6 +261,7 @@ void TaskSubmitter::send(std::vector<Send> sends) {
 }
 
 void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
+  if (m.op & kBounced) return on_task_bounced(t, m);
   t->complete(m);
   std::vector<Send> sends;
   bool wake = false;
@@ -263,6 +269,7 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
     std::lock_guard lock(mu_);
     if (auto& e = t->on) {
       if ((t->op & kKeepResult) || (m.op & kHoldsObjects)) e->holds_objects = true;
+      e->bounced = false;
       if (--e->inflight == 0) e->idle_since = Clock::now();
       e.reset();
     }
@@ -272,6 +279,25 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
     if (wake) release_idle_requested_ = true;
   }
   if (wake) cv_.notify_all();
+  send(std::move(sends));
+}
+
+// The executor's task waits in get(), and `t` was queued behind it: it goes
+// to the front of the queue again, with its body as the executor handed it
+// back, and does not count as a retry.
+void TaskSubmitter::on_task_bounced(const std::shared_ptr<Task>& t, Message& m) {
+  std::vector<Send> sends;
+  {
+    std::lock_guard lock(mu_);
+    std::shared_ptr<Executor> e = std::move(t->on);
+    if (!e) return;
+    --e->inflight;
+    e->bounced = true;
+    t->body = std::move(m.body);
+    t->attachments = std::move(m.attachments);
+    t->key->queue.push_front(t);
+    sends = pump_locked(t->key);
+  }
   send(std::move(sends));
 }
 
@@ -349,6 +375,7 @@ void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const st
       // Its task waits (or resumed): the tasks queued here go elsewhere,
       // to a new executor if need be, which the lent CPU may hold.
       e->blocked = info.blocked;
+      e->bounced = false;
       sends = pump_locked(key);
     } else if (info.state == ActorState::kDead && e->death_cause.empty()) {
       died = true;

@@ -15,7 +15,10 @@
 //   (release_idle), or while the head says that something anywhere in the
 //   cluster does (set_resources_wanted);
 // - a task in flight on an executor that dies runs again on another, at
-//   most max_retries times, then fails with WorkerDied naming the cause.
+//   most max_retries times, then fails with WorkerDied naming the cause;
+// - a task queued on an executor whose task then waits in get() comes back
+//   (kBounced) and goes to another executor, or a new one on the CPU that
+//   the waiting task lends.
 //
 // Spawning and killing executors (head calls) happen on a thread of the
 // submitter's own, never on the I/O thread.
@@ -103,6 +106,7 @@ class TaskSubmitter {
   void request_leases_locked(const std::shared_ptr<Key>& key);
   void send(std::vector<Send> sends);
   void on_task_done(const std::shared_ptr<Task>& t, wire::Message& m);
+  void on_task_bounced(const std::shared_ptr<Task>& t, wire::Message& m);
   void on_task_lost(const std::shared_ptr<Task>& t, const std::string& reason);
   void on_executor_update(const std::shared_ptr<Key>& key, const std::shared_ptr<Executor>& e,
                           const wire::ActorInfo& info);

@@ -32,12 +32,29 @@ struct Job {
 
 class Mailbox {
  public:
-  void push(Job j) {
+  // False, with `j` left as it was, while the mailbox refuses work.
+  bool push(Job& j) {
     {
       std::lock_guard lock(mu_);
+      if (refusing_) return false;
       q_.push_back(std::move(j));
     }
     cv_.notify_one();
+    return true;
+  }
+  // From now until accept(), push refuses; returns what was queued.
+  std::deque<Job> refuse() {
+    std::lock_guard lock(mu_);
+    refusing_ = true;
+    return std::exchange(q_, {});
+  }
+  void accept() {
+    std::lock_guard lock(mu_);
+    refusing_ = false;
+  }
+  bool empty() {
+    std::lock_guard lock(mu_);
+    return q_.empty();
   }
   Job pop() {
     std::unique_lock lock(mu_);
@@ -51,18 +68,40 @@ class Mailbox {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> q_;
+  bool refusing_ = false;
 };
+
+// A task executor's answer to a task it will not start now: the task's own
+// body and attachments go back with kBounced.
+Message bounced(Message& call) {
+  Message reply;
+  reply.kind = Kind::REPLY;
+  reply.id = call.id;
+  reply.op = client::kBounced;
+  reply.body = std::move(call.body);
+  reply.attachments = std::move(call.attachments);
+  return reply;
+}
 
 // Tells the head when the task a task executor runs starts and stops
 // waiting in get(), so that its CPU serves other tasks meanwhile
 // (LendResources). Installed on the thread of each call; sending is
-// thread-safe and never blocks on the head.
+// thread-safe and never blocks on the head. Meanwhile the executor starts
+// nothing else: the tasks its submitter pipelined behind the waiting one,
+// and those that arrive until it resumes, go back (kBounced) to run
+// elsewhere, since one of them may be what it waits for.
 class CpuLender final : public core::WaitObserver {
  public:
-  CpuLender(client::Core& core, uint64_t actor_id, uint32_t incarnation)
-      : core_(core), actor_id_(actor_id), incarnation_(incarnation) {}
-  void blocked() override { tell(true); }
-  void unblocked() override { tell(false); }
+  CpuLender(client::Core& core, uint64_t actor_id, uint32_t incarnation, Mailbox& mailbox)
+      : core_(core), actor_id_(actor_id), incarnation_(incarnation), mailbox_(mailbox) {}
+  void blocked() override {
+    tell(true);
+    for (Job& j : mailbox_.refuse()) j.conn->send(bounced(j.msg), true);
+  }
+  void unblocked() override {
+    mailbox_.accept();
+    tell(false);
+  }
 
  private:
   void tell(bool lend) {
@@ -71,6 +110,7 @@ class CpuLender final : public core::WaitObserver {
   client::Core& core_;
   const uint64_t actor_id_;
   const uint32_t incarnation_;
+  Mailbox& mailbox_;
 };
 
 // Connects to the head as the worker of env's actor; a worker that cannot
@@ -134,7 +174,9 @@ std::unique_ptr<client::HostedActor> construct_actor(client::Core& core, const c
 // them (no hand-off: a synchronous call costs one wake-up here); control
 // messages then come through their own listener on the core's I/O thread,
 // which stays free while a call runs. With more concurrency, the I/O
-// thread fills a mailbox that a pool of actor threads drains.
+// thread fills a mailbox that a pool of actor threads drains; so it does
+// for a task executor, which must be able to hand back the calls queued
+// behind a task that waits (CpuLender).
 class ActorHost {
  public:
   ActorHost(std::shared_ptr<client::Core> core, std::unique_ptr<WorkerContext> context,
@@ -142,14 +184,17 @@ class ActorHost {
       : core_(std::move(core)),
         context_(std::move(context)),
         actor_(std::move(actor)),
-        inline_calls_(core_->hello_reply().spec.max_concurrency <= 1),
+        // A task executor reads calls on the I/O thread even with one at a
+        // time, so that it can hand back those queued behind a task that
+        // waits (CpuLender).
+        task_executor_(core_->hello_reply().spec.type_key == client::kTaskExecutorKey),
+        inline_calls_(core_->hello_reply().spec.max_concurrency <= 1 && !task_executor_),
         bind_host_(env.bind_host.empty() ? "127.0.0.1" : env.bind_host),
         // Callers reach the actor at the node's advertise host, never at a
         // wildcard bind address.
         advertise_host_(env.advertise_host.empty() ? default_advertise_host(bind_host_) : env.advertise_host),
         call_io_(inline_calls_ ? calls_io_ : core_->io()) {
-    if (core_->hello_reply().spec.type_key == client::kTaskExecutorKey)
-      lender_.emplace(*core_, env.actor_id, env.incarnation);
+    if (task_executor_) lender_.emplace(*core_, env.actor_id, env.incarnation, mailbox_);
   }
 
   // Listens, tells the head the actor is ready, and serves; never returns.
@@ -217,9 +262,10 @@ class ActorHost {
     if (m.kind == Kind::CALL) {
       if (inline_calls_) {
         c->send(run_call(m));  // leaves with the rest of this read batch
-      } else {
-        mailbox_.push(Job{c, std::move(m)});
+        return;
       }
+      Job j{c, std::move(m)};
+      if (!mailbox_.push(j)) c->send(bounced(j.msg));  // its executor's task waits
       return;
     }
     if (m.kind == Kind::REQUEST && static_cast<Op>(m.op) == Op::kControl) return handle_control(c, m);
@@ -287,7 +333,10 @@ class ActorHost {
   [[noreturn]] void drain() {
     for (;;) {
       Job j = mailbox_.pop();
-      j.conn->send(run_call(j.msg), true);
+      Message reply = run_call(j.msg);
+      // Written at once when nothing waits behind it; else the I/O thread
+      // batches the replies of a pipelined burst into few writes.
+      j.conn->send(reply, mailbox_.empty());
     }
   }
 
@@ -295,6 +344,7 @@ class ActorHost {
   // What this_actor answers (installed in run_worker); outlives the actor.
   std::unique_ptr<WorkerContext> context_;
   std::unique_ptr<client::HostedActor> actor_;
+  const bool task_executor_;
   const bool inline_calls_;
   const std::string bind_host_;
   const std::string advertise_host_;

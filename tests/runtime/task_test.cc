@@ -71,6 +71,14 @@ int64_t sum_bytes(troupe::ObjectRef<std::vector<uint8_t>> ref) {
   return s;
 }
 
+// Ray's signal pattern: waiters block on a KV key (a wait that lends the
+// CPU) until the setter puts it.
+std::string wait_for_key(std::string key) { return troupe::this_actor::runtime().kv().wait(key, 120s); }
+std::string set_key(std::string key) {
+  troupe::this_actor::runtime().kv().put(key, "set");
+  return "done";
+}
+
 // Tasks that wait for tasks, each with a CPU of its own: top waits for two
 // middles, each middle for a leaf. On two CPUs the leaves run only because
 // a task waiting in get() lends its CPU back meanwhile.
@@ -108,6 +116,8 @@ TROUPE_TASK(overlap)
 TROUPE_TASK(make_bytes)
 TROUPE_TASK(sum_bytes)
 TROUPE_TASK(leaf)
+TROUPE_TASK(wait_for_key)
+TROUPE_TASK(set_key)
 TROUPE_TASK(middle)
 TROUPE_TASK(top)
 TROUPE_ACTOR(Adder, &Adder::plus)
@@ -278,6 +288,19 @@ TEST_F(TaskTest, TasksWaitingForTasksLendTheirCpuSoNestingCannotDeadlock) {
   // nothing stays lent or taken twice.
   EXPECT_TRUE(troupe::test::eventually([&] { return rt_.nodes().at(0).available.at("CPU") == 2; }, 60s));
   EXPECT_EQ(rt_.submit(&leaf, {.resources = {{"CPU", 2}}}, 1).get(60s), 2);
+}
+
+// Waiters and their setter in one burst on two CPUs: once the key has both
+// executors it can lease, the rest are pipelined behind the first two, the
+// setter behind a waiter. The waiter's executor hands it back when its task
+// blocks, and it runs on the CPU the waiters lend (it used to wait for ever).
+TEST_F(TaskTest, TasksQueuedBehindATaskThatWaitsRunElsewhere) {
+  std::vector<troupe::Future<std::string>> waiters;
+  for (int i = 0; i < 4; ++i)
+    waiters.push_back(rt_.submit(&wait_for_key, {.resources = {{"CPU", 1}}}, std::string("burst")));
+  auto setter = rt_.submit(&set_key, {.resources = {{"CPU", 1}}}, std::string("burst"));
+  EXPECT_EQ(setter.get(150s), "done");
+  for (auto& w : waiters) EXPECT_EQ(w.get(150s), "set");
 }
 
 TEST_F(TaskTest, SoakKeepsFdsAndExecutorsBounded) {
