@@ -280,7 +280,11 @@ void HeadState::actor_ready(const ActorReady& r) {
 void HeadState::actor_init_failed(const ActorInitFailed& f) {
   Actor& a = actor(f.actor_id);
   if (a.info.incarnation != f.incarnation) return;
-  TROUPE_LOG_WARN("actor {} ({}) failed to start: {}", a.info.id, a.info.class_name, f.error);
+  // The worker logged the whole error (a Python traceback); its first line
+  // is enough here, where an embedded cluster prints beside that log.
+  const auto eol = f.error.find('\n');
+  TROUPE_LOG_WARN("actor {} ({}) failed to start: {}{}", a.info.id, a.info.class_name, f.error.substr(0, eol),
+                  eol == std::string::npos ? "" : " (the traceback is in its worker's log)");
   a.info.death_cause = "constructor failed: " + f.error;
   a.kill_requested = true;  // no restart: the constructor would fail again
 }

@@ -32,12 +32,14 @@ struct Job {
 
 class Mailbox {
  public:
-  // False, with `j` left as it was, while the mailbox refuses work.
-  bool push(Job& j) {
+  // False, with `j` left as it was, while the mailbox refuses work. Sets
+  // `short_of_hands` when no drain thread waits for it (all are busy).
+  bool push(Job& j, bool* short_of_hands = nullptr) {
     {
       std::lock_guard lock(mu_);
       if (refusing_) return false;
       q_.push_back(std::move(j));
+      if (short_of_hands) *short_of_hands = waiting_ < static_cast<int>(q_.size());
     }
     cv_.notify_one();
     return true;
@@ -58,7 +60,9 @@ class Mailbox {
   }
   Job pop() {
     std::unique_lock lock(mu_);
+    ++waiting_;
     cv_.wait(lock, [&] { return !q_.empty(); });
+    --waiting_;
     Job j = std::move(q_.front());
     q_.pop_front();
     return j;
@@ -69,6 +73,7 @@ class Mailbox {
   std::condition_variable cv_;
   std::deque<Job> q_;
   bool refusing_ = false;
+  int waiting_ = 0;  // drain threads waiting in pop()
 };
 
 // A task executor's answer to a task it will not start now: the task's own
@@ -217,8 +222,6 @@ class ActorHost {
       calls_io_.run();
       std::_Exit(0);
     }
-    std::vector<std::thread> extra;
-    for (int i = 1; i < core_->hello_reply().spec.max_concurrency; ++i) extra.emplace_back([this] { drain(); });
     drain();
   }
 
@@ -265,7 +268,9 @@ class ActorHost {
         return;
       }
       Job j{c, std::move(m)};
-      if (!mailbox_.push(j)) c->send(bounced(j.msg));  // its executor's task waits
+      bool short_of_hands = false;
+      if (!mailbox_.push(j, &short_of_hands)) return c->send(bounced(j.msg));  // its executor's task waits
+      if (short_of_hands) add_hand();
       return;
     }
     if (m.kind == Kind::REQUEST && static_cast<Op>(m.op) == Op::kControl) return handle_control(c, m);
@@ -330,6 +335,15 @@ class ActorHost {
     }).detach();
   }
 
+  // A call waits and every drain thread is busy: one more, up to
+  // max_concurrency (an async actor may run 100 calls at once, and used to
+  // start 100 threads whether or not it ever did). On the I/O thread.
+  void add_hand() {
+    if (hands_ >= core_->hello_reply().spec.max_concurrency) return;
+    ++hands_;
+    std::thread([this] { drain(); }).detach();
+  }
+
   [[noreturn]] void drain() {
     for (;;) {
       Job j = mailbox_.pop();
@@ -351,6 +365,7 @@ class ActorHost {
   asio::io_context calls_io_{1};  // one thread runs it: asio can skip some locking
   asio::io_context& call_io_;
   Mailbox mailbox_;
+  int hands_ = 1;                    // drain threads: serve()'s own, and add_hand()'s (on the I/O thread)
   std::optional<CpuLender> lender_;  // a task executor's
   std::shared_ptr<ConnMap> call_conns_ = std::make_shared<ConnMap>();
   // The process's object store, looked up once (every call may ask it).
