@@ -137,10 +137,16 @@ std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std
   return states;
 }
 
-pyb::list get_many(PyClient& client, const RefList& refs, const std::optional<double>& timeout) {
+// `lend_for`: a task executor's CpuLender (wait_observer() on the task's
+// thread), for an async task's await, which waits on a thread of its own
+// and lends the task's CPU as a get on the task's thread would; 0 = this
+// thread's own observer, if any.
+pyb::list get_many(PyClient& client, const RefList& refs, const std::optional<double>& timeout, uintptr_t lend_for) {
   std::vector<std::shared_ptr<ReplyState>> states;
   {
     pyb::gil_scoped_release nogil;
+    core::WaitObserverInstall install(lend_for ? reinterpret_cast<core::WaitObserver*>(lend_for)
+                                               : core::tls_wait_observer.observer);
     states = wait_all(refs, timeout);
   }
   pyb::list out;
@@ -287,7 +293,7 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
             pyb::gil_scoped_release nogil;
             return c.put(std::move(v));
           })
-      .def("get", &get_many, pyb::arg("refs"), pyb::arg("timeout") = pyb::none())
+      .def("get", &get_many, pyb::arg("refs"), pyb::arg("timeout") = pyb::none(), pyb::arg("lend_for") = 0)
       .def(
           "wait",
           [](PyClient&, const RefList& refs, size_t n, const std::optional<double>& timeout) {
@@ -406,6 +412,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("serve_worker", &serve_worker);
   m.def("in_worker", [] { return this_actor::in_worker(); });
   m.def("actor_id", [] { return this_actor::id(); });
+  // The wait observer of this thread (a task executor's CpuLender while it
+  // runs a task), as an opaque number for get(lend_for=...); 0 if none.
+  m.def("wait_observer", [] { return reinterpret_cast<uintptr_t>(core::tls_wait_observer.observer); });
   m.def("gpu_ids", [] { return this_actor::gpu_ids(); });
   m.def("getenv", [](const std::string& name) { return core::env_value(name.c_str()); });
 }

@@ -186,6 +186,10 @@ class Sleeper:
         await asyncio.sleep(0.01)
         return 2 * x
 
+    def threads(self):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
     async def fail_later(self):
         await asyncio.sleep(0.01)
         raise ValueError("async bad value")
@@ -670,3 +674,27 @@ def test_tasks_queued_behind_a_task_that_waits_run_elsewhere():
 
     refs = [waiter.remote(signal) for _ in range(4)] + [setter.remote(signal)]
     assert troupe.get(refs, timeout=150) == ["woken"] * 4 + ["set"]
+
+
+def test_an_async_task_awaiting_a_child_lends_its_cpu():
+    # The parent holds both CPUs; its child runs only on what the parent
+    # lends while its `await` waits (on a thread of its own, not the task's).
+    @troupe.remote
+    def child(x):
+        return x + 1
+
+    @troupe.remote(num_cpus=2)
+    async def parent(x):
+        return await child.remote(x) * 10
+
+    assert troupe.get(parent.remote(1), timeout=90) == 20
+
+
+def test_an_async_actor_starts_threads_as_its_calls_need_them():
+    # max_concurrency is 100 for a class with async methods; its worker
+    # used to start 100 threads up front.
+    s = Sleeper.remote()
+    assert troupe.get([s.double_later.remote(i) for i in range(3)], timeout=60) == [0, 2, 4]
+    assert troupe.get(s.threads.remote(), timeout=60) < 40
+    # Calls that wait for each other still all run at once.
+    assert troupe.get([s.wait_for_peer.remote() for _ in range(2)], timeout=60) == [True, True]

@@ -95,3 +95,28 @@ def test_bad_placement_options_are_refused(cluster):
             troupe.get(node_of_task.options(num_cpus=2, scheduling_strategy=in_bundle(pg, 0)).remote(), timeout=60)
     finally:
         remove_placement_group(pg)
+
+
+@troupe.remote
+def child_in_group():
+    return troupe.get_runtime_context().get_node_id()
+
+
+@troupe.remote
+def parent_in_group(timeout):
+    # The group holds both CPUs of the cluster: this child can run only
+    # in the group, on the CPU its parent lends while it waits.
+    return troupe.get(child_in_group.remote(), timeout=timeout)
+
+
+def test_a_group_that_captures_child_tasks_runs_them_inside(cluster):
+    pg = placement_group([{"CPU": 2}])
+    assert troupe.get(pg.ready(), timeout=60) == pg
+    captured = PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+    node = troupe.get(parent_in_group.options(scheduling_strategy=captured).remote(60), timeout=90)
+    assert int(node) == placement_group_table(pg)["bundle_nodes"][0]
+    # Without capture the child waits outside the group for a CPU that the
+    # group holds: the parent's get times out and says so.
+    with pytest.raises(Exception, match="no result within 2 s"):
+        troupe.get(parent_in_group.options(scheduling_strategy=in_bundle(pg, 0)).remote(2), timeout=90)
+    remove_placement_group(pg)

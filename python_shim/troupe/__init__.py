@@ -206,8 +206,11 @@ def _await_ref(ref):
                 future.set_exception(error)
 
     def wait():
+        from troupe import _worker_hooks
+
         try:
-            value, error = get(ref), None
+            # In an async task, the task's CPU is lent meanwhile.
+            value, error = _ser.value_of(_client().get([ref], None, _worker_hooks.lend_for())[0][1:]), None
         except BaseException as e:  # the ref's error is the await's
             value, error = None, e
         try:

@@ -9,6 +9,7 @@ keeps it for restarts).
 import hashlib
 import inspect
 import numbers
+import os
 import re
 
 from troupe import _core
@@ -19,7 +20,11 @@ from troupe.exceptions import ConfigError
 _FUNCTION_KEY = "troupe.py.fn."
 # Where to run: Ray's scheduling_strategy, or its older placement_group and
 # placement_group_bundle_index options.
-_PLACEMENT_OPTIONS = {"scheduling_strategy", "placement_group", "placement_group_bundle_index"}
+_PLACEMENT_OPTIONS = {"scheduling_strategy", "placement_group", "placement_group_bundle_index",
+                      "placement_group_capture_child_tasks"}
+# Set in the workers of a task or actor whose placement group captures its
+# children: the group's id.
+CAPTURE_ENV = "PYTROUPE_CAPTURE_PG"
 _TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "num_returns",
                  "retry_exceptions", "preload_modules"} | _PLACEMENT_OPTIONS
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
@@ -155,8 +160,8 @@ _INT_MAX = 2**31 - 1
 _MAX_CONCURRENCY = _core.MAX_ACTOR_CONCURRENCY
 # The max_concurrency of an actor class with async def methods when none is
 # given: its calls wait on one event loop and should be able to overlap, as
-# in Ray (which says 1000); here the worker starts a thread for each call
-# it may run at once, so fewer.
+# in Ray (which says 1000); here each call in flight holds a worker thread
+# (started when needed), so fewer.
 _ASYNC_MAX_CONCURRENCY = 100
 
 
@@ -205,7 +210,9 @@ def _runtime_options(options, default_cpus):
     }
     if options.get("name"):
         out["name"] = str(options["name"])
-    out.update(_placement(options))
+    placement = _placement(options)
+    capture = placement.pop("capture", False)
+    out.update(placement)
     if options.get("lifetime") == "detached":
         out["detached"] = True  # outlives this driver (the head gives it no owner)
     import troupe
@@ -218,6 +225,9 @@ def _runtime_options(options, default_cpus):
         env.append(f"PYTROUPE_JOB_ID={state.job_id}")
     if state and state.namespace:
         env.append(f"PYTROUPE_NAMESPACE={state.namespace}")
+    if capture:
+        # Its children (and theirs) go to the same group unless told otherwise.
+        env.append(f"{CAPTURE_ENV}={out['placement_group']}")
     if env:
         out["env"] = env
     return out
@@ -238,6 +248,12 @@ def _placement(options):
     elif strategy not in (None, "DEFAULT"):
         raise ConfigError(f"scheduling_strategy {strategy!r} is not supported "
                           "(known: 'DEFAULT', PlacementGroupSchedulingStrategy)")
+    if pg is None and strategy is None and "placement_group" not in options:
+        # Inside a task or actor whose group captures its children (Ray's
+        # placement_group_capture_child_tasks): in that group, any bundle.
+        captured = os.environ.get(CAPTURE_ENV)
+        if captured:
+            return {"placement_group": int(captured), "bundle_index": -1, "capture": True}
     if pg is None or pg == "default":
         return {}
     if not isinstance(pg, PlacementGroup):
@@ -247,7 +263,10 @@ def _placement(options):
     from troupe.util.placement_group import _client_of
 
     _client_of(pg)
-    return {"placement_group": pg.id, "bundle_index": index}
+    capture = bool(getattr(strategy, "placement_group_capture_child_tasks", False))
+    if not capture and options.get("placement_group_capture_child_tasks") is not None:
+        capture = bool(options["placement_group_capture_child_tasks"])
+    return {"placement_group": pg.id, "bundle_index": index, "capture": capture}
 
 
 class RemoteFunction:

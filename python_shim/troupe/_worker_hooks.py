@@ -19,12 +19,13 @@ _FUNCTION_KEY = "troupe.py.fn."
 _loop = None  # the worker's event loop for async def methods, made on first use
 _loop_lock = threading.Lock()
 _runs_tasks = False  # a task executor's worker (run_task was called)
+_lend_for = 0  # its CpuLender (_core.wait_observer() on a task's thread)
 
 
 def _sync_environment():
     # A pooled worker receives its actor's environment (CUDA_VISIBLE_DEVICES,
     # extra variables) after the interpreter started: os.environ catches up.
-    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE"):
+    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE", "PYTROUPE_CAPTURE_PG"):
         value = _core.getenv(name)
         if value:
             os.environ[name] = value
@@ -128,9 +129,16 @@ def runs_tasks():
     return _runs_tasks
 
 
+def lend_for():
+    """What an `await ref` in an async task passes to get(lend_for=): the
+    executor's CPU is lent while the await waits, as for a plain get."""
+    return _lend_for
+
+
 def run_task(key, args, top):
-    global _runs_tasks
+    global _runs_tasks, _lend_for
     _runs_tasks = True
+    _lend_for = _core.wait_observer()
     name = key
     try:
         _sync_environment()

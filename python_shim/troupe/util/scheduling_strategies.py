@@ -7,7 +7,8 @@ from troupe.util.placement_group import PlacementGroup
 
 class PlacementGroupSchedulingStrategy:
     """Run in `placement_group`, in bundle `placement_group_bundle_index`
-    (-1 = any bundle with room)."""
+    (-1 = any bundle with room); with placement_group_capture_child_tasks,
+    its child tasks and actors run in the group too."""
 
     def __init__(self, placement_group, placement_group_bundle_index=-1,
                  placement_group_capture_child_tasks=None):
@@ -21,3 +22,6 @@ class PlacementGroupSchedulingStrategy:
                              f"{placement_group.bundle_count} bundles")
         self.placement_group = placement_group
         self.placement_group_bundle_index = index
+        # True: the tasks and actors that this one starts run in the same
+        # group (any bundle), and theirs too, unless they name a strategy.
+        self.placement_group_capture_child_tasks = bool(placement_group_capture_child_tasks)
