@@ -5,7 +5,9 @@ Cases (issue 15): `tasks_sync` and `tasks_async` (a trivial remote function,
 one at a time / 1,000 in flight, tasks/s), `actor_sync` and `actor_async`
 (1:1 calls of one actor's method, likewise, calls/s), `put_get_1MiB` and
 `put_get_64MiB` (the driver puts a NumPy array, an actor in another process
-gets it as a resolved argument and returns its size; GB/s of the round).
+gets it as a resolved argument and returns its size; GB/s of the round),
+`tasks_nested` (fib(7) as tasks that wait in get for their two children:
+41 tasks a tree, tasks/s).
 
 The same measuring code (`measure`) runs against either module: this script
 starts itself once per runtime as a child (`--child MODULE`), so troupe and
@@ -29,9 +31,13 @@ import subprocess
 import sys
 import time
 
-CASES = ["tasks_sync", "tasks_async", "actor_sync", "actor_async", "put_get_1MiB", "put_get_64MiB"]
-UNITS = {c: "tasks/s" for c in CASES[:2]} | {c: "calls/s" for c in CASES[2:4]} | {c: "GB/s" for c in CASES[4:]}
+CASES = ["tasks_sync", "tasks_async", "actor_sync", "actor_async", "put_get_1MiB", "put_get_64MiB", "tasks_nested"]
+UNITS = ({c: "tasks/s" for c in CASES[:2]} | {c: "calls/s" for c in CASES[2:4]} | {c: "GB/s" for c in CASES[4:6]}
+         | {"tasks_nested": "tasks/s"})
 IN_FLIGHT = 1000
+# tasks_nested: fib(NESTED_N) as tasks that wait for their two children
+# (41 tasks, at most 6 deep, each waiting in get while its children run).
+NESTED_N = 7
 SYSTEM_PYTHON = "/usr/bin/python3"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GET_TIMEOUT = 120.0
@@ -80,6 +86,24 @@ def measure(rt, case, seconds):
             # process before the call ("get in another process").
             return array.nbytes
 
+    if case == "tasks_nested":
+
+        @rt.remote
+        def fib(n):
+            if n < 2:
+                return n
+            return sum(rt.get([fib.remote(n - 1), fib.remote(n - 2)], timeout=GET_TIMEOUT))
+
+        def tree(n):
+            return 1 if n < 2 else 1 + tree(n - 1) + tree(n - 2)
+
+        def one_tree():
+            if rt.get(fib.remote(NESTED_N), timeout=GET_TIMEOUT) != 13:
+                raise RuntimeError("tasks_nested: fib(7) is not 13")
+            return tree(NESTED_N)
+
+        one_tree()  # warm up
+        return rate(one_tree, seconds)
     if case.startswith("tasks"):
         one = lambda: rt.get(nop.remote(1), timeout=GET_TIMEOUT) and 1
         many = lambda: len(rt.get([nop.remote(i) for i in range(IN_FLIGHT)], timeout=GET_TIMEOUT))
