@@ -1,6 +1,7 @@
 """The Ray-shaped API on an embedded cluster: tasks, actors, refs, put/get,
 wait, options, errors by class, named actors, cluster information."""
 import asyncio
+import copy
 import os
 import signal
 import threading
@@ -167,6 +168,15 @@ def test_a_handle_passed_to_another_process_keeps_its_actor():
     assert actor.info()["state"] == "ALIVE"
     assert troupe.get(holder.drop.remote(), timeout=60)
     wait_until(lambda: actor.info()["state"] == "DEAD", what="the actor's end once the holder let go")
+    # A copy of a handle holds the actor as the original does.
+    d = Counter.remote()
+    d_actor = d._actor
+    copied = copy.deepcopy({"handle": d})["handle"]
+    del d
+    assert troupe.get(copied.add.remote(), timeout=60) == 1
+    assert d_actor.info()["state"] == "ALIVE"
+    del copied
+    wait_until(lambda: d_actor.info()["state"] == "DEAD", what="the copied handle's actor's end")
     # Named and detached actors are not ended this way: kill them.
     named = Counter.options(name="kept_by_name").remote()
     named_actor = named._actor

@@ -9,7 +9,6 @@ keeps it for restarts).
 import hashlib
 import inspect
 import numbers
-import os
 import re
 
 from troupe import _core
@@ -251,7 +250,7 @@ def _placement(options):
     if pg is None and strategy is None and "placement_group" not in options:
         # Inside a task or actor whose group captures its children (Ray's
         # placement_group_capture_child_tasks): in that group, any bundle.
-        captured = os.environ.get(CAPTURE_ENV)
+        captured = _captured_group()
         if captured:
             return {"placement_group": int(captured), "bundle_index": -1, "capture": True}
     if pg is None or pg == "default":
@@ -267,6 +266,15 @@ def _placement(options):
     if not capture and options.get("placement_group_capture_child_tasks") is not None:
         capture = bool(options["placement_group_capture_child_tasks"])
     return {"placement_group": pg.id, "bundle_index": index, "capture": capture}
+
+
+def _captured_group():
+    """The placement group id that captures what this worker starts, or
+    None: read from the worker's own environment, never from os.environ,
+    so that a process it starts (a driver of its own) is not captured."""
+    if not _core.in_worker():
+        return None
+    return _core.getenv(CAPTURE_ENV) or None
 
 
 class RemoteFunction:
@@ -406,6 +414,13 @@ class ActorHandle:
         info = self._actor.info()
         state = "session shut down" if troupe._is_stale(self._client) else info["state"]
         return f"ActorHandle({info['class_name']}, id={info['id']}, {state})"
+
+    def __copy__(self):
+        # A copy holds the actor as the original does.
+        return ActorHandle(self._actor, self._cls, self._client, self._lifetime)
+
+    def __deepcopy__(self, memo):
+        return self.__copy__()
 
     def __reduce__(self):
         # The id travels: in another session it would name another actor.

@@ -25,7 +25,7 @@ _lend_for = 0  # its CpuLender (_core.wait_observer() on a task's thread)
 def _sync_environment():
     # A pooled worker receives its actor's environment (CUDA_VISIBLE_DEVICES,
     # extra variables) after the interpreter started: os.environ catches up.
-    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE", "PYTROUPE_CAPTURE_PG"):
+    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE"):
         value = _core.getenv(name)
         if value:
             os.environ[name] = value

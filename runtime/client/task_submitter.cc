@@ -287,18 +287,30 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
 // back, and does not count as a retry.
 void TaskSubmitter::on_task_bounced(const std::shared_ptr<Task>& t, Message& m) {
   std::vector<Send> sends;
+  std::exception_ptr error;
   {
     std::lock_guard lock(mu_);
     std::shared_ptr<Executor> e = std::move(t->on);
     if (!e) return;
-    --e->inflight;
-    e->bounced = true;
-    t->body = std::move(m.body);
-    t->attachments = std::move(m.attachments);
-    t->key->queue.push_front(t);
-    sends = pump_locked(t->key);
+    // A bounce can trail the waiting task's own answer (the executor's I/O
+    // thread refused it just before the task resumed): then nothing waits
+    // there any more.
+    if (--e->inflight > 0)
+      e->bounced = true;
+    else
+      e->idle_since = Clock::now();
+    if (stopping_) {
+      // release_all failed the queues already: this one would wait for ever.
+      error = std::make_exception_ptr(Aborted("task '" + t->name + "' did not run: the runtime shut down"));
+    } else {
+      t->body = std::move(m.body);
+      t->attachments = std::move(m.attachments);
+      t->key->queue.push_front(t);
+      sends = pump_locked(t->key);
+    }
   }
   send(std::move(sends));
+  if (error) t->fail(error);
 }
 
 void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::string& reason) {

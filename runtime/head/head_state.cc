@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "troupe/runtime/client/process_stats.h"
+#include "troupe/runtime/client/task.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/head/scheduler.h"
@@ -23,7 +24,12 @@ bool restarts_left(const ActorInfo& info) { return info.max_restarts == -1 || in
 
 HeadState::HeadState(HeadConfig config) : config_(config) {}
 
-HeadOutputs HeadState::take_outputs() { return std::exchange(out_, HeadOutputs{}); }
+HeadOutputs HeadState::take_outputs() {
+  // Once per call into the state, not per scheduling pass or kill: a
+  // driver that goes with many waiting actors is one check, not one each.
+  update_resources_wanted();
+  return std::exchange(out_, HeadOutputs{});
+}
 
 // ---- nodes ------------------------------------------------------------------
 
@@ -226,7 +232,10 @@ ActorInfo HeadState::create_actor(PeerId owner, ActorSpec spec) {
   actors_[id] = std::move(a);
   pending_actors_.push_back(id);
   schedule();
-  if (!actors_.at(id).spec.detached) tell_resources_wanted(owner);
+  // A task executor's owner hears it again: its submitter, which leases
+  // this one, may be newer than the last word it had.
+  if (!actors_.at(id).spec.detached)
+    tell_resources_wanted(owner, actors_.at(id).spec.type_key == client::kTaskExecutorKey);
   return actors_.at(id).info;
 }
 
@@ -382,7 +391,6 @@ void HeadState::kill_actor(uint64_t actor_id, bool no_restart, const std::string
     out_.kills.emplace_back(a.info.node_id, KillWorker{a.info.id, a.info.incarnation});
   } else if (no_restart) {
     set_dead(a);  // no process: nothing to wait for
-    update_resources_wanted();  // it may have been what waited for room
   }
 }
 
@@ -553,25 +561,58 @@ void HeadState::schedule() {
     if (!try_place(a) && a.info.state != ActorState::kDead) still.push_back(id);
   }
   pending_actors_.swap(still);
-  update_resources_wanted();
 }
 
+// Whether an actor or placement group waits for room that task executors
+// hold: it would be placed if every task executor gave back what it holds
+// (one idle in some process may be what it waits for). Demand that no
+// executor's resources could meet (a GPU none holds, more than a node has)
+// does not count: releasing executors for it would only cost their reuse.
 bool HeadState::waits_for_room() const {
+  if (pending_actors_.empty() && pending_groups_.empty()) return false;
+  std::map<uint64_t, ResourcePool> nodes;
+  for (const auto& [id, n] : nodes_)
+    if (n.info.alive && !n.awaiting) nodes.emplace(id, n.pool);
+  std::map<std::pair<uint64_t, size_t>, ResourcePool> bundles;
+  for (const auto& [id, g] : groups_)
+    if (g.info.state == PlacementGroupState::kCreated)
+      for (size_t b = 0; b < g.bundles.size(); ++b) bundles.emplace(std::pair{id, b}, g.bundles[b]);
+  bool held = false;
+  for (const auto& [id, a] : actors_) {
+    if (a.spec.type_key != client::kTaskExecutorKey || !a.allocation || a.info.state == ActorState::kDead) continue;
+    const Allocation& al = *a.allocation;
+    ResourcePool* pool = nullptr;
+    if (al.group_id == 0) {
+      if (auto it = nodes.find(al.node_id); it != nodes.end()) pool = &it->second;
+    } else if (auto g = groups_.find(al.group_id); g != groups_.end() && g->second.epoch == al.epoch) {
+      if (auto it = bundles.find({al.group_id, al.bundle}); it != bundles.end()) pool = &it->second;
+    }
+    if (!pool) continue;
+    pool->reclaim(a.lent);  // as release() does
+    pool->give_back(al.grant);
+    held = true;
+  }
+  if (!held) return false;
+  std::vector<NodeView> views;
+  for (const auto& [id, p] : nodes) views.push_back({id, p.total(), p.available(), p.gpu_free()});
   for (auto id : pending_actors_) {
     auto it = actors_.find(id);
     if (it == actors_.end()) continue;
     const Actor& a = it->second;
     if (a.info.state == ActorState::kDead || a.worker_running || a.kill_requested) continue;
-    if (a.spec.placement_group) {
-      auto g = groups_.find(a.spec.placement_group);
-      if (g != groups_.end() && g->second.info.state == PlacementGroupState::kCreated) return true;
-    } else if (could_ever_hold(a.spec.resources)) {
-      return true;
+    if (a.spec.placement_group == 0) {
+      if (pick_node(views, a.spec.resources, nullptr)) return true;
+      continue;
     }
+    for (const auto& [key, pool] : bundles)
+      if (key.first == a.spec.placement_group &&
+          (a.spec.bundle_index < 0 || key.second == static_cast<size_t>(a.spec.bundle_index)) &&
+          pool.fits(a.spec.resources))
+        return true;
   }
   for (auto id : pending_groups_)
-    if (auto it = groups_.find(id);
-        it != groups_.end() && it->second.info.state == PlacementGroupState::kPending && could_ever_place(it->second))
+    if (auto it = groups_.find(id); it != groups_.end() && it->second.info.state == PlacementGroupState::kPending &&
+                                    place_bundles(views, it->second.spec.bundles, it->second.spec.strategy, nullptr))
       return true;
   return false;
 }
@@ -589,8 +630,8 @@ void HeadState::update_resources_wanted() {
   }
 }
 
-void HeadState::tell_resources_wanted(PeerId owner) {
-  if (resources_wanted_ && owner != 0 && told_wanted_.insert(owner).second)
+void HeadState::tell_resources_wanted(PeerId owner, bool again) {
+  if (resources_wanted_ && owner != 0 && (told_wanted_.insert(owner).second || again))
     out_.resources_wanted.emplace_back(owner, true);
 }
 

@@ -231,14 +231,15 @@ class HeadState {
   bool try_place_group(Group& g);
   // Whether `g` would fit the live nodes if they were idle.
   bool could_ever_place(const Group& g) const;
-  // Whether an actor or group waits for room that an idle cluster has.
+  // Whether an actor or group waits for room that task executors hold.
   bool waits_for_room() const;
-  // After a scheduling pass: tells the owners of actors when the cluster
-  // starts or stops waiting for room (wire::ResourcesWanted).
+  // In take_outputs: tells the owners of actors when the cluster starts or
+  // stops waiting for room that task executors hold (wire::ResourcesWanted).
   void update_resources_wanted();
   // A process that owns actors now (created one, or came back to a
-  // restarted head) hears that room is wanted, if it is.
-  void tell_resources_wanted(PeerId owner);
+  // restarted head) hears that room is wanted, if it is and it was not
+  // told yet (or `again`).
+  void tell_resources_wanted(PeerId owner, bool again = false);
   void unreserve_group(Group& g);
   void kv_set(const std::string& key, const std::string& value);
   nlohmann::json actors_json(const wire::StatusRequest& request) const;

@@ -95,20 +95,41 @@ Message bounced(Message& call) {
 // nothing else: the tasks its submitter pipelined behind the waiting one,
 // and those that arrive until it resumes, go back (kBounced) to run
 // elsewhere, since one of them may be what it waits for.
+//
+// An async task's awaits each wait on a thread of their own and may
+// overlap: the task waits from the first one's start to the last one's
+// end. Waits left over when the task's call ends (abandoned awaits) no
+// longer count (call_ended).
 class CpuLender final : public core::WaitObserver {
  public:
   CpuLender(client::Core& core, uint64_t actor_id, uint32_t incarnation, Mailbox& mailbox)
       : core_(core), actor_id_(actor_id), incarnation_(incarnation), mailbox_(mailbox) {}
   void blocked() override {
-    tell(true);
-    for (Job& j : mailbox_.refuse()) j.conn->send(bounced(j.msg), true);
+    std::lock_guard lock(mu_);
+    wait_epoch_ = epoch_;
+    if (waiting_++ == 0) lend();
   }
   void unblocked() override {
-    mailbox_.accept();
-    tell(false);
+    std::lock_guard lock(mu_);
+    if (wait_epoch_ != epoch_ || waiting_ == 0) return;  // a wait of a call that has ended
+    if (--waiting_ == 0) take_back();
+  }
+  void call_ended() {
+    std::lock_guard lock(mu_);
+    ++epoch_;
+    if (std::exchange(waiting_, 0) > 0) take_back();
   }
 
  private:
+  // Under mu_, so that the head hears lends and take-backs in their order.
+  void lend() {
+    tell(true);
+    for (Job& j : mailbox_.refuse()) j.conn->send(bounced(j.msg), true);
+  }
+  void take_back() {
+    mailbox_.accept();
+    tell(false);
+  }
   void tell(bool lend) {
     core_.head().send(make_event_value(Op::kLendResources, LendResources{actor_id_, incarnation_, lend}));
   }
@@ -116,6 +137,11 @@ class CpuLender final : public core::WaitObserver {
   const uint64_t actor_id_;
   const uint32_t incarnation_;
   Mailbox& mailbox_;
+  std::mutex mu_;
+  int waiting_ = 0;     // waits open now, over all threads
+  uint64_t epoch_ = 0;  // calls ended so far
+  // The epoch in which this thread's wait began.
+  static inline thread_local uint64_t wait_epoch_ = 0;
 };
 
 // Connects to the head as the worker of env's actor; a worker that cannot
@@ -240,6 +266,12 @@ class ActorHost {
       Encoder e;
       bool keep = (call.op & client::kKeepResult) != 0;
       core::WaitObserverInstall observe(lender_ ? &*lender_ : nullptr);
+      struct EndCall {
+        CpuLender* lender;
+        ~EndCall() {
+          if (lender) lender->call_ended();
+        }
+      } end_call{lender_ ? &*lender_ : nullptr};
       actor_->invoke(call.op & ~client::kKeepResult, d, e, keep ? &keep_result_ : nullptr);
       if (lender_ && store_->stats().objects > 0) reply.op |= client::kHoldsObjects;
       reply.body = std::move(e.bytes());

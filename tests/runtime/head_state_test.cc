@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "troupe/runtime/client/task.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/head/head_state.h"
 #include "troupe/runtime/head/resource_pool.h"
@@ -44,13 +45,15 @@ class HeadStateTest : public ::testing::Test {
   }
 
   // Plays the node agent: every spawned worker says hello and is ready.
-  void start_spawned() {
+  // Returns the outputs it took.
+  HeadOutputs start_spawned() {
     auto out = state_.take_outputs();
     for (auto& [node, s] : out.spawns) {
       state_.worker_hello(s.actor_id, s.incarnation);
       state_.actor_ready({s.actor_id, s.incarnation, "127.0.0.1:1", 1000 + static_cast<int32_t>(s.actor_id), ""});
     }
     kills_ = out.kills;
+    return out;
   }
 
   // Plays the node agent reporting the exit of the actor's current worker.
@@ -796,41 +799,49 @@ TEST_F(HeadStateTest, OnlyItsOwnerLendsAnIdleExecutorsCpu) {
 }
 
 // Task executors idle in one process must not keep CPUs from the tasks that
-// another one waits for: while something waits for room that an idle
-// cluster has, every owner of actors hears it, and hears when it is over.
-TEST_F(HeadStateTest, OwnersHearWhileSomethingWaitsForRoom) {
+// another one waits for: while something waits for room that executors
+// hold, every owner of actors hears it, and hears when it is over. Demand
+// that no executor could meet (a GPU) does not count.
+TEST_F(HeadStateTest, OwnersHearWhileSomethingWaitsForRoomThatExecutorsHold) {
   using Told = std::vector<std::pair<PeerId, bool>>;
-  constexpr PeerId kThird = 102;
-  add_node({{"CPU", 2}}, 1);
-  const uint64_t mine = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
-  const uint64_t other = state_.create_actor(kOtherDriver, spec({{"CPU", 1}})).id;
-  EXPECT_EQ(state_.take_outputs().resources_wanted, Told{});  // both fit
-  start_spawned();
+  constexpr PeerId kThird = 102, kFourth = 103;
+  add_node({{"CPU", 2}, {"GPU", 1}}, 1);
+  auto executor = [&] {
+    ActorSpec s = spec({{"CPU", 1}});
+    s.type_key = troupe::client::kTaskExecutorKey;
+    return s;
+  };
+  state_.create_actor(kDriver, executor());
+  const uint64_t other = state_.create_actor(kOtherDriver, executor()).id;
+  state_.create_actor(kThird, spec({{"GPU", 1}}));
+  EXPECT_EQ(start_spawned().resources_wanted, Told{});  // all fit
 
+  // A second GPU actor waits, but no executor holds a GPU.
+  state_.create_actor(kThird, spec({{"GPU", 1}}));
+  EXPECT_EQ(start_spawned().resources_wanted, Told{});
+
+  // A CPU actor waits for what the executors hold: every owner hears it.
   const uint64_t waiting = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
-  EXPECT_EQ(state_.take_outputs().resources_wanted, (Told{{kDriver, true}, {kOtherDriver, true}}));
-  // An owner that comes while room is wanted hears it at once; the others
-  // hear nothing new.
-  const uint64_t third = state_.create_actor(kThird, spec({{"CPU", 1}})).id;
-  EXPECT_EQ(state_.take_outputs().resources_wanted, (Told{{kThird, true}}));
+  EXPECT_EQ(start_spawned().resources_wanted, (Told{{kDriver, true}, {kOtherDriver, true}, {kThird, true}}));
+  // An owner that comes meanwhile hears it at once; the others hear nothing new.
+  const uint64_t fourth = state_.create_actor(kFourth, spec({{"CPU", 1}})).id;
+  EXPECT_EQ(start_spawned().resources_wanted, (Told{{kFourth, true}}));
 
-  // One CPU comes free: `waiting` starts, `third` still waits.
+  // One executor goes: `waiting` starts, `fourth` still waits.
   state_.kill_actor(other, true, "released");
   exited(other);
-  EXPECT_EQ(state_.actor_info(waiting).state, ActorState::kPending);  // not yet started, but placed
-  EXPECT_EQ(state_.take_outputs().resources_wanted, Told{});
-  // Nothing waits once `third` is gone (killed while pending): the owners
-  // told, and still there, hear that it is over.
+  EXPECT_EQ(start_spawned().resources_wanted, Told{});
+  EXPECT_EQ(state_.actor_info(waiting).state, ActorState::kAlive);
+  // Once `fourth` is gone too (killed while pending), only the GPU actor
+  // waits: the owners told, and still there, hear that it is over.
   state_.peer_gone(kOtherDriver, "exited");
-  state_.kill_actor(third, true, "given up");
-  EXPECT_EQ(state_.take_outputs().resources_wanted, (Told{{kDriver, false}, {kThird, false}}));
+  state_.kill_actor(fourth, true, "given up");
+  EXPECT_EQ(state_.take_outputs().resources_wanted, (Told{{kDriver, false}, {kThird, false}, {kFourth, false}}));
 
-  // A request no node could ever hold is refused, not waited for; a
-  // placement group that could never be placed does not make room wanted.
+  // A placement group that could never be placed does not count either.
   PlacementGroupSpec huge;
   huge.bundles = {{{"CPU", 2}}, {{"CPU", 2}}};
   huge.strategy = PlacementStrategy::kStrictSpread;
   state_.create_placement_group(kDriver, huge);
   EXPECT_EQ(state_.take_outputs().resources_wanted, Told{});
-  (void)mine;
 }
