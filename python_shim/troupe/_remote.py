@@ -262,9 +262,8 @@ def _placement(options):
     from troupe.util.placement_group import _client_of
 
     _client_of(pg)
-    capture = bool(getattr(strategy, "placement_group_capture_child_tasks", False))
-    if not capture and options.get("placement_group_capture_child_tasks") is not None:
-        capture = bool(options["placement_group_capture_child_tasks"])
+    capture = bool(getattr(strategy, "placement_group_capture_child_tasks", False)
+                   or options.get("placement_group_capture_child_tasks"))
     return {"placement_group": pg.id, "bundle_index": index, "capture": capture}
 
 

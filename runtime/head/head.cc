@@ -473,13 +473,11 @@ class Head::Impl {
 
   // Owners hear when the cluster starts or stops waiting for room.
   void tell_owners(const std::vector<std::pair<PeerId, bool>>& told) {
-    std::unordered_map<PeerId, Connection*> by_id;
-    for (auto& [raw, p] : peers_) by_id[p->id] = raw;
-    for (auto& [peer, wanted] : told) {
-      auto it = by_id.find(peer);
-      if (it != by_id.end())
-        peers_.at(it->second)->conn->send(make_event_value(Op::kResourcesWanted, ResourcesWanted{wanted}));
-    }
+    std::unordered_map<PeerId, Peer*> by_id;
+    for (auto& [raw, p] : peers_) by_id[p->id] = p.get();
+    for (auto& [peer, wanted] : told)
+      if (auto it = by_id.find(peer); it != by_id.end())
+        it->second->conn->send(make_event_value(Op::kResourcesWanted, ResourcesWanted{wanted}));
   }
 
   // A node declared dead may still be running (stopped, partitioned, slow):
