@@ -226,6 +226,9 @@ void bind_values(pyb::module_& m) {
                             /*readonly=*/true);
   });
   pyb::class_<PyRef, std::shared_ptr<PyRef>>(m, "ObjectRef")
+      // Another Python object for the same ref: what troupe's ItemRef (one
+      // of a num_returns=N call's refs) is made from, sharing its state.
+      .def(pyb::init([](std::shared_ptr<PyRef> same) { return same; }))
       .def("_id", &PyRef::id)
       .def("_ready", [](PyRef& r) { return r.answer()->ready(); })
       .def("__repr__", [](PyRef& r) { return "ObjectRef(" + std::to_string(r.id()) + ")"; });

@@ -614,10 +614,69 @@ def test_resources_options_and_cluster_info():
     assert troupe.get(c.actor_id.remote(), timeout=60) == str(c._actor.id)
     assert troupe.get_runtime_context().get_actor_id() is None
     assert troupe.get_runtime_context().get_job_id()
-    # Per-call options: a label is taken, what would change the call is refused.
+    # Per-call options: a label and num_returns are taken, what else would
+    # change the call is refused.
     assert troupe.get(c.add.options(name="labelled").remote(), timeout=60) == 1
-    with pytest.raises(ConfigError, match=r"actor method add: option num_returns=2 is not supported"):
-        c.add.options(num_returns=2)
+    with pytest.raises(ConfigError, match=r"actor method add: option max_task_retries=2 is not supported"):
+        c.add.options(max_task_retries=2)
+
+
+@troupe.remote(num_returns=2)
+def split_pair(x):
+    return x, x * 10
+
+
+@troupe.remote
+class Pairs:
+    @troupe.method(num_returns=2)
+    def two(self, x):
+        return [x, -x]
+
+    def three(self):
+        return "a", "b", "c"
+
+    async def doubled(self, box):
+        return (await box[0]) * 2
+
+
+def test_num_returns_gives_one_ref_per_value():
+    low, high = split_pair.remote(3)
+    assert isinstance(low, troupe.ObjectRef) and isinstance(high, troupe.ObjectRef)
+    assert troupe.get(high, timeout=60) == 30 and troupe.get([high, low], timeout=60) == [30, 3]
+    assert troupe.wait([low, high], num_returns=2, timeout=60) == ([low, high], [])
+    # As arguments: at the top level the item's value, inside a value a
+    # ref that the task gets (and an async method awaits).
+    assert troupe.get(add.remote(low, high), timeout=60) == 33
+    assert troupe.get(troupe.remote(lambda box: troupe.get(box["r"]) + 1).remote({"r": high}), timeout=60) == 31
+    p = Pairs.remote()
+    assert troupe.get(p.doubled.remote([high]), timeout=60) == 60
+    # Actor methods: @troupe.method's default, and per call.
+    assert troupe.get(p.two.remote(5), timeout=60) == [5, -5]
+    assert troupe.get(p.three.options(num_returns=3).remote()[2], timeout=60) == "c"
+    assert troupe.get(p.two.options(num_returns=1).remote(2), timeout=60) == [2, -2]
+    # A result that is not num_returns values fails each ref, naming it.
+    for ref in p.three.options(num_returns=2).remote():
+        with pytest.raises(ValueError, match=r"actor method three returned 3 values, but num_returns=2"):
+            troupe.get(ref, timeout=60)
+    with pytest.raises(ValueError, match=r"task split_pair returned 2 values, but num_returns=3"):
+        troupe.get(split_pair.options(num_returns=3).remote(1)[0], timeout=60)
+    with pytest.raises(ValueError, match=r"task <lambda> returned a value of type int, but num_returns=2"):
+        troupe.get(troupe.remote(num_returns=2)(lambda: 7).remote()[1], timeout=60)
+    # A remote error is every ref's.
+    boom = troupe.remote(num_returns=2)(lambda: 1 // 0)
+    for ref in boom.remote():
+        with pytest.raises(TaskError, match="ZeroDivisionError"):
+            troupe.get(ref, timeout=60)
+    # num_returns=0 runs the task and gives no ref, as Ray.
+    marker = troupe.remote(lambda: None)
+    assert marker.options(num_returns=0).remote() is None
+    for bad in ("streaming", "dynamic", -1, 1.5, True):
+        with pytest.raises(ConfigError, match="num_returns"):
+            split_pair.options(num_returns=bad)
+    with pytest.raises(ConfigError, match="num_returns"):
+        p.two.options(num_returns=-2)
+    with pytest.raises(ConfigError, match="unknown option"):
+        troupe.method(concurrency_group="io")
 
 
 def test_bad_input_is_a_clear_python_error():

@@ -29,7 +29,7 @@ import threading
 
 from troupe import _core
 from troupe import exceptions
-from troupe._remote import ActorClass, ActorHandle, RemoteFunction, remote, _actor_handle
+from troupe._remote import ActorClass, ActorHandle, RemoteFunction, method, remote, _actor_handle
 from troupe import _remote
 from troupe import _serialization as _ser
 from troupe import _timeouts
@@ -37,7 +37,7 @@ from troupe import _timeouts
 ObjectRef = _core.ObjectRef
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "remote", "get", "put", "wait", "kill", "get_actor",
+    "init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait", "kill", "get_actor",
     "cluster_resources", "available_resources", "nodes", "get_runtime_context", "get_gpu_ids",
     "ObjectRef", "ActorHandle", "ActorClass", "RemoteFunction", "exceptions",
 ]
@@ -178,13 +178,14 @@ def get(refs, *, timeout=None):
     or NaN timeout is a ConfigError (a ValueError)."""
     timeout = _timeouts.seconds(timeout, "troupe.get")
     client = _client()
-    if type(refs) is ObjectRef:
-        return _ser.value_of(client.get([refs], timeout)[0][1:])
+    if isinstance(refs, ObjectRef):
+        return _ser.value_for(refs, client.get([_ser.parent(refs)], timeout)[0][1:])
     if isinstance(refs, (list, tuple)):
         for r in refs:
-            if type(r) is not ObjectRef:
+            if not isinstance(r, ObjectRef):
                 raise TypeError(f"troupe.get takes ObjectRefs, got a {type(r).__name__} in the list")
-        return [_ser.value_of(r[1:]) for r in client.get(list(refs), timeout)]
+        got = client.get([_ser.parent(r) for r in refs], timeout)
+        return [_ser.value_for(ref, r[1:]) for ref, r in zip(refs, got)]
     raise TypeError(f"troupe.get takes an ObjectRef or a list of them, not a {type(refs).__name__}")
 
 
@@ -210,7 +211,8 @@ def _await_ref(ref):
 
         try:
             # In an async task, the task's CPU is lent meanwhile.
-            value, error = _ser.value_of(_client().get([ref], None, _worker_hooks.lend_for())[0][1:]), None
+            got = _client().get([_ser.parent(ref)], None, _worker_hooks.lend_for())
+            value, error = _ser.value_for(ref, got[0][1:]), None
         except BaseException as e:  # the ref's error is the await's
             value, error = None, e
         try:
@@ -228,7 +230,7 @@ ObjectRef.__await__ = _await_ref
 def put(value):
     """Keeps value in this process's object store; the ref may go to any task
     or actor, which fetches the value from here."""
-    if type(value) is ObjectRef:
+    if isinstance(value, ObjectRef):
         raise TypeError("troupe.put of an ObjectRef: pass the ref itself")
     return _client().put(_ser.dumps(value))
 
@@ -237,7 +239,7 @@ def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
     """(ready, not_ready): the first num_returns refs ready, in the order
     given, or those ready when timeout (seconds) passes."""
     timeout = _timeouts.seconds(timeout, "troupe.wait")
-    if not isinstance(refs, list) or any(type(r) is not ObjectRef for r in refs):
+    if not isinstance(refs, list) or not all(isinstance(r, ObjectRef) for r in refs):
         raise TypeError("troupe.wait takes a list of ObjectRefs")
     if not refs:  # as Ray: nothing to wait for
         return [], []
@@ -245,7 +247,9 @@ def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
         raise ValueError("troupe.wait: the list holds the same ref twice")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int) or not 1 <= num_returns <= len(refs):
         raise ValueError(f"num_returns={num_returns!r} is not between 1 and len(refs)={len(refs)}")
-    ready_at = set(_client().wait(refs, num_returns, timeout))
+    # An ItemRef is ready with its call's result (the same state, counted
+    # once for each item given).
+    ready_at = set(_client().wait([_ser.parent(r) for r in refs], num_returns, timeout))
     ready = [r for i, r in enumerate(refs) if i in ready_at]
     return ready, [r for i, r in enumerate(refs) if i not in ready_at]
 

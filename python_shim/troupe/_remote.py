@@ -47,8 +47,7 @@ def _check_options(options, allowed, what):
     if unknown:
         raise ConfigError(f"unknown option(s) for {what}: {', '.join(sorted(unknown))} "
                           f"(known: {', '.join(sorted(allowed))})")
-    if options.get("num_returns", 1) != 1:
-        raise ConfigError(f"num_returns={options['num_returns']!r} is not supported (one return value per call)")
+    num_returns(options.get("num_returns", 1), what)
     for key in ("max_restarts", "max_task_retries", "max_retries"):
         value = options.get(key, 0)
         if not _is_int(value, -1):
@@ -65,6 +64,33 @@ def _check_options(options, allowed, what):
     lifetime = options.get("lifetime")
     if lifetime not in (None, "detached", "non_detached"):
         raise ConfigError(f"lifetime must be None, 'detached' or 'non_detached', got {lifetime!r}")
+
+
+def num_returns(value, what):
+    """num_returns, checked: an int >= 0 (Ray's "dynamic" and "streaming"
+    generators are not supported)."""
+    if not _is_int(value, 0) or value > _MAX_RETURNS:
+        if isinstance(value, str):
+            raise ConfigError(f"{what}: num_returns={value!r} is not supported (troupe does not stream "
+                              "results; return a list, or give an int)")
+        raise ConfigError(f"{what}: num_returns must be an int in [0, {_MAX_RETURNS}], got {value!r}")
+    return value
+
+
+def method(**options):
+    """@troupe.method(num_returns=N) on an actor class's method, as Ray's
+    @ray.method: the default of its calls' num_returns."""
+    unknown = set(options) - {"num_returns"}
+    if unknown:
+        raise ConfigError(f"troupe.method: unknown option(s) {', '.join(sorted(unknown))} (known: num_returns)")
+
+    def mark(fn):
+        if not callable(fn):
+            raise TypeError(f"@troupe.method applies to methods, not to a {type(fn).__name__}")
+        fn._troupe_num_returns = num_returns(options.get("num_returns", 1), f"method {fn.__qualname__}")
+        return fn
+
+    return mark
 
 
 def check_namespace(namespace, what):
@@ -155,6 +181,9 @@ def _call_args(what, args, kwargs):
 
 # The runtime's counts are 32-bit ints.
 _INT_MAX = 2**31 - 1
+# num_returns: a bound that no real call needs, so that a typo is an error
+# and not a million refs.
+_MAX_RETURNS = 10_000
 # A worker runs one thread per concurrent call (the head checks it again).
 _MAX_CONCURRENCY = _core.MAX_ACTOR_CONCURRENCY
 # The max_concurrency of an actor class with async def methods when none is
@@ -288,6 +317,7 @@ class RemoteFunction:
         self._shared = shared if shared is not None else {}
         self._key = None
         self._key_client = None
+        self._num_returns = options.get("num_returns", 1)
         self.__name__ = getattr(fn, "__name__", "task")
         self.__doc__ = getattr(fn, "__doc__", None)
 
@@ -340,19 +370,21 @@ class RemoteFunction:
         if self._key_client is not client:
             self._prepare(client)
         data, top = _call_args(f"task {self.__name__}", args, kwargs)
-        return client.submit(self._key, self._shared["hash"], data, top)
+        ref = client.submit(self._key, self._shared["hash"], data, top)
+        return ref if self._num_returns == 1 else ser.items(ref, self._num_returns, f"task {self.__name__}")
 
 
 class ActorMethod:
     # Not the handle itself: a handle caches its methods, and a cycle would
     # keep an actor that went out of scope alive until Python's cycle GC.
-    __slots__ = ("_actor", "_client", "_lifetime", "_name")
+    __slots__ = ("_actor", "_client", "_lifetime", "_name", "_num_returns")
 
-    def __init__(self, handle, name):
+    def __init__(self, handle, name, num_returns=1):
         self._actor = handle._actor
         self._client = handle._client
         self._lifetime = handle._lifetime
         self._name = name
+        self._num_returns = num_returns
 
     def remote(self, *args, **kwargs):
         import troupe
@@ -361,19 +393,23 @@ class ActorMethod:
         if client is not troupe._current_client():  # the message only when needed
             client = _session_client(self, f"{self._name}.remote()")
         data, top = _call_args(f"actor method {self._name}", args, kwargs)
-        return client.call(self._actor, self._name, data, top, self._lifetime)
+        ref = client.call(self._actor, self._name, data, top, self._lifetime)
+        return ref if self._num_returns == 1 else ser.items(ref, self._num_returns, f"actor method {self._name}")
 
     def options(self, **options):
-        """Ray's per-call options: `name` (a label) and num_returns=1 are
+        """Ray's per-call options: `name` (a label) and num_returns are
         taken; any other is refused rather than ignored."""
+        count = self._num_returns
         for key, value in options.items():
-            if key == "name" or (key == "num_returns" and value == 1):
-                continue
-            raise ConfigError(
-                f"actor method {self._name}: option {key}={value!r} is not supported "
-                "(per-call options are name and num_returns=1)"
-            )
-        return self
+            if key == "num_returns":
+                count = num_returns(value, f"actor method {self._name}")
+            elif key != "name":
+                raise ConfigError(f"actor method {self._name}: option {key}={value!r} is not supported "
+                                  "(per-call options are name and num_returns)")
+        copy = ActorMethod.__new__(ActorMethod)
+        copy._actor, copy._client, copy._lifetime, copy._name = self._actor, self._client, self._lifetime, self._name
+        copy._num_returns = count
+        return copy
 
     def __call__(self, *args, **kwargs):
         raise TypeError(f"actor method {self._name} cannot be called directly: use .{self._name}.remote()")
@@ -400,9 +436,10 @@ class ActorHandle:
         m = methods.get(name)
         if m is None:
             cls = self.__dict__["_cls"]
-            if cls is not None and not callable(getattr(cls, name, None)):
+            fn = getattr(cls, name, None) if cls is not None else None
+            if cls is not None and not callable(fn):
                 raise AttributeError(f"actor class {cls.__name__} has no method {name!r}")
-            m = methods[name] = ActorMethod(self, name)
+            m = methods[name] = ActorMethod(self, name, getattr(fn, "_troupe_num_returns", 1))
         return m
 
     def __repr__(self):

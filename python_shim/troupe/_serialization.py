@@ -57,6 +57,63 @@ def _load_ref(index):
 ObjectRef.__reduce__ = _reduce_ref
 
 
+def pick(value, item):
+    """Item (index, count, what) of a num_returns=count call's value: a
+    tuple or list of count values, else the ValueError Ray raises."""
+    index, count, what = item
+    if not isinstance(value, (tuple, list)) or len(value) != count:
+        got = f"{len(value)} values" if isinstance(value, (tuple, list)) else f"a value of type {type(value).__name__}"
+        raise ValueError(f"{what} returned {got}, but num_returns={count}: it must return a tuple or list "
+                         f"of {count} values")
+    return value[index]
+
+
+class ItemRef(ObjectRef):
+    """One of the refs of a call made with num_returns=N (N > 1), as Ray's.
+    The call's result is one object, a tuple or list of N values; this ref
+    stands for value `index` of it. It is an ObjectRef: get, wait, await and
+    passing it to a task or inside a value work as for any ref. The N refs
+    share that object: it lives while any of them does, and getting one
+    fetches the whole result."""
+
+    def __init__(self, parent, index, count, what):
+        ObjectRef.__init__(self, parent)
+        self._parent = parent
+        self._item = (index, count, what)
+
+    def _pick(self, value):
+        return pick(value, self._item)
+
+    def __reduce__(self):
+        # The whole result travels as a ref; the receiver picks the item.
+        return ItemRef, (self._parent, *self._item)
+
+    def __repr__(self):
+        return f"{ObjectRef.__repr__(self._parent)}[{self._item[0]}]"
+
+
+def items(ref, count, what):
+    """The refs a num_returns=count call returns for its result `ref`:
+    None for 0 (as Ray), `ref` itself for 1, else count ItemRefs."""
+    if count == 0:
+        return None
+    if count == 1:
+        return ref
+    return [ItemRef(ref, i, count, what) for i in range(count)]
+
+
+def parent(ref):
+    """The ref the runtime knows for `ref`: an ItemRef's whole result."""
+    return ref._parent if type(ref) is ItemRef else ref
+
+
+def value_for(ref, parts):
+    """value_of(parts) of `ref`'s whole result, as `ref` sees it (its item
+    for an ItemRef)."""
+    value = value_of(parts)
+    return value if type(ref) is not ItemRef else pick(value, ref._item)
+
+
 def _reduce_tensor(t):
     # A CPU copy of the tensor's bytes, out of band; dtype and shape beside.
     import torch
@@ -136,27 +193,36 @@ def value_of(parts):
 
 
 class _Top:
-    """Stands for a top-level ObjectRef argument, resolved before the call."""
+    """Stands for a top-level ObjectRef argument, resolved before the call;
+    for an ItemRef, its result's ref is resolved and `item` picked."""
 
-    __slots__ = ("index",)
+    __slots__ = ("index", "item")
 
-    def __init__(self, index):
+    def __init__(self, index, item=None):
         self.index = index
+        self.item = item
 
     def __reduce__(self):
-        return _Top, (self.index,)
+        return _Top, (self.index, self.item)
+
+    def value(self, values):
+        value = values[self.index]
+        return value if self.item is None else pick(value, self.item)
 
 
 def call_args(args, kwargs):
     """A call's arguments -> (serialized (args, kwargs), top-level refs)."""
     top = EMPTY
-    if any(type(a) is ObjectRef for a in args) or any(type(v) is ObjectRef for v in kwargs.values()):
+    if any(isinstance(a, ObjectRef) for a in args) or any(isinstance(v, ObjectRef) for v in kwargs.values()):
         top = []
 
         def lift(a):
             if type(a) is ObjectRef:
                 top.append(a)
                 return _Top(len(top) - 1)
+            if type(a) is ItemRef:
+                top.append(a._parent)
+                return _Top(len(top) - 1, a._item)
             return a
 
         args = tuple(lift(a) for a in args)
@@ -172,9 +238,9 @@ def load_call_args(parts, top):
     args, kwargs = loads(parts)
     if top:
         values = [value_of(t) for t in top]
-        args = tuple(values[a.index] if type(a) is _Top else a for a in args)
+        args = tuple(a.value(values) if type(a) is _Top else a for a in args)
         if kwargs:
-            kwargs = {k: values[v.index] if type(v) is _Top else v for k, v in kwargs.items()}
+            kwargs = {k: v.value(values) if type(v) is _Top else v for k, v in kwargs.items()}
     return args, kwargs or {}
 
 
