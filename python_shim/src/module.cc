@@ -48,6 +48,8 @@ void translate(std::exception_ptr p) {
     raise_as("ConfigError", e);
   } catch (const ConnectionError& e) {
     raise_as("ConnectionError", e);
+  } catch (const TaskCancelled& e) {
+    raise_as("TaskCancelled", e);
   } catch (const RemoteError& e) {
     raise_as("RemoteError", e);
   } catch (const Error& e) {
@@ -283,6 +285,8 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
              pyb::gil_scoped_release nogil;
              return c.submit(key, std::move(call), top);
            })
+      .def(
+          "cancel", [](PyClient& c, const PyRef& ref, bool force) { return c.cancel(ref, force); }, NoGil())
       .def("shutdown", &PyClient::shutdown, NoGil());
   return cls;
 }

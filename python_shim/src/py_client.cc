@@ -148,17 +148,66 @@ PyTaskKey PyClient::task_key(const PyOptions& o) {
 std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const RefList& top) {
   auto st = std::make_shared<ReplyState>();
   auto submitter = core()->service<client::TaskSubmitter>();
-  auto send = [submitter, key, st, core = core().get()](PyCall c) {
+  auto task = std::make_shared<PyTask>();
+  task->name = key.name;
+  task->token = call.task = next_task_token_.fetch_add(1) + 1;
+  // May run on the I/O thread (when an argument's answer arrives).
+  auto send = [submitter, key, st, task, core = core().get()](PyCall c) {
+    {
+      std::lock_guard lock(task->mu);
+      if (task->cancelled) return;  // troupe.cancel failed the ref already
+    }
     wire::Encoder e;
     wire::encode(e, std::string(kPyTaskName));
     wire::encode(e, c);
-    submitter->submit(
+    uint64_t id = submitter->submit(
         key.key, key.name, std::move(e), key.max_retries,
         [st, core](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
         [st](std::exception_ptr ex) { st->set_error(ex); });
+    bool cancelled = false;
+    {
+      std::lock_guard lock(task->mu);
+      task->id = id;
+      cancelled = task->cancelled;
+    }
+    // Cancelled while it was being submitted: still queued, most likely
+    // (not forced here: that would call the head from this thread).
+    if (cancelled) submitter->cancel(id, false);
   };
   send_when_ready(st, std::move(call), top, std::move(send));
-  return std::make_shared<PyRef>(core(), st);
+  return std::make_shared<PyRef>(core(), st, std::move(task));
+}
+
+std::string PyClient::cancel(const PyRef& ref, bool force) {
+  const auto& task = ref.task();
+  if (!task) throw ConfigError("troupe.cancel takes the ref of a task submitted by this process");
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(task->mu);
+    if (task->id == 0) task->cancelled = true;
+    id = task->id;
+  }
+  auto st = const_cast<PyRef&>(ref).answer();
+  if (id == 0) {
+    // Its arguments are not all there yet: it is never submitted.
+    bool done = st->ready();
+    st->set_error(std::make_exception_ptr(TaskCancelled("task '" + task->name + "' was cancelled")));
+    return done ? "done" : "dequeued";
+  }
+  auto r = core()->service<client::TaskSubmitter>()->cancel(id, force);
+  switch (r.outcome) {
+    case client::TaskSubmitter::Cancel::kDone:
+      return "done";
+    case client::TaskSubmitter::Cancel::kDequeued:
+      return "dequeued";
+    case client::TaskSubmitter::Cancel::kKilled:
+      return "killed";
+    case client::TaskSubmitter::Cancel::kRunning:
+      break;
+  }
+  // Asked, not awaited: an executor that is gone has nothing to interrupt.
+  r.executor->control(PyInterruptTask{task->token});
+  return "interrupted";
 }
 
 std::shared_ptr<PyRef> PyClient::put(PyValue value) {

@@ -10,6 +10,7 @@
 // Python values first) and never touches Python objects.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -71,6 +72,12 @@ class PyClient {
   std::shared_ptr<PyRef> actor_lifetime(uint64_t actor_id);
   PyTaskKey task_key(const PyOptions& o);
   std::shared_ptr<PyRef> submit(const PyTaskKey& key, PyCall call, const RefList& top);
+  // troupe.cancel of a task's ref: "done" (it had ended: nothing to do),
+  // "dequeued" (it never runs), "interrupted" (its executor is asked to
+  // raise KeyboardInterrupt in it), "killed" (force: its executor is
+  // killed). Unless done, the ref fails with TaskCancelled at once.
+  // ConfigError when `ref` is not the result of a task submitted here.
+  std::string cancel(const PyRef& ref, bool force);
   std::shared_ptr<PyRef> put(PyValue value);
 
   std::shared_ptr<client::ActorClient> get_actor(const std::string& name);
@@ -97,6 +104,7 @@ class PyClient {
  private:
   Runtime runtime_;
   bool driver_ = false;
+  std::atomic<uint64_t> next_task_token_{0};  // PyCall::task of this process's tasks
 };
 
 // "HOST:PORT", "auto" or "" (embedded) and a token ("" = TROUPE_TOKEN or the

@@ -18,12 +18,25 @@ namespace troupe::py {
 
 using ReplyState = core::FutureState<PyReply>;
 
+// A task's cancel state, shared by its ref and its submission (which waits
+// for the task's top-level arguments first).
+struct PyTask {
+  std::mutex mu;
+  std::string name;        // for messages
+  uint64_t token = 0;      // PyCall::task
+  uint64_t id = 0;         // the TaskSubmitter's, once submitted
+  bool cancelled = false;  // cancelled before it was submitted: it never is
+};
+
 class PyRef {
  public:
   PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer)
       : core_(std::move(core)), answer_(std::move(answer)) {}
   PyRef(std::shared_ptr<client::Core> core, ObjectRef<PyValue> stored)
       : core_(std::move(core)), stored_(std::move(stored)) {}
+  // A task's result (troupe.cancel can reach it).
+  PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer, std::shared_ptr<PyTask> task)
+      : core_(std::move(core)), answer_(std::move(answer)), task_(std::move(task)) {}
 
   // The state that completes with the value (for a stored ref: starts the
   // fetch from its owner on first use). Thread-safe.
@@ -36,12 +49,16 @@ class PyRef {
   // The stored ref when there is one already, else null.
   const ObjectRef<PyValue>* stored_if_any() const { return stored_.valid() ? &stored_ : nullptr; }
   uint64_t id() const;
+  // The task whose result this is, in the process that submitted it; else
+  // null.
+  const std::shared_ptr<PyTask>& task() const { return task_; }
 
  private:
   std::shared_ptr<client::Core> core_;
   std::mutex mu_;
   std::shared_ptr<ReplyState> answer_;
   ObjectRef<PyValue> stored_;
+  std::shared_ptr<PyTask> task_;
 };
 
 // The answer a stored ref's owner gives: the payload, decoded.

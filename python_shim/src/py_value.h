@@ -47,7 +47,20 @@ struct PyCall {
   std::string target;
   PyValue args;
   std::vector<PyArg> top;
-  TROUPE_FIELDS(target, args, top)
+  // A task's token in the process that submitted it (0 for other calls):
+  // what troupe.cancel's PyInterruptTask names.
+  uint64_t task = 0;
+  TROUPE_FIELDS(target, args, top, task)
+};
+
+// Control message of troupe.cancel (without force) to the executor that
+// runs task `task` (PyCall::task): raise KeyboardInterrupt in it, or, if it
+// has not started, never start it. Replies whether it was running.
+struct PyInterruptTask {
+  static constexpr const char* kControlTag = "troupe.py.interrupt_task";
+  using Reply = bool;
+  uint64_t task = 0;
+  TROUPE_FIELDS(task)
 };
 
 // What a Python actor's constructor receives: its class, pickled, and the

@@ -113,14 +113,23 @@ void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::Ob
   {
     pyb::gil_scoped_acquire gil;
     pyb::tuple a = call_args(call);
-    reply = reply_from_python(hook("run_task")(call.target, a[0], a[1]));
+    reply = reply_from_python(hook("run_task")(call.target, a[0], a[1], call.task));
   }
   write_reply(std::move(reply), result, keep);
+}
+
+// troupe.cancel's interrupt: served from the worker's start (a task may be
+// cancelled before this executor ran any), on its I/O thread.
+bool interrupt_task(const PyInterruptTask& m) {
+  pyb::gil_scoped_acquire gil;
+  return hook("interrupt_task")(m.task).cast<bool>();
 }
 
 const bool registered = [] {
   client::register_factory(kPyActorKey, client::ActorFactory{"PythonActor", &make_py_actor});
   client::register_task(kPyTaskName, client::task_function_key(&invoke_py_task), &invoke_py_task);
+  client::register_process_control(PyInterruptTask::kControlTag,
+                                   client::typed_control_handler<PyInterruptTask>(&interrupt_task));
   return true;
 }();
 

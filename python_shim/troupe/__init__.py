@@ -37,7 +37,7 @@ from troupe import _timeouts
 ObjectRef = _core.ObjectRef
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait", "kill", "get_actor",
+    "init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait", "kill", "cancel", "get_actor",
     "cluster_resources", "available_resources", "nodes", "get_runtime_context", "get_gpu_ids",
     "ObjectRef", "ActorHandle", "ActorClass", "RemoteFunction", "exceptions",
 ]
@@ -252,6 +252,23 @@ def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
     ready_at = set(_client().wait([_ser.parent(r) for r in refs], num_returns, timeout))
     ready = [r for i, r in enumerate(refs) if i in ready_at]
     return ready, [r for i, r in enumerate(refs) if i not in ready_at]
+
+
+def cancel(ref, *, force=False, recursive=True):
+    """Cancels the task whose result `ref` is, as Ray's ray.cancel: unless
+    it has finished, getting `ref` raises TaskCancelledError from now on. A
+    task not yet started never runs; a running one gets KeyboardInterrupt
+    at its next Python instruction (a blocking call such as time.sleep ends
+    first), or with force=True its worker process is killed (the tasks it
+    started lose their owner). `recursive` is taken for Ray's signature;
+    the tasks a cancelled task started run on unless it is forced. Only the
+    process that submitted the task can cancel it; an actor method's call
+    cannot be cancelled (troupe.kill ends the actor)."""
+    if not isinstance(ref, ObjectRef):
+        raise TypeError(f"troupe.cancel takes an ObjectRef, not a {type(ref).__name__}")
+    if not isinstance(force, bool) or not isinstance(recursive, bool):
+        raise TypeError(f"troupe.cancel: force and recursive are bools, got {force!r} and {recursive!r}")
+    _client().cancel(_ser.parent(ref), force)
 
 
 def kill(actor, *, no_restart=True):

@@ -5,6 +5,8 @@ back as (error, data, buffers, refs). An exception in user code is an answer
 (an _ErrorBox with the traceback), not a failure of the worker.
 """
 import asyncio
+import collections
+import ctypes
 import inspect
 import os
 import threading
@@ -20,6 +22,11 @@ _loop = None  # the worker's event loop for async def methods, made on first use
 _loop_lock = threading.Lock()
 _runs_tasks = False  # a task executor's worker (run_task was called)
 _lend_for = 0  # its CpuLender (_core.wait_observer() on a task's thread)
+# troupe.cancel: the thread of each task running here by its token, and the
+# tokens of tasks cancelled before they started (the last few hundred).
+_running = {}
+_cancelled = collections.OrderedDict()
+_CANCELLED_KEPT = 256
 
 
 def _sync_environment():
@@ -135,16 +142,39 @@ def lend_for():
     return _lend_for
 
 
-def run_task(key, args, top):
+def interrupt_task(token):
+    """troupe.cancel (without force), on the worker's I/O thread: raises
+    KeyboardInterrupt in the thread that runs task `token` (at its next
+    Python instruction: a blocking call such as time.sleep ends first), or
+    keeps a task that has not started from starting. Whether it ran."""
+    thread = _running.get(token)
+    if thread is None:
+        _cancelled[token] = True
+        while len(_cancelled) > _CANCELLED_KEPT:
+            _cancelled.popitem(last=False)
+        return False
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(KeyboardInterrupt))
+    return True
+
+
+def run_task(key, args, top, token=0):
     global _runs_tasks, _lend_for
     _runs_tasks = True
     _lend_for = _core.wait_observer()
     name = key
     try:
-        _sync_environment()
-        fn = _function(key)
-        name = getattr(fn, "__qualname__", key)
-        a, kw = ser.load_call_args(args, top)
-        return _answer(_settle(fn(*a, **kw)), f"task {name}")
+        # The interrupt lands in this try (it is raised only while the token
+        # is in _running), never past it.
+        _running[token] = threading.get_ident()
+        try:
+            if _cancelled.pop(token, False):
+                raise KeyboardInterrupt("the task was cancelled before it started")
+            _sync_environment()
+            fn = _function(key)
+            name = getattr(fn, "__qualname__", key)
+            a, kw = ser.load_call_args(args, top)
+            return _answer(_settle(fn(*a, **kw)), f"task {name}")
+        finally:
+            _running.pop(token, None)
     except BaseException:
         return _error(f"task {name} (pid {os.getpid()})")

@@ -34,6 +34,10 @@ class WorkerCrashedError(TroupeError):
     left."""
 
 
+class TaskCancelledError(TroupeError):
+    """The task was cancelled (troupe.cancel) before it finished."""
+
+
 class GetTimeoutError(TroupeError, TimeoutError):
     """get() or an actor's start ran past its timeout."""
 
@@ -140,6 +144,7 @@ _FROM_RUNTIME = {
     "ObjectLost": ObjectLostError,
     "ConfigError": ConfigError,
     "ConnectionError": TroupeConnectionError,
+    "TaskCancelled": TaskCancelledError,
     "RemoteError": TaskError,
     "Error": TroupeError,
 }

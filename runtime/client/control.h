@@ -50,13 +50,21 @@ class ControlTable {
 
   // Registers (or replaces) the handler of `tag`.
   void set(const std::string& tag, Handler handler);
-  // The handler of `tag`; ConfigError naming the tag when there is none.
+  // The handler of `tag` (this table's, else the process-wide one of
+  // register_process_control); ConfigError naming the tag when there is
+  // none.
   Handler find(const std::string& tag) const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::string, Handler> handlers_;
 };
+
+// Registers a handler that every worker of this binary serves from its
+// start, during static initialisation (as TROUPE_ACTOR does for actors):
+// for messages that may arrive before the actor's own code runs. A core's
+// own set() of the same tag wins.
+bool register_process_control(const std::string& tag, ControlTable::Handler handler);
 
 // Wraps a typed handler (const M& -> M::Reply) into a ControlTable handler.
 // With the process's client core (the table's owner), object refs inside

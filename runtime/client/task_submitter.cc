@@ -1,6 +1,7 @@
 #include "troupe/runtime/client/task_submitter.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <utility>
 
@@ -51,10 +52,15 @@ struct TaskSubmitter::Executor {
   std::vector<std::pair<std::shared_ptr<Task>, std::string>> lost;
   Clock::time_point lost_since;
 
+  // cancel(force) is killing it: the other tasks in flight here run again
+  // elsewhere without spending a retry.
+  bool killed_for_cancel = false;
+
   bool waits() const { return blocked || bounced; }
 };
 
 struct TaskSubmitter::Task {
+  uint64_t id = 0;
   std::shared_ptr<Key> key;
   std::string name;  // for messages
   std::string body;
@@ -64,6 +70,8 @@ struct TaskSubmitter::Task {
   Complete complete;
   Fail fail;
   std::shared_ptr<Executor> on;
+  bool cancelled = false;          // by cancel(): ended, never retried or queued again (mu_)
+  std::atomic<bool> ended{false};  // complete or fail was called (finish, fail_task)
 };
 
 struct TaskSubmitter::Key {
@@ -167,8 +175,8 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
   return keys_.emplace(id, key).first->second;  // a racing caller's key wins
 }
 
-void TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::string& name, Encoder&& body, int max_retries,
-                           Complete complete, Fail fail, bool keep_result) {
+uint64_t TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::string& name, Encoder&& body,
+                               int max_retries, Complete complete, Fail fail, bool keep_result) {
   auto t = std::make_shared<Task>();
   t->op = keep_result ? kKeepResult : 0;
   t->key = key;
@@ -179,15 +187,61 @@ void TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::string& n
   t->complete = std::move(complete);
   t->fail = std::move(fail);
   std::vector<Send> sends;
+  uint64_t id = 0;
   {
     std::lock_guard lock(mu_);
     if (!stopping_) {
+      id = t->id = next_task_id_++;
+      if (tasks_.size() >= sweep_at_) {
+        std::erase_if(tasks_, [](const auto& entry) { return entry.second.expired(); });
+        sweep_at_ = std::max<size_t>(1024, 2 * tasks_.size());
+      }
+      tasks_.emplace(id, t);
       key->queue.push_back(std::move(t));
       sends = pump_locked(key);
     }
   }
-  if (t) return t->fail(std::make_exception_ptr(Aborted("task '" + name + "' submitted after the runtime shut down")));
+  if (t) {
+    fail_task(t, std::make_exception_ptr(Aborted("task '" + name + "' submitted after the runtime shut down")));
+    return 0;
+  }
   send(std::move(sends));
+  return id;
+}
+
+void TaskSubmitter::finish(const std::shared_ptr<Task>& t, Message& m) {
+  if (!t->ended.exchange(true)) t->complete(m);
+}
+
+void TaskSubmitter::fail_task(const std::shared_ptr<Task>& t, std::exception_ptr error) {
+  if (!t->ended.exchange(true)) t->fail(std::move(error));
+}
+
+TaskSubmitter::Cancel TaskSubmitter::cancel(uint64_t id, bool force) {
+  Cancel out;
+  std::shared_ptr<Task> t;
+  {
+    std::lock_guard lock(mu_);
+    auto it = tasks_.find(id);
+    if (it == tasks_.end() || !(t = it->second.lock()) || t->ended || t->cancelled) return out;
+    tasks_.erase(it);
+    t->cancelled = true;
+    if (const auto& e = t->on) {
+      out.executor = e->client;
+      out.outcome = force ? Cancel::kKilled : Cancel::kRunning;
+      if (force) e->killed_for_cancel = true;
+    } else {
+      // Queued, or lost with its executor and waiting for the cause of
+      // death (then it is no longer in the queue).
+      auto& q = t->key->queue;
+      q.erase(std::remove(q.begin(), q.end(), t), q.end());
+      out.outcome = Cancel::kDequeued;
+    }
+  }
+  std::string how = out.outcome == Cancel::kKilled ? " (its worker was killed)" : "";
+  fail_task(t, std::make_exception_ptr(TaskCancelled("task '" + t->name + "' was cancelled" + how)));
+  if (out.outcome == Cancel::kKilled) kill_executor(out.executor->id(), "its task '" + t->name + "' was cancelled");
+  return out;
 }
 
 std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_ptr<Key>& key) {
@@ -243,15 +297,12 @@ void TaskSubmitter::send(std::vector<Send> sends) {
   }
   for (uint64_t id : reclaims) lend(id, false);
   for (auto& [e, t] : sends) {
+    // A copy (attachments are shared, not copied): the task may run again
+    // on another executor should this one die, as a retry or because
+    // another task's forced cancel killed it.
     Encoder body;
-    if (t->retries_left != 0) {
-      // Kept for a run on another executor should this one die.
-      body.bytes() = t->body;
-      body.attachments() = t->attachments;
-    } else {
-      body.bytes() = std::move(t->body);
-      body.attachments() = std::move(t->attachments);
-    }
+    body.bytes() = t->body;
+    body.attachments() = t->attachments;
     // A copy to capture: clang before 16 cannot capture a structured binding.
     auto task = t;
     e->client->submit(
@@ -262,7 +313,7 @@ void TaskSubmitter::send(std::vector<Send> sends) {
 
 void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
   if (m.op & kBounced) return on_task_bounced(t, m);
-  t->complete(m);
+  finish(t, m);
   std::vector<Send> sends;
   bool wake = false;
   {
@@ -299,7 +350,9 @@ void TaskSubmitter::on_task_bounced(const std::shared_ptr<Task>& t, Message& m) 
       e->bounced = true;
     else
       e->idle_since = Clock::now();
-    if (stopping_) {
+    if (t->cancelled) {
+      // Ended by cancel(): it does not queue again.
+    } else if (stopping_) {
       // release_all failed the queues already: this one would wait for ever.
       error = std::make_exception_ptr(Aborted("task '" + t->name + "' did not run: the runtime shut down"));
     } else {
@@ -310,7 +363,7 @@ void TaskSubmitter::on_task_bounced(const std::shared_ptr<Task>& t, Message& m) 
     }
   }
   send(std::move(sends));
-  if (error) t->fail(error);
+  if (error) fail_task(t, error);
 }
 
 void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::string& reason) {
@@ -322,7 +375,13 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
     if (!e) return;
     --e->inflight;
     drop_executor_locked(*t->key, *e, "");
-    if (stopping_) {
+    if (t->cancelled) {
+      // Ended by cancel() (whose forced kill may be what ended the worker).
+    } else if (e->killed_for_cancel && !stopping_) {
+      // Another task's cancel killed the worker: not this task's failure.
+      t->key->queue.push_front(t);
+      sends = pump_locked(t->key);
+    } else if (stopping_) {
       error =
           std::make_exception_ptr(Aborted("task '" + t->name + "' did not finish: the runtime shut down while it ran"));
     } else if (t->retries_left != 0) {
@@ -343,7 +402,7 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
     }
   }
   send(std::move(sends));
-  if (error) t->fail(error);
+  if (error) fail_task(t, error);
 }
 
 std::vector<std::shared_ptr<TaskSubmitter::Task>> TaskSubmitter::drop_executor_locked(Key& key, Executor& e,
@@ -409,7 +468,7 @@ void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const st
   }
   if (died) core_.forget_actor(e->id);
   send(std::move(sends));
-  for (auto& [t, error] : failures) t->fail(error);
+  for (auto& [t, error] : failures) fail_task(t, error);
 }
 
 void TaskSubmitter::lease_loop() {
@@ -457,7 +516,7 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
       key->executors.push_back(e);
     }
   }
-  for (auto& [t, x] : failures) t->fail(x);
+  for (auto& [t, x] : failures) fail_task(t, x);
   if (error) return;
   std::weak_ptr<Executor> weak = e;
   std::weak_ptr<Key> weak_key = key;
@@ -509,7 +568,7 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   for (uint64_t id : lends) lend(id, true);
   for (uint64_t id : idle) kill_executor(id);
-  for (auto& [t, error] : overdue) t->fail(error);
+  for (auto& [t, error] : overdue) fail_task(t, error);
   lock.lock();
 }
 
@@ -522,9 +581,9 @@ void TaskSubmitter::lend(uint64_t id, bool lend) {
   }
 }
 
-void TaskSubmitter::kill_executor(uint64_t id) {
+void TaskSubmitter::kill_executor(uint64_t id, const std::string& why) {
   try {
-    core_.head().call<void>(Op::kKillActor, KillActor{id, true});
+    core_.head().call<void>(Op::kKillActor, KillActor{id, true, why});
   } catch (const std::exception& x) {
     TROUPE_LOG_DEBUG("releasing task executor {}: {}", id, x.what());
   }
@@ -575,7 +634,7 @@ void TaskSubmitter::release_all() {
       failures.insert(failures.end(), queued.begin(), queued.end());
     }
   }
-  for (auto& [t, error] : failures) t->fail(error);
+  for (auto& [t, error] : failures) fail_task(t, error);
   for (const auto& c : clients) {
     kill_executor(c->id());
     // The core no longer knows the client (it will not detach it): the

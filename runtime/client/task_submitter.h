@@ -18,7 +18,11 @@
 //   most max_retries times, then fails with WorkerDied naming the cause;
 // - a task queued on an executor whose task then waits in get() comes back
 //   (kBounced) and goes to another executor, or a new one on the CPU that
-//   the waiting task lends.
+//   the waiting task lends;
+// - cancel() fails a task with TaskCancelled: one still queued here never
+//   runs; one sent to an executor runs on there (the caller may interrupt
+//   it) unless forced, which kills the executor; the other tasks in flight
+//   there run again elsewhere, not counting as a retry.
 //
 // Spawning and killing executors (head calls) happen on a thread of the
 // submitter's own, never on the I/O thread.
@@ -32,6 +36,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "troupe/runtime/client/core.h"
@@ -77,10 +82,26 @@ class TaskSubmitter {
   std::shared_ptr<Key> key_for(const TaskPlacement& placement);
   // Queues one task: `body` holds the task's name and encoded arguments;
   // `complete` gets the executor's reply (value or the task's error),
-  // `fail` a WorkerDied; with `keep_result` the executor keeps the result
-  // and replies with a reference to it (submit_ref). Any thread.
-  void submit(const std::shared_ptr<Key>& key, const std::string& name, wire::Encoder&& body, int max_retries,
-              Complete complete, Fail fail, bool keep_result = false);
+  // `fail` a WorkerDied (or TaskCancelled); with `keep_result` the executor
+  // keeps the result and replies with a reference to it (submit_ref). Any
+  // thread. Returns the task's id in this submitter, for cancel(). Exactly
+  // one of complete and fail is called, once.
+  uint64_t submit(const std::shared_ptr<Key>& key, const std::string& name, wire::Encoder&& body, int max_retries,
+                  Complete complete, Fail fail, bool keep_result = false);
+  // What cancel() did.
+  struct Cancel {
+    enum Outcome {
+      kDone,      // finished (or failed) already, or not a task of this submitter: left as it is
+      kDequeued,  // it had not been sent: it never runs
+      kRunning,   // sent to `executor`, which runs it on: the caller may interrupt it there
+      kKilled,    // sent to `executor`, which is being killed (force)
+    } outcome = kDone;
+    std::shared_ptr<ActorClient> executor;
+  };
+  // Cancels task `id`: unless done, it fails now with TaskCancelled (its
+  // fail callback, on this thread) and is not retried; see Cancel for the
+  // rest. Any thread but the I/O thread (a forced cancel calls the head).
+  Cancel cancel(uint64_t id, bool force);
   // Releases every executor and stops leasing (before the core closes).
   void release_all();
   // Releases every executor without work now rather than after
@@ -108,6 +129,10 @@ class TaskSubmitter {
   void on_task_done(const std::shared_ptr<Task>& t, wire::Message& m);
   void on_task_bounced(const std::shared_ptr<Task>& t, wire::Message& m);
   void on_task_lost(const std::shared_ptr<Task>& t, const std::string& reason);
+  // Ends `t` with its reply or an error unless it ended already (cancel()
+  // may end a task while an executor still runs it).
+  static void finish(const std::shared_ptr<Task>& t, wire::Message& m);
+  static void fail_task(const std::shared_ptr<Task>& t, std::exception_ptr error);
   void on_executor_update(const std::shared_ptr<Key>& key, const std::shared_ptr<Executor>& e,
                           const wire::ActorInfo& info);
   std::vector<std::shared_ptr<Task>> drop_executor_locked(Key& key, Executor& e, const std::string& cause);
@@ -120,7 +145,7 @@ class TaskSubmitter {
   // Releases executors idle for idle_release, or all idle ones after
   // release_idle().
   void reap_idle(std::unique_lock<std::mutex>& lock);
-  void kill_executor(uint64_t id);
+  void kill_executor(uint64_t id, const std::string& why = "");
   // Tells the head that executor `id`, idle and kept for its objects, lends
   // its resources (or takes them back before it gets a task).
   void lend(uint64_t id, bool lend);
@@ -139,6 +164,10 @@ class TaskSubmitter {
   bool stopping_ = false;
   bool release_idle_requested_ = false;  // release_idle(): reap_idle takes every idle executor
   bool resources_wanted_ = false;        // set_resources_wanted()
+  // Tasks by id, for cancel(); ended ones are swept now and then.
+  std::unordered_map<uint64_t, std::weak_ptr<Task>> tasks_;
+  uint64_t next_task_id_ = 1;
+  size_t sweep_at_ = 1024;
   std::thread leaser_;
 };
 

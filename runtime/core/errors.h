@@ -50,6 +50,13 @@ class RemoteError : public Error {
   std::string remote_message_;
 };
 
+// A task was cancelled (TaskSubmitter::cancel, troupe.cancel) before it
+// finished: its result will never come. The message names the task.
+class TaskCancelled : public Error {
+ public:
+  using Error::Error;
+};
+
 // A value could not be decoded (malformed or truncated bytes).
 class DecodeError : public Error {
  public:

@@ -11,10 +11,12 @@ namespace troupe::wire {
 
 namespace {
 
-// The object store's errors travel by name (as TROUPE_ERROR classes do);
+// The object store's errors (and TaskCancelled) travel by name (as TROUPE_ERROR classes do);
 // registered here, in code every caller links, so they arrive typed.
-[[maybe_unused]] const bool kObjectErrorsRegistered = core::register_error<ObjectLost>("troupe::ObjectLost") &&
-                                                      core::register_error<ObjectStoreFull>("troupe::ObjectStoreFull");
+[[maybe_unused]] const bool kObjectErrorsRegistered =
+    core::register_error<ObjectLost>("troupe::ObjectLost") &&
+    core::register_error<ObjectStoreFull>("troupe::ObjectStoreFull") &&
+    core::register_error<TaskCancelled>("troupe::TaskCancelled");
 
 // Built-in kinds; a subclass travels as its nearest built-in base unless it
 // is registered itself (checked first, by exact type).

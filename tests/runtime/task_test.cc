@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <thread>
 
 #include "tests/support/temp_dir.h"
 #include "tests/support/wait.h"
@@ -93,6 +94,35 @@ int64_t top(int64_t x) {
   return a.get(90s) + b.get(90s);
 }
 
+// Writes its pid to `started`, then polls until `release` exists.
+int spin_until_file(std::string started, std::string release) {
+  std::ofstream(started) << ::getpid();
+  while (!std::filesystem::exists(release)) std::this_thread::sleep_for(10ms);
+  return ::getpid();
+}
+int touch_file(std::string path) {
+  std::ofstream(path) << "ran";
+  return 1;
+}
+
+// Submits `fn` through the TaskSubmitter itself, as Runtime::submit does,
+// keeping the task's id for cancel().
+template <class R, class... P>
+std::pair<uint64_t, troupe::Future<R>> submit_with_id(troupe::Runtime& rt, R (*fn)(P...), std::decay_t<P>... args) {
+  auto core = rt.core();
+  auto submitter = core->service<troupe::client::TaskSubmitter>();
+  const auto& entry = troupe::client::task_for_function(troupe::client::task_function_key(fn));
+  auto st = std::make_shared<troupe::core::FutureState<R>>();
+  troupe::wire::Encoder e;
+  troupe::wire::encode(e, entry.name);
+  troupe::wire::encode(e, std::make_tuple(args...));
+  uint64_t id = submitter->submit(
+      submitter->key_for({}), entry.name, std::move(e), 0,
+      [st, c = core.get()](troupe::wire::Message& m) { troupe::client::complete_call<R>(*st, m, c); },
+      [st](std::exception_ptr ex) { st->set_error(ex); });
+  return {id, troupe::Future<R>(st)};
+}
+
 class Adder {
  public:
   int plus(int a, int b) { return a + b; }
@@ -120,6 +150,8 @@ TROUPE_TASK(wait_for_key)
 TROUPE_TASK(set_key)
 TROUPE_TASK(middle)
 TROUPE_TASK(top)
+TROUPE_TASK(spin_until_file)
+TROUPE_TASK(touch_file)
 TROUPE_ACTOR(Adder, &Adder::plus)
 
 class TaskTest : public ::testing::Test {
@@ -324,4 +356,59 @@ TEST_F(TaskTest, SoakKeepsFdsAndExecutorsBounded) {
         return avail["CPU"] == 2;
       },
       20s));
+}
+
+// cancel(): one executor, one task at a time on it. A queued task never
+// runs; a running one's future fails at once, and without force its
+// executor runs it to its end and serves on; with force the executor is
+// killed, and the tasks in flight behind it run on another without
+// spending a retry (they have none).
+TEST_F(TaskTest, CancelledTasksFailAndOnlyAForcedOneCostsItsWorker) {
+  using Cancel = troupe::client::TaskSubmitter::Cancel;
+  auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
+  tasks->set_options({.pipeline_depth = 1, .max_executors = 1});
+  auto dir = troupe::test::fresh_dir("task-cancel");
+  auto path = [&](const char* name) { return (dir / name).string(); };
+  auto exists = [&](const char* name) { return [p = path(name)] { return std::filesystem::exists(p); }; };
+
+  auto [running, running_f] = submit_with_id(rt_, &spin_until_file, path("started"), path("release"));
+  ASSERT_TRUE(troupe::test::eventually(exists("started"), 60s));
+  auto [queued, queued_f] = submit_with_id(rt_, &touch_file, path("never"));
+  auto [next, next_f] = submit_with_id(rt_, &square, 5);
+  EXPECT_EQ(tasks->cancel(queued, false).outcome, Cancel::kDequeued);
+  EXPECT_THROW(queued_f.get(30s), troupe::TaskCancelled);
+  auto r = tasks->cancel(running, false);
+  EXPECT_EQ(r.outcome, Cancel::kRunning);
+  ASSERT_TRUE(r.executor);
+  try {
+    running_f.get(30s);
+    FAIL() << "expected TaskCancelled";
+  } catch (const troupe::TaskCancelled& e) {
+    EXPECT_NE(std::string(e.what()).find("spin_until_file' was cancelled"), std::string::npos) << e.what();
+  }
+  // It runs to its end all the same; then the next task runs there.
+  std::ofstream(path("release")) << "go";
+  EXPECT_EQ(next_f.get(60s), 25);
+  EXPECT_EQ(tasks->executor_count(), 1u);
+  EXPECT_EQ(tasks->cancel(running, false).outcome, Cancel::kDone);
+  EXPECT_EQ(tasks->cancel(next, true).outcome, Cancel::kDone);
+
+  // Forced, with two tasks in flight behind it on the same executor.
+  tasks->set_options({.pipeline_depth = 8, .max_executors = 1});
+  std::filesystem::remove(path("started"));
+  std::filesystem::remove(path("release"));
+  auto [stuck, stuck_f] = submit_with_id(rt_, &spin_until_file, path("started"), path("release"));
+  ASSERT_TRUE(troupe::test::eventually(exists("started"), 60s));
+  auto behind_a = submit_with_id(rt_, &square, 6);
+  auto behind_b = submit_with_id(rt_, &square, 7);
+  int pid = std::stoi([&] {
+    std::ifstream in(path("started"));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }());
+  EXPECT_EQ(tasks->cancel(stuck, true).outcome, Cancel::kKilled);
+  EXPECT_THROW(stuck_f.get(30s), troupe::TaskCancelled);
+  EXPECT_EQ(behind_a.second.get(60s), 36);
+  EXPECT_EQ(behind_b.second.get(60s), 49);
+  EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(pid, 0) != 0; }, 30s)) << "executor " << pid;
+  EXPECT_FALSE(std::filesystem::exists(path("never")));
 }
