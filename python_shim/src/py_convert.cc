@@ -6,7 +6,7 @@ PyValue value_from_python(const pyb::handle& parts) {
   auto t = pyb::reinterpret_borrow<pyb::tuple>(parts);
   if (t.size() != 3) throw pyb::value_error("a serialized value is (data, buffers, refs)");
   PyValue v;
-  v.data = buffer_from_python(t[0]);
+  v.data = buffer_from_python(t[0], /*owned=*/true);  // the pickle troupe made
   for (auto b : pyb::reinterpret_borrow<pyb::list>(t[1])) v.buffers.push_back(buffer_from_python(b));
   for (auto r : pyb::reinterpret_borrow<pyb::list>(t[2])) {
     auto ref = r.cast<std::shared_ptr<PyRef>>();

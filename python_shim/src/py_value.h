@@ -106,9 +106,12 @@ namespace troupe::py {
 
 // Python -> C++: `data` is a bytes-like pickle, `buffers` a list of
 // PickleBuffers (or any buffer), `refs` a list of ObjectRef (PyRef) objects
-// already turned into stored refs. Large buffers are viewed, not copied: the
-// view keeps the Python object alive and releases it under the GIL.
-Buffer buffer_from_python(const pyb::handle& object);
+// already turned into stored refs. A large buffer whose memory can never
+// change (bytes, a troupe buffer, read-only views of them), or one troupe
+// made (`owned`: the pickle), is viewed, not copied: the view keeps the
+// Python object alive and releases it under the GIL. Any other is copied,
+// so that what the caller writes afterwards is not seen.
+Buffer buffer_from_python(const pyb::handle& object, bool owned = false);
 // C++ -> Python: a read-only buffer object viewing `b` (no copy).
 pyb::object buffer_to_python(const Buffer& b);
 

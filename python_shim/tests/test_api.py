@@ -355,6 +355,27 @@ def test_put_large_array_zero_copy():
     assert back.shape == a.shape and np.array_equal(back[:10], a[:10])
 
 
+def test_a_value_is_what_it_was_when_sent():
+    # As Ray's object store: writing an array after put or .remote() is not
+    # seen (large arrays used to travel as views of the caller's memory).
+    a = np.zeros(1 << 20)  # 8 MiB: out of band
+    ref = troupe.put(a)
+    a[0] = 42
+    first = troupe.remote(lambda x: float(x[0]))
+    assert troupe.get(ref, timeout=60)[0] == 0 and troupe.get(first.remote(ref), timeout=60) == 0
+    buf = np.zeros(1 << 20)
+    refs = []
+    for i in range(4):
+        buf[:] = i
+        refs.append(first.remote(buf))
+    assert troupe.get(refs, timeout=120) == [0.0, 1.0, 2.0, 3.0]
+    # What a get returns cannot change: a NumPy array is read-only, and one
+    # put again travels without a copy (the same memory).
+    got = troupe.get(ref, timeout=60)
+    assert not got.flags.writeable
+    assert np.shares_memory(troupe.get(troupe.put(got), timeout=60), got)
+
+
 def test_large_array_result_and_argument():
     make = troupe.remote(lambda n: np.ones(n, dtype=np.float64))
     out = troupe.get(make.remote(4 << 20), timeout=120)
@@ -721,6 +742,13 @@ def test_torch_tensors_travel_out_of_band():
     half = torch.ones(3, 5, dtype=torch.bfloat16)
     back = troupe.get(troupe.put(half), timeout=60)
     assert back.dtype == torch.bfloat16 and torch.equal(back, half)
+    # Tensors are writable: each get is a tensor of its own, and writing the
+    # source after put is not seen.
+    src = torch.zeros(1 << 20)
+    ref = troupe.put(src)
+    src[0] = 5
+    troupe.get(ref, timeout=60).add_(1)
+    assert troupe.get(ref, timeout=60)[0].item() == 0
 
 
 def test_tasks_queued_behind_a_task_that_waits_run_elsewhere():

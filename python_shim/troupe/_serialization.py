@@ -131,11 +131,12 @@ def _load_tensor(buffer, dtype, shape, requires_grad):
     if len(memoryview(buffer)) == 0:
         t = torch.empty(shape, dtype=dtype)
     else:
-        # The tensor views the received attachment (no copy); torch warns
-        # that the buffer is read-only, which only means troupe's.
+        # A tensor of its own: torch tensors are writable, and the buffer
+        # may be the object store's, which every later get of the same
+        # object reads (one copy, as Ray's unpickling makes).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            t = torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
+            t = torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape).clone()
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
