@@ -5,11 +5,14 @@ namespace troupe::py {
 std::shared_ptr<ReplyState> fetch_stored(client::Core& core, const ObjectRef<PyValue>& ref) {
   auto st = std::make_shared<ReplyState>();
   if (ref.holder()->owned()) {
-    try {
-      st->set_value(PyReply{0, ref.get()});
-    } catch (...) {
-      st->set_error(std::current_exception());
-    }
+    // Possibly a call's result that is not there yet (stored_ref).
+    ref.holder()->store()->when_ready(ref.id(), [st, ref] {
+      try {
+        st->set_value(PyReply{0, ref.get()});
+      } catch (...) {
+        st->set_error(std::current_exception());
+      }
+    });
     return st;
   }
   auto store = ref.holder()->store();
@@ -35,19 +38,25 @@ std::shared_ptr<ReplyState> PyRef::answer() {
 }
 
 ObjectRef<PyValue> PyRef::stored_ref() {
-  std::shared_ptr<ReplyState> pending;
-  {
-    std::lock_guard lock(mu_);
-    if (stored_.valid()) return stored_;
-    pending = answer_;
-  }
-  pending->wait();
-  if (auto e = pending->error()) std::rethrow_exception(e);
-  // An exception answer is kept as its value: its error box raises on load.
-  auto store = core_->service<client::ObjectStore>();
-  ObjectRef<PyValue> made(store->put(client::make_object_value(pending->value().value)));
   std::lock_guard lock(mu_);
-  if (!stored_.valid()) stored_ = std::move(made);
+  if (stored_.valid()) return stored_;
+  auto store = core_->service<client::ObjectStore>();
+  if (answer_->ready() && !answer_->error()) {
+    // An exception answer is kept as its value: its error box raises on load.
+    stored_ = ObjectRef<PyValue>(store->put(client::make_object_value(answer_->value().value)));
+    return stored_;
+  }
+  // Not answered yet (or failed): a pending object, filled by the answer,
+  // so that sending the ref on waits for nothing (as Ray's owner does).
+  stored_ = ObjectRef<PyValue>(store->put_pending(client::make_object_value(PyValue{}).type));
+  std::weak_ptr<client::ObjectStore> weak = store;
+  answer_->on_ready([weak, id = stored_.id(), answer = std::weak_ptr<ReplyState>(answer_)] {
+    auto s = weak.lock();
+    auto a = answer.lock();
+    if (!s || !a) return;
+    if (auto e = a->error()) return s->fail(id, e);
+    s->fill(id, client::make_object_value(a->value().value));
+  });
   return stored_;
 }
 

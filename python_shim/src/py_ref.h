@@ -3,8 +3,9 @@
 // with no second round trip), or a stored object (troupe.put, or a ref that
 // arrived inside a value), fetched from its owner on first use.
 //
-// A call result that must travel as a ref (nested in another value) is put
-// in this process's object store once it is there (stored_ref()).
+// A call result that must travel as a ref (nested in another value) becomes
+// an object of this process's store at once (stored_ref()): a pending one,
+// filled when the answer comes, if it has not come yet.
 #pragma once
 
 #include <memory>
@@ -41,10 +42,11 @@ class PyRef {
   // The state that completes with the value (for a stored ref: starts the
   // fetch from its owner on first use). Thread-safe.
   std::shared_ptr<ReplyState> answer();
-  // The ref as a stored object: waits for a call's answer (GIL released by
-  // the caller) and puts it in this process's store. Throws the call's
-  // error; a Python exception answer is stored as is (its pickle is an
-  // error box, which whoever loads it raises).
+  // The ref as a stored object of this process's store, made on first use
+  // without waiting: a call's answer once it is there, a pending object
+  // until then (its error, if the call fails, is what fetching it raises).
+  // A Python exception answer is stored as is (its pickle is an error box,
+  // which whoever loads it raises).
   ObjectRef<PyValue> stored_ref();
   // The stored ref when there is one already, else null.
   const ObjectRef<PyValue>* stored_if_any() const { return stored_.valid() ? &stored_ : nullptr; }

@@ -407,6 +407,44 @@ def test_nested_refs_stay_refs():
     assert troupe.get(kind.remote([from_call]), timeout=60) == ("ObjectRef", 26)
 
 
+def test_a_ref_not_yet_answered_travels_inside_a_value_at_once(tmp_path):
+    # As Ray's owner does: sending a pending result on (in a list, to a
+    # task, an actor, put) does not wait for it; the receiver's get does.
+    # It used to block .remote() until the upstream task ended (for ever,
+    # if it never did).
+    release = str(tmp_path / "release")
+
+    @troupe.remote
+    def held():
+        while not os.path.exists(release):
+            time.sleep(0.01)
+        return 5
+
+    total = troupe.remote(lambda box: sum(troupe.get(box)))
+    upstream = held.remote()
+    sent = {}
+
+    def send():
+        sent["task"] = total.remote([upstream, upstream])
+        sent["put"] = troupe.put({"r": upstream})
+        sent["actor"] = Counter.remote(0)
+        sent["call"] = sent["actor"].add.remote(1)
+
+    t = threading.Thread(target=send)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), ".remote() or put waited for the ref inside its value"
+    assert not troupe.wait([sent["task"]], timeout=0.2)[0]
+    open(release, "w").close()
+    assert troupe.get(sent["task"], timeout=60) == 10
+    assert troupe.get(troupe.get(sent["put"], timeout=60)["r"], timeout=60) == 5
+    # A failure upstream is what getting the nested ref raises, typed.
+    crash = troupe.remote(lambda: os._exit(1))
+    with pytest.raises(TaskError, match="WorkerCrashedError") as failed:
+        troupe.get(total.remote([crash.remote()]), timeout=60)
+    assert isinstance(failed.value.cause, troupe.exceptions.WorkerCrashedError)
+
+
 def test_wait_and_get_timeout():
     slow = troupe.remote(lambda s: threading.Event().wait(s) or s)
     fast_ref, slow_ref = square.remote(2), slow.remote(8)

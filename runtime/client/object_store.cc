@@ -106,6 +106,60 @@ std::shared_ptr<RefHolder> ObjectStore::put(ObjectValue value) {
   return std::make_shared<RefHolder>(weak_from_this(), owner_info(id, type), true);
 }
 
+std::shared_ptr<RefHolder> ObjectStore::put_pending(const char* type) {
+  ensure_server();
+  std::lock_guard lock(mu_);
+  uint64_t id = next_id_++;
+  Entry& e = objects_[id];
+  e.value.type = type;
+  e.pending = true;
+  e.local = 1;
+  return std::make_shared<RefHolder>(weak_from_this(), owner_info(id, type), true);
+}
+
+void ObjectStore::fill(uint64_t id, ObjectValue value) { settle(id, std::move(value), nullptr); }
+
+void ObjectStore::fail(uint64_t id, std::exception_ptr error) { settle(id, {}, std::move(error)); }
+
+void ObjectStore::settle(uint64_t id, ObjectValue value, std::exception_ptr error) {
+  std::vector<std::pair<std::weak_ptr<Connection>, uint64_t>> gets;
+  std::vector<std::function<void()>> local;
+  ObjectValue answer;
+  {
+    std::lock_guard lock(mu_);
+    auto it = objects_.find(id);
+    if (it == objects_.end() || !it->second.pending) return;
+    Entry& e = it->second;
+    if (error) {
+      e.error = error;
+    } else {
+      const char* type = e.value.type;
+      e.value = std::move(value);
+      e.value.type = type;
+      bytes_ += e.value.bytes;
+    }
+    e.pending = false;
+    gets.swap(e.waiting_gets);
+    local.swap(e.waiting_local);
+    answer = e.value;
+  }
+  for (auto& [weak, request] : gets)
+    if (auto c = weak.lock()) c->send(get_answer(request, answer, error));
+  for (auto& ready : local) ready();
+}
+
+void ObjectStore::when_ready(uint64_t id, std::function<void()> ready) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = objects_.find(id);
+    if (it != objects_.end() && it->second.pending) {
+      it->second.waiting_local.push_back(std::move(ready));
+      return;
+    }
+  }
+  ready();
+}
+
 ObjectRefInfo ObjectStore::owner_info(uint64_t id, const std::string& type) const {
   ObjectRefInfo info;
   info.owner_address = address_;
@@ -121,6 +175,8 @@ std::shared_ptr<const void> ObjectStore::local_value(uint64_t id, const std::str
   std::lock_guard lock(mu_);
   auto it = objects_.find(id);
   if (it == objects_.end()) throw ObjectLost(describe(owner_info(id, type)) + " is no longer held by its owner");
+  if (it->second.error) std::rethrow_exception(it->second.error);
+  if (it->second.pending) throw Error("object " + std::to_string(id) + " has no value yet");
   if (type != it->second.value.type)
     throw DecodeError("object " + std::to_string(id) + " holds a " + it->second.value.type + ", not a " + type);
   return it->second.value.value;
@@ -279,29 +335,45 @@ void ObjectStore::on_borrower_frame(const ConnPtr& c, Message&& m) {
 }
 
 void ObjectStore::serve_get(const ConnPtr& c, const Message& m) {
-  Message r;
-  r.kind = Kind::RESPONSE;
-  r.id = m.id;
+  ObjectValue v;
+  std::exception_ptr error;
   try {
     auto f = decode_value<ObjectFrame>(m.body);
-    ObjectValue v;
-    {
-      std::lock_guard lock(mu_);
-      auto it = objects_.find(f.id);
-      if (f.instance != instance_ || it == objects_.end())
-        throw ObjectLost(describe(owner_info(f.id, "")) + " is no longer held by its owner");
-      v = it->second.value;
+    std::lock_guard lock(mu_);
+    auto it = objects_.find(f.id);
+    if (f.instance != instance_ || it == objects_.end())
+      throw ObjectLost(describe(owner_info(f.id, "")) + " is no longer held by its owner");
+    if (it->second.pending) {
+      // Answered by settle(); the borrower's registration keeps it held.
+      it->second.waiting_gets.emplace_back(c, m.id);
+      return;
     }
+    v = it->second.value;
+    error = it->second.error;
+  } catch (...) {
+    error = std::current_exception();
+  }
+  c->send(get_answer(m.id, v, error));
+}
+
+Message ObjectStore::get_answer(uint64_t request, const ObjectValue& value, std::exception_ptr error) {
+  Message r;
+  r.kind = Kind::RESPONSE;
+  r.id = request;
+  try {
+    if (error) std::rethrow_exception(error);
     // Encoded outside the lock: large values are attachments viewing the
     // owner's memory, which the frame keeps alive until written.
     Encoder e;
-    v.encode(v.value, e);
+    value.encode(value.value, e);
     r.body = std::move(e.bytes());
     r.attachments = std::move(e.attachments());
   } catch (const std::exception& e) {
     set_error(r, e);
+  } catch (...) {
+    set_unknown_error(r);
   }
-  c->send(r);
+  return r;
 }
 
 void ObjectStore::on_borrower_closed(Connection* raw) {

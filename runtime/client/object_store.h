@@ -23,12 +23,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "troupe/runtime/client/core.h"
 #include "troupe/runtime/client/object_value.h"
@@ -80,8 +82,22 @@ class ObjectStore : public std::enable_shared_from_this<ObjectStore> {
   // Keeps `value` and returns the first local handle to it; ObjectStoreFull
   // when it does not fit under the limit.
   std::shared_ptr<RefHolder> put(ObjectValue value);
+  // An object whose value comes later (a call's result sent on inside
+  // another value before it is answered): its first local handle, now.
+  // Fetches of it wait, here and at borrowers, until fill() or fail().
+  std::shared_ptr<RefHolder> put_pending(const char* type);
+  // Gives pending object `id` its value (counted against the limit, which
+  // it may pass: the value exists already) or its error, which fetching it
+  // then raises; answers the fetches that waited. Ids no longer held are
+  // ignored.
+  void fill(uint64_t id, ObjectValue value);
+  void fail(uint64_t id, std::exception_ptr error);
+  // Runs `ready` once owned object `id` is not pending (at once, on this
+  // thread, if it is not, or is gone); else on the thread that fills it.
+  void when_ready(uint64_t id, std::function<void()> ready);
   // The typed value of an owned object (ObjectLost when it is gone,
-  // DecodeError when it holds another type).
+  // DecodeError when it holds another type, its error when it failed,
+  // Error while it is pending: see when_ready).
   std::shared_ptr<const void> local_value(uint64_t id, const std::string& type) const;
   // Asks the owner for a borrowed object's payload (a RESPONSE message whose
   // body and attachments are the payload); fails with ObjectLost.
@@ -111,6 +127,12 @@ class ObjectStore : public std::enable_shared_from_this<ObjectStore> {
     int64_t remote = 0;            // borrowers' registrations
     std::set<uint64_t> pins;       // copies in flight
     std::set<uint64_t> pins_used;  // registrations that came before their pin
+    // put_pending: no value yet. Borrowers' gets (connection, request id)
+    // and local waiters are answered when it is filled or fails.
+    bool pending = false;
+    std::exception_ptr error;
+    std::vector<std::pair<std::weak_ptr<wire::Connection>, uint64_t>> waiting_gets;
+    std::vector<std::function<void()>> waiting_local;
   };
   // This process's connection to one owner, made on first use.
   struct Link {
@@ -136,6 +158,10 @@ class ObjectStore : public std::enable_shared_from_this<ObjectStore> {
   void accept(ConnPtr c);
   void on_borrower_frame(const ConnPtr& c, wire::Message&& m);
   void serve_get(const ConnPtr& c, const wire::Message& m);
+  // The answer to get request `request` of object `id`: its payload, or
+  // the error (held outside the lock).
+  static wire::Message get_answer(uint64_t request, const ObjectValue& value, std::exception_ptr error);
+  void settle(uint64_t id, ObjectValue value, std::exception_ptr error);
   void on_borrower_closed(wire::Connection* raw);
   // Borrower side: the connection to an owner.
   void send_to_owner(const ObjectRefInfo& info, wire::Message m,

@@ -11,12 +11,14 @@ namespace troupe::wire {
 
 namespace {
 
-// The object store's errors (and TaskCancelled) travel by name (as TROUPE_ERROR classes do);
+// The object store's errors, and what fetching a task's result may raise
+// (TaskCancelled, WorkerDied), travel by name (as TROUPE_ERROR classes do);
 // registered here, in code every caller links, so they arrive typed.
 [[maybe_unused]] const bool kObjectErrorsRegistered =
     core::register_error<ObjectLost>("troupe::ObjectLost") &&
     core::register_error<ObjectStoreFull>("troupe::ObjectStoreFull") &&
-    core::register_error<TaskCancelled>("troupe::TaskCancelled");
+    core::register_error<TaskCancelled>("troupe::TaskCancelled") &&
+    core::register_error<WorkerDied>("troupe::WorkerDied");
 
 // Built-in kinds; a subclass travels as its nearest built-in base unless it
 // is registered itself (checked first, by exact type).
