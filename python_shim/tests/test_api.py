@@ -516,6 +516,12 @@ class MyError(Exception):
     pass
 
 
+class CodedError(Exception):
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
 def test_remote_exceptions_keep_their_class():
     @troupe.remote
     def fail(kind):
@@ -539,6 +545,17 @@ def test_remote_exceptions_keep_their_class():
 
     with pytest.raises(KeyError):
         troupe.get(Broken.remote().boom.remote(), timeout=60)
+
+    # The original's attributes read through the error, as in Ray.
+    @troupe.remote
+    def coded():
+        raise CodedError("with a code", 7)
+
+    with pytest.raises(CodedError) as info:
+        troupe.get(coded.remote(), timeout=60)
+    assert info.value.code == 7 and info.value.cause.code == 7
+    with pytest.raises(AttributeError):
+        info.value.no_such_attribute
 
 
 @troupe.remote(max_restarts=1, max_task_retries=-1)
@@ -654,6 +671,19 @@ def test_named_actor_kill_and_options():
         troupe.get(c.add.remote(1), timeout=60)
     with pytest.raises(ValueError):
         troupe.get_actor("the_counter")
+
+
+def test_get_if_exists_from_racing_callers_gives_one_actor():
+    # Each looks the name up, misses, and spawns: all but one spawn find the
+    # name taken, and must return the actor that took it.
+    @troupe.remote(num_cpus=0)
+    def make():
+        handle = Counter.options(name="raced", get_if_exists=True).remote(0)
+        return troupe.get(handle.actor_id.remote(), timeout=60)
+
+    ids = troupe.get([make.remote() for _ in range(6)], timeout=120)
+    assert len(set(ids)) == 1
+    troupe.kill(troupe.get_actor("raced"))
 
 
 def test_resources_options_and_cluster_info():

@@ -62,3 +62,14 @@ def test_task_retried_after_sigkill(tmp_path):
 
     with pytest.raises(WorkerCrashedError):
         troupe.get(always_die.remote(), timeout=120)
+
+    # Without max_retries a task runs again up to three times, as Ray's.
+    @troupe.remote
+    def die_three_times(path):
+        with open(path, "a") as f:
+            f.write("x")
+        if os.path.getsize(path) <= 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return os.path.getsize(path)
+
+    assert troupe.get(die_three_times.remote(str(tmp_path / "three")), timeout=180) == 4

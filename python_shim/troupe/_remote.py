@@ -179,6 +179,9 @@ def _call_args(what, args, kwargs):
         raise TypeError(f"{what}: {culprit} cannot be pickled: {e}") from e
 
 
+# A task's max_retries when none is given, as Ray's: it runs again up to
+# three times if its worker dies (and, with retry_exceptions, if it raises).
+DEFAULT_TASK_RETRIES = 3
 # The runtime's counts are 32-bit ints.
 _INT_MAX = 2**31 - 1
 # num_returns: a bound that no real call needs, so that a typo is an error
@@ -233,7 +236,7 @@ def _runtime_options(options, default_cpus):
         "executable": worker_executable(_preload(options)),
         "max_restarts": options.get("max_restarts", 0),
         "max_task_retries": options.get("max_task_retries", 0),
-        "max_retries": options.get("max_retries", 0),
+        "max_retries": options.get("max_retries", DEFAULT_TASK_RETRIES),
         "max_concurrency": options.get("max_concurrency", 1),
     }
     if options.get("name"):
@@ -344,7 +347,8 @@ class RemoteFunction:
         shared = self._shared
         if "hash" not in shared:
             kinds = _retry_kinds(self._options)
-            shipped = self._fn if kinds is None else _RetryOnError(self._fn, self._options.get("max_retries", 0), kinds)
+            shipped = self._fn if kinds is None else _RetryOnError(self._fn, self._options.get("max_retries", DEFAULT_TASK_RETRIES),
+                                                                      kinds)
             blob = ser.dumps_code(shipped)
             if len(blob) > _core.HEAD_VALUE_LIMIT:
                 # The head's message limit: more would cost the connection.
@@ -526,7 +530,13 @@ class ActorClass:
             options["name"] = name
         if "max_concurrency" not in self._options and _has_async_methods(self._cls):
             options["max_concurrency"] = _ASYNC_MAX_CONCURRENCY
-        actor = client.spawn(self._cls.__qualname__, self._shared["blob"], data, list(top), options)
+        try:
+            actor = client.spawn(self._cls.__qualname__, self._shared["blob"], data, list(top), options)
+        except ConfigError as e:
+            # Another caller made it between the lookup and this spawn.
+            if not (self._options.get("get_if_exists") and name is not None and "is already taken" in str(e)):
+                raise
+            return ActorHandle(client.get_actor(name), self._cls, client)
         # Unnamed and not detached: it ends once no handle is left (Ray's
         # rule; a named one stays for get_actor until killed or its owner
         # exits).

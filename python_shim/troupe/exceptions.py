@@ -66,6 +66,15 @@ def _dual_init(self, message, cause=None, traceback_str=""):
     self.traceback_str = traceback_str
 
 
+def _cause_attribute(self, name):
+    # Only for attributes the instance lacks: those of the original
+    # exception (MyError.code, CalledProcessError.returncode), as Ray's.
+    cause = self.__dict__.get("cause")
+    if cause is None or name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(cause, name)
+
+
 def _task_error_class(cause_class):
     cls = _task_error_classes.get(cause_class)
     if cls is not None:
@@ -74,6 +83,7 @@ def _task_error_class(cause_class):
         cls = type(f"TaskError({cause_class.__name__})", (TaskError, cause_class), {
             "__init__": _dual_init,
             "__str__": lambda self: self.args[0] if self.args else "",
+            "__getattr__": _cause_attribute,
             "__module__": __name__,
         })
     except TypeError:  # a class that cannot be a base (layout, final)
