@@ -445,6 +445,26 @@ def test_a_ref_not_yet_answered_travels_inside_a_value_at_once(tmp_path):
     assert isinstance(failed.value.cause, troupe.exceptions.WorkerCrashedError)
 
 
+def test_short_tasks_do_not_wait_behind_a_long_one(tmp_path):
+    # Two CPUs, one long task and a burst of short ones: those pipelined
+    # behind the long one go to the other executor once it is idle
+    # (HandBackQueued); before, they waited for the long one to end.
+    release, started = str(tmp_path / "release"), str(tmp_path / "started")
+
+    @troupe.remote
+    def long_one():
+        open(started, "w").close()
+        while not os.path.exists(release):
+            time.sleep(0.01)
+        return "long"
+
+    held = long_one.remote()
+    wait_until(lambda: os.path.exists(started), what="the long task started")
+    assert troupe.get([square.remote(i) for i in range(30)], timeout=60) == [i * i for i in range(30)]
+    open(release, "w").close()
+    assert troupe.get(held, timeout=60) == "long"
+
+
 def test_wait_and_get_timeout():
     slow = troupe.remote(lambda s: threading.Event().wait(s) or s)
     fast_ref, slow_ref = square.remote(2), slow.remote(8)

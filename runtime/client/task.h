@@ -42,6 +42,21 @@ const TaskEntry& task_for_function(TaskFunctionKey fn);
 // The task registered as `name`; ConfigError naming it when there is none.
 const TaskEntry& task_named(const std::string& name);
 
+// With kBounced in a task executor's reply (Message::op): the task was
+// handed back because its submitter asked (HandBackQueued), not because the
+// task before it waits.
+inline constexpr uint32_t kHandedBack = 1u << 28;
+
+// Control message from a submitter to one of its task executors: answer the
+// tasks in the mailbox that have not started with kBounced | kHandedBack
+// (each with its own body), so that an idle executor runs them rather than
+// they wait behind a long task. Replies how many went back.
+struct HandBackQueued {
+  static constexpr const char* kControlTag = "troupe.task.hand_back";
+  using Reply = int32_t;
+  TROUPE_FIELDS()
+};
+
 // Registry key and class name of the built-in task-executor actor.
 inline constexpr const char* kTaskExecutorKey = "troupe.TaskExecutor";
 inline constexpr const char* kTaskExecutorClass = "TaskExecutor";

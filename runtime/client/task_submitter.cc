@@ -25,6 +25,11 @@ constexpr int kMaxFailedLeases = 3;
 // How long a task whose worker died waits for the head to say why before
 // it fails with what the connection saw.
 constexpr auto kDeathCauseWait = std::chrono::seconds(2);
+// An executor that has answered nothing for this long, with tasks queued
+// behind the one it runs, hands them to an idle one (steal_locked): short
+// enough that a long task holds up little, long enough that executors
+// draining a burst of short tasks are never asked.
+constexpr auto kStealAfter = std::chrono::milliseconds(50);
 }  // namespace
 
 struct TaskSubmitter::Executor {
@@ -55,6 +60,13 @@ struct TaskSubmitter::Executor {
   // cancel(force) is killing it: the other tasks in flight here run again
   // elsewhere without spending a retry.
   bool killed_for_cancel = false;
+  // Asked to hand back its queued tasks (HandBackQueued) for an idle
+  // executor: asked once until it answers a task, and sent no more than
+  // the task it runs until then.
+  bool handing_back = false;
+  // When it last answered a task, or got one while it had none: how long
+  // its current task has run, at most.
+  Clock::time_point progress_at = Clock::now();
 
   bool waits() const { return blocked || bounced; }
 };
@@ -258,20 +270,41 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
     Executor* best = nullptr;
     std::shared_ptr<Executor> best_ptr;
     for (auto& e : k.executors)
-      if (e->ready && !e->waits() && (!best || e->inflight < best->inflight)) {
+      if (e->ready && !e->waits() && !(e->handing_back && e->inflight > 0) && (!best || e->inflight < best->inflight)) {
         best = e.get();
         best_ptr = e;
       }
     if (!best || best->inflight >= depth) break;
     if (std::exchange(best->lent_idle, false)) reclaims_.push_back(best->id);
-    ++best->inflight;
+    if (best->inflight++ == 0) best->progress_at = Clock::now();
     auto t = std::move(k.queue.front());
     k.queue.pop_front();
     t->on = best_ptr;
     out.emplace_back(std::move(best_ptr), std::move(t));
   }
   if (can_grow && !k.queue.empty()) request_leases_locked(key);
+  if (k.queue.empty()) steal_locked(k, Clock::now());
   return out;
+}
+
+// Nothing queued here, an executor idle, and another with tasks queued
+// behind one that has run for kStealAfter (pipelined behind a long task):
+// that one hands them back (HandBackQueued, sent by send()) and they go to
+// the idle one, rather than wait while a CPU stays idle. Checked when a
+// task ends and by the lease thread's periodic pass.
+void TaskSubmitter::steal_locked(Key& k, Clock::time_point now) {
+  Executor* victim = nullptr;
+  bool idle = false;
+  for (auto& e : k.executors) {
+    if (!e->ready || e->waits()) continue;
+    if (e->inflight == 0) idle = true;
+    if (e->inflight >= 2 && !e->handing_back && now - e->progress_at >= kStealAfter &&
+        (!victim || e->inflight > victim->inflight))
+      victim = e.get();
+  }
+  if (!idle || !victim) return;
+  victim->handing_back = true;
+  hand_backs_.push_back(victim->client);
 }
 
 void TaskSubmitter::request_leases_locked(const std::shared_ptr<Key>& key) {
@@ -291,11 +324,16 @@ void TaskSubmitter::request_leases_locked(const std::shared_ptr<Key>& key) {
 
 void TaskSubmitter::send(std::vector<Send> sends) {
   std::vector<uint64_t> reclaims;
+  std::vector<std::shared_ptr<ActorClient>> hand_backs;
   {
     std::lock_guard lock(mu_);
     reclaims.swap(reclaims_);
+    hand_backs.swap(hand_backs_);
   }
   for (uint64_t id : reclaims) lend(id, false);
+  // Not awaited: the tasks come back as bounced replies; an executor that
+  // is gone has none to give.
+  for (const auto& c : hand_backs) c->control(HandBackQueued{});
   for (auto& [e, t] : sends) {
     // A copy (attachments are shared, not copied): the task may run again
     // on another executor should this one die, as a retry or because
@@ -321,6 +359,8 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
     if (auto& e = t->on) {
       if ((t->op & kKeepResult) || (m.op & kHoldsObjects)) e->holds_objects = true;
       e->bounced = false;
+      e->handing_back = false;
+      e->progress_at = Clock::now();
       if (--e->inflight == 0) e->idle_since = Clock::now();
       e.reset();
     }
@@ -345,11 +385,12 @@ void TaskSubmitter::on_task_bounced(const std::shared_ptr<Task>& t, Message& m) 
     if (!e) return;
     // A bounce can trail the waiting task's own answer (the executor's I/O
     // thread refused it just before the task resumed): then nothing waits
-    // there any more.
-    if (--e->inflight > 0)
-      e->bounced = true;
-    else
+    // there any more. One handed back on request says nothing of waiting.
+    if (--e->inflight > 0) {
+      if (!(m.op & kHandedBack)) e->bounced = true;
+    } else {
       e->idle_since = Clock::now();
+    }
     if (t->cancelled) {
       // Ended by cancel(): it does not queue again.
     } else if (stopping_) {
@@ -485,6 +526,16 @@ void TaskSubmitter::lease_loop() {
       lock.lock();
     }
     if (!stopping_) reap_idle(lock);
+    if (!stopping_) {
+      auto now = Clock::now();
+      for (auto& [id, key] : keys_)
+        if (key->queue.empty()) steal_locked(*key, now);
+      if (!hand_backs_.empty()) {
+        lock.unlock();
+        send({});
+        lock.lock();
+      }
+    }
   }
 }
 

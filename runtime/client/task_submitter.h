@@ -19,6 +19,10 @@
 // - a task queued on an executor whose task then waits in get() comes back
 //   (kBounced) and goes to another executor, or a new one on the CPU that
 //   the waiting task lends;
+// - when an executor is idle and nothing is queued here, one whose task
+//   has run for 50 ms with others pipelined behind it hands those back
+//   (HandBackQueued) and they run on the idle one: a long task does not
+//   hold up the short ones queued behind it while a CPU idles;
 // - cancel() fails a task with TaskCancelled: one still queued here never
 //   runs; one sent to an executor runs on there (the caller may interrupt
 //   it) unless forced, which kills the executor; the other tasks in flight
@@ -125,6 +129,7 @@ class TaskSubmitter {
 
   std::vector<Send> pump_locked(const std::shared_ptr<Key>& key);
   void request_leases_locked(const std::shared_ptr<Key>& key);
+  void steal_locked(Key& key, std::chrono::steady_clock::time_point now);
   void send(std::vector<Send> sends);
   void on_task_done(const std::shared_ptr<Task>& t, wire::Message& m);
   void on_task_bounced(const std::shared_ptr<Task>& t, wire::Message& m);
@@ -161,6 +166,8 @@ class TaskSubmitter {
   // Executors lent while idle that pump_locked gave work: send() takes
   // their resources back first.
   std::vector<uint64_t> reclaims_;
+  // Executors to ask for their queued tasks (steal_locked): send() asks.
+  std::vector<std::shared_ptr<ActorClient>> hand_backs_;
   bool stopping_ = false;
   bool release_idle_requested_ = false;  // release_idle(): reap_idle takes every idle executor
   bool resources_wanted_ = false;        // set_resources_wanted()

@@ -54,6 +54,11 @@ class Mailbox {
     std::lock_guard lock(mu_);
     refusing_ = false;
   }
+  // What is queued now (its calls have not started).
+  std::deque<Job> take_queued() {
+    std::lock_guard lock(mu_);
+    return std::exchange(q_, {});
+  }
   bool empty() {
     std::lock_guard lock(mu_);
     return q_.empty();
@@ -233,6 +238,7 @@ class ActorHost {
     auto call_listener = make_listener(call_io_, call_conns_);
     auto control_listener = make_listener(core_->io(), std::make_shared<ConnMap>());
     register_drop_connections();
+    if (task_executor_) register_hand_back();
     ActorReady ready{env.actor_id, env.incarnation, format_address(advertise_host_, call_listener->port()), getpid(),
                      format_address(advertise_host_, control_listener->port())};
     core_->head().send(make_event_value(Op::kActorReady, ready));
@@ -336,6 +342,21 @@ class ActorHost {
                               auto all = *conns;
                               for (auto& [raw, c] : all) c->close("connection dropped (fault injection)");
                             });
+                          }));
+  }
+
+  // A task executor's submitter takes back the tasks queued here for an
+  // idle executor (HandBackQueued).
+  void register_hand_back() {
+    core_->controls().set(client::HandBackQueued::kControlTag,
+                          client::typed_control_handler<client::HandBackQueued>([this](const client::HandBackQueued&) {
+                            auto jobs = mailbox_.take_queued();
+                            for (Job& j : jobs) {
+                              Message reply = bounced(j.msg);
+                              reply.op |= client::kHandedBack;
+                              j.conn->send(std::move(reply), true);
+                            }
+                            return static_cast<int32_t>(jobs.size());
                           }));
   }
 

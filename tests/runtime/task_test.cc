@@ -412,3 +412,20 @@ TEST_F(TaskTest, CancelledTasksFailAndOnlyAForcedOneCostsItsWorker) {
   EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(pid, 0) != 0; }, 30s)) << "executor " << pid;
   EXPECT_FALSE(std::filesystem::exists(path("never")));
 }
+
+// A long task and short ones in one burst on two CPUs: once the key holds
+// both executors, short tasks are pipelined behind the long one too. When
+// the other executor runs out of work it takes them (HandBackQueued), so
+// they all finish while the long task still runs; before, those behind it
+// waited for it (here, for ever: it ends only after them).
+TEST_F(TaskTest, ShortTasksQueuedBehindALongOneRunOnAnIdleExecutor) {
+  auto dir = troupe::test::fresh_dir("task-steal");
+  std::string started = (dir / "started").string(), release = (dir / "release").string();
+  auto long_one = rt_.submit(&spin_until_file, {.resources = {{"CPU", 1}}}, started, release);
+  ASSERT_TRUE(troupe::test::eventually([&] { return std::filesystem::exists(started); }, 60s));
+  std::vector<troupe::Future<int>> shorts;
+  for (int i = 0; i < 40; ++i) shorts.push_back(rt_.submit(&square, {.resources = {{"CPU", 1}}}, i));
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(shorts[i].get(60s), i * i) << "task " << i;
+  std::ofstream(release) << "go";
+  EXPECT_GT(long_one.get(60s), 0);
+}
