@@ -693,6 +693,23 @@ def test_named_actor_kill_and_options():
         troupe.get_actor("the_counter")
 
 
+def test_eighty_actors_started_at_once_all_serve():
+    # 80 Python workers starting at once on two cores starved the node
+    # agent past its heartbeat timeout: the head declared the node dead and
+    # every actor with it. The agent now starts as many at once as the
+    # machine has cores (the warm pool's aside) and the rest as they serve.
+    @troupe.remote
+    class Small:
+        def one(self):
+            return 1
+
+    actors = [Small.remote() for _ in range(80)]
+    assert sum(troupe.get([a.one.remote() for a in actors], timeout=300)) == 80
+    assert all(n["Alive"] for n in troupe.nodes())
+    for a in actors:
+        troupe.kill(a)
+
+
 def test_get_if_exists_from_racing_callers_gives_one_actor():
     # Each looks the name up, misses, and spawns: all but one spawn find the
     # name taken, and must return the actor that took it.

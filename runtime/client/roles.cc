@@ -172,7 +172,7 @@ void run_role_if_requested(int, char**) {
     std::_Exit(2);
   }
   if (role == "worker" && env.pool_fd >= 0) worker::run_pooled_worker(env);
-  if (role == "worker") worker::run_worker(env);
+  if (role == "worker") worker::run_worker(env, env.serving_fd);
   if (role == "head") run_head(env);
   if (role == "node") run_node(env);
   std::fprintf(stderr, "troupe: unknown %s '%s' (head, node, worker)\n", core::kEnvRole, role.c_str());

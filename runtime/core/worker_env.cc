@@ -101,6 +101,7 @@ std::vector<std::string> WorkerEnv::to_env() const {
     env.push_back(std::string(kEnvGpuIds) + "=" + join_gpu_ids(gpu_ids));
   }
   if (pool_fd >= 0) put(kEnvPoolFd, std::to_string(pool_fd));
+  if (serving_fd >= 0) put(kEnvServingFd, std::to_string(serving_fd));
   if (ready_fd >= 0) put(kEnvReadyFd, std::to_string(ready_fd));
   put(kEnvLogLevel, log_level);
   put(kEnvSessionDir, session_dir);
@@ -136,6 +137,7 @@ WorkerEnv WorkerEnv::from_env() {
   e.gpu_ids = parse_gpu_ids(env_value(kEnvGpuIds));
   e.ready_fd = read_fd(kEnvReadyFd);
   e.pool_fd = read_fd(kEnvPoolFd);
+  e.serving_fd = read_fd(kEnvServingFd);
   e.log_level = env_value(kEnvLogLevel);
   e.session_dir = env_value(kEnvSessionDir);
   read_number(kEnvObjectStoreBytes, e.object_store_bytes);

@@ -41,6 +41,7 @@ inline constexpr const char* kEnvNodeId = "TROUPE_NODE_ID";
 inline constexpr const char* kEnvGpuIds = "TROUPE_GPU_IDS";
 inline constexpr const char* kEnvReadyFd = "TROUPE_READY_FD";
 inline constexpr const char* kEnvPoolFd = "TROUPE_POOL_FD";
+inline constexpr const char* kEnvServingFd = "TROUPE_SERVING_FD";
 inline constexpr const char* kEnvWorkerPoolSize = "TROUPE_WORKER_POOL_SIZE";
 inline constexpr const char* kEnvWorkerIdleTimeoutMs = "TROUPE_WORKER_IDLE_TIMEOUT_MS";
 inline constexpr const char* kEnvLogLevel = "TROUPE_LOG_LEVEL";
@@ -91,6 +92,9 @@ struct WorkerEnv {
   // Pooled worker: the socket its node agent sends its assignment on (-1 =
   // started for one actor, named above).
   int pool_fd = -1;
+  // A worker started for one actor: the socket it writes one byte to once
+  // its actor serves (its node agent counts it as starting until then).
+  int serving_fd = -1;
   // Plumbing.
   int ready_fd = -1;        // where the process writes its ready line
   std::string log_level;    // spdlog level name

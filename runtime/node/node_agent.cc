@@ -10,8 +10,10 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
@@ -265,6 +267,7 @@ class NodeAgent::Impl {
                     f.reason, workers_.size());
     rejoining_ = true;
     kill_workers();
+    waiting_spawns_.clear();  // the dead node's actors: restarted elsewhere
     pool_->recycle();
     if (rejoin_thread_.joinable()) rejoin_thread_.join();  // the last rejoin has installed its registration
     rejoin_thread_ = std::thread([this] {
@@ -295,6 +298,15 @@ class NodeAgent::Impl {
           auto k = decode_value<KillWorker>(m.body);
           for (auto& [pid, w] : workers_)
             if (w.actor_id == k.actor_id && w.incarnation == k.incarnation) ::kill(pid, SIGKILL);
+          // One still waiting to start never does.
+          for (auto it = waiting_spawns_.begin(); it != waiting_spawns_.end();) {
+            if (it->actor_id == k.actor_id && it->incarnation == k.incarnation) {
+              report_exit(k.actor_id, k.incarnation, 0, "killed before its worker started");
+              it = waiting_spawns_.erase(it);
+            } else {
+              ++it;
+            }
+          }
           return;
         }
         case Op::kShutdown:
@@ -372,6 +384,13 @@ class NodeAgent::Impl {
       TROUPE_LOG_DEBUG("node {}: actor {} sets {}, which must be there at exec; starting a worker for it", node_id_,
                        s.actor_id, late);
     }
+    if (!pid && starting_.size() >= max_starting_) {
+      // As many workers as the machine has cores start already: this one
+      // waits (80 Python workers starting at once on two cores starved the
+      // agent past its heartbeat timeout, and the head declared it dead).
+      waiting_spawns_.push_back(s);
+      return;
+    }
     if (!pid) pid = cold_spawn(s, executable);
     if (!pid) return;
     workers_[*pid] = {s.actor_id, s.incarnation};
@@ -379,12 +398,19 @@ class NodeAgent::Impl {
   }
 
   // Fork + exec of a worker for this actor alone; a failure is the actor's
-  // exit.
+  // exit. It counts as starting (starting_) until it writes its serving
+  // byte, dies, or kStartBound passes.
   std::optional<pid_t> cold_spawn(const SpawnWorker& s, const std::string& executable) {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      report_exit(s.actor_id, s.incarnation, 0, std::string("failed to start: socketpair: ") + std::strerror(errno));
+      return std::nullopt;
+    }
     core::WorkerEnv w = worker_env();
     w.actor_id = s.actor_id;
     w.incarnation = s.incarnation;
     w.gpu_ids.assign(s.gpu_ids.begin(), s.gpu_ids.end());
+    w.serving_fd = fds[1];
     core::SpawnOptions o;
     o.executable = executable;
     o.arg0 = "troupe-worker:" + s.class_name;
@@ -392,11 +418,46 @@ class NodeAgent::Impl {
     for (auto& kv : w.to_env()) o.env.push_back(std::move(kv));
     for (auto& kv : actor_env(s)) o.env.push_back(std::move(kv));
     core::add_exec_time_malloc_settings(o.env);
+    o.keep_fds = {fds[1]};
+    pid_t pid = -1;
     try {
-      return spawn_logged(std::move(o), opts_.worker_pool.log_dir);
+      pid = spawn_logged(std::move(o), opts_.worker_pool.log_dir);
     } catch (const std::exception& e) {
+      ::close(fds[0]);
+      ::close(fds[1]);
       report_exit(s.actor_id, s.incarnation, 0, std::string("failed to start: ") + e.what());
       return std::nullopt;
+    }
+    ::close(fds[1]);
+    watch_start(pid, fds[0]);
+    return pid;
+  }
+
+  void watch_start(pid_t pid, int fd) {
+    auto& st = starting_[pid];
+    st.socket = std::make_unique<asio::local::stream_protocol::socket>(io_, asio::local::stream_protocol(), fd);
+    st.bound = std::make_unique<asio::steady_timer>(io_, kStartBound);
+    auto byte = std::make_shared<char>(0);
+    asio::async_read(*st.socket, asio::buffer(byte.get(), 1), [this, pid, byte](asio::error_code ec, size_t) {
+      if (ec != asio::error::operation_aborted) started(pid);
+    });
+    st.bound->async_wait([this, pid](asio::error_code ec) {
+      if (!ec) started(pid);
+    });
+  }
+
+  // Worker `pid` serves (or died, or is slow): the next waiting one starts.
+  void started(pid_t pid) {
+    auto it = starting_.find(pid);
+    if (it == starting_.end()) return;  // the other of byte and bound came first
+    asio::error_code ignored;
+    it->second.socket->cancel(ignored);
+    it->second.bound->cancel();
+    starting_.erase(it);
+    while (!stopping_ && !waiting_spawns_.empty() && starting_.size() < max_starting_) {
+      SpawnWorker s = std::move(waiting_spawns_.front());
+      waiting_spawns_.pop_front();
+      spawn(s);
     }
   }
 
@@ -462,6 +523,17 @@ class NodeAgent::Impl {
   std::atomic<uint64_t> node_id_{0};
   uint32_t heartbeat_ms_ = core::kHeartbeatMs;
   std::map<pid_t, WorkerProc> workers_;
+  // Cold-started workers not yet serving, and spawns waiting for one of
+  // them: at most max_starting_ start at once (Ray's
+  // maximum_startup_concurrency, its CPU count).
+  struct Starting {
+    std::unique_ptr<asio::local::stream_protocol::socket> socket;
+    std::unique_ptr<asio::steady_timer> bound;
+  };
+  static constexpr auto kStartBound = std::chrono::seconds(2);
+  std::map<pid_t, Starting> starting_;
+  std::deque<SpawnWorker> waiting_spawns_;
+  const size_t max_starting_ = std::max(2u, std::thread::hardware_concurrency());
   std::unique_ptr<WorkerPool> pool_;
   bool stopping_ = false;
   std::mutex mu_;
