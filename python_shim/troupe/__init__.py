@@ -227,6 +227,34 @@ def _await_ref(ref):
 ObjectRef.__await__ = _await_ref
 
 
+def _ref_hex(ref):
+    # A ref's id as hex, as Ray's ObjectRef.hex(): a num_returns item adds
+    # its index.
+    whole = f"{_ser.parent(ref)._id():016x}"
+    return whole if type(ref) is not _ser.ItemRef else f"{whole}{ref._item[0]:04x}"
+
+
+def _ref_future(ref):
+    # A concurrent.futures.Future of the ref's value, as Ray's
+    # ObjectRef.future(): a thread of its own waits for it.
+    import concurrent.futures
+
+    future = concurrent.futures.Future()
+
+    def wait():
+        try:
+            future.set_result(get(ref))
+        except BaseException as e:  # the ref's error is the future's
+            future.set_exception(e)
+
+    threading.Thread(target=wait, name="troupe-ref-future", daemon=True).start()
+    return future
+
+
+ObjectRef.hex = _ref_hex
+ObjectRef.future = _ref_future
+
+
 def put(value):
     """Keeps value in this process's object store; the ref may go to any task
     or actor, which fetches the value from here."""

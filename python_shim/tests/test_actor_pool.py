@@ -1,0 +1,76 @@
+"""troupe.util.ActorPool, as Ray's ray.util.ActorPool: ordered and
+unordered maps, submit/get_next, items waiting for a free actor, timeouts,
+push and pop_idle; and ObjectRef.hex() and .future()."""
+import threading
+
+import pytest
+
+import troupe
+from troupe.exceptions import GetTimeoutError
+from troupe.util import ActorPool
+
+pytestmark = pytest.mark.usefixtures("cluster")
+
+
+@troupe.remote
+class Doubler:
+    def __init__(self):
+        self.gate = threading.Event()
+
+    def double(self, x):
+        return 2 * x
+
+    def held(self, x):
+        self.gate.wait(120)
+        return x
+
+    def open(self):
+        self.gate.set()
+
+
+def test_map_keeps_order_and_map_unordered_gets_everything():
+    pool = ActorPool([Doubler.remote() for _ in range(2)])
+    assert list(pool.map(lambda a, v: a.double.remote(v), range(10))) == [2 * v for v in range(10)]
+    assert sorted(pool.map_unordered(lambda a, v: a.double.remote(v), range(10))) == [2 * v for v in range(10)]
+    assert not pool.has_next() and pool.has_free()
+
+
+def test_submit_waits_for_a_free_actor_and_get_next_times_out():
+    gated = Doubler.options(max_concurrency=2).remote()
+    pool = ActorPool([gated])
+    pool.submit(lambda a, v: a.held.remote(v), 1)
+    pool.submit(lambda a, v: a.double.remote(v), 5)  # waits: the one actor is busy
+    assert not pool.has_free() and pool.has_next()
+    with pytest.raises(GetTimeoutError):
+        pool.get_next(timeout=0.1)
+    troupe.get(gated.open.remote(), timeout=60)
+    assert pool.get_next(timeout=60) == 1
+    assert pool.get_next(timeout=60) == 10
+    with pytest.raises(StopIteration):
+        pool.get_next()
+
+
+def test_push_pop_idle_and_bad_input():
+    a, b = Doubler.remote(), Doubler.remote()
+    pool = ActorPool([a])
+    pool.push(b)
+    with pytest.raises(ValueError, match="already"):
+        pool.push(a)
+    assert pool.pop_idle() is not None and pool.pop_idle() is not None and pool.pop_idle() is None
+    with pytest.raises(TypeError, match="actor handles"):
+        ActorPool([1])
+    pool.push(a)
+    with pytest.raises(TypeError, match="ref of a method call"):
+        pool.submit(lambda actor, v: v, 1)
+    assert pool.has_free()
+
+
+def test_ref_hex_and_future():
+    ref = troupe.put(7)
+    assert isinstance(ref.hex(), str) and int(ref.hex(), 16) >= 0
+    assert ref.future().result(timeout=60) == 7
+    a, b = troupe.remote(num_returns=2)(lambda: (1, 2)).remote()
+    assert a.hex() != b.hex()
+    failing = troupe.remote(lambda: 1 // 0).remote()
+    with pytest.raises(ZeroDivisionError):
+        failing.future().result(timeout=60)
