@@ -116,8 +116,11 @@ def _attach_worker():
         return _state
 
 
+_LOGGING_LEVELS = {10: "debug", 20: "info", 30: "warning", 40: "error", 50: "critical"}
+
+
 def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespace=None,
-         ignore_reinit_error=False, _token=None):
+         ignore_reinit_error=False, object_store_memory=None, logging_level=None, _token=None):
     """Starts an embedded local cluster (address None), or connects to one:
     "HOST:PORT", or "auto" for the cluster `troupe start --head` recorded in
     the session directory. The token comes from TROUPE_TOKEN or the session
@@ -131,6 +134,14 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     # A Python driver's console is the script's: the runtime's warnings and
     # errors only (not a line per actor placed or stopped), unless asked
     # for more with TROUPE_LOG_LEVEL=info. The embedded cluster inherits it.
+    # logging_level (Ray's: a logging level, e.g. logging.INFO, or its
+    # name) says otherwise.
+    if logging_level is not None:
+        level = _LOGGING_LEVELS.get(logging_level, logging_level)
+        if not isinstance(level, str) or level.lower() not in _LOGGING_LEVELS.values():
+            raise exceptions.ConfigError(f"logging_level must be a logging level (logging.INFO, 'info', ...), "
+                                         f"got {logging_level!r}")
+        os.environ["TROUPE_LOG_LEVEL"] = level.lower()
     os.environ.setdefault("TROUPE_LOG_LEVEL", "warning")
     if address is not None and not isinstance(address, str):
         raise exceptions.ConfigError(f"address must be 'HOST:PORT' or 'auto', not {address!r}")
@@ -142,9 +153,18 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
         node["CPU"] = float(num_cpus)
     if num_gpus is not None:
         node["GPU"] = float(num_gpus)
-    if address and node:
-        raise exceptions.ConfigError("num_cpus, num_gpus and resources describe an embedded cluster; "
-                                     f"not allowed with address={address!r}")
+    if address and (node or object_store_memory is not None):
+        raise exceptions.ConfigError("num_cpus, num_gpus, resources and object_store_memory describe an embedded "
+                                     f"cluster; not allowed with address={address!r}")
+    if object_store_memory is not None:
+        # The driver's object store limit (what its puts and the results
+        # it sends on keep), as TROUPE_OBJECT_STORE_BYTES sets it; workers
+        # keep theirs (docs/python.md).
+        if isinstance(object_store_memory, bool) or not isinstance(object_store_memory, int) or \
+                object_store_memory <= 0:
+            raise exceptions.ConfigError(f"object_store_memory must be a positive number of bytes, "
+                                         f"got {object_store_memory!r}")
+        os.environ["TROUPE_OBJECT_STORE_BYTES"] = str(object_store_memory)
     # After a shutdown() under way on another thread: the new session starts
     # once the old cluster is stopped, not beside it.
     with _shutdown_lock, _lock:
