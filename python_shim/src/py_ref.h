@@ -48,8 +48,11 @@ class PyRef {
   // A Python exception answer is stored as is (its pickle is an error box,
   // which whoever loads it raises).
   ObjectRef<PyValue> stored_ref();
-  // The stored ref when there is one already, else null.
-  const ObjectRef<PyValue>* stored_if_any() const { return stored_.valid() ? &stored_ : nullptr; }
+  // The stored ref of a ref that was never a call's (a put, a ref that
+  // arrived inside a value), else null: a call's result goes by its answer
+  // (inline, and waited for by the caller), even once it was sent on as a
+  // ref, which may still be pending.
+  const ObjectRef<PyValue>* stored_if_any() const { return stored_.valid() && !answer_ ? &stored_ : nullptr; }
   uint64_t id() const;
   // The task whose result this is, in the process that submitted it; else
   // null.

@@ -55,7 +55,8 @@ struct PyCall {
 
 // Control message of troupe.cancel (without force) to the executor that
 // runs task `task` (PyCall::task): raise KeyboardInterrupt in it, or, if it
-// has not started, never start it. Replies whether it was running.
+// has not started, never start it. Replies once asked (the interrupt is
+// delivered on a thread of its own).
 struct PyInterruptTask {
   static constexpr const char* kControlTag = "troupe.py.interrupt_task";
   using Reply = bool;

@@ -1,8 +1,11 @@
 #include "python_shim/src/py_worker.h"
 
+#include <thread>
+
 #include "python_shim/src/py_client.h"
 #include "python_shim/src/py_convert.h"
 #include "troupe/runtime/client/task.h"
+#include "troupe/runtime/core/logging.h"
 
 namespace troupe::py {
 
@@ -119,10 +122,19 @@ void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::Ob
 }
 
 // troupe.cancel's interrupt: served from the worker's start (a task may be
-// cancelled before this executor ran any), on its I/O thread.
+// cancelled before this executor ran any). The GIL is taken on a thread of
+// its own, not on the I/O thread, which a task holding the GIL (inside a C
+// extension) would otherwise stall. Replies that it was asked.
 bool interrupt_task(const PyInterruptTask& m) {
-  pyb::gil_scoped_acquire gil;
-  return hook("interrupt_task")(m.task).cast<bool>();
+  std::thread([task = m.task] {
+    pyb::gil_scoped_acquire gil;
+    try {
+      hook("interrupt_task")(task);
+    } catch (const std::exception& e) {
+      TROUPE_LOG_WARN("interrupting task {}: {}", task, e.what());
+    }
+  }).detach();
+  return true;
 }
 
 const bool registered = [] {

@@ -23,10 +23,12 @@ _loop_lock = threading.Lock()
 _runs_tasks = False  # a task executor's worker (run_task was called)
 _lend_for = 0  # its CpuLender (_core.wait_observer() on a task's thread)
 # troupe.cancel: the thread of each task running here by its token, and the
-# tokens of tasks cancelled before they started (the last few hundred).
+# tokens of tasks cancelled before they started (more than a mailbox holds:
+# the submitter pipelines at most 256 to an executor). Under _cancel_lock.
 _running = {}
 _cancelled = collections.OrderedDict()
-_CANCELLED_KEPT = 256
+_CANCELLED_KEPT = 4096
+_cancel_lock = threading.Lock()
 
 
 def _sync_environment():
@@ -147,14 +149,21 @@ def interrupt_task(token):
     KeyboardInterrupt in the thread that runs task `token` (at its next
     Python instruction: a blocking call such as time.sleep ends first), or
     keeps a task that has not started from starting. Whether it ran."""
-    thread = _running.get(token)
-    if thread is None:
-        _cancelled[token] = True
-        while len(_cancelled) > _CANCELLED_KEPT:
-            _cancelled.popitem(last=False)
-        return False
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(KeyboardInterrupt))
-    return True
+    with _cancel_lock:
+        thread = _running.get(token)
+        if thread is None:
+            _cancelled[token] = True
+            while len(_cancelled) > _CANCELLED_KEPT:
+                _cancelled.popitem(last=False)
+            return False
+        _async_raise(thread, KeyboardInterrupt)
+        return True
+
+
+def _async_raise(thread, exc):
+    """Raises `exc` in `thread` at its next Python instruction (None: drops
+    one not yet raised)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(exc) if exc else None)
 
 
 def run_task(key, args, top, token=0):
@@ -162,12 +171,16 @@ def run_task(key, args, top, token=0):
     _runs_tasks = True
     _lend_for = _core.wait_observer()
     name = key
+    thread = threading.get_ident()
     try:
         # The interrupt lands in this try (it is raised only while the token
-        # is in _running), never past it.
-        _running[token] = threading.get_ident()
+        # is in _running, and one not raised by its end is dropped there),
+        # never past it.
+        with _cancel_lock:
+            _running[token] = thread
+            cancelled = _cancelled.pop(token, False)
         try:
-            if _cancelled.pop(token, False):
+            if cancelled:
                 raise KeyboardInterrupt("the task was cancelled before it started")
             _sync_environment()
             fn = _function(key)
@@ -175,6 +188,8 @@ def run_task(key, args, top, token=0):
             a, kw = ser.load_call_args(args, top)
             return _answer(_settle(fn(*a, **kw)), f"task {name}")
         finally:
-            _running.pop(token, None)
+            with _cancel_lock:
+                _running.pop(token, None)
+                _async_raise(thread, None)
     except BaseException:
         return _error(f"task {name} (pid {os.getpid()})")

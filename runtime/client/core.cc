@@ -134,7 +134,9 @@ Future<Message> ActorClient::control(const std::string& tag, std::string body) {
   m.body = encode_inline(ControlRequest{tag, std::move(body)});
   // Control messages use a short-lived connection to the worker's control
   // listener, which its I/O thread serves even while a call runs.
-  asio::post(core_.io(), [this, st, m = std::move(m), address] {
+  // The core, not `this`: the caller may drop the last handle to this
+  // client before the post runs (a control sent and not awaited).
+  asio::post(core_.io(), [core = &core_, st, m = std::move(m), address] {
     std::pair<std::string, uint16_t> hp;
     try {
       hp = parse_address(address);
@@ -145,7 +147,7 @@ Future<Message> ActorClient::control(const std::string& tag, std::string body) {
     // answer; a strong pointer here would be a cycle through its handlers.
     auto holder = std::make_shared<std::weak_ptr<Connection>>();
     Connection::connect(
-        core_.io(), hp.first, hp.second, core_.token(), core_.connection_options(),
+        core->io(), hp.first, hp.second, core->token(), core->connection_options(),
         [st, holder](Message&& r) {
           if (r.status != Status::OK)
             st->set_error(error_from_message(r));

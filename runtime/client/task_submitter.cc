@@ -67,6 +67,13 @@ struct TaskSubmitter::Executor {
   // When it last answered a task, or got one while it had none: how long
   // its current task has run, at most.
   Clock::time_point progress_at = Clock::now();
+  // Its tasks in flight, in the order sent: it runs them one at a time in
+  // that order, so the first is the one running (what a forced cancel may
+  // kill it for).
+  std::deque<Task*> sent;
+  void unsend(Task* t) {
+    if (auto it = std::find(sent.begin(), sent.end(), t); it != sent.end()) sent.erase(it);
+  }
 
   bool waits() const { return blocked || bounced; }
 };
@@ -222,7 +229,11 @@ uint64_t TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::strin
 }
 
 void TaskSubmitter::finish(const std::shared_ptr<Task>& t, Message& m) {
-  if (!t->ended.exchange(true)) t->complete(m);
+  // Even when cancel() ended it first: `complete` decodes the reply (its
+  // future keeps the first completion), so that the refs inside it are
+  // registered and then let go, rather than stay pinned at the executor.
+  t->ended = true;
+  t->complete(m);
 }
 
 void TaskSubmitter::fail_task(const std::shared_ptr<Task>& t, std::exception_ptr error) {
@@ -232,6 +243,7 @@ void TaskSubmitter::fail_task(const std::shared_ptr<Task>& t, std::exception_ptr
 TaskSubmitter::Cancel TaskSubmitter::cancel(uint64_t id, bool force) {
   Cancel out;
   std::shared_ptr<Task> t;
+  std::shared_ptr<Executor> to_kill;
   {
     std::lock_guard lock(mu_);
     auto it = tasks_.find(id);
@@ -240,8 +252,11 @@ TaskSubmitter::Cancel TaskSubmitter::cancel(uint64_t id, bool force) {
     t->cancelled = true;
     if (const auto& e = t->on) {
       out.executor = e->client;
-      out.outcome = force ? Cancel::kKilled : Cancel::kRunning;
-      if (force) e->killed_for_cancel = true;
+      // Only the task it runs is worth its process: one still waiting in
+      // its mailbox is skipped there as without force.
+      bool running = !e->sent.empty() && e->sent.front() == t.get();
+      out.outcome = force && running ? Cancel::kKilled : Cancel::kRunning;
+      if (out.outcome == Cancel::kKilled) to_kill = e;
     } else {
       // Queued, or lost with its executor and waiting for the cause of
       // death (then it is no longer in the queue).
@@ -251,8 +266,19 @@ TaskSubmitter::Cancel TaskSubmitter::cancel(uint64_t id, bool force) {
     }
   }
   std::string how = out.outcome == Cancel::kKilled ? " (its worker was killed)" : "";
-  fail_task(t, std::make_exception_ptr(TaskCancelled("task '" + t->name + "' was cancelled" + how)));
-  if (out.outcome == Cancel::kKilled) kill_executor(out.executor->id(), "its task '" + t->name + "' was cancelled");
+  if (t->ended.exchange(true)) {
+    out.outcome = Cancel::kDone;  // its answer came meanwhile
+    return out;
+  }
+  t->fail(std::make_exception_ptr(TaskCancelled("task '" + t->name + "' was cancelled" + how)));
+  if (to_kill) {
+    {
+      // The other tasks in flight there run again elsewhere (on_task_lost).
+      std::lock_guard lock(mu_);
+      to_kill->killed_for_cancel = true;
+    }
+    kill_executor(to_kill->id, "its task '" + t->name + "' was cancelled");
+  }
   return out;
 }
 
@@ -279,6 +305,7 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
     if (best->inflight++ == 0) best->progress_at = Clock::now();
     auto t = std::move(k.queue.front());
     k.queue.pop_front();
+    best->sent.push_back(t.get());
     t->on = best_ptr;
     out.emplace_back(std::move(best_ptr), std::move(t));
   }
@@ -331,9 +358,24 @@ void TaskSubmitter::send(std::vector<Send> sends) {
     hand_backs.swap(hand_backs_);
   }
   for (uint64_t id : reclaims) lend(id, false);
-  // Not awaited: the tasks come back as bounced replies; an executor that
-  // is gone has none to give.
-  for (const auto& c : hand_backs) c->control(HandBackQueued{});
+  // The tasks come back as bounced replies. None back (they were still on
+  // their way into its mailbox): it may be asked again.
+  for (const auto& c : hand_backs) {
+    auto answer = c->control(HandBackQueued{});
+    answer.on_ready([this, answer, c]() mutable {
+      int32_t n = 0;
+      try {
+        n = answer.get();
+      } catch (const std::exception&) {
+        return;  // gone: nothing to take
+      }
+      if (n > 0) return;
+      std::lock_guard lock(mu_);
+      for (auto& [id, key] : keys_)
+        for (auto& e : key->executors)
+          if (e->client == c) e->handing_back = false;
+    });
+  }
   for (auto& [e, t] : sends) {
     // A copy (attachments are shared, not copied): the task may run again
     // on another executor should this one die, as a retry or because
@@ -361,6 +403,7 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
       e->bounced = false;
       e->handing_back = false;
       e->progress_at = Clock::now();
+      e->unsend(t.get());
       if (--e->inflight == 0) e->idle_since = Clock::now();
       e.reset();
     }
@@ -383,6 +426,7 @@ void TaskSubmitter::on_task_bounced(const std::shared_ptr<Task>& t, Message& m) 
     std::lock_guard lock(mu_);
     std::shared_ptr<Executor> e = std::move(t->on);
     if (!e) return;
+    e->unsend(t.get());
     // A bounce can trail the waiting task's own answer (the executor's I/O
     // thread refused it just before the task resumed): then nothing waits
     // there any more. One handed back on request says nothing of waiting.
@@ -414,6 +458,7 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
     std::lock_guard lock(mu_);
     std::shared_ptr<Executor> e = std::move(t->on);
     if (!e) return;
+    e->unsend(t.get());
     --e->inflight;
     drop_executor_locked(*t->key, *e, "");
     if (t->cancelled) {

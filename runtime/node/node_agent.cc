@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -197,6 +198,7 @@ class NodeAgent::Impl {
       TROUPE_LOG_WARN("node {}: the restarted head took it back as node {}; killing its {} workers", node_id_.load(),
                       r.reply.node_id, workers_.size());
       kill_workers();
+      waiting_spawns_.clear();  // their actors are placed anew
       pool_->recycle();
       missed_exits_.clear();
     }
@@ -397,6 +399,14 @@ class NodeAgent::Impl {
     TROUPE_LOG_DEBUG("node {}: worker pid {} serves actor {} ({})", node_id_, *pid, s.actor_id, s.class_name);
   }
 
+  // The cores this process may run on (its affinity mask, which a
+  // container's cpuset narrows), else the machine's.
+  static size_t usable_cores() {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return static_cast<size_t>(CPU_COUNT(&set));
+    return std::thread::hardware_concurrency();
+  }
+
   // Fork + exec of a worker for this actor alone; a failure is the actor's
   // exit. It counts as starting (starting_) until it writes its serving
   // byte, dies, or kStartBound passes.
@@ -533,7 +543,7 @@ class NodeAgent::Impl {
   static constexpr auto kStartBound = std::chrono::seconds(2);
   std::map<pid_t, Starting> starting_;
   std::deque<SpawnWorker> waiting_spawns_;
-  const size_t max_starting_ = std::max(2u, std::thread::hardware_concurrency());
+  const size_t max_starting_ = std::max<size_t>(2, usable_cores());
   std::unique_ptr<WorkerPool> pool_;
   bool stopping_ = false;
   std::mutex mu_;

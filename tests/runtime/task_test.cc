@@ -401,10 +401,16 @@ TEST_F(TaskTest, CancelledTasksFailAndOnlyAForcedOneCostsItsWorker) {
   ASSERT_TRUE(troupe::test::eventually(exists("started"), 60s));
   auto behind_a = submit_with_id(rt_, &square, 6);
   auto behind_b = submit_with_id(rt_, &square, 7);
+  auto behind_c = submit_with_id(rt_, &square, 8);
   int pid = std::stoi([&] {
     std::ifstream in(path("started"));
     return std::string(std::istreambuf_iterator<char>(in), {});
   }());
+  // Forcing the cancel of one that waits behind the running task does not
+  // kill the executor (it would end the running one).
+  EXPECT_EQ(tasks->cancel(behind_c.first, true).outcome, Cancel::kRunning);
+  EXPECT_THROW(behind_c.second.get(30s), troupe::TaskCancelled);
+  EXPECT_EQ(::kill(pid, 0), 0);
   EXPECT_EQ(tasks->cancel(stuck, true).outcome, Cancel::kKilled);
   EXPECT_THROW(stuck_f.get(30s), troupe::TaskCancelled);
   EXPECT_EQ(behind_a.second.get(60s), 36);
