@@ -444,26 +444,14 @@ class NodeAgent::Impl {
   }
 
   void watch_start(pid_t pid, int fd) {
-    auto& st = starting_[pid];
-    st.socket = std::make_unique<asio::local::stream_protocol::socket>(io_, asio::local::stream_protocol(), fd);
-    st.bound = std::make_unique<asio::steady_timer>(io_, kStartBound);
-    auto byte = std::make_shared<char>(0);
-    asio::async_read(*st.socket, asio::buffer(byte.get(), 1), [this, pid, byte](asio::error_code ec, size_t) {
-      if (ec != asio::error::operation_aborted) started(pid);
-    });
-    st.bound->async_wait([this, pid](asio::error_code ec) {
-      if (!ec) started(pid);
-    });
+    starting_[pid] = std::make_unique<ServingWatch>(
+        io_, std::make_unique<asio::local::stream_protocol::socket>(io_, asio::local::stream_protocol(), fd),
+        kStartBound, [this, pid] { started(pid); });
   }
 
   // Worker `pid` serves (or died, or is slow): the next waiting one starts.
   void started(pid_t pid) {
-    auto it = starting_.find(pid);
-    if (it == starting_.end()) return;  // the other of byte and bound came first
-    asio::error_code ignored;
-    it->second.socket->cancel(ignored);
-    it->second.bound->cancel();
-    starting_.erase(it);
+    starting_.erase(pid);
     while (!stopping_ && !waiting_spawns_.empty() && starting_.size() < max_starting_) {
       SpawnWorker s = std::move(waiting_spawns_.front());
       waiting_spawns_.pop_front();
@@ -536,12 +524,8 @@ class NodeAgent::Impl {
   // Cold-started workers not yet serving, and spawns waiting for one of
   // them: at most max_starting_ start at once (Ray's
   // maximum_startup_concurrency, its CPU count).
-  struct Starting {
-    std::unique_ptr<asio::local::stream_protocol::socket> socket;
-    std::unique_ptr<asio::steady_timer> bound;
-  };
   static constexpr auto kStartBound = std::chrono::seconds(2);
-  std::map<pid_t, Starting> starting_;
+  std::map<pid_t, std::unique_ptr<ServingWatch>> starting_;
   std::deque<SpawnWorker> waiting_spawns_;
   const size_t max_starting_ = std::max<size_t>(2, usable_cores());
   std::unique_ptr<WorkerPool> pool_;

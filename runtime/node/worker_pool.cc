@@ -158,26 +158,51 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
 // taken one starts its actor would compete with it for the CPU.
 void WorkerPool::refill_when_serving(pid_t pid, std::unique_ptr<asio::local::stream_protocol::socket> socket,
                                      const std::string& executable) {
-  auto& t = taken_[pid];
-  t.socket = std::move(socket);
-  t.bound = std::make_unique<asio::steady_timer>(io_, kRefillBound);
-  auto byte = std::make_shared<char>(0);
-  asio::async_read(*t.socket, asio::buffer(byte.get(), 1), [this, pid, byte, executable](asio::error_code ec, size_t) {
-    if (ec != asio::error::operation_aborted) refill_after_take(pid, executable);
-  });
-  t.bound->async_wait([this, pid, executable](asio::error_code ec) {
-    if (!ec) refill_after_take(pid, executable);
-  });
+  taken_[pid] = std::make_unique<ServingWatch>(io_, std::move(socket), kRefillBound,
+                                               [this, pid, executable] { refill_after_take(pid, executable); });
 }
 
 void WorkerPool::refill_after_take(pid_t pid, const std::string& executable) {
-  auto it = taken_.find(pid);
-  if (it == taken_.end()) return;  // the other of byte and bound came first
-  asio::error_code ignored;
-  it->second.socket->cancel(ignored);
-  it->second.bound->cancel();
-  taken_.erase(it);
+  taken_.erase(pid);
   post_refill(executable);
+}
+
+struct ServingWatch::State {
+  std::unique_ptr<asio::local::stream_protocol::socket> socket;
+  asio::steady_timer bound;
+  std::function<void()> done;
+  char byte = 0;
+  bool over = false;  // done ran, or the watch was destroyed
+
+  State(asio::io_context& io, std::unique_ptr<asio::local::stream_protocol::socket> s, std::function<void()> d)
+      : socket(std::move(s)), bound(io), done(std::move(d)) {}
+  void finish() {
+    if (std::exchange(over, true)) return;
+    asio::error_code ignored;
+    socket->cancel(ignored);
+    bound.cancel();
+    auto run = std::move(done);
+    run();  // may destroy the watch: the handlers hold this state
+  }
+};
+
+ServingWatch::ServingWatch(asio::io_context& io, std::unique_ptr<asio::local::stream_protocol::socket> socket,
+                           std::chrono::steady_clock::duration bound, std::function<void()> done)
+    : state_(std::make_shared<State>(io, std::move(socket), std::move(done))) {
+  state_->bound.expires_after(bound);
+  asio::async_read(*state_->socket, asio::buffer(&state_->byte, 1), [st = state_](asio::error_code ec, size_t) {
+    if (ec != asio::error::operation_aborted) st->finish();
+  });
+  state_->bound.async_wait([st = state_](asio::error_code ec) {
+    if (!ec) st->finish();
+  });
+}
+
+ServingWatch::~ServingWatch() {
+  state_->over = true;
+  asio::error_code ignored;
+  state_->socket->cancel(ignored);
+  state_->bound.cancel();
 }
 
 void WorkerPool::post_refill(const std::string& executable) {

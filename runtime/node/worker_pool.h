@@ -38,6 +38,23 @@ struct WorkerPoolOptions {
 
 // A worker's own log file, found again by its pid (`troupe logs ACTOR`).
 std::string worker_log_path(const std::string& dir, pid_t pid);
+
+// Waits for a started worker to serve: `done` runs once, on the event loop,
+// at the first of the worker's byte on `socket` (or its closing it by
+// dying) and `bound` passing. Destroying the watch cancels both; `done` may
+// destroy it.
+class ServingWatch {
+ public:
+  ServingWatch(asio::io_context& io, std::unique_ptr<asio::local::stream_protocol::socket> socket,
+               std::chrono::steady_clock::duration bound, std::function<void()> done);
+  ~ServingWatch();
+  ServingWatch(const ServingWatch&) = delete;
+  ServingWatch& operator=(const ServingWatch&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
 // Spawns `o` with its output in a fresh file of `dir` (none when `dir` is
 // empty), named worker_log_path(dir, pid) once the pid is known.
 pid_t spawn_logged(core::SpawnOptions o, const std::string& dir);
@@ -81,11 +98,6 @@ class WorkerPool {
     std::unique_ptr<asio::local::stream_protocol::socket> socket;
     bool ready = false;
   };
-  // A worker just taken, until its actor serves (see take()).
-  struct Taken {
-    std::unique_ptr<asio::local::stream_protocol::socket> socket;
-    std::unique_ptr<asio::steady_timer> bound;
-  };
   struct Executable {
     std::chrono::steady_clock::time_point last_used;
     bool active = false;     // refilled; false once idle past the timeout
@@ -110,7 +122,8 @@ class WorkerPool {
   const core::WorkerEnv base_;
   asio::steady_timer idle_timer_;
   std::map<pid_t, Idle> idle_;
-  std::map<pid_t, Taken> taken_;
+  // Workers just taken, until their actors serve (see take()).
+  std::map<pid_t, std::unique_ptr<ServingWatch>> taken_;
   std::map<std::string, Executable> executables_;
   std::function<void(uint32_t)> on_idle_count_change_;
   uint32_t reported_idle_ = 0;
