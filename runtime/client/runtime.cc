@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 
@@ -291,7 +292,15 @@ Resources sum_over_live(const std::vector<NodeInfo>& nodes, Resources NodeInfo::
 
 Resources Runtime::cluster_resources() { return sum_over_live(nodes(), &NodeInfo::total); }
 
-Resources Runtime::available_resources() { return sum_over_live(nodes(), &NodeInfo::available); }
+Resources Runtime::available_resources() {
+  // A node whose pool ran over (a task that lent its CPU took it back while
+  // another ran on it: ResourcePool::reclaim) has nothing free, not less
+  // than nothing: it adds 0, not a negative amount, as in Ray.
+  auto nodes = this->nodes();
+  for (auto& n : nodes)
+    for (auto& [k, v] : n.available) v = std::max(v, 0.0);
+  return sum_over_live(nodes, &NodeInfo::available);
+}
 
 std::string Runtime::address() const { return live()->address(); }
 std::string Runtime::token() const {
