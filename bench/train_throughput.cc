@@ -26,7 +26,10 @@
 // mixed_precision on the CPU; torch.autocast("cpu", bfloat16) in the peer),
 // fp32 weights and optimizer: troupe_lm_bf16_1, troupe_lm_bf16_N,
 // torch_ddp_lm_bf16_1, torch_ddp_lm_bf16_N, lm_ratio_vs_ddp_bf16 and
-// lm_ratio_vs_ddp_bf16_1 (--no-lm-bf16 skips them).
+// lm_ratio_vs_ddp_bf16_1 (--no-lm-bf16 skips them). troupe's fp32 linear
+// layers go through oneDNN by default (TrainerConfig::cpu_gemm; --cpu-gemm
+// aten keeps them on torch's BLAS, as the peer's are); each LM row says
+// which, and the OPENBLAS_CORETYPE both sides ran under.
 // samples/s counts all workers' samples over the slowest worker's time.
 //
 // A peer that fails or misses --peer-timeout is an error row for its case.
@@ -41,13 +44,15 @@
 //                                 [--lm-block 128] [--lm-width 128] [--lm-layers 4]
 //                                 [--lm-heads 4] [--lm-batch 16] [--lm-steps 20] [--lm-repeats 3]
 //                                 [--no-lm | --lm-only] [--no-lm-bf16]
+//                                 [--cpu-gemm auto|onednn|aten]
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
-#include <unistd.h>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +83,7 @@ struct Args {
   int64_t bucket_mb = 25;
   std::string compression = "none";
   bool shared_memory = true;
+  std::string cpu_gemm = "auto";
   bool peer = true;
   double peer_timeout_s = 600;
   // The language-model cases.
@@ -134,6 +140,7 @@ troupe::trainer::TrainerConfig lm_config(const Args& a, const std::string& dir, 
   c.bucket_mb = a.bucket_mb;
   c.compression = a.compression;
   c.shared_memory = a.shared_memory;
+  c.cpu_gemm = a.cpu_gemm;
   c.threads = 1;
   c.seed = 0;
   c.data = troupe::actors::DatasetSpec("token_stream")
@@ -224,6 +231,11 @@ void lm_row(const std::string& c, double value, const std::string& unit, const A
   j["workers"] = workers;
   j["steps"] = a.lm_steps;
   j["amp"] = bf16 ? "bf16" : "none";
+  // Who computed troupe's fp32 linear layers, and the OpenBLAS kernels
+  // both sides' torch was told to use (the environment both inherit).
+  j["cpu_gemm"] = a.cpu_gemm;
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  j["openblas_coretype"] = coretype ? coretype : "";
   troupe::bench::print_row(j);
 }
 
@@ -295,6 +307,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--bucket-mb", a.bucket_mb, "gradient bucket size")->capture_default_str();
+  app.add_option("--cpu-gemm", a.cpu_gemm,
+                 "language model: troupe's fp32 linear layers by auto (oneDNN where found), onednn or aten")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "onednn", "aten"}));
   app.add_option("--compression", a.compression, "gradient compression")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "bf16", "fp16"}));

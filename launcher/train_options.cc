@@ -106,6 +106,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"cpus_per_worker", field(&TrainOptions::cpus_per_worker)},
       {"gpus_per_worker", field(&TrainOptions::gpus_per_worker)},
       {"amp", field(&TrainOptions::amp)},
+      {"cpu_gemm", field(&TrainOptions::cpu_gemm)},
       {"log_every", field(&TrainOptions::log_every)},
       {"loader_threads", field(&TrainOptions::loader_threads)},
       {"step_timeout", field(&TrainOptions::step_timeout_s)},
@@ -212,6 +213,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--metrics", o.metrics, "JSON lines: one per step, epoch and event");
   app.add_option("--address", o.address, "HOST:PORT of a running cluster (default: an embedded one)");
   app.add_option("--seed", o.seed, "seeds the sampler's shuffle");
+  app.add_option("--cpu-gemm", o.cpu_gemm,
+                 "fp32 products of a TorchScript model's linear layers on the CPU: auto (oneDNN where found), "
+                 "onednn, or aten (torch's own BLAS)");
   app.add_flag("--sync-batchnorm", o.sync_batchnorm,
                "BatchNorm statistics over the whole batch of all workers (C++ models: cnn)");
   app.add_option("--cpus-per-worker", o.cpus_per_worker, "CPU each trainer reserves");
@@ -396,6 +400,8 @@ void check(const TrainOptions& o) {
   require(o.loader_threads >= 1 && o.loader_threads <= 256,
           "--loader-threads must be between 1 and 256, got " + std::to_string(o.loader_threads));
   require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
+  require(o.cpu_gemm == "auto" || o.cpu_gemm == "onednn" || o.cpu_gemm == "aten",
+          "--cpu-gemm must be auto, onednn or aten, got '" + o.cpu_gemm + "'");
   require(o.amp == "none" || o.amp == "bf16" || o.amp == "fp16",
           "--amp must be none, bf16 or fp16, got '" + o.amp + "'");
   require(o.amp != "fp16" || o.gpus_per_worker > 0,
@@ -447,6 +453,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
   c.trainer.compression = o.compression;
   c.trainer.sync_batchnorm = o.sync_batchnorm;
   c.trainer.grad_clip = o.grad_clip;
+  c.trainer.cpu_gemm = o.cpu_gemm;
   c.epochs = o.epochs;
   c.failure.max_failures = o.max_failures;
   c.checkpoint.dir = fs::absolute(o.checkpoint_dir).string();

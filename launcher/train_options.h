@@ -64,6 +64,7 @@ struct TrainOptions {
   // Mixed precision on the GPU: none, bf16 (autocast) or fp16 (autocast and
   // dynamic loss scaling).
   std::string amp = "none";
+  std::string cpu_gemm = "auto";  // TrainerConfig::cpu_gemm
   // Pipeline threads of each trainer's data loader (decode and collate).
   int64_t loader_threads = 1;
   // Seconds a trainer may take to answer a call (a round of log_every

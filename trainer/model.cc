@@ -8,6 +8,7 @@
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/exception_text.h"
+#include "troupe/trainer/cpu_gemm.h"
 #include "troupe/trainer/module_model.h"
 #include "troupe/trainer/sync_batch_norm.h"
 
@@ -121,6 +122,7 @@ class ScriptModel final : public Model {
   }
   void train(bool on) override { m_.train(on); }
   void to(const torch::Device& device) override { m_.to(device); }
+  int route_cpu_gemm() override { return route_linear(m_); }
   std::string describe() const override { return "torchscript(" + path_ + ")"; }
 
  private:

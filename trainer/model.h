@@ -74,6 +74,10 @@ class Model {
   virtual std::vector<std::pair<std::string, torch::Tensor>> named_buffers() = 0;
   virtual void train(bool on) = 0;
   virtual void to(const torch::Device& device) = 0;
+  // Has the model's fp32 CPU linear layers computed by oneDNN (cpu_gemm.h)
+  // where it can, before its first forward; returns how many it routed.
+  // Default: none (C++ models call trainer::linear themselves).
+  virtual int route_cpu_gemm() { return 0; }
   virtual std::string describe() const = 0;
 
   std::vector<torch::Tensor> parameters();

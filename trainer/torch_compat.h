@@ -48,4 +48,14 @@ inline void set_cpu_autocast(bool on, at::ScalarType dtype = at::kBFloat16) {
 #endif
 }
 
+// Whether CPU autocast is on for this thread: 1.13's is_cpu_enabled, 2.4+'s
+// is_autocast_enabled(device type).
+inline bool cpu_autocast_enabled() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::autocast::is_autocast_enabled(at::kCPU);
+#else
+  return at::autocast::is_cpu_enabled();
+#endif
+}
+
 }  // namespace troupe::trainer::compat

@@ -13,6 +13,7 @@
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/trainer/cpu_gemm.h"
 #include "troupe/trainer/gradient_reducer.h"
 #include "troupe/trainer/shm_group.h"
 #include "troupe/trainer/sync_batch_norm.h"
@@ -97,6 +98,8 @@ void validate(const TrainerConfig& c) {
                       "trainer::batch_norm)");
   if (!(c.grad_clip >= 0) || !std::isfinite(c.grad_clip))
     throw ConfigError("grad_clip must be a finite number >= 0 (0 = off), got " + std::to_string(c.grad_clip));
+  if (c.cpu_gemm != "auto" && c.cpu_gemm != "onednn" && c.cpu_gemm != "aten")
+    throw ConfigError("cpu_gemm must be 'auto', 'onednn' or 'aten', got '" + c.cpu_gemm + "'");
 }
 
 int64_t train_size(const TrainerConfig& c, int64_t n) {
@@ -200,6 +203,15 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
                       "' needs a CUDA device; on the CPU autocast computes in 'bf16'");
   torch::manual_seed(static_cast<uint64_t>(config_.seed));
   model_ = make_model(config_.model);
+  if (device_.is_cpu() && config_.cpu_gemm != "aten") {
+    std::string why_not;
+    if (onednn_available(&why_not)) {
+      if (const int n = model_->route_cpu_gemm(); n > 0)
+        TROUPE_LOG_INFO("trainer: {} linear call site(s) of {} computed by oneDNN", n, model_->describe());
+    } else if (config_.cpu_gemm == "onednn") {
+      throw ConfigError("cpu_gemm 'onednn': " + why_not);
+    }
+  }
   model_->to(device_);
   step_fn_ = make_step(config_.step, *model_);
   optimizer_ = std::make_unique<Optimizer>(config_.optimizer, model_->named_parameters());

@@ -99,11 +99,16 @@ struct TrainerConfig {
   // the reduced gradients, which every rank holds alike, so every rank
   // clips identically and recovery stays bitwise.
   double grad_clip = 0.0;
+  // The fp32 matrix products of a CPU trainer's linear layers (cpu_gemm.h):
+  // "auto" computes those of a TorchScript model with oneDNN where
+  // libdnnl.so.2 is found and with ATen otherwise, "onednn" the same but a
+  // ConfigError without it, "aten" always ATen (torch's own BLAS).
+  std::string cpu_gemm = "auto";
 
   TROUPE_FIELDS(model, step, optimizer, schedule, seed, batch_size, accumulation, compression, bucket_mb, data,
                 validation_fraction, split_seed, shuffle, threads, device, mixed_precision, amp_dtype,
-                initial_loss_scale, collective, shared_memory, ema_decay, validation_data, sync_batchnorm,
-                grad_clip);
+                initial_loss_scale, collective, shared_memory, ema_decay, validation_data, sync_batchnorm, grad_clip,
+                cpu_gemm);
 };
 
 // Throws troupe::ConfigError naming the first bad field (no data set is

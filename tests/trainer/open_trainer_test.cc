@@ -226,6 +226,35 @@ TEST_F(OpenTrainerTest, ScriptedDictStepOnNpzHealsBitwise) {
   troupe::core::remove_tree(dir);
 }
 
+// The scripted step's linear layers computed by oneDNN (the default) and by
+// torch's BLAS (cpu_gemm "aten") train to the same weights, up to float32
+// rounding (SGD: Adam's normalised step would turn a rounding difference in
+// a near-zero gradient into a whole step).
+TEST_F(OpenTrainerTest, ScriptedStepTrainsAlikeOnOneDnnAndAten) {
+  if (!have_python_torch()) GTEST_SKIP() << "no python3 with torch and numpy";
+  auto dir = test::fresh_dir("open-gemm");
+  write_script_step(dir);
+  auto cfg = base_job(2);
+  cfg.epochs = 1;
+  cfg.trainer.optimizer.name = "sgd";
+  cfg.trainer.optimizer.lr = 0.05;
+  cfg.trainer.model.name = "torchscript";
+  cfg.trainer.model.path = (dir / "step.pt").string();
+  cfg.trainer.data = actors::DatasetSpec("npz").set("path", (dir / "train.npz").string());
+  const Result onednn = TrainJob(rt_, cfg).fit();
+  cfg.trainer.cpu_gemm = "aten";
+  const Result aten = TrainJob(rt_, cfg).fit();
+  ASSERT_EQ(onednn.steps, aten.steps);
+  ASSERT_EQ(onednn.final_state.model.size(), aten.final_state.model.size());
+  for (const auto& [name, w] : onednn.final_state.model) {
+    const auto& v = aten.final_state.model.at(name);
+    EXPECT_TRUE(torch::allclose(w, v, 1e-3, 1e-4)) << name << ": " << (w - v).abs().max().item<double>();
+  }
+  EXPECT_NEAR(onednn.history.back().train_loss, aten.history.back().train_loss,
+              1e-3 * std::abs(aten.history.back().train_loss));
+  troupe::core::remove_tree(dir);
+}
+
 TEST_F(OpenTrainerTest, RegisteredGraphPiecesTrainWithTwoWorkers) {
   auto cfg = base_job(2);
   cfg.trainer.model.name = "test_gnn";

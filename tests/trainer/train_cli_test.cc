@@ -421,6 +421,7 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--gpus-per-worker", "1.5"}), "--gpus-per-worker");
   expect_one_line_failure(with({"--amp", "fp8", "--gpus-per-worker", "1"}), "fp8");
   expect_one_line_failure(with({"--amp", "fp16"}), "--gpus-per-worker");
+  expect_one_line_failure(with({"--cpu-gemm", "mkl"}), "--cpu-gemm must be auto, onednn or aten, got 'mkl'");
   // Floating options are finite and in range (CLI11 reads inf, nan, and
   // 1e400 as inf; the job would train to NaN and exit 0).
   expect_one_line_failure(with({"--lr", "inf"}), "--lr must be a positive finite number, got inf");

@@ -19,6 +19,7 @@
 #include "tests/support/train_jobs.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/core/kv_store.h"
+#include "troupe/trainer/cpu_gemm.h"
 #include "troupe/trainer/gradient_reducer.h"
 #include "troupe/trainer/model.h"
 #include "troupe/trainer/optimizer.h"
@@ -683,4 +684,99 @@ TEST(TrainReportTest, OneCallReportsEveryStepAsOneStepCallsDo) {
   }
   EXPECT_EQ(distinct.size(), 6u) << "every step has its own loss";
   EXPECT_EQ(one_call.correct, stepwise.correct);
+}
+
+namespace {
+
+struct LinearResult {
+  torch::Tensor y, dx, dw, db;
+};
+
+LinearResult run_linear(bool onednn, const torch::Tensor& x0, const torch::Tensor& w0, const torch::Tensor& b0) {
+  auto x = x0.clone().requires_grad_(true);
+  auto w = w0.clone().requires_grad_(true);
+  auto b = b0.defined() ? b0.clone().requires_grad_(true) : torch::Tensor();
+  auto y = onednn ? trainer::linear(x, w, b.defined() ? std::optional<torch::Tensor>(b) : std::nullopt)
+                  : torch::nn::functional::linear(x, w, b);
+  (y * torch::cos(y)).sum().backward();
+  return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : torch::Tensor()};
+}
+
+void expect_close(const torch::Tensor& got, const torch::Tensor& want, const char* what) {
+  ASSERT_EQ(got.defined(), want.defined()) << what;
+  if (!want.defined()) return;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  // float32 products summed in another order: equal to a few units in the
+  // last place of the largest entry.
+  const double scale = want.abs().max().item<double>();
+  EXPECT_TRUE(torch::allclose(got, want, 1e-4, 1e-5 * scale))
+      << what << ": furthest apart by " << (got - want).abs().max().item<double>() << " at scale " << scale;
+}
+
+}  // namespace
+
+// trainer::linear computes what torch's linear does, forward and all three
+// gradients, for a batch of sequences, a plain matrix, no bias, and an input
+// that is a transposed (non-contiguous) view; and the same bits twice.
+TEST(CpuGemmTest, LinearEqualsTorchsForwardAndGradients) {
+  std::string why_not;
+  if (!onednn_available(&why_not)) GTEST_SKIP() << "no oneDNN here: " << why_not;
+  torch::manual_seed(3);
+  struct Case {
+    torch::Tensor x, w, b;
+    const char* name;
+  };
+  const std::vector<Case> cases = {
+      {torch::randn({3, 17, 24}), torch::randn({40, 24}), torch::randn({40}), "3-d input"},
+      {torch::randn({65, 31}), torch::randn({9, 31}), torch::randn({9}), "2-d input"},
+      {torch::randn({5, 12, 8}), torch::randn({6, 8}), torch::Tensor(), "no bias"},
+      {torch::randn({24, 10}).t(), torch::randn({7, 24}), torch::randn({7}), "transposed input"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto ours = run_linear(true, c.x, c.w, c.b);
+    const auto torchs = run_linear(false, c.x, c.w, c.b);
+    expect_close(ours.y, torchs.y, "output");
+    expect_close(ours.dx, torchs.dx, "input gradient");
+    expect_close(ours.dw, torchs.dw, "weight gradient");
+    expect_close(ours.db, torchs.db, "bias gradient");
+    const auto again = run_linear(true, c.x, c.w, c.b);
+    EXPECT_TRUE(torch::equal(ours.y, again.y) && torch::equal(ours.dw, again.dw)) << "two runs differ";
+  }
+  // What oneDNN does not take goes to torch unchanged: bitwise its result.
+  const auto x = torch::randn({4, 6}, torch::kDouble), w = torch::randn({3, 6}, torch::kDouble);
+  EXPECT_TRUE(torch::equal(trainer::linear(x, w), torch::nn::functional::linear(x, w)));
+  // A shape torch rejects is rejected with torch's error.
+  EXPECT_THROW(trainer::linear(torch::randn({2, 5}), torch::randn({3, 4})), c10::Error);
+}
+
+// A scripted module's aten::linear calls, its own and its submodules', are
+// rewritten to troupe::linear, and the module computes what it did before.
+TEST(CpuGemmTest, ScriptedModulesLinearsAreRouted) {
+  std::string why_not;
+  if (!onednn_available(&why_not)) GTEST_SKIP() << "no oneDNN here: " << why_not;
+  torch::manual_seed(4);
+  auto build = [] {
+    torch::jit::Module inner("Inner");
+    inner.register_parameter("w", torch::randn({16, 8}), false);
+    inner.register_parameter("b", torch::randn({16}), false);
+    inner.define("def forward(self, x):\n  return torch.relu(torch.linear(x, self.w, self.b))\n");
+    torch::jit::Module outer("Outer");
+    outer.register_module("inner", inner);
+    outer.register_parameter("w", torch::randn({4, 16}), false);
+    outer.define("def forward(self, x):\n  return torch.linear(self.inner.forward(x), self.w, None)\n");
+    return outer;
+  };
+  torch::manual_seed(4);
+  auto plain = build();
+  torch::manual_seed(4);
+  auto routed = build();
+  EXPECT_EQ(route_linear(routed), 2);
+  const auto graph = routed.get_method("forward").graph()->toString();
+  EXPECT_NE(graph.find("troupe::linear"), std::string::npos) << graph;
+  EXPECT_EQ(graph.find("aten::linear"), std::string::npos) << graph;
+  const auto x = torch::randn({5, 8});
+  const auto want = plain.forward({x}).toTensor();
+  const auto got = routed.forward({x}).toTensor();
+  EXPECT_TRUE(torch::allclose(got, want, 1e-4, 1e-5)) << (got - want).abs().max().item<double>();
 }

@@ -40,6 +40,7 @@ _FIELDS = {
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
     "gpus_per_worker": float, "amp": str, "loader_threads": int, "step_timeout": float, "resume": bool,
+    "cpu_gemm": str,
 }
 
 
@@ -156,7 +157,8 @@ class TrainJob:
     ("none"/"bf16"/"fp16": autocast; bf16 on the CPU too, fp16 on GPUs
     only), loader_threads (pipeline threads of each trainer's data
     loader), step_timeout (seconds a trainer may take to answer before it
-    counts as hung and is healed)). verbose: print the driver's progress lines.
+    counts as hung and is healed), cpu_gemm ("auto"/"onednn"/"aten": who
+    computes the fp32 linear layers of a CPU trainer)). verbose: print the driver's progress lines.
     """
 
     def __init__(self, model, data, *, val_data=None, checkpoint_dir=None, address=None, verbose=True, **fields):
