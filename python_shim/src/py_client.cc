@@ -14,6 +14,9 @@ namespace troupe::py {
 
 namespace {
 
+// How long troupe.cancel waits for an executor to say it was told.
+constexpr std::chrono::milliseconds kInterruptReplyBound{2000};
+
 // Fills a call's top-level arguments from the refs given, once every call
 // answer among them is there; then `send` runs (on the thread that completed
 // the last one). A failed argument fails the call, a Python exception
@@ -205,8 +208,14 @@ std::string PyClient::cancel(const PyRef& ref, bool force) {
     case client::TaskSubmitter::Cancel::kRunning:
       break;
   }
-  // Asked, not awaited: an executor that is gone has nothing to interrupt.
-  r.executor->control(PyInterruptTask{task->token});
+  // Awaited (briefly), so that a task still queued in the executor's mailbox
+  // is marked there before cancel returns and cannot start after it; an
+  // executor that is gone has nothing to interrupt.
+  auto asked = r.executor->control(PyInterruptTask{task->token});
+  try {
+    asked.wait_for(kInterruptReplyBound);
+  } catch (const std::exception&) {
+  }
   return "interrupted";
 }
 

@@ -1,6 +1,9 @@
 #include "python_shim/src/py_worker.h"
 
+#include <deque>
+#include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "python_shim/src/py_client.h"
 #include "python_shim/src/py_convert.h"
@@ -110,8 +113,42 @@ std::unique_ptr<client::HostedActor> make_py_actor(wire::Decoder& d) {
   }
 }
 
+// Tasks troupe.cancel reached here, marked on the I/O thread as the cancel
+// arrives, without the GIL: a task still in this executor's mailbox then
+// never starts, however long the interrupt thread below waits for the GIL.
+// Bounded as the submitter's pipelining bounds a mailbox (256 calls).
+class CancelledTasks {
+ public:
+  void mark(uint64_t token) {
+    std::lock_guard lock(mu_);
+    if (!set_.insert(token).second) return;
+    order_.push_back(token);
+    while (order_.size() > kKept) {
+      set_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  bool take(uint64_t token) {
+    std::lock_guard lock(mu_);
+    return set_.erase(token) > 0;
+  }
+
+ private:
+  static constexpr size_t kKept = 4096;
+  std::mutex mu_;
+  std::unordered_set<uint64_t> set_;
+  std::deque<uint64_t> order_;
+};
+
+CancelledTasks& cancelled_tasks() {
+  static auto* c = new CancelledTasks;  // used by detached threads until _Exit
+  return *c;
+}
+
 void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::ObjectSink* keep) {
   PyCall call = decode_call(args, "task");
+  if (call.task != 0 && cancelled_tasks().take(call.task))
+    throw TaskCancelled("the task was cancelled before it started");
   PyReply reply;
   {
     pyb::gil_scoped_acquire gil;
@@ -122,10 +159,13 @@ void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::Ob
 }
 
 // troupe.cancel's interrupt: served from the worker's start (a task may be
-// cancelled before this executor ran any). The GIL is taken on a thread of
-// its own, not on the I/O thread, which a task holding the GIL (inside a C
-// extension) would otherwise stall. Replies that it was asked.
+// cancelled before this executor ran any). A task not started yet is marked
+// here, before the reply; one running gets KeyboardInterrupt from the hook,
+// on a thread of its own, not on the I/O thread, which a task holding the
+// GIL (inside a C extension) would otherwise stall. Replies that it was
+// asked.
 bool interrupt_task(const PyInterruptTask& m) {
+  cancelled_tasks().mark(m.task);
   std::thread([task = m.task] {
     pyb::gil_scoped_acquire gil;
     try {
