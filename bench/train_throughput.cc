@@ -63,6 +63,7 @@
 #include "bench/peer_process.h"
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/trainer/cpu_gemm.h"
 #include "troupe/trainer/trainer_actor.h"
 
 #ifndef TROUPE_BENCH_PEERS_DIR
@@ -231,9 +232,10 @@ void lm_row(const std::string& c, double value, const std::string& unit, const A
   j["workers"] = workers;
   j["steps"] = a.lm_steps;
   j["amp"] = bf16 ? "bf16" : "none";
-  // Who computed troupe's fp32 linear layers, and the OpenBLAS kernels
-  // both sides' torch was told to use (the environment both inherit).
-  j["cpu_gemm"] = a.cpu_gemm;
+  // Who computed troupe's fp32 linear layers (the workers run this
+  // binary's LibTorch), and the OpenBLAS kernels both sides' torch was told
+  // to use (the environment both inherit).
+  j["cpu_gemm"] = a.cpu_gemm != "aten" && troupe::trainer::onednn_available() ? "onednn" : "aten";
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   j["openblas_coretype"] = coretype ? coretype : "";
   troupe::bench::print_row(j);

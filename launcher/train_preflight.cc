@@ -66,6 +66,7 @@ void try_step(trainer::TrainStep& step, trainer::Model& model, const actors::Bat
 void preflight(const trainer::TrainerConfig& config) {
   torch::manual_seed(static_cast<uint64_t>(config.seed));
   auto model = trainer::make_model(config.model);
+  trainer::apply_cpu_gemm(config, *model);  // the products the trainers will run
   auto step = trainer::make_step(config.step, *model);
   try_step(*step, *model, first_batch(config.data, config.batch_size), true, path_of(config.data));
   if (!config.validation_data.name.empty())

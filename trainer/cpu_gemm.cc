@@ -30,11 +30,13 @@ struct OneDnn {
 const OneDnn& onednn() {
   static const OneDnn lib = [] {
     OneDnn l;
-    // Debian's LibTorch links libdnnl.so.2 already: this finds that copy.
-    void* handle = ::dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    // Only the copy LibTorch itself links (Debian's does), never one found
+    // on disk beside a LibTorch with oneDNN built in (PyTorch's wheels): a
+    // second oneDNN may bring an OpenMP of its own, which
+    // torch::set_num_threads does not bound.
+    void* handle = ::dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (!handle) {
-      const char* e = ::dlerror();
-      l.why_not = std::string("cannot load libdnnl.so.2: ") + (e ? e : "unknown error");
+      l.why_not = "LibTorch does not link libdnnl.so.2 (it has no oneDNN, or has it built in)";
       return l;
     }
     l.sgemm = reinterpret_cast<Sgemm>(::dlsym(handle, "dnnl_sgemm"));
@@ -73,20 +75,24 @@ std::vector<int64_t> out_shape(const torch::Tensor& x, int64_t n) {
   return s;
 }
 
-// y = x·wᵀ + b with oneDNN, x viewed as [m, k].
+// y = x·wᵀ + b with oneDNN, x viewed as [m, k]. The tensors it returns are
+// allocated in their final shape (contiguous, so also [m, n] matrices), not
+// views: autograd forbids in-place changes to a view a custom function
+// returned, and models change a linear layer's output in place (ReLU with
+// inplace=True, y += residual).
 torch::Tensor forward_product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
   const int64_t k = w.size(1), n = w.size(0);
   const auto x2 = x.reshape({-1, k}).contiguous();
   const auto wc = w.contiguous();
   const int64_t m = x2.size(0);
-  auto y = torch::empty({m, n}, x.options());
+  auto y = torch::empty(out_shape(x, n), x.options().memory_format(torch::MemoryFormat::Contiguous));
   float beta = 0.0f;
   if (b.defined()) {
-    y.copy_(b.expand({m, n}));
+    y.copy_(b);  // broadcast over the rows
     beta = 1.0f;
   }
   sgemm('N', 'T', m, n, k, x2.data_ptr<float>(), k, wc.data_ptr<float>(), k, beta, y.data_ptr<float>(), n);
-  return y.view(out_shape(x, n));
+  return y;
 }
 
 // The products above as autograd sees them: x, w and (with a bias) b are
@@ -99,13 +105,22 @@ torch::autograd::variable_list gradients(torch::autograd::AutogradContext* ctx, 
   const int64_t k = w.size(1), n = w.size(0);
   const auto g = grad.reshape({-1, n}).contiguous();
   const int64_t m = g.size(0);
+  if (torch::GradMode::is_enabled()) {
+    // backward(create_graph=True), a gradient of a gradient: computed with
+    // ATen's differentiable ops, which record their own history (raw
+    // products would return gradients without any).
+    const auto x2 = x.reshape({-1, k});
+    torch::autograd::variable_list out = {ctx->needs_input_grad(0) ? g.mm(w).reshape(x.sizes()) : torch::Tensor(),
+                                          ctx->needs_input_grad(1) ? g.t().mm(x2) : torch::Tensor()};
+    if (bias) out.push_back(ctx->needs_input_grad(2) ? g.sum(0) : torch::Tensor());
+    return out;
+  }
   torch::Tensor dx, dw;
   if (ctx->needs_input_grad(0)) {
-    // dx = g · w: [m, n] · [n, k].
+    // dx = g · w: [m, n] · [n, k], in x's shape (see forward_product).
     const auto wc = w.contiguous();
-    dx = torch::empty({m, k}, x.options());
+    dx = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
     sgemm('N', 'N', m, k, n, g.data_ptr<float>(), n, wc.data_ptr<float>(), k, 0.0f, dx.data_ptr<float>(), k);
-    dx = dx.view(x.sizes());
   }
   if (ctx->needs_input_grad(1)) {
     // dw = gᵀ · x: [n, m] · [m, k].
@@ -145,28 +160,57 @@ class LinearNoBiasFunction : public torch::autograd::Function<LinearNoBiasFuncti
 // The operator's schema takes c10::optional (LibTorch 1.13's is not
 // std::optional).
 torch::Tensor linear_op(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& b) {
-  return linear(x, w, b ? std::optional<torch::Tensor>(*b) : std::nullopt);
+  // Qualified: where c10::optional is std::optional (2.x) at::linear is as
+  // good a match by argument-dependent lookup.
+  return troupe::trainer::linear(x, w, b ? std::optional<torch::Tensor>(*b) : std::nullopt);
 }
 
 TORCH_LIBRARY(troupe, m) { m.def("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", &linear_op); }
 
-void rewrite_block(torch::jit::Block* block, const c10::Symbol& to, int& count) {
+struct Rewrite {
+  c10::Symbol to = c10::Symbol::fromQualString("troupe::linear");
+  c10::Symbol linear = c10::Symbol::fromQualString("aten::linear");
+  c10::Symbol call_function = c10::Symbol::fromQualString("prim::CallFunction");
+  std::unordered_set<torch::jit::Graph*> seen;
+  int count = 0;
+};
+
+void rewrite_graph(const std::shared_ptr<torch::jit::Graph>& graph, Rewrite& r);
+
+// The script function a prim::CallFunction calls (its first input is the
+// function, a constant of FunctionType), when it has a graph.
+std::shared_ptr<torch::jit::Graph> called_graph(torch::jit::Node* call) {
+  if (call->inputs().empty()) return nullptr;
+  auto type = call->input(0)->type()->cast<c10::FunctionType>();
+  if (!type || !type->function() || !type->function()->isGraphFunction()) return nullptr;
+  return torch::jit::toGraphFunction(*type->function()).graph();
+}
+
+void rewrite_block(torch::jit::Block* block, Rewrite& r) {
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     torch::jit::Node* node = *it;
     ++it;
-    for (auto* sub : node->blocks()) rewrite_block(sub, to, count);
-    if (node->kind() != c10::Symbol::fromQualString("aten::linear") || node->inputs().size() != 3 ||
-        node->outputs().size() != 1)
+    for (auto* sub : node->blocks()) rewrite_block(sub, r);
+    // Free script functions too (F.multi_head_attention_forward's
+    // projections, a model's own helpers).
+    if (node->kind() == r.call_function) {
+      if (auto graph = called_graph(node)) rewrite_graph(graph, r);
       continue;
+    }
+    if (node->kind() != r.linear || node->inputs().size() != 3 || node->outputs().size() != 1) continue;
     auto* graph = node->owningGraph();
-    auto* replacement = graph->create(to, node->inputs(), 1);
+    auto* replacement = graph->create(r.to, node->inputs(), 1);
     replacement->insertBefore(node);
     replacement->output()->setType(node->output()->type());
     replacement->setSourceRange(node->sourceRange());
     node->output()->replaceAllUsesWith(replacement->output());
     node->destroy();
-    ++count;
+    ++r.count;
   }
+}
+
+void rewrite_graph(const std::shared_ptr<torch::jit::Graph>& graph, Rewrite& r) {
+  if (r.seen.insert(graph.get()).second) rewrite_block(graph->block(), r);
 }
 
 }  // namespace
@@ -186,18 +230,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const std::
 }
 
 int route_linear(torch::jit::Module& module) {
-  const auto to = c10::Symbol::fromQualString("troupe::linear");
-  std::unordered_set<torch::jit::Graph*> seen;
-  int count = 0;
+  Rewrite r;
   auto rewrite = [&](const torch::jit::Module& m) {
-    for (const auto& method : m.get_methods()) {
-      auto graph = torch::jit::toGraphFunction(method.function()).graph();
-      if (seen.insert(graph.get()).second) rewrite_block(graph->block(), to, count);
-    }
+    for (const auto& method : m.get_methods()) rewrite_graph(torch::jit::toGraphFunction(method.function()).graph(), r);
   };
   rewrite(module);
   for (const auto& sub : module.modules()) rewrite(sub);
-  return count;
+  return r.count;
 }
 
 }  // namespace troupe::trainer

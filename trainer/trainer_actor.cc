@@ -102,6 +102,14 @@ void validate(const TrainerConfig& c) {
     throw ConfigError("cpu_gemm must be 'auto', 'onednn' or 'aten', got '" + c.cpu_gemm + "'");
 }
 
+int apply_cpu_gemm(const TrainerConfig& c, Model& model) {
+  if (c.cpu_gemm == "aten") return 0;
+  std::string why_not;
+  if (onednn_available(&why_not)) return model.route_cpu_gemm();
+  if (c.cpu_gemm == "onednn") throw ConfigError("cpu_gemm 'onednn': " + why_not);
+  return 0;
+}
+
 int64_t train_size(const TrainerConfig& c, int64_t n) {
   return n - static_cast<int64_t>(static_cast<double>(n) * c.validation_fraction);
 }
@@ -203,14 +211,9 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
                       "' needs a CUDA device; on the CPU autocast computes in 'bf16'");
   torch::manual_seed(static_cast<uint64_t>(config_.seed));
   model_ = make_model(config_.model);
-  if (device_.is_cpu() && config_.cpu_gemm != "aten") {
-    std::string why_not;
-    if (onednn_available(&why_not)) {
-      if (const int n = model_->route_cpu_gemm(); n > 0)
-        TROUPE_LOG_INFO("trainer: {} linear call site(s) of {} computed by oneDNN", n, model_->describe());
-    } else if (config_.cpu_gemm == "onednn") {
-      throw ConfigError("cpu_gemm 'onednn': " + why_not);
-    }
+  if (device_.is_cpu()) {
+    if (const int n = apply_cpu_gemm(config_, *model_); n > 0)
+      TROUPE_LOG_INFO("trainer: {} linear call site(s) of {} computed by oneDNN", n, model_->describe());
   }
   model_->to(device_);
   step_fn_ = make_step(config_.step, *model_);

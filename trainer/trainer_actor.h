@@ -114,6 +114,10 @@ struct TrainerConfig {
 // Throws troupe::ConfigError naming the first bad field (no data set is
 // opened, no model built).
 void validate(const TrainerConfig& config);
+// Has a CPU model's fp32 linear layers computed as config.cpu_gemm says
+// (cpu_gemm.h), before its first forward; returns how many call sites now
+// use oneDNN. A ConfigError for "onednn" where oneDNN is not found.
+int apply_cpu_gemm(const TrainerConfig& config, Model& model);
 // Sampler options for the training split of a data set of `dataset_size`.
 actors::SamplerOptions sampler_options(const TrainerConfig& config, int64_t dataset_size, int64_t world_size);
 // Samples in the training split.

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <string>
 
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include "tests/support/python.h"
@@ -27,6 +28,7 @@
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/trainer/cpu_gemm.h"
 #include "troupe/trainer/module_model.h"
 #include "troupe/trainer/train_job.h"
 #include "troupe/trainer/train_step.h"
@@ -165,6 +167,39 @@ void write_script_step(const fs::path& dir) {
              "v = (x @ rng.standard_normal(8) + 0.1 * rng.standard_normal(384)).astype(np.float32)\n"
              "np.savez(d + '/train.npz', features=x, value=v)\n",
          dir);
+}
+
+// route_linear reaches the linear calls of free script functions too:
+// nn.MultiheadAttention's projections live in F.multi_head_attention_forward.
+TEST(CpuGemmRouteTest, FreeFunctionsAndAttentionAreRoutedAndComputeTheSame) {
+  if (!have_python_torch()) GTEST_SKIP() << "no python3 with torch and numpy";
+  std::string why_not;
+  if (!onednn_available(&why_not)) GTEST_SKIP() << "no oneDNN here: " << why_not;
+  auto dir = test::fresh_dir("route-linear");
+  python("import torch\nimport torch.nn.functional as F\nd = '" + dir.string() +
+             "'\n"
+             "def project(x, w):\n"
+             "    return F.linear(x, w)\n"
+             "class M(torch.nn.Module):\n"
+             "    def __init__(self):\n"
+             "        super().__init__()\n"
+             "        self.att = torch.nn.MultiheadAttention(8, 2, batch_first=True)\n"
+             "        self.w = torch.nn.Parameter(torch.randn(4, 8))\n"
+             "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+             "        y, _ = self.att(x, x, x, need_weights=False)\n"
+             "        return project(y, self.w)\n"
+             "torch.manual_seed(0)\n"
+             "torch.jit.save(torch.jit.script(M()), d + '/m.pt')\n",
+         dir);
+  auto plain = torch::jit::load((dir / "m.pt").string());
+  auto routed = torch::jit::load((dir / "m.pt").string());
+  // The in- and out-projections of the attention, and project().
+  EXPECT_GE(route_linear(routed), 3);
+  const auto x = torch::randn({2, 5, 8});
+  const auto want = plain.forward({x}).toTensor();
+  const auto got = routed.forward({x}).toTensor();
+  EXPECT_TRUE(torch::allclose(got, want, 1e-4, 1e-5)) << (got - want).abs().max().item<double>();
+  troupe::core::remove_tree(dir);
 }
 
 TrainJobConfig base_job(int64_t workers) {

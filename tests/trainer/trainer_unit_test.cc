@@ -743,6 +743,38 @@ TEST(CpuGemmTest, LinearEqualsTorchsForwardAndGradients) {
     const auto again = run_linear(true, c.x, c.w, c.b);
     EXPECT_TRUE(torch::equal(ours.y, again.y) && torch::equal(ours.dw, again.dw)) << "two runs differ";
   }
+  // Its output may be changed in place (ReLU(inplace=True), a residual +=):
+  // it is no view autograd would refuse to let change.
+  {
+    auto x = torch::randn({4, 3, 8}).requires_grad_(true);
+    auto w = torch::randn({5, 8}).requires_grad_(true);
+    auto y = trainer::linear(x, w);
+    y.add_(1.0);
+    y.relu_();
+    y.sum().backward();
+    auto x2 = x.detach().clone().requires_grad_(true);
+    auto w2 = w.detach().clone().requires_grad_(true);
+    auto y2 = torch::nn::functional::linear(x2, w2);
+    y2.add_(1.0);
+    y2.relu_();
+    y2.sum().backward();
+    expect_close(w.grad(), w2.grad(), "weight gradient after in-place relu");
+  }
+  // A gradient of a gradient (a gradient penalty: backward with
+  // create_graph) is torch's.
+  {
+    auto second = [](bool ours) {
+      torch::manual_seed(5);
+      auto x = torch::randn({6, 7}).requires_grad_(true);
+      auto w = torch::randn({3, 7}).requires_grad_(true);
+      auto b = torch::randn({3}).requires_grad_(true);
+      auto y = ours ? trainer::linear(x, w, b) : torch::nn::functional::linear(x, w, b);
+      auto gx = torch::autograd::grad({(y * y).sum()}, {x}, {}, true, true)[0];
+      (gx * gx).sum().backward();
+      return w.grad();
+    };
+    expect_close(second(true), second(false), "weight gradient of a gradient penalty");
+  }
   // What oneDNN does not take goes to torch unchanged: bitwise its result.
   const auto x = torch::randn({4, 6}, torch::kDouble), w = torch::randn({3, 6}, torch::kDouble);
   EXPECT_TRUE(torch::equal(trainer::linear(x, w), torch::nn::functional::linear(x, w)));
