@@ -214,7 +214,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--address", o.address, "HOST:PORT of a running cluster (default: an embedded one)");
   app.add_option("--seed", o.seed, "seeds the sampler's shuffle");
   app.add_option("--cpu-gemm", o.cpu_gemm,
-                 "fp32 products of a TorchScript model's linear layers on the CPU: auto (oneDNN where found), "
+                 "fp32 products of the model's linear layers on the CPU: auto (oneDNN where found), "
                  "onednn, or aten (torch's own BLAS)");
   app.add_flag("--sync-batchnorm", o.sync_batchnorm,
                "BatchNorm statistics over the whole batch of all workers (C++ models: cnn)");

@@ -22,11 +22,20 @@ struct MlpImpl : torch::nn::Module {
         fc3(register_module("fc3", torch::nn::Linear(hidden, out))) {}
   torch::Tensor forward(torch::Tensor x) {
     x = x.reshape({x.size(0), -1});
-    x = torch::relu(fc1->forward(x));
-    x = torch::relu(fc2->forward(x));
-    return fc3->forward(x);
+    x = torch::relu(linear(fc1, x));
+    x = torch::relu(linear(fc2, x));
+    return linear(fc3, x);
+  }
+  // ModuleModel::route_cpu_gemm: the layers' products by oneDNN from now on.
+  int use_cpu_gemm() {
+    cpu_gemm_ = true;
+    return 3;
+  }
+  torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
+    return cpu_gemm_ ? trainer::linear(x, layer->weight, layer->bias) : layer->forward(x);
   }
   torch::nn::Linear fc1, fc2, fc3;
+  bool cpu_gemm_ = false;
 };
 TORCH_MODULE(Mlp);
 
@@ -47,7 +56,12 @@ struct CnnImpl : torch::nn::Module {
     x = torch::relu(batch_norm(bn1, conv1->forward(x)));
     x = torch::relu(batch_norm(bn2, conv2->forward(x)));
     x = x.mean({2, 3});
-    return fc->forward(x);
+    return cpu_gemm_ ? trainer::linear(x, fc->weight, fc->bias) : fc->forward(x);
+  }
+  // ModuleModel::route_cpu_gemm (the convolutions stay ATen's).
+  int use_cpu_gemm() {
+    cpu_gemm_ = true;
+    return 1;
   }
   int64_t channels_, image_;
   torch::nn::Conv2d conv1;
@@ -55,6 +69,7 @@ struct CnnImpl : torch::nn::Module {
   torch::nn::Conv2d conv2;
   torch::nn::BatchNorm2d bn2;
   torch::nn::Linear fc;
+  bool cpu_gemm_ = false;
 };
 TORCH_MODULE(Cnn);
 

@@ -76,7 +76,7 @@ class Model {
   virtual void to(const torch::Device& device) = 0;
   // Has the model's fp32 CPU linear layers computed by oneDNN (cpu_gemm.h)
   // where it can, before its first forward; returns how many it routed.
-  // Default: none (C++ models call trainer::linear themselves).
+  // Default: none (a ModuleModel asks its module, module_model.h).
   virtual int route_cpu_gemm() { return 0; }
   virtual std::string describe() const = 0;
 

@@ -48,6 +48,13 @@ class ModuleModel final : public Model {
   }
   void train(bool on) override { m_->train(on); }
   void to(const torch::Device& device) override { m_->to(device); }
+  // A module that defines int use_cpu_gemm() (computing its linear layers
+  // with trainer::linear from then on, and returning how many) is told to
+  // where TrainerConfig::cpu_gemm asks for oneDNN; others keep ATen's.
+  int route_cpu_gemm() override {
+    if constexpr (requires(Holder & h) { static_cast<int>(h->use_cpu_gemm()); }) return m_->use_cpu_gemm();
+    return 0;
+  }
   std::string describe() const override { return description_; }
 
  private:

@@ -100,8 +100,9 @@ struct TrainerConfig {
   // clips identically and recovery stays bitwise.
   double grad_clip = 0.0;
   // The fp32 matrix products of a CPU trainer's linear layers (cpu_gemm.h):
-  // "auto" computes those of a TorchScript model with oneDNN where
-  // libdnnl.so.2 is found and with ATen otherwise, "onednn" the same but a
+  // "auto" computes those of a TorchScript model, of the built-in mlp and
+  // cnn and of a module that defines use_cpu_gemm() with oneDNN where
+  // LibTorch links libdnnl.so.2 and with ATen otherwise, "onednn" the same but a
   // ConfigError without it, "aten" always ATen (torch's own BLAS).
   std::string cpu_gemm = "auto";
 

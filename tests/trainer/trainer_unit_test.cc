@@ -784,9 +784,9 @@ TEST(CpuGemmTest, LinearEqualsTorchsForwardAndGradients) {
 
 // A scripted module's aten::linear calls, its own and its submodules', are
 // rewritten to troupe::linear, and the module computes what it did before.
+// Without oneDNN (a LibTorch with it built in) troupe::linear is ATen's: the
+// rewrite is checked there too.
 TEST(CpuGemmTest, ScriptedModulesLinearsAreRouted) {
-  std::string why_not;
-  if (!onednn_available(&why_not)) GTEST_SKIP() << "no oneDNN here: " << why_not;
   torch::manual_seed(4);
   auto build = [] {
     torch::jit::Module inner("Inner");
@@ -811,4 +811,29 @@ TEST(CpuGemmTest, ScriptedModulesLinearsAreRouted) {
   const auto want = plain.forward({x}).toTensor();
   const auto got = routed.forward({x}).toTensor();
   EXPECT_TRUE(torch::allclose(got, want, 1e-4, 1e-5)) << (got - want).abs().max().item<double>();
+}
+
+// The built-in models' linear layers go to oneDNN when routed (the mlp's
+// three, the cnn's one), computing what they did.
+TEST(CpuGemmTest, BuiltInModelsRouteTheirLinearLayers) {
+  std::string why_not;
+  if (!onednn_available(&why_not)) GTEST_SKIP() << "no oneDNN here: " << why_not;
+  ModelSpec mlp;
+  mlp.input_dim = 12;
+  mlp.hidden = 32;
+  ModelSpec cnn;
+  cnn.name = "cnn";
+  cnn.hidden = 8;
+  for (const auto& [spec, routed_count] : {std::pair{mlp, 3}, std::pair{cnn, 1}}) {
+    SCOPED_TRACE(spec.name);
+    torch::manual_seed(6);
+    auto plain = make_model(spec);
+    torch::manual_seed(6);
+    auto routed = make_model(spec);
+    EXPECT_EQ(routed->route_cpu_gemm(), routed_count);
+    plain->train(false);
+    routed->train(false);
+    const auto x = spec.name == "mlp" ? torch::randn({5, 12}) : torch::randn({5, 1, 8, 8});
+    expect_close(routed->forward(x), plain->forward(x), "output");
+  }
 }
