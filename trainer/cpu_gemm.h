@@ -40,8 +40,9 @@ bool onednn_available(std::string* why_not = nullptr);
 // y = x · wᵀ (+ b), x [..., in], w [out, in], b [out]; differentiable.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const std::optional<torch::Tensor>& b = {});
 
-// Rewrites every aten::linear of the module's methods and its submodules'
-// (before any of them has run) to troupe::linear; returns how many.
+// Rewrites every aten::linear of the module's methods, its submodules' and
+// the script functions they call (before any of them has run) to
+// troupe::linear; returns how many call sites.
 int route_linear(torch::jit::Module& module);
 
 }  // namespace troupe::trainer
