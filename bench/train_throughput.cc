@@ -12,6 +12,11 @@
 //                 run in the same invocation
 //   ratio_vs_ddp  troupe_N / torch_ddp_N
 //   scaling       troupe_N / troupe_1
+//   troupe_N_independent  N TrainerActors at once, each training alone
+//                 (no group, nothing reduced)
+//   scaling_ceiling  troupe_N_independent / troupe_1: what the machine
+//                 gives N processes of this workload; scaling over it is
+//                 what the gradient reduction leaves
 // and for a transformer language model (examples/train_lm/model.py's
 // TinyGPT: byte tokens, context --lm-block, --lm-layers blocks of width
 // --lm-width; its own cross-entropy loss; AdamW; a per-worker batch of
@@ -35,7 +40,7 @@
 // A peer that fails or misses --peer-timeout is an error row for its case.
 //
 //   troupe_bench_train_throughput [--hidden 1024] [--batch 64] [--workers 2]
-//                                 [--steps 60] [--warmup 5] [--no-peer]
+//                                 [--steps 300] [--warmup 5] [--no-peer]
 //                                 [--bucket-mb 25] [--compression none|bf16|fp16]
 //                                 [--tcp]   (Gloo over TCP even on one host)
 //                                 [--worker-pool-size 2]   (0: trainers start cold, and no
@@ -79,7 +84,7 @@ struct Args {
   int64_t hidden = 1024;
   int64_t batch = 64;
   int64_t workers = 2;
-  int64_t steps = 60;
+  int64_t steps = 300;
   int64_t warmup = 5;
   int64_t bucket_mb = 25;
   std::string compression = "none";
@@ -150,9 +155,11 @@ troupe::trainer::TrainerConfig lm_config(const Args& a, const std::string& dir, 
   return c;
 }
 
-// Samples/s of n TrainerActors running config c's benchmark().
+// Samples/s of n TrainerActors running config c's benchmark(): one
+// data-parallel group, or with `independent` n trainers of their own that
+// train side by side and reduce nothing.
 double troupe_rate(troupe::Runtime& rt, const troupe::trainer::TrainerConfig& c, int64_t n, int64_t batch,
-                   int64_t steps, int64_t warmup) {
+                   int64_t steps, int64_t warmup, bool independent = false) {
   auto pg =
       rt.create_placement_group(std::vector<troupe::Resources>(n, {{"CPU", 1}}), troupe::PlacementStrategy::kPack);
   if (!pg.wait(30s)) throw troupe::Error("placement group pending: " + pg.info().pending_reason);
@@ -165,7 +172,7 @@ double troupe_rate(troupe::Runtime& rt, const troupe::trainer::TrainerConfig& c,
   for (auto& t : ts) t.call(&TrainerActor::setup, c).get(120s);
   std::vector<troupe::Future<void>> joins;
   std::string name = "bench-" + std::to_string(n) + "-" + std::to_string(pg.id());
-  for (int64_t r = 0; r < n; ++r)
+  for (int64_t r = 0; r < n && !independent; ++r)
     joins.push_back(ts[r].call(&TrainerActor::join, troupe::trainer::JoinSpec{name, 1, r, n, members}));
   for (auto& j : joins) j.get(120s);
   std::vector<troupe::Future<troupe::trainer::BenchReport>> fs;
@@ -374,6 +381,12 @@ int main(int argc, char** argv) {
       }
     }
     row("scaling", many / one, "x", a, true);
+    // The same N trainers side by side, each alone (nothing reduced): what
+    // this machine gives N processes of this workload, the bound `scaling`
+    // is read against.
+    double alone = troupe_rate(rt, c, a.workers, a.batch, a.steps, a.warmup, true);
+    row("troupe_" + std::to_string(a.workers) + "_independent", alone, "samples/s", a);
+    row("scaling_ceiling", alone / one, "x", a, true);
   }
   if (a.lm) lm_cases(rt, a);
   rt.shutdown();

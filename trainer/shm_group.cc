@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -27,6 +28,24 @@ class DoneWork final : public collective::Work {
   bool is_completed() override { return true; }
 };
 
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// How long a barrier spins before it sleeps. Spinning pays only while every
+// rank has a CPU of its own; with more ranks than CPUs a spinning rank holds
+// the CPU the late one needs.
+std::chrono::microseconds spin_budget(int world_size) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return cpus >= world_size ? std::chrono::microseconds(200) : std::chrono::microseconds(0);
+}
+
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
 }
@@ -38,6 +57,7 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 struct ShmGroup::Header {
   std::atomic<uint32_t> arrived;  // barrier arrivals, ever
   std::atomic<uint32_t> aborted;
+  std::atomic<uint32_t> sleepers;  // ranks in FUTEX_WAIT on `arrived`
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
@@ -90,7 +110,12 @@ std::unique_ptr<ShmGroup> ShmGroup::create(std::unique_ptr<collective::Group>& i
 
 ShmGroup::ShmGroup(std::unique_ptr<collective::Group> inner, void* base, size_t total, size_t arena,
                    std::chrono::milliseconds timeout)
-    : inner_(std::move(inner)), base_(base), total_(total), arena_bytes_(arena), timeout_(timeout) {}
+    : inner_(std::move(inner)),
+      base_(base),
+      total_(total),
+      arena_bytes_(arena),
+      timeout_(timeout),
+      spin_for_(spin_budget(inner_->world_size())) {}
 
 ShmGroup::~ShmGroup() { ::munmap(base_, total_); }
 
@@ -121,20 +146,32 @@ void ShmGroup::wait_barrier(std::chrono::milliseconds timeout) {
   ++barriers_;
   const uint32_t target = barriers_ * n;
   h->arrived.fetch_add(1);
-  futex(&h->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int spin = 0;; ++spin) {
+  if (h->sleepers.load() > 0) futex(&h->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  for (uint32_t spin = 0;; ++spin) {
     uint32_t v = h->arrived.load();
     // Wrap-safe: the counter passes the target by less than n.
     if (static_cast<int32_t>(v - target) >= 0) return;
-    if (spin < 200) continue;
+    // Spin first: the ranks of a step arrive close together, and a rank
+    // that sleeps pays for its wake-up (tens to hundreds of microseconds on
+    // a virtual machine). The clock is read every 64 rounds.
+    if (spin % 64 != 0 || std::chrono::steady_clock::now() - start < spin_for_) {
+      cpu_relax();
+      continue;
+    }
     if (h->aborted.load() || inner_->is_aborted()) throw Aborted("shared-memory allreduce of " + name() + " aborted");
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline)
       throw Timeout("shared-memory allreduce of " + name() + ": a rank did not arrive within " +
                     std::to_string(timeout.count()) + " ms");
     timespec ts{0, 2'000'000};  // re-check at least every 2 ms
+    // Counted before the wait: an arrival after the load above either sees
+    // a sleeper and wakes it, or has changed `arrived` so that this wait
+    // returns at once.
+    h->sleepers.fetch_add(1);
     futex(&h->arrived, FUTEX_WAIT, v, &ts);
+    h->sleepers.fetch_sub(1);
   }
 }
 

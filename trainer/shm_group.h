@@ -10,8 +10,10 @@
 // dtypes and ops, memory outside the arena, broadcast, barrier, ...) goes
 // to the wrapped group (Gloo).
 //
-// Waits are futex-based and bounded by the operation timeout; abort() marks
-// the segment so every rank's wait fails at once.
+// A rank waiting at a barrier spins for up to 200 µs (when there are at
+// least as many CPUs as ranks), then sleeps on a futex; waits are bounded by
+// the operation timeout; abort() marks the segment so every rank's wait
+// fails at once.
 #pragma once
 
 #include <cstddef>
@@ -84,6 +86,8 @@ class ShmGroup final : public collective::Group {
   size_t used_ = 0;
   uint32_t barriers_ = 0;  // barriers this rank has passed
   std::chrono::milliseconds timeout_;
+  // How long a barrier spins before it sleeps (spin_budget).
+  std::chrono::microseconds spin_for_;
   int64_t shm_ops_ = 0;
 };
 
