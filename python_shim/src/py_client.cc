@@ -14,9 +14,6 @@ namespace troupe::py {
 
 namespace {
 
-// How long troupe.cancel waits for an executor to say it was told.
-constexpr std::chrono::milliseconds kInterruptReplyBound{2000};
-
 // Fills a call's top-level arguments from the refs given, once every call
 // answer among them is there; then `send` runs (on the thread that completed
 // the last one). A failed argument fails the call, a Python exception
@@ -151,31 +148,20 @@ PyTaskKey PyClient::task_key(const PyOptions& o) {
 std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const RefList& top) {
   auto st = std::make_shared<ReplyState>();
   auto submitter = core()->service<client::TaskSubmitter>();
-  auto task = std::make_shared<PyTask>();
-  task->name = key.name;
-  task->token = call.task = next_task_token_.fetch_add(1) + 1;
+  auto task = std::make_shared<client::TaskCancel>(key.name);
+  call.task = task->token();
   // May run on the I/O thread (when an argument's answer arrives).
   auto send = [submitter, key, st, task, core = core().get()](PyCall c) {
-    {
-      std::lock_guard lock(task->mu);
-      if (task->cancelled) return;  // troupe.cancel failed the ref already
-    }
+    if (!task->may_submit()) return;  // troupe.cancel failed the ref already
     wire::Encoder e;
     wire::encode(e, std::string(kPyTaskName));
+    wire::encode(e, task->token());
     wire::encode(e, c);
     uint64_t id = submitter->submit(
         key.key, key.name, std::move(e), key.max_retries,
         [st, core](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
         [st](std::exception_ptr ex) { st->set_error(ex); });
-    bool cancelled = false;
-    {
-      std::lock_guard lock(task->mu);
-      task->id = id;
-      cancelled = task->cancelled;
-    }
-    // Cancelled while it was being submitted: still queued, most likely
-    // (not forced here: that would call the head from this thread).
-    if (cancelled) submitter->cancel(id, false);
+    task->submitted(*submitter, id);
   };
   send_when_ready(st, std::move(call), top, std::move(send));
   return std::make_shared<PyRef>(core(), st, std::move(task));
@@ -184,37 +170,32 @@ std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const
 std::string PyClient::cancel(const PyRef& ref, bool force) {
   const auto& task = ref.task();
   if (!task) throw ConfigError("troupe.cancel takes the ref of a task submitted by this process");
-  uint64_t id = 0;
-  {
-    std::lock_guard lock(task->mu);
-    if (task->id == 0) task->cancelled = true;
-    id = task->id;
-  }
   auto st = const_cast<PyRef&>(ref).answer();
-  if (id == 0) {
-    // Its arguments are not all there yet: it is never submitted.
-    bool done = st->ready();
-    st->set_error(std::make_exception_ptr(TaskCancelled("task '" + task->name + "' was cancelled")));
-    return done ? "done" : "dequeued";
-  }
-  auto r = core()->service<client::TaskSubmitter>()->cancel(id, force);
-  switch (r.outcome) {
-    case client::TaskSubmitter::Cancel::kDone:
+  // A task sent to an executor: that worker marks it (one still in its
+  // mailbox never starts) and interrupts it if it runs. Awaited (briefly),
+  // so that the mark is there before cancel returns.
+  auto interrupt = [&](client::ActorClient& executor) {
+    auto told = executor.control(PyInterruptTask{task->token()});
+    try {
+      if (told.wait_for(client::kCancelReplyBound))
+        return told.get() == client::kTaskNotStarted ? CancelOutcome::kNotStarted : CancelOutcome::kStarted;
+      TROUPE_LOG_DEBUG("cancel: the executor of task '{}' did not answer within {} ms; it may still start it",
+                       task->name(), client::kCancelReplyBound.count());
+    } catch (const std::exception& e) {
+      TROUPE_LOG_DEBUG("cancel: telling the executor of task '{}': {}", task->name(), e.what());
+    }
+    return CancelOutcome::kStarted;
+  };
+  switch (task->cancel(*core()->service<client::TaskSubmitter>(), *st, force, interrupt)) {
+    case CancelOutcome::kFinished:
       return "done";
-    case client::TaskSubmitter::Cancel::kDequeued:
+    case CancelOutcome::kNotStarted:
       return "dequeued";
-    case client::TaskSubmitter::Cancel::kKilled:
+    case CancelOutcome::kKilled:
       return "killed";
-    case client::TaskSubmitter::Cancel::kRunning:
+    case CancelOutcome::kStarted:
       break;
   }
-  // Awaited (briefly), so that a task still queued in the executor's mailbox
-  // is marked there before cancel returns and cannot start after it; an
-  // executor that is gone has nothing to interrupt.
-  auto asked = r.executor->control(PyInterruptTask{task->token});
-  if (!asked.wait_for(kInterruptReplyBound))
-    TROUPE_LOG_DEBUG("cancel: the executor of task '{}' did not answer within {} ms; it may still start it", task->name,
-                     kInterruptReplyBound.count());
   return "interrupted";
 }
 

@@ -104,7 +104,6 @@ class PyClient {
  private:
   Runtime runtime_;
   bool driver_ = false;
-  std::atomic<uint64_t> next_task_token_{0};  // PyCall::task of this process's tasks
 };
 
 // "HOST:PORT", "auto" or "" (embedded) and a token ("" = TROUPE_TOKEN or the

@@ -13,21 +13,12 @@
 
 #include "python_shim/src/py_value.h"
 #include "troupe/runtime/client/core.h"
+#include "troupe/runtime/client/task_cancel.h"
 #include "troupe/runtime/core/future.h"
 
 namespace troupe::py {
 
 using ReplyState = core::FutureState<PyReply>;
-
-// A task's cancel state, shared by its ref and its submission (which waits
-// for the task's top-level arguments first).
-struct PyTask {
-  std::mutex mu;
-  std::string name;        // for messages
-  uint64_t token = 0;      // PyCall::task
-  uint64_t id = 0;         // the TaskSubmitter's, once submitted
-  bool cancelled = false;  // cancelled before it was submitted: it never is
-};
 
 class PyRef {
  public:
@@ -35,8 +26,10 @@ class PyRef {
       : core_(std::move(core)), answer_(std::move(answer)) {}
   PyRef(std::shared_ptr<client::Core> core, ObjectRef<PyValue> stored)
       : core_(std::move(core)), stored_(std::move(stored)) {}
-  // A task's result (troupe.cancel can reach it).
-  PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer, std::shared_ptr<PyTask> task)
+  // A task's result; `task` (shared with the task's submission, which waits
+  // for its top-level arguments first) is how troupe.cancel reaches it.
+  PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer,
+        std::shared_ptr<client::TaskCancel> task)
       : core_(std::move(core)), answer_(std::move(answer)), task_(std::move(task)) {}
 
   // The state that completes with the value (for a stored ref: starts the
@@ -56,14 +49,14 @@ class PyRef {
   uint64_t id() const;
   // The task whose result this is, in the process that submitted it; else
   // null.
-  const std::shared_ptr<PyTask>& task() const { return task_; }
+  const std::shared_ptr<client::TaskCancel>& task() const { return task_; }
 
  private:
   std::shared_ptr<client::Core> core_;
   std::mutex mu_;
   std::shared_ptr<ReplyState> answer_;
   ObjectRef<PyValue> stored_;
-  std::shared_ptr<PyTask> task_;
+  std::shared_ptr<client::TaskCancel> task_;
 };
 
 // The answer a stored ref's owner gives: the payload, decoded.

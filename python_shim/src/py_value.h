@@ -55,11 +55,12 @@ struct PyCall {
 
 // Control message of troupe.cancel (without force) to the executor that
 // runs task `task` (PyCall::task): raise KeyboardInterrupt in it, or, if it
-// has not started, never start it. Replies once asked (the interrupt is
-// delivered on a thread of its own).
+// has not started, never start it. Replies what the worker knew of the task
+// (client::TaskState) once asked; the interrupt is delivered on a thread of
+// its own.
 struct PyInterruptTask {
   static constexpr const char* kControlTag = "troupe.py.interrupt_task";
-  using Reply = bool;
+  using Reply = int32_t;  // client::TaskState
   uint64_t task = 0;
   TROUPE_FIELDS(task)
 };

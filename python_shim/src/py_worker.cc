@@ -1,13 +1,12 @@
 #include "python_shim/src/py_worker.h"
 
-#include <deque>
 #include <mutex>
 #include <thread>
-#include <unordered_set>
 
 #include "python_shim/src/py_client.h"
 #include "python_shim/src/py_convert.h"
 #include "troupe/runtime/client/task.h"
+#include "troupe/runtime/client/task_cancel.h"
 #include "troupe/runtime/core/logging.h"
 
 namespace troupe::py {
@@ -113,42 +112,10 @@ std::unique_ptr<client::HostedActor> make_py_actor(wire::Decoder& d) {
   }
 }
 
-// Tasks troupe.cancel reached here, marked on the I/O thread as the cancel
-// arrives, without the GIL: a task still in this executor's mailbox then
-// never starts, however long the interrupt thread below waits for the GIL.
-// Bounded as the submitter's pipelining bounds a mailbox (256 calls).
-class CancelledTasks {
- public:
-  void mark(uint64_t token) {
-    std::lock_guard lock(mu_);
-    if (!set_.insert(token).second) return;
-    order_.push_back(token);
-    while (order_.size() > kKept) {
-      set_.erase(order_.front());
-      order_.pop_front();
-    }
-  }
-  bool take(uint64_t token) {
-    std::lock_guard lock(mu_);
-    return set_.erase(token) > 0;
-  }
-
- private:
-  static constexpr size_t kKept = 4096;
-  std::mutex mu_;
-  std::unordered_set<uint64_t> set_;
-  std::deque<uint64_t> order_;
-};
-
-CancelledTasks& cancelled_tasks() {
-  static auto* c = new CancelledTasks;  // used by detached threads until _Exit
-  return *c;
-}
-
 void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::ObjectSink* keep) {
+  // (A task cancelled before it started never gets here: the task
+  // executor skips it, task_cancel.h.)
   PyCall call = decode_call(args, "task");
-  if (call.task != 0 && cancelled_tasks().take(call.task))
-    throw TaskCancelled("the task was cancelled before it started");
   PyReply reply;
   {
     pyb::gil_scoped_acquire gil;
@@ -160,12 +127,14 @@ void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::Ob
 
 // troupe.cancel's interrupt: served from the worker's start (a task may be
 // cancelled before this executor ran any). A task not started yet is marked
-// here, before the reply; one running gets KeyboardInterrupt from the hook,
-// on a thread of its own, not on the I/O thread, which a task holding the
-// GIL (inside a C extension) would otherwise stall. Replies that it was
-// asked.
-bool interrupt_task(const PyInterruptTask& m) {
-  cancelled_tasks().mark(m.task);
+// here, on the I/O thread before the reply, so that it never starts however
+// long the interrupt thread below would wait for the GIL; one running gets
+// KeyboardInterrupt from the hook, on a thread of its own, not on the I/O
+// thread, which a task holding the GIL (inside a C extension) would
+// otherwise stall. Replies what was known of the task (client::TaskState).
+int32_t interrupt_task(const PyInterruptTask& m) {
+  const client::TaskState state = client::mark_task_cancelled(m.task);
+  if (state != client::kTaskRunning) return state;
   std::thread([task = m.task] {
     pyb::gil_scoped_acquire gil;
     try {
@@ -174,7 +143,7 @@ bool interrupt_task(const PyInterruptTask& m) {
       TROUPE_LOG_WARN("interrupting task {}: {}", task, e.what());
     }
   }).detach();
-  return true;
+  return state;
 }
 
 const bool registered = [] {

@@ -97,6 +97,16 @@ Runtime Runtime::attach(std::shared_ptr<client::Core> core) {
   return rt;
 }
 
+CancelOutcome Runtime::cancel_state(const std::shared_ptr<core::FutureStateBase>& state, bool force) const {
+  if (!state) throw ConfigError("Runtime::cancel: the future is empty");
+  auto canceller = state->canceller();
+  if (!canceller)
+    throw ConfigError(
+        "Runtime::cancel takes the future of a task this process submitted (submit or submit_ref), not of an actor "
+        "call or anything else");
+  return canceller(*state, force);
+}
+
 client::ObjectStoreStats Runtime::object_store_stats() { return live()->service<client::ObjectStore>()->stats(); }
 
 Runtime Runtime::connect(const InitOptions& o) {

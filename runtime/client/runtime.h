@@ -27,6 +27,7 @@
 #include "troupe/runtime/client/core.h"
 #include "troupe/runtime/client/object_ref.h"
 #include "troupe/runtime/client/task.h"
+#include "troupe/runtime/client/task_cancel.h"
 #include "troupe/runtime/client/task_submitter.h"
 #include "troupe/runtime/core/error_registry.h"
 #include "troupe/runtime/core/heartbeat.h"
@@ -256,8 +257,21 @@ class Runtime {
   // other tasks and calls, which fetch it from the executor directly.
   template <class R, class... P, class... A>
   Future<ObjectRef<std::decay_t<R>>> submit_ref(R (*fn)(P...), const TaskOptions& options, A&&... args);
+  // Cancels the task whose future `f` is (submit or submit_ref, from this
+  // process), as ray.cancel: unless it had finished, `f` fails with
+  // TaskCancelled now. A task not yet started never runs (queued here, in
+  // its executor's mailbox, or waiting for its arguments); a running one
+  // runs to its end and its result is dropped, or with `force` its worker
+  // is killed (the other tasks sent to that worker run elsewhere, without
+  // spending a retry). Says which (CancelOutcome). ConfigError for a future
+  // that is not a task's. Waits up to 2 s for a task's executor to answer.
+  template <class T>
+  CancelOutcome cancel(const Future<T>& f, bool force = false) const {
+    return cancel_state(f.state(), force);
+  }
 
  private:
+  CancelOutcome cancel_state(const std::shared_ptr<core::FutureStateBase>& state, bool force) const;
   template <class Result, class R, class... P, class... A>
   Future<Result> submit_task(R (*fn)(P...), const TaskOptions& options, bool keep_result, A&&... args);
   static client::TaskPlacement task_placement(const TaskOptions& options);
@@ -447,15 +461,25 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
   auto submitter = live_core->service<client::TaskSubmitter>();
   auto key = submitter->key_for(task_placement(options));
   auto st = std::make_shared<core::FutureState<Result>>();
-  auto send = [submitter, key, st, &entry, label = options.name.empty() ? entry.name : options.name,
-               retries = options.max_retries, keep_result, core = live_core.get()](Args tuple) {
+  const std::string& label = options.name.empty() ? entry.name : options.name;
+  auto cancel = std::make_shared<client::TaskCancel>(label);
+  st->set_canceller(
+      [cancel, weak = std::weak_ptr<client::TaskSubmitter>(submitter)](core::FutureStateBase& state, bool force) {
+        auto s = weak.lock();
+        return s ? cancel->cancel(*s, state, force) : CancelOutcome::kFinished;
+      });
+  auto send = [submitter, key, st, &entry, label, cancel, retries = options.max_retries, keep_result,
+               core = live_core.get()](Args tuple) {
+    if (!cancel->may_submit()) return;
     wire::Encoder e;
     wire::encode(e, entry.name);
+    wire::encode(e, cancel->token());
     wire::encode(e, tuple);
-    submitter->submit(
+    uint64_t id = submitter->submit(
         key, label, std::move(e), retries,
         [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
         [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
+    cancel->submitted(*submitter, id);
   };
   client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
   return Future<Result>(st);

@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "troupe/runtime/client/task.h"
+#include "troupe/runtime/client/task_cancel.h"
 
 namespace troupe::client {
 
@@ -36,7 +37,14 @@ class TaskExecutor final : public HostedActor {
   void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result, const ObjectSink* keep) override {
     if (index != 0) throw Error("task executor has one method, not #" + std::to_string(index));
     std::string name = wire::decode<std::string>(args);
+    // The submitter's token for the task (task_cancel.h); 0: not cancellable.
+    const auto token = wire::decode<uint64_t>(args);
     const TaskEntry& entry = task_named(name);
+    if (!begin_task(token)) throw TaskCancelled("task '" + name + "' was cancelled before it started");
+    struct End {
+      uint64_t token;
+      ~End() { end_task(token); }
+    } end{token};
     entry.invoke(args, result, keep);
   }
   size_t method_count() const override { return 1; }

@@ -104,6 +104,11 @@ int touch_file(std::string path) {
   std::ofstream(path) << "ran";
   return 1;
 }
+// Returns `path` once `release` exists.
+std::string path_when_released(std::string release, std::string path) {
+  while (!std::filesystem::exists(release)) std::this_thread::sleep_for(10ms);
+  return path;
+}
 
 // Submits `fn` through the TaskSubmitter itself, as Runtime::submit does,
 // keeping the task's id for cancel().
@@ -115,6 +120,7 @@ std::pair<uint64_t, troupe::Future<R>> submit_with_id(troupe::Runtime& rt, R (*f
   auto st = std::make_shared<troupe::core::FutureState<R>>();
   troupe::wire::Encoder e;
   troupe::wire::encode(e, entry.name);
+  troupe::wire::encode(e, uint64_t{0});  // no token: the executor cannot skip it
   troupe::wire::encode(e, std::make_tuple(args...));
   uint64_t id = submitter->submit(
       submitter->key_for({}), entry.name, std::move(e), 0,
@@ -152,6 +158,7 @@ TROUPE_TASK(middle)
 TROUPE_TASK(top)
 TROUPE_TASK(spin_until_file)
 TROUPE_TASK(touch_file)
+TROUPE_TASK(path_when_released)
 TROUPE_ACTOR(Adder, &Adder::plus)
 
 class TaskTest : public ::testing::Test {
@@ -417,6 +424,77 @@ TEST_F(TaskTest, CancelledTasksFailAndOnlyAForcedOneCostsItsWorker) {
   EXPECT_EQ(behind_b.second.get(60s), 49);
   EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(pid, 0) != 0; }, 30s)) << "executor " << pid;
   EXPECT_FALSE(std::filesystem::exists(path("never")));
+}
+
+// Runtime::cancel, as ray.cancel: a task waiting in its executor's mailbox
+// or for its arguments never runs; a running C++ task runs to its end with
+// its result dropped, or is killed with its worker when forced; a finished
+// one keeps its result; a future that is not a task's is refused.
+TEST_F(TaskTest, RuntimeCancelSkipsWaitingTasksAndDropsOrKillsRunningOnes) {
+  using troupe::CancelOutcome;
+  auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
+  // One executor, tasks pipelined into its mailbox behind the running one.
+  tasks->set_options({.pipeline_depth = 8, .max_executors = 1});
+  auto dir = troupe::test::fresh_dir("task-runtime-cancel");
+  auto path = [&](const char* name) { return (dir / name).string(); };
+  auto exists = [&](const char* name) { return [p = path(name)] { return std::filesystem::exists(p); }; };
+
+  auto running = rt_.submit(&spin_until_file, {}, path("started"), path("release"));
+  ASSERT_TRUE(troupe::test::eventually(exists("started"), 60s));
+  auto waiting = rt_.submit(&touch_file, {}, path("never"));
+  auto next = rt_.submit(&square, {}, 5);
+  EXPECT_EQ(rt_.cancel(waiting), CancelOutcome::kNotStarted);
+  EXPECT_THROW(waiting.get(30s), troupe::TaskCancelled);
+  // Running: the future fails now, while the task still runs.
+  EXPECT_EQ(rt_.cancel(running), CancelOutcome::kStarted);
+  try {
+    running.get(30s);
+    FAIL() << "expected TaskCancelled";
+  } catch (const troupe::TaskCancelled& e) {
+    EXPECT_NE(std::string(e.what()).find("spin_until_file' was cancelled"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path("release")));
+  std::ofstream(path("release")) << "go";
+  // The executor skipped the cancelled task and ran the one behind it.
+  EXPECT_EQ(next.get(60s), 25);
+  EXPECT_FALSE(std::filesystem::exists(path("never")));
+  EXPECT_EQ(tasks->executor_count(), 1u);
+  EXPECT_EQ(rt_.cancel(next), CancelOutcome::kFinished);
+  EXPECT_EQ(next.get(), 25);
+  EXPECT_EQ(rt_.cancel(running), CancelOutcome::kFinished);  // cancelled already
+
+  // Waiting for its argument (a task's future): never submitted.
+  std::filesystem::remove(path("release"));
+  auto argument = rt_.submit(&path_when_released, {}, path("release"), path("never2"));
+  auto dependent = rt_.submit(&touch_file, {}, argument);
+  EXPECT_EQ(rt_.cancel(dependent), CancelOutcome::kNotStarted);
+  EXPECT_THROW(dependent.get(30s), troupe::TaskCancelled);
+  std::ofstream(path("release")) << "go";
+  EXPECT_EQ(argument.get(60s), path("never2"));
+  EXPECT_EQ(rt_.submit(&square, {}, 6).get(60s), 36);
+  EXPECT_FALSE(std::filesystem::exists(path("never2")));
+
+  // Forced: its worker is killed; the task behind it runs elsewhere.
+  std::filesystem::remove(path("started"));
+  std::filesystem::remove(path("release"));
+  auto stuck = rt_.submit(&spin_until_file, {}, path("started"), path("release"));
+  ASSERT_TRUE(troupe::test::eventually(exists("started"), 60s));
+  auto behind = rt_.submit(&square, {}, 7);
+  const int pid = std::stoi([&] {
+    std::ifstream in(path("started"));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }());
+  EXPECT_EQ(rt_.cancel(stuck, true), CancelOutcome::kKilled);
+  EXPECT_THROW(stuck.get(30s), troupe::TaskCancelled);
+  EXPECT_EQ(behind.get(60s), 49);
+  EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(pid, 0) != 0; }, 30s)) << "executor " << pid;
+
+  // Not a task's future.
+  auto adder = rt_.spawn<Adder>({});
+  auto call = adder.call(&Adder::plus, 1, 2);
+  EXPECT_THROW(rt_.cancel(call), troupe::ConfigError);
+  EXPECT_EQ(call.get(30s), 3);
+  EXPECT_THROW(rt_.cancel(troupe::Future<int>()), troupe::ConfigError);
 }
 
 // A long task and short ones in one burst on two CPUs: once the key holds

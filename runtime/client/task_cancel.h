@@ -1,0 +1,95 @@
+// Cancelling tasks (Runtime::cancel from C++, troupe.cancel from Python).
+//
+// The submitting side keeps a TaskCancel per task: its token (the name the
+// executor knows it by, written into the task's body after the task's
+// name), and its TaskSubmitter id once submitted. TaskCancel::cancel fails
+// the task's future with TaskCancelled at once (TaskSubmitter::cancel) and,
+// for a task already sent to an executor, tells that executor.
+//
+// The executing side is one record per worker process: the task executor
+// calls begin_task before it runs a task and end_task after; the CancelTask
+// control (served on the worker's I/O thread, from its start) marks a
+// token cancelled before it replies, so a task still waiting in the
+// executor's mailbox never starts, and says whether the task had started.
+// A running C++ task is not stopped (no C++ function can be stopped midway
+// safely): it runs to its end and its result is dropped, unless the cancel
+// is forced, which kills the executor. The Python worker interrupts a
+// running Python task on top of this (python_shim/src/py_worker.cc).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "troupe/runtime/core/future.h"
+#include "troupe/runtime/wire/codec.h"
+
+namespace troupe::client {
+
+class ActorClient;
+class TaskSubmitter;
+
+// What a worker knew of a task it was told is cancelled.
+enum TaskState : int32_t {
+  kTaskNotStarted = 0,  // not started: marked, it never will
+  kTaskRunning = 1,     // running now
+  kTaskFinished = 2,    // it ran to its end already
+};
+
+// Control message to a task executor's worker: task `token` is cancelled.
+// Replies a TaskState.
+struct CancelTask {
+  static constexpr const char* kControlTag = "troupe.task.cancel";
+  using Reply = int32_t;
+  uint64_t token = 0;
+  TROUPE_FIELDS(token)
+};
+
+// The executing side (process-wide, thread-safe). Token 0 is a task that
+// cannot be cancelled there and is not recorded.
+// Marks `token` cancelled unless it runs or ran; returns what was known.
+TaskState mark_task_cancelled(uint64_t token);
+// As a task starts: false when it was cancelled (then it must not run).
+bool begin_task(uint64_t token);
+// As a task ends (returned or threw).
+void end_task(uint64_t token);
+
+// How long TaskCancel waits for an executor's answer to CancelTask.
+inline constexpr std::chrono::milliseconds kCancelReplyBound{2000};
+
+// The submitting side: one per task, shared by the code that submits it
+// and the future's canceller. Thread-safe.
+class TaskCancel {
+ public:
+  explicit TaskCancel(std::string name);
+  // A token unique in this process (and unlikely to meet another's).
+  uint64_t token() const { return token_; }
+  const std::string& name() const { return name_; }
+
+  // Before submitting: false when the task was cancelled already (then it
+  // must not be submitted).
+  bool may_submit();
+  // After submitting it to `s` as `id`: a cancel that came meanwhile is
+  // passed on (not forced: this may be the I/O thread).
+  void submitted(TaskSubmitter& s, uint64_t id);
+
+  // Tells an executor that the task it was sent is cancelled and says
+  // what it had done (kNotStarted or kStarted).
+  using AskExecutor = std::function<CancelOutcome(ActorClient& executor)>;
+  // Cancels the task: unless it had finished, `answer` (its future's state)
+  // fails with TaskCancelled now. A task sent to an executor is told
+  // through `ask` (CancelTask, waited for up to kCancelReplyBound, when
+  // null). Any thread but the I/O thread.
+  CancelOutcome cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const AskExecutor& ask = {});
+
+ private:
+  std::mutex mu_;
+  const std::string name_;
+  const uint64_t token_;
+  uint64_t id_ = 0;         // the TaskSubmitter's, once submitted
+  bool cancelled_ = false;  // cancelled before it was submitted
+};
+
+}  // namespace troupe::client
