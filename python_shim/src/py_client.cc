@@ -148,7 +148,7 @@ PyTaskKey PyClient::task_key(const PyOptions& o) {
 std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const RefList& top) {
   auto st = std::make_shared<ReplyState>();
   auto submitter = core()->service<client::TaskSubmitter>();
-  auto task = std::make_shared<client::TaskCancel>(key.name);
+  auto task = std::make_shared<client::TaskCancel>(key.name, submitter.get());
   call.task = task->token();
   // May run on the I/O thread (when an argument's answer arrives).
   auto send = [submitter, key, st, task, core = core().get()](PyCall c) {

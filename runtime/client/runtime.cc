@@ -99,12 +99,15 @@ Runtime Runtime::attach(std::shared_ptr<client::Core> core) {
 
 CancelOutcome Runtime::cancel_state(const std::shared_ptr<core::FutureStateBase>& state, bool force) const {
   if (!state) throw ConfigError("Runtime::cancel: the future is empty");
-  auto canceller = state->canceller();
-  if (!canceller)
+  auto* task = dynamic_cast<client::TaskCancel*>(state.get());
+  if (!task)
     throw ConfigError(
         "Runtime::cancel takes the future of a task this process submitted (submit or submit_ref), not of an actor "
         "call or anything else");
-  return canceller(*state, force);
+  auto submitter = live()->service<client::TaskSubmitter>();
+  if (task->owner() != submitter.get())
+    throw ConfigError("Runtime::cancel: task '" + task->name() + "' was submitted through another Runtime");
+  return task->cancel(*submitter, *state, force);
 }
 
 client::ObjectStoreStats Runtime::object_store_stats() { return live()->service<client::ObjectStore>()->stats(); }

@@ -460,26 +460,22 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
   auto live_core = live();
   auto submitter = live_core->service<client::TaskSubmitter>();
   auto key = submitter->key_for(task_placement(options));
-  auto st = std::make_shared<core::FutureState<Result>>();
   const std::string& label = options.name.empty() ? entry.name : options.name;
-  auto cancel = std::make_shared<client::TaskCancel>(label);
-  st->set_canceller(
-      [cancel, weak = std::weak_ptr<client::TaskSubmitter>(submitter)](core::FutureStateBase& state, bool force) {
-        auto s = weak.lock();
-        return s ? cancel->cancel(*s, state, force) : CancelOutcome::kFinished;
-      });
-  auto send = [submitter, key, st, &entry, label, cancel, retries = options.max_retries, keep_result,
+  // The future's state holds what cancel needs: no allocation beside it.
+  auto st = std::make_shared<client::TaskFutureState<Result>>(label, submitter.get());
+  auto send = [submitter, key, st, &entry, label, retries = options.max_retries, keep_result,
                core = live_core.get()](Args tuple) {
-    if (!cancel->may_submit()) return;
+    client::TaskCancel& task = *st;
+    if (!task.may_submit()) return;
     wire::Encoder e;
     wire::encode(e, entry.name);
-    wire::encode(e, cancel->token());
+    wire::encode(e, task.token());
     wire::encode(e, tuple);
     uint64_t id = submitter->submit(
         key, label, std::move(e), retries,
         [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
         [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
-    cancel->submitted(*submitter, id);
+    task.submitted(*submitter, id);
   };
   client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
   return Future<Result>(st);

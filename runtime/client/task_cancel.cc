@@ -1,9 +1,12 @@
 #include "troupe/runtime/client/task_cancel.h"
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <deque>
 #include <random>
 #include <unordered_set>
+#include <vector>
 
 #include "troupe/runtime/client/control.h"
 #include "troupe/runtime/client/core.h"
@@ -14,11 +17,10 @@ namespace troupe::client {
 
 namespace {
 
-// A set of tokens that forgets its oldest beyond a bound: tasks cancelled
-// while they waited (a mailbox holds at most the submitter's pipeline
-// depth, 256) and tasks that finished lately (a cancel may cross a
-// finished task's reply).
-class BoundedTokens {
+// Tokens of tasks cancelled while they waited, forgetting the oldest
+// beyond a bound (a mailbox holds at most the submitter's pipeline depth,
+// 256).
+class CancelledTokens {
  public:
   void insert(uint64_t token) {
     if (!set_.insert(token).second) return;
@@ -28,8 +30,8 @@ class BoundedTokens {
       order_.pop_front();
     }
   }
-  bool contains(uint64_t token) const { return set_.count(token) > 0; }
   bool erase(uint64_t token) { return set_.erase(token) > 0; }
+  bool empty() const { return set_.empty(); }
 
  private:
   static constexpr size_t kKept = 4096;
@@ -37,10 +39,17 @@ class BoundedTokens {
   std::deque<uint64_t> order_;
 };
 
+// What runs on every task is kept cheap (a task executor serves hundreds
+// of thousands a second): the tasks running now (one, for an executor that
+// runs one at a time) and a ring of those that ended lately, which only a
+// cancel, rare, searches (a cancel may cross a finished task's reply).
 struct TaskRecord {
   std::mutex mu;
-  BoundedTokens cancelled, finished;
-  std::unordered_set<uint64_t> running;
+  CancelledTokens cancelled;
+  std::vector<uint64_t> running;
+  static constexpr size_t kRecent = 1024;
+  std::array<uint64_t, kRecent> ended{};
+  size_t next_ended = 0;
 };
 
 TaskRecord& record() {
@@ -59,8 +68,8 @@ TaskState mark_task_cancelled(uint64_t token) {
   if (token == 0) return kTaskFinished;
   auto& r = record();
   std::lock_guard lock(r.mu);
-  if (r.running.count(token)) return kTaskRunning;
-  if (r.finished.contains(token)) return kTaskFinished;
+  if (std::find(r.running.begin(), r.running.end(), token) != r.running.end()) return kTaskRunning;
+  if (std::find(r.ended.begin(), r.ended.end(), token) != r.ended.end()) return kTaskFinished;
   r.cancelled.insert(token);
   return kTaskNotStarted;
 }
@@ -69,8 +78,8 @@ bool begin_task(uint64_t token) {
   if (token == 0) return true;
   auto& r = record();
   std::lock_guard lock(r.mu);
-  if (r.cancelled.erase(token)) return false;
-  r.running.insert(token);
+  if (!r.cancelled.empty() && r.cancelled.erase(token)) return false;
+  r.running.push_back(token);
   return true;
 }
 
@@ -78,8 +87,8 @@ void end_task(uint64_t token) {
   if (token == 0) return;
   auto& r = record();
   std::lock_guard lock(r.mu);
-  r.running.erase(token);
-  r.finished.insert(token);
+  if (auto it = std::find(r.running.begin(), r.running.end(), token); it != r.running.end()) r.running.erase(it);
+  r.ended[r.next_ended++ % TaskRecord::kRecent] = token;
 }
 
 namespace {
@@ -100,37 +109,27 @@ uint64_t next_token() {
 
 }  // namespace
 
-TaskCancel::TaskCancel(std::string name) : name_(std::move(name)), token_(next_token()) {}
-
-bool TaskCancel::may_submit() {
-  std::lock_guard lock(mu_);
-  return !cancelled_;
-}
+TaskCancel::TaskCancel(std::string name, const TaskSubmitter* owner)
+    : name_(std::move(name)), owner_(owner), token_(next_token()) {}
 
 void TaskCancel::submitted(TaskSubmitter& s, uint64_t id) {
-  bool cancelled = false;
-  {
-    std::lock_guard lock(mu_);
-    id_ = id;
-    cancelled = cancelled_;
-  }
+  uint64_t before = 0;
+  if (id_.compare_exchange_strong(before, id)) return;
   // Cancelled while it was being submitted: most likely still queued here.
-  if (cancelled) s.cancel(id, false);
+  id_.store(id);
+  s.cancel(id, false);
 }
 
 CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const AskExecutor& ask) {
   uint64_t id = 0;
-  {
-    std::lock_guard lock(mu_);
-    if (id_ == 0) cancelled_ = true;
-    id = id_;
-  }
-  if (id == 0) {
+  if (id_.compare_exchange_strong(id, kCancelledUnsubmitted)) {
     // Its arguments are not all there yet: it is never submitted.
     const bool done = answer.ready();
     answer.set_error(std::make_exception_ptr(TaskCancelled("task '" + name_ + "' was cancelled")));
     return done ? CancelOutcome::kFinished : CancelOutcome::kNotStarted;
   }
+  // Cancelled already, before it was submitted: its future holds that.
+  if (id == kCancelledUnsubmitted) return CancelOutcome::kFinished;
   auto r = s.cancel(id, force);
   switch (r.outcome) {
     case TaskSubmitter::Cancel::kDone:

@@ -1,8 +1,9 @@
 // Cancelling tasks (Runtime::cancel from C++, troupe.cancel from Python).
 //
-// The submitting side keeps a TaskCancel per task: its token (the name the
-// executor knows it by, written into the task's body after the task's
-// name), and its TaskSubmitter id once submitted. TaskCancel::cancel fails
+// The submitting side keeps a TaskCancel per task (a C++ task's future
+// state is one, TaskFutureState): its token (the name the executor knows it by,
+// written into the task's body after the task's name), and its
+// TaskSubmitter id once submitted. TaskCancel::cancel fails
 // the task's future with TaskCancelled at once (TaskSubmitter::cancel) and,
 // for a task already sent to an executor, tells that executor.
 //
@@ -17,16 +18,27 @@
 // running Python task on top of this (python_shim/src/py_worker.cc).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 
 #include "troupe/runtime/core/future.h"
 #include "troupe/runtime/wire/codec.h"
 
-namespace troupe::client {
+namespace troupe {
+
+// What cancelling a task found (Runtime::cancel).
+enum class CancelOutcome {
+  kFinished,    // it had finished or failed: the future holds its result
+  kNotStarted,  // it had not started, and never will
+  kStarted,     // it had started (a C++ task runs to its end, a Python task
+                // is interrupted); its result is dropped
+  kKilled,      // it had started, and its worker was killed (force)
+};
+
+namespace client {
 
 class ActorClient;
 class TaskSubmitter;
@@ -60,17 +72,24 @@ void end_task(uint64_t token);
 inline constexpr std::chrono::milliseconds kCancelReplyBound{2000};
 
 // The submitting side: one per task, shared by the code that submits it
-// and the future's canceller. Thread-safe.
+// and the code that cancels it (a C++ task's future state is one,
+// TaskFutureState). Thread-safe and lock-free: it is made for every task.
 class TaskCancel {
  public:
-  explicit TaskCancel(std::string name);
+  // `owner`: the submitter it goes to (compared, never dereferenced).
+  TaskCancel(std::string name, const TaskSubmitter* owner);
+  virtual ~TaskCancel() = default;
+  TaskCancel(const TaskCancel&) = delete;
+  TaskCancel& operator=(const TaskCancel&) = delete;
+
   // A token unique in this process (and unlikely to meet another's).
   uint64_t token() const { return token_; }
   const std::string& name() const { return name_; }
+  const TaskSubmitter* owner() const { return owner_; }
 
   // Before submitting: false when the task was cancelled already (then it
   // must not be submitted).
-  bool may_submit();
+  bool may_submit() const { return id_.load() != kCancelledUnsubmitted; }
   // After submitting it to `s` as `id`: a cancel that came meanwhile is
   // passed on (not forced: this may be the I/O thread).
   void submitted(TaskSubmitter& s, uint64_t id);
@@ -85,11 +104,22 @@ class TaskCancel {
   CancelOutcome cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const AskExecutor& ask = {});
 
  private:
-  std::mutex mu_;
+  // id_ before submission (0) and once cancelled before it (this).
+  static constexpr uint64_t kCancelledUnsubmitted = ~uint64_t{0};
   const std::string name_;
+  const TaskSubmitter* const owner_;
   const uint64_t token_;
-  uint64_t id_ = 0;         // the TaskSubmitter's, once submitted
-  bool cancelled_ = false;  // cancelled before it was submitted
+  std::atomic<uint64_t> id_{0};  // the TaskSubmitter's, once submitted
 };
 
-}  // namespace troupe::client
+// A C++ task's future state (Runtime::submit): its answer and its
+// TaskCancel in one allocation; Runtime::cancel finds the second by
+// dynamic_cast from the first.
+template <class R>
+class TaskFutureState final : public core::FutureState<R>, public TaskCancel {
+ public:
+  TaskFutureState(std::string name, const TaskSubmitter* owner) : TaskCancel(std::move(name), owner) {}
+};
+
+}  // namespace client
+}  // namespace troupe

@@ -20,15 +20,6 @@
 
 namespace troupe {
 
-// What cancelling a task found (Runtime::cancel).
-enum class CancelOutcome {
-  kFinished,    // it had finished or failed: the future holds its result
-  kNotStarted,  // it had not started, and never will
-  kStarted,     // it had started (a C++ task runs to its end, a Python task
-                // is interrupted); its result is dropped
-  kKilled,      // it had started, and its worker was killed (force)
-};
-
 namespace core {
 
 // Told when a thread starts and stops waiting for a result. A task
@@ -133,17 +124,6 @@ class FutureStateBase {
     std::lock_guard lock(mu_);
     return error_;
   }
-  // How to cancel the work behind this state (a task's: Runtime::cancel),
-  // set by whoever started it; null when it cannot be cancelled.
-  using Canceller = std::function<CancelOutcome(FutureStateBase& state, bool force)>;
-  void set_canceller(Canceller c) {
-    std::lock_guard lock(mu_);
-    canceller_ = std::move(c);
-  }
-  Canceller canceller() const {
-    std::lock_guard lock(mu_);
-    return canceller_;
-  }
 
  protected:
   template <class F>
@@ -166,7 +146,6 @@ class FutureStateBase {
   std::atomic<bool> ready_{false};
   std::exception_ptr error_;
   std::vector<std::function<void()>> callbacks_;
-  Canceller canceller_;
 };
 
 template <class T>
