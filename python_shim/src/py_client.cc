@@ -148,20 +148,27 @@ PyTaskKey PyClient::task_key(const PyOptions& o) {
 std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const RefList& top) {
   auto st = std::make_shared<ReplyState>();
   auto submitter = core()->service<client::TaskSubmitter>();
-  auto task = std::make_shared<client::TaskCancel>(key.name, submitter.get());
+  auto task = std::make_shared<client::TaskCancel>(key.name, submitter->instance());
   call.task = task->token();
   // May run on the I/O thread (when an argument's answer arrives).
   auto send = [submitter, key, st, task, core = core().get()](PyCall c) {
-    if (!task->may_submit()) return;  // troupe.cancel failed the ref already
+    if (!task->begin_submit()) return;  // troupe.cancel failed the ref already
     wire::Encoder e;
     wire::encode(e, std::string(kPyTaskName));
     wire::encode(e, task->token());
     wire::encode(e, c);
-    uint64_t id = submitter->submit(
-        key.key, key.name, std::move(e), key.max_retries,
-        [st, core](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
-        [st](std::exception_ptr ex) { st->set_error(ex); });
-    task->submitted(*submitter, id);
+    uint64_t id = 0;
+    try {
+      id = submitter->submit(
+          key.key, key.name, std::move(e), key.max_retries,
+          [st, core](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
+          [st](std::exception_ptr ex) { st->set_error(ex); });
+
+    } catch (...) {
+      task->submitted(0);  // not submitted after all: a cancel needs no id
+      throw;
+    }
+    task->submitted(id);
   };
   send_when_ready(st, std::move(call), top, std::move(send));
   return std::make_shared<PyRef>(core(), st, std::move(task));
@@ -186,7 +193,10 @@ std::string PyClient::cancel(const PyRef& ref, bool force) {
     }
     return CancelOutcome::kStarted;
   };
-  switch (task->cancel(*core()->service<client::TaskSubmitter>(), *st, force, interrupt)) {
+  auto submitter = core()->service<client::TaskSubmitter>();
+  if (task->owner() != submitter->instance())
+    throw ConfigError("troupe.cancel: task '" + task->name() + "' was submitted by another troupe.init");
+  switch (task->cancel(*submitter, *st, force, interrupt)) {
     case CancelOutcome::kFinished:
       return "done";
     case CancelOutcome::kNotStarted:

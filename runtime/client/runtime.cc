@@ -105,7 +105,7 @@ CancelOutcome Runtime::cancel_state(const std::shared_ptr<core::FutureStateBase>
         "Runtime::cancel takes the future of a task this process submitted (submit or submit_ref), not of an actor "
         "call or anything else");
   auto submitter = live()->service<client::TaskSubmitter>();
-  if (task->owner() != submitter.get())
+  if (task->owner() != submitter->instance())
     throw ConfigError("Runtime::cancel: task '" + task->name() + "' was submitted through another Runtime");
   return task->cancel(*submitter, *state, force);
 }

@@ -264,7 +264,8 @@ class Runtime {
   // runs to its end and its result is dropped, or with `force` its worker
   // is killed (the other tasks sent to that worker run elsewhere, without
   // spending a retry). Says which (CancelOutcome). ConfigError for a future
-  // that is not a task's. Waits up to 2 s for a task's executor to answer.
+  // that is not a task's. Waits up to 2 s for a task's executor to answer;
+  // not to be called on the runtime's I/O thread (an on_ready callback).
   template <class T>
   CancelOutcome cancel(const Future<T>& f, bool force = false) const {
     return cancel_state(f.state(), force);
@@ -462,20 +463,27 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
   auto key = submitter->key_for(task_placement(options));
   const std::string& label = options.name.empty() ? entry.name : options.name;
   // The future's state holds what cancel needs: no allocation beside it.
-  auto st = std::make_shared<client::TaskFutureState<Result>>(label, submitter.get());
+  auto st = std::make_shared<client::TaskFutureState<Result>>(label, submitter->instance());
   auto send = [submitter, key, st, &entry, label, retries = options.max_retries, keep_result,
                core = live_core.get()](Args tuple) {
     client::TaskCancel& task = *st;
-    if (!task.may_submit()) return;
+    if (!task.begin_submit()) return;  // cancelled while it waited for its arguments
     wire::Encoder e;
     wire::encode(e, entry.name);
     wire::encode(e, task.token());
     wire::encode(e, tuple);
-    uint64_t id = submitter->submit(
-        key, label, std::move(e), retries,
-        [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
-        [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
-    task.submitted(*submitter, id);
+    uint64_t id = 0;
+    try {
+      id = submitter->submit(
+          key, label, std::move(e), retries,
+          [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
+          [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
+
+    } catch (...) {
+      task.submitted(0);  // not submitted after all: a cancel needs no id
+      throw;
+    }
+    task.submitted(id);
   };
   client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
   return Future<Result>(st);

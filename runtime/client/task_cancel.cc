@@ -5,6 +5,7 @@
 #include <atomic>
 #include <deque>
 #include <random>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -109,16 +110,15 @@ uint64_t next_token() {
 
 }  // namespace
 
-TaskCancel::TaskCancel(std::string name, const TaskSubmitter* owner)
+TaskCancel::TaskCancel(std::string name, uint64_t owner)
     : name_(std::move(name)), owner_(owner), token_(next_token()) {}
 
-void TaskCancel::submitted(TaskSubmitter& s, uint64_t id) {
+bool TaskCancel::begin_submit() {
   uint64_t before = 0;
-  if (id_.compare_exchange_strong(before, id)) return;
-  // Cancelled while it was being submitted: most likely still queued here.
-  id_.store(id);
-  s.cancel(id, false);
+  return id_.compare_exchange_strong(before, kSubmitting);
 }
+
+void TaskCancel::submitted(uint64_t id) { id_.store(id); }
 
 CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const AskExecutor& ask) {
   uint64_t id = 0;
@@ -130,6 +130,12 @@ CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer
   }
   // Cancelled already, before it was submitted: its future holds that.
   if (id == kCancelledUnsubmitted) return CancelOutcome::kFinished;
+  // Being submitted (on the I/O thread, which does not wait for anything
+  // here): it may already be on an executor, so wait for its id.
+  while (id == kSubmitting) {
+    std::this_thread::yield();
+    id = id_.load();
+  }
   auto r = s.cancel(id, force);
   switch (r.outcome) {
     case TaskSubmitter::Cancel::kDone:

@@ -76,8 +76,8 @@ inline constexpr std::chrono::milliseconds kCancelReplyBound{2000};
 // TaskFutureState). Thread-safe and lock-free: it is made for every task.
 class TaskCancel {
  public:
-  // `owner`: the submitter it goes to (compared, never dereferenced).
-  TaskCancel(std::string name, const TaskSubmitter* owner);
+  // `owner`: TaskSubmitter::instance() of the submitter it goes to.
+  TaskCancel(std::string name, uint64_t owner);
   virtual ~TaskCancel() = default;
   TaskCancel(const TaskCancel&) = delete;
   TaskCancel& operator=(const TaskCancel&) = delete;
@@ -85,14 +85,14 @@ class TaskCancel {
   // A token unique in this process (and unlikely to meet another's).
   uint64_t token() const { return token_; }
   const std::string& name() const { return name_; }
-  const TaskSubmitter* owner() const { return owner_; }
+  uint64_t owner() const { return owner_; }
 
   // Before submitting: false when the task was cancelled already (then it
-  // must not be submitted).
-  bool may_submit() const { return id_.load() != kCancelledUnsubmitted; }
-  // After submitting it to `s` as `id`: a cancel that came meanwhile is
-  // passed on (not forced: this may be the I/O thread).
-  void submitted(TaskSubmitter& s, uint64_t id);
+  // must not be submitted). Otherwise a cancel from now on waits until
+  // submitted() says under which id.
+  bool begin_submit();
+  // After submitting it (begin_submit() said yes) as `id`.
+  void submitted(uint64_t id);
 
   // Tells an executor that the task it was sent is cancelled and says
   // what it had done (kNotStarted or kStarted).
@@ -100,16 +100,19 @@ class TaskCancel {
   // Cancels the task: unless it had finished, `answer` (its future's state)
   // fails with TaskCancelled now. A task sent to an executor is told
   // through `ask` (CancelTask, waited for up to kCancelReplyBound, when
-  // null). Any thread but the I/O thread.
+  // null). Any thread but the I/O thread (which submits tasks, and whose
+  // answers a cancel waits for).
   CancelOutcome cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const AskExecutor& ask = {});
 
  private:
-  // id_ before submission (0) and once cancelled before it (this).
+  // id_ before submission (0), while it is being submitted, and once
+  // cancelled before it; then the submitter's id.
   static constexpr uint64_t kCancelledUnsubmitted = ~uint64_t{0};
+  static constexpr uint64_t kSubmitting = ~uint64_t{0} - 1;
   const std::string name_;
-  const TaskSubmitter* const owner_;
+  const uint64_t owner_;
   const uint64_t token_;
-  std::atomic<uint64_t> id_{0};  // the TaskSubmitter's, once submitted
+  std::atomic<uint64_t> id_{0};
 };
 
 // A C++ task's future state (Runtime::submit): its answer and its
@@ -118,7 +121,7 @@ class TaskCancel {
 template <class R>
 class TaskFutureState final : public core::FutureState<R>, public TaskCancel {
  public:
-  TaskFutureState(std::string name, const TaskSubmitter* owner) : TaskCancel(std::move(name), owner) {}
+  TaskFutureState(std::string name, uint64_t owner) : TaskCancel(std::move(name), owner) {}
 };
 
 }  // namespace client

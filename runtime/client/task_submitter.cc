@@ -147,7 +147,11 @@ std::exception_ptr TaskSubmitter::worker_died(const std::string& task, const Exe
                                             ") died while running it: " + cause));
 }
 
-TaskSubmitter::TaskSubmitter(Core& core) : core_(core) {
+namespace {
+std::atomic<uint64_t> next_submitter_instance{1};
+}  // namespace
+
+TaskSubmitter::TaskSubmitter(Core& core) : core_(core), instance_(next_submitter_instance.fetch_add(1)) {
   leaser_ = std::thread([this] { lease_loop(); });
 }
 

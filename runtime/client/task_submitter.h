@@ -118,6 +118,9 @@ class TaskSubmitter {
   // thread; returns at once).
   void set_resources_wanted(bool wanted);
   bool resources_wanted() const;
+  // A number no other TaskSubmitter of this process had or will have
+  // (unlike its address): what a task's TaskCancel names its submitter by.
+  uint64_t instance() const { return instance_; }
   // Executors leased now, over all keys (ready or starting).
   size_t executor_count() const;
 
@@ -156,6 +159,7 @@ class TaskSubmitter {
   void lend(uint64_t id, bool lend);
 
   Core& core_;
+  const uint64_t instance_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   TaskSubmitterOptions options_;
