@@ -15,6 +15,12 @@
 namespace troupe::trainer {
 namespace {
 
+// A built-in model's linear layer: through oneDNN once the trainer routed
+// the model (use_cpu_gemm), else the layer's own forward.
+torch::Tensor apply_linear(torch::nn::Linear& layer, const torch::Tensor& x, bool cpu_gemm) {
+  return cpu_gemm ? trainer::linear(x, layer->weight, layer->bias) : layer->forward(x);
+}
+
 struct MlpImpl : torch::nn::Module {
   MlpImpl(int64_t in, int64_t hidden, int64_t out)
       : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
@@ -22,17 +28,14 @@ struct MlpImpl : torch::nn::Module {
         fc3(register_module("fc3", torch::nn::Linear(hidden, out))) {}
   torch::Tensor forward(torch::Tensor x) {
     x = x.reshape({x.size(0), -1});
-    x = torch::relu(linear(fc1, x));
-    x = torch::relu(linear(fc2, x));
-    return linear(fc3, x);
+    x = torch::relu(apply_linear(fc1, x, cpu_gemm_));
+    x = torch::relu(apply_linear(fc2, x, cpu_gemm_));
+    return apply_linear(fc3, x, cpu_gemm_);
   }
   // ModuleModel::route_cpu_gemm: the layers' products by oneDNN from now on.
   int use_cpu_gemm() {
     cpu_gemm_ = true;
     return 3;
-  }
-  torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
-    return cpu_gemm_ ? trainer::linear(x, layer->weight, layer->bias) : layer->forward(x);
   }
   torch::nn::Linear fc1, fc2, fc3;
   bool cpu_gemm_ = false;
@@ -56,7 +59,7 @@ struct CnnImpl : torch::nn::Module {
     x = torch::relu(batch_norm(bn1, conv1->forward(x)));
     x = torch::relu(batch_norm(bn2, conv2->forward(x)));
     x = x.mean({2, 3});
-    return cpu_gemm_ ? trainer::linear(x, fc->weight, fc->bias) : fc->forward(x);
+    return apply_linear(fc, x, cpu_gemm_);
   }
   // ModuleModel::route_cpu_gemm (the convolutions stay ATen's).
   int use_cpu_gemm() {

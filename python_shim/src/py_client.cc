@@ -152,23 +152,16 @@ std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const
   call.task = task->token();
   // May run on the I/O thread (when an argument's answer arrives).
   auto send = [submitter, key, st, task, core = core().get()](PyCall c) {
-    if (!task->begin_submit()) return;  // troupe.cancel failed the ref already
-    wire::Encoder e;
-    wire::encode(e, std::string(kPyTaskName));
-    wire::encode(e, task->token());
-    wire::encode(e, c);
-    uint64_t id = 0;
-    try {
-      id = submitter->submit(
+    task->submit_once([&] {
+      wire::Encoder e;
+      wire::encode(e, std::string(kPyTaskName));
+      wire::encode(e, task->token());
+      wire::encode(e, c);
+      return submitter->submit(
           key.key, key.name, std::move(e), key.max_retries,
           [st, core](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
           [st](std::exception_ptr ex) { st->set_error(ex); });
-
-    } catch (...) {
-      task->submitted(0);  // not submitted after all: a cancel needs no id
-      throw;
-    }
-    task->submitted(id);
+    });
   };
   send_when_ready(st, std::move(call), top, std::move(send));
   return std::make_shared<PyRef>(core(), st, std::move(task));
@@ -179,19 +172,9 @@ std::string PyClient::cancel(const PyRef& ref, bool force) {
   if (!task) throw ConfigError("troupe.cancel takes the ref of a task submitted by this process");
   auto st = const_cast<PyRef&>(ref).answer();
   // A task sent to an executor: that worker marks it (one still in its
-  // mailbox never starts) and interrupts it if it runs. Awaited (briefly),
-  // so that the mark is there before cancel returns.
-  auto interrupt = [&](client::ActorClient& executor) {
-    auto told = executor.control(PyInterruptTask{task->token()});
-    try {
-      if (told.wait_for(client::kCancelReplyBound))
-        return told.get() == client::kTaskNotStarted ? CancelOutcome::kNotStarted : CancelOutcome::kStarted;
-      TROUPE_LOG_DEBUG("cancel: the executor of task '{}' did not answer within {} ms; it may still start it",
-                       task->name(), client::kCancelReplyBound.count());
-    } catch (const std::exception& e) {
-      TROUPE_LOG_DEBUG("cancel: telling the executor of task '{}': {}", task->name(), e.what());
-    }
-    return CancelOutcome::kStarted;
+  // mailbox never starts) and interrupts it if it runs.
+  auto interrupt = [](client::ActorClient& executor, uint64_t token) {
+    return executor.control(PyInterruptTask{token});
   };
   auto submitter = core()->service<client::TaskSubmitter>();
   if (task->owner() != submitter->instance())

@@ -466,24 +466,16 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
   auto st = std::make_shared<client::TaskFutureState<Result>>(label, submitter->instance());
   auto send = [submitter, key, st, &entry, label, retries = options.max_retries, keep_result,
                core = live_core.get()](Args tuple) {
-    client::TaskCancel& task = *st;
-    if (!task.begin_submit()) return;  // cancelled while it waited for its arguments
-    wire::Encoder e;
-    wire::encode(e, entry.name);
-    wire::encode(e, task.token());
-    wire::encode(e, tuple);
-    uint64_t id = 0;
-    try {
-      id = submitter->submit(
+    st->submit_once([&] {
+      wire::Encoder e;
+      wire::encode(e, entry.name);
+      wire::encode(e, st->token());
+      wire::encode(e, tuple);
+      return submitter->submit(
           key, label, std::move(e), retries,
           [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
           [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
-
-    } catch (...) {
-      task.submitted(0);  // not submitted after all: a cancel needs no id
-      throw;
-    }
-    task.submitted(id);
+    });
   };
   client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
   return Future<Result>(st);

@@ -118,9 +118,8 @@ bool TaskCancel::begin_submit() {
   return id_.compare_exchange_strong(before, kSubmitting);
 }
 
-void TaskCancel::submitted(uint64_t id) { id_.store(id); }
-
-CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const AskExecutor& ask) {
+CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force,
+                                 const TellExecutor& tell) {
   uint64_t id = 0;
   if (id_.compare_exchange_strong(id, kCancelledUnsubmitted)) {
     // Its arguments are not all there yet: it is never submitted.
@@ -147,10 +146,9 @@ CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer
     case TaskSubmitter::Cancel::kRunning:
       break;
   }
-  if (ask) return ask(*r.executor);
   // Awaited (briefly), so that a task still in the executor's mailbox is
   // marked there before cancel returns and cannot start after it.
-  auto told = r.executor->control(CancelTask{token_});
+  auto told = tell ? tell(*r.executor, token_) : r.executor->control(CancelTask{token_});
   try {
     if (told.wait_for(kCancelReplyBound))
       return told.get() == kTaskNotStarted ? CancelOutcome::kNotStarted : CancelOutcome::kStarted;

@@ -87,24 +87,36 @@ class TaskCancel {
   const std::string& name() const { return name_; }
   uint64_t owner() const { return owner_; }
 
-  // Before submitting: false when the task was cancelled already (then it
-  // must not be submitted). Otherwise a cancel from now on waits until
-  // submitted() says under which id.
-  bool begin_submit();
-  // After submitting it (begin_submit() said yes) as `id`.
-  void submitted(uint64_t id);
+  // Submits the task once, unless it was cancelled first: `submit()`
+  // encodes and hands it to the TaskSubmitter and returns its id. A cancel
+  // meanwhile waits for that id (the task may already be on an executor);
+  // a submit that throws leaves the task unsubmitted.
+  template <class Submit>
+  void submit_once(Submit&& submit) {
+    if (!begin_submit()) return;  // cancelled while it waited for its arguments
+    uint64_t id = 0;
+    try {
+      id = submit();
+    } catch (...) {
+      id_.store(0);
+      throw;
+    }
+    id_.store(id);
+  }
 
-  // Tells an executor that the task it was sent is cancelled and says
-  // what it had done (kNotStarted or kStarted).
-  using AskExecutor = std::function<CancelOutcome(ActorClient& executor)>;
+  // Sends the executor that holds the task the control message that tells
+  // it (CancelTask by default; the Python shim's interrupts a running
+  // task too); the reply is a TaskState.
+  using TellExecutor = std::function<Future<int32_t>(ActorClient& executor, uint64_t token)>;
   // Cancels the task: unless it had finished, `answer` (its future's state)
   // fails with TaskCancelled now. A task sent to an executor is told
-  // through `ask` (CancelTask, waited for up to kCancelReplyBound, when
-  // null). Any thread but the I/O thread (which submits tasks, and whose
-  // answers a cancel waits for).
-  CancelOutcome cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const AskExecutor& ask = {});
+  // through `tell`, whose reply is waited for up to kCancelReplyBound. Any
+  // thread but the I/O thread (which submits tasks, and whose answers a
+  // cancel waits for).
+  CancelOutcome cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const TellExecutor& tell = {});
 
  private:
+  bool begin_submit();
   // id_ before submission (0), while it is being submitted, and once
   // cancelled before it; then the submitter's id.
   static constexpr uint64_t kCancelledUnsubmitted = ~uint64_t{0};

@@ -104,9 +104,10 @@ int touch_file(std::string path) {
   std::ofstream(path) << "ran";
   return 1;
 }
-// Returns `path` once `release` exists.
+// Returns `path` once `release` exists (throws after two minutes).
 std::string path_when_released(std::string release, std::string path) {
-  while (!std::filesystem::exists(release)) std::this_thread::sleep_for(10ms);
+  if (!troupe::test::eventually([&] { return std::filesystem::exists(release); }, 120s))
+    throw std::runtime_error(release + " never appeared");
   return path;
 }
 
