@@ -429,5 +429,8 @@ PYBIND11_MODULE(_core, m) {
   // runs a task), as an opaque number for get(lend_for=...); 0 if none.
   m.def("wait_observer", [] { return reinterpret_cast<uintptr_t>(core::tls_wait_observer.observer); });
   m.def("gpu_ids", [] { return this_actor::gpu_ids(); });
+  // Whether the task or actor call this thread runs was cancelled while it
+  // ran (None on a thread that runs none).
+  m.def("current_task_cancelled", [] { return client::current_task_cancelled(); });
   m.def("getenv", [](const std::string& name) { return core::env_value(name.c_str()); });
 }

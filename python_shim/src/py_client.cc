@@ -123,14 +123,19 @@ std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, c
                                       std::shared_ptr<PyRef> keep) {
   auto st = std::make_shared<ReplyState>();
   auto client = actor.shared_from_this();
-  auto send = [client, st, keep](PyCall c) {
-    client::Core* core = &client->core();
-    client->submit(
-        0, wire::encode_value(c), [st, core, keep](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
-        [st, keep](std::exception_ptr ex) { st->set_error(ex); });
+  auto cancel = std::make_shared<client::CallCancel>(call.target, client);
+  // May run on the I/O thread (when an argument's answer arrives).
+  auto send = [client, st, keep, cancel](PyCall c) {
+    cancel->submit_once([&] {
+      client::Core* core = &client->core();
+      return client->submit(
+          0, wire::encode_value(c),
+          [st, core, keep](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
+          [st, keep](std::exception_ptr ex) { st->set_error(ex); });
+    });
   };
   send_when_ready(st, std::move(call), top, std::move(send));
-  return std::make_shared<PyRef>(core(), st);
+  return std::make_shared<PyRef>(core(), st, std::move(cancel));
 }
 
 PyTaskKey PyClient::task_key(const PyOptions& o) {
@@ -167,19 +172,10 @@ std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const
   return std::make_shared<PyRef>(core(), st, std::move(task));
 }
 
-std::string PyClient::cancel(const PyRef& ref, bool force) {
-  const auto& task = ref.task();
-  if (!task) throw ConfigError("troupe.cancel takes the ref of a task submitted by this process");
-  auto st = const_cast<PyRef&>(ref).answer();
-  // A task sent to an executor: that worker marks it (one still in its
-  // mailbox never starts) and interrupts it if it runs.
-  auto interrupt = [](client::ActorClient& executor, uint64_t token) {
-    return executor.control(PyInterruptTask{token});
-  };
-  auto submitter = core()->service<client::TaskSubmitter>();
-  if (task->owner() != submitter->instance())
-    throw ConfigError("troupe.cancel: task '" + task->name() + "' was submitted by another troupe.init");
-  switch (task->cancel(*submitter, *st, force, interrupt)) {
+namespace {
+
+std::string outcome_name(CancelOutcome outcome) {
+  switch (outcome) {
     case CancelOutcome::kFinished:
       return "done";
     case CancelOutcome::kNotStarted:
@@ -189,7 +185,32 @@ std::string PyClient::cancel(const PyRef& ref, bool force) {
     case CancelOutcome::kStarted:
       break;
   }
-  return "interrupted";
+  return "started";
+}
+
+}  // namespace
+
+std::string PyClient::cancel(const PyRef& ref, bool force) {
+  auto st = const_cast<PyRef&>(ref).answer();
+  // What was sent on: the worker marks it (one not started never starts),
+  // interrupts a running task and cancels an async method's coroutine.
+  auto interrupt = [](client::ActorClient& worker, uint64_t token) { return worker.control(PyInterruptTask{token}); };
+  if (const auto& call = ref.call()) {
+    auto actor = call->actor();
+    if (actor && &actor->core() != core().get())
+      throw ConfigError("troupe.cancel: the call of " + call->method() + " was made by another troupe.init");
+    if (force)
+      throw ConfigError("troupe.cancel: force=True is for tasks; a running actor method (" + call->method() +
+                        ") cannot be forced without losing its actor's state: troupe.kill the actor instead");
+    return outcome_name(call->cancel(*st, interrupt));
+  }
+  const auto& task = ref.task();
+  if (!task)
+    throw ConfigError("troupe.cancel takes the ref of a task or actor method call made by this process, not a put's");
+  auto submitter = core()->service<client::TaskSubmitter>();
+  if (task->owner() != submitter->instance())
+    throw ConfigError("troupe.cancel: task '" + task->name() + "' was submitted by another troupe.init");
+  return outcome_name(task->cancel(*submitter, *st, force, interrupt));
 }
 
 std::shared_ptr<PyRef> PyClient::put(PyValue value) {

@@ -72,11 +72,13 @@ class PyClient {
   std::shared_ptr<PyRef> actor_lifetime(uint64_t actor_id);
   PyTaskKey task_key(const PyOptions& o);
   std::shared_ptr<PyRef> submit(const PyTaskKey& key, PyCall call, const RefList& top);
-  // troupe.cancel of a task's ref: "done" (it had ended: nothing to do),
-  // "dequeued" (it never runs), "interrupted" (its executor is asked to
-  // raise KeyboardInterrupt in it), "killed" (force: its executor is
-  // killed). Unless done, the ref fails with TaskCancelled at once.
-  // ConfigError when `ref` is not the result of a task submitted here.
+  // troupe.cancel of a task's or an actor call's ref: "done" (it had
+  // ended: nothing to do), "dequeued" (it never runs), "started" (a task
+  // gets KeyboardInterrupt, an async method's coroutine is cancelled, a
+  // plain method runs on and may ask is_canceled()), "killed" (a task with
+  // force: its executor is killed). Unless done, the ref fails with
+  // TaskCancelled at once. ConfigError when `ref` is not the result of a
+  // task or call made here, or for force on an actor call.
   std::string cancel(const PyRef& ref, bool force);
   std::shared_ptr<PyRef> put(PyValue value);
 

@@ -31,6 +31,10 @@ class PyRef {
   PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer,
         std::shared_ptr<client::TaskCancel> task)
       : core_(std::move(core)), answer_(std::move(answer)), task_(std::move(task)) {}
+  // An actor method call's result; `call` is how troupe.cancel reaches it.
+  PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer,
+        std::shared_ptr<client::CallCancel> call)
+      : core_(std::move(core)), answer_(std::move(answer)), call_(std::move(call)) {}
 
   // The state that completes with the value (for a stored ref: starts the
   // fetch from its owner on first use). Thread-safe.
@@ -50,6 +54,9 @@ class PyRef {
   // The task whose result this is, in the process that submitted it; else
   // null.
   const std::shared_ptr<client::TaskCancel>& task() const { return task_; }
+  // The actor call whose result this is, in the process that made it; else
+  // null.
+  const std::shared_ptr<client::CallCancel>& call() const { return call_; }
 
  private:
   std::shared_ptr<client::Core> core_;
@@ -57,6 +64,7 @@ class PyRef {
   std::shared_ptr<ReplyState> answer_;
   ObjectRef<PyValue> stored_;
   std::shared_ptr<client::TaskCancel> task_;
+  std::shared_ptr<client::CallCancel> call_;
 };
 
 // The answer a stored ref's owner gives: the payload, decoded.

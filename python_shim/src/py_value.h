@@ -53,11 +53,13 @@ struct PyCall {
   TROUPE_FIELDS(target, args, top, task)
 };
 
-// Control message of troupe.cancel (without force) to the executor that
-// runs task `task` (PyCall::task): raise KeyboardInterrupt in it, or, if it
-// has not started, never start it. Replies what the worker knew of the task
-// (client::TaskState) once asked; the interrupt is delivered on a thread of
-// its own.
+// Control message of troupe.cancel (without force) to the worker that runs
+// task or actor call `task` (a task's PyCall::task, a call's id): a task
+// not started, or a call, is marked so that it never starts; a running
+// task gets KeyboardInterrupt, a running async method's coroutine is
+// cancelled (a plain method runs on: it may ask is_canceled()). Replies
+// what the worker knew (client::TaskState) once asked; the interrupt is
+// delivered on a thread of its own.
 struct PyInterruptTask {
   static constexpr const char* kControlTag = "troupe.py.interrupt_task";
   using Reply = int32_t;  // client::TaskState

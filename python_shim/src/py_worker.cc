@@ -74,7 +74,9 @@ class PyHostedActor final : public client::HostedActor {
     {
       pyb::gil_scoped_acquire gil;
       pyb::tuple a = call_args(call);
-      reply = reply_from_python(hook("call_method")(instance_, call.target, a[0], a[1]));
+      // The call's token (its call id), by which troupe.cancel finds an
+      // async method's coroutine.
+      reply = reply_from_python(hook("call_method")(instance_, call.target, a[0], a[1], client::current_task_token()));
     }
     write_reply(std::move(reply), result, keep);
   }
@@ -126,12 +128,14 @@ void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::Ob
 }
 
 // troupe.cancel's interrupt: served from the worker's start (a task may be
-// cancelled before this executor ran any). A task not started yet is marked
-// here, on the I/O thread before the reply, so that it never starts however
-// long the interrupt thread below would wait for the GIL; one running gets
-// KeyboardInterrupt from the hook, on a thread of its own, not on the I/O
-// thread, which a task holding the GIL (inside a C extension) would
-// otherwise stall. Replies what was known of the task (client::TaskState).
+// cancelled before this executor ran any). A task or call not started yet
+// is marked here, on the I/O thread before the reply, so that it never
+// starts however long the interrupt thread below would wait for the GIL;
+// a running task gets KeyboardInterrupt from the hook, a running async
+// method's coroutine is cancelled (a plain method runs on), on a thread of
+// its own, not on the I/O thread, which a task holding the GIL (inside a C
+// extension) would otherwise stall. Replies what was known of it
+// (client::TaskState).
 int32_t interrupt_task(const PyInterruptTask& m) {
   const client::TaskState state = client::mark_task_cancelled(m.task);
   if (state != client::kTaskRunning) return state;

@@ -1,6 +1,8 @@
 """troupe.cancel, as Ray's ray.cancel: a task not started never runs, a
 running one is interrupted (KeyboardInterrupt) or, forced, its worker is
-killed; its ref raises TaskCancelledError; other work goes on."""
+killed; its ref raises TaskCancelledError; other work goes on. An actor
+call not started never runs; a running plain method runs on and sees
+is_canceled(), an async one's coroutine is cancelled."""
 import os
 
 import pytest
@@ -130,17 +132,9 @@ def test_force_kills_the_worker_of_a_task_blocked_in_a_call(tmp_path):
     assert troupe.get(both, timeout=60) == ["released", "released"]
 
 
-def test_cancel_refuses_what_is_not_a_task_of_this_process():
-    @troupe.remote
-    class Echo:
-        def echo(self, x):
-            return x
-
-    with pytest.raises(ConfigError, match="ref of a task submitted by this process"):
+def test_cancel_refuses_what_is_not_a_task_or_call_of_this_process():
+    with pytest.raises(ConfigError, match="ref of a task or actor method call made by this process"):
         troupe.cancel(troupe.put(1))
-    e = Echo.remote()
-    with pytest.raises(ConfigError, match="ref of a task submitted by this process"):
-        troupe.cancel(e.echo.remote(1))
     with pytest.raises(TypeError, match="ObjectRef"):
         troupe.cancel("not a ref")
     # num_returns' refs cancel their one task.
@@ -149,3 +143,97 @@ def test_cancel_refuses_what_is_not_a_task_of_this_process():
     troupe.get(a, timeout=60)
     troupe.cancel(b)
     assert troupe.get([a, b], timeout=60) == [1, 2]
+
+
+@troupe.remote
+class Gate:
+    def hold(self, started, saw):
+        """Runs until troupe.cancel reaches it (at most two minutes)."""
+        import time
+
+        with open(started, "w") as f:
+            f.write(str(os.getpid()))
+        context = troupe.get_runtime_context()
+        deadline = time.monotonic() + 120
+        while not context.is_canceled():
+            if time.monotonic() > deadline:
+                return "never cancelled"
+            time.sleep(0.01)
+        open(saw, "w").close()
+        return "saw the cancel"
+
+    def touch(self, path, value=None):
+        with open(path, "w") as f:
+            f.write("ran")
+        return value
+
+    def seven(self):
+        return 7
+
+
+def test_an_actor_call_not_started_never_runs_and_a_running_one_sees_is_canceled(tmp_path):
+    gate = Gate.remote()
+    started, saw, never = (str(tmp_path / n) for n in ("started", "saw", "never"))
+    running = gate.hold.remote(started, saw)
+    wait_until(_exists(started), what="the method started")
+    queued = gate.touch.remote(never)
+    behind = gate.seven.remote()
+    troupe.cancel(queued)
+    with pytest.raises(TaskCancelledError, match="Gate.touch was cancelled"):
+        troupe.get(queued, timeout=60)
+    # A call cannot be forced (Ray raises ValueError too): the actor's
+    # state would go with its worker.
+    with pytest.raises(ValueError, match="force=True is for tasks"):
+        troupe.cancel(running, force=True)
+    troupe.cancel(running)
+    with pytest.raises(TaskCancelledError):
+        troupe.get(running, timeout=60)
+    # The running method saw the cancel and returned; the actor skipped the
+    # cancelled call and ran the one behind it.
+    assert troupe.get(behind, timeout=60) == 7
+    assert os.path.exists(saw) and not os.path.exists(never)
+    troupe.cancel(behind)
+    assert troupe.get(behind, timeout=60) == 7
+
+    # One waiting for its argument is never sent.
+    release, never2 = str(tmp_path / "release"), str(tmp_path / "never2")
+    argument = until_file.remote(str(tmp_path / "arg-started"), release)
+    dependent = gate.touch.remote(never2, argument)
+    troupe.cancel(dependent)
+    with pytest.raises(TaskCancelledError):
+        troupe.get(dependent, timeout=60)
+    open(release, "w").close()
+    assert troupe.get(argument, timeout=60) == "released"
+    assert troupe.get(gate.seven.remote(), timeout=60) == 7
+    assert not os.path.exists(never2)
+
+    # A driver runs no task: there is nothing to ask about.
+    with pytest.raises(RuntimeError, match="runs none"):
+        troupe.get_runtime_context().is_canceled()
+
+
+def test_a_running_async_methods_coroutine_is_cancelled(tmp_path):
+    @troupe.remote
+    class Waiter:
+        async def wait(self, started, cancelled):
+            import asyncio
+
+            open(started, "w").close()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                open(cancelled, "w").close()
+                raise
+
+        async def ping(self):
+            return "pong"
+
+    waiter = Waiter.remote()
+    started, cancelled = str(tmp_path / "started"), str(tmp_path / "cancelled")
+    ref = waiter.wait.remote(started, cancelled)
+    wait_until(_exists(started), what="the coroutine started")
+    troupe.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        troupe.get(ref, timeout=60)
+    wait_until(_exists(cancelled), what="the coroutine saw CancelledError")
+    assert troupe.get(waiter.ping.remote(), timeout=60) == "pong"

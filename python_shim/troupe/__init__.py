@@ -303,15 +303,19 @@ def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
 
 
 def cancel(ref, *, force=False, recursive=True):
-    """Cancels the task whose result `ref` is, as Ray's ray.cancel: unless
-    it has finished, getting `ref` raises TaskCancelledError from now on. A
-    task not yet started never runs; a running one gets KeyboardInterrupt
-    at its next Python instruction (a blocking call such as time.sleep ends
-    first), or with force=True its worker process is killed (the tasks it
-    started lose their owner). `recursive` is taken for Ray's signature;
-    the tasks a cancelled task started run on unless it is forced. Only the
-    process that submitted the task can cancel it; an actor method's call
-    cannot be cancelled (troupe.kill ends the actor)."""
+    """Cancels the task or actor method call whose result `ref` is, as
+    Ray's ray.cancel: unless it has finished, getting `ref` raises
+    TaskCancelledError from now on, and one not yet started never runs.
+    A running task gets KeyboardInterrupt at its next Python instruction
+    (a blocking call such as time.sleep ends first), or with force=True its
+    worker process is killed (the tasks it started lose their owner). A
+    running actor method is not interrupted, as in Ray (the actor's state
+    would be left half-changed): it runs on, and may check
+    get_runtime_context().is_canceled(); an async method's coroutine is
+    cancelled (asyncio.CancelledError). force=True on an actor call is a
+    ConfigError (a ValueError): troupe.kill ends the actor. `recursive` is
+    taken for Ray's signature; the tasks a cancelled task started run on
+    unless it is forced. Only the process that made the call can cancel it."""
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"troupe.cancel takes an ObjectRef, not a {type(ref).__name__}")
     if not isinstance(force, bool) or not isinstance(recursive, bool):
@@ -402,6 +406,21 @@ class RuntimeContext:
 
     def get_gpu_ids(self):
         return list(_core.gpu_ids())
+
+    def is_canceled(self):
+        """As Ray's: inside a task or an actor method, whether troupe.cancel
+        reached it while it ran (a plain method runs on to its end; a long
+        one may check this now and then and return early). RuntimeError
+        where no task or call runs on this thread: a driver, an async
+        method's coroutine (its cancel is asyncio's), a thread the method
+        started."""
+        cancelled = _core.current_task_cancelled()
+        if cancelled is None:
+            raise RuntimeError(
+                "is_canceled() is for the thread of a task or a plain actor method; "
+                "this thread runs none (a driver, an async method, or a thread of the method's own)"
+            )
+        return cancelled
 
 
 def get_runtime_context():

@@ -6,6 +6,7 @@ back as (error, data, buffers, refs). An exception in user code is an answer
 """
 import asyncio
 import collections
+import concurrent.futures
 import ctypes
 import inspect
 import os
@@ -22,10 +23,13 @@ _loop = None  # the worker's event loop for async def methods, made on first use
 _loop_lock = threading.Lock()
 _runs_tasks = False  # a task executor's worker (run_task was called)
 _lend_for = 0  # its CpuLender (_core.wait_observer() on a task's thread)
-# troupe.cancel: the thread of each task running here by its token, and the
-# tokens of tasks cancelled before they started (more than a mailbox holds:
-# the submitter pipelines at most 256 to an executor). Under _cancel_lock.
+# troupe.cancel: the thread of each task running here by its token, the
+# _Coroutine of each async task or method by its token (a call's token is
+# its call id), and the tokens of those cancelled before they got there
+# (more than a mailbox holds: the submitter pipelines at most 256 to an
+# executor). Under _cancel_lock.
 _running = {}
+_coroutines = {}
 _cancelled = collections.OrderedDict()
 _CANCELLED_KEPT = 4096
 _cancel_lock = threading.Lock()
@@ -104,19 +108,72 @@ def _event_loop():
         return _loop
 
 
-def _settle(value):
+class _Coroutine:
+    """A coroutine run as a task on the worker's loop, which any thread may
+    cancel (asyncio's cancel: CancelledError at its current await).
+    result() returns, or raises, only once the coroutine has ended, after a
+    cancel too: its except and finally blocks have run before the call
+    ends and the actor starts its next one."""
+
+    def __init__(self, coroutine):
+        self._loop = _event_loop()
+        self._done = concurrent.futures.Future()
+        self._task = None
+        self._cancelled = False
+        self._loop.call_soon_threadsafe(self._start, coroutine)
+
+    def _start(self, coroutine):  # on the loop, before _cancel (FIFO)
+        self._task = self._loop.create_task(coroutine)
+        self._task.add_done_callback(self._finish)
+        if self._cancelled:
+            self._task.cancel()
+
+    def _finish(self, task):
+        if task.cancelled():
+            self._done.set_exception(asyncio.CancelledError("the call was cancelled (troupe.cancel)"))
+        elif task.exception() is not None:
+            self._done.set_exception(task.exception())
+        else:
+            self._done.set_result(task.result())
+
+    def _cancel(self):
+        self._cancelled = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def cancel(self):
+        self._loop.call_soon_threadsafe(self._cancel)
+
+    def result(self):
+        return self._done.result()
+
+
+def _settle(value, token=0):
     """The value of a call: an async def method's coroutine runs to its end
     on the worker's loop while this call's thread waits (without the GIL);
-    its exception is raised here, for _error."""
-    if inspect.iscoroutine(value):
-        return asyncio.run_coroutine_threadsafe(value, _event_loop()).result()
-    return value
+    its exception is raised here, for _error. troupe.cancel of `token`
+    cancels the coroutine (asyncio.CancelledError inside it)."""
+    if not inspect.iscoroutine(value):
+        return value
+    coroutine = _Coroutine(value)
+    if not token:
+        return coroutine.result()
+    with _cancel_lock:
+        _coroutines[token] = coroutine
+        cancelled = _cancelled.pop(token, False)
+    try:
+        if cancelled:
+            coroutine.cancel()
+        return coroutine.result()
+    finally:
+        with _cancel_lock:
+            _coroutines.pop(token, None)
 
 
-def call_method(instance, name, args, top):
+def call_method(instance, name, args, top, token=0):
     try:
         a, kw = ser.load_call_args(args, top)
-        return _answer(_settle(getattr(instance, name)(*a, **kw)), f"{type(instance).__name__}.{name}")
+        return _answer(_settle(getattr(instance, name)(*a, **kw), token), f"{type(instance).__name__}.{name}")
     except BaseException:
         return _error(f"{type(instance).__name__}.{name} (pid {os.getpid()})")
 
@@ -145,11 +202,18 @@ def lend_for():
 
 
 def interrupt_task(token):
-    """troupe.cancel (without force), on the worker's I/O thread: raises
+    """troupe.cancel (without force), on a thread of its own: cancels the
+    coroutine of async task or method `token`, else raises
     KeyboardInterrupt in the thread that runs task `token` (at its next
-    Python instruction: a blocking call such as time.sleep ends first), or
-    keeps a task that has not started from starting. Whether it ran."""
+    Python instruction: a blocking call such as time.sleep ends first). A
+    plain actor method runs on (the C++ side has flagged it for
+    is_canceled()). One that has not got this far yet is kept, so that it
+    is cancelled as it gets there. Whether it was running."""
     with _cancel_lock:
+        coroutine = _coroutines.get(token)
+        if coroutine is not None:
+            coroutine.cancel()
+            return True
         thread = _running.get(token)
         if thread is None:
             _cancelled[token] = True
@@ -186,7 +250,7 @@ def run_task(key, args, top, token=0):
             fn = _function(key)
             name = getattr(fn, "__qualname__", key)
             a, kw = ser.load_call_args(args, top)
-            return _answer(_settle(fn(*a, **kw)), f"task {name}")
+            return _answer(_settle(fn(*a, **kw), token), f"task {name}")
         finally:
             with _cancel_lock:
                 _running.pop(token, None)

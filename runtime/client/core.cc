@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "troupe/runtime/client/task_cancel.h"
 #include "troupe/runtime/client/task_submitter.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
@@ -69,21 +70,23 @@ void ActorClient::detach(const std::string& reason) {
   for (auto& [f, e] : failures) f(e);
 }
 
-void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fail fail) {
+uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fail fail) {
   Message m;
   m.kind = Kind::CALL;
   m.op = method;
   m.body = std::move(args.bytes());
   m.attachments = std::move(args.attachments());
   std::unique_lock lock(mu_);
-  m.id = next_call_id_++;
+  // Taken under the lock: calls of one client go out in the order of their
+  // ids, which retries keep (queued_).
+  m.id = unique_call_id();
   Pending p{m.id, encode_frame(m), std::move(complete), std::move(fail), info_.max_task_retries};
   if (!detached_.empty()) {
     auto f = std::move(p.fail);
     auto error = std::make_exception_ptr(ConnectionError(detached_error_locked()));
     lock.unlock();
     f(error);
-    return;
+    return m.id;
   }
   if (info_.state == ActorState::kDead) {
     auto f = std::move(p.fail);
@@ -91,13 +94,14 @@ void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fai
     lock.unlock();
     f(std::make_exception_ptr(
         ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name + ") is dead: " + cause)));
-    return;
+    return m.id;
   }
   if (conn_ && conn_->is_open() && queued_.empty()) {
     // A lone call goes out on this thread at once; calls behind others
     // in flight are batched by the I/O thread. The frame is kept only when
     // a retry may need it again.
     bool lone = inflight_.empty();
+    p.sent = true;
     if (p.retries_left != 0) {
       conn_->send(p.frame, lone);
     } else {
@@ -105,10 +109,29 @@ void ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fai
       p.frame = {};
     }
     inflight_.emplace(p.id, std::move(p));
-    return;
+    return m.id;
   }
   queued_.emplace(p.id, std::move(p));
   connect_locked();
+  return m.id;
+}
+
+ActorClient::Withdrawn ActorClient::withdraw(uint64_t call_id) {
+  Pending gone;  // its callbacks are let go after the lock
+  std::lock_guard lock(mu_);
+  if (auto it = queued_.find(call_id); it != queued_.end()) {
+    // Queued again after its connection broke, it may be at the worker all
+    // the same: tell it.
+    const bool sent = it->second.sent;
+    gone = std::move(it->second);
+    queued_.erase(it);
+    return sent ? Withdrawn::kSent : Withdrawn::kQueued;
+  }
+  if (auto it = inflight_.find(call_id); it != inflight_.end()) {
+    it->second.cancelled = true;
+    return Withdrawn::kSent;
+  }
+  return Withdrawn::kNone;
 }
 
 Future<Message> ActorClient::control(const std::string& tag, std::string body) {
@@ -175,6 +198,7 @@ void ActorClient::connect_locked() {
     // Connected already: flush what queued up.
     for (auto& [id, p] : queued_) {
       conn_->send(p.frame);
+      p.sent = true;
       inflight_.emplace(id, std::move(p));
     }
     queued_.clear();
@@ -224,6 +248,7 @@ void ActorClient::on_connected(std::shared_ptr<Connection> c, uint32_t incarnati
   conn_incarnation_ = incarnation;
   for (auto& [id, p] : queued_) {
     conn_->send(p.frame);
+    p.sent = true;
     inflight_.emplace(id, std::move(p));
   }
   queued_.clear();
@@ -245,7 +270,7 @@ std::vector<std::pair<ActorClient::Fail, std::exception_ptr>> ActorClient::drop_
     const std::string& reason) {
   std::vector<std::pair<Fail, std::exception_ptr>> failures;
   for (auto& [id, p] : inflight_) {
-    if (p.retries_left != 0) {
+    if (p.retries_left != 0 && !p.cancelled) {
       if (p.retries_left > 0) --p.retries_left;
       queued_.emplace(id, std::move(p));
     } else {

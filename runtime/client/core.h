@@ -42,8 +42,19 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
 
   // Sends method `method` with encoded args; `complete` gets the reply (OK
   // or error status), `fail` an ActorDied. Thread-safe; calls from one
-  // thread go out in order.
-  void submit(uint32_t method, wire::Encoder&& args, Complete complete, Fail fail);
+  // thread go out in order. Returns the call's id (unique in the process:
+  // the token its actor knows it by, task_cancel.h), for withdraw().
+  uint64_t submit(uint32_t method, wire::Encoder&& args, Complete complete, Fail fail);
+  // Takes call `call_id` back (CallCancel): it is never sent (again, after
+  // a restart). One that was sent stays in flight, so that its reply, if
+  // one comes, is still decoded (refs in it registered and let go); its
+  // future has failed by then and keeps that. Says where it was.
+  enum class Withdrawn {
+    kNone,    // answered or failed already, or not a call of this client
+    kQueued,  // never sent (the actor was connecting or restarting): dropped
+    kSent,    // on its way to the actor, or there: tell it (CancelTask)
+  };
+  Withdrawn withdraw(uint64_t call_id);
   // Sends a typed control message, handled by the worker's I/O thread.
   template <ControlMessage M>
   Future<typename M::Reply> control(const M& message) {
@@ -77,6 +88,8 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
     Complete complete;
     Fail fail;
     int retries_left;
+    bool sent = false;       // its frame went out once (it may be queued again for a retry)
+    bool cancelled = false;  // withdrawn while in flight: answered, never retried
   };
   void connect_locked();
   void on_connected(std::shared_ptr<wire::Connection> c, uint32_t incarnation, const std::string& error);
@@ -96,7 +109,6 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   std::shared_ptr<wire::Connection> conn_;
   uint32_t conn_incarnation_ = 0;
   bool connecting_ = false;
-  uint64_t next_call_id_ = 1;
   std::unordered_map<uint64_t, Pending> inflight_;
   std::map<uint64_t, Pending> queued_;  // by call id, so retries keep their order
   std::map<uint64_t, std::function<void(const wire::ActorInfo&)>> listeners_;  // by listener id

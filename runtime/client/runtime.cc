@@ -99,15 +99,24 @@ Runtime Runtime::attach(std::shared_ptr<client::Core> core) {
 
 CancelOutcome Runtime::cancel_state(const std::shared_ptr<core::FutureStateBase>& state, bool force) const {
   if (!state) throw ConfigError("Runtime::cancel: the future is empty");
-  auto* task = dynamic_cast<client::TaskCancel*>(state.get());
-  if (!task)
-    throw ConfigError(
-        "Runtime::cancel takes the future of a task this process submitted (submit or submit_ref), not of an actor "
-        "call or anything else");
-  auto submitter = live()->service<client::TaskSubmitter>();
-  if (task->owner() != submitter->instance())
-    throw ConfigError("Runtime::cancel: task '" + task->name() + "' was submitted through another Runtime");
-  return task->cancel(*submitter, *state, force);
+  if (auto* task = dynamic_cast<client::TaskCancel*>(state.get())) {
+    auto submitter = live()->service<client::TaskSubmitter>();
+    if (task->owner() != submitter->instance())
+      throw ConfigError("Runtime::cancel: task '" + task->name() + "' was submitted through another Runtime");
+    return task->cancel(*submitter, *state, force);
+  }
+  if (auto* call = dynamic_cast<client::CallCancel*>(state.get())) {
+    auto actor = call->actor();
+    if (actor && &actor->core() != live().get())
+      throw ConfigError("Runtime::cancel: the call of " + call->method() + " was made through another Runtime");
+    if (force)
+      throw ConfigError("Runtime::cancel: force is for tasks; a running actor call (" + call->method() +
+                        ") cannot be forced without losing its actor's state: kill the actor instead");
+    return call->cancel(*state);
+  }
+  throw ConfigError(
+      "Runtime::cancel takes the future of a task or actor call made through this Runtime (submit, submit_ref, "
+      "call, call_ref), not a put's or anything else");
 }
 
 client::ObjectStoreStats Runtime::object_store_stats() { return live()->service<client::ObjectStore>()->stats(); }
@@ -368,6 +377,10 @@ std::vector<int> gpu_ids() {
 }
 bool in_worker() { return worker::WorkerContext::current() != nullptr; }
 Runtime& runtime() { return context("runtime").runtime(); }
+bool is_cancelled() {
+  if (auto cancelled = client::current_task_cancelled()) return *cancelled;
+  throw ConfigError("this_actor::is_cancelled() called on a thread that runs no task or actor call");
+}
 }  // namespace this_actor
 
 namespace worker {

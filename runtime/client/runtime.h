@@ -257,15 +257,18 @@ class Runtime {
   // other tasks and calls, which fetch it from the executor directly.
   template <class R, class... P, class... A>
   Future<ObjectRef<std::decay_t<R>>> submit_ref(R (*fn)(P...), const TaskOptions& options, A&&... args);
-  // Cancels the task whose future `f` is (submit or submit_ref, from this
-  // process), as ray.cancel: unless it had finished, `f` fails with
-  // TaskCancelled now. A task not yet started never runs (queued here, in
-  // its executor's mailbox, or waiting for its arguments); a running one
-  // runs to its end and its result is dropped, or with `force` its worker
-  // is killed (the other tasks sent to that worker run elsewhere, without
-  // spending a retry). Says which (CancelOutcome). ConfigError for a future
-  // that is not a task's. Waits up to 2 s for a task's executor to answer;
-  // not to be called on the runtime's I/O thread (an on_ready callback).
+  // Cancels the task or actor call whose future `f` is (submit, submit_ref,
+  // call, call_ref, from this Runtime), as ray.cancel: unless it had
+  // finished, `f` fails with TaskCancelled now, and CancelOutcome says what
+  // was found. One not yet started never runs (waiting for its arguments,
+  // queued here or for a restarting actor, in a worker's mailbox or on the
+  // wire). A running one runs to its end with its result dropped, and may
+  // ask this_actor::is_cancelled() to end early; with `force`, a running
+  // task's worker is killed (the other tasks sent to it run elsewhere,
+  // without spending a retry). An actor call cannot be forced (its actor's
+  // state would go with it: kill the actor instead): ConfigError, as for a
+  // future that is neither. Waits up to 10 s for the worker to answer; not
+  // to be called on the runtime's I/O thread (an on_ready callback).
   template <class T>
   CancelOutcome cancel(const Future<T>& f, bool force = false) const {
     return cancel_state(f.state(), force);
@@ -311,6 +314,12 @@ uint64_t id();
 std::vector<int> gpu_ids();
 Runtime& runtime();
 bool in_worker();
+// Inside a task or an actor method call, on its thread: whether it was
+// cancelled (Runtime::cancel, troupe.cancel) while it ran; a long one may
+// check now and then and return early (as Ray's is_canceled()).
+// ConfigError on a thread that runs no task or call (a driver, a thread
+// the method started).
+bool is_cancelled();
 // Registers the handler of control message type M, a callable
 // `const M& -> M::Reply` (runs on the worker's I/O thread, concurrently with
 // the actor's current call; keep it short).
@@ -414,14 +423,18 @@ Future<R> ActorHandle<T>::send_call(M method, uint32_t op, A&&... args) const {
                 "method does not belong to this actor type");
   static_assert(sizeof...(A) == MT::kArity, "wrong number of arguments for this method");
   (void)method;
-  auto st = std::make_shared<core::FutureState<R>>();
+  // The future's state holds what cancel needs: no allocation beside it.
+  auto st =
+      std::make_shared<client::CallFutureState<R>>(&client::method_names<T>()[op & ~client::kKeepResult], client_);
   auto send = [client = client_, op, st](Args tuple) {
-    wire::Encoder e;
-    wire::encode(e, tuple);
-    client::Core* core = &client->core();
-    client->submit(
-        op, std::move(e), [st, core](wire::Message& m) { client::complete_call<R>(*st, m, core); },
-        [st](std::exception_ptr ex) { st->set_error(ex); });
+    st->submit_once([&] {
+      wire::Encoder e;
+      wire::encode(e, tuple);
+      client::Core* core = &client->core();
+      return client->submit(
+          op, std::move(e), [st, core](wire::Message& m) { client::complete_call<R>(*st, m, core); },
+          [st](std::exception_ptr ex) { st->set_error(ex); });
+    });
   };
   client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
   return Future<R>(st);

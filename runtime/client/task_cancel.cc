@@ -40,15 +40,21 @@ class CancelledTokens {
   std::deque<uint64_t> order_;
 };
 
-// What runs on every task is kept cheap (a task executor serves hundreds
-// of thousands a second): the tasks running now (one, for an executor that
-// runs one at a time) and a ring of those that ended lately, which only a
-// cancel, rare, searches (a cancel may cross a finished task's reply).
+// What runs on every task and call is kept cheap (an executor serves
+// hundreds of thousands a second): those running now (one, for a worker
+// that runs one at a time) and a ring of those that ended lately, which
+// only a cancel, rare, searches (a cancel may cross a finished one's
+// reply; a busy actor of many callers ends thousands while one reply
+// travels).
+struct Running {
+  uint64_t token;
+  bool cancelled;  // since it began
+};
 struct TaskRecord {
   std::mutex mu;
   CancelledTokens cancelled;
-  std::vector<uint64_t> running;
-  static constexpr size_t kRecent = 1024;
+  std::vector<Running> running;
+  static constexpr size_t kRecent = 8192;
   std::array<uint64_t, kRecent> ended{};
   size_t next_ended = 0;
 };
@@ -58,18 +64,38 @@ TaskRecord& record() {
   return *r;
 }
 
+// The token of the task or call this thread runs.
+thread_local uint64_t tls_current = 0;
+
+std::vector<Running>::iterator find_running(TaskRecord& r, uint64_t token) {
+  return std::find_if(r.running.begin(), r.running.end(), [token](const Running& x) { return x.token == token; });
+}
+
 const bool registered = register_process_control(
     CancelTask::kControlTag,
     typed_control_handler<CancelTask>([](const CancelTask& m) -> int32_t { return mark_task_cancelled(m.token); }));
 
 }  // namespace
 
+uint64_t unique_call_id() {
+  // Below 2^62 at the start, so that ids keep increasing (an ActorClient
+  // orders retries by them) for as long as any process lives.
+  static std::atomic<uint64_t> next{[] {
+    std::random_device rd;
+    return ((static_cast<uint64_t>(rd()) << 32 | rd()) >> 2) | 1;
+  }()};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 TaskState mark_task_cancelled(uint64_t token) {
   (void)registered;
   if (token == 0) return kTaskFinished;
   auto& r = record();
   std::lock_guard lock(r.mu);
-  if (std::find(r.running.begin(), r.running.end(), token) != r.running.end()) return kTaskRunning;
+  if (auto it = find_running(r, token); it != r.running.end()) {
+    it->cancelled = true;
+    return kTaskRunning;
+  }
   if (std::find(r.ended.begin(), r.ended.end(), token) != r.ended.end()) return kTaskFinished;
   r.cancelled.insert(token);
   return kTaskNotStarted;
@@ -80,61 +106,86 @@ bool begin_task(uint64_t token) {
   auto& r = record();
   std::lock_guard lock(r.mu);
   if (!r.cancelled.empty() && r.cancelled.erase(token)) return false;
-  r.running.push_back(token);
+  r.running.push_back({token, false});
+  tls_current = token;
   return true;
 }
 
 void end_task(uint64_t token) {
   if (token == 0) return;
+  tls_current = 0;
   auto& r = record();
   std::lock_guard lock(r.mu);
-  if (auto it = std::find(r.running.begin(), r.running.end(), token); it != r.running.end()) r.running.erase(it);
+  if (auto it = find_running(r, token); it != r.running.end()) r.running.erase(it);
   r.ended[r.next_ended++ % TaskRecord::kRecent] = token;
 }
 
-namespace {
-
-uint64_t next_token() {
-  // Random start, so that tokens of two processes hardly ever meet should
-  // one executor serve both.
-  static std::atomic<uint64_t> next{[] {
-    std::random_device rd;
-    return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
-  }()};
-  uint64_t t;
-  do {
-    t = next.fetch_add(1);
-  } while (t == 0);
-  return t;
+std::optional<bool> current_task_cancelled() {
+  const uint64_t token = tls_current;
+  if (token == 0) return std::nullopt;
+  auto& r = record();
+  std::lock_guard lock(r.mu);
+  auto it = find_running(r, token);
+  return it != r.running.end() && it->cancelled;
 }
 
-}  // namespace
+uint64_t current_task_token() { return tls_current; }
 
-TaskCancel::TaskCancel(std::string name, uint64_t owner)
-    : name_(std::move(name)), owner_(owner), token_(next_token()) {}
-
-bool TaskCancel::begin_submit() {
+bool SubmitOnce::begin_submit() {
   uint64_t before = 0;
   return id_.compare_exchange_strong(before, kSubmitting);
 }
 
-CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force,
-                                 const TellExecutor& tell) {
+uint64_t SubmitOnce::claim_for_cancel(core::FutureStateBase& answer, const std::string& error, CancelOutcome& outcome) {
   uint64_t id = 0;
   if (id_.compare_exchange_strong(id, kCancelledUnsubmitted)) {
     // Its arguments are not all there yet: it is never submitted.
-    const bool done = answer.ready();
-    answer.set_error(std::make_exception_ptr(TaskCancelled("task '" + name_ + "' was cancelled")));
-    return done ? CancelOutcome::kFinished : CancelOutcome::kNotStarted;
+    outcome = answer.ready() ? CancelOutcome::kFinished : CancelOutcome::kNotStarted;
+    answer.set_error(std::make_exception_ptr(TaskCancelled(error)));
+    return 0;
   }
   // Cancelled already, before it was submitted: its future holds that.
-  if (id == kCancelledUnsubmitted) return CancelOutcome::kFinished;
+  if (id == kCancelledUnsubmitted) {
+    outcome = CancelOutcome::kFinished;
+    return 0;
+  }
   // Being submitted (on the I/O thread, which does not wait for anything
-  // here): it may already be on an executor, so wait for its id.
+  // here): it may already be on a worker, so wait for its id.
   while (id == kSubmitting) {
     std::this_thread::yield();
     id = id_.load();
   }
+  return id;
+}
+
+CancelOutcome SubmitOnce::tell_worker(ActorClient& worker, uint64_t token, const TellExecutor& tell,
+                                      const std::string& what) {
+  // Awaited (briefly), so that what still waits in the worker's mailbox
+  // or on the wire is marked there before cancel returns and cannot start
+  // after it.
+  auto told = tell ? tell(worker, token) : worker.control(CancelTask{token});
+  try {
+    if (told.wait_for(kCancelReplyBound))
+      return told.get() == kTaskNotStarted ? CancelOutcome::kNotStarted : CancelOutcome::kStarted;
+    TROUPE_LOG_DEBUG("cancel: the worker of {} did not answer within {} ms; it may still start it", what,
+                     kCancelReplyBound.count());
+  } catch (const std::exception& e) {
+    // Its worker is gone: what it held went with it.
+    TROUPE_LOG_DEBUG("cancel: telling the worker of {}: {}", what, e.what());
+  }
+  return CancelOutcome::kStarted;
+}
+
+TaskCancel::TaskCancel(std::string name, uint64_t owner)
+    : name_(std::move(name)), owner_(owner), token_(unique_call_id()) {}
+
+CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force,
+                                 const TellExecutor& tell) {
+  const std::string what = "task '" + name_ + "'";
+  CancelOutcome outcome{};
+  const uint64_t id = claim_for_cancel(answer, what + " was cancelled", outcome);
+  if (id == 0) return outcome;
+  // The submitter fails the task's future itself (with how it went).
   auto r = s.cancel(id, force);
   switch (r.outcome) {
     case TaskSubmitter::Cancel::kDone:
@@ -146,19 +197,34 @@ CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer
     case TaskSubmitter::Cancel::kRunning:
       break;
   }
-  // Awaited (briefly), so that a task still in the executor's mailbox is
-  // marked there before cancel returns and cannot start after it.
-  auto told = tell ? tell(*r.executor, token_) : r.executor->control(CancelTask{token_});
-  try {
-    if (told.wait_for(kCancelReplyBound))
-      return told.get() == kTaskNotStarted ? CancelOutcome::kNotStarted : CancelOutcome::kStarted;
-    TROUPE_LOG_DEBUG("cancel: the executor of task '{}' did not answer within {} ms; it may still start it", name_,
-                     kCancelReplyBound.count());
-  } catch (const std::exception& e) {
-    // Its executor is gone: the task went with it.
-    TROUPE_LOG_DEBUG("cancel: telling the executor of task '{}': {}", name_, e.what());
+  return tell_worker(*r.executor, token_, tell, what);
+}
+
+CallCancel::CallCancel(const std::string* method, std::weak_ptr<ActorClient> actor)
+    : method_(method), actor_(std::move(actor)) {}
+
+CallCancel::CallCancel(std::string method, std::weak_ptr<ActorClient> actor)
+    : owned_(std::move(method)), method_(&owned_), actor_(std::move(actor)) {}
+
+CancelOutcome CallCancel::cancel(core::FutureStateBase& answer, const TellExecutor& tell) {
+  auto actor = actor_.lock();
+  const std::string what = "call " + (actor ? actor->info().class_name : std::string("actor")) + "." + *method_;
+  CancelOutcome outcome{};
+  const uint64_t id = claim_for_cancel(answer, what + " was cancelled", outcome);
+  if (id == 0) return outcome;
+  // Its client core is gone, and the call failed with it.
+  if (!actor) return CancelOutcome::kFinished;
+  switch (actor->withdraw(id)) {
+    case ActorClient::Withdrawn::kNone:  // answered (or failed) already
+      return CancelOutcome::kFinished;
+    case ActorClient::Withdrawn::kQueued:
+      answer.set_error(std::make_exception_ptr(TaskCancelled(what + " was cancelled")));
+      return CancelOutcome::kNotStarted;
+    case ActorClient::Withdrawn::kSent:
+      break;
   }
-  return CancelOutcome::kStarted;
+  answer.set_error(std::make_exception_ptr(TaskCancelled(what + " was cancelled")));
+  return tell_worker(*actor, id, tell, what);
 }
 
 }  // namespace troupe::client

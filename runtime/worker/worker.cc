@@ -14,6 +14,7 @@
 #include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/task.h"
+#include "troupe/runtime/client/task_cancel.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/malloc_policy.h"
@@ -278,7 +279,18 @@ class ActorHost {
           if (lender) lender->call_ended();
         }
       } end_call{lender_ ? &*lender_ : nullptr};
-      actor_->invoke(call.op & ~client::kKeepResult, d, e, keep ? &keep_result_ : nullptr);
+      // An actor's call is known by its call id to a cancel (task_cancel.h);
+      // a task executor's task by the token in its body.
+      const uint64_t token = task_executor_ ? 0 : call.id;
+      const uint32_t method = call.op & ~client::kKeepResult;
+      if (!client::begin_task(token))
+        throw TaskCancelled("call " + core_->hello_reply().spec.class_name + "." + actor_->method_name(method) +
+                            " was cancelled before it started");
+      struct EndTask {
+        uint64_t token;
+        ~EndTask() { client::end_task(token); }
+      } end_task{token};
+      actor_->invoke(method, d, e, keep ? &keep_result_ : nullptr);
       if (lender_ && store_->stats().objects > 0) reply.op |= client::kHoldsObjects;
       reply.body = std::move(e.bytes());
       reply.attachments = std::move(e.attachments());

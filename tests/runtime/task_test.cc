@@ -135,6 +135,31 @@ class Adder {
   int plus(int a, int b) { return a + b; }
 };
 
+// Writes `started`, then polls this_actor::is_cancelled() (for up to two
+// minutes) and writes `saw` once it says so; returns its polls.
+int64_t poll_until_cancelled(std::string started, std::string saw) {
+  std::ofstream(started) << ::getpid();
+  int64_t polls = 0;
+  bool cancelled = false;
+  troupe::test::eventually(
+      [&] {
+        ++polls;
+        return cancelled = troupe::this_actor::is_cancelled();
+      },
+      120s);
+  if (cancelled) std::ofstream(saw) << polls;
+  return polls;
+}
+
+// An actor whose calls a test cancels: one that runs until cancelled, and
+// ones that leave a trace when they run.
+class Gate {
+ public:
+  int64_t hold(std::string started, std::string saw) { return poll_until_cancelled(started, saw); }
+  int touch(std::string path) { return touch_file(path); }
+  int seven() { return 7; }
+};
+
 size_t open_fds() {
   size_t n = 0;
   for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
@@ -160,7 +185,9 @@ TROUPE_TASK(top)
 TROUPE_TASK(spin_until_file)
 TROUPE_TASK(touch_file)
 TROUPE_TASK(path_when_released)
+TROUPE_TASK(poll_until_cancelled)
 TROUPE_ACTOR(Adder, &Adder::plus)
+TROUPE_ACTOR(Gate, &Gate::hold, &Gate::touch, &Gate::seven)
 
 class TaskTest : public ::testing::Test {
  protected:
@@ -490,12 +517,66 @@ TEST_F(TaskTest, RuntimeCancelSkipsWaitingTasksAndDropsOrKillsRunningOnes) {
   EXPECT_EQ(behind.get(60s), 49);
   EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(pid, 0) != 0; }, 30s)) << "executor " << pid;
 
-  // Not a task's future.
-  auto adder = rt_.spawn<Adder>({});
-  auto call = adder.call(&Adder::plus, 1, 2);
-  EXPECT_THROW(rt_.cancel(call), troupe::ConfigError);
-  EXPECT_EQ(call.get(30s), 3);
+  // Neither a task's nor a call's future.
+  EXPECT_THROW(rt_.cancel(troupe::Future<int>(std::make_shared<troupe::core::FutureState<int>>())),
+               troupe::ConfigError);
   EXPECT_THROW(rt_.cancel(troupe::Future<int>()), troupe::ConfigError);
+}
+
+// Runtime::cancel of actor calls, as ray.cancel of actor tasks: a call
+// queued at the actor behind a running one, or waiting for its argument,
+// never runs; the running one is not stopped (its actor's state would be
+// half-changed) but sees this_actor::is_cancelled() and may end early; a
+// call cannot be forced. A running task sees is_cancelled() too.
+TEST_F(TaskTest, RuntimeCancelSkipsQueuedActorCallsAndFlagsTheRunningOne) {
+  using troupe::CancelOutcome;
+  auto dir = troupe::test::fresh_dir("call-cancel");
+  auto path = [&](const char* name) { return (dir / name).string(); };
+  auto exists = [&](const char* name) { return [p = path(name)] { return std::filesystem::exists(p); }; };
+
+  auto gate = rt_.spawn<Gate>({});
+  auto running = gate.call(&Gate::hold, path("started"), path("saw"));
+  ASSERT_TRUE(troupe::test::eventually(exists("started"), 60s));
+  auto queued = gate.call(&Gate::touch, path("never"));
+  auto next = gate.call(&Gate::seven);
+  EXPECT_EQ(rt_.cancel(queued), CancelOutcome::kNotStarted);
+  try {
+    queued.get(30s);
+    FAIL() << "expected TaskCancelled";
+  } catch (const troupe::TaskCancelled& e) {
+    EXPECT_NE(std::string(e.what()).find("call Gate.touch was cancelled"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(rt_.cancel(running, true), troupe::ConfigError);  // no force for a call
+  EXPECT_EQ(rt_.cancel(running), CancelOutcome::kStarted);
+  EXPECT_THROW(running.get(30s), troupe::TaskCancelled);
+  // The running call saw the cancel and returned; the actor skipped the
+  // cancelled call and ran the one behind it.
+  EXPECT_EQ(next.get(60s), 7);
+  EXPECT_TRUE(std::filesystem::exists(path("saw")));
+  EXPECT_FALSE(std::filesystem::exists(path("never")));
+  EXPECT_EQ(rt_.cancel(next), CancelOutcome::kFinished);
+  EXPECT_EQ(next.get(), 7);
+  EXPECT_EQ(rt_.cancel(running), CancelOutcome::kFinished);  // cancelled already
+
+  // Waiting for its argument (a task's future): never sent.
+  auto argument = rt_.submit(&path_when_released, {}, path("release"), path("never2"));
+  auto dependent = gate.call(&Gate::touch, argument);
+  EXPECT_EQ(rt_.cancel(dependent), CancelOutcome::kNotStarted);
+  EXPECT_THROW(dependent.get(30s), troupe::TaskCancelled);
+  std::ofstream(path("release")) << "go";
+  EXPECT_EQ(argument.get(60s), path("never2"));
+  EXPECT_EQ(gate.call(&Gate::seven).get(60s), 7);
+  EXPECT_FALSE(std::filesystem::exists(path("never2")));
+
+  // A running task sees the cancel too.
+  auto task = rt_.submit(&poll_until_cancelled, {}, path("task-started"), path("task-saw"));
+  ASSERT_TRUE(troupe::test::eventually(exists("task-started"), 60s));
+  EXPECT_EQ(rt_.cancel(task), CancelOutcome::kStarted);
+  EXPECT_THROW(task.get(30s), troupe::TaskCancelled);
+  EXPECT_TRUE(troupe::test::eventually(exists("task-saw"), 60s));
+
+  // Outside a task or call there is nothing to ask about.
+  EXPECT_THROW(troupe::this_actor::is_cancelled(), troupe::ConfigError);
 }
 
 // A long task and short ones in one burst on two CPUs: once the key holds
