@@ -765,6 +765,23 @@ class Pairs:
         return (await box[0]) * 2
 
 
+def test_a_handle_sent_to_another_process_checks_methods_and_keeps_their_defaults():
+    @troupe.remote
+    def use(handles):
+        handle = handles[0]
+        try:
+            handle.missing
+            missing = None
+        except AttributeError as e:
+            missing = str(e)
+        low, high = handle.two.remote(4)  # @troupe.method(num_returns=2)
+        return missing, troupe.get([low, high], timeout=60)
+
+    missing, values = troupe.get(use.remote([Pairs.remote()]), timeout=60)
+    assert missing == "actor class Pairs has no method 'missing'"
+    assert values == [4, -4]
+
+
 def test_num_returns_gives_one_ref_per_value():
     low, high = split_pair.remote(3)
     assert isinstance(low, troupe.ObjectRef) and isinstance(high, troupe.ObjectRef)

@@ -52,13 +52,16 @@ _shutdown_lock = threading.RLock()
 
 
 class _State:
-    def __init__(self, client, job_id, namespace=""):
+    def __init__(self, client, job_id, namespace="", env_vars=None):
         self.client = client
         self.job_id = job_id
         # Where named actors are made and looked up by default: the
         # driver's init(namespace=...), "" (the default: names as given,
         # cluster-wide) when none was.
         self.namespace = namespace
+        # runtime_env's env_vars that every task and actor started from
+        # here gets (a driver's init(runtime_env=...), a worker's own).
+        self.env_vars = env_vars or {}
 
 
 def _client():
@@ -112,7 +115,7 @@ def _attach_worker():
             # it started: from the process's environment, not os.environ's
             # copy of it.
             _state = _State(_core.Client.attach_worker(), _core.getenv("PYTROUPE_JOB_ID"),
-                            _core.getenv("PYTROUPE_NAMESPACE"))
+                            _core.getenv("PYTROUPE_NAMESPACE"), _remote.inherited_env_vars())
         return _state
 
 
@@ -120,15 +123,19 @@ _LOGGING_LEVELS = {10: "debug", 20: "info", 30: "warning", 40: "error", 50: "cri
 
 
 def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespace=None,
-         ignore_reinit_error=False, object_store_memory=None, logging_level=None, _token=None):
+         ignore_reinit_error=False, object_store_memory=None, logging_level=None, runtime_env=None,
+         _token=None):
     """Starts an embedded local cluster (address None), or connects to one:
     "HOST:PORT", or "auto" for the cluster `troupe start --head` recorded in
     the session directory. The token comes from TROUPE_TOKEN or the session
     directory, as for C++ drivers. `namespace`: where this driver's named
     actors (and those of its tasks and actors) live and are looked up; None
-    (the default) keeps names cluster-wide, unlike Ray's anonymous one."""
+    (the default) keeps names cluster-wide, unlike Ray's anonymous one.
+    `runtime_env`: {"env_vars": {...}} for every task and actor of this
+    job, as Ray's (other keys are refused by name)."""
     global _state
     _remote.check_namespace(namespace, "troupe.init")
+    env_vars = _remote.runtime_env_vars(runtime_env, "troupe.init")
     if address is None:
         address = os.environ.get("TROUPE_ADDRESS") or None
     # A Python driver's console is the script's: the runtime's warnings and
@@ -173,7 +180,7 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
                 return
             raise RuntimeError("troupe.init() was called twice (troupe.shutdown() first)")
         client = _core.Client(address or "", _token or "", {k: float(v) for k, v in node.items()})
-        _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "")
+        _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "", env_vars)
     atexit.register(shutdown)
 
 

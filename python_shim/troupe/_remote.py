@@ -6,8 +6,10 @@ kept in the cluster's KV store under its content hash, fetched by a worker
 the first time it runs it. An actor's class travels in its spec (the head
 keeps it for restarts).
 """
+import functools
 import hashlib
 import inspect
+import json
 import numbers
 import re
 
@@ -25,9 +27,9 @@ _PLACEMENT_OPTIONS = {"scheduling_strategy", "placement_group", "placement_group
 # children: the group's id.
 CAPTURE_ENV = "PYTROUPE_CAPTURE_PG"
 _TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "num_returns",
-                 "retry_exceptions", "preload_modules"} | _PLACEMENT_OPTIONS
+                 "retry_exceptions", "preload_modules", "runtime_env"} | _PLACEMENT_OPTIONS
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
-                  "lifetime", "namespace", "get_if_exists", "preload_modules"} | _PLACEMENT_OPTIONS
+                  "lifetime", "namespace", "get_if_exists", "preload_modules", "runtime_env"} | _PLACEMENT_OPTIONS
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # The head has one flat table of actor names: a name in a namespace is kept
 # there as NAMESPACE/NAME, one in the default namespace ("") as NAME alone,
@@ -219,6 +221,50 @@ def _preload(options):
     return tuple(mods)
 
 
+# runtime_env's env_vars travel to a worker as its environment, and once
+# more under this name (JSON), from which the worker's Python sets
+# os.environ (a pooled worker's started before they came) and passes them
+# on to the tasks and actors it starts.
+RUNTIME_ENV_VARS = "PYTROUPE_ENV_VARS"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def runtime_env_vars(runtime_env, what):
+    """The env_vars of a runtime_env option ({} for None), checked: troupe
+    takes Ray's env_vars and refuses any other key by name."""
+    if runtime_env is None:
+        return {}
+    if not isinstance(runtime_env, dict):
+        raise ConfigError(f"{what}: runtime_env must be a dict such as {{'env_vars': {{...}}}}, "
+                          f"got a {type(runtime_env).__name__}")
+    for key in runtime_env:
+        if key != "env_vars":
+            raise ConfigError(f"{what}: runtime_env key {key!r} is not supported (troupe takes env_vars; "
+                              "code and packages must be on every node, as for a C++ worker)")
+    env_vars = runtime_env.get("env_vars") or {}
+    if not isinstance(env_vars, dict):
+        raise ConfigError(f"{what}: runtime_env env_vars must be a dict of str to str, "
+                          f"got a {type(env_vars).__name__}")
+    for name, value in env_vars.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ConfigError(f"{what}: runtime_env env_vars: {name!r} is not an environment variable name")
+        if name.startswith(("TROUPE_", "PYTROUPE_")):
+            raise ConfigError(f"{what}: runtime_env env_vars: {name} is troupe's own variable")
+        if not isinstance(value, str):
+            raise ConfigError(f"{what}: runtime_env env_vars[{name!r}] must be a str, "
+                              f"got a {type(value).__name__} ({value!r})")
+        if "\0" in value:
+            raise ConfigError(f"{what}: runtime_env env_vars[{name!r}] holds a NUL character")
+    return dict(env_vars)
+
+
+def inherited_env_vars():
+    """The env_vars this worker was started with, which the tasks and
+    actors it starts inherit (as in Ray)."""
+    text = _core.getenv(RUNTIME_ENV_VARS)
+    return json.loads(text) if text else {}
+
+
 def _runtime_options(options, default_cpus):
     """Ray's options -> the runtime's (resources, restarts, the worker)."""
     resources = {}
@@ -259,6 +305,13 @@ def _runtime_options(options, default_cpus):
     if capture:
         # Its children (and theirs) go to the same group unless told otherwise.
         env.append(f"{CAPTURE_ENV}={out['placement_group']}")
+    # The job's (or the starting worker's) env_vars, and on top those of
+    # this task's or actor's runtime_env, as Ray merges them.
+    env_vars = dict(state.env_vars) if state else {}
+    env_vars.update(runtime_env_vars(options.get("runtime_env"), "runtime_env option"))
+    if env_vars:
+        env.append(f"{RUNTIME_ENV_VARS}={json.dumps(env_vars, sort_keys=True)}")
+        env.extend(f"{name}={value}" for name, value in sorted(env_vars.items()))
     if env:
         out["env"] = env
     return out
@@ -423,14 +476,17 @@ class ActorHandle:
     """A handle to an actor: handle.method.remote(...) returns an ObjectRef.
     Calls from one caller run in the order sent."""
 
-    def __init__(self, actor, cls, client, lifetime=None):
+    def __init__(self, actor, cls, client, lifetime=None, table=None):
         self._actor = actor
-        self._cls = cls
         self._client = client
         # The actor's lifetime ref (client.actor_lifetime) when its creator
         # ends it once no handle is left anywhere; None for detached and
         # named actors and for handles found by name or id.
         self._lifetime = lifetime
+        # The class's name and its methods' num_returns defaults by name
+        # (_method_table): what a handle pickled into another process takes
+        # along; None for a handle found by name or id, which checks nothing.
+        self._table = _method_table(cls) if cls is not None else table
         self._methods = {}
 
     def __getattr__(self, name):
@@ -439,11 +495,10 @@ class ActorHandle:
         methods = self.__dict__["_methods"]
         m = methods.get(name)
         if m is None:
-            cls = self.__dict__["_cls"]
-            fn = getattr(cls, name, None) if cls is not None else None
-            if cls is not None and not callable(fn):
-                raise AttributeError(f"actor class {cls.__name__} has no method {name!r}")
-            m = methods[name] = ActorMethod(self, name, getattr(fn, "_troupe_num_returns", 1))
+            table = self.__dict__["_table"]
+            if table is not None and name not in table[1]:
+                raise AttributeError(f"actor class {table[0]} has no method {name!r}")
+            m = methods[name] = ActorMethod(self, name, table[1][name] if table is not None else 1)
         return m
 
     def __repr__(self):
@@ -457,7 +512,7 @@ class ActorHandle:
 
     def __copy__(self):
         # A copy holds the actor as the original does.
-        return ActorHandle(self._actor, self._cls, self._client, self._lifetime)
+        return ActorHandle(self._actor, None, self._client, self._lifetime, self._table)
 
     def __deepcopy__(self, memo):
         return self.__copy__()
@@ -467,9 +522,8 @@ class ActorHandle:
         # So does the lifetime ref, when troupe pickles the handle (a copy
         # pickled elsewhere does not keep the actor alive).
         _session_client(self, "pickling its handle")
-        if self._lifetime is not None and ser.pickling_refs():
-            return _handle_by_id, (self._actor.id, self._lifetime)
-        return _handle_by_id, (self._actor.id,)
+        lifetime = self._lifetime if self._lifetime is not None and ser.pickling_refs() else None
+        return _handle_by_id, (self._actor.id, lifetime, self._table)
 
 
 def _session_client(handle, what):
@@ -480,9 +534,24 @@ def _session_client(handle, what):
     return troupe._same_session(handle._client, f"{what}: actor {handle._actor.id}")
 
 
-def _handle_by_id(actor_id, lifetime=None):
+def _handle_by_id(actor_id, lifetime=None, table=None):
     client = _client()
-    return ActorHandle(client.actor_by_id(actor_id), None, client, lifetime)
+    return ActorHandle(client.actor_by_id(actor_id), None, client, lifetime, table)
+
+
+@functools.lru_cache(maxsize=1024)
+def _method_table(cls):
+    """(class name, {method: its @troupe.method num_returns}) of an actor
+    class: what its handles check calls against, here and wherever they are
+    sent."""
+    methods = {}
+    for name in dir(cls):
+        if name.startswith("__"):
+            continue
+        fn = getattr(cls, name, None)
+        if callable(fn):
+            methods[name] = getattr(fn, "_troupe_num_returns", 1)
+    return cls.__name__, methods
 
 
 def _actor_handle(actor, cls):

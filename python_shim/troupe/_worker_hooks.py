@@ -37,13 +37,17 @@ _cancel_lock = threading.Lock()
 
 def _sync_environment():
     # A pooled worker receives its actor's environment (CUDA_VISIBLE_DEVICES,
-    # extra variables) after the interpreter started: os.environ catches up.
-    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE"):
+    # runtime_env's env_vars) after the interpreter started: os.environ
+    # catches up.
+    from troupe import _remote
+
+    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE", _remote.RUNTIME_ENV_VARS):
         value = _core.getenv(name)
         if value:
             os.environ[name] = value
         else:
             os.environ.pop(name, None)
+    os.environ.update(_remote.inherited_env_vars())  # an empty value included
 
 
 def _answer(value, what):
