@@ -23,7 +23,7 @@ void FailureRecovery::run() {
   respawn_loaders();
   replace_trainers();
   // A new generation, and one state everywhere.
-  p_.gang.setup_new(p_.cfg.call_timeout);
+  p_.gang.setup_new(p_.cfg.setup_bound());
   if (!any_state_ || p_.cfg.failure.mode == RecoveryMode::kCheckpoint)
     restore_from_disk();
   else
@@ -188,12 +188,12 @@ void FailureRecovery::restore_from_disk() {
   if (!disk) {
     // Back to the initial weights: survivors set up afresh too.
     for (auto& s : gang.slots()) s.ready = false;
-    gang.setup_new(p_.cfg.call_timeout);
+    gang.setup_new(p_.cfg.setup_bound());
   }
-  gang.form(-1, p_.cfg.call_timeout);
+  gang.form(-1, p_.cfg.setup_bound());
   if (disk) {
     for (auto& s : gang.slots()) s.has_state = false;  // until the load succeeds
-    gang.load_everywhere(*disk, p_.cfg.call_timeout);
+    gang.load_everywhere(*disk, p_.cfg.setup_bound());
     rec_.mode = RecoveryMode::kCheckpoint;
     event(JobEventKind::kRestored, "every trainer took the checkpoint of step " + std::to_string(disk->step));
   } else {
@@ -212,7 +212,7 @@ void FailureRecovery::heal() {
   auto& gang = p_.gang;
   const int64_t before = gang.step();
   const auto before_cursor = gang.cursor();
-  gang.form(heal_src_, p_.cfg.call_timeout);
+  gang.form(heal_src_, p_.cfg.setup_bound());
   // Steps the survivors completed inside the failed round count as
   // consumed: what each old rank read in them follows from the cursor the
   // round started at (the dead ranks' share included).

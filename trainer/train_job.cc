@@ -200,7 +200,7 @@ Result Run::fit() {
     writer_ = std::make_unique<CheckpointWriter>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
 
   start();
-  if (resume) gang_.load_everywhere(*resume, cfg_.call_timeout);
+  if (resume) gang_.load_everywhere(*resume, cfg_.setup_bound());
   last_grow_check_ = Clock::now();
   train();
   return finish();
@@ -235,8 +235,8 @@ void Run::start() {
   event(JobEventKind::kPlaced, std::to_string(gang_.world()) + " bundles " + format_resources(sc.resources_per_worker));
   // Standbys start now, so their setup runs beside the trainers'.
   refill_standby();
-  gang_.setup_new(cfg_.call_timeout);
-  gang_.form(-1, cfg_.call_timeout);
+  gang_.setup_new(cfg_.setup_bound());
+  gang_.form(-1, cfg_.setup_bound());
   const TrainerInfo& info = gang_.info();
   event(JobEventKind::kStarted, std::to_string(gang_.world()) + " trainers, " + info.model + ", " +
                                     std::to_string(info.parameters) + " parameters on " + info.device);
@@ -482,8 +482,8 @@ void Run::maybe_grow() {
   const size_t n = added.size();
   gang_.add(std::move(added));
   event(JobEventKind::kGrew, std::to_string(n) + " new trainer(s) placed to grow");
-  gang_.setup_new(cfg_.call_timeout);
-  gang_.form(0, cfg_.call_timeout);
+  gang_.setup_new(cfg_.setup_bound());
+  gang_.form(0, cfg_.setup_bound());
   const int64_t step = gang_.step();
   event(JobEventKind::kGrowHealed, "new trainers took rank 0's state at step " + std::to_string(step));
   event(JobEventKind::kResized, std::to_string(before) + " -> " + std::to_string(gang_.world()) + " workers at step " +

@@ -33,6 +33,7 @@
 // lines, console) and ConsumedRecord (Result::consumed).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -166,6 +167,12 @@ struct TrainJobConfig {
   // Executable for the trainers ("" = the driver's own).
   std::string executable;
   std::chrono::milliseconds call_timeout{std::chrono::minutes(10)};
+  // What setting up and forming the gang may take (trainers that start,
+  // load their model and meet in a group, a heal's or a checkpoint's state
+  // sent to them): call_timeout bounds a round, whose time a user knows;
+  // this, at least, bounds the rest, whose time a loaded machine stretches.
+  std::chrono::milliseconds setup_timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds setup_bound() const { return std::max(call_timeout, setup_timeout); }
   // Keep the data set indices every completed step trained on, per epoch
   // (Result::consumed): for tests of exactly-once delivery.
   bool record_indices = false;
