@@ -123,14 +123,11 @@ class _Coroutine:
         self._loop = _event_loop()
         self._done = concurrent.futures.Future()
         self._task = None
-        self._cancelled = False
         self._loop.call_soon_threadsafe(self._start, coroutine)
 
-    def _start(self, coroutine):  # on the loop, before _cancel (FIFO)
+    def _start(self, coroutine):  # on the loop, before any _cancel (FIFO)
         self._task = self._loop.create_task(coroutine)
         self._task.add_done_callback(self._finish)
-        if self._cancelled:
-            self._task.cancel()
 
     def _finish(self, task):
         if task.cancelled():
@@ -140,13 +137,8 @@ class _Coroutine:
         else:
             self._done.set_result(task.result())
 
-    def _cancel(self):
-        self._cancelled = True
-        if self._task is not None:
-            self._task.cancel()
-
     def cancel(self):
-        self._loop.call_soon_threadsafe(self._cancel)
+        self._loop.call_soon_threadsafe(lambda: self._task.cancel())
 
     def result(self):
         return self._done.result()
