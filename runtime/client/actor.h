@@ -155,7 +155,12 @@ const ActorFactory* find_factory(const std::string& key);
 
 template <class T, class... A>
 std::string factory_key() {
-  return std::string(ActorTraits<T>::kName) + "/" + typeid(std::tuple<A...>).name();
+  // Appended, not concatenated with +: GCC 12 warns (-Warray-bounds, wrongly)
+  // on the inlined operator+ here.
+  std::string key(ActorTraits<T>::kName);
+  key += '/';
+  key += typeid(std::tuple<A...>).name();
+  return key;
 }
 
 template <class T, class... A>

@@ -2,6 +2,8 @@
 
 #include <malloc.h>
 
+#include <string_view>
+
 #include "troupe/runtime/core/errors.h"
 
 namespace troupe::core {
@@ -27,22 +29,25 @@ std::string apply_malloc_policy(MallocPolicy policy) {
 }
 
 void add_exec_time_malloc_settings(std::vector<std::string>& env) {
-  const std::string policy_key = std::string(kEnvWorkerMalloc) + "=";
+  // Built with string_views and append: GCC 12 warns (-Warray-bounds,
+  // wrongly) on inlined std::string concatenations here.
+  const std::string_view policy_name = kEnvWorkerMalloc;
   const std::string tunables_key = "GLIBC_TUNABLES=";
   const std::string* tunables = nullptr;
   bool system = false;  // anything but "reuse" and "system" was refused at the agent's start
   for (const auto& kv : env) {
-    if (kv.rfind(policy_key, 0) == 0) system = kv.substr(policy_key.size()) == "system";
+    const std::string_view entry = kv;
+    if (entry.size() > policy_name.size() && entry.starts_with(policy_name) && entry[policy_name.size()] == '=')
+      system = entry.substr(policy_name.size() + 1) == "system";
     if (kv.rfind(tunables_key, 0) == 0) tunables = &kv;
   }
   if (system) return;
-  constexpr const char* kHugePages = "glibc.malloc.hugetlb";
-  if (!tunables) {
-    env.push_back(tunables_key + kHugePages + "=1");
-  } else if (tunables->find(kHugePages) == std::string::npos) {
-    const std::string value = tunables->substr(tunables_key.size());
-    env.push_back(tunables_key + (value.empty() ? "" : value + ":") + kHugePages + "=1");
-  }
+  constexpr std::string_view kHugePages = "glibc.malloc.hugetlb";
+  if (tunables && tunables->find(kHugePages) != std::string::npos) return;
+  std::string entry = tunables ? *tunables : tunables_key;
+  if (entry.size() > tunables_key.size()) entry.push_back(':');
+  entry.append(kHugePages).append("=1");
+  env.push_back(std::move(entry));
 }
 
 }  // namespace troupe::core

@@ -326,4 +326,8 @@ HttpServer::~HttpServer() = default;
 int HttpServer::port() const { return impl_->port(); }
 void HttpServer::stop() { impl_->stop(); }
 
+void HttpResponse::set_header(std::string name, std::string value) {
+  headers.emplace_back(std::move(name), std::move(value));
+}
+
 }  // namespace troupe::head

@@ -103,7 +103,7 @@ bool fits(const Resources& avail, const Resources& req) {
 
 namespace {
 // Adds sign * req to avail; a non-finite amount is refused before any is stored.
-void accumulate(Resources& avail, const Resources& req, double sign) {
+void add_scaled(Resources& avail, const Resources& req, double sign) {
   for (const auto& [k, v] : req)
     if (!std::isfinite(v) || !std::isfinite(get(avail, k)))
       throw ConfigError("resource '" + k + "' is not a finite number");
@@ -112,9 +112,9 @@ void accumulate(Resources& avail, const Resources& req, double sign) {
 }
 }  // namespace
 
-void subtract(Resources& avail, const Resources& req) { accumulate(avail, req, -1); }
+void subtract(Resources& avail, const Resources& req) { add_scaled(avail, req, -1); }
 
-void add(Resources& avail, const Resources& req) { accumulate(avail, req, 1); }
+void add(Resources& avail, const Resources& req) { add_scaled(avail, req, 1); }
 
 std::string format_resources(const Resources& r) {
   std::ostringstream s;
