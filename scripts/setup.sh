@@ -30,7 +30,7 @@ PACKAGES=(
   libsqlite3-dev python3-prometheus-client
   chromium fonts-dejavu-core fonts-liberation
   slurmctld slurmd slurm-client munge
-  yamllint python3-jsonschema iproute2
+  yamllint python3-jsonschema iproute2 universal-ctags
 )
 
 missing=()
