@@ -24,9 +24,9 @@ function(troupe_pch_host target set)
   target_precompile_headers(${target} PRIVATE ${TROUPE_PCH_${up}_HEADERS})
 endfunction()
 
-# troupe_pch_stub(runtime|torch LIBS...): the executables' host of the set,
-# linked (never built: EXCLUDE_FROM_ALL) as its users are, so that it
-# compiles with their definitions.
+# troupe_pch_stub(runtime|torch LIBS...): the executables' host of the set.
+# It takes LIBS' usage requirements so that its header compiles with its
+# users' definitions; EXCLUDE_FROM_ALL: only its header is ever built.
 function(troupe_pch_stub set)
   add_executable(troupe_pch_${set} EXCLUDE_FROM_ALL ${PROJECT_SOURCE_DIR}/cmake/pch_stub.cc)
   target_link_libraries(troupe_pch_${set} PRIVATE ${ARGN})

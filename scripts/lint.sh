@@ -30,17 +30,17 @@ if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
 fi
 limit=80
 if [ "${1:-}" != "--clang-tidy" ]; then
-  findings=$(git ls-files 'runtime/*.cc' 'runtime/*.h' 'actors/*.cc' 'actors/*.h' 'trainer/*.cc' 'trainer/*.h' |
+  sources=$(git ls-files 'runtime/*.cc' 'runtime/*.h' 'actors/*.cc' 'actors/*.h' 'trainer/*.cc' 'trainer/*.h')
+  findings=$(echo "$sources" |
     ctags-universal --languages=C++ --langmap=C++:+.h --kinds-C++=f --fields=+ne -x --_xformat='%n	%e	%F	%N' -L - |
     awk -F'\t' -v limit="$limit" '$2 != "" && $2 - $1 > limit {
       printf "%s:%s: function %s has %d lines (more than %d)\n", $3, $1, $4, $2 - $1, limit }')
-  checked=$(git ls-files 'runtime/*.cc' 'runtime/*.h' 'actors/*.cc' 'actors/*.h' 'trainer/*.cc' 'trainer/*.h' | wc -l)
   if [ -n "$findings" ]; then
     echo "$findings"
     echo "lint: FAILED: $(echo "$findings" | wc -l) function(s) over $limit lines"
     exit 1
   fi
-  echo "lint: ok ($checked files, no function over $limit lines)"
+  echo "lint: ok ($(echo "$sources" | wc -l) files, no function over $limit lines)"
   exit 0
 fi
 shift
