@@ -1,5 +1,6 @@
 #include "troupe/runtime/client/core.h"
 
+#include <algorithm>
 #include <random>
 
 #include "troupe/runtime/client/task_cancel.h"
@@ -234,11 +235,21 @@ void ActorClient::on_connected(std::shared_ptr<Connection> c, uint32_t incarnati
   std::lock_guard lock(mu_);
   connecting_ = false;
   if (!c) {
-    // The worker is gone or going; the head's next update tells us where
-    // (or that it is dead). Nothing to do until then.
-    TROUPE_LOG_DEBUG("actor {}: connect failed: {}", id_, error);
+    TROUPE_LOG_DEBUG("actor {}: connect to incarnation {} failed: {}", id_, incarnation, error);
+    if (queued_.empty()) return;
+    if (incarnation != info_.incarnation) {
+      // The head told of the process that replaced it while this connect
+      // was under way (its update left the connect to finish): that one.
+      connect_locked();
+      return;
+    }
+    // The head still says this process is alive: it is gone and the head
+    // does not know yet (its update comes, and connects), or the connect
+    // failed on the way (a handshake timed out under load). Again, later.
+    retry_connect_later_locked();
     return;
   }
+  connect_backoff_ = std::chrono::milliseconds(0);
   if (incarnation != info_.incarnation || info_.state != ActorState::kAlive) {
     c->close("stale incarnation");
     connect_locked();
@@ -252,6 +263,19 @@ void ActorClient::on_connected(std::shared_ptr<Connection> c, uint32_t incarnati
     inflight_.emplace(id, std::move(p));
   }
   queued_.clear();
+}
+
+void ActorClient::retry_connect_later_locked() {
+  connect_backoff_ = std::clamp(2 * connect_backoff_, kConnectBackoffMin, kConnectBackoffMax);
+  auto timer = std::make_shared<asio::steady_timer>(core_.io(), connect_backoff_);
+  std::weak_ptr<ActorClient> weak = shared_from_this();
+  timer->async_wait([timer, weak](const asio::error_code& ec) {
+    if (ec) return;
+    if (auto self = weak.lock()) {
+      std::lock_guard lock(self->mu_);
+      if (!self->queued_.empty()) self->connect_locked();
+    }
+  });
 }
 
 void ActorClient::on_reply(Message&& m) {

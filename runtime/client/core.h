@@ -13,6 +13,7 @@
 
 #include <asio.hpp>
 
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -92,6 +93,12 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
     bool cancelled = false;  // withdrawn while in flight: answered, never retried
   };
   void connect_locked();
+  // A connect failed while the head still says its process is alive:
+  // connect_locked() again after connect_backoff_ (doubled each time, reset
+  // by a connect that succeeds).
+  void retry_connect_later_locked();
+  static constexpr std::chrono::milliseconds kConnectBackoffMin{10};
+  static constexpr std::chrono::milliseconds kConnectBackoffMax{1000};
   void on_connected(std::shared_ptr<wire::Connection> c, uint32_t incarnation, const std::string& error);
   void on_reply(wire::Message&& m);
   void on_closed(uint32_t incarnation, const std::string& reason);
@@ -109,6 +116,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   std::shared_ptr<wire::Connection> conn_;
   uint32_t conn_incarnation_ = 0;
   bool connecting_ = false;
+  std::chrono::milliseconds connect_backoff_{0};
   std::unordered_map<uint64_t, Pending> inflight_;
   std::map<uint64_t, Pending> queued_;  // by call id, so retries keep their order
   std::map<uint64_t, std::function<void(const wire::ActorInfo&)>> listeners_;  // by listener id

@@ -1,7 +1,10 @@
 // Integration tests of the actor runtime on a LocalCluster: a real head
 // process, two node-agent processes and real worker processes on loopback.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -333,6 +336,47 @@ TEST_F(ClusterTest, KilledWorkerRestartsThenDiesWhenRestartsRunOut) {
   ASSERT_TRUE(eventually([&] { return c.info().state == troupe::ActorState::kDead; }));
   EXPECT_NE(c.info().death_cause.find("signal 9"), std::string::npos) << c.info().death_cause;
   EXPECT_THROW(c.call(&Counter::get).get(kWaitBound), troupe::ActorDied);
+}
+
+// A call made just after its actor's worker died: its client connects to
+// the dead process's address while the head reports the replacement. The
+// head's update finds that connect under way and leaves it; when it fails,
+// the call goes to the replacement (it once waited forever: hello_actors'
+// call after its SIGKILL hung under load). The "dead process" here is a
+// socket that completes TCP connects and never answers a hello, closed
+// after the update: the order is forced, not raced.
+TEST_F(ClusterTest, CallQueuedWhileConnectingToAReplacedWorkerGoesToTheReplacement) {
+  auto c = rt_.spawn<Counter>({}, 5);
+  ASSERT_EQ(c.call(&Counter::get).get(kWaitBound), 5);
+  const troupe::ActorInfo replacement = c.info();
+
+  int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(silent, 4), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+
+  troupe::ActorInfo dead = replacement;
+  dead.address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  troupe::ActorInfo newer = replacement;
+  newer.incarnation = dead.incarnation + 1;
+  auto core = rt_.core();
+  auto client = std::make_shared<troupe::client::ActorClient>(*core, dead);
+  auto answer = std::make_shared<troupe::core::FutureState<int>>();
+  troupe::wire::Encoder args;
+  troupe::wire::encode(args, std::tuple<>{});
+  client->submit(
+      troupe::client::method_index<Counter>(&Counter::get), std::move(args),
+      [answer, raw = core.get()](troupe::wire::Message& m) { troupe::client::complete_call<int>(*answer, m, raw); },
+      [answer](std::exception_ptr e) { answer->set_error(e); });
+  client->on_update(newer);  // while the connect to `dead` waits for its hello
+  ::close(silent);           // refuses it: the connect fails
+  EXPECT_EQ(troupe::Future<int>(answer).get(kWaitBound), 5);
+  client->detach("test over");
 }
 
 TEST_F(ClusterTest, TaskRetriesResendCallsInFlight) {
