@@ -195,22 +195,12 @@ std::string PyClient::cancel(const PyRef& ref, bool force) {
   // What was sent on: the worker marks it (one not started never starts),
   // interrupts a running task and cancels an async method's coroutine.
   auto interrupt = [](client::ActorClient& worker, uint64_t token) { return worker.control(PyInterruptTask{token}); };
-  if (const auto& call = ref.call()) {
-    auto actor = call->actor();
-    if (actor && &actor->core() != core().get())
-      throw ConfigError("troupe.cancel: the call of " + call->method() + " was made by another troupe.init");
-    if (force)
-      throw ConfigError("troupe.cancel: force=True is for tasks; a running actor method (" + call->method() +
-                        ") cannot be forced without losing its actor's state: troupe.kill the actor instead");
-    return outcome_name(call->cancel(*st, interrupt));
-  }
+  constexpr client::CancelApi api{"troupe.cancel", "troupe.init", "force=True", "troupe.kill"};
+  if (const auto& call = ref.call()) return outcome_name(call->cancel(*core(), *st, force, api, interrupt));
   const auto& task = ref.task();
   if (!task)
     throw ConfigError("troupe.cancel takes the ref of a task or actor method call made by this process, not a put's");
-  auto submitter = core()->service<client::TaskSubmitter>();
-  if (task->owner() != submitter->instance())
-    throw ConfigError("troupe.cancel: task '" + task->name() + "' was submitted by another troupe.init");
-  return outcome_name(task->cancel(*submitter, *st, force, interrupt));
+  return outcome_name(task->cancel(*core()->service<client::TaskSubmitter>(), *st, force, api, interrupt));
 }
 
 std::shared_ptr<PyRef> PyClient::put(PyValue value) {

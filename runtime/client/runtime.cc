@@ -99,21 +99,10 @@ Runtime Runtime::attach(std::shared_ptr<client::Core> core) {
 
 CancelOutcome Runtime::cancel_state(const std::shared_ptr<core::FutureStateBase>& state, bool force) const {
   if (!state) throw ConfigError("Runtime::cancel: the future is empty");
-  if (auto* task = dynamic_cast<client::TaskCancel*>(state.get())) {
-    auto submitter = live()->service<client::TaskSubmitter>();
-    if (task->owner() != submitter->instance())
-      throw ConfigError("Runtime::cancel: task '" + task->name() + "' was submitted through another Runtime");
-    return task->cancel(*submitter, *state, force);
-  }
-  if (auto* call = dynamic_cast<client::CallCancel*>(state.get())) {
-    auto actor = call->actor();
-    if (actor && &actor->core() != live().get())
-      throw ConfigError("Runtime::cancel: the call of " + call->method() + " was made through another Runtime");
-    if (force)
-      throw ConfigError("Runtime::cancel: force is for tasks; a running actor call (" + call->method() +
-                        ") cannot be forced without losing its actor's state: kill the actor instead");
-    return call->cancel(*state);
-  }
+  if (auto* task = dynamic_cast<client::TaskCancel*>(state.get()))
+    return task->cancel(*live()->service<client::TaskSubmitter>(), *state, force, client::kCppCancelApi);
+  if (auto* call = dynamic_cast<client::CallCancel*>(state.get()))
+    return call->cancel(*live(), *state, force, client::kCppCancelApi);
   throw ConfigError(
       "Runtime::cancel takes the future of a task or actor call made through this Runtime (submit, submit_ref, "
       "call, call_ref), not a put's or anything else");

@@ -179,8 +179,10 @@ CancelOutcome SubmitOnce::tell_worker(ActorClient& worker, uint64_t token, const
 TaskCancel::TaskCancel(std::string name, uint64_t owner)
     : name_(std::move(name)), owner_(owner), token_(unique_call_id()) {}
 
-CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force,
+CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const CancelApi& api,
                                  const TellExecutor& tell) {
+  if (owner_ != s.instance())
+    throw ConfigError(std::string(api.name) + ": task '" + name_ + "' was submitted through another " + api.owner);
   const std::string what = "task '" + name_ + "'";
   CancelOutcome outcome{};
   const uint64_t id = claim_for_cancel(answer, what + " was cancelled", outcome);
@@ -206,8 +208,14 @@ CallCancel::CallCancel(const std::string* method, std::weak_ptr<ActorClient> act
 CallCancel::CallCancel(std::string method, std::weak_ptr<ActorClient> actor)
     : owned_(std::move(method)), method_(&owned_), actor_(std::move(actor)) {}
 
-CancelOutcome CallCancel::cancel(core::FutureStateBase& answer, const TellExecutor& tell) {
+CancelOutcome CallCancel::cancel(const Core& caller, core::FutureStateBase& answer, bool force, const CancelApi& api,
+                                 const TellExecutor& tell) {
   auto actor = actor_.lock();
+  if (actor && &actor->core() != &caller)
+    throw ConfigError(std::string(api.name) + ": the call of " + *method_ + " was made through another " + api.owner);
+  if (force)
+    throw ConfigError(std::string(api.name) + ": " + api.force + " is for tasks; a running actor call (" + *method_ +
+                      ") cannot be forced without losing its actor's state: " + api.kill + " the actor instead");
   const std::string what = "call " + (actor ? actor->info().class_name : std::string("actor")) + "." + *method_;
   CancelOutcome outcome{};
   const uint64_t id = claim_for_cancel(answer, what + " was cancelled", outcome);

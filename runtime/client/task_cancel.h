@@ -52,7 +52,18 @@ enum class CancelOutcome {
 namespace client {
 
 class ActorClient;
+class Core;
 class TaskSubmitter;
+
+// How the API a cancel came through names itself, in the errors that the
+// checks of TaskCancel::cancel and CallCancel::cancel raise.
+struct CancelApi {
+  const char* name;   // "Runtime::cancel"
+  const char* owner;  // what made the task or call: "Runtime", "troupe.init"
+  const char* force;  // its force flag: "force", "force=True"
+  const char* kill;   // how to kill an actor: "kill", "troupe.kill"
+};
+inline constexpr CancelApi kCppCancelApi{"Runtime::cancel", "Runtime", "force", "kill"};
 
 // A number that names a task or an actor call to the worker that runs it:
 // unique in this process, and from a random start, so that the numbers of
@@ -162,10 +173,12 @@ class TaskCancel : public SubmitOnce {
 
   // Cancels the task: unless it had finished, `answer` (its future's state)
   // fails with TaskCancelled now. A task sent to an executor is told
-  // through `tell`; with `force`, a running one's executor is killed. Any
-  // thread but the I/O thread (which submits tasks, and whose answers a
-  // cancel waits for).
-  CancelOutcome cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const TellExecutor& tell = {});
+  // through `tell`; with `force`, a running one's executor is killed.
+  // ConfigError (named as `api` names itself) when `s` is not the
+  // submitter it was submitted through. Any thread but the I/O thread
+  // (which submits tasks, and whose answers a cancel waits for).
+  CancelOutcome cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const CancelApi& api,
+                       const TellExecutor& tell = {});
 
  private:
   const std::string name_;
@@ -193,8 +206,11 @@ class CallCancel : public SubmitOnce {
   // actor, which skips it if it has not started. One that runs goes on to
   // its end (an actor's state would be left half-changed otherwise: there
   // is no force) and may ask this_actor::is_cancelled(); an async Python
-  // method's coroutine is cancelled (`tell`). Any thread but the I/O thread.
-  CancelOutcome cancel(core::FutureStateBase& answer, const TellExecutor& tell = {});
+  // method's coroutine is cancelled (`tell`). ConfigError (named as `api`
+  // names itself) when the call was made through another client core than
+  // `caller`, or with `force`. Any thread but the I/O thread.
+  CancelOutcome cancel(const Core& caller, core::FutureStateBase& answer, bool force, const CancelApi& api,
+                       const TellExecutor& tell = {});
 
  private:
   const std::string owned_;

@@ -546,7 +546,25 @@ TEST_F(TaskTest, RuntimeCancelSkipsQueuedActorCallsAndFlagsTheRunningOne) {
   } catch (const troupe::TaskCancelled& e) {
     EXPECT_NE(std::string(e.what()).find("call Gate.touch was cancelled"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(rt_.cancel(running, true), troupe::ConfigError);  // no force for a call
+  auto expect_config_error = [](auto&& cancel, const std::string& text) {
+    try {
+      cancel();
+      ADD_FAILURE() << "expected ConfigError with " << text;
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_config_error([&] { rt_.cancel(running, true); },  // no force for a call
+                      "Runtime::cancel: force is for tasks; a running actor call (hold)");
+  // Only the Runtime that made a call or task cancels it; the other's
+  // attempt leaves both as they were.
+  troupe::Runtime other = cluster_.connect();
+  expect_config_error([&] { other.cancel(running); }, "the call of hold was made through another Runtime");
+  auto elsewhere = other.submit(&path_when_released, {}, path("release0"), path("ran0"));
+  expect_config_error([&] { rt_.cancel(elsewhere); },
+                      "task 'path_when_released' was submitted through another Runtime");
+  std::ofstream(path("release0")) << "go";
+  EXPECT_EQ(elsewhere.get(60s), path("ran0"));
   EXPECT_EQ(rt_.cancel(running), CancelOutcome::kStarted);
   EXPECT_THROW(running.get(30s), troupe::TaskCancelled);
   // The running call saw the cancel and returned; the actor skipped the
