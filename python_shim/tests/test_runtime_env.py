@@ -1,8 +1,11 @@
 """runtime_env, as Ray's: env_vars given to init() (the job's), to a task
 or an actor (merged over the job's), reach the worker's os.environ and are
-inherited by the tasks it starts; any other runtime_env key, and bad
-names or values, are refused by name."""
+inherited by the tasks it starts; working_dir and py_modules travel through
+the cluster's KV store to the workers, which import from them (and run in
+the working_dir); any other runtime_env key, and bad names or values, are
+refused by name."""
 import os
+import sys
 
 import pytest
 
@@ -60,7 +63,11 @@ def test_env_vars_reach_tasks_actors_and_their_children(job):
 def test_bad_runtime_envs_are_named(job):
     bad = [
         ({"pip": ["requests"]}, "runtime_env key 'pip' is not supported"),
-        ({"working_dir": "."}, "runtime_env key 'working_dir' is not supported"),
+        ({"working_dir": "/nonexistent/renv"}, "working_dir '/nonexistent/renv' is not a directory"),
+        ({"working_dir": "s3://bucket/code.zip"}, "working_dir 's3://bucket/code.zip' is a URI"),
+        ({"py_modules": "mod"}, "py_modules must be a list of paths or modules, got a str"),
+        ({"py_modules": ["/nonexistent/mod"]}, "'/nonexistent/mod' is not a directory or a .py file"),
+        ({"excludes": "*.bin"}, "excludes must be a list of patterns"),
         ({"env_vars": {"N": 1}}, r"env_vars\['N'\] must be a str"),
         ({"env_vars": {"A=B": "1"}}, "'A=B' is not an environment variable name"),
         ({"env_vars": {"TROUPE_TOKEN": "x"}}, "TROUPE_TOKEN is troupe's own variable"),
@@ -79,4 +86,112 @@ def test_bad_runtime_envs_are_named(job):
 def test_init_refuses_a_bad_runtime_env():
     with pytest.raises(ConfigError, match="troupe.init: runtime_env key 'conda' is not supported"):
         troupe.init(num_cpus=1, runtime_env={"conda": "env"})
+    assert not troupe.is_initialized()
+
+
+def _project(root):
+    """A small project as a user would point working_dir at: a module, a
+    data file read by relative path, a file to exclude, a cache."""
+    root.mkdir()
+    (root / "renv_helper.py").write_text("def answer():\n    return 42\n")
+    (root / "renv_tasks.py").write_text(
+        "import renv_helper\n\n\ndef answer_plus(x):\n    return renv_helper.answer() + x\n")
+    (root / "data.txt").write_text("from the working_dir")
+    (root / "weights.bin").write_bytes(b"\0" * 1024)
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "junk.pyc").write_bytes(b"junk")
+    return root
+
+
+@troupe.remote
+def look_around():
+    import renv_helper
+
+    with open("data.txt") as f:
+        data = f.read()
+    return {"answer": renv_helper.answer(), "data": data, "cwd": os.getcwd(),
+            "bin": os.path.exists("weights.bin"), "cache": os.path.exists("__pycache__")}
+
+
+@troupe.remote
+def look_in_child():
+    """What a task this task starts sees (it inherits the working_dir)."""
+    return troupe.get(look_around.remote(), timeout=60)
+
+
+@troupe.remote
+class Looker:
+    def look(self):
+        import renv_helper
+
+        return renv_helper.answer()
+
+
+@troupe.remote
+def import_modules():
+    import renv_pkg
+    import renv_single
+
+    return renv_pkg.NAME, renv_single.NAME
+
+
+def test_working_dir_reaches_tasks_actors_and_their_children(tmp_path):
+    project = _project(tmp_path / "project")
+    troupe.init(num_cpus=2)
+    try:
+        env = {"working_dir": str(project), "excludes": ["*.bin"]}
+        seen = troupe.get(look_around.options(runtime_env=env).remote(), timeout=60)
+        assert seen["answer"] == 42 and seen["data"] == "from the working_dir"
+        # A copy of the project, unpacked on this machine: not the project.
+        assert seen["cwd"] != str(project) and "runtime_env" in seen["cwd"]
+        assert not seen["bin"] and not seen["cache"]
+        assert troupe.get(look_in_child.options(runtime_env=env).remote(), timeout=60)["answer"] == 42
+        looker = Looker.options(runtime_env=env).remote()
+        assert troupe.get(looker.look.remote(), timeout=60) == 42
+        # A task without it runs elsewhere and cannot import the helper.
+        with pytest.raises(troupe.exceptions.TaskError, match="renv_helper"):
+            troupe.get(look_around.remote(), timeout=60)
+    finally:
+        troupe.shutdown()
+
+
+def test_a_function_of_a_working_dir_module_is_found_by_reference(tmp_path):
+    """The driver imports the task's module from the project; cloudpickle
+    sends the function by module and name, and the worker imports it from
+    its copy of the working_dir (the job's, given to init)."""
+    project = _project(tmp_path / "project")
+    sys.path.insert(0, str(project))
+    try:
+        import renv_tasks
+
+        troupe.init(num_cpus=2, runtime_env={"working_dir": str(project)})
+        task = troupe.remote(renv_tasks.answer_plus)
+        assert troupe.get(task.remote(1), timeout=60) == 43
+    finally:
+        troupe.shutdown()
+        sys.path.remove(str(project))
+        sys.modules.pop("renv_tasks", None)
+        sys.modules.pop("renv_helper", None)
+
+
+def test_py_modules_a_package_and_a_single_file(tmp_path):
+    (tmp_path / "renv_pkg").mkdir()
+    (tmp_path / "renv_pkg" / "__init__.py").write_text("NAME = 'package'\n")
+    (tmp_path / "renv_single.py").write_text("NAME = 'single'\n")
+    troupe.init(num_cpus=2)
+    try:
+        env = {"py_modules": [str(tmp_path / "renv_pkg"), str(tmp_path / "renv_single.py")]}
+        assert troupe.get(import_modules.options(runtime_env=env).remote(), timeout=60) == ("package", "single")
+    finally:
+        troupe.shutdown()
+
+
+def test_a_package_over_the_limit_is_refused_naming_its_size(tmp_path, monkeypatch):
+    from troupe import _packages
+
+    project = _project(tmp_path / "project")
+    (project / "big.dat").write_bytes(os.urandom(64 << 10))
+    monkeypatch.setattr(_packages, "MAX_PACKAGE_BYTES", 32 << 10)
+    with pytest.raises(ConfigError, match=r"working_dir .*project' packs to \d+ KiB, over the 32 KiB"):
+        troupe.init(num_cpus=1, runtime_env={"working_dir": str(project)})
     assert not troupe.is_initialized()

@@ -30,6 +30,7 @@ import threading
 from troupe import _core
 from troupe import exceptions
 from troupe._remote import ActorClass, ActorHandle, RemoteFunction, method, remote, _actor_handle
+from troupe import _packages
 from troupe import _remote
 from troupe import _serialization as _ser
 from troupe import _timeouts
@@ -52,7 +53,7 @@ _shutdown_lock = threading.RLock()
 
 
 class _State:
-    def __init__(self, client, job_id, namespace="", env_vars=None):
+    def __init__(self, client, job_id, namespace="", env_vars=None, packages=(None, ())):
         self.client = client
         self.job_id = job_id
         # Where named actors are made and looked up by default: the
@@ -62,6 +63,10 @@ class _State:
         # runtime_env's env_vars that every task and actor started from
         # here gets (a driver's init(runtime_env=...), a worker's own).
         self.env_vars = env_vars or {}
+        # runtime_env's working_dir and py_modules, as package ids in the
+        # cluster's KV store (troupe/_packages.py): (working_dir or None,
+        # tuple of py_modules).
+        self.packages = packages
 
 
 def _client():
@@ -115,7 +120,7 @@ def _attach_worker():
             # it started: from the process's environment, not os.environ's
             # copy of it.
             _state = _State(_core.Client.attach_worker(), _core.getenv("PYTROUPE_JOB_ID"),
-                            _core.getenv("PYTROUPE_NAMESPACE"), _remote.inherited_env_vars())
+                            _core.getenv("PYTROUPE_NAMESPACE"), _remote.inherited_env_vars(), _packages.inherited())
         return _state
 
 
@@ -131,11 +136,13 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     directory, as for C++ drivers. `namespace`: where this driver's named
     actors (and those of its tasks and actors) live and are looked up; None
     (the default) keeps names cluster-wide, unlike Ray's anonymous one.
-    `runtime_env`: {"env_vars": {...}} for every task and actor of this
-    job, as Ray's (other keys are refused by name)."""
+    `runtime_env`: for every task and actor of this job, as Ray's:
+    {"env_vars": {...}, "working_dir": DIR, "py_modules": [DIR, FILE.py or
+    module, ...], "excludes": [PATTERN, ...]} (other keys are refused by
+    name; docs/python.md)."""
     global _state
     _remote.check_namespace(namespace, "troupe.init")
-    env_vars = _remote.runtime_env_vars(runtime_env, "troupe.init")
+    job_env = _remote.parse_runtime_env(runtime_env, "troupe.init")
     if address is None:
         address = os.environ.get("TROUPE_ADDRESS") or None
     # A Python driver's console is the script's: the runtime's warnings and
@@ -180,7 +187,12 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
                 return
             raise RuntimeError("troupe.init() was called twice (troupe.shutdown() first)")
         client = _core.Client(address or "", _token or "", {k: float(v) for k, v in node.items()})
-        _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "", env_vars)
+        try:
+            packages = job_env.packages(client, (None, ()))
+        except BaseException:
+            client.shutdown()
+            raise
+        _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "", job_env.env_vars, packages)
     atexit.register(shutdown)
 
 

@@ -11,9 +11,12 @@ import hashlib
 import inspect
 import json
 import numbers
+import os
 import re
+import types
 
 from troupe import _core
+from troupe import _packages
 from troupe import _serialization as ser
 from troupe._launcher import worker_executable
 from troupe.exceptions import ConfigError
@@ -229,19 +232,89 @@ RUNTIME_ENV_VARS = "PYTROUPE_ENV_VARS"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def runtime_env_vars(runtime_env, what):
-    """The env_vars of a runtime_env option ({} for None), checked: troupe
-    takes Ray's env_vars and refuses any other key by name."""
+_RUNTIME_ENV_KEYS = ("env_vars", "working_dir", "py_modules", "excludes")
+
+
+class RuntimeEnv:
+    """A runtime_env option, checked: env_vars; working_dir and py_modules
+    as absolute local paths (None: not given); excludes."""
+
+    def __init__(self, env_vars=None, working_dir=None, py_modules=None, excludes=()):
+        self.env_vars = env_vars or {}
+        self.working_dir = working_dir
+        self.py_modules = py_modules
+        self.excludes = excludes
+
+    def packages(self, client, inherited):
+        """(working_dir, py_modules) package ids: this env's, uploaded to
+        `client`'s cluster, over the `inherited` ones (the job's, or the
+        starting worker's) where it gives them."""
+        working_dir, py_modules = inherited
+        if self.working_dir is not None:
+            working_dir = _packages.upload(client, self.working_dir, "working_dir", self.excludes)
+        if self.py_modules is not None:
+            py_modules = tuple(_packages.upload(client, p, "py_modules", self.excludes) for p in self.py_modules)
+        return working_dir, py_modules
+
+
+def _local_path(value, what, key):
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what}: runtime_env {key} must be a local path, got {value!r}")
+    if "://" in value:
+        raise ConfigError(f"{what}: runtime_env {key} {value!r} is a URI; troupe packs local paths only")
+    return os.path.abspath(value)
+
+
+def _module_path(value, what):
+    """A py_modules entry: a path, or an imported module (its package
+    directory, or its file)."""
+    if isinstance(value, types.ModuleType):
+        paths = list(getattr(value, "__path__", []) or [])
+        if paths:
+            return os.path.abspath(paths[0])
+        if getattr(value, "__file__", None):
+            return os.path.abspath(value.__file__)
+        raise ConfigError(f"{what}: runtime_env py_modules: module {value.__name__} has no file to pack")
+    return _local_path(value, what, "py_modules")
+
+
+def parse_runtime_env(runtime_env, what):
+    """A runtime_env option as a RuntimeEnv (empty for None), checked: troupe
+    takes Ray's env_vars, working_dir, py_modules and excludes, and refuses
+    any other key by name."""
     if runtime_env is None:
-        return {}
+        return RuntimeEnv()
     if not isinstance(runtime_env, dict):
         raise ConfigError(f"{what}: runtime_env must be a dict such as {{'env_vars': {{...}}}}, "
                           f"got a {type(runtime_env).__name__}")
     for key in runtime_env:
-        if key != "env_vars":
-            raise ConfigError(f"{what}: runtime_env key {key!r} is not supported (troupe takes env_vars; "
-                              "code and packages must be on every node, as for a C++ worker)")
-    env_vars = runtime_env.get("env_vars") or {}
+        if key not in _RUNTIME_ENV_KEYS:
+            raise ConfigError(f"{what}: runtime_env key {key!r} is not supported (troupe takes "
+                              f"{', '.join(_RUNTIME_ENV_KEYS)}; packages must be installed on every node)")
+    env_vars = _checked_env_vars(runtime_env.get("env_vars") or {}, what)
+    working_dir = runtime_env.get("working_dir")
+    if working_dir is not None:
+        working_dir = _local_path(working_dir, what, "working_dir")
+        if not os.path.isdir(working_dir):
+            raise ConfigError(f"{what}: runtime_env working_dir {working_dir!r} is not a directory")
+    py_modules = runtime_env.get("py_modules")
+    if py_modules is not None:
+        if not isinstance(py_modules, (list, tuple)):
+            raise ConfigError(f"{what}: runtime_env py_modules must be a list of paths or modules, "
+                              f"got a {type(py_modules).__name__}")
+        py_modules = tuple(_module_path(m, what) for m in py_modules)
+        for path in py_modules:
+            if not (os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".py"))):
+                raise ConfigError(f"{what}: runtime_env py_modules: {path!r} is not a directory or a .py file")
+    excludes = runtime_env.get("excludes") or ()
+    if not isinstance(excludes, (list, tuple)) or not all(isinstance(e, str) for e in excludes):
+        raise ConfigError(f"{what}: runtime_env excludes must be a list of patterns (str), got {excludes!r}")
+    return RuntimeEnv(env_vars, working_dir, py_modules, tuple(excludes))
+
+
+def _checked_env_vars(env_vars, what):
     if not isinstance(env_vars, dict):
         raise ConfigError(f"{what}: runtime_env env_vars must be a dict of str to str, "
                           f"got a {type(env_vars).__name__}")
@@ -307,11 +380,16 @@ def _runtime_options(options, default_cpus):
         env.append(f"{CAPTURE_ENV}={out['placement_group']}")
     # The job's (or the starting worker's) env_vars, and on top those of
     # this task's or actor's runtime_env, as Ray merges them.
+    runtime_env = parse_runtime_env(options.get("runtime_env"), "runtime_env option")
     env_vars = dict(state.env_vars) if state else {}
-    env_vars.update(runtime_env_vars(options.get("runtime_env"), "runtime_env option"))
+    env_vars.update(runtime_env.env_vars)
     if env_vars:
         env.append(f"{RUNTIME_ENV_VARS}={json.dumps(env_vars, sort_keys=True)}")
         env.extend(f"{name}={value}" for name, value in sorted(env_vars.items()))
+    # Its working_dir and py_modules (packages in the cluster's KV store),
+    # or those of the job or the starting worker.
+    inherited = state.packages if state else (None, ())
+    env.extend(_packages.environment(*runtime_env.packages(_client(), inherited)))
     if env:
         out["env"] = env
     return out

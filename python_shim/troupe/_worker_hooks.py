@@ -48,6 +48,17 @@ def _sync_environment():
         else:
             os.environ.pop(name, None)
     os.environ.update(_remote.inherited_env_vars())  # an empty value included
+    # runtime_env's working_dir and py_modules: on sys.path (the first the
+    # current directory) before the code that may import from them loads.
+    from troupe import _packages
+
+    _packages.apply(_package_client)
+
+
+def _package_client():
+    import troupe
+
+    return troupe._client()
 
 
 def _answer(value, what):

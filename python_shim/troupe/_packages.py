@@ -1,0 +1,229 @@
+"""runtime_env's working_dir and py_modules, as Ray's: the driver packs a
+local directory (or a module's directory or file) into a zip whose name is
+the SHA-256 of its bytes, and puts it into the cluster's KV store once
+(chunked under the head's frame limit); a worker that is to run with it
+fetches it, checks the hash, unpacks it once per machine under
+$TMPDIR/troupe-<uid>/runtime_env/<hash>/ and, before the task or the
+actor's constructor runs, puts it on sys.path (a working_dir also becomes
+the current directory). The package's hash travels in the worker's
+environment (PYTROUPE_WORKING_DIR, PYTROUPE_PY_MODULES), so tasks with
+another working_dir run on other executors, and the tasks and actors a
+worker starts inherit it.
+
+Packages stay in the KV store while the cluster lives (the same contents
+are stored once: a new version of the code adds one)."""
+import fnmatch
+import hashlib
+import io
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+import threading
+import zipfile
+
+from troupe import _core
+from troupe.exceptions import ConfigError
+
+WORKING_DIR_ENV = "PYTROUPE_WORKING_DIR"
+PY_MODULES_ENV = "PYTROUPE_PY_MODULES"
+_KEY = "troupe.py.pkg."
+# A KV value travels in one head message (16 MiB at most): chunks of 4 MiB.
+_CHUNK = 4 << 20
+# What one package may pack to: the head keeps it in memory (and in its
+# database when it writes its tables through).
+MAX_PACKAGE_BYTES = 64 << 20
+# Never packed: caches and version-control data.
+_ALWAYS_EXCLUDED = ("__pycache__", ".git", ".hg", ".svn")
+# A fixed time stamp: the same files make the same zip, and the same hash.
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+_uploaded = {}  # (client id, kind, path, excludes) -> package id, this process
+_upload_lock = threading.Lock()
+_applied = {"working_dir": None, "py_modules": None, "paths": []}  # in a worker
+
+
+def _size(n):
+    return f"{n / 2**20:.1f} MiB" if n >= 1 << 20 else f"{max(1, round(n / 1024))} KiB"
+
+
+def _excluded(relative, excludes):
+    parts = relative.split("/")
+    if any(p in _ALWAYS_EXCLUDED for p in parts):
+        return True
+    for pattern in excludes:
+        pattern = pattern.strip("/")
+        if fnmatch.fnmatch(relative, pattern) or any(fnmatch.fnmatch(p, pattern) for p in parts):
+            return True
+    return False
+
+
+def _files(root, prefix, excludes):
+    """(path on disk, name in the zip) of every file under `root`, sorted."""
+    out = []
+    for directory, dirs, files in os.walk(root, followlinks=False):
+        relative_dir = os.path.relpath(directory, root)
+        relative_dir = "" if relative_dir == "." else relative_dir.replace(os.sep, "/") + "/"
+        dirs[:] = sorted(d for d in dirs if not _excluded(relative_dir + d, excludes)
+                         and not os.path.islink(os.path.join(directory, d)))
+        for name in sorted(files):
+            relative = relative_dir + name
+            path = os.path.join(directory, name)
+            if _excluded(relative, excludes) or not os.path.isfile(path):
+                continue
+            out.append((path, prefix + relative))
+    return out
+
+
+def pack(path, kind, excludes=()):
+    """The zip of `path` (bytes): a working_dir's files at its top, a
+    py_module's directory under its own name (a single .py file as
+    itself). ConfigError naming the path when it is missing or too big."""
+    if os.path.isdir(path):
+        prefix = "" if kind == "working_dir" else os.path.basename(os.path.normpath(path)) + "/"
+        files = _files(path, prefix, excludes)
+    elif kind == "py_modules" and os.path.isfile(path) and path.endswith(".py"):
+        files = [(path, os.path.basename(path))]
+    else:
+        what = "a directory" if kind == "working_dir" else "a directory or a .py file"
+        raise ConfigError(f"runtime_env {kind}: {path!r} is not {what} on this machine")
+    size = sum(os.path.getsize(p) for p, _ in files)
+    if size > 4 * MAX_PACKAGE_BYTES:
+        raise ConfigError(f"runtime_env {kind} {path!r} holds {_size(size)} of files; a package packs to "
+                          f"at most {_size(MAX_PACKAGE_BYTES)}: leave out what the workers do not need with "
+                          "runtime_env's excludes")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for disk, name in files:
+            info = zipfile.ZipInfo(name, _EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = (stat.S_IMODE(os.stat(disk).st_mode) | stat.S_IFREG) << 16
+            with open(disk, "rb") as f:
+                z.writestr(info, f.read())
+    data = buffer.getvalue()
+    if len(data) > MAX_PACKAGE_BYTES:
+        raise ConfigError(f"runtime_env {kind} {path!r} packs to {_size(len(data))}, over the "
+                          f"{_size(MAX_PACKAGE_BYTES)} a package may take: leave out what the workers do not "
+                          "need with runtime_env's excludes")
+    return data
+
+
+def upload(client, path, kind, excludes=()):
+    """The package id of `path` on `client`'s cluster, packed and stored
+    there once per process (and once per cluster for the same bytes)."""
+    memo = (id(client), kind, path, tuple(excludes))
+    with _upload_lock:
+        if memo in _uploaded:
+            return _uploaded[memo]
+    data = pack(path, kind, excludes)
+    package = hashlib.sha256(data).hexdigest()
+    if client.kv_get(_KEY + package) is None:
+        chunks = [data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
+        for i, chunk in enumerate(chunks):
+            client.kv_put(f"{_KEY}{package}.{i}", chunk)
+        # Last: a reader that finds the manifest finds every chunk.
+        client.kv_put(_KEY + package, json.dumps({"chunks": len(chunks), "bytes": len(data)}).encode())
+    with _upload_lock:
+        _uploaded[memo] = package
+    return package
+
+
+def _cache_root():
+    """$TMPDIR/troupe-<uid>/runtime_env, this user's alone: a directory
+    that another user could write to could hand a worker other code."""
+    root = os.path.join(tempfile.gettempdir(), f"troupe-{os.getuid()}")
+    for d in (root, os.path.join(root, "runtime_env")):
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise ConfigError(f"runtime_env: {d} must be a directory of this user's that no one else can write to")
+    return os.path.join(root, "runtime_env")
+
+
+def _fetch(client, package):
+    manifest = client.kv_get(_KEY + package)
+    if manifest is None:
+        raise ConfigError(f"runtime_env package {package} is not in the cluster's KV store (was the cluster "
+                          "restarted without its tables?)")
+    chunks = json.loads(manifest)["chunks"]
+    parts = []
+    for i in range(chunks):
+        part = client.kv_get(f"{_KEY}{package}.{i}")
+        if part is None:
+            raise ConfigError(f"runtime_env package {package}: chunk {i} of {chunks} is missing")
+        parts.append(part)
+    data = b"".join(parts)
+    if hashlib.sha256(data).hexdigest() != package:
+        raise ConfigError(f"runtime_env package {package}: its bytes do not match its hash")
+    return data
+
+
+def local_path(client, package):
+    """Where package `package` lies unpacked on this machine: fetched and
+    unpacked by the first worker that needs it (into a temporary directory,
+    then renamed into place, so that others never see half of it)."""
+    root = _cache_root()
+    target = os.path.join(root, package)
+    if os.path.isdir(target):
+        return target
+    data = _fetch(client, package)
+    staging = tempfile.mkdtemp(prefix=f".{package[:16]}.", dir=root)
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            for info in z.infolist():
+                name = info.filename
+                if name.startswith("/") or ".." in name.split("/"):
+                    raise ConfigError(f"runtime_env package {package}: member {name!r} points outside it")
+                z.extract(info, staging)
+                mode = (info.external_attr >> 16) & 0o777
+                if mode:
+                    os.chmod(os.path.join(staging, name), mode)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not os.path.isdir(target):  # another worker's rename won, or something else failed
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def inherited():
+    """(working_dir, py_modules) package ids this worker runs with: what the
+    tasks and actors it starts inherit unless their runtime_env says."""
+    modules = _core.getenv(PY_MODULES_ENV)
+    return _core.getenv(WORKING_DIR_ENV) or None, tuple(modules.split(":")) if modules else ()
+
+
+def environment(working_dir, py_modules):
+    """The worker environment entries that name the packages."""
+    env = []
+    if working_dir:
+        env.append(f"{WORKING_DIR_ENV}={working_dir}")
+    if py_modules:
+        env.append(f"{PY_MODULES_ENV}={':'.join(py_modules)}")
+    return env
+
+
+def apply(client_of):
+    """In a worker, before a task or constructor runs: the packages its
+    environment names are on sys.path, and its working_dir is the current
+    directory. Cheap when nothing changed (every task calls it).
+    `client_of()` gives the client, asked only when a package is fetched."""
+    working_dir, py_modules = inherited()
+    if working_dir == _applied["working_dir"] and py_modules == _applied["py_modules"]:
+        return
+    for path in _applied["paths"]:
+        while path in sys.path:
+            sys.path.remove(path)
+    paths = []
+    if working_dir:
+        path = local_path(client_of(), working_dir)
+        os.chdir(path)
+        paths.append(path)
+    for package in py_modules:
+        paths.append(local_path(client_of(), package))
+    sys.path[0:0] = paths
+    _applied.update(working_dir=working_dir, py_modules=py_modules, paths=paths)
