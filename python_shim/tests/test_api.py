@@ -782,6 +782,20 @@ def test_a_handle_sent_to_another_process_checks_methods_and_keeps_their_default
     assert values == [4, -4]
 
 
+def test_a_handle_found_by_name_checks_methods_and_keeps_their_defaults():
+    p = Pairs.options(name="pairs_by_name").remote()
+    found = troupe.get_actor("pairs_by_name")
+    with pytest.raises(AttributeError, match="actor class Pairs has no method 'missing'"):
+        found.missing
+    low, high = found.two.remote(4)  # @troupe.method(num_returns=2)
+    assert troupe.get([low, high], timeout=60) == [4, -4]
+    # The table lives as long as the actor: its death erases it.
+    key = f"troupe.actor/{p._actor.id}/py.methods"
+    assert troupe._client().kv_get(key) is not None
+    troupe.kill(p)
+    wait_until(lambda: troupe._client().kv_get(key) is None, what="the method table erased")
+
+
 def test_num_returns_gives_one_ref_per_value():
     low, high = split_pair.remote(3)
     assert isinstance(low, troupe.ObjectRef) and isinstance(high, troupe.ObjectRef)

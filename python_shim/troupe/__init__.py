@@ -366,7 +366,7 @@ def get_actor(name, namespace=None):
         if not namespace or not str(e).startswith("no actor named"):
             raise
         raise exceptions.ConfigError(f"no actor named {name!r} in namespace {namespace!r}") from None
-    return _actor_handle(actor, None)
+    return _remote._named_handle(client, actor)
 
 
 def nodes():

@@ -636,6 +636,24 @@ def _actor_handle(actor, cls):
     return ActorHandle(actor, cls, _client())
 
 
+# Where a named actor's method table waits for get_actor: a key that lives
+# as long as the actor (the head erases it at its death;
+# runtime/client/actor_keys.h).
+def _methods_key(actor_id):
+    return f"troupe.actor/{actor_id}/py.methods"
+
+
+def _named_handle(client, actor):
+    """A handle to an actor found by name, with its class's method table
+    when its creator left one (a Python actor's)."""
+    blob = client.kv_get(_methods_key(actor.id))
+    table = None
+    if blob is not None:
+        name, methods = json.loads(blob)
+        table = (name, methods)
+    return ActorHandle(actor, None, client, None, table)
+
+
 class ActorClass:
     """A class decorated with @troupe.remote; Cls.remote(...) starts an actor
     and returns its handle."""
@@ -684,6 +702,10 @@ class ActorClass:
             if not (self._options.get("get_if_exists") and name is not None and "is already taken" in str(e)):
                 raise
             return ActorHandle(client.get_actor(name), self._cls, client)
+        if name is not None:
+            # For get_actor's handles: the methods to check calls against,
+            # and their num_returns defaults.
+            client.kv_put(_methods_key(actor.id), json.dumps(_method_table(self._cls)).encode())
         # Unnamed and not detached: it ends once no handle is left (Ray's
         # rule; a named one stays for get_actor until killed or its owner
         # exits).

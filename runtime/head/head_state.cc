@@ -4,6 +4,7 @@
 #include <charconv>
 #include <utility>
 
+#include "troupe/runtime/client/actor_keys.h"
 #include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/client/task.h"
 #include "troupe/runtime/core/errors.h"
@@ -353,6 +354,7 @@ void HeadState::actor_lost(Actor& a, const std::string& why) {
 
 void HeadState::set_dead(Actor& a) {
   retire_stats(a.info.id, UINT32_MAX);
+  kv_erase_prefix(client::actor_key_prefix(a.info.id));
   a.info.state = ActorState::kDead;
   a.info.address.clear();
   a.info.pending_reason.clear();
@@ -768,7 +770,22 @@ void HeadState::kv_put(const std::string& key, const std::string& value) {
     auto it = actors_.find(id);
     if (it == actors_.end() || it->second.info.state == ActorState::kDead || inc < it->second.info.incarnation) return;
   }
+  // A key that lives as long as its actor is not made for one that is
+  // dead (or unknown): nothing would erase it.
+  const std::string actor_prefix = client::kActorKeyPrefix;
+  if (key.compare(0, actor_prefix.size(), actor_prefix) == 0) {
+    const uint64_t id = std::strtoull(key.c_str() + actor_prefix.size(), nullptr, 10);
+    auto it = actors_.find(id);
+    if (it == actors_.end() || it->second.info.state == ActorState::kDead) return;
+  }
   kv_set(key, value);
+}
+
+void HeadState::kv_erase_prefix(const std::string& prefix) {
+  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
+    if (write_through_) dirty_kv_.insert(it->first);
+    it = kv_.erase(it);
+  }
 }
 
 std::vector<std::pair<std::string, std::string>> HeadState::kv_with_prefix(const std::string& prefix) const {
@@ -791,6 +808,7 @@ void HeadState::retire_stats(uint64_t actor_id, uint32_t incarnation) {
       retired_calls_ += calls;
       retired_stream_bytes_ += bytes;
     }
+    if (write_through_) dirty_kv_.insert(it->first);  // or the store brings it back after a restart
     it = kv_.erase(it);
   }
 }

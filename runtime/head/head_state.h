@@ -246,6 +246,8 @@ class HeadState {
   // Folds the published stats of `actor_id`'s processes older than
   // `incarnation` into the retired totals and drops their keys.
   void retire_stats(uint64_t actor_id, uint32_t incarnation);
+  // Erases every KV key that starts with `prefix` (for the store too).
+  void kv_erase_prefix(const std::string& prefix);
 
   // Owners whose things a restarted head keeps until then.
   void check_restored_owners(Time now);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "troupe/runtime/client/actor_keys.h"
+#include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/client/task.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/head/head_state.h"
@@ -571,6 +573,43 @@ Hello node_hello(Resources r, uint64_t resume = 0, std::vector<LiveWorker> worke
 }
 
 }  // namespace
+
+// Keys under troupe.actor/<id>/ live as long as their actor: a restart
+// keeps them, its death erases them (from the state store too, as it does
+// the actor's stats keys), and a put for an actor that is dead or unknown
+// is dropped (nothing would erase it).
+TEST_F(HeadStateTest, ActorKeysLiveAsLongAsTheirActor) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  add_node({{"CPU", 2}}, 1);
+  auto a = state_.create_actor(kDriver, spec({}, 1, "svc"));
+  auto b = state_.create_actor(kDriver, spec({}, 0, "other"));
+  start_spawned();
+  const std::string key = troupe::client::actor_key_prefix(a.id) + "py.methods";
+  const std::string other = troupe::client::actor_key_prefix(b.id) + "py.methods";
+  state_.kv_put(key, "table");
+  state_.kv_put(other, "its table");
+  state_.kv_put(troupe::client::actor_key_prefix(999) + "x", "no such actor");
+  EXPECT_FALSE(state_.kv_get(troupe::client::actor_key_prefix(999) + "x").has_value());
+  exited(a.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kRestarting);
+  start_spawned();
+  EXPECT_EQ(state_.kv_get(key), "table");
+  const std::string stats = std::string(troupe::client::kStatsKeyPrefix) + std::to_string(a.id) + ".1";
+  state_.kv_put(stats, "not even numbers");
+  apply_rows(store, state_.take_rows());
+  ASSERT_TRUE(store.count("k/" + key) && store.count("k/" + stats));
+  exited(a.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  EXPECT_FALSE(state_.kv_get(key).has_value());
+  EXPECT_EQ(state_.kv_get(other), "its table");
+  state_.kv_put(key, "late");
+  EXPECT_FALSE(state_.kv_get(key).has_value());
+  apply_rows(store, state_.take_rows());
+  EXPECT_FALSE(store.count("k/" + key));
+  EXPECT_FALSE(store.count("k/" + stats));
+  EXPECT_TRUE(store.count("k/" + other));
+}
 
 TEST_F(HeadStateTest, RestartedHeadKeepsWhatComesBackAndLosesWhatDoesNot) {
   state_.enable_write_through();
