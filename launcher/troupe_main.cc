@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -82,6 +83,7 @@ struct Args {
   uint32_t worker_pool_size = 2;
   double worker_idle_timeout_s = 300;
   std::vector<std::string> command;
+  std::string runtime_env_json;  // submit: the job's runtime_env for a Python driver
   // `troupe start` options given on the command line that only a head
   // (--head) or only a node agent takes: given to the other, an error.
   std::vector<std::string> head_options_given;
@@ -549,6 +551,19 @@ int cmd_submit(const Args& a) {
     std::fprintf(stderr, "troupe submit: give the driver command after --\n");
     return 2;
   }
+  if (!a.runtime_env_json.empty()) {
+    // Checked here, so that a typo is one line before the driver starts;
+    // its keys and values are troupe.init's to check.
+    try {
+      if (!nlohmann::json::parse(a.runtime_env_json).is_object()) throw std::runtime_error("not a JSON object");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr,
+                   "troupe submit: --runtime-env-json '%s' is not a JSON object such as {\"working_dir\": \".\"}: %s\n",
+                   a.runtime_env_json.c_str(), e.what());
+      return 2;
+    }
+    setenv(troupe::core::kEnvRuntimeEnv, a.runtime_env_json.c_str(), 1);
+  }
   std::string dir = session_dir();
   troupe::core::check_session_dir(dir);
   std::string address = session_address(dir, a.address);
@@ -744,6 +759,10 @@ int main(int argc, char** argv) {
   stop->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");
   submit->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
+  submit->add_option("--runtime-env-json", a.runtime_env_json,
+                     "the job's runtime_env for a Python driver, as JSON, e.g. '{\"working_dir\": \".\"}' "
+                     "(env_vars, working_dir, py_modules, excludes; what troupe.init(runtime_env=...) gives "
+                     "wins key by key)");
   submit->add_option("command", a.command, "driver command")->required();
   LogsArgs la;
   auto* logs = app.add_subcommand("logs", "print a log of the cluster: the head's, a node agent's, or an actor's");

@@ -1,9 +1,11 @@
 """The package's `troupe` console script (troupe._cli): it execs the C++ CLI,
 and `troupe torchrun` runs the script with the package's interpreter unless
 --python names another."""
+import json
 import os
 import subprocess
 import sys
+import textwrap
 
 from conftest import cli
 
@@ -61,3 +63,50 @@ def test_torchrun_of_a_directory_says_it_is_one(tmp_path):
     # A missing script is still named as missing.
     out = run_cli(["torchrun", str(tmp_path / "missing.py")], tmp_path, timeout=60)
     assert out.returncode != 0 and "missing.py: no such file" in out.stderr
+
+
+def test_submit_gives_a_python_driver_the_jobs_runtime_env(tmp_path):
+    """`troupe submit --runtime-env-json` runs the driver against the
+    session's cluster with that runtime_env as the job's (a relative
+    working_dir is the submitter's), under what troupe.init gives; a value
+    that is no JSON object is one line and exit code 2 before anything
+    starts."""
+    launcher = cli()
+    session = tmp_path / "session"
+    session.mkdir(mode=0o700)
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
+    env.pop("TROUPE_ADDRESS", None)
+    env.pop("TROUPE_TOKEN", None)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "submitted_helper.py").write_text("def greet():\n    return 'hello from the working_dir'\n")
+    driver = tmp_path / "driver.py"
+    driver.write_text(textwrap.dedent("""
+        import os
+        import troupe
+
+        troupe.init(runtime_env={"env_vars": {"OWN": "init"}})
+
+        @troupe.remote
+        def greet():
+            import submitted_helper
+            return submitted_helper.greet(), os.environ.get("FROM_SUBMIT"), os.environ.get("OWN")
+
+        print(troupe.get(greet.remote(), timeout=60), flush=True)
+        troupe.shutdown()
+    """))
+    bad = subprocess.run([launcher, "submit", "--runtime-env-json", "[1]", "--", sys.executable, str(driver)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "'[1]' is not a JSON object" in bad.stderr, bad.stderr
+    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True,
+                   timeout=120)
+    try:
+        runtime_env = {"working_dir": "project", "env_vars": {"FROM_SUBMIT": "yes", "OWN": "submit"}}
+        run = subprocess.run([launcher, "submit", "--runtime-env-json", json.dumps(runtime_env), "--",
+                              sys.executable, str(driver)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=180)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "('hello from the working_dir', 'yes', 'init')" in run.stdout, run.stdout + run.stderr
+    finally:
+        subprocess.run([launcher, "stop"], env=env, timeout=120)

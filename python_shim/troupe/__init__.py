@@ -139,10 +139,11 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     `runtime_env`: for every task and actor of this job, as Ray's:
     {"env_vars": {...}, "working_dir": DIR, "py_modules": [DIR, FILE.py or
     module, ...], "excludes": [PATTERN, ...]} (other keys are refused by
-    name; docs/python.md)."""
+    name; docs/python.md). Under `troupe submit --runtime-env-json`, that
+    one is the default, and what is given here wins key by key."""
     global _state
     _remote.check_namespace(namespace, "troupe.init")
-    job_env = _remote.parse_runtime_env(runtime_env, "troupe.init")
+    job_env = _remote.parse_runtime_env(_remote.with_submitted_runtime_env(runtime_env), "troupe.init")
     if address is None:
         address = os.environ.get("TROUPE_ADDRESS") or None
     # A Python driver's console is the script's: the runtime's warnings and

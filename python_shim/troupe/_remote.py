@@ -280,6 +280,35 @@ def _module_path(value, what):
     return _local_path(value, what, "py_modules")
 
 
+# The job's runtime_env from `troupe submit --runtime-env-json` (JSON).
+SUBMITTED_RUNTIME_ENV = "TROUPE_RUNTIME_ENV"
+
+
+def with_submitted_runtime_env(runtime_env):
+    """`runtime_env` (troupe.init's) over the one `troupe submit` gave the
+    driver, key by key (env_vars merged by name); `runtime_env` as it is
+    when none was given, or either is no dict (parse_runtime_env names
+    that)."""
+    text = os.environ.get(SUBMITTED_RUNTIME_ENV)
+    if not text:
+        return runtime_env
+    try:
+        submitted = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{SUBMITTED_RUNTIME_ENV} (troupe submit --runtime-env-json) is not JSON: {e}") from None
+    if not isinstance(submitted, dict):
+        raise ConfigError(f"{SUBMITTED_RUNTIME_ENV} (troupe submit --runtime-env-json) must be a JSON object, "
+                          f"got {text!r}")
+    if runtime_env is None:
+        return submitted
+    if not isinstance(runtime_env, dict):
+        return runtime_env
+    merged = {**submitted, **runtime_env}
+    if isinstance(submitted.get("env_vars"), dict) and isinstance(runtime_env.get("env_vars"), dict):
+        merged["env_vars"] = {**submitted["env_vars"], **runtime_env["env_vars"]}
+    return merged
+
+
 def parse_runtime_env(runtime_env, what):
     """A runtime_env option as a RuntimeEnv (empty for None), checked: troupe
     takes Ray's env_vars, working_dir, py_modules and excludes, and refuses

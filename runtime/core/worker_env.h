@@ -47,6 +47,9 @@ inline constexpr const char* kEnvWorkerIdleTimeoutMs = "TROUPE_WORKER_IDLE_TIMEO
 inline constexpr const char* kEnvLogLevel = "TROUPE_LOG_LEVEL";
 inline constexpr const char* kEnvSessionDir = "TROUPE_SESSION_DIR";
 inline constexpr const char* kEnvAddress = "TROUPE_ADDRESS";
+// A job's runtime_env as JSON, for a Python driver's troupe.init (set by
+// `troupe submit --runtime-env-json`).
+inline constexpr const char* kEnvRuntimeEnv = "TROUPE_RUNTIME_ENV";
 inline constexpr const char* kEnvWorkerBinary = "TROUPE_WORKER_BINARY";
 inline constexpr const char* kEnvObjectStoreBytes = "TROUPE_OBJECT_STORE_BYTES";
 inline constexpr const char* kEnvDigitsPath = "TROUPE_DIGITS_PATH";
