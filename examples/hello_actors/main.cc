@@ -25,6 +25,7 @@ TROUPE_ACTOR(Counter, &Counter::add, &Counter::pid, &Counter::node)
 
 int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);  // a worker process never returns from here
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);   // each line as it happens, into a pipe too
   std::string address;
   CLI::App app{"hello_actors: spawn an actor, call it, kill its process, watch it restart"};
   app.add_option("--address", address, "HOST:PORT of a running cluster, or auto (default: an embedded one)");
