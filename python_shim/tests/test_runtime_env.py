@@ -174,6 +174,20 @@ def test_a_function_of_a_working_dir_module_is_found_by_reference(tmp_path):
         sys.modules.pop("renv_helper", None)
 
 
+def test_a_new_session_gets_the_working_dir_as_it_is_then(tmp_path):
+    """Packed once per process for a cluster: the next troupe.init (a new
+    cluster) stores the package again, with the edits made since."""
+    project = _project(tmp_path / "project")
+    for answer in (42, 7):
+        (project / "renv_helper.py").write_text(f"def answer():\n    return {answer}\n")
+        troupe.init(num_cpus=1)
+        try:
+            env = {"working_dir": str(project)}
+            assert troupe.get(look_around.options(runtime_env=env).remote(), timeout=60)["answer"] == answer
+        finally:
+            troupe.shutdown()
+
+
 def test_py_modules_a_package_and_a_single_file(tmp_path):
     (tmp_path / "renv_pkg").mkdir()
     (tmp_path / "renv_pkg" / "__init__.py").write_text("NAME = 'package'\n")

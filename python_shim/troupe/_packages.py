@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -40,7 +41,8 @@ _ALWAYS_EXCLUDED = ("__pycache__", ".git", ".hg", ".svn")
 # A fixed time stamp: the same files make the same zip, and the same hash.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
-_uploaded = {}  # (client id, kind, path, excludes) -> package id, this process
+_uploaded = {}  # (cluster address, token, kind, path, excludes) -> package id, this process
+_PACKAGE_ID = re.compile(r"[0-9a-f]{64}")
 _upload_lock = threading.Lock()
 _applied = {"working_dir": None, "py_modules": None, "paths": []}  # in a worker
 
@@ -113,7 +115,10 @@ def pack(path, kind, excludes=()):
 def upload(client, path, kind, excludes=()):
     """The package id of `path` on `client`'s cluster, packed and stored
     there once per process (and once per cluster for the same bytes)."""
-    memo = (id(client), kind, path, tuple(excludes))
+    # By the cluster's address and token, not id(client): a later session's
+    # client may be given the id of one that is gone, whose cluster held
+    # the package.
+    memo = (client.address, client.token, kind, path, tuple(excludes))
     with _upload_lock:
         if memo in _uploaded:
             return _uploaded[memo]
@@ -164,6 +169,8 @@ def local_path(client, package):
     """Where package `package` lies unpacked on this machine: fetched and
     unpacked by the first worker that needs it (into a temporary directory,
     then renamed into place, so that others never see half of it)."""
+    if not _PACKAGE_ID.fullmatch(package):
+        raise ConfigError(f"runtime_env: {package!r} is not a package id (64 hex digits)")
     root = _cache_root()
     target = os.path.join(root, package)
     if os.path.isdir(target):

@@ -677,9 +677,12 @@ def _named_handle(client, actor):
     when its creator left one (a Python actor's)."""
     blob = client.kv_get(_methods_key(actor.id))
     table = None
-    if blob is not None:
-        name, methods = json.loads(blob)
-        table = (name, methods)
+    try:
+        name, methods = json.loads(blob) if blob is not None else (None, None)
+        if isinstance(name, str) and isinstance(methods, dict):
+            table = (name, methods)
+    except (ValueError, TypeError):
+        pass  # not a table this shim wrote: a handle that checks nothing
     return ActorHandle(actor, None, client, None, table)
 
 

@@ -250,6 +250,10 @@ void ActorClient::on_connected(std::shared_ptr<Connection> c, uint32_t incarnati
     return;
   }
   connect_backoff_ = std::chrono::milliseconds(0);
+  if (!detached_.empty()) {
+    c->close("client detached");  // detach() ran while this connect was under way
+    return;
+  }
   if (incarnation != info_.incarnation || info_.state != ActorState::kAlive) {
     c->close("stale incarnation");
     connect_locked();
@@ -266,15 +270,25 @@ void ActorClient::on_connected(std::shared_ptr<Connection> c, uint32_t incarnati
 }
 
 void ActorClient::retry_connect_later_locked() {
+  // Calls submitted meanwhile connect at once; their failures share this
+  // one timer rather than each arming another.
+  if (retry_pending_) return;
+  retry_pending_ = true;
+  const auto before = connect_backoff_;
   connect_backoff_ = std::clamp(2 * connect_backoff_, kConnectBackoffMin, kConnectBackoffMax);
+  if (connect_backoff_ == kConnectBackoffMax && before < kConnectBackoffMax)
+    TROUPE_LOG_WARN(
+        "actor {} ({}): cannot connect to its process at {}, which the head says is alive; calls wait "
+        "and connects are retried every {} ms",
+        id_, info_.class_name, info_.address, kConnectBackoffMax.count());
   auto timer = std::make_shared<asio::steady_timer>(core_.io(), connect_backoff_);
   std::weak_ptr<ActorClient> weak = shared_from_this();
   timer->async_wait([timer, weak](const asio::error_code& ec) {
-    if (ec) return;
-    if (auto self = weak.lock()) {
-      std::lock_guard lock(self->mu_);
-      if (!self->queued_.empty()) self->connect_locked();
-    }
+    auto self = weak.lock();
+    if (!self) return;
+    std::lock_guard lock(self->mu_);
+    self->retry_pending_ = false;
+    if (!ec && !self->queued_.empty()) self->connect_locked();
   });
 }
 

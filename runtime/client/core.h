@@ -95,7 +95,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   void connect_locked();
   // A connect failed while the head still says its process is alive:
   // connect_locked() again after connect_backoff_ (doubled each time, reset
-  // by a connect that succeeds).
+  // by a connect that succeeds). One timer at a time (retry_pending_).
   void retry_connect_later_locked();
   static constexpr std::chrono::milliseconds kConnectBackoffMin{10};
   static constexpr std::chrono::milliseconds kConnectBackoffMax{1000};
@@ -117,6 +117,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   uint32_t conn_incarnation_ = 0;
   bool connecting_ = false;
   std::chrono::milliseconds connect_backoff_{0};
+  bool retry_pending_ = false;
   std::unordered_map<uint64_t, Pending> inflight_;
   std::map<uint64_t, Pending> queued_;  // by call id, so retries keep their order
   std::map<uint64_t, std::function<void(const wire::ActorInfo&)>> listeners_;  // by listener id

@@ -770,15 +770,22 @@ void HeadState::kv_put(const std::string& key, const std::string& value) {
     auto it = actors_.find(id);
     if (it == actors_.end() || it->second.info.state == ActorState::kDead || inc < it->second.info.incarnation) return;
   }
-  // A key that lives as long as its actor is not made for one that is
-  // dead (or unknown): nothing would erase it.
-  const std::string actor_prefix = client::kActorKeyPrefix;
-  if (key.compare(0, actor_prefix.size(), actor_prefix) == 0) {
-    const uint64_t id = std::strtoull(key.c_str() + actor_prefix.size(), nullptr, 10);
-    auto it = actors_.find(id);
-    if (it == actors_.end() || it->second.info.state == ActorState::kDead) return;
-  }
+  if (!actor_key_allowed(key)) return;
   kv_set(key, value);
+}
+
+bool HeadState::actor_key_allowed(const std::string& key) const {
+  // A key that lives as long as its actor (troupe.actor/<id>/...) is made
+  // only for an actor that is not dead, and only in that form: nothing
+  // would erase it otherwise.
+  const std::string prefix = client::kActorKeyPrefix;
+  if (key.compare(0, prefix.size(), prefix) != 0) return true;
+  const char* digits = key.c_str() + prefix.size();
+  char* end = nullptr;
+  const uint64_t id = std::strtoull(digits, &end, 10);
+  if (end == digits || *end != '/' || *digits < '0' || *digits > '9') return false;
+  auto it = actors_.find(id);
+  return it != actors_.end() && it->second.info.state != ActorState::kDead;
 }
 
 void HeadState::kv_erase_prefix(const std::string& prefix) {
@@ -837,6 +844,8 @@ void HeadState::kv_erase(const std::string& key) {
 }
 
 int64_t HeadState::kv_add(const std::string& key, int64_t delta) {
+  if (!actor_key_allowed(key))
+    throw ConfigError("kv add: key '" + key + "' is not troupe.actor/<id>/... of an actor that is not dead");
   int64_t v = 0;
   if (auto it = kv_.find(key); it != kv_.end()) {
     const std::string& s = it->second;

@@ -248,6 +248,9 @@ class HeadState {
   void retire_stats(uint64_t actor_id, uint32_t incarnation);
   // Erases every KV key that starts with `prefix` (for the store too).
   void kv_erase_prefix(const std::string& prefix);
+  // Whether `key` may be set: any key but troupe.actor/..., which must be
+  // troupe.actor/<id>/... of an actor that is not dead (client/actor_keys.h).
+  bool actor_key_allowed(const std::string& key) const;
 
   // Owners whose things a restarted head keeps until then.
   void check_restored_owners(Time now);

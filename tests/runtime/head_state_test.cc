@@ -591,6 +591,15 @@ TEST_F(HeadStateTest, ActorKeysLiveAsLongAsTheirActor) {
   state_.kv_put(other, "its table");
   state_.kv_put(troupe::client::actor_key_prefix(999) + "x", "no such actor");
   EXPECT_FALSE(state_.kv_get(troupe::client::actor_key_prefix(999) + "x").has_value());
+  // Only troupe.actor/<id>/...: a key that its actor's erasure would miss
+  // is not made, by a put or an add.
+  const std::string bare = "troupe.actor/" + std::to_string(a.id);
+  for (const auto& odd : {bare, bare + "abc", std::string("troupe.actor//x"), std::string("troupe.actor/-1/x")}) {
+    state_.kv_put(odd, "v");
+    EXPECT_FALSE(state_.kv_get(odd).has_value()) << odd;
+    EXPECT_THROW(state_.kv_add(odd, 1), troupe::ConfigError) << odd;
+  }
+  EXPECT_EQ(state_.kv_add(troupe::client::actor_key_prefix(a.id) + "n", 2), 2);
   exited(a.id);
   EXPECT_EQ(state_of(a.id), ActorState::kRestarting);
   start_spawned();
