@@ -68,6 +68,7 @@ def test_bad_runtime_envs_are_named(job):
         ({"py_modules": "mod"}, "py_modules must be a list of paths or modules, got a str"),
         ({"py_modules": ["/nonexistent/mod"]}, "'/nonexistent/mod' is not a directory or a .py file"),
         ({"excludes": "*.bin"}, "excludes must be a list of patterns"),
+        ({"excludes": ["*.bin"]}, "excludes applies to the working_dir and py_modules of the same runtime_env"),
         ({"env_vars": {"N": 1}}, r"env_vars\['N'\] must be a str"),
         ({"env_vars": {"A=B": "1"}}, "'A=B' is not an environment variable name"),
         ({"env_vars": {"TROUPE_TOKEN": "x"}}, "TROUPE_TOKEN is troupe's own variable"),

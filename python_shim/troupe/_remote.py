@@ -340,6 +340,9 @@ def parse_runtime_env(runtime_env, what):
     excludes = runtime_env.get("excludes") or ()
     if not isinstance(excludes, (list, tuple)) or not all(isinstance(e, str) for e in excludes):
         raise ConfigError(f"{what}: runtime_env excludes must be a list of patterns (str), got {excludes!r}")
+    if excludes and working_dir is None and py_modules is None:
+        raise ConfigError(f"{what}: runtime_env excludes applies to the working_dir and py_modules of the same "
+                          "runtime_env, and this one has neither")
     return RuntimeEnv(env_vars, working_dir, py_modules, tuple(excludes))
 
 
