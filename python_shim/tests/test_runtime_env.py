@@ -5,6 +5,7 @@ the cluster's KV store to the workers, which import from them (and run in
 the working_dir); any other runtime_env key, and bad names or values, are
 refused by name."""
 import os
+import shutil
 import sys
 
 import pytest
@@ -187,6 +188,36 @@ def test_a_new_session_gets_the_working_dir_as_it_is_then(tmp_path):
             assert troupe.get(look_around.options(runtime_env=env).remote(), timeout=60)["answer"] == answer
         finally:
             troupe.shutdown()
+
+
+def test_an_unpack_left_half_done_is_swept_by_the_next(tmp_path):
+    """A worker killed while it unpacked leaves its staging directory; the
+    next unpack on the machine removes one over an hour old, and keeps a
+    fresh one (another worker's, under way)."""
+    from troupe import _packages
+
+    root = _packages._cache_root()
+    stale, fresh = os.path.join(root, ".stale-sweep-test"), os.path.join(root, ".fresh-sweep-test")
+    for d in (stale, fresh):
+        os.makedirs(os.path.join(d, "half"), exist_ok=True)
+    os.utime(stale, (0, 0))
+    (tmp_path / "renv_sweep.py").write_text(f"TAG = {str(tmp_path)!r}\n")  # a package no earlier run unpacked
+    troupe.init(num_cpus=1)
+    try:
+        env = {"py_modules": [str(tmp_path / "renv_sweep.py")]}
+        assert troupe.get(import_sweep.options(runtime_env=env).remote(), timeout=60) == str(tmp_path)
+        assert os.path.isdir(fresh)
+    finally:
+        troupe.shutdown()
+        shutil.rmtree(fresh, ignore_errors=True)
+    assert not os.path.exists(stale)
+
+
+@troupe.remote
+def import_sweep():
+    import renv_sweep
+
+    return renv_sweep.TAG
 
 
 def test_py_modules_a_package_and_a_single_file(tmp_path):

@@ -23,6 +23,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 
 from troupe import _core
@@ -165,6 +166,23 @@ def _fetch(client, package):
     return data
 
 
+# A staging directory this old was left by a worker killed while it
+# unpacked (one that unpacks takes seconds).
+_STALE_STAGING_S = 3600
+
+
+def _sweep_staging(root):
+    """Removes the staging directories of unpacks that never finished."""
+    now = time.time()
+    for entry in os.scandir(root):
+        try:
+            if entry.name.startswith(".") and entry.is_dir(follow_symlinks=False) and \
+                    now - entry.stat(follow_symlinks=False).st_mtime > _STALE_STAGING_S:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            pass  # another worker removed it meanwhile
+
+
 def local_path(client, package):
     """Where package `package` lies unpacked on this machine: fetched and
     unpacked by the first worker that needs it (into a temporary directory,
@@ -176,6 +194,7 @@ def local_path(client, package):
     if os.path.isdir(target):
         return target
     data = _fetch(client, package)
+    _sweep_staging(root)
     staging = tempfile.mkdtemp(prefix=f".{package[:16]}.", dir=root)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
