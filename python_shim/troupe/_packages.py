@@ -45,7 +45,7 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 _uploaded = {}  # (cluster address, token, kind, path, excludes) -> package id, this process
 _PACKAGE_ID = re.compile(r"[0-9a-f]{64}")
 _upload_lock = threading.Lock()
-_applied = {"working_dir": None, "py_modules": None, "paths": []}  # in a worker
+_applied = {"working_dir": None, "py_modules": (), "paths": []}  # in a worker: as inherited() says
 
 
 def _size(n):

@@ -52,13 +52,7 @@ def _sync_environment():
     # current directory) before the code that may import from them loads.
     from troupe import _packages
 
-    _packages.apply(_package_client)
-
-
-def _package_client():
-    import troupe
-
-    return troupe._client()
+    _packages.apply(_remote._client)
 
 
 def _answer(value, what):
