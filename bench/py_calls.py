@@ -7,7 +7,9 @@ one at a time / 1,000 in flight, tasks/s), `actor_sync` and `actor_async`
 `put_get_64MiB` (the driver puts a NumPy array, an actor in another process
 gets it as a resolved argument and returns its size; GB/s of the round),
 `tasks_nested` (fib(7) as tasks that wait in get for their two children:
-41 tasks a tree, tasks/s).
+41 tasks a tree, tasks/s), `generator_items` (a streaming generator task,
+num_returns="streaming", yields 1,000 small values; the driver gets each
+ref as it comes; values/s).
 
 The same measuring code (`measure`) runs against either module: this script
 starts itself once per runtime as a child (`--child MODULE`), so troupe and
@@ -31,9 +33,12 @@ import subprocess
 import sys
 import time
 
-CASES = ["tasks_sync", "tasks_async", "actor_sync", "actor_async", "put_get_1MiB", "put_get_64MiB", "tasks_nested"]
+CASES = ["tasks_sync", "tasks_async", "actor_sync", "actor_async", "put_get_1MiB", "put_get_64MiB", "tasks_nested",
+         "generator_items"]
 UNITS = ({c: "tasks/s" for c in CASES[:2]} | {c: "calls/s" for c in CASES[2:4]} | {c: "GB/s" for c in CASES[4:6]}
-         | {"tasks_nested": "tasks/s"})
+         | {"tasks_nested": "tasks/s", "generator_items": "values/s"})
+# generator_items: values one streaming generator task yields.
+STREAM_VALUES = 1000
 IN_FLIGHT = 1000
 # tasks_nested: fib(NESTED_N) as tasks that wait for their two children
 # (41 tasks, at most 6 deep, each waiting in get while its children run).
@@ -86,6 +91,21 @@ def measure(rt, case, seconds):
             # process before the call ("get in another process").
             return array.nbytes
 
+    if case == "generator_items":
+
+        @rt.remote(num_returns="streaming")
+        def values(n):
+            for i in range(n):
+                yield i
+
+        def one_stream():
+            total = sum(rt.get(ref, timeout=GET_TIMEOUT) for ref in values.remote(STREAM_VALUES))
+            if total != STREAM_VALUES * (STREAM_VALUES - 1) // 2:
+                raise RuntimeError(f"generator_items: the values sum to {total}")
+            return STREAM_VALUES
+
+        one_stream()  # warm up
+        return rate(one_stream, seconds)
     if case == "tasks_nested":
 
         @rt.remote

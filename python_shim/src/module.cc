@@ -12,6 +12,7 @@
 
 #include "python_shim/src/py_client.h"
 #include "python_shim/src/py_convert.h"
+#include "python_shim/src/py_stream.h"
 #include "python_shim/src/py_worker.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/resource_pool.h"
@@ -50,6 +51,8 @@ void translate(std::exception_ptr p) {
     raise_as("ConnectionError", e);
   } catch (const TaskCancelled& e) {
     raise_as("TaskCancelled", e);
+  } catch (const StreamError& e) {
+    raise_as("StreamError", e);
   } catch (const RemoteError& e) {
     raise_as("RemoteError", e);
   } catch (const Error& e) {
@@ -240,6 +243,52 @@ void bind_values(pyb::module_& m) {
   pyb::class_<PyTaskKey>(m, "TaskKey");
 }
 
+// Makes `call` a streaming call writing to `stream` (none: a plain call),
+// past the first `skip` values.
+void streaming(PyCall& call, const PyStream* stream, uint64_t skip) {
+  if (!stream) return;
+  StreamRef ref = stream->ref();
+  call.stream_address = ref.address;
+  call.stream_id = ref.id;
+  call.stream_skip = skip;
+}
+
+// Streaming generators: the caller's PyStream and the worker's writer.
+void bind_streams(pyb::module_& m) {
+  using NoGil = pyb::call_guard<pyb::gil_scoped_release>;
+  pyb::class_<PyStream, std::shared_ptr<PyStream>>(m, "Stream")
+      .def("watch", &PyStream::watch, NoGil())
+      // (kind, ref): PyStream::Kind and the item's ref (None at the end);
+      // None when nothing came within `timeout` seconds (None: no limit).
+      .def("next", [](PyStream& s, const std::optional<double>& timeout) -> pyb::object {
+        std::optional<PyStream::Next> got;
+        {
+          pyb::gil_scoped_release nogil;
+          wait_interruptibly(
+              [&](std::chrono::milliseconds slice) {
+                got = s.next(slice);
+                return got.has_value();
+              },
+              timeout);
+        }
+        if (!got) return pyb::none();
+        return pyb::make_tuple(static_cast<int>(got->first), got->second);
+      });
+  pyb::class_<PyStreamWriter>(m, "StreamWriter")
+      .def(pyb::init([](const std::string& address, uint64_t id) {
+        pyb::gil_scoped_release nogil;
+        return std::make_unique<PyStreamWriter>(this_actor::runtime().core(), address, id);
+      }))
+      // (error, data, buffers, refs), as a call's answer.
+      .def("write",
+           [](PyStreamWriter& w, const pyb::handle& parts) {
+             PyReply item = reply_from_python(parts);
+             pyb::gil_scoped_release nogil;
+             w.write(item);
+           })
+      .def("close", &PyStreamWriter::close, NoGil());
+}
+
 pyb::class_<PyClient> bind_client(pyb::module_& m) {
   using NoGil = pyb::call_guard<pyb::gil_scoped_release>;
   pyb::class_<PyClient> cls(m, "Client");
@@ -272,12 +321,14 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
       .def(
           "call",
           [](PyClient& c, client::ActorClient& actor, std::string method, const pyb::handle& args, const RefList& top,
-             std::shared_ptr<PyRef> keep) {
+             std::shared_ptr<PyRef> keep, std::shared_ptr<PyStream> stream) {
             PyCall call = call_from(std::move(method), args);
             pyb::gil_scoped_release nogil;
+            streaming(call, stream.get(), 0);
             return c.call(actor, std::move(call), top, std::move(keep));
           },
-          pyb::arg("actor"), pyb::arg("method"), pyb::arg("args"), pyb::arg("top"), pyb::arg("keep") = nullptr)
+          pyb::arg("actor"), pyb::arg("method"), pyb::arg("args"), pyb::arg("top"), pyb::arg("keep") = nullptr,
+          pyb::arg("stream") = nullptr)
       .def("actor_lifetime", &PyClient::actor_lifetime, pyb::call_guard<pyb::gil_scoped_release>())
       .def("task_key",
            [](PyClient& c, const pyb::dict& options) {
@@ -285,12 +336,20 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
              pyb::gil_scoped_release nogil;
              return c.task_key(o);
            })
-      .def("submit",
-           [](PyClient& c, const PyTaskKey& key, std::string fn, const pyb::handle& args, const RefList& top) {
-             PyCall call = call_from(std::move(fn), args);
-             pyb::gil_scoped_release nogil;
-             return c.submit(key, std::move(call), top);
-           })
+      .def(
+          "submit",
+          [](PyClient& c, const PyTaskKey& key, std::string fn, const pyb::handle& args, const RefList& top,
+             std::shared_ptr<PyStream> stream, uint64_t skip) {
+            PyCall call = call_from(std::move(fn), args);
+            pyb::gil_scoped_release nogil;
+            streaming(call, stream.get(), skip);
+            return c.submit(key, std::move(call), top);
+          },
+          pyb::arg("key"), pyb::arg("fn"), pyb::arg("args"), pyb::arg("top"), pyb::arg("stream") = nullptr,
+          pyb::arg("skip") = 0)
+      // The caller's half of a streaming call's stream (py_stream.h).
+      .def(
+          "stream", [](PyClient& c, size_t credits) { return std::make_shared<PyStream>(c.core(), credits); }, NoGil())
       .def(
           "cancel", [](PyClient& c, const PyRef& ref, bool force) { return c.cancel(ref, force); }, NoGil())
       .def("shutdown", &PyClient::shutdown, NoGil());
@@ -413,6 +472,7 @@ PYBIND11_MODULE(_core, m) {
   pyb::register_exception_translator(&translate);
   g_main_thread = pyb::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   bind_values(m);
+  bind_streams(m);
   auto client = bind_client(m);
   bind_client_queries(client);
   bind_placement_groups(client);

@@ -50,7 +50,15 @@ struct PyCall {
   // A task's token in the process that submitted it (0 for other calls):
   // what troupe.cancel's PyInterruptTask names.
   uint64_t task = 0;
-  TROUPE_FIELDS(target, args, top, task)
+  // A streaming call (a generator task or method, Ray's
+  // num_returns="streaming"): where its values go, one stream item each
+  // (the caller's stream listener and stream id; empty for other calls),
+  // after the first `stream_skip` (those a failed attempt already
+  // delivered).
+  std::string stream_address;
+  uint64_t stream_id = 0;
+  uint64_t stream_skip = 0;
+  TROUPE_FIELDS(target, args, top, task, stream_address, stream_id, stream_skip)
 };
 
 // Control message of troupe.cancel (without force) to the worker that runs

@@ -45,6 +45,12 @@ pyb::tuple call_args(const PyCall& call) {
   return pyb::make_tuple(value_to_python(call.args, core), top);
 }
 
+// A streaming call's (address, stream id, values to skip), else None.
+pyb::object stream_of(const PyCall& call) {
+  if (call.stream_address.empty()) return pyb::none();
+  return pyb::make_tuple(call.stream_address, call.stream_id, call.stream_skip);
+}
+
 // Writes a hook's reply: as the answer, or (a call_ref) kept here.
 void write_reply(PyReply reply, wire::Encoder& result, const client::ObjectSink* keep) {
   if (!keep) return wire::encode(result, reply);
@@ -76,7 +82,8 @@ class PyHostedActor final : public client::HostedActor {
       pyb::tuple a = call_args(call);
       // The call's token (its call id), by which troupe.cancel finds an
       // async method's coroutine.
-      reply = reply_from_python(hook("call_method")(instance_, call.target, a[0], a[1], client::current_task_token()));
+      reply = reply_from_python(
+          hook("call_method")(instance_, call.target, a[0], a[1], client::current_task_token(), stream_of(call)));
     }
     write_reply(std::move(reply), result, keep);
   }
@@ -122,7 +129,7 @@ void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::Ob
   {
     pyb::gil_scoped_acquire gil;
     pyb::tuple a = call_args(call);
-    reply = reply_from_python(hook("run_task")(call.target, a[0], a[1], call.task));
+    reply = reply_from_python(hook("run_task")(call.target, a[0], a[1], call.task, stream_of(call)));
   }
   write_reply(std::move(reply), result, keep);
 }

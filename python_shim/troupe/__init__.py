@@ -29,6 +29,7 @@ import threading
 
 from troupe import _core
 from troupe import exceptions
+from troupe._generator import ObjectRefGenerator
 from troupe._remote import ActorClass, ActorHandle, RemoteFunction, method, remote, _actor_handle
 from troupe import _packages
 from troupe import _remote
@@ -40,7 +41,7 @@ ObjectRef = _core.ObjectRef
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait", "kill", "cancel", "get_actor",
     "cluster_resources", "available_resources", "nodes", "get_runtime_context", "get_gpu_ids",
-    "ObjectRef", "ActorHandle", "ActorClass", "RemoteFunction", "exceptions",
+    "ObjectRef", "ObjectRefGenerator", "ActorHandle", "ActorClass", "RemoteFunction", "exceptions",
 ]
 
 _core.set_error_classes(dict(exceptions._FROM_RUNTIME))
@@ -226,6 +227,9 @@ def get(refs, *, timeout=None):
                 raise TypeError(f"troupe.get takes ObjectRefs, got a {type(r).__name__} in the list")
         got = client.get([_ser.parent(r) for r in refs], timeout)
         return [_ser.value_for(ref, r[1:]) for ref, r in zip(refs, got)]
+    if isinstance(refs, ObjectRefGenerator):
+        raise TypeError("troupe.get of an ObjectRefGenerator (a generator's call): iterate it for one ref per "
+                        "value, e.g. troupe.get(list(gen))")
     raise TypeError(f"troupe.get takes an ObjectRef or a list of them, not a {type(refs).__name__}")
 
 
@@ -335,7 +339,11 @@ def cancel(ref, *, force=False, recursive=True):
     cancelled (asyncio.CancelledError). force=True on an actor call is a
     ConfigError (a ValueError): troupe.kill ends the actor. `recursive` is
     taken for Ray's signature; the tasks a cancelled task started run on
-    unless it is forced. Only the process that made the call can cancel it."""
+    unless it is forced. Only the process that made the call can cancel it.
+    An ObjectRefGenerator cancels its generator's call: its next ref
+    raises TaskCancelledError (after those already received)."""
+    if isinstance(ref, ObjectRefGenerator):
+        ref = ref._cancel_target()
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"troupe.cancel takes an ObjectRef, not a {type(ref).__name__}")
     if not isinstance(force, bool) or not isinstance(recursive, bool):

@@ -16,6 +16,7 @@ import re
 import types
 
 from troupe import _core
+from troupe import _generator
 from troupe import _packages
 from troupe import _serialization as ser
 from troupe._launcher import worker_executable
@@ -30,7 +31,8 @@ _PLACEMENT_OPTIONS = {"scheduling_strategy", "placement_group", "placement_group
 # children: the group's id.
 CAPTURE_ENV = "PYTROUPE_CAPTURE_PG"
 _TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "num_returns",
-                 "retry_exceptions", "preload_modules", "runtime_env"} | _PLACEMENT_OPTIONS
+                 "retry_exceptions", "preload_modules", "runtime_env",
+                 _generator.BACKPRESSURE_OPTION} | _PLACEMENT_OPTIONS
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
                   "lifetime", "namespace", "get_if_exists", "preload_modules", "runtime_env"} | _PLACEMENT_OPTIONS
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -53,6 +55,7 @@ def _check_options(options, allowed, what):
         raise ConfigError(f"unknown option(s) for {what}: {', '.join(sorted(unknown))} "
                           f"(known: {', '.join(sorted(allowed))})")
     num_returns(options.get("num_returns", 1), what)
+    _generator.credits(options.get(_generator.BACKPRESSURE_OPTION), what)
     for key in ("max_restarts", "max_task_retries", "max_retries"):
         value = options.get(key, 0)
         if not _is_int(value, -1):
@@ -72,14 +75,24 @@ def _check_options(options, allowed, what):
 
 
 def num_returns(value, what):
-    """num_returns, checked: an int >= 0 (Ray's "dynamic" and "streaming"
-    generators are not supported)."""
+    """num_returns, checked: an int >= 0, or "streaming" (a generator's
+    values as they are yielded: an ObjectRefGenerator)."""
+    if isinstance(value, str) and value == "streaming":
+        return value
     if not _is_int(value, 0) or value > _MAX_RETURNS:
-        if isinstance(value, str):
-            raise ConfigError(f"{what}: num_returns={value!r} is not supported (troupe does not stream "
-                              "results; return a list, or give an int)")
-        raise ConfigError(f"{what}: num_returns must be an int in [0, {_MAX_RETURNS}], got {value!r}")
+        if isinstance(value, str) and value == "dynamic":
+            raise ConfigError(f"{what}: num_returns='dynamic' (Ray's older generator API) is not supported; "
+                              "use num_returns='streaming', a generator function's default, which returns an "
+                              "ObjectRefGenerator")
+        raise ConfigError(f"{what}: num_returns must be an int in [0, {_MAX_RETURNS}] or 'streaming', "
+                          f"got {value!r}")
     return value
+
+
+def is_generator_function(fn):
+    """Whether calling `fn` makes a generator (sync or async): its calls
+    stream unless a num_returns says otherwise."""
+    return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
 def method(**options):
@@ -473,7 +486,8 @@ def _captured_group():
 
 class RemoteFunction:
     """A function decorated with @troupe.remote; f.remote(...) runs it as a
-    task and returns an ObjectRef."""
+    task and returns an ObjectRef (a generator function: an
+    ObjectRefGenerator)."""
 
     def __init__(self, fn, options, shared=None):
         _check_options(options, _TASK_OPTIONS, f"task {fn.__qualname__}")
@@ -483,7 +497,11 @@ class RemoteFunction:
         self._shared = shared if shared is not None else {}
         self._key = None
         self._key_client = None
-        self._num_returns = options.get("num_returns", 1)
+        self._num_returns = options.get("num_returns", "streaming" if is_generator_function(fn) else 1)
+        if self._num_returns == "streaming" and _retry_kinds(options) is not None:
+            raise ConfigError(f"task {fn.__qualname__}: retry_exceptions does not apply to a streaming generator "
+                              "(its values already handed out cannot be taken back)")
+        self._credits = _generator.credits(options.get(_generator.BACKPRESSURE_OPTION), f"task {fn.__qualname__}")
         self.__name__ = getattr(fn, "__name__", "task")
         self.__doc__ = getattr(fn, "__doc__", None)
 
@@ -529,6 +547,11 @@ class RemoteFunction:
             exported.add(cluster)
         options = _runtime_options(self._options, 1)
         options.setdefault("name", self.__name__)
+        if self._num_returns == "streaming":
+            # The generator retries itself (ObjectRefGenerator), skipping
+            # what it handed out; the runtime's resend would not.
+            self._stream_retries = options["max_retries"]
+            options["max_retries"] = 0
         self._key = client.task_key(options)
         self._key_client = client
 
@@ -537,6 +560,16 @@ class RemoteFunction:
         if self._key_client is not client:
             self._prepare(client)
         data, top = _call_args(f"task {self.__name__}", args, kwargs)
+        if self._num_returns == "streaming":
+            key, fn_hash, credits = self._key, self._shared["hash"], self._credits
+
+            def start(skip):
+                stream = client.stream(credits)
+                done = client.submit(key, fn_hash, data, top, stream, skip)
+                stream.watch(done)
+                return stream, done
+
+            return _generator.ObjectRefGenerator(start, self._stream_retries, f"task {self.__name__}")
         ref = client.submit(self._key, self._shared["hash"], data, top)
         return ref if self._num_returns == 1 else ser.items(ref, self._num_returns, f"task {self.__name__}")
 
@@ -544,7 +577,7 @@ class RemoteFunction:
 class ActorMethod:
     # Not the handle itself: a handle caches its methods, and a cycle would
     # keep an actor that went out of scope alive until Python's cycle GC.
-    __slots__ = ("_actor", "_client", "_lifetime", "_name", "_num_returns")
+    __slots__ = ("_actor", "_client", "_lifetime", "_name", "_num_returns", "_credits")
 
     def __init__(self, handle, name, num_returns=1):
         self._actor = handle._actor
@@ -552,6 +585,7 @@ class ActorMethod:
         self._lifetime = handle._lifetime
         self._name = name
         self._num_returns = num_returns
+        self._credits = _generator.DEFAULT_CREDITS
 
     def remote(self, *args, **kwargs):
         import troupe
@@ -560,22 +594,41 @@ class ActorMethod:
         if client is not troupe._current_client():  # the message only when needed
             client = _session_client(self, f"{self._name}.remote()")
         data, top = _call_args(f"actor method {self._name}", args, kwargs)
+        if self._num_returns == "streaming":
+            return self._stream(client, data, top)
         ref = client.call(self._actor, self._name, data, top, self._lifetime)
         return ref if self._num_returns == 1 else ser.items(ref, self._num_returns, f"actor method {self._name}")
 
+    def _stream(self, client, data, top):
+        """A streaming call (a generator method): its ObjectRefGenerator. It
+        is not made again if the actor dies (its state went with it)."""
+        actor, name, lifetime, credits = self._actor, self._name, self._lifetime, self._credits
+
+        def start(skip):
+            stream = client.stream(credits)
+            done = client.call(actor, name, data, top, lifetime, stream)
+            stream.watch(done)
+            return stream, done
+
+        return _generator.ObjectRefGenerator(start, 0, f"actor method {name}")
+
     def options(self, **options):
-        """Ray's per-call options: `name` (a label) and num_returns are
-        taken; any other is refused rather than ignored."""
-        count = self._num_returns
+        """Ray's per-call options: `name` (a label), num_returns and
+        _generator_backpressure_num_objects are taken; any other is
+        refused rather than ignored."""
+        count, credits = self._num_returns, self._credits
+        what = f"actor method {self._name}"
         for key, value in options.items():
             if key == "num_returns":
-                count = num_returns(value, f"actor method {self._name}")
+                count = num_returns(value, what)
+            elif key == _generator.BACKPRESSURE_OPTION:
+                credits = _generator.credits(value, what)
             elif key != "name":
-                raise ConfigError(f"actor method {self._name}: option {key}={value!r} is not supported "
-                                  "(per-call options are name and num_returns)")
+                raise ConfigError(f"{what}: option {key}={value!r} is not supported (per-call options are "
+                                  f"name, num_returns and {_generator.BACKPRESSURE_OPTION})")
         copy = ActorMethod.__new__(ActorMethod)
         copy._actor, copy._client, copy._lifetime, copy._name = self._actor, self._client, self._lifetime, self._name
-        copy._num_returns = count
+        copy._num_returns, copy._credits = count, credits
         return copy
 
     def __call__(self, *args, **kwargs):
@@ -660,7 +713,7 @@ def _method_table(cls):
             continue
         fn = getattr(cls, name, None)
         if callable(fn):
-            methods[name] = getattr(fn, "_troupe_num_returns", 1)
+            methods[name] = getattr(fn, "_troupe_num_returns", "streaming" if is_generator_function(fn) else 1)
     return cls.__name__, methods
 
 

@@ -15,7 +15,7 @@ import traceback
 
 from troupe import _core
 from troupe import _serialization as ser
-from troupe.exceptions import _ErrorBox, _RebuildByState
+from troupe.exceptions import StreamError, _ErrorBox, _RebuildByState
 
 _functions = {}  # task function by content hash, loaded once per worker
 _FUNCTION_KEY = "troupe.py.fn."
@@ -59,8 +59,8 @@ def _answer(value, what):
     """The answer of `what` (a task or method), which returned `value`."""
     if inspect.isgenerator(value) or inspect.isasyncgen(value):
         raise TypeError(
-            f"{what} returned a generator: troupe tasks and actor methods do not stream their "
-            "results (Ray's num_returns='streaming'); return a list instead"
+            f"{what} returned a generator, but its caller asked for a fixed num_returns: make it a generator "
+            "function (its values stream to the caller, num_returns='streaming'), or return a list"
         )
     try:
         data, buffers, refs = ser.dumps(value)
@@ -171,12 +171,97 @@ def _settle(value, token=0):
             _coroutines.pop(token, None)
 
 
-def call_method(instance, name, args, top, token=0):
+class _ReaderGone(Exception):
+    """The caller of a streaming call stopped reading (it dropped its
+    ObjectRefGenerator, or the call was cancelled)."""
+
+
+def _send(writer, parts):
     try:
-        a, kw = ser.load_call_args(args, top)
-        return _answer(_settle(getattr(instance, name)(*a, **kw), token), f"{type(instance).__name__}.{name}")
+        writer.write(parts)
+    except StreamError as e:
+        raise _ReaderGone(str(e)) from None
+
+
+async def _next_of(agen):
+    return await agen.__anext__()
+
+
+def _values(items, what, token):
+    """The values a streaming call's generator yields (an async one's
+    awaited on the worker's loop, cancellable by troupe.cancel as an async
+    method is)."""
+    if inspect.isgenerator(items):
+        yield from items
+    elif inspect.isasyncgen(items):
+        while True:
+            try:
+                value = _settle(_next_of(items), token)
+            except StopAsyncIteration:
+                return
+            yield value
+    else:
+        raise TypeError(f"{what} is a streaming call (num_returns='streaming') but returned a "
+                        f"{type(items).__name__}, not a generator")
+
+
+def _close(items):
+    """Runs a stopped generator's finally blocks (an async one's on the loop)."""
+    try:
+        if inspect.isgenerator(items):
+            items.close()
+        elif inspect.isasyncgen(items):
+            _settle(items.aclose())
+    except Exception:
+        pass
+
+
+def _streamed(stream, produce, what, where, token):
+    """A streaming call: produce() makes its generator, each value it yields
+    goes to the caller's stream (address, id, values to skip) as it is
+    yielded, an exception it (or produce) raises as the stream's last item.
+    The call's own answer is how many values were sent. A caller that stops
+    reading stops the generator at its next yield."""
+    address, stream_id, skip = stream
+    try:
+        writer = _core.StreamWriter(address, stream_id)
+    except StreamError:
+        return _answer(0, what)  # the caller dropped its generator before the call ran
+    sent = 0
+    items = None
+    try:
+        try:
+            items = produce()
+            for index, value in enumerate(_values(items, what, token)):
+                if index >= skip:
+                    _send(writer, _answer(value, f"{what}, value {index}"))
+                    sent += 1
+        except _ReaderGone:
+            raise
+        except BaseException:
+            _send(writer, _error(where()))
+        writer.close()
+    except _ReaderGone:
+        pass
+    finally:
+        _close(items)
+    return _answer(sent, what)
+
+
+def call_method(instance, name, args, top, token=0, stream=None):
+    what = f"{type(instance).__name__}.{name}"
+    where = lambda: f"{what} (pid {os.getpid()})"  # noqa: E731
+    if stream is not None:
+        return _streamed(stream, lambda: _method_call(instance, name, args, top), what, where, token)
+    try:
+        return _answer(_settle(_method_call(instance, name, args, top), token), what)
     except BaseException:
-        return _error(f"{type(instance).__name__}.{name} (pid {os.getpid()})")
+        return _error(where())
+
+
+def _method_call(instance, name, args, top):
+    a, kw = ser.load_call_args(args, top)
+    return getattr(instance, name)(*a, **kw)
 
 
 def _function(key):
@@ -231,7 +316,7 @@ def _async_raise(thread, exc):
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(exc) if exc else None)
 
 
-def run_task(key, args, top, token=0):
+def run_task(key, args, top, token=0, stream=None):
     global _runs_tasks, _lend_for
     _runs_tasks = True
     _lend_for = _core.wait_observer()
@@ -250,11 +335,18 @@ def run_task(key, args, top, token=0):
             _sync_environment()
             fn = _function(key)
             name = getattr(fn, "__qualname__", key)
-            a, kw = ser.load_call_args(args, top)
-            return _answer(_settle(fn(*a, **kw), token), f"task {name}")
+            if stream is not None:
+                return _streamed(stream, lambda: _task_call(fn, args, top), f"task {name}",
+                                 lambda: f"task {name} (pid {os.getpid()})", token)
+            return _answer(_settle(_task_call(fn, args, top), token), f"task {name}")
         finally:
             with _cancel_lock:
                 _running.pop(token, None)
                 _async_raise(thread, None)
     except BaseException:
         return _error(f"task {name} (pid {os.getpid()})")
+
+
+def _task_call(fn, args, top):
+    a, kw = ser.load_call_args(args, top)
+    return fn(*a, **kw)

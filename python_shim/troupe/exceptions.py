@@ -46,6 +46,11 @@ class ObjectLostError(TroupeError):
     """An object's owner died or cannot be reached."""
 
 
+class StreamError(TroupeError):
+    """A streaming call's stream broke while its call ran on (or its
+    reader, the ObjectRefGenerator, was dropped)."""
+
+
 class ConfigError(TroupeError, ValueError):
     """Bad input: an option, an address, an actor name that does not exist."""
 
@@ -155,6 +160,7 @@ _FROM_RUNTIME = {
     "ConfigError": ConfigError,
     "ConnectionError": TroupeConnectionError,
     "TaskCancelled": TaskCancelledError,
+    "StreamError": StreamError,
     "RemoteError": TaskError,
     "Error": TroupeError,
 }

@@ -89,6 +89,13 @@ StreamWriterCore::StreamWriterCore(const std::shared_ptr<Core>& core, const Stre
     Connection::connect(
         io, host, port, token, FrameLimits{},
         [st, id](Message&& m) {
+          if (static_cast<StreamOp>(m.op) == StreamOp::kError) {
+            // The reader's side refused this writer (StreamServer::bind).
+            std::lock_guard lock(st->mu);
+            if (st->error.empty()) st->error = "stream refused by its reader's process: " + m.body;
+            st->cv.notify_all();
+            return;
+          }
           if (static_cast<StreamOp>(m.op) != StreamOp::kCredit) return;
           uint64_t n = 0;
           try {

@@ -88,15 +88,24 @@ void StreamServer::accept(std::shared_ptr<Connection> c) {
 void StreamServer::bind(const std::shared_ptr<Connection>& c, std::shared_ptr<StreamReaderCore::State>& bound,
                         const Message& m) {
   if (static_cast<StreamOp>(m.op) != StreamOp::kOpen) return c->close("stream frame before open");
+  // A refused writer is told why before the connection ends.
+  auto refuse = [&](const std::string& why) {
+    c->send(stream_event(StreamOp::kError, m.id, why), true);
+    c->finish();
+  };
   std::shared_ptr<StreamReaderCore::State> st;
   {
     std::lock_guard lock(mu_);
     auto it = readers_.find(m.id);
     if (it != readers_.end()) st = it->second;
   }
-  if (!st) return c->close("no stream with id " + std::to_string(m.id));
+  if (!st) return refuse("no stream with id " + std::to_string(m.id));
   std::lock_guard lock(st->mu);
-  if (st->conn) return c->close("stream " + std::to_string(m.id) + " already has a writer");
+  if (st->conn) return refuse("stream " + std::to_string(m.id) + " already has a writer");
+  // One writer per stream, ever: one that comes after the first ended or
+  // failed (an actor call resent to a restarted actor) would feed a reader
+  // that stopped reading, and wait for credit forever.
+  if (st->ended || !st->error.empty()) return refuse("stream " + std::to_string(m.id) + " is over");
   st->conn = c;
   bound = st;
   c->send(credit_event(m.id, st->credits), true);

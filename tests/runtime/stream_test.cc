@@ -190,4 +190,38 @@ TEST_F(StreamTest, ReaderKilledStopsTheWriter) {
   EXPECT_NE(error.find("reader disconnected"), std::string::npos) << error;
 }
 
+// One writer per stream, ever: after the first ended or died, another is
+// refused at open (an actor call resent to a restarted actor must not feed
+// a reader that stopped reading, and then wait for credit forever).
+TEST_F(StreamTest, AStreamTakesNoSecondWriterAfterItsFirstEndedOrDied) {
+  troupe::StreamReader<Item> ended(rt_, 4);
+  {
+    troupe::StreamWriter<Item> w(rt_, ended.ref());
+    w.write(Item{1, {}});
+    w.close();
+  }
+  ASSERT_EQ(ended.read(kWaitBound)->seq, 1);
+  EXPECT_FALSE(ended.read(kWaitBound).has_value());
+  try {
+    troupe::StreamWriter<Item> again(rt_, ended.ref(), 10s);
+    FAIL() << "a second writer opened an ended stream";
+  } catch (const troupe::StreamError& e) {
+    EXPECT_NE(std::string(e.what()).find("is over"), std::string::npos) << e.what();
+  }
+
+  troupe::StreamReader<Item> failed(rt_, 4);
+  auto p = rt_.spawn<Producer>({});
+  int pid = p.call(&Producer::pid).get(kWaitBound);
+  auto f = p.call(&Producer::produce_until_error, failed.ref());
+  ASSERT_TRUE(failed.read(kWaitBound).has_value());
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  EXPECT_THROW(for (;;) failed.read(kWaitBound), troupe::StreamError);
+  try {
+    troupe::StreamWriter<Item> again(rt_, failed.ref(), 10s);
+    FAIL() << "a second writer opened a failed stream";
+  } catch (const troupe::StreamError& e) {
+    EXPECT_NE(std::string(e.what()).find("is over"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

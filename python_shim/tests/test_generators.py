@@ -1,0 +1,302 @@
+"""Streaming generators, as Ray's num_returns="streaming": a generator task
+or actor method returns an ObjectRefGenerator at once, whose refs arrive as
+the values are yielded; errors, worker deaths (retried without handing a
+value out twice), cancels, a dropped generator and backpressure each do what
+docs/python.md says."""
+import asyncio
+import os
+
+import numpy as np
+import pytest
+
+import troupe
+from conftest import wait_until
+from timebox import bounded_fixture
+from troupe.exceptions import ConfigError, TaskCancelledError, TaskError, WorkerCrashedError
+
+pytestmark = pytest.mark.usefixtures("cluster")
+bounded = bounded_fixture(240)
+
+
+@troupe.remote
+def squares(n):
+    for i in range(n):
+        yield i * i
+
+
+@troupe.remote
+class Progress:
+    """Where a generator says how far it got, and whether it was stopped."""
+
+    def __init__(self):
+        self.made = -1
+        self.closed = False
+
+    def note(self, i):
+        self.made = i
+
+    def close(self):
+        self.closed = True
+
+    def state(self):
+        return self.made, self.closed
+
+
+@troupe.remote
+def endless(progress):
+    i = 0
+    try:
+        while True:
+            troupe.get(progress.note.remote(i))
+            yield i
+            i += 1
+    finally:
+        troupe.get(progress.close.remote())
+
+
+@troupe.remote
+class Source:
+    def __init__(self):
+        self.calls = 0
+
+    def letters(self, n):
+        self.calls += 1
+        for i in range(n):
+            yield chr(ord("a") + i)
+
+    async def slowly(self, n):
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+
+    def plain(self):
+        return self.calls
+
+
+def test_a_generator_task_streams_its_values_in_order():
+    gen = squares.remote(50)
+    assert isinstance(gen, troupe.ObjectRefGenerator)
+    refs = list(gen)
+    assert troupe.get(refs) == [i * i for i in range(50)]
+    assert gen.is_finished()
+    # The call's own result: how many values it sent.
+    assert troupe.get(gen.completed()) == 50
+    assert list(squares.remote(0)) == []
+
+
+def test_values_come_as_they_are_yielded_not_at_the_end():
+    progress = Progress.remote()
+    gen = endless.remote(progress)
+    # The generator never ends, yet its first values arrive.
+    assert [troupe.get(next(gen)) for _ in range(3)] == [0, 1, 2]
+    del gen
+
+
+def test_an_exception_in_the_generator_is_the_last_ref():
+    @troupe.remote
+    def fails_after(n):
+        for i in range(n):
+            yield i
+        raise ValueError(f"no value {n}")
+
+    refs = list(fails_after.remote(2))
+    assert len(refs) == 3
+    assert troupe.get(refs[:2]) == [0, 1]
+    with pytest.raises(ValueError, match="no value 2") as e:
+        troupe.get(refs[2])
+    assert isinstance(e.value, TaskError)
+
+
+def test_a_value_that_cannot_be_pickled_is_named():
+    @troupe.remote
+    def yields_a_lock():
+        import threading
+
+        yield 1
+        yield threading.Lock()
+
+    refs = list(yields_a_lock.remote())
+    assert troupe.get(refs[0]) == 1
+    with pytest.raises(TypeError, match="value 1"):
+        troupe.get(refs[1])
+
+
+def test_the_generator_waits_for_its_consumer():
+    progress = Progress.remote()
+    gen = endless.options(_generator_backpressure_num_objects=4).remote(progress)
+    first = next(gen)
+    assert troupe.get(first) == 0
+    # It makes at most what the credits allow beyond what was read (and
+    # one more, waiting to be sent): never hundreds.
+    wait_until(lambda: troupe.get(progress.state.remote())[0] >= 4, what="the generator filling its credits")
+    ready, _ = troupe.wait([gen.completed()], timeout=0.5)
+    assert not ready
+    assert troupe.get(progress.state.remote())[0] <= 1 + 4 + 1
+    # Reading on lets it go on.
+    for _ in range(20):
+        next(gen)
+    wait_until(lambda: troupe.get(progress.state.remote())[0] >= 21, what="the generator going on")
+    del gen
+
+
+def test_dropping_the_generator_stops_the_remote_one_and_frees_its_cpu():
+    progress = Progress.remote()
+    gen = endless.remote(progress)
+    assert troupe.get(next(gen)) == 0
+    del gen
+    # Its finally block ran: it was stopped at a yield, not killed.
+    wait_until(lambda: troupe.get(progress.state.remote())[1], what="the generator closed")
+    # Its CPU is free again: a task that needs both CPUs runs.
+    assert troupe.get(list(squares.options(num_cpus=2).remote(3))) == [0, 1, 4]
+
+
+def test_cancel_ends_the_stream_with_task_cancelled():
+    progress = Progress.remote()
+    gen = endless.remote(progress)
+    assert troupe.get(next(gen)) == 0
+    troupe.cancel(gen)
+    # What was already sent may still come; then the cancel.
+    with pytest.raises(TaskCancelledError):
+        for ref in gen:
+            troupe.get(ref)
+    assert gen.is_finished()
+
+
+def test_a_failed_argument_fails_the_generator():
+    @troupe.remote
+    def fails():
+        raise KeyError("upstream")
+
+    refs = list(squares.remote(fails.remote()))
+    assert len(refs) == 1
+    with pytest.raises(KeyError, match="upstream"):
+        troupe.get(refs[0])
+
+
+def test_a_worker_death_is_retried_without_handing_a_value_out_twice(tmp_path):
+    marker = str(tmp_path / "died-once")
+
+    @troupe.remote(max_retries=2)
+    def dies_once(n, marker):
+        for i in range(n):
+            if i == 3 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)
+            yield i
+
+    assert troupe.get(list(dies_once.remote(6, marker))) == [0, 1, 2, 3, 4, 5]
+
+
+def test_without_retries_a_worker_death_is_the_last_ref(tmp_path):
+    @troupe.remote(max_retries=0)
+    def dies(n):
+        for i in range(n):
+            if i == 2:
+                os._exit(1)
+            yield i
+
+    refs = list(dies.remote(5))
+    assert troupe.get(refs[:2]) == [0, 1]
+    assert len(refs) == 3
+    with pytest.raises(WorkerCrashedError):
+        troupe.get(refs[2])
+
+
+def test_actor_generator_methods_sync_and_async():
+    source = Source.remote()
+    assert troupe.get(list(source.letters.remote(3))) == ["a", "b", "c"]
+    assert troupe.get(list(source.slowly.remote(4))) == [0, 1, 2, 3]
+    assert troupe.get(source.plain.remote()) == 1
+    # num_returns as an option makes a generator method's values one list.
+    with pytest.raises(TypeError, match="fixed num_returns"):
+        troupe.get(source.letters.options(num_returns=1).remote(2))
+
+
+def test_an_actor_that_dies_mid_stream_ends_it_with_actor_died():
+    @troupe.remote
+    class Dies:
+        def values(self):
+            yield 1
+            os._exit(1)
+
+    refs = list(Dies.remote().values.remote())
+    assert troupe.get(refs[0]) == 1
+    with pytest.raises(troupe.exceptions.ActorDiedError):
+        troupe.get(refs[1])
+
+
+def test_a_streaming_call_resent_to_a_restarted_actor_does_not_block_it(tmp_path):
+    marker = str(tmp_path / "died-once")
+
+    @troupe.remote(max_restarts=1, max_task_retries=1)
+    class DiesOnce:
+        def values(self, marker):
+            yield 1
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)
+            yield from range(2, 10)
+
+        def ping(self):
+            return "pong"
+
+    actor = DiesOnce.remote()
+    refs = list(actor.values.options(_generator_backpressure_num_objects=1).remote(marker))
+    assert troupe.get(refs[0]) == 1
+    # The stream broke with the first process; the runtime's resend to the
+    # restarted actor finds its stream over and ends at once (it would
+    # otherwise wait for credit from a reader that stopped reading, and
+    # this call would wait for it), so the actor serves its next call.
+    with pytest.raises(troupe.exceptions.StreamError, match="broke before its end"):
+        troupe.get(refs[-1])
+    assert troupe.get(actor.ping.remote(), timeout=60) == "pong"
+
+
+def test_refs_and_large_arrays_inside_values():
+    @troupe.remote
+    def arrays(n):
+        for i in range(n):
+            yield {"i": i, "data": np.full(2 << 20, i, dtype=np.float32), "ref": troupe.put(i * 10)}
+
+    got = troupe.get(list(arrays.remote(4)))
+    assert [g["i"] for g in got] == [0, 1, 2, 3]
+    assert [float(g["data"].sum()) for g in got] == [float(i * (2 << 20)) for i in range(4)]
+    assert troupe.get([g["ref"] for g in got]) == [0, 10, 20, 30]
+
+
+def test_a_task_consumes_another_tasks_generator():
+    @troupe.remote
+    def total(n):
+        return sum(troupe.get(list(squares.remote(n))))
+
+    assert troupe.get(total.remote(10)) == sum(i * i for i in range(10))
+
+
+def test_async_for_over_a_generator():
+    async def collect():
+        return [await ref async for ref in squares.remote(5)]
+
+    assert asyncio.run(collect()) == [0, 1, 4, 9, 16]
+
+
+def test_options_and_misuse_are_named():
+    with pytest.raises(ConfigError, match="'dynamic'"):
+        squares.options(num_returns="dynamic")
+    with pytest.raises(ConfigError, match="_generator_backpressure_num_objects"):
+        squares.options(_generator_backpressure_num_objects=0)
+    with pytest.raises(ConfigError, match="retry_exceptions"):
+        squares.options(retry_exceptions=True)
+
+    @troupe.remote(num_returns="streaming")
+    def not_a_generator():
+        return 3
+
+    refs = list(not_a_generator.remote())
+    with pytest.raises(TypeError, match="not a generator"):
+        troupe.get(refs[0])
+    gen = squares.remote(2)
+    with pytest.raises(TypeError, match="iterate it"):
+        troupe.get(gen)
+    with pytest.raises(TypeError, match="stays with its caller"):
+        squares.remote(gen)
+    assert troupe.get(list(gen)) == [0, 1]

@@ -1,0 +1,139 @@
+"""Streaming generators, as Ray's num_returns="streaming" (the default of a
+generator function or method): the call returns an ObjectRefGenerator at
+once, and each value the remote generator yields reaches the caller as it
+is yielded, as one ObjectRef (src/py_stream.h carries them). The caller
+owns those values. A generator that gets ahead of its consumer by more than
+the stream's credits (_generator_backpressure_num_objects) waits.
+"""
+import threading
+
+from troupe.exceptions import ConfigError, GetTimeoutError, WorkerCrashedError
+
+# How many values a generator may yield ahead of its consumer when no
+# _generator_backpressure_num_objects is given.
+DEFAULT_CREDITS = 32
+BACKPRESSURE_OPTION = "_generator_backpressure_num_objects"
+_ITEM, _END, _FAILED = 0, 1, 2
+
+
+def credits(value, what):
+    """_generator_backpressure_num_objects, checked (None: the default)."""
+    if value is None:
+        return DEFAULT_CREDITS
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        raise ConfigError(f"{what}: {BACKPRESSURE_OPTION} must be an int in [1, 1000000], got {value!r}")
+    return value
+
+
+class ObjectRefGenerator:
+    """What a streaming call returns: iterate it (for, next, async for) for
+    one ObjectRef per value the remote generator yields, in order, each as
+    soon as it is yielded. An exception the generator raises is the last
+    ref (getting it raises); so is a failure of the call itself (its worker
+    died, it was cancelled). A task whose worker died runs again, up to its
+    max_retries, and the values already handed out are not handed out
+    twice (the generator is run again from its start and its first values
+    are skipped, so it should yield the same values each time, as in Ray).
+    Dropping the generator stops the remote one at its next yield."""
+
+    def __init__(self, start, retries, what):
+        # start(skip) -> (stream, done): makes the call again, past the
+        # first `skip` values.
+        self._start = start
+        self._retries = retries
+        self._what = what
+        self._delivered = 0
+        self._finished = False
+        self._lock = threading.Lock()
+        self._stream, self._done = start(0)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._next_sync()
+
+    def _next_sync(self, timeout_s=None):
+        """The next ref; StopIteration at the end; GetTimeoutError when none
+        came within `timeout_s` seconds (None: no limit)."""
+        ref = self._next(timeout_s)
+        if ref is None:
+            raise StopIteration
+        return ref
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        import asyncio
+
+        # On a thread of the loop's executor: the loop runs on meanwhile.
+        ref = await asyncio.get_running_loop().run_in_executor(None, self._next, None)
+        if ref is None:
+            raise StopAsyncIteration
+        return ref
+
+    def _next(self, timeout):
+        with self._lock:
+            while not self._finished:
+                got = self._stream.next(timeout)
+                if got is None:
+                    raise GetTimeoutError(f"{self._what}: no value within {timeout:g} s")
+                kind, ref = got
+                if kind == _ITEM:
+                    self._delivered += 1
+                    return ref
+                if kind == _END:
+                    self._finish()
+                    return None
+                if self._retries != 0 and _worker_died(ref):
+                    if self._retries > 0:
+                        self._retries -= 1
+                    self._stream, self._done = self._start(self._delivered)
+                    continue
+                self._finish()
+                return ref
+            return None
+
+    def _finish(self):
+        # The stream is done with: its reader leaves the stream listener.
+        self._finished = True
+        self._stream = None
+
+    def _cancel_target(self):
+        """troupe.cancel of this generator: its call's latest attempt, never
+        made again. (Not under the lock: another thread may be waiting in
+        next for what this cancel ends.)"""
+        self._retries = 0
+        return self._done
+
+    def completed(self):
+        """The ref of the call itself (of its latest attempt): ready once the
+        generator has ended; its value is how many values it sent."""
+        return self._done
+
+    def is_finished(self):
+        """Whether the last ref was handed out."""
+        return self._finished
+
+    def __reduce__(self):
+        raise TypeError(f"{self._what}: an ObjectRefGenerator stays with its caller; pass the refs it gives "
+                        "(or a list of them) to other tasks")
+
+    def __repr__(self):
+        state = "finished" if self._finished else f"{self._delivered} handed out"
+        return f"ObjectRefGenerator({self._what}, {state})"
+
+
+def _worker_died(ref):
+    """Whether the call behind `ref` (ready, failed) failed because its
+    worker died: what a retry can mend."""
+    import troupe
+
+    try:
+        troupe.get(ref, timeout=0)
+    except WorkerCrashedError:
+        return True
+    except BaseException:
+        return False
+    return False
