@@ -121,7 +121,11 @@ def status(hosts):
 
 def job(hosts, tmp_path, name):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((4096, 16)).astype(np.float32)
+    # 1,024 steps (about 10 s here): long enough that the cut test, which
+    # polls `troupe status` (a process start each time, slow under load),
+    # finds the job between its fortieth step and its end. At 256 steps it
+    # could miss the 2 s window on a loaded machine and wait out its bound.
+    x = rng.standard_normal((16384, 16)).astype(np.float32)
     torch.manual_seed(0)
     os.environ["TROUPE_TOKEN"] = hosts["token"]
     return TrainJob(SumRegression(), {"x": x, "y": x.sum(1).astype(np.float32)}, workers=2, epochs=2, batch_size=16,
