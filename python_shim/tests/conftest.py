@@ -3,6 +3,7 @@
 `cluster` is an embedded local cluster (troupe.init()) shared by a test
 module; tests that start their own (`troupe start --head`) use the launcher
 binary named by TROUPE_CLI (set by CTest)."""
+import contextlib
 import os
 
 import pytest
@@ -51,6 +52,36 @@ def when_blocked_in(function, action):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def session_env(tmp_path):
+    """A fresh session directory and the environment that names it (no
+    TROUPE_ADDRESS or TROUPE_TOKEN from outside)."""
+    session = tmp_path / "session"
+    session.mkdir(mode=0o700)
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
+    env.pop("TROUPE_ADDRESS", None)
+    env.pop("TROUPE_TOKEN", None)
+    return session, env
+
+
+@contextlib.contextmanager
+def in_session(session):
+    """This process's os.environ names `session` (no TROUPE_TOKEN or
+    TROUPE_ADDRESS) while the block runs; restored after it."""
+    names = ("TROUPE_SESSION_DIR", "TROUPE_TOKEN", "TROUPE_ADDRESS")
+    old = {k: os.environ.get(k) for k in names}
+    os.environ["TROUPE_SESSION_DIR"] = str(session)
+    os.environ.pop("TROUPE_TOKEN", None)
+    os.environ.pop("TROUPE_ADDRESS", None)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def cli():

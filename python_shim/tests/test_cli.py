@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import cli
+from conftest import cli, session_env
 
 from troupe import _cli
 
@@ -72,11 +72,7 @@ def test_submit_gives_a_python_driver_the_jobs_runtime_env(tmp_path):
     that is no JSON object is one line and exit code 2 before anything
     starts."""
     launcher = cli()
-    session = tmp_path / "session"
-    session.mkdir(mode=0o700)
-    env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
-    env.pop("TROUPE_ADDRESS", None)
-    env.pop("TROUPE_TOKEN", None)
+    session, env = session_env(tmp_path)
     project = tmp_path / "project"
     project.mkdir()
     (project / "submitted_helper.py").write_text("def greet():\n    return 'hello from the working_dir'\n")

@@ -11,17 +11,7 @@ import pytest
 
 import troupe
 from troupe.exceptions import ConfigError, TroupeConnectionError, TroupeError
-from conftest import cli, wait_until, when_blocked_in
-
-
-def session_env(tmp_path):
-    """A fresh session directory and the environment that names it."""
-    session = tmp_path / "session"
-    session.mkdir(mode=0o700)
-    env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
-    env.pop("TROUPE_ADDRESS", None)
-    env.pop("TROUPE_TOKEN", None)
-    return session, env
+from conftest import cli, in_session, session_env, wait_until, when_blocked_in
 
 
 @pytest.fixture()
@@ -29,20 +19,12 @@ def head(tmp_path):
     launcher = cli()
     session, env = session_env(tmp_path)
     subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True, timeout=120)
-    old = {k: os.environ.get(k) for k in ("TROUPE_SESSION_DIR", "TROUPE_TOKEN", "TROUPE_ADDRESS")}
-    os.environ["TROUPE_SESSION_DIR"] = str(session)
-    os.environ.pop("TROUPE_TOKEN", None)
-    os.environ.pop("TROUPE_ADDRESS", None)
-    try:
-        yield env, (session / "address").read_text().strip()
-    finally:
-        troupe.shutdown()
-        subprocess.run([launcher, "stop"], env=env, timeout=120)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with in_session(session):
+        try:
+            yield env, (session / "address").read_text().strip()
+        finally:
+            troupe.shutdown()
+            subprocess.run([launcher, "stop"], env=env, timeout=120)
 
 
 @troupe.remote
