@@ -73,6 +73,8 @@ PyOptions options_from(const pyb::dict& d) {
   if (d.contains("placement_group")) o.placement_group = d["placement_group"].cast<uint64_t>();
   if (d.contains("bundle_index")) o.bundle_index = d["bundle_index"].cast<int>();
   if (d.contains("detached")) o.detached = d["detached"].cast<bool>();
+  if (d.contains("node_affinity")) o.node_affinity = d["node_affinity"].cast<uint64_t>();
+  if (d.contains("affinity_soft")) o.affinity_soft = d["affinity_soft"].cast<bool>();
   return o;
 }
 

@@ -115,6 +115,8 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   s.placement_group = o.placement_group;
   s.bundle_index = o.bundle_index;
   s.detached = o.detached;
+  s.node_affinity = o.node_affinity;
+  s.affinity_soft = o.affinity_soft;
   auto info = core()->head().call<wire::ActorInfo>(wire::Op::kCreateActor, s);
   return core()->actor(info);
 }
@@ -146,6 +148,8 @@ PyTaskKey PyClient::task_key(const PyOptions& o) {
   p.env = o.env;
   p.placement_group = o.placement_group;
   p.bundle_index = o.bundle_index;
+  p.node_affinity = o.node_affinity;
+  p.affinity_soft = o.affinity_soft;
   auto submitter = core()->service<client::TaskSubmitter>();
   return PyTaskKey{submitter->key_for(p), o.name, o.max_retries};
 }

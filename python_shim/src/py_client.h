@@ -41,6 +41,8 @@ struct PyOptions {
   uint64_t placement_group = 0;  // 0 = none
   int bundle_index = -1;         // -1 = any bundle of the group
   bool detached = false;         // lifetime="detached"
+  uint64_t node_affinity = 0;    // NodeAffinitySchedulingStrategy (0 = none)
+  bool affinity_soft = false;
 };
 
 // A scheduling key of the task submitter (placement of Python tasks).

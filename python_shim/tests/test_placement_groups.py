@@ -81,8 +81,8 @@ def test_bad_placement_options_are_refused(cluster):
     try:
         with pytest.raises(ValueError, match="out of range"):
             in_bundle(pg, 3)
-        with pytest.raises(ConfigError, match="SPREAD"):
-            node_of_task.options(scheduling_strategy="SPREAD").remote()
+        with pytest.raises(ConfigError, match="'PACK' is not supported"):
+            node_of_task.options(scheduling_strategy="PACK").remote()
         with pytest.raises(ConfigError, match="not both"):
             node_of_task.options(scheduling_strategy=in_bundle(pg, 0), placement_group=pg).remote()
         # More than the bundle holds would wait for ever: refused, naming both.

@@ -443,18 +443,22 @@ def _runtime_options(options, default_cpus):
 def _placement(options):
     """The placement group and bundle of `options` ({} = none)."""
     from troupe.util.placement_group import PlacementGroup
-    from troupe.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from troupe.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
     strategy = options.get("scheduling_strategy")
     pg = options.get("placement_group")
     index = options.get("placement_group_bundle_index", -1)
+    if isinstance(strategy, NodeAffinitySchedulingStrategy):
+        if pg is not None:
+            raise ConfigError("give either a NodeAffinitySchedulingStrategy or placement_group, not both")
+        return {"node_affinity": int(strategy.node_id), "affinity_soft": strategy.soft}
     if isinstance(strategy, PlacementGroupSchedulingStrategy):
         if pg is not None:
             raise ConfigError("give either scheduling_strategy or placement_group, not both")
         pg, index = strategy.placement_group, strategy.placement_group_bundle_index
-    elif strategy not in (None, "DEFAULT"):
-        raise ConfigError(f"scheduling_strategy {strategy!r} is not supported "
-                          "(known: 'DEFAULT', PlacementGroupSchedulingStrategy)")
+    elif strategy not in (None, "DEFAULT", "SPREAD"):
+        raise ConfigError(f"scheduling_strategy {strategy!r} is not supported (known: 'DEFAULT', 'SPREAD', "
+                          "PlacementGroupSchedulingStrategy, NodeAffinitySchedulingStrategy)")
     if pg is None and strategy is None and "placement_group" not in options:
         # Inside a task or actor whose group captures its children (Ray's
         # placement_group_capture_child_tasks): in that group, any bundle.

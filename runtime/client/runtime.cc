@@ -190,6 +190,8 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
   spec.executable = options.executable.empty() ? core::self_executable_path() : options.executable;
   spec.env = options.env;
   spec.detached = options.detached;
+  spec.node_affinity = options.node_affinity;
+  spec.affinity_soft = options.affinity_soft;
   head::validate_max_concurrency(options.max_concurrency);
   head::validate_resources(spec.resources, "actor " + spec.class_name + " options");
   auto core = live();
@@ -213,6 +215,8 @@ client::TaskPlacement Runtime::task_placement(const TaskOptions& options) {
   p.bundle_index = options.bundle_index;
   p.executable = options.executable;
   p.env = options.env;
+  p.node_affinity = options.node_affinity;
+  p.affinity_soft = options.affinity_soft;
   if (options.max_retries < -1)
     throw ConfigError("max_retries must be >= -1, got " + std::to_string(options.max_retries));
   return p;

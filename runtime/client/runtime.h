@@ -83,6 +83,13 @@ struct ActorOptions {
   // ends with kill_actor (a handle, or get_actor by name) or the cluster;
   // one in a placement group still goes with the group.
   bool detached = false;
+  // Run on this node (a NodeInfo id; 0 = wherever the head places it), as
+  // Ray's NodeAffinitySchedulingStrategy. Hard: only there (waiting for
+  // room; DEAD once that node is gone, also at a restart); with
+  // `affinity_soft`, there when it has room, else anywhere. Not with a
+  // placement group.
+  uint64_t node_affinity = 0;
+  bool affinity_soft = false;
 };
 
 // How a task runs (Runtime::submit).
@@ -100,6 +107,9 @@ struct TaskOptions {
   std::string executable;
   // Extra KEY=VALUE environment for the worker process.
   std::vector<std::string> env;
+  // As ActorOptions::node_affinity / affinity_soft, for the task's worker.
+  uint64_t node_affinity = 0;
+  bool affinity_soft = false;
 };
 
 class Runtime;

@@ -182,9 +182,15 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
   auto key = std::make_shared<Key>();
   key->text = "{" + head::format_resources(p.resources) + "}";
   if (p.placement_group) key->text += " in placement group " + std::to_string(p.placement_group);
+  if (p.node_affinity)
+    key->text += std::string(" on node ") + std::to_string(p.node_affinity) + (p.affinity_soft ? " (soft)" : "");
   auto nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes);
+  // Hard affinity: only that node's room counts (the head refuses a node
+  // that is not alive, naming it).
+  if (p.node_affinity && !p.affinity_soft)
+    std::erase_if(nodes, [&](const NodeInfo& n) { return n.id != p.node_affinity; });
   int fits = fit_count(p.resources, nodes);
-  if (fits == 0 && !p.placement_group)
+  if (fits == 0 && !p.placement_group && !nodes.empty())
     throw ConfigError("task resources " + key->text + " fit on no node of the cluster (" + describe_nodes(nodes) + ")");
   key->cap = std::max(1, fits);
   key->spec.type_key = kTaskExecutorKey;
@@ -194,6 +200,8 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
   key->spec.bundle_index = p.bundle_index;
   key->spec.executable = p.executable.empty() ? core::self_executable_path() : p.executable;
   key->spec.env = p.env;
+  key->spec.node_affinity = p.node_affinity;
+  key->spec.affinity_soft = p.affinity_soft;
   std::lock_guard lock(mu_);
   return keys_.emplace(id, key).first->second;  // a racing caller's key wins
 }

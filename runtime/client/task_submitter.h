@@ -64,7 +64,9 @@ struct TaskPlacement {
   int32_t bundle_index = -1;
   std::string executable;
   std::vector<std::string> env;
-  TROUPE_FIELDS(resources, placement_group, bundle_index, executable, env)
+  uint64_t node_affinity = 0;  // wire::ActorSpec::node_affinity
+  bool affinity_soft = false;
+  TROUPE_FIELDS(resources, placement_group, bundle_index, executable, env, node_affinity, affinity_soft)
 };
 
 class TaskSubmitter {

@@ -185,6 +185,19 @@ void HeadState::validate_actor(const ActorSpec& spec) {
   validate_max_concurrency(spec.max_concurrency);
   if (spec.max_restarts < -1) throw ConfigError("max_restarts must be >= -1, got " + std::to_string(spec.max_restarts));
   validate_resources(spec.resources, "actor " + spec.class_name + " options");
+  if (spec.node_affinity) {
+    if (spec.placement_group)
+      throw ConfigError(spec.class_name + ": give a placement group or a node affinity, not both");
+    auto it = nodes_.find(spec.node_affinity);
+    if (!spec.affinity_soft && (it == nodes_.end() || !it->second.info.alive))
+      throw ConfigError(spec.class_name + ": node " + std::to_string(spec.node_affinity) +
+                        (it == nodes_.end() ? " does not exist" : " is dead") +
+                        " (a hard node affinity; soft would place it elsewhere)");
+    if (!spec.affinity_soft && !fits(it->second.pool.total(), spec.resources))
+      throw ConfigError(spec.class_name + " asks for {" + format_resources(spec.resources) + "}, more than node " +
+                        std::to_string(spec.node_affinity) + " has in all {" +
+                        format_resources(it->second.pool.total()) + "} (a hard node affinity)");
+  }
   if (spec.placement_group) {
     auto& g = group(spec.placement_group);
     if (spec.bundle_index >= static_cast<int>(g.spec.bundles.size()))
@@ -424,7 +437,9 @@ std::optional<HeadState::Allocation> HeadState::allocate(const Actor& a, std::st
   std::vector<NodeView> views;
   for (const auto& [id, n] : nodes_)
     if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available(), n.pool.gpu_free()});
-  auto pick = pick_node(views, a.spec.resources, reason);
+  auto pick = pick_node(affine_views(a.spec, views), a.spec.resources, reason);
+  // Soft affinity: its node when that has room, else any.
+  if (!pick && a.spec.node_affinity && a.spec.affinity_soft) pick = pick_node(views, a.spec.resources, reason);
   if (!pick) return std::nullopt;
   return Allocation{*pick, 0, 0, 0, nodes_.at(*pick).pool.take(a.spec.resources)};
 }
@@ -441,6 +456,16 @@ bool HeadState::try_place(Actor& a) {
     auto git = groups_.find(a.spec.placement_group);
     if (git == groups_.end() || git->second.info.state == PlacementGroupState::kRemoved) {
       a.info.death_cause = "placement group " + std::to_string(a.spec.placement_group) + " was removed";
+      set_dead(a);
+      return false;
+    }
+  }
+  if (a.spec.node_affinity && !a.spec.affinity_soft) {
+    auto it = nodes_.find(a.spec.node_affinity);
+    if (it == nodes_.end() || !it->second.info.alive) {
+      // Its node is gone (a restart after the node died): nowhere else.
+      a.info.death_cause =
+          "node " + std::to_string(a.spec.node_affinity) + " is dead, and the actor has a hard affinity to it";
       set_dead(a);
       return false;
     }
@@ -603,7 +628,9 @@ bool HeadState::waits_for_room() const {
     const Actor& a = it->second;
     if (a.info.state == ActorState::kDead || a.worker_running || a.kill_requested) continue;
     if (a.spec.placement_group == 0) {
-      if (pick_node(views, a.spec.resources, nullptr)) return true;
+      if (pick_node(affine_views(a.spec, views), a.spec.resources, nullptr) ||
+          (a.spec.affinity_soft && pick_node(views, a.spec.resources, nullptr)))
+        return true;
       continue;
     }
     for (const auto& [key, pool] : bundles)

@@ -172,6 +172,14 @@ std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Reso
   return std::nullopt;
 }
 
+std::vector<NodeView> affine_views(const wire::ActorSpec& spec, const std::vector<NodeView>& views) {
+  if (!spec.node_affinity) return views;
+  std::vector<NodeView> out;
+  for (const auto& v : views)
+    if (v.id == spec.node_affinity) out.push_back(v);
+  return out;
+}
+
 namespace {
 // The least loaded node that holds every bundle (whose sum is `sum`), taken
 // one by one: two halves of a GPU may share one GPU; a whole GPU may not be

@@ -53,6 +53,11 @@ Resources parse_resources(const std::string& text);
 // fits it, or nullopt with `reason` saying why none does.
 std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Resources& req, std::string* reason);
 
+// The nodes of `views` that `spec` may run on when its node affinity is
+// kept: all of them without one, else its node alone (none if that is not
+// among them).
+std::vector<NodeView> affine_views(const wire::ActorSpec& spec, const std::vector<NodeView>& views);
+
 // The order in which a group's bundles are placed and taken: the largest
 // GPU share first (stable otherwise), so that parts of GPUs pack as well as
 // they can (0.6 before 0.4). place_bundles plans in this order, and the

@@ -96,8 +96,14 @@ struct ActorSpec {
   // Outlives the process that created it (Ray's lifetime="detached"): it
   // has no owner, and only a kill or the cluster's end stops it.
   bool detached = false;
+  // Node affinity (Ray's NodeAffinitySchedulingStrategy): run on node
+  // `node_affinity` (0 = any). Hard (soft = false): only there, waiting
+  // for room, and DEAD if that node is gone; soft: there when it has room,
+  // else wherever the head would place it.
+  uint64_t node_affinity = 0;
+  bool affinity_soft = false;
   TROUPE_FIELDS(type_key, class_name, ctor_args, ctor_attachments, resources, name, max_restarts, max_task_retries,
-                max_concurrency, placement_group, bundle_index, executable, env, detached)
+                max_concurrency, placement_group, bundle_index, executable, env, detached, node_affinity, affinity_soft)
 };
 
 struct ActorInfo {

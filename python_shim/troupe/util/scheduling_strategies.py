@@ -1,6 +1,7 @@
 """Scheduling strategies as in Ray's ray.util.scheduling_strategies. troupe
-places by resources (the head picks the node) unless an actor or task is
-put into a placement group bundle."""
+places by resources (the head picks the least loaded node that fits, which
+also serves Ray's "SPREAD") unless an actor or task is put into a
+placement group bundle or given a node affinity."""
 
 from troupe.util.placement_group import PlacementGroup
 
@@ -25,3 +26,29 @@ class PlacementGroupSchedulingStrategy:
         # True: the tasks and actors that this one starts run in the same
         # group (any bundle), and theirs too, unless they name a strategy.
         self.placement_group_capture_child_tasks = bool(placement_group_capture_child_tasks)
+
+
+class NodeAffinitySchedulingStrategy:
+    """Run on node `node_id` (a node's "NodeID" in troupe.nodes(), or
+    get_runtime_context().get_node_id()), as Ray's. soft=False: only
+    there, waiting for room; a node that does not exist or is dead is a
+    ConfigError at the call, and an actor whose node dies is not restarted
+    elsewhere. soft=True: there when it has room, else wherever the
+    cluster places it. Ray's _spill_on_unavailable and _fail_on_unavailable
+    are taken for its signature and not used."""
+
+    def __init__(self, node_id, soft, _spill_on_unavailable=False, _fail_on_unavailable=False):
+        if isinstance(node_id, bool) or not isinstance(node_id, (str, int)):
+            raise TypeError(f"node_id must be a node's id (a str such as '1'), got {node_id!r}")
+        try:
+            number = int(node_id)
+        except ValueError:
+            raise ValueError(f"node_id {node_id!r} is not a troupe node id (troupe.nodes()' NodeID)") from None
+        if number <= 0:
+            raise ValueError(f"node_id must be a positive node id, got {node_id!r}")
+        if not isinstance(soft, bool):
+            raise TypeError(f"soft must be a bool, got {soft!r}")
+        self.node_id = str(number)
+        self.soft = soft
+        self._spill_on_unavailable = _spill_on_unavailable
+        self._fail_on_unavailable = _fail_on_unavailable
