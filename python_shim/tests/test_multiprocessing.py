@@ -1,0 +1,77 @@
+"""troupe.util.multiprocessing.Pool, as Ray's: the standard library's Pool
+API over troupe actors (map, imap, starmap, apply_async with callbacks,
+initializer, errors, close/join/terminate)."""
+import os
+import threading
+
+import pytest
+
+from timebox import bounded_fixture
+from troupe.util.multiprocessing import Pool
+
+pytestmark = pytest.mark.usefixtures("cluster")
+bounded = bounded_fixture(180)
+
+
+def square(x):
+    return x * x
+
+
+def remember(value):
+    os.environ["POOL_INIT"] = value
+
+
+def from_init(_):
+    return os.environ.get("POOL_INIT"), os.getpid()
+
+
+def test_map_imap_and_starmap_give_the_standard_librarys_results():
+    with Pool(2) as pool:
+        assert pool.map(square, range(50)) == [x * x for x in range(50)]
+        assert pool.map(square, range(7), chunksize=3) == [x * x for x in range(7)]
+        assert list(pool.imap(square, range(10))) == [x * x for x in range(10)]
+        assert sorted(pool.imap_unordered(square, range(10), chunksize=2)) == sorted(x * x for x in range(10))
+        assert pool.starmap(pow, [(2, 3), (3, 2)]) == [8, 9]
+        assert pool.map(square, []) == []
+        assert pool.apply(divmod, (7, 2)) == (3, 1)
+
+
+def test_the_work_runs_in_the_pools_own_processes_after_their_initializer():
+    with Pool(2, initializer=remember, initargs=("set",)) as pool:
+        got = pool.map(from_init, range(20), chunksize=1)
+    assert {value for value, _ in got} == {"set"}
+    pids = {pid for _, pid in got}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+
+
+def test_apply_async_calls_back_and_errors_keep_their_class():
+    results, errors = [], []
+    done = threading.Event()
+    with Pool(1) as pool:
+        r = pool.apply_async(square, (9,), callback=lambda v: (results.append(v), done.set()))
+        assert r.get(timeout=60) == 81
+        assert done.wait(60) and results == [81]
+        assert r.ready() and r.successful()
+        failed = pool.apply_async(int, ("x",), error_callback=errors.append)
+        with pytest.raises(ValueError, match="invalid literal"):
+            failed.get(timeout=60)
+        assert not failed.successful()
+        with pytest.raises(ZeroDivisionError):
+            pool.map(lambda x: 1 // x, [1, 0, 2])
+    assert len(errors) == 1 and isinstance(errors[0], ValueError)
+
+
+def test_close_join_and_terminate():
+    pool = Pool(2)
+    pending = pool.map_async(square, range(8))
+    pool.close()
+    with pytest.raises(ValueError, match="not running"):
+        pool.map(square, [1])
+    pool.join()
+    assert pending.get(timeout=60) == [x * x for x in range(8)]
+    with pytest.raises(ValueError, match="processes"):
+        Pool(0)
+    unclosed = Pool(1)
+    with pytest.raises(ValueError, match="join"):
+        unclosed.join()
+    unclosed.terminate()

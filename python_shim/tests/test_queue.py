@@ -1,0 +1,90 @@
+"""troupe.util.queue.Queue, as Ray's ray.util.queue.Queue: tasks and actors
+share one FIFO queue; blocking, timeouts, batches, and the Empty and Full
+errors (also the standard library's queue.Empty and queue.Full)."""
+import asyncio
+import queue as stdlib_queue
+
+import pytest
+
+import troupe
+from timebox import bounded_fixture
+from troupe.util.queue import Empty, Full, Queue
+
+pytestmark = pytest.mark.usefixtures("cluster")
+bounded = bounded_fixture(180)
+
+
+@troupe.remote
+def produce(q, items):
+    for item in items:
+        q.put(item)
+    return len(items)
+
+
+@troupe.remote
+class Consumer:
+    def take(self, q, n):
+        return [q.get(timeout=60) for _ in range(n)]
+
+
+def test_tasks_and_actors_share_one_queue_in_order():
+    q = Queue()
+    consumer = Consumer.remote()
+    taken = consumer.take.remote(q, 20)  # waits for items not put yet
+    assert troupe.get(produce.remote(q, list(range(20))), timeout=60) == 20
+    assert troupe.get(taken, timeout=60) == list(range(20))
+    assert q.empty() and len(q) == 0
+
+
+def test_a_full_queue_blocks_a_put_until_a_get_makes_room():
+    q = Queue(maxsize=2)
+    q.put("a")
+    q.put("b")
+    assert q.full() and q.size() == 2
+    with pytest.raises(Full):
+        q.put("c", block=False)
+    with pytest.raises(stdlib_queue.Full, match="maxsize 2"):
+        q.put("c", timeout=0.2)
+    # A producer waiting for room goes on once the driver takes one.
+    done = produce.remote(q, ["c"])
+    assert q.get() == "a"
+    assert troupe.get(done, timeout=60) == 1
+    assert q.get_nowait_batch(2) == ["b", "c"]
+
+
+def test_empty_gets_and_batches_are_all_or_nothing():
+    q = Queue(maxsize=3)
+    with pytest.raises(Empty):
+        q.get_nowait()
+    with pytest.raises(stdlib_queue.Empty, match="within 0.1 s"):
+        q.get(timeout=0.1)
+    with pytest.raises(Full, match="do not fit"):
+        q.put_nowait_batch([1, 2, 3, 4])
+    assert q.size() == 0
+    q.put_nowait_batch([1, 2])
+    with pytest.raises(Empty, match="3 items asked for, 2"):
+        q.get_nowait_batch(3)
+    assert q.get_nowait() == 1 and q.get(block=False) == 2
+    with pytest.raises(ValueError, match="timeout"):
+        q.get(timeout=-1)
+    with pytest.raises(ValueError, match="maxsize"):
+        Queue(maxsize=-1)
+
+
+def test_async_put_and_get():
+    q = Queue()
+
+    async def roundtrip():
+        await q.put_async({"x": 1})
+        return await q.get_async(timeout=60)
+
+    assert asyncio.run(roundtrip()) == {"x": 1}
+
+
+def test_shutdown_ends_the_queue_actor():
+    q = Queue()
+    q.put(1)
+    actor = q.actor
+    q.shutdown()
+    with pytest.raises(troupe.exceptions.ActorDiedError):
+        troupe.get(actor.qsize.remote(), timeout=60)

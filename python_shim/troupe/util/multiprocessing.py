@@ -1,0 +1,222 @@
+"""A multiprocessing.Pool on troupe actors, as Ray's
+ray.util.multiprocessing.Pool: code written for the standard library's Pool
+runs its work on the cluster's workers (any node) by changing the import.
+
+    from troupe.util.multiprocessing import Pool
+
+    with Pool(4) as pool:
+        print(pool.map(str.upper, ["a", "b"]))
+
+Each of the pool's processes is an actor (one CPU each unless
+ray_remote_args say otherwise) that ran `initializer(*initargs)` first.
+Work goes in chunks (`chunksize`, as the standard library picks it when not
+given) to the process with the fewest chunks in flight; the function travels
+once per call of map/imap/... as an object ref. An exception in the
+function is raised by get (or the iterator) as its own class, with the
+remote traceback.
+"""
+import itertools
+import threading
+
+import troupe
+
+
+class _PoolProcess:
+    def __init__(self, initializer, initargs):
+        if initializer is not None:
+            initializer(*initargs)
+
+    def run(self, func, chunk, star):
+        return [func(*args) if star else func(args) for args in chunk]
+
+    def ping(self):
+        return True
+
+
+class AsyncResult:
+    """The result of apply_async, map_async or starmap_async."""
+
+    def __init__(self, refs, flatten, callback=None, error_callback=None):
+        self._refs = refs
+        self._flatten = flatten
+        self._outcome = None  # (ok, value) once known
+        if callback is not None or error_callback is not None:
+            threading.Thread(target=self._call_back, args=(callback, error_callback), daemon=True,
+                             name="troupe-pool-callback").start()
+
+    def _settle(self, timeout):
+        if self._outcome is None:
+            try:
+                chunks = troupe.get(self._refs, timeout=timeout)
+                value = [x for chunk in chunks for x in chunk] if self._flatten else chunks[0][0]
+                self._outcome = (True, value)
+            except troupe.exceptions.GetTimeoutError:
+                raise TimeoutError(f"the result is not ready within {timeout} s") from None
+            except Exception as e:
+                self._outcome = (False, e)
+        return self._outcome
+
+    def _call_back(self, callback, error_callback):
+        ok, value = self._settle(None)
+        if ok and callback is not None:
+            callback(value)
+        elif not ok and error_callback is not None:
+            error_callback(value)
+
+    def get(self, timeout=None):
+        ok, value = self._settle(timeout)
+        if not ok:
+            raise value
+        return value
+
+    def wait(self, timeout=None):
+        troupe.wait(list(self._refs), num_returns=len(self._refs), timeout=timeout)
+
+    def ready(self):
+        ready, _ = troupe.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
+        return len(ready) == len(self._refs)
+
+    def successful(self):
+        if not self.ready():
+            raise ValueError("the result is not ready")
+        return self._settle(None)[0]
+
+
+class Pool:
+    """Pool(processes=None, initializer=None, initargs=None,
+    maxtasksperchild=None, context=None, ray_address=None,
+    ray_remote_args=None): `processes` actors (default: the cluster's
+    CPUs). Connects with troupe.init(address=ray_address) when troupe is
+    not initialized yet. maxtasksperchild and context are taken for the
+    standard library's signature and not used."""
+
+    def __init__(self, processes=None, initializer=None, initargs=None, maxtasksperchild=None, context=None,
+                 ray_address=None, ray_remote_args=None):
+        if not troupe.is_initialized():
+            troupe.init(address=ray_address)
+        if processes is None:
+            processes = max(1, int(troupe.cluster_resources().get("CPU", 1)))
+        if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+            raise ValueError(f"processes must be an int >= 1, got {processes!r}")
+        if initializer is not None and not callable(initializer):
+            raise TypeError(f"initializer must be callable, got a {type(initializer).__name__}")
+        options = {"num_cpus": 1, **dict(ray_remote_args or {})}
+        cls = troupe.remote(_PoolProcess).options(**options)
+        self._processes = [cls.remote(initializer, tuple(initargs or ())) for _ in range(processes)]
+        self._in_flight = [[] for _ in self._processes]  # refs per process
+        self._lock = threading.Lock()
+        self._closed = False
+        # Every process ran its initializer (its error is raised here).
+        troupe.get([p.ping.remote() for p in self._processes])
+
+    # -- submitting ------------------------------------------------------
+
+    def _check_open(self):
+        if self._closed:
+            raise ValueError("Pool not running (close() or terminate() was called)")
+
+    def _submit(self, func_ref, chunk, star):
+        with self._lock:
+            for refs in self._in_flight:  # forget what finished
+                if refs:
+                    done, _ = troupe.wait(refs, num_returns=len(refs), timeout=0)
+                    for r in done:
+                        refs.remove(r)
+            i = min(range(len(self._processes)), key=lambda k: len(self._in_flight[k]))
+            ref = self._processes[i].run.remote(func_ref, chunk, star)
+            self._in_flight[i].append(ref)
+            return ref
+
+    def _chunks(self, func, iterable, chunksize, star):
+        self._check_open()
+        if not callable(func):
+            raise TypeError(f"func must be callable, got a {type(func).__name__}")
+        items = list(iterable)
+        if chunksize is None:
+            chunksize, extra = divmod(len(items), len(self._processes) * 4)
+            chunksize += 1 if extra else 0
+        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 0:
+            raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
+        chunksize = max(1, chunksize)
+        func_ref = troupe.put(func)
+        return [self._submit(func_ref, items[i:i + chunksize], star) for i in range(0, len(items), chunksize)]
+
+    # -- the standard library's methods ----------------------------------
+
+    def apply(self, func, args=(), kwds=None):
+        return self.apply_async(func, args, kwds).get()
+
+    def apply_async(self, func, args=(), kwds=None, callback=None, error_callback=None):
+        self._check_open()
+        call = _Call(func, tuple(args), dict(kwds or {}))
+        return AsyncResult([self._submit(troupe.put(call), [()], True)], False, callback, error_callback)
+
+    def map(self, func, iterable, chunksize=None):
+        return self.map_async(func, iterable, chunksize).get()
+
+    def map_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
+        return AsyncResult(self._chunks(func, iterable, chunksize, False), True, callback, error_callback)
+
+    def starmap(self, func, iterable, chunksize=None):
+        return self.starmap_async(func, iterable, chunksize).get()
+
+    def starmap_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
+        return AsyncResult(self._chunks(func, iterable, chunksize, True), True, callback, error_callback)
+
+    def imap(self, func, iterable, chunksize=1):
+        """Results in the order of `iterable`, each as soon as its chunk is done."""
+        refs = self._chunks(func, iterable, chunksize, False)
+        return (x for ref in refs for x in troupe.get(ref))
+
+    def imap_unordered(self, func, iterable, chunksize=1):
+        """Results in the order their chunks finish."""
+        refs = self._chunks(func, iterable, chunksize, False)
+
+        def results():
+            pending = list(refs)
+            while pending:
+                done, pending = troupe.wait(pending, num_returns=1)
+                yield from troupe.get(done[0])
+
+        return results()
+
+    def close(self):
+        """No more work is taken; what was submitted runs on."""
+        self._closed = True
+
+    def join(self):
+        """Waits for the work submitted, then ends the processes (after close)."""
+        if not self._closed:
+            raise ValueError("join() needs close() or terminate() first")
+        with self._lock:
+            pending = list(itertools.chain.from_iterable(self._in_flight))
+        if pending:
+            troupe.wait(pending, num_returns=len(pending))
+        self._end()
+
+    def terminate(self):
+        """Ends the processes now: work in flight fails (ActorDiedError)."""
+        self._closed = True
+        self._end()
+
+    def _end(self):
+        for p in self._processes:
+            troupe.kill(p)
+        self._processes = []
+
+    def __enter__(self):
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc):
+        self.terminate()  # as the standard library's Pool
+
+
+class _Call:
+    """apply_async's function with its arguments, called as one item."""
+
+    def __init__(self, func, args, kwds):
+        self.func, self.args, self.kwds = func, args, kwds
+
+    def __call__(self):
+        return self.func(*self.args, **self.kwds)

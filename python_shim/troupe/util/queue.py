@@ -1,0 +1,149 @@
+"""A first-in, first-out queue that tasks and actors share, as Ray's
+ray.util.queue.Queue: an async actor holds an asyncio.Queue, and a Queue
+object (which may be passed to any task or actor) calls it. Items go by
+value (pickled), in the order put."""
+import asyncio
+import queue as _stdlib_queue
+
+import troupe
+
+
+class Empty(_stdlib_queue.Empty):
+    """get without block, or past its timeout, found no item."""
+
+
+class Full(_stdlib_queue.Full):
+    """put without block, or past its timeout, found no room."""
+
+
+class _QueueActor:
+    def __init__(self, maxsize):
+        self.maxsize = maxsize
+        self.queue = asyncio.Queue(maxsize)
+
+    def qsize(self):
+        return self.queue.qsize()
+
+    def empty(self):
+        return self.queue.empty()
+
+    def full(self):
+        return self.queue.full()
+
+    async def put(self, item, timeout=None):
+        try:
+            await asyncio.wait_for(self.queue.put(item), timeout)
+        except asyncio.TimeoutError:
+            raise Full(f"no room in the queue (maxsize {self.maxsize}) within {timeout} s") from None
+
+    async def get(self, timeout=None):
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout)
+        except asyncio.TimeoutError:
+            raise Empty(f"no item in the queue within {timeout} s") from None
+
+    def put_nowait(self, item):
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            raise Full(f"the queue is full (maxsize {self.maxsize})") from None
+
+    def put_nowait_batch(self, items):
+        # All or none: the room is checked before the first goes in.
+        if self.maxsize > 0 and len(items) + self.queue.qsize() > self.maxsize:
+            raise Full(f"{len(items)} items do not fit: {self.queue.qsize()} of {self.maxsize} places are taken")
+        for item in items:
+            self.queue.put_nowait(item)
+
+    def get_nowait(self):
+        try:
+            return self.queue.get_nowait()
+        except asyncio.QueueEmpty:
+            raise Empty("the queue is empty") from None
+
+    def get_nowait_batch(self, num_items):
+        if num_items > self.queue.qsize():
+            raise Empty(f"{num_items} items asked for, {self.queue.qsize()} in the queue")
+        return [self.queue.get_nowait() for _ in range(num_items)]
+
+
+def _check_timeout(block, timeout):
+    if block and timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise ValueError(f"timeout must be a non-negative number of seconds or None, got {timeout!r}")
+
+
+def _count(value, what):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative int, got {value!r}")
+    return value
+
+
+class Queue:
+    """Queue(maxsize=0, actor_options=None): maxsize 0 holds any number of
+    items. actor_options go to the queue's actor (.options(...), e.g.
+    num_cpus or a scheduling_strategy). Pass the Queue itself to tasks and
+    actors; it calls the same actor from anywhere."""
+
+    def __init__(self, maxsize=0, actor_options=None):
+        self.maxsize = _count(maxsize, "maxsize")
+        options = dict(actor_options or {})
+        self.actor = troupe.remote(_QueueActor).options(**options).remote(self.maxsize)
+
+    def __len__(self):
+        return self.size()
+
+    def size(self):
+        return troupe.get(self.actor.qsize.remote())
+
+    qsize = size
+
+    def empty(self):
+        return troupe.get(self.actor.empty.remote())
+
+    def full(self):
+        return troupe.get(self.actor.full.remote())
+
+    def put(self, item, block=True, timeout=None):
+        """Adds `item`; with block, waits for room (up to `timeout` seconds,
+        None: without limit), else raises Full at once when there is none."""
+        _check_timeout(block, timeout)
+        troupe.get(self.actor.put.remote(item, timeout) if block else self.actor.put_nowait.remote(item))
+
+    async def put_async(self, item, block=True, timeout=None):
+        _check_timeout(block, timeout)
+        await (self.actor.put.remote(item, timeout) if block else self.actor.put_nowait.remote(item))
+
+    def get(self, block=True, timeout=None):
+        """The oldest item; with block, waits for one (up to `timeout`
+        seconds, None: without limit), else raises Empty at once."""
+        _check_timeout(block, timeout)
+        return troupe.get(self.actor.get.remote(timeout) if block else self.actor.get_nowait.remote())
+
+    async def get_async(self, block=True, timeout=None):
+        _check_timeout(block, timeout)
+        return await (self.actor.get.remote(timeout) if block else self.actor.get_nowait.remote())
+
+    def put_nowait(self, item):
+        return self.put(item, block=False)
+
+    def put_nowait_batch(self, items):
+        """Adds every item of `items`, or none (Full) when they do not all fit."""
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"put_nowait_batch takes a list of items, got a {type(items).__name__}")
+        troupe.get(self.actor.put_nowait_batch.remote(list(items)))
+
+    def get_nowait(self):
+        return self.get(block=False)
+
+    def get_nowait_batch(self, num_items):
+        """The `num_items` oldest items, or none (Empty) when there are fewer."""
+        return troupe.get(self.actor.get_nowait_batch.remote(_count(num_items, "num_items")))
+
+    def shutdown(self, force=False, grace_period_s=5):
+        """Ends the queue's actor (its items go with it). `force` and
+        `grace_period_s` are taken for Ray's signature: the actor is killed
+        at once either way."""
+        if self.actor is not None:
+            troupe.kill(self.actor)
+            self.actor = None
