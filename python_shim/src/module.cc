@@ -167,31 +167,27 @@ pyb::list get_many(PyClient& client, const RefList& refs, const std::optional<do
 // Indices of the first `num_returns` refs ready (in the order given), once
 // that many are, or those ready at the timeout.
 std::vector<size_t> wait_some(const RefList& refs, size_t num_returns, const std::optional<double>& timeout) {
-  struct Signal {
-    std::mutex mu;
-    std::condition_variable cv;
-    size_t ready = 0;
-  };
-  auto signal = std::make_shared<Signal>();
   std::vector<std::shared_ptr<ReplyState>> states;
-  size_t ready_now = 0;
-  for (const auto& r : refs) {
-    states.push_back(r->answer());
-    ready_now += states.back()->ready();
-  }
-  // Callbacks only when there is something to wait for (a polling loop
-  // would pile them up on the refs still pending).
-  if (ready_now < num_returns)
-    for (const auto& st : states)
-      st->on_ready([signal] {
-        std::lock_guard lock(signal->mu);
-        ++signal->ready;
-        signal->cv.notify_all();
-      });
-  if (ready_now < num_returns) {
+  for (const auto& r : refs) states.push_back(r->answer());
+  auto count_ready = [&] {
+    size_t n = 0;
+    for (const auto& st : states) n += st->ready();
+    return n;
+  };
+  // A poll (timeout 0) registers nothing.
+  if (count_ready() < num_returns && !(timeout && *timeout <= 0)) {
+    for (const auto& r : refs) r->signal_when_ready();
+    auto& signal = ready_signal();
     auto enough = [&](std::chrono::milliseconds slice) {
-      std::unique_lock lock(signal->mu);
-      return signal->cv.wait_for(lock, slice, [&] { return signal->ready >= num_returns; });
+      uint64_t seen = 0;
+      {
+        std::lock_guard lock(signal.mu);
+        seen = signal.epoch;
+      }
+      if (count_ready() >= num_returns) return true;
+      std::unique_lock lock(signal.mu);
+      signal.cv.wait_for(lock, slice, [&] { return signal.epoch != seen; });
+      return false;  // counted again by the next slice
     };
     wait_interruptibly(enough, timeout);
   }

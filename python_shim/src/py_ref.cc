@@ -60,6 +60,24 @@ ObjectRef<PyValue> PyRef::stored_ref() {
   return stored_;
 }
 
+ReadySignal& ready_signal() {
+  // Never destroyed: a ref may become ready while the process exits.
+  static auto* signal = new ReadySignal;
+  return *signal;
+}
+
+void PyRef::signal_when_ready() {
+  if (signalling_.exchange(true)) return;
+  answer()->on_ready([] {
+    auto& s = ready_signal();
+    {
+      std::lock_guard lock(s.mu);
+      ++s.epoch;
+    }
+    s.cv.notify_all();
+  });
+}
+
 uint64_t PyRef::id() const { return stored_.valid() ? stored_.id() : reinterpret_cast<uintptr_t>(answer_.get()); }
 
 }  // namespace troupe::py

@@ -8,6 +8,8 @@
 // filled when the answer comes, if it has not come yet.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 
@@ -19,6 +21,18 @@
 namespace troupe::py {
 
 using ReplyState = core::FutureState<PyReply>;
+
+// Told whenever a ref that some wait asked about becomes ready: troupe.wait
+// sleeps on it and counts again. Each ref registers one callback for it,
+// the first time it is waited for, so a loop that waits on the same
+// pending refs again and again (`while pending: ready, pending =
+// wait(pending)`) adds nothing per call.
+struct ReadySignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t epoch = 0;  // bumped by every ready
+};
+ReadySignal& ready_signal();
 
 class PyRef {
  public:
@@ -51,6 +65,8 @@ class PyRef {
   // ref, which may still be pending.
   const ObjectRef<PyValue>* stored_if_any() const { return stored_.valid() && !answer_ ? &stored_ : nullptr; }
   uint64_t id() const;
+  // Bumps ready_signal() once this ref is ready (registered once).
+  void signal_when_ready();
   // The task whose result this is, in the process that submitted it; else
   // null.
   const std::shared_ptr<client::TaskCancel>& task() const { return task_; }
@@ -65,6 +81,7 @@ class PyRef {
   ObjectRef<PyValue> stored_;
   std::shared_ptr<client::TaskCancel> task_;
   std::shared_ptr<client::CallCancel> call_;
+  std::atomic<bool> signalling_{false};
 };
 
 // The answer a stored ref's owner gives: the payload, decoded.

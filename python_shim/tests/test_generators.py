@@ -279,6 +279,27 @@ def test_async_for_over_a_generator():
     assert asyncio.run(collect()) == [0, 1, 4, 9, 16]
 
 
+def test_a_cancelled_await_loses_no_value(tmp_path):
+    gate = str(tmp_path / "gate")
+
+    @troupe.remote
+    def gated(path):
+        import time
+
+        while not os.path.exists(path):
+            time.sleep(0.01)
+        yield from range(3)
+
+    async def first_after_a_timeout():
+        gen = gated.remote(gate)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(gen.__anext__(), 0.3)
+        open(gate, "w").close()
+        return [await ref async for ref in gen]
+
+    assert asyncio.run(first_after_a_timeout()) == [0, 1, 2]
+
+
 def test_options_and_misuse_are_named():
     with pytest.raises(ConfigError, match="'dynamic'"):
         squares.options(num_returns="dynamic")

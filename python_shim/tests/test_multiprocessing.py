@@ -1,8 +1,10 @@
 """troupe.util.multiprocessing.Pool, as Ray's: the standard library's Pool
 API over troupe actors (map, imap, starmap, apply_async with callbacks,
 initializer, errors, close/join/terminate)."""
+import multiprocessing
 import os
 import threading
+import time
 
 import pytest
 
@@ -58,6 +60,9 @@ def test_apply_async_calls_back_and_errors_keep_their_class():
         assert not failed.successful()
         with pytest.raises(ZeroDivisionError):
             pool.map(lambda x: 1 // x, [1, 0, 2])
+        # The standard library's TimeoutError, as its Pool raises.
+        with pytest.raises(multiprocessing.TimeoutError):
+            pool.apply_async(time.sleep, (30,)).get(timeout=0.1)
     assert len(errors) == 1 and isinstance(errors[0], ValueError)
 
 

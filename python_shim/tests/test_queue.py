@@ -36,6 +36,23 @@ def test_tasks_and_actors_share_one_queue_in_order():
     assert q.empty() and len(q) == 0
 
 
+def test_a_nowait_put_wakes_a_get_that_waits():
+    q = Queue()
+    taken = Consumer.remote().take.remote(q, 1)
+    ready, _ = troupe.wait([taken], timeout=0.5)
+    assert not ready  # its get waits for an item
+    q.put_nowait("x")
+    assert troupe.get(taken, timeout=60) == ["x"]
+    # And a get without waiting makes room for a put that waits.
+    full = Queue(maxsize=1)
+    full.put(1)
+    done = produce.remote(full, [2])
+    ready, _ = troupe.wait([done], timeout=0.5)
+    assert not ready
+    assert full.get_nowait() == 1
+    assert troupe.get(done, timeout=60) == 1 and full.get(timeout=60) == 2
+
+
 def test_a_full_queue_blocks_a_put_until_a_get_makes_room():
     q = Queue(maxsize=2)
     q.put("a")

@@ -88,13 +88,20 @@ def test_hard_affinity_to_a_node_that_is_not_there_is_refused_by_name(two_nodes)
     assert troupe.get(where.options(scheduling_strategy=_on("99", soft=True)).remote(), timeout=60)
 
 
-def test_soft_affinity_goes_elsewhere_when_its_node_is_full(two_nodes):
+def test_soft_affinity_waits_for_its_busy_node_as_rays_does(two_nodes):
     second = two_nodes["second"]
-    first = next(n["NodeID"] for n in troupe.nodes() if n["Alive"] and n["NodeID"] != second)
     full = Where.options(num_cpus=2, scheduling_strategy=_on(second)).remote()
     assert troupe.get(full.node.remote(), timeout=60) == second
+    # The other node has room, but a soft affinity spills only from a node
+    # that is gone or too small in all: it waits for the busy one.
     soft = Where.options(num_cpus=1, scheduling_strategy=_on(second, soft=True)).remote()
-    assert troupe.get(soft.node.remote(), timeout=60) == first
+    answer = soft.node.remote()
+    ready, _ = troupe.wait([answer], timeout=0.5)
+    assert not ready
+    troupe.kill(full)
+    assert troupe.get(answer, timeout=60) == second
+    with pytest.raises(ValueError, match="_spill_on_unavailable"):
+        NodeAffinitySchedulingStrategy(second, soft=True, _spill_on_unavailable=True)
 
 
 def test_spread_puts_actors_on_both_nodes(two_nodes):

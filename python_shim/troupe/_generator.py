@@ -5,6 +5,7 @@ is yielded, as one ObjectRef (src/py_stream.h carries them). The caller
 owns those values. A generator that gets ahead of its consumer by more than
 the stream's credits (_generator_backpressure_num_objects) waits.
 """
+import collections
 import threading
 
 from troupe.exceptions import ConfigError, GetTimeoutError, WorkerCrashedError
@@ -12,6 +13,9 @@ from troupe.exceptions import ConfigError, GetTimeoutError, WorkerCrashedError
 # How many values a generator may yield ahead of its consumer when no
 # _generator_backpressure_num_objects is given.
 DEFAULT_CREDITS = 32
+# How long one async next waits on an executor thread before it lets the
+# loop look again (and a cancelled await free the thread).
+_ASYNC_SLICE_S = 0.1
 BACKPRESSURE_OPTION = "_generator_backpressure_num_objects"
 _ITEM, _END, _FAILED = 0, 1, 2
 
@@ -44,6 +48,11 @@ class ObjectRefGenerator:
         self._what = what
         self._delivered = 0
         self._finished = False
+        self._cancelled = False
+        # Refs fetched and not handed out yet (None: the end): what an
+        # async next fetched for an await that was cancelled meanwhile
+        # waits here for the next one.
+        self._ahead = collections.deque()
         self._lock = threading.Lock()
         self._stream, self._done = start(0)
 
@@ -67,33 +76,52 @@ class ObjectRefGenerator:
     async def __anext__(self):
         import asyncio
 
-        # On a thread of the loop's executor: the loop runs on meanwhile.
-        ref = await asyncio.get_running_loop().run_in_executor(None, self._next, None)
+        loop = asyncio.get_running_loop()
+        # On a thread of the loop's executor, in slices: the loop runs on
+        # meanwhile, and a cancelled await frees its thread within a slice.
+        while not self._ahead and not self._finished:
+            await loop.run_in_executor(None, self._fetch_ahead, _ASYNC_SLICE_S)
+        ref = self._ahead.popleft() if self._ahead else None
         if ref is None:
             raise StopAsyncIteration
         return ref
 
+    def _fetch_ahead(self, timeout):
+        with self._lock:
+            if self._ahead or self._finished:
+                return
+            try:
+                self._ahead.append(self._fetch(timeout))
+            except GetTimeoutError:
+                pass
+
     def _next(self, timeout):
         with self._lock:
-            while not self._finished:
-                got = self._stream.next(timeout)
-                if got is None:
-                    raise GetTimeoutError(f"{self._what}: no value within {timeout:g} s")
-                kind, ref = got
-                if kind == _ITEM:
-                    self._delivered += 1
-                    return ref
-                if kind == _END:
-                    self._finish()
-                    return None
-                if self._retries != 0 and _worker_died(ref):
-                    if self._retries > 0:
-                        self._retries -= 1
-                    self._stream, self._done = self._start(self._delivered)
-                    continue
-                self._finish()
+            if self._ahead:
+                return self._ahead.popleft()
+            return self._fetch(timeout)
+
+    def _fetch(self, timeout):
+        """The next ref from the stream (None at the end); under the lock."""
+        while not self._finished:
+            got = self._stream.next(timeout)
+            if got is None:
+                raise GetTimeoutError(f"{self._what}: no value within {timeout:g} s")
+            kind, ref = got
+            if kind == _ITEM:
+                self._delivered += 1
                 return ref
-            return None
+            if kind == _END:
+                self._finish()
+                return None
+            if self._retries != 0 and not self._cancelled and _worker_died(ref):
+                if self._retries > 0:
+                    self._retries -= 1
+                self._stream, self._done = self._start(self._delivered)
+                continue
+            self._finish()
+            return ref
+        return None
 
     def _finish(self):
         # The stream is done with: its reader leaves the stream listener.
@@ -104,7 +132,7 @@ class ObjectRefGenerator:
         """troupe.cancel of this generator: its call's latest attempt, never
         made again. (Not under the lock: another thread may be waiting in
         next for what this cancel ends.)"""
-        self._retries = 0
+        self._cancelled = True
         return self._done
 
     def completed(self):

@@ -171,6 +171,11 @@ def _settle(value, token=0):
             _coroutines.pop(token, None)
 
 
+# What a writer's StreamError says when the reader's process refused it
+# (runtime/client/stream.cc): the stream is gone or over.
+_REFUSED = "stream refused by its reader's process"
+
+
 class _ReaderGone(Exception):
     """The caller of a streaming call stopped reading (it dropped its
     ObjectRefGenerator, or the call was cancelled)."""
@@ -225,8 +230,13 @@ def _streamed(stream, produce, what, where, token):
     address, stream_id, skip = stream
     try:
         writer = _core.StreamWriter(address, stream_id)
-    except StreamError:
-        return _answer(0, what)  # the caller dropped its generator before the call ran
+    except StreamError as e:
+        # The caller dropped its generator (or cancelled the call) before
+        # the call ran: no one reads. Any other failure to open (the
+        # caller cannot be reached) fails the call, and so its stream.
+        if _REFUSED not in str(e):
+            raise
+        return _answer(0, what)
     sent = 0
     items = None
     try:
@@ -251,9 +261,9 @@ def _streamed(stream, produce, what, where, token):
 def call_method(instance, name, args, top, token=0, stream=None):
     what = f"{type(instance).__name__}.{name}"
     where = lambda: f"{what} (pid {os.getpid()})"  # noqa: E731
-    if stream is not None:
-        return _streamed(stream, lambda: _method_call(instance, name, args, top), what, where, token)
     try:
+        if stream is not None:
+            return _streamed(stream, lambda: _method_call(instance, name, args, top), what, where, token)
         return _answer(_settle(_method_call(instance, name, args, top), token), what)
     except BaseException:
         return _error(where())

@@ -86,8 +86,8 @@ struct ActorOptions {
   // Run on this node (a NodeInfo id; 0 = wherever the head places it), as
   // Ray's NodeAffinitySchedulingStrategy. Hard: only there (waiting for
   // room; DEAD once that node is gone, also at a restart); with
-  // `affinity_soft`, there when it has room, else anywhere. Not with a
-  // placement group.
+  // `affinity_soft`, there while that node is alive and big enough in all
+  // (waiting for room), else anywhere. Not with a placement group.
   uint64_t node_affinity = 0;
   bool affinity_soft = false;
 };

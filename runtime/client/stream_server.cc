@@ -101,11 +101,12 @@ void StreamServer::bind(const std::shared_ptr<Connection>& c, std::shared_ptr<St
   }
   if (!st) return refuse("no stream with id " + std::to_string(m.id));
   std::lock_guard lock(st->mu);
-  if (st->conn) return refuse("stream " + std::to_string(m.id) + " already has a writer");
   // One writer per stream, ever: one that comes after the first ended or
   // failed (an actor call resent to a restarted actor) would feed a reader
-  // that stopped reading, and wait for credit forever.
+  // that stopped reading, and wait for credit forever. (Checked first: the
+  // first writer's connection may not have closed yet.)
   if (st->ended || !st->error.empty()) return refuse("stream " + std::to_string(m.id) + " is over");
+  if (st->conn) return refuse("stream " + std::to_string(m.id) + " already has a writer");
   st->conn = c;
   bound = st;
   c->send(credit_event(m.id, st->credits), true);

@@ -437,11 +437,18 @@ std::optional<HeadState::Allocation> HeadState::allocate(const Actor& a, std::st
   std::vector<NodeView> views;
   for (const auto& [id, n] : nodes_)
     if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available(), n.pool.gpu_free()});
-  auto pick = pick_node(affine_views(a.spec, views), a.spec.resources, reason);
-  // Soft affinity: its node when that has room, else any.
-  if (!pick && a.spec.node_affinity && a.spec.affinity_soft) pick = pick_node(views, a.spec.resources, reason);
+  auto pick = pick_node(keeps_affinity(a.spec) ? affine_views(a.spec, views) : views, a.spec.resources, reason);
   if (!pick) return std::nullopt;
   return Allocation{*pick, 0, 0, 0, nodes_.at(*pick).pool.take(a.spec.resources)};
+}
+
+bool HeadState::keeps_affinity(const ActorSpec& spec) const {
+  if (!spec.node_affinity) return false;
+  if (!spec.affinity_soft) return true;
+  // Soft, as Ray's: its node while that is alive and could ever hold it
+  // (waiting there for room), else anywhere.
+  auto it = nodes_.find(spec.node_affinity);
+  return it != nodes_.end() && it->second.info.alive && fits(it->second.pool.total(), spec.resources);
 }
 
 bool HeadState::could_ever_hold(const Resources& req) const {
@@ -628,8 +635,7 @@ bool HeadState::waits_for_room() const {
     const Actor& a = it->second;
     if (a.info.state == ActorState::kDead || a.worker_running || a.kill_requested) continue;
     if (a.spec.placement_group == 0) {
-      if (pick_node(affine_views(a.spec, views), a.spec.resources, nullptr) ||
-          (a.spec.affinity_soft && pick_node(views, a.spec.resources, nullptr)))
+      if (pick_node(keeps_affinity(a.spec) ? affine_views(a.spec, views) : views, a.spec.resources, nullptr))
         return true;
       continue;
     }

@@ -215,6 +215,9 @@ class HeadState {
   bool try_place(Actor& a);
   // Whether some live node holds `req` in total (idle, it could run it).
   bool could_ever_hold(const Resources& req) const;
+  // Whether `spec` is placed on its affinity node only: hard, or soft with
+  // that node alive and big enough for it in all.
+  bool keeps_affinity(const wire::ActorSpec& spec) const;
   std::optional<Allocation> allocate(const Actor& a, std::string* reason);
   std::optional<Allocation> allocate_in_group(const Actor& a, std::string* reason);
   void start_worker(Actor& a, Allocation alloc);

@@ -98,8 +98,9 @@ struct ActorSpec {
   bool detached = false;
   // Node affinity (Ray's NodeAffinitySchedulingStrategy): run on node
   // `node_affinity` (0 = any). Hard (soft = false): only there, waiting
-  // for room, and DEAD if that node is gone; soft: there when it has room,
-  // else wherever the head would place it.
+  // for room, and DEAD if that node is gone; soft: there (waiting for
+  // room) while that node is alive and big enough in all, else wherever
+  // the head would place it.
   uint64_t node_affinity = 0;
   bool affinity_soft = false;
   TROUPE_FIELDS(type_key, class_name, ctor_args, ctor_attachments, resources, name, max_restarts, max_task_retries,

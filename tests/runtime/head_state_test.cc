@@ -261,50 +261,60 @@ TEST_F(HeadStateTest, NodeDeathRestartsItsActorsElsewhereOrMakesThemDead) {
 }
 
 // NodeAffinitySchedulingStrategy: hard stays on its node (waiting for room,
-// dead with it), soft goes there when it has room, else elsewhere; a hard
-// affinity to a node that is gone, or too small, is refused at creation.
+// dead with it); soft too while its node is alive and big enough in all
+// (as Ray's), else it goes elsewhere; a hard affinity to a node that is
+// gone, or too small, is refused at creation.
 TEST_F(HeadStateTest, NodeAffinityPinsHardAndPrefersSoft) {
   uint64_t n1 = add_node({{"CPU", 2}}, 1);
   uint64_t n2 = add_node({{"CPU", 4}}, 2);  // emptier: the default choice
-  auto pinned = [&](uint64_t node, bool soft, int restarts = 0) {
-    ActorSpec s = spec({{"CPU", 2}}, restarts);
+  auto pinned = [&](uint64_t node, bool soft, double cpus = 2, int restarts = 0) {
+    ActorSpec s = spec({{"CPU", cpus}}, restarts);
     s.node_affinity = node;
     s.affinity_soft = soft;
     return s;
   };
-  auto hard = state_.create_actor(kDriver, pinned(n1, false, 1));
+  auto hard = state_.create_actor(kDriver, pinned(n1, false, 2, 1));
   start_spawned();
   EXPECT_EQ(state_.actor_info(hard.id).node_id, n1);
-  // Its node is full: a second hard one waits, though n2 has room...
+  // Its node is full: another hard one waits, though n2 has room, and so
+  // does a soft one; one too big for n1 in all goes to n2.
   auto waits = state_.create_actor(kDriver, pinned(n1, false));
-  // ...and a soft one goes elsewhere.
-  auto soft = state_.create_actor(kDriver, pinned(n1, true));
+  auto soft = state_.create_actor(kDriver, pinned(n1, true, 1));
+  auto spilled = state_.create_actor(kDriver, pinned(n1, true, 3));
   start_spawned();
   EXPECT_EQ(state_of(waits.id), ActorState::kPending);
   EXPECT_NE(state_.actor_info(waits.id).pending_reason.find("CPU=2"), std::string::npos);
-  EXPECT_EQ(state_.actor_info(soft.id).node_id, n2);
-  // Refused at creation: a node that does not exist, too little in all.
+  EXPECT_EQ(state_of(soft.id), ActorState::kPending);
+  EXPECT_EQ(state_.actor_info(spilled.id).node_id, n2);
+  // Refused at creation: a node that does not exist, too little in all,
+  // a placement group as well.
   EXPECT_THROW(state_.create_actor(kDriver, pinned(99, false)), troupe::ConfigError);
-  ActorSpec big = pinned(n1, false);
-  big.resources = {{"CPU", 3}};
-  EXPECT_THROW(state_.create_actor(kDriver, big), troupe::ConfigError);
+  EXPECT_THROW(state_.create_actor(kDriver, pinned(n1, false, 3)), troupe::ConfigError);
   ActorSpec both = pinned(n1, false);
   both.placement_group = 1;
   EXPECT_THROW(state_.create_actor(kDriver, both), troupe::ConfigError);
-  // n1 dies: the hard ones die with it (restarts left or not), none
+  // Room on n1: the waiting ones take it (the soft one too, not n2).
+  state_.kill_actor(waits.id, true, "test");
+  state_.kill_actor(hard.id, true, "test");
+  exited(hard.id);
+  start_spawned();
+  EXPECT_EQ(state_.actor_info(soft.id).node_id, n1);
+  auto hard2 = state_.create_actor(kDriver, pinned(n1, false, 1, 1));
+  start_spawned();
+  EXPECT_EQ(state_.actor_info(hard2.id).node_id, n1);
+  // n1 dies: its hard actor dies with it (a restart left or not), none
   // restarts on n2.
   state_.heartbeat(n2, now_ + 400ms);
   state_.check_heartbeats(now_ + 600ms);
   auto out = state_.take_outputs();
   EXPECT_FALSE(node(n1).alive);
-  EXPECT_EQ(state_of(hard.id), ActorState::kDead);
-  EXPECT_NE(state_.actor_info(hard.id).death_cause.find("hard affinity"), std::string::npos)
-      << state_.actor_info(hard.id).death_cause;
-  EXPECT_EQ(state_of(waits.id), ActorState::kDead);
-  for (auto& [node, s] : out.spawns) EXPECT_NE(s.actor_id, hard.id);
+  EXPECT_EQ(state_of(hard2.id), ActorState::kDead);
+  EXPECT_NE(state_.actor_info(hard2.id).death_cause.find("hard affinity"), std::string::npos)
+      << state_.actor_info(hard2.id).death_cause;
+  for (auto& [node, s] : out.spawns) EXPECT_NE(s.actor_id, hard2.id);
   EXPECT_THROW(state_.create_actor(kDriver, pinned(n1, false)), troupe::ConfigError);
   // A soft affinity to a dead node places as usual.
-  auto anywhere = state_.create_actor(kDriver, pinned(n1, true));
+  auto anywhere = state_.create_actor(kDriver, pinned(n1, true, 1));
   start_spawned();
   EXPECT_EQ(state_.actor_info(anywhere.id).node_id, n2);
 }

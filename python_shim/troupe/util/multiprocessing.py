@@ -10,12 +10,12 @@ runs its work on the cluster's workers (any node) by changing the import.
 Each of the pool's processes is an actor (one CPU each unless
 ray_remote_args say otherwise) that ran `initializer(*initargs)` first.
 Work goes in chunks (`chunksize`, as the standard library picks it when not
-given) to the process with the fewest chunks in flight; the function travels
+given) to the processes in turn; the function travels
 once per call of map/imap/... as an object ref. An exception in the
 function is raised by get (or the iterator) as its own class, with the
 remote traceback.
 """
-import itertools
+import multiprocessing
 import threading
 
 import troupe
@@ -31,6 +31,10 @@ class _PoolProcess:
 
     def ping(self):
         return True
+
+
+# Submitted refs kept before the finished ones are dropped from the list.
+_PRUNE_AT = 4096
 
 
 class AsyncResult:
@@ -51,7 +55,8 @@ class AsyncResult:
                 value = [x for chunk in chunks for x in chunk] if self._flatten else chunks[0][0]
                 self._outcome = (True, value)
             except troupe.exceptions.GetTimeoutError:
-                raise TimeoutError(f"the result is not ready within {timeout} s") from None
+                # The standard library's (not the builtin TimeoutError).
+                raise multiprocessing.TimeoutError(f"the result is not ready within {timeout} s") from None
             except Exception as e:
                 self._outcome = (False, e)
         return self._outcome
@@ -103,7 +108,8 @@ class Pool:
         options = {"num_cpus": 1, **dict(ray_remote_args or {})}
         cls = troupe.remote(_PoolProcess).options(**options)
         self._processes = [cls.remote(initializer, tuple(initargs or ())) for _ in range(processes)]
-        self._in_flight = [[] for _ in self._processes]  # refs per process
+        self._in_flight = []  # refs of work submitted (some may have finished)
+        self._turn = 0
         self._lock = threading.Lock()
         self._closed = False
         # Every process ran its initializer (its error is raised here).
@@ -117,14 +123,12 @@ class Pool:
 
     def _submit(self, func_ref, chunk, star):
         with self._lock:
-            for refs in self._in_flight:  # forget what finished
-                if refs:
-                    done, _ = troupe.wait(refs, num_returns=len(refs), timeout=0)
-                    for r in done:
-                        refs.remove(r)
-            i = min(range(len(self._processes)), key=lambda k: len(self._in_flight[k]))
+            i = self._turn % len(self._processes)
+            self._turn += 1
             ref = self._processes[i].run.remote(func_ref, chunk, star)
-            self._in_flight[i].append(ref)
+            self._in_flight.append(ref)
+            if len(self._in_flight) > _PRUNE_AT:  # forget what finished, now and then
+                _, self._in_flight = troupe.wait(self._in_flight, num_returns=len(self._in_flight), timeout=0)
             return ref
 
     def _chunks(self, func, iterable, chunksize, star):
@@ -189,7 +193,7 @@ class Pool:
         if not self._closed:
             raise ValueError("join() needs close() or terminate() first")
         with self._lock:
-            pending = list(itertools.chain.from_iterable(self._in_flight))
+            pending = list(self._in_flight)
         if pending:
             troupe.wait(pending, num_returns=len(pending))
         self._end()

@@ -17,17 +17,28 @@ class Full(_stdlib_queue.Full):
 
 
 class _QueueActor:
+    """Every method is a coroutine: an asyncio.Queue is not thread-safe, and
+    an actor's plain methods run on its call threads, not on its event
+    loop (a put_nowait there would not wake a get waiting on the loop)."""
+
     def __init__(self, maxsize):
         self.maxsize = maxsize
-        self.queue = asyncio.Queue(maxsize)
+        self._queue = None
 
-    def qsize(self):
+    @property
+    def queue(self):
+        # Made on the loop, by the first call.
+        if self._queue is None:
+            self._queue = asyncio.Queue(self.maxsize)
+        return self._queue
+
+    async def qsize(self):
         return self.queue.qsize()
 
-    def empty(self):
+    async def empty(self):
         return self.queue.empty()
 
-    def full(self):
+    async def full(self):
         return self.queue.full()
 
     async def put(self, item, timeout=None):
@@ -42,29 +53,33 @@ class _QueueActor:
         except asyncio.TimeoutError:
             raise Empty(f"no item in the queue within {timeout} s") from None
 
-    def put_nowait(self, item):
+    async def put_nowait(self, item):
         try:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
             raise Full(f"the queue is full (maxsize {self.maxsize})") from None
 
-    def put_nowait_batch(self, items):
+    async def put_nowait_batch(self, items):
         # All or none: the room is checked before the first goes in.
         if self.maxsize > 0 and len(items) + self.queue.qsize() > self.maxsize:
             raise Full(f"{len(items)} items do not fit: {self.queue.qsize()} of {self.maxsize} places are taken")
         for item in items:
             self.queue.put_nowait(item)
 
-    def get_nowait(self):
+    async def get_nowait(self):
         try:
             return self.queue.get_nowait()
         except asyncio.QueueEmpty:
             raise Empty("the queue is empty") from None
 
-    def get_nowait_batch(self, num_items):
+    async def get_nowait_batch(self, num_items):
         if num_items > self.queue.qsize():
             raise Empty(f"{num_items} items asked for, {self.queue.qsize()} in the queue")
         return [self.queue.get_nowait() for _ in range(num_items)]
+
+
+# The queue actor's max_concurrency unless actor_options give one.
+_WAITERS = 1000
 
 
 def _check_timeout(block, timeout):
@@ -87,7 +102,9 @@ class Queue:
 
     def __init__(self, maxsize=0, actor_options=None):
         self.maxsize = _count(maxsize, "maxsize")
-        options = dict(actor_options or {})
+        # Each call waiting in put or get holds one of the actor's
+        # concurrent calls: room for many waiting consumers and producers.
+        options = {"max_concurrency": _WAITERS, **dict(actor_options or {})}
         self.actor = troupe.remote(_QueueActor).options(**options).remote(self.maxsize)
 
     def __len__(self):

@@ -33,9 +33,10 @@ class NodeAffinitySchedulingStrategy:
     get_runtime_context().get_node_id()), as Ray's. soft=False: only
     there, waiting for room; a node that does not exist or is dead is a
     ConfigError at the call, and an actor whose node dies is not restarted
-    elsewhere. soft=True: there when it has room, else wherever the
-    cluster places it. Ray's _spill_on_unavailable and _fail_on_unavailable
-    are taken for its signature and not used."""
+    elsewhere. soft=True: there while that node is alive and big enough in
+    all (waiting for room, as Ray), else wherever the cluster places it.
+    Ray's _spill_on_unavailable and _fail_on_unavailable are not supported
+    (a ValueError when set)."""
 
     def __init__(self, node_id, soft, _spill_on_unavailable=False, _fail_on_unavailable=False):
         if isinstance(node_id, bool) or not isinstance(node_id, (str, int)):
@@ -48,6 +49,9 @@ class NodeAffinitySchedulingStrategy:
             raise ValueError(f"node_id must be a positive node id, got {node_id!r}")
         if not isinstance(soft, bool):
             raise TypeError(f"soft must be a bool, got {soft!r}")
+        if _spill_on_unavailable or _fail_on_unavailable:
+            raise ValueError("NodeAffinitySchedulingStrategy: _spill_on_unavailable and _fail_on_unavailable are "
+                             "not supported")
         self.node_id = str(number)
         self.soft = soft
         self._spill_on_unavailable = _spill_on_unavailable
