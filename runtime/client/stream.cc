@@ -133,10 +133,18 @@ StreamWriterCore::StreamWriterCore(const std::shared_ptr<Core>& core, const Stre
   if (!err.empty())
     throw StreamError("cannot connect to stream " + std::to_string(ref.id) + " at " + ref.address + ": " + err);
   std::unique_lock lock(st->mu);
-  if (!st->cv.wait_for(lock, timeout, [&] { return st->opened || !st->error.empty(); }))
+  const bool settled = st->cv.wait_for(lock, timeout, [&] { return st->opened || !st->error.empty(); });
+  if (settled && st->error.empty()) return;
+  // Not opened: no destructor runs for a constructor that throws, so the
+  // connection (whose handlers hold this state) is closed here.
+  std::string error = st->error;
+  std::shared_ptr<Connection> conn = std::move(st->conn);
+  lock.unlock();
+  if (conn) conn->close("stream " + std::to_string(ref.id) + " did not open");
+  if (!settled)
     throw Timeout("stream " + std::to_string(ref.id) + " did not open within " + std::to_string(timeout.count()) +
                   " ms");
-  if (!st->error.empty()) throw StreamError(st->error);
+  throw StreamError(error);
 }
 
 StreamWriterCore::~StreamWriterCore() {
