@@ -9,7 +9,9 @@ gets it as a resolved argument and returns its size; GB/s of the round),
 `tasks_nested` (fib(7) as tasks that wait in get for their two children:
 41 tasks a tree, tasks/s), `generator_items` (a streaming generator task,
 num_returns="streaming", yields 1,000 small values; the driver gets each
-ref as it comes; values/s).
+ref as it comes; values/s), `generator_calls` (streaming generator tasks
+that yield one value each, one call at a time: what a stream costs a call,
+beside `tasks_sync`; calls/s).
 
 The same measuring code (`measure`) runs against either module: this script
 starts itself once per runtime as a child (`--child MODULE`), so troupe and
@@ -34,9 +36,9 @@ import sys
 import time
 
 CASES = ["tasks_sync", "tasks_async", "actor_sync", "actor_async", "put_get_1MiB", "put_get_64MiB", "tasks_nested",
-         "generator_items"]
+         "generator_items", "generator_calls"]
 UNITS = ({c: "tasks/s" for c in CASES[:2]} | {c: "calls/s" for c in CASES[2:4]} | {c: "GB/s" for c in CASES[4:6]}
-         | {"tasks_nested": "tasks/s", "generator_items": "values/s"})
+         | {"tasks_nested": "tasks/s", "generator_items": "values/s", "generator_calls": "calls/s"})
 # generator_items: values one streaming generator task yields.
 STREAM_VALUES = 1000
 IN_FLIGHT = 1000
@@ -106,6 +108,20 @@ def measure(rt, case, seconds):
 
         one_stream()  # warm up
         return rate(one_stream, seconds)
+    if case == "generator_calls":
+
+        @rt.remote(num_returns="streaming")
+        def one_value(x):
+            yield x
+
+        def one_call():
+            refs = list(one_value.remote(7))
+            if len(refs) != 1 or rt.get(refs[0], timeout=GET_TIMEOUT) != 7:
+                raise RuntimeError("generator_calls: the generator did not yield its one value")
+            return 1
+
+        one_call()  # warm up
+        return rate(one_call, seconds)
     if case == "tasks_nested":
 
         @rt.remote

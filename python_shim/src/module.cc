@@ -164,19 +164,29 @@ pyb::list get_many(PyClient& client, const RefList& refs, const std::optional<do
   return out;
 }
 
-// Indices of the first `num_returns` refs ready (in the order given), once
-// that many are, or those ready at the timeout.
-std::vector<size_t> wait_some(const RefList& refs, size_t num_returns, const std::optional<double>& timeout) {
+// The first `num_returns` of `refs` then `streams` (indices into the two
+// lists as one) that are ready, in that order, or those ready at the
+// timeout. A stream is ready when its next() would not wait.
+std::vector<size_t> wait_some(const RefList& refs, const std::vector<std::shared_ptr<PyStream>>& streams,
+                              size_t num_returns, const std::optional<double>& timeout) {
   std::vector<std::shared_ptr<ReplyState>> states;
   for (const auto& r : refs) states.push_back(r->answer());
+  auto is_ready = [&](size_t i) {
+    if (i < states.size()) return states[i]->ready();
+    const auto& s = streams[i - states.size()];
+    return !s || s->ready();  // none (None from Python): nothing to wait for
+  };
+  const size_t total = states.size() + streams.size();
   auto count_ready = [&] {
     size_t n = 0;
-    for (const auto& st : states) n += st->ready();
+    for (size_t i = 0; i < total; ++i) n += is_ready(i);
     return n;
   };
   // A poll (timeout 0) registers nothing.
   if (count_ready() < num_returns && !(timeout && *timeout <= 0)) {
     for (const auto& r : refs) r->signal_when_ready();
+    for (const auto& s : streams)
+      if (s) s->signal_when_ready();
     auto& signal = ready_signal();
     auto enough = [&](std::chrono::milliseconds slice) {
       uint64_t seen = 0;
@@ -192,8 +202,8 @@ std::vector<size_t> wait_some(const RefList& refs, size_t num_returns, const std
     wait_interruptibly(enough, timeout);
   }
   std::vector<size_t> ready;
-  for (size_t i = 0; i < states.size() && ready.size() < num_returns; ++i)
-    if (states[i]->ready()) ready.push_back(i);
+  for (size_t i = 0; i < total && ready.size() < num_returns; ++i)
+    if (is_ready(i)) ready.push_back(i);
   return ready;
 }
 
@@ -220,6 +230,8 @@ pyb::dict actor_to_python(const wire::ActorInfo& i) {
   d["pid"] = i.pid;
   d["restarts"] = i.restarts;
   d["death_cause"] = i.death_cause;
+  d["max_restarts"] = i.max_restarts;
+  d["max_task_retries"] = i.max_task_retries;
   return d;
 }
 
@@ -256,6 +268,7 @@ void bind_streams(pyb::module_& m) {
   using NoGil = pyb::call_guard<pyb::gil_scoped_release>;
   pyb::class_<PyStream, std::shared_ptr<PyStream>>(m, "Stream")
       .def("watch", &PyStream::watch, NoGil())
+      .def("ready", &PyStream::ready, NoGil())
       // (kind, ref): PyStream::Kind and the item's ref (None at the end);
       // None when nothing came within `timeout` seconds (None: no limit).
       .def("next", [](PyStream& s, const std::optional<double>& timeout) -> pyb::object {
@@ -319,14 +332,14 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
       .def(
           "call",
           [](PyClient& c, client::ActorClient& actor, std::string method, const pyb::handle& args, const RefList& top,
-             std::shared_ptr<PyRef> keep, std::shared_ptr<PyStream> stream) {
+             std::shared_ptr<PyRef> keep, std::shared_ptr<PyStream> stream, uint64_t skip) {
             PyCall call = call_from(std::move(method), args);
             pyb::gil_scoped_release nogil;
-            streaming(call, stream.get(), 0);
+            streaming(call, stream.get(), skip);
             return c.call(actor, std::move(call), top, std::move(keep));
           },
           pyb::arg("actor"), pyb::arg("method"), pyb::arg("args"), pyb::arg("top"), pyb::arg("keep") = nullptr,
-          pyb::arg("stream") = nullptr)
+          pyb::arg("stream") = nullptr, pyb::arg("skip") = 0)
       .def("actor_lifetime", &PyClient::actor_lifetime, pyb::call_guard<pyb::gil_scoped_release>())
       .def("task_key",
            [](PyClient& c, const pyb::dict& options) {
@@ -366,9 +379,8 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
       .def("get", &get_many, pyb::arg("refs"), pyb::arg("timeout") = pyb::none(), pyb::arg("lend_for") = 0)
       .def(
           "wait",
-          [](PyClient&, const RefList& refs, size_t n, const std::optional<double>& timeout) {
-            return wait_some(refs, n, timeout);
-          },
+          [](PyClient&, const RefList& refs, const std::vector<std::shared_ptr<PyStream>>& streams, size_t n,
+             const std::optional<double>& timeout) { return wait_some(refs, streams, n, timeout); },
           NoGil())
       .def(
           "kill", [](PyClient& c, uint64_t id, bool no_restart) { c.runtime().kill_actor(id, no_restart); }, NoGil())

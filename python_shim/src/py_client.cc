@@ -130,10 +130,15 @@ std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, c
   auto send = [client, st, keep, cancel](PyCall c) {
     cancel->submit_once([&] {
       client::Core* core = &client->core();
+      // A streaming call is never resent: its stream takes one writer. The
+      // caller's ObjectRefGenerator makes it again, on a new stream, past
+      // the values it already has.
+      std::optional<int> retries;
+      if (c.stream_id != 0) retries = 0;
       return client->submit(
           0, wire::encode_value(c),
           [st, core, keep](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
-          [st, keep](std::exception_ptr ex) { st->set_error(ex); });
+          [st, keep](std::exception_ptr ex) { st->set_error(ex); }, retries);
     });
   };
   send_when_ready(st, std::move(call), top, std::move(send));

@@ -66,16 +66,18 @@ ReadySignal& ready_signal() {
   return *signal;
 }
 
+void bump_ready_signal() {
+  auto& s = ready_signal();
+  {
+    std::lock_guard lock(s.mu);
+    ++s.epoch;
+  }
+  s.cv.notify_all();
+}
+
 void PyRef::signal_when_ready() {
   if (signalling_.exchange(true)) return;
-  answer()->on_ready([] {
-    auto& s = ready_signal();
-    {
-      std::lock_guard lock(s.mu);
-      ++s.epoch;
-    }
-    s.cv.notify_all();
-  });
+  answer()->on_ready(bump_ready_signal);
 }
 
 uint64_t PyRef::id() const { return stored_.valid() ? stored_.id() : reinterpret_cast<uintptr_t>(answer_.get()); }

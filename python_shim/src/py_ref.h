@@ -33,6 +33,8 @@ struct ReadySignal {
   uint64_t epoch = 0;  // bumped by every ready
 };
 ReadySignal& ready_signal();
+// Tells every waiter on ready_signal() to count again.
+void bump_ready_signal();
 
 class PyRef {
  public:

@@ -62,6 +62,31 @@ std::optional<PyStream::Next> PyStream::next(std::chrono::milliseconds slice) {
   return Next{kFailed, std::make_shared<PyRef>(core_, st)};
 }
 
+bool PyStream::ready() const {
+  using Peek = client::StreamReaderCore::Peek;
+  // A failed stream is ready once it can say why: with the call's own
+  // failure (next() waits for it), or without a call to wait for.
+  // (Once a read threw, peek() says kFailed for good: stream_error_, which
+  // next() writes, is not read here.)
+  auto why_known = [&] { return !done_ || done_->answer()->ready(); };
+  switch (reader_->peek()) {
+    case Peek::kItem:
+    case Peek::kEnd:
+      return true;
+    case Peek::kFailed:
+      return why_known();
+    case Peek::kWait:
+      break;
+  }
+  return false;
+}
+
+void PyStream::signal_when_ready() {
+  if (signalling_.exchange(true)) return;
+  reader_->on_change(bump_ready_signal);
+  if (done_) done_->signal_when_ready();
+}
+
 PyStreamWriter::PyStreamWriter(std::shared_ptr<client::Core> core, const std::string& address, uint64_t id)
     : writer_(core, StreamRef{address, id}, std::chrono::seconds(30)) {}
 

@@ -11,9 +11,9 @@
 // worker's half, which troupe/_worker_hooks.py feeds.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -39,12 +39,18 @@ class PyStream {
   // Dropping the stream fails the writer's next write, so the generator
   // stops (its finally blocks run).
   std::optional<Next> next(std::chrono::milliseconds slice);
+  // Whether next() would return at once (troupe.wait's readiness).
+  bool ready() const;
+  // Bumps ready_signal() whenever the stream may have become ready
+  // (registered once), as PyRef::signal_when_ready does for a ref.
+  void signal_when_ready();
 
  private:
   std::shared_ptr<client::Core> core_;
   std::shared_ptr<client::StreamReaderCore> reader_;
   std::shared_ptr<PyRef> done_;
   std::optional<std::string> stream_error_;  // set once the stream failed
+  std::atomic<bool> signalling_{false};
 };
 
 // A stream item: a yielded value, or the error the generator raised.

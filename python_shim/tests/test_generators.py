@@ -225,7 +225,7 @@ def test_an_actor_that_dies_mid_stream_ends_it_with_actor_died():
         troupe.get(refs[1])
 
 
-def test_a_streaming_call_resent_to_a_restarted_actor_does_not_block_it(tmp_path):
+def test_an_actor_generator_is_made_again_after_a_restart_without_a_value_twice(tmp_path):
     marker = str(tmp_path / "died-once")
 
     @troupe.remote(max_restarts=1, max_task_retries=1)
@@ -242,14 +242,101 @@ def test_a_streaming_call_resent_to_a_restarted_actor_does_not_block_it(tmp_path
 
     actor = DiesOnce.remote()
     refs = list(actor.values.options(_generator_backpressure_num_objects=1).remote(marker))
-    assert troupe.get(refs[0]) == 1
-    # The stream broke with the first process; the runtime's resend to the
-    # restarted actor finds its stream over and ends at once (it would
-    # otherwise wait for credit from a reader that stopped reading, and
-    # this call would wait for it), so the actor serves its next call.
-    with pytest.raises(troupe.exceptions.StreamError, match="broke before its end"):
-        troupe.get(refs[-1])
+    # The stream broke with the first process; the call was made again on
+    # the restarted actor, on a new stream, past the value handed out.
+    assert troupe.get(refs, timeout=60) == list(range(1, 10))
+    assert os.path.exists(marker)
     assert troupe.get(actor.ping.remote(), timeout=60) == "pong"
+
+
+def test_an_actor_generator_whose_actor_is_dead_for_good_ends_with_actor_died():
+    @troupe.remote(max_restarts=0, max_task_retries=-1)
+    class Dies:
+        def values(self):
+            yield 1
+            os._exit(1)
+
+    refs = list(Dies.remote().values.remote())
+    # Retries without limit, but the actor does not restart: one error.
+    assert troupe.get(refs[0]) == 1
+    assert len(refs) == 2
+    with pytest.raises(troupe.exceptions.ActorDiedError):
+        troupe.get(refs[1])
+
+
+@troupe.remote
+class Gate:
+    def __init__(self):
+        self.event = asyncio.Event()
+
+    async def open(self):
+        self.event.set()
+
+    async def passed(self):
+        await self.event.wait()
+
+
+@troupe.remote
+def gated(gate):
+    yield "first"
+    troupe.get(gate.passed.remote())
+    yield "second"
+
+
+def test_wait_takes_a_generator_ready_when_next_would_not_wait():
+    gate = Gate.remote()
+    gen = gated.remote(gate)
+    assert troupe.wait([gen], timeout=60) == ([gen], [])
+    assert troupe.get(next(gen)) == "first"
+    # The next value waits behind the gate: not ready, whatever the load.
+    assert troupe.wait([gen], timeout=0.2) == ([], [gen])
+    troupe.get(gate.open.remote())
+    assert troupe.wait([gen], timeout=60) == ([gen], [])
+    assert troupe.get(next(gen)) == "second"
+    # The end is ready too: next() raises StopIteration at once.
+    assert troupe.wait([gen], timeout=60) == ([gen], [])
+    with pytest.raises(StopIteration):
+        next(gen)
+    assert troupe.wait([gen], timeout=0) == ([gen], [])
+
+
+def test_wait_mixes_refs_and_generators_in_the_order_given():
+    gate = Gate.remote()
+    held = gate.passed.remote()
+    gen = gated.remote(gate)
+    done = troupe.put(1)
+    ready, not_ready = troupe.wait([held, gen, done], num_returns=2, timeout=60)
+    assert ready == [gen, done] and not_ready == [held]
+    troupe.get(next(gen))
+    ready, not_ready = troupe.wait([held, gen, done], num_returns=3, timeout=0.2)
+    assert ready == [done] and not_ready == [held, gen]
+    troupe.get(gate.open.remote())
+    ready, not_ready = troupe.wait([held, gen, done], num_returns=3, timeout=60)
+    assert ready == [held, gen, done] and not_ready == []
+
+
+def test_wait_and_next_over_a_generator_retried_after_a_worker_death(tmp_path):
+    marker = str(tmp_path / "died-once")
+
+    @troupe.remote(max_retries=1)
+    def dies_once(n, marker):
+        for i in range(n):
+            if i == 2 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)
+            yield i
+
+    gen = dies_once.remote(5, marker)
+    values = []
+    while True:
+        ready, _ = troupe.wait([gen], timeout=60)
+        assert ready == [gen]
+        try:
+            values.append(troupe.get(next(gen)))
+        except StopIteration:
+            break
+    assert values == [0, 1, 2, 3, 4]
+    assert os.path.exists(marker)
 
 
 def test_refs_and_large_arrays_inside_values():

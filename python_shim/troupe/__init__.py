@@ -309,21 +309,66 @@ def put(value):
 
 def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
     """(ready, not_ready): the first num_returns refs ready, in the order
-    given, or those ready when timeout (seconds) passes."""
+    given, or those ready when timeout (seconds) passes. The list may hold
+    ObjectRefGenerators, as Ray's: one is ready when next() on it would
+    not wait (a value has come, it ended, or it failed)."""
     timeout = _timeouts.seconds(timeout, "troupe.wait")
-    if not isinstance(refs, list) or not all(isinstance(r, ObjectRef) for r in refs):
-        raise TypeError("troupe.wait takes a list of ObjectRefs")
+    if not isinstance(refs, list) or not all(isinstance(r, (ObjectRef, ObjectRefGenerator)) for r in refs):
+        raise TypeError("troupe.wait takes a list of ObjectRefs (and ObjectRefGenerators)")
     if not refs:  # as Ray: nothing to wait for
         return [], []
     if len(set(map(id, refs))) != len(refs):
         raise ValueError("troupe.wait: the list holds the same ref twice")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int) or not 1 <= num_returns <= len(refs):
         raise ValueError(f"num_returns={num_returns!r} is not between 1 and len(refs)={len(refs)}")
-    # An ItemRef is ready with its call's result (the same state, counted
-    # once for each item given).
-    ready_at = set(_client().wait([_ser.parent(r) for r in refs], num_returns, timeout))
+    if any(isinstance(r, ObjectRefGenerator) for r in refs):
+        ready_at = _wait_with_generators(refs, num_returns, timeout)
+    else:
+        # An ItemRef is ready with its call's result (the same state,
+        # counted once for each item given).
+        ready_at = set(_client().wait([_ser.parent(r) for r in refs], [], num_returns, timeout))
     ready = [r for i, r in enumerate(refs) if i in ready_at]
     return ready, [r for i, r in enumerate(refs) if i not in ready_at]
+
+
+# How long troupe.wait sleeps at a time while another thread reads from one
+# of the generators it waits on.
+_BUSY_SLICE_S = 0.01
+
+
+def _wait_with_generators(refs, num_returns, timeout):
+    """troupe.wait's ready indices for a list that holds generators. The
+    runtime waits on refs and generators' streams at once; a generator it
+    finds ready is polled (its value fetched ahead), and one whose stream
+    failed in a way its retry mends is not ready yet: the wait goes on,
+    on the new attempt's stream."""
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    plain = [i for i, r in enumerate(refs) if not isinstance(r, ObjectRefGenerator)]
+    gens = [i for i, r in enumerate(refs) if isinstance(r, ObjectRefGenerator)]
+    parents = [_ser.parent(refs[i]) for i in plain]
+    while True:
+        polls = {i: refs[i]._poll() for i in gens}
+        polled = {i for i, ready in polls.items() if ready}
+        waiting = [i for i in gens if i not in polled]
+        order = plain + waiting
+        need = num_returns - len(polled)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        # Enough already: which plain refs are ready too (for the order).
+        n, wait_s = (len(order), 0.0) if need <= 0 else (need, left)
+        if wait_s != 0.0 and None in polls.values():
+            # Another thread reads from a generator: what it takes is not
+            # seen in the stream, so look again within a short slice.
+            wait_s = _BUSY_SLICE_S if wait_s is None else min(wait_s, _BUSY_SLICE_S)
+        streams = [refs[i]._wait_target() for i in waiting]
+        if None in streams:  # finished by another thread meanwhile: poll again
+            continue
+        found = _client().wait(parents, streams, n, wait_s) if order else []
+        ready = polled | {order[k] for k in found if k < len(plain) or refs[order[k]]._poll()}
+        timed_out = deadline is not None and time.monotonic() >= deadline
+        if len(ready) >= num_returns or need <= 0 or timed_out:
+            return set(sorted(ready)[:num_returns])
 
 
 def cancel(ref, *, force=False, recursive=True):

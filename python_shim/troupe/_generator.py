@@ -37,14 +37,18 @@ class ObjectRefGenerator:
     died, it was cancelled). A task whose worker died runs again, up to its
     max_retries, and the values already handed out are not handed out
     twice (the generator is run again from its start and its first values
-    are skipped, so it should yield the same values each time, as in Ray).
-    Dropping the generator stops the remote one at its next yield."""
+    are skipped, so it should yield the same values each time, as in Ray);
+    so does an actor method whose actor died and restarts, up to the
+    actor's max_task_retries. Dropping the generator stops the remote one
+    at its next yield."""
 
-    def __init__(self, start, retries, what):
+    def __init__(self, start, retries, what, retryable=None):
         # start(skip) -> (stream, done): makes the call again, past the
-        # first `skip` values.
+        # first `skip` values; retryable(ref): whether the failure in `ref`
+        # (ready) is one a new attempt can mend.
         self._start = start
         self._retries = retries
+        self._retryable = retryable or _worker_died
         self._what = what
         self._delivered = 0
         self._finished = False
@@ -95,6 +99,31 @@ class ObjectRefGenerator:
             except GetTimeoutError:
                 pass
 
+    def _poll(self):
+        """Whether next() would return at once (troupe.wait): a ref fetched
+        ahead, the end, or one the stream holds now, which is fetched ahead.
+        Never blocks: None while another thread reads from it."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._ahead or self._finished:
+                return True
+            if not self._stream.ready():
+                return False
+            try:
+                # At once; a failure that a retry mends starts the retry
+                # and is not ready.
+                self._ahead.append(self._fetch(0))
+            except GetTimeoutError:
+                return False
+            return True
+        finally:
+            self._lock.release()
+
+    def _wait_target(self):
+        """The stream troupe.wait sleeps on (None once finished)."""
+        return self._stream
+
     def _next(self, timeout):
         with self._lock:
             if self._ahead:
@@ -114,7 +143,7 @@ class ObjectRefGenerator:
             if kind == _END:
                 self._finish()
                 return None
-            if self._retries != 0 and not self._cancelled and _worker_died(ref):
+            if self._retries != 0 and not self._cancelled and self._retryable(ref):
                 if self._retries > 0:
                     self._retries -= 1
                 self._stream, self._done = self._start(self._delivered)
@@ -151,6 +180,27 @@ class ObjectRefGenerator:
     def __repr__(self):
         state = "finished" if self._finished else f"{self._delivered} handed out"
         return f"ObjectRefGenerator({self._what}, {state})"
+
+
+def actor_restarting(actor):
+    """retryable() of an actor method's stream: the call failed because its
+    actor died (ActorDiedError) and the actor is not dead for good (it
+    restarts). A new attempt on an actor that is dead fails at once, with
+    the death's cause."""
+    from troupe.exceptions import ActorDiedError
+
+    def retryable(ref):
+        import troupe
+
+        try:
+            troupe.get(ref, timeout=0)
+        except ActorDiedError:
+            return actor.info()["state"] != "DEAD"
+        except BaseException:
+            return False
+        return False
+
+    return retryable
 
 
 def _worker_died(ref):

@@ -604,17 +604,22 @@ class ActorMethod:
         return ref if self._num_returns == 1 else ser.items(ref, self._num_returns, f"actor method {self._name}")
 
     def _stream(self, client, data, top):
-        """A streaming call (a generator method): its ObjectRefGenerator. It
-        is not made again if the actor dies (its state went with it)."""
+        """A streaming call (a generator method): its ObjectRefGenerator.
+        As in Ray, a call whose actor died is made again once the actor has
+        restarted, up to the actor's max_task_retries, past the values
+        already handed out (the runtime never resends a streaming call
+        itself: its stream takes one writer)."""
         actor, name, lifetime, credits = self._actor, self._name, self._lifetime, self._credits
 
         def start(skip):
             stream = client.stream(credits)
-            done = client.call(actor, name, data, top, lifetime, stream)
+            done = client.call(actor, name, data, top, lifetime, stream, skip)
             stream.watch(done)
             return stream, done
 
-        return _generator.ObjectRefGenerator(start, 0, f"actor method {name}")
+        retries = actor.info().get("max_task_retries", 0)
+        return _generator.ObjectRefGenerator(start, retries, f"actor method {name}",
+                                             _generator.actor_restarting(actor))
 
     def options(self, **options):
         """Ray's per-call options: `name` (a label), num_returns and

@@ -71,7 +71,8 @@ void ActorClient::detach(const std::string& reason) {
   for (auto& [f, e] : failures) f(e);
 }
 
-uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fail fail) {
+uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fail fail,
+                             std::optional<int> max_retries) {
   Message m;
   m.kind = Kind::CALL;
   m.op = method;
@@ -81,7 +82,7 @@ uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete,
   // Taken under the lock: calls of one client go out in the order of their
   // ids, which retries keep (queued_).
   m.id = unique_call_id();
-  Pending p{m.id, encode_frame(m), std::move(complete), std::move(fail), info_.max_task_retries};
+  Pending p{m.id, encode_frame(m), std::move(complete), std::move(fail), max_retries.value_or(info_.max_task_retries)};
   if (!detached_.empty()) {
     auto f = std::move(p.fail);
     auto error = std::make_exception_ptr(ConnectionError(detached_error_locked()));

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <typeindex>
@@ -45,7 +46,11 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   // or error status), `fail` an ActorDied. Thread-safe; calls from one
   // thread go out in order. Returns the call's id (unique in the process:
   // the token its actor knows it by, task_cancel.h), for withdraw().
-  uint64_t submit(uint32_t method, wire::Encoder&& args, Complete complete, Fail fail);
+  // `max_retries` (-1: without limit) overrides the actor's
+  // max_task_retries for this call: 0 for one that must not be sent twice
+  // (a streaming call, whose stream takes one writer).
+  uint64_t submit(uint32_t method, wire::Encoder&& args, Complete complete, Fail fail,
+                  std::optional<int> max_retries = std::nullopt);
   // Takes call `call_id` back (CallCancel): it is never sent (again, after
   // a restart). One that was sent stays in flight, so that its reply, if
   // one comes, is still decoded (refs in it registered and let go); its

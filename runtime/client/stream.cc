@@ -20,6 +20,12 @@ StreamReaderCore::StreamReaderCore(const std::shared_ptr<Core>& core, size_t cre
 }
 
 StreamReaderCore::~StreamReaderCore() {
+  {
+    // The state outlives the reader (its writer's connection holds it):
+    // nothing is told of it from now on.
+    std::lock_guard lock(state_->mu);
+    state_->on_change.reset();
+  }
   if (auto s = server_.lock()) s->remove(ref_.id);
 }
 
@@ -45,12 +51,15 @@ std::optional<Message> StreamReaderCore::read(std::chrono::milliseconds timeout)
 
 void StreamReaderCore::cancel(const std::string& reason) {
   std::shared_ptr<Connection> conn;
+  std::shared_ptr<const std::function<void()>> changed;
   {
     std::lock_guard lock(state_->mu);
     if (state_->error.empty() && !state_->ended) state_->error = "stream cancelled by its reader: " + reason;
     conn = state_->conn;
+    changed = state_->on_change;
   }
   state_->cv.notify_all();
+  if (changed) (*changed)();
   // Outside the lock: closing may run the connection's close handler,
   // which takes it.
   if (conn) conn->close("stream cancelled: " + reason);
@@ -59,6 +68,20 @@ void StreamReaderCore::cancel(const std::string& reason) {
 size_t StreamReaderCore::buffered() const {
   std::lock_guard lock(state_->mu);
   return state_->items.size();
+}
+
+StreamReaderCore::Peek StreamReaderCore::peek() const {
+  std::lock_guard lock(state_->mu);
+  if (!state_->items.empty()) return Peek::kItem;
+  if (!state_->error.empty()) return Peek::kFailed;
+  return state_->ended ? Peek::kEnd : Peek::kWait;
+}
+
+void StreamReaderCore::on_change(std::function<void()> fn) {
+  std::shared_ptr<const std::function<void()>> shared;
+  if (fn) shared = std::make_shared<const std::function<void()>>(std::move(fn));
+  std::lock_guard lock(state_->mu);
+  state_->on_change = std::move(shared);
 }
 
 struct StreamWriterCore::State {

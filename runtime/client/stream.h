@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -55,6 +56,18 @@ class StreamReaderCore {
   // never came).
   void cancel(const std::string& reason);
   size_t buffered() const;
+  // What a read() would do now: wait, return an item, return the end, or
+  // throw (the stream failed). Thread-safe.
+  enum class Peek { kWait, kItem, kEnd, kFailed };
+  Peek peek() const;
+  // `fn` is called each time the stream may have become readable (an item
+  // came, it ended, it failed, its writer's connection closed), on the
+  // thread that saw it (the I/O thread, or a cancel()'s), outside the
+  // stream's lock; it replaces an earlier one, and an empty `fn` removes
+  // it. For a waiter over many streams (Python's troupe.wait) that sleeps
+  // on a signal of its own. The reader's destructor removes it, but a call
+  // under way then may still finish: `fn` must own what it uses.
+  void on_change(std::function<void()> fn);
   // The reader process's client core, which decoding an ObjectRef inside a
   // value needs; null once the process's runtime is gone.
   std::shared_ptr<Core> core() const { return core_.lock(); }
@@ -104,6 +117,10 @@ class StreamReader {
   }
   // Values received and not yet read (never more than the credits).
   size_t buffered() const { return core_.buffered(); }
+  // See StreamReaderCore::peek and on_change: for a reader that waits on
+  // many streams (and other things) at once.
+  client::StreamReaderCore::Peek peek() const { return core_.peek(); }
+  void on_change(std::function<void()> fn) { core_.on_change(std::move(fn)); }
 
  private:
   client::StreamReaderCore core_;

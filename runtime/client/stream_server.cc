@@ -76,10 +76,15 @@ void StreamServer::accept(std::shared_ptr<Connection> c) {
            [this, bound, raw = c.get()](const std::string& reason) {
              conns_.erase(raw);
              if (auto st = *bound) {
-               std::lock_guard lock(st->mu);
-               if (!st->ended && st->error.empty()) st->error = "stream writer disconnected: " + reason;
-               st->conn.reset();
+               std::shared_ptr<const std::function<void()>> changed;
+               {
+                 std::lock_guard lock(st->mu);
+                 if (!st->ended && st->error.empty()) st->error = "stream writer disconnected: " + reason;
+                 st->conn.reset();
+                 changed = st->on_change;
+               }
                st->cv.notify_all();
+               if (changed) (*changed)();
              }
            });
 }
@@ -116,7 +121,17 @@ void StreamServer::on_frame(const std::shared_ptr<Connection>& c, std::shared_pt
                             Message&& m) {
   if (!bound) return bind(c, bound, m);
   auto& st = *bound;
-  std::lock_guard lock(st.mu);
+  std::shared_ptr<const std::function<void()>> changed;
+  {
+    std::lock_guard lock(st.mu);
+    apply_frame(c, st, std::move(m));
+    changed = st.on_change;
+  }
+  st.cv.notify_all();
+  if (changed) (*changed)();
+}
+
+void StreamServer::apply_frame(const std::shared_ptr<Connection>& c, StreamReaderCore::State& st, Message&& m) {
   switch (static_cast<StreamOp>(m.op)) {
     case StreamOp::kData:
       if (st.items.size() >= st.credits) {
@@ -140,7 +155,6 @@ void StreamServer::on_frame(const std::shared_ptr<Connection>& c, std::shared_pt
     default:
       c->close("unexpected stream op " + std::to_string(m.op));
   }
-  st.cv.notify_all();
 }
 
 }  // namespace troupe::client

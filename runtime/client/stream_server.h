@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,8 @@ struct StreamReaderCore::State {
   bool ended = false;
   std::string error;
   std::shared_ptr<wire::Connection> conn;
+  // StreamReaderCore::on_change's; called after `cv` is notified.
+  std::shared_ptr<const std::function<void()>> on_change;
 };
 
 class StreamServer {
@@ -55,6 +58,9 @@ class StreamServer {
                 wire::Message&& m);
   void bind(const std::shared_ptr<wire::Connection>& c, std::shared_ptr<StreamReaderCore::State>& bound,
             const wire::Message& m);
+  // One frame of a bound writer, applied to its stream's state (under its
+  // lock).
+  void apply_frame(const std::shared_ptr<wire::Connection>& c, StreamReaderCore::State& st, wire::Message&& m);
 
   Core& core_;
   std::unique_ptr<wire::Listener> listener_;

@@ -5,6 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <condition_variable>
+#include <mutex>
+
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/stream.h"
 #include "troupe/runtime/testing/local_cluster.h"
@@ -222,6 +225,68 @@ TEST_F(StreamTest, AStreamTakesNoSecondWriterAfterItsFirstEndedOrDied) {
   } catch (const troupe::StreamError& e) {
     EXPECT_NE(std::string(e.what()).find("is over"), std::string::npos) << e.what();
   }
+}
+
+// peek() says what a read would do without taking anything, and
+// on_change() is told each time that may have changed (an item came, the
+// stream ended or failed): what Python's troupe.wait sleeps on for a
+// generator.
+TEST_F(StreamTest, PeekAndOnChangeSayWhenAReadWouldNotWait) {
+  using Peek = troupe::client::StreamReaderCore::Peek;
+  // Owned by the callback: a call under way when a reader goes may finish
+  // after this test's frame is gone.
+  struct Changes {
+    std::mutex mu;
+    std::condition_variable cv;
+    int count = 0;
+  };
+  auto changes = std::make_shared<Changes>();
+  auto counted = [changes] {
+    std::lock_guard lock(changes->mu);
+    ++changes->count;
+    changes->cv.notify_all();
+  };
+  auto seen_now = [&] {
+    std::lock_guard lock(changes->mu);
+    return changes->count;
+  };
+  auto changed_past = [&](int seen) {
+    std::unique_lock lock(changes->mu);
+    return changes->cv.wait_for(lock, kWaitBound, [&] { return changes->count > seen; });
+  };
+
+  troupe::StreamReader<Item> r(rt_, 4);
+  r.on_change(counted);
+  EXPECT_EQ(r.peek(), Peek::kWait);
+  troupe::StreamWriter<Item> w(rt_, r.ref());
+  w.write(Item{7, {}});
+  ASSERT_TRUE(changed_past(0));
+  EXPECT_EQ(r.peek(), Peek::kItem);
+  EXPECT_EQ(r.peek(), Peek::kItem);  // peeking takes nothing
+  EXPECT_EQ(r.read(kWaitBound)->seq, 7);
+  EXPECT_EQ(r.peek(), Peek::kWait);
+  int seen = seen_now();
+  w.close();
+  ASSERT_TRUE(changed_past(seen));
+  EXPECT_EQ(r.peek(), Peek::kEnd);
+
+  troupe::StreamReader<Item> failed(rt_, 4);
+  failed.on_change(counted);
+  auto p = rt_.spawn<Producer>({});
+  int pid = p.call(&Producer::pid).get(kWaitBound);
+  auto f = p.call(&Producer::produce_until_error, failed.ref());
+  ASSERT_TRUE(failed.read(kWaitBound).has_value());
+  seen = seen_now();
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  ASSERT_TRUE(changed_past(seen));
+  // What was received before the writer died is read first.
+  ASSERT_TRUE(eventually(
+      [&] {
+        while (failed.peek() == Peek::kItem) failed.read(kWaitBound);
+        return failed.peek() == Peek::kFailed;
+      },
+      kWaitBound));
+  EXPECT_THROW(failed.read(kWaitBound), troupe::StreamError);
 }
 
 }  // namespace
