@@ -241,3 +241,75 @@ def test_a_package_over_the_limit_is_refused_naming_its_size(tmp_path, monkeypat
     with pytest.raises(ConfigError, match=r"working_dir .*project' packs to \d+ KiB, over the 32 KiB"):
         troupe.init(num_cpus=1, runtime_env={"working_dir": str(project)})
     assert not troupe.is_initialized()
+
+
+@troupe.remote
+class Holder:
+    """An actor that runs with a package, and so holds it."""
+
+    def where(self):
+        import renv_evict_a
+
+        return renv_evict_a.__file__
+
+
+@troupe.remote
+def module_file(name):
+    import importlib
+
+    return importlib.import_module(name).__file__
+
+
+def _free(lock_path):
+    """Whether no process holds the package whose lock file this is."""
+    import fcntl
+
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_unpacked_packages_past_the_cache_size_are_evicted_unless_in_use(tmp_path, monkeypatch):
+    """With a cache of about a byte, every unpack removes each unpacked
+    package no process holds: not the one a live actor runs with, which
+    goes once the actor is gone."""
+    from conftest import wait_until
+
+    monkeypatch.setenv("TROUPE_RUNTIME_ENV_CACHE_GB", "1e-9")
+    for tag in "abc":
+        (tmp_path / f"renv_evict_{tag}.py").write_text(f"TAG = {str(tmp_path)!r}\n")
+
+    def env(tag):
+        return {"py_modules": [str(tmp_path / f"renv_evict_{tag}.py")]}
+
+    troupe.init(num_cpus=3)
+    try:
+        holder = Holder.options(runtime_env=env("a")).remote()
+        a_dir = os.path.dirname(troupe.get(holder.where.remote(), timeout=60))
+        b_file = troupe.get(module_file.options(runtime_env=env("b")).remote("renv_evict_b"), timeout=60)
+        # B's unpack left A alone: the actor holds it.
+        assert os.path.isdir(a_dir) and os.path.exists(b_file)
+        troupe.kill(holder)
+        # Its process ends, and with it its hold on A.
+        wait_until(lambda: _free(a_dir + ".lock"), 60, "the killed actor's hold on its package to go")
+        c_file = troupe.get(module_file.options(runtime_env=env("c")).remote("renv_evict_c"), timeout=60)
+        assert os.path.exists(c_file)
+        assert not os.path.exists(a_dir)
+    finally:
+        troupe.shutdown()
+
+
+def test_a_bad_cache_size_is_named(monkeypatch):
+    from troupe import _packages
+
+    for bad in ("lots", "-1", "nan"):
+        monkeypatch.setenv("TROUPE_RUNTIME_ENV_CACHE_GB", bad)
+        with pytest.raises(ConfigError, match=f"TROUPE_RUNTIME_ENV_CACHE_GB='{bad}'"):
+            _packages._cache_bytes()
+    monkeypatch.setenv("TROUPE_RUNTIME_ENV_CACHE_GB", "0.5")
+    assert _packages._cache_bytes() == 2**29

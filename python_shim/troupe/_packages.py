@@ -11,7 +11,14 @@ another working_dir run on other executors, and the tasks and actors a
 worker starts inherit it.
 
 Packages stay in the KV store while the cluster lives (the same contents
-are stored once: a new version of the code adds one)."""
+are stored once: a new version of the code adds one). On each machine the
+unpacked packages are a cache, as Ray's: past TROUPE_RUNTIME_ENV_CACHE_GB
+(10 by default) the least recently used that no process uses now are
+removed when another is unpacked. A process that runs with a package holds
+a shared flock on <hash>.lock beside it (the kernel lets go of it when the
+process dies); an eviction takes it exclusively, without waiting, or
+leaves that package alone."""
+import fcntl
 import fnmatch
 import hashlib
 import io
@@ -46,6 +53,13 @@ _uploaded = {}  # (cluster address, token, kind, path, excludes) -> package id, 
 _PACKAGE_ID = re.compile(r"[0-9a-f]{64}")
 _upload_lock = threading.Lock()
 _applied = {"working_dir": None, "py_modules": (), "paths": []}  # in a worker: as inherited() says
+# The packages this process uses: package id -> the descriptor of its lock
+# file, locked shared (no eviction removes them meanwhile). Under
+# _apply_lock, as _applied is (task threads of one worker apply at once).
+_held = {}
+_apply_lock = threading.RLock()
+CACHE_ENV = "TROUPE_RUNTIME_ENV_CACHE_GB"
+DEFAULT_CACHE_GB = 10.0
 
 
 def _size(n):
@@ -183,15 +197,118 @@ def _sweep_staging(root):
             pass  # another worker removed it meanwhile
 
 
+def _cache_bytes():
+    """TROUPE_RUNTIME_ENV_CACHE_GB in bytes (ConfigError naming a bad one)."""
+    raw = _core.getenv(CACHE_ENV)
+    if not raw:
+        return int(DEFAULT_CACHE_GB * 2**30)
+    try:
+        gb = float(raw)
+    except ValueError:
+        gb = -1.0
+    if not 0 <= gb < 1e9:  # also NaN
+        raise ConfigError(f"{CACHE_ENV}={raw!r}: the unpacked runtime_env cache's size must be a number of "
+                          "GiB >= 0")
+    return int(gb * 2**30)
+
+
+def _tree_bytes(path):
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _lock_path(root, package):
+    return os.path.join(root, package + ".lock")
+
+
+def _hold(root, package):
+    """Locks `package` shared for this process (waiting while an eviction
+    of it is under way); kept until release_unused() lets it go."""
+    with _apply_lock:
+        if package in _held:
+            return
+        fd = os.open(_lock_path(root, package), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        _held[package] = fd
+
+
+def release_unused(packages):
+    """Lets go of the packages this process holds other than `packages`."""
+    with _apply_lock:
+        for package in [p for p in _held if p not in packages]:
+            os.close(_held.pop(package))
+
+
+def evict(root, keep):
+    """Removes unpacked packages, least recently used first, while the cache
+    is over its size; never `keep` (just unpacked) nor one a process holds.
+    Returns the package ids removed."""
+    cap = _cache_bytes()
+    entries, total = [], 0
+    for entry in os.scandir(root):
+        try:
+            if not (_PACKAGE_ID.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
+                continue
+            size = _tree_bytes(entry.path)
+            total += size
+            if entry.name != keep:
+                entries.append((entry.stat(follow_symlinks=False).st_mtime, entry.name, size))
+        except OSError:
+            pass  # removed meanwhile by another eviction
+    removed = []
+    for _, package, size in sorted(entries):
+        if total <= cap:
+            break
+        fd = os.open(_lock_path(root, package), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # in use (this process's shared lock counts too)
+            # Out of sight at once; a removal cut short leaves a staging
+            # directory, which _sweep_staging removes later.
+            gone = tempfile.mkdtemp(prefix=f".{package[:16]}.evicted.", dir=root)
+            try:
+                os.rename(os.path.join(root, package), os.path.join(gone, package))
+            except OSError:
+                pass  # another eviction took it
+            else:
+                total -= size
+                removed.append(package)
+        finally:
+            # Let go before the removal: a worker that waits for it unpacks
+            # the package again meanwhile.
+            os.close(fd)
+        shutil.rmtree(gone, ignore_errors=True)
+    return removed
+
+
 def local_path(client, package):
     """Where package `package` lies unpacked on this machine: fetched and
     unpacked by the first worker that needs it (into a temporary directory,
-    then renamed into place, so that others never see half of it)."""
+    then renamed into place, so that others never see half of it). This
+    process holds it from then on (release_unused lets go)."""
     if not _PACKAGE_ID.fullmatch(package):
         raise ConfigError(f"runtime_env: {package!r} is not a package id (64 hex digits)")
+    _cache_bytes()  # a bad cache size fails every use alike, not the unpack alone
     root = _cache_root()
     target = os.path.join(root, package)
+    _hold(root, package)
     if os.path.isdir(target):
+        try:
+            os.utime(target)  # used now: the last to be evicted
+        except OSError:
+            pass
         return target
     data = _fetch(client, package)
     _sweep_staging(root)
@@ -213,6 +330,7 @@ def local_path(client, package):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    evict(root, package)
     return target
 
 
@@ -241,15 +359,27 @@ def apply(client_of):
     working_dir, py_modules = inherited()
     if working_dir == _applied["working_dir"] and py_modules == _applied["py_modules"]:
         return
-    for path in _applied["paths"]:
-        while path in sys.path:
-            sys.path.remove(path)
-    paths = []
-    if working_dir:
-        path = local_path(client_of(), working_dir)
-        os.chdir(path)
-        paths.append(path)
-    for package in py_modules:
-        paths.append(local_path(client_of(), package))
-    sys.path[0:0] = paths
-    _applied.update(working_dir=working_dir, py_modules=py_modules, paths=paths)
+    with _apply_lock:
+        if working_dir == _applied["working_dir"] and py_modules == _applied["py_modules"]:
+            return
+        for path in _applied["paths"]:
+            while path in sys.path:
+                sys.path.remove(path)
+        wanted = [p for p in (working_dir, *py_modules) if p]
+        if wanted:
+            # All held before any is unpacked: an unpack's eviction leaves
+            # this env's other packages alone.
+            root = _cache_root()
+            for package in wanted:
+                if _PACKAGE_ID.fullmatch(package):
+                    _hold(root, package)
+        paths = []
+        if working_dir:
+            path = local_path(client_of(), working_dir)
+            os.chdir(path)
+            paths.append(path)
+        for package in py_modules:
+            paths.append(local_path(client_of(), package))
+        release_unused(set(wanted))
+        sys.path[0:0] = paths
+        _applied.update(working_dir=working_dir, py_modules=py_modules, paths=paths)

@@ -55,6 +55,9 @@ inline constexpr const char* kEnvObjectStoreBytes = "TROUPE_OBJECT_STORE_BYTES";
 inline constexpr const char* kEnvDigitsPath = "TROUPE_DIGITS_PATH";
 // Workers: "reuse" (default) or "system"; see malloc_policy.h.
 inline constexpr const char* kEnvWorkerMalloc = "TROUPE_WORKER_MALLOC";
+// Python workers: how many GiB of unpacked runtime_env packages a machine
+// keeps (python_shim/troupe/_packages.py).
+inline constexpr const char* kEnvRuntimeEnvCacheGb = "TROUPE_RUNTIME_ENV_CACHE_GB";
 
 // What a role process needs to know. Fields left at their defaults are not
 // written by to_env(); from_env() leaves absent variables at the defaults.
@@ -126,7 +129,7 @@ std::string env_value(const char* name);
 // base a child's environment is built on, so that no role, address or token
 // leaks by accident while a setting such as TROUPE_DIGITS_PATH reaches the
 // trainer that reads it.
-inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath, kEnvWorkerMalloc};
+inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath, kEnvWorkerMalloc, kEnvRuntimeEnvCacheGb};
 std::vector<std::string> clean_environment(const std::vector<std::string>& drop = {});
 
 }  // namespace troupe::core
