@@ -428,7 +428,10 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
              return pyb::bytes(*v);
            })
       .def_property_readonly("address", [](PyClient& c) { return c.runtime().address(); })
-      .def_property_readonly("token", [](PyClient& c) { return c.runtime().token(); });
+      .def_property_readonly("token", [](PyClient& c) { return c.runtime().token(); })
+      // The id this process said hello with: the scope of its
+      // troupe.client/<id>/ keys (client/actor_keys.h).
+      .def_property_readonly("client_id", [](PyClient& c) { return c.core()->client_id(); });
 }
 
 pyb::dict group_to_python(const wire::PlacementGroupInfo& g) {

@@ -413,3 +413,78 @@ def _has_actor(name):
         return True
     except ValueError:
         return False
+
+
+PACKAGE_DRIVER = """
+import sys
+import troupe
+
+troupe.init(address=sys.argv[1], runtime_env={"working_dir": sys.argv[2]})
+
+
+@troupe.remote
+def answer():
+    import gc_helper
+
+    return gc_helper.ANSWER
+
+
+@troupe.remote
+class Keeper:
+    def answer(self):
+        import gc_helper
+
+        return gc_helper.ANSWER
+
+
+print(troupe.get(answer.remote(), timeout=60))
+if sys.argv[3] == "detached":
+    keeper = Keeper.options(name="pkg-keeper", lifetime="detached").remote()
+    print(troupe.get(keeper.answer.remote(), timeout=60))
+"""
+
+
+def test_a_package_leaves_the_kv_store_with_its_last_holder(head, tmp_path):
+    """A runtime_env package stays in the head's KV store while a process
+    holds it: the driver that uploaded it, then a detached actor that runs
+    with it; once the last is gone, so is the package (all its chunks)."""
+    import hashlib
+
+    from troupe import _packages
+
+    env, address = head
+    script = tmp_path / "driver.py"
+    script.write_text(PACKAGE_DRIVER)
+
+    def package_of(answer):
+        project = tmp_path / f"project{answer}"
+        project.mkdir()
+        (project / "gc_helper.py").write_text(f"ANSWER = {answer}\n")
+        return project, hashlib.sha256(_packages.pack(str(project), "working_dir")).hexdigest()
+
+    def stored(package):
+        client = troupe._client()
+        return client.kv_get(_packages._KEY + package) is not None or \
+            client.kv_get(f"{_packages._KEY}{package}.0") is not None
+
+    def run(project, mode):
+        done = subprocess.run([sys.executable, str(script), address, str(project), mode], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    plain, plain_id = package_of(1)
+    kept, kept_id = package_of(2)
+    assert run(plain, "plain") == ["1"]
+    assert run(kept, "detached") == ["2", "2"]
+    troupe.init(address=address)
+    # The first driver was its package's only holder: gone with it (the
+    # head erases what it held when its connection closes).
+    wait_until(lambda: not stored(plain_id), what="the package of a driver that ended to go")
+    # The detached actor holds the second one: there, and it still works
+    # for the actor after its driver ended.
+    assert stored(kept_id)
+    keeper = troupe.get_actor("pkg-keeper")
+    assert troupe.get(keeper.answer.remote(), timeout=60) == 2
+    troupe.kill(keeper)
+    wait_until(lambda: not stored(kept_id), what="the package of a killed detached actor to go")

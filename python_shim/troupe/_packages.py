@@ -10,8 +10,13 @@ environment (PYTROUPE_WORKING_DIR, PYTROUPE_PY_MODULES), so tasks with
 another working_dir run on other executors, and the tasks and actors a
 worker starts inherit it.
 
-Packages stay in the KV store while the cluster lives (the same contents
-are stored once: a new version of the code adds one). On each machine the
+A package lives in the KV store while a process holds it (the same
+contents are stored once): the process that uploaded it, with a reference
+key of its client's, and a detached actor that runs with it, with one of
+its own, which its creator puts right after the spawn. The head erases the
+package once the last reference goes (runtime/client/actor_keys.h): its
+process ended, or its actor died for good. An actor that is not detached
+dies with its owner, whose chain leads to a holder. On each machine the
 unpacked packages are a cache, as Ray's: past TROUPE_RUNTIME_ENV_CACHE_GB
 (10 by default) the least recently used that no process uses now are
 removed when another is unpacked. A process that runs with a package holds
@@ -49,7 +54,7 @@ _ALWAYS_EXCLUDED = ("__pycache__", ".git", ".hg", ".svn")
 # A fixed time stamp: the same files make the same zip, and the same hash.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
-_uploaded = {}  # (cluster address, token, kind, path, excludes) -> package id, this process
+_uploaded = {}  # (cluster address, token, client id, kind, path, excludes) -> package id, this process
 _PACKAGE_ID = re.compile(r"[0-9a-f]{64}")
 _upload_lock = threading.Lock()
 _applied = {"working_dir": None, "py_modules": (), "paths": []}  # in a worker: as inherited() says
@@ -133,12 +138,16 @@ def upload(client, path, kind, excludes=()):
     # By the cluster's address and token, not id(client): a later session's
     # client may be given the id of one that is gone, whose cluster held
     # the package.
-    memo = (client.address, client.token, kind, path, tuple(excludes))
+    # And by the client: a new session's is a new holder.
+    memo = (client.address, client.token, client.client_id, kind, path, tuple(excludes))
     with _upload_lock:
         if memo in _uploaded:
             return _uploaded[memo]
     data = pack(path, kind, excludes)
     package = hashlib.sha256(data).hexdigest()
+    # Held first: a package whose last holder goes meanwhile is then either
+    # still there when looked for, or stored again.
+    client.kv_put(_reference(f"troupe.client/{client.client_id}/", package), b"")
     if client.kv_get(_KEY + package) is None:
         chunks = [data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
         for i, chunk in enumerate(chunks):
@@ -148,6 +157,28 @@ def upload(client, path, kind, excludes=()):
     with _upload_lock:
         _uploaded[memo] = package
     return package
+
+
+def _reference(scope, package):
+    """The key by which the process or actor of `scope` holds `package`."""
+    return f"{scope}ref/{_KEY}{package}"
+
+
+def packages_in(env):
+    """The package ids a worker environment (a list of NAME=VALUE) names."""
+    ids = []
+    for entry in env:
+        name, _, value = entry.partition("=")
+        if name in (WORKING_DIR_ENV, PY_MODULES_ENV) and value:
+            ids.extend(value.split(":"))
+    return ids
+
+
+def hold_for_actor(client, actor_id, env):
+    """A detached actor holds the packages its environment names, for as
+    long as it lives (restarts included): its creator may end first."""
+    for package in packages_in(env):
+        client.kv_put(_reference(f"troupe.actor/{actor_id}/", package), b"")
 
 
 def _cache_root():
@@ -165,8 +196,9 @@ def _cache_root():
 def _fetch(client, package):
     manifest = client.kv_get(_KEY + package)
     if manifest is None:
-        raise ConfigError(f"runtime_env package {package} is not in the cluster's KV store (was the cluster "
-                          "restarted without its tables?)")
+        raise ConfigError(f"runtime_env package {package} is not in the cluster's KV store: every process that "
+                          "held it ended (the driver that uploaded it, a detached actor that ran with it), or the "
+                          "cluster was restarted without its tables")
     chunks = json.loads(manifest)["chunks"]
     parts = []
     for i in range(chunks):

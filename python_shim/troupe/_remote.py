@@ -803,6 +803,10 @@ class ActorClass:
             # For get_actor's handles: the methods to check calls against,
             # and their num_returns defaults.
             client.kv_put(_methods_key(actor.id), json.dumps(_method_table(self._cls)).encode())
+        if options.get("detached"):
+            # It may outlive its creator, which holds the packages it runs
+            # with no longer than it lives.
+            _packages.hold_for_actor(client, actor.id, options.get("env", ()))
         # Unnamed and not detached: it ends once no handle is left (Ray's
         # rule; a named one stays for get_actor until killed or its owner
         # exits).

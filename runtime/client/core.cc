@@ -415,6 +415,7 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
         core->connection_options());
     Hello hello = o.hello;
     if (hello.client_id == 0) hello.client_id = new_client_id();
+    core->client_id_ = hello.client_id;
     core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, hello, o.timeout);
     if (core->hello_reply_.durable && o.head_reconnect.count() > 0)
       core->head_->enable_reconnect({.window = o.head_reconnect,

@@ -154,6 +154,10 @@ class Core : public std::enable_shared_from_this<Core> {
   const std::string& address() const { return address_; }
   const std::string& token() const { return token_; }
   const wire::HelloReply& hello_reply() const { return hello_reply_; }
+  // The id this process said hello with (random, never 0; a worker's too):
+  // the head's name for it across head restarts, and the scope of its
+  // troupe.client/<id>/ keys (actor_keys.h).
+  uint64_t client_id() const { return client_id_; }
 
   // The client for actor `info.id`, created and subscribed on first use.
   std::shared_ptr<ActorClient> actor(const wire::ActorInfo& info);
@@ -204,6 +208,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::shared_ptr<wire::RpcChannel> head_;
   std::string address_, token_;
   wire::HelloReply hello_reply_;
+  uint64_t client_id_ = 0;
   std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<ActorClient>> actors_;
   std::function<void(const std::string&)> on_head_lost_;

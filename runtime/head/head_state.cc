@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
+#include <optional>
 #include <utility>
 
 #include "troupe/runtime/client/actor_keys.h"
@@ -122,7 +124,13 @@ void HeadState::forget_oldest(Table& table, std::deque<uint64_t>& order, size_t 
 
 void HeadState::peer_gone(PeerId peer, const std::string& reason) {
   if (peer == 0) return;
-  clients_.erase(peer);
+  if (auto it = clients_.find(peer); it != clients_.end()) {
+    const uint64_t client_id = it->second;
+    clients_.erase(it);
+    bool elsewhere = false;  // the same process on another connection (a reconnect raced this close)
+    for (const auto& [p, id] : clients_) elsewhere = elsewhere || id == client_id;
+    if (!elsewhere) client_gone(client_id);
+  }
   told_wanted_.erase(peer);
   // Ids first, then the calls: each may forget old entries of the tables.
   std::vector<uint64_t> ids;
@@ -785,7 +793,7 @@ void HeadState::remove_placement_group(uint64_t id) {
 // ---- KV ---------------------------------------------------------------------
 
 void HeadState::kv_set(const std::string& key, const std::string& value) {
-  kv_[key] = value;
+  if (kv_.insert_or_assign(key, value).second) kv_added(key);
   if (write_through_) dirty_kv_.insert(key);
   out_.kv_set.push_back({key, value});
 }
@@ -803,29 +811,109 @@ void HeadState::kv_put(const std::string& key, const std::string& value) {
     auto it = actors_.find(id);
     if (it == actors_.end() || it->second.info.state == ActorState::kDead || inc < it->second.info.incarnation) return;
   }
-  if (!actor_key_allowed(key)) return;
+  if (!scoped_key_allowed(key)) return;
   kv_set(key, value);
 }
 
-bool HeadState::actor_key_allowed(const std::string& key) const {
-  // A key that lives as long as its actor (troupe.actor/<id>/...) is made
-  // only for an actor that is not dead, and only in that form: nothing
-  // would erase it otherwise.
-  const std::string prefix = client::kActorKeyPrefix;
-  if (key.compare(0, prefix.size(), prefix) != 0) return true;
-  const char* digits = key.c_str() + prefix.size();
+namespace {
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// A key under troupe.actor/<id>/ or troupe.client/<id>/ (client/actor_keys.h).
+struct ScopedKey {
+  bool actor = false;
+  uint64_t id = 0;
+  bool well_formed = false;           // <prefix><digits>/...
+  std::optional<std::string> target;  // of <prefix><id>/ref/<target>
+};
+
+std::optional<ScopedKey> scoped(const std::string& key) {
+  ScopedKey k;
+  k.actor = starts_with(key, client::kActorKeyPrefix);
+  if (!k.actor && !starts_with(key, client::kClientKeyPrefix)) return std::nullopt;
+  const char* digits = key.c_str() + std::strlen(k.actor ? client::kActorKeyPrefix : client::kClientKeyPrefix);
   char* end = nullptr;
-  const uint64_t id = std::strtoull(digits, &end, 10);
-  if (end == digits || *end != '/' || *digits < '0' || *digits > '9') return false;
-  auto it = actors_.find(id);
-  return it != actors_.end() && it->second.info.state != ActorState::kDead;
+  k.id = std::strtoull(digits, &end, 10);
+  k.well_formed = end != digits && *end == '/' && *digits >= '0' && *digits <= '9';
+  if (k.well_formed && std::strncmp(end + 1, client::kRefInfix, std::strlen(client::kRefInfix)) == 0)
+    k.target = std::string(end + 1 + std::strlen(client::kRefInfix));
+  return k;
 }
 
+// A reference's target may not be, or hold, a scoped key: erasing it would
+// erase references and keys that other rules keep.
+bool target_allowed(const std::string& t) {
+  auto overlaps = [&](const char* prefix) {
+    const std::string p = prefix;
+    return t.compare(0, p.size(), p) == 0 || p.compare(0, t.size(), t) == 0;
+  };
+  return !t.empty() && !overlaps(client::kActorKeyPrefix) && !overlaps(client::kClientKeyPrefix);
+}
+
+}  // namespace
+
+bool HeadState::scoped_key_allowed(const std::string& key) const {
+  // A key that lives as long as its actor or client is made only for one
+  // that is there, and only in that form: nothing would erase it otherwise.
+  const auto k = scoped(key);
+  if (!k) return true;
+  if (!k->well_formed || (k->target && !target_allowed(*k->target))) return false;
+  if (k->target && !ref_counts_.count(*k->target)) {
+    // A new target may not hold, or be held by, another one: the erasure of
+    // one would take keys the other's references keep.
+    const std::string& t = *k->target;
+    auto next = ref_counts_.lower_bound(t);
+    if (next != ref_counts_.end() && next->first.compare(0, t.size(), t) == 0) return false;
+    for (size_t n = 1; n < t.size(); ++n)
+      if (ref_counts_.count(t.substr(0, n))) return false;
+  }
+  if (k->actor) {
+    auto it = actors_.find(k->id);
+    return it != actors_.end() && it->second.info.state != ActorState::kDead;
+  }
+  if (awaited_owners_.count(k->id)) return true;
+  for (const auto& [peer, id] : clients_)
+    if (id == k->id) return true;
+  return false;
+}
+
+namespace {
+
+// The target of `key` if it is a reference counted as one (a put checks
+// more; a restore brings back what an earlier head let in).
+std::optional<std::string> counted_target(const std::string& key) {
+  auto k = scoped(key);
+  if (!k || !k->well_formed || !k->target || !target_allowed(*k->target)) return std::nullopt;
+  return k->target;
+}
+
+}  // namespace
+
+void HeadState::kv_added(const std::string& key) {
+  if (auto t = counted_target(key)) ++ref_counts_[*t];
+}
+
+void HeadState::kv_removed(const std::string& key) {
+  auto t = counted_target(key);
+  if (!t) return;
+  auto it = ref_counts_.find(*t);
+  if (it == ref_counts_.end() || --it->second > 0) return;
+  ref_counts_.erase(it);
+  TROUPE_LOG_DEBUG("kv: the last reference to '{}' went; its keys go", *t);
+  kv_erase_prefix(*t);
+}
+
+void HeadState::client_gone(uint64_t client_id) { kv_erase_prefix(client::client_key_prefix(client_id)); }
+
 void HeadState::kv_erase_prefix(const std::string& prefix) {
+  std::vector<std::string> erased;
   for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
     if (write_through_) dirty_kv_.insert(it->first);
+    erased.push_back(it->first);
     it = kv_.erase(it);
   }
+  // After the walk: a last reference's target is erased in turn.
+  for (const auto& key : erased) kv_removed(key);
 }
 
 std::vector<std::pair<std::string, std::string>> HeadState::kv_with_prefix(const std::string& prefix) const {
@@ -873,12 +961,17 @@ std::optional<std::string> HeadState::kv_get(const std::string& key) const {
 }
 
 void HeadState::kv_erase(const std::string& key) {
-  if (kv_.erase(key) && write_through_) dirty_kv_.insert(key);
+  if (!kv_.erase(key)) return;
+  if (write_through_) dirty_kv_.insert(key);
+  kv_removed(key);
 }
 
 int64_t HeadState::kv_add(const std::string& key, int64_t delta) {
-  if (!actor_key_allowed(key))
-    throw ConfigError("kv add: key '" + key + "' is not troupe.actor/<id>/... of an actor that is not dead");
+  if (!scoped_key_allowed(key))
+    throw ConfigError("kv add: key '" + key +
+                      "' is not troupe.actor/<id>/... of an actor that is not dead, or troupe.client/<id>/... of "
+                      "a connected client, or it is a reference (.../ref/<target>) to a target that overlaps "
+                      "those");
   int64_t v = 0;
   if (auto it = kv_.find(key); it != kv_.end()) {
     const std::string& s = it->second;

@@ -251,9 +251,18 @@ class HeadState {
   void retire_stats(uint64_t actor_id, uint32_t incarnation);
   // Erases every KV key that starts with `prefix` (for the store too).
   void kv_erase_prefix(const std::string& prefix);
-  // Whether `key` may be set: any key but troupe.actor/..., which must be
-  // troupe.actor/<id>/... of an actor that is not dead (client/actor_keys.h).
-  bool actor_key_allowed(const std::string& key) const;
+  // Whether `key` may be set: any key but troupe.actor/... and
+  // troupe.client/..., which must be troupe.actor/<id>/... of an actor that
+  // is not dead or troupe.client/<id>/... of a client that is connected (or
+  // awaited after a restore), and a reference's target must be one that
+  // holds no such key (client/actor_keys.h).
+  bool scoped_key_allowed(const std::string& key) const;
+  // A key came or went: counts the references (client/actor_keys.h), and
+  // erases a target whose last reference went.
+  void kv_added(const std::string& key);
+  void kv_removed(const std::string& key);
+  // The keys of client `client_id` go (it left, or did not come back).
+  void client_gone(uint64_t client_id);
 
   // Owners whose things a restarted head keeps until then.
   void check_restored_owners(Time now);
@@ -281,6 +290,7 @@ class HeadState {
   std::map<uint64_t, Group> groups_;
   std::map<std::string, uint64_t> named_;
   std::map<std::string, std::string> kv_;
+  std::map<std::string, size_t> ref_counts_;  // reference target -> its references in kv_
   uint64_t retired_calls_ = 0, retired_stream_bytes_ = 0;
   std::deque<uint64_t> pending_actors_;
   std::deque<uint64_t> pending_groups_;

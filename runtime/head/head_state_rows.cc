@@ -2,7 +2,9 @@
 // (Head writes them to SQLite after every message it handles), and a
 // restarted head's reload of them. See head_state.h.
 #include <algorithm>
+#include <cstdlib>
 
+#include "troupe/runtime/client/actor_keys.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/head/head_state.h"
@@ -144,6 +146,17 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
   restore_nodes_and_keys(rows, deadline);
   restore_groups(rows, deadline);
   restore_actors(rows, deadline);
+  // The keys' references are counted again, and a client that holds keys
+  // has the grace to come back that an owner has (client_gone otherwise).
+  ref_counts_.clear();
+  const std::string clients = client::kClientKeyPrefix;
+  for (const auto& [key, value] : kv_) {
+    kv_added(key);
+    if (key.compare(0, clients.size(), clients) == 0) {
+      const uint64_t id = std::strtoull(key.c_str() + clients.size(), nullptr, 10);
+      if (id != 0) awaited_owners_.emplace(id, deadline);
+    }
+  }
   written_.clear();
   for (const auto& [key, value] : rows)
     if (key[0] == 'n' || key[0] == 'g' || key[0] == 'm') written_[key] = value;
@@ -264,6 +277,7 @@ void HeadState::check_restored_owners(Time now) {
   for (uint64_t client : gone) {
     awaited_owners_.erase(client);
     TROUPE_LOG_WARN("an owner did not come back to the restarted head; what it owned goes");
+    client_gone(client);
     for (auto id : actor_ids_where([&](const Actor& a) { return a.owner == 0 && a.owner_client == client; }))
       if (actors_.count(id)) kill_actor(id, true, "its driver did not come back after the head restarted");
     std::vector<uint64_t> groups;

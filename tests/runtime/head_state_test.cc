@@ -679,6 +679,79 @@ TEST_F(HeadStateTest, ActorKeysLiveAsLongAsTheirActor) {
   EXPECT_TRUE(store.count("k/" + other));
 }
 
+// A key <scope>ref/<target> holds every key under `target` while it lives:
+// a client's goes with the client's connection, an actor's with the actor
+// (not with a restart), and the last one's going erases the target's keys,
+// from the store too. A restarted head counts the references again, and a
+// client that held keys gets the owners' grace to come back.
+TEST_F(HeadStateTest, ReferencedKeysLiveWhileOneOfTheirReferencesDoes) {
+  using troupe::client::actor_key_prefix;
+  using troupe::client::client_key_prefix;
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  state_.bind_client(kDriver, 7);
+  state_.bind_client(kOtherDriver, 8);
+  add_node({{"CPU", 2}}, 1);
+  const uint64_t a = state_.create_actor(kOtherDriver, spec({}, 1)).id;
+  start_spawned();
+  for (const char* k : {"pkg.A", "pkg.A.0", "pkg.B", "pkg.B.0", "pkg.C", "pkg.D", "other"}) state_.kv_put(k, "bytes");
+  state_.kv_put(client_key_prefix(7) + "ref/pkg.A", "");
+  state_.kv_put(actor_key_prefix(a) + "ref/pkg.A", "");
+  state_.kv_put(client_key_prefix(7) + "ref/pkg.B", "");
+  state_.kv_put(client_key_prefix(8) + "ref/pkg.C", "");
+  state_.kv_put(client_key_prefix(8) + "ref/pkg.D", "");
+  // A client the head does not know, a target that is or holds a scoped
+  // key (erasing it would erase what other rules keep), and a new target
+  // that holds or extends one referenced now: refused.
+  for (const std::string& odd :
+       {client_key_prefix(99) + "ref/pkg.A", client_key_prefix(7) + "ref/", client_key_prefix(7) + "ref/troupe.",
+        client_key_prefix(7) + "ref/troupe.actor/1/x", std::string("troupe.client/x/y"), std::string("troupe.client/7"),
+        client_key_prefix(7) + "ref/pkg.", client_key_prefix(7) + "ref/pkg.A.0"}) {
+    state_.kv_put(odd, "");
+    EXPECT_FALSE(state_.kv_get(odd).has_value()) << odd;
+  }
+  // The only reference erased: its target goes.
+  state_.kv_erase(client_key_prefix(8) + "ref/pkg.C");
+  EXPECT_FALSE(state_.kv_get("pkg.C").has_value());
+  // Client 7 leaves: B (held by it alone) goes, every key of it; A, which
+  // the actor holds too, stays.
+  state_.peer_gone(kDriver, "connection closed");
+  EXPECT_FALSE(state_.kv_get("pkg.B").has_value());
+  EXPECT_FALSE(state_.kv_get("pkg.B.0").has_value());
+  EXPECT_FALSE(state_.kv_get(client_key_prefix(7) + "ref/pkg.A").has_value());
+  EXPECT_EQ(state_.kv_get("pkg.A.0"), "bytes");
+  EXPECT_EQ(state_.kv_get("other"), "bytes");
+  state_.kv_put(client_key_prefix(7) + "ref/pkg.D", "");  // a client that left is unknown
+  EXPECT_FALSE(state_.kv_get(client_key_prefix(7) + "ref/pkg.D").has_value());
+  // A restart keeps the actor's reference.
+  exited(a);
+  ASSERT_EQ(state_of(a), ActorState::kRestarting);
+  start_spawned();
+  EXPECT_EQ(state_.kv_get("pkg.A"), "bytes");
+  apply_rows(store, state_.take_rows());
+  EXPECT_FALSE(store.count("k/pkg.B") || store.count("k/pkg.C"));
+  ASSERT_TRUE(store.count("k/pkg.A") && store.count("k/pkg.D"));
+
+  // A restarted head: client 8 never comes back, so what it held goes,
+  // and so does its actor, and with it the last reference to A.
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  EXPECT_EQ(again.kv_get("pkg.A"), "bytes");
+  EXPECT_EQ(again.kv_get("pkg.D"), "bytes");
+  again.check_heartbeats(now_ + 3s);
+  EXPECT_FALSE(again.kv_get("pkg.D").has_value());
+  EXPECT_EQ(again.actor_info(a).state, ActorState::kDead);
+  EXPECT_FALSE(again.kv_get("pkg.A").has_value());
+  EXPECT_EQ(again.kv_get("other"), "bytes");
+
+  // Here, the actor's death erases A, in the store too.
+  exited(a);
+  ASSERT_EQ(state_of(a), ActorState::kDead);
+  EXPECT_FALSE(state_.kv_get("pkg.A").has_value());
+  apply_rows(store, state_.take_rows());
+  EXPECT_FALSE(store.count("k/pkg.A") || store.count("k/pkg.A.0"));
+}
+
 TEST_F(HeadStateTest, RestartedHeadKeepsWhatComesBackAndLosesWhatDoesNot) {
   state_.enable_write_through();
   std::map<std::string, std::string> store;
