@@ -470,7 +470,11 @@ void bind_placement_groups(pyb::class_<PyClient>& cls) {
            [info_call](PyClient& c, uint64_t id) { return info_call([&] { return c.placement_group_info(id); }); })
       .def("remove_placement_group", &PyClient::remove_placement_group, NoGil())
       .def(
-          "status_json", [](PyClient& c) { return c.runtime().status_json({}); }, NoGil())
+          "status_json",
+          [](PyClient& c, const std::string& state, uint32_t limit) {
+            return c.runtime().status_json(wire::StatusRequest{state, limit});
+          },
+          NoGil(), pyb::arg("state") = "", pyb::arg("limit") = 0)
       .def("placement_group_ready", [](PyClient& c, uint64_t id, const pyb::handle& value) {
         PyValue v = value_from_python(value);
         pyb::gil_scoped_release nogil;
