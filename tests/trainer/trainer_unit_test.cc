@@ -619,8 +619,9 @@ TROUPE_DATASET("trainer_unit_slow_samples", [](const actors::DatasetSpec&) { ret
 }  // namespace
 
 // TrainReport::wait_seconds is the part of a call spent getting batches:
-// with samples that are slow to load and a model that is quick to step,
-// most of it.
+// with samples that are slow to load, at least their loading time, and no
+// more than the call. (Not a share of the call: how long the steps take
+// beside it depends on the machine's load.)
 TEST(TrainReportTest, WaitSecondsAreTheTimeSpentGettingBatches) {
   TrainerConfig c;
   c.model.name = "mlp";
@@ -638,7 +639,6 @@ TEST(TrainReportTest, WaitSecondsAreTheTimeSpentGettingBatches) {
   // 3 batches of 4 samples of at least 4 ms each.
   EXPECT_GE(rep.wait_seconds, 0.048);
   EXPECT_LE(rep.wait_seconds, rep.seconds);
-  EXPECT_GT(rep.wait_seconds, 0.5 * rep.seconds) << "the model's steps took most of the call";
 }
 
 // A train() call reads its steps' losses and metrics back from the device
