@@ -48,6 +48,9 @@ def test_actors_are_listed_filtered_and_found_by_id():
     assert "TaskExecutor" not in {a.class_name for a in actors}
     mine = get_actor(keeper_id)
     assert (mine.class_name, mine.name, mine.state, mine.node_id) == ("Keeper", "state-keeper", "ALIVE", node_id)
+    # As Ray's rows: also read as a dict; text filters ignore case.
+    assert (mine["state"], mine.get("name"), mine.get("no such field", "-")) == ("ALIVE", "state-keeper", "-")
+    assert [a.actor_id for a in list_actors(filters=[("name", "=", "STATE-KEEPER")])] == [keeper_id]
     assert mine.pid and mine.address and mine.death_cause is None
     assert get_actor("999999999") is None
     alive_others = list_actors(filters=[("class_name", "=", "Other"), ("state", "!=", "DEAD")])
@@ -67,7 +70,8 @@ def test_nodes_and_placement_groups():
     node = nodes[0]
     assert node.node_id == troupe.get_runtime_context().get_node_id()
     assert node.node_ip and node.node_name and node.pid > 0
-    assert get_node(node.node_id) == node
+    stable = ("node_id", "state", "node_ip", "node_name", "pid", "resources_total")
+    assert [getattr(get_node(node.node_id), f) for f in stable] == [getattr(node, f) for f in stable]
     assert get_node("424242") is None
 
     pg = placement_group([{"CPU": 1}], strategy="SPREAD")
@@ -93,3 +97,23 @@ def test_bad_filters_and_options_are_named():
         list_actors(timeout=0)
     with pytest.raises(ConfigError, match="is not this session's cluster"):
         list_actors(address="10.0.0.1:6380")
+
+
+def test_the_heads_rows_become_rays():
+    """A waiting actor is Ray's PENDING_CREATION; a death cause shows on a
+    dead actor only (the head keeps the last one across a restart); an
+    unplaced bundle has no node."""
+    from troupe.util import state
+
+    row = {"id": 7, "class": "A", "name": "ns/a", "node": 0, "pid": 0, "address": "", "restarts": 1,
+           "max_restarts": 2, "pending_reason": "no room", "death_cause": "killed by signal 9"}
+    waiting, = state._actors({"actors": [dict(row, state="PENDING")]})
+    assert (waiting.state, waiting.death_cause, waiting.node_id, waiting.pid) == ("PENDING_CREATION", None, None, None)
+    assert (waiting.name, waiting.ray_namespace, waiting.pending_reason) == ("a", "ns", "no room")
+    dead, = state._actors({"actors": [dict(row, state="DEAD")]})
+    assert dead.death_cause == "killed by signal 9"
+    executor, = state._actors({"actors": [dict(row, state="ALIVE", **{"class": "TaskExecutor"}), dict(row, state="ALIVE")]})
+    assert executor.class_name == "A"
+    group, = state._groups({"placement_groups": [{"id": 3, "state": "REMOVED", "strategy": "PACK",
+                                                  "bundle_nodes": [0, 4], "pending_reason": ""}]})
+    assert group.bundle_nodes == [None, "4"] and group.pending_reason is None

@@ -357,6 +357,8 @@ def _wait_with_generators(refs, num_returns, timeout):
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         # Enough already: which plain refs are ready too (for the order).
         n, wait_s = (len(order), 0.0) if need <= 0 else (need, left)
+        if wait_s == 0.0:
+            n = len(order)  # a poll: every one ready now (a generator found ready may yet not be)
         if wait_s != 0.0 and None in polls.values():
             # Another thread reads from a generator: what it takes is not
             # seen in the stream, so look again within a short slice.

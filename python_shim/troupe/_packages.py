@@ -301,7 +301,11 @@ def evict(root, keep):
     for _, package, size in sorted(entries):
         if total <= cap:
             break
-        fd = os.open(_lock_path(root, package), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(_lock_path(root, package), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            continue  # best effort: the unpack that called this succeeded
+        gone = None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -310,18 +314,17 @@ def evict(root, keep):
             # Out of sight at once; a removal cut short leaves a staging
             # directory, which _sweep_staging removes later.
             gone = tempfile.mkdtemp(prefix=f".{package[:16]}.evicted.", dir=root)
-            try:
-                os.rename(os.path.join(root, package), os.path.join(gone, package))
-            except OSError:
-                pass  # another eviction took it
-            else:
-                total -= size
-                removed.append(package)
+            total -= size  # gone now, by this eviction or another's
+            os.rename(os.path.join(root, package), os.path.join(gone, package))
+            removed.append(package)
+        except OSError:
+            pass  # another eviction took it, or the disk refused: best effort
         finally:
             # Let go before the removal: a worker that waits for it unpacks
             # the package again meanwhile.
             os.close(fd)
-        shutil.rmtree(gone, ignore_errors=True)
+        if gone:
+            shutil.rmtree(gone, ignore_errors=True)
     return removed
 
 

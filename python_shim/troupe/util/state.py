@@ -4,11 +4,14 @@
     alive = list_actors(filters=[("state", "=", "ALIVE"), ("class_name", "=", "Trainer")])
 
 list_actors, list_nodes and list_placement_groups return dataclasses (the
-fields Ray's have where troupe has them, and a few of troupe's own); get_*
-returns one or None; summarize_actors counts actors by class and state.
-Filters are (column, "=" or "!=", value) tuples, compared as strings (an
-unknown column or predicate is a ConfigError naming it); `limit` bounds
-what is returned after filtering (Ray's default, 100).
+fields Ray's have where troupe has them, and a few of troupe's own; read as
+attributes or, as Ray's rows allow, as row["state"] and row.get(...));
+get_* returns one or None; summarize_actors counts actors by class and
+state. Filters are (column, "=" or "!=", value) tuples, compared as strings
+and, for text, without regard to case, as Ray's (an unknown column or
+predicate is a ConfigError naming it); `limit` bounds what is returned
+after filtering (Ray's default, 100). `timeout` is checked and taken for
+Ray's signature: the head answers a status request without waiting.
 
 Everything comes from one status request to the head of the current
 session (troupe status --json reads the same): actors and groups are the
@@ -27,26 +30,45 @@ from troupe.exceptions import ConfigError
 DEFAULT_LIMIT = 100
 _PREDICATES = ("=", "!=")
 _EXECUTOR_CLASS = "TaskExecutor"  # runtime/client/task.h: a task executor's class
+# The head's actor states by Ray's names (a created actor waiting to be
+# placed is Ray's PENDING_CREATION).
+_RAY_STATE = {"PENDING": "PENDING_CREATION"}
+
+
+class _Row:
+    """Ray's state rows are read as attributes and as a dict."""
+
+    def __getitem__(self, key):
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key, value):
+        setattr(self, key, value)
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
 
 
 @dataclasses.dataclass
-class ActorState:
+class ActorState(_Row):
     actor_id: str
     class_name: str
-    state: str  # PENDING, ALIVE, RESTARTING or DEAD (Ray's DEPENDENCIES_UNREADY has no counterpart)
+    state: str  # PENDING_CREATION, ALIVE, RESTARTING or DEAD (Ray's DEPENDENCIES_UNREADY has no counterpart)
     name: str  # "" when unnamed
     ray_namespace: str  # the namespace of a named actor ("" otherwise)
     node_id: Optional[str]  # None while it is placed nowhere
     pid: Optional[int]
     num_restarts: int
     max_restarts: int
-    death_cause: Optional[str]
+    death_cause: Optional[str]  # None unless DEAD
     pending_reason: Optional[str]  # troupe's: why it waits to be placed
     address: Optional[str]  # troupe's: where its worker takes calls
 
 
 @dataclasses.dataclass
-class NodeState:
+class NodeState(_Row):
     node_id: str
     node_ip: str
     node_name: str  # the hostname its agent reported
@@ -58,11 +80,11 @@ class NodeState:
 
 
 @dataclasses.dataclass
-class PlacementGroupState:
+class PlacementGroupState(_Row):
     placement_group_id: str
     state: str  # PENDING, CREATED or REMOVED
     strategy: str
-    bundle_nodes: List[str]  # the node of each bundle, once placed
+    bundle_nodes: List[Optional[str]]  # the node of each bundle (None: not placed)
     pending_reason: Optional[str]
 
 
@@ -88,10 +110,14 @@ def _actors(status):
         if a["class"] == _EXECUTOR_CLASS:
             continue
         namespace, _, name = a["name"].rpartition("/")
+        state = _RAY_STATE.get(a["state"], a["state"])
         out.append(ActorState(
-            actor_id=str(a["id"]), class_name=a["class"], state=a["state"], name=name, ray_namespace=namespace,
+            actor_id=str(a["id"]), class_name=a["class"], state=state, name=name, ray_namespace=namespace,
             node_id=_text(a["node"]), pid=a["pid"] or None, num_restarts=a["restarts"],
-            max_restarts=a["max_restarts"], death_cause=a["death_cause"] or None,
+            max_restarts=a["max_restarts"],
+            # The head keeps why it last died across a restart; Ray's is
+            # None until the actor is dead.
+            death_cause=(a["death_cause"] or None) if state == "DEAD" else None,
             pending_reason=a["pending_reason"] or None, address=a["address"] or None))
     return out
 
@@ -109,7 +135,7 @@ def _nodes(status):
 
 def _groups(status):
     return [PlacementGroupState(placement_group_id=str(g["id"]), state=g["state"], strategy=g["strategy"],
-                                bundle_nodes=[str(n) for n in g["bundle_nodes"]],
+                                bundle_nodes=[_text(n) for n in g["bundle_nodes"]],
                                 pending_reason=g["pending_reason"] or None)
             for g in status.get("placement_groups", [])]
 
@@ -128,8 +154,8 @@ def _filtered(rows, kind, filters, limit, what):
         if column not in columns:
             raise ConfigError(f"troupe.util.state.{what}: no column {column!r} to filter on (columns: "
                               f"{', '.join(columns)})")
-        want = str(value)
-        rows = [r for r in rows if (str(getattr(r, column)) == want) == (predicate == "=")]
+        want = str(value).lower()
+        rows = [r for r in rows if (str(getattr(r, column)).lower() == want) == (predicate == "=")]
     return rows if limit is None else rows[:limit]
 
 
