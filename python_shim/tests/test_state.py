@@ -74,10 +74,12 @@ def test_nodes_and_placement_groups():
     assert [getattr(get_node(node.node_id), f) for f in stable] == [getattr(node, f) for f in stable]
     assert get_node("424242") is None
 
-    pg = placement_group([{"CPU": 1}], strategy="SPREAD")
+    pg = placement_group([{"CPU": 1}], strategy="SPREAD", name="state-group")
     troupe.get(pg.ready(), timeout=60)
     listed = get_placement_group(pg)
-    assert (listed.state, listed.strategy, listed.bundle_nodes) == ("CREATED", "SPREAD", [node.node_id])
+    assert (listed.name, listed.state, listed.strategy, listed.bundle_nodes) == (
+        "state-group", "CREATED", "SPREAD", [node.node_id])
+    assert list_placement_groups(filters=[("name", "=", "state-group")]) == [listed]
     remove_placement_group(pg)
     wait_until(lambda: get_placement_group(pg).state == "REMOVED", 60, "the group to be removed")
     assert listed.placement_group_id in {g.placement_group_id for g in
@@ -114,6 +116,6 @@ def test_the_heads_rows_become_rays():
     assert dead.death_cause == "killed by signal 9"
     executor, = state._actors({"actors": [dict(row, state="ALIVE", **{"class": "TaskExecutor"}), dict(row, state="ALIVE")]})
     assert executor.class_name == "A"
-    group, = state._groups({"placement_groups": [{"id": 3, "state": "REMOVED", "strategy": "PACK",
+    group, = state._groups({"placement_groups": [{"id": 3, "name": "", "state": "REMOVED", "strategy": "PACK",
                                                   "bundle_nodes": [0, 4], "pending_reason": ""}]})
     assert group.bundle_nodes == [None, "4"] and group.pending_reason is None

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -860,12 +861,17 @@ bool HeadState::scoped_key_allowed(const std::string& key) const {
   if (!k->well_formed || (k->target && !target_allowed(*k->target))) return false;
   if (k->target && !ref_counts_.count(*k->target)) {
     // A new target may not hold, or be held by, another one: the erasure of
-    // one would take keys the other's references keep.
+    // one would take keys the other's references keep. Live targets never
+    // nest, so a live prefix of `t` would be the greatest target below it
+    // (one between them would start with that prefix too): two look-ups,
+    // whatever the key's length.
     const std::string& t = *k->target;
     auto next = ref_counts_.lower_bound(t);
     if (next != ref_counts_.end() && next->first.compare(0, t.size(), t) == 0) return false;
-    for (size_t n = 1; n < t.size(); ++n)
-      if (ref_counts_.count(t.substr(0, n))) return false;
+    if (next != ref_counts_.begin()) {
+      const std::string& below = std::prev(next)->first;
+      if (t.compare(0, below.size(), below) == 0) return false;
+    }
   }
   if (k->actor) {
     auto it = actors_.find(k->id);
@@ -1037,6 +1043,7 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
   for (const auto& n : nodes())
     j["nodes"].push_back({{"id", n.id},
                           {"hostname", n.hostname},
+                          {"address", n.address},
                           {"pid", n.pid},
                           {"alive", n.alive},
                           {"total", n.total},
@@ -1047,6 +1054,7 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
   j["placement_groups"] = json::array();
   for (const auto& [id, g] : groups_)
     j["placement_groups"].push_back({{"id", id},
+                                     {"name", g.spec.name},
                                      {"strategy", to_string(g.spec.strategy)},
                                      {"state", to_string(g.info.state)},
                                      {"bundle_nodes", g.info.bundle_nodes},
@@ -1060,6 +1068,7 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
                  {"removed_groups", removed_groups_order_.size()},
                  {"named_actors", named_.size()},
                  {"kv_keys", kv_.size()},
+                 {"kv_ref_targets", ref_counts_.size()},
                  {"pending_actors", pending_actors_.size()},
                  {"pending_groups", pending_groups_.size()}};
   return j;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tests/support/wait.h"
+#include "troupe/runtime/client/actor_keys.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
@@ -53,6 +54,10 @@ TEST(HeadTables, DriversThatComeAndGoLeaveNothingBehind) {
     auto watch = driver.watch_actor(e.id(), [](const troupe::ActorInfo&) {});
     auto pg = driver.create_placement_group({{{"CPU", 1}}}, troupe::PlacementStrategy::kPack);
     EXPECT_THROW(driver.kv().wait("never-" + std::to_string(i), 1ms), troupe::Timeout);
+    // Keys the driver holds by a reference of its client's go with it.
+    const std::string held = "held-" + std::to_string(i) + "/";
+    driver.kv().put(held + "data", "x");
+    driver.kv().put(troupe::client::client_key_prefix(driver.core()->client_id()) + "ref/" + held, "");
     if (i % 2 == 0) {
       // Half are cleaned up by their driver, the others die with it.
       watch.reset();

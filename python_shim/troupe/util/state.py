@@ -82,6 +82,7 @@ class NodeState(_Row):
 @dataclasses.dataclass
 class PlacementGroupState(_Row):
     placement_group_id: str
+    name: str  # "" when unnamed
     state: str  # PENDING, CREATED or REMOVED
     strategy: str
     bundle_nodes: List[Optional[str]]  # the node of each bundle (None: not placed)
@@ -123,18 +124,15 @@ def _actors(status):
 
 
 def _nodes(status):
-    import troupe
-
-    # The status names no node address; troupe.nodes() has it.
-    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in troupe.nodes()}
-    return [NodeState(node_id=str(n["id"]), node_ip=ips.get(str(n["id"]), ""), node_name=n["hostname"],
+    return [NodeState(node_id=str(n["id"]), node_ip=n["address"], node_name=n["hostname"],
                       state="ALIVE" if n["alive"] else "DEAD", resources_total=dict(n["total"]),
                       resources_used=dict(n["used"]), idle_workers=n["idle_workers"], pid=n["pid"])
             for n in status.get("nodes", [])]
 
 
 def _groups(status):
-    return [PlacementGroupState(placement_group_id=str(g["id"]), state=g["state"], strategy=g["strategy"],
+    return [PlacementGroupState(placement_group_id=str(g["id"]), name=g["name"], state=g["state"],
+                                strategy=g["strategy"],
                                 bundle_nodes=[_text(n) for n in g["bundle_nodes"]],
                                 pending_reason=g["pending_reason"] or None)
             for g in status.get("placement_groups", [])]
