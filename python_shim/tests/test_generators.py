@@ -173,18 +173,20 @@ def test_a_failed_argument_fails_the_generator():
         troupe.get(refs[0])
 
 
+@troupe.remote(max_retries=2)
+def dies_once(n, marker, at):
+    """Yields 0..n-1; the first time (no `marker` yet) its worker dies
+    before yielding `at`."""
+    for i in range(n):
+        if i == at and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        yield i
+
+
 def test_a_worker_death_is_retried_without_handing_a_value_out_twice(tmp_path):
     marker = str(tmp_path / "died-once")
-
-    @troupe.remote(max_retries=2)
-    def dies_once(n, marker):
-        for i in range(n):
-            if i == 3 and not os.path.exists(marker):
-                open(marker, "w").close()
-                os._exit(1)
-            yield i
-
-    assert troupe.get(list(dies_once.remote(6, marker))) == [0, 1, 2, 3, 4, 5]
+    assert troupe.get(list(dies_once.remote(6, marker, 3))) == [0, 1, 2, 3, 4, 5]
 
 
 def test_without_retries_a_worker_death_is_the_last_ref(tmp_path):
@@ -287,12 +289,12 @@ def test_wait_takes_a_generator_ready_when_next_would_not_wait():
     gate = Gate.remote()
     gen = gated.remote(gate)
     assert troupe.wait([gen], timeout=60) == ([gen], [])
-    assert troupe.get(next(gen)) == "first"
+    assert troupe.get(next(gen), timeout=60) == "first"
     # The next value waits behind the gate: not ready, whatever the load.
     assert troupe.wait([gen], timeout=0.2) == ([], [gen])
-    troupe.get(gate.open.remote())
+    troupe.get(gate.open.remote(), timeout=60)
     assert troupe.wait([gen], timeout=60) == ([gen], [])
-    assert troupe.get(next(gen)) == "second"
+    assert troupe.get(next(gen), timeout=60) == "second"
     # The end is ready too: next() raises StopIteration at once.
     assert troupe.wait([gen], timeout=60) == ([gen], [])
     with pytest.raises(StopIteration):
@@ -307,32 +309,23 @@ def test_wait_mixes_refs_and_generators_in_the_order_given():
     done = troupe.put(1)
     ready, not_ready = troupe.wait([held, gen, done], num_returns=2, timeout=60)
     assert ready == [gen, done] and not_ready == [held]
-    troupe.get(next(gen))
+    troupe.get(next(gen), timeout=60)
     ready, not_ready = troupe.wait([held, gen, done], num_returns=3, timeout=0.2)
     assert ready == [done] and not_ready == [held, gen]
-    troupe.get(gate.open.remote())
+    troupe.get(gate.open.remote(), timeout=60)
     ready, not_ready = troupe.wait([held, gen, done], num_returns=3, timeout=60)
     assert ready == [held, gen, done] and not_ready == []
 
 
 def test_wait_and_next_over_a_generator_retried_after_a_worker_death(tmp_path):
     marker = str(tmp_path / "died-once")
-
-    @troupe.remote(max_retries=1)
-    def dies_once(n, marker):
-        for i in range(n):
-            if i == 2 and not os.path.exists(marker):
-                open(marker, "w").close()
-                os._exit(1)
-            yield i
-
-    gen = dies_once.remote(5, marker)
+    gen = dies_once.options(max_retries=1).remote(5, marker, 2)
     values = []
     while True:
         ready, _ = troupe.wait([gen], timeout=60)
         assert ready == [gen]
         try:
-            values.append(troupe.get(next(gen)))
+            values.append(troupe.get(next(gen), timeout=60))
         except StopIteration:
             break
     assert values == [0, 1, 2, 3, 4]

@@ -355,10 +355,10 @@ def _wait_with_generators(refs, num_returns, timeout):
         order = plain + waiting
         need = num_returns - len(polled)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        # Enough already: which plain refs are ready too (for the order).
-        n, wait_s = (len(order), 0.0) if need <= 0 else (need, left)
-        if wait_s == 0.0:
-            n = len(order)  # a poll: every one ready now (a generator found ready may yet not be)
+        # Enough already (or no time left): a poll, for every one ready now
+        # (for the order; a generator found ready may yet not be).
+        wait_s = 0.0 if need <= 0 else left
+        n = len(order) if wait_s == 0.0 else need
         if wait_s != 0.0 and None in polls.values():
             # Another thread reads from a generator: what it takes is not
             # seen in the stream, so look again within a short slice.
