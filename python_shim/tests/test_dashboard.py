@@ -34,8 +34,11 @@ def cluster(tmp_path_factory):
     session = tmp_path_factory.mktemp("session")
     env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
     env.pop("TROUPE_TOKEN", None)
-    out = subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=4", "--dashboard-port", "0"], env=env,
-                         capture_output=True, text=True, timeout=120, check=True)
+    # A node that misses heartbeats for 4 s (40 x 100 ms), not 0.5 s, is
+    # dead: no node dies here, and a loaded machine (CTest's first minutes)
+    # once starved the agent past the default and killed the job's actors.
+    out = subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=4", "--dashboard-port", "0",
+                          "--heartbeat-misses", "40"], env=env, capture_output=True, text=True, timeout=120, check=True)
     url = (session / "dashboard").read_text().strip()
     assert f"dashboard at {url}" in out.stdout, out.stdout
     old = os.environ.get("TROUPE_SESSION_DIR")
