@@ -21,7 +21,7 @@ StreamReaderCore::StreamReaderCore(const std::shared_ptr<Core>& core, size_t cre
 
 StreamReaderCore::~StreamReaderCore() {
   {
-    // The state outlives the reader (its writer's connection holds it):
+    // The state outlives the reader (its writer connection's table holds it):
     // nothing is told of it from now on.
     std::lock_guard lock(state_->mu);
     state_->on_change.reset();
@@ -39,9 +39,11 @@ std::optional<Message> StreamReaderCore::read(std::chrono::milliseconds timeout)
     Message m = std::move(state_->items.front());
     state_->items.pop_front();
     // Grant credit back in batches (half the window) to keep frames few.
-    if (++state_->consumed_since_grant >= std::max<size_t>(1, state_->credits / 2) && state_->conn) {
-      state_->conn->send(credit_event(ref_.id, state_->consumed_since_grant), true);
-      state_->consumed_since_grant = 0;
+    if (++state_->consumed_since_grant >= std::max<size_t>(1, state_->credits / 2)) {
+      if (auto writer = state_->writer.lock()) {
+        writer->send(credit_event(ref_.id, state_->consumed_since_grant), true);
+        state_->consumed_since_grant = 0;
+      }
     }
     return m;
   }
@@ -50,19 +52,20 @@ std::optional<Message> StreamReaderCore::read(std::chrono::milliseconds timeout)
 }
 
 void StreamReaderCore::cancel(const std::string& reason) {
-  std::shared_ptr<Connection> conn;
   std::shared_ptr<const std::function<void()>> changed;
   {
     std::lock_guard lock(state_->mu);
-    if (state_->error.empty() && !state_->ended) state_->error = "stream cancelled by its reader: " + reason;
-    conn = state_->conn;
+    if (!state_->over()) {
+      state_->error = "stream cancelled by its reader: " + reason;
+      // The writer stops (its next write throws); the connection, which
+      // may carry other streams, stays.
+      if (auto writer = state_->writer.lock())
+        writer->send(stream_event(StreamOp::kCancel, ref_.id, "cancelled: " + reason), true);
+    }
     changed = state_->on_change;
   }
   state_->cv.notify_all();
   if (changed) (*changed)();
-  // Outside the lock: closing may run the connection's close handler,
-  // which takes it.
-  if (conn) conn->close("stream cancelled: " + reason);
 }
 
 size_t StreamReaderCore::buffered() const {
@@ -84,86 +87,21 @@ void StreamReaderCore::on_change(std::function<void()> fn) {
   state_->on_change = std::move(shared);
 }
 
-struct StreamWriterCore::State {
-  // Held by write() and close() from taking a credit until the frame is
-  // queued, so frames keep the order of the calls; fail() does not take it
-  // (it must reach a write() that waits for credit).
-  std::mutex send_mu;
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  size_t credits = 0;
-  size_t in_flight = 0;
-  size_t max_in_flight = 0;
-  bool opened = false;
-  bool closed = false;
-  std::string error;
-  std::shared_ptr<Connection> conn;
-  uint64_t id = 0;
-};
-
 StreamWriterCore::StreamWriterCore(const std::shared_ptr<Core>& core, const StreamRef& ref,
                                    std::chrono::milliseconds timeout)
     : state_(std::make_shared<State>()) {
-  state_->id = ref.id;
-  auto [host, port] = parse_address(ref.address);
-  auto st = state_;
-  auto done = std::make_shared<core::FutureState<std::string>>();
-  asio::post(core->io(), [&io = core->io(), host = host, port = port, token = core->token(), st, done, id = ref.id] {
-    Connection::connect(
-        io, host, port, token, FrameLimits{},
-        [st, id](Message&& m) {
-          if (static_cast<StreamOp>(m.op) == StreamOp::kError) {
-            // The reader's side refused this writer (StreamServer::bind).
-            std::lock_guard lock(st->mu);
-            if (st->error.empty()) st->error = "stream refused by its reader's process: " + m.body;
-            st->cv.notify_all();
-            return;
-          }
-          if (static_cast<StreamOp>(m.op) != StreamOp::kCredit) return;
-          uint64_t n = 0;
-          try {
-            n = decode_value<uint64_t>(m.body);
-          } catch (const DecodeError& e) {
-            TROUPE_LOG_WARN("stream {}: bad credit from the reader: {}", id, e.what());
-            return;
-          }
-          std::lock_guard lock(st->mu);
-          if (!st->opened) {
-            st->opened = true;
-            st->credits = n;
-          } else {
-            st->credits += n;
-            st->in_flight -= std::min(st->in_flight, n);
-          }
-          st->cv.notify_all();
-        },
-        [st](const std::string& reason) {
-          std::lock_guard lock(st->mu);
-          if (st->error.empty()) st->error = "stream reader disconnected: " + reason;
-          st->cv.notify_all();
-        },
-        [st, done, id](std::shared_ptr<Connection> c, std::string error) {
-          if (!c) return done->set_value(error.empty() ? "connect failed" : error);
-          {
-            std::lock_guard lock(st->mu);
-            st->conn = c;
-          }
-          c->send(stream_event(StreamOp::kOpen, id), true);
-          done->set_value("");
-        });
-  });
-  std::string err = Future<std::string>(done).get(timeout);
-  if (!err.empty())
-    throw StreamError("cannot connect to stream " + std::to_string(ref.id) + " at " + ref.address + ": " + err);
-  std::unique_lock lock(st->mu);
-  const bool settled = st->cv.wait_for(lock, timeout, [&] { return st->opened || !st->error.empty(); });
-  if (settled && st->error.empty()) return;
-  // Not opened: no destructor runs for a constructor that throws, so the
-  // connection (whose handlers hold this state) is closed here.
-  std::string error = st->error;
-  std::shared_ptr<Connection> conn = std::move(st->conn);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto& st = *state_;
+  st.id = ref.id;
+  core->service<StreamLinks>()->attach(ref.address, state_, deadline);
+  st.conn->send(stream_event(StreamOp::kOpen, ref.id), true);
+  std::unique_lock lock(st.mu);
+  const bool settled = st.cv.wait_until(lock, deadline, [&] { return st.opened || !st.error.empty(); });
+  if (settled && st.error.empty()) return;
+  // Not opened: no destructor runs for a constructor that throws.
+  std::string error = st.error;
   lock.unlock();
-  if (conn) conn->close("stream " + std::to_string(ref.id) + " did not open");
+  StreamLinks::detach(st);
   if (!settled)
     throw Timeout("stream " + std::to_string(ref.id) + " did not open within " + std::to_string(timeout.count()) +
                   " ms");
@@ -171,14 +109,13 @@ StreamWriterCore::StreamWriterCore(const std::shared_ptr<Core>& core, const Stre
 }
 
 StreamWriterCore::~StreamWriterCore() {
-  std::lock_guard lock(state_->mu);
-  if (!state_->conn) return;
-  // After end-of-stream, leave gracefully (the reader may still be reading);
-  // without it, the reader must see the writer go away.
-  if (state_->closed)
-    state_->conn->finish();
-  else
-    state_->conn->close("stream writer destroyed before close()");
+  {
+    std::lock_guard lock(state_->mu);
+    // Without end-of-stream the reader must see the writer go: as an error.
+    if (!state_->closed && state_->error.empty())
+      state_->conn->send(stream_event(StreamOp::kError, state_->id, "stream writer destroyed before close()"), true);
+  }
+  StreamLinks::detach(*state_);
 }
 
 void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
@@ -224,14 +161,14 @@ void StreamWriterCore::close() {
   std::lock_guard lock(state_->mu);
   if (state_->closed) return;
   state_->closed = true;
-  if (state_->conn) state_->conn->send(stream_event(StreamOp::kEnd, state_->id), true);
+  state_->conn->send(stream_event(StreamOp::kEnd, state_->id), true);
 }
 
 void StreamWriterCore::fail(const std::string& error) {
   std::lock_guard lock(state_->mu);
   if (state_->closed) return;
   state_->closed = true;
-  if (state_->conn) state_->conn->send(stream_event(StreamOp::kError, state_->id, error), true);
+  state_->conn->send(stream_event(StreamOp::kError, state_->id, error), true);
   // A write() blocked on credit (another thread) returns now.
   if (state_->error.empty()) state_->error = "stream failed by its writer: " + error;
   state_->cv.notify_all();

@@ -18,8 +18,8 @@ Message stream_event(StreamOp op, uint64_t id, std::string body) {
   return m;
 }
 
-Message credit_event(uint64_t id, uint64_t credits) {
-  return stream_event(StreamOp::kCredit, id, encode_inline(credits));
+Message credit_event(uint64_t id, uint64_t credits, StreamOp op) {
+  return stream_event(op, id, encode_inline(credits));
 }
 
 StreamServer::StreamServer(Core& core) : core_(core) {
@@ -59,45 +59,60 @@ void StreamServer::remove(uint64_t id) {
     st = it->second;
     readers_.erase(it);
   }
-  std::lock_guard lock(st->mu);
-  if (st->conn) st->conn->close("stream reader closed");
+  std::shared_ptr<Connection> writer;
+  {
+    std::lock_guard lock(st->mu);
+    writer = st->writer.lock();
+    if (!writer) return;
+    // A writer still writing stops (its next write throws); one that is
+    // done was told nothing and needs nothing.
+    if (!st->over()) {
+      writer->send(stream_event(StreamOp::kCancel, id, "stream reader closed"), true);
+      st->error = "stream reader closed";
+    }
+  }
+  // The connection's table lets go of the stream (late frames for it are
+  // dropped).
+  asio::post(core_.io(), [this, id, raw = writer.get()] {
+    auto it = conns_.find(raw);
+    if (it != conns_.end()) it->second.second->erase(id);
+  });
 }
 
 void StreamServer::accept(std::shared_ptr<Connection> c) {
-  auto bound = std::make_shared<std::shared_ptr<StreamReaderCore::State>>();
+  auto streams = std::make_shared<Streams>();
   std::weak_ptr<Connection> weak = c;
-  conns_[c.get()] = c;
+  conns_[c.get()] = {c, streams};
+  accepted_.fetch_add(1);
+  // The handlers hold the stream table, whose states hold the connection
+  // only weakly: nothing here keeps a connection alive but conns_.
   c->start([] {},
-           [this, weak, bound](Message&& m) {
-             auto conn = weak.lock();
-             if (!conn) return;
-             on_frame(conn, *bound, std::move(m));
+           [this, weak, streams](Message&& m) {
+             if (auto conn = weak.lock()) on_frame(conn, *streams, std::move(m));
            },
-           [this, bound, raw = c.get()](const std::string& reason) {
-             conns_.erase(raw);
-             if (auto st = *bound) {
-               std::shared_ptr<const std::function<void()>> changed;
-               {
-                 std::lock_guard lock(st->mu);
-                 if (!st->ended && st->error.empty()) st->error = "stream writer disconnected: " + reason;
-                 st->conn.reset();
-                 changed = st->on_change;
-               }
-               st->cv.notify_all();
-               if (changed) (*changed)();
-             }
-           });
+           [this, streams, raw = c.get()](const std::string& reason) { on_closed(raw, *streams, reason); });
 }
 
-// A writer's first frame names the stream it feeds.
-void StreamServer::bind(const std::shared_ptr<Connection>& c, std::shared_ptr<StreamReaderCore::State>& bound,
-                        const Message& m) {
-  if (static_cast<StreamOp>(m.op) != StreamOp::kOpen) return c->close("stream frame before open");
-  // A refused writer is told why before the connection ends.
-  auto refuse = [&](const std::string& why) {
-    c->send(stream_event(StreamOp::kError, m.id, why), true);
-    c->finish();
-  };
+void StreamServer::on_closed(Connection* raw, Streams& streams, const std::string& reason) {
+  for (auto& [id, st] : streams) {
+    std::shared_ptr<const std::function<void()>> changed;
+    {
+      std::lock_guard lock(st->mu);
+      if (!st->over()) st->error = "stream writer disconnected: " + reason;
+      st->writer.reset();
+      changed = st->on_change;
+    }
+    st->cv.notify_all();
+    if (changed) (*changed)();
+  }
+  streams.clear();
+  conns_.erase(raw);
+}
+
+// A writer opens a stream by naming it; the answer is its first credits, or
+// why not.
+void StreamServer::open(const std::shared_ptr<Connection>& c, Streams& streams, const Message& m) {
+  auto refuse = [&](const std::string& why) { c->send(stream_event(StreamOp::kError, m.id, why), true); };
   std::shared_ptr<StreamReaderCore::State> st;
   {
     std::lock_guard lock(mu_);
@@ -110,50 +125,190 @@ void StreamServer::bind(const std::shared_ptr<Connection>& c, std::shared_ptr<St
   // failed (an actor call resent to a restarted actor) would feed a reader
   // that stopped reading, and wait for credit forever. (Checked first: the
   // first writer's connection may not have closed yet.)
-  if (st->ended || !st->error.empty()) return refuse("stream " + std::to_string(m.id) + " is over");
-  if (st->conn) return refuse("stream " + std::to_string(m.id) + " already has a writer");
-  st->conn = c;
-  bound = st;
-  c->send(credit_event(m.id, st->credits), true);
+  if (st->over()) return refuse("stream " + std::to_string(m.id) + " is over");
+  if (st->bound) return refuse("stream " + std::to_string(m.id) + " already has a writer");
+  st->bound = true;
+  st->writer = c;
+  streams[m.id] = st;
+  c->send(credit_event(m.id, st->credits, StreamOp::kOpened), true);
 }
 
-void StreamServer::on_frame(const std::shared_ptr<Connection>& c, std::shared_ptr<StreamReaderCore::State>& bound,
-                            Message&& m) {
-  if (!bound) return bind(c, bound, m);
-  auto& st = *bound;
+void StreamServer::on_frame(const std::shared_ptr<Connection>& c, Streams& streams, Message&& m) {
+  if (static_cast<StreamOp>(m.op) == StreamOp::kOpen) return open(c, streams, m);
+  auto it = streams.find(m.id);
+  // A stream this connection does not carry (any more): its reader went or
+  // cancelled it, and the writer, told so, has frames still on the way.
+  if (it == streams.end()) return;
+  auto st = it->second;
   std::shared_ptr<const std::function<void()>> changed;
+  bool open = false;
   {
-    std::lock_guard lock(st.mu);
-    apply_frame(c, st, std::move(m));
-    changed = st.on_change;
+    std::lock_guard lock(st->mu);
+    open = apply_frame(c, *st, std::move(m));
+    if (!open) st->writer.reset();
+    changed = st->on_change;
   }
-  st.cv.notify_all();
+  if (!open) streams.erase(it);
+  st->cv.notify_all();
   if (changed) (*changed)();
 }
 
-void StreamServer::apply_frame(const std::shared_ptr<Connection>& c, StreamReaderCore::State& st, Message&& m) {
+bool StreamServer::apply_frame(const std::shared_ptr<Connection>& c, StreamReaderCore::State& st, Message&& m) {
+  const uint64_t id = m.id;
+  // Frames after the reader cancelled, before the writer heard of it.
+  if (st.over()) return false;
   switch (static_cast<StreamOp>(m.op)) {
-    case StreamOp::kData:
+    case StreamOp::kData: {
       if (st.items.size() >= st.credits) {
-        c->close("stream writer exceeded its credit");
+        // This stream fails; the connection and its other streams go on.
         st.error = "stream writer exceeded its credit";
-        break;
+        c->send(stream_event(StreamOp::kCancel, id, st.error), true);
+        return false;
       }
-      {
-        uint64_t bytes = m.body.size();
-        for (const auto& a : m.attachments) bytes += a.size();
-        process_stats().stream_bytes.fetch_add(bytes, std::memory_order_relaxed);
-      }
+      uint64_t bytes = m.body.size();
+      for (const auto& a : m.attachments) bytes += a.size();
+      process_stats().stream_bytes.fetch_add(bytes, std::memory_order_relaxed);
       st.items.push_back(std::move(m));
-      break;
+      return true;
+    }
     case StreamOp::kEnd:
       st.ended = true;
-      break;
+      return false;
     case StreamOp::kError:
       st.error = "stream writer failed: " + m.body;
+      return false;
+    default:
+      st.error = "stream writer sent unexpected op " + std::to_string(m.op);
+      c->send(stream_event(StreamOp::kCancel, id, st.error), true);
+      return false;
+  }
+}
+
+void StreamLinks::attach(const std::string& address, const std::shared_ptr<StreamWriterCore::State>& st,
+                         std::chrono::steady_clock::time_point deadline) {
+  const std::string which = "stream " + std::to_string(st->id) + " at " + address;
+  std::shared_ptr<StreamLink> link = link_to(address);
+  std::unique_lock lock(link->mu);
+  if (!link->cv.wait_until(lock, deadline, [&] { return link->conn || !link->error.empty(); }))
+    throw Timeout("cannot connect to " + which + ": no connection within the timeout");
+  if (!link->error.empty()) throw StreamError("cannot connect to " + which + ": " + link->error);
+  auto& slot = link->writers[st->id];
+  if (!slot.expired()) throw StreamError(which + " already has a writer in this process");
+  slot = st;
+  st->link = link;
+  st->conn = link->conn;
+}
+
+void StreamLinks::detach(StreamWriterCore::State& st) {
+  if (!st.link) return;
+  std::lock_guard lock(st.link->mu);
+  auto it = st.link->writers.find(st.id);
+  // Only its own entry (the slot may be another writer's).
+  if (it != st.link->writers.end() && (it->second.expired() || it->second.lock().get() == &st))
+    st.link->writers.erase(it);
+}
+
+std::shared_ptr<StreamLink> StreamLinks::link_to(const std::string& address) {
+  auto [host, port] = parse_address(address);
+  std::shared_ptr<StreamLink> link;
+  {
+    std::lock_guard lock(mu_);
+    auto& slot = links_[address];
+    if (slot) return slot;
+    slot = link = std::make_shared<StreamLink>();
+  }
+  // The connection's handlers hold the link weakly: the link (in links_ and
+  // in its writers) holds the connection, never the other way round.
+  std::weak_ptr<StreamLink> weak = link;
+  asio::post(core_.io(), [this, host = host, port = port, address, weak] {
+    Connection::connect(
+        core_.io(), host, port, core_.token(), core_.connection_options(),
+        [this, weak](Message&& m) {
+          if (auto link = weak.lock()) on_frame(*link, std::move(m));
+        },
+        [this, address, weak](const std::string& reason) {
+          if (auto link = weak.lock()) on_closed(address, link, reason);
+        },
+        [this, address, weak](std::shared_ptr<Connection> c, std::string error) {
+          auto link = weak.lock();
+          if (!link) {
+            if (c) c->close("stream link no longer wanted");
+            return;
+          }
+          if (!c) return on_closed(address, link, error.empty() ? "connect failed" : error);
+          std::lock_guard lock(link->mu);
+          link->conn = std::move(c);
+          link->cv.notify_all();
+        });
+  });
+  return link;
+}
+
+void StreamLinks::on_frame(StreamLink& link, Message&& m) {
+  std::shared_ptr<StreamWriterCore::State> st;
+  {
+    std::lock_guard lock(link.mu);
+    auto it = link.writers.find(m.id);
+    if (it != link.writers.end()) st = it->second.lock();
+  }
+  // A writer that went: what its reader still sends it is moot.
+  if (!st) return;
+  const auto op = static_cast<StreamOp>(m.op);
+  uint64_t n = 0;
+  if (op == StreamOp::kOpened || op == StreamOp::kCredit) {
+    try {
+      n = decode_value<uint64_t>(m.body);
+    } catch (const DecodeError& e) {
+      TROUPE_LOG_WARN("stream {}: bad credit from the reader: {}", m.id, e.what());
+      return;
+    }
+  }
+  std::lock_guard lock(st->mu);
+  switch (op) {
+    case StreamOp::kOpened:
+      if (st->opened) return;
+      st->opened = true;
+      st->credits = n;
+      break;
+    case StreamOp::kCredit:
+      if (!st->opened) return;
+      st->credits += n;
+      st->in_flight -= std::min(st->in_flight, n);
+      break;
+    case StreamOp::kError:  // the answer to its open: refused
+      if (st->error.empty()) st->error = "stream refused by its reader's process: " + m.body;
+      break;
+    case StreamOp::kCancel:
+      if (st->error.empty()) st->error = "stream ended by its reader: " + m.body;
       break;
     default:
-      c->close("unexpected stream op " + std::to_string(m.op));
+      return;
+  }
+  st->cv.notify_all();
+}
+
+void StreamLinks::on_closed(const std::string& address, const std::shared_ptr<StreamLink>& link,
+                            const std::string& reason) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = links_.find(address);
+    if (it != links_.end() && it->second == link) links_.erase(it);
+  }
+  std::vector<std::shared_ptr<StreamWriterCore::State>> writers;
+  {
+    std::lock_guard lock(link->mu);
+    if (link->error.empty()) link->error = reason;
+    // Done with: the writers' copies let go of it with them.
+    link->conn.reset();
+    for (auto& [id, w] : link->writers)
+      if (auto st = w.lock()) writers.push_back(std::move(st));
+    link->writers.clear();
+    link->cv.notify_all();
+  }
+  for (auto& st : writers) {
+    std::lock_guard lock(st->mu);
+    if (st->error.empty()) st->error = "stream reader disconnected: " + reason;
+    st->cv.notify_all();
   }
 }
 

@@ -1,15 +1,17 @@
 // Streams between processes: order, credit-based back-pressure, end of
-// stream, items whose credits exceed the write bound, and errors when
-// either side dies.
+// stream, items whose credits exceed the write bound, errors when either
+// side dies, and streams that share a connection.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/stream.h"
+#include "troupe/runtime/client/stream_server.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;
@@ -287,6 +289,132 @@ TEST_F(StreamTest, PeekAndOnChangeSayWhenAReadWouldNotWait) {
       },
       kWaitBound));
   EXPECT_THROW(failed.read(kWaitBound), troupe::StreamError);
+}
+
+// Streams from one process to another share one connection, one after
+// another or at once: opening a stream is a round trip on it, not a TCP
+// connect and a handshake.
+TEST_F(StreamTest, StreamsFromOneProcessShareOneConnection) {
+  auto server = rt_.core()->service<troupe::client::StreamServer>();
+  auto p = rt_.spawn<Producer>({});
+  const uint64_t before = server->connections_accepted();
+  for (int i = 0; i < 20; ++i) {
+    troupe::StreamReader<Item> r(rt_, 4);
+    auto done = p.call(&Producer::produce, r.ref(), 3, 10);
+    for (int k = 0; k < 3; ++k) ASSERT_EQ(r.read(kWaitBound)->seq, k);
+    EXPECT_FALSE(r.read(kWaitBound).has_value());
+    done.get(kWaitBound);
+  }
+  EXPECT_EQ(server->connections_accepted() - before, 1u);
+}
+
+// A reader that cancels its stream stops that stream's writer only: the
+// other stream on the same connection goes on to its end.
+TEST_F(StreamTest, ACancelledStreamLeavesTheOthersOnItsConnection) {
+  auto server = rt_.core()->service<troupe::client::StreamServer>();
+  const uint64_t before = server->connections_accepted();
+  troupe::StreamReader<Item> a(rt_, 4), b(rt_, 4);
+  troupe::StreamWriter<Item> wa(rt_, a.ref()), wb(rt_, b.ref());
+  wa.write(Item{1, {}});
+  wb.write(Item{1, {}});
+  ASSERT_EQ(a.read(kWaitBound)->seq, 1);
+  a.cancel("enough");
+  std::string error;
+  ASSERT_TRUE(eventually(
+      [&] {
+        try {
+          wa.write(Item{2, {}}, 1s);  // taken until the cancel arrives
+          return false;
+        } catch (const troupe::Timeout&) {
+          return false;  // out of credit: the reader reads no more
+        } catch (const troupe::StreamError& e) {
+          error = e.what();
+          return true;
+        }
+      },
+      kWaitBound));
+  EXPECT_NE(error.find("enough"), std::string::npos) << error;
+  EXPECT_THROW(a.read(kWaitBound), troupe::StreamError);
+  for (int i = 1; i <= 20; ++i) {
+    if (i > 1) wb.write(Item{i, {}});
+    ASSERT_EQ(b.read(kWaitBound)->seq, i);
+  }
+  wb.close();
+  EXPECT_FALSE(b.read(kWaitBound).has_value());
+  EXPECT_EQ(server->connections_accepted() - before, 1u);
+}
+
+// A writer that breaks the protocol on one stream (more items than its
+// credit, an unknown frame) fails that stream alone: the connection and the
+// other streams on it go on, and frames for streams it does not carry are
+// dropped. Frames are sent by hand here, as a faulty writer would.
+TEST_F(StreamTest, AWriterBreakingOneStreamFailsThatStreamAlone) {
+  namespace client = troupe::client;
+  namespace wire = troupe::wire;
+  using Op = client::StreamOp;
+  troupe::StreamReader<Item> over(rt_, 2), odd(rt_, 2), good(rt_, 2);
+  struct Seen {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::pair<Op, uint64_t>> frames;
+  };
+  auto seen = std::make_shared<Seen>();
+  auto has = [&](Op op, uint64_t id) {
+    std::unique_lock lock(seen->mu);
+    return seen->cv.wait_for(lock, kWaitBound, [&] {
+      return std::find(seen->frames.begin(), seen->frames.end(), std::pair{op, id}) != seen->frames.end();
+    });
+  };
+  auto core = rt_.core();
+  auto [host, port] = wire::parse_address(good.ref().address);
+  auto connected = std::make_shared<troupe::core::FutureState<std::shared_ptr<wire::Connection>>>();
+  asio::post(core->io(), [&, host = host, port = port] {
+    wire::Connection::connect(
+        core->io(), host, port, core->token(), wire::FrameLimits{},
+        [seen](wire::Message&& m) {
+          std::lock_guard lock(seen->mu);
+          seen->frames.emplace_back(static_cast<Op>(m.op), m.id);
+          seen->cv.notify_all();
+        },
+        [](const std::string&) {},
+        [connected](std::shared_ptr<wire::Connection> c, std::string error) {
+          if (c) return connected->set_value(std::move(c));
+          connected->set_error(std::make_exception_ptr(troupe::Error(error)));
+        });
+  });
+  auto conn = troupe::Future<std::shared_ptr<wire::Connection>>(connected).get(kWaitBound);
+  auto item = [](uint64_t id, int64_t seq) {
+    troupe::wire::Encoder e;
+    troupe::wire::encode(e, Item{seq, {}});
+    wire::Message m = client::stream_event(Op::kData, id, std::move(e.bytes()));
+    m.attachments = std::move(e.attachments());
+    return m;
+  };
+  for (auto* r : {&over, &odd, &good}) {
+    conn->send(client::stream_event(Op::kOpen, r->ref().id));
+    ASSERT_TRUE(has(Op::kOpened, r->ref().id));
+  }
+  for (int i = 0; i < 3; ++i) conn->send(item(over.ref().id, i));  // 2 credits
+  conn->send(client::stream_event(static_cast<Op>(999), odd.ref().id));
+  conn->send(item(987654321, 0));  // no such stream here
+  ASSERT_TRUE(has(Op::kCancel, over.ref().id));
+  ASSERT_TRUE(has(Op::kCancel, odd.ref().id));
+  conn->send(item(good.ref().id, 7));
+  conn->send(client::stream_event(Op::kEnd, good.ref().id));
+  EXPECT_EQ(good.read(kWaitBound)->seq, 7);
+  EXPECT_FALSE(good.read(kWaitBound).has_value());
+  // What came within the credit is read, then the stream's error.
+  EXPECT_EQ(over.read(kWaitBound)->seq, 0);
+  EXPECT_EQ(over.read(kWaitBound)->seq, 1);
+  try {
+    over.read(kWaitBound);
+    ADD_FAILURE() << "an overrun stream went on";
+  } catch (const troupe::StreamError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeded its credit"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(odd.read(kWaitBound), troupe::StreamError);
+  EXPECT_TRUE(conn->is_open());
+  conn->close("test over");
 }
 
 }  // namespace
