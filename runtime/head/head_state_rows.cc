@@ -266,7 +266,9 @@ void HeadState::bind_client(PeerId peer, uint64_t client_id) {
       g.owner = peer;
       ++groups;
     }
-  TROUPE_LOG_INFO("the owner of {} actors and {} placement groups is back", actors, groups);
+  // A client the head awaited for its keys alone owns no actor or group.
+  TROUPE_LOG_INFO("client {} came back to the restarted head: it owns {} actors, {} placement groups and {} keys",
+                  client_id, actors, groups, kv_with_prefix(client::client_key_prefix(client_id)).size());
   if (actors > 0) tell_resources_wanted(peer);
 }
 
@@ -276,13 +278,17 @@ void HeadState::check_restored_owners(Time now) {
     if (now > deadline) gone.push_back(client);
   for (uint64_t client : gone) {
     awaited_owners_.erase(client);
-    TROUPE_LOG_WARN("an owner did not come back to the restarted head; what it owned goes");
-    client_gone(client);
-    for (auto id : actor_ids_where([&](const Actor& a) { return a.owner == 0 && a.owner_client == client; }))
-      if (actors_.count(id)) kill_actor(id, true, "its driver did not come back after the head restarted");
+    auto actors = actor_ids_where([&](const Actor& a) { return a.owner == 0 && a.owner_client == client; });
     std::vector<uint64_t> groups;
     for (auto& [id, g] : groups_)
       if (g.owner == 0 && g.owner_client == client) groups.push_back(id);
+    TROUPE_LOG_WARN(
+        "client {} did not come back to the restarted head: its {} actors, {} placement groups and {} "
+        "keys go",
+        client, actors.size(), groups.size(), kv_with_prefix(client::client_key_prefix(client)).size());
+    client_gone(client);
+    for (auto id : actors)
+      if (actors_.count(id)) kill_actor(id, true, "its driver did not come back after the head restarted");
     for (auto id : groups)
       if (groups_.count(id)) remove_placement_group(id);
   }
