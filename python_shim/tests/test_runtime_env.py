@@ -277,10 +277,14 @@ def _free(lock_path):
 def test_unpacked_packages_past_the_cache_size_are_evicted_unless_in_use(tmp_path, monkeypatch):
     """With a cache of about a byte, every unpack removes each unpacked
     package no process holds: not the one a live actor runs with, which
-    goes once the actor is gone."""
+    goes once the actor is gone. The cluster's processes have a TMPDIR of
+    their own, so the cache they evict from is this test's alone, not the
+    user's."""
     from conftest import wait_until
 
     monkeypatch.setenv("TROUPE_RUNTIME_ENV_CACHE_GB", "1e-9")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     for tag in "abc":
         (tmp_path / f"renv_evict_{tag}.py").write_text(f"TAG = {str(tmp_path)!r}\n")
 
@@ -300,6 +304,7 @@ def test_unpacked_packages_past_the_cache_size_are_evicted_unless_in_use(tmp_pat
         c_file = troupe.get(module_file.options(runtime_env=env("c")).remote("renv_evict_c"), timeout=60)
         assert os.path.exists(c_file)
         assert not os.path.exists(a_dir)
+        assert a_dir.startswith(str(tmp_path / "tmp"))
     finally:
         troupe.shutdown()
 
