@@ -2,7 +2,8 @@
 or an actor (merged over the job's), reach the worker's os.environ and are
 inherited by the tasks it starts; working_dir and py_modules travel through
 the cluster's KV store to the workers, which import from them (and run in
-the working_dir); any other runtime_env key, and bad names or values, are
+the working_dir); pip packages are installed on the node for the tasks
+that name them; any other runtime_env key, and bad names or values, are
 refused by name."""
 import os
 import shutil
@@ -63,7 +64,16 @@ def test_env_vars_reach_tasks_actors_and_their_children(job):
 
 def test_bad_runtime_envs_are_named(job):
     bad = [
-        ({"pip": ["requests"]}, "runtime_env key 'pip' is not supported"),
+        ({"conda": "env"}, "runtime_env key 'conda' is not supported"),
+        ({"pip": "/nonexistent/requirements.txt"}, "is read as a requirements file, and it cannot be read"),
+        ({"pip": [1]}, "each requirement must be a non-empty str, got 1"),
+        ({"pip": ["a\nb"]}, "spans lines"),
+        ({"pip": {"packages": ["x"], "index": "y"}}, "runtime_env pip key 'index' is not known"),
+        ({"pip": {"packages": ["x"], "pip_version": "==22.0"}}, "pip_version '==22.0' is not supported"),
+        ({"pip": {"packages": ["x"], "pip_check": "yes"}}, "pip_check must be True or False"),
+        ({"pip": {"packages": ["x"], "pip_install_options": "--no-index"}}, "pip_install_options must be a list"),
+        ({"pip": {"pip_check": False}}, "needs 'packages'"),
+        ({"pip": 5}, "pip must be a list of requirements"),
         ({"working_dir": "/nonexistent/renv"}, "working_dir '/nonexistent/renv' is not a directory"),
         ({"working_dir": "s3://bucket/code.zip"}, "working_dir 's3://bucket/code.zip' is a URI"),
         ({"py_modules": "mod"}, "py_modules must be a list of paths or modules, got a str"),
@@ -318,3 +328,83 @@ def test_a_bad_cache_size_is_named(monkeypatch):
             _packages._cache_bytes()
     monkeypatch.setenv("TROUPE_RUNTIME_ENV_CACHE_GB", "0.5")
     assert _packages._cache_bytes() == 2**29
+
+
+def _pip_project(root, name, value):
+    """A local project (setup.py) that pip can install without a network."""
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(f"VALUE = {value!r}\n")
+    (root / "setup.py").write_text(f"from setuptools import setup\nsetup(name={name!r}, version='0.1', "
+                                   f"packages=[{name!r}])\n")
+    return str(root)
+
+
+# No network in tests: local projects, built with the machine's setuptools.
+_OFFLINE = ["--no-index", "--no-build-isolation"]
+
+
+@troupe.remote
+def pip_value(name):
+    import importlib
+
+    module = importlib.import_module(name)
+    return module.VALUE, module.__file__
+
+
+@troupe.remote
+class PipUser:
+    def value(self, name):
+        import importlib
+
+        return importlib.import_module(name).VALUE
+
+
+def test_pip_packages_are_installed_once_per_node_for_their_tasks_alone(tmp_path, monkeypatch):
+    """A task's pip packages are installed on its node by the first worker
+    that needs them (the others wait, then use that install) and are on
+    its sys.path; the job's pip reaches every task and actor that gives
+    none of its own; a task without them cannot import them."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    project = _pip_project(tmp_path / "proj", "renv_pip_demo", 42)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"# the job's packages\n{_pip_project(tmp_path / 'job', 'renv_pip_job', 7)}\n")
+    job = {"pip": {"packages": str(requirements), "pip_install_options": _OFFLINE}}
+    troupe.init(num_cpus=2, runtime_env=job)
+    try:
+        own = {"pip": {"packages": [project], "pip_install_options": _OFFLINE}}
+        # Two at once, on two workers: one installs, the other waits for it.
+        refs = [pip_value.options(runtime_env=own).remote("renv_pip_demo") for _ in range(2)]
+        (value, first), (again, second) = troupe.get(refs, timeout=300)
+        assert value == again == 42
+        assert first == second and first.startswith(str(tmp_path / "tmp"))
+        cache = os.path.dirname(os.path.dirname(os.path.dirname(first)))
+        # A task of the job's own pip, and an actor.
+        value, job_file = troupe.get(pip_value.remote("renv_pip_job"), timeout=300)
+        assert value == 7 and job_file.startswith(cache)
+        user = PipUser.remote()
+        assert troupe.get(user.value.remote("renv_pip_job"), timeout=300) == 7
+        with pytest.raises(Exception, match="renv_pip_demo"):
+            troupe.get(pip_value.remote("renv_pip_demo"), timeout=300)
+        installs = [e for e in os.listdir(cache) if len(e) == 64]
+        assert len(installs) == 2, installs  # this task's, the job's
+    finally:
+        troupe.shutdown()
+
+
+def test_a_pip_install_that_fails_says_what_pip_said(tmp_path, monkeypatch):
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    troupe.init(num_cpus=1)
+    try:
+        env = {"pip": {"packages": ["renv-no-such-package==1.0"], "pip_install_options": ["--no-index"]}}
+        with pytest.raises(Exception) as failed:
+            troupe.get(pip_value.options(runtime_env=env).remote("renv_no_such_package"), timeout=300)
+        text = str(failed.value)
+        assert "renv-no-such-package==1.0" in text and "pip install" in text and "No matching distribution" in text
+        # Nothing half-installed stays behind.
+        root = os.path.join(str(tmp_path / "tmp"), f"troupe-{os.getuid()}", "runtime_env")
+        assert not [e for e in os.listdir(root) if len(e) == 64 or e.startswith(".")]
+    finally:
+        troupe.shutdown()
+

@@ -32,6 +32,7 @@ from troupe import exceptions
 from troupe._generator import ObjectRefGenerator
 from troupe._remote import ActorClass, ActorHandle, RemoteFunction, method, remote, _actor_handle
 from troupe import _packages
+from troupe import _pip
 from troupe import _remote
 from troupe import _serialization as _ser
 from troupe import _timeouts
@@ -54,7 +55,7 @@ _shutdown_lock = threading.RLock()
 
 
 class _State:
-    def __init__(self, client, job_id, namespace="", env_vars=None, packages=(None, ())):
+    def __init__(self, client, job_id, namespace="", env_vars=None, packages=(None, ()), pip=None):
         self.client = client
         self.job_id = job_id
         # Where named actors are made and looked up by default: the
@@ -68,6 +69,8 @@ class _State:
         # cluster's KV store (troupe/_packages.py): (working_dir or None,
         # tuple of py_modules).
         self.packages = packages
+        # runtime_env's pip, as troupe/_pip.py writes it (None: none).
+        self.pip = pip
 
 
 def _client():
@@ -121,7 +124,8 @@ def _attach_worker():
             # it started: from the process's environment, not os.environ's
             # copy of it.
             _state = _State(_core.Client.attach_worker(), _core.getenv("PYTROUPE_JOB_ID"),
-                            _core.getenv("PYTROUPE_NAMESPACE"), _remote.inherited_env_vars(), _packages.inherited())
+                            _core.getenv("PYTROUPE_NAMESPACE"), _remote.inherited_env_vars(), _packages.inherited(),
+                            _pip.inherited())
         return _state
 
 
@@ -139,8 +143,8 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     (the default) keeps names cluster-wide, unlike Ray's anonymous one.
     `runtime_env`: for every task and actor of this job, as Ray's:
     {"env_vars": {...}, "working_dir": DIR, "py_modules": [DIR, FILE.py or
-    module, ...], "excludes": [PATTERN, ...]} (other keys are refused by
-    name; docs/python.md). Under `troupe submit --runtime-env-json`, that
+    module, ...], "excludes": [PATTERN, ...], "pip": [REQUIREMENT, ...]}
+    (other keys are refused by name; docs/python.md). Under `troupe submit --runtime-env-json`, that
     one is the default, and what is given here wins key by key."""
     global _state
     _remote.check_namespace(namespace, "troupe.init")
@@ -194,7 +198,8 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
         except BaseException:
             client.shutdown()
             raise
-        _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "", job_env.env_vars, packages)
+        _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "", job_env.env_vars, packages,
+                        job_env.pip)
     atexit.register(shutdown)
 
 

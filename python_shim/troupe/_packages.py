@@ -57,7 +57,7 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 _uploaded = {}  # (cluster address, token, client id, kind, path, excludes) -> package id, this process
 _PACKAGE_ID = re.compile(r"[0-9a-f]{64}")
 _upload_lock = threading.Lock()
-_applied = {"working_dir": None, "py_modules": (), "paths": []}  # in a worker: as inherited() says
+_applied = {"working_dir": None, "py_modules": (), "pip": None, "paths": []}  # in a worker: as inherited() says
 # The packages this process uses: package id -> the descriptor of its lock
 # file, locked shared (no eviction removes them meanwhile). Under
 # _apply_lock, as _applied is (task threads of one worker apply at once).
@@ -388,19 +388,23 @@ def environment(working_dir, py_modules):
 
 def apply(client_of):
     """In a worker, before a task or constructor runs: the packages its
-    environment names are on sys.path, and its working_dir is the current
-    directory. Cheap when nothing changed (every task calls it).
-    `client_of()` gives the client, asked only when a package is fetched."""
+    environment names are on sys.path (its pip packages installed, after
+    them), and its working_dir is the current directory. Cheap when nothing
+    changed (every task calls it). `client_of()` gives the client, asked
+    only when a package is fetched."""
+    from troupe import _pip
+
     working_dir, py_modules = inherited()
-    if working_dir == _applied["working_dir"] and py_modules == _applied["py_modules"]:
+    pip = _pip.inherited()
+    if (working_dir, py_modules, pip) == (_applied["working_dir"], _applied["py_modules"], _applied["pip"]):
         return
     with _apply_lock:
-        if working_dir == _applied["working_dir"] and py_modules == _applied["py_modules"]:
+        if (working_dir, py_modules, pip) == (_applied["working_dir"], _applied["py_modules"], _applied["pip"]):
             return
         for path in _applied["paths"]:
             while path in sys.path:
                 sys.path.remove(path)
-        wanted = [p for p in (working_dir, *py_modules) if p]
+        wanted = [p for p in (working_dir, *py_modules, pip and _pip.env_id(pip)) if p]
         if wanted:
             # All held before any is unpacked: an unpack's eviction leaves
             # this env's other packages alone.
@@ -415,6 +419,8 @@ def apply(client_of):
             paths.append(path)
         for package in py_modules:
             paths.append(local_path(client_of(), package))
+        if pip:
+            paths.append(_pip.local_path(pip))
         release_unused(set(wanted))
         sys.path[0:0] = paths
-        _applied.update(working_dir=working_dir, py_modules=py_modules, paths=paths)
+        _applied.update(working_dir=working_dir, py_modules=py_modules, pip=pip, paths=paths)

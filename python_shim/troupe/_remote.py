@@ -18,6 +18,7 @@ import types
 from troupe import _core
 from troupe import _generator
 from troupe import _packages
+from troupe import _pip
 from troupe import _serialization as ser
 from troupe._launcher import worker_executable
 from troupe.exceptions import ConfigError
@@ -245,18 +246,20 @@ RUNTIME_ENV_VARS = "PYTROUPE_ENV_VARS"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-_RUNTIME_ENV_KEYS = ("env_vars", "working_dir", "py_modules", "excludes")
+_RUNTIME_ENV_KEYS = ("env_vars", "working_dir", "py_modules", "excludes", "pip")
 
 
 class RuntimeEnv:
     """A runtime_env option, checked: env_vars; working_dir and py_modules
-    as absolute local paths (None: not given); excludes."""
+    as absolute local paths (None: not given); excludes; pip as the
+    canonical JSON of troupe/_pip.py (None: not given)."""
 
-    def __init__(self, env_vars=None, working_dir=None, py_modules=None, excludes=()):
+    def __init__(self, env_vars=None, working_dir=None, py_modules=None, excludes=(), pip=None):
         self.env_vars = env_vars or {}
         self.working_dir = working_dir
         self.py_modules = py_modules
         self.excludes = excludes
+        self.pip = pip
 
     def packages(self, client, inherited):
         """(working_dir, py_modules) package ids: this env's, uploaded to
@@ -324,8 +327,8 @@ def with_submitted_runtime_env(runtime_env):
 
 def parse_runtime_env(runtime_env, what):
     """A runtime_env option as a RuntimeEnv (empty for None), checked: troupe
-    takes Ray's env_vars, working_dir, py_modules and excludes, and refuses
-    any other key by name."""
+    takes Ray's env_vars, working_dir, py_modules, excludes and pip, and
+    refuses any other key by name."""
     if runtime_env is None:
         return RuntimeEnv()
     if not isinstance(runtime_env, dict):
@@ -334,7 +337,7 @@ def parse_runtime_env(runtime_env, what):
     for key in runtime_env:
         if key not in _RUNTIME_ENV_KEYS:
             raise ConfigError(f"{what}: runtime_env key {key!r} is not supported (troupe takes "
-                              f"{', '.join(_RUNTIME_ENV_KEYS)}; packages must be installed on every node)")
+                              f"{', '.join(_RUNTIME_ENV_KEYS)})")
     env_vars = _checked_env_vars(runtime_env.get("env_vars") or {}, what)
     working_dir = runtime_env.get("working_dir")
     if working_dir is not None:
@@ -356,7 +359,8 @@ def parse_runtime_env(runtime_env, what):
     if excludes and working_dir is None and py_modules is None:
         raise ConfigError(f"{what}: runtime_env excludes applies to the working_dir and py_modules of the same "
                           "runtime_env, and this one has neither")
-    return RuntimeEnv(env_vars, working_dir, py_modules, tuple(excludes))
+    pip = _pip.parse(runtime_env["pip"], what) if runtime_env.get("pip") is not None else None
+    return RuntimeEnv(env_vars, working_dir, py_modules, tuple(excludes), pip)
 
 
 def _checked_env_vars(env_vars, what):
@@ -435,6 +439,8 @@ def _runtime_options(options, default_cpus):
     # or those of the job or the starting worker.
     inherited = state.packages if state else (None, ())
     env.extend(_packages.environment(*runtime_env.packages(_client(), inherited)))
+    # Its pip packages, or those of the job or the starting worker.
+    env.extend(_pip.environment(runtime_env.pip if runtime_env.pip is not None else (state.pip if state else None)))
     if env:
         out["env"] = env
     return out
