@@ -56,7 +56,9 @@ class PyStream {
 // A stream item: a yielded value, or the error the generator raised.
 class PyStreamWriter {
  public:
-  // Connects to the caller's stream (StreamError when it is gone).
+  // Opens the caller's stream (StreamError when its process cannot be
+  // reached; a refusal, the stream being gone, fails a write after it,
+  // the second at the latest).
   PyStreamWriter(std::shared_ptr<client::Core> core, const std::string& address, uint64_t id);
   // Sends one item, waiting for credit (without limit: the consumer sets
   // the pace); StreamError once the reader is gone.

@@ -171,11 +171,6 @@ def _settle(value, token=0):
             _coroutines.pop(token, None)
 
 
-# What a writer's StreamError says when the reader's process refused it
-# (runtime/client/stream.cc): the stream is gone or over.
-_REFUSED = "stream refused by its reader's process"
-
-
 class _ReaderGone(Exception):
     """The caller of a streaming call stopped reading (it dropped its
     ObjectRefGenerator, or the call was cancelled)."""
@@ -228,15 +223,12 @@ def _streamed(stream, produce, what, where, token):
     The call's own answer is how many values were sent. A caller that stops
     reading stops the generator at its next yield."""
     address, stream_id, skip = stream
-    try:
-        writer = _core.StreamWriter(address, stream_id)
-    except StreamError as e:
-        # The caller dropped its generator (or cancelled the call) before
-        # the call ran: no one reads. Any other failure to open (the
-        # caller cannot be reached) fails the call, and so its stream.
-        if _REFUSED not in str(e):
-            raise
-        return _answer(0, what)
+    # Fails the call when the caller's process cannot be reached. One that
+    # dropped its generator (or cancelled the call) before the call ran
+    # refuses the stream: a first value sent before the refusal came is
+    # dropped, and the write after it stops the generator as a reader that
+    # stopped reading does.
+    writer = _core.StreamWriter(address, stream_id)
     sent = 0
     items = None
     try:

@@ -9,6 +9,25 @@ namespace troupe::client {
 
 using namespace troupe::wire;
 
+namespace {
+
+// What a value's frame leaves under the connection's write bound for the
+// frames sent without waiting (opens, ends, credits: tens of bytes each).
+constexpr uint64_t kControlRoom = 1 << 20;
+
+// Why a reader's process would refuse frame `f` ("" if it would not).
+std::string frame_refusal(const OutFrame& f, const FrameLimits& limits) {
+  uint32_t message_bytes = 0, attachments = 0;
+  std::string why = check_header(f.head.data(), limits, &message_bytes, &attachments);
+  if (!why.empty()) return why;
+  std::vector<uint64_t> sizes;
+  sizes.reserve(f.attachments.size());
+  for (const auto& a : f.attachments) sizes.push_back(a.size());
+  return check_sizes(message_bytes, sizes, limits);
+}
+
+}  // namespace
+
 StreamReaderCore::StreamReaderCore(const std::shared_ptr<Core>& core, size_t credits)
     : state_(std::make_shared<State>()), core_(core) {
   if (credits == 0) throw ConfigError("a stream needs at least 1 credit");
@@ -90,22 +109,16 @@ void StreamReaderCore::on_change(std::function<void()> fn) {
 StreamWriterCore::StreamWriterCore(const std::shared_ptr<Core>& core, const StreamRef& ref,
                                    std::chrono::milliseconds timeout)
     : state_(std::make_shared<State>()) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto& st = *state_;
   st.id = ref.id;
-  core->service<StreamLinks>()->attach(ref.address, state_, deadline);
+  // Every stream's window is at least one value: the first write goes
+  // right behind the open, without waiting for its answer. That answer
+  // (kOpened) brings the rest of the window; a refusal (kError: the stream
+  // is gone, over, or has a writer, and the reader side drops what came)
+  // fails the write that waits for credit after it.
+  st.credits = 1;
+  core->service<StreamLinks>()->attach(ref.address, state_, std::chrono::steady_clock::now() + timeout);
   st.conn->send(stream_event(StreamOp::kOpen, ref.id), true);
-  std::unique_lock lock(st.mu);
-  const bool settled = st.cv.wait_until(lock, deadline, [&] { return st.opened || !st.error.empty(); });
-  if (settled && st.error.empty()) return;
-  // Not opened: no destructor runs for a constructor that throws.
-  std::string error = st.error;
-  lock.unlock();
-  StreamLinks::detach(st);
-  if (!settled)
-    throw Timeout("stream " + std::to_string(ref.id) + " did not open within " + std::to_string(timeout.count()) +
-                  " ms");
-  throw StreamError(error);
 }
 
 StreamWriterCore::~StreamWriterCore() {
@@ -141,10 +154,20 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   Message m = stream_event(StreamOp::kData, st.id, std::move(e.bytes()));
   m.attachments = std::move(e.attachments());
   OutFrame f = encode_frame(m);
+  // A value the reader's process would refuse (its listener keeps the
+  // default limits) would close the connection there, and every stream on
+  // it: refused here, for this stream alone.
+  if (std::string why = frame_refusal(f, FrameLimits{}); !why.empty())
+    throw StreamError("stream " + std::to_string(st.id) + ": value not sent: " + why);
   // Credits bound the items in flight, not their bytes: large items (a
   // batch of images) could exceed the connection's write bound, which would
-  // drop a reader that is reading. Wait for the socket to take enough.
-  if (!conn->wait_for_room(f.total_bytes(), deadline)) throw timed_out("the connection to the reader did not drain");
+  // drop a reader that is reading. Wait for the socket to take enough, one
+  // writer of the link at a time (two that both saw room could overflow it
+  // together), leaving room for the small frames sent without waiting.
+  std::unique_lock turn(st.link->send_mu, std::defer_lock);
+  if (!turn.try_lock_until(deadline)) throw timed_out("another stream to the reader did not drain");
+  if (!conn->wait_for_room(f.total_bytes() + kControlRoom, deadline))
+    throw timed_out("the connection to the reader did not drain");
   {
     // Credits only grow while send_mu is held: the one checked is still here.
     std::lock_guard lock(st.mu);

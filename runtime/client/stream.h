@@ -1,6 +1,7 @@
 // Streams between actors: a StreamReader in one process, a StreamWriter in
-// another, over a direct authenticated connection, with credit-based flow
-// control. The reader grants credits (its buffer size); a writer without
+// another, over a direct authenticated connection (one per pair of
+// processes, shared by all the streams between them), with credit-based
+// flow control. The reader grants credits (its buffer size); a writer without
 // credit waits, so a slow reader bounds the writer's memory. End-of-stream
 // and errors travel in-band; a writer that dies makes read() throw, a
 // reader that dies makes write() throw.
@@ -129,12 +130,21 @@ class StreamReader {
 template <class T>
 class StreamWriter {
  public:
+  // Opens stream `ref`: connects to its reader's process if this process
+  // has no connection there yet (StreamError when it cannot, Timeout past
+  // `timeout`), sends the open and returns without waiting for its answer.
   StreamWriter(Runtime& rt, const StreamRef& ref, std::chrono::milliseconds timeout = std::chrono::seconds(30))
       : core_(rt.core(), ref, timeout) {}
   // Sends v, waiting for credit first (and, for large values, for the
   // connection to drain under its write bound). Throws StreamError when the
   // reader is gone, Timeout when either wait outlasts `timeout`: nothing
-  // was sent then, and writing v again is safe.
+  // was sent then, and writing v again is safe. The first value goes
+  // without waiting for the open's answer (every stream's window holds
+  // one). A stream whose reader's process refused the open (it is gone,
+  // over, or has another writer) drops what came, and the next write after
+  // the refusal throws StreamError saying why: the second write at the
+  // latest, since it waits for the window. A value over the frame limits
+  // (wire/frame.h) throws StreamError and is not sent.
   void write(const T& v, std::chrono::milliseconds timeout = std::chrono::hours(24)) {
     wire::Encoder e;
     wire::encode(e, v);

@@ -63,13 +63,13 @@ void StreamServer::remove(uint64_t id) {
   {
     std::lock_guard lock(st->mu);
     writer = st->writer.lock();
+    // Over, so that an open under way now is refused; a writer still
+    // writing stops (its next write throws); one that is done was told
+    // nothing and needs nothing.
+    const bool was_over = st->over();
+    if (!was_over) st->error = "stream reader closed";
     if (!writer) return;
-    // A writer still writing stops (its next write throws); one that is
-    // done was told nothing and needs nothing.
-    if (!st->over()) {
-      writer->send(stream_event(StreamOp::kCancel, id, "stream reader closed"), true);
-      st->error = "stream reader closed";
-    }
+    if (!was_over) writer->send(stream_event(StreamOp::kCancel, id, "stream reader closed"), true);
   }
   // The connection's table lets go of the stream (late frames for it are
   // dropped).
@@ -192,20 +192,29 @@ void StreamLinks::attach(const std::string& address, const std::shared_ptr<Strea
   if (!link->cv.wait_until(lock, deadline, [&] { return link->conn || !link->error.empty(); }))
     throw Timeout("cannot connect to " + which + ": no connection within the timeout");
   if (!link->error.empty()) throw StreamError("cannot connect to " + which + ": " + link->error);
-  auto& slot = link->writers[st->id];
-  if (!slot.expired()) throw StreamError(which + " already has a writer in this process");
-  slot = st;
+  // Another writer of this id here (or one that went before its open was
+  // answered): the reader's process would refuse this one anyway.
+  if (!link->writers.emplace(st->id, st).second) throw StreamError(which + " already has a writer in this process");
   st->link = link;
   st->conn = link->conn;
 }
 
 void StreamLinks::detach(StreamWriterCore::State& st) {
   if (!st.link) return;
+  bool answered = false;
+  {
+    std::lock_guard lock(st.mu);
+    answered = st.answered;
+  }
   std::lock_guard lock(st.link->mu);
   auto it = st.link->writers.find(st.id);
-  // Only its own entry (the slot may be another writer's).
-  if (it != st.link->writers.end() && (it->second.expired() || it->second.lock().get() == &st))
+  if (it == st.link->writers.end() || it->second.lock().get() != &st) return;
+  // Unanswered: the entry stays, empty, until the answer comes and goes
+  // with it (on_frame), so the answer never reaches a later writer.
+  if (answered)
     st.link->writers.erase(it);
+  else
+    it->second.reset();
 }
 
 std::shared_ptr<StreamLink> StreamLinks::link_to(const std::string& address) {
@@ -245,15 +254,19 @@ std::shared_ptr<StreamLink> StreamLinks::link_to(const std::string& address) {
 }
 
 void StreamLinks::on_frame(StreamLink& link, Message&& m) {
+  const auto op = static_cast<StreamOp>(m.op);
   std::shared_ptr<StreamWriterCore::State> st;
   {
     std::lock_guard lock(link.mu);
     auto it = link.writers.find(m.id);
-    if (it != link.writers.end()) st = it->second.lock();
+    if (it != link.writers.end()) {
+      st = it->second.lock();
+      // The answer to the open of a writer that went before it came.
+      if (!st && (op == StreamOp::kOpened || op == StreamOp::kError)) link.writers.erase(it);
+    }
   }
   // A writer that went: what its reader still sends it is moot.
   if (!st) return;
-  const auto op = static_cast<StreamOp>(m.op);
   uint64_t n = 0;
   if (op == StreamOp::kOpened || op == StreamOp::kCredit) {
     try {
@@ -267,8 +280,9 @@ void StreamLinks::on_frame(StreamLink& link, Message&& m) {
   switch (op) {
     case StreamOp::kOpened:
       if (st->opened) return;
-      st->opened = true;
-      st->credits = n;
+      st->opened = st->answered = true;
+      // The window less what went before the answer (one value at most).
+      st->credits = n > st->in_flight ? n - st->in_flight : 0;
       break;
     case StreamOp::kCredit:
       if (!st->opened) return;
@@ -276,6 +290,7 @@ void StreamLinks::on_frame(StreamLink& link, Message&& m) {
       st->in_flight -= std::min(st->in_flight, n);
       break;
     case StreamOp::kError:  // the answer to its open: refused
+      st->answered = true;
       if (st->error.empty()) st->error = "stream refused by its reader's process: " + m.body;
       break;
     case StreamOp::kCancel:

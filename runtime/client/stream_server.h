@@ -8,8 +8,8 @@
 //    feeds a stream there.
 //
 // So a connection carries many streams, one after another or at once, told
-// apart by the stream id every frame carries; opening a stream on it is one
-// round trip, not a TCP connect and a handshake. Each stream has its own
+// apart by the stream id every frame carries; opening a stream on it costs
+// no wait at all, not a TCP connect and a handshake. Each stream has its own
 // credits, so one slow reader never holds up the others (a frame is always
 // taken off the socket: its stream granted room for it). What ends one
 // stream (its end, an error, a reader's cancel, a writer over its credit)
@@ -117,8 +117,13 @@ struct StreamLink {
   std::condition_variable cv;
   std::shared_ptr<wire::Connection> conn;  // once connected
   std::string error;                       // once it failed or closed
-  // The writers it carries, by stream id.
+  // The writers it carries, by stream id. A writer that went before its
+  // open was answered leaves an empty entry, which the answer removes: it
+  // must not reach a later writer of that id (which is refused here).
   std::map<uint64_t, std::weak_ptr<StreamWriterCore::State>> writers;
+  // Held by a writer from waiting for room on the connection until its
+  // value is queued.
+  std::timed_mutex send_mu;
 };
 
 struct StreamWriterCore::State {
@@ -131,7 +136,8 @@ struct StreamWriterCore::State {
   size_t credits = 0;
   size_t in_flight = 0;
   size_t max_in_flight = 0;
-  bool opened = false;
+  bool opened = false;    // kOpened came (before it: one credit, as every window has)
+  bool answered = false;  // kOpened or the refusal came
   bool closed = false;
   std::string error;
   uint64_t id = 0;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 
 #include "tests/support/wait.h"
@@ -197,8 +198,30 @@ TEST_F(StreamTest, ReaderKilledStopsTheWriter) {
 
 // One writer per stream, ever: after the first ended or died, another is
 // refused at open (an actor call resent to a restarted actor must not feed
-// a reader that stopped reading, and then wait for credit forever).
+// a reader that stopped reading, and then wait for credit forever). The
+// open is not waited for: the refused writer's first value may go before
+// the refusal comes (and is dropped); its second waits for the window,
+// which the refusal answers.
 TEST_F(StreamTest, AStreamTakesNoSecondWriterAfterItsFirstEndedOrDied) {
+  auto refusal = [&](const troupe::StreamRef& ref) -> std::string {
+    troupe::StreamWriter<Item> again(rt_, ref, 10s);
+    for (int i = 0; i < 2; ++i) {
+      try {
+        again.write(Item{100 + i, {}}, kWaitBound);
+      } catch (const troupe::StreamError& e) {
+        return e.what();
+      }
+    }
+    return "a second writer wrote on";
+  };
+  // Frames on one connection are handled in order: once a value written
+  // after them is read, whatever the refused writer sent was handled.
+  auto settled = [&] {
+    troupe::StreamReader<Item> probe(rt_, 1);
+    troupe::StreamWriter<Item> w(rt_, probe.ref());
+    w.write(Item{7, {}});
+    return probe.read(kWaitBound)->seq == 7;
+  };
   troupe::StreamReader<Item> ended(rt_, 4);
   {
     troupe::StreamWriter<Item> w(rt_, ended.ref());
@@ -207,12 +230,11 @@ TEST_F(StreamTest, AStreamTakesNoSecondWriterAfterItsFirstEndedOrDied) {
   }
   ASSERT_EQ(ended.read(kWaitBound)->seq, 1);
   EXPECT_FALSE(ended.read(kWaitBound).has_value());
-  try {
-    troupe::StreamWriter<Item> again(rt_, ended.ref(), 10s);
-    FAIL() << "a second writer opened an ended stream";
-  } catch (const troupe::StreamError& e) {
-    EXPECT_NE(std::string(e.what()).find("is over"), std::string::npos) << e.what();
-  }
+  std::string error = refusal(ended.ref());
+  EXPECT_NE(error.find("is over"), std::string::npos) << error;
+  ASSERT_TRUE(settled());
+  EXPECT_EQ(ended.buffered(), 0u);  // what the refused writer sent was dropped
+  EXPECT_FALSE(ended.read(kWaitBound).has_value());
 
   troupe::StreamReader<Item> failed(rt_, 4);
   auto p = rt_.spawn<Producer>({});
@@ -221,12 +243,17 @@ TEST_F(StreamTest, AStreamTakesNoSecondWriterAfterItsFirstEndedOrDied) {
   ASSERT_TRUE(failed.read(kWaitBound).has_value());
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   EXPECT_THROW(for (;;) failed.read(kWaitBound), troupe::StreamError);
-  try {
-    troupe::StreamWriter<Item> again(rt_, failed.ref(), 10s);
-    FAIL() << "a second writer opened a failed stream";
-  } catch (const troupe::StreamError& e) {
-    EXPECT_NE(std::string(e.what()).find("is over"), std::string::npos) << e.what();
+  error = refusal(failed.ref());
+  EXPECT_NE(error.find("is over"), std::string::npos) << error;
+
+  // A stream whose reader is gone refuses too.
+  troupe::StreamRef gone;
+  {
+    troupe::StreamReader<Item> r(rt_, 4);
+    gone = r.ref();
   }
+  error = refusal(gone);
+  EXPECT_NE(error.find("no stream with id"), std::string::npos) << error;
 }
 
 // peek() says what a read would do without taking anything, and
@@ -305,6 +332,72 @@ TEST_F(StreamTest, StreamsFromOneProcessShareOneConnection) {
     EXPECT_FALSE(r.read(kWaitBound).has_value());
     done.get(kWaitBound);
   }
+  EXPECT_EQ(server->connections_accepted() - before, 1u);
+}
+
+// Two writers of one process (two threads here, writing to this process's
+// own listener over a real connection) send values of 150 MB to two streams
+// at once: two such values queued are over the connection's write bound
+// (256 MB), past which the peer counts as not reading and is dropped, every
+// stream with it. Two writers that both waited for room (woken together
+// once the queue drained) would send one each. They take turns, and every
+// value arrives.
+TEST_F(StreamTest, WritersOfLargeValuesTakeTurnsOnTheirSharedConnection) {
+  const size_t bytes = 150u << 20;
+  const int n = 4;
+  auto block = std::make_shared<std::vector<std::byte>>(bytes, std::byte{'v'});
+  troupe::Buffer view(block, block->data(), block->size());
+  auto server = rt_.core()->service<troupe::client::StreamServer>();
+  const uint64_t before = server->connections_accepted();
+  troupe::StreamReader<Item> a(rt_, 4), b(rt_, 4);
+  auto write_all = [&](troupe::StreamRef ref) {
+    return std::async(std::launch::async, [this, ref, view] {
+      troupe::StreamWriter<Item> w(rt_, ref);
+      for (int i = 0; i < n; ++i) w.write(Item{i, view}, kWaitBound);
+      w.close();
+    });
+  };
+  auto done_a = write_all(a.ref());
+  auto done_b = write_all(b.ref());
+  for (int i = 0; i < n; ++i) {
+    for (auto* r : {&a, &b}) {
+      auto item = r->read(kWaitBound);
+      ASSERT_TRUE(item.has_value()) << "item " << i;
+      EXPECT_EQ(item->seq, i);
+      ASSERT_EQ(item->payload.size(), bytes);
+    }
+  }
+  EXPECT_FALSE(a.read(kWaitBound).has_value());
+  EXPECT_FALSE(b.read(kWaitBound).has_value());
+  done_a.get();  // rethrows what a writer threw
+  done_b.get();
+  EXPECT_EQ(server->connections_accepted() - before, 1u);
+}
+
+// A value over the frame limits would make the reader's process close the
+// connection, and every stream on it: the writer refuses it, and the
+// stream and its connection go on.
+TEST_F(StreamTest, AValueOverTheFrameLimitsIsRefusedByItsWriterAlone) {
+  auto server = rt_.core()->service<troupe::client::StreamServer>();
+  const uint64_t before = server->connections_accepted();
+  troupe::StreamReader<std::string> r(rt_, 4), other(rt_, 4);
+  troupe::StreamWriter<std::string> w(rt_, r.ref()), wo(rt_, other.ref());
+  wo.write("before");
+  try {
+    w.write(std::string((64u << 20) + 1, 'x'));  // the message part's limit is 64 MiB
+    ADD_FAILURE() << "a value over the limits was sent";
+  } catch (const troupe::StreamError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds limit"), std::string::npos) << e.what();
+  }
+  w.write("small");
+  w.close();
+  wo.write("after");
+  wo.close();
+  EXPECT_EQ(*r.read(kWaitBound), "small");
+  EXPECT_FALSE(r.read(kWaitBound).has_value());
+  EXPECT_EQ(*other.read(kWaitBound), "before");
+  EXPECT_EQ(*other.read(kWaitBound), "after");
+  EXPECT_FALSE(other.read(kWaitBound).has_value());
   EXPECT_EQ(server->connections_accepted() - before, 1u);
 }
 
