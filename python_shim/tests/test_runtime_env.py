@@ -330,25 +330,41 @@ def test_a_bad_cache_size_is_named(monkeypatch):
     assert _packages._cache_bytes() == 2**29
 
 
-def _pip_project(root, name, value):
-    """A local project (setup.py) that pip can install without a network."""
-    (root / name).mkdir(parents=True)
-    (root / name / "__init__.py").write_text(f"VALUE = {value!r}\n")
-    (root / "setup.py").write_text(f"from setuptools import setup\nsetup(name={name!r}, version='0.1', "
-                                   f"packages=[{name!r}])\n")
-    return str(root)
+def _wheel(folder, name, value, requires=()):
+    """A wheel of package `name` (VALUE = value) that pip installs without a
+    network or a build step."""
+    import base64
+    import hashlib
+    import zipfile
 
-
-# No network in tests: local projects, built with the machine's setuptools.
-_OFFLINE = ["--no-index", "--no-build-isolation"]
+    info = f"{name}-0.1.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VALUE = {value!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    path = folder / f"{name}-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, text in files.items():
+            z.writestr(member, text)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+            record.append(f"{member},sha256={digest},{len(text.encode())}")
+        z.writestr(f"{info}/RECORD", "\n".join(record + [f"{info}/RECORD,,"]) + "\n")
+    return str(path)
 
 
 @troupe.remote
 def pip_value(name):
     import importlib
+    import subprocess
 
     module = importlib.import_module(name)
-    return module.VALUE, module.__file__
+    # The processes it starts see the packages too.
+    child = subprocess.run([sys.executable, "-c", f"import {name}; print({name}.VALUE)"], capture_output=True,
+                           text=True, timeout=60)
+    return module.VALUE, module.__file__, child.stdout.strip()
 
 
 @troupe.remote
@@ -359,42 +375,55 @@ class PipUser:
         return importlib.import_module(name).VALUE
 
 
-def test_pip_packages_are_installed_once_per_node_for_their_tasks_alone(tmp_path, monkeypatch):
-    """A task's pip packages are installed on its node by the first worker
-    that needs them (the others wait, then use that install) and are on
-    its sys.path; the job's pip reaches every task and actor that gives
-    none of its own; a task without them cannot import them."""
+def _isolated_cache(tmp_path, monkeypatch):
+    """The cluster's processes get a TMPDIR of their own: the runtime_env
+    cache they use is this test's."""
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    project = _pip_project(tmp_path / "proj", "renv_pip_demo", 42)
+    return os.path.join(str(tmp_path / "tmp"), f"troupe-{os.getuid()}", "runtime_env")
+
+
+def test_pip_packages_go_into_a_venv_per_node_for_their_tasks_alone(tmp_path, monkeypatch):
+    """A task's pip packages are installed on its node into a venv that
+    sees the interpreter's own packages (a requirement they meet is not
+    installed again), which the tasks that name them, and the processes
+    those start, import from; the job's pip (a requirements file) reaches
+    every task and actor that gives none of its own; a task without them
+    cannot import them; a local wheel that changed is installed again."""
+    cache = _isolated_cache(tmp_path, monkeypatch)
+    (tmp_path / "own").mkdir()
+    (tmp_path / "job").mkdir()
+    own_wheel = _wheel(tmp_path / "own", "renv_pip_demo", 42, requires=["numpy"])
     requirements = tmp_path / "requirements.txt"
-    requirements.write_text(f"# the job's packages\n{_pip_project(tmp_path / 'job', 'renv_pip_job', 7)}\n")
-    job = {"pip": {"packages": str(requirements), "pip_install_options": _OFFLINE}}
+    requirements.write_text(f"# the job's packages\n{_wheel(tmp_path / 'job', 'renv_pip_job', 7)}\n")
+    job = {"pip": {"packages": str(requirements), "pip_install_options": ["--no-index"]}}
     troupe.init(num_cpus=2, runtime_env=job)
     try:
-        own = {"pip": {"packages": [project], "pip_install_options": _OFFLINE}}
-        # Two at once, on two workers: one installs, the other waits for it.
+        own = {"pip": {"packages": [own_wheel], "pip_install_options": ["--no-index"]}}
         refs = [pip_value.options(runtime_env=own).remote("renv_pip_demo") for _ in range(2)]
-        (value, first), (again, second) = troupe.get(refs, timeout=300)
-        assert value == again == 42
-        assert first == second and first.startswith(str(tmp_path / "tmp"))
-        cache = os.path.dirname(os.path.dirname(os.path.dirname(first)))
-        # A task of the job's own pip, and an actor.
-        value, job_file = troupe.get(pip_value.remote("renv_pip_job"), timeout=300)
+        (value, first, child), (again, second, _) = troupe.get(refs, timeout=300)
+        assert (value, again, child) == (42, 42, "42")
+        assert first == second and first.startswith(cache)
+        site_packages = os.path.dirname(os.path.dirname(first))
+        assert not os.path.exists(os.path.join(site_packages, "numpy"))  # the interpreter's own
+        value, job_file, _ = troupe.get(pip_value.remote("renv_pip_job"), timeout=300)
         assert value == 7 and job_file.startswith(cache)
         user = PipUser.remote()
         assert troupe.get(user.value.remote("renv_pip_job"), timeout=300) == 7
         with pytest.raises(Exception, match="renv_pip_demo"):
             troupe.get(pip_value.remote("renv_pip_demo"), timeout=300)
+        # The wheel changes: its new contents are installed, beside the old.
+        _wheel(tmp_path / "own", "renv_pip_demo", 43, requires=["numpy"])
+        value, third, _ = troupe.get(pip_value.options(runtime_env=own).remote("renv_pip_demo"), timeout=300)
+        assert value == 43 and third != first
         installs = [e for e in os.listdir(cache) if len(e) == 64]
-        assert len(installs) == 2, installs  # this task's, the job's
+        assert len(installs) == 3, installs  # the task's, twice; the job's
     finally:
         troupe.shutdown()
 
 
-def test_a_pip_install_that_fails_says_what_pip_said(tmp_path, monkeypatch):
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+def test_a_pip_install_that_fails_says_what_pip_said_and_is_remembered(tmp_path, monkeypatch):
+    cache = _isolated_cache(tmp_path, monkeypatch)
     troupe.init(num_cpus=1)
     try:
         env = {"pip": {"packages": ["renv-no-such-package==1.0"], "pip_install_options": ["--no-index"]}}
@@ -403,8 +432,9 @@ def test_a_pip_install_that_fails_says_what_pip_said(tmp_path, monkeypatch):
         text = str(failed.value)
         assert "renv-no-such-package==1.0" in text and "pip install" in text and "No matching distribution" in text
         # Nothing half-installed stays behind.
-        root = os.path.join(str(tmp_path / "tmp"), f"troupe-{os.getuid()}", "runtime_env")
-        assert not [e for e in os.listdir(root) if len(e) == 64 or e.startswith(".")]
+        assert not [e for e in os.listdir(cache) if len(e) == 64 or e.startswith(".")]
+        # The next task that needs it fails with that error, without pip.
+        with pytest.raises(Exception, match="ago on this node"):
+            troupe.get(pip_value.options(runtime_env=env).remote("renv_no_such_package"), timeout=300)
     finally:
         troupe.shutdown()
-

@@ -57,7 +57,8 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 _uploaded = {}  # (cluster address, token, client id, kind, path, excludes) -> package id, this process
 _PACKAGE_ID = re.compile(r"[0-9a-f]{64}")
 _upload_lock = threading.Lock()
-_applied = {"working_dir": None, "py_modules": (), "pip": None, "paths": []}  # in a worker: as inherited() says
+# In a worker: as inherited() says; "venv" is the pip spec's, once made.
+_applied = {"working_dir": None, "py_modules": (), "pip": None, "venv": None, "paths": []}
 # The packages this process uses: package id -> the descriptor of its lock
 # file, locked shared (no eviction removes them meanwhile). Under
 # _apply_lock, as _applied is (task threads of one worker apply at once).
@@ -388,8 +389,9 @@ def environment(working_dir, py_modules):
 
 def apply(client_of):
     """In a worker, before a task or constructor runs: the packages its
-    environment names are on sys.path (its pip packages installed, after
-    them), and its working_dir is the current directory. Cheap when nothing
+    environment names are on sys.path (its pip venv made, and its
+    site-packages after them: troupe/_pip.py), and its working_dir is the
+    current directory. Cheap when nothing
     changed (every task calls it). `client_of()` gives the client, asked
     only when a package is fetched."""
     from troupe import _pip
@@ -404,6 +406,9 @@ def apply(client_of):
         for path in _applied["paths"]:
             while path in sys.path:
                 sys.path.remove(path)
+        if _applied["venv"]:
+            _pip.deactivate(_applied["venv"])
+            _applied["venv"] = None
         wanted = [p for p in (working_dir, *py_modules, pip and _pip.env_id(pip)) if p]
         if wanted:
             # All held before any is unpacked: an unpack's eviction leaves
@@ -419,8 +424,10 @@ def apply(client_of):
             paths.append(path)
         for package in py_modules:
             paths.append(local_path(client_of(), package))
+        venv = None
         if pip:
-            paths.append(_pip.local_path(pip))
+            venv = _pip.local_path(pip)
+            paths.extend(_pip.activate(venv))
         release_unused(set(wanted))
         sys.path[0:0] = paths
-        _applied.update(working_dir=working_dir, py_modules=py_modules, pip=pip, paths=paths)
+        _applied.update(working_dir=working_dir, py_modules=py_modules, pip=pip, venv=venv, paths=paths)
