@@ -851,6 +851,38 @@ def test_bad_input_is_a_clear_python_error():
         troupe.init()
 
 
+@troupe.remote
+class Held:
+    """Calls to hold() stay under way until release() is called."""
+
+    def __init__(self):
+        self.event = asyncio.Event()
+
+    async def hold(self):
+        await self.event.wait()
+        return "held"
+
+    async def release(self):
+        self.event.set()
+
+
+def test_max_pending_calls_refuses_calls_past_it_until_some_end():
+    from troupe.exceptions import PendingCallsLimitExceeded
+
+    held = Held.options(max_pending_calls=2).remote()
+    first, second = held.hold.remote(), held.hold.remote()
+    with pytest.raises(PendingCallsLimitExceeded, match="max_pending_calls=2"):
+        held.hold.remote()
+    # The limit is the handle's: a copy has none.
+    copy.copy(held).release.remote()
+    assert troupe.get([first, second], timeout=60) == ["held", "held"]
+    # The ended calls made room.
+    assert troupe.get([held.hold.remote(), held.hold.remote()], timeout=60) == ["held", "held"]
+    for bad in (0, -2, True, "2"):
+        with pytest.raises(ConfigError, match=f"max_pending_calls must be -1 .* got {bad!r}"):
+            Held.options(max_pending_calls=bad).remote()
+
+
 def test_out_of_range_options_are_named():
     # Counts past the runtime's 32-bit ints and resource amounts that are
     # no numbers used to fail in the binding ("Unable to cast Python

@@ -13,6 +13,7 @@ import json
 import numbers
 import os
 import re
+import threading
 import types
 
 from troupe import _core
@@ -35,7 +36,8 @@ _TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "nu
                  "retry_exceptions", "preload_modules", "runtime_env",
                  _generator.BACKPRESSURE_OPTION} | _PLACEMENT_OPTIONS
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
-                  "lifetime", "namespace", "get_if_exists", "preload_modules", "runtime_env"} | _PLACEMENT_OPTIONS
+                  "lifetime", "namespace", "get_if_exists", "preload_modules", "runtime_env",
+                  "max_pending_calls"} | _PLACEMENT_OPTIONS
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # The head has one flat table of actor names: a name in a namespace is kept
 # there as NAMESPACE/NAME, one in the default namespace ("") as NAME alone,
@@ -61,6 +63,9 @@ def _check_options(options, allowed, what):
         value = options.get(key, 0)
         if not _is_int(value, -1):
             raise ConfigError(f"{key} must be an int in [-1, {_INT_MAX}], got {value!r}")
+    pending = options.get("max_pending_calls", -1)
+    if isinstance(pending, bool) or not isinstance(pending, int) or pending == 0 or pending < -1:
+        raise ConfigError(f"{what}: max_pending_calls must be -1 (no limit) or an int >= 1, got {pending!r}")
     concurrency = options.get("max_concurrency", 1)
     if not _is_int(concurrency, 1) or concurrency > _MAX_CONCURRENCY:
         raise ConfigError(f"max_concurrency must be an int in [1, {_MAX_CONCURRENCY}], got {concurrency!r}")
@@ -587,7 +592,7 @@ class RemoteFunction:
 class ActorMethod:
     # Not the handle itself: a handle caches its methods, and a cycle would
     # keep an actor that went out of scope alive until Python's cycle GC.
-    __slots__ = ("_actor", "_client", "_lifetime", "_name", "_num_returns", "_credits")
+    __slots__ = ("_actor", "_client", "_lifetime", "_name", "_num_returns", "_credits", "_pending")
 
     def __init__(self, handle, name, num_returns=1):
         self._actor = handle._actor
@@ -596,6 +601,7 @@ class ActorMethod:
         self._name = name
         self._num_returns = num_returns
         self._credits = _generator.DEFAULT_CREDITS
+        self._pending = handle._pending
 
     def remote(self, *args, **kwargs):
         import troupe
@@ -604,10 +610,23 @@ class ActorMethod:
         if client is not troupe._current_client():  # the message only when needed
             client = _session_client(self, f"{self._name}.remote()")
         data, top = _call_args(f"actor method {self._name}", args, kwargs)
+        if self._pending is None:
+            return self._send(client, data, top)[0]
+        with self._pending.lock:
+            self._pending.make_room(client, f"actor method {self._name}", self._actor.id)
+            result, call = self._send(client, data, top)
+            self._pending.calls.append(call)
+        return result
+
+    def _send(self, client, data, top):
+        """(what .remote() returns, the ref of the call itself)."""
         if self._num_returns == "streaming":
-            return self._stream(client, data, top)
+            generator = self._stream(client, data, top)
+            return generator, generator.completed()
         ref = client.call(self._actor, self._name, data, top, self._lifetime)
-        return ref if self._num_returns == 1 else ser.items(ref, self._num_returns, f"actor method {self._name}")
+        if self._num_returns == 1:
+            return ref, ref
+        return ser.items(ref, self._num_returns, f"actor method {self._name}"), ref
 
     def _stream(self, client, data, top):
         """A streaming call (a generator method): its ObjectRefGenerator.
@@ -643,7 +662,7 @@ class ActorMethod:
                                   f"name, num_returns and {_generator.BACKPRESSURE_OPTION})")
         copy = ActorMethod.__new__(ActorMethod)
         copy._actor, copy._client, copy._lifetime, copy._name = self._actor, self._client, self._lifetime, self._name
-        copy._num_returns, copy._credits = count, credits
+        copy._num_returns, copy._credits, copy._pending = count, credits, self._pending
         return copy
 
     def __call__(self, *args, **kwargs):
@@ -654,9 +673,12 @@ class ActorHandle:
     """A handle to an actor: handle.method.remote(...) returns an ObjectRef.
     Calls from one caller run in the order sent."""
 
-    def __init__(self, actor, cls, client, lifetime=None, table=None):
+    def __init__(self, actor, cls, client, lifetime=None, table=None, max_pending_calls=-1):
         self._actor = actor
         self._client = client
+        # Ray's max_pending_calls: this handle's calls under way, at most
+        # that many (None: no limit). Not carried by copies or pickles.
+        self._pending = _PendingCalls(max_pending_calls) if max_pending_calls > 0 else None
         # The actor's lifetime ref (client.actor_lifetime) when its creator
         # ends it once no handle is left anywhere; None for detached and
         # named actors and for handles found by name or id.
@@ -702,6 +724,31 @@ class ActorHandle:
         _session_client(self, "pickling its handle")
         lifetime = self._lifetime if self._lifetime is not None and ser.pickling_refs() else None
         return _handle_by_id, (self._actor.id, lifetime, self._table)
+
+
+class _PendingCalls:
+    """The calls under way through one actor handle, at most `limit`."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.calls = []  # their refs, oldest first
+        # Held from the count to the append: two threads cannot both take
+        # the last place.
+        self.lock = threading.Lock()
+
+    def make_room(self, client, what, actor_id):
+        """Drops the calls that ended; PendingCallsLimitExceeded when
+        `limit` are still under way."""
+        if len(self.calls) < self.limit:
+            return
+        ended = set(client.wait([ser.parent(r) for r in self.calls], [], len(self.calls), 0.0))
+        self.calls = [r for i, r in enumerate(self.calls) if i not in ended]
+        if len(self.calls) >= self.limit:
+            from troupe.exceptions import PendingCallsLimitExceeded
+
+            raise PendingCallsLimitExceeded(
+                f"{what} was not sent to actor {actor_id}: {len(self.calls)} calls through this handle are under "
+                f"way, its max_pending_calls={self.limit}; wait for some (troupe.get/troupe.wait) and call again")
 
 
 def _session_client(handle, what):
@@ -819,7 +866,8 @@ class ActorClass:
         lifetime = None
         if name is None and not options.get("detached"):
             lifetime = client.actor_lifetime(actor.id)
-        return ActorHandle(actor, self._cls, client, lifetime)
+        return ActorHandle(actor, self._cls, client, lifetime, max_pending_calls=self._options.get("max_pending_calls",
+                                                                                                   -1))
 
 
 def remote(*args, **options):

@@ -51,6 +51,11 @@ class StreamError(TroupeError):
     reader, the ObjectRefGenerator, was dropped)."""
 
 
+class PendingCallsLimitExceeded(TroupeError):
+    """An actor handle made with max_pending_calls=N has N calls under way:
+    this one was not sent (Ray's)."""
+
+
 class ConfigError(TroupeError, ValueError):
     """Bad input: an option, an address, an actor name that does not exist."""
 
