@@ -194,3 +194,24 @@ print(json.dumps({
 }))
 troupe.shutdown()
 """
+
+
+def test_list_named_actors_in_this_namespace_or_all():
+    from troupe.util import list_named_actors
+
+    here = Counter.options(name="listed_here").remote()
+    there = Counter.options(name="listed_there", namespace="beta").remote()
+    anonymous = Counter.remote()
+    troupe.get([here.add.remote(1), there.add.remote(1), anonymous.add.remote(1)], timeout=60)
+    assert "listed_here" in list_named_actors() and "listed_there" not in list_named_actors()
+    everywhere = list_named_actors(all_namespaces=True)
+    assert {"name": "listed_here", "namespace": "alpha"} in everywhere
+    assert {"name": "listed_there", "namespace": "beta"} in everywhere
+    troupe.kill(here)
+    # A killed actor is no longer listed (once the head has it DEAD).
+    from conftest import wait_until
+
+    wait_until(lambda: "listed_here" not in list_named_actors(), 60, "the killed actor to leave the list")
+    with pytest.raises(ConfigError, match="all_namespaces must be True or False"):
+        list_named_actors(all_namespaces="yes")
+    troupe.kill(there)
