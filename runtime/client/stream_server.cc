@@ -192,8 +192,17 @@ void StreamLinks::attach(const std::string& address, const std::shared_ptr<Strea
   if (!link->cv.wait_until(lock, deadline, [&] { return link->conn || !link->error.empty(); }))
     throw Timeout("cannot connect to " + which + ": no connection within the timeout");
   if (!link->error.empty()) throw StreamError("cannot connect to " + which + ": " + link->error);
-  // Another writer of this id here (or one that went before its open was
-  // answered): the reader's process would refuse this one anyway.
+  // A writer of this id that went before its open was answered left an
+  // empty entry, which the answer removes: wait for it (an earlier writer's
+  // answer must not reach this one).
+  const bool answered = link->cv.wait_until(lock, deadline, [&] {
+    auto it = link->writers.find(st->id);
+    return it == link->writers.end() || !it->second.expired() || !link->error.empty();
+  });
+  if (!link->error.empty()) throw StreamError("cannot connect to " + which + ": " + link->error);
+  if (!answered) throw Timeout(which + ": an earlier writer's open was not answered within the timeout");
+  // Another writer of this id here: the reader's process would refuse this
+  // one anyway.
   if (!link->writers.emplace(st->id, st).second) throw StreamError(which + " already has a writer in this process");
   st->link = link;
   st->conn = link->conn;
@@ -201,14 +210,15 @@ void StreamLinks::attach(const std::string& address, const std::shared_ptr<Strea
 
 void StreamLinks::detach(StreamWriterCore::State& st) {
   if (!st.link) return;
-  bool answered = false;
-  {
-    std::lock_guard lock(st.mu);
-    answered = st.answered;
-  }
+  // The link's lock, then the writer's: on_frame takes an answer so too.
   std::lock_guard lock(st.link->mu);
   auto it = st.link->writers.find(st.id);
   if (it == st.link->writers.end() || it->second.lock().get() != &st) return;
+  bool answered = false;
+  {
+    std::lock_guard state_lock(st.mu);
+    answered = st.answered;
+  }
   // Unanswered: the entry stays, empty, until the answer comes and goes
   // with it (on_frame), so the answer never reaches a later writer.
   if (answered)
@@ -255,18 +265,6 @@ std::shared_ptr<StreamLink> StreamLinks::link_to(const std::string& address) {
 
 void StreamLinks::on_frame(StreamLink& link, Message&& m) {
   const auto op = static_cast<StreamOp>(m.op);
-  std::shared_ptr<StreamWriterCore::State> st;
-  {
-    std::lock_guard lock(link.mu);
-    auto it = link.writers.find(m.id);
-    if (it != link.writers.end()) {
-      st = it->second.lock();
-      // The answer to the open of a writer that went before it came.
-      if (!st && (op == StreamOp::kOpened || op == StreamOp::kError)) link.writers.erase(it);
-    }
-  }
-  // A writer that went: what its reader still sends it is moot.
-  if (!st) return;
   uint64_t n = 0;
   if (op == StreamOp::kOpened || op == StreamOp::kCredit) {
     try {
@@ -276,6 +274,23 @@ void StreamLinks::on_frame(StreamLink& link, Message&& m) {
       return;
     }
   }
+  const bool answer = op == StreamOp::kOpened || op == StreamOp::kError;
+  std::shared_ptr<StreamWriterCore::State> st;
+  std::unique_lock link_lock(link.mu);
+  auto it = link.writers.find(m.id);
+  if (it != link.writers.end()) st = it->second.lock();
+  if (!st) {
+    // The answer to the open of a writer that went before it came: its
+    // entry goes, and a writer of that id waiting for that may come.
+    if (answer && it != link.writers.end()) {
+      link.writers.erase(it);
+      link.cv.notify_all();
+    }
+    return;  // a writer that went: what its reader still sends it is moot
+  }
+  // An answer is taken under the link's lock, as detach() decides under it
+  // whether one came: none slips between them.
+  if (!answer) link_lock.unlock();
   std::lock_guard lock(st->mu);
   switch (op) {
     case StreamOp::kOpened:
