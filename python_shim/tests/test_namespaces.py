@@ -215,3 +215,28 @@ def test_list_named_actors_in_this_namespace_or_all():
     with pytest.raises(ConfigError, match="all_namespaces must be True or False"):
         list_named_actors(all_namespaces="yes")
     troupe.kill(there)
+
+
+@troupe.remote
+def node_ip():
+    from troupe.util import get_node_ip_address
+
+    return get_node_ip_address()
+
+
+def test_get_node_ip_address_in_driver_task_and_actor():
+    from troupe.util import get_node_ip_address
+
+    @troupe.remote
+    class Where:
+        def ip(self):
+            return get_node_ip_address()
+
+    # A loopback cluster: every node is reached at 127.0.0.1, and so is the
+    # head from this driver.
+    assert get_node_ip_address() == "127.0.0.1"
+    assert troupe.get(node_ip.remote(), timeout=60) == "127.0.0.1"
+    where = Where.remote()
+    assert troupe.get(where.ip.remote(), timeout=60) == "127.0.0.1"
+    nodes = {n["NodeManagerAddress"] for n in troupe.nodes() if n["Alive"]}
+    assert nodes == {"127.0.0.1"}

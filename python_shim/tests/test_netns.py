@@ -210,3 +210,32 @@ def test_unreachable_address_is_refused_within_a_bound(hosts, tmp_path):
     assert out.returncode != 0
     assert nowhere in out.stderr, out.stderr
     assert took < 60, f"took {took:.1f} s"
+
+
+def test_get_node_ip_address_is_each_hosts_own(hosts):
+    """Ray's get_node_ip_address: a task says the address of the host it
+    runs on, and the driver its own towards the head (the bridge's)."""
+    import troupe
+    from troupe.util import get_node_ip_address
+    from troupe.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @troupe.remote(num_cpus=1)
+    def where():
+        from troupe.util import get_node_ip_address
+
+        return get_node_ip_address()
+
+    os.environ["TROUPE_TOKEN"] = hosts["token"]
+    troupe.init(address=hosts["address"])
+    try:
+        # An earlier test cut one host off: the others.
+        alive = {int(n["NodeID"]) for n in troupe.nodes() if n["Alive"]}
+        assert len(alive) >= 2
+        for node_id, node in hosts["nodes"].items():
+            if node_id not in alive:
+                continue
+            on_it = where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+            assert troupe.get(on_it.remote(), timeout=120) == node["ip"]
+        assert get_node_ip_address() == hosts["net"].subnet + ".1"
+    finally:
+        troupe.shutdown()

@@ -2,14 +2,14 @@
 strategies (troupe.util.placement_group, troupe.util.scheduling_strategies),
 ActorPool (troupe.util.actor_pool), Queue (troupe.util.queue), a
 multiprocessing Pool (troupe.util.multiprocessing), the state API
-(troupe.util.state) and list_named_actors."""
+(troupe.util.state), list_named_actors and get_node_ip_address."""
 
 from troupe.util.actor_pool import ActorPool
 from troupe.util.placement_group import (PlacementGroup, get_placement_group, placement_group,
                                          placement_group_table, remove_placement_group)
 
 __all__ = ["ActorPool", "PlacementGroup", "get_placement_group", "placement_group", "placement_group_table",
-           "remove_placement_group", "list_named_actors"]
+           "remove_placement_group", "list_named_actors", "get_node_ip_address"]
 
 
 def list_named_actors(all_namespaces=False):
@@ -27,3 +27,27 @@ def list_named_actors(all_namespaces=False):
     if all_namespaces:
         return [{"name": a.name, "namespace": a.ray_namespace} for a in named]
     return [a.name for a in named if a.ray_namespace == here]
+
+
+def get_node_ip_address():
+    """The IP address of the node the caller runs on, as Ray's: in a task or
+    an actor, its node's address as the head has it (what the cluster's
+    other processes reach it at); in a driver, the address of this machine
+    towards the head. What code gives to its peers as MASTER_ADDR."""
+    import socket
+
+    import troupe
+    from troupe import _core
+
+    client = troupe._client()
+    actor = _core.actor_id()
+    if actor:
+        node = str(client.actor_info(actor)["node_id"])
+        for n in client.nodes():
+            if n["NodeID"] == node and n["NodeManagerAddress"]:
+                return n["NodeManagerAddress"]
+    host = client.address.rpartition(":")[0].strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # no packet goes: the kernel picks the route
+        return s.getsockname()[0]
