@@ -26,6 +26,33 @@ std::string frame_refusal(const OutFrame& f, const FrameLimits& limits) {
   return check_sizes(message_bytes, sizes, limits);
 }
 
+// A writer's turn to send on its link (StreamLink::sending), given back
+// when it goes out of scope.
+class LinkTurn {
+ public:
+  explicit LinkTurn(StreamLink& link) : link_(link) {}
+  LinkTurn(const LinkTurn&) = delete;
+  LinkTurn& operator=(const LinkTurn&) = delete;
+  bool take(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(link_.mu);
+    if (!link_.turn_cv.wait_until(lock, deadline, [&] { return !link_.sending; })) return false;
+    link_.sending = taken_ = true;
+    return true;
+  }
+  ~LinkTurn() {
+    if (!taken_) return;
+    {
+      std::lock_guard lock(link_.mu);
+      link_.sending = false;
+    }
+    link_.turn_cv.notify_one();
+  }
+
+ private:
+  StreamLink& link_;
+  bool taken_ = false;
+};
+
 }  // namespace
 
 StreamReaderCore::StreamReaderCore(const std::shared_ptr<Core>& core, size_t credits)
@@ -164,8 +191,8 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   // drop a reader that is reading. Wait for the socket to take enough, one
   // writer of the link at a time (two that both saw room could overflow it
   // together), leaving room for the small frames sent without waiting.
-  std::unique_lock turn(st.link->send_mu, std::defer_lock);
-  if (!turn.try_lock_until(deadline)) throw timed_out("another stream to the reader did not drain");
+  LinkTurn turn(*st.link);
+  if (!turn.take(deadline)) throw timed_out("another stream to the reader did not drain");
   if (!conn->wait_for_room(f.total_bytes() + kControlRoom, deadline))
     throw timed_out("the connection to the reader did not drain");
   {

@@ -121,9 +121,11 @@ struct StreamLink {
   // open was answered leaves an empty entry, which the answer removes: it
   // must not reach a later writer of that id (which is refused here).
   std::map<uint64_t, std::weak_ptr<StreamWriterCore::State>> writers;
-  // Held by a writer from waiting for room on the connection until its
-  // value is queued.
-  std::timed_mutex send_mu;
+  // Taken by a writer (under `mu`, waited for on `turn_cv`) from waiting
+  // for room on the connection until its value is queued. (Not a
+  // std::timed_mutex: ThreadSanitizer does not see its timed lock.)
+  bool sending = false;
+  std::condition_variable turn_cv;
 };
 
 struct StreamWriterCore::State {
