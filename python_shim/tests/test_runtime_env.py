@@ -438,3 +438,31 @@ def test_a_pip_install_that_fails_says_what_pip_said_and_is_remembered(tmp_path,
             troupe.get(pip_value.options(runtime_env=env).remote("renv_no_such_package"), timeout=300)
     finally:
         troupe.shutdown()
+
+
+def test_eviction_reads_each_entrys_size_from_beside_it(tmp_path, monkeypatch):
+    """An eviction reads one small file per cache entry (<hash>.size,
+    written once the entry is whole) instead of walking every file of
+    every package and venv; the size file goes with its entry."""
+    from troupe import _packages
+
+    monkeypatch.setenv("TROUPE_RUNTIME_ENV_CACHE_GB", str(1.5 / 1024))  # 1.5 MiB
+    old, new = "a" * 64, "b" * 64
+    for i, package in enumerate((old, new)):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "f").write_bytes(b"x" * 10)
+        os.utime(tmp_path / package, (1000 + i, 1000 + i))  # `old` used least recently
+    assert _packages._entry_bytes(str(tmp_path), new) == 10
+    assert (tmp_path / f"{new}.size").read_text() == "10"
+    # What the size files say is what counts: 2 MiB in all, over the cap.
+    for package in (old, new):
+        (tmp_path / f"{package}.size").write_text(str(1 << 20))
+    assert _packages.evict(str(tmp_path), new) == [old]
+    assert not (tmp_path / old).exists() and not (tmp_path / f"{old}.size").exists()
+    assert (tmp_path / new).exists()
+    # A venv is measured, not remembered, until its install is whole.
+    venv = "c" * 64
+    (tmp_path / venv).mkdir()
+    (tmp_path / venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    _packages._entry_bytes(str(tmp_path), venv)
+    assert not (tmp_path / f"{venv}.size").exists()

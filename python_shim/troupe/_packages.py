@@ -282,6 +282,39 @@ def release_unused(packages):
             os.close(_held.pop(package))
 
 
+def _size_path(root, package):
+    return os.path.join(root, package + ".size")
+
+
+def _entry_bytes(root, package):
+    """The bytes of cache entry `package`: written beside it once (an
+    eviction then reads one small file per entry, not every file of every
+    venv and package), measured and written when missing."""
+    path = _size_path(root, package)
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        pass
+    entry = os.path.join(root, package)
+    size = _tree_bytes(entry)
+    # Remembered only once whole: a pip venv is whole with its marker (an
+    # unpacked package is renamed into place whole).
+    from troupe import _pip
+
+    if os.path.exists(os.path.join(entry, "pyvenv.cfg")) and not os.path.exists(
+            os.path.join(entry, _pip.INSTALLED)):
+        return size
+    try:
+        staging = f"{path}.{os.getpid()}.{threading.get_ident()}"
+        with open(staging, "w", encoding="ascii") as f:
+            f.write(str(size))
+        os.replace(staging, path)  # whole or not at all
+    except OSError:
+        pass
+    return size
+
+
 def evict(root, keep):
     """Removes unpacked packages, least recently used first, while the cache
     is over its size; never `keep` (just unpacked) nor one a process holds.
@@ -292,7 +325,7 @@ def evict(root, keep):
         try:
             if not (_PACKAGE_ID.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
                 continue
-            size = _tree_bytes(entry.path)
+            size = _entry_bytes(root, entry.name)
             total += size
             if entry.name != keep:
                 entries.append((entry.stat(follow_symlinks=False).st_mtime, entry.name, size))
@@ -318,6 +351,10 @@ def evict(root, keep):
             total -= size  # gone now, by this eviction or another's
             os.rename(os.path.join(root, package), os.path.join(gone, package))
             removed.append(package)
+            try:
+                os.unlink(_size_path(root, package))  # a new entry of that id is measured again
+            except FileNotFoundError:
+                pass
         except OSError:
             pass  # another eviction took it, or the disk refused: best effort
         finally:

@@ -52,7 +52,7 @@ _OUTPUT_LINES = 25
 _MAX_SPEC_BYTES = 32 << 10
 # How long a failed install is remembered on its node (Ray's default).
 FAILED_TTL_S = 600
-_INSTALLED = ".troupe-installed"
+INSTALLED = ".troupe-installed"
 # Requirement-file options whose argument is a path.
 _PATH_OPTIONS = ("-c", "--constraint", "-e", "--editable")
 _INCLUDE_OPTIONS = ("-r", "--requirement")
@@ -290,7 +290,7 @@ def _install(spec, venv):
     _run(spec, [python, "-m", "pip", "install", "-r", requirements, *parsed["options"]], "`pip install`", env)
     if parsed["check"]:
         _run(spec, [python, "-m", "pip", "check"], "`pip check`", env)
-    with open(os.path.join(venv, _INSTALLED), "w") as f:
+    with open(os.path.join(venv, INSTALLED), "w") as f:
         f.write(spec)
 
 
@@ -321,11 +321,11 @@ def local_path(spec):
     venv = os.path.join(root, package)
     failed = os.path.join(root, package + ".failed")
     _packages._hold(root, package)
-    if not os.path.exists(os.path.join(venv, _INSTALLED)):
+    if not os.path.exists(os.path.join(venv, INSTALLED)):
         fd = os.open(os.path.join(root, package + ".install"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # another worker's install first
-            if not os.path.exists(os.path.join(venv, _INSTALLED)):
+            if not os.path.exists(os.path.join(venv, INSTALLED)):
                 error = _failed_recently(failed)
                 if error:
                     raise ConfigError(error)
