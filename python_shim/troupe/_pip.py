@@ -187,7 +187,7 @@ def parse(value, what):
         return None
     local = {}
     for line in lines:
-        path = line.split(None, 1)[-1] if line.startswith("-") else line
+        path = _split_option(line)[1]
         if os.path.isabs(path) and os.path.exists(path):
             local[path] = _fingerprint(path)
     spec = json.dumps({"packages": lines, "options": list(options), "check": check, "local": local},

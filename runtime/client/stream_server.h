@@ -144,7 +144,9 @@ struct StreamWriterCore::State {
   std::string error;
   uint64_t id = 0;
   std::shared_ptr<StreamLink> link;
-  std::shared_ptr<wire::Connection> conn;  // link->conn
+  // The link's connection, kept here: the link lets go of its own copy
+  // when the connection closes, and writes need it without the link's lock.
+  std::shared_ptr<wire::Connection> conn;
 };
 
 class StreamLinks {

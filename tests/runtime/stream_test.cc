@@ -369,8 +369,10 @@ TEST_F(StreamTest, WritersOfLargeValuesTakeTurnsOnTheirSharedConnection) {
   }
   EXPECT_FALSE(a.read(kWaitBound).has_value());
   EXPECT_FALSE(b.read(kWaitBound).has_value());
-  done_a.get();  // rethrows what a writer threw
-  done_b.get();
+  for (auto* done : {&done_a, &done_b}) {
+    ASSERT_EQ(done->wait_for(kWaitBound), std::future_status::ready);
+    done->get();  // rethrows what a writer threw
+  }
   EXPECT_EQ(server->connections_accepted() - before, 1u);
 }
 
