@@ -7,6 +7,7 @@
 #include "troupe/runtime/client/task_submitter.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
 
 namespace troupe::client {
@@ -14,6 +15,9 @@ namespace troupe::client {
 std::chrono::milliseconds ConnectOptions::default_head_reconnect() { return core::default_head_reconnect(); }
 
 namespace {
+// How long a leaving client waits for the head to take its goodbye.
+constexpr std::chrono::seconds kGoodbyeTimeout{2};
+
 // A process's id towards the head: random, so that two processes (or two
 // runs of one) never share one.
 uint64_t new_client_id() {
@@ -415,6 +419,7 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
         core->connection_options());
     Hello hello = o.hello;
     if (hello.client_id == 0) hello.client_id = new_client_id();
+    if (hello.host_key.empty()) hello.host_key = core::host_key();
     core->client_id_ = hello.client_id;
     core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, hello, o.timeout);
     if (core->hello_reply_.durable && o.head_reconnect.count() > 0)
@@ -442,7 +447,18 @@ void Core::shutdown() {
     TROUPE_LOG_ERROR("client core shut down from its own I/O thread");
     std::terminate();
   }
-  if (head_) head_->close("client shutting down");
+  if (head_) {
+    // A durable head gives a client whose connection drops time to come
+    // back (a network blip); one that leaves says so, and what it owns goes
+    // at once. A bounded wait: a head that does not answer waits out its
+    // grace instead.
+    if (hello_reply_.durable && head_->is_open()) try {
+        head_->call_empty<void>(Op::kGoodbye, kGoodbyeTimeout);
+      } catch (const std::exception& e) {
+        TROUPE_LOG_DEBUG("goodbye to the head: {}", e.what());
+      }
+    head_->close("client shutting down");
+  }
   // The close runs on the I/O thread: stop the loop after it, so the head
   // sees this process leave now (and kills what it owns), not only once
   // whatever still holds the core lets it go.

@@ -222,6 +222,43 @@ std::optional<uint64_t> process_start_time(pid_t pid) {
   }
 }
 
+bool process_running(pid_t pid, uint64_t start_time) {
+  if (pid <= 0) return false;
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Only "no such process" says it is gone; any other failure (out of
+  // descriptors, a /proc that hides it) says nothing, and it counts as there.
+  if (fd < 0) return errno != ENOENT && errno != ESRCH;
+  char buf[1024];
+  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  const int read_errno = errno;
+  ::close(fd);
+  if (n < 0) return read_errno != ESRCH;
+  const std::string stat(buf, static_cast<size_t>(n));
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return true;
+  std::istringstream rest(stat.substr(close + 1));
+  std::string state, field;
+  if (!(rest >> state)) return true;
+  if (state == "Z" || state == "X" || state == "x") return false;
+  for (int i = 4; i <= 22; ++i)
+    if (!(rest >> field)) return true;
+  try {
+    return std::stoull(field) == start_time;
+  } catch (const std::exception&) {
+    return true;
+  }
+}
+
+std::string host_key() {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  if (!f || !std::getline(f, boot) || boot.empty()) return "";  // no /proc: pids are not compared
+  struct stat ns {};
+  if (::stat("/proc/self/ns/pid", &ns) != 0) return "";
+  return boot + "/" + std::to_string(ns.st_dev) + ":" + std::to_string(ns.st_ino);
+}
+
 void reap_process(pid_t pid, std::chrono::milliseconds grace) {
   auto deadline = std::chrono::steady_clock::now() + grace;
   while (std::chrono::steady_clock::now() < deadline) {

@@ -82,6 +82,15 @@ std::string describe_exit_status(int status);
 // machine (pids are reused, start times of a reused pid differ).
 std::optional<uint64_t> process_start_time(pid_t pid);
 
+// Whether `pid` is still the process that started at `start_time` (from
+// process_start_time) and has not exited: false once it is gone, a zombie,
+// or the pid names another process; true when /proc cannot tell.
+bool process_running(pid_t pid, uint64_t start_time);
+
+// This machine's boot and this process's pid namespace, as one string: two
+// processes with equal keys see each other's pids in /proc.
+std::string host_key();
+
 // Absolute path of the running binary.
 std::string self_executable_path();
 

@@ -10,6 +10,7 @@
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
 #include "troupe/runtime/head/head_state.h"
 #include "troupe/runtime/head/head_store.h"
 #include "troupe/runtime/head/http_endpoint.h"
@@ -33,6 +34,15 @@ struct Peer {
   uint64_t node_id = 0;
   // Its node was declared dead: whatever it still sends is ignored.
   bool fenced = false;
+  // It said goodbye, or the head closed it: what its client owns goes with
+  // the connection, without the grace a dropped connection gets.
+  bool final_close = false;
+  // A driver or worker: its process id towards the head, and (when it runs
+  // where the head runs) its pid and start time, watched while the head
+  // waits for it to come back.
+  uint64_t client_id = 0;
+  int32_t pid = 0;
+  uint64_t started = 0;
   // Actors whose updates it gets (dropped from subscribers_ when it goes).
   std::set<uint64_t> subscriptions;
 };
@@ -55,7 +65,7 @@ class Head::Impl {
  public:
   explicit Impl(HeadOptions o)
       : opts_(std::move(o)),
-        state_(HeadConfig{opts_.heartbeat_ms, opts_.heartbeat_misses, opts_.max_dead_actors}),
+        state_(head_config(opts_)),
         listener_(io_, opts_.host, opts_.port, opts_.token, opts_.listener,
                   [this](std::shared_ptr<Connection> c) { accept(std::move(c)); }),
         timer_(io_) {
@@ -77,6 +87,14 @@ class Head::Impl {
         http_ = std::make_unique<HttpEndpoint>(h, [this] { return snapshot(); });
       }
     }
+  }
+
+  // A durable head's clients reconnect when their connection drops: they
+  // get restore_grace to come back to what they own.
+  static HeadConfig head_config(const HeadOptions& o) {
+    HeadConfig c{o.heartbeat_ms, o.heartbeat_misses, o.max_dead_actors};
+    if (!o.state_db.empty()) c.client_grace = o.restore_grace;
+    return c;
   }
 
   std::string address() const { return wire::format_address(opts_.advertise_host, listener_.port()); }
@@ -164,7 +182,10 @@ class Head::Impl {
     auto it = peers_.find(raw);
     if (it == peers_.end()) return;
     if (ending_) state_.stopping();
-    state_.peer_gone(it->second->id, reason);
+    Peer& p = *it->second;
+    const bool may_return = store_ && !ending_ && !p.final_close && !p.fenced;
+    state_.peer_gone(p.id, reason, may_return, Clock::now());
+    if (may_return && p.pid > 0 && state_.awaits_client(p.client_id)) watched_[p.client_id] = {p.pid, p.started};
     drop_waiters(kv_waiters_, raw);
     drop_waiters(group_waiters_, raw);
     for (uint64_t id : it->second->subscriptions) unsubscribe(id, raw);
@@ -218,6 +239,7 @@ class Head::Impl {
       }
     } catch (const DecodeError& e) {
       TROUPE_LOG_WARN("closing connection {}: {}", p.conn->peer(), e.what());
+      p.final_close = true;
       p.conn->close(std::string("bad message: ") + e.what());
     } catch (const std::exception& e) {
       if (m.kind == Kind::REQUEST) {
@@ -267,6 +289,12 @@ class Head::Impl {
         return shutdown(p, m);
       case Op::kReadLog:
         return read_log(p, m);
+      case Op::kGoodbye:
+        // Every connection of that process: one the head has not yet seen
+        // close (a reconnect raced it) must not keep what it owns either.
+        for (auto& [raw, q] : peers_)
+          if (q.get() == &p || (p.client_id && q->client_id == p.client_id)) q->final_close = true;
+        return p.conn->send(ok_response(m.id));
       default:
         if (handle_group_request(p, m, op) || handle_kv_request(p, m, op)) return;
         throw DecodeError("unknown request op " + std::to_string(m.op));
@@ -448,7 +476,18 @@ class Head::Impl {
       reply = state_.worker_hello(h.actor_id, h.incarnation);
       p.node_id = reply.info.node_id;
     }
-    if (h.role != Role::kNode) state_.bind_client(p.id, h.client_id);
+    if (h.role != Role::kNode) {
+      state_.bind_client(p.id, h.client_id, h.role == Role::kWorker ? h.actor_id : 0, h.incarnation);
+      p.client_id = h.client_id;
+      watched_.erase(h.client_id);
+      // Its pid means what it says only where the head runs.
+      static const std::string own_host = core::host_key();
+      if (!own_host.empty() && h.host_key == own_host && h.pid > 0)
+        if (auto started = core::process_start_time(h.pid)) {
+          p.pid = h.pid;
+          p.started = *started;
+        }
+    }
     reply.durable = store_ != nullptr;
     p.role = h.role;
     p.hello = true;
@@ -511,6 +550,22 @@ class Head::Impl {
     conn->send(make_event_value(Op::kNodeFenced, NodeFenced{node, why}));
     conn->finish();
     after(kFencedLinger, [conn] { conn->close("fenced node agent did not close its connection"); });
+  }
+
+  // Clients the head waits for whose processes it can see: one that has
+  // exited will not come back, and what it owns goes now.
+  void check_watched() {
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      const auto [client, w] = *it;
+      if (!state_.awaits_client(client)) {
+        it = watched_.erase(it);
+      } else if (!core::process_running(w.first, w.second)) {
+        it = watched_.erase(it);
+        state_.client_exited(client);
+      } else {
+        ++it;
+      }
+    }
   }
 
   void forget_subscribers(uint64_t actor_id) {
@@ -700,7 +755,8 @@ class Head::Impl {
                                    "node_fenced",
                                    "read_log",
                                    "lend_resources",
-                                   "resources_wanted"};
+                                   "resources_wanted",
+                                   "goodbye"};
     static_assert(std::size(kNames) == static_cast<size_t>(Op::kLastOp) + 1, "a name for every op");
     return op < std::size(kNames) ? kNames[op] : "op_" + std::to_string(op);
   }
@@ -710,6 +766,7 @@ class Head::Impl {
     timer_.async_wait([this](asio::error_code ec) {
       if (ec) return;
       state_.check_heartbeats(Clock::now());
+      check_watched();
       flush();
       sample_worker_stats();
       arm_timer();
@@ -728,6 +785,7 @@ class Head::Impl {
   std::map<uint64_t, std::vector<Waiter>> group_waiters_;
   std::map<std::string, std::vector<Waiter>> kv_waiters_;
   PeerId next_peer_id_ = 1;
+  std::map<uint64_t, std::pair<int32_t, uint64_t>> watched_;  // client id -> pid, start time (see check_watched)
   std::map<uint32_t, uint64_t> message_counts_;  // by op, for /metrics
   // troupe logs requests a node agent has not answered yet, by the id the
   // head gave them: (node, the asker and its request id).

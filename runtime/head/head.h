@@ -41,7 +41,10 @@ struct HeadOptions {
   // holds an earlier head's tables, they are reloaded: node agents, workers
   // and drivers that lost that head reconnect, and those that do not within
   // restore_grace are treated as gone. A stop (troupe stop, SIGTERM) ends the
-  // cluster and empties the file.
+  // cluster and empties the file. A driver or worker whose connection to a
+  // durable head drops without a goodbye (a network blip) gets restore_grace
+  // too to come back to what it owns; when it runs where the head runs and
+  // its process is seen gone, what it owned goes at once.
   std::string state_db;
   std::chrono::milliseconds restore_grace{5000};
   // What a connection may cost the head: small frames, a modest write bound

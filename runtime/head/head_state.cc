@@ -112,7 +112,16 @@ void HeadState::node_lost(uint64_t node_id, const std::string& why) {
     pending_groups_.push_back(g.info.id);
   }
   forget_oldest(nodes_, dead_nodes_order_, config_.max_dead_nodes);
+  drop_exited_workers();
   schedule();
+}
+
+void HeadState::drop_exited_workers() {
+  while (!exited_workers_.empty()) {
+    const uint64_t client = exited_workers_.back();
+    exited_workers_.pop_back();
+    drop_awaited(client, kOwnerExited);
+  }
 }
 
 template <class Table>
@@ -123,14 +132,15 @@ void HeadState::forget_oldest(Table& table, std::deque<uint64_t>& order, size_t 
   }
 }
 
-void HeadState::peer_gone(PeerId peer, const std::string& reason) {
+void HeadState::peer_gone(PeerId peer, const std::string& reason, bool may_return, Time now) {
   if (peer == 0) return;
+  PeerId heir = 0;  // the same process on another connection (a reconnect raced this close)
+  uint64_t client_id = 0;
   if (auto it = clients_.find(peer); it != clients_.end()) {
-    const uint64_t client_id = it->second;
+    client_id = it->second;
     clients_.erase(it);
-    bool elsewhere = false;  // the same process on another connection (a reconnect raced this close)
-    for (const auto& [p, id] : clients_) elsewhere = elsewhere || id == client_id;
-    if (!elsewhere) client_gone(client_id);
+    for (const auto& [p, id] : clients_)
+      if (id == client_id) heir = p;
   }
   told_wanted_.erase(peer);
   // Ids first, then the calls: each may forget old entries of the tables.
@@ -139,14 +149,44 @@ void HeadState::peer_gone(PeerId peer, const std::string& reason) {
     if (n.peer == peer && n.info.alive) ids.push_back(id);
   for (auto id : ids) node_lost(id, "node agent connection lost: " + reason);
   // Whoever created actors or groups (a driver, or an actor) owns them.
-  for (auto id : actor_ids_where([&](const Actor& a) { return a.owner == peer; }))
-    if (auto it = actors_.find(id); it != actors_.end()) {
-      it->second.owner = 0;
-      kill_actor(id, true, "its driver exited");
-    }
+  auto actors = actor_ids_where([&](const Actor& a) { return a.owner == peer; });
   ids.clear();
   for (auto& [id, g] : groups_)
     if (g.owner == peer) ids.push_back(id);
+  // A worker whose actor's worker is already gone (its node reported the
+  // exit first) will not come back.
+  if (auto w = worker_clients_.find(client_id); w != worker_clients_.end()) {
+    auto it = actors_.find(w->second.first);
+    may_return = may_return && it != actors_.end() && it->second.worker_running &&
+                 it->second.info.incarnation == w->second.second;
+  }
+  if (client_id && (heir || (may_return && config_.client_grace.count() > 0))) {
+    // Kept: for the connection the process already has, or for the one it
+    // may make within the grace (a network blip, not an exit).
+    for (auto id : actors) actors_.at(id).owner = heir;
+    for (auto id : ids) groups_.at(id).owner = heir;
+    if (heir) {
+      if (!actors.empty()) tell_resources_wanted(heir);
+      return;
+    }
+    awaited_owners_[client_id] = {now + config_.client_grace, "its driver's connection to the head dropped (" + reason +
+                                                                  ") and it did not come back within " +
+                                                                  std::to_string(config_.client_grace.count()) + " ms"};
+    TROUPE_LOG_INFO(
+        "client {}'s connection dropped ({}): it has {} ms to come back for its {} actors and {} placement "
+        "groups",
+        client_id, reason, config_.client_grace.count(), actors.size(), ids.size());
+    return;
+  }
+  if (client_id) {
+    worker_clients_.erase(client_id);
+    client_gone(client_id);
+  }
+  for (auto id : actors)
+    if (auto it = actors_.find(id); it != actors_.end()) {
+      it->second.owner = 0;
+      kill_actor(id, true, kOwnerExited);
+    }
   for (auto id : ids)
     if (auto it = groups_.find(id); it != groups_.end()) {
       it->second.owner = 0;
@@ -330,6 +370,7 @@ void HeadState::worker_exited(const WorkerExited& w) {
   // never showed.
   remember_worker(a, w.pid);
   actor_lost(a, "worker pid " + std::to_string(w.pid) + " " + w.how);
+  drop_exited_workers();
   schedule();
 }
 
@@ -348,6 +389,13 @@ void HeadState::actor_lost(Actor& a, const std::string& why) {
   a.info.control_address.clear();
   remember_worker(a, a.info.pid);
   a.info.pid = 0;
+  // The worker's client, if the head waits for it to come back, will not.
+  // What it owns goes once the caller is done with this loss
+  // (drop_exited_workers): a kill or group removal now could schedule into
+  // a node that is half torn down.
+  for (const auto& [client, awaited] : awaited_owners_)
+    if (auto w = worker_clients_.find(client); w != worker_clients_.end() && w->second.first == a.info.id)
+      exited_workers_.push_back(client);
   if (a.info.state == ActorState::kDead) return;
   bool left = restarts_left(a.info);
   if (a.kill_requested || !left) {
@@ -433,7 +481,8 @@ std::optional<HeadState::Allocation> HeadState::allocate_in_group(const Actor& a
   }
   for (size_t b = 0; b < g.bundles.size(); ++b) {
     if (a.spec.bundle_index >= 0 && static_cast<size_t>(a.spec.bundle_index) != b) continue;
-    if (!g.bundles[b].fits(a.spec.resources) || nodes_.at(g.info.bundle_nodes[b]).awaiting) continue;
+    const Node& n = nodes_.at(g.info.bundle_nodes[b]);
+    if (!g.bundles[b].fits(a.spec.resources) || n.awaiting || !n.info.alive) continue;
     return Allocation{g.info.bundle_nodes[b], g.info.id, b, g.epoch, g.bundles[b].take(a.spec.resources)};
   }
   *reason = "bundle " + std::to_string(a.spec.bundle_index) + " of placement group " + std::to_string(g.info.id) +

@@ -39,6 +39,11 @@ struct HeadConfig {
   // again is a new node, so dead nodes add up on a long-running cluster.
   size_t max_dead_nodes = 100;
   size_t max_removed_groups = 1000;
+  // How long a driver or worker whose connection dropped without a goodbye
+  // keeps what it owns (its actors, groups and keys) to come back on a new
+  // connection (0: it is gone at once). A durable head sets it, since its
+  // clients reconnect (HeadOptions::restore_grace).
+  std::chrono::milliseconds client_grace{0};
 };
 
 // What the server must do after a HeadState call.
@@ -69,8 +74,10 @@ class HeadState {
   void check_heartbeats(Time now);
   void node_lost(uint64_t node_id, const std::string& why);
   // The connection `peer` closed: its node (if it is one) is dead and the
-  // actors and groups it owns are killed / removed.
-  void peer_gone(PeerId peer, const std::string& reason);
+  // actors and groups it owns are killed / removed. With `may_return` (the
+  // client did not say goodbye, and the head did not close it) a client
+  // gets client_grace from `now` to come back to what it owns.
+  void peer_gone(PeerId peer, const std::string& reason, bool may_return = false, Time now = {});
   // Live node ids (the server tells them to shut down).
   std::vector<uint64_t> live_nodes() const;
   // The head is stopping on purpose (troupe stop, SIGTERM, an embedded
@@ -146,9 +153,21 @@ class HeadState {
   // bind_client); a node that does not is dead, and what an owner that
   // does not owned is killed, as if they had gone while the head was up.
   void restore(const std::map<std::string, std::string>& rows, Time now, std::chrono::milliseconds grace);
-  // The process `client_id` said hello on `peer`: what it created before a
-  // restart is its own again.
-  void bind_client(PeerId peer, uint64_t client_id);
+  // The process `client_id` said hello on `peer` (a worker: of actor
+  // `worker_actor`): what it created before a restart, or before its last
+  // connection dropped, is its own again.
+  void bind_client(PeerId peer, uint64_t client_id, uint64_t worker_actor = 0, uint32_t incarnation = 0);
+  // Whether the head keeps what client `client_id` owns until it comes back.
+  bool awaits_client(uint64_t client_id) const { return awaited_owners_.count(client_id) > 0; }
+  // The awaited client's process is known to have exited (the server watched
+  // its pid): what it owns goes now.
+  void client_exited(uint64_t client_id);
+  // Owners not back by their deadline (after a restore, or a dropped
+  // connection) lose what they own (check_heartbeats calls it).
+  void check_restored_owners(Time now);
+  // Death causes of an owner's actors.
+  static constexpr const char* kOwnerExited = "its driver exited";
+  static constexpr const char* kNotBackAfterRestore = "its driver did not come back after the head restarted";
   // A node agent came back to a restarted head as node `hello.resume_node_id`
   // with `hello.workers`: its workers the head knows stay, the ones it does
   // not are killed, and actors whose workers are gone are lost (restarted
@@ -264,8 +283,10 @@ class HeadState {
   // The keys of client `client_id` go (it left, or did not come back).
   void client_gone(uint64_t client_id);
 
-  // Owners whose things a restarted head keeps until then.
-  void check_restored_owners(Time now);
+  // What awaited client `client_id` owns goes, each actor with `why`.
+  void drop_awaited(uint64_t client_id, const std::string& why);
+  // drop_awaited for the worker clients actor_lost found (see there).
+  void drop_exited_workers();
   // restore()'s parts, in their order: counters, keys and nodes; then the
   // groups (they hold bundles on nodes); then the actors (they hold shares
   // of nodes or bundles).
@@ -278,7 +299,15 @@ class HeadState {
 
   HeadConfig config_;
   std::map<PeerId, uint64_t> clients_;  // peer -> its client id
-  std::map<uint64_t, Time> awaited_owners_;  // client id -> deadline (after a restore)
+  struct Awaited {
+    Time deadline;
+    std::string why;  // the death cause of its actors if it does not come back
+  };
+  std::map<uint64_t, Awaited> awaited_owners_;  // client id -> until when (after a restore or a drop)
+  // A worker's client id -> its actor and incarnation: when that worker is
+  // gone, so is the client, whether or not its connection was seen to close.
+  std::map<uint64_t, std::pair<uint64_t, uint32_t>> worker_clients_;
+  std::vector<uint64_t> exited_workers_;  // found by actor_lost, for drop_exited_workers
   bool write_through_ = false;
   std::set<uint64_t> dirty_actors_;
   std::set<std::string> dirty_kv_;

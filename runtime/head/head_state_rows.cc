@@ -154,7 +154,7 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
     kv_added(key);
     if (key.compare(0, clients.size(), clients) == 0) {
       const uint64_t id = std::strtoull(key.c_str() + clients.size(), nullptr, 10);
-      if (id != 0) awaited_owners_.emplace(id, deadline);
+      if (id != 0) awaited_owners_.emplace(id, Awaited{deadline, kNotBackAfterRestore});
     }
   }
   written_.clear();
@@ -212,7 +212,8 @@ void HeadState::restore_groups(const std::map<std::string, std::string>& rows, T
     } else {
       removed_groups_order_.push_back(g.info.id);
     }
-    if (g.owner_client && g.info.state != PlacementGroupState::kRemoved) awaited_owners_[g.owner_client] = deadline;
+    if (g.owner_client && g.info.state != PlacementGroupState::kRemoved)
+      awaited_owners_[g.owner_client] = {deadline, kNotBackAfterRestore};
     groups_[g.info.id] = std::move(g);
   }
 }
@@ -245,15 +246,16 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
     } else {
       if (!a.info.name.empty()) named_[a.info.name] = id;
       if (!a.worker_running) pending_actors_.push_back(id);
-      if (a.owner_client) awaited_owners_[a.owner_client] = deadline;
+      if (a.owner_client) awaited_owners_[a.owner_client] = {deadline, kNotBackAfterRestore};
     }
     actors_[id] = std::move(a);
   }
 }
 
-void HeadState::bind_client(PeerId peer, uint64_t client_id) {
+void HeadState::bind_client(PeerId peer, uint64_t client_id, uint64_t worker_actor, uint32_t incarnation) {
   if (client_id == 0) return;
   clients_[peer] = client_id;
+  if (worker_actor) worker_clients_[client_id] = {worker_actor, incarnation};
   if (!awaited_owners_.erase(client_id)) return;
   size_t actors = 0, groups = 0;
   for (auto& [id, a] : actors_)
@@ -267,31 +269,41 @@ void HeadState::bind_client(PeerId peer, uint64_t client_id) {
       ++groups;
     }
   // A client the head awaited for its keys alone owns no actor or group.
-  TROUPE_LOG_INFO("client {} came back to the restarted head: it owns {} actors, {} placement groups and {} keys",
-                  client_id, actors, groups, kv_with_prefix(client::client_key_prefix(client_id)).size());
+  TROUPE_LOG_INFO("client {} came back to the head: it owns {} actors, {} placement groups and {} keys", client_id,
+                  actors, groups, kv_with_prefix(client::client_key_prefix(client_id)).size());
   if (actors > 0) tell_resources_wanted(peer);
 }
 
 void HeadState::check_restored_owners(Time now) {
-  std::vector<uint64_t> gone;
-  for (const auto& [client, deadline] : awaited_owners_)
-    if (now > deadline) gone.push_back(client);
-  for (uint64_t client : gone) {
-    awaited_owners_.erase(client);
-    auto actors = actor_ids_where([&](const Actor& a) { return a.owner == 0 && a.owner_client == client; });
-    std::vector<uint64_t> groups;
-    for (auto& [id, g] : groups_)
-      if (g.owner == 0 && g.owner_client == client) groups.push_back(id);
-    TROUPE_LOG_WARN(
-        "client {} did not come back to the restarted head: its {} actors, {} placement groups and {} "
-        "keys go",
-        client, actors.size(), groups.size(), kv_with_prefix(client::client_key_prefix(client)).size());
-    client_gone(client);
-    for (auto id : actors)
-      if (actors_.count(id)) kill_actor(id, true, "its driver did not come back after the head restarted");
-    for (auto id : groups)
-      if (groups_.count(id)) remove_placement_group(id);
+  std::vector<std::pair<uint64_t, std::string>> gone;
+  for (const auto& [client, awaited] : awaited_owners_)
+    if (now > awaited.deadline) gone.emplace_back(client, awaited.why);
+  for (auto& [client, why] : gone) {
+    TROUPE_LOG_WARN("client {} did not come back to the head", client);
+    drop_awaited(client, why);
   }
+}
+
+void HeadState::client_exited(uint64_t client_id) {
+  if (!awaited_owners_.count(client_id)) return;
+  TROUPE_LOG_INFO("client {} exited without saying goodbye", client_id);
+  drop_awaited(client_id, kOwnerExited);
+}
+
+void HeadState::drop_awaited(uint64_t client, const std::string& why) {
+  if (!awaited_owners_.erase(client)) return;
+  worker_clients_.erase(client);
+  auto actors = actor_ids_where([&](const Actor& a) { return a.owner == 0 && a.owner_client == client; });
+  std::vector<uint64_t> groups;
+  for (auto& [id, g] : groups_)
+    if (g.owner == 0 && g.owner_client == client) groups.push_back(id);
+  TROUPE_LOG_INFO("client {}'s {} actors, {} placement groups and {} keys go", client, actors.size(), groups.size(),
+                  kv_with_prefix(client::client_key_prefix(client)).size());
+  client_gone(client);
+  for (auto id : actors)
+    if (actors_.count(id)) kill_actor(id, true, why);
+  for (auto id : groups)
+    if (groups_.count(id)) remove_placement_group(id);
 }
 
 uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
@@ -324,6 +336,7 @@ uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
        }))
     if (auto a = actors_.find(id); a != actors_.end())
       actor_lost(a->second, "its worker ended while the head was down");
+  drop_exited_workers();
   TROUPE_LOG_INFO("node {} is back with {} workers", node_id, hello.workers.size());
   schedule();
   return node_id;

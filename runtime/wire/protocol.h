@@ -37,15 +37,16 @@ enum class Op : uint32_t {
   kKvErase = 19,               // request: key -> void
   kKvAdd = 20,                 // request: KvAdd -> int64
   kStatus = 21,                // request: StatusRequest (or empty) -> JSON text
-  kShutdown = 22,              // request: -> void; the head stops the cluster (as an event from the head: it is going for good)
-  kControl = 23,               // request caller -> worker: ControlRequest (bypasses the mailbox)
-  kWaitPlacementGroup = 24,    // request: WaitPlacementGroup -> PlacementGroupInfo
-  kNodes = 25,                 // request: -> std::vector<NodeInfo>
-  kNodeFenced = 26,            // event head -> node: NodeFenced (then the head closes)
-  kReadLog = 27,               // request driver -> head (-> node): ReadLog -> LogChunk
-  kLendResources = 28,         // event worker -> head: LendResources
-  kResourcesWanted = 29,       // event head -> actor owner: ResourcesWanted
-  kLastOp = kResourcesWanted,  // the highest op (tables indexed by op)
+  kShutdown = 22,  // request: -> void; the head stops the cluster (as an event from the head: it is going for good)
+  kControl = 23,   // request caller -> worker: ControlRequest (bypasses the mailbox)
+  kWaitPlacementGroup = 24,  // request: WaitPlacementGroup -> PlacementGroupInfo
+  kNodes = 25,               // request: -> std::vector<NodeInfo>
+  kNodeFenced = 26,          // event head -> node: NodeFenced (then the head closes)
+  kReadLog = 27,             // request driver -> head (-> node): ReadLog -> LogChunk
+  kLendResources = 28,       // event worker -> head: LendResources
+  kResourcesWanted = 29,     // event head -> actor owner: ResourcesWanted
+  kGoodbye = 30,             // request driver/worker -> head: -> void; it leaves for good (see Hello::host_key)
+  kLastOp = kGoodbye,        // the highest op (tables indexed by op)
 };
 
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
@@ -73,7 +74,14 @@ struct Hello {
   // Drivers and workers: the process's own id, the same on every
   // connection it makes, so a restarted head knows who owns what.
   uint64_t client_id = 0;
-  TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, bind_host, resume_node_id, workers, client_id)
+  // Drivers and workers: the machine and pid namespace the process runs in
+  // (core::host_key()). A durable head gives a client whose connection
+  // drops without a kGoodbye time to come back; when the client shares the
+  // head's host key the head watches its pid and ends the wait once the
+  // process is gone.
+  std::string host_key;
+  TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, bind_host, resume_node_id, workers, client_id,
+                host_key)
 };
 
 enum class ActorState : uint8_t { kPending = 0, kAlive = 1, kRestarting = 2, kDead = 3 };

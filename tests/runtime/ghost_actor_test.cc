@@ -137,12 +137,16 @@ bool no_ghosts(troupe::Runtime& rt, const std::vector<uint64_t>& ids) {
   return true;
 }
 
-enum class Order { kDriverOnly, kDriverThenAgent, kAgentThenDriver };
+// kDriverOnlyDurableHead: a durable head gives a client whose connection
+// drops time to come back, but a driver seen to have exited (it ran where
+// the head runs) loses what it owned at once, as with any other head.
+enum class Order { kDriverOnly, kDriverThenAgent, kAgentThenDriver, kDriverOnlyDurableHead };
 
 class GhostActors : public ::testing::TestWithParam<Order> {};
 
 TEST_P(GhostActors, KilledDriverAndAgentLeaveNoAliveActorWithADeadPid) {
-  LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  LocalCluster cluster(
+      {.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}, .durable_head = GetParam() == Order::kDriverOnlyDurableHead});
   troupe::Runtime rt = cluster.connect();
   Driver driver(cluster);
   auto info = rt.actor_info(driver.in_group);
@@ -178,13 +182,16 @@ TEST_P(GhostActors, KilledDriverAndAgentLeaveNoAliveActorWithADeadPid) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Orders, GhostActors,
-                         ::testing::Values(Order::kDriverOnly, Order::kDriverThenAgent, Order::kAgentThenDriver),
+                         ::testing::Values(Order::kDriverOnly, Order::kDriverThenAgent, Order::kAgentThenDriver,
+                                           Order::kDriverOnlyDurableHead),
                          [](const ::testing::TestParamInfo<Order>& p) {
                            switch (p.param) {
                              case Order::kDriverOnly:
                                return "DriverOnly";
                              case Order::kDriverThenAgent:
                                return "DriverThenAgent";
+                             case Order::kDriverOnlyDurableHead:
+                               return "DriverOnlyDurableHead";
                              default:
                                return "AgentThenDriver";
                            }

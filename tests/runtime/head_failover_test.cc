@@ -6,6 +6,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/tcp_proxy.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/core.h"
 #include "troupe/runtime/client/runtime.h"
@@ -13,6 +18,7 @@
 
 using troupe::test::eventually;
 using troupe::test::kWaitBound;
+using troupe::test::TcpProxy;
 
 namespace {
 
@@ -100,4 +106,67 @@ TEST(HeadFailover, ClusterStoppedOnPurposeStartsEmpty) {
   cluster.restart_head();
   troupe::Runtime rt = cluster.connect();
   EXPECT_EQ(rt.kv().get("k"), std::nullopt);
+}
+
+namespace {
+
+size_t head_connections(troupe::Runtime& rt) {
+  return nlohmann::json::parse(rt.status_json())["tables"]["connections"].get<size_t>();
+}
+
+}  // namespace
+
+// A network blip between a driver and a live durable head: the connection
+// breaks (a proxy between them cuts it; both processes live on), the driver
+// reconnects, and its actor, its placement group and its name are as they
+// were, the actor in the same process. Before, the head took the drop for
+// an exit and killed what the driver owned.
+TEST(HeadFailover, ADriverWhoseConnectionDropsKeepsWhatItOwns) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  TcpProxy proxy(cluster.address());
+  troupe::Runtime watcher = cluster.connect();
+  troupe::InitOptions o;
+  o.address = proxy.address();
+  o.token = cluster.token();
+  std::optional<troupe::Runtime> rt(troupe::Runtime::connect(o));
+  auto t = rt->spawn<Ledger>({.resources = {{"CPU", 1}}, .name = "kept"}, 10);
+  auto pg = rt->create_placement_group({{{"CPU", 1}}}, troupe::PlacementStrategy::kPack);
+  ASSERT_TRUE(pg.wait(kWaitBound));
+  const int pid = t.call(&Ledger::pid).get(kWaitBound);
+  const size_t connections = head_connections(watcher);
+
+  ASSERT_EQ(proxy.cut(), 1);
+  // Back on a new connection, and the old one closed at the head too.
+  ASSERT_TRUE(eventually([&] { return proxy.accepted() >= 2 && rt->core()->head().is_open(); }));
+  ASSERT_TRUE(eventually([&] { return head_connections(watcher) == connections; })) << watcher.status_json();
+
+  auto info = watcher.actor_info(t.id());
+  EXPECT_EQ(info.state, troupe::ActorState::kAlive) << info.death_cause;
+  EXPECT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), 11);
+  EXPECT_EQ(t.call(&Ledger::pid).get(kWaitBound), pid);
+  EXPECT_EQ(watcher.get_actor<Ledger>("kept").id(), t.id());
+  EXPECT_EQ(pg.info().state, troupe::wire::PlacementGroupState::kCreated);
+
+  // Still its owner: when it leaves (a goodbye), what it owns goes with it.
+  rt.reset();
+  EXPECT_TRUE(eventually([&] { return watcher.actor_info(t.id()).state == troupe::ActorState::kDead; }));
+  EXPECT_EQ(watcher.actor_info(t.id()).death_cause, "its driver exited");
+}
+
+// A driver that stays away past the grace loses what it owned, with a
+// death cause that says so.
+TEST(HeadFailover, ADriverThatDoesNotComeBackLosesWhatItOwnedAfterTheGrace) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  auto proxy = std::make_unique<TcpProxy>(cluster.address());
+  troupe::Runtime watcher = cluster.connect();
+  troupe::InitOptions o;
+  o.address = proxy->address();
+  o.token = cluster.token();
+  troupe::Runtime rt = troupe::Runtime::connect(o);
+  auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 10);
+  ASSERT_TRUE(t.wait_ready(kWaitBound));
+  proxy.reset();  // cut, and nothing listens there any more: the driver cannot come back
+  EXPECT_TRUE(eventually([&] { return watcher.actor_info(t.id()).state == troupe::ActorState::kDead; }));
+  const std::string cause = watcher.actor_info(t.id()).death_cause;
+  EXPECT_NE(cause.find("did not come back within"), std::string::npos) << cause;
 }

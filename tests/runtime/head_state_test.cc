@@ -442,6 +442,124 @@ TEST_F(HeadStateTest, DriverGoneWithAGroupLeavesNoGhosts) {
   EXPECT_EQ(node(1).available.at("CPU"), 2);
 }
 
+// A durable head's clients reconnect when a connection drops: one that did
+// not say goodbye keeps its actors, groups and keys for client_grace, and
+// what it owns is its own again on its new connection.
+class DroppedClientTest : public HeadStateTest {
+ protected:
+  DroppedClientTest() {
+    HeadConfig c{100, 5, 1000};
+    c.client_grace = 2s;
+    state_ = HeadState(c);
+    state_.bind_client(kDriver, 7);
+    add_node({{"CPU", 2}}, 1);
+    actor_ = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
+    group_ = state_.create_placement_group(kDriver, {{{{"CPU", 1}}}, PlacementStrategy::kPack, ""}).id;
+    start_spawned();
+    key_ = troupe::client::client_key_prefix(7) + "object";
+    state_.kv_put(key_, "v");
+  }
+
+  bool everything_kept() {
+    return state_of(actor_) == ActorState::kAlive &&
+           state_.placement_group(group_).state == PlacementGroupState::kCreated && state_.kv_get(key_).has_value();
+  }
+
+  uint64_t actor_ = 0, group_ = 0;
+  std::string key_;
+};
+
+TEST_F(DroppedClientTest, KeepsWhatItOwnsAndGetsItBackOnANewConnection) {
+  state_.peer_gone(kDriver, "connection reset", true, now_);
+  EXPECT_TRUE(state_.take_outputs().kills.empty());
+  EXPECT_TRUE(state_.awaits_client(7));
+  EXPECT_TRUE(everything_kept());
+  state_.check_restored_owners(now_ + 1s);
+  EXPECT_TRUE(everything_kept());
+  state_.bind_client(kOtherDriver, 7);  // back, on another connection
+  EXPECT_FALSE(state_.awaits_client(7));
+  state_.check_restored_owners(now_ + 3s);
+  EXPECT_TRUE(everything_kept());
+  // The new connection owns it all: its end (a goodbye) takes it along.
+  state_.peer_gone(kOtherDriver, "goodbye");
+  EXPECT_EQ(state_.placement_group(group_).state, PlacementGroupState::kRemoved);
+  EXPECT_FALSE(state_.kv_get(key_).has_value());
+  ASSERT_EQ(state_.take_outputs().kills.size(), 1u);
+  exited(actor_);
+  EXPECT_EQ(state_.actor_info(actor_).death_cause, HeadState::kOwnerExited);
+}
+
+TEST_F(DroppedClientTest, NotBackWithinTheGraceLosesWhatItOwnedWithTheReason) {
+  state_.peer_gone(kDriver, "connection reset", true, now_);
+  state_.check_restored_owners(now_ + 2500ms);
+  EXPECT_FALSE(state_.awaits_client(7));
+  EXPECT_EQ(state_.placement_group(group_).state, PlacementGroupState::kRemoved);
+  EXPECT_FALSE(state_.kv_get(key_).has_value());
+  ASSERT_EQ(state_.take_outputs().kills.size(), 1u);
+  exited(actor_);
+  const auto& cause = state_.actor_info(actor_).death_cause;
+  EXPECT_NE(cause.find("connection to the head dropped (connection reset)"), std::string::npos) << cause;
+  EXPECT_NE(cause.find("2000 ms"), std::string::npos) << cause;
+}
+
+TEST_F(DroppedClientTest, SeenToHaveExitedLosesWhatItOwnedAtOnce) {
+  state_.peer_gone(kDriver, "connection reset", true, now_);
+  state_.client_exited(7);
+  EXPECT_FALSE(state_.awaits_client(7));
+  ASSERT_EQ(state_.take_outputs().kills.size(), 1u);
+  exited(actor_);
+  EXPECT_EQ(state_.actor_info(actor_).death_cause, HeadState::kOwnerExited);
+}
+
+TEST_F(DroppedClientTest, AGoodbyeOrAHeadWithoutGraceLosesWhatItOwnedAtOnce) {
+  state_.peer_gone(kDriver, "goodbye", false, now_);
+  EXPECT_FALSE(state_.awaits_client(7));
+  EXPECT_FALSE(state_.kv_get(key_).has_value());
+  EXPECT_EQ(state_.take_outputs().kills.size(), 1u);
+
+  HeadState no_grace(HeadConfig{100, 5, 1000});
+  no_grace.bind_client(kDriver, 8);
+  no_grace.peer_gone(kDriver, "connection reset", true, now_);
+  EXPECT_FALSE(no_grace.awaits_client(8));
+}
+
+// The process's new connection said hello before the head saw its old one
+// close: what the old one owned passes to the new one, nothing is killed.
+TEST_F(DroppedClientTest, AReconnectThatRacedTheCloseInheritsWhatItOwns) {
+  state_.bind_client(kOtherDriver, 7);
+  state_.peer_gone(kDriver, "connection reset", false, now_);
+  EXPECT_FALSE(state_.awaits_client(7));
+  EXPECT_TRUE(state_.take_outputs().kills.empty());
+  EXPECT_TRUE(everything_kept());
+  state_.peer_gone(kOtherDriver, "goodbye");
+  EXPECT_EQ(state_.take_outputs().kills.size(), 1u);
+}
+
+// A worker that owns an actor: when its node reports the worker's exit, the
+// head stops waiting for it, whichever comes first, the exit or the close.
+TEST_F(DroppedClientTest, AWorkersOwnedActorsGoWithTheWorkerWhateverTheOrder) {
+  for (bool exit_first : {false, true}) {
+    const uint64_t w = state_.create_actor(kDriver, spec({}, 0)).id;
+    start_spawned();
+    constexpr PeerId kWorkerPeer = 200;
+    const uint64_t client = exit_first ? 21 : 20;
+    state_.bind_client(kWorkerPeer, client, w, state_.actor_info(w).incarnation);
+    const uint64_t owned = state_.create_actor(kWorkerPeer, spec()).id;
+    start_spawned();
+    if (exit_first) exited(w);
+    state_.peer_gone(kWorkerPeer, "connection reset", true, now_);
+    if (!exit_first) {
+      EXPECT_TRUE(state_.awaits_client(client));
+      exited(w);
+    }
+    EXPECT_FALSE(state_.awaits_client(client)) << exit_first;
+    start_spawned();  // takes the kill
+    exited(owned);
+    EXPECT_EQ(state_of(owned), ActorState::kDead) << exit_first;
+    EXPECT_EQ(state_.actor_info(owned).death_cause, HeadState::kOwnerExited) << exit_first;
+  }
+}
+
 TEST_F(HeadStateTest, NodeLostAfterGroupRemovalLeavesNoGhosts) {
   uint64_t n = add_node({{"CPU", 2}}, 1);
   auto g = state_.create_placement_group(kDriver, {{{{"CPU", 1}}}, PlacementStrategy::kPack, ""});
