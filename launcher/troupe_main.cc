@@ -434,12 +434,17 @@ std::string node_resources_text(const nlohmann::json& n) {
   const bool alive = n["alive"].get<bool>();
   std::string res;
   for (auto& [k, v] : n["total"].items()) {
-    char buf[96];
+    char buf[128];
+    // Memory is counted in bytes and shown in GiB.
+    const bool bytes = k == "memory";
+    const double scale = bytes ? 1.0 / (1ull << 30) : 1.0;
+    const char* unit = bytes ? " GiB" : "";
     if (!alive) {
-      std::snprintf(buf, sizeof(buf), "%s -/%g  ", k.c_str(), v.get<double>());
+      std::snprintf(buf, sizeof(buf), "%s -/%g%s  ", k.c_str(), v.get<double>() * scale, unit);
     } else {
       double used = n["used"].contains(k) ? n["used"][k].get<double>() : 0.0;
-      std::snprintf(buf, sizeof(buf), "%s %g/%g  ", k.c_str(), used, v.get<double>());
+      std::snprintf(buf, sizeof(buf), bytes ? "%s %.1f/%.1f%s  " : "%s %g/%g%s  ", k.c_str(), used * scale,
+                    v.get<double>() * scale, unit);
     }
     res += buf;
   }

@@ -883,6 +883,30 @@ def test_max_pending_calls_refuses_calls_past_it_until_some_end():
             Held.options(max_pending_calls=bad).remote()
 
 
+def test_memory_option_reserves_the_nodes_memory_resource():
+    from troupe.util.state import list_actors
+
+    total = troupe.cluster_resources()["memory"]  # the machine's, in bytes
+    assert total >= 1 << 20
+    big = int(total * 0.6)
+    first = Counter.options(memory=big).remote()
+    assert troupe.get(first.add.remote(), timeout=60) == 1
+    assert troupe.available_resources()["memory"] == pytest.approx(total - big)
+    # A second one does not fit beside it: it waits, saying for what.
+    second = Counter.options(memory=big, name="memory-second").remote()
+    wait_until(lambda: [a.pending_reason for a in list_actors(filters=[("name", "=", "memory-second")])
+                        if a.state == "PENDING_CREATION" and "memory" in (a.pending_reason or "")],
+               what="the second actor pending for memory")
+    troupe.kill(first)
+    assert troupe.get(second.add.remote(), timeout=60) == 1
+    # Tasks ask for it too; what no node has is the runtime's to hold back.
+    assert troupe.get(square.options(memory=1 << 20).remote(3), timeout=60) == 9
+    with pytest.raises(ConfigError, match="memory must be a number, got 'lots'"):
+        Counter.options(memory="lots").remote()
+    with pytest.raises(ConfigError, match="use num_cpus/num_gpus/memory, not resources=\\{'memory'"):
+        Counter.options(resources={"memory": 1}).remote()
+
+
 def test_out_of_range_options_are_named():
     # Counts past the runtime's 32-bit ints and resource amounts that are
     # no numbers used to fail in the binding ("Unable to cast Python

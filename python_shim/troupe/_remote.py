@@ -32,10 +32,10 @@ _PLACEMENT_OPTIONS = {"scheduling_strategy", "placement_group", "placement_group
 # Set in the workers of a task or actor whose placement group captures its
 # children: the group's id.
 CAPTURE_ENV = "PYTROUPE_CAPTURE_PG"
-_TASK_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_retries", "name", "num_returns",
+_TASK_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "max_retries", "name", "num_returns",
                  "retry_exceptions", "preload_modules", "runtime_env",
                  _generator.BACKPRESSURE_OPTION} | _PLACEMENT_OPTIONS
-_ACTOR_OPTIONS = {"num_cpus", "num_gpus", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
+_ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
                   "lifetime", "namespace", "get_if_exists", "preload_modules", "runtime_env",
                   "max_pending_calls"} | _PLACEMENT_OPTIONS
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -69,7 +69,7 @@ def _check_options(options, allowed, what):
     concurrency = options.get("max_concurrency", 1)
     if not _is_int(concurrency, 1) or concurrency > _MAX_CONCURRENCY:
         raise ConfigError(f"max_concurrency must be an int in [1, {_MAX_CONCURRENCY}], got {concurrency!r}")
-    for key in ("num_cpus", "num_gpus"):
+    for key in ("num_cpus", "num_gpus", "memory"):
         _number(options.get(key, 0), key)
     for key, value in dict(options.get("resources") or {}).items():
         _number(value, f"resources[{key!r}]")
@@ -396,14 +396,18 @@ def _runtime_options(options, default_cpus):
     """Ray's options -> the runtime's (resources, restarts, the worker)."""
     resources = {}
     for k, v in dict(options.get("resources") or {}).items():
-        if k in ("CPU", "GPU"):
-            raise ConfigError(f"use num_cpus/num_gpus, not resources={{'{k}': ...}}")
+        if k in ("CPU", "GPU", "memory"):
+            raise ConfigError(f"use num_cpus/num_gpus/memory, not resources={{'{k}': ...}}")
         resources[str(k)] = float(v)
     cpus = options.get("num_cpus", default_cpus)
     if cpus:
         resources["CPU"] = float(cpus)
     if options.get("num_gpus"):
         resources["GPU"] = float(options["num_gpus"])
+    if options.get("memory"):
+        # Bytes of the node's "memory" resource, as Ray's: the scheduler
+        # counts it, nothing enforces it.
+        resources["memory"] = float(int(options["memory"]))  # whole bytes, rounded down as Ray's
     out = {
         "resources": resources,
         "executable": worker_executable(_preload(options)),

@@ -6,6 +6,7 @@
 
 #include "troupe/runtime/client/listen_host.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/wire/error_kind.h"
 
@@ -72,10 +73,8 @@ ObjectStore::ObjectStore(Core& core) : core_(core), instance_(random_u64() | 1),
 ObjectStore::~ObjectStore() = default;
 
 uint64_t ObjectStore::default_limit() {
-  long pages = sysconf(_SC_PHYS_PAGES);
-  long page = sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) return 2ull << 30;
-  return uint64_t(pages) * uint64_t(page) / 4;
+  const uint64_t bytes = core::memory_limit_bytes();
+  return bytes ? bytes / 4 : 2ull << 30;
 }
 
 void ObjectStore::set_limit(uint64_t bytes) {

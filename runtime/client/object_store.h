@@ -116,7 +116,8 @@ class ObjectStore : public std::enable_shared_from_this<ObjectStore> {
   Core* core() const { return &core_; }
   // Changes the limit (objects already held stay).
   void set_limit(uint64_t bytes);
-  // The default limit: a quarter of the machine's memory (2 GiB if unknown).
+  // The default limit: a quarter of the machine's memory, or of this
+  // process's cgroup limit when lower (2 GiB if unknown).
   static uint64_t default_limit();
 
  private:

@@ -250,6 +250,39 @@ bool process_running(pid_t pid, uint64_t start_time) {
   }
 }
 
+namespace {
+
+// A cgroup limit file's number; nullopt for "max", a missing file or junk.
+std::optional<uint64_t> read_limit(const std::string& path) {
+  std::ifstream f(path);
+  std::string text;
+  if (!f || !(f >> text) || text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  try {
+    return std::stoull(text);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+uint64_t memory_limit_bytes() {
+  uint64_t bytes = 0;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) bytes = uint64_t(pages) * uint64_t(page);
+  std::optional<uint64_t> limit;
+  std::ifstream cgroup("/proc/self/cgroup");
+  for (std::string line; !limit && std::getline(cgroup, line);) {
+    if (line.rfind("0::", 0) == 0)
+      limit = read_limit("/sys/fs/cgroup" + line.substr(3) + "/memory.max");  // v2
+    else if (auto c = line.find(":memory:"); c != std::string::npos)
+      limit = read_limit("/sys/fs/cgroup/memory" + line.substr(c + 8) + "/memory.limit_in_bytes");  // v1
+  }
+  if (limit && *limit > 0 && (bytes == 0 || *limit < bytes)) bytes = *limit;
+  return bytes;
+}
+
 std::string host_key() {
   std::string boot;
   std::ifstream f("/proc/sys/kernel/random/boot_id");

@@ -87,6 +87,11 @@ std::optional<uint64_t> process_start_time(pid_t pid);
 // or the pid names another process; true when /proc cannot tell.
 bool process_running(pid_t pid, uint64_t start_time);
 
+// The memory this process's machine gives it, in bytes: physical memory,
+// or its cgroup's limit (v2 memory.max, v1 memory.limit_in_bytes) when that
+// is lower. 0 when neither can be read.
+uint64_t memory_limit_bytes();
+
 // This machine's boot and this process's pid namespace, as one string: two
 // processes with equal keys see each other's pids in /proc.
 std::string host_key();

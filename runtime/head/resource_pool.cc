@@ -32,6 +32,11 @@ void validate_resources(const Resources& r, const std::string& where) {
     std::string what = where + ": resource '" + k + "' = " + show(v);
     if (!std::isfinite(v)) throw ConfigError(what + " is not a finite number");
     if (v < 0) throw ConfigError(what + " is negative");
+    if (k == "memory") {
+      if (v > kMaxMemoryBytes) throw ConfigError(what + " exceeds the limit of " + show(kMaxMemoryBytes) + " bytes");
+      if (v != std::floor(v)) throw ConfigError(what + " is not a whole number of bytes");
+      continue;
+    }
     if (v > kMaxResourceAmount) throw ConfigError(what + " exceeds the limit " + show(kMaxResourceAmount));
     if (k == "GPU" && v > kMaxGpus) throw ConfigError(what + " exceeds the limit of " + show(kMaxGpus) + " GPUs");
     if (k == "GPU" && v > 1 && std::abs(v - std::round(v)) > kShareEps)

@@ -21,6 +21,9 @@ using wire::Resources;
 // register: enough for any real machine, small enough that sums stay exact.
 inline constexpr double kMaxResourceAmount = 1e9;
 inline constexpr double kMaxGpus = 1024;
+// "memory" is counted in whole bytes (as Ray's): up to 1 PiB, where sums of
+// whole numbers are still exact in a double.
+inline constexpr double kMaxMemoryBytes = double(1ull << 50);
 
 // Throws ConfigError naming `where`, the key and the value unless every
 // amount is finite, >= 0 and within the bounds above (and every key is

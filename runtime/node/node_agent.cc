@@ -77,6 +77,9 @@ Resources detect_resources(const Resources& overrides) {
   Resources r;
   r["CPU"] = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   r["GPU"] = cuda_device_count();
+  // Bytes, as Ray's "memory": what actors and tasks ask with `memory=` (a
+  // reservation the scheduler counts, not a limit it enforces).
+  if (const uint64_t bytes = core::memory_limit_bytes()) r["memory"] = static_cast<double>(bytes);
   for (const auto& [k, v] : overrides) r[k] = v;
   return r;
 }

@@ -53,7 +53,8 @@ struct NodeOptions {
 };
 
 // Resources of this machine: CPU = online cores, GPU = CUDA devices (0 when
-// CUDA is not there), with `overrides` replacing or adding entries.
+// CUDA is not there), memory = bytes of memory (core::memory_limit_bytes),
+// with `overrides` replacing or adding entries.
 wire::Resources detect_resources(const wire::Resources& overrides);
 
 class NodeAgent {

@@ -160,14 +160,19 @@ TEST(ResourcePool, NonFiniteOrNegativeRequestsNeverFitAndAreNeverStored) {
 
 TEST(ResourcePool, ValidationNamesTheKeyAndTheValue) {
   EXPECT_NO_THROW(validate_resources({{"CPU", 2}, {"GPU", 1}, {"custom", 0.5}}, "x"));
+  EXPECT_NO_THROW(validate_resources({{"memory", 64.0 * (1ull << 30)}}, "x"));  // bytes: past 1e9
   struct Case {
     Resources r;
     std::string needle;
   };
-  std::vector<Case> cases = {
-      {{{"CPU", std::nan("")}}, "'CPU' = nan"}, {{{"CPU", std::numeric_limits<double>::infinity()}}, "'CPU' = inf"},
-      {{{"disk", -1}}, "'disk' = -1"},          {{{"CPU", 1e300}}, "'CPU' = 1e+300"},
-      {{{"GPU", 5000}}, "'GPU' = 5000"},        {{{"", 1}}, "empty name"}};
+  std::vector<Case> cases = {{{{"CPU", std::nan("")}}, "'CPU' = nan"},
+                             {{{"CPU", std::numeric_limits<double>::infinity()}}, "'CPU' = inf"},
+                             {{{"disk", -1}}, "'disk' = -1"},
+                             {{{"CPU", 1e300}}, "'CPU' = 1e+300"},
+                             {{{"GPU", 5000}}, "'GPU' = 5000"},
+                             {{{"", 1}}, "empty name"},
+                             {{{"memory", 0.5}}, "'memory' = 0.5 is not a whole number of bytes"},
+                             {{{"memory", 1e16}}, "'memory' = 1e+16 exceeds the limit"}};
   for (const auto& c : cases) {
     try {
       validate_resources(c.r, "actor options");
