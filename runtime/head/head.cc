@@ -186,6 +186,8 @@ class Head::Impl {
     const bool may_return = store_ && !ending_ && !p.final_close && !p.fenced;
     state_.peer_gone(p.id, reason, may_return, Clock::now());
     if (may_return && p.pid > 0 && state_.awaits_client(p.client_id)) watched_[p.client_id] = {p.pid, p.started};
+    if (may_return && p.pid > 0 && p.role == Role::kNode && state_.node_awaited(p.node_id))
+      watched_nodes_[p.node_id] = {p.pid, p.started};
     drop_waiters(kv_waiters_, raw);
     drop_waiters(group_waiters_, raw);
     for (uint64_t id : it->second->subscriptions) unsubscribe(id, raw);
@@ -480,14 +482,16 @@ class Head::Impl {
       state_.bind_client(p.id, h.client_id, h.role == Role::kWorker ? h.actor_id : 0, h.incarnation);
       p.client_id = h.client_id;
       watched_.erase(h.client_id);
-      // Its pid means what it says only where the head runs.
-      static const std::string own_host = core::host_key();
-      if (!own_host.empty() && h.host_key == own_host && h.pid > 0)
-        if (auto started = core::process_start_time(h.pid)) {
-          p.pid = h.pid;
-          p.started = *started;
-        }
+    } else {
+      watched_nodes_.erase(p.node_id);
     }
+    // Its pid means what it says only where the head runs.
+    static const std::string own_host = core::host_key();
+    if (!own_host.empty() && h.host_key == own_host && h.pid > 0)
+      if (auto started = core::process_start_time(h.pid)) {
+        p.pid = h.pid;
+        p.started = *started;
+      }
     reply.durable = store_ != nullptr;
     p.role = h.role;
     p.hello = true;
@@ -552,19 +556,30 @@ class Head::Impl {
     after(kFencedLinger, [conn] { conn->close("fenced node agent did not close its connection"); });
   }
 
-  // Clients the head waits for whose processes it can see: one that has
-  // exited will not come back, and what it owns goes now.
+  // Clients and node agents the head waits for whose processes it can see:
+  // one that has exited will not come back, and what it owns (or runs) goes
+  // now.
   void check_watched() {
-    for (auto it = watched_.begin(); it != watched_.end();) {
-      const auto [client, w] = *it;
-      if (!state_.awaits_client(client)) {
-        it = watched_.erase(it);
-      } else if (!core::process_running(w.first, w.second)) {
-        it = watched_.erase(it);
-        state_.client_exited(client);
-      } else {
+    sweep(
+        watched_nodes_, [this](uint64_t node) { return state_.node_awaited(node); },
+        [this](uint64_t node) { state_.node_lost(node, "its node agent exited"); });
+    sweep(
+        watched_, [this](uint64_t client) { return state_.awaits_client(client); },
+        [this](uint64_t client) { state_.client_exited(client); });
+  }
+
+  // Drops the entries no longer awaited, and calls `gone` for those whose
+  // process has exited.
+  template <class Awaited, class Gone>
+  static void sweep(std::map<uint64_t, std::pair<int32_t, uint64_t>>& watched, Awaited awaited, Gone gone) {
+    for (auto it = watched.begin(); it != watched.end();) {
+      const auto [id, w] = *it;
+      if (awaited(id) && core::process_running(w.first, w.second)) {
         ++it;
+        continue;
       }
+      it = watched.erase(it);
+      if (awaited(id)) gone(id);
     }
   }
 
@@ -785,8 +800,9 @@ class Head::Impl {
   std::map<uint64_t, std::vector<Waiter>> group_waiters_;
   std::map<std::string, std::vector<Waiter>> kv_waiters_;
   PeerId next_peer_id_ = 1;
-  std::map<uint64_t, std::pair<int32_t, uint64_t>> watched_;  // client id -> pid, start time (see check_watched)
-  std::map<uint32_t, uint64_t> message_counts_;  // by op, for /metrics
+  std::map<uint64_t, std::pair<int32_t, uint64_t>> watched_;        // client id -> pid, start time (see check_watched)
+  std::map<uint64_t, std::pair<int32_t, uint64_t>> watched_nodes_;  // node id -> its agent's pid, start time
+  std::map<uint32_t, uint64_t> message_counts_;                     // by op, for /metrics
   // troupe logs requests a node agent has not answered yet, by the id the
   // head gave them: (node, the asker and its request id).
   std::map<uint64_t, std::pair<uint64_t, Waiter>> log_waiters_;

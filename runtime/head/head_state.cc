@@ -80,8 +80,7 @@ void HeadState::check_heartbeats(Time now) {
   std::vector<std::pair<uint64_t, std::string>> dead;
   for (auto& [id, n] : nodes_)
     if (n.info.alive && now - n.last_heartbeat > limit)
-      dead.emplace_back(id, n.awaiting ? "did not come back to the restarted head"
-                                        : "no heartbeat for " + std::to_string(limit.count()) + " ms");
+      dead.emplace_back(id, n.awaiting ? n.awaiting_why : "no heartbeat for " + std::to_string(limit.count()) + " ms");
   for (auto& [id, why] : dead) node_lost(id, why);
   check_restored_owners(now);
 }
@@ -147,7 +146,23 @@ void HeadState::peer_gone(PeerId peer, const std::string& reason, bool may_retur
   std::vector<uint64_t> ids;
   for (auto& [id, n] : nodes_)
     if (n.peer == peer && n.info.alive) ids.push_back(id);
-  for (auto id : ids) node_lost(id, "node agent connection lost: " + reason);
+  const auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  for (auto id : ids) {
+    Node& n = nodes_.at(id);
+    if (may_return && config_.client_grace.count() > 0) {
+      // Its agent keeps its workers and joins again as this node: until
+      // then (the heartbeat limit from its last heartbeat) nothing new is
+      // placed here, and what runs here stays.
+      n.awaiting = true;
+      n.peer = 0;
+      n.awaiting_why = "its agent's connection to the head dropped (" + reason + ") and it did not come back within " +
+                       std::to_string(limit.count()) + " ms";
+      TROUPE_LOG_WARN("node {} ({}): its agent's connection dropped ({}); waiting for it to come back", id,
+                      n.info.hostname, reason);
+    } else {
+      node_lost(id, "node agent connection lost: " + reason);
+    }
+  }
   // Whoever created actors or groups (a driver, or an actor) owns them.
   auto actors = actor_ids_where([&](const Actor& a) { return a.owner == peer; });
   ids.clear();

@@ -75,8 +75,10 @@ class HeadState {
   void node_lost(uint64_t node_id, const std::string& why);
   // The connection `peer` closed: its node (if it is one) is dead and the
   // actors and groups it owns are killed / removed. With `may_return` (the
-  // client did not say goodbye, and the head did not close it) a client
-  // gets client_grace from `now` to come back to what it owns.
+  // client did not say goodbye, and the head did not close it) and a
+  // client_grace, a client gets client_grace from `now` to come back to
+  // what it owns, and a node agent the heartbeat limit from its last
+  // heartbeat to come back as the node it was (resume_node).
   void peer_gone(PeerId peer, const std::string& reason, bool may_return = false, Time now = {});
   // Live node ids (the server tells them to shut down).
   std::vector<uint64_t> live_nodes() const;
@@ -168,12 +170,19 @@ class HeadState {
   // Death causes of an owner's actors.
   static constexpr const char* kOwnerExited = "its driver exited";
   static constexpr const char* kNotBackAfterRestore = "its driver did not come back after the head restarted";
-  // A node agent came back to a restarted head as node `hello.resume_node_id`
-  // with `hello.workers`: its workers the head knows stay, the ones it does
-  // not are killed, and actors whose workers are gone are lost (restarted
-  // or dead). A node the head declared dead meanwhile joins as a new node
-  // (the agent sees another id and kills what it runs). Returns the id.
+  // A node agent came back to a restarted head (or after its connection
+  // dropped) as node `hello.resume_node_id` with `hello.workers`: its
+  // workers the head knows stay (told again to go if their actor was killed
+  // meanwhile), the ones it does not are killed, and actors whose workers
+  // are gone are lost (restarted or dead). A node the head declared dead
+  // meanwhile joins as a new node (the agent sees another id and kills what
+  // it runs). Returns the id.
   uint64_t resume_node(PeerId peer, const wire::Hello& hello, Time now);
+  // Whether node `node_id` is alive but its agent not connected (see Node).
+  bool node_awaited(uint64_t node_id) const {
+    auto it = nodes_.find(node_id);
+    return it != nodes_.end() && it->second.info.alive && it->second.awaiting;
+  }
 
  private:
   // Resources an actor holds: from its node's pool, or from a bundle of a
@@ -190,9 +199,11 @@ class HeadState {
     PeerId peer = 0;
     ResourcePool pool;
     Time last_heartbeat;
-    // Restored by a restarted head, its agent not back yet: nothing new is
-    // placed on it.
+    // Restored by a restarted head, or its connection dropped, its agent
+    // not back yet: nothing new is placed on it, and past the heartbeat
+    // limit it is dead, for `awaiting_why`.
     bool awaiting = false;
+    std::string awaiting_why;
   };
   struct Actor {
     wire::ActorInfo info;

@@ -185,6 +185,7 @@ void HeadState::restore_nodes_and_keys(const std::map<std::string, std::string>&
       n.pool = ResourcePool(r.total);
       n.last_heartbeat = deadline - limit;  // declared dead at the deadline unless it comes back
       n.awaiting = n.info.alive;
+      n.awaiting_why = "did not come back to the restarted head";
       if (!n.info.alive) dead_nodes_order_.push_back(n.info.id);
       nodes_[n.info.id] = std::move(n);
     }
@@ -308,7 +309,12 @@ void HeadState::drop_awaited(uint64_t client, const std::string& why) {
 
 uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
   auto it = nodes_.find(hello.resume_node_id);
-  if (it == nodes_.end() || !it->second.info.alive || !it->second.awaiting) {
+  // Its agent's new connection may come before the head saw the old one
+  // close: the same agent (pid and hostname) takes the node over, and the
+  // old connection's close finds no node of its own.
+  const bool same_agent =
+      it != nodes_.end() && it->second.info.pid == hello.pid && it->second.info.hostname == hello.hostname;
+  if (it == nodes_.end() || !it->second.info.alive || !(it->second.awaiting || same_agent)) {
     const char* why = it == nodes_.end()       ? "this head has no node of that id"
                       : !it->second.info.alive ? "it was declared dead meanwhile"
                                                : "a node of that id is still connected";
@@ -317,6 +323,7 @@ uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
   }
   Node& n = it->second;
   n.awaiting = false;
+  n.awaiting_why.clear();
   n.peer = peer;
   n.last_heartbeat = now;
   n.info.pid = hello.pid;
@@ -327,8 +334,9 @@ uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
   // forgotten) go; actors whose worker is not there any more are lost.
   for (const auto& w : hello.workers) {
     auto a = actors_.find(w.actor_id);
+    // A kill sent while the agent was away was lost with its connection.
     if (a == actors_.end() || a->second.info.incarnation != w.incarnation || !a->second.worker_running ||
-        a->second.info.node_id != node_id)
+        a->second.info.node_id != node_id || a->second.kill_requested)
       out_.kills.emplace_back(node_id, KillWorker{w.actor_id, w.incarnation});
   }
   for (auto id : actor_ids_where([&](const Actor& a) {

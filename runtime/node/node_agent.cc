@@ -183,6 +183,7 @@ class NodeAgent::Impl {
     h.resources = opts_.resources;
     h.hostname = hostname();
     h.pid = getpid();
+    h.host_key = core::host_key();
     h.bind_host = opts_.bind_host;
     h.resume_node_id = resume_id;
     h.workers = std::move(workers);

@@ -85,7 +85,7 @@ Runtime LocalCluster::connect() const {
   return Runtime::connect(o);
 }
 
-size_t LocalCluster::add_node(const Resources& resources) {
+size_t LocalCluster::add_node(const Resources& resources, const std::string& head_address) {
   std::string line;
   std::string res = head::format_resources(resources);
   for (auto& c : res)
@@ -95,7 +95,7 @@ size_t LocalCluster::add_node(const Resources& resources) {
   if (!resources.count("GPU")) res += (res.empty() ? "" : ",") + std::string("GPU=0");
   core::WorkerEnv node;
   node.role = "node";
-  node.head_address = address_;
+  node.head_address = head_address.empty() ? address_ : head_address;
   node.resources = res;
   node.bind_host = options_.host;
   node.worker_pool_size = options_.worker_pool_size;

@@ -61,8 +61,9 @@ class LocalCluster {
   // A driver runtime connected to this cluster.
   Runtime connect() const;
 
-  // Starts another node; returns its index.
-  size_t add_node(const Resources& resources);
+  // Starts another node, its agent connecting to `head_address` (a proxy in
+  // front of the head; "" = the head's address); returns its index.
+  size_t add_node(const Resources& resources, const std::string& head_address = "");
   size_t node_count() const { return nodes_.size(); }
   pid_t head_pid() const { return head_pid_; }
   pid_t node_pid(size_t i) const { return nodes_.at(i).pid; }

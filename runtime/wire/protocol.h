@@ -74,11 +74,11 @@ struct Hello {
   // Drivers and workers: the process's own id, the same on every
   // connection it makes, so a restarted head knows who owns what.
   uint64_t client_id = 0;
-  // Drivers and workers: the machine and pid namespace the process runs in
-  // (core::host_key()). A durable head gives a client whose connection
-  // drops without a kGoodbye time to come back; when the client shares the
-  // head's host key the head watches its pid and ends the wait once the
-  // process is gone.
+  // The machine and pid namespace the process runs in (core::host_key()).
+  // A durable head gives a client whose connection drops without a
+  // kGoodbye, or a node agent whose connection drops, time to come back;
+  // when the process shares the head's host key the head watches its pid
+  // and ends the wait once the process is gone.
   std::string host_key;
   TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, bind_host, resume_node_id, workers, client_id,
                 host_key)

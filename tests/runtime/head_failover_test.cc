@@ -170,3 +170,43 @@ TEST(HeadFailover, ADriverThatDoesNotComeBackLosesWhatItOwnedAfterTheGrace) {
   const std::string cause = watcher.actor_info(t.id()).death_cause;
   EXPECT_NE(cause.find("did not come back within"), std::string::npos) << cause;
 }
+
+// A blip between a node agent and a live durable head: the agent keeps its
+// workers and joins again as the node it was, within the heartbeat limit.
+// Before, the head declared the node dead at the drop: its actors were
+// lost and the agent, taken back as a new node, killed its workers.
+TEST(HeadFailover, ANodeAgentWhoseConnectionDropsKeepsItsWorkers) {
+  auto o = durable(0);
+  o.heartbeat_misses = 50;  // 5 s to come back: the agent's reconnect on a loaded machine
+  troupe::testing::LocalCluster cluster(o);
+  TcpProxy proxy(cluster.address());
+  cluster.add_node({{"CPU", 2}}, proxy.address());
+  troupe::Runtime rt = cluster.connect();
+  auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 10);
+  const int pid = t.call(&Ledger::pid).get(kWaitBound);
+  const uint64_t node = cluster.node_id(0);
+  const size_t connections = head_connections(rt);
+
+  // The link goes down, and stays down until the head has seen the drop:
+  // the agent's connection and its worker's (the agent gave it the proxy's
+  // address), which is a client's blip as in the test above.
+  proxy.set_refusing(true);
+  const int cut = proxy.cut();
+  ASSERT_EQ(cut, 2);
+  ASSERT_TRUE(eventually([&] { return head_connections(rt) == connections - cut; })) << rt.status_json();
+  proxy.set_refusing(false);
+  ASSERT_TRUE(eventually([&] { return head_connections(rt) == connections; })) << rt.status_json();
+  // New work is placed there once it is back.
+  auto u = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 0);
+  EXPECT_EQ(u.call(&Ledger::add, 2).get(kWaitBound), 2);
+  // Back as itself, the actor in its process.
+  auto ns = rt.nodes();
+  ASSERT_EQ(ns.size(), 1u) << rt.status_json();
+  EXPECT_EQ(ns[0].id, node);
+  EXPECT_TRUE(ns[0].alive);
+  EXPECT_EQ(ns[0].available.at("CPU"), 0);
+  auto info = rt.actor_info(t.id());
+  EXPECT_EQ(info.state, troupe::ActorState::kAlive) << info.death_cause;
+  EXPECT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), 11);
+  EXPECT_EQ(t.call(&Ledger::pid).get(kWaitBound), pid);
+}

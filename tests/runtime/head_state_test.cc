@@ -457,7 +457,7 @@ class DroppedClientTest : public HeadStateTest {
     c.client_grace = 2s;
     state_ = HeadState(c);
     state_.bind_client(kDriver, 7);
-    add_node({{"CPU", 2}}, 1);
+    node_ = add_node({{"CPU", 2}}, kAgent);
     actor_ = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
     group_ = state_.create_placement_group(kDriver, {{{{"CPU", 1}}}, PlacementStrategy::kPack, ""}).id;
     start_spawned();
@@ -470,9 +470,70 @@ class DroppedClientTest : public HeadStateTest {
            state_.placement_group(group_).state == PlacementGroupState::kCreated && state_.kv_get(key_).has_value();
   }
 
-  uint64_t actor_ = 0, group_ = 0;
+  // The agent of node_ joins again on connection `peer`, listing the
+  // actor's worker.
+  uint64_t rejoin(PeerId peer) {
+    Hello h;
+    h.role = Role::kNode;
+    h.resources = {{"CPU", 2}};
+    h.hostname = "host" + std::to_string(kAgent);
+    h.pid = static_cast<int32_t>(kAgent);
+    h.resume_node_id = node_;
+    const auto& i = state_.actor_info(actor_);
+    h.workers = {{actor_, i.incarnation, i.pid}};
+    return state_.resume_node(peer, h, now_ + 100ms);
+  }
+
+  static constexpr PeerId kAgent = 1;
+  uint64_t node_ = 0, actor_ = 0, group_ = 0;
   std::string key_;
 };
+
+// Its node agent's connection drops: the node waits (nothing new placed on
+// it) for the agent to join again as itself, which keeps what runs there;
+// a kill sent meanwhile, lost with the connection, is sent again.
+TEST_F(DroppedClientTest, ANodeWhoseAgentCameBackKeepsItsWorkers) {
+  state_.peer_gone(kAgent, "connection reset", true, now_);
+  EXPECT_TRUE(state_.node_awaited(node_));
+  EXPECT_TRUE(everything_kept());
+  state_.kill_actor(actor_, true, "killed by request");
+  ASSERT_EQ(state_.take_outputs().kills.size(), 1u);  // to a connection that is gone
+  EXPECT_EQ(rejoin(50), node_);
+  EXPECT_FALSE(state_.node_awaited(node_));
+  auto out = state_.take_outputs();
+  ASSERT_EQ(out.kills.size(), 1u);
+  EXPECT_EQ(out.kills[0].second.actor_id, actor_);
+  state_.heartbeat(node_, now_ + 400ms);
+  state_.check_heartbeats(now_ + 600ms);
+  EXPECT_TRUE(node(node_).alive);
+}
+
+TEST_F(DroppedClientTest, ANodeWhoseAgentDidNotComeBackIsDeadAfterTheHeartbeatLimit) {
+  state_.peer_gone(kAgent, "connection reset", true, now_);
+  state_.check_heartbeats(now_ + 300ms);
+  EXPECT_TRUE(node(node_).alive);
+  state_.check_heartbeats(now_ + 400ms);
+  state_.check_heartbeats(now_ + 500ms);
+  state_.check_heartbeats(now_ + 600ms);
+  EXPECT_FALSE(node(node_).alive);
+  start_spawned();  // takes the kill of its lost worker
+  EXPECT_EQ(state_of(actor_), ActorState::kDead);
+  EXPECT_NE(state_.actor_info(actor_).death_cause.find("node " + std::to_string(node_) + " died"), std::string::npos)
+      << state_.actor_info(actor_).death_cause;
+  // Its agent joins as a new node.
+  EXPECT_NE(rejoin(50), node_);
+}
+
+// The agent's new connection said hello before the head saw the old one
+// close: the same agent takes its node over, and the late close is moot.
+TEST_F(DroppedClientTest, AnAgentWhoseReconnectRacedTheCloseKeepsItsNode) {
+  EXPECT_EQ(rejoin(50), node_);
+  state_.peer_gone(kAgent, "connection reset", false, now_);
+  EXPECT_TRUE(node(node_).alive);
+  EXPECT_FALSE(state_.node_awaited(node_));
+  EXPECT_TRUE(everything_kept());
+  EXPECT_TRUE(state_.take_outputs().kills.empty());
+}
 
 TEST_F(DroppedClientTest, KeepsWhatItOwnsAndGetsItBackOnANewConnection) {
   state_.peer_gone(kDriver, "connection reset", true, now_);

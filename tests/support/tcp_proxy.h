@@ -2,7 +2,8 @@
 // both of its ends live: a client connects to the proxy's address, each
 // accepted connection is joined to a new one to `upstream`, and cut()
 // breaks every connection it carries at that moment (both sides see the
-// close), as a network blip would. It goes on accepting after a cut.
+// close), as a network blip would. It goes on accepting after a cut;
+// while refusing, it closes what it accepts at once (the link stays down).
 #pragma once
 
 #include <arpa/inet.h>
@@ -59,8 +60,9 @@ class TcpProxy {
   TcpProxy& operator=(const TcpProxy&) = delete;
 
   const std::string& address() const { return address_; }
-  // Connections accepted so far.
+  // Connections accepted (and joined upstream) so far.
   int accepted() const { return accepted_; }
+  void set_refusing(bool refusing) { refusing_ = refusing; }
 
   // Breaks every connection carried now; returns how many.
   int cut() {
@@ -80,6 +82,10 @@ class TcpProxy {
       int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (client < 0) {
         if (stop_ || (errno != EINTR && errno != ECONNABORTED)) return;
+        continue;
+      }
+      if (refusing_) {
+        ::close(client);
         continue;
       }
       int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -137,7 +143,7 @@ class TcpProxy {
   sockaddr_in up_{};
   int listen_fd_ = -1;
   std::string address_;
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false}, refusing_{false};
   std::atomic<int> accepted_{0};
   std::mutex mu_;
   std::vector<std::pair<int, int>> open_;  // client side, upstream side
