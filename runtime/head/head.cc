@@ -188,6 +188,14 @@ class Head::Impl {
     if (may_return && p.pid > 0 && state_.awaits_client(p.client_id)) watched_[p.client_id] = {p.pid, p.started};
     if (may_return && p.pid > 0 && p.role == Role::kNode && state_.node_awaited(p.node_id))
       watched_nodes_[p.node_id] = {p.pid, p.started};
+    // A node's current connection: nothing more can be sent to it, and the
+    // logs read through it will not come (a newer connection of the same
+    // agent, which took the node over, stays).
+    if (p.role == Role::kNode && p.hello)
+      if (auto n = node_conns_.find(p.node_id); n != node_conns_.end() && n->second.get() == raw) {
+        node_conns_.erase(n);
+        fail_log_reads(p.node_id, "lost its agent's connection (" + reason + ")");
+      }
     drop_waiters(kv_waiters_, raw);
     drop_waiters(group_waiters_, raw);
     for (uint64_t id : it->second->subscriptions) unsubscribe(id, raw);
@@ -650,7 +658,8 @@ class Head::Impl {
       throw ConfigError("read log: unknown target '" + req.target + "' (head, node or actor)");
     }
     auto it = node_conns_.find(node);
-    if (it == node_conns_.end()) throw ConfigError("node " + std::to_string(node) + " is not alive");
+    if (it == node_conns_.end())
+      throw ConfigError("node " + std::to_string(node) + " is not alive, or its agent is not connected to the head");
     const uint64_t id = next_log_request_++;
     log_waiters_[id] = {node, Waiter{p.conn, m.id}};
     Message ask;

@@ -72,7 +72,9 @@ void HeadState::check_heartbeats(Time now) {
   last_check_ = now;
   if (late > Time::duration::zero()) {
     for (auto& [id, n] : nodes_)
-      if (n.info.alive) n.last_heartbeat = std::min(now, n.last_heartbeat + late);
+      // Never earlier than it was: a restored node's is in the future
+      // (its grace), which the credit must not cut short.
+      if (n.info.alive) n.last_heartbeat = std::max(n.last_heartbeat, std::min(now, n.last_heartbeat + late));
     if (late > limit / 2)
       TROUPE_LOG_WARN("the head's heartbeat check ran {} ms late; that time does not count against the nodes",
                       std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
@@ -476,6 +478,7 @@ void HeadState::kill_actor(uint64_t actor_id, bool no_restart, const std::string
   if (a.worker_running) {
     // DEAD once the node reports the exit (or the node itself is lost).
     out_.kills.emplace_back(a.info.node_id, KillWorker{a.info.id, a.info.incarnation});
+    a.kill_sent = a.info.incarnation;
   } else if (no_restart) {
     set_dead(a);  // no process: nothing to wait for
   }

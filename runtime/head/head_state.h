@@ -218,6 +218,9 @@ class HeadState {
     // its exit has not been reported: the actor cannot be DEAD yet.
     bool worker_running = false;
     bool kill_requested = false;
+    // The incarnation a KillWorker was last sent for (none: none was): one
+    // sent while its node's agent was away is sent again when it is back.
+    std::optional<uint32_t> kill_sent;
     // The last worker that ran it and ended, for `troupe logs` of an actor
     // that has none now.
     uint64_t last_node = 0;

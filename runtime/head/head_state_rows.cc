@@ -336,14 +336,14 @@ uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
     auto a = actors_.find(w.actor_id);
     // A kill sent while the agent was away was lost with its connection.
     if (a == actors_.end() || a->second.info.incarnation != w.incarnation || !a->second.worker_running ||
-        a->second.info.node_id != node_id || a->second.kill_requested)
+        a->second.info.node_id != node_id || a->second.kill_requested || a->second.kill_sent == w.incarnation)
       out_.kills.emplace_back(node_id, KillWorker{w.actor_id, w.incarnation});
   }
   for (auto id : actor_ids_where([&](const Actor& a) {
          return a.worker_running && a.info.node_id == node_id && !running.count({a.info.id, a.info.incarnation});
        }))
     if (auto a = actors_.find(id); a != actors_.end())
-      actor_lost(a->second, "its worker ended while the head was down");
+      actor_lost(a->second, "its worker ended while its node was away from the head");
   drop_exited_workers();
   TROUPE_LOG_INFO("node {} is back with {} workers", node_id, hello.workers.size());
   schedule();

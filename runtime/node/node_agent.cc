@@ -242,6 +242,9 @@ class NodeAgent::Impl {
     resuming_ = true;
     std::vector<LiveWorker> live;
     for (const auto& [pid, w] : workers_) live.push_back({w.actor_id, w.incarnation, pid});
+    // Spawns waiting for a start slot are the head's actors too: it keeps
+    // them (pid 0: none yet), and they start once it is back.
+    for (const auto& s : waiting_spawns_) live.push_back({s.actor_id, s.incarnation, 0});
     if (rejoin_thread_.joinable()) rejoin_thread_.join();
     rejoin_thread_ = std::thread([this, live = std::move(live), id = node_id_.load()] {
       const auto deadline = std::chrono::steady_clock::now() + opts_.head_reconnect;

@@ -524,6 +524,18 @@ TEST_F(DroppedClientTest, ANodeWhoseAgentDidNotComeBackIsDeadAfterTheHeartbeatLi
   EXPECT_NE(rejoin(50), node_);
 }
 
+// A kill that lets the actor restart, sent while the agent was away, is
+// sent again too.
+TEST_F(DroppedClientTest, ARestartingKillSentWhileTheAgentWasAwayIsSentAgain) {
+  state_.peer_gone(kAgent, "connection reset", true, now_);
+  state_.kill_actor(actor_, false, "restart it");
+  ASSERT_EQ(state_.take_outputs().kills.size(), 1u);  // to a connection that is gone
+  EXPECT_EQ(rejoin(50), node_);
+  auto out = state_.take_outputs();
+  ASSERT_EQ(out.kills.size(), 1u);
+  EXPECT_EQ(out.kills[0].second.actor_id, actor_);
+}
+
 // The agent's new connection said hello before the head saw the old one
 // close: the same agent takes its node over, and the late close is moot.
 TEST_F(DroppedClientTest, AnAgentWhoseReconnectRacedTheCloseKeepsItsNode) {
@@ -1208,4 +1220,20 @@ TEST_F(HeadStateTest, OwnersHearWhileSomethingWaitsForRoomThatExecutorsHold) {
   huge.strategy = PlacementStrategy::kStrictSpread;
   state_.create_placement_group(kDriver, huge);
   EXPECT_EQ(state_.take_outputs().resources_wanted, Told{});
+}
+
+// The head credits its own late checks to every node; a restored node's
+// last heartbeat lies in the future (its grace), which the credit must not
+// pull back to now.
+TEST_F(HeadStateTest, LateChecksDoNotCutARestoredNodesGraceShort) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  const uint64_t n = add_node({{"CPU", 2}}, 1);
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  for (auto t = 150ms; t < 1800ms; t += 150ms) again.check_heartbeats(now_ + t);  // each 50 ms late
+  bool alive = false;
+  for (const auto& node : again.nodes()) alive = alive || (node.id == n && node.alive);
+  EXPECT_TRUE(alive);
 }
