@@ -384,6 +384,14 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
           NoGil())
       .def(
           "kill", [](PyClient& c, uint64_t id, bool no_restart) { c.runtime().kill_actor(id, no_restart); }, NoGil())
+      // An actor ends itself for good (troupe.actor.exit_actor): the head
+      // sends the kill and records `why`; no wait, the kill ends the caller.
+      .def(
+          "exit_actor",
+          [](PyClient& c, uint64_t id, const std::string& why) {
+            c.core()->head().call<void>(wire::Op::kKillActor, wire::KillActor{id, true, why});
+          },
+          NoGil())
       .def("get_actor", &PyClient::get_actor, NoGil())
       .def(
           "actor_by_id", [](PyClient& c, uint64_t id) { return c.core()->actor(id); }, NoGil())

@@ -907,6 +907,39 @@ def test_memory_option_reserves_the_nodes_memory_resource():
         Counter.options(resources={"memory": 1}).remote()
 
 
+@troupe.remote(max_restarts=2)
+class Quitter:
+    def __init__(self, path):
+        import atexit
+
+        atexit.register(lambda: open(path, "w").write("atexit ran"))
+
+    def quit(self):
+        troupe.actor.exit_actor()
+        return "not reached"
+
+    def ping(self):
+        return "pong"
+
+
+def test_exit_actor_ends_the_actor_for_good_after_its_atexit_handlers(tmp_path):
+    marker = tmp_path / "atexit"
+    quitter = Quitter.remote(str(marker))
+    assert troupe.get(quitter.ping.remote(), timeout=60) == "pong"
+    # The call that exits sees the actor's death (its connection going), not
+    # a value; the actor is not restarted, whatever its max_restarts, and
+    # later calls name why.
+    with pytest.raises(ActorDiedError):
+        troupe.get(quitter.quit.remote(), timeout=60)
+    with pytest.raises(ActorDiedError, match="exit_actor"):
+        troupe.get(quitter.ping.remote(), timeout=60)
+    assert marker.read_text() == "atexit ran"
+    with pytest.raises(TypeError, match="exit_actor"):
+        troupe.actor.exit_actor()  # the driver is no actor
+    with pytest.raises(TaskError, match="exit_actor"):
+        troupe.get(troupe.remote(lambda: troupe.actor.exit_actor()).remote(), timeout=60)
+
+
 def test_out_of_range_options_are_named():
     # Counts past the runtime's 32-bit ints and resource amounts that are
     # no numbers used to fail in the binding ("Unable to cast Python

@@ -28,6 +28,7 @@ import os
 import threading
 
 from troupe import _core
+from troupe import actor
 from troupe import exceptions
 from troupe._generator import ObjectRefGenerator
 from troupe._remote import ActorClass, ActorHandle, RemoteFunction, method, remote, _actor_handle
@@ -42,7 +43,7 @@ ObjectRef = _core.ObjectRef
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait", "kill", "cancel", "get_actor",
     "cluster_resources", "available_resources", "nodes", "get_runtime_context", "get_gpu_ids",
-    "ObjectRef", "ObjectRefGenerator", "ActorHandle", "ActorClass", "RemoteFunction", "exceptions",
+    "ObjectRef", "ObjectRefGenerator", "ActorHandle", "ActorClass", "RemoteFunction", "exceptions", "actor",
 ]
 
 _core.set_error_classes(dict(exceptions._FROM_RUNTIME))

@@ -1,0 +1,34 @@
+"""troupe.actor, as Ray's ray.actor: exit_actor() for an actor to end
+itself."""
+import atexit
+import threading
+
+from troupe.exceptions import TroupeError
+
+# How long the calling thread waits for the kill it asked for; past it the
+# process ends itself.
+_EXIT_WAIT_S = 60.0
+
+
+def exit_actor():
+    """Ends the calling actor for good, as Ray's: its atexit handlers run,
+    then the head kills its worker without a restart (whatever its
+    max_restarts); the call that ran this and the calls queued behind it
+    fail with ActorDiedError (its connection went), later calls with one
+    naming exit_actor(). TypeError in a driver or a task."""
+    from troupe import _client, _core, _worker_hooks
+
+    actor = _core.actor_id()
+    if not actor or _worker_hooks.runs_tasks():
+        raise TypeError("exit_actor() ends the actor whose method calls it; this is a driver or a task, not an actor")
+    atexit._run_exitfuncs()
+    try:
+        _client().exit_actor(actor, "the actor called exit_actor()")
+    except TroupeError:
+        pass  # the head is out of reach: the process ends itself below
+    # The kill ends this process; this thread does not return meanwhile, so
+    # the caller sees the actor's death, not a value.
+    threading.Event().wait(_EXIT_WAIT_S)
+    import os
+
+    os._exit(0)
