@@ -940,6 +940,37 @@ def test_exit_actor_ends_the_actor_for_good_after_its_atexit_handlers(tmp_path):
         troupe.get(troupe.remote(lambda: troupe.actor.exit_actor()).remote(), timeout=60)
 
 
+@troupe.remote(max_restarts=1)
+class SelfAware:
+    def me(self):
+        ctx = troupe.get_runtime_context()
+        return ctx.current_actor, ctx.was_current_actor_reconstructed
+
+    def ping(self):
+        return "pong"
+
+
+def test_runtime_context_knows_the_current_actor_and_its_restarts():
+    actor = SelfAware.remote()
+    handle, restarted = troupe.get(actor.me.remote(), timeout=60)
+    assert restarted is False
+    assert troupe.get(handle.ping.remote(), timeout=60) == "pong"  # the handle the actor gave out works
+    with pytest.raises(AttributeError, match="has no method 'nope'"):
+        handle.nope  # it knows the class's methods
+    troupe.kill(actor, no_restart=False)
+    wait_until(lambda: _restarted(actor), what="the restarted actor to say so")
+    for attribute in ("current_actor", "was_current_actor_reconstructed"):
+        with pytest.raises(RuntimeError, match=f"{attribute} is for an actor's methods"):
+            getattr(troupe.get_runtime_context(), attribute)
+
+
+def _restarted(actor):
+    try:
+        return troupe.get(actor.me.remote(), timeout=60)[1]
+    except ActorDiedError:
+        return False  # a call that met the kill
+
+
 def test_out_of_range_options_are_named():
     # Counts past the runtime's 32-bit ints and resource amounts that are
     # no numbers used to fail in the binding ("Unable to cast Python

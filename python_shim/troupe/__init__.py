@@ -471,6 +471,31 @@ class RuntimeContext:
         actor = _core.actor_id()
         return str(actor) if actor and not _worker_hooks.runs_tasks() else None
 
+    def _own_actor(self, what):
+        from troupe import _worker_hooks
+
+        actor = _core.actor_id()
+        if not actor or _worker_hooks.runs_tasks():
+            raise RuntimeError(f"{what} is for an actor's methods; this is a driver or a task")
+        return actor
+
+    @property
+    def current_actor(self):
+        """A handle to the actor whose method runs this (Ray's), to pass to
+        other actors and tasks; RuntimeError in a driver or a task."""
+        from troupe import _worker_hooks
+
+        actor = self._own_actor("current_actor")
+        client = self._state.client
+        return ActorHandle(client.actor_by_id(actor), _worker_hooks.actor_class(), client)
+
+    @property
+    def was_current_actor_reconstructed(self):
+        """Whether the actor whose method runs this has been restarted
+        (Ray's); RuntimeError in a driver or a task."""
+        actor = self._own_actor("was_current_actor_reconstructed")
+        return self._state.client.actor_info(actor)["restarts"] > 0
+
     def get_node_id(self):
         client = self._state.client
         actor = _core.actor_id()

@@ -22,6 +22,7 @@ _FUNCTION_KEY = "troupe.py.fn."
 _loop = None  # the worker's event loop for async def methods, made on first use
 _loop_lock = threading.Lock()
 _runs_tasks = False  # a task executor's worker (run_task was called)
+_actor_class = None  # an actor's worker: its class (make_actor)
 _lend_for = 0  # its CpuLender (_core.wait_observer() on a task's thread)
 # troupe.cancel: the thread of each task running here by its token, the
 # _Coroutine of each async task or method by its token (a call's token is
@@ -96,8 +97,9 @@ def _error(where):
 
 
 def make_actor(blob, args, top):
+    global _actor_class
     _sync_environment()
-    cls = ser.loads_code(blob)
+    cls = _actor_class = ser.loads_code(blob)
     a, kw = ser.load_call_args(args, top)
     return cls(*a, **kw)
 
@@ -276,6 +278,11 @@ def _function(key):
             raise troupe.exceptions.ConfigError(f"task function {key} is not in the cluster's function table")
         fn = _functions[key] = ser.loads_code(blob)
     return fn
+
+
+def actor_class():
+    """The class this actor's worker made its actor of (None: none)."""
+    return _actor_class
 
 
 def runs_tasks():
