@@ -926,10 +926,9 @@ def test_exit_actor_ends_the_actor_for_good_after_its_atexit_handlers(tmp_path):
     marker = tmp_path / "atexit"
     quitter = Quitter.remote(str(marker))
     assert troupe.get(quitter.ping.remote(), timeout=60) == "pong"
-    # The call that exits sees the actor's death (its connection going), not
-    # a value; the actor is not restarted, whatever its max_restarts, and
-    # later calls name why.
-    with pytest.raises(ActorDiedError):
+    # The call that exits sees the actor's death, not a value; the actor is
+    # not restarted, whatever its max_restarts.
+    with pytest.raises(ActorDiedError, match="exit_actor"):
         troupe.get(quitter.quit.remote(), timeout=60)
     with pytest.raises(ActorDiedError, match="exit_actor"):
         troupe.get(quitter.ping.remote(), timeout=60)

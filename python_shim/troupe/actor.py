@@ -13,9 +13,9 @@ _EXIT_WAIT_S = 60.0
 def exit_actor():
     """Ends the calling actor for good, as Ray's: its atexit handlers run,
     then the head kills its worker without a restart (whatever its
-    max_restarts); the call that ran this and the calls queued behind it
-    fail with ActorDiedError (its connection went), later calls with one
-    naming exit_actor(). TypeError in a driver or a task."""
+    max_restarts); the call that ran this, the calls queued behind it and
+    later calls fail with ActorDiedError naming exit_actor(). TypeError in
+    a driver or a task."""
     from troupe import _client, _core, _worker_hooks
 
     actor = _core.actor_id()

@@ -65,8 +65,10 @@ void ActorClient::detach(const std::string& reason) {
     auto error = std::make_exception_ptr(ConnectionError(detached_error_locked()));
     for (auto& [id, p] : inflight_) failures.emplace_back(std::move(p.fail), error);
     for (auto& [id, p] : queued_) failures.emplace_back(std::move(p.fail), error);
+    for (auto& o : orphans_) failures.emplace_back(std::move(o.fail), error);
     inflight_.clear();
     queued_.clear();
+    orphans_.clear();
     listeners_.clear();
   }
   cv_.notify_all();
@@ -310,12 +312,15 @@ void ActorClient::on_reply(Message&& m) {
 }
 
 std::vector<std::pair<ActorClient::Fail, std::exception_ptr>> ActorClient::drop_inflight_locked(
-    const std::string& reason) {
+    const std::string& reason, bool await_cause) {
   std::vector<std::pair<Fail, std::exception_ptr>> failures;
+  const size_t orphans_before = orphans_.size();
   for (auto& [id, p] : inflight_) {
     if (p.retries_left != 0 && !p.cancelled) {
       if (p.retries_left > 0) --p.retries_left;
       queued_.emplace(id, std::move(p));
+    } else if (await_cause) {
+      orphans_.push_back({std::move(p.fail), conn_incarnation_, reason, std::chrono::steady_clock::now() + kCauseWait});
     } else {
       failures.emplace_back(std::move(p.fail),
                             std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name +
@@ -323,11 +328,68 @@ std::vector<std::pair<ActorClient::Fail, std::exception_ptr>> ActorClient::drop_
     }
   }
   inflight_.clear();
+  if (orphans_.size() > orphans_before) {
+    // The head's update names the cause within moments of a death; a
+    // connection that broke while the process lives gets no update, and
+    // its calls fail with the connection's reason at their deadline.
+    auto timer = std::make_shared<asio::steady_timer>(core_.io(), kCauseWait);
+    std::weak_ptr<ActorClient> weak = shared_from_this();
+    timer->async_wait([timer, weak](const asio::error_code&) {
+      if (auto self = weak.lock()) self->fail_overdue_orphans(std::chrono::steady_clock::now());
+    });
+  }
+  return failures;
+}
+
+void ActorClient::fail_overdue_orphans(std::chrono::steady_clock::time_point now) {
+  std::vector<std::pair<Fail, std::exception_ptr>> late;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = orphans_.begin(); it != orphans_.end();) {
+      if (it->deadline > now) {
+        ++it;
+        continue;
+      }
+      late.emplace_back(std::move(it->fail), orphan_error_locked(*it, ""));
+      it = orphans_.erase(it);
+    }
+  }
+  for (auto& [f, e] : late) f(e);
+}
+
+std::exception_ptr ActorClient::orphan_error_locked(const Orphan& o, const std::string& cause) const {
+  const std::string who = "actor " + std::to_string(id_) + " (" + info_.class_name + ")";
+  if (!cause.empty()) return std::make_exception_ptr(ActorDied(who + " died while the call was in flight: " + cause));
+  return std::make_exception_ptr(ActorDied(who + ": its connection closed while the call was in flight (" + o.reason +
+                                           "), and the head named no death"));
+}
+
+void ActorClient::stop_awaiting_causes() {
+  {
+    std::lock_guard lock(mu_);
+    await_causes_ = false;
+  }
+  fail_overdue_orphans(std::chrono::steady_clock::time_point::max());
+}
+
+std::vector<std::pair<ActorClient::Fail, std::exception_ptr>> ActorClient::fail_orphans_locked(const std::string& cause,
+                                                                                               uint32_t before) {
+  std::vector<std::pair<Fail, std::exception_ptr>> failures;
+  for (auto it = orphans_.begin(); it != orphans_.end();) {
+    if (it->incarnation >= before) {
+      ++it;
+      continue;
+    }
+    failures.emplace_back(std::move(it->fail), orphan_error_locked(*it, cause));
+    it = orphans_.erase(it);
+  }
   return failures;
 }
 
 std::vector<std::pair<ActorClient::Fail, std::exception_ptr>> ActorClient::fail_all_locked(const std::string& reason) {
   auto failures = drop_inflight_locked(reason);
+  auto orphans = fail_orphans_locked(reason);
+  failures.insert(failures.end(), std::make_move_iterator(orphans.begin()), std::make_move_iterator(orphans.end()));
   for (auto& [id, p] : queued_)
     failures.emplace_back(std::move(p.fail),
                           std::make_exception_ptr(ActorDied("actor " + std::to_string(id_) + " (" + info_.class_name +
@@ -342,7 +404,8 @@ void ActorClient::on_closed(uint32_t incarnation, const std::string& reason) {
     std::lock_guard lock(mu_);
     if (incarnation != conn_incarnation_ || !conn_) return;
     conn_.reset();
-    failures = drop_inflight_locked(reason);
+    // The head's update will say why, unless nobody passes it on.
+    failures = drop_inflight_locked(reason, await_causes_ && !core_.head_lost());
     if (info_.state == ActorState::kDead) {
       auto more = fail_all_locked(info_.death_cause);
       failures.insert(failures.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
@@ -376,11 +439,16 @@ void ActorClient::on_update(const ActorInfo& info) {
     if (info.incarnation < info_.incarnation || info.version < info_.version) return;
     info_ = info;
     if (!detached_.empty()) return;
+    // Calls orphaned by an earlier process's connection: now the cause is
+    // known (a restart or a death).
+    failures = fail_orphans_locked(info.death_cause.empty() ? "its process ended" : info.death_cause,
+                                   info.state == ActorState::kDead ? UINT32_MAX : info.incarnation);
     if (conn_ && conn_incarnation_ != info.incarnation) {
       // A newer process replaced the one we talk to.
       conn_->close("actor restarted");
       conn_.reset();
-      failures = drop_inflight_locked("worker replaced (" + info.death_cause + ")");
+      auto more = drop_inflight_locked("worker replaced (" + info.death_cause + ")");
+      failures.insert(failures.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
     }
     if (info.state == ActorState::kDead) {
       if (conn_) conn_->close("actor dead");
@@ -536,8 +604,16 @@ void Core::resubscribe() {
 }
 
 void Core::forget_actor(uint64_t id) {
-  std::lock_guard lock(mu_);
-  actors_.erase(id);
+  std::shared_ptr<ActorClient> client;
+  {
+    std::lock_guard lock(mu_);
+    auto it = actors_.find(id);
+    if (it == actors_.end()) return;
+    client = std::move(it->second);
+    actors_.erase(it);
+  }
+  // Its updates are dropped from now on: nothing to wait for.
+  client->stop_awaiting_causes();
 }
 
 void Core::on_event(Message&& m) {

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -71,6 +72,10 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   Future<wire::Message> control(const std::string& tag, std::string body);
 
   void on_update(const wire::ActorInfo& info);
+  // Calls in flight when the connection closes fail at once with the
+  // connection's reason, not after waiting for the head's death cause
+  // (the orphans waiting now fail so too).
+  void stop_awaiting_causes();
   // The core is shutting down (its I/O loop has stopped): drops the
   // connection while the core's io_context is still there, fails every
   // call in flight or queued, and makes later calls, control messages and
@@ -108,8 +113,21 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   void on_reply(wire::Message&& m);
   void on_closed(uint32_t incarnation, const std::string& reason);
   // Fails or re-queues everything in flight (lock held; returns failures to
-  // run after unlocking).
-  std::vector<std::pair<Fail, std::exception_ptr>> drop_inflight_locked(const std::string& reason);
+  // run after unlocking). With `await_cause` (the connection closed and the
+  // head has not said why yet) the calls that fail wait, as orphans_, for
+  // the head's update to name the death cause, at most kCauseWait.
+  std::vector<std::pair<Fail, std::exception_ptr>> drop_inflight_locked(const std::string& reason,
+                                                                        bool await_cause = false);
+  // Fails the orphans with `cause` (all of them, or those of incarnations
+  // below `before`).
+  std::vector<std::pair<Fail, std::exception_ptr>> fail_orphans_locked(
+      const std::string& cause, uint32_t before = std::numeric_limits<uint32_t>::max());
+  // Fails the orphans whose deadline is not after `now`.
+  void fail_overdue_orphans(std::chrono::steady_clock::time_point now);
+  // ActorDied for an orphan: naming `cause`, or ("") the connection's reason.
+  struct Orphan;
+  std::exception_ptr orphan_error_locked(const Orphan& o, const std::string& cause) const;
+  static constexpr std::chrono::seconds kCauseWait{3};
   std::vector<std::pair<Fail, std::exception_ptr>> fail_all_locked(const std::string& reason);
   std::string detached_error_locked() const;
 
@@ -125,6 +143,19 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   bool retry_pending_ = false;
   std::unordered_map<uint64_t, Pending> inflight_;
   std::map<uint64_t, Pending> queued_;  // by call id, so retries keep their order
+  // Calls that were in flight when the connection closed, not to be retried:
+  // they fail once the head says why the process ended (or after
+  // kCauseWait, with the connection's reason).
+  struct Orphan {
+    Fail fail;
+    uint32_t incarnation;
+    std::string reason;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::vector<Orphan> orphans_;
+  // Off for a client whose updates nobody passes on any more (forgotten by
+  // the core) or whose owner waits for the cause itself (a task executor's).
+  bool await_causes_ = true;
   std::map<uint64_t, std::function<void(const wire::ActorInfo&)>> listeners_;  // by listener id
   uint64_t next_listener_id_ = 1;
   std::string detached_;  // why, once detach() ran

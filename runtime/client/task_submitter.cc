@@ -603,6 +603,7 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
   try {
     info = core_.head().call<ActorInfo>(Op::kCreateActor, key->spec);
     client = core_.actor(info);
+    client->stop_awaiting_causes();  // a lost task waits for its cause here (kDeathCauseWait)
   } catch (const ConfigError& e) {
     // The head speaks of the executor actor; the tasks are what was asked.
     error = std::make_exception_ptr(ConfigError("tasks " + key->text + ": " + e.what()));

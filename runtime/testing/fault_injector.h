@@ -56,7 +56,8 @@ class FaultInjector {
   void kill_node(LocalCluster& cluster, size_t index);
   // Closes every connection callers have open to the actor's worker (as a
   // network fault would), leaving the process running. Callers see their
-  // calls in flight fail as if the actor had died.
+  // calls in flight fail as if the actor had died (once the head has named
+  // no death within ActorClient::kCauseWait).
   void drop_connections(uint64_t actor_id);
   // SIGSTOPs the actor's worker now and SIGCONTs it after `duration`.
   void stall_actor(uint64_t actor_id, std::chrono::milliseconds duration);
