@@ -468,14 +468,14 @@ class RuntimeContext:
         hidden executor is no actor of the user's)."""
         from troupe import _worker_hooks
 
-        actor = _core.actor_id()
-        return str(actor) if actor and not _worker_hooks.runs_tasks() else None
+        actor = _worker_hooks.user_actor_id()
+        return str(actor) if actor else None
 
     def _own_actor(self, what):
         from troupe import _worker_hooks
 
-        actor = _core.actor_id()
-        if not actor or _worker_hooks.runs_tasks():
+        actor = _worker_hooks.user_actor_id()
+        if not actor:
             raise RuntimeError(f"{what} is for an actor's methods; this is a driver or a task")
         return actor
 

@@ -285,6 +285,13 @@ def actor_class():
     return _actor_class
 
 
+def user_actor_id():
+    """The id of the user's actor this worker runs; None in a driver or a
+    task executor (a hidden actor, no actor of the user's)."""
+    actor = _core.actor_id()
+    return actor if actor and not _runs_tasks else None
+
+
 def runs_tasks():
     """Whether this worker is a task executor (it has run a task)."""
     return _runs_tasks

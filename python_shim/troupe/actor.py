@@ -1,6 +1,7 @@
 """troupe.actor, as Ray's ray.actor: exit_actor() for an actor to end
 itself."""
 import atexit
+import os
 import threading
 
 from troupe.exceptions import TroupeError
@@ -16,10 +17,10 @@ def exit_actor():
     max_restarts); the call that ran this, the calls queued behind it and
     later calls fail with ActorDiedError naming exit_actor(). TypeError in
     a driver or a task."""
-    from troupe import _client, _core, _worker_hooks
+    from troupe import _client, _worker_hooks
 
-    actor = _core.actor_id()
-    if not actor or _worker_hooks.runs_tasks():
+    actor = _worker_hooks.user_actor_id()
+    if not actor:
         raise TypeError("exit_actor() ends the actor whose method calls it; this is a driver or a task, not an actor")
     atexit._run_exitfuncs()
     try:
@@ -29,6 +30,4 @@ def exit_actor():
     # The kill ends this process; this thread does not return meanwhile, so
     # the caller sees the actor's death, not a value.
     threading.Event().wait(_EXIT_WAIT_S)
-    import os
-
     os._exit(0)

@@ -202,24 +202,42 @@ std::string describe_exit_status(int status) {
   return "ended (status " + std::to_string(status) + ")";
 }
 
-std::optional<uint64_t> process_start_time(pid_t pid) {
-  if (pid <= 0) return std::nullopt;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!f || !std::getline(f, stat)) return std::nullopt;
+namespace {
+
+// The state (field 3) and start time (field 22) in a /proc/PID/stat line.
+struct StatFields {
+  std::string state;
+  uint64_t start_time = 0;
+};
+std::optional<StatFields> parse_stat(const std::string& stat) {
   // The command name (field 2) may hold spaces and parentheses; the fields
   // after its closing parenthesis are plain. Field 3 is the first of them.
   auto close = stat.rfind(')');
   if (close == std::string::npos) return std::nullopt;
   std::istringstream rest(stat.substr(close + 1));
+  StatFields f;
   std::string field;
-  for (int i = 3; i <= 22; ++i)
+  if (!(rest >> f.state)) return std::nullopt;
+  for (int i = 4; i <= 22; ++i)
     if (!(rest >> field)) return std::nullopt;
   try {
-    return std::stoull(field);
+    f.start_time = std::stoull(field);
   } catch (const std::exception&) {
     return std::nullopt;
   }
+  return f;
+}
+
+}  // namespace
+
+std::optional<uint64_t> process_start_time(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!f || !std::getline(f, stat)) return std::nullopt;
+  auto fields = parse_stat(stat);
+  if (!fields) return std::nullopt;
+  return fields->start_time;
 }
 
 bool process_running(pid_t pid, uint64_t start_time) {
@@ -234,20 +252,10 @@ bool process_running(pid_t pid, uint64_t start_time) {
   const int read_errno = errno;
   ::close(fd);
   if (n < 0) return read_errno != ESRCH;
-  const std::string stat(buf, static_cast<size_t>(n));
-  auto close = stat.rfind(')');
-  if (close == std::string::npos) return true;
-  std::istringstream rest(stat.substr(close + 1));
-  std::string state, field;
-  if (!(rest >> state)) return true;
-  if (state == "Z" || state == "X" || state == "x") return false;
-  for (int i = 4; i <= 22; ++i)
-    if (!(rest >> field)) return true;
-  try {
-    return std::stoull(field) == start_time;
-  } catch (const std::exception&) {
-    return true;
-  }
+  auto fields = parse_stat(std::string(buf, static_cast<size_t>(n)));
+  if (!fields) return true;
+  if (fields->state == "Z" || fields->state == "X" || fields->state == "x") return false;
+  return fields->start_time == start_time;
 }
 
 namespace {
