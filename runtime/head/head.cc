@@ -37,6 +37,7 @@ struct Peer {
   // It said goodbye, or the head closed it: what its client owns goes with
   // the connection, without the grace a dropped connection gets.
   bool final_close = false;
+  bool said_goodbye = false;  // its close is the one it announced (kGoodbye)
   // A driver or worker: its process id towards the head, and (when it runs
   // where the head runs) its pid and start time, watched while the head
   // waits for it to come back.
@@ -184,7 +185,7 @@ class Head::Impl {
     if (ending_) state_.stopping();
     Peer& p = *it->second;
     const bool may_return = store_ && !ending_ && !p.final_close && !p.fenced;
-    state_.peer_gone(p.id, reason, may_return, Clock::now());
+    state_.peer_gone(p.id, p.said_goodbye ? "it said goodbye" : reason, may_return, Clock::now());
     if (may_return && p.pid > 0 && state_.awaits_client(p.client_id)) watched_[p.client_id] = {p.pid, p.started};
     if (may_return && p.pid > 0 && p.role == Role::kNode && state_.node_awaited(p.node_id))
       watched_nodes_[p.node_id] = {p.pid, p.started};
@@ -303,7 +304,10 @@ class Head::Impl {
         // Every connection of that process: one the head has not yet seen
         // close (a reconnect raced it) must not keep what it owns either.
         for (auto& [raw, q] : peers_)
-          if (q.get() == &p || (p.client_id && q->client_id == p.client_id)) q->final_close = true;
+          if (q.get() == &p || (p.client_id && q->client_id == p.client_id) ||
+              (p.role == Role::kNode && q->role == Role::kNode && q->node_id == p.node_id))
+            q->final_close = true;
+        p.said_goodbye = true;
         return p.conn->send(ok_response(m.id));
       default:
         if (handle_group_request(p, m, op) || handle_kv_request(p, m, op)) return;

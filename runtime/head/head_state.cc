@@ -102,7 +102,7 @@ void HeadState::node_lost(uint64_t node_id, const std::string& why) {
   // the actor still holds resources there.
   for (auto id : actor_ids_where([&](const Actor& a) { return a.worker_running && a.info.node_id == node_id; }))
     if (auto it = actors_.find(id); it != actors_.end())
-      actor_lost(it->second, "node " + std::to_string(node_id) + " died");
+      actor_lost(it->second, "node " + std::to_string(node_id) + " died (" + why + ")");
   // Bundles on the dead node must be placed again.
   for (auto& [id, g] : groups_) {
     if (g.info.state != PlacementGroupState::kCreated) continue;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -29,6 +30,9 @@ namespace troupe::node {
 using namespace troupe::wire;
 
 namespace {
+
+// How long a stopping agent waits for the head to take its goodbye.
+constexpr std::chrono::milliseconds kGoodbyeTimeout{1000};
 
 // GPU count through the CUDA runtime, loaded lazily so that a node without
 // CUDA (or a build without it) simply reports 0.
@@ -151,6 +155,33 @@ class NodeAgent::Impl {
       done_ = true;
       cv_.notify_all();
     });
+  }
+
+  // Tells a durable head that the agent leaves for good, so that its node
+  // is lost at once: without it the head takes the close for a blip and
+  // waits the heartbeat limit, since it cannot see an agent's process end
+  // on another machine. Bounded: a head that does not answer within
+  // kGoodbyeTimeout sees only the close. Not from io's thread (which
+  // answers the request); the stops from there are the head's own doing.
+  void say_goodbye() {
+    if (io_.get_executor().running_in_this_thread()) return;
+    auto asked = std::make_shared<std::promise<Future<Message>>>();
+    auto sent = asked->get_future();
+    asio::post(io_, [this, asked] {
+      if (!stopping_ && !rejoining_ && durable_ && head_ && head_->is_open())
+        asked->set_value(head_->request(Op::kGoodbye));
+    });
+    const auto deadline = std::chrono::steady_clock::now() + kGoodbyeTimeout;
+    try {
+      if (sent.wait_until(deadline) != std::future_status::ready) return;
+      const Future<Message> answer = sent.get();
+      if (!answer.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero()))))
+        TROUPE_LOG_WARN("node: the head did not answer the goodbye within {} ms; leaving anyway",
+                        kGoodbyeTimeout.count());
+    } catch (const std::future_error&) {
+      // Not sent (no durable head to tell, or the agent is already going).
+    }
   }
 
   uint64_t node_id() const { return node_id_; }
@@ -546,6 +577,9 @@ NodeAgent::NodeAgent(NodeOptions options) : impl_(std::make_unique<Impl>(std::mo
 NodeAgent::~NodeAgent() { impl_->shutdown(); }
 uint64_t NodeAgent::node_id() const { return impl_->node_id(); }
 void NodeAgent::run() { impl_->wait_done(); }
-void NodeAgent::stop() { impl_->shutdown(); }
+void NodeAgent::stop() {
+  impl_->say_goodbye();
+  impl_->shutdown();
+}
 
 }  // namespace troupe::node

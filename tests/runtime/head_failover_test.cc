@@ -210,3 +210,21 @@ TEST(HeadFailover, ANodeAgentWhoseConnectionDropsKeepsItsWorkers) {
   EXPECT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), 11);
   EXPECT_EQ(t.call(&Ledger::pid).get(kWaitBound), pid);
 }
+
+// A node agent stopped on purpose (SIGTERM) tells the durable head so: its
+// node is lost at once, not awaited as a blip would be. A head on another
+// machine could not see the agent's process end; here the head would see
+// it (same host), so the cause names which of the two it went by.
+TEST(HeadFailover, ANodeAgentThatStopsSaysGoodbye) {
+  auto o = durable(1);
+  o.heartbeat_misses = 50;  // a blip would be awaited 5 s
+  troupe::testing::LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 10);
+  ASSERT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), 11);
+  cluster.kill_node(0, SIGTERM);
+  ASSERT_TRUE(eventually([&] { return rt.actor_info(t.id()).state == troupe::ActorState::kDead; }));
+  const std::string cause = rt.actor_info(t.id()).death_cause;
+  EXPECT_NE(cause.find("said goodbye"), std::string::npos) << cause;
+  EXPECT_FALSE(rt.nodes().at(0).alive);
+}
