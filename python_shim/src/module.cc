@@ -514,6 +514,11 @@ PYBIND11_MODULE(_core, m) {
   // runs a task), as an opaque number for get(lend_for=...); 0 if none.
   m.def("wait_observer", [] { return reinterpret_cast<uintptr_t>(core::tls_wait_observer.observer); });
   m.def("gpu_ids", [] { return this_actor::gpu_ids(); });
+  m.def("assigned_resources", [] { return this_actor::assigned_resources(); });
+  // The placement group this actor or task runs in (0 = none, or a driver).
+  m.def("placement_group_id", [] {
+    return this_actor::in_worker() ? this_actor::runtime().core()->hello_reply().spec.placement_group : uint64_t{0};
+  });
   // Whether the task or actor call this thread runs was cancelled while it
   // ran (None on a thread that runs none).
   m.def("current_task_cancelled", [] { return client::current_task_cancelled(); });

@@ -963,6 +963,27 @@ def test_runtime_context_knows_the_current_actor_and_its_restarts():
             getattr(troupe.get_runtime_context(), attribute)
 
 
+def _assigned_resources():
+    return troupe.get_runtime_context().get_assigned_resources()
+
+
+@troupe.remote
+class ResourceHolder:
+    def assigned(self):
+        return _assigned_resources()
+
+
+def test_runtime_context_names_the_resources_an_actor_or_task_holds():
+    holder = ResourceHolder.options(num_cpus=1, memory=3 << 20).remote()
+    assert troupe.get(holder.assigned.remote(), timeout=60) == {"CPU": 1.0, "memory": float(3 << 20)}
+    task = troupe.remote(_assigned_resources)
+    assert troupe.get(task.options(num_cpus=0.5).remote(), timeout=60) == {"CPU": 0.5}
+    assert troupe.get(task.options(num_cpus=1, memory=1 << 20).remote(), timeout=60) == {
+        "CPU": 1.0, "memory": float(1 << 20)}
+    with pytest.raises(RuntimeError, match="get_assigned_resources\\(\\) is for actors and tasks"):
+        _assigned_resources()
+
+
 def _restarted(actor):
     try:
         return troupe.get(actor.me.remote(), timeout=60)[1]

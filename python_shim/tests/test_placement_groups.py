@@ -6,7 +6,7 @@ import pytest
 
 import troupe
 from troupe.exceptions import ActorDiedError, ConfigError, TroupeError
-from troupe.util import placement_group, placement_group_table, remove_placement_group
+from troupe.util import get_current_placement_group, placement_group, placement_group_table, remove_placement_group
 from troupe.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from conftest import wait_until
 
@@ -119,4 +119,29 @@ def test_a_group_that_captures_child_tasks_runs_them_inside(cluster):
     # group holds: the parent's get times out and says so.
     with pytest.raises(Exception, match="no result within 2 s"):
         troupe.get(parent_in_group.options(scheduling_strategy=in_bundle(pg, 0)).remote(2), timeout=90)
+    remove_placement_group(pg)
+
+
+@troupe.remote
+def current_group():
+    return get_current_placement_group(), troupe.get_runtime_context().get_placement_group_id()
+
+
+@troupe.remote
+class GroupMember:
+    def group(self):
+        return current_group.remote()  # a child placed in the member's group, as Ray's programs do
+
+
+def test_work_in_a_group_knows_its_group(cluster):
+    pg = placement_group([{"CPU": 1}])
+    assert troupe.get(pg.ready(), timeout=60) == pg
+    assert troupe.get(current_group.options(scheduling_strategy=in_bundle(pg, 0)).remote(), timeout=60) == (
+        pg, str(pg.id))
+    member = GroupMember.options(num_cpus=0, scheduling_strategy=in_bundle(pg, 0)).remote()
+    child = troupe.get(member.group.remote(), timeout=60)
+    assert troupe.get(child, timeout=60) == (None, None)  # not captured: the child runs outside
+    assert troupe.get(current_group.remote(), timeout=60) == (None, None)
+    assert get_current_placement_group() is None  # a driver is in no group
+    assert troupe.get_runtime_context().get_placement_group_id() is None
     remove_placement_group(pg)

@@ -507,6 +507,20 @@ class RuntimeContext:
         mine = [n["NodeID"] for n in client.nodes() if n["Alive"] and n["NodeManagerHostname"] == host]
         return mine[0] if mine else None
 
+    def get_assigned_resources(self):
+        """As Ray's: inside an actor or a task, the resources its worker
+        holds, e.g. {"CPU": 1.0, "GPU": 0.5} (what its options asked; a
+        task's are its own). RuntimeError in a driver, which holds none."""
+        if not _core.in_worker():
+            raise RuntimeError("get_assigned_resources() is for actors and tasks; this is a driver")
+        return dict(_core.assigned_resources())
+
+    def get_placement_group_id(self):
+        """As Ray's: the id of the placement group this actor or task runs
+        in (a string), None in a driver or outside any group."""
+        group = _core.placement_group_id()
+        return str(group) if group else None
+
     def get_accelerator_ids(self):
         return {"GPU": [str(g) for g in _core.gpu_ids()]}
 

@@ -368,6 +368,10 @@ std::vector<int> gpu_ids() {
   const worker::WorkerContext* ctx = worker::WorkerContext::current();
   return ctx ? ctx->gpu_ids() : std::vector<int>{};
 }
+Resources assigned_resources() {
+  const worker::WorkerContext* ctx = worker::WorkerContext::current();
+  return ctx ? ctx->runtime().core()->hello_reply().spec.resources : Resources{};
+}
 bool in_worker() { return worker::WorkerContext::current() != nullptr; }
 Runtime& runtime() { return context("runtime").runtime(); }
 bool is_cancelled() {

@@ -322,6 +322,10 @@ namespace this_actor {
 // cluster.
 uint64_t id();
 std::vector<int> gpu_ids();
+// Inside an actor or a task: the resources its worker holds (as Ray's
+// get_assigned_resources: {"CPU": 1, "GPU": 0.5, "memory": bytes, ...}, what
+// its options asked; a task's are its own options'). Empty outside a worker.
+Resources assigned_resources();
 Runtime& runtime();
 bool in_worker();
 // Inside a task or an actor method call, on its thread: whether it was

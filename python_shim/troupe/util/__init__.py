@@ -5,11 +5,11 @@ multiprocessing Pool (troupe.util.multiprocessing), the state API
 (troupe.util.state), list_named_actors and get_node_ip_address."""
 
 from troupe.util.actor_pool import ActorPool
-from troupe.util.placement_group import (PlacementGroup, get_placement_group, placement_group,
-                                         placement_group_table, remove_placement_group)
+from troupe.util.placement_group import (PlacementGroup, get_current_placement_group, get_placement_group,
+                                         placement_group, placement_group_table, remove_placement_group)
 
-__all__ = ["ActorPool", "PlacementGroup", "get_placement_group", "placement_group", "placement_group_table",
-           "remove_placement_group", "list_named_actors", "get_node_ip_address"]
+__all__ = ["ActorPool", "PlacementGroup", "get_current_placement_group", "get_placement_group", "placement_group",
+           "placement_group_table", "remove_placement_group", "list_named_actors", "get_node_ip_address"]
 
 
 def list_named_actors(all_namespaces=False):

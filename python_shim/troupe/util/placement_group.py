@@ -115,6 +115,16 @@ def get_placement_group(pg_id):
     return PlacementGroup(pg_id, [])
 
 
+def get_current_placement_group():
+    """As Ray's: inside an actor or a task placed in a placement group,
+    that group (to place more work beside it); None in a driver and in
+    work placed outside any group."""
+    from troupe import _core
+
+    group = _core.placement_group_id()
+    return PlacementGroup(group, []) if group else None
+
+
 def placement_group_table(pg=None):
     """The head's view of one group (id, state, the node of each bundle,
     why it is pending): a dict; without pg, every group the head has."""
