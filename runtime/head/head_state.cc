@@ -398,7 +398,7 @@ void HeadState::remember_worker(Actor& a, int32_t pid) {
 }
 
 // The actor's current worker is gone; restart it or declare it dead.
-void HeadState::actor_lost(Actor& a, const std::string& why) {
+void HeadState::actor_lost(Actor& a, const std::string& why, bool uses_restart) {
   mark(a);
   release(a);
   a.worker_running = false;
@@ -414,6 +414,15 @@ void HeadState::actor_lost(Actor& a, const std::string& why) {
     if (auto w = worker_clients_.find(client); w != worker_clients_.end() && w->second.first == a.info.id)
       exited_workers_.push_back(client);
   if (a.info.state == ActorState::kDead) return;
+  if (!uses_restart && !a.kill_requested) {
+    // A late exit report of the worker it may have had names the old
+    // incarnation, and is ignored.
+    a.info.incarnation++;
+    TROUPE_LOG_INFO("actor {} ({}): {}; placing it again", a.info.id, a.info.class_name, why);
+    publish(a);
+    pending_actors_.push_back(a.info.id);
+    return;
+  }
   bool left = restarts_left(a.info);
   if (a.kill_requested || !left) {
     if (a.info.death_cause.empty() || !a.kill_requested)

@@ -258,7 +258,11 @@ class HeadState {
   // The pool an allocation was taken from: its node's, or its bundle's;
   // nullptr when that is gone (a dead node, a given-up reservation).
   ResourcePool* pool_of(const Allocation& al);
-  void actor_lost(Actor& a, const std::string& why);
+  // Its worker is gone: a restart (when it has one left) or DEAD. With
+  // `uses_restart` false (a spawn that may have been lost in flight, see
+  // resume_node) it is placed again as a new incarnation, its restarts
+  // untouched.
+  void actor_lost(Actor& a, const std::string& why, bool uses_restart = true);
   void set_dead(Actor& a);
   void drop_ctor_args_if_final(Actor& a);
   void evict_dead();

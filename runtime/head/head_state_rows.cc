@@ -339,11 +339,19 @@ uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
         a->second.info.node_id != node_id || a->second.kill_requested || a->second.kill_sent == w.incarnation)
       out_.kills.emplace_back(node_id, KillWorker{w.actor_id, w.incarnation});
   }
+  // One whose worker never served may never have been spawned: the spawn
+  // was lost with the old connection (or with the head). It is placed
+  // again without using a restart.
   for (auto id : actor_ids_where([&](const Actor& a) {
          return a.worker_running && a.info.node_id == node_id && !running.count({a.info.id, a.info.incarnation});
        }))
-    if (auto a = actors_.find(id); a != actors_.end())
-      actor_lost(a->second, "its worker ended while its node was away from the head");
+    if (auto a = actors_.find(id); a != actors_.end()) {
+      if (a->second.info.state == ActorState::kAlive)
+        actor_lost(a->second, "its worker ended while its node was away from the head");
+      else
+        actor_lost(a->second, "its worker had not started when its node came back (its spawn may have been lost)",
+                   false);
+    }
   drop_exited_workers();
   TROUPE_LOG_INFO("node {} is back with {} workers", node_id, hello.workers.size());
   schedule();

@@ -508,6 +508,31 @@ TEST_F(DroppedClientTest, ANodeWhoseAgentCameBackKeepsItsWorkers) {
   EXPECT_TRUE(node(node_).alive);
 }
 
+// A spawn sent as the agent's connection dropped may never have reached
+// it: an actor whose worker had not served and is not listed when the
+// agent is back is placed again, without using one of its restarts (it
+// has none), and the exit report of a worker it may have had is stale.
+TEST_F(DroppedClientTest, ASpawnLostWithTheConnectionIsSentAgainWithoutARestart) {
+  const uint64_t late = state_.create_actor(kDriver, spec()).id;
+  auto out = state_.take_outputs();
+  ASSERT_EQ(out.spawns.size(), 1u);  // on the connection about to drop
+  state_.peer_gone(kAgent, "connection reset", true, now_);
+  EXPECT_EQ(rejoin(50), node_);  // listing actor_'s worker only
+  out = state_.take_outputs();
+  ASSERT_EQ(out.spawns.size(), 1u);
+  EXPECT_EQ(out.spawns[0].second.actor_id, late);
+  EXPECT_EQ(out.spawns[0].second.incarnation, 1u);
+  const auto& info = state_.actor_info(late);
+  EXPECT_EQ(info.state, ActorState::kPending);
+  EXPECT_EQ(info.restarts, 0);
+  state_.worker_exited({late, 0, 0, "killed by signal 9"});
+  EXPECT_EQ(state_of(late), ActorState::kPending);
+  state_.worker_hello(late, 1);
+  state_.actor_ready({late, 1, "127.0.0.1:1", 2000, ""});
+  EXPECT_EQ(state_of(late), ActorState::kAlive);
+  EXPECT_TRUE(everything_kept());
+}
+
 TEST_F(DroppedClientTest, ANodeWhoseAgentDidNotComeBackIsDeadAfterTheHeartbeatLimit) {
   state_.peer_gone(kAgent, "connection reset", true, now_);
   state_.check_heartbeats(now_ + 300ms);
