@@ -192,11 +192,12 @@ class Head::Impl {
     // A node's current connection: nothing more can be sent to it, and the
     // logs read through it will not come (a newer connection of the same
     // agent, which took the node over, stays).
-    if (p.role == Role::kNode && p.hello)
-      if (auto n = node_conns_.find(p.node_id); n != node_conns_.end() && n->second.get() == raw) {
-        node_conns_.erase(n);
-        fail_log_reads(p.node_id, "lost its agent's connection (" + reason + ")");
-      }
+    if (p.role == Role::kNode && p.hello) {
+      if (auto n = node_conns_.find(p.node_id); n != node_conns_.end() && n->second.get() == raw) node_conns_.erase(n);
+      // Those asked on this connection, whichever connection the node has now.
+      fail_log_reads([raw](const LogRead& r) { return r.via == raw; },
+                     "node " + std::to_string(p.node_id) + " lost its agent's connection (" + reason + ")");
+    }
     drop_waiters(kv_waiters_, raw);
     drop_waiters(group_waiters_, raw);
     for (uint64_t id : it->second->subscriptions) unsubscribe(id, raw);
@@ -541,7 +542,8 @@ class Head::Impl {
   // its incarnation is over, and its connection is half-closed so that an
   // agent that wakes up reads the NodeFenced first.
   void fence_node(uint64_t node, const std::string& why) {
-    fail_log_reads(node, "was declared dead (" + why + ")");
+    fail_log_reads([node](const LogRead& r) { return r.node == node; },
+                   "node " + std::to_string(node) + " was declared dead (" + why + ")");
     std::vector<std::shared_ptr<Connection>> stale;
     for (auto& [raw, p] : peers_)
       if (p->node_id == node && p->hello && !p->fenced) {
@@ -665,7 +667,7 @@ class Head::Impl {
     if (it == node_conns_.end())
       throw ConfigError("node " + std::to_string(node) + " is not alive, or its agent is not connected to the head");
     const uint64_t id = next_log_request_++;
-    log_waiters_[id] = {node, Waiter{p.conn, m.id}};
+    log_waiters_[id] = {node, it->second.get(), Waiter{p.conn, m.id}};
     Message ask;
     ask.kind = Kind::REQUEST;
     ask.op = static_cast<uint32_t>(Op::kReadLog);
@@ -677,20 +679,21 @@ class Head::Impl {
   void relay_log(Message& m) {
     auto it = log_waiters_.find(m.id);
     if (it == log_waiters_.end()) return;  // its asker left
-    m.id = it->second.second.request_id;
-    it->second.second.conn->send(m);
+    m.id = it->second.asker.request_id;
+    it->second.asker.conn->send(m);
     log_waiters_.erase(it);
   }
 
-  // A node that goes fails the log reads it had not answered.
-  void fail_log_reads(uint64_t node, const std::string& why) {
+  // A node, or a connection of its agent, that goes fails the log reads
+  // it had not answered.
+  template <class Match>
+  void fail_log_reads(Match match, const std::string& why) {
     for (auto it = log_waiters_.begin(); it != log_waiters_.end();) {
-      if (it->second.first != node) {
+      if (!match(it->second)) {
         ++it;
         continue;
       }
-      it->second.second.conn->send(
-          error_response(it->second.second.request_id, Error("node " + std::to_string(node) + " " + why)));
+      it->second.asker.conn->send(error_response(it->second.asker.request_id, Error(why)));
       it = log_waiters_.erase(it);
     }
   }
@@ -817,8 +820,13 @@ class Head::Impl {
   std::map<uint64_t, std::pair<int32_t, uint64_t>> watched_nodes_;  // node id -> its agent's pid, start time
   std::map<uint32_t, uint64_t> message_counts_;                     // by op, for /metrics
   // troupe logs requests a node agent has not answered yet, by the id the
-  // head gave them: (node, the asker and its request id).
-  std::map<uint64_t, std::pair<uint64_t, Waiter>> log_waiters_;
+  // head gave them.
+  struct LogRead {
+    uint64_t node = 0;
+    const Connection* via = nullptr;  // the agent's connection it was sent on
+    Waiter asker;                     // and its request id
+  };
+  std::map<uint64_t, LogRead> log_waiters_;
   struct StatsSample {
     Clock::time_point at;
     uint64_t calls = 0, bytes = 0;
