@@ -185,6 +185,8 @@ class Head::Impl {
     if (ending_) state_.stopping();
     Peer& p = *it->second;
     const bool may_return = store_ && !ending_ && !p.final_close && !p.fenced;
+    if (p.said_goodbye && p.role == Role::kNode && p.hello)
+      state_.node_lost(p.node_id, "its agent stopped and said goodbye", true);
     state_.peer_gone(p.id, p.said_goodbye ? "it said goodbye" : reason, may_return, Clock::now());
     if (may_return && p.pid > 0 && state_.awaits_client(p.client_id)) watched_[p.client_id] = {p.pid, p.started};
     if (may_return && p.pid > 0 && p.role == Role::kNode && state_.node_awaited(p.node_id))
@@ -309,6 +311,7 @@ class Head::Impl {
               (p.role == Role::kNode && q->role == Role::kNode && q->node_id == p.node_id))
             q->final_close = true;
         p.said_goodbye = true;
+        if (p.role == Role::kNode) state_.node_leaving(p.node_id);
         return p.conn->send(ok_response(m.id));
       default:
         if (handle_group_request(p, m, op) || handle_kv_request(p, m, op)) return;

@@ -87,12 +87,14 @@ void HeadState::check_heartbeats(Time now) {
   check_restored_owners(now);
 }
 
-void HeadState::node_lost(uint64_t node_id, const std::string& why) {
+void HeadState::node_lost(uint64_t node_id, const std::string& why, bool left) {
   auto it = nodes_.find(node_id);
   if (it == nodes_.end() || !it->second.info.alive) return;
   Node& n = it->second;
   n.info.alive = false;
-  if (stopping_)
+  if (left)
+    TROUPE_LOG_INFO("node {} ({}) left: {}", node_id, n.info.hostname, why);
+  else if (stopping_)
     TROUPE_LOG_DEBUG("node {} ({}) is gone with the head: {}", node_id, n.info.hostname, why);
   else
     TROUPE_LOG_WARN("node {} ({}) is dead: {}", node_id, n.info.hostname, why);
@@ -325,6 +327,7 @@ HelloReply HeadState::worker_hello(uint64_t actor_id, uint32_t incarnation) {
     throw Error("worker for actor " + std::to_string(actor_id) + " incarnation " + std::to_string(incarnation) +
                 " is stale");
   mark(a);
+  a.said_hello = true;
   HelloReply reply;
   reply.spec = a.spec;
   reply.info = a.info;
@@ -588,6 +591,7 @@ void HeadState::start_worker(Actor& a, Allocation alloc) {
   a.info.pending_reason.clear();
   a.allocation = std::move(alloc);
   a.worker_running = true;
+  a.said_hello = false;
   SpawnWorker s;
   s.actor_id = a.info.id;
   s.incarnation = a.info.incarnation;

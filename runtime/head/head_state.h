@@ -72,7 +72,9 @@ class HeadState {
   // (starved of CPU, stopped, its loop blocked), with heartbeats perhaps
   // unread in its sockets, and does not count against any node.
   void check_heartbeats(Time now);
-  void node_lost(uint64_t node_id, const std::string& why);
+  // `left`: its agent said it is stopping (logged as routine, not as a
+  // failure).
+  void node_lost(uint64_t node_id, const std::string& why, bool left = false);
   // The connection `peer` closed: its node (if it is one) is dead and the
   // actors and groups it owns are killed / removed. With `may_return` (the
   // client did not say goodbye, and the head did not close it) and a
@@ -178,6 +180,10 @@ class HeadState {
   // meanwhile joins as a new node (the agent sees another id and kills what
   // it runs). Returns the id.
   uint64_t resume_node(PeerId peer, const wire::Hello& hello, Time now);
+  // Its agent said goodbye: nothing new is placed on the node until its
+  // connection closes (then node_lost); not closed within the heartbeat
+  // limit, it is dead then.
+  void node_leaving(uint64_t node_id);
   // Whether node `node_id` is alive but its agent not connected (see Node).
   bool node_awaited(uint64_t node_id) const {
     auto it = nodes_.find(node_id);
@@ -217,6 +223,9 @@ class HeadState {
     // A worker process of this incarnation was started on info.node_id and
     // its exit has not been reported: the actor cannot be DEAD yet.
     bool worker_running = false;
+    // Its current worker said hello (took its arguments): it started.
+    // Not persisted; a restored head assumes it did.
+    bool said_hello = false;
     bool kill_requested = false;
     // The incarnation a KillWorker was last sent for (none: none was): one
     // sent while its node's agent was away is sent again when it is back.

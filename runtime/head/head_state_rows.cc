@@ -229,6 +229,7 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
     for (const auto& bytes : r.attachments) a.spec.ctor_attachments.push_back(Buffer::from_string(bytes));
     a.owner_client = r.owner_client;
     a.worker_running = r.worker_running;
+    a.said_hello = r.worker_running;  // unknown: as if it started
     a.kill_requested = r.kill_requested;
     a.last_node = r.last_node;
     a.last_pid = r.last_pid;
@@ -339,14 +340,15 @@ uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
         a->second.info.node_id != node_id || a->second.kill_requested || a->second.kill_sent == w.incarnation)
       out_.kills.emplace_back(node_id, KillWorker{w.actor_id, w.incarnation});
   }
-  // One whose worker never served may never have been spawned: the spawn
-  // was lost with the old connection (or with the head). It is placed
-  // again without using a restart.
+  // One whose worker never said hello may never have been spawned: the
+  // spawn was lost with the old connection. It is placed again without
+  // using a restart (one that said hello took its arguments, and counts
+  // as a crash).
   for (auto id : actor_ids_where([&](const Actor& a) {
          return a.worker_running && a.info.node_id == node_id && !running.count({a.info.id, a.info.incarnation});
        }))
     if (auto a = actors_.find(id); a != actors_.end()) {
-      if (a->second.info.state == ActorState::kAlive)
+      if (a->second.said_hello)
         actor_lost(a->second, "its worker ended while its node was away from the head");
       else
         actor_lost(a->second, "its worker had not started when its node came back (its spawn may have been lost)",
@@ -356,6 +358,13 @@ uint64_t HeadState::resume_node(PeerId peer, const Hello& hello, Time now) {
   TROUPE_LOG_INFO("node {} is back with {} workers", node_id, hello.workers.size());
   schedule();
   return node_id;
+}
+
+void HeadState::node_leaving(uint64_t node_id) {
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || !it->second.info.alive) return;
+  it->second.awaiting = true;
+  it->second.awaiting_why = "its agent said goodbye but its connection did not close";
 }
 
 }  // namespace troupe::head

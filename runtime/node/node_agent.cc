@@ -157,19 +157,20 @@ class NodeAgent::Impl {
     });
   }
 
-  // Tells a durable head that the agent leaves for good, so that its node
-  // is lost at once: without it the head takes the close for a blip and
+  // Tells the head that the agent leaves for good, so that its node is
+  // lost at once: without it a durable head takes the close for a blip and
   // waits the heartbeat limit, since it cannot see an agent's process end
-  // on another machine. Bounded: a head that does not answer within
+  // on another machine (and any head logs the loss as a failure). Bounded: a head that does not answer within
   // kGoodbyeTimeout sees only the close. Not from io's thread (which
   // answers the request); the stops from there are the head's own doing.
   void say_goodbye() {
-    if (io_.get_executor().running_in_this_thread()) return;
+    if (io_.get_executor().running_in_this_thread() || io_.stopped() || leaving_) return;
     auto asked = std::make_shared<std::promise<Future<Message>>>();
     auto sent = asked->get_future();
-    asio::post(io_, [this, asked] {
-      if (!stopping_ && !rejoining_ && durable_ && head_ && head_->is_open())
-        asked->set_value(head_->request(Op::kGoodbye));
+    // The handler holds the only reference: one that sends nothing breaks
+    // the promise as it ends, and the wait below ends with it.
+    asio::post(io_, [this, asked = std::move(asked)] {
+      if (!stopping_ && !rejoining_ && head_ && head_->is_open()) asked->set_value(head_->request(Op::kGoodbye));
     });
     const auto deadline = std::chrono::steady_clock::now() + kGoodbyeTimeout;
     try {

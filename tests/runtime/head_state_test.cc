@@ -514,10 +514,17 @@ TEST_F(DroppedClientTest, ANodeWhoseAgentCameBackKeepsItsWorkers) {
 // has none), and the exit report of a worker it may have had is stale.
 TEST_F(DroppedClientTest, ASpawnLostWithTheConnectionIsSentAgainWithoutARestart) {
   const uint64_t late = state_.create_actor(kDriver, spec()).id;
+  // One whose worker said hello (took its arguments) and then died, its
+  // exit report lost with the connection: a crash, its last restart used.
+  const uint64_t started = state_.create_actor(kDriver, spec()).id;
   auto out = state_.take_outputs();
-  ASSERT_EQ(out.spawns.size(), 1u);  // on the connection about to drop
+  ASSERT_EQ(out.spawns.size(), 2u);  // on the connection about to drop
+  state_.worker_hello(started, 0);
   state_.peer_gone(kAgent, "connection reset", true, now_);
   EXPECT_EQ(rejoin(50), node_);  // listing actor_'s worker only
+  EXPECT_EQ(state_of(started), ActorState::kDead);
+  EXPECT_NE(state_.actor_info(started).death_cause.find("ended while its node was away"), std::string::npos)
+      << state_.actor_info(started).death_cause;
   out = state_.take_outputs();
   ASSERT_EQ(out.spawns.size(), 1u);
   EXPECT_EQ(out.spawns[0].second.actor_id, late);
