@@ -4,12 +4,17 @@
 // function as an actor method on one actor (`actor_sync`, `actor_async`).
 // Prints one JSON object per line; every wait is bounded (kTimeout).
 //
-//   troupe_bench_tasks [--seconds 3] [--executors 0]
+//   troupe_bench_tasks [--seconds 3] [--executors 0] [--profile tasks_async]
+//
+// --profile CASE runs only that case (tasks_sync, actor_sync, tasks_async,
+// actor_async) for --seconds, for a profiler, and prints its rate alone.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -66,7 +71,7 @@ void emit(const std::string& c, double value, const std::string& peer = "", doub
   troupe::bench::print_row(row);
 }
 
-int run(double seconds, int executors) {
+int run(double seconds, int executors, const std::string& profile) {
   troupe::testing::LocalClusterOptions lo;
   lo.nodes = {{{"CPU", 2}}};
   troupe::testing::LocalCluster cluster(lo);
@@ -88,6 +93,15 @@ int run(double seconds, int executors) {
   for (int i = 0; i < 5; ++i) task_async();
   actor_async();
 
+  if (!profile.empty()) {
+    const std::map<std::string, std::function<void()>> cases = {{"tasks_sync", task_sync},
+                                                                {"actor_sync", actor_sync},
+                                                                {"tasks_async", task_async},
+                                                                {"actor_async", actor_async}};
+    const bool sync = profile.ends_with("_sync");
+    emit(profile, rate(seconds, sync ? 100 : kInFlight, cases.at(profile)));
+    return 0;
+  }
   // Interleaved, best of three each, so that background load hits both alike.
   double ts = 0, as = 0, ta = 0, aa = 0;
   for (int r = 0; r < 3; ++r) {
@@ -116,9 +130,12 @@ int main(int argc, char** argv) {
   app.add_option("--executors", executors, "task executors to lease (0 = as many as the cluster fits)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  std::string profile;
+  app.add_option("--profile", profile, "run only this case, for a profiler")
+      ->check(CLI::IsMember({"tasks_sync", "actor_sync", "tasks_async", "actor_async"}));
   CLI11_PARSE(app, argc, argv);
   try {
-    return run(seconds, executors);
+    return run(seconds, executors, profile);
   } catch (const std::exception& e) {
     troupe::bench::print_error_row("tasks", "run", e.what());
     return 1;
