@@ -75,6 +75,7 @@ PyOptions options_from(const pyb::dict& d) {
   if (d.contains("detached")) o.detached = d["detached"].cast<bool>();
   if (d.contains("node_affinity")) o.node_affinity = d["node_affinity"].cast<uint64_t>();
   if (d.contains("affinity_soft")) o.affinity_soft = d["affinity_soft"].cast<bool>();
+  if (d.contains("max_calls")) o.max_calls = d["max_calls"].cast<int>();
   return o;
 }
 

@@ -155,6 +155,7 @@ PyTaskKey PyClient::task_key(const PyOptions& o) {
   p.bundle_index = o.bundle_index;
   p.node_affinity = o.node_affinity;
   p.affinity_soft = o.affinity_soft;
+  p.max_calls = o.max_calls;
   auto submitter = core()->service<client::TaskSubmitter>();
   return PyTaskKey{submitter->key_for(p), o.name, o.max_retries};
 }

@@ -43,6 +43,7 @@ struct PyOptions {
   bool detached = false;         // lifetime="detached"
   uint64_t node_affinity = 0;    // NodeAffinitySchedulingStrategy (0 = none)
   bool affinity_soft = false;
+  int max_calls = 0;  // a task's (TaskPlacement::max_calls)
 };
 
 // A scheduling key of the task submitter (placement of Python tasks).

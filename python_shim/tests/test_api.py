@@ -1,6 +1,7 @@
 """The Ray-shaped API on an embedded cluster: tasks, actors, refs, put/get,
 wait, options, errors by class, named actors, cluster information."""
 import asyncio
+import collections
 import copy
 import os
 import signal
@@ -1072,3 +1073,21 @@ def test_an_async_actor_starts_threads_as_its_calls_need_them():
     assert troupe.get(s.threads.remote(), timeout=60) < 40
     # Calls that wait for each other still all run at once.
     assert troupe.get([s.wait_for_peer.remote() for _ in range(2)], timeout=60) == [True, True]
+
+
+@troupe.remote
+def worker_pid():
+    return os.getpid()
+
+
+def test_max_calls_gives_each_worker_that_many_tasks():
+    # Ray's max_calls: a worker runs that many tasks, then another takes its
+    # place (Ray's default for a task that asks for GPUs is 1).
+    pids = troupe.get([worker_pid.options(max_calls=1).remote() for _ in range(4)], timeout=120)
+    assert len(set(pids)) == 4
+    twice = [troupe.get(worker_pid.options(max_calls=2).remote(), timeout=60) for _ in range(4)]
+    assert sorted(collections.Counter(twice).values()) == [2, 2]
+    with pytest.raises(ConfigError, match="max_calls must be an int in \\[0, .*got -1"):
+        worker_pid.options(max_calls=-1).remote()
+    with pytest.raises(ConfigError, match="unknown option\\(s\\) for .*max_calls"):
+        Counter.options(max_calls=1).remote()

@@ -32,7 +32,7 @@ _PLACEMENT_OPTIONS = {"scheduling_strategy", "placement_group", "placement_group
 # Set in the workers of a task or actor whose placement group captures its
 # children: the group's id.
 CAPTURE_ENV = "PYTROUPE_CAPTURE_PG"
-_TASK_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "max_retries", "name", "num_returns",
+_TASK_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "max_retries", "max_calls", "name", "num_returns",
                  "retry_exceptions", "preload_modules", "runtime_env",
                  _generator.BACKPRESSURE_OPTION} | _PLACEMENT_OPTIONS
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
@@ -63,6 +63,9 @@ def _check_options(options, allowed, what):
         value = options.get(key, 0)
         if not _is_int(value, -1):
             raise ConfigError(f"{key} must be an int in [-1, {_INT_MAX}], got {value!r}")
+    calls = options.get("max_calls")
+    if calls is not None and not _is_int(calls, 0):
+        raise ConfigError(f"max_calls must be an int in [0, {_INT_MAX}] (0: no limit), got {calls!r}")
     pending = options.get("max_pending_calls", -1)
     if isinstance(pending, bool) or not isinstance(pending, int) or pending == 0 or pending < -1:
         raise ConfigError(f"{what}: max_pending_calls must be -1 (no limit) or an int >= 1, got {pending!r}")
@@ -392,6 +395,16 @@ def inherited_env_vars():
     return json.loads(text) if text else {}
 
 
+def task_max_calls(options):
+    """Tasks a worker runs before it exits (Ray's max_calls): as given, or
+    as Ray's default, 1 for a task that asks for GPUs (a new process gives
+    back what a library kept on the GPU) and no limit (0) otherwise."""
+    calls = options.get("max_calls")
+    if calls is None:
+        return 1 if options.get("num_gpus") else 0
+    return calls
+
+
 def _runtime_options(options, default_cpus):
     """Ray's options -> the runtime's (resources, restarts, the worker)."""
     resources = {}
@@ -565,6 +578,7 @@ class RemoteFunction:
             client.kv_put(_FUNCTION_KEY + shared["hash"], shared["blob"])
             exported.add(cluster)
         options = _runtime_options(self._options, 1)
+        options["max_calls"] = task_max_calls(self._options)
         options.setdefault("name", self.__name__)
         if self._num_returns == "streaming":
             # The generator retries itself (ObjectRefGenerator), skipping

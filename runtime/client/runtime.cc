@@ -217,6 +217,7 @@ client::TaskPlacement Runtime::task_placement(const TaskOptions& options) {
   p.env = options.env;
   p.node_affinity = options.node_affinity;
   p.affinity_soft = options.affinity_soft;
+  p.max_calls = options.max_calls;
   if (options.max_retries < -1)
     throw ConfigError("max_retries must be >= -1, got " + std::to_string(options.max_retries));
   return p;

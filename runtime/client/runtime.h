@@ -110,6 +110,9 @@ struct TaskOptions {
   // As ActorOptions::node_affinity / affinity_soft, for the task's worker.
   uint64_t node_affinity = 0;
   bool affinity_soft = false;
+  // Tasks a worker runs with these options before it exits and another
+  // takes its place (Ray's max_calls); 0 = no limit.
+  int max_calls = 0;
 };
 
 class Runtime;

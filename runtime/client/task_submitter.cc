@@ -75,7 +75,14 @@ struct TaskSubmitter::Executor {
     if (auto it = std::find(sent.begin(), sent.end(), t); it != sent.end()) sent.erase(it);
   }
 
-  bool waits() const { return blocked || bounced; }
+  // Tasks given to it (max_calls counts them).
+  int given = 0;
+  // It was given the key's max_calls: it takes no more, and goes once idle.
+  bool spent = false;
+
+  // It takes no task now, and does not count against the key's cap: its
+  // task waits in get(), or it is spent.
+  bool sidelined() const { return blocked || bounced || spent; }
 };
 
 struct TaskSubmitter::Task {
@@ -97,6 +104,7 @@ struct TaskSubmitter::Key {
   std::string text;  // for messages: "{CPU: 1}" and the group
   ActorSpec spec;    // of its executors
   int cap = 1;
+  int max_calls = 0;  // TaskPlacement::max_calls
   std::deque<std::shared_ptr<Task>> queue;
   std::vector<std::shared_ptr<Executor>> executors;  // not gone
   int requested = 0;                                 // leases asked of the lease thread, not yet made
@@ -138,7 +146,7 @@ std::string describe_nodes(const std::vector<NodeInfo>& nodes) {
 
 int TaskSubmitter::working_count(const Key& k) {
   return static_cast<int>(
-      std::count_if(k.executors.begin(), k.executors.end(), [](const auto& e) { return !e->waits(); }));
+      std::count_if(k.executors.begin(), k.executors.end(), [](const auto& e) { return !e->sidelined(); }));
 }
 
 std::exception_ptr TaskSubmitter::worker_died(const std::string& task, const Executor& e, const std::string& cause) {
@@ -184,6 +192,10 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
   if (p.placement_group) key->text += " in placement group " + std::to_string(p.placement_group);
   if (p.node_affinity)
     key->text += std::string(" on node ") + std::to_string(p.node_affinity) + (p.affinity_soft ? " (soft)" : "");
+  if (p.max_calls < 0)
+    throw ConfigError("task max_calls must be >= 0 (0 = no limit), got " + std::to_string(p.max_calls));
+  if (p.max_calls > 0) key->text += " max_calls " + std::to_string(p.max_calls);
+  key->max_calls = p.max_calls;
   auto nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes);
   // Hard affinity: only that node's room counts (the head refuses a node
   // that is not alive, naming it).
@@ -308,13 +320,15 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
     Executor* best = nullptr;
     std::shared_ptr<Executor> best_ptr;
     for (auto& e : k.executors)
-      if (e->ready && !e->waits() && !(e->handing_back && e->inflight > 0) && (!best || e->inflight < best->inflight)) {
+      if (e->ready && !e->sidelined() && !(e->handing_back && e->inflight > 0) &&
+          (!best || e->inflight < best->inflight)) {
         best = e.get();
         best_ptr = e;
       }
     if (!best || best->inflight >= depth) break;
     if (std::exchange(best->lent_idle, false)) reclaims_.push_back(best->id);
     if (best->inflight++ == 0) best->progress_at = Clock::now();
+    if (k.max_calls > 0 && ++best->given >= k.max_calls) best->spent = true;
     auto t = std::move(k.queue.front());
     k.queue.pop_front();
     best->sent.push_back(t.get());
@@ -335,7 +349,7 @@ void TaskSubmitter::steal_locked(Key& k, Clock::time_point now) {
   Executor* victim = nullptr;
   bool idle = false;
   for (auto& e : k.executors) {
-    if (!e->ready || e->waits()) continue;
+    if (!e->ready || e->sidelined()) continue;
     if (e->inflight == 0) idle = true;
     if (e->inflight >= 2 && !e->handing_back && now - e->progress_at >= kStealAfter &&
         (!victim || e->inflight > victim->inflight))
@@ -417,12 +431,13 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
       e->progress_at = Clock::now();
       e->unsend(t.get());
       if (--e->inflight == 0) e->idle_since = Clock::now();
+      // Spent and done: the lease thread releases it now.
+      if (e->spent && e->inflight == 0) wake = retire_requested_ = true;
       e.reset();
     }
     sends = pump_locked(t->key);
     // Room is wanted: an executor left without work goes now.
-    wake = resources_wanted_ && sends.empty();
-    if (wake) release_idle_requested_ = true;
+    if (resources_wanted_ && sends.empty()) wake = release_idle_requested_ = true;
   }
   if (wake) cv_.notify_all();
   send(std::move(sends));
@@ -574,7 +589,8 @@ void TaskSubmitter::lease_loop() {
   while (!stopping_) {
     auto period = std::clamp<std::chrono::milliseconds>(options_.idle_release / 4, std::chrono::milliseconds(10),
                                                         std::chrono::milliseconds(250));
-    cv_.wait_for(lock, period, [&] { return stopping_ || !lease_requests_.empty() || release_idle_requested_; });
+    cv_.wait_for(lock, period,
+                 [&] { return stopping_ || !lease_requests_.empty() || release_idle_requested_ || retire_requested_; });
     while (!stopping_ && !lease_requests_.empty()) {
       auto key = std::move(lease_requests_.front());
       lease_requests_.pop_front();
@@ -643,12 +659,13 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
   const auto idle_for = std::exchange(release_idle_requested_, false) || resources_wanted_
                             ? Clock::duration::zero()
                             : Clock::duration(options_.idle_release);
+  retire_requested_ = false;
   std::vector<uint64_t> idle, lends;
   for (auto& [id, key] : keys_) {
     auto& v = key->executors;
     for (auto it = v.begin(); it != v.end();) {
       Executor& e = **it;
-      if (e.ready && e.inflight == 0 && now - e.idle_since >= idle_for) {
+      if (e.ready && e.inflight == 0 && (e.spent || now - e.idle_since >= idle_for)) {
         if (e.holds_objects) {
           if (!std::exchange(e.lent_idle, true)) lends.push_back(e.id);
           ++it;

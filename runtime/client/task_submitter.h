@@ -23,6 +23,9 @@
 //   has run for 50 ms with others pipelined behind it hands those back
 //   (HandBackQueued) and they run on the idle one: a long task does not
 //   hold up the short ones queued behind it while a CPU idles;
+// - with a key's max_calls, an executor that was given that many tasks
+//   takes no more and is released once they end (kept, lending its
+//   resources, if it holds objects), and another is leased in its place;
 // - cancel() fails a task with TaskCancelled: one still queued here never
 //   runs; one sent to an executor runs on there (the caller may interrupt
 //   it) unless forced, which kills the executor; the other tasks in flight
@@ -66,7 +69,11 @@ struct TaskPlacement {
   std::vector<std::string> env;
   uint64_t node_affinity = 0;  // wire::ActorSpec::node_affinity
   bool affinity_soft = false;
-  TROUPE_FIELDS(resources, placement_group, bundle_index, executable, env, node_affinity, affinity_soft)
+  // Tasks an executor of this key runs before it is released (Ray's
+  // max_calls: a fresh process for the next, e.g. to give back GPU memory
+  // a library keeps); 0 = no limit.
+  int32_t max_calls = 0;
+  TROUPE_FIELDS(resources, placement_group, bundle_index, executable, env, node_affinity, affinity_soft, max_calls)
 };
 
 class TaskSubmitter {
@@ -176,6 +183,7 @@ class TaskSubmitter {
   std::vector<std::shared_ptr<ActorClient>> hand_backs_;
   bool stopping_ = false;
   bool release_idle_requested_ = false;  // release_idle(): reap_idle takes every idle executor
+  bool retire_requested_ = false;        // a spent executor became idle: reap_idle takes it
   bool resources_wanted_ = false;        // set_resources_wanted()
   // Tasks by id, for cancel(); ended ones are swept now and then.
   std::unordered_map<uint64_t, std::weak_ptr<Task>> tasks_;

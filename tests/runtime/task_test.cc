@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -37,6 +39,8 @@ int fail_with(std::string kind, std::string message) {
   if (kind == "quota") throw TaskQuotaExceeded(message);
   throw std::invalid_argument(message);
 }
+
+int own_pid() { return ::getpid(); }
 
 // SIGKILLs its own worker the first time (when `marker` does not exist
 // yet); afterwards returns its pid.
@@ -170,6 +174,7 @@ size_t open_fds() {
 
 TROUPE_ERROR(TaskQuotaExceeded);
 TROUPE_TASK(square)
+TROUPE_TASK(own_pid)
 TROUPE_TASK(add)
 TROUPE_TASK(shout)
 TROUPE_TASK(fail_with)
@@ -269,6 +274,27 @@ TEST_F(TaskTest, AtMostAsManyRunAsTheResourcesAllow) {
   EXPECT_EQ(most, 2);
   auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
   EXPECT_LE(tasks->executor_count(), 2u);
+}
+
+// Ray's max_calls: a worker runs that many tasks of the key, then goes and
+// another takes its place (what a GPU task needs when its library keeps
+// memory until its process ends).
+TEST_F(TaskTest, MaxCallsGivesEachWorkerThatManyTasks) {
+  std::vector<troupe::Future<int>> fs;
+  for (int i = 0; i < 6; ++i) fs.push_back(rt_.submit(&own_pid, {.resources = {{"CPU", 1}}, .max_calls = 1}));
+  std::map<int, int> per_pid;
+  for (auto& f : fs) per_pid[f.get(60s)]++;
+  EXPECT_EQ(per_pid.size(), 6u);
+  // One at a time: each worker takes two, then the next one comes.
+  per_pid.clear();
+  for (int i = 0; i < 6; ++i) per_pid[rt_.submit(&own_pid, {.max_calls = 2}).get(60s)]++;
+  EXPECT_EQ(per_pid.size(), 3u);
+  for (const auto& [pid, n] : per_pid) EXPECT_EQ(n, 2) << pid;
+  // Without it, workers stay for the next tasks.
+  std::set<int> pids;
+  for (int i = 0; i < 6; ++i) pids.insert(rt_.submit(&own_pid, {}).get(60s));
+  EXPECT_EQ(pids.size(), 1u);
+  EXPECT_THROW(rt_.submit(&own_pid, {.max_calls = -1}), troupe::ConfigError);
 }
 
 TEST_F(TaskTest, RetriesOnAnotherWorkerWhenItsWorkerIsKilled) {
