@@ -328,7 +328,7 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
     if (!best || best->inflight >= depth) break;
     if (std::exchange(best->lent_idle, false)) reclaims_.push_back(best->id);
     if (best->inflight++ == 0) best->progress_at = Clock::now();
-    if (k.max_calls > 0 && ++best->given >= k.max_calls) best->spent = true;
+    if (k.max_calls > 0 && !best->holds_objects && ++best->given >= k.max_calls) best->spent = true;
     auto t = std::move(k.queue.front());
     k.queue.pop_front();
     best->sent.push_back(t.get());
@@ -349,8 +349,9 @@ void TaskSubmitter::steal_locked(Key& k, Clock::time_point now) {
   Executor* victim = nullptr;
   bool idle = false;
   for (auto& e : k.executors) {
-    if (!e->ready || e->sidelined()) continue;
-    if (e->inflight == 0) idle = true;
+    // A spent one takes no tasks, but what it has queued may be handed back.
+    if (!e->ready || e->blocked || e->bounced) continue;
+    if (e->inflight == 0 && !e->spent) idle = true;
     if (e->inflight >= 2 && !e->handing_back && now - e->progress_at >= kStealAfter &&
         (!victim || e->inflight > victim->inflight))
       victim = e.get();
@@ -426,6 +427,15 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
     std::lock_guard lock(mu_);
     if (auto& e = t->on) {
       if ((t->op & kKeepResult) || (m.op & kHoldsObjects)) e->holds_objects = true;
+      // Released, its objects would go with it; kept spent, it would hold
+      // its resources (a GPU) for good. It stays and takes tasks again.
+      if (e->spent && e->holds_objects) {
+        e->spent = false;
+        TROUPE_LOG_WARN(
+            "tasks {}: executor {} keeps objects its tasks returned by reference, so it stays and runs more than "
+            "max_calls {} tasks",
+            t->key->text, e->id, t->key->max_calls);
+      }
       e->bounced = false;
       e->handing_back = false;
       e->progress_at = Clock::now();

@@ -24,8 +24,8 @@
 //   (HandBackQueued) and they run on the idle one: a long task does not
 //   hold up the short ones queued behind it while a CPU idles;
 // - with a key's max_calls, an executor that was given that many tasks
-//   takes no more and is released once they end (kept, lending its
-//   resources, if it holds objects), and another is leased in its place;
+//   takes no more and is released once they end, and another is leased in
+//   its place (one that holds objects stays, and takes tasks again);
 // - cancel() fails a task with TaskCancelled: one still queued here never
 //   runs; one sent to an executor runs on there (the caller may interrupt
 //   it) unless forced, which kills the executor; the other tasks in flight

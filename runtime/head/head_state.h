@@ -224,7 +224,6 @@ class HeadState {
     // its exit has not been reported: the actor cannot be DEAD yet.
     bool worker_running = false;
     // Its current worker said hello (took its arguments): it started.
-    // Not persisted; a restored head assumes it did.
     bool said_hello = false;
     bool kill_requested = false;
     // The incarnation a KillWorker was last sent for (none: none was): one

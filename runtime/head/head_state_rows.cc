@@ -31,8 +31,9 @@ struct ActorRow {
   Resources lent;  // of grant, back in the pool while its task waits
   uint64_t last_node = 0;
   int32_t last_pid = 0;
+  bool said_hello = false;
   TROUPE_FIELDS(info, spec, attachments, owner_client, allocated, node_id, group_id, bundle, epoch, grant, grant_gpus,
-                worker_running, kill_requested, lent, last_node, last_pid)
+                worker_running, kill_requested, lent, last_node, last_pid, said_hello)
 };
 
 struct GroupRow {
@@ -107,6 +108,7 @@ std::vector<HeadState::Row> HeadState::take_rows() {
     r.kill_requested = a.kill_requested;
     r.last_node = a.last_node;
     r.last_pid = a.last_pid;
+    r.said_hello = a.said_hello;
     rows.emplace_back(actor_key(id), encode_row(r));
   }
   for (const auto& key : std::exchange(dirty_kv_, {})) {
@@ -229,7 +231,7 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
     for (const auto& bytes : r.attachments) a.spec.ctor_attachments.push_back(Buffer::from_string(bytes));
     a.owner_client = r.owner_client;
     a.worker_running = r.worker_running;
-    a.said_hello = r.worker_running;  // unknown: as if it started
+    a.said_hello = r.said_hello;
     a.kill_requested = r.kill_requested;
     a.last_node = r.last_node;
     a.last_pid = r.last_pid;

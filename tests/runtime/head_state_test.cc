@@ -1044,6 +1044,31 @@ TEST_F(HeadStateTest, RestoredNodeReportsWorkersThatEndedAndOnesItMustKill) {
   EXPECT_EQ(again.actor_info(b).state, ActorState::kAlive);
 }
 
+// The head died with a spawn it had written down but its agent never got:
+// the restarted head places it again without using a restart, as it does
+// for a spawn lost with an agent's connection. One whose worker had said
+// hello (the head's tables keep that) crashed, and uses its restart.
+TEST_F(HeadStateTest, ASpawnTheHeadDiedWithIsSentAgainWithoutARestart) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  const uint64_t n = add_node({{"CPU", 4}}, 1);
+  const uint64_t lost = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
+  const uint64_t crashed = state_.create_actor(kDriver, spec({{"CPU", 1}}, 1)).id;
+  ASSERT_EQ(state_.take_outputs().spawns.size(), 2u);
+  state_.worker_hello(crashed, 0);
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  again.resume_node(11, node_hello({{"CPU", 4}}, n), now_);
+  EXPECT_EQ(again.actor_info(lost).state, ActorState::kPending);
+  EXPECT_EQ(again.actor_info(lost).restarts, 0);
+  EXPECT_EQ(again.actor_info(lost).incarnation, 1u);
+  EXPECT_EQ(again.actor_info(crashed).state, ActorState::kRestarting);
+  EXPECT_EQ(again.actor_info(crashed).restarts, 1);
+  auto out = again.take_outputs();
+  EXPECT_EQ(out.spawns.size(), 2u);  // both placed again
+}
+
 TEST_F(HeadStateTest, OwnerThatDoesNotComeBackLosesItsActors) {
   state_.enable_write_through();
   std::map<std::string, std::string> store;

@@ -295,6 +295,15 @@ TEST_F(TaskTest, MaxCallsGivesEachWorkerThatManyTasks) {
   for (int i = 0; i < 6; ++i) pids.insert(rt_.submit(&own_pid, {}).get(60s));
   EXPECT_EQ(pids.size(), 1u);
   EXPECT_THROW(rt_.submit(&own_pid, {.max_calls = -1}), troupe::ConfigError);
+  // One whose result stays in its store cannot go without it: it stays,
+  // and does not hold its resources from the next task (all the node's
+  // memory here, which no lend gives back).
+  const double memory = rt_.nodes().at(0).total.at("memory");
+  const troupe::TaskOptions whole{.resources = {{"CPU", 1}, {"memory", memory}}, .max_calls = 1};
+  auto kept = rt_.submit_ref(&make_bytes, whole, int64_t{1000}, 1).get(60s);
+  auto again = rt_.submit_ref(&make_bytes, whole, int64_t{1000}, 2).get(60s);
+  EXPECT_EQ(kept.get(30s), std::vector<uint8_t>(1000, 1));
+  EXPECT_EQ(again.get(30s), std::vector<uint8_t>(1000, 2));
 }
 
 TEST_F(TaskTest, RetriesOnAnotherWorkerWhenItsWorkerIsKilled) {
