@@ -11,7 +11,9 @@ gets it as a resolved argument and returns its size; GB/s of the round),
 num_returns="streaming", yields 1,000 small values; the driver gets each
 ref as it comes; values/s), `generator_calls` (streaming generator tasks
 that yield one value each, one call at a time: what a stream costs a call,
-beside `tasks_sync`; calls/s).
+beside `tasks_sync`; calls/s), `wait_loop` (wait(num_returns=1) over 4,000
+finished refs until none is left, as programs take results as they come:
+each wait sees all that are left; waits/s).
 
 The same measuring code (`measure`) runs against either module: this script
 starts itself once per runtime as a child (`--child MODULE`), so troupe and
@@ -36,15 +38,19 @@ import sys
 import time
 
 CASES = ["tasks_sync", "tasks_async", "actor_sync", "actor_async", "put_get_1MiB", "put_get_64MiB", "tasks_nested",
-         "generator_items", "generator_calls"]
+         "generator_items", "generator_calls", "wait_loop"]
 UNITS = ({c: "tasks/s" for c in CASES[:2]} | {c: "calls/s" for c in CASES[2:4]} | {c: "GB/s" for c in CASES[4:6]}
-         | {"tasks_nested": "tasks/s", "generator_items": "values/s", "generator_calls": "calls/s"})
+         | {"tasks_nested": "tasks/s", "generator_items": "values/s", "generator_calls": "calls/s",
+            "wait_loop": "waits/s"})
 # generator_items: values one streaming generator task yields.
 STREAM_VALUES = 1000
 IN_FLIGHT = 1000
 # tasks_nested: fib(NESTED_N) as tasks that wait for their two children
 # (41 tasks, at most 6 deep, each waiting in get while its children run).
 NESTED_N = 7
+# wait_loop: wait(num_returns=1) over this many finished refs until none
+# is left, as programs take results as they come (each wait sees the rest).
+WAIT_REFS = 4000
 SYSTEM_PYTHON = "/usr/bin/python3"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GET_TIMEOUT = 120.0
@@ -122,6 +128,18 @@ def measure(rt, case, seconds):
 
         one_call()  # warm up
         return rate(one_call, seconds)
+    if case == "wait_loop":
+        refs = [nop.remote(i) for i in range(WAIT_REFS)]
+        rt.get(refs, timeout=GET_TIMEOUT)
+
+        def drain():
+            left = list(refs)
+            while left:
+                _, left = rt.wait(left, num_returns=1)
+            return WAIT_REFS
+
+        drain()  # warm up
+        return rate(drain, seconds)
     if case == "tasks_nested":
 
         @rt.remote

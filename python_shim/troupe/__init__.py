@@ -319,6 +319,13 @@ def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
     ObjectRefGenerators, as Ray's: one is ready when next() on it would
     not wait (a value has come, it ended, or it failed)."""
     timeout = _timeouts.seconds(timeout, "troupe.wait")
+    if isinstance(refs, list) and refs and not isinstance(num_returns, bool) and isinstance(num_returns, int) \
+            and 1 <= num_returns <= len(refs):
+        # Plain refs (the common case): checked, waited on and split in one
+        # call. None: generators or what is refused below.
+        split = _client().wait_refs(refs, num_returns, timeout)
+        if split is not None:
+            return split
     if not isinstance(refs, list) or not all(isinstance(r, (ObjectRef, ObjectRefGenerator)) for r in refs):
         raise TypeError("troupe.wait takes a list of ObjectRefs (and ObjectRefGenerators)")
     if not refs:  # as Ray: nothing to wait for
