@@ -524,7 +524,14 @@ ScriptExit TorchrunSlot::wait_exit() {
   auto pump = std::move(state_->pump);
   lock.unlock();
   if (pump) pump->finish(std::chrono::duration_cast<std::chrono::milliseconds>(kDrainBound));
-  return {true, status, read_small_file(state_->error_file)};
+  ScriptExit exit{true, status, read_small_file(state_->error_file)};
+  // Read: the directory goes now, not with the slot, whose worker is
+  // killed at the job's end without unwinding.
+  lock.lock();
+  std::error_code ec;
+  if (!state_->dir.empty()) troupe::core::remove_tree(state_->dir, ec);
+  state_->dir.clear();
+  return exit;
 }
 
 }  // namespace troupe::launcher

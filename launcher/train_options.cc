@@ -206,7 +206,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--compression", o.compression, "gradient buckets between workers: none, bf16 or fp16");
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (0 = off)");
   app.add_option("--max-failures", o.max_failures, "trainer failures healed before giving up (-1 = no limit)");
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (model.pt loads with torch.load)");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "where checkpoints go (needed, here or in the job file; model.pt loads with torch.load)");
   app.add_flag("--resume", o.resume,
                "go on from the latest checkpoint in --checkpoint-dir (from step 0 when there is none); without it a "
                "--checkpoint-dir that holds checkpoints is refused");
@@ -378,7 +379,6 @@ bool parse_train_args(int argc, char** argv, TrainOptions& o) {
 void check(const TrainOptions& o) {
   require(!o.model.empty(), "no model: give --model step.pt (or \"model\" in the job file)");
   require(!o.data.empty(), "no data: give --data train.npz");
-  require(!o.checkpoint_dir.empty(), "no checkpoint directory: give --checkpoint-dir DIR");
   if (!is_model_name(o.model)) check_file("--model", o.model);
   check_file("--data", o.data);
   if (!o.val_data.empty()) check_file("--val-data", o.val_data);
@@ -406,6 +406,8 @@ void check(const TrainOptions& o) {
           "--amp must be none, bf16 or fp16, got '" + o.amp + "'");
   require(o.amp != "fp16" || o.gpus_per_worker > 0,
           "--amp fp16 is mixed precision on a GPU: give --gpus-per-worker too (on the CPU, --amp bf16)");
+  // Last: an error in what the job is given names that first.
+  require(!o.checkpoint_dir.empty(), "no checkpoint directory: give --checkpoint-dir DIR");
   std::error_code ec;
   if (fs::exists(o.checkpoint_dir, ec) && !fs::is_directory(o.checkpoint_dir, ec))
     throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + " is a file, not a directory");

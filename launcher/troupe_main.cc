@@ -411,7 +411,7 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
     std::fprintf(stderr, "troupe logs: %s\n", e.what());
     return 2;
   }
-  for (;;) {
+  for (bool first = true;; first = false) {
     troupe::wire::LogChunk chunk;
     try {
       chunk = rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, req);
@@ -419,7 +419,13 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
       std::fprintf(stderr, "troupe logs: %s\n", e.what());
       return 2;
     }
-    std::fwrite(chunk.text.data(), 1, chunk.text.size(), stdout);
+    std::string_view text = chunk.text;
+    if (first && chunk.next_offset > text.size()) {
+      // The tail began inside a line: from the next whole one.
+      const size_t newline = text.find('\n');
+      text = newline == std::string_view::npos ? std::string_view() : text.substr(newline + 1);
+    }
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
     if (!l.follow) return 0;
     req.offset = chunk.next_offset;
@@ -576,6 +582,12 @@ int cmd_submit(const Args& a) {
     std::fprintf(stderr, "troupe submit: no running cluster in %s (troupe start --head)\n", dir.c_str());
     return 2;
   }
+  try {
+    troupe::wire::parse_address(address);  // here, not as the driver's first error
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe submit: %s\n", e.what());
+    return 2;
+  }
   setenv(troupe::core::kEnvAddress, address.c_str(), 1);
   setenv(troupe::core::kEnvToken, token_for(dir).c_str(), 1);
   std::vector<char*> argv;
@@ -668,6 +680,18 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    if (app.get_subcommands().empty() && (argc < 2 || argv[1][0] != '-')) {
+      // No command chosen: a bare `troupe` gets the usage, a typo its name.
+      if (argc < 2) {
+        std::fputs(app.help().c_str(), stderr);
+        return 2;
+      }
+      std::string names;
+      for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      std::fprintf(stderr, "troupe: unknown command '%s' (commands: %s; troupe --help)\n", argv[1], names.c_str());
+      return 2;
+    }
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;
   }
@@ -766,7 +790,7 @@ int main(int argc, char** argv) {
   submit->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   submit->add_option("--runtime-env-json", a.runtime_env_json,
                      "the job's runtime_env for a Python driver, as JSON, e.g. '{\"working_dir\": \".\"}' "
-                     "(env_vars, working_dir, py_modules, excludes; what troupe.init(runtime_env=...) gives "
+                     "(env_vars, working_dir, py_modules, excludes, pip; what troupe.init(runtime_env=...) gives "
                      "wins key by key)");
   submit->add_option("command", a.command, "driver command")->required();
   LogsArgs la;

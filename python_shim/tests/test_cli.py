@@ -25,6 +25,16 @@ def test_help_lists_the_commands(tmp_path):
     assert "torchrun" in out.stdout and "start" in out.stdout
 
 
+def test_a_mistyped_command_and_a_bad_address_are_named(tmp_path):
+    out = run_cli(["stauts"], tmp_path)
+    assert out.returncode == 2 and "unknown command 'stauts' (commands: start, status" in out.stderr, out.stderr
+    out = run_cli([], tmp_path)
+    assert out.returncode == 2 and "Usage:" in out.stderr, out.stderr
+    # Checked before the driver runs (it used to start, and fail later).
+    out = run_cli(["submit", "--address", "garbage", "--", "/bin/true"], tmp_path)
+    assert out.returncode == 2 and "'garbage' is not HOST:PORT" in out.stderr, out.stderr
+
+
 def test_torchrun_uses_this_interpreter(tmp_path):
     script = tmp_path / "show.py"
     script.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
