@@ -426,6 +426,20 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
           NoGil())
       .def(
           "kill", [](PyClient& c, uint64_t id, bool no_restart) { c.runtime().kill_actor(id, no_restart); }, NoGil())
+      // This process's id towards the head (an actor's "driver" in status).
+      .def_property_readonly("client_id", [](PyClient& c) { return c.core()->client_id(); })
+      // A piece of actor `id`'s worker log from `offset` (troupe logs):
+      // (text as bytes, next offset, the file's size, its path).
+      .def("read_actor_log",
+           [](PyClient& c, uint64_t id, uint64_t offset, uint32_t max_bytes) {
+             wire::LogChunk chunk;
+             {
+               pyb::gil_scoped_release nogil;
+               chunk = c.core()->head().call<wire::LogChunk>(wire::Op::kReadLog,
+                                                             wire::ReadLog{"actor", id, offset, max_bytes});
+             }
+             return pyb::make_tuple(pyb::bytes(chunk.text), chunk.next_offset, chunk.size, chunk.path);
+           })
       // An actor ends itself for good (troupe.actor.exit_actor): the head
       // sends the kill and records `why`; no wait, the kill ends the caller.
       .def(

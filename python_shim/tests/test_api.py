@@ -1091,3 +1091,13 @@ def test_max_calls_gives_each_worker_that_many_tasks():
         worker_pid.options(max_calls=-1).remote()
     with pytest.raises(ConfigError, match="unknown option\\(s\\) for .*max_calls"):
         Counter.options(max_calls=1).remote()
+
+
+def test_init_names_a_bad_resource_amount():
+    # They used to fail in float() as "could not convert string to float".
+    with pytest.raises(ConfigError, match="troupe.init: num_cpus must be a number, got 'two'"):
+        troupe.init(num_cpus="two")
+    with pytest.raises(ConfigError, match="troupe.init: resources\\['foo'\\] must be a number, got 'bar'"):
+        troupe.init(resources={"foo": "bar"})
+    with pytest.raises(ConfigError, match="resources must be a dict"):
+        troupe.init(resources=["CPU"])

@@ -118,3 +118,30 @@ def test_unknown_targets_are_named(cluster):
     assert "troupe: troupe" not in r.stderr, r.stderr  # one prefix, not two
     r = logs(cluster, "no-such-actor-name")
     assert r.returncode != 0 and "no-such-actor-name" in r.stderr
+
+
+@troupe.remote
+def shout(text):
+    print(text)  # no flush: a worker's stdout goes out line by line
+    return os.getpid()
+
+
+def test_the_driver_shows_what_its_tasks_and_actors_print(cluster, capsys):
+    # Ray's log_to_driver: on a `troupe start` cluster the workers write to
+    # files of their own; the driver follows those of its own work.
+    pid = troupe.get(shout.remote("marker-three from a task"), timeout=60)
+    talker = Talker.remote()
+    troupe.get(talker.say.remote("marker-four from an actor"), timeout=60)
+    seen = []
+
+    def shown():
+        seen.append(capsys.readouterr().out)
+        text = "".join(seen)
+        return f"(task pid={pid}) marker-three from a task\n" in text and "marker-four from an actor\n" in text
+
+    wait_until(shown, what="the workers' lines on the driver's console")
+    text = "".join(seen)
+    line = next(ln for ln in text.splitlines() if ln.endswith("marker-four from an actor"))
+    assert line.startswith("(Talker pid="), line
+    # Each line once, however often the files were looked at.
+    assert text.count("marker-three from a task") == 1, text

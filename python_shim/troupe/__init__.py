@@ -70,6 +70,9 @@ class _State:
         # cluster's KV store (troupe/_packages.py): (working_dir or None,
         # tuple of py_modules).
         self.packages = packages
+        # Follows the workers' log files for the console (_driver_logs);
+        # None on an embedded cluster, whose workers print there already.
+        self.logs = None
         # runtime_env's pip, as troupe/_pip.py writes it (None: none).
         self.pip = pip
 
@@ -135,7 +138,7 @@ _LOGGING_LEVELS = {10: "debug", 20: "info", 30: "warning", 40: "error", 50: "cri
 
 def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespace=None,
          ignore_reinit_error=False, object_store_memory=None, logging_level=None, runtime_env=None,
-         _token=None):
+         log_to_driver=True, _token=None):
     """Starts an embedded local cluster (address None), or connects to one:
     "HOST:PORT", or "auto" for the cluster `troupe start --head` recorded in
     the session directory. The token comes from TROUPE_TOKEN or the session
@@ -146,7 +149,10 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     {"env_vars": {...}, "working_dir": DIR, "py_modules": [DIR, FILE.py or
     module, ...], "excludes": [PATTERN, ...], "pip": [REQUIREMENT, ...]}
     (other keys are refused by name; docs/python.md). Under `troupe submit --runtime-env-json`, that
-    one is the default, and what is given here wins key by key."""
+    one is the default, and what is given here wins key by key. `log_to_driver` (Ray's): on a
+    cluster started with `troupe start`, what this driver's tasks and actors print shows here too,
+    each line marked with its worker (troupe._driver_logs); an embedded cluster's workers print
+    here anyway."""
     global _state
     _remote.check_namespace(namespace, "troupe.init")
     job_env = _remote.parse_runtime_env(_remote.with_submitted_runtime_env(runtime_env), "troupe.init")
@@ -169,7 +175,13 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     if address is not None and not address.strip():
         raise exceptions.ConfigError(f"address {address!r} is empty: give 'HOST:PORT', 'auto' for the "
                                      "session's cluster, or None for an embedded one")
+    if resources is not None and not isinstance(resources, dict):
+        raise exceptions.ConfigError(f"troupe.init: resources must be a dict of name -> amount, got {resources!r}")
     node = dict(resources or {})
+    for key, value in node.items():
+        _remote._number(value, f"troupe.init: resources[{key!r}]")
+    _remote._number(num_cpus, "troupe.init: num_cpus")
+    _remote._number(num_gpus, "troupe.init: num_gpus")
     if num_cpus is not None:
         node["CPU"] = float(num_cpus)
     if num_gpus is not None:
@@ -201,6 +213,10 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
             raise
         _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "", job_env.env_vars, packages,
                         job_env.pip)
+        if address and log_to_driver:
+            from troupe import _driver_logs
+
+            _state.logs = _driver_logs.DriverLogs(client)
     atexit.register(shutdown)
 
 
@@ -216,6 +232,8 @@ def shutdown():
         with _lock:
             state, _state = _state, None
         if state is not None and not _core.in_worker():
+            if state.logs is not None:
+                state.logs.close()
             state.client.shutdown()
 
 

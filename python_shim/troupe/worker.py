@@ -25,6 +25,9 @@ def preload():
 
 
 def main():
+    # Line by line into its log file, as on a terminal: what the driver
+    # shows of it (troupe._driver_logs) comes as it is printed.
+    sys.stdout.reconfigure(line_buffering=True)
     preload()
     _core.serve_worker(_worker_hooks)
     sys.exit("troupe.worker: not started by a troupe node agent (TROUPE_ROLE is not 'worker')")

@@ -1107,8 +1107,23 @@ nlohmann::json HeadState::actors_json(const StatusRequest& request) const {
                  {"restarts", a->restarts},
                  {"max_restarts", a->max_restarts},
                  {"pending_reason", a->pending_reason},
-                 {"death_cause", a->death_cause}});
+                 {"death_cause", a->death_cause},
+                 {"driver", driver_of(actors_.at(a->id))}});
   return j;
+}
+
+uint64_t HeadState::driver_of(const Actor& a) const {
+  uint64_t client = a.owner_client;
+  // Bounded: owners form a tree, but a table restored half-way must not
+  // loop.
+  for (int depth = 0; depth < 64; ++depth) {
+    auto w = worker_clients_.find(client);
+    if (w == worker_clients_.end()) return client;
+    auto owner = actors_.find(w->second.first);
+    if (owner == actors_.end()) return 0;
+    client = owner->second.owner_client;
+  }
+  return 0;
 }
 
 nlohmann::json HeadState::status(const StatusRequest& request) const {

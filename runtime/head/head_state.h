@@ -291,6 +291,10 @@ class HeadState {
   void unreserve_group(Group& g);
   void kv_set(const std::string& key, const std::string& value);
   nlohmann::json actors_json(const wire::StatusRequest& request) const;
+  // The client id of the driver whose work `a` is: its owner, or its
+  // owner's owner when that is an actor's worker, and so on (0: none, as
+  // for a detached actor).
+  uint64_t driver_of(const Actor& a) const;
   // Folds the published stats of `actor_id`'s processes older than
   // `incarnation` into the retired totals and drops their keys.
   void retire_stats(uint64_t actor_id, uint32_t incarnation);
