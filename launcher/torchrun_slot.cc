@@ -522,15 +522,17 @@ ScriptExit TorchrunSlot::wait_exit() {
   // Whatever the script left in its process group goes with it.
   ::kill(-pid, SIGKILL);
   auto pump = std::move(state_->pump);
+  // This attempt's: a start() while the output drains makes its own.
+  const std::string dir = state_->dir, error_file = state_->error_file;
   lock.unlock();
   if (pump) pump->finish(std::chrono::duration_cast<std::chrono::milliseconds>(kDrainBound));
-  ScriptExit exit{true, status, read_small_file(state_->error_file)};
+  ScriptExit exit{true, status, read_small_file(error_file)};
   // Read: the directory goes now, not with the slot, whose worker is
   // killed at the job's end without unwinding.
-  lock.lock();
   std::error_code ec;
-  if (!state_->dir.empty()) troupe::core::remove_tree(state_->dir, ec);
-  state_->dir.clear();
+  if (!dir.empty()) troupe::core::remove_tree(dir, ec);
+  lock.lock();
+  if (state_->dir == dir) state_->dir.clear();
   return exit;
 }
 

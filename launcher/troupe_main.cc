@@ -373,9 +373,26 @@ struct LogsArgs {
   uint32_t tail = 64 * 1024;
 };
 
+// The actor named `name`: the live one, or else the newest the head still
+// keeps of that name (a dead actor's log is the one most worth reading,
+// and a name is free again once its actor died).
+uint64_t actor_by_name(troupe::Runtime& rt, const std::string& name) {
+  try {
+    return rt.core()->head().call<troupe::wire::ActorInfo>(troupe::wire::Op::kGetActor, name).id;
+  } catch (const troupe::ConfigError&) {
+    uint64_t newest = 0;
+    const auto status = nlohmann::json::parse(rt.status_json());  // kept: the loop reads into it
+    for (const auto& a : status["actors"])
+      if (a["name"] == name) newest = std::max(newest, a["id"].get<uint64_t>());
+    if (newest == 0) throw;
+    return newest;
+  }
+}
+
 troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
   troupe::wire::ReadLog r;
-  r.max_bytes = l.tail;
+  // One byte before the tail too: whether the tail begins a line.
+  r.max_bytes = l.tail < (4u << 20) ? l.tail + 1 : l.tail;
   const auto& t = l.target;
   auto number = [](const std::string& s, const char* what) {
     try {
@@ -394,8 +411,7 @@ troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
   } else if (t.size() == 1) {
     r.target = "actor";
     bool numeric = !t[0].empty() && t[0].find_first_not_of("0123456789") == std::string::npos;
-    r.id = numeric ? number(t[0], "actor id")
-                   : rt.core()->head().call<troupe::wire::ActorInfo>(troupe::wire::Op::kGetActor, t[0]).id;
+    r.id = numeric ? number(t[0], "actor id") : actor_by_name(rt, t[0]);
   } else {
     throw troupe::ConfigError("give head, node N, or an actor's id or name");
   }
@@ -420,10 +436,11 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
       return 2;
     }
     std::string_view text = chunk.text;
-    if (first && chunk.next_offset > text.size()) {
-      // The tail began inside a line: from the next whole one.
+    if (first && chunk.next_offset > text.size() && !text.empty()) {
+      // It began one byte before the tail: the tail from its first whole
+      // line (all of it when it holds no line end).
       const size_t newline = text.find('\n');
-      text = newline == std::string_view::npos ? std::string_view() : text.substr(newline + 1);
+      text = newline == std::string_view::npos ? text.substr(1) : text.substr(newline + 1);
     }
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
@@ -472,14 +489,20 @@ int cmd_status(const Args& a) {
                 n["pid"].get<int>(), res.c_str());
   }
   std::printf("\nactors:\n");
+  // The class column as wide as the longest class shown (C++ classes are
+  // qualified: troupe::trainer::TrainerActor).
+  int class_width = 20;
+  for (auto& x : j["actors"])
+    class_width = std::max(class_width, static_cast<int>(x["class"].get<std::string>().size()));
   for (auto& x : j["actors"]) {
     std::string extra = x["pending_reason"].get<std::string>();
     if (extra.empty()) extra = x["death_cause"].get<std::string>();
-    std::printf("  actor %-4llu %-20s %-12s node %-3llu restarts %d/%d  %s %s\n",
-                (unsigned long long)x["id"].get<uint64_t>(), x["class"].get<std::string>().c_str(),
+    const std::string name = x["name"].get<std::string>();
+    std::printf("  actor %-4llu %-*s %-10s node %-3llu restarts %d/%d%s%s%s\n",
+                (unsigned long long)x["id"].get<uint64_t>(), class_width, x["class"].get<std::string>().c_str(),
                 x["state"].get<std::string>().c_str(), (unsigned long long)x["node"].get<uint64_t>(),
-                x["restarts"].get<int>(), x["max_restarts"].get<int>(), x["name"].get<std::string>().c_str(),
-                extra.c_str());
+                x["restarts"].get<int>(), x["max_restarts"].get<int>(),
+                name.empty() ? "" : ("  \"" + name + "\"").c_str(), extra.empty() ? "" : "  ", extra.c_str());
   }
   if (j.contains("jobs") && !j["jobs"].empty()) {
     std::printf("\njobs:\n");
@@ -718,6 +741,7 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"troupe: a C++ actor runtime for data-parallel training"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "troupe " TROUPE_VERSION);
   Args a;
   auto* start = app.add_subcommand("start", "start a head (--head) or a node agent (--address) in the background");
   start->add_flag("--head", a.head, "start the head (and a node agent on this machine)");

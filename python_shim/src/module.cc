@@ -426,17 +426,17 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
           NoGil())
       .def(
           "kill", [](PyClient& c, uint64_t id, bool no_restart) { c.runtime().kill_actor(id, no_restart); }, NoGil())
-      // This process's id towards the head (an actor's "driver" in status).
-      .def_property_readonly("client_id", [](PyClient& c) { return c.core()->client_id(); })
-      // A piece of actor `id`'s worker log from `offset` (troupe logs):
-      // (text as bytes, next offset, the file's size, its path).
+      // A piece of actor `id`'s worker log from `offset` (troupe logs),
+      // within `timeout_s`: (text as bytes, next offset, the file's size,
+      // its path). `previous`: the log of the worker before its current one.
       .def("read_actor_log",
-           [](PyClient& c, uint64_t id, uint64_t offset, uint32_t max_bytes) {
+           [](PyClient& c, uint64_t id, uint64_t offset, uint32_t max_bytes, double timeout_s, bool previous) {
              wire::LogChunk chunk;
              {
                pyb::gil_scoped_release nogil;
-               chunk = c.core()->head().call<wire::LogChunk>(wire::Op::kReadLog,
-                                                             wire::ReadLog{"actor", id, offset, max_bytes});
+               chunk = c.core()->head().call<wire::LogChunk>(
+                   wire::Op::kReadLog, wire::ReadLog{previous ? "actor_previous" : "actor", id, offset, max_bytes},
+                   std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1000)));
              }
              return pyb::make_tuple(pyb::bytes(chunk.text), chunk.next_offset, chunk.size, chunk.path);
            })

@@ -6,6 +6,7 @@ constructor threw shows the error it printed; unknown actors and nodes are
 refused by name, with exit status 2."""
 import os
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -94,11 +95,14 @@ def test_an_actors_own_log_has_what_it_printed(cluster):
 
 def test_a_dead_actors_log_is_its_last_workers(cluster):
     # Killed on purpose: the log has what it printed before.
-    t = Fragile.remote(False)
+    t = Fragile.options(name="fragile-named").remote(False)
     actor_id = troupe.get(t.say.remote("marker-three before the kill"), timeout=60)
     troupe.kill(t)
     wait_until(lambda: "marker-three" in logs(cluster, str(actor_id)).stdout, timeout=60,
                what="the dead actor's log")
+    # By its name too, which no live actor has any more.
+    by_name = logs(cluster, "fragile-named")
+    assert by_name.returncode == 0 and "marker-three before the kill" in by_name.stdout, by_name.stderr
     # Died in its constructor, never ready: the traceback is in the log.
     f = Fragile.remote(True)
     with pytest.raises(Exception):
@@ -145,3 +149,38 @@ def test_the_driver_shows_what_its_tasks_and_actors_print(cluster, capsys):
     assert line.startswith("(Talker pid="), line
     # Each line once, however often the files were looked at.
     assert text.count("marker-three from a task") == 1, text
+
+
+@troupe.remote(max_restarts=1)
+class Phoenix:
+    def last_words(self, text):
+        print(text)
+        sys.stdout.flush()
+        os._exit(1)
+
+    def ping(self):
+        return os.getpid()
+
+
+def test_a_restarted_actors_last_words_reach_the_driver(cluster, capsys):
+    # Its worker ends and another takes its place, between two looks or
+    # not: what the first printed is read to its end first.
+    phoenix = Phoenix.remote()
+    first = troupe.get(phoenix.ping.remote(), timeout=60)
+    with pytest.raises(Exception):
+        troupe.get(phoenix.last_words.remote("marker-five, the last words"), timeout=60)
+    wait_until(lambda: _alive_again(phoenix, first), what="the restarted actor")
+    seen = []
+
+    def shown():
+        seen.append(capsys.readouterr().out)
+        return f"(Phoenix pid={first}) marker-five, the last words\n" in "".join(seen)
+
+    wait_until(shown, what="the first worker's last line on the driver's console")
+
+
+def _alive_again(actor, first):
+    try:
+        return troupe.get(actor.ping.remote(), timeout=60) != first
+    except Exception:  # noqa: BLE001 - a call that met the restart
+        return False

@@ -5,26 +5,36 @@ On an embedded cluster the workers share the driver's output already. On a
 cluster started with `troupe start`, each worker writes to a file of its
 own beside its node agent's log (docs/runtime.md, "Logs"), which is where
 a print() in a task used to stay. A driver connected to such a cluster
-follows those files: a thread asks the head now and then for the actors
-whose work is this driver's (the head's status names each actor's driver,
-following owners through the actors that started them) and reads what
-their workers' files gained since the last look, through the same
+follows those files: a thread asks the head now and then for its live
+actors whose work is this driver's (the head's status names each actor's
+driver, following owners through the actors that started them) and reads
+what their workers' files gained since the last look, through the same
 requests as `troupe logs`. Each line is printed with its worker's class and
 pid, as Ray does: `(Counter pid=4242) hello`, `(task pid=4243) ...` for a
 task's worker.
 
-An actor that ended is read once more and then dropped; troupe.shutdown()
-reads everything once more before it disconnects, so a task's last lines
-are not lost when the script ends right after it."""
+An actor that is no longer alive (it ended, or restarts) is read to the end
+of its last worker's file and dropped; alive again, its new worker's file
+is followed from its start; one seen with a new worker, or first seen after
+a restart, has its previous worker's file read first (what a crash
+printed). troupe.shutdown() reads everything once more (bounded), so a
+task's last lines are not lost when the script ends right after it. Not
+seen: a worker between two others that both came and went between two
+looks."""
 import json
 import re
 import sys
 import threading
+import time
 
 # How often the files are looked at.
 POLL_S = 0.25
-# The most read from one file in one request.
+# The most read from one file in one request, and how long a request may
+# take (a node agent that does not answer costs one look, not the driver).
 CHUNK_BYTES = 256 << 10
+READ_TIMEOUT_S = 2.0
+# How long shutdown's last look may take in all.
+CLOSE_BOUND_S = 5.0
 _EXECUTOR_CLASS = "TaskExecutor"  # runtime/client/task.h
 _WORKER_FILE = re.compile(r"worker-(\d+)\.log$")
 
@@ -38,7 +48,7 @@ class _Followed:
         self.path = None
         self.offset = 0
         self.partial = b""
-        self.pid = None
+        self.pid = "?"
 
 
 class DriverLogs:
@@ -47,22 +57,26 @@ class DriverLogs:
         self._me = client.client_id
         self._out = out  # None: sys.stdout as it is at each print
         self._followed = {}  # actor id -> _Followed
-        self._ignored = set()  # actors whose node keeps no files, or that ended and were read
-        self._lock = threading.Lock()  # one poll at a time (the thread's, shutdown's last)
+        self._no_files = set()  # actors on nodes that keep no worker files: not asked again
+        self._lock = threading.Lock()  # one look at a time (the thread's, close()'s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="troupe-driver-logs", daemon=True)
         self._thread.start()
 
     def close(self):
-        """Stops following, after one last look (before the client goes)."""
+        """Stops following, after one last look (bounded; before the client
+        goes)."""
+        deadline = time.monotonic() + CLOSE_BOUND_S
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=CLOSE_BOUND_S)
         try:
-            self.poll()
+            self.poll(deadline)
         except Exception:  # noqa: BLE001 - the cluster may be gone already
             pass
-        for f in self._followed.values():
-            self._flush(f, final=True)
+        with self._lock:
+            for f in self._followed.values():
+                self._flush(f, final=True)
+            self._followed.clear()
 
     def _run(self):
         while not self._stop.wait(POLL_S):
@@ -71,60 +85,68 @@ class DriverLogs:
             except Exception:  # noqa: BLE001 - the head away for a moment, or the client closing
                 continue
 
-    def poll(self):
+    def poll(self, deadline=None):
         with self._lock:
-            actors = json.loads(self._client.status_json()).get("actors", [])
-            for a in actors:
-                actor = a["id"]
-                if a.get("driver") != self._me or actor in self._ignored:
-                    continue
-                followed = self._followed.get(actor)
-                if followed is None:
-                    if a["state"] != "ALIVE" and a["state"] != "DEAD":
-                        continue  # no worker yet
-                    label = "task" if a["class"] == _EXECUTOR_CLASS else a["class"].rsplit(".", 1)[-1]
-                    followed = self._followed[actor] = _Followed(label)
+            alive = json.loads(self._client.status_json(state="ALIVE")).get("actors", [])
+            mine = {a["id"]: a for a in alive if a.get("driver") == self._me}
+            # No longer alive: read to the end of its last worker's file.
+            for actor in [a for a in self._followed if a not in mine]:
+                f = self._followed.pop(actor)
                 try:
-                    if not self._read(actor, followed):
-                        continue
-                except Exception:  # noqa: BLE001 - its node gone, say: a dead one is not read again
-                    if a["state"] == "DEAD":
-                        self._followed.pop(actor, None)
-                        self._ignored.add(actor)
-                    continue
-                if a["state"] == "DEAD":
-                    self._flush(followed, final=True)
-                    del self._followed[actor]
-                    self._ignored.add(actor)
-
-    def _read(self, actor, f):
-        """Reads what `f`'s file gained; False when the actor has no file to
-        read (its node keeps none: it is not followed again)."""
-        for _ in range(64):  # a bounded catch-up per look
-            try:
-                text, next_offset, size, path = self._client.read_actor_log(actor, f.offset, CHUNK_BYTES)
-            except Exception as e:  # noqa: BLE001 - the runtime's ConfigError, or the head away
-                if "keeps no worker log files" in str(e) or "has had no worker process" in str(e):
-                    if "keeps no worker log files" in str(e):
-                        self._ignored.add(actor)
-                        self._followed.pop(actor, None)
-                    return False
-                raise
-            if path != f.path:
-                # Another worker (a restart), or the first look: from its start.
+                    self._read(actor, f, deadline)
+                except Exception:  # noqa: BLE001 - its node gone, say: what was read is all there is
+                    pass
                 self._flush(f, final=True)
-                known = f.path is not None
+            for actor, a in mine.items():
+                if deadline is not None and time.monotonic() > deadline:
+                    return
+                if actor in self._no_files:
+                    continue
+                f = self._followed.get(actor)
+                restarted_unseen = f is None and a.get("restarts", 0) > 0
+                if f is None:
+                    label = "task" if a["class"] == _EXECUTOR_CLASS else a["class"].rsplit(".", 1)[-1]
+                    f = self._followed[actor] = _Followed(label)
+                try:
+                    if restarted_unseen or (f.path is not None and str(a["pid"]) != f.pid):
+                        # It restarted between two looks: the rest of its
+                        # last worker's file first, then the new one's.
+                        self._read(actor, f, deadline, previous=True)
+                        self._flush(f, final=True)
+                        f.path, f.offset = None, 0
+                    self._read(actor, f, deadline)
+                except Exception as e:  # noqa: BLE001 - the runtime's error for this actor
+                    if "keeps no worker log files" in str(e):
+                        del self._followed[actor]
+                        self._no_files.add(actor)
+                    continue
+
+    def _read(self, actor, f, deadline, previous=False):
+        """Reads what `f`'s file gained, to its end (or the deadline); with
+        `previous`, from the actor's worker before its current one, when
+        that is still `f`'s file."""
+        while deadline is None or time.monotonic() < deadline:
+            text, next_offset, size, path = self._client.read_actor_log(actor, f.offset, CHUNK_BYTES,
+                                                                        READ_TIMEOUT_S, previous)
+            if previous and f.path is not None and path != f.path:
+                return  # restarted more than once since the last look: that file is lost to it
+            if path != f.path or size < f.offset:
+                # Another worker's file (the first look, or a restart), or
+                # the same path begun again (a pid used again): from its start.
+                self._flush(f, final=True)
+                first = f.path is None and f.offset == 0
                 f.path, f.offset, f.partial = path, 0, b""
                 m = _WORKER_FILE.search(path)
                 f.pid = m.group(1) if m else "?"
-                if known or next_offset != len(text):
+                if not first:
                     continue
             f.offset = next_offset
             f.partial += text
             self._flush(f)
-            if next_offset >= size:
-                return True
-        return True
+            if next_offset >= size or not text:
+                return
+            if deadline is None and self._stop.is_set():
+                return  # close() takes over
 
     def _flush(self, f, final=False):
         """Prints `f`'s whole lines (and, when final, the rest)."""

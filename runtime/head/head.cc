@@ -653,10 +653,11 @@ class Head::Impl {
       return p.conn->send(ok_response_value(m.id, c));
     }
     uint64_t node = req.id;
-    if (req.target == "actor") {
+    if (req.target == "actor" || req.target == "actor_previous") {
       // Its worker's log, or its last worker's when it has none now (a
-      // dead actor's log is the one most worth reading).
-      const auto [on_node, pid] = state_.actor_log_source(req.id);
+      // dead actor's log is the one most worth reading); "actor_previous":
+      // the last worker that ended.
+      const auto [on_node, pid] = state_.actor_log_source(req.id, req.target == "actor_previous");
       if (pid <= 0)
         throw ConfigError("actor " + std::to_string(req.id) + " has had no worker process yet (" +
                           to_string(state_.actor_info(req.id).state) + ")");
@@ -664,7 +665,7 @@ class Head::Impl {
       req.target = "worker";
       req.id = static_cast<uint64_t>(pid);
     } else if (req.target != "node") {
-      throw ConfigError("read log: unknown target '" + req.target + "' (head, node or actor)");
+      throw ConfigError("read log: unknown target '" + req.target + "' (head, node, actor or actor_previous)");
     }
     auto it = node_conns_.find(node);
     if (it == node_conns_.end())

@@ -235,11 +235,11 @@ const ActorInfo& HeadState::actor_info(uint64_t id) const {
   return it->second.info;
 }
 
-std::pair<uint64_t, int32_t> HeadState::actor_log_source(uint64_t id) const {
+std::pair<uint64_t, int32_t> HeadState::actor_log_source(uint64_t id, bool previous) const {
   auto it = actors_.find(id);
   if (it == actors_.end()) throw ConfigError("no actor with id " + std::to_string(id));
   const Actor& a = it->second;
-  if (a.info.pid > 0) return {a.info.node_id, a.info.pid};
+  if (a.info.pid > 0 && !previous) return {a.info.node_id, a.info.pid};
   return {a.last_node, a.last_pid};
 }
 

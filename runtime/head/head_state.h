@@ -98,7 +98,9 @@ class HeadState {
   // actor's worker, or its last one when it has none now (dead, or waiting
   // to restart); pid 0 when no worker of it has run (ConfigError naming an
   // unknown id).
-  std::pair<uint64_t, int32_t> actor_log_source(uint64_t actor_id) const;
+  // With `previous`: the worker before its current one, whose log a
+  // follower that saw the actor restart finishes reading (pid 0: none).
+  std::pair<uint64_t, int32_t> actor_log_source(uint64_t actor_id, bool previous = false) const;
   // The live actor registered under `name`; ConfigError when none.
   const wire::ActorInfo& named_actor(const std::string& name) const;
   void kill_actor(uint64_t actor_id, bool no_restart, const std::string& why);
