@@ -800,7 +800,7 @@ bool HeadState::try_place_group(Group& g) {
       g.info.pending_reason = reason;
       // As for actors: a warning only when the live nodes, idle, could not
       // hold it either.
-      if (could_ever_place(g))
+      if (could_ever_place(g) || std::exchange(g.warned, true))
         TROUPE_LOG_INFO("placement group {} ({} bundles, {}) is PENDING: {}", g.info.id, g.spec.bundles.size(),
                         to_string(g.spec.strategy), reason);
       else

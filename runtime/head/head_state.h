@@ -244,6 +244,9 @@ class HeadState {
     uint64_t epoch = 0;  // bumped at every reservation
     std::vector<Grant> reserved;
     std::vector<ResourcePool> bundles;
+    // It was warned of as placeable nowhere: said once, not again each
+    // time the free amounts in its pending reason change.
+    bool warned = false;
   };
 
   template <class Pred>
