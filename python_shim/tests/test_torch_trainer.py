@@ -156,6 +156,14 @@ def raising_loop(config):
     torch.distributed.barrier()  # the other rank waits on the one that raised
 
 
+def flaky_loop():
+    ctx = train.get_context()
+    if ctx.get_restart_count() == 0 and ctx.get_world_rank() == 1:
+        raise RuntimeError("worker 1 failing once")
+    torch.distributed.barrier()
+    train.report({"restart_count": ctx.get_restart_count()})
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -308,13 +316,24 @@ def test_max_failures_exhausted_raises_with_the_cause(tmp_path):
     assert info.value.__cause__ is not None and info.value.result.checkpoint is None
 
 
-def test_loop_that_raises_fails_at_once_and_leaves_no_workers(tmp_path):
+def test_loop_that_raises_once_is_retried_and_the_run_completes(tmp_path):
+    trainer = TorchTrainer(flaky_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=2)))
+    result = trainer.fit()
+    assert trainer.failures == 1
+    assert result.metrics["restart_count"] == 1 and result.error is None
+
+
+def test_loop_that_raises_is_retried_then_fails_and_leaves_no_workers(tmp_path):
+    # As Ray Train: a loop that raises is a failure, retried from the last
+    # checkpoint while max_failures allows; one that raises on every
+    # attempt fails the run with its error.
     trainer = TorchTrainer(raising_loop, train_loop_config={"rank": 1},
                            scaling_config=train.ScalingConfig(num_workers=2),
-                           run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=3)))
-    with pytest.raises(train.TrainingFailedError, match="bad batch 7") as info:
+                           run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=1)))
+    with pytest.raises(train.TrainingFailedError, match=r"2 attempts, max_failures=1.*bad batch 7") as info:
         trainer.fit()
-    assert trainer.failures == 0
+    assert trainer.failures == 2
     assert isinstance(info.value.__cause__, ValueError)
     # Both workers were stopped: their CPUs come back.
     deadline = time.monotonic() + 60

@@ -62,8 +62,9 @@ class ScalingConfig:
 
 @dataclasses.dataclass
 class FailureConfig:
-    """How many worker failures a run survives: each restarts every worker
-    from the last persisted checkpoint. -1 is unlimited, as in Ray."""
+    """How many failures a run survives (a worker that dies, or a loop that
+    raises): each restarts every worker from the last persisted
+    checkpoint. -1 is unlimited, as in Ray."""
 
     max_failures: int = 0
 

@@ -4,14 +4,14 @@ over the public API (remote, get, wait, kill, cluster_resources).
 `fit()` runs attempts. An attempt places one TrainWorker actor per worker,
 orders ranks by node (ranks of a node are contiguous; local ranks follow),
 asks rank 0 for a free port (MASTER_PORT) and starts every loop, then waits.
-A worker that dies (its actor reports death) ends the attempt: every worker
-is killed and, while failures <= max_failures, a new attempt resumes from
-the latest persisted checkpoint. A loop that raises is the user's error and
-is not retried (Ray retries those too; a deterministic error would only fail
-again): fit raises TrainingFailedError with the remote traceback. Because a
-peer's death also surfaces on the survivors as a gloo error, an error is
-classified only after the other ranks have had a grace period to report a
-death.
+A worker that dies (its actor reports death), or a loop that raises, ends
+the attempt: every worker is killed and, while failures <= max_failures, a
+new attempt resumes from the latest persisted checkpoint, as Ray Train's
+FailureConfig does; past that, fit raises TrainingFailedError with the last
+cause (a loop's remote traceback). A group the cluster can never hold is no
+failure to retry: fit raises at once. Because a peer's death also surfaces
+on the survivors as a gloo error, an error is classified only after the
+other ranks have had a grace period to report a death.
 """
 
 import datetime
@@ -197,8 +197,19 @@ class TorchTrainer:
                     raise self._failed(store, f"workers died {self.failures} times, more than "
                                               f"max_failures={max_failures}; last: {died.__cause__}",
                                        died.__cause__) from died.__cause__
-            except Exception as e:
+            except ConfigError as e:  # the group cannot be held: no attempt would do better
                 raise self._failed(store, f"run {name!r} failed: {type(e).__name__}: {e}", e) from e
+            except Exception as e:
+                # A loop raised (or placing timed out): a failure as a
+                # death is, as in Ray Train.
+                self.failures += 1
+                if 0 <= max_failures < self.failures:
+                    tries = f" ({self.failures} attempts, max_failures={max_failures})" if self.failures > 1 else ""
+                    raise self._failed(store, f"run {name!r} failed{tries}: {type(e).__name__}: {e}", e) from e
+                print(f"troupe.train: run {name!r}: attempt {self.failures} failed ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}); restarting from the latest checkpoint "
+                      f"({self.failures} of {'unlimited' if max_failures < 0 else max_failures} failures)",
+                      flush=True)
 
     def _failed(self, store, message, cause):
         return TrainingFailedError(message, self._result(store, cause))
