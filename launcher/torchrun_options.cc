@@ -6,6 +6,8 @@
 #include <map>
 #include <random>
 
+#include "troupe/runtime/node/node_agent.h"
+
 namespace troupe::launcher {
 
 namespace {
@@ -42,7 +44,7 @@ std::vector<std::string> parse_module_list(const std::string& flag, const std::s
 }
 
 // torchrun's flags that take a value, under every spelling it accepts.
-enum class Flag { kNproc, kNnodes, kMaxRestarts, kAddress, kPython, kRunId, kPreload };
+enum class Flag { kNproc, kNnodes, kMaxRestarts, kAddress, kPython, kRunId, kPreload, kNodeRank, kIgnored };
 
 const std::map<std::string, Flag>& value_flags() {
   static const std::map<std::string, Flag> flags = {
@@ -58,14 +60,58 @@ const std::map<std::string, Flag>& value_flags() {
       {"--rdzv-id", Flag::kRunId},
       {"--rdzv_id", Flag::kRunId},
       {"--preload", Flag::kPreload},
+      {"--node-rank", Flag::kNodeRank},
+      {"--node_rank", Flag::kNodeRank},
+      // What troupe does its own way: accepted, so that a torchrun command
+      // line from a guide or a Slurm script runs as it is.
+      {"--rdzv-backend", Flag::kIgnored},
+      {"--rdzv_backend", Flag::kIgnored},
+      {"--rdzv-endpoint", Flag::kIgnored},
+      {"--rdzv_endpoint", Flag::kIgnored},
+      {"--rdzv-conf", Flag::kIgnored},
+      {"--rdzv_conf", Flag::kIgnored},
+      {"--master-addr", Flag::kIgnored},
+      {"--master_addr", Flag::kIgnored},
+      {"--master-port", Flag::kIgnored},
+      {"--master_port", Flag::kIgnored},
+      {"--local-addr", Flag::kIgnored},
+      {"--local_addr", Flag::kIgnored},
+      {"--monitor-interval", Flag::kIgnored},
+      {"--monitor_interval", Flag::kIgnored},
+      {"--role", Flag::kIgnored},
+      {"--tee", Flag::kIgnored},
+      {"--redirects", Flag::kIgnored},
+      {"--log-dir", Flag::kIgnored},
+      {"--log_dir", Flag::kIgnored},
   };
   return flags;
+}
+
+// torchrun's --nproc-per-node: a count, or cpu (this machine's CPUs), gpu
+// (its GPUs) or auto (its GPUs if it has any, else its CPUs).
+int parse_nproc(const std::string& flag, const std::string& v) {
+  if (v != "cpu" && v != "gpu" && v != "auto") return parse_int(flag, v, 1, kMaxProcPerNode);
+  const auto found = node::detect_resources({});
+  const int gpus = static_cast<int>(found.count("GPU") ? found.at("GPU") : 0);
+  const int cpus = static_cast<int>(found.count("CPU") ? found.at("CPU") : 1);
+  if (v == "gpu" && gpus == 0) throw TorchrunUsageError(flag + " gpu: this machine has no GPU (give a number)");
+  return std::clamp(v == "cpu" || gpus == 0 ? cpus : gpus, 1, kMaxProcPerNode);
 }
 
 void set_value(TorchrunOptions& o, Flag f, const std::string& flag, const std::string& v) {
   switch (f) {
     case Flag::kNproc:
-      o.nproc_per_node = parse_int(flag, v, 1, kMaxProcPerNode);
+      o.nproc_per_node = parse_nproc(flag, v);
+      break;
+    case Flag::kNodeRank:
+      // torchrun runs once per node; troupe runs once for all of them.
+      if (parse_int(flag, v, 0, kMaxNodes) != 0)
+        throw TorchrunUsageError(flag + " " + v +
+                                 ": troupe torchrun starts every node's ranks from one command; run it once, on "
+                                 "one machine, with --address of the cluster (docs/torchrun.md)");
+      break;
+    case Flag::kIgnored:
+      o.ignored.push_back(flag + " " + v);
       break;
     case Flag::kNnodes:
       std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(v);
@@ -171,7 +217,10 @@ std::string torchrun_usage() {
          "with MIN:MAX nodes the group shrinks to the live nodes (not below MIN) and grows\n"
          "into new ones at a restart. Output lines carry torchrun's [default<rank>]: prefix.\n"
          "Options also take torchrun's underscore spellings (--nproc_per_node, --max_restarts)\n"
-         "and --flag=value. --python: the interpreter (default python3 on each node's PATH).\n"
+         "and --flag=value; --nproc-per-node takes cpu, gpu or auto too. torchrun's rendezvous,\n"
+         "port and log options (--rdzv-backend, --rdzv-endpoint, --master-port, --tee, ...) are\n"
+         "accepted and ignored, with a note: troupe places and connects the ranks itself.\n"
+         "--python: the interpreter (default python3 on each node's PATH).\n"
          "A restart runs each rank in a spare interpreter that has imported --preload MODULES\n"
          "already (default torch,torch.distributed,torch.nn.parallel; \"\" = none);\n"
          "--cold-restarts starts every attempt in a fresh interpreter, as torchrun does.\n"

@@ -34,6 +34,10 @@ struct TorchrunOptions {
   bool cold_restarts = false;
   std::vector<std::string> preload = {"torch", "torch.distributed", "torch.nn.parallel"};
   bool help = false;
+  // torchrun's options that troupe has no use for (its rendezvous, ports
+  // and log redirection: troupe places, connects and prefixes the ranks
+  // itself), as given: what the note at the start names.
+  std::vector<std::string> ignored;
 };
 
 // Parses the arguments after `torchrun`; throws TorchrunUsageError.

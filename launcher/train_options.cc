@@ -444,7 +444,8 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
         throw ConfigError(
             "--checkpoint-dir " + o.checkpoint_dir + " already holds a checkpoint (" +
             fs::path(latest->path).filename().string() + ", step " + std::to_string(latest->step) +
-            "): add --resume (a job file's \"resume\": true) to go on from it, or name another directory");
+            "): add --resume (resume=True in Python's TrainJob, \"resume\": true in a job file) to go on from it, "
+            "or name another directory");
       c.resume_from = latest->path;
     }
   }

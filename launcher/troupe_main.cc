@@ -638,6 +638,14 @@ int cmd_torchrun(const std::vector<std::string>& args) {
     std::fputs(tl::torchrun_usage().c_str(), stdout);
     return 0;
   }
+  if (!o.ignored.empty()) {
+    std::string given;
+    for (const auto& g : o.ignored) given += (given.empty() ? "" : ", ") + g;
+    std::fprintf(stderr,
+                 "troupe torchrun: ignoring %s (troupe places and connects the ranks itself; --address names the "
+                 "cluster)\n",
+                 given.c_str());
+  }
   if (!o.module) {
     // The script must be a file: a directory (a project's folder given for
     // its main script) is named as such, not as missing.
@@ -656,6 +664,14 @@ int cmd_torchrun(const std::vector<std::string>& args) {
       std::fprintf(stderr, "troupe torchrun: script %s: %s\n", o.script.c_str(), why.c_str());
       return 2;
     }
+  }
+  if (o.address.empty() && o.min_nodes > 1) {
+    // An embedded cluster is this machine: it would wait for nodes that never come.
+    std::fprintf(stderr,
+                 "troupe torchrun: --nnodes %d needs a cluster of %d nodes: give --address of one (troupe start); "
+                 "without it the ranks run on this machine alone\n",
+                 o.min_nodes, o.min_nodes);
+    return 2;
   }
   const char* path = std::getenv("PATH");
   if (o.address.empty() && tl::find_executable(o.python, path ? path : "").empty()) {

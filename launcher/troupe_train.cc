@@ -99,12 +99,15 @@ int main(int argc, char** argv) {
   troupe::launcher::StopSignals stop("troupe train", "stopping after the current round of steps, with a checkpoint");
   TrainOptions o;
   troupe::trainer::TrainJobConfig cfg;
+  bool made_dir = false;
   try {
     if (!troupe::launcher::parse_train_args(argc, argv, o)) return 0;
     troupe::launcher::check(o);
     cfg = troupe::launcher::to_job_config(o);
     troupe::launcher::preflight(cfg.trainer);
     // Last: a run refused above leaves no empty directory behind.
+    std::error_code ec;
+    made_dir = !std::filesystem::exists(o.checkpoint_dir, ec);
     troupe::launcher::make_checkpoint_dir(o);
   } catch (const std::exception& e) {
     return fail(2, e.what());
@@ -113,11 +116,18 @@ int main(int argc, char** argv) {
     std::printf("troupe train: resuming from %s\n", cfg.resume_from.c_str());
   else if (o.resume)
     std::printf("troupe train: --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir.c_str());
+  // A run that ends before its first checkpoint (refused by the cluster,
+  // say) leaves no empty directory of its own behind.
+  auto tidy = [&](int code, const char* what) {
+    std::error_code ec;
+    if (made_dir && std::filesystem::is_empty(o.checkpoint_dir, ec)) std::filesystem::remove(o.checkpoint_dir, ec);
+    return fail(code, what);
+  };
   try {
     return run(o, std::move(cfg), stop);
   } catch (const troupe::ConfigError& e) {
-    return fail(2, e.what());
+    return tidy(2, e.what());
   } catch (const std::exception& e) {
-    return fail(1, e.what());
+    return tidy(1, e.what());
   }
 }

@@ -183,6 +183,17 @@ void Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
   torch::NoGradGuard no_grad;
   auto it = state.find("step");
   if (it == state.end()) throw Error("optimizer state has no 'step'");
+  // A checkpoint of the other optimizer: said so, not as a missing entry.
+  const char* theirs = nullptr;
+  for (const auto& [key, tensor] : state) {
+    if (key.ends_with(".momentum_buffer")) theirs = "sgd";
+    if (key.ends_with(".exp_avg")) theirs = "adamw";
+  }
+  if (theirs && config_.name != theirs)
+    throw ConfigError(std::string("the checkpoint's optimizer state is ") + theirs +
+                      "'s, and this job's optimizer is " + config_.name +
+                      ": resume with the optimizer it was written with (--optimizer " + theirs + ", or optimizer=\"" +
+                      theirs + "\"), or start from a checkpoint directory of its own");
   steps_ = it->second.item<int64_t>();
   auto take = [&](const Slot& s, const std::string& key) -> torch::Tensor {
     auto f = state.find(s.name + "." + key);

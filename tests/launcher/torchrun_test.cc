@@ -172,6 +172,16 @@ TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   EXPECT_TRUE(cold.cold_restarts);
   EXPECT_EQ(cold.preload, (std::vector<std::string>{"numpy", "my_pkg.models"}));
   EXPECT_TRUE(tl::parse_torchrun_args({"--preload", "", "a.py"}).preload.empty());
+  // The command line of a multi-node guide runs as it is: what troupe does
+  // its own way is accepted and named as ignored.
+  auto guide = tl::parse_torchrun_args({"--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                                        "--rdzv_endpoint=localhost:29400", "--master-port", "29500", "--node_rank=0",
+                                        "--tee", "3", "train.py"});
+  EXPECT_EQ(guide.nproc_per_node, 2);
+  EXPECT_EQ(guide.ignored, (std::vector<std::string>{"--rdzv_backend c10d", "--rdzv_endpoint localhost:29400",
+                                                     "--master-port 29500", "--tee 3"}));
+  EXPECT_GE(tl::parse_torchrun_args({"--nproc-per-node", "cpu", "a.py"}).nproc_per_node, 1);
+  EXPECT_GE(tl::parse_torchrun_args({"--nproc_per_node=auto", "a.py"}).nproc_per_node, 1);
 }
 
 TEST(TorchrunOptions, BadValuesNameThemselves) {
@@ -195,6 +205,7 @@ TEST(TorchrunOptions, BadValuesNameThemselves) {
   EXPECT_NE(message({"--preload", "torch,,numpy", "a.py"}).find("--preload torch,,numpy: '' is not a module name"),
             std::string::npos);
   EXPECT_NE(message({"--preload", "os;rm", "a.py"}).find("'os;rm' is not a module name"), std::string::npos);
+  EXPECT_NE(message({"--node_rank=1", "a.py"}).find("run it once, on one machine"), std::string::npos);
 }
 
 TEST(TorchrunOptions, EnvironmentIsTorchrunsTable) {

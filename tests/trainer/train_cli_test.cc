@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -373,6 +374,16 @@ TEST_F(TrainCliTest, SigtermStopsWithACheckpointAndResumeEndsWithTheSameWeights)
   EXPECT_TRUE(interrupted);
 
   expect_one_line_failure(run(args("ckpt", "again.jsonl"), dir_ / "again.log"), "add --resume");
+  // Resumed with another optimizer than the checkpoint's: said so, not as
+  // a parameter missing from its state.
+  auto other = args("ckpt", "other.jsonl");
+  other.push_back("--resume");
+  std::replace(other.begin(), other.end(), std::string("adamw"), std::string("sgd"));
+  const Outcome mismatched = run(other, dir_ / "other.log");
+  EXPECT_NE(mismatched.status, 0) << mismatched.output;
+  EXPECT_NE(mismatched.output.find("the checkpoint's optimizer state is adamw's, and this job's optimizer is sgd"),
+            std::string::npos)
+      << mismatched.output;
 
   auto resume = args("ckpt", "resumed.jsonl");
   resume.push_back("--resume");
