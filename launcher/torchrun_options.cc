@@ -6,8 +6,6 @@
 #include <map>
 #include <random>
 
-#include "troupe/runtime/node/node_agent.h"
-
 namespace troupe::launcher {
 
 namespace {
@@ -80,28 +78,29 @@ const std::map<std::string, Flag>& value_flags() {
       {"--monitor_interval", Flag::kIgnored},
       {"--role", Flag::kIgnored},
       {"--tee", Flag::kIgnored},
+      {"-t", Flag::kIgnored},
       {"--redirects", Flag::kIgnored},
+      {"-r", Flag::kIgnored},
       {"--log-dir", Flag::kIgnored},
       {"--log_dir", Flag::kIgnored},
   };
   return flags;
 }
 
-// torchrun's --nproc-per-node: a count, or cpu (this machine's CPUs), gpu
-// (its GPUs) or auto (its GPUs if it has any, else its CPUs).
-int parse_nproc(const std::string& flag, const std::string& v) {
-  if (v != "cpu" && v != "gpu" && v != "auto") return parse_int(flag, v, 1, kMaxProcPerNode);
-  const auto found = node::detect_resources({});
-  const int gpus = static_cast<int>(found.count("GPU") ? found.at("GPU") : 0);
-  const int cpus = static_cast<int>(found.count("CPU") ? found.at("CPU") : 1);
-  if (v == "gpu" && gpus == 0) throw TorchrunUsageError(flag + " gpu: this machine has no GPU (give a number)");
-  return std::clamp(v == "cpu" || gpus == 0 ? cpus : gpus, 1, kMaxProcPerNode);
+// torchrun's --nproc-per-node: a count, or cpu, gpu or auto, which
+// resolve_nproc() turns into one where the ranks run.
+void parse_nproc(TorchrunOptions& o, const std::string& flag, const std::string& v) {
+  o.nproc_word.clear();
+  if (v == "cpu" || v == "gpu" || v == "auto")
+    o.nproc_word = v;
+  else
+    o.nproc_per_node = parse_int(flag, v, 1, kMaxProcPerNode);
 }
 
 void set_value(TorchrunOptions& o, Flag f, const std::string& flag, const std::string& v) {
   switch (f) {
     case Flag::kNproc:
-      o.nproc_per_node = parse_nproc(flag, v);
+      parse_nproc(o, flag, v);
       break;
     case Flag::kNodeRank:
       // torchrun runs once per node; troupe runs once for all of them.
@@ -217,7 +216,8 @@ std::string torchrun_usage() {
          "with MIN:MAX nodes the group shrinks to the live nodes (not below MIN) and grows\n"
          "into new ones at a restart. Output lines carry torchrun's [default<rank>]: prefix.\n"
          "Options also take torchrun's underscore spellings (--nproc_per_node, --max_restarts)\n"
-         "and --flag=value; --nproc-per-node takes cpu, gpu or auto too. torchrun's rendezvous,\n"
+         "and --flag=value; --nproc-per-node takes cpu, gpu or auto (this machine's) without\n"
+         "--address. torchrun's rendezvous,\n"
          "port and log options (--rdzv-backend, --rdzv-endpoint, --master-port, --tee, ...) are\n"
          "accepted and ignored, with a note: troupe places and connects the ranks itself.\n"
          "--python: the interpreter (default python3 on each node's PATH).\n"
@@ -225,6 +225,17 @@ std::string torchrun_usage() {
          "already (default torch,torch.distributed,torch.nn.parallel; \"\" = none);\n"
          "--cold-restarts starts every attempt in a fresh interpreter, as torchrun does.\n"
          "See docs/torchrun.md.\n";
+}
+
+void resolve_nproc(TorchrunOptions& o, int cpus, int gpus) {
+  if (o.nproc_word.empty()) return;
+  if (!o.address.empty())
+    throw TorchrunUsageError("--nproc-per-node " + o.nproc_word +
+                             " counts this machine's CPUs or GPUs, and the ranks run on the cluster's nodes: give a "
+                             "number with --address");
+  if (o.nproc_word == "gpu" && gpus == 0)
+    throw TorchrunUsageError("--nproc-per-node gpu: this machine has no GPU (give a number)");
+  o.nproc_per_node = std::clamp(o.nproc_word == "cpu" || gpus == 0 ? cpus : gpus, 1, kMaxProcPerNode);
 }
 
 std::vector<std::string> torchrun_env(const RankPlace& p, const AttemptEnv& a) {

@@ -20,6 +20,7 @@ class TorchrunUsageError : public ConfigError {
 
 struct TorchrunOptions {
   int nproc_per_node = 1;
+  std::string nproc_word;  // --nproc-per-node cpu, gpu or auto: resolve_nproc() counts them
   int min_nodes = 1;  // --nnodes MIN:MAX (or N = N:N)
   int max_nodes = 1;
   int max_restarts = 0;
@@ -42,6 +43,10 @@ struct TorchrunOptions {
 
 // Parses the arguments after `torchrun`; throws TorchrunUsageError.
 TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args);
+// --nproc-per-node cpu, gpu or auto: this machine's `cpus` or `gpus` (auto:
+// its GPUs if any, else its CPUs) when the ranks run here, on an embedded
+// cluster; with --address a TorchrunUsageError (the nodes may differ).
+void resolve_nproc(TorchrunOptions& o, int cpus, int gpus);
 // "N" or "MIN:MAX" with 1 <= MIN <= MAX.
 std::pair<int, int> parse_nnodes(const std::string& value);
 std::string torchrun_usage();

@@ -44,6 +44,7 @@
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/http_endpoint.h"
 #include "troupe/runtime/head/scheduler.h"
+#include "troupe/runtime/node/node_agent.h"
 #include "troupe/runtime/node/worker_pool.h"
 #include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/auth.h"
@@ -637,6 +638,16 @@ int cmd_torchrun(const std::vector<std::string>& args) {
   if (o.help) {
     std::fputs(tl::torchrun_usage().c_str(), stdout);
     return 0;
+  }
+  try {
+    if (!o.nproc_word.empty()) {
+      const auto here = troupe::node::detect_resources({});
+      tl::resolve_nproc(o, static_cast<int>(here.count("CPU") ? here.at("CPU") : 1),
+                        static_cast<int>(here.count("GPU") ? here.at("GPU") : 0));
+    }
+  } catch (const tl::TorchrunUsageError& e) {
+    std::fprintf(stderr, "troupe torchrun: %s\n", e.what());
+    return 2;
   }
   if (!o.ignored.empty()) {
     std::string given;

@@ -189,7 +189,9 @@ void Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
     if (key.ends_with(".momentum_buffer")) theirs = "sgd";
     if (key.ends_with(".exp_avg")) theirs = "adamw";
   }
-  if (theirs && config_.name != theirs)
+  // (An SGD without momentum keeps no state: any checkpoint will do.)
+  const bool keeps_state = config_.name == "adamw" || config_.momentum != 0;
+  if (theirs && config_.name != theirs && keeps_state)
     throw ConfigError(std::string("the checkpoint's optimizer state is ") + theirs +
                       "'s, and this job's optimizer is " + config_.name +
                       ": resume with the optimizer it was written with (--optimizer " + theirs + ", or optimizer=\"" +
@@ -211,7 +213,9 @@ void Optimizer::load_state(const std::map<std::string, torch::Tensor>& state) {
       if (s.buf.defined() != s.sq.defined()) throw Error("optimizer state of '" + s.name + "' is incomplete");
     }
     if (steps_ > 0 && !s.buf.defined() && (config_.name == "adamw" || config_.momentum != 0))
-      throw Error("optimizer state has no entry for parameter '" + s.name + "'");
+      throw Error("optimizer state has no entry for parameter '" + s.name +
+                  "' (a checkpoint written by another optimizer, or by SGD without momentum? resume with the "
+                  "optimizer that wrote it)");
   }
 }
 

@@ -180,8 +180,18 @@ TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   EXPECT_EQ(guide.nproc_per_node, 2);
   EXPECT_EQ(guide.ignored, (std::vector<std::string>{"--rdzv_backend c10d", "--rdzv_endpoint localhost:29400",
                                                      "--master-port 29500", "--tee 3"}));
-  EXPECT_GE(tl::parse_torchrun_args({"--nproc-per-node", "cpu", "a.py"}).nproc_per_node, 1);
-  EXPECT_GE(tl::parse_torchrun_args({"--nproc_per_node=auto", "a.py"}).nproc_per_node, 1);
+  auto words = [](const std::string& word, int cpus, int gpus, const std::string& address = "") {
+    auto o = tl::parse_torchrun_args({"--nproc-per-node", word, "a.py"});
+    o.address = address;
+    tl::resolve_nproc(o, cpus, gpus);
+    return o.nproc_per_node;
+  };
+  EXPECT_EQ(words("cpu", 16, 2), 16);
+  EXPECT_EQ(words("gpu", 16, 2), 2);
+  EXPECT_EQ(words("auto", 16, 2), 2);
+  EXPECT_EQ(words("auto", 16, 0), 16);
+  EXPECT_THROW(words("gpu", 16, 0), tl::TorchrunUsageError);
+  EXPECT_THROW(words("auto", 16, 2, "head:6380"), tl::TorchrunUsageError);
 }
 
 TEST(TorchrunOptions, BadValuesNameThemselves) {

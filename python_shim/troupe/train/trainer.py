@@ -18,6 +18,7 @@ import datetime
 import itertools
 import importlib
 import os
+import sys
 import time
 
 from . import worker as worker_module
@@ -76,6 +77,12 @@ class Result:
 
 class _WorkersDied(Exception):
     pass
+
+
+class _LoopRaised(Exception):
+    """A worker's loop raised (its error is the cause): a failure to retry,
+    unlike an error of the driver's own (an unpicklable loop, a lost
+    cluster), which would come back the same on every attempt."""
 
 
 def _workers_that_fit(res, nodes):
@@ -191,25 +198,21 @@ class TorchTrainer:
             try:
                 self._attempt(rt, store, name)
                 return self._result(store, None)
-            except _WorkersDied as died:
+            except (_WorkersDied, _LoopRaised) as failure:
+                # A worker died or a loop raised: a failure either way, as in Ray Train.
+                cause = failure.__cause__
                 self.failures += 1
+                what = (f"workers died: {cause}" if isinstance(failure, _WorkersDied)
+                        else f"{type(cause).__name__}: {cause}")
                 if 0 <= max_failures < self.failures:
-                    raise self._failed(store, f"workers died {self.failures} times, more than "
-                                              f"max_failures={max_failures}; last: {died.__cause__}",
-                                       died.__cause__) from died.__cause__
-            except ConfigError as e:  # the group cannot be held: no attempt would do better
-                raise self._failed(store, f"run {name!r} failed: {type(e).__name__}: {e}", e) from e
+                    raise self._failed(store, f"run {name!r} failed {self.failures} time(s), more than "
+                                              f"max_failures={max_failures}; last: {what}", cause) from cause
+                first = str(what).splitlines()[0] if str(what) else type(cause).__name__
+                print(f"troupe.train: run {name!r}: attempt {self.failures} failed ({first}); restarting from the "
+                      f"latest checkpoint ({self.failures} of {'unlimited' if max_failures < 0 else max_failures} "
+                      "failures)", file=sys.stderr, flush=True)
             except Exception as e:
-                # A loop raised (or placing timed out): a failure as a
-                # death is, as in Ray Train.
-                self.failures += 1
-                if 0 <= max_failures < self.failures:
-                    tries = f" ({self.failures} attempts, max_failures={max_failures})" if self.failures > 1 else ""
-                    raise self._failed(store, f"run {name!r} failed{tries}: {type(e).__name__}: {e}", e) from e
-                print(f"troupe.train: run {name!r}: attempt {self.failures} failed ({type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''}); restarting from the latest checkpoint "
-                      f"({self.failures} of {'unlimited' if max_failures < 0 else max_failures} failures)",
-                      flush=True)
+                raise self._failed(store, f"run {name!r} failed: {type(e).__name__}: {e}", e) from e
 
     def _failed(self, store, message, cause):
         return TrainingFailedError(message, self._result(store, cause))
@@ -331,4 +334,4 @@ class TorchTrainer:
                 break
         if errors:
             roots = [e for e in errors if not any(m in str(e) for m in _PEER_LOST)]
-            raise (roots or errors)[0]
+            raise _LoopRaised() from (roots or errors)[0]
