@@ -12,6 +12,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "cli_message.h"
 #include "troupe/actors/dataset.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/trainer/checkpoint.h"
@@ -371,7 +372,7 @@ bool parse_train_args(int argc, char** argv, TrainOptions& o) {
     std::cout << app.help();
     return false;
   } catch (const CLI::ParseError& e) {
-    throw ConfigError(e.what());
+    throw ConfigError(cli_message(e));
   }
   return true;
 }

@@ -32,6 +32,7 @@
 #include <system_error>
 #include <thread>
 
+#include "cli_message.h"
 #include "head_probe.h"
 #include "slurm.h"
 #include "torchrun_job.h"
@@ -742,7 +743,7 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
       std::fprintf(stderr, "troupe: unknown command '%s' (commands: %s; troupe --help)\n", argv[1], names.c_str());
       return 2;
     }
-    std::fprintf(stderr, "troupe: %s\n", e.what());
+    std::fprintf(stderr, "troupe: %s\n", troupe::launcher::cli_message(e).c_str());
     return 2;
   }
   return std::nullopt;

@@ -423,7 +423,8 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--val-data", at("nowhere.npz")}), "nowhere.npz");
   expect_one_line_failure(with({"--data", at("bad.npz")}), "features");  // the key the module reads
   expect_one_line_failure(with({"--optimizer", "adam"}), "adam");
-  expect_one_line_failure(with({"--workers", "zero"}), "--workers");
+  expect_one_line_failure(with({"--workers", "zero"}), "--workers zero: not a value --workers takes");
+  expect_one_line_failure(with({"--lr", "abc"}), "--lr abc: not a value --lr takes");
   expect_one_line_failure(with({"--batch-size", "0"}), "--batch-size");
   expect_one_line_failure(with({"--lr", "-1"}), "--lr");
   expect_one_line_failure(with({"--loader-threads", "0"}), "--loader-threads");
