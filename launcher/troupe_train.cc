@@ -25,6 +25,7 @@
 #include "train_options.h"
 #include "train_preflight.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/train_job.h"
 
 namespace {
@@ -112,9 +113,16 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return fail(2, e.what());
   }
-  if (!cfg.resume_from.empty())
+  if (!cfg.resume_from.empty()) {
     std::printf("troupe train: resuming from %s\n", cfg.resume_from.c_str());
-  else if (o.resume)
+    // A checkpoint past the epochs asked for trains nothing: said so, not
+    // only as a run that ends at once.
+    if (auto latest = troupe::trainer::latest_checkpoint(o.checkpoint_dir); latest && latest->epoch > o.epochs)
+      std::printf(
+          "troupe train: the checkpoint is at epoch %lld, past --epochs %lld: nothing to train (raise --epochs "
+          "to go on)\n",
+          static_cast<long long>(latest->epoch), static_cast<long long>(o.epochs));
+  } else if (o.resume)
     std::printf("troupe train: --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir.c_str());
   // A run that ends before its first checkpoint (refused by the cluster,
   // say) leaves no empty directory of its own behind.

@@ -394,6 +394,13 @@ TEST_F(TrainCliTest, SigtermStopsWithACheckpointAndResumeEndsWithTheSameWeights)
   ASSERT_FALSE(steps.empty());
   EXPECT_EQ(steps.front()["step"], stopped_at + 1);
   EXPECT_EQ(steps.back()["step"], 192);
+  // Resumed past the epochs asked for: nothing to train, and it says so.
+  auto past = args("ckpt", "past.jsonl");
+  past.push_back("--resume");
+  *std::find(past.begin(), past.end(), std::string("3")) = "1";  // --epochs 1
+  const Outcome nothing = run(past, dir_ / "past.log");
+  EXPECT_EQ(nothing.status, 0) << nothing.output;
+  EXPECT_NE(nothing.output.find("past --epochs 1: nothing to train"), std::string::npos) << nothing.output;
   const std::string same = python(dir_,
                                   "import torch\n"
                                   "a = torch.load('" +
