@@ -535,10 +535,10 @@ void bind_placement_groups(pyb::class_<PyClient>& cls) {
       .def("remove_placement_group", &PyClient::remove_placement_group, NoGil())
       .def(
           "status_json",
-          [](PyClient& c, const std::string& state, uint32_t limit) {
-            return c.runtime().status_json(wire::StatusRequest{state, limit});
+          [](PyClient& c, const std::string& state, uint32_t limit, uint64_t driver) {
+            return c.runtime().status_json(wire::StatusRequest{state, limit, driver});
           },
-          NoGil(), pyb::arg("state") = "", pyb::arg("limit") = 0)
+          NoGil(), pyb::arg("state") = "", pyb::arg("limit") = 0, pyb::arg("driver") = 0)
       .def("placement_group_ready", [](PyClient& c, uint64_t id, const pyb::handle& value) {
         PyValue v = value_from_python(value);
         pyb::gil_scoped_release nogil;

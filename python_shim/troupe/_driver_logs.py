@@ -87,7 +87,9 @@ class DriverLogs:
 
     def poll(self, deadline=None):
         with self._lock:
-            alive = json.loads(self._client.status_json(state="ALIVE")).get("actors", [])
+            # The head picks this driver's live actors (its status names
+            # each actor's driver).
+            alive = json.loads(self._client.status_json(state="ALIVE", driver=self._me)).get("actors", [])
             mine = {a["id"]: a for a in alive if a.get("driver") == self._me}
             # No longer alive: read to the end of its last worker's file.
             for actor in [a for a in self._followed if a not in mine]:

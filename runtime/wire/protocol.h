@@ -316,12 +316,14 @@ struct NodeHeartbeat {
 };
 
 // Filters of the status document: actors in `state` only ("" = any, else
-// PENDING, ALIVE, RESTARTING or DEAD), at most `limit` of them, the newest
-// (0 = all).
+// PENDING, ALIVE, RESTARTING or DEAD), whose work is client `driver`'s
+// (0 = anyone's; HeadState::driver_of), at most `limit` of them, the
+// newest (0 = all).
 struct StatusRequest {
   std::string state;
   uint32_t limit = 0;
-  TROUPE_FIELDS(state, limit)
+  uint64_t driver = 0;
+  TROUPE_FIELDS(state, limit, driver)
 };
 
 // A message for the worker's control plane, handled on its I/O thread

@@ -821,6 +821,31 @@ TEST_F(HeadStateTest, StatusFiltersByStateAndLimit) {
   EXPECT_THROW(state_.status({"SLEEPY", 0}), troupe::ConfigError);
 }
 
+// log_to_driver asks for its own work only: the actors a driver created,
+// and those its actors' workers created in turn.
+TEST_F(HeadStateTest, StatusFiltersByTheDriverWhoseWorkAnActorIs) {
+  add_node({{"CPU", 8}}, 1);
+  state_.bind_client(kDriver, 7);
+  state_.bind_client(kOtherDriver, 8);
+  const uint64_t mine = state_.create_actor(kDriver, spec()).id;
+  const uint64_t theirs = state_.create_actor(kOtherDriver, spec()).id;
+  start_spawned();
+  constexpr PeerId kWorkerPeer = 200;
+  state_.bind_client(kWorkerPeer, 30, mine, state_.actor_info(mine).incarnation);
+  const uint64_t grandchild = state_.create_actor(kWorkerPeer, spec()).id;
+  start_spawned();
+  auto ids = [](const nlohmann::json& status) {
+    std::vector<uint64_t> v;
+    for (const auto& a : status["actors"]) v.push_back(a["id"].get<uint64_t>());
+    return v;
+  };
+  EXPECT_EQ(ids(state_.status({"", 0, 7})), (std::vector<uint64_t>{mine, grandchild}));
+  EXPECT_EQ(ids(state_.status({"", 0, 8})), (std::vector<uint64_t>{theirs}));
+  EXPECT_EQ(ids(state_.status({"ALIVE", 1, 7})), (std::vector<uint64_t>{grandchild}));
+  EXPECT_EQ(state_.status({})["actors"].size(), 3u);
+  EXPECT_TRUE(state_.status({"", 0, 99})["actors"].empty());
+}
+
 TEST_F(HeadStateTest, NodesReportTotalsUsageAndGpus) {
   uint64_t n = add_node({{"CPU", 4}, {"GPU", 2}}, 1);
   state_.create_actor(kDriver, spec({{"CPU", 1}, {"GPU", 1}}));
