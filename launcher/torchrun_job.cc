@@ -1,6 +1,7 @@
 #include "torchrun_job.h"
 
 #include <unistd.h>
+#include <algorithm>
 
 #include <condition_variable>
 #include <cstdio>
@@ -99,9 +100,12 @@ uint32_t spare_delay_from_env() {
   return static_cast<uint32_t>(ms);
 }
 
-void print_lines(StreamReader<OutputLine>& reader) {
+// Prints a rank's lines as they come; with `shown` false reads and drops
+// them (--local-ranks-filter), so that the rank never waits on its output.
+void print_lines(StreamReader<OutputLine>& reader, bool shown) {
   try {
     while (auto l = reader.read()) {
+      if (!shown) continue;
       std::lock_guard lock(print_mu);
       FILE* f = l->is_stderr ? stderr : stdout;
       // torchrun's --tee prefix, "[<role><rank>]:".
@@ -274,16 +278,28 @@ class TorchrunJob {
     std::vector<Future<int64_t>> started;
     for (size_t r = 0; r < a.slots.size(); ++r) {
       RankPlace p{int(r), int(r) % o_.nproc_per_node, int(r) / o_.nproc_per_node, o_.nproc_per_node, a.shape.nodes};
-      ScriptLaunch l{p.rank,  o_.python, o_.module, script_path(), o_.script_args, torchrun_env(p, env), cwd_,
-                     run_id_, restart,   {}};
+      ScriptLaunch l;
+      l.rank = p.rank;
+      l.python = o_.python;
+      l.module = o_.module;
+      l.no_python = o_.no_python;
+      l.script = script_path();
+      l.args = o_.script_args;
+      l.env = torchrun_env(p, env);
+      l.working_dir = cwd_;
+      l.run_id = run_id_;
+      l.restart_count = restart;
       if (a.shape.resource == "GPU") l.env.push_back("CUDA_VISIBLE_DEVICES=" + gpus[size_t(p.group_rank)]);
-      l.warm = !o_.cold_restarts;
+      // A spare interpreter can only stand in for an interpreter.
+      l.warm = !o_.cold_restarts && !o_.no_python;
       l.preload = o_.preload;
       l.spare_delay_ms = spare_delay_ms_;
       a.readers.push_back(std::make_unique<StreamReader<OutputLine>>(rt_, 64));
       l.output = a.readers.back()->ref();
       StreamReader<OutputLine>* reader = a.readers.back().get();
-      a.printers.emplace_back([reader] { print_lines(*reader); });
+      const auto& filter = o_.local_ranks_filter;
+      const bool shown = filter.empty() || std::find(filter.begin(), filter.end(), p.local_rank) != filter.end();
+      a.printers.emplace_back([reader, shown] { print_lines(*reader, shown); });
       started.push_back(a.slots[r].call(&TorchrunSlot::start, std::move(l)));
     }
     for (auto& f : started) f.get(60s);
@@ -400,7 +416,8 @@ class TorchrunJob {
   // The script as the nodes should find it: absolute when it is a file
   // here, so it runs from any working directory.
   std::string script_path() const {
-    if (o_.module) return o_.script;
+    // A module's name, or a program looked up on the node's PATH.
+    if (o_.module || (o_.no_python && o_.script.find('/') == std::string::npos)) return o_.script;
     std::error_code ec;
     auto p = std::filesystem::absolute(o_.script, ec);
     return ec ? o_.script : p.string();

@@ -42,7 +42,18 @@ std::vector<std::string> parse_module_list(const std::string& flag, const std::s
 }
 
 // torchrun's flags that take a value, under every spelling it accepts.
-enum class Flag { kNproc, kNnodes, kMaxRestarts, kAddress, kPython, kRunId, kPreload, kNodeRank, kIgnored };
+enum class Flag {
+  kNproc,
+  kNnodes,
+  kMaxRestarts,
+  kAddress,
+  kPython,
+  kRunId,
+  kPreload,
+  kNodeRank,
+  kLocalRanksFilter,
+  kIgnored
+};
 
 const std::map<std::string, Flag>& value_flags() {
   static const std::map<std::string, Flag> flags = {
@@ -60,6 +71,8 @@ const std::map<std::string, Flag>& value_flags() {
       {"--preload", Flag::kPreload},
       {"--node-rank", Flag::kNodeRank},
       {"--node_rank", Flag::kNodeRank},
+      {"--local-ranks-filter", Flag::kLocalRanksFilter},
+      {"--local_ranks_filter", Flag::kLocalRanksFilter},
       // What troupe does its own way: accepted, so that a torchrun command
       // line from a guide or a Slurm script runs as it is.
       {"--rdzv-backend", Flag::kIgnored},
@@ -83,6 +96,13 @@ const std::map<std::string, Flag>& value_flags() {
       {"-r", Flag::kIgnored},
       {"--log-dir", Flag::kIgnored},
       {"--log_dir", Flag::kIgnored},
+      {"--logs-specs", Flag::kIgnored},
+      {"--logs_specs", Flag::kIgnored},
+      {"--log-line-prefix-template", Flag::kIgnored},
+      {"--log_line_prefix_template", Flag::kIgnored},
+      // Each rank is a process of its own, started fresh or from a spare.
+      {"--start-method", Flag::kIgnored},
+      {"--start_method", Flag::kIgnored},
   };
   return flags;
 }
@@ -97,8 +117,30 @@ void parse_nproc(TorchrunOptions& o, const std::string& flag, const std::string&
     o.nproc_per_node = parse_int(flag, v, 1, kMaxProcPerNode);
 }
 
+// torchrun's --local-ranks-filter: comma-separated local ranks ("0,1").
+std::vector<int> parse_local_ranks(const std::string& flag, const std::string& v) {
+  std::vector<int> ranks;
+  size_t start = 0;
+  while (start <= v.size()) {
+    size_t comma = std::min(v.find(',', start), v.size());
+    int r = 0;
+    try {
+      r = parse_int(flag, v.substr(start, comma - start), 0, kMaxProcPerNode - 1);
+    } catch (const TorchrunUsageError&) {
+      throw TorchrunUsageError(flag + " " + (v.empty() ? "\"\"" : v) +
+                               ": expected local ranks separated by commas, e.g. 0 or 0,1");
+    }
+    if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) ranks.push_back(r);
+    start = comma + 1;
+  }
+  return ranks;
+}
+
 void set_value(TorchrunOptions& o, Flag f, const std::string& flag, const std::string& v) {
   switch (f) {
+    case Flag::kLocalRanksFilter:
+      o.local_ranks_filter = parse_local_ranks(flag, v);
+      break;
     case Flag::kNproc:
       parse_nproc(o, flag, v);
       break;
@@ -148,6 +190,17 @@ size_t parse_option(TorchrunOptions& o, const std::vector<std::string>& args, si
   }
   if (arg == "--cold-restarts") {
     o.cold_restarts = true;
+    return i + 1;
+  }
+  if (arg == "--no-python" || arg == "--no_python") {
+    o.no_python = true;
+    return i + 1;
+  }
+  // torchrun runs the script in its agent's interpreter with runpy; troupe
+  // runs each rank in an interpreter of its own, which the script sees the
+  // same way.
+  if (arg == "--run-path" || arg == "--run_path") {
+    o.ignored.push_back(arg);
     return i + 1;
   }
   // torchrun's single-node rendezvous is what troupe always does.
@@ -200,13 +253,16 @@ TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args) {
     throw TorchrunUsageError("give the training script (troupe torchrun [options] script.py args...)");
   o.script = args[i];
   o.script_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+  if (o.no_python && o.module)
+    throw TorchrunUsageError("--no-python and -m cannot be combined: -m names a Python module for the interpreter");
   return o;
 }
 
 std::string torchrun_usage() {
   return "usage: troupe torchrun [--nproc-per-node N] [--nnodes N|MIN:MAX] [--max-restarts K]\n"
          "                       [--address HOST:PORT] [--python PATH] [--run-id ID] [-m]\n"
-         "                       [--preload MODULES] [--cold-restarts]\n"
+         "                       [--preload MODULES] [--cold-restarts] [--no-python]\n"
+         "                       [--local-ranks-filter R,...]\n"
          "                       script.py [args...]\n"
          "\n"
          "Runs an unmodified torchrun script on a troupe cluster (an embedded local one without\n"
@@ -220,7 +276,10 @@ std::string torchrun_usage() {
          "--address. torchrun's rendezvous,\n"
          "port and log options (--rdzv-backend, --rdzv-endpoint, --master-port, --tee, ...) are\n"
          "accepted and ignored, with a note: troupe places and connects the ranks itself.\n"
-         "--python: the interpreter (default python3 on each node's PATH).\n"
+         "--python: the interpreter (default python3 on each node's PATH). --no-python runs the\n"
+         "script as a program of its own (a shell script, a binary; looked up on PATH without a /).\n"
+         "--local-ranks-filter 0,1: print only those local ranks' output (the others' is read and\n"
+         "dropped).\n"
          "A restart runs each rank in a spare interpreter that has imported --preload MODULES\n"
          "already (default torch,torch.distributed,torch.nn.parallel; \"\" = none);\n"
          "--cold-restarts starts every attempt in a fresh interpreter, as torchrun does.\n"

@@ -28,12 +28,16 @@ struct TorchrunOptions {
   std::string python = "python3";  // looked up on each node's PATH unless a path
   std::string run_id;              // TORCHELASTIC_RUN_ID; "" = a random one
   bool module = false;             // -m: the script is a module name
+  bool no_python = false;          // --no-python: the script is a program, run as it is
   std::string script;
   std::vector<std::string> script_args;
   // Restarts in a spare interpreter that has imported `preload` already;
   // --cold-restarts starts every attempt in a fresh one, as torchrun does.
   bool cold_restarts = false;
   std::vector<std::string> preload = {"torch", "torch.distributed", "torch.nn.parallel"};
+  // --local-ranks-filter: the local ranks whose output is printed (empty:
+  // all).
+  std::vector<int> local_ranks_filter;
   bool help = false;
   // torchrun's options that troupe has no use for (its rendezvous, ports
   // and log redirection: troupe places, connects and prefixes the ranks

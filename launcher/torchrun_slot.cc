@@ -328,15 +328,16 @@ bool hand_over(Spare& spare, const ScriptLaunch& l, const std::vector<std::strin
   return true;
 }
 
-// Starts `python [-m] script args...` in a fresh interpreter; its stdout
-// and stderr come back as out_fd and err_fd.
+// Starts `python [-m] script args...` in a fresh interpreter (or, with
+// no_python, `script args...`: `exe` is the script); its stdout and stderr
+// come back as out_fd and err_fd.
 pid_t spawn_script(const std::string& exe, const ScriptLaunch& l, std::vector<std::string> env,
                    const std::string& cwd, int& out_fd, int& err_fd) {
   core::SpawnOptions s;
   s.executable = exe;
-  s.arg0 = l.python;
+  s.arg0 = l.no_python ? l.script : l.python;
   if (l.module) s.args.push_back("-m");
-  s.args.push_back(l.script);
+  if (!l.no_python) s.args.push_back(l.script);
   s.args.insert(s.args.end(), l.args.begin(), l.args.end());
   s.env = std::move(env);
   s.working_dir = cwd;
@@ -449,7 +450,13 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
     throw ConfigError("torchrun slot: rank " + std::to_string(l.rank) + " already runs a script");
   state_->clear_finished();
   const char* path = std::getenv("PATH");
-  std::string exe = find_executable(l.python, path ? path : "/usr/bin:/bin");
+  const std::string& program = l.no_python ? l.script : l.python;
+  std::string exe = find_executable(program, path ? path : "/usr/bin:/bin");
+  if (exe.empty() && l.no_python)
+    throw ConfigError(
+        "program " + program +
+        (program.find('/') == std::string::npos ? " not found on PATH" : " is not an executable file (chmod +x?)") +
+        " (--no-python runs the script as a program)");
   if (exe.empty())
     throw ConfigError("interpreter " + l.python + " not found" +
                       (l.python.find('/') == std::string::npos ? " on PATH" : "") + " (give --python PATH)");

@@ -25,12 +25,14 @@ struct OutputLine {
   TROUPE_FIELDS(rank, is_stderr, text)
 };
 
-// What a slot runs: `python [-m] script args...` with `env` added to the
-// node's environment, in `working_dir` when that exists on the node.
+// What a slot runs: `python [-m] script args...` (with `no_python`,
+// `script args...`) with `env` added to the node's environment, in
+// `working_dir` when that exists on the node.
 struct ScriptLaunch {
   int32_t rank = 0;
   std::string python;
   bool module = false;
+  bool no_python = false;
   std::string script;
   std::vector<std::string> args;
   std::vector<std::string> env;  // torchrun's variables, KEY=VALUE
@@ -44,8 +46,8 @@ struct ScriptLaunch {
   bool warm = true;
   std::vector<std::string> preload;
   uint32_t spare_delay_ms = 2000;
-  TROUPE_FIELDS(rank, python, module, script, args, env, working_dir, run_id, restart_count, output, warm, preload,
-                spare_delay_ms)
+  TROUPE_FIELDS(rank, python, module, no_python, script, args, env, working_dir, run_id, restart_count, output, warm,
+                preload, spare_delay_ms)
 };
 
 // How a script ended: its wait status (`describe_exit_status` spells it),

@@ -658,7 +658,14 @@ int cmd_torchrun(const std::vector<std::string>& args) {
                  "cluster)\n",
                  given.c_str());
   }
-  if (!o.module) {
+  const char* path = std::getenv("PATH");
+  if (o.no_python && o.script.find('/') == std::string::npos) {
+    // A program on the nodes' PATH: on an embedded cluster, this one's.
+    if (o.address.empty() && tl::find_executable(o.script, path ? path : "").empty()) {
+      std::fprintf(stderr, "troupe torchrun: --no-python %s: no such program on PATH\n", o.script.c_str());
+      return 2;
+    }
+  } else if (!o.module) {
     // The script must be a file: a directory (a project's folder given for
     // its main script) is named as such, not as missing.
     std::error_code ec;
@@ -671,6 +678,8 @@ int cmd_torchrun(const std::vector<std::string>& args) {
       why = missing ? "no such file" : "cannot be read (" + ec.message() + ")";
     } else if (!fs::is_regular_file(st)) {
       why = "is not a regular file; expected a script file";
+    } else if (o.no_python && ::access(o.script.c_str(), X_OK) != 0) {
+      why = "is not executable, and --no-python runs it as a program (chmod +x it, or drop --no-python)";
     }
     if (!why.empty()) {
       std::fprintf(stderr, "troupe torchrun: script %s: %s\n", o.script.c_str(), why.c_str());
@@ -685,8 +694,7 @@ int cmd_torchrun(const std::vector<std::string>& args) {
                  o.min_nodes, o.min_nodes);
     return 2;
   }
-  const char* path = std::getenv("PATH");
-  if (o.address.empty() && tl::find_executable(o.python, path ? path : "").empty()) {
+  if (!o.no_python && o.address.empty() && tl::find_executable(o.python, path ? path : "").empty()) {
     std::fprintf(stderr, "troupe torchrun: --python %s: no such interpreter%s\n", o.python.c_str(),
                  o.python.find('/') == std::string::npos ? " on PATH" : "");
     return 2;

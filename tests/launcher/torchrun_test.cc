@@ -216,6 +216,23 @@ TEST(TorchrunOptions, BadValuesNameThemselves) {
             std::string::npos);
   EXPECT_NE(message({"--preload", "os;rm", "a.py"}).find("'os;rm' is not a module name"), std::string::npos);
   EXPECT_NE(message({"--node_rank=1", "a.py"}).find("run it once, on one machine"), std::string::npos);
+  EXPECT_NE(message({"--local-ranks-filter", "0,x", "a.py"}).find("--local-ranks-filter 0,x: expected local ranks"),
+            std::string::npos);
+  EXPECT_NE(message({"--local_ranks_filter="}).find("--local_ranks_filter \"\": expected local ranks"),
+            std::string::npos);
+  EXPECT_NE(message({"--no-python", "-m", "pkg.train"}).find("--no-python and -m cannot be combined"),
+            std::string::npos);
+}
+
+TEST(TorchrunOptions, ProgramsFiltersAndStartMethods) {
+  auto o = tl::parse_torchrun_args({"--no_python", "--local_ranks_filter=1,0,1", "--start-method", "fork", "--run-path",
+                                    "./train.sh", "--epochs", "2"});
+  EXPECT_TRUE(o.no_python);
+  EXPECT_EQ(o.local_ranks_filter, (std::vector<int>{1, 0}));
+  EXPECT_EQ(o.ignored, (std::vector<std::string>{"--start-method fork", "--run-path"}));
+  EXPECT_EQ(o.script, "./train.sh");
+  EXPECT_EQ(o.script_args, (std::vector<std::string>{"--epochs", "2"}));
+  EXPECT_TRUE(tl::parse_torchrun_args({"a.py"}).local_ranks_filter.empty());
 }
 
 TEST(TorchrunOptions, EnvironmentIsTorchrunsTable) {
@@ -281,6 +298,18 @@ TEST_F(TorchrunTest, EnvironmentIsTorchrunsAndOutputIsRankPrefixed) {
     for (auto& [k, v] : env) EXPECT_NE(k.rfind("TROUPE_", 0), 0u) << "leaked " << k;
     EXPECT_EQ(j["cwd"].get<std::string>(), fs::current_path().string());
   }
+  EXPECT_TRUE(left_in_session(r.session).empty());
+}
+
+// torchrun's --no-python runs a program that is not Python as each rank,
+// with the same environment; --local-ranks-filter prints only the ranks
+// named (the others' output is read and dropped, so they still finish).
+TEST_F(TorchrunTest, NoPythonRunsAProgramAndTheFilterPrintsTheRanksNamed) {
+  auto r = run(torchrun(
+      {"--nproc-per-node", "2", "--no-python", "--local-ranks-filter", "1", kScripts + "/rank_echo.sh", "a", "b"}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[default1]:rank 1 of 2, local rank 1, args a b\n"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[default0]:"), std::string::npos) << r.output;
   EXPECT_TRUE(left_in_session(r.session).empty());
 }
 
@@ -452,6 +481,8 @@ TEST_F(TorchrunTest, BadInputIsOneClearLineAndLeavesNothingRunning) {
       {{"--nproc-per-node", "0", script}, "troupe torchrun: --nproc-per-node 0: expected a whole number"},
       {{"--nproc_per_node", "two", script}, "troupe torchrun: --nproc_per_node two: expected a whole number"},
       {{"--python", "/no/such/python3", script}, "troupe torchrun: --python /no/such/python3: no such interpreter"},
+      {{"--no-python", script}, "troupe torchrun: script " + script + ": is not executable"},
+      {{"--no-python", "no-such-program-xyz"}, "troupe torchrun: --no-python no-such-program-xyz: no such program"},
   };
   for (auto& c : cases) {
     auto r = run(torchrun(c.args));
