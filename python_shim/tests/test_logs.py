@@ -147,6 +147,7 @@ def test_the_driver_shows_what_its_tasks_and_actors_print(cluster, capsys):
     text = "".join(seen)
     line = next(ln for ln in text.splitlines() if ln.endswith("marker-four from an actor"))
     assert line.startswith("(Talker pid="), line
+    assert line.count("pid=") == 1, line  # marked by the driver, not again by the worker
     # Each line once, however often the files were looked at.
     assert text.count("marker-three from a task") == 1, text
 
@@ -184,3 +185,42 @@ def _alive_again(actor, first):
         return troupe.get(actor.ping.remote(), timeout=60) != first
     except Exception:  # noqa: BLE001 - a call that met the restart
         return False
+
+
+_EMBEDDED_DRIVER = """
+import os, sys, troupe
+troupe.init(num_cpus=2)
+
+@troupe.remote
+def shout(text):
+    print(text)
+    print(text + " on stderr", file=sys.stderr)
+    return os.getpid()
+
+@troupe.remote
+class Talker:
+    def say(self, text):
+        print(text, end="")
+        print(" (the rest of the line)")
+        return os.getpid()
+
+print("task-pid", troupe.get(shout.remote("marker-six from a task"), timeout=60))
+print("actor-pid", troupe.get(Talker.remote().say.remote("marker-seven from an actor"), timeout=60))
+print("the driver's own line")
+troupe.shutdown()
+"""
+
+
+def test_on_an_embedded_cluster_workers_mark_their_own_lines(tmp_path):
+    # The workers share the driver's stdout and stderr there: each marks
+    # its lines as the driver marks them on a `troupe start` cluster.
+    r = subprocess.run([sys.executable, "-c", _EMBEDDED_DRIVER], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, TROUPE_SESSION_DIR=str(tmp_path)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout.splitlines()
+    task_pid = next(ln.split()[1] for ln in out if ln.startswith("task-pid "))
+    actor_pid = next(ln.split()[1] for ln in out if ln.startswith("actor-pid "))
+    assert f"(task pid={task_pid}) marker-six from a task" in out, r.stdout
+    assert f"(task pid={task_pid}) marker-six from a task on stderr" in r.stderr.splitlines(), r.stderr
+    assert f"(Talker pid={actor_pid}) marker-seven from an actor (the rest of the line)" in out, r.stdout
+    assert "the driver's own line" in out, r.stdout

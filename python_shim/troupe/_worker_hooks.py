@@ -13,7 +13,7 @@ import os
 import threading
 import traceback
 
-from troupe import _core
+from troupe import _console, _core
 from troupe import _serialization as ser
 from troupe.exceptions import StreamError, _ErrorBox, _RebuildByState
 
@@ -100,6 +100,7 @@ def make_actor(blob, args, top):
     global _actor_class
     _sync_environment()
     cls = _actor_class = ser.loads_code(blob)
+    _console.mark_output(cls.__name__)
     a, kw = ser.load_call_args(args, top)
     return cls(*a, **kw)
 
@@ -334,6 +335,8 @@ def _async_raise(thread, exc):
 
 def run_task(key, args, top, token=0, stream=None):
     global _runs_tasks, _lend_for
+    if not _runs_tasks:
+        _console.mark_output("task")
     _runs_tasks = True
     _lend_for = _core.wait_observer()
     name = key

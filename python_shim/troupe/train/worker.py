@@ -13,6 +13,7 @@ import inspect
 import os
 import socket
 
+from .. import _console
 from . import session
 from .checkpoint import Checkpoint, CheckpointStore
 
@@ -71,6 +72,7 @@ class TrainWorker:
         import torch.distributed as dist
 
         ctx = session.TrainContext(**spec["context"])
+        _console.mark_output(f"TrainWorker rank={ctx.world_rank}")
         os.environ.update(session.local_env(ctx, spec["master_addr"], spec["master_port"]))
         use_gpu = spec["use_gpu"] and torch.cuda.is_available()
         if use_gpu:

@@ -1,0 +1,85 @@
+"""Worker output on the driver's console, marked with its worker.
+
+On a cluster started with `troupe start`, each worker writes to a file of
+its own and a driver prints what its work wrote, each line marked
+`(Counter pid=4242) ...` (troupe._driver_logs). On an embedded cluster the
+workers share the driver's stdout and stderr: there a worker marks its own
+lines the same way, so that the output of four ranks or a hundred tasks
+still says which process printed what, as Ray's does.
+
+Only what Python writes through sys.stdout and sys.stderr is marked; bytes
+written straight to file descriptors 1 and 2 (C extensions) are not."""
+import io
+import os
+import re
+import sys
+import threading
+
+_WORKER_FILE = re.compile(r"/worker-[^/]*\.log$")  # runtime/node/worker_pool.cc
+_installed = []  # the wrappers, once installed
+
+
+def _shares_drivers_console():
+    """Whether this worker's stdout is the driver's (an embedded cluster),
+    not a worker file of its node agent's."""
+    try:
+        return not _WORKER_FILE.search(os.readlink("/proc/self/fd/1"))
+    except OSError:
+        return False
+
+
+class _Marked(io.TextIOBase):
+    """A text stream that starts each line it passes on with a mark."""
+
+    def __init__(self, stream, mark):
+        self._stream = stream
+        self._mark = mark
+        self._line_start = True
+        self._lock = threading.Lock()
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            out = []
+            for piece in text.splitlines(keepends=True):
+                if self._line_start:
+                    out.append(self._mark)
+                out.append(piece)
+                self._line_start = piece.endswith(("\n", "\r\n"))
+            self._stream.write("".join(out))
+        return len(text)
+
+    def flush(self):
+        self._stream.flush()
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return self._stream.isatty()
+
+    def fileno(self):
+        return self._stream.fileno()
+
+    def __getattr__(self, name):  # encoding, buffer, errors, reconfigure, ...
+        return getattr(self._stream, name)
+
+
+def mark_output(label):
+    """Marks this worker's lines `(label pid=N) ` from now on, when it shares
+    the driver's console; a later call changes the mark."""
+    mark = f"({label} pid={os.getpid()}) "
+    if _installed:
+        for w in _installed:
+            w._mark = mark
+        return
+    if not _shares_drivers_console():
+        return
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            continue
+        w = _Marked(stream, mark)
+        setattr(sys, name, w)
+        _installed.append(w)
