@@ -127,11 +127,17 @@ class Head::Impl {
   // change is written through (flush).
   void open_store() {
     store_ = std::make_unique<HeadStore>(opts_.state_db);
+    store_->check_format(HeadState::kRowFormat);
     auto rows = store_->load();
     if (!rows.empty()) {
       TROUPE_LOG_INFO("reloading the tables of the head before this one from {}", opts_.state_db);
       auto limit = std::chrono::milliseconds(uint64_t(opts_.heartbeat_ms) * opts_.heartbeat_misses);
-      state_.restore(rows, Clock::now(), std::max(opts_.restore_grace, limit));
+      try {
+        state_.restore(rows, Clock::now(), std::max(opts_.restore_grace, limit));
+      } catch (const DecodeError& e) {
+        throw ConfigError("head state file " + opts_.state_db + " has a row this head cannot read (" + e.what() +
+                          "): it is damaged. Move it away (or start the head with --no-state-db)");
+      }
     }
     state_.enable_write_through();
     persist();

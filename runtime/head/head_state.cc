@@ -471,6 +471,8 @@ void HeadState::evict_dead() {
   while (dead_order_.size() > config_.max_dead_actors) {
     uint64_t id = dead_order_.front();
     dead_order_.pop_front();
+    // Its restarts still count in troupe_actor_restarts_total (a counter).
+    retired_restarts_ += actors_.at(id).info.restarts;
     actors_.erase(id);
     out_.evicted.push_back(id);
     if (write_through_) dirty_actors_.insert(id);
@@ -1149,6 +1151,9 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
                           {"idle_workers", n.idle_workers}});
   j["actors"] = actors_json(request);
   j["actors_total"] = actors_.size();
+  uint64_t restarts = retired_restarts_;
+  for (const auto& [id, a] : actors_) restarts += a.info.restarts;
+  j["actor_restarts_total"] = restarts;  // of every actor, those evicted included
   j["placement_groups"] = json::array();
   for (const auto& [id, g] : groups_)
     j["placement_groups"].push_back({{"id", id},

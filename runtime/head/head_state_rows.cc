@@ -55,7 +55,8 @@ struct NodeRow {
 struct Counters {
   uint64_t next_node = 1, next_actor = 1, next_group = 1;
   uint64_t retired_calls = 0, retired_stream_bytes = 0;
-  TROUPE_FIELDS(next_node, next_actor, next_group, retired_calls, retired_stream_bytes)
+  uint64_t retired_restarts = 0;
+  TROUPE_FIELDS(next_node, next_actor, next_group, retired_calls, retired_stream_bytes, retired_restarts)
 };
 
 template <class T>
@@ -131,8 +132,8 @@ std::vector<HeadState::Row> HeadState::take_rows() {
     }
     now[group_key(id)] = encode_row(r);
   }
-  now[kCountersKey] = encode_row(
-      Counters{next_node_id_, next_actor_id_, next_group_id_, retired_calls_, retired_stream_bytes_});
+  now[kCountersKey] = encode_row(Counters{next_node_id_, next_actor_id_, next_group_id_, retired_calls_,
+                                          retired_stream_bytes_, retired_restarts_});
   for (const auto& [key, value] : written_)
     if (!now.count(key)) rows.emplace_back(key, std::nullopt);
   for (auto& [key, value] : now) {
@@ -177,6 +178,7 @@ void HeadState::restore_nodes_and_keys(const std::map<std::string, std::string>&
       next_actor_id_ = c.next_actor;
       next_group_id_ = c.next_group;
       retired_calls_ = c.retired_calls;
+      retired_restarts_ = c.retired_restarts;
       retired_stream_bytes_ = c.retired_stream_bytes;
     } else if (key.rfind("k/", 0) == 0) {
       kv_[key.substr(2)] = value;

@@ -1,6 +1,10 @@
 #include "troupe/runtime/head/head_store.h"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "troupe/runtime/core/errors.h"
 
@@ -15,6 +19,10 @@ HeadStore::HeadStore(const std::string& path) : path_(path) {
     throw ConfigError("cannot open the head's state file " + path + ": " + why);
   }
   try {
+    // The cluster's KV store is in it: readable by its owner alone, as the
+    // token is. SQLite gives the -wal and -shm files the same mode.
+    if (::chmod(path.c_str(), S_IRUSR | S_IWUSR) != 0)
+      throw ConfigError("head state file " + path + ": chmod 600: " + std::strerror(errno));
     sqlite3_busy_timeout(db_, 2000);
     exec("PRAGMA journal_mode=WAL");
     exec("PRAGMA synchronous=NORMAL");
@@ -48,6 +56,37 @@ void HeadStore::exec(const char* sql) {
     sqlite3_free(err);
     throw ConfigError("head state file " + path_ + ": " + sql + ": " + why);
   }
+}
+
+namespace {
+
+// The first column of the first row of `sql`, as a number.
+int64_t query_int(sqlite3* db, const char* sql, bool& ok) {
+  sqlite3_stmt* q = nullptr;
+  int64_t v = 0;
+  ok = sqlite3_prepare_v2(db, sql, -1, &q, nullptr) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW;
+  if (ok) v = sqlite3_column_int64(q, 0);
+  sqlite3_finalize(q);
+  return v;
+}
+
+}  // namespace
+
+void HeadStore::check_format(int format) {
+  bool ok = false;
+  const int64_t has_rows = query_int(db_, "SELECT EXISTS (SELECT 1 FROM head_rows)", ok);
+  if (!ok) fail("read");
+  // SQLite's user_version: 0 in a file no head marked (those written
+  // before formats were kept, or new ones).
+  const int64_t written = query_int(db_, "PRAGMA user_version", ok);
+  if (!ok) fail("read its format");
+  if (has_rows && written != format)
+    throw ConfigError("head state file " + path_ + " holds a cluster's tables in format " +
+                      (written == 0 ? std::string("0 (unmarked)") : std::to_string(written)) +
+                      ", and this head reads format " + std::to_string(format) +
+                      ": another troupe version wrote it. Stop that cluster with the troupe that started it, or "
+                      "move the file away (or start the head with --no-state-db)");
+  if (written != format) exec(("PRAGMA user_version = " + std::to_string(format)).c_str());
 }
 
 std::map<std::string, std::string> HeadStore::load() {

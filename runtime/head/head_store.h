@@ -25,6 +25,10 @@ class HeadStore {
   HeadStore& operator=(const HeadStore&) = delete;
 
   const std::string& path() const { return path_; }
+  // A file with rows must hold `format` (HeadState::kRowFormat); an empty
+  // one is marked with it. ConfigError naming the file and both formats
+  // otherwise: a head of another troupe version wrote it.
+  void check_format(int format);
   std::map<std::string, std::string> load();
   void write(const std::vector<HeadState::Row>& rows);
   // Forgets every row (the cluster was stopped on purpose).

@@ -97,15 +97,12 @@ void node_metrics(std::ostringstream& out, const json& nodes) {
 
 void actor_metrics(std::ostringstream& out, const json& snapshot) {
   std::map<std::string, double> by_state = {{"PENDING", 0}, {"ALIVE", 0}, {"RESTARTING", 0}, {"DEAD", 0}};
-  double restarts = 0;
-  for (const auto& a : snapshot.value("actors", json::array())) {
-    by_state[a.value("state", "UNKNOWN")] += 1;
-    restarts += as_number(a.value("restarts", json(0)));
-  }
+  for (const auto& a : snapshot.value("actors", json::array())) by_state[a.value("state", "UNKNOWN")] += 1;
   Family actors(out, "troupe_actors", "gauge", "Actors by state (DEAD ones as many as the head keeps).");
   for (const auto& [s, n] : by_state) actors.sample({{"state", s}}, n);
-  Family r(out, "troupe_actor_restarts_total", "counter", "Restarts of the actors the head keeps.");
-  r.sample({}, restarts);
+  Family r(out, "troupe_actor_restarts_total", "counter",
+           "Restarts of every actor, the DEAD ones the head no longer keeps included.");
+  r.sample({}, as_number(snapshot.value("actor_restarts_total", json(0))));
   std::map<std::string, double> groups = {{"PENDING", 0}, {"CREATED", 0}, {"REMOVED", 0}};
   for (const auto& g : snapshot.value("placement_groups", json::array())) groups[g.value("state", "UNKNOWN")] += 1;
   Family pg(out, "troupe_placement_groups", "gauge", "Placement groups by state.");

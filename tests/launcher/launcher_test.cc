@@ -85,6 +85,11 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   struct stat st {};
   ASSERT_EQ(::stat((dir + "/token").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600);
+  // The state db holds the cluster's KV store: its owner's alone too.
+  for (const char* f : {"/head.sqlite", "/head.sqlite-wal"}) {
+    ASSERT_EQ(::stat((dir + f).c_str(), &st), 0) << f;
+    EXPECT_EQ(st.st_mode & 0777, 0600) << f;
+  }
 
   // `auto`, as drivers spell it, is the session's head for the CLI too.
   auto node = run(std::string(TROUPE_CLI) + " start --address auto --resources CPU=3,GPU=0,disk=1");
@@ -418,6 +423,29 @@ TEST_F(LauncherTest, StopWithTheHeadGoneEmptiesItsStateDb) {
   auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_EQ(troupe::core::read_session_file(dir_.string(), "head.log").find("reloading"), std::string::npos);
+}
+
+// A state db that another troupe version wrote (rows of another format),
+// or a damaged one, stops the head at its start with a message naming the
+// file and what to do, not a decoder's words; nothing is overwritten.
+TEST_F(LauncherTest, AStateDbOfAnotherFormatOrDamagedIsRefusedByName) {
+  const std::string db = (dir_ / "head.sqlite").string();
+  for (const bool marked : {false, true}) {
+    SCOPED_TRACE(marked ? "damaged" : "another format");
+    std::filesystem::remove(db);
+    {
+      troupe::head::HeadStore store(db);
+      if (marked) store.check_format(troupe::head::HeadState::kRowFormat);
+      store.write({{"a/1", std::string("\x01\x02\x03")}});
+    }
+    auto r = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
+    EXPECT_NE(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("head state file " + db), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(marked ? "has a row this head cannot read" : "in format 0 (unmarked)"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("--no-state-db"), std::string::npos) << r.output;
+    EXPECT_EQ(troupe::head::HeadStore(db).load().size(), 1u);
+  }
 }
 
 // troupe stop, and SIGTERM, reach a head that serves its dashboard (whose

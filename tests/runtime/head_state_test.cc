@@ -874,6 +874,64 @@ void apply_rows(std::map<std::string, std::string>& store, const std::vector<Hea
       store.erase(k);
 }
 
+// The rows a durable head writes, against the format number that names
+// them (HeadStore::check_format refuses a file of another format). When
+// this fails, a row's record changed: bump HeadState::kRowFormat and put
+// the new pair here, so that a head never misreads an older file.
+TEST_F(HeadStateTest, RowFormatIsKnown) {
+  state_.enable_write_through();
+  add_node({{"CPU", 4}, {"GPU", 1}}, 1);
+  state_.bind_client(kDriver, 7);
+  PlacementGroupSpec g;
+  g.bundles = {{{"CPU", 1}}};
+  g.name = "pg";
+  state_.create_placement_group(kDriver, g);
+  state_.create_actor(kDriver, spec({{"CPU", 1}, {"GPU", 1}}, 2, "named"));
+  start_spawned();
+  state_.kv_put("key", "value");
+  std::map<std::string, std::string> store;
+  apply_rows(store, state_.take_rows());
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over every key and value
+  for (const auto& [k, v] : store)
+    for (const std::string* part : {&k, &v}) {
+      for (unsigned char c : *part + '\0') hash = (hash ^ c) * 1099511628211ull;
+    }
+  EXPECT_EQ(std::make_pair(HeadState::kRowFormat, hash), std::make_pair(3, uint64_t{7648482941415994694ull}))
+      << "the head's rows changed: bump HeadState::kRowFormat";
+}
+
+// troupe_actor_restarts_total is a counter: the restarts of a DEAD actor
+// the table no longer keeps still count, after a head restart too.
+TEST_F(HeadStateTest, RestartsOfEvictedActorsStillCount) {
+  HeadState state(HeadConfig{100, 5, 1});  // keeps one DEAD actor
+  state.enable_write_through();
+  Hello h;
+  h.role = Role::kNode;
+  h.resources = {{"CPU", 4}};
+  state.register_node(1, h, now_);
+  auto run_and_die = [&](int restarts) {
+    const uint64_t id = state.create_actor(kDriver, spec({}, restarts)).id;
+    for (int i = 0; i <= restarts; ++i) {
+      for (auto& [node, sp] : state.take_outputs().spawns) {
+        state.worker_hello(sp.actor_id, sp.incarnation);
+        state.actor_ready({sp.actor_id, sp.incarnation, "127.0.0.1:1", 1000 + i, ""});
+      }
+      const auto& info = state.actor_info(id);
+      state.worker_exited({id, info.incarnation, info.pid, "killed by signal 9"});
+    }
+  };
+  run_and_die(2);
+  run_and_die(1);
+  run_and_die(0);  // the first two are evicted by now
+  EXPECT_EQ(state.status({})["actors"].size(), 1u);
+  EXPECT_EQ(state.status({})["actor_restarts_total"], 3);
+  std::map<std::string, std::string> store;
+  apply_rows(store, state.take_rows());
+  HeadState again(HeadConfig{100, 5, 1});
+  again.restore(store, now_, 2s);
+  EXPECT_EQ(again.status({})["actor_restarts_total"], 3);
+}
+
 Hello node_hello(Resources r, uint64_t resume = 0, std::vector<LiveWorker> workers = {}) {
   Hello h;
   h.role = Role::kNode;
