@@ -465,7 +465,8 @@ std::string node_resources_text(const nlohmann::json& n) {
     const double scale = bytes ? 1.0 / (1ull << 30) : 1.0;
     const char* unit = bytes ? " GiB" : "";
     if (!alive) {
-      std::snprintf(buf, sizeof(buf), "%s -/%g%s  ", k.c_str(), v.get<double>() * scale, unit);
+      std::snprintf(buf, sizeof(buf), bytes ? "%s -/%.1f%s  " : "%s -/%g%s  ", k.c_str(), v.get<double>() * scale,
+                    unit);
     } else {
       double used = n["used"].contains(k) ? n["used"][k].get<double>() : 0.0;
       std::snprintf(buf, sizeof(buf), bytes ? "%s %.1f/%.1f%s  " : "%s %g/%g%s  ", k.c_str(), used * scale,
@@ -550,7 +551,8 @@ int stop_local_processes(const std::string& dir) {
     }
     fs::remove(entry.path());
   }
-  fs::remove(dir + "/address");
+  // What named the stopped head's endpoints, so that nothing finds them.
+  for (const char* f : {"address", "dashboard"}) fs::remove(fs::path(dir) / f);
   return stopped;
 }
 

@@ -122,9 +122,11 @@ std::string format_resources(const Resources& r) {
   for (const auto& [k, v] : r) {
     if (!first) s << ", ";
     first = false;
-    s << k << "="
-      << (std::abs(v - std::round(v)) < kEps ? std::to_string(static_cast<long long>(std::round(v)))
-                                             : std::to_string(v));
+    s << k << "=";
+    if (std::abs(v - std::round(v)) < kEps)
+      s << static_cast<long long>(std::round(v));
+    else
+      s << v;  // as `troupe status` writes amounts: 0.5, not 0.500000
   }
   return s.str();
 }
@@ -147,7 +149,8 @@ Resources parse_resources(const std::string& text) {
       throw ConfigError("resource '" + part + "' has a bad amount");
     }
     if (v < 0 || !std::isfinite(v)) throw ConfigError("resource '" + part + "' must be a non-negative number");
-    r[name] = v;
+    if (!r.emplace(name, v).second)
+      throw ConfigError("resource '" + name + "' is given twice in '" + text + "' (give each once)");
   }
   return r;
 }

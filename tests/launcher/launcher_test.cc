@@ -464,8 +464,13 @@ TEST_F(LauncherTest, StopEmptiesTheStateDbOfAHeadServingItsDashboard) {
       // Emptied by the head itself (troupe stop would remove the file).
       EXPECT_TRUE(troupe::head::HeadStore((dir_ / "head.sqlite").string()).load().empty());
     }
+    if (!by_signal) {
+      EXPECT_TRUE(std::filesystem::exists(dir_ / "dashboard"));
+    }
     auto stop = run(cli() + " stop");
     EXPECT_EQ(stop.status, 0) << stop.output;
+    // Nothing names the stopped head's dashboard any more.
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "dashboard"));
     ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
     auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port 0");
     ASSERT_EQ(again.status, 0) << again.output;

@@ -20,7 +20,15 @@ TEST(Scheduler, ParseAndFormatResources) {
   EXPECT_EQ(r.at("CPU"), 2);
   EXPECT_EQ(r.at("disk"), 1.5);
   EXPECT_EQ(format_resources({{"CPU", 2}, {"GPU", 1}}), "CPU=2, GPU=1");
+  EXPECT_EQ(format_resources({{"CPU", 0.5}, {"GPU", 0.25}}), "CPU=0.5, GPU=0.25");
   EXPECT_THROW(parse_resources("CPU"), troupe::ConfigError);
+  try {
+    parse_resources("CPU=1,CPU=4");
+    ADD_FAILURE() << "a resource given twice was taken";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("resource 'CPU' is given twice in 'CPU=1,CPU=4'"), std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(parse_resources("CPU=x"), troupe::ConfigError);
   EXPECT_THROW(parse_resources("CPU=-1"), troupe::ConfigError);
 }
