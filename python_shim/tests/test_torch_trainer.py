@@ -102,6 +102,7 @@ def ddp_loop(config):
     `die_at` = (rank, epoch, attempts) that rank SIGKILLs itself at that
     epoch's start while restart_count < attempts."""
     ctx = train.get_context()
+    torch.manual_seed(0)  # the same start in every run, to compare runs' weights
     model = prepare_model(torch.nn.Linear(4, 1))
     start = 0
     checkpoint = train.get_checkpoint()
@@ -154,6 +155,23 @@ def raising_loop(config):
     if train.get_context().get_world_rank() == config["rank"]:
         raise ValueError("bad batch 7")
     torch.distributed.barrier()  # the other rank waits on the one that raised
+
+
+def sharded_checkpoint_loop():
+    """Each rank reports its own shard; both write common.txt."""
+    rank = train.get_context().get_world_rank()
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, f"shard-{rank}.txt"), "w") as f:
+            f.write(f"rank {rank}")
+        with open(os.path.join(d, "common.txt"), "w") as f:
+            f.write(str(rank))
+        train.report({"rank": rank}, checkpoint=train.Checkpoint.from_directory(d))
+
+
+def uneven_reports_loop():
+    if train.get_context().get_world_rank() == 0:
+        train.report({"extra": True})
+    train.report({"last": True})
 
 
 def flaky_loop():
@@ -304,6 +322,45 @@ def test_worker_killed_restarts_from_last_checkpoint(tmp_path):
     progress = CheckpointStore(result.path, train.CheckpointConfig()).progress()
     assert [(p["metrics"]["epoch"], p["restart_count"]) for p in progress] == [(0, 0), (1, 0), (2, 1), (3, 1)]
     assert result.checkpoint.path.endswith("checkpoint_000003")
+
+
+def _final_weights(result):
+    return torch.load(os.path.join(result.checkpoint.path, "model.pt"))
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    # The loop leaves the sampler's epoch to prepare_data_loader; a resumed
+    # attempt must shuffle epoch 2 as epoch 2, not as the first pass.
+    whole = TorchTrainer(ddp_loop, train_loop_config={"epochs": 4}, scaling_config=train.ScalingConfig(num_workers=2),
+                         run_config=train.RunConfig(name="whole", storage_path=str(tmp_path))).fit()
+    broken = TorchTrainer(ddp_loop, train_loop_config={"epochs": 4, "die_at": (1, 2, 1)},
+                          scaling_config=train.ScalingConfig(num_workers=2),
+                          run_config=train.RunConfig(name="broken", storage_path=str(tmp_path),
+                                                     failure_config=train.FailureConfig(max_failures=1))).fit()
+    assert broken.metrics["resumed_from"] == 2
+    progress = CheckpointStore(broken.path, train.CheckpointConfig()).progress()
+    assert [p["loader_epochs"] for p in progress] == [[1], [2], [3], [4]]
+    a, b = _final_weights(whole), _final_weights(broken)
+    assert all(torch.equal(a[k], b[k]) for k in a), (a, b)
+
+
+def test_every_ranks_checkpoint_files_make_the_checkpoint(tmp_path):
+    result = TorchTrainer(sharded_checkpoint_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                          run_config=run_config(tmp_path)).fit()
+    files = sorted(os.listdir(result.checkpoint.path))
+    assert files == ["common.txt", "shard-0.txt", "shard-1.txt"], files
+    with open(os.path.join(result.checkpoint.path, "common.txt")) as f:
+        assert f.read() == "0"  # rank 0's wins
+    # Nothing staged is left behind.
+    assert sorted(os.listdir(result.path)) == ["checkpoint_000000", "progress.jsonl"]
+
+
+def test_a_rank_that_reports_more_often_is_told_why_it_failed(tmp_path):
+    # Rank 1 ends its loop while rank 0 waits in its extra report.
+    trainer = TorchTrainer(uneven_reports_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path))
+    with pytest.raises(train.TrainingFailedError, match="called report.. fewer times than this one"):
+        trainer.fit()
 
 
 def test_max_failures_exhausted_raises_with_the_cause(tmp_path):

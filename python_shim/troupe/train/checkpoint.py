@@ -21,6 +21,7 @@ import uuid
 
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 _TMP_PREFIX = ".tmp_checkpoint_"
+_PART_PREFIX = ".part_"  # another rank's files of a report, staged for rank 0
 PROGRESS = "progress.jsonl"
 
 
@@ -77,6 +78,14 @@ def _fsync_dir(folder):
         os.close(fd)
 
 
+def _copy_unless_there(src, dst):
+    """copytree's copy for merging ranks' files: the first file of a name
+    stays (rank 0's, then the lowest rank's)."""
+    if not os.path.exists(dst):
+        shutil.copy2(src, dst)
+    return dst
+
+
 class CheckpointStore:
     """The persisted checkpoints and progress of one run folder. Only rank 0
     writes (one writer); the driver reads between attempts."""
@@ -89,7 +98,7 @@ class CheckpointStore:
         """Creates the run folder; removes temporary folders a crash left."""
         os.makedirs(self.run_dir, exist_ok=True)
         for entry in os.listdir(self.run_dir):
-            if entry.startswith(_TMP_PREFIX) or entry.startswith(".deleting_"):
+            if entry.startswith((_TMP_PREFIX, ".deleting_", _PART_PREFIX)):
                 shutil.rmtree(os.path.join(self.run_dir, entry), ignore_errors=True)
 
     def indices(self):
@@ -105,13 +114,38 @@ class CheckpointStore:
         found = self.indices()
         return Checkpoint(self.path_of(found[-1])) if found else None
 
-    def persist(self, source_dir, metrics, extra=None):
-        """Copies `source_dir` in as the next checkpoint, atomically, records
-        the report and applies keep-K. Returns the new Checkpoint."""
+    def part_path(self, iteration, rank):
+        return os.path.join(self.run_dir, f"{_PART_PREFIX}{iteration:06d}_rank{rank}")
+
+    def stage_part(self, iteration, rank, source_dir):
+        """Another rank's files of report `iteration`, copied whole (to a
+        temporary name first) where persist() takes them in."""
+        final = self.part_path(iteration, rank)
+        tmp = f"{final}.{uuid.uuid4().hex[:8]}"
+        shutil.copytree(source_dir, tmp)
+        if os.path.isdir(final):
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+
+    def persist(self, source_dir, metrics, extra=None, parts=()):
+        """Copies `source_dir` (None: no files of its own) in as the next
+        checkpoint with the files of `parts` ((rank, staged folder), each
+        taken and removed; `source_dir`'s win where names clash),
+        atomically; records the report and applies keep-K. Returns the new
+        Checkpoint."""
         found = self.indices()
         index = found[-1] + 1 if found else 0
         tmp = os.path.join(self.run_dir, f"{_TMP_PREFIX}{index:06d}_{uuid.uuid4().hex[:8]}")
-        shutil.copytree(source_dir, tmp)
+        if source_dir is not None:
+            shutil.copytree(source_dir, tmp)
+        else:
+            os.makedirs(tmp)
+        for rank, part in parts:
+            if not os.path.isdir(part):
+                raise RuntimeError(f"troupe.train.report: rank {rank} reported a checkpoint, but its files are "
+                                   f"not at {part} (is the storage path shared by every node?)")
+            shutil.copytree(part, tmp, dirs_exist_ok=True, copy_function=_copy_unless_there)
+            shutil.rmtree(part, ignore_errors=True)
         _fsync_tree(tmp)
         final = self.path_of(index)
         os.rename(tmp, final)
@@ -119,6 +153,17 @@ class CheckpointStore:
         self.record(metrics, os.path.basename(final), extra)
         self._keep()
         return Checkpoint(final)
+
+    def loader_epochs_of(self, checkpoint_path):
+        """The data loaders' epochs recorded with the report of
+        `checkpoint_path` (a checkpoint of this run), or None."""
+        if os.path.dirname(os.path.abspath(checkpoint_path)) != os.path.abspath(self.run_dir):
+            return None  # resume_from_checkpoint of another run
+        name = os.path.basename(checkpoint_path)
+        for line in reversed(self.progress()):
+            if line.get("checkpoint") == name:
+                return line.get("loader_epochs")
+        return None
 
     def record(self, metrics, checkpoint_name=None, extra=None):
         line = {"metrics": metrics, "checkpoint": checkpoint_name, "time": time.time(), **(extra or {})}

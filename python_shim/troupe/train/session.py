@@ -57,6 +57,15 @@ class _Session:
     checkpoint: Optional[Checkpoint]
     use_gpu: bool
     reports: int = 0
+    # The prepared data loaders (troupe.train.torch._EpochLoader), in the
+    # order the loop made them, and the epochs their samplers resume at
+    # (from the checkpoint resumed, when its report recorded them).
+    loaders: list = dataclasses.field(default_factory=list)
+    resume_epochs: Optional[list] = None
+
+    def __post_init__(self):
+        if self.checkpoint is not None:
+            self.resume_epochs = self.store.loader_epochs_of(self.checkpoint.path)
 
 
 _session: Optional[_Session] = None
@@ -79,11 +88,30 @@ def end():
     _session = None
 
 
+def _ranks_with_checkpoints(has):
+    """The world ranks whose report of this step carries a checkpoint (a
+    collective over the group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [0] if has else []
+    flags = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(flags, bool(has))
+    except RuntimeError as e:
+        raise RuntimeError(f"troupe.train.report: the ranks could not exchange this report ({e}): a rank died, or "
+                           "ended its loop having called report() fewer times than this one; every rank must call "
+                           "report() the same number of times, as in Ray Train") from e
+    return [r for r, f in enumerate(flags) if f]
+
+
 def report(metrics, checkpoint=None):
     """Reports this step's metrics (a dict) and, optionally, a checkpoint.
-    Rank 0's reports are the run's: its checkpoints are persisted (atomically,
-    keep-K) and its metrics recorded; other ranks' are counted only (as in
-    Ray, have every rank call report the same number of times)."""
+    Every rank calls it the same number of times (as in Ray): the ranks
+    learn which of them report a checkpoint this step. Rank 0's metrics are
+    the run's; the checkpoint persisted (atomically, keep-K) holds the files
+    of every rank that reported one (a sharded checkpoint), rank 0's
+    winning where two ranks wrote the same file name."""
     s = _current("report")
     if not isinstance(metrics, dict):
         raise TypeError(f"troupe.train.report: metrics must be a dict, got {type(metrics).__name__}")
@@ -91,11 +119,24 @@ def report(metrics, checkpoint=None):
         raise TypeError(f"troupe.train.report: checkpoint must be a troupe.train.Checkpoint, "
                         f"got {type(checkpoint).__name__}")
     s.reports += 1
-    if s.context.world_rank != 0:
+    ranks = _ranks_with_checkpoints(checkpoint is not None)
+    others = [r for r in ranks if r != 0]
+    rank = s.context.world_rank
+    if others:
+        # Each other rank stages its files where rank 0 finds them, and
+        # the group waits until all are staged.
+        import torch.distributed as dist
+
+        if rank in others:
+            s.store.stage_part(s.reports, rank, checkpoint.path)
+        dist.barrier()
+    if rank != 0:
         return
-    extra = {"iteration": s.reports, "restart_count": s.context.restart_count}
-    if checkpoint is not None:
-        s.store.persist(checkpoint.path, metrics, extra)
+    extra = {"iteration": s.reports, "restart_count": s.context.restart_count,
+             "loader_epochs": [loader._resume_epoch() for loader in s.loaders]}
+    if ranks:
+        s.store.persist(checkpoint.path if checkpoint is not None else None, metrics, extra,
+                        parts=[(r, s.store.part_path(s.reports, r)) for r in others])
     else:
         s.store.record(metrics, None, extra)
 

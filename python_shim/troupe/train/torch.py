@@ -4,7 +4,9 @@ in DistributedDataParallel; `prepare_data_loader` gives each rank its shard
 (DistributedSampler) and moves batches to the device. The sampler's epoch is
 handled: each new pass over the loader advances it, unless the loop set it
 itself (`loader.sampler.set_epoch(epoch)`, as torchrun scripts do), which
-wins.
+wins. A checkpoint's report records each loader's epoch, and a run resumed
+from it goes on from there: its next pass shuffles as the uninterrupted
+run's did (a report made during a pass resumes that pass's epoch).
 """
 
 import torch
@@ -85,6 +87,25 @@ class _EpochLoader:
         self._device = device
         self._passes = 0
         self._last_epoch = None
+        self._in_pass = False
+        s = session._session
+        if s is not None:
+            index = len(s.loaders)
+            s.loaders.append(self)
+            sampler = loader.sampler
+            resumed = s.resume_epochs[index] if s.resume_epochs and index < len(s.resume_epochs) else None
+            if isinstance(sampler, DistributedSampler) and isinstance(resumed, int):
+                sampler.set_epoch(resumed)
+
+    def _resume_epoch(self):
+        """The epoch a run resumed from a checkpoint reported now starts
+        this loader at: the current pass's, else the next pass's."""
+        sampler = self._loader.sampler
+        if not isinstance(sampler, DistributedSampler):
+            return None
+        if self._in_pass or self._passes == 0 or sampler.epoch != self._last_epoch:
+            return sampler.epoch  # mid-pass, never passed, or set by the loop for its next pass
+        return sampler.epoch + 1
 
     def __iter__(self):
         sampler = self._loader.sampler
@@ -93,8 +114,12 @@ class _EpochLoader:
                 sampler.set_epoch(sampler.epoch + 1)
             self._last_epoch = sampler.epoch
         self._passes += 1
-        for batch in self._loader:
-            yield batch if self._device is None or self._device.type == "cpu" else _to(batch, self._device)
+        self._in_pass = True
+        try:
+            for batch in self._loader:
+                yield batch if self._device is None or self._device.type == "cpu" else _to(batch, self._device)
+        finally:
+            self._in_pass = False
 
     def __len__(self):
         return len(self._loader)
