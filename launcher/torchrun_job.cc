@@ -195,6 +195,7 @@ class TorchrunJob {
       }
       s.nodes = std::min(s.nodes, o_.max_nodes);
       if (s.nodes >= o_.min_nodes) return s;
+      refuse_if_no_node_can_hold(nodes, s.resource);
       if (Clock::now() >= deadline)
         throw ConfigError("waited " + std::to_string(kRendezvousTimeout.count()) + " s for " +
                           std::to_string(o_.min_nodes) + " node(s) with " + std::to_string(o_.nproc_per_node) +
@@ -204,6 +205,27 @@ class TorchrunJob {
       check_stop();
       std::this_thread::sleep_for(200ms);
     }
+  }
+
+  // A node's ranks need nproc_per_node of `resource` on one node: when no
+  // live node has that many in total, waiting cannot help (TorchTrainer
+  // refuses such a group too). Nodes that join later are a new run's.
+  void refuse_if_no_node_can_hold(const std::vector<wire::NodeInfo>& nodes, const std::string& resource) const {
+    std::string have;
+    for (auto& n : nodes) {
+      if (!n.alive) continue;
+      auto it = n.total.find(resource);
+      const double total = it == n.total.end() ? 0 : it->second;
+      if (total >= o_.nproc_per_node) return;
+      char amount[32];
+      std::snprintf(amount, sizeof(amount), "%g", total);
+      have += (have.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.id) + " " + amount;
+    }
+    if (have.empty()) return;  // no live node yet: one may be joining
+    throw ConfigError("--nproc-per-node " + std::to_string(o_.nproc_per_node) + " needs " +
+                      std::to_string(o_.nproc_per_node) + " " + resource + " on one node, and no node of the cluster " +
+                      "has that many in all (" + resource + ": " + have + "): give a smaller --nproc-per-node, or " +
+                      "start a node agent with more (troupe start --resources)");
   }
 
   // Whether the next attempt can run in `a`'s slots: warm restarts are on,

@@ -327,7 +327,10 @@ std::string random_run_id() {
   std::string id;
   for (int i = 0; i < 32; ++i) {
     if (i == 8 || i == 12 || i == 16 || i == 20) id += '-';
-    id += "0123456789abcdef"[hex(rd)];
+    int digit = hex(rd);
+    if (i == 12) digit = 4;                // version 4: random
+    if (i == 16) digit = 8 | (digit & 3);  // RFC 4122 variant: 8, 9, a or b
+    id += "0123456789abcdef"[digit];
   }
   return id;
 }

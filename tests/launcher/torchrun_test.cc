@@ -233,6 +233,12 @@ TEST(TorchrunOptions, ProgramsFiltersAndStartMethods) {
   EXPECT_EQ(o.script, "./train.sh");
   EXPECT_EQ(o.script_args, (std::vector<std::string>{"--epochs", "2"}));
   EXPECT_TRUE(tl::parse_torchrun_args({"a.py"}).local_ranks_filter.empty());
+  // The default run id is a version-4 UUID, as torchrun --standalone's.
+  for (int i = 0; i < 20; ++i) {
+    const std::string id = tl::random_run_id();
+    EXPECT_TRUE(std::regex_match(id, std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")))
+        << id;
+  }
 }
 
 TEST(TorchrunOptions, EnvironmentIsTorchrunsTable) {
@@ -445,6 +451,16 @@ TEST_F(TorchrunTest, KilledNodeAgentShrinksAnElasticGroup) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(node.output, m, std::regex("\\(pid ([0-9]+)\\)"))) << node.output;
   pid_t node_pid = std::stoi(m[1]);
+
+  // Two ranks a node fit no node of this cluster (1 CPU each): refused at
+  // once, not after the 300 s rendezvous wait.
+  auto too_big = run(torchrun(
+      {"--address", address, "--nproc-per-node", "2", "--python", kPython, kScripts + "/env_dump.py", out_.string()}));
+  EXPECT_EQ(too_big.status, 1) << too_big.output;
+  EXPECT_NE(too_big.output.find("--nproc-per-node 2 needs 2 CPU on one node, and no node of the cluster has that "
+                                "many in all (CPU: node 1 1, node 2 1)"),
+            std::string::npos)
+      << too_big.output;
 
   auto job = std::async(std::launch::async, [&] {
     return run(torchrun({"--address", address, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "2",
