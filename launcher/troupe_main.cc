@@ -847,6 +847,10 @@ int main(int argc, char** argv) {
   status->add_option("--limit", a.status.limit, "list at most N actors, the newest (0 = all)")
       ->check(CLI::Range(0u, 1u << 30));
   auto* stop = app.add_subcommand("stop", "stop the cluster of this session");
+  auto* session =
+      app.add_subcommand("session",
+                         "print this session's directory ($TROUPE_SESSION_DIR, else $XDG_RUNTIME_DIR/troupe, else "
+                         "/tmp/troupe-UID): its token, address, pid and log files");
   stop->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");
   submit->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
@@ -892,6 +896,10 @@ int main(int argc, char** argv) {
     if (*start) return cmd_start(a);
     if (*status) return cmd_status(a);
     if (*stop) return cmd_stop(a);
+    if (*session) {
+      std::printf("%s\n", session_dir().c_str());
+      return 0;
+    }
     if (*submit) return cmd_submit(a);
     if (*logs) return cmd_logs(a, la);
     if (*slurm) {

@@ -228,6 +228,14 @@ TEST_F(LauncherTest, SupervisedHeadComesBackAfterSigkill) {
   EXPECT_NE(refused.output.find("--no-state-db"), std::string::npos) << refused.output;
 }
 
+// `troupe session` names the directory the other commands use, for
+// scripts that read its token or pid files.
+TEST_F(LauncherTest, SessionPrintsTheSessionDirectory) {
+  auto r = run(std::string(TROUPE_CLI) + " session");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output, dir_.string() + "\n");
+}
+
 TEST_F(LauncherTest, ClearErrorsWithoutACluster) {
   auto status = run(std::string(TROUPE_CLI) + " status");
   EXPECT_NE(status.status, 0);
