@@ -200,7 +200,9 @@ int start_head(const std::string& dir, const Args& a) {
   write_session_file(dir, "address", address, 0600);
   write_session_file(dir, "dashboard", dashboard, 0600);
   write_session_file(dir, "state_db", o.env.head_state_db, 0600);
-  std::printf("head started (pid %d) at %s; session %s (token in %s/token)\n", p.pid, address.c_str(), dir.c_str(),
+  // With --supervise, p.pid is the supervisor's: the head is its child.
+  std::printf("head started (%s %d) at %s; session %s (token in %s/token)\n",
+              a.supervise ? "supervised: the supervisor is pid" : "pid", p.pid, address.c_str(), dir.c_str(),
               dir.c_str());
   if (!dashboard.empty())
     std::printf("dashboard at %s%s\n", dashboard.c_str(),

@@ -189,6 +189,9 @@ TEST_F(LauncherTest, SupervisedHeadComesBackAfterSigkill) {
   ASSERT_EQ(head.status, 0) << head.output;
   const std::string dir = dir_.string();
   const pid_t supervisor = std::stoi(troupe::core::read_session_file(dir, "head.pid"));
+  EXPECT_NE(head.output.find("head started (supervised: the supervisor is pid " + std::to_string(supervisor) + ")"),
+            std::string::npos)
+      << head.output;
   const pid_t first = child_of(supervisor);
   ASSERT_GT(first, 0) << "no head under the supervisor " << supervisor;
   troupe::InitOptions o;
