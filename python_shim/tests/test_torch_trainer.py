@@ -339,7 +339,8 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
                                                      failure_config=train.FailureConfig(max_failures=1))).fit()
     assert broken.metrics["resumed_from"] == 2
     progress = CheckpointStore(broken.path, train.CheckpointConfig()).progress()
-    assert [p["loader_epochs"] for p in progress] == [[1], [2], [3], [4]]
+    # Each rank's loaders' epochs, recorded with each checkpoint.
+    assert [p["loader_epochs"] for p in progress] == [[[e], [e]] for e in (1, 2, 3, 4)]
     a, b = _final_weights(whole), _final_weights(broken)
     assert all(torch.equal(a[k], b[k]) for k in a), (a, b)
 

@@ -17,6 +17,8 @@ import threading
 
 _WORKER_FILE = re.compile(r"/worker-[^/]*\.log$")  # runtime/node/worker_pool.cc
 _installed = []  # the wrappers, once installed
+_install_lock = threading.Lock()
+_label = None  # what mark_output was last given
 
 
 def _shares_drivers_console():
@@ -35,7 +37,22 @@ class _Marked(io.TextIOBase):
         self._stream = stream
         self._mark = mark
         self._line_start = True
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler that prints while a write is under
+        # way must not wait on itself.
+        self._lock = threading.RLock()
+
+    # TextIOBase defines these (as None): the wrapped stream's, not those.
+    @property
+    def encoding(self):
+        return self._stream.encoding
+
+    @property
+    def errors(self):
+        return self._stream.errors
+
+    @property
+    def newlines(self):
+        return self._stream.newlines
 
     def write(self, text):
         if not isinstance(text, str):
@@ -66,20 +83,37 @@ class _Marked(io.TextIOBase):
         return getattr(self._stream, name)
 
 
+def _remark():
+    mark = f"({_label} pid={os.getpid()}) "
+    for w in _installed:
+        w._mark = mark
+
+
+def _after_fork_in_child():
+    # A forked child (a DataLoader worker) marks its lines with its own
+    # pid, and does not inherit a lock another thread held at the fork.
+    for w in _installed:
+        w._lock = threading.RLock()
+    _remark()
+
+
 def mark_output(label):
     """Marks this worker's lines `(label pid=N) ` from now on, when it shares
     the driver's console; a later call changes the mark."""
-    mark = f"({label} pid={os.getpid()}) "
-    if _installed:
-        for w in _installed:
-            w._mark = mark
-        return
-    if not _shares_drivers_console():
-        return
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is None:
-            continue
-        w = _Marked(stream, mark)
-        setattr(sys, name, w)
-        _installed.append(w)
+    global _label
+    with _install_lock:
+        _label = label
+        if _installed:
+            _remark()
+            return
+        if not _shares_drivers_console():
+            return
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is None:
+                continue
+            w = _Marked(stream, "")
+            setattr(sys, name, w)
+            _installed.append(w)
+        _remark()
+        os.register_at_fork(after_in_child=_after_fork_in_child)

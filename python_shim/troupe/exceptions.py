@@ -23,10 +23,26 @@ class TaskError(TroupeError):
         self.cause = cause
         self.traceback_str = traceback_str
 
+    def as_instanceof_cause(self):
+        """As Ray's: an error that is also of the original exception's
+        class. troupe raises one already (when that class can be a base):
+        this is it."""
+        return self
 
-class ActorDiedError(TroupeError):
+
+class RayActorError(TroupeError):
+    """Ray's base of the errors of an actor that cannot take calls."""
+
+
+class ActorDiedError(RayActorError):
     """The actor is dead (killed, crashed, out of restarts) or died while the
     call was in flight."""
+
+
+class ActorUnavailableError(RayActorError):
+    """Ray's error for an actor that is restarting. troupe waits for the
+    restart instead (a call in flight when the actor died raises
+    ActorDiedError)."""
 
 
 class WorkerCrashedError(TroupeError):
@@ -46,6 +62,12 @@ class ObjectLostError(TroupeError):
     """An object's owner died or cannot be reached."""
 
 
+class OwnerDiedError(ObjectLostError):
+    """Ray's name for an object lost with its owner; troupe raises
+    ObjectLostError, which `except OwnerDiedError` does not catch, but
+    `except ObjectLostError` catches both, as in Ray."""
+
+
 class StreamError(TroupeError):
     """A streaming call's stream broke while its call ran on (or its
     reader, the ObjectRefGenerator, was dropped)."""
@@ -62,6 +84,49 @@ class ConfigError(TroupeError, ValueError):
 
 class TroupeConnectionError(TroupeError, ConnectionError):
     """The cluster cannot be reached, or refused this process (wrong token)."""
+
+
+# Ray's names (ray.exceptions), so that code moved from Ray imports and
+# catches as it did. The first three are troupe's own classes under Ray's
+# names; the others are defined for `except` clauses and raised by troupe
+# where it has the same failure (see each).
+RayError = TroupeError
+RayTaskError = TaskError
+
+
+class RaySystemError(TroupeError):
+    """Ray's error of its own machinery; troupe raises TroupeError."""
+
+
+class NodeDiedError(TroupeError):
+    """Ray's error for a node lost; troupe's calls on it raise
+    ActorDiedError or WorkerCrashedError, naming the node."""
+
+
+class OutOfMemoryError(TroupeError):
+    """Ray's error for a worker its memory monitor killed; troupe has no
+    memory monitor (a worker the kernel kills is WorkerCrashedError)."""
+
+
+class ObjectStoreFullError(TroupeError):
+    """Ray's error for a full object store; troupe's stores are bounded by
+    TROUPE_OBJECT_STORE_BYTES and raise TroupeError naming it."""
+
+
+class RuntimeEnvSetupError(TroupeError):
+    """Ray's error for a runtime_env that could not be set up; troupe
+    refuses a bad runtime_env with ConfigError, and a failed pip install
+    with TroupeError naming the package."""
+
+
+class TaskUnschedulableError(TroupeError):
+    """Ray's error for a task that can be placed nowhere; troupe raises
+    ConfigError at submit, naming the resources."""
+
+
+class ActorUnschedulableError(TroupeError):
+    """Ray's error for an actor that can be placed nowhere; troupe raises
+    ConfigError at creation, naming the resources."""
 
 
 # Subclasses of TaskError and an original class, by that class.

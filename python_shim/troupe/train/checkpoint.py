@@ -78,11 +78,15 @@ def _fsync_dir(folder):
         os.close(fd)
 
 
-def _copy_unless_there(src, dst):
-    """copytree's copy for merging ranks' files: the first file of a name
-    stays (rank 0's, then the lowest rank's)."""
+def _move_unless_there(src, dst):
+    """copytree's copy for merging ranks' staged files (on the same file
+    system: moved, not copied): the first file of a name stays (rank 0's,
+    then the lowest rank's)."""
     if not os.path.exists(dst):
-        shutil.copy2(src, dst)
+        try:
+            os.rename(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
     return dst
 
 
@@ -144,7 +148,7 @@ class CheckpointStore:
             if not os.path.isdir(part):
                 raise RuntimeError(f"troupe.train.report: rank {rank} reported a checkpoint, but its files are "
                                    f"not at {part} (is the storage path shared by every node?)")
-            shutil.copytree(part, tmp, dirs_exist_ok=True, copy_function=_copy_unless_there)
+            shutil.copytree(part, tmp, dirs_exist_ok=True, copy_function=_move_unless_there)
             shutil.rmtree(part, ignore_errors=True)
         _fsync_tree(tmp)
         final = self.path_of(index)

@@ -57,15 +57,40 @@ class _Session:
     checkpoint: Optional[Checkpoint]
     use_gpu: bool
     reports: int = 0
-    # The prepared data loaders (troupe.train.torch._EpochLoader), in the
-    # order the loop made them, and the epochs their samplers resume at
-    # (from the checkpoint resumed, when its report recorded them).
+    # A gloo group of the same ranks for report()'s small exchanges when
+    # the training group is NCCL's (None: the default group).
+    control_group: object = None
+    # The prepared data loaders (weak references to
+    # troupe.train.torch._EpochLoader), in the order the loop made them,
+    # and the epochs this rank's resume at (from the checkpoint resumed,
+    # when its report recorded them).
     loaders: list = dataclasses.field(default_factory=list)
     resume_epochs: Optional[list] = None
 
     def __post_init__(self):
-        if self.checkpoint is not None:
-            self.resume_epochs = self.store.loader_epochs_of(self.checkpoint.path)
+        if self.checkpoint is None:
+            return
+        by_rank = self.store.loader_epochs_of(self.checkpoint.path)
+        if by_rank:
+            # A group of another size (elastic) takes rank 0's.
+            rank = self.context.world_rank
+            self.resume_epochs = by_rank[rank] if rank < len(by_rank) else by_rank[0]
+
+    def add_loader(self, loader):
+        """Registers a prepared loader; returns the epoch it resumes at (or
+        None)."""
+        import weakref
+
+        index = len(self.loaders)
+        self.loaders.append(weakref.ref(loader))
+        if self.resume_epochs and index < len(self.resume_epochs):
+            return self.resume_epochs[index]
+        return None
+
+    def loader_epochs(self):
+        """Each registered loader's epoch to resume at (None: gone, or no
+        DistributedSampler)."""
+        return [None if (loader := ref()) is None else loader._resume_epoch() for ref in self.loaders]
 
 
 _session: Optional[_Session] = None
@@ -88,30 +113,33 @@ def end():
     _session = None
 
 
-def _ranks_with_checkpoints(has):
-    """The world ranks whose report of this step carries a checkpoint (a
-    collective over the group)."""
+def _exchange(s, has):
+    """What every rank's report of this step brings: which ranks carry a
+    checkpoint, and each rank's loader epochs (a collective over the
+    group, on its gloo side group under NCCL)."""
     import torch.distributed as dist
 
+    mine = (bool(has), s.loader_epochs())
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [0] if has else []
-    flags = [None] * dist.get_world_size()
+        return ([0] if has else []), [mine[1]]
+    seen = [None] * dist.get_world_size()
     try:
-        dist.all_gather_object(flags, bool(has))
+        dist.all_gather_object(seen, mine, group=s.control_group)
     except RuntimeError as e:
         raise RuntimeError(f"troupe.train.report: the ranks could not exchange this report ({e}): a rank died, or "
                            "ended its loop having called report() fewer times than this one; every rank must call "
                            "report() the same number of times, as in Ray Train") from e
-    return [r for r, f in enumerate(flags) if f]
+    return [r for r, (f, _) in enumerate(seen) if f], [epochs for _, epochs in seen]
 
 
 def report(metrics, checkpoint=None):
     """Reports this step's metrics (a dict) and, optionally, a checkpoint.
-    Every rank calls it the same number of times (as in Ray): the ranks
-    learn which of them report a checkpoint this step. Rank 0's metrics are
-    the run's; the checkpoint persisted (atomically, keep-K) holds the files
-    of every rank that reported one (a sharded checkpoint), rank 0's
-    winning where two ranks wrote the same file name."""
+    Every rank calls it the same number of times (as in Ray Train): the
+    ranks learn which of them report a checkpoint. Rank 0's metrics are the
+    run's; the checkpoint persisted (atomically, keep-K) holds the files of
+    every rank that reported one (a sharded checkpoint), rank 0's winning
+    where two ranks wrote the same file name. Each rank's data loaders'
+    epochs are recorded with it, for a run resumed from it."""
     s = _current("report")
     if not isinstance(metrics, dict):
         raise TypeError(f"troupe.train.report: metrics must be a dict, got {type(metrics).__name__}")
@@ -119,7 +147,7 @@ def report(metrics, checkpoint=None):
         raise TypeError(f"troupe.train.report: checkpoint must be a troupe.train.Checkpoint, "
                         f"got {type(checkpoint).__name__}")
     s.reports += 1
-    ranks = _ranks_with_checkpoints(checkpoint is not None)
+    ranks, epochs = _exchange(s, checkpoint is not None)
     others = [r for r in ranks if r != 0]
     rank = s.context.world_rank
     if others:
@@ -129,11 +157,10 @@ def report(metrics, checkpoint=None):
 
         if rank in others:
             s.store.stage_part(s.reports, rank, checkpoint.path)
-        dist.barrier()
+        dist.barrier(group=s.control_group)
     if rank != 0:
         return
-    extra = {"iteration": s.reports, "restart_count": s.context.restart_count,
-             "loader_epochs": [loader._resume_epoch() for loader in s.loaders]}
+    extra = {"iteration": s.reports, "restart_count": s.context.restart_count, "loader_epochs": epochs}
     if ranks:
         s.store.persist(checkpoint.path if checkpoint is not None else None, metrics, extra,
                         parts=[(r, s.store.part_path(s.reports, r)) for r in others])

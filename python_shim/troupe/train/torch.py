@@ -89,13 +89,9 @@ class _EpochLoader:
         self._last_epoch = None
         self._in_pass = False
         s = session._session
-        if s is not None:
-            index = len(s.loaders)
-            s.loaders.append(self)
-            sampler = loader.sampler
-            resumed = s.resume_epochs[index] if s.resume_epochs and index < len(s.resume_epochs) else None
-            if isinstance(sampler, DistributedSampler) and isinstance(resumed, int):
-                sampler.set_epoch(resumed)
+        resumed = s.add_loader(self) if s is not None else None
+        if isinstance(loader.sampler, DistributedSampler) and isinstance(resumed, int):
+            loader.sampler.set_epoch(resumed)
 
     def _resume_epoch(self):
         """The epoch a run resumed from a checkpoint reported now starts

@@ -234,6 +234,7 @@ class TorchTrainer:
 
     def _attempt(self, rt, store, name):
         workers = []
+        store.sweep()  # what an attempt before this one left half-written or staged
         try:
             self._place(rt, workers)
             refs = self._start(rt, workers, store, name)

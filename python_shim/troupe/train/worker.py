@@ -86,7 +86,10 @@ class TrainWorker:
 
         store = CheckpointStore(ctx.trial_dir, CheckpointConfig(**spec["checkpoint_config"]))
         checkpoint = Checkpoint(spec["checkpoint"]) if spec["checkpoint"] else None
-        session.start(session._Session(ctx, store, checkpoint, use_gpu))
+        # report()'s exchanges go over gloo: cheap, and a peer that left is
+        # seen at once, where NCCL would wait out its timeout.
+        control = dist.new_group(backend="gloo") if use_gpu else None
+        session.start(session._Session(ctx, store, checkpoint, use_gpu, control_group=control))
         try:
             call_loop(fn, config)
             return session._session.reports
