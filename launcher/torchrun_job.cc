@@ -26,6 +26,9 @@ using Clock = std::chrono::steady_clock;
 
 // How long an attempt waits for MIN nodes (torchrun's join timeout is 600 s).
 constexpr auto kRendezvousTimeout = 300s;
+// How long a first attempt waits for a node that could ever hold a node's
+// ranks before it gives up (nodes may be joining as the command starts).
+constexpr auto kNoNodeGrace = 10s;
 // How long one placement try waits before the nodes are counted again.
 constexpr auto kPlaceTimeout = 10s;
 // SIGTERM to SIGKILL when an attempt is stopped (torchrun: 30 s; scripts
@@ -184,6 +187,7 @@ class TorchrunJob {
   // ranks, at most MAX of them; waits (bounded) for MIN.
   Shape choose_shape(Clock::time_point deadline) {
     bool waiting_said = false;
+    const auto started = Clock::now();
     for (;;) {
       auto nodes = rt_.nodes();
       Shape s{"CPU", 0};
@@ -195,7 +199,7 @@ class TorchrunJob {
       }
       s.nodes = std::min(s.nodes, o_.max_nodes);
       if (s.nodes >= o_.min_nodes) return s;
-      refuse_if_no_node_can_hold(nodes, s.resource);
+      if (!launched_once_ && Clock::now() - started >= kNoNodeGrace) refuse_if_no_node_can_hold(nodes);
       if (Clock::now() >= deadline)
         throw ConfigError("waited " + std::to_string(kRendezvousTimeout.count()) + " s for " +
                           std::to_string(o_.min_nodes) + " node(s) with " + std::to_string(o_.nproc_per_node) +
@@ -207,25 +211,28 @@ class TorchrunJob {
     }
   }
 
-  // A node's ranks need nproc_per_node of `resource` on one node: when no
-  // live node has that many in total, waiting cannot help (TorchTrainer
-  // refuses such a group too). Nodes that join later are a new run's.
-  void refuse_if_no_node_can_hold(const std::vector<wire::NodeInfo>& nodes, const std::string& resource) const {
+  // A node's ranks need nproc_per_node CPUs or GPUs on one node. When no
+  // node the cluster has known (alive or not: an agent may come back) has
+  // that many of either in all, after kNoNodeGrace, waiting out the
+  // rendezvous cannot help (TorchTrainer refuses such a group too).
+  void refuse_if_no_node_can_hold(const std::vector<wire::NodeInfo>& nodes) const {
+    auto total = [](const wire::NodeInfo& n, const char* r) {
+      auto it = n.total.find(r);
+      return it == n.total.end() ? 0.0 : it->second;
+    };
     std::string have;
     for (auto& n : nodes) {
-      if (!n.alive) continue;
-      auto it = n.total.find(resource);
-      const double total = it == n.total.end() ? 0 : it->second;
-      if (total >= o_.nproc_per_node) return;
-      char amount[32];
-      std::snprintf(amount, sizeof(amount), "%g", total);
-      have += (have.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.id) + " " + amount;
+      if (total(n, "CPU") >= o_.nproc_per_node || total(n, "GPU") >= o_.nproc_per_node) return;
+      char entry[96];
+      std::snprintf(entry, sizeof(entry), "node %llu: CPU %g, GPU %g", static_cast<unsigned long long>(n.id),
+                    total(n, "CPU"), total(n, "GPU"));
+      have += (have.empty() ? "" : "; ") + std::string(entry);
     }
-    if (have.empty()) return;  // no live node yet: one may be joining
-    throw ConfigError("--nproc-per-node " + std::to_string(o_.nproc_per_node) + " needs " +
-                      std::to_string(o_.nproc_per_node) + " " + resource + " on one node, and no node of the cluster " +
-                      "has that many in all (" + resource + ": " + have + "): give a smaller --nproc-per-node, or " +
-                      "start a node agent with more (troupe start --resources)");
+    if (have.empty()) return;  // no node yet: one may be joining
+    const std::string n = std::to_string(o_.nproc_per_node);
+    throw ConfigError("--nproc-per-node " + n + " needs " + n + " CPUs or " + n + " GPUs on one node, and no node " +
+                      "of the cluster has that many (" + have + "): give a smaller --nproc-per-node, or start a " +
+                      "node agent with more (troupe start --resources)");
   }
 
   // Whether the next attempt can run in `a`'s slots: warm restarts are on,
@@ -293,6 +300,7 @@ class TorchrunJob {
 
   void launch(Attempt& a, int restart) {
     a.restart = restart;
+    launched_once_ = true;
     AttemptEnv env{restart, o_.max_restarts, run_id_, "", 0, omp_, nccl_async_};
     env.master_addr = wire::strip_brackets(wire::parse_address(a.slots[0].info().address).first);
     env.master_port = a.slots[0].call(&TorchrunSlot::free_port).get();
@@ -451,6 +459,7 @@ class TorchrunJob {
   std::string cwd_;
   std::string omp_;
   std::string nccl_async_ = "1";
+  bool launched_once_ = false;  // an attempt started: later ones wait for room, whatever the nodes
   uint32_t spare_delay_ms_ = spare_delay_from_env();
   const StopSignals* stop_ = nullptr;
 };

@@ -33,6 +33,8 @@ POLL_S = 0.25
 # take (a node agent that does not answer costs one look, not the driver).
 CHUNK_BYTES = 256 << 10
 READ_TIMEOUT_S = 2.0
+# Looks in a row that failed before it is said (once).
+FAILURES_SAID = 20
 # How long shutdown's last look may take in all.
 CLOSE_BOUND_S = 5.0
 _EXECUTOR_CLASS = "TaskExecutor"  # runtime/client/task.h
@@ -79,11 +81,19 @@ class DriverLogs:
             self._followed.clear()
 
     def _run(self):
+        failures, said = 0, False
         while not self._stop.wait(POLL_S):
             try:
                 self.poll()
-            except Exception:  # noqa: BLE001 - the head away for a moment, or the client closing
-                continue
+                failures = 0
+            except Exception as e:  # noqa: BLE001 - the head away for a moment, or the client closing
+                # Said once, when it lasts (a head of another version, say),
+                # not for a blip.
+                failures += 1
+                if failures >= FAILURES_SAID and not said and not self._stop.is_set():
+                    said = True
+                    print(f"troupe: log_to_driver cannot follow the workers' logs ({type(e).__name__}: {e}); "
+                          "still trying (troupe logs ACTOR reads one)", file=sys.stderr, flush=True)
 
     def poll(self, deadline=None):
         with self._lock:

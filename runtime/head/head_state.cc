@@ -1093,15 +1093,15 @@ std::vector<NodeInfo> HeadState::nodes() const {
 }
 
 nlohmann::json HeadState::actors_json(const StatusRequest& request) const {
-  std::vector<std::pair<const ActorInfo*, uint64_t>> shown;  // and its driver
+  std::vector<const Actor*> shown;
   for (const auto& [id, a] : actors_) {
     if (!request.state.empty() && request.state != to_string(a.info.state)) continue;
-    uint64_t driver = driver_of(a);
-    if (request.driver == 0 || request.driver == driver) shown.emplace_back(&a.info, driver);
+    if (request.driver == 0 || request.driver == driver_of(a)) shown.push_back(&a);
   }
   if (request.limit && shown.size() > request.limit) shown.erase(shown.begin(), shown.end() - request.limit);
   auto j = nlohmann::json::array();
-  for (const auto& [a, driver] : shown)
+  for (const Actor* actor : shown) {
+    const ActorInfo* a = &actor->info;
     j.push_back({{"id", a->id},
                  {"class", a->class_name},
                  {"name", a->name},
@@ -1113,7 +1113,8 @@ nlohmann::json HeadState::actors_json(const StatusRequest& request) const {
                  {"max_restarts", a->max_restarts},
                  {"pending_reason", a->pending_reason},
                  {"death_cause", a->death_cause},
-                 {"driver", driver}});
+                 {"driver", driver_of(*actor)}});
+  }
   return j;
 }
 

@@ -1,16 +1,41 @@
 #include "troupe/runtime/head/head_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
 
 namespace troupe::head {
 
+namespace {
+
+// The cluster's KV store is in the state file: readable by its owner alone,
+// as the token is. Created 0600 before SQLite opens it (SQLite gives the
+// -wal and -shm files the database's mode); a file of an older head, and
+// journal files it left, are made 0600 too. A file this user cannot chmod
+// (another's, or a file system without modes) is used as it is, with a
+// warning.
+void keep_private(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, S_IRUSR | S_IWUSR);
+  if (fd >= 0) ::close(fd);
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    const std::string f = path + suffix;
+    if (::chmod(f.c_str(), S_IRUSR | S_IWUSR) != 0 && errno != ENOENT)
+      TROUPE_LOG_WARN("head state file {}: cannot make it private (chmod 600: {}); it holds the cluster's KV store", f,
+                      std::strerror(errno));
+  }
+}
+
+}  // namespace
+
 HeadStore::HeadStore(const std::string& path) : path_(path) {
+  keep_private(path);
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                       nullptr) != SQLITE_OK) {
     std::string why = db_ ? sqlite3_errmsg(db_) : "out of memory";
@@ -19,10 +44,6 @@ HeadStore::HeadStore(const std::string& path) : path_(path) {
     throw ConfigError("cannot open the head's state file " + path + ": " + why);
   }
   try {
-    // The cluster's KV store is in it: readable by its owner alone, as the
-    // token is. SQLite gives the -wal and -shm files the same mode.
-    if (::chmod(path.c_str(), S_IRUSR | S_IWUSR) != 0)
-      throw ConfigError("head state file " + path + ": chmod 600: " + std::strerror(errno));
     sqlite3_busy_timeout(db_, 2000);
     exec("PRAGMA journal_mode=WAL");
     exec("PRAGMA synchronous=NORMAL");

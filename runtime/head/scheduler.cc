@@ -4,6 +4,8 @@
 #include <cmath>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "troupe/runtime/core/errors.h"
 
 namespace troupe::head {
@@ -126,7 +128,7 @@ std::string format_resources(const Resources& r) {
     if (std::abs(v - std::round(v)) < kEps)
       s << static_cast<long long>(std::round(v));
     else
-      s << v;  // as `troupe status` writes amounts: 0.5, not 0.500000
+      s << fmt::format("{}", v);  // the shortest that reads back as v: 0.5, not 0.500000
   }
   return s.str();
 }

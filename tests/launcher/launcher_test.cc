@@ -77,7 +77,10 @@ struct SilentService {
 };
 
 TEST_F(LauncherTest, StartStatusSubmitStop) {
+  // A permissive umask, so that the file modes checked below are troupe's.
+  const mode_t umask_before = ::umask(022);
   auto head = run(std::string(TROUPE_CLI) + " start --head --port 0 --resources CPU=2,GPU=0");
+  ::umask(umask_before);
   ASSERT_EQ(head.status, 0) << head.output;
   std::string dir = dir_.string();
   std::string address = troupe::core::read_session_file(dir, "address");

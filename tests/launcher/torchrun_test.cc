@@ -452,13 +452,13 @@ TEST_F(TorchrunTest, KilledNodeAgentShrinksAnElasticGroup) {
   ASSERT_TRUE(std::regex_search(node.output, m, std::regex("\\(pid ([0-9]+)\\)"))) << node.output;
   pid_t node_pid = std::stoi(m[1]);
 
-  // Two ranks a node fit no node of this cluster (1 CPU each): refused at
-  // once, not after the 300 s rendezvous wait.
+  // Two ranks a node fit no node of this cluster (1 CPU each): refused
+  // after a 10 s grace, not after the 300 s rendezvous wait.
   auto too_big = run(torchrun(
       {"--address", address, "--nproc-per-node", "2", "--python", kPython, kScripts + "/env_dump.py", out_.string()}));
   EXPECT_EQ(too_big.status, 1) << too_big.output;
-  EXPECT_NE(too_big.output.find("--nproc-per-node 2 needs 2 CPU on one node, and no node of the cluster has that "
-                                "many in all (CPU: node 1 1, node 2 1)"),
+  EXPECT_NE(too_big.output.find("--nproc-per-node 2 needs 2 CPUs or 2 GPUs on one node, and no node of the cluster "
+                                "has that many (node 1: CPU 1, GPU 0; node 2: CPU 1, GPU 0)"),
             std::string::npos)
       << too_big.output;
 
