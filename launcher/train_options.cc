@@ -1,8 +1,11 @@
 #include "train_options.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -90,6 +93,8 @@ const std::map<std::string, Setter>& job_keys() {
       {"min_lr_factor", field(&TrainOptions::min_lr_factor)},
       {"compression", field(&TrainOptions::compression)},
       {"workers", field(&TrainOptions::workers)},
+      {"min_workers", field(&TrainOptions::min_workers)},
+      {"max_workers", field(&TrainOptions::max_workers)},
       {"epochs", field(&TrainOptions::epochs)},
       {"batch_size", field(&TrainOptions::batch_size)},
       {"optimizer", field(&TrainOptions::optimizer)},
@@ -196,6 +201,11 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "input and target (the next tokens); 0 (the default): --data is .npz");
   app.add_option("--token-dtype", o.token_dtype, "token id type of a raw .bin stream: uint16, uint32, int32, int64");
   app.add_option("--workers", o.workers, "data-parallel trainers");
+  app.add_option("--min-workers", o.min_workers,
+                 "elastic: start with as many as fit, at least this many, and shrink to it after failures "
+                 "(default: --workers)");
+  app.add_option("--max-workers", o.max_workers,
+                 "elastic: grow back up to this many when nodes have room (default: --workers)");
   app.add_option("--epochs", o.epochs, "passes over --data");
   app.add_option("--batch-size", o.batch_size, "samples per worker per step");
   app.add_option("--optimizer", o.optimizer, "sgd or adamw");
@@ -206,7 +216,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--min-lr-factor", o.min_lr_factor, "cosine: the last step's lr as a fraction of --lr");
   app.add_option("--compression", o.compression, "gradient buckets between workers: none, bf16 or fp16");
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (0 = off)");
-  app.add_option("--max-failures", o.max_failures, "trainer failures healed before giving up (-1 = no limit)");
+  app.add_option("--max-failures", o.max_failures, "trainer failures healed before giving up (-1 = no limit)")
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "where checkpoints go (needed, here or in the job file; model.pt loads with torch.load)");
   app.add_flag("--resume", o.resume,
@@ -384,6 +395,12 @@ void check(const TrainOptions& o) {
   check_file("--data", o.data);
   if (!o.val_data.empty()) check_file("--val-data", o.val_data);
   require(o.workers >= 1, "--workers must be at least 1, got " + std::to_string(o.workers));
+  require(o.min_workers >= 0 && o.min_workers <= o.workers, "--min-workers must be in [1, --workers " +
+                                                                std::to_string(o.workers) + "] (0: --workers), got " +
+                                                                std::to_string(o.min_workers));
+  require(o.max_workers == 0 || o.max_workers >= o.workers, "--max-workers must be at least --workers " +
+                                                                std::to_string(o.workers) + " (0: --workers), got " +
+                                                                std::to_string(o.max_workers));
   require(o.epochs >= 1, "--epochs must be at least 1, got " + std::to_string(o.epochs));
   require(o.batch_size >= 1, "--batch-size must be at least 1, got " + std::to_string(o.batch_size));
   require(o.optimizer == "sgd" || o.optimizer == "adamw",
@@ -418,12 +435,42 @@ void make_checkpoint_dir(const TrainOptions& o) {
   std::error_code ec;
   fs::create_directories(o.checkpoint_dir, ec);
   if (ec) throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + ": " + ec.message());
+  // One that exists but takes no file (read-only, another's) is said now,
+  // not at the first checkpoint after training has run.
+  const fs::path probe = fs::path(o.checkpoint_dir) / (".troupe-write-check-" + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + " takes no checkpoint: " + std::strerror(errno));
+  ::close(fd);
+  fs::remove(probe, ec);
 }
 
-trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
+namespace {
+
+// --resume over damaged checkpoints: those newer than the one resumed are
+// named (their steps are trained again); none readable is an error, not a
+// run from step 0 that says there was no checkpoint.
+void resume_notes(const TrainOptions& o, const std::optional<trainer::CheckpointInfo>& latest,
+                  const std::vector<trainer::SkippedCheckpoint>& skipped, std::vector<std::string>* notes) {
+  std::string all;
+  for (const auto& s : skipped) {
+    all += (all.empty() ? "" : "; ") + fs::path(s.path).filename().string() + ": " + s.why;
+    const bool newer = latest && fs::path(s.path).filename() > fs::path(latest->path).filename();
+    if (newer && notes) notes->push_back("skipping damaged checkpoint " + s.path + " (" + s.why + ")");
+  }
+  if (!latest && !skipped.empty())
+    throw ConfigError("--resume: no checkpoint in " + o.checkpoint_dir + " can be read (" + all +
+                      "); move them away to start at step 0");
+}
+
+}  // namespace
+
+trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::string>* notes) {
   trainer::TrainJobConfig c;
   c.name = o.name;
   c.scaling.num_workers = o.workers;
+  c.scaling.min_workers = o.min_workers;
+  c.scaling.max_workers = o.max_workers;
   c.scaling.resources_per_worker = {{"CPU", o.cpus_per_worker}};
   if (o.gpus_per_worker > 0) c.scaling.resources_per_worker["GPU"] = o.gpus_per_worker;
   c.trainer.mixed_precision = o.amp != "none";
@@ -440,7 +487,10 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o) {
   c.trainer.schedule.decay = o.schedule;
   c.trainer.schedule.min_factor = o.min_lr_factor;
   if (fs::is_directory(o.checkpoint_dir)) {
-    if (auto latest = trainer::latest_checkpoint(o.checkpoint_dir)) {
+    std::vector<trainer::SkippedCheckpoint> skipped;
+    auto latest = trainer::latest_checkpoint(o.checkpoint_dir, &skipped);
+    if (o.resume) resume_notes(o, latest, skipped, notes);
+    if (latest) {
       if (!o.resume)
         throw ConfigError(
             "--checkpoint-dir " + o.checkpoint_dir + " already holds a checkpoint (" +

@@ -32,6 +32,11 @@ struct TrainOptions {
   int64_t block_size = 0;              // > 0: --data is a token stream; 0: .npz
   std::string token_dtype = "uint16";  // of a raw .bin token stream
   int64_t workers = 1;
+  // Elastic range (0: --workers): the job starts with as many as can be
+  // placed (at least min_workers), shrinks to no fewer after failures, and
+  // grows back up to max_workers when room appears.
+  int64_t min_workers = 0;
+  int64_t max_workers = 0;
   int64_t epochs = 1;
   int64_t batch_size = 32;
   std::string optimizer = "adamw";
@@ -45,7 +50,9 @@ struct TrainOptions {
   // How gradient buckets travel between workers: none, bf16 or fp16.
   std::string compression = "none";
   double grad_clip = 0.0;  // 0 = off
-  int64_t max_failures = 0;
+  // Trainer failures healed before the job gives up (-1: no limit), as
+  // train_digits's default.
+  int64_t max_failures = 3;
   std::string checkpoint_dir;
   // Go on from the latest checkpoint in checkpoint_dir (from step 0 when it
   // holds none). Without it a checkpoint_dir that holds checkpoints is
@@ -100,6 +107,9 @@ void make_checkpoint_dir(const TrainOptions& o);
 // --batch-size, or an empty --val-data, is refused; so is a --checkpoint-dir
 // holding a checkpoint without --resume (with it, resume_from is set to
 // the latest one).
-trainer::TrainJobConfig to_job_config(const TrainOptions& o);
+// `notes`, when given, gets what to tell the user: damaged checkpoints a
+// --resume passed over. A --resume whose directory holds checkpoints none
+// of which can be read is a ConfigError naming each and why.
+trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::string>* notes = nullptr);
 
 }  // namespace troupe::launcher

@@ -104,7 +104,9 @@ int main(int argc, char** argv) {
   try {
     if (!troupe::launcher::parse_train_args(argc, argv, o)) return 0;
     troupe::launcher::check(o);
-    cfg = troupe::launcher::to_job_config(o);
+    std::vector<std::string> notes;
+    cfg = troupe::launcher::to_job_config(o, &notes);
+    for (const auto& n : notes) std::printf("troupe train: %s\n", n.c_str());
     troupe::launcher::preflight(cfg.trainer);
     // Last: a run refused above leaves no empty directory behind.
     std::error_code ec;

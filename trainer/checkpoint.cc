@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -53,10 +55,15 @@ void fsync_path(const fs::path& p, bool dir) {
 }
 
 void write_file(const fs::path& p, const std::vector<char>& data) {
+  errno = 0;
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
   f.write(data.data(), static_cast<std::streamsize>(data.size()));
   f.close();
-  if (!f) throw Error("cannot write checkpoint file " + p.string());
+  if (!f) {
+    const int err = errno;  // what the failed open, write or close left
+    throw CheckpointWriteError("cannot write checkpoint file " + p.string() +
+                               (err != 0 ? std::string(": ") + std::strerror(err) : std::string()));
+  }
   fsync_path(p, false);
 }
 
@@ -148,7 +155,7 @@ CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
                                const std::map<std::string, double>& metrics) {
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) throw Error("cannot create checkpoint directory " + root + ": " + ec.message());
+  if (ec) throw CheckpointWriteError("cannot create checkpoint directory " + root + ": " + ec.message());
   fs::path final_dir = fs::path(root) / step_dir_name(state.step);
   std::random_device rd;
   fs::path tmp = fs::path(root) /
@@ -180,7 +187,7 @@ CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
     return info_of(final_dir, m);
   } catch (const fs::filesystem_error& e) {
     troupe::core::remove_tree(tmp, ec);
-    throw Error(std::string("writing checkpoint failed: ") + e.what());
+    throw CheckpointWriteError(std::string("writing checkpoint failed: ") + e.what());
   } catch (...) {
     troupe::core::remove_tree(tmp, ec);
     throw;
@@ -203,7 +210,7 @@ TrainState load_checkpoint(const std::string& dir, CheckpointInfo* info_out) {
   return s;
 }
 
-std::vector<CheckpointInfo> list_checkpoints(const std::string& root) {
+std::vector<CheckpointInfo> list_checkpoints(const std::string& root, std::vector<SkippedCheckpoint>* skipped) {
   std::vector<CheckpointInfo> out;
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return out;
@@ -212,16 +219,19 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& root) {
     if (!e.is_directory() || name.rfind("step-", 0) != 0) continue;
     try {
       out.push_back(info_of(e.path(), read_manifest(e.path(), true)));
-    } catch (const std::exception&) {
+    } catch (const std::exception& ex) {
       // Incomplete or corrupt: never a candidate.
+      if (skipped) skipped->push_back({e.path().string(), ex.what()});
     }
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  if (skipped)
+    std::sort(skipped->begin(), skipped->end(), [](const auto& a, const auto& b) { return a.path < b.path; });
   return out;
 }
 
-std::optional<CheckpointInfo> latest_checkpoint(const std::string& root) {
-  auto all = list_checkpoints(root);
+std::optional<CheckpointInfo> latest_checkpoint(const std::string& root, std::vector<SkippedCheckpoint>* skipped) {
+  auto all = list_checkpoints(root, skipped);
   if (all.empty()) return std::nullopt;
   return all.back();
 }
@@ -262,6 +272,15 @@ void CheckpointWriter::submit(TrainState state, std::map<std::string, double> me
 void CheckpointWriter::wait() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  if (error_) {
+    auto e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void CheckpointWriter::check() {
+  std::lock_guard lock(mu_);
   if (error_) {
     auto e = error_;
     error_ = nullptr;

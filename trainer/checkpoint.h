@@ -60,18 +60,36 @@ struct CheckpointInfo {
   TROUPE_FIELDS(path, step, epoch, world_size, cursor, metrics);
 };
 
+// A checkpoint could not be written (a full disk, a read-only directory):
+// not a trainer's failure that a replacement could heal. TrainJob fails
+// with it, naming the newest checkpoint that was written.
+class CheckpointWriteError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Writes `state` as <root>/step-NNNNNNNN atomically; returns its info.
-// Throws troupe::Error on I/O failure (the temporary directory is removed).
+// Throws CheckpointWriteError on I/O failure (the temporary directory is
+// removed).
 CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
                                const std::map<std::string, double>& metrics = {});
 // Reads a checkpoint directory (verifying checksums). Throws troupe::Error
 // naming the file when something is missing or corrupt.
 TrainState load_checkpoint(const std::string& dir, CheckpointInfo* info = nullptr);
+// A step directory that is not a valid checkpoint, and why (a file that
+// fails its checksum, a missing manifest, ...).
+struct SkippedCheckpoint {
+  std::string path;
+  std::string why;
+};
 // The valid checkpoint with the highest step under `root` (nullopt when
-// none). Temporary directories and incomplete ones are never chosen.
-std::optional<CheckpointInfo> latest_checkpoint(const std::string& root);
-// Valid checkpoints under root, by step.
-std::vector<CheckpointInfo> list_checkpoints(const std::string& root);
+// none). Temporary directories and incomplete ones are never chosen; those
+// skipped are added to `skipped` when given.
+std::optional<CheckpointInfo> latest_checkpoint(const std::string& root,
+                                                std::vector<SkippedCheckpoint>* skipped = nullptr);
+// Valid checkpoints under root, by step (the others to `skipped`).
+std::vector<CheckpointInfo> list_checkpoints(const std::string& root,
+                                             std::vector<SkippedCheckpoint>* skipped = nullptr);
 // Removes all but the newest `keep` valid checkpoints and any stale
 // temporary directory. keep <= 0 keeps everything.
 void prune_checkpoints(const std::string& root, int keep);
@@ -89,6 +107,8 @@ class CheckpointWriter {
   void submit(TrainState state, std::map<std::string, double> metrics);
   // Blocks until every submitted checkpoint is on disk; rethrows a failure.
   void wait();
+  // Rethrows a failure of a write that already ended, without waiting.
+  void check();
   std::optional<CheckpointInfo> last() const;
 
  private:

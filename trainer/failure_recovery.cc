@@ -174,7 +174,8 @@ void FailureRecovery::replace_trainers() {
               (replaced < dead_.size() ? " (no room: " + reason + ")" : ""));
   const int64_t world = p_.gang.world();
   if (world < p_.min_workers)
-    throw GiveUp{"only " + std::to_string(world) + " trainer(s) could be placed, scaling.min_workers is " +
+    throw GiveUp{"only " + std::to_string(world) +
+                 " trainer(s) could be placed, scaling.min_workers (troupe train --min-workers) is " +
                  std::to_string(p_.min_workers) + (reason.empty() ? "" : " (" + reason + ")")};
 }
 

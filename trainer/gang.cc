@@ -105,6 +105,30 @@ std::vector<Future<int64_t>> Gang::start_feeds(int64_t batches, std::chrono::mil
   return feeds;
 }
 
+namespace {
+
+// After a round ran past its timeout: the trainers that had not answered
+// (a stalled process, say), named so that an operator can find it.
+std::string silent_trainers(const std::exception_ptr& e, const std::vector<Future<TrainReport>>& fs,
+                            const std::vector<Slot>& slots) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Timeout&) {
+  } catch (...) {
+    return "";  // a failure of its own names itself
+  }
+  std::string names;
+  for (size_t r = 0; r < fs.size() && r < slots.size(); ++r) {
+    if (fs[r].ready()) continue;
+    const auto info = slots[r].trainer.info();
+    names += (names.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " (actor " +
+             std::to_string(info.id) + ", pid " + std::to_string(info.pid) + ")";
+  }
+  return names.empty() ? "" : " from " + names;
+}
+
+}  // namespace
+
 std::vector<TrainReport> Gang::train_round(const TrainRequest& request, int64_t feed_steps,
                                            std::chrono::milliseconds timeout) {
   inflight_.clear();
@@ -115,7 +139,7 @@ std::vector<TrainReport> Gang::train_round(const TrainRequest& request, int64_t 
   for (auto& f : fs) round.push_back(f.state());
   if (auto e = wait_all_or_first_failure(round, timeout)) {
     inflight_ = std::move(round);
-    throw StepFailed(core::exception_text(e));
+    throw StepFailed(core::exception_text(e) + silent_trainers(e, fs, slots_));
   }
   std::vector<TrainReport> reps;
   for (auto& f : fs) reps.push_back(f.get());

@@ -270,6 +270,12 @@ void Run::train() {
       // A trainer refusing its config will refuse it again: not a failure
       // a replacement can fix (its ConfigError arrives as itself).
       give_up(e.what());
+    } catch (const CheckpointWriteError& e) {
+      // Nor is a checkpoint the disk refuses: training on would lose all
+      // it does past the newest checkpoint on disk.
+      const auto newest = writer_ ? writer_->last() : std::nullopt;
+      give_up(std::string(e.what()) + "; the newest checkpoint written is " +
+              (newest ? newest->path + " (step " + std::to_string(newest->step) + ")" : std::string("none")));
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -461,6 +467,7 @@ void Run::end_epoch() {
 
 void Run::checkpoint(const std::map<std::string, double>& m) {
   if (!writer_ || last_checkpoint_step_ == gang_.step()) return;
+  writer_->check();  // an earlier write that failed ends the job now, not at its end
   TrainState state = gang_.state(cfg_.call_timeout);
   state.epoch = state.cursor.epoch;
   writer_->submit(std::move(state), m);
@@ -506,7 +513,7 @@ void Run::recover(const std::string& why) {
   rec.world_before = gang_.world();
   event(JobEventKind::kFailure, why);
   if (cfg_.failure.max_failures >= 0 && failures_ > cfg_.failure.max_failures)
-    give_up("failure " + std::to_string(failures_) + " and failure.max_failures is " +
+    give_up("failure " + std::to_string(failures_) + " and failure.max_failures (troupe train --max-failures) is " +
             std::to_string(cfg_.failure.max_failures) + ": " + why);
   give_up_if_head_lost(why);
   try {

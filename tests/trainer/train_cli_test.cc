@@ -14,6 +14,7 @@
 //    naming the culprit.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -117,11 +118,19 @@ struct Outcome {
 std::string own_mark() { return "TRAIN_CLI_TEST_MARK=" + std::to_string(::getpid()); }
 
 // Starts `args` with stdout and stderr to `log` and `env` added.
+// `max_file_bytes` > 0: no file the command (or a process it starts)
+// writes may grow past that (RLIMIT_FSIZE; SIGXFSZ ignored, so a write
+// past it fails with EFBIG, as on a full disk).
 pid_t spawn(const std::vector<std::string>& args, const fs::path& log,
-            const std::vector<std::pair<std::string, std::string>>& env = {}) {
+            const std::vector<std::pair<std::string, std::string>>& env = {}, rlim_t max_file_bytes = 0) {
   const std::string mark = own_mark();
   pid_t pid = ::fork();
   if (pid == 0) {
+    if (max_file_bytes > 0) {
+      ::signal(SIGXFSZ, SIG_IGN);
+      const struct rlimit limit { max_file_bytes, max_file_bytes };
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(125);
+    }
     ::putenv(const_cast<char*>(mark.c_str()));  // the child's copy of the string outlives the exec
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
     FILE* f = std::freopen(log.c_str(), "w", stdout);
@@ -417,6 +426,55 @@ TEST_F(TrainCliTest, SigtermStopsWithACheckpointAndResumeEndsWithTheSameWeights)
     EXPECT_NE(e.path().filename().string().rfind("worker-", 0), 0u) << "a worker log beside the driver's: " << e.path();
 }
 
+// A checkpoint the disk refuses (here: files may not grow past 256 KiB, and
+// the model's is larger) ends the job with an error naming the file, the
+// reason and the newest checkpoint on disk; it is not healed as a trainer's
+// failure while training goes on without checkpoints.
+TEST_F(TrainCliTest, ACheckpointTheDiskRefusesFailsTheJob) {
+  write_inputs(dir_, "ok", 256, 16384);  // model.pt about 640 KiB
+  const fs::path log = dir_ / "full.log";
+  const Outcome o = finish(spawn({TROUPE_TRAIN, "--model", at("step.pt"), "--data", at("train.npz"), "--workers", "1",
+                                  "--epochs", "2", "--batch-size", "64", "--optimizer", "sgd", "--lr", "0.001",
+                                  "--max-failures", "3", "--checkpoint-dir", at("ckpt")},
+                                 log, {}, 256 << 10),
+                           log);
+  EXPECT_EQ(o.status, 1) << o.output;
+  EXPECT_NE(o.output.find("cannot write checkpoint file"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("File too large"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("the newest checkpoint written is none"), std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find("healed"), std::string::npos) << o.output;
+  EXPECT_TRUE(troupe::test::eventually([] { return live_train_processes() == 0; }, 30s));
+}
+
+// --resume over damaged checkpoints: a damaged newest one is named and
+// passed over; when none can be read it is an error, not a run from step
+// 0 that says the directory holds no checkpoint.
+TEST_F(TrainCliTest, ResumeNamesDamagedCheckpointsAndRefusesWhenNoneCanBeRead) {
+  write_inputs(dir_, "ok", 128, 8);
+  auto args = [&](const std::string& epochs, bool resume) {
+    std::vector<std::string> a = {
+        TROUPE_TRAIN,  "--model", at("step.pt"), "--data", at("train.npz"),    "--epochs", epochs, "--batch-size", "32",
+        "--optimizer", "sgd",     "--lr",        "0.01",   "--checkpoint-dir", at("ckpt")};
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  ASSERT_EQ(run(args("2", false), dir_ / "first.log").status, 0);
+  std::vector<fs::path> steps;
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) steps.push_back(e.path());
+  std::sort(steps.begin(), steps.end());
+  ASSERT_EQ(steps.size(), 2u);  // one at each epoch's end
+  fs::resize_file(steps[1] / "model.pt", 10);
+  const Outcome passed_over = run(args("2", true), dir_ / "passed.log");
+  EXPECT_EQ(passed_over.status, 0) << passed_over.output;
+  EXPECT_NE(passed_over.output.find("skipping damaged checkpoint " + steps[1].string()), std::string::npos)
+      << passed_over.output;
+  EXPECT_NE(passed_over.output.find("resuming from " + steps[0].string()), std::string::npos) << passed_over.output;
+  for (const auto& s : steps) fs::resize_file(s / "model.pt", 10);
+  const Outcome none = run(args("2", true), dir_ / "none.log");
+  expect_one_line_failure(none, "--resume: no checkpoint in " + at("ckpt") + " can be read");
+  EXPECT_NE(none.output.find("has 10 bytes, its manifest says"), std::string::npos) << none.output;
+}
+
 TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   write_inputs(dir_, "ok", 64, 8);
   const std::vector<std::string> ok = {TROUPE_TRAIN,    "--model",          at("step.pt"), "--data",
@@ -452,6 +510,8 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--cpus-per-worker", "inf"}), "--cpus-per-worker must be a positive finite number");
   expect_one_line_failure(with({"--gpus-per-worker", "nan"}), "--gpus-per-worker");
   expect_one_line_failure(with({"--block-size", "-1"}), "--block-size");  // 0 (the default) is .npz
+  expect_one_line_failure(with({"--workers", "2", "--min-workers", "3"}), "--min-workers must be in [1, --workers 2]");
+  expect_one_line_failure(with({"--workers", "2", "--max-workers", "1"}), "--max-workers must be at least --workers 2");
   // Data too small for one step of workers × batch size: refused before
   // anything runs, not 0 steps, a made-up loss and a checkpoint.
   expect_one_line_failure(
@@ -461,6 +521,11 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   EXPECT_FALSE(fs::exists(dir_ / "ckpt")) << "a refused run left an empty --checkpoint-dir";
   expect_one_line_failure(with({"--checkpoint-dir", at("train.npz")}),
                           "--checkpoint-dir " + at("train.npz") + " is a file, not a directory");
+  // A directory that exists but takes no file: refused before training,
+  // not at the first checkpoint (/sys/kernel refuses new files, root's too).
+  if (fs::is_directory("/sys/kernel") && ::access("/sys/kernel", W_OK) != 0)
+    expect_one_line_failure(with({"--checkpoint-dir", "/sys/kernel"}),
+                            "--checkpoint-dir /sys/kernel takes no checkpoint");
   {
     std::ofstream tokens(dir_ / "tokens.bin", std::ios::binary);
     for (uint16_t t = 0; t < 20; ++t) tokens.write(reinterpret_cast<const char*>(&t), sizeof t);

@@ -35,7 +35,7 @@ from troupe.train.trainer import TrainingFailedError
 # The TrainJobConfig fields troupe-train takes (its --config keys), with
 # their Python types.
 _FIELDS = {
-    "workers": int, "epochs": int, "batch_size": int, "optimizer": str, "lr": float, "weight_decay": float,
+    "workers": int, "min_workers": int, "max_workers": int, "epochs": int, "batch_size": int, "optimizer": str, "lr": float, "weight_decay": float,
     "warmup_steps": int, "grad_clip": float, "max_failures": int, "seed": int, "sync_batchnorm": bool,
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
@@ -149,7 +149,7 @@ class TrainJob:
     checkpoint_dir: where checkpoints go (default: a new directory under the
     system's temp dir, kept after the run). address: "HOST:PORT", "auto", or
     None (this process's troupe cluster if initialised, else embedded).
-    Other keywords: the TrainJobConfig fields of `troupe train` (workers,
+    Other keywords: the TrainJobConfig fields of `troupe train` (workers, min_workers, max_workers,
     epochs, batch_size, optimizer, lr, weight_decay, warmup_steps, grad_clip,
     max_failures, seed, sync_batchnorm, cpus_per_worker, log_every, name,
     model_options, block_size, token_dtype, schedule ("constant"/"cosine"),
