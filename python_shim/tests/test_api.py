@@ -1101,3 +1101,62 @@ def test_init_names_a_bad_resource_amount():
         troupe.init(resources={"foo": "bar"})
     with pytest.raises(ConfigError, match="resources must be a dict"):
         troupe.init(resources=["CPU"])
+
+
+@troupe.remote
+class Named:
+    def whoami(self):
+        ctx = troupe.get_runtime_context()
+        return ctx.get_actor_id(), ctx.get_actor_name(), ctx.get_task_id(), ctx.get_worker_id()
+
+    def fail(self):
+        raise KeyError("missing")
+
+
+@troupe.remote
+def task_ids():
+    ctx = troupe.get_runtime_context()
+    return ctx.get_task_id(), ctx.get_worker_id(), ctx.get_actor_name()
+
+
+def test_code_written_for_ray_finds_rays_names():
+    # ray.exceptions' names, catching what troupe raises.
+    from troupe import exceptions as ex
+
+    for name in ("RayError", "RayTaskError", "RayActorError", "ActorUnavailableError", "OwnerDiedError",
+                 "NodeDiedError", "OutOfMemoryError", "ObjectStoreFullError", "RuntimeEnvSetupError",
+                 "TaskUnschedulableError", "ActorUnschedulableError", "RaySystemError"):
+        assert issubclass(getattr(ex, name), ex.RayError), name
+    actor = Named.options(name="ray-names").remote()
+    with pytest.raises(ex.RayTaskError) as info:
+        troupe.get(actor.fail.remote(), timeout=60)
+    assert isinstance(info.value.as_instanceof_cause(), KeyError)
+    # Actor built-ins: ready once constructed; terminate ends it.
+    assert troupe.get(actor.__ray_ready__.remote(), timeout=60) is True
+    actor_id, name, call_id, worker = troupe.get(actor.whoami.remote(), timeout=60)
+    assert actor._actor_id.hex() == actor_id and name == "ray-names"
+    assert call_id and int(worker, 16) > 0
+    assert isinstance(actor, troupe.actor.ActorHandle)
+    with pytest.raises(ex.RayActorError):
+        troupe.get(actor.__ray_terminate__.remote(), timeout=60)
+    with pytest.raises(ex.RayActorError):
+        troupe.get(actor.whoami.remote(), timeout=60)
+    # Tasks: an id each, no actor name; a driver has no task id.
+    (a, wa, na), (b, _, _) = troupe.get([task_ids.remote(), task_ids.remote()], timeout=60)
+    assert a and b and a != b and na is None and int(wa, 16) > 0
+    ctx = troupe.get_runtime_context()
+    assert ctx.get_task_id() is None and ctx.job_id == ctx.get_job_id() and ctx.gcs_address
+
+
+def test_inspect_serializability_names_what_cannot_be_pickled():
+    from troupe.util import inspect_serializability
+
+    lock = threading.Lock()
+
+    def uses_lock():
+        with lock:
+            return 1
+
+    ok, failures = inspect_serializability(uses_lock, name="uses_lock", print_file=open(os.devnull, "w"))
+    assert not ok and failures == {("uses_lock.lock", "lock")}
+    assert inspect_serializability(square)[0] is True

@@ -32,6 +32,11 @@ def test_actor_and_task_run_in_reserved_bundles(cluster):
     table = placement_group_table(pg)
     assert table["state"] == "CREATED"
     assert all(node for node in table["bundle_nodes"])
+    # Ray's keys too, for code that reads them.
+    assert table["placement_group_id"] == str(pg.id) and table["strategy"] == "PACK"
+    assert table["bundles"] == {0: {"CPU": 1.0}, 1: {"CPU": 1.0}}
+    assert table["bundles_to_node_id"] == {i: str(n) for i, n in enumerate(table["bundle_nodes"])}
+    assert placement_group_table()[pg.id] == table
     wait_until(lambda: troupe.available_resources().get("CPU", 0) == 0, what="both CPUs reserved by the group")
 
     actor = Where.options(scheduling_strategy=in_bundle(pg, 0), num_cpus=1).remote()

@@ -24,6 +24,7 @@ detection, object ownership) is the C++ runtime's: this package only turns
 Python values into troupe values and calls troupe._core.
 """
 import atexit
+import json
 import os
 import threading
 
@@ -480,6 +481,44 @@ class RuntimeContext:
 
     def get_job_id(self):
         return self._state.job_id
+
+    @property
+    def job_id(self):
+        return self.get_job_id()
+
+    @property
+    def node_id(self):
+        return self.get_node_id()
+
+    @property
+    def gcs_address(self):
+        """The cluster head's address (Ray's GCS): HOST:PORT."""
+        return json.loads(self._state.client.status_json(limit=1)).get("address")
+
+    def get_task_id(self):
+        """As Ray's: an id of the task or actor call running on this
+        thread (a string); None in a driver or on a thread of the task's
+        own."""
+        from troupe import _worker_hooks
+
+        token = _worker_hooks.current_task_token()
+        return None if token is None else f"{token:x}"
+
+    def get_worker_id(self):
+        """As Ray's: this process's id in the cluster (a hex string), a
+        driver's too."""
+        return f"{self._state.client.client_id:x}"
+
+    def get_actor_name(self):
+        """As Ray's: the name the actor running this was given (without
+        its namespace), None for an unnamed one, a task or a driver."""
+        from troupe import _worker_hooks
+
+        actor = _worker_hooks.user_actor_id()
+        if not actor:
+            return None
+        name = self._state.client.actor_info(actor).get("name") or ""
+        return name.rsplit(_remote.NAMESPACE_SEPARATOR, 1)[-1] if name else None
 
     @property
     def namespace(self):

@@ -687,6 +687,18 @@ class ActorMethod:
         raise TypeError(f"actor method {self._name} cannot be called directly: use .{self._name}.remote()")
 
 
+# Methods every actor has (troupe._worker_hooks.BUILTIN_METHODS).
+_BUILTIN_METHODS = ("__ray_ready__", "__ray_terminate__")
+
+
+class _Id(int):
+    """An id as Ray's ID objects are used: an int, with hex() giving the
+    string form troupe's runtime context uses."""
+
+    def hex(self):
+        return str(int(self))
+
+
 class ActorHandle:
     """A handle to an actor: handle.method.remote(...) returns an ObjectRef.
     Calls from one caller run in the order sent."""
@@ -708,16 +720,24 @@ class ActorHandle:
         self._methods = {}
 
     def __getattr__(self, name):
-        if name.startswith("__"):
+        builtin = name in _BUILTIN_METHODS
+        if name.startswith("__") and not builtin:
             raise AttributeError(name)
         methods = self.__dict__["_methods"]
         m = methods.get(name)
         if m is None:
             table = self.__dict__["_table"]
-            if table is not None and name not in table[1]:
+            if table is not None and name not in table[1] and not builtin:
                 raise AttributeError(f"actor class {table[0]} has no method {name!r}")
-            m = methods[name] = ActorMethod(self, name, table[1][name] if table is not None else 1)
+            returns = table[1][name] if table is not None and not builtin else 1
+            m = methods[name] = ActorMethod(self, name, returns)
         return m
+
+    @property
+    def _actor_id(self):
+        """Ray's ActorHandle._actor_id: the actor's id (.hex() is the
+        string get_runtime_context().get_actor_id() gives inside it)."""
+        return _Id(self._actor.id)
 
     def __repr__(self):
         import troupe

@@ -32,6 +32,9 @@ _lend_for = 0  # its CpuLender (_core.wait_observer() on a task's thread)
 _running = {}
 _coroutines = {}
 _cancelled = collections.OrderedDict()
+# The token of the task or call this thread runs (get_runtime_context's
+# get_task_id), none outside one.
+_current = threading.local()
 _CANCELLED_KEPT = 4096
 _cancel_lock = threading.Lock()
 
@@ -256,16 +259,39 @@ def _streamed(stream, produce, what, where, token):
 def call_method(instance, name, args, top, token=0, stream=None):
     what = f"{type(instance).__name__}.{name}"
     where = lambda: f"{what} (pid {os.getpid()})"  # noqa: E731
+    _current.token = token
     try:
         if stream is not None:
             return _streamed(stream, lambda: _method_call(instance, name, args, top), what, where, token)
         return _answer(_settle(_method_call(instance, name, args, top), token), what)
     except BaseException:
         return _error(where())
+    finally:
+        _current.token = None
+
+
+def current_task_token():
+    """The token of the task or actor call this thread runs, or None."""
+    return getattr(_current, "token", None)
+
+
+def _ray_terminate(instance):
+    from troupe import actor
+
+    actor.exit_actor()
+
+
+# Every actor's methods of Ray's: `__ray_ready__` answers once the actor is
+# constructed (to wait for a group of actors), `__ray_terminate__` ends it
+# as exit_actor() does, after the calls queued before it.
+BUILTIN_METHODS = {"__ray_ready__": lambda instance: True, "__ray_terminate__": _ray_terminate}
 
 
 def _method_call(instance, name, args, top):
     a, kw = ser.load_call_args(args, top)
+    builtin = BUILTIN_METHODS.get(name)
+    if builtin is not None:
+        return builtin(instance, *a, **kw)
     return getattr(instance, name)(*a, **kw)
 
 
@@ -341,6 +367,7 @@ def run_task(key, args, top, token=0, stream=None):
     _lend_for = _core.wait_observer()
     name = key
     thread = threading.get_ident()
+    _current.token = token
     try:
         # The interrupt lands in this try (it is raised only while the token
         # is in _running, and one not raised by its end is dropped there),
@@ -364,6 +391,8 @@ def run_task(key, args, top, token=0, stream=None):
                 _async_raise(thread, None)
     except BaseException:
         return _error(f"task {name} (pid {os.getpid()})")
+    finally:
+        _current.token = None
 
 
 def _task_call(fn, args, top):

@@ -11,6 +11,16 @@ from troupe.exceptions import TroupeError
 _EXIT_WAIT_S = 60.0
 
 
+def __getattr__(name):
+    # Ray's ray.actor.ActorHandle and ActorClass, for code that imports
+    # them from there (type hints, isinstance).
+    if name in ("ActorHandle", "ActorClass", "ActorMethod"):
+        from troupe import _remote
+
+        return getattr(_remote, name)
+    raise AttributeError(f"module 'troupe.actor' has no attribute {name!r}")
+
+
 def exit_actor():
     """Ends the calling actor for good, as Ray's: its atexit handlers run,
     then the head kills its worker without a restart (whatever its

@@ -432,9 +432,10 @@ void HeadState::actor_lost(Actor& a, const std::string& why, bool uses_restart) 
       a.info.death_cause = why + (left ? ""
                                        : " (no restarts left: " + std::to_string(a.info.restarts) + " of " +
                                              std::to_string(a.info.max_restarts) + " used)");
-    // A kill somebody asked for is routine; a death with no restarts left
-    // is worth a warning.
-    if (a.kill_requested)
+    // A kill somebody asked for is routine, and so is what a stopping
+    // cluster takes with it (a detached actor at an embedded cluster's
+    // end); a death with no restarts left is worth a warning.
+    if (a.kill_requested || stopping_)
       TROUPE_LOG_INFO("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
     else
       TROUPE_LOG_WARN("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
@@ -1161,6 +1162,7 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
                                      {"name", g.spec.name},
                                      {"strategy", to_string(g.spec.strategy)},
                                      {"state", to_string(g.info.state)},
+                                     {"bundles", g.spec.bundles},
                                      {"bundle_nodes", g.info.bundle_nodes},
                                      {"pending_reason", g.info.pending_reason}});
   j["kv_keys"] = kv_.size();

@@ -125,16 +125,39 @@ def get_current_placement_group():
     return PlacementGroup(group, []) if group else None
 
 
+def _table_row(g):
+    """A group of the head's status as Ray's placement_group_table shows
+    one (placement_group_id, name, bundles, bundles_to_node_id, strategy,
+    state, stats), with troupe's own keys beside them (id, bundle_nodes,
+    pending_reason)."""
+    placed = g["state"] == "CREATED"
+    row = {
+        "placement_group_id": str(g["id"]),
+        "name": g.get("name", ""),
+        "bundles": {i: dict(b) for i, b in enumerate(g.get("bundles", []))},
+        "bundles_to_node_id": {i: str(n) for i, n in enumerate(g["bundle_nodes"])} if placed else {},
+        "strategy": g["strategy"],
+        "state": g["state"],
+        "stats": {"scheduling_state": {"CREATED": "FINISHED", "REMOVED": "REMOVED"}.get(g["state"], "PENDING")},
+    }
+    row.update({"id": g["id"], "bundle_nodes": g["bundle_nodes"], "pending_reason": g.get("pending_reason", "")})
+    return row
+
+
 def placement_group_table(pg=None):
-    """The head's view of one group (id, state, the node of each bundle,
-    why it is pending): a dict; without pg, every group the head has."""
-    if pg is not None:
-        pg = _as_group(pg)
-        return _client_of(pg).placement_group_info(pg.id)
+    """As Ray's: the head's view of one group (a dict: its id, name,
+    bundles, the node of each bundle, strategy, state; also why it is
+    pending), or without pg every group the head has, by id."""
     import json
 
-    status = json.loads(_client().status_json())
-    return {g["id"]: g for g in status.get("placement_groups", [])}
+    client = _client() if pg is None else _client_of(_as_group(pg))
+    rows = {g["id"]: _table_row(g) for g in json.loads(client.status_json()).get("placement_groups", [])}
+    if pg is None:
+        return rows
+    if pg.id not in rows:
+        client.placement_group_info(pg.id)  # its error: a group the head does not know
+        raise ConfigError(f"placement group {pg.id} is not in the head's table")
+    return rows[pg.id]
 
 
 def _as_group(pg):
