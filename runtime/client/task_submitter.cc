@@ -30,6 +30,12 @@ constexpr auto kDeathCauseWait = std::chrono::seconds(2);
 // enough that a long task holds up little, long enough that executors
 // draining a burst of short tasks are never asked.
 constexpr auto kStealAfter = std::chrono::milliseconds(50);
+// Tasks that ask for no resources (Ray's num_cpus=0) are not held to the
+// cluster's CPUs, as Ray's are not: while every executor of such a key is
+// busy and tasks wait behind a task that has run kStealAfter, another
+// executor is leased, up to this many in all (processes, not CPUs, bound
+// it). Short tasks never wait that long: they keep to the CPU count.
+constexpr int kResourceLessCeiling = 64;
 }  // namespace
 
 struct TaskSubmitter::Executor {
@@ -104,6 +110,8 @@ struct TaskSubmitter::Key {
   std::string text;  // for messages: "{CPU: 1}" and the group
   ActorSpec spec;    // of its executors
   int cap = 1;
+  bool resource_less = false;  // asks for nothing, outside any group: may grow past cap (kResourceLessCeiling)
+  int surge = 0;               // executors leased beyond cap for waiting tasks
   int max_calls = 0;  // TaskPlacement::max_calls
   std::deque<std::shared_ptr<Task>> queue;
   std::vector<std::shared_ptr<Executor>> executors;  // not gone
@@ -143,6 +151,10 @@ std::string describe_nodes(const std::vector<NodeInfo>& nodes) {
 }
 
 }  // namespace
+
+int TaskSubmitter::effective_cap(const Key& k) const {
+  return (options_.max_executors > 0 ? options_.max_executors : k.cap) + k.surge;
+}
 
 int TaskSubmitter::working_count(const Key& k) {
   return static_cast<int>(
@@ -205,6 +217,8 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
   if (fits == 0 && !p.placement_group && !nodes.empty())
     throw ConfigError("task resources " + key->text + " fit on no node of the cluster (" + describe_nodes(nodes) + ")");
   key->cap = std::max(1, fits);
+  key->resource_less = !p.placement_group &&
+                       std::none_of(p.resources.begin(), p.resources.end(), [](const auto& r) { return r.second > 0; });
   key->spec.type_key = kTaskExecutorKey;
   key->spec.class_name = kTaskExecutorClass;
   key->spec.resources = p.resources;
@@ -309,8 +323,7 @@ TaskSubmitter::Cancel TaskSubmitter::cancel(uint64_t id, bool force) {
 std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_ptr<Key>& key) {
   std::vector<Send> out;
   Key& k = *key;
-  int effective_cap = options_.max_executors > 0 ? options_.max_executors : k.cap;
-  bool can_grow = working_count(k) + k.requested < effective_cap;
+  bool can_grow = working_count(k) + k.requested < effective_cap(k);
   // While executors may still come (leasable or starting), tasks wait here
   // rather than queue behind others on the first one ready.
   bool more_coming = can_grow || k.requested > 0 ||
@@ -336,7 +349,7 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
     out.emplace_back(std::move(best_ptr), std::move(t));
   }
   if (can_grow && !k.queue.empty()) request_leases_locked(key);
-  if (k.queue.empty()) steal_locked(k, Clock::now());
+  if (k.queue.empty()) steal_locked(key, Clock::now());
   return out;
 }
 
@@ -345,7 +358,8 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
 // that one hands them back (HandBackQueued, sent by send()) and they go to
 // the idle one, rather than wait while a CPU stays idle. Checked when a
 // task ends and by the lease thread's periodic pass.
-void TaskSubmitter::steal_locked(Key& k, Clock::time_point now) {
+void TaskSubmitter::steal_locked(const std::shared_ptr<Key>& key, Clock::time_point now) {
+  Key& k = *key;
   Executor* victim = nullptr;
   bool idle = false;
   for (auto& e : k.executors) {
@@ -356,6 +370,16 @@ void TaskSubmitter::steal_locked(Key& k, Clock::time_point now) {
         (!victim || e->inflight > victim->inflight))
       victim = e.get();
   }
+  if (victim && !idle && k.resource_less && k.requested == 0 && !stopping_ &&
+      static_cast<int>(k.executors.size()) < kResourceLessCeiling && options_.max_executors == 0) {
+    // Nothing idle to take them: one more executor, which takes them once
+    // ready (this runs again then).
+    ++k.surge;
+    ++k.requested;
+    lease_requests_.push_back(key);
+    cv_.notify_all();
+    return;
+  }
   if (!idle || !victim) return;
   victim->handing_back = true;
   hand_backs_.push_back(victim->client);
@@ -364,11 +388,10 @@ void TaskSubmitter::steal_locked(Key& k, Clock::time_point now) {
 void TaskSubmitter::request_leases_locked(const std::shared_ptr<Key>& key) {
   Key& k = *key;
   if (stopping_) return;
-  int effective_cap = options_.max_executors > 0 ? options_.max_executors : k.cap;
   int starting = k.requested;
   for (auto& e : k.executors)
     if (!e->ready) ++starting;
-  int room = effective_cap - working_count(k) - k.requested;
+  int room = effective_cap(k) - working_count(k) - k.requested;
   int want = std::min<int>(room, static_cast<int>(k.queue.size()) - starting);
   if (want <= 0) return;
   k.requested += want;
@@ -612,7 +635,7 @@ void TaskSubmitter::lease_loop() {
     if (!stopping_) {
       auto now = Clock::now();
       for (auto& [id, key] : keys_)
-        if (key->queue.empty()) steal_locked(*key, now);
+        if (key->queue.empty()) steal_locked(key, now);
       if (!hand_backs_.empty()) {
         lock.unlock();
         send({});
@@ -684,6 +707,7 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
         e.gone = true;
         idle.push_back(e.id);
         it = v.erase(it);
+        if (key->surge > 0) --key->surge;  // back toward the CPU count
       } else {
         ++it;
       }

@@ -141,7 +141,10 @@ class TaskSubmitter {
 
   std::vector<Send> pump_locked(const std::shared_ptr<Key>& key);
   void request_leases_locked(const std::shared_ptr<Key>& key);
-  void steal_locked(Key& key, std::chrono::steady_clock::time_point now);
+  void steal_locked(const std::shared_ptr<Key>& key, std::chrono::steady_clock::time_point now);
+  // The most executors a key may have: its cap (or max_executors), plus
+  // those a resource-less key added beyond it (Key::surge).
+  int effective_cap(const Key& k) const;
   void send(std::vector<Send> sends);
   void on_task_done(const std::shared_ptr<Task>& t, wire::Message& m);
   void on_task_bounced(const std::shared_ptr<Task>& t, wire::Message& m);

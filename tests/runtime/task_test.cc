@@ -104,6 +104,16 @@ int spin_until_file(std::string started, std::string release) {
   while (!std::filesystem::exists(release)) std::this_thread::sleep_for(10ms);
   return ::getpid();
 }
+// Ray's gang of num_cpus=0 tasks: each says it started (a file in `dir`)
+// and polls, lending nothing, until `n` have; returns how many it saw.
+int64_t gang_member(std::string dir, int64_t i, int64_t n) {
+  std::ofstream(dir + "/" + std::to_string(i)) << "up";
+  auto count = [&] {
+    return std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator{});
+  };
+  troupe::test::eventually([&] { return count() >= n; }, 60s);
+  return count();
+}
 int touch_file(std::string path) {
   std::ofstream(path) << "ran";
   return 1;
@@ -189,6 +199,7 @@ TROUPE_TASK(middle)
 TROUPE_TASK(top)
 TROUPE_TASK(spin_until_file)
 TROUPE_TASK(touch_file)
+TROUPE_TASK(gang_member)
 TROUPE_TASK(path_when_released)
 TROUPE_TASK(poll_until_cancelled)
 TROUPE_ACTOR(Adder, &Adder::plus)
@@ -274,6 +285,16 @@ TEST_F(TaskTest, AtMostAsManyRunAsTheResourcesAllow) {
   EXPECT_EQ(most, 2);
   auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
   EXPECT_LE(tasks->executor_count(), 2u);
+}
+
+// Tasks that ask for no resources are not held to the CPU count (as in
+// Ray): four that each wait for all four to start, on two CPUs, all run.
+TEST_F(TaskTest, TasksThatAskForNoResourcesAreNotHeldToTheCpuCount) {
+  const auto dir = troupe::test::fresh_dir("gang");
+  std::vector<troupe::Future<int64_t>> fs;
+  for (int64_t i = 0; i < 4; ++i) fs.push_back(rt_.submit(&gang_member, {}, dir.string(), i, int64_t{4}));
+  for (auto& f : fs) EXPECT_EQ(f.get(120s), 4);
+  std::filesystem::remove_all(dir);
 }
 
 // Ray's max_calls: a worker runs that many tasks of the key, then goes and
