@@ -1146,6 +1146,11 @@ def test_code_written_for_ray_finds_rays_names():
     assert a and b and a != b and na is None and int(wa, 16) > 0
     ctx = troupe.get_runtime_context()
     assert ctx.get_task_id() is None and ctx.job_id == ctx.get_job_id() and ctx.gcs_address
+    # Resources there are none of are left out (this cluster has no GPU).
+    assert "GPU" not in troupe.cluster_resources() and "CPU" in troupe.cluster_resources()
+    node = troupe.nodes()[0]
+    assert node["alive"] is node["Alive"] is True and node["NodeName"] and node["Labels"] == {}
+    assert "GPU" not in node["Resources"]
 
 
 def test_inspect_serializability_names_what_cannot_be_pickled():

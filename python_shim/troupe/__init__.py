@@ -457,16 +457,38 @@ def get_actor(name, namespace=None):
     return _remote._named_handle(client, actor)
 
 
+def _positive(resources):
+    # As Ray's: a resource of which there is none (a node without GPUs,
+    # CPUs all in use) is left out, so `"GPU" in cluster_resources()`
+    # reads as it does there.
+    return {k: v for k, v in resources.items() if v > 0}
+
+
 def nodes():
-    return _client().nodes()
+    """Ray's ray.nodes(): a dict per node the cluster has known (NodeID,
+    Alive and alive, NodeManagerAddress, NodeManagerHostname, NodeName,
+    Resources, Labels; troupe's AvailableResources, GPUIds, IdleWorkers)."""
+    out = []
+    for n in _client().nodes():
+        n = dict(n)
+        n["Resources"] = _positive(n.get("Resources", {}))
+        n.setdefault("NodeName", n.get("NodeManagerAddress"))
+        n.setdefault("alive", n.get("Alive"))
+        n.setdefault("Labels", {})
+        out.append(n)
+    return out
 
 
 def cluster_resources():
-    return _client().cluster_resources()
+    """The live nodes' resources in all (those of which there are none
+    left out, as in Ray)."""
+    return _positive(_client().cluster_resources())
 
 
 def available_resources():
-    return _client().available_resources()
+    """What no actor, task or placement group holds now (exhausted
+    resources left out, as in Ray)."""
+    return _positive(_client().available_resources())
 
 
 def get_gpu_ids():
