@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <random>
 #include <sstream>
 #include <type_traits>
 
@@ -437,7 +438,9 @@ void make_checkpoint_dir(const TrainOptions& o) {
   if (ec) throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + ": " + ec.message());
   // One that exists but takes no file (read-only, another's) is said now,
   // not at the first checkpoint after training has run.
-  const fs::path probe = fs::path(o.checkpoint_dir) / (".troupe-write-check-" + std::to_string(::getpid()));
+  std::random_device rd;
+  const fs::path probe =
+      fs::path(o.checkpoint_dir) / (".troupe-write-check-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0)
     throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + " takes no checkpoint: " + std::strerror(errno));
@@ -447,6 +450,17 @@ void make_checkpoint_dir(const TrainOptions& o) {
 
 namespace {
 
+// The step a step-N directory is named for (-1 when it is not one).
+int64_t step_of(const std::string& path) {
+  const std::string name = fs::path(path).filename().string();
+  if (name.rfind("step-", 0) != 0) return -1;
+  try {
+    return std::stoll(name.substr(5));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
 // --resume over damaged checkpoints: those newer than the one resumed are
 // named (their steps are trained again); none readable is an error, not a
 // run from step 0 that says there was no checkpoint.
@@ -455,7 +469,7 @@ void resume_notes(const TrainOptions& o, const std::optional<trainer::Checkpoint
   std::string all;
   for (const auto& s : skipped) {
     all += (all.empty() ? "" : "; ") + fs::path(s.path).filename().string() + ": " + s.why;
-    const bool newer = latest && fs::path(s.path).filename() > fs::path(latest->path).filename();
+    const bool newer = latest && step_of(s.path) > latest->step;
     if (newer && notes) notes->push_back("skipping damaged checkpoint " + s.path + " (" + s.why + ")");
   }
   if (!latest && !skipped.empty())

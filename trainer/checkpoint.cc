@@ -47,11 +47,18 @@ std::string sha256_hex(const std::vector<char>& data) {
   return out;
 }
 
+// A file system that reports a full disk or an I/O error only when the
+// data is flushed (NFS, XFS and btrfs writeback) says so here: the
+// checkpoint is not renamed into place.
 void fsync_path(const fs::path& p, bool dir) {
   int fd = ::open(p.c_str(), dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
   if (fd < 0) return;
-  ::fsync(fd);
+  const int rc = ::fsync(fd);
+  const int err = errno;
   ::close(fd);
+  // EINVAL: a file system that cannot sync (a directory on some): nothing lost.
+  if (rc != 0 && err != EINVAL)
+    throw CheckpointWriteError("cannot write checkpoint file " + p.string() + ": fsync: " + std::strerror(err));
 }
 
 void write_file(const fs::path& p, const std::vector<char>& data) {

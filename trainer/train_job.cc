@@ -272,8 +272,10 @@ void Run::train() {
       give_up(e.what());
     } catch (const CheckpointWriteError& e) {
       // Nor is a checkpoint the disk refuses: training on would lose all
-      // it does past the newest checkpoint on disk.
-      const auto newest = writer_ ? writer_->last() : std::nullopt;
+      // it does past the newest checkpoint on disk (this run's, or the
+      // one it resumed from).
+      auto newest = writer_ ? writer_->last() : std::nullopt;
+      if (!newest && !cfg_.checkpoint.dir.empty()) newest = latest_checkpoint(cfg_.checkpoint.dir);
       give_up(std::string(e.what()) + "; the newest checkpoint written is " +
               (newest ? newest->path + " (step " + std::to_string(newest->step) + ")" : std::string("none")));
     } catch (const std::exception& e) {
@@ -303,6 +305,9 @@ void Run::give_up(const std::string& why) {
 }
 
 JobStatus Run::step_boundary() {
+  // An async checkpoint that failed since the last round ends the job now,
+  // not after more training that could not be saved.
+  if (writer_) writer_->check();
   if (stopped_ || gang_.cursor().epoch >= cfg_.epochs) {
     if (sums_.epoch >= 0) end_epoch();
     return JobStatus::kDone;

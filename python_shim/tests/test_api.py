@@ -1114,6 +1114,13 @@ class Named:
 
 
 @troupe.remote
+class AsyncNamed:
+    async def task_id(self):
+        await asyncio.sleep(0)
+        return troupe.get_runtime_context().get_task_id()
+
+
+@troupe.remote
 def task_ids():
     ctx = troupe.get_runtime_context()
     return ctx.get_task_id(), ctx.get_worker_id(), ctx.get_actor_name()
@@ -1136,6 +1143,7 @@ def test_code_written_for_ray_finds_rays_names():
     actor_id, name, call_id, worker = troupe.get(actor.whoami.remote(), timeout=60)
     assert actor._actor_id.hex() == actor_id and name == "ray-names"
     assert call_id and int(worker, 16) > 0
+    assert troupe.get(AsyncNamed.remote().task_id.remote(), timeout=60)  # on the event loop's thread too
     assert isinstance(actor, troupe.actor.ActorHandle)
     with pytest.raises(ex.RayActorError):
         troupe.get(actor.__ray_terminate__.remote(), timeout=60)
@@ -1165,3 +1173,18 @@ def test_inspect_serializability_names_what_cannot_be_pickled():
     ok, failures = inspect_serializability(uses_lock, name="uses_lock", print_file=open(os.devnull, "w"))
     assert not ok and failures == {("uses_lock.lock", "lock")}
     assert inspect_serializability(square)[0] is True
+
+
+@troupe.remote(num_cpus=0)
+def gang_member(folder, i, n):
+    with open(os.path.join(folder, str(i)), "w"):
+        pass
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(os.listdir(folder))
+
+
+def test_tasks_with_num_cpus_0_are_not_held_to_the_cpu_count(tmp_path):
+    # As in Ray: three that each wait for all three, on two CPUs, all run.
+    assert troupe.get([gang_member.remote(str(tmp_path), i, 3) for i in range(3)], timeout=120) == [3, 3, 3]

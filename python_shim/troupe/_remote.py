@@ -415,6 +415,10 @@ def _runtime_options(options, default_cpus):
     cpus = options.get("num_cpus", default_cpus)
     if cpus:
         resources["CPU"] = float(cpus)
+    elif "num_cpus" in options and not resources and not options.get("num_gpus") and default_cpus:
+        # A task asked for num_cpus=0: said as such, so that such tasks are
+        # not held to the CPU count (the task submitter's zero request).
+        resources["CPU"] = 0.0
     if options.get("num_gpus"):
         resources["GPU"] = float(options["num_gpus"])
     if options.get("memory"):

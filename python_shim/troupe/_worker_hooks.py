@@ -7,6 +7,7 @@ back as (error, data, buffers, refs). An exception in user code is an answer
 import asyncio
 import collections
 import concurrent.futures
+import contextvars
 import ctypes
 import inspect
 import os
@@ -32,9 +33,10 @@ _lend_for = 0  # its CpuLender (_core.wait_observer() on a task's thread)
 _running = {}
 _coroutines = {}
 _cancelled = collections.OrderedDict()
-# The token of the task or call this thread runs (get_runtime_context's
-# get_task_id), none outside one.
-_current = threading.local()
+# The token of the task or call running (get_runtime_context's
+# get_task_id), none outside one: a context variable, which the coroutine
+# of an async method or task takes along to the event loop's thread.
+_current_token = contextvars.ContextVar("troupe_task_token", default=None)
 _CANCELLED_KEPT = 4096
 _cancel_lock = threading.Lock()
 
@@ -259,7 +261,7 @@ def _streamed(stream, produce, what, where, token):
 def call_method(instance, name, args, top, token=0, stream=None):
     what = f"{type(instance).__name__}.{name}"
     where = lambda: f"{what} (pid {os.getpid()})"  # noqa: E731
-    _current.token = token
+    reset = _current_token.set(token)
     try:
         if stream is not None:
             return _streamed(stream, lambda: _method_call(instance, name, args, top), what, where, token)
@@ -267,12 +269,12 @@ def call_method(instance, name, args, top, token=0, stream=None):
     except BaseException:
         return _error(where())
     finally:
-        _current.token = None
+        _current_token.reset(reset)
 
 
 def current_task_token():
-    """The token of the task or actor call this thread runs, or None."""
-    return getattr(_current, "token", None)
+    """The token of the task or actor call running here, or None."""
+    return _current_token.get()
 
 
 def _ray_terminate(instance):
@@ -367,7 +369,7 @@ def run_task(key, args, top, token=0, stream=None):
     _lend_for = _core.wait_observer()
     name = key
     thread = threading.get_ident()
-    _current.token = token
+    reset = _current_token.set(token)
     try:
         # The interrupt lands in this try (it is raised only while the token
         # is in _running, and one not raised by its end is dropped there),
@@ -392,7 +394,7 @@ def run_task(key, args, top, token=0, stream=None):
     except BaseException:
         return _error(f"task {name} (pid {os.getpid()})")
     finally:
-        _current.token = None
+        _current_token.reset(reset)
 
 
 def _task_call(fn, args, top):

@@ -30,12 +30,14 @@ constexpr auto kDeathCauseWait = std::chrono::seconds(2);
 // enough that a long task holds up little, long enough that executors
 // draining a burst of short tasks are never asked.
 constexpr auto kStealAfter = std::chrono::milliseconds(50);
-// Tasks that ask for no resources (Ray's num_cpus=0) are not held to the
-// cluster's CPUs, as Ray's are not: while every executor of such a key is
-// busy and tasks wait behind a task that has run kStealAfter, another
-// executor is leased, up to this many in all (processes, not CPUs, bound
-// it). Short tasks never wait that long: they keep to the CPU count.
-constexpr int kResourceLessCeiling = 64;
+// Tasks that ask for zero of every resource they name (Ray's num_cpus=0:
+// {"CPU": 0}; an empty request, C++'s default, is held to the CPU count)
+// are not held to the cluster's CPUs, as Ray's are not: while every
+// executor of such a key is busy and tasks wait behind one that has run
+// kSurgeAfter, another executor is leased, up to kZeroRequestCeiling in
+// all (processes, not CPUs, bound it). Shorter tasks keep to the CPU count.
+constexpr auto kSurgeAfter = std::chrono::milliseconds(500);
+constexpr int kZeroRequestCeiling = 64;
 }  // namespace
 
 struct TaskSubmitter::Executor {
@@ -110,8 +112,8 @@ struct TaskSubmitter::Key {
   std::string text;  // for messages: "{CPU: 1}" and the group
   ActorSpec spec;    // of its executors
   int cap = 1;
-  bool resource_less = false;  // asks for nothing, outside any group: may grow past cap (kResourceLessCeiling)
-  int surge = 0;               // executors leased beyond cap for waiting tasks
+  bool zero_request = false;  // asks for zero explicitly, outside any group: may grow past cap (kSurgeAfter)
+  int surge = 0;              // executors leased beyond cap for waiting tasks (back down as they go)
   int max_calls = 0;  // TaskPlacement::max_calls
   std::deque<std::shared_ptr<Task>> queue;
   std::vector<std::shared_ptr<Executor>> executors;  // not gone
@@ -153,7 +155,8 @@ std::string describe_nodes(const std::vector<NodeInfo>& nodes) {
 }  // namespace
 
 int TaskSubmitter::effective_cap(const Key& k) const {
-  return (options_.max_executors > 0 ? options_.max_executors : k.cap) + k.surge;
+  const int base = options_.max_executors > 0 ? options_.max_executors : k.cap;
+  return k.surge > 0 ? std::max(base, std::min(base + k.surge, kZeroRequestCeiling)) : base;
 }
 
 int TaskSubmitter::working_count(const Key& k) {
@@ -217,8 +220,8 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
   if (fits == 0 && !p.placement_group && !nodes.empty())
     throw ConfigError("task resources " + key->text + " fit on no node of the cluster (" + describe_nodes(nodes) + ")");
   key->cap = std::max(1, fits);
-  key->resource_less = !p.placement_group &&
-                       std::none_of(p.resources.begin(), p.resources.end(), [](const auto& r) { return r.second > 0; });
+  key->zero_request = !p.placement_group && !p.resources.empty() &&
+                      std::none_of(p.resources.begin(), p.resources.end(), [](const auto& r) { return r.second > 0; });
   key->spec.type_key = kTaskExecutorKey;
   key->spec.class_name = kTaskExecutorClass;
   key->spec.resources = p.resources;
@@ -362,7 +365,9 @@ void TaskSubmitter::steal_locked(const std::shared_ptr<Key>& key, Clock::time_po
   Key& k = *key;
   Executor* victim = nullptr;
   bool idle = false;
+  bool starting = false;
   for (auto& e : k.executors) {
+    starting = starting || !e->ready;
     // A spent one takes no tasks, but what it has queued may be handed back.
     if (!e->ready || e->blocked || e->bounced) continue;
     if (e->inflight == 0 && !e->spent) idle = true;
@@ -370,8 +375,9 @@ void TaskSubmitter::steal_locked(const std::shared_ptr<Key>& key, Clock::time_po
         (!victim || e->inflight > victim->inflight))
       victim = e.get();
   }
-  if (victim && !idle && k.resource_less && k.requested == 0 && !stopping_ &&
-      static_cast<int>(k.executors.size()) < kResourceLessCeiling && options_.max_executors == 0) {
+  if (victim && !idle && !starting && k.zero_request && k.requested == 0 && !stopping_ &&
+      now - victim->progress_at >= kSurgeAfter && options_.max_executors == 0 &&
+      static_cast<int>(k.executors.size()) < kZeroRequestCeiling) {
     // Nothing idle to take them: one more executor, which takes them once
     // ready (this runs again then).
     ++k.surge;
@@ -558,6 +564,7 @@ std::vector<std::shared_ptr<TaskSubmitter::Task>> TaskSubmitter::drop_executor_l
     e.gone = true;
     auto& v = key.executors;
     v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& p) { return p.get() == &e; }), v.end());
+    if (key.surge > 0) --key.surge;
   }
   // Tasks that waited for the cause of death can now be told it.
   std::vector<std::shared_ptr<Task>> lost;
@@ -664,6 +671,7 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
   {
     std::lock_guard lock(mu_);
     --key->requested;
+    if (error && key->surge > 0) --key->surge;
     if (error) {
       failures = fail_queue_locked(*key, error);
     } else {

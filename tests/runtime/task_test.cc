@@ -287,12 +287,14 @@ TEST_F(TaskTest, AtMostAsManyRunAsTheResourcesAllow) {
   EXPECT_LE(tasks->executor_count(), 2u);
 }
 
-// Tasks that ask for no resources are not held to the CPU count (as in
-// Ray): four that each wait for all four to start, on two CPUs, all run.
-TEST_F(TaskTest, TasksThatAskForNoResourcesAreNotHeldToTheCpuCount) {
+// Tasks that ask for zero CPUs are not held to the CPU count (as Ray's
+// num_cpus=0): four that each wait for all four to start, on two CPUs,
+// all run.
+TEST_F(TaskTest, TasksThatAskForZeroCpusAreNotHeldToTheCpuCount) {
   const auto dir = troupe::test::fresh_dir("gang");
   std::vector<troupe::Future<int64_t>> fs;
-  for (int64_t i = 0; i < 4; ++i) fs.push_back(rt_.submit(&gang_member, {}, dir.string(), i, int64_t{4}));
+  for (int64_t i = 0; i < 4; ++i)
+    fs.push_back(rt_.submit(&gang_member, {.resources = {{"CPU", 0}}}, dir.string(), i, int64_t{4}));
   for (auto& f : fs) EXPECT_EQ(f.get(120s), 4);
   std::filesystem::remove_all(dir);
 }

@@ -151,7 +151,8 @@ def placement_group_table(pg=None):
     import json
 
     client = _client() if pg is None else _client_of(_as_group(pg))
-    rows = {g["id"]: _table_row(g) for g in json.loads(client.status_json()).get("placement_groups", [])}
+    # limit=1: the groups are what is asked for, not the actors.
+    rows = {g["id"]: _table_row(g) for g in json.loads(client.status_json(limit=1)).get("placement_groups", [])}
     if pg is None:
         return rows
     if pg.id not in rows:
