@@ -101,6 +101,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"optimizer", field(&TrainOptions::optimizer)},
       {"lr", field(&TrainOptions::lr)},
       {"weight_decay", field(&TrainOptions::weight_decay)},
+      {"momentum", field(&TrainOptions::momentum)},
       {"warmup_steps", field(&TrainOptions::warmup_steps)},
       {"grad_clip", field(&TrainOptions::grad_clip)},
       {"max_failures", field(&TrainOptions::max_failures)},
@@ -211,7 +212,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--batch-size", o.batch_size, "samples per worker per step");
   app.add_option("--optimizer", o.optimizer, "sgd or adamw");
   app.add_option("--lr", o.lr, "learning rate");
-  app.add_option("--weight-decay", o.weight_decay, "L2 (sgd) or decoupled (adamw) weight decay");
+  app.add_option("--weight-decay", o.weight_decay, "L2 (sgd) or decoupled (adamw) weight decay")->capture_default_str();
+  app.add_option("--momentum", o.momentum, "sgd's momentum (0 is torch.optim.SGD's default)")->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "linear learning-rate warmup over the first N steps");
   app.add_option("--schedule", o.schedule, "learning rate after warmup: constant, or cosine down to the last step");
   app.add_option("--min-lr-factor", o.min_lr_factor, "cosine: the last step's lr as a fraction of --lr");
@@ -277,6 +279,7 @@ void require_number(const std::string& flag, double v, bool in_range, const std:
 void check_numbers(const TrainOptions& o) {
   require_number("--lr", o.lr, o.lr > 0, "a positive finite number");
   require_number("--weight-decay", o.weight_decay, o.weight_decay >= 0, "a finite number >= 0");
+  require_number("--momentum", o.momentum, o.momentum >= 0 && o.momentum < 1, "a number in [0, 1)");
   require_number("--min-lr-factor", o.min_lr_factor, o.min_lr_factor >= 0 && o.min_lr_factor <= 1, "between 0 and 1");
   require_number("--grad-clip", o.grad_clip, o.grad_clip >= 0, "a finite number >= 0 (0 = off)");
   require_number("--cpus-per-worker", o.cpus_per_worker, o.cpus_per_worker > 0, "a positive finite number");
@@ -497,6 +500,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   c.trainer.optimizer.name = o.optimizer;
   c.trainer.optimizer.lr = o.lr;
   c.trainer.optimizer.weight_decay = o.weight_decay;
+  c.trainer.optimizer.momentum = o.momentum;
   c.trainer.schedule.warmup_steps = o.warmup_steps;
   c.trainer.schedule.decay = o.schedule;
   c.trainer.schedule.min_factor = o.min_lr_factor;

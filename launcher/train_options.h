@@ -42,6 +42,8 @@ struct TrainOptions {
   std::string optimizer = "adamw";
   double lr = 1e-3;
   double weight_decay = 0.0;
+  // SGD's momentum (troupe's SGD default; torch.optim.SGD's is 0).
+  double momentum = 0.9;
   int64_t warmup_steps = 0;
   // "constant", or "cosine": decays to min_lr_factor · lr at the last step
   // (epochs × steps per epoch, from the data's size).

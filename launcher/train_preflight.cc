@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -59,6 +60,19 @@ void try_step(trainer::TrainStep& step, trainer::Model& model, const actors::Bat
   trainer::check_output(out, step);
   if (train && !out.loss.requires_grad())
     throw ConfigError(where + ": the 'loss' it returned does not depend on the parameters");
+  if (train && !std::isfinite(out.loss.detach().to(torch::kDouble).item<double>()))
+    throw ConfigError(where + ": its 'loss' is not finite (" +
+                      std::to_string(out.loss.detach().to(torch::kDouble).item<double>()) + ") on the first batch");
+  // A summed metric that forward never returns is a typo: that metric
+  // would be averaged where it was meant to be summed.
+  for (const auto& name : model.summed_metrics())
+    if (!out.metrics.count(name)) {
+      std::string returned;
+      for (const auto& [k, v] : out.metrics) returned += (returned.empty() ? "" : ", ") + k;
+      throw ConfigError(where + ": its summed_metrics names '" + name +
+                        "', which forward does not return (it returns " + (returned.empty() ? "no metrics" : returned) +
+                        ")");
+    }
 }
 
 }  // namespace

@@ -76,6 +76,17 @@ struct CnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(Cnn);
 
+// The first line of a message that has several (TorchScript's errors quote
+// the source below it), said as one.
+std::string first_line(const std::string& text) {
+  size_t start = text.find_first_not_of(" \n");
+  if (start == std::string::npos) return text;
+  size_t end = text.find('\n', start);
+  std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  while (!line.empty() && (line.back() == ':' || line.back() == ' ')) line.pop_back();
+  return end == std::string::npos ? line : line + " (torch's message goes on; load the file in Python to see it all)";
+}
+
 // A TorchScript module. Its graphs run unoptimised: the profiling executor
 // would specialise and fuse them after a few warm-up calls, so a
 // replacement trainer (a fresh process) would compute its first steps with
@@ -87,7 +98,11 @@ class ScriptModel final : public Model {
     try {
       m_ = torch::jit::load(path, torch::kCPU);
     } catch (const c10::Error& e) {
-      throw ConfigError("cannot load TorchScript model '" + path + "': " + e.what_without_backtrace());
+      throw ConfigError("cannot load TorchScript model '" + path + "': " + first_line(e.what_without_backtrace()));
+    } catch (const std::exception& e) {
+      // TorchScript's own compile errors (a module saved in a form this
+      // LibTorch cannot read back): many lines of source excerpt.
+      throw ConfigError("cannot load TorchScript model '" + path + "': " + first_line(e.what()));
     }
     takes_batch_ = check_signature();
   }

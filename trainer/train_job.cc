@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <ostream>
 #include <sstream>
@@ -163,6 +164,7 @@ class Run {
   ConsumedRecord consumed_;
   Result result_;
   int64_t last_checkpoint_step_ = -1;
+  std::optional<std::pair<int64_t, double>> nonfinite_loss_;  // the first step whose loss was not finite, and it
   int64_t failures_ = 0;
   Clock::time_point last_grow_check_;
   // The recovery waiting for its first completed step.
@@ -370,6 +372,15 @@ void Run::run_round() {
   sums_.wait += std::min(wait, seconds);
   if (steps_now > 0 && seconds > 0) step_seconds_ = seconds / static_cast<double>(steps_now);
   const int64_t samples = account(reps);
+  if (nonfinite_loss_ && cfg_.stop_on_nonfinite_loss) {
+    const auto newest = writer_ ? writer_->last() : std::nullopt;
+    std::ostringstream why;
+    why << "the loss is " << nonfinite_loss_->second << " at step " << nonfinite_loss_->first
+        << " (the step module's loss diverged, or its input holds NaN; try a lower --lr or --grad-clip); the newest "
+           "checkpoint is "
+        << (newest ? newest->path : std::string("none of this run's"));
+    throw GiveUp{why.str()};
+  }
   if (open_recovery_ && reps[0].steps > 0) {
     result_.recoveries[*open_recovery_].step_done_at = reporter_.now();
     open_recovery_.reset();
@@ -416,6 +427,7 @@ int64_t Run::account(const std::vector<TrainReport>& reps) {
     const int64_t st =
         first.global_step - static_cast<int64_t>(first.step_loss_sum.size()) + static_cast<int64_t>(s) + 1;
     reporter_.step(first.cursor.epoch, st, l, n, finish_metrics(m, first.summed_metrics, n), rate, data_wait);
+    if (!std::isfinite(l) && !nonfinite_loss_) nonfinite_loss_ = std::make_pair(st, l);
   }
   int64_t samples = 0;
   sums_.summed_metrics = first.summed_metrics;

@@ -153,6 +153,10 @@ struct TrainJobConfig {
   // Steps per train() call when nothing else bounds it (live progress).
   int64_t progress_every_steps = 0;
   bool evaluate = true;
+  // A step whose loss is NaN or infinite fails the job (naming the step
+  // and the newest checkpoint), rather than training on to NaN weights
+  // and a run that ends as done; false trains on.
+  bool stop_on_nonfinite_loss = true;
   // Feed trainers from one DataLoaderActor each (colocated in the trainer's
   // bundle, streaming batches) rather than from the trainer's own copy of
   // the data set. Only when the training split is the whole data set

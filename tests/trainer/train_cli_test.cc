@@ -74,6 +74,10 @@ std::string python(const fs::path& dir, const std::string& script) {
 // `feats` instead of `features`).
 void write_inputs(const fs::path& dir, const std::string& variant, int n, int hidden) {
   std::string loss_key = variant == "noloss" ? "err2" : "loss";
+  // "nan": the loss is NaN from the first batch; "typo": summed_metrics
+  // names a metric forward does not return.
+  const std::string scale = variant == "nan" ? " * float('nan')" : "";
+  const std::string summed = variant == "typo" ? "cnt" : "count";
   python(dir, "import torch, numpy as np\nfrom typing import Dict, List\nd = '" + dir.string() +
                   "'\n"
                   "class Step(torch.nn.Module):\n"
@@ -83,12 +87,14 @@ void write_inputs(const fs::path& dir, const std::string& variant, int n, int hi
                   "        self.net = torch.nn.Sequential(torch.nn.Linear(8, " +
                   std::to_string(hidden) + "), torch.nn.Tanh(), torch.nn.Linear(" + std::to_string(hidden) +
                   ", 1))\n"
-                  "        self.summed_metrics = ['count']\n"
+                  "        self.summed_metrics = ['" +
+                  summed +
+                  "']\n"
                   "    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:\n"
                   "        err = self.net(batch['features']).squeeze(1) - batch['value']\n"
                   "        return {'" +
-                  loss_key +
-                  "': (err * err).mean(), 'mae': err.abs().mean().detach(),\n"
+                  loss_key + "': (err * err).mean()" + scale +
+                  ", 'mae': err.abs().mean().detach(),\n"
                   "                'count': torch.tensor(float(err.shape[0]))}\n"
                   "torch.manual_seed(0)\n"
                   "torch.jit.save(torch.jit.script(Step()), d + '/step.pt')\n"
@@ -446,6 +452,20 @@ TEST_F(TrainCliTest, ACheckpointTheDiskRefusesFailsTheJob) {
   EXPECT_TRUE(troupe::test::eventually([] { return live_train_processes() == 0; }, 30s));
 }
 
+// A loss that turns NaN or infinite mid-run (a learning rate that blows
+// the weights up) fails the job naming the step, rather than training on
+// to NaN weights and ending as done.
+TEST_F(TrainCliTest, ALossThatDivergesFailsTheJobNamingTheStep) {
+  write_inputs(dir_, "ok", 256, 8);
+  const Outcome o = run({TROUPE_TRAIN, "--model", at("step.pt"), "--data", at("train.npz"), "--epochs", "2",
+                         "--batch-size", "32", "--optimizer", "sgd", "--lr", "1e30", "--checkpoint-dir", at("ckpt")},
+                        dir_ / "diverge.log");
+  EXPECT_EQ(o.status, 1) << o.output;
+  EXPECT_NE(o.output.find("the loss is "), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("try a lower --lr"), std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find("troupe train: done"), std::string::npos) << o.output;
+}
+
 // --resume over damaged checkpoints: a damaged newest one is named and
 // passed over; when none can be read it is an error, not a run from step
 // 0 that says the directory holds no checkpoint.
@@ -574,6 +594,11 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--config", at("bomb.yaml")}), "bomb.yaml: YAML expands to more than 100000 values");
   EXPECT_EQ(run({TROUPE_TRAIN, "--help"}, dir_ / "help.log").status, 0);
 
+  expect_one_line_failure(with({"--momentum", "1"}), "--momentum must be a number in [0, 1), got 1");
+  write_inputs(dir_, "nan", 64, 8);
+  expect_one_line_failure(with({}), "its 'loss' is not finite (nan) on the first batch");
+  write_inputs(dir_, "typo", 64, 8);
+  expect_one_line_failure(with({}), "its summed_metrics names 'cnt', which forward does not return (it returns");
   write_inputs(dir_, "noloss", 64, 8);
   expect_one_line_failure(with({}), "loss");
   EXPECT_TRUE(troupe::test::eventually([] { return live_train_processes() == 0; }, 30s));

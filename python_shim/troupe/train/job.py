@@ -35,7 +35,7 @@ from troupe.train.trainer import TrainingFailedError
 # The TrainJobConfig fields troupe-train takes (its --config keys), with
 # their Python types.
 _FIELDS = {
-    "workers": int, "min_workers": int, "max_workers": int, "epochs": int, "batch_size": int, "optimizer": str, "lr": float, "weight_decay": float,
+    "workers": int, "min_workers": int, "max_workers": int, "epochs": int, "batch_size": int, "optimizer": str, "lr": float, "weight_decay": float, "momentum": float,
     "warmup_steps": int, "grad_clip": float, "max_failures": int, "seed": int, "sync_batchnorm": bool,
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
@@ -103,6 +103,18 @@ def _read_lines(path):
             except ValueError:
                 pass  # a line being written
     return out
+
+
+def _reason(output):
+    """What the last `troupe train: ` line said, with the lines after it
+    (a reason of several lines, such as a model torch could not load)."""
+    lines = output.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("troupe train: ")]
+    if not starts:
+        return ""
+    first = lines[starts[-1]][len("troupe train: "):]
+    rest = [ln for ln in lines[starts[-1] + 1:] if ln.strip()]
+    return "\n".join(([first] if first.strip() else []) + rest).strip()
 
 
 class TrainJobResult:
@@ -270,8 +282,7 @@ class TrainJob:
             except OSError:
                 pass  # it holds a checkpoint to resume from
         if code != 0:
-            reason = [ln for ln in output.splitlines() if ln.startswith("troupe train: ")]
-            message = reason[-1][len("troupe train: "):] if reason else f"troupe-train exited with {code}"
+            message = _reason(output) or f"troupe-train exited with {code}"
             if code == 2:
                 raise ConfigError(message)
             raise TrainingFailedError(message, TrainJobResult(lines, None, self._checkpoint_dir, output))
