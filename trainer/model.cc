@@ -1,6 +1,7 @@
 #include "troupe/trainer/model.h"
 
 #include <filesystem>
+#include <set>
 
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
@@ -105,6 +106,11 @@ class ScriptModel final : public Model {
       throw ConfigError("cannot load TorchScript model '" + path + "': " + first_line(e.what()));
     }
     takes_batch_ = check_signature();
+    // Saved training, with some submodules in eval: those stay in eval.
+    // (Saved in eval as a whole, nothing can be told apart: all train.)
+    if (m_.is_training())
+      for (const auto& sub : m_.named_modules())
+        if (!sub.value.is_training()) kept_in_eval_.insert(sub.name);
   }
   torch::Tensor forward(const torch::Tensor& input) override {
     if (takes_batch_) throw ConfigError("TorchScript model '" + path_ + "' takes the batch dict, not one tensor");
@@ -153,7 +159,16 @@ class ScriptModel final : public Model {
     for (const auto& b : m_.named_buffers(true)) out.emplace_back(b.name, b.value);
     return out;
   }
-  void train(bool on) override { m_.train(on); }
+  // Training mode leaves in eval mode the submodules the module was saved
+  // with in eval mode while it trained (a frozen BatchNorm), as a torch
+  // loop that calls model.train() after validation would not, but as the
+  // user saved it: a validation pass does not unfreeze them.
+  void train(bool on) override {
+    m_.train(on);
+    if (!on) return;
+    for (auto sub : m_.named_modules())
+      if (kept_in_eval_.count(sub.name)) sub.value.train(false);
+  }
   void to(const torch::Device& device) override { m_.to(device); }
   int route_cpu_gemm() override { return route_linear(m_); }
   std::string describe() const override { return "torchscript(" + path_ + ")"; }
@@ -192,6 +207,7 @@ class ScriptModel final : public Model {
 
   std::string path_;
   torch::jit::Module m_;
+  std::set<std::string> kept_in_eval_;  // submodules saved in eval mode in a module saved training
   bool takes_batch_ = false;
 };
 

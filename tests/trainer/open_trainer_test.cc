@@ -173,6 +173,45 @@ void write_script_step(const fs::path& dir) {
 // nn.MultiheadAttention's projections live in F.multi_head_attention_forward.
 // (Without oneDNN troupe::linear is ATen's, and the rewrite is checked all
 // the same.)
+// A submodule the user's module keeps in eval mode (a frozen BatchNorm)
+// stays in eval mode after a validation pass puts the model in eval and
+// back in training.
+TEST(ScriptModelTest, ASubmoduleKeptInEvalStaysSoAfterValidation) {
+  if (!have_python_torch()) GTEST_SKIP() << "no python3 with torch and numpy";
+  auto dir = test::fresh_dir("frozen-bn");
+  python("import torch\nfrom typing import Dict\nd = '" + dir.string() +
+             "'\n"
+             "class Step(torch.nn.Module):\n"
+             "    def __init__(self):\n"
+             "        super().__init__()\n"
+             "        self.bn = torch.nn.BatchNorm1d(4)\n"
+             "        self.fc = torch.nn.Linear(4, 1)\n"
+             "    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:\n"
+             "        y = self.fc(self.bn(batch['x'])).sum()\n"
+             "        return {'loss': y, 'bn_training': torch.tensor(float(self.bn.training)),\n"
+             "                'training': torch.tensor(float(self.training))}\n"
+             "m = Step()\n"
+             "m.bn.eval()\n"
+             "torch.jit.save(torch.jit.script(m), d + '/step.pt')\n",
+         dir);
+  ModelSpec spec;
+  spec.name = "torchscript";
+  spec.path = (dir / "step.pt").string();
+  auto model = make_model(spec);
+  auto step = make_step(StepSpec{}, *model);
+  actors::TensorDict batch;
+  batch.set("x", torch::randn({8, 4}));
+  auto modes = [&] {
+    auto out = step->train(*model, batch);
+    return std::make_pair(out.metrics.at("training").item<double>(), out.metrics.at("bn_training").item<double>());
+  };
+  model->train(true);
+  EXPECT_EQ(modes(), std::make_pair(1.0, 0.0));
+  model->train(false);  // a validation pass
+  model->train(true);
+  EXPECT_EQ(modes(), std::make_pair(1.0, 0.0));
+}
+
 TEST(CpuGemmRouteTest, FreeFunctionsAndAttentionAreRoutedAndComputeTheSame) {
   if (!have_python_torch()) GTEST_SKIP() << "no python3 with torch and numpy";
   auto dir = test::fresh_dir("route-linear");
