@@ -168,6 +168,16 @@ def sharded_checkpoint_loop():
         train.report({"rank": rank}, checkpoint=train.Checkpoint.from_directory(d))
 
 
+def unshared_storage_loop():
+    """As on nodes that do not share the run folder: rank 1's staged
+    files never reach rank 0."""
+    from troupe.train import session
+
+    if train.get_context().get_world_rank() == 1:
+        session._session.store.stage_part = lambda *args: None
+    sharded_checkpoint_loop()
+
+
 def uneven_reports_loop():
     if train.get_context().get_world_rank() == 0:
         train.report({"extra": True})
@@ -354,6 +364,15 @@ def test_every_ranks_checkpoint_files_make_the_checkpoint(tmp_path):
         assert f.read() == "0"  # rank 0's wins
     # Nothing staged is left behind.
     assert sorted(os.listdir(result.path)) == ["checkpoint_000000", "progress.jsonl"]
+
+
+def test_storage_the_nodes_do_not_share_fails_the_run_at_once(tmp_path):
+    # Not retried, even without a failure limit: every attempt would meet it.
+    trainer = TorchTrainer(unshared_storage_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=-1)))
+    with pytest.raises(train.TrainingFailedError, match="a folder every node shares"):
+        trainer.fit()
+    assert trainer.failures == 0
 
 
 def test_a_rank_that_reports_more_often_is_told_why_it_failed(tmp_path):

@@ -78,6 +78,12 @@ def _fsync_dir(folder):
         os.close(fd)
 
 
+class StorageNotSharedError(RuntimeError):
+    """Rank 0 cannot see the checkpoint files another rank staged: the run
+    folder is not on storage every node shares. Another attempt would
+    meet it again, so it fails the run at once."""
+
+
 def _move_unless_there(src, dst):
     """copytree's copy for merging ranks' staged files (on the same file
     system: moved, not copied): the first file of a name stays (rank 0's,
@@ -146,8 +152,9 @@ class CheckpointStore:
             os.makedirs(tmp)
         for rank, part in parts:
             if not os.path.isdir(part):
-                raise RuntimeError(f"troupe.train.report: rank {rank} reported a checkpoint, but its files are "
-                                   f"not at {part} (is the storage path shared by every node?)")
+                raise StorageNotSharedError(f"troupe.train.report: rank {rank} reported a checkpoint, but its files "
+                                            f"are not at {part}: give RunConfig(storage_path=...) a folder every "
+                                            "node shares")
             shutil.copytree(part, tmp, dirs_exist_ok=True, copy_function=_move_unless_there)
             shutil.rmtree(part, ignore_errors=True)
         _fsync_tree(tmp)

@@ -22,7 +22,7 @@ import sys
 import time
 
 from . import worker as worker_module
-from .checkpoint import Checkpoint, CheckpointStore
+from .checkpoint import Checkpoint, CheckpointStore, StorageNotSharedError
 from .config import RunConfig, ScalingConfig
 from ..exceptions import ConfigError
 
@@ -201,6 +201,9 @@ class TorchTrainer:
             except (_WorkersDied, _LoopRaised) as failure:
                 # A worker died or a loop raised: a failure either way, as in Ray Train.
                 cause = failure.__cause__
+                if isinstance(cause, StorageNotSharedError):
+                    # Not the loop's: every attempt would meet it again.
+                    raise self._failed(store, f"run {name!r} failed: {cause}", cause) from cause
                 self.failures += 1
                 what = (f"workers died: {cause}" if isinstance(failure, _WorkersDied)
                         else f"{type(cause).__name__}: {cause}")
