@@ -298,15 +298,18 @@ std::string plural(int64_t n, const std::string& noun) { return std::to_string(n
 // place that counts it, so that a job never "trains" 0 steps.
 int64_t steps_per_epoch(const TrainOptions& o, const actors::DatasetSpec& data) {
   const int64_t n = actors::make_dataset(data)->size();
-  const int64_t per_worker = n / o.workers + (n % o.workers != 0 ? 1 : 0);
-  if (per_worker >= o.batch_size) return per_worker / o.batch_size;
+  // An elastic job may grow to --max-workers: each of them must get a step.
+  const bool grows = o.max_workers > o.workers;
+  const int64_t workers = grows ? o.max_workers : o.workers;
+  const int64_t per_worker = n / workers + (n % workers != 0 ? 1 : 0);
+  if (per_worker >= o.batch_size) return (n / o.workers + (n % o.workers != 0 ? 1 : 0)) / o.batch_size;
   const std::string held =
       o.block_size > 0 ? plural(n, "window") + " of --block-size " + std::to_string(o.block_size) : plural(n, "sample");
   int64_t global = 0;
-  const bool fits = !__builtin_mul_overflow(o.workers, o.batch_size, &global);
-  throw ConfigError("--data " + o.data + " has " + held + ", fewer than one step of --workers " +
-                    std::to_string(o.workers) + " × --batch-size " + std::to_string(o.batch_size) +
-                    (fits ? " = " + std::to_string(global) : ""));
+  const bool fits = !__builtin_mul_overflow(workers, o.batch_size, &global);
+  throw ConfigError("--data " + o.data + " has " + held + ", fewer than one step of " +
+                    (grows ? "--max-workers " : "--workers ") + std::to_string(workers) + " × --batch-size " +
+                    std::to_string(o.batch_size) + (fits ? " = " + std::to_string(global) : ""));
 }
 
 bool is_model_name(const std::string& model) {

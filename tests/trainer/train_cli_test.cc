@@ -532,6 +532,9 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--block-size", "-1"}), "--block-size");  // 0 (the default) is .npz
   expect_one_line_failure(with({"--workers", "2", "--min-workers", "3"}), "--min-workers must be in [1, --workers 2]");
   expect_one_line_failure(with({"--workers", "2", "--max-workers", "1"}), "--max-workers must be at least --workers 2");
+  // A job that may grow to --max-workers needs a step for each of them.
+  expect_one_line_failure(with({"--batch-size", "32", "--max-workers", "4"}),
+                          "has 64 samples, fewer than one step of --max-workers 4 × --batch-size 32 = 128");
   // Data too small for one step of workers × batch size: refused before
   // anything runs, not 0 steps, a made-up loss and a checkpoint.
   expect_one_line_failure(
