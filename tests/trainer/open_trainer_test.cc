@@ -169,10 +169,6 @@ void write_script_step(const fs::path& dir) {
          dir);
 }
 
-// route_linear reaches the linear calls of free script functions too:
-// nn.MultiheadAttention's projections live in F.multi_head_attention_forward.
-// (Without oneDNN troupe::linear is ATen's, and the rewrite is checked all
-// the same.)
 // A submodule the user's module keeps in eval mode (a frozen BatchNorm)
 // stays in eval mode after a validation pass puts the model in eval and
 // back in training.
@@ -212,6 +208,10 @@ TEST(ScriptModelTest, ASubmoduleKeptInEvalStaysSoAfterValidation) {
   EXPECT_EQ(modes(), std::make_pair(1.0, 0.0));
 }
 
+// route_linear reaches the linear calls of free script functions too:
+// nn.MultiheadAttention's projections live in F.multi_head_attention_forward.
+// (Without oneDNN troupe::linear is ATen's, and the rewrite is checked all
+// the same.)
 TEST(CpuGemmRouteTest, FreeFunctionsAndAttentionAreRoutedAndComputeTheSame) {
   if (!have_python_torch()) GTEST_SKIP() << "no python3 with torch and numpy";
   auto dir = test::fresh_dir("route-linear");
