@@ -25,6 +25,7 @@
 #include "train_options.h"
 #include "train_preflight.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/exception_text.h"
 #include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/train_job.h"
 
@@ -32,14 +33,9 @@ namespace {
 
 using troupe::launcher::TrainOptions;
 
-std::string first_line(const std::string& text) {
-  std::string s = text.substr(0, text.find('\n'));
-  return s.empty() ? text : s;
-}
-
 int fail(int code, const std::string& reason) {
   std::fflush(stdout);
-  std::fprintf(stderr, "troupe train: %s\n", first_line(reason).c_str());
+  std::fprintf(stderr, "troupe train: %s\n", troupe::core::first_line(reason).c_str());
   return code;
 }
 

@@ -79,13 +79,11 @@ TORCH_MODULE(Cnn);
 
 // The first line of a message that has several (TorchScript's errors quote
 // the source below it), said as one.
-std::string first_line(const std::string& text) {
-  size_t start = text.find_first_not_of(" \n");
-  if (start == std::string::npos) return text;
-  size_t end = text.find('\n', start);
-  std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+std::string load_error_reason(const std::string& text) {
+  std::string line = core::first_line(text);
+  const bool more = line != core::last_line(text);
   while (!line.empty() && (line.back() == ':' || line.back() == ' ')) line.pop_back();
-  return end == std::string::npos ? line : line + " (torch's message goes on; load the file in Python to see it all)";
+  return more ? line + " (torch's message goes on; load the file in Python to see it all)" : line;
 }
 
 // A TorchScript module. Its graphs run unoptimised: the profiling executor
@@ -99,11 +97,12 @@ class ScriptModel final : public Model {
     try {
       m_ = torch::jit::load(path, torch::kCPU);
     } catch (const c10::Error& e) {
-      throw ConfigError("cannot load TorchScript model '" + path + "': " + first_line(e.what_without_backtrace()));
+      throw ConfigError("cannot load TorchScript model '" + path +
+                        "': " + load_error_reason(e.what_without_backtrace()));
     } catch (const std::exception& e) {
       // TorchScript's own compile errors (a module saved in a form this
       // LibTorch cannot read back): many lines of source excerpt.
-      throw ConfigError("cannot load TorchScript model '" + path + "': " + first_line(e.what()));
+      throw ConfigError("cannot load TorchScript model '" + path + "': " + load_error_reason(e.what()));
     }
     takes_batch_ = check_signature();
     // Saved training, with some submodules in eval: those stay in eval.

@@ -70,6 +70,9 @@ PyOptions options_from(const pyb::dict& d) {
   if (d.contains("max_task_retries")) o.max_task_retries = d["max_task_retries"].cast<int>();
   if (d.contains("max_retries")) o.max_retries = d["max_retries"].cast<int>();
   if (d.contains("max_concurrency")) o.max_concurrency = d["max_concurrency"].cast<int>();
+  if (d.contains("concurrency_groups"))
+    for (const auto& [name, cap] : d["concurrency_groups"].cast<std::vector<std::pair<std::string, int>>>())
+      o.concurrency_groups.push_back(wire::ConcurrencyGroup{name, cap, {}});
   if (d.contains("executable")) o.executable = d["executable"].cast<std::string>();
   if (d.contains("env")) o.env = d["env"].cast<std::vector<std::string>>();
   if (d.contains("placement_group")) o.placement_group = d["placement_group"].cast<uint64_t>();
@@ -372,14 +375,14 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
       .def(
           "call",
           [](PyClient& c, client::ActorClient& actor, std::string method, const pyb::handle& args, const RefList& top,
-             std::shared_ptr<PyRef> keep, std::shared_ptr<PyStream> stream, uint64_t skip) {
+             std::shared_ptr<PyRef> keep, std::shared_ptr<PyStream> stream, uint64_t skip, uint32_t group) {
             PyCall call = call_from(std::move(method), args);
             pyb::gil_scoped_release nogil;
             streaming(call, stream.get(), skip);
-            return c.call(actor, std::move(call), top, std::move(keep));
+            return c.call(actor, std::move(call), top, std::move(keep), group);
           },
           pyb::arg("actor"), pyb::arg("method"), pyb::arg("args"), pyb::arg("top"), pyb::arg("keep") = nullptr,
-          pyb::arg("stream") = nullptr, pyb::arg("skip") = 0)
+          pyb::arg("stream") = nullptr, pyb::arg("skip") = 0, pyb::arg("group") = 0)
       .def("actor_lifetime", &PyClient::actor_lifetime, pyb::call_guard<pyb::gil_scoped_release>())
       .def("task_key",
            [](PyClient& c, const pyb::dict& options) {
@@ -562,6 +565,8 @@ PYBIND11_MODULE(_core, m) {
   m.attr("HEAD_VALUE_LIMIT") = kMaxSpecBytes;
   // The most calls an actor may run at once (head::validate_max_concurrency).
   m.attr("MAX_ACTOR_CONCURRENCY") = head::kMaxActorConcurrency;
+  // The most concurrency groups an actor may have beside its default one.
+  m.attr("MAX_CONCURRENCY_GROUPS") = wire::kMaxConcurrencyGroups;
   m.def("set_error_classes", [](pyb::dict d) { g_errors = new pyb::dict(std::move(d)); });
   m.def("serve_worker", &serve_worker);
   m.def("in_worker", [] { return this_actor::in_worker(); });

@@ -97,6 +97,7 @@ void PyClient::shutdown() {
 std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_name, PyActorSpec spec,
                                                      const PyOptions& o) {
   head::validate_max_concurrency(o.max_concurrency);
+  head::validate_concurrency_groups(o.concurrency_groups, class_name);
   head::validate_resources(o.resources, "actor " + class_name + " options");
   wire::ActorSpec s;
   s.type_key = kPyActorKey;
@@ -110,6 +111,7 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   s.max_restarts = o.max_restarts;
   s.max_task_retries = o.max_task_retries;
   s.max_concurrency = o.max_concurrency;
+  s.concurrency_groups = o.concurrency_groups;
   s.executable = o.executable;
   s.env = o.env;
   s.placement_group = o.placement_group;
@@ -122,12 +124,14 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
 }
 
 std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, const RefList& top,
-                                      std::shared_ptr<PyRef> keep) {
+                                      std::shared_ptr<PyRef> keep, uint32_t group) {
+  if (group > wire::kMaxConcurrencyGroups)
+    throw ConfigError("concurrency group #" + std::to_string(group) + " is out of range");
   auto st = std::make_shared<ReplyState>();
   auto client = actor.shared_from_this();
   auto cancel = std::make_shared<client::CallCancel>(call.target, client);
   // May run on the I/O thread (when an argument's answer arrives).
-  auto send = [client, st, keep, cancel](PyCall c) {
+  auto send = [client, st, keep, cancel, op = group << client::kCallGroupShift](PyCall c) {
     cancel->submit_once([&] {
       client::Core* core = &client->core();
       // A streaming call is never resent: its stream takes one writer. The
@@ -136,7 +140,7 @@ std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, c
       std::optional<int> retries;
       if (c.stream_id != 0) retries = 0;
       return client->submit(
-          0, wire::encode_value(c),
+          op, wire::encode_value(c),
           [st, core, keep](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
           [st, keep](std::exception_ptr ex) { st->set_error(ex); }, retries);
     });

@@ -36,6 +36,7 @@ struct PyOptions {
   int max_task_retries = 0;
   int max_retries = 0;
   int max_concurrency = 1;
+  std::vector<wire::ConcurrencyGroup> concurrency_groups;  // an actor's, beside its default group
   std::string executable;  // the Python worker launcher
   std::vector<std::string> env;
   uint64_t placement_group = 0;  // 0 = none
@@ -65,8 +66,10 @@ class PyClient {
   std::shared_ptr<client::ActorClient> spawn(const std::string& class_name, PyActorSpec spec, const PyOptions& o);
   // A call of method `call.target` with `top` as the top-level refs; the
   // call holds `keep` (an actor's lifetime ref, or null) until answered.
+  // `group`: the concurrency group the call names (client::kCallGroupShift;
+  // 0 = the default one).
   std::shared_ptr<PyRef> call(client::ActorClient& actor, PyCall call, const RefList& top,
-                              std::shared_ptr<PyRef> keep = nullptr);
+                              std::shared_ptr<PyRef> keep = nullptr, uint32_t group = 0);
   // The lifetime ref of actor `actor_id`, which this process created: a
   // stored object that every handle holds (a handle sent to another
   // process carries it as a borrowed ref, calls hold it until answered).

@@ -835,7 +835,7 @@ def test_num_returns_gives_one_ref_per_value():
     with pytest.raises(ConfigError, match="num_returns"):
         p.two.options(num_returns=-2)
     with pytest.raises(ConfigError, match="unknown option"):
-        troupe.method(concurrency_group="io")
+        troupe.method(concurrency_groups="io")
 
 
 def test_bad_input_is_a_clear_python_error():
@@ -1073,6 +1073,135 @@ def test_an_async_actor_starts_threads_as_its_calls_need_them():
     assert troupe.get(s.threads.remote(), timeout=60) < 40
     # Calls that wait for each other still all run at once.
     assert troupe.get([s.wait_for_peer.remote() for _ in range(2)], timeout=60) == [True, True]
+
+
+@troupe.remote(concurrency_groups={"io": 2, "control": 1})
+class Gate:
+    """Calls that wait until let through, counted by kind: enter in the
+    default group (one at a time), enter_io in "io" (two), the rest in
+    "control"."""
+
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.permits = {"plain": 0, "io": 0}
+        self.counts_ = {"plain": [0, 0, 0], "io": [0, 0, 0]}  # inside, let through, most inside at once
+
+    def _pass(self, kind):
+        with self.cv:
+            c = self.counts_[kind]
+            c[0] += 1
+            c[2] = max(c[2], c[0])
+            let = self.cv.wait_for(lambda: self.permits[kind] > 0, timeout=60)
+            c[0] -= 1
+            if not let:
+                raise TimeoutError("no permit")
+            self.permits[kind] -= 1
+            c[1] += 1
+
+    def enter(self):
+        self._pass("plain")
+
+    @troupe.method(concurrency_group="io")
+    def enter_io(self):
+        self._pass("io")
+
+    @troupe.method(concurrency_group="control")
+    def release(self, kind, n):
+        with self.cv:
+            self.permits[kind] += n
+            self.cv.notify_all()
+
+    @troupe.method(concurrency_group="control")
+    def counts(self, kind):
+        with self.cv:
+            return list(self.counts_[kind])
+
+    def plain_counts(self, kind):  # in the default group
+        with self.cv:
+            return list(self.counts_[kind])
+
+
+def test_concurrency_groups_run_beside_the_default_group_each_to_its_cap():
+    g = Gate.remote()
+    plain = g.enter.remote()
+    # counts runs in "control" while enter holds the default group's one thread.
+    wait_until(lambda: troupe.get(g.counts.remote("plain"), timeout=60)[0] == 1, what="enter started")
+    io = [g.enter_io.remote() for _ in range(3)]
+    wait_until(lambda: troupe.get(g.counts.remote("io"), timeout=60)[0] == 2, what="two io calls inside")
+    troupe.get(g.release.remote("io", 1), timeout=60)
+    # The third io call waited for one of its group's two threads.
+    wait_until(lambda: troupe.get(g.counts.remote("io"), timeout=60)[:2] == [2, 1], what="the third io call inside")
+    troupe.get(g.release.remote("io", 2), timeout=60)
+    troupe.get(io, timeout=60)
+    assert troupe.get(g.counts.remote("io"), timeout=60)[2] == 2
+    # A call names another group than its method's: plain_counts is in the
+    # default group, busy with enter, but runs in "control" when told to.
+    assert troupe.get(g.plain_counts.options(concurrency_group="control").remote("plain"), timeout=60)[0] == 1
+    troupe.get(g.release.remote("plain", 1), timeout=60)
+    troupe.get(plain, timeout=60)
+    # A handle sent to a task, and one found by name, route calls the same.
+    named = Gate.options(name="gate_by_name").remote()
+
+    @troupe.remote
+    def through(handle):
+        blocked = handle.enter.remote()
+        deadline = time.monotonic() + 60
+        while troupe.get(handle.counts.remote("plain"), timeout=60)[0] != 1:
+            assert time.monotonic() < deadline, "enter never started"
+        troupe.get(handle.release.remote("plain", 1), timeout=60)
+        troupe.get(blocked, timeout=60)
+        return True
+
+    assert troupe.get(through.remote(named), timeout=120)
+    found = troupe.get_actor("gate_by_name")
+    blocked = found.enter.remote()
+    wait_until(lambda: troupe.get(found.counts.remote("plain"), timeout=60)[0] == 1, what="enter via get_actor")
+    troupe.get(found.release.remote("plain", 1), timeout=60)
+    troupe.get(blocked, timeout=60)
+    troupe.kill(named)
+
+
+def test_bad_concurrency_groups_are_clear_errors_and_a_bad_group_number_leaves_the_actor_serving():
+    g = Gate.remote()
+    with pytest.raises(ConfigError, match=r"concurrency_group='disk' is not one of the actor's concurrency groups "
+                                          r"\('io', 'control'\)"):
+        g.enter.options(concurrency_group="disk")
+    with pytest.raises(ConfigError, match=r"max_concurrency in \[1, 1024\], got 0"):
+        Gate.options(concurrency_groups={"io": 0})
+    with pytest.raises(ConfigError, match="must be a dict"):
+        Gate.options(concurrency_groups=["io"])
+    with pytest.raises(ConfigError, match=r"method counts is in concurrency group 'control', which its "
+                                          r"concurrency_groups option does not define \('io'\)"):
+        Gate.options(concurrency_groups={"io": 1}).remote()
+    # A call whose op names a group the actor lacks (another client's
+    # mistake) is answered with an error; the actor serves on.
+    from troupe import _remote
+
+    data, top = _remote._call_args("counts", ("io",), {})
+    with pytest.raises(ConfigError, match="names concurrency group #9; actor Gate has 2"):
+        troupe.get(troupe._client().call(g._actor, "counts", data, top, group=9), timeout=60)
+    assert troupe.get(g.counts.remote("io"), timeout=60) == [0, 0, 0]
+
+
+@troupe.remote(concurrency_groups={"io": 1})
+class AsyncGrouped:
+    def __init__(self):
+        self.event = asyncio.Event()
+
+    async def wait(self):
+        await asyncio.wait_for(self.event.wait(), 60)
+        return "let through"
+
+    @troupe.method(concurrency_group="io")
+    async def open(self):
+        self.event.set()
+
+
+def test_an_async_actors_groups_share_its_event_loop():
+    a = AsyncGrouped.remote()
+    waiting = a.wait.remote()
+    troupe.get(a.open.remote(), timeout=60)
+    assert troupe.get(waiting, timeout=60) == "let through"
 
 
 @troupe.remote

@@ -37,7 +37,7 @@ _TASK_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "max_retries", "
                  _generator.BACKPRESSURE_OPTION} | _PLACEMENT_OPTIONS
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "resources", "max_restarts", "max_task_retries", "max_concurrency", "name",
                   "lifetime", "namespace", "get_if_exists", "preload_modules", "runtime_env",
-                  "max_pending_calls"} | _PLACEMENT_OPTIONS
+                  "max_pending_calls", "concurrency_groups"} | _PLACEMENT_OPTIONS
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # The head has one flat table of actor names: a name in a namespace is kept
 # there as NAMESPACE/NAME, one in the default namespace ("") as NAME alone,
@@ -72,6 +72,7 @@ def _check_options(options, allowed, what):
     concurrency = options.get("max_concurrency", 1)
     if not _is_int(concurrency, 1) or concurrency > _MAX_CONCURRENCY:
         raise ConfigError(f"max_concurrency must be an int in [1, {_MAX_CONCURRENCY}], got {concurrency!r}")
+    _concurrency_groups(options, what)
     for key in ("num_cpus", "num_gpus", "memory"):
         _number(options.get(key, 0), key)
     for key, value in dict(options.get("resources") or {}).items():
@@ -81,6 +82,28 @@ def _check_options(options, allowed, what):
     lifetime = options.get("lifetime")
     if lifetime not in (None, "detached", "non_detached"):
         raise ConfigError(f"lifetime must be None, 'detached' or 'non_detached', got {lifetime!r}")
+
+
+def _concurrency_groups(options, what):
+    """An actor's concurrency_groups option, checked: {name: its
+    max_concurrency}, as Ray's; the names in order (a call names its group
+    by 1 + its place there)."""
+    groups = options.get("concurrency_groups")
+    if groups is None:
+        return []
+    if not isinstance(groups, dict):
+        raise ConfigError(f"{what}: concurrency_groups must be a dict {{name: max_concurrency}}, "
+                          f"got {type(groups).__name__}")
+    if len(groups) > _core.MAX_CONCURRENCY_GROUPS:
+        raise ConfigError(f"{what}: concurrency_groups has {len(groups)} groups, more than "
+                          f"{_core.MAX_CONCURRENCY_GROUPS}")
+    for name, cap in groups.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{what}: a concurrency group's name must be a non-empty str, got {name!r}")
+        if not _is_int(cap, 1) or cap > _MAX_CONCURRENCY:
+            raise ConfigError(f"{what}: concurrency group {name!r} must have a max_concurrency in "
+                              f"[1, {_MAX_CONCURRENCY}], got {cap!r}")
+    return list(groups)
 
 
 def num_returns(value, what):
@@ -105,16 +128,25 @@ def is_generator_function(fn):
 
 
 def method(**options):
-    """@troupe.method(num_returns=N) on an actor class's method, as Ray's
-    @ray.method: the default of its calls' num_returns."""
-    unknown = set(options) - {"num_returns"}
+    """@troupe.method(num_returns=N, concurrency_group="io") on an actor
+    class's method, as Ray's @ray.method: the defaults of its calls'
+    num_returns and concurrency group (one of the class's
+    concurrency_groups)."""
+    unknown = set(options) - {"num_returns", "concurrency_group"}
     if unknown:
-        raise ConfigError(f"troupe.method: unknown option(s) {', '.join(sorted(unknown))} (known: num_returns)")
+        raise ConfigError(f"troupe.method: unknown option(s) {', '.join(sorted(unknown))} "
+                          "(known: concurrency_group, num_returns)")
+    group = options.get("concurrency_group")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise ConfigError(f"troupe.method: concurrency_group must be a group's name, got {group!r}")
 
     def mark(fn):
         if not callable(fn):
             raise TypeError(f"@troupe.method applies to methods, not to a {type(fn).__name__}")
-        fn._troupe_num_returns = num_returns(options.get("num_returns", 1), f"method {fn.__qualname__}")
+        if "num_returns" in options:
+            fn._troupe_num_returns = num_returns(options["num_returns"], f"method {fn.__qualname__}")
+        if group is not None:
+            fn._troupe_concurrency_group = group
         return fn
 
     return mark
@@ -433,6 +465,8 @@ def _runtime_options(options, default_cpus):
         "max_retries": options.get("max_retries", DEFAULT_TASK_RETRIES),
         "max_concurrency": options.get("max_concurrency", 1),
     }
+    if options.get("concurrency_groups"):
+        out["concurrency_groups"] = [(name, int(cap)) for name, cap in options["concurrency_groups"].items()]
     if options.get("name"):
         out["name"] = str(options["name"])
     placement = _placement(options)
@@ -614,9 +648,10 @@ class RemoteFunction:
 class ActorMethod:
     # Not the handle itself: a handle caches its methods, and a cycle would
     # keep an actor that went out of scope alive until Python's cycle GC.
-    __slots__ = ("_actor", "_client", "_lifetime", "_name", "_num_returns", "_credits", "_pending")
+    __slots__ = ("_actor", "_client", "_lifetime", "_name", "_num_returns", "_credits", "_pending", "_groups",
+                 "_group")
 
-    def __init__(self, handle, name, num_returns=1):
+    def __init__(self, handle, name, num_returns=1, group=None):
         self._actor = handle._actor
         self._client = handle._client
         self._lifetime = handle._lifetime
@@ -624,6 +659,25 @@ class ActorMethod:
         self._num_returns = num_returns
         self._credits = _generator.DEFAULT_CREDITS
         self._pending = handle._pending
+        # The actor's concurrency groups by name (None: not known to this
+        # handle), and the number of this method's (0: the default group).
+        table = handle._table
+        self._groups = table[3] if table is not None else None
+        self._group = self._group_number(group) if group is not None else 0
+
+    def _group_number(self, group):
+        """A group's number in the calls' op: 1 + its place among the
+        actor's concurrency groups."""
+        what = f"actor method {self._name}"
+        if self._groups is None:
+            raise ConfigError(f"{what}: concurrency_group={group!r}, but this handle does not know the actor's "
+                              "concurrency groups (a handle found by id); use one from the actor's creator or "
+                              "troupe.get_actor")
+        if group not in self._groups:
+            known = ", ".join(repr(g) for g in self._groups) or "none"
+            raise ConfigError(f"{what}: concurrency_group={group!r} is not one of the actor's concurrency groups "
+                              f"({known})")
+        return 1 + self._groups.index(group)
 
     def remote(self, *args, **kwargs):
         import troupe
@@ -645,7 +699,7 @@ class ActorMethod:
         if self._num_returns == "streaming":
             generator = self._stream(client, data, top)
             return generator, generator.completed()
-        ref = client.call(self._actor, self._name, data, top, self._lifetime)
+        ref = client.call(self._actor, self._name, data, top, self._lifetime, group=self._group)
         if self._num_returns == 1:
             return ref, ref
         return ser.items(ref, self._num_returns, f"actor method {self._name}"), ref
@@ -656,11 +710,11 @@ class ActorMethod:
         restarted, up to the actor's max_task_retries, past the values
         already handed out (the runtime never resends a streaming call
         itself: its stream takes one writer)."""
-        actor, name, lifetime, credits = self._actor, self._name, self._lifetime, self._credits
+        actor, name, lifetime, credits, group = self._actor, self._name, self._lifetime, self._credits, self._group
 
         def start(skip):
             stream = client.stream(credits)
-            done = client.call(actor, name, data, top, lifetime, stream, skip)
+            done = client.call(actor, name, data, top, lifetime, stream, skip, group)
             stream.watch(done)
             return stream, done
 
@@ -669,22 +723,25 @@ class ActorMethod:
                                              _generator.actor_restarting(actor))
 
     def options(self, **options):
-        """Ray's per-call options: `name` (a label), num_returns and
-        _generator_backpressure_num_objects are taken; any other is
-        refused rather than ignored."""
-        count, credits = self._num_returns, self._credits
+        """Ray's per-call options: `name` (a label), num_returns,
+        concurrency_group and _generator_backpressure_num_objects are
+        taken; any other is refused rather than ignored."""
+        count, credits, group = self._num_returns, self._credits, self._group
         what = f"actor method {self._name}"
         for key, value in options.items():
             if key == "num_returns":
                 count = num_returns(value, what)
             elif key == _generator.BACKPRESSURE_OPTION:
                 credits = _generator.credits(value, what)
+            elif key == "concurrency_group":
+                group = self._group_number(value)
             elif key != "name":
                 raise ConfigError(f"{what}: option {key}={value!r} is not supported (per-call options are "
-                                  f"name, num_returns and {_generator.BACKPRESSURE_OPTION})")
+                                  f"name, num_returns, concurrency_group and {_generator.BACKPRESSURE_OPTION})")
         copy = ActorMethod.__new__(ActorMethod)
         copy._actor, copy._client, copy._lifetime, copy._name = self._actor, self._client, self._lifetime, self._name
         copy._num_returns, copy._credits, copy._pending = count, credits, self._pending
+        copy._groups, copy._group = self._groups, group
         return copy
 
     def __call__(self, *args, **kwargs):
@@ -707,7 +764,7 @@ class ActorHandle:
     """A handle to an actor: handle.method.remote(...) returns an ObjectRef.
     Calls from one caller run in the order sent."""
 
-    def __init__(self, actor, cls, client, lifetime=None, table=None, max_pending_calls=-1):
+    def __init__(self, actor, cls, client, lifetime=None, table=None, max_pending_calls=-1, groups=()):
         self._actor = actor
         self._client = client
         # Ray's max_pending_calls: this handle's calls under way, at most
@@ -717,10 +774,11 @@ class ActorHandle:
         # ends it once no handle is left anywhere; None for detached and
         # named actors and for handles found by name or id.
         self._lifetime = lifetime
-        # The class's name and its methods' num_returns defaults by name
-        # (_method_table): what a handle pickled into another process takes
-        # along; None for a handle found by name or id, which checks nothing.
-        self._table = _method_table(cls) if cls is not None else table
+        # The class's name, its methods' num_returns defaults and
+        # concurrency groups by name (_method_table), and the actor's
+        # concurrency groups: what a handle pickled into another process
+        # takes along; None for a handle found by id, which checks nothing.
+        self._table = _method_table(cls) + (list(groups),) if cls is not None else table
         self._methods = {}
 
     def __getattr__(self, name):
@@ -734,7 +792,8 @@ class ActorHandle:
             if table is not None and name not in table[1] and not builtin:
                 raise AttributeError(f"actor class {table[0]} has no method {name!r}")
             returns = table[1][name] if table is not None and not builtin else 1
-            m = methods[name] = ActorMethod(self, name, returns)
+            group = table[2].get(name) if table is not None and not builtin else None
+            m = methods[name] = ActorMethod(self, name, returns, group)
         return m
 
     @property
@@ -808,17 +867,19 @@ def _handle_by_id(actor_id, lifetime=None, table=None):
 
 @functools.lru_cache(maxsize=1024)
 def _method_table(cls):
-    """(class name, {method: its @troupe.method num_returns}) of an actor
-    class: what its handles check calls against, here and wherever they are
-    sent."""
-    methods = {}
+    """(class name, {method: its @troupe.method num_returns}, {method: its
+    @troupe.method concurrency_group}) of an actor class: what its handles
+    check calls against, here and wherever they are sent."""
+    methods, groups = {}, {}
     for name in dir(cls):
         if name.startswith("__"):
             continue
         fn = getattr(cls, name, None)
         if callable(fn):
             methods[name] = getattr(fn, "_troupe_num_returns", "streaming" if is_generator_function(fn) else 1)
-    return cls.__name__, methods
+            if getattr(fn, "_troupe_concurrency_group", None) is not None:
+                groups[name] = fn._troupe_concurrency_group
+    return cls.__name__, methods, groups
 
 
 def _actor_handle(actor, cls):
@@ -838,9 +899,9 @@ def _named_handle(client, actor):
     blob = client.kv_get(_methods_key(actor.id))
     table = None
     try:
-        name, methods = json.loads(blob) if blob is not None else (None, None)
-        if isinstance(name, str) and isinstance(methods, dict):
-            table = (name, methods)
+        name, methods, groups, names = json.loads(blob) if blob is not None else (None, None, None, None)
+        if isinstance(name, str) and isinstance(methods, dict) and isinstance(groups, dict) and isinstance(names, list):
+            table = (name, methods, groups, names)
     except (ValueError, TypeError):
         pass  # not a table this shim wrote: a handle that checks nothing
     return ActorHandle(actor, None, client, None, table)
@@ -876,9 +937,15 @@ class ActorClass:
         name = str(self._options["name"]) if self._options.get("name") else None
         if name is not None:
             name = full_actor_name(name, self._options.get("namespace") or troupe._namespace())
+        groups = _concurrency_groups(self._options, f"actor {self.__name__}")
+        for method_name, group in sorted(_method_table(self._cls)[2].items()):
+            if group not in groups:
+                known = ", ".join(repr(g) for g in groups) or "none"
+                raise ConfigError(f"actor {self.__name__}: method {method_name} is in concurrency group {group!r}, "
+                                  f"which its concurrency_groups option does not define ({known})")
         if self._options.get("get_if_exists") and name is not None:
             try:
-                return ActorHandle(client.get_actor(name), self._cls, client)
+                return ActorHandle(client.get_actor(name), self._cls, client, groups=groups)
             except ConfigError:
                 pass
         data, top = _call_args(f"actor {self.__name__}", args, kwargs)
@@ -893,11 +960,11 @@ class ActorClass:
             # Another caller made it between the lookup and this spawn.
             if not (self._options.get("get_if_exists") and name is not None and "is already taken" in str(e)):
                 raise
-            return ActorHandle(client.get_actor(name), self._cls, client)
+            return ActorHandle(client.get_actor(name), self._cls, client, groups=groups)
         if name is not None:
             # For get_actor's handles: the methods to check calls against,
-            # and their num_returns defaults.
-            client.kv_put(_methods_key(actor.id), json.dumps(_method_table(self._cls)).encode())
+            # their num_returns defaults and concurrency groups.
+            client.kv_put(_methods_key(actor.id), json.dumps(_method_table(self._cls) + (groups,)).encode())
         if options.get("detached"):
             # It may outlive its creator, which holds the packages it runs
             # with no longer than it lives.
@@ -908,8 +975,8 @@ class ActorClass:
         lifetime = None
         if name is None and not options.get("detached"):
             lifetime = client.actor_lifetime(actor.id)
-        return ActorHandle(actor, self._cls, client, lifetime, max_pending_calls=self._options.get("max_pending_calls",
-                                                                                                   -1))
+        return ActorHandle(actor, self._cls, client, lifetime,
+                           max_pending_calls=self._options.get("max_pending_calls", -1), groups=groups)
 
 
 def remote(*args, **options):

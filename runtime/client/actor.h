@@ -76,6 +76,14 @@ uint32_t method_index(M m) {
 // The top bit of a call's method index (Message::op) asks the callee to keep
 // the result and reply with a reference to it (ActorHandle::call_ref).
 inline constexpr uint32_t kKeepResult = 1u << 31;
+// A call's op: the method index in the low bits, and in bits 20-27 the
+// concurrency group its caller names (1 + its index in
+// ActorSpec::concurrency_groups; 0 = none named: the method's group, else
+// the default one; wire::kMaxConcurrencyGroups at most).
+inline constexpr uint32_t kCallGroupShift = 20;
+inline constexpr uint32_t kCallMethodMask = (1u << kCallGroupShift) - 1;
+inline constexpr uint32_t call_op_group(uint32_t op) { return (op >> kCallGroupShift) & 0xFFu; }
+inline constexpr uint32_t call_op_method(uint32_t op) { return op & kCallMethodMask; }
 // Set in a task executor's reply (Message::op) when its process's object
 // store holds objects after the task (a Python task that returns what it
 // put): the submitter keeps that executor, whose objects others may read.

@@ -179,7 +179,7 @@ void Runtime::shutdown() {
   // thread; without the core it refuses every call.
 }
 
-ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
+ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options, const std::vector<std::string>& methods) {
   spec.resources = options.resources;
   spec.name = options.name;
   spec.max_restarts = options.max_restarts;
@@ -192,7 +192,9 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options) {
   spec.detached = options.detached;
   spec.node_affinity = options.node_affinity;
   spec.affinity_soft = options.affinity_soft;
+  spec.concurrency_groups = options.concurrency_groups;
   head::validate_max_concurrency(options.max_concurrency);
+  head::validate_concurrency_groups(spec.concurrency_groups, spec.class_name, &methods);
   head::validate_resources(spec.resources, "actor " + spec.class_name + " options");
   auto core = live();
   auto info = core->head().call<ActorInfo>(Op::kCreateActor, spec);

@@ -71,7 +71,13 @@ struct ActorOptions {
   // Times a call in flight when the worker died is sent again (-1 =
   // unlimited); 0 = fail it with ActorDied.
   int max_task_retries = 0;
+  // Calls the actor runs at once in its default group.
   int max_concurrency = 1;
+  // More groups (Ray's concurrency_groups), each with its own threads and
+  // max_concurrency: {{"io", 2, {"read", "write"}}} runs read and write
+  // calls, two at a time, beside the default group's. A method listed in
+  // no group is in the default one.
+  std::vector<wire::ConcurrencyGroup> concurrency_groups;
   const PlacementGroup* placement_group = nullptr;
   int bundle_index = -1;
   // Worker executable; "" = this program (it must call troupe::init).
@@ -292,7 +298,8 @@ class Runtime {
   template <class Result, class R, class... P, class... A>
   Future<Result> submit_task(R (*fn)(P...), const TaskOptions& options, bool keep_result, A&&... args);
   static client::TaskPlacement task_placement(const TaskOptions& options);
-  ActorInfo create_actor(wire::ActorSpec spec, const ActorOptions& options);
+  // `methods`: the actor's method names, which its concurrency groups may list.
+  ActorInfo create_actor(wire::ActorSpec spec, const ActorOptions& options, const std::vector<std::string>& methods);
   // core_, or troupe::Error when shut down: what every method works on, a
   // reference of its own, so that a shutdown() racing the call cannot
   // destroy the core under it.
@@ -442,7 +449,7 @@ Future<R> ActorHandle<T>::send_call(M method, uint32_t op, A&&... args) const {
   (void)method;
   // The future's state holds what cancel needs: no allocation beside it.
   auto st =
-      std::make_shared<client::CallFutureState<R>>(&client::method_names<T>()[op & ~client::kKeepResult], client_);
+      std::make_shared<client::CallFutureState<R>>(&client::method_names<T>()[client::call_op_method(op)], client_);
   auto send = [client = client_, op, st](Args tuple) {
     st->submit_once([&] {
       wire::Encoder e;
@@ -468,7 +475,7 @@ ActorHandle<T> Runtime::spawn(const ActorOptions& options, A&&... args) {
   wire::encode(e, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
   spec.ctor_args = std::move(e.bytes());
   spec.ctor_attachments = std::move(e.attachments());
-  auto info = create_actor(std::move(spec), options);
+  auto info = create_actor(std::move(spec), options, client::method_names<T>());
   return ActorHandle<T>(live()->actor(info));
 }
 

@@ -18,6 +18,17 @@ inline std::string exception_text(const std::exception_ptr& e) {
   }
 }
 
+// The first non-empty line of a message, without its trailing blanks: a
+// one-line reason for a message that may go on (a torch error's source
+// excerpt). The text itself when no line has anything.
+inline std::string first_line(const std::string& text) {
+  const size_t begin = text.find_first_not_of(" \n\r\t");
+  if (begin == std::string::npos) return text;
+  std::string line = text.substr(begin, text.find('\n', begin) - begin);
+  line.erase(line.find_last_not_of(" \r\t") + 1);
+  return line;
+}
+
 // The last non-empty line of a message that ends a traceback (TorchScript's
 // interpreter errors): the line that says what went wrong, e.g.
 // "RuntimeError: KeyError: features".

@@ -251,6 +251,7 @@ const ActorInfo& HeadState::named_actor(const std::string& name) const {
 
 void HeadState::validate_actor(const ActorSpec& spec) {
   validate_max_concurrency(spec.max_concurrency);
+  validate_concurrency_groups(spec.concurrency_groups, spec.class_name);
   if (spec.max_restarts < -1) throw ConfigError("max_restarts must be >= -1, got " + std::to_string(spec.max_restarts));
   validate_resources(spec.resources, "actor " + spec.class_name + " options");
   if (spec.node_affinity) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <sstream>
 
 #include "troupe/runtime/core/errors.h"
@@ -24,6 +25,32 @@ void validate_max_concurrency(int64_t n) {
   if (n < 1 || n > kMaxActorConcurrency)
     throw ConfigError("max_concurrency must be in [1, " + std::to_string(kMaxActorConcurrency) + "], got " +
                       std::to_string(n));
+}
+
+void validate_concurrency_groups(const std::vector<wire::ConcurrencyGroup>& groups, const std::string& class_name,
+                                 const std::vector<std::string>* methods) {
+  const std::string where = "actor " + class_name + ": concurrency_groups";
+  if (groups.size() > wire::kMaxConcurrencyGroups)
+    throw ConfigError(where + " has " + std::to_string(groups.size()) + " groups, more than " +
+                      std::to_string(wire::kMaxConcurrencyGroups));
+  std::map<std::string, std::string> group_of;  // method -> its group
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto& g = groups[i];
+    if (g.name.empty()) throw ConfigError(where + ": group #" + std::to_string(i) + " has an empty name");
+    for (size_t j = 0; j < i; ++j)
+      if (groups[j].name == g.name) throw ConfigError(where + ": group '" + g.name + "' is given twice");
+    if (g.max_concurrency < 1 || g.max_concurrency > kMaxActorConcurrency)
+      throw ConfigError(where + ": group '" + g.name + "' has max_concurrency " + std::to_string(g.max_concurrency) +
+                        ", not in [1, " + std::to_string(kMaxActorConcurrency) + "]");
+    for (const auto& m : g.methods) {
+      if (methods && std::find(methods->begin(), methods->end(), m) == methods->end())
+        throw ConfigError(where + ": group '" + g.name + "' lists method '" + m + "', which " + class_name +
+                          " does not have");
+      auto [it, fresh] = group_of.emplace(m, g.name);
+      if (!fresh)
+        throw ConfigError(where + ": method '" + m + "' is in two groups, '" + it->second + "' and '" + g.name + "'");
+    }
+  }
 }
 
 void validate_resources(const Resources& r, const std::string& where) {

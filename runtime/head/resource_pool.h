@@ -35,6 +35,12 @@ void validate_resources(const Resources& r, const std::string& where);
 // client). ConfigError naming the value outside [1, kMaxActorConcurrency].
 inline constexpr int32_t kMaxActorConcurrency = 1024;
 void validate_max_concurrency(int64_t n);
+// An actor's concurrency groups: at most client::kMaxConcurrencyGroups,
+// each with a distinct non-empty name and a max_concurrency as above, and
+// no method in two groups; with `methods` (the actor's, when known), every
+// listed method among them. ConfigError naming `class_name` and the value.
+void validate_concurrency_groups(const std::vector<wire::ConcurrencyGroup>& groups, const std::string& class_name,
+                                 const std::vector<std::string>* methods = nullptr);
 
 // What a take handed out: the amounts and the GPU ids that go with them.
 struct Grant {

@@ -87,6 +87,21 @@ struct Hello {
 enum class ActorState : uint8_t { kPending = 0, kAlive = 1, kRestarting = 2, kDead = 3 };
 const char* to_string(ActorState s);
 
+// One of an actor's concurrency groups (Ray's concurrency_groups): its
+// calls run on threads of their own, at most max_concurrency at once, beside
+// the other groups' and the default group's (ActorSpec::max_concurrency).
+// A call goes to the group its caller names (client::call_op's group), else
+// to the group listing its method (a C++ actor's methods by name), else to
+// the default group.
+struct ConcurrencyGroup {
+  std::string name;
+  int32_t max_concurrency = 1;
+  std::vector<std::string> methods;
+  TROUPE_FIELDS(name, max_concurrency, methods)
+};
+// A call names its group in 8 bits of its op (client::kCallGroupShift).
+inline constexpr uint32_t kMaxConcurrencyGroups = 255;
+
 struct ActorSpec {
   std::string type_key;  // constructor registry key
   std::string class_name;
@@ -111,8 +126,11 @@ struct ActorSpec {
   // the head would place it.
   uint64_t node_affinity = 0;
   bool affinity_soft = false;
+  // Groups beside the default one (head::validate_concurrency_groups).
+  std::vector<ConcurrencyGroup> concurrency_groups;
   TROUPE_FIELDS(type_key, class_name, ctor_args, ctor_attachments, resources, name, max_restarts, max_task_retries,
-                max_concurrency, placement_group, bundle_index, executable, env, detached, node_affinity, affinity_soft)
+                max_concurrency, placement_group, bundle_index, executable, env, detached, node_affinity, affinity_soft,
+                concurrency_groups)
 };
 
 struct ActorInfo {

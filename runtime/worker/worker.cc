@@ -33,6 +33,10 @@ struct Job {
 
 class Mailbox {
  public:
+  Mailbox() = default;
+  Mailbox(const Mailbox&) = delete;
+  Mailbox& operator=(const Mailbox&) = delete;
+
   // False, with `j` left as it was, while the mailbox refuses work. Sets
   // `short_of_hands` when no drain thread waits for it (all are busy).
   bool push(Job& j, bool* short_of_hands = nullptr) {
@@ -205,7 +209,9 @@ std::unique_ptr<client::HostedActor> construct_actor(client::Core& core, const c
 }
 
 // Serves one constructed actor: a call listener and a control listener, and
-// either inline calls or a mailbox drained by max_concurrency threads.
+// either inline calls or a mailbox per concurrency group (the default one
+// and ActorSpec::concurrency_groups), each drained by up to its group's
+// max_concurrency threads.
 //
 // With one call at a time the actor runs calls on the thread that reads
 // them (no hand-off: a synchronous call costs one wake-up here); control
@@ -225,13 +231,32 @@ class ActorHost {
         // time, so that it can hand back those queued behind a task that
         // waits (CpuLender).
         task_executor_(core_->hello_reply().spec.type_key == client::kTaskExecutorKey),
-        inline_calls_(core_->hello_reply().spec.max_concurrency <= 1 && !task_executor_),
+        inline_calls_(core_->hello_reply().spec.max_concurrency <= 1 && !task_executor_ &&
+                      core_->hello_reply().spec.concurrency_groups.empty()),
         bind_host_(env.bind_host.empty() ? "127.0.0.1" : env.bind_host),
         // Callers reach the actor at the node's advertise host, never at a
         // wildcard bind address.
         advertise_host_(env.advertise_host.empty() ? default_advertise_host(bind_host_) : env.advertise_host),
         call_io_(inline_calls_ ? calls_io_ : core_->io()) {
-    if (task_executor_) lender_.emplace(*core_, env.actor_id, env.incarnation, mailbox_);
+    const ActorSpec& spec = core_->hello_reply().spec;
+    lanes_.emplace_back(spec.max_concurrency, 1);  // serve()'s thread drains the default group
+    method_lane_.assign(actor_->method_count(), 0);
+    for (const auto& g : spec.concurrency_groups) {
+      lanes_.emplace_back(g.max_concurrency, 0);
+      for (const auto& name : g.methods) {
+        bool found = false;
+        for (size_t m = 0; m < method_lane_.size(); ++m)
+          if (actor_->method_name(m) == name) {
+            method_lane_[m] = static_cast<uint32_t>(lanes_.size() - 1);
+            found = true;
+          }
+        // The creator's client checks the names; another may not have.
+        if (!found)
+          TROUPE_LOG_WARN("actor {}: concurrency group '{}' lists '{}', which it has no method of; ignored",
+                          spec.class_name, g.name, name);
+      }
+    }
+    if (task_executor_) lender_.emplace(*core_, env.actor_id, env.incarnation, lanes_.front().mailbox);
   }
 
   // Listens, tells the head the actor is ready, and serves; never returns.
@@ -255,13 +280,33 @@ class ActorHost {
       calls_io_.run();
       std::_Exit(0);
     }
-    drain();
+    drain(lanes_.front());
   }
 
  private:
   // Keeps every caller connection alive until it closes (touched on the
   // thread of the listener that accepted it).
   using ConnMap = std::map<Connection*, std::shared_ptr<Connection>>;
+
+  // One concurrency group's calls: its mailbox, and the threads that drain
+  // it, started as calls find them all busy (up to the group's cap).
+  struct Lane {
+    Lane(int cap, int started) : max_hands(cap), hands(started) {}
+    Mailbox mailbox;
+    const int max_hands;
+    int hands;  // started so far (on the I/O thread)
+  };
+
+  // The lane of a call: the group its op names, else its method's, else the
+  // default one; nullopt for a group the actor does not have.
+  std::optional<size_t> lane_of(uint32_t op) const {
+    if (const uint32_t group = client::call_op_group(op); group != 0) {
+      if (group >= lanes_.size()) return std::nullopt;
+      return group;
+    }
+    const uint32_t method = client::call_op_method(op);
+    return method < method_lane_.size() ? method_lane_[method] : 0;
+  }
 
   Message run_call(Message& call) {
     client::process_stats().calls.fetch_add(1, std::memory_order_relaxed);
@@ -282,7 +327,7 @@ class ActorHost {
       // An actor's call is known by its call id to a cancel (task_cancel.h);
       // a task executor's task by the token in its body.
       const uint64_t token = task_executor_ ? 0 : call.id;
-      const uint32_t method = call.op & ~client::kKeepResult;
+      const uint32_t method = client::call_op_method(call.op);
       if (!client::begin_task(token))
         throw TaskCancelled("call " + core_->hello_reply().spec.class_name + "." + actor_->method_name(method) +
                             " was cancelled before it started");
@@ -313,14 +358,26 @@ class ActorHost {
 
   void on_frame(const std::shared_ptr<Connection>& c, Message&& m) {
     if (m.kind == Kind::CALL) {
+      const std::optional<size_t> lane = lane_of(m.op);
+      if (!lane) {
+        Message reply;
+        reply.kind = Kind::REPLY;
+        reply.id = m.id;
+        set_error(reply,
+                  ConfigError("the call names concurrency group #" + std::to_string(client::call_op_group(m.op)) +
+                              "; actor " + core_->hello_reply().spec.class_name + " has " +
+                              std::to_string(lanes_.size() - 1)));
+        return c->send(std::move(reply));
+      }
       if (inline_calls_) {
         c->send(run_call(m));  // leaves with the rest of this read batch
         return;
       }
+      Lane& l = lanes_[*lane];
       Job j{c, std::move(m)};
       bool short_of_hands = false;
-      if (!mailbox_.push(j, &short_of_hands)) return c->send(bounced(j.msg));  // its executor's task waits
-      if (short_of_hands) add_hand();
+      if (!l.mailbox.push(j, &short_of_hands)) return c->send(bounced(j.msg));  // its executor's task waits
+      if (short_of_hands) add_hand(l);
       return;
     }
     if (m.kind == Kind::REQUEST && static_cast<Op>(m.op) == Op::kControl) return handle_control(c, m);
@@ -362,7 +419,7 @@ class ActorHost {
   void register_hand_back() {
     core_->controls().set(client::HandBackQueued::kControlTag,
                           client::typed_control_handler<client::HandBackQueued>([this](const client::HandBackQueued&) {
-                            auto jobs = mailbox_.take_queued();
+                            auto jobs = lanes_.front().mailbox.take_queued();
                             for (Job& j : jobs) {
                               Message reply = bounced(j.msg);
                               reply.op |= client::kHandedBack;
@@ -400,22 +457,23 @@ class ActorHost {
     }).detach();
   }
 
-  // A call waits and every drain thread is busy: one more, up to
-  // max_concurrency (an async actor may run 100 calls at once, and used to
-  // start 100 threads whether or not it ever did). On the I/O thread.
-  void add_hand() {
-    if (hands_ >= core_->hello_reply().spec.max_concurrency) return;
-    ++hands_;
-    std::thread([this] { drain(); }).detach();
+  // A call of lane `l` waits and every drain thread of it is busy: one
+  // more, up to its group's max_concurrency (an async actor may run 100
+  // calls at once, and used to start 100 threads whether or not it ever
+  // did). On the I/O thread.
+  void add_hand(Lane& l) {
+    if (l.hands >= l.max_hands) return;
+    ++l.hands;
+    std::thread([this, &l] { drain(l); }).detach();
   }
 
-  [[noreturn]] void drain() {
+  [[noreturn]] void drain(Lane& l) {
     for (;;) {
-      Job j = mailbox_.pop();
+      Job j = l.mailbox.pop();
       Message reply = run_call(j.msg);
       // Written at once when nothing waits behind it; else the I/O thread
       // batches the replies of a pipelined burst into few writes.
-      j.conn->send(reply, mailbox_.empty());
+      j.conn->send(reply, l.mailbox.empty());
     }
   }
 
@@ -429,9 +487,11 @@ class ActorHost {
   const std::string advertise_host_;
   asio::io_context calls_io_{1};  // one thread runs it: asio can skip some locking
   asio::io_context& call_io_;
-  Mailbox mailbox_;
-  int hands_ = 1;                    // drain threads: serve()'s own, and add_hand()'s (on the I/O thread)
-  std::optional<CpuLender> lender_;  // a task executor's
+  // [0]: the default group's; then ActorSpec::concurrency_groups' in order.
+  // A deque: lanes stay where they are, for the threads draining them.
+  std::deque<Lane> lanes_;
+  std::vector<uint32_t> method_lane_;  // by method index: the lane of its group
+  std::optional<CpuLender> lender_;    // a task executor's
   std::shared_ptr<ConnMap> call_conns_ = std::make_shared<ConnMap>();
   // The process's object store, looked up once (every call may ask it).
   const std::shared_ptr<client::ObjectStore> store_ = core_->service<client::ObjectStore>();

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -158,6 +159,46 @@ class Latch {
 };
 TROUPE_ACTOR(Latch, &Latch::wait_release)
 
+// Calls that wait at a gate until let through, counting how many wait at
+// once: enter in the default group, enter_io in "io", the rest in
+// "control" (ConcurrencyGroupsTest).
+class Gate {
+ public:
+  // Waits (at most 60 s) for a permit of its own kind (release).
+  void enter() { pass(plain_); }
+  void enter_io() { pass(io_); }
+  void release(bool io, int n) {
+    std::lock_guard lock(mu_);
+    (io ? io_ : plain_).permits += n;
+    cv_.notify_all();
+  }
+  // {inside now, let through so far, the most inside at once}
+  std::vector<int> counts(bool io) {
+    std::lock_guard lock(mu_);
+    const Kind& k = io ? io_ : plain_;
+    return {k.inside, k.done, k.peak};
+  }
+
+ private:
+  struct Kind {
+    int permits = 0, inside = 0, done = 0, peak = 0;
+  };
+  void pass(Kind& k) {
+    std::unique_lock lock(mu_);
+    k.peak = std::max(k.peak, ++k.inside);
+    cv_.notify_all();
+    const bool let = cv_.wait_for(lock, std::chrono::seconds(60), [&] { return k.permits > 0; });
+    --k.inside;
+    if (!let) throw troupe::Timeout("no permit");
+    --k.permits;
+    ++k.done;
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Kind plain_, io_;
+};
+TROUPE_ACTOR(Gate, &Gate::enter, &Gate::enter_io, &Gate::release, &Gate::counts)
+
 namespace {
 
 using troupe::test::eventually;
@@ -265,6 +306,49 @@ TEST_F(ClusterTest, MaxConcurrencyOutsideItsBoundIsRefusedNamingIt) {
   }
   auto c = rt_.spawn<Counter>({.max_concurrency = 1024}, 0);
   EXPECT_EQ(c.call(&Counter::add, 2).get(), 2);
+}
+
+// Each concurrency group runs its calls on threads of its own, at most its
+// max_concurrency at once, while the default group's call waits: with one
+// call at a time for the whole actor, counts() would wait behind enter().
+TEST_F(ClusterTest, ConcurrencyGroupsRunBesideTheDefaultGroupEachToItsCap) {
+  auto g = rt_.spawn<Gate>(
+      {.max_concurrency = 1, .concurrency_groups = {{"io", 2, {"enter_io"}}, {"control", 1, {"release", "counts"}}}});
+  auto plain = g.call(&Gate::enter);
+  auto counts = [&](bool io) { return g.call(&Gate::counts, io).get(kWaitBound); };
+  ASSERT_TRUE(eventually([&] { return counts(false)[0] == 1; }));
+  std::vector<troupe::Future<void>> io;
+  for (int i = 0; i < 3; ++i) io.push_back(g.call(&Gate::enter_io));
+  ASSERT_TRUE(eventually([&] { return counts(true)[0] == 2; }));
+  // The third waits for a thread of "io": let one through, and it enters.
+  g.call(&Gate::release, true, 1).get(kWaitBound);
+  ASSERT_TRUE(eventually([&] {
+    auto c = counts(true);
+    return c[1] == 1 && c[0] == 2;
+  }));
+  g.call(&Gate::release, true, 2).get(kWaitBound);
+  for (auto& f : io) f.get(kWaitBound);
+  EXPECT_EQ(counts(true)[2], 2) << "more io calls ran at once than the group's max_concurrency";
+  g.call(&Gate::release, false, 1).get(kWaitBound);
+  plain.get(kWaitBound);
+  EXPECT_EQ(counts(false)[2], 1);
+}
+
+TEST_F(ClusterTest, BadConcurrencyGroupsAreRefusedNamingTheValue) {
+  using Groups = std::vector<troupe::wire::ConcurrencyGroup>;
+  auto refused = [&](const Groups& groups, const std::string& says) {
+    try {
+      rt_.spawn<Gate>({.concurrency_groups = groups});
+      ADD_FAILURE() << says << ": accepted";
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused({{"io", 1, {"enter_io", "no_such"}}}, "lists method 'no_such', which Gate does not have");
+  refused({{"io", 1, {}}, {"io", 2, {}}}, "group 'io' is given twice");
+  refused({{"a", 1, {"enter"}}, {"b", 1, {"enter"}}}, "method 'enter' is in two groups, 'a' and 'b'");
+  refused({{"io", 0, {}}}, "group 'io' has max_concurrency 0, not in [1, 1024]");
+  refused({{"", 1, {}}}, "group #0 has an empty name");
 }
 
 TEST_F(ClusterTest, ConstructorFailureMakesActorDeadWithReason) {
