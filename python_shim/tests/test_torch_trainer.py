@@ -11,15 +11,19 @@ bounded (alarm, then faulthandler ends the run if a native call hangs).
 
 import importlib
 import json
+import math
 import os
+import random
 import signal
 import sys
 import tempfile
 import time
 
+import numpy as np
 import pytest
 import torch
 from timebox import bounded_fixture
+from torch.utils.data import DataLoader, SubsetRandomSampler
 
 AGAINST = os.environ.get("TROUPE_TEST_AGAINST", "troupe")
 SHIM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +39,8 @@ rt = importlib.import_module(AGAINST)
 from troupe import train  # noqa: E402
 from troupe.train import trainer as trainer_module  # noqa: E402
 from troupe.train.checkpoint import CheckpointStore  # noqa: E402
-from troupe.train.torch import TorchTrainer, prepare_data_loader, prepare_model  # noqa: E402
+from troupe.train.torch import (TorchConfig, TorchTrainer, backward, enable_reproducibility, get_devices,  # noqa: E402
+                                prepare_data_loader, prepare_model, prepare_optimizer)
 from troupe.exceptions import ConfigError  # noqa: E402
 
 TEST_TIMEOUT_S = 240
@@ -136,11 +141,21 @@ def context_loop():
     ctx = train.get_context()
     env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                           "MASTER_PORT")}
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(model(torch.ones(1, 2)).sum())
+    enable_reproducibility(seed=3)
     mine = {"world_rank": ctx.get_world_rank(), "world_size": ctx.get_world_size(),
             "local_rank": ctx.get_local_rank(), "local_world_size": ctx.get_local_world_size(),
             "node_rank": ctx.get_node_rank(), "env": env, "backend": torch.distributed.get_backend(),
-            "checkpoint": train.get_checkpoint(), "pid": os.getpid()}
-    train.report({"ranks": _gather(mine)})
+            "checkpoint": train.get_checkpoint(), "pid": os.getpid(),
+            "trial": [ctx.get_trial_name(), ctx.get_trial_id()], "devices": [str(d) for d in get_devices()],
+            "same_optimizer": prepare_optimizer(opt) is opt, "has_grad": model.weight.grad is not None,
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "seeded": [torch.rand(1).item(), random.random(), float(np.random.rand())]}
+    # Metrics named as troupe's columns of metrics_dataframe once were.
+    train.report({"ranks": _gather(mine), "iteration": "mine", "time": "mine", "checkpoint": "mine",
+                  "restart_count": "mine"})
 
 
 def sharding_loop():
@@ -148,7 +163,22 @@ def sharding_loop():
     epochs = []
     for _ in range(2):
         epochs.append([int(i) for batch in loader for i in batch])
-    train.report({"ranks": _gather(epochs), "batches": len(loader)})
+    # A loop that sets the epoch itself, peeks at a batch, then passes twice
+    # (training, evaluation): each epoch's passes use that epoch.
+    own = prepare_data_loader(DataLoader(list(range(40)), batch_size=5, shuffle=True))
+    own_epochs = []
+    for epoch in range(3):
+        own.sampler.set_epoch(epoch)
+        next(iter(own))
+        own_epochs.append(own.sampler.epoch)
+        for _ in range(2):
+            for _batch in own:
+                pass
+            own_epochs.append(own.sampler.epoch)
+    subset = prepare_data_loader(DataLoader(list(range(40)), batch_size=5, sampler=SubsetRandomSampler(range(40))))
+    train.report({"ranks": _gather(epochs), "batches": len(loader), "own_epochs": own_epochs,
+                  "subset": _gather([int(i) for batch in subset for i in batch]),
+                  "are_loaders": isinstance(loader, DataLoader) and isinstance(subset, DataLoader)})
 
 
 def raising_loop(config):
@@ -202,22 +232,46 @@ def test_fit_trains_ddp_and_keeps_k_checkpoints(tmp_path):
     result = trainer.fit()
     assert result.error is None
     assert result.metrics["epoch"] == 2 and result.metrics["replicas_equal"]
-    rows = result.metrics_dataframe
-    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    rows = _rows(result)
     assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert [(r["training_iteration"], r["checkpoint_dir_name"]) for r in rows] == [
+        (i + 1, f"checkpoint_00000{i}") for i in range(3)]
     assert result.path == str(tmp_path / "run")
-    assert sorted(os.listdir(result.path)) == ["checkpoint_000001", "checkpoint_000002", "progress.jsonl"]
+    assert sorted(os.listdir(result.path)) == ["checkpoint_000001", "checkpoint_000002", "progress.jsonl",
+                                               "trainer.pkl"]
     assert result.checkpoint.path == os.path.join(result.path, "checkpoint_000002")
     state = torch.load(os.path.join(result.checkpoint.path, "model.pt"))
     assert set(state) == {"weight", "bias"}
     assert [c.path for c, _ in result.best_checkpoints] == [
         os.path.join(result.path, f"checkpoint_00000{i}") for i in (1, 2)]
+    # The run goes on from its folder alone: the loop and the configs come
+    # from what fit() left there; a config given to restore replaces its own.
+    assert TorchTrainer.can_restore(result.path) and not TorchTrainer.can_restore(str(tmp_path))
+    more = TorchTrainer.restore(result.path, train_loop_config={"epochs": 4}).fit()
+    assert more.path == result.path and more.metrics["epoch"] == 3 and more.metrics["resumed_from"] == 3
+    assert more.checkpoint.path.endswith("checkpoint_000003")
+    with pytest.raises(ConfigError, match="not the folder of a TorchTrainer run"):
+        TorchTrainer.restore(str(tmp_path))
+
+
+def _rows(result):
+    rows = result.metrics_dataframe
+    return rows.to_dict("records") if hasattr(rows, "to_dict") else rows
 
 
 def test_context_environment_and_process_group(tmp_path):
     result = TorchTrainer(context_loop, scaling_config=train.ScalingConfig(num_workers=2),
-                          run_config=run_config(tmp_path)).fit()
+                          run_config=run_config(tmp_path), torch_config=TorchConfig(backend="gloo", timeout_s=60)).fit()
     ranks = result.metrics["ranks"]
+    assert ranks[0]["trial"] == ranks[1]["trial"] and ranks[0]["trial"][0] == "run" and ranks[0]["trial"][1]
+    assert all(r["devices"] == ["cpu"] and r["same_optimizer"] and r["has_grad"] and r["deterministic"]
+               for r in ranks)
+    assert ranks[0]["seeded"] == ranks[1]["seeded"]  # enable_reproducibility seeded both ranks alike
+    # troupe's columns never overwrite the loop's metrics of the same name.
+    [row] = _rows(result)
+    assert [row[k] for k in ("iteration", "time", "checkpoint", "restart_count")] == ["mine"] * 4
+    assert row["training_iteration"] == 1 and row["checkpoint_dir_name"] is None
+    assert row["troupe_restart_count"] == 0 and isinstance(row["timestamp"], float)
     assert [r["world_rank"] for r in ranks] == [0, 1]
     assert {r["world_size"] for r in ranks} == {2}
     assert sorted(r["local_rank"] for r in ranks) == [0, 1]
@@ -320,6 +374,12 @@ def test_prepare_data_loader_shards_and_advances_epochs(tmp_path):
         assert len(a) == len(b) == 20 and not set(a) & set(b) and set(a) | set(b) == set(range(40))
     # A new pass is a new epoch: a different shuffle.
     assert ranks[0][0] != ranks[0][1]
+    # Once the loop sets epochs, they are its own.
+    assert result.metrics["own_epochs"] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    # A random subset sampler is sharded shuffled, as Ray shards it.
+    a, b = result.metrics["subset"]
+    assert len(a) == len(b) == 20 and set(a) | set(b) == set(range(40)) and a != sorted(a)
+    assert result.metrics["are_loaders"]
 
 
 def test_worker_killed_restarts_from_last_checkpoint(tmp_path):
@@ -363,7 +423,7 @@ def test_every_ranks_checkpoint_files_make_the_checkpoint(tmp_path):
     with open(os.path.join(result.checkpoint.path, "common.txt")) as f:
         assert f.read() == "0"  # rank 0's wins
     # Nothing staged is left behind.
-    assert sorted(os.listdir(result.path)) == ["checkpoint_000000", "progress.jsonl"]
+    assert sorted(os.listdir(result.path)) == ["checkpoint_000000", "progress.jsonl", "trainer.pkl"]
 
 
 def test_storage_the_nodes_do_not_share_fails_the_run_at_once(tmp_path):
@@ -434,6 +494,27 @@ def test_bad_input_names_the_value(tmp_path):
         train.Checkpoint.from_directory(str(tmp_path / "no_such_dir"))
     with pytest.raises(RuntimeError, match="report"):
         train.report({"loss": 1.0})
+    # Taken as a path, it was once a local folder named "s3:".
+    with pytest.raises(ConfigError, match=r"storage_path='s3://bucket/x'.*only local or shared filesystem"):
+        train.RunConfig(storage_path="s3://bucket/x")
+    with pytest.raises(ValueError, match="backend.*'mpi'"):
+        TorchConfig(backend="mpi")
+    with pytest.raises(TypeError, match="torch_config"):
+        TorchTrainer(ddp_loop, torch_config="gloo")
+    # troupe has no Ray Data: what to use instead.
+    with pytest.raises(ConfigError, match="no Ray Data.*prepare_data_loader"):
+        TorchTrainer(ddp_loop, datasets={"train": [1, 2]})
+    with pytest.raises(ConfigError, match="no Ray Data.*prepare_data_loader"):
+        train.get_dataset_shard("train")
+
+
+def test_checkpoint_metadata_is_a_json_file_in_its_folder(tmp_path):
+    checkpoint = train.Checkpoint.from_directory(str(tmp_path))
+    assert checkpoint.get_metadata() == {}
+    checkpoint.set_metadata({"epoch": torch.tensor(3), "lr": 0.5})
+    checkpoint.update_metadata({"lr": 0.1})
+    assert train.Checkpoint(str(tmp_path)).get_metadata() == {"epoch": 3, "lr": 0.1}
+    assert os.listdir(tmp_path) == [".metadata.json"]
 
 
 def test_runs_without_a_name_get_folders_of_their_own(tmp_path):
@@ -456,7 +537,43 @@ def test_checkpoint_store_is_atomic_and_keeps_the_best(tmp_path):
     for acc in (0.9, 0.1, 0.5, 0.2):
         store.persist(str(src), {"acc": acc})
     store.sweep()
-    # The best (0.9, index 0) and the latest (index 3) stay.
-    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint_000000", "checkpoint_000003", "progress.jsonl"]
+    # The two best (0.9 and 0.5: indices 0 and 2) and the latest (3) stay.
+    assert _kept(store) == [0, 2, 3]
     assert (tmp_path / "run" / "checkpoint_000003" / "w").read_text() == "x"
     assert store.latest().path.endswith("checkpoint_000003")
+    # As Ray's: the best K from the worst to the best, without the latest
+    # that only its being the latest kept.
+    assert [m["acc"] for _, m in store.best_checkpoints()] == [0.5, 0.9]
+
+
+def _kept(store):
+    return sorted(int(name[-6:]) for name in os.listdir(store.run_dir) if name.startswith("checkpoint_"))
+
+
+def _store_of(tmp_path, name, scores, **config):
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    store = CheckpointStore(tmp_path / name, train.CheckpointConfig(checkpoint_score_attribute="acc", **config))
+    store.sweep()
+    for score in scores:
+        store.persist(str(src), {} if score is None else {"acc": score, "hist": np.array([1, 2])})
+    return store
+
+
+def test_keep_k_ranks_scores_as_numbers_and_keeps_the_best_beside_the_latest(tmp_path):
+    # num_to_keep=1 once kept only the latest, deleting the best; tensors and
+    # NumPy values were stored as text ("tensor(9.)" > "tensor(10.)"), and
+    # "min" failed on them.
+    best = _store_of(tmp_path, "max", [torch.tensor(9.0), np.float32(10.0), torch.tensor(3) / 4, np.float64(2)],
+                     num_to_keep=1)
+    assert _kept(best) == [1, 3]
+    assert [m["acc"] for _, m in best.best_checkpoints()] == [10.0]
+    first = best.progress()[0]["metrics"]
+    assert first == {"acc": 9.0, "hist": [1, 2]} and type(first["acc"]) is float
+    low = _store_of(tmp_path, "min", [torch.tensor(10.0), torch.tensor(9.0), torch.tensor(11.0), torch.tensor(12.0)],
+                    num_to_keep=2, checkpoint_score_order="min")
+    assert _kept(low) == [0, 1, 3]
+    assert [m["acc"] for _, m in low.best_checkpoints()] == [10.0, 9.0]
+    # A score that is no number (text, missing, NaN) ranks below every number.
+    odd = _store_of(tmp_path, "odd", ["n/a", None, math.nan, 0.5, "x", 0.1], num_to_keep=1)
+    assert _kept(odd) == [3, 5]

@@ -16,12 +16,12 @@ checkpoints work: trainer.py and checkpoint.py.
 
 from .checkpoint import Checkpoint
 from .config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from .session import TrainContext, get_checkpoint, get_context, report
+from .session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 from .trainer import Result, TorchTrainer, TrainingFailedError
 from .job import TrainJob, TrainJobResult
 
 __all__ = [
     "Checkpoint", "CheckpointConfig", "FailureConfig", "RunConfig", "ScalingConfig", "TrainContext",
-    "get_checkpoint", "get_context", "report", "Result", "TorchTrainer", "TrainingFailedError",
+    "get_checkpoint", "get_context", "get_dataset_shard", "report", "Result", "TorchTrainer", "TrainingFailedError",
     "TrainJob", "TrainJobResult",
 ]

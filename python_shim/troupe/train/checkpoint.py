@@ -8,13 +8,17 @@ a crash at any point leaves either the whole checkpoint or none (a leftover
 temporary folder is swept at the next start). Each report of rank 0 is one
 line of `<run>/progress.jsonl` (metrics, checkpoint name), which is how the
 driver learns the metrics and how keep-K ranks checkpoints by score.
+Metrics that are tensors or NumPy values are stored as Python numbers (or
+lists), so that they read back as numbers and rank as numbers.
 """
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -23,6 +27,52 @@ _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 _TMP_PREFIX = ".tmp_checkpoint_"
 _PART_PREFIX = ".part_"  # another rank's files of a report, staged for rank 0
 PROGRESS = "progress.jsonl"
+METADATA = ".metadata.json"  # a checkpoint's metadata (Checkpoint.set_metadata), as Ray names it
+
+
+def _plain(value):
+    """`value` as JSON stores it faithfully: a tensor or NumPy value of one
+    element as its Python number (a 0-d `correct / n` is a tensor), a larger
+    one as a (nested) list, inside dicts, lists and tuples too. Anything
+    else is left as it is."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, bytes, bool, int, float)):
+        return value
+    # torch.Tensor and NumPy's scalars and arrays all have item() and
+    # tolist(); a tensor counts its elements with numel(), NumPy with size.
+    if callable(getattr(value, "item", None)) and callable(getattr(value, "tolist", None)):
+        numel = getattr(value, "numel", None)
+        size = numel() if callable(numel) else getattr(value, "size", None)
+        try:
+            return value.item() if size == 1 else value.tolist()
+        except Exception:  # an object that only looks like one: stored as before
+            return value
+    return value
+
+
+def _number(value):
+    """`value` when it ranks as a score (an int or float, not NaN), else None."""
+    if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
+        return value
+    return None
+
+
+def _lookup(metrics, attr):
+    """metrics[attr], or, for "a/b", metrics["a"]["b"] (Ray's flattened
+    names); None when missing."""
+    if not isinstance(metrics, dict):
+        return None
+    if attr in metrics:
+        return metrics[attr]
+    value = metrics
+    for part in attr.split("/"):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 class Checkpoint:
@@ -48,6 +98,32 @@ class Checkpoint:
     def as_directory(self):
         """The checkpoint's files, read in place (no copy)."""
         yield self.path
+
+    def get_metadata(self):
+        """The checkpoint's metadata (a dict, {} if none was set), kept in
+        its folder as .metadata.json, as Ray's."""
+        path = os.path.join(self.path, METADATA)
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            return json.load(f)
+
+    def set_metadata(self, metadata):
+        """Replaces the checkpoint's metadata with `metadata` (a dict of
+        JSON values; tensors and NumPy values are stored as numbers)."""
+        if not isinstance(metadata, dict):
+            raise TypeError(f"Checkpoint.set_metadata: metadata must be a dict, got {type(metadata).__name__}")
+        text = json.dumps(_plain(metadata))  # before the file is touched: a bad value changes nothing
+        tmp = os.path.join(self.path, f"{METADATA}.{uuid.uuid4().hex[:8]}")
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(self.path, METADATA))
+
+    def update_metadata(self, metadata):
+        """Merges `metadata` (a dict) into the checkpoint's metadata."""
+        if not isinstance(metadata, dict):
+            raise TypeError(f"Checkpoint.update_metadata: metadata must be a dict, got {type(metadata).__name__}")
+        self.set_metadata({**self.get_metadata(), **metadata})
 
     def __repr__(self):
         return f"Checkpoint(path={self.path!r})"
@@ -103,6 +179,7 @@ class CheckpointStore:
     def __init__(self, run_dir, checkpoint_config):
         self.run_dir = os.fspath(run_dir)
         self.config = checkpoint_config
+        self._warned_unranked = False
 
     def sweep(self):
         """Creates the run folder; removes temporary folders a crash left."""
@@ -162,8 +239,22 @@ class CheckpointStore:
         os.rename(tmp, final)
         _fsync_dir(self.run_dir)
         self.record(metrics, os.path.basename(final), extra)
+        self._warn_if_unranked(os.path.basename(final), metrics)
         self._keep()
         return Checkpoint(final)
+
+    def _warn_if_unranked(self, name, metrics):
+        """Says once per attempt that a checkpoint's score is no number: it
+        ranks last, which is easy to miss when the metric is misspelt."""
+        attr = self.config.checkpoint_score_attribute
+        if attr is None or self._warned_unranked:
+            return
+        value = _lookup(_plain(metrics), attr)
+        if _number(value) is None:
+            self._warned_unranked = True
+            what = "has no" if value is None else f"has {value!r}, not a number, as"
+            print(f"troupe.train: {name} {what} checkpoint_score_attribute={attr!r}; it ranks below every "
+                  "checkpoint with a number", file=sys.stderr, flush=True)
 
     def loader_epochs_of(self, checkpoint_path):
         """The data loaders' epochs recorded with the report of
@@ -177,7 +268,7 @@ class CheckpointStore:
         return None
 
     def record(self, metrics, checkpoint_name=None, extra=None):
-        line = {"metrics": metrics, "checkpoint": checkpoint_name, "time": time.time(), **(extra or {})}
+        line = {"metrics": _plain(metrics), "checkpoint": checkpoint_name, "time": time.time(), **(extra or {})}
         with open(os.path.join(self.run_dir, PROGRESS), "a") as f:
             f.write(json.dumps(line, default=repr) + "\n")
             f.flush()
@@ -192,35 +283,54 @@ class CheckpointStore:
             return [json.loads(line) for line in f if line.strip()]
 
     def _keep(self):
+        """Keeps the `num_to_keep` best (the newest, without a score
+        attribute) and the latest, as Ray Train does: the latest is what a
+        restart resumes from, whatever its score."""
         keep = self.config.num_to_keep
         found = self.indices()
         if keep is None or len(found) <= keep:
             return
-        latest = found[-1]
-        ranked = self._ranked([i for i in found if i != latest])
-        for index in ranked[keep - 1:]:
+        kept = set(self._ranked(found)[:keep]) | {found[-1]}
+        for index in found:
+            if index in kept:
+                continue
             # Renamed before removal, so a half-removed folder never reads
             # as a checkpoint.
             doomed = os.path.join(self.run_dir, f".deleting_{index:06d}_{uuid.uuid4().hex[:8]}")
             os.rename(self.path_of(index), doomed)
             shutil.rmtree(doomed, ignore_errors=True)
 
+    def _metrics_by_index(self):
+        by_index = {}
+        for line in self.progress():
+            m = _NAME.match(line.get("checkpoint") or "")
+            if m:
+                by_index[int(m.group(1))] = line.get("metrics") or {}
+        return by_index
+
     def _ranked(self, indices):
-        """Indices best first: newest first, or by the score attribute."""
+        """Indices best first: newest first, or by the score attribute.
+        Scores compare as numbers only: a checkpoint whose score is missing,
+        not a number or NaN ranks below every one with a number (in either
+        order), newest first among them. Of equal scores the newer wins."""
         attr = self.config.checkpoint_score_attribute
         if attr is None:
             return sorted(indices, reverse=True)
-        score = {}
-        for line in self.progress():
-            m = _NAME.match(line.get("checkpoint") or "")
-            if m and isinstance(line.get("metrics"), dict) and attr in line["metrics"]:
-                score[int(m.group(1))] = line["metrics"][attr]
+        metrics = self._metrics_by_index()
+        score = {i: _number(_lookup(metrics.get(i), attr)) for i in indices}
         sign = 1 if self.config.checkpoint_score_order == "max" else -1
-        # Checkpoints without the score rank last, newest first among them.
-        return sorted(indices, key=lambda i: (i in score, sign * score.get(i, 0), i), reverse=True)
+        scored = sorted((i for i in indices if score[i] is not None), key=lambda i: (sign * score[i], i), reverse=True)
+        return scored + sorted((i for i in indices if score[i] is None), reverse=True)
 
     def best_checkpoints(self):
-        """(Checkpoint, metrics) of every kept checkpoint, oldest first."""
-        metrics = {line.get("checkpoint"): line.get("metrics") for line in self.progress()}
-        return [(Checkpoint(self.path_of(i)), metrics.get(os.path.basename(self.path_of(i)), {}))
-                for i in self.indices()]
+        """(Checkpoint, metrics) of the kept checkpoints, ordered as Ray's
+        Result.best_checkpoints: oldest first; with a score attribute, the
+        `num_to_keep` best from the worst to the best (the best last),
+        leaving out the latest when only its being the latest kept it."""
+        found = self.indices()
+        metrics = self._metrics_by_index()
+        if self.config.checkpoint_score_attribute is None:
+            order = found
+        else:
+            order = self._ranked(found)[:self.config.num_to_keep][::-1]
+        return [(Checkpoint(self.path_of(i)), metrics.get(i, {})) for i in order]

@@ -6,7 +6,10 @@ made: a bad value fails where it is written, naming the value.
 
 import dataclasses
 import os
+import re
 from typing import Dict, Optional
+
+from ..exceptions import ConfigError
 
 
 def _check(ok, message):
@@ -75,9 +78,11 @@ class FailureConfig:
 
 @dataclasses.dataclass
 class CheckpointConfig:
-    """Which persisted checkpoints stay: the `num_to_keep` most recent, or the
-    best by `checkpoint_score_attribute` (a reported metric); the latest is
-    always kept, since a restart resumes from it. None keeps all."""
+    """Which persisted checkpoints stay: the `num_to_keep` most recent, or,
+    as in Ray, the `num_to_keep` best by `checkpoint_score_attribute` (a
+    reported metric) and also the latest, since a restart resumes from it.
+    A checkpoint whose score is missing, not a number or NaN ranks below
+    every one that has a number. None keeps all."""
 
     num_to_keep: Optional[int] = None
     checkpoint_score_attribute: Optional[str] = None
@@ -88,6 +93,26 @@ class CheckpointConfig:
                f"CheckpointConfig.num_to_keep must be None or an int >= 1, got {self.num_to_keep!r}")
         _check(self.checkpoint_score_order in ("max", "min"),
                f"CheckpointConfig.checkpoint_score_order must be 'max' or 'min', got {self.checkpoint_score_order!r}")
+
+
+@dataclasses.dataclass
+class TorchConfig:
+    """Ray's ray.train.torch.TorchConfig: the process group's `backend`
+    ("gloo" or "nccl"; None: nccl with use_gpu, else gloo) and how long
+    its setup waits for every rank (`timeout_s`)."""
+
+    backend: Optional[str] = None
+    timeout_s: int = 1800
+
+    def __post_init__(self):
+        _check(self.backend in (None, "gloo", "nccl"),
+               f"TorchConfig.backend must be None, 'gloo' or 'nccl', got {self.backend!r}")
+        _check(isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0,
+               f"TorchConfig.timeout_s must be a number > 0, got {self.timeout_s!r}")
+
+
+# scheme://..., as s3://bucket/x or gs://...: a URI, not a path.
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 @dataclasses.dataclass
@@ -104,5 +129,9 @@ class RunConfig:
     def __post_init__(self):
         _check(self.name is None or (isinstance(self.name, str) and self.name and os.sep not in self.name),
                f"RunConfig.name must be a non-empty name without {os.sep!r}, got {self.name!r}")
+        if self.storage_path is not None and _URI.match(os.fspath(self.storage_path)):
+            # Taken as a path, it would be a local folder named "s3:".
+            raise ConfigError(f"RunConfig.storage_path={self.storage_path!r} is a URI: troupe.train supports only "
+                              "local or shared filesystem paths (mount the bucket and give its path)")
         self.failure_config = self.failure_config or FailureConfig()
         self.checkpoint_config = self.checkpoint_config or CheckpointConfig()

@@ -24,6 +24,7 @@ class TrainContext:
     experiment_name: str
     trial_dir: str
     restart_count: int = 0
+    trial_id: str = ""
 
     def get_world_rank(self):
         return self.world_rank
@@ -48,6 +49,14 @@ class TrainContext:
 
     def get_restart_count(self):
         return self.restart_count
+
+    def get_trial_name(self):
+        """The run's name (RunConfig.name): a TorchTrainer run is one trial."""
+        return self.experiment_name
+
+    def get_trial_id(self):
+        """An id of the run, the same for every attempt of it."""
+        return self.trial_id
 
 
 @dataclasses.dataclass
@@ -177,6 +186,14 @@ def get_checkpoint():
 
 def get_context():
     return _current("get_context").context
+
+
+def get_dataset_shard(dataset_name=None):
+    """Ray's, for Ray Data's datasets, which troupe does not have."""
+    from ..exceptions import ConfigError
+    from .trainer import NO_RAY_DATA
+
+    raise ConfigError(f"troupe.train.get_dataset_shard({dataset_name!r}): {NO_RAY_DATA}")
 
 
 def use_gpu():

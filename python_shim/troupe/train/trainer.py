@@ -12,18 +12,25 @@ cause (a loop's remote traceback). A group the cluster can never hold is no
 failure to retry: fit raises at once. Because a peer's death also surfaces
 on the survivors as a gloo error, an error is classified only after the
 other ranks have had a grace period to report a death.
+
+fit() also leaves the trainer's arguments in the run folder (trainer.pkl),
+so that TorchTrainer.restore(path) makes a trainer that goes on with the
+run from the folder alone.
 """
 
+import dataclasses
 import datetime
+import hashlib
 import itertools
 import importlib
 import os
 import sys
 import time
+import uuid
 
 from . import worker as worker_module
 from .checkpoint import Checkpoint, CheckpointStore, StorageNotSharedError
-from .config import RunConfig, ScalingConfig
+from .config import RunConfig, ScalingConfig, TorchConfig
 from ..exceptions import ConfigError
 
 # What a TorchTrainer worker imports before it serves (troupe's
@@ -42,6 +49,20 @@ _PEER_LOST = ("gloo/transport", "Connection closed by peer", "Connection reset b
               "ProcessGroupNCCL", "ProcessGroupGloo")
 
 _runtime_name = "troupe"
+
+# What fit() leaves in the run folder for TorchTrainer.restore: the
+# trainer's arguments, pickled as they travel to the workers (cloudpickle).
+TRAINER_STATE = "trainer.pkl"
+
+# What troupe adds to each row of Result.metrics_dataframe, under Ray's
+# names where Ray has one (from the keys of a progress.jsonl line). A
+# metric of the loop's own of the same name wins.
+_ROW_COLUMNS = {"training_iteration": "iteration", "timestamp": "time", "checkpoint_dir_name": "checkpoint",
+                "troupe_restart_count": "restart_count"}
+
+NO_RAY_DATA = ("troupe.train has no Ray Data (datasets=, get_dataset_shard): build a torch DataLoader in the "
+               "training loop and pass it to troupe.train.torch.prepare_data_loader, which gives each rank "
+               "its shard")
 
 
 def use_runtime(module_name):
@@ -165,7 +186,9 @@ def _fresh_run_name(storage):
 
 class TorchTrainer:
     def __init__(self, train_loop_per_worker, *, train_loop_config=None, scaling_config=None, run_config=None,
-                 resume_from_checkpoint=None):
+                 resume_from_checkpoint=None, torch_config=None, datasets=None):
+        if datasets is not None:
+            raise ConfigError(f"TorchTrainer(datasets=...): {NO_RAY_DATA}")
         if not callable(train_loop_per_worker):
             raise TypeError(f"TorchTrainer: train_loop_per_worker must be callable, "
                             f"got {type(train_loop_per_worker).__name__}")
@@ -175,12 +198,66 @@ class TorchTrainer:
             raise TypeError(f"TorchTrainer: run_config must be a RunConfig, got {run_config!r}")
         if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, Checkpoint):
             raise TypeError(f"TorchTrainer: resume_from_checkpoint must be a Checkpoint, got {resume_from_checkpoint!r}")
+        if torch_config is not None and not isinstance(torch_config, TorchConfig):
+            raise TypeError(f"TorchTrainer: torch_config must be a TorchConfig, got {torch_config!r}")
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
         self.resume_from_checkpoint = resume_from_checkpoint
+        self.torch_config = torch_config
         self.failures = 0
+
+    # -------------------------------------------------------------- restore
+
+    @classmethod
+    def can_restore(cls, path):
+        """Whether `path` is the folder of a run fit() started (it holds
+        what fit() left there for restore)."""
+        return os.path.isfile(os.path.join(os.fspath(path), TRAINER_STATE))
+
+    @classmethod
+    def restore(cls, path, train_loop_per_worker=None, train_loop_config=None, *, scaling_config=None,
+                torch_config=None, datasets=None):
+        """A trainer whose fit() goes on with the run at `path` (a run
+        folder, `storage_path/name`) from its latest checkpoint, with the
+        arguments that run was given; those given here replace them."""
+        path = os.path.abspath(os.fspath(path))
+        if not cls.can_restore(path):
+            raise ConfigError(f"TorchTrainer.restore: {path!r} is not the folder of a TorchTrainer run "
+                              f"(it has no {TRAINER_STATE})")
+        import cloudpickle
+
+        with open(os.path.join(path, TRAINER_STATE), "rb") as f:
+            state = cloudpickle.load(f)
+        given = {"train_loop_per_worker": train_loop_per_worker, "train_loop_config": train_loop_config,
+                 "scaling_config": scaling_config, "torch_config": torch_config, "datasets": datasets}
+        state.update({k: v for k, v in given.items() if v is not None})
+        # The run is the folder's, wherever it was first started from.
+        run_config = state.get("run_config") or RunConfig()
+        state["run_config"] = dataclasses.replace(run_config, storage_path=os.path.dirname(path),
+                                                  name=os.path.basename(path))
+        return cls(state.pop("train_loop_per_worker"), **state)
+
+    def _save_state(self, store):
+        """Leaves this trainer's arguments in the run folder for restore().
+        A loop that does not pickle leaves none (its workers will say why)."""
+        import cloudpickle
+
+        final = os.path.join(store.run_dir, TRAINER_STATE)
+        state = {"train_loop_per_worker": self.train_loop_per_worker, "train_loop_config": self.train_loop_config,
+                 "scaling_config": self.scaling_config, "run_config": self.run_config,
+                 "resume_from_checkpoint": self.resume_from_checkpoint, "torch_config": self.torch_config}
+        try:
+            blob = cloudpickle.dumps(state)
+        except Exception:
+            if os.path.exists(final):
+                os.remove(final)  # an earlier fit's arguments are not this one's
+            return
+        tmp = f"{final}.{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, final)
 
     # ------------------------------------------------------------------ fit
 
@@ -192,6 +269,7 @@ class TorchTrainer:
         name = self.run_config.name or _fresh_run_name(os.path.abspath(storage))
         store = CheckpointStore(os.path.join(os.path.abspath(storage), name), self.run_config.checkpoint_config)
         store.sweep()
+        self._save_state(store)
         max_failures = self.run_config.failure_config.max_failures
         self.failures = 0
         while True:
@@ -223,8 +301,12 @@ class TorchTrainer:
     def _result(self, store, error):
         progress = store.progress()
         metrics = progress[-1]["metrics"] if progress else {}
-        rows = [dict(p["metrics"], **{k: p.get(k) for k in ("checkpoint", "iteration", "restart_count", "time")})
-                for p in progress]
+        rows = []
+        for p in progress:
+            row = dict(p["metrics"])
+            for column, key in _ROW_COLUMNS.items():
+                row.setdefault(column, p.get(key))
+            rows.append(row)
         try:
             import pandas
 
@@ -297,6 +379,9 @@ class TorchTrainer:
         port = rt.get(workers[0].free_port.remote(), timeout=PLACEMENT_TIMEOUT_S)
         latest = store.latest() or self.resume_from_checkpoint
         cc = self.run_config.checkpoint_config
+        tc = self.torch_config
+        # The same id for every attempt of a run, and for a run resumed by its name.
+        trial_id = hashlib.sha1(os.path.abspath(store.run_dir).encode()).hexdigest()[:8]
         refs, seen = [], {}
         for rank, (w, info) in enumerate(zip(workers, self._infos)):
             node = info["node_id"]
@@ -305,8 +390,10 @@ class TorchTrainer:
             spec = {
                 "context": {"world_rank": rank, "world_size": len(workers), "local_rank": local_rank,
                             "local_world_size": per_node[node], "node_rank": self._node_order[node],
-                            "experiment_name": name, "trial_dir": store.run_dir, "restart_count": self.failures},
+                            "experiment_name": name, "trial_dir": store.run_dir, "restart_count": self.failures,
+                            "trial_id": trial_id},
                 "master_addr": self._infos[0]["ip"], "master_port": port, "use_gpu": self.scaling_config.use_gpu,
+                "backend": tc.backend if tc else None, "timeout_s": tc.timeout_s if tc else None,
                 "checkpoint": latest.path if latest else None,
                 "checkpoint_config": {"num_to_keep": cc.num_to_keep,
                                       "checkpoint_score_attribute": cc.checkpoint_score_attribute,

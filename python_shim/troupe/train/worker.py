@@ -77,18 +77,20 @@ class TrainWorker:
         use_gpu = spec["use_gpu"] and torch.cuda.is_available()
         if use_gpu:
             torch.cuda.set_device(_device_index(ctx))
+        # TorchConfig's backend and timeout when the trainer was given one.
+        backend = spec.get("backend") or ("nccl" if use_gpu else "gloo")
         dist.init_process_group(
-            "nccl" if use_gpu else "gloo",
+            backend,
             init_method=f"tcp://{spec['master_addr']}:{spec['master_port']}",
             rank=ctx.world_rank, world_size=ctx.world_size,
-            timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
+            timeout=datetime.timedelta(seconds=spec.get("timeout_s") or PROCESS_GROUP_TIMEOUT_S))
         from .config import CheckpointConfig
 
         store = CheckpointStore(ctx.trial_dir, CheckpointConfig(**spec["checkpoint_config"]))
         checkpoint = Checkpoint(spec["checkpoint"]) if spec["checkpoint"] else None
         # report()'s exchanges go over gloo: cheap, and a peer that left is
         # seen at once, where NCCL would wait out its timeout.
-        control = dist.new_group(backend="gloo") if use_gpu else None
+        control = dist.new_group(backend="gloo") if backend != "gloo" else None
         session.start(session._Session(ctx, store, checkpoint, use_gpu, control_group=control))
         try:
             call_loop(fn, config)
