@@ -128,19 +128,33 @@ bool wait_interruptibly(WaitSlice wait_slice, const std::optional<double>& timeo
   }
 }
 
-// The states of `refs`, waited for with the GIL released: all of them, or
-// Timeout after `timeout` seconds (None = no limit).
+// Whether a state is there and holds an error (a runtime one, or a Python
+// exception answer).
+bool failed_now(ReplyState& st) {
+  return st.wait_for(std::chrono::milliseconds(0)) && (st.error() || st.value().error);
+}
+
+// The states of `refs`, waited for with the GIL released: all of them,
+// until one of them holds an error (as Ray's get raises as soon as one
+// value is an error), or Timeout after `timeout` seconds (None = no limit).
 std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std::optional<double>& timeout) {
   std::vector<std::shared_ptr<ReplyState>> states;
   states.reserve(refs.size());
   for (const auto& r : refs) states.push_back(r->answer());
   size_t next = 0;  // the first state not known to be ready
-  auto all_ready = [&](std::chrono::milliseconds slice) {
-    for (; next < states.size(); ++next)
+  auto done = [&](std::chrono::milliseconds slice) {
+    for (; next < states.size(); ++next) {
+      if (failed_now(*states[next])) return true;
+      if (states[next]->wait_for(std::chrono::milliseconds(0))) continue;
+      // Waiting for this one: an error among those after it ends the wait.
+      for (size_t i = next + 1; i < states.size(); ++i)
+        if (failed_now(*states[i])) return true;
       if (!states[next]->wait_for(slice)) return false;
+      --next;  // look at it again: it may have failed
+    }
     return true;
   };
-  if (!wait_interruptibly(all_ready, timeout)) {
+  if (!wait_interruptibly(done, timeout)) {
     size_t missing = 0;
     for (const auto& st : states) missing += st->wait_for(std::chrono::milliseconds(0)) ? 0 : 1;
     throw Timeout(states.size() == 1
@@ -153,7 +167,8 @@ std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std
 // `lend_for`: a task executor's CpuLender (wait_observer() on the task's
 // thread), for an async task's await, which waits on a thread of its own
 // and lends the task's CPU as a get on the task's thread would; 0 = this
-// thread's own observer, if any.
+// thread's own observer, if any. A value not there (an error ended the
+// wait first) is None; a runtime error is raised here, in list order.
 pyb::list get_many(PyClient& client, const RefList& refs, const std::optional<double>& timeout, uintptr_t lend_for) {
   std::vector<std::shared_ptr<ReplyState>> states;
   {
@@ -164,6 +179,10 @@ pyb::list get_many(PyClient& client, const RefList& refs, const std::optional<do
   }
   pyb::list out;
   for (const auto& st : states) {
+    if (!st->wait_for(std::chrono::milliseconds(0))) {
+      out.append(pyb::none());
+      continue;
+    }
     if (auto e = st->error()) std::rethrow_exception(e);
     out.append(reply_to_python(st->value(), client.core()));
   }
@@ -287,9 +306,8 @@ void bind_values(pyb::module_& m) {
       // Another Python object for the same ref: what troupe's ItemRef (one
       // of a num_returns=N call's refs) is made from, sharing its state.
       .def(pyb::init([](std::shared_ptr<PyRef> same) { return same; }))
-      .def("_id", &PyRef::id)
-      .def("_ready", [](PyRef& r) { return r.answer()->ready(); })
-      .def("__repr__", [](PyRef& r) { return "ObjectRef(" + std::to_string(r.id()) + ")"; });
+      .def("_key", &PyRef::key)
+      .def("_ready", [](PyRef& r) { return r.answer()->ready(); });
   pyb::class_<client::ActorClient, std::shared_ptr<client::ActorClient>>(m, "Actor")
       .def_property_readonly("id", &client::ActorClient::id)
       .def("info", [](client::ActorClient& a) { return actor_to_python(a.info()); });

@@ -18,8 +18,11 @@ namespace {
 // answer among them is there; then `send` runs (on the thread that completed
 // the last one). A failed argument fails the call, a Python exception
 // answer becomes its answer (as Ray propagates a task's error downstream).
+// With `order` (an actor's calls), after every call made before it through
+// that order, as Ray runs one caller's actor calls in the order made.
 template <class Send>
-void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const RefList& top, Send send) {
+void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const RefList& top, client::CallOrder* order,
+                     Send send) {
   struct Pending {
     PyCall call;
     std::vector<std::pair<size_t, std::shared_ptr<ReplyState>>> answers;
@@ -35,8 +38,8 @@ void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const R
       p->answers.emplace_back(i, top[i]->answer());
     }
   }
-  auto fire = [p, st, send = std::move(send)]() mutable {
-    if (p->remaining.fetch_sub(1) != 1) return;
+  const uint64_t turn = order ? order->enter(p->answers.empty()) : client::CallOrder::kNoTurn;
+  auto go = [p, st, send = std::move(send)]() mutable {
     for (auto& [i, a] : p->answers) {
       if (auto e = a->error()) return st->set_error(e);
       if (a->value().error) return st->set_value(a->value());
@@ -49,9 +52,28 @@ void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const R
       st->set_error(std::current_exception());
     }
   };
+  auto fire = [p, go = std::move(go), order, turn]() mutable {
+    if (p->remaining.fetch_sub(1) != 1) return;
+    if (turn == client::CallOrder::kNoTurn) return go();
+    order->in_turn(turn, std::move(go));
+  };
   p->remaining.fetch_add(static_cast<int>(p->answers.size()));
   for (auto& [i, a] : p->answers) a->on_ready(fire);
   fire();
+}
+
+// The refs a call carries (nested in its arguments, and top-level ones
+// sent as refs), held by the caller until the call has its answer: a
+// retry (the worker died) sends the same message again, and its refs must
+// still be there although the first attempt's worker used up their pins
+// and the caller's program may have dropped its own handles (Ray keeps a
+// task's arguments until it is done, retries included).
+std::shared_ptr<const std::vector<ObjectRef<PyValue>>> refs_of(const PyCall& c) {
+  if (c.args.refs.empty() && c.top.empty()) return nullptr;
+  auto held = std::make_shared<std::vector<ObjectRef<PyValue>>>(c.args.refs);
+  for (const auto& arg : c.top)
+    if (!arg.inline_value && arg.ref.valid()) held->push_back(arg.ref);
+  return held;
 }
 
 // A ConfigError naming the size when the encoded spec of a Python actor
@@ -120,7 +142,22 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   s.node_affinity = o.node_affinity;
   s.affinity_soft = o.affinity_soft;
   auto info = core()->head().call<wire::ActorInfo>(wire::Op::kCreateActor, s);
-  return core()->actor(info);
+  auto actor = core()->actor(info);
+  // A restart runs the constructor again from the spec, with the same refs:
+  // their objects are held here while the actor may still restart (until
+  // it is DEAD), as Ray's owner keeps an actor's constructor arguments.
+  if (auto held = refs_of(spec.ctor)) {
+    auto holder = std::make_shared<std::mutex>();
+    auto refs = std::make_shared<decltype(held)>(std::move(held));
+    const uint64_t listener = actor->add_listener([holder, refs](const wire::ActorInfo& now) {
+      if (now.state != wire::ActorState::kDead) return;
+      std::shared_ptr<const std::vector<ObjectRef<PyValue>>> gone;
+      std::lock_guard lock(*holder);
+      gone = std::move(*refs);
+    });
+    (void)listener;  // lives as long as the actor's client
+  }
+  return actor;
 }
 
 std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, const RefList& top,
@@ -139,13 +176,14 @@ std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, c
       // the values it already has.
       std::optional<int> retries;
       if (c.stream_id != 0) retries = 0;
+      auto held = refs_of(c);
       return client->submit(
           op, wire::encode_value(c),
-          [st, core, keep](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
-          [st, keep](std::exception_ptr ex) { st->set_error(ex); }, retries);
+          [st, core, keep, held](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
+          [st, keep, held](std::exception_ptr ex) { st->set_error(ex); }, retries);
     });
   };
-  send_when_ready(st, std::move(call), top, std::move(send));
+  send_when_ready(st, std::move(call), top, &actor.order(), std::move(send));
   return std::make_shared<PyRef>(core(), st, std::move(cancel));
 }
 
@@ -176,13 +214,14 @@ std::shared_ptr<PyRef> PyClient::submit(const PyTaskKey& key, PyCall call, const
       wire::encode(e, std::string(kPyTaskName));
       wire::encode(e, task->token());
       wire::encode(e, c);
+      auto held = refs_of(c);
       return submitter->submit(
           key.key, key.name, std::move(e), key.max_retries,
-          [st, core](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
-          [st](std::exception_ptr ex) { st->set_error(ex); });
+          [st, core, held](wire::Message& m) { client::complete_call<PyReply>(*st, m, core); },
+          [st, held](std::exception_ptr ex) { st->set_error(ex); });
     });
   };
-  send_when_ready(st, std::move(call), top, std::move(send));
+  send_when_ready(st, std::move(call), top, nullptr, std::move(send));
   return std::make_shared<PyRef>(core(), st, std::move(task));
 }
 

@@ -1,5 +1,7 @@
 #include "python_shim/src/py_ref.h"
 
+#include <random>
+
 namespace troupe::py {
 
 std::shared_ptr<ReplyState> fetch_stored(client::Core& core, const ObjectRef<PyValue>& ref) {
@@ -80,6 +82,19 @@ void PyRef::signal_when_ready() {
   answer()->on_ready(bump_ready_signal);
 }
 
-uint64_t PyRef::id() const { return stored_.valid() ? stored_.id() : reinterpret_cast<uintptr_t>(answer_.get()); }
+std::pair<uint64_t, uint64_t> PyRef::key() {
+  // Call answers are numbered apart from every store's objects: under a
+  // random number of this process's in place of a store instance.
+  static const uint64_t calls = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  static std::atomic<uint64_t> next_call{0};
+  std::lock_guard lock(mu_);
+  if (!key_) {
+    if (stored_.valid())
+      key_.emplace(stored_.info().owner_instance, stored_.id());
+    else
+      key_.emplace(calls, next_call.fetch_add(1, std::memory_order_relaxed) + 1);
+  }
+  return *key_;
+}
 
 }  // namespace troupe::py

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "python_shim/src/py_value.h"
 #include "troupe/runtime/client/core.h"
@@ -66,7 +67,11 @@ class PyRef {
   // (inline, and waited for by the caller), even once it was sent on as a
   // ref, which may still be pending.
   const ObjectRef<PyValue>* stored_if_any() const { return stored_.valid() && !answer_ ? &stored_ : nullptr; }
-  uint64_t id() const;
+  // Names this ref's object for the ref's whole life (hex, ==, hash): a
+  // stored object by its owner store's instance and its id; a call's
+  // answer by a number of this process's, kept once given, also after the
+  // answer was stored to be sent on.
+  std::pair<uint64_t, uint64_t> key();
   // Bumps ready_signal() once this ref is ready (registered once).
   void signal_when_ready();
   // The task whose result this is, in the process that submitted it; else
@@ -84,6 +89,7 @@ class PyRef {
   std::shared_ptr<client::TaskCancel> task_;
   std::shared_ptr<client::CallCancel> call_;
   std::atomic<bool> signalling_{false};
+  std::optional<std::pair<uint64_t, uint64_t>> key_;  // under mu_, once given
 };
 
 // The answer a stored ref's owner gives: the payload, decoded.

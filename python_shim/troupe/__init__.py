@@ -251,6 +251,10 @@ def get(refs, *, timeout=None):
             if not isinstance(r, ObjectRef):
                 raise TypeError(f"troupe.get takes ObjectRefs, got a {type(r).__name__} in the list")
         got = client.get([_ser.parent(r) for r in refs], timeout)
+        if None in got:  # an error ended the wait before every value was there: raise it
+            for ref, r in zip(refs, got):
+                if r is not None and r[0]:
+                    _ser.value_for(ref, r[1:])
         return [_ser.value_for(ref, r[1:]) for ref, r in zip(refs, got)]
     if isinstance(refs, ObjectRefGenerator):
         raise TypeError("troupe.get of an ObjectRefGenerator (a generator's call): iterate it for one ref per "
@@ -296,11 +300,29 @@ def _await_ref(ref):
 ObjectRef.__await__ = _await_ref
 
 
+def _ref_key(ref):
+    # What names a ref's object for the ref's life (PyRef::key): its owner
+    # store and id, or, for a call's answer, a number of this process's; a
+    # num_returns item adds its index.
+    key = _ser.parent(ref)._key()
+    return key if type(ref) is not _ser.ItemRef else (*key, ref._item[0])
+
+
 def _ref_hex(ref):
-    # A ref's id as hex, as Ray's ObjectRef.hex(): a num_returns item adds
-    # its index.
-    whole = f"{_ser.parent(ref)._id():016x}"
-    return whole if type(ref) is not _ser.ItemRef else f"{whole}{ref._item[0]:04x}"
+    # A ref's id as hex, as Ray's ObjectRef.hex(): stable and unique among
+    # the refs of this process.
+    return "".join(f"{part:016x}" if i < 2 else f"{part:04x}" for i, part in enumerate(_ref_key(ref)))
+
+
+def _ref_eq(ref, other):
+    # As Ray's: refs to one object are equal (one put, and the ref to it a
+    # task returned), and so are usable as dict keys.
+    return isinstance(other, ObjectRef) and _ref_key(ref) == _ref_key(other)
+
+
+ObjectRef.__eq__ = _ref_eq
+ObjectRef.__hash__ = lambda ref: hash(_ref_key(ref))
+ObjectRef.__repr__ = lambda ref: f"ObjectRef({_ref_hex(ref)})"
 
 
 def _ref_future(ref):

@@ -206,6 +206,10 @@ class _RetryOnError:
         self.__name__ = getattr(fn, "__name__", "task")
 
     def __call__(self, *args, **kwargs):
+        # Each attempt gets the arguments as they arrived, as in Ray (where
+        # each attempt deserializes them): one that changed them before
+        # raising must not hand its changes to the next.
+        arrived = ser.dumps((args, kwargs))
         attempt = 0
         while True:
             try:
@@ -214,6 +218,7 @@ class _RetryOnError:
                 if 0 <= self.retries <= attempt:
                     raise
                 attempt += 1
+                args, kwargs = ser.loads(arrived)
 
 
 def _call_args(what, args, kwargs):

@@ -77,6 +77,27 @@ void ActorClient::detach(const std::string& reason) {
   for (auto& [f, e] : failures) f(e);
 }
 
+void CallOrder::in_turn(uint64_t turn, std::function<void()> go) {
+  std::unique_lock lock(mu_);
+  ready_.emplace(turn, std::move(go));
+  if (running_) return;  // the running thread takes it in its turn
+  running_ = true;
+  while (!ready_.empty() && ready_.begin()->first == next_to_go_) {
+    auto next = std::move(ready_.begin()->second);
+    ready_.erase(ready_.begin());
+    ++next_to_go_;
+    lock.unlock();
+    try {
+      next();
+    } catch (...) {
+      // `go` reports its own failures to its call; nothing may stop the turns.
+    }
+    waiting_.fetch_sub(1, std::memory_order_acq_rel);
+    lock.lock();
+  }
+  running_ = false;
+}
+
 uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fail fail,
                              std::optional<int> max_retries) {
   Message m;

@@ -13,6 +13,7 @@
 
 #include <asio.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -35,6 +36,36 @@
 namespace troupe::client {
 
 class Core;
+
+// Keeps one process's calls to an actor in the order they were made when
+// some wait for their arguments first (a Future or a call's ref not yet
+// answered), as Ray does: a call made after one that waits is sent after
+// it. A call whose arguments are there while none waits goes at once,
+// without a lock (enter gives no turn).
+class CallOrder {
+ public:
+  static constexpr uint64_t kNoTurn = std::numeric_limits<uint64_t>::max();
+  // When a call is made; `ready`: its arguments are all there. kNoTurn:
+  // send it now. Otherwise its turn, for in_turn.
+  uint64_t enter(bool ready) {
+    if (ready && waiting_.load(std::memory_order_acquire) == 0) return kNoTurn;
+    std::lock_guard lock(mu_);
+    waiting_.fetch_add(1, std::memory_order_acq_rel);
+    return next_turn_++;
+  }
+  // Once the call of `turn` can go (its arguments are there, or one
+  // failed): runs `go` (which sends or fails it) after every earlier turn's
+  // has run, on this thread or on the one that ran the turn before it.
+  void in_turn(uint64_t turn, std::function<void()> go);
+
+ private:
+  std::mutex mu_;
+  std::atomic<uint64_t> waiting_{0};  // turns given whose `go` has not run yet
+  uint64_t next_turn_ = 0;
+  uint64_t next_to_go_ = 0;
+  std::map<uint64_t, std::function<void()>> ready_;  // turns that can go, behind one that cannot
+  bool running_ = false;                             // a thread runs the ready turns
+};
 
 class ActorClient : public std::enable_shared_from_this<ActorClient> {
  public:
@@ -91,6 +122,8 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   bool wait_ready(std::chrono::milliseconds timeout);
   uint64_t id() const { return id_; }
   Core& core() const { return core_; }
+  // This process's calls to the actor in the order made (send_when_ready).
+  CallOrder& order() { return order_; }
 
  private:
   struct Pending {
@@ -133,6 +166,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
 
   Core& core_;
   const uint64_t id_;
+  CallOrder order_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   wire::ActorInfo info_;

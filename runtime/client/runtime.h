@@ -387,22 +387,35 @@ decltype(auto) resolve_arg(T&& v) {
 
 // Calls `send(Args(...))` with `args`, once every Future among them is
 // ready (at once when there is none), from the thread that completes the
-// last one; an argument's error (or send's) goes to `st`.
+// last one; an argument's error (or send's) goes to `st`. With `order` (an
+// actor's calls), after every call made before it through that order.
 template <class Args, class State, class Send, class... A>
-void send_when_ready(const std::shared_ptr<State>& st, Send send, A&&... args) {
+void send_when_ready(const std::shared_ptr<State>& st, CallOrder* order, Send send, A&&... args) {
   constexpr bool any_future = (IsFuture<std::decay_t<A>>::value || ...);
+  const uint64_t turn = order ? order->enter(!any_future) : CallOrder::kNoTurn;
   if constexpr (!any_future) {
-    send(Args(std::forward<A>(args)...));
-  } else {
-    auto pack = std::make_shared<std::tuple<std::decay_t<A>...>>(std::forward<A>(args)...);
-    auto remaining = std::make_shared<std::atomic<int>>(1);
-    auto fire = [pack, st, send, remaining] {
-      if (remaining->fetch_sub(1) != 1) return;
+    if (turn == CallOrder::kNoTurn) return send(Args(std::forward<A>(args)...));
+    order->in_turn(turn, [st, send, tuple = Args(std::forward<A>(args)...)]() mutable {
       try {
-        send(std::apply([](auto&... a) { return Args(resolve_arg(a)...); }, *pack));
+        send(std::move(tuple));
       } catch (...) {
         st->set_error(std::current_exception());
       }
+    });
+  } else {
+    auto pack = std::make_shared<std::tuple<std::decay_t<A>...>>(std::forward<A>(args)...);
+    auto remaining = std::make_shared<std::atomic<int>>(1);
+    auto fire = [pack, st, send, remaining, order, turn] {
+      if (remaining->fetch_sub(1) != 1) return;
+      auto go = [pack, st, send] {
+        try {
+          send(std::apply([](auto&... a) { return Args(resolve_arg(a)...); }, *pack));
+        } catch (...) {
+          st->set_error(std::current_exception());
+        }
+      };
+      if (turn == CallOrder::kNoTurn) return go();
+      order->in_turn(turn, std::move(go));
     };
     std::apply(
         [&](auto&... a) {
@@ -460,7 +473,7 @@ Future<R> ActorHandle<T>::send_call(M method, uint32_t op, A&&... args) const {
           [st](std::exception_ptr ex) { st->set_error(ex); });
     });
   };
-  client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
+  client::send_when_ready<Args>(st, &client_->order(), std::move(send), std::forward<A>(args)...);
   return Future<R>(st);
 }
 
@@ -514,7 +527,7 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
           [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
     });
   };
-  client::send_when_ready<Args>(st, std::move(send), std::forward<A>(args)...);
+  client::send_when_ready<Args>(st, nullptr, std::move(send), std::forward<A>(args)...);
   return Future<Result>(st);
 }
 

@@ -159,6 +159,20 @@ class Latch {
 };
 TROUPE_ACTOR(Latch, &Latch::wait_release)
 
+// Keeps what it was given, in the order the calls ran.
+class Recorder {
+ public:
+  std::string add(std::string v) {
+    seen_.push_back(v);
+    return v;
+  }
+  std::vector<std::string> all() { return seen_; }
+
+ private:
+  std::vector<std::string> seen_;
+};
+TROUPE_ACTOR(Recorder, &Recorder::add, &Recorder::all)
+
 // Calls that wait at a gate until let through, counting how many wait at
 // once: enter in the default group, enter_io in "io", the rest in
 // "control" (ConcurrencyGroupsTest).
@@ -306,6 +320,21 @@ TEST_F(ClusterTest, MaxConcurrencyOutsideItsBoundIsRefusedNamingIt) {
   }
   auto c = rt_.spawn<Counter>({.max_concurrency = 1024}, 0);
   EXPECT_EQ(c.call(&Counter::add, 2).get(), 2);
+}
+
+// A call that waits for a Future argument is not overtaken by the calls
+// made after it (Ray's rule for one caller): "ready" used to run first.
+TEST_F(ClusterTest, ACallWaitingForAnArgumentIsNotOvertaken) {
+  auto latch = rt_.spawn<Latch>({});
+  ASSERT_TRUE(latch.wait_ready(kWaitBound));
+  auto rec = rt_.spawn<Recorder>({});
+  troupe::Future<std::string> waited = latch.call(&Latch::wait_release);
+  auto first = rec.call(&Recorder::add, waited);
+  auto second = rec.call(&Recorder::add, std::string("ready"));
+  latch.control(Release{"waited"}).get(kWaitBound);
+  EXPECT_EQ(first.get(kWaitBound), "waited");
+  EXPECT_EQ(second.get(kWaitBound), "ready");
+  EXPECT_EQ(rec.call(&Recorder::all).get(kWaitBound), (std::vector<std::string>{"waited", "ready"}));
 }
 
 // Each concurrency group runs its calls on threads of its own, at most its
