@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,18 +16,73 @@ namespace troupe::head {
 
 namespace {
 
+// The state file a path names: none yet, an empty file, or a SQLite file.
+// Anything else is refused by name before anything is created, locked or
+// chmod'ed, so that a mistyped --state-db never changes the user's files.
+void check_state_path(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw ConfigError("head state file " + path + ": " + std::strerror(errno));
+  }
+  const std::string refused = "head state file " + path + " ";
+  if (S_ISLNK(st.st_mode)) throw ConfigError(refused + "is a symbolic link; give the path of the file itself");
+  if (S_ISDIR(st.st_mode))
+    throw ConfigError(refused + "is a directory; give a file's path (e.g. " + path + "/head.sqlite)");
+  if (!S_ISREG(st.st_mode)) throw ConfigError(refused + "is not a regular file");
+  if (st.st_size == 0) return;
+  static constexpr char kMagic[] = "SQLite format 3";  // and its NUL: SQLite's 16-byte header
+  char header[sizeof kMagic] = {};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) throw ConfigError("head state file " + path + ": " + std::strerror(errno));
+  const ssize_t n = ::read(fd, header, sizeof header);
+  ::close(fd);
+  if (n != static_cast<ssize_t>(sizeof header) || std::memcmp(header, kMagic, sizeof kMagic) != 0)
+    throw ConfigError(refused + "is not a SQLite file (a head's state file is one); left as it is");
+}
+
+// One head per state file: two would each take the other's nodes and
+// actors for dead and overwrite each other's rows. An exclusive flock on
+// PATH.lock, held for the store's life (the kernel lets go when the head
+// dies, however it dies); the holder's pid is written in it for the error.
+int lock_state_file(const std::string& path) {
+  const std::string lock_path = path + ".lock";
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, S_IRUSR | S_IWUSR);
+  if (fd < 0)
+    throw ConfigError("head state file " + path + ": cannot open its lock " + lock_path + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {};
+    const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+    ::close(fd);
+    if (err != EWOULDBLOCK)
+      throw ConfigError("head state file " + path + ": cannot lock " + lock_path + ": " + std::strerror(err));
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    throw ConfigError("head state file " + path + " is in use by another head" +
+                      (holder.empty() ? std::string() : " (pid " + holder + ")") +
+                      "; stop that head first, or give this one another state file");
+  }
+  const std::string mine = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, mine.data(), mine.size(), 0) < 0)
+    TROUPE_LOG_DEBUG("head state file {}: cannot note this pid in {}: {}", path, lock_path, std::strerror(errno));
+  return fd;
+}
+
 // The cluster's KV store is in the state file: readable by its owner alone,
 // as the token is. Created 0600 before SQLite opens it (SQLite gives the
 // -wal and -shm files the database's mode); a file of an older head, and
-// journal files it left, are made 0600 too. A file this user cannot chmod
-// (another's, or a file system without modes) is used as it is, with a
-// warning.
+// journal files it left, are made 0600 too (regular files only: the path
+// passed check_state_path). A file this user cannot chmod (another's, or a
+// file system without modes) is used as it is, with a warning.
 void keep_private(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, S_IRUSR | S_IWUSR);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, S_IRUSR | S_IWUSR);
   if (fd >= 0) ::close(fd);
   for (const char* suffix : {"", "-wal", "-shm"}) {
     const std::string f = path + suffix;
-    if (::chmod(f.c_str(), S_IRUSR | S_IWUSR) != 0 && errno != ENOENT)
+    struct stat st {};
+    if (::lstat(f.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (::chmod(f.c_str(), S_IRUSR | S_IWUSR) != 0)
       TROUPE_LOG_WARN("head state file {}: cannot make it private (chmod 600: {}); it holds the cluster's KV store", f,
                       std::strerror(errno));
   }
@@ -35,12 +91,15 @@ void keep_private(const std::string& path) {
 }  // namespace
 
 HeadStore::HeadStore(const std::string& path) : path_(path) {
+  check_state_path(path);
+  lock_fd_ = lock_state_file(path);
   keep_private(path);
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                       nullptr) != SQLITE_OK) {
     std::string why = db_ ? sqlite3_errmsg(db_) : "out of memory";
     sqlite3_close(db_);
     db_ = nullptr;
+    ::close(lock_fd_);
     throw ConfigError("cannot open the head's state file " + path + ": " + why);
   }
   try {
@@ -56,6 +115,7 @@ HeadStore::HeadStore(const std::string& path) : path_(path) {
     sqlite3_finalize(put_);
     sqlite3_finalize(del_);
     sqlite3_close(db_);
+    ::close(lock_fd_);
     throw;
   }
 }
@@ -64,6 +124,7 @@ HeadStore::~HeadStore() {
   sqlite3_finalize(put_);
   sqlite3_finalize(del_);
   sqlite3_close(db_);
+  ::close(lock_fd_);  // the next head may take the file
 }
 
 void HeadStore::fail(const std::string& what) {

@@ -18,7 +18,10 @@ namespace troupe::head {
 
 class HeadStore {
  public:
-  // Opens (creating) the file; ConfigError naming it when it cannot.
+  // Opens (creating) the file; ConfigError naming it when it cannot, when
+  // it is not a regular SQLite file (a directory, a link, a file of other
+  // content: left untouched), or when another head holds it (the lock on
+  // PATH.lock, with that head's pid in it, held while this store lives).
   explicit HeadStore(const std::string& path);
   ~HeadStore();
   HeadStore(const HeadStore&) = delete;
@@ -39,6 +42,7 @@ class HeadStore {
   [[noreturn]] void fail(const std::string& what);
 
   std::string path_;
+  int lock_fd_ = -1;  // PATH.lock, flock'ed: one head per state file
   sqlite3* db_ = nullptr;
   sqlite3_stmt* put_ = nullptr;
   sqlite3_stmt* del_ = nullptr;
