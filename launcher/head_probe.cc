@@ -115,8 +115,15 @@ void probe_head(const std::string& address, const std::string& token, std::chron
   wire::Proof proof = wire::make_proof(token, 'C', mine, their_nonce);
   write_all(s.fd, proof.data(), proof.size(), deadline, address);
   wire::Proof answer{};
-  if (read_some(s.fd, answer.data(), answer.size(), deadline) != answer.size() ||
-      !wire::proofs_equal(answer, wire::make_proof(token, 'S', their_nonce, mine)))
+  const size_t answered = read_some(s.fd, answer.data(), answer.size(), deadline);
+  if (answered == 0 && ms_left(deadline) > 0)
+    // A head closes on a wrong proof, and also drops the oldest handshakes
+    // when too many are pending (a flood of connections): say both.
+    throw ConnectionError("the troupe head at " + address +
+                          " closed the connection after our proof: a wrong cluster token (TROUPE_TOKEN, or the "
+                          "session's token file), or the head is shedding handshakes under a flood of connections "
+                          "(try again)");
+  if (answered != answer.size() || !wire::proofs_equal(answer, wire::make_proof(token, 'S', their_nonce, mine)))
     throw ConnectionError("the troupe head at " + address + " refused the cluster token (wrong TROUPE_TOKEN?)");
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -35,10 +36,18 @@ std::string env_or(const char* name, const std::string& fallback = "") {
 // `name` on PATH (or as given when it holds a '/'), or "" when absent.
 std::string which(const std::string& name) { return find_executable(name, env_or("PATH", "/usr/bin:/bin")); }
 
+// One word for sh, whatever it holds: in single quotes, each ' in it
+// written as '\'' (close, an escaped quote, open again).
+std::string shell_word(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 // A command's standard output (the Slurm clients: scontrol).
 std::string output_of(const std::vector<std::string>& argv) {
   std::string cmd;
-  for (const auto& a : argv) cmd += "'" + a + "' ";
+  for (const auto& a : argv) cmd += shell_word(a) + " ";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) throw Error("cannot run " + argv[0]);
   std::string out;
@@ -244,32 +253,52 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
   Cluster c;
   c.session = env_or("TMPDIR", "/tmp") + "/troupe-slurm-" + env_or("SLURM_JOB_ID") + "-" + std::to_string(::getpid());
   ::mkdir(c.session.c_str(), 0700);
+  // The session holds the cluster's token and state db: gone with the
+  // cluster, as the job's (a job's logs are in it too: kept with
+  // TROUPE_KEEP_SESSION=1).
+  auto finish = [&](int rc) {
+    c.stop();
+    if (env_or("TROUPE_KEEP_SESSION").empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(c.session, ec);
+    } else {
+      std::printf("troupe slurm: kept the session directory %s (TROUPE_KEEP_SESSION)\n", c.session.c_str());
+    }
+    return rc;
+  };
   try {
     start_head(c, o, a, self);
     start_nodes(c, o, a, self);
     int rc = run_driver(c, o);
-    c.stop();
+    finish(rc);
     std::printf("troupe slurm: driver exited with %d; cluster stopped\n", rc);
     return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "troupe slurm: %s\n", e.what());
-    c.stop();
-    return 1;
+    return finish(1);
   }
 }
 
 std::string sbatch_script(const SlurmOptions& o, const std::string& self) {
   std::string cmd;
-  for (const auto& a : o.command) cmd += " '" + a + "'";
+  for (const auto& a : o.command) cmd += " " + shell_word(a);
   std::string gpus = o.gpus_per_node > 0 ? "#SBATCH --gpus-per-node=" + std::to_string(o.gpus_per_node) + "\n" : "";
+  // Every option the job would run with, defaults left out.
+  std::string options = " --port " + std::to_string(o.port);
+  if (o.gpus_per_node >= 0) options += " --gpus-per-node " + std::to_string(o.gpus_per_node);
+  if (o.dashboard_port >= 0) options += " --dashboard-port " + std::to_string(o.dashboard_port);
+  if (o.start_timeout_s != SlurmOptions{}.start_timeout_s) {
+    std::ostringstream t;
+    t << o.start_timeout_s;
+    options += " --start-timeout " + t.str();
+  }
   return "#!/bin/bash\n"
          "# A troupe cluster for the life of one driver (written by troupe slurm --print-sbatch).\n"
          "# Submit with: sbatch --nodes=N this-script\n"
          "#SBATCH --job-name=troupe\n"
          "#SBATCH --ntasks-per-node=1\n"
          "#SBATCH --exclusive\n" +
-         gpus + "exec '" + self + "' slurm --port " + std::to_string(o.port) +
-         (o.gpus_per_node >= 0 ? " --gpus-per-node " + std::to_string(o.gpus_per_node) : "") + " --" + cmd + "\n";
+         gpus + "exec " + shell_word(self) + " slurm" + options + " --" + cmd + "\n";
 }
 
 }  // namespace troupe::launcher

@@ -22,10 +22,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -44,6 +46,7 @@
 #include "troupe/runtime/core/session.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/http_endpoint.h"
+#include "troupe/runtime/head/resource_pool.h"
 #include "troupe/runtime/head/scheduler.h"
 #include "troupe/runtime/node/node_agent.h"
 #include "troupe/runtime/node/worker_pool.h"
@@ -306,9 +309,10 @@ std::string conflicting_start_options(const Args& a) {
 // not, naming the option and the value: a usage error like CLI11's.
 std::string bad_start_value(const Args& a) {
   try {
-    troupe::head::parse_resources(a.resources);
+    troupe::head::validate_resources(troupe::head::parse_resources(a.resources), "--resources");
   } catch (const troupe::ConfigError& e) {
-    return std::string("--resources: ") + e.what();
+    const std::string why = e.what();
+    return why.rfind("--resources", 0) == 0 ? why : "--resources: " + why;
   }
   if (!(a.worker_idle_timeout_s >= 0.001 && a.worker_idle_timeout_s <= 30.0 * 24 * 3600)) {
     char buf[128];
@@ -479,6 +483,25 @@ std::string node_resources_text(const nlohmann::json& n) {
   return res;
 }
 
+// A job document's fields, as a job published them in the KV store (any
+// client may write one there, so any field may be missing or of another
+// type: shown as "?" or 0). A null number was not finite (JSON has no
+// NaN: a diverged job's loss) and shows as nan.
+std::string job_text(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "?";
+}
+double job_number(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return 0;
+  if (it->is_number()) return it->get<double>();
+  return it->is_null() ? std::numeric_limits<double>::quiet_NaN() : 0;
+}
+long long job_count(const nlohmann::json& j, const char* key) {
+  const double v = job_number(j, key);
+  return std::isfinite(v) && std::fabs(v) < 9e18 ? static_cast<long long>(v) : 0;
+}
+
 int cmd_status(const Args& a) {
   auto rt = connect_session(a.address);
   auto j = nlohmann::json::parse(rt.status_json(a.status));
@@ -513,14 +536,14 @@ int cmd_status(const Args& a) {
     std::printf("\njobs:\n");
     for (auto& x : j["jobs"]) {
       // Counted from 1, as the job's console counts them ("epoch 2/3").
-      std::string epoch = std::to_string(x.value("epoch", 0LL) + 1);
-      if (x.contains("epochs")) epoch += "/" + std::to_string(x.value("epochs", 0LL));
+      std::string epoch = std::to_string(job_count(x, "epoch") + 1);
+      if (x.contains("epochs")) epoch += "/" + std::to_string(job_count(x, "epochs"));
       std::printf(
           "  job %-16s %-9s step %-7lld epoch %-5s %8.0f samples/s  loss %-9.4f %lld worker(s)  %lld "
           "recoveries\n",
-          x.value("name", "?").c_str(), x.value("state", "?").c_str(), (long long)x.value("step", 0LL), epoch.c_str(),
-          x.value("samples_per_s", 0.0), x.value("loss", 0.0), (long long)x.value("world_size", 0LL),
-          (long long)x.value("recoveries", 0LL));
+          job_text(x, "name").c_str(), job_text(x, "state").c_str(), job_count(x, "step"), epoch.c_str(),
+          job_number(x, "samples_per_s"), job_number(x, "loss"), job_count(x, "world_size"),
+          job_count(x, "recoveries"));
     }
   }
   if (j.contains("dashboard")) std::printf("\ndashboard: %s\n", j["dashboard"].get<std::string>().c_str());
@@ -563,13 +586,23 @@ int stop_local_processes(const std::string& dir) {
 void remove_state_db(const std::string& dir) {
   const std::string db = read_session_file(dir, "state_db");
   if (db.empty()) return;
-  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(db + suffix);
+  for (const char* suffix : {"", "-wal", "-shm", "-journal", ".lock"}) fs::remove(db + suffix);
   std::printf("removed the head's state db %s\n", db.c_str());
 }
 
 int cmd_stop(const Args& a) {
   std::string dir = session_dir();
   troupe::core::check_session_dir(dir);
+  // A session that joined a cluster (`troupe start --address`) and runs no
+  // head of its own stops its node agents alone, as `ray stop` does: the
+  // cluster goes on without this machine. --address stops that cluster.
+  if (a.address.empty() && !fs::exists(fs::path(dir) / "head.pid")) {
+    std::printf(
+        "this session runs no head: stopping its local processes only (the cluster goes on; `troupe stop "
+        "--address HOST:PORT` stops the whole cluster)\n");
+    std::printf("stopped %d local troupe process(es)\n", stop_local_processes(dir));
+    return 0;
+  }
   bool head_told = false;
   try {
     auto rt = connect_session(a.address);
@@ -848,7 +881,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"PENDING", "ALIVE", "RESTARTING", "DEAD"}));
   status->add_option("--limit", a.status.limit, "list at most N actors, the newest (0 = all)")
       ->check(CLI::Range(0u, 1u << 30));
-  auto* stop = app.add_subcommand("stop", "stop the cluster of this session");
+  auto* stop = app.add_subcommand("stop",
+                                  "stop the cluster of this session (in a session that only joined a cluster: its "
+                                  "node agents alone)");
   auto* session =
       app.add_subcommand("session",
                          "print this session's directory ($TROUPE_SESSION_DIR, else $XDG_RUNTIME_DIR/troupe, else "

@@ -116,15 +116,19 @@ print("nodes:", sorted(troupe.get([a.node.remote() for a in actors], timeout=120
 def test_two_node_job_runs_its_driver_on_both_nodes(slurm, tmp_path):
     (tmp_path / "driver.py").write_text(DRIVER)
     out = tmp_path / "job.out"
+    # The job's session directory (its token, state db) goes with the job.
+    job_tmp = tmp_path / "tmp"
+    job_tmp.mkdir()
     r = subprocess.run(["sbatch", "--wait", "-N2", "--exclusive", f"--output={out}", "--wrap",
                         f"{cli()} slurm --port 0 -- /usr/bin/python3 {tmp_path / 'driver.py'}"],
-                       env=slurm["env"], capture_output=True, text=True, timeout=300)
+                       env={**slurm["env"], "TMPDIR": str(job_tmp)}, capture_output=True, text=True, timeout=300)
     text = out.read_text()
     assert r.returncode == 0, r.stderr + text
     assert "troupe slurm: cluster of 2 node(s)" in text, text
     assert "nodes: ['1', '2']" in text, text
     assert "troupe slurm: driver exited with 0; cluster stopped" in text, text
     wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
+    assert not list(job_tmp.glob("troupe-slurm-*")), list(job_tmp.iterdir())
 
 
 def test_scancel_ends_everything(slurm, tmp_path):

@@ -149,6 +149,8 @@ PidFile check_pid_file(const std::string& dir, const std::string& name) {
   else if (*now != recorded)
     f.problem = "pid " + std::to_string(pid) + " is another process (started at " + std::to_string(*now) +
                 ", the recorded one at " + std::to_string(recorded) + ")";
+  else if (!process_running(f.pid, recorded))
+    f.problem = "pid " + std::to_string(pid) + " has exited (a zombie its parent has not reaped yet)";
   else
     f.alive = true;
   return f;

@@ -86,7 +86,7 @@ function render(st) {
   const jobs = st.jobs || [];
   if (jobs.length) document.getElementById("jobs").innerHTML = jobs.map(j =>
     `<div class="job"><b>${esc(j.name)}</b> — ${esc(j.state)}, step ${j.step}, epoch ${j.epoch + 1}${j.epochs ? '/' + j.epochs : ''}, ` +
-    `${(+j.samples_per_s || 0).toFixed(0)} samples/s, loss ${(+j.loss || 0).toFixed(4)}, ` +
+    `${(+j.samples_per_s || 0).toFixed(0)} samples/s, loss ${j.loss === null ? "nan" : (+j.loss || 0).toFixed(4)}, ` +
     `${j.world_size} worker(s), ${j.recoveries} recover${j.recoveries === 1 ? "y" : "ies"}<br>` + chart(j) +
     `<div class="legend"><span style="color:#1f77b4">— samples/s (left)</span>` +
     `<span style="color:#2ca02c">— world size (right)</span><span style="color:#d62728">┆ failure</span></div></div>`).join("");

@@ -1,5 +1,7 @@
 #include "troupe/runtime/head/http_endpoint.h"
 
+#include <strings.h>
+
 #include <openssl/crypto.h>
 
 #include "troupe/runtime/core/errors.h"
@@ -21,7 +23,8 @@ bool same_token(const std::string& given, const std::string& token) {
 // The token a request carries: the bearer header, else the login cookie.
 std::string token_of(const HttpRequest& req) {
   const std::string auth = req.header("Authorization");
-  if (auth.rfind("Bearer ", 0) == 0) return auth.substr(7);
+  // The scheme's name is case-insensitive (RFC 7235): "bearer" too.
+  if (auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0) return auth.substr(7);
   const std::string cookies = req.header("Cookie");
   const std::string key = std::string(kCookie) + "=";
   for (size_t at = 0; at < cookies.size();) {

@@ -1,7 +1,9 @@
 #include "troupe/runtime/head/metrics.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -132,7 +134,25 @@ void head_metrics(std::ostringstream& out, const json& head) {
   for (const auto& [op, n] : messages.items()) msgs.sample({{"op", op}}, as_number(n));
 }
 
-void job_metrics(std::ostringstream& out, const json& jobs) {
+// A job's field as a sample: a job publishes its document in the KV
+// store, where any client may write, so a field may be missing or of
+// another type (0). A null was a number JSON cannot carry (a diverged
+// job's NaN loss): NaN, never 0.
+double job_field(const json& job, const char* key) {
+  auto it = job.find(key);
+  if (it == job.end()) return 0;
+  return it->is_null() ? std::numeric_limits<double>::quiet_NaN() : as_number(*it);
+}
+
+void job_metrics(std::ostringstream& out, const json& all) {
+  // Only documents with a name: a malformed one is left out rather than
+  // failing the whole scrape.
+  std::vector<json> jobs;
+  std::set<std::string> names;
+  for (const auto& j : all)
+    if (j.is_object() && j.contains("name") && j["name"].is_string() &&
+        names.insert(j["name"].get<std::string>()).second)
+      jobs.push_back(j);
   struct Field {
     const char* metric;
     const char* key;
@@ -151,10 +171,11 @@ void job_metrics(std::ostringstream& out, const json& jobs) {
   };
   for (const auto& f : kFields) {
     Family fam(out, f.metric, f.type, f.help);
-    for (const auto& j : jobs) fam.sample({{"job", j.value("name", "")}}, as_number(j.value(f.key, json(0))));
+    for (const auto& j : jobs) fam.sample({{"job", j["name"].get<std::string>()}}, job_field(j, f.key));
   }
   Family running(out, "troupe_job_running", "gauge", "1 while a TrainJob runs, 0 once it finished or failed.");
-  for (const auto& j : jobs) running.sample({{"job", j.value("name", "")}}, j.value("state", "") == "running");
+  for (const auto& j : jobs)
+    running.sample({{"job", j["name"].get<std::string>()}}, j.value("state", json()) == "running");
 }
 
 }  // namespace

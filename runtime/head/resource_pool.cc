@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/head/scheduler.h"
@@ -56,6 +57,12 @@ void validate_concurrency_groups(const std::vector<wire::ConcurrencyGroup>& grou
 void validate_resources(const Resources& r, const std::string& where) {
   for (const auto& [k, v] : r) {
     if (k.empty()) throw ConfigError(where + ": a resource has an empty name (amount " + show(v) + ")");
+    // Names are shown in lists ("{CPU=1, disk=2}") and lines of status:
+    // no blanks, control characters or the list's own punctuation.
+    for (unsigned char c : k)
+      if (c <= ' ' || c == 0x7f || std::string_view("{}=,\"").find(static_cast<char>(c)) != std::string_view::npos)
+        throw ConfigError(where + ": resource name '" + k + "' has a character names may not have (blanks, " +
+                          "control characters and {}=,\" are refused)");
     std::string what = where + ": resource '" + k + "' = " + show(v);
     if (!std::isfinite(v)) throw ConfigError(what + " is not a finite number");
     if (v < 0) throw ConfigError(what + " is negative");

@@ -137,8 +137,13 @@ Resources parse_resources(const std::string& text) {
   Resources r;
   std::stringstream ss(text);
   std::string part;
+  bool any = false;
   while (std::getline(ss, part, ',')) {
-    if (part.empty()) continue;
+    if (part.empty()) {
+      if (!ss.eof()) throw ConfigError("'" + text + "' has an empty entry (give NAME=AMOUNT,NAME=AMOUNT)");
+      continue;  // a trailing comma
+    }
+    any = true;
     auto eq = part.find('=');
     if (eq == std::string::npos || eq == 0) throw ConfigError("resource '" + part + "' is not NAME=AMOUNT");
     std::string name = part.substr(0, eq);
@@ -154,6 +159,7 @@ Resources parse_resources(const std::string& text) {
     if (!r.emplace(name, v).second)
       throw ConfigError("resource '" + name + "' is given twice in '" + text + "' (give each once)");
   }
+  if (!any && !text.empty()) throw ConfigError("'" + text + "' names no resource (give NAME=AMOUNT,NAME=AMOUNT)");
   return r;
 }
 

@@ -69,6 +69,9 @@ class RefusalLog {
   size_t suppressed_ = 0;
 };
 
+// Why a connection closed whose peer sent nothing at all.
+constexpr const char* kSilentPeer = "closed before sending anything (a port check)";
+
 RefusalLog& refusal_log() {
   static RefusalLog log;
   return log;
@@ -123,7 +126,9 @@ void Connection::do_handshake() {
   asio::async_write(socket_, asio::buffer(hello_out_), [self](asio::error_code ec, size_t) {
     if (ec) return self->fail("handshake write failed: " + ec.message());
   });
-  asio::async_read(socket_, asio::buffer(hello_in_), [self](asio::error_code ec, size_t) {
+  asio::async_read(socket_, asio::buffer(hello_in_), [self](asio::error_code ec, size_t got) {
+    if (ec && got == 0 && (ec == asio::error::eof || ec == asio::error::connection_reset))
+      return self->fail(kSilentPeer);
     if (ec) return self->fail("handshake read failed: " + ec.message());
     if (std::memcmp(self->hello_in_.data(), kAuthMagic, 8) != 0)
       return self->fail("handshake refused: peer did not speak the troupe protocol");
@@ -140,7 +145,10 @@ void Connection::do_handshake() {
     if (!self->accepting_) send_proof();
     asio::async_read(self->socket_, asio::buffer(self->proof_in_),
                      [self, theirs, send_proof](asio::error_code ec, size_t) {
-                       if (ec) return self->fail("handshake failed: peer closed the connection (wrong cluster token?)");
+                       if (ec)
+                         return self->fail(
+                             "handshake failed: the peer closed the connection after the first exchange (a wrong "
+                             "cluster token, or a head shedding handshakes under a flood of connections)");
                        Proof expect = make_proof(self->token_, self->accepting_ ? 'C' : 'S', theirs, self->my_nonce_);
                        if (!proofs_equal(expect, self->proof_in_))
                          return self->fail("handshake refused: wrong cluster token");
@@ -490,7 +498,14 @@ void Connection::fail(const std::string& reason) {
     queued_bytes_ = 0;
     room_cv_.notify_all();
   }
-  if (!ready_ && accepting_) refusal_log().warn("connection from {} refused: {}", peer_, reason);
+  if (!ready_ && accepting_) {
+    // A port check (a load balancer's or a readiness probe's connect and
+    // close, every few seconds) is not worth a warning each time.
+    if (reason == kSilentPeer)
+      TROUPE_LOG_DEBUG("connection from {} closed: {}", peer_, reason);
+    else
+      refusal_log().warn("connection from {} refused: {}", peer_, reason);
+  }
   auto cb = std::move(on_close_);
   on_close_ = nullptr;
   if (cb) cb(reason);

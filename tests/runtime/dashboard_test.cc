@@ -122,6 +122,9 @@ TEST_F(DashboardTest, GarbageRequestHurtsNeitherEndpointNorHead) {
   EXPECT_EQ(huge.find("HTTP/1.1 200"), std::string::npos);
   std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
   EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
+  // The scheme is case-insensitive (RFC 7235).
+  std::string lower = get(port_, "/metrics", "Authorization: bearer the-token\r\n");
+  EXPECT_EQ(lower.rfind("HTTP/1.1 200", 0), 0u) << lower;
   // The head's own protocol still answers.
   troupe::InitOptions io;
   io.address = head_->address();
@@ -201,6 +204,23 @@ TEST(DashboardMetrics, EscapesLabelValuesAndRendersJobs) {
   EXPECT_NE(with_workers.find("troupe_actor_calls_total 1234\n"), std::string::npos) << with_workers;
   EXPECT_NE(with_workers.find("troupe_actor_calls_per_second 56.5\n"), std::string::npos);
   EXPECT_NE(with_workers.find("troupe_stream_received_bytes_total 789\n"), std::string::npos);
+}
+
+// Job documents are the KV store's, where any client writes: a diverged
+// job's loss (NaN, null in JSON) is NaN, not 0, and a malformed document
+// is left out instead of failing every scrape (it used to answer 500).
+TEST(DashboardMetrics, ANanLossIsNanAndAMalformedJobIsLeftOut) {
+  nlohmann::json snap = {{"nodes", nlohmann::json::array()},
+                         {"jobs",
+                          {{{"name", "diverged"}, {"state", "running"}, {"step", 120}, {"loss", nullptr}},
+                           {{"name", 5}, {"state", 7}, {"step", "x"}},
+                           "not an object",
+                           {{"name", "odd"}, {"state", 7}, {"step", "x"}}}}};
+  const std::string text = troupe::head::prometheus_text(snap);
+  EXPECT_NE(text.find("troupe_job_loss{job=\"diverged\"} NaN\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_job_step{job=\"odd\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_job_running{job=\"odd\"} 0\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("job=\"5\""), std::string::npos) << text;
 }
 
 }  // namespace

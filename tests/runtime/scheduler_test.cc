@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "troupe/runtime/head/resource_pool.h"
 #include "troupe/runtime/head/scheduler.h"
 
 namespace {
@@ -31,6 +32,21 @@ TEST(Scheduler, ParseAndFormatResources) {
   }
   EXPECT_THROW(parse_resources("CPU=x"), troupe::ConfigError);
   EXPECT_THROW(parse_resources("CPU=-1"), troupe::ConfigError);
+  // Empty entries were skipped: ",,," was a node with nothing.
+  EXPECT_EQ(parse_resources("CPU=1,").size(), 1u);
+  EXPECT_THROW(parse_resources(",,,"), troupe::ConfigError);
+  EXPECT_THROW(parse_resources("CPU=1,,GPU=1"), troupe::ConfigError);
+  // Names with blanks, control characters or list punctuation broke the
+  // lines of status and the lists of messages.
+  for (const char* bad : {"a b", "a\nb", "custom{}", "x\"y"}) {
+    try {
+      troupe::head::validate_resources({{bad, 1}}, "--resources");
+      ADD_FAILURE() << bad << " taken";
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("has a character names may not have"), std::string::npos) << e.what();
+    }
+  }
+  troupe::head::validate_resources({{"node:10.0.0.1", 1}, {"accelerator_type/A100", 1}}, "ok");
 }
 
 TEST(Scheduler, PickNodePrefersEmptierNodeAndExplainsFailure) {

@@ -2,11 +2,14 @@
 // address parsing: plain functions, no cluster.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/files.h"
@@ -122,6 +125,35 @@ TEST_F(SessionDirTest, PidFileProvesTheProcessByItsStartTime) {
   core::write_session_file(dir, "bare.pid", std::to_string(::getpid()) + "\n");
   EXPECT_FALSE(core::check_pid_file(dir, "bare.pid").alive);
   EXPECT_FALSE(core::check_pid_file(dir, "absent.pid").alive);
+  // A process that exited and was not reaped yet (a killed head whose
+  // parent has not waited for it) is not running: a restart may go on.
+  int gate[2];
+  ASSERT_EQ(::pipe(gate), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c;
+    ::close(gate[1]);
+    (void)!::read(gate[0], &c, 1);  // until the parent closes its end
+    ::_exit(0);
+  }
+  ::close(gate[0]);
+  core::write_pid_file(dir, "zombie.pid", child);
+  ::close(gate[1]);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string state;
+  while (state != "Z" && std::chrono::steady_clock::now() < deadline) {
+    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    rest >> state;
+  }
+  ASSERT_EQ(state, "Z");
+  auto zombie = core::check_pid_file(dir, "zombie.pid");
+  EXPECT_FALSE(zombie.alive);
+  EXPECT_NE(zombie.problem.find("has exited"), std::string::npos) << zombie.problem;
+  ::waitpid(child, nullptr, 0);
 }
 
 TEST(WorkerEnvTest, RoundTripsThroughTheEnvironment) {
