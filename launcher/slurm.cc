@@ -254,15 +254,16 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
   c.session = env_or("TMPDIR", "/tmp") + "/troupe-slurm-" + env_or("SLURM_JOB_ID") + "-" + std::to_string(::getpid());
   ::mkdir(c.session.c_str(), 0700);
   // The session holds the cluster's token and state db: gone with the
-  // cluster, as the job's (a job's logs are in it too: kept with
-  // TROUPE_KEEP_SESSION=1).
+  // cluster when the job went well. Its logs are in it too: kept when the
+  // driver or the cluster failed (the errors point there), or with
+  // TROUPE_KEEP_SESSION=1.
   auto finish = [&](int rc) {
     c.stop();
-    if (env_or("TROUPE_KEEP_SESSION").empty()) {
+    if (rc == 0 && env_or("TROUPE_KEEP_SESSION").empty()) {
       std::error_code ec;
       std::filesystem::remove_all(c.session, ec);
     } else {
-      std::printf("troupe slurm: kept the session directory %s (TROUPE_KEEP_SESSION)\n", c.session.c_str());
+      std::printf("troupe slurm: kept the session directory %s (its logs; remove it when done)\n", c.session.c_str());
     }
     return rc;
   };

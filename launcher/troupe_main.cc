@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -560,16 +561,26 @@ int cmd_status(const Args& a) {
 // SIGTERMs the processes this session's pid files name, each only when it
 // is provably the process recorded (same pid and start time); a stale or
 // planted pid file is reported and removed, its pid left alone.
+//
+// Then waits (up to 30 s) for them to be gone: a head that is still
+// exiting holds its state file, so a `troupe start --head` right after
+// `troupe stop` would be refused; as `ray stop` does, stop returns once
+// they have ended, naming any that did not.
 int stop_local_processes(const std::string& dir) {
   int stopped = 0;
   if (!fs::exists(dir)) return 0;
   troupe::core::check_session_dir(dir);
+  std::vector<std::pair<pid_t, uint64_t>> signalled;  // pid, start time
   for (auto& entry : fs::directory_iterator(dir)) {
     std::string name = entry.path().filename();
     if (name.size() < 4 || name.substr(name.size() - 4) != ".pid") continue;
     auto f = troupe::core::check_pid_file(dir, name);
     if (f.alive) {
-      if (::kill(f.pid, SIGTERM) == 0) ++stopped;
+      const auto started = troupe::core::process_start_time(f.pid);
+      if (::kill(f.pid, SIGTERM) == 0) {
+        ++stopped;
+        if (started) signalled.emplace_back(f.pid, *started);
+      }
     } else {
       std::fprintf(stderr, "troupe stop: ignoring %s/%s: %s; not signalling it\n", dir.c_str(), name.c_str(),
                    f.problem.c_str());
@@ -578,6 +589,15 @@ int stop_local_processes(const std::string& dir) {
   }
   // What named the stopped head's endpoints, so that nothing finds them.
   for (const char* f : {"address", "dashboard"}) fs::remove(fs::path(dir) / f);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto running = [&] {
+    std::erase_if(signalled, [](const auto& p) { return !troupe::core::process_running(p.first, p.second); });
+    return !signalled.empty();
+  };
+  while (running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (const auto& [pid, started] : signalled)
+    std::fprintf(stderr, "troupe stop: pid %d is still running 30 s after SIGTERM\n", static_cast<int>(pid));
   return stopped;
 }
 
@@ -586,7 +606,9 @@ int stop_local_processes(const std::string& dir) {
 void remove_state_db(const std::string& dir) {
   const std::string db = read_session_file(dir, "state_db");
   if (db.empty()) return;
-  for (const char* suffix : {"", "-wal", "-shm", "-journal", ".lock"}) fs::remove(db + suffix);
+  // PATH.lock stays: a head that has not exited yet holds it, and a new
+  // file of that name would let another head in beside it.
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(db + suffix);
   std::printf("removed the head's state db %s\n", db.c_str());
 }
 

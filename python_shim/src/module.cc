@@ -144,13 +144,15 @@ std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std
   size_t next = 0;  // the first state not known to be ready
   auto done = [&](std::chrono::milliseconds slice) {
     for (; next < states.size(); ++next) {
+      if (!states[next]->wait_for(slice)) {
+        // Still waiting for this one: an error among those after it ends
+        // the wait (looked for once a slice, so a long list costs one pass
+        // per 100 ms, not one per ref).
+        for (size_t i = next + 1; i < states.size(); ++i)
+          if (failed_now(*states[i])) return true;
+        return false;
+      }
       if (failed_now(*states[next])) return true;
-      if (states[next]->wait_for(std::chrono::milliseconds(0))) continue;
-      // Waiting for this one: an error among those after it ends the wait.
-      for (size_t i = next + 1; i < states.size(); ++i)
-        if (failed_now(*states[i])) return true;
-      if (!states[next]->wait_for(slice)) return false;
-      --next;  // look at it again: it may have failed
     }
     return true;
   };
@@ -589,6 +591,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("serve_worker", &serve_worker);
   m.def("in_worker", [] { return this_actor::in_worker(); });
   m.def("actor_id", [] { return this_actor::id(); });
+  // The concurrency groups of this worker's actor, in their order (the
+  // numbers its calls name them by); empty outside an actor.
+  m.def("concurrency_groups", [] {
+    std::vector<std::string> names;
+    if (this_actor::in_worker())
+      for (const auto& g : this_actor::runtime().core()->hello_reply().spec.concurrency_groups) names.push_back(g.name);
+    return names;
+  });
   // The wait observer of this thread (a task executor's CpuLender while it
   // runs a task), as an opaque number for get(lend_for=...); 0 if none.
   m.def("wait_observer", [] { return reinterpret_cast<uintptr_t>(core::tls_wait_observer.observer); });

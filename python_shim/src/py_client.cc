@@ -18,11 +18,14 @@ namespace {
 // answer among them is there; then `send` runs (on the thread that completed
 // the last one). A failed argument fails the call, a Python exception
 // answer becomes its answer (as Ray propagates a task's error downstream).
-// With `order` (an actor's calls), after every call made before it through
-// that order, as Ray runs one caller's actor calls in the order made.
+// With `actor` (an actor's calls), after every call made before it to an
+// actor that runs calls in order (ActorClient::order), as Ray runs one
+// caller's calls in the order made; a call that ends before it could go
+// (cancelled) stops holding up those behind it.
 template <class Send>
-void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const RefList& top, client::CallOrder* order,
-                     Send send) {
+void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const RefList& top,
+                     const std::shared_ptr<client::ActorClient>& actor, Send send) {
+  client::CallOrder* order = actor ? actor->order() : nullptr;
   struct Pending {
     PyCall call;
     std::vector<std::pair<size_t, std::shared_ptr<ReplyState>>> answers;
@@ -39,6 +42,7 @@ void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const R
     }
   }
   const uint64_t turn = order ? order->enter(p->answers.empty()) : client::CallOrder::kNoTurn;
+  if (turn != client::CallOrder::kNoTurn) st->on_ready([actor, order, turn] { order->give_up(turn); });
   auto go = [p, st, send = std::move(send)]() mutable {
     for (auto& [i, a] : p->answers) {
       if (auto e = a->error()) return st->set_error(e);
@@ -149,13 +153,16 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   if (auto held = refs_of(spec.ctor)) {
     auto holder = std::make_shared<std::mutex>();
     auto refs = std::make_shared<decltype(held)>(std::move(held));
-    const uint64_t listener = actor->add_listener([holder, refs](const wire::ActorInfo& now) {
-      if (now.state != wire::ActorState::kDead) return;
-      std::shared_ptr<const std::vector<ObjectRef<PyValue>>> gone;
+    auto let_go = [holder, refs] {
+      std::shared_ptr<const std::vector<ObjectRef<PyValue>>> gone;  // released after the lock
       std::lock_guard lock(*holder);
       gone = std::move(*refs);
+    };
+    actor->add_listener([let_go](const wire::ActorInfo& now) {
+      if (now.state == wire::ActorState::kDead) let_go();
     });
-    (void)listener;  // lives as long as the actor's client
+    // Dead already (before the listener was there): nothing will restart.
+    if (actor->info().state == wire::ActorState::kDead) let_go();
   }
   return actor;
 }
@@ -183,7 +190,7 @@ std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, c
           [st, keep, held](std::exception_ptr ex) { st->set_error(ex); }, retries);
     });
   };
-  send_when_ready(st, std::move(call), top, &actor.order(), std::move(send));
+  send_when_ready(st, std::move(call), top, client, std::move(send));
   return std::make_shared<PyRef>(core(), st, std::move(cancel));
 }
 

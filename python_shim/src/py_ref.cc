@@ -82,18 +82,17 @@ void PyRef::signal_when_ready() {
   answer()->on_ready(bump_ready_signal);
 }
 
-std::pair<uint64_t, uint64_t> PyRef::key() {
+std::pair<uint64_t, uint64_t> PyRef::next_call_key() {
   // Call answers are numbered apart from every store's objects: under a
   // random number of this process's in place of a store instance.
   static const uint64_t calls = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
-  static std::atomic<uint64_t> next_call{0};
+  static std::atomic<uint64_t> next{0};
+  return {calls, next.fetch_add(1, std::memory_order_relaxed) + 1};
+}
+
+std::pair<uint64_t, uint64_t> PyRef::key() {
   std::lock_guard lock(mu_);
-  if (!key_) {
-    if (stored_.valid())
-      key_.emplace(stored_.info().owner_instance, stored_.id());
-    else
-      key_.emplace(calls, next_call.fetch_add(1, std::memory_order_relaxed) + 1);
-  }
+  if (!key_) key_.emplace(stored_.info().owner_instance, stored_.id());  // a stored ref: never a call's
   return *key_;
 }
 

@@ -40,18 +40,18 @@ void bump_ready_signal();
 class PyRef {
  public:
   PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer)
-      : core_(std::move(core)), answer_(std::move(answer)) {}
+      : core_(std::move(core)), answer_(std::move(answer)), key_(next_call_key()) {}
   PyRef(std::shared_ptr<client::Core> core, ObjectRef<PyValue> stored)
       : core_(std::move(core)), stored_(std::move(stored)) {}
   // A task's result; `task` (shared with the task's submission, which waits
   // for its top-level arguments first) is how troupe.cancel reaches it.
   PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer,
         std::shared_ptr<client::TaskCancel> task)
-      : core_(std::move(core)), answer_(std::move(answer)), task_(std::move(task)) {}
+      : core_(std::move(core)), answer_(std::move(answer)), task_(std::move(task)), key_(next_call_key()) {}
   // An actor method call's result; `call` is how troupe.cancel reaches it.
   PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer,
         std::shared_ptr<client::CallCancel> call)
-      : core_(std::move(core)), answer_(std::move(answer)), call_(std::move(call)) {}
+      : core_(std::move(core)), answer_(std::move(answer)), call_(std::move(call)), key_(next_call_key()) {}
 
   // The state that completes with the value (for a stored ref: starts the
   // fetch from its owner on first use). Thread-safe.
@@ -69,8 +69,8 @@ class PyRef {
   const ObjectRef<PyValue>* stored_if_any() const { return stored_.valid() && !answer_ ? &stored_ : nullptr; }
   // Names this ref's object for the ref's whole life (hex, ==, hash): a
   // stored object by its owner store's instance and its id; a call's
-  // answer by a number of this process's, kept once given, also after the
-  // answer was stored to be sent on.
+  // answer by a number of this process's, given when the call is made and
+  // kept after the answer was stored to be sent on.
   std::pair<uint64_t, uint64_t> key();
   // Bumps ready_signal() once this ref is ready (registered once).
   void signal_when_ready();
@@ -90,6 +90,7 @@ class PyRef {
   std::shared_ptr<client::CallCancel> call_;
   std::atomic<bool> signalling_{false};
   std::optional<std::pair<uint64_t, uint64_t>> key_;  // under mu_, once given
+  static std::pair<uint64_t, uint64_t> next_call_key();
 };
 
 // The answer a stored ref's owner gives: the payload, decoded.

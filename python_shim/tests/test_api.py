@@ -298,16 +298,21 @@ def test_retry_exceptions_runs_a_failing_task_again(tmp_path):
 
     # Each attempt gets the arguments as they arrived: one that changed them
     # before raising used to hand its changes to the next.
+    # A tensor pickles out of band, as a view of its memory: each attempt
+    # still gets its own copy. (A NumPy argument arrives read-only, as in
+    # Ray.)
     @troupe.remote(max_retries=2, retry_exceptions=True)
-    def mutating(items, counts):
+    def mutating(items, counts, tensor):
         items.append("x")
         counts["n"] = counts.get("n", 0) + 1
-        if len(items) < 3:
-            raise ValueError(f"len={len(items)}")
+        tensor.add_(1)
+        if len(items) < 3 and tensor[0] < 3:
+            raise ValueError(f"len={len(items)} tensor={float(tensor[0]):g}")
         return items, counts
 
-    with pytest.raises(ValueError, match="len=1"):
-        troupe.get(mutating.remote([], {}), timeout=60)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="len=1 tensor=1"):
+        troupe.get(mutating.remote([], {}, torch.zeros(1000)), timeout=60)
 
 
 @troupe.remote
@@ -342,6 +347,41 @@ def test_one_callers_actor_calls_run_in_the_order_made_when_one_waits_for_an_arg
     calls = [log.add.remote(slow.remote(0.5, "waited")), log.add.remote("ready"), log.add.remote(troupe.put("put"))]
     troupe.get(calls, timeout=60)
     assert troupe.get(log.items_.remote(), timeout=60) == ["waited", "ready", "put"]
+    # A call cancelled while it waits for its argument holds up nothing.
+    never = slow.remote(600, "never")
+    try:
+        waiting = log.add.remote(never)
+        troupe.cancel(waiting)
+        assert troupe.get(log.add.remote("after"), timeout=60) == "after"
+    finally:
+        troupe.cancel(never, force=True)
+
+
+@troupe.remote(concurrency_groups={"control": 1})
+class Stoppable:
+    def __init__(self):
+        self.stopped = threading.Event()
+
+    def wait_for_stop(self):
+        return self.stopped.wait(60)
+
+    def report(self, value):
+        return value
+
+    @troupe.method(concurrency_group="control")
+    def stop(self):
+        self.stopped.set()
+
+
+def test_calls_to_a_grouped_actor_keep_no_order_that_could_deadlock_them():
+    # As Ray: only an actor that runs one call at a time keeps a caller's
+    # order. Here report waits (in the caller) for wait_for_stop, which
+    # waits for stop: held behind report, stop never ran.
+    s = Stoppable.remote()
+    waited = s.wait_for_stop.remote()
+    reported = s.report.remote(waited)
+    troupe.get(s.stop.remote(), timeout=60)
+    assert troupe.get(reported, timeout=60) is True
 
 
 @troupe.remote(max_restarts=1, max_task_retries=-1)
@@ -1231,6 +1271,11 @@ class Gate:
         with self.cv:
             return list(self.counts_[kind])
 
+    @troupe.method(concurrency_group="control")
+    def own_counts(self, kind):  # through its own handle, whose methods know their groups
+        me = troupe.get_runtime_context().current_actor
+        return troupe.get(me.plain_counts.options(concurrency_group="io").remote(kind), timeout=60)
+
 
 def test_concurrency_groups_run_beside_the_default_group_each_to_its_cap():
     g = Gate.remote()
@@ -1248,6 +1293,7 @@ def test_concurrency_groups_run_beside_the_default_group_each_to_its_cap():
     # A call names another group than its method's: plain_counts is in the
     # default group, busy with enter, but runs in "control" when told to.
     assert troupe.get(g.plain_counts.options(concurrency_group="control").remote("plain"), timeout=60)[0] == 1
+    assert troupe.get(g.own_counts.remote("plain"), timeout=60)[0] == 1
     troupe.get(g.release.remote("plain", 1), timeout=60)
     troupe.get(plain, timeout=60)
     # A handle sent to a task, and one found by name, route calls the same.

@@ -595,7 +595,8 @@ class RuntimeContext:
 
         actor = self._own_actor("current_actor")
         client = self._state.client
-        return ActorHandle(client.actor_by_id(actor), _worker_hooks.actor_class(), client)
+        return ActorHandle(client.actor_by_id(actor), _worker_hooks.actor_class(), client,
+                           groups=_core.concurrency_groups())
 
     @property
     def was_current_actor_reconstructed(self):

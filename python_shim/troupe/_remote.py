@@ -209,7 +209,10 @@ class _RetryOnError:
         # Each attempt gets the arguments as they arrived, as in Ray (where
         # each attempt deserializes them): one that changed them before
         # raising must not hand its changes to the next.
-        arrived = ser.dumps((args, kwargs))
+        # Arrays and tensors pickle out of band as views of their memory:
+        # the snapshot copies them, and each attempt gets copies of its own.
+        data, buffers, refs = ser.dumps((args, kwargs))
+        buffers = [bytes(b) for b in buffers]
         attempt = 0
         while True:
             try:
@@ -218,7 +221,7 @@ class _RetryOnError:
                 if 0 <= self.retries <= attempt:
                     raise
                 attempt += 1
-                args, kwargs = ser.loads(arrived)
+                args, kwargs = ser.loads((data, [bytearray(b) for b in buffers], refs))
 
 
 def _call_args(what, args, kwargs):
@@ -932,6 +935,13 @@ class ActorClass:
     def options(self, **options):
         return ActorClass(self._cls, {**self._options, **options}, self._shared)
 
+    def _existing(self, client, name, groups):
+        """A handle to the actor `name` that exists (get_if_exists): with
+        its creator's method table, whose concurrency groups are the ones
+        the actor has; this class's while the creator has not written it."""
+        handle = _named_handle(client, client.get_actor(name))
+        return handle if handle._table is not None else ActorHandle(handle._actor, self._cls, client, groups=groups)
+
     def remote(self, *args, **kwargs):
         import troupe
 
@@ -950,7 +960,7 @@ class ActorClass:
                                   f"which its concurrency_groups option does not define ({known})")
         if self._options.get("get_if_exists") and name is not None:
             try:
-                return ActorHandle(client.get_actor(name), self._cls, client, groups=groups)
+                return self._existing(client, name, groups)
             except ConfigError:
                 pass
         data, top = _call_args(f"actor {self.__name__}", args, kwargs)
@@ -965,7 +975,7 @@ class ActorClass:
             # Another caller made it between the lookup and this spawn.
             if not (self._options.get("get_if_exists") and name is not None and "is already taken" in str(e)):
                 raise
-            return ActorHandle(client.get_actor(name), self._cls, client, groups=groups)
+            return self._existing(client, name, groups)
         if name is not None:
             # For get_actor's handles: the methods to check calls against,
             # their num_returns defaults and concurrency groups.

@@ -30,7 +30,8 @@ uint64_t new_client_id() {
 
 using namespace troupe::wire;
 
-ActorClient::ActorClient(Core& core, ActorInfo info) : core_(core), id_(info.id), info_(std::move(info)) {}
+ActorClient::ActorClient(Core& core, ActorInfo info)
+    : core_(core), id_(info.id), in_order_(info.in_order && info.state != ActorState::kDead), info_(std::move(info)) {}
 
 ActorInfo ActorClient::info() const {
   std::lock_guard lock(mu_);
@@ -79,18 +80,51 @@ void ActorClient::detach(const std::string& reason) {
 
 void CallOrder::in_turn(uint64_t turn, std::function<void()> go) {
   std::unique_lock lock(mu_);
-  ready_.emplace(turn, std::move(go));
-  if (running_) return;  // the running thread takes it in its turn
+  if (turn < next_to_go_) {
+    // Passed without it: given up (nothing to do), or released (the actor
+    // is gone: it goes now, and fails).
+    if (given_up_.erase(turn) != 0) return;
+    lock.unlock();
+    go();
+    return;
+  }
+  if (auto it = ready_.find(turn); it != ready_.end() && !it->second) return;  // given up, not passed yet
+  ready_[turn] = std::move(go);
+  run_ready(lock);
+}
+
+void CallOrder::give_up(uint64_t turn) {
+  std::unique_lock lock(mu_);
+  if (turn < next_to_go_ || ready_.count(turn) != 0) return;  // gone, or about to go: too late
+  ready_.emplace(turn, nullptr);
+  run_ready(lock);
+}
+
+void CallOrder::release_all() {
+  std::unique_lock lock(mu_);
+  released_ = true;
+  // Every open turn may go: those whose arguments are not there yet go at
+  // once when they come (in_turn above).
+  for (uint64_t t = next_to_go_; t < next_turn_; ++t) ready_.try_emplace(t, std::function<void()>([] {}));
+  run_ready(lock);
+}
+
+void CallOrder::run_ready(std::unique_lock<std::mutex>& lock) {
+  if (running_) return;  // the running thread takes them in their turn
   running_ = true;
   while (!ready_.empty() && ready_.begin()->first == next_to_go_) {
     auto next = std::move(ready_.begin()->second);
     ready_.erase(ready_.begin());
+    const bool given_up = !next;
+    if (given_up) given_up_.insert(next_to_go_);
     ++next_to_go_;
     lock.unlock();
-    try {
-      next();
-    } catch (...) {
-      // `go` reports its own failures to its call; nothing may stop the turns.
+    if (next) {
+      try {
+        next();
+      } catch (...) {
+        // `go` reports its own failures to its call; nothing may stop the turns.
+      }
     }
     waiting_.fetch_sub(1, std::memory_order_acq_rel);
     lock.lock();
@@ -474,6 +508,7 @@ void ActorClient::on_update(const ActorInfo& info) {
     if (info.state == ActorState::kDead) {
       if (conn_) conn_->close("actor dead");
       conn_.reset();
+      in_order_.store(false, std::memory_order_release);
       auto more = fail_all_locked(info.death_cause);
       failures.insert(failures.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
     } else if (info.state == ActorState::kAlive && !queued_.empty()) {
@@ -482,6 +517,10 @@ void ActorClient::on_update(const ActorInfo& info) {
     for (const auto& [id, l] : listeners_) listeners.push_back(l);
   }
   cv_.notify_all();
+  // Calls waiting behind one whose argument may never come go now (and
+  // fail with the actor's death), and no later call waits. Unlocked: they
+  // submit, which takes mu_.
+  if (info.state == ActorState::kDead) order_.release_all();
   for (auto& [f, e] : failures) f(e);
   for (auto& l : listeners) l(info);
 }

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <typeindex>
@@ -39,32 +40,46 @@ class Core;
 
 // Keeps one process's calls to an actor in the order they were made when
 // some wait for their arguments first (a Future or a call's ref not yet
-// answered), as Ray does: a call made after one that waits is sent after
-// it. A call whose arguments are there while none waits goes at once,
-// without a lock (enter gives no turn).
+// answered), as Ray does for an actor that runs one call at a time: a call
+// made after one that waits is sent after it. A call whose arguments are
+// there while none waits goes at once, without a lock (enter gives no
+// turn).
 class CallOrder {
  public:
   static constexpr uint64_t kNoTurn = std::numeric_limits<uint64_t>::max();
   // When a call is made; `ready`: its arguments are all there. kNoTurn:
-  // send it now. Otherwise its turn, for in_turn.
+  // send it now. Otherwise its turn, for in_turn (or give_up).
   uint64_t enter(bool ready) {
     if (ready && waiting_.load(std::memory_order_acquire) == 0) return kNoTurn;
     std::lock_guard lock(mu_);
+    if (released_) return kNoTurn;
     waiting_.fetch_add(1, std::memory_order_acq_rel);
     return next_turn_++;
   }
   // Once the call of `turn` can go (its arguments are there, or one
   // failed): runs `go` (which sends or fails it) after every earlier turn's
   // has run, on this thread or on the one that ran the turn before it.
+  // Nothing, for a turn given up.
   void in_turn(uint64_t turn, std::function<void()> go);
+  // The call of `turn` ended before it could go (cancelled, failed): the
+  // calls behind it no longer wait for it, and its in_turn runs nothing.
+  void give_up(uint64_t turn);
+  // The actor is gone (DEAD): no call waits behind another any more; turns
+  // still open run their `go` at once when it comes (which fails them).
+  void release_all();
 
  private:
+  // Runs the ready turns in order (mu_ held by `lock`, running_ set).
+  void run_ready(std::unique_lock<std::mutex>& lock);
   std::mutex mu_;
-  std::atomic<uint64_t> waiting_{0};  // turns given whose `go` has not run yet
+  std::atomic<uint64_t> waiting_{0};  // turns given that have not gone yet
   uint64_t next_turn_ = 0;
   uint64_t next_to_go_ = 0;
-  std::map<uint64_t, std::function<void()>> ready_;  // turns that can go, behind one that cannot
-  bool running_ = false;                             // a thread runs the ready turns
+  // Turns that can go, behind one that cannot; an empty function: given up.
+  std::map<uint64_t, std::function<void()>> ready_;
+  std::set<uint64_t> given_up_;  // turns passed without their in_turn, which must run nothing
+  bool running_ = false;         // a thread runs the ready turns
+  bool released_ = false;
 };
 
 class ActorClient : public std::enable_shared_from_this<ActorClient> {
@@ -122,8 +137,10 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   bool wait_ready(std::chrono::milliseconds timeout);
   uint64_t id() const { return id_; }
   Core& core() const { return core_; }
-  // This process's calls to the actor in the order made (send_when_ready).
-  CallOrder& order() { return order_; }
+  // This process's calls to the actor in the order made (send_when_ready):
+  // for an actor that runs one call at a time (ActorInfo::in_order); null
+  // for others, whose calls Ray leaves unordered.
+  CallOrder* order() { return in_order_.load(std::memory_order_acquire) ? &order_ : nullptr; }
 
  private:
   struct Pending {
@@ -167,6 +184,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   Core& core_;
   const uint64_t id_;
   CallOrder order_;
+  std::atomic<bool> in_order_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   wire::ActorInfo info_;

@@ -387,15 +387,23 @@ decltype(auto) resolve_arg(T&& v) {
 
 // Calls `send(Args(...))` with `args`, once every Future among them is
 // ready (at once when there is none), from the thread that completes the
-// last one; an argument's error (or send's) goes to `st`. With `order` (an
-// actor's calls), after every call made before it through that order.
+// last one; an argument's error (or send's) goes to `st`. With `actor`
+// (an actor's calls), after every call made before it to that actor when
+// it runs calls in order (ActorClient::order); a call that ends before it
+// could go (cancelled) stops holding up those behind it.
 template <class Args, class State, class Send, class... A>
-void send_when_ready(const std::shared_ptr<State>& st, CallOrder* order, Send send, A&&... args) {
+void send_when_ready(const std::shared_ptr<State>& st, const std::shared_ptr<ActorClient>& actor, Send send,
+                     A&&... args) {
   constexpr bool any_future = (IsFuture<std::decay_t<A>>::value || ...);
-  const uint64_t turn = order ? order->enter(!any_future) : CallOrder::kNoTurn;
+  CallOrder* order = actor ? actor->order() : nullptr;
+  auto give_up_when_ended = [&](uint64_t turn) { st->on_ready([actor, order, turn] { order->give_up(turn); }); };
   if constexpr (!any_future) {
-    if (turn == CallOrder::kNoTurn) return send(Args(std::forward<A>(args)...));
-    order->in_turn(turn, [st, send, tuple = Args(std::forward<A>(args)...)]() mutable {
+    // Built before a turn is taken: a conversion that throws takes none.
+    Args tuple(std::forward<A>(args)...);
+    const uint64_t turn = order ? order->enter(true) : CallOrder::kNoTurn;
+    if (turn == CallOrder::kNoTurn) return send(std::move(tuple));
+    give_up_when_ended(turn);
+    order->in_turn(turn, [st, send, tuple = std::move(tuple)]() mutable {
       try {
         send(std::move(tuple));
       } catch (...) {
@@ -405,6 +413,8 @@ void send_when_ready(const std::shared_ptr<State>& st, CallOrder* order, Send se
   } else {
     auto pack = std::make_shared<std::tuple<std::decay_t<A>...>>(std::forward<A>(args)...);
     auto remaining = std::make_shared<std::atomic<int>>(1);
+    const uint64_t turn = order ? order->enter(false) : CallOrder::kNoTurn;
+    if (turn != CallOrder::kNoTurn) give_up_when_ended(turn);
     auto fire = [pack, st, send, remaining, order, turn] {
       if (remaining->fetch_sub(1) != 1) return;
       auto go = [pack, st, send] {
@@ -473,7 +483,7 @@ Future<R> ActorHandle<T>::send_call(M method, uint32_t op, A&&... args) const {
           [st](std::exception_ptr ex) { st->set_error(ex); });
     });
   };
-  client::send_when_ready<Args>(st, &client_->order(), std::move(send), std::forward<A>(args)...);
+  client::send_when_ready<Args>(st, client_, std::move(send), std::forward<A>(args)...);
   return Future<R>(st);
 }
 

@@ -148,9 +148,11 @@ class Head::Impl {
     try {
       store_->write(state_.take_rows());
     } catch (const std::exception& e) {
-      // A head that cannot write goes on as a non-durable one, loudly.
+      // A head that cannot write goes on as a non-durable one, loudly. The
+      // store is kept (unused): it holds the state file's lock, which no
+      // other head may take while this one lives.
       TROUPE_LOG_ERROR("{}; the head's tables are no longer written through", e.what());
-      store_.reset();
+      failed_store_ = std::move(store_);
     }
   }
 
@@ -817,6 +819,7 @@ class Head::Impl {
   HeadOptions opts_;
   HeadState state_;
   std::unique_ptr<HeadStore> store_;
+  std::unique_ptr<HeadStore> failed_store_;  // a store that failed a write: kept for its lock
   asio::io_context io_;
   Listener listener_;
   asio::steady_timer timer_;

@@ -303,6 +303,7 @@ ActorInfo HeadState::create_actor(PeerId owner, ActorSpec spec) {
   a.info.name = spec.name;
   a.info.max_restarts = spec.max_restarts;
   a.info.max_task_retries = spec.max_task_retries;
+  a.info.in_order = spec.max_concurrency <= 1 && spec.concurrency_groups.empty();
   a.spec = std::move(spec);
   // A detached actor has no owner: no one's exit kills it.
   if (!a.spec.detached) {

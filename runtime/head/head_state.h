@@ -153,7 +153,7 @@ class HeadState {
   // its fields) changes: a head refuses a state file of another format by
   // name instead of misreading it. HeadStateTest.RowFormatIsKnown trips
   // when the encoded rows change and the number did not.
-  static constexpr int kRowFormat = 4;
+  static constexpr int kRowFormat = 5;
   // Turns change tracking on; every row is due at the next take_rows.
   void enable_write_through();
   // The rows changed since the last call (all of them the first time).

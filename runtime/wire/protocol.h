@@ -155,8 +155,13 @@ struct ActorInfo {
   // A task executor whose task waits in get() and lent its CPU
   // (LendResources): its submitter sends it nothing more meanwhile.
   bool blocked = false;
+  // Runs one call at a time in the order each caller sent them
+  // (max_concurrency 1, no concurrency groups): a caller then keeps its
+  // calls in the order made (client::CallOrder); Ray promises no order for
+  // threaded, async or grouped actors, and keeping one could deadlock them.
+  bool in_order = true;
   TROUPE_FIELDS(id, class_name, name, state, node_id, address, pid, incarnation, restarts, max_restarts,
-                max_task_retries, pending_reason, death_cause, gpu_ids, control_address, version, blocked)
+                max_task_retries, pending_reason, death_cause, gpu_ids, control_address, version, blocked, in_order)
 };
 
 struct HelloReply {
