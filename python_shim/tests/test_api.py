@@ -429,6 +429,18 @@ def test_get_of_a_list_raises_an_error_without_waiting_for_the_rest():
         troupe.cancel(blocked, force=True)
 
 
+def test_a_node_address_resource_pins_work_to_that_node():
+    # Ray's node:<address> resource: one per node, asked for in parts.
+    import troupe.util
+
+    address = troupe.util.get_node_ip_address()
+    key = f"node:{address}"
+    assert troupe.cluster_resources().get(key, 0) >= 1
+    pinned = troupe.remote(lambda: troupe.util.get_node_ip_address()).options(resources={key: 0.01})
+    assert troupe.get(pinned.remote(), timeout=60) == address
+    assert any(key in n["Resources"] for n in troupe.nodes())
+
+
 def test_refs_to_one_object_are_equal_and_ids_are_stable_and_unique():
     p = troupe.put("v")
     back = troupe.get(identity.remote([p]), timeout=60)[0]

@@ -105,7 +105,7 @@ def test_metrics_parse_with_prometheus_client(cluster, healed_job):
     assert healed_job.recoveries == 1
     fams = families(get(cluster["url"] + "metrics"))
     assert value(fams, "troupe_nodes", state="alive") == 1
-    assert value(fams, "troupe_cluster_resource_total", resource="CPU") == 4
+    assert value(fams, "troupe_cluster_resource_capacity", resource="CPU") == 4
     assert value(fams, "troupe_job_step", job="dash-job") == healed_job.history[-1]["step"]
     assert value(fams, "troupe_job_recoveries", job="dash-job") == 1  # the parser drops _total
     assert value(fams, "troupe_job_running", job="dash-job") == 0

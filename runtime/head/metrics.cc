@@ -73,7 +73,7 @@ void node_metrics(std::ostringstream& out, const json& nodes) {
   alive.sample({{"state", "alive"}}, up);
   alive.sample({{"state", "dead"}}, down);
   std::map<std::string, double> total, used;
-  Family node_total(out, "troupe_node_resource_total", "gauge", "Resources of each live node.");
+  Family node_total(out, "troupe_node_resource_capacity", "gauge", "Resources of each live node.");
   for (const auto& n : nodes) {
     if (!n.value("alive", false)) continue;
     const json res = n.value("total", json::object());  // a copy: items() must not outlive it
@@ -91,7 +91,7 @@ void node_metrics(std::ostringstream& out, const json& nodes) {
       used[r] += as_number(v);
     }
   }
-  Family cluster_total(out, "troupe_cluster_resource_total", "gauge", "Resources of all live nodes.");
+  Family cluster_total(out, "troupe_cluster_resource_capacity", "gauge", "Resources of all live nodes.");
   for (const auto& [r, v] : total) cluster_total.sample({{"resource", r}}, v);
   Family cluster_used(out, "troupe_cluster_resource_used", "gauge", "Resources in use over all live nodes.");
   for (const auto& [r, v] : total) cluster_used.sample({{"resource", r}}, used.count(r) ? used[r] : 0.0);

@@ -101,6 +101,9 @@ class NodeAgent::Impl {
       opts_.worker_pool.log_dir = std::filesystem::path(own).parent_path().string();
     if (opts_.resources.empty()) opts_.resources = detect_resources({});
     choose_addresses(opts_);
+    // Ray's node:<address> resource, one of it per node: what programs ask
+    // a small part of ({"node:10.0.0.5": 0.01}) to run on that node.
+    opts_.resources.emplace(std::string(kNodeResourcePrefix) + opts_.advertise_host, 1.0);
     // Before the event loop runs: a spawn may arrive as soon as the node is
     // registered. Pooled workers learn the node id with their assignment.
     pool_ = std::make_unique<WorkerPool>(io_, opts_.worker_pool, worker_env());

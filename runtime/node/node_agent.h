@@ -56,6 +56,9 @@ struct NodeOptions {
 // CUDA is not there), memory = bytes of memory (core::memory_limit_bytes),
 // with `overrides` replacing or adding entries.
 wire::Resources detect_resources(const wire::Resources& overrides);
+// Every node also offers one "node:<its advertise address>" (Ray's), unless
+// its resources name that key already.
+inline constexpr const char* kNodeResourcePrefix = "node:";
 
 class NodeAgent {
  public:
