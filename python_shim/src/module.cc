@@ -134,6 +134,18 @@ bool failed_now(ReplyState& st) {
   return st.wait_for(std::chrono::milliseconds(0)) && (st.error() || st.value().error);
 }
 
+// The tokens of refs whose answers are there, for troupe._Awaiter. Never
+// destroyed: an answer may come while the process exits.
+struct ReadyTokens {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<uint64_t> tokens;
+};
+ReadyTokens& ready_tokens() {
+  static auto* q = new ReadyTokens;
+  return *q;
+}
+
 // The states of `refs`, waited for with the GIL released: all of them,
 // until one of them holds an error (as Ray's get raises as soon as one
 // value is an error), or Timeout after `timeout` seconds (None = no limit).
@@ -602,6 +614,34 @@ PYBIND11_MODULE(_core, m) {
   // The wait observer of this thread (a task executor's CpuLender while it
   // runs a task), as an opaque number for get(lend_for=...); 0 if none.
   m.def("wait_observer", [] { return reinterpret_cast<uintptr_t>(core::tls_wait_observer.observer); });
+  // Awaits without a thread each (troupe._Awaiter): a ref's answer queues
+  // its token, and the one awaiter thread takes the queued tokens.
+  m.def("notify_when_ready", [](const std::shared_ptr<PyRef>& ref, uint64_t token) {
+    std::shared_ptr<ReplyState> answer;
+    {
+      pyb::gil_scoped_release nogil;  // a stored ref's answer starts its fetch
+      answer = ref->answer();
+    }
+    answer->on_ready([token] {
+      auto& q = ready_tokens();
+      {
+        std::lock_guard lock(q.mu);
+        q.tokens.push_back(token);
+      }
+      q.cv.notify_one();
+    });
+  });
+  m.def(
+      "ready_tokens",
+      [](double timeout_s) {
+        auto& q = ready_tokens();
+        std::vector<uint64_t> out;
+        std::unique_lock lock(q.mu);
+        q.cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !q.tokens.empty(); });
+        out.swap(q.tokens);
+        return out;
+      },
+      pyb::call_guard<pyb::gil_scoped_release>());
   m.def("gpu_ids", [] { return this_actor::gpu_ids(); });
   m.def("assigned_resources", [] { return this_actor::assigned_resources(); });
   // The placement group this actor or task runs in (0 = none, or a driver).

@@ -441,6 +441,29 @@ def test_a_node_address_resource_pins_work_to_that_node():
     assert any(key in n["Resources"] for n in troupe.nodes())
 
 
+def test_awaits_in_flight_share_one_thread():
+    # Each `await ref` used to start a thread: 5,000 awaits in flight were
+    # 3,000 threads. The tasks here take 5 s on two CPUs: most refs are
+    # not there while the threads are counted.
+    async def main():
+        before = threading.active_count()
+        pending = [asyncio.ensure_future(_awaited(r)) for r in [slow.remote(0.05, i) for i in range(200)]]
+        await asyncio.sleep(0)  # every await has started
+        during = threading.active_count()
+        values = await asyncio.wait_for(asyncio.gather(*pending), 120)
+        return before, during, values
+
+    before, during, values = asyncio.run(main())
+    assert values == list(range(200))
+    assert during - before <= 2, (before, during)
+    # ref.future() goes through the same thread.
+    assert square.remote(6).future().result(timeout=60) == 36
+
+
+async def _awaited(ref):
+    return await ref
+
+
 def test_refs_to_one_object_are_equal_and_ids_are_stable_and_unique():
     p = troupe.put("v")
     back = troupe.get(identity.remote([p]), timeout=60)[0]

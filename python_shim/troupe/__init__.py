@@ -262,12 +262,60 @@ def get(refs, *, timeout=None):
     raise TypeError(f"troupe.get takes an ObjectRef or a list of them, not a {type(refs).__name__}")
 
 
+class _Awaiter:
+    """Settles the awaits of refs (`await ref` in a driver or an actor's
+    coroutine, `ref.future()`) from one thread for all of them: a ref's
+    answer queues its token (C++, no GIL), and this thread turns the
+    tokens into values. A thread each, as before, made 5,000 awaits in
+    flight 3,000 threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._waiting = {}  # token -> (ref, deliver)
+        self._next = 0
+        self._pid = None  # the process whose thread runs (a fork's child starts its own)
+
+    def add(self, ref, deliver):
+        """Calls deliver(value, error) on the awaiter thread once `ref` is
+        there (its error as `error`)."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._waiting = {}
+                threading.Thread(target=self._run, name="troupe-awaiter", daemon=True).start()
+            self._next += 1
+            token = self._next
+            self._waiting[token] = (ref, deliver)
+        _core.notify_when_ready(_ser.parent(ref), token)
+
+    def _run(self):
+        while True:
+            for token in _core.ready_tokens(1.0):
+                with self._lock:
+                    entry = self._waiting.pop(token, None)
+                if entry is None:
+                    continue
+                ref, deliver = entry
+                try:
+                    got = _client().get([_ser.parent(ref)], 0.0)  # there: no wait
+                    value, error = _ser.value_for(ref, got[0][1:]), None
+                except BaseException as e:  # the ref's error is the await's
+                    value, error = None, e
+                try:
+                    deliver(value, error)
+                except BaseException:  # a closed loop: no one waits
+                    pass
+
+
+_awaiter = _Awaiter()
+
+
 def _await_ref(ref):
-    # `await ref` in a coroutine (an async def method): troupe.get waits on
-    # a thread of its own, so the loop runs on, and no number of awaits in
-    # flight (or abandoned by a wait_for timeout) can use up a thread pool.
+    # `await ref` in a coroutine: the loop runs on while the ref is not
+    # there; the awaiter thread settles the future.
     import asyncio
-    import threading
+
+    from troupe import _worker_hooks
 
     loop = asyncio.get_running_loop()
     future = loop.create_future()
@@ -279,12 +327,17 @@ def _await_ref(ref):
             else:
                 future.set_exception(error)
 
-    def wait():
-        from troupe import _worker_hooks
+    lend = _worker_hooks.lend_for()
+    if not lend:
+        _awaiter.add(ref, lambda value, error: loop.call_soon_threadsafe(settle, value, error))
+        return future.__await__()
 
+    def wait():
         try:
-            # In an async task, the task's CPU is lent meanwhile.
-            got = _client().get([_ser.parent(ref)], None, _worker_hooks.lend_for())
+            # In an async task, the task's CPU is lent while it waits, as
+            # for a plain get: a thread of its own waits, as the lending
+            # is told by the waiting thread.
+            got = _client().get([_ser.parent(ref)], None, lend)
             value, error = _ser.value_for(ref, got[0][1:]), None
         except BaseException as e:  # the ref's error is the await's
             value, error = None, e
@@ -327,18 +380,18 @@ ObjectRef.__repr__ = lambda ref: f"ObjectRef({_ref_hex(ref)})"
 
 def _ref_future(ref):
     # A concurrent.futures.Future of the ref's value, as Ray's
-    # ObjectRef.future(): a thread of its own waits for it.
+    # ObjectRef.future(): settled by the awaiter thread.
     import concurrent.futures
 
     future = concurrent.futures.Future()
 
-    def wait():
-        try:
-            future.set_result(get(ref))
-        except BaseException as e:  # the ref's error is the future's
-            future.set_exception(e)
+    def deliver(value, error):
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
 
-    threading.Thread(target=wait, name="troupe-ref-future", daemon=True).start()
+    _awaiter.add(ref, deliver)
     return future
 
 
