@@ -1,10 +1,14 @@
 // StopSignals: SIGINT and SIGTERM for a launcher command that must stop
 // what it runs in order (troupe train, troupe torchrun) rather than die at
-// once. Construct it first in main, before any thread exists: it blocks the
-// two signals in this thread, so every later thread inherits the mask
-// (processes the runtime spawns get a clear one: runtime/core/process.cc),
-// and takes them on a thread of its own. The first sets requested() and
-// prints `first_note`; a second ends the process at once (128 + signal).
+// once. Construct it first in main: it blocks the two signals in this
+// thread, so every later thread inherits the mask (processes the runtime
+// spawns get a clear one: runtime/core/process.cc), and takes them on a
+// thread of its own. Threads that exist already (a BLAS library's pool,
+// started when it is loaded) do not block them, and the kernel may hand
+// them a signal sent to the process: a handler forwards it to the waiting
+// thread, where the default action would have killed the process. The
+// first sets requested() and prints `first_note`; a second ends the
+// process at once (128 + signal).
 #pragma once
 
 #include <pthread.h>
@@ -28,8 +32,17 @@ class StopSignals {
     sigaddset(&set_, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
     waiter_ = std::thread([this] { wait(); });
+    waiter_thread() = waiter_.native_handle();
+    struct sigaction forward {};
+    forward.sa_handler = [](int sig) { pthread_kill(waiter_thread(), sig); };  // async-signal-safe
+    sigemptyset(&forward.sa_mask);
+    forward.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &forward, &old_int_);
+    sigaction(SIGTERM, &forward, &old_term_);
   }
   ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
     done_ = true;
     pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes sigwait
     waiter_.join();
@@ -57,8 +70,16 @@ class StopSignals {
     }
   }
 
+  // The thread that takes the signals, for the forwarding handler.
+  static pthread_t& waiter_thread() {
+    static pthread_t t{};
+    return t;
+  }
+
   const std::string command_;
   const std::string first_note_;
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
   sigset_t set_;
   std::atomic<int> signal_{0};
   std::atomic<bool> done_{false};

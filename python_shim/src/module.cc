@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <optional>
+#include <thread>
 #include <unordered_set>
 
 #include "python_shim/src/py_client.h"
@@ -140,6 +141,35 @@ struct ReadyTokens {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<uint64_t> tokens;
+  bool stopping = false;  // the interpreter exits: no wait blocks
+};
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+// The GIL let go for a wait, as pybind11's gil_scoped_release, except at
+// the end: a (daemon) thread that would take it back while the interpreter
+// finalizes is ended by Python inside these C++ frames, which aborts the
+// process (std::terminate); such a thread waits for the process's end.
+class GilReleased {
+ public:
+  GilReleased() : saved_(PyEval_SaveThread()) {}
+  ~GilReleased() {
+    // (The main thread finalizes, and takes it back as usual.)
+    while (interpreter_finalizing() && PyThread_get_thread_ident() != g_main_thread)
+      std::this_thread::sleep_for(std::chrono::seconds(3600));
+    PyEval_RestoreThread(saved_);
+  }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+
+ private:
+  PyThreadState* saved_;
 };
 ReadyTokens& ready_tokens() {
   static auto* q = new ReadyTokens;
@@ -186,7 +216,7 @@ std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std
 pyb::list get_many(PyClient& client, const RefList& refs, const std::optional<double>& timeout, uintptr_t lend_for) {
   std::vector<std::shared_ptr<ReplyState>> states;
   {
-    pyb::gil_scoped_release nogil;
+    GilReleased nogil;
     core::WaitObserverInstall install(lend_for ? reinterpret_cast<core::WaitObserver*>(lend_for)
                                                : core::tls_wait_observer.observer);
     states = wait_all(refs, timeout);
@@ -267,7 +297,7 @@ std::optional<std::pair<pyb::list, pyb::list>> wait_refs(const pyb::list& refs, 
   }
   std::vector<size_t> ready;
   {
-    pyb::gil_scoped_release nogil;
+    GilReleased nogil;
     ready = wait_some(plain, {}, num_returns, timeout);
   }
   pyb::list yes, no;
@@ -631,17 +661,30 @@ PYBIND11_MODULE(_core, m) {
       q.cv.notify_one();
     });
   });
-  m.def(
-      "ready_tokens",
-      [](double timeout_s) {
-        auto& q = ready_tokens();
-        std::vector<uint64_t> out;
-        std::unique_lock lock(q.mu);
-        q.cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !q.tokens.empty(); });
-        out.swap(q.tokens);
-        return out;
-      },
-      pyb::call_guard<pyb::gil_scoped_release>());
+  // None once stop_ready_tokens was called and no token is left.
+  m.def("ready_tokens", [](double timeout_s) -> std::optional<std::vector<uint64_t>> {
+    auto& q = ready_tokens();
+    std::vector<uint64_t> out;
+    bool stopping = false;
+    {
+      GilReleased nogil;
+      std::unique_lock lock(q.mu);
+      q.cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !q.tokens.empty() || q.stopping; });
+      out.swap(q.tokens);
+      stopping = q.stopping;
+    }
+    if (out.empty() && stopping) return std::nullopt;
+    return out;
+  });
+  // At exit (atexit, before finalization): the awaiter thread's wait ends.
+  m.def("stop_ready_tokens", [] {
+    auto& q = ready_tokens();
+    {
+      std::lock_guard lock(q.mu);
+      q.stopping = true;
+    }
+    q.cv.notify_all();
+  });
   m.def("gpu_ids", [] { return this_actor::gpu_ids(); });
   m.def("assigned_resources", [] { return this_actor::assigned_resources(); });
   // The placement group this actor or task runs in (0 = none, or a driver).

@@ -32,7 +32,7 @@ from troupe import _core
 from troupe import actor
 from troupe import exceptions
 from troupe._generator import ObjectRefGenerator
-from troupe._remote import ActorClass, ActorHandle, RemoteFunction, method, remote, _actor_handle
+from troupe._remote import ActorClass, ActorHandle, RemoteFunction, method, remote
 from troupe import _packages
 from troupe import _pip
 from troupe import _remote
@@ -282,15 +282,26 @@ class _Awaiter:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._waiting = {}
-                threading.Thread(target=self._run, name="troupe-awaiter", daemon=True).start()
+                self._thread = threading.Thread(target=self._run, name="troupe-awaiter", daemon=True)
+                self._thread.start()
+                atexit.register(self._stop)
             self._next += 1
             token = self._next
             self._waiting[token] = (ref, deliver)
         _core.notify_when_ready(_ser.parent(ref), token)
 
+    def _stop(self):
+        # Before the interpreter finalizes: the thread's wait ends and it
+        # returns, rather than being ended inside C++ frames.
+        _core.stop_ready_tokens()
+        self._thread.join(5)
+
     def _run(self):
         while True:
-            for token in _core.ready_tokens(1.0):
+            tokens = _core.ready_tokens(1.0)
+            if tokens is None:  # the interpreter exits
+                return
+            for token in tokens:
                 with self._lock:
                     entry = self._waiting.pop(token, None)
                 if entry is None:

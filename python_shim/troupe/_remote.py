@@ -890,10 +890,6 @@ def _method_table(cls):
     return cls.__name__, methods, groups
 
 
-def _actor_handle(actor, cls):
-    return ActorHandle(actor, cls, _client())
-
-
 # Where a named actor's method table waits for get_actor: a key that lives
 # as long as the actor (the head erases it at its death;
 # runtime/client/actor_keys.h).

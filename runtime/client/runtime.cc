@@ -348,7 +348,8 @@ Runtime init(int argc, char** argv) {
   if (o.address == "auto") {
     std::string dir = core::session_dir();
     o.address = core::read_session_file(dir, "address");
-    if (o.address.empty()) throw ConfigError("--address auto: no running cluster in " + dir + " (troupe start --head)");
+    if (o.address.empty())
+      throw ConnectionError("--address auto: no running cluster in " + dir + " (troupe start --head)");
   }
   if (!o.address.empty() && o.token.empty()) o.token = core::read_session_file(core::session_dir(), "token");
   return init(o);

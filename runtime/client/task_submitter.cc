@@ -237,6 +237,8 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
 
 uint64_t TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::string& name, Encoder&& body,
                                int max_retries, Complete complete, Fail fail, bool keep_result) {
+  if (body.bytes().size() > kMaxInlineBody)
+    throw ConfigError(too_big_for_a_message("the arguments of task '" + name + "'", body.bytes().size()));
   auto t = std::make_shared<Task>();
   t->op = keep_result ? kKeepResult : 0;
   t->key = key;

@@ -2,6 +2,7 @@
 
 #include <kj/exception.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "troupe/runtime/core/errors.h"
@@ -12,6 +13,14 @@ size_t OutFrame::total_bytes() const {
   size_t n = head.size();
   for (const auto& a : attachments) n += a.size();
   return n;
+}
+
+std::string too_big_for_a_message(const std::string& what, uint64_t bytes) {
+  char size[32];
+  std::snprintf(size, sizeof size, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return what + " encode to " + size + ", more than the " + std::to_string(FrameLimits{}.max_message_bytes >> 20) +
+         " MiB one message carries: put a large value in the object store (rt.put / troupe.put, or call_ref) and "
+         "pass its ref, or send bytes as a troupe::Buffer (which travels beside the message)";
 }
 
 OutFrame encode_frame(const Message& m) {

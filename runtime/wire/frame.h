@@ -35,6 +35,15 @@ struct FrameLimits {
   int nesting_limit = 32;
 };
 
+// The most a message's body may hold to pass a worker's limit, with room
+// for the envelope: a sender refuses more, naming the size, rather than
+// have the receiver close the connection (which fails every call on it,
+// as if the actor had died).
+inline constexpr uint64_t kMaxInlineBody = FrameLimits{}.max_message_bytes - (64u << 10);
+// "a call's arguments encode to 100.0 MiB, more than the 64 MiB one
+// message carries; ..." for ConfigErrors of senders.
+std::string too_big_for_a_message(const std::string& what, uint64_t bytes);
+
 // The head carries control messages and constructor arguments, never
 // tensors or batches: its frames are small, so one connection cannot make
 // it hold much (workers and streams keep the defaults above).

@@ -10,13 +10,17 @@
 #include <unistd.h>
 
 #include <array>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <thread>
 
+#include "launcher/stop_signals.h"
 #include "launcher/torchrun_options.h"
 #include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
@@ -152,6 +156,44 @@ nlohmann::json read_json(const fs::path& p) {
 }
 
 }  // namespace
+
+// A stop signal the kernel hands to a thread that existed before
+// StopSignals (a BLAS library's pool, which does not block it) is taken as
+// a stop request: its default action used to kill `troupe train` on the
+// spot, without the checkpoint. In a child process, which such a failure
+// kills alone.
+TEST(StopSignalsTest, ASignalToAThreadThatWasThereBeforeIsTakenNotFatal) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread early([&] {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return done; });
+    });
+    int code = 3;
+    {
+      troupe::launcher::StopSignals stop("test", "stopping");
+      ::pthread_kill(early.native_handle(), SIGTERM);
+      for (int i = 0; i < 6000 && !stop.requested(); ++i) ::usleep(10000);  // a bounded poll of its state
+      code = stop.requested() ? 0 : 4;
+    }
+    {
+      std::lock_guard lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+    early.join();
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                              : "exit " + std::to_string(WEXITSTATUS(status)));
+}
 
 TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   auto o = tl::parse_torchrun_args({"--nproc_per_node=3", "--nnodes", "1:4", "--max-restarts", "2", "--standalone",

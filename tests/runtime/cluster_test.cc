@@ -167,11 +167,22 @@ class Recorder {
     return v;
   }
   std::vector<std::string> all() { return seen_; }
+  int64_t measure(std::string s) { return static_cast<int64_t>(s.size()); }
+  std::string make(int64_t n) { return std::string(static_cast<size_t>(n), 'x'); }
 
  private:
   std::vector<std::string> seen_;
 };
-TROUPE_ACTOR(Recorder, &Recorder::add, &Recorder::all)
+TROUPE_ACTOR(Recorder, &Recorder::add, &Recorder::all, &Recorder::measure, &Recorder::make)
+
+// Overloads, one picked with a cast whose commas are inside brackets.
+class Overloaded {
+ public:
+  int f(int a) { return a; }
+  int f(int a, int b) { return a + b; }
+  int g() { return 7; }
+};
+TROUPE_ACTOR(Overloaded, static_cast<int (Overloaded::*)(int, int)>(&Overloaded::f), &Overloaded::g)
 
 // Calls that wait at a gate until let through, counting how many wait at
 // once: enter in the default group, enter_io in "io", the rest in
@@ -361,6 +372,35 @@ TEST_F(ClusterTest, ConcurrencyGroupsRunBesideTheDefaultGroupEachToItsCap) {
   g.call(&Gate::release, false, 1).get(kWaitBound);
   plain.get(kWaitBound);
   EXPECT_EQ(counts(false)[2], 1);
+}
+
+// A value by value past one message's limit is refused by the sender,
+// naming the size: the receiver used to close the connection, which
+// failed the call as ActorDied (and used up a task's retries).
+TEST_F(ClusterTest, AValueTooBigForAMessageIsRefusedByNameAndTheActorServesOn) {
+  auto rec = rt_.spawn<Recorder>({});
+  auto refused = [&](auto attempt, const std::string& says) {
+    try {
+      attempt();
+      ADD_FAILURE() << says << ": taken";
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { return rec.call(&Recorder::measure, std::string(70u << 20, 'x')).get(kWaitBound); },
+          "(Recorder) encode to 70.0 MiB, more than the 64 MiB one message carries");
+  refused([&] { return rec.call(&Recorder::make, int64_t{70} << 20).get(kWaitBound); },
+          "the result of Recorder.make encode to 70.0 MiB");
+  EXPECT_EQ(rec.call(&Recorder::measure, std::string("ok")).get(kWaitBound), 2);
+}
+
+// TROUPE_ACTOR's names: a cast's commas used to split it, so the names
+// after it shifted (a concurrency group listing "g" went to no method).
+TEST_F(ClusterTest, MethodsPickedWithACastKeepTheirNames) {
+  EXPECT_EQ(troupe::client::method_names<Overloaded>(), (std::vector<std::string>{"f", "g"}));
+  auto o = rt_.spawn<Overloaded>({.concurrency_groups = {{"io", 1, {"g"}}}});
+  EXPECT_EQ(o.call(static_cast<int (Overloaded::*)(int, int)>(&Overloaded::f), 2, 3).get(kWaitBound), 5);
+  EXPECT_EQ(o.call(&Overloaded::g).get(kWaitBound), 7);
 }
 
 TEST_F(ClusterTest, BadConcurrencyGroupsAreRefusedNamingTheValue) {
