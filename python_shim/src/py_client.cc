@@ -41,6 +41,24 @@ void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const R
       p->answers.emplace_back(i, top[i]->answer());
     }
   }
+  // A call still waiting for its arguments when its actor dies for good
+  // fails then, as one already sent would: its arguments may never come.
+  if (actor && !p->answers.empty()) {
+    std::weak_ptr<ReplyState> weak = st;
+    auto die = [weak](const wire::ActorInfo& now) {
+      if (now.state != wire::ActorState::kDead) return;
+      if (auto s = weak.lock())
+        s->set_error(
+            std::make_exception_ptr(ActorDied("actor " + std::to_string(now.id) + " (" + now.class_name +
+                                              ") died while the call waited for its arguments: " + now.death_cause)));
+    };
+    const uint64_t listener = actor->add_listener(die);
+    std::weak_ptr<client::ActorClient> weak_actor = actor;
+    st->on_ready([weak_actor, listener] {
+      if (auto a = weak_actor.lock()) a->remove_listener(listener);
+    });
+    die(actor->info());
+  }
   const uint64_t turn = order ? order->enter(p->answers.empty()) : client::CallOrder::kNoTurn;
   if (turn != client::CallOrder::kNoTurn) st->on_ready([actor, order, turn] { order->give_up(turn); });
   auto go = [p, st, send = std::move(send)]() mutable {

@@ -24,6 +24,9 @@ class Survivor:
         self.calls += 1
         return self.calls
 
+    def take(self, x):
+        return x
+
 
 def test_actor_restarts_after_sigkill():
     a = Survivor.remote()
@@ -42,6 +45,24 @@ def test_actor_without_restarts_dies():
     wait_until(lambda: a._actor.info()["state"] == "DEAD", what="actor DEAD")
     with pytest.raises(ActorDiedError):
         troupe.get(a.bump.remote(), timeout=60)
+
+
+def test_a_call_waiting_for_its_arguments_fails_when_its_actor_dies():
+    # The argument's task never ends on its own: only the actor's death
+    # can settle the call (before, it stayed pending for good).
+    @troupe.remote(max_retries=0)
+    def never():
+        import time
+        time.sleep(600)
+
+    a = Survivor.options(max_restarts=0, max_task_retries=0).remote()
+    pid = troupe.get(a.pid.remote(), timeout=60)
+    blocker = never.remote()
+    call = a.take.remote(blocker)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ActorDiedError, match="waited for its arguments"):
+        troupe.get(call, timeout=60)
+    troupe.cancel(blocker, force=True)
 
 
 def test_task_retried_after_sigkill(tmp_path):
