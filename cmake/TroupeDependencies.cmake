@@ -42,6 +42,13 @@ if(TROUPE_WITH_CUDA)
   endif()
 endif()
 troupe_resolve_auto(TROUPE_WITH_NCCL _nccl_found)
+if(TROUPE_WITH_NCCL)
+  # By target name, not path: the exported troupe::collective then names
+  # troupe::nccl, which troupeConfig.cmake finds again where the package is
+  # used (a path from this machine would be wrong on another).
+  add_library(troupe::nccl UNKNOWN IMPORTED)
+  set_target_properties(troupe::nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY})
+endif()
 
 # LibTorch. Default: the system's (Debian's 1.13) through its TorchConfig.
 # TROUPE_TORCH_ROOT names another LibTorch, e.g. a PyTorch 2.x wheel's torch/
