@@ -379,6 +379,7 @@ troupe::Runtime connect_session(const std::string& address_flag) {
 struct LogsArgs {
   std::vector<std::string> target;
   bool follow = false;
+  bool previous = false;
   uint32_t tail = 64 * 1024;
 };
 
@@ -421,9 +422,12 @@ troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
     r.target = "actor";
     bool numeric = !t[0].empty() && t[0].find_first_not_of("0123456789") == std::string::npos;
     r.id = numeric ? number(t[0], "actor id") : actor_by_name(rt, t[0]);
+    if (l.previous) r.target = "actor_previous";
   } else {
     throw troupe::ConfigError("give head, node N, or an actor's id or name");
   }
+  if (l.previous && r.target != "actor_previous") throw troupe::ConfigError("--previous is for an actor's log");
+  if (l.previous && l.follow) throw troupe::ConfigError("--previous reads a worker that ended: it takes no --follow");
   return r;
 }
 
@@ -436,14 +440,38 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
     std::fprintf(stderr, "troupe logs: %s\n", e.what());
     return 2;
   }
+  auto read = [&](const troupe::wire::ReadLog& r) {
+    return rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, r);
+  };
+  std::string path;  // the file followed
   for (bool first = true;; first = false) {
     troupe::wire::LogChunk chunk;
     try {
-      chunk = rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, req);
+      chunk = read(req);
+      if (!first && chunk.path != path && req.target == "actor") {
+        // A new worker (the actor restarted): the rest of the file
+        // followed, then the new one from its start.
+        troupe::wire::ReadLog rest = req;
+        rest.target = "actor_previous";
+        for (;;) {
+          auto old = read(rest);
+          if (old.path != path) break;  // restarted more than once meanwhile: that file is gone by
+          std::fwrite(old.text.data(), 1, old.text.size(), stdout);
+          rest.offset = old.next_offset;
+          if (old.text.empty() || old.next_offset >= old.size) break;
+        }
+        std::fflush(stdout);
+        std::fprintf(stderr, "troupe logs: actor %llu has a new worker (%s): following it from its start\n",
+                     static_cast<unsigned long long>(req.id), chunk.path.c_str());
+        path = chunk.path;
+        req.offset = 0;
+        continue;
+      }
     } catch (const troupe::ConfigError& e) {  // no such actor or node, no log file: as above
       std::fprintf(stderr, "troupe logs: %s\n", e.what());
       return 2;
     }
+    path = chunk.path;
     std::string_view text = chunk.text;
     if (first && chunk.next_offset > text.size() && !text.empty()) {
       // It began one byte before the tail: the tail from its first whole
@@ -488,9 +516,20 @@ std::string node_resources_text(const nlohmann::json& n) {
 // client may write one there, so any field may be missing or of another
 // type: shown as "?" or 0). A null number was not finite (JSON has no
 // NaN: a diverged job's loss) and shows as nan.
+// Text from the cluster as one line of the table: its first line (a
+// traceback goes on), other control characters (a terminal's escapes) as
+// '?'.
+std::string one_line(const std::string& text) {
+  const size_t newline = text.find_first_of("\r\n");
+  std::string line = text.substr(0, newline);
+  for (char& c : line)
+    if (static_cast<unsigned char>(c) < ' ' || c == 0x7f) c = '?';
+  if (newline != std::string::npos && text.find_first_not_of(" \r\n\t", newline) != std::string::npos) line += " ...";
+  return line;
+}
 std::string job_text(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : "?";
+  return it != j.end() && it->is_string() ? one_line(it->get<std::string>()) : "?";
 }
 double job_number(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
@@ -514,7 +553,7 @@ int cmd_status(const Args& a) {
   for (auto& n : j["nodes"]) {
     const std::string res = node_resources_text(n);
     std::printf("  node %-3llu %-6s %-20s pid %-7d %s\n", (unsigned long long)n["id"].get<uint64_t>(),
-                n["alive"].get<bool>() ? "ALIVE" : "DEAD", n["hostname"].get<std::string>().c_str(),
+                n["alive"].get<bool>() ? "ALIVE" : "DEAD", one_line(n["hostname"].get<std::string>()).c_str(),
                 n["pid"].get<int>(), res.c_str());
   }
   std::printf("\nactors:\n");
@@ -524,9 +563,9 @@ int cmd_status(const Args& a) {
   for (auto& x : j["actors"])
     class_width = std::max(class_width, static_cast<int>(x["class"].get<std::string>().size()));
   for (auto& x : j["actors"]) {
-    std::string extra = x["pending_reason"].get<std::string>();
-    if (extra.empty()) extra = x["death_cause"].get<std::string>();
-    const std::string name = x["name"].get<std::string>();
+    std::string extra = one_line(x["pending_reason"].get<std::string>());
+    if (extra.empty()) extra = one_line(x["death_cause"].get<std::string>());
+    const std::string name = one_line(x["name"].get<std::string>());
     std::printf("  actor %-4llu %-*s %-10s node %-3llu restarts %d/%d%s%s%s\n",
                 (unsigned long long)x["id"].get<uint64_t>(), class_width, x["class"].get<std::string>().c_str(),
                 x["state"].get<std::string>().c_str(), (unsigned long long)x["node"].get<uint64_t>(),
@@ -553,7 +592,7 @@ int cmd_status(const Args& a) {
     for (auto& g : j["placement_groups"])
       std::printf("  group %-4llu %-14s %-8s %s\n", (unsigned long long)g["id"].get<uint64_t>(),
                   g["strategy"].get<std::string>().c_str(), g["state"].get<std::string>().c_str(),
-                  g["pending_reason"].get<std::string>().c_str());
+                  one_line(g["pending_reason"].get<std::string>()).c_str());
   }
   return 0;
 }
@@ -921,7 +960,10 @@ int main(int argc, char** argv) {
   LogsArgs la;
   auto* logs = app.add_subcommand("logs", "print a log of the cluster: the head's, a node agent's, or an actor's");
   logs->add_option("target", la.target, "head (default), node N, or an actor's id or name");
-  logs->add_flag("-f,--follow", la.follow, "keep printing what is appended (Ctrl-C ends)");
+  logs->add_flag("-f,--follow", la.follow,
+                 "keep printing what is appended (Ctrl-C ends); an actor's new worker is followed after a restart");
+  logs->add_flag("--previous", la.previous,
+                 "an actor's worker before its current one (what a crash printed, after a restart)");
   logs->add_option("--tail", la.tail, "bytes from the end to start with (and per read)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 4u << 20));

@@ -119,7 +119,7 @@ double JobReporter::now() const {
 }
 
 void JobReporter::write_metrics(const nlohmann::json& j) {
-  if (metrics_) *metrics_ << j.dump() << "\n" << std::flush;
+  if (metrics_) *metrics_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n" << std::flush;
 }
 
 void JobReporter::publish_to(KvStore* kv) {
@@ -145,7 +145,8 @@ void JobReporter::publish(bool now) {
   published_ = t;
   doc_["time"] = this->now();
   try {
-    kv_->put(std::string(head::kJobKeyPrefix) + cfg_.name, doc_.dump());
+    kv_->put(std::string(head::kJobKeyPrefix) + cfg_.name,
+             doc_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } catch (const std::exception& e) {
     if (!publish_warned_)
       TROUPE_LOG_WARN("[{}] cannot publish the job's progress to the head: {}", cfg_.name, e.what());

@@ -17,6 +17,7 @@
 #include "python_shim/src/py_convert.h"
 #include "python_shim/src/py_stream.h"
 #include "python_shim/src/py_worker.h"
+#include "troupe/runtime/core/utf8.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/resource_pool.h"
 
@@ -329,13 +330,15 @@ pyb::dict node_to_python(const wire::NodeInfo& n) {
 pyb::dict actor_to_python(const wire::ActorInfo& i) {
   pyb::dict d;
   d["id"] = i.id;
-  d["class_name"] = i.class_name;
-  d["name"] = i.name;
+  // Text a C++ program chose may not be UTF-8: shown with U+FFFD, not a
+  // UnicodeDecodeError.
+  d["class_name"] = core::to_valid_utf8(i.class_name);
+  d["name"] = core::to_valid_utf8(i.name);
   d["state"] = wire::to_string(i.state);
   d["node_id"] = i.node_id;
   d["pid"] = i.pid;
   d["restarts"] = i.restarts;
-  d["death_cause"] = i.death_cause;
+  d["death_cause"] = core::to_valid_utf8(i.death_cause);
   d["max_restarts"] = i.max_restarts;
   d["max_task_retries"] = i.max_task_retries;
   return d;

@@ -106,10 +106,10 @@ def test_metrics_parse_with_prometheus_client(cluster, healed_job):
     fams = families(get(cluster["url"] + "metrics"))
     assert value(fams, "troupe_nodes", state="alive") == 1
     assert value(fams, "troupe_cluster_resource_capacity", resource="CPU") == 4
-    assert value(fams, "troupe_job_step", job="dash-job") == healed_job.history[-1]["step"]
-    assert value(fams, "troupe_job_recoveries", job="dash-job") == 1  # the parser drops _total
-    assert value(fams, "troupe_job_running", job="dash-job") == 0
-    assert value(fams, "troupe_job_world_size", job="dash-job") == 2
+    assert value(fams, "troupe_job_step", job_name="dash-job") == healed_job.history[-1]["step"]
+    assert value(fams, "troupe_job_recoveries", job_name="dash-job") == 1  # the parser drops _total
+    assert value(fams, "troupe_job_running", job_name="dash-job") == 0
+    assert value(fams, "troupe_job_world_size", job_name="dash-job") == 2
     assert value(fams, "troupe_actors", state="DEAD") >= 3  # two trainers at the end, and the killed one
     assert value(fams, "troupe_head_messages", op="create_actor") >= 3
     # Calls go straight to the workers, which report them: the trainers
@@ -164,3 +164,24 @@ def test_dashboard_renders_the_job_chart_in_chromium(cluster, healed_job, tmp_pa
     assert len(data) > 20000  # a page with a table and a chart, not a blank one
     if os.environ.get("TROUPE_DASHBOARD_SCREENSHOT"):
         shutil.copy(shot, os.environ["TROUPE_DASHBOARD_SCREENSHOT"])
+
+
+
+def test_job_documents_cannot_script_the_page(cluster, healed_job):
+    # Any client of the cluster writes job documents (KV troupe.jobs/...):
+    # a field that is not a number must not reach the page as markup. (Last
+    # in this file: the document stays until the cluster stops.)
+    evil = '<img src=x onerror="document.body.setAttribute(\'data-xss\', 1)">'
+    doc = {"name": "evil-job", "state": "running", "step": evil, "epoch": evil, "epochs": evil,
+           "world_size": evil, "recoveries": evil, "samples_per_s": evil, "loss": evil,
+           "history": [[evil, evil, evil], None, 7], "events": [{"t": evil, "kind": "failure", "detail": evil}, None]}
+    troupe.init(address=cluster["address"])
+    try:
+        troupe._client().kv_put("troupe.jobs/evil-job", json.dumps(doc).encode())
+        dom = headless(["--dump-dom", cluster["url"]]).stdout
+    finally:
+        troupe.shutdown()
+    body = dom.split("<script", 1)[0]  # what the page drew, before its own script's text
+    assert "evil-job" in body, dom[-2000:]
+    assert "data-xss" not in dom.split("</h1>", 1)[0], dom[:2000]
+    assert "<img" not in body, body[-3000:]

@@ -180,6 +180,59 @@ def test_a_restarted_actors_last_words_reach_the_driver(cluster, capsys):
     wait_until(shown, what="the first worker's last line on the driver's console")
 
 
+def test_what_actors_that_never_lived_long_printed_reaches_the_driver(cluster, capsys):
+    # Dead before any look saw them alive: a constructor that raised, a
+    # task whose worker exited at once. Their files are read once, whole.
+    f = Fragile.remote(True)
+    with pytest.raises(Exception):
+        troupe.get(f.say.remote("never"), timeout=60)
+
+    @troupe.remote(max_retries=0)
+    def print_and_exit():
+        print("marker-seven, then gone")
+        sys.stdout.flush()
+        os._exit(7)
+
+    with pytest.raises(Exception):
+        troupe.get(print_and_exit.remote(), timeout=60)
+    seen = []
+
+    def shown():
+        seen.append(capsys.readouterr().out)
+        text = "".join(seen)
+        return "fragile: giving up in the constructor\n" in text and "marker-seven, then gone\n" in text
+
+    wait_until(shown, what="short-lived workers' lines on the driver's console")
+    # Read once, not at every look.
+    troupe.get(shout.remote("marker-eight, a later look"), timeout=60)
+    wait_until(lambda: seen.append(capsys.readouterr().out) or "marker-eight" in "".join(seen), what="a later look")
+    assert "".join(seen).count("marker-seven, then gone") == 1, seen
+
+
+def test_following_an_actor_goes_on_across_its_restart(cluster):
+    phoenix = Phoenix.options(name="phoenix-followed").remote()
+    first = troupe.get(phoenix.ping.remote(), timeout=60)
+    follow = subprocess.Popen([cli(), "logs", "-f", "phoenix-followed"], env=cluster, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        seen, said = [], []
+        threading.Thread(target=lambda: seen.extend(follow.stdout), daemon=True).start()
+        threading.Thread(target=lambda: said.extend(follow.stderr), daemon=True).start()
+        with pytest.raises(Exception):
+            troupe.get(phoenix.last_words.remote("marker-nine, the old worker's last"), timeout=60)
+        wait_until(lambda: _alive_again(phoenix, first), what="the restarted actor")
+        wait_until(lambda: any("has a new worker" in line for line in said), timeout=60, what="the follower's note")
+        wait_until(lambda: any("marker-nine" in line for line in seen), timeout=60, what="the old worker's last line")
+    finally:
+        follow.terminate()
+        follow.wait(timeout=30)
+    # The crashed worker's output after the restart: --previous.
+    prev = logs(cluster, "--previous", "phoenix-followed")
+    assert prev.returncode == 0 and "marker-nine, the old worker's last" in prev.stdout, (prev.stdout, prev.stderr)
+    bad = logs(cluster, "--previous", "head")
+    assert bad.returncode == 2 and "--previous is for an actor's log" in bad.stderr, bad.stderr
+
+
 def _alive_again(actor, first):
     try:
         return troupe.get(actor.ping.remote(), timeout=60) != first

@@ -17,9 +17,13 @@ An actor that is no longer alive (it ended, or restarts) is read to the end
 of its last worker's file and dropped; alive again, its new worker's file
 is followed from its start; one seen with a new worker, or first seen after
 a restart, has its previous worker's file read first (what a crash
-printed). troupe.shutdown() reads everything once more (bounded), so a
+printed). An actor that ended before any look saw it alive (a
+constructor that raised, a task whose worker exited at once) is found
+among the driver's latest dead actors and its worker's file read once,
+whole. troupe.shutdown() reads everything once more (bounded), so a
 task's last lines are not lost when the script ends right after it. Not
 seen: a worker between two others that both came and went between two
+looks, and actors beyond the DEAD_LOOKED_AT latest that died between two
 looks."""
 import json
 import re
@@ -37,6 +41,9 @@ READ_TIMEOUT_S = 2.0
 FAILURES_SAID = 20
 # How long shutdown's last look may take in all.
 CLOSE_BOUND_S = 5.0
+# How many of the driver's latest dead actors each look asks for (those
+# that ended before a look saw them alive are read once, whole).
+DEAD_LOOKED_AT = 256
 _EXECUTOR_CLASS = "TaskExecutor"  # runtime/client/task.h
 _WORKER_FILE = re.compile(r"worker-(\d+)\.log$")
 
@@ -60,6 +67,8 @@ class DriverLogs:
         self._out = out  # None: sys.stdout as it is at each print
         self._followed = {}  # actor id -> _Followed
         self._no_files = set()  # actors on nodes that keep no worker files: not asked again
+        self._ended = set()  # dead actors whose files were read to the end
+        self._resting = {}  # actor id -> _Followed: not alive (restarting?), its file read to the end
         self._lock = threading.Lock()  # one look at a time (the thread's, close()'s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="troupe-driver-logs", daemon=True)
@@ -101,24 +110,42 @@ class DriverLogs:
             # each actor's driver).
             alive = json.loads(self._client.status_json(state="ALIVE", driver=self._me)).get("actors", [])
             mine = {a["id"]: a for a in alive if a.get("driver") == self._me}
-            # No longer alive: read to the end of its last worker's file.
+            dead = json.loads(self._client.status_json(state="DEAD", driver=self._me,
+                                                       limit=DEAD_LOOKED_AT)).get("actors", [])
+            # No longer alive: read to the end of its last worker's file
+            # (kept: a restart goes on from there).
             for actor in [a for a in self._followed if a not in mine]:
-                f = self._followed.pop(actor)
-                try:
-                    self._read(actor, f, deadline)
-                except Exception:  # noqa: BLE001 - its node gone, say: what was read is all there is
-                    pass
-                self._flush(f, final=True)
+                f = self._resting[actor] = self._followed.pop(actor)
+                self._read_to_end(actor, f, deadline)
+            # Dead before any look saw it alive: its file, whole, once.
+            dead_ids = set()
+            for a in dead:
+                dead_ids.add(a["id"])
+                if self._resting.pop(a["id"], None) is not None:
+                    self._ended.add(a["id"])
+                if a.get("driver") != self._me or a["id"] in self._ended or a["id"] in self._no_files:
+                    continue
+                if deadline is not None and time.monotonic() > deadline:
+                    return
+                self._ended.add(a["id"])
+                self._read_to_end(a["id"], _Followed(self._label(a)), deadline)
+            # An id older than every one of a full list has aged out of it
+            # and cannot come back; one not listed otherwise may still die
+            # (read to the end while restarting, say).
+            if len(dead) >= DEAD_LOOKED_AT:
+                oldest = min(dead_ids)
+                self._ended = {i for i in self._ended if i >= oldest}
             for actor, a in mine.items():
                 if deadline is not None and time.monotonic() > deadline:
                     return
                 if actor in self._no_files:
                     continue
                 f = self._followed.get(actor)
+                if f is None and actor in self._resting:
+                    f = self._followed[actor] = self._resting.pop(actor)
                 restarted_unseen = f is None and a.get("restarts", 0) > 0
                 if f is None:
-                    label = "task" if a["class"] == _EXECUTOR_CLASS else a["class"].rsplit(".", 1)[-1]
-                    f = self._followed[actor] = _Followed(label)
+                    f = self._followed[actor] = _Followed(self._label(a))
                 try:
                     if restarted_unseen or (f.path is not None and str(a["pid"]) != f.pid):
                         # It restarted between two looks: the rest of its
@@ -132,6 +159,18 @@ class DriverLogs:
                         del self._followed[actor]
                         self._no_files.add(actor)
                     continue
+
+    @staticmethod
+    def _label(a):
+        return "task" if a["class"] == _EXECUTOR_CLASS else a["class"].rsplit(".", 1)[-1]
+
+    def _read_to_end(self, actor, f, deadline):
+        """The rest of a no longer alive actor's last worker's file."""
+        try:
+            self._read(actor, f, deadline)
+        except Exception:  # noqa: BLE001 - its node gone, say: what was read is all there is
+            pass
+        self._flush(f, final=True)
 
     def _read(self, actor, f, deadline, previous=False):
         """Reads what `f`'s file gained, to its end (or the deadline); with

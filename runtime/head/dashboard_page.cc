@@ -27,20 +27,28 @@ svg text{font-size:11px;fill:#555}
 <h1>troupe</h1><div id="summary">loading…</div><div id="error"></div>
 <h2>Jobs</h2><div id="jobs"><i>no TrainJob has reported to this head</i></div>
 <h2>Nodes</h2><table id="nodes"></table>
-<h2>Actors</h2><table id="actors"></table>
+<h2>Actors <small id="actors-shown"></small></h2><table id="actors"></table>
 <script>
 "use strict";
 const W = 720, H = 240, PAD = {l: 60, r: 50, t: 14, b: 30};
 function esc(s) { return String(s).replace(/[&<>"]/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;","\"":"&quot;"})[c]); }
-function res(o) { return Object.entries(o || {}).map(([k, v]) => k + "=" + (+v).toFixed(v % 1 ? 1 : 0)).join(" "); }
+// Job documents come from any client of the cluster: every field is
+// escaped, or made a number, before it goes into the page.
+function num(v) { const x = +v; return Number.isFinite(x) ? x : 0; }
+function bytes(v) { const u = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0;
+  for (v = num(v); v >= 1024 && i < u.length - 1; i++) v /= 1024; return v.toFixed(i ? 1 : 0) + " " + u[i]; }
+function res(o) { return Object.entries(o || {}).map(([k, v]) => k + "=" +
+  (k === "memory" || k === "object_store_memory" ? bytes(v) : num(v).toFixed(v % 1 ? 1 : 0))).join(" "); }
 function table(el, head, rows) {
   el.innerHTML = "<tr>" + head.map(h => "<th>" + h + "</th>").join("") + "</tr>" +
     rows.map(r => "<tr>" + r.join("") + "</tr>").join("");
 }
 function chart(job) {
-  const h = job.history || [];
+  const list = v => Array.isArray(v) ? v : [];
+  const h = list(job.history).map(list).map(p => [num(p[0]), num(p[1]), num(p[2])]);
+  const events = list(job.events).map(e => e || {}).map(e => ({t: num(e.t), kind: e.kind, detail: e.detail}));
   const ns = "http://www.w3.org/2000/svg";
-  const tMax = Math.max(1e-9, ...h.map(p => p[0]), ...(job.events || []).map(e => e.t));
+  const tMax = Math.max(1e-9, ...h.map(p => p[0]), ...events.map(e => e.t));
   const rMax = Math.max(1e-9, ...h.map(p => p[1])) * 1.1;
   const wMax = Math.max(1, ...h.map(p => p[2])) + 1;
   const x = t => PAD.l + (W - PAD.l - PAD.r) * t / tMax;
@@ -53,7 +61,7 @@ function chart(job) {
     s += `<line x1="${PAD.l}" x2="${W - PAD.r}" y1="${y}" y2="${y}" stroke="#eee"/>`;
     s += `<text x="${PAD.l - 4}" y="${y + 4}" text-anchor="end">${r >= 1000 ? (r / 1000).toFixed(1) + "k" : r.toFixed(0)}</text>`;
   }
-  for (let w = 0; w <= wMax; w++) s += `<text x="${W - PAD.r + 4}" y="${yw(w) + 4}">${w}</text>`;
+  for (let w = 0, by = Math.ceil(wMax / 10); w <= wMax; w += by) s += `<text x="${W - PAD.r + 4}" y="${yw(w) + 4}">${w}</text>`;
   s += `<text x="${W / 2}" y="${H - 6}" text-anchor="middle">seconds since the job started (max ${tMax.toFixed(1)})</text>`;
   const pts = f => h.map(p => x(p[0]).toFixed(1) + "," + f(p).toFixed(1)).join(" ");
   let step = "";
@@ -61,7 +69,7 @@ function chart(job) {
                         step += x(p[0]).toFixed(1) + "," + yw(p[2]).toFixed(1) + " "; });
   s += `<polyline class="throughput" fill="none" stroke="#1f77b4" stroke-width="1.5" points="${pts(p => yr(p[1]))}"/>`;
   s += `<polyline class="world-size" fill="none" stroke="#2ca02c" stroke-width="2.5" points="${step}"/>`;
-  for (const e of (job.events || []).filter(e => e.kind === "failure")) {
+  for (const e of events.filter(e => e.kind === "failure")) {
     s += `<line class="failure-marker" x1="${x(e.t)}" x2="${x(e.t)}" y1="${PAD.t}" y2="${H - PAD.b}" stroke="#d62728" stroke-width="2" stroke-dasharray="4 3"><title>${esc(e.detail)}</title></line>`;
     s += `<text x="${x(e.t) + 3}" y="${PAD.t + 12}" fill="#d62728" style="fill:#d62728">failure</text>`;
   }
@@ -79,15 +87,21 @@ function render(st) {
     (st.nodes || []).map(n => [`<td>${n.id}</td>`, `<td>${esc(n.hostname)}</td>`,
       `<td class="${n.alive ? "ALIVE" : "DEAD"}">${n.alive ? "alive" : "dead"}</td>`,
       `<td>${esc(res(n.total))}</td>`, `<td>${esc(res(n.used))}</td>`, `<td>${n.idle_workers ?? ""}</td>`]));
-  table(document.getElementById("actors"), ["id", "class", "state", "node", "pid", "restarts", "cause"],
-    actors.slice(-200).reverse().map(a => [`<td>${a.id}</td>`, `<td>${esc(a.class)}</td>`,
+  // Every actor not dead (up to 1000), then the latest dead ones: churn
+  // of short-lived actors never pushes a live one off the table.
+  const live = actors.filter(a => a.state !== "DEAD"), dead = actors.filter(a => a.state === "DEAD");
+  const shown = live.slice(-1000).reverse().concat(dead.slice(-100).reverse());
+  document.getElementById("actors-shown").textContent = shown.length < actors.length ?
+    `(showing ${shown.length} of ${actors.length}: the first ${Math.min(live.length, 1000)} not dead, then the latest dead)` : "";
+  table(document.getElementById("actors"), ["id", "class", "name", "state", "node", "pid", "restarts", "cause"],
+    shown.map(a => [`<td>${a.id}</td>`, `<td>${esc(a.class)}</td>`, `<td>${esc(a.name || "")}</td>`,
       `<td class="${esc(a.state)}">${esc(a.state)}</td>`, `<td>${a.node}</td>`, `<td>${a.pid}</td>`,
       `<td>${a.restarts}</td>`, `<td>${esc(a.death_cause || a.pending_reason || "")}</td>`]));
   const jobs = st.jobs || [];
-  if (jobs.length) document.getElementById("jobs").innerHTML = jobs.map(j =>
-    `<div class="job"><b>${esc(j.name)}</b> — ${esc(j.state)}, step ${j.step}, epoch ${j.epoch + 1}${j.epochs ? '/' + j.epochs : ''}, ` +
-    `${(+j.samples_per_s || 0).toFixed(0)} samples/s, loss ${j.loss === null ? "nan" : (+j.loss || 0).toFixed(4)}, ` +
-    `${j.world_size} worker(s), ${j.recoveries} recover${j.recoveries === 1 ? "y" : "ies"}<br>` + chart(j) +
+  document.getElementById("jobs").innerHTML = !jobs.length ? "<i>no TrainJob has reported to this head</i>" : jobs.map(j =>
+    `<div class="job"><b>${esc(j.name)}</b> — ${esc(j.state)}, step ${num(j.step)}, epoch ${num(j.epoch) + 1}${num(j.epochs) ? '/' + num(j.epochs) : ''}, ` +
+    `${num(j.samples_per_s).toFixed(0)} samples/s, loss ${j.loss === null ? "nan" : num(j.loss).toFixed(4)}, ` +
+    `${num(j.world_size)} worker(s), ${num(j.recoveries)} recover${num(j.recoveries) === 1 ? "y" : "ies"}<br>` + chart(j) +
     `<div class="legend"><span style="color:#1f77b4">— samples/s (left)</span>` +
     `<span style="color:#2ca02c">— world size (right)</span><span style="color:#d62728">┆ failure</span></div></div>`).join("");
 }

@@ -306,7 +306,8 @@ class Head::Impl {
       case Op::kNodes:
         return p.conn->send(ok_response_value(m.id, state_.nodes()));
       case Op::kStatus:
-        return p.conn->send(ok_response_value(m.id, status_json(m).dump()));
+        return p.conn->send(
+            ok_response_value(m.id, status_json(m).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
       case Op::kShutdown:
         return shutdown(p, m);
       case Op::kReadLog:

@@ -250,6 +250,8 @@ const ActorInfo& HeadState::named_actor(const std::string& name) const {
 }
 
 void HeadState::validate_actor(const ActorSpec& spec) {
+  validate_shown_name(spec.class_name, "actor class name");
+  validate_shown_name(spec.name, "actor name");
   validate_max_concurrency(spec.max_concurrency);
   validate_concurrency_groups(spec.concurrency_groups, spec.class_name);
   if (spec.max_restarts < -1) throw ConfigError("max_restarts must be >= -1, got " + std::to_string(spec.max_restarts));
@@ -466,14 +468,27 @@ void HeadState::set_dead(Actor& a) {
   }
   drop_ctor_args_if_final(a);
   publish(a);
-  dead_order_.push_back(a.info.id);
+  dead_order(a).push_back(a.info.id);
   evict_dead();
 }
 
+// A task executor killed on request (its pool let it go) is routine: such
+// rows are kept apart, fewer of them, so that a workload's churn of tasks
+// does not push a crashed actor's row (its cause, its log) out of status.
+std::deque<uint64_t>& HeadState::dead_order(const Actor& a) {
+  const bool routine = a.kill_requested && a.info.class_name == client::kTaskExecutorClass;
+  return routine ? dead_routine_ : dead_order_;
+}
+
 void HeadState::evict_dead() {
-  while (dead_order_.size() > config_.max_dead_actors) {
-    uint64_t id = dead_order_.front();
-    dead_order_.pop_front();
+  const size_t routine_cap = std::max<size_t>(1, config_.max_dead_actors / 10);
+  for (;;) {
+    std::deque<uint64_t>* order = nullptr;
+    if (dead_order_.size() > config_.max_dead_actors) order = &dead_order_;
+    if (dead_routine_.size() > routine_cap) order = &dead_routine_;
+    if (!order) break;
+    uint64_t id = order->front();
+    order->pop_front();
     // Its restarts still count in troupe_actor_restarts_total (a counter).
     retired_restarts_ += actors_.at(id).info.restarts;
     actors_.erase(id);
@@ -1169,7 +1184,7 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
                                      {"pending_reason", g.info.pending_reason}});
   j["kv_keys"] = kv_.size();
   j["tables"] = {{"actors", actors_.size()},
-                 {"dead_actors", dead_order_.size()},
+                 {"dead_actors", dead_order_.size() + dead_routine_.size()},
                  {"nodes", nodes_.size()},
                  {"dead_nodes", dead_nodes_order_.size()},
                  {"placement_groups", groups_.size()},

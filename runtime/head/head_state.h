@@ -284,6 +284,7 @@ class HeadState {
   void set_dead(Actor& a);
   void drop_ctor_args_if_final(Actor& a);
   void evict_dead();
+  std::deque<uint64_t>& dead_order(const Actor& a);
   template <class Table>
   static void forget_oldest(Table& table, std::deque<uint64_t>& order, size_t keep);
   bool try_place_group(Group& g);
@@ -365,6 +366,7 @@ class HeadState {
   std::deque<uint64_t> pending_actors_;
   std::deque<uint64_t> pending_groups_;
   std::deque<uint64_t> dead_order_;            // DEAD actors, oldest first
+  std::deque<uint64_t> dead_routine_;          // DEAD task executors the pool let go, oldest first
   std::deque<uint64_t> dead_nodes_order_;      // dead nodes, oldest first
   std::deque<uint64_t> removed_groups_order_;  // REMOVED placement groups, oldest first
   bool resources_wanted_ = false;              // see update_resources_wanted()

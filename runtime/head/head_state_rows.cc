@@ -248,7 +248,7 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
     }
     const uint64_t id = a.info.id;
     if (a.info.state == ActorState::kDead) {
-      dead_order_.push_back(id);
+      dead_order(a).push_back(id);
     } else {
       if (!a.info.name.empty()) named_[a.info.name] = id;
       if (!a.worker_running) pending_actors_.push_back(id);

@@ -46,6 +46,17 @@ const char* kLoginPage = R"(<!doctype html><html><head><meta charset="utf-8"><ti
 
 }  // namespace
 
+std::string host_of(const std::string& host_header) {
+  std::string h = host_header;
+  if (!h.empty() && h[0] == '[') {
+    const size_t close = h.find(']');
+    return close == std::string::npos ? h : h.substr(0, close + 1);
+  }
+  const size_t colon = h.find(':');
+  if (colon != std::string::npos && h.find(':', colon + 1) == std::string::npos) h.resize(colon);
+  return h;
+}
+
 bool is_loopback_host(const std::string& host) {
   const std::string h = wire::strip_brackets(host);
   return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
@@ -71,9 +82,9 @@ class HttpEndpoint::Impl {
     }
   }
 
-  // A 401 unless the request may pass; true when it may.
+  // A 401 (or 403) unless the request may pass; true when it may.
   bool allowed(const HttpRequest& req, HttpResponse& res) {
-    if (!opts_.require_token) return true;
+    if (!opts_.require_token) return loopback_allowed(req, res);
     const std::string given = token_of(req);
     if (same_token(given, opts_.token)) return true;
     res.status = 401;
@@ -88,6 +99,31 @@ class HttpEndpoint::Impl {
                                   : "troupe dashboard: wrong token\n",
                     "text/plain");
     return false;
+  }
+
+  // A head serving on loopback needs no token: any program of this machine
+  // may read its status. A web page from elsewhere may not: one that
+  // rebinds its own DNS name to 127.0.0.1 still sends that name as Host.
+  // A client that sends a token is told when it is wrong.
+  bool loopback_allowed(const HttpRequest& req, HttpResponse& res) {
+    const std::string host = host_of(req.header("Host"));
+    if (!host.empty() && !is_loopback_host(host)) {
+      res.status = 403;
+      res.set_content(
+          "troupe dashboard: Host '" + host +
+              "' is not a loopback name; this head serves its dashboard to this machine only "
+              "(open it as http://127.0.0.1:PORT/; a head on another address serves it to all, with the token)\n",
+          "text/plain");
+      return false;
+    }
+    const std::string auth = req.header("Authorization");
+    if (auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0 && !same_token(auth.substr(7), opts_.token)) {
+      res.status = 401;
+      res.set_header("WWW-Authenticate", "Bearer realm=\"troupe\"");
+      res.set_content("troupe dashboard: wrong token\n", "text/plain");
+      return false;
+    }
+    return true;
   }
 
   // The snapshot, or a 503 (false) when the head did not answer in time.
@@ -118,7 +154,8 @@ class HttpEndpoint::Impl {
       if (allowed(req, res) && with_snapshot(res, s))
         res.set_content(prometheus_text(s), "text/plain; version=0.0.4; charset=utf-8");
     } else if (req.path == "/api/status" && get) {
-      if (allowed(req, res) && with_snapshot(res, s)) res.set_content(s.dump(), "application/json");
+      if (allowed(req, res) && with_snapshot(res, s))
+        res.set_content(s.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
     } else if (req.path == "/" && get) {
       if (allowed(req, res)) res.set_content(dashboard_html(), "text/html; charset=utf-8");
     } else if (req.path == "/login" && get) {

@@ -9,7 +9,10 @@
 // Access: with `require_token`, every path but /login needs the cluster
 // token, as `Authorization: Bearer TOKEN` or the cookie the /login form
 // sets; a missing or wrong one is a 401 with a one-line reason. The head
-// turns it on unless it binds to loopback only.
+// turns it on unless it binds to loopback only. Without it (loopback), a
+// request naming a Host that is not a loopback name is a 403 (a web page
+// that rebound its DNS name to 127.0.0.1 cannot read the status), and one
+// with a wrong bearer token a 401.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "troupe/runtime/core/utf8.h"
+
 namespace troupe::head {
 
 namespace {
@@ -16,10 +18,11 @@ using nlohmann::json;
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
 // A label value with \, " and newlines escaped as the format requires.
+// Bytes that are not UTF-8 become U+FFFD: the format is UTF-8 text.
 std::string escape(const std::string& v) {
   std::string out;
   out.reserve(v.size());
-  for (char c : v) {
+  for (char c : core::to_valid_utf8(v)) {
     if (c == '\\')
       out += "\\\\";
     else if (c == '"')
@@ -171,11 +174,11 @@ void job_metrics(std::ostringstream& out, const json& all) {
   };
   for (const auto& f : kFields) {
     Family fam(out, f.metric, f.type, f.help);
-    for (const auto& j : jobs) fam.sample({{"job", j["name"].get<std::string>()}}, job_field(j, f.key));
+    for (const auto& j : jobs) fam.sample({{"job_name", j["name"].get<std::string>()}}, job_field(j, f.key));
   }
   Family running(out, "troupe_job_running", "gauge", "1 while a TrainJob runs, 0 once it finished or failed.");
   for (const auto& j : jobs)
-    running.sample({{"job", j["name"].get<std::string>()}}, j.value("state", json()) == "running");
+    running.sample({{"job_name", j["name"].get<std::string>()}}, j.value("state", json()) == "running");
 }
 
 }  // namespace

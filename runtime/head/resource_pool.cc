@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/utf8.h"
 #include "troupe/runtime/head/scheduler.h"
 
 namespace troupe::head {
@@ -54,9 +55,24 @@ void validate_concurrency_groups(const std::vector<wire::ConcurrencyGroup>& grou
   }
 }
 
+void validate_shown_name(const std::string& name, const std::string& what) {
+  if (name.size() > kMaxShownName)
+    throw ConfigError(what + " '" + core::to_valid_utf8(name.substr(0, 64)) + "...' is " + std::to_string(name.size()) +
+                      " bytes long, over the limit of " + std::to_string(kMaxShownName));
+  if (!core::valid_utf8(name)) throw ConfigError(what + " '" + core::to_valid_utf8(name) + "' is not UTF-8 text");
+  for (unsigned char c : name)
+    if (c < ' ' || c == 0x7f) {
+      std::string shown;
+      for (unsigned char d : name) shown += d < ' ' || d == 0x7f ? '?' : static_cast<char>(d);
+      throw ConfigError(what + " '" + shown + "' has a control character (shown as ?): names may not have them");
+    }
+}
+
 void validate_resources(const Resources& r, const std::string& where) {
   for (const auto& [k, v] : r) {
     if (k.empty()) throw ConfigError(where + ": a resource has an empty name (amount " + show(v) + ")");
+    if (!core::valid_utf8(k))
+      throw ConfigError(where + ": resource name '" + core::to_valid_utf8(k) + "' is not UTF-8 text");
     // Names are shown in lists ("{CPU=1, disk=2}") and lines of status:
     // no blanks, control characters or the list's own punctuation.
     for (unsigned char c : k)

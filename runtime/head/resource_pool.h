@@ -29,6 +29,11 @@ inline constexpr double kMaxMemoryBytes = double(1ull << 50);
 // amount is finite, >= 0 and within the bounds above (and every key is
 // non-empty).
 void validate_resources(const Resources& r, const std::string& where);
+// A name that status, logs and the dashboard print (an actor's name or
+// class): UTF-8 text without control characters (a newline would forge a
+// line of a log or break a table), at most kMaxShownName bytes.
+constexpr size_t kMaxShownName = 1024;
+void validate_shown_name(const std::string& name, const std::string& what);
 
 // An actor's max_concurrency: its worker runs that many call threads, so it
 // is bounded like any other request (the head checks it again for any

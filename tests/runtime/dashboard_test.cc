@@ -184,6 +184,46 @@ TEST_F(DashboardTest, WrongMethodsPathsAndSizesAreAnsweredWithTheirStatus) {
   EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
 }
 
+// A head on loopback needs no token, but answers only requests naming a
+// loopback Host (a page that rebound its DNS name to 127.0.0.1 sends its
+// own name), and tells a client whose bearer token is wrong.
+TEST(DashboardLoopback, ServesLoopbackHostsWithoutATokenAndRefusesOtherHosts) {
+  HeadOptions o;
+  o.token = "the-token";
+  o.dashboard_port = 0;
+  Head head(o);
+  head.start();
+  const uint16_t port = port_of(head.dashboard_url());
+  auto with_host = [&](const std::string& host, const std::string& extra = "") {
+    return http(port, "GET /api/status HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n" + extra + "\r\n");
+  };
+  const std::vector<std::string> loopback = {"127.0.0.1:" + std::to_string(port), "localhost", "[::1]:80", "127.0.0.2"};
+  for (const std::string& host : loopback) {
+    const std::string ok = with_host(host);
+    EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << host << ": " << ok.substr(0, 200);
+  }
+  for (const std::string host : {"attacker.example", "attacker.example:8265", "10.0.0.1", "localhost.evil.example"}) {
+    const std::string refused = with_host(host);
+    EXPECT_EQ(refused.rfind("HTTP/1.1 403", 0), 0u) << host << ": " << refused.substr(0, 200);
+    EXPECT_NE(refused.find("is not a loopback name"), std::string::npos) << refused;
+  }
+  const std::string wrong = with_host("localhost", "Authorization: Bearer not-the-token\r\n");
+  EXPECT_EQ(wrong.rfind("HTTP/1.1 401", 0), 0u) << wrong;
+  const std::string right = with_host("localhost", "Authorization: Bearer the-token\r\n");
+  EXPECT_EQ(right.rfind("HTTP/1.1 200", 0), 0u) << right.substr(0, 200);
+}
+
+// The exposition format is UTF-8 text: bytes that are not become U+FFFD
+// (they made the whole scrape unreadable).
+TEST(DashboardMetrics, LabelBytesThatAreNotUtf8AreReplaced) {
+  nlohmann::json snap = {
+      {"nodes", nlohmann::json::array()},
+      {"jobs", {{{"name", std::string("bad\xff\xfe") + "name"}, {"state", "running"}, {"step", 3}}}}};
+  const std::string text = troupe::head::prometheus_text(snap);
+  EXPECT_NE(text.find("troupe_job_step{job_name=\"bad\xEF\xBF\xBD\xEF\xBF\xBDname\"} 3"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\xff'), std::string::npos);
+}
+
 TEST(DashboardMetrics, EscapesLabelValuesAndRendersJobs) {
   nlohmann::json snap = {{"nodes", nlohmann::json::array()},
                          {"jobs",
@@ -194,10 +234,10 @@ TEST(DashboardMetrics, EscapesLabelValuesAndRendersJobs) {
                             {"recoveries", 1},
                             {"world_size", 2}}}}};
   const std::string text = troupe::head::prometheus_text(snap);
-  EXPECT_NE(text.find("troupe_job_step{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 7"), std::string::npos) << text;
-  EXPECT_NE(text.find("troupe_job_running{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("troupe_job_step{job_name=\"a \\\"quoted\\\" \\\\ job\\nname\"} 7"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_job_running{job_name=\"a \\\"quoted\\\" \\\\ job\\nname\"} 1"), std::string::npos);
   EXPECT_NE(text.find("# TYPE troupe_job_recoveries_total counter"), std::string::npos);
-  EXPECT_NE(text.find("troupe_job_data_wait{job=\"a \\\"quoted\\\" \\\\ job\\nname\"} 0.25"), std::string::npos)
+  EXPECT_NE(text.find("troupe_job_data_wait{job_name=\"a \\\"quoted\\\" \\\\ job\\nname\"} 0.25"), std::string::npos)
       << text;
   snap["workers"] = {{"calls_total", 1234}, {"calls_per_second", 56.5}, {"stream_bytes_total", 789}};
   const std::string with_workers = troupe::head::prometheus_text(snap);
@@ -217,9 +257,9 @@ TEST(DashboardMetrics, ANanLossIsNanAndAMalformedJobIsLeftOut) {
                            "not an object",
                            {{"name", "odd"}, {"state", 7}, {"step", "x"}}}}};
   const std::string text = troupe::head::prometheus_text(snap);
-  EXPECT_NE(text.find("troupe_job_loss{job=\"diverged\"} NaN\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("troupe_job_step{job=\"odd\"} 0\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("troupe_job_running{job=\"odd\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_job_loss{job_name=\"diverged\"} NaN\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_job_step{job_name=\"odd\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_job_running{job_name=\"odd\"} 0\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("job=\"5\""), std::string::npos) << text;
 }
 

@@ -762,6 +762,54 @@ TEST(HeadStateLimits, DeadActorsAreKeptUpToTheLimitOldestFirst) {
   EXPECT_EQ(out.evicted, (std::vector<uint64_t>{ids[0], ids[1]}));
 }
 
+// Names are printed in status, logs and the dashboard: a newline would
+// forge a log line, bytes that are not UTF-8 broke every status reader.
+TEST(HeadStateNames, NamesWithControlCharactersOrNotUtf8AreRefusedNamingThem) {
+  HeadState state(HeadConfig{100, 5, 20});
+  auto refused = [&](const std::string& name, const std::string& says) {
+    ActorSpec s;
+    s.class_name = "C";
+    s.name = name;
+    try {
+      state.create_actor(kDriver, s);
+      ADD_FAILURE() << "accepted " << name;
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused("evil\n[head] [error] FORGED", "'evil?[head] [error] FORGED' has a control character");
+  refused("red\x1b[31m", "control character");
+  refused("bad\xff", "is not UTF-8 text");
+  refused(std::string(2000, 'n'), "2000 bytes long");
+  ActorSpec ok;
+  ok.class_name = "C";
+  ok.name = "caf\xc3\xa9 \xe2\x9c\x93";
+  EXPECT_EQ(state.create_actor(kDriver, ok).name, ok.name);
+  EXPECT_THROW(troupe::head::validate_resources({{"\xff\xfe", 1.0}}, "--resources"), troupe::ConfigError);
+}
+
+// Task executors the pool let go are kept apart and fewer: a burst of
+// tasks does not push a crashed actor's row (its cause) out of status.
+TEST(HeadStateLimits, RoutineTaskExecutorDeathsDoNotEvictOtherDeadActors) {
+  HeadState state(HeadConfig{100, 5, 20});
+  ActorSpec user;
+  user.class_name = "Important";
+  const uint64_t crashed = state.create_actor(kDriver, user).id;
+  state.kill_actor(crashed, true, "its constructor raised");
+  std::vector<uint64_t> executors;
+  for (int i = 0; i < 50; ++i) {
+    ActorSpec s;
+    s.class_name = troupe::client::kTaskExecutorClass;
+    executors.push_back(state.create_actor(kDriver, s).id);
+    state.kill_actor(executors.back(), true, "killed by request");
+  }
+  EXPECT_EQ(state.actor_info(crashed).death_cause, "its constructor raised");
+  // 20 / 10 routine rows kept, the newest.
+  EXPECT_EQ(state.actor_count(), 3u);
+  EXPECT_EQ(state.actor_info(executors.back()).state, ActorState::kDead);
+  EXPECT_THROW(state.actor_info(executors[47]), troupe::ConfigError);
+}
+
 // A fenced node that joins again is a new node, and every job removes its
 // placement groups: both tables keep only the newest few of the dead ones.
 TEST(HeadStateLimits, DeadNodesAndRemovedGroupsAreKeptUpToTheirLimits) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/utf8.h"
 
 namespace troupe::core {
 namespace {
@@ -68,3 +69,23 @@ TEST(LogLevel, AnUnknownValueLogsAtInfoAndNamesItself) {
 
 }  // namespace
 }  // namespace troupe::core
+
+// Text that leaves a process as text: well-formed UTF-8 passes, each byte
+// that does not begin a well-formed sequence becomes U+FFFD.
+TEST(Utf8, WellFormedTextPassesAndEachBadByteBecomesOneReplacement) {
+  using troupe::core::to_valid_utf8;
+  using troupe::core::valid_utf8;
+  EXPECT_TRUE(valid_utf8("plain"));
+  EXPECT_TRUE(valid_utf8("caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80"));
+  EXPECT_FALSE(valid_utf8("\xff"));
+  EXPECT_FALSE(valid_utf8("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));      // a surrogate
+  EXPECT_FALSE(valid_utf8("\xf4\x90\x80\x80"));  // past U+10FFFF
+  EXPECT_FALSE(valid_utf8("\xe2\x9c"));          // cut short
+  EXPECT_EQ(to_valid_utf8("a\xff\xfe"
+                          "b"),
+            "a\xEF\xBF\xBD\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(to_valid_utf8("\xe2\x9c"), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(to_valid_utf8("ok \xc3\xa9"), "ok \xc3\xa9");
+}
