@@ -120,7 +120,7 @@ Batch collate(const Dataset& dataset, std::vector<Sample>&& samples, std::vector
     b.tensors = dataset.collate(std::move(samples));
   } catch (const std::exception& e) {
     std::string where = indices.empty() ? "" : " (batch starting at index " + std::to_string(indices.front()) + ")";
-    throw Error("collate of " + dataset.describe() + " failed" + where + ": " + e.what());
+    throw ConfigError("collate of " + dataset.describe() + " failed" + where + ": " + e.what());
   }
   if (b.tensors.empty()) throw Error("collate of " + dataset.describe() + " returned no tensors");
   b.indices = std::move(indices);

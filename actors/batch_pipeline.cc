@@ -134,15 +134,23 @@ class BatchPipeline::ContextRegistration {
 
 void BatchPipeline::load(Token& t, int64_t epoch, CollateBuffers* buffers) const {
   if (stop_) return;
-  {
+  // The data set failing on a batch fails on it again at every retry: a
+  // ConfigError naming the batch, which TrainJob does not retry.
+  try {
     CollateBuffers::Scope scope(buffers);
     t.loaded = dataset_.load_batch(t.indices, epoch);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ConfigError(dataset_.describe() + ": loading the batch starting at index " +
+                      std::to_string(t.indices.empty() ? -1 : t.indices.front()) + " (epoch " + std::to_string(epoch) +
+                      ") failed: " + e.what());
   }
   if (t.loaded) return;
   t.samples.reserve(t.indices.size());
   for (int64_t index : t.indices) {
     if (stop_) break;
-    t.samples.push_back(dataset_.get(index, epoch));
+    t.samples.push_back(dataset_.get(index, epoch));  // a ConfigError naming the sample when it fails
   }
 }
 

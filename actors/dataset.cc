@@ -16,7 +16,16 @@ namespace troupe::actors {
 
 Sample Dataset::get(int64_t index, int64_t epoch) const {
   check_index(index);
-  return load(index, epoch);
+  // A sample the data set cannot give fails again at every retry: a
+  // ConfigError naming it, which TrainJob does not retry.
+  try {
+    return load(index, epoch);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ConfigError(describe() + ": sample " + std::to_string(index) + " (epoch " + std::to_string(epoch) +
+                      ") failed: " + e.what());
+  }
 }
 
 void Dataset::check_index(int64_t index) const {

@@ -153,13 +153,15 @@ CheckpointInfo info_of(const fs::path& dir, const CheckpointManifest& m) {
   info.world_size = m.world_size;
   info.cursor = m.cursor;
   info.metrics = m.metrics;
+  info.data_order = m.data_order;
   return info;
 }
 
 }  // namespace
 
 CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
-                               const std::map<std::string, double>& metrics) {
+                               const std::map<std::string, double>& metrics,
+                               const std::map<std::string, int64_t>& data_order) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) throw CheckpointWriteError("cannot create checkpoint directory " + root + ": " + ec.message());
@@ -181,6 +183,7 @@ CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
     m.world_size = state.world_size;
     m.cursor = state.cursor;
     m.metrics = metrics;
+    m.data_order = data_order;
     for (const auto& [name, data] : files) {
       write_file(tmp / name, data);
       m.files[name] = {sha256_hex(data), data.size()};
@@ -256,8 +259,8 @@ void prune_checkpoints(const std::string& root, int keep) {
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) troupe::core::remove_tree(all[i].path, ec);
 }
 
-CheckpointWriter::CheckpointWriter(std::string root, int keep)
-    : root_(std::move(root)), keep_(keep), thread_([this] { run(); }) {}
+CheckpointWriter::CheckpointWriter(std::string root, int keep, std::map<std::string, int64_t> data_order)
+    : root_(std::move(root)), keep_(keep), data_order_(std::move(data_order)), thread_([this] { run(); }) {}
 
 CheckpointWriter::~CheckpointWriter() {
   {
@@ -312,7 +315,7 @@ void CheckpointWriter::run() {
     std::exception_ptr error;
     std::optional<CheckpointInfo> info;
     try {
-      info = save_checkpoint(root_, item.first, item.second);
+      info = save_checkpoint(root_, item.first, item.second, data_order_);
       prune_checkpoints(root_, keep_);
     } catch (...) {
       error = std::current_exception();

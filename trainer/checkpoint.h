@@ -56,8 +56,10 @@ struct CheckpointInfo {
   int64_t world_size = 0;
   actors::SamplerCursor cursor;
   std::map<std::string, double> metrics;
+  // What the data order was made from (CheckpointManifest::data_order).
+  std::map<std::string, int64_t> data_order;
 
-  TROUPE_FIELDS(path, step, epoch, world_size, cursor, metrics);
+  TROUPE_FIELDS(path, step, epoch, world_size, cursor, metrics, data_order);
 };
 
 // A checkpoint could not be written (a full disk, a read-only directory):
@@ -72,7 +74,8 @@ class CheckpointWriteError : public Error {
 // Throws CheckpointWriteError on I/O failure (the temporary directory is
 // removed).
 CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
-                               const std::map<std::string, double>& metrics = {});
+                               const std::map<std::string, double>& metrics = {},
+                               const std::map<std::string, int64_t>& data_order = {});
 // Reads a checkpoint directory (verifying checksums). Throws troupe::Error
 // naming the file when something is missing or corrupt.
 TrainState load_checkpoint(const std::string& dir, CheckpointInfo* info = nullptr);
@@ -99,7 +102,8 @@ void prune_checkpoints(const std::string& root, int keep);
 // and rethrows the first failure.
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::string root, int keep);
+  // `data_order` goes into every manifest (CheckpointManifest::data_order).
+  CheckpointWriter(std::string root, int keep, std::map<std::string, int64_t> data_order = {});
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -115,6 +119,7 @@ class CheckpointWriter {
   void run();
   std::string root_;
   int keep_;
+  std::map<std::string, int64_t> data_order_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<TrainState, std::map<std::string, double>>> queue_;

@@ -75,6 +75,7 @@ std::string manifest_text(const CheckpointManifest& m) {
                          {"segment_consumed", m.cursor.segment_consumed}};
   j["metrics"] = json::object();
   for (const auto& [k, v] : m.metrics) j["metrics"][k] = v;
+  if (!m.data_order.empty()) j["data_order"] = m.data_order;
   j["files"] = json::object();
   for (const auto& [name, f] : m.files) j["files"][name] = {{"sha256", f.sha256}, {"bytes", f.bytes}};
   return j.dump(2) + "\n";
@@ -106,6 +107,10 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& path
     Fields check(metrics, "'metrics'", path);
     for (const auto& [k, v] : metrics.items())
       if (v.is_number()) m.metrics[k] = v.get<double>();
+  }
+  if (j.contains("data_order")) {
+    Fields order(top.at("data_order"), "'data_order'", path);
+    for (const auto& [k, v] : top.at("data_order").items()) m.data_order[k] = order.integer(k.c_str(), INT64_MIN);
   }
   Fields files(top.at("files"), "'files'", path);
   for (const auto& [name, entry] : top.at("files").items()) m.files[name] = read_file_entry(name, entry, path);

@@ -25,6 +25,10 @@ struct CheckpointManifest {
   actors::SamplerCursor cursor;
   std::map<std::string, double> metrics;
   std::map<std::string, File> files;  // by plain file name in the directory
+  // What the sampler's order was made from (seed, dataset_size, shuffle,
+  // drop_last): a resume mid-epoch must make the same order, or the
+  // cursor's position means other samples. Empty in older manifests.
+  std::map<std::string, int64_t> data_order;
 };
 
 inline constexpr const char* kCheckpointFormat = "troupe-checkpoint-1";

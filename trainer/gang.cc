@@ -127,6 +127,33 @@ std::string silent_trainers(const std::exception_ptr& e, const std::vector<Futur
   return names.empty() ? "" : " from " + names;
 }
 
+// The failure behind the others. A rank whose step (or whose loader's
+// data set) raised aborts its peers' collectives, and their Aborted can
+// reach the driver first; the ConfigError that names the user's error is
+// what the job must report (and not retry). So after a first Aborted,
+// the round's other calls get a moment to settle (they do at once, being
+// aborted) and a ConfigError among them wins.
+std::exception_ptr root_cause(const std::vector<std::shared_ptr<core::FutureStateBase>>& round,
+                              std::exception_ptr first) {
+  auto is = [](const std::exception_ptr& e, auto* type) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::remove_pointer_t<decltype(type)>&) {
+      return true;
+    } catch (...) {
+    }
+    return false;
+  };
+  if (!is(first, static_cast<Aborted*>(nullptr))) return first;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  for (const auto& st : round) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (!st->wait_for(std::max(left, std::chrono::milliseconds(0)))) continue;
+    if (auto e = st->error(); e && is(e, static_cast<ConfigError*>(nullptr))) return e;
+  }
+  return first;
+}
+
 }  // namespace
 
 std::vector<TrainReport> Gang::train_round(const TrainRequest& request, int64_t feed_steps,
@@ -138,7 +165,16 @@ std::vector<TrainReport> Gang::train_round(const TrainRequest& request, int64_t 
   auto fs = call_all(&TrainerActor::train, request);
   for (auto& f : fs) round.push_back(f.state());
   if (auto e = wait_all_or_first_failure(round, timeout)) {
+    e = root_cause(round, e);
     inflight_ = std::move(round);
+    // The user's error (a step or a data set that raised) as itself:
+    // TrainJob fails at once with it instead of retrying.
+    try {
+      std::rethrow_exception(e);
+    } catch (const ConfigError&) {
+      throw;
+    } catch (...) {
+    }
     throw StepFailed(core::exception_text(e) + silent_trainers(e, fs, slots_));
   }
   std::vector<TrainReport> reps;

@@ -58,7 +58,12 @@ struct ShmGroup::Header {
   std::atomic<uint32_t> arrived;  // barrier arrivals, ever
   std::atomic<uint32_t> aborted;
   std::atomic<uint32_t> sleepers;  // ranks in FUTEX_WAIT on `arrived`
+  // Why the first abort came (a rank's error), for every rank's message.
+  std::atomic<uint32_t> reason_claimed;
+  std::atomic<uint32_t> reason_ready;
+  char reason[1024];
 };
+
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 std::unique_ptr<ShmGroup> ShmGroup::create(std::unique_ptr<collective::Group>& inner, size_t arena_bytes,
@@ -132,10 +137,23 @@ void* ShmGroup::allocate(size_t bytes) {
 }
 
 void ShmGroup::abort(const std::string& reason) {
+  static_assert(sizeof(Header) <= kHeaderBytes);
   auto* h = static_cast<Header*>(base_);
+  if (h->reason_claimed.exchange(1) == 0) {
+    const size_t n = std::min(reason.size(), sizeof h->reason - 1);
+    std::memcpy(h->reason, reason.data(), n);
+    h->reason[n] = '\0';
+    h->reason_ready.store(1);
+  }
   h->aborted.store(1);
   futex(&h->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
   inner_->abort(reason);
+}
+
+std::string ShmGroup::aborted_text() const {
+  const auto* h = static_cast<const Header*>(base_);
+  std::string why = h->reason_ready.load() ? ": " + std::string(h->reason) : "";
+  return "shared-memory allreduce of " + name() + " aborted" + why;
 }
 
 bool ShmGroup::is_aborted() const { return static_cast<Header*>(base_)->aborted.load() != 0 || inner_->is_aborted(); }
@@ -160,7 +178,7 @@ void ShmGroup::wait_barrier(std::chrono::milliseconds timeout) {
       cpu_relax();
       continue;
     }
-    if (h->aborted.load() || inner_->is_aborted()) throw Aborted("shared-memory allreduce of " + name() + " aborted");
+    if (h->aborted.load() || inner_->is_aborted()) throw Aborted(aborted_text());
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline)
       throw Timeout("shared-memory allreduce of " + name() + ": a rank did not arrive within " +
@@ -183,7 +201,7 @@ collective::WorkPtr ShmGroup::allreduce(void* data, size_t count, collective::DT
   if (dtype != collective::DType::kFloat32 || opts.op != collective::ReduceOp::kSum || !in_arena)
     return inner_->allreduce(data, count, dtype, opts);
   auto timeout = opts.timeout.count() > 0 ? opts.timeout : timeout_;
-  if (is_aborted()) throw Aborted("shared-memory allreduce of " + name() + " aborted");
+  if (is_aborted()) throw Aborted(aborted_text());
   const size_t offset = static_cast<size_t>(p - mine);
   const int n = world_size();
   wait_barrier(timeout);  // every rank's copy is complete

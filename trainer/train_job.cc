@@ -125,6 +125,9 @@ class Run {
   void event(JobEventKind kind, const std::string& detail) { reporter_.event(kind, detail); }
 
   std::optional<TrainState> load_resume_from();
+  std::map<std::string, int64_t> data_order() const;
+  void check_one_step() const;
+  void check_data_order(const std::string& dir, const CheckpointInfo& info) const;
   // Places the slots, sets the trainers up and forms the first group.
   void start();
   // Every failure goes through recover() and training goes on from where
@@ -194,12 +197,13 @@ Result Run::fit() {
   // First, so that the metrics file has every event (resume_from too).
   reporter_.open_metrics();
   // Checks that need no trainer.
+  check_one_step();
   std::optional<TrainState> resume = load_resume_from();
   // A job that can never be placed fails now, naming the resource.
   pool_.check_can_place(min_);
   reporter_.publish_to(&rt_.kv());  // the head's dashboard and /metrics
   if (!cfg_.checkpoint.dir.empty())
-    writer_ = std::make_unique<CheckpointWriter>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+    writer_ = std::make_unique<CheckpointWriter>(cfg_.checkpoint.dir, cfg_.checkpoint.keep, data_order());
 
   start();
   if (resume) gang_.load_everywhere(*resume, cfg_.setup_bound());
@@ -216,11 +220,55 @@ std::optional<TrainState> Run::load_resume_from() {
     if (!latest) throw ConfigError("resume_from: no valid checkpoint under '" + dir + "'");
     dir = latest->path;
   }
-  TrainState resume = load_checkpoint(dir);
+  CheckpointInfo info;
+  TrainState resume = load_checkpoint(dir, &info);
+  check_data_order(dir, info);
   event(JobEventKind::kResumeFrom, dir + " (step " + std::to_string(resume.step) + ", epoch " +
                                        std::to_string(resume.epoch) + ", " + std::to_string(resume.world_size) +
                                        " workers)");
   return resume;
+}
+
+// Data too small for one step on every worker would "train" 0 steps and
+// report success. (With a validation split the trainers count their own
+// part, and the check is theirs.)
+void Run::check_one_step() const {
+  if (cfg_.trainer.validation_fraction > 0) return;
+  const int64_t workers = std::max(cfg_.scaling.num_workers, cfg_.scaling.max_workers);
+  const int64_t per_worker = (dataset_size_ + workers - 1) / std::max<int64_t>(1, workers);
+  const int64_t per_step = cfg_.trainer.batch_size * std::max<int64_t>(1, cfg_.trainer.accumulation);
+  if (per_worker >= per_step) return;
+  throw ConfigError("data " + cfg_.trainer.data.name + " has " + std::to_string(dataset_size_) +
+                    " samples, fewer than one step on each of " + std::to_string(workers) + " workers (" +
+                    std::to_string(per_step) + " samples a step): no step would train");
+}
+
+std::map<std::string, int64_t> Run::data_order() const {
+  const auto& o = sampler_.options();
+  return {{"seed", static_cast<int64_t>(o.seed)},
+          {"dataset_size", o.dataset_size},
+          {"shuffle", o.shuffle ? 1 : 0},
+          {"drop_last", o.drop_last ? 1 : 0}};
+}
+
+// A checkpoint's cursor is a position in its run's data order: resumed
+// mid-epoch with another order (another seed, other data), it would train
+// some samples twice and skip others, silently. At an epoch's boundary
+// the next epoch simply begins in the new order.
+void Run::check_data_order(const std::string& dir, const CheckpointInfo& info) const {
+  const auto mine = data_order();
+  const auto& c = info.cursor;
+  const bool mid_epoch = c.segment_start > 0 || c.segment_consumed > 0;
+  if (info.data_order.empty() || info.data_order == mine || !mid_epoch) return;
+  auto text = [](const std::map<std::string, int64_t>& m) {
+    std::string s;
+    for (const auto& [k, v] : m) s += (s.empty() ? "" : ", ") + k + "=" + std::to_string(v);
+    return s;
+  };
+  throw ConfigError("resume_from: checkpoint " + dir + " stopped mid-epoch " + std::to_string(c.epoch) +
+                    " in the data order of " + text(info.data_order) + "; this run's is " + text(mine) +
+                    ": resuming there would repeat some samples and skip others. Resume with the same seed and "
+                    "data, or from a checkpoint at an epoch's end");
 }
 
 void Run::start() {

@@ -12,6 +12,7 @@
 #include "troupe/runtime/collective/actor_group.h"
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/exception_text.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/trainer/cpu_gemm.h"
 #include "troupe/trainer/gradient_reducer.h"
@@ -363,12 +364,25 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
                       config_.amp_dtype == "bf16" ? torch::kBFloat16 : torch::kHalf);
     SyncBatchNormScope sync_bn(config_.sync_batchnorm ? group_.get() : nullptr);
     out = step_fn_->train(*model_, tensors);
-  } catch (const c10::Error& e) {
+  } catch (const Error&) {
+    throw;  // troupe's own (a SyncBatchNorm collective aborted, say)
+  } catch (const std::exception& e) {
     // The user's model or step refusing this batch (a missing key, a
-    // shape that does not fit) refuses it on every rank and every retry:
-    // not a failure a replacement could fix.
+    // shape that does not fit, a `raise` in a TorchScript step) refuses it
+    // on every rank and every retry: not a failure a replacement could
+    // fix. Unless a peer's failure aborted the group under it.
+    if (group_ && group_->is_aborted()) throw;
+    const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+    std::string text = c10 ? c10->what_without_backtrace() : e.what();
+    // TorchScript's message begins with its traceback and ends with the
+    // error raised: that last line is the one to report (the whole text
+    // goes to this worker's log).
+    if (text.find("TorchScript interpreter") != std::string::npos) {
+      TROUPE_LOG_WARN("the step raised: {}", text);
+      text = core::last_line(text);
+    }
     throw ConfigError("step " + step_fn_->describe() + " with " + model_->describe() + " failed on a batch " +
-                      tensors.describe() + ": " + e.what_without_backtrace());
+                      tensors.describe() + " at rank " + std::to_string(group_ ? group_->rank() : 0) + ": " + text);
   }
   check_output(out, *step_fn_);
   if (!out.loss.requires_grad())
@@ -524,11 +538,11 @@ TrainReport TrainerActor::train(TrainRequest req) {
     // stream broke): undo its partial effects so the state is that of the
     // last completed step, and abort the group so no peer waits on this
     // rank in a collective.
+    if (group_ && !group_->is_aborted()) group_->abort(std::string("rank ") + std::to_string(rank) + ": " + e.what());
     roll_back(snap);
     cursor_ = sampler.advance(cursor, s * per_step);
     epoch_ = cursor_.epoch;
     set_reader(nullptr);
-    if (group_ && !group_->is_aborted()) group_->abort(std::string("rank ") + std::to_string(rank) + ": " + e.what());
     throw;
   }
   cursor = sampler.advance(cursor, steps * per_step);

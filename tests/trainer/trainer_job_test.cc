@@ -321,6 +321,8 @@ TEST_F(TrainJobTest, BadInputFailsBeforeAnyWork) {
   expect_error(c, "/no/such/model.pt");
   c = small_job(1, 0);
   expect_error(c, "batch_size must be positive");
+  c = small_job(2, 200);  // 256 samples: 128 a worker, less than a step
+  expect_error(c, "fewer than one step on each of 2 workers (200 samples a step)");
   c = small_job(5, 16);
   expect_error(c, "PENDING");
   expect_error(c, "CPU");

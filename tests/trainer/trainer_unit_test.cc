@@ -359,6 +359,26 @@ TEST(ShmGroupTest, AllreduceSumsInPlaceAndFallsBack) {
   });
 }
 
+// A rank's abort says why to every rank: the peers' Aborted names the
+// first abort's reason (a rank's step that raised), not only "aborted".
+TEST(ShmGroupTest, AnAbortsReasonReachesThePeers) {
+  run_ranks_owned(2, [](int rank, std::unique_ptr<collective::Group>& inner) {
+    auto shm = ShmGroup::create(inner, 1 << 20, std::chrono::seconds(30));
+    auto* data = static_cast<float*>(shm->allocate(16 * sizeof(float)));
+    if (rank == 0) {
+      shm->abort("rank 0: the user's step raised: boom");
+      return;
+    }
+    try {
+      shm->allreduce(data, 16, collective::DType::kFloat32)->wait();
+      ADD_FAILURE() << "the allreduce of an aborted group went through";
+    } catch (const Aborted& e) {
+      EXPECT_NE(std::string(e.what()).find("aborted: rank 0: the user's step raised: boom"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 // The reducer with buckets in the shared arena gives the averaged gradient.
 TEST(ShmGroupTest, ReducerBucketsInSharedMemory) {
   torch::manual_seed(11);
@@ -614,22 +634,64 @@ class SlowSamples final : public actors::Dataset {
   }
 };
 
+// An mlp(16→8→4) on a data set registered here.
+TrainerConfig small_mlp_on(const std::string& data, int64_t batch_size) {
+  TrainerConfig c;
+  c.model.name = "mlp";
+  c.model.input_dim = 16;
+  c.model.hidden = 8;
+  c.model.num_classes = 4;
+  c.data = actors::DatasetSpec(data);
+  c.batch_size = batch_size;
+  return c;
+}
+
 TROUPE_DATASET("trainer_unit_slow_samples", [](const actors::DatasetSpec&) { return std::make_unique<SlowSamples>(); });
 
 }  // namespace
+
+// A data set that cannot give a sample fails the same way at every retry:
+// the trainer's call fails with a ConfigError naming the data set and the
+// sample (TrainJob does not retry those), not an anonymous error.
+class BrokenSample final : public actors::Dataset {
+ public:
+  int64_t size() const override { return 64; }
+  std::string describe() const override { return "broken_sample"; }
+
+ protected:
+  actors::Sample load(int64_t index, int64_t /*epoch*/) const override {
+    if (index == 37) throw std::runtime_error("cannot decode this record");
+    return {{"input", torch::full({16}, static_cast<float>(index))},
+            {"target", torch::tensor(index % 4, torch::kLong)}};
+  }
+};
+
+TROUPE_DATASET("trainer_unit_broken_sample",
+               [](const actors::DatasetSpec&) { return std::make_unique<BrokenSample>(); });
+
+TEST(TrainReportTest, ASampleTheDataSetCannotGiveIsAConfigErrorNamingIt) {
+  TrainerConfig c = small_mlp_on("trainer_unit_broken_sample", 8);
+  c.shuffle = false;
+  TrainerActor t;
+  t.setup(c);
+  TrainRequest r;
+  r.max_steps = 8;
+  try {
+    t.train(r);
+    ADD_FAILURE() << "sample 37 was trained";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("broken_sample: sample 37 (epoch 0) failed: cannot decode this record"),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 // TrainReport::wait_seconds is the part of a call spent getting batches:
 // with samples that are slow to load, at least their loading time, and no
 // more than the call. (Not a share of the call: how long the steps take
 // beside it depends on the machine's load.)
 TEST(TrainReportTest, WaitSecondsAreTheTimeSpentGettingBatches) {
-  TrainerConfig c;
-  c.model.name = "mlp";
-  c.model.input_dim = 16;
-  c.model.hidden = 8;
-  c.model.num_classes = 4;
-  c.data = actors::DatasetSpec("trainer_unit_slow_samples");
-  c.batch_size = 4;
+  TrainerConfig c = small_mlp_on("trainer_unit_slow_samples", 4);
   TrainerActor t;
   t.setup(c);
   TrainRequest r;
