@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from timebox import bounded_fixture
-from torch.utils.data import DataLoader, SubsetRandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SubsetRandomSampler
 
 AGAINST = os.environ.get("TROUPE_TEST_AGAINST", "troupe")
 SHIM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,6 +179,51 @@ def sharding_loop():
     train.report({"ranks": _gather(epochs), "batches": len(loader), "own_epochs": own_epochs,
                   "subset": _gather([int(i) for batch in subset for i in batch]),
                   "are_loaders": isinstance(loader, DataLoader) and isinstance(subset, DataLoader)})
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(6))
+
+
+class _BucketBatches:
+    """A custom batch sampler (not a torch BatchSampler)."""
+
+    def __iter__(self):
+        return iter([[0, 1], [2, 3, 4]])
+
+    def __len__(self):
+        return 2
+
+
+def batch_sampler_loop():
+    """Loaders prepare_data_loader shards another way, or cannot shard."""
+    import warnings
+
+    from troupe.train import torch as train_torch
+
+    ds = list(range(21))
+    loader = prepare_data_loader(DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds), 4, drop_last=False)))
+    epochs = [[[int(i) for i in batch] for batch in loader] for _ in range(2)]
+    # The sampler the loop sets the epoch of, as on a batch_size= loader.
+    loader.batch_sampler.sampler.set_epoch(5)
+    loop_epoch = [[int(i) for i in batch] for batch in loader]
+    dropped = prepare_data_loader(DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds), 4, drop_last=True)))
+    train_torch._warned_iterable = False  # this worker process may have warned before
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stream = [int(i) for batch in prepare_data_loader(DataLoader(_Stream(), batch_size=2)) for i in batch]
+        prepare_data_loader(DataLoader(_Stream(), batch_size=2))
+    try:
+        prepare_data_loader(DataLoader(ds, batch_sampler=_BucketBatches()))
+        custom = None
+    except ConfigError as e:
+        custom = str(e)
+    own = prepare_data_loader(DataLoader(ds, batch_sampler=_BucketBatches()), add_dist_sampler=False)
+    train.report({"ranks": _gather(epochs), "loop_epoch": _gather(loop_epoch),
+                  "batch_sizes": [len(b) for b in epochs[0]], "dropped": [len(b) for b in dropped],
+                  "warnings": [str(w.message) for w in caught], "stream": stream, "custom": custom,
+                  "own": [[int(i) for i in b] for b in own]})
 
 
 def raising_loop(config):
@@ -380,6 +425,29 @@ def test_prepare_data_loader_shards_and_advances_epochs(tmp_path):
     a, b = result.metrics["subset"]
     assert len(a) == len(b) == 20 and set(a) | set(b) == set(range(40)) and a != sorted(a)
     assert result.metrics["are_loaders"]
+
+
+def test_prepare_data_loader_shards_a_batch_sampler_and_says_what_it_cannot(tmp_path):
+    # A loader built with batch_sampler= once went unsharded: every rank
+    # trained all 21 samples each epoch.
+    result = TorchTrainer(batch_sampler_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                          run_config=run_config(tmp_path)).fit()
+    m = result.metrics
+    for epoch in range(2):
+        a, b = ([i for batch in m["ranks"][r][epoch] for i in batch] for r in (0, 1))
+        # As DistributedSampler: ceil(21 / 2) = 11 each, one padding repeat.
+        assert len(a) == len(b) == 11 and set(a) | set(b) == set(range(21)) and len(set(a) & set(b)) == 1
+    assert m["ranks"][0][0] != m["ranks"][0][1]  # the next pass is the next epoch
+    assert m["batch_sizes"] == [4, 4, 3] and m["dropped"] == [4, 4]
+    assert m["loop_epoch"][0] not in (m["ranks"][0][0], m["ranks"][0][1])
+    # An IterableDataset cannot be sharded from outside: said once, not silently.
+    assert m["stream"] == list(range(6))
+    assert len(m["warnings"]) == 1 and "IterableDataset" in m["warnings"][0], m["warnings"]
+    assert "whole stream" in m["warnings"][0]
+    # A batch sampler of the loop's own cannot be: a ConfigError that says
+    # what to do, and add_dist_sampler=False leaves it to the loop.
+    assert m["custom"] and "_BucketBatches" in m["custom"] and "add_dist_sampler=False" in m["custom"], m["custom"]
+    assert m["own"] == [[0, 1], [2, 3, 4]]
 
 
 def test_worker_killed_restarts_from_last_checkpoint(tmp_path):

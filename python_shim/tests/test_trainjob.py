@@ -6,6 +6,7 @@ it."""
 import json
 import os
 import signal
+import sys
 from typing import Dict, List
 
 import numpy as np
@@ -110,7 +111,7 @@ def test_stop_checkpoints_and_resume_ends_with_the_same_weights(tmp_path):
     job = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "cut"), **long_job).start()
     wait_until(lambda: len(job.progress()) >= 10, timeout=120, what="ten steps")
     job.stop()
-    with pytest.raises(TrainingFailedError, match=r"interrupted at step \d+, checkpoint .*--resume") as info:
+    with pytest.raises(TrainingFailedError, match=r"interrupted at step \d+, checkpoint .*resume=True") as info:
         job.wait(timeout=60)
     stopped_at = int(str(info.value).split("interrupted at step ")[1].split(",")[0])
     assert 10 <= stopped_at < clean.history[-1]["step"]
@@ -157,13 +158,84 @@ def test_bad_input_is_a_config_error_naming_it(tmp_path):
     # Refused by troupe-train (batch larger than the data): the checkpoint
     # folder the job made for itself goes with the refusal.
     job = TrainJob(model(), regression(8), **dict(JOB, batch_size=64))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="data has 8 samples"):
         job.fit()
     assert job._checkpoint_dir and not os.path.exists(job._checkpoint_dir), job._checkpoint_dir
-    with pytest.raises(ConfigError, match="gpus-per-worker"):  # fp16 autocast is for GPUs
+    with pytest.raises(ConfigError, match="amp='fp16'.*gpus_per_worker"):  # fp16 autocast is for GPUs
         TrainJob(model(), regression(64), amp="fp16", checkpoint_dir=str(tmp_path), **JOB).fit()
     with pytest.raises(ConfigError, match="TrainJob.wait: timeout=-1.0"):  # checked before "start() first"
         TrainJob(model(), regression(64), checkpoint_dir=str(tmp_path), **JOB).wait(timeout=-1)
+
+
+def test_data_errors_name_the_python_arguments(tmp_path):
+    # Once numpy's own ValueError ("setting an array element with a
+    # sequence"), or troupe-train's lines about "--data /tmp/troupe-trainjob-
+    # .../data.npz" (a file deleted by then) and flags never given.
+    ragged = dict(regression(16), features=[[0.1] * 8, [0.2] * 7] * 8)
+    with pytest.raises(ConfigError, match=r"data\['features'\] is ragged: .*sample 0 has shape \(8,\), "
+                                          r"sample 1 has shape \(7,\)"):
+        TrainJob(model(), ragged, checkpoint_dir=str(tmp_path), **JOB).fit()
+    objects = dict(regression(16), value=np.array([None] * 16))
+    with pytest.raises(ConfigError, match=r"data\['value'\] has dtype object .*float32"):
+        TrainJob(model(), objects, checkpoint_dir=str(tmp_path), **JOB).fit()
+    strings = dict(regression(16), value=np.array(["1.5"] * 16))
+    with pytest.raises(ConfigError, match=r"val_data\['value'\] has dtype <U3 \(strings\)"):
+        TrainJob(model(), regression(64), val_data=strings, checkpoint_dir=str(tmp_path), **JOB).fit()
+    with pytest.raises(ConfigError, match=r"data\['value'\] has dtype uint16 .*signed"):
+        TrainJob(model(), dict(regression(16), value=np.zeros(16, np.uint16)), checkpoint_dir=str(tmp_path),
+                 **JOB).fit()
+    with pytest.raises(ConfigError, match=r"data\['value'\] is a single value"):
+        TrainJob(model(), dict(regression(16), value=np.float32(1)), checkpoint_dir=str(tmp_path), **JOB).fit()
+    # Big-endian arrays are the user's machine's business, not an error.
+    swapped = {k: v.astype(v.dtype.newbyteorder(">")) for k, v in regression(64).items()}
+    assert TrainJob(model(), swapped, checkpoint_dir=str(tmp_path / "be"), **dict(JOB, epochs=1)).fit().history
+    # troupe-train's refusal, in TrainJob's terms.
+    with pytest.raises(ConfigError) as info:
+        TrainJob(model(), regression(16), checkpoint_dir=str(tmp_path / "small"), **dict(JOB, batch_size=64)).fit()
+    message = str(info.value)
+    assert message == "data has 16 samples, fewer than one step of workers=2 × batch_size=64 = 128", message
+    path = str(tmp_path / "small.npz")
+    np.savez(path, **regression(16))
+    with pytest.raises(ConfigError) as info:
+        TrainJob(model(), path, checkpoint_dir=str(tmp_path / "small"), **dict(JOB, batch_size=64)).fit()
+    assert str(info.value).startswith(f"data={path!r} has 16 samples, fewer than one step of workers=2 × "), info.value
+
+
+class Count(torch.nn.Module):
+    """Counts, per sample index, how often a step trained it (summed over
+    the workers)."""
+    summed_metrics: List[str]
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.w = torch.nn.Linear(1, 1)
+        self.n = n
+        self.summed_metrics = ["c" + str(i) for i in range(n)]
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        out: Dict[str, torch.Tensor] = {"loss": self.w(batch["x"]).pow(2).mean()}
+        for i in range(self.n):
+            out["c" + str(i)] = (batch["idx"] == i).sum().to(torch.float32)
+        return out
+
+
+def test_an_epoch_skips_the_samples_that_do_not_fill_a_last_step(tmp_path):
+    # What the docstring (once "exactly-once data", read as "every sample
+    # each epoch") now says: 21 samples, 2 workers × batch 4 = 8 a step,
+    # ceil(21 / 2) // 4 = 2 steps an epoch; the last 5 of the epoch's
+    # order, torch.randperm seeded with seed + epoch, are skipped.
+    n, seed = 21, 3
+    data = {"x": np.arange(n, dtype=np.float32).reshape(n, 1) / n, "idx": np.arange(n, dtype=np.int64)}
+    result = TrainJob(Count(n), data, workers=2, epochs=2, batch_size=4, optimizer="sgd", lr=0.01, seed=seed,
+                      log_every=1, checkpoint_dir=str(tmp_path), verbose=False).fit()
+    for epoch in range(2):
+        steps = [h for h in result.history if h["epoch"] == epoch]
+        assert len(steps) == 2, result.history
+        counts = [sum(round(h[f"c{i}"]) for h in steps) for i in range(n)]
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+        assert counts == [0 if i in order[16:] else 1 for i in range(n)], (epoch, counts, order)
+    for doc in (TrainJob.__doc__, sys.modules[TrainJob.__module__].__doc__):
+        assert "skipped" in doc and "N - steps * workers * batch_size" in doc
 
 
 class TinyLm(torch.nn.Module):
@@ -200,7 +272,7 @@ def test_token_stream_with_cosine_schedule_and_bf16_gradients(tmp_path):
     assert bf16.history[-1]["step"] == 64
     assert bf16.history[-1]["loss"] < 0.5 * bf16.history[0]["loss"]
     assert bf16.history[-1]["loss"] != result.history[-1]["loss"]
-    with pytest.raises(ConfigError, match="block-size"):
+    with pytest.raises(ConfigError, match="block_size"):
         TrainJob(TinyLm(), str(tmp_path / "train.bin"), checkpoint_dir=str(tmp_path / "ck2"), verbose=False).fit()
     with pytest.raises(ConfigError, match="schedule"):
         TrainJob(TinyLm(), str(tmp_path / "train.bin"), block_size=32, schedule="linear",

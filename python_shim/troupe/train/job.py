@@ -1,7 +1,8 @@
 """troupe.train.TrainJob: the C++ TrainJob from Python.
 
 The C++ TrainJob (heal from a live peer, bitwise-equal recovery,
-exactly-once data) runs the training; this class only hands it a job: the
+exactly-once data across failures; see "Which samples an epoch trains")
+runs the training; this class only hands it a job: the
 model as a TorchScript step module (a torch.nn.Module is scripted here), the
 data as .npz arrays (NumPy arrays or tensors are saved here), and the
 TrainJobConfig fields, then runs `troupe-train` (the driver of `troupe
@@ -18,11 +19,34 @@ runs on this process's cluster when troupe.init() was called, else on an
 embedded cluster of its own. Bad input (a step without "loss", a batch key
 the module does not read, a bad option) raises ConfigError naming it before
 training starts; a run that fails (more failures than max_failures) raises
-TrainingFailedError with the C++ driver's reason.
+TrainingFailedError with the C++ driver's reason. Data given as arrays is
+checked here (a ragged or non-numeric array is a ConfigError naming its
+key), and the driver's messages are told in this class's terms: `data`,
+`data['x']`, `workers=2`, `batch_size=64`, not the driver's flags or the
+temporary files this class saved.
+
+Which samples an epoch trains: as torch's DistributedSampler with
+drop_last=False feeding loaders with drop_last=True. Each epoch shuffles
+the N samples (torch.randperm seeded with seed + epoch), pads that order
+by wrap-around to a multiple of `workers`, and deals it out: worker r
+takes positions r, r + workers, ... Every step, each worker trains one
+whole batch of batch_size; a last batch shorter than batch_size is not
+trained. So an epoch is steps = ceil(N / workers) // batch_size steps, it
+trains the first steps * workers * batch_size positions of its order, and
+the last N - steps * workers * batch_size samples of that order are
+skipped in that epoch (none when that is 0 or less; the padding then
+repeats the first few). The next epoch's order is another, so another few
+are skipped; over epochs each sample is trained about as often. With N =
+21, workers=2 and batch_size=4, each epoch trains 16 and skips 5. Choose
+batch_size and workers so that workers * batch_size divides N to skip
+none. "Exactly once" means a failure, heal, resize or resume (with the
+same seed and data) trains each of the epoch's trained positions once:
+none is lost or repeated.
 """
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -70,6 +94,68 @@ def _save_model(model, work):
     return path
 
 
+# What troupe-train's .npz reader loads (NumPy kind, item size): the types
+# LibTorch has.
+_LOADABLE = {("b", 1): "bool", ("i", 1): "int8", ("u", 1): "uint8", ("i", 2): "int16", ("i", 4): "int32",
+             ("i", 8): "int64", ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64",
+             ("c", 8): "complex64", ("c", 16): "complex128"}
+
+
+def _sample_shapes(value, np):
+    """The first samples (value's first-level elements) of each differing
+    shape, up to three: {"shape (1,)": 0, "shape (2,)": 1}."""
+    seen = {}
+    try:
+        for i, sample in enumerate(value):
+            try:
+                shape = f"shape {np.shape(sample)}"
+            except ValueError:  # ragged inside the sample too
+                shape = "a ragged shape of its own"
+            seen.setdefault(shape, i)
+            if len(seen) == 3:
+                break
+    except TypeError:  # not iterable
+        pass
+    return seen
+
+
+def _as_array(value, name, np):
+    """value as a C-order little-endian array troupe-train loads, or a
+    ConfigError naming it (name: data['x'])."""
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+
+    def ragged(shapes):
+        detail = ", ".join(f"sample {i} has {shape}" for shape, i in shapes.items()) or "they differ"
+        return ConfigError(f"{name} is ragged: every sample needs the same shape, but {detail} (pad or crop "
+                           f"them to one shape)")
+
+    try:
+        array = np.asarray(value)
+    except ValueError:  # NumPy >= 1.24: "setting an array element with a sequence ..."
+        raise ragged(_sample_shapes(value, np)) from None
+    if array.ndim == 0:
+        raise ConfigError(f"{name} is a single value (0-dimensional): every array needs a first dimension of one "
+                          f"entry per sample")
+    array = np.ascontiguousarray(array)
+    kind, size = array.dtype.kind, array.dtype.itemsize
+    if kind == "O":
+        shapes = _sample_shapes(array, np) if array.ndim == 1 else {}
+        if len(shapes) > 1:  # an older NumPy made an object array of the ragged samples
+            raise ragged(shapes)
+        what = "Python objects: None, strings or mixed types"
+    elif (kind, size) in _LOADABLE:
+        return array.astype(array.dtype.newbyteorder("<"), copy=False)  # big-endian: as little-endian
+    elif kind == "u":
+        what = f"unsigned {8 * size}-bit integers, which LibTorch lacks: convert them to a signed type"
+    elif kind in "US":
+        what = "strings"
+    else:
+        what = "not a numeric type"
+    raise ConfigError(f"{name} has dtype {array.dtype} ({what}); TrainJob's data takes "
+                      f"{', '.join(_LOADABLE.values())} (e.g. np.asarray(..., dtype=np.float32))")
+
+
 def _save_data(data, work, stem):
     if isinstance(data, str):
         if not os.path.exists(data):
@@ -81,15 +167,67 @@ def _save_data(data, work, stem):
 
     arrays = {}
     for key, value in data.items():
-        if hasattr(value, "detach"):  # a torch tensor
-            value = value.detach().cpu().numpy()
-        arrays[str(key)] = np.ascontiguousarray(value)
-    sizes = {k: a.shape[0] if a.ndim else None for k, a in arrays.items()}
-    if len(set(sizes.values())) != 1 or None in sizes.values():
+        name = f"{stem}[{str(key)!r}]"
+        arrays[str(key)] = _as_array(value, name, np)
+    sizes = {k: a.shape[0] for k, a in arrays.items()}
+    if len(set(sizes.values())) != 1:
         raise ConfigError(f"{stem}: every array needs the same first (sample) dimension, got {sizes}")
     path = os.path.join(work, f"{stem}.npz")
     np.savez(path, **arrays)
     return path
+
+
+# What troupe-train's messages name, in TrainJob's terms: its flags are the
+# TrainJob arguments of the same name (--batch-size 64: batch_size=64).
+_ARGUMENTS = set(_FIELDS) | {"data", "val_data", "model", "checkpoint_dir", "address"}
+_STRING_FIELDS = "|".join(k.replace("_", "-") for k, kind in _FIELDS.items() if kind is str)
+# The values of those string flags troupe-train's messages quote (besides
+# the job's own): "--amp bf16", "--optimizer adamw".
+_STRING_VALUES = {"sgd", "adamw", "constant", "cosine", "none", "bf16", "fp16", "uint16", "uint32", "int32", "int64",
+                  "auto", "onednn", "aten"}
+
+
+def _argument(flag):
+    name = flag.replace("-", "_")
+    return name if name in _ARGUMENTS else None
+
+
+def _python_terms(message, work, config):
+    """troupe-train's message as a TrainJob user reads it: the files this
+    TrainJob saved in its (by then deleted) work folder named by the
+    argument they hold (data['x'], val_data, model), and the CLI flags by
+    TrainJob's argument names (workers=2, batch_size)."""
+    if work:
+        for stem in ("data", "val_data"):
+            saved = os.path.join(work, f"{stem}.npz")
+            message = re.sub(r"npy file '" + re.escape(saved) + r":(.*?)\.npy'",
+                             lambda m, stem=stem: f"{stem}[{m.group(1)!r}]", message)
+            for form in (f"--{stem.replace('_', '-')} {saved}", f"npz('{saved}')", f"npz file '{saved}'", saved):
+                message = message.replace(form, stem)
+        message = message.replace(os.path.join(work, "step.pt"), "model")
+    # Paths the user gave (and the checkpoint folder): as Python strings.
+    for key in ("data", "val_data", "model", "checkpoint_dir"):
+        value = config.get(key)
+        if isinstance(value, str) and value:
+            message = message.replace(f"--{key.replace('_', '-')} {value}", f"{key}={value!r}")
+    message = message.replace("the same command with --resume", "a TrainJob with resume=True")
+    message = re.sub(r"--resume \(resume=True in Python's TrainJob[^)]*\)", "resume=True", message)
+    message = message.replace("troupe train --", "TrainJob --")
+
+    def number(m):
+        name = _argument(m.group(1))
+        return f"{name}={m.group(2)}" if name else m.group(0)
+
+    message = re.sub(r"--([a-z][a-z0-9-]*) (-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)(?![\w.])", number, message)
+    def word(m):
+        flag, value = m.group(1), m.group(2)
+        if value in _STRING_VALUES or value == config.get(flag.replace("-", "_")):
+            return f"{_argument(flag)}={value!r}"
+        return m.group(0)
+
+    message = re.sub(r"--(" + _STRING_FIELDS + r") ([\w.-]+)", word, message)
+    message = message.replace("--resume", "resume=True")
+    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: _argument(m.group(1)) or m.group(0), message)
 
 
 def _read_lines(path):
@@ -171,6 +309,12 @@ class TrainJob:
     loader), step_timeout (seconds a trainer may take to answer before it
     counts as hung and is healed), cpu_gemm ("auto"/"onednn"/"aten": who
     computes the fp32 linear layers of a CPU trainer)). verbose: print the driver's progress lines.
+
+    Each epoch trains ceil(N / workers) // batch_size steps of workers x
+    batch_size samples: the last N - steps * workers * batch_size samples
+    of the epoch's shuffled order (a different few each epoch) are skipped
+    that epoch, as torch's DistributedSampler with loaders that drop their
+    last short batch (see the module's text).
     """
 
     def __init__(self, model, data, *, val_data=None, checkpoint_dir=None, address=None, verbose=True, **fields):
@@ -197,6 +341,7 @@ class TrainJob:
         self._proc = None
         self._output = []
         self._reader = None
+        self._config = {}
 
     @property
     def metrics_path(self):
@@ -233,6 +378,7 @@ class TrainJob:
             config["address"] = address
         with open(os.path.join(work, "job.json"), "w") as f:
             json.dump(config, f)
+        self._config = config
         self._proc = subprocess.Popen([_train_binary(), "--config", os.path.join(work, "job.json")], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         self._reader = threading.Thread(target=self._pump, daemon=True)
@@ -254,7 +400,7 @@ class TrainJob:
         for line in self._proc.stdout:
             self._output.append(line)
             if self._verbose:
-                sys.stdout.write(line)
+                sys.stdout.write(_python_terms(line, self._work.name, self._config))
                 sys.stdout.flush()
 
     def progress(self):
@@ -282,7 +428,8 @@ class TrainJob:
             except OSError:
                 pass  # it holds a checkpoint to resume from
         if code != 0:
-            message = _reason(output) or f"troupe-train exited with {code}"
+            message = _python_terms(_reason(output), self._work.name, self._config)
+            message = message or f"troupe-train exited with {code}"
             if code == 2:
                 raise ConfigError(message)
             raise TrainingFailedError(message, TrainJobResult(lines, None, self._checkpoint_dir, output))

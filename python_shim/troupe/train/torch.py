@@ -9,15 +9,26 @@ passes over the loader. A checkpoint's report records each loader's epoch,
 and a run resumed from it goes on from there: its next pass shuffles as the
 uninterrupted run's did (a report made during a pass resumes that pass's
 epoch).
+
+What it shards: a map-style dataset's loader built with `batch_size` (any
+sampler; it is replaced), or with `batch_sampler=` a torch `BatchSampler`
+(replaced by a BatchSampler of the same batch_size and drop_last over the
+rank's DistributedSampler). A custom batch sampler cannot be sharded from
+outside: prepare_data_loader raises ConfigError (shard it by rank in the
+sampler and pass add_dist_sampler=False). An IterableDataset's loader is
+not sharded either (each rank reads the whole stream unless the dataset
+splits it by rank itself): a warning says so, once per worker process.
 """
 
 import os
 import random
+import warnings
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, SequentialSampler
 
+from ..exceptions import ConfigError
 from . import session
 from .config import TorchConfig
 from .trainer import TorchTrainer
@@ -86,32 +97,85 @@ def prepare_model(model, move_to_device=True, parallel_strategy="ddp", parallel_
     return model
 
 
+def _distributed_sampler(loader):
+    """The loader's DistributedSampler: its sampler, or the sampler of its
+    torch BatchSampler; else None."""
+    if isinstance(loader.sampler, DistributedSampler):
+        return loader.sampler
+    batches = loader.batch_sampler
+    if isinstance(batches, BatchSampler) and isinstance(getattr(batches, "sampler", None), DistributedSampler):
+        return batches.sampler
+    return None
+
+
+def _custom_batch_sampler(loader):
+    """True when the loader was built with a batch_sampler= that is not a
+    plain torch BatchSampler (with batch_size=, DataLoader makes one)."""
+    batches = loader.batch_sampler
+    return loader.batch_size is None and batches is not None and type(batches) is not BatchSampler
+
+
 def _sharded(loader):
     """The same loader over a DistributedSampler shard of its dataset."""
     # As Ray: every sampler but a sequential one shuffled (random, weighted,
-    # a random subset), since a DistributedSampler replaces it.
-    shuffle = not isinstance(loader.sampler, SequentialSampler)
+    # a random subset), since a DistributedSampler replaces it. A loader
+    # built with batch_sampler=BatchSampler(sampler, n, drop_last) keeps its
+    # batch size and drop_last, over the shard of its sampler.
+    by_batch_sampler = loader.batch_size is None and loader.batch_sampler is not None
+    given = loader.batch_sampler.sampler if by_batch_sampler else loader.sampler
+    shuffle = not isinstance(given, SequentialSampler)
     sampler = DistributedSampler(loader.dataset, num_replicas=dist.get_world_size(), rank=dist.get_rank(),
                                  shuffle=shuffle)
-    kwargs = dict(batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-                  collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+    kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
                   timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
                   persistent_workers=loader.persistent_workers, generator=loader.generator,
                   multiprocessing_context=loader.multiprocessing_context)
+    if by_batch_sampler:
+        kwargs["batch_sampler"] = BatchSampler(sampler, loader.batch_sampler.batch_size,
+                                               loader.batch_sampler.drop_last)
+    else:  # batch_size=None too: no automatic batching, one sample at a time
+        kwargs.update(batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last)
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     return DataLoader(loader.dataset, **kwargs)
 
 
+_warned_iterable = False
+
+
+def _warn_iterable_once():
+    global _warned_iterable
+    if _warned_iterable:
+        return
+    _warned_iterable = True
+    warnings.warn("prepare_data_loader: the loader's dataset is an IterableDataset, which a DistributedSampler "
+                  "cannot shard: every rank reads the whole stream. Split it by rank in the dataset's __iter__ "
+                  "(troupe.train.get_context().get_world_rank() and get_world_size()) so that each sample is "
+                  "trained once per epoch. (Said once per worker.)", UserWarning, stacklevel=3)
+
+
 def prepare_data_loader(data_loader, add_dist_sampler=True, move_to_device=True):
+    """Ray's: with more than one worker (and add_dist_sampler), the loader
+    over this rank's DistributedSampler shard; batches moved to the device
+    (move_to_device). See the module's text for what is sharded: a custom
+    batch_sampler raises ConfigError, an IterableDataset warns once."""
     if not isinstance(data_loader, DataLoader):
         raise TypeError(f"prepare_data_loader: expected a torch DataLoader, got {type(data_loader).__name__}")
     if isinstance(data_loader, _EpochLoader):
         return data_loader  # prepared already
-    shardable = (add_dist_sampler and _world_size() > 1 and not isinstance(data_loader.dataset, IterableDataset)
-                 and not isinstance(data_loader.sampler, DistributedSampler) and data_loader.batch_size is not None)
-    if shardable:
-        data_loader = _sharded(data_loader)
+    if add_dist_sampler and _world_size() > 1 and _distributed_sampler(data_loader) is None:
+        if isinstance(data_loader.dataset, IterableDataset):
+            _warn_iterable_once()
+        elif _custom_batch_sampler(data_loader):
+            raise ConfigError(
+                f"prepare_data_loader: the DataLoader's batch_sampler is a {type(data_loader.batch_sampler).__name__}"
+                f", not a torch BatchSampler, so it cannot be sharded across the {_world_size()} workers (each "
+                "would train every sample). Give its batches to this rank alone (get_context().get_world_rank() "
+                "of get_world_size(), or a DistributedSampler inside it) and call prepare_data_loader(loader, "
+                "add_dist_sampler=False); or build the loader with batch_size= or "
+                "batch_sampler=torch.utils.data.BatchSampler(...).")
+        else:
+            data_loader = _sharded(data_loader)
     return _EpochLoader(data_loader, get_device() if move_to_device else None)
 
 
@@ -162,10 +226,11 @@ class _EpochLoader(DataLoader):
         self._note = None
         s = session._session
         resumed = s.add_loader(self) if s is not None else None
-        if isinstance(loader.sampler, DistributedSampler):
-            self._note = _watch_set_epoch(loader.sampler)
+        sampler = _distributed_sampler(loader)
+        if sampler is not None:
+            self._note = _watch_set_epoch(sampler)
             if isinstance(resumed, int):
-                type(loader.sampler).set_epoch(loader.sampler, resumed)
+                type(sampler).set_epoch(sampler, resumed)
 
     def _loop_sets_epoch(self):
         return self._note is not None and self._note["loop_sets_epoch"]
@@ -173,16 +238,16 @@ class _EpochLoader(DataLoader):
     def _resume_epoch(self):
         """The epoch a run resumed from a checkpoint reported now starts
         this loader at: the current pass's, else the next pass's."""
-        sampler = self._loader.sampler
-        if not isinstance(sampler, DistributedSampler):
+        sampler = _distributed_sampler(self._loader)
+        if sampler is None:
             return None
         if self._in_pass or self._passes == 0 or sampler.epoch != self._last_epoch:
             return sampler.epoch  # mid-pass, never passed, or set by the loop for its next pass
         return sampler.epoch + 1
 
     def __iter__(self):
-        sampler = self._loader.sampler
-        if isinstance(sampler, DistributedSampler):
+        sampler = _distributed_sampler(self._loader)
+        if sampler is not None:
             # A loop that sets epochs itself may pass over the loader more
             # than once an epoch (training, then evaluation; a peek at one
             # batch): its epoch stays.
