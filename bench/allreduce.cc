@@ -2,7 +2,10 @@
 // torch.distributed's gloo backend (bench/peers/torch_allreduce.py, run by
 // Debian's /usr/bin/python3), 2 ranks in separate processes on loopback,
 // float32, 1 KiB to 64 MiB. Prints one JSON object per line; troupe rows
-// carry ratio = troupe / torch.
+// carry ratio = torch's time per op ÷ troupe's (> 1: troupe faster), with
+// both sides' bus bandwidth beside it (value, peer_value) and the host's
+// online CPUs (cpus: with 2, the ranks and gloo's loop threads share them,
+// which weighs on small messages most).
 //
 // Usage: troupe_bench_allreduce [--peer PATH/torch_allreduce.py] [--python /usr/bin/python3]
 //                               [--no-peer] [--rounds N] [--sizes B,B,...]
@@ -13,12 +16,17 @@
 // warm-up operations, a barrier, then `iters` back-to-back allreduces; its
 // time per op is the max over the ranks. `value` is the best trial's bus
 // bandwidth, 2(n-1)/n * bytes / time; `median_value` the median trial's.
+// Each trial starts from a buffer of 2^-k (k = half its operations), so
+// the in-place sums (×2 per op with 2 ranks) neither overflow nor go
+// subnormal, and both sides check after it that every element is exactly
+// the expected power of two (a trial that fails the check fails the run).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -61,6 +69,12 @@ int iterations_for(size_t bytes) {
 }
 int warmups_for(size_t bytes) { return std::max(2, iterations_for(bytes) / 10); }
 
+// A trial's starting value and, after `ops` in-place sums over kWorld = 2
+// ranks, every element's exact value (powers of two: the sums are exact).
+static_assert(kWorld == 2, "start_value/end_value assume each sum doubles");
+float start_value(int ops) { return std::ldexp(1.0f, -((ops + 1) / 2)); }
+float end_value(int ops) { return std::ldexp(1.0f, ops - (ops + 1) / 2); }
+
 double bus_bandwidth_gbps(size_t bytes, double seconds) {
   return 2.0 * (kWorld - 1) / kWorld * static_cast<double>(bytes) / seconds / 1e9;
 }
@@ -84,19 +98,22 @@ int serve_rank(int rank, const std::string& dir) {
     int iters = 0, warmups = 0;
     if (std::sscanf(line, "%zu %d %d", &bytes, &iters, &warmups) != 3) return 1;
     auto& data = buffers[bytes];
-    if (data.empty()) data.assign(bytes / sizeof(float), 1.0f);
+    data.assign(bytes / sizeof(float), start_value(warmups + iters));
     for (int i = 0; i < warmups; ++i) group->allreduce(data.data(), data.size(), DType::kFloat32)->wait();
     group->barrier()->wait();
     auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) group->allreduce(data.data(), data.size(), DType::kFloat32)->wait();
     std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-    // The slower rank bounds the collective.
-    double worst = elapsed.count() / iters;
+    // Every element the expected sum, on every rank.
+    const float want = end_value(warmups + iters);
+    const bool good = std::all_of(data.begin(), data.end(), [want](float v) { return v == want; });
+    // The slower rank bounds the collective; a wrong result on any rank fails the trial.
+    double worst[2] = {elapsed.count() / iters, good ? 0.0 : 1.0};
     troupe::collective::AllreduceOptions max_opts;
     max_opts.op = troupe::collective::ReduceOp::kMax;
-    group->allreduce(&worst, 1, DType::kFloat64, max_opts)->wait();
+    group->allreduce(worst, 2, DType::kFloat64, max_opts)->wait();
     if (rank == 0) {
-      std::printf("%zu %.9g\n", bytes, worst);
+      std::printf("%zu %.9g %d\n", bytes, worst[0], worst[1] == 0.0 ? 1 : 0);
       std::fflush(stdout);
     }
   }
@@ -154,8 +171,10 @@ class TroupeSide final : public Side {
     auto line = ranks_[0]->read_line(kReplyTimeout);
     size_t got = 0;
     double seconds = -1;
-    if (!line || std::sscanf(line->c_str(), "%zu %lf", &got, &seconds) != 2 || got != bytes)
+    int checked = 0;
+    if (!line || std::sscanf(line->c_str(), "%zu %lf %d", &got, &seconds, &checked) != 3 || got != bytes)
       throw PeerFailed("troupe rank 0 answered '" + line.value_or("EOF") + "' to " + cmd);
+    if (checked != 1) throw PeerFailed("troupe's allreduce of " + std::to_string(bytes) + " bytes: wrong result");
     return seconds;
   }
 
@@ -185,6 +204,8 @@ class TorchSide final : public Side {
     auto j = nlohmann::ordered_json::parse(*line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("bytes") || !j.contains("seconds_per_op") || j["bytes"].get<size_t>() != bytes)
       throw PeerFailed("torch peer answered '" + *line + "' to " + cmd);
+    if (!j.value("checked", false))
+      throw PeerFailed("torch's allreduce of " + std::to_string(bytes) + " bytes: wrong result (" + *line + ")");
     return j["seconds_per_op"].get<double>();
   }
 
@@ -209,10 +230,14 @@ void print_result(const char* name, size_t bytes, const std::vector<double>& sec
     const double peer_best = *std::min_element(peer->begin(), peer->end());
     row["ratio"] = peer_best / best;
     row["median_ratio"] = median(*peer) / med;
+    row["peer_value"] = bus_bandwidth_gbps(bytes, peer_best);
+    row["peer_median_value"] = bus_bandwidth_gbps(bytes, median(*peer));
   }
   row["median_value"] = bus_bandwidth_gbps(bytes, med);
   row["seconds_per_op"] = best;
   row["trials"] = seconds.size();
+  row["checked"] = true;  // every trial's result, on both sides
+  row["cpus"] = ::sysconf(_SC_NPROCESSORS_ONLN);
   troupe::bench::print_row(row);
 }
 

@@ -14,7 +14,11 @@
 //                      trainer's GPU (defer_normalize; --normalize-in-loader
 //                      normalises in the pipeline instead), against
 //                      DataLoader(num_workers=--loader-threads,
-//                      pin_memory=True); images/s over the steps after
+//                      pin_memory=True) shipping the same format (uint8
+//                      normalised on the GPU, or float32 from the workers
+//                      with --normalize-in-loader) and reading the loss
+//                      back as often as troupe (once per train() call,
+//                      --steps/6 steps); images/s over the steps after
 //                      --warmup, ratio = troupe ÷ PyTorch; data_wait = the
 //                      share of the trainer's timed train() calls spent
 //                      waiting for batches (StepInfo::data_wait);
@@ -261,6 +265,25 @@ struct LoaderFed {
   double busy;       // NVML utilization over the timed steps (-1 without samples)
 };
 
+// The steps per train() call of the loader-bound cases: troupe's trainer
+// reads the steps' losses back from the GPU once per call, and the peer
+// (--loss-every) once per as many steps.
+int64_t loss_every(const Args& a) { return std::max<int64_t>(1, a.steps / 6); }
+
+// The peer's arguments for a loader-fed case: the same data format
+// (uint8 to the GPU unless --normalize-in-loader) and loss read-back
+// cadence as troupe's side.
+std::vector<std::string> loader_peer_args(const Args& a, bool probe) {
+  const auto n = [](int64_t v) { return std::to_string(v); };
+  std::vector<std::string> r = {"run",        "--case",       "cnn_loader",        "--batch",
+                                n(a.batch),   "--steps",      n(a.steps),          "--warmup",
+                                n(a.warmup),  "--workers",    n(a.loader_threads), "--records",
+                                n(a.records), "--loss-every", n(loss_every(a))};
+  if (probe) r.push_back("--probe");
+  if (a.normalize_in_loader) r.push_back("--normalize-in-loader");
+  return r;
+}
+
 // One trainer holding the GPU, fed by a DataLoaderActor (a TrainJob with
 // loaders), training the scripted module at `step` on uint8 records.
 LoaderFed loader_fed(troupe::Runtime& rt, const Args& a, const std::string& step) {
@@ -282,7 +305,9 @@ LoaderFed loader_fed(troupe::Runtime& rt, const Args& a, const std::string& step
   job.epochs = 100;
   job.max_steps = a.warmup + a.steps;
   // Progress marks time the steps; about six of them after the warm-up.
-  job.progress_every_steps = std::max<int64_t>(1, a.steps / 6);
+  // The trainer reads the steps' losses back once per mark (one train()
+  // call); the peer is given the same cadence (loader_peer_args).
+  job.progress_every_steps = loss_every(a);
   GpuBusy busy;
   struct Mark {
     double time;
@@ -419,8 +444,7 @@ int main(int argc, char** argv) {
   if (a.want("cnn_loader_bound")) {
     try {
       const auto mine = loader_fed(rt, a, files.at("cnn").get<std::string>());
-      auto theirs = peer(a, {"run", "--case", "cnn_loader", "--batch", n(a.batch), "--steps", n(a.steps), "--warmup",
-                             n(a.warmup), "--workers", n(a.loader_threads), "--records", n(a.records)});
+      auto theirs = peer(a, loader_peer_args(a, false));
       nlohmann::ordered_json extra = {{"data_wait", mine.data_wait}};
       if (a.look_ahead > 0) {
         // The same without the loaders' look-ahead, so the row says what it is worth.
@@ -450,8 +474,7 @@ int main(int argc, char** argv) {
   if (a.want("loader_feed")) {
     try {
       const auto mine = loader_fed(rt, a, files.at("probe").get<std::string>());
-      auto theirs = peer(a, {"run", "--case", "cnn_loader", "--probe", "--batch", n(a.batch), "--steps", n(a.steps),
-                             "--warmup", n(a.warmup), "--workers", n(a.loader_threads), "--records", n(a.records)});
+      auto theirs = peer(a, loader_peer_args(a, true));
       ratio_row("loader_feed", mine.rate, theirs, "images/s", gpu, "value",
                 {{"data_wait", mine.data_wait}});
     } catch (const std::exception& e) {

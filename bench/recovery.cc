@@ -7,8 +7,12 @@
 //   recovery_s_disk, lost_steps_disk
 //                    the same when every failure goes back to the last
 //                    checkpoint (RecoveryMode::kCheckpoint, every
-//                    --ckpt-every steps): what a restart-from-disk runtime
-//                    (torchrun, Ray Train) does, measured in the same run;
+//                    --ckpt-every steps), measured in the same run: troupe's
+//                    own checkpoint mode, with warm worker pools, so the
+//                    steps lost are what a restart-from-disk runtime
+//                    (torchrun, Ray Train) loses, but not its restart time
+//                    (bench/run py_train --case torchrun_restart measures
+//                    torchrun's);
 //   recovery_s_standby, lost_steps_standby
 //                    healing a standby trainer (failure.standby_workers =
 //                    1: started and set up ahead, no process start).

@@ -10,13 +10,15 @@
 //                 --tcp forces Gloo over loopback TCP
 //   torch_ddp_N   bench/peers/torch_ddp.py: N processes, DDP, gloo backend,
 //                 run in the same invocation
-//   ratio_vs_ddp  troupe_N / torch_ddp_N
+//   ratio_vs_ddp  troupe_N / torch_ddp_N (> 1: troupe faster)
 //   scaling       troupe_N / troupe_1
 //   troupe_N_independent  N TrainerActors at once, each training alone
 //                 (no group, nothing reduced)
 //   scaling_ceiling  troupe_N_independent / troupe_1: what the machine
 //                 gives N processes of this workload; scaling over it is
 //                 what the gradient reduction leaves
+// The MLP rows are the medians of --repeats runs of each, alternating
+// (each row lists its runs; ratios are of the medians).
 // and for a transformer language model (examples/train_lm/model.py's
 // TinyGPT: byte tokens, context --lm-block, --lm-layers blocks of width
 // --lm-width; its own cross-entropy loss; AdamW; a per-worker batch of
@@ -32,9 +34,14 @@
 // fp32 weights and optimizer: troupe_lm_bf16_1, troupe_lm_bf16_N,
 // torch_ddp_lm_bf16_1, torch_ddp_lm_bf16_N, lm_ratio_vs_ddp_bf16 and
 // lm_ratio_vs_ddp_bf16_1 (--no-lm-bf16 skips them). troupe's fp32 linear
-// layers go through oneDNN by default (TrainerConfig::cpu_gemm; --cpu-gemm
-// aten keeps them on torch's BLAS, as the peer's are); each LM row says
-// which, and the OPENBLAS_CORETYPE both sides ran under.
+// layers (MLP and LM) go through oneDNN by default (TrainerConfig::cpu_gemm;
+// --cpu-gemm aten keeps them on torch's BLAS, OpenBLAS here, as the peer's
+// always are): every row says which (cpu_gemm: troupe's rows and ratios;
+// the peer's rows "aten"; peer_cpu_gemm on ratios), and the
+// OPENBLAS_CORETYPE both sides ran under. The benchmark unsets
+// OPENBLAS_CORETYPE before it starts anything (--keep-openblas-coretype
+// keeps it): set, it forces OpenBLAS kernels that can be slower than the
+// CPU's own, which slows the peer (OpenBLAS) and not troupe's oneDNN.
 // samples/s counts all workers' samples over the slowest worker's time.
 //
 // A peer that fails or misses --peer-timeout is an error row for its case.
@@ -49,7 +56,8 @@
 //                                 [--lm-block 128] [--lm-width 128] [--lm-layers 4]
 //                                 [--lm-heads 4] [--lm-batch 16] [--lm-steps 20] [--lm-repeats 3]
 //                                 [--no-lm | --lm-only] [--no-lm-bf16]
-//                                 [--cpu-gemm auto|onednn|aten]
+//                                 [--cpu-gemm auto|onednn|aten] [--repeats 3]
+//                                 [--keep-openblas-coretype]
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
@@ -86,6 +94,7 @@ struct Args {
   int64_t workers = 2;
   int64_t steps = 300;
   int64_t warmup = 5;
+  int64_t repeats = 3;  // MLP: alternating runs of each row (medians)
   int64_t bucket_mb = 25;
   std::string compression = "none";
   bool shared_memory = true;
@@ -118,6 +127,7 @@ troupe::trainer::TrainerConfig mlp_config(const Args& a) {
   c.bucket_mb = a.bucket_mb;
   c.compression = a.compression;
   c.shared_memory = a.shared_memory;
+  c.cpu_gemm = a.cpu_gemm;
   c.threads = 1;
   c.seed = 0;
   // The benchmark trains on one batch of its samples, again and again.
@@ -226,8 +236,26 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
+// Who computes a side's fp32 linear layers: troupe's per --cpu-gemm (the
+// workers run this binary's LibTorch); the peer's are always torch's own
+// (ATen → its BLAS, OpenBLAS here).
+std::string troupe_gemm(const Args& a) {
+  return a.cpu_gemm != "aten" && troupe::trainer::onednn_available() ? "onednn" : "aten";
+}
+
+enum class Side { kTroupe, kPeer, kRatio };
+
+void gemm_fields(nlohmann::ordered_json& j, const Args& a, Side side) {
+  j["cpu_gemm"] = side == Side::kPeer ? "aten" : troupe_gemm(a);
+  if (side == Side::kRatio) j["peer_cpu_gemm"] = "aten";
+  // The OpenBLAS kernels both sides' torch was told to use (the
+  // environment both inherit; empty: OpenBLAS's own choice).
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  j["openblas_coretype"] = coretype ? coretype : "";
+}
+
 void lm_row(const std::string& c, double value, const std::string& unit, const Args& a, int64_t workers, bool bf16,
-            bool ratio = false, const std::vector<double>& runs = {}) {
+            Side side, bool ratio = false, const std::vector<double>& runs = {}) {
   nlohmann::ordered_json j = {{"bench", "train_throughput"}, {"case", c}, {"value", value}, {"unit", unit}};
   if (ratio) j["ratio"] = value;
   if (!runs.empty()) j["runs"] = runs;
@@ -239,12 +267,7 @@ void lm_row(const std::string& c, double value, const std::string& unit, const A
   j["workers"] = workers;
   j["steps"] = a.lm_steps;
   j["amp"] = bf16 ? "bf16" : "none";
-  // Who computed troupe's fp32 linear layers (the workers run this
-  // binary's LibTorch), and the OpenBLAS kernels both sides' torch was told
-  // to use (the environment both inherit).
-  j["cpu_gemm"] = a.cpu_gemm != "aten" && troupe::trainer::onednn_available() ? "onednn" : "aten";
-  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  j["openblas_coretype"] = coretype ? coretype : "";
+  gemm_fields(j, a, side);
   troupe::bench::print_row(j);
 }
 
@@ -275,13 +298,13 @@ void lm_cases(troupe::Runtime& rt, const Args& a) {
           }
         }
         const std::string n = std::to_string(w);
-        lm_row("troupe_lm_" + amp + n, median(ours), "tokens/s", a, w, bf16, false, ours);
+        lm_row("troupe_lm_" + amp + n, median(ours), "tokens/s", a, w, bf16, Side::kTroupe, false, ours);
         if (!peer_error.empty()) {
           troupe::bench::print_error_row("train_throughput", "torch_ddp_lm_" + amp + n, peer_error);
         } else if (a.peer) {
-          lm_row("torch_ddp_lm_" + amp + n, median(theirs), "tokens/s", a, w, bf16, false, theirs);
+          lm_row("torch_ddp_lm_" + amp + n, median(theirs), "tokens/s", a, w, bf16, Side::kPeer, false, theirs);
           const std::string ratio = "lm_ratio_vs_ddp" + (bf16 ? std::string("_bf16") : std::string());
-          lm_row(w == 1 ? ratio + "_1" : ratio, median(ours) / median(theirs), "x", a, w, bf16, true);
+          lm_row(w == 1 ? ratio + "_1" : ratio, median(ours) / median(theirs), "x", a, w, bf16, Side::kRatio, true);
         }
         if (a.workers == 1) break;
       }
@@ -292,13 +315,16 @@ void lm_cases(troupe::Runtime& rt, const Args& a) {
   troupe::core::remove_tree(dir);
 }
 
-void row(const std::string& c, double value, const std::string& unit, const Args& a, bool ratio = false) {
+void row(const std::string& c, double value, const std::string& unit, const Args& a, Side side, bool ratio = false,
+         const std::vector<double>& runs = {}) {
   nlohmann::ordered_json j = {{"bench", "train_throughput"}, {"case", c}, {"value", value}, {"unit", unit}};
   if (ratio) j["ratio"] = value;
+  if (!runs.empty()) j["runs"] = runs;
   j["hidden"] = a.hidden;
   j["batch"] = a.batch;
   j["workers"] = a.workers;
   j["steps"] = a.steps;
+  gemm_fields(j, a, side);
   troupe::bench::print_row(j);
 }
 
@@ -315,9 +341,16 @@ int main(int argc, char** argv) {
   app.add_option("--workers", a.workers, "workers of the N case")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--steps", a.steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--repeats", a.repeats, "MLP: alternating runs of each row (median)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bool keep_coretype = false;
+  app.add_flag("--keep-openblas-coretype", keep_coretype,
+               "keep OPENBLAS_CORETYPE from the environment (it slows the peer's OpenBLAS, not troupe's oneDNN)");
   app.add_option("--bucket-mb", a.bucket_mb, "gradient bucket size")->capture_default_str();
   app.add_option("--cpu-gemm", a.cpu_gemm,
-                 "language model: troupe's fp32 linear layers by auto (oneDNN where found), onednn or aten")
+                 "troupe's fp32 linear layers (MLP and LM) by auto (oneDNN where found), onednn or aten (torch's "
+                 "BLAS, as the peer)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "onednn", "aten"}));
   app.add_option("--compression", a.compression, "gradient compression")
@@ -359,6 +392,15 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--no-lm-bf16", [&](int64_t) { a.lm_bf16 = false; }, "skip the language-model cases under bf16 autocast");
   CLI11_PARSE(app, argc, argv);
+  // Both sides under the same BLAS environment: the trainers and the peers
+  // are started from here and inherit it.
+  if (const char* coretype = std::getenv("OPENBLAS_CORETYPE"); coretype && !keep_coretype) {
+    std::fprintf(stderr,
+                 "train_throughput: unsetting OPENBLAS_CORETYPE=%s for both sides (OpenBLAS picks its own kernels; "
+                 "--keep-openblas-coretype keeps it)\n",
+                 coretype);
+    ::unsetenv("OPENBLAS_CORETYPE");
+  }
   a.shared_memory = !tcp;
   troupe::testing::LocalClusterOptions lo;
   lo.nodes = {{{"CPU", static_cast<double>(a.workers)}}};
@@ -367,26 +409,38 @@ int main(int argc, char** argv) {
   auto rt = cluster.connect();
   if (a.mlp) {
     const auto c = mlp_config(a);
-    double one = troupe_rate(rt, c, 1, a.batch, a.steps, a.warmup);
-    row("troupe_1", one, "samples/s", a);
-    double many = troupe_rate(rt, c, a.workers, a.batch, a.steps, a.warmup);
-    row("troupe_" + std::to_string(a.workers), many, "samples/s", a);
-    if (a.peer) {
-      try {
-        double ddp = ddp_rate(a);
-        row("torch_ddp_" + std::to_string(a.workers), ddp, "samples/s", a);
-        row("ratio_vs_ddp", many / ddp, "x", a, true);
-      } catch (const std::exception& e) {
-        troupe::bench::print_error_row("train_throughput", "torch_ddp_" + std::to_string(a.workers), e.what());
+    // Each row --repeats times, the rows alternating (this machine's speed
+    // drifts between runs), medians reported with their runs.
+    std::vector<double> ones, manys, ddps, alones;
+    std::string peer_error;
+    for (int64_t r = 0; r < a.repeats; ++r) {
+      ones.push_back(troupe_rate(rt, c, 1, a.batch, a.steps, a.warmup));
+      manys.push_back(troupe_rate(rt, c, a.workers, a.batch, a.steps, a.warmup));
+      if (a.peer && peer_error.empty()) {
+        try {
+          ddps.push_back(ddp_rate(a));
+        } catch (const std::exception& e) {
+          peer_error = e.what();
+        }
       }
+      // The same N trainers side by side, each alone (nothing reduced):
+      // what this machine gives N processes of this workload, the bound
+      // `scaling` is read against.
+      alones.push_back(troupe_rate(rt, c, a.workers, a.batch, a.steps, a.warmup, true));
     }
-    row("scaling", many / one, "x", a, true);
-    // The same N trainers side by side, each alone (nothing reduced): what
-    // this machine gives N processes of this workload, the bound `scaling`
-    // is read against.
-    double alone = troupe_rate(rt, c, a.workers, a.batch, a.steps, a.warmup, true);
-    row("troupe_" + std::to_string(a.workers) + "_independent", alone, "samples/s", a);
-    row("scaling_ceiling", alone / one, "x", a, true);
+    const double one = median(ones), many = median(manys), alone = median(alones);
+    row("troupe_1", one, "samples/s", a, Side::kTroupe, false, ones);
+    row("troupe_" + std::to_string(a.workers), many, "samples/s", a, Side::kTroupe, false, manys);
+    if (!peer_error.empty()) {
+      troupe::bench::print_error_row("train_throughput", "torch_ddp_" + std::to_string(a.workers), peer_error);
+    } else if (a.peer) {
+      const double ddp = median(ddps);
+      row("torch_ddp_" + std::to_string(a.workers), ddp, "samples/s", a, Side::kPeer, false, ddps);
+      row("ratio_vs_ddp", many / ddp, "x", a, Side::kRatio, true);
+    }
+    row("scaling", many / one, "x", a, Side::kTroupe, true);
+    row("troupe_" + std::to_string(a.workers) + "_independent", alone, "samples/s", a, Side::kTroupe, false, alones);
+    row("scaling_ceiling", alone / one, "x", a, Side::kTroupe, true);
   }
   if (a.lm) lm_cases(rt, a);
   rt.shutdown();

@@ -4,9 +4,13 @@ backend, ranks in separate processes on loopback, float32.
 
 --serve (what the benchmark uses): starts the ranks once, then reads trial
 commands "<bytes> <iters> <warmups>" from stdin, one per line, and answers
-each with one JSON line on stdout: {"bytes": ..., "seconds_per_op": ...},
-the max over ranks of the mean time per op. A trial is `warmups` allreduces,
-a barrier, then `iters` timed allreduces, exactly as on troupe's side. EOF
+each with one JSON line on stdout: {"bytes": ..., "seconds_per_op": ...,
+"checked": ...}, the max over ranks of the mean time per op. A trial is
+`warmups` allreduces, a barrier, then `iters` timed allreduces, exactly as
+on troupe's side: the buffer starts at 2^-k (k = half the trial's
+operations) so that the in-place sums neither overflow nor go subnormal,
+and "checked" says every element on every rank came out exactly the
+expected power of two. EOF
 on stdin ends the ranks: they leave with os._exit(0), skipping torch 1.13's
 ProcessGroupGloo destructor (it can deadlock at exit), and a rank that has
 not left within a few seconds is killed. The benchmark kills the process
@@ -39,7 +43,10 @@ def serve_rank(rank, world, port):
         nbytes, iters, warmups = (int(x) for x in line.split())
         t = buffers.get(nbytes)
         if t is None:
-            t = buffers[nbytes] = torch.ones(nbytes // 4, dtype=torch.float32)
+            t = buffers[nbytes] = torch.empty(nbytes // 4, dtype=torch.float32)
+        ops = warmups + iters
+        assert world == 2, "the start and end values assume each sum doubles"
+        t.fill_(2.0 ** -((ops + 1) // 2))
         for _ in range(warmups):
             dist.all_reduce(t)
         dist.barrier()
@@ -47,11 +54,14 @@ def serve_rank(rank, world, port):
         for _ in range(iters):
             dist.all_reduce(t)
         elapsed = (time.perf_counter() - start) / iters
-        # The slower rank bounds the collective: report the max over ranks.
-        worst = torch.tensor([elapsed], dtype=torch.float64)
+        good = bool(torch.all(t == 2.0 ** (ops - (ops + 1) // 2)))
+        # The slower rank bounds the collective: report the max over ranks;
+        # a wrong result on any rank fails the trial.
+        worst = torch.tensor([elapsed, 0.0 if good else 1.0], dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         if rank == 0:
-            print(json.dumps({"bytes": nbytes, "seconds_per_op": worst.item()}), flush=True)
+            print(json.dumps({"bytes": nbytes, "seconds_per_op": worst[0].item(), "checked": worst[1].item() == 0.0}),
+                  flush=True)
     sys.stdout.flush()
     os._exit(0)  # no ProcessGroupGloo destructor: it can deadlock at exit
 

@@ -10,16 +10,22 @@ the benchmark in the same invocation. Two jobs:
 
   torch_gpu.py run --case cnn_compute|cnn_loader|lm [...]
       trains the same model in PyTorch eager on cuda:0, as a user's script
-      does: torch.autocast(bf16), SGD with momentum (cnn) or AdamW (lm),
-      loss.item() every step (the seeds' scripts log it every step;
-      troupe's trainer reports every step's loss too, read back from the
-      GPU once per train() call in the loader-bound case and after every
-      step in TrainerActor::benchmark).
+      does: torch.autocast(bf16), SGD with momentum (cnn) or AdamW (lm).
+      Every step's loss is kept and read back from the GPU every
+      --loss-every steps (default 1, loss.item() each step), as troupe's
+      trainer does: after every step in TrainerActor::benchmark, once per
+      train() call (gpu_train.cc passes that cadence) in the loader-bound
+      cases.
       cnn_compute: one batch already on the GPU, reused (no loading).
-      cnn_loader:  uint8 3×H×W records decoded per sample by
-                   DataLoader(num_workers=--workers, pin_memory=True) with
-                   random crop, horizontal flip and normalisation, copied
-                   with non_blocking=True.
+      cnn_loader:  uint8 3×H×W records cropped and flipped per sample by
+                   DataLoader(num_workers=--workers, pin_memory=True), the
+                   uint8 batch copied with non_blocking=True and normalised
+                   on the GPU (x.float() / 255 - mean) / std, as troupe's
+                   defer_normalize does; --normalize-in-loader normalises
+                   to float32 in the workers instead (troupe's
+                   --normalize-in-loader). One sampler over all the steps
+                   (a fresh permutation of the records per pass), so the
+                   iterator never restarts at an epoch's end.
       lm:          one batch of random token windows on the GPU.
       Prints {"value": samples/s, "tokens_per_s": ..., "gpu_busy": ...}:
       gpu_busy is NVML's utilization.gpu averaged over the timed steps
@@ -107,15 +113,18 @@ STD = [0.229, 0.224, 0.225]
 
 
 class Records(torch.utils.data.Dataset):
-    """uint8 [N, 3, H, W] records; a sample is a random crop, a flip with
-    probability 1/2 and (x / 255 - mean) / std, as torchvision's RandomCrop +
-    RandomHorizontalFlip + ToTensor + Normalize on a tensor image."""
+    """uint8 [N, 3, H, W] records; a sample is a random crop and a flip with
+    probability 1/2 (torchvision's RandomCrop + RandomHorizontalFlip on a
+    uint8 tensor image), left uint8 for the GPU to normalise; with
+    normalize, also (x / 255 - mean) / std in float32 here (+ ToTensor +
+    Normalize)."""
 
-    def __init__(self, size: int, height: int, crop: int, classes: int):
+    def __init__(self, size: int, height: int, crop: int, classes: int, normalize: bool):
         g = torch.Generator().manual_seed(0)
         self.records = torch.randint(0, 256, (size, 3, height, height), dtype=torch.uint8, generator=g)
         self.labels = torch.randint(0, classes, (size,), generator=g)
         self.crop = crop
+        self.normalize = normalize
         self.mean = torch.tensor(MEAN).view(3, 1, 1)
         self.std = torch.tensor(STD).view(3, 1, 1)
 
@@ -129,7 +138,10 @@ class Records(torch.utils.data.Dataset):
         x = r[:, top:top + self.crop, left:left + self.crop]
         if torch.rand(()) < 0.5:
             x = x.flip(-1)
-        x = (x.float().div_(255) - self.mean) / self.std
+        if self.normalize:
+            x = (x.float().div_(255) - self.mean) / self.std
+        else:
+            x = x.contiguous()  # the crop alone, uint8
         return x, self.labels[i]
 
 
@@ -203,41 +215,59 @@ def run(a):
                      "target": torch.randint(0, a.classes, (a.batch,), generator=g).to(dev)}
             batches = None
         else:
-            data = Records(a.records, a.height, a.crop, a.classes)
-            loader = torch.utils.data.DataLoader(data, batch_size=a.batch, shuffle=True, num_workers=a.workers,
+            data = Records(a.records, a.height, a.crop, a.classes, a.normalize_in_loader)
+            # Every step's samples from one sampler: a fresh permutation of
+            # the records per pass, without the iterator (and its workers'
+            # prefetch) restarting at each pass's end.
+            sampler = torch.utils.data.RandomSampler(data, num_samples=(a.warmup + a.steps + 1) * a.batch)
+            loader = torch.utils.data.DataLoader(data, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
                                                  pin_memory=pin, drop_last=True, persistent_workers=True)
             batches = iter(loader)
             fixed = None
     model.train()
+    mean = torch.tensor(MEAN, device=dev).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=dev).view(1, 3, 1, 1)
 
     def next_batch():
-        nonlocal batches
         if fixed is not None:
             return fixed
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            x, y = next(batches)
-        return {"input": x.to(dev, non_blocking=True), "target": y.to(dev, non_blocking=True)}
+        x, y = next(batches)
+        x = x.to(dev, non_blocking=True)
+        if x.dtype == torch.uint8:
+            x = x.float().div_(255).sub_(mean).div_(std)
+        return {"input": x, "target": y.to(dev, non_blocking=True)}
 
-    def step():
+    losses = []
+
+    def read_losses():
+        # One read-back of the steps' losses since the last (a sync).
+        values = torch.stack(losses).tolist() if losses else []
+        losses.clear()
+        return values[-1] if values else None
+
+    def step(i):
         b = next_batch()
         with torch.autocast("cuda", dtype=torch.bfloat16) if pin else contextlib.nullcontext():
             out = model(b)
         out["loss"].backward()
         opt.step()
         opt.zero_grad()
-        return out["loss"].item()
+        losses.append(out["loss"].detach())
+        return read_losses() if (i + 1) % a.loss_every == 0 else None
 
-    for _ in range(a.warmup):
-        step()
+    for i in range(a.warmup):
+        step(i)
+    read_losses()
     sync = torch.cuda.synchronize if pin else (lambda: None)
     sync()
+    loss = None
     with GpuBusy(pin) as busy:
         t0 = time.perf_counter()
-        for _ in range(a.steps):
-            loss = step()
+        for i in range(a.steps):
+            last = step(i)
+            loss = last if last is not None else loss
+        last = read_losses()
+        loss = last if last is not None else loss
         sync()
         seconds = time.perf_counter() - t0
     samples = a.steps * a.batch
@@ -267,6 +297,10 @@ def main():
             s.add_argument("--height", type=int, default=256)
             s.add_argument("--crop", type=int, default=224)
             s.add_argument("--probe", action="store_true", help="cnn_loader: train PoolStep, not ResNet-18")
+            s.add_argument("--normalize-in-loader", action="store_true",
+                           help="cnn_loader: normalise to float32 in the workers, not on the device")
+            s.add_argument("--loss-every", type=int, default=1,
+                           help="read the kept losses back from the device every N steps (1: every step)")
             s.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                            help="cpu: fp32 on the CPU, a dry run without a GPU")
         s.add_argument("--classes", type=int, default=1000)
@@ -276,6 +310,8 @@ def main():
         s.add_argument("--layers", type=int, default=8)
         s.add_argument("--heads", type=int, default=8)
     a = p.parse_args()
+    if a.job == "run" and a.loss_every < 1:
+        p.error("--loss-every must be at least 1")
     write(a) if a.job == "write" else run(a)
 
 
