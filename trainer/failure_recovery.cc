@@ -40,7 +40,23 @@ void FailureRecovery::stop_round() {
   for (auto& f : interrupt_and_stop_feeds()) f->wait_for(std::min(left(), std::chrono::milliseconds(1000)));
   event(JobEventKind::kAborted, "generation " + std::to_string(p_.gang.generation()) + " aborted in " +
                                     std::to_string(acked) + " of " + std::to_string(p_.gang.world()) + " trainers");
-  for (auto& st : p_.gang.take_inflight()) st->wait_for(left());
+  // Every call of the round has ended now. One that ended with a
+  // ConfigError (a rank's step or data set raised) ends the job with it:
+  // a heal would meet the same error again. The peers' aborts may have
+  // reached the driver first; here, no timing decides which is seen.
+  std::exception_ptr user_error;
+  for (auto& st : p_.gang.take_inflight()) {
+    st->wait_for(left());
+    if (auto e = st->ready() ? st->error() : nullptr; e && !user_error) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const ConfigError&) {
+        user_error = e;
+      } catch (...) {
+      }
+    }
+  }
+  if (user_error) std::rethrow_exception(user_error);
 }
 
 int FailureRecovery::abort_group() {

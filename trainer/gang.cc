@@ -127,30 +127,25 @@ std::string silent_trainers(const std::exception_ptr& e, const std::vector<Futur
   return names.empty() ? "" : " from " + names;
 }
 
-// The failure behind the others. A rank whose step (or whose loader's
-// data set) raised aborts its peers' collectives, and their Aborted can
-// reach the driver first; the ConfigError that names the user's error is
-// what the job must report (and not retry). So after a first Aborted,
-// the round's other calls get a moment to settle (they do at once, being
-// aborted) and a ConfigError among them wins.
+// The failure behind the others, among the round's calls that have
+// ended: a rank whose step (or whose loader's data set) raised aborts its
+// peers, and their errors can reach the driver first. A ConfigError that
+// is there already wins; one that comes later is found once the round has
+// settled (FailureRecovery::stop_round).
 std::exception_ptr root_cause(const std::vector<std::shared_ptr<core::FutureStateBase>>& round,
                               std::exception_ptr first) {
-  auto is = [](const std::exception_ptr& e, auto* type) {
+  auto is_config = [](const std::exception_ptr& e) {
     try {
       std::rethrow_exception(e);
-    } catch (const std::remove_pointer_t<decltype(type)>&) {
+    } catch (const ConfigError&) {
       return true;
     } catch (...) {
     }
     return false;
   };
-  if (!is(first, static_cast<Aborted*>(nullptr))) return first;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  for (const auto& st : round) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-    if (!st->wait_for(std::max(left, std::chrono::milliseconds(0)))) continue;
-    if (auto e = st->error(); e && is(e, static_cast<ConfigError*>(nullptr))) return e;
-  }
+  if (is_config(first)) return first;
+  for (const auto& st : round)
+    if (auto e = st->ready() ? st->error() : nullptr; e && is_config(e)) return e;
   return first;
 }
 

@@ -43,7 +43,10 @@ void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const R
   }
   // A call still waiting for its arguments when its actor dies for good
   // fails then, as one already sent would: its arguments may never come.
-  if (actor && !p->answers.empty()) {
+  // (Only while it waits: arguments all there cost no listener.)
+  const bool waits =
+      std::any_of(p->answers.begin(), p->answers.end(), [](const auto& a) { return !a.second->ready(); });
+  if (actor && waits) {
     std::weak_ptr<ReplyState> weak = st;
     auto die = [weak](const wire::ActorInfo& now) {
       if (now.state != wire::ActorState::kDead) return;

@@ -58,11 +58,13 @@ def test_a_call_waiting_for_its_arguments_fails_when_its_actor_dies():
     a = Survivor.options(max_restarts=0, max_task_retries=0).remote()
     pid = troupe.get(a.pid.remote(), timeout=60)
     blocker = never.remote()
-    call = a.take.remote(blocker)
-    os.kill(pid, signal.SIGKILL)
-    with pytest.raises(ActorDiedError, match="waited for its arguments"):
-        troupe.get(call, timeout=60)
-    troupe.cancel(blocker, force=True)
+    try:
+        call = a.take.remote(blocker)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ActorDiedError, match="waited for its arguments"):
+            troupe.get(call, timeout=60)
+    finally:
+        troupe.cancel(blocker, force=True)
 
 
 def test_task_retried_after_sigkill(tmp_path):

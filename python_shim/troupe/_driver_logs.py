@@ -41,9 +41,17 @@ READ_TIMEOUT_S = 2.0
 FAILURES_SAID = 20
 # How long shutdown's last look may take in all.
 CLOSE_BOUND_S = 5.0
-# How many of the driver's latest dead actors each look asks for (those
-# that ended before a look saw them alive are read once, whole).
-DEAD_LOOKED_AT = 256
+# How many of the driver's newest dead actors a look asks for, and every
+# how many looks (those that ended before a look saw them alive are read
+# once, whole). Each dead row carries its cause (a traceback, say): asked
+# for twice a second, not at every look.
+DEAD_LOOKED_AT = 128
+DEAD_EVERY = 2
+# Dead actors remembered as read (oldest forgotten first): the head lists
+# the highest ids, and an old one may come back into that list when newer
+# rows are evicted.
+ENDED_KEPT = 4096
+RESTING_KEPT = 1024
 _EXECUTOR_CLASS = "TaskExecutor"  # runtime/client/task.h
 _WORKER_FILE = re.compile(r"worker-(\d+)\.log$")
 
@@ -67,8 +75,9 @@ class DriverLogs:
         self._out = out  # None: sys.stdout as it is at each print
         self._followed = {}  # actor id -> _Followed
         self._no_files = set()  # actors on nodes that keep no worker files: not asked again
-        self._ended = set()  # dead actors whose files were read to the end
+        self._ended = {}  # dead actors whose files were read to the end (insertion-ordered)
         self._resting = {}  # actor id -> _Followed: not alive (restarting?), its file read to the end
+        self._looks = 0
         self._lock = threading.Lock()  # one look at a time (the thread's, close()'s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="troupe-driver-logs", daemon=True)
@@ -106,35 +115,33 @@ class DriverLogs:
 
     def poll(self, deadline=None):
         with self._lock:
-            # The head picks this driver's live actors (its status names
-            # each actor's driver).
+            # The head picks this driver's actors (its status names each
+            # actor's driver). The dead first: death is final, so an actor
+            # that dies between the two requests is not in both lists.
+            self._looks += 1
+            dead = []
+            if deadline is not None or self._looks % DEAD_EVERY == 0:
+                dead = json.loads(self._client.status_json(state="DEAD", driver=self._me,
+                                                           limit=DEAD_LOOKED_AT)).get("actors", [])
             alive = json.loads(self._client.status_json(state="ALIVE", driver=self._me)).get("actors", [])
             mine = {a["id"]: a for a in alive if a.get("driver") == self._me}
-            dead = json.loads(self._client.status_json(state="DEAD", driver=self._me,
-                                                       limit=DEAD_LOOKED_AT)).get("actors", [])
             # No longer alive: read to the end of its last worker's file
             # (kept: a restart goes on from there).
             for actor in [a for a in self._followed if a not in mine]:
                 f = self._resting[actor] = self._followed.pop(actor)
                 self._read_to_end(actor, f, deadline)
             # Dead before any look saw it alive: its file, whole, once.
-            dead_ids = set()
             for a in dead:
-                dead_ids.add(a["id"])
                 if self._resting.pop(a["id"], None) is not None:
-                    self._ended.add(a["id"])
+                    self._remember_ended(a["id"])
                 if a.get("driver") != self._me or a["id"] in self._ended or a["id"] in self._no_files:
                     continue
                 if deadline is not None and time.monotonic() > deadline:
                     return
-                self._ended.add(a["id"])
+                self._remember_ended(a["id"])
                 self._read_to_end(a["id"], _Followed(self._label(a)), deadline)
-            # An id older than every one of a full list has aged out of it
-            # and cannot come back; one not listed otherwise may still die
-            # (read to the end while restarting, say).
-            if len(dead) >= DEAD_LOOKED_AT:
-                oldest = min(dead_ids)
-                self._ended = {i for i in self._ended if i >= oldest}
+            while len(self._resting) > RESTING_KEPT:  # rows the head evicted before they were seen dead
+                del self._resting[next(iter(self._resting))]
             for actor, a in mine.items():
                 if deadline is not None and time.monotonic() > deadline:
                     return
@@ -159,6 +166,11 @@ class DriverLogs:
                         del self._followed[actor]
                         self._no_files.add(actor)
                     continue
+
+    def _remember_ended(self, actor):
+        self._ended[actor] = None
+        while len(self._ended) > ENDED_KEPT:
+            del self._ended[next(iter(self._ended))]
 
     @staticmethod
     def _label(a):

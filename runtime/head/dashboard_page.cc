@@ -87,12 +87,12 @@ function render(st) {
     (st.nodes || []).map(n => [`<td>${n.id}</td>`, `<td>${esc(n.hostname)}</td>`,
       `<td class="${n.alive ? "ALIVE" : "DEAD"}">${n.alive ? "alive" : "dead"}</td>`,
       `<td>${esc(res(n.total))}</td>`, `<td>${esc(res(n.used))}</td>`, `<td>${n.idle_workers ?? ""}</td>`]));
-  // Every actor not dead (up to 1000), then the latest dead ones: churn
+  // Every actor not dead (the newest 1000), then the latest dead ones: churn
   // of short-lived actors never pushes a live one off the table.
   const live = actors.filter(a => a.state !== "DEAD"), dead = actors.filter(a => a.state === "DEAD");
   const shown = live.slice(-1000).reverse().concat(dead.slice(-100).reverse());
   document.getElementById("actors-shown").textContent = shown.length < actors.length ?
-    `(showing ${shown.length} of ${actors.length}: the first ${Math.min(live.length, 1000)} not dead, then the latest dead)` : "";
+    `(showing ${shown.length} of ${actors.length}: the newest ${Math.min(live.length, 1000)} not dead, then the latest dead)` : "";
   table(document.getElementById("actors"), ["id", "class", "name", "state", "node", "pid", "restarts", "cause"],
     shown.map(a => [`<td>${a.id}</td>`, `<td>${esc(a.class)}</td>`, `<td>${esc(a.name || "")}</td>`,
       `<td class="${esc(a.state)}">${esc(a.state)}</td>`, `<td>${a.node}</td>`, `<td>${a.pid}</td>`,

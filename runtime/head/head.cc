@@ -300,7 +300,7 @@ class Head::Impl {
         return p.conn->send(ok_response_value(m.id, state_.named_actor(body<std::string>(m))));
       case Op::kKillActor: {
         auto k = body<KillActor>(m);
-        state_.kill_actor(k.actor_id, k.no_restart, k.why.empty() ? "killed by request" : k.why);
+        state_.kill_actor(k.actor_id, k.no_restart, k.why.empty() ? std::string(kKilledByRequest) : k.why);
         return p.conn->send(ok_response(m.id));
       }
       case Op::kNodes:

@@ -472,11 +472,14 @@ void HeadState::set_dead(Actor& a) {
   evict_dead();
 }
 
-// A task executor killed on request (its pool let it go) is routine: such
-// rows are kept apart, fewer of them, so that a workload's churn of tasks
-// does not push a crashed actor's row (its cause, its log) out of status.
+// A task executor its pool let go (killed on request, no reason given) is
+// routine: such rows are kept apart, fewer of them, so that a workload's
+// churn of tasks does not push a crashed actor's row (its cause, its log)
+// out of status. An executor that failed to start, or was killed with a
+// reason (a cancelled task), is not routine.
 std::deque<uint64_t>& HeadState::dead_order(const Actor& a) {
-  const bool routine = a.kill_requested && a.info.class_name == client::kTaskExecutorClass;
+  const bool routine =
+      a.kill_requested && a.info.class_name == client::kTaskExecutorClass && a.info.death_cause == kKilledByRequest;
   return routine ? dead_routine_ : dead_order_;
 }
 

@@ -26,6 +26,10 @@
 
 namespace troupe::head {
 
+// The cause of death of an actor killed with no reason given (KillActor's
+// `why` empty): what the task pool's release of an idle executor says.
+inline constexpr const char* kKilledByRequest = "killed by request";
+
 // The server's name for one connection (0 = none).
 using PeerId = uint64_t;
 using Time = std::chrono::steady_clock::time_point;

@@ -256,6 +256,10 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
     }
     actors_[id] = std::move(a);
   }
+  // Rows come in key order ("a/1000" before "a/999"): the queues go oldest
+  // first by id, as they were filled (ids grow with creation).
+  std::sort(dead_order_.begin(), dead_order_.end());
+  std::sort(dead_routine_.begin(), dead_routine_.end());
 }
 
 void HeadState::bind_client(PeerId peer, uint64_t client_id, uint64_t worker_actor, uint32_t incarnation) {

@@ -1,5 +1,7 @@
 #include "troupe/runtime/head/http_endpoint.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <strings.h>
 
 #include <openssl/crypto.h>
@@ -46,6 +48,8 @@ const char* kLoginPage = R"(<!doctype html><html><head><meta charset="utf-8"><ti
 
 }  // namespace
 
+namespace {
+
 std::string host_of(const std::string& host_header) {
   std::string h = host_header;
   if (!h.empty() && h[0] == '[') {
@@ -56,6 +60,20 @@ std::string host_of(const std::string& host_header) {
   if (colon != std::string::npos && h.find(':', colon + 1) == std::string::npos) h.resize(colon);
   return h;
 }
+
+// A Host naming this machine's loopback exactly: "localhost", or an
+// address literal in 127/8 or ::1. Not a name that merely begins like one
+// ("127.0.0.1.attacker.example" can be rebound to 127.0.0.1).
+bool loopback_name(const std::string& host) {
+  const std::string h = wire::strip_brackets(host);
+  if (strcasecmp(h.c_str(), "localhost") == 0) return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+}  // namespace
 
 bool is_loopback_host(const std::string& host) {
   const std::string h = wire::strip_brackets(host);
@@ -107,7 +125,7 @@ class HttpEndpoint::Impl {
   // A client that sends a token is told when it is wrong.
   bool loopback_allowed(const HttpRequest& req, HttpResponse& res) {
     const std::string host = host_of(req.header("Host"));
-    if (!host.empty() && !is_loopback_host(host)) {
+    if (!host.empty() && !loopback_name(host)) {
       res.status = 403;
       res.set_content(
           "troupe dashboard: Host '" + host +

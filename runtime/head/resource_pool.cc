@@ -60,10 +60,29 @@ void validate_shown_name(const std::string& name, const std::string& what) {
     throw ConfigError(what + " '" + core::to_valid_utf8(name.substr(0, 64)) + "...' is " + std::to_string(name.size()) +
                       " bytes long, over the limit of " + std::to_string(kMaxShownName));
   if (!core::valid_utf8(name)) throw ConfigError(what + " '" + core::to_valid_utf8(name) + "' is not UTF-8 text");
-  for (unsigned char c : name)
-    if (c < ' ' || c == 0x7f) {
+  // C0 controls and DEL; C1 controls (U+0080-U+009F: C2 80-9F, an 8-bit
+  // CSI among them) and the bidirectional overrides and isolates
+  // (U+202A-U+202E: E2 80 AA-AE; U+2066-U+2069: E2 81 A6-A9), which
+  // reorder what a terminal shows.
+  auto control_at = [&](size_t i) {
+    const auto b = [&](size_t k) { return k < name.size() ? static_cast<unsigned char>(name[k]) : 0; };
+    if (b(i) < ' ' || b(i) == 0x7f) return true;
+    if (b(i) == 0xC2 && b(i + 1) >= 0x80 && b(i + 1) <= 0x9F) return true;
+    if (b(i) == 0xE2 && b(i + 1) == 0x80 && b(i + 2) >= 0xAA && b(i + 2) <= 0xAE) return true;
+    return b(i) == 0xE2 && b(i + 1) == 0x81 && b(i + 2) >= 0xA6 && b(i + 2) <= 0xA9;
+  };
+  for (size_t i = 0; i < name.size(); ++i)
+    if (control_at(i)) {
       std::string shown;
-      for (unsigned char d : name) shown += d < ' ' || d == 0x7f ? '?' : static_cast<char>(d);
+      for (size_t k = 0; k < name.size();) {
+        const auto c = static_cast<unsigned char>(name[k]);
+        if (!control_at(k)) {
+          shown += name[k++];
+          continue;
+        }
+        shown += '?';
+        k += c < 0x80 ? 1 : c == 0xC2 ? 2 : 3;
+      }
       throw ConfigError(what + " '" + shown + "' has a control character (shown as ?): names may not have them");
     }
 }

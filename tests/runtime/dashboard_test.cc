@@ -202,7 +202,8 @@ TEST(DashboardLoopback, ServesLoopbackHostsWithoutATokenAndRefusesOtherHosts) {
     const std::string ok = with_host(host);
     EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << host << ": " << ok.substr(0, 200);
   }
-  for (const std::string host : {"attacker.example", "attacker.example:8265", "10.0.0.1", "localhost.evil.example"}) {
+  for (const std::string host : {"attacker.example", "attacker.example:8265", "10.0.0.1", "localhost.evil.example",
+                                 "127.0.0.1.attacker.example", "127.0.0.1.attacker.example:8265", "[::2]"}) {
     const std::string refused = with_host(host);
     EXPECT_EQ(refused.rfind("HTTP/1.1 403", 0), 0u) << host << ": " << refused.substr(0, 200);
     EXPECT_NE(refused.find("is not a loopback name"), std::string::npos) << refused;

@@ -779,6 +779,14 @@ TEST(HeadStateNames, NamesWithControlCharactersOrNotUtf8AreRefusedNamingThem) {
   };
   refused("evil\n[head] [error] FORGED", "'evil?[head] [error] FORGED' has a control character");
   refused("red\x1b[31m", "control character");
+  refused(
+      "csi\xc2\x9b"
+      "31m",
+      "'csi?31m' has a control character");
+  refused(
+      "txt.\xe2\x80\xae"
+      "exe",
+      "'txt.?exe' has a control character");
   refused("bad\xff", "is not UTF-8 text");
   refused(std::string(2000, 'n'), "2000 bytes long");
   ActorSpec ok;
