@@ -444,6 +444,7 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
     return rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, r);
   };
   std::string path;  // the file followed
+  bool waiting = false;
   for (bool first = true;; first = false) {
     troupe::wire::LogChunk chunk;
     try {
@@ -467,10 +468,23 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
         req.offset = 0;
         continue;
       }
-    } catch (const troupe::ConfigError& e) {  // no such actor or node, no log file: as above
-      std::fprintf(stderr, "troupe logs: %s\n", e.what());
-      return 2;
+    } catch (const troupe::Error& e) {
+      // Following, a read that fails after one went well is a moment of
+      // change (a new worker whose file is not there yet, a node agent
+      // reconnecting): tried again, said once. An actor that is gone, or
+      // the first read, ends it (no such actor or node, no log file).
+      const bool gone = std::string_view(e.what()).find("no actor with id") != std::string_view::npos ||
+                        dynamic_cast<const troupe::ConnectionError*>(&e) != nullptr;
+      if (!l.follow || first || gone) {
+        std::fprintf(stderr, "troupe logs: %s\n", e.what());
+        return dynamic_cast<const troupe::ConfigError*>(&e) ? 2 : 1;
+      }
+      if (!waiting) std::fprintf(stderr, "troupe logs: waiting for the log (%s)\n", e.what());
+      waiting = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      continue;
     }
+    waiting = false;
     path = chunk.path;
     std::string_view text = chunk.text;
     if (first && chunk.next_offset > text.size() && !text.empty()) {

@@ -162,6 +162,9 @@ class Phoenix:
     def ping(self):
         return os.getpid()
 
+    def say(self, text):
+        print(text, flush=True)
+
 
 def test_a_restarted_actors_last_words_reach_the_driver(cluster, capsys):
     # Its worker ends and another takes its place, between two looks or
@@ -218,10 +221,14 @@ def test_following_an_actor_goes_on_across_its_restart(cluster):
         seen, said = [], []
         threading.Thread(target=lambda: seen.extend(follow.stdout), daemon=True).start()
         threading.Thread(target=lambda: said.extend(follow.stderr), daemon=True).start()
+        # The follower is reading the first worker's file before it ends.
+        troupe.get(phoenix.say.remote("marker-eight-b, the old worker alive"), timeout=60)
+        wait_until(lambda: any("marker-eight-b" in line for line in seen), timeout=60, what="the follower's first lines")
         with pytest.raises(Exception):
             troupe.get(phoenix.last_words.remote("marker-nine, the old worker's last"), timeout=60)
         wait_until(lambda: _alive_again(phoenix, first), what="the restarted actor")
-        wait_until(lambda: any("has a new worker" in line for line in said), timeout=60, what="the follower's note")
+        wait_until(lambda: any("has a new worker" in line for line in said), timeout=60,
+                   what=f"the follower's note (it said {said!r}, exit status {follow.poll()})")
         wait_until(lambda: any("marker-nine" in line for line in seen), timeout=60, what="the old worker's last line")
     finally:
         follow.terminate()
