@@ -3,7 +3,6 @@ A step that raises (a TorchScript `raise`) raises on every retry and every
 replacement: it used to be taken for a crashed trainer, retried up to
 max_failures (forever with -1), and reported as a peer's aborted allreduce
 instead of the user's message."""
-import time
 from typing import Dict
 
 import numpy as np
@@ -33,11 +32,11 @@ def test_a_step_that_raises_fails_the_job_at_once_with_its_message(tmp_path):
     data["value"][13] = 1000.0
     job = TrainJob(CorruptSampleStep(), data, workers=2, epochs=2, batch_size=4, optimizer="sgd", lr=0.01,
                    max_failures=-1, seed=1, verbose=False, checkpoint_dir=str(tmp_path)).start()
-    start = time.monotonic()
+    # Bounded by the wait: retried forever (as before), it would time out
+    # with another message.
     with pytest.raises(Exception, match="a corrupt sample") as e:
         job.wait(timeout=240)
     assert "failure 2" not in str(e.value), str(e.value)[-2000:]  # not retried
-    assert time.monotonic() - start < 240
 
 
 def test_resuming_mid_epoch_in_another_data_order_is_refused(tmp_path):
