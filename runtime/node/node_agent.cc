@@ -329,7 +329,10 @@ class NodeAgent::Impl {
   // stopping, or its incarnation is over and the head knows.
   void kill_workers() {
     for (auto& [pid, w] : workers_) ::kill(pid, SIGKILL);
-    for (auto& [pid, w] : workers_) core::wait_child(pid);
+    for (auto& [pid, w] : workers_) {
+      core::wait_child(pid);
+      pool_->worker_exited(pid);
+    }
     workers_.clear();
   }
 
@@ -383,6 +386,10 @@ class NodeAgent::Impl {
                             " keeps no worker log files (its output is no file, or it runs inside a driver, whose "
                             "output its workers share)");
         c.path = worker_log_path(opts_.worker_pool.log_dir, static_cast<pid_t>(req.id));
+        if (!std::filesystem::exists(c.path))
+          throw ConfigError("node " + std::to_string(node_id_) + " has no log file of worker " +
+                            std::to_string(req.id) + " (it keeps those of its " +
+                            std::to_string(opts_.worker_pool.max_exited_logs) + " latest exited workers)");
       } else {
         throw ConfigError("read log: unknown target '" + req.target + "' at the node");
       }
@@ -523,6 +530,7 @@ class NodeAgent::Impl {
       std::string how = core::describe_exit_status(status);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 127) how += " (could not exec the worker executable?)";
       report_exit(it->second.actor_id, it->second.incarnation, pid, how);
+      pool_->worker_exited(pid);
       it = workers_.erase(it);
     }
   }

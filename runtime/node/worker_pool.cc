@@ -39,6 +39,7 @@ void validate_pool_options(const WorkerPoolOptions& o) {
 WorkerPool::WorkerPool(asio::io_context& io, WorkerPoolOptions options, core::WorkerEnv base)
     : io_(io), opts_(options), base_(std::move(base)), idle_timer_(io) {
   validate_pool_options(opts_);
+  if (!opts_.log_dir.empty()) exited_logs_.emplace(opts_.log_dir, opts_.max_exited_logs);
   if (opts_.size > 0) check_idle();
 }
 
@@ -62,6 +63,33 @@ void WorkerPool::fill(const std::string& executable) {
 
 std::string worker_log_path(const std::string& dir, pid_t pid) {
   return dir + "/worker-" + std::to_string(pid) + ".log";
+}
+
+ExitedLogs::ExitedLogs(std::string dir, size_t keep) : dir_(std::move(dir)), keep_(keep) {}
+
+void ExitedLogs::exited(pid_t pid) {
+  order_.emplace_back(pid, ++seq_);
+  latest_[pid] = seq_;
+  while (latest_.size() > keep_) {
+    auto [old, seq] = order_.front();
+    order_.pop_front();
+    auto it = latest_.find(old);
+    if (it == latest_.end() || it->second != seq) continue;  // that pid exited again since
+    latest_.erase(it);
+    bool alive = ::kill(old, 0) == 0 || errno == EPERM;
+    if (!alive) ::unlink(worker_log_path(dir_, old).c_str());
+  }
+  // Entries of pids that exited again pile up only while nothing is trimmed.
+  if (order_.size() > 2 * latest_.size() + 64) {
+    std::deque<std::pair<pid_t, uint64_t>> live;
+    for (auto& e : order_)
+      if (latest_[e.first] == e.second) live.push_back(e);
+    order_.swap(live);
+  }
+}
+
+void WorkerPool::worker_exited(pid_t pid) {
+  if (exited_logs_) exited_logs_->exited(pid);
 }
 
 pid_t spawn_logged(core::SpawnOptions o, const std::string& dir) {
@@ -143,6 +171,7 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
       TROUPE_LOG_DEBUG("worker pool: idle worker {} could not take actor {}: {}", pid, a.actor_id, ex.what());
       ::kill(pid, SIGKILL);
       core::wait_child(pid);
+      worker_exited(pid);
     }
     chosen = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it)
@@ -229,6 +258,7 @@ void WorkerPool::reap() {
       TROUPE_LOG_WARN("worker pool: {} idle workers of {} died before they were ready; spawns of it start cold",
                       kMaxFailedStarts, it->second.executable);
     std::string executable = it->second.executable;
+    worker_exited(it->first);
     it = idle_.erase(it);
     if (e.active) post_refill(executable);
   }
@@ -285,6 +315,7 @@ void WorkerPool::kill_idle(const std::string& executable) {
                      opts_.idle_timeout.count());
     ::kill(it->first, SIGKILL);
     core::wait_child(it->first);
+    worker_exited(it->first);
     it = idle_.erase(it);
   }
   report_idle_count();
@@ -307,7 +338,10 @@ void WorkerPool::stop() {
 
 void WorkerPool::kill_all_idle() {
   for (auto& [pid, w] : idle_) ::kill(pid, SIGKILL);
-  for (auto& [pid, w] : idle_) core::wait_child(pid);
+  for (auto& [pid, w] : idle_) {
+    core::wait_child(pid);
+    worker_exited(pid);
+  }
   idle_.clear();
   taken_.clear();
 }

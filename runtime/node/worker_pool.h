@@ -16,11 +16,13 @@
 #include <asio.hpp>
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -34,10 +36,32 @@ struct WorkerPoolOptions {
   // Where each worker's stdout and stderr go, one file per worker
   // (worker_log_path); "" = the agent's own output.
   std::string log_dir;
+  // Log files of exited workers kept in log_dir; older ones are deleted.
+  size_t max_exited_logs = 1000;
 };
 
 // A worker's own log file, found again by its pid (`troupe logs ACTOR`).
 std::string worker_log_path(const std::string& dir, pid_t pid);
+
+// The log files of a node's exited workers: the newest `keep` stay (what
+// `troupe logs` reads of dead actors), older ones are deleted, so a node
+// running tasks for months does not fill its disk with them. A file whose
+// pid a live process has again is that process's (spawn_logged replaced
+// it) and stays.
+class ExitedLogs {
+ public:
+  ExitedLogs(std::string dir, size_t keep);
+  // The worker `pid` exited and was reaped.
+  void exited(pid_t pid);
+  size_t kept() const { return latest_.size(); }
+
+ private:
+  std::string dir_;
+  size_t keep_;
+  uint64_t seq_ = 0;
+  std::deque<std::pair<pid_t, uint64_t>> order_;  // oldest first; stale entries skipped
+  std::unordered_map<pid_t, uint64_t> latest_;    // pid -> its newest entry
+};
 
 // Waits for a started worker to serve: `done` runs once, on the event loop,
 // at the first of the worker's byte on `socket` (or its closing it by
@@ -86,6 +110,9 @@ class WorkerPool {
   // changes, so the agent can report it at once rather than with its next
   // heartbeat.
   void on_idle_count_change(std::function<void(uint32_t)> callback);
+  // A worker the pool handed out, or one the agent started cold, exited
+  // and was reaped: its log file joins the exited ones kept (ExitedLogs).
+  void worker_exited(pid_t pid);
   // Kills and reaps every idle worker; the pool starts nothing after it.
   void stop();
   // Kills and reaps every idle worker and refills the executables in use
@@ -128,6 +155,7 @@ class WorkerPool {
   std::function<void(uint32_t)> on_idle_count_change_;
   uint32_t reported_idle_ = 0;
   bool stopped_ = false;
+  std::optional<ExitedLogs> exited_logs_;  // when log_dir is set
 };
 
 }  // namespace troupe::node

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +18,7 @@
 #include "tests/support/process.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/node/worker_pool.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;
@@ -274,4 +276,54 @@ TEST(WorkerPool, OutOfRangeOptionsAreRefusedNamingTheValue) {
   }
   o = one_node(2, 0ms);
   EXPECT_THROW(troupe::testing::LocalCluster{o}, troupe::ConfigError);
+}
+
+namespace {
+
+// A pid no process has now: a child's, once reaped.
+pid_t dead_pid() {
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+void touch(const std::string& path) { std::ofstream(path) << "x\n"; }
+
+}  // namespace
+
+TEST(ExitedLogs, KeepsTheNewestAndDeletesOlderOnes) {
+  auto dir = std::filesystem::temp_directory_path() / ("troupe-exited-logs-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  troupe::node::ExitedLogs logs(dir.string(), 2);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 4; ++i) {
+    pids.push_back(dead_pid());
+    touch(troupe::node::worker_log_path(dir.string(), pids.back()));
+    logs.exited(pids.back());
+  }
+  EXPECT_EQ(logs.kept(), 2u);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(std::filesystem::exists(troupe::node::worker_log_path(dir.string(), pids[i])), i >= 2) << i;
+  // A pid that exited twice counts once, at its latest exit: it outlives
+  // the one that exited between.
+  logs.exited(pids[2]);
+  pid_t next = dead_pid();
+  touch(troupe::node::worker_log_path(dir.string(), next));
+  logs.exited(next);
+  EXPECT_TRUE(std::filesystem::exists(troupe::node::worker_log_path(dir.string(), pids[2])));
+  EXPECT_FALSE(std::filesystem::exists(troupe::node::worker_log_path(dir.string(), pids[3])));
+  // A live process's pid: its file is its own now, and stays.
+  pid_t live = ::getpid();
+  touch(troupe::node::worker_log_path(dir.string(), live));
+  logs.exited(live);
+  for (int i = 0; i < 2; ++i) {
+    pid_t p = dead_pid();
+    touch(troupe::node::worker_log_path(dir.string(), p));
+    logs.exited(p);
+  }
+  EXPECT_TRUE(std::filesystem::exists(troupe::node::worker_log_path(dir.string(), live)));
+  EXPECT_EQ(logs.kept(), 2u);
+  std::filesystem::remove_all(dir);
 }
