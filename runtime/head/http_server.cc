@@ -89,6 +89,25 @@ long long body_length(const HttpRequest& req) {
   return std::stoll(text);
 }
 
+// Where a request head ends: at its empty line, CRLF CRLF or one made of
+// bare LFs (a hand-typed request), which on_head refuses at once rather
+// than waiting for a CRLF CRLF that never comes.
+struct HeadEnd {
+  using iterator = asio::buffers_iterator<asio::streambuf::const_buffers_type>;
+  using result_type = std::pair<iterator, bool>;
+  result_type operator()(iterator begin, iterator end) const {
+    iterator resume = end;
+    for (iterator i = begin; i != end; ++i) {
+      if (*i != '\n') continue;
+      resume = i;
+      iterator next = i + 1;
+      if (next != end && *next == '\n') return {next + 1, true};
+      if (next != end && *next == '\r' && next + 1 != end && *(next + 1) == '\n') return {next + 2, true};
+    }
+    return {resume, false};
+  }
+};
+
 void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
 
 // One connection: read a request (head, then body), answer it, close.
@@ -107,7 +126,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     deadline_.async_wait([self](asio::error_code ec) {
       if (!ec) self->close();
     });
-    asio::async_read_until(socket_, head_, "\r\n\r\n", [self](asio::error_code ec, size_t n) { self->on_head(ec, n); });
+    asio::async_read_until(socket_, head_, HeadEnd{}, [self](asio::error_code ec, size_t n) { self->on_head(ec, n); });
   }
 
   void close() {
@@ -121,6 +140,8 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     if (ec == asio::error::not_found) return answer_error(431, "request head over the limit");
     if (ec) return close();
     const std::string all(asio::buffers_begin(head_.data()), asio::buffers_end(head_.data()));
+    if (n < 4 || all.compare(n - 4, 4, "\r\n\r\n") != 0)
+      return answer_error(400, "the request's lines must end with CR LF");
     if (!parse_request_head(all.substr(0, n - 4), req_)) return answer_error(400, "not an HTTP/1.x request");
     const long long length = body_length(req_);
     if (length < 0) return answer_error(400, "a body needs a Content-Length (chunked bodies are not taken)");

@@ -133,6 +133,20 @@ TEST_F(DashboardTest, GarbageRequestHurtsNeitherEndpointNorHead) {
   EXPECT_TRUE(rt.nodes().empty());
 }
 
+// A hand-typed request whose lines end with bare LFs is answered 400,
+// naming why, instead of waiting for a CR LF CR LF until the read deadline
+// closes it unanswered; one with the wrong ending after a good line too.
+TEST_F(DashboardTest, BareLineFeedsAreAnsweredWithA400) {
+  for (const std::string request :
+       {"GET /metrics HTTP/1.1\nHost: x\n\n", "GET /metrics HTTP/1.1\r\nHost: x\n\n", "GET /metrics HTTP/1.1\n\r\n"}) {
+    std::string answer = http(port_, request);
+    EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+    EXPECT_NE(answer.find("CR LF"), std::string::npos) << answer;
+  }
+  std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
+  EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
+}
+
 // Clients that open connections and dribble half-sent requests (a header
 // line now and then, never the blank line) do not keep others from being
 // served: twice as many as the server keeps open, still sending, and
