@@ -381,6 +381,7 @@ struct LogsArgs {
   bool follow = false;
   bool previous = false;
   uint32_t tail = 64 * 1024;
+  std::string name;  // --name: an actor by name, whatever it looks like ("7", "head")
 };
 
 // The actor named `name`: the live one, or else the newest the head still
@@ -413,7 +414,11 @@ troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
     }
     throw troupe::ConfigError("'" + s + "' is not a " + what);
   };
-  if (t.empty() || (t.size() == 1 && t[0] == "head")) {
+  if (!l.name.empty()) {
+    if (!t.empty()) throw troupe::ConfigError("give an actor's --name or a target, not both");
+    r.target = l.previous ? "actor_previous" : "actor";
+    r.id = actor_by_name(rt, l.name);
+  } else if (t.empty() || (t.size() == 1 && t[0] == "head")) {
     r.target = "head";
   } else if (t.size() == 2 && t[0] == "node") {
     r.target = "node";
@@ -978,6 +983,7 @@ int main(int argc, char** argv) {
                  "keep printing what is appended (Ctrl-C ends); an actor's new worker is followed after a restart");
   logs->add_flag("--previous", la.previous,
                  "an actor's worker before its current one (what a crash printed, after a restart)");
+  logs->add_option("--name", la.name, "an actor by its name, also one that reads as a number or as head");
   logs->add_option("--tail", la.tail, "bytes from the end to start with (and per read)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 4u << 20));

@@ -75,6 +75,15 @@ def test_an_actors_own_log_has_what_it_printed(cluster):
     assert "marker-one from the actor" in by_id.stdout
     by_name = logs(cluster, "talker")
     assert "marker-one from the actor" in by_name.stdout, by_name.stderr
+    # A name that reads as an id, or as the head, is an actor's with --name.
+    for odd in ("7", "head"):
+        o = Talker.options(name=odd).remote()
+        troupe.get(o.say.remote(f"marker of the actor named {odd}"), timeout=60)
+        r = logs(cluster, "--name", odd)
+        assert r.returncode == 0 and f"marker of the actor named {odd}" in r.stdout, r.stderr
+        troupe.kill(o)
+    r = logs(cluster, "--name", "talker", "head")
+    assert r.returncode == 2 and "not both" in r.stderr, r.stderr
 
     follow = subprocess.Popen([cli(), "logs", "-f", str(actor_id)], env=cluster, stdout=subprocess.PIPE, text=True)
     try:
