@@ -119,7 +119,14 @@ Batch collate(const Dataset& dataset, std::vector<Sample>&& samples, std::vector
   try {
     b.tensors = dataset.collate(std::move(samples));
   } catch (const std::exception& e) {
-    std::string where = indices.empty() ? "" : " (batch starting at index " + std::to_string(indices.front()) + ")";
+    // Its samples by position are these data set indices (a collate's error
+    // names a sample by its position in the batch).
+    std::string where;
+    if (!indices.empty()) {
+      where = " (its samples 0, 1, ... are data set indices ";
+      for (size_t i = 0; i < indices.size() && i < 16; ++i) where += (i ? ", " : "") + std::to_string(indices[i]);
+      where += indices.size() > 16 ? ", ...)" : ")";
+    }
     throw ConfigError("collate of " + dataset.describe() + " failed" + where + ": " + e.what());
   }
   if (b.tensors.empty()) throw Error("collate of " + dataset.describe() + " returned no tensors");

@@ -112,6 +112,10 @@ TEST(CustomCollate, AThrowingCollateNamesTheDataSet) {
     std::string what = e.what();
     EXPECT_NE(what.find("collate of chain_graphs failed"), std::string::npos) << what;
     EXPECT_NE(what.find("edge_index out of range"), std::string::npos) << what;
+    // Which samples: a collate names them by their place in the batch.
+    EXPECT_TRUE(what.find("are data set indices 0, 1)") != std::string::npos ||
+                what.find("are data set indices 2, 3)") != std::string::npos)
+        << what;
   }
 }
 
