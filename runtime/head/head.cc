@@ -312,6 +312,10 @@ class Head::Impl {
         return shutdown(p, m);
       case Op::kReadLog:
         return read_log(p, m);
+      case Op::kPing:
+        // A fenced peer's messages are never read (on_message): it gets
+        // its close instead of this.
+        return p.conn->send(ok_response(m.id));
       case Op::kGoodbye:
         // Every connection of that process: one the head has not yet seen
         // close (a reconnect raced it) must not keep what it owns either.
@@ -501,6 +505,7 @@ class Head::Impl {
       node_conns_[reply.node_id] = p.conn;
     } else if (h.role == Role::kWorker) {
       reply = state_.worker_hello(h.actor_id, h.incarnation);
+      reply.fence_after_ms = opts_.heartbeat_ms * opts_.heartbeat_misses;
       p.node_id = reply.info.node_id;
     }
     if (h.role != Role::kNode) {
@@ -800,7 +805,8 @@ class Head::Impl {
                                    "read_log",
                                    "lend_resources",
                                    "resources_wanted",
-                                   "goodbye"};
+                                   "goodbye",
+                                   "ping"};
     static_assert(std::size(kNames) == static_cast<size_t>(Op::kLastOp) + 1, "a name for every op");
     return op < std::size(kNames) ? kNames[op] : "op_" + std::to_string(op);
   }

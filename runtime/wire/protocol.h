@@ -46,7 +46,8 @@ enum class Op : uint32_t {
   kLendResources = 28,       // event worker -> head: LendResources
   kResourcesWanted = 29,     // event head -> actor owner: ResourcesWanted
   kGoodbye = 30,             // request driver/worker -> head: -> void; it leaves for good (see Hello::host_key)
-  kLastOp = kGoodbye,        // the highest op (tables indexed by op)
+  kPing = 31,                // request worker -> head: -> void; a stalled worker still serves (StallGuard)
+  kLastOp = kPing,           // the highest op (tables indexed by op)
 };
 
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
@@ -172,7 +173,11 @@ struct HelloReply {
   // The head writes its tables through to a store and reloads them when it
   // is restarted: whoever loses it should wait for it to come back.
   bool durable = false;
-  TROUPE_FIELDS(node_id, heartbeat_ms, spec, info, durable)
+  // worker: how long a node may stay silent before the head fences it
+  // (heartbeat_ms × misses); a worker that stalled for half of it confirms
+  // it still serves before its next call (StallGuard).
+  uint32_t fence_after_ms = core::kHeartbeatMs * core::kHeartbeatMisses;
+  TROUPE_FIELDS(node_id, heartbeat_ms, spec, info, durable, fence_after_ms)
 };
 
 struct ActorReady {

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -18,6 +19,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/malloc_policy.h"
+#include "troupe/runtime/worker/stall_guard.h"
 #include "troupe/runtime/worker/worker_context.h"
 
 namespace troupe::worker {
@@ -309,6 +311,7 @@ class ActorHost {
   }
 
   Message run_call(Message& call) {
+    stall_guard_.before_call();
     client::process_stats().calls.fetch_add(1, std::memory_order_relaxed);
     Message reply;
     reply.kind = Kind::REPLY;
@@ -505,6 +508,10 @@ class ActorHost {
     auto holder = store->put(std::move(v));
     store->encode_ref(reply, *holder);
   };
+  // No call starts after a stall its node may have been fenced in before
+  // the head says this worker still serves.
+  StallGuard stall_guard_{std::chrono::milliseconds(std::max<uint32_t>(core_->hello_reply().fence_after_ms / 2, 1)),
+                          [core = core_] { core->head().call_empty<void>(Op::kPing, std::chrono::seconds(10)); }};
 };
 
 // Before the actor allocates anything: see malloc_policy.h. The node agent

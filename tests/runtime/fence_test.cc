@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "tests/support/process.h"
@@ -52,9 +54,29 @@ double live_cpus(troupe::Runtime& rt) {
   return cpus;
 }
 
+// Appends "PID VALUE" per call to a file: who ran which call.
+class Journal {
+ public:
+  explicit Journal(std::string path) : path_(std::move(path)) {}
+  int write(int value) {
+    std::ofstream(path_, std::ios::app) << getpid() << " " << value << "\n";
+    return getpid();
+  }
+  uint64_t node() const { return std::stoull(std::getenv("TROUPE_NODE_ID")); }
+
+ private:
+  std::string path_;
+};
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 }  // namespace
 
 TROUPE_ACTOR(Tally, &Tally::add, &Tally::pid, &Tally::node)
+TROUPE_ACTOR(Journal, &Journal::write, &Journal::node)
 
 TEST(Fencing, StoppedNodeAgentIsFencedAndRejoinsAsANewNode) {
   troupe::testing::LocalClusterOptions o;
@@ -101,4 +123,63 @@ TEST(Fencing, StoppedNodeAgentIsFencedAndRejoinsAsANewNode) {
   auto d = rt.spawn<Tally>({.resources = {{"CPU", 2}}}, 0);
   EXPECT_EQ(d.call(&Tally::node).get(kWaitBound), rejoined);
   EXPECT_EQ(c.call(&Tally::add, 1).get(kWaitBound), 5);
+}
+
+// A whole machine stalls past the fence time (its agent and the actor's
+// worker stopped together: a frozen VM): the head restarts the actor
+// elsewhere. The old worker, woken while its agent still sleeps, must not
+// run the call that waited in its socket meanwhile: that call is its
+// replacement's now (the caller retries or fails it). Before the worker's
+// StallGuard, it often did, as its call thread read the call before its
+// I/O thread read the head's close. A durable head tells a fenced worker
+// to end and half-closes; a plain one closes: both are covered.
+void stale_worker_runs_no_queued_call(bool durable) {
+  troupe::testing::LocalClusterOptions o;
+  o.heartbeat_ms = 50;
+  o.heartbeat_misses = 4;
+  o.durable_head = durable;
+  troupe::testing::LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  const std::string path = ::testing::TempDir() + "journal-" + std::to_string(getpid()) + (durable ? "-d" : "");
+  std::remove(path.c_str());
+  auto c = rt.spawn<Journal>({.resources = {{"CPU", 2}}, .max_restarts = 1}, path);
+  const int old_pid = c.call(&Journal::write, 0).get(kWaitBound);
+  const uint64_t first = c.call(&Journal::node).get(kWaitBound);
+  const size_t index = cluster.node_id(0) == first ? 0 : 1;
+  const pid_t agent = cluster.node_pid(index);
+
+  cluster.kill_node(index, SIGSTOP);
+  ASSERT_EQ(::kill(old_pid, SIGSTOP), 0);
+  auto queued = c.call(&Journal::write, 1);  // waits in the stopped worker's socket
+  ASSERT_TRUE(eventually([&] {
+    auto i = c.info();
+    return i.state == troupe::ActorState::kAlive && i.node_id != first;
+  }));
+  ::kill(old_pid, SIGCONT);  // the worker wakes; its agent sleeps on
+  EXPECT_TRUE(eventually([&] { return exited(old_pid); })) << "stale worker " << old_pid << " still runs";
+  try {
+    queued.get(kWaitBound);  // retried by the new worker, or failed: either is fine
+  } catch (const troupe::Error&) {
+  }
+  const int new_pid = c.call(&Journal::write, 2).get(kWaitBound);
+  EXPECT_NE(new_pid, old_pid);
+  const std::string journal = read_all(path);
+  EXPECT_EQ(journal.find(std::to_string(old_pid) + " 1\n"), std::string::npos)
+      << "the stale worker ran the queued call:\n"
+      << journal;
+  EXPECT_NE(journal.find(std::to_string(new_pid) + " 2\n"), std::string::npos) << journal;
+  // The agent wakes and joins again as a new node before the cluster ends.
+  cluster.kill_node(index, SIGCONT);
+  EXPECT_TRUE(eventually([&] {
+    for (const auto& n : rt.nodes())
+      if (n.pid == agent && n.alive && n.id != first) return true;
+    return false;
+  }));
+  std::remove(path.c_str());
+}
+
+TEST(Fencing, AWorkerWokenAfterItsNodeWasFencedRunsNoQueuedCall) { stale_worker_runs_no_queued_call(false); }
+
+TEST(Fencing, AWorkerWokenAfterItsNodeWasFencedByADurableHeadRunsNoQueuedCall) {
+  stale_worker_runs_no_queued_call(true);
 }
