@@ -490,6 +490,13 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
       continue;
     }
     waiting = false;
+    if (!first && chunk.size < req.offset) {
+      // The file shrank under us: a daemon's log rotated (PATH.1 has what
+      // was read), or it was truncated. The new one from its start.
+      std::fprintf(stderr, "troupe logs: %s was rotated or truncated; reading it from its start\n", chunk.path.c_str());
+      req.offset = 0;
+      continue;
+    }
     path = chunk.path;
     std::string_view text = chunk.text;
     if (first && chunk.next_offset > text.size() && !text.empty()) {

@@ -293,3 +293,52 @@ def test_on_an_embedded_cluster_workers_mark_their_own_lines(tmp_path):
     assert f"(task pid={task_pid}) marker-six from a task on stderr" in r.stderr.splitlines(), r.stderr
     assert f"(Talker pid={actor_pid}) marker-seven from an actor (the rest of the line)" in out, r.stdout
     assert "the driver's own line" in out, r.stdout
+
+
+_CHURN = """
+import troupe
+troupe.init(address="auto")
+
+@troupe.remote(num_cpus=0)
+class Brief:
+    def ping(self):
+        return 1
+
+for _ in range(20):
+    a = Brief.remote()
+    troupe.get(a.ping.remote(), timeout=60)
+    troupe.kill(a)
+troupe.shutdown()
+"""
+
+
+def test_a_daemons_log_rotates_and_its_supervised_head_writes_the_new_one(tmp_path):
+    # TROUPE_LOG_MAX_BYTES bounds head.log: past it the file becomes
+    # head.log.1 and the head goes on in a new head.log; a head its
+    # supervisor starts again after a crash writes there too, not into
+    # the rotated file the supervisor still held.
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(tmp_path), TROUPE_LOG_LEVEL="info", TROUPE_LOG_MAX_BYTES="4096")
+    env.pop("TROUPE_TOKEN", None)
+    env.pop("TROUPE_ADDRESS", None)
+    subprocess.run([cli(), "start", "--head", "--supervise", "--port", "0", "--resources", "CPU=1",
+                    "--dashboard-port", "-1"], env=env, check=True, capture_output=True, timeout=120)
+    head_log, older = tmp_path / "head.log", tmp_path / "head.log.1"
+    try:
+        def busy_until_rotated():
+            # Every actor that comes and goes leaves lines in head.log.
+            subprocess.run([sys.executable, "-c", _CHURN], env=env, capture_output=True, timeout=120)
+            return older.exists()
+        wait_until(busy_until_rotated, timeout=240, what="head.log rotated")
+        assert "head listening on" in older.read_text(errors="replace")
+        wait_until(lambda: "its earlier part is now" in head_log.read_text(errors="replace"), timeout=60,
+                   what="the rotation's own line in the new head.log")
+        r = logs(env, "head")
+        assert r.returncode == 0 and "its earlier part is now" in r.stdout, r.stderr
+
+        head_pid = int(next(ln.split("pid ")[1].split("]")[0] for ln in head_log.read_text().splitlines()
+                            if "[head pid " in ln))
+        os.kill(head_pid, 9)
+        wait_until(lambda: head_log.read_text(errors="replace").count("head listening on") >= 1, timeout=120,
+                   what="the restarted head's first line in head.log")
+    finally:
+        subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)

@@ -12,6 +12,7 @@
 #include <deque>
 #include <string>
 
+#include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/wire/address.h"
 
@@ -72,7 +73,9 @@ core::WorkerEnv supervise_head(core::WorkerEnv env) {
   const pid_t self = ::getpid();
   int ready_fd = env.ready_fd;
   std::deque<std::chrono::steady_clock::time_point> restarts;
+  const std::string log = core::own_log_file();  // the head may rotate it (rotate_own_log_in_background)
   for (bool served = false;;) {
+    core::write_output_to(log);
     int pipe_fds[2];
     if (::pipe2(pipe_fds, O_CLOEXEC) != 0) std::_Exit(1);
     const pid_t head = ::fork();

@@ -66,6 +66,7 @@ class SignalWaiter {
   // Before any thread starts: the supervisor forks the head processes.
   if (env.head_supervise) env = client::supervise_head(std::move(env));
   core::init_logging("head");
+  core::rotate_own_log_in_background();
   head::HeadOptions o;
   o.host = env.head_host.empty() ? "127.0.0.1" : env.head_host;
   o.advertise_host = env.advertise_host;
@@ -120,6 +121,7 @@ class SignalWaiter {
 
 [[noreturn]] void run_node(const core::WorkerEnv& env) {
   core::init_logging("node");
+  core::rotate_own_log_in_background();
   node::NodeOptions o;
   o.head_address = env.head_address;
   o.token = env.token;

@@ -4,13 +4,17 @@
 
 #include <unistd.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "troupe/runtime/core/errors.h"
 
@@ -50,6 +54,65 @@ std::string own_log_file() {
   struct stat st {};
   if (ec || ::fstat(1, &st) != 0 || !S_ISREG(st.st_mode)) return "";
   return path.string();
+}
+
+namespace {
+
+// Points stdout, and stderr when it went to the same file as stdout, at
+// `path` (appended to, created with `mode`). False when it cannot be opened.
+bool point_output_at(const std::string& path, mode_t mode) {
+  struct stat out {
+  }, err{};
+  const bool same =
+      ::fstat(1, &out) == 0 && ::fstat(2, &err) == 0 && err.st_dev == out.st_dev && err.st_ino == out.st_ino;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, mode);
+  if (fd < 0) return false;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::dup2(fd, 1);
+  if (same) ::dup2(fd, 2);
+  ::close(fd);
+  return true;
+}
+
+}  // namespace
+
+bool rotate_own_log_if_over(uint64_t max_bytes) {
+  struct stat out {};
+  if (::fstat(1, &out) != 0 || !S_ISREG(out.st_mode) || static_cast<uint64_t>(out.st_size) <= max_bytes) return false;
+  const std::string path = own_log_file();
+  if (path.empty()) return false;
+  const std::string older = path + ".1";
+  if (std::rename(path.c_str(), older.c_str()) != 0) return false;
+  if (!point_output_at(path, out.st_mode & 07777)) return false;  // goes on in PATH.1
+  TROUPE_LOG_INFO("log over {} bytes: its earlier part is now {}", max_bytes, older);
+  return true;
+}
+
+void write_output_to(const std::string& path) {
+  if (path.empty() || own_log_file() == path) return;
+  point_output_at(path, 0600);
+}
+
+void rotate_own_log_in_background(std::chrono::milliseconds interval) {
+  uint64_t max_bytes = 64ull << 20;
+  if (const char* v = std::getenv(kEnvLogMaxBytes)) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (*v >= '0' && *v <= '9' && *end == '\0' && errno == 0 && n >= 4096)
+      max_bytes = n;
+    else
+      TROUPE_LOG_WARN("{}='{}' is not a byte count of at least 4096: rotating the log at {} bytes", kEnvLogMaxBytes, v,
+                      max_bytes);
+  }
+  if (own_log_file().empty()) return;
+  std::thread([interval, max_bytes] {
+    for (;;) {
+      std::this_thread::sleep_for(interval);
+      rotate_own_log_if_over(max_bytes);
+    }
+  }).detach();
 }
 
 std::string read_log_piece(const std::string& path, uint64_t offset, uint32_t max_bytes, uint64_t* next_offset,

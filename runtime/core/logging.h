@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -23,6 +25,19 @@ std::optional<spdlog::level::level_enum> parse_log_level(const std::string& name
 // The file this process's stdout goes to (a daemon's log), or "" when it
 // is no regular file (a terminal, a pipe).
 std::string own_log_file();
+
+// A daemon whose output is a file (head.log, node-*.log of `troupe start`)
+// keeps it under TROUPE_LOG_MAX_BYTES (64 MiB by default, at least 4 KiB):
+// past that the file becomes PATH.1, replacing the one before, and the
+// output goes on in a new PATH. A thread of its own checks every
+// `interval`; nothing happens while the output is no regular file.
+void rotate_own_log_in_background(std::chrono::milliseconds interval = std::chrono::seconds(1));
+// One check of the above, now (tests). True when it rotated.
+bool rotate_own_log_if_over(uint64_t max_bytes);
+// Output (stdout, and stderr when it went to the same file) to `path` again
+// unless it goes there already: a head supervisor, whose head rotated the
+// log they share, before it starts the next head.
+void write_output_to(const std::string& path);
 
 // Up to `max_bytes` of `path` from `offset` (UINT64_MAX: the last
 // max_bytes); sets `next_offset` and `size`. Error naming the file when it

@@ -45,6 +45,8 @@ inline constexpr const char* kEnvServingFd = "TROUPE_SERVING_FD";
 inline constexpr const char* kEnvWorkerPoolSize = "TROUPE_WORKER_POOL_SIZE";
 inline constexpr const char* kEnvWorkerIdleTimeoutMs = "TROUPE_WORKER_IDLE_TIMEOUT_MS";
 inline constexpr const char* kEnvLogLevel = "TROUPE_LOG_LEVEL";
+// A daemon's log file is rotated past this many bytes (logging.h).
+inline constexpr const char* kEnvLogMaxBytes = "TROUPE_LOG_MAX_BYTES";
 inline constexpr const char* kEnvSessionDir = "TROUPE_SESSION_DIR";
 inline constexpr const char* kEnvAddress = "TROUPE_ADDRESS";
 // A job's runtime_env as JSON, for a Python driver's troupe.init (set by
@@ -129,7 +131,8 @@ std::string env_value(const char* name);
 // base a child's environment is built on, so that no role, address or token
 // leaks by accident while a setting such as TROUPE_DIGITS_PATH reaches the
 // trainer that reads it.
-inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath, kEnvWorkerMalloc, kEnvRuntimeEnvCacheGb};
+inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath, kEnvWorkerMalloc, kEnvRuntimeEnvCacheGb,
+                                                 kEnvLogMaxBytes};
 std::vector<std::string> clean_environment(const std::vector<std::string>& drop = {});
 
 }  // namespace troupe::core
