@@ -80,6 +80,9 @@ def test_hard_affinity_to_a_node_that_is_not_there_is_refused_by_name(two_nodes)
         troupe.get(where.options(scheduling_strategy=_on(99)).remote(), timeout=60)
     with pytest.raises(ConfigError, match="more than node"):
         Where.options(num_cpus=3, scheduling_strategy=_on(two_nodes["second"])).remote()
+    # A task too big for its one node is told so, not that no node fits.
+    with pytest.raises(ConfigError, match=f"do not fit on node {two_nodes['second']} .*hard node affinity"):
+        where.options(num_cpus=3, scheduling_strategy=_on(two_nodes["second"])).remote()
     with pytest.raises(ValueError, match="not a troupe node id"):
         NodeAffinitySchedulingStrategy("abc", soft=False)
     with pytest.raises(ConfigError, match="SPREAD"):

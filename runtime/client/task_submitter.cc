@@ -217,8 +217,12 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
   if (p.node_affinity && !p.affinity_soft)
     std::erase_if(nodes, [&](const NodeInfo& n) { return n.id != p.node_affinity; });
   int fits = fit_count(p.resources, nodes);
-  if (fits == 0 && !p.placement_group && !nodes.empty())
+  if (fits == 0 && !p.placement_group && !nodes.empty()) {
+    if (p.node_affinity && !p.affinity_soft)
+      throw ConfigError("task resources " + key->text + " do not fit on node " + std::to_string(p.node_affinity) +
+                        " (" + describe_nodes(nodes) + "), which a hard node affinity allows alone");
     throw ConfigError("task resources " + key->text + " fit on no node of the cluster (" + describe_nodes(nodes) + ")");
+  }
   key->cap = std::max(1, fits);
   key->zero_request = !p.placement_group && !p.resources.empty() &&
                       std::none_of(p.resources.begin(), p.resources.end(), [](const auto& r) { return r.second > 0; });

@@ -888,6 +888,7 @@ void HeadState::remove_placement_group(uint64_t id) {
     if (actors_.count(aid)) kill_actor(aid, true, "its placement group was removed");
   if (g.info.state == PlacementGroupState::kCreated) unreserve_group(g);
   g.info.state = PlacementGroupState::kRemoved;
+  g.info.pending_reason.clear();  // it waits for nothing now
   out_.groups_settled.push_back(g.info);
   removed_groups_order_.push_back(id);
   forget_oldest(groups_, removed_groups_order_, config_.max_removed_groups);

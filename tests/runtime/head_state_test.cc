@@ -368,6 +368,18 @@ TEST_F(HeadStateTest, PartsOfGpusPackIntoAGroup) {
   EXPECT_EQ(node(n).free_gpu_ids, (std::vector<int32_t>{0, 1}));
 }
 
+// A removed group waits for nothing: status must not keep showing why it
+// could not be placed.
+TEST_F(HeadStateTest, ARemovedGroupKeepsNoPendingReason) {
+  add_node({{"CPU", 1}}, 1);
+  auto g = state_.create_placement_group(kDriver, {{{{"CPU", 2}}}, PlacementStrategy::kPack, ""});
+  ASSERT_EQ(g.state, PlacementGroupState::kPending);
+  EXPECT_FALSE(state_.placement_group(g.id).pending_reason.empty());
+  state_.remove_placement_group(g.id);
+  EXPECT_EQ(state_.placement_group(g.id).state, PlacementGroupState::kRemoved);
+  EXPECT_EQ(state_.placement_group(g.id).pending_reason, "");
+}
+
 TEST_F(HeadStateTest, PlacementStrategiesPlaceBundles) {
   uint64_t n1 = add_node({{"CPU", 4}}, 1);
   uint64_t n2 = add_node({{"CPU", 4}}, 2);
