@@ -536,7 +536,7 @@ def test_loop_that_raises_is_retried_then_fails_and_leaves_no_workers(tmp_path):
     trainer = TorchTrainer(raising_loop, train_loop_config={"rank": 1},
                            scaling_config=train.ScalingConfig(num_workers=2),
                            run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=1)))
-    with pytest.raises(train.TrainingFailedError, match=r"failed 2 time\(s\), more than max_failures=1; last: .*bad batch 7") as info:
+    with pytest.raises(train.TrainingFailedError, match=r"failed 2 time\(s\), more than max_failures=1; last: rank 1: .*ValueError: bad batch 7") as info:
         trainer.fit()
     assert trainer.failures == 2
     assert isinstance(info.value.__cause__, ValueError)

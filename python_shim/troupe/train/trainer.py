@@ -97,13 +97,19 @@ class Result:
 
 
 class _WorkersDied(Exception):
-    pass
+    def __init__(self, rank=None):
+        super().__init__(rank)
+        self.rank = rank  # the world rank whose worker died, when known
 
 
 class _LoopRaised(Exception):
     """A worker's loop raised (its error is the cause): a failure to retry,
     unlike an error of the driver's own (an unpicklable loop, a lost
     cluster), which would come back the same on every attempt."""
+
+    def __init__(self, rank=None):
+        super().__init__(rank)
+        self.rank = rank  # the world rank whose loop raised
 
 
 def _workers_that_fit(res, nodes):
@@ -283,8 +289,10 @@ class TorchTrainer:
                     # Not the loop's: every attempt would meet it again.
                     raise self._failed(store, f"run {name!r} failed: {cause}", cause) from cause
                 self.failures += 1
-                what = (f"workers died: {cause}" if isinstance(failure, _WorkersDied)
-                        else f"{type(cause).__name__}: {cause}")
+                # As Ray Train's "[Rank N]": which rank, not only a pid.
+                who = "" if failure.rank is None else f"rank {failure.rank}: "
+                what = (f"workers died: {who}{cause}" if isinstance(failure, _WorkersDied)
+                        else f"{who}{type(cause).__name__}: {cause}")
                 if 0 <= max_failures < self.failures:
                     raise self._failed(store, f"run {name!r} failed {self.failures} time(s), more than "
                                               f"max_failures={max_failures}; last: {what}", cause) from cause
@@ -407,6 +415,9 @@ class TorchTrainer:
         died, else the root error: the first that is not a collective's echo
         of a lost peer."""
         deaths = _death_errors(rt)
+        def rank_of(ref):
+            return next((rank for rank, r in enumerate(refs) if r is ref or r == ref), None)
+
         pending = list(refs)
         errors = []
         grace_until = None
@@ -417,12 +428,13 @@ class TorchTrainer:
                 try:
                     rt.get(ref, timeout=PLACEMENT_TIMEOUT_S)
                 except deaths as e:
-                    raise _WorkersDied() from e
+                    raise _WorkersDied(rank_of(ref)) from e
                 except Exception as e:
-                    errors.append(e)
+                    errors.append((rank_of(ref), e))
                     grace_until = grace_until or time.monotonic() + CLASSIFY_GRACE_S
             if grace_until is not None and time.monotonic() >= grace_until:
                 break
         if errors:
-            roots = [e for e in errors if not any(m in str(e) for m in _PEER_LOST)]
-            raise _LoopRaised() from (roots or errors)[0]
+            roots = [(r, e) for r, e in errors if not any(m in str(e) for m in _PEER_LOST)]
+            rank, error = (roots or errors)[0]
+            raise _LoopRaised(rank) from error
