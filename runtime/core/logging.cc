@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/signal_free_thread.h"
 
 #include "troupe/runtime/core/worker_env.h"
 
@@ -107,7 +108,7 @@ void rotate_own_log_in_background(std::chrono::milliseconds interval) {
                       max_bytes);
   }
   if (own_log_file().empty()) return;
-  std::thread([interval, max_bytes] {
+  signal_free_thread([interval, max_bytes] {
     for (;;) {
       std::this_thread::sleep_for(interval);
       rotate_own_log_if_over(max_bytes);

@@ -7,12 +7,13 @@
 #include <exception>
 
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/signal_free_thread.h"
 
 namespace troupe::worker {
 
 StallGuard::StallGuard(std::chrono::milliseconds limit, std::function<void()> confirm)
     : limit_ns_(std::chrono::nanoseconds(limit).count()), confirm_(std::move(confirm)), last_ns_(now_ns()) {
-  thread_ = std::thread([this] { watch(); });
+  thread_ = core::signal_free_thread([this] { watch(); });
 }
 
 StallGuard::~StallGuard() {
