@@ -61,6 +61,10 @@ struct ChildSetup {
     if (::getppid() != c.parent) ::_exit(127);
   }
   if (o.new_session) ::setsid();
+  if (o.own_process_group && !o.new_session) {
+    ::setpgid(0, 0);
+    if (c.null_fd >= 0) ::dup2(c.null_fd, 0);  // a background group reading the terminal would be stopped
+  }
   if (c.log_fd >= 0) {
     ::dup2(c.log_fd, 1);
     ::dup2(c.log_fd, 2);
@@ -349,6 +353,7 @@ pid_t spawn_process(const SpawnOptions& o) {
   ChildSetup c{::getpid(), -1, -1, error_pipe[1], {}, open_max > 0 ? std::min(open_max, 1L << 20) : 65536};
   try {
     std::tie(c.log_fd, c.null_fd) = open_log(o.log_file);
+    if (c.null_fd < 0 && o.own_process_group) c.null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   } catch (...) {
     ::close(error_pipe[0]);
     ::close(error_pipe[1]);

@@ -32,6 +32,12 @@ struct SpawnOptions {
   std::vector<int> keep_fds;    // descriptors above 2 the child keeps, under the same numbers
   bool die_with_parent = true;  // PR_SET_PDEATHSIG(SIGKILL)
   bool new_session = false;     // setsid(), for daemons
+  // setpgid(0, 0), stdin /dev/null: a worker. What a terminal sends the
+  // parent's process group (Ctrl-C's SIGINT, a batch system's or
+  // `timeout`'s group SIGTERM) does not kill it under the program that
+  // handles those signals (a driver, `troupe torchrun`); its node agent
+  // stops it, and it dies with it (die_with_parent).
+  bool own_process_group = false;
 };
 
 // `env` with one entry per name, the last one given (a later setting, such

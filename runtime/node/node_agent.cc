@@ -473,6 +473,7 @@ class NodeAgent::Impl {
     core::SpawnOptions o;
     o.executable = executable;
     o.arg0 = "troupe-worker:" + s.class_name;
+    o.own_process_group = true;
     o.env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
     for (auto& kv : w.to_env()) o.env.push_back(std::move(kv));
     for (auto& kv : actor_env(s)) o.env.push_back(std::move(kv));

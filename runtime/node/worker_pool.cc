@@ -115,6 +115,7 @@ void WorkerPool::start_one(const std::string& executable) {
   core::SpawnOptions o;
   o.executable = executable;
   o.arg0 = "troupe-worker:pooled";
+  o.own_process_group = true;
   o.env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
   for (auto& kv : env.to_env()) o.env.push_back(std::move(kv));
   core::add_exec_time_malloc_settings(o.env);

@@ -381,6 +381,18 @@ TEST_F(TorchrunTest, MaxRestartsExhaustedExitsNonZeroAndStopsEveryScript) {
   EXPECT_TRUE(left_in_session(r.session).empty());
 }
 
+// Each rank of save_on_sigterm.py saved on the launcher's SIGTERM, and
+// nothing of the run is left.
+void expect_every_rank_saved(const fs::path& out, const CommandResult& r) {
+  for (auto rank : {"0", "1"}) {
+    std::ifstream saved(out / (std::string("saved-") + rank));
+    std::string line;
+    std::getline(saved, line);
+    EXPECT_EQ(line, std::string("rank ") + rank + " saved on signal 15") << r.output;
+  }
+  EXPECT_TRUE(eventually([&] { return left_in_session(r.session).empty(); }));
+}
+
 // SIGTERM to troupe torchrun (a batch system's time limit, a preemption)
 // reaches every script as torchrun's does, so one that saves its state on
 // SIGTERM gets to; the command then exits 143 without restarting the group
@@ -396,13 +408,25 @@ TEST_F(TorchrunTest, SigtermReachesEveryScriptAndNothingRestarts) {
   EXPECT_EQ(r.status, 128 + SIGTERM) << r.output;
   EXPECT_NE(r.output.find("stopped every rank on SIGTERM"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
-  for (auto rank : {"0", "1"}) {
-    std::ifstream saved(out_ / (std::string("saved-") + rank));
-    std::string line;
-    std::getline(saved, line);
-    EXPECT_EQ(line, std::string("rank ") + rank + " saved on signal 15") << r.output;
-  }
-  EXPECT_TRUE(eventually([&] { return left_in_session(r.session).empty(); }));
+  expect_every_rank_saved(out_, r);
+}
+
+// Ctrl-C in a terminal sends SIGINT to the whole foreground process
+// group, `timeout` and batch systems a group SIGTERM: the workers that
+// host the ranks' slots used to share the launcher's group and die of it,
+// so their scripts were SIGKILLed before the launcher's SIGTERM came and
+// nothing was saved. Workers have groups of their own now.
+TEST_F(TorchrunTest, CtrlCToTheProcessGroupStillLetsEveryScriptSave) {
+  Started c = start(torchrun({"--nproc-per-node", "2", "--max-restarts", "3", "--python", kPython,
+                              kScripts + "/save_on_sigterm.py", out_.string()}));
+  const bool running = eventually([&] { return read_pid(out_ / "pid-0").pid > 0 && read_pid(out_ / "pid-1").pid > 0; });
+  if (running) ::kill(-c.pid, SIGINT);  // start() made the launcher a group leader
+  CommandResult r = collect(c);
+  ASSERT_TRUE(running) << r.output;
+  EXPECT_EQ(r.status, 128 + SIGINT) << r.output;
+  EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("lost its slot"), std::string::npos) << r.output;
+  expect_every_rank_saved(out_, r);
 }
 
 // Processes whose environment carries TORCHELASTIC_RUN_ID=`run_id` (the
