@@ -121,12 +121,6 @@ def test_heartbeat_tolerance_is_set_by_troupe_start(tmp_path):
         subprocess.run([launcher, "stop"], env=env, timeout=120)
 
 
-@troupe.remote
-class Echo:
-    def echo(self, x):
-        return x
-
-
 def test_handles_of_a_shut_down_session_reach_nothing_of_the_next():
     # Actor and placement group ids are per cluster: the first actor (group)
     # of the next embedded cluster has the id the first one of the last had.
