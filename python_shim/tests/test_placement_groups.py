@@ -82,6 +82,20 @@ def test_bad_placement_options_are_refused(cluster):
         placement_group([])
     with pytest.raises(ConfigError, match="bundle 0"):
         placement_group([{"CPU": -1}])
+    # As Ray's: a bundle of nothing but zeros is refused; a bool, NaN and
+    # infinity are no amounts (num_cpus=True is refused alike).
+    for bundles, message in [([{"CPU": 1}, {"CPU": 0}], r"bundle 1 asks for no resource \(\{'CPU': 0\}\)"),
+                             ([{"CPU": 0, "GPU": 0.0}], "bundle 0 asks for no resource"),
+                             ([{"CPU": True}], "bundle 0: CPU=True is not a non-negative number"),
+                             ([{"CPU": float("nan")}], "bundle 0: CPU=nan is not"),
+                             ([{"CPU": float("inf")}], "bundle 0: CPU=inf is not"),
+                             ([{"CPU": 10**400}], "bundle 0: CPU=1000")]:
+        with pytest.raises(ConfigError, match=message):
+            placement_group(bundles)
+    # Zero beside an amount is fine.
+    zero_gpus = placement_group([{"CPU": 1, "GPU": 0}])
+    assert zero_gpus.bundle_specs == [{"CPU": 1.0, "GPU": 0.0}]
+    remove_placement_group(zero_gpus)
     pg = placement_group([{"CPU": 1}])
     try:
         with pytest.raises(ValueError, match="out of range"):

@@ -5,9 +5,12 @@ the cluster's KV store to the workers, which import from them (and run in
 the working_dir); pip packages are installed on the node for the tasks
 that name them; any other runtime_env key, and bad names or values, are
 refused by name."""
+import io
 import os
 import shutil
+import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -101,6 +104,196 @@ def test_init_refuses_a_bad_runtime_env():
     assert not troupe.is_initialized()
 
 
+@troupe.remote
+def environ_of(names):
+    """`names` as the task sees them: in os.environ, in the worker's
+    environment as it was exec'd, and in a process the task starts (env,
+    found on its PATH); and the task's sys.path."""
+    def parse(text):
+        pairs = dict(e.split(b"=", 1) for e in text.split(b"\0") if b"=" in e)
+        return {n: pairs[n.encode()].decode() if n.encode() in pairs else None for n in names}
+
+    with open("/proc/self/environ", "rb") as f:
+        at_exec = parse(f.read())
+    started = parse(subprocess.run(["env", "-0"], capture_output=True, timeout=60, check=True).stdout)
+    return {n: os.environ.get(n) for n in names}, at_exec, started, sys.path
+
+
+@troupe.remote
+def environ_in_child(names, child_env):
+    """What a task this task starts sees of `names` (os.environ), with
+    `child_env` its own env_vars."""
+    options = {"runtime_env": {"env_vars": child_env}} if child_env else {}
+    return troupe.get(environ_of.options(**options).remote(names), timeout=60)[0]
+
+
+@troupe.remote
+class EnvironReader:
+    def read(self, names):
+        return {n: os.environ.get(n) for n in names}
+
+
+def test_env_vars_too_big_for_one_environment_string_together_reach_the_worker(job):
+    """Eight values of 20 KB: each its own environment string, under the
+    kernel's 128 KiB for one, and none copied into another (all of them in
+    one would pass it, and the worker's exec fail). OMP_NUM_THREADS makes
+    the node agent exec a worker for them (a pooled one is handed its
+    environment once it runs)."""
+    big = {f"RENV_BIG{i}": chr(ord("a") + i) * 20000 for i in range(8)}
+    env = {"env_vars": {**big, "OMP_NUM_THREADS": "1"}}
+    names = [*big, "RENV_JOB"]
+    seen, at_exec, started, _ = troupe.get(environ_of.options(runtime_env=env).remote(names), timeout=60)
+    expected = {**big, "RENV_JOB": "job"}
+    assert seen == expected and at_exec == expected and started == expected
+    reader = EnvironReader.options(runtime_env=env).remote()
+    assert troupe.get(reader.read.remote(names), timeout=60) == expected
+    # The tasks a task starts inherit them.
+    assert troupe.get(environ_in_child.options(runtime_env=env).remote(names, None), timeout=60) == expected
+
+
+def test_env_vars_that_cannot_fit_a_workers_environment_are_refused_naming_them():
+    try:
+        with pytest.raises(ConfigError, match=r"troupe.init: runtime_env env_vars\['RENV_HUGE'\] takes 140011 "
+                                              r"bytes .*at most 131072 \(128 KiB\) for one"):
+            troupe.init(num_cpus=1, runtime_env={"env_vars": {"RENV_HUGE": "x" * 140000}})
+    finally:
+        troupe.shutdown()  # one let through is not left to the next tests
+    large = {f"RENV_LARGE{i}": "x" * 100000 for i in range(6)}  # 586 KiB
+    troupe.init(num_cpus=1, runtime_env={"env_vars": large})
+    try:
+        bad = [
+            ({"RENV_HUGE": "x" * 140000}, r"env_vars\['RENV_HUGE'\] takes 140011 bytes"),
+            # A reference travels under a longer name, which counts.
+            ({"RENV_REF": "$" + "x" * 131050},
+             r"env_vars\['RENV_REF'\] takes 131081 bytes as an environment string \(TROUPE_ENV_TEMPLATE_RENV_REF="),
+            ({f"RENV_MORE{i}": "x" * 100000 for i in range(6)},
+             r"\(with the env_vars it inherits\): runtime_env env_vars take 1\.1 MiB in all, over the 1\.0 MiB "
+             r"a worker's environment may hold of them .* the largest: RENV_LARGE0 \(98 KiB\), RENV_LARGE1"),
+            ({f"V{i}": "" for i in range(30000)}, r"the names of its 30000 variables take 194 KiB together"),
+        ]
+        for env_vars, message in bad:
+            with pytest.raises(ConfigError, match=message):
+                environ_of.options(runtime_env={"env_vars": env_vars}).remote(["RENV_LARGE0"])
+            with pytest.raises(ConfigError, match=message):
+                EnvironReader.options(runtime_env={"env_vars": env_vars}).remote()
+        # Nothing was started for them: the job's still reach its tasks.
+        seen = troupe.get(environ_of.remote(["RENV_LARGE5"]), timeout=60)[0]
+        assert seen == {"RENV_LARGE5": large["RENV_LARGE5"]}
+    finally:
+        troupe.shutdown()
+
+
+def test_env_var_references_expand_against_the_workers_environment(job):
+    """As Ray's: ${NAME} and $NAME take NAME's value in the environment
+    the worker has (the node's, this runtime_env's other variables in it),
+    in name order; an unset ${NAME} in capitals becomes empty, any other
+    unset reference stays as written. The tasks a task starts inherit the
+    reference, not its value, and expand it again."""
+    node_path = os.environ["PATH"]
+    env_vars = {
+        "PATH": "/opt/renv/bin:${PATH}",
+        "RENV_OWN": "${RENV_JOB}-$RENV_A-${RENV_B}",
+        "RENV_A": "a",
+        "RENV_B": "${RENV_A}b",
+        "RENV_UNSET": "${RENV_NOT_SET}|$RENV_NOT_SET|${renv_not_set}|$$|${}|$",
+    }
+    expected = {"PATH": "/opt/renv/bin:" + node_path, "RENV_OWN": "job-a-ab", "RENV_A": "a", "RENV_B": "ab",
+                "RENV_UNSET": "|$RENV_NOT_SET|${renv_not_set}|$$|${}|$", "RENV_JOB": "job"}
+    names = list(expected)
+    seen, _, started, _ = troupe.get(environ_of.options(runtime_env={"env_vars": env_vars}).remote(names),
+                                     timeout=60)
+    assert seen == expected and started == expected
+    reader = EnvironReader.options(runtime_env={"env_vars": env_vars}).remote()
+    assert troupe.get(reader.read.remote(names), timeout=60) == expected
+    parent = environ_in_child.options(runtime_env={"env_vars": env_vars})
+    assert troupe.get(parent.remote(names, None), timeout=60) == expected
+    assert troupe.get(parent.remote(names, {"RENV_A": "child"}), timeout=60) == {
+        **expected, "RENV_A": "child", "RENV_B": "childb", "RENV_OWN": "job-child-childb"}
+
+
+def test_env_var_references_read_at_exec_are_there_at_exec(job):
+    """LD_LIBRARY_PATH and PYTHONPATH are read as a process starts (by the
+    loader, by the interpreter): expanded, they are in the worker's
+    environment from its exec, and the interpreter's sys.path has the
+    PYTHONPATH entry."""
+    env_vars = {"LD_LIBRARY_PATH": "/opt/renv/lib:${LD_LIBRARY_PATH}", "PYTHONPATH": "/opt/renv/py:${PYTHONPATH}"}
+    names = list(env_vars)
+    seen, at_exec, started, path = troupe.get(environ_of.options(runtime_env={"env_vars": env_vars}).remote(names),
+                                              timeout=60)
+    assert seen["LD_LIBRARY_PATH"] == "/opt/renv/lib:" + os.environ.get("LD_LIBRARY_PATH", "")
+    # The worker's own PYTHONPATH has troupe's package in it (its launcher's).
+    assert seen["PYTHONPATH"].startswith("/opt/renv/py:") and "$" not in seen["PYTHONPATH"]
+    assert at_exec == seen and started == seen
+    assert "/opt/renv/py" in path
+
+
+def _tree(root, files):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def _packed(path, kind="working_dir"):
+    from troupe import _packages
+
+    with zipfile.ZipFile(io.BytesIO(_packages.pack(str(path), kind))) as z:
+        return sorted(z.namelist())
+
+
+# A project whose .gitignore files use gitignore's syntax: what git itself
+# leaves untracked of it (git ls-files --others --exclude-standard) is
+# KEPT, and .rayignore leaves out weights.bin besides.
+_IGNORING = {
+    ".gitignore": "\n".join([
+        "# a comment, then a blank line", "",
+        "*.log", "!keep.log",  # any depth; negated
+        "build/",  # directories alone
+        "/out",  # at the top alone
+        "docs/**/draft.md",  # none or any directories between
+        "secret?.txt", "*.py[co]",
+        "\\#notes",  # a leading # quoted
+        "trailing.txt   ",  # trailing spaces dropped
+        "cache/*", "!cache/wanted",
+        "logs", "!logs/important.txt",  # nothing under a directory left out comes back
+    ]) + "\n",
+    "sub/.gitignore": "*.txt\n!important.txt\n/local.md\n",  # relative to sub/
+    ".rayignore": "*.bin\n",
+    "app.py": "", "app.pyc": "", "app.pyo": "", "app.pyd": "", "weights.bin": "",
+    "run.log": "", "keep.log": "", "sub/deep/run.log": "", "sub/keep.log": "",
+    "build/a.o": "", "sub/build/b.o": "", "lib/build": "",
+    "out/x": "", "sub/out/y": "",
+    "docs/draft.md": "", "docs/a/b/draft.md": "", "docs/final.md": "", "other/docs/draft.md": "",
+    "secret1.txt": "", "secret12.txt": "", "#notes": "", "notes": "", "trailing.txt": "",
+    "cache/junk": "", "cache/wanted": "", "logs/important.txt": "",
+    "sub/notes.txt": "", "sub/important.txt": "", "sub/local.md": "", "sub/deep/local.md": "", "sub/deep/x.txt": "",
+}
+_KEPT = [".gitignore", ".rayignore", "app.py", "app.pyd", "cache/wanted", "docs/final.md", "keep.log", "lib/build",
+         "notes", "other/docs/draft.md", "secret12.txt", "sub/.gitignore", "sub/deep/local.md", "sub/important.txt",
+         "sub/keep.log", "sub/out/y"]
+
+
+def test_packing_leaves_out_what_gitignore_and_rayignore_files_say(tmp_path, monkeypatch):
+    """As Ray's: the .gitignore and .rayignore of each directory packed,
+    their patterns relative to it; not those above the packed directory
+    (a py_module's). TROUPE_RUNTIME_ENV_IGNORE_GITIGNORE=1 (or Ray's
+    RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1) leaves the .gitignore files out of
+    it, not the .rayignore ones."""
+    for name in ("TROUPE_RUNTIME_ENV_IGNORE_GITIGNORE", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"):
+        monkeypatch.delenv(name, raising=False)
+    root = _tree(tmp_path / "project", _IGNORING)
+    assert _packed(root) == _KEPT
+    assert _packed(root / "sub", "py_modules") == [
+        "sub/.gitignore", "sub/build/b.o", "sub/deep/local.md", "sub/deep/run.log", "sub/important.txt",
+        "sub/keep.log", "sub/out/y"]
+    everything = sorted(name for name in _IGNORING if name != "weights.bin")
+    for name in ("TROUPE_RUNTIME_ENV_IGNORE_GITIGNORE", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"):
+        with monkeypatch.context() as m:
+            m.setenv(name, "1")
+            assert _packed(root) == everything
+
+
 def _project(root):
     """A small project as a user would point working_dir at: a module, a
     data file read by relative path, a file to exclude, a cache."""
@@ -112,6 +305,8 @@ def _project(root):
     (root / "weights.bin").write_bytes(b"\0" * 1024)
     (root / "__pycache__").mkdir()
     (root / "__pycache__" / "junk.pyc").write_bytes(b"junk")
+    (root / ".gitignore").write_text("*.log\n")
+    (root / "run.log").write_text("left out by the .gitignore")
     return root
 
 
@@ -122,7 +317,8 @@ def look_around():
     with open("data.txt") as f:
         data = f.read()
     return {"answer": renv_helper.answer(), "data": data, "cwd": os.getcwd(),
-            "bin": os.path.exists("weights.bin"), "cache": os.path.exists("__pycache__")}
+            "bin": os.path.exists("weights.bin"), "cache": os.path.exists("__pycache__"),
+            "log": os.path.exists("run.log")}
 
 
 @troupe.remote
@@ -156,7 +352,7 @@ def test_working_dir_reaches_tasks_actors_and_their_children(tmp_path):
         assert seen["answer"] == 42 and seen["data"] == "from the working_dir"
         # A copy of the project, unpacked on this machine: not the project.
         assert seen["cwd"] != str(project) and "runtime_env" in seen["cwd"]
-        assert not seen["bin"] and not seen["cache"]
+        assert not seen["bin"] and not seen["cache"] and not seen["log"]
         assert troupe.get(look_in_child.options(runtime_env=env).remote(), timeout=60)["answer"] == 42
         looker = Looker.options(runtime_env=env).remote()
         assert troupe.get(looker.look.remote(), timeout=60) == 42

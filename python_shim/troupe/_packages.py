@@ -51,6 +51,12 @@ _CHUNK = 4 << 20
 MAX_PACKAGE_BYTES = 64 << 20
 # Never packed: caches and version-control data.
 _ALWAYS_EXCLUDED = ("__pycache__", ".git", ".hg", ".svn")
+# As Ray's: the .gitignore and .rayignore of every directory packed leave
+# out what their patterns (gitignore's) match below that directory. This
+# variable set to 1 where the driver runs (or Ray's own name of it) leaves
+# the .gitignore files unread; the .rayignore files still count.
+IGNORE_GITIGNORE_ENV = "TROUPE_RUNTIME_ENV_IGNORE_GITIGNORE"
+_RAY_IGNORE_GITIGNORE_ENV = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"
 # A fixed time stamp: the same files make the same zip, and the same hash.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -83,18 +89,194 @@ def _excluded(relative, excludes):
     return False
 
 
-def _files(root, prefix, excludes):
-    """(path on disk, name in the zip) of every file under `root`, sorted."""
+def _ignore_files():
+    """The ignore files read in each directory packed, in this order."""
+    if "1" in (os.environ.get(IGNORE_GITIGNORE_ENV), os.environ.get(_RAY_IGNORE_GITIGNORE_ENV)):
+        return (".rayignore",)
+    return (".gitignore", ".rayignore")
+
+
+class _IgnoreRule:
+    """One pattern of an ignore file: `regex` over the path below `base`
+    (the file's directory in the package, "" or ending in /), or over the
+    name alone when the pattern has no / but perhaps a trailing one (it
+    matches at any depth)."""
+
+    __slots__ = ("base", "regex", "negated", "dir_only", "anchored")
+
+    def __init__(self, base, regex, negated, dir_only, anchored):
+        self.base, self.regex, self.negated, self.dir_only, self.anchored = base, regex, negated, dir_only, anchored
+
+    def matches(self, relative, is_dir):
+        if self.dir_only and not is_dir:
+            return False
+        target = relative[len(self.base):] if self.anchored else relative.rsplit("/", 1)[-1]
+        return self.regex.fullmatch(target) is not None
+
+
+# POSIX classes of a bracket expression ([[:digit:]]), as git knows them.
+_POSIX_CLASSES = {"alnum": "a-zA-Z0-9", "alpha": "a-zA-Z", "blank": r" \t", "digit": "0-9", "lower": "a-z",
+                  "upper": "A-Z", "space": r" \t\n\r\f\v", "xdigit": "0-9A-Fa-f",
+                  "punct": re.escape("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")}
+
+
+def _bracket(pattern, i):
+    """The regex of the bracket expression at pattern[i] ("[") and the index
+    past it, or (None, i) when it does not close. A / never matches one."""
+    j = i + 1
+    negated = j < len(pattern) and pattern[j] in "!^"
+    j += negated
+    body, first = [], True
+    while j < len(pattern):
+        c = pattern[j]
+        if c == "]" and not first:
+            chars = "".join(body)
+            return (f"[^/{chars}]" if negated else f"(?!/)[{chars}]"), j + 1
+        first = False
+        if c == "[" and pattern.startswith("[:", j):
+            end = pattern.find(":]", j + 2)
+            if end != -1 and pattern[j + 2:end] in _POSIX_CLASSES:
+                body.append(_POSIX_CLASSES[pattern[j + 2:end]])
+                j = end + 2
+                continue
+        if c == "\\" and j + 1 < len(pattern):
+            j += 1
+            c = pattern[j]
+        if pattern.startswith("-", j + 1) and j + 2 < len(pattern) and pattern[j + 2] != "]":
+            high = pattern[j + 2]
+            if high == "\\" and j + 3 < len(pattern):
+                high = pattern[j + 3]
+                j += 1
+            body.append(f"{re.escape(c)}-{re.escape(high)}")
+            j += 3
+        else:
+            body.append(re.escape(c))
+            j += 1
+    return None, i
+
+
+def _wildmatch(pattern):
+    """A gitignore pattern (its !, leading / and trailing / taken off) as a
+    regex: * and ? never match a /; ** matches across them where it is a
+    whole component ("**/x", "x/**", "x/**/y"), and is * elsewhere."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*":
+            j = i
+            while j < n and pattern[j] == "*":
+                j += 1
+            whole = (i == 0 or pattern[i - 1] == "/") and (j == n or pattern[j] == "/")
+            if j - i >= 2 and whole and j == n:
+                out.append(".*")  # everything inside
+            elif j - i >= 2 and whole:
+                out.append("(?:.*/)?")  # no directory or any, its / included
+                j += 1
+            else:
+                out.append("[^/]*")
+            i = j
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[":
+            regex, i = _bracket(pattern, i)
+            if regex is None:
+                out.append(re.escape(c))
+                i += 1
+            else:
+                out.append(regex)
+        elif c == "\\" and i + 1 < n:
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return "".join(out)
+
+
+def _ignore_rule(line, base):
+    """The rule of one line of an ignore file in directory `base`, None for
+    a blank line or a comment, as git reads it."""
+    line = line[:-1] if line.endswith("\r") else line
+    if not line or line.startswith("#"):
+        return None
+    # Trailing spaces go, unless a backslash quotes them (git's
+    # trim_trailing_spaces: a line that ends in a lone backslash keeps all).
+    last_space, i = None, 0
+    while i < len(line):
+        if line[i] == " ":
+            last_space = i if last_space is None else last_space
+        else:
+            if line[i] == "\\":
+                i += 1
+                if i == len(line):
+                    last_space = None
+                    break
+            last_space = None
+        i += 1
+    if last_space is not None:
+        line = line[:last_space]
+    negated = line.startswith("!")
+    if negated:
+        line = line[1:]
+    dir_only = line.endswith("/")
+    if dir_only:
+        line = line[:-1]
+    anchored = "/" in line
+    if line.startswith("/"):
+        line = line[1:]
+    if not line:
+        return None
+    return _IgnoreRule(base, re.compile(_wildmatch(line), re.DOTALL), negated, dir_only, anchored)
+
+
+def _ignore_rules(directory, base, names):
+    """The rules of the ignore files `names` in `directory` (`base` in the
+    package)."""
+    rules = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, "rb") as f:
+                text = f.read().decode("utf-8", "surrogateescape")
+        except OSError as e:
+            raise ConfigError(f"runtime_env: cannot read {path}: {e.strerror}") from None
+        rules.extend(r for r in (_ignore_rule(line, base) for line in text.split("\n")) if r)
+    return rules
+
+
+def _ignored(relative, is_dir, rules):
+    """Whether `rules` (from the top directory's files down) leave out the
+    path: the last that matches decides, as in git."""
+    ignored = False
+    for rule in rules:
+        if rule.matches(relative, is_dir):
+            ignored = not rule.negated
+    return ignored
+
+
+def _files(root, prefix, excludes, ignore_files=()):
+    """(path on disk, name in the zip) of every file under `root`, sorted,
+    but those that `excludes` or the `ignore_files` of their directories
+    leave out (a directory left out is not looked into: a pattern cannot
+    bring back what is under it, as in git)."""
     out = []
+    rules = {}  # directory in the package -> the rules that apply in it: its parents', then its own
     for directory, dirs, files in os.walk(root, followlinks=False):
         relative_dir = os.path.relpath(directory, root)
         relative_dir = "" if relative_dir == "." else relative_dir.replace(os.sep, "/") + "/"
+        parent = relative_dir[:-1].rpartition("/")[0]
+        inherited = rules.get(parent + "/" if parent else "", []) if relative_dir else []
+        here = rules[relative_dir] = inherited + _ignore_rules(directory, relative_dir, ignore_files)
         dirs[:] = sorted(d for d in dirs if not _excluded(relative_dir + d, excludes)
-                         and not os.path.islink(os.path.join(directory, d)))
+                         and not os.path.islink(os.path.join(directory, d))
+                         and not _ignored(relative_dir + d, True, here))
         for name in sorted(files):
             relative = relative_dir + name
             path = os.path.join(directory, name)
-            if _excluded(relative, excludes) or not os.path.isfile(path):
+            if _excluded(relative, excludes) or not os.path.isfile(path) or _ignored(relative, False, here):
                 continue
             out.append((path, prefix + relative))
     return out
@@ -106,7 +288,7 @@ def pack(path, kind, excludes=()):
     itself). ConfigError naming the path when it is missing or too big."""
     if os.path.isdir(path):
         prefix = "" if kind == "working_dir" else os.path.basename(os.path.normpath(path)) + "/"
-        files = _files(path, prefix, excludes)
+        files = _files(path, prefix, excludes, _ignore_files())
     elif kind == "py_modules" and os.path.isfile(path) and path.endswith(".py"):
         files = [(path, os.path.basename(path))]
     else:
@@ -140,7 +322,7 @@ def upload(client, path, kind, excludes=()):
     # client may be given the id of one that is gone, whose cluster held
     # the package.
     # And by the client: a new session's is a new holder.
-    memo = (client.address, client.token, client.client_id, kind, path, tuple(excludes))
+    memo = (client.address, client.token, client.client_id, kind, path, tuple(excludes), _ignore_files())
     with _upload_lock:
         if memo in _uploaded:
             return _uploaded[memo]

@@ -286,12 +286,37 @@ def _preload(options):
     return tuple(mods)
 
 
-# runtime_env's env_vars travel to a worker as its environment, and once
-# more under this name (JSON), from which the worker's Python sets
-# os.environ (a pooled worker's started before they came) and passes them
-# on to the tasks and actors it starts.
+# runtime_env's env_vars travel to a worker as its environment, one
+# variable each (as Ray's), and their names under this one (a comma
+# between), from which the worker's Python sets os.environ (a pooled
+# worker's started before they came) and passes them on to the tasks and
+# actors it starts. Names, not values: the kernel takes at most 128 KiB
+# for one environment string, which the values together soon pass.
 RUNTIME_ENV_VARS = "PYTROUPE_ENV_VARS"
+# A value that references variables (${PATH}, $HOME) travels as
+# TROUPE_ENV_TEMPLATE_<NAME> instead, and the worker expands it against its
+# own environment (apply_env_vars): NAME keeps the node's value for the
+# reference meanwhile, and a TROUPE_ variable makes the node agent start a
+# worker for it from exec (never a pooled one), where troupe.worker expands
+# it before anything reads it.
+ENV_TEMPLATE = "TROUPE_ENV_TEMPLATE_"
+# Set by the worker once it expanded them: a worker that execs itself
+# again with them (troupe.worker) does not expand them twice.
+_ENV_EXPANDED = "TROUPE_ENV_EXPANDED"
+# Variables that the loader, libc or the interpreter read when a process
+# starts: a worker that expands one of them execs itself again with it.
+_READ_AT_EXEC = ("LD_", "GLIBC_TUNABLES", "MALLOC_", "PYTHON")
+# One environment string, its NUL included: the kernel's MAX_ARG_STRLEN.
+_MAX_ENV_STRING = 128 << 10
+# All env_vars of a worker together: an exec's arguments and environment
+# take at most ARG_MAX (2 MiB with the usual 8 MiB stack), and the node's
+# own environment and troupe's variables need the rest.
+MAX_ENV_VARS_BYTES = 1 << 20
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# References as Ray's runtime_env expands them (os.path.expandvars, then an
+# unset ${NAME} of capitals, digits and _ becomes empty).
+_REFERENCE = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
+_UNSET_REFERENCE = re.compile(r"\$\{[A-Z0-9_]+\}")
 
 
 _RUNTIME_ENV_KEYS = ("env_vars", "working_dir", "py_modules", "excludes", "pip")
@@ -425,14 +450,113 @@ def _checked_env_vars(env_vars, what):
                               f"got a {type(value).__name__} ({value!r})")
         if "\0" in value:
             raise ConfigError(f"{what}: runtime_env env_vars[{name!r}] holds a NUL character")
+        entry = _env_entry(name, value)
+        if _env_bytes(entry) > _MAX_ENV_STRING:
+            raise ConfigError(f"{what}: runtime_env env_vars[{name!r}] takes {_env_bytes(entry)} bytes as an "
+                              f"environment string ({entry.partition('=')[0]}=...); the kernel takes at most "
+                              f"{_MAX_ENV_STRING} (128 KiB) for one (MAX_ARG_STRLEN)")
+    check_env_vars_size(env_vars, what)
     return dict(env_vars)
+
+
+def _env_entry(name, value):
+    """The worker environment string that carries env_vars[name]: a value
+    with a reference in it as a template for the worker to expand."""
+    return f"{ENV_TEMPLATE}{name}={value}" if "$" in value else f"{name}={value}"
+
+
+def _env_bytes(entry):
+    return len(entry.encode("utf-8", "surrogatepass")) + 1  # its NUL
+
+
+def check_env_vars_size(env_vars, what):
+    """ConfigError naming the sizes when `env_vars` (a worker's, all of
+    them) would not fit into an exec's environment, which a worker may be
+    started with at any time (one from the pool is not always there)."""
+    names = f"{RUNTIME_ENV_VARS}={','.join(env_vars)}"
+    if _env_bytes(names) > _MAX_ENV_STRING:
+        raise ConfigError(f"{what}: runtime_env env_vars: the names of its {len(env_vars)} variables take "
+                          f"{_packages._size(_env_bytes(names))} together ({RUNTIME_ENV_VARS}); the kernel takes "
+                          f"at most {_packages._size(_MAX_ENV_STRING)} for one environment string")
+    # Each string, its NUL and its pointer in the exec's environment.
+    sizes = {name: _env_bytes(_env_entry(name, value)) + 8 for name, value in env_vars.items()}
+    total = sum(sizes.values()) + _env_bytes(names) + 8
+    if total > MAX_ENV_VARS_BYTES:
+        largest = ", ".join(f"{name} ({_packages._size(sizes[name])})"
+                            for name in sorted(sizes, key=lambda n: (-sizes[n], n))[:3])
+        raise ConfigError(f"{what}: runtime_env env_vars take {_packages._size(total)} in all, over the "
+                          f"{_packages._size(MAX_ENV_VARS_BYTES)} a worker's environment may hold of them (an "
+                          "exec's arguments and environment together take at most 2 MiB by default); the "
+                          f"largest: {largest}")
+
+
+def _expand(value, env):
+    """`value` with its references replaced from `env`, as Ray's runtime_env
+    does: $NAME and ${NAME} by NAME's value where it is set, then an unset
+    ${NAME} of capitals, digits and _ by nothing (any other stays as
+    written)."""
+    def value_of(match):
+        name = match.group(1)
+        if name.startswith("{") and name.endswith("}"):
+            name = name[1:-1]
+        return env.get(name, match.group(0))
+
+    return _UNSET_REFERENCE.sub("", _REFERENCE.sub(value_of, value))
+
+
+# This worker's env_vars by the PYTROUPE_ENV_VARS that named them: (as
+# given, as set). Read once, before any task or constructor ran: what a
+# task made of os.environ since is no part of them.
+_env_vars_read = {}
+_env_vars_lock = threading.Lock()
+
+
+def _read_env_vars():
+    """(given, applied, exec_again) of this worker's env_vars: as its
+    runtime_env gave them (a template as written), as set in its
+    environment (templates expanded, here the first time), and whether an
+    expanded one is read at a process's start (_READ_AT_EXEC)."""
+    names = _core.getenv(RUNTIME_ENV_VARS)
+    with _env_vars_lock:
+        if names in _env_vars_read:
+            return _env_vars_read[names]
+        given, templates = {}, {}
+        for name in filter(None, names.split(",")):
+            template = _core.getenv(ENV_TEMPLATE + name)
+            given[name] = template or _core.getenv(name)
+            if template:
+                templates[name] = template
+        applied = {name: _core.getenv(name) for name in given}
+        exec_again = False
+        if templates and not _core.getenv(_ENV_EXPANDED):
+            # As Ray's: in name order, each against the environment as
+            # the ones before left it (the others are there already).
+            env = dict(os.environ)
+            env.update((name, value) for name, value in applied.items() if name not in templates)
+            for name in sorted(templates):
+                env[name] = applied[name] = _expand(templates[name], env)
+                os.environ[name] = applied[name]
+            os.environ[_ENV_EXPANDED] = "1"
+            exec_again = any(name.startswith(_READ_AT_EXEC) for name in templates)
+        _env_vars_read[names] = (given, applied, exec_again)
+        return _env_vars_read[names]
+
+
+def apply_env_vars():
+    """In a worker: os.environ holds its env_vars, those that reference
+    variables expanded against its environment. True when one of those is
+    read at a process's start (LD_LIBRARY_PATH, PYTHONPATH, ...), so that
+    the worker, just started, should exec itself again with it."""
+    _, applied, exec_again = _read_env_vars()
+    os.environ.update(applied)  # an empty value included
+    return exec_again
 
 
 def inherited_env_vars():
     """The env_vars this worker was started with, which the tasks and
-    actors it starts inherit (as in Ray)."""
-    text = _core.getenv(RUNTIME_ENV_VARS)
-    return json.loads(text) if text else {}
+    actors it starts inherit (as in Ray): references as written, which
+    their worker expands against its own environment."""
+    return dict(_read_env_vars()[0])
 
 
 def task_max_calls(options):
@@ -501,8 +625,9 @@ def _runtime_options(options, default_cpus):
     env_vars = dict(state.env_vars) if state else {}
     env_vars.update(runtime_env.env_vars)
     if env_vars:
-        env.append(f"{RUNTIME_ENV_VARS}={json.dumps(env_vars, sort_keys=True)}")
-        env.extend(f"{name}={value}" for name, value in sorted(env_vars.items()))
+        check_env_vars_size(env_vars, "runtime_env option (with the env_vars it inherits)")
+        env.append(f"{RUNTIME_ENV_VARS}={','.join(sorted(env_vars))}")
+        env.extend(_env_entry(name, value) for name, value in sorted(env_vars.items()))
     # Its working_dir and py_modules (packages in the cluster's KV store),
     # or those of the job or the starting worker.
     inherited = state.packages if state else (None, ())

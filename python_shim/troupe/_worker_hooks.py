@@ -53,7 +53,9 @@ def _sync_environment():
             os.environ[name] = value
         else:
             os.environ.pop(name, None)
-    os.environ.update(_remote.inherited_env_vars())  # an empty value included
+    # References expanded here too: a pooled worker was not started for
+    # them (troupe.worker expands them in one that was).
+    _remote.apply_env_vars()
     # runtime_env's working_dir and py_modules: on sys.path (the first the
     # current directory) before the code that may import from them loads.
     from troupe import _packages

@@ -5,7 +5,7 @@ import importlib
 import os
 import sys
 
-from troupe import _core, _worker_hooks
+from troupe import _core, _remote, _worker_hooks
 
 
 def preload():
@@ -24,7 +24,28 @@ def preload():
                   flush=True)
 
 
+def expand_env_vars():
+    """runtime_env's env_vars that reference variables (a worker started
+    for them, as troupe._remote sends them): expanded before anything reads
+    them, preload_modules included. One that the loader, libc or the
+    interpreter read at start (LD_LIBRARY_PATH, PYTHONPATH, ...) takes
+    effect through an exec of this same command, in this same process."""
+    if not _remote.apply_env_vars():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        # sys.orig_argv is Python 3.10's; before, this command's own form.
+        argv = getattr(sys, "orig_argv", None) or [sys.executable, "-m", "troupe.worker", *sys.argv[1:]]
+        os.execv(sys.executable, argv)
+    except OSError as e:
+        print(f"troupe.worker: cannot exec itself again with runtime_env's expanded env_vars ({e}); they are "
+              "set for what it starts, but the loader and the interpreter of this one did not see them",
+              file=sys.stderr, flush=True)
+
+
 def main():
+    expand_env_vars()
     # Line by line into its log file, as on a terminal: what the driver
     # shows of it (troupe._driver_logs) comes as it is printed.
     sys.stdout.reconfigure(line_buffering=True)

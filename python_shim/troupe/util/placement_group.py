@@ -11,6 +11,8 @@ still pending wait for it); nothing here schedules.
     remove_placement_group(pg)
 """
 
+import math
+
 from troupe import _timeouts
 from troupe.exceptions import ConfigError
 
@@ -35,9 +37,22 @@ def _bundle(i, bundle):
         raise ConfigError(f"placement group bundle {i} must be a non-empty dict of resources, got {bundle!r}")
     out = {}
     for k, v in bundle.items():
-        if not isinstance(v, (int, float)) or v < 0:
+        # A bool is no amount (as num_cpus=True is refused), nor is NaN or
+        # an infinity.
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(f"placement group bundle {i}: {k}={v!r} is not a non-negative number")
-        out[str(k)] = float(v)
+        try:
+            amount = float(v)
+        except OverflowError:
+            amount = math.inf
+        if not 0 <= amount < math.inf:
+            raise ConfigError(f"placement group bundle {i}: {k}={v!r} is not a non-negative number")
+        out[str(k)] = amount
+    if not any(out.values()):
+        # As Ray's: it would reserve nothing, and hold nothing for what is
+        # placed in it.
+        raise ConfigError(f"placement group bundle {i} asks for no resource ({bundle!r}); a bundle needs more than "
+                          "0 of one at least")
     return out
 
 
