@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 
@@ -57,49 +59,86 @@ std::string output_of(const std::vector<std::string>& argv) {
   return out;
 }
 
-std::vector<std::string> this_environment(const std::vector<std::string>& extra) {
+// This process's environment with `extra` added and the variables named in
+// `drop` left out.
+std::vector<std::string> this_environment(const std::vector<std::string>& extra,
+                                          const std::vector<std::string>& drop = {}) {
   std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string name = kv.substr(0, kv.find('='));
+    if (std::find(drop.begin(), drop.end(), name) == drop.end()) env.push_back(kv);
+  }
   env.insert(env.end(), extra.begin(), extra.end());
   return env;
+}
+
+// Seconds for a message: "120 s", "0.5 s" (std::to_string gave "120.000000").
+std::string seconds(double s) {
+  std::ostringstream o;
+  o << std::setprecision(10) << s << " s";
+  return o.str();
+}
+
+// A plain non-negative decimal count (no sign, no suffix, not empty), or -1.
+long plain_count(const std::string& s) {
+  if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return std::stol(s);
 }
 
 // The allocation as Slurm describes it to the batch step.
 struct Allocation {
   std::vector<std::string> nodes;  // host names, first = this one
   std::string head_host;           // the first node's address (NodeAddr)
-  int cpus_per_node = 1;
+  std::vector<int> cpus;           // each node's CPUs in the job, in `nodes`' order
   int gpus_per_node = 0;
 };
 
-int gpus_here() {
-  if (std::string g = env_or("SLURM_GPUS_ON_NODE"); !g.empty()) return std::atoi(g.c_str());
-  std::string cvd = env_or("CUDA_VISIBLE_DEVICES");
-  if (cvd.empty() || cvd == "NoDevFiles") return 0;
-  return static_cast<int>(std::count(cvd.begin(), cvd.end(), ',')) + 1;
+// "2,1" for the summary line, or "2" when every node has as many.
+std::string cpus_text(const std::vector<int>& cpus) {
+  if (std::adjacent_find(cpus.begin(), cpus.end(), std::not_equal_to<>()) == cpus.end())
+    return std::to_string(cpus.empty() ? 0 : cpus[0]);
+  std::string out;
+  for (int c : cpus) out += (out.empty() ? "" : ",") + std::to_string(c);
+  return out + " by node";
 }
 
 Allocation read_allocation(const SlurmOptions& o) {
   if (env_or("SLURM_JOB_ID").empty())
     throw ConfigError("not inside a Slurm allocation (SLURM_JOB_ID is not set): run it from sbatch or salloc");
   Allocation a;
-  std::stringstream hosts(output_of({which("scontrol"), "show", "hostnames", env_or("SLURM_JOB_NODELIST")}));
-  for (std::string h; hosts >> h;) a.nodes.push_back(h);
-  if (a.nodes.empty()) throw ConfigError("SLURM_JOB_NODELIST '" + env_or("SLURM_JOB_NODELIST") + "' names no node");
-  // The first node's address, as Slurm reaches it.
-  std::string node = output_of({which("scontrol"), "show", "node", a.nodes[0]});
-  size_t at = node.find("NodeAddr=");
-  a.head_host = at == std::string::npos ? a.nodes[0] : node.substr(at + 9, node.find_first_of(" \n", at) - at - 9);
-  // "2(x2)" or "4,2": the first node's count (nodes are taken as alike).
-  a.cpus_per_node =
-      std::max(1, std::atoi(env_or("SLURM_JOB_CPUS_PER_NODE", env_or("SLURM_CPUS_ON_NODE", "1")).c_str()));
-  a.gpus_per_node = gpus_here();
+  // The variables first: a bad one is refused before anything runs.
+  const std::string cpn = env_or("SLURM_JOB_CPUS_PER_NODE");
+  if (!cpn.empty()) a.cpus = cpus_per_node(cpn);
+  a.gpus_per_node = gpus_on_node(env_or("SLURM_GPUS_ON_NODE"), env_or("CUDA_VISIBLE_DEVICES"));
   if (o.gpus_per_node > a.gpus_per_node)
     throw ConfigError("--gpus-per-node " + std::to_string(o.gpus_per_node) + " but the allocation has " +
                       std::to_string(a.gpus_per_node) + " GPU(s) per node (SLURM_GPUS_ON_NODE='" +
                       env_or("SLURM_GPUS_ON_NODE") + "', CUDA_VISIBLE_DEVICES='" + env_or("CUDA_VISIBLE_DEVICES") +
                       "'): ask sbatch for them (--gpus-per-node)");
   if (o.gpus_per_node >= 0) a.gpus_per_node = o.gpus_per_node;
+  std::stringstream hosts(output_of({which("scontrol"), "show", "hostnames", env_or("SLURM_JOB_NODELIST")}));
+  for (std::string h; hosts >> h;) a.nodes.push_back(h);
+  if (a.nodes.empty()) throw ConfigError("SLURM_JOB_NODELIST '" + env_or("SLURM_JOB_NODELIST") + "' names no node");
+  if (cpn.empty()) {
+    // sbatch and salloc set SLURM_JOB_CPUS_PER_NODE; without it, the batch
+    // node's own count stands for every node.
+    const std::string here = env_or("SLURM_CPUS_ON_NODE");
+    const long n = plain_count(here);
+    if (n < 1)
+      throw ConfigError("SLURM_JOB_CPUS_PER_NODE is not set and SLURM_CPUS_ON_NODE='" + here +
+                        "' is not a count of CPUs");
+    a.cpus.assign(a.nodes.size(), static_cast<int>(n));
+  }
+  if (a.cpus.size() != a.nodes.size())
+    throw ConfigError("SLURM_JOB_CPUS_PER_NODE='" + cpn + "' gives " + std::to_string(a.cpus.size()) +
+                      " node(s) but SLURM_JOB_NODELIST='" + env_or("SLURM_JOB_NODELIST") + "' names " +
+                      std::to_string(a.nodes.size()));
+  // The first node's address, as Slurm reaches it.
+  std::string node = output_of({which("scontrol"), "show", "node", a.nodes[0]});
+  size_t at = node.find("NodeAddr=");
+  a.head_host = at == std::string::npos ? a.nodes[0] : node.substr(at + 9, node.find_first_of(" \n", at) - at - 9);
   return a;
 }
 
@@ -158,32 +197,54 @@ void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const st
       c.head = -1;
       throw Error("the head did not start (" + core::describe_exit_status(st) + "); see " + c.session + "/head.log");
     }
-    if (Clock::now() > deadline || g_stop) throw Timeout("the head did not start in time");
+    if (Clock::now() > deadline || g_stop)
+      throw Timeout("the head did not start in " + seconds(o.start_timeout_s) + "; see " + c.session + "/head.log");
     c.address = read_file(c.session + "/address");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   c.token = read_file(c.session + "/token");
 }
 
+// What srun runs on each node: the node agent, offering its own node's CPUs.
+// $1..$3 are troupe, the head's address and the GPUs; the rest is one CPU
+// count per node in SLURM_JOB_CPUS_PER_NODE's order, which is the order of
+// SLURM_NODEID in a step over all the job's nodes.
+constexpr const char* kAgentScript =
+    "troupe=$1 address=$2 gpus=$3; shift 3; "
+    "case $SLURM_NODEID in ''|*[!0-9]*) i=$#;; *) i=$SLURM_NODEID;; esac; "
+    "if [ \"$i\" -ge $# ]; then "
+    "echo \"troupe slurm: on $SLURMD_NODENAME SLURM_NODEID='$SLURM_NODEID' is not one of the job's $# nodes\" >&2; "
+    "exit 2; fi; "
+    "shift \"$i\"; "
+    "exec \"$troupe\" start --block --address \"$address\" --resources \"CPU=$1,GPU=$gpus\"";
+
 void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const std::string& self) {
   const std::string n = std::to_string(a.nodes.size());
   core::SpawnOptions s;
   s.executable = which("srun");
   if (s.executable.empty()) throw ConfigError("srun is not on PATH");
+  // One task per node with all the job's CPUs on that node, however many:
+  // no --cpus-per-task (it asks every node for the same count and implies
+  // --exact), and --whole (the default since Slurm 21.08; 20.11 needs it).
   s.args = {"--nodes=" + n,
             "--ntasks=" + n,
             "--ntasks-per-node=1",
-            "--cpus-per-task=" + std::to_string(a.cpus_per_node),
+            "--whole",
             "--overlap",
             "--kill-on-bad-exit=0",
+            "/bin/sh",
+            "-c",
+            kAgentScript,
+            "troupe-agent",
             self,
-            "start",
-            "--block",
-            "--address",
             c.address,
-            "--resources",
-            "CPU=" + std::to_string(a.cpus_per_node) + ",GPU=" + std::to_string(a.gpus_per_node)};
-  s.env = this_environment({"TROUPE_SESSION_DIR=" + c.session, "TROUPE_TOKEN=" + c.token});
+            std::to_string(a.gpus_per_node)};
+  for (int cpus : a.cpus) s.args.push_back(std::to_string(cpus));
+  // srun reads a per-task CPU count from these (sbatch -c sets some): it
+  // would ask each node for it and imply --exact. --exact is at odds with
+  // --whole.
+  s.env = this_environment({"TROUPE_SESSION_DIR=" + c.session, "TROUPE_TOKEN=" + c.token},
+                           {"SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "SLURM_TRES_PER_TASK", "SLURM_EXACT"});
   c.srun = core::spawn_process(s);
   InitOptions io;
   io.address = c.address;
@@ -201,12 +262,11 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
                   std::to_string(alive) + " of " + n + " nodes up");
     }
     if (Clock::now() > deadline || g_stop)
-      throw Timeout(std::to_string(alive) + " of " + n + " node agents joined in " + std::to_string(o.start_timeout_s) +
-                    " s");
+      throw Timeout(std::to_string(alive) + " of " + n + " node agents joined in " + seconds(o.start_timeout_s));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  std::printf("troupe slurm: cluster of %zu node(s) at %s (CPU=%d, GPU=%d each); running the driver\n", a.nodes.size(),
-              c.address.c_str(), a.cpus_per_node, a.gpus_per_node);
+  std::printf("troupe slurm: cluster of %zu node(s) at %s (CPU=%s, GPU=%d each); running the driver\n", a.nodes.size(),
+              c.address.c_str(), cpus_text(a.cpus).c_str(), a.gpus_per_node);
   std::fflush(stdout);
 }
 
@@ -290,7 +350,7 @@ std::string sbatch_script(const SlurmOptions& o, const std::string& self) {
   if (o.dashboard_port >= 0) options += " --dashboard-port " + std::to_string(o.dashboard_port);
   if (o.start_timeout_s != SlurmOptions{}.start_timeout_s) {
     std::ostringstream t;
-    t << o.start_timeout_s;
+    t << std::setprecision(10) << o.start_timeout_s;
     options += " --start-timeout " + t.str();
   }
   return "#!/bin/bash\n"
@@ -300,6 +360,60 @@ std::string sbatch_script(const SlurmOptions& o, const std::string& self) {
          "#SBATCH --ntasks-per-node=1\n"
          "#SBATCH --exclusive\n" +
          gpus + "exec " + shell_word(self) + " slurm" + options + " --" + cmd + "\n";
+}
+
+std::vector<int> cpus_per_node(const std::string& value) {
+  auto bad = [&](const std::string& why) {
+    return ConfigError("SLURM_JOB_CPUS_PER_NODE='" + value + "' is not a list of CPUs per node like 72(x2),36 (" + why +
+                       ")");
+  };
+  size_t i = 0;
+  auto number = [&](const char* what) {
+    size_t end = value.find_first_not_of("0123456789", i);
+    if (end == std::string::npos) end = value.size();
+    const long n = plain_count(value.substr(i, end - i));
+    if (n < 1) throw bad(std::string("a ") + what + " of 1 or more expected at offset " + std::to_string(i));
+    i = end;
+    return n;
+  };
+  // No more nodes than any Slurm cluster has: a typo such as 2(x20000000)
+  // is refused, not expanded.
+  constexpr size_t kMaxNodes = 1'000'000;
+  std::vector<int> out;
+  for (;;) {
+    const long cpus = number("CPU count");
+    long times = 1;
+    if (value.compare(i, 2, "(x") == 0) {
+      i += 2;
+      times = number("repeat count");
+      if (i >= value.size() || value[i] != ')') throw bad("no ')' at offset " + std::to_string(i));
+      ++i;
+    }
+    if (out.size() + static_cast<size_t>(times) > kMaxNodes) throw bad("over a million nodes");
+    out.insert(out.end(), static_cast<size_t>(times), static_cast<int>(cpus));
+    if (i == value.size()) return out;
+    if (value[i] != ',') throw bad("unexpected '" + value.substr(i, 1) + "' at offset " + std::to_string(i));
+    ++i;
+  }
+}
+
+int gpus_on_node(const std::string& slurm_gpus_on_node, const std::string& cuda_visible_devices) {
+  if (!slurm_gpus_on_node.empty()) {
+    const long n = plain_count(slurm_gpus_on_node);
+    if (n < 0) throw ConfigError("SLURM_GPUS_ON_NODE='" + slurm_gpus_on_node + "' is not a count of GPUs");
+    return static_cast<int>(n);
+  }
+  // As CUDA reads it: an index or a GPU-/MIG- UUID per entry, and the
+  // devices end at the first entry that is neither ("-1", "", "NoDevFiles").
+  int n = 0;
+  for (size_t start = 0;; ++n) {
+    const size_t comma = cuda_visible_devices.find(',', start);
+    const std::string e = cuda_visible_devices.substr(start, comma - start);
+    const bool device = plain_count(e) >= 0 || e.rfind("GPU-", 0) == 0 || e.rfind("MIG-", 0) == 0;
+    if (!device) return n;
+    if (comma == std::string::npos) return n + 1;
+    start = comma + 1;
+  }
 }
 
 }  // namespace troupe::launcher

@@ -2,10 +2,11 @@
 // of one driver. From the batch step (sbatch or salloc) it starts the head
 // on the first node (`troupe start --head --block`, its child), a node agent
 // on every node of the allocation with one `srun` (`troupe start --address
-// HEAD --block` per node, resources from the allocation), waits for all of
-// them, runs the driver with TROUPE_ADDRESS/TROUPE_TOKEN/TROUPE_SESSION_DIR
-// set, and tears the cluster down when the driver exits or the job is
-// cancelled (SIGTERM, as scancel sends): nothing is left running.
+// HEAD --block` per node, each offering its own node's CPUs in the job and
+// the allocation's GPUs per node), waits for all of them, runs the driver
+// with TROUPE_ADDRESS/TROUPE_TOKEN/TROUPE_SESSION_DIR set, and tears the
+// cluster down when the driver exits or the job is cancelled (SIGTERM, as
+// scancel sends): nothing is left running.
 #pragma once
 
 #include <string>
@@ -28,5 +29,16 @@ int run_slurm(const SlurmOptions& o, const std::string& self);
 
 // An sbatch script that runs `troupe slurm -- COMMAND` (--print-sbatch).
 std::string sbatch_script(const SlurmOptions& o, const std::string& self);
+
+// SLURM_JOB_CPUS_PER_NODE ("72(x2),36": 72 CPUs on each of the first two
+// nodes, 36 on the third, in SLURM_JOB_NODELIST's order) as one count per
+// node; a ConfigError naming the value when it is not of that form.
+std::vector<int> cpus_per_node(const std::string& value);
+
+// The GPUs a node has: SLURM_GPUS_ON_NODE when set (a plain count, else a
+// ConfigError naming it), else the devices CUDA sees in
+// CUDA_VISIBLE_DEVICES (entries up to the first that names no device: an
+// empty one, or a negative index such as the "-1" that hides all).
+int gpus_on_node(const std::string& slurm_gpus_on_node, const std::string& cuda_visible_devices);
 
 }  // namespace troupe::launcher

@@ -2,9 +2,11 @@
 slurmd (Debian's slurm-wlm; two node names on this host, auth/none since
 nothing leaves the machine) from a configuration in a temporary directory,
 and stops them in every path. A two-node sbatch job runs a Python driver
-whose actors land on both nodes; a job cancelled with scancel mid-run leaves
-no troupe process behind; outside an allocation, and with GPUs asked for
-where there are none, the command refuses with the variables it read.
+whose actors land on both nodes; in a job whose nodes have different CPU
+counts (-n3 on two nodes) each agent offers its own node's; a job cancelled
+with scancel mid-run leaves no troupe process behind; outside an
+allocation, and with GPUs asked for where there are none, the command
+refuses with the variables it read.
 Skipped where slurmctld is missing or the test is not root."""
 import os
 import shutil
@@ -129,6 +131,29 @@ def test_two_node_job_runs_its_driver_on_both_nodes(slurm, tmp_path):
     assert "troupe slurm: driver exited with 0; cluster stopped" in text, text
     wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
     assert not list(job_tmp.glob("troupe-slurm-*")), list(job_tmp.iterdir())
+
+
+CPUS_DRIVER = """
+import troupe
+troupe.init(address="auto")
+print("cpus:", sorted(n["Resources"]["CPU"] for n in troupe.nodes() if n["Alive"]), flush=True)
+"""
+
+
+def test_nodes_of_different_sizes_each_offer_their_own_cpus(slurm, tmp_path):
+    # Three tasks on two 2-CPU nodes: SLURM_JOB_CPUS_PER_NODE=2,1. The agents'
+    # step used to ask every node for the first node's 2 CPUs, which Slurm
+    # refused ("More processors requested than permitted").
+    (tmp_path / "driver.py").write_text(CPUS_DRIVER)
+    out = tmp_path / "job.out"
+    r = subprocess.run(["sbatch", "--wait", "-N2", "-n3", f"--output={out}", "--wrap",
+                        f"{cli()} slurm --port 0 -- /usr/bin/python3 {tmp_path / 'driver.py'}"],
+                       env=slurm["env"], capture_output=True, text=True, timeout=300)
+    text = out.read_text()
+    assert r.returncode == 0, r.stderr + text
+    assert "troupe slurm: cluster of 2 node(s)" in text and "CPU=2,1 by node" in text, text
+    assert "cpus: [1.0, 2.0]" in text, text
+    wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
 
 
 def test_scancel_ends_everything(slurm, tmp_path):

@@ -1,0 +1,114 @@
+// `troupe slurm`'s reading of the allocation: Slurm's per-node CPU list and
+// a node's GPUs, without a Slurm (test_slurm.py runs a real one).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "launcher/slurm.h"
+#include "troupe/runtime/core/errors.h"
+
+using troupe::ConfigError;
+using troupe::launcher::cpus_per_node;
+using troupe::launcher::gpus_on_node;
+
+namespace {
+
+// The ConfigError's message for `value`, or "" when it was accepted.
+std::string cpu_list_error(const std::string& value) {
+  try {
+    cpus_per_node(value);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string gpu_error(const std::string& slurm_gpus_on_node) {
+  try {
+    gpus_on_node(slurm_gpus_on_node, "");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Nodes of different sizes in one job (sbatch -N2 -n3 gives "2,1"): each
+// node's own count, in node order. Only the first used to be read.
+TEST(SlurmAllocation, CpusPerNodeExpandsSlurmsCompressedList) {
+  EXPECT_EQ(cpus_per_node("2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(cpus_per_node("4"), (std::vector<int>{4}));
+  EXPECT_EQ(cpus_per_node("1,2"), (std::vector<int>{1, 2}));
+  EXPECT_EQ(cpus_per_node("72(x2),36"), (std::vector<int>{72, 72, 36}));
+  EXPECT_EQ(cpus_per_node("8(x1)"), (std::vector<int>{8}));
+  EXPECT_EQ(cpus_per_node("1,4(x2),2(x2)"), (std::vector<int>{1, 4, 4, 2, 2}));
+}
+
+TEST(SlurmAllocation, MalformedCpusPerNodeIsAConfigErrorNamingIt) {
+  for (const std::string bad : {"", "2(x", "2(x3", "2(x)", "2(3)", "2,", ",2", "2,,1", "abc", "2abc", "-2", "0",
+                                "2(x0)", "1.5", "2 ,1", "2(x3),1)", "4(x2000000)", "99999999999"}) {
+    const std::string msg = cpu_list_error(bad);
+    EXPECT_NE(msg.find("SLURM_JOB_CPUS_PER_NODE='" + bad + "'"), std::string::npos) << "'" << bad << "': " << msg;
+  }
+}
+
+// SLURM_GPUS_ON_NODE wins and must be a plain count ("2abc" was read as 2,
+// "abc" and "gpu:2" as 0).
+TEST(SlurmAllocation, GpusOnNodeIsAPlainCount) {
+  EXPECT_EQ(gpus_on_node("0", ""), 0);
+  EXPECT_EQ(gpus_on_node("4", "0,1"), 4);
+  for (const std::string bad : {"2abc", "abc", "gpu:2", "-1", " 2", "2.0", "1e3"}) {
+    const std::string msg = gpu_error(bad);
+    EXPECT_NE(msg.find("SLURM_GPUS_ON_NODE='" + bad + "'"), std::string::npos) << "'" << bad << "': " << msg;
+  }
+}
+
+// CUDA_VISIBLE_DEVICES as CUDA reads it: "-1" hides every device (it used to
+// count as 1), an empty entry is no device ("0,,1" counted 3), and the
+// devices end at the first entry that names none.
+TEST(SlurmAllocation, GpusFromCudaVisibleDevices) {
+  EXPECT_EQ(gpus_on_node("", ""), 0);
+  EXPECT_EQ(gpus_on_node("", "NoDevFiles"), 0);
+  EXPECT_EQ(gpus_on_node("", "-1"), 0);
+  EXPECT_EQ(gpus_on_node("", "0"), 1);
+  EXPECT_EQ(gpus_on_node("", "0,1,2,3"), 4);
+  EXPECT_EQ(gpus_on_node("", "0,,1"), 1);
+  EXPECT_EQ(gpus_on_node("", ",0"), 0);
+  EXPECT_EQ(gpus_on_node("", "0,1,"), 2);
+  EXPECT_EQ(gpus_on_node("", "0,2,-1,1"), 2);
+  EXPECT_EQ(gpus_on_node("", "GPU-8f0c2b1e,MIG-GPU-8f0c2b1e/1/0"), 2);
+}
+
+// The CLI refuses a malformed variable with exit status 2 and its value,
+// before it runs scontrol or starts anything (no Slurm needed).
+TEST(SlurmAllocation, CliRefusesMalformedVariablesNamingThem) {
+  auto run = [](const std::string& env, const std::string& options = "") {
+    std::string out;
+    FILE* p = popen(("env -u SLURM_JOB_CPUS_PER_NODE -u SLURM_GPUS_ON_NODE -u CUDA_VISIBLE_DEVICES "
+                     "SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n1 " +
+                     env + " " TROUPE_CLI " slurm " + options + " -- true 2>&1")
+                        .c_str(),
+                    "r");
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    const int st = pclose(p);
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  auto [rc, out] = run("SLURM_JOB_CPUS_PER_NODE='2(x3'");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("SLURM_JOB_CPUS_PER_NODE='2(x3'"), std::string::npos) << out;
+  std::tie(rc, out) = run("SLURM_JOB_CPUS_PER_NODE=2 SLURM_GPUS_ON_NODE=2abc");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("SLURM_GPUS_ON_NODE='2abc' is not a count of GPUs"), std::string::npos) << out;
+  // "-1" hides every GPU: none to give (it used to pass as 1).
+  std::tie(rc, out) = run("SLURM_JOB_CPUS_PER_NODE=2 CUDA_VISIBLE_DEVICES=-1", "--gpus-per-node 1");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--gpus-per-node 1 but the allocation has 0 GPU(s)"), std::string::npos) << out;
+}
