@@ -257,6 +257,7 @@ _IGNORING = {
         "trailing.txt   ",  # trailing spaces dropped
         "cache/*", "!cache/wanted",
         "logs", "!logs/important.txt",  # nothing under a directory left out comes back
+        "[z-a]",  # a reversed range: git's matches nothing (and packing goes on)
     ]) + "\n",
     "sub/.gitignore": "*.txt\n!important.txt\n/local.md\n",  # relative to sub/
     ".rayignore": "*.bin\n",

@@ -227,7 +227,11 @@ def _ignore_rule(line, base):
         line = line[1:]
     if not line:
         return None
-    return _IgnoreRule(base, re.compile(_wildmatch(line), re.DOTALL), negated, dir_only, anchored)
+    try:
+        pattern = re.compile(_wildmatch(line), re.DOTALL)
+    except re.error:
+        return None  # a range such as [z-a]: git's matches nothing
+    return _IgnoreRule(base, pattern, negated, dir_only, anchored)
 
 
 def _ignore_rules(directory, base, names):

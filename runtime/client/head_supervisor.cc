@@ -104,6 +104,7 @@ core::WorkerEnv supervise_head(core::WorkerEnv env) {
       served = true;
     }
     const int status = wait_for_head(head, signals);
+    core::write_output_to(log);  // what follows belongs in head.log, not in a file the head rotated away
     // A head that never served fails the start as an unsupervised one would;
     // one that exits 0 was stopped (troupe stop).
     if (!served) std::_Exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);

@@ -63,6 +63,9 @@ struct ChildSetup {
   if (o.new_session) ::setsid();
   if (o.own_process_group && !o.new_session) {
     ::setpgid(0, 0);
+    // A background group writing to (or setting) the parent's terminal
+    // would be stopped by SIGTTOU under `stty tostop`; ignored survives exec.
+    ::signal(SIGTTOU, SIG_IGN);
     if (c.null_fd >= 0) ::dup2(c.null_fd, 0);  // a background group reading the terminal would be stopped
   }
   if (c.log_fd >= 0) {

@@ -19,9 +19,14 @@ std::thread signal_free_thread(F&& f) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &old);  // the new thread inherits this mask
-  std::thread t(std::forward<F>(f));
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  return t;
+  try {
+    std::thread t(std::forward<F>(f));
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return t;
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    throw;
+  }
 }
 
 }  // namespace troupe::core

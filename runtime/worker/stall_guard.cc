@@ -27,7 +27,7 @@ StallGuard::~StallGuard() {
 
 int64_t StallGuard::now_ns() {
   timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);  // runs on through a suspend, unlike CLOCK_MONOTONIC
   return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
@@ -38,17 +38,20 @@ void StallGuard::watch() {
   std::unique_lock lock(mu_);
   while (!cv_.wait_for(lock, tick, [this] { return stop_; })) {
     const int64_t now = now_ns();
-    if (now - last_ns_.load() > limit_ns_) suspect_.store(true);  // before last_ns_: see stalled()
+    if (now - last_ns_.load() > limit_ns_) stalls_.fetch_add(1);  // before last_ns_: see stalled()
     last_ns_.store(now);
   }
 }
 
 void StallGuard::before_call() {
   if (!stalled(now_ns())) return;
+  // One thread asks; the others wait here, and see stalled() false once
+  // its answer covered the stalls they saw.
   std::lock_guard lock(confirm_mu_);
-  const int64_t gap_ms = (now_ns() - last_ns_.load()) / 1'000'000;
-  if (!stalled(now_ns())) return;  // another call's confirmation covered it
-  suspect_.store(false);           // a stall from here on is seen again
+  if (!stalled(now_ns())) return;
+  const uint64_t seen = stalls_.load();
+  const int64_t asked = now_ns();
+  const int64_t gap_ms = (asked - last_ns_.load()) / 1'000'000;
   try {
     confirm_();
   } catch (const std::exception& e) {
@@ -58,7 +61,11 @@ void StallGuard::before_call() {
         gap_ms, e.what());
     std::_Exit(0);
   }
-  last_ns_.store(now_ns());
+  // Only what came before the ping is covered: a stall during it is seen
+  // by the watch (a later stall count) or by the gap from `asked`.
+  cleared_.store(seen);
+  for (int64_t last = last_ns_.load(); last < asked && !last_ns_.compare_exchange_weak(last, asked);) {
+  }
   confirmed_.fetch_add(1);
   TROUPE_LOG_INFO("stalled; the head confirmed this worker still serves");
 }

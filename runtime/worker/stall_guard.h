@@ -5,8 +5,8 @@
 // elsewhere, whose callers then retried what waits in this worker's sockets.
 // A fenced worker exits as soon as its I/O thread reads the head's close,
 // but after a stall the thread that runs calls may read a queued call
-// first. So a watch thread ticks on CLOCK_MONOTONIC (which runs on while
-// the process is stopped); before each call, a gap since the last tick
+// first. So a watch thread ticks on CLOCK_BOOTTIME (which runs on while
+// the process is stopped, and through a suspend); before each call, a gap since the last tick
 // longer than the limit (half the head's fence time) makes the call wait
 // for one round trip to the head (kPing). The head answers no fenced
 // worker: it closes its connection, and the worker exits then. A worker
@@ -44,13 +44,19 @@ class StallGuard {
 
  private:
   static int64_t now_ns();
-  bool stalled(int64_t now) const { return suspect_.load() || now - last_ns_.load() > limit_ns_; }
+  // last_ns_ first: a reader that sees the watch's new tick sees the stall
+  // it counted before it (both seq_cst).
+  bool stalled(int64_t now) const {
+    const int64_t last = last_ns_.load();
+    return stalls_.load() != cleared_.load() || now - last > limit_ns_;
+  }
   void watch();
 
   const int64_t limit_ns_;
   const std::function<void()> confirm_;
   std::atomic<int64_t> last_ns_;
-  std::atomic<bool> suspect_{false};  // the watch thread woke up late
+  std::atomic<uint64_t> stalls_{0};   // gaps the watch thread saw (it woke up late)
+  std::atomic<uint64_t> cleared_{0};  // the stall count a confirmation covered
   std::atomic<uint64_t> confirmed_{0};
   std::mutex confirm_mu_;
   std::mutex mu_;

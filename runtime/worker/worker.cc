@@ -210,6 +210,24 @@ std::unique_ptr<client::HostedActor> construct_actor(client::Core& core, const c
   return nullptr;  // not reached: fail_init exits
 }
 
+// StallGuard's confirmation: the head answers a worker it has not fenced.
+// A durable head that is being restarted is waited for, as long as this
+// worker's connection waits for it; a fenced worker's connection ends
+// meanwhile, and the worker exits with it.
+void ping_head(client::Core& core) {
+  const auto until = std::chrono::steady_clock::now() + core::default_head_reconnect();
+  for (;;) {
+    try {
+      core.head().call_empty<void>(Op::kPing, std::chrono::seconds(10));
+      return;
+    } catch (const Error& e) {
+      const bool transient = dynamic_cast<const ConnectionError*>(&e) || dynamic_cast<const Timeout*>(&e);
+      if (!transient || !core.hello_reply().durable || std::chrono::steady_clock::now() >= until) throw;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the connection is being made again
+  }
+}
+
 // Serves one constructed actor: a call listener and a control listener, and
 // either inline calls or a mailbox per concurrency group (the default one
 // and ActorSpec::concurrency_groups), each drained by up to its group's
@@ -511,7 +529,7 @@ class ActorHost {
   // No call starts after a stall its node may have been fenced in before
   // the head says this worker still serves.
   StallGuard stall_guard_{std::chrono::milliseconds(std::max<uint32_t>(core_->hello_reply().fence_after_ms / 2, 1)),
-                          [core = core_] { core->head().call_empty<void>(Op::kPing, std::chrono::seconds(10)); }};
+                          [core = core_] { ping_head(*core); }};
 };
 
 // Before the actor allocates anything: see malloc_policy.h. The node agent

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "tests/support/process.h"
 #include "tests/support/wait.h"
@@ -133,7 +134,7 @@ TEST(Fencing, StoppedNodeAgentIsFencedAndRejoinsAsANewNode) {
 // StallGuard, it often did, as its call thread read the call before its
 // I/O thread read the head's close. A durable head tells a fenced worker
 // to end and half-closes; a plain one closes: both are covered.
-void stale_worker_runs_no_queued_call(bool durable) {
+void stale_worker_runs_no_queued_call(bool durable, int max_concurrency = 1) {
   troupe::testing::LocalClusterOptions o;
   o.heartbeat_ms = 50;
   o.heartbeat_misses = 4;
@@ -142,7 +143,7 @@ void stale_worker_runs_no_queued_call(bool durable) {
   troupe::Runtime rt = cluster.connect();
   const std::string path = ::testing::TempDir() + "journal-" + std::to_string(getpid()) + (durable ? "-d" : "");
   std::remove(path.c_str());
-  auto c = rt.spawn<Journal>({.resources = {{"CPU", 2}}, .max_restarts = 1}, path);
+  auto c = rt.spawn<Journal>({.resources = {{"CPU", 2}}, .max_restarts = 1, .max_concurrency = max_concurrency}, path);
   const int old_pid = c.call(&Journal::write, 0).get(kWaitBound);
   const uint64_t first = c.call(&Journal::node).get(kWaitBound);
   const size_t index = cluster.node_id(0) == first ? 0 : 1;
@@ -150,16 +151,21 @@ void stale_worker_runs_no_queued_call(bool durable) {
 
   cluster.kill_node(index, SIGSTOP);
   ASSERT_EQ(::kill(old_pid, SIGSTOP), 0);
-  auto queued = c.call(&Journal::write, 1);  // waits in the stopped worker's socket
+  // They wait in the stopped worker's socket (with more concurrency, for
+  // several threads that each must not run one).
+  std::vector<decltype(c.call(&Journal::write, 1))> queued;
+  for (int i = 0; i < 4; ++i) queued.push_back(c.call(&Journal::write, 1));
   ASSERT_TRUE(eventually([&] {
     auto i = c.info();
     return i.state == troupe::ActorState::kAlive && i.node_id != first;
   }));
   ::kill(old_pid, SIGCONT);  // the worker wakes; its agent sleeps on
   EXPECT_TRUE(eventually([&] { return exited(old_pid); })) << "stale worker " << old_pid << " still runs";
-  try {
-    queued.get(kWaitBound);  // retried by the new worker, or failed: either is fine
-  } catch (const troupe::Error&) {
+  for (auto& q : queued) {
+    try {
+      q.get(kWaitBound);  // retried by the new worker, or failed: either is fine
+    } catch (const troupe::Error&) {
+    }
   }
   const int new_pid = c.call(&Journal::write, 2).get(kWaitBound);
   EXPECT_NE(new_pid, old_pid);
@@ -182,4 +188,9 @@ TEST(Fencing, AWorkerWokenAfterItsNodeWasFencedRunsNoQueuedCall) { stale_worker_
 
 TEST(Fencing, AWorkerWokenAfterItsNodeWasFencedByADurableHeadRunsNoQueuedCall) {
   stale_worker_runs_no_queued_call(true);
+}
+
+// Calls drained by several threads: each waits for the one confirmation.
+TEST(Fencing, AConcurrentWorkerWokenAfterItsNodeWasFencedRunsNoQueuedCall) {
+  stale_worker_runs_no_queued_call(false, 4);
 }
