@@ -76,19 +76,20 @@ bool point_output_at(const std::string& path, mode_t mode) {
   return true;
 }
 
-}  // namespace
-
-bool rotate_own_log_if_over(uint64_t max_bytes) {
+// Moves the output file to PATH.1 and goes on in a new PATH once it is
+// over `max_bytes`.
+void rotate_own_log_if_over(uint64_t max_bytes) {
   struct stat out {};
-  if (::fstat(1, &out) != 0 || !S_ISREG(out.st_mode) || static_cast<uint64_t>(out.st_size) <= max_bytes) return false;
+  if (::fstat(1, &out) != 0 || !S_ISREG(out.st_mode) || static_cast<uint64_t>(out.st_size) <= max_bytes) return;
   const std::string path = own_log_file();
-  if (path.empty()) return false;
+  if (path.empty()) return;
   const std::string older = path + ".1";
-  if (std::rename(path.c_str(), older.c_str()) != 0) return false;
-  if (!point_output_at(path, out.st_mode & 07777)) return false;  // goes on in PATH.1
+  if (std::rename(path.c_str(), older.c_str()) != 0) return;
+  if (!point_output_at(path, out.st_mode & 07777)) return;  // goes on in PATH.1
   TROUPE_LOG_INFO("log over {} bytes: its earlier part is now {}", max_bytes, older);
-  return true;
 }
+
+}  // namespace
 
 void write_output_to(const std::string& path) {
   if (path.empty() || own_log_file() == path) return;

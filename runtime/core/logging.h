@@ -32,8 +32,6 @@ std::string own_log_file();
 // output goes on in a new PATH. A thread of its own checks every
 // `interval`; nothing happens while the output is no regular file.
 void rotate_own_log_in_background(std::chrono::milliseconds interval = std::chrono::seconds(1));
-// One check of the above, now (tests). True when it rotated.
-bool rotate_own_log_if_over(uint64_t max_bytes);
 // Output (stdout, and stderr when it went to the same file) to `path` again
 // unless it goes there already: a head supervisor, whose head rotated the
 // log they share, before it starts the next head.

@@ -66,7 +66,6 @@ void StallGuard::before_call() {
   cleared_.store(seen);
   for (int64_t last = last_ns_.load(); last < asked && !last_ns_.compare_exchange_weak(last, asked);) {
   }
-  confirmed_.fetch_add(1);
   TROUPE_LOG_INFO("stalled; the head confirmed this worker still serves");
 }
 

@@ -39,8 +39,6 @@ class StallGuard {
   // confirming it with the head (one thread asks, the others wait for its
   // answer). Exits the process when `confirm` throws.
   void before_call();
-  // Stalls confirmed so far (tests).
-  uint64_t confirmed() const { return confirmed_.load(); }
 
  private:
   static int64_t now_ns();
@@ -57,7 +55,6 @@ class StallGuard {
   std::atomic<int64_t> last_ns_;
   std::atomic<uint64_t> stalls_{0};   // gaps the watch thread saw (it woke up late)
   std::atomic<uint64_t> cleared_{0};  // the stall count a confirmation covered
-  std::atomic<uint64_t> confirmed_{0};
   std::mutex confirm_mu_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -381,6 +381,11 @@ TEST_F(TorchrunTest, MaxRestartsExhaustedExitsNonZeroAndStopsEveryScript) {
   EXPECT_TRUE(left_in_session(r.session).empty());
 }
 
+// Both ranks of save_on_sigterm.py have their handler in place (bounded).
+bool both_ranks_wait(const fs::path& out) {
+  return eventually([&] { return read_pid(out / "pid-0").pid > 0 && read_pid(out / "pid-1").pid > 0; });
+}
+
 // Each rank of save_on_sigterm.py saved on the launcher's SIGTERM, and
 // nothing of the run is left.
 void expect_every_rank_saved(const fs::path& out, const CommandResult& r) {
@@ -401,7 +406,7 @@ void expect_every_rank_saved(const fs::path& out, const CommandResult& r) {
 TEST_F(TorchrunTest, SigtermReachesEveryScriptAndNothingRestarts) {
   Started c = start(torchrun({"--nproc-per-node", "2", "--max-restarts", "3", "--python", kPython,
                               kScripts + "/save_on_sigterm.py", out_.string()}));
-  const bool running = eventually([&] { return read_pid(out_ / "pid-0").pid > 0 && read_pid(out_ / "pid-1").pid > 0; });
+  const bool running = both_ranks_wait(out_);
   if (running) ::kill(c.pid, SIGTERM);
   CommandResult r = collect(c);
   ASSERT_TRUE(running) << r.output;
@@ -419,7 +424,7 @@ TEST_F(TorchrunTest, SigtermReachesEveryScriptAndNothingRestarts) {
 TEST_F(TorchrunTest, CtrlCToTheProcessGroupStillLetsEveryScriptSave) {
   Started c = start(torchrun({"--nproc-per-node", "2", "--max-restarts", "3", "--python", kPython,
                               kScripts + "/save_on_sigterm.py", out_.string()}));
-  const bool running = eventually([&] { return read_pid(out_ / "pid-0").pid > 0 && read_pid(out_ / "pid-1").pid > 0; });
+  const bool running = both_ranks_wait(out_);
   if (running) ::kill(-c.pid, SIGINT);  // start() made the launcher a group leader
   CommandResult r = collect(c);
   ASSERT_TRUE(running) << r.output;
