@@ -474,7 +474,10 @@ class Head::Impl {
     switch (op) {
       case Op::kHeartbeat:
         if (p.role != Role::kNode) throw DecodeError("heartbeat from a non-node");
-        return state_.heartbeat(p.node_id, Clock::now(), m.body.empty() ? NodeHeartbeat{} : body<NodeHeartbeat>(m));
+        state_.heartbeat(p.node_id, Clock::now(), m.body.empty() ? NodeHeartbeat{} : body<NodeHeartbeat>(m));
+        // The answer by which the agent knows the head still hears it (its
+        // HeadLease); a fenced peer's heartbeats are never read, so it gets none.
+        return p.conn->send(make_event(Op::kHeartbeat));
       case Op::kActorReady:
         return state_.actor_ready(body<ActorReady>(m));
       case Op::kActorInitFailed:
@@ -498,9 +501,10 @@ class Head::Impl {
       throw DecodeError("hello with an unknown role " + std::to_string(static_cast<int>(h.role)));
     HelloReply reply;
     if (h.role == Role::kNode) {
-      reply.node_id = h.resume_node_id ? state_.resume_node(p.id, h, Clock::now())
-                                       : state_.register_node(p.id, h, Clock::now());
+      reply.node_id =
+          h.resume_node_id ? state_.resume_node(p.id, h, Clock::now()) : state_.register_node(p.id, h, Clock::now());
       reply.heartbeat_ms = opts_.heartbeat_ms;
+      reply.fence_after_ms = opts_.heartbeat_ms * opts_.heartbeat_misses;
       p.node_id = reply.node_id;
       node_conns_[reply.node_id] = p.conn;
     } else if (h.role == Role::kWorker) {
@@ -772,43 +776,6 @@ class Head::Impl {
             {"stream_bytes_total", bytes},
             {"calls_per_second", calls_rate},
             {"stream_bytes_per_second", bytes_rate}};
-  }
-
-  static std::string op_name(uint32_t op) {
-    static const char* kNames[] = {"other",
-                                   "hello",
-                                   "heartbeat",
-                                   "create_actor",
-                                   "actor_ready",
-                                   "actor_init_failed",
-                                   "worker_exited",
-                                   "spawn_worker",
-                                   "kill_worker",
-                                   "subscribe_actor",
-                                   "actor_update",
-                                   "get_actor",
-                                   "kill_actor",
-                                   "create_placement_group",
-                                   "get_placement_group",
-                                   "remove_placement_group",
-                                   "kv_put",
-                                   "kv_get",
-                                   "kv_wait",
-                                   "kv_erase",
-                                   "kv_add",
-                                   "status",
-                                   "shutdown",
-                                   "control",
-                                   "wait_placement_group",
-                                   "nodes",
-                                   "node_fenced",
-                                   "read_log",
-                                   "lend_resources",
-                                   "resources_wanted",
-                                   "goodbye",
-                                   "ping"};
-    static_assert(std::size(kNames) == static_cast<size_t>(Op::kLastOp) + 1, "a name for every op");
-    return op < std::size(kNames) ? kNames[op] : "op_" + std::to_string(op);
   }
 
   void arm_timer() {

@@ -42,7 +42,7 @@ uint64_t HeadState::register_node(PeerId peer, const Hello& hello, Time now) {
   Node n;
   n.info.id = next_node_id_++;
   n.info.hostname = hello.hostname;
-  n.info.address = hello.bind_host;
+  n.info.address = hello.address;
   n.info.pid = hello.pid;
   n.peer = peer;
   n.pool = ResourcePool(hello.resources);
@@ -61,6 +61,11 @@ void HeadState::heartbeat(uint64_t node_id, Time now, const NodeHeartbeat& repor
   it->second.last_heartbeat = now;
   it->second.info.idle_workers = report.idle_workers;
 }
+
+// Said with a node lost to silence: on a lossy or distant network a live
+// node's heartbeats can be late by more than the default half second.
+constexpr const char* kLossyHint =
+    " (on a lossy or high-latency network, troupe start --head --heartbeat-misses N gives nodes longer)";
 
 void HeadState::check_heartbeats(Time now) {
   auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
@@ -97,7 +102,8 @@ void HeadState::node_lost(uint64_t node_id, const std::string& why, bool left) {
   else if (stopping_)
     TROUPE_LOG_DEBUG("node {} ({}) is gone with the head: {}", node_id, n.info.hostname, why);
   else
-    TROUPE_LOG_WARN("node {} ({}) is dead: {}", node_id, n.info.hostname, why);
+    TROUPE_LOG_WARN("node {} ({}) is dead: {}{}", node_id, n.info.hostname, why,
+                    why.rfind("no heartbeat", 0) == 0 ? kLossyHint : "");
   out_.dead_nodes.emplace_back(node_id, why);
   dead_nodes_order_.push_back(node_id);
   // Every worker the node ran died with it (PR_SET_PDEATHSIG), whether or not

@@ -107,8 +107,8 @@ HeadStore::HeadStore(const std::string& path) : path_(path) {
     exec("PRAGMA journal_mode=WAL");
     exec("PRAGMA synchronous=NORMAL");
     exec("CREATE TABLE IF NOT EXISTS head_rows (key TEXT PRIMARY KEY, value BLOB NOT NULL)");
-    if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO head_rows (key, value) VALUES (?1, ?2)", -1, &put_,
-                           nullptr) != SQLITE_OK ||
+    if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO head_rows (key, value) VALUES (?1, ?2)", -1, &put_, nullptr) !=
+            SQLITE_OK ||
         sqlite3_prepare_v2(db_, "DELETE FROM head_rows WHERE key = ?1", -1, &del_, nullptr) != SQLITE_OK)
       fail("prepare");
   } catch (...) {
@@ -204,6 +204,12 @@ void HeadStore::write(const std::vector<HeadState::Row>& rows) {
   }
 }
 
-void HeadStore::clear() { exec("DELETE FROM head_rows"); }
+void HeadStore::clear() {
+  exec("DELETE FROM head_rows");
+  // The file gives its pages back: emptied, it is as small as a new one
+  // (a long session's KV store can have grown it to tens of MB).
+  exec("VACUUM");
+  exec("PRAGMA wal_checkpoint(TRUNCATE)");
+}
 
 }  // namespace troupe::head

@@ -33,6 +33,20 @@ namespace {
 
 // How long a stopping agent waits for the head to take its goodbye.
 constexpr std::chrono::milliseconds kGoodbyeTimeout{1000};
+// How long a fenced agent keeps trying to join the head again (the head is
+// alive: it sent the fence, but the network that cut the node off may take
+// a while to heal).
+constexpr std::chrono::milliseconds kRejoinAfterFence{60000};
+
+// HeadLease: how long an agent may hear nothing from the head before it
+// kills its workers. One heartbeat less than the head's fence time, so that
+// they are gone before the head declares the node dead and gives their
+// actors to other nodes; never under half of it.
+std::chrono::milliseconds head_lease(uint32_t fence_after_ms, uint32_t heartbeat_ms) {
+  if (fence_after_ms == 0) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(
+      std::max(fence_after_ms / 2, fence_after_ms - std::min(fence_after_ms, heartbeat_ms)));
+}
 
 // GPU count through the CUDA runtime, loaded lazily so that a node without
 // CUDA (or a build without it) simply reports 0.
@@ -90,7 +104,9 @@ Resources detect_resources(const Resources& overrides) {
 
 class NodeAgent::Impl {
  public:
-  explicit Impl(NodeOptions o) : opts_(std::move(o)), signals_(io_, SIGCHLD), timer_(io_) {
+  using Clock = std::chrono::steady_clock;
+
+  explicit Impl(NodeOptions o) : opts_(std::move(o)), signals_(io_, SIGCHLD), timer_(io_), lease_timer_(io_) {
     validate_pool_options(opts_.worker_pool);
     // A bad TROUPE_WORKER_MALLOC fails the agent's start, not each worker.
     (void)core::malloc_policy_from_env();
@@ -123,6 +139,7 @@ class NodeAgent::Impl {
     asio::post(io_, [this] {
       wait_signal();
       heartbeat();
+      arm_lease();
       // A change of the idle count reaches the head at once: the head's
       // view (Runtime::nodes) is what callers wait on for a filled pool.
       pool_->on_idle_count_change([this](uint32_t n) {
@@ -153,6 +170,7 @@ class NodeAgent::Impl {
       if (head_) head_->close("node stopping");
       signals_.cancel();
       timer_.cancel();
+      lease_timer_.cancel();
       io_.stop();
       std::lock_guard lock(mu_);
       done_ = true;
@@ -181,8 +199,12 @@ class NodeAgent::Impl {
       const Future<Message> answer = sent.get();
       if (!answer.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(
               std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero()))))
-        TROUPE_LOG_WARN("node: the head did not answer the goodbye within {} ms; leaving anyway",
-                        kGoodbyeTimeout.count());
+        // As at every `troupe stop`, which stops the head and the agents
+        // at once: not worth a warning.
+        TROUPE_LOG_INFO(
+            "node: the head did not answer the goodbye within {} ms (it may be stopping too); leaving "
+            "anyway",
+            kGoodbyeTimeout.count());
     } catch (const std::future_error&) {
       // Not sent (no durable head to tell, or the agent is already going).
     }
@@ -219,7 +241,7 @@ class NodeAgent::Impl {
     h.hostname = hostname();
     h.pid = getpid();
     h.host_key = core::host_key();
-    h.bind_host = opts_.bind_host;
+    h.address = opts_.advertise_host;
     h.resume_node_id = resume_id;
     h.workers = std::move(workers);
     r.reply = r.channel->call<HelloReply>(Op::kHello, h, timeout);
@@ -246,6 +268,10 @@ class NodeAgent::Impl {
     generation_ = r.generation;
     node_id_ = r.reply.node_id;
     heartbeat_ms_ = r.reply.heartbeat_ms;
+    lease_ = head_lease(r.reply.fence_after_ms, r.reply.heartbeat_ms);
+    fence_after_ms_ = r.reply.fence_after_ms;
+    last_heard_ = Clock::now();
+    lease_spent_ = false;
     durable_ = r.reply.durable;
     rejoining_ = false;
     for (auto& w : std::exchange(missed_exits_, {})) head_->send(make_event_value(Op::kWorkerExited, w));
@@ -255,7 +281,10 @@ class NodeAgent::Impl {
 
   void on_head_event(uint64_t gen, Message&& m) {
     if (gen > generation_) return early_events_.push_back(std::move(m));
-    if (gen == generation_) on_event(std::move(m));
+    if (gen != generation_) return;
+    last_heard_ = Clock::now();
+    lease_spent_ = false;
+    on_event(std::move(m));
   }
 
   // Only the current registration's connection matters: a fenced one is
@@ -280,13 +309,21 @@ class NodeAgent::Impl {
     // Spawns waiting for a start slot are the head's actors too: it keeps
     // them (pid 0: none yet), and they start once it is back.
     for (const auto& s : waiting_spawns_) live.push_back({s.actor_id, s.incarnation, 0});
-    if (rejoin_thread_.joinable()) rejoin_thread_.join();
-    rejoin_thread_ = std::thread([this, live = std::move(live), id = node_id_.load()] {
-      const auto deadline = std::chrono::steady_clock::now() + opts_.head_reconnect;
+    rejoin_in_background(opts_.head_reconnect, node_id_.load(), std::move(live));
+  }
+
+  // Joins the head again from a thread of its own, trying until `window`
+  // passes: as the node it was (resume_id, with its live workers) for a
+  // restarted head, or as a new node (0) after a fence. Not back by then:
+  // the agent stops.
+  void rejoin_in_background(std::chrono::milliseconds window, uint64_t resume_id, std::vector<LiveWorker> live) {
+    if (rejoin_thread_.joinable()) rejoin_thread_.join();  // the last rejoin has installed its registration
+    rejoin_thread_ = std::thread([this, window, resume_id, live = std::move(live)] {
+      const auto deadline = std::chrono::steady_clock::now() + window;
       std::string last;
       while (!leaving_.load()) {
         try {
-          Registration r = join_head(std::chrono::seconds(2), id, live);
+          Registration r = join_head(std::chrono::seconds(2), resume_id, live);
           asio::post(io_, [this, r] { install(r); });
           return;
         } catch (const std::exception& e) {
@@ -296,8 +333,7 @@ class NodeAgent::Impl {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a retry interval, not a wait for an event
       }
       if (!leaving_.load())
-        TROUPE_LOG_WARN("node: the head did not come back within {} ms ({}); stopping node",
-                        opts_.head_reconnect.count(), last);
+        TROUPE_LOG_WARN("node: the head did not come back within {} ms ({}); stopping node", window.count(), last);
       shutdown();
     });
   }
@@ -313,16 +349,64 @@ class NodeAgent::Impl {
     kill_workers();
     waiting_spawns_.clear();  // the dead node's actors: restarted elsewhere
     pool_->recycle();
-    if (rejoin_thread_.joinable()) rejoin_thread_.join();  // the last rejoin has installed its registration
-    rejoin_thread_ = std::thread([this] {
-      try {
-        Registration r = join_head(std::chrono::seconds(5));
-        asio::post(io_, [this, r] { install(r); });
-      } catch (const std::exception& e) {
-        TROUPE_LOG_WARN("node: cannot join the head again ({}); stopping node", e.what());
-        shutdown();
-      }
+    rejoin_in_background(kRejoinAfterFence, 0, {});
+  }
+
+  // HeadLease. The head answers every heartbeat; an agent that hears nothing
+  // from it for lease_ is cut off from it (or the head is hung): the head
+  // may be about to declare the node dead and restart its actors elsewhere,
+  // so the workers here stop first, and their exits are told to the head
+  // (a head that was only slow restarts their actors; a fencing one ignores
+  // them). When the check itself comes late (the agent was stopped or
+  // starved), answers may wait unread in its socket: it looks again once
+  // they are read before it acts.
+  void arm_lease(Clock::time_point due) {
+    if (stopping_) return;
+    lease_due_ = due;
+    lease_timer_.expires_at(due);
+    lease_timer_.async_wait([this](asio::error_code ec) {
+      if (!ec) check_lease();
     });
+  }
+  // Due when the lease runs out; once it has (the workers killed, or none
+  // to kill), every heartbeat interval.
+  void arm_lease() {
+    const auto now = Clock::now();
+    const auto due = last_heard_ + lease_;
+    arm_lease(lease_.count() && !lease_spent_ && due > now ? due : now + std::chrono::milliseconds(heartbeat_ms_));
+  }
+
+  void check_lease() {
+    const auto now = Clock::now();
+    const bool late = now - lease_due_ > std::chrono::milliseconds(heartbeat_ms_) / 2;
+    const auto silent = now - last_heard_;
+    if (lease_.count() && !lease_spent_ && !rejoining_ && silent >= lease_ &&
+        !(workers_.empty() && waiting_spawns_.empty())) {
+      if (late && !second_look_) {
+        second_look_ = true;
+        return arm_lease(now + std::chrono::milliseconds(10));
+      }
+      lease_expired(std::chrono::duration_cast<std::chrono::milliseconds>(silent));
+    }
+    second_look_ = false;
+    arm_lease();
+  }
+
+  void lease_expired(std::chrono::milliseconds silent) {
+    const std::string why = "its node agent heard nothing from the head for " + std::to_string(silent.count()) +
+                            " ms and stopped its workers (the head fences a node silent for " +
+                            std::to_string(fence_after_ms_) + " ms)";
+    TROUPE_LOG_WARN(
+        "node {}: heard nothing from the head for {} ms: killing its {} workers before the head can "
+        "restart their actors on other nodes",
+        node_id_.load(), silent.count(), workers_.size() + waiting_spawns_.size());
+    for (auto& [pid, w] : workers_) {
+      ::kill(pid, SIGKILL);
+      kill_reasons_[pid] = why;
+    }
+    for (const auto& s : waiting_spawns_) report_exit(s.actor_id, s.incarnation, 0, "never started: " + why);
+    waiting_spawns_.clear();
+    lease_spent_ = true;  // until the head is heard again
   }
 
   // Kills and reaps every worker without reporting their exits: the node is
@@ -334,6 +418,7 @@ class NodeAgent::Impl {
       pool_->worker_exited(pid);
     }
     workers_.clear();
+    kill_reasons_.clear();
   }
 
   void on_event(Message&& m) {
@@ -361,6 +446,8 @@ class NodeAgent::Impl {
           return shutdown();
         case Op::kNodeFenced:
           return fenced(decode_value<NodeFenced>(m.body));
+        case Op::kHeartbeat:
+          return;  // the head's answer to one: it hears this node (HeadLease)
         case Op::kReadLog:
           return read_log(m);
         default:
@@ -530,6 +617,10 @@ class NodeAgent::Impl {
       }
       std::string how = core::describe_exit_status(status);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 127) how += " (could not exec the worker executable?)";
+      if (auto k = kill_reasons_.find(pid); k != kill_reasons_.end()) {
+        how = k->second + " (" + how + ")";
+        kill_reasons_.erase(k);
+      }
       report_exit(it->second.actor_id, it->second.incarnation, pid, how);
       pool_->worker_exited(pid);
       it = workers_.erase(it);
@@ -557,20 +648,30 @@ class NodeAgent::Impl {
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer timer_;
+  asio::steady_timer lease_timer_;  // HeadLease
   std::thread io_thread_;
   std::thread rejoin_thread_;  // joins the head again after a fence
   std::shared_ptr<RpcChannel> head_;
-  std::atomic<uint64_t> generations_{0};  // registrations made
-  uint64_t generation_ = 0;               // the current one's (io thread)
-  std::vector<Message> early_events_;     // from a registration not yet installed
-  bool rejoining_ = false;                // fenced, not yet registered again
-  bool resuming_ = false;                 // waiting for a restarted head (rejoining_ too)
-  bool durable_ = false;                  // the head reloads its tables when restarted
-  bool told_to_stop_ = false;             // the head said it is going for good
-  std::atomic<bool> leaving_{false};      // shutdown began (read by the rejoin thread)
+  std::atomic<uint64_t> generations_{0};    // registrations made
+  uint64_t generation_ = 0;                 // the current one's (io thread)
+  std::vector<Message> early_events_;       // from a registration not yet installed
+  bool rejoining_ = false;                  // fenced, not yet registered again
+  bool resuming_ = false;                   // waiting for a restarted head (rejoining_ too)
+  bool durable_ = false;                    // the head reloads its tables when restarted
+  bool told_to_stop_ = false;               // the head said it is going for good
+  std::atomic<bool> leaving_{false};        // shutdown began (read by the rejoin thread)
   std::vector<WorkerExited> missed_exits_;  // while resuming
   std::atomic<uint64_t> node_id_{0};
   uint32_t heartbeat_ms_ = core::kHeartbeatMs;
+  // HeadLease (io thread): how long the agent may hear nothing from the
+  // head (0: no lease), when it last did, and when the check is due.
+  std::chrono::milliseconds lease_{0};
+  Clock::time_point last_heard_ = Clock::now();
+  Clock::time_point lease_due_;
+  bool second_look_ = false;  // the late check looks again before it acts
+  bool lease_spent_ = false;  // the workers were killed; nothing heard since
+  uint32_t fence_after_ms_ = 0;
+  std::map<pid_t, std::string> kill_reasons_;  // why the agent killed a worker, for its exit report
   std::map<pid_t, WorkerProc> workers_;
   // Cold-started workers not yet serving, and spawns waiting for one of
   // them: at most max_starting_ start at once (Ray's

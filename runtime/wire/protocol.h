@@ -50,6 +50,10 @@ enum class Op : uint32_t {
   kLastOp = kPing,           // the highest op (tables indexed by op)
 };
 
+// The op's name in snake case ("create_actor"); "op_N" for an unknown one.
+std::string op_name(uint32_t op);
+inline std::string op_name(Op op) { return op_name(static_cast<uint32_t>(op)); }
+
 enum class Role : uint8_t { kDriver = 0, kNode = 1, kWorker = 2 };
 
 // A worker a node agent still runs, told to a head that restarted.
@@ -67,7 +71,9 @@ struct Hello {
   Resources resources;       // node
   std::string hostname;      // node
   int32_t pid = 0;
-  std::string bind_host;  // node: where its workers listen
+  // node: the address its workers advertise, the one peers reach them at
+  // (never a wildcard such as 0.0.0.0).
+  std::string address;
   // A node coming back to a restarted head: the id it had (0 = a new node)
   // and the workers it still runs.
   uint64_t resume_node_id = 0;
@@ -81,7 +87,7 @@ struct Hello {
   // when the process shares the head's host key the head watches its pid
   // and ends the wait once the process is gone.
   std::string host_key;
-  TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, bind_host, resume_node_id, workers, client_id,
+  TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, address, resume_node_id, workers, client_id,
                 host_key)
 };
 
@@ -166,16 +172,21 @@ struct ActorInfo {
 };
 
 struct HelloReply {
-  uint64_t node_id = 0;         // node
-  uint32_t heartbeat_ms = core::kHeartbeatMs;  // node
-  ActorSpec spec;               // worker
-  ActorInfo info;               // worker
+  uint64_t node_id = 0;  // node
+  // node: how often it heartbeats; the head answers each heartbeat with
+  // an empty one, by which the node knows the head still hears it.
+  uint32_t heartbeat_ms = core::kHeartbeatMs;
+  ActorSpec spec;  // worker
+  ActorInfo info;  // worker
   // The head writes its tables through to a store and reloads them when it
   // is restarted: whoever loses it should wait for it to come back.
   bool durable = false;
-  // worker: how long a node may stay silent before the head fences it
-  // (heartbeat_ms × misses); a worker that stalled for half of it confirms
-  // it still serves before its next call (StallGuard).
+  // How long a node may stay silent before the head fences it
+  // (heartbeat_ms × misses). A worker that stalled for half of it confirms
+  // it still serves before its next call (StallGuard); a node agent that
+  // hears nothing from the head for one heartbeat less kills its workers
+  // (node::HeadLease), so that they stop before the head restarts their
+  // actors elsewhere.
   uint32_t fence_after_ms = core::kHeartbeatMs * core::kHeartbeatMisses;
   TROUPE_FIELDS(node_id, heartbeat_ms, spec, info, durable, fence_after_ms)
 };

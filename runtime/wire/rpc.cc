@@ -80,6 +80,11 @@ void RpcChannel::enable_reconnect(Reconnect r) {
   reconnect_ = std::move(r);
 }
 
+void RpcChannel::timed_out(Op op, std::chrono::milliseconds timeout) const {
+  throw Timeout("no answer to " + op_name(op) + " (op " + std::to_string(static_cast<uint32_t>(op)) + ") from " +
+                format_address(host_, port_) + " within " + std::to_string(timeout.count()) + " ms");
+}
+
 Future<Message> RpcChannel::request(Op op, std::string body) {
   auto state = std::make_shared<core::FutureState<Message>>();
   Message m;

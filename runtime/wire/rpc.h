@@ -73,14 +73,12 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
 
  private:
   template <class R>
-  static R finish(Future<Message> f, Op op, std::chrono::milliseconds timeout) {
+  R finish(Future<Message> f, Op op, std::chrono::milliseconds timeout) const {
     // An answer comes within a round trip: a task waiting for one lends
     // its CPU only where the request waits by design (core::WaitObserver).
     const bool waits = op == Op::kKvWait || op == Op::kWaitPlacementGroup;
     core::WaitObserverInstall quick(waits ? core::tls_wait_observer.observer : nullptr);
-    if (!f.wait_for(timeout))
-      throw Timeout("no response to request op " + std::to_string(static_cast<uint32_t>(op)) + " after " +
-                    std::to_string(timeout.count()) + " ms");
+    if (!f.wait_for(timeout)) timed_out(op, timeout);
     Message m = f.get();
     if constexpr (std::is_void_v<R>) {
       return;
@@ -88,6 +86,9 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
       return decode_value<R>(m.body.data(), m.body.size(), &m.attachments);
     }
   }
+  // Throws the Timeout of a request that got no answer, naming the request
+  // and the address it went to.
+  [[noreturn]] void timed_out(Op op, std::chrono::milliseconds timeout) const;
   void on_frame(uint64_t gen, Message&& m);
   void on_close(uint64_t gen, const std::string& reason);
   // Starts connection generation `gen`'s connect (on io's thread).

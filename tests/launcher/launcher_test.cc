@@ -97,7 +97,10 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   }
 
   // `auto`, as drivers spell it, is the session's head for the CLI too.
-  auto node = run(std::string(TROUPE_CLI) + " start --address auto --resources CPU=3,GPU=0,disk=1");
+  // Bound to every interface, it tells peers the address it advertises,
+  // never 0.0.0.0 (as deploy/kubernetes/nodes.yaml starts nodes).
+  auto node = run(std::string(TROUPE_CLI) +
+                  " start --address auto --host 0.0.0.0 --advertise-address 127.0.0.1 --resources CPU=3,GPU=0,disk=1");
   ASSERT_EQ(node.status, 0) << node.output;
 
   auto status = run(std::string(TROUPE_CLI) + " status --json --address auto");
@@ -105,6 +108,7 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   auto j = nlohmann::json::parse(status.output);
   ASSERT_EQ(j["nodes"].size(), 2u);
   EXPECT_EQ(j["nodes"][1]["total"]["disk"], 1.0);
+  EXPECT_EQ(j["nodes"][1]["address"], "127.0.0.1") << j["nodes"][1].dump();
 
   // A driver finds the cluster through the session directory.
   troupe::InitOptions o;

@@ -12,12 +12,14 @@
 #include <vector>
 
 #include "tests/support/process.h"
+#include "tests/support/tcp_proxy.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using troupe::test::eventually;
 using troupe::test::kWaitBound;
+using troupe::test::TcpProxy;
 
 namespace {
 
@@ -193,4 +195,64 @@ TEST(Fencing, AWorkerWokenAfterItsNodeWasFencedByADurableHeadRunsNoQueuedCall) {
 // Calls drained by several threads: each waits for the one confirmation.
 TEST(Fencing, AConcurrentWorkerWokenAfterItsNodeWasFencedRunsNoQueuedCall) {
   stale_worker_runs_no_queued_call(false, 4);
+}
+
+// A partition between a node and the head: the node's agent and workers
+// reach the head through a proxy that holds every byte (nothing closes),
+// while the driver, on the head's side, still reaches the workers. The
+// head fences the node and restarts its actor on the other node. The
+// agent, hearing nothing from the head, kills its workers first
+// (HeadLease): the old worker answers no call once its replacement has.
+// Before, it served its side of the cut for as long as the partition
+// lasted, and tens of seconds after. Healed, the agent joins again as a
+// new node.
+TEST(Fencing, APartitionedNodesWorkersStopBeforeTheirReplacementsStart) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes = {{{"CPU", 2}}};
+  o.heartbeat_ms = 200;  // fenced after 1 s, the lease 800 ms: a heartbeat of margin
+  o.heartbeat_misses = 5;
+  troupe::testing::LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  TcpProxy proxy(cluster.address());
+  // The direct node is full while the actor is placed: it lands behind the proxy.
+  auto blocker = rt.spawn<Tally>({.resources = {{"CPU", 2}}}, 0);
+  blocker.call(&Tally::pid).get(kWaitBound);
+  const size_t cut = cluster.add_node({{"CPU", 2}}, proxy.address());
+  const uint64_t cut_id = cluster.node_id(cut);
+  const pid_t agent = cluster.node_pid(cut);
+  const std::string path = ::testing::TempDir() + "journal-partition-" + std::to_string(getpid());
+  std::remove(path.c_str());
+  auto c = rt.spawn<Journal>({.resources = {{"CPU", 2}}, .max_restarts = 1}, path);
+  const int old_pid = c.call(&Journal::write, 0).get(kWaitBound);
+  ASSERT_EQ(c.call(&Journal::node).get(kWaitBound), cut_id);
+  rt.kill(blocker);
+  ASSERT_TRUE(eventually([&] { return live_cpus(rt) == 4; }));
+
+  proxy.hold(true);
+  int new_pid = 0;
+  ASSERT_TRUE(eventually([&] {
+    try {
+      const int pid = c.call(&Journal::write, 1).get(kWaitBound);
+      if (pid != old_pid) new_pid = pid;
+    } catch (const troupe::Error&) {
+      // the old worker gone, its replacement not yet known: call again
+    }
+    return new_pid != 0;
+  }));
+  EXPECT_TRUE(eventually([&] { return exited(old_pid); }, std::chrono::seconds(10)))
+      << "worker " << old_pid << " of the cut-off node still runs";
+  const std::string journal = read_all(path);
+  const auto first_new = journal.find("\n" + std::to_string(new_pid) + " ");
+  ASSERT_NE(first_new, std::string::npos) << journal;
+  EXPECT_EQ(journal.find("\n" + std::to_string(old_pid) + " ", first_new), std::string::npos)
+      << "the cut-off worker answered after its replacement:\n"
+      << journal;
+
+  proxy.hold(false);
+  EXPECT_TRUE(eventually([&] {
+    for (const auto& n : rt.nodes())
+      if (n.pid == agent && n.alive && n.id != cut_id) return true;
+    return false;
+  })) << "the agent did not join again after the partition";
+  std::remove(path.c_str());
 }

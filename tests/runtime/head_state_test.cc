@@ -2,8 +2,10 @@
 // sockets, no clocks, no threads. Each test plays the messages a server
 // would pass in, with made-up times, and checks the state and its outputs.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "troupe/runtime/client/actor_keys.h"
@@ -11,6 +13,7 @@
 #include "troupe/runtime/client/task.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/head/head_state.h"
+#include "troupe/runtime/head/head_store.h"
 #include "troupe/runtime/head/resource_pool.h"
 #include "troupe/runtime/head/scheduler.h"
 
@@ -1444,4 +1447,26 @@ TEST_F(HeadStateTest, LateChecksDoNotCutARestoredNodesGraceShort) {
   bool alive = false;
   for (const auto& node : again.nodes()) alive = alive || (node.id == n && node.alive);
   EXPECT_TRUE(alive);
+}
+
+// A stopped cluster's state file is emptied and gives its pages back: a
+// long session's KV store once left tens of MB of free pages behind.
+TEST(HeadStoreTest, ClearShrinksTheFile) {
+  const std::string dir = ::testing::TempDir() + "head-store-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/head.sqlite";
+  {
+    troupe::head::HeadStore store(path);
+    std::vector<HeadState::Row> rows;
+    for (int i = 0; i < 16; ++i) rows.emplace_back("kv/" + std::to_string(i), std::string(256 * 1024, 'x'));
+    store.write(rows);
+    EXPECT_GT(std::filesystem::file_size(path) + std::filesystem::file_size(path + "-wal"), 4u << 20);
+    store.clear();
+    EXPECT_TRUE(store.load().empty());
+  }
+  uintmax_t bytes = std::filesystem::file_size(path);
+  if (std::filesystem::exists(path + "-wal")) bytes += std::filesystem::file_size(path + "-wal");
+  EXPECT_LT(bytes, 256u * 1024) << "the emptied state file keeps its pages";
+  std::filesystem::remove_all(dir);
 }

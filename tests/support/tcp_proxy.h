@@ -4,6 +4,8 @@
 // breaks every connection it carries at that moment (both sides see the
 // close), as a network blip would. It goes on accepting after a cut;
 // while refusing, it closes what it accepts at once (the link stays down).
+// hold(true) is a partition instead: no byte moves either way and nothing
+// closes, until hold(false) lets what waited through.
 #pragma once
 
 #include <arpa/inet.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -45,6 +48,7 @@ class TcpProxy {
 
   ~TcpProxy() {
     stop_ = true;
+    hold(false);
     ::shutdown(listen_fd_, SHUT_RDWR);
     acceptor_.join();
     cut();
@@ -63,6 +67,13 @@ class TcpProxy {
   // Connections accepted (and joined upstream) so far.
   int accepted() const { return accepted_; }
   void set_refusing(bool refusing) { refusing_ = refusing; }
+  void hold(bool held) {
+    {
+      std::lock_guard lock(mu_);
+      held_ = held;
+    }
+    held_cv_.notify_all();
+  }
 
   // Breaks every connection carried now; returns how many.
   int cut() {
@@ -107,9 +118,18 @@ class TcpProxy {
     pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
     bool open = true;
     while (open) {
-      if (::poll(fds, 2, -1) < 0) {
+      {
+        std::unique_lock lock(mu_);
+        held_cv_.wait(lock, [&] { return !held_; });
+      }
+      const int ready = ::poll(fds, 2, 50);  // bounded: a hold begun meanwhile is seen
+      if (ready < 0) {
         if (errno == EINTR) continue;
         break;
+      }
+      {
+        std::lock_guard lock(mu_);
+        if (ready == 0 || held_) continue;
       }
       for (int i = 0; i < 2 && open; ++i) {
         if (!fds[i].revents) continue;
@@ -146,6 +166,8 @@ class TcpProxy {
   std::atomic<bool> stop_{false}, refusing_{false};
   std::atomic<int> accepted_{0};
   std::mutex mu_;
+  std::condition_variable held_cv_;
+  bool held_ = false;                      // under mu_
   std::vector<std::pair<int, int>> open_;  // client side, upstream side
   std::vector<std::thread> pumps_;
   std::thread acceptor_;
