@@ -687,6 +687,22 @@ def _captured_group():
     return _core.getenv(CAPTURE_ENV) or None
 
 
+def function_reference(client_id, fn_hash):
+    """The key by which client `client_id` holds task function `fn_hash`:
+    the head erases the function once the last such key goes, each with
+    its client (as a runtime_env package's)."""
+    return f"troupe.client/{client_id}/ref/{_FUNCTION_KEY}{fn_hash}"
+
+
+def export_function(client, fn_hash, blob):
+    """Stores a task function on `client`'s cluster for as long as this
+    client, or another that stored the same one, is connected."""
+    # Held first: a function whose last holder goes meanwhile is then either
+    # still there when a worker looks for it, or stored again.
+    client.kv_put(function_reference(client.client_id, fn_hash), b"")
+    client.kv_put(_FUNCTION_KEY + fn_hash, blob)
+
+
 class RemoteFunction:
     """A function decorated with @troupe.remote; f.remote(...) runs it as a
     task and returns an ObjectRef (a generator function: an
@@ -742,12 +758,13 @@ class RemoteFunction:
             shared["blob"] = blob
             shared["hash"] = hashlib.sha256(blob).hexdigest()[:32]
         # By the cluster's address and token, not id(client): a later
-        # session's client may be given the id of one that is gone.
+        # session's client may be given the id of one that is gone. And by
+        # the client: a new session's is a new holder.
         exported = shared.setdefault("exported", set())
-        cluster = (client.address, client.token)
-        if cluster not in exported:
-            client.kv_put(_FUNCTION_KEY + shared["hash"], shared["blob"])
-            exported.add(cluster)
+        holder = (client.address, client.token, client.client_id)
+        if holder not in exported:
+            export_function(client, shared["hash"], shared["blob"])
+            exported.add(holder)
         options = _runtime_options(self._options, 1)
         options["max_calls"] = task_max_calls(self._options)
         options.setdefault("name", self.__name__)
