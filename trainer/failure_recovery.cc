@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "troupe/runtime/collective/actor_group.h"
 
@@ -139,15 +140,35 @@ void FailureRecovery::respawn_loaders() {
     }
 }
 
-std::vector<Slot> FailureRecovery::replacements(size_t n) {
+std::vector<Slot> FailureRecovery::replacements() {
+  const size_t n = dead_.size();
   auto fresh = p_.pool.take_standby(n, deadline_ + std::chrono::seconds(2));
   rec_.from_standby = static_cast<int64_t>(fresh.size());
-  if (fresh.size() < n) {
-    auto placed = p_.pool.place(static_cast<int64_t>(n - fresh.size()), n == p_.gang.slots().size()
-                                                                            ? p_.cfg.scaling.placement_timeout
-                                                                            : p_.cfg.failure.replacement_timeout);
-    rec_.placed = static_cast<int64_t>(placed.size());
-    for (auto& p : placed) fresh.push_back(std::move(p));
+  // The dead slots no standby stands in for keep their placement groups:
+  // released, their resources would go to whatever waits for room (queued
+  // tasks, other actors) before a new slot could be placed.
+  std::vector<Slot> kept;
+  size_t lacking = 0;
+  for (size_t k = 0; k < n; ++k) {
+    Slot dead = std::exchange(p_.gang.slots()[dead_[k]], Slot{});
+    if (k >= fresh.size() && dead.pg)
+      kept.push_back(std::move(dead));
+    else {
+      lacking += k >= fresh.size() ? 1 : 0;  // a slot without a group gets a new one
+      p_.pool.release(dead);
+    }
+  }
+  const auto deadline = Clock::now() + (n == p_.gang.slots().size() ? p_.cfg.scaling.placement_timeout
+                                                                    : p_.cfg.failure.replacement_timeout);
+  auto respawned =
+      p_.pool.respawn(std::move(kept), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  rec_.placed = static_cast<int64_t>(respawned.size());
+  for (auto& s : respawned) fresh.push_back(std::move(s));
+  if (lacking > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    auto placed = p_.pool.place(static_cast<int64_t>(lacking), std::max(left, std::chrono::milliseconds(1)));
+    rec_.placed += static_cast<int64_t>(placed.size());
+    for (auto& s : placed) fresh.push_back(std::move(s));
   }
   return fresh;
 }
@@ -174,12 +195,12 @@ std::vector<Slot> FailureRecovery::next_ranks(std::vector<Slot> fresh) {
   return next;
 }
 
-// 3b. Dead trainers in fresh slots at the same ranks (the same data shard
-//     and reduction order as before); what cannot be placed in time is
-//     dropped (the job shrinks).
+// 3b. Dead trainers replaced at the same ranks (the same data shard and
+//     reduction order as before), standbys first, else in the dead slots'
+//     own placement groups; what cannot be placed in time is dropped (the
+//     job shrinks).
 void FailureRecovery::replace_trainers() {
-  for (size_t i : dead_) p_.pool.release(p_.gang.slots()[i]);
-  auto fresh = replacements(dead_.size());
+  auto fresh = replacements();
   const size_t replaced = fresh.size();
   p_.gang.set_slots(next_ranks(std::move(fresh)));
   const auto& reason = p_.pool.pending_reason();

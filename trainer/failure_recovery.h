@@ -76,8 +76,9 @@ class FailureRecovery {
   // 3.
   void respawn_loaders();
   void replace_trainers();
-  // Replacements for `n` dead trainers: standbys first, then new slots.
-  std::vector<Slot> replacements(size_t n);
+  // Replacements for the dead trainers, their slots emptied: standbys
+  // first, then new actors in the dead slots' placement groups.
+  std::vector<Slot> replacements();
   // Survivors and replacements in the new rank order; sets heal_src_.
   std::vector<Slot> next_ranks(std::vector<Slot> fresh);
   // 4.

@@ -72,7 +72,7 @@ int64_t SlotPool::room_to_grow(int64_t limit) {
   return std::min(room, limit);
 }
 
-void SlotPool::release(Slot& s) {
+void SlotPool::kill_actors(Slot& s) {
   for (uint64_t id : {s.loader.valid() ? s.loader.id() : 0, s.trainer.valid() ? s.trainer.id() : 0}) {
     if (!id) continue;
     try {
@@ -80,6 +80,12 @@ void SlotPool::release(Slot& s) {
     } catch (...) {
     }
   }
+  s.trainer = TrainerHandle();
+  s.loader = LoaderHandle();
+}
+
+void SlotPool::release(Slot& s) {
+  kill_actors(s);
   if (s.pg) {
     try {
       rt_.remove_placement_group(*s.pg);
@@ -87,8 +93,39 @@ void SlotPool::release(Slot& s) {
     }
     s.pg.reset();
   }
-  s.trainer = TrainerHandle();
-  s.loader = LoaderHandle();
+}
+
+std::vector<Slot> SlotPool::respawn(std::vector<Slot> dead, std::chrono::milliseconds timeout) {
+  // The new trainer waits in the bundle until the old one's exit gives its
+  // share back; queued work outside the group cannot take it.
+  for (auto& s : dead) {
+    kill_actors(s);
+    s.ready = false;
+    s.has_state = false;
+    s.setting_up.reset();
+  }
+  const auto deadline = Clock::now() + timeout;
+  std::vector<Slot> out;
+  size_t i = 0;
+  try {
+    for (; i < dead.size(); ++i) {
+      Slot& s = dead[i];
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (s.pg && s.pg->wait(std::max(left, std::chrono::milliseconds(1)))) {
+        spawn_actors(s);
+        out.push_back(std::move(s));
+        continue;
+      }
+      if (s.pg) pending_reason_ = s.pg->info().pending_reason;
+      release(s);
+    }
+  } catch (...) {
+    // Nothing half-made stays behind.
+    for (auto& s : out) release(s);
+    for (; i < dead.size(); ++i) release(dead[i]);
+    throw;
+  }
+  return out;
 }
 
 ActorOptions SlotPool::slot_options(const Slot& s) const {

@@ -56,6 +56,13 @@ class SlotPool {
   std::vector<Slot> place(int64_t n, std::chrono::milliseconds timeout);
   // Kills the slot's actors and removes its placement group (best effort).
   void release(Slot& s);
+  // New actors in the placement groups of slots whose trainer died: the
+  // old actors are killed and the groups kept, so nothing else (queued
+  // tasks, actors waiting for room) takes their reservations meanwhile. A
+  // group whose node died is placed again by the cluster: it is waited for
+  // within `timeout`, and released if it is not placed by then (why is
+  // pending_reason()). Returns the slots respawned (not set up).
+  std::vector<Slot> respawn(std::vector<Slot> dead, std::chrono::milliseconds timeout);
   void spawn_loader(Slot& s);
   const std::string& pending_reason() const { return pending_reason_; }
   bool use_loaders() const { return use_loaders_; }
@@ -83,6 +90,8 @@ class SlotPool {
   ActorOptions slot_options(const Slot& s) const;
   // Spawns the trainer (and loader) in the slot's ready placement group.
   void spawn_actors(Slot& s);
+  // Kills the slot's actors (best effort) and empties its handles.
+  void kill_actors(Slot& s);
 
   Runtime& rt_;
   const TrainJobConfig& cfg_;

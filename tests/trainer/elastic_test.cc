@@ -366,13 +366,12 @@ TEST(ElasticTest, FencedNodeAgentsTrainerNeverStepsBesideItsReplacement) {
     }
     return rejoined && cpus == 3;
   }));
-  EXPECT_NE(::kill(stale.pid, 0), 0) << "the stale trainer " << stale.pid << " still runs: "
-                                     << [&] {
-                                          std::ifstream f("/proc/" + std::to_string(stale.pid) + "/stat");
-                                          std::string stat;
-                                          std::getline(f, stat);
-                                          return stat;
-                                        }();
+  EXPECT_NE(::kill(stale.pid, 0), 0) << "the stale trainer " << stale.pid << " still runs: " << [&] {
+    std::ifstream f("/proc/" + std::to_string(stale.pid) + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    return stat;
+  }();
   troupe::core::remove_tree(dir);
 }
 
@@ -536,6 +535,43 @@ TEST(ElasticTest, BelowMinWorkersFails) {
         << e.what();
     EXPECT_EQ(e.result().recoveries.size(), 0u);
   }
+}
+
+// The cluster has exactly the job's CPUs and an actor waits for one when a
+// trainer is killed: the replacement goes into the dead trainer's own
+// placement group (its reservation kept), so the waiting actor cannot take
+// the CPU between the death and the replacement, and the job heals at its
+// full size. The waiting actor gets its CPU once the job is done.
+TEST(ElasticTest, ReplacementKeepsTheDeadTrainersReservation) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  uint64_t waiting = 0;
+  faults.at_step(6, [&] {
+    ActorOptions o;
+    o.resources = {{"CPU", 1}};
+    waiting = rt.spawn<TrainerActor>(o).id();
+    ASSERT_EQ(rt.actor_info(waiting).state, ActorState::kPending);
+    auto id = faults.live_actors(kTrainerClass, before).at(1).id;
+    faults.after(2ms, [&faults, id] { faults.kill_actor(id); });
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  Result healed;
+  try {
+    healed = TrainJob(rt, cfg).fit();
+  } catch (const JobFailed& e) {
+    FAIL() << "the waiting actor took the dead trainer's CPU: " << e.what() << "\n" << describe(e.result());
+  }
+  ASSERT_EQ(faults.faults().size(), 1u);
+  ASSERT_EQ(healed.recoveries.size(), 1u) << describe(healed);
+  EXPECT_EQ(healed.recoveries[0].mode, RecoveryMode::kHeal) << describe(healed);
+  EXPECT_EQ(healed.recoveries[0].world_after, 2) << describe(healed);
+  EXPECT_EQ(healed.final_world_size, 2);
+  ASSERT_NE(waiting, 0u);
+  EXPECT_TRUE(troupe::test::eventually([&] { return rt.actor_info(waiting).state == ActorState::kAlive; }));
+  rt.kill_actor(waiting, true);
 }
 
 // What on_step throws is the user's, not a failure of the job: it reaches
