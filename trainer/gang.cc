@@ -1,6 +1,8 @@
 #include "troupe/trainer/gang.h"
 
+#include "troupe/runtime/collective/actor_group.h"
 #include "troupe/runtime/core/exception_text.h"
+#include "troupe/trainer/failure_recovery.h"
 
 namespace troupe::trainer {
 
@@ -58,7 +60,7 @@ void Gang::form(int64_t heal_src, std::chrono::milliseconds timeout) {
   for (int64_t r = 0; r < world(); ++r)
     joins.push_back(slots_[r].trainer.call(&TrainerActor::join,
                                            JoinSpec{group_name_, generation_, r, world(), members, heal_src < 0}));
-  get_all(joins, timeout);
+  await_joins(joins, members, timeout);
   if (heal_src >= 0) {
     auto heals = call_all(&TrainerActor::heal, heal_src);
     auto ps = get_all(heals, timeout);
@@ -69,6 +71,40 @@ void Gang::form(int64_t heal_src, std::chrono::milliseconds timeout) {
   }
   cursor_ = sampler_.resize(cursor_, world());
   for (auto& s : slots_) s.has_state = true;
+}
+
+void Gang::await_joins(std::vector<Future<void>>& joins, const std::vector<uint64_t>& members,
+                       std::chrono::milliseconds timeout) {
+  std::exception_ptr first;
+  std::string ranks;
+  for (size_t r = 0; r < joins.size(); ++r) {
+    try {
+      joins[r].get(timeout);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+      const auto info = slots_[r].trainer.info();
+      ranks += "; rank " + std::to_string(r) + " (actor " + std::to_string(info.id) + ", pid " +
+               std::to_string(info.pid) + ", worker at " + info.address +
+               "): " + core::exception_text(std::current_exception());
+    }
+  }
+  if (!first) {
+    failed_members_.clear();
+    return;
+  }
+  const bool again = failed_members_ == members;
+  failed_members_ = members;
+  if (!again) std::rethrow_exception(first);
+  // The trainers answered (their joins failed rather than died) and are the
+  // ones the last try had: retrying only repeats a rendezvous that cannot
+  // succeed, each time for its whole timeout.
+  throw GiveUp{"collective group '" + group_name_ + "' failed to form twice in a row (generations " +
+               std::to_string(generation_ - 1) + " and " + std::to_string(generation_) + ") with the same " +
+               std::to_string(members.size()) + " live trainer(s), each rendezvous bounded by " +
+               std::to_string(collective::GroupSpec{}.rendezvous_timeout.count()) +
+               " ms; the trainers' hosts may not reach each other (a firewall, a route, or an address "
+               "they advertise that is not reachable between them)" +
+               ranks};
 }
 
 void Gang::load_everywhere(const TrainState& state, std::chrono::milliseconds timeout) {

@@ -84,7 +84,10 @@ class Gang {
   void setup_new(std::chrono::milliseconds timeout);
   // Joins every trainer to the next generation of the group; with
   // heal_src >= 0, heals every rank from that rank and adopts its progress.
-  // Re-splits the cursor for the world size.
+  // Re-splits the cursor for the world size. When the group fails to form
+  // twice in a row with the very same trainers (alive: a recovery replaces
+  // dead ones), throws GiveUp naming each rank, its host and its error: a
+  // another try would fail the same way (hosts that cannot reach each other).
   void form(int64_t heal_src, std::chrono::milliseconds timeout);
   void load_everywhere(const TrainState& state, std::chrono::milliseconds timeout);
   // Rank 0's state, with the driver's cursor and world size.
@@ -103,6 +106,9 @@ class Gang {
   // feed into it; the feeds' states join `round`.
   std::vector<Future<int64_t>> start_feeds(int64_t batches, std::chrono::milliseconds timeout,
                                            std::vector<StatePtr>& round);
+  // Waits for form()'s join calls (see form()).
+  void await_joins(std::vector<Future<void>>& joins, const std::vector<uint64_t>& members,
+                   std::chrono::milliseconds timeout);
 
   const TrainJobConfig& cfg_;
   SlotPool& pool_;
@@ -114,6 +120,9 @@ class Gang {
   int64_t step_ = 0;
   actors::SamplerCursor cursor_;
   std::vector<StatePtr> inflight_;
+  // The trainers (actor ids in rank order) of the last form() when it
+  // failed; empty after one that succeeded.
+  std::vector<uint64_t> failed_members_;
 };
 
 }  // namespace troupe::trainer

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -25,6 +26,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/context.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -122,6 +124,181 @@ void wait_for_members(KvStore& kv, const std::string& members, int world_size, C
   }
 }
 
+// "10.1.2.3:41234" ("[::1]:41234"). gloo's Address::str() prints the port
+// in network byte order.
+std::string endpoint_text(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (ss.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(ss);
+    ::inet_ntop(AF_INET, &in.sin_addr, host, sizeof host);
+    return std::string(host) + ":" + std::to_string(ntohs(in.sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(ss);
+    ::inet_ntop(AF_INET6, &in6.sin6_addr, host, sizeof host);
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(in6.sin6_port));
+  }
+  return "an address of family " + std::to_string(ss.ss_family);
+}
+
+// The host alone ("10.1.2.3"): what names a peer once connected (the
+// advertised port is the listening socket the pair no longer uses).
+std::string host_text(const sockaddr_storage& ss) {
+  std::string text = endpoint_text(ss);
+  return text.substr(0, text.rfind(':'));
+}
+
+// Whether gloo's Pair::connect dials the peer (its own listening address
+// sorts above the peer's, compared as gloo does) or waits for the peer to.
+bool pair_dials(const sockaddr_storage& self, const sockaddr_storage& peer) {
+  int rv = 0;
+  if (self.ss_family == AF_INET && peer.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(self);
+    const auto& b = reinterpret_cast<const sockaddr_in&>(peer);
+    rv = std::memcmp(&a.sin_addr, &b.sin_addr, sizeof a.sin_addr);
+    if (rv == 0) rv = a.sin_port - b.sin_port;
+  } else if (self.ss_family == AF_INET6 && peer.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(self);
+    const auto& b = reinterpret_cast<const sockaddr_in6&>(peer);
+    rv = std::memcmp(&a.sin6_addr, &b.sin6_addr, sizeof a.sin6_addr);
+    if (rv == 0) rv = a.sin6_port - b.sin6_port;
+  }
+  return rv > 0;
+}
+
+// A rendezvous context whose full mesh GlooGroup connects itself
+// (connect_mesh) instead of through connectFullMesh.
+class MeshContext final : public gloo::rendezvous::Context {
+ public:
+  using gloo::rendezvous::Context::Context;
+
+  void adopt(std::shared_ptr<gloo::transport::Device> device, std::shared_ptr<gloo::transport::Context> pairs) {
+    device_ = std::move(device);
+    transportContext_ = std::move(pairs);
+  }
+};
+
+// Closes every pair of `context` at `deadline` unless destroyed first.
+// gloo's Pair::connect waits five times the pair's timeout for the
+// connection, and a dialing pair whose SYNs are dropped (a peer address
+// that black-holes packets) stays in SYN_SENT for the kernel's retries
+// (about two minutes) before the connection fails. Closing the pair wakes
+// that wait at once: connect() returns (the pair CLOSED) or, when the close
+// came first, throws; either way fired() tells.
+class ConnectWatchdog {
+ public:
+  ConnectWatchdog(gloo::Context& context, Clock::time_point deadline)
+      : thread_([this, &context, deadline] { watch(context, deadline); }) {}
+  ~ConnectWatchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  ConnectWatchdog(const ConnectWatchdog&) = delete;
+  ConnectWatchdog& operator=(const ConnectWatchdog&) = delete;
+
+  bool fired() const { return fired_; }
+
+  // Stops the watchdog; false when it fired (the pairs are closed).
+  bool disarm() {
+    std::lock_guard lock(mu_);
+    done_ = true;
+    return !fired_;
+  }
+
+ private:
+  void watch(gloo::Context& context, Clock::time_point deadline) {
+    {
+      std::unique_lock lock(mu_);
+      if (cv_.wait_until(lock, deadline, [&] { return done_; })) return;
+      fired_ = true;
+    }
+    for (int i = 0; i < context.size; ++i) {
+      if (i == context.rank) continue;
+      try {
+        if (auto& pair = context.getPair(i)) pair->close();
+      } catch (...) {
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// Connects this rank's pair to `peer`, whose advertised address is
+// `bytes`; a failure names the peer, its address and who dials.
+void connect_pair(gloo::Context& context, int peer, const std::vector<char>& bytes, const ConnectWatchdog& watchdog,
+                  milliseconds rendezvous_timeout) {
+  auto& pair = context.getPair(peer);
+  std::string gloo_error;
+  if (!watchdog.fired()) {
+    try {
+      pair->connect(bytes);
+    } catch (const std::exception& e) {
+      gloo_error = e.what();
+    }
+  }
+  if (!watchdog.fired() && gloo_error.empty()) return;
+  const gloo::transport::tcp::Address advertised(bytes);
+  const sockaddr_storage& there = advertised.getSockaddr();
+  const std::string me = std::to_string(context.rank);
+  const std::string them = std::to_string(peer);
+  std::string how;
+  if (const auto* self = dynamic_cast<const gloo::transport::tcp::Address*>(&pair->address())) {
+    how = pair_dials(self->getSockaddr(), there)
+              ? " (rank " + me + " dials; its host cannot reach that address, or nothing answers there)"
+              : " (rank " + me + " waited for rank " + them + " to connect to " + endpoint_text(self->getSockaddr()) +
+                    "; nothing arrived)";
+  }
+  const std::string what = "rank " + me + " cannot connect to rank " + them + " at " + endpoint_text(there);
+  if (watchdog.fired()) throw Timeout(what + " within " + std::to_string(rendezvous_timeout.count()) + " ms" + how);
+  throw Error(what + ": gloo: " + gloo_error + how);
+}
+
+// gloo's connectFullMesh, bounded by `deadline`: creates a pair per peer,
+// publishes their addresses under "<rank>", then connects the pairs in rank
+// order while a watchdog closes them at the deadline. Records each peer's
+// host in `peer_hosts`.
+void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_ptr<gloo::transport::Device>& device,
+                  Clock::time_point deadline, milliseconds rendezvous_timeout, std::vector<std::string>& peer_hosts) {
+  const int rank = context.rank;
+  const int size = context.size;
+  auto pairs = device->createContext(rank, size);
+  pairs->setTimeout(left_until(deadline));
+  std::vector<char> mine;
+  for (int i = 0; i < size; ++i) {
+    if (i == rank) continue;
+    auto bytes = pairs->createPair(i)->address().bytes();
+    mine.insert(mine.end(), bytes.begin(), bytes.end());
+  }
+  context.adopt(device, std::move(pairs));
+  store.set(std::to_string(rank), mine);
+  peer_hosts.assign(static_cast<size_t>(size), std::string());
+  ConnectWatchdog watchdog(context, deadline);
+  for (int i = 0; i < size; ++i) {
+    if (i == rank) continue;
+    store.wait({std::to_string(i)}, left_until(deadline));
+    const auto all = store.get(std::to_string(i));
+    // Rank i published one address per peer but itself, in rank order.
+    const size_t width = all.size() / static_cast<size_t>(size - 1);
+    const size_t slot = static_cast<size_t>(rank > i ? rank - 1 : rank);
+    const std::vector<char> bytes(all.begin() + static_cast<std::ptrdiff_t>(slot * width),
+                                  all.begin() + static_cast<std::ptrdiff_t>((slot + 1) * width));
+    peer_hosts[static_cast<size_t>(i)] = host_text(gloo::transport::tcp::Address(bytes).getSockaddr());
+    connect_pair(context, i, bytes, watchdog, rendezvous_timeout);
+  }
+  if (!watchdog.disarm())
+    throw Timeout("rank " + std::to_string(rank) + " connected to its peers only at the deadline (" +
+                  std::to_string(rendezvous_timeout.count()) + " ms)");
+}
+
 }  // namespace
 
 // One queued operation: `run` executes on the operation thread and returns
@@ -155,6 +332,8 @@ struct GlooGroup::Shared {
   std::vector<std::shared_ptr<void>> held;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
+  // The host each peer advertised (connect_mesh); empty for this rank.
+  std::vector<std::string> peer_hosts;
 
   // Lock order: mu before a gloo buffer's lock (abort() calls abortWait*
   // under mu); never hold mu while calling into gloo otherwise.
@@ -179,6 +358,19 @@ struct GlooGroup::Shared {
   std::string describe() const {
     return "collective group '" + name + "' generation " + std::to_string(generation) + " (rank " +
            std::to_string(rank) + " of " + std::to_string(size) + ")";
+  }
+
+  // What the messages of an operation call it: `what` of this group, and
+  // the host of the peer it waits on when that is known (a point-to-point
+  // operation's, the one peer of a group of two): gloo's timeouts do not
+  // tell which pair was silent.
+  std::string op_text(const std::string& what, int peer = -1) const {
+    if (peer < 0 && size == 2) peer = 1 - rank;
+    std::string note;
+    if (peer >= 0 && static_cast<size_t>(peer) < peer_hosts.size() && !peer_hosts[peer].empty())
+      note = "; peer rank " + std::to_string(peer) + " on " + peer_hosts[peer];
+    return what + " of collective group '" + name + "' generation " + std::to_string(generation) + " (rank " +
+           std::to_string(rank) + " of " + std::to_string(size) + note + ")";
   }
 
   std::exception_ptr aborted_error(const std::string& reason) const {
@@ -226,8 +418,9 @@ struct GlooGroup::Shared {
 
   // Enqueues op unless the group is aborted or broken, in which case the
   // work fails at once with that error.
-  WorkPtr submit(const std::string& what, std::function<bool(const std::shared_ptr<CompletionWork>&)> run) {
-    auto work = std::make_shared<CompletionWork>(what + " of " + describe());
+  WorkPtr submit(const std::string& what, std::function<bool(const std::shared_ptr<CompletionWork>&)> run,
+                 int peer = -1) {
+    auto work = std::make_shared<CompletionWork>(op_text(what, peer));
     std::exception_ptr refuse;
     {
       std::lock_guard lock(mu);
@@ -248,7 +441,7 @@ struct GlooGroup::Shared {
   // Work that needs no communication (count 0, world size 1) still honours
   // abort and earlier failures.
   WorkPtr completed(const std::string& what) {
-    auto work = std::make_shared<CompletionWork>(what + " of " + describe());
+    auto work = std::make_shared<CompletionWork>(op_text(what));
     std::exception_ptr refuse;
     {
       std::lock_guard lock(mu);
@@ -545,9 +738,10 @@ struct GlooGroup::Shared {
     const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
     auto deadline = Clock::now() + timeout;
     auto& incoming = hold<std::vector<char>>(block);
-    auto& acc_buf = hold<std::unique_ptr<gloo::transport::UnboundBuffer>>(context->createUnboundBuffer(acc, block * size));
-    auto& in_buf = hold<std::unique_ptr<gloo::transport::UnboundBuffer>>(
-        context->createUnboundBuffer(incoming.data(), block));
+    auto& acc_buf =
+        hold<std::unique_ptr<gloo::transport::UnboundBuffer>>(context->createUnboundBuffer(acc, block * size));
+    auto& in_buf =
+        hold<std::unique_ptr<gloo::transport::UnboundBuffer>>(context->createUnboundBuffer(incoming.data(), block));
     auto* base = static_cast<char*>(acc);
     for (int step = 0; step < size - 1; ++step) {
       const int send_block = ((rank - step - 1) % size + size) % size;
@@ -608,10 +802,11 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
     gloo::transport::tcp::attr attr;
     attr.hostname = options.bind_host;
     shared->device = create_tcp_device(attr);
-    shared->context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+    auto mesh = std::make_shared<MeshContext>(rank, world_size);
+    shared->context = mesh;
     shared->context->setTimeout(left_until(deadline));
     if (world_size > 1) {
-      shared->context->connectFullMesh(store, shared->device);
+      connect_mesh(*mesh, store, shared->device, deadline, options.rendezvous_timeout, shared->peer_hosts);
       auto& barrier = shared->hold<gloo::BarrierOptions>(shared->context);
       barrier.setTimeout(left_until(deadline));
       gloo::barrier(barrier);
@@ -862,11 +1057,13 @@ WorkPtr GlooGroup::send(const void* data, size_t count, DType dtype, int dst, co
   const size_t bytes = count * element_size(dtype);
   const auto timeout = s->timeout_of(opts.timeout);
   const uint32_t tag = opts.tag;
-  return s->submit("send to rank " + std::to_string(dst),
-                   [s, data, bytes, dst, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
-                     s->post_p2p(work, const_cast<void*>(data), bytes, dst, tag, true, timeout);
-                     return false;
-                   });
+  return s->submit(
+      "send to rank " + std::to_string(dst),
+      [s, data, bytes, dst, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
+        s->post_p2p(work, const_cast<void*>(data), bytes, dst, tag, true, timeout);
+        return false;
+      },
+      dst);
 }
 
 WorkPtr GlooGroup::recv(void* data, size_t count, DType dtype, int src, const RecvOptions& opts) {
@@ -878,11 +1075,13 @@ WorkPtr GlooGroup::recv(void* data, size_t count, DType dtype, int src, const Re
   const size_t bytes = count * element_size(dtype);
   const auto timeout = s->timeout_of(opts.timeout);
   const uint32_t tag = opts.tag;
-  return s->submit("recv from rank " + std::to_string(src),
-                   [s, data, bytes, src, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
-                     s->post_p2p(work, data, bytes, src, tag, false, timeout);
-                     return false;
-                   });
+  return s->submit(
+      "recv from rank " + std::to_string(src),
+      [s, data, bytes, src, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
+        s->post_p2p(work, data, bytes, src, tag, false, timeout);
+        return false;
+      },
+      src);
 }
 
 }  // namespace troupe::collective

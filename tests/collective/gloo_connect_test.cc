@@ -1,0 +1,207 @@
+// GlooGroup::create against a peer that is alive (its keys are in the
+// store) but cannot be reached: its advertised address drops SYNs, or it
+// never dials. Everything stays on loopback: a "black hole" is a listening
+// socket whose accept queue is full and never accepted (Linux drops further
+// SYNs silently), and the two sides of a pair use 127.0.0.1 and 127.0.0.2
+// so that which one dials (gloo: the higher address) is known. Without a
+// bound of its own, gloo waited five times the rendezvous timeout (and the
+// kernel's SYN retries, about two minutes) before create() failed, with an
+// error that named no peer.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gloo/transport/tcp/address.h>
+
+#include "tests/support/wait.h"
+#include "troupe/runtime/collective/gloo_group.h"
+#include "troupe/runtime/collective/kv_gloo_store.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/kv_store.h"
+
+namespace troupe::collective {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kRendezvous = 3s;
+// gloo alone gave up after 5 x kRendezvous (15 s); the bound leaves
+// kRendezvous + 6 s for a loaded machine.
+constexpr auto kBound = kRendezvous + 6s;
+
+int64_t ms_since(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+sockaddr_in loopback(const char* ip, uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, ip, &a.sin_addr);
+  return a;
+}
+
+// A listening socket on `ip` whose accept queue (backlog 0: one
+// connection) is full: the kernel drops every further SYN without an
+// answer, as a filtered address does. `ok` once it is.
+struct BlackHole {
+  Fd listener;
+  Fd filler{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  sockaddr_in addr{};
+  bool ok = false;
+
+  explicit BlackHole(const char* ip) : listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    addr = loopback(ip, 0);
+    socklen_t len = sizeof addr;
+    if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return;
+    if (::listen(listener.get(), 0) != 0) return;
+    if (::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) return;
+    if (::connect(filler.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return;
+    // The filler is in the accept queue once the listener counts it
+    // (tcpi_unacked of a listening socket is its accept queue's length).
+    ok = test::eventually(
+        [&] {
+          tcp_info info{};
+          socklen_t n = sizeof info;
+          return ::getsockopt(listener.get(), IPPROTO_TCP, TCP_INFO, &info, &n) == 0 && info.tcpi_unacked >= 1;
+        },
+        10s);
+  }
+};
+
+// Stands in for rank 1 of group `name` generation 1 in a group of two: alive
+// (its member key is there) and advertising `addr` for its pair with rank 0.
+void fake_rank_one(KvStore& kv, const std::string& name, const sockaddr_in& addr) {
+  const std::string prefix = KvGlooStore::key_prefix(name, 1);
+  kv.put(prefix + "member/1", "4242");
+  sockaddr_storage ss{};
+  std::memcpy(&ss, &addr, sizeof addr);
+  const auto bytes = gloo::transport::tcp::Address(ss).bytes();
+  kv.put(prefix + "1", std::string(bytes.begin(), bytes.end()));
+}
+
+std::string endpoint(const sockaddr_in& a) {
+  char ip[INET_ADDRSTRLEN];
+  ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
+}
+
+// Rank 0 of a group of two whose rank 1 is faked; returns the error.
+std::string create_rank_zero(KvStore& kv, const std::string& name, const std::string& bind_host, int64_t* took_ms) {
+  GlooGroupOptions opts;
+  opts.bind_host = bind_host;
+  opts.rendezvous_timeout = kRendezvous;
+  const auto start = Clock::now();
+  std::string error;
+  try {
+    auto group = GlooGroup::create(kv, name, 1, 0, 2, opts);
+    error = "formed a group with an unreachable peer";
+  } catch (const Timeout& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = std::string("not a Timeout: ") + e.what();
+  }
+  *took_ms = ms_since(start);
+  std::fprintf(stderr, "rank 0 of '%s' failed after %lld ms: %s\n", name.c_str(), static_cast<long long>(*took_ms),
+               error.c_str());
+  return error;
+}
+
+// Rank 0 listens on 127.0.0.2, above rank 1's 127.0.0.1: it dials, and its
+// SYNs vanish.
+TEST(GlooConnectTest, DialingABlackHoleFailsAtTheRendezvousDeadlineNamingThePeer) {
+  BlackHole hole("127.0.0.1");
+  ASSERT_TRUE(hole.ok) << "could not fill a loopback listener's accept queue";
+  {
+    Fd probe(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in a = loopback("127.0.0.2", 0);
+    if (::bind(probe.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+      GTEST_SKIP() << "127.0.0.2 is not a local address here";
+  }
+  MemoryKvStore kv;
+  fake_rank_one(kv, "hole", hole.addr);
+  int64_t took = 0;
+  const std::string error = create_rank_zero(kv, "hole", "127.0.0.2", &took);
+  EXPECT_LT(took, std::chrono::duration_cast<std::chrono::milliseconds>(kBound).count()) << error;
+  EXPECT_NE(error.find("rank 0 cannot connect to rank 1 at " + endpoint(hole.addr) + " within 3000 ms"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("'hole' generation 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 0 dials"), std::string::npos) << error;
+  EXPECT_FALSE(kv.get(KvGlooStore::key_prefix("hole", 1) + "0")) << "a failed rendezvous left its mesh key";
+}
+
+// Rank 0 listens on 127.0.0.1, below rank 1's 127.0.0.2: it waits for rank
+// 1 to dial, which never comes.
+TEST(GlooConnectTest, WaitingForAPeerThatNeverDialsFailsAtTheDeadlineNamingIt) {
+  MemoryKvStore kv;
+  const sockaddr_in peer = loopback("127.0.0.2", 40999);  // never dialled from: only its address matters
+  fake_rank_one(kv, "mute", peer);
+  int64_t took = 0;
+  const std::string error = create_rank_zero(kv, "mute", "127.0.0.1", &took);
+  EXPECT_LT(took, std::chrono::duration_cast<std::chrono::milliseconds>(kBound).count()) << error;
+  EXPECT_NE(error.find("rank 0 cannot connect to rank 1 at 127.0.0.2:40999 within 3000 ms"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("waited for rank 1 to connect to 127.0.0.1:"), std::string::npos) << error;
+}
+
+// An operation of a group of two can only wait on the other rank: its
+// messages name it and its host.
+TEST(GlooConnectTest, OperationsOfAGroupOfTwoNameThePeerHost) {
+  MemoryKvStore kv;
+  GlooGroupOptions opts;
+  opts.rendezvous_timeout = 30s;
+  std::unique_ptr<GlooGroup> one;
+  std::string one_error;
+  std::thread t([&] {
+    try {
+      one = GlooGroup::create(kv, "two", 1, 1, 2, opts);
+    } catch (const std::exception& e) {
+      one_error = e.what();
+    }
+  });
+  auto zero = GlooGroup::create(kv, "two", 1, 0, 2, opts);
+  t.join();
+  ASSERT_TRUE(one) << one_error;
+  float x = 1, y = 2;
+  auto work = zero->allreduce(&x, 1, DType::kFloat32);  // rank 1 has not joined it yet
+  try {
+    work->wait(100ms);
+    FAIL() << "an allreduce without its peer completed";
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("(rank 0 of 2; peer rank 1 on 127.0.0.1)"), std::string::npos) << e.what();
+  }
+  one->allreduce(&y, 1, DType::kFloat32)->wait(test::kWaitBound);
+  work->wait(test::kWaitBound);
+  EXPECT_EQ(x, 3.0f);
+}
+
+}  // namespace
+}  // namespace troupe::collective
