@@ -135,6 +135,28 @@ std::string json_problem(const Json::exception& e) {
   return what.rfind("[json.exception.", 0) == 0 && close != std::string::npos ? what.substr(close + 2) : what;
 }
 
+// The job-file keys that hold a path: a relative one is relative to the
+// job file's directory. (`model` only when it names a file, not a built-in
+// model.)
+const char* const kPathKeys[] = {"model", "data", "val_data", "checkpoint_dir", "metrics"};
+
+// The flag that sets job-file key `key` (val_data: --val-data).
+std::string flag_of(const std::string& key) {
+  if (key == "model_options") return "--model-option";
+  std::string f = key;
+  for (auto& c : f)
+    if (c == '_') c = '-';
+  return "--" + f;
+}
+
+// What the user gave `key` as, for a message: the flag and its value
+// ("--data train.npz"), or the job file, the key and the path it holds
+// (relative ones resolved) when the value came from a job file.
+std::string named(const TrainOptions& o, const std::string& key, const std::string& value) {
+  if (o.from_job_file.count(key)) return "job file " + o.config + ": key '" + key + "': " + value;
+  return flag_of(key) + " " + value;
+}
+
 Json parse_job_file(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw ConfigError("job file " + path + " is a directory");
@@ -261,12 +283,13 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw ConfigError(what);
 }
 
-void check_file(const std::string& flag, const std::string& path) {
+void check_file(const TrainOptions& o, const std::string& key, const std::string& path) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) throw ConfigError(flag + " " + path + " is a directory, not a file");
-  if (!fs::is_regular_file(path, ec)) throw ConfigError(flag + " " + path + ": no such file");
+  const std::string what = named(o, key, path);
+  if (fs::is_directory(path, ec)) throw ConfigError(what + " is a directory, not a file");
+  if (!fs::is_regular_file(path, ec)) throw ConfigError(what + ": no such file");
   std::ifstream in(path);
-  if (!in) throw ConfigError(flag + " " + path + ": cannot read it: " + std::strerror(errno));
+  if (!in) throw ConfigError(what + ": cannot read it: " + std::strerror(errno));
 }
 
 // A floating option: finite (CLI11 and YAML read "inf" and "nan", and
@@ -349,7 +372,8 @@ actors::DatasetSpec data_spec(const TrainOptions& o, const std::string& path) {
     if (!ends_with(path, ".npy")) spec.set("dtype", o.token_dtype);
     return spec;
   }
-  require(!ends_with(path, ".bin"), path + " looks like a token stream: give --block-size to train a language model on it");
+  require(!ends_with(path, ".bin"),
+          path + " looks like a token stream: give --block-size to train a language model on it");
   return actors::DatasetSpec("npz").set("path", abs);
 }
 
@@ -367,6 +391,7 @@ void read_job_file(const std::string& path, TrainOptions& o) {
     }
     try {
       it->second(value, o);
+      o.from_job_file.insert(key);
     } catch (const WrongValue& w) {
       throw ConfigError("job file " + path + ": key '" + key + w.where + "' must be " + w.expected + ", got " +
                         (w.got.empty() ? value.dump() : w.got));
@@ -375,6 +400,18 @@ void read_job_file(const std::string& path, TrainOptions& o) {
     }
   }
   o.config = path;
+  // Relative paths: from the job file's directory, wherever it is run from.
+  const fs::path base = fs::absolute(fs::path(path)).parent_path();
+  for (const std::string key : kPathKeys) {
+    if (!j.contains(key)) continue;
+    std::string& value = key == "model"            ? o.model
+                         : key == "data"           ? o.data
+                         : key == "val_data"       ? o.val_data
+                         : key == "checkpoint_dir" ? o.checkpoint_dir
+                                                   : o.metrics;
+    if (value.empty() || fs::path(value).is_absolute() || (key == "model" && is_model_name(value))) continue;
+    value = (base / value).lexically_normal().string();
+  }
 }
 
 bool parse_train_args(int argc, char** argv, TrainOptions& o) {
@@ -392,15 +429,30 @@ bool parse_train_args(int argc, char** argv, TrainOptions& o) {
   } catch (const CLI::ParseError& e) {
     throw ConfigError(cli_message(e));
   }
+  // A flag given overrides the job file's value: its problems name the flag.
+  for (auto it = o.from_job_file.begin(); it != o.from_job_file.end();) {
+    const CLI::Option* flag = app.get_option_no_throw(flag_of(*it));
+    it = flag && flag->count() > 0 ? o.from_job_file.erase(it) : std::next(it);
+  }
   return true;
 }
 
 void check(const TrainOptions& o) {
   require(!o.model.empty(), "no model: give --model step.pt (or \"model\" in the job file)");
   require(!o.data.empty(), "no data: give --data train.npz");
-  if (!is_model_name(o.model)) check_file("--model", o.model);
-  check_file("--data", o.data);
-  if (!o.val_data.empty()) check_file("--val-data", o.val_data);
+  if (!is_model_name(o.model)) check_file(o, "model", o.model);
+  // Sizes for a built-in model: a TorchScript module has its own, and would
+  // silently train without the option asked for.
+  if (!is_model_name(o.model) && !o.model_options.empty()) {
+    std::string given;
+    for (const auto& [k, v] : o.model_options) given += (given.empty() ? "" : ", ") + k + "=" + std::to_string(v);
+    const std::string where = o.from_job_file.count("model_options") ? "job file " + o.config + ": key 'model_options'"
+                                                                     : std::string("--model-option");
+    throw ConfigError(where + " (" + given + ") sizes a built-in model (mlp, cnn); " + named(o, "model", o.model) +
+                      " is a TorchScript module, whose sizes are its own: remove the option");
+  }
+  check_file(o, "data", o.data);
+  if (!o.val_data.empty()) check_file(o, "val_data", o.val_data);
   require(o.workers >= 1, "--workers must be at least 1, got " + std::to_string(o.workers));
   require(o.min_workers >= 0 && o.min_workers <= o.workers, "--min-workers must be in [1, --workers " +
                                                                 std::to_string(o.workers) + "] (0: --workers), got " +
@@ -414,8 +466,9 @@ void check(const TrainOptions& o) {
           "--optimizer must be sgd or adamw, got '" + o.optimizer + "'");
   check_numbers(o);
   require(o.block_size >= 0, "--block-size must not be negative, got " + std::to_string(o.block_size));
-  require(o.token_dtype == "uint16" || o.token_dtype == "uint32" || o.token_dtype == "int32" || o.token_dtype == "int64",
-          "--token-dtype must be uint16, uint32, int32 or int64, got '" + o.token_dtype + "'");
+  require(
+      o.token_dtype == "uint16" || o.token_dtype == "uint32" || o.token_dtype == "int32" || o.token_dtype == "int64",
+      "--token-dtype must be uint16, uint32, int32 or int64, got '" + o.token_dtype + "'");
   require(o.schedule == "constant" || o.schedule == "cosine",
           "--schedule must be constant or cosine, got '" + o.schedule + "'");
   require(o.compression == "none" || o.compression == "bf16" || o.compression == "fp16",
@@ -435,7 +488,7 @@ void check(const TrainOptions& o) {
   require(!o.checkpoint_dir.empty(), "no checkpoint directory: give --checkpoint-dir DIR");
   std::error_code ec;
   if (fs::exists(o.checkpoint_dir, ec) && !fs::is_directory(o.checkpoint_dir, ec))
-    throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + " is a file, not a directory");
+    throw ConfigError(named(o, "checkpoint_dir", o.checkpoint_dir) + " is a file, not a directory");
 }
 
 void make_checkpoint_dir(const TrainOptions& o) {

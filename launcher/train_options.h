@@ -2,7 +2,10 @@
 // YAML) job file it may name, read into one TrainOptions, checked, and made
 // into the TrainJobConfig the driver runs. A job file holds the same fields
 // as the flags, spelt with underscores ({"model": "step.pt", "batch_size":
-// 64, ...}); a flag given on the command line overrides the file.
+// 64, ...}); a flag given on the command line overrides the file. A
+// relative path in a job file (model, data, val_data, checkpoint_dir,
+// metrics) is relative to the job file's directory; one on the command line
+// to the working directory.
 //
 // Every problem is a troupe::ConfigError whose message is one line naming
 // the flag, key, file or value at fault.
@@ -10,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,7 +32,7 @@ struct TrainOptions {
   // (.bin of raw token ids, or a 1-d integer .npy) cut into windows of
   // block_size: {"input": x[s:s+B], "target": x[s+1:s+B+1]}.
   std::string data;
-  std::string val_data;  // the same kinds, "" = no evaluation
+  std::string val_data;                // the same kinds, "" = no evaluation
   int64_t block_size = 0;              // > 0: --data is a token stream; 0: .npz
   std::string token_dtype = "uint16";  // of a raw .bin token stream
   int64_t workers = 1;
@@ -84,6 +88,9 @@ struct TrainOptions {
   int64_t log_every = 10;
   std::string name = "train";
   std::string config;  // the job file read, for messages
+  // The keys whose value the job file gave (and no flag overrode): their
+  // problems name the key and the job file, not the flag.
+  std::set<std::string> from_job_file;
 };
 
 // Reads a job file (.json, or .yaml/.yml) into `o`. Unknown keys and values

@@ -16,8 +16,12 @@ using Json = nlohmann::json;
 Json scalar(const yaml_node_t& n) {
   std::string s(reinterpret_cast<const char*>(n.data.scalar.value), n.data.scalar.length);
   if (n.data.scalar.style != YAML_PLAIN_SCALAR_STYLE) return s;
-  if (s == "true" || s == "True") return true;
-  if (s == "false" || s == "False") return false;
+  // YAML 1.1's booleans (a job file's `sync_batchnorm: yes`), in each case
+  // form it allows; quoted ("yes"), they stay strings.
+  for (const char* t : {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"})
+    if (s == t) return true;
+  for (const char* f : {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"})
+    if (s == f) return false;
   if (s == "null" || s == "~" || s.empty()) return nullptr;
   char* end = nullptr;
   long long i = std::strtoll(s.c_str(), &end, 10);
@@ -51,7 +55,11 @@ Json convert(yaml_document_t& doc, yaml_node_t* n, int depth, int64_t& values) {
     case YAML_MAPPING_NODE: {
       Json o = Json::object();
       for (auto* p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; ++p) {
-        Json key = convert(doc, yaml_document_get_node(&doc, p->key), depth + 1, values);
+        // A scalar key is its text as written (`on:` stays "on", not "true").
+        yaml_node_t* k = yaml_document_get_node(&doc, p->key);
+        Json key = k && k->type == YAML_SCALAR_NODE
+                       ? Json(std::string(reinterpret_cast<const char*>(k->data.scalar.value), k->data.scalar.length))
+                       : convert(doc, k, depth + 1, values);
         o[key.is_string() ? key.get<std::string>() : key.dump()] =
             convert(doc, yaml_document_get_node(&doc, p->value), depth + 1, values);
       }

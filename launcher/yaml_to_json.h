@@ -1,7 +1,9 @@
 // YAML job files for `troupe train`: a YAML document read with libyaml
 // (Debian's libyaml-dev) into the JSON value a JSON job file would give, so
 // one reader checks both. Plain scalars that read as integers, floats,
-// true/false or null become those; quoted ones stay strings.
+// booleans (true/false, and YAML 1.1's yes/no/on/off, in lower, Capitalised
+// or UPPER case) or null become those; quoted ones, and mapping keys, stay
+// strings.
 #pragma once
 
 #include <string>

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <ostream>
 #include <sstream>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -173,8 +174,12 @@ class Run {
   // The recovery waiting for its first completed step.
   std::optional<size_t> open_recovery_;
   EpochSums sums_;
-  bool stopped_ = false;  // max_steps reached
+  bool stopped_ = false;     // max_steps reached
   double step_seconds_ = 0;  // a step's time in the last round (0: none yet)
+  // The steps (1-based, first and last) of the round of train() calls under
+  // way, kept until it has ended well: a failure in it happened in one of
+  // them, past gang_.step() (the last step boundary seen).
+  std::optional<std::pair<int64_t, int64_t>> round_;
 };
 
 Run::Run(Runtime& rt, const TrainJobConfig& cfg)
@@ -348,9 +353,15 @@ void Run::give_up(const std::string& why) {
   result_.steps = gang_.step();
   result_.final_world_size = gang_.world();
   result_.events = reporter_.events();
+  // Where it failed: in the round of steps under way (the trainer's error
+  // names the very step where it knows it), else at the last step boundary.
+  std::ostringstream at;
+  if (round_ && round_->first < round_->second)
+    at << "between steps " << round_->first << " and " << round_->second;
+  else
+    at << "at step " << (round_ ? round_->first : gang_.step());
   std::ostringstream s;
-  s << "[" << cfg_.name << "] training failed at step " << gang_.step() << ": " << why
-    << "\nwhat happened:" << reporter_.history();
+  s << "[" << cfg_.name << "] training failed " << at.str() << ": " << why << "\nwhat happened:" << reporter_.history();
   throw JobFailed(s.str(), result_);
 }
 
@@ -409,8 +420,10 @@ void Run::run_round() {
   const int64_t chunk = round_steps(remaining);
   const int64_t steps_now = std::min(chunk, remaining);
   const bool stream = pool_.use_loaders() && steps_now > 0;
+  if (steps_now > 0) round_ = std::make_pair(gang_.step() + 1, gang_.step() + steps_now);
   auto reps =
       gang_.train_round(TrainRequest{gang_.cursor(), chunk, stream, cfg_.record_indices}, steps_now, cfg_.call_timeout);
+  round_.reset();
   double seconds = 0, wait = 0;
   for (const auto& r : reps) {
     seconds = std::max(seconds, r.seconds);
@@ -595,6 +608,7 @@ void Run::recover(const std::string& why) {
     sums_ = EpochSums{};
     last_checkpoint_step_ = -1;
   }
+  round_.reset();  // recovered: what comes next fails at a step of its own
   result_.recoveries.push_back(rec);
   open_recovery_ = result_.recoveries.size() - 1;
   last_grow_check_ = Clock::now();

@@ -371,7 +371,8 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
     // shape that does not fit, a `raise` in a TorchScript step) refuses it
     // on every rank and every retry: not a failure a replacement could
     // fix. Unless a peer's failure aborted the group under it.
-    if (group_ && group_->is_aborted()) throw;
+    // Either way the message is one line: a c10::Error's what() ends with
+    // LibTorch's C++ backtrace (tens of frames), never the user's to read.
     const auto* c10 = dynamic_cast<const c10::Error*>(&e);
     std::string text = c10 ? c10->what_without_backtrace() : e.what();
     // TorchScript's message begins with its traceback and ends with the
@@ -381,8 +382,14 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
       TROUPE_LOG_WARN("the step raised: {}", text);
       text = core::last_line(text);
     }
-    throw ConfigError("step " + step_fn_->describe() + " with " + model_->describe() + " failed on a batch " +
-                      tensors.describe() + " at rank " + std::to_string(group_ ? group_->rank() : 0) + ": " + text);
+    // The step being trained (1-based, as the progress lines count them).
+    const std::string where = "step " + step_fn_->describe() + " with " + model_->describe() + " failed on a batch " +
+                              tensors.describe() + " at rank " + std::to_string(group_ ? group_->rank() : 0) +
+                              ", step " + std::to_string(step_ + 1);
+    // Not the user's error to end the job with (the root cause, a peer's,
+    // is): a failure of this round, as any other under an aborted group.
+    if (group_ && group_->is_aborted()) throw Aborted(where + " (the group was aborted under it): " + text);
+    throw ConfigError(where + ": " + text);
   }
   check_output(out, *step_fn_);
   if (!out.loss.requires_grad())

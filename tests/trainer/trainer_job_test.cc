@@ -2,7 +2,9 @@
 // data-parallel equivalence with a single worker, bitwise resume from a
 // checkpoint, checkpoints that Python's torch.load reads, a checkpoint
 // directory killed half-written is never taken as the latest, a
-// TorchScript model from Python trains, and bad input fails up front.
+// TorchScript model from Python trains, and bad input fails up front; a
+// step that raises mid-run fails the job with one line naming the step it
+// raised at.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,10 +20,13 @@
 #include "tests/support/temp_dir.h"
 #include "tests/support/train_jobs.h"
 #include "tests/support/wait.h"
+#include "troupe/runtime/collective/group.h"
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/checkpoint.h"
+#include "troupe/trainer/sync_batch_norm.h"
 #include "troupe/trainer/train_job.h"
+#include "troupe/trainer/train_step.h"
 
 using namespace std::chrono_literals;
 using troupe::test::kWaitBound;
@@ -43,6 +48,52 @@ class CheckpointLoop {
   }
 };
 TROUPE_ACTOR(CheckpointLoop, &CheckpointLoop::pid, &CheckpointLoop::write_forever)
+
+namespace {
+
+// Classification that raises at its `at`-th training call (config
+// "MODE:AT"): MODE "raise" throws a plain error on every rank; "abort"
+// has rank 1 abort the group, and every rank, once it sees the group
+// aborted, throws a c10::Error (whose what() carries LibTorch's C++
+// backtrace), as a torch op failing under a peer's abort does. Needs
+// sync_batchnorm, whose scope hands the step the trainer's group.
+class RaisingStep : public TrainStep {
+ public:
+  explicit RaisingStep(const std::string& config)
+      : abort_(config.rfind("abort:", 0) == 0), at_(std::stoll(config.substr(config.find(':') + 1))) {}
+  StepOutput train(Model& model, const actors::TensorDict& batch) override {
+    if (++calls_ == at_) {
+      collective::Group* g = SyncBatchNormScope::current();
+      const int rank = g ? g->rank() : 0;
+      if (!abort_) throw std::runtime_error("boom at call " + std::to_string(calls_));
+      if (abort_) {
+        if (g && rank == 1) g->abort("the test's rank 1 aborts");
+        const auto until = std::chrono::steady_clock::now() + 60s;
+        while (g && !g->is_aborted() && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(1ms);  // polls a condition, bounded
+        TORCH_CHECK(false, "rank ", rank, " raised under the abort");
+      }
+    }
+    StepOutput out;
+    out.loss = torch::nn::functional::cross_entropy(model.forward(batch.at("input")), batch.at("target"));
+    return out;
+  }
+  StepOutput eval(Model& model, const actors::TensorDict& batch) override {
+    StepOutput out;
+    out.loss = torch::nn::functional::cross_entropy(model.forward(batch.at("input")), batch.at("target"));
+    return out;
+  }
+  std::string describe() const override { return "raising"; }
+
+ private:
+  const bool abort_;
+  const int64_t at_;
+  int64_t calls_ = 0;
+};
+
+}  // namespace
+
+TROUPE_STEP("test_raising", [](const std::string& config) { return std::make_unique<RaisingStep>(config); });
 
 namespace {
 
@@ -329,6 +380,55 @@ TEST_F(TrainJobTest, BadInputFailsBeforeAnyWork) {
   // Nothing was spawned.
   auto status = rt_.status_json();
   EXPECT_EQ(status.find("TrainerActor"), std::string::npos) << status;
+}
+
+// A step that raises at step 6 of a round of steps 1 to 8 (the epoch's)
+// fails the job naming step 6, not the round's start (the last step
+// boundary the driver saw).
+TEST_F(TrainJobTest, AStepThatRaisesMidRoundNamesTheStepItRaisedAt) {
+  auto c = small_job(2, 16);
+  c.trainer.step = StepSpec{"test_raising", "raise:6"};
+  c.progress_every_steps = 10;
+  c.failure.max_failures = 3;  // the peer's abort is healed; the step's error ends the job
+  try {
+    TrainJob(rt_, c).fit();
+    ADD_FAILURE() << "the job did not fail";
+  } catch (const JobFailed& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(", step 6: boom at call 6"), std::string::npos) << what;
+    EXPECT_NE(what.find("training failed between steps 1 and 8: "), std::string::npos) << what;
+    EXPECT_EQ(what.find("failed at step 0"), std::string::npos) << what;
+  }
+}
+
+// A torch error raised while the group is aborted (a peer's failure) is a
+// failure of the round, reported in one line: not the c10::Error's text,
+// which ends with tens of frames of C++ backtrace.
+TEST_F(TrainJobTest, AStepRaisingUnderAnAbortedGroupReportsNoCppBacktrace) {
+  auto c = small_job(2, 16);
+  c.trainer.step = StepSpec{"test_raising", "abort:3"};
+  c.trainer.sync_batchnorm = true;
+  c.progress_every_steps = 1;
+  c.failure.max_failures = 0;
+  try {
+    TrainJob(rt_, c).fit();
+    ADD_FAILURE() << "the job did not fail";
+  } catch (const ConfigError& e) {
+    ADD_FAILURE() << "a failure under an abort ended the job as the user's error: " << e.what();
+  } catch (const JobFailed& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("failure.max_failures"), std::string::npos) << what;  // a failure, as before
+    EXPECT_NE(what.find("raised under the abort"), std::string::npos) << what;
+    EXPECT_NE(what.find(", step 3"), std::string::npos) << what;
+    EXPECT_EQ(what.find("Exception raised from"), std::string::npos) << what;
+    EXPECT_EQ(what.find("frame #"), std::string::npos) << what;
+    bool saw_failure = false;
+    for (const auto& ev : e.result().events) {
+      EXPECT_EQ(ev.detail.find('\n'), std::string::npos) << ev.detail;
+      saw_failure |= ev.kind == JobEventKind::kFailure;
+    }
+    EXPECT_TRUE(saw_failure);
+  }
 }
 
 }  // namespace

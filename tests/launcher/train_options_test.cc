@@ -1,0 +1,156 @@
+// `troupe train`'s job files and flags in process (launcher/train_options.cc,
+// launcher/yaml_to_json.cc): YAML 1.1 booleans, paths relative to the job
+// file, problems named by the key and file (or the flag) that gave them,
+// and model options refused for a TorchScript module.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "launcher/train_options.h"
+#include "launcher/yaml_to_json.h"
+#include "tests/support/temp_dir.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/files.h"
+
+namespace fs = std::filesystem;
+using troupe::ConfigError;
+using troupe::launcher::TrainOptions;
+
+namespace {
+
+// parse_train_args then check(): the ConfigError's text ("" when none).
+std::string problem(std::vector<std::string> args, TrainOptions& o) {
+  args.insert(args.begin(), "troupe-train");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  try {
+    troupe::launcher::parse_train_args(static_cast<int>(argv.size()), argv.data(), o);
+    troupe::launcher::check(o);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string problem(const std::vector<std::string>& args) {
+  TrainOptions o;
+  return problem(args, o);
+}
+
+class TrainOptionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = troupe::test::fresh_dir("train-options");
+    fs::create_directories(dir_ / "jobs");
+    std::ofstream(dir_ / "jobs" / "step.pt") << "not read here";
+    std::ofstream(dir_ / "jobs" / "train.npz") << "not read here";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    troupe::core::remove_tree(dir_, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / "jobs" / name) << text;
+    return (dir_ / "jobs" / name).string();
+  }
+  fs::path dir_;
+};
+
+}  // namespace
+
+// YAML 1.1's booleans, unquoted and in every case form YAML 1.1 allows,
+// are booleans; quoted, and in other case forms, they are strings.
+TEST(YamlToJsonTest, Yaml11BooleansAreBooleansOnlyWhenPlain) {
+  for (const char* t : {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"})
+    EXPECT_EQ(troupe::launcher::yaml_to_json(std::string("v: ") + t + "\n", "t.yaml").at("v"), nlohmann::json(true))
+        << t;
+  for (const char* f : {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"})
+    EXPECT_EQ(troupe::launcher::yaml_to_json(std::string("v: ") + f + "\n", "f.yaml").at("v"), nlohmann::json(false))
+        << f;
+  for (const char* s : {"\"yes\"", "'no'", "'on'", "\"OFF\"", "\"true\""}) {
+    const auto v = troupe::launcher::yaml_to_json(std::string("v: ") + s + "\n", "s.yaml").at("v");
+    EXPECT_TRUE(v.is_string()) << s << " read as " << v.dump();
+  }
+  for (const char* s : {"yEs", "nO", "oN", "yess", "tRUE"}) {
+    const auto v = troupe::launcher::yaml_to_json(std::string("v: ") + s + "\n", "s.yaml").at("v");
+    EXPECT_EQ(v, nlohmann::json(s)) << s;
+  }
+  // A key is its text: `on:` stays "on".
+  EXPECT_EQ(troupe::launcher::yaml_to_json("on: 1\n", "k.yaml").at("on"), nlohmann::json(1));
+}
+
+TEST_F(TrainOptionsTest, AYamlJobFileTakesSyncBatchnormYes) {
+  const std::string job =
+      write("yes.yaml", "model: step.pt\ndata: train.npz\ncheckpoint_dir: ck\nsync_batchnorm: yes\n");
+  TrainOptions o;
+  EXPECT_EQ(problem({"--config", job}, o), "");
+  EXPECT_TRUE(o.sync_batchnorm);
+}
+
+// A job file's relative paths are its folder's, whatever the working
+// directory; the command line's stay the working directory's.
+TEST_F(TrainOptionsTest, AJobFilesRelativePathsAreRelativeToItsFolder) {
+  const std::string job = write("job.json", R"({"model": "step.pt", "data": "train.npz", "val_data": "./train.npz",
+      "checkpoint_dir": "ck", "metrics": "m.jsonl"})");
+  TrainOptions o;
+  EXPECT_EQ(problem({"--config", job}, o), "");  // run from elsewhere: the files are found
+  const fs::path jobs = dir_ / "jobs";
+  EXPECT_EQ(o.model, (jobs / "step.pt").string());
+  EXPECT_EQ(o.data, (jobs / "train.npz").string());
+  EXPECT_EQ(o.val_data, (jobs / "train.npz").string());
+  EXPECT_EQ(o.checkpoint_dir, (jobs / "ck").string());
+  EXPECT_EQ(o.metrics, (jobs / "m.jsonl").string());
+  // A built-in model's name is no path.
+  const std::string mlp = write("mlp.json", R"({"model": "mlp", "data": "train.npz", "checkpoint_dir": "ck"})");
+  TrainOptions m;
+  EXPECT_EQ(problem({"--config", mlp}, m), "");
+  EXPECT_EQ(m.model, "mlp");
+  // A flag's relative path is the working directory's.
+  TrainOptions f;
+  EXPECT_EQ(problem({"--config", job, "--data", "elsewhere.npz"}, f), "--data elsewhere.npz: no such file");
+  EXPECT_EQ(f.data, "elsewhere.npz");
+}
+
+// A missing file a job file names is said as the key and the job file, not
+// as a flag the user never gave; a flag's stays the flag's.
+TEST_F(TrainOptionsTest, AMissingFileNamesTheJobFilesKeyOrTheFlag) {
+  const std::string job = write("miss.json", R"({"model": "step.pt", "data": "nope.npz", "checkpoint_dir": "ck"})");
+  const std::string nope = (dir_ / "jobs" / "nope.npz").string();
+  EXPECT_EQ(problem({"--config", job}), "job file " + job + ": key 'data': " + nope + ": no such file");
+  const std::string model = write("model.json", R"({"model": "gone.pt", "data": "train.npz", "checkpoint_dir": "ck"})");
+  EXPECT_EQ(problem({"--config", model}),
+            "job file " + model + ": key 'model': " + (dir_ / "jobs" / "gone.pt").string() + ": no such file");
+  const std::string val =
+      write("val.json", R"({"model": "step.pt", "data": "train.npz", "val_data": "v.npz", "checkpoint_dir": "ck"})");
+  EXPECT_EQ(problem({"--config", val}),
+            "job file " + val + ": key 'val_data': " + (dir_ / "jobs" / "v.npz").string() + ": no such file");
+  // The flag overrides the key, and is named.
+  EXPECT_EQ(problem({"--config", job, "--data", "/no/such.npz"}), "--data /no/such.npz: no such file");
+  EXPECT_EQ(problem({"--model", "/no/step.pt", "--data", "x.npz", "--checkpoint-dir", "ck"}),
+            "--model /no/step.pt: no such file");
+}
+
+// Model options size a built-in model; for a TorchScript module they would
+// be ignored, so they are refused naming the option.
+TEST_F(TrainOptionsTest, ModelOptionsForATorchScriptModuleAreRefused) {
+  const std::string step = (dir_ / "jobs" / "step.pt").string(), data = (dir_ / "jobs" / "train.npz").string();
+  const std::string flag =
+      problem({"--model", step, "--data", data, "--checkpoint-dir", "ck", "--model-option", "hidden=64"});
+  EXPECT_EQ(flag.rfind("--model-option (hidden=64) sizes a built-in model (mlp, cnn); --model " + step +
+                           " is a TorchScript module",
+                       0),
+            0u)
+      << flag;
+  const std::string job =
+      write("opts.json",
+            R"({"model": "step.pt", "data": "train.npz", "checkpoint_dir": "ck", "model_options": {"hidden": 8}})");
+  const std::string file = problem({"--config", job});
+  EXPECT_EQ(file.rfind("job file " + job + ": key 'model_options' (hidden=8) sizes a built-in model (mlp, cnn)", 0), 0u)
+      << file;
+  // A built-in model takes them.
+  EXPECT_EQ(problem({"--model", "mlp", "--data", data, "--checkpoint-dir", "ck", "--model-option", "hidden=64"}), "");
+}
