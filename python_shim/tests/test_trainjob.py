@@ -201,6 +201,37 @@ def test_data_errors_name_the_python_arguments(tmp_path):
     assert str(info.value).startswith(f"data={path!r} has 16 samples, fewer than one step of workers=2 × "), info.value
 
 
+def test_model_options_errors_are_told_once_in_trainjobs_terms(tmp_path, capsys):
+    # Once "job file /tmp/troupe-trainjob-.../job.json: key 'model_options.hidden'
+    # ...", printed by the driver's echoed output and again in the ConfigError.
+    with pytest.raises(ConfigError) as info:
+        TrainJob(model(), regression(64), checkpoint_dir=str(tmp_path / "a"), model_options={"hidden": "big"},
+                 **dict(JOB, verbose=True)).fit()
+    assert str(info.value) == "model_options['hidden'] must be an integer, got \"big\"", info.value
+    out, err = capsys.readouterr()
+    assert "must be an integer" not in out + err, out + err
+    # A TorchScript module has its own sizes: model_options is refused, not ignored.
+    with pytest.raises(ConfigError) as info:
+        TrainJob(model(), regression(64), checkpoint_dir=str(tmp_path / "b"), model_options={"hidden": 8},
+                 **dict(JOB, verbose=True)).fit()
+    message = str(info.value)
+    assert message.startswith("model_options (hidden=8) sizes a built-in model (mlp, cnn); model is a TorchScript "
+                              "module"), message
+    assert "job.json" not in message and "troupe-trainjob" not in message, message
+    out, err = capsys.readouterr()
+    assert "sizes a built-in model" not in out + err, out + err
+
+
+def test_relative_paths_are_the_working_directorys(tmp_path, monkeypatch):
+    # troupe-train reads a job file's relative paths from the job file's
+    # folder (this TrainJob's temporary one): TrainJob gives it absolute ones.
+    monkeypatch.chdir(tmp_path)
+    np.savez("train.npz", **regression(64))
+    torch.jit.save(torch.jit.script(model()), "step.pt")
+    result = TrainJob("step.pt", "train.npz", checkpoint_dir="ckpt", **dict(JOB, epochs=1)).fit()
+    assert result.history and result.checkpoint.startswith(str(tmp_path / "ckpt")), result.checkpoint
+
+
 class Count(torch.nn.Module):
     """Counts, per sample index, how often a step trained it (summed over
     the workers)."""

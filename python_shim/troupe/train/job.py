@@ -80,8 +80,12 @@ def _train_binary():
 
 def _save_model(model, work):
     if isinstance(model, str):
-        if os.path.exists(model) or model in ("mlp", "cnn"):
+        if model in ("mlp", "cnn"):
             return model
+        if os.path.exists(model):
+            # Absolute: troupe-train reads a job file's relative paths from
+            # the job file's folder (this TrainJob's temporary one).
+            return os.path.abspath(model)
         raise ConfigError(f"model file {model} does not exist")
     import torch
 
@@ -160,7 +164,7 @@ def _save_data(data, work, stem):
     if isinstance(data, str):
         if not os.path.exists(data):
             raise ConfigError(f"{stem} file {data} does not exist")
-        return data
+        return os.path.abspath(data)
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"{stem} must be a dict of arrays (batch key -> array) or an .npz path, got {data!r:.80}")
     import numpy as np
@@ -196,8 +200,21 @@ def _python_terms(message, work, config):
     """troupe-train's message as a TrainJob user reads it: the files this
     TrainJob saved in its (by then deleted) work folder named by the
     argument they hold (data['x'], val_data, model), and the CLI flags by
-    TrainJob's argument names (workers=2, batch_size)."""
+    TrainJob's argument names (workers=2, batch_size), and the job file
+    it wrote by the argument that gave the key (model_options['hidden'])."""
     if work:
+        job_file = f"job file {os.path.join(work, 'job.json')}: "
+        saved = {"data": os.path.join(work, "data.npz"), "val_data": os.path.join(work, "val_data.npz"),
+                 "model": os.path.join(work, "step.pt")}
+        for key, path in saved.items():
+            message = message.replace(f"{job_file}key '{key}': {path}", key)
+        for key in ("data", "val_data", "model", "checkpoint_dir", "metrics"):
+            value = config.get(key)
+            if isinstance(value, str) and value:
+                message = message.replace(f"{job_file}key '{key}': {value}", f"{key}={value!r}")
+        message = re.sub(re.escape(job_file) + r"key '(\w+)(?:\.([^']+))?'",
+                         lambda m: m.group(1) + (f"[{m.group(2)!r}]" if m.group(2) else ""), message)
+        message = message.replace(job_file, "")
         for stem in ("data", "val_data"):
             saved = os.path.join(work, f"{stem}.npz")
             message = re.sub(r"npy file '" + re.escape(saved) + r":(.*?)\.npy'",
@@ -397,11 +414,28 @@ class TrainJob:
         return None
 
     def _pump(self):
+        # A `troupe train: ` line and those after it, held back until a
+        # progress line ("[name] ...") follows: when they end a failed run
+        # they are the reason wait() raises, not to be printed besides.
+        held = []
+
+        def show(lines):
+            if self._verbose and lines:
+                sys.stdout.write("".join(_python_terms(ln, self._work.name, self._config) for ln in lines))
+                sys.stdout.flush()
+
         for line in self._proc.stdout:
             self._output.append(line)
-            if self._verbose:
-                sys.stdout.write(_python_terms(line, self._work.name, self._config))
-                sys.stdout.flush()
+            if line.startswith("troupe train: "):
+                show(held)
+                held = [line]
+            elif held and not line.startswith("["):
+                held.append(line)
+            else:
+                show(held + [line])
+                held = []
+        if self._proc.wait() == 0:
+            show(held)
 
     def progress(self):
         """The step lines written so far (a running job's history)."""
