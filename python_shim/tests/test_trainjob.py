@@ -308,3 +308,20 @@ def test_token_stream_with_cosine_schedule_and_bf16_gradients(tmp_path):
     with pytest.raises(ConfigError, match="schedule"):
         TrainJob(TinyLm(), str(tmp_path / "train.bin"), block_size=32, schedule="linear",
                  checkpoint_dir=str(tmp_path / "ck3"), verbose=False).fit()
+
+
+def test_history_holds_each_step_once_after_a_restore():
+    # A job restored from the checkpoint of step 2 after reaching step 4
+    # logs steps 3 and 4 again; the weights hold only their second run.
+    from troupe.train.job import TrainJobResult
+
+    def step(n, loss):
+        return {"kind": "step", "step": n, "loss": loss}
+
+    lines = [step(1, 9.0), step(2, 8.0), step(3, 7.0), step(4, 6.0),
+             {"kind": "event", "event": "failure", "step": 4},
+             {"kind": "event", "event": "restored", "step": 2},
+             step(3, 7.5), step(4, 6.5), step(5, 5.0)]
+    result = TrainJobResult(lines, None, None, "")
+    assert [(h["step"], h["loss"]) for h in result.history] == [(1, 9.0), (2, 8.0), (3, 7.5), (4, 6.5), (5, 5.0)]
+    assert result.recoveries == 1

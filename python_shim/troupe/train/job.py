@@ -272,9 +272,26 @@ def _reason(output):
     return "\n".join(([first] if first.strip() else []) + rest).strip()
 
 
+def _kept_steps(lines):
+    """The step lines of a run's metrics, less those a restore rolled back:
+    a job restored from a checkpoint runs its lost steps again and logs
+    them again, and only the second run of a step is in the weights."""
+    steps = []
+    for j in lines:
+        if j.get("kind") != "step":
+            continue
+        step = j.get("step")
+        while steps and isinstance(step, int) and steps[-1].get("step", -1) >= step:
+            steps.pop()
+        steps.append(j)
+    return steps
+
+
 class TrainJobResult:
     """What a TrainJob run left: `history` (one dict per optimizer step:
-    step, epoch, loss, the step's metrics, samples_per_s, world_size, time),
+    step, epoch, loss, the step's metrics, samples_per_s, world_size, time;
+    steps a restore from a checkpoint rolled back and ran again are there
+    once, as they ran the second time),
     `epochs` (one dict per epoch), `events` (placed, failure, healed, ...,
     each with time, step, workers, detail), `recoveries` (failures the job
     survived), `checkpoint` (the final checkpoint's directory: model.pt is a
@@ -282,7 +299,7 @@ class TrainJobResult:
     `metrics` (the last epoch's), `output` (what the driver printed)."""
 
     def __init__(self, lines, checkpoint, path, output):
-        self.history = [j for j in lines if j.get("kind") == "step"]
+        self.history = _kept_steps(lines)
         self.epochs = [j for j in lines if j.get("kind") == "epoch"]
         self.events = [j for j in lines if j.get("kind") == "event"]
         # Each failure event of a run that went on is one recovery.
@@ -439,7 +456,7 @@ class TrainJob:
 
     def progress(self):
         """The step lines written so far (a running job's history)."""
-        return [j for j in _read_lines(self.metrics_path) if j.get("kind") == "step"] if self._work else []
+        return _kept_steps(_read_lines(self.metrics_path)) if self._work else []
 
     def wait(self, timeout=None):
         """Waits for the job's end: its TrainJobResult, or the error."""
