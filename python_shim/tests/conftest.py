@@ -5,6 +5,7 @@ module; tests that start their own (`troupe start --head`) use the launcher
 binary named by TROUPE_CLI (set by CTest)."""
 import contextlib
 import os
+import subprocess
 
 import pytest
 
@@ -100,3 +101,20 @@ def pytest_collection_finish(session):
         name = os.path.basename(path)
         if not any(os.path.basename(str(item.fspath)) == name for item in session.items):
             pytest.exit(f"{name}: no tests collected", returncode=5)
+
+
+@pytest.fixture()
+def head(tmp_path):
+    """A cluster started with `troupe start --head` (CPU=2) in a session of
+    the test's own, named by os.environ while the test runs: yields its
+    environment and address; stopped after."""
+    launcher = cli()
+    session, env = session_env(tmp_path)
+    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True,
+                   timeout=120)
+    with in_session(session):
+        try:
+            yield env, (session / "address").read_text().strip()
+        finally:
+            troupe.shutdown()
+            subprocess.run([launcher, "stop"], env=env, timeout=120)

@@ -11,20 +11,7 @@ import pytest
 
 import troupe
 from troupe.exceptions import ConfigError, TroupeConnectionError, TroupeError
-from conftest import cli, in_session, session_env, wait_until, when_blocked_in
-
-
-@pytest.fixture()
-def head(tmp_path):
-    launcher = cli()
-    session, env = session_env(tmp_path)
-    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True, timeout=120)
-    with in_session(session):
-        try:
-            yield env, (session / "address").read_text().strip()
-        finally:
-            troupe.shutdown()
-            subprocess.run([launcher, "stop"], env=env, timeout=120)
+from conftest import cli, session_env, wait_until, when_blocked_in
 
 
 @troupe.remote

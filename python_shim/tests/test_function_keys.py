@@ -5,11 +5,10 @@ import select
 import subprocess
 import sys
 
-import pytest
 
 import troupe
 from troupe import _remote
-from conftest import cli, in_session, session_env, wait_until
+from conftest import wait_until
 
 
 def reference(client_id, fn_hash):
@@ -39,20 +38,6 @@ if sys.argv[2] == "hold":
     sys.stdin.read()
 troupe.shutdown()
 """
-
-
-@pytest.fixture()
-def head(tmp_path):
-    launcher = cli()
-    session, env = session_env(tmp_path)
-    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True,
-                   timeout=120)
-    with in_session(session):
-        try:
-            yield env, (session / "address").read_text().strip()
-        finally:
-            troupe.shutdown()
-            subprocess.run([launcher, "stop"], env=env, timeout=120)
 
 
 def test_a_task_function_leaves_the_kv_store_with_its_last_holder(head, tmp_path):
