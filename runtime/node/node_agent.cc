@@ -41,9 +41,12 @@ constexpr std::chrono::milliseconds kRejoinAfterFence{60000};
 // HeadLease: how long an agent may hear nothing from the head before it
 // kills its workers. One heartbeat less than the head's fence time, so that
 // they are gone before the head declares the node dead and gives their
-// actors to other nodes; never under half of it.
+// actors to other nodes; never under half of it, and none at all when the
+// fence is under three heartbeats.
 std::chrono::milliseconds head_lease(uint32_t fence_after_ms, uint32_t heartbeat_ms) {
-  if (fence_after_ms == 0) return std::chrono::milliseconds(0);
+  // Fewer than three heartbeats to the fence (--heartbeat-misses 1 or 2):
+  // an answer can be due only just before the lease would end, so none.
+  if (fence_after_ms == 0 || fence_after_ms < 3 * heartbeat_ms) return std::chrono::milliseconds(0);
   return std::chrono::milliseconds(
       std::max(fence_after_ms / 2, fence_after_ms - std::min(fence_after_ms, heartbeat_ms)));
 }
@@ -401,6 +404,7 @@ class NodeAgent::Impl {
         "restart their actors on other nodes",
         node_id_.load(), silent.count(), workers_.size() + waiting_spawns_.size());
     for (auto& [pid, w] : workers_) {
+      ::kill(-pid, SIGKILL);  // its process group (a worker leads its own), then itself
       ::kill(pid, SIGKILL);
       kill_reasons_[pid] = why;
     }

@@ -567,7 +567,7 @@ TEST_F(ClusterTest, KilledNodeAgentMovesItsActorsToTheOtherNode) {
 TEST(ClusterHeartbeat, SilentNodeIsDeclaredDeadAndItsActorsMove) {
   troupe::testing::LocalClusterOptions o;
   o.heartbeat_ms = 50;
-  o.heartbeat_misses = 4;
+  o.heartbeat_misses = 8;  // a lease of 350 ms: a loaded machine's head may stall 150
   LocalCluster cluster(o);
   troupe::Runtime rt = cluster.connect();
   auto c = rt.spawn<Counter>({.resources = {{"CPU", 2}}, .max_restarts = 1}, 3);

@@ -84,7 +84,7 @@ TROUPE_ACTOR(Journal, &Journal::write, &Journal::node)
 TEST(Fencing, StoppedNodeAgentIsFencedAndRejoinsAsANewNode) {
   troupe::testing::LocalClusterOptions o;
   o.heartbeat_ms = 50;
-  o.heartbeat_misses = 4;
+  o.heartbeat_misses = 8;  // a lease of 350 ms: a loaded machine's head may stall 150
   troupe::testing::LocalCluster cluster(o);
   troupe::Runtime rt = cluster.connect();
   const double cpus = live_cpus(rt);
@@ -139,7 +139,7 @@ TEST(Fencing, StoppedNodeAgentIsFencedAndRejoinsAsANewNode) {
 void stale_worker_runs_no_queued_call(bool durable, int max_concurrency = 1) {
   troupe::testing::LocalClusterOptions o;
   o.heartbeat_ms = 50;
-  o.heartbeat_misses = 4;
+  o.heartbeat_misses = 8;  // a lease of 350 ms: a loaded machine's head may stall 150
   o.durable_head = durable;
   troupe::testing::LocalCluster cluster(o);
   troupe::Runtime rt = cluster.connect();
