@@ -1,6 +1,7 @@
 #include "troupe/runtime/client/core.h"
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 
 #include "troupe/runtime/client/task_cancel.h"
@@ -259,6 +260,27 @@ Future<Message> ActorClient::control(const std::string& tag, std::string body) {
   return Future<Message>(st);
 }
 
+namespace {
+
+// A connect that neither succeeds nor fails for kConnectHangs (packets to
+// the address dropped: a node whose advertised address is not reachable
+// from here) would otherwise end only with the kernel's SYN retries, some
+// two minutes, while calls wait silently: say so, naming the address.
+void warn_if_connect_hangs(asio::io_context& io, std::shared_ptr<std::atomic<bool>> pending, std::string who,
+                           std::string address) {
+  static constexpr std::chrono::seconds kConnectHangs{10};
+  auto timer = std::make_shared<asio::steady_timer>(io, kConnectHangs);
+  timer->async_wait([timer, pending, who = std::move(who), address = std::move(address)](const asio::error_code& ec) {
+    if (ec || !pending->load()) return;
+    TROUPE_LOG_WARN(
+        "{}: no answer from its process at {} for {} s; calls to it wait. Is that address reachable from here? (a "
+        "node agent advertises what --advertise-address gives, else the address that routes to the head)",
+        who, address, kConnectHangs.count());
+  });
+}
+
+}  // namespace
+
 void ActorClient::connect_locked() {
   if (!detached_.empty() || connecting_ || info_.state != ActorState::kAlive || info_.address.empty()) return;
   if (conn_ && conn_->is_open() && conn_incarnation_ == info_.incarnation) {
@@ -275,11 +297,13 @@ void ActorClient::connect_locked() {
   uint32_t inc = info_.incarnation;
   std::string address = info_.address;
   auto self = shared_from_this();
-  asio::post(core_.io(), [self, inc, address] {
+  auto pending = std::make_shared<std::atomic<bool>>(true);
+  asio::post(core_.io(), [self, inc, address, pending] {
     std::pair<std::string, uint16_t> hp;
     try {
       hp = parse_address(address);
     } catch (const std::exception& e) {
+      pending->store(false);
       return self->on_connected(nullptr, inc, e.what());
     }
     std::weak_ptr<ActorClient> weak = self;
@@ -291,10 +315,12 @@ void ActorClient::connect_locked() {
         [weak, inc](const std::string& reason) {
           if (auto s = weak.lock()) s->on_closed(inc, reason);
         },
-        [self, inc](std::shared_ptr<Connection> c, std::string error) {
+        [self, inc, pending](std::shared_ptr<Connection> c, std::string error) {
+          pending->store(false);
           self->on_connected(std::move(c), inc, error);
         });
   });
+  warn_if_connect_hangs(core_.io(), pending, "actor " + std::to_string(id_) + " (" + info_.class_name + ")", address);
 }
 
 void ActorClient::on_connected(std::shared_ptr<Connection> c, uint32_t incarnation, const std::string& error) {
