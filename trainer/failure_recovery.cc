@@ -158,17 +158,24 @@ std::vector<Slot> FailureRecovery::replacements() {
       p_.pool.release(dead);
     }
   }
-  const auto deadline = Clock::now() + (n == p_.gang.slots().size() ? p_.cfg.scaling.placement_timeout
-                                                                    : p_.cfg.failure.replacement_timeout);
-  auto respawned =
-      p_.pool.respawn(std::move(kept), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-  rec_.placed = static_cast<int64_t>(respawned.size());
-  for (auto& s : respawned) fresh.push_back(std::move(s));
-  if (lacking > 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    auto placed = p_.pool.place(static_cast<int64_t>(lacking), std::max(left, std::chrono::milliseconds(1)));
-    rec_.placed += static_cast<int64_t>(placed.size());
-    for (auto& s : placed) fresh.push_back(std::move(s));
+  // Standbys taken and slots placed are the gang's only once returned: an
+  // error on the way gives them back rather than leaving them running.
+  try {
+    const auto deadline = Clock::now() + (n == p_.gang.slots().size() ? p_.cfg.scaling.placement_timeout
+                                                                      : p_.cfg.failure.replacement_timeout);
+    auto respawned = p_.pool.respawn(std::move(kept),
+                                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    rec_.placed = static_cast<int64_t>(respawned.size());
+    for (auto& s : respawned) fresh.push_back(std::move(s));
+    if (lacking > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      auto placed = p_.pool.place(static_cast<int64_t>(lacking), std::max(left, std::chrono::milliseconds(1)));
+      rec_.placed += static_cast<int64_t>(placed.size());
+      for (auto& s : placed) fresh.push_back(std::move(s));
+    }
+  } catch (...) {
+    for (auto& s : fresh) p_.pool.release(s);
+    throw;
   }
   return fresh;
 }

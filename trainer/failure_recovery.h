@@ -56,6 +56,11 @@ class FailureRecovery {
   // Every step, in order. Throws GiveUp when fewer than min_workers trainers
   // are left; anything else it throws is a new failure to recover from.
   void run();
+  // Step 1 alone, for a job that gives up: the failed round's calls settle,
+  // and a ConfigError one of them ended with (a rank's step or data set
+  // raised) is thrown, so the job ends naming that, not what it caused (a
+  // peer's broken stream or collective).
+  void settle() { stop_round(); }
 
  private:
   using Clock = std::chrono::steady_clock;

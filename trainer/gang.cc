@@ -28,6 +28,13 @@ void Gang::release_all() {
   slots_.clear();
 }
 
+void Gang::drop_from(size_t keep) {
+  while (slots_.size() > keep) {
+    pool_.release(slots_.back());
+    slots_.pop_back();
+  }
+}
+
 void Gang::add(std::vector<Slot> more) {
   for (auto& s : more) slots_.push_back(std::move(s));
 }

@@ -60,6 +60,9 @@ class Gang {
   void set_slots(std::vector<Slot> slots) { slots_ = std::move(slots); }
   void add(std::vector<Slot> more);
   void release_all();
+  // Releases the slots from index `keep` on (their actors killed, their
+  // placement groups removed): a grow whose newcomers failed.
+  void drop_from(size_t keep);
 
   const std::string& group_name() const { return group_name_; }
   int64_t generation() const { return generation_; }

@@ -55,6 +55,8 @@ const char* to_string(JobEventKind kind) {
       return "grew";
     case JobEventKind::kGrowHealed:
       return "grow_healed";
+    case JobEventKind::kGrowFailed:
+      return "grow_failed";
   }
   return "unknown";
 }
@@ -88,6 +90,7 @@ bool shown(JobEventKind kind) {
     case JobEventKind::kResumed:
     case JobEventKind::kGrew:
     case JobEventKind::kGrowHealed:
+    case JobEventKind::kGrowFailed:
       return true;
     default:
       return false;

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/exception_text.h"
 #include "troupe/trainer/consumed_record.h"
 #include "troupe/trainer/failure_recovery.h"
 #include "troupe/trainer/gang.h"
@@ -51,7 +52,9 @@ void validate(const TrainJobConfig& c) {
     throw ConfigError("scaling needs min_workers <= num_workers <= max_workers, got " + std::to_string(lo) +
                       " <= " + std::to_string(s.num_workers) + " <= " + std::to_string(hi));
   if (s.grow_interval.count() < 0) throw ConfigError("scaling.grow_interval must not be negative");
-  if (c.epochs <= 0 && c.max_steps <= 0) throw ConfigError("epochs must be positive");
+  if (c.max_steps < 0)
+    throw ConfigError("max_steps must be 0 (run the epochs) or positive, got " + std::to_string(c.max_steps));
+  if (c.epochs <= 0 && c.max_steps <= 0) throw ConfigError("epochs must be positive, got " + std::to_string(c.epochs));
   if (c.loader_threads < 1 || c.loader_threads > 256)
     throw ConfigError("loader_threads must be between 1 and 256, got " + std::to_string(c.loader_threads));
   if (c.loader_look_ahead < 0 || c.loader_look_ahead > 64)
@@ -146,6 +149,9 @@ class Run {
   void evaluate(EpochMetrics& em);
   void checkpoint(const std::map<std::string, double>& metrics);
   void maybe_grow();
+  // How long after the last grow check the next may run: grow_interval, or
+  // after failed grows that (at least 5 s) doubled for each, up to 64 times.
+  std::chrono::milliseconds grow_wait() const;
   void refill_standby();
   void recover(const std::string& why);
   // With the head gone nothing can be placed, probed or healed: the job
@@ -171,6 +177,8 @@ class Run {
   std::optional<std::pair<int64_t, double>> nonfinite_loss_;  // the first step whose loss was not finite, and it
   int64_t failures_ = 0;
   Clock::time_point last_grow_check_;
+  // Grows that failed in a row: each doubles the wait before the next try.
+  int grow_failures_ = 0;
   // The recovery waiting for its first completed step.
   std::optional<size_t> open_recovery_;
   EpochSums sums_;
@@ -554,10 +562,18 @@ void Run::checkpoint(const std::map<std::string, double>& m) {
   event(JobEventKind::kCheckpoint, "step " + std::to_string(gang_.step()));
 }
 
+std::chrono::milliseconds Run::grow_wait() const {
+  if (grow_failures_ == 0) return cfg_.scaling.grow_interval;
+  return std::max<std::chrono::milliseconds>(cfg_.scaling.grow_interval, std::chrono::seconds(5)) *
+         (1 << std::min(grow_failures_ - 1, 6));
+}
+
 void Run::maybe_grow() {
   if (gang_.world() >= max_) return;
   auto t = Clock::now();
-  if (t - last_grow_check_ < cfg_.scaling.grow_interval) return;
+  // After failed grows the wait doubles: a node that cannot take part
+  // would otherwise cost a setup or rendezvous timeout at every boundary.
+  if (t - last_grow_check_ < grow_wait()) return;
   last_grow_check_ = t;
   const int64_t want = pool_.room_to_grow(max_ - gang_.world());
   if (want <= 0) return;
@@ -567,8 +583,30 @@ void Run::maybe_grow() {
   const size_t n = added.size();
   gang_.add(std::move(added));
   event(JobEventKind::kGrew, std::to_string(n) + " new trainer(s) placed to grow");
-  gang_.setup_new(cfg_.setup_bound());
-  gang_.form(0, cfg_.setup_bound());
+  std::optional<std::string> failed;
+  try {
+    gang_.setup_new(cfg_.setup_bound());
+    gang_.form(0, cfg_.setup_bound());
+  } catch (const GiveUp& g) {
+    failed = g.why;
+  } catch (...) {
+    failed = core::exception_text(std::current_exception());
+  }
+  if (failed) {
+    // The job trained well at its old size: newcomers that cannot set up
+    // or join the group (a node missing a file or a library, or one its
+    // peers cannot reach) are dropped, not the job. The old trainers
+    // re-form without them; that failing is a failure like any other.
+    gang_.drop_from(before);
+    last_grow_check_ = Clock::now();
+    ++grow_failures_;
+    event(JobEventKind::kGrowFailed, "dropped the " + std::to_string(n) + " new trainer(s), going on with " +
+                                         std::to_string(before) + " (next try in " +
+                                         std::to_string(grow_wait().count() / 1000) + " s): " + *failed);
+    gang_.form(0, cfg_.setup_bound());
+    return;
+  }
+  grow_failures_ = 0;
   const int64_t step = gang_.step();
   event(JobEventKind::kGrowHealed, "new trainers took rank 0's state at step " + std::to_string(step));
   event(JobEventKind::kResized, std::to_string(before) + " -> " + std::to_string(gang_.world()) + " workers at step " +
@@ -590,9 +628,19 @@ void Run::recover(const std::string& why) {
   rec.cause = why;
   rec.world_before = gang_.world();
   event(JobEventKind::kFailure, why);
-  if (cfg_.failure.max_failures >= 0 && failures_ > cfg_.failure.max_failures)
+  if (cfg_.failure.max_failures >= 0 && failures_ > cfg_.failure.max_failures) {
+    // What was seen first may be a consequence (a loader's stream broken by
+    // the rank whose step raised); a ConfigError the round ended with is
+    // the reason given. Nothing else of the settling matters: it gives up.
+    try {
+      FailureRecovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec).settle();
+    } catch (const ConfigError&) {
+      throw;
+    } catch (...) {
+    }
     give_up("failure " + std::to_string(failures_) + " and failure.max_failures (troupe train --max-failures) is " +
             std::to_string(cfg_.failure.max_failures) + ": " + why);
+  }
   give_up_if_head_lost(why);
   try {
     FailureRecovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec).run();
@@ -607,6 +655,9 @@ void Run::recover(const std::string& why) {
     // checkpoint's step no longer hold.
     sums_ = EpochSums{};
     last_checkpoint_step_ = -1;
+    // Epochs that ended past the restored step run again: each is kept
+    // once, as it runs the second time.
+    std::erase_if(result_.history, [&](const EpochMetrics& em) { return em.steps > gang_.step(); });
   }
   round_.reset();  // recovered: what comes next fails at a step of its own
   result_.recoveries.push_back(rec);

@@ -240,6 +240,8 @@ enum class JobEventKind {
   // Growth at a step boundary:
   kGrew,        // "grew": new trainers placed to grow
   kGrowHealed,  // "grow_healed": the newcomers took rank 0's state
+  kGrowFailed,  // "grow_failed": the newcomers could not set up or join;
+                // dropped, the job goes on at its old size
 };
 const char* to_string(JobEventKind kind);
 std::ostream& operator<<(std::ostream& os, JobEventKind kind);

@@ -122,6 +122,27 @@ def test_stop_checkpoints_and_resume_ends_with_the_same_weights(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the run never stopped"
 
 
+def test_an_interrupted_wait_stops_the_job(tmp_path):
+    # Ctrl-C while fit() or wait() blocks raises KeyboardInterrupt there;
+    # the job ends with it (SIGTERM: it checkpoints and exits) instead of
+    # training on unseen after the caller has gone.
+    job = TrainJob(model(), regression(1024), checkpoint_dir=str(tmp_path), **dict(JOB, epochs=50, log_every=4))
+    job.start()
+    wait_until(lambda: len(job.progress()) >= 2, timeout=120, what="two steps")
+    real_wait = job._proc.wait
+
+    def interrupted(timeout=None):
+        job._proc.wait = real_wait
+        raise KeyboardInterrupt
+
+    job._proc.wait = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        job.wait()
+    code = job._proc.poll()
+    assert code is not None, "troupe-train still running after the interrupted wait()"
+    assert code not in (0, -signal.SIGKILL), f"troupe-train did not end on its SIGTERM: exit {code}"
+
+
 def test_a_checkpoint_dir_that_holds_a_run_needs_resume(tmp_path):
     # A second job writing into a directory that holds the first one's
     # checkpoints would mix their steps; it is refused unless it resumes,
@@ -325,3 +346,14 @@ def test_history_holds_each_step_once_after_a_restore():
     result = TrainJobResult(lines, None, None, "")
     assert [(h["step"], h["loss"]) for h in result.history] == [(1, 9.0), (2, 8.0), (3, 7.5), (4, 6.5), (5, 5.0)]
     assert result.recoveries == 1
+    # A job that failed again before it ran the rolled-back steps keeps
+    # none of them; an epoch that a restart from the initial weights ran
+    # again is there once.
+    ended = TrainJobResult(lines[:6] + [{"kind": "event", "event": "failed", "step": 2}], None, None, "")
+    assert [h["step"] for h in ended.history] == [1, 2]
+    epoch = {"kind": "epoch", "epoch": 0, "step": 2}
+    restarted = TrainJobResult([step(1, 9.0), step(2, 8.0), dict(epoch, train_loss=8.5),
+                                {"kind": "event", "event": "restored", "step": 0},
+                                step(1, 9.1), step(2, 8.1), dict(epoch, train_loss=8.6)], None, None, "")
+    assert [(h["step"], h["loss"]) for h in restarted.history] == [(1, 9.1), (2, 8.1)]
+    assert [e["train_loss"] for e in restarted.epochs] == [8.6]

@@ -412,6 +412,15 @@ TEST_F(OpenTrainerTest, BadInputIsNamed) {
   expect_error(script("wrong_sig"), {"wrong_sig.pt", "Dict[str, Tensor]"});
   expect_error(script("no_loss"), {"no 'loss'", "mse"});
   expect_error(script("wrong_key"), {"wrong_key.pt", "pixels"});
+  // With no failures allowed, the first error the driver hears may be what
+  // the bad step caused (its loader's stream ended by its reader, a peer's
+  // aborted collective); the job still ends naming the step's own error.
+  for (int64_t workers : {1, 2}) {
+    auto strict = script("wrong_key");
+    strict.scaling.num_workers = workers;
+    strict.failure.max_failures = 0;
+    expect_error(strict, {"wrong_key.pt", "pixels"});
+  }
   auto c = base_job(1);
   c.trainer.model.name = "test_gnn";
   c.trainer.data = actors::DatasetSpec("test_graphs").set("broken", 1);

@@ -176,6 +176,16 @@ TEST_F(TrainJobTest, EmaOfWeightsFollowsTheRecurrence) {
   EXPECT_GT(checked, 0);
   c.trainer.ema_decay = 1.5;
   EXPECT_THROW(TrainJob(rt_, c), troupe::ConfigError);
+  // A negative step limit is refused, not taken as "no limit".
+  c.trainer.ema_decay = 0.5;
+  c.max_steps = -3;
+  try {
+    TrainJob(rt_, c);
+    ADD_FAILURE() << "max_steps = -3 accepted";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_steps must be 0 (run the epochs) or positive, got -3"), std::string::npos)
+        << e.what();
+  }
 }
 
 // 2 epochs + checkpoint + 1 more == 3 epochs, bitwise; the checkpoint is

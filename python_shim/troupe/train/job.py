@@ -272,19 +272,31 @@ def _reason(output):
     return "\n".join(([first] if first.strip() else []) + rest).strip()
 
 
-def _kept_steps(lines):
-    """The step lines of a run's metrics, less those a restore rolled back:
-    a job restored from a checkpoint runs its lost steps again and logs
-    them again, and only the second run of a step is in the weights."""
-    steps = []
+def _kept(lines, kind):
+    """The lines of `kind` ("step" or "epoch") of a run's metrics, less
+    those a restore rolled back: a job restored from a checkpoint (or
+    started over) forgets what came after the step it restored, runs those
+    steps again and logs them again; only the second run is in the
+    weights. A job that ends before it ran them again keeps none of them."""
+    kept = []
     for j in lines:
-        if j.get("kind") != "step":
+        restored = j.get("kind") == "event" and j.get("event") == "restored"
+        if restored and isinstance(j.get("step"), int):
+            while kept and isinstance(kept[-1].get("step"), int) and kept[-1]["step"] > j["step"]:
+                kept.pop()
+        if j.get("kind") != kind:
             continue
         step = j.get("step")
-        while steps and isinstance(step, int) and steps[-1].get("step", -1) >= step:
-            steps.pop()
-        steps.append(j)
-    return steps
+        # A step logged again without a restore line (a metrics file of an
+        # older version): the later one stands.
+        while kind == "step" and kept and isinstance(step, int) and kept[-1].get("step", -1) >= step:
+            kept.pop()
+        kept.append(j)
+    return kept
+
+
+def _kept_steps(lines):
+    return _kept(lines, "step")
 
 
 class TrainJobResult:
@@ -292,7 +304,7 @@ class TrainJobResult:
     step, epoch, loss, the step's metrics, samples_per_s, world_size, time;
     steps a restore from a checkpoint rolled back and ran again are there
     once, as they ran the second time),
-    `epochs` (one dict per epoch), `events` (placed, failure, healed, ...,
+    `epochs` (one dict per epoch, likewise once), `events` (placed, failure, healed, ...,
     each with time, step, workers, detail), `recoveries` (failures the job
     survived), `checkpoint` (the final checkpoint's directory: model.pt is a
     {name: tensor} dict for torch.load), `path` (the checkpoint root),
@@ -300,7 +312,7 @@ class TrainJobResult:
 
     def __init__(self, lines, checkpoint, path, output):
         self.history = _kept_steps(lines)
-        self.epochs = [j for j in lines if j.get("kind") == "epoch"]
+        self.epochs = _kept(lines, "epoch")
         self.events = [j for j in lines if j.get("kind") == "event"]
         # Each failure event of a run that went on is one recovery.
         self.recoveries = sum(1 for e in self.events if e.get("event") == "failure")
@@ -467,6 +479,12 @@ class TrainJob:
             code = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"TrainJob still running after {timeout} s") from None
+        except BaseException:
+            # Ctrl-C (KeyboardInterrupt) or any other end of the waiting
+            # caller ends the job with it, checkpointing the step reached,
+            # rather than leaving troupe-train training on unseen.
+            self.stop()
+            raise
         self._reader.join(timeout=30)
         output = "".join(self._output)
         lines = _read_lines(self.metrics_path)
