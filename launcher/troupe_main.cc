@@ -75,6 +75,7 @@ struct Args {
   std::string state_db;  // "" = <session>/head.sqlite
   bool no_state_db = false;
   bool supervise = false;
+  double hang_timeout_s = 30;
   std::string address;
   std::string resources;
   bool no_node = false;
@@ -98,9 +99,11 @@ struct Args {
 
 // The options of `troupe start` that only --head takes, and those that only
 // a node agent takes (refused with --head --no-node, which starts none).
+// clang-format off
 const std::vector<std::string> kHeadOnlyOptions = {
-    "--port",        "--no-node",         "--dashboard-port", "--dashboard-require-token", "--state-db", "--supervise",
-    "--no-state-db", "--max-dead-actors", "--heartbeat-ms",   "--heartbeat-misses"};
+    "--port", "--no-node", "--dashboard-port", "--dashboard-require-token", "--state-db", "--supervise",
+    "--hang-timeout", "--no-state-db", "--max-dead-actors", "--heartbeat-ms", "--heartbeat-misses"};
+// clang-format on
 const std::vector<std::string> kNodeOnlyOptions = {"--resources", "--worker-pool-size", "--worker-idle-timeout"};
 
 std::string token_for(const std::string& dir) {
@@ -182,6 +185,7 @@ int start_head(const std::string& dir, const Args& a) {
   o.env.heartbeat_misses = a.heartbeat_misses;
   if (!a.no_state_db) o.env.head_state_db = a.state_db.empty() ? dir + "/head.sqlite" : a.state_db;
   o.env.head_supervise = a.supervise;
+  o.env.head_hang_timeout_ms = static_cast<uint64_t>(a.hang_timeout_s * 1000);
   o.env.dashboard = a.dashboard_port >= 0;
   o.env.dashboard_port = static_cast<uint16_t>(std::max(a.dashboard_port, 0));
   // The default port falls back to a free one when taken (another cluster
@@ -939,12 +943,21 @@ int main(int argc, char** argv) {
                     "with --head: SQLite file the head writes its tables through to; a head started again on the "
                     "same port after it died reloads them, and node agents, workers and drivers reconnect to it "
                     "(default: SESSION/head.sqlite; troupe stop empties it)");
-  auto* supervise = start->add_flag("--supervise", a.supervise,
-                  "with --head: a supervisor process (the pid in SESSION/head.pid) starts the head again at once "
-                  "on the same address whenever it dies other than by troupe stop; the new head reloads the state "
-                  "db and the cluster goes on");
-  start->add_flag("--no-state-db", a.no_state_db,
-                  "with --head: keep the tables in memory only (a head that dies ends the cluster)")
+  auto* supervise =
+      start->add_flag("--supervise", a.supervise,
+                      "with --head: a supervisor process (the pid in SESSION/head.pid) starts the head again at once "
+                      "on the same address whenever it dies other than by troupe stop; the new head reloads the state "
+                      "db and the cluster goes on");
+  start
+      ->add_option("--hang-timeout", a.hang_timeout_s,
+                   "with --supervise: seconds the head's event loop may give no sign of life before the supervisor "
+                   "counts it as hung, kills it and starts it again (0 = never)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->needs(supervise)
+      ->default_val(30);
+  start
+      ->add_flag("--no-state-db", a.no_state_db,
+                 "with --head: keep the tables in memory only (a head that dies ends the cluster)")
       ->excludes(supervise);
   start
       ->add_option("--max-dead-actors", a.max_dead_actors, "with --head: DEAD actors kept for status (oldest go first)")

@@ -48,14 +48,48 @@ void pin_ports(const std::string& ready, core::WorkerEnv& env) {
   env.dashboard_port_fallback = false;
 }
 
+// Whether the head's event loop wrote to the liveness pipe since the last
+// look (its bytes drained). False at end of file too: the exit shows soon.
+bool heard_from(int liveness) {
+  char buf[256];
+  bool heard = false;
+  for (;;) {
+    const ssize_t n = ::read(liveness, buf, sizeof buf);
+    if (n > 0) {
+      heard = true;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return heard;
+  }
+}
+
 // Waits for the head's exit (its wait status) or for a stop signal, which is
-// passed on to the head before the supervisor exits.
-int wait_for_head(pid_t head, const sigset_t& signals) {
+// passed on to the head before the supervisor exits. A head whose event loop
+// gives no sign of life for hang_timeout (0 = no limit) is hung: it is
+// SIGKILLed, and its status returned like any other death.
+int wait_for_head(pid_t head, const sigset_t& signals, int liveness, std::chrono::milliseconds hang_timeout) {
+  using Clock = std::chrono::steady_clock;
+  auto last_sign = Clock::now();
   for (;;) {
     int status = 0;
     if (::waitpid(head, &status, WNOHANG) == head) return status;
-    int sig = 0;
-    if (sigwait(&signals, &sig) != 0 || sig == SIGCHLD) continue;
+    if (heard_from(liveness)) last_sign = Clock::now();
+    const auto silent = Clock::now() - last_sign;
+    if (hang_timeout.count() > 0 && silent >= hang_timeout) {
+      std::fprintf(stderr,
+                   "head supervisor: the head (pid %d) gave no sign of life for %lld ms (its event loop is stuck; "
+                   "--hang-timeout is %lld ms); killing it\n",
+                   head, static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()),
+                   static_cast<long long>(hang_timeout.count()));
+      std::fflush(stderr);
+      ::kill(head, SIGKILL);
+      core::wait_child(head, &status);
+      return status;
+    }
+    const timespec tick{0, 250 * 1000 * 1000};  // the liveness pipe is read this often
+    const int sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig < 0 || sig == SIGCHLD) continue;
     std::fprintf(stderr, "head supervisor: signal %d; stopping the head (pid %d)\n", sig, head);
     ::kill(head, SIGTERM);
     core::wait_child(head);
@@ -78,6 +112,8 @@ core::WorkerEnv supervise_head(core::WorkerEnv env) {
     core::write_output_to(log);
     int pipe_fds[2];
     if (::pipe2(pipe_fds, O_CLOEXEC) != 0) std::_Exit(1);
+    int liveness_fds[2];
+    if (::pipe2(liveness_fds, O_CLOEXEC | O_NONBLOCK) != 0) std::_Exit(1);
     const pid_t head = ::fork();
     if (head < 0) std::_Exit(1);
     if (head == 0) {
@@ -85,12 +121,15 @@ core::WorkerEnv supervise_head(core::WorkerEnv env) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a supervisor killed outright takes its head along
       if (::getppid() != self) std::_Exit(1);
       ::close(pipe_fds[0]);
+      ::close(liveness_fds[0]);
       if (ready_fd >= 0) ::close(ready_fd);
       env.ready_fd = pipe_fds[1];
+      env.liveness_fd = liveness_fds[1];
       env.head_supervise = false;
       return env;
     }
     ::close(pipe_fds[1]);
+    ::close(liveness_fds[1]);
     const std::string ready = read_ready_line(pipe_fds[0]);
     ::close(pipe_fds[0]);
     if (!ready.empty()) {
@@ -103,7 +142,9 @@ core::WorkerEnv supervise_head(core::WorkerEnv env) {
       }
       served = true;
     }
-    const int status = wait_for_head(head, signals);
+    const int status =
+        wait_for_head(head, signals, liveness_fds[0], std::chrono::milliseconds(env.head_hang_timeout_ms));
+    ::close(liveness_fds[0]);
     core::write_output_to(log);  // what follows belongs in head.log, not in a file the head rotated away
     // A head that never served fails the start as an unsupervised one would;
     // one that exits 0 was stopped (troupe stop).

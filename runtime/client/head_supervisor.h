@@ -4,8 +4,12 @@
 // non-zero exit once it was serving), the supervisor starts it again at once
 // on the address it had; the head being durable (its tables in SQLite), the
 // new one reloads them and node agents, workers and drivers reconnect.
-// SIGTERM or SIGINT to the supervisor stop the head, then the supervisor; a
-// head that keeps dying (5 times within 10 s) ends the supervision.
+// A head that is alive but hung (its event loop has not written to the
+// supervisor's liveness pipe for env.head_hang_timeout_ms, 30 s by default:
+// a deadlock, a disk that does not answer) is SIGKILLed and started again
+// the same way. SIGTERM or SIGINT to the supervisor stop the head, then the
+// supervisor; a head that keeps dying (5 times within 10 s) ends the
+// supervision.
 #pragma once
 
 #include "troupe/runtime/core/worker_env.h"

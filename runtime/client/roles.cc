@@ -76,6 +76,7 @@ class SignalWaiter {
   o.heartbeat_misses = env.heartbeat_misses;
   o.max_dead_actors = env.max_dead_actors;
   o.state_db = env.head_state_db;
+  o.liveness_fd = env.liveness_fd;
   if (env.dashboard) o.dashboard_port = env.dashboard_port;
   o.dashboard_require_token = env.dashboard_require_token;
   o.dashboard_port_fallback = env.dashboard_port_fallback;

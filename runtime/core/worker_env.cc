@@ -87,6 +87,8 @@ std::vector<std::string> WorkerEnv::to_env() const {
   put(kEnvHeadStateDb, head_state_db);
   if (head_supervise) put(kEnvHeadSupervise, "1");
   if (head_reconnect_ms != 0) put(kEnvHeadReconnectMs, std::to_string(head_reconnect_ms));
+  if (head_hang_timeout_ms != WorkerEnv{}.head_hang_timeout_ms)
+    put(kEnvHeadHangTimeoutMs, std::to_string(head_hang_timeout_ms));
   put(kEnvResources, resources);
   put(kEnvBindHost, bind_host);
   put(kEnvAdvertiseHost, advertise_host);
@@ -126,6 +128,7 @@ WorkerEnv WorkerEnv::from_env() {
   e.head_state_db = env_value(kEnvHeadStateDb);
   e.head_supervise = env_value(kEnvHeadSupervise) == "1";
   read_number(kEnvHeadReconnectMs, e.head_reconnect_ms);
+  read_number(kEnvHeadHangTimeoutMs, e.head_hang_timeout_ms);
   e.resources = env_value(kEnvResources);
   e.bind_host = env_value(kEnvBindHost);
   e.advertise_host = env_value(kEnvAdvertiseHost);

@@ -26,6 +26,7 @@ inline constexpr const char* kEnvMaxDeadActors = "TROUPE_MAX_DEAD_ACTORS";
 inline constexpr const char* kEnvHeadStateDb = "TROUPE_HEAD_STATE_DB";
 inline constexpr const char* kEnvHeadReconnectMs = "TROUPE_HEAD_RECONNECT_MS";
 inline constexpr const char* kEnvHeadSupervise = "TROUPE_HEAD_SUPERVISE";
+inline constexpr const char* kEnvHeadHangTimeoutMs = "TROUPE_HEAD_HANG_TIMEOUT_MS";
 // Head: the HTTP endpoint's port (absent = off, 0 = any free one), "1" to
 // ask for the token even on loopback, "1" to take a free port when the
 // given one is taken.
@@ -83,6 +84,9 @@ struct WorkerEnv {
   // Run the head under a supervisor that starts it again when it dies
   // (client/head_supervisor.h); needs head_state_db.
   bool head_supervise = false;
+  // Supervised head: its event loop silent this long counts as hung, and
+  // the supervisor kills and restarts it (0 = never).
+  uint64_t head_hang_timeout_ms = 30000;
   // Node agents, workers: how long to wait for a durable head that went
   // away (0 = the default, ConnectOptions::default_head_reconnect).
   uint64_t head_reconnect_ms = 0;
@@ -104,7 +108,10 @@ struct WorkerEnv {
   // its actor serves (its node agent counts it as starting until then).
   int serving_fd = -1;
   // Plumbing.
-  int ready_fd = -1;        // where the process writes its ready line
+  int ready_fd = -1;  // where the process writes its ready line
+  // A supervised head's event loop writes a byte here every second (set by
+  // the supervisor in the forked head; never in the environment).
+  int liveness_fd = -1;
   std::string log_level;    // spdlog level name
   std::string session_dir;  // passed through for --address auto
   // Any process: the limit of its object store (0 = the default).

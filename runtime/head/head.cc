@@ -1,5 +1,7 @@
 #include "troupe/runtime/head/head.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <deque>
@@ -76,6 +78,7 @@ class Head::Impl {
       wire::check_host("advertise address", opts_.advertise_host);
     if (!opts_.state_db.empty()) open_store();
     arm_timer();
+    if (opts_.liveness_fd >= 0) beat();
     if (opts_.dashboard_port >= 0) {
       HttpOptions h{opts_.host, opts_.dashboard_port, opts_.token,
                     opts_.dashboard_require_token || !is_loopback_host(opts_.host)};
@@ -121,6 +124,18 @@ class Head::Impl {
   void after(std::chrono::milliseconds d, F f) {
     auto t = std::make_shared<asio::steady_timer>(io_, d);
     t->async_wait([t, f = std::move(f)](asio::error_code) { f(); });
+  }
+
+  // A sign of life for the supervisor, from the event loop itself: a loop
+  // stuck in one handler (a deadlock, a disk that does not answer) stops
+  // beating and is restarted. Never blocks (the pipe is non-blocking).
+  void beat() {
+    const char b = 'b';
+    (void)!::write(opts_.liveness_fd, &b, 1);
+    liveness_timer_.expires_after(std::chrono::seconds(1));
+    liveness_timer_.async_wait([this](asio::error_code ec) {
+      if (!ec) beat();
+    });
   }
 
   // A durable head reloads an earlier one's tables; from then on every
@@ -797,6 +812,7 @@ class Head::Impl {
   asio::io_context io_;
   Listener listener_;
   asio::steady_timer timer_;
+  asio::steady_timer liveness_timer_{io_};
   std::unordered_map<Connection*, std::unique_ptr<Peer>> peers_;
   std::map<uint64_t, std::shared_ptr<Connection>> node_conns_;
   std::map<uint64_t, std::vector<std::weak_ptr<Connection>>> subscribers_;

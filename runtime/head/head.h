@@ -27,7 +27,7 @@ struct HeadOptions {
   std::string token;
   uint32_t heartbeat_ms = core::kHeartbeatMs;          // nodes heartbeat this often
   uint32_t heartbeat_misses = core::kHeartbeatMisses;  // silent for this many intervals = dead
-  size_t max_dead_actors = 1000;  // DEAD actors kept for status (oldest forgotten first)
+  size_t max_dead_actors = 1000;                       // DEAD actors kept for status (oldest forgotten first)
   // The HTTP endpoint (/metrics, /api/status, the dashboard at /; see
   // http_endpoint.h): -1 = off, 0 = any free port. It listens on `host`
   // and asks for the token unless `host` is loopback only, or always with
@@ -47,6 +47,9 @@ struct HeadOptions {
   // its process is seen gone, what it owned goes at once.
   std::string state_db;
   std::chrono::milliseconds restore_grace{5000};
+  // A pipe the event loop writes a byte to every second, for a supervisor
+  // that restarts a hung head (client/head_supervisor.h); -1 = none.
+  int liveness_fd = -1;
   // What a connection may cost the head: small frames, a modest write bound
   // (its replies are small too) and the default handshake rules.
   wire::ListenerOptions listener{.connection = {.limits = wire::kHeadFrameLimits, .max_queued_bytes = 64ull << 20}};

@@ -240,6 +240,54 @@ TEST_F(LauncherTest, SupervisedHeadComesBackAfterSigkill) {
   EXPECT_NE(refused.output.find("--no-state-db"), std::string::npos) << refused.output;
 }
 
+// --supervise with --hang-timeout: a head that is alive but hung (SIGSTOP
+// holds its event loop as a deadlock would) is killed by the supervisor
+// and started again; the node rejoins and the driver spawns and calls a new
+// actor. (The node agent, hearing nothing from the head, killed its workers
+// long before: HeadLease.)
+TEST_F(LauncherTest, SupervisedHeadThatHangsIsKilledAndStartedAgain) {
+  auto head = run(cli() + " start --head --supervise --hang-timeout 2 --port 0 --resources CPU=2,GPU=0");
+  ASSERT_EQ(head.status, 0) << head.output;
+  const std::string dir = dir_.string();
+  const pid_t supervisor = std::stoi(troupe::core::read_session_file(dir, "head.pid"));
+  const pid_t first = child_of(supervisor);
+  ASSERT_GT(first, 0) << "no head under the supervisor " << supervisor;
+  troupe::InitOptions o;
+  o.address = troupe::core::read_session_file(dir, "address");
+  o.token = troupe::core::read_session_file(dir, "token");
+  {
+    troupe::Runtime rt = troupe::Runtime::connect(o);
+    ASSERT_EQ(rt.spawn<Adder>({}).call(&Adder::add, 2, 3).get(kWaitBound), 5);
+    ASSERT_EQ(::kill(first, SIGSTOP), 0);
+    ASSERT_TRUE(troupe::test::eventually(
+        [&] {
+          const pid_t c = child_of(supervisor);
+          return c > 0 && c != first;
+        },
+        std::chrono::seconds(30)))
+        << "the supervisor did not replace the stopped head " << first;
+    EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(first); }));
+    EXPECT_TRUE(troupe::test::eventually([&] {
+      try {
+        return rt.spawn<Adder>({}).call(&Adder::add, 1, 1).get(kWaitBound) == 2;
+      } catch (const troupe::Error&) {
+        return false;  // the driver's own reconnection is still under way
+      }
+    }));
+    EXPECT_TRUE(troupe::test::eventually([&] {
+      auto status = run(cli() + " status --json");
+      if (status.status != 0) return false;
+      auto j = nlohmann::json::parse(status.output);
+      return j["nodes"].size() == 1 && j["nodes"][0]["alive"] == true;
+    }));
+  }
+  auto log = troupe::core::read_session_file(dir, "head.log");
+  EXPECT_NE(log.find("gave no sign of life"), std::string::npos) << log;
+  auto stop = run(cli() + " stop");
+  EXPECT_EQ(stop.status, 0) << stop.output;
+  EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(supervisor); }));
+}
+
 // `troupe session` names the directory the other commands use, for
 // scripts that read its token or pid files.
 TEST_F(LauncherTest, SessionPrintsTheSessionDirectory) {
@@ -373,6 +421,8 @@ TEST_F(LauncherTest, StartOptionsThatDoNotFitAreRefusedNamingThem) {
       {" start --head --address 127.0.0.1:1 --no-node", "--address 127.0.0.1:1"},
       {" start --address 127.0.0.1:1 --heartbeat-ms 50", "--heartbeat-ms"},
       {" start --address 127.0.0.1:1 --supervise", "--supervise"},
+      {" start --head --hang-timeout 5", "--supervise"},
+      {" start --head --supervise --hang-timeout -1", "--hang-timeout"},
       {" start --head --no-node --resources CPU=1", "--resources"},
       {" start --head --no-node --advertise-address 'bad host'", "'bad host'"},
       // Neither --head nor --address: the head's option is named all the same.
