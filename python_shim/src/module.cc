@@ -415,12 +415,8 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
             InitOptions o = resolve_init_options(std::move(address), std::move(token));
             o.node_resources = std::move(resources);
             o.prefill_own_executable = false;  // the interpreter is no worker
-            // An embedded cluster's head and node agent live in this
-            // process: its node cannot die alone, and a burst of Python
-            // workers starting on a small machine (under a loaded CI, 80
-            // actors at once) must not make the head declare it dead.
-            // 100 ms x 30: 3 s, not 0.5 s.
-            if (o.address.empty()) o.heartbeat_misses = 30;
+            // An embedded cluster's fence is the runtime's embedded default
+            // (core::kEmbeddedHeartbeatMisses): 3 s, not 0.5 s.
             return std::make_unique<PyClient>(o);
           }),
           NoGil())

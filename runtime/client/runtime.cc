@@ -121,7 +121,7 @@ Runtime Runtime::connect(const InitOptions& o) {
     head::HeadOptions ho;
     ho.token = token;
     ho.heartbeat_ms = o.heartbeat_ms;
-    ho.heartbeat_misses = o.heartbeat_misses;
+    ho.heartbeat_misses = o.heartbeat_misses ? o.heartbeat_misses : core::kEmbeddedHeartbeatMisses;
     rt.embedded_->head = std::make_unique<head::Head>(ho);
     rt.embedded_->head->start();
     address = rt.embedded_->head->address();

@@ -169,8 +169,10 @@ struct InitOptions {
   std::string address;       // HOST:PORT of the head, "" = embedded
   std::string token;         // "" = TROUPE_TOKEN or the session directory's
   Resources node_resources;  // embedded node (empty = detect)
+  // Embedded head: how often its node heartbeats, and for how many silent
+  // intervals it stays alive (0: core::kEmbeddedHeartbeatMisses).
   uint32_t heartbeat_ms = core::kHeartbeatMs;
-  uint32_t heartbeat_misses = core::kHeartbeatMisses;
+  uint32_t heartbeat_misses = 0;
   // This process's object store limit in bytes (0: TROUPE_OBJECT_STORE_BYTES,
   // else a quarter of the machine's memory). Workers take theirs from
   // TROUPE_OBJECT_STORE_BYTES (ActorOptions::env).

@@ -13,5 +13,10 @@ namespace troupe::core {
 
 inline constexpr uint32_t kHeartbeatMs = 100;
 inline constexpr uint32_t kHeartbeatMisses = 5;
+// An embedded cluster (Runtime::connect with no address) has its head and
+// node agent in the driver's own process: that node cannot be cut off or die
+// alone, so the only silence is starvation (a burst of workers starting on a
+// small, loaded machine). 100 ms x 30: 3 s before it is fenced, not 0.5 s.
+inline constexpr uint32_t kEmbeddedHeartbeatMisses = 30;
 
 }  // namespace troupe::core
