@@ -5,10 +5,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/process.h"
@@ -197,15 +199,16 @@ TEST(Fencing, AConcurrentWorkerWokenAfterItsNodeWasFencedRunsNoQueuedCall) {
   stale_worker_runs_no_queued_call(false, 4);
 }
 
-// A partition between a node and the head: the node's agent and workers
-// reach the head through a proxy that holds every byte (nothing closes),
-// while the driver, on the head's side, still reaches the workers. The
-// head fences the node and restarts its actor on the other node. The
-// agent, hearing nothing from the head, kills its workers first
-// (HeadLease): the old worker answers no call once its replacement has.
-// Before, it served its side of the cut for as long as the partition
-// lasted, and tens of seconds after. Healed, the agent joins again as a
-// new node.
+// A partition between a node and the head: the node's agent and workers,
+// and a driver on their side of the cut, reach the head through a proxy
+// that holds every byte (nothing closes); the driver on the head's side
+// still reaches the workers. The head fences the node and restarts its
+// actor on the other node. The cut-off driver, which cannot learn that,
+// goes on calling the old worker; the agent, hearing nothing from the head,
+// kills its workers first (HeadLease): the journal has no call of the old
+// worker after its replacement's first. Before, the old worker served its
+// side of the cut for as long as the partition lasted, and tens of seconds
+// after. Healed, the agent joins again as a new node.
 TEST(Fencing, APartitionedNodesWorkersStopBeforeTheirReplacementsStart) {
   troupe::testing::LocalClusterOptions o;
   o.nodes = {{{"CPU", 2}}};
@@ -222,13 +225,41 @@ TEST(Fencing, APartitionedNodesWorkersStopBeforeTheirReplacementsStart) {
   const pid_t agent = cluster.node_pid(cut);
   const std::string path = ::testing::TempDir() + "journal-partition-" + std::to_string(getpid());
   std::remove(path.c_str());
-  auto c = rt.spawn<Journal>({.resources = {{"CPU", 2}}, .max_restarts = 1}, path);
+  auto c = rt.spawn<Journal>({.resources = {{"CPU", 2}}, .name = "journal", .max_restarts = 1}, path);
   const int old_pid = c.call(&Journal::write, 0).get(kWaitBound);
   ASSERT_EQ(c.call(&Journal::node).get(kWaitBound), cut_id);
   rt.kill(blocker);
   ASSERT_TRUE(eventually([&] { return live_cpus(rt) == 4; }));
 
+  troupe::InitOptions cut_side;
+  cut_side.address = proxy.address();
+  cut_side.token = cluster.token();
+  troupe::Runtime cut_rt = troupe::Runtime::connect(cut_side);
+  auto cut_c = cut_rt.get_actor<Journal>("journal");
+  ASSERT_EQ(cut_c.call(&Journal::write, 3).get(kWaitBound), old_pid);
+
   proxy.hold(true);
+  std::atomic<bool> stop{false};
+  std::atomic<int> cut_calls{0};
+  std::thread cut_driver;
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Joiner() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } joiner{stop, cut_driver};
+  cut_driver = std::thread([&] {
+    while (!stop) {
+      try {
+        cut_c.call(&Journal::write, 3).get(std::chrono::seconds(1));
+        ++cut_calls;
+      } catch (const troupe::Error&) {
+        // the old worker gone: the cut-off driver cannot learn of another
+      }
+    }
+  });
   int new_pid = 0;
   ASSERT_TRUE(eventually([&] {
     try {
@@ -241,6 +272,9 @@ TEST(Fencing, APartitionedNodesWorkersStopBeforeTheirReplacementsStart) {
   }));
   EXPECT_TRUE(eventually([&] { return exited(old_pid); }, std::chrono::seconds(10)))
       << "worker " << old_pid << " of the cut-off node still runs";
+  stop = true;
+  cut_driver.join();
+  EXPECT_GT(cut_calls.load(), 0) << "the cut-off driver never reached the old worker during the partition";
   const std::string journal = read_all(path);
   const auto first_new = journal.find("\n" + std::to_string(new_pid) + " ");
   ASSERT_NE(first_new, std::string::npos) << journal;
