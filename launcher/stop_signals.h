@@ -8,7 +8,10 @@
 // them a signal sent to the process: a handler forwards it to the waiting
 // thread, where the default action would have killed the process. The
 // first sets requested() and prints `first_note`; a second ends the
-// process at once (128 + signal).
+// process at once (128 + signal). The same signal again within
+// kSameRequest of the first is that request arriving twice, not a second
+// one: `timeout` and job schedulers send SIGTERM to the process and then to
+// its process group, and a terminal's Ctrl-C reaches every process of it.
 #pragma once
 
 #include <pthread.h>
@@ -16,6 +19,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -53,6 +57,8 @@ class StopSignals {
   bool requested() const { return signal_.load() != 0; }
   // The first signal taken (0 = none).
   int signal() const { return signal_.load(); }
+  // Signals taken as the first request arriving again (kSameRequest).
+  int repeats() const { return repeats_.load(); }
   static const char* name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
 
  private:
@@ -60,6 +66,12 @@ class StopSignals {
     for (;;) {
       int sig = 0;
       if (sigwait(&set_, &sig) != 0 || done_) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (signal_.load() == sig && now - first_at_ < kSameRequest) {
+        repeats_.fetch_add(1);
+        continue;
+      }
+      if (signal_.load() == 0) first_at_ = now;
       if (signal_.exchange(sig) != 0) {
         std::fprintf(stderr, "%s: %s again: stopping now\n", command_.c_str(), name(sig));
         std::fflush(stderr);
@@ -76,12 +88,15 @@ class StopSignals {
     return t;
   }
 
+  static constexpr std::chrono::milliseconds kSameRequest{500};
+  std::chrono::steady_clock::time_point first_at_{};  // the waiter's alone
   const std::string command_;
   const std::string first_note_;
   struct sigaction old_int_ {};
   struct sigaction old_term_ {};
   sigset_t set_;
   std::atomic<int> signal_{0};
+  std::atomic<int> repeats_{0};
   std::atomic<bool> done_{false};
   std::thread waiter_;
 };

@@ -195,6 +195,31 @@ TEST(StopSignalsTest, ASignalToAThreadThatWasThereBeforeIsTakenNotFatal) {
                               : "exit " + std::to_string(WEXITSTATUS(status)));
 }
 
+// `timeout` and batch systems send SIGTERM to the process and then to its
+// group: the same signal again at once is one request, not "stop now" (which
+// used to end `troupe torchrun` under `timeout` without its ranks' exits).
+TEST(StopSignalsTest, TheSameSignalTwiceAtOnceIsOneRequest) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 3;
+    {
+      troupe::launcher::StopSignals stop("test", "stopping");
+      ::kill(::getpid(), SIGTERM);
+      for (int i = 0; i < 6000 && !stop.requested(); ++i) ::usleep(10000);  // a bounded poll of its state
+      ::kill(::getpid(), SIGTERM);
+      for (int i = 0; i < 6000 && stop.repeats() == 0; ++i) ::usleep(10000);
+      code = stop.requested() && stop.repeats() == 1 ? 0 : 4;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                              : "exit " + std::to_string(WEXITSTATUS(status)));
+}
+
 TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   auto o = tl::parse_torchrun_args({"--nproc_per_node=3", "--nnodes", "1:4", "--max-restarts", "2", "--standalone",
                                     "--run_id", "job7", "train.py", "--lr", "0.1", "--nnodes", "x"});
