@@ -33,6 +33,7 @@
 
 #include <unistd.h>
 
+#include "examples/common/cli_checks.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/trainer/train_job.h"
@@ -156,21 +157,32 @@ int main(int argc, char** argv) {
   CLI::App app{"elastic_experiment: an elastic training job through a node joining and a node dying"};
   app.add_option("--seconds", a.seconds, "training seconds after the first step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--grow-at", a.grow_at, "seconds after the first step to add a node (default: seconds / 3)");
-  app.add_option("--kill-at", a.kill_at, "seconds after the first step to SIGKILL a node (default: 2 seconds / 3)");
+      ->check(CLI::PositiveNumber)
+      ->check(troupe::examples::kFinite);
+  app.add_option("--grow-at", a.grow_at, "seconds after the first step to add a node (default: seconds / 3)")
+      ->check(troupe::examples::kFinite);
+  app.add_option("--kill-at", a.kill_at, "seconds after the first step to SIGKILL a node (default: 2 seconds / 3)")
+      ->check(troupe::examples::kFinite);
   app.add_option("--kill-node", a.kill_node, "the node to kill")->capture_default_str()->check(CLI::Range(0, 1));
   app.add_option("--warmup", a.warmup, "calibration: untimed seconds")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->check(troupe::examples::kFinite);
   app.add_option("--calibrate", a.calibrate, "calibration: timed seconds")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->check(troupe::examples::kFinite);
   app.add_option("--out", a.out, "output directory")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (a.grow_at < 0) a.grow_at = a.seconds / 3;
   if (a.kill_at < 0) a.kill_at = 2 * a.seconds / 3;
-  std::filesystem::create_directories(a.out);
+  std::error_code made;
+  std::filesystem::create_directories(a.out, made);
+  if (made) {
+    std::fprintf(stderr, "elastic_experiment: --out %s: cannot make the folder: %s\n", a.out.c_str(),
+                 made.message().c_str());
+    return 2;
+  }
 
   troupe::testing::LocalClusterOptions lo;
   lo.nodes = {{{"CPU", 1}}, {{"CPU", 1}}};

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "troupe/runtime/client/runtime.h"
 
@@ -30,7 +31,14 @@ int main(int argc, char** argv) {
   CLI::App app{"hello_actors: spawn an actor, call it, kill its process, watch it restart"};
   app.add_option("--address", address, "HOST:PORT of a running cluster, or auto (default: an embedded one)");
   CLI11_PARSE(app, argc, argv);
-  troupe::Runtime rt = troupe::init(argc, argv);
+  troupe::Runtime rt = [&] {
+    try {
+      return troupe::init(argc, argv);
+    } catch (const troupe::Error& e) {  // a malformed or unreachable --address, a wrong token
+      std::fprintf(stderr, "hello_actors: %s\n", e.what());
+      std::exit(1);
+    }
+  }();
   auto c = rt.spawn<Counter>({.resources = {{"CPU", 1}}, .max_restarts = 1}, 10);
   std::printf("spawned Counter(10) as actor %llu on node %llu, worker pid %d\n", (unsigned long long)c.id(),
               (unsigned long long)c.call(&Counter::node).get(), c.call(&Counter::pid).get());

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <string>
 
+#include "examples/common/cli_checks.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/trainer/train_job.h"
 
@@ -133,10 +134,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--seconds", a.seconds, "timed seconds per worker count")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->check(troupe::examples::kFinite);
   app.add_option("--warmup", a.warmup, "untimed seconds of training first")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->check(troupe::examples::kFinite);
   app.add_option("--round-steps", a.round_steps, "steps per round (the timing's granularity)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
