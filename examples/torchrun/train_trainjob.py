@@ -62,7 +62,8 @@ def main():
     y = (x.sum(1, keepdim=True) > 0).float()
     troupe.init(address=a.address)
     job = TrainJob(Step(), {"x": x, "y": y}, workers=a.workers, epochs=a.epochs, batch_size=a.batch_size,
-                   optimizer="sgd", lr=0.1, max_failures=a.max_failures, checkpoint_dir=a.checkpoint_dir).start()
+                   optimizer="sgd", lr=0.1, momentum=0.0,  # torch.optim.SGD(lr=0.1), as train_ddp.py
+                   max_failures=a.max_failures, checkpoint_dir=a.checkpoint_dir).start()
     if a.kill_after_steps > 0:
         deadline = time.time() + 300
         while time.time() < deadline and (len(job.progress()) < a.kill_after_steps or len(trainer_pids()) < 2):
