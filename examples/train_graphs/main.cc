@@ -114,7 +114,11 @@ int train(troupe::Runtime& rt, const Args& a) {
                 static_cast<long long>(r.lost_steps), r.resumed_at - r.failed_at, r.cause.c_str());
   if (result.last_checkpoint) std::printf("last checkpoint: %s\n", result.last_checkpoint->path.c_str());
   std::printf("metrics: %s\n", cfg.metrics_path.c_str());
-  return mae1 < mae0 ? 0 : 1;
+  // With one epoch there is no "after" to compare: trained is success.
+  if (result.history.size() < 2) return 0;
+  if (mae1 < mae0) return 0;
+  std::printf("validation MAE did not fall (%.4f -> %.4f): exit 1\n", mae0, mae1);
+  return 1;
 }
 
 }  // namespace
