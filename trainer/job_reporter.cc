@@ -10,6 +10,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "troupe/runtime/client/actor_keys.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/head/metrics.h"
 
@@ -125,9 +126,18 @@ void JobReporter::write_metrics(const nlohmann::json& j) {
   if (metrics_) *metrics_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n" << std::flush;
 }
 
-void JobReporter::publish_to(KvStore* kv) {
+void JobReporter::publish_to(KvStore* kv, uint64_t client_id) {
   kv_ = kv;
+  // Lives as long as this driver's connection to the head (actor_keys.h).
+  const std::string driver_key = client::client_key_prefix(client_id) + "job/" + cfg_.name;
+  try {
+    kv_->put(driver_key, "1");
+  } catch (const std::exception& e) {
+    TROUPE_LOG_WARN("[{}] cannot publish the job's progress to the head: {}", cfg_.name, e.what());
+    publish_warned_ = true;
+  }
   doc_ = {{"name", cfg_.name},
+          {"driver_key", driver_key},
           {"state", "running"},
           {"step", 0},
           {"epoch", 0},  // counted from 0, as in the metrics file; shown from 1 of "epochs"

@@ -38,8 +38,11 @@ class JobReporter {
   void open_metrics();
   // Publishes the progress document to `kv` from now on (at most twice a
   // second, and at every failure, recovery and the end). Never fails the
-  // job: a head that cannot take it is warned about once.
-  void publish_to(KvStore* kv);
+  // job: a head that cannot take it is warned about once. `client_id` is
+  // the driver's (Core::client_id): the document names a key under the
+  // driver's client prefix, which the head erases when the driver is gone,
+  // so that a job whose driver died is shown "lost", not "running".
+  void publish_to(KvStore* kv, uint64_t client_id);
   // Seconds since the reporter was made (the job's clock).
   double now() const;
 

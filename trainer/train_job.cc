@@ -214,7 +214,7 @@ Result Run::fit() {
   std::optional<TrainState> resume = load_resume_from();
   // A job that can never be placed fails now, naming the resource.
   pool_.check_can_place(min_);
-  reporter_.publish_to(&rt_.kv());  // the head's dashboard and /metrics
+  reporter_.publish_to(&rt_.kv(), rt_.core()->client_id());  // the head's dashboard and /metrics
   if (!cfg_.checkpoint.dir.empty())
     writer_ = std::make_unique<CheckpointWriter>(cfg_.checkpoint.dir, cfg_.checkpoint.keep, data_order());
 

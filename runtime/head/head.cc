@@ -457,12 +457,22 @@ class Head::Impl {
     return j;
   }
 
-  // The progress documents TrainJobs publish in the KV store.
+  // The progress documents TrainJobs publish in the KV store. A running
+  // job's document names its driver's key (under the driver's client
+  // prefix, erased when the driver is gone for good): without that key the
+  // driver died mid-run and the job is shown "lost", not "running" forever.
   nlohmann::json jobs_json() const {
     auto jobs = nlohmann::json::array();
     for (const auto& [key, value] : state_.kv_with_prefix(kJobKeyPrefix)) {
       auto doc = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-      if (doc.is_object()) jobs.push_back(std::move(doc));  // anything else is not a job's document
+      if (!doc.is_object()) continue;  // not a job's document
+      const auto driver = doc.find("driver_key");
+      if (doc.value("state", nlohmann::json()) == "running" && driver != doc.end() && driver->is_string() &&
+          !state_.kv_get(driver->get<std::string>())) {
+        doc["state"] = "lost";
+        doc["lost_why"] = "its driver exited or lost the head before the job ended";
+      }
+      jobs.push_back(std::move(doc));
     }
     return jobs;
   }

@@ -331,6 +331,41 @@ TEST_F(TrainCliTest, HealsATrainerKilledMidRunOnARunningCluster) {
   EXPECT_EQ(metrics_lines(metrics, "step").back()["step"], 192);
 }
 
+// The job's state as the head shows it (`troupe status`, the dashboard),
+// or "" when the head shows no job of that name.
+std::string job_state(troupe::Runtime& rt, const std::string& name) {
+  const auto status = nlohmann::json::parse(rt.status_json());
+  for (const auto& j : status.value("jobs", nlohmann::json::array()))
+    if (j.value("name", "") == name) return j.value("state", "");
+  return "";
+}
+
+// A driver SIGKILLed mid-run on a running cluster cannot say its job ended:
+// the head shows the job "lost" once the driver's connection is gone. It
+// used to show it "running" for as long as the cluster lived.
+TEST_F(TrainCliTest, AJobWhoseDriverIsKilledIsShownLostNotRunning) {
+  write_inputs(dir_, "ok", 2048, 64);
+  troupe::testing::LocalCluster cluster{{.nodes = {{{"CPU", 2}}}}};
+  troupe::Runtime rt = cluster.connect();
+  const fs::path log = dir_ / "train.log", metrics = dir_ / "metrics.jsonl";
+  std::vector<std::string> args = {TROUPE_TRAIN,     "--model",          at("step.pt"),    "--data",
+                                   at("train.npz"),  "--checkpoint-dir", at("ckpt"),       "--metrics",
+                                   metrics.string(), "--address",        cluster.address()};
+  for (const char* flag : {"--workers 1", "--epochs 50", "--batch-size 16", "--optimizer sgd", "--name doomed"}) {
+    const std::string f = flag;
+    args.push_back(f.substr(0, f.find(' ')));
+    args.push_back(f.substr(f.find(' ') + 1));
+  }
+  pid_t pid = spawn(args, log, {{"TROUPE_TOKEN", cluster.token()}});
+  const bool running = troupe::test::eventually(
+      [&] { return metrics_lines(metrics, "step").size() >= 2 && job_state(rt, "doomed") == "running"; }, 120s);
+  ::kill(pid, SIGKILL);
+  const Outcome o = finish(pid, log);
+  ASSERT_TRUE(running) << o.output << "\nstate: " << job_state(rt, "doomed");
+  EXPECT_TRUE(troupe::test::eventually([&] { return job_state(rt, "doomed") == "lost"; }, 60s))
+      << "state: " << job_state(rt, "doomed");
+}
+
 // A trainer stopped (SIGSTOP) mid-run neither dies nor answers: after
 // --step-timeout its round counts as failed, recovery finds it silent,
 // kills it and heals the job, which ends with every step done.
