@@ -51,6 +51,24 @@ def model():
     return Step()
 
 
+class PlainNet(torch.nn.Module):
+    """A network, not a step module: forward(x) -> y."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class NeedsPython(torch.nn.Module):
+    """A step module TorchScript cannot compile (NumPy in forward)."""
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        return {"loss": torch.tensor(np.mean(batch["value"].numpy()))}
+
+
 JOB = dict(workers=2, epochs=2, batch_size=16, optimizer="adamw", lr=0.01, seed=3, verbose=False)
 
 
@@ -186,6 +204,12 @@ def test_bad_input_is_a_config_error_naming_it(tmp_path):
         TrainJob(model(), regression(64), amp="fp16", checkpoint_dir=str(tmp_path), **JOB).fit()
     with pytest.raises(ConfigError, match="TrainJob.wait: timeout=-1.0"):  # checked before "start() first"
         TrainJob(model(), regression(64), checkpoint_dir=str(tmp_path), **JOB).wait(timeout=-1)
+    # Named before troupe-train starts: not "no tensor 'input' in the batch",
+    # nor pages of TorchScript's compiler output.
+    with pytest.raises(ConfigError, match=r"PlainNet has forward\(x: Tensor\) -> Tensor; TrainJob needs a step module"):
+        TrainJob(PlainNet(), regression(64), checkpoint_dir=str(tmp_path), **JOB).fit()
+    with pytest.raises(ConfigError, match=r"NeedsPython cannot be compiled with torch.jit.script: .*TorchTrainer"):
+        TrainJob(NeedsPython(), regression(64), checkpoint_dir=str(tmp_path), **JOB).fit()
 
 
 def test_data_errors_name_the_python_arguments(tmp_path):

@@ -92,10 +92,49 @@ def _save_model(model, work):
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module, a TorchScript file or a built-in name, "
                           f"got a {type(model).__name__}")
-    scripted = model if isinstance(model, torch.jit.ScriptModule) else torch.jit.script(model)
+    scripted = model if isinstance(model, torch.jit.ScriptModule) else _script(model, torch)
+    _check_step_signature(scripted, type(model).__name__)
     path = os.path.join(work, "step.pt")
     torch.jit.save(scripted, path)
     return path
+
+
+def _script(model, torch):
+    """torch.jit.script(model), or a ConfigError that says why TrainJob
+    needs it and what to do instead (torch's own error is pages long)."""
+    try:
+        return torch.jit.script(model)
+    except Exception as e:  # torch raises RuntimeError, OSError, NotSupportedError, ...
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        where = next((line.strip() for line in lines if line.strip().startswith("File ")), "")
+        reason = lines[0].strip() if lines else type(e).__name__
+        if where:
+            reason += f" ({where})"
+        raise ConfigError(
+            f"TrainJob's model {type(model).__name__} cannot be compiled with torch.jit.script: {reason}. "
+            f"TrainJob trains in troupe-train (LibTorch, no Python), so its forward must be TorchScript: "
+            f"{_STEP_SIGNATURE}. A model that needs Python trains with troupe.train.TorchTrainer instead") from None
+
+
+_STEP_SIGNATURE = "forward(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor], returning the 'loss' and any metrics"
+
+
+def _check_step_signature(scripted, name):
+    """A plain forward(x) -> y model is refused here, naming what TrainJob
+    needs, rather than by troupe-train as a batch without an 'input' key."""
+    try:
+        schema = scripted.forward.schema
+    except Exception:  # noqa: BLE001 - no forward, or a torch without schemas: troupe-train will say
+        return
+    args = [a for a in schema.arguments[1:] if not a.has_default_value()]
+    takes = ", ".join(f"{a.name}: {a.type}" for a in args)
+    returns = ", ".join(str(r.type) for r in schema.returns) or "None"
+    if len(args) == 1 and str(args[0].type) == "Dict[str, Tensor]" and returns == "Dict[str, Tensor]":
+        return
+    raise ConfigError(
+        f"TrainJob's model {name} has forward({takes}) -> {returns}; TrainJob needs a step module, "
+        f"{_STEP_SIGNATURE}: the batch holds the data's arrays under their keys, so wrap the network in a module "
+        "whose forward computes the loss from them")
 
 
 # What troupe-train's .npz reader loads (NumPy kind, item size): the types
