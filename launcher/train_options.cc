@@ -98,6 +98,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"max_workers", field(&TrainOptions::max_workers)},
       {"epochs", field(&TrainOptions::epochs)},
       {"batch_size", field(&TrainOptions::batch_size)},
+      {"accumulation", field(&TrainOptions::accumulation)},
       {"optimizer", field(&TrainOptions::optimizer)},
       {"lr", field(&TrainOptions::lr)},
       {"weight_decay", field(&TrainOptions::weight_decay)},
@@ -231,7 +232,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--max-workers", o.max_workers,
                  "elastic: grow back up to this many when nodes have room (default: --workers)");
   app.add_option("--epochs", o.epochs, "passes over --data");
-  app.add_option("--batch-size", o.batch_size, "samples per worker per step");
+  app.add_option("--batch-size", o.batch_size, "samples per worker per step (per micro-step with --accumulation)");
+  app.add_option("--accumulation", o.accumulation,
+                 "batches each worker adds up before one optimizer step (gradient accumulation; default 1)");
   app.add_option("--optimizer", o.optimizer, "sgd or adamw");
   app.add_option("--lr", o.lr, "learning rate");
   app.add_option("--weight-decay", o.weight_decay, "L2 (sgd) or decoupled (adamw) weight decay")->capture_default_str();
@@ -325,14 +328,18 @@ int64_t steps_per_epoch(const TrainOptions& o, const actors::DatasetSpec& data) 
   const bool grows = o.max_workers > o.workers;
   const int64_t workers = grows ? o.max_workers : o.workers;
   const int64_t per_worker = n / workers + (n % workers != 0 ? 1 : 0);
-  if (per_worker >= o.batch_size) return (n / o.workers + (n % o.workers != 0 ? 1 : 0)) / o.batch_size;
+  int64_t step = 0;  // samples of one worker's step (both are checked positive, and at most 2^20 accumulated)
+  const bool step_fits = !__builtin_mul_overflow(o.batch_size, o.accumulation, &step);
+  if (step_fits && per_worker >= step) return (n / o.workers + (n % o.workers != 0 ? 1 : 0)) / step;
   const std::string held =
       o.block_size > 0 ? plural(n, "window") + " of --block-size " + std::to_string(o.block_size) : plural(n, "sample");
   int64_t global = 0;
-  const bool fits = !__builtin_mul_overflow(workers, o.batch_size, &global);
+  const bool fits = step_fits && !__builtin_mul_overflow(workers, step, &global);
   throw ConfigError("--data " + o.data + " has " + held + ", fewer than one step of " +
                     (grows ? "--max-workers " : "--workers ") + std::to_string(workers) + " × --batch-size " +
-                    std::to_string(o.batch_size) + (fits ? " = " + std::to_string(global) : ""));
+                    std::to_string(o.batch_size) +
+                    (o.accumulation > 1 ? " × --accumulation " + std::to_string(o.accumulation) : "") +
+                    (fits ? " = " + std::to_string(global) : ""));
 }
 
 bool is_model_name(const std::string& model) {
@@ -462,6 +469,8 @@ void check(const TrainOptions& o) {
                                                                 std::to_string(o.max_workers));
   require(o.epochs >= 1, "--epochs must be at least 1, got " + std::to_string(o.epochs));
   require(o.batch_size >= 1, "--batch-size must be at least 1, got " + std::to_string(o.batch_size));
+  require(o.accumulation >= 1 && o.accumulation <= (int64_t{1} << 20),
+          "--accumulation must be between 1 and 1048576, got " + std::to_string(o.accumulation));
   require(o.optimizer == "sgd" || o.optimizer == "adamw",
           "--optimizer must be sgd or adamw, got '" + o.optimizer + "'");
   check_numbers(o);
@@ -552,6 +561,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   c.trainer.data = data_spec(o, o.data);
   if (!o.val_data.empty()) c.trainer.validation_data = data_spec(o, o.val_data);
   c.trainer.batch_size = o.batch_size;
+  c.trainer.accumulation = o.accumulation;
   c.trainer.seed = o.seed;
   c.trainer.optimizer.name = o.optimizer;
   c.trainer.optimizer.lr = o.lr;

@@ -43,6 +43,10 @@ struct TrainOptions {
   int64_t max_workers = 0;
   int64_t epochs = 1;
   int64_t batch_size = 32;
+  // Batches of batch_size each worker adds up before the optimizer steps
+  // (gradient accumulation): a step is workers × batch_size × accumulation
+  // samples, with the memory of one batch.
+  int64_t accumulation = 1;
   std::string optimizer = "adamw";
   double lr = 1e-3;
   double weight_decay = 0.0;

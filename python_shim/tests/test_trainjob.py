@@ -86,6 +86,24 @@ def test_fit_returns_history_events_and_a_loadable_checkpoint(tmp_path):
     assert os.path.dirname(result.checkpoint).startswith(str(tmp_path))
 
 
+def test_accumulation_trains_as_one_batch_of_that_many(tmp_path):
+    # Two micro-batches of 8 per worker and one optimizer step: the same
+    # samples, the same mean loss and so (to rounding) the same weights as
+    # one batch of 16. Without accumulation reaching the trainers, the job
+    # would take twice the steps of 8 and end elsewhere.
+    job = dict(workers=2, epochs=2, optimizer="sgd", momentum=0.0, lr=0.05, seed=3, verbose=False)
+    data = regression(128)
+    accumulated = TrainJob(model(), data, batch_size=8, accumulation=2, checkpoint_dir=str(tmp_path / "a"),
+                           **job).fit()
+    whole = TrainJob(model(), data, batch_size=16, checkpoint_dir=str(tmp_path / "b"), **job).fit()
+    assert [h["step"] for h in accumulated.history] == list(range(1, 9))  # 128 / 2 workers / 16, 2 epochs
+    assert [h["samples"] for h in accumulated.history] == [32] * 8
+    a, b = accumulated.state_dict(), whole.state_dict()
+    assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a), "accumulated weights differ"
+    with pytest.raises(ConfigError, match="accumulation must be between 1 and 1048576, got 0"):
+        TrainJob(model(), data, batch_size=8, accumulation=0, checkpoint_dir=str(tmp_path / "c"), **job).fit()
+
+
 def trainer_pids():
     status = json.loads(troupe._client().status_json())
     return [a["pid"] for a in status["actors"] if a["class"] == TRAINER_CLASS and a["state"] == "ALIVE"]

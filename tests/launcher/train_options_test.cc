@@ -83,6 +83,23 @@ TEST(YamlToJsonTest, Yaml11BooleansAreBooleansOnlyWhenPlain) {
   EXPECT_EQ(troupe::launcher::yaml_to_json("on: 1\n", "k.yaml").at("on"), nlohmann::json(1));
 }
 
+// Gradient accumulation reaches the trainers' config, from a flag or a job
+// file's key; the flag wins.
+TEST_F(TrainOptionsTest, AccumulationComesFromTheFlagOrTheJobFile) {
+  const std::string job =
+      write("acc.json", R"({"model": "mlp", "data": "train.npz", "checkpoint_dir": "ck", "accumulation": 4})");
+  TrainOptions o;
+  EXPECT_EQ(problem({"--config", job}, o), "");
+  EXPECT_EQ(o.accumulation, 4);
+  TrainOptions f;
+  EXPECT_EQ(problem({"--config", job, "--accumulation", "2"}, f), "");
+  EXPECT_EQ(f.accumulation, 2);
+  EXPECT_EQ(problem({"--config", job, "--accumulation", "-1"}), "--accumulation must be between 1 and 1048576, got -1");
+  const std::string bad =
+      write("acc-bad.json", R"({"model": "mlp", "data": "train.npz", "checkpoint_dir": "ck", "accumulation": 1.5})");
+  EXPECT_NE(problem({"--config", bad}).find("accumulation"), std::string::npos);
+}
+
 TEST_F(TrainOptionsTest, AYamlJobFileTakesSyncBatchnormYes) {
   const std::string job =
       write("yes.yaml", "model: step.pt\ndata: train.npz\ncheckpoint_dir: ck\nsync_batchnorm: yes\n");

@@ -546,6 +546,7 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--workers", "zero"}), "--workers zero: not a value --workers takes");
   expect_one_line_failure(with({"--lr", "abc"}), "--lr abc: not a value --lr takes");
   expect_one_line_failure(with({"--batch-size", "0"}), "--batch-size");
+  expect_one_line_failure(with({"--accumulation", "0"}), "--accumulation must be between 1 and 1048576, got 0");
   expect_one_line_failure(with({"--lr", "-1"}), "--lr");
   expect_one_line_failure(with({"--loader-threads", "0"}), "--loader-threads");
   expect_one_line_failure(with({"--step-timeout", "0"}), "--step-timeout");
@@ -575,6 +576,9 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(
       with({"--workers", "2", "--batch-size", "64"}),
       "--data " + at("train.npz") + " has 64 samples, fewer than one step of --workers 2 × --batch-size 64 = 128");
+  expect_one_line_failure(with({"--workers", "2", "--batch-size", "16", "--accumulation", "4"}),
+                          " has 64 samples, fewer than one step of --workers 2 × --batch-size 16 × --accumulation 4 = "
+                          "128");
   // Every run above was refused before it began: none made --checkpoint-dir.
   EXPECT_FALSE(fs::exists(dir_ / "ckpt")) << "a refused run left an empty --checkpoint-dir";
   expect_one_line_failure(with({"--checkpoint-dir", at("train.npz")}),

@@ -59,7 +59,7 @@ from troupe.train.trainer import TrainingFailedError
 # The TrainJobConfig fields troupe-train takes (its --config keys), with
 # their Python types.
 _FIELDS = {
-    "workers": int, "min_workers": int, "max_workers": int, "epochs": int, "batch_size": int, "optimizer": str, "lr": float, "weight_decay": float, "momentum": float,
+    "workers": int, "min_workers": int, "max_workers": int, "epochs": int, "batch_size": int, "accumulation": int, "optimizer": str, "lr": float, "weight_decay": float, "momentum": float,
     "warmup_steps": int, "grad_clip": float, "max_failures": int, "seed": int, "sync_batchnorm": bool,
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
@@ -385,7 +385,8 @@ class TrainJob:
     system's temp dir, kept after the run). address: "HOST:PORT", "auto", or
     None (this process's troupe cluster if initialised, else embedded).
     Other keywords: the TrainJobConfig fields of `troupe train` (workers, min_workers, max_workers,
-    epochs, batch_size, optimizer, lr, weight_decay, warmup_steps, grad_clip,
+    epochs, batch_size, accumulation (batches each worker adds up before one
+    optimizer step), optimizer, lr, weight_decay, warmup_steps, grad_clip,
     max_failures, seed, sync_batchnorm, cpus_per_worker, log_every, name,
     model_options, block_size, token_dtype, schedule ("constant"/"cosine"),
     min_lr_factor, compression ("none"/"bf16"/"fp16"), gpus_per_worker, amp
@@ -396,7 +397,7 @@ class TrainJob:
     computes the fp32 linear layers of a CPU trainer)). verbose: print the driver's progress lines.
 
     Each epoch trains ceil(N / workers) // batch_size steps of workers x
-    batch_size samples: the last N - steps * workers * batch_size samples
+    batch_size samples (with accumulation=K, read batch_size x K): the last N - steps * workers * batch_size samples
     of the epoch's shuffled order (a different few each epoch) are skipped
     that epoch, as torch's DistributedSampler with loaders that drop their
     last short batch (see the module's text).
