@@ -70,6 +70,8 @@ using Clock = std::chrono::steady_clock;
 
 // Longer lines go out in pieces of this size.
 constexpr size_t kMaxLine = 64 * 1024;
+// A progress bar's redrawn line goes out at most this often.
+constexpr auto kProgressEvery = std::chrono::seconds(1);
 // How long output is still forwarded after the script exits, from
 // descendants that keep its pipes open.
 constexpr auto kDrainBound = std::chrono::seconds(2);
@@ -77,6 +79,11 @@ constexpr auto kDrainBound = std::chrono::seconds(2);
 // Reads a script's stdout and stderr until both end, splits them into lines
 // and writes those to the driver's stream. When the driver is gone it stops
 // sending but keeps draining, so the script never blocks on a full pipe.
+//
+// A progress bar (tqdm) redraws one line with '\r' and ends it with '\n'
+// only when it is done: its latest frame goes out as a line at most once a
+// second while it runs, and a line sends only its last frame, so the
+// driver's console shows progress as it comes and never a raw '\r'.
 class OutputPump {
  public:
   OutputPump(int32_t rank, int out_fd, int err_fd, StreamRef ref)
@@ -104,9 +111,13 @@ class OutputPump {
       if (n < 0 && errno != EINTR) break;
       for (int i = 0; i < 2 && n > 0; ++i)
         if (fds_[i] >= 0 && (p[i].revents & (POLLIN | POLLHUP | POLLERR))) read_from(i);
+      for (int i = 0; i < 2; ++i) progress(i, false);
     }
     for (int i = 0; i < 2; ++i) {
-      if (!bufs_[i].empty()) send(i == 1, std::move(bufs_[i]));
+      progress(i, true);
+      const std::string& b = bufs_[i];
+      if (!b.empty() && !(b.find('\r') != std::string::npos && last_frame(b) == sent_frame_[i]))
+        send(i == 1, last_frame(b));
       if (fds_[i] >= 0) ::close(fds_[i]);
     }
     if (writer_) {
@@ -129,14 +140,45 @@ class OutputPump {
     b.append(buf, static_cast<size_t>(n));
     size_t start = 0, nl;
     while ((nl = b.find('\n', start)) != std::string::npos) {
-      send(i == 1, b.substr(start, nl - start));
+      // The line's end shows its last frame, unless that went out already.
+      std::string line = last_frame(b.substr(start, nl - start));
+      const bool redrawn = b.find('\r', start) < nl;
+      if (!(redrawn && line == sent_frame_[i])) send(i == 1, std::move(line));
+      frame_[i].clear();
+      sent_frame_[i].clear();
       start = nl + 1;
     }
     b.erase(0, start);
+    if (const size_t cr = b.rfind('\r'); cr != std::string::npos) {
+      // Redrawn: the newest frame is the one after the last '\r' (a write
+      // holds a whole frame), or the one before it when none follows yet.
+      std::string newest = cr + 1 < b.size() ? b.substr(cr + 1) : last_frame(b.substr(0, cr));
+      if (!newest.empty()) frame_[i] = std::move(newest);
+      b.erase(0, cr);
+    }
     while (b.size() >= kMaxLine) {
-      send(i == 1, b.substr(0, kMaxLine));
+      send(i == 1, last_frame(b.substr(0, kMaxLine)));
       b.erase(0, kMaxLine);
     }
+  }
+  // The text a terminal would show of `line`: what follows its last '\r'
+  // ("\r 40%\r 50%" is " 50%"), or the frame before a trailing '\r'.
+  static std::string last_frame(const std::string& line) {
+    size_t end = line.size();
+    while (end > 0 && line[end - 1] == '\r') --end;
+    const size_t cr = line.rfind('\r', end == 0 ? 0 : end - 1);
+    const size_t from = (cr == std::string::npos || end == 0) ? 0 : cr + 1;
+    return line.substr(from, end - from);
+  }
+  // Sends a redrawn line's newest frame, once a second (or now: `all`).
+  void progress(int i, bool all) {
+    if (frame_[i].empty()) return;
+    const auto now = Clock::now();
+    if (!all && now - shown_[i] < kProgressEvery) return;
+    shown_[i] = now;
+    if (frame_[i] != sent_frame_[i]) send(i == 1, frame_[i]);
+    sent_frame_[i] = std::move(frame_[i]);
+    frame_[i].clear();
   }
   void send(bool is_stderr, std::string text) {
     if (!writer_) return;
@@ -150,6 +192,9 @@ class OutputPump {
   int32_t rank_;
   int fds_[2];
   std::string bufs_[2];
+  std::string frame_[2];          // a redrawn line's newest frame, not yet sent
+  std::string sent_frame_[2];     // the frame of the line being redrawn that went out last
+  Clock::time_point shown_[2]{};  // when a frame of each was last sent
   StreamRef ref_;
   std::optional<StreamWriter<OutputLine>> writer_;
   std::atomic<Clock::rep> give_up_at_{Clock::time_point::max().time_since_epoch().count()};
@@ -307,12 +352,9 @@ bool hand_over(Spare& spare, const ScriptLaunch& l, const std::vector<std::strin
     spare.discard();
     return false;
   }
-  std::string text = nlohmann::json{{"env", env},
-                                    {"cwd", cwd},
-                                    {"script", l.script},
-                                    {"args", l.args},
-                                    {"module", l.module}}
-                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string text =
+      nlohmann::json{{"env", env}, {"cwd", cwd}, {"script", l.script}, {"args", l.args}, {"module", l.module}}.dump(
+          -1, ' ', false, nlohmann::json::error_handler_t::replace);
   size_t off = 0;
   while (off < text.size()) {
     ssize_t n = ::write(spare.launch_fd, text.data() + off, text.size() - off);
@@ -331,8 +373,8 @@ bool hand_over(Spare& spare, const ScriptLaunch& l, const std::vector<std::strin
 // Starts `python [-m] script args...` in a fresh interpreter (or, with
 // no_python, `script args...`: `exe` is the script); its stdout and stderr
 // come back as out_fd and err_fd.
-pid_t spawn_script(const std::string& exe, const ScriptLaunch& l, std::vector<std::string> env,
-                   const std::string& cwd, int& out_fd, int& err_fd) {
+pid_t spawn_script(const std::string& exe, const ScriptLaunch& l, std::vector<std::string> env, const std::string& cwd,
+                   int& out_fd, int& err_fd) {
   core::SpawnOptions s;
   s.executable = exe;
   s.arg0 = l.no_python ? l.script : l.python;
@@ -483,8 +525,8 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
     pid = spare->pid;
     out_fd = spare->out_fd;
     err_fd = spare->err_fd;
-    TROUPE_LOG_INFO("torchrun slot: rank {} attempt {} runs in the spare interpreter (pid {})", l.rank,
-                    l.restart_count, pid);
+    TROUPE_LOG_INFO("torchrun slot: rank {} attempt {} runs in the spare interpreter (pid {})", l.rank, l.restart_count,
+                    pid);
   } else {
     pid = spawn_script(exe, l, env, cwd, out_fd, err_fd);
   }

@@ -5,6 +5,7 @@
 // elastic group, and bad input is one clear line with nothing left running.
 // The parsing and the environment table are also checked without processes.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -85,6 +86,23 @@ CommandResult collect(Started c) {
 }
 
 CommandResult run(const std::vector<std::string>& args) { return collect(start(args)); }
+
+// Reads the command's output into `seen` until it holds `what` (true), or
+// the output ends or 120 s pass (false).
+bool read_until(const Started& c, std::string& seen, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  std::array<char, 4096> buf;
+  while (seen.find(what) == std::string::npos) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{c.output, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+    const ssize_t n = ::read(c.output, buf.data(), buf.size());
+    if (n <= 0) return false;
+    seen.append(buf.data(), size_t(n));
+  }
+  return true;
+}
 
 std::vector<std::string> torchrun(std::vector<std::string> args) {
   args.insert(args.begin(), {TROUPE_CLI, "torchrun"});
@@ -372,6 +390,26 @@ TEST_F(TorchrunTest, EnvironmentIsTorchrunsAndOutputIsRankPrefixed) {
     EXPECT_EQ(j["cwd"].get<std::string>(), fs::current_path().string());
   }
   EXPECT_TRUE(left_in_session(r.session).empty());
+}
+
+// A progress bar redrawn with '\r' (tqdm) shows while it runs: its frame
+// reaches the launcher's output before the script ends its line, as a
+// rank-prefixed line, and the finished bar is one line with its last frame;
+// no raw '\r' gets through. It used to show nothing until the bar's '\n',
+// then every frame run together after one prefix.
+TEST_F(TorchrunTest, AProgressBarShowsWhileItRunsAsPrefixedLines) {
+  Started c =
+      start(torchrun({"--nproc-per-node", "1", "--python", kPython, kScripts + "/progress_bar.py", out_.string()}));
+  std::string early;
+  const bool shown = read_until(c, early, "[default0]:training   0/3\n");
+  std::ofstream(out_ / "go") << "go";
+  CommandResult r = collect(c);
+  r.output = early + r.output;
+  ASSERT_TRUE(shown) << r.output;
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[default0]:training   3/3\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[default0]:finished\n"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
 }
 
 // torchrun's --no-python runs a program that is not Python as each rank,
