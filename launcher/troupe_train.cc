@@ -33,9 +33,20 @@ namespace {
 
 using troupe::launcher::TrainOptions;
 
+// The C++ TrainJob names its settings as TrainJobConfig's fields; here
+// they are flags ("failure.max_failures is 2": "--max-failures 2").
+std::string in_flag_terms(std::string text) {
+  static const std::pair<std::string, std::string> kFields[] = {{"failure.max_failures is ", "--max-failures "},
+                                                                {"scaling.min_workers is ", "--min-workers "}};
+  for (const auto& [field, flag] : kFields)
+    for (size_t at = text.find(field); at != std::string::npos; at = text.find(field, at + flag.size()))
+      text.replace(at, field.size(), flag);
+  return text;
+}
+
 int fail(int code, const std::string& reason) {
   std::fflush(stdout);
-  std::fprintf(stderr, "troupe train: %s\n", troupe::core::first_line(reason).c_str());
+  std::fprintf(stderr, "troupe train: %s\n", in_flag_terms(troupe::core::first_line(reason)).c_str());
   return code;
 }
 

@@ -218,8 +218,7 @@ void FailureRecovery::replace_trainers() {
               (replaced < dead_.size() ? " (no room: " + reason + ")" : ""));
   const int64_t world = p_.gang.world();
   if (world < p_.min_workers)
-    throw GiveUp{"only " + std::to_string(world) +
-                 " trainer(s) could be placed, scaling.min_workers (troupe train --min-workers) is " +
+    throw GiveUp{"only " + std::to_string(world) + " trainer(s) could be placed, scaling.min_workers is " +
                  std::to_string(p_.min_workers) + (reason.empty() ? "" : " (" + reason + ")")};
 }
 

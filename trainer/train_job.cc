@@ -638,7 +638,7 @@ void Run::recover(const std::string& why) {
       throw;
     } catch (...) {
     }
-    give_up("failure " + std::to_string(failures_) + " and failure.max_failures (troupe train --max-failures) is " +
+    give_up("failure " + std::to_string(failures_) + " and failure.max_failures is " +
             std::to_string(cfg_.failure.max_failures) + ": " + why);
   }
   give_up_if_head_lost(why);

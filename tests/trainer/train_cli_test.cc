@@ -331,6 +331,18 @@ TEST_F(TrainCliTest, HealsATrainerKilledMidRunOnARunningCluster) {
   EXPECT_EQ(metrics_lines(metrics, "step").back()["step"], 192);
 }
 
+// A failure past --max-failures ends the job naming the flag and its value,
+// in troupe train's terms (the C++ TrainJob says failure.max_failures).
+TEST_F(TrainCliTest, AFailurePastMaxFailuresNamesTheFlag) {
+  write_inputs(dir_, "ok", 2048, 64);
+  const auto [started, o] = run_with_fault({"--epochs", "3", "--max-failures", "0"}, 4,
+                                           [](troupe::testing::FaultInjector& f, uint64_t id) { f.kill_actor(id); });
+  ASSERT_TRUE(started) << o.output;
+  EXPECT_EQ(o.status, 1) << o.output;
+  EXPECT_NE(o.output.find("failure 1 and --max-failures 0: "), std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find("failure.max_failures"), std::string::npos) << o.output;
+}
+
 // The job's state as the head shows it (`troupe status`, the dashboard),
 // or "" when the head shows no job of that name.
 std::string job_state(troupe::Runtime& rt, const std::string& name) {
