@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
   CLI::App app{"elastic_experiment: an elastic training job through a node joining and a node dying"};
   app.add_option("--seconds", a.seconds, "training seconds after the first step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber)
+      ->check(troupe::examples::kPositive)
       ->check(troupe::examples::kFinite);
   app.add_option("--grow-at", a.grow_at, "seconds after the first step to add a node (default: seconds / 3)")
       ->check(troupe::examples::kFinite);
@@ -166,11 +166,11 @@ int main(int argc, char** argv) {
   app.add_option("--kill-node", a.kill_node, "the node to kill")->capture_default_str()->check(CLI::Range(0, 1));
   app.add_option("--warmup", a.warmup, "calibration: untimed seconds")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber)
+      ->check(troupe::examples::kNonNegative)
       ->check(troupe::examples::kFinite);
   app.add_option("--calibrate", a.calibrate, "calibration: timed seconds")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber)
+      ->check(troupe::examples::kPositive)
       ->check(troupe::examples::kFinite);
   app.add_option("--out", a.out, "output directory")->capture_default_str();
   CLI11_PARSE(app, argc, argv);

@@ -134,16 +134,16 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--seconds", a.seconds, "timed seconds per worker count")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber)
+      ->check(troupe::examples::kPositive)
       ->check(troupe::examples::kFinite);
   app.add_option("--warmup", a.warmup, "untimed seconds of training first")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber)
+      ->check(troupe::examples::kNonNegative)
       ->check(troupe::examples::kFinite);
   app.add_option("--round-steps", a.round_steps, "steps per round (the timing's granularity)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--size", a.size, "synthetic samples")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(troupe::examples::kPositive);
+  app.add_option("--size", a.size, "synthetic samples")->capture_default_str()->check(troupe::examples::kPositive);
   app.add_option("--out", a.out, "output directory")->capture_default_str();
   app.add_option("--address", address, "HOST:PORT of a running cluster, or auto (default: an embedded one)");
   CLI11_PARSE(app, argc, argv);

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "examples/common/cli_checks.h"
 #include "troupe/actors/digits_dataset.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/trainer/train_job.h"
@@ -135,7 +136,7 @@ int main(int argc, char** argv) {
   app.add_option("--workers", a.workers, "trainer actors")->capture_default_str()->check(CLI::Range(1, 64));
   app.add_option("--epochs", a.epochs, "passes over the training split")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(troupe::examples::kPositive);
   app.add_option("--max-failures", a.max_failures, "trainer deaths survived before the job fails (-1 = no limit)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{-1}, int64_t{1000}));

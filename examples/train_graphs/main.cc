@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "examples/common/cli_checks.h"
 #include "examples/train_graphs/molecules.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/trainer/train_job.h"
@@ -130,18 +131,20 @@ int main(int argc, char** argv) {
   app.add_option("--workers", a.workers, "trainer actors")->capture_default_str()->check(CLI::Range(1, 64));
   app.add_option("--epochs", a.epochs, "passes over the training split")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(troupe::examples::kPositive);
   app.add_option("--graphs", a.graphs, "molecules generated (10% for validation)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{100}, int64_t{10000000}));
-  app.add_option("--hidden", a.hidden, "width of the node states")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--hidden", a.hidden, "width of the node states")
+      ->capture_default_str()
+      ->check(troupe::examples::kPositive);
   app.add_option("--layers", a.layers, "rounds of message passing")->capture_default_str()->check(CLI::Range(1, 16));
   app.add_option("--batch-size", a.batch_size, "graphs per worker per step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(troupe::examples::kPositive);
   app.add_option("--lr", a.lr, "AdamW learning rate (warmup 20 steps, cosine decay)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(troupe::examples::kPositive);
   app.add_option("--kill-at-step", a.kill_at_step, "SIGKILL one trainer at this step (-1: never)")
       ->capture_default_str();
   app.add_option("--max-failures", a.max_failures, "trainer deaths survived before the job fails (-1 = no limit)")
@@ -150,6 +153,17 @@ int main(int argc, char** argv) {
   app.add_option("--out", a.out, "checkpoints and metrics go here")->capture_default_str();
   app.add_option("--address", a.address, "HOST:PORT of a running cluster, or auto (default: an embedded one)");
   CLI11_PARSE(app, argc, argv);
+  // The cosine schedule runs over the job's steps: there must be one.
+  const int64_t train_split = a.graphs - a.graphs / 10;
+  if (train_split < a.workers * a.batch_size) {
+    std::fprintf(stderr,
+                 "train_graphs: --graphs %lld leaves %lld for training (a tenth validates), fewer than one step of "
+                 "--workers %lld × --batch-size %lld = %lld\n",
+                 static_cast<long long>(a.graphs), static_cast<long long>(train_split),
+                 static_cast<long long>(a.workers), static_cast<long long>(a.batch_size),
+                 static_cast<long long>(a.workers * a.batch_size));
+    return 2;
+  }
   try {
     troupe::Runtime rt = troupe::init(argc, argv);
     int code = 1;

@@ -5,11 +5,14 @@
 // Then the example binary itself, with --kill-at-step, exits 0 after one
 // recovery and a falling validation MAE.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "examples/train_graphs/molecules.h"
 #include "tests/support/temp_dir.h"
@@ -89,6 +92,34 @@ TEST(GraphsExample, HealsBitwiseAfterTrainerKill) {
   EXPECT_EQ(hurt.recoveries[0].mode, RecoveryMode::kHeal);
   EXPECT_EQ(hurt.steps, clean.steps);
   test::expect_bitwise_equal(clean.final_state, hurt.final_state);
+}
+
+// What train_graphs prints and its exit status.
+std::pair<int, std::string> run_graphs(const std::string& args) {
+  FILE* p = ::popen((std::string(TRAIN_GRAPHS) + " " + args + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// Bad values are refused before a cluster starts, each naming the option
+// and the value: not CLI11's range up to the largest double (309 digits),
+// nor "cosine decay needs total_steps > 0" from deep in the job.
+TEST(GraphsExample, BadValuesAreRefusedNamingThem) {
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--hidden 0", "--hidden: must be a positive number, got 0"},
+           {"--lr nan", "--lr: must be a positive number, got nan"},
+           {"--graphs 200 --workers 2 --batch-size 100",
+            "--graphs 200 leaves 180 for training (a tenth validates), fewer than one step of --workers 2 × "
+            "--batch-size 100 = 200"}}) {
+    const auto [status, out] = run_graphs(args);
+    EXPECT_NE(status, 0) << args << ": " << out;
+    EXPECT_NE(out.find(says), std::string::npos) << args << ": " << out;
+    EXPECT_LT(out.size(), 300u) << args << ": " << out;
+  }
 }
 
 TEST(GraphsExample, BinarySurvivesKillAndLearns) {
