@@ -106,12 +106,16 @@ HeadStore::HeadStore(const std::string& path) : path_(path) {
     sqlite3_busy_timeout(db_, 2000);
     exec("PRAGMA journal_mode=WAL");
     exec("PRAGMA synchronous=NORMAL");
+    // A WAL that grew under a stream of writes is cut back when it starts over.
+    exec("PRAGMA journal_size_limit=8388608");
     exec("CREATE TABLE IF NOT EXISTS head_rows (key TEXT PRIMARY KEY, value BLOB NOT NULL)");
     if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO head_rows (key, value) VALUES (?1, ?2)", -1, &put_, nullptr) !=
             SQLITE_OK ||
         sqlite3_prepare_v2(db_, "DELETE FROM head_rows WHERE key = ?1", -1, &del_, nullptr) != SQLITE_OK)
       fail("prepare");
+    start_checkpoints();
   } catch (...) {
+    stop_checkpoints();
     sqlite3_finalize(put_);
     sqlite3_finalize(del_);
     sqlite3_close(db_);
@@ -121,10 +125,81 @@ HeadStore::HeadStore(const std::string& path) : path_(path) {
 }
 
 HeadStore::~HeadStore() {
+  stop_checkpoints();
   sqlite3_finalize(put_);
   sqlite3_finalize(del_);
   sqlite3_close(db_);
   ::close(lock_fd_);  // the next head may take the file
+}
+
+void HeadStore::start_checkpoints() {
+  if (sqlite3_open_v2(path_.c_str(), &checkpoint_db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr) !=
+      SQLITE_OK) {
+    const std::string why = checkpoint_db_ ? sqlite3_errmsg(checkpoint_db_) : "out of memory";
+    sqlite3_close(checkpoint_db_);
+    checkpoint_db_ = nullptr;
+    throw ConfigError("head state file " + path_ + ": cannot open it for checkpoints: " + why);
+  }
+  sqlite3_busy_timeout(checkpoint_db_, 2000);
+  // A connection opens the WAL at its first read; until then a checkpoint
+  // does nothing (and says so only by its counts, -1).
+  if (sqlite3_exec(checkpoint_db_, "SELECT count(*) FROM sqlite_master", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    const std::string why = sqlite3_errmsg(checkpoint_db_);
+    sqlite3_close(checkpoint_db_);
+    checkpoint_db_ = nullptr;
+    throw ConfigError("head state file " + path_ + ": cannot read it for checkpoints: " + why);
+  }
+  sqlite3_wal_hook(db_, &HeadStore::on_commit, this);  // replaces SQLite's automatic checkpoint
+  checkpointer_ = std::thread([this] { checkpoint_loop(); });
+}
+
+// After each commit of the writer (the head's event loop): wakes the
+// checkpoint thread when the WAL is long, instead of checkpointing here.
+int HeadStore::on_commit(void* self, sqlite3* db, const char*, int pages) {
+  auto* store = static_cast<HeadStore*>(self);
+  store->wal_pages_seen_.store(pages);
+  if (pages >= kWriterCheckpointPages) {
+    // Writes never paused for the thread's checkpoint to finish first.
+    if (sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr) == SQLITE_OK)
+      store->writer_checkpoints_.fetch_add(1);
+    return SQLITE_OK;
+  }
+  if (pages >= kCheckpointPages) {
+    std::lock_guard lock(store->mu_);
+    store->wal_pages_ = pages;
+    store->wake_.notify_one();
+  }
+  return SQLITE_OK;
+}
+
+void HeadStore::stop_checkpoints() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  if (checkpointer_.joinable()) checkpointer_.join();
+  sqlite3_close(checkpoint_db_);
+  checkpoint_db_ = nullptr;
+}
+
+void HeadStore::checkpoint_loop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    wake_.wait(lock, [&] { return stopping_ || wal_pages_ >= kCheckpointPages; });
+    if (stopping_) return;
+    wal_pages_ = 0;
+    lock.unlock();
+    int wal = 0, copied = 0;
+    const int rc = sqlite3_wal_checkpoint_v2(checkpoint_db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, &wal, &copied);
+    if (rc == SQLITE_OK) {
+      checkpoints_.fetch_add(1);
+      if (wal >= 0 && copied == wal) complete_checkpoints_.fetch_add(1);
+      backfilled_.store(copied);
+    } else if (rc != SQLITE_BUSY)  // busy: a clear() checkpoints; the next commit asks again
+      TROUPE_LOG_WARN("head state file {}: checkpoint failed: {}", path_, sqlite3_errmsg(checkpoint_db_));
+    lock.lock();
+  }
 }
 
 void HeadStore::fail(const std::string& what) {

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 
+#include "tests/support/wait.h"
 #include "troupe/runtime/client/actor_keys.h"
 #include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/client/task.h"
@@ -1468,5 +1470,42 @@ TEST(HeadStoreTest, ClearShrinksTheFile) {
   uintmax_t bytes = std::filesystem::file_size(path);
   if (std::filesystem::exists(path + "-wal")) bytes += std::filesystem::file_size(path + "-wal");
   EXPECT_LT(bytes, 256u * 1024) << "the emptied state file keeps its pages";
+  std::filesystem::remove_all(dir);
+}
+
+// The head's event loop writes; a checkpoint syncs the disk, which can take
+// longer than a node's HeadLease, so a thread of the store's own does it.
+// Written in bursts (as a head writes), the WAL is checkpointed by that
+// thread and starts over at the next burst, and the writer checkpoints
+// nothing itself (with SQLite's automatic checkpoint, on the writer, the
+// thread's count would stay 0). Written without a pause, the WAL cannot
+// start over until the writer checkpoints at kWriterCheckpointPages.
+TEST(HeadStoreTest, AThreadOfItsOwnCheckpointsTheWal) {
+  using troupe::head::HeadStore;
+  const std::string dir = ::testing::TempDir() + "head-store-ckpt-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/head.sqlite";
+  {
+    HeadStore store(path);
+    const std::string value(1000, 'v');
+    for (int burst = 0; burst < 4; ++burst) {
+      for (int i = 0; i < 300; ++i) store.write({{"kv/" + std::to_string(i % 64), value}});
+      // No write comes now: the thread checkpoints every page.
+      EXPECT_TRUE(troupe::test::eventually([&] { return store.backfilled_pages() == store.wal_pages(); })) << burst;
+      store.write({{"kv/next", value}});
+      EXPECT_LT(store.wal_pages(), HeadStore::kCheckpointPages) << "the WAL did not start over after burst " << burst;
+    }
+    EXPECT_EQ(store.writer_checkpoints(), 0);
+    int most = 0;
+    for (int i = 0; i < 10000; ++i) {
+      store.write({{"kv/" + std::to_string(i % 64), value}});
+      most = std::max(most, store.wal_pages());
+    }
+    // The writer's checkpoint finds the thread's running now and then
+    // (SQLITE_BUSY) and tries again at its next write.
+    EXPECT_LE(most, 2 * HeadStore::kWriterCheckpointPages);
+    EXPECT_EQ(store.load().size(), 65u);
+  }
   std::filesystem::remove_all(dir);
 }
