@@ -1,10 +1,15 @@
 #include "troupe/runtime/client/runtime.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -20,6 +25,32 @@ namespace troupe {
 using namespace troupe::wire;
 
 namespace {
+
+// Why nothing answers a TCP connect to `address` within 3 s, or "" when
+// something accepts it: a driver without a token asks for one only where
+// a head may be listening.
+std::string tcp_unreachable(const std::string& address) {
+  const auto [host, port] = parse_address(address);
+  sockaddr_storage sa{};
+  const socklen_t len = to_sockaddr(resolve_host(host), port, sa);
+  const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::strerror(errno);
+  int err = 0;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), len) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int n = ::poll(&p, 1, 3000);
+      socklen_t sl = sizeof err;
+      if (n == 0)
+        err = ETIMEDOUT;
+      else if (n < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0)
+        err = errno;
+    }
+  }
+  ::close(fd);
+  return err == 0 ? std::string() : std::strerror(err);
+}
 
 constexpr const char* kShutDownMessage =
     "this troupe::Runtime was shut down (or moved from): make a new one with troupe::init()";
@@ -135,9 +166,13 @@ Runtime Runtime::connect(const InitOptions& o) {
   } else {
     // A malformed address is named before a missing token is asked for.
     wire::parse_address(address);
-    if (token.empty())
+    if (token.empty()) {
+      // A mistyped address is said as such, not as a token to find.
+      if (const std::string why = tcp_unreachable(address); !why.empty())
+        throw ConnectionError("cannot connect to " + address + ": " + why);
       throw ConfigError("connecting to " + address +
                         " needs the cluster token (TROUPE_TOKEN or the session directory)");
+    }
   }
   client::ConnectOptions co;
   co.address = address;

@@ -303,6 +303,13 @@ TEST_F(LauncherTest, ClearErrorsWithoutACluster) {
   auto join = run(std::string(TROUPE_CLI) + " start --address 127.0.0.1:1");
   EXPECT_NE(join.status, 0);
   EXPECT_NE(join.output.find("token"), std::string::npos) << join.output;
+  // A driver without a token at an address where nothing listens: said as
+  // that, not as a token to find (there is no head to need one).
+  auto nobody = run(cli() + " status --address 127.0.0.1:1");
+  EXPECT_NE(nobody.status, 0);
+  EXPECT_NE(nobody.output.find("cannot connect to 127.0.0.1:1: Connection refused"), std::string::npos)
+      << nobody.output;
+  EXPECT_EQ(nobody.output.find("token"), std::string::npos) << nobody.output;
 }
 
 TEST_F(LauncherTest, PortOutOfRangeIsRefused) {
