@@ -7,8 +7,11 @@
 // /usr/bin/python3's matplotlib, scaling.png.
 //
 //   ./scaling [--max-workers 2] [--seconds 5] [--warmup 1] [--size 8192] [--out scaling_out]
+#include <sys/wait.h>
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -84,21 +87,30 @@ Measured measure(troupe::Runtime& rt, const Args& a, int64_t workers) {
   return m;
 }
 
+// The folder reaches the script as its argument, never as its source
+// text: a name with a quote in it is a name, not Python.
 void plot(const std::string& out) {
-  std::string script =
-      "/usr/bin/python3 - <<'PY'\n"
-      "import csv, matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
-      "rows = list(csv.DictReader(open('" +
-      out +
-      "/scaling.csv')))\n"
+  static const char* kScript =
+      "import csv, os, sys, matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+      "out = sys.argv[1]\n"
+      "rows = list(csv.DictReader(open(os.path.join(out, 'scaling.csv'))))\n"
       "w = [int(r['workers']) for r in rows]; s = [float(r['samples_per_second']) for r in rows]\n"
       "plt.plot(w, s, 'o-', label='troupe'); plt.plot(w, [s[0]*x for x in w], '--', label='linear')\n"
       "plt.xlabel('workers'); plt.ylabel('samples/s'); plt.xticks(w); plt.legend(); plt.grid(alpha=.3)\n"
-      "plt.title('MLP 784-512-512-10, batch 64 per worker'); plt.savefig('" +
-      out +
-      "/scaling.png', dpi=100)\n"
-      "PY";
-  int rc = std::system(script.c_str());
+      "plt.title('MLP 784-512-512-10, batch 64 per worker')\n"
+      "plt.savefig(os.path.join(out, 'scaling.png'), dpi=100)\n";
+  int rc = -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/usr/bin/python3", "python3", "-c", kScript, out.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  if (pid > 0) {
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
   std::printf("wrote %s/scaling.csv%s\n", out.c_str(),
               rc == 0 ? (" and " + out + "/scaling.png").c_str() : " (no plot: matplotlib failed)");
 }
