@@ -26,6 +26,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import sysconfig
@@ -36,7 +37,9 @@ import numpy as np
 import torch
 
 import troupe
+from troupe.exceptions import ConfigError, TroupeError
 from troupe.train import TrainJob
+from troupe.train.trainer import TrainingFailedError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import TinyGPT, generate  # noqa: E402
@@ -97,9 +100,30 @@ def main():
     p.add_argument("--out", default=None, help="corpus, checkpoints (default: a new temp dir)")
     p.add_argument("--address", default=None, help="HOST:PORT of a cluster (default: an embedded one)")
     a = p.parse_args()
+    for name in ("workers", "epochs", "corpus_bytes", "block_size", "width", "layers", "heads", "batch_size"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    if not (a.lr > 0 and math.isfinite(a.lr)):
+        p.error(f"--lr must be a positive number, got {a.lr}")
+    made = a.out is None
     out = a.out or tempfile.mkdtemp(prefix="train_lm-")
-    os.makedirs(out, exist_ok=True)
+    try:
+        os.makedirs(out, exist_ok=True)
+        return train(a, out)
+    except (TroupeError, TrainingFailedError, OSError) as e:
+        # A one-line reason, not a traceback; a folder made for this run goes with it.
+        print(f"train_lm: {e}", file=sys.stderr, flush=True)
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        return 2 if isinstance(e, ConfigError) else 1
+    except KeyboardInterrupt:
+        print("train_lm: interrupted", file=sys.stderr, flush=True)
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        return 130
 
+
+def train(a, out):
     text, root, files = stdlib_corpus(a.corpus_bytes)
     tokens = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
     split = int(len(tokens) * 0.95)
@@ -116,6 +140,14 @@ def main():
           f"bf16 gradients{', bf16 autocast' if a.amp == 'bf16' else ''}", flush=True)
 
     troupe.init(address=a.address)
+    try:
+        result = run_job(a, out, model)
+    finally:
+        troupe.shutdown()
+    return report(a, model, result)
+
+
+def run_job(a, out, model):
     job = TrainJob(model, os.path.join(out, "train.bin"), val_data=os.path.join(out, "val.bin"),
                    block_size=a.block_size, workers=a.workers, epochs=a.epochs, batch_size=a.batch_size,
                    optimizer="adamw", lr=a.lr, weight_decay=0.01, warmup_steps=a.warmup_steps,
@@ -124,8 +156,10 @@ def main():
                    name="train_lm").start()
     if a.kill_after_steps > 0:
         kill_one_trainer_after(job, a.kill_after_steps)
-    result = job.wait()
+    return job.wait()
 
+
+def report(a, model, result):
     for e in result.epochs:
         if e.get("val_loss") is not None:
             print(f"epoch {e['epoch'] + 1}/{len(result.epochs)}: train loss {e['train_loss']:.3f}, validation loss {e['val_loss']:.3f}, "
@@ -133,7 +167,6 @@ def main():
     last = result.history[-1]
     print(f"done: {last['step']} steps, {result.recoveries} recovery(ies), checkpoint {result.checkpoint}",
           flush=True)
-    troupe.shutdown()
 
     model.load_state_dict(result.state_dict())
     prompt = b"def "

@@ -56,3 +56,19 @@ def test_train_lm_heals_and_its_validation_loss_falls(tmp_path):
     assert "1 recovery(ies)" in text, text[-3000:]
     assert "epoch 2/2: train loss" in text and "perplexity" in text, text[-3000:]
     assert "sample from the final checkpoint" in text, text[-3000:]
+
+
+def test_train_lm_bad_input_is_one_line_and_leaves_no_folder(tmp_path):
+    # Data too small for one step: refused by the job, said in one line
+    # (not a traceback), and the temporary folder the run made is removed.
+    env = dict(os.environ, TROUPE_LOG_LEVEL="error", TMPDIR=str(tmp_path))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_lm", "train_lm.py"),
+                          "--corpus-bytes", "20000", "--batch-size", "100000", "--epochs", "1"],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith("train_lm: ") and "Traceback" not in out.stderr, out.stderr
+    assert "batch_size=100000" in out.stderr, out.stderr
+    assert not [d for d in os.listdir(tmp_path) if d.startswith("train_lm-")], os.listdir(tmp_path)
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_lm", "train_lm.py"), "--workers", "0"],
+                         env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert bad.returncode == 2 and "--workers must be at least 1, got 0" in bad.stderr, bad.stderr
