@@ -459,6 +459,8 @@ def test_worker_killed_restarts_from_last_checkpoint(tmp_path):
     assert result.metrics["epoch"] == 3 and result.metrics["resumed_from"] == 2
     progress = CheckpointStore(result.path, train.CheckpointConfig()).progress()
     assert [(p["metrics"]["epoch"], p["restart_count"]) for p in progress] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    # The restarted attempt counts on from the checkpoint's report, not from 1.
+    assert [p["iteration"] for p in progress] == [1, 2, 3, 4]
     assert result.checkpoint.path.endswith("checkpoint_000003")
 
 

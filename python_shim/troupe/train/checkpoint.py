@@ -256,16 +256,16 @@ class CheckpointStore:
             print(f"troupe.train: {name} {what} checkpoint_score_attribute={attr!r}; it ranks below every "
                   "checkpoint with a number", file=sys.stderr, flush=True)
 
-    def loader_epochs_of(self, checkpoint_path):
-        """The data loaders' epochs recorded with the report of
-        `checkpoint_path` (a checkpoint of this run), or None."""
+    def report_of(self, checkpoint_path):
+        """The report that persisted `checkpoint_path` (a checkpoint of this
+        run: its metrics, iteration, loader epochs), or {}."""
         if os.path.dirname(os.path.abspath(checkpoint_path)) != os.path.abspath(self.run_dir):
-            return None  # resume_from_checkpoint of another run
+            return {}  # resume_from_checkpoint of another run
         name = os.path.basename(checkpoint_path)
         for line in reversed(self.progress()):
             if line.get("checkpoint") == name:
-                return line.get("loader_epochs")
-        return None
+                return line
+        return {}
 
     def record(self, metrics, checkpoint_name=None, extra=None):
         line = {"metrics": _plain(metrics), "checkpoint": checkpoint_name, "time": time.time(), **(extra or {})}

@@ -79,7 +79,12 @@ class _Session:
     def __post_init__(self):
         if self.checkpoint is None:
             return
-        by_rank = self.store.loader_epochs_of(self.checkpoint.path)
+        # Reports go on counting from the one that made the checkpoint, so
+        # that an iteration names the same step of training in every attempt.
+        report = self.store.report_of(self.checkpoint.path)
+        if isinstance(report.get("iteration"), int):
+            self.reports = report["iteration"]
+        by_rank = report.get("loader_epochs")
         if by_rank:
             # A group of another size (elastic) takes rank 0's.
             rank = self.context.world_rank
