@@ -104,7 +104,9 @@ int train(troupe::Runtime& rt, const Args& a) {
                 static_cast<long long>(a.max_failures));
     std::fflush(stdout);
   };
-  std::printf("training an MLP 64→128→128→10 on digits with %lld workers for %lld epochs\n",
+  // Elastic (min_workers 1): as many of --workers as the cluster holds;
+  // the job's first line says how many it placed.
+  std::printf("training an MLP 64→128→128→10 on digits with up to %lld workers for %lld epochs\n",
               static_cast<long long>(a.workers), static_cast<long long>(a.epochs));
   auto result = troupe::trainer::TrainJob(rt, cfg).fit();
   const auto& last = result.history.back();
@@ -133,7 +135,9 @@ int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);  // a worker process never returns from here
   Args a;
   CLI::App app{"train_digits: an MLP on the scikit-learn digits data set with 2 trainer actors"};
-  app.add_option("--workers", a.workers, "trainer actors")->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_option("--workers", a.workers, "trainer actors (as many of them as the cluster holds, at least 1)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   app.add_option("--epochs", a.epochs, "passes over the training split")
       ->capture_default_str()
       ->check(troupe::examples::kPositive);

@@ -4,7 +4,9 @@
 // actors that survive being killed. The data set is generated, not real:
 // molecules.h says what it is and how the target is made.
 //
-// --kill-at-step N SIGKILLs one trainer when the job reaches step N; the
+// --kill-at-step N SIGKILLs one trainer when the job reaches step N (at
+// the end of the round of steps that reaches it: the driver hears of steps
+// a round at a time, TrainJobConfig::log_every); the
 // job heals from the live peer and ends with the weights the run without
 // the kill would have had (tests/trainer/graphs_example_test.cc checks it
 // bitwise). Runs on an embedded local cluster, or on a running one with
@@ -145,7 +147,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", a.lr, "AdamW learning rate (warmup 20 steps, cosine decay)")
       ->capture_default_str()
       ->check(troupe::examples::kPositive);
-  app.add_option("--kill-at-step", a.kill_at_step, "SIGKILL one trainer at this step (-1: never)")
+  app.add_option("--kill-at-step", a.kill_at_step,
+                 "SIGKILL one trainer once the job reaches this step (at the end of that round of steps; -1: never)")
       ->capture_default_str();
   app.add_option("--max-failures", a.max_failures, "trainer deaths survived before the job fails (-1 = no limit)")
       ->capture_default_str()
