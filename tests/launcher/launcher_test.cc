@@ -67,6 +67,13 @@ class LauncherTest : public ::testing::Test {
   }
   std::filesystem::path dir_;
   std::string cli() const { return TROUPE_CLI; }
+  // What a driver connects to the session's cluster with.
+  troupe::InitOptions session_cluster() const {
+    troupe::InitOptions o;
+    o.address = troupe::core::read_session_file(dir_.string(), "address");
+    o.token = troupe::core::read_session_file(dir_.string(), "token");
+    return o;
+  }
 };
 
 // A listening socket on loopback that accepts nothing: the kernel completes
@@ -111,9 +118,7 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   EXPECT_EQ(j["nodes"][1]["address"], "127.0.0.1") << j["nodes"][1].dump();
 
   // A driver finds the cluster through the session directory.
-  troupe::InitOptions o;
-  o.address = address;
-  o.token = troupe::core::read_session_file(dir, "token");
+  const troupe::InitOptions o = session_cluster();
   troupe::Runtime rt = troupe::Runtime::connect(o);
   auto a = rt.spawn<Adder>({.resources = {{"disk", 1}}});
   EXPECT_EQ(a.call(&Adder::add, 2, 3).get(kWaitBound), 5);
@@ -151,9 +156,7 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
 TEST_F(LauncherTest, StatusShowsNothingInUseOnADeadNode) {
   auto head = run(cli() + " start --head --port 0 --dashboard-port -1 --resources CPU=1,GPU=0");
   ASSERT_EQ(head.status, 0) << head.output;
-  troupe::InitOptions o;
-  o.address = troupe::core::read_session_file(dir_.string(), "address");
-  o.token = troupe::core::read_session_file(dir_.string(), "token");
+  const troupe::InitOptions o = session_cluster();
   auto node = run(cli() + " start --address " + o.address + " --resources CPU=1,GPU=0,disk=1");
   ASSERT_EQ(node.status, 0) << node.output;
   troupe::Runtime rt = troupe::Runtime::connect(o);
@@ -203,9 +206,7 @@ TEST_F(LauncherTest, SupervisedHeadComesBackAfterSigkill) {
       << head.output;
   const pid_t first = child_of(supervisor);
   ASSERT_GT(first, 0) << "no head under the supervisor " << supervisor;
-  troupe::InitOptions o;
-  o.address = troupe::core::read_session_file(dir, "address");
-  o.token = troupe::core::read_session_file(dir, "token");
+  const troupe::InitOptions o = session_cluster();
   {
     troupe::Runtime rt = troupe::Runtime::connect(o);
     auto a = rt.spawn<Adder>({.name = "adder"});
@@ -252,9 +253,7 @@ TEST_F(LauncherTest, SupervisedHeadThatHangsIsKilledAndStartedAgain) {
   const pid_t supervisor = std::stoi(troupe::core::read_session_file(dir, "head.pid"));
   const pid_t first = child_of(supervisor);
   ASSERT_GT(first, 0) << "no head under the supervisor " << supervisor;
-  troupe::InitOptions o;
-  o.address = troupe::core::read_session_file(dir, "address");
-  o.token = troupe::core::read_session_file(dir, "token");
+  const troupe::InitOptions o = session_cluster();
   {
     troupe::Runtime rt = troupe::Runtime::connect(o);
     ASSERT_EQ(rt.spawn<Adder>({}).call(&Adder::add, 2, 3).get(kWaitBound), 5);
@@ -532,9 +531,7 @@ TEST_F(LauncherTest, AStateDbOfAnotherFormatOrDamagedIsRefusedByName) {
 TEST_F(LauncherTest, StatusShowsADivergedJobsLossAsNanAndSurvivesAMalformedJob) {
   auto head = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
   ASSERT_EQ(head.status, 0) << head.output;
-  troupe::InitOptions o;
-  o.address = troupe::core::read_session_file(dir_.string(), "address");
-  o.token = troupe::core::read_session_file(dir_.string(), "token");
+  const troupe::InitOptions o = session_cluster();
   troupe::Runtime rt = troupe::Runtime::connect(o);
   rt.kv().put("troupe.jobs/diverged", R"({"name":"diverged","state":"running","step":120,"loss":null})");
   rt.kv().put("troupe.jobs/evil", R"({"name":5,"state":7,"step":"x","loss":"low"})");

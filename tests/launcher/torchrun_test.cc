@@ -173,6 +173,15 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(f);
 }
 
+// Reaps the forked `child` and expects it to have exited 0.
+void expect_clean_exit(pid_t child) {
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                              : "exit " + std::to_string(WEXITSTATUS(status)));
+}
+
 }  // namespace
 
 // A stop signal the kernel hands to a thread that existed before
@@ -206,11 +215,7 @@ TEST(StopSignalsTest, ASignalToAThreadThatWasThereBeforeIsTakenNotFatal) {
     early.join();
     ::_exit(code);
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
-                              : "exit " + std::to_string(WEXITSTATUS(status)));
+  expect_clean_exit(child);
 }
 
 // `timeout` and batch systems send SIGTERM to the process and then to its
@@ -231,11 +236,7 @@ TEST(StopSignalsTest, TheSameSignalTwiceAtOnceIsOneRequest) {
     }
     ::_exit(code);
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
-                              : "exit " + std::to_string(WEXITSTATUS(status)));
+  expect_clean_exit(child);
 }
 
 TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
