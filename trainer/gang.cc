@@ -130,6 +130,27 @@ TrainState Gang::state(std::chrono::milliseconds timeout) {
   return state;
 }
 
+namespace {
+
+// "rank 1 (actor 7, pid 4242): ", or "the loader of rank 1 (...): ", for
+// the call of `calls` that failed with `e` (the first `loaders` are the
+// loaders' feeds, the rest the trainers' calls, rank by rank); "" when
+// none did. An actor's death says its actor and pid, not its rank.
+std::string who_failed(const std::exception_ptr& e, const std::vector<std::shared_ptr<core::FutureStateBase>>& calls,
+                       size_t loaders, const std::vector<Slot>& slots) {
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (!calls[i]->ready() || calls[i]->error() != e) continue;
+    const size_t r = i < loaders ? i : i - loaders;
+    if (r >= slots.size()) return "";
+    const auto info = i < loaders ? slots[r].loader.info() : slots[r].trainer.info();
+    return std::string(i < loaders ? "the loader of rank " : "rank ") + std::to_string(r) + " (actor " +
+           std::to_string(info.id) + ", pid " + std::to_string(info.pid) + "): ";
+  }
+  return "";
+}
+
+}  // namespace
+
 std::vector<Future<int64_t>> Gang::start_feeds(int64_t batches, std::chrono::milliseconds timeout,
                                                std::vector<StatePtr>& round) {
   // A fresh stream per call: the loader closes it after `batches` batches
@@ -137,7 +158,7 @@ std::vector<Future<int64_t>> Gang::start_feeds(int64_t batches, std::chrono::mil
   auto refs = call_all(&TrainerActor::open_stream, int64_t{4});
   if (auto e = wait_all_or_first_failure(refs, timeout)) {
     for (auto& f : refs) inflight_.push_back(f.state());
-    throw StepFailed("opening the batch streams: " + core::exception_text(e));
+    throw StepFailed("opening the batch streams: " + who_failed(e, inflight_, 0, slots_) + core::exception_text(e));
   }
   std::vector<Future<int64_t>> feeds;
   for (int64_t r = 0; r < world(); ++r) {
@@ -213,7 +234,8 @@ std::vector<TrainReport> Gang::train_round(const TrainRequest& request, int64_t 
       throw;
     } catch (...) {
     }
-    throw StepFailed(core::exception_text(e) + silent_trainers(e, fs, slots_));
+    throw StepFailed(who_failed(e, inflight_, feeds.size(), slots_) + core::exception_text(e) +
+                     silent_trainers(e, fs, slots_));
   }
   std::vector<TrainReport> reps;
   for (auto& f : fs) reps.push_back(f.get());

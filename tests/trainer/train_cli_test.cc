@@ -26,6 +26,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -341,6 +342,8 @@ TEST_F(TrainCliTest, AFailurePastMaxFailuresNamesTheFlag) {
   EXPECT_EQ(o.status, 1) << o.output;
   EXPECT_NE(o.output.find("failure 1 and --max-failures 0: "), std::string::npos) << o.output;
   EXPECT_EQ(o.output.find("failure.max_failures"), std::string::npos) << o.output;
+  // The dead trainer's rank, not only its actor id (which the user never sees).
+  EXPECT_TRUE(std::regex_search(o.output, std::regex(R"(rank [01] \(actor \d+, pid \d+\): )"))) << o.output;
 }
 
 // The job's state as the head shows it (`troupe status`, the dashboard),
