@@ -92,15 +92,16 @@ struct Allocation {
   std::vector<std::string> nodes;  // host names, first = this one
   std::string head_host;           // the first node's address (NodeAddr)
   std::vector<int> cpus;           // each node's CPUs in the job, in `nodes`' order
-  int gpus_per_node = 0;
+  int gpus_per_node = 0;           // on this (the batch) node, or --gpus-per-node
+  bool gpus_given = false;         // --gpus-per-node: every node offers that many
 };
 
 // "2,1" for the summary line, or "2" when every node has as many.
-std::string cpus_text(const std::vector<int>& cpus) {
-  if (std::adjacent_find(cpus.begin(), cpus.end(), std::not_equal_to<>()) == cpus.end())
-    return std::to_string(cpus.empty() ? 0 : cpus[0]);
+std::string per_node_text(const std::vector<int>& counts) {
+  if (std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end())
+    return std::to_string(counts.empty() ? 0 : counts[0]);
   std::string out;
-  for (int c : cpus) out += (out.empty() ? "" : ",") + std::to_string(c);
+  for (int c : counts) out += (out.empty() ? "" : ",") + std::to_string(c);
   return out + " by node";
 }
 
@@ -118,6 +119,7 @@ Allocation read_allocation(const SlurmOptions& o) {
                       env_or("SLURM_GPUS_ON_NODE") + "', CUDA_VISIBLE_DEVICES='" + env_or("CUDA_VISIBLE_DEVICES") +
                       "'): ask sbatch for them (--gpus-per-node)");
   if (o.gpus_per_node >= 0) a.gpus_per_node = o.gpus_per_node;
+  a.gpus_given = o.gpus_per_node >= 0;
   std::stringstream hosts(output_of({which("scontrol"), "show", "hostnames", env_or("SLURM_JOB_NODELIST")}));
   for (std::string h; hosts >> h;) a.nodes.push_back(h);
   if (a.nodes.empty()) throw ConfigError("SLURM_JOB_NODELIST '" + env_or("SLURM_JOB_NODELIST") + "' names no node");
@@ -208,15 +210,26 @@ void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const st
 // What srun runs on each node: the node agent, offering its own node's CPUs.
 // $1..$3 are troupe, the head's address and the GPUs; the rest is one CPU
 // count per node in SLURM_JOB_CPUS_PER_NODE's order, which is the order of
-// SLURM_NODEID in a step over all the job's nodes.
-constexpr const char* kAgentScript =
+// SLURM_NODEID in a step over all the job's nodes. GPUs "auto": each node
+// its own (nodes of a job may differ): SLURM_GPUS_ON_NODE of its step when
+// a count, else what the agent finds (CUDA, within CUDA_VISIBLE_DEVICES).
+const char* const kAgentScript =
     "troupe=$1 address=$2 gpus=$3; shift 3; "
     "case $SLURM_NODEID in ''|*[!0-9]*) i=$#;; *) i=$SLURM_NODEID;; esac; "
     "if [ \"$i\" -ge $# ]; then "
     "echo \"troupe slurm: on $SLURMD_NODENAME SLURM_NODEID='$SLURM_NODEID' is not one of the job's $# nodes\" >&2; "
     "exit 2; fi; "
     "shift \"$i\"; "
-    "exec \"$troupe\" start --block --address \"$address\" --resources \"CPU=$1,GPU=$gpus\"";
+    "res=\"CPU=$1,GPU=$gpus\"; "
+    "if [ \"$gpus\" = auto ]; then case $SLURM_GPUS_ON_NODE in "
+    "''|*[!0-9]*) res=\"CPU=$1\";; *) res=\"CPU=$1,GPU=$SLURM_GPUS_ON_NODE\";; esac; fi; "
+    "exec \"$troupe\" start --block --address \"$address\" --resources \"$res\"";
+
+}  // namespace
+
+std::string slurm_agent_script() { return kAgentScript; }
+
+namespace {
 
 void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const std::string& self) {
   const std::string n = std::to_string(a.nodes.size());
@@ -238,7 +251,7 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
             "troupe-agent",
             self,
             c.address,
-            std::to_string(a.gpus_per_node)};
+            a.gpus_given ? std::to_string(a.gpus_per_node) : std::string("auto")};
   for (int cpus : a.cpus) s.args.push_back(std::to_string(cpus));
   // srun reads a per-task CPU count from these (sbatch -c sets some): it
   // would ask each node for it and imply --exact. --exact is at odds with
@@ -251,9 +264,16 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
   io.token = c.token;
   Runtime rt = Runtime::connect(io);
   const auto deadline = Clock::now() + std::chrono::duration<double>(o.start_timeout_s);
+  std::vector<int> gpus;  // each live node's, as its agent offers them
   for (;;) {
     size_t alive = 0;
-    for (const auto& node : rt.nodes()) alive += node.alive;
+    gpus.clear();
+    for (const auto& node : rt.nodes()) {
+      alive += node.alive;
+      if (!node.alive) continue;
+      const auto g = node.total.find("GPU");
+      gpus.push_back(g == node.total.end() ? 0 : static_cast<int>(g->second));
+    }
     if (alive >= a.nodes.size()) break;
     int st = 0;
     if (child_gone(c.srun, &st)) {
@@ -265,8 +285,8 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
       throw Timeout(std::to_string(alive) + " of " + n + " node agents joined in " + seconds(o.start_timeout_s));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  std::printf("troupe slurm: cluster of %zu node(s) at %s (CPU=%s, GPU=%d each); running the driver\n", a.nodes.size(),
-              c.address.c_str(), cpus_text(a.cpus).c_str(), a.gpus_per_node);
+  std::printf("troupe slurm: cluster of %zu node(s) at %s (CPU=%s, GPU=%s); running the driver\n", a.nodes.size(),
+              c.address.c_str(), per_node_text(a.cpus).c_str(), per_node_text(gpus).c_str());
   std::fflush(stdout);
 }
 

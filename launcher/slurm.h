@@ -3,7 +3,7 @@
 // on the first node (`troupe start --head --block`, its child), a node agent
 // on every node of the allocation with one `srun` (`troupe start --address
 // HEAD --block` per node, each offering its own node's CPUs in the job and
-// the allocation's GPUs per node), waits for all of them, runs the driver
+// its own GPUs, or --gpus-per-node), waits for all of them, runs the driver
 // with TROUPE_ADDRESS/TROUPE_TOKEN/TROUPE_SESSION_DIR set, and tears the
 // cluster down when the driver exits or the job is cancelled (SIGTERM, as
 // scancel sends): nothing is left running.
@@ -40,5 +40,9 @@ std::vector<int> cpus_per_node(const std::string& value);
 // CUDA_VISIBLE_DEVICES (entries up to the first that names no device: an
 // empty one, or a negative index such as the "-1" that hides all).
 int gpus_on_node(const std::string& slurm_gpus_on_node, const std::string& cuda_visible_devices);
+
+// The sh script srun runs on each node (its node agent): arguments TROUPE
+// ADDRESS GPUS CPUS-OF-NODE-0 CPUS-OF-NODE-1 ...; GPUS "auto" or a count.
+std::string slurm_agent_script();
 
 }  // namespace troupe::launcher

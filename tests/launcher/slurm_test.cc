@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -111,4 +112,44 @@ TEST(SlurmAllocation, CliRefusesMalformedVariablesNamingThem) {
   std::tie(rc, out) = run("SLURM_JOB_CPUS_PER_NODE=2 CUDA_VISIBLE_DEVICES=-1", "--gpus-per-node 1");
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("--gpus-per-node 1 but the allocation has 0 GPU(s)"), std::string::npos) << out;
+}
+
+// What the node agent of each node is started with: its own CPUs, and by
+// default its own GPUs (SLURM_GPUS_ON_NODE of its step, else none named, so
+// that the agent counts them) rather than the batch node's count for all:
+// nodes of one job may have different GPUs. --gpus-per-node N gives N to
+// every node. The script runs here with `echo` for troupe.
+TEST(SlurmAgentScript, EachNodeOffersItsOwnGpus) {
+  // The script's output for `env` (NAME=VALUE, set in the child) and GPUS.
+  auto agent = [](const std::vector<std::string>& env, const std::string& gpus) {
+    int fds[2];
+    if (::pipe(fds) != 0) return std::string("pipe failed");
+    const std::string script = troupe::launcher::slurm_agent_script();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], 1);
+      ::dup2(fds[1], 2);
+      ::close(fds[0]);
+      ::unsetenv("SLURM_GPUS_ON_NODE");
+      for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
+      ::execl("/bin/sh", "sh", "-c", script.c_str(), "troupe-agent", "echo", "head:1", gpus.c_str(), "4", "2",
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    std::string out;
+    char buf[512];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+    ::close(fds[0]);
+    ::waitpid(pid, nullptr, 0);
+    return out;
+  };
+  EXPECT_EQ(agent({"SLURM_NODEID=1", "SLURM_GPUS_ON_NODE=3"}, "auto"),
+            "start --block --address head:1 --resources CPU=2,GPU=3\n");
+  EXPECT_EQ(agent({"SLURM_NODEID=0"}, "auto"), "start --block --address head:1 --resources CPU=4\n");
+  EXPECT_EQ(agent({"SLURM_NODEID=0", "SLURM_GPUS_ON_NODE=gpu:2"}, "auto"),
+            "start --block --address head:1 --resources CPU=4\n");
+  EXPECT_EQ(agent({"SLURM_NODEID=1", "SLURM_GPUS_ON_NODE=3"}, "1"),
+            "start --block --address head:1 --resources CPU=2,GPU=1\n");
+  EXPECT_NE(agent({"SLURM_NODEID=5"}, "auto").find("is not one of the job's 2 nodes"), std::string::npos);
 }
