@@ -651,8 +651,29 @@ TEST(ConnectTest, MalformedAddressIsNamedBeforeTheMissingToken) {
     EXPECT_NE(why.find(bad), std::string::npos) << why;
     EXPECT_EQ(why.find("token"), std::string::npos) << why;
   }
-  const std::string why = refusal("127.0.0.1:6380");
-  EXPECT_NE(why.find("token"), std::string::npos) << why;
+  // Something listens (a bare socket here): only then is the token asked for.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::string listening = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  const std::string why = refusal(listening);
+  EXPECT_NE(why.find("needs the cluster token"), std::string::npos) << why;
+  // Nothing listens there any more: said as that, not as a token to find.
+  ::close(fd);
+  try {
+    troupe::InitOptions o;
+    o.address = listening;
+    troupe::Runtime::connect(o);
+    ADD_FAILURE() << listening << " accepted without a token";
+  } catch (const troupe::ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot connect to " + listening), std::string::npos) << e.what();
+  }
 }
 
 // Constructor arguments of 16 KiB and more are encoded as attachments; the
