@@ -1,6 +1,5 @@
 #include "troupe/runtime/client/runtime.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>

@@ -166,7 +166,7 @@ int HeadStore::on_commit(void* self, sqlite3* db, const char*, int pages) {
   }
   if (pages >= kCheckpointPages) {
     std::lock_guard lock(store->mu_);
-    store->wal_pages_ = pages;
+    store->wanted_ = true;
     store->wake_.notify_one();
   }
   return SQLITE_OK;
@@ -186,15 +186,14 @@ void HeadStore::stop_checkpoints() {
 void HeadStore::checkpoint_loop() {
   std::unique_lock lock(mu_);
   while (true) {
-    wake_.wait(lock, [&] { return stopping_ || wal_pages_ >= kCheckpointPages; });
+    wake_.wait(lock, [&] { return stopping_ || wanted_; });
     if (stopping_) return;
-    wal_pages_ = 0;
+    wanted_ = false;
     lock.unlock();
     int wal = 0, copied = 0;
     const int rc = sqlite3_wal_checkpoint_v2(checkpoint_db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, &wal, &copied);
     if (rc == SQLITE_OK) {
       checkpoints_.fetch_add(1);
-      if (wal >= 0 && copied == wal) complete_checkpoints_.fetch_add(1);
       backfilled_.store(copied);
     } else if (rc != SQLITE_BUSY)  // busy: a clear() checkpoints; the next commit asks again
       TROUPE_LOG_WARN("head state file {}: checkpoint failed: {}", path_, sqlite3_errmsg(checkpoint_db_));

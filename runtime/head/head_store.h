@@ -51,10 +51,9 @@ class HeadStore {
   void write(const std::vector<HeadState::Row>& rows);
   // Forgets every row (the cluster was stopped on purpose).
   void clear();
-  // Checkpoints the checkpoint thread ran, those that left no page of the
-  // WAL behind, and those the writer ran (for tests).
+  // Checkpoints the checkpoint thread ran, and those the writer ran (for
+  // tests).
   int64_t checkpoints() const { return checkpoints_.load(); }
-  int64_t complete_checkpoints() const { return complete_checkpoints_.load(); }
   int64_t writer_checkpoints() const { return writer_checkpoints_.load(); }
   // Pages in the WAL after the last write, and those of them the last
   // checkpoint copied into the file (equal: the next write starts the WAL
@@ -82,16 +81,15 @@ class HeadStore {
   sqlite3_stmt* put_ = nullptr;
   sqlite3_stmt* del_ = nullptr;
 
-  // The checkpoint thread and its connection; wal_pages_ is set by the
-  // writer's WAL hook and read by the thread.
+  // The checkpoint thread and its connection; wanted_ is set by the
+  // writer's WAL hook and cleared by the thread.
   sqlite3* checkpoint_db_ = nullptr;
   std::thread checkpointer_;
   std::mutex mu_;
   std::condition_variable wake_;
   bool stopping_ = false;
-  int wal_pages_ = 0;
+  bool wanted_ = false;
   std::atomic<int64_t> checkpoints_{0};
-  std::atomic<int64_t> complete_checkpoints_{0};
   std::atomic<int64_t> writer_checkpoints_{0};
   std::atomic<int> wal_pages_seen_{0};
   std::atomic<int> backfilled_{0};
