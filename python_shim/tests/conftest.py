@@ -107,11 +107,13 @@ def pytest_collection_finish(session):
 def head(tmp_path):
     """A cluster started with `troupe start --head` (CPU=2) in a session of
     the test's own, named by os.environ while the test runs: yields its
-    environment and address; stopped after."""
+    environment and address; stopped after. No test on it is about noticing
+    a dead node: its node is given 2 s (20 heartbeats), not the default
+    0.5 s, so that a machine loaded past its cores does not fail them."""
     launcher = cli()
     session, env = session_env(tmp_path)
-    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True,
-                   timeout=120)
+    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2", "--heartbeat-misses", "20"],
+                   env=env, check=True, timeout=120)
     with in_session(session):
         try:
             yield env, (session / "address").read_text().strip()

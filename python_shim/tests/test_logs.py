@@ -337,7 +337,10 @@ def test_a_daemons_log_rotates_and_its_supervised_head_writes_the_new_one(tmp_pa
         r = logs(env, "head")
         assert r.returncode == 0 and "its earlier part is now" in r.stdout, r.stderr
 
-        head_pid = int(next(ln.split("pid ")[1].split("]")[0] for ln in head_log.read_text().splitlines()
+        # From head.log.1: the head may rotate again meanwhile, and a new
+        # head.log is empty until its first line, while the rename that
+        # makes head.log.1 replaces it whole.
+        head_pid = int(next(ln.split("pid ")[1].split("]")[0] for ln in older.read_text(errors="replace").splitlines()
                             if "[head pid " in ln))
         os.kill(head_pid, 9)
         wait_until(lambda: head_log.read_text(errors="replace").count("head listening on") >= 1, timeout=120,

@@ -154,7 +154,9 @@ void stale_worker_runs_no_queued_call(bool durable, int max_concurrency = 1) {
   const pid_t agent = cluster.node_pid(index);
 
   cluster.kill_node(index, SIGSTOP);
-  ASSERT_EQ(::kill(old_pid, SIGSTOP), 0);
+  // Stopped for sure before the calls go: a thread of it could still run
+  // one between kill() and the stop.
+  ASSERT_TRUE(troupe::test::stop_process(old_pid)) << "worker " << old_pid << " did not stop";
   // They wait in the stopped worker's socket (with more concurrency, for
   // several threads that each must not run one).
   std::vector<decltype(c.call(&Journal::write, 1))> queued;

@@ -7,14 +7,17 @@
 // that took its pid.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace troupe::test {
 
@@ -61,6 +64,46 @@ inline bool process_gone(pid_t pid, long long started = -1) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return true;  // EPERM: there, another user's
   long long now = process_start_time(pid);
   return now < 0 || (started >= 0 && now != started);
+}
+
+// The state letter of a /proc stat line ('T' stopped, 'R' running, ...);
+// '?' when it cannot be read.
+inline char proc_state(const std::string& stat_path) {
+  std::string stat = read_proc_file(stat_path);
+  auto close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
+}
+
+// Whether every thread of `pid` is stopped (or traced): SIGSTOP has taken
+// the whole process, not only been sent.
+inline bool all_threads_stopped(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return false;
+  bool all = true, any = false;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    any = true;
+    const char s = proc_state(dir + "/" + e->d_name + "/stat");
+    if (s != 'T' && s != 't') all = false;
+  }
+  ::closedir(d);
+  return any && all;
+}
+
+// SIGSTOP `pid` and return once all its threads have stopped. kill()
+// returns when the signal is sent: one thread takes it and stops the
+// others, and until that thread runs (on a loaded machine, tens of ms
+// later) the rest go on serving, so a call sent at once may still be run.
+// False if it did not stop within `bound`.
+inline bool stop_process(pid_t pid, std::chrono::milliseconds bound = std::chrono::seconds(30)) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  const auto until = std::chrono::steady_clock::now() + bound;
+  while (!all_threads_stopped(pid)) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 }  // namespace troupe::test
