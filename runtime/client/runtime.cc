@@ -1,7 +1,5 @@
 #include "troupe/runtime/client/runtime.h"
 
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,25 +27,7 @@ namespace {
 // something accepts it: a driver without a token asks for one only where
 // a head may be listening.
 std::string tcp_unreachable(const std::string& address) {
-  const auto [host, port] = parse_address(address);
-  sockaddr_storage sa{};
-  const socklen_t len = to_sockaddr(resolve_host(host), port, sa);
-  const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return std::strerror(errno);
-  int err = 0;
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), len) != 0) {
-    err = errno;
-    if (err == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      const int n = ::poll(&p, 1, 3000);
-      socklen_t sl = sizeof err;
-      if (n == 0)
-        err = ETIMEDOUT;
-      else if (n < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0)
-        err = errno;
-    }
-  }
-  ::close(fd);
+  const int err = tcp_connect_error(address, std::chrono::seconds(3));
   return err == 0 ? std::string() : std::strerror(err);
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/node/worker_assignment.h"
+#include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/rpc.h"
 
 namespace troupe::node {
@@ -332,6 +334,7 @@ class NodeAgent::Impl {
         } catch (const std::exception& e) {
           last = e.what();
         }
+        if (resume_id != 0) head_down_or_cut_off();
         if (std::chrono::steady_clock::now() > deadline) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a retry interval, not a wait for an event
       }
@@ -339,6 +342,27 @@ class NodeAgent::Impl {
         TROUPE_LOG_WARN("node: the head did not come back within {} ms ({}); stopping node", window.count(), last);
       shutdown();
     });
+  }
+
+  // While it waits for a durable head, the agent keeps its lease (below)
+  // unless the head is known not to run: a connect to its address refused
+  // (the host reached, nothing listening) means no head there can fence
+  // this node, and a restarted one gives returning nodes a grace of seconds
+  // before it does. Anything else (a timeout, a connection that goes
+  // nowhere) may be a partition from a head that lives and fences: the
+  // lease runs on, and the workers stop before their actors start elsewhere.
+  // On the rejoin thread.
+  void head_down_or_cut_off() {
+    int err = 0;
+    try {
+      err = tcp_connect_error(opts_.head_address, std::chrono::milliseconds(500));
+    } catch (const std::exception&) {
+      return;  // an address that does not resolve proves nothing
+    }
+    if (err == ECONNREFUSED)
+      asio::post(io_, [this] {
+        if (resuming_) last_heard_ = Clock::now();
+      });
   }
 
   // The head declared this incarnation of the node dead: its actors run
@@ -383,7 +407,9 @@ class NodeAgent::Impl {
     const auto now = Clock::now();
     const bool late = now - lease_due_ > std::chrono::milliseconds(heartbeat_ms_) / 2;
     const auto silent = now - last_heard_;
-    if (lease_.count() && !lease_spent_ && !rejoining_ && silent >= lease_ &&
+    // While rejoining after a fence there is nothing left to stop; while
+    // waiting for a durable head, see head_down_or_cut_off.
+    if (lease_.count() && !lease_spent_ && (!rejoining_ || resuming_) && silent >= lease_ &&
         !(workers_.empty() && waiting_spawns_.empty())) {
       if (late && !second_look_) {
         second_look_ = true;

@@ -4,9 +4,11 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -172,6 +174,29 @@ std::string local_address_towards(const std::string& host, uint16_t port) {
 
 std::string default_advertise_host(const std::string& bind_host) {
   return is_wildcard_host(bind_host) ? first_non_loopback_address() : strip_brackets(bind_host);
+}
+
+int tcp_connect_error(const std::string& address, std::chrono::milliseconds timeout) {
+  const auto [host, port] = parse_address(address);
+  sockaddr_storage sa{};
+  const socklen_t len = to_sockaddr(resolve_host(host), port, sa);
+  const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  int err = 0;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), len) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(timeout.count(), 0)));
+      socklen_t sl = sizeof err;
+      if (n == 0)
+        err = ETIMEDOUT;
+      else if (n < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0)
+        err = errno;
+    }
+  }
+  ::close(fd);
+  return err;
 }
 
 }  // namespace troupe::wire

@@ -9,6 +9,7 @@
 
 #include <asio/ip/address.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -35,6 +36,11 @@ asio::ip::address resolve_host(const std::string& host);
 
 // Fills `out` with ip:port; returns the length to pass to connect/bind.
 socklen_t to_sockaddr(const asio::ip::address& ip, uint16_t port, sockaddr_storage& out);
+
+// One plain TCP connect to `address` (nothing sent): 0 when something
+// accepts it, else the errno (ETIMEDOUT past `timeout`). ECONNREFUSED says
+// the host was reached and nothing listens on that port.
+int tcp_connect_error(const std::string& address, std::chrono::milliseconds timeout);
 
 // 0.0.0.0, :: or "": listening on every interface.
 bool is_wildcard_host(const std::string& host);

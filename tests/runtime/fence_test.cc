@@ -203,19 +203,25 @@ TEST(Fencing, AConcurrentWorkerWokenAfterItsNodeWasFencedRunsNoQueuedCall) {
 
 // A partition between a node and the head: the node's agent and workers,
 // and a driver on their side of the cut, reach the head through a proxy
-// that holds every byte (nothing closes); the driver on the head's side
-// still reaches the workers. The head fences the node and restarts its
-// actor on the other node. The cut-off driver, which cannot learn that,
-// goes on calling the old worker; the agent, hearing nothing from the head,
-// kills its workers first (HeadLease): the journal has no call of the old
-// worker after its replacement's first. Before, the old worker served its
-// side of the cut for as long as the partition lasted, and tens of seconds
-// after. Healed, the agent joins again as a new node.
-TEST(Fencing, APartitionedNodesWorkersStopBeforeTheirReplacementsStart) {
+// that holds every byte; the driver on the head's side still reaches the
+// workers. The head fences the node and restarts its actor on the other
+// node. The cut-off driver, which cannot learn that, goes on calling the
+// old worker; the agent, hearing nothing from the head, kills its workers
+// first (HeadLease): the journal has no call of the old worker after its
+// replacement's first. Healed, the agent joins again as a new node.
+//
+// `dropped`: with a durable head, the connections through the proxy break
+// too and every new one goes nowhere, so the agent waits to join the head
+// again rather than on a connection that is quiet. Its lease runs on: a
+// connect to the head's address that is not refused may be a head that
+// lives and fences. Before, the old worker served the cut-off driver for
+// as long as the partition lasted.
+void partitioned_nodes_workers_stop_first(bool dropped) {
   troupe::testing::LocalClusterOptions o;
   o.nodes = {{{"CPU", 2}}};
   o.heartbeat_ms = 200;  // fenced after 1 s, the lease 800 ms: a heartbeat of margin
   o.heartbeat_misses = 5;
+  o.durable_head = dropped;
   troupe::testing::LocalCluster cluster(o);
   troupe::Runtime rt = cluster.connect();
   TcpProxy proxy(cluster.address());
@@ -241,6 +247,9 @@ TEST(Fencing, APartitionedNodesWorkersStopBeforeTheirReplacementsStart) {
   ASSERT_EQ(cut_c.call(&Journal::write, 3).get(kWaitBound), old_pid);
 
   proxy.hold(true);
+  if (dropped) {
+    ASSERT_GE(proxy.cut(), 3);  // the agent's, its worker's and the cut-off driver's
+  }
   std::atomic<bool> stop{false};
   std::atomic<int> cut_calls{0};
   std::thread cut_driver;
@@ -291,4 +300,10 @@ TEST(Fencing, APartitionedNodesWorkersStopBeforeTheirReplacementsStart) {
     return false;
   })) << "the agent did not join again after the partition";
   std::remove(path.c_str());
+}
+
+TEST(Fencing, APartitionedNodesWorkersStopBeforeTheirReplacementsStart) { partitioned_nodes_workers_stop_first(false); }
+
+TEST(Fencing, ANodeWaitingToRejoinADurableHeadAcrossAPartitionStopsItsWorkersFirst) {
+  partitioned_nodes_workers_stop_first(true);
 }

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -76,6 +77,35 @@ TEST(HeadFailover, ActorsNamesKeysAndNodesOutliveARestartedHead) {
   // New work is placed.
   auto u = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 0);
   EXPECT_EQ(u.call(&Ledger::add, 2).get(kWaitBound), 2);
+}
+
+// The head is down for longer than a node's lease: the agent, which
+// keeps its lease while it waits for a durable head, finds nothing
+// listening at the head's address (refused: no head runs there to fence
+// it) and keeps its workers, which serve all along.
+TEST(HeadFailover, WorkersServeThroughAHeadDownForLongerThanTheLease) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  troupe::Runtime rt = cluster.connect();
+  auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 0);
+  const int pid = t.call(&Ledger::pid).get(kWaitBound);
+  const uint64_t node = cluster.node_id(0);
+  cluster.kill_head(SIGKILL);
+  wait_until_head_lost(rt);
+  // Three fence times (100 ms x 5) down: the lease (400 ms) would have run
+  // out twice over.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  int calls = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    ASSERT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), ++calls);
+    ASSERT_EQ(t.call(&Ledger::pid).get(kWaitBound), pid);
+  }
+  cluster.restart_head();
+  EXPECT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), calls + 1);
+  EXPECT_EQ(t.call(&Ledger::pid).get(kWaitBound), pid);
+  EXPECT_TRUE(eventually([&] {
+    auto ns = rt.nodes();
+    return ns.size() == 1 && ns[0].id == node && ns[0].alive;
+  }));
 }
 
 TEST(HeadFailover, WorkerThatDiedWhileTheHeadWasDownIsRestartedAfter) {
