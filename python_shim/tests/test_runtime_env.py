@@ -227,6 +227,20 @@ def test_env_var_references_read_at_exec_are_there_at_exec(job):
     assert "/opt/renv/py" in path
 
 
+def test_a_pythonpath_that_does_not_reference_itself_keeps_troupe_importable(job):
+    """A PYTHONPATH of the user's that references other variables but not
+    itself (expanded, then the worker execs itself with it) replaces what
+    the worker's launcher put there: troupe's package directory goes on
+    it first, else the exec'd worker cannot import troupe.worker."""
+    env_vars = {"RENV_DIR": "/opt/renv/dir", "PYTHONPATH": "${RENV_DIR}/py"}
+    seen, at_exec, _, path = troupe.get(environ_of.options(runtime_env={"env_vars": env_vars}).remote(["PYTHONPATH"]),
+                                        timeout=60)
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(troupe.__file__)))
+    assert seen["PYTHONPATH"].split(os.pathsep) == [package_parent, "/opt/renv/dir/py"], seen
+    assert at_exec == seen
+    assert "/opt/renv/dir/py" in path
+
+
 def _tree(root, files):
     for name, text in files.items():
         path = root / name

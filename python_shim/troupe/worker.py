@@ -24,6 +24,17 @@ def preload():
                   flush=True)
 
 
+def _keep_troupe_importable():
+    """The exec below runs the interpreter itself, not the launcher that
+    put troupe's package directory on PYTHONPATH: an expanded PYTHONPATH
+    that did not reference the old one would leave `-m troupe.worker`
+    nothing to import. The directory goes first, as the launcher puts it."""
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if parent not in entries:
+        os.environ["PYTHONPATH"] = os.pathsep.join([parent] + entries)
+
+
 def expand_env_vars():
     """runtime_env's env_vars that reference variables (a worker started
     for them, as troupe._remote sends them): expanded before anything reads
@@ -32,6 +43,7 @@ def expand_env_vars():
     effect through an exec of this same command, in this same process."""
     if not _remote.apply_env_vars():
         return
+    _keep_troupe_importable()
     sys.stdout.flush()
     sys.stderr.flush()
     try:
