@@ -111,6 +111,38 @@ std::string token_for(const std::string& dir) {
   return read_session_file(dir, "token");
 }
 
+// An --advertise-address that does not lead back to what listens here
+// starts a cluster nobody can use from elsewhere; said at once, not found
+// out from a driver's failed calls. A warning: behind a NAT without
+// hairpinning a good address fails the check too.
+void warn_if_advertised_unreachable(const std::string& what, const std::string& bind_host, const Args& a) {
+  if (a.advertise_address.empty() || bind_host.empty()) return;
+  std::string why;
+  try {
+    why = troupe::wire::advertised_unreachable(bind_host, a.advertise_address);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!why.empty())
+    std::fprintf(stderr,
+                 "troupe: warning: --advertise-address %s does not reach this %s from here (%s); drivers and "
+                 "nodes will not reach it there unless a NAT forwards it: give an address of this machine's "
+                 "interface (see --host)\n",
+                 a.advertise_address.c_str(), what.c_str(), why.c_str());
+}
+
+// Where a node agent joining `head` listens: --host, else the interface
+// that routes to the head (as the agent chooses); "" when there is none.
+std::string node_bind_host(const Args& a, const std::string& head) {
+  if (!a.host.empty()) return a.host;
+  try {
+    const auto [host, port] = troupe::wire::parse_address(head);
+    return troupe::wire::local_address_towards(host, port);
+  } catch (const std::exception&) {
+    return "";  // the agent names a head it cannot route to when it starts
+  }
+}
+
 // Starts a node agent that joins `address`; persists nothing until it has.
 pid_t start_node(const std::string& dir, const std::string& address, const std::string& token, const Args& a) {
   troupe::core::RoleProcessOptions o;
@@ -122,6 +154,7 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
   o.env.worker_pool_size = a.worker_pool_size;
   o.env.worker_idle_timeout_ms = static_cast<uint64_t>(a.worker_idle_timeout_s * 1000.0);
+  if (!a.advertise_address.empty()) warn_if_advertised_unreachable("node's workers", node_bind_host(a, address), a);
   o.log_file = dir + "/node-" + std::to_string(::time(nullptr)) + "-" + std::to_string(getpid()) + ".log";
   // Daemons, unless --block keeps this command as their parent (then they
   // die with it: a container or Slurm task killed leaves nothing behind).
@@ -180,6 +213,7 @@ int start_head(const std::string& dir, const Args& a) {
   o.env.head_host = a.host.empty() ? "127.0.0.1" : a.host;
   o.env.head_port = static_cast<uint16_t>(a.port);
   o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
+  warn_if_advertised_unreachable("head", o.env.head_host, a);
   o.env.max_dead_actors = a.max_dead_actors;
   o.env.heartbeat_ms = a.heartbeat_ms;
   o.env.heartbeat_misses = a.heartbeat_misses;

@@ -199,4 +199,27 @@ int tcp_connect_error(const std::string& address, std::chrono::milliseconds time
   return err;
 }
 
+std::string advertised_unreachable(const std::string& bind_host, const std::string& advertise_host) {
+  sockaddr_storage sa{};
+  const socklen_t len =
+      to_sockaddr(resolve_host(is_wildcard_host(bind_host) ? "0.0.0.0" : strip_brackets(bind_host)), 0, sa);
+  const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::string("socket: ") + std::strerror(errno);
+  std::string why;
+  socklen_t got = sizeof(sa);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&sa), len) != 0 || ::listen(fd, 4) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &got) != 0) {
+    why = "cannot listen on " + bind_host + ": " + std::strerror(errno);
+  } else {
+    const uint16_t port = ntohs(sa.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&sa)->sin_port
+                                                        : reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port);
+    const std::string target = format_address(strip_brackets(advertise_host), port);
+    if (const int err = tcp_connect_error(target, std::chrono::seconds(1)); err != 0)
+      why = "a connection to " + target + " that something listening on " + format_address(bind_host, port) +
+            " should take: " + std::strerror(err);
+  }
+  ::close(fd);
+  return why;
+}
+
 }  // namespace troupe::wire

@@ -42,6 +42,14 @@ socklen_t to_sockaddr(const asio::ip::address& ip, uint16_t port, sockaddr_stora
 // the host was reached and nothing listens on that port.
 int tcp_connect_error(const std::string& address, std::chrono::milliseconds timeout);
 
+// Why a process listening on `bind_host` cannot be reached at
+// `advertise_host` from this machine ("" when it can): a listener of its
+// own on bind_host is connected to at the advertised address. An address
+// of another machine, or one that leads to another interface than the
+// bound one, fails. (Behind a NAT without hairpinning a good address
+// fails too, so callers warn rather than refuse.)
+std::string advertised_unreachable(const std::string& bind_host, const std::string& advertise_host);
+
 // 0.0.0.0, :: or "": listening on every interface.
 bool is_wildcard_host(const std::string& host);
 // The address of this machine's first non-loopback interface that is up

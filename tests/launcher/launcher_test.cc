@@ -404,6 +404,7 @@ TEST_F(LauncherTest, PlantedPidFileDoesNotGetItsProcessKilled) {
 TEST_F(LauncherTest, WildcardHeadAdvertisesAReachableAddressAndAWrongTokenIsNotPersisted) {
   auto head = run(cli() + " start --head --host 0.0.0.0 --advertise-address 127.0.0.1 --port 0 --no-node");
   ASSERT_EQ(head.status, 0) << head.output;
+  EXPECT_EQ(head.output.find("warning"), std::string::npos) << head.output;  // 127.0.0.1 leads to 0.0.0.0
   std::string address = troupe::core::read_session_file(dir_.string(), "address");
   EXPECT_EQ(address.rfind("127.0.0.1:", 0), 0u) << address;
   auto status = run(cli() + " status --json");
@@ -418,6 +419,36 @@ TEST_F(LauncherTest, WildcardHeadAdvertisesAReachableAddressAndAWrongTokenIsNotP
   EXPECT_NE(join.status, 0) << join.output;
   EXPECT_NE(join.output.find("a wrong cluster token"), std::string::npos) << join.output;
   EXPECT_FALSE(std::filesystem::exists(other / "token"));
+}
+
+// An --advertise-address that does not lead back to where the head or the
+// node's workers listen (here 127.0.0.2, while they listen on 127.0.0.1
+// alone) is warned of as the command starts them; before, they started
+// without a word and drivers' calls failed later.
+TEST_F(LauncherTest, AnAdvertisedAddressThatDoesNotLeadHereIsWarnedOf) {
+  auto head = run(cli() + " start --head --host 127.0.0.1 --advertise-address 127.0.0.2 --port 0 --no-node " +
+                  "--dashboard-port -1");
+  ASSERT_EQ(head.status, 0) << head.output;
+  EXPECT_NE(head.output.find("warning: --advertise-address 127.0.0.2 does not reach this head"), std::string::npos)
+      << head.output;
+  run(cli() + " stop");
+  head = run(cli() + " start --head --port 0 --no-node --dashboard-port -1");
+  ASSERT_EQ(head.status, 0) << head.output;
+  EXPECT_EQ(head.output.find("warning"), std::string::npos) << head.output;
+  const std::string address = troupe::core::read_session_file(dir_.string(), "address");
+  const std::filesystem::path joined = dir_ / "joined";
+  std::filesystem::create_directories(joined);
+  std::filesystem::permissions(joined, std::filesystem::perms::owner_all);
+  const std::string in_joined = "TROUPE_SESSION_DIR=" + joined.string() +
+                                " TROUPE_TOKEN=" + troupe::core::read_session_file(dir_.string(), "token") + " ";
+  auto node = run(in_joined + cli() + " start --address " + address +
+                  " --host 127.0.0.1 --advertise-address 127.0.0.2 --resources CPU=1,GPU=0");
+  EXPECT_EQ(node.status, 0) << node.output;
+  EXPECT_NE(node.output.find("warning: --advertise-address 127.0.0.2 does not reach this node's workers"),
+            std::string::npos)
+      << node.output;
+  EXPECT_NE(node.output.find("127.0.0.2:"), std::string::npos) << node.output;  // the address it tried
+  run(in_joined + cli() + " stop");
 }
 
 // Options that do not fit together are usage errors (exit code 2) naming
