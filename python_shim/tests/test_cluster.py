@@ -469,3 +469,28 @@ def test_a_package_leaves_the_kv_store_with_its_last_holder(head, tmp_path):
     assert troupe.get(keeper.answer.remote(), timeout=60) == 2
     troupe.kill(keeper)
     wait_until(lambda: not stored(kept_id), what="the package of a killed detached actor to go")
+
+
+def test_a_task_running_when_the_cluster_stops_fails_instead_of_waiting(head, tmp_path):
+    """`troupe stop` while a task runs: its worker goes, the driver would
+    run it again (a retry), and the new executor the head granted as it
+    went can never start. The get fails with the head's end, not at its
+    timeout (before: GetTimeoutError after the full wait, or never
+    without one)."""
+    env, address = head
+    marker = tmp_path / "started"
+
+    @troupe.remote
+    def slow(path):
+        open(path, "w").close()
+        time.sleep(600)
+        return 1
+
+    troupe.init(address=address, log_to_driver=False)
+    ref = slow.remote(str(marker))
+    wait_until(marker.exists, what="the task to start")
+    stop = subprocess.run([cli(), "stop"], env=env, capture_output=True, text=True, timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    with pytest.raises(TroupeError) as e:
+        troupe.get(ref, timeout=120)
+    assert not isinstance(e.value, troupe.exceptions.GetTimeoutError), e.value

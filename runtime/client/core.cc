@@ -573,6 +573,7 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
         [c](const std::string& reason) {
           c->head_lost_ = true;
           if (c->on_head_lost_) c->on_head_lost_(reason);
+          c->head_gone(reason);
         },
         core->connection_options());
     Hello hello = o.hello;
@@ -690,6 +691,26 @@ void Core::resubscribe() {
         TROUPE_LOG_WARN("actor {}: the restarted head does not know it ({})", c->id(), e.what());
       }
     });
+  }
+}
+
+// What waits for an actor to be placed (its calls, a task queued for a
+// task executor not yet started) fails now with the head's end, instead of
+// waiting for news that cannot come. An alive actor's calls go on to its
+// worker, which learns the same and ends. On the I/O thread, as updates.
+void Core::head_gone(const std::string& reason) {
+  std::vector<std::shared_ptr<ActorClient>> clients;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, c] : actors_) clients.push_back(c);
+  }
+  for (auto& c : clients) {
+    ActorInfo info = c->info();
+    if (info.state == ActorState::kAlive || info.state == ActorState::kDead) continue;
+    info.state = ActorState::kDead;
+    info.death_cause = "the cluster's head is gone (" + reason + ") before the actor was placed";
+    ++info.version;
+    c->on_update(info);
   }
 }
 

@@ -285,6 +285,9 @@ class Core : public std::enable_shared_from_this<Core> {
   Core() = default;
   void on_event(wire::Message&& m);
   void resubscribe();
+  // The head is gone for good: actors not alive now (pending, restarting)
+  // can never be placed, and nothing would tell their clients so.
+  void head_gone(const std::string& reason);
 
   asio::io_context io_;
   std::thread io_thread_;
