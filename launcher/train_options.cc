@@ -375,6 +375,10 @@ trainer::ModelSpec model_spec(const TrainOptions& o) {
 actors::DatasetSpec data_spec(const TrainOptions& o, const std::string& path) {
   const std::string abs = fs::absolute(path).string();
   if (o.block_size > 0) {
+    // An .npz is a zip: its bytes read as token ids train on noise.
+    require(!ends_with(path, ".npz"), "--block-size " + std::to_string(o.block_size) + " reads a token stream, and " +
+                                          path + " is an .npz of arrays: give a .bin of token ids or a 1-d integer " +
+                                          ".npy, or leave out --block-size");
     auto spec = actors::DatasetSpec("token_stream").set("path", abs).set("block_size", o.block_size);
     if (!ends_with(path, ".npy")) spec.set("dtype", o.token_dtype);
     return spec;

@@ -1,5 +1,8 @@
 #include "troupe/trainer/gang.h"
 
+#include <algorithm>
+#include <type_traits>
+
 #include "troupe/runtime/collective/actor_group.h"
 #include "troupe/runtime/core/exception_text.h"
 #include "troupe/trainer/failure_recovery.h"
@@ -143,8 +146,9 @@ std::string who_failed(const std::exception_ptr& e, const std::vector<std::share
     const size_t r = i < loaders ? i : i - loaders;
     if (r >= slots.size()) return "";
     const auto info = i < loaders ? slots[r].loader.info() : slots[r].trainer.info();
+    // A dead actor's info has no pid any more: its cause names the one it had.
     return std::string(i < loaders ? "the loader of rank " : "rank ") + std::to_string(r) + " (actor " +
-           std::to_string(info.id) + ", pid " + std::to_string(info.pid) + "): ";
+           std::to_string(info.id) + (info.pid ? ", pid " + std::to_string(info.pid) : std::string()) + "): ";
   }
   return "";
 }
@@ -197,19 +201,34 @@ std::string silent_trainers(const std::exception_ptr& e, const std::vector<Futur
 // is there already wins; one that comes later is found once the round has
 // settled (FailureRecovery::stop_round).
 std::exception_ptr root_cause(const std::vector<std::shared_ptr<core::FutureStateBase>>& round,
-                              std::exception_ptr first) {
-  auto is_config = [](const std::exception_ptr& e) {
+                              std::exception_ptr first, size_t loaders) {
+  auto is = [](const std::exception_ptr& e, auto* type) {
     try {
       std::rethrow_exception(e);
-    } catch (const ConfigError&) {
+    } catch (const std::remove_pointer_t<decltype(type)>&) {
       return true;
     } catch (...) {
     }
     return false;
   };
-  if (is_config(first)) return first;
+  const ConfigError* config = nullptr;
+  const ActorDied* died = nullptr;
+  if (is(first, config)) return first;
   for (const auto& st : round)
-    if (auto e = st->ready() ? st->error() : nullptr; e && is_config(e)) return e;
+    if (auto e = st->ready() ? st->error() : nullptr; e && is(e, config)) return e;
+  // A loader's failure that is no death of its own (its stream broke) is
+  // most often a trainer's death seen from the other end, which the
+  // driver hears of a moment later: that trainer is the cause to name.
+  // Waited for briefly; a stream that broke by itself costs this wait.
+  const bool from_loader = std::any_of(round.begin(), round.begin() + std::min(loaders, round.size()),
+                                       [&](const auto& st) { return st->ready() && st->error() == first; });
+  if (!from_loader || is(first, died)) return first;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  for (size_t i = loaders; i < round.size(); ++i) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (!round[i]->ready() && left.count() > 0) round[i]->wait_for(left);
+    if (auto e = round[i]->ready() ? round[i]->error() : nullptr; e && is(e, died)) return e;
+  }
   return first;
 }
 
@@ -224,7 +243,7 @@ std::vector<TrainReport> Gang::train_round(const TrainRequest& request, int64_t 
   auto fs = call_all(&TrainerActor::train, request);
   for (auto& f : fs) round.push_back(f.state());
   if (auto e = wait_all_or_first_failure(round, timeout)) {
-    e = root_cause(round, e);
+    e = root_cause(round, e, feeds.size());
     inflight_ = std::move(round);
     // The user's error (a step or a data set that raised) as itself:
     // TrainJob fails at once with it instead of retrying.

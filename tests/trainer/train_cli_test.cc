@@ -342,8 +342,14 @@ TEST_F(TrainCliTest, AFailurePastMaxFailuresNamesTheFlag) {
   EXPECT_EQ(o.status, 1) << o.output;
   EXPECT_NE(o.output.find("failure 1 and --max-failures 0: "), std::string::npos) << o.output;
   EXPECT_EQ(o.output.find("failure.max_failures"), std::string::npos) << o.output;
-  // The dead trainer's rank, not only its actor id (which the user never sees).
-  EXPECT_TRUE(std::regex_search(o.output, std::regex(R"(rank [01] \(actor \d+, pid \d+\): )"))) << o.output;
+  // The dead trainer's rank, not only its actor id (which the user never
+  // sees), and the trainer, not its loader, whose stream broke with it.
+  // Its pid: in the parentheses while the driver still knew it, and in the
+  // cause, never as "pid 0".
+  EXPECT_TRUE(std::regex_search(o.output, std::regex(R"(: rank [01] \(actor \d+(, pid \d+)?\): .*pid \d+)")))
+      << o.output;
+  EXPECT_EQ(o.output.find("pid 0"), std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find("the loader of rank"), std::string::npos) << o.output;
 }
 
 // The job's state as the head shows it (`troupe status`, the dashboard),
@@ -581,6 +587,9 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   expect_one_line_failure(with({"--cpus-per-worker", "inf"}), "--cpus-per-worker must be a positive finite number");
   expect_one_line_failure(with({"--gpus-per-worker", "nan"}), "--gpus-per-worker");
   expect_one_line_failure(with({"--block-size", "-1"}), "--block-size");  // 0 (the default) is .npz
+  // An .npz's zip bytes are no token ids (before: trained on them, exit 0).
+  expect_one_line_failure(with({"--block-size", "8"}),
+                          "--block-size 8 reads a token stream, and " + at("train.npz") + " is an .npz of arrays");
   expect_one_line_failure(with({"--workers", "2", "--min-workers", "3"}), "--min-workers must be in [1, --workers 2]");
   expect_one_line_failure(with({"--workers", "2", "--max-workers", "1"}), "--max-workers must be at least --workers 2");
   // A job that may grow to --max-workers needs a step for each of them.
