@@ -539,9 +539,11 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
     std::string_view text = chunk.text;
     if (first && chunk.next_offset > text.size() && !text.empty()) {
       // It began one byte before the tail: the tail from its first whole
-      // line (all of it when it holds no line end).
+      // line; all of it when no line starts in it (a tail shorter than
+      // the last line shows that line's end, not nothing).
       const size_t newline = text.find('\n');
-      text = newline == std::string_view::npos ? text.substr(1) : text.substr(newline + 1);
+      const bool a_line_starts = newline != std::string_view::npos && newline + 1 < text.size();
+      text = a_line_starts ? text.substr(newline + 1) : text.substr(1);
     }
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);

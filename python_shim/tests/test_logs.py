@@ -5,6 +5,7 @@ is appended; a dead actor's log is its last worker's, and one whose
 constructor threw shows the error it printed; unknown actors and nodes are
 refused by name, with exit status 2."""
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -65,6 +66,10 @@ def test_head_and_node_logs(cluster):
     assert head.returncode == 0 and "head listening on" in head.stdout, head.stderr
     node = logs(cluster, "node", "1")
     assert node.returncode == 0 and "node 1 serving" in node.stdout, node.stderr
+    # A tail shorter than the last line shows that line's end (it showed
+    # nothing).
+    short = logs(cluster, "--tail", "5", "head")
+    assert short.returncode == 0 and short.stdout.strip() and len(short.stdout) <= 5, (short.stdout, short.stderr)
 
 
 def test_an_actors_own_log_has_what_it_printed(cluster):
@@ -347,3 +352,35 @@ def test_a_daemons_log_rotates_and_its_supervised_head_writes_the_new_one(tmp_pa
                    what="the restarted head's first line in head.log")
     finally:
         subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)
+
+
+_EMBEDDED_CHORUS = """
+import troupe
+troupe.init(num_cpus=3)
+
+@troupe.remote(num_cpus=1)
+class Singer:
+    def sing(self, who, n):
+        for k in range(n):
+            print(f"T{who} line {k} " + "x" * 200)
+        return n
+
+singers = [Singer.remote() for _ in range(3)]
+print("sung", sum(troupe.get([s.sing.remote(i, 400) for i, s in enumerate(singers)], timeout=120)))
+troupe.shutdown()
+"""
+
+
+def test_on_an_embedded_cluster_workers_printing_at_once_keep_their_lines_whole(tmp_path):
+    # print() writes a line's text and its end apart: between the two,
+    # another worker on the same console wrote its own line into the
+    # middle of this one (and a blank line followed).
+    r = subprocess.run([sys.executable, "-c", _EMBEDDED_CHORUS], capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, TROUPE_SESSION_DIR=str(tmp_path)))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    whole = re.compile(r"^\(Singer pid=\d+\) T[012] line \d+ x{200}$")
+    lines = [ln for ln in r.stdout.splitlines() if " line " in ln or not ln.strip()]
+    broken = [ln[:120] for ln in lines if not whole.match(ln)]
+    assert not broken, f"{len(broken)} broken of {len(lines)}: {broken[:5]}"
+    assert len(lines) == 1200, len(lines)
+    assert "sung 1200" in r.stdout

@@ -31,12 +31,17 @@ def _shares_drivers_console():
 
 
 class _Marked(io.TextIOBase):
-    """A text stream that starts each line it passes on with a mark."""
+    """A text stream that starts each line it passes on with a mark. It
+    passes on whole lines, each line in one write: print() writes a line's
+    text and its end apart, and between the two another worker on the same
+    console would write its own line into the middle of this one. A part
+    line waits for its end, or for a flush (a prompt)."""
 
     def __init__(self, stream, mark):
         self._stream = stream
         self._mark = mark
         self._line_start = True
+        self._partial = ""
         # Reentrant: a signal handler that prints while a write is under
         # way must not wait on itself.
         self._lock = threading.RLock()
@@ -58,16 +63,27 @@ class _Marked(io.TextIOBase):
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         with self._lock:
-            out = []
-            for piece in text.splitlines(keepends=True):
-                if self._line_start:
-                    out.append(self._mark)
-                out.append(piece)
-                self._line_start = piece.endswith(("\n", "\r\n"))
-            self._stream.write("".join(out))
+            pieces = (self._partial + text).splitlines(keepends=True)
+            # A line (or a progress bar's frame, ended by \r) is whole.
+            self._partial = pieces.pop() if pieces and not pieces[-1].endswith(("\n", "\r")) else ""
+            self._pass_on(pieces)
         return len(text)
 
+    def _pass_on(self, pieces):
+        out = []
+        for piece in pieces:
+            if self._line_start:
+                out.append(self._mark)
+            out.append(piece)
+            self._line_start = piece.endswith(("\n", "\r\n"))
+        if out:
+            self._stream.write("".join(out))
+
     def flush(self):
+        with self._lock:
+            if self._partial:
+                self._pass_on([self._partial])
+                self._partial = ""
         self._stream.flush()
 
     def writable(self):
