@@ -431,7 +431,6 @@ void Run::run_round() {
   if (steps_now > 0) round_ = std::make_pair(gang_.step() + 1, gang_.step() + steps_now);
   auto reps =
       gang_.train_round(TrainRequest{gang_.cursor(), chunk, stream, cfg_.record_indices}, steps_now, cfg_.call_timeout);
-  round_.reset();
   double seconds = 0, wait = 0;
   for (const auto& r : reps) {
     seconds = std::max(seconds, r.seconds);
@@ -448,8 +447,9 @@ void Run::run_round() {
         << " (the step module's loss diverged, or its input holds NaN; try a lower --lr or --grad-clip); the newest "
            "checkpoint is "
         << (newest ? newest->path : std::string("none of this run's"));
-    throw GiveUp{why.str()};
+    throw GiveUp{why.str()};  // in the round just run: "between steps A and B"
   }
+  round_.reset();
   if (open_recovery_ && reps[0].steps > 0) {
     result_.recoveries[*open_recovery_].step_done_at = reporter_.now();
     open_recovery_.reset();
