@@ -63,8 +63,8 @@ namespace {
 
 constexpr int kDefaultDashboardPort = 8265;  // Ray's, so operators find it where they look
 
-// What this `troupe start` started (for --block).
-std::vector<pid_t> g_started;
+// What this `troupe start` started (for --block): a pid and its pid file.
+std::vector<std::pair<pid_t, std::string>> g_started;
 
 struct Args {
   bool head = false;
@@ -161,8 +161,8 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   o.die_with_parent = a.block;
   o.new_session = !a.block;
   auto p = troupe::core::start_role_process(o, "node agent");
-  g_started.push_back(p.pid);
-  troupe::core::write_pid_file(dir, "node-" + p.ready_line + ".pid", p.pid);
+  g_started.emplace_back(p.pid, "node-" + p.ready_line + ".pid");
+  troupe::core::write_pid_file(dir, g_started.back().second, p.pid);
   std::printf("node %s started (pid %d), joined %s; log %s\n", p.ready_line.c_str(), p.pid, address.c_str(),
               o.log_file.c_str());
   return p.pid;
@@ -232,7 +232,7 @@ int start_head(const std::string& dir, const Args& a) {
   o.die_with_parent = a.block;
   o.new_session = !a.block;
   auto p = troupe::core::start_role_process(o, "head");
-  g_started.push_back(p.pid);
+  g_started.emplace_back(p.pid, "head.pid");
   // The ready line: "ADDRESS" or "ADDRESS DASHBOARD_URL".
   const size_t space = p.ready_line.find(' ');
   const std::string address = p.ready_line.substr(0, space);
@@ -284,7 +284,9 @@ int join_head(const std::string& dir, const Args& given) {
   troupe::wire::parse_address(a.address);
   std::string token = token_for(dir);
   if (token.empty()) {
-    std::fprintf(stderr, "troupe start: no cluster token (set TROUPE_TOKEN or copy the head's %s/token)\n",
+    std::fprintf(stderr,
+                 "troupe start: no cluster token: set TROUPE_TOKEN to the head's token (the file `token` in the "
+                 "directory `troupe session` prints on the head's machine), or copy that file to %s/token\n",
                  dir.c_str());
     return 2;
   }
@@ -301,8 +303,11 @@ int join_head(const std::string& dir, const Args& given) {
 // --block: stays in the foreground while what it started runs (a
 // container's main process, a Slurm task). SIGTERM or SIGINT stops them;
 // when one of them exits the others are stopped, and its exit code is
-// this command's.
-int block_on(std::vector<pid_t> pids) {
+// this command's. Their pid files (and a head's address) go with them, so
+// that the session reads as stopped, not as a head that refuses.
+int block_on(const std::string& dir, const std::vector<std::pair<pid_t, std::string>>& started) {
+  std::vector<pid_t> pids;
+  for (const auto& [pid, file] : started) pids.push_back(pid);
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -329,6 +334,11 @@ int block_on(std::vector<pid_t> pids) {
   }
   for (pid_t p : pids) ::kill(p, SIGTERM);
   for (pid_t p : pids) troupe::core::reap_process(p, std::chrono::seconds(10));
+  for (const auto& [pid, file] : started) {
+    fs::remove(fs::path(dir) / file);
+    if (file == "head.pid")
+      for (const char* f : {"address", "dashboard"}) fs::remove(fs::path(dir) / f);
+  }
   return rc;
 }
 
@@ -398,7 +408,7 @@ int cmd_start(const Args& a) {
   }
   int rc = a.head ? start_head(dir, a) : join_head(dir, a);
   if (rc != 0 || !a.block) return rc;
-  return block_on(g_started);
+  return block_on(dir, g_started);
 }
 
 troupe::Runtime connect_session(const std::string& address_flag) {
@@ -578,10 +588,6 @@ std::string node_resources_text(const nlohmann::json& n) {
   return res;
 }
 
-// A job document's fields, as a job published them in the KV store (any
-// client may write one there, so any field may be missing or of another
-// type: shown as "?" or 0). A null number was not finite (JSON has no
-// NaN: a diverged job's loss) and shows as nan.
 // Text from the cluster as one line of the table: its first line (a
 // traceback goes on), other control characters (a terminal's escapes) as
 // '?'.
@@ -593,6 +599,10 @@ std::string one_line(const std::string& text) {
   if (newline != std::string::npos && text.find_first_not_of(" \r\n\t", newline) != std::string::npos) line += " ...";
   return line;
 }
+// A job document's fields, as a job published them in the KV store (any
+// client may write one there, so any field may be missing or of another
+// type: shown as "?" or 0). A null number was not finite (JSON has no
+// NaN: a diverged job's loss) and shows as nan.
 std::string job_text(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? one_line(it->get<std::string>()) : "?";
@@ -645,7 +655,7 @@ int cmd_status(const Args& a) {
       std::string epoch = std::to_string(job_count(x, "epoch") + 1);
       if (x.contains("epochs")) epoch += "/" + std::to_string(job_count(x, "epochs"));
       std::printf(
-          "  job %-16s %-9s step %-7lld epoch %-5s %8.0f samples/s  loss %-9.4f %lld worker(s)  %lld "
+          "  job %-16s %-9s step %-7lld epoch %-5s %8.0f samples/s  step loss %-9.4f %lld worker(s)  %lld "
           "recoveries\n",
           job_text(x, "name").c_str(), job_text(x, "state").c_str(), job_count(x, "step"), epoch.c_str(),
           job_number(x, "samples_per_s"), job_number(x, "loss"), job_count(x, "world_size"),
@@ -706,6 +716,14 @@ int stop_local_processes(const std::string& dir) {
   return stopped;
 }
 
+// Whether the session records a process it started (a head, a node agent).
+bool has_pid_file(const std::string& dir) {
+  if (!fs::exists(dir)) return false;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".pid") return true;
+  return false;
+}
+
 // The state db of the session's head, emptied as the head empties it when
 // told to shut down: its files removed (SQLite's journal files with it).
 void remove_state_db(const std::string& dir) {
@@ -724,6 +742,10 @@ int cmd_stop(const Args& a) {
   // head of its own stops its node agents alone, as `ray stop` does: the
   // cluster goes on without this machine. --address stops that cluster.
   if (a.address.empty() && !fs::exists(fs::path(dir) / "head.pid")) {
+    if (!has_pid_file(dir)) {
+      std::printf("nothing to stop: session %s runs no troupe process\n", dir.c_str());
+      return 0;
+    }
     std::printf(
         "this session runs no head: stopping its local processes only (the cluster goes on; `troupe stop "
         "--address HOST:PORT` stops the whole cluster)\n");

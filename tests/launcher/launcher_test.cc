@@ -149,6 +149,10 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   auto stop = run(std::string(TROUPE_CLI) + " stop");
   EXPECT_EQ(stop.status, 0) << stop.output;
   EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(std::stoi(head_pid), 0) != 0; }));
+  // A second stop has nothing to stop, and says so (not "the cluster goes on").
+  auto again = run(std::string(TROUPE_CLI) + " stop");
+  EXPECT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("nothing to stop"), std::string::npos) << again.output;
 }
 
 // A dead node's resources are not shown in use: what ran there died with
@@ -493,6 +497,46 @@ TEST_F(LauncherTest, HeadWhoseNodeAgentFailsIsStoppedAgain) {
   EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
   EXPECT_FALSE(std::filesystem::exists(dir_ / "head.pid"));
   EXPECT_FALSE(std::filesystem::exists(dir_ / "address"));
+}
+
+// `troupe start --block` in the foreground, stopped by Ctrl-C: what it
+// started ends with it, and so do their pid files and the head's address,
+// so the session reads as having no cluster (not as a head that refuses).
+TEST_F(LauncherTest, ABlockingStartStoppedByCtrlCLeavesNoClusterBehind) {
+  const std::string out = (dir_ / "block.out").string();
+  const pid_t start = ::fork();
+  ASSERT_GE(start, 0);
+  if (start == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(TROUPE_CLI, TROUPE_CLI, "start", "--head", "--port", "0", "--dashboard-port", "-1", "--block",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto printed = [&] { return troupe::core::read_session_file(dir_.string(), "block.out"); };
+  auto node_pid_file = [&] {
+    for (const auto& e : std::filesystem::directory_iterator(dir_))
+      if (e.path().filename().string().rfind("node-", 0) == 0 && e.path().extension() == ".pid") return true;
+    return false;
+  };
+  const bool up =
+      troupe::test::eventually([&] { return printed().find("running in the foreground") != std::string::npos; });
+  EXPECT_TRUE(node_pid_file());
+  const pid_t head = started_head_pid(printed());
+  ::kill(start, SIGINT);
+  int st = 0;
+  EXPECT_TRUE(troupe::test::eventually([&] { return ::waitpid(start, &st, WNOHANG) == start; }));
+  ASSERT_TRUE(up) << printed();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  ASSERT_GT(head, 0);
+  EXPECT_TRUE(troupe::test::process_gone(head));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "head.pid"));
+  EXPECT_FALSE(node_pid_file());
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "address"));
+  auto status = run(cli() + " status");
+  EXPECT_NE(status.status, 0);
+  EXPECT_NE(status.output.find("no running cluster"), std::string::npos) << status.output;
 }
 
 // Two `troupe start --head` at once in one session: one head starts, the
