@@ -195,6 +195,17 @@ std::string silent_trainers(const std::exception_ptr& e, const std::vector<Futur
   return names.empty() ? "" : " from " + names;
 }
 
+template <class E>
+bool is_a(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+  }
+  return false;
+}
+
 // The failure behind the others, among the round's calls that have
 // ended: a rank whose step (or whose loader's data set) raised aborts its
 // peers, and their errors can reach the driver first. A ConfigError that
@@ -202,32 +213,21 @@ std::string silent_trainers(const std::exception_ptr& e, const std::vector<Futur
 // settled (FailureRecovery::stop_round).
 std::exception_ptr root_cause(const std::vector<std::shared_ptr<core::FutureStateBase>>& round,
                               std::exception_ptr first, size_t loaders) {
-  auto is = [](const std::exception_ptr& e, auto* type) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::remove_pointer_t<decltype(type)>&) {
-      return true;
-    } catch (...) {
-    }
-    return false;
-  };
-  const ConfigError* config = nullptr;
-  const ActorDied* died = nullptr;
-  if (is(first, config)) return first;
+  if (is_a<ConfigError>(first)) return first;
   for (const auto& st : round)
-    if (auto e = st->ready() ? st->error() : nullptr; e && is(e, config)) return e;
+    if (auto e = st->ready() ? st->error() : nullptr; e && is_a<ConfigError>(e)) return e;
   // A loader's failure that is no death of its own (its stream broke) is
   // most often a trainer's death seen from the other end, which the
   // driver hears of a moment later: that trainer is the cause to name.
   // Waited for briefly; a stream that broke by itself costs this wait.
   const bool from_loader = std::any_of(round.begin(), round.begin() + std::min(loaders, round.size()),
                                        [&](const auto& st) { return st->ready() && st->error() == first; });
-  if (!from_loader || is(first, died)) return first;
+  if (!from_loader || is_a<ActorDied>(first)) return first;
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
   for (size_t i = loaders; i < round.size(); ++i) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     if (!round[i]->ready() && left.count() > 0) round[i]->wait_for(left);
-    if (auto e = round[i]->ready() ? round[i]->error() : nullptr; e && is(e, died)) return e;
+    if (auto e = round[i]->ready() ? round[i]->error() : nullptr; e && is_a<ActorDied>(e)) return e;
   }
   return first;
 }

@@ -215,8 +215,8 @@ std::string advertised_unreachable(const std::string& bind_host, const std::stri
                                                         : reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port);
     const std::string target = format_address(strip_brackets(advertise_host), port);
     if (const int err = tcp_connect_error(target, std::chrono::seconds(1)); err != 0)
-      why = "a connection to " + target + " that something listening on " + format_address(bind_host, port) +
-            " should take: " + std::strerror(err);
+      why = "a connection to " + target + " that something listening on " +
+            format_address(strip_brackets(bind_host), port) + " should take: " + std::strerror(err);
   }
   ::close(fd);
   return why;
