@@ -451,7 +451,18 @@ bool parse_train_args(int argc, char** argv, TrainOptions& o) {
 void check(const TrainOptions& o) {
   require(!o.model.empty(), "no model: give --model step.pt (or \"model\" in the job file)");
   require(!o.data.empty(), "no data: give --data train.npz");
-  if (!is_model_name(o.model)) check_file(o, "model", o.model);
+  if (!is_model_name(o.model)) {
+    std::error_code ec;
+    // A bare word that is no file was most likely meant as a built-in name.
+    if (!fs::exists(o.model, ec) && fs::path(o.model).extension().empty() && !fs::path(o.model).has_parent_path()) {
+      std::string names;
+      for (const auto& n : trainer::model_names())
+        if (n != "torchscript") names += (names.empty() ? "" : ", ") + n;
+      throw ConfigError(named(o, "model", o.model) + ": no such file, and no built-in model of that name (" + names +
+                        ")");
+    }
+    check_file(o, "model", o.model);
+  }
   // Sizes for a built-in model: a TorchScript module has its own, and would
   // silently train without the option asked for.
   if (!is_model_name(o.model) && !o.model_options.empty()) {

@@ -258,21 +258,22 @@ void JobReporter::progress(int64_t epoch, double loss, const std::map<std::strin
 
 void JobReporter::epoch(const EpochMetrics& em) {
   const JobPosition at = where_();
-  write_metrics({{"kind", "epoch"},
-                 {"job", cfg_.name},
-                 {"epoch", em.epoch},
-                 {"step", at.step},
-                 {"workers", at.world_size},
-                 {"train_loss", em.train_loss},
-                 {"train_accuracy", em.train_accuracy},
-                 {"samples_per_second", em.samples_per_second},
-                 {"data_wait", em.data_wait},
-                 {"val_loss", em.val_loss},
-                 {"val_accuracy", em.val_accuracy},
-                 {"val_count", em.val_count},
-                 {"seconds", em.seconds},
-                 {"train_metrics", em.train_metrics},
-                 {"val_metrics", em.val_metrics}});
+  nlohmann::json record = {{"kind", "epoch"},
+                           {"job", cfg_.name},
+                           {"epoch", em.epoch},
+                           {"step", at.step},
+                           {"workers", at.world_size},
+                           {"train_loss", em.train_loss},
+                           {"samples_per_second", em.samples_per_second},
+                           {"data_wait", em.data_wait},
+                           {"val_count", em.val_count},
+                           {"seconds", em.seconds},
+                           {"train_metrics", em.train_metrics}};
+  // What was not measured is left out, not written as 0: an accuracy only
+  // where the step reports one, validation only where it ran.
+  for (const auto& [k, v] : em.summary()) record[k] = v;
+  if (em.val_count > 0) record["val_metrics"] = em.val_metrics;
+  write_metrics(record);
   if (!cfg_.verbose) return;
   std::string val;
   if (cfg_.evaluate) {

@@ -40,6 +40,16 @@ const char* to_string(RecoveryMode mode) {
 
 std::ostream& operator<<(std::ostream& os, RecoveryMode mode) { return os << to_string(mode); }
 
+std::map<std::string, double> EpochMetrics::summary() const {
+  std::map<std::string, double> m = {{"train_loss", train_loss}};
+  if (train_metrics.count("accuracy")) m["train_accuracy"] = train_accuracy;
+  if (val_count > 0) {
+    m["val_loss"] = val_loss;
+    if (val_metrics.count("accuracy")) m["val_accuracy"] = val_accuracy;
+  }
+  return m;
+}
+
 void validate(const TrainJobConfig& c) {
   validate(c.trainer);
   const auto& s = c.scaling;
@@ -543,11 +553,7 @@ void Run::end_epoch() {
   result_.history.push_back(em);
   reporter_.epoch(em);
   event(JobEventKind::kEpoch, "epoch " + std::to_string(em.epoch) + " done at step " + std::to_string(gang_.step()));
-  if (cfg_.checkpoint.at_epoch_end && sampler_.epoch_done(gang_.cursor()))
-    checkpoint({{"train_loss", em.train_loss},
-                {"train_accuracy", em.train_accuracy},
-                {"val_loss", em.val_loss},
-                {"val_accuracy", em.val_accuracy}});
+  if (cfg_.checkpoint.at_epoch_end && sampler_.epoch_done(gang_.cursor())) checkpoint(em.summary());
   sums_ = EpochSums{};
 }
 

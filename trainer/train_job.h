@@ -214,6 +214,11 @@ struct EpochMetrics {
   // train_accuracy/val_accuracy repeat "accuracy" when there is one.
   std::map<std::string, double> train_metrics;
   std::map<std::string, double> val_metrics;
+
+  // train_loss, and of train_accuracy/val_loss/val_accuracy those that were
+  // measured (an accuracy where the step reports one, validation where it
+  // ran): the epoch record of the metrics file and a checkpoint's metrics.
+  std::map<std::string, double> summary() const;
 };
 
 // What a JobEvent records. to_string() gives the spelling used on stdout and

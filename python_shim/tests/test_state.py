@@ -93,6 +93,8 @@ def test_bad_filters_and_options_are_named():
         list_nodes(filters=[("state", ">", "ALIVE")])
     with pytest.raises(ConfigError, match=r"\(column, predicate, value\)"):
         list_actors(filters=["state=ALIVE"])
+    with pytest.raises(ConfigError, match="filters is a list of .*got 'state=alive'"):
+        list_actors(filters="state=alive")
     with pytest.raises(ConfigError, match="limit must be an int >= 0, got -1"):
         list_placement_groups(limit=-1)
     with pytest.raises(ConfigError, match="timeout"):

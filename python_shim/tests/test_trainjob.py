@@ -190,8 +190,10 @@ def test_a_checkpoint_dir_that_holds_a_run_needs_resume(tmp_path):
     assert again.history == []
     assert any(e["event"] == "resume_from" for e in again.events)
     assert again.checkpoint is None or os.path.basename(again.checkpoint) == os.path.basename(first.checkpoint)
-    with pytest.raises(ConfigError, match="resume=1 must be a bool"):
+    with pytest.raises(ConfigError, match="resume=1 must be True or False, not int"):
         TrainJob(model(), regression(256), resume=1)
+    with pytest.raises(ConfigError, match="epochs=2.5 must be an integer, not float"):
+        TrainJob(model(), regression(256), epochs=2.5)
 
 
 def test_bad_input_is_a_config_error_naming_it(tmp_path):

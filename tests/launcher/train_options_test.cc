@@ -149,6 +149,9 @@ TEST_F(TrainOptionsTest, AMissingFileNamesTheJobFilesKeyOrTheFlag) {
   EXPECT_EQ(problem({"--config", job, "--data", "/no/such.npz"}), "--data /no/such.npz: no such file");
   EXPECT_EQ(problem({"--model", "/no/step.pt", "--data", "x.npz", "--checkpoint-dir", "ck"}),
             "--model /no/step.pt: no such file");
+  // A bare word that is neither a file nor a built-in: the names there are.
+  EXPECT_EQ(problem({"--model", "resnet", "--data", "x.npz", "--checkpoint-dir", "ck"}),
+            "--model resnet: no such file, and no built-in model of that name (mlp, cnn)");
 }
 
 // Model options size a built-in model; for a TorchScript module they would

@@ -297,6 +297,10 @@ TEST_F(TrainCliTest, TrainsTwoWorkersFromAJobFileWithMetricsAndATorchLoadableChe
   EXPECT_LT(epochs.back()["train_loss"].get<double>(), 0.5 * epochs.front()["train_loss"].get<double>());
   EXPECT_EQ(epochs.back()["val_count"], 128);
   EXPECT_TRUE(epochs.back()["val_metrics"].contains("mae"));
+  // A regression step reports no accuracy: none is written (not 0).
+  EXPECT_TRUE(epochs.back().contains("val_loss")) << epochs.back().dump();
+  EXPECT_FALSE(epochs.back().contains("train_accuracy")) << epochs.back().dump();
+  EXPECT_FALSE(epochs.back().contains("val_accuracy")) << epochs.back().dump();
   const double wait = epochs.back()["data_wait"].get<double>();
   EXPECT_TRUE(wait >= 0 && wait <= 1) << wait;
 
@@ -420,6 +424,9 @@ TEST_F(TrainCliTest, SigtermStopsWithACheckpointAndResumeEndsWithTheSameWeights)
   };
   const Outcome whole = run(args("ckpt-whole", "whole.jsonl"), dir_ / "whole.log");
   ASSERT_EQ(whole.status, 0) << whole.output;
+  // No --val-data: the epoch records hold no validation figures.
+  for (const auto& e : metrics_lines(dir_ / "whole.jsonl", "epoch"))
+    EXPECT_FALSE(e.contains("val_loss") || e.contains("val_metrics")) << e.dump();
 
   const fs::path log = dir_ / "cut.log";
   pid_t pid = spawn(args("ckpt", "cut.jsonl"), log);

@@ -338,6 +338,9 @@ def _kept_steps(lines):
     return _kept(lines, "step")
 
 
+_KIND_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
+
+
 class TrainJobResult:
     """What a TrainJob run left: `history` (one dict per optimizer step:
     step, epoch, loss, the step's metrics, samples_per_s, world_size, time;
@@ -412,7 +415,8 @@ class TrainJob:
             kind = _FIELDS[key]
             ok = isinstance(value, kind) or (kind is float and isinstance(value, int) and not isinstance(value, bool))
             if not ok or (kind is int and isinstance(value, bool)):
-                raise ConfigError(f"TrainJob option {key}={value!r} must be a {kind.__name__}")
+                raise ConfigError(f"TrainJob option {key}={value!r} must be {_KIND_WORDS.get(kind, kind.__name__)}, "
+                                  f"not {type(value).__name__}")
             if kind is float and not math.isfinite(value):  # NaN and inf are no JSON for troupe-train
                 raise ConfigError(f"TrainJob option {key}={value!r} must be a finite number")
         self._model = model

@@ -142,6 +142,9 @@ def _filtered(rows, kind, filters, limit, what):
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ConfigError(f"troupe.util.state.{what}: limit must be an int >= 0, got {limit!r}")
     columns = [f.name for f in dataclasses.fields(kind)]
+    if filters is not None and not isinstance(filters, (list, tuple)):
+        raise ConfigError(f"troupe.util.state.{what}: filters is a list of (column, predicate, value), "
+                          f"e.g. [(\"state\", \"=\", \"ALIVE\")], got {filters!r}")
     for f in filters or ():
         if not isinstance(f, (tuple, list)) or len(f) != 3:
             raise ConfigError(f"troupe.util.state.{what}: a filter is (column, predicate, value), got {f!r}")
