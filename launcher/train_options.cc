@@ -107,6 +107,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"grad_clip", field(&TrainOptions::grad_clip)},
       {"max_failures", field(&TrainOptions::max_failures)},
       {"checkpoint_dir", field(&TrainOptions::checkpoint_dir)},
+      {"checkpoint_every", field(&TrainOptions::checkpoint_every)},
       {"resume", field(&TrainOptions::resume)},
       {"metrics", field(&TrainOptions::metrics)},
       {"address", field(&TrainOptions::address)},
@@ -248,6 +249,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "where checkpoints go (needed, here or in the job file; model.pt loads with torch.load)");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "also checkpoint every N optimizer steps inside an epoch (0 = at each epoch's end only): a failure "
+                 "healed from a checkpoint, or a --resume, loses at most N steps");
   app.add_flag("--resume", o.resume,
                "go on from the latest checkpoint in --checkpoint-dir (from step 0 when there is none); without it a "
                "--checkpoint-dir that holds checkpoints is refused");
@@ -502,6 +506,8 @@ void check(const TrainOptions& o) {
   require(o.loader_threads >= 1 && o.loader_threads <= 256,
           "--loader-threads must be between 1 and 256, got " + std::to_string(o.loader_threads));
   require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
+  require(o.checkpoint_every >= 0,
+          named(o, "checkpoint_every", std::to_string(o.checkpoint_every)) + " must be 0 (off) or a number of steps");
   require(o.cpu_gemm == "auto" || o.cpu_gemm == "onednn" || o.cpu_gemm == "aten",
           "--cpu-gemm must be auto, onednn or aten, got '" + o.cpu_gemm + "'");
   require(o.amp == "none" || o.amp == "bf16" || o.amp == "fp16",
@@ -611,6 +617,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   c.failure.max_failures = o.max_failures;
   c.checkpoint.dir = fs::absolute(o.checkpoint_dir).string();
   c.checkpoint.at_epoch_end = true;
+  c.checkpoint.every_steps = o.checkpoint_every;
   c.metrics_path = o.metrics.empty() ? "" : fs::absolute(o.metrics).string();
   c.evaluate = !o.val_data.empty();
   c.progress_every_steps = o.log_every;

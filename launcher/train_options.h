@@ -64,6 +64,9 @@ struct TrainOptions {
   // train_digits's default.
   int64_t max_failures = 3;
   std::string checkpoint_dir;
+  // Optimizer steps between checkpoints inside an epoch (0: at the end of
+  // each epoch only; an epoch's end always writes one).
+  int64_t checkpoint_every = 0;
   // Go on from the latest checkpoint in checkpoint_dir (from step 0 when it
   // holds none). Without it a checkpoint_dir that holds checkpoints is
   // refused: a second run writing there would mix its steps with the first

@@ -74,13 +74,16 @@ JOB = dict(workers=2, epochs=2, batch_size=16, optimizer="adamw", lr=0.01, seed=
 
 def test_fit_returns_history_events_and_a_loadable_checkpoint(tmp_path):
     result = TrainJob(model(), regression(512), val_data=regression(128, 1), checkpoint_dir=str(tmp_path),
-                      **JOB).fit()
+                      checkpoint_every=10, **JOB).fit()
     steps = [h["step"] for h in result.history]
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] == 2 * 512 // 32
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     assert all(h["world_size"] == 2 and "mae" in h for h in result.history)
     assert [e["epoch"] for e in result.epochs] == [0, 1] and "mae" in result.metrics["val_metrics"]
     assert {e["event"] for e in result.events} >= {"placed", "finished"} and result.recoveries == 0
+    # checkpoint_every=10 of 16 steps an epoch: inside the epochs and at their ends.
+    assert [e["step"] for e in result.events if e["event"] == "checkpoint"] == [10, 16, 20, 30, 32]
+    assert "train_accuracy" not in result.metrics and "val_loss" in result.metrics  # a regression: no accuracy
     weights = result.state_dict()
     assert set(weights) == {name for name, _ in Step().named_parameters()}
     assert os.path.dirname(result.checkpoint).startswith(str(tmp_path))

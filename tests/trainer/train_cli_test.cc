@@ -570,6 +570,62 @@ TEST_F(TrainCliTest, ResumeNamesDamagedCheckpointsAndRefusesWhenNoneCanBeRead) {
   EXPECT_NE(none.output.find("has 10 bytes, its manifest says"), std::string::npos) << none.output;
 }
 
+// --checkpoint-every N: checkpoints inside the epoch at every N-th step
+// (and at its end), the newest 3 kept; --resume from a mid-epoch one goes
+// on from its step.
+TEST_F(TrainCliTest, CheckpointEveryWritesMidEpochCheckpointsAndResumesFromOne) {
+  write_inputs(dir_, "ok", 512, 8);
+  auto args = [&](const std::string& metrics) {
+    return std::vector<std::string>{TROUPE_TRAIN,
+                                    "--model",
+                                    at("step.pt"),
+                                    "--data",
+                                    at("train.npz"),
+                                    "--workers",
+                                    "2",
+                                    "--epochs",
+                                    "1",
+                                    "--batch-size",
+                                    "16",
+                                    "--optimizer",
+                                    "sgd",
+                                    "--lr",
+                                    "0.01",
+                                    "--checkpoint-every",
+                                    "5",
+                                    "--log-every",
+                                    "16",
+                                    "--metrics",
+                                    at(metrics),
+                                    "--checkpoint-dir",
+                                    at("ckpt")};
+  };
+  const Outcome o = run(args("first.jsonl"), dir_ / "first.log");
+  ASSERT_EQ(o.status, 0) << o.output;
+  std::vector<int64_t> at_steps;
+  for (const auto& e : metrics_lines(dir_ / "first.jsonl", "event"))
+    if (e["event"] == "checkpoint") at_steps.push_back(e["step"].get<int64_t>());
+  EXPECT_EQ(at_steps, (std::vector<int64_t>{5, 10, 15, 16}));  // 512 / (2 × 16) = 16 steps
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) kept.push_back(e.path().filename().string());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<std::string>{"step-00000010", "step-00000015", "step-00000016"}));
+  // The run as if stopped after step 15: --resume goes on from there.
+  fs::remove_all(dir_ / "ckpt" / "step-00000016");
+  auto again = args("again.jsonl");
+  again.push_back("--resume");
+  const Outcome resumed = run(again, dir_ / "again.log");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + at("ckpt/step-00000015")), std::string::npos) << resumed.output;
+  const auto steps = metrics_lines(dir_ / "again.jsonl", "step");
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps.front()["step"], 16);
+  // A negative N is refused naming the flag.
+  auto bad = args("bad.jsonl");
+  *std::find(bad.begin(), bad.end(), std::string("5")) = "-5";
+  expect_one_line_failure(run(bad, dir_ / "bad.log"), "--checkpoint-every -5 must be 0 (off) or a number of steps");
+}
+
 TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   write_inputs(dir_, "ok", 64, 8);
   const std::vector<std::string> ok = {TROUPE_TRAIN,    "--model",          at("step.pt"), "--data",

@@ -64,7 +64,7 @@ _FIELDS = {
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
     "gpus_per_worker": float, "amp": str, "loader_threads": int, "step_timeout": float, "resume": bool,
-    "cpu_gemm": str,
+    "cpu_gemm": str, "checkpoint_every": int,
 }
 
 
@@ -390,7 +390,8 @@ class TrainJob:
     Other keywords: the TrainJobConfig fields of `troupe train` (workers, min_workers, max_workers,
     epochs, batch_size, accumulation (batches each worker adds up before one
     optimizer step), optimizer, lr, weight_decay, warmup_steps, grad_clip,
-    max_failures, seed, sync_batchnorm, cpus_per_worker, log_every, name,
+    max_failures, seed, sync_batchnorm, cpus_per_worker, log_every, checkpoint_every (steps between
+    checkpoints inside an epoch; 0: at epoch ends only), name,
     model_options, block_size, token_dtype, schedule ("constant"/"cosine"),
     min_lr_factor, compression ("none"/"bf16"/"fp16"), gpus_per_worker, amp
     ("none"/"bf16"/"fp16": autocast; bf16 on the CPU too, fp16 on GPUs
