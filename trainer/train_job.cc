@@ -167,6 +167,7 @@ class Run {
   // With the head gone nothing can be placed, probed or healed: the job
   // ends at once, saying so, rather than blaming the trainer that died of it.
   void give_up_if_head_lost(const std::string& why);
+  std::string save_what_survives();
   Result finish();
   [[noreturn]] void give_up(const std::string& why);
 
@@ -336,7 +337,7 @@ void Run::train() {
     } catch (const CallbackFailed& c) {
       std::rethrow_exception(c.error);
     } catch (const GiveUp& g) {
-      give_up(g.why);
+      give_up(g.why + save_what_survives());
     } catch (const JobFailed&) {
       throw;
     } catch (const ConfigError& e) {
@@ -645,7 +646,7 @@ void Run::recover(const std::string& why) {
     } catch (...) {
     }
     give_up("failure " + std::to_string(failures_) + " and failure.max_failures is " +
-            std::to_string(cfg_.failure.max_failures) + ": " + why);
+            std::to_string(cfg_.failure.max_failures) + ": " + why + save_what_survives());
   }
   give_up_if_head_lost(why);
   try {
@@ -669,6 +670,44 @@ void Run::recover(const std::string& why) {
   result_.recoveries.push_back(rec);
   open_recovery_ = result_.recoveries.size() - 1;
   last_grow_check_ = Clock::now();
+}
+
+// A job that gives up after failures whose survivors live on: the state of
+// the survivor that got furthest (the failed round settled, so its steps
+// are whole ones every rank took part in) is written as a checkpoint when
+// it is newer than the last one, so that --resume loses none of it. Said
+// as a clause of the give-up's reason; "" when there is nothing to save.
+std::string Run::save_what_survives() {
+  if (!writer_) return "";
+  try {
+    writer_->wait();
+    const auto last = writer_->last();
+    const int64_t saved = last ? last->step : -1;
+    const auto bound = std::min(cfg_.call_timeout, std::chrono::milliseconds(10000));
+    auto ps = gang_.call_all(&TrainerActor::progress);
+    std::optional<std::pair<size_t, Progress>> best;
+    for (size_t r = 0; r < ps.size(); ++r) {
+      try {
+        if (!gang_.slots()[r].has_state) continue;
+        const Progress p = ps[r].get(bound);
+        if (!best || p.step > best->second.step) best = {r, p};
+      } catch (const std::exception&) {
+      }
+    }
+    if (!best || best->second.step <= saved || best->second.step <= 0) return "";
+    TrainState state = gang_.slots()[best->first].trainer.call(&TrainerActor::state).get(cfg_.call_timeout);
+    state.world_size = gang_.world();
+    state.cursor = best->second.cursor;
+    state.epoch = state.cursor.epoch;
+    writer_->submit(std::move(state), {});
+    writer_->wait();
+    const auto info = writer_->last();
+    if (!info) return "";
+    event(JobEventKind::kCheckpoint, "step " + std::to_string(info->step) + " from a survivor: " + info->path);
+    return "; the survivors' state at step " + std::to_string(info->step) + " is saved in " + info->path;
+  } catch (const std::exception& e) {
+    return std::string("; the survivors' state could not be saved: ") + e.what();
+  }
 }
 
 void Run::give_up_if_head_lost(const std::string& why) {

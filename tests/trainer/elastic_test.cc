@@ -615,6 +615,9 @@ TEST(ElasticTest, BelowMinWorkersFails) {
   auto cfg = job(2, 8, 256);
   cfg.epochs = 50;
   cfg.failure.replacement_timeout = 200ms;
+  // At epoch ends only: none is due when it fails.
+  const auto dir = fresh_dir("below-min");
+  cfg.checkpoint.dir = dir.string();
   troupe::testing::FaultInjector faults(rt);
   const uint64_t before = faults.last_actor_id();
   faults.at_step(4, [&] {
@@ -627,6 +630,15 @@ TEST(ElasticTest, BelowMinWorkersFails) {
   } catch (const JobFailed& e) {
     EXPECT_NE(std::string(e.what()).find("scaling.min_workers is 2"), std::string::npos) << e.what();
     EXPECT_EQ(e.result().recoveries.size(), 0u);
+    // The survivor's state is on disk, where the job ended: nothing is lost
+    // to a job started again from it.
+    const auto saved = latest_checkpoint(dir.string());
+    ASSERT_TRUE(saved.has_value()) << e.what();
+    EXPECT_GE(saved->step, 4);
+    EXPECT_NE(std::string(e.what()).find("the survivors' state at step " + std::to_string(saved->step) +
+                                         " is saved in " + saved->path),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -354,6 +354,39 @@ TEST_F(TrainCliTest, AFailurePastMaxFailuresNamesTheFlag) {
       << o.output;
   EXPECT_EQ(o.output.find("pid 0"), std::string::npos) << o.output;
   EXPECT_EQ(o.output.find("the loader of rank"), std::string::npos) << o.output;
+  // No checkpoint was due yet (an epoch is 64 steps): the survivor's state
+  // is saved as one, at a step no earlier than the last one logged, and
+  // --resume goes on from it.
+  std::smatch saved;
+  ASSERT_TRUE(std::regex_search(o.output, saved, std::regex(R"(the survivors' state at step (\d+) is saved in (\S+))")))
+      << o.output;
+  const int64_t step = std::stoll(saved[1]);
+  EXPECT_GE(step, metrics_lines(dir_ / "metrics.jsonl", "step").back()["step"].get<int64_t>());
+  EXPECT_TRUE(fs::exists(fs::path(saved[2].str()) / "model.pt")) << saved[2];
+  const Outcome resumed = run({TROUPE_TRAIN,
+                               "--model",
+                               at("step.pt"),
+                               "--data",
+                               at("train.npz"),
+                               "--workers",
+                               "2",
+                               "--batch-size",
+                               "16",
+                               "--optimizer",
+                               "sgd",
+                               "--lr",
+                               "0.01",
+                               "--epochs",
+                               "1",
+                               "--checkpoint-dir",
+                               at("ckpt"),
+                               "--metrics",
+                               at("resumed.jsonl"),
+                               "--resume"},
+                              dir_ / "resumed.log");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + saved[2].str()), std::string::npos) << resumed.output;
+  EXPECT_EQ(metrics_lines(dir_ / "resumed.jsonl", "step").front()["step"], step + 1);
 }
 
 // The job's state as the head shows it (`troupe status`, the dashboard),
