@@ -103,17 +103,29 @@ uint32_t spare_delay_from_env() {
   return static_cast<uint32_t>(ms);
 }
 
-// Prints a rank's lines as they come; with `shown` false reads and drops
-// them (--local-ranks-filter), so that the rank never waits on its output.
+// A line joined from its pieces is printed once it is whole, or once it
+// holds this much (a script that never ends its line).
+constexpr size_t kMaxJoinedLine = 16u << 20;
+
+// Prints a rank's lines as they come, each whole (a long line arrives in
+// pieces); with `shown` false reads and drops them (--local-ranks-filter),
+// so that the rank never waits on its output.
 void print_lines(StreamReader<OutputLine>& reader, bool shown) {
+  std::string pending[2];  // a line's pieces so far, stdout's and stderr's
   try {
     while (auto l = reader.read()) {
       if (!shown) continue;
+      std::string& line = pending[l->is_stderr];
+      line += l->text;
+      if (l->continues && line.size() < kMaxJoinedLine) continue;
       std::lock_guard lock(print_mu);
       FILE* f = l->is_stderr ? stderr : stdout;
       // torchrun's --tee prefix, "[<role><rank>]:".
-      std::fprintf(f, "[default%d]:%s\n", l->rank, l->text.c_str());
+      std::fprintf(f, "[default%d]:", l->rank);
+      std::fwrite(line.data(), 1, line.size(), f);
+      std::fputc('\n', f);
       std::fflush(f);
+      line.clear();
     }
   } catch (const std::exception&) {
     // The slot is gone or the stream was cancelled: its lines end here.

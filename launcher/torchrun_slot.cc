@@ -68,7 +68,7 @@ void add_socket_interfaces(std::vector<std::string>& vars) {
 
 using Clock = std::chrono::steady_clock;
 
-// Longer lines go out in pieces of this size.
+// Longer lines go out in pieces of this size, which the launcher joins.
 constexpr size_t kMaxLine = 64 * 1024;
 // A progress bar's redrawn line goes out at most this often.
 constexpr auto kProgressEvery = std::chrono::seconds(1);
@@ -156,7 +156,11 @@ class OutputPump {
       if (!newest.empty()) frame_[i] = std::move(newest);
       b.erase(0, cr);
     }
-    while (b.size() >= kMaxLine) {
+    while (b.size() >= kMaxLine && b.find('\r') == std::string::npos) {
+      send(i == 1, b.substr(0, kMaxLine), true);
+      b.erase(0, kMaxLine);
+    }
+    while (b.size() >= kMaxLine) {  // a redrawn line this long: its frames in pieces
       send(i == 1, last_frame(b.substr(0, kMaxLine)));
       b.erase(0, kMaxLine);
     }
@@ -180,10 +184,10 @@ class OutputPump {
     sent_frame_[i] = std::move(frame_[i]);
     frame_[i].clear();
   }
-  void send(bool is_stderr, std::string text) {
+  void send(bool is_stderr, std::string text, bool continues = false) {
     if (!writer_) return;
     try {
-      writer_->write(OutputLine{rank_, is_stderr, std::move(text)});
+      writer_->write(OutputLine{rank_, is_stderr, std::move(text), continues});
     } catch (const std::exception&) {
       writer_.reset();  // the driver is gone; keep draining
     }

@@ -22,7 +22,10 @@ struct OutputLine {
   int32_t rank = 0;
   bool is_stderr = false;
   std::string text;
-  TROUPE_FIELDS(rank, is_stderr, text)
+  // A piece of a line longer than a message carries (OutputPump's
+  // kMaxLine): the line goes on in the next one.
+  bool continues = false;
+  TROUPE_FIELDS(rank, is_stderr, text, continues)
 };
 
 // What a slot runs: `python [-m] script args...` (with `no_python`,

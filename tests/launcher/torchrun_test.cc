@@ -425,6 +425,21 @@ TEST_F(TorchrunTest, NoPythonRunsAProgramAndTheFilterPrintsTheRanksNamed) {
   EXPECT_TRUE(left_in_session(r.session).empty());
 }
 
+// A line longer than one output message carries (64 KiB) is printed as
+// one line with one prefix, and two ranks' long lines do not mix. It used
+// to come out as several lines, each with the rank's prefix.
+TEST_F(TorchrunTest, ALineLongerThanAMessageIsPrintedWhole) {
+  auto r = run(torchrun({"--nproc-per-node", "2", "--no-python", kScripts + "/long_line.sh"}));
+  ASSERT_EQ(r.status, 0) << r.output.substr(0, 2000);
+  for (const char* rank : {"0", "1"})
+    EXPECT_NE(r.output.find(std::string("[default") + rank + "]:" + std::string(200000, 'x') + " rank " + rank + "\n"),
+              std::string::npos)
+        << rank << ": " << r.output.size() << " bytes";
+  size_t prefixes = 0;
+  for (size_t at = 0; (at = r.output.find("[default", at)) != std::string::npos; ++at) ++prefixes;
+  EXPECT_EQ(prefixes, 2u) << r.output.size() << " bytes";
+}
+
 TEST_F(TorchrunTest, MaxRestartsExhaustedExitsNonZeroAndStopsEveryScript) {
   auto r = run(torchrun({"--nproc-per-node", "2", "--max-restarts", "1", "--python", kPython,
                          kScripts + "/fail_rank1.py", out_.string()}));
