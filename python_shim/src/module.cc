@@ -59,6 +59,8 @@ void translate(std::exception_ptr p) {
     raise_as("StreamError", e);
   } catch (const RemoteError& e) {
     raise_as("RemoteError", e);
+  } catch (const ObjectStoreFull& e) {
+    raise_as("ObjectStoreFull", e);
   } catch (const Error& e) {
     raise_as("Error", e);
   }

@@ -5,6 +5,8 @@ import collections
 import copy
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -42,6 +44,15 @@ class Counter:
 
     def actor_id(self):
         return troupe.get_runtime_context().get_actor_id()
+
+
+def test_troupe_util_is_there_right_after_import():
+    # As ray.util after `import ray`: the docs' node-resource snippet used
+    # troupe.util before anything had imported it, and failed.
+    code = "import troupe; print(troupe.util.ActorPool.__name__, troupe.util.get_node_ip_address.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ActorPool", "get_node_ip_address"]
 
 
 def test_tasks_and_chained_refs():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import troupe
-from troupe.exceptions import ConfigError, TroupeError
+from troupe.exceptions import ConfigError, ObjectStoreFullError
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def test_object_store_memory_limits_what_a_process_keeps(restore_env):
     troupe.init(num_cpus=1, object_store_memory=1 << 20, logging_level=logging.ERROR)
     try:
         assert os.environ["TROUPE_LOG_LEVEL"] == "error"
-        with pytest.raises(TroupeError, match="object store full"):
+        with pytest.raises(ObjectStoreFullError, match="object store full"):  # Ray's class
             troupe.put(np.zeros(1 << 18))  # 2 MiB
         assert troupe.get(troupe.put(np.zeros(1 << 10)), timeout=60).shape == (1 << 10,)
     finally:

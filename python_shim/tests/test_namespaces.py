@@ -123,6 +123,9 @@ def test_bad_namespaces_and_names_are_refused_by_value():
         Counter.options(name="a/b")
     with pytest.raises(ConfigError, match="actor name 'alpha/x' contains '/'"):
         troupe.get_actor("alpha/x")
+    # An empty name is no name given (Ray refuses it too), not an unnamed actor.
+    with pytest.raises(ConfigError, match="an actor name must not be empty"):
+        Counter.options(name="")
     assert troupe.get_runtime_context().namespace == "alpha"
 
 

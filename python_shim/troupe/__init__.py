@@ -44,7 +44,7 @@ ObjectRef = _core.ObjectRef
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait", "kill", "cancel", "get_actor",
     "cluster_resources", "available_resources", "nodes", "get_runtime_context", "get_gpu_ids",
-    "ObjectRef", "ObjectRefGenerator", "ActorHandle", "ActorClass", "RemoteFunction", "exceptions", "actor",
+    "ObjectRef", "ObjectRefGenerator", "ActorHandle", "ActorClass", "RemoteFunction", "exceptions", "actor", "util",
 ]
 
 _core.set_error_classes(dict(exceptions._FROM_RUNTIME))
@@ -719,3 +719,9 @@ class RuntimeContext:
 def get_runtime_context():
     _client()
     return RuntimeContext(_state)
+
+
+# troupe.util (ActorPool, placement groups, state, ...) right after
+# `import troupe`, as ray.util after `import ray`. Imported last: its
+# modules use the names above.
+from troupe import util  # noqa: E402

@@ -167,7 +167,10 @@ def check_namespace(namespace, what):
 
 
 def check_actor_name(name, what):
-    """An actor's name (.options(name=...), get_actor): no separator."""
+    """An actor's name (.options(name=...), get_actor): not empty, no
+    separator. None is no name."""
+    if name is not None and str(name) == "":
+        raise ConfigError(f"{what}: an actor name must not be empty (leave name out for an unnamed actor)")
     if name and NAMESPACE_SEPARATOR in str(name):
         raise ConfigError(f"{what}: actor name {name!r} contains {NAMESPACE_SEPARATOR!r}, which troupe keeps to "
                           "join a namespace and a name; give the namespace with namespace=... instead")

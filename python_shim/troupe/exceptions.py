@@ -109,8 +109,9 @@ class OutOfMemoryError(TroupeError):
 
 
 class ObjectStoreFullError(TroupeError):
-    """Ray's error for a full object store; troupe's stores are bounded by
-    TROUPE_OBJECT_STORE_BYTES and raise TroupeError naming it."""
+    """A full object store (Ray's name): troupe's stores are bounded by
+    TROUPE_OBJECT_STORE_BYTES (troupe.init(object_store_memory=...)); the
+    message names the object's size and what the store holds."""
 
 
 class RuntimeEnvSetupError(TroupeError):
@@ -125,8 +126,10 @@ class TaskUnschedulableError(TroupeError):
 
 
 class ActorUnschedulableError(TroupeError):
-    """Ray's error for an actor that can be placed nowhere; troupe raises
-    ConfigError at creation, naming the resources."""
+    """Ray's error for an actor that can be placed nowhere. troupe does not
+    raise it: such an actor stays PENDING (a node that fits may join), its
+    pending_reason (troupe status, list_actors) names what it waits for,
+    and a get on its calls times out."""
 
 
 # Subclasses of TaskError and an original class, by that class.
@@ -227,6 +230,7 @@ _FROM_RUNTIME = {
     "WorkerDied": WorkerCrashedError,
     "Timeout": GetTimeoutError,
     "ObjectLost": ObjectLostError,
+    "ObjectStoreFull": ObjectStoreFullError,
     "ConfigError": ConfigError,
     "ConnectionError": TroupeConnectionError,
     "TaskCancelled": TaskCancelledError,
