@@ -314,9 +314,20 @@ int run_driver(const Cluster& c, const SlurmOptions& o) {
 
 }  // namespace
 
+std::string bad_slurm_value(const SlurmOptions& o) {
+  if (o.command.empty()) return "give the driver after --, e.g. troupe slurm -- ./my_driver";
+  // NaN passes a range check: said as what it must be.
+  if (!(o.start_timeout_s > 0 && o.start_timeout_s <= 7 * 86400.0)) {
+    std::ostringstream given;
+    given << std::setprecision(10) << o.start_timeout_s;
+    return "--start-timeout " + given.str() + " must be seconds in (0, 604800]";
+  }
+  return "";
+}
+
 int run_slurm(const SlurmOptions& o, const std::string& self) {
-  if (o.command.empty()) {
-    std::fprintf(stderr, "troupe slurm: give the driver after --, e.g. troupe slurm -- ./my_driver\n");
+  if (const std::string why = bad_slurm_value(o); !why.empty()) {
+    std::fprintf(stderr, "troupe slurm: %s\n", why.c_str());
     return 2;
   }
   Allocation a;

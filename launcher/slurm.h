@@ -26,6 +26,9 @@ struct SlurmOptions {
 // Runs it; returns the driver's exit code (2 for bad input, with a message
 // naming the variable or value).
 int run_slurm(const SlurmOptions& o, const std::string& self);
+// "" when the options can run, else why not (no driver command, a bad
+// --start-timeout): checked before a script is printed too.
+std::string bad_slurm_value(const SlurmOptions& o);
 
 // An sbatch script that runs `troupe slurm -- COMMAND` (--print-sbatch).
 std::string sbatch_script(const SlurmOptions& o, const std::string& self);

@@ -480,12 +480,12 @@ void check(const TrainOptions& o) {
   check_file(o, "data", o.data);
   if (!o.val_data.empty()) check_file(o, "val_data", o.val_data);
   require(o.workers >= 1, "--workers must be at least 1, got " + std::to_string(o.workers));
-  require(o.min_workers >= 0 && o.min_workers <= o.workers, "--min-workers must be in [1, --workers " +
-                                                                std::to_string(o.workers) + "] (0: --workers), got " +
-                                                                std::to_string(o.min_workers));
-  require(o.max_workers == 0 || o.max_workers >= o.workers, "--max-workers must be at least --workers " +
-                                                                std::to_string(o.workers) + " (0: --workers), got " +
-                                                                std::to_string(o.max_workers));
+  require(o.min_workers >= 0 && o.min_workers <= o.workers,
+          "--min-workers must be 0 (as many as --workers) or 1 to --workers " + std::to_string(o.workers) + ", got " +
+              std::to_string(o.min_workers));
+  require(o.max_workers == 0 || o.max_workers >= o.workers,
+          "--max-workers must be 0 (as many as --workers) or at least --workers " + std::to_string(o.workers) +
+              ", got " + std::to_string(o.max_workers));
   require(o.epochs >= 1, "--epochs must be at least 1, got " + std::to_string(o.epochs));
   require(o.batch_size >= 1, "--batch-size must be at least 1, got " + std::to_string(o.batch_size));
   require(o.accumulation >= 1 && o.accumulation <= (int64_t{1} << 20),

@@ -474,7 +474,13 @@ troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
   } else if (t.size() == 1) {
     r.target = "actor";
     bool numeric = !t[0].empty() && t[0].find_first_not_of("0123456789") == std::string::npos;
-    r.id = numeric ? number(t[0], "actor id") : actor_by_name(rt, t[0]);
+    try {
+      r.id = numeric ? number(t[0], "actor id") : actor_by_name(rt, t[0]);
+    } catch (const troupe::ConfigError& e) {
+      // `troupe logs node` most likely meant a node's log, not an actor.
+      if (t[0] != "node") throw;
+      throw troupe::ConfigError(std::string(e.what()) + " (a node's log: troupe logs node N, N from troupe status)");
+    }
     if (l.previous) r.target = "actor_previous";
   } else {
     throw troupe::ConfigError("give head, node N, or an actor's id or name");
@@ -752,13 +758,32 @@ int cmd_stop(const Args& a) {
     std::printf("stopped %d local troupe process(es)\n", stop_local_processes(dir));
     return 0;
   }
+  // Another cluster than this session's, named by --address: only its
+  // head is told; this session's processes are none of its business.
+  const bool elsewhere = !a.address.empty() && a.address != "auto" && a.address != read_session_file(dir, "address");
+  if (elsewhere) {
+    try {
+      troupe::wire::parse_address(a.address);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "troupe stop: --address %s: %s\n", a.address.c_str(), e.what());
+      return 2;
+    }
+  }
   bool head_told = false;
   try {
     auto rt = connect_session(a.address);
     rt.core()->head().call_empty<void>(troupe::wire::Op::kShutdown, std::chrono::seconds(5));
     head_told = true;
   } catch (const std::exception& e) {
+    if (elsewhere) {
+      std::fprintf(stderr, "troupe stop: the head at %s was not stopped: %s\n", a.address.c_str(), e.what());
+      return 1;
+    }
     std::fprintf(stderr, "troupe stop: head not reachable (%s); stopping local processes\n", e.what());
+  }
+  if (elsewhere) {
+    std::printf("told the head at %s to stop its cluster\n", a.address.c_str());
+    return 0;
   }
   std::printf("stopped %d local troupe process(es)\n", stop_local_processes(dir));
   // A head that could not be told did not empty its state db: a head
@@ -1104,6 +1129,10 @@ int main(int argc, char** argv) {
     if (*slurm) {
       std::error_code ec;
       const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+      if (const std::string why = troupe::launcher::bad_slurm_value(so); !why.empty()) {
+        std::fprintf(stderr, "troupe slurm: %s\n", why.c_str());
+        return 2;
+      }
       if (so.print_sbatch) {
         std::fputs(troupe::launcher::sbatch_script(so, self).c_str(), stdout);
         return 0;

@@ -47,9 +47,9 @@ void SlotPool::check_can_place(int64_t n) {
     double need = v * static_cast<double>(n);
     if (need > total[k] + 1e-9) {
       std::ostringstream s;
-      s << "cannot place " << n << " workers × " << format_resources(cfg_.scaling.resources_per_worker)
-        << ": they need " << k << " " << need << ", the cluster has " << k << " " << total[k]
-        << " in all (the placement group would stay PENDING)";
+      s << "cannot place " << n << (n == 1 ? " worker × " : " workers × ")
+        << format_resources(cfg_.scaling.resources_per_worker) << ": they need " << k << " " << need
+        << ", the cluster has " << k << " " << total[k] << " in all (the placement group would stay PENDING)";
       throw ConfigError(s.str());
     }
   }

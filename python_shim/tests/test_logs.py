@@ -229,6 +229,10 @@ def test_what_actors_that_never_lived_long_printed_reaches_the_driver(cluster, c
 def test_following_an_actor_goes_on_across_its_restart(cluster):
     phoenix = Phoenix.options(name="phoenix-followed").remote()
     first = troupe.get(phoenix.ping.remote(), timeout=60)
+    # Before any restart there is no previous worker, and it says so (it
+    # said the live actor "has had no worker process yet").
+    none = logs(cluster, "--previous", "phoenix-followed")
+    assert none.returncode == 2 and "has no previous worker: it has not restarted" in none.stderr, none.stderr
     follow = subprocess.Popen([cli(), "logs", "-f", "phoenix-followed"], env=cluster, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
@@ -252,6 +256,8 @@ def test_following_an_actor_goes_on_across_its_restart(cluster):
     assert prev.returncode == 0 and "marker-nine, the old worker's last" in prev.stdout, (prev.stdout, prev.stderr)
     bad = logs(cluster, "--previous", "head")
     assert bad.returncode == 2 and "--previous is for an actor's log" in bad.stderr, bad.stderr
+    node = logs(cluster, "node")
+    assert node.returncode == 2 and "troupe logs node N" in node.stderr, node.stderr
 
 
 def _alive_again(actor, first):

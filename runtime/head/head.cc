@@ -701,6 +701,9 @@ class Head::Impl {
       // dead actor's log is the one most worth reading); "actor_previous":
       // the last worker that ended.
       const auto [on_node, pid] = state_.actor_log_source(req.id, req.target == "actor_previous");
+      if (pid <= 0 && req.target == "actor_previous" && state_.actor_log_source(req.id, false).second > 0)
+        throw ConfigError("actor " + std::to_string(req.id) + " has no previous worker: it has not restarted (" +
+                          to_string(state_.actor_info(req.id).state) + "; without --previous: its worker's log)");
       if (pid <= 0)
         throw ConfigError("actor " + std::to_string(req.id) + " has had no worker process yet (" +
                           to_string(state_.actor_info(req.id).state) + ")");

@@ -165,7 +165,18 @@ class HttpEndpoint::Impl {
     res.set_header("Location", "/");
   }
 
-  void handle(const HttpRequest& req, HttpResponse& res) {
+  // Repeated slashes as one: the session's `dashboard` file holds the URL
+  // with its '/', so "$(cat dashboard)/metrics" asks for //metrics.
+  static std::string collapse_slashes(const std::string& path) {
+    std::string out;
+    for (char c : path)
+      if (!(c == '/' && !out.empty() && out.back() == '/')) out += c;
+    return out;
+  }
+
+  void handle(const HttpRequest& given, HttpResponse& res) {
+    HttpRequest req = given;
+    req.path = collapse_slashes(given.path);
     const bool get = req.method == "GET";
     nlohmann::json s;
     if (req.path == "/metrics" && get) {

@@ -164,7 +164,8 @@ void job_metrics(std::ostringstream& out, const json& all) {
   };
   static const Field kFields[] = {
       {"troupe_job_step", "step", "gauge", "Optimizer steps a TrainJob has done."},
-      {"troupe_job_epoch", "epoch", "gauge", "The epoch a TrainJob is in."},
+      {"troupe_job_epoch", "epoch", "gauge",
+       "The epoch a TrainJob is in, counted from 0 (troupe status and the console show it from 1)."},
       {"troupe_job_samples_per_second", "samples_per_s", "gauge", "A TrainJob's training throughput."},
       {"troupe_job_data_wait", "data_wait", "gauge",
        "Share of a TrainJob's latest train() round its trainers spent waiting for batches (0-1)."},

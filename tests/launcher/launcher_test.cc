@@ -313,6 +313,15 @@ TEST_F(LauncherTest, ClearErrorsWithoutACluster) {
   EXPECT_NE(nobody.output.find("cannot connect to 127.0.0.1:1: Connection refused"), std::string::npos)
       << nobody.output;
   EXPECT_EQ(nobody.output.find("token"), std::string::npos) << nobody.output;
+  // stop --address of another cluster: a malformed one is a usage error, an
+  // unreachable one fails; neither is taken for this session's own stop.
+  auto garbage = run(cli() + " stop --address garbage");
+  EXPECT_EQ(WEXITSTATUS(garbage.status), 2) << garbage.output;
+  EXPECT_NE(garbage.output.find("--address garbage: "), std::string::npos) << garbage.output;
+  auto gone = run(cli() + " stop --address 127.0.0.1:1");
+  EXPECT_EQ(WEXITSTATUS(gone.status), 1) << gone.output;
+  EXPECT_NE(gone.output.find("the head at 127.0.0.1:1 was not stopped"), std::string::npos) << gone.output;
+  EXPECT_EQ(gone.output.find("local"), std::string::npos) << gone.output;
 }
 
 TEST_F(LauncherTest, PortOutOfRangeIsRefused) {

@@ -39,6 +39,16 @@ std::string gpu_error(const std::string& slurm_gpus_on_node) {
   return "";
 }
 
+// `command`'s exit code (-1: killed) and its output, stderr with stdout.
+std::pair<int, std::string> shell(const std::string& command) {
+  std::string out;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int st = pclose(p);
+  return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+}
+
 }  // namespace
 
 // Nodes of different sizes in one job (sbatch -N2 -n3 gives "2,1"): each
@@ -91,16 +101,10 @@ TEST(SlurmAllocation, GpusFromCudaVisibleDevices) {
 // before it runs scontrol or starts anything (no Slurm needed).
 TEST(SlurmAllocation, CliRefusesMalformedVariablesNamingThem) {
   auto run = [](const std::string& env, const std::string& options = "") {
-    std::string out;
-    FILE* p = popen(("env -u SLURM_JOB_CPUS_PER_NODE -u SLURM_GPUS_ON_NODE -u CUDA_VISIBLE_DEVICES "
-                     "SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n1 " +
-                     env + " " TROUPE_CLI " slurm " + options + " -- true 2>&1")
-                        .c_str(),
-                    "r");
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-    const int st = pclose(p);
-    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+    return shell(
+        "env -u SLURM_JOB_CPUS_PER_NODE -u SLURM_GPUS_ON_NODE -u CUDA_VISIBLE_DEVICES "
+        "SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n1 " +
+        env + " " TROUPE_CLI " slurm " + options + " -- true");
   };
   auto [rc, out] = run("SLURM_JOB_CPUS_PER_NODE='2(x3'");
   EXPECT_EQ(rc, 2) << out;
@@ -112,6 +116,26 @@ TEST(SlurmAllocation, CliRefusesMalformedVariablesNamingThem) {
   std::tie(rc, out) = run("SLURM_JOB_CPUS_PER_NODE=2 CUDA_VISIBLE_DEVICES=-1", "--gpus-per-node 1");
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("--gpus-per-node 1 but the allocation has 0 GPU(s)"), std::string::npos) << out;
+}
+
+// Bad options are refused before anything runs or a script is printed: a
+// --start-timeout of 0, below or NaN (it failed the job at the first look
+// for the head), and --print-sbatch without a driver (a script that could
+// only fail in the queue).
+TEST(SlurmOptions, BadStartTimeoutAndAMissingDriverAreRefused) {
+  auto run = [](const std::string& args) { return shell(TROUPE_CLI " slurm " + args); };
+  for (const char* bad : {"0", "-1", "nan"}) {
+    auto [rc, out] = run(std::string("--print-sbatch --start-timeout ") + bad + " -- ./driver");
+    EXPECT_EQ(rc, 2) << bad << ": " << out;
+    EXPECT_NE(out.find(std::string("--start-timeout ") + bad + " must be seconds in (0, 604800]"), std::string::npos)
+        << out;
+  }
+  auto [rc, out] = run("--print-sbatch");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("give the driver after --"), std::string::npos) << out;
+  std::tie(rc, out) = run("--print-sbatch --start-timeout 90 -- ./driver");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("--start-timeout 90 -- './driver'"), std::string::npos) << out;
 }
 
 // What the node agent of each node is started with: its own CPUs, and by

@@ -145,6 +145,10 @@ TEST_F(DashboardTest, BareLineFeedsAreAnsweredWithA400) {
   }
   std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
   EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
+  // The session's dashboard URL ends in '/': "$(cat dashboard)/metrics".
+  std::string doubled = get(port_, "//metrics", "Authorization: Bearer the-token\r\n");
+  EXPECT_EQ(doubled.rfind("HTTP/1.1 200", 0), 0u) << doubled.substr(0, 200);
+  EXPECT_NE(doubled.find("troupe_node_"), std::string::npos) << doubled.substr(0, 400);
 }
 
 // Clients that open connections and dribble half-sent requests (a header

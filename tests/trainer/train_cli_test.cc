@@ -698,8 +698,10 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   // An .npz's zip bytes are no token ids (before: trained on them, exit 0).
   expect_one_line_failure(with({"--block-size", "8"}),
                           "--block-size 8 reads a token stream, and " + at("train.npz") + " is an .npz of arrays");
-  expect_one_line_failure(with({"--workers", "2", "--min-workers", "3"}), "--min-workers must be in [1, --workers 2]");
-  expect_one_line_failure(with({"--workers", "2", "--max-workers", "1"}), "--max-workers must be at least --workers 2");
+  expect_one_line_failure(with({"--workers", "2", "--min-workers", "3"}),
+                          "--min-workers must be 0 (as many as --workers) or 1 to --workers 2, got 3");
+  expect_one_line_failure(with({"--workers", "2", "--max-workers", "1"}),
+                          "--max-workers must be 0 (as many as --workers) or at least --workers 2, got 1");
   // A job that may grow to --max-workers needs a step for each of them.
   expect_one_line_failure(with({"--batch-size", "32", "--max-workers", "4"}),
                           "has 64 samples, fewer than one step of --max-workers 4 × --batch-size 32 = 128");
