@@ -999,7 +999,9 @@ int main(int argc, char** argv) {
                     "address others reach this head's or node's processes at (host name, IPv4, or IPv6 in "
                     "brackets); default: --host, or when it is 0.0.0.0 the first non-loopback interface's "
                     "address (127.0.0.1 if none) for a head, the interface that routes to the head for a node");
-  start->add_option("--port", a.port, "head port (0 = any)")->capture_default_str()->check(CLI::Range(0, 65535));
+  start->add_option("--port", a.port, "head port (0 = any)")
+      ->capture_default_str()
+      ->check(troupe::launcher::in_range(0, 65535));
   start->add_option("--address", a.address, "HOST:PORT of the head to join (auto: the session's)");
   start->add_option("--resources", a.resources, "resource overrides, e.g. CPU=2,GPU=0,custom=1");
   start
@@ -1018,7 +1020,7 @@ int main(int argc, char** argv) {
                    "with --head: port of the dashboard, /metrics and /api/status (0 = any free port, -1 = off; the "
                    "default falls back to a free port when taken)")
       ->capture_default_str()
-      ->check(CLI::Range(-1, 65535))
+      ->check(troupe::launcher::in_range(-1, 65535))
       ->each([&a](const std::string&) { a.dashboard_port_given = true; });
   start->add_flag("--dashboard-require-token", a.dashboard_require_token,
                   "with --head: the dashboard asks for the token even when the head listens on loopback only");
@@ -1035,7 +1037,7 @@ int main(int argc, char** argv) {
       ->add_option("--hang-timeout", a.hang_timeout_s,
                    "with --supervise: seconds the head's event loop may give no sign of life before the supervisor "
                    "counts it as hung, kills it and starts it again (0 = never)")
-      ->check(CLI::Range(0.0, 86400.0))
+      ->check(troupe::launcher::in_range(0.0, 86400.0))
       ->needs(supervise)
       ->default_val(30);
   start
@@ -1045,25 +1047,25 @@ int main(int argc, char** argv) {
   start
       ->add_option("--max-dead-actors", a.max_dead_actors, "with --head: DEAD actors kept for status (oldest go first)")
       ->capture_default_str()
-      ->check(CLI::Range(size_t(0), size_t(1) << 30));
+      ->check(troupe::launcher::in_range(size_t(0), size_t(1) << 30));
   start
       ->add_option("--heartbeat-ms", a.heartbeat_ms,
                    "with --head: how often node agents report to the head (the head tells each agent)")
       ->capture_default_str()
-      ->check(CLI::Range(10u, 60000u));
+      ->check(troupe::launcher::in_range(10u, 60000u));
   start
       ->add_option("--heartbeat-misses", a.heartbeat_misses,
                    "with --head: a node silent for this many intervals is declared dead and fenced (its actors "
                    "restart elsewhere); raise it where agents may be starved of CPU for longer")
       ->capture_default_str()
-      ->check(CLI::Range(1u, 100000u));
+      ->check(troupe::launcher::in_range(1u, 100000u));
   auto* status = app.add_subcommand("status", "show nodes, resources and actors");
   status->add_flag("--json", a.json, "machine-readable output");
   status->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   status->add_option("--state", a.status.state, "list only actors in this state")
       ->check(CLI::IsMember({"PENDING", "ALIVE", "RESTARTING", "DEAD"}));
   status->add_option("--limit", a.status.limit, "list at most N actors, the newest (0 = all)")
-      ->check(CLI::Range(0u, 1u << 30));
+      ->check(troupe::launcher::in_range(0u, 1u << 30));
   auto* stop = app.add_subcommand("stop",
                                   "stop the cluster of this session (in a session that only joined a cluster: its "
                                   "node agents alone)");
@@ -1089,20 +1091,22 @@ int main(int argc, char** argv) {
   logs->add_option("--name", la.name, "an actor by its name, also one that reads as a number or as head");
   logs->add_option("--tail", la.tail, "bytes from the end to start with (and per read)")
       ->capture_default_str()
-      ->check(CLI::Range(1u, 4u << 20));
+      ->check(troupe::launcher::in_range(1u, 4u << 20));
   logs->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   troupe::launcher::SlurmOptions so;
   auto* slurm = app.add_subcommand(
       "slurm",
       "inside a Slurm allocation: a cluster on its nodes (head here, an agent per node via srun) for one driver");
-  slurm->add_option("--port", so.port, "head port (0 = any free)")->capture_default_str()->check(CLI::Range(0, 65535));
+  slurm->add_option("--port", so.port, "head port (0 = any free)")
+      ->capture_default_str()
+      ->check(troupe::launcher::in_range(0, 65535));
   slurm->add_option("--dashboard-port", so.dashboard_port, "the head's dashboard port (0 = any free, -1 = off)")
       ->capture_default_str()
-      ->check(CLI::Range(-1, 65535));
+      ->check(troupe::launcher::in_range(-1, 65535));
   slurm
       ->add_option("--gpus-per-node", so.gpus_per_node,
                    "GPUs each node agent offers; an error when the allocation has fewer (default: what it has)")
-      ->check(CLI::Range(0, 64));
+      ->check(troupe::launcher::in_range(0, 64));
   slurm->add_option("--start-timeout", so.start_timeout_s, "seconds for the head and every agent to come up")
       ->capture_default_str();
   slurm->add_flag("--print-sbatch", so.print_sbatch, "print an sbatch script that runs this command, and exit");

@@ -343,6 +343,7 @@ TEST_F(LauncherTest, BadStartValuesAreUsageErrorsNamingOptionAndValue) {
       {"--worker-pool-size", "100"},    {"--worker-pool-size", "-1"},  {"--worker-idle-timeout", "0"},
       {"--worker-idle-timeout", "abc"}, {"--heartbeat-ms", "5"},       {"--resources", "CPU=x"},
       {"--max-dead-actors", "-1"},      {"--dashboard-port", "70000"}, {"--port", "abc"},
+      {"--heartbeat-ms", "1e3"},        {"--heartbeat-misses", "2.5"},
   };
   for (const auto& [option, value] : cases) {
     auto r = run(cli() + " start --head " + option + " " + value);
@@ -354,6 +355,13 @@ TEST_F(LauncherTest, BadStartValuesAreUsageErrorsNamingOptionAndValue) {
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << what;
     EXPECT_TRUE(troupe::core::read_session_file(dir_.string(), "head.pid").empty()) << what;
   }
+  // Said as what is wrong with it: 1000 is in range, 1e3 is no whole number.
+  auto exp = run(cli() + " start --head --heartbeat-ms 1e3");
+  EXPECT_NE(exp.output.find("1e3 is not a whole number"), std::string::npos) << exp.output;
+  auto word = run(cli() + " start --head --port abc");
+  EXPECT_NE(word.output.find("abc is not a number"), std::string::npos) << word.output;
+  auto far = run(cli() + " start --head --heartbeat-ms 5");
+  EXPECT_NE(far.output.find("5 is not in [10, 60000]"), std::string::npos) << far.output;
   auto help = run(cli() + " start --help");
   ASSERT_TRUE(WIFEXITED(help.status));
   EXPECT_EQ(WEXITSTATUS(help.status), 0) << help.output;
