@@ -438,15 +438,21 @@ void HeadState::actor_lost(Actor& a, const std::string& why, bool uses_restart) 
   }
   bool left = restarts_left(a.info);
   if (a.kill_requested || !left) {
+    // A task's executor never restarts: its caller retries the task (or
+    // not) and says so; "no restarts left" would read as the task's end.
+    const bool executor = a.info.class_name == client::kTaskExecutorClass;
     if (a.info.death_cause.empty() || !a.kill_requested)
-      a.info.death_cause = why + (left ? ""
-                                       : " (no restarts left: " + std::to_string(a.info.restarts) + " of " +
-                                             std::to_string(a.info.max_restarts) + " used)");
+      a.info.death_cause = why + (left || executor ? ""
+                                                   : " (no restarts left: " + std::to_string(a.info.restarts) + " of " +
+                                                         std::to_string(a.info.max_restarts) + " used)");
     // A kill somebody asked for is routine, and so is what a stopping
     // cluster takes with it (a detached actor at an embedded cluster's
     // end); a death with no restarts left is worth a warning.
     if (a.kill_requested || stopping_)
       TROUPE_LOG_INFO("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
+    else if (executor)
+      TROUPE_LOG_WARN("task executor {} ended: {} (its caller retries the task if it has retries left)", a.info.id,
+                      a.info.death_cause);
     else
       TROUPE_LOG_WARN("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
     set_dead(a);
@@ -601,10 +607,12 @@ bool HeadState::try_place(Actor& a) {
       a.info.pending_reason = reason;
       // Waiting for a busy cluster is queueing, not a problem: a warning
       // only when no live node could hold the actor even when idle.
-      if (a.spec.placement_group || could_ever_hold(a.spec.resources))
-        TROUPE_LOG_INFO("actor {} ({}) is {}: {}", a.info.id, a.info.class_name, to_string(a.info.state), reason);
-      else
+      const bool unplaceable = !a.spec.placement_group && !could_ever_hold(a.spec.resources);
+      if (unplaceable && !a.warned_unplaceable)
         TROUPE_LOG_WARN("actor {} ({}) is {}: {}", a.info.id, a.info.class_name, to_string(a.info.state), reason);
+      else
+        TROUPE_LOG_INFO("actor {} ({}) is {}: {}", a.info.id, a.info.class_name, to_string(a.info.state), reason);
+      a.warned_unplaceable = a.warned_unplaceable || unplaceable;
       publish(a);
     }
     return false;

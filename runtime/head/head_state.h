@@ -37,7 +37,7 @@ using Time = std::chrono::steady_clock::time_point;
 struct HeadConfig {
   uint32_t heartbeat_ms = core::kHeartbeatMs;          // nodes heartbeat this often
   uint32_t heartbeat_misses = core::kHeartbeatMisses;  // silent for this many intervals = dead
-  size_t max_dead_actors = 1000;  // DEAD actors kept for status; oldest go first
+  size_t max_dead_actors = 1000;                       // DEAD actors kept for status; oldest go first
   // Dead nodes and removed placement groups kept for status (and for late
   // lookups); the oldest are forgotten first. A fenced node that joins
   // again is a new node, so dead nodes add up on a long-running cluster.
@@ -237,6 +237,9 @@ class HeadState {
     // Its current worker said hello (took its arguments): it started.
     bool said_hello = false;
     bool kill_requested = false;
+    // Warned that no live node could hold it: once, not at every change of
+    // the free resources its pending reason quotes.
+    bool warned_unplaceable = false;
     // The incarnation a KillWorker was last sent for (none: none was): one
     // sent while its node's agent was away is sent again when it is back.
     std::optional<uint32_t> kill_sent;

@@ -250,6 +250,21 @@ TEST_F(HeadStateTest, RestartsCountUpThenTheActorIsDead) {
   EXPECT_NE(state_.actor_info(a.id).death_cause.find("no restarts left: 2 of 2"), std::string::npos);
 }
 
+// A task's executor never restarts (its caller retries the task): its
+// death cause is what happened, without "no restarts left", which read as
+// the task's end in a death the caller went on to retry.
+TEST_F(HeadStateTest, AnExecutorsDeathCauseSaysNothingOfRestarts) {
+  add_node({{"CPU", 2}}, 1);
+  auto s = spec({});
+  s.class_name = troupe::client::kTaskExecutorClass;
+  auto a = state_.create_actor(kDriver, s);
+  start_spawned();
+  exited(a.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  EXPECT_EQ(state_.actor_info(a.id).death_cause.find("restarts"), std::string::npos)
+      << state_.actor_info(a.id).death_cause;
+}
+
 TEST_F(HeadStateTest, NodeDeathRestartsItsActorsElsewhereOrMakesThemDead) {
   uint64_t n1 = add_node({{"CPU", 2}}, 1);
   auto a = state_.create_actor(kDriver, spec({{"CPU", 2}}, 1));
