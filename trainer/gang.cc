@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "troupe/runtime/collective/actor_group.h"
 #include "troupe/runtime/core/exception_text.h"
@@ -54,7 +55,9 @@ void Gang::setup_new(std::chrono::milliseconds timeout) {
   std::vector<size_t> which;
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].ready) continue;
-    fs.push_back(slots_[i].trainer.call(&TrainerActor::setup, cfg_.trainer));
+    // A standby taken while still setting up: its setup() call, not a second.
+    fs.push_back(slots_[i].setting_up ? std::move(*std::exchange(slots_[i].setting_up, std::nullopt))
+                                      : slots_[i].trainer.call(&TrainerActor::setup, cfg_.trainer));
     which.push_back(i);
   }
   auto infos = get_all(fs, timeout);

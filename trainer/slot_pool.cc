@@ -228,6 +228,11 @@ std::vector<Slot> SlotPool::take_standby(size_t n, Clock::time_point deadline) {
     try {
       if (s.setting_up) s.setting_up->get(left);
       probes[i].get(left);
+    } catch (const Timeout&) {
+      // Still setting up (a large model, a GPU's start): it is further
+      // along than a slot placed now would be, so it stands in all the
+      // same, and Gang::setup_new waits for its setup() to answer.
+      alive = s.setting_up && !s.setting_up->ready();
     } catch (...) {
       alive = false;
     }
@@ -235,8 +240,8 @@ std::vector<Slot> SlotPool::take_standby(size_t n, Clock::time_point deadline) {
       release(s);
       continue;
     }
-    s.setting_up.reset();
-    s.ready = true;
+    if (s.setting_up && s.setting_up->ready()) s.setting_up.reset();
+    s.ready = !s.setting_up;
     s.has_state = false;
     out.push_back(std::move(s));
   }

@@ -33,7 +33,9 @@ struct Slot {
   // Holds the job's training state (joined a formed group that synced or
   // healed it, or loaded a checkpoint): may be a heal source.
   bool has_state = false;
-  // A standby's setup() call, until it has answered.
+  // A standby's setup() call, until it has answered (or, for a standby
+  // that stood in while still setting up, until Gang::setup_new waits on
+  // it).
   std::optional<Future<TrainerInfo>> setting_up;
 };
 
@@ -72,8 +74,10 @@ class SlotPool {
   // training goes on). Returns how many were placed.
   int64_t refill_standby();
   size_t standby_count() const { return standby_.size(); }
-  // Up to n live, set-up standby trainers, taken out of the pool (dead ones
-  // are released), waiting for each at most until `deadline`.
+  // Up to n live standby trainers, taken out of the pool (dead ones are
+  // released), waiting for each at most until `deadline`. One still
+  // setting up then is taken too, not ready, with its setup() call in
+  // `setting_up`: Gang::setup_new waits for that.
   std::vector<Slot> take_standby(size_t n, std::chrono::steady_clock::time_point deadline);
 
   // How many more slots (at most `limit`) the live nodes' free resources fit.

@@ -22,6 +22,8 @@
 #include <map>
 #include <numeric>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -220,6 +222,53 @@ TEST_F(TwoWorkerJobTest, StandbyTrainerReplacesADeadOne) {
   ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
   EXPECT_EQ(hurt.recoveries[0].from_standby, 1) << describe(hurt);
   EXPECT_EQ(hurt.recoveries[0].placed, 0);
+  EXPECT_EQ(hurt.recoveries[0].lost_steps, 0);
+  expect_bitwise_equal(clean_.final_state, hurt.final_state);
+}
+
+// An "mlp" whose third worker process to build it (the standby, after the
+// two trainers) takes 6 s to: a model that is slow to set up (a large one,
+// a GPU's start). Each worker process claims a number once, by creating
+// CONFIG/setup-N exclusively.
+TROUPE_MODEL("mlp_slow_third_setup", [](const ModelSpec& s) {
+  static const int mine = [&] {
+    if (troupe::core::env_value(troupe::core::kEnvNodeId).empty()) return 0;  // the driver: not counted
+    for (int n = 1;; ++n) {
+      const int fd = ::open((s.config + "/setup-" + std::to_string(n)).c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+      if (fd >= 0) {
+        ::close(fd);
+        return n;
+      }
+      if (errno != EEXIST) return 0;
+    }
+  }();
+  static bool slept = false;
+  if (mine == 3 && !std::exchange(slept, true)) std::this_thread::sleep_for(6s);
+  ModelSpec mlp = s;
+  mlp.name = "mlp";
+  return make_model(mlp);
+});
+
+// A standby still setting up when a trainer dies stands in all the same
+// (a slot placed then would start further back) and is waited for; it used
+// to be killed at the recovery's deadline and a new slot placed instead.
+TEST_F(TwoWorkerJobTest, AStandbyStillSettingUpStandsInAndIsWaitedFor) {
+  const std::string dir = troupe::test::make_temp_dir("slow-standby");
+  cfg_.trainer.model.name = "mlp_slow_third_setup";
+  cfg_.trainer.model.config = dir;
+  cfg_.failure.standby_workers = 1;
+  cfg_.failure.abort_timeout = 300ms;  // the standby's wait ends 2.3 s after the kill
+  kill_at(8, [this] {
+    EXPECT_TRUE(troupe::test::eventually([&] { return faults_.live_actors(kTrainerClass, before_).size() == 3; }))
+        << "the standby trainer never came up";
+    return trainer(1);
+  });
+  const auto hurt = TrainJob(rt_, cfg_).fit();
+  troupe::test::remove_dir(dir);
+  ASSERT_EQ(faults_.faults().size(), 1u);
+  ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].from_standby, 1) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].placed, 0) << describe(hurt);
   EXPECT_EQ(hurt.recoveries[0].lost_steps, 0);
   expect_bitwise_equal(clean_.final_state, hurt.final_state);
 }
