@@ -166,6 +166,23 @@ def test_the_driver_shows_what_its_tasks_and_actors_print(cluster, capsys):
     assert text.count("marker-three from a task") == 1, text
 
 
+def test_a_detached_actor_prints_to_the_driver_that_made_it(cluster, capsys):
+    # It has no owner (it outlives this driver), but while this driver runs
+    # its output is this driver's, as in Ray; it used to go nowhere.
+    talker = Talker.options(name="detached-talker", lifetime="detached").remote()
+    try:
+        troupe.get(talker.say.remote("marker-four-b from a detached actor"), timeout=60)
+        seen = []
+
+        def shown():
+            seen.append(capsys.readouterr().out)
+            return "marker-four-b from a detached actor\n" in "".join(seen)
+
+        wait_until(shown, what="the detached actor's line on the driver's console")
+    finally:
+        troupe.kill(talker)
+
+
 @troupe.remote(max_restarts=1)
 class Phoenix:
     def last_words(self, text):

@@ -317,6 +317,8 @@ ActorInfo HeadState::create_actor(PeerId owner, ActorSpec spec) {
   if (!a.spec.detached) {
     a.owner = owner;
     if (auto c = clients_.find(owner); c != clients_.end()) a.owner_client = c->second;
+  } else if (auto c = clients_.find(owner); c != clients_.end()) {
+    a.creator_client = c->second;
   }
   uint64_t id = a.info.id;
   mark(a);
@@ -1155,7 +1157,7 @@ nlohmann::json HeadState::actors_json(const StatusRequest& request) const {
 }
 
 uint64_t HeadState::driver_of(const Actor& a) const {
-  uint64_t client = a.owner_client;
+  uint64_t client = a.owner_client ? a.owner_client : a.creator_client;
   // Bounded: owners form a tree, but a table restored half-way must not
   // loop.
   for (int depth = 0; depth < 64; ++depth) {
@@ -1163,7 +1165,7 @@ uint64_t HeadState::driver_of(const Actor& a) const {
     if (w == worker_clients_.end()) return client;
     auto owner = actors_.find(w->second.first);
     if (owner == actors_.end()) return 0;
-    client = owner->second.owner_client;
+    client = owner->second.owner_client ? owner->second.owner_client : owner->second.creator_client;
   }
   return 0;
 }

@@ -227,6 +227,9 @@ class HeadState {
     wire::ActorSpec spec;
     PeerId owner = 0;
     uint64_t owner_client = 0;  // the owner's client id, which outlives a head restart
+    // A detached actor's creator's client id (it has no owner): whose
+    // driver its output goes to (driver_of). Not kept across a head restart.
+    uint64_t creator_client = 0;
     std::optional<Allocation> allocation;
     // The part of allocation->grant given back while its task waits
     // (lend_resources); release() gives back only the rest.
@@ -309,9 +312,9 @@ class HeadState {
   void unreserve_group(Group& g);
   void kv_set(const std::string& key, const std::string& value);
   nlohmann::json actors_json(const wire::StatusRequest& request) const;
-  // The client id of the driver whose work `a` is: its owner, or its
-  // owner's owner when that is an actor's worker, and so on (0: none, as
-  // for a detached actor).
+  // The client id of the driver whose work `a` is: its owner (a detached
+  // actor's: its creator), or its owner's owner when that is an actor's
+  // worker, and so on (0: none).
   uint64_t driver_of(const Actor& a) const;
   // Folds the published stats of `actor_id`'s processes older than
   // `incarnation` into the retired totals and drops their keys.
