@@ -156,6 +156,10 @@ class Run {
   // consumed record; returns the samples trained.
   int64_t account(const std::vector<TrainReport>& reps);
   void end_epoch();
+  // `consumed`: the reports' indices go to the consumed record (a healed
+  // round's steps are there already, from the sampler).
+  int64_t record_steps(const std::vector<TrainReport>& reps, bool consumed = true);
+  void record_healed_steps(int64_t before);
   void evaluate(EpochMetrics& em);
   void checkpoint(const std::map<std::string, double>& metrics);
   void maybe_grow();
@@ -483,8 +487,57 @@ void Run::run_round() {
   if (cfg_.max_steps > 0 && step >= cfg_.max_steps) stopped_ = true;
 }
 
+// Keeps the last `n` steps of `r` (per-step figures and their totals).
+void trim_to_last(TrainReport& r, size_t n) {
+  auto keep_last = [n](auto& v) {
+    if (v.size() > n) v.erase(v.begin(), v.end() - static_cast<std::ptrdiff_t>(n));
+  };
+  keep_last(r.step_loss_sum);
+  keep_last(r.step_correct);
+  keep_last(r.step_samples);
+  keep_last(r.step_metric_sums);
+  r.steps = static_cast<int64_t>(n);
+  r.samples = r.correct = 0;
+  r.loss_sum = 0;
+  r.metric_sums.clear();
+  for (size_t i = 0; i < r.step_samples.size(); ++i) {
+    r.samples += r.step_samples[i];
+    r.loss_sum += r.step_loss_sum[i];
+    r.correct += r.step_correct[i];
+    if (i < r.step_metric_sums.size())
+      for (const auto& [k, v] : r.step_metric_sums[i]) r.metric_sums[k] += v;
+  }
+}
+
 int64_t Run::account(const std::vector<TrainReport>& reps) {
   gang_.set_position(reps[0].global_step, reps[0].cursor);
+  return record_steps(reps);
+}
+
+// The steps the survivors of a failed round completed before it failed,
+// which a heal keeps (the job goes on from the furthest): recorded from
+// the survivors that reached the healed step, so that every step has its
+// line and counts in its epoch's sums. A dead rank's share of those steps
+// is gone with it: their lines hold the survivors' samples and losses.
+void Run::record_healed_steps(int64_t before) {
+  const int64_t n = gang_.step() - before;
+  if (n <= 0) return;
+  auto fs = gang_.call_all(&TrainerActor::take_partial);
+  std::vector<TrainReport> reps;
+  for (auto& f : fs) {
+    try {
+      TrainReport r = f.get(cfg_.call_timeout);
+      if (r.global_step != gang_.step() || static_cast<int64_t>(r.step_loss_sum.size()) < n) continue;
+      trim_to_last(r, static_cast<size_t>(n));
+      reps.push_back(std::move(r));
+    } catch (const std::exception&) {
+      // Not recorded from this one; a failure of its own shows next round.
+    }
+  }
+  if (!reps.empty()) record_steps(reps, false);
+}
+
+int64_t Run::record_steps(const std::vector<TrainReport>& reps, bool consumed) {
   const auto& first = reps[0];
   int64_t round_samples = 0;
   double round_seconds = 0;
@@ -517,7 +570,7 @@ int64_t Run::account(const std::vector<TrainReport>& reps) {
     for (const auto& [k, v] : rep.metric_sums) sums_.metric_sums[k] += v;
     sums_.samples += rep.samples;
     samples += rep.samples;
-    consumed_.add(rep);
+    if (consumed) consumed_.add(rep);
   }
   return samples;
 }
@@ -649,6 +702,7 @@ void Run::recover(const std::string& why) {
             std::to_string(cfg_.failure.max_failures) + ": " + why + save_what_survives());
   }
   give_up_if_head_lost(why);
+  const int64_t before = gang_.step();
   try {
     FailureRecovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec).run();
   } catch (const JobFailed&) {
@@ -657,6 +711,7 @@ void Run::recover(const std::string& why) {
     give_up_if_head_lost(why);
     throw;
   }
+  if (rec.mode == RecoveryMode::kHeal) record_healed_steps(before);
   if (rec.mode != RecoveryMode::kHeal) {
     // Back to a checkpoint or to the start: the epoch's sums and the last
     // checkpoint's step no longer hold.

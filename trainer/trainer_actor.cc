@@ -490,6 +490,50 @@ actors::Batch TrainerActor::next_batch(bool from_stream, const std::vector<int64
   return actors::load_and_collate(*dataset_, std::move(idx), epoch);
 }
 
+// The loss and metric sums of each step of `rep` (its micro-steps' pending
+// sums, in order), per step and in all.
+void TrainerActor::sum_steps(TrainReport& rep, std::vector<PendingSums>& pending) {
+  const auto micro = resolve(pending);
+  for (size_t i = 0; i < rep.step_samples.size(); ++i) {
+    StepSums sums;
+    for (int64_t k = 0; k < config_.accumulation; ++k)
+      sums.add(micro[i * static_cast<size_t>(config_.accumulation) + static_cast<size_t>(k)]);
+    const int64_t correct = correct_of(sums.metric_sums);
+    rep.step_loss_sum.push_back(sums.loss_sum);
+    rep.step_correct.push_back(correct);
+    rep.step_metric_sums.push_back(sums.metric_sums);
+    rep.loss_sum += sums.loss_sum;
+    rep.correct += correct;
+    for (const auto& [k, v] : sums.metric_sums) rep.metric_sums[k] += v;
+  }
+}
+
+// After a failed train(): the `done` steps it completed, for take_partial
+// (the step cut short was rolled back; its micro-steps are left out).
+void TrainerActor::keep_partial(TrainReport rep, std::vector<PendingSums>& pending, int64_t done,
+                                std::chrono::steady_clock::time_point t0) {
+  partial_ = TrainReport{};
+  if (done <= 0) return;
+  try {
+    pending.resize(static_cast<size_t>(done * config_.accumulation));
+    rep.step_samples.resize(static_cast<size_t>(done));
+    rep.samples = 0;
+    for (int64_t n : rep.step_samples) rep.samples += n;
+    rep.steps = done;
+    rep.consumed.clear();  // the driver counts these steps' samples from the sampler
+    sum_steps(rep, pending);
+    for (const auto& k : step_fn_->summed_metrics()) rep.summed_metrics.push_back(k);
+    rep.cursor = cursor_;
+    rep.global_step = step_;
+    rep.seconds = seconds_since(t0);
+    partial_ = std::move(rep);
+  } catch (const std::exception&) {
+    partial_ = TrainReport{};  // sums that cannot be read: the steps go unrecorded
+  }
+}
+
+TrainReport TrainerActor::take_partial() { return std::exchange(partial_, TrainReport{}); }
+
 TrainReport TrainerActor::train(TrainRequest req) {
   TROUPE_CHECK(ready_) << "setup() first";
   TROUPE_CHECK(req.max_steps > 0) << "max_steps must be positive";
@@ -503,6 +547,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
   const int64_t per_step = config_.batch_size * config_.accumulation;
   int64_t steps = std::min<int64_t>(req.max_steps, static_cast<int64_t>(indices.size()) / per_step);
   model_->train(true);
+  partial_ = TrainReport{};
   TrainReport rep;
   size_t pos = 0;
   int64_t s = 0;
@@ -527,19 +572,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
       rep.samples += samples;
       ++rep.steps;
     }
-    const auto micro = resolve(pending);
-    for (size_t i = 0; i < rep.step_samples.size(); ++i) {
-      StepSums sums;
-      for (int64_t k = 0; k < config_.accumulation; ++k)
-        sums.add(micro[i * static_cast<size_t>(config_.accumulation) + static_cast<size_t>(k)]);
-      const int64_t correct = correct_of(sums.metric_sums);
-      rep.step_loss_sum.push_back(sums.loss_sum);
-      rep.step_correct.push_back(correct);
-      rep.step_metric_sums.push_back(sums.metric_sums);
-      rep.loss_sum += sums.loss_sum;
-      rep.correct += correct;
-      for (const auto& [k, v] : sums.metric_sums) rep.metric_sums[k] += v;
-    }
+    sum_steps(rep, pending);
   } catch (const std::exception& e) {
     // A step cut short (a peer died, the group was aborted, the batch
     // stream broke): undo its partial effects so the state is that of the
@@ -550,6 +583,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
     cursor_ = sampler.advance(cursor, s * per_step);
     epoch_ = cursor_.epoch;
     set_reader(nullptr);
+    keep_partial(std::move(rep), pending, s, t0);
     throw;
   }
   cursor = sampler.advance(cursor, steps * per_step);
@@ -564,6 +598,10 @@ TrainReport TrainerActor::train(TrainRequest req) {
   for (const auto& k : step_fn_->summed_metrics()) rep.summed_metrics.push_back(k);
   rep.lr = learning_rate(config_.optimizer, config_.schedule, std::max<int64_t>(0, step_ - 1), world);
   rep.seconds = seconds_since(t0);
+  // A round that ended here but failed at a peer is healed past too: its
+  // steps are the driver's to take as well.
+  partial_ = rep;
+  partial_.consumed.clear();
   return rep;
 }
 

@@ -257,6 +257,11 @@ class TrainerActor {
   void load_state(TrainState state);
   // Steps completed and the cursor after them (cheap; no tensors).
   Progress progress();
+  // The steps the last train() completed (their losses and metrics, no
+  // consumed indices; of one that failed, those before the failure), once:
+  // the driver records them when a failed round heals past them. Empty
+  // (steps 0) when there are none.
+  TrainReport take_partial();
   // Collective over the joined group: every rank takes rank `src`'s whole
   // training state (parameters, buffers, optimizer, schedule position, loss
   // scale, EMA, RNG, cursor) by broadcast, so a replacement continues
@@ -292,6 +297,11 @@ class TrainerActor {
   // once at its end rather than after every step, so the next batch is
   // read, pinned and copied while the device still runs the last step.
   std::vector<StepSums> resolve(const std::vector<PendingSums>& pending) const;
+  // Each step's sums of `rep` from its micro-steps' pending outputs.
+  void sum_steps(TrainReport& rep, std::vector<PendingSums>& pending);
+  // After a failed train(), the `done` steps it completed, for take_partial.
+  void keep_partial(TrainReport rep, std::vector<PendingSums>& pending, int64_t done,
+                    std::chrono::steady_clock::time_point t0);
   // The step's forward (under autocast when mixed precision is on).
   StepOutput run_step(const actors::TensorDict& tensors);
   // One micro-step forward + backward.
@@ -339,6 +349,7 @@ class TrainerActor {
   int64_t step_ = 0;
   int64_t epoch_ = 0;
   actors::SamplerCursor cursor_;
+  TrainReport partial_;  // take_partial()
   double loss_scale_ = 65536.0;
   // The joined group moves device memory (NCCL): heal() broadcasts on the
   // GPU; otherwise through host memory.
@@ -356,4 +367,5 @@ TROUPE_ACTOR(troupe::trainer::TrainerActor, &troupe::trainer::TrainerActor::setu
              &troupe::trainer::TrainerActor::evaluate, &troupe::trainer::TrainerActor::state,
              &troupe::trainer::TrainerActor::load_state, &troupe::trainer::TrainerActor::progress,
              &troupe::trainer::TrainerActor::heal, &troupe::trainer::TrainerActor::benchmark,
-             &troupe::trainer::TrainerActor::pid, &troupe::trainer::TrainerActor::shm_allreduces)
+             &troupe::trainer::TrainerActor::pid, &troupe::trainer::TrainerActor::shm_allreduces,
+             &troupe::trainer::TrainerActor::take_partial)

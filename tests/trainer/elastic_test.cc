@@ -20,6 +20,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -171,6 +172,8 @@ class TwoWorkerJobTest : public ::testing::Test {
 
 TEST_F(TwoWorkerJobTest, TrainerAndLoaderKilledSameWeights) {
   // Wherever in a round the kills land, the result must not change.
+  const auto metrics = fresh_dir("killed-metrics") / "m.jsonl";
+  cfg_.metrics_path = metrics.string();
   kill_at(21, [this] { return trainer(1); });
   kill_at(43, [this] { return faults_.live_actors(kLoaderClass, before_).at(0).id; });
   const auto hurt = TrainJob(rt_, cfg_).fit();
@@ -190,6 +193,20 @@ TEST_F(TwoWorkerJobTest, TrainerAndLoaderKilledSameWeights) {
   for (auto k : {JobEventKind::kFailure, JobEventKind::kAborted, JobEventKind::kReplaced, JobEventKind::kHealed,
                  JobEventKind::kResumed})
     EXPECT_TRUE(has(k)) << k;
+  // Every step has its line, once: those the survivor finished inside the
+  // round the kill cut short too (a heal keeps them; they had no line).
+  std::vector<int64_t> steps;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);)
+    if (auto j = nlohmann::json::parse(line); j.value("kind", "") == "step") steps.push_back(j["step"].get<int64_t>());
+  std::map<int64_t, int> seen;
+  for (int64_t s : steps) ++seen[s];
+  std::string odd;
+  for (int64_t s = 1; s <= 64; ++s)
+    if (seen[s] != 1) odd += " step " + std::to_string(s) + " x" + std::to_string(seen[s]);
+  EXPECT_EQ(steps.size(), 64u) << odd << "\n" << describe(hurt);
+  EXPECT_TRUE(odd.empty()) << odd << "\n" << describe(hurt);
+  EXPECT_TRUE(std::is_sorted(steps.begin(), steps.end())) << describe(hurt);
 }
 
 // A network fault: every caller connection of one trainer is closed while
