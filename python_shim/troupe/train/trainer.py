@@ -166,7 +166,9 @@ def _unplaceable(res, lo, fits, elastic, nodes):
     if len(nodes) > shown:
         per_node += f"; {len(nodes) - shown} more"
     return (f"ScalingConfig asks for {wanted} of {_amounts(res)} each, which this cluster can never place: "
-            f"{held} (cluster total {_amounts(total, keys)}; nodes: {per_node or 'none alive'})")
+            f"{held} (cluster total {_amounts(total, keys)}; nodes: {per_node or 'none alive'}); give fewer "
+            f"workers, less for each (resources_per_worker), or a larger cluster (an embedded one: "
+            f"troupe.init(num_cpus=...))")
 
 
 def _death_errors(rt):
