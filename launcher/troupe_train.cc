@@ -15,6 +15,7 @@
 //
 //   troupe train --model step.pt --data train.npz --workers 2 --epochs 3
 //                --batch-size 64 --optimizer adamw --lr 1e-3 --checkpoint-dir ckpt
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -60,14 +61,23 @@ troupe::Runtime connect(const TrainOptions& o) {
   return troupe::init(static_cast<int>(argv.size()), argv.data());
 }
 
+// A loss as the epoch lines show it (4 decimals), or in 3 significant
+// digits when that would show a loss that is not 0 as 0.0000.
+std::string loss_text(double v) {
+  char out[32];
+  std::snprintf(out, sizeof out, v != 0 && std::fabs(v) < 5e-5 ? "%.3g" : "%.4f", v);
+  return out;
+}
+
 // A loss only when steps were taken: an epoch of no steps reports 0, which
-// is no loss at all.
+// is no loss at all. It is the last epoch's mean over its samples (a step
+// line's loss is that step's).
 void print_summary(const troupe::trainer::Result& r) {
   std::printf("troupe train: done, %lld steps", static_cast<long long>(r.steps));
   if (r.steps > 0 && !r.history.empty()) {
     const auto& last = r.history.back();
-    std::printf(", final loss %.4f", last.train_loss);
-    if (last.val_count > 0) std::printf(", val_loss %.4f", last.val_loss);
+    std::printf(", last epoch's mean loss %s", loss_text(last.train_loss).c_str());
+    if (last.val_count > 0) std::printf(", val_loss %s", loss_text(last.val_loss).c_str());
   }
   std::printf(", %zu failure(s) healed\n", r.recoveries.size());
   if (r.last_checkpoint)

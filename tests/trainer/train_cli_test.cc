@@ -282,6 +282,9 @@ TEST_F(TrainCliTest, TrainsTwoWorkersFromAJobFileWithMetricsAndATorchLoadableChe
                         dir_ / "train.log");
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_NE(o.output.find("epoch 3/3"), std::string::npos) << o.output;
+  // The summary's loss says what it is (it read "final loss", and a step
+  // line's loss is that step's).
+  EXPECT_NE(o.output.find("last epoch's mean loss "), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("final checkpoint"), std::string::npos) << o.output;
 
   const auto steps = metrics_lines(dir_ / "metrics.jsonl", "step");
