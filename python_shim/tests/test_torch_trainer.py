@@ -259,6 +259,22 @@ def uneven_reports_loop():
     train.report({"last": True})
 
 
+def late_rank_loop(config):
+    """Rank 1 reports a few seconds after rank 0 has begun to wait."""
+    from troupe.train import session
+
+    session.REPORT_WAIT_WARNING_S = 0.5
+    marker = os.path.join(config["dir"], "rank0-reporting")
+    if train.get_context().get_world_rank() == 0:
+        open(marker, "w").close()
+    else:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(3)  # the lateness under test, not a synchronisation
+    train.report({"late": True})
+
+
 def flaky_loop():
     ctx = train.get_context()
     if ctx.get_restart_count() == 0 and ctx.get_world_rank() == 1:
@@ -514,6 +530,25 @@ def test_a_rank_that_reports_more_often_is_told_why_it_failed(tmp_path):
         trainer.fit()
 
 
+def test_a_rank_that_waits_long_in_report_says_so(tmp_path, capfd):
+    # A report made only on rank 0 used to wait silently.
+    trainer = TorchTrainer(late_rank_loop, train_loop_config={"dir": str(tmp_path)},
+                           scaling_config=train.ScalingConfig(num_workers=2), run_config=run_config(tmp_path))
+    assert trainer.fit().metrics["late"] is True
+    seen = []
+
+    def warned():
+        seen.append("".join(capfd.readouterr()))
+        return "rank 0 has waited 0.5 s for the other ranks' report #1" in "".join(seen)
+
+    deadline = time.monotonic() + 60
+    while not warned() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = "".join(seen)
+    assert "rank 0 has waited 0.5 s" in text, text
+    assert "rank 1 has waited" not in text, text  # it came late, it did not wait
+
+
 def test_max_failures_exhausted_raises_with_the_cause(tmp_path):
     trainer = TorchTrainer(ddp_loop, train_loop_config={"epochs": 3, "die_at": (1, 0, 99)},
                            scaling_config=train.ScalingConfig(num_workers=2),
@@ -629,6 +664,21 @@ def _store_of(tmp_path, name, scores, **config):
     for score in scores:
         store.persist(str(src), {} if score is None else {"acc": score, "hist": np.array([1, 2])})
     return store
+
+
+def test_a_metric_json_cannot_hold_is_stored_as_its_repr_and_said_once(tmp_path, capsys):
+    import datetime
+
+    store = CheckpointStore(tmp_path / "run", train.CheckpointConfig())
+    store.sweep()
+    when = datetime.date(2026, 1, 2)
+    for step in range(3):
+        store.record({"loss": 0.5, "when": when, "nested": {"blob": b"ab", "ok": [1, 2]}, "step": step})
+    err = capsys.readouterr().err
+    assert err.count("metric 'when' is a date") == 1, err
+    assert err.count("metric 'nested/blob' is a bytes") == 1, err
+    assert "'loss'" not in err and "'step'" not in err and "nested/ok" not in err, err
+    assert store.progress()[0]["metrics"]["when"] == repr(when)
 
 
 def test_keep_k_ranks_scores_as_numbers_and_keeps_the_best_beside_the_latest(tmp_path):

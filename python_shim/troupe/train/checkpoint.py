@@ -53,6 +53,15 @@ def _plain(value):
     return value
 
 
+def _json_leaf(value):
+    """Whether json.dumps stores `value` (after _plain) as itself."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, list):
+        return all(isinstance(v, dict) or _json_leaf(v) for v in value)
+    return False
+
+
 def _number(value):
     """`value` when it ranks as a score (an int or float, not NaN), else None."""
     if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
@@ -180,6 +189,7 @@ class CheckpointStore:
         self.run_dir = os.fspath(run_dir)
         self.config = checkpoint_config
         self._warned_unranked = False
+        self._warned_repr = set()  # metric names already said to be stored as their repr
 
     def sweep(self):
         """Creates the run folder; removes temporary folders a crash left."""
@@ -243,6 +253,20 @@ class CheckpointStore:
         self._keep()
         return Checkpoint(final)
 
+    def _warn_if_not_json(self, metrics, prefix=""):
+        """Says once per metric name that a value JSON cannot hold (a
+        datetime, a custom object) is stored as its repr: Result.metrics
+        and the progress file then hold a string, not the object."""
+        for key, value in metrics.items() if isinstance(metrics, dict) else ():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                self._warn_if_not_json(value, f"{name}/")
+            elif not _json_leaf(value) and name not in self._warned_repr:
+                self._warned_repr.add(name)
+                print(f"troupe.train.report: metric {name!r} is a {type(value).__name__}, which JSON cannot hold; "
+                      f"it is stored as its repr {repr(value)[:80]!r}. Report numbers, strings, lists or dicts",
+                      file=sys.stderr, flush=True)
+
     def _warn_if_unranked(self, name, metrics):
         """Says once per attempt that a checkpoint's score is no number: it
         ranks last, which is easy to miss when the metric is misspelt."""
@@ -268,7 +292,9 @@ class CheckpointStore:
         return {}
 
     def record(self, metrics, checkpoint_name=None, extra=None):
-        line = {"metrics": _plain(metrics), "checkpoint": checkpoint_name, "time": time.time(), **(extra or {})}
+        plain = _plain(metrics)
+        self._warn_if_not_json(plain)
+        line = {"metrics": plain, "checkpoint": checkpoint_name, "time": time.time(), **(extra or {})}
         with open(os.path.join(self.run_dir, PROGRESS), "a") as f:
             f.write(json.dumps(line, default=repr) + "\n")
             f.flush()

@@ -7,6 +7,9 @@ run the functions raise, naming what was called.
 """
 
 import dataclasses
+import os
+import sys
+import threading
 from typing import Optional
 
 from .checkpoint import Checkpoint, CheckpointStore
@@ -109,6 +112,10 @@ class _Session:
 
 _session: Optional[_Session] = None
 
+# How long a rank waits in report() for the others before it says so (a
+# rank that never reports, or reports only on rank 0, keeps it there).
+REPORT_WAIT_WARNING_S = float(os.environ.get("TROUPE_REPORT_WAIT_WARNING_S", "60"))
+
 
 def _current(what):
     if _session is None:
@@ -127,6 +134,29 @@ def end():
     _session = None
 
 
+class _WaitWarning:
+    """Says on stderr, once, that this rank has waited `after_s` seconds in
+    report() for the other ranks: without it, a report made on rank 0 only
+    (a common slip: `if rank == 0: train.report(...)`) hangs silently."""
+
+    def __init__(self, rank, report, after_s):
+        self._timer = None
+        if after_s > 0:
+            self._timer = threading.Timer(after_s, self._say, args=(rank, report, after_s))
+            self._timer.daemon = True
+            self._timer.start()
+
+    @staticmethod
+    def _say(rank, report, after_s):
+        print(f"troupe.train.report: rank {rank} has waited {after_s:g} s for the other ranks' report #{report}; "
+              "every rank must call report() the same number of times (a report made only on rank 0 waits here "
+              "for good)", file=sys.stderr, flush=True)
+
+    def cancel(self):
+        if self._timer is not None:
+            self._timer.cancel()
+
+
 def _exchange(s, has):
     """What every rank's report of this step brings: which ranks carry a
     checkpoint, and each rank's loader epochs (a collective over the
@@ -137,12 +167,15 @@ def _exchange(s, has):
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return ([0] if has else []), [mine[1]]
     seen = [None] * dist.get_world_size()
+    waiting = _WaitWarning(s.context.world_rank, s.reports, REPORT_WAIT_WARNING_S)
     try:
         dist.all_gather_object(seen, mine, group=s.control_group)
     except RuntimeError as e:
         raise RuntimeError(f"troupe.train.report: the ranks could not exchange this report ({e}): a rank died, or "
                            "ended its loop having called report() fewer times than this one; every rank must call "
                            "report() the same number of times, as in Ray Train") from e
+    finally:
+        waiting.cancel()
     return [r for r, (f, _) in enumerate(seen) if f], [epochs for _, epochs in seen]
 
 
