@@ -815,8 +815,9 @@ int cmd_submit(const Args& a) {
   troupe::core::check_session_dir(dir);
   std::string address = session_address(dir, a.address);
   if (address.empty()) {
+    // As status and logs: a state to change (start one), not a usage error.
     std::fprintf(stderr, "troupe submit: no running cluster in %s (troupe start --head)\n", dir.c_str());
-    return 2;
+    return 1;
   }
   try {
     troupe::wire::parse_address(address);  // here, not as the driver's first error

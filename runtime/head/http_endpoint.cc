@@ -177,7 +177,7 @@ class HttpEndpoint::Impl {
   void handle(const HttpRequest& given, HttpResponse& res) {
     HttpRequest req = given;
     req.path = collapse_slashes(given.path);
-    const bool get = req.method == "GET";
+    const bool get = req.method == "GET" || req.method == "HEAD";  // the server leaves HEAD's body out
     nlohmann::json s;
     if (req.path == "/metrics" && get) {
       if (allowed(req, res) && with_snapshot(res, s))
@@ -193,6 +193,7 @@ class HttpEndpoint::Impl {
       login(req, res);
     } else if (req.path == "/metrics" || req.path == "/api/status" || req.path == "/" || req.path == "/login") {
       res.status = 405;
+      res.set_header("Allow", req.path == "/login" ? "GET, HEAD, POST" : "GET, HEAD");
       res.set_content("troupe dashboard: " + req.method + " is not served at " + req.path + "\n", "text/plain");
     } else {
       res.status = 404;

@@ -183,7 +183,8 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     out_ += "Content-Type: " + res.content_type + "\r\nContent-Length: " + std::to_string(res.body.size()) +
             "\r\nConnection: close\r\nCache-Control: no-store\r\n";
     for (const auto& [name, value] : res.headers) out_ += name + ": " + value + "\r\n";
-    out_ += "\r\n" + res.body;
+    out_ += "\r\n";
+    if (req_.method != "HEAD") out_ += res.body;  // HEAD: GET's head, its Content-Length too
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(out_), [self](asio::error_code ec, size_t) {
       if (ec) return self->close();

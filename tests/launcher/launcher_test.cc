@@ -300,9 +300,13 @@ TEST_F(LauncherTest, SessionPrintsTheSessionDirectory) {
 }
 
 TEST_F(LauncherTest, ClearErrorsWithoutACluster) {
-  auto status = run(std::string(TROUPE_CLI) + " status");
-  EXPECT_NE(status.status, 0);
-  EXPECT_NE(status.output.find("no running cluster"), std::string::npos) << status.output;
+  // No cluster is a failure (1) for every command that needs one, not a
+  // usage error (2): submit used to say 2.
+  for (const char* command : {" status", " logs", " submit -- true"}) {
+    auto r = run(std::string(TROUPE_CLI) + command);
+    EXPECT_EQ(WEXITSTATUS(r.status), 1) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("no running cluster"), std::string::npos) << command << ": " << r.output;
+  }
   auto join = run(std::string(TROUPE_CLI) + " start --address 127.0.0.1:1");
   EXPECT_NE(join.status, 0);
   EXPECT_NE(join.output.find("token"), std::string::npos) << join.output;

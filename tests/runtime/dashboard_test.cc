@@ -185,7 +185,14 @@ TEST_F(DashboardTest, SlowClientsDoNotStarveTheOthers) {
 // A method a route does not take is a 405, a path with no route a 404,
 // a body too large a 413 — each answered, none hurting what follows.
 TEST_F(DashboardTest, WrongMethodsPathsAndSizesAreAnsweredWithTheirStatus) {
-  EXPECT_EQ(http(port_, "DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
+  std::string wrong = http(port_, "DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(wrong.rfind("HTTP/1.1 405", 0), 0u) << wrong;
+  EXPECT_NE(wrong.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << wrong;
+  // HEAD is GET's head (a monitor's probe): its status and length, no body.
+  std::string head = http(port_, "HEAD /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer the-token\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  EXPECT_EQ(head.find("Content-Length: 0\r\n"), std::string::npos) << head;
+  EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "") << head;
   std::string missing = get(port_, "/nowhere");
   EXPECT_EQ(missing.rfind("HTTP/1.1 404", 0), 0u) << missing;
   EXPECT_NE(missing.find("/nowhere"), std::string::npos) << missing;
