@@ -138,8 +138,7 @@ CheckpointManifest read_manifest(const fs::path& dir, bool verify_files) {
         throw Error("checkpoint file " + (dir / name).string() + " has " + std::to_string(size) +
                     " bytes, its manifest says " + std::to_string(f.bytes));
       auto data = read_file(dir / name);
-      if (sha256_hex(data) != f.sha256)
-        throw Error("checkpoint file " + (dir / name).string() + " fails its checksum");
+      if (sha256_hex(data) != f.sha256) throw Error("checkpoint file " + (dir / name).string() + " fails its checksum");
     }
   }
   return m;
@@ -154,6 +153,7 @@ CheckpointInfo info_of(const fs::path& dir, const CheckpointManifest& m) {
   info.cursor = m.cursor;
   info.metrics = m.metrics;
   info.data_order = m.data_order;
+  info.epoch_sums = m.epoch_sums;
   return info;
 }
 
@@ -161,7 +161,8 @@ CheckpointInfo info_of(const fs::path& dir, const CheckpointManifest& m) {
 
 CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
                                const std::map<std::string, double>& metrics,
-                               const std::map<std::string, int64_t>& data_order) {
+                               const std::map<std::string, int64_t>& data_order,
+                               const std::map<std::string, double>& epoch_sums) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) throw CheckpointWriteError("cannot create checkpoint directory " + root + ": " + ec.message());
@@ -184,6 +185,7 @@ CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
     m.cursor = state.cursor;
     m.metrics = metrics;
     m.data_order = data_order;
+    m.epoch_sums = epoch_sums;
     for (const auto& [name, data] : files) {
       write_file(tmp / name, data);
       m.files[name] = {sha256_hex(data), data.size()};
@@ -271,10 +273,11 @@ CheckpointWriter::~CheckpointWriter() {
   thread_.join();
 }
 
-void CheckpointWriter::submit(TrainState state, std::map<std::string, double> metrics) {
+void CheckpointWriter::submit(TrainState state, std::map<std::string, double> metrics,
+                              std::map<std::string, double> epoch_sums) {
   {
     std::lock_guard lock(mu_);
-    queue_.emplace_back(std::move(state), std::move(metrics));
+    queue_.push_back(Item{std::move(state), std::move(metrics), std::move(epoch_sums)});
   }
   cv_.notify_all();
 }
@@ -315,7 +318,7 @@ void CheckpointWriter::run() {
     std::exception_ptr error;
     std::optional<CheckpointInfo> info;
     try {
-      info = save_checkpoint(root_, item.first, item.second, data_order_);
+      info = save_checkpoint(root_, item.state, item.metrics, data_order_, item.epoch_sums);
       prune_checkpoints(root_, keep_);
     } catch (...) {
       error = std::current_exception();

@@ -58,8 +58,10 @@ struct CheckpointInfo {
   std::map<std::string, double> metrics;
   // What the data order was made from (CheckpointManifest::data_order).
   std::map<std::string, int64_t> data_order;
+  // The running epoch's sums at `step` (CheckpointManifest::epoch_sums).
+  std::map<std::string, double> epoch_sums;
 
-  TROUPE_FIELDS(path, step, epoch, world_size, cursor, metrics, data_order);
+  TROUPE_FIELDS(path, step, epoch, world_size, cursor, metrics, data_order, epoch_sums);
 };
 
 // A checkpoint could not be written (a full disk, a read-only directory):
@@ -75,7 +77,8 @@ class CheckpointWriteError : public Error {
 // removed).
 CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
                                const std::map<std::string, double>& metrics = {},
-                               const std::map<std::string, int64_t>& data_order = {});
+                               const std::map<std::string, int64_t>& data_order = {},
+                               const std::map<std::string, double>& epoch_sums = {});
 // Reads a checkpoint directory (verifying checksums). Throws troupe::Error
 // naming the file when something is missing or corrupt.
 TrainState load_checkpoint(const std::string& dir, CheckpointInfo* info = nullptr);
@@ -108,7 +111,8 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  void submit(TrainState state, std::map<std::string, double> metrics);
+  // `epoch_sums`: CheckpointManifest::epoch_sums.
+  void submit(TrainState state, std::map<std::string, double> metrics, std::map<std::string, double> epoch_sums = {});
   // Blocks until every submitted checkpoint is on disk; rethrows a failure.
   void wait();
   // Rethrows a failure of a write that already ended, without waiting.
@@ -122,7 +126,11 @@ class CheckpointWriter {
   std::map<std::string, int64_t> data_order_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<TrainState, std::map<std::string, double>>> queue_;
+  struct Item {
+    TrainState state;
+    std::map<std::string, double> metrics, epoch_sums;
+  };
+  std::deque<Item> queue_;
   bool busy_ = false;
   bool stop_ = false;
   std::exception_ptr error_;

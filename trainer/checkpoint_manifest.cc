@@ -76,6 +76,7 @@ std::string manifest_text(const CheckpointManifest& m) {
   j["metrics"] = json::object();
   for (const auto& [k, v] : m.metrics) j["metrics"][k] = v;
   if (!m.data_order.empty()) j["data_order"] = m.data_order;
+  if (!m.epoch_sums.empty()) j["epoch_sums"] = m.epoch_sums;
   j["files"] = json::object();
   for (const auto& [name, f] : m.files) j["files"][name] = {{"sha256", f.sha256}, {"bytes", f.bytes}};
   return j.dump(2) + "\n";
@@ -107,6 +108,12 @@ CheckpointManifest parse_manifest(std::string_view text, const std::string& path
     Fields check(metrics, "'metrics'", path);
     for (const auto& [k, v] : metrics.items())
       if (v.is_number()) m.metrics[k] = v.get<double>();
+  }
+  if (j.contains("epoch_sums")) {
+    const json& sums = top.at("epoch_sums");
+    Fields check(sums, "'epoch_sums'", path);
+    for (const auto& [k, v] : sums.items())
+      if (v.is_number()) m.epoch_sums[k] = v.get<double>();
   }
   if (j.contains("data_order")) {
     Fields order(top.at("data_order"), "'data_order'", path);

@@ -29,6 +29,11 @@ struct CheckpointManifest {
   // drop_last): a resume mid-epoch must make the same order, or the
   // cursor's position means other samples. Empty in older manifests.
   std::map<std::string, int64_t> data_order;
+  // The sums of the epoch under way at `step` (loss, samples, busy time,
+  // the step's own metrics), so that a job restored here mid-epoch ends
+  // the epoch with the summary of all of it. Empty in older manifests and
+  // at an epoch's start.
+  std::map<std::string, double> epoch_sums;
 };
 
 inline constexpr const char* kCheckpointFormat = "troupe-checkpoint-1";

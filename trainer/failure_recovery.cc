@@ -228,7 +228,10 @@ void FailureRecovery::restore_from_disk() {
   std::optional<TrainState> disk;
   if (p_.writer) p_.writer->wait();
   if (!p_.cfg.checkpoint.dir.empty())
-    if (auto latest = latest_checkpoint(p_.cfg.checkpoint.dir)) disk = load_checkpoint(latest->path);
+    if (auto latest = latest_checkpoint(p_.cfg.checkpoint.dir)) {
+      disk = load_checkpoint(latest->path);
+      restored_epoch_sums_ = latest->epoch_sums;
+    }
   if (!disk) {
     // Back to the initial weights: survivors set up afresh too.
     for (auto& s : gang.slots()) s.ready = false;

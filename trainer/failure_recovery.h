@@ -61,6 +61,8 @@ class FailureRecovery {
   // raised) is thrown, so the job ends naming that, not what it caused (a
   // peer's broken stream or collective).
   void settle() { stop_round(); }
+  // After run() restored a checkpoint: its epoch_sums (empty otherwise).
+  const std::map<std::string, double>& restored_epoch_sums() const { return restored_epoch_sums_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -99,6 +101,7 @@ class FailureRecovery {
   std::vector<size_t> dead_;
   bool any_state_ = false;
   int64_t heal_src_ = -1;
+  std::map<std::string, double> restored_epoch_sums_;
 };
 
 }  // namespace troupe::trainer

@@ -139,6 +139,11 @@ class Run {
   void event(JobEventKind kind, const std::string& detail) { reporter_.event(kind, detail); }
 
   std::optional<TrainState> load_resume_from();
+  // The running epoch's sums as a checkpoint keeps them, and back: a job
+  // restored mid-epoch (a --resume, a restart from a checkpoint) then ends
+  // that epoch with the summary of all of it, as a run without the stop.
+  std::map<std::string, double> epoch_sums() const;
+  void restore_epoch_sums(const std::map<std::string, double>& saved);
   std::map<std::string, int64_t> data_order() const;
   void check_one_step() const;
   void check_data_order(const std::string& dir, const CheckpointInfo& info) const;
@@ -203,6 +208,7 @@ class Run {
   // way, kept until it has ended well: a failure in it happened in one of
   // them, past gang_.step() (the last step boundary seen).
   std::optional<std::pair<int64_t, int64_t>> round_;
+  std::map<std::string, double> resume_epoch_sums_;  // of the resume_from checkpoint
 };
 
 Run::Run(Runtime& rt, const TrainJobConfig& cfg)
@@ -234,7 +240,10 @@ Result Run::fit() {
     writer_ = std::make_unique<CheckpointWriter>(cfg_.checkpoint.dir, cfg_.checkpoint.keep, data_order());
 
   start();
-  if (resume) gang_.load_everywhere(*resume, cfg_.setup_bound());
+  if (resume) {
+    gang_.load_everywhere(*resume, cfg_.setup_bound());
+    restore_epoch_sums(resume_epoch_sums_);
+  }
   last_grow_check_ = Clock::now();
   train();
   return finish();
@@ -251,6 +260,7 @@ std::optional<TrainState> Run::load_resume_from() {
   CheckpointInfo info;
   TrainState resume = load_checkpoint(dir, &info);
   check_data_order(dir, info);
+  resume_epoch_sums_ = info.epoch_sums;
   event(JobEventKind::kResumeFrom, dir + " (step " + std::to_string(resume.step) + ", epoch " +
                                        std::to_string(resume.epoch) + ", " + std::to_string(resume.world_size) +
                                        " workers)");
@@ -611,12 +621,50 @@ void Run::end_epoch() {
   sums_ = EpochSums{};
 }
 
+std::map<std::string, double> Run::epoch_sums() const {
+  if (sums_.epoch < 0 || sums_.samples == 0) return {};
+  std::map<std::string, double> m{{"epoch", static_cast<double>(sums_.epoch)},
+                                  {"loss_sum", sums_.loss_sum},
+                                  {"samples", static_cast<double>(sums_.samples)},
+                                  {"correct", static_cast<double>(sums_.correct)},
+                                  {"busy_s", sums_.busy},
+                                  {"wait_s", sums_.wait},
+                                  {"seconds", std::chrono::duration<double>(Clock::now() - sums_.start).count()}};
+  for (const auto& [k, v] : sums_.metric_sums) m["metric/" + k] = v;
+  for (const auto& k : sums_.summed_metrics) m["summed/" + k] = 1;
+  return m;
+}
+
+// Only sums of the epoch the job now stands in count (a checkpoint made at
+// an epoch's end resumes at the next one's start).
+void Run::restore_epoch_sums(const std::map<std::string, double>& saved) {
+  sums_ = EpochSums{};
+  auto it = saved.find("epoch");
+  if (it == saved.end() || static_cast<int64_t>(it->second) != gang_.cursor().epoch) return;
+  auto get = [&](const char* key) {
+    auto f = saved.find(key);
+    return f == saved.end() ? 0.0 : f->second;
+  };
+  sums_.epoch = gang_.cursor().epoch;
+  sums_.start =
+      Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(get("seconds")));
+  sums_.loss_sum = get("loss_sum");
+  sums_.samples = static_cast<int64_t>(get("samples"));
+  sums_.correct = static_cast<int64_t>(get("correct"));
+  sums_.busy = get("busy_s");
+  sums_.wait = get("wait_s");
+  for (const auto& [k, v] : saved) {
+    if (k.rfind("metric/", 0) == 0) sums_.metric_sums[k.substr(7)] = v;
+    if (k.rfind("summed/", 0) == 0) sums_.summed_metrics.push_back(k.substr(7));
+  }
+}
+
 void Run::checkpoint(const std::map<std::string, double>& m) {
   if (!writer_ || last_checkpoint_step_ == gang_.step()) return;
   writer_->check();  // an earlier write that failed ends the job now, not at its end
   TrainState state = gang_.state(cfg_.call_timeout);
   state.epoch = state.cursor.epoch;
-  writer_->submit(std::move(state), m);
+  writer_->submit(std::move(state), m, epoch_sums());
   if (!cfg_.checkpoint.async) writer_->wait();
   last_checkpoint_step_ = gang_.step();
   event(JobEventKind::kCheckpoint, "step " + std::to_string(gang_.step()));
@@ -703,8 +751,9 @@ void Run::recover(const std::string& why) {
   }
   give_up_if_head_lost(why);
   const int64_t before = gang_.step();
+  FailureRecovery recovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec);
   try {
-    FailureRecovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec).run();
+    recovery.run();
   } catch (const JobFailed&) {
     throw;
   } catch (...) {
@@ -713,9 +762,9 @@ void Run::recover(const std::string& why) {
   }
   if (rec.mode == RecoveryMode::kHeal) record_healed_steps(before);
   if (rec.mode != RecoveryMode::kHeal) {
-    // Back to a checkpoint or to the start: the epoch's sums and the last
-    // checkpoint's step no longer hold.
-    sums_ = EpochSums{};
+    // Back to a checkpoint or to the start: the epoch's sums are the
+    // checkpoint's, and the last checkpoint's step no longer holds.
+    restore_epoch_sums(recovery.restored_epoch_sums());
     last_checkpoint_step_ = -1;
     // Epochs that ended past the restored step run again: each is kept
     // once, as it runs the second time.
@@ -754,7 +803,9 @@ std::string Run::save_what_survives() {
     state.world_size = gang_.world();
     state.cursor = best->second.cursor;
     state.epoch = state.cursor.epoch;
-    writer_->submit(std::move(state), {});
+    // With the epoch's sums to the last step boundary: a resume's epoch
+    // summary then leaves out only the failed round's steps.
+    writer_->submit(std::move(state), {}, epoch_sums());
     writer_->wait();
     const auto info = writer_->last();
     if (!info) return "";

@@ -31,6 +31,11 @@ TEST(CheckpointManifest, WrittenTextReadsBackAsItself) {
   EXPECT_EQ(m.world_size, 2);
   EXPECT_EQ(m.cursor.segment_start, 64);
   EXPECT_EQ(m.metrics.at("loss"), 0.25);
+  EXPECT_EQ(m.epoch_sums.at("loss_sum"), 12.5);
+  EXPECT_EQ(m.epoch_sums.at("samples"), 64);
+  // Older manifests have no epoch sums; a value that is no number is left out.
+  EXPECT_TRUE(parse_manifest(manifest_with("\"epoch_sums\"", "\"unknown\""), "m.json").epoch_sums.empty());
+  EXPECT_EQ(parse_manifest(manifest_with("12.5", "\"x\""), "m.json").epoch_sums.count("loss_sum"), 0u);
   EXPECT_EQ(m.files.at("model.pt").bytes, 1024u);
 }
 
@@ -45,8 +50,9 @@ TEST(CheckpointManifest, FileNamesOutsideTheDirectoryAreRefused) {
 TEST(CheckpointManifest, BadFieldsAreNamed) {
   EXPECT_NE(error_of([&] { parse_manifest(manifest_with("\"step\": 120", "\"step\": -1"), "m.json"); }).find("'step'"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { parse_manifest(manifest_with("\"world_size\": 2", "\"world_size\": \"2\""), "m.json"); })
-                .find("'world_size' is not an integer"),
+  EXPECT_NE(error_of([&] {
+              parse_manifest(manifest_with("\"world_size\": 2", "\"world_size\": \"2\""), "m.json");
+            }).find("'world_size' is not an integer"),
             std::string::npos);
   EXPECT_NE(error_of([&] { parse_manifest("[1, 2]", "m.json"); }).find("not an object"), std::string::npos);
   EXPECT_NE(error_of([&] { parse_manifest("{\"format\": 3}", "m.json"); }).find("unknown format"), std::string::npos);

@@ -3,11 +3,11 @@
 #include <cstring>
 
 #include "tests/fuzz/targets.h"
-#include "troupe/trainer/checkpoint_manifest.h"
 #include "troupe/runtime/node/worker_assignment.h"
 #include "troupe/runtime/wire/frame.h"
 #include "troupe/runtime/wire/protocol.h"
 #include "troupe/runtime/wire/rpc.h"
+#include "troupe/trainer/checkpoint_manifest.h"
 
 namespace troupe::fuzz {
 
@@ -113,8 +113,8 @@ std::string zip_archive(const std::vector<std::pair<std::string, std::string>>& 
 std::vector<std::string> npy_files() {
   const std::string a = npy_image("(3, 4)", 12), b = npy_image("(5,)", 5);
   const std::vector<std::pair<std::string, std::string>> members = {{"input.npy", a}, {"target.npy", b}};
-  return {std::string(1, '\0') + a, std::string(1, '\0') + npy_image("()", 1),
-          "\x01" + zip_archive(members, false), "\x01" + zip_archive(members, true)};
+  return {std::string(1, '\0') + a, std::string(1, '\0') + npy_image("()", 1), "\x01" + zip_archive(members, false),
+          "\x01" + zip_archive(members, true)};
 }
 
 std::string manifest() {
@@ -124,6 +124,7 @@ std::string manifest() {
   m.world_size = 2;
   m.cursor = {3, 2, 64, 16};
   m.metrics = {{"loss", 0.25}, {"accuracy", 0.9}};
+  m.epoch_sums = {{"epoch", 3}, {"loss_sum", 12.5}, {"samples", 64}};
   m.files["model.pt"] = {std::string(64, 'a'), 1024};
   m.files["rng.pt"] = {std::string(64, '0'), 8};
   return trainer::manifest_text(m);

@@ -656,6 +656,16 @@ TEST_F(TrainCliTest, CheckpointEveryWritesMidEpochCheckpointsAndResumesFromOne) 
   const auto steps = metrics_lines(dir_ / "again.jsonl", "step");
   ASSERT_EQ(steps.size(), 1u);
   EXPECT_EQ(steps.front()["step"], 16);
+  // The epoch's summary covers all 16 steps, the 15 before the checkpoint
+  // too (it used to be step 16's alone): the uninterrupted run's loss.
+  const auto whole = metrics_lines(dir_ / "first.jsonl", "epoch");
+  const auto resumed_epoch = metrics_lines(dir_ / "again.jsonl", "epoch");
+  ASSERT_EQ(whole.size(), 1u);
+  ASSERT_EQ(resumed_epoch.size(), 1u);
+  const double full_loss = whole.front()["train_loss"].get<double>();
+  EXPECT_NEAR(resumed_epoch.front()["train_loss"].get<double>(), full_loss, 1e-9 * std::abs(full_loss))
+      << resumed_epoch.front().dump() << " vs " << whole.front().dump();
+  EXPECT_NE(steps.front()["loss"].get<double>(), full_loss);  // so the check above could fail
   // A negative N is refused naming the flag.
   auto bad = args("bad.jsonl");
   *std::find(bad.begin(), bad.end(), std::string("5")) = "-5";
