@@ -39,21 +39,39 @@ class HeadKvStore final : public KvStore {
  public:
   explicit HeadKvStore(const std::shared_ptr<client::Core>& core) : core_(core) {}
   void put(const std::string& key, const std::string& value) override {
-    live()->head().call<void>(Op::kKvPut, KvEntry{key, value});
+    again_if_cut([&] { live()->head().call<void>(Op::kKvPut, KvEntry{key, value}); });
   }
   std::optional<std::string> get(const std::string& key) override {
-    return live()->head().call<std::optional<std::string>>(Op::kKvGet, key);
+    return again_if_cut([&] { return live()->head().call<std::optional<std::string>>(Op::kKvGet, key); });
   }
   std::string wait(const std::string& key, std::chrono::milliseconds timeout) override {
     uint32_t ms = static_cast<uint32_t>(std::min<int64_t>(timeout.count(), UINT32_MAX));
     return live()->head().call<std::string>(Op::kKvWait, KvWait{key, ms}, timeout + std::chrono::seconds(5));
   }
-  void erase(const std::string& key) override { live()->head().call<void>(Op::kKvErase, key); }
+  void erase(const std::string& key) override {
+    again_if_cut([&] { live()->head().call<void>(Op::kKvErase, key); });
+  }
   int64_t add(const std::string& key, int64_t delta) override {
     return live()->head().call<int64_t>(Op::kKvAdd, KvAdd{key, delta});
   }
 
  private:
+  // put, get and erase are the same sent twice: one the head's connection
+  // cut in flight (the head died, and the link is dialling it again) is
+  // sent again, and waits for the link like any call made while it is
+  // down, rather than failing the caller (a function's export on its
+  // first .remote()). add is not, and wait has the caller's timeout.
+  template <class F>
+  auto again_if_cut(F&& f) -> decltype(f()) {
+    for (int attempt = 1;; ++attempt) {
+      try {
+        return f();
+      } catch (const ConnectionError&) {
+        if (attempt >= 3 || live()->head_lost()) throw;
+      }
+    }
+  }
+
   // The Runtime owns the core: once it is shut down the store refuses.
   std::shared_ptr<client::Core> live() const {
     auto core = core_.lock();

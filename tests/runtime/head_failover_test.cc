@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -181,6 +182,30 @@ TEST(HeadFailover, ADriverWhoseConnectionDropsKeepsWhatItOwns) {
   rt.reset();
   EXPECT_TRUE(eventually([&] { return watcher.actor_info(t.id()).state == troupe::ActorState::kDead; }));
   EXPECT_EQ(watcher.actor_info(t.id()).death_cause, "its driver exited");
+}
+
+// A KV request in flight when the head's connection breaks is sent again
+// on the new connection, not failed: a Python function's export on its
+// first .remote() right after the head died failed with "lost the
+// connection ... may or may not have been carried out".
+TEST(HeadFailover, AKvRequestCutInFlightIsSentAgain) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  TcpProxy proxy(cluster.address());
+  troupe::Runtime watcher = cluster.connect();
+  troupe::InitOptions o;
+  o.address = proxy.address();
+  o.token = cluster.token();
+  troupe::Runtime rt = troupe::Runtime::connect(o);
+  const std::string value(16 * 1024, 'x');
+  proxy.hold(true);
+  auto put = std::async(std::launch::async, [&] { rt.kv().put("cut-in-flight", value); });
+  // The request is in the proxy, unanswered, when the connection breaks.
+  ASSERT_TRUE(eventually([&] { return proxy.held_from_clients() >= value.size(); }));
+  ASSERT_EQ(proxy.cut(), 1);
+  proxy.hold(false);
+  ASSERT_EQ(put.wait_for(kWaitBound), std::future_status::ready);
+  EXPECT_NO_THROW(put.get());
+  EXPECT_EQ(watcher.kv().get("cut-in-flight"), std::optional<std::string>(value));
 }
 
 // A driver that stays away past the grace loses what it owned, with a

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -73,6 +74,18 @@ class TcpProxy {
       held_ = held;
     }
     held_cv_.notify_all();
+  }
+
+  // Bytes clients sent that wait unread in the proxy (under a hold: a
+  // request known to be in flight).
+  size_t held_from_clients() {
+    std::lock_guard lock(mu_);
+    size_t n = 0;
+    for (auto& [client, server] : open_) {
+      int queued = 0;
+      if (::ioctl(client, FIONREAD, &queued) == 0 && queued > 0) n += static_cast<size_t>(queued);
+    }
+    return n;
   }
 
   // Breaks every connection carried now; returns how many.
