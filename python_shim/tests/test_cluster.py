@@ -494,3 +494,6 @@ def test_a_task_running_when_the_cluster_stops_fails_instead_of_waiting(head, tm
     with pytest.raises(TroupeError) as e:
         troupe.get(ref, timeout=120)
     assert not isinstance(e.value, troupe.exceptions.GetTimeoutError), e.value
+    # Said as the head's end, not as executors that "died 3 times in a row
+    # before starting" (the task had started).
+    assert "head is gone" in str(e.value) and "before starting" not in str(e.value), e.value

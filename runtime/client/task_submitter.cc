@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "troupe/runtime/client/task.h"
@@ -114,11 +115,14 @@ struct TaskSubmitter::Key {
   int cap = 1;
   bool zero_request = false;  // asks for zero explicitly, outside any group: may grow past cap (kSurgeAfter)
   int surge = 0;              // executors leased beyond cap for waiting tasks (back down as they go)
-  int max_calls = 0;  // TaskPlacement::max_calls
+  int max_calls = 0;          // TaskPlacement::max_calls
   std::deque<std::shared_ptr<Task>> queue;
   std::vector<std::shared_ptr<Executor>> executors;  // not gone
   int requested = 0;                                 // leases asked of the lease thread, not yet made
   int failed_leases = 0;
+  bool check_queued = false;  // in feasibility_checks_
+  // Since when no live node could hold it (check_feasible); unset while one can.
+  std::optional<Clock::time_point> infeasible_since;
 };
 
 namespace {
@@ -607,13 +611,26 @@ void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const st
       e->blocked = info.blocked;
       e->bounced = false;
       sends = pump_locked(key);
+    } else if (info.state == ActorState::kPending && !info.pending_reason.empty() && !e->gone &&
+               !key->spec.placement_group && !std::exchange(key->check_queued, true)) {
+      // Waiting for resources: perhaps for a node that is gone for good.
+      feasibility_checks_.push_back(key);
+      cv_.notify_all();
     } else if (info.state == ActorState::kDead && e->death_cause.empty()) {
       died = true;
       std::string cause = info.death_cause.empty() ? "the head reports it dead" : info.death_cause;
       bool never_started = !e->ready;
       for (auto& t : drop_executor_locked(*key, *e, cause)) failures.emplace_back(t, worker_died(t->name, *e, cause));
       std::erase(awaiting_cause_, e);
-      if (never_started && ++key->failed_leases >= kMaxFailedLeases) {
+      if (never_started && core_.head_lost()) {
+        // Not the executors' fault, and no retry can start one: say what
+        // happened (it read "died 3 times in a row before starting").
+        auto error = std::make_exception_ptr(WorkerDied(
+            "tasks " + key->text + " cannot run: the cluster's head is gone (the cluster was stopped, or its head "
+            "was lost for longer than drivers wait for it): " + cause));
+        auto queued = fail_queue_locked(*key, error);
+        failures.insert(failures.end(), queued.begin(), queued.end());
+      } else if (never_started && ++key->failed_leases >= kMaxFailedLeases) {
         auto error = std::make_exception_ptr(WorkerDied("task executors for " + key->text + " died " +
                                                         std::to_string(kMaxFailedLeases) +
                                                         " times in a row before starting; the last: " + cause));
@@ -642,6 +659,13 @@ void TaskSubmitter::lease_loop() {
       lease_requests_.pop_front();
       lock.unlock();
       lease_one(key);
+      lock.lock();
+    }
+    for (size_t n = feasibility_checks_.size(); !stopping_ && n > 0; --n) {
+      auto key = std::move(feasibility_checks_.front());
+      feasibility_checks_.pop_front();
+      lock.unlock();
+      check_feasible(key);
       lock.lock();
     }
     if (!stopping_) reap_idle(lock);
@@ -744,6 +768,50 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
   for (uint64_t id : idle) kill_executor(id);
   for (auto& [t, error] : overdue) fail_task(t, error);
   lock.lock();
+}
+
+void TaskSubmitter::check_feasible(const std::shared_ptr<Key>& key) {
+  std::vector<NodeInfo> nodes;
+  try {
+    nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes);
+  } catch (const std::exception&) {
+    std::lock_guard lock(mu_);
+    key->check_queued = false;  // the next update asks again
+    return;
+  }
+  if (key->spec.node_affinity && !key->spec.affinity_soft)
+    std::erase_if(nodes, [&](const NodeInfo& n) { return n.id != key->spec.node_affinity; });
+  const bool feasible = fit_count(key->spec.resources, nodes) > 0;
+  Failures failures;
+  std::vector<uint64_t> pending;
+  {
+    std::lock_guard lock(mu_);
+    const bool waiting =
+        std::any_of(key->executors.begin(), key->executors.end(), [](const auto& e) { return !e->ready && !e->gone; });
+    if (feasible || !waiting) {
+      key->infeasible_since.reset();
+      key->check_queued = false;
+      return;
+    }
+    const auto now = Clock::now();
+    if (!key->infeasible_since) key->infeasible_since = now;
+    if (now - *key->infeasible_since < options_.infeasible_grace) {
+      feasibility_checks_.push_back(key);  // asked again until it is one or the other
+      return;
+    }
+    key->infeasible_since.reset();
+    key->check_queued = false;
+    auto error = std::make_exception_ptr(
+        ConfigError("task resources " + key->text + " fit on no live node of the cluster any more (" +
+                    (describe_nodes(nodes).empty() ? std::string("no node alive") : describe_nodes(nodes)) +
+                    ") after " + std::to_string(options_.infeasible_grace.count() / 1000) +
+                    " s of waiting: the node that could hold them is gone"));
+    failures = fail_queue_locked(*key, error);
+    for (auto& e : key->executors)
+      if (!e->ready && !e->gone) pending.push_back(e->id);
+  }
+  for (uint64_t id : pending) kill_executor(id, "no live node can hold it");
+  for (auto& [t, error] : failures) fail_task(t, error);
 }
 
 void TaskSubmitter::lend(uint64_t id, bool lend) {

@@ -58,6 +58,10 @@ struct TaskSubmitterOptions {
   // Executors per key; 0 = as many as the cluster's nodes fit (for tasks
   // that ask for no resources: the cluster's CPU count).
   int max_executors = 0;
+  // How long a key's executor may stay pending while no live node could
+  // ever hold it (the node that could died) before the key's tasks fail
+  // with ConfigError: long enough for a fenced node to rejoin.
+  std::chrono::milliseconds infeasible_grace{30000};
 };
 
 // Where a task runs: TaskOptions without the per-task fields.
@@ -169,6 +173,9 @@ class TaskSubmitter {
   // Tells the head that executor `id`, idle and kept for its objects, lends
   // its resources (or takes them back before it gets a task).
   void lend(uint64_t id, bool lend);
+  // On the lease thread: when no live node could hold `key` for
+  // infeasible_grace, its queued tasks fail and its pending executors go.
+  void check_feasible(const std::shared_ptr<Key>& key);
 
   Core& core_;
   const uint64_t instance_;
@@ -177,6 +184,9 @@ class TaskSubmitter {
   TaskSubmitterOptions options_;
   std::map<std::string, std::shared_ptr<Key>> keys_;
   std::deque<std::shared_ptr<Key>> lease_requests_;
+  // Keys whose executor waits with a pending reason: is any live node
+  // still able to hold them (check_feasible)?
+  std::deque<std::shared_ptr<Key>> feasibility_checks_;
   // Dead executors whose lost tasks wait for the head's cause of death.
   std::vector<std::shared_ptr<Executor>> awaiting_cause_;
   // Executors lent while idle that pump_locked gave work: send() takes

@@ -671,3 +671,32 @@ TEST_F(TaskTest, ShortTasksQueuedBehindALongOneRunOnAnIdleExecutor) {
   std::ofstream(release) << "go";
   EXPECT_GT(long_one.get(60s), 0);
 }
+
+// The only node that could hold a task's resources dies while it runs: the
+// retry, and later tasks of those resources, fail naming them once no live
+// node could hold them for infeasible_grace, rather than waiting for ever
+// (a fresh driver is told at once; this one had checked when the node lived).
+TEST(TaskFeasibility, TasksWhoseOnlyNodeDiedFailInsteadOfWaiting) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes = {{{"CPU", 2}}, {{"CPU", 1}, {"side", 1}}};
+  troupe::testing::LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  rt.core()->service<troupe::client::TaskSubmitter>()->set_options({.infeasible_grace = 1s});
+  auto dir = troupe::test::fresh_dir("task-feasibility");
+  const std::string started = (dir / "started").string(), release = (dir / "release").string();
+  const troupe::TaskOptions side{.resources = {{"CPU", 1}, {"side", 1}}, .max_retries = 2};
+  auto running = rt.submit(&spin_until_file, side, started, release);
+  ASSERT_TRUE(troupe::test::eventually([&] { return std::filesystem::exists(started); }, 60s));
+  cluster.kill_node(1, SIGKILL);
+  try {
+    running.get(60s);
+    FAIL() << "expected a ConfigError";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("{CPU=1, side=1} fit on no live node of the cluster any more"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(rt.submit(&square, side, 3).get(60s), troupe::ConfigError);
+  // What the live node holds still runs.
+  EXPECT_EQ(rt.submit(&square, {.resources = {{"CPU", 1}}}, 4).get(60s), 16);
+}
