@@ -1,13 +1,27 @@
 """Ray's init() options that troupe honours: object_store_memory (the
-driver's object store limit) and logging_level; bad values are named."""
+driver's object store limit, and an embedded cluster's workers') and
+logging_level; bad values are named. A `troupe start` cluster's workers
+take TROUPE_OBJECT_STORE_BYTES from its environment."""
 import logging
 import os
+import subprocess
 
 import numpy as np
 import pytest
 
 import troupe
+from conftest import cli, in_session, session_env
 from troupe.exceptions import ConfigError, ObjectStoreFullError
+
+
+@troupe.remote
+def put_in_a_worker(n):
+    """What a worker's store takes: the size put, or the error's text."""
+    try:
+        troupe.put(np.zeros(n, dtype=np.uint8))
+        return "kept"
+    except ObjectStoreFullError as e:
+        return str(e)
 
 
 @pytest.fixture
@@ -28,8 +42,30 @@ def test_object_store_memory_limits_what_a_process_keeps(restore_env):
         with pytest.raises(ObjectStoreFullError, match="object store full"):  # Ray's class
             troupe.put(np.zeros(1 << 18))  # 2 MiB
         assert troupe.get(troupe.put(np.zeros(1 << 10)), timeout=60).shape == (1 << 10,)
+        # The embedded cluster's workers have the same limit (they had a
+        # quarter of the machine's memory whatever was asked).
+        assert "limit 1048576 bytes" in troupe.get(put_in_a_worker.remote(2 << 20), timeout=60)
+        assert troupe.get(put_in_a_worker.remote(1 << 10), timeout=60) == "kept"
     finally:
         troupe.shutdown()
+
+
+def test_a_started_clusters_workers_take_the_limit_from_its_environment(tmp_path, restore_env):
+    session, env = session_env(tmp_path)
+    env["TROUPE_OBJECT_STORE_BYTES"] = str(1 << 20)
+    subprocess.run([cli(), "start", "--head", "--port", "0", "--resources", "CPU=1"], env=env, check=True,
+                   timeout=120)
+    try:
+        with in_session(session):
+            # The driver's own limit may be given with an address too.
+            troupe.init(address="auto", object_store_memory=8 << 20)
+            try:
+                assert "limit 1048576 bytes" in troupe.get(put_in_a_worker.remote(2 << 20), timeout=60)
+                troupe.put(np.zeros(4 << 20, dtype=np.uint8))  # the driver's is 8 MiB
+            finally:
+                troupe.shutdown()
+    finally:
+        subprocess.run([cli(), "stop"], env=env, timeout=120)
 
 
 def test_bad_init_options_are_named(restore_env):
@@ -38,6 +74,6 @@ def test_bad_init_options_are_named(restore_env):
             troupe.init(object_store_memory=bad)
     with pytest.raises(ConfigError, match="logging_level"):
         troupe.init(logging_level="loud")
-    with pytest.raises(ConfigError, match="object_store_memory"):
-        troupe.init("127.0.0.1:1", object_store_memory=1 << 20)
+    with pytest.raises(ConfigError, match="num_cpus, num_gpus and resources describe an embedded cluster"):
+        troupe.init("127.0.0.1:1", num_cpus=1)
     assert not troupe.is_initialized()

@@ -187,13 +187,14 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
         node["CPU"] = float(num_cpus)
     if num_gpus is not None:
         node["GPU"] = float(num_gpus)
-    if address and (node or object_store_memory is not None):
-        raise exceptions.ConfigError("num_cpus, num_gpus, resources and object_store_memory describe an embedded "
+    if address and node:
+        raise exceptions.ConfigError("num_cpus, num_gpus and resources describe an embedded "
                                      f"cluster; not allowed with address={address!r}")
     if object_store_memory is not None:
         # The driver's object store limit (what its puts and the results
-        # it sends on keep), as TROUPE_OBJECT_STORE_BYTES sets it; workers
-        # keep theirs (docs/python.md).
+        # it sends on keep), as TROUPE_OBJECT_STORE_BYTES sets it; an
+        # embedded cluster's workers inherit it, a running cluster's keep
+        # what their node was started with (docs/python.md).
         if isinstance(object_store_memory, bool) or not isinstance(object_store_memory, int) or \
                 object_store_memory <= 0:
             raise exceptions.ConfigError(f"object_store_memory must be a positive number of bytes, "

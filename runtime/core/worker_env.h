@@ -139,7 +139,7 @@ std::string env_value(const char* name);
 // leaks by accident while a setting such as TROUPE_DIGITS_PATH reaches the
 // trainer that reads it.
 inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath, kEnvWorkerMalloc, kEnvRuntimeEnvCacheGb,
-                                                 kEnvLogMaxBytes};
+                                                 kEnvLogMaxBytes, kEnvObjectStoreBytes};
 std::vector<std::string> clean_environment(const std::vector<std::string>& drop = {});
 
 }  // namespace troupe::core
