@@ -130,6 +130,7 @@ class SignalWaiter {
   o.advertise_host = env.advertise_host;
   o.worker_pool.size = env.worker_pool_size;
   o.worker_pool.idle_timeout = std::chrono::milliseconds(env.worker_idle_timeout_ms);
+  o.worker_pool.assign_timeout = std::chrono::milliseconds(env.worker_assign_timeout_ms);
   o.worker_logs_beside_own_output = true;
   if (env.head_reconnect_ms) o.head_reconnect = std::chrono::milliseconds(env.head_reconnect_ms);
   try {

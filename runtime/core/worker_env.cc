@@ -95,6 +95,8 @@ std::vector<std::string> WorkerEnv::to_env() const {
   if (worker_pool_size != WorkerEnv{}.worker_pool_size) put(kEnvWorkerPoolSize, std::to_string(worker_pool_size));
   if (worker_idle_timeout_ms != WorkerEnv{}.worker_idle_timeout_ms)
     put(kEnvWorkerIdleTimeoutMs, std::to_string(worker_idle_timeout_ms));
+  if (worker_assign_timeout_ms != WorkerEnv{}.worker_assign_timeout_ms)
+    put(kEnvWorkerAssignTimeoutMs, std::to_string(worker_assign_timeout_ms));
   if (role == "worker") {
     put(kEnvActorId, std::to_string(actor_id));
     put(kEnvIncarnation, std::to_string(incarnation));
@@ -134,6 +136,7 @@ WorkerEnv WorkerEnv::from_env() {
   e.advertise_host = env_value(kEnvAdvertiseHost);
   read_number(kEnvWorkerPoolSize, e.worker_pool_size);
   read_number(kEnvWorkerIdleTimeoutMs, e.worker_idle_timeout_ms);
+  read_number(kEnvWorkerAssignTimeoutMs, e.worker_assign_timeout_ms);
   read_number(kEnvActorId, e.actor_id);
   read_number(kEnvIncarnation, e.incarnation);
   read_number(kEnvNodeId, e.node_id);

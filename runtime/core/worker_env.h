@@ -45,6 +45,7 @@ inline constexpr const char* kEnvPoolFd = "TROUPE_POOL_FD";
 inline constexpr const char* kEnvServingFd = "TROUPE_SERVING_FD";
 inline constexpr const char* kEnvWorkerPoolSize = "TROUPE_WORKER_POOL_SIZE";
 inline constexpr const char* kEnvWorkerIdleTimeoutMs = "TROUPE_WORKER_IDLE_TIMEOUT_MS";
+inline constexpr const char* kEnvWorkerAssignTimeoutMs = "TROUPE_WORKER_ASSIGN_TIMEOUT_MS";
 inline constexpr const char* kEnvLogLevel = "TROUPE_LOG_LEVEL";
 // A daemon's log file is rotated past this many bytes (logging.h).
 inline constexpr const char* kEnvLogMaxBytes = "TROUPE_LOG_MAX_BYTES";
@@ -96,6 +97,9 @@ struct WorkerEnv {
   std::string advertise_host;                // head, node, worker: the address others reach it at ("" = derive)
   uint32_t worker_pool_size = 2;             // node: idle workers per executable (0 = no pool)
   uint64_t worker_idle_timeout_ms = 300000;  // node: idle workers of an executable unused this long go
+  // Node: a taken pooled worker that does not acknowledge its actor within
+  // this is killed, and the actor started cold.
+  uint64_t worker_assign_timeout_ms = 10000;
   // Worker.
   uint64_t actor_id = 0;
   uint32_t incarnation = 0;

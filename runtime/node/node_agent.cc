@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "troupe/runtime/core/errors.h"
@@ -128,6 +129,8 @@ class NodeAgent::Impl {
     // Before the event loop runs: a spawn may arrive as soon as the node is
     // registered. Pooled workers learn the node id with their assignment.
     pool_ = std::make_unique<WorkerPool>(io_, opts_.worker_pool, worker_env());
+    pool_->on_assignment_taken([this](pid_t pid) { pooled_spawns_.erase(pid); });
+    pool_->on_assignment_lost([this](pid_t pid, uint64_t actor, uint32_t inc) { assignment_lost(pid, actor, inc); });
     io_thread_ = std::thread([this] {
       auto guard = asio::make_work_guard(io_);
       io_.run();
@@ -265,6 +268,7 @@ class NodeAgent::Impl {
                       r.reply.node_id, workers_.size());
       kill_workers();
       waiting_spawns_.clear();  // their actors are placed anew
+      start_cold_.clear();
       pool_->recycle();
       missed_exits_.clear();
     }
@@ -375,6 +379,7 @@ class NodeAgent::Impl {
     rejoining_ = true;
     kill_workers();
     waiting_spawns_.clear();  // the dead node's actors: restarted elsewhere
+    start_cold_.clear();
     pool_->recycle();
     rejoin_in_background(kRejoinAfterFence, 0, {});
   }
@@ -436,6 +441,9 @@ class NodeAgent::Impl {
     }
     for (const auto& s : waiting_spawns_) report_exit(s.actor_id, s.incarnation, 0, "never started: " + why);
     waiting_spawns_.clear();
+    start_cold_.clear();
+    // A pooled worker killed here is not started again (assignment_lost).
+    pooled_spawns_.clear();
     lease_spent_ = true;  // until the head is heard again
   }
 
@@ -449,6 +457,7 @@ class NodeAgent::Impl {
     }
     workers_.clear();
     kill_reasons_.clear();
+    pooled_spawns_.clear();
   }
 
   void on_event(Message&& m) {
@@ -459,11 +468,15 @@ class NodeAgent::Impl {
         case Op::kKillWorker: {
           auto k = decode_value<KillWorker>(m.body);
           for (auto& [pid, w] : workers_)
-            if (w.actor_id == k.actor_id && w.incarnation == k.incarnation) ::kill(pid, SIGKILL);
+            if (w.actor_id == k.actor_id && w.incarnation == k.incarnation) {
+              ::kill(pid, SIGKILL);
+              pooled_spawns_.erase(pid);  // not started again if its pooled worker never took it
+            }
           // One still waiting to start never does.
           for (auto it = waiting_spawns_.begin(); it != waiting_spawns_.end();) {
             if (it->actor_id == k.actor_id && it->incarnation == k.incarnation) {
               report_exit(k.actor_id, k.incarnation, 0, "killed before its worker started");
+              start_cold_.erase({it->actor_id, it->incarnation});
               it = waiting_spawns_.erase(it);
             } else {
               ++it;
@@ -540,29 +553,55 @@ class NodeAgent::Impl {
     return env;
   }
 
-  void spawn(const SpawnWorker& s) {
+  // `cold`: not from the pool (its pooled worker did not take it).
+  void spawn(const SpawnWorker& s, bool cold = false) {
     std::string executable = executable_of(s.executable);
     std::optional<pid_t> pid;
     // Variables the loader or libc read at exec cannot reach a running
     // worker: such an actor starts cold.
-    if (std::string late = exec_time_variable(s.env); late.empty()) {
-      pid = pool_->take(executable,
-                        WorkerAssignment{s.actor_id, s.incarnation, node_id_, s.gpu_ids, actor_env(s), s.class_name});
-    } else {
+    if (std::string late = exec_time_variable(s.env); !late.empty()) {
       TROUPE_LOG_DEBUG("node {}: actor {} sets {}, which must be there at exec; starting a worker for it", node_id_,
                        s.actor_id, late);
+    } else if (!cold) {
+      pid = pool_->take(executable,
+                        WorkerAssignment{s.actor_id, s.incarnation, node_id_, s.gpu_ids, actor_env(s), s.class_name});
+      // Kept until the worker acknowledges its assignment (assignment_lost).
+      if (pid) pooled_spawns_[*pid] = s;
     }
     if (!pid && starting_.size() >= max_starting_) {
       // As many workers as the machine has cores start already: this one
       // waits (80 Python workers starting at once on two cores starved the
       // agent past its heartbeat timeout, and the head declared it dead).
       waiting_spawns_.push_back(s);
+      if (cold) start_cold_.insert({s.actor_id, s.incarnation});
       return;
     }
     if (!pid) pid = cold_spawn(s, executable);
     if (!pid) return;
     workers_[*pid] = {s.actor_id, s.incarnation};
     TROUPE_LOG_DEBUG("node {}: worker pid {} serves actor {} ({})", node_id_, *pid, s.actor_id, s.class_name);
+  }
+
+  // The pooled worker `pid` did not acknowledge its assignment in time: the
+  // pool killed and reaped it. It never ran the actor, so no exit is
+  // reported (the actor is neither failed nor restarted): it starts in a
+  // worker of its own. Unless the agent had killed that worker itself
+  // meanwhile (KillWorker, HeadLease): then its exit is reported, as reap()
+  // would have.
+  void assignment_lost(pid_t pid, uint64_t actor, uint32_t inc) {
+    auto kept = pooled_spawns_.extract(pid);
+    auto w = workers_.find(pid);
+    if (stopping_ || w == workers_.end() || w->second.actor_id != actor || w->second.incarnation != inc) return;
+    workers_.erase(w);
+    std::string how = "killed before its worker started";
+    if (auto k = kill_reasons_.find(pid); k != kill_reasons_.end()) {
+      how = k->second;
+      kill_reasons_.erase(k);
+    }
+    if (kept.empty()) return report_exit(actor, inc, pid, how);
+    TROUPE_LOG_DEBUG("node {}: starting actor {} (incarnation {}) cold: pooled worker {} did not take it", node_id_,
+                     actor, inc, pid);
+    spawn(kept.mapped(), /*cold=*/true);
   }
 
   // The cores this process may run on (its affinity mask, which a
@@ -622,7 +661,7 @@ class NodeAgent::Impl {
     while (!stopping_ && !waiting_spawns_.empty() && starting_.size() < max_starting_) {
       SpawnWorker s = std::move(waiting_spawns_.front());
       waiting_spawns_.pop_front();
-      spawn(s);
+      spawn(s, start_cold_.erase({s.actor_id, s.incarnation}) > 0);
     }
   }
 
@@ -653,6 +692,7 @@ class NodeAgent::Impl {
       }
       report_exit(it->second.actor_id, it->second.incarnation, pid, how);
       pool_->worker_exited(pid);
+      pooled_spawns_.erase(pid);
       it = workers_.erase(it);
     }
   }
@@ -709,6 +749,11 @@ class NodeAgent::Impl {
   static constexpr auto kStartBound = std::chrono::seconds(2);
   std::map<pid_t, std::unique_ptr<ServingWatch>> starting_;
   std::deque<SpawnWorker> waiting_spawns_;
+  // Waiting spawns whose pooled worker did not take them: they start cold.
+  std::set<std::pair<uint64_t, uint32_t>> start_cold_;
+  // Spawns handed to pooled workers that have not acknowledged them yet, by
+  // pid: started again cold if the pool gives up on the worker.
+  std::map<pid_t, SpawnWorker> pooled_spawns_;
   const size_t max_starting_ = std::max<size_t>(2, usable_cores());
   std::unique_ptr<WorkerPool> pool_;
   bool stopping_ = false;

@@ -34,6 +34,9 @@ void validate_pool_options(const WorkerPoolOptions& o) {
   auto ms = o.idle_timeout.count();
   if (ms < 1 || ms > 30LL * 24 * 3600 * 1000)
     throw ConfigError("worker idle timeout " + std::to_string(ms) + " ms is out of range [1 ms, 30 days]");
+  auto assign_ms = o.assign_timeout.count();
+  if (assign_ms < 1 || assign_ms > 30LL * 24 * 3600 * 1000)
+    throw ConfigError("worker assign timeout " + std::to_string(assign_ms) + " ms is out of range [1 ms, 30 days]");
 }
 
 WorkerPool::WorkerPool(asio::io_context& io, WorkerPoolOptions options, core::WorkerEnv base)
@@ -158,6 +161,7 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
       chosen = it;
   while (chosen != idle_.end()) {
     pid_t pid = chosen->first;
+    const bool ready = chosen->second.ready;
     auto socket = std::move(chosen->second.socket);
     idle_.erase(chosen);
     asio::error_code ignored;
@@ -165,7 +169,7 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
     report_idle_count();
     try {
       send_assignment(socket->native_handle(), a);
-      refill_when_serving(pid, std::move(socket), executable);
+      watch_assignment(pid, std::move(socket), executable, a.actor_id, a.incarnation, ready);
       return pid;
     } catch (const std::exception& ex) {
       // It died while idle: reap() will collect it; try another.
@@ -180,6 +184,47 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
   }
   post_refill(executable);
   return std::nullopt;
+}
+
+// The taken worker acknowledges its assignment with one byte (a worker of
+// an older build, with its serving byte); one taken before it was ready
+// sends its ready byte ('R') first. Each within assign_timeout, else it is
+// stuck (stopped, hung): the pool kills it and the agent starts the actor
+// cold, so a frozen idle worker delays an actor but never holds it. Then
+// the refill waits for the actor to serve.
+void WorkerPool::watch_assignment(pid_t pid, std::unique_ptr<asio::local::stream_protocol::socket> socket,
+                                  const std::string& executable, uint64_t actor_id, uint32_t incarnation, bool ready) {
+  using Seen = ServingWatch::Seen;
+  taken_[pid] = std::make_unique<ServingWatch>(io_, std::move(socket), opts_.assign_timeout,
+                                               [this, pid, executable, actor_id, incarnation, ready](
+                                                   Seen seen, char byte, std::unique_ptr<ServingWatch::Socket> s) {
+                                                 switch (seen) {
+                                                   case Seen::kByte:
+                                                     if (!ready && byte == 'R')
+                                                       return watch_assignment(pid, std::move(s), executable, actor_id,
+                                                                               incarnation, true);
+                                                     if (on_assignment_taken_) on_assignment_taken_(pid);
+                                                     return refill_when_serving(pid, std::move(s), executable);
+                                                   case Seen::kClosed:
+                                                     // It died: the agent reaps it and reports the actor's exit.
+                                                     return refill_after_take(pid, executable);
+                                                   case Seen::kBound:
+                                                     return assignment_lost(pid, executable, actor_id, incarnation);
+                                                 }
+                                               });
+}
+
+void WorkerPool::assignment_lost(pid_t pid, const std::string& executable, uint64_t actor_id, uint32_t incarnation) {
+  TROUPE_LOG_WARN(
+      "worker pool: pooled worker {} did not take its assignment (actor {}, incarnation {}) within {} ms (stopped "
+      "or hung?); killing it, the actor starts in a fresh worker",
+      pid, actor_id, incarnation, opts_.assign_timeout.count());
+  taken_.erase(pid);
+  ::kill(pid, SIGKILL);
+  core::wait_child(pid);
+  worker_exited(pid);
+  post_refill(executable);
+  if (on_assignment_lost_) on_assignment_lost_(pid, actor_id, incarnation);
 }
 
 // The taken worker writes one byte once its actor serves (or closes the
@@ -198,40 +243,57 @@ void WorkerPool::refill_after_take(pid_t pid, const std::string& executable) {
 }
 
 struct ServingWatch::State {
-  std::unique_ptr<asio::local::stream_protocol::socket> socket;
+  using Done = std::function<void(Seen, char, std::unique_ptr<Socket>)>;
+  std::unique_ptr<Socket> socket;  // handed to `done`
   asio::steady_timer bound;
-  std::function<void()> done;
+  Done done;
   char byte = 0;
   bool over = false;  // done ran, or the watch was destroyed
 
-  State(asio::io_context& io, std::unique_ptr<asio::local::stream_protocol::socket> s, std::function<void()> d)
+  State(asio::io_context& io, std::unique_ptr<Socket> s, Done d)
       : socket(std::move(s)), bound(io), done(std::move(d)) {}
-  void finish() {
+  void finish(Seen seen) {
     if (std::exchange(over, true)) return;
     asio::error_code ignored;
     socket->cancel(ignored);
     bound.cancel();
     auto run = std::move(done);
-    run();  // may destroy the watch: the handlers hold this state
+    run(seen, byte, std::move(socket));  // may destroy the watch: the handlers hold this state
   }
 };
 
-ServingWatch::ServingWatch(asio::io_context& io, std::unique_ptr<asio::local::stream_protocol::socket> socket,
+ServingWatch::ServingWatch(asio::io_context& io, std::unique_ptr<Socket> socket,
                            std::chrono::steady_clock::duration bound, std::function<void()> done)
+    : ServingWatch(io, std::move(socket), bound,
+                   [done = std::move(done)](Seen, char, std::unique_ptr<Socket>) { done(); }) {}
+
+ServingWatch::ServingWatch(asio::io_context& io, std::unique_ptr<Socket> socket,
+                           std::chrono::steady_clock::duration bound,
+                           std::function<void(Seen, char, std::unique_ptr<Socket>)> done)
     : state_(std::make_shared<State>(io, std::move(socket), std::move(done))) {
   state_->bound.expires_after(bound);
   asio::async_read(*state_->socket, asio::buffer(&state_->byte, 1), [st = state_](asio::error_code ec, size_t) {
-    if (ec != asio::error::operation_aborted) st->finish();
+    if (ec != asio::error::operation_aborted) st->finish(ec ? Seen::kClosed : Seen::kByte);
   });
   state_->bound.async_wait([st = state_](asio::error_code ec) {
-    if (!ec) st->finish();
+    if (ec) return;
+    // A byte or close that came just in time (in the socket, or read and
+    // its handler queued ahead of this one) ends the watch as such.
+    asio::post(st->bound.get_executor(), [st] {
+      if (st->over) return;
+      char c;
+      if (::recv(st->socket->native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT) >= 0 ||
+          (errno != EAGAIN && errno != EWOULDBLOCK))
+        return;  // the read sees it
+      st->finish(Seen::kBound);
+    });
   });
 }
 
 ServingWatch::~ServingWatch() {
   state_->over = true;
   asio::error_code ignored;
-  state_->socket->cancel(ignored);
+  if (state_->socket) state_->socket->cancel(ignored);
   state_->bound.cancel();
 }
 
@@ -268,6 +330,14 @@ void WorkerPool::reap() {
 
 void WorkerPool::on_idle_count_change(std::function<void(uint32_t)> callback) {
   on_idle_count_change_ = std::move(callback);
+}
+
+void WorkerPool::on_assignment_taken(std::function<void(pid_t)> callback) {
+  on_assignment_taken_ = std::move(callback);
+}
+
+void WorkerPool::on_assignment_lost(std::function<void(pid_t, uint64_t, uint32_t)> callback) {
+  on_assignment_lost_ = std::move(callback);
 }
 
 void WorkerPool::report_idle_count() {

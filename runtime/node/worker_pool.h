@@ -3,7 +3,9 @@
 // included when the executable links it — and static initialisation done),
 // each holding one end of a socketpair. A spawn takes an idle one of the
 // right executable and sends it its WorkerAssignment; the pool refills in
-// the background once that worker serves.
+// the background once that worker serves. A taken worker that does not
+// acknowledge its assignment within `assign_timeout` (stopped, hung) is
+// killed, and the agent starts the actor cold instead.
 // Workers of an executable unused for `idle_timeout` are
 // killed and not refilled until it is used again. An idle worker's exit is
 // the pool's business (it is never reported as an actor's exit); a taken
@@ -33,6 +35,10 @@ namespace troupe::node {
 struct WorkerPoolOptions {
   uint32_t size = 2;  // idle workers per executable; 0 disables the pool
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};
+  // How long a taken worker may take to acknowledge its assignment (and, one
+  // taken while still starting, to become ready first) before the pool kills
+  // it and the agent starts the actor cold.
+  std::chrono::milliseconds assign_timeout{std::chrono::seconds(10)};
   // Where each worker's stdout and stderr go, one file per worker
   // (worker_log_path); "" = the agent's own output.
   std::string log_dir;
@@ -69,8 +75,15 @@ class ExitedLogs {
 // destroy it.
 class ServingWatch {
  public:
-  ServingWatch(asio::io_context& io, std::unique_ptr<asio::local::stream_protocol::socket> socket,
-               std::chrono::steady_clock::duration bound, std::function<void()> done);
+  using Socket = asio::local::stream_protocol::socket;
+  // What ended the watch.
+  enum class Seen { kByte, kClosed, kBound };
+  ServingWatch(asio::io_context& io, std::unique_ptr<Socket> socket, std::chrono::steady_clock::duration bound,
+               std::function<void()> done);
+  // As above; `done` also learns what ended the watch, the byte (kByte), and
+  // gets the socket back (for a watch of the next byte).
+  ServingWatch(asio::io_context& io, std::unique_ptr<Socket> socket, std::chrono::steady_clock::duration bound,
+               std::function<void(Seen, char, std::unique_ptr<Socket>)> done);
   ~ServingWatch();
   ServingWatch(const ServingWatch&) = delete;
   ServingWatch& operator=(const ServingWatch&) = delete;
@@ -84,7 +97,7 @@ class ServingWatch {
 pid_t spawn_logged(core::SpawnOptions o, const std::string& dir);
 
 // Throws ConfigError naming the value when `o` is out of range (size at most
-// 64, idle timeout between 1 ms and 30 days).
+// 64, idle and assign timeouts between 1 ms and 30 days).
 void validate_pool_options(const WorkerPoolOptions& o);
 
 class WorkerPool {
@@ -110,6 +123,15 @@ class WorkerPool {
   // changes, so the agent can report it at once rather than with its next
   // heartbeat.
   void on_idle_count_change(std::function<void(uint32_t)> callback);
+  // Called (on the event loop) when a taken worker acknowledged its
+  // assignment: from then on it runs the actor.
+  void on_assignment_taken(std::function<void(pid_t)> callback);
+  // Called (on the event loop) when a taken worker did not acknowledge its
+  // assignment within assign_timeout: the pool killed and reaped it (it
+  // never ran the actor; its exit is no actor's), and the agent starts the
+  // actor another way. A taken worker that dies by itself is the agent's
+  // to reap and report, as before.
+  void on_assignment_lost(std::function<void(pid_t, uint64_t actor_id, uint32_t incarnation)> callback);
   // A worker the pool handed out, or one the agent started cold, exited
   // and was reaped: its log file joins the exited ones kept (ExitedLogs).
   void worker_exited(pid_t pid);
@@ -135,6 +157,9 @@ class WorkerPool {
   void start_one(const std::string& executable);
   void watch_ready(pid_t pid);
   void post_refill(const std::string& executable);
+  void watch_assignment(pid_t pid, std::unique_ptr<asio::local::stream_protocol::socket> socket,
+                        const std::string& executable, uint64_t actor_id, uint32_t incarnation, bool ready);
+  void assignment_lost(pid_t pid, const std::string& executable, uint64_t actor_id, uint32_t incarnation);
   void refill_when_serving(pid_t pid, std::unique_ptr<asio::local::stream_protocol::socket> socket,
                            const std::string& executable);
   void refill_after_take(pid_t pid, const std::string& executable);
@@ -149,10 +174,13 @@ class WorkerPool {
   const core::WorkerEnv base_;
   asio::steady_timer idle_timer_;
   std::map<pid_t, Idle> idle_;
-  // Workers just taken, until their actors serve (see take()).
+  // Workers just taken, until they acknowledge their assignments, then until
+  // their actors serve (see take()).
   std::map<pid_t, std::unique_ptr<ServingWatch>> taken_;
   std::map<std::string, Executable> executables_;
   std::function<void(uint32_t)> on_idle_count_change_;
+  std::function<void(pid_t)> on_assignment_taken_;
+  std::function<void(pid_t, uint64_t, uint32_t)> on_assignment_lost_;
   uint32_t reported_idle_ = 0;
   bool stopped_ = false;
   std::optional<ExitedLogs> exited_logs_;  // when log_dir is set

@@ -19,7 +19,8 @@
 namespace troupe::testing {
 
 LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {
-  node::validate_pool_options({options_.worker_pool_size, options_.worker_idle_timeout});
+  node::validate_pool_options(
+      {options_.worker_pool_size, options_.worker_idle_timeout, options_.worker_assign_timeout});
   token_ = wire::random_token();
   std::string line;
   core::WorkerEnv head;
@@ -100,6 +101,7 @@ size_t LocalCluster::add_node(const Resources& resources, const std::string& hea
   node.bind_host = options_.host;
   node.worker_pool_size = options_.worker_pool_size;
   node.worker_idle_timeout_ms = static_cast<uint64_t>(options_.worker_idle_timeout.count());
+  node.worker_assign_timeout_ms = static_cast<uint64_t>(options_.worker_assign_timeout.count());
   node.head_reconnect_ms = static_cast<uint64_t>(options_.head_reconnect.count());
   pid_t pid = start(node, &line);
   nodes_.push_back({pid, std::stoull(line)});

@@ -31,10 +31,12 @@ struct LocalClusterOptions {
   // Where the head and the nodes' workers listen ("0.0.0.0", "::1", ...);
   // each advertises a reachable address of its own choosing.
   std::string host = "127.0.0.1";
-  // Each node's warm workers per executable (0 = none) and their idle
-  // timeout.
+  // Each node's warm workers per executable (0 = none), their idle
+  // timeout, and how long a taken one may take to acknowledge its actor
+  // (WorkerPoolOptions::assign_timeout).
   uint32_t worker_pool_size = 2;
   std::chrono::milliseconds worker_idle_timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds worker_assign_timeout{std::chrono::seconds(10)};
   // The head's HTTP endpoint (dashboard, /metrics) on a free port, and
   // whether it asks for the token although it is on loopback.
   bool dashboard = false;

@@ -1,6 +1,7 @@
 // A pooled worker: started by its node agent ahead of any actor, it says it
-// is ready and waits for its WorkerAssignment, then serves that actor as a
-// worker started for it would (run_worker), telling the agent when it does.
+// is ready and waits for its WorkerAssignment, acknowledges it, then serves
+// that actor as a worker started for it would (run_worker), telling the
+// agent when it does.
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -59,6 +60,11 @@ void run_pooled_worker(core::WorkerEnv env) {
   }
   // EOF: the agent let us go (idle timeout, shutdown) or died.
   if (!a) std::_Exit(0);
+  // Taken: the agent kills a worker that does not say so within its
+  // bound (stopped, hung) and starts the actor elsewhere. The serving byte
+  // ('S', run_worker) follows on the same socket.
+  const char ack = 'A';
+  (void)!::send(fd, &ack, 1, MSG_NOSIGNAL);
   // Kept until the actor serves (run_worker), but not for the actor's children.
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   env.pool_fd = -1;

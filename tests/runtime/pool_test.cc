@@ -248,6 +248,38 @@ TEST(WorkerPool, IdleWorkerKilledDisturbsNothing) {
   EXPECT_GT(b.call(&PoolProbe::pid).get(), 0);
 }
 
+// An idle worker that is stopped (SIGSTOP, or hung) when it is taken never
+// acknowledges its assignment: past the bound the pool kills it and the
+// actor starts in a worker of its own, late but neither failed nor
+// restarted, and the pool fills again.
+TEST(WorkerPool, StoppedIdleWorkerIsKilledAndItsActorStartsCold) {
+  auto o = one_node(1);
+  o.worker_assign_timeout = 1s;
+  troupe::testing::LocalCluster cluster(o);
+  auto rt = cluster.connect();
+  pid_t node = cluster.node_pid(0);
+  ASSERT_TRUE(eventually([&] { return idle_reported(rt, cluster.node_id(0)) == 1; }, 30s));
+  std::set<pid_t> stopped = idle_children(node);
+  ASSERT_EQ(stopped.size(), 1u);
+  for (pid_t p : stopped) ASSERT_EQ(::kill(p, SIGSTOP), 0);
+
+  auto a = rt.spawn<PoolProbe>({});
+  ASSERT_TRUE(eventually([&] { return a.info().state == troupe::ActorState::kAlive; }, 30s))
+      << "the actor handed to a stopped pooled worker never started";
+  pid_t pid = a.call(&PoolProbe::pid).get();
+  EXPECT_FALSE(stopped.count(pid)) << "the actor runs in the stopped worker " << pid;
+  EXPECT_EQ(a.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  EXPECT_EQ(a.info().restarts, 0);
+  EXPECT_EQ(a.info().incarnation, 0u);
+  for (pid_t p : stopped) EXPECT_TRUE(eventually([&] { return process_gone(p); }, 10s)) << "stopped worker " << p;
+
+  // The pool fills again, and its next worker serves.
+  ASSERT_TRUE(eventually([&] { return idle_children(node, {pid}).size() == 1; }, 30s));
+  auto b = rt.spawn<PoolProbe>({});
+  EXPECT_EQ(b.call(&PoolProbe::argv0).get(), kPooledName);
+  EXPECT_EQ(a.info().state, troupe::ActorState::kAlive);
+}
+
 TEST(WorkerPool, IdleWorkersDieWithTheirAgent) {
   troupe::testing::LocalCluster cluster(one_node(3));
   pid_t node = cluster.node_pid(0);
@@ -276,6 +308,14 @@ TEST(WorkerPool, OutOfRangeOptionsAreRefusedNamingTheValue) {
   }
   o = one_node(2, 0ms);
   EXPECT_THROW(troupe::testing::LocalCluster{o}, troupe::ConfigError);
+  o = one_node(2);
+  o.worker_assign_timeout = 0ms;
+  try {
+    troupe::testing::LocalCluster cluster(o);
+    FAIL() << "assign timeout 0 ms was accepted";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("assign timeout 0 ms"), std::string::npos) << e.what();
+  }
 }
 
 namespace {
