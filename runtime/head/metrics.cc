@@ -96,7 +96,8 @@ void node_metrics(std::ostringstream& out, const json& nodes) {
   }
   Family cluster_total(out, "troupe_cluster_resource_capacity", "gauge", "Resources of all live nodes.");
   for (const auto& [r, v] : total) cluster_total.sample({{"resource", r}}, v);
-  Family cluster_used(out, "troupe_cluster_resource_used", "gauge", "Resources in use over all live nodes.");
+  Family cluster_used(out, "troupe_cluster_resource_used", "gauge", "Resources in use over all live nodes; above the capacity while tasks that wait in get() lend their CPUs "
+                     "to the tasks they wait for (nested tasks).");
   for (const auto& [r, v] : total) cluster_used.sample({{"resource", r}}, used.count(r) ? used[r] : 0.0);
 }
 
