@@ -402,7 +402,10 @@ std::vector<int> cpus_per_node(const std::string& value) {
   auto number = [&](const char* what) {
     size_t end = value.find_first_not_of("0123456789", i);
     if (end == std::string::npos) end = value.size();
-    const long n = plain_count(value.substr(i, end - i));
+    const std::string digits = value.substr(i, end - i);
+    const long n = plain_count(digits);
+    if (digits.size() > 9)  // 99999999999 is no typo of a small count
+      throw bad(std::string("a ") + what + " of " + digits + " is too large (at offset " + std::to_string(i) + ")");
     if (n < 1) throw bad(std::string("a ") + what + " of 1 or more expected at offset " + std::to_string(i));
     i = end;
     return n;

@@ -175,7 +175,9 @@ std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Reso
     }
   }
   if (best) return best->id;
-  if (reason) {
+  if (reason && nodes.empty()) {
+    *reason = "no node is alive to hold {" + format_resources(req) + "}";
+  } else if (reason) {
     bool any_total = std::any_of(nodes.begin(), nodes.end(), [&](const NodeView& n) { return fits(n.total, req); });
     *reason = "no node can hold {" + format_resources(req) + "} " +
               (any_total ? "right now" : "at all (no node has that much in total)") + "; " + nodes_summary(nodes);

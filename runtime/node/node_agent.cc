@@ -272,6 +272,9 @@ class NodeAgent::Impl {
       pool_->recycle();
       missed_exits_.clear();
     }
+    if (rejoining_)  // said when it went, so said when it is back
+      TROUPE_LOG_INFO("node {}: joined the head again as node {} with {} workers", node_id_.load(), r.reply.node_id,
+                      workers_.size());
     resuming_ = false;
     head_ = r.channel;
     generation_ = r.generation;

@@ -68,6 +68,10 @@ TEST(SlurmAllocation, MalformedCpusPerNodeIsAConfigErrorNamingIt) {
     const std::string msg = cpu_list_error(bad);
     EXPECT_NE(msg.find("SLURM_JOB_CPUS_PER_NODE='" + bad + "'"), std::string::npos) << "'" << bad << "': " << msg;
   }
+  // Too many digits is said as too large, not as "1 or more expected".
+  EXPECT_NE(cpu_list_error("4(x99999999999)").find("a repeat count of 99999999999 is too large"), std::string::npos)
+      << cpu_list_error("4(x99999999999)");
+  EXPECT_NE(cpu_list_error("99999999999").find("a CPU count of 99999999999 is too large"), std::string::npos);
 }
 
 // SLURM_GPUS_ON_NODE wins and must be a plain count ("2abc" was read as 2,

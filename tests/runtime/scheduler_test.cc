@@ -57,6 +57,10 @@ TEST(Scheduler, PickNodePrefersEmptierNodeAndExplainsFailure) {
   EXPECT_FALSE(pick_node(nodes, {{"GPU", 3}}, &why).has_value());
   EXPECT_NE(why.find("at all"), std::string::npos) << why;
   EXPECT_FALSE(pick_node(nodes, {{"TPU", 1}}, &why).has_value());
+  // With no node at all, that is the reason (it read "no node can hold {}
+  // at all (no node has that much in total); no nodes alive").
+  EXPECT_FALSE(pick_node({}, {}, &why).has_value());
+  EXPECT_EQ(why, "no node is alive to hold {}");
 }
 
 TEST(Scheduler, StrictSpreadUsesDistinctNodes) {
