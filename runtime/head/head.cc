@@ -714,6 +714,10 @@ class Head::Impl {
       throw ConfigError("read log: unknown target '" + req.target + "' (head, node, actor or actor_previous)");
     }
     auto it = node_conns_.find(node);
+    // A fenced agent joins again as a new node: the same process, with the
+    // same log files, which keeps its earlier workers' logs.
+    if (it == node_conns_.end())
+      if (const uint64_t same = same_agent_as(node)) it = node_conns_.find(same);
     if (it == node_conns_.end())
       throw ConfigError("node " + std::to_string(node) + " is not alive, or its agent is not connected to the head");
     const uint64_t id = next_log_request_++;
@@ -724,6 +728,17 @@ class Head::Impl {
     ask.id = id;
     ask.body = encode_inline(req);
     it->second->send(ask);
+  }
+
+  // The live node whose agent is the process that was node `dead` (same
+  // host, same pid); 0 when none is.
+  uint64_t same_agent_as(uint64_t dead) const {
+    const auto nodes = state_.nodes();
+    auto was = std::find_if(nodes.begin(), nodes.end(), [&](const auto& n) { return n.id == dead; });
+    if (was == nodes.end() || was->pid <= 0) return 0;
+    for (const auto& n : nodes)
+      if (n.alive && n.id != dead && n.pid == was->pid && n.hostname == was->hostname) return n.id;
+    return 0;
   }
 
   void relay_log(Message& m) {

@@ -16,6 +16,7 @@
 #include "tests/support/process.h"
 #include "tests/support/tcp_proxy.h"
 #include "tests/support/wait.h"
+#include "troupe/runtime/client/core.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
@@ -128,6 +129,18 @@ TEST(Fencing, StoppedNodeAgentIsFencedAndRejoinsAsANewNode) {
   auto d = rt.spawn<Tally>({.resources = {{"CPU", 2}}}, 0);
   EXPECT_EQ(d.call(&Tally::node).get(kWaitBound), rejoined);
   EXPECT_EQ(c.call(&Tally::add, 1).get(kWaitBound), 5);
+  // The log of the actor's worker on the fenced node is asked of the same
+  // agent, now the rejoined node (it was refused as "node N is not alive").
+  // Where its agent keeps no worker log files, the agent says so.
+  troupe::wire::ReadLog previous{"actor_previous", c.id()};
+  try {
+    auto chunk = rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, previous);
+    EXPECT_NE(chunk.path.find(std::to_string(old_pid)), std::string::npos) << chunk.path;
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("node " + std::to_string(rejoined) + " keeps no worker log files"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A whole machine stalls past the fence time (its agent and the actor's
