@@ -54,6 +54,28 @@ ENDED_KEPT = 4096
 RESTING_KEPT = 1024
 _EXECUTOR_CLASS = "TaskExecutor"  # runtime/client/task.h
 _WORKER_FILE = re.compile(r"worker-(\d+)\.log$")
+# A line of the runtime's own log in a worker's file (runtime/core/logging.cc:
+# "[12:34:56.789] [worker pid 4242] [info] ..."), and its level.
+_RUNTIME_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] \[\w+ pid \d+\] \[(\w+)\] ")
+_LEVELS = ["trace", "debug", "info", "warning", "error", "critical", "off"]
+
+
+def _below_driver_level(line):
+    """Whether `line` is the runtime's own log line at a level below the
+    driver's TROUPE_LOG_LEVEL (which init() sets to warning): the worker's
+    file holds its node's level, so "reconnected to the head" at info
+    reached a console set to warnings. What the program printed is kept."""
+    m = _RUNTIME_LINE.match(line)
+    if not m:
+        return False
+    import os
+
+    want = os.environ.get("TROUPE_LOG_LEVEL", "info").lower()
+    want = {"warn": "warning", "err": "error"}.get(want, want)
+    level = {"warn": "warning", "err": "error"}.get(m.group(1), m.group(1))
+    if want not in _LEVELS or level not in _LEVELS:
+        return False
+    return _LEVELS.index(level) < _LEVELS.index(want)
 
 
 class _Followed:
@@ -220,7 +242,10 @@ class DriverLogs:
             f.partial = b""
         if not lines:
             return
+        text = [t for t in (line.decode("utf-8", "replace") for line in lines) if not _below_driver_level(t)]
+        if not text:
+            return
         out = self._out or sys.stdout
         prefix = f"({f.label} pid={f.pid}) "
-        out.write("".join(prefix + line.decode("utf-8", "replace") + "\n" for line in lines))
+        out.write("".join(prefix + t + "\n" for t in text))
         out.flush()
