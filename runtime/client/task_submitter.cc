@@ -625,9 +625,11 @@ void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const st
       if (never_started && core_.head_lost()) {
         // Not the executors' fault, and no retry can start one: say what
         // happened (it read "died 3 times in a row before starting").
-        auto error = std::make_exception_ptr(WorkerDied(
-            "tasks " + key->text + " cannot run: the cluster's head is gone (the cluster was stopped, or its head "
-            "was lost for longer than drivers wait for it): " + cause));
+        auto error = std::make_exception_ptr(
+            WorkerDied("tasks " + key->text +
+                       " cannot run: the cluster's head is gone (the cluster was stopped, or its head "
+                       "was lost for longer than drivers wait for it): " +
+                       cause));
         auto queued = fail_queue_locked(*key, error);
         failures.insert(failures.end(), queued.begin(), queued.end());
       } else if (never_started && ++key->failed_leases >= kMaxFailedLeases) {
@@ -807,8 +809,16 @@ void TaskSubmitter::check_feasible(const std::shared_ptr<Key>& key) {
                     ") after " + std::to_string(options_.infeasible_grace.count() / 1000) +
                     " s of waiting: the node that could hold them is gone"));
     failures = fail_queue_locked(*key, error);
+    // Dropped here, not when their deaths are heard: kill_executor forgets
+    // them, so no update comes, and a pending executor left in the key
+    // would hold the next task of these resources for ever.
+    std::vector<std::shared_ptr<Executor>> waiting_ones;
     for (auto& e : key->executors)
-      if (!e->ready && !e->gone) pending.push_back(e->id);
+      if (!e->ready && !e->gone) waiting_ones.push_back(e);
+    for (auto& e : waiting_ones) {
+      drop_executor_locked(*key, *e, "no live node can hold it");
+      pending.push_back(e->id);
+    }
   }
   for (uint64_t id : pending) kill_executor(id, "no live node can hold it");
   for (auto& [t, error] : failures) fail_task(t, error);
