@@ -51,9 +51,19 @@ rm -rf "$prefix"/usr/share/{doc,man,lintian,bug,doc-base}
 
 # The digits data set of the trainer suites (python3-sklearn ships it; the
 # GPU machine's venv may have no scikit-learn): gpu_check.sh points
-# TROUPE_DIGITS_PATH at this copy.
+# TROUPE_DIGITS_PATH at this copy. Taken from the installed package, else
+# from its downloaded .deb, so a machine that has not run setup.sh makes
+# the same bundle (on 2026-12-04 one did not, and the digits test failed
+# there for want of the file).
 digits=$(ls /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz 2>/dev/null || true)
-[[ -n $digits ]] && cp "$digits" "$out/digits.csv.gz"
+if [[ -z $digits ]]; then
+  (cd "$debs" && apt-get download python3-sklearn)
+  dpkg -x "$(ls -t "$debs"/python3-sklearn_*.deb | head -n1)" "$prefix/sklearn"
+  digits=$prefix/sklearn/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz
+fi
+[[ -f $digits ]] || { echo "gpu_bundle: FAIL: no digits.csv.gz in python3-sklearn" >&2; exit 1; }
+cp "$digits" "$out/digits.csv.gz"
+rm -rf "$prefix/sklearn"
 
 archive=$out/troupe-deps.tar.xz
 tar -C "$prefix" -cJf "$archive" .
