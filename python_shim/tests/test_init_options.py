@@ -4,7 +4,9 @@ logging_level; bad values are named. A `troupe start` cluster's workers
 take TROUPE_OBJECT_STORE_BYTES from its environment."""
 import logging
 import os
+import re
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -22,6 +24,29 @@ def put_in_a_worker(n):
         return "kept"
     except ObjectStoreFullError as e:
         return str(e)
+
+
+@troupe.remote
+def zeros_after(gate, n):
+    """n zero bytes once the file `gate` exists (the test opens it)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{gate} never appeared")
+        time.sleep(0.01)
+    return np.zeros(n, dtype=np.uint8)
+
+
+@troupe.remote
+def sizes_or_errors(refs):
+    """Each ref's size in bytes, or the ObjectStoreFullError it raised."""
+    out = []
+    for r in refs:
+        try:
+            out.append(troupe.get(r, timeout=60).nbytes)
+        except ObjectStoreFullError as e:
+            out.append(str(e))
+    return out
 
 
 @pytest.fixture
@@ -46,6 +71,29 @@ def test_object_store_memory_limits_what_a_process_keeps(restore_env):
         # quarter of the machine's memory whatever was asked).
         assert "limit 1048576 bytes" in troupe.get(put_in_a_worker.remote(2 << 20), timeout=60)
         assert troupe.get(put_in_a_worker.remote(1 << 10), timeout=60) == "kept"
+    finally:
+        troupe.shutdown()
+
+
+def test_results_sent_on_before_they_arrive_stay_under_the_limit(tmp_path, restore_env):
+    # Refs to calls not yet answered, put inside a list: the driver owns
+    # them as pending objects, and their values, when they come, count
+    # against its limit as a put would (they once went past it unchecked).
+    troupe.init(num_cpus=1, object_store_memory=1 << 20, logging_level=logging.ERROR)
+    try:
+        gate = tmp_path / "open"
+        refs = [zeros_after.remote(str(gate), 600 << 10) for _ in range(3)]
+        held = troupe.put(refs)  # before any answer: the tasks wait for the gate
+        gate.touch()
+        got = troupe.get(sizes_or_errors.remote(held), timeout=120)
+        assert sorted(g for g in got if isinstance(g, int)) == [600 << 10], got
+        errors = [g for g in got if isinstance(g, str)]
+        assert len(errors) == 2, got
+        for e in errors:
+            # The size is the pickled array's, a little over its 600 KiB.
+            assert re.search(r"a call's result, .* of 6145\d\d bytes does not fit: .* limit 1048576 bytes", e), e
+        # The caller's own answers are whole: nothing it asked for is lost.
+        assert [a.nbytes for a in troupe.get(refs, timeout=60)] == [600 << 10] * 3
     finally:
         troupe.shutdown()
 

@@ -89,13 +89,17 @@ ObjectStoreStats ObjectStore::stats() const {
 
 // ---- owner side -------------------------------------------------------------
 
+// What a store past its limit says of an object of `bytes` (`what`: which).
+std::string ObjectStore::full_text_locked(const std::string& what, uint64_t bytes) const {
+  return "object store full: " + what + " of " + std::to_string(bytes) +
+         " bytes does not fit: " + std::to_string(bytes_) + " bytes held in " + std::to_string(objects_.size()) +
+         " objects, limit " + std::to_string(limit_) + " bytes (TROUPE_OBJECT_STORE_BYTES)";
+}
+
 std::shared_ptr<RefHolder> ObjectStore::put(ObjectValue value) {
   ensure_server();
   std::lock_guard lock(mu_);
-  if (bytes_ + value.bytes > limit_)
-    throw ObjectStoreFull("object store full: an object of " + std::to_string(value.bytes) + " bytes does not fit: " +
-                          std::to_string(bytes_) + " bytes held in " + std::to_string(objects_.size()) +
-                          " objects, limit " + std::to_string(limit_) + " bytes (TROUPE_OBJECT_STORE_BYTES)");
+  if (bytes_ + value.bytes > limit_) throw ObjectStoreFull(full_text_locked("an object", value.bytes));
   uint64_t id = next_id_++;
   std::string type = value.type;
   bytes_ += value.bytes;
@@ -129,6 +133,13 @@ void ObjectStore::settle(uint64_t id, ObjectValue value, std::exception_ptr erro
     auto it = objects_.find(id);
     if (it == objects_.end() || !it->second.pending) return;
     Entry& e = it->second;
+    if (!error && bytes_ + value.bytes > limit_) {
+      // The limit holds for a value that arrives later too: the pending
+      // object fails, typed, for whoever fetches it (the caller that made
+      // the call still holds its own answer).
+      error = std::make_exception_ptr(ObjectStoreFull(
+          full_text_locked("a call's result, sent on inside another value before it was answered,", value.bytes)));
+    }
     if (error) {
       e.error = error;
     } else {

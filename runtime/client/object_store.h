@@ -86,10 +86,10 @@ class ObjectStore : public std::enable_shared_from_this<ObjectStore> {
   // another value before it is answered): its first local handle, now.
   // Fetches of it wait, here and at borrowers, until fill() or fail().
   std::shared_ptr<RefHolder> put_pending(const char* type);
-  // Gives pending object `id` its value (counted against the limit, which
-  // it may pass: the value exists already) or its error, which fetching it
-  // then raises; answers the fetches that waited. Ids no longer held are
-  // ignored.
+  // Gives pending object `id` its value or its error, which fetching it
+  // then raises; answers the fetches that waited. A value past the limit
+  // is refused as put() refuses it: the object fails with ObjectStoreFull.
+  // Ids no longer held are ignored.
   void fill(uint64_t id, ObjectValue value);
   void fail(uint64_t id, std::exception_ptr error);
   // Runs `ready` once owned object `id` is not pending (at once, on this
@@ -147,6 +147,7 @@ class ObjectStore : public std::enable_shared_from_this<ObjectStore> {
   };
 
   void ensure_server();
+  std::string full_text_locked(const std::string& what, uint64_t bytes) const;
   void start_listener();
   ObjectRefInfo owner_info(uint64_t id, const std::string& type) const;
   uint64_t new_pin();

@@ -235,6 +235,25 @@ TEST_F(ObjectRefTest, StoreLimitIsEnforced) {
   auto m = maker({"TROUPE_OBJECT_STORE_BYTES=100000"});
   EXPECT_THROW(m.call_ref(&Maker::make, int64_t{200000}).get(30s), troupe::ObjectStoreFull);
   EXPECT_EQ(m.call_ref(&Maker::make, int64_t{1000}).get(30s).get(30s), pattern(1000));
+  // A value that arrives after its ref was sent on (a call's result, as
+  // the Python shim keeps one) is held to the same limit: the object fails,
+  // typed, and the store holds no more than before.
+  auto store = rt_.core()->service<troupe::client::ObjectStore>();
+  const char* type = troupe::client::make_object_value(Bytes{}).type;
+  troupe::ObjectRef<Bytes> late(store->put_pending(type));
+  const uint64_t held = store->stats().bytes;
+  store->fill(late.id(), troupe::client::make_object_value(pattern(600 << 10)));
+  EXPECT_EQ(store->stats().bytes, held);
+  try {
+    late.get(30s);
+    FAIL() << "a pending object past the limit was filled";
+  } catch (const troupe::ObjectStoreFull& e) {
+    EXPECT_NE(std::string(e.what()).find("a call's result"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(600 << 10)), std::string::npos) << e.what();
+  }
+  troupe::ObjectRef<Bytes> fits(store->put_pending(type));
+  store->fill(fits.id(), troupe::client::make_object_value(pattern(1000)));
+  EXPECT_EQ(fits.get(30s), pattern(1000));
 }
 
 // A ref written into a stream decodes on the reader's side (registering
