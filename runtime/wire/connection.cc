@@ -127,8 +127,13 @@ void Connection::do_handshake() {
     if (ec) return self->fail("handshake write failed: " + ec.message());
   });
   asio::async_read(socket_, asio::buffer(hello_in_), [self](asio::error_code ec, size_t got) {
+    // A peer silent from the start: on the accepting side most likely a
+    // port check; on the connecting side a peer that went away (a process
+    // that died, or a port that another took over) while we connected.
     if (ec && got == 0 && (ec == asio::error::eof || ec == asio::error::connection_reset))
-      return self->fail(kSilentPeer);
+      return self->fail(self->accepting_ ? std::string(kSilentPeer)
+                                         : "the peer closed the connection before its handshake (" + ec.message() +
+                                               "): it exited, or it is no troupe process");
     if (ec) return self->fail("handshake read failed: " + ec.message());
     if (std::memcmp(self->hello_in_.data(), kAuthMagic, 8) != 0)
       return self->fail("handshake refused: peer did not speak the troupe protocol");

@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tests/support/raw_client.h"
 #include "tests/support/process.h"
+#include "tests/support/raw_client.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/stream.h"
@@ -381,6 +381,34 @@ TEST(ConnectionLimits, PeerThatDoesNotReadIsDroppedPastTheWriteBound) {
   EXPECT_NE(why.find("does not read"), std::string::npos) << why;
   EXPECT_NE(why.find(std::to_string(1 << 20)), std::string::npos) << why;
   asio::post(io, [&] { listener.close(); });
+  guard.reset();
+  io.stop();
+  loop.join();
+}
+
+// A peer that accepts and closes before its handshake: the connecting side
+// says the peer went away, not that it was a port check (what the accepting
+// side says of a client that connects and sends nothing).
+TEST(ConnectionLimits, APeerClosingBeforeItsHandshakeIsNamedOnTheConnectingSide) {
+  asio::io_context io;
+  auto guard = asio::make_work_guard(io);
+  asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  const uint16_t port = acceptor.local_endpoint().port();
+  acceptor.async_accept([](asio::error_code ec, asio::ip::tcp::socket s) {
+    if (!ec) s.close();
+  });
+  std::thread loop([&] { io.run(); });
+  std::promise<std::string> failed;
+  asio::post(io, [&] {
+    Connection::connect(
+        io, "127.0.0.1", port, "token", troupe::wire::FrameLimits{}, [](Message&&) {}, [](const std::string&) {},
+        [&](std::shared_ptr<Connection> c, std::string error) { failed.set_value(c ? "connected" : error); });
+  });
+  auto done = failed.get_future();
+  ASSERT_EQ(done.wait_for(kWaitBound), std::future_status::ready);
+  const std::string why = done.get();
+  EXPECT_NE(why.find("closed the connection before its handshake"), std::string::npos) << why;
+  EXPECT_EQ(why.find("port check"), std::string::npos) << why;
   guard.reset();
   io.stop();
   loop.join();
