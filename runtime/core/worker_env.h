@@ -43,6 +43,9 @@ inline constexpr const char* kEnvGpuIds = "TROUPE_GPU_IDS";
 inline constexpr const char* kEnvReadyFd = "TROUPE_READY_FD";
 inline constexpr const char* kEnvPoolFd = "TROUPE_POOL_FD";
 inline constexpr const char* kEnvServingFd = "TROUPE_SERVING_FD";
+// A worker's counter page (node/stats_pages.h): a descriptor the worker maps
+// and closes at start (client/process_stats.cc).
+inline constexpr const char* kEnvStatsFd = "TROUPE_STATS_FD";
 inline constexpr const char* kEnvWorkerPoolSize = "TROUPE_WORKER_POOL_SIZE";
 inline constexpr const char* kEnvWorkerIdleTimeoutMs = "TROUPE_WORKER_IDLE_TIMEOUT_MS";
 inline constexpr const char* kEnvWorkerAssignTimeoutMs = "TROUPE_WORKER_ASSIGN_TIMEOUT_MS";

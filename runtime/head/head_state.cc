@@ -398,6 +398,7 @@ void HeadState::worker_exited(const WorkerExited& w) {
   if (it == actors_.end()) return;
   Actor& a = it->second;
   if (a.info.incarnation != w.incarnation || !a.worker_running) return;
+  if (w.has_stats) last_stats(a.info.id, w.incarnation, w.calls, w.stream_bytes);
   // Also a worker that died before it was ready, whose pid the actor
   // never showed.
   remember_worker(a, w.pid);
@@ -1065,6 +1066,18 @@ void HeadState::retire_stats(uint64_t actor_id, uint32_t incarnation) {
     if (write_through_) dirty_kv_.insert(it->first);  // or the store brings it back after a restart
     it = kv_.erase(it);
   }
+}
+
+// A worker's counters as it left them (its agent read them after the exit):
+// they replace what it last published, unless that was more (the page and
+// the publication count the same calls, so the larger is the later).
+void HeadState::last_stats(uint64_t actor_id, uint32_t incarnation, uint64_t calls, uint64_t stream_bytes) {
+  const std::string key =
+      std::string(client::kStatsKeyPrefix) + std::to_string(actor_id) + "." + std::to_string(incarnation);
+  uint64_t had_calls = 0, had_bytes = 0;
+  if (auto it = kv_.find(key); it != kv_.end()) client::parse_stats(it->second, &had_calls, &had_bytes);
+  if (calls <= had_calls && stream_bytes <= had_bytes) return;
+  kv_set(key, client::format_stats(std::max(calls, had_calls), std::max(stream_bytes, had_bytes)));
 }
 
 std::pair<uint64_t, uint64_t> HeadState::worker_stats() const {

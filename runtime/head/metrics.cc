@@ -96,8 +96,10 @@ void node_metrics(std::ostringstream& out, const json& nodes) {
   }
   Family cluster_total(out, "troupe_cluster_resource_capacity", "gauge", "Resources of all live nodes.");
   for (const auto& [r, v] : total) cluster_total.sample({{"resource", r}}, v);
-  Family cluster_used(out, "troupe_cluster_resource_used", "gauge", "Resources in use over all live nodes; above the capacity while tasks that wait in get() lend their CPUs "
-                     "to the tasks they wait for (nested tasks).");
+  Family cluster_used(
+      out, "troupe_cluster_resource_used", "gauge",
+      "Resources in use over all live nodes; above the capacity while tasks that wait in get() lend their CPUs "
+      "to the tasks they wait for (nested tasks).");
   for (const auto& [r, v] : total) cluster_used.sample({{"resource", r}}, used.count(r) ? used[r] : 0.0);
 }
 
@@ -119,7 +121,8 @@ void actor_metrics(std::ostringstream& out, const json& snapshot) {
 
 void worker_metrics(std::ostringstream& out, const json& w) {
   Family calls(out, "troupe_actor_calls_total", "counter",
-               "Actor calls (tasks included) served by every worker, as they report them each second.");
+               "Actor calls (tasks included) served by every worker: what they report each second, and a "
+               "reaped worker's last count from its node agent.");
   calls.sample({}, as_number(w.value("calls_total", json(0))));
   Family rate(out, "troupe_actor_calls_per_second", "gauge", "Actor calls served per second over the last seconds.");
   rate.sample({}, as_number(w.value("calls_per_second", json(0))));

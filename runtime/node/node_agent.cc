@@ -24,6 +24,7 @@
 #include "troupe/runtime/core/malloc_policy.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
+#include "troupe/runtime/node/stats_pages.h"
 #include "troupe/runtime/node/worker_assignment.h"
 #include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/rpc.h"
@@ -638,15 +639,18 @@ class NodeAgent::Impl {
     for (auto& kv : actor_env(s)) o.env.push_back(std::move(kv));
     core::add_exec_time_malloc_settings(o.env);
     o.keep_fds = {fds[1]};
+    const StatsPages::Page page = StatsPages::instance().prepare(o);
     pid_t pid = -1;
     try {
       pid = spawn_logged(std::move(o), opts_.worker_pool.log_dir);
     } catch (const std::exception& e) {
       ::close(fds[0]);
       ::close(fds[1]);
+      StatsPages::discard(page);
       report_exit(s.actor_id, s.incarnation, 0, std::string("failed to start: ") + e.what());
       return std::nullopt;
     }
+    StatsPages::instance().adopt(pid, page);
     ::close(fds[1]);
     watch_start(pid, fds[0]);
     return pid;
@@ -693,15 +697,23 @@ class NodeAgent::Impl {
         how = k->second + " (" + how + ")";
         kill_reasons_.erase(k);
       }
-      report_exit(it->second.actor_id, it->second.incarnation, pid, how);
+      report_exit(it->second.actor_id, it->second.incarnation, pid, how, StatsPages::instance().read(pid));
       pool_->worker_exited(pid);
       pooled_spawns_.erase(pid);
       it = workers_.erase(it);
     }
   }
 
-  void report_exit(uint64_t actor, uint32_t inc, int32_t pid, const std::string& how) {
+  // `last`: the worker's counters as it left them (its stats page), which
+  // the head counts in place of what it last published.
+  void report_exit(uint64_t actor, uint32_t inc, int32_t pid, const std::string& how,
+                   std::optional<StatsPages::Counts> last = std::nullopt) {
     WorkerExited w{actor, inc, pid, how};
+    if (last) {
+      w.has_stats = 1;
+      w.calls = last->calls;
+      w.stream_bytes = last->stream_bytes;
+    }
     if (resuming_)
       missed_exits_.push_back(w);  // the restarted head hears of it once it is back
     else if (head_ && !rejoining_)

@@ -14,6 +14,7 @@
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/malloc_policy.h"
 #include "troupe/runtime/core/process.h"
+#include "troupe/runtime/node/stats_pages.h"
 
 namespace troupe::node {
 
@@ -92,6 +93,7 @@ void ExitedLogs::exited(pid_t pid) {
 }
 
 void WorkerPool::worker_exited(pid_t pid) {
+  StatsPages::instance().release(pid);
   if (exited_logs_) exited_logs_->exited(pid);
 }
 
@@ -123,14 +125,17 @@ void WorkerPool::start_one(const std::string& executable) {
   for (auto& kv : env.to_env()) o.env.push_back(std::move(kv));
   core::add_exec_time_malloc_settings(o.env);
   o.keep_fds = {fds[1]};
+  const StatsPages::Page page = StatsPages::instance().prepare(o);
   pid_t pid = -1;
   try {
     pid = spawn_logged(std::move(o), opts_.log_dir);
   } catch (...) {
     ::close(fds[0]);
     ::close(fds[1]);
+    StatsPages::discard(page);
     throw;
   }
+  StatsPages::instance().adopt(pid, page);
   ::close(fds[1]);
   Idle idle;
   idle.executable = executable;

@@ -228,7 +228,12 @@ struct WorkerExited {
   uint32_t incarnation = 0;
   int32_t pid = 0;
   std::string how;  // "killed by signal 9", "exited with code 1", "failed to start: ..."
-  TROUPE_FIELDS(actor_id, incarnation, pid, how)
+  // The worker's counters as it left them (its stats page; has_stats 0
+  // when it had none): what it served after its last publication counts.
+  uint8_t has_stats = 0;
+  uint64_t calls = 0;
+  uint64_t stream_bytes = 0;
+  TROUPE_FIELDS(actor_id, incarnation, pid, how, has_stats, calls, stream_bytes)
 };
 
 // A task executor's task started (lend) or stopped (!lend) waiting in get():

@@ -548,6 +548,9 @@ void apply_worker_malloc_policy() {
 void run_worker(const core::WorkerEnv& env, int serving_fd) {
   core::init_logging("worker a" + std::to_string(env.actor_id));
   apply_worker_malloc_policy();
+  // Maps the agent's counter page now (and closes its descriptor), before
+  // the actor can start a child that would inherit it.
+  client::process_stats();
   std::shared_ptr<client::Core> core = connect_to_head(env);
   // The actor's constructor may already use this_actor.
   auto context =

@@ -6,8 +6,10 @@
 // And the metrics text escapes what jobs name.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <asio.hpp>
 
@@ -15,9 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/head/head.h"
 #include "troupe/runtime/head/metrics.h"
+#include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/runtime/wire/address.h"
 
 namespace {
@@ -56,6 +60,19 @@ uint16_t port_of(const std::string& url) {
   // http://127.0.0.1:PORT/
   return static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
 }
+
+// An actor whose calls the metrics count.
+class MetricsCounted {
+ public:
+  int ping(int x) { return x; }
+  int pid() const { return getpid(); }
+};
+
+}  // namespace
+
+TROUPE_ACTOR(MetricsCounted, &MetricsCounted::ping, &MetricsCounted::pid)
+
+namespace {
 
 class DashboardTest : public ::testing::Test {
  protected:
@@ -287,6 +304,37 @@ TEST(DashboardMetrics, ANanLossIsNanAndAMalformedJobIsLeftOut) {
   EXPECT_NE(text.find("troupe_job_step{job_name=\"odd\"} 0\n"), std::string::npos) << text;
   EXPECT_NE(text.find("troupe_job_running{job_name=\"odd\"} 0\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("job=\"5\""), std::string::npos) << text;
+}
+
+// /metrics counts a SIGKILLed worker's last calls: its agent reads them
+// from the worker's stats page after the reap. The worker's own
+// publication, once a second, missed the calls after its last one.
+TEST(DashboardMetrics, AKilledWorkersLastCallsAreCounted) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes = {{{"CPU", 2}}};
+  o.dashboard = true;
+  troupe::testing::LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  const uint16_t port = port_of(cluster.dashboard_url());
+  std::string metrics;  // the last scrape, for a failure's message
+  auto calls_total = [&]() -> long {
+    metrics = http(port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    const std::string name = "\ntroupe_actor_calls_total ";
+    const auto at = metrics.find(name);
+    return at == std::string::npos ? -1 : std::stol(metrics.substr(at + name.size()));
+  };
+  auto a = rt.spawn<MetricsCounted>({.resources = {{"CPU", 1}}});
+  const int pid = a.call(&MetricsCounted::pid).get(troupe::test::kWaitBound);
+  // Its first publication (within 100 ms of its first call) is in; from
+  // now on it publishes at most once a second.
+  ASSERT_TRUE(troupe::test::eventually([&] { return calls_total() >= 1; })) << metrics;
+  constexpr int kCalls = 300;
+  std::vector<troupe::Future<int>> pings;
+  for (int i = 0; i < kCalls; ++i) pings.push_back(a.call(&MetricsCounted::ping, i));
+  for (auto& p : pings) p.get(troupe::test::kWaitBound);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  ASSERT_TRUE(troupe::test::eventually([&] { return rt.actor_info(a.id()).state == troupe::ActorState::kDead; }));
+  EXPECT_EQ(calls_total(), kCalls + 1) << metrics;
 }
 
 }  // namespace

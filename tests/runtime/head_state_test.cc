@@ -250,6 +250,35 @@ TEST_F(HeadStateTest, RestartsCountUpThenTheActorIsDead) {
   EXPECT_NE(state_.actor_info(a.id).death_cause.find("no restarts left: 2 of 2"), std::string::npos);
 }
 
+// A worker's last counters, read from its stats page by its agent after
+// the kill, count in place of what it last published (calls served after
+// that were lost); a late publication of the dead worker changes nothing.
+TEST_F(HeadStateTest, AReapedWorkersLastCountersCountInPlaceOfItsLastPublication) {
+  using Totals = std::pair<uint64_t, uint64_t>;
+  namespace client = troupe::client;
+  add_node({{"CPU", 2}}, 1);
+  auto a = state_.create_actor(kDriver, spec({}, 1));
+  start_spawned();
+  const std::string key0 = std::string(client::kStatsKeyPrefix) + std::to_string(a.id) + ".0";
+  state_.kv_put(key0, client::format_stats(10, 100));
+  EXPECT_EQ(state_.worker_stats(), (Totals{10, 100}));
+  WorkerExited w{a.id, 0, state_.actor_info(a.id).pid, "killed by signal 9"};
+  w.has_stats = 1;
+  w.calls = 250;
+  w.stream_bytes = 100;
+  state_.worker_exited(w);
+  EXPECT_EQ(state_of(a.id), ActorState::kRestarting);
+  EXPECT_EQ(state_.worker_stats(), (Totals{250, 100}));
+  state_.kv_put(key0, client::format_stats(12, 100));  // the killed worker's, late: dropped
+  start_spawned();                                     // incarnation 1 serves: 0's numbers are retired
+  EXPECT_EQ(state_.worker_stats(), (Totals{250, 100}));
+  // A worker without a page: what it published counts, as before.
+  state_.kv_put(std::string(client::kStatsKeyPrefix) + std::to_string(a.id) + ".1", client::format_stats(5, 0));
+  exited(a.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  EXPECT_EQ(state_.worker_stats(), (Totals{255, 100}));
+}
+
 // A task's executor never restarts (its caller retries the task): its
 // death cause is what happened, without "no restarts left", which read as
 // the task's end in a death the caller went on to retry.
