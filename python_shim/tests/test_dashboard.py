@@ -116,6 +116,16 @@ def test_metrics_parse_with_prometheus_client(cluster, healed_job):
     # served hundreds of steps' calls, the loaders streamed batches.
     assert value(fams, "troupe_actor_calls") > 100  # the parser drops _total
     assert value(fams, "troupe_stream_received_bytes") > 0
+    # A node's log is read through its agent: the request and the agent's
+    # answer both count as read_log (the answer counted as "other").
+    before = value(fams, "troupe_head_messages", op="read_log") if any(
+        s.labels.get("op") == "read_log" for s in fams["troupe_head_messages"].samples) else 0
+    node_log = subprocess.run([cli(), "logs", "node", "1"], env=cluster["env"], capture_output=True, text=True,
+                              timeout=60)
+    assert node_log.returncode == 0, node_log.stderr
+    after = families(get(cluster["url"] + "metrics"))
+    assert value(after, "troupe_head_messages", op="read_log") >= before + 2
+    assert not [s for s in after["troupe_head_messages"].samples if s.labels.get("op") == "other"]
 
 
 def test_api_status_and_troupe_status_show_the_job(cluster, healed_job):

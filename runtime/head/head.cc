@@ -263,7 +263,11 @@ class Head::Impl {
     if (p.fenced) return;
     // Known ops by name, anything else as "other": the table stays small
     // whatever a peer sends.
-    ++message_counts_[m.op <= static_cast<uint32_t>(Op::kLastOp) ? m.op : 0];
+    uint32_t counted = m.op <= static_cast<uint32_t>(Op::kLastOp) ? m.op : 0;
+    // An agent's responses answer the head's one request of agents, a log
+    // read relayed for a client: they count as read_log.
+    if (m.kind == Kind::RESPONSE && p.role == Role::kNode) counted = static_cast<uint32_t>(Op::kReadLog);
+    ++message_counts_[counted];
     try {
       if (m.kind == Kind::REQUEST) {
         handle_request(p, m);
