@@ -3,8 +3,9 @@
 //
 //   troupe start --head [--host H] [--advertise-address A] [--port P] [--resources CPU=2,GPU=0] [--no-node]
 //                [--max-dead-actors N] [--worker-pool-size N] [--worker-idle-timeout S]
+//                [--worker-assign-timeout S]
 //   troupe start --address HOST:PORT [--host H] [--advertise-address A] [--resources ...]
-//                [--worker-pool-size N] [--worker-idle-timeout S]
+//                [--worker-pool-size N] [--worker-idle-timeout S] [--worker-assign-timeout S]
 //   troupe status [--json] [--state ALIVE|PENDING|RESTARTING|DEAD] [--limit N]
 //   troupe stop
 //   troupe submit -- ./my_driver args...
@@ -89,6 +90,7 @@ struct Args {
   bool dashboard_require_token = false;
   uint32_t worker_pool_size = 2;
   double worker_idle_timeout_s = 300;
+  double worker_assign_timeout_s = troupe::core::WorkerEnv{}.worker_assign_timeout_ms / 1000.0;
   std::vector<std::string> command;
   std::string runtime_env_json;  // submit: the job's runtime_env for a Python driver
   // `troupe start` options given on the command line that only a head
@@ -104,7 +106,8 @@ const std::vector<std::string> kHeadOnlyOptions = {
     "--port", "--no-node", "--dashboard-port", "--dashboard-require-token", "--state-db", "--supervise",
     "--hang-timeout", "--no-state-db", "--max-dead-actors", "--heartbeat-ms", "--heartbeat-misses"};
 // clang-format on
-const std::vector<std::string> kNodeOnlyOptions = {"--resources", "--worker-pool-size", "--worker-idle-timeout"};
+const std::vector<std::string> kNodeOnlyOptions = {"--resources", "--worker-pool-size", "--worker-idle-timeout",
+                                                   "--worker-assign-timeout"};
 
 std::string token_for(const std::string& dir) {
   if (std::string t = troupe::core::env_value(troupe::core::kEnvToken); !t.empty()) return t;
@@ -154,6 +157,7 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   o.env.advertise_host = troupe::wire::strip_brackets(a.advertise_address);
   o.env.worker_pool_size = a.worker_pool_size;
   o.env.worker_idle_timeout_ms = static_cast<uint64_t>(a.worker_idle_timeout_s * 1000.0);
+  o.env.worker_assign_timeout_ms = static_cast<uint64_t>(a.worker_assign_timeout_s * 1000.0);
   if (!a.advertise_address.empty()) warn_if_advertised_unreachable("node's workers", node_bind_host(a, address), a);
   o.log_file = dir + "/node-" + std::to_string(::time(nullptr)) + "-" + std::to_string(getpid()) + ".log";
   // Daemons, unless --block keeps this command as their parent (then they
@@ -369,9 +373,16 @@ std::string bad_start_value(const Args& a) {
                   a.worker_idle_timeout_s);
     return buf;
   }
-  try {  // the idle timeout is in range (above): what is left is the size
+  if (!(a.worker_assign_timeout_s >= 0.001 && a.worker_assign_timeout_s <= 30.0 * 24 * 3600)) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), "--worker-assign-timeout %g is out of range [0.001, 2592000] seconds",
+                  a.worker_assign_timeout_s);
+    return buf;
+  }
+  try {  // the timeouts are in range (above): what is left is the size
     troupe::node::validate_pool_options(
-        {a.worker_pool_size, std::chrono::milliseconds(static_cast<int64_t>(a.worker_idle_timeout_s * 1000.0))});
+        {a.worker_pool_size, std::chrono::milliseconds(static_cast<int64_t>(a.worker_idle_timeout_s * 1000.0)),
+         std::chrono::milliseconds(static_cast<int64_t>(a.worker_assign_timeout_s * 1000.0))});
   } catch (const troupe::ConfigError& e) {
     return std::string("--worker-pool-size: ") + e.what();
   }
@@ -1012,6 +1023,11 @@ int main(int argc, char** argv) {
   start
       ->add_option("--worker-idle-timeout", a.worker_idle_timeout_s,
                    "seconds an executable's idle workers outlive its last spawn")
+      ->capture_default_str();
+  start
+      ->add_option("--worker-assign-timeout", a.worker_assign_timeout_s,
+                   "seconds a warm worker has to take an actor it was given before it is killed and the actor "
+                   "started cold")
       ->capture_default_str();
   start->add_flag("--no-node", a.no_node, "with --head: start no node agent");
   start->add_flag("--block", a.block,

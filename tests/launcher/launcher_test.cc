@@ -347,7 +347,7 @@ TEST_F(LauncherTest, BadStartValuesAreUsageErrorsNamingOptionAndValue) {
       {"--worker-pool-size", "100"},    {"--worker-pool-size", "-1"},  {"--worker-idle-timeout", "0"},
       {"--worker-idle-timeout", "abc"}, {"--heartbeat-ms", "5"},       {"--resources", "CPU=x"},
       {"--max-dead-actors", "-1"},      {"--dashboard-port", "70000"}, {"--port", "abc"},
-      {"--heartbeat-ms", "1e3"},        {"--heartbeat-misses", "2.5"},
+      {"--heartbeat-ms", "1e3"},        {"--heartbeat-misses", "2.5"}, {"--worker-assign-timeout", "0"},
   };
   for (const auto& [option, value] : cases) {
     auto r = run(cli() + " start --head " + option + " " + value);
