@@ -412,14 +412,17 @@ def test_on_an_embedded_cluster_workers_printing_at_once_keep_their_lines_whole(
 def test_runtime_lines_below_the_drivers_level_stay_in_the_workers_file(monkeypatch):
     # A worker's file holds its node's level: "[info] reconnected to the
     # head" reached a console that init() had set to warnings.
-    from troupe._driver_logs import _below_driver_level
+    from troupe._driver_logs import _below_driver_level, _driver_level
 
     info = "[12:34:56.789] [worker pid 4242] [info] reconnected to the head after 0.10 s"
     warning = "[12:34:56.789] [worker pid 4242] [warning] lost the head"
     monkeypatch.setenv("TROUPE_LOG_LEVEL", "warning")
-    assert _below_driver_level(info)
-    assert not _below_driver_level(warning)
-    assert not _below_driver_level("[info] what the program printed itself")
-    assert not _below_driver_level("step 3 loss 0.25")
+    want = _driver_level()
+    assert _below_driver_level(info, want)
+    assert not _below_driver_level(warning, want)
+    assert not _below_driver_level("[info] what the program printed itself", want)
+    assert not _below_driver_level("step 3 loss 0.25", want)
     monkeypatch.setenv("TROUPE_LOG_LEVEL", "info")
-    assert not _below_driver_level(info)
+    assert not _below_driver_level(info, _driver_level())
+    monkeypatch.setenv("TROUPE_LOG_LEVEL", "loud")  # not a level: nothing is left out
+    assert not _below_driver_level(info, _driver_level())

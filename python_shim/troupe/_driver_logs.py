@@ -60,20 +60,26 @@ _RUNTIME_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] \[\w+ pid \d+\] \[(\w+)\
 _LEVELS = ["trace", "debug", "info", "warning", "error", "critical", "off"]
 
 
-def _below_driver_level(line):
-    """Whether `line` is the runtime's own log line at a level below the
-    driver's TROUPE_LOG_LEVEL (which init() sets to warning): the worker's
-    file holds its node's level, so "reconnected to the head" at info
-    reached a console set to warnings. What the program printed is kept."""
-    m = _RUNTIME_LINE.match(line)
-    if not m:
-        return False
+def _driver_level():
+    """The driver's TROUPE_LOG_LEVEL (which init() sets to warning) as a
+    name in _LEVELS, or None when it is none of them."""
     import os
 
     want = os.environ.get("TROUPE_LOG_LEVEL", "info").lower()
     want = {"warn": "warning", "err": "error"}.get(want, want)
+    return want if want in _LEVELS else None
+
+
+def _below_driver_level(line, want):
+    """Whether `line` is the runtime's own log line at a level below `want`
+    (_driver_level(), read once per batch of lines): the worker's file holds
+    its node's level, so "reconnected to the head" at info reached a console
+    set to warnings. What the program printed is kept."""
+    m = _RUNTIME_LINE.match(line)
+    if not m or want is None:
+        return False
     level = {"warn": "warning", "err": "error"}.get(m.group(1), m.group(1))
-    if want not in _LEVELS or level not in _LEVELS:
+    if level not in _LEVELS:
         return False
     return _LEVELS.index(level) < _LEVELS.index(want)
 
@@ -242,7 +248,8 @@ class DriverLogs:
             f.partial = b""
         if not lines:
             return
-        text = [t for t in (line.decode("utf-8", "replace") for line in lines) if not _below_driver_level(t)]
+        want = _driver_level()
+        text = [t for t in (line.decode("utf-8", "replace") for line in lines) if not _below_driver_level(t, want)]
         if not text:
             return
         out = self._out or sys.stdout

@@ -145,6 +145,14 @@ size_t head_connections(troupe::Runtime& rt) {
   return nlohmann::json::parse(rt.status_json())["tables"]["connections"].get<size_t>();
 }
 
+// A driver of `cluster` whose head connection goes through `proxy`.
+troupe::Runtime connect_through(const troupe::testing::LocalCluster& cluster, const TcpProxy& proxy) {
+  troupe::InitOptions o;
+  o.address = proxy.address();
+  o.token = cluster.token();
+  return troupe::Runtime::connect(o);
+}
+
 }  // namespace
 
 // A network blip between a driver and a live durable head: the connection
@@ -156,10 +164,7 @@ TEST(HeadFailover, ADriverWhoseConnectionDropsKeepsWhatItOwns) {
   troupe::testing::LocalCluster cluster(durable(1));
   TcpProxy proxy(cluster.address());
   troupe::Runtime watcher = cluster.connect();
-  troupe::InitOptions o;
-  o.address = proxy.address();
-  o.token = cluster.token();
-  std::optional<troupe::Runtime> rt(troupe::Runtime::connect(o));
+  std::optional<troupe::Runtime> rt(connect_through(cluster, proxy));
   auto t = rt->spawn<Ledger>({.resources = {{"CPU", 1}}, .name = "kept"}, 10);
   auto pg = rt->create_placement_group({{{"CPU", 1}}}, troupe::PlacementStrategy::kPack);
   ASSERT_TRUE(pg.wait(kWaitBound));
@@ -192,10 +197,7 @@ TEST(HeadFailover, AKvRequestCutInFlightIsSentAgain) {
   troupe::testing::LocalCluster cluster(durable(1));
   TcpProxy proxy(cluster.address());
   troupe::Runtime watcher = cluster.connect();
-  troupe::InitOptions o;
-  o.address = proxy.address();
-  o.token = cluster.token();
-  troupe::Runtime rt = troupe::Runtime::connect(o);
+  troupe::Runtime rt = connect_through(cluster, proxy);
   const std::string value(16 * 1024, 'x');
   proxy.hold(true);
   auto put = std::async(std::launch::async, [&] { rt.kv().put("cut-in-flight", value); });
@@ -214,10 +216,7 @@ TEST(HeadFailover, ADriverThatDoesNotComeBackLosesWhatItOwnedAfterTheGrace) {
   troupe::testing::LocalCluster cluster(durable(1));
   auto proxy = std::make_unique<TcpProxy>(cluster.address());
   troupe::Runtime watcher = cluster.connect();
-  troupe::InitOptions o;
-  o.address = proxy->address();
-  o.token = cluster.token();
-  troupe::Runtime rt = troupe::Runtime::connect(o);
+  troupe::Runtime rt = connect_through(cluster, *proxy);
   auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 10);
   ASSERT_TRUE(t.wait_ready(kWaitBound));
   proxy.reset();  // cut, and nothing listens there any more: the driver cannot come back
