@@ -123,6 +123,9 @@ struct TaskSubmitter::Key {
   bool check_queued = false;  // in feasibility_checks_
   // Since when no live node could hold it (check_feasible); unset while one can.
   std::optional<Clock::time_point> infeasible_since;
+  // While infeasible: when the head's node list is asked again (not on
+  // every turn of the lease loop, up to four times a second).
+  Clock::time_point next_feasibility_check{};
 };
 
 namespace {
@@ -773,6 +776,13 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
 }
 
 void TaskSubmitter::check_feasible(const std::shared_ptr<Key>& key) {
+  {
+    std::lock_guard lock(mu_);
+    if (key->infeasible_since && Clock::now() < key->next_feasibility_check) {
+      feasibility_checks_.push_back(key);
+      return;
+    }
+  }
   std::vector<NodeInfo> nodes;
   try {
     nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes);
@@ -798,7 +808,11 @@ void TaskSubmitter::check_feasible(const std::shared_ptr<Key>& key) {
     const auto now = Clock::now();
     if (!key->infeasible_since) key->infeasible_since = now;
     if (now - *key->infeasible_since < options_.infeasible_grace) {
-      feasibility_checks_.push_back(key);  // asked again until it is one or the other
+      // Asked again until it is one or the other, a tenth of the grace
+      // (at most a second) later.
+      key->next_feasibility_check =
+          now + std::min<Clock::duration>(std::chrono::seconds(1), options_.infeasible_grace / 10);
+      feasibility_checks_.push_back(key);
       return;
     }
     key->infeasible_since.reset();
