@@ -443,11 +443,16 @@ void HeadState::actor_lost(Actor& a, const std::string& why, bool uses_restart) 
   if (a.kill_requested || !left) {
     // A task's executor never restarts: its caller retries the task (or
     // not) and says so; "no restarts left" would read as the task's end.
+    // Nor does an actor that asked for none (a training job's workers,
+    // whose job recovers): "no restarts left: 0 of 0 used" read as the
+    // job's end, the line before the job said it was recovering.
     const bool executor = a.info.class_name == client::kTaskExecutorClass;
+    const bool restartable = a.info.max_restarts != 0;
     if (a.info.death_cause.empty() || !a.kill_requested)
-      a.info.death_cause = why + (left || executor ? ""
-                                                   : " (no restarts left: " + std::to_string(a.info.restarts) + " of " +
-                                                         std::to_string(a.info.max_restarts) + " used)");
+      a.info.death_cause =
+          why + (left || executor || !restartable ? ""
+                                                  : " (no restarts left: " + std::to_string(a.info.restarts) + " of " +
+                                                        std::to_string(a.info.max_restarts) + " used)");
     // A kill somebody asked for is routine, and so is what a stopping
     // cluster takes with it (a detached actor at an embedded cluster's
     // end); a death with no restarts left is worth a warning.

@@ -294,6 +294,19 @@ TEST_F(HeadStateTest, AnExecutorsDeathCauseSaysNothingOfRestarts) {
       << state_.actor_info(a.id).death_cause;
 }
 
+// Nor does an actor that asked for no restarts (a TorchTrainer's or a
+// TrainJob's worker, whose job recovers): "no restarts left: 0 of 0 used"
+// read as the job's end.
+TEST_F(HeadStateTest, AnActorWithoutRestartsDiesWithoutTalkOfRestarts) {
+  add_node({{"CPU", 2}}, 1);
+  auto a = state_.create_actor(kDriver, spec({}, 0));
+  start_spawned();
+  exited(a.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  EXPECT_EQ(state_.actor_info(a.id).death_cause, "worker pid " + std::to_string(1000 + a.id) + " killed by signal 9")
+      << state_.actor_info(a.id).death_cause;
+}
+
 TEST_F(HeadStateTest, NodeDeathRestartsItsActorsElsewhereOrMakesThemDead) {
   uint64_t n1 = add_node({{"CPU", 2}}, 1);
   auto a = state_.create_actor(kDriver, spec({{"CPU", 2}}, 1));
