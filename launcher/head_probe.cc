@@ -102,6 +102,8 @@ void probe_head(const std::string& address, const std::string& token, std::chron
   write_all(s.fd, hello.data(), hello.size(), deadline, address);
   size_t got = read_some(s.fd, theirs.data(), theirs.size(), deadline);
   std::string seconds = std::to_string(timeout.count() / 1000.0).substr(0, 3) + " s";
+  if (got >= 8 && std::memcmp(theirs.data(), wire::kAuthMagic, 7) == 0 && theirs[7] != wire::kAuthMagic[7])
+    throw ConnectionError(address + ": " + wire::check_magic(theirs.data()));
   if (got >= 8 && std::memcmp(theirs.data(), wire::kAuthMagic, 8) != 0)
     throw ConnectionError(address + " is not a troupe head (it answered \"" + printable(theirs.data(), got) +
                           "\", not the troupe handshake)");

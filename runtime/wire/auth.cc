@@ -5,6 +5,8 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <cstring>
+
 #include "troupe/runtime/core/errors.h"
 
 namespace troupe::wire {
@@ -13,6 +15,18 @@ Nonce random_nonce() {
   Nonce n;
   if (RAND_bytes(n.data(), n.size()) != 1) throw Error("RAND_bytes failed");
   return n;
+}
+
+std::string check_magic(const uint8_t* magic) {
+  if (std::memcmp(magic, kAuthMagic, 8) == 0) return "";
+  if (std::memcmp(magic, kAuthMagic, 7) == 0) {
+    const char theirs = static_cast<char>(magic[7]);
+    const bool printable = theirs >= '!' && theirs <= '~';
+    return std::string("peer speaks troupe wire version ") +
+           (printable ? std::string(1, theirs) : "byte " + std::to_string(magic[7])) + ", this process version " +
+           kWireVersion + ": every process of a cluster must run the same troupe version";
+  }
+  return "peer did not speak the troupe protocol";
 }
 
 std::string random_token() {

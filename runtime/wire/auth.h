@@ -12,7 +12,17 @@ namespace troupe::wire {
 
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kProofBytes = 32;
-inline constexpr char kAuthMagic[8] = {'T', 'R', 'P', 'A', 'U', 'T', 'H', '1'};
+// The handshake's first bytes: "TRPAUTH" and the wire version, one
+// character. Bump kWireVersion whenever a message's fields change
+// (protocol.h), so that processes of two troupe versions refuse each
+// other at the handshake, naming both versions, instead of failing later
+// on a message one of them cannot decode. 2: WorkerExited carries the
+// worker's last counters.
+inline constexpr char kWireVersion = '2';
+inline constexpr char kAuthMagic[8] = {'T', 'R', 'P', 'A', 'U', 'T', 'H', kWireVersion};
+// "" when `magic` (8 bytes) is this version's; else why the peer is refused:
+// another troupe version (naming both), or no troupe process at all.
+std::string check_magic(const uint8_t* magic);
 
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Proof = std::array<uint8_t, kProofBytes>;

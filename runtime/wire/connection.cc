@@ -135,8 +135,8 @@ void Connection::do_handshake() {
                                          : "the peer closed the connection before its handshake (" + ec.message() +
                                                "): it exited, or it is no troupe process");
     if (ec) return self->fail("handshake read failed: " + ec.message());
-    if (std::memcmp(self->hello_in_.data(), kAuthMagic, 8) != 0)
-      return self->fail("handshake refused: peer did not speak the troupe protocol");
+    if (std::string why = check_magic(self->hello_in_.data()); !why.empty())
+      return self->fail("handshake refused: " + why);
     Nonce theirs;
     std::memcpy(theirs.data(), self->hello_in_.data() + 8, kNonceBytes);
     self->proof_out_ = make_proof(self->token_, self->accepting_ ? 'S' : 'C', self->my_nonce_, theirs);

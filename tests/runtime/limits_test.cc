@@ -414,4 +414,43 @@ TEST(ConnectionLimits, APeerClosingBeforeItsHandshakeIsNamedOnTheConnectingSide)
   loop.join();
 }
 
+// A peer of another troupe version is refused at the handshake, naming both
+// wire versions: before, processes of two versions connected and failed on
+// the first message one of them could not decode.
+TEST(ConnectionLimits, APeerOfAnotherWireVersionIsRefusedNamingBoth) {
+  asio::io_context io;
+  auto guard = asio::make_work_guard(io);
+  asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  const uint16_t port = acceptor.local_endpoint().port();
+  std::string older(troupe::wire::kAuthMagic, 7);
+  older += '1';
+  older += std::string(troupe::wire::kNonceBytes, 'n');
+  std::shared_ptr<asio::ip::tcp::socket> peer;
+  acceptor.async_accept([&](asio::error_code ec, asio::ip::tcp::socket s) {
+    if (ec) return;
+    peer = std::make_shared<asio::ip::tcp::socket>(std::move(s));
+    asio::write(*peer, asio::buffer(older), ec);
+  });
+  std::thread loop([&] { io.run(); });
+  std::promise<std::string> failed;
+  asio::post(io, [&] {
+    Connection::connect(
+        io, "127.0.0.1", port, "token", troupe::wire::FrameLimits{}, [](Message&&) {}, [](const std::string&) {},
+        [&](std::shared_ptr<Connection> c, std::string error) { failed.set_value(c ? "connected" : error); });
+  });
+  auto done = failed.get_future();
+  ASSERT_EQ(done.wait_for(kWaitBound), std::future_status::ready);
+  const std::string why = done.get();
+  EXPECT_NE(
+      why.find(std::string("peer speaks troupe wire version 1, this process version ") + troupe::wire::kWireVersion),
+      std::string::npos)
+      << why;
+  asio::post(io, [&] {
+    if (peer) peer->close();
+  });
+  guard.reset();
+  io.stop();
+  loop.join();
+}
+
 }  // namespace
