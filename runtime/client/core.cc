@@ -324,41 +324,57 @@ void ActorClient::connect_locked() {
 }
 
 void ActorClient::on_connected(std::shared_ptr<Connection> c, uint32_t incarnation, const std::string& error) {
-  std::lock_guard lock(mu_);
-  connecting_ = false;
-  if (!c) {
-    TROUPE_LOG_DEBUG("actor {}: connect to incarnation {} failed: {}", id_, incarnation, error);
-    if (queued_.empty()) return;
-    if (incarnation != info_.incarnation) {
-      // The head told of the process that replaced it while this connect
-      // was under way (its update left the connect to finish): that one.
-      connect_locked();
-      return;
+  std::optional<ActorInfo> gone;  // the actor's end, told to this client's listeners outside the lock
+  {
+    std::lock_guard lock(mu_);
+    connecting_ = false;
+    if (!c) {
+      TROUPE_LOG_DEBUG("actor {}: connect to incarnation {} failed: {}", id_, incarnation, error);
+      if (queued_.empty()) return;
+      if (incarnation != info_.incarnation) {
+        // The head told of the process that replaced it while this connect
+        // was under way (its update left the connect to finish): that one.
+        connect_locked();
+        return;
+      }
+      if (!core_.head_lost() || info_.state != ActorState::kAlive) {
+        // The head still says this process is alive: it is gone and the
+        // head does not know yet (its update comes, and connects), or the
+        // connect failed on the way (a handshake timed out under load).
+        // Again, later.
+        retry_connect_later_locked();
+        return;
+      }
+      // No head will say what became of it (a stopped cluster took the
+      // process with it), and a live worker ends once its head is gone:
+      // its end, now, rather than calls that wait for ever.
+      gone = info_;
+      gone->state = ActorState::kDead;
+      gone->death_cause =
+          "its process at " + info_.address + " cannot be reached (" + error + ") and the cluster's head is gone";
+      ++gone->version;
+    } else {
+      connect_backoff_ = std::chrono::milliseconds(0);
+      if (!detached_.empty()) {
+        c->close("client detached");  // detach() ran while this connect was under way
+        return;
+      }
+      if (incarnation != info_.incarnation || info_.state != ActorState::kAlive) {
+        c->close("stale incarnation");
+        connect_locked();
+        return;
+      }
+      conn_ = std::move(c);
+      conn_incarnation_ = incarnation;
+      for (auto& [id, p] : queued_) {
+        conn_->send(p.frame);
+        p.sent = true;
+        inflight_.emplace(id, std::move(p));
+      }
+      queued_.clear();
     }
-    // The head still says this process is alive: it is gone and the head
-    // does not know yet (its update comes, and connects), or the connect
-    // failed on the way (a handshake timed out under load). Again, later.
-    retry_connect_later_locked();
-    return;
   }
-  connect_backoff_ = std::chrono::milliseconds(0);
-  if (!detached_.empty()) {
-    c->close("client detached");  // detach() ran while this connect was under way
-    return;
-  }
-  if (incarnation != info_.incarnation || info_.state != ActorState::kAlive) {
-    c->close("stale incarnation");
-    connect_locked();
-    return;
-  }
-  conn_ = std::move(c);
-  conn_incarnation_ = incarnation;
-  for (auto& [id, p] : queued_) {
-    conn_->send(p.frame);
-    p.sent = true;
-    inflight_.emplace(id, std::move(p));
-  }
-  queued_.clear();
+  if (gone) on_update(*gone);
 }
 
 void ActorClient::retry_connect_later_locked() {

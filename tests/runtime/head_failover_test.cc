@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/process.h"
 #include "tests/support/tcp_proxy.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/core.h"
@@ -281,4 +282,34 @@ TEST(HeadFailover, ANodeAgentThatStopsSaysGoodbye) {
   const std::string cause = rt.actor_info(t.id()).death_cause;
   EXPECT_NE(cause.find("said goodbye"), std::string::npos) << cause;
   EXPECT_FALSE(rt.nodes().at(0).alive);
+}
+
+// A head gone for good (not durable, killed) and the actor's process gone
+// with it: a call fails naming both instead of waiting for an update that
+// no head will send (a task running when `troupe stop` came once waited
+// out its get's whole timeout when its retry's executor had just been
+// reported alive).
+TEST(HeadFailover, ACallToAnActorWhoseProcessAndHeadAreGoneFails) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes = {{{"CPU", 1}}};
+  troupe::testing::LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 10);
+  // Alive, and never called: this driver has no connection to its process
+  // (as a task executor the head has just reported alive).
+  ASSERT_TRUE(t.wait_ready(kWaitBound));
+  const int pid = rt.actor_info(t.id()).pid;
+  ASSERT_GT(pid, 0);
+  cluster.kill_head(SIGKILL);
+  ASSERT_TRUE(eventually([&] { return rt.core()->head_lost(); }));
+  ::kill(pid, SIGKILL);  // if it has not ended by itself yet
+  ASSERT_TRUE(eventually([&] { return troupe::test::process_gone(pid); }));
+  try {
+    t.call(&Ledger::add, 1).get(kWaitBound);
+    FAIL() << "a call to an actor whose process and head are gone returned";
+  } catch (const troupe::ActorDied& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cannot be reached"), std::string::npos) << what;
+    EXPECT_NE(what.find("the cluster's head is gone"), std::string::npos) << what;
+  }
 }
