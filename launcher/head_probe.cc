@@ -102,11 +102,13 @@ void probe_head(const std::string& address, const std::string& token, std::chron
   write_all(s.fd, hello.data(), hello.size(), deadline, address);
   size_t got = read_some(s.fd, theirs.data(), theirs.size(), deadline);
   std::string seconds = std::to_string(timeout.count() / 1000.0).substr(0, 3) + " s";
-  if (got >= 8 && std::memcmp(theirs.data(), wire::kAuthMagic, 7) == 0 && theirs[7] != wire::kAuthMagic[7])
-    throw ConnectionError(address + ": " + wire::check_magic(theirs.data()));
-  if (got >= 8 && std::memcmp(theirs.data(), wire::kAuthMagic, 8) != 0)
+  if (got >= 8 && std::memcmp(theirs.data(), wire::kAuthMagic, 8) != 0) {
+    // A troupe process of another version says so; anything else is no head.
+    if (std::memcmp(theirs.data(), wire::kAuthMagic, 7) == 0)
+      throw ConnectionError(address + ": " + wire::check_magic(theirs.data()));
     throw ConnectionError(address + " is not a troupe head (it answered \"" + printable(theirs.data(), got) +
                           "\", not the troupe handshake)");
+  }
   if (got == 0 && ms_left(deadline) == 0)
     throw ConnectionError(address + " did not answer the troupe handshake within " + seconds +
                           ": it is not a troupe head, or a head that is stopped or overloaded");

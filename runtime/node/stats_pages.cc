@@ -83,9 +83,4 @@ void StatsPages::release(pid_t pid) {
   ::munmap(map, client::kStatsPageBytes);
 }
 
-size_t StatsPages::size() const {
-  std::lock_guard lock(mu_);
-  return pages_.size();
-}
-
 }  // namespace troupe::node

@@ -4,7 +4,7 @@
 // KV store once a second; one SIGKILLed between two publications lost the
 // calls it served since the last (what /metrics' troupe_actor_calls_total
 // showed). Each spawn gets a page of shared memory (a memfd) that the
-// worker maps as its ProcessStats (client::kEnvStatsFd names the
+// worker maps as its ProcessStats (core::kEnvStatsFd names the
 // descriptor); the agent keeps its own mapping, reads the final counts when
 // it reports the exit (WorkerExited's calls and stream_bytes) and unmaps
 // the page when the worker is reaped. One registry per process, keyed by
@@ -50,8 +50,6 @@ class StatsPages {
   std::optional<Counts> read(pid_t pid) const;
   // Worker `pid` was reaped: its page goes.
   void release(pid_t pid);
-  // Pages held (for tests).
-  size_t size() const;
 
  private:
   mutable std::mutex mu_;

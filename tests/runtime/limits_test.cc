@@ -12,8 +12,10 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "tests/support/process.h"
@@ -386,71 +388,60 @@ TEST(ConnectionLimits, PeerThatDoesNotReadIsDroppedPastTheWriteBound) {
   loop.join();
 }
 
-// A peer that accepts and closes before its handshake: the connecting side
-// says the peer went away, not that it was a port check (what the accepting
-// side says of a client that connects and sends nothing).
-TEST(ConnectionLimits, APeerClosingBeforeItsHandshakeIsNamedOnTheConnectingSide) {
+// What Connection::connect's callback says of a peer on loopback that
+// `serve` handles (on the I/O thread, with the accepted socket, which stays
+// open until the end); "connected" if it connected, "no answer" if it
+// said nothing within kWaitBound.
+std::string connect_error(const std::function<void(asio::ip::tcp::socket&)>& serve) {
   asio::io_context io;
   auto guard = asio::make_work_guard(io);
   asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
   const uint16_t port = acceptor.local_endpoint().port();
-  acceptor.async_accept([](asio::error_code ec, asio::ip::tcp::socket s) {
-    if (!ec) s.close();
+  std::optional<asio::ip::tcp::socket> peer;
+  acceptor.async_accept([&](asio::error_code ec, asio::ip::tcp::socket s) {
+    if (ec) return;
+    peer.emplace(std::move(s));
+    serve(*peer);
   });
   std::thread loop([&] { io.run(); });
-  std::promise<std::string> failed;
+  std::promise<std::string> answered;
   asio::post(io, [&] {
     Connection::connect(
         io, "127.0.0.1", port, "token", troupe::wire::FrameLimits{}, [](Message&&) {}, [](const std::string&) {},
-        [&](std::shared_ptr<Connection> c, std::string error) { failed.set_value(c ? "connected" : error); });
+        [&](std::shared_ptr<Connection> c, std::string error) { answered.set_value(c ? "connected" : error); });
   });
-  auto done = failed.get_future();
-  ASSERT_EQ(done.wait_for(kWaitBound), std::future_status::ready);
-  const std::string why = done.get();
-  EXPECT_NE(why.find("closed the connection before its handshake"), std::string::npos) << why;
-  EXPECT_EQ(why.find("port check"), std::string::npos) << why;
+  auto done = answered.get_future();
+  const std::string why = done.wait_for(kWaitBound) == std::future_status::ready ? done.get() : "no answer";
   guard.reset();
   io.stop();
   loop.join();
+  return why;
+}
+
+// A peer that accepts and closes before its handshake: the connecting side
+// says the peer went away, not that it was a port check (what the accepting
+// side says of a client that connects and sends nothing).
+TEST(ConnectionLimits, APeerClosingBeforeItsHandshakeIsNamedOnTheConnectingSide) {
+  const std::string why = connect_error([](asio::ip::tcp::socket& s) { s.close(); });
+  EXPECT_NE(why.find("closed the connection before its handshake"), std::string::npos) << why;
+  EXPECT_EQ(why.find("port check"), std::string::npos) << why;
 }
 
 // A peer of another troupe version is refused at the handshake, naming both
 // wire versions: before, processes of two versions connected and failed on
 // the first message one of them could not decode.
 TEST(ConnectionLimits, APeerOfAnotherWireVersionIsRefusedNamingBoth) {
-  asio::io_context io;
-  auto guard = asio::make_work_guard(io);
-  asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-  const uint16_t port = acceptor.local_endpoint().port();
   std::string older(troupe::wire::kAuthMagic, 7);
   older += '1';
   older += std::string(troupe::wire::kNonceBytes, 'n');
-  std::shared_ptr<asio::ip::tcp::socket> peer;
-  acceptor.async_accept([&](asio::error_code ec, asio::ip::tcp::socket s) {
-    if (ec) return;
-    peer = std::make_shared<asio::ip::tcp::socket>(std::move(s));
-    asio::write(*peer, asio::buffer(older), ec);
+  const std::string why = connect_error([&](asio::ip::tcp::socket& s) {
+    asio::error_code ec;
+    asio::write(s, asio::buffer(older), ec);
   });
-  std::thread loop([&] { io.run(); });
-  std::promise<std::string> failed;
-  asio::post(io, [&] {
-    Connection::connect(
-        io, "127.0.0.1", port, "token", troupe::wire::FrameLimits{}, [](Message&&) {}, [](const std::string&) {},
-        [&](std::shared_ptr<Connection> c, std::string error) { failed.set_value(c ? "connected" : error); });
-  });
-  auto done = failed.get_future();
-  ASSERT_EQ(done.wait_for(kWaitBound), std::future_status::ready);
-  const std::string why = done.get();
   EXPECT_NE(
       why.find(std::string("peer speaks troupe wire version 1, this process version ") + troupe::wire::kWireVersion),
       std::string::npos)
       << why;
-  asio::post(io, [&] {
-    if (peer) peer->close();
-  });
-  guard.reset();
-  io.stop();
-  loop.join();
 }
 
 }  // namespace
