@@ -46,7 +46,8 @@ float normalized(const ImageTransformOptions& o, int64_t c, int v) {
 }
 
 // The C×oh×ow shape and dtype transform_raw gives an image of C×H×W.
-std::vector<int64_t> transformed_sizes(int64_t channels, int64_t height, int64_t width, const ImageTransformOptions& o) {
+std::vector<int64_t> transformed_sizes(int64_t channels, int64_t height, int64_t width,
+                                       const ImageTransformOptions& o) {
   return {channels, o.crop > 0 ? o.crop : height, o.crop > 0 ? o.crop : width};
 }
 c10::ScalarType transformed_dtype(const ImageTransformOptions& o) {
@@ -258,11 +259,16 @@ TensorDict ImageRecordDataset::finish(TensorDict batch) const {
         c10::toString(x.scalar_type()) + " of " + std::to_string(x.dim()) + " dimensions");
   const int64_t channels = x.size(1);
   // One table of 256 floats per channel, indexed by channel·256 + pixel.
-  auto lut = torch::empty({channels * 256}, torch::kFloat);
-  float* l = lut.data_ptr<float>();
-  for (int64_t c = 0; c < channels; ++c)
-    for (int v = 0; v < 256; ++v) l[c * 256 + v] = normalized(transform_, c, v);
+  auto make_lut = [&] {
+    auto lut = torch::empty({channels * 256}, torch::kFloat);
+    float* l = lut.data_ptr<float>();
+    for (int64_t c = 0; c < channels; ++c)
+      for (int v = 0; v < 256; ++v) l[c * 256 + v] = normalized(transform_, c, v);
+    return lut;
+  };
   if (x.device().is_cpu()) {
+    auto lut = make_lut();
+    const float* l = lut.data_ptr<float>();
     // A table lookup per pixel, plane by plane (the gather below widens
     // every pixel to int64 first: several times slower on a CPU).
     auto src = x.contiguous();
@@ -290,9 +296,18 @@ TensorDict ImageRecordDataset::finish(TensorDict batch) const {
     batch.set("input", out);
     return batch;
   }
-  auto offsets = (torch::arange(channels, torch::kLong) * 256).view({1, channels, 1, 1});
-  auto index = x.to(torch::kLong) + offsets.to(x.device());
-  batch.set("input", lut.to(x.device()).take(index));
+  torch::Tensor lut, offsets;
+  {
+    std::lock_guard lock(finish_mu_);
+    if (!device_lut_.defined() || device_lut_.device() != x.device() || device_channels_ != channels) {
+      device_lut_ = make_lut().to(x.device());
+      device_offsets_ = (torch::arange(channels, torch::kLong) * 256).view({1, channels, 1, 1}).to(x.device());
+      device_channels_ = channels;
+    }
+    lut = device_lut_;
+    offsets = device_offsets_;
+  }
+  batch.set("input", lut.take(x.to(torch::kLong) + offsets));
   return batch;
 }
 

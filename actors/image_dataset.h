@@ -83,7 +83,10 @@ class ImageRecordDataset final : public Dataset {
   // per-channel table transform_image uses, on the batch's own device. On
   // a CPU it writes into the previous call's output when nothing else holds
   // that any more (a fresh 77 MB tensor per batch of 128 × 224² spent more
-  // time faulting in zeroed pages than normalising).
+  // time faulting in zeroed pages than normalising). On a GPU the table and
+  // the channel offsets are copied there once and kept: a copy from host
+  // memory per batch made the host wait for the device's queue to drain
+  // every step (LibTorch synchronises a blocking host-to-device copy).
   TensorDict finish(TensorDict batch) const override;
   // Crops straight into the batch's rows (and its buffers, see
   // CollateBuffers): no per-sample tensor, no stacking copy.
@@ -102,6 +105,10 @@ class ImageRecordDataset final : public Dataset {
   std::string origin_;
   mutable std::mutex finish_mu_;
   mutable torch::Tensor finish_out_;  // finish()'s last CPU output
+  // finish()'s table and channel offsets (channel·256) on the last GPU it
+  // ran on, and the channel count they were made for.
+  mutable torch::Tensor device_lut_, device_offsets_;
+  mutable int64_t device_channels_ = 0;
 };
 
 }  // namespace troupe::actors

@@ -6,17 +6,26 @@
 // trainer asks for {GPU: 1} on a real node agent trains on cuda:0 from a
 // DataLoaderActor's stream and reaches the CPU job's weights; two trainers
 // sharing one GPU ({GPU: 0.5} each) heal a SIGKILLed one to the weights of
-// the run without the kill.
+// the run without the kill. A train() call of several steps makes the host
+// wait for the device once, for its losses, and never per step (counted
+// with c10's sync debug mode where LibTorch was built with CUDA).
 //
 // Every test but the first skips where LibTorch sees no CUDA device; the
 // GPU lane (scripts/gpu_check.sh) runs them with `ctest -L gpu`.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#if TROUPE_TEST_SYNC_DEBUG
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/Backtrace.h>
+#include <c10/util/Exception.h>
+#endif
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "tests/support/python.h"
 #include "tests/support/temp_dir.h"
@@ -144,6 +153,81 @@ TEST(CudaTrainerTest, SgdAndAdamwStepsOnCudaMatchTheCpu) {
     EXPECT_GT(max_diff(a.model.begin()->second, run(cpu, 1).model.begin()->second), 1e-6)
         << opt << ": six steps moved the weights no further than one";
   }
+}
+
+#if TROUPE_TEST_SYNC_DEBUG
+// Collects the "synchronizing CUDA operation" warnings of c10's sync debug
+// mode, each with the stack that made it, while it is alive (on this
+// thread, which runs the in-process trainer's steps).
+class SyncCounter : public c10::WarningHandler {
+ public:
+  SyncCounter() : previous_(c10::WarningUtils::get_warning_handler()) {
+    c10::WarningUtils::set_warning_handler(this);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+  }
+  ~SyncCounter() override {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    c10::WarningUtils::set_warning_handler(previous_);
+  }
+  void process(const c10::Warning& w) override {
+    if (w.msg().find("synchroniz") == std::string::npos) return previous_->process(w);
+    stacks.push_back(c10::get_backtrace(1, 24));
+  }
+  std::vector<std::string> stacks;
+
+ private:
+  c10::WarningHandler* previous_;
+};
+#endif
+
+// The host queues a train() call's steps without waiting for the device
+// between them and reads the losses back once at the end, so the next
+// batch is collated and copied while the device runs the last step. Image
+// records normalised on the GPU (defer_normalize) are the case that used to
+// wait twice per step: the normalisation table was copied from host memory
+// for every batch.
+TEST(CudaTrainerTest, ATrainCallWaitsForTheDeviceOnceNotPerStep) {
+  SKIP_WITHOUT_CUDA();
+#if !TROUPE_TEST_SYNC_DEBUG
+  GTEST_SKIP() << "this LibTorch has no c10_cuda to count the waits with";
+#else
+  TrainerConfig c;
+  c.model.name = "cnn";
+  c.model.channels = 3;
+  c.model.image_size = 12;
+  c.model.hidden = 8;
+  c.model.num_classes = 4;
+  c.data = actors::DatasetSpec("image_records")
+               .set("size", 64)
+               .set("channels", 3)
+               .set("height", 16)
+               .set("width", 16)
+               .set("num_classes", 4)
+               .set("crop", 12)
+               .set("flip", 1)
+               .set("mean", {0.5, 0.4, 0.3})
+               .set("std", {0.2, 0.25, 0.3})
+               .set("defer_normalize", 1);
+  c.batch_size = 8;
+  c.device = "cuda";
+  c.optimizer.name = "sgd";
+  c.optimizer.lr = 0.05;
+  c.optimizer.momentum = 0.9;
+  TrainerActor t;
+  t.setup(c);
+  TrainRequest r;
+  r.max_steps = 2;  // the first call: cuDNN's and the caches' first use
+  ASSERT_EQ(t.train(r).steps, 2);
+  r.max_steps = 6;
+  SyncCounter waits;
+  const auto rep = t.train(r);
+  ASSERT_EQ(rep.steps, 6);
+  EXPECT_TRUE(std::isfinite(rep.loss_sum));
+  std::string where;
+  for (size_t i = 0; i < waits.stacks.size(); ++i) where += "\nwait " + std::to_string(i + 1) + ":\n" + waits.stacks[i];
+  EXPECT_EQ(waits.stacks.size(), 1u) << "the host waited for the device " << waits.stacks.size()
+                                     << " times in one train() call of 6 steps:" << where;
+#endif
 }
 
 // bf16 autocast: the forward runs in bf16 (the weights differ from the fp32
