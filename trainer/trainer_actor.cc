@@ -397,9 +397,12 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
   return out;
 }
 
-TrainerActor::PendingSums TrainerActor::micro_step(const actors::Batch& batch, bool sync) {
+TrainerActor::PendingSums TrainerActor::micro_step(const actors::Batch& batch, bool sync,
+                                                   const std::function<void(const PendingSums&)>& before_backward) {
   bool amp = scales_loss();
   StepOutput out = run_step(dataset_->finish(batch.tensors.to(device_, /*non_blocking=*/true)));
+  auto pending = pending_of(out, batch.size());
+  if (before_backward) before_backward(pending);
   auto loss = out.loss;
   reducer_->prepare(sync);
   auto scaled = loss / static_cast<double>(config_.accumulation);
@@ -419,7 +422,7 @@ TrainerActor::PendingSums TrainerActor::micro_step(const actors::Batch& batch, b
       reducer_->broadcast_from_rank0(bs);
     }
   }
-  return pending_of(out, batch.size());
+  return pending;
 }
 
 void TrainerActor::optimizer_step() {
@@ -492,8 +495,7 @@ actors::Batch TrainerActor::next_batch(bool from_stream, const std::vector<int64
 
 // The loss and metric sums of each step of `rep` (its micro-steps' pending
 // sums, in order), per step and in all.
-void TrainerActor::sum_steps(TrainReport& rep, std::vector<PendingSums>& pending) {
-  const auto micro = resolve(pending);
+void TrainerActor::sum_steps(TrainReport& rep, const std::vector<StepSums>& micro) {
   for (size_t i = 0; i < rep.step_samples.size(); ++i) {
     StepSums sums;
     for (int64_t k = 0; k < config_.accumulation; ++k)
@@ -521,7 +523,7 @@ void TrainerActor::keep_partial(TrainReport rep, std::vector<PendingSums>& pendi
     for (int64_t n : rep.step_samples) rep.samples += n;
     rep.steps = done;
     rep.consumed.clear();  // the driver counts these steps' samples from the sampler
-    sum_steps(rep, pending);
+    sum_steps(rep, resolve(pending));
     for (const auto& k : step_fn_->summed_metrics()) rep.summed_metrics.push_back(k);
     rep.cursor = cursor_;
     rep.global_step = step_;
@@ -553,8 +555,15 @@ TrainReport TrainerActor::train(TrainRequest req) {
   int64_t s = 0;
   StepSnapshot snap;
   // Each micro-step's loss and metrics stay on the device until the last
-  // step has been launched (see resolve()).
+  // forward has been launched; they are read back before its backward
+  // (see resolve()).
   std::vector<PendingSums> pending;
+  std::vector<StepSums> resolved;
+  const std::function<void(const PendingSums&)> read_back = [&](const PendingSums& last) {
+    pending.push_back(last);
+    resolved = resolve(pending);
+    pending.pop_back();
+  };
   try {
     for (; s < steps; ++s) {
       snap = snapshot();
@@ -563,7 +572,9 @@ TrainReport TrainerActor::train(TrainRequest req) {
         const auto asked = Clock::now();
         actors::Batch batch = next_batch(req.from_stream, indices, pos, cursor.epoch);
         rep.wait_seconds += seconds_since(asked);
-        pending.push_back(micro_step(batch, k == config_.accumulation - 1));
+        const bool last = s == steps - 1 && k == config_.accumulation - 1;
+        pending.push_back(micro_step(batch, k == config_.accumulation - 1,
+                                     last ? read_back : std::function<void(const PendingSums&)>()));
         samples += batch.size();
         if (req.record_indices) rep.consumed.insert(rep.consumed.end(), batch.indices.begin(), batch.indices.end());
       }
@@ -572,7 +583,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
       rep.samples += samples;
       ++rep.steps;
     }
-    sum_steps(rep, pending);
+    sum_steps(rep, resolved);
   } catch (const std::exception& e) {
     // A step cut short (a peer died, the group was aborted, the batch
     // stream broke): undo its partial effects so the state is that of the

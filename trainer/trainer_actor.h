@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -294,18 +295,23 @@ class TrainerActor {
   static PendingSums pending_of(const StepOutput& out, int64_t samples);
   // What each pending output adds up to over its samples, read back in one
   // device-to-host copy: on a GPU, a train() call waits for the device
-  // once at its end rather than after every step, so the next batch is
-  // read, pinned and copied while the device still runs the last step.
+  // once rather than after every step, so the next batch is read, pinned
+  // and copied while the device still runs the last step. That one wait
+  // comes after the call's last forward, before its backward: the device
+  // runs the last backward and optimizer step while the report goes back
+  // to the driver and the next call comes in, where it used to sit idle.
   std::vector<StepSums> resolve(const std::vector<PendingSums>& pending) const;
-  // Each step's sums of `rep` from its micro-steps' pending outputs.
-  void sum_steps(TrainReport& rep, std::vector<PendingSums>& pending);
+  // Each step's sums of `rep` from its micro-steps' resolved sums.
+  void sum_steps(TrainReport& rep, const std::vector<StepSums>& micro);
   // After a failed train(), the `done` steps it completed, for take_partial.
   void keep_partial(TrainReport rep, std::vector<PendingSums>& pending, int64_t done,
                     std::chrono::steady_clock::time_point t0);
   // The step's forward (under autocast when mixed precision is on).
   StepOutput run_step(const actors::TensorDict& tensors);
-  // One micro-step forward + backward.
-  PendingSums micro_step(const actors::Batch& batch, bool sync);
+  // One micro-step forward + backward; `before_backward`, when given, is
+  // called between the two with this micro-step's pending sums.
+  PendingSums micro_step(const actors::Batch& batch, bool sync,
+                         const std::function<void(const PendingSums&)>& before_backward = nullptr);
   // The next micro-batch of a train() call: read from the batch stream, or
   // collated from this trainer's own data set at indices[pos...]; advances
   // pos past it.
