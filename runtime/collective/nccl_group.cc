@@ -90,6 +90,9 @@ struct NcclGroup::Shared {
   mutable std::mutex comm_mu;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
+  // Recorded on the legacy default stream before each operation, which
+  // `stream` then waits for (see enqueue()).
+  cudaEvent_t follow = nullptr;
   int* barrier_scratch = nullptr;  // one device int for barrier()
   bool aborted = false;
   std::string abort_reason;
@@ -264,6 +267,7 @@ std::unique_ptr<NcclGroup> NcclGroup::create(KvStore& kv, const std::string& nam
   }
 
   TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&s->follow, cudaEventDisableTiming));
   TROUPE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s->barrier_scratch), sizeof(int)));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // lets ncclCommAbort interrupt a stuck communicator
@@ -305,6 +309,7 @@ NcclGroup::~NcclGroup() {
   }
   if (shared_->barrier_scratch != nullptr) cudaFree(shared_->barrier_scratch);
   if (shared_->stream != nullptr) cudaStreamDestroy(shared_->stream);
+  if (shared_->follow != nullptr) cudaEventDestroy(shared_->follow);
 }
 
 int NcclGroup::rank() const { return shared_->rank; }
@@ -339,6 +344,12 @@ WorkPtr enqueue(const std::shared_ptr<NcclGroup::Shared>& s, const std::string& 
     return work;
   }
   TROUPE_CUDA_CHECK(cudaSetDevice(s->device));
+  // The group's stream does not synchronise with the default stream (it is
+  // non-blocking), where LibTorch's kernels and cudaMemcpy/cudaMemset queue
+  // the caller's writes: wait for what is queued there so far, or the
+  // operation may read its input, or write its output, before them.
+  TROUPE_CUDA_CHECK(cudaEventRecord(s->follow, cudaStreamLegacy));
+  TROUPE_CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->follow, 0));
   call(s->comm, s->stream);
   s->wait_ready(Clock::now() + s->options.op_timeout, what.c_str());
   work->record();

@@ -108,6 +108,32 @@ TEST_F(NcclGroupTest, EveryOpAndDtypeAtWorldSizeOne) {
   g->barrier()->wait(30s);
 }
 
+// An operation comes after what the caller queued before it on the default
+// stream (where LibTorch's kernels and cudaMemset go), though the group's
+// own stream is non-blocking: with the default stream held up by a few
+// gigabytes of memset, an allgather still copies the input as the last
+// memset before it left it, never the bytes before that. (This test's
+// neighbour above once read back a zeroed output here: the memset that
+// cleared it ran after the operation had written it.)
+TEST_F(NcclGroupTest, AnOperationFollowsTheWritesQueuedBeforeItOnTheDefaultStream) {
+  MemoryKvStore kv;
+  auto g = NcclGroup::create(kv, "nccl-order", 1, 0, 1);
+  const size_t big = size_t(1) << 30, bytes = 4096;
+  DeviceBuffer slow(big), in(bytes), out(bytes);
+  ASSERT_TRUE(slow.ptr && in.ptr && out.ptr);
+  for (int trial = 0; trial < 5; ++trial) {
+    ASSERT_EQ(cudaMemset(in.ptr, 0, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMemset(out.ptr, 0, bytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(cudaMemsetAsync(slow.ptr, i, big, cudaStreamLegacy), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(in.ptr, 7 + trial, bytes, cudaStreamLegacy), cudaSuccess);
+    g->allgather(in.ptr, out.ptr, bytes, DType::kUInt8)->wait(30s);
+    std::vector<uint8_t> back(bytes);
+    ASSERT_EQ(cudaMemcpy(back.data(), out.ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(back, std::vector<uint8_t>(bytes, static_cast<uint8_t>(7 + trial))) << "trial " << trial;
+  }
+}
+
 // A rank whose rank 0 never publishes the communicator id gives up at the
 // rendezvous timeout with a Timeout naming the group, not a hang.
 TEST_F(NcclGroupTest, RendezvousWithoutRankZeroTimesOut) {
