@@ -466,12 +466,19 @@ void Run::run_round() {
   if (steps_now > 0 && seconds > 0) step_seconds_ = seconds / static_cast<double>(steps_now);
   const int64_t samples = account(reps);
   if (nonfinite_loss_ && cfg_.stop_on_nonfinite_loss) {
-    const auto newest = writer_ ? writer_->last() : std::nullopt;
+    // The newest on disk, this run's or the one it resumed from: no
+    // checkpoint is written past a round with a non-finite loss (nor the
+    // survivors' state, see save_what_survives).
+    std::optional<CheckpointInfo> newest = writer_ ? writer_->last() : std::nullopt;
+    if (!newest && !cfg_.checkpoint.dir.empty()) newest = latest_checkpoint(cfg_.checkpoint.dir);
     std::ostringstream why;
     why << "the loss is " << nonfinite_loss_->second << " at step " << nonfinite_loss_->first
-        << " (the step module's loss diverged, or its input holds NaN; try a lower --lr or --grad-clip); the newest "
-           "checkpoint is "
-        << (newest ? newest->path : std::string("none of this run's"));
+        << " (the step module's loss diverged, or its input holds NaN; try a lower --lr or --grad-clip); ";
+    if (newest)
+      why << "the newest checkpoint is " << newest->path << " (step " << newest->step << "), and the weights past it "
+          << "are not saved";
+    else
+      why << "no checkpoint was written before it";
     throw GiveUp{why.str()};  // in the round just run: "between steps A and B"
   }
   round_.reset();
@@ -782,7 +789,9 @@ void Run::recover(const std::string& why) {
 // it is newer than the last one, so that --resume loses none of it. Said
 // as a clause of the give-up's reason; "" when there is nothing to save.
 std::string Run::save_what_survives() {
-  if (!writer_) return "";
+  // Weights past a non-finite loss are not worth resuming from, and saving
+  // them would prune a good checkpoint (only the newest few are kept).
+  if (!writer_ || (nonfinite_loss_ && cfg_.stop_on_nonfinite_loss)) return "";
   try {
     writer_->wait();
     const auto last = writer_->last();

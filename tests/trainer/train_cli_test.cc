@@ -27,6 +27,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -575,6 +576,45 @@ TEST_F(TrainCliTest, ALossThatDivergesFailsTheJobNamingTheStep) {
   const long to = m[3].matched ? std::stol(m[3]) : from;
   EXPECT_LE(from, bad) << o.output;
   EXPECT_LE(bad, to) << o.output;
+}
+
+// A run resumed from good checkpoints that then diverges saves nothing past
+// the non-finite loss: no "survivors' state" of NaN weights that would
+// prune the good checkpoints (only the newest three are kept) and fail the
+// next resume at once. It names the newest good checkpoint instead.
+TEST_F(TrainCliTest, ADivergedRunKeepsTheGoodCheckpointsAndNamesTheNewest) {
+  write_inputs(dir_, "ok", 256, 8);
+  const std::vector<std::string> base = {TROUPE_TRAIN,    "--model",          at("step.pt"), "--data",
+                                         at("train.npz"), "--batch-size",     "32",          "--optimizer",
+                                         "sgd",           "--checkpoint-dir", at("ckpt")};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  const auto steps_on_disk = [&] {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_ / "ckpt"))
+      if (e.path().filename().string().rfind("step-", 0) == 0) names.insert(e.path().filename().string());
+    return names;
+  };
+  const Outcome good = run(with({"--epochs", "1", "--lr", "0.01"}), dir_ / "good.log");
+  ASSERT_EQ(good.status, 0) << good.output;
+  const auto before = steps_on_disk();
+  ASSERT_FALSE(before.empty());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const Outcome o = run(with({"--epochs", "3", "--lr", "1e30", "--resume"}), dir_ / "diverge.log");
+    EXPECT_EQ(o.status, 1) << o.output;
+    EXPECT_NE(o.output.find("the loss is "), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find("the newest checkpoint is " + (dir_ / "ckpt" / *before.rbegin()).string()),
+              std::string::npos)
+        << o.output;
+    EXPECT_EQ(o.output.find("survivors' state"), std::string::npos) << o.output;
+    EXPECT_EQ(steps_on_disk(), before) << o.output;
+  }
+  // The good checkpoint still resumes.
+  const Outcome resumed = run(with({"--epochs", "2", "--lr", "0.01", "--resume"}), dir_ / "resumed.log");
+  EXPECT_EQ(resumed.status, 0) << resumed.output;
 }
 
 // --resume over damaged checkpoints: a damaged newest one is named and
