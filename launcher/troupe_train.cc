@@ -103,6 +103,16 @@ int run(const TrainOptions& o, troupe::trainer::TrainJobConfig cfg, const troupe
   return 128 + stop.signal();
 }
 
+// The epochs a checkpoint has finished. Its cursor stands in the epoch of
+// its last step (0-based, as the manifest's `epoch`), at the end of it
+// when that step finished the epoch.
+int64_t epochs_done(const troupe::trainer::CheckpointInfo& c) {
+  const auto size = c.data_order.find("dataset_size");
+  const bool at_end = size != c.data_order.end() && size->second > 0 &&
+                      c.cursor.segment_start + c.cursor.segment_consumed >= size->second;
+  return c.cursor.epoch + (at_end ? 1 : 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -134,13 +144,18 @@ int main(int argc, char** argv) {
   }
   if (!cfg.resume_from.empty()) {
     std::printf("troupe train: resuming from %s\n", cfg.resume_from.c_str());
-    // A checkpoint past the epochs asked for trains nothing: said so, not
-    // only as a run that ends at once.
-    if (auto latest = troupe::trainer::latest_checkpoint(o.checkpoint_dir); latest && latest->epoch > o.epochs)
-      std::printf(
-          "troupe train: the checkpoint is at epoch %lld, past --epochs %lld: nothing to train (raise --epochs "
-          "to go on)\n",
-          static_cast<long long>(latest->epoch), static_cast<long long>(o.epochs));
+    // A checkpoint with the epochs asked for done trains nothing: said so,
+    // and no cluster is started for it.
+    if (auto latest = troupe::trainer::latest_checkpoint(o.checkpoint_dir); latest) {
+      const int64_t done = epochs_done(*latest);
+      if (done >= o.epochs) {
+        std::printf(
+            "troupe train: the checkpoint at step %lld has %lld epoch(s) done, and --epochs is %lld: nothing to "
+            "train (raise --epochs to go on)\n",
+            static_cast<long long>(latest->step), static_cast<long long>(done), static_cast<long long>(o.epochs));
+        return 0;
+      }
+    }
   } else if (o.resume)
     std::printf("troupe train: --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir.c_str());
   // A run that ends before its first checkpoint (refused by the cluster,

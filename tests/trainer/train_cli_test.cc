@@ -509,13 +509,20 @@ TEST_F(TrainCliTest, SigtermStopsWithACheckpointAndResumeEndsWithTheSameWeights)
   ASSERT_FALSE(steps.empty());
   EXPECT_EQ(steps.front()["step"], stopped_at + 1);
   EXPECT_EQ(steps.back()["step"], 192);
-  // Resumed past the epochs asked for: nothing to train, and it says so.
-  auto past = args("ckpt", "past.jsonl");
-  past.push_back("--resume");
-  *std::find(past.begin(), past.end(), std::string("3")) = "1";  // --epochs 1
-  const Outcome nothing = run(past, dir_ / "past.log");
-  EXPECT_EQ(nothing.status, 0) << nothing.output;
-  EXPECT_NE(nothing.output.find("past --epochs 1: nothing to train"), std::string::npos) << nothing.output;
+  // Resumed with the epochs asked for done, or more: nothing to train, it
+  // says so (counting epochs as the progress lines do) and starts nothing.
+  for (const char* epochs : {"1", "3"}) {
+    auto past = args("ckpt", "past.jsonl");
+    past.push_back("--resume");
+    *std::find(past.begin(), past.end(), std::string("3")) = epochs;  // --epochs
+    const Outcome nothing = run(past, dir_ / "past.log");
+    EXPECT_EQ(nothing.status, 0) << nothing.output;
+    EXPECT_NE(nothing.output.find("the checkpoint at step 192 has 3 epoch(s) done, and --epochs is " +
+                                  std::string(epochs) + ": nothing to train"),
+              std::string::npos)
+        << nothing.output;
+    EXPECT_EQ(nothing.output.find("trainer(s)"), std::string::npos) << nothing.output;
+  }
   const std::string same = python(dir_,
                                   "import torch\n"
                                   "a = torch.load('" +
