@@ -5,10 +5,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <type_traits>
+#include <vector>
 
 namespace troupe::launcher {
 
@@ -34,6 +39,71 @@ CLI::Validator in_range(T lo, T hi) {
         return "";
       },
       d.str());
+}
+
+// For a whole-number option: a value past what int64 holds is refused,
+// naming it (CLI11 alone clamps 99999999999999999999 to 9223372036854775807).
+inline CLI::Validator fits_int64() {
+  return CLI::Validator(
+      [](std::string& given) -> std::string {
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(given.data(), given.data() + given.size(), v);
+        if (ec != std::errc::result_out_of_range) return "";
+        std::string why = given;
+        why += " is out of range (whole numbers up to 9223372036854775807)";
+        return why;
+      },
+      "");
+}
+
+// The edit distance of a and b (insertions, deletions, substitutions).
+inline size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// What a command line that `app` (parsed with allow_extras) left over says:
+// the arguments in the order given, and the option nearest the first
+// unknown one ("--epoch" → "--epochs").
+inline std::string unknown_arguments(const CLI::App& app, const std::vector<std::string>& extra) {
+  std::string out = "unknown argument(s):";
+  for (const auto& a : extra) {
+    out += ' ';
+    out += a;
+  }
+  for (const auto& a : extra) {
+    if (a.rfind("--", 0) != 0) continue;
+    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    std::string best;
+    size_t best_distance = 3;  // at most 2 edits away
+    for (const CLI::Option* opt : app.get_options()) {
+      for (const auto& l : opt->get_lnames()) {
+        const size_t d = edit_distance(name, l);
+        if (d < best_distance) {
+          best_distance = d;
+          best = l;
+        }
+      }
+    }
+    if (!best.empty()) {
+      out += " (did you mean --";
+      out += best;
+      out += "?)";
+    }
+    break;
+  }
+  out += "; see --help";
+  return out;
 }
 
 inline std::string cli_message(const CLI::ParseError& e) {

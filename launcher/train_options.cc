@@ -224,59 +224,73 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--val-data", o.val_data, "scored after each epoch (same kind as --data)");
   app.add_option("--block-size", o.block_size,
                  "language model: --data is a token stream cut into windows of this many tokens, batch keys "
-                 "input and target (the next tokens); 0 (the default): --data is .npz");
-  app.add_option("--token-dtype", o.token_dtype, "token id type of a raw .bin stream: uint16, uint32, int32, int64");
-  app.add_option("--workers", o.workers, "data-parallel trainers");
+                 "input and target (the next tokens); 0: --data is .npz")
+      ->capture_default_str();
+  app.add_option("--token-dtype", o.token_dtype, "token id type of a raw .bin stream: uint16, uint32, int32, int64")
+      ->capture_default_str();
+  app.add_option("--workers", o.workers, "data-parallel trainers")->capture_default_str();
   app.add_option("--min-workers", o.min_workers,
                  "elastic: start with as many as fit, at least this many, and shrink to it after failures "
                  "(default: --workers)");
   app.add_option("--max-workers", o.max_workers,
                  "elastic: grow back up to this many when nodes have room (default: --workers)");
-  app.add_option("--epochs", o.epochs, "passes over --data");
-  app.add_option("--batch-size", o.batch_size, "samples per worker per step (per micro-step with --accumulation)");
+  app.add_option("--epochs", o.epochs, "passes over --data")->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "samples per worker per step (per micro-step with --accumulation)")
+      ->capture_default_str();
   app.add_option("--accumulation", o.accumulation,
-                 "batches each worker adds up before one optimizer step (gradient accumulation; default 1)");
-  app.add_option("--optimizer", o.optimizer, "sgd or adamw");
-  app.add_option("--lr", o.lr, "learning rate");
+                 "batches each worker adds up before one optimizer step (gradient accumulation)")
+      ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "sgd or adamw")->capture_default_str();
+  app.add_option("--lr", o.lr, "learning rate")->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "L2 (sgd) or decoupled (adamw) weight decay")->capture_default_str();
   app.add_option("--momentum", o.momentum, "sgd's momentum (0 is torch.optim.SGD's default)")->capture_default_str();
-  app.add_option("--warmup-steps", o.warmup_steps, "linear learning-rate warmup over the first N steps");
-  app.add_option("--schedule", o.schedule, "learning rate after warmup: constant, or cosine down to the last step");
-  app.add_option("--min-lr-factor", o.min_lr_factor, "cosine: the last step's lr as a fraction of --lr");
-  app.add_option("--compression", o.compression, "gradient buckets between workers: none, bf16 or fp16");
-  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (0 = off)");
+  app.add_option("--warmup-steps", o.warmup_steps, "linear learning-rate warmup over the first N steps")
+      ->capture_default_str();
+  app.add_option("--schedule", o.schedule, "learning rate after warmup: constant, or cosine down to the last step")
+      ->capture_default_str();
+  app.add_option("--min-lr-factor", o.min_lr_factor, "cosine: the last step's lr as a fraction of --lr")
+      ->capture_default_str();
+  app.add_option("--compression", o.compression, "gradient buckets between workers: none, bf16 or fp16")
+      ->capture_default_str();
+  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (0 = off)")->capture_default_str();
   app.add_option("--max-failures", o.max_failures, "trainer failures healed before giving up (-1 = no limit)")
       ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "where checkpoints go (needed, here or in the job file; model.pt loads with torch.load)");
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "also checkpoint every N optimizer steps inside an epoch (0 = at each epoch's end only): a failure "
-                 "healed from a checkpoint, or a --resume, loses at most N steps");
+                 "healed from a checkpoint, or a --resume, loses at most N steps")
+      ->capture_default_str();
   app.add_flag("--resume", o.resume,
                "go on from the latest checkpoint in --checkpoint-dir (from step 0 when there is none); without it a "
                "--checkpoint-dir that holds checkpoints is refused");
   app.add_option("--metrics", o.metrics, "JSON lines: one per step, epoch and event");
   app.add_option("--address", o.address, "HOST:PORT of a running cluster (default: an embedded one)");
-  app.add_option("--seed", o.seed, "seeds the sampler's shuffle");
+  app.add_option("--seed", o.seed, "seeds the sampler's shuffle")->capture_default_str();
   app.add_option("--cpu-gemm", o.cpu_gemm,
                  "fp32 products of the model's linear layers on the CPU: auto (oneDNN where found), "
-                 "onednn, or aten (torch's own BLAS)");
+                 "onednn, or aten (torch's own BLAS)")
+      ->capture_default_str();
   app.add_flag("--sync-batchnorm", o.sync_batchnorm,
                "BatchNorm statistics over the whole batch of all workers (C++ models: cnn)");
-  app.add_option("--cpus-per-worker", o.cpus_per_worker, "CPU each trainer reserves");
+  app.add_option("--cpus-per-worker", o.cpus_per_worker, "CPU each trainer reserves")->capture_default_str();
   app.add_option("--gpus-per-worker", o.gpus_per_worker,
                  "GPUs each trainer reserves and trains on: 0 (CPU), a part of one (0.5: two trainers share a GPU), "
-                 "or a whole number");
+                 "or a whole number")
+      ->capture_default_str();
   app.add_option("--amp", o.amp,
                  "mixed precision: none, bf16 (GPU, or CPU: pays on CPUs with AVX512-BF16 or AMX), or fp16 (GPU "
-                 "only, with dynamic loss scaling)");
+                 "only, with dynamic loss scaling)")
+      ->capture_default_str();
   app.add_option("--loader-threads", o.loader_threads,
-                 "pipeline threads of each trainer's data loader (decode and collate; a custom collate runs there)");
+                 "pipeline threads of each trainer's data loader (decode and collate; a custom collate runs there)")
+      ->capture_default_str();
   app.add_option("--step-timeout", o.step_timeout_s,
                  "seconds a trainer may take to answer (a round of --log-every steps, a checkpoint); one that does "
-                 "not (hung, stopped) is killed and healed as a failure (default 600)");
-  app.add_option("--log-every", o.log_every, "optimizer steps between progress updates");
-  app.add_option("--name", o.name, "job name on the console and in the metrics file");
+                 "not (hung, stopped) is killed and healed as a failure")
+      ->capture_default_str();
+  app.add_option("--log-every", o.log_every, "optimizer steps between progress updates")->capture_default_str();
+  app.add_option("--name", o.name, "job name on the console and in the metrics file")->capture_default_str();
 }
 
 // A double as the user would write it (1, 0.001, 1e-08).
@@ -436,6 +450,11 @@ bool parse_train_args(int argc, char** argv, TrainOptions& o) {
       "checkpoints and metrics; no C++ needed",
       "troupe train"};
   add_flags(app, o);
+  for (CLI::Option* opt : app.get_options())
+    if (opt->get_type_name() == "INT") opt->check(fits_int64());
+  // Left over rather than refused by CLI11, whose message lists them
+  // backwards: unknown_arguments() names them in order, with a suggestion.
+  app.allow_extras();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -444,6 +463,7 @@ bool parse_train_args(int argc, char** argv, TrainOptions& o) {
   } catch (const CLI::ParseError& e) {
     throw ConfigError(cli_message(e));
   }
+  if (!app.remaining().empty()) throw ConfigError(unknown_arguments(app, app.remaining()));
   // A flag given overrides the job file's value: its problems name the flag.
   for (auto it = o.from_job_file.begin(); it != o.from_job_file.end();) {
     const CLI::Option* flag = app.get_option_no_throw(flag_of(*it));

@@ -174,3 +174,31 @@ TEST_F(TrainOptionsTest, ModelOptionsForATorchScriptModuleAreRefused) {
   // A built-in model takes them.
   EXPECT_EQ(problem({"--model", "mlp", "--data", data, "--checkpoint-dir", "ck", "--model-option", "hidden=64"}), "");
 }
+
+// `--help` shows each flag's default, as `troupe start --help` does: a
+// new user sees that one worker and one epoch are what they get.
+TEST_F(TrainOptionsTest, HelpShowsTheDefaults) {
+  TrainOptions o;
+  std::string arg0 = "troupe-train", help = "--help";
+  std::vector<char*> argv = {arg0.data(), help.data()};
+  testing::internal::CaptureStdout();
+  const bool go_on = troupe::launcher::parse_train_args(static_cast<int>(argv.size()), argv.data(), o);
+  const std::string text = testing::internal::GetCapturedStdout();
+  EXPECT_FALSE(go_on);
+  for (const char* shown : {"--workers INT=1", "--epochs INT=1", "--batch-size INT=32", "--optimizer TEXT=adamw",
+                            "--lr FLOAT=0.001", "--log-every INT=10", "--step-timeout FLOAT=600"})
+    EXPECT_NE(text.find(shown), std::string::npos) << shown << " in\n" << text;
+}
+
+// An unknown flag is named with its value in the order given, with the
+// flag it was likely meant to be; a whole number past int64 is refused
+// naming it, not clamped.
+TEST_F(TrainOptionsTest, UnknownFlagsAreNamedInOrderAndHugeNumbersRefused) {
+  const std::string model = write("m.pt", "x"), data = write("d.npz", "x");
+  EXPECT_EQ(problem({"--model", model, "--data", data, "--epoch", "3"}),
+            "unknown argument(s): --epoch 3 (did you mean --epochs?); see --help");
+  EXPECT_EQ(problem({"--model", model, "--data", data, "--frobnicate"}),
+            "unknown argument(s): --frobnicate; see --help");
+  EXPECT_EQ(problem({"--model", model, "--data", data, "--batch-size", "99999999999999999999"}),
+            "--batch-size: 99999999999999999999 is out of range (whole numbers up to 9223372036854775807)");
+}
