@@ -79,10 +79,18 @@ TORCH_MODULE(Cnn);
 
 // The first line of a message that has several (TorchScript's errors quote
 // the source below it), said as one.
+// A zip that torch.save wrote (a pickled module or state dict) has no
+// constants.pkl, which TorchScript's loader looks for first: said plainly.
 std::string load_error_reason(const std::string& text) {
   std::string line = core::first_line(text);
   const bool more = line != core::last_line(text);
   while (!line.empty() && (line.back() == ':' || line.back() == ' ')) line.pop_back();
+  if (line.find("constants.pkl") != std::string::npos) {
+    line +=
+        " (not a TorchScript file: torch.save writes one only Python can read; save the module with "
+        "torch.jit.save(torch.jit.script(model), path))";
+    return line;
+  }
   return more ? line + " (torch's message goes on; load the file in Python to see it all)" : line;
 }
 

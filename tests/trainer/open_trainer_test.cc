@@ -208,6 +208,27 @@ TEST(ScriptModelTest, ASubmoduleKeptInEvalStaysSoAfterValidation) {
   EXPECT_EQ(modes(), std::make_pair(1.0, 0.0));
 }
 
+// A file that torch.save wrote (a whole module, pickled) is not a
+// TorchScript file: the error says so and how to write one, rather than
+// only that constants.pkl is missing.
+TEST(ScriptModelTest, AFileFromTorchSaveIsNamedAsNotTorchScript) {
+  if (!have_python_torch()) GTEST_SKIP() << "no python3 with torch and numpy";
+  auto dir = test::fresh_dir("torch-save");
+  python("import torch\ntorch.save(torch.nn.Linear(4, 1), '" + dir.string() + "/model.pt')\n", dir);
+  ModelSpec spec;
+  spec.name = "torchscript";
+  spec.path = (dir / "model.pt").string();
+  try {
+    make_model(spec);
+    FAIL() << "a torch.save file loaded as TorchScript";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("not a TorchScript file"), std::string::npos) << what;
+    EXPECT_NE(what.find("torch.jit.save(torch.jit.script(model), path)"), std::string::npos) << what;
+    EXPECT_NE(what.find(spec.path), std::string::npos) << what;
+  }
+}
+
 // route_linear reaches the linear calls of free script functions too:
 // nn.MultiheadAttention's projections live in F.multi_head_attention_forward.
 // (Without oneDNN troupe::linear is ATen's, and the rewrite is checked all
