@@ -108,6 +108,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"max_failures", field(&TrainOptions::max_failures)},
       {"checkpoint_dir", field(&TrainOptions::checkpoint_dir)},
       {"checkpoint_every", field(&TrainOptions::checkpoint_every)},
+      {"keep_checkpoints", field(&TrainOptions::keep_checkpoints)},
       {"resume", field(&TrainOptions::resume)},
       {"metrics", field(&TrainOptions::metrics)},
       {"address", field(&TrainOptions::address)},
@@ -260,6 +261,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "also checkpoint every N optimizer steps inside an epoch (0 = at each epoch's end only): a failure "
                  "healed from a checkpoint, or a --resume, loses at most N steps")
+      ->capture_default_str();
+  app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                 "the newest checkpoints kept in --checkpoint-dir; older ones are removed as new ones are written "
+                 "(0 = keep all)")
       ->capture_default_str();
   app.add_flag("--resume", o.resume,
                "go on from the latest checkpoint in --checkpoint-dir (from step 0 when there is none); without it a "
@@ -526,6 +531,9 @@ void check(const TrainOptions& o) {
   require(o.loader_threads >= 1 && o.loader_threads <= 256,
           "--loader-threads must be between 1 and 256, got " + std::to_string(o.loader_threads));
   require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
+  require(o.keep_checkpoints >= 0 && o.keep_checkpoints <= 1000000,
+          named(o, "keep_checkpoints", std::to_string(o.keep_checkpoints)) +
+              " must be 0 (keep all) or the number of newest checkpoints to keep");
   require(o.checkpoint_every >= 0,
           named(o, "checkpoint_every", std::to_string(o.checkpoint_every)) + " must be 0 (off) or a number of steps");
   require(o.cpu_gemm == "auto" || o.cpu_gemm == "onednn" || o.cpu_gemm == "aten",
@@ -638,6 +646,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   c.checkpoint.dir = fs::absolute(o.checkpoint_dir).string();
   c.checkpoint.at_epoch_end = true;
   c.checkpoint.every_steps = o.checkpoint_every;
+  c.checkpoint.keep = static_cast<int>(o.keep_checkpoints);
   c.metrics_path = o.metrics.empty() ? "" : fs::absolute(o.metrics).string();
   c.evaluate = !o.val_data.empty();
   c.progress_every_steps = o.log_every;

@@ -67,6 +67,9 @@ struct TrainOptions {
   // Optimizer steps between checkpoints inside an epoch (0: at the end of
   // each epoch only; an epoch's end always writes one).
   int64_t checkpoint_every = 0;
+  // The newest checkpoints kept in checkpoint_dir; older ones are removed
+  // as new ones are written (0: keep all).
+  int64_t keep_checkpoints = 3;
   // Go on from the latest checkpoint in checkpoint_dir (from step 0 when it
   // holds none). Without it a checkpoint_dir that holds checkpoints is
   // refused: a second run writing there would mix its steps with the first

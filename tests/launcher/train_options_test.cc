@@ -202,3 +202,25 @@ TEST_F(TrainOptionsTest, UnknownFlagsAreNamedInOrderAndHugeNumbersRefused) {
   EXPECT_EQ(problem({"--model", model, "--data", data, "--batch-size", "99999999999999999999"}),
             "--batch-size: 99999999999999999999 is out of range (whole numbers up to 9223372036854775807)");
 }
+
+// How many checkpoints stay: 3 unless the flag or the job file says, 0
+// keeps all, a negative count is refused naming where it came from.
+TEST_F(TrainOptionsTest, KeepCheckpointsComesFromTheFlagOrTheJobFile) {
+  const std::string job =
+      write("keep.json", R"({"model": "mlp", "data": "train.npz", "checkpoint_dir": "ck", "keep_checkpoints": 0})");
+  TrainOptions d;
+  EXPECT_EQ(problem({"--model", "mlp", "--data", write("t.npz", "x"), "--checkpoint-dir", "ck"}, d), "");
+  EXPECT_EQ(d.keep_checkpoints, 3);
+  TrainOptions o;
+  EXPECT_EQ(problem({"--config", job}, o), "");
+  EXPECT_EQ(o.keep_checkpoints, 0);
+  TrainOptions f;
+  EXPECT_EQ(problem({"--config", job, "--keep-checkpoints", "5"}, f), "");
+  EXPECT_EQ(f.keep_checkpoints, 5);
+  EXPECT_EQ(problem({"--config", job, "--keep-checkpoints", "-1"}),
+            "--keep-checkpoints -1 must be 0 (keep all) or the number of newest checkpoints to keep");
+  const std::string bad = write(
+      "keep-bad.json", R"({"model": "mlp", "data": "train.npz", "checkpoint_dir": "ck", "keep_checkpoints": -2})");
+  EXPECT_NE(problem({"--config", bad}).find("key 'keep_checkpoints': -2 must be 0"), std::string::npos)
+      << problem({"--config", bad});
+}
