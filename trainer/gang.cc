@@ -214,25 +214,35 @@ bool is_a(const std::exception_ptr& e) {
 // peers, and their errors can reach the driver first. A ConfigError that
 // is there already wins; one that comes later is found once the round has
 // settled (FailureRecovery::stop_round).
+//
+// When the first error is a trainer's collective aborted under it, or a
+// loader's stream broken (not its own death), the trainer behind it
+// (whose step raised, whose process died) is the cause to name, and the
+// driver hears of it a moment later: the trainers' calls are waited for
+// briefly, and the first of them that failed with the user's error, else
+// with its death, else with an error of its own (not an abort), is
+// named. A peer that never answers (stopped) costs this wait.
 std::exception_ptr root_cause(const std::vector<std::shared_ptr<core::FutureStateBase>>& round,
                               std::exception_ptr first, size_t loaders) {
   if (is_a<ConfigError>(first)) return first;
   for (const auto& st : round)
     if (auto e = st->ready() ? st->error() : nullptr; e && is_a<ConfigError>(e)) return e;
-  // A loader's failure that is no death of its own (its stream broke) is
-  // most often a trainer's death seen from the other end, which the
-  // driver hears of a moment later: that trainer is the cause to name.
-  // Waited for briefly; a stream that broke by itself costs this wait.
-  const bool from_loader = std::any_of(round.begin(), round.begin() + std::min(loaders, round.size()),
+  const size_t first_trainer = std::min(loaders, round.size());
+  const bool from_loader = std::any_of(round.begin(), round.begin() + static_cast<std::ptrdiff_t>(first_trainer),
                                        [&](const auto& st) { return st->ready() && st->error() == first; });
-  if (!from_loader || is_a<ActorDied>(first)) return first;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  for (size_t i = loaders; i < round.size(); ++i) {
+  if (!(from_loader && !is_a<ActorDied>(first)) && !is_a<Aborted>(first)) return first;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  std::exception_ptr died, own;
+  for (size_t i = first_trainer; i < round.size(); ++i) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     if (!round[i]->ready() && left.count() > 0) round[i]->wait_for(left);
-    if (auto e = round[i]->ready() ? round[i]->error() : nullptr; e && is_a<ActorDied>(e)) return e;
+    auto e = round[i]->ready() ? round[i]->error() : nullptr;
+    if (!e || e == first) continue;
+    if (is_a<ConfigError>(e)) return e;
+    if (!died && is_a<ActorDied>(e)) died = e;
+    if (!own && !is_a<Aborted>(e)) own = e;
   }
-  return first;
+  return died ? died : own ? own : first;
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ TROUPE_ACTOR(CheckpointLoop, &CheckpointLoop::pid, &CheckpointLoop::write_foreve
 namespace {
 
 // Classification that raises at its `at`-th training call (config
-// "MODE:AT"): MODE "raise" throws a plain error on every rank; "abort"
+// "MODE:AT"): MODE "raise" throws a plain error on every rank, "raise1"
+// on rank 1 only (needs sync_batchnorm, below, to know its rank); "abort"
 // has rank 1 abort the group, and every rank, once it sees the group
 // aborted, throws a c10::Error (whose what() carries LibTorch's C++
 // backtrace), as a torch op failing under a peer's abort does. Needs
@@ -60,12 +61,14 @@ namespace {
 class RaisingStep : public TrainStep {
  public:
   explicit RaisingStep(const std::string& config)
-      : abort_(config.rfind("abort:", 0) == 0), at_(std::stoll(config.substr(config.find(':') + 1))) {}
+      : abort_(config.rfind("abort:", 0) == 0),
+        rank1_only_(config.rfind("raise1:", 0) == 0),
+        at_(std::stoll(config.substr(config.find(':') + 1))) {}
   StepOutput train(Model& model, const actors::TensorDict& batch) override {
     if (++calls_ == at_) {
       collective::Group* g = SyncBatchNormScope::current();
       const int rank = g ? g->rank() : 0;
-      if (!abort_) throw std::runtime_error("boom at call " + std::to_string(calls_));
+      if (!abort_ && (!rank1_only_ || rank == 1)) throw std::runtime_error("boom at call " + std::to_string(calls_));
       if (abort_) {
         if (g && rank == 1) g->abort("the test's rank 1 aborts");
         const auto until = std::chrono::steady_clock::now() + 60s;
@@ -87,6 +90,7 @@ class RaisingStep : public TrainStep {
 
  private:
   const bool abort_;
+  const bool rank1_only_;
   const int64_t at_;
   int64_t calls_ = 0;
 };
@@ -408,6 +412,28 @@ TEST_F(TrainJobTest, AStepThatRaisesMidRoundNamesTheStepItRaisedAt) {
     EXPECT_NE(what.find(", step 6: boom at call 6"), std::string::npos) << what;
     EXPECT_NE(what.find("training failed between steps 1 and 8: "), std::string::npos) << what;
     EXPECT_EQ(what.find("failed at step 0"), std::string::npos) << what;
+  }
+}
+
+// A step that raises on rank 1 only aborts rank 0's collective, and rank
+// 0's "aborted" can reach the driver first: the failure named is rank 1's
+// own error, the user's, which ends the job at once. No recovery starts on
+// rank 0's account (a probe saw "failure rank 0 ...: allreduce aborted"
+// logged before the job ended with rank 1's error).
+TEST_F(TrainJobTest, AStepRaisingOnOneRankIsNamedBeforeItsPeersAbort) {
+  auto c = small_job(2, 16);
+  c.trainer.step = StepSpec{"test_raising", "raise1:3"};
+  c.trainer.sync_batchnorm = true;  // the step learns its rank from the group
+  c.progress_every_steps = 10;
+  c.failure.max_failures = 3;
+  try {
+    TrainJob(rt_, c).fit();
+    ADD_FAILURE() << "the job did not fail";
+  } catch (const JobFailed& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("at rank 1, step 3: boom at call 3"), std::string::npos) << what;
+    for (const auto& ev : e.result().events)
+      EXPECT_NE(ev.kind, JobEventKind::kFailure) << "a recovery began: " << ev.detail;
   }
 }
 
