@@ -12,6 +12,7 @@
 #include "troupe/runtime/client/head_supervisor.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/head.h"
 #include "troupe/runtime/head/scheduler.h"
@@ -165,9 +166,10 @@ class SignalWaiter {
 
 }  // namespace
 
-void run_role_if_requested(int, char**) {
+void run_role_if_requested(int argc, char** argv) {
   std::string role = core::env_value(core::kEnvRole);
   if (role.empty()) return;
+  core::remember_args(argc, argv);  // a pooled worker retitles itself for its actor
   core::WorkerEnv env;
   try {
     env = core::WorkerEnv::from_env();

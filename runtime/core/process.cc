@@ -194,6 +194,27 @@ std::string read_ready_line(int fd, std::chrono::milliseconds timeout, bool& eof
 
 }  // namespace
 
+namespace {
+char* g_args_begin = nullptr;
+size_t g_args_room = 0;  // bytes from argv[0] to the end of the last string
+}  // namespace
+
+void remember_args(int argc, char** argv) {
+  if (argc <= 0 || argv == nullptr || argv[0] == nullptr) return;
+  // Only strings that lie one after the other, as the kernel lays them out.
+  char* end = argv[0] + std::strlen(argv[0]) + 1;
+  for (int i = 1; i < argc && argv[i] == end; ++i) end = argv[i] + std::strlen(argv[i]) + 1;
+  g_args_begin = argv[0];
+  g_args_room = static_cast<size_t>(end - argv[0]);
+}
+
+void set_process_title(const std::string& title) {
+  if (g_args_begin == nullptr || g_args_room == 0) return;
+  const size_t n = std::min(title.size(), g_args_room - 1);
+  std::memcpy(g_args_begin, title.data(), n);
+  std::memset(g_args_begin + n, 0, g_args_room - n);
+}
+
 std::string self_executable_path() {
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);

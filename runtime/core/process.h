@@ -105,4 +105,14 @@ std::string host_key();
 // Absolute path of the running binary.
 std::string self_executable_path();
 
+// The command line `ps` and /proc/<pid>/cmdline show for this process:
+// remember_args() keeps main's argv (run_role_if_requested does), then
+// set_process_title() writes `title` over its strings, cut to the room
+// they have (all of argv's strings together, NUL-terminated; nothing is
+// moved), the rest zeroed. A pooled worker is started with a spare
+// argument for the room its actor's class name needs (kTitleRoom).
+void remember_args(int argc, char** argv);
+void set_process_title(const std::string& title);
+inline constexpr size_t kTitleRoom = 96;
+
 }  // namespace troupe::core

@@ -120,6 +120,9 @@ void WorkerPool::start_one(const std::string& executable) {
   core::SpawnOptions o;
   o.executable = executable;
   o.arg0 = "troupe-worker:pooled";
+  // Room for "troupe-worker:<class>" once an actor takes it (ps shows the
+  // idle worker's command line with trailing blanks).
+  o.args = {std::string(core::kTitleRoom, ' ')};
   o.own_process_group = true;
   o.env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
   for (auto& kv : env.to_env()) o.env.push_back(std::move(kv));

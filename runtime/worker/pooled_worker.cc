@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "troupe/runtime/core/process.h"
 #include "troupe/runtime/node/worker_assignment.h"
 #include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/auth.h"
@@ -77,8 +78,9 @@ void run_pooled_worker(core::WorkerEnv env) {
   ::unsetenv(core::kEnvPoolFd);
   apply_env(env.to_env());
   apply_env(a->env);
-  // argv[0] stays "troupe-worker:pooled"; the thread name (ps -o comm, top)
-  // says whose worker this is now.
+  // The command line (ps, pgrep -f) says whose worker this is now, as a
+  // cold worker's argv[0] does; so does the thread name (ps -o comm, top).
+  core::set_process_title("troupe-worker:" + a->class_name);
   ::prctl(PR_SET_NAME, ("a" + std::to_string(a->actor_id) + ":" + a->class_name).substr(0, 15).c_str());
   run_worker(env, fd);
 }

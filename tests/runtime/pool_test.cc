@@ -1,7 +1,8 @@
 // The node agent's warm worker pool on a LocalCluster: real node agents and
 // real pooled worker processes. A pooled worker runs as
-// "troupe-worker:pooled" (its argv[0]); the tests find a node's idle ones
-// as its children by that name, and its count through Runtime::nodes().
+// "troupe-worker:pooled" (its argv[0]) until an actor takes it, then as
+// "troupe-worker:<class>" like a cold worker; the tests find a node's idle
+// ones as its children by that name, and its count through Runtime::nodes().
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -46,20 +48,35 @@ class PoolProbe {
     std::free(const_cast<char*>(p));
     return during > before;
   }
-  // argv[0]: "troupe-worker:pooled" for a worker taken from the pool.
+  // The command line's first string: "troupe-worker:PoolProbe", pooled or cold.
   std::string argv0() const {
     std::ifstream f("/proc/self/cmdline");
     std::string s;
     std::getline(f, s, '\0');
     return s;
   }
+  // A worker taken from the pool keeps the room its idle command line had
+  // (zeros after the title); a cold worker's ends with its argv[0].
+  bool from_pool() const {
+    std::ifstream f("/proc/self/cmdline");
+    const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return all.size() > argv0().size() + 1;
+  }
 };
-TROUPE_ACTOR(PoolProbe, &PoolProbe::pid, &PoolProbe::env, &PoolProbe::gpus, &PoolProbe::argv0,
+TROUPE_ACTOR(PoolProbe, &PoolProbe::pid, &PoolProbe::env, &PoolProbe::gpus, &PoolProbe::argv0, &PoolProbe::from_pool,
              &PoolProbe::large_block_mapped)
 
 namespace {
 
 constexpr const char* kPooledName = "troupe-worker:pooled";
+
+// An actor's worker: titled for its class either way, from the pool or
+// started for it (cold).
+template <class Handle>
+void expect_worker(Handle& a, bool pooled) {
+  EXPECT_EQ(a.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  EXPECT_EQ(a.call(&PoolProbe::from_pool).get(), pooled) << (pooled ? "started cold" : "taken from the pool");
+}
 
 std::string read_first(const std::string& path, char delim) {
   std::ifstream f(path);
@@ -113,7 +130,7 @@ TEST(WorkerPool, RefillsAfterSpawnsAndReportsIdleWorkers) {
 
   auto a = rt.spawn<PoolProbe>({});
   pid_t pid = a.call(&PoolProbe::pid).get();
-  EXPECT_EQ(a.call(&PoolProbe::argv0).get(), kPooledName);
+  expect_worker(a, true);
   EXPECT_TRUE(before.count(pid)) << "actor's worker " << pid << " was not one of the idle ones";
   std::vector<troupe::ActorHandle<PoolProbe>> more;
   for (int i = 0; i < 3; ++i) more.push_back(rt.spawn<PoolProbe>({}));
@@ -153,7 +170,7 @@ TEST(WorkerPool, PooledActorGetsItsGpusAndEnvironment) {
   auto rt = cluster.connect();
   ASSERT_TRUE(eventually([&] { return idle_children(cluster.node_pid(0)).size() == 2; }, 30s));
   auto a = rt.spawn<PoolProbe>({.resources = {{"GPU", 1}}, .env = {"POOL_TEST_VAR=hello world"}});
-  EXPECT_EQ(a.call(&PoolProbe::argv0).get(), kPooledName);
+  expect_worker(a, true);
   std::vector<int> gpus = a.call(&PoolProbe::gpus).get();
   ASSERT_EQ(gpus.size(), 1u);
   EXPECT_EQ(a.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get(), std::to_string(gpus[0]));
@@ -164,7 +181,7 @@ TEST(WorkerPool, PooledActorGetsItsGpusAndEnvironment) {
 
   // A variable the loader reads at exec cannot reach a running worker: cold.
   auto b = rt.spawn<PoolProbe>({.env = {"LD_BIND_NOW=1"}});
-  EXPECT_EQ(b.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  expect_worker(b, false);
   EXPECT_EQ(b.call(&PoolProbe::env, std::string("LD_BIND_NOW")).get(), "1");
   EXPECT_EQ(b.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get(), "");
 }
@@ -179,7 +196,7 @@ TEST(WorkerPool, WorkersKeepLargeBlocksInTheHeapUnlessAskedNotTo) {
   troupe::testing::LocalCluster cluster(one_node(2));
   auto rt = cluster.connect();
   auto pooled = rt.spawn<PoolProbe>({});
-  EXPECT_EQ(pooled.call(&PoolProbe::argv0).get(), kPooledName);
+  expect_worker(pooled, true);
   EXPECT_FALSE(pooled.call(&PoolProbe::large_block_mapped).get());
   EXPECT_NE(pooled.call(&PoolProbe::env, std::string("GLIBC_TUNABLES")).get().find("glibc.malloc.hugetlb=1"),
             std::string::npos);
@@ -188,7 +205,7 @@ TEST(WorkerPool, WorkersKeepLargeBlocksInTheHeapUnlessAskedNotTo) {
   EXPECT_TRUE(system.call(&PoolProbe::large_block_mapped).get());
   EXPECT_EQ(system.call(&PoolProbe::env, std::string("GLIBC_TUNABLES")).get().find("hugetlb"), std::string::npos);
   auto cold = rt.spawn<PoolProbe>({.env = {"LD_BIND_NOW=1"}});
-  EXPECT_EQ(cold.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  expect_worker(cold, false);
   EXPECT_FALSE(cold.call(&PoolProbe::large_block_mapped).get());
 }
 
@@ -201,10 +218,10 @@ TEST(WorkerPool, AnActorsEnvOverridesTheAgentsInColdAndPooledWorkers) {
   ::unsetenv("POOL_TEST_OVERRIDE");
   auto rt = cluster.connect();
   auto cold = rt.spawn<PoolProbe>({.env = {"LD_BIND_NOW=1", "POOL_TEST_OVERRIDE=actor"}});
-  EXPECT_EQ(cold.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  expect_worker(cold, false);
   EXPECT_EQ(cold.call(&PoolProbe::env, std::string("POOL_TEST_OVERRIDE")).get(), "actor");
   auto pooled = rt.spawn<PoolProbe>({.env = {"POOL_TEST_OVERRIDE=actor"}});
-  EXPECT_EQ(pooled.call(&PoolProbe::argv0).get(), kPooledName);
+  expect_worker(pooled, true);
   EXPECT_EQ(pooled.call(&PoolProbe::env, std::string("POOL_TEST_OVERRIDE")).get(), "actor");
   EXPECT_EQ(rt.spawn<PoolProbe>({}).call(&PoolProbe::env, std::string("POOL_TEST_OVERRIDE")).get(), "agent");
 }
@@ -268,7 +285,7 @@ TEST(WorkerPool, StoppedIdleWorkerIsKilledAndItsActorStartsCold) {
       << "the actor handed to a stopped pooled worker never started";
   pid_t pid = a.call(&PoolProbe::pid).get();
   EXPECT_FALSE(stopped.count(pid)) << "the actor runs in the stopped worker " << pid;
-  EXPECT_EQ(a.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  expect_worker(a, false);
   EXPECT_EQ(a.info().restarts, 0);
   EXPECT_EQ(a.info().incarnation, 0u);
   for (pid_t p : stopped) EXPECT_TRUE(eventually([&] { return process_gone(p); }, 10s)) << "stopped worker " << p;
@@ -276,7 +293,7 @@ TEST(WorkerPool, StoppedIdleWorkerIsKilledAndItsActorStartsCold) {
   // The pool fills again, and its next worker serves.
   ASSERT_TRUE(eventually([&] { return idle_children(node, {pid}).size() == 1; }, 30s));
   auto b = rt.spawn<PoolProbe>({});
-  EXPECT_EQ(b.call(&PoolProbe::argv0).get(), kPooledName);
+  expect_worker(b, true);
   EXPECT_EQ(a.info().state, troupe::ActorState::kAlive);
 }
 
@@ -293,7 +310,7 @@ TEST(WorkerPool, SizeZeroStartsEveryWorkerCold) {
   troupe::testing::LocalCluster cluster(one_node(0));
   auto rt = cluster.connect();
   auto a = rt.spawn<PoolProbe>({});
-  EXPECT_EQ(a.call(&PoolProbe::argv0).get(), "troupe-worker:PoolProbe");
+  expect_worker(a, false);
   EXPECT_TRUE(idle_children(cluster.node_pid(0)).empty());
   EXPECT_EQ(idle_reported(rt, cluster.node_id(0)), 0u);
 }
