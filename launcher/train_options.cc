@@ -254,7 +254,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--compression", o.compression, "gradient buckets between workers: none, bf16 or fp16")
       ->capture_default_str();
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (0 = off)")->capture_default_str();
-  app.add_option("--max-failures", o.max_failures, "trainer failures healed before giving up (-1 = no limit)")
+  app.add_option("--max-failures", o.max_failures,
+                 "recoveries before giving up: trainers lost in one round count once (-1 = no limit)")
       ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "where checkpoints go (needed, here or in the job file; model.pt loads with torch.load)");
@@ -552,7 +553,7 @@ void check(const TrainOptions& o) {
 void make_checkpoint_dir(const TrainOptions& o) {
   std::error_code ec;
   fs::create_directories(o.checkpoint_dir, ec);
-  if (ec) throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + ": " + ec.message());
+  if (ec) throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + ": cannot create it: " + ec.message());
   // One that exists but takes no file (read-only, another's) is said now,
   // not at the first checkpoint after training has run.
   std::random_device rd;
