@@ -144,8 +144,9 @@ int main(int argc, char** argv) {
   }
   if (!cfg.resume_from.empty()) {
     std::printf("troupe train: resuming from %s\n", cfg.resume_from.c_str());
-    // A checkpoint with the epochs asked for done trains nothing: said so,
-    // and no cluster is started for it.
+    // A checkpoint with the epochs asked for done trains nothing: said so.
+    // The job still runs (and ends at once), so that its metrics file and
+    // result hold the resume and the end, as a Python TrainJob reads them.
     if (auto latest = troupe::trainer::latest_checkpoint(o.checkpoint_dir); latest) {
       const int64_t done = epochs_done(*latest);
       if (done >= o.epochs) {
@@ -153,7 +154,6 @@ int main(int argc, char** argv) {
             "troupe train: the checkpoint at step %lld has %lld epoch(s) done, and --epochs is %lld: nothing to "
             "train (raise --epochs to go on)\n",
             static_cast<long long>(latest->step), static_cast<long long>(done), static_cast<long long>(o.epochs));
-        return 0;
       }
     }
   } else if (o.resume)
