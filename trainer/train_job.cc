@@ -623,7 +623,11 @@ void Run::end_epoch() {
   em.seconds = std::chrono::duration<double>(Clock::now() - sums_.start).count();
   result_.history.push_back(em);
   reporter_.epoch(em);
-  event(JobEventKind::kEpoch, "epoch " + std::to_string(em.epoch) + " done at step " + std::to_string(gang_.step()));
+  // Counted from 1, as the progress lines and the interrupted event count;
+  // the metrics file's `epoch` numbers are 0-based.
+  std::string what = "epoch " + std::to_string(em.epoch + 1);
+  if (cfg_.epochs > 0) what += " of " + std::to_string(cfg_.epochs);
+  event(JobEventKind::kEpoch, what + " done at step " + std::to_string(gang_.step()));
   if (cfg_.checkpoint.at_epoch_end && sampler_.epoch_done(gang_.cursor())) checkpoint(em.summary());
   sums_ = EpochSums{};
 }
