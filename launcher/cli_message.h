@@ -81,26 +81,24 @@ inline std::string unknown_arguments(const CLI::App& app, const std::vector<std:
     out += ' ';
     out += a;
   }
-  for (const auto& a : extra) {
-    if (a.rfind("--", 0) != 0) continue;
-    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
-    std::string best;
-    size_t best_distance = 3;  // at most 2 edits away
+  const auto flag = std::find_if(extra.begin(), extra.end(), [](const auto& a) { return a.rfind("--", 0) == 0; });
+  std::string best;
+  if (flag != extra.end()) {
+    const std::string name = flag->substr(2, flag->find('=') - 2);  // "--x=1" → "x"; npos - 2 takes the rest
+    size_t best_distance = 3;                                       // at most 2 edits away
     for (const CLI::Option* opt : app.get_options()) {
       for (const auto& l : opt->get_lnames()) {
-        const size_t d = edit_distance(name, l);
-        if (d < best_distance) {
+        if (const size_t d = edit_distance(name, l); d < best_distance) {
           best_distance = d;
           best = l;
         }
       }
     }
-    if (!best.empty()) {
-      out += " (did you mean --";
-      out += best;
-      out += "?)";
-    }
-    break;
+  }
+  if (!best.empty()) {
+    out += " (did you mean --";
+    out += best;
+    out += "?)";
   }
   out += "; see --help";
   return out;

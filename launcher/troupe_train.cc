@@ -25,6 +25,7 @@
 #include "stop_signals.h"
 #include "train_options.h"
 #include "train_preflight.h"
+#include "troupe/actors/distributed_sampler.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/exception_text.h"
 #include "troupe/trainer/checkpoint.h"
@@ -105,12 +106,18 @@ int run(const TrainOptions& o, troupe::trainer::TrainJobConfig cfg, const troupe
 
 // The epochs a checkpoint has finished. Its cursor stands in the epoch of
 // its last step (0-based, as the manifest's `epoch`), at the end of it
-// when that step finished the epoch.
+// when that step finished the epoch, as the data order's sampler tells.
 int64_t epochs_done(const troupe::trainer::CheckpointInfo& c) {
   const auto size = c.data_order.find("dataset_size");
-  const bool at_end = size != c.data_order.end() && size->second > 0 &&
-                      c.cursor.segment_start + c.cursor.segment_consumed >= size->second;
-  return c.cursor.epoch + (at_end ? 1 : 0);
+  if (size == c.data_order.end()) return c.cursor.epoch;
+  troupe::actors::SamplerOptions o;
+  o.dataset_size = size->second;
+  o.world_size = c.cursor.world_size;
+  try {
+    return c.cursor.epoch + (troupe::actors::DistributedSampler(o).epoch_done(c.cursor) ? 1 : 0);
+  } catch (const std::exception&) {
+    return c.cursor.epoch;  // a cursor that does not fit its data order: the resume names it
+  }
 }
 
 }  // namespace

@@ -230,7 +230,8 @@ std::exception_ptr root_cause(const std::vector<std::shared_ptr<core::FutureStat
   const size_t first_trainer = std::min(loaders, round.size());
   const bool from_loader = std::any_of(round.begin(), round.begin() + static_cast<std::ptrdiff_t>(first_trainer),
                                        [&](const auto& st) { return st->ready() && st->error() == first; });
-  if (!(from_loader && !is_a<ActorDied>(first)) && !is_a<Aborted>(first)) return first;
+  const bool stream_broke = from_loader && !is_a<ActorDied>(first);
+  if (!stream_broke && !is_a<Aborted>(first)) return first;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   std::exception_ptr died, own;
   for (size_t i = first_trainer; i < round.size(); ++i) {

@@ -78,9 +78,9 @@ struct CnnImpl : torch::nn::Module {
 TORCH_MODULE(Cnn);
 
 // The first line of a message that has several (TorchScript's errors quote
-// the source below it), said as one.
-// A zip that torch.save wrote (a pickled module or state dict) has no
-// constants.pkl, which TorchScript's loader looks for first: said plainly.
+// the source below it), said as one. A zip that torch.save wrote (a
+// pickled module or state dict) has no constants.pkl, which TorchScript's
+// loader looks for first: that is said plainly.
 std::string load_error_reason(const std::string& text) {
   std::string line = core::first_line(text);
   const bool more = line != core::last_line(text);

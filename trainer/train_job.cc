@@ -177,6 +177,8 @@ class Run {
   // ends at once, saying so, rather than blaming the trainer that died of it.
   void give_up_if_head_lost(const std::string& why);
   std::string save_what_survives();
+  // The newest checkpoint on disk: this run's, or the one it resumed from.
+  std::optional<CheckpointInfo> newest_checkpoint() const;
   Result finish();
   [[noreturn]] void give_up(const std::string& why);
 
@@ -362,8 +364,7 @@ void Run::train() {
       // Nor is a checkpoint the disk refuses: training on would lose all
       // it does past the newest checkpoint on disk (this run's, or the
       // one it resumed from).
-      auto newest = writer_ ? writer_->last() : std::nullopt;
-      if (!newest && !cfg_.checkpoint.dir.empty()) newest = latest_checkpoint(cfg_.checkpoint.dir);
+      const auto newest = newest_checkpoint();
       give_up(std::string(e.what()) + "; the newest checkpoint written is " +
               (newest ? newest->path + " (step " + std::to_string(newest->step) + ")" : std::string("none")));
     } catch (const std::exception& e) {
@@ -466,11 +467,9 @@ void Run::run_round() {
   if (steps_now > 0 && seconds > 0) step_seconds_ = seconds / static_cast<double>(steps_now);
   const int64_t samples = account(reps);
   if (nonfinite_loss_ && cfg_.stop_on_nonfinite_loss) {
-    // The newest on disk, this run's or the one it resumed from: no
-    // checkpoint is written past a round with a non-finite loss (nor the
+    // No checkpoint is written past a round with a non-finite loss (nor the
     // survivors' state, see save_what_survives).
-    std::optional<CheckpointInfo> newest = writer_ ? writer_->last() : std::nullopt;
-    if (!newest && !cfg_.checkpoint.dir.empty()) newest = latest_checkpoint(cfg_.checkpoint.dir);
+    const auto newest = newest_checkpoint();
     std::ostringstream why;
     why << "the loss is " << nonfinite_loss_->second << " at step " << nonfinite_loss_->first
         << " (the step module's loss diverged, or its input holds NaN; try a lower --lr or --grad-clip); ";
@@ -827,6 +826,12 @@ std::string Run::save_what_survives() {
   } catch (const std::exception& e) {
     return std::string("; the survivors' state could not be saved: ") + e.what();
   }
+}
+
+std::optional<CheckpointInfo> Run::newest_checkpoint() const {
+  auto newest = writer_ ? writer_->last() : std::nullopt;
+  if (!newest && !cfg_.checkpoint.dir.empty()) newest = latest_checkpoint(cfg_.checkpoint.dir);
+  return newest;
 }
 
 void Run::give_up_if_head_lost(const std::string& why) {

@@ -398,11 +398,11 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
 }
 
 TrainerActor::PendingSums TrainerActor::micro_step(const actors::Batch& batch, bool sync,
-                                                   const std::function<void(const PendingSums&)>& before_backward) {
+                                                   const std::function<void(const PendingSums&)>* before_backward) {
   bool amp = scales_loss();
   StepOutput out = run_step(dataset_->finish(batch.tensors.to(device_, /*non_blocking=*/true)));
   auto pending = pending_of(out, batch.size());
-  if (before_backward) before_backward(pending);
+  if (before_backward) (*before_backward)(pending);
   auto loss = out.loss;
   reducer_->prepare(sync);
   auto scaled = loss / static_cast<double>(config_.accumulation);
@@ -573,8 +573,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
         actors::Batch batch = next_batch(req.from_stream, indices, pos, cursor.epoch);
         rep.wait_seconds += seconds_since(asked);
         const bool last = s == steps - 1 && k == config_.accumulation - 1;
-        pending.push_back(micro_step(batch, k == config_.accumulation - 1,
-                                     last ? read_back : std::function<void(const PendingSums&)>()));
+        pending.push_back(micro_step(batch, k == config_.accumulation - 1, last ? &read_back : nullptr));
         samples += batch.size();
         if (req.record_indices) rep.consumed.insert(rep.consumed.end(), batch.indices.begin(), batch.indices.end());
       }

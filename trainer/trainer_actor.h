@@ -311,7 +311,7 @@ class TrainerActor {
   // One micro-step forward + backward; `before_backward`, when given, is
   // called between the two with this micro-step's pending sums.
   PendingSums micro_step(const actors::Batch& batch, bool sync,
-                         const std::function<void(const PendingSums&)>& before_backward = nullptr);
+                         const std::function<void(const PendingSums&)>* before_backward = nullptr);
   // The next micro-batch of a train() call: read from the batch stream, or
   // collated from this trainer's own data set at indices[pos...]; advances
   // pos past it.

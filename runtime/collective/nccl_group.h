@@ -5,9 +5,9 @@
 // mix. Operations are enqueued on the group's own CUDA stream, after the
 // work queued before them on the device's default stream (LibTorch's, and
 // cudaMemcpy's and cudaMemset's): an operation sees what the caller wrote
-// there. Their Work completes when the stream passes the operation. The communicator is
-// created non-blocking, so abort() (ncclCommAbort) can tear down a
-// communicator whose kernels wait on a dead peer. CUDA types stay out of
+// there. Their Work completes when the stream passes the operation. The
+// communicator is created non-blocking, so abort() (ncclCommAbort) can
+// tear down a communicator whose kernels wait on a dead peer. CUDA types stay out of
 // this header: stream() returns the cudaStream_t as void*.
 #pragma once
 

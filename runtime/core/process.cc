@@ -192,11 +192,11 @@ std::string read_ready_line(int fd, std::chrono::milliseconds timeout, bool& eof
   throw Error(msg);
 }
 
-}  // namespace
-
-namespace {
+// remember_args()'s: where argv's strings begin, and their bytes from
+// argv[0] to the end of the last one.
 char* g_args_begin = nullptr;
-size_t g_args_room = 0;  // bytes from argv[0] to the end of the last string
+size_t g_args_room = 0;
+
 }  // namespace
 
 void remember_args(int argc, char** argv) {
