@@ -6,11 +6,13 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
+#include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/head.h"
 #include "troupe/runtime/head/resource_pool.h"
 #include "troupe/runtime/node/node_agent.h"
@@ -360,6 +362,7 @@ std::string Runtime::token() const {
 
 Runtime init(const InitOptions& options) {
   run_role_if_requested();
+  ::setenv(core::kEnvLogLevel, "warn", /*overwrite=*/0);
   core::init_logging_once("driver");
   return Runtime::connect(options);
 }

@@ -319,7 +319,13 @@ class Runtime {
 // Entry point of every troupe program. In a process started as a worker,
 // node agent or head (TROUPE_ROLE set) it serves that role and never
 // returns. Otherwise it connects to --address / TROUPE_ADDRESS ("auto" =
-// the local session directory) or embeds a local cluster.
+// the local session directory) or embeds a local cluster. A driver's
+// console is the program's own: the runtime logs its warnings and errors
+// there, not a line per actor placed or stopped, unless TROUPE_LOG_LEVEL
+// says otherwise (init sets it to "warn" when it is unset, so an embedded
+// cluster's processes log at the same level; Runtime::connect leaves it).
+// Call it before the program starts threads of its own: setenv is not
+// safe while another thread reads the environment.
 Runtime init(int argc = 0, char** argv = nullptr);
 Runtime init(const InitOptions& options);
 
