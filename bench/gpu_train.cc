@@ -7,8 +7,17 @@
 //                      (TrainerActor::benchmark in a worker holding {GPU: 1});
 //                      images/s, ratio = troupe ÷ PyTorch; gpu_busy and
 //                      torch_gpu_busy, each side's NVML utilization (the
-//                      ceiling of the loader-bound case's)
-//   cnn_loader_bound   the same model fed by a DataLoaderActor: uint8
+//                      ceiling of cnn_resnet18_fed's)
+//   cnn_loader_bound   a model the peer's DataLoader cannot keep busy, fed
+//                      by a DataLoaderActor: the widest ResNet18Step of
+//                      --loader-widths (channel widths; 64 is ResNet-18)
+//                      that the peer's GPU trains at least --loader-margin
+//                      times as fast as the peer's DataLoader feeds it,
+//                      both measured first in this run (torch_gpu.py
+//                      calibrate; --loader-width W skips the choice); the
+//                      row names the width, torch_feed, torch_compute and
+//                      loader_bound (whether any width was light enough).
+//                      The data: uint8
 //                      3×256×256 records, random crop 224 and flip in its
 //                      TBB pipeline (--loader-threads), normalised on the
 //                      trainer's GPU (defer_normalize; --normalize-in-loader
@@ -27,9 +36,16 @@
 //   gpu_busy           NVML utilization.gpu of the GPU, read every 100 ms
 //                      over troupe's timed loader-bound steps (0-1), the
 //                      peer's own reading beside it (the same reads, by
-//                      pynvml); by_rate and torch_by_rate, each side's
-//                      loader-bound rate over its compute-bound rate (the
-//                      share of the GPU's full rate that the feeding kept)
+//                      pynvml; null without NVML, as in a CPU dry run);
+//                      by_rate and torch_by_rate, each side's loader-bound
+//                      rate over its compute-bound rate of the same model,
+//                      timed as cnn_compute_bound is (the share of the
+//                      GPU's full rate that the feeding kept)
+//   cnn_resnet18_fed   ResNet-18 fed by the same loaders (what
+//                      cnn_loader_bound measured until late on 2026-12-04, when
+//                      its rows had no width: on an H200 both sides'
+//                      loaders out-feed ResNet-18, so it is compute-bound);
+//                      with both sides' gpu_busy
 //   loader_feed        cnn_loader_bound's loader and data, training a probe
 //                      (bench/peers/torch_gpu.py's PoolStep: channel means
 //                      through one linear layer) on both sides: how fast
@@ -44,6 +60,8 @@
 //   troupe_bench_gpu_train [--python /opt/torch/.venv/bin/python]
 //                          [--batch 128] [--steps 150] [--lm-steps 100] [--warmup 5]
 //                          [--loader-threads 8] [--records 2048] [--look-ahead 2]
+//                          [--loader-width W | --loader-widths 64,56,...]
+//                          [--loader-margin 1.5] [--width-steps 20]
 //                          [--lm-batch 16] [--block 256] [--width 512]
 //                          [--layers 8] [--heads 8] [--case NAME]...
 #include <CLI/CLI.hpp>
@@ -59,6 +77,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,6 +115,11 @@ struct Args {
   int64_t width = 512;
   int64_t layers = 8;
   int64_t heads = 8;
+  // cnn_loader_bound's model: a fixed width, or the choice among widths.
+  int64_t loader_width = 0;
+  std::string loader_widths = "64,56,48,40,32,24,16,8";
+  double loader_margin = 1.5;
+  int64_t width_steps = 20;
   double peer_timeout_s = 300;
   // "cpu": both sides on the CPU in fp32 (a dry run of the whole benchmark
   // on a machine without a GPU; its figures say nothing about GPUs).
@@ -179,7 +203,7 @@ class GpuBusy {
 nlohmann::ordered_json peer(const Args& a, std::vector<std::string> args) {
   std::vector<std::string> argv = {a.python, std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_gpu.py"};
   argv.insert(argv.end(), args.begin(), args.end());
-  if (args[0] == "run") argv.insert(argv.end(), {"--device", a.device});
+  if (args[0] == "run" || args[0] == "calibrate") argv.insert(argv.end(), {"--device", a.device});
   return troupe::bench::run_peer_json(argv, {.name = "torch_gpu.py " + args[0]},
                                       std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
 }
@@ -284,6 +308,47 @@ std::vector<std::string> loader_peer_args(const Args& a, bool probe) {
   return r;
 }
 
+// cnn_loader_bound's model (see the top of this file).
+struct LoaderBoundModel {
+  int64_t width = 64;
+  std::string file;
+  double torch_feed = 0;      // the peer's DataLoader feeding a model that costs nothing, images/s
+  double torch_compute = 0;   // the peer's GPU training this model on one in-memory batch, images/s
+  bool loader_bound = false;  // torch_compute >= --loader-margin × torch_feed
+};
+
+LoaderBoundModel loader_bound_model(const Args& a, const std::filesystem::path& dir, const std::string& resnet18) {
+  const auto n = [](int64_t v) { return std::to_string(v); };
+  std::vector<std::string> args = {
+      "calibrate",         "--cnn-widths",   a.loader_width > 0 ? n(a.loader_width) : a.loader_widths,
+      "--width-steps",     n(a.width_steps), "--batch",
+      n(a.batch),          "--steps",        n(a.steps),
+      "--warmup",          n(a.warmup),      "--workers",
+      n(a.loader_threads), "--records",      n(a.records),
+      "--loss-every",      n(loss_every(a))};
+  if (a.normalize_in_loader) args.push_back("--normalize-in-loader");
+  const auto cal = peer(a, args);
+  LoaderBoundModel m;
+  m.torch_feed = cal.at("feed").get<double>();
+  // The widest width light enough; failing that, the fastest of them.
+  bool found = false;
+  for (const auto& [w, rate] : cal.at("compute").items()) {
+    const int64_t width = std::stoll(w);
+    const double r = rate.get<double>();
+    const bool light = r >= a.loader_margin * m.torch_feed;
+    const bool better = light ? (!found || width > m.width) : (!found && r > m.torch_compute);
+    if (!better) continue;
+    found = found || light;
+    m.width = width;
+    m.torch_compute = r;
+    m.loader_bound = light;
+  }
+  if (m.torch_compute <= 0) throw troupe::Error("the peer's calibration timed no width");
+  m.file = m.width == 64 ? resnet18
+                         : peer(a, {"write_cnn", dir.string(), "--cnn-width", n(m.width)}).at("cnn").get<std::string>();
+  return m;
+}
+
 // One trainer holding the GPU, fed by a DataLoaderActor (a TrainJob with
 // loaders), training the scripted module at `step` on uint8 records.
 LoaderFed loader_fed(troupe::Runtime& rt, const Args& a, const std::string& step) {
@@ -382,12 +447,23 @@ int main(int argc, char** argv) {
   app.add_option("--width", a.width, "lm width");
   app.add_option("--layers", a.layers, "lm blocks");
   app.add_option("--heads", a.heads, "lm attention heads");
+  app.add_option("--loader-width", a.loader_width,
+                 "cnn_loader_bound: this ResNet18Step width (64 = ResNet-18) rather than the choice below")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--loader-widths", a.loader_widths,
+                 "cnn_loader_bound: the widths to choose from, comma-separated: the widest the peer's GPU trains "
+                 "--loader-margin times as fast as its DataLoader feeds");
+  app.add_option("--loader-margin", a.loader_margin, "see --loader-widths")->check(CLI::Range(0.01, 100.0));
+  app.add_option("--width-steps", a.width_steps, "timed steps per width when choosing")
+      ->check(CLI::Range(int64_t{1}, int64_t{100000}));
   app.add_option("--peer-timeout", a.peer_timeout_s, "seconds a peer may take");
   app.add_flag("--normalize-in-loader", a.normalize_in_loader,
                "cnn_loader_bound: normalise in the loader (float32 batches) rather than on the trainer's GPU");
   app.add_option("--device", a.device, "cuda, or cpu for a dry run on a machine without a GPU")
       ->check(CLI::IsMember({"cuda", "cpu"}));
-  app.add_option("--case", a.cases, "run only these cases (cnn_compute_bound, cnn_loader_bound, loader_feed, lm_tokens)");
+  app.add_option(
+      "--case", a.cases,
+      "run only these cases (cnn_compute_bound, cnn_loader_bound, cnn_resnet18_fed, loader_feed, lm_tokens)");
   CLI11_PARSE(app, argc, argv);
 
   const std::string gpu = a.gpu() ? gpu_name() : "none (cpu dry run)";
@@ -407,7 +483,7 @@ int main(int argc, char** argv) {
     args.insert(args.begin(), {"write", dir.string()});
     files = peer(a, args);
   } catch (const std::exception& e) {
-    for (auto c : {"cnn_compute_bound", "cnn_loader_bound", "loader_feed", "lm_tokens"})
+    for (auto c : {"cnn_compute_bound", "cnn_loader_bound", "cnn_resnet18_fed", "loader_feed", "lm_tokens"})
       troupe::bench::print_error_row("gpu_train", c, std::string("writing the modules: ") + e.what());
     return 1;
   }
@@ -419,9 +495,9 @@ int main(int argc, char** argv) {
   troupe::testing::LocalCluster cluster(lo);
   troupe::Runtime rt = cluster.connect();
   const auto n = [](int64_t v) { return std::to_string(v); };
-  // Each side's compute-bound rate: the GPU's rate with nothing but the
-  // model to run, so the loader-bound rate over it is a second, NVML-free
-  // reading of how busy the loader-fed GPU was.
+  // Each side's compute-bound rate of ResNet-18: the GPU's rate with
+  // nothing but the model to run, so cnn_resnet18_fed's rate over it is a
+  // second, NVML-free reading of how busy the loader-fed GPU was.
   double compute_mine = 0, compute_theirs = 0;
 
   if (a.want("cnn_compute_bound")) {
@@ -430,7 +506,7 @@ int main(int argc, char** argv) {
       auto theirs = peer(
           a, {"run", "--case", "cnn_compute", "--batch", n(a.batch), "--steps", n(a.steps), "--warmup", n(a.warmup)});
       // How busy the GPU is when nothing but the model runs: the ceiling
-      // of the loader-bound case's gpu_busy.
+      // of cnn_resnet18_fed's gpu_busy.
       nlohmann::ordered_json extra = nlohmann::ordered_json::object();
       if (a.gpu()) extra = {{"gpu_busy", mine.busy}, {"torch_gpu_busy", theirs.value("gpu_busy", nlohmann::json())}};
       ratio_row("cnn_compute_bound", mine.per_s, theirs, "images/s", gpu, "value", extra);
@@ -442,32 +518,79 @@ int main(int argc, char** argv) {
   }
 
   if (a.want("cnn_loader_bound")) {
+    // What the gpu_busy row needs of the case, once its row is out.
+    struct Fed {
+      LoaderBoundModel model;
+      LoaderFed mine;
+      nlohmann::ordered_json theirs;
+    };
+    std::optional<Fed> fed;
     try {
-      const auto mine = loader_fed(rt, a, files.at("cnn").get<std::string>());
-      auto theirs = peer(a, loader_peer_args(a, false));
-      nlohmann::ordered_json extra = {{"data_wait", mine.data_wait}};
+      const auto model = loader_bound_model(a, dir, files.at("cnn").get<std::string>());
+      const auto mine = loader_fed(rt, a, model.file);
+      auto peer_args = loader_peer_args(a, false);
+      peer_args.insert(peer_args.end(), {"--cnn-width", n(model.width)});
+      auto theirs = peer(a, peer_args);
+      nlohmann::ordered_json extra = {{"width", model.width},
+                                      {"torch_feed", model.torch_feed},
+                                      {"torch_compute", model.torch_compute},
+                                      {"loader_bound", model.loader_bound},
+                                      {"data_wait", mine.data_wait}};
       if (a.look_ahead > 0) {
         // The same without the loaders' look-ahead, so the row says what it is worth.
         Args none = a;
         none.look_ahead = 0;
-        const auto plain = loader_fed(rt, none, files.at("cnn").get<std::string>());
+        const auto plain = loader_fed(rt, none, model.file);
         extra["without_look_ahead"] = plain.rate;
         extra["data_wait_without_look_ahead"] = plain.data_wait;
       }
       ratio_row("cnn_loader_bound", mine.rate, theirs, "images/s", gpu, "value", extra);
-      if (a.gpu()) {
-        nlohmann::ordered_json row = {
-            {"bench", "gpu_train"}, {"case", "gpu_busy"}, {"value", mine.busy}, {"unit", "fraction"}};
-        row["torch"] = theirs.value("gpu_busy", nlohmann::json());
-        if (compute_mine > 0 && compute_theirs > 0) {
-          row["by_rate"] = mine.rate / compute_mine;
-          row["torch_by_rate"] = theirs.at("value").get<double>() / compute_theirs;
-        }
-        row["gpu"] = gpu;
-        troupe::bench::print_row(row);
-      }
+      fed = Fed{model, mine, theirs};
     } catch (const std::exception& e) {
       troupe::bench::print_error_row("gpu_train", "cnn_loader_bound", e.what());
+    }
+    if (fed) {
+      try {
+        // Each side's loader-fed rate over its own compute-bound rate of
+        // the same model, both timed as cnn_compute_bound times them (one
+        // in-memory batch, the loss read back every step).
+        const auto& [model, mine, theirs] = *fed;
+        const double full = troupe_rate(rt, cnn_config(a, model.file, a.batch, a.batch), a, a.batch).per_s;
+        const double peer_full = peer(a, {"run", "--case", "cnn_compute", "--cnn-width", n(model.width), "--batch",
+                                          n(a.batch), "--steps", n(a.steps), "--warmup", n(a.warmup)})
+                                     .at("value")
+                                     .get<double>();
+        nlohmann::ordered_json row = {{"bench", "gpu_train"}, {"case", "gpu_busy"}, {"unit", "fraction"}};
+        // No NVML reading (a CPU dry run, no libnvidia-ml): null.
+        row["value"] = mine.busy >= 0 ? nlohmann::json(mine.busy) : nlohmann::json();
+        row["torch"] = theirs.value("gpu_busy", nlohmann::json());
+        row["by_rate"] = mine.rate / full;
+        row["torch_by_rate"] = theirs.at("value").get<double>() / peer_full;
+        row["width"] = model.width;
+        row["gpu"] = gpu;
+        troupe::bench::print_row(row);
+      } catch (const std::exception& e) {
+        troupe::bench::print_error_row("gpu_train", "gpu_busy", e.what());
+      }
+    }
+  }
+
+  if (a.want("cnn_resnet18_fed")) {
+    try {
+      const auto mine = loader_fed(rt, a, files.at("cnn").get<std::string>());
+      auto theirs = peer(a, loader_peer_args(a, false));
+      nlohmann::ordered_json extra = {{"width", 64}, {"data_wait", mine.data_wait}};
+      if (a.gpu()) {
+        extra["gpu_busy"] = mine.busy;
+        extra["torch_gpu_busy"] = theirs.value("gpu_busy", nlohmann::json());
+        if (compute_mine > 0 && compute_theirs > 0) {
+          extra["by_rate"] = mine.rate / compute_mine;
+          extra["torch_by_rate"] = theirs.at("value").get<double>() / compute_theirs;
+        }
+      }
+      ratio_row("cnn_resnet18_fed", mine.rate, theirs, "images/s", gpu, "value", extra);
+    } catch (const std::exception& e) {
+      troupe::bench::print_error_row("gpu_train", "cnn_resnet18_fed", e.what());
     }
   }
 
@@ -475,8 +598,7 @@ int main(int argc, char** argv) {
     try {
       const auto mine = loader_fed(rt, a, files.at("probe").get<std::string>());
       auto theirs = peer(a, loader_peer_args(a, true));
-      ratio_row("loader_feed", mine.rate, theirs, "images/s", gpu, "value",
-                {{"data_wait", mine.data_wait}});
+      ratio_row("loader_feed", mine.rate, theirs, "images/s", gpu, "value", {{"data_wait", mine.data_wait}});
     } catch (const std::exception& e) {
       troupe::bench::print_error_row("gpu_train", "loader_feed", e.what());
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The PyTorch side of bench/gpu_train.cc (issue 17), on the same GPU, run by
-the benchmark in the same invocation. Two jobs:
+the benchmark in the same invocation. Four jobs:
 
   torch_gpu.py write DIR [--width W ...]
       writes DIR/cnn_step.pt (ResNet18Step below, scripted, seed 0) and
@@ -27,9 +27,22 @@ the benchmark in the same invocation. Two jobs:
                    (a fresh permutation of the records per pass), so the
                    iterator never restarts at an epoch's end.
       lm:          one batch of random token windows on the GPU.
+      --cnn-width W trains ResNet18Step(width=W) (64: ResNet-18).
       Prints {"value": samples/s, "tokens_per_s": ..., "gpu_busy": ...}:
       gpu_busy is NVML's utilization.gpu averaged over the timed steps
       (pynvml, when present).
+
+  torch_gpu.py calibrate --cnn-widths 64,48,... [run's options]
+      how fast this PyTorch's DataLoader feeds the GPU (cnn_loader with the
+      probe model, --steps steps) and how fast the GPU trains
+      ResNet18Step at each width on one in-memory batch (cnn_compute,
+      --width-steps steps after 3 warm-up steps each), so that the
+      benchmark can pick a model the DataLoader cannot keep busy. Prints
+      {"feed": images/s, "compute": {"64": images/s, ...}}.
+
+  torch_gpu.py write_cnn DIR --cnn-width W
+      writes DIR/cnn_wW_step.pt, ResNet18Step(width=W) scripted (seed 0).
+      Prints {"cnn": path}.
 
 On failure it prints {"error": ...} and exits non-zero."""
 import argparse
@@ -193,7 +206,32 @@ def write(a):
     print(json.dumps({"cnn": cnn, "probe": probe, "lm": lm["step"], "tokens": lm["tokens"]}), flush=True)
 
 
+def write_cnn(a):
+    os.makedirs(a.dir, exist_ok=True)
+    torch.manual_seed(0)
+    cnn = os.path.join(a.dir, f"cnn_w{a.cnn_width}_step.pt")
+    torch.jit.save(torch.jit.script(ResNet18Step(a.classes, a.cnn_width)), cnn)
+    print(json.dumps({"cnn": cnn}), flush=True)
+
+
+def calibrate(a):
+    widths = [int(w) for w in a.cnn_widths.split(",") if w]
+    if not widths or min(widths) < 1:
+        raise ValueError(f"--cnn-widths {a.cnn_widths!r}: give positive widths, comma-separated")
+    feed = measure(argparse.Namespace(**{**vars(a), "case": "cnn_loader", "probe": True}))["value"]
+    compute = {}
+    for w in widths:
+        c = argparse.Namespace(**{**vars(a), "case": "cnn_compute", "probe": False, "cnn_width": w,
+                                  "steps": a.width_steps, "warmup": 3})
+        compute[str(w)] = measure(c)["value"]
+    print(json.dumps({"feed": feed, "compute": compute, "torch": torch.__version__}), flush=True)
+
+
 def run(a):
+    print(json.dumps(measure(a)), flush=True)
+
+
+def measure(a):
     dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
     pin = a.device == "cuda"
     torch.set_num_threads(4)
@@ -276,19 +314,24 @@ def run(a):
            "torch": torch.__version__}
     if a.case == "lm":
         row["tokens_per_s"] = samples * a.block / seconds
-    print(json.dumps(row), flush=True)
+    return row
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="job", required=True)
-    for name in ("write", "run"):
+    for name in ("write", "write_cnn", "run", "calibrate"):
         s = sub.add_parser(name)
-        if name == "write":
+        if name.startswith("write"):
             s.add_argument("dir")
             s.add_argument("--windows", type=int, default=1024)
         else:
-            s.add_argument("--case", choices=["cnn_compute", "cnn_loader", "lm"], required=True)
+            if name == "run":
+                s.add_argument("--case", choices=["cnn_compute", "cnn_loader", "lm"], required=True)
+            else:
+                s.add_argument("--cnn-widths", default="64,56,48,40,32,24,16,8",
+                               help="the ResNet18Step widths to time, comma-separated")
+                s.add_argument("--width-steps", type=int, default=20, help="timed steps per width")
             s.add_argument("--batch", type=int, default=128)
             s.add_argument("--steps", type=int, default=30)
             s.add_argument("--warmup", type=int, default=5)
@@ -310,9 +353,9 @@ def main():
         s.add_argument("--layers", type=int, default=8)
         s.add_argument("--heads", type=int, default=8)
     a = p.parse_args()
-    if a.job == "run" and a.loss_every < 1:
+    if a.job in ("run", "calibrate") and a.loss_every < 1:
         p.error("--loss-every must be at least 1")
-    write(a) if a.job == "write" else run(a)
+    {"write": write, "write_cnn": write_cnn, "run": run, "calibrate": calibrate}[a.job](a)
 
 
 if __name__ == "__main__":
