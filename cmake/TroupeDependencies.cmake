@@ -61,6 +61,16 @@ endif()
 set(TROUPE_TORCH_ROOT "" CACHE PATH "LibTorch to build against (folder holding include/, lib/, share/cmake/)")
 set(TROUPE_TORCH_KIND "system")
 function(troupe_import_torch_cpu root)
+  # A build folder configured before against another LibTorch (another
+  # version's folder): find this one's libraries and link its headers
+  # afresh, rather than keep the cached ones.
+  set(inc ${CMAKE_BINARY_DIR}/torch-include)
+  if(DEFINED TROUPE_TORCH_IMPORTED_ROOT AND NOT TROUPE_TORCH_IMPORTED_ROOT STREQUAL root)
+    unset(TROUPE_TORCH_torch_cpu_LIB CACHE)
+    unset(TROUPE_TORCH_c10_LIB CACHE)
+    file(REMOVE_RECURSE ${inc})  # the links, never what they point at
+  endif()
+  set(TROUPE_TORCH_IMPORTED_ROOT ${root} CACHE INTERNAL "the LibTorch whose torch_cpu and c10 are imported")
   foreach(lib torch_cpu c10)
     find_library(TROUPE_TORCH_${lib}_LIB ${lib} PATHS ${root}/lib NO_DEFAULT_PATH REQUIRED)
   endforeach()
@@ -69,7 +79,6 @@ function(troupe_import_torch_cpu root)
   # file that includes both. c10/ATen/torch's API headers do not use fmt, so
   # the build sees the wheel's include/ through a folder of links to all of
   # it but fmt.
-  set(inc ${CMAKE_BINARY_DIR}/torch-include)
   file(MAKE_DIRECTORY ${inc})
   file(GLOB entries RELATIVE ${root}/include ${root}/include/*)
   foreach(e IN LISTS entries)
@@ -96,6 +105,22 @@ if(TROUPE_WITH_TORCH AND TROUPE_TORCH_ROOT)
   if(NOT EXISTS ${TROUPE_TORCH_ROOT}/include/torch/torch.h AND
      NOT EXISTS ${TROUPE_TORCH_ROOT}/include/torch/csrc/api/include/torch/torch.h)
     message(FATAL_ERROR "TROUPE_TORCH_ROOT=${TROUPE_TORCH_ROOT} holds no LibTorch headers")
+  endif()
+  # troupe links Debian's libraries (spdlog, capnp, TBB, ...), built with
+  # the C++11 std::string ABI. A LibTorch built with the old one
+  # (_GLIBCXX_USE_CXX11_ABI=0) cannot share a std::string with them: every
+  # torch binary would fail to link, naming c10::detail::torchCheckFail.
+  # Its libc10 exports that function in the old mangling ("RKSs").
+  if(EXISTS ${TROUPE_TORCH_ROOT}/lib/libc10.so)
+    file(STRINGS ${TROUPE_TORCH_ROOT}/lib/libc10.so _torch_old_abi LIMIT_COUNT 1
+      REGEX "_ZN3c106detail14torchCheckFailEPKcS2_jRKSs")
+    if(_torch_old_abi)
+      message(FATAL_ERROR "TROUPE_TORCH_ROOT=${TROUPE_TORCH_ROOT} is a LibTorch built with the pre-C++11 "
+        "std::string ABI (_GLIBCXX_USE_CXX11_ABI=0: its lib/libc10.so exports c10::detail::torchCheckFail "
+        "with the old std::string), and troupe links libraries built with the C++11 ABI. Use a LibTorch "
+        "built with the C++11 ABI (PyPI's torch 2.11.0 manylinux_2_28 wheel is one; scripts/torch2_check.sh "
+        "downloads it).")
+    endif()
   endif()
   file(GLOB _torch_cuda_libs ${TROUPE_TORCH_ROOT}/lib/libtorch_cuda*.so)
   if(_torch_cuda_libs AND TROUPE_WITH_CUDA AND NOT CUDAToolkit_FOUND)

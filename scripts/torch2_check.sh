@@ -7,7 +7,8 @@
 # The LibTorch is a PyTorch wheel (CPU x86_64 Linux; the default index's wheel
 # is CUDA-built, which is fine: cmake/TroupeDependencies.cmake then imports
 # torch_cpu + c10 without its TorchConfig). The wheel is downloaded once with
-# `pip download torch --no-deps` into $TROUPE_TORCH2_CACHE and unpacked there.
+# `pip download $TROUPE_TORCH2_SPEC --no-deps` into $TROUPE_TORCH2_CACHE and
+# unpacked there, one folder per pinned version.
 # A CUDA-built libtorch_cpu names libcudart/libcupti, absent on a CPU machine:
 # the test step generates stub libraries for exactly the symbols it imports
 # (each returns an error, so torch sees no CUDA) and puts them on
@@ -20,44 +21,64 @@
 #
 # Environment: TROUPE_TORCH_ROOT (a LibTorch 2.x folder to use as it is),
 # TROUPE_TORCH2_CACHE (default ~/.cache/troupe-torch2),
-# TROUPE_TORCH2_SPEC (pip requirement, default "torch"), JOBS (build
+# TROUPE_TORCH2_SPEC (pip requirement, default "torch==2.11.0": the
+# version the GPU machines carry; the newest torch this machine's index
+# served on 2026-12-04, a 2.15.0 wheel, is built with the old std::string
+# ABI, which CMake refuses, naming it), JOBS (build
 # parallelism, default 1, run under nice), TROUPE_TEST_WRAP (a prefix for the
 # ctest command, e.g. "flock /tmp/troupe-cpu.lock").
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 cache=${TROUPE_TORCH2_CACHE:-$HOME/.cache/troupe-torch2}
-spec=${TROUPE_TORCH2_SPEC:-torch}
+spec=${TROUPE_TORCH2_SPEC:-torch==2.11.0}
+# A pinned version has a wheel and an unpacked folder of its own.
+version=
+[[ $spec == torch==* ]] && version=${spec#torch==}
 jobs=${JOBS:-1}
 # An unpacked LibTorch 2.x already on the machine (a venv's
-# site-packages/torch) can be named instead of downloading the wheel.
-export TROUPE_TORCH_ROOT=${TROUPE_TORCH_ROOT:-$cache/root/torch}
-stubs=$cache/stubs
+# site-packages/torch) can be named instead of downloading the wheel; the
+# script never writes there.
+given_root=${TROUPE_TORCH_ROOT:-}
+export TROUPE_TORCH_ROOT=${TROUPE_TORCH_ROOT:-$cache/root${version:+-$version}/torch}
+stubs=$cache/stubs${version:+-$version}
 stage=${1:-all}
 regex=${2:-}
 
 die() { echo "torch2_check: $*" >&2; exit 1; }
 
+# The cached wheel of $version (torch-2.11.0-cp311-..., torch-2.11.0+cpu-...;
+# not torch-2.11.1-...), or of any 2.x when none is pinned; "" when none.
+cached_wheel() {
+  local found
+  shopt -s nullglob
+  if [[ -n $version ]]; then found=("$cache/torch-$version"[-+]*.whl); else found=("$cache"/torch-2*.whl); fi
+  shopt -u nullglob
+  echo "${found[0]:-}"
+}
+
 fetch() {
   [[ -f $TROUPE_TORCH_ROOT/include/torch/script.h ]] && return 0
+  [[ -n $given_root ]] && die "TROUPE_TORCH_ROOT=$given_root holds no include/torch/script.h: not a LibTorch"
   mkdir -p "$cache"
   local wheel
-  wheel=$(ls "$cache"/torch-2*.whl 2>/dev/null | head -n1 || true)
+  wheel=$(cached_wheel)
   if [[ -z $wheel ]]; then
     python3 -m pip download --no-deps --only-binary=:all: -d "$cache" "$spec" ||
-      die "pip download $spec failed (no network? put a torch-2.*.whl into $cache)"
-    wheel=$(ls "$cache"/torch-2*.whl | head -n1)
+      die "pip download $spec failed (no network? put its torch-*.whl into $cache)"
+    wheel=$(cached_wheel)
+    [[ -n $wheel ]] || die "pip download $spec left no torch-${version:-2}*.whl in $cache"
   fi
   echo "torch2_check: unpacking $wheel"
   # Only what a C++ build needs: headers, libraries, CMake config.
-  python3 - "$wheel" "$cache/root" <<'EOF'
+  python3 - "$wheel" "$(dirname "$TROUPE_TORCH_ROOT")" <<'EOF'
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z:
     for n in z.namelist():
         if n.startswith(("torch/include/", "torch/lib/", "torch/share/cmake/")):
             z.extract(n, sys.argv[2])
 EOF
-  chmod -R u+w "$cache/root"
+  chmod -R u+w "$(dirname "$TROUPE_TORCH_ROOT")"
 }
 
 # Stub shared libraries for what libtorch_cpu needs but this machine lacks.
