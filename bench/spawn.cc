@@ -5,6 +5,7 @@
 //
 //   troupe_bench_spawn [--spawns N]
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -69,8 +70,9 @@ double p50(std::vector<double> v) {
 int main(int argc, char** argv) {
   troupe::run_role_if_requested(argc, argv);
   int spawns = 20;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--spawns") spawns = std::max(1, std::atoi(argv[i + 1]));
+  CLI::App app{"actor spawn to first reply, with the warm worker pool and without it, in the same run"};
+  app.add_option("--spawns", spawns, "spawns per case (the median of them is reported)")->check(CLI::Range(1, 100000));
+  CLI11_PARSE(app, argc, argv);
   try {
     double pool = p50(measure(2, spawns));
     double cold = p50(measure(0, spawns));

@@ -32,8 +32,21 @@ std::vector<std::string> parse_module_list(const std::string& flag, const std::s
   while (start <= v.size() && !v.empty()) {
     size_t comma = std::min(v.find(',', start), v.size());
     std::string m = v.substr(start, comma - start);
-    bool ok = !m.empty() && m.front() != '.' && m.back() != '.';
-    for (char c : m) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.');
+    // Dotted Python identifiers (ASCII): no empty part, none that begins
+    // with a digit.
+    bool ok = !m.empty();
+    bool part_start = true;
+    for (char c : m) {
+      const bool digit = std::isdigit(static_cast<unsigned char>(c)) != 0;
+      if (c == '.') {
+        ok = ok && !part_start;
+        part_start = true;
+        continue;
+      }
+      ok = ok && (std::isalpha(static_cast<unsigned char>(c)) || c == '_' || (digit && !part_start));
+      part_start = false;
+    }
+    ok = ok && !part_start;
     if (!ok) throw TorchrunUsageError(flag + " " + v + ": '" + m + "' is not a module name (give a,b.c or \"\")");
     mods.push_back(m);
     start = comma + 1;

@@ -301,6 +301,11 @@ TEST(TorchrunOptions, BadValuesNameThemselves) {
   EXPECT_NE(message({"--preload", "torch,,numpy", "a.py"}).find("--preload torch,,numpy: '' is not a module name"),
             std::string::npos);
   EXPECT_NE(message({"--preload", "os;rm", "a.py"}).find("'os;rm' is not a module name"), std::string::npos);
+  // A part that begins with a digit is no Python identifier either.
+  EXPECT_NE(message({"--preload", "1bad", "a.py"}).find("'1bad' is not a module name"), std::string::npos);
+  EXPECT_NE(message({"--preload", "torch.2d", "a.py"}).find("'torch.2d' is not a module name"), std::string::npos);
+  EXPECT_NE(message({"--preload", "torch..nn", "a.py"}).find("'torch..nn' is not a module name"), std::string::npos);
+  EXPECT_EQ(message({"--preload", "torch,torch.nn,_x1.y2", "a.py"}), "accepted");
   EXPECT_NE(message({"--node_rank=1", "a.py"}).find("run it once, on one machine"), std::string::npos);
   EXPECT_NE(message({"--local-ranks-filter", "0,x", "a.py"}).find("--local-ranks-filter 0,x: expected local ranks"),
             std::string::npos);
