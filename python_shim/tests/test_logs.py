@@ -258,12 +258,19 @@ def test_following_an_actor_goes_on_across_its_restart(cluster):
         threading.Thread(target=lambda: said.extend(follow.stderr), daemon=True).start()
         # The follower is reading the first worker's file before it ends.
         troupe.get(phoenix.say.remote("marker-eight-b, the old worker alive"), timeout=60)
-        wait_until(lambda: any("marker-eight-b" in line for line in seen), timeout=60, what="the follower's first lines")
+        try:
+            wait_until(lambda: any("marker-eight-b" in line for line in seen), timeout=60,
+                       what="the follower's first lines")
+        except AssertionError as e:  # what the follower did instead, read when it failed
+            raise AssertionError(f"{e}: it printed {seen!r}, said {said!r}, exit status {follow.poll()}") from None
         with pytest.raises(Exception):
             troupe.get(phoenix.last_words.remote("marker-nine, the old worker's last"), timeout=60)
         wait_until(lambda: _alive_again(phoenix, first), what="the restarted actor")
-        wait_until(lambda: any("has a new worker" in line for line in said), timeout=60,
-                   what=f"the follower's note (it said {said!r}, exit status {follow.poll()})")
+        try:
+            wait_until(lambda: any("has a new worker" in line for line in said), timeout=60,
+                       what="the follower's note")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: it said {said!r}, exit status {follow.poll()}") from None
         wait_until(lambda: any("marker-nine" in line for line in seen), timeout=60, what="the old worker's last line")
     finally:
         follow.terminate()
