@@ -362,7 +362,13 @@ std::string Runtime::token() const {
 
 Runtime init(const InitOptions& options) {
   run_role_if_requested();
-  ::setenv(core::kEnvLogLevel, "warn", /*overwrite=*/0);
+  if (!options.log_level.empty() && !core::parse_log_level(options.log_level))
+    throw ConfigError("InitOptions::log_level '" + options.log_level +
+                      "' is not one of trace, debug, info, warn, error, critical, off");
+  if (options.log_level.empty())
+    ::setenv(core::kEnvLogLevel, "warn", /*overwrite=*/0);
+  else
+    ::setenv(core::kEnvLogLevel, options.log_level.c_str(), /*overwrite=*/1);
   core::init_logging_once("driver");
   return Runtime::connect(options);
 }

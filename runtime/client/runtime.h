@@ -184,6 +184,11 @@ struct InitOptions {
   // Embedded node: start warm workers of this program at once (off for a
   // driver that cannot be a worker, such as the Python interpreter).
   bool prefill_own_executable = true;
+  // troupe::init only: the runtime's log level for this driver and its
+  // embedded cluster (trace, debug, info, warn, error, critical, off; any
+  // case), as TROUPE_LOG_LEVEL, which it overrides. "" = TROUPE_LOG_LEVEL,
+  // else warn. Another name is a ConfigError naming it.
+  std::string log_level;
 };
 
 class Runtime {
@@ -322,8 +327,9 @@ class Runtime {
 // the local session directory) or embeds a local cluster. A driver's
 // console is the program's own: the runtime logs its warnings and errors
 // there, not a line per actor placed or stopped, unless TROUPE_LOG_LEVEL
-// says otherwise (init sets it to "warn" when it is unset, so an embedded
-// cluster's processes log at the same level; Runtime::connect leaves it).
+// or InitOptions::log_level says otherwise (init sets the variable to
+// "warn" when both are unset, so an embedded cluster's processes log at
+// the same level; Runtime::connect leaves it).
 // Call it before the program starts threads of its own: setenv is not
 // safe while another thread reads the environment.
 Runtime init(int argc = 0, char** argv = nullptr);

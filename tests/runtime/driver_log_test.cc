@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/process.h"
 
 extern char** environ;
@@ -79,6 +80,20 @@ TEST(DriverLogTest, TroupeInitLogsWarningsOnlyUnlessTroupeLogLevelSaysMore) {
   ASSERT_TRUE(WIFEXITED(loud.status) && WEXITSTATUS(loud.status) == 0) << loud.text;
   EXPECT_NE(loud.text.find("[info]"), std::string::npos) << loud.text;
 #endif
+}
+
+// A log level by name in InitOptions, as Python's init(logging_level=...):
+// a name that is none of the levels is refused before anything starts.
+TEST(DriverLogTest, AnUnknownLogLevelInInitOptionsIsRefusedByName) {
+  troupe::InitOptions o;
+  o.log_level = "verbose";
+  try {
+    troupe::init(o);
+    FAIL() << "init took log_level 'verbose'";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("InitOptions::log_level 'verbose' is not one of"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
