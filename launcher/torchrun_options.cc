@@ -25,6 +25,19 @@ int parse_int(const std::string& flag, const std::string& value, int lo, int hi)
   return v;
 }
 
+// A dotted Python module name: ASCII identifiers joined by '.', none empty,
+// none that begins with a digit.
+bool is_module_name(const std::string& m) {
+  for (size_t start = 0;;) {
+    const size_t dot = std::min(m.find('.', start), m.size());
+    if (dot == start || std::isdigit(static_cast<unsigned char>(m[start]))) return false;
+    for (size_t i = start; i < dot; ++i)
+      if (!std::isalnum(static_cast<unsigned char>(m[i])) && m[i] != '_') return false;
+    if (dot == m.size()) return true;
+    start = dot + 1;
+  }
+}
+
 // A comma-separated list of Python module names ("" = none).
 std::vector<std::string> parse_module_list(const std::string& flag, const std::string& v) {
   std::vector<std::string> mods;
@@ -32,22 +45,8 @@ std::vector<std::string> parse_module_list(const std::string& flag, const std::s
   while (start <= v.size() && !v.empty()) {
     size_t comma = std::min(v.find(',', start), v.size());
     std::string m = v.substr(start, comma - start);
-    // Dotted Python identifiers (ASCII): no empty part, none that begins
-    // with a digit.
-    bool ok = !m.empty();
-    bool part_start = true;
-    for (char c : m) {
-      const bool digit = std::isdigit(static_cast<unsigned char>(c)) != 0;
-      if (c == '.') {
-        ok = ok && !part_start;
-        part_start = true;
-        continue;
-      }
-      ok = ok && (std::isalpha(static_cast<unsigned char>(c)) || c == '_' || (digit && !part_start));
-      part_start = false;
-    }
-    ok = ok && !part_start;
-    if (!ok) throw TorchrunUsageError(flag + " " + v + ": '" + m + "' is not a module name (give a,b.c or \"\")");
+    if (!is_module_name(m))
+      throw TorchrunUsageError(flag + " " + v + ": '" + m + "' is not a module name (give a,b.c or \"\")");
     mods.push_back(m);
     start = comma + 1;
   }

@@ -365,10 +365,9 @@ Runtime init(const InitOptions& options) {
   if (!options.log_level.empty() && !core::parse_log_level(options.log_level))
     throw ConfigError("InitOptions::log_level '" + options.log_level +
                       "' is not one of trace, debug, info, warn, error, critical, off");
-  if (options.log_level.empty())
-    ::setenv(core::kEnvLogLevel, "warn", /*overwrite=*/0);
-  else
-    ::setenv(core::kEnvLogLevel, options.log_level.c_str(), /*overwrite=*/1);
+  // The option wins over the variable; the variable over the default.
+  const bool given = !options.log_level.empty();
+  ::setenv(core::kEnvLogLevel, given ? options.log_level.c_str() : "warn", /*overwrite=*/given);
   core::init_logging_once("driver");
   return Runtime::connect(options);
 }
