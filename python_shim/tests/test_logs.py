@@ -22,8 +22,11 @@ def cluster(tmp_path_factory):
     env = dict(os.environ, TROUPE_SESSION_DIR=str(session), TROUPE_LOG_LEVEL="info")
     env.pop("TROUPE_TOKEN", None)
     env.pop("TROUPE_ADDRESS", None)
-    subprocess.run([cli(), "start", "--head", "--port", "0", "--resources", "CPU=2", "--dashboard-port", "-1"], env=env, check=True,
-                   capture_output=True, timeout=120)
+    # 2 s of silence before its node is dead, as conftest's cluster: on a
+    # loaded 2-core machine the default 500 ms declared the agent dead
+    # under a running test (its actor "died: no heartbeat for 500 ms").
+    subprocess.run([cli(), "start", "--head", "--port", "0", "--resources", "CPU=2", "--dashboard-port", "-1",
+                    "--heartbeat-misses", "20"], env=env, check=True, capture_output=True, timeout=120)
     old = os.environ.get("TROUPE_SESSION_DIR")
     os.environ["TROUPE_SESSION_DIR"] = str(session)
     troupe.init(address="auto")
