@@ -418,7 +418,7 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
             o.node_resources = std::move(resources);
             o.prefill_own_executable = false;  // the interpreter is no worker
             // An embedded cluster's fence is the runtime's embedded default
-            // (core::kEmbeddedHeartbeatMisses): 3 s, not 0.5 s.
+            // (core::kOneMachineHeartbeatMisses): 3 s, not 0.5 s.
             return std::make_unique<PyClient>(o);
           }),
           NoGil())

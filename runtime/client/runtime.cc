@@ -90,6 +90,7 @@ struct Runtime::Embedded {
   std::unique_ptr<node::NodeAgent> node;
 };
 
+Runtime::Runtime() = default;
 Runtime::Runtime(Runtime&&) noexcept = default;
 Runtime& Runtime::operator=(Runtime&& other) noexcept {
   if (this != &other) {
@@ -146,12 +147,14 @@ Runtime Runtime::connect(const InitOptions& o) {
   std::string address = o.address;
   std::string token = o.token;
   if (address.empty()) {
+    core::validate_heartbeat(o.heartbeat_ms, o.heartbeat_misses ? o.heartbeat_misses : core::kOneMachineHeartbeatMisses,
+                             "InitOptions");
     rt.embedded_ = std::make_unique<Embedded>();
     if (token.empty()) token = random_token();
     head::HeadOptions ho;
     ho.token = token;
     ho.heartbeat_ms = o.heartbeat_ms;
-    ho.heartbeat_misses = o.heartbeat_misses ? o.heartbeat_misses : core::kEmbeddedHeartbeatMisses;
+    ho.heartbeat_misses = o.heartbeat_misses ? o.heartbeat_misses : core::kOneMachineHeartbeatMisses;
     rt.embedded_->head = std::make_unique<head::Head>(ho);
     rt.embedded_->head->start();
     address = rt.embedded_->head->address();
@@ -203,8 +206,9 @@ void Runtime::shutdown() {
   }
   if (embedded_) {
     // The head first: it then knows its node agent goes with it, and does
-    // not warn that the node is dead.
-    embedded_->head->stop();
+    // not warn that the node is dead. (Either may be missing: connect()
+    // failed while making them.)
+    if (embedded_->head) embedded_->head->stop();
     embedded_->node.reset();  // kills the workers
     embedded_->head.reset();
     embedded_.reset();

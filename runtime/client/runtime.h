@@ -170,7 +170,7 @@ struct InitOptions {
   std::string token;         // "" = TROUPE_TOKEN or the session directory's
   Resources node_resources;  // embedded node (empty = detect)
   // Embedded head: how often its node heartbeats, and for how many silent
-  // intervals it stays alive (0: core::kEmbeddedHeartbeatMisses).
+  // intervals it stays alive (0: core::kOneMachineHeartbeatMisses).
   uint32_t heartbeat_ms = core::kHeartbeatMs;
   uint32_t heartbeat_misses = 0;
   // This process's object store limit in bytes (0: TROUPE_OBJECT_STORE_BYTES,
@@ -193,7 +193,7 @@ struct InitOptions {
 
 class Runtime {
  public:
-  Runtime() = default;
+  Runtime();  // not valid(): assign connect()'s or init()'s result to it
   Runtime(Runtime&&) noexcept;
   Runtime& operator=(Runtime&&) noexcept;
   ~Runtime();

@@ -1,22 +1,45 @@
 // How often node agents heartbeat to the head, and for how many intervals a
 // node may stay silent before the head declares it dead: the defaults every
 // options struct (head, runtime, local cluster, role environment) starts
-// from, so that they cannot drift apart. 100 ms × 5 finds a hung or cut-off
-// node in half a second; a killed one is found sooner, by its connection
-// closing. `troupe start --head --heartbeat-ms/--heartbeat-misses` widens it
-// for machines where an agent may be starved for longer.
+// from, so that they cannot drift apart, and the bounds every one of them
+// is checked against. 100 ms × 5 finds a hung or cut-off node in half a
+// second; a killed one is found sooner, by its connection closing.
+// `troupe start --head --heartbeat-ms/--heartbeat-misses` widens it for
+// machines where an agent may be starved for longer.
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::core {
 
 inline constexpr uint32_t kHeartbeatMs = 100;
 inline constexpr uint32_t kHeartbeatMisses = 5;
-// An embedded cluster (Runtime::connect with no address) has its head and
-// node agent in the driver's own process: that node cannot be cut off or die
-// alone, so the only silence is starvation (a burst of workers starting on a
-// small, loaded machine). 100 ms x 30: 3 s before it is fenced, not 0.5 s.
-inline constexpr uint32_t kEmbeddedHeartbeatMisses = 30;
+// A cluster whose nodes all run on the driver's machine (an embedded
+// cluster, in the driver's own process; a testing::LocalCluster, in child
+// processes) has no network to cut a node off: the only silence is
+// starvation (a burst of workers starting, a loaded test machine) or a stop
+// the program made itself. 100 ms × 30: 3 s before a node is fenced, not
+// 0.5 s. A test of fencing sets heartbeat_misses itself.
+inline constexpr uint32_t kOneMachineHeartbeatMisses = 30;
+
+// The bounds of both settings (`troupe start --head` checks the same).
+inline constexpr uint32_t kMinHeartbeatMs = 10;
+inline constexpr uint32_t kMaxHeartbeatMs = 60000;
+inline constexpr uint32_t kMinHeartbeatMisses = 1;
+inline constexpr uint32_t kMaxHeartbeatMisses = 100000;
+
+// ConfigError naming `what` and the value out of bounds: a 0 ms heartbeat
+// would spin the head's check, and 0 misses fence every node at once.
+inline void validate_heartbeat(uint32_t ms, uint32_t misses, const std::string& what) {
+  if (ms < kMinHeartbeatMs || ms > kMaxHeartbeatMs)
+    throw ConfigError(what + ": heartbeat_ms " + std::to_string(ms) + " is not in [" + std::to_string(kMinHeartbeatMs) +
+                      ", " + std::to_string(kMaxHeartbeatMs) + "]");
+  if (misses < kMinHeartbeatMisses || misses > kMaxHeartbeatMisses)
+    throw ConfigError(what + ": heartbeat_misses " + std::to_string(misses) + " is not in [" +
+                      std::to_string(kMinHeartbeatMisses) + ", " + std::to_string(kMaxHeartbeatMisses) + "]");
+}
 
 }  // namespace troupe::core

@@ -8,13 +8,16 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/signal_free_thread.h"
@@ -32,6 +35,15 @@ std::optional<spdlog::level::level_enum> parse_log_level(const std::string& name
   return level;
 }
 
+namespace {
+std::atomic<spdlog::logger*> g_logger{nullptr};
+}  // namespace
+
+spdlog::logger* logger() {
+  if (spdlog::logger* l = g_logger.load(std::memory_order_acquire)) return l;
+  return spdlog::default_logger_raw();
+}
+
 void init_logging(const std::string& role) {
   auto logger = spdlog::stderr_color_mt("troupe:" + role + ":" + std::to_string(::getpid()));
   logger->set_pattern("[%H:%M:%S.%e] [" + role + " pid %P] [%^%l%$] %v");
@@ -39,6 +51,15 @@ void init_logging(const std::string& role) {
   const auto level = value ? parse_log_level(value) : std::optional(spdlog::level::info);
   logger->set_level(level.value_or(spdlog::level::info));
   spdlog::set_default_logger(logger);
+  {
+    // Kept for the whole life of the process and past spdlog's registry
+    // (logger(), above): the list is deliberately never destroyed.
+    static std::mutex mu;
+    static auto* kept = new std::vector<std::shared_ptr<spdlog::logger>>;
+    std::lock_guard lock(mu);
+    kept->push_back(logger);
+  }
+  g_logger.store(logger.get(), std::memory_order_release);
   if (!level)
     TROUPE_LOG_WARN("{}='{}' is not one of trace, debug, info, warn, error, critical, off: logging at info",
                     kEnvLogLevel, value);
@@ -50,6 +71,8 @@ void init_logging_once(const std::string& role) {
 }
 
 std::string own_log_file() {
+  const char* own = std::getenv(kEnvOwnLog);
+  if (!own || std::string(own) != "1") return "";
   std::error_code ec;
   auto path = std::filesystem::read_symlink("/proc/self/fd/1", ec);
   struct stat st {};

@@ -22,8 +22,10 @@ void init_logging(const std::string& role);
 // parser maps an unknown name to "off", which would silence errors too).
 std::optional<spdlog::level::level_enum> parse_log_level(const std::string& name);
 
-// The file this process's stdout goes to (a daemon's log), or "" when it
-// is no regular file (a terminal, a pipe).
+// The file this process's stdout goes to when that is a log of its own (a
+// daemon's: TROUPE_OWN_LOG=1, which start_role_process sets when it gives
+// the process a log file), else "" (a terminal, a pipe, or a file the
+// process only inherited, such as the output of the test that started it).
 std::string own_log_file();
 
 // A daemon whose output is a file (head.log, node-*.log of `troupe start`)
@@ -42,6 +44,13 @@ void write_output_to(const std::string& path);
 // cannot be read.
 std::string read_log_piece(const std::string& path, uint64_t offset, uint32_t max_bytes, uint64_t* next_offset,
                            uint64_t* size);
+// What every TROUPE_LOG_* line goes through: this process's troupe logger
+// once init_logging has run, spdlog's default logger before. That logger
+// is never destroyed: a thread that logs while static objects are being
+// destroyed at exit (an embedded cluster held in a global, stopped by its
+// destructor after spdlog's registry is gone) still writes its line.
+spdlog::logger* logger();
+
 // init_logging(role) unless this process already has a troupe logger: a
 // driver that connects without troupe::init (tests, benchmarks) still logs
 // to stderr, never into its stdout.
@@ -49,8 +58,8 @@ void init_logging_once(const std::string& role);
 
 }  // namespace troupe::core
 
-#define TROUPE_LOG_TRACE(...) SPDLOG_TRACE(__VA_ARGS__)
-#define TROUPE_LOG_DEBUG(...) spdlog::debug(__VA_ARGS__)
-#define TROUPE_LOG_INFO(...) spdlog::info(__VA_ARGS__)
-#define TROUPE_LOG_WARN(...) spdlog::warn(__VA_ARGS__)
-#define TROUPE_LOG_ERROR(...) spdlog::error(__VA_ARGS__)
+#define TROUPE_LOG_TRACE(...) SPDLOG_LOGGER_TRACE(::troupe::core::logger(), __VA_ARGS__)
+#define TROUPE_LOG_DEBUG(...) ::troupe::core::logger()->debug(__VA_ARGS__)
+#define TROUPE_LOG_INFO(...) ::troupe::core::logger()->info(__VA_ARGS__)
+#define TROUPE_LOG_WARN(...) ::troupe::core::logger()->warn(__VA_ARGS__)
+#define TROUPE_LOG_ERROR(...) ::troupe::core::logger()->error(__VA_ARGS__)

@@ -415,6 +415,10 @@ RoleProcess start_role_process(const RoleProcessOptions& o, const std::string& w
   s.env = clean_environment();
   for (auto& kv : role_env.to_env()) s.env.push_back(std::move(kv));
   s.env.insert(s.env.end(), o.extra_env.begin(), o.extra_env.end());
+  if (!o.log_file.empty()) {
+    std::string own = kEnvOwnLog;  // (a `+` here trips GCC 12's -Warray-bounds)
+    s.env.push_back(own.append("=1"));
+  }
   s.log_file = o.log_file;
   s.keep_fds = {fds[1]};
   s.die_with_parent = o.die_with_parent;

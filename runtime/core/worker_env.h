@@ -52,6 +52,12 @@ inline constexpr const char* kEnvWorkerAssignTimeoutMs = "TROUPE_WORKER_ASSIGN_T
 inline constexpr const char* kEnvLogLevel = "TROUPE_LOG_LEVEL";
 // A daemon's log file is rotated past this many bytes (logging.h).
 inline constexpr const char* kEnvLogMaxBytes = "TROUPE_LOG_MAX_BYTES";
+// "1": this process's output is a log file of its own, given to it by
+// whoever started it (a daemon of `troupe start`: head.log, node-*.log),
+// which it may rotate, serve to `troupe logs` and put its workers' files
+// beside. Unset, output that happens to be a file (a test's `> out.log`,
+// which a LocalCluster's processes inherit) is left alone (logging.h).
+inline constexpr const char* kEnvOwnLog = "TROUPE_OWN_LOG";
 inline constexpr const char* kEnvSessionDir = "TROUPE_SESSION_DIR";
 inline constexpr const char* kEnvAddress = "TROUPE_ADDRESS";
 // A job's runtime_env as JSON, for a Python driver's troupe.init (set by

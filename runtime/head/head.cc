@@ -877,7 +877,10 @@ class Head::Impl {
   std::unique_ptr<HttpEndpoint> http_;
 };
 
-Head::Head(HeadOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Head::Head(HeadOptions options) {
+  core::validate_heartbeat(options.heartbeat_ms, options.heartbeat_misses, "HeadOptions");
+  impl_ = std::make_unique<Impl>(std::move(options));
+}
 
 Head::~Head() {
   stop();

@@ -19,6 +19,7 @@ FaultInjector::~FaultInjector() {
   }
   cv_.notify_all();
   for (auto& t : timers_) t.join();
+  for (pid_t pid : stalled_) ::kill(pid, SIGCONT);  // their timers stopped early
 }
 
 std::vector<FaultInjector::LiveActor> FaultInjector::live_actors(const std::string& class_name, uint64_t after) {
@@ -63,6 +64,9 @@ pid_t FaultInjector::kill_actor(uint64_t actor_id) {
 
 void FaultInjector::kill_node(LocalCluster& cluster, size_t index) {
   pid_t pid = cluster.node_pid(index);
+  if (pid <= 0)
+    throw Error("FaultInjector: node agent " + std::to_string(index) + " (node " +
+                std::to_string(cluster.node_id(index)) + ") is not running: it was killed before");
   record("SIGKILL node agent " + std::to_string(cluster.node_id(index)) + " pid " + std::to_string(pid));
   cluster.kill_node(index, SIGKILL);
 }
@@ -76,10 +80,18 @@ void FaultInjector::drop_connections(uint64_t actor_id) {
 
 void FaultInjector::stall_actor(uint64_t actor_id, std::chrono::milliseconds duration) {
   pid_t pid = pid_of(actor_id);
+  {
+    std::lock_guard lock(mu_);
+    stalled_.push_back(pid);
+  }
   ::kill(pid, SIGSTOP);
   record("SIGSTOP actor " + std::to_string(actor_id) + " pid " + std::to_string(pid) + " for " +
          std::to_string(duration.count()) + " ms");
-  after(duration, [pid] { ::kill(pid, SIGCONT); });
+  after(duration, [this, pid] {
+    std::lock_guard lock(mu_);
+    ::kill(pid, SIGCONT);
+    if (auto it = std::find(stalled_.begin(), stalled_.end(), pid); it != stalled_.end()) stalled_.erase(it);
+  });
 }
 
 void FaultInjector::after(std::chrono::milliseconds delay, std::function<void()> action) {

@@ -53,13 +53,16 @@ class FaultInjector {
   // machine, as in a LocalCluster). Returns the pid killed.
   pid_t kill_actor(uint64_t actor_id);
   // SIGKILLs node agent `index` of the cluster (its workers die with it).
+  // troupe::Error when that agent is no longer running.
   void kill_node(LocalCluster& cluster, size_t index);
   // Closes every connection callers have open to the actor's worker (as a
   // network fault would), leaving the process running. Callers see their
   // calls in flight fail as if the actor had died (once the head has named
   // no death within ActorClient::kCauseWait).
   void drop_connections(uint64_t actor_id);
-  // SIGSTOPs the actor's worker now and SIGCONTs it after `duration`.
+  // SIGSTOPs the actor's worker now and SIGCONTs it after `duration`, or
+  // sooner when the injector is destroyed first (a test that ends early
+  // leaves no process stopped).
   void stall_actor(uint64_t actor_id, std::chrono::milliseconds duration);
 
   // Runs `action` after `delay` on the injector's thread.
@@ -81,6 +84,7 @@ class FaultInjector {
   std::vector<Fault> faults_;
   std::vector<std::pair<int64_t, std::function<void()>>> step_actions_;
   std::vector<std::thread> timers_;
+  std::vector<pid_t> stalled_;  // stall_actor's, until SIGCONTed
   bool stopping_ = false;
 };
 

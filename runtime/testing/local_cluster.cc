@@ -1,26 +1,113 @@
 #include "troupe/runtime/testing/local_cluster.h"
 
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
 
 #include "troupe/runtime/core/files.h"
+#include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/core/process.h"
 
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/head/resource_pool.h"
 #include "troupe/runtime/head/scheduler.h"
 #include "troupe/runtime/node/worker_pool.h"
-#include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/wire/address.h"
 #include "troupe/runtime/wire/auth.h"
 
 namespace troupe::testing {
 
-LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {
+// A thread that runs the cluster's process starts, one at a time, for as
+// long as the cluster lives (local_cluster.h says why).
+class LocalCluster::Spawner {
+ public:
+  Spawner()
+      : thread_([this] {
+          for (;;) {
+            std::packaged_task<void()> job;
+            {
+              std::unique_lock lock(mu_);
+              cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+              if (jobs_.empty()) return;
+              job = std::move(jobs_.front());
+              jobs_.pop_front();
+            }
+            job();
+          }
+        }) {}
+  ~Spawner() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Runs `f` on the spawner's thread and waits for it; its exception is
+  // thrown here.
+  void run(std::function<void()> f) {
+    std::packaged_task<void()> job(std::move(f));
+    auto done = job.get_future();
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+    done.get();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
+namespace {
+
+constexpr const char* kStateDirPrefix = "troupe-head-";
+
+// The state directories of durable heads whose LocalCluster's process died
+// without its destructor (a crash, SIGKILL): "troupe-head-PID-XXXXXX" in
+// `dir`, this user's, PID no longer running.
+void remove_orphaned_state_dirs(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kStateDirPrefix, 0) != 0) continue;
+    const std::string rest = name.substr(std::strlen(kStateDirPrefix));
+    const size_t dash = rest.find('-');
+    if (dash == 0 || dash == std::string::npos || rest.find_first_not_of("0123456789") != dash) continue;
+    struct stat st {};
+    if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) continue;
+    const pid_t owner = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+    if (::kill(owner, 0) == 0 || errno != ESRCH) continue;
+    std::error_code ignored;
+    troupe::core::remove_tree(entry.path(), ignored);
+  }
+}
+
+}  // namespace
+
+LocalCluster::LocalCluster(LocalClusterOptions options)
+    : options_(std::move(options)), spawner_(std::make_unique<Spawner>()) {
   node::validate_pool_options(
       {options_.worker_pool_size, options_.worker_idle_timeout, options_.worker_assign_timeout});
+  core::validate_heartbeat(options_.heartbeat_ms, options_.heartbeat_misses, "LocalClusterOptions");
+  for (size_t i = 0; i < options_.nodes.size(); ++i)
+    head::validate_resources(options_.nodes[i], "LocalClusterOptions node " + std::to_string(i));
   token_ = wire::random_token();
   std::string line;
   core::WorkerEnv head;
@@ -31,39 +118,52 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
   head.dashboard = options_.dashboard;
   head.dashboard_require_token = options_.dashboard_require_token;
   if (options_.durable_head) {
-    char dir[] = "/tmp/troupe-head-XXXXXX";
-    if (!::mkdtemp(dir)) throw Error(std::string("LocalCluster: mkdtemp: ") + std::strerror(errno));
+    remove_orphaned_state_dirs("/tmp");
+    std::string dir = "/tmp/" + std::string(kStateDirPrefix) + std::to_string(::getpid()) + "-XXXXXX";
+    if (!::mkdtemp(dir.data())) throw Error(std::string("LocalCluster: mkdtemp: ") + std::strerror(errno));
     state_dir_ = dir;
     head.head_state_db = state_dir_ + "/head.sqlite";
   }
-  head_pid_ = start(head, &line);
-  // "ADDRESS" or "ADDRESS DASHBOARD_URL".
-  const size_t space = line.find(' ');
-  address_ = line.substr(0, space);
-  head.head_port = wire::parse_address(address_).second;  // a restarted head listens where this one did
-  head_env_ = head;
-  if (space != std::string::npos) dashboard_url_ = line.substr(space + 1);
   try {
+    head_pid_ = start(head, &line);
+    // "ADDRESS" or "ADDRESS DASHBOARD_URL".
+    const size_t space = line.find(' ');
+    address_ = line.substr(0, space);
+    head.head_port = wire::parse_address(address_).second;  // a restarted head listens where this one did
+    head_env_ = head;
+    if (space != std::string::npos) dashboard_url_ = line.substr(space + 1);
     for (const auto& r : options_.nodes) add_node(r);
   } catch (...) {
     for (auto& n : nodes_) {
       ::kill(n.pid, SIGKILL);
       reap(n.pid);
     }
-    ::kill(head_pid_, SIGKILL);
-    reap(head_pid_);
+    if (head_pid_ > 0) {
+      ::kill(head_pid_, SIGKILL);
+      reap(head_pid_);
+    }
+    if (!state_dir_.empty()) {
+      std::error_code ec;
+      troupe::core::remove_tree(state_dir_, ec);
+    }
     throw;
   }
 }
 
 LocalCluster::~LocalCluster() {
-  // Node agents kill their workers when they stop; SIGTERM lets them.
+  // Node agents kill their workers when they stop; SIGTERM lets them, and
+  // SIGCONT wakes one a test stopped (SIGSTOP), which would otherwise take
+  // the signal only when killed.
   for (auto& n : nodes_)
-    if (n.pid > 0) ::kill(n.pid, SIGTERM);
+    if (n.pid > 0) {
+      ::kill(n.pid, SIGTERM);
+      ::kill(n.pid, SIGCONT);
+    }
   for (auto& n : nodes_)
     if (n.pid > 0) reap(n.pid);
   if (head_pid_ > 0) {
     ::kill(head_pid_, SIGTERM);
+    ::kill(head_pid_, SIGCONT);
     reap(head_pid_);
   }
   if (!state_dir_.empty()) {
@@ -73,8 +173,9 @@ LocalCluster::~LocalCluster() {
 }
 
 void LocalCluster::restart_head() {
-  if (head_pid_ > 0) throw Error("LocalCluster::restart_head: the head (pid " + std::to_string(head_pid_) +
-                                 ") is still running; kill_head first");
+  if (head_pid_ > 0)
+    throw Error("LocalCluster::restart_head: the head (pid " + std::to_string(head_pid_) +
+                ") is still running; kill_head first");
   std::string line;
   head_pid_ = start(head_env_, &line);
 }
@@ -87,6 +188,7 @@ Runtime LocalCluster::connect() const {
 }
 
 size_t LocalCluster::add_node(const Resources& resources, const std::string& head_address) {
+  head::validate_resources(resources, "LocalCluster::add_node");
   std::string line;
   std::string res = head::format_resources(resources);
   for (auto& c : res)
@@ -135,7 +237,8 @@ pid_t LocalCluster::start(core::WorkerEnv env, std::string* ready_line) {
   o.env = env;
   o.extra_env = options_.env;
   o.ready_timeout = options_.start_timeout;
-  auto p = core::start_role_process(o, "LocalCluster " + env.role);
+  core::RoleProcess p;
+  spawner_->run([&] { p = core::start_role_process(o, "LocalCluster " + env.role); });
   *ready_line = p.ready_line;
   return p.pid;
 }

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,11 @@ namespace troupe::testing {
 struct LocalClusterOptions {
   // One entry per node.
   std::vector<Resources> nodes = {{{"CPU", 2}}, {{"CPU", 2}}};
+  // Every node runs on this machine: as an embedded cluster, 100 ms × 30
+  // (core::kOneMachineHeartbeatMisses), so a loaded machine's starved agent
+  // is not fenced. A test of fencing (SIGSTOP of an agent) sets fewer.
   uint32_t heartbeat_ms = core::kHeartbeatMs;
-  uint32_t heartbeat_misses = core::kHeartbeatMisses;
+  uint32_t heartbeat_misses = core::kOneMachineHeartbeatMisses;
   std::chrono::milliseconds start_timeout{20000};
   // Extra KEY=VALUE for head and nodes (e.g. TROUPE_LOG_LEVEL=debug).
   std::vector<std::string> env;
@@ -74,9 +78,7 @@ class LocalCluster {
   void kill_node(size_t i, int sig = 9);
   void kill_head(int sig = 9);
   // Starts the head again, on the same address and (durable_head) with the
-  // tables the last one wrote; returns once it listens. Like every process
-  // LocalCluster starts, the head dies with the thread that started it
-  // (PR_SET_PDEATHSIG): call this from one that outlives it.
+  // tables the last one wrote; returns once it listens.
   void restart_head();
 
  private:
@@ -84,6 +86,7 @@ class LocalCluster {
     pid_t pid = -1;
     uint64_t id = 0;
   };
+  class Spawner;
   pid_t start(core::WorkerEnv env, std::string* ready_line);
   void reap(pid_t pid);
 
@@ -95,6 +98,11 @@ class LocalCluster {
   core::WorkerEnv head_env_;
   std::string state_dir_;  // durable_head: holds head.sqlite
   std::vector<Proc> nodes_;
+  // Every process is started on this thread, which lives as long as the
+  // cluster: a child dies with the thread that forked it (PR_SET_PDEATHSIG),
+  // so add_node or restart_head from a short-lived thread (a
+  // FaultInjector::after action) must not start it there.
+  std::unique_ptr<Spawner> spawner_;
 };
 
 }  // namespace troupe::testing

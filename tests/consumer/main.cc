@@ -1,7 +1,11 @@
 // A driver written outside the troupe tree, as a user writes one: an
 // actor, tasks, an object reference handed from one task to another and
 // to the actor, and an actor method that throws. Exits 0 and prints
-// "consumer: ok" when every answer is right.
+// "consumer: ok" when every answer is right. Its Runtime is a global,
+// default-constructed and never shut down, as a test suite's shared
+// fixture holds one: it stops its embedded cluster while the program's
+// statics are destroyed (check.sh runs it at TROUPE_LOG_LEVEL=info, so
+// that the stopping cluster logs then).
 #include <troupe/troupe.h>
 
 #include <cstdio>
@@ -39,8 +43,11 @@ class Tally {
 };
 TROUPE_ACTOR(Tally, &Tally::add_all, &Tally::checked)
 
+troupe::Runtime g_rt;
+
 int main(int argc, char** argv) {
-  troupe::Runtime rt = troupe::init(argc, argv);
+  g_rt = troupe::init(argc, argv);
+  troupe::Runtime& rt = g_rt;
   int failures = 0;
   auto expect = [&](bool ok, const char* what) {
     if (!ok) {

@@ -355,7 +355,9 @@ TEST(ElasticTest, GradClipTrainerKilledSameWeights) {
 // the node dead after missed heartbeats, and the job recovers on the spare
 // node as for a kill, with the same weights.
 TEST(ElasticTest, NodeAgentStoppedSameWeights) {
-  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}});
+  // The fence of a cluster across machines (100 ms × 5), not LocalCluster's 3 s.
+  troupe::testing::LocalCluster cluster(
+      {.nodes = {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}, .heartbeat_misses = core::kHeartbeatMisses});
   Runtime rt = cluster.connect();
   auto cfg = job(2, 8, 256);
   cfg.epochs = 60;  // long enough to outlast the heartbeat timeout (500 ms)
@@ -383,7 +385,8 @@ TEST(ElasticTest, NodeAgentStoppedSameWeights) {
 // new node with its resources. At no moment do the stale trainer and its
 // replacement both step, and the job finishes.
 TEST(ElasticTest, FencedNodeAgentsTrainerNeverStepsBesideItsReplacement) {
-  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}});
+  troupe::testing::LocalCluster cluster(
+      {.nodes = {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}}, .heartbeat_misses = core::kHeartbeatMisses});
   Runtime rt = cluster.connect();
   auto dir = fresh_dir("fence");
   auto cfg = job(2, 8, 256);
