@@ -1435,6 +1435,15 @@ def test_init_names_a_bad_resource_amount():
         troupe.init(resources=["CPU"])
 
 
+def test_init_takes_cpus_and_gpus_by_their_own_arguments_only():
+    # One of the two used to be ignored without a word; Ray refuses both.
+    with pytest.raises(ConfigError, match="resources has 'CPU': 1 \\(and num_cpus=2 was given too\\); "
+                                          "give the node's CPUs with num_cpus="):
+        troupe.init(resources={"CPU": 1}, num_cpus=2)
+    with pytest.raises(ConfigError, match="resources has 'GPU': 1; give the node's GPUs with num_gpus="):
+        troupe.init(resources={"GPU": 1})
+
+
 @troupe.remote
 class Named:
     def whoami(self):

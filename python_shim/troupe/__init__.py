@@ -183,6 +183,14 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
         _remote._number(value, f"troupe.init: resources[{key!r}]")
     _remote._number(num_cpus, "troupe.init: num_cpus")
     _remote._number(num_gpus, "troupe.init: num_gpus")
+    # As Ray: CPUs and GPUs are given by num_cpus/num_gpus, not in resources
+    # as well, where one of the two would be silently ignored.
+    for key, given in (("CPU", num_cpus), ("GPU", num_gpus)):
+        if key in node:
+            arg = f"num_{key.lower()}s"
+            both = f" (and {arg}={given!r} was given too)" if given is not None else ""
+            raise exceptions.ConfigError(f"troupe.init: resources has {key!r}: {node[key]!r}{both}; give the "
+                                         f"node's {key}s with {arg}=, not in resources")
     if num_cpus is not None:
         node["CPU"] = float(num_cpus)
     if num_gpus is not None:
