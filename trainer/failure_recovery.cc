@@ -64,8 +64,9 @@ int FailureRecovery::abort_group() {
   std::vector<uint64_t> ids;
   for (auto& s : p_.gang.slots())
     if (s.trainer.valid()) ids.push_back(s.trainer.id());
+  acked_.clear();
   return collective::abort_group(p_.rt, ids, p_.gang.group_name(), rec_.cause, p_.gang.generation(),
-                                 std::min(left(), std::chrono::milliseconds(2000)));
+                                 std::min(left(), std::chrono::milliseconds(2000)), &acked_);
 }
 
 std::vector<std::shared_ptr<core::FutureStateBase>> FailureRecovery::interrupt_and_stop_feeds() {
@@ -114,6 +115,7 @@ void FailureRecovery::probe() {
     }
     slots[i].loader = LoaderHandle();
   }
+  distrust_steps_outside_the_group();
   // A trainer that never received the job's state (a replacement whose
   // heal failed) is no source: it holds the initial weights.
   int64_t reached = p_.gang.step();
@@ -127,6 +129,35 @@ void FailureRecovery::probe() {
     reached = std::max(reached, progress_[i]->step);
   }
   rec_.reached_step = reached;
+}
+
+// Survivors of one round stand at most a step apart (a rank that saw the
+// abort just before the round's last reduction ended), and a heal takes the
+// furthest. A trainer stopped (SIGSTOP, a hang) when the abort came, and
+// woken before the probe, may go on stepping on what its group left in
+// shared memory: steps no peer took with it. So the furthest counts only
+// among trainers that acknowledged the abort; one that did not and is
+// further still is killed and its rank replaced, as a silent one would be.
+void FailureRecovery::distrust_steps_outside_the_group() {
+  auto& slots = p_.gang.slots();
+  auto acked = [&](size_t i) { return std::find(acked_.begin(), acked_.end(), slots[i].trainer.id()) != acked_.end(); };
+  int64_t best_acked = -1;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (progress_[i] && slots[i].has_state && acked(i)) best_acked = std::max(best_acked, progress_[i]->step);
+  if (best_acked < 0) return;  // nobody acknowledged: the furthest, as before
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!progress_[i] || !slots[i].has_state || acked(i) || progress_[i]->step <= best_acked) continue;
+    event(JobEventKind::kAborted,
+          "rank " + std::to_string(i) + " (actor " + std::to_string(slots[i].trainer.id()) +
+              ") did not acknowledge the abort and then reported step " + std::to_string(progress_[i]->step) +
+              ", past the " + std::to_string(best_acked) +
+              " of the ranks that did: steps taken outside the group; it is killed and replaced");
+    try {
+      p_.rt.kill_actor(slots[i].trainer.id(), true);
+    } catch (...) {
+    }
+    progress_[i].reset();
+  }
 }
 
 // 3a. Loaders of live trainers, in their trainers' bundles.

@@ -78,6 +78,10 @@ class FailureRecovery {
   std::vector<std::shared_ptr<core::FutureStateBase>> interrupt_and_stop_feeds();
   // 2.
   void probe();
+  // A trainer that did not acknowledge the abort (stopped, hung) and then
+  // reports more steps than every trainer that did took them outside the
+  // group: killed, its slot emptied for a replacement.
+  void distrust_steps_outside_the_group();
   // Whether the loader answered a stats control message in time.
   bool loader_answers(std::optional<Future<actors::LoaderStats>>& stats);
   // 3.
@@ -99,6 +103,8 @@ class FailureRecovery {
   // Per old rank: its progress if the trainer is alive.
   std::vector<std::optional<Progress>> progress_;
   std::vector<size_t> dead_;
+  // The trainers that acknowledged the abort of the failed round's group.
+  std::vector<uint64_t> acked_;
   bool any_state_ = false;
   int64_t heal_src_ = -1;
   std::map<std::string, double> restored_epoch_sums_;

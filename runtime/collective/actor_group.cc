@@ -396,24 +396,28 @@ std::unique_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
 }
 
 int abort_group(Runtime& runtime, const std::vector<uint64_t>& member_ids, const std::string& name,
-                const std::string& reason, int64_t generation, milliseconds timeout) {
+                const std::string& reason, int64_t generation, milliseconds timeout,
+                std::vector<uint64_t>* acknowledged_ids) {
   const AbortGroup message{.name = name, .generation = generation, .reason = reason};
   std::vector<Future<int32_t>> answers;
+  std::vector<uint64_t> asked;
   for (uint64_t id : member_ids) {
     try {
       // Fails at once for a member that is not ALIVE.
       answers.push_back(runtime.core()->actor(id)->control(message));
+      asked.push_back(id);
     } catch (const std::exception& e) {
       TROUPE_LOG_DEBUG("abort of group '{}': actor {} not reached: {}", name, id, e.what());
     }
   }
   const auto deadline = Clock::now() + timeout;
   int acknowledged = 0;
-  for (auto& answer : answers) {
+  for (size_t i = 0; i < answers.size(); ++i) {
     auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     try {
-      answer.get(std::max(left, milliseconds(0)));
+      answers[i].get(std::max(left, milliseconds(0)));
       ++acknowledged;
+      if (acknowledged_ids) acknowledged_ids->push_back(asked[i]);
     } catch (const std::exception& e) {
       TROUPE_LOG_DEBUG("abort of group '{}': a member did not acknowledge: {}", name, e.what());
     }

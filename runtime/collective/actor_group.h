@@ -97,10 +97,12 @@ std::unique_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec);
 
 // Driver side: sends AbortGroup to each member (dead ones are skipped) and
 // waits, at most `timeout` in all, for their answers. Returns how many
-// members acknowledged; members that are gone or do not answer in time are
-// not an error (their group fails through its own watches or timeouts).
+// members acknowledged (and, with `acknowledged`, which: their ids);
+// members that are gone or do not answer in time are not an error (their
+// group fails through its own watches or timeouts).
 int abort_group(Runtime& runtime, const std::vector<uint64_t>& member_ids, const std::string& name,
                 const std::string& reason, int64_t generation = -1,
-                std::chrono::milliseconds timeout = std::chrono::seconds(5));
+                std::chrono::milliseconds timeout = std::chrono::seconds(5),
+                std::vector<uint64_t>* acknowledged = nullptr);
 
 }  // namespace troupe::collective

@@ -300,6 +300,20 @@ TEST_F(TwoWorkerJobTest, StragglerIsNotAFailure) {
   expect_bitwise_equal(clean_.final_state, slow.final_state);
 }
 
+// A trainer stopped past the step timeout, which misses the abort and is
+// woken while the job recovers, may step on what its group left in shared
+// memory before it answers the probe: those steps are no peer's, and the
+// job never heals from them. The weights end as without the stop.
+TEST_F(TwoWorkerJobTest, ATrainerWokenDuringTheRecoveryNeverHealsItsPeers) {
+  cfg_.call_timeout = 1000ms;  // the abort (2 s for acknowledgements) ends before the wake-up
+  inject_at(
+      20, [this] { return trainer(1); }, [this](uint64_t id) { faults_.stall_actor(id, 3500ms); });
+  const auto hurt = TrainJob(rt_, cfg_).fit();
+  ASSERT_GE(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].lost_steps, 0) << describe(hurt);
+  expect_bitwise_equal(clean_.final_state, hurt.final_state);
+}
+
 // Three nodes of one CPU, two trainers: killing the node agent of one
 // trainer takes its trainer and loader; the replacement goes to the spare
 // node and the weights end as without the failure.
