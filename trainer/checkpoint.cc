@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -261,8 +262,41 @@ void prune_checkpoints(const std::string& root, int keep) {
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) troupe::core::remove_tree(all[i].path, ec);
 }
 
+namespace {
+
+// ROOT/.lock, made if need be and locked (flock, so it goes with the
+// process however it ends), holding the locker's pid.
+int lock_checkpoint_dir(const std::string& root) {
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec) throw ConfigError("cannot make checkpoint directory " + root + ": " + ec.message());
+  const std::string path = root + "/.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) throw ConfigError("cannot open " + path + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {};
+    const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+    ::close(fd);
+    if (err != EWOULDBLOCK) throw ConfigError("cannot lock " + path + ": " + std::strerror(err));
+    throw ConfigError("checkpoint directory " + root + " is in use by another running job" +
+                      (n > 0 ? " (pid " + std::string(pid, static_cast<size_t>(n)) + ")" : std::string()) +
+                      ": two jobs writing there would mix their checkpoints; name another directory");
+  }
+  const std::string mine = std::to_string(::getpid());
+  // The pid only names the holder in another job's message: best effort.
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, mine.data(), mine.size(), 0);
+  return fd;
+}
+
+}  // namespace
+
 CheckpointWriter::CheckpointWriter(std::string root, int keep, std::map<std::string, int64_t> data_order)
-    : root_(std::move(root)), keep_(keep), data_order_(std::move(data_order)), thread_([this] { run(); }) {}
+    : root_(std::move(root)),
+      lock_fd_(lock_checkpoint_dir(root_)),
+      keep_(keep),
+      data_order_(std::move(data_order)),
+      thread_([this] { run(); }) {}
 
 CheckpointWriter::~CheckpointWriter() {
   {
@@ -271,6 +305,7 @@ CheckpointWriter::~CheckpointWriter() {
   }
   cv_.notify_all();
   thread_.join();
+  ::close(lock_fd_);
 }
 
 void CheckpointWriter::submit(TrainState state, std::map<std::string, double> metrics,

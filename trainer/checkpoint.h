@@ -106,6 +106,9 @@ void prune_checkpoints(const std::string& root, int keep);
 class CheckpointWriter {
  public:
   // `data_order` goes into every manifest (CheckpointManifest::data_order).
+  // Makes `root` if need be and holds ROOT/.lock (flock) while it lives:
+  // a second writer of the same directory, in this process or another job,
+  // is a ConfigError naming the directory and the pid that holds it.
   CheckpointWriter(std::string root, int keep, std::map<std::string, int64_t> data_order = {});
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
@@ -122,6 +125,7 @@ class CheckpointWriter {
  private:
   void run();
   std::string root_;
+  int lock_fd_;  // ROOT/.lock, locked
   int keep_;
   std::map<std::string, int64_t> data_order_;
   mutable std::mutex mu_;

@@ -305,7 +305,7 @@ void Run::check_data_order(const std::string& dir, const CheckpointInfo& info) c
     for (const auto& [k, v] : m) s += (s.empty() ? "" : ", ") + k + "=" + std::to_string(v);
     return s;
   };
-  throw ConfigError("resume_from: checkpoint " + dir + " stopped mid-epoch " + std::to_string(c.epoch) +
+  throw ConfigError("resume_from: checkpoint " + dir + " stopped mid-epoch " + std::to_string(c.epoch + 1) +
                     " in the data order of " + text(info.data_order) + "; this run's is " + text(mine) +
                     ": resuming there would repeat some samples and skip others. Resume with the same seed and "
                     "data, or from a checkpoint at an epoch's end");
@@ -730,7 +730,7 @@ void Run::maybe_grow() {
   event(JobEventKind::kResized, std::to_string(before) + " -> " + std::to_string(gang_.world()) + " workers at step " +
                                     std::to_string(step) + " (" +
                                     std::to_string(sampler_.remaining_per_rank(gang_.cursor())) +
-                                    " samples per rank left in epoch " + std::to_string(gang_.cursor().epoch) + ")");
+                                    " samples per rank left in epoch " + std::to_string(gang_.cursor().epoch + 1) + ")");
 }
 
 void Run::refill_standby() {

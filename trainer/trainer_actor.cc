@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -679,9 +680,16 @@ void TrainerActor::load_state(TrainState s) {
   torch::NoGradGuard ng;
   auto take = [&](const std::string& name, torch::Tensor& t) {
     auto it = s.model.find(name);
-    if (it == s.model.end()) throw Error("the checkpoint's model has no tensor '" + name + "'");
-    if (!it->second.sizes().equals(t.sizes()))
-      throw Error("the checkpoint's '" + name + "' has the wrong shape for this model");
+    // A resume from another model's checkpoint: the user's input, so a
+    // ConfigError (`troupe train` exits 2), naming the tensor.
+    if (it == s.model.end())
+      throw ConfigError("the checkpoint has no tensor '" + name + "', which this model has: it is another model's");
+    if (!it->second.sizes().equals(t.sizes())) {
+      std::ostringstream shapes;
+      shapes << "the checkpoint's '" << name << "' is " << it->second.sizes() << ", this model's is " << t.sizes()
+             << ": it is another model's";
+      throw ConfigError(shapes.str());
+    }
     t.copy_(it->second);
   };
   for (auto& [name, p] : model_->named_parameters()) take(name, p);

@@ -638,7 +638,8 @@ TEST_F(TrainCliTest, ResumeNamesDamagedCheckpointsAndRefusesWhenNoneCanBeRead) {
   };
   ASSERT_EQ(run(args("2", false), dir_ / "first.log").status, 0);
   std::vector<fs::path> steps;
-  for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) steps.push_back(e.path());
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt"))
+    if (e.path().filename() != ".lock") steps.push_back(e.path());
   std::sort(steps.begin(), steps.end());
   ASSERT_EQ(steps.size(), 2u);  // one at each epoch's end
   fs::resize_file(steps[1] / "model.pt", 10);
@@ -651,6 +652,29 @@ TEST_F(TrainCliTest, ResumeNamesDamagedCheckpointsAndRefusesWhenNoneCanBeRead) {
   const Outcome none = run(args("2", true), dir_ / "none.log");
   expect_one_line_failure(none, "--resume: no checkpoint in " + at("ckpt") + " can be read");
   EXPECT_NE(none.output.find("has 10 bytes, its manifest says"), std::string::npos) << none.output;
+}
+
+// --resume with a checkpoint of another model (here: a wider hidden layer)
+// is the user's input, refused with exit 2 naming the tensor and both
+// shapes, not a runtime failure (exit 1) in the C++ type's words.
+TEST_F(TrainCliTest, ResumingAnotherModelsCheckpointIsRefusedNamingTheTensor) {
+  write_inputs(dir_, "ok", 128, 8);
+  auto args = [&](bool resume) {
+    std::vector<std::string> a = {
+        TROUPE_TRAIN,  "--model", at("step.pt"), "--data", at("train.npz"),    "--epochs", "1", "--batch-size", "32",
+        "--optimizer", "sgd",     "--lr",        "0.01",   "--checkpoint-dir", at("ckpt")};
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  ASSERT_EQ(run(args(false), dir_ / "first.log").status, 0);
+  write_inputs(dir_, "ok", 128, 16);
+  const Outcome other = run(args(true), dir_ / "other.log");
+  EXPECT_EQ(other.status, 2) << other.output;
+  EXPECT_NE(other.output.find("the checkpoint's 'net.0.weight' is [8, 8], this model's is [16, 8]: it is another "
+                              "model's"),
+            std::string::npos)
+      << other.output;
+  EXPECT_EQ(other.output.find("troupe::Error"), std::string::npos) << other.output;
 }
 
 // --checkpoint-every N: checkpoints inside the epoch at every N-th step
@@ -692,7 +716,8 @@ TEST_F(TrainCliTest, CheckpointEveryWritesMidEpochCheckpointsAndResumesFromOne) 
   std::vector<std::string> kept;
   for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) kept.push_back(e.path().filename().string());
   std::sort(kept.begin(), kept.end());
-  EXPECT_EQ(kept, (std::vector<std::string>{"step-00000010", "step-00000015", "step-00000016"}));
+  // .lock: what a second job writing there is refused by (CheckpointWriter).
+  EXPECT_EQ(kept, (std::vector<std::string>{".lock", "step-00000010", "step-00000015", "step-00000016"}));
   // The run as if stopped after step 15: --resume goes on from there.
   fs::remove_all(dir_ / "ckpt" / "step-00000016");
   auto again = args("again.jsonl");

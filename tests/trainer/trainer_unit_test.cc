@@ -16,9 +16,11 @@
 #include <torch/torch.h>
 
 #include "tests/support/rank_threads.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/train_jobs.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/core/kv_store.h"
+#include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/cpu_gemm.h"
 #include "troupe/trainer/gradient_reducer.h"
 #include "troupe/trainer/model.h"
@@ -246,7 +248,7 @@ TEST(GradientReducerTest, BucketsAreInReverseOrderAndBounded) {
 
 TEST(GradientReducerTest, FirstBucketIsSmallSoReducingStartsEarly) {
   auto m = seeded_model(mlp(64, 64, 10), 1);
-  ReducerOptions o;  // 25 MiB buckets: the rest fits in one
+  ReducerOptions o;                             // 25 MiB buckets: the rest fits in one
   o.first_bucket_bytes = 64 * 10 * 4 + 10 * 4;  // the output layer
   GradientReducer r(m->parameters(), nullptr, o);
   ASSERT_EQ(r.bucket_count(), 2u);
@@ -898,4 +900,27 @@ TEST(CpuGemmTest, BuiltInModelsRouteTheirLinearLayers) {
     const auto x = spec.name == "mlp" ? torch::randn({5, 12}) : torch::randn({5, 1, 8, 8});
     expect_close(routed->forward(x), plain->forward(x), "output");
   }
+}
+
+// Two jobs given one checkpoint directory (two `troupe train` started at
+// once, before either wrote a checkpoint) used to interleave their files:
+// one failed, or the other's weights replaced its own. A writer holds
+// DIR/.lock; a second one is refused, naming the holder's pid.
+TEST(CheckpointWriterTest, ASecondWriterOfOneDirectoryIsRefusedNamingTheHolder) {
+  const auto dir = troupe::test::fresh_dir("ckpt-lock") / "ckpt";
+  {
+    CheckpointWriter first(dir.string(), 3);
+    try {
+      CheckpointWriter second(dir.string(), 3);
+      ADD_FAILURE() << "a second writer of " << dir << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("checkpoint directory " + dir.string() +
+                                     " is in use by another running job (pid " + std::to_string(::getpid()) + ")"),
+          std::string::npos)
+          << e.what();
+    }
+  }
+  CheckpointWriter again(dir.string(), 3);                    // the first one's lock went with it
+  EXPECT_FALSE(latest_checkpoint(dir.string()).has_value());  // .lock is no checkpoint
 }
