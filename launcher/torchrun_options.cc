@@ -217,6 +217,13 @@ size_t parse_option(TorchrunOptions& o, const std::vector<std::string>& args, si
   }
   // torchrun's single-node rendezvous is what troupe always does.
   if (arg == "--standalone") return i + 1;
+  // A one-letter option's value may be attached, as argparse allows: -r3.
+  if (arg.size() > 2 && arg[0] == '-' && arg[1] != '-' && arg[2] != '=') {
+    if (auto short_flag = value_flags().find(arg.substr(0, 2)); short_flag != value_flags().end()) {
+      set_value(o, short_flag->second, short_flag->first, arg.substr(2));
+      return i + 1;
+    }
+  }
   auto eq = arg.find('=');
   std::string flag = arg.substr(0, eq);
   auto it = value_flags().find(flag);

@@ -292,6 +292,18 @@ def flaky_loop():
     train.report({"restart_count": ctx.get_restart_count()})
 
 
+def torchrun_style_loop():
+    """Ends as the scripts of the multi-GPU guides do: the loop destroys the
+    process group itself."""
+    torch.distributed.barrier()
+    train.report({"rank": train.get_context().get_world_rank()})
+    torch.distributed.destroy_process_group()
+
+
+def init_again_loop():
+    torch.distributed.init_process_group("gloo")
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -584,6 +596,24 @@ def test_loop_that_raises_is_retried_then_fails_and_leaves_no_workers(tmp_path):
     while rt.available_resources().get("CPU", 0) < 4 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert rt.available_resources().get("CPU", 0) == 4
+
+
+def test_a_loop_that_ends_the_process_group_itself_completes(tmp_path):
+    # TorchTrainer ended the group again after the loop, and torch's
+    # assertion failed the finished run, then every retry of it.
+    trainer = TorchTrainer(torchrun_style_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=0)))
+    result = trainer.fit()
+    assert trainer.failures == 0 and result.error is None
+
+
+def test_a_loop_that_sets_up_the_process_group_again_is_told_to_remove_that(tmp_path):
+    trainer = TorchTrainer(init_again_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=0)))
+    with pytest.raises(train.TrainingFailedError,
+                       match="TorchTrainer sets up the process group before train_loop_per_worker runs and ends it "
+                             "after: remove the loop's own dist.init_process_group call"):
+        trainer.fit()
 
 
 def test_bad_input_names_the_value(tmp_path):

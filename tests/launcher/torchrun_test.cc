@@ -266,6 +266,12 @@ TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   EXPECT_EQ(guide.nproc_per_node, 2);
   EXPECT_EQ(guide.ignored, (std::vector<std::string>{"--rdzv_backend c10d", "--rdzv_endpoint localhost:29400",
                                                      "--master-port 29500", "--tee 3"}));
+  // One-letter options with their values attached, as torchrun's argparse
+  // takes them.
+  auto attached = tl::parse_torchrun_args({"-r3", "-t", "3", "-m", "pkg.train"});
+  EXPECT_EQ(attached.ignored, (std::vector<std::string>{"-r 3", "-t 3"}));
+  EXPECT_TRUE(attached.module);
+  EXPECT_THROW(tl::parse_torchrun_args({"-x3", "a.py"}), tl::TorchrunUsageError);
   auto words = [](const std::string& word, int cpus, int gpus, const std::string& address = "") {
     auto o = tl::parse_torchrun_args({"--nproc-per-node", word, "a.py"});
     o.address = address;

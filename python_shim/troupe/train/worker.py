@@ -95,9 +95,16 @@ class TrainWorker:
         try:
             call_loop(fn, config)
             return session._session.reports
+        except RuntimeError as e:
+            if "default process group twice" not in str(e):
+                raise
+            raise RuntimeError(f"{e} (TorchTrainer sets up the process group before train_loop_per_worker runs "
+                               "and ends it after: remove the loop's own dist.init_process_group call)") from e
         finally:
             session.end()
-            dist.destroy_process_group()
+            # A loop written for torchrun may have ended it itself.
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _device_index(ctx):
