@@ -259,8 +259,17 @@ std::pair<int, int> parse_nnodes(const std::string& value) {
   return {lo, hi};
 }
 
-TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args) {
+TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args,
+                                    const std::function<const char*(const char*)>& env) {
   TorchrunOptions o;
+  // torchrun's environment defaults first; the command line overrides them.
+  for (const char* flag :
+       {"--nproc_per_node", "--nnodes", "--max_restarts", "--rdzv_id", "--node_rank", "--local_ranks_filter"}) {
+    std::string name = std::string("PET_") + (flag + 2);
+    for (auto& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    const char* value = env ? env(name.c_str()) : nullptr;
+    if (value && *value) set_value(o, value_flags().at(flag), name, value);
+  }
   size_t i = 0;
   // Options come before the script; everything after it is the script's.
   while (i < args.size() && args[i].size() > 1 && args[i][0] == '-' && args[i] != "--") {

@@ -5,6 +5,7 @@
 // Pure functions, so the launcher's tests check them without a cluster.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,7 @@ class TorchrunUsageError : public ConfigError {
 struct TorchrunOptions {
   int nproc_per_node = 1;
   std::string nproc_word;  // --nproc-per-node cpu, gpu or auto: resolve_nproc() counts them
-  int min_nodes = 1;  // --nnodes MIN:MAX (or N = N:N)
+  int min_nodes = 1;       // --nnodes MIN:MAX (or N = N:N)
   int max_nodes = 1;
   int max_restarts = 0;
   std::string address;             // "" = an embedded local cluster
@@ -46,7 +47,12 @@ struct TorchrunOptions {
 };
 
 // Parses the arguments after `torchrun`; throws TorchrunUsageError.
-TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args);
+// `env` looks up torchrun's PET_* variables (PET_NPROC_PER_NODE, PET_NNODES,
+// PET_MAX_RESTARTS, PET_RDZV_ID, PET_NODE_RANK, PET_LOCAL_RANKS_FILTER),
+// each the default of its option, which the command line overrides, as
+// torchrun's argparse has them; null: none.
+TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args,
+                                    const std::function<const char*(const char*)>& env = nullptr);
 // --nproc-per-node cpu, gpu or auto: this machine's `cpus` or `gpus` (auto:
 // its GPUs if any, else its CPUs) when the ranks run here, on an embedded
 // cluster; with --address a TorchrunUsageError (the nodes may differ).

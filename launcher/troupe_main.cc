@@ -854,7 +854,7 @@ int cmd_torchrun(const std::vector<std::string>& args) {
   namespace tl = troupe::launcher;
   tl::TorchrunOptions o;
   try {
-    o = tl::parse_torchrun_args(args);
+    o = tl::parse_torchrun_args(args, [](const char* name) { return std::getenv(name); });
   } catch (const tl::TorchrunUsageError& e) {
     std::fprintf(stderr, "troupe torchrun: %s\n", e.what());
     return 2;

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -272,6 +273,16 @@ TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   EXPECT_EQ(attached.ignored, (std::vector<std::string>{"-r 3", "-t 3"}));
   EXPECT_TRUE(attached.module);
   EXPECT_THROW(tl::parse_torchrun_args({"-x3", "a.py"}), tl::TorchrunUsageError);
+  // torchrun's PET_* variables are its options' defaults; the command line wins.
+  const std::map<std::string, std::string> pet = {{"PET_NPROC_PER_NODE", "3"}, {"PET_MAX_RESTARTS", "2"}};
+  const auto lookup = [&](const char* name) -> const char* {
+    auto it = pet.find(name);
+    return it == pet.end() ? nullptr : it->second.c_str();
+  };
+  auto from_env = tl::parse_torchrun_args({"a.py"}, lookup);
+  EXPECT_EQ(from_env.nproc_per_node, 3);
+  EXPECT_EQ(from_env.max_restarts, 2);
+  EXPECT_EQ(tl::parse_torchrun_args({"--nproc-per-node", "1", "a.py"}, lookup).nproc_per_node, 1);
   auto words = [](const std::string& word, int cpus, int gpus, const std::string& address = "") {
     auto o = tl::parse_torchrun_args({"--nproc-per-node", word, "a.py"});
     o.address = address;
