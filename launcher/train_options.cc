@@ -121,6 +121,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"log_every", field(&TrainOptions::log_every)},
       {"loader_threads", field(&TrainOptions::loader_threads)},
       {"step_timeout", field(&TrainOptions::step_timeout_s)},
+      {"replacement_timeout", field(&TrainOptions::replacement_timeout_s)},
       {"name", field(&TrainOptions::name)},
   };
   return keys;
@@ -295,6 +296,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                  "seconds a trainer may take to answer (a round of --log-every steps, a checkpoint); one that does "
                  "not (hung, stopped) is killed and healed as a failure")
       ->capture_default_str();
+  app.add_option("--replacement-timeout", o.replacement_timeout_s,
+                 "seconds a failed trainer's replacement may wait for room (a node that stalled rejoins, a "
+                 "placement frees up) before the job shrinks, or fails below --min-workers")
+      ->capture_default_str();
   app.add_option("--log-every", o.log_every, "optimizer steps between progress updates")->capture_default_str();
   app.add_option("--name", o.name, "job name on the console and in the metrics file")->capture_default_str();
 }
@@ -335,6 +340,9 @@ void check_numbers(const TrainOptions& o) {
   require_number("--cpus-per-worker", o.cpus_per_worker, o.cpus_per_worker > 0, "a positive finite number");
   require_number("--step-timeout", o.step_timeout_s, o.step_timeout_s >= 1 && o.step_timeout_s <= 7 * 24 * 3600,
                  "a number of seconds from 1 to 604800");
+  require_number("--replacement-timeout", o.replacement_timeout_s,
+                 o.replacement_timeout_s >= 0.1 && o.replacement_timeout_s <= 7 * 24 * 3600,
+                 "a number of seconds from 0.1 to 604800");
   const double g = o.gpus_per_worker;
   require_number("--gpus-per-worker", g, g == 0 || (g >= 0.01 && g <= 1024 && (g <= 1 || g == std::floor(g))),
                  "0, a part of one GPU (at least 0.01), or a whole number up to 1024");
@@ -653,6 +661,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   c.progress_every_steps = o.log_every;
   c.loader_threads = o.loader_threads;
   c.call_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.step_timeout_s * 1000.0));
+  c.failure.replacement_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.replacement_timeout_s * 1000.0));
   trainer::validate(c);
   return c;
 }

@@ -94,6 +94,11 @@ struct TrainOptions {
   // steps, a checkpoint): one that does not (hung, stopped) counts as
   // failed, is killed and the job heals.
   double step_timeout_s = 600;
+  // Seconds a failed trainer's replacement may wait for resources before
+  // the job shrinks (or fails below --min-workers): FailureConfig's
+  // replacement_timeout. Longer than a node agent's stall that fences it,
+  // so its node can rejoin and take the replacement.
+  double replacement_timeout_s = 10;
   // Optimizer steps between progress updates (the driver's train() rounds).
   int64_t log_every = 10;
   std::string name = "train";

@@ -38,8 +38,11 @@ using troupe::launcher::TrainOptions;
 // The C++ TrainJob names its settings as TrainJobConfig's fields; here
 // they are flags ("failure.max_failures is 2": "--max-failures 2").
 std::string in_flag_terms(std::string text) {
-  static const std::pair<std::string, std::string> kFields[] = {{"failure.max_failures is ", "--max-failures "},
-                                                                {"scaling.min_workers is ", "--min-workers "}};
+  static const std::pair<std::string, std::string> kFields[] = {
+      {"failure.max_failures is ", "--max-failures "},
+      {"scaling.min_workers is ", "--min-workers "},
+      {"(scaling.min_workers, else num_workers)", "(--min-workers, else --workers)"},
+      {"failure.replacement_timeout", "--replacement-timeout"}};
   for (const auto& [field, flag] : kFields)
     for (size_t at = text.find(field); at != std::string::npos; at = text.find(field, at + flag.size()))
       text.replace(at, field.size(), flag);

@@ -39,8 +39,17 @@ void FailureRecovery::run() {
 void FailureRecovery::stop_round() {
   const int acked = abort_group();
   for (auto& f : interrupt_and_stop_feeds()) f->wait_for(std::min(left(), std::chrono::milliseconds(1000)));
+  // Which did not answer the abort: the stopped or hung one, where the
+  // round's timeout could only name every rank.
+  std::string silent;
+  const auto& slots = p_.gang.slots();
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].trainer.valid() && std::find(acked_.begin(), acked_.end(), slots[i].trainer.id()) == acked_.end())
+      silent += std::string(silent.empty() ? "; no answer from " : ", ") + "rank " + std::to_string(i) + " (actor " +
+                std::to_string(slots[i].trainer.id()) + ")";
   event(JobEventKind::kAborted, "generation " + std::to_string(p_.gang.generation()) + " aborted in " +
-                                    std::to_string(acked) + " of " + std::to_string(p_.gang.world()) + " trainers");
+                                    std::to_string(acked) + " of " + std::to_string(p_.gang.world()) + " trainers" +
+                                    silent);
   // Every call of the round has ended now. One that ended with a
   // ConfigError (a rank's step or data set raised) ends the job with it:
   // a heal would meet the same error again. The peers' aborts may have
@@ -249,8 +258,10 @@ void FailureRecovery::replace_trainers() {
               (replaced < dead_.size() ? " (no room: " + reason + ")" : ""));
   const int64_t world = p_.gang.world();
   if (world < p_.min_workers)
-    throw GiveUp{"only " + std::to_string(world) + " trainer(s) could be placed, scaling.min_workers is " +
-                 std::to_string(p_.min_workers) + (reason.empty() ? "" : " (" + reason + ")")};
+    throw GiveUp{"only " + std::to_string(world) + " trainer(s) could be placed within failure.replacement_timeout (" +
+                 std::to_string(p_.cfg.failure.replacement_timeout.count()) + " ms), and the job runs on at least " +
+                 std::to_string(p_.min_workers) + " (scaling.min_workers, else num_workers)" +
+                 (reason.empty() ? "" : " (" + reason + ")")};
 }
 
 // 4, from disk: the last checkpoint, or the initial weights without one.

@@ -108,8 +108,10 @@ struct FailureConfig {
   // Failures survived before fit() gives up with JobFailed (-1 = no limit).
   int64_t max_failures = 0;
   RecoveryMode mode = RecoveryMode::kHeal;
-  // How long to wait for a replacement's resources before shrinking.
-  std::chrono::milliseconds replacement_timeout{std::chrono::seconds(2)};
+  // How long to wait for a replacement's resources before shrinking (or
+  // failing below scaling.min_workers): longer than a stall that gets a
+  // node agent fenced, so that the node, rejoining, can take it.
+  std::chrono::milliseconds replacement_timeout{std::chrono::seconds(10)};
   // How long survivors get to leave an aborted step before they are killed
   // and counted as failed too.
   std::chrono::milliseconds abort_timeout{std::chrono::seconds(5)};

@@ -73,8 +73,10 @@ JOB = dict(workers=2, epochs=2, batch_size=16, optimizer="adamw", lr=0.01, seed=
 
 
 def test_fit_returns_history_events_and_a_loadable_checkpoint(tmp_path):
+    # keep_checkpoints and replacement_timeout: job-file keys that TrainJob
+    # refused as unknown before.
     result = TrainJob(model(), regression(512), val_data=regression(128, 1), checkpoint_dir=str(tmp_path),
-                      checkpoint_every=10, **JOB).fit()
+                      checkpoint_every=10, keep_checkpoints=2, replacement_timeout=5.0, **JOB).fit()
     steps = [h["step"] for h in result.history]
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] == 2 * 512 // 32
     assert result.history[-1]["loss"] < result.history[0]["loss"]
@@ -87,6 +89,7 @@ def test_fit_returns_history_events_and_a_loadable_checkpoint(tmp_path):
     weights = result.state_dict()
     assert set(weights) == {name for name, _ in Step().named_parameters()}
     assert os.path.dirname(result.checkpoint).startswith(str(tmp_path))
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("step-")) == ["step-00000030", "step-00000032"]
 
 
 def test_accumulation_trains_as_one_batch_of_that_many(tmp_path):

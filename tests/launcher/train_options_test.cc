@@ -224,3 +224,20 @@ TEST_F(TrainOptionsTest, KeepCheckpointsComesFromTheFlagOrTheJobFile) {
   EXPECT_NE(problem({"--config", bad}).find("key 'keep_checkpoints': -2 must be 0"), std::string::npos)
       << problem({"--config", bad});
 }
+
+// How long a failed trainer's replacement waits for room: 10 s, longer
+// than a stalled node agent takes to be fenced and rejoin; from the flag
+// or the job file, a value out of range refused naming it.
+TEST_F(TrainOptionsTest, ReplacementTimeoutComesFromTheFlagOrTheJobFile) {
+  const std::string data = write("t.npz", "x");
+  TrainOptions d;
+  EXPECT_EQ(problem({"--model", "mlp", "--data", data, "--checkpoint-dir", "ck"}, d), "");
+  EXPECT_EQ(d.replacement_timeout_s, 10);
+  const std::string job =
+      write("repl.json", R"({"model": "mlp", "data": "t.npz", "checkpoint_dir": "ck", "replacement_timeout": 30})");
+  TrainOptions o;
+  EXPECT_EQ(problem({"--config", job}, o), "");
+  EXPECT_EQ(o.replacement_timeout_s, 30);
+  EXPECT_EQ(problem({"--model", "mlp", "--data", data, "--checkpoint-dir", "ck", "--replacement-timeout", "0"}),
+            "--replacement-timeout must be a number of seconds from 0.1 to 604800, got 0");
+}

@@ -64,6 +64,7 @@ _FIELDS = {
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
     "gpus_per_worker": float, "amp": str, "loader_threads": int, "step_timeout": float, "resume": bool,
+    "replacement_timeout": float, "keep_checkpoints": int,
     "cpu_gemm": str, "checkpoint_every": int,
 }
 
@@ -397,7 +398,9 @@ class TrainJob:
     ("none"/"bf16"/"fp16": autocast; bf16 on the CPU too, fp16 on GPUs
     only), loader_threads (pipeline threads of each trainer's data
     loader), step_timeout (seconds a trainer may take to answer before it
-    counts as hung and is healed), cpu_gemm ("auto"/"onednn"/"aten": who
+    counts as hung and is healed), replacement_timeout (seconds a failed
+    trainer's replacement may wait for room before the job shrinks or
+    fails), keep_checkpoints (the newest N kept; 0 keeps all), cpu_gemm ("auto"/"onednn"/"aten": who
     computes the fp32 linear layers of a CPU trainer)). verbose: print the driver's progress lines.
 
     Each epoch trains ceil(N / workers) // batch_size steps of workers x
