@@ -262,19 +262,27 @@ std::pair<int, int> parse_nnodes(const std::string& value) {
 TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args,
                                     const std::function<const char*(const char*)>& env) {
   TorchrunOptions o;
-  // torchrun's environment defaults first; the command line overrides them.
-  for (const char* flag :
-       {"--nproc_per_node", "--nnodes", "--max_restarts", "--rdzv_id", "--node_rank", "--local_ranks_filter"}) {
-    std::string name = std::string("PET_") + (flag + 2);
-    for (auto& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    const char* value = env ? env(name.c_str()) : nullptr;
-    if (value && *value) set_value(o, value_flags().at(flag), name, value);
-  }
   size_t i = 0;
   // Options come before the script; everything after it is the script's.
   while (i < args.size() && args[i].size() > 1 && args[i][0] == '-' && args[i] != "--") {
     i = parse_option(o, args, i);
     if (o.help) return o;
+  }
+  // torchrun's environment defaults, for the options the command line
+  // did not give (a bad value is named by its variable).
+  const size_t options_end = i;
+  for (const std::string flag :
+       {"--nproc_per_node", "--nnodes", "--max_restarts", "--rdzv_id", "--node_rank", "--local_ranks_filter"}) {
+    std::string dashed = flag;
+    std::replace(dashed.begin() + 2, dashed.end(), '_', '-');
+    bool given = false;
+    for (size_t k = 0; k < options_end; ++k)
+      for (const auto& spelling : {flag, dashed})
+        given = given || args[k] == spelling || args[k].rfind(spelling + "=", 0) == 0;
+    std::string name = "PET_" + flag.substr(2);
+    for (auto& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    const char* value = env && !given ? env(name.c_str()) : nullptr;
+    if (value && *value) set_value(o, value_flags().at(flag), name, value);
   }
   if (i < args.size() && args[i] == "--") ++i;
   if (i >= args.size())

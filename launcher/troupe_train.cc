@@ -172,10 +172,7 @@ int main(int argc, char** argv) {
   // say) leaves no empty directory of its own behind.
   auto tidy = [&](int code, const char* what) {
     std::error_code ec;
-    if (made_dir) {
-      std::filesystem::remove(std::filesystem::path(o.checkpoint_dir) / ".lock", ec);  // the job's, released
-      if (std::filesystem::is_empty(o.checkpoint_dir, ec)) std::filesystem::remove(o.checkpoint_dir, ec);
-    }
+    if (made_dir && std::filesystem::is_empty(o.checkpoint_dir, ec)) std::filesystem::remove(o.checkpoint_dir, ec);
     return fail(code, what);
   };
   try {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -265,28 +266,46 @@ void prune_checkpoints(const std::string& root, int keep) {
 namespace {
 
 // ROOT/.lock, made if need be and locked (flock, so it goes with the
-// process however it ends), holding the locker's pid.
+// process however it ends), holding the locker's pid. Unlinked by its
+// holder when the writer goes: a job that locked the file just before, by
+// then no longer the one at ROOT/.lock, tries again with the new one.
 int lock_checkpoint_dir(const std::string& root) {
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec) throw ConfigError("cannot make checkpoint directory " + root + ": " + ec.message());
   const std::string path = root + "/.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) throw ConfigError("cannot open " + path + ": " + std::strerror(errno));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    char pid[32] = {};
-    const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
-    ::close(fd);
-    if (err != EWOULDBLOCK) throw ConfigError("cannot lock " + path + ": " + std::strerror(err));
-    throw ConfigError("checkpoint directory " + root + " is in use by another running job" +
-                      (n > 0 ? " (pid " + std::string(pid, static_cast<size_t>(n)) + ")" : std::string()) +
-                      ": two jobs writing there would mix their checkpoints; name another directory");
+  for (int attempt = 0;; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) throw ConfigError("cannot open " + path + ": " + std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL) {
+        // A file system without flock (some network or FUSE mounts): the
+        // job goes on unguarded, as before there was a lock.
+        std::fprintf(stderr, "troupe: cannot lock %s (%s): not guarding it against a second job\n", path.c_str(),
+                     std::strerror(err));
+        return fd;
+      }
+      char pid[32] = {};
+      const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+      ::close(fd);
+      if (err != EWOULDBLOCK) throw ConfigError("cannot lock " + path + ": " + std::strerror(err));
+      throw ConfigError("checkpoint directory " + root + " is in use by another running job" +
+                        (n > 0 ? " (pid " + std::string(pid, static_cast<size_t>(n)) + ")" : std::string()) +
+                        ": two jobs writing there would mix their checkpoints; name another directory");
+    }
+    struct stat held {
+    }, named{};
+    if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+        held.st_ino == named.st_ino) {
+      const std::string mine = std::to_string(::getpid());
+      // The pid only names the holder in another job's message: best effort.
+      if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, mine.data(), mine.size(), 0);
+      return fd;
+    }
+    ::close(fd);  // unlinked by its last holder meanwhile
+    if (attempt == 100) throw ConfigError("cannot lock " + path + ": it keeps being replaced");
   }
-  const std::string mine = std::to_string(::getpid());
-  // The pid only names the holder in another job's message: best effort.
-  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, mine.data(), mine.size(), 0);
-  return fd;
 }
 
 }  // namespace
@@ -305,6 +324,9 @@ CheckpointWriter::~CheckpointWriter() {
   }
   cv_.notify_all();
   thread_.join();
+  // While still held: no other job has it (one that opened it meanwhile
+  // sees it is no longer ROOT/.lock and takes the next).
+  ::unlink((root_ + "/.lock").c_str());
   ::close(lock_fd_);
 }
 

@@ -247,6 +247,8 @@ std::vector<Slot> FailureRecovery::next_ranks(std::vector<Slot> fresh) {
 //     own placement groups; what cannot be placed in time is dropped (the
 //     job shrinks).
 void FailureRecovery::replace_trainers() {
+  // Every trainer dead: the wait was placement_timeout's (replacements()).
+  const bool all_dead = dead_.size() == p_.gang.slots().size();
   auto fresh = replacements();
   const size_t replaced = fresh.size();
   p_.gang.set_slots(next_ranks(std::move(fresh)));
@@ -257,11 +259,15 @@ void FailureRecovery::replace_trainers() {
               (rec_.from_standby ? " (" + std::to_string(rec_.from_standby) + " from standby)" : "") +
               (replaced < dead_.size() ? " (no room: " + reason + ")" : ""));
   const int64_t world = p_.gang.world();
-  if (world < p_.min_workers)
-    throw GiveUp{"only " + std::to_string(world) + " trainer(s) could be placed within failure.replacement_timeout (" +
-                 std::to_string(p_.cfg.failure.replacement_timeout.count()) + " ms), and the job runs on at least " +
-                 std::to_string(p_.min_workers) + " (scaling.min_workers, else num_workers)" +
-                 (reason.empty() ? "" : " (" + reason + ")")};
+  if (world < p_.min_workers) {
+    const auto waited = all_dead ? p_.cfg.scaling.placement_timeout : p_.cfg.failure.replacement_timeout;
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g s", static_cast<double>(waited.count()) / 1000.0);
+    throw GiveUp{"only " + std::to_string(world) + " trainer(s) could be placed within " +
+                 (all_dead ? "scaling.placement_timeout (" : "failure.replacement_timeout (") + secs +
+                 "), and the job runs on at least " + std::to_string(p_.min_workers) +
+                 " (scaling.min_workers, else num_workers)" + (reason.empty() ? "" : " (" + reason + ")")};
+  }
 }
 
 // 4, from disk: the last checkpoint, or the initial weights without one.

@@ -158,6 +158,16 @@ std::string ShmGroup::aborted_text() const {
 
 bool ShmGroup::is_aborted() const { return static_cast<Header*>(base_)->aborted.load() != 0 || inner_->is_aborted(); }
 
+// An abort that reached only this rank's inner group (a driver's AbortGroup
+// names the group, not its shared memory) is made every rank's: one that
+// was stopped when its own abort came, and is woken later, must not go on
+// reducing with what its aborted peers left in the segment.
+[[noreturn]] void ShmGroup::throw_aborted() {
+  auto* h = static_cast<Header*>(base_);
+  if (h->aborted.exchange(1) == 0) futex(&h->arrived, FUTEX_WAKE, INT32_MAX, nullptr);
+  throw Aborted(aborted_text());
+}
+
 void ShmGroup::wait_barrier(std::chrono::milliseconds timeout) {
   auto* h = static_cast<Header*>(base_);
   const uint32_t n = static_cast<uint32_t>(world_size());
@@ -178,7 +188,7 @@ void ShmGroup::wait_barrier(std::chrono::milliseconds timeout) {
       cpu_relax();
       continue;
     }
-    if (h->aborted.load() || inner_->is_aborted()) throw Aborted(aborted_text());
+    if (h->aborted.load() || inner_->is_aborted()) throw_aborted();
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline)
       throw Timeout("shared-memory allreduce of " + name() + ": a rank did not arrive within " +
@@ -201,7 +211,7 @@ collective::WorkPtr ShmGroup::allreduce(void* data, size_t count, collective::DT
   if (dtype != collective::DType::kFloat32 || opts.op != collective::ReduceOp::kSum || !in_arena)
     return inner_->allreduce(data, count, dtype, opts);
   auto timeout = opts.timeout.count() > 0 ? opts.timeout : timeout_;
-  if (is_aborted()) throw Aborted(aborted_text());
+  if (is_aborted()) throw_aborted();
   const size_t offset = static_cast<size_t>(p - mine);
   const int n = world_size();
   wait_barrier(timeout);  // every rank's copy is complete

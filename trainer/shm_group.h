@@ -76,6 +76,8 @@ class ShmGroup final : public collective::Group {
   struct Header;
   // "shared-memory allreduce of NAME aborted: <the first abort's reason>".
   std::string aborted_text() const;
+  // Marks the segment aborted for every rank, then throws Aborted.
+  [[noreturn]] void throw_aborted();
   ShmGroup(std::unique_ptr<collective::Group> inner, void* base, size_t total, size_t arena,
            std::chrono::milliseconds timeout);
   void wait_barrier(std::chrono::milliseconds timeout);

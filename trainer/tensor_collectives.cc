@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
+#include "troupe/config.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/collective/nccl_group.h"
 #include "troupe/runtime/core/errors.h"
-#include "troupe/config.h"
 
 namespace troupe::trainer {
 namespace {

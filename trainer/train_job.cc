@@ -727,10 +727,10 @@ void Run::maybe_grow() {
   grow_failures_ = 0;
   const int64_t step = gang_.step();
   event(JobEventKind::kGrowHealed, "new trainers took rank 0's state at step " + std::to_string(step));
-  event(JobEventKind::kResized, std::to_string(before) + " -> " + std::to_string(gang_.world()) + " workers at step " +
-                                    std::to_string(step) + " (" +
-                                    std::to_string(sampler_.remaining_per_rank(gang_.cursor())) +
-                                    " samples per rank left in epoch " + std::to_string(gang_.cursor().epoch + 1) + ")");
+  event(JobEventKind::kResized,
+        std::to_string(before) + " -> " + std::to_string(gang_.world()) + " workers at step " + std::to_string(step) +
+            " (" + std::to_string(sampler_.remaining_per_rank(gang_.cursor())) + " samples per rank left in epoch " +
+            std::to_string(gang_.cursor().epoch + 1) + ")");
 }
 
 void Run::refill_standby() {

@@ -66,7 +66,10 @@ void init_logging(const std::string& role) {
 }
 
 void init_logging_once(const std::string& role) {
-  // spdlog's own default logger has an empty name; ours never does.
+  // spdlog's own default logger has an empty name; ours never does. Two
+  // drivers connecting at once on two threads make one logger.
+  static std::mutex mu;
+  std::lock_guard lock(mu);
   if (spdlog::default_logger()->name().empty()) init_logging(role);
 }
 

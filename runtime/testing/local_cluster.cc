@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -92,7 +93,8 @@ void remove_orphaned_state_dirs(const std::filesystem::path& dir) {
     if (dash == 0 || dash == std::string::npos || rest.find_first_not_of("0123456789") != dash) continue;
     struct stat st {};
     if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) continue;
-    const pid_t owner = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+    pid_t owner = 0;
+    if (std::from_chars(rest.data(), rest.data() + dash, owner).ec != std::errc() || owner <= 0) continue;
     if (::kill(owner, 0) == 0 || errno != ESRCH) continue;
     std::error_code ignored;
     troupe::core::remove_tree(entry.path(), ignored);

@@ -283,6 +283,15 @@ TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   EXPECT_EQ(from_env.nproc_per_node, 3);
   EXPECT_EQ(from_env.max_restarts, 2);
   EXPECT_EQ(tl::parse_torchrun_args({"--nproc-per-node", "1", "a.py"}, lookup).nproc_per_node, 1);
+  // A bad value the command line overrides is never read; one it does not is named.
+  const auto bad = [](const char* name) -> const char* { return std::string(name) == "PET_NODE_RANK" ? "x" : nullptr; };
+  EXPECT_EQ(tl::parse_torchrun_args({"--node_rank=0", "a.py"}, bad).script, "a.py");
+  try {
+    tl::parse_torchrun_args({"a.py"}, bad);
+    ADD_FAILURE() << "PET_NODE_RANK=x was accepted";
+  } catch (const tl::TorchrunUsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("PET_NODE_RANK"), std::string::npos) << e.what();
+  }
   auto words = [](const std::string& word, int cpus, int gpus, const std::string& address = "") {
     auto o = tl::parse_torchrun_args({"--nproc-per-node", word, "a.py"});
     o.address = address;

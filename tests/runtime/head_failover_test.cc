@@ -86,7 +86,9 @@ TEST(HeadFailover, ActorsNamesKeysAndNodesOutliveARestartedHead) {
 // listening at the head's address (refused: no head runs there to fence
 // it) and keeps its workers, which serve all along.
 TEST(HeadFailover, WorkersServeThroughAHeadDownForLongerThanTheLease) {
-  troupe::testing::LocalCluster cluster(durable(1));
+  auto o = durable(1);
+  o.heartbeat_misses = troupe::core::kHeartbeatMisses;  // a cluster across machines' lease, not LocalCluster's 2.9 s
+  troupe::testing::LocalCluster cluster(o);
   troupe::Runtime rt = cluster.connect();
   auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 0);
   const int pid = t.call(&Ledger::pid).get(kWaitBound);

@@ -638,8 +638,7 @@ TEST_F(TrainCliTest, ResumeNamesDamagedCheckpointsAndRefusesWhenNoneCanBeRead) {
   };
   ASSERT_EQ(run(args("2", false), dir_ / "first.log").status, 0);
   std::vector<fs::path> steps;
-  for (const auto& e : fs::directory_iterator(dir_ / "ckpt"))
-    if (e.path().filename() != ".lock") steps.push_back(e.path());
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) steps.push_back(e.path());
   std::sort(steps.begin(), steps.end());
   ASSERT_EQ(steps.size(), 2u);  // one at each epoch's end
   fs::resize_file(steps[1] / "model.pt", 10);
@@ -716,8 +715,8 @@ TEST_F(TrainCliTest, CheckpointEveryWritesMidEpochCheckpointsAndResumesFromOne) 
   std::vector<std::string> kept;
   for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) kept.push_back(e.path().filename().string());
   std::sort(kept.begin(), kept.end());
-  // .lock: what a second job writing there is refused by (CheckpointWriter).
-  EXPECT_EQ(kept, (std::vector<std::string>{".lock", "step-00000010", "step-00000015", "step-00000016"}));
+  // No .lock: a job holds it while it runs (CheckpointWriter), then removes it.
+  EXPECT_EQ(kept, (std::vector<std::string>{"step-00000010", "step-00000015", "step-00000016"}));
   // The run as if stopped after step 15: --resume goes on from there.
   fs::remove_all(dir_ / "ckpt" / "step-00000016");
   auto again = args("again.jsonl");

@@ -921,6 +921,8 @@ TEST(CheckpointWriterTest, ASecondWriterOfOneDirectoryIsRefusedNamingTheHolder) 
           << e.what();
     }
   }
-  CheckpointWriter again(dir.string(), 3);                    // the first one's lock went with it
+  EXPECT_FALSE(std::filesystem::exists(dir / ".lock"));  // removed by the writer that held it
+  CheckpointWriter again(dir.string(), 3);
+  EXPECT_TRUE(std::filesystem::exists(dir / ".lock"));
   EXPECT_FALSE(latest_checkpoint(dir.string()).has_value());  // .lock is no checkpoint
 }

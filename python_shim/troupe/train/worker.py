@@ -95,10 +95,10 @@ class TrainWorker:
         try:
             call_loop(fn, config)
             return session._session.reports
-        except RuntimeError as e:
+        except (RuntimeError, ValueError) as e:  # torch 1.x raises the one, 2.x the other
             if "default process group twice" not in str(e):
                 raise
-            raise RuntimeError(f"{e} (TorchTrainer sets up the process group before train_loop_per_worker runs "
+            raise type(e)(f"{e} (TorchTrainer sets up the process group before train_loop_per_worker runs "
                                "and ends it after: remove the loop's own dist.init_process_group call)") from e
         finally:
             session.end()
