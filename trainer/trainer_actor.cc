@@ -535,6 +535,16 @@ void TrainerActor::keep_partial(TrainReport rep, std::vector<PendingSums>& pendi
   }
 }
 
+// A shared-memory group is marked aborted even when its inner group
+// already is (the driver's AbortGroup reaches only that): a peer stopped
+// now and woken later must see it in the segment.
+void TrainerActor::abort_round(const std::string& why) {
+  if (shm_)
+    shm_->abort(why);
+  else if (group_ && !group_->is_aborted())
+    group_->abort(why);
+}
+
 TrainReport TrainerActor::take_partial() { return std::exchange(partial_, TrainReport{}); }
 
 TrainReport TrainerActor::train(TrainRequest req) {
@@ -589,7 +599,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
     // stream broke): undo its partial effects so the state is that of the
     // last completed step, and abort the group so no peer waits on this
     // rank in a collective.
-    if (group_ && !group_->is_aborted()) group_->abort(std::string("rank ") + std::to_string(rank) + ": " + e.what());
+    abort_round(std::string("rank ") + std::to_string(rank) + ": " + e.what());
     roll_back(snap);
     cursor_ = sampler.advance(cursor, s * per_step);
     epoch_ = cursor_.epoch;

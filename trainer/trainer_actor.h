@@ -304,6 +304,8 @@ class TrainerActor {
   // Each step's sums of `rep` from its micro-steps' resolved sums.
   void sum_steps(TrainReport& rep, const std::vector<StepSums>& micro);
   // After a failed train(), the `done` steps it completed, for take_partial.
+  // Aborts the group of a round that failed on this rank.
+  void abort_round(const std::string& why);
   void keep_partial(TrainReport rep, std::vector<PendingSums>& pending, int64_t done,
                     std::chrono::steady_clock::time_point t0);
   // The step's forward (under autocast when mixed precision is on).
