@@ -177,6 +177,13 @@ std::exception_ptr TaskSubmitter::worker_died(const std::string& task, const Exe
                                             ") died while running it: " + cause));
 }
 
+std::exception_ptr TaskSubmitter::head_gone(const Key& key, const std::string& cause) {
+  return std::make_exception_ptr(WorkerDied("tasks " + key.text +
+                                            " cannot run: the cluster's head is gone (the cluster was stopped, or its "
+                                            "head was lost for longer than drivers wait for it): " +
+                                            cause));
+}
+
 namespace {
 std::atomic<uint64_t> next_submitter_instance{1};
 }  // namespace
@@ -218,7 +225,13 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
     throw ConfigError("task max_calls must be >= 0 (0 = no limit), got " + std::to_string(p.max_calls));
   if (p.max_calls > 0) key->text += " max_calls " + std::to_string(p.max_calls);
   key->max_calls = p.max_calls;
-  auto nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes);
+  std::vector<NodeInfo> nodes;
+  try {
+    nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes);
+  } catch (const ConnectionError& e) {
+    if (core_.head().is_closed()) std::rethrow_exception(head_gone(*key, e.what()));
+    throw;
+  }
   // Hard affinity: only that node's room counts (the head refuses a node
   // that is not alive, naming it).
   if (p.node_affinity && !p.affinity_soft)
@@ -628,12 +641,7 @@ void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const st
       if (never_started && core_.head_lost()) {
         // Not the executors' fault, and no retry can start one: say what
         // happened (it read "died 3 times in a row before starting").
-        auto error = std::make_exception_ptr(
-            WorkerDied("tasks " + key->text +
-                       " cannot run: the cluster's head is gone (the cluster was stopped, or its head "
-                       "was lost for longer than drivers wait for it): " +
-                       cause));
-        auto queued = fail_queue_locked(*key, error);
+        auto queued = fail_queue_locked(*key, head_gone(*key, cause));
         failures.insert(failures.end(), queued.begin(), queued.end());
       } else if (never_started && ++key->failed_leases >= kMaxFailedLeases) {
         auto error = std::make_exception_ptr(WorkerDied("task executors for " + key->text + " died " +
@@ -698,6 +706,10 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
   } catch (const ConfigError& e) {
     // The head speaks of the executor actor; the tasks are what was asked.
     error = std::make_exception_ptr(ConfigError("tasks " + key->text + ": " + e.what()));
+  } catch (const ConnectionError& e) {
+    // The head closed as it went (`troupe stop`): its channel fails the
+    // call before the core hears of the loss, so say it here.
+    error = core_.head().is_closed() ? head_gone(*key, e.what()) : std::current_exception();
   } catch (...) {
     error = std::current_exception();
   }

@@ -163,6 +163,7 @@ class TaskSubmitter {
   Failures fail_queue_locked(Key& key, std::exception_ptr error);
   // Executors of `k` not blocked in get(): what counts against its cap.
   static int working_count(const Key& k);
+  static std::exception_ptr head_gone(const Key& key, const std::string& cause);
   static std::exception_ptr worker_died(const std::string& task, const Executor& e, const std::string& cause);
   void lease_loop();
   void lease_one(const std::shared_ptr<Key>& key);

@@ -141,6 +141,11 @@ bool RpcChannel::is_open() const {
   return conn_ && conn_->is_open() && !reconnecting_;
 }
 
+bool RpcChannel::is_closed() const {
+  std::lock_guard lock(mu_);
+  return closed_;
+}
+
 std::shared_ptr<Connection> RpcChannel::connection() const {
   std::lock_guard lock(mu_);
   return conn_;

@@ -54,6 +54,9 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
   void send(const Message& m);
   void close(const std::string& reason);
   bool is_open() const;
+  // Closed for good: by close(), or a drop it will not (or no longer) try
+  // to reconnect from. Requests fail at once from then on.
+  bool is_closed() const;
   std::shared_ptr<Connection> connection() const;
 
   // When the connection drops (not by close(), and not after the head said

@@ -700,3 +700,28 @@ TEST(TaskFeasibility, TasksWhoseOnlyNodeDiedFailInsteadOfWaiting) {
   // What the live node holds still runs.
   EXPECT_EQ(rt.submit(&square, {.resources = {{"CPU", 1}}}, 4).get(60s), 16);
 }
+
+// A task whose executor is asked for once the head is gone (`troupe stop`
+// while a task ran: its retry needs a new executor) fails naming the head,
+// not with the raw "connection closed" of the call that asked for one; so
+// does a task of a shape this driver has not run before.
+TEST(TaskFeasibility, TasksLeasedAfterTheHeadIsGoneSayTheHeadIsGone) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes = {{{"CPU", 1}}};
+  troupe::testing::LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  // One task per executor: the next task needs a new one.
+  const troupe::TaskOptions once{.resources = {{"CPU", 1}}, .max_calls = 1};
+  ASSERT_EQ(rt.submit(&square, once, 3).get(60s), 9);
+  cluster.kill_head(SIGKILL);
+  ASSERT_TRUE(troupe::test::eventually([&] { return rt.core()->head_lost(); }, 60s));
+  for (const auto& options : {once, troupe::TaskOptions{.resources = {{"CPU", 0.5}}}}) {
+    try {
+      rt.submit(&square, options, 4).get(60s);
+      FAIL() << "a task submitted after the head went returned";
+    } catch (const troupe::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("the cluster's head is gone"), std::string::npos) << what;
+    }
+  }
+}
