@@ -44,7 +44,7 @@ void FailureRecovery::stop_round() {
   std::string silent;
   const auto& slots = p_.gang.slots();
   for (size_t i = 0; i < slots.size(); ++i)
-    if (slots[i].trainer.valid() && std::find(acked_.begin(), acked_.end(), slots[i].trainer.id()) == acked_.end())
+    if (slots[i].trainer.valid() && !acknowledged(i))
       silent += std::string(silent.empty() ? "; no answer from " : ", ") + "rank " + std::to_string(i) + " (actor " +
                 std::to_string(slots[i].trainer.id()) + ")";
   event(JobEventKind::kAborted, "generation " + std::to_string(p_.gang.generation()) + " aborted in " +
@@ -67,6 +67,10 @@ void FailureRecovery::stop_round() {
     }
   }
   if (user_error) std::rethrow_exception(user_error);
+}
+
+bool FailureRecovery::acknowledged(size_t rank) const {
+  return std::find(acked_.begin(), acked_.end(), p_.gang.slots()[rank].trainer.id()) != acked_.end();
 }
 
 int FailureRecovery::abort_group() {
@@ -149,13 +153,12 @@ void FailureRecovery::probe() {
 // further still is killed and its rank replaced, as a silent one would be.
 void FailureRecovery::distrust_steps_outside_the_group() {
   auto& slots = p_.gang.slots();
-  auto acked = [&](size_t i) { return std::find(acked_.begin(), acked_.end(), slots[i].trainer.id()) != acked_.end(); };
   int64_t best_acked = -1;
   for (size_t i = 0; i < slots.size(); ++i)
-    if (progress_[i] && slots[i].has_state && acked(i)) best_acked = std::max(best_acked, progress_[i]->step);
+    if (progress_[i] && slots[i].has_state && acknowledged(i)) best_acked = std::max(best_acked, progress_[i]->step);
   if (best_acked < 0) return;  // nobody acknowledged: the furthest, as before
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (!progress_[i] || !slots[i].has_state || acked(i) || progress_[i]->step <= best_acked) continue;
+    if (!progress_[i] || !slots[i].has_state || acknowledged(i) || progress_[i]->step <= best_acked) continue;
     event(JobEventKind::kAborted,
           "rank " + std::to_string(i) + " (actor " + std::to_string(slots[i].trainer.id()) +
               ") did not acknowledge the abort and then reported step " + std::to_string(progress_[i]->step) +

@@ -105,6 +105,7 @@ class FailureRecovery {
   std::vector<size_t> dead_;
   // The trainers that acknowledged the abort of the failed round's group.
   std::vector<uint64_t> acked_;
+  bool acknowledged(size_t rank) const;
   bool any_state_ = false;
   int64_t heal_src_ = -1;
   std::map<std::string, double> restored_epoch_sums_;
