@@ -153,12 +153,18 @@ std::string flag_of(const std::string& key) {
   return "--" + f;
 }
 
+// Where `key` came from, for a message: its flag ("--workers"), or the
+// job file and the key when the job file set it.
+std::string source_of(const TrainOptions& o, const std::string& key) {
+  if (o.from_job_file.count(key)) return "job file " + o.config + ": key '" + key + "'";
+  return flag_of(key);
+}
+
 // What the user gave `key` as, for a message: the flag and its value
 // ("--data train.npz"), or the job file, the key and the path it holds
 // (relative ones resolved) when the value came from a job file.
 std::string named(const TrainOptions& o, const std::string& key, const std::string& value) {
-  if (o.from_job_file.count(key)) return "job file " + o.config + ": key '" + key + "': " + value;
-  return flag_of(key) + " " + value;
+  return source_of(o, key) + (o.from_job_file.count(key) ? ": " : " ") + value;
 }
 
 Json parse_job_file(const std::string& path) {
@@ -326,25 +332,27 @@ void check_file(const TrainOptions& o, const std::string& key, const std::string
 
 // A floating option: finite (CLI11 and YAML read "inf" and "nan", and
 // 1e400 as inf) and `in_range`, which `must` states.
-void require_number(const std::string& flag, double v, bool in_range, const std::string& must) {
-  require(std::isfinite(v) && in_range, flag + " must be " + must + ", got " + num(v));
+void require_number(const std::string& what, double v, bool in_range, const std::string& must) {
+  require(std::isfinite(v) && in_range, what + " must be " + must + ", got " + num(v));
 }
 
 // Every floating option, each checked here and only here.
 void check_numbers(const TrainOptions& o) {
-  require_number("--lr", o.lr, o.lr > 0, "a positive finite number");
-  require_number("--weight-decay", o.weight_decay, o.weight_decay >= 0, "a finite number >= 0");
-  require_number("--momentum", o.momentum, o.momentum >= 0 && o.momentum < 1, "a number in [0, 1)");
-  require_number("--min-lr-factor", o.min_lr_factor, o.min_lr_factor >= 0 && o.min_lr_factor <= 1, "between 0 and 1");
-  require_number("--grad-clip", o.grad_clip, o.grad_clip >= 0, "a finite number >= 0 (0 = off)");
-  require_number("--cpus-per-worker", o.cpus_per_worker, o.cpus_per_worker > 0, "a positive finite number");
-  require_number("--step-timeout", o.step_timeout_s, o.step_timeout_s >= 1 && o.step_timeout_s <= 7 * 24 * 3600,
-                 "a number of seconds from 1 to 604800");
-  require_number("--replacement-timeout", o.replacement_timeout_s,
+  require_number(source_of(o, "lr"), o.lr, o.lr > 0, "a positive finite number");
+  require_number(source_of(o, "weight_decay"), o.weight_decay, o.weight_decay >= 0, "a finite number >= 0");
+  require_number(source_of(o, "momentum"), o.momentum, o.momentum >= 0 && o.momentum < 1, "a number in [0, 1)");
+  require_number(source_of(o, "min_lr_factor"), o.min_lr_factor, o.min_lr_factor >= 0 && o.min_lr_factor <= 1,
+                 "between 0 and 1");
+  require_number(source_of(o, "grad_clip"), o.grad_clip, o.grad_clip >= 0, "a finite number >= 0 (0 = off)");
+  require_number(source_of(o, "cpus_per_worker"), o.cpus_per_worker, o.cpus_per_worker > 0, "a positive finite number");
+  require_number(source_of(o, "step_timeout"), o.step_timeout_s,
+                 o.step_timeout_s >= 1 && o.step_timeout_s <= 7 * 24 * 3600, "a number of seconds from 1 to 604800");
+  require_number(source_of(o, "replacement_timeout"), o.replacement_timeout_s,
                  o.replacement_timeout_s >= 0.1 && o.replacement_timeout_s <= 7 * 24 * 3600,
                  "a number of seconds from 0.1 to 604800");
   const double g = o.gpus_per_worker;
-  require_number("--gpus-per-worker", g, g == 0 || (g >= 0.01 && g <= 1024 && (g <= 1 || g == std::floor(g))),
+  require_number(source_of(o, "gpus_per_worker"), g,
+                 g == 0 || (g >= 0.01 && g <= 1024 && (g <= 1 || g == std::floor(g))),
                  "0, a part of one GPU (at least 0.01), or a whole number up to 1024");
 }
 
@@ -506,49 +514,50 @@ void check(const TrainOptions& o) {
   if (!is_model_name(o.model) && !o.model_options.empty()) {
     std::string given;
     for (const auto& [k, v] : o.model_options) given += (given.empty() ? "" : ", ") + k + "=" + std::to_string(v);
-    const std::string where = o.from_job_file.count("model_options") ? "job file " + o.config + ": key 'model_options'"
-                                                                     : std::string("--model-option");
-    throw ConfigError(where + " (" + given + ") sizes a built-in model (mlp, cnn); " + named(o, "model", o.model) +
+    throw ConfigError(source_of(o, "model_options") + " (" + given + ") sizes a built-in model (mlp, cnn); " +
+                      named(o, "model", o.model) +
                       " is a TorchScript module, whose sizes are its own: remove the option");
   }
   check_file(o, "data", o.data);
   if (!o.val_data.empty()) check_file(o, "val_data", o.val_data);
-  require(o.workers >= 1, "--workers must be at least 1, got " + std::to_string(o.workers));
+  require(o.workers >= 1, source_of(o, "workers") + " must be at least 1, got " + std::to_string(o.workers));
   require(o.min_workers >= 0 && o.min_workers <= o.workers,
-          "--min-workers must be 0 (as many as --workers) or 1 to --workers " + std::to_string(o.workers) + ", got " +
-              std::to_string(o.min_workers));
+          source_of(o, "min_workers") + " must be 0 (as many as --workers) or 1 to --workers " +
+              std::to_string(o.workers) + ", got " + std::to_string(o.min_workers));
   require(o.max_workers == 0 || o.max_workers >= o.workers,
-          "--max-workers must be 0 (as many as --workers) or at least --workers " + std::to_string(o.workers) +
-              ", got " + std::to_string(o.max_workers));
-  require(o.epochs >= 1, "--epochs must be at least 1, got " + std::to_string(o.epochs));
-  require(o.batch_size >= 1, "--batch-size must be at least 1, got " + std::to_string(o.batch_size));
+          source_of(o, "max_workers") + " must be 0 (as many as --workers) or at least --workers " +
+              std::to_string(o.workers) + ", got " + std::to_string(o.max_workers));
+  require(o.epochs >= 1, source_of(o, "epochs") + " must be at least 1, got " + std::to_string(o.epochs));
+  require(o.batch_size >= 1, source_of(o, "batch_size") + " must be at least 1, got " + std::to_string(o.batch_size));
   require(o.accumulation >= 1 && o.accumulation <= (int64_t{1} << 20),
-          "--accumulation must be between 1 and 1048576, got " + std::to_string(o.accumulation));
+          source_of(o, "accumulation") + " must be between 1 and 1048576, got " + std::to_string(o.accumulation));
   require(o.optimizer == "sgd" || o.optimizer == "adamw",
-          "--optimizer must be sgd or adamw, got '" + o.optimizer + "'");
+          source_of(o, "optimizer") + " must be sgd or adamw, got '" + o.optimizer + "'");
   check_numbers(o);
-  require(o.block_size >= 0, "--block-size must not be negative, got " + std::to_string(o.block_size));
+  require(o.block_size >= 0, source_of(o, "block_size") + " must not be negative, got " + std::to_string(o.block_size));
   require(
       o.token_dtype == "uint16" || o.token_dtype == "uint32" || o.token_dtype == "int32" || o.token_dtype == "int64",
-      "--token-dtype must be uint16, uint32, int32 or int64, got '" + o.token_dtype + "'");
+      source_of(o, "token_dtype") + " must be uint16, uint32, int32 or int64, got '" + o.token_dtype + "'");
   require(o.schedule == "constant" || o.schedule == "cosine",
-          "--schedule must be constant or cosine, got '" + o.schedule + "'");
+          source_of(o, "schedule") + " must be constant or cosine, got '" + o.schedule + "'");
   require(o.compression == "none" || o.compression == "bf16" || o.compression == "fp16",
-          "--compression must be none, bf16 or fp16, got '" + o.compression + "'");
-  require(o.warmup_steps >= 0, "--warmup-steps must not be negative, got " + std::to_string(o.warmup_steps));
-  require(o.max_failures >= -1, "--max-failures must be -1 (no limit) or more, got " + std::to_string(o.max_failures));
+          source_of(o, "compression") + " must be none, bf16 or fp16, got '" + o.compression + "'");
+  require(o.warmup_steps >= 0,
+          source_of(o, "warmup_steps") + " must not be negative, got " + std::to_string(o.warmup_steps));
+  require(o.max_failures >= -1,
+          source_of(o, "max_failures") + " must be -1 (no limit) or more, got " + std::to_string(o.max_failures));
   require(o.loader_threads >= 1 && o.loader_threads <= 256,
-          "--loader-threads must be between 1 and 256, got " + std::to_string(o.loader_threads));
-  require(o.log_every >= 1, "--log-every must be at least 1, got " + std::to_string(o.log_every));
+          source_of(o, "loader_threads") + " must be between 1 and 256, got " + std::to_string(o.loader_threads));
+  require(o.log_every >= 1, source_of(o, "log_every") + " must be at least 1, got " + std::to_string(o.log_every));
   require(o.keep_checkpoints >= 0 && o.keep_checkpoints <= 1000000,
           named(o, "keep_checkpoints", std::to_string(o.keep_checkpoints)) +
               " must be 0 (keep all) or the number of newest checkpoints to keep");
   require(o.checkpoint_every >= 0,
           named(o, "checkpoint_every", std::to_string(o.checkpoint_every)) + " must be 0 (off) or a number of steps");
   require(o.cpu_gemm == "auto" || o.cpu_gemm == "onednn" || o.cpu_gemm == "aten",
-          "--cpu-gemm must be auto, onednn or aten, got '" + o.cpu_gemm + "'");
+          source_of(o, "cpu_gemm") + " must be auto, onednn or aten, got '" + o.cpu_gemm + "'");
   require(o.amp == "none" || o.amp == "bf16" || o.amp == "fp16",
-          "--amp must be none, bf16 or fp16, got '" + o.amp + "'");
+          source_of(o, "amp") + " must be none, bf16 or fp16, got '" + o.amp + "'");
   require(o.amp != "fp16" || o.gpus_per_worker > 0,
           "--amp fp16 is mixed precision on a GPU: give --gpus-per-worker too (on the CPU, --amp bf16)");
   // Last: an error in what the job is given names that first.

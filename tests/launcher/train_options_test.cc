@@ -241,3 +241,19 @@ TEST_F(TrainOptionsTest, ReplacementTimeoutComesFromTheFlagOrTheJobFile) {
   EXPECT_EQ(problem({"--model", "mlp", "--data", data, "--checkpoint-dir", "ck", "--replacement-timeout", "0"}),
             "--replacement-timeout must be a number of seconds from 0.1 to 604800, got 0");
 }
+
+// A value out of range that a job file gave is named by the job file and
+// its key, not by a flag the user never typed; the flag that overrides the
+// key is named as the flag.
+TEST_F(TrainOptionsTest, AValueOutOfRangeNamesTheJobFilesKeyOrTheFlag) {
+  write("t.npz", "x");
+  const std::string job = write("range.json", R"({"model": "mlp", "data": "t.npz", "checkpoint_dir": "ck",
+                                                  "workers": 0, "lr": -1, "optimizer": "lion"})");
+  EXPECT_EQ(problem({"--config", job}), "job file " + job + ": key 'workers' must be at least 1, got 0");
+  EXPECT_EQ(problem({"--config", job, "--workers", "2"}),
+            "job file " + job + ": key 'optimizer' must be sgd or adamw, got 'lion'");
+  EXPECT_EQ(problem({"--config", job, "--workers", "2", "--optimizer", "sgd"}),
+            "job file " + job + ": key 'lr' must be a positive finite number, got -1");
+  EXPECT_EQ(problem({"--config", job, "--workers", "2", "--optimizer", "sgd", "--lr", "0"}),
+            "--lr must be a positive finite number, got 0");
+}
