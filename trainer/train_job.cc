@@ -230,16 +230,19 @@ Run::Run(Runtime& rt, const TrainJobConfig& cfg)
       consumed_(cfg.trainer, cfg.record_indices, sampler_, dataset_size_) {}
 
 Result Run::fit() {
-  // First, so that the metrics file has every event (resume_from too).
-  reporter_.open_metrics();
-  // Checks that need no trainer.
+  // Checks that need no trainer, and a job that can never be placed, fail
+  // before anything is made (a checkpoint directory, a metrics file).
   check_one_step();
-  std::optional<TrainState> resume = load_resume_from();
-  // A job that can never be placed fails now, naming the resource.
   pool_.check_can_place(min_);
-  reporter_.publish_to(&rt_.kv(), rt_.core()->client_id());  // the head's dashboard and /metrics
+  // Then the checkpoint directory's lock: a job refused because another
+  // holds it leaves no trace in that job's metrics file or on the head's
+  // dashboard.
   if (!cfg_.checkpoint.dir.empty())
     writer_ = std::make_unique<CheckpointWriter>(cfg_.checkpoint.dir, cfg_.checkpoint.keep, data_order());
+  // Then the metrics file, so that it has every event (resume_from too).
+  reporter_.open_metrics();
+  std::optional<TrainState> resume = load_resume_from();
+  reporter_.publish_to(&rt_.kv(), rt_.core()->client_id());  // the head's dashboard and /metrics
 
   start();
   if (resume) {

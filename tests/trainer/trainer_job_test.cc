@@ -396,6 +396,30 @@ TEST_F(TrainJobTest, BadInputFailsBeforeAnyWork) {
   EXPECT_EQ(status.find("TrainerActor"), std::string::npos) << status;
 }
 
+// A job refused because another holds its checkpoint directory leaves no
+// trace: no metrics file (which may be the running job's own), and nothing
+// spawned. One that can never be placed makes neither file nor directory.
+TEST_F(TrainJobTest, AJobRefusedTheCheckpointDirectoryLeavesNoMetricsFile) {
+  auto dir = fresh_dir("refused");
+  auto c = small_job(5, 16);  // more workers than the cluster has CPUs
+  c.checkpoint.dir = (dir / "ckpt").string();
+  c.metrics_path = (dir / "metrics.jsonl").string();
+  EXPECT_THROW(TrainJob(rt_, c).fit(), ConfigError);
+  EXPECT_FALSE(fs::exists(c.metrics_path));
+  EXPECT_FALSE(fs::exists(c.checkpoint.dir));
+  c.scaling.num_workers = 1;
+  CheckpointWriter other(c.checkpoint.dir, 0, {});
+  try {
+    TrainJob(rt_, c).fit();
+    ADD_FAILURE() << "a second job on a held checkpoint directory ran";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("in use by another running job"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(c.metrics_path));
+  EXPECT_EQ(rt_.status_json().find("TrainerActor"), std::string::npos);
+  troupe::core::remove_tree(dir);
+}
+
 // A step that raises at step 6 of a round of steps 1 to 8 (the epoch's)
 // fails the job naming step 6, not the round's start (the last step
 // boundary the driver saw).
