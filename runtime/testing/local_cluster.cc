@@ -175,11 +175,45 @@ LocalCluster::~LocalCluster() {
 }
 
 void LocalCluster::restart_head() {
-  if (head_pid_ > 0)
-    throw Error("LocalCluster::restart_head: the head (pid " + std::to_string(head_pid_) +
-                ") is still running; kill_head first");
+  {
+    std::lock_guard lock(mu_);
+    if (head_pid_ == 0) throw Error("LocalCluster::restart_head: another restart_head is starting the head");
+    if (head_pid_ > 0)
+      throw Error("LocalCluster::restart_head: the head (pid " + std::to_string(head_pid_) +
+                  ") is still running; kill_head first");
+    head_pid_ = 0;  // starting: a second restart_head is refused
+  }
   std::string line;
-  head_pid_ = start(head_env_, &line);
+  pid_t pid = -1;
+  try {
+    pid = start(head_env_, &line);
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    head_pid_ = -1;
+    throw;
+  }
+  std::lock_guard lock(mu_);
+  head_pid_ = pid;
+}
+
+size_t LocalCluster::node_count() const {
+  std::lock_guard lock(mu_);
+  return nodes_.size();
+}
+
+pid_t LocalCluster::head_pid() const {
+  std::lock_guard lock(mu_);
+  return head_pid_;
+}
+
+pid_t LocalCluster::node_pid(size_t i) const {
+  std::lock_guard lock(mu_);
+  return nodes_.at(i).pid;
+}
+
+uint64_t LocalCluster::node_id(size_t i) const {
+  std::lock_guard lock(mu_);
+  return nodes_.at(i).id;
 }
 
 Runtime LocalCluster::connect() const {
@@ -208,27 +242,38 @@ size_t LocalCluster::add_node(const Resources& resources, const std::string& hea
   node.worker_assign_timeout_ms = static_cast<uint64_t>(options_.worker_assign_timeout.count());
   node.head_reconnect_ms = static_cast<uint64_t>(options_.head_reconnect.count());
   pid_t pid = start(node, &line);
+  std::lock_guard lock(mu_);
   nodes_.push_back({pid, std::stoull(line)});
   return nodes_.size() - 1;
 }
 
+// Signals that end a process: its pid leaves the table before it is
+// reaped, so that two callers never reap it both.
+static bool ends(int sig) { return sig == SIGKILL || sig == SIGTERM; }
+
 void LocalCluster::kill_node(size_t i, int sig) {
-  auto& n = nodes_.at(i);
-  if (n.pid <= 0) return;
-  ::kill(n.pid, sig);
-  if (sig == SIGKILL || sig == SIGTERM) {
-    reap(n.pid);
-    n.pid = -1;
+  pid_t pid;
+  {
+    std::lock_guard lock(mu_);
+    auto& n = nodes_.at(i);
+    pid = n.pid;
+    if (pid > 0 && ends(sig)) n.pid = -1;
   }
+  if (pid <= 0) return;
+  ::kill(pid, sig);
+  if (ends(sig)) reap(pid);
 }
 
 void LocalCluster::kill_head(int sig) {
-  if (head_pid_ <= 0) return;
-  ::kill(head_pid_, sig);
-  if (sig == SIGKILL || sig == SIGTERM) {
-    reap(head_pid_);
-    head_pid_ = -1;
+  pid_t pid;
+  {
+    std::lock_guard lock(mu_);
+    pid = head_pid_;
+    if (pid > 0 && ends(sig)) head_pid_ = -1;
   }
+  if (pid <= 0) return;
+  ::kill(pid, sig);
+  if (ends(sig)) reap(pid);
 }
 
 void LocalCluster::reap(pid_t pid) { core::reap_process(pid); }

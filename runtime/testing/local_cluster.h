@@ -12,6 +12,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -70,10 +71,10 @@ class LocalCluster {
   // Starts another node, its agent connecting to `head_address` (a proxy in
   // front of the head; "" = the head's address); returns its index.
   size_t add_node(const Resources& resources, const std::string& head_address = "");
-  size_t node_count() const { return nodes_.size(); }
-  pid_t head_pid() const { return head_pid_; }
-  pid_t node_pid(size_t i) const { return nodes_.at(i).pid; }
-  uint64_t node_id(size_t i) const { return nodes_.at(i).id; }
+  size_t node_count() const;
+  pid_t head_pid() const;
+  pid_t node_pid(size_t i) const;
+  uint64_t node_id(size_t i) const;
   // Sends `sig` to node agent i and, for SIGKILL/SIGTERM, reaps it.
   void kill_node(size_t i, int sig = 9);
   void kill_head(int sig = 9);
@@ -94,9 +95,13 @@ class LocalCluster {
   std::string token_;
   std::string address_;
   std::string dashboard_url_;
-  pid_t head_pid_ = -1;
   core::WorkerEnv head_env_;
   std::string state_dir_;  // durable_head: holds head.sqlite
+  // The node list and the head's pid, for calls from any thread (a test's
+  // and a FaultInjector::after action's at once). Not held while a process
+  // starts or is reaped.
+  mutable std::mutex mu_;
+  pid_t head_pid_ = -1;
   std::vector<Proc> nodes_;
   // Every process is started on this thread, which lives as long as the
   // cluster: a child dies with the thread that forked it (PR_SET_PDEATHSIG),

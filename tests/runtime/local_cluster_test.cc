@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -98,6 +99,42 @@ TEST(LocalClusterTest, ANodeAddedFromAShortLivedThreadOutlivesIt) {
   auto e = rt.spawn<Marker>({.resources = {{"spare", 1}}}, 3);
   EXPECT_EQ(e.call(&Marker::node).get(kWaitBound), cluster.node_id(added));
   EXPECT_EQ(::kill(cluster.node_pid(added), 0), 0);
+}
+
+// The cluster may be called from two threads at once (a test's and a
+// FaultInjector action's): nodes added on one while the other reads the
+// node list and kills a node. Without a lock, add_node's reallocation of
+// the list raced with the reads; CI runs this under TSan too.
+TEST(LocalClusterTest, NodesAddedOnOneThreadWhileAnotherReadsAndKills) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}, {{"CPU", 1}}}});
+  std::atomic<bool> done{false};
+  std::thread adder([&] {
+    try {
+      for (int k = 0; k < 3; ++k) cluster.add_node({{"CPU", 1}});
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+    done = true;
+  });
+  pid_t killed = -1;
+  while (!done.load()) {  // each add_node ends within its start timeout
+    const size_t seen = cluster.node_count();
+    if (seen > 2 && killed < 0) {
+      killed = cluster.node_pid(0);
+      cluster.kill_node(0, SIGKILL);
+    }
+    for (size_t i = 0; i < seen; ++i) EXPECT_NE(cluster.node_pid(i), 0);
+    std::this_thread::yield();
+  }
+  adder.join();
+  EXPECT_EQ(cluster.node_count(), 5u);
+  if (killed < 0) {  // the adder was faster than every look
+    killed = cluster.node_pid(0);
+    cluster.kill_node(0, SIGKILL);
+  }
+  EXPECT_EQ(cluster.node_pid(0), -1);
+  EXPECT_NE(::kill(killed, 0), 0);  // reaped
+  for (size_t i = 1; i < 5; ++i) EXPECT_EQ(::kill(cluster.node_pid(i), 0), 0);
 }
 
 // A FaultInjector destroyed while an actor it stalled is still stopped
