@@ -97,6 +97,12 @@ class LocalCluster {
   std::string dashboard_url_;
   core::WorkerEnv head_env_;
   std::string state_dir_;  // durable_head: holds head.sqlite
+  // Held (flock) on state_dir_/owner.lock while the cluster lives: another
+  // process's cleanup, in a PID namespace where this pid means nothing,
+  // sees the directory is in use.
+  int state_lock_fd_ = -1;
+  void make_state_dir();
+  void remove_state_dir();
   // The node list and the head's pid, for calls from any thread (a test's
   // and a FaultInjector::after action's at once). Not held while a process
   // starts or is reaped.

@@ -4,11 +4,14 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -204,12 +207,36 @@ TEST(LocalClusterTest, DurableHeadStateDirectoriesDoNotOutliveTheirCluster) {
   if (gone == 0) ::_exit(0);
   ASSERT_GT(gone, 0);
   ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
-  const auto orphan = std::filesystem::path("/tmp") / ("troupe-head-" + std::to_string(gone) + "-abcdef");
-  std::filesystem::create_directories(orphan);
+  const auto dir = [&](const std::string& tail) {
+    auto d = std::filesystem::path("/tmp") / ("troupe-head-" + std::to_string(gone) + "-" + tail);
+    std::filesystem::create_directories(d);
+    return d;
+  };
+  // Its lock file is left, not held: the process that held it is gone.
+  const auto orphan = dir("abcdef");
+  std::ofstream(orphan / "owner.lock").put('\n');
+  // One of an older troupe, without a lock file, an hour old.
+  const auto old = dir("ghijkl");
+  const ::timeval hour_ago[2] = {{::time(nullptr) - 3600, 0}, {::time(nullptr) - 3600, 0}};
+  ASSERT_EQ(::utimes(old.c_str(), hour_ago), 0);
+  // A live cluster's, of a process in another PID namespace sharing /tmp
+  // (its pid means nothing here): it holds the lock.
+  const auto elsewhere = dir("mnopqr");
+  const int held = ::open((elsewhere / "owner.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  // One made a moment ago, not locked yet.
+  const auto making = dir("stuvwx");
   {
     troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}}, .durable_head = true});
     EXPECT_FALSE(std::filesystem::exists(orphan));
+    EXPECT_FALSE(std::filesystem::exists(old));
+    EXPECT_TRUE(std::filesystem::exists(elsewhere));
+    EXPECT_TRUE(std::filesystem::exists(making));
     EXPECT_EQ(names_in("/tmp", mine).size(), 1u);
   }
   EXPECT_EQ(names_in("/tmp", mine), std::vector<std::string>{});
+  ::close(held);
+  std::filesystem::remove_all(elsewhere);
+  std::filesystem::remove_all(making);
 }
