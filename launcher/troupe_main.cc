@@ -93,6 +93,8 @@ struct Args {
   double worker_assign_timeout_s = troupe::core::WorkerEnv{}.worker_assign_timeout_ms / 1000.0;
   std::vector<std::string> command;
   std::string runtime_env_json;  // submit: the job's runtime_env for a Python driver
+  double grace_period_s = 30;    // stop: SIGTERM, then after this SIGKILL
+  bool force = false;            // stop: SIGKILL at once
   // `troupe start` options given on the command line that only a head
   // (--head) or only a node agent takes: given to the other, an error.
   std::vector<std::string> head_options_given;
@@ -642,7 +644,15 @@ int cmd_status(const Args& a) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("head %s\n\nnodes:\n", j["address"].get<std::string>().c_str());
+  std::printf("head %s\n", j["address"].get<std::string>().c_str());
+  // A durable head that could not write its state db goes on as a
+  // non-durable one: said first, since a restart would lose the cluster.
+  if (const auto db = j.value("state_db", nlohmann::json::object()); db.contains("error"))
+    std::printf(
+        "warning: the head's state db %s failed a write (%s): its tables are no longer saved, and a "
+        "head restarted now starts empty\n",
+        db.value("path", std::string()).c_str(), one_line(db["error"].get<std::string>()).c_str());
+  std::printf("\nnodes:\n");
   for (auto& n : j["nodes"]) {
     const std::string res = node_resources_text(n);
     std::printf("  node %-3llu %-6s %-20s pid %-7d %s\n", (unsigned long long)n["id"].get<uint64_t>(),
@@ -698,39 +708,76 @@ int cmd_status(const Args& a) {
 // exiting holds its state file, so a `troupe start --head` right after
 // `troupe stop` would be refused; as `ray stop` does, stop returns once
 // they have ended, naming any that did not.
-int stop_local_processes(const std::string& dir) {
-  int stopped = 0;
-  if (!fs::exists(dir)) return 0;
+struct Stopped {
+  int stopped = 0;  // signalled
+  int killed = 0;   // still running after the grace period: SIGKILLed
+  int left = 0;     // running even after SIGKILL (their pid files stay)
+};
+
+Stopped stop_local_processes(const std::string& dir, std::chrono::milliseconds grace, bool force) {
+  Stopped r;
+  if (!fs::exists(dir)) return r;
   troupe::core::check_session_dir(dir);
-  std::vector<std::pair<pid_t, uint64_t>> signalled;  // pid, start time
+  struct Proc {
+    pid_t pid;
+    uint64_t started;
+    fs::path pid_file;
+  };
+  std::vector<Proc> signalled;
   for (auto& entry : fs::directory_iterator(dir)) {
     std::string name = entry.path().filename();
     if (name.size() < 4 || name.substr(name.size() - 4) != ".pid") continue;
     auto f = troupe::core::check_pid_file(dir, name);
-    if (f.alive) {
-      const auto started = troupe::core::process_start_time(f.pid);
-      if (::kill(f.pid, SIGTERM) == 0) {
-        ++stopped;
-        if (started) signalled.emplace_back(f.pid, *started);
-      }
-    } else {
+    if (!f.alive) {
       std::fprintf(stderr, "troupe stop: ignoring %s/%s: %s; not signalling it\n", dir.c_str(), name.c_str(),
                    f.problem.c_str());
+      fs::remove(entry.path());
+      continue;
     }
-    fs::remove(entry.path());
+    const auto started = troupe::core::process_start_time(f.pid);
+    if (::kill(f.pid, force ? SIGKILL : SIGTERM) != 0) {
+      fs::remove(entry.path());
+      continue;
+    }
+    ++r.stopped;
+    if (started)
+      signalled.push_back({f.pid, *started, entry.path()});
+    else
+      fs::remove(entry.path());
   }
   // What named the stopped head's endpoints, so that nothing finds them.
   for (const char* f : {"address", "dashboard"}) fs::remove(fs::path(dir) / f);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  auto running = [&] {
-    std::erase_if(signalled, [](const auto& p) { return !troupe::core::process_running(p.first, p.second); });
-    return !signalled.empty();
+  // Waits until every signalled process has ended (its pid file goes then)
+  // or `within` has passed; whether any is still running.
+  auto wait_for_ends = [&](std::chrono::milliseconds within) {
+    const auto deadline = std::chrono::steady_clock::now() + within;
+    for (;;) {
+      std::erase_if(signalled, [](const Proc& p) {
+        if (troupe::core::process_running(p.pid, p.started)) return false;
+        fs::remove(p.pid_file);
+        return true;
+      });
+      if (signalled.empty() || std::chrono::steady_clock::now() >= deadline) return !signalled.empty();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   };
-  while (running() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  for (const auto& [pid, started] : signalled)
-    std::fprintf(stderr, "troupe stop: pid %d is still running 30 s after SIGTERM\n", static_cast<int>(pid));
-  return stopped;
+  if (!wait_for_ends(force ? std::chrono::milliseconds(5000) : grace) || force) {
+    r.left = static_cast<int>(signalled.size());
+  } else {
+    // Hung (or stopped: SIGSTOP): as `ray stop` does after its grace period.
+    for (const auto& p : signalled) {
+      std::fprintf(stderr, "troupe stop: pid %d (%s) did not exit within %.0f s of SIGTERM: killing it (SIGKILL)\n",
+                   static_cast<int>(p.pid), p.pid_file.filename().c_str(), grace.count() / 1000.0);
+      if (troupe::core::process_running(p.pid, p.started)) ::kill(p.pid, SIGKILL);
+    }
+    r.killed = static_cast<int>(signalled.size());
+    wait_for_ends(std::chrono::milliseconds(5000));
+    r.left = static_cast<int>(signalled.size());
+  }
+  for (const auto& p : signalled)
+    std::fprintf(stderr, "troupe stop: pid %d (%s) is still running; its pid file stays\n", static_cast<int>(p.pid),
+                 p.pid_file.filename().c_str());
+  return r;
 }
 
 // Whether the session records a process it started (a head, a node agent).
@@ -752,13 +799,26 @@ void remove_state_db(const std::string& dir) {
   std::printf("removed the head's state db %s\n", db.c_str());
 }
 
+// What stop_local_processes did, said; the exit status (1 when a process
+// is left running).
+int report_stopped(const Stopped& r) {
+  std::printf("stopped %d local troupe process(es)%s\n", r.stopped,
+              r.killed > 0 ? (" (" + std::to_string(r.killed) + " killed after the grace period)").c_str() : "");
+  if (r.left == 0) return 0;
+  std::fprintf(stderr, "troupe stop: %d process(es) still running: see above\n", r.left);
+  return 1;
+}
+
 int cmd_stop(const Args& a) {
   std::string dir = session_dir();
   troupe::core::check_session_dir(dir);
+  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(a.grace_period_s * 1000));
+  // `auto` is the session's head, as the default is.
+  const std::string address = a.address == "auto" ? "" : a.address;
   // A session that joined a cluster (`troupe start --address`) and runs no
   // head of its own stops its node agents alone, as `ray stop` does: the
   // cluster goes on without this machine. --address stops that cluster.
-  if (a.address.empty() && !fs::exists(fs::path(dir) / "head.pid")) {
+  if (address.empty() && !fs::exists(fs::path(dir) / "head.pid")) {
     if (!has_pid_file(dir)) {
       std::printf("nothing to stop: session %s runs no troupe process\n", dir.c_str());
       return 0;
@@ -766,42 +826,49 @@ int cmd_stop(const Args& a) {
     std::printf(
         "this session runs no head: stopping its local processes only (the cluster goes on; `troupe stop "
         "--address HOST:PORT` stops the whole cluster)\n");
-    std::printf("stopped %d local troupe process(es)\n", stop_local_processes(dir));
-    return 0;
+    return report_stopped(stop_local_processes(dir, grace, a.force));
   }
   // Another cluster than this session's, named by --address: only its
   // head is told; this session's processes are none of its business.
-  const bool elsewhere = !a.address.empty() && a.address != "auto" && a.address != read_session_file(dir, "address");
+  const bool elsewhere = !address.empty() && address != read_session_file(dir, "address");
   if (elsewhere) {
     try {
-      troupe::wire::parse_address(a.address);
+      troupe::wire::parse_address(address);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "troupe stop: --address %s: %s\n", a.address.c_str(), e.what());
+      std::fprintf(stderr, "troupe stop: --address %s: %s\n", address.c_str(), e.what());
       return 2;
     }
   }
   bool head_told = false;
-  try {
-    auto rt = connect_session(a.address);
-    rt.core()->head().call_empty<void>(troupe::wire::Op::kShutdown, std::chrono::seconds(5));
-    head_told = true;
-  } catch (const std::exception& e) {
-    if (elsewhere) {
-      std::fprintf(stderr, "troupe stop: the head at %s was not stopped: %s\n", a.address.c_str(), e.what());
-      return 1;
+  if (!a.force) try {
+      auto rt = connect_session(address);
+      rt.core()->head().call_empty<void>(troupe::wire::Op::kShutdown, std::chrono::seconds(5));
+      head_told = true;
+    } catch (const std::exception& e) {
+      if (elsewhere) {
+        std::fprintf(stderr, "troupe stop: the head at %s was not stopped: %s\n", address.c_str(), e.what());
+        return 1;
+      }
+      std::fprintf(stderr, "troupe stop: head not reachable (%s); stopping local processes\n", e.what());
     }
-    std::fprintf(stderr, "troupe stop: head not reachable (%s); stopping local processes\n", e.what());
-  }
   if (elsewhere) {
-    std::printf("told the head at %s to stop its cluster\n", a.address.c_str());
+    if (a.force) {
+      std::fprintf(stderr, "troupe stop: --force kills this session's processes; --address %s is another cluster\n",
+                   address.c_str());
+      return 2;
+    }
+    std::printf("told the head at %s to stop its cluster\n", address.c_str());
     return 0;
   }
-  std::printf("stopped %d local troupe process(es)\n", stop_local_processes(dir));
-  // A head that could not be told did not empty its state db: a head
-  // started next in this session would reload the stopped cluster.
-  if (!head_told) remove_state_db(dir);
-  fs::remove(fs::path(dir) / "state_db");
-  return 0;
+  const Stopped r = stop_local_processes(dir, grace, a.force);
+  // A head that could not be told, or was killed, did not empty its state
+  // db: a head started next in this session would reload the stopped
+  // cluster. One still running holds it: it stays.
+  if (r.left == 0) {
+    if (!head_told || r.killed > 0) remove_state_db(dir);
+    fs::remove(fs::path(dir) / "state_db");
+  }
+  return report_stopped(r);
 }
 
 int cmd_submit(const Args& a) {
@@ -1090,7 +1157,15 @@ int main(int argc, char** argv) {
       app.add_subcommand("session",
                          "print this session's directory ($TROUPE_SESSION_DIR, else $XDG_RUNTIME_DIR/troupe, else "
                          "/tmp/troupe-UID): its token, address, pid and log files");
-  stop->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
+  stop->add_option("--address", a.address,
+                   "HOST:PORT of another cluster's head, to stop that cluster (default, or auto: this session's "
+                   "cluster; in a session that only joined a cluster, its node agents alone)");
+  stop->add_option("--grace-period", a.grace_period_s,
+                   "seconds the session's processes have to exit after SIGTERM before they are killed (SIGKILL)")
+      ->default_val(30)
+      ->check(troupe::launcher::in_range(0.0, 3600.0));
+  stop->add_flag("--force", a.force, "kill the session's processes at once (SIGKILL), without telling the head")
+      ->excludes("--grace-period");
   auto* submit = app.add_subcommand("submit", "run a driver against the session's cluster");
   submit->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   submit->add_option("--runtime-env-json", a.runtime_env_json,

@@ -163,11 +163,19 @@ class Head::Impl {
     try {
       store_->write(state_.take_rows());
     } catch (const std::exception& e) {
-      // A head that cannot write goes on as a non-durable one, loudly. The
-      // store is kept (unused): it holds the state file's lock, which no
-      // other head may take while this one lives.
-      TROUPE_LOG_ERROR("{}; the head's tables are no longer written through", e.what());
+      // A head that cannot write goes on as a non-durable one, loudly (the
+      // log, `troupe status`, /metrics). Its file, behind the head's
+      // tables from now on, is removed: a head started after this one
+      // starts empty instead of reloading a past the drivers have left.
+      // The store is kept (unused): it holds the state file's lock, which
+      // no other head may take while this one lives.
+      store_error_ = e.what();
+      TROUPE_LOG_ERROR(
+          "{}; the head's tables are no longer written through, and {} is removed (a head restarted "
+          "now starts empty)",
+          store_error_, opts_.state_db);
       failed_store_ = std::move(store_);
+      failed_store_->discard();
     }
   }
 
@@ -458,6 +466,7 @@ class Head::Impl {
     j["tables"].update(server_table_sizes());
     j["jobs"] = jobs_json();
     if (http_) j["dashboard"] = dashboard_url();
+    j["state_db"] = state_db_json();
     return j;
   }
 
@@ -793,7 +802,8 @@ class Head::Impl {
     nlohmann::json messages = nlohmann::json::object();
     for (const auto& [op, n] : message_counts_) messages[op_name(op)] = n;
     j["head"] = {{"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
-                 {"messages", std::move(messages)}};
+                 {"messages", std::move(messages)},
+                 {"state_db", state_db_json()}};
     return j;
   }
 
@@ -841,6 +851,14 @@ class Head::Impl {
   HeadState state_;
   std::unique_ptr<HeadStore> store_;
   std::unique_ptr<HeadStore> failed_store_;  // a store that failed a write: kept for its lock
+  std::string store_error_;                  // that write's error
+
+  // Whether the tables are written through, for status and /metrics.
+  nlohmann::json state_db_json() const {
+    nlohmann::json j = {{"path", opts_.state_db}, {"written", store_ != nullptr}};
+    if (!store_error_.empty()) j["error"] = store_error_;
+    return j;
+  }
   asio::io_context io_;
   Listener listener_;
   asio::steady_timer timer_;

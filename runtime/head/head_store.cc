@@ -278,6 +278,10 @@ void HeadStore::write(const std::vector<HeadState::Row>& rows) {
   }
 }
 
+void HeadStore::discard() {
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) ::unlink((path_ + suffix).c_str());
+}
+
 void HeadStore::clear() {
   exec("DELETE FROM head_rows");
   // The file gives its pages back: emptied, it is as small as a new one

@@ -51,6 +51,10 @@ class HeadStore {
   void write(const std::vector<HeadState::Row>& rows);
   // Forgets every row (the cluster was stopped on purpose).
   void clear();
+  // Unlinks the file (its WAL and journal too; PATH.lock stays, held): a
+  // store that failed a write holds tables older than the head's, which no
+  // later head may reload. Unlinking frees room even on a full disk.
+  void discard();
   // Checkpoints the checkpoint thread ran, and those the writer ran (for
   // tests).
   int64_t checkpoints() const { return checkpoints_.load(); }

@@ -139,6 +139,11 @@ void head_metrics(std::ostringstream& out, const json& head) {
               "Messages the head handled, by operation (actor calls do not pass through the head).");
   const json messages = head.value("messages", json::object());
   for (const auto& [op, n] : messages.items()) msgs.sample({{"op", op}}, as_number(n));
+  Family written(out, "troupe_head_state_db_written", "gauge",
+                 "1 while the head writes its tables through to its state db; 0 without one, or once a write "
+                 "failed (a restarted head would start empty).");
+  const json db = head.value("state_db", json::object());
+  written.sample({}, db.value("written", false) ? 1 : 0);
 }
 
 // A job's field as a sample: a job publishes its document in the KV

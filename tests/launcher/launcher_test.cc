@@ -649,21 +649,90 @@ TEST_F(LauncherTest, StopInASessionThatJoinedStopsItsNodeAlone) {
   std::string in_joined = "TROUPE_SESSION_DIR=" + joined.string();
   in_joined += " TROUPE_TOKEN=" + troupe::core::read_session_file(dir_.string(), "token");
   in_joined += ' ';
-  auto node = run(in_joined + cli() + " start --address " + address + " --resources CPU=1,GPU=0");
-  ASSERT_EQ(node.status, 0) << node.output;
   auto nodes_alive = [&] {
     auto j = nlohmann::json::parse(run(cli() + " status --json").output);
     int alive = 0;
     for (const auto& n : j["nodes"]) alive += n["alive"].get<bool>();
     return alive;
   };
-  ASSERT_EQ(nodes_alive(), 1);
-  auto stop = run(in_joined + cli() + " stop");
+  // `--address auto` is this session's cluster, as the default is (it
+  // stopped the whole cluster).
+  for (const std::string how : {"", " --address auto"}) {
+    SCOPED_TRACE("troupe stop" + how);
+    auto node = run(in_joined + cli() + " start --address " + address + " --resources CPU=1,GPU=0");
+    ASSERT_EQ(node.status, 0) << node.output;
+    ASSERT_EQ(nodes_alive(), 1);
+    auto stop = run(in_joined + cli() + " stop" + how);
+    EXPECT_EQ(stop.status, 0) << stop.output;
+    EXPECT_NE(stop.output.find("this session runs no head"), std::string::npos) << stop.output;
+    // The head serves on; the node that left is seen gone.
+    EXPECT_TRUE(troupe::test::eventually([&] { return nodes_alive() == 0; }));
+    EXPECT_EQ(run(cli() + " status").status, 0);
+  }
+}
+
+// A head that does not exit on SIGTERM (hung; here stopped) is killed
+// after the grace period, and its pid file and state db go with it: a
+// head starts again at once. Before, stop said it was still running, exited
+// 0, and removed its pid file, so a second stop found "nothing to stop"
+// and a new head found its port taken.
+TEST_F(LauncherTest, StopKillsAHeadThatOutlivesTheGracePeriod) {
+  auto r = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const pid_t head = started_head_pid(r.output);
+  ASSERT_GT(head, 0) << r.output;
+  ASSERT_EQ(::kill(head, SIGSTOP), 0);
+  auto stop = run(cli() + " stop --grace-period 1");
   EXPECT_EQ(stop.status, 0) << stop.output;
-  EXPECT_NE(stop.output.find("this session runs no head"), std::string::npos) << stop.output;
-  // The head serves on; the node that left is seen gone.
-  EXPECT_TRUE(troupe::test::eventually([&] { return nodes_alive() == 0; }));
-  EXPECT_EQ(run(cli() + " status").status, 0);
+  EXPECT_NE(stop.output.find("pid " + std::to_string(head) +
+                             " (head.pid) did not exit within 1 s of SIGTERM: " + "killing it (SIGKILL)"),
+            std::string::npos)
+      << stop.output;
+  EXPECT_TRUE(troupe::test::process_gone(head));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "head.pid"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "head.sqlite")) << stop.output;
+  auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
+  ASSERT_EQ(again.status, 0) << again.output;
+  // --force kills at once, without asking the head.
+  const pid_t second = started_head_pid(again.output);
+  auto force = run(cli() + " stop --force");
+  EXPECT_EQ(force.status, 0) << force.output;
+  EXPECT_TRUE(troupe::test::process_gone(second));
+  EXPECT_NE(run(cli() + " stop --force --grace-period 3").status, 0);  // one or the other
+}
+
+// A durable head whose state db refuses a write (a full disk; here a file
+// size limit) goes on without it, says so in status and /metrics, and
+// removes the file: a head started after it starts empty instead of
+// reloading tables older than the cluster the drivers saw.
+TEST_F(LauncherTest, AHeadWhoseStateDbFailsAWriteSaysSoAndLeavesNoStaleTables) {
+  // 4096 blocks: 2 MB (dash's 512-byte blocks) or 4 MB; SIGXFSZ ignored,
+  // so the write fails with EFBIG instead of killing the head.
+  auto r = run("ulimit -f 4096 && trap '' XFSZ && " + cli() + " start --head --no-node --port 0 --dashboard-port -1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const pid_t head = started_head_pid(r.output);
+  ASSERT_GT(head, 0) << r.output;
+  {
+    troupe::Runtime rt = troupe::Runtime::connect(session_cluster());
+    rt.kv().put("before", "1");
+    rt.kv().put("big", std::string(8 << 20, 'x'));
+    ASSERT_TRUE(troupe::test::eventually([&] { return !std::filesystem::exists(dir_ / "head.sqlite"); }));
+    auto status = run(cli() + " status");
+    EXPECT_NE(
+        status.output.find("warning: the head's state db " + (dir_ / "head.sqlite").string() + " failed a write ("),
+        std::string::npos)
+        << status.output;
+    auto j = nlohmann::json::parse(run(cli() + " status --json").output);
+    EXPECT_EQ(j["state_db"]["written"], false) << j["state_db"].dump();
+    rt.kv().put("after", "1");  // the head serves on
+    EXPECT_EQ(rt.kv().get("after"), std::optional<std::string>("1"));
+  }
+  ASSERT_EQ(::kill(head, SIGKILL), 0);
+  ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+  auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
+  ASSERT_EQ(again.status, 0) << again.output;
+  troupe::Runtime rt = troupe::Runtime::connect(session_cluster());
+  EXPECT_EQ(rt.kv().get("before"), std::nullopt);  // empty, not the tables of before the failure
 }
 
 // The sbatch script troupe slurm writes runs the driver with its arguments

@@ -104,6 +104,7 @@ TEST_F(DashboardTest, ServesMetricsAndStatusWithTheBearerToken) {
   std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
   EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
   EXPECT_NE(m.find("# TYPE troupe_nodes gauge"), std::string::npos) << m;
+  EXPECT_NE(m.find("\ntroupe_head_state_db_written 0\n"), std::string::npos) << m;  // not durable
   std::string s = get(port_, "/api/status", "Authorization: Bearer the-token\r\n");
   ASSERT_EQ(s.rfind("HTTP/1.1 200", 0), 0u) << s;
   auto j = nlohmann::json::parse(s.substr(s.find("\r\n\r\n") + 4));
