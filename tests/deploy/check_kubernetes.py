@@ -3,7 +3,9 @@ a JSON schema of the fields each kind needs, and the cross-references a
 cluster would only catch at run time: selectors match their pod labels,
 Service target ports name container ports, every Secret referenced exists
 with the key, every $(VAR) in a command is defined in the container's env,
-and every --flag of a troupe command is one `troupe start --help` lists.
+every --flag of a troupe command is one `troupe start --help` lists, and
+the session directory is not an emptyDir's mount point (mode 0777, which
+troupe refuses).
 
     python3 tests/deploy/check_kubernetes.py --cli build-ci/launcher/troupe deploy/kubernetes
 """
@@ -127,7 +129,24 @@ def check_workload(where, d, secrets, flags):
                     problems.append(f"{where}: `troupe start` has no flag {arg}")
             if "TROUPE_TOKEN" not in env:
                 problems.append(f"{where}: no TROUPE_TOKEN in the env: the processes cannot join")
+            problems += check_session_dir(where, d["spec"]["template"]["spec"], c, env)
     return problems
+
+
+def check_session_dir(where, pod, container, env):
+    """troupe refuses a session directory that is not mode 0700, and the
+    kubelet makes an emptyDir's mount point 0777: the session directory
+    must be a directory below the mount, which troupe creates 0700."""
+    session = env.get("TROUPE_SESSION_DIR", {}).get("value")
+    if not session:
+        return []
+    empty_dirs = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+    for m in container.get("volumeMounts", []):
+        if m["name"] in empty_dirs and os.path.normpath(m["mountPath"]) == os.path.normpath(session):
+            return [f"{where}: TROUPE_SESSION_DIR {session} is the mount point of emptyDir {m['name']}, which the "
+                    "kubelet makes mode 0777 and troupe refuses: name a directory below it "
+                    f"({session.rstrip('/')}/session)"]
+    return []
 
 
 def check_service(where, svc, templates):
