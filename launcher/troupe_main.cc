@@ -43,6 +43,7 @@
 #include "torchrun_options.h"
 #include "torchrun_slot.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/session.h"
@@ -363,6 +364,11 @@ std::string conflicting_start_options(const Args& a) {
 // "" when every value given to `troupe start` is one it takes, else why
 // not, naming the option and the value: a usage error like CLI11's.
 std::string bad_start_value(const Args& a) {
+  // Each is in range (CLI11 checked it); their product is the fence time.
+  if (const uint64_t fence = uint64_t(a.heartbeat_ms) * a.heartbeat_misses; fence > troupe::core::kMaxFenceMs)
+    return "--heartbeat-ms " + std::to_string(a.heartbeat_ms) + " × --heartbeat-misses " +
+           std::to_string(a.heartbeat_misses) + " = " + std::to_string(fence) +
+           " ms before a silent node is fenced, over " + std::to_string(troupe::core::kMaxFenceMs) + " (a day)";
   try {
     troupe::head::validate_resources(troupe::head::parse_resources(a.resources), "--resources");
   } catch (const troupe::ConfigError& e) {

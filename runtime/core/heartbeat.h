@@ -30,6 +30,10 @@ inline constexpr uint32_t kMinHeartbeatMs = 10;
 inline constexpr uint32_t kMaxHeartbeatMs = 60000;
 inline constexpr uint32_t kMinHeartbeatMisses = 1;
 inline constexpr uint32_t kMaxHeartbeatMisses = 100000;
+// And of their product, the time before a silent node is fenced: a day.
+// (Both at their bounds, 6e9 ms, would wrap the 32-bit fence time agents
+// and workers are told, so that theirs and the head's would differ.)
+inline constexpr uint64_t kMaxFenceMs = 24ull * 3600 * 1000;
 
 // ConfigError naming `what` and the value out of bounds: a 0 ms heartbeat
 // would spin the head's check, and 0 misses fence every node at once.
@@ -40,6 +44,10 @@ inline void validate_heartbeat(uint32_t ms, uint32_t misses, const std::string& 
   if (misses < kMinHeartbeatMisses || misses > kMaxHeartbeatMisses)
     throw ConfigError(what + ": heartbeat_misses " + std::to_string(misses) + " is not in [" +
                       std::to_string(kMinHeartbeatMisses) + ", " + std::to_string(kMaxHeartbeatMisses) + "]");
+  if (uint64_t(ms) * misses > kMaxFenceMs)
+    throw ConfigError(what + ": heartbeat_ms " + std::to_string(ms) + " × heartbeat_misses " + std::to_string(misses) +
+                      " = " + std::to_string(uint64_t(ms) * misses) + " ms before a silent node is fenced, over " +
+                      std::to_string(kMaxFenceMs) + " (a day)");
 }
 
 }  // namespace troupe::core

@@ -366,6 +366,14 @@ TEST_F(LauncherTest, BadStartValuesAreUsageErrorsNamingOptionAndValue) {
   EXPECT_NE(word.output.find("abc is not a number"), std::string::npos) << word.output;
   auto far = run(cli() + " start --head --heartbeat-ms 5");
   EXPECT_NE(far.output.find("5 is not in [10, 60000]"), std::string::npos) << far.output;
+  // Each in range, their product over a day: it wrapped the agents' 32-bit
+  // fence time.
+  auto day = run(cli() + " start --head --heartbeat-ms 60000 --heartbeat-misses 100000");
+  EXPECT_EQ(WEXITSTATUS(day.status), 2) << day.output;
+  EXPECT_NE(day.output.find("--heartbeat-ms 60000 × --heartbeat-misses 100000 = 6000000000 ms before a silent node "
+                            "is fenced, over 86400000 (a day)"),
+            std::string::npos)
+      << day.output;
   auto help = run(cli() + " start --help");
   ASSERT_TRUE(WIFEXITED(help.status));
   EXPECT_EQ(WEXITSTATUS(help.status), 0) << help.output;

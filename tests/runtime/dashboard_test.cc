@@ -248,7 +248,7 @@ TEST(DashboardLoopback, ServesLoopbackHostsWithoutATokenAndRefusesOtherHosts) {
   for (const std::string host : {"attacker.example", "attacker.example:8265", "10.0.0.1", "localhost.evil.example",
                                  "127.0.0.1.attacker.example", "127.0.0.1.attacker.example:8265", "[::2]"}) {
     const std::string refused = with_host(host);
-    EXPECT_EQ(refused.rfind("HTTP/1.1 403", 0), 0u) << host << ": " << refused.substr(0, 200);
+    EXPECT_EQ(refused.rfind("HTTP/1.1 403 Forbidden\r\n", 0), 0u) << host << ": " << refused.substr(0, 200);
     EXPECT_NE(refused.find("is not a loopback name"), std::string::npos) << refused;
   }
   const std::string wrong = with_host("localhost", "Authorization: Bearer not-the-token\r\n");

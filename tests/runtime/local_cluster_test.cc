@@ -177,6 +177,12 @@ TEST(LocalClusterTest, BadHeartbeatsAndNodeResourcesAreRefusedByName) {
             std::string::npos);
   EXPECT_NE(refusal({.heartbeat_misses = 0}).find("LocalClusterOptions: heartbeat_misses 0 is not in [1, 100000]"),
             std::string::npos);
+  // Each in range, their product over a day (it wrapped the agents' 32-bit
+  // fence time).
+  EXPECT_NE(refusal({.heartbeat_ms = 60000, .heartbeat_misses = 100000})
+                .find("heartbeat_ms 60000 × heartbeat_misses 100000 = 6000000000 ms before a silent node is fenced, "
+                      "over 86400000 (a day)"),
+            std::string::npos);
   EXPECT_NE(refusal({.nodes = {{{"CPU", 1e300}}}}).find("node 0: resource 'CPU' = 1e+300 exceeds the limit"),
             std::string::npos)
       << refusal({.nodes = {{{"CPU", 1e300}}}});
