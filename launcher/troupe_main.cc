@@ -168,7 +168,9 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   o.die_with_parent = a.block;
   o.new_session = !a.block;
   auto p = troupe::core::start_role_process(o, "node agent");
-  g_started.emplace_back(p.pid, "node-" + p.ready_line + ".pid");
+  // Named by the agent's pid too: a session may run a head and join
+  // another cluster, whose node ids start at 1 as well.
+  g_started.emplace_back(p.pid, "node-" + p.ready_line + "-" + std::to_string(p.pid) + ".pid");
   troupe::core::write_pid_file(dir, g_started.back().second, p.pid);
   std::printf("node %s started (pid %d), joined %s; log %s\n", p.ready_line.c_str(), p.pid, address.c_str(),
               o.log_file.c_str());

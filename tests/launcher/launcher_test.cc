@@ -679,6 +679,35 @@ TEST_F(LauncherTest, StopInASessionThatJoinedStopsItsNodeAlone) {
   }
 }
 
+// A session that runs a head and joins another cluster has two node 1s:
+// each keeps a pid file of its own (the second overwrote the first, and a
+// stop then signalled the other cluster's agent, leaving this one's).
+TEST_F(LauncherTest, NodeAgentsOfTwoClustersInOneSessionKeepTheirOwnPidFiles) {
+  const std::filesystem::path other = dir_ / "other";
+  std::filesystem::create_directories(other);
+  std::filesystem::permissions(other, std::filesystem::perms::owner_all);
+  const std::string in_other = "TROUPE_SESSION_DIR=" + other.string() + " ";
+  auto b = run(in_other + cli() + " start --head --no-node --port 0 --dashboard-port -1");
+  ASSERT_EQ(b.status, 0) << b.output;
+  auto a = run(cli() + " start --head --port 0 --dashboard-port -1 --resources CPU=1,GPU=0");
+  ASSERT_EQ(a.status, 0) << a.output;
+  const std::string b_address = troupe::core::read_session_file(other.string(), "address");
+  const std::string b_token = troupe::core::read_session_file(other.string(), "token");
+  auto join =
+      run("TROUPE_TOKEN=" + b_token + " " + cli() + " start --address " + b_address + " --resources CPU=1,GPU=0");
+  ASSERT_EQ(join.status, 0) << join.output;
+  std::vector<pid_t> agents;
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    if (e.path().filename().string().rfind("node-1-", 0) == 0 && e.path().extension() == ".pid")
+      agents.push_back(std::stoi(troupe::core::read_session_file(dir_.string(), e.path().filename().string())));
+  ASSERT_EQ(agents.size(), 2u);
+  EXPECT_NE(agents[0], agents[1]);
+  auto stop = run(cli() + " stop");
+  EXPECT_EQ(stop.status, 0) << stop.output;
+  for (pid_t agent : agents) EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(agent); }));
+  run(in_other + cli() + " stop");
+}
+
 // A head that does not exit on SIGTERM (hung; here stopped) is killed
 // after the grace period, and its pid file and state db go with it: a
 // head starts again at once. Before, stop said it was still running, exited
