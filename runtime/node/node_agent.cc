@@ -439,8 +439,7 @@ class NodeAgent::Impl {
         "restart their actors on other nodes",
         node_id_.load(), silent.count(), workers_.size() + waiting_spawns_.size());
     for (auto& [pid, w] : workers_) {
-      ::kill(-pid, SIGKILL);  // its process group (a worker leads its own), then itself
-      ::kill(pid, SIGKILL);
+      kill_worker(pid);
       kill_reasons_[pid] = why;
     }
     for (const auto& s : waiting_spawns_) report_exit(s.actor_id, s.incarnation, 0, "never started: " + why);
@@ -451,10 +450,18 @@ class NodeAgent::Impl {
     lease_spent_ = true;  // until the head is heard again
   }
 
+  // A worker and what it started: its process group (a worker leads its
+  // own), then itself. A DataLoader's workers, a subprocess an actor
+  // started, go with it, as Ray's do (kill_child_processes_on_worker_exit).
+  static void kill_worker(pid_t pid) {
+    ::kill(-pid, SIGKILL);
+    ::kill(pid, SIGKILL);
+  }
+
   // Kills and reaps every worker without reporting their exits: the node is
   // stopping, or its incarnation is over and the head knows.
   void kill_workers() {
-    for (auto& [pid, w] : workers_) ::kill(pid, SIGKILL);
+    for (auto& [pid, w] : workers_) kill_worker(pid);
     for (auto& [pid, w] : workers_) {
       core::wait_child(pid);
       pool_->worker_exited(pid);
@@ -473,7 +480,7 @@ class NodeAgent::Impl {
           auto k = decode_value<KillWorker>(m.body);
           for (auto& [pid, w] : workers_)
             if (w.actor_id == k.actor_id && w.incarnation == k.incarnation) {
-              ::kill(pid, SIGKILL);
+              kill_worker(pid);
               pooled_spawns_.erase(pid);  // not started again if its pooled worker never took it
             }
           // One still waiting to start never does.
@@ -691,6 +698,11 @@ class NodeAgent::Impl {
         ++it;
         continue;
       }
+      // A worker that ended by itself (its actor exited, an idle task
+      // executor released, a crash) leaves nothing it started behind
+      // either: the group's id stays in use, never another process's pid,
+      // while a member lives.
+      ::kill(-pid, SIGKILL);
       std::string how = core::describe_exit_status(status);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 127) how += " (could not exec the worker executable?)";
       if (auto k = kill_reasons_.find(pid); k != kill_reasons_.end()) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -224,10 +225,31 @@ class Gate {
 };
 TROUPE_ACTOR(Gate, &Gate::enter, &Gate::enter_io, &Gate::release, &Gate::counts)
 
+// Starts processes of its own, as a DataLoader's workers or an actor's
+// subprocess would be.
+class ChildMaker {
+ public:
+  int start_sleeper() {
+    pid_t child = -1;
+    char sleep_cmd[] = "sleep", seconds[] = "600";
+    char* argv[] = {sleep_cmd, seconds, nullptr};
+    if (::posix_spawnp(&child, "sleep", nullptr, nullptr, argv, environ) != 0) return -1;
+    return child;
+  }
+  int quit() { ::_exit(0); }
+};
+TROUPE_ACTOR(ChildMaker, &ChildMaker::start_sleeper, &ChildMaker::quit)
+
 namespace {
 
 using troupe::test::eventually;
 using troupe::testing::LocalCluster;
+
+// Ended: no such process, or a zombie whose parent (the dead worker) is
+// gone and which init has not reaped yet.
+bool ended(pid_t pid) {
+  return troupe::test::process_gone(pid) || troupe::test::proc_state("/proc/" + std::to_string(pid) + "/stat") == 'Z';
+}
 
 class ClusterTest : public ::testing::Test {
  protected:
@@ -496,6 +518,23 @@ TEST_F(ClusterTest, KilledWorkerRestartsThenDiesWhenRestartsRunOut) {
   ASSERT_TRUE(eventually([&] { return c.info().state == troupe::ActorState::kDead; }));
   EXPECT_NE(c.info().death_cause.find("signal 9"), std::string::npos) << c.info().death_cause;
   EXPECT_THROW(c.call(&Counter::get).get(kWaitBound), troupe::ActorDied);
+}
+
+// What a worker started goes with it: killed (troupe.kill, a restart), or
+// ended by itself. Such processes outlived their worker, reparented to
+// init (Ray kills them: kill_child_processes_on_worker_exit).
+TEST_F(ClusterTest, ProcessesAWorkerStartedEndWithIt) {
+  auto killed = rt_.spawn<ChildMaker>({});
+  const int a = killed.call(&ChildMaker::start_sleeper).get(kWaitBound);
+  ASSERT_GT(a, 0);
+  auto quits = rt_.spawn<ChildMaker>({});
+  const int b = quits.call(&ChildMaker::start_sleeper).get(kWaitBound);
+  ASSERT_GT(b, 0);
+  EXPECT_FALSE(ended(a));
+  rt_.kill(killed);
+  EXPECT_TRUE(eventually([&] { return ended(a); }));
+  EXPECT_THROW(quits.call(&ChildMaker::quit).get(kWaitBound), troupe::ActorDied);
+  EXPECT_TRUE(eventually([&] { return ended(b); }));
 }
 
 // A call made just after its actor's worker died: its client connects to
