@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -131,14 +132,24 @@ InitOptions resolve_init_options(std::string address, std::string token) {
   return o;
 }
 
-PyClient::PyClient(const InitOptions& options) : runtime_(Runtime::connect(options)), driver_(true) {}
+PyClient::PyClient(const InitOptions& options) : runtime_(Runtime::connect(options)), driver_(true), pid_(::getpid()) {}
 
 PyClient::PyClient(std::shared_ptr<client::Core> core) : runtime_(Runtime::attach(std::move(core))) {}
 
 PyClient::~PyClient() { shutdown(); }
 
 void PyClient::shutdown() {
-  if (driver_) runtime_.shutdown();
+  if (!driver_) return;
+  if (::getpid() != pid_) {
+    // A fork's child (os.fork, multiprocessing's "fork"): the runtime's
+    // threads live in the parent only, so a shutdown here would wait for
+    // answers no thread reads, and joining them fails. The child leaves
+    // the parent's runtime as it is, and never destroys it.
+    static auto* left_by_fork = new std::vector<Runtime>;
+    left_by_fork->push_back(std::move(runtime_));
+    return;
+  }
+  runtime_.shutdown();
 }
 
 std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_name, PyActorSpec spec,

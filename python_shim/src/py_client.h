@@ -10,6 +10,9 @@
 // Python values first) and never touches Python objects.
 #pragma once
 
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -37,7 +40,7 @@ struct PyOptions {
   int max_retries = 0;
   int max_concurrency = 1;
   std::vector<wire::ConcurrencyGroup> concurrency_groups;  // an actor's, beside its default group
-  std::string executable;  // the Python worker launcher
+  std::string executable;                                  // the Python worker launcher
   std::vector<std::string> env;
   uint64_t placement_group = 0;  // 0 = none
   int bundle_index = -1;         // -1 = any bundle of the group
@@ -112,6 +115,7 @@ class PyClient {
  private:
   Runtime runtime_;
   bool driver_ = false;
+  pid_t pid_ = 0;  // the process that made it (a fork's child does not shut it down)
 };
 
 // "HOST:PORT", "auto" or "" (embedded) and a token ("" = TROUPE_TOKEN or the

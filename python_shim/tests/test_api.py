@@ -1529,3 +1529,15 @@ def gang_member(folder, i, n):
 def test_tasks_with_num_cpus_0_are_not_held_to_the_cpu_count(tmp_path):
     # As in Ray: three that each wait for all three, on two CPUs, all run.
     assert troupe.get([gang_member.remote(str(tmp_path), i, 3) for i in range(3)], timeout=120) == [3, 3, 3]
+
+
+def test_a_copy_of_a_ref_is_the_ref():
+    """copy.copy and copy.deepcopy of an ObjectRef raised TypeError, so a
+    deepcopy of a config holding refs failed; Ray's refs copy."""
+    import copy
+
+    ref = troupe.put(41)
+    config = {"weights": ref, "lr": 0.1}
+    assert copy.copy(ref) is ref and copy.deepcopy(ref) is ref
+    deep = copy.deepcopy(config)
+    assert deep["weights"] is ref and troupe.get(deep["weights"]) == 41

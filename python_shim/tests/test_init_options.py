@@ -125,3 +125,28 @@ def test_bad_init_options_are_named(restore_env):
     with pytest.raises(ConfigError, match="num_cpus, num_gpus and resources describe an embedded cluster"):
         troupe.init("127.0.0.1:1", num_cpus=1)
     assert not troupe.is_initialized()
+
+
+def test_init_options_end_with_their_session(restore_env):
+    """object_store_memory and logging_level were left in the environment:
+    after shutdown() a plain init() kept the old limit (a put over it
+    failed), and a failed init set them for every later one."""
+    os.environ.pop("TROUPE_OBJECT_STORE_BYTES", None)
+    os.environ["TROUPE_LOG_LEVEL"] = "error"
+    troupe.init(num_cpus=1, object_store_memory=1 << 20, logging_level=logging.WARNING)
+    try:
+        assert os.environ["TROUPE_OBJECT_STORE_BYTES"] == str(1 << 20)
+        assert os.environ["TROUPE_LOG_LEVEL"] == "warning"
+    finally:
+        troupe.shutdown()
+    assert "TROUPE_OBJECT_STORE_BYTES" not in os.environ
+    assert os.environ["TROUPE_LOG_LEVEL"] == "error"
+    troupe.init(num_cpus=1)
+    try:
+        troupe.put(np.zeros(2 << 20, dtype=np.uint8))  # over the last session's limit
+    finally:
+        troupe.shutdown()
+    with pytest.raises(troupe.exceptions.TroupeError):
+        troupe.init(address="127.0.0.1:1", object_store_memory=1234567, _token="x")
+    assert "TROUPE_OBJECT_STORE_BYTES" not in os.environ
+    assert os.environ["TROUPE_LOG_LEVEL"] == "error"

@@ -3,6 +3,8 @@ API over troupe actors (map, imap, starmap, apply_async with callbacks,
 initializer, errors, close/join/terminate)."""
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -80,3 +82,45 @@ def test_close_join_and_terminate():
     with pytest.raises(ValueError, match="join"):
         unclosed.join()
     unclosed.terminate()
+
+
+FORK_SCRIPT = r"""
+import os, sys, troupe
+troupe.init()
+
+@troupe.remote
+def one():
+    return 1
+
+assert troupe.get(one.remote()) == 1
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    try:
+        troupe.get(one.remote(), timeout=30)
+        said = "used the parent's runtime"
+    except troupe.exceptions.TroupeError as e:
+        said = str(e)
+    os.write(w, said.encode()[:4000])
+    sys.exit(0)  # runs the atexit shutdown the child inherited
+os.close(w)
+said = os.read(r, 4096).decode()
+_, status = os.waitpid(pid, 0)
+print("child said:", said)
+print("child exit:", os.waitstatus_to_exitcode(status))
+print("parent:", troupe.get(one.remote(), timeout=30))
+"""
+
+
+def test_a_forked_child_exits_and_is_told_it_cannot_use_the_parents_runtime(tmp_path):
+    """os.fork() after troupe.init() (multiprocessing's 'fork'): the child's
+    runtime calls fail naming the fork, its sys.exit() ends it, and the
+    parent carries on. Before, the child's inherited atexit shutdown waited
+    for answers no thread read: it never ended."""
+    out = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "child exit: 0" in out.stdout, out.stdout + out.stderr
+    assert "forked from" in out.stdout and "'spawn'" in out.stdout, out.stdout
+    assert "parent: 1" in out.stdout, out.stdout

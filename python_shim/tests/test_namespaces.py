@@ -243,3 +243,18 @@ def test_get_node_ip_address_in_driver_task_and_actor():
     assert troupe.get(where.ip.remote(), timeout=60) == "127.0.0.1"
     nodes = {n["NodeManagerAddress"] for n in troupe.nodes() if n["Alive"]}
     assert nodes == {"127.0.0.1"}
+
+
+def test_actor_names_that_are_not_strings_are_refused():
+    """b"x" was registered as "b'x'", 5 as "5", and 0 made an unnamed
+    actor; Ray refuses them with a TypeError."""
+    @troupe.remote
+    class Named:
+        def ping(self):
+            return 1
+
+    for bad in (b"bytes", 5, 0):
+        with pytest.raises(TypeError, match="an actor name must be a str"):
+            Named.options(name=bad).remote()
+    with pytest.raises(ConfigError, match="get_actor takes an actor's name, not 5"):
+        troupe.get_actor(5)

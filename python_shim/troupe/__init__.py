@@ -84,8 +84,30 @@ def _client():
     if state is None:
         if _core.in_worker():
             return _attach_worker().client
+        if _forked_from is not None:
+            raise exceptions.TroupeError(
+                f"troupe was initialized in process {_forked_from}, which this process forked from: a fork's "
+                "child cannot use its parent's connection (its threads stayed in the parent). Use troupe in the "
+                "parent, or start the child with multiprocessing's 'spawn' and call troupe.init() there")
         raise exceptions.TroupeError("troupe is not initialized: call troupe.init() first")
     return state.client
+
+
+# The driver that forked this process, if one did while initialized.
+_forked_from = None
+
+
+def _forget_in_child():
+    """After os.fork(): the parent's runtime is not this process's. Its
+    atexit shutdown would wait for answers no thread here reads (a child
+    that called sys.exit() never ended)."""
+    global _state, _forked_from
+    if _state is not None and not _core.in_worker():
+        _forked_from = os.getppid()
+        _state = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _current_client():
@@ -169,8 +191,14 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
         if not isinstance(level, str) or level.lower() not in _LOGGING_LEVELS.values():
             raise exceptions.ConfigError(f"logging_level must be a logging level (logging.INFO, 'info', ...), "
                                          f"got {logging_level!r}")
-        os.environ["TROUPE_LOG_LEVEL"] = level.lower()
-    os.environ.setdefault("TROUPE_LOG_LEVEL", "warning")
+    # The environment this session sets (its embedded cluster's workers
+    # inherit it), undone by shutdown() or a failed init: options do not
+    # outlive their session.
+    env = {}
+    if logging_level is not None:
+        env["TROUPE_LOG_LEVEL"] = level.lower()
+    elif "TROUPE_LOG_LEVEL" not in os.environ:
+        env["TROUPE_LOG_LEVEL"] = "warning"
     if address is not None and not isinstance(address, str):
         raise exceptions.ConfigError(f"address must be 'HOST:PORT' or 'auto', not {address!r}")
     if address is not None and not address.strip():
@@ -207,7 +235,7 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
                 object_store_memory <= 0:
             raise exceptions.ConfigError(f"object_store_memory must be a positive number of bytes, "
                                          f"got {object_store_memory!r}")
-        os.environ["TROUPE_OBJECT_STORE_BYTES"] = str(object_store_memory)
+        env["TROUPE_OBJECT_STORE_BYTES"] = str(object_store_memory)
     # After a shutdown() under way on another thread: the new session starts
     # once the old cluster is stopped, not beside it.
     with _shutdown_lock, _lock:
@@ -215,11 +243,19 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
             if ignore_reinit_error:
                 return
             raise RuntimeError("troupe.init() was called twice (troupe.shutdown() first)")
-        client = _core.Client(address or "", _token or "", {k: float(v) for k, v in node.items()})
+        for key, value in env.items():
+            _init_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+        try:
+            client = _core.Client(address or "", _token or "", {k: float(v) for k, v in node.items()})
+        except BaseException:
+            _restore_init_env()
+            raise
         try:
             packages = job_env.packages(client, (None, ()))
         except BaseException:
             client.shutdown()
+            _restore_init_env()
             raise
         _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "", job_env.env_vars, packages,
                         job_env.pip)
@@ -245,6 +281,21 @@ def shutdown():
             if state.logs is not None:
                 state.logs.close()
             state.client.shutdown()
+            _restore_init_env()
+
+
+# The environment variables init() set, with their values before it (None:
+# unset), restored when its session ends.
+_init_env = {}
+
+
+def _restore_init_env():
+    for key, before in _init_env.items():
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+    _init_env.clear()
 
 
 def get(refs, *, timeout=None):

@@ -168,7 +168,10 @@ def check_namespace(namespace, what):
 
 def check_actor_name(name, what):
     """An actor's name (.options(name=...), get_actor): not empty, no
-    separator. None is no name."""
+    separator. None is no name; anything but a str is refused (b"x" was
+    registered as "b'x'", 5 as "5", and 0 made an unnamed actor)."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"{what}: an actor name must be a str, got {type(name).__name__} {name!r}")
     if name is not None and str(name) == "":
         raise ConfigError(f"{what}: an actor name must not be empty (leave name out for an unnamed actor)")
     if name and NAMESPACE_SEPARATOR in str(name):

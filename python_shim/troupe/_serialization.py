@@ -55,6 +55,10 @@ def _load_ref(index):
 
 
 ObjectRef.__reduce__ = _reduce_ref
+# A copy of a ref is the ref (it names one object, as Ray's refs do):
+# copy.deepcopy of a config that holds refs works.
+ObjectRef.__copy__ = lambda self: self
+ObjectRef.__deepcopy__ = lambda self, memo: self
 
 
 def pick(value, item):
