@@ -164,3 +164,15 @@ def test_work_in_a_group_knows_its_group(cluster):
     assert get_current_placement_group() is None  # a driver is in no group
     assert troupe.get_runtime_context().get_placement_group_id() is None
     remove_placement_group(pg)
+
+
+def test_a_task_queued_in_a_group_removed_before_it_ran_fails_naming_the_group(cluster):
+    """It read "task executors ... died 3 times in a row before starting"
+    (a WorkerCrashedError) after three leases no retry could start."""
+    pg = placement_group([{"CPU": 64}])  # never fits: pending
+    ref = node_of_task.options(placement_group=pg, placement_group_bundle_index=0).remote()
+    remove_placement_group(pg)
+    with pytest.raises(ConfigError) as e:
+        troupe.get(ref, timeout=60)
+    assert f"placement group {pg.id} was removed" in str(e.value), e.value
+    assert "died" not in str(e.value), e.value

@@ -643,6 +643,14 @@ void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const st
         // happened (it read "died 3 times in a row before starting").
         auto queued = fail_queue_locked(*key, head_gone(*key, cause));
         failures.insert(failures.end(), queued.begin(), queued.end());
+      } else if (never_started && key->spec.placement_group &&
+                 cause == head::placement_group_removed_cause(key->spec.placement_group)) {
+        // Nor can one start in a group that is gone (it read "task
+        // executors ... died 3 times in a row", a WorkerCrashedError).
+        auto queued =
+            fail_queue_locked(*key, std::make_exception_ptr(ConfigError("tasks " + key->text + " cannot run: " + cause +
+                                                                        " (Ray's TaskPlacementGroupRemoved)")));
+        failures.insert(failures.end(), queued.begin(), queued.end());
       } else if (never_started && ++key->failed_leases >= kMaxFailedLeases) {
         auto error = std::make_exception_ptr(WorkerDied("task executors for " + key->text + " died " +
                                                         std::to_string(kMaxFailedLeases) +

@@ -593,7 +593,7 @@ bool HeadState::try_place(Actor& a) {
   if (a.spec.placement_group) {
     auto git = groups_.find(a.spec.placement_group);
     if (git == groups_.end() || git->second.info.state == PlacementGroupState::kRemoved) {
-      a.info.death_cause = "placement group " + std::to_string(a.spec.placement_group) + " was removed";
+      a.info.death_cause = placement_group_removed_cause(a.spec.placement_group);
       set_dead(a);
       return false;
     }
@@ -907,7 +907,7 @@ void HeadState::remove_placement_group(uint64_t id) {
   // that report makes them DEAD even though their resources already went
   // back with the bundles.
   for (auto aid : actor_ids_where([&](const Actor& a) { return a.spec.placement_group == id; }))
-    if (actors_.count(aid)) kill_actor(aid, true, "its placement group was removed");
+    if (actors_.count(aid)) kill_actor(aid, true, placement_group_removed_cause(id));
   if (g.info.state == PlacementGroupState::kCreated) unreserve_group(g);
   g.info.state = PlacementGroupState::kRemoved;
   g.info.pending_reason.clear();  // it waits for nothing now

@@ -13,6 +13,13 @@ namespace troupe::head {
 
 using wire::Resources;
 
+// The death cause of an actor placed in a placement group that was removed
+// (or never was): a task submitter tells it apart from an executor that
+// died, since no retry can start one.
+inline std::string placement_group_removed_cause(uint64_t group) {
+  return "placement group " + std::to_string(group) + " was removed";
+}
+
 struct NodeView {
   uint64_t id = 0;
   Resources total;

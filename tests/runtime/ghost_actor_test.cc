@@ -209,7 +209,8 @@ TEST(GhostActorsNormalEnd, RemovedGroupsActorsAreDeadOnceTheirWorkersExit) {
   rt.remove_placement_group(pg);
   EXPECT_TRUE(eventually([&] { return no_ghosts(rt, {a.id()}); }, kWaitBound)) << rt.status_json();
   EXPECT_TRUE(eventually([&] { return troupe::test::process_gone(pid); }));
-  EXPECT_NE(a.info().death_cause.find("placement group was removed"), std::string::npos) << a.info().death_cause;
+  EXPECT_NE(a.info().death_cause.find("placement group " + std::to_string(pg.id()) + " was removed"), std::string::npos)
+      << a.info().death_cause;
   EXPECT_EQ(rt.nodes().at(0).available.at("CPU"), 2);
 }
 

@@ -757,7 +757,8 @@ TEST_F(HeadStateTest, NodeLostAfterGroupRemovalLeavesNoGhosts) {
   state_.peer_gone(1, "connection reset");
   EXPECT_FALSE(node(n).alive);
   EXPECT_EQ(state_of(a.id), ActorState::kDead);
-  EXPECT_NE(state_.actor_info(a.id).death_cause.find("placement group was removed"), std::string::npos);
+  EXPECT_NE(state_.actor_info(a.id).death_cause.find("placement group " + std::to_string(g.id) + " was removed"),
+            std::string::npos);
 }
 
 TEST_F(HeadStateTest, NodeLostThenDriverGoneLeavesNoGhosts) {
