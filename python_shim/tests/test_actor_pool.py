@@ -74,3 +74,36 @@ def test_ref_hex_and_future():
     failing = troupe.remote(lambda: 1 // 0).remote()
     with pytest.raises(ZeroDivisionError):
         failing.future().result(timeout=60)
+
+
+@troupe.remote
+class Picky:
+    def square(self, x):
+        if x == 3:
+            raise ValueError("three")
+        return x * x
+
+
+def test_map_drops_what_an_earlier_map_left_and_submits_at_once():
+    """As Ray's: a map that raised left its other items in the pool, and the
+    next map returned them before its own ([16, 25, ..., 100, 121] for
+    [10, 11]); and map submitted nothing until read."""
+    pool = ActorPool([Picky.remote() for _ in range(2)])
+    with pytest.raises(troupe.exceptions.TaskError, match="three"):
+        list(pool.map(lambda a, v: a.square.remote(v), range(8)))
+    results = pool.map(lambda a, v: a.square.remote(v), [10, 11])
+    assert pool.has_next()  # submitted before the first read
+    assert list(results) == [100, 121]
+    assert list(pool.map_unordered(lambda a, v: a.square.remote(v), [4])) == [16]
+
+
+def test_a_timed_out_item_dropped_by_ignore_if_timedout_raises_and_is_gone():
+    gated = Doubler.options(max_concurrency=2).remote()
+    pool = ActorPool([gated])
+    pool.submit(lambda a, v: a.held.remote(v), 1)
+    with pytest.raises(GetTimeoutError, match="dropped"):
+        pool.get_next(timeout=0.1, ignore_if_timedout=True)
+    assert not pool.has_next()
+    troupe.get(gated.open.remote(), timeout=60)
+    pool.submit(lambda a, v: a.double.remote(v), 4)
+    assert pool.get_next(timeout=60) == 8

@@ -1541,3 +1541,28 @@ def test_a_copy_of_a_ref_is_the_ref():
     assert copy.copy(ref) is ref and copy.deepcopy(ref) is ref
     deep = copy.deepcopy(config)
     assert deep["weights"] is ref and troupe.get(deep["weights"]) == 41
+
+
+@troupe.remote(max_restarts=2)
+class SysExiter:
+    def leave(self, code):
+        import sys
+
+        sys.exit(code)
+
+    def ping(self):
+        return "pong"
+
+
+def test_sys_exit_in_an_actor_method_ends_the_actor_as_in_ray():
+    """It read as the method's TaskError(SystemExit), and the actor served
+    on; in Ray the actor exits (no restart) and its callers see it die."""
+    leaver = SysExiter.remote()
+    assert troupe.get(leaver.ping.remote(), timeout=60) == "pong"
+    with pytest.raises(ActorDiedError, match=r"sys.exit\(0\)"):
+        troupe.get(leaver.leave.remote(0), timeout=60)
+    with pytest.raises(ActorDiedError, match=r"sys.exit\(0\) in SysExiter.leave"):
+        troupe.get(leaver.ping.remote(), timeout=60)
+    # In a task it stays the task's error (the executor serves on).
+    with pytest.raises(TaskError, match="SystemExit"):
+        troupe.get(troupe.remote(lambda: __import__("sys").exit(3)).remote(), timeout=60)

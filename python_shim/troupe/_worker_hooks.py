@@ -67,8 +67,9 @@ def _answer(value, what):
     """The answer of `what` (a task or method), which returned `value`."""
     if inspect.isgenerator(value) or inspect.isasyncgen(value):
         raise TypeError(
-            f"{what} returned a generator, but its caller asked for a fixed num_returns: make it a generator "
-            "function (its values stream to the caller, num_returns='streaming'), or return a list"
+            f"{what} returned a generator, but its caller asked for a fixed num_returns: leave num_returns out "
+            "of a generator function's options (or give num_returns='streaming'), and its values stream to the "
+            "caller; or return a list"
         )
     try:
         data, buffers, refs = ser.dumps(value)
@@ -268,6 +269,15 @@ def call_method(instance, name, args, top, token=0, stream=None):
         if stream is not None:
             return _streamed(stream, lambda: _method_call(instance, name, args, top), what, where, token)
         return _answer(_settle(_method_call(instance, name, args, top), token), what)
+    except SystemExit as e:
+        # sys.exit() in an actor's method ends the actor, as in Ray (it
+        # read as the method's error, and the actor served on).
+        actor = user_actor_id()
+        if actor:
+            from troupe import actor as actor_module
+
+            actor_module._end(actor, f"the actor called sys.exit({e.code!r}) in {what}")
+        return _error(where())
     except BaseException:
         return _error(where())
     finally:

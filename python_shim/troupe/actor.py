@@ -27,14 +27,21 @@ def exit_actor():
     max_restarts); the call that ran this, the calls queued behind it and
     later calls fail with ActorDiedError naming exit_actor(). TypeError in
     a driver or a task."""
-    from troupe import _client, _worker_hooks
+    from troupe import _worker_hooks
 
     actor = _worker_hooks.user_actor_id()
     if not actor:
         raise TypeError("exit_actor() ends the actor whose method calls it; this is a driver or a task, not an actor")
+    _end(actor, "the actor called exit_actor()")
+
+
+def _end(actor, why):
+    """exit_actor()'s work, with the death cause `why`."""
+    from troupe import _client
+
     atexit._run_exitfuncs()
     try:
-        _client().exit_actor(actor, "the actor called exit_actor()")
+        _client().exit_actor(actor, why)
     except TroupeError:
         pass  # the head is out of reach: the process ends itself below
     # The kill ends this process; this thread does not return meanwhile, so

@@ -49,9 +49,10 @@ class ActorPool:
         return bool(self._idle) and not self._waiting
 
     def get_next(self, timeout=None, ignore_if_timedout=False):
-        """The next result in submission order; GetTimeoutError when it is
-        not there within `timeout` s (the item stays, unless
-        ignore_if_timedout: then it is dropped)."""
+        """The next result in submission order; GetTimeoutError (a
+        TimeoutError) when it is not there within `timeout` s. The item
+        stays for the next get_next, unless ignore_if_timedout: then it is
+        dropped, and the error says so (as Ray's)."""
         if not self.has_next():
             raise StopIteration("ActorPool: no more results to get")
         # Skip what get_next_unordered took already. An item still waiting
@@ -65,37 +66,56 @@ class ActorPool:
             if ignore_if_timedout:
                 self._finish(ref)
                 self._next_return += 1
-                return None
+                raise GetTimeoutError(f"ActorPool.get_next: no result within {timeout} s; the item was dropped "
+                                      "(ignore_if_timedout)")
             raise GetTimeoutError(f"ActorPool.get_next: no result within {timeout} s")
         self._finish(ref)
         self._next_return += 1
         return troupe.get(ref)
 
     def get_next_unordered(self, timeout=None, ignore_if_timedout=False):
-        """The first result to be ready, whatever its order."""
+        """The first result to be ready, whatever its order; GetTimeoutError
+        when none is within `timeout` s (no item is dropped: none was the
+        next)."""
         if not self.has_next():
             raise StopIteration("ActorPool: no more results to get")
         ref = self._first_ready(timeout)
         if ref is None:
-            if ignore_if_timedout:
-                return None
             raise GetTimeoutError(f"ActorPool.get_next_unordered: no result within {timeout} s")
         self._finish(ref)
         return troupe.get(ref)
 
     def map(self, fn, values):
-        """fn over values, results in their order (a generator)."""
+        """fn over values, results in their order (a generator). As Ray's:
+        what earlier submissions left ungot (a map that raised) is dropped
+        first, and every value is submitted now, not as the results are
+        read."""
+        self._drop_earlier()
         for v in values:
             self.submit(fn, v)
-        while self.has_next():
-            yield self.get_next()
+        return self._results(self.get_next)
 
     def map_unordered(self, fn, values):
-        """fn over values, results as they are ready (a generator)."""
+        """fn over values, results as they are ready (a generator); as map."""
+        self._drop_earlier()
         for v in values:
             self.submit(fn, v)
+        return self._results(self.get_next_unordered)
+
+    def _results(self, get):
         while self.has_next():
-            yield self.get_next_unordered()
+            yield get()
+
+    def _drop_earlier(self):
+        """Forgets what was submitted and not got: items still waiting for
+        an actor are never run; results, errors and calls under way are let
+        go (an actor whose call runs takes the next item after it)."""
+        self._waiting.clear()
+        for ref, _, actor in list(self._busy.values()):
+            self._busy.pop(id(ref))
+            self._idle.append(actor)
+        self._by_index.clear()
+        self._next_return = self._next_index
 
     def push(self, actor):
         """Adds an actor (it takes a waiting item at once, if any)."""
