@@ -161,6 +161,10 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   o.env.worker_pool_size = a.worker_pool_size;
   o.env.worker_idle_timeout_ms = static_cast<uint64_t>(a.worker_idle_timeout_s * 1000.0);
   o.env.worker_assign_timeout_ms = static_cast<uint64_t>(a.worker_assign_timeout_s * 1000.0);
+  // How long the agent (and its workers) wait for a durable head that went
+  // away: this command's TROUPE_HEAD_RECONNECT_MS, which the daemon's
+  // cleaned environment would not carry (checked in bad_start_value).
+  o.env.head_reconnect_ms = static_cast<uint64_t>(troupe::core::default_head_reconnect().count());
   if (!a.advertise_address.empty()) warn_if_advertised_unreachable("node's workers", node_bind_host(a, address), a);
   o.log_file = dir + "/node-" + std::to_string(::time(nullptr)) + "-" + std::to_string(getpid()) + ".log";
   // Daemons, unless --block keeps this command as their parent (then they
@@ -290,7 +294,12 @@ int join_head(const std::string& dir, const Args& given) {
     std::fprintf(stderr, "troupe start: --address auto: no running cluster in %s (troupe start --head)\n", dir.c_str());
     return 2;
   }
-  troupe::wire::parse_address(a.address);
+  try {
+    troupe::wire::parse_address(a.address);
+  } catch (const troupe::ConfigError& e) {
+    std::fprintf(stderr, "troupe start: --address %s: %s\n", a.address.c_str(), e.what());
+    return 2;
+  }
   std::string token = token_for(dir);
   if (token.empty()) {
     std::fprintf(stderr,
@@ -366,6 +375,11 @@ std::string conflicting_start_options(const Args& a) {
 // "" when every value given to `troupe start` is one it takes, else why
 // not, naming the option and the value: a usage error like CLI11's.
 std::string bad_start_value(const Args& a) {
+  try {
+    troupe::core::default_head_reconnect();
+  } catch (const troupe::ConfigError& e) {
+    return e.what();
+  }
   // Each is in range (CLI11 checked it); their product is the fence time.
   if (const uint64_t fence = uint64_t(a.heartbeat_ms) * a.heartbeat_misses; fence > troupe::core::kMaxFenceMs)
     return "--heartbeat-ms " + std::to_string(a.heartbeat_ms) + " × --heartbeat-misses " +
@@ -432,7 +446,18 @@ int cmd_start(const Args& a) {
   return block_on(dir, g_started);
 }
 
+// A malformed --address: a usage error (exit 2), as `troupe stop` says it,
+// where a cluster that is not there is a failure (1).
+struct UsageError : troupe::ConfigError {
+  using troupe::ConfigError::ConfigError;
+};
+
 troupe::Runtime connect_session(const std::string& address_flag) {
+  if (!address_flag.empty() && address_flag != "auto") try {
+      troupe::wire::parse_address(address_flag);
+    } catch (const troupe::ConfigError& e) {
+      throw UsageError("--address " + address_flag + ": " + e.what());
+    }
   std::string dir = session_dir();
   troupe::core::check_session_dir(dir);
   troupe::InitOptions o;
@@ -683,6 +708,9 @@ int cmd_status(const Args& a) {
                 x["restarts"].get<int>(), x["max_restarts"].get<int>(),
                 name.empty() ? "" : ("  \"" + name + "\"").c_str(), extra.empty() ? "" : "  ", extra.c_str());
   }
+  if (const size_t matching = j.value("actors_matching", size_t{0}); matching > j["actors"].size())
+    std::printf("  (%zu more not shown: --limit %zu shows the newest)\n", matching - j["actors"].size(),
+                j["actors"].size());
   if (j.contains("jobs") && !j["jobs"].empty()) {
     std::printf("\njobs:\n");
     for (auto& x : j["jobs"]) {
@@ -1243,6 +1271,9 @@ int main(int argc, char** argv) {
       }
       return troupe::launcher::run_slurm(so, self);
     }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 1;

@@ -1148,12 +1148,13 @@ std::vector<NodeInfo> HeadState::nodes() const {
   return v;
 }
 
-nlohmann::json HeadState::actors_json(const StatusRequest& request) const {
+nlohmann::json HeadState::actors_json(const StatusRequest& request, size_t* matching) const {
   std::vector<const Actor*> shown;
   for (const auto& [id, a] : actors_) {
     if (!request.state.empty() && request.state != to_string(a.info.state)) continue;
     if (request.driver == 0 || request.driver == driver_of(a)) shown.push_back(&a);
   }
+  *matching = shown.size();
   if (request.limit && shown.size() > request.limit) shown.erase(shown.begin(), shown.end() - request.limit);
   auto j = nlohmann::json::array();
   for (const Actor* actor : shown) {
@@ -1206,7 +1207,9 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
                           {"total", n.total},
                           {"used", n.alive ? json(n.used) : json::object()},
                           {"idle_workers", n.idle_workers}});
-  j["actors"] = actors_json(request);
+  size_t matching = 0;
+  j["actors"] = actors_json(request, &matching);
+  j["actors_matching"] = matching;  // more than "actors" holds when --limit cut the list
   j["actors_total"] = actors_.size();
   uint64_t restarts = retired_restarts_;
   for (const auto& [id, a] : actors_) restarts += a.info.restarts;

@@ -311,7 +311,9 @@ class HeadState {
   void tell_resources_wanted(PeerId owner, bool again = false);
   void unreserve_group(Group& g);
   void kv_set(const std::string& key, const std::string& value);
-  nlohmann::json actors_json(const wire::StatusRequest& request) const;
+  // The actors the request asks for, the newest `limit`; `matching`: how
+  // many matched before the limit cut them.
+  nlohmann::json actors_json(const wire::StatusRequest& request, size_t* matching) const;
   // The client id of the driver whose work `a` is: its owner (a detached
   // actor's: its creator), or its owner's owner when that is an actor's
   // worker, and so on (0: none).

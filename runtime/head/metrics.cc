@@ -75,7 +75,9 @@ void node_metrics(std::ostringstream& out, const json& nodes) {
   for (const auto& n : nodes) (n.value("alive", false) ? up : down) += 1;
   alive.sample({{"state", "alive"}}, up);
   alive.sample({{"state", "dead"}}, down);
-  std::map<std::string, double> total, used;
+  // CPU and GPU always: with no live node the cluster's capacity is 0,
+  // not absent (an alert on it must see the drop).
+  std::map<std::string, double> total = {{"CPU", 0}, {"GPU", 0}}, used;
   Family node_total(out, "troupe_node_resource_capacity", "gauge", "Resources of each live node.");
   for (const auto& n : nodes) {
     if (!n.value("alive", false)) continue;

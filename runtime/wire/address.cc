@@ -54,6 +54,10 @@ void check_host(const std::string& what, const std::string& host_text) {
 }
 
 std::pair<std::string, uint16_t> parse_address(const std::string& address) {
+  // A URL (the dashboard's, or Ray's ray://) is the likeliest slip.
+  if (const auto scheme = address.find("://"); scheme != std::string::npos)
+    throw ConfigError("address '" + address + "' is not HOST:PORT: leave out the '" + address.substr(0, scheme + 3) +
+                      "' (the head's address is HOST:PORT, as `troupe start --head` prints it)");
   auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
     throw ConfigError("address '" + address + "' is not HOST:PORT");

@@ -137,6 +137,10 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   auto one = run(std::string(TROUPE_CLI) + " status --json --limit 1");
   ASSERT_EQ(one.status, 0) << one.output;
   EXPECT_EQ(nlohmann::json::parse(one.output)["actors"].size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(one.output)["actors_matching"], 2u);
+  // The list says it was cut.
+  auto cut = run(std::string(TROUPE_CLI) + " status --limit 1");
+  EXPECT_NE(cut.output.find("(1 more not shown: --limit 1 shows the newest)"), std::string::npos) << cut.output;
   auto bogus = run(std::string(TROUPE_CLI) + " status --state SLEEPY");
   EXPECT_NE(bogus.status, 0);
   EXPECT_NE(bogus.output.find("SLEEPY"), std::string::npos) << bogus.output;
@@ -322,6 +326,13 @@ TEST_F(LauncherTest, ClearErrorsWithoutACluster) {
   auto garbage = run(cli() + " stop --address garbage");
   EXPECT_EQ(WEXITSTATUS(garbage.status), 2) << garbage.output;
   EXPECT_NE(garbage.output.find("--address garbage: "), std::string::npos) << garbage.output;
+  // So is it for every command that takes one (start, status, logs said 1).
+  for (const char* command : {" status", " logs", " start"}) {
+    auto r = run(cli() + command + " --address http://127.0.0.1:6380");
+    EXPECT_EQ(WEXITSTATUS(r.status), 2) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("--address http://127.0.0.1:6380: "), std::string::npos) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("leave out the 'http://'"), std::string::npos) << command << ": " << r.output;
+  }
   auto gone = run(cli() + " stop --address 127.0.0.1:1");
   EXPECT_EQ(WEXITSTATUS(gone.status), 1) << gone.output;
   EXPECT_NE(gone.output.find("the head at 127.0.0.1:1 was not stopped"), std::string::npos) << gone.output;
@@ -706,6 +717,29 @@ TEST_F(LauncherTest, NodeAgentsOfTwoClustersInOneSessionKeepTheirOwnPidFiles) {
   EXPECT_EQ(stop.status, 0) << stop.output;
   for (pid_t agent : agents) EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(agent); }));
   run(in_other + cli() + " stop");
+}
+
+// TROUPE_HEAD_RECONNECT_MS, how long agents and workers wait for a durable
+// head that went away, reaches the node agents `troupe start` runs as
+// daemons (their cleaned environment dropped it: they waited 30 s); a bad
+// value is refused by name.
+TEST_F(LauncherTest, HeadReconnectFromTheEnvironmentReachesTheNodeAgents) {
+  auto r = run("TROUPE_HEAD_RECONNECT_MS=120000 " + cli() + " start --head --port 0 --dashboard-port -1 " +
+               "--resources CPU=1,GPU=0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  pid_t agent = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    if (e.path().filename().string().rfind("node-", 0) == 0 && e.path().extension() == ".pid")
+      agent = std::stoi(troupe::core::read_session_file(dir_.string(), e.path().filename().string()));
+  ASSERT_GT(agent, 0);
+  std::ifstream in("/proc/" + std::to_string(agent) + "/environ");
+  std::string environ((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(environ.find(std::string("TROUPE_HEAD_RECONNECT_MS=120000") + '\0'), std::string::npos);
+  run(cli() + " stop");
+  auto bad = run("TROUPE_HEAD_RECONNECT_MS=soon " + cli() + " start --head --port 0 --dashboard-port -1");
+  EXPECT_EQ(WEXITSTATUS(bad.status), 2) << bad.output;
+  EXPECT_NE(bad.output.find("TROUPE_HEAD_RECONNECT_MS"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("soon"), std::string::npos) << bad.output;
 }
 
 // A head that does not exit on SIGTERM (hung; here stopped) is killed

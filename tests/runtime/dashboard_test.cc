@@ -279,6 +279,9 @@ TEST(DashboardMetrics, EscapesLabelValuesAndRendersJobs) {
                             {"world_size", 2}}}}};
   const std::string text = troupe::head::prometheus_text(snap);
   EXPECT_NE(text.find("troupe_job_step{job_name=\"a \\\"quoted\\\" \\\\ job\\nname\"} 7"), std::string::npos) << text;
+  // No live node: the cluster's capacity is there, and 0.
+  EXPECT_NE(text.find("troupe_cluster_resource_capacity{resource=\"CPU\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_cluster_resource_used{resource=\"GPU\"} 0\n"), std::string::npos) << text;
   EXPECT_NE(text.find("troupe_job_running{job_name=\"a \\\"quoted\\\" \\\\ job\\nname\"} 1"), std::string::npos);
   EXPECT_NE(text.find("# TYPE troupe_job_recoveries_total counter"), std::string::npos);
   EXPECT_NE(text.find("troupe_job_data_wait{job_name=\"a \\\"quoted\\\" \\\\ job\\nname\"} 0.25"), std::string::npos)

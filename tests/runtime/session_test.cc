@@ -259,6 +259,13 @@ TEST(AddressTest, ParsesIPv6InBracketsAndFormatsThemBack) {
   EXPECT_THROW(wire::parse_address("[::1:6380"), ConfigError);
   EXPECT_THROW(wire::parse_address("host:70000"), ConfigError);
   EXPECT_EQ(wire::resolve_host("localhost").to_string(), "127.0.0.1");
+  // A URL is said as one (it read "write IPv6 addresses as [ADDR]:PORT").
+  try {
+    wire::parse_address("http://127.0.0.1:6380");
+    ADD_FAILURE() << "a URL was taken for an address";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("leave out the 'http://'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(AddressTest, HostsOthersCannotConnectToAreRefusedNamingThem) {
