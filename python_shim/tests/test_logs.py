@@ -387,6 +387,51 @@ def test_a_daemons_log_rotates_and_its_supervised_head_writes_the_new_one(tmp_pa
         subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)
 
 
+def test_a_workers_log_rotates_too(tmp_path):
+    """A worker's worker-PID.log grew without bound (a chatty trainer could
+    fill the session's disk): it keeps under TROUPE_LOG_MAX_BYTES as the
+    daemons' logs do, its earlier part in worker-PID.log.1."""
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(tmp_path), TROUPE_LOG_MAX_BYTES="4096")
+    env.pop("TROUPE_TOKEN", None)
+    env.pop("TROUPE_ADDRESS", None)
+    subprocess.run([cli(), "start", "--head", "--port", "0", "--resources", "CPU=1", "--dashboard-port", "-1"],
+                   env=env, check=True, capture_output=True, timeout=120)
+    try:
+        out = subprocess.run([sys.executable, "-c", _CHATTY, str(tmp_path)], env=env, capture_output=True, text=True,
+                             timeout=240)
+        assert out.returncode == 0, out.stdout + out.stderr
+        pid = int(out.stdout.split("pid ")[1].split()[0])
+        log, older = tmp_path / f"worker-{pid}.log", tmp_path / f"worker-{pid}.log.1"
+        assert older.exists(), out.stdout
+        # Rotated once a second: at most a second's lines past the bound.
+        assert log.stat().st_size < 4096 + 200 * 300, log.stat().st_size
+        assert "chatty line" in older.read_text(errors="replace")
+    finally:
+        subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)
+
+
+_CHATTY = """
+import os, sys, time, troupe
+troupe.init(address="auto", log_to_driver=False)
+
+@troupe.remote(num_cpus=1)
+class Chatty:
+    def talk(self, n):
+        for k in range(n):
+            print(f"chatty line {k} " + "x" * 180, flush=True)
+        return os.getpid()
+
+c = Chatty.remote()
+pid = troupe.get(c.talk.remote(1), timeout=120)
+older = os.path.join(sys.argv[1], f"worker-{pid}.log.1")
+deadline = time.monotonic() + 120
+while not os.path.exists(older) and time.monotonic() < deadline:
+    troupe.get(c.talk.remote(50), timeout=120)
+print("pid", pid, "rotated", os.path.exists(older))
+troupe.shutdown()
+"""
+
+
 _EMBEDDED_CHORUS = """
 import troupe
 troupe.init(num_cpus=3)

@@ -102,13 +102,11 @@ bool point_output_at(const std::string& path, mode_t mode) {
   return true;
 }
 
-// Moves the output file to PATH.1 and goes on in a new PATH once it is
-// over `max_bytes`.
-void rotate_own_log_if_over(uint64_t max_bytes) {
+// Moves the output file, `path`, to PATH.1 and goes on in a new PATH once
+// it is over `max_bytes`.
+void rotate_own_log_if_over(uint64_t max_bytes, const std::string& path) {
   struct stat out {};
   if (::fstat(1, &out) != 0 || !S_ISREG(out.st_mode) || static_cast<uint64_t>(out.st_size) <= max_bytes) return;
-  const std::string path = own_log_file();
-  if (path.empty()) return;
   const std::string older = path + ".1";
   if (std::rename(path.c_str(), older.c_str()) != 0) return;
   if (!point_output_at(path, out.st_mode & 07777)) return;  // goes on in PATH.1
@@ -134,11 +132,12 @@ void rotate_own_log_in_background(std::chrono::milliseconds interval) {
       TROUPE_LOG_WARN("{}='{}' is not a byte count of at least 4096: rotating the log at {} bytes", kEnvLogMaxBytes, v,
                       max_bytes);
   }
-  if (own_log_file().empty()) return;
-  signal_free_thread([interval, max_bytes] {
+  const std::string path = own_log_file();
+  if (path.empty()) return;
+  signal_free_thread([interval, max_bytes, path] {
     for (;;) {
       std::this_thread::sleep_for(interval);
-      rotate_own_log_if_over(max_bytes);
+      rotate_own_log_if_over(max_bytes, path);
     }
   }).detach();
 }

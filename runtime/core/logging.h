@@ -28,8 +28,8 @@ std::optional<spdlog::level::level_enum> parse_log_level(const std::string& name
 // process only inherited, such as the output of the test that started it).
 std::string own_log_file();
 
-// A daemon whose output is a file (head.log, node-*.log of `troupe start`)
-// keeps it under TROUPE_LOG_MAX_BYTES (64 MiB by default, at least 4 KiB):
+// A daemon whose output is a file (head.log, node-*.log of `troupe start`,
+// a worker's worker-PID.log) keeps it under TROUPE_LOG_MAX_BYTES (64 MiB by default, at least 4 KiB):
 // past that the file becomes PATH.1, replacing the one before, and the
 // output goes on in a new PATH. A thread of its own checks every
 // `interval`; nothing happens while the output is no regular file.

@@ -81,7 +81,11 @@ void ExitedLogs::exited(pid_t pid) {
     if (it == latest_.end() || it->second != seq) continue;  // that pid exited again since
     latest_.erase(it);
     bool alive = ::kill(old, 0) == 0 || errno == EPERM;
-    if (!alive) ::unlink(worker_log_path(dir_, old).c_str());
+    if (!alive) {
+      const std::string path = worker_log_path(dir_, old);
+      ::unlink(path.c_str());
+      ::unlink((path + ".1").c_str());  // its rotated part
+    }
   }
   // Entries of pids that exited again pile up only while nothing is trimmed.
   if (order_.size() > 2 * latest_.size() + 64) {
@@ -103,10 +107,15 @@ pid_t spawn_logged(core::SpawnOptions o, const std::string& dir) {
   const std::string fresh =
       dir + "/worker-starting-" + std::to_string(::getpid()) + "-" + std::to_string(seq++) + ".log";
   o.log_file = fresh;
+  // Its own log, which it keeps under TROUPE_LOG_MAX_BYTES (run_worker).
+  o.env.push_back(std::string(core::kEnvOwnLog) + "=1");
   pid_t pid = core::spawn_process(o);
   // The child holds the file open: renaming it now loses nothing (and
-  // replaces the file of an older process that had this pid).
-  std::rename(fresh.c_str(), worker_log_path(dir, pid).c_str());
+  // replaces the file of an older process that had this pid, whose
+  // rotated part goes too).
+  const std::string path = worker_log_path(dir, pid);
+  std::rename(fresh.c_str(), path.c_str());
+  ::unlink((path + ".1").c_str());
   return pid;
 }
 

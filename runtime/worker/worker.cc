@@ -547,6 +547,11 @@ void apply_worker_malloc_policy() {
 
 void run_worker(const core::WorkerEnv& env, int serving_fd) {
   core::init_logging("worker a" + std::to_string(env.actor_id));
+  // A worker whose output is the log file its node agent gave it keeps it
+  // under TROUPE_LOG_MAX_BYTES, as daemons do (a chatty trainer filled the
+  // disk). What the actor starts is not told the file is its own.
+  core::rotate_own_log_in_background();
+  ::unsetenv(core::kEnvOwnLog);
   apply_worker_malloc_policy();
   // Maps the agent's counter page now (and closes its descriptor), before
   // the actor can start a child that would inherit it.
