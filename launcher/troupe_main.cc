@@ -548,7 +548,8 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
   auto read = [&](const troupe::wire::ReadLog& r) {
     return rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, r);
   };
-  std::string path;  // the file followed
+  std::string path;      // the file followed
+  uint64_t file_id = 0;  // and its inode
   bool waiting = false;
   for (bool first = true;; first = false) {
     troupe::wire::LogChunk chunk;
@@ -590,14 +591,37 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
       continue;
     }
     waiting = false;
+    if (!first && chunk.path == path && chunk.file_id != file_id) {
+      // Rotated under us: the rest of the file followed is PATH.1 now
+      // (unless it rotated twice meanwhile), then the new one from its
+      // start. Lines written just before the rotation were lost here.
+      troupe::wire::ReadLog rest = req;
+      rest.rotated = true;
+      for (;;) {
+        troupe::wire::LogChunk old;
+        try {
+          old = read(rest);
+        } catch (const troupe::Error&) {
+          break;  // gone: rotated again
+        }
+        if (old.file_id != file_id) break;
+        std::fwrite(old.text.data(), 1, old.text.size(), stdout);
+        rest.offset = old.next_offset;
+        if (old.text.empty() || old.next_offset >= old.size) break;
+      }
+      std::fflush(stdout);
+      file_id = chunk.file_id;
+      req.offset = 0;
+      continue;
+    }
     if (!first && chunk.size < req.offset) {
-      // The file shrank under us: a daemon's log rotated (PATH.1 has what
-      // was read), or it was truncated. The new one from its start.
-      std::fprintf(stderr, "troupe logs: %s was rotated or truncated; reading it from its start\n", chunk.path.c_str());
+      // The same file, shorter: truncated. Read from its start.
+      std::fprintf(stderr, "troupe logs: %s was truncated; reading it from its start\n", chunk.path.c_str());
       req.offset = 0;
       continue;
     }
     path = chunk.path;
+    file_id = chunk.file_id;
     std::string_view text = chunk.text;
     if (first && chunk.next_offset > text.size() && !text.empty()) {
       // It began one byte before the tail: the tail from its first whole

@@ -387,47 +387,66 @@ def test_a_daemons_log_rotates_and_its_supervised_head_writes_the_new_one(tmp_pa
         subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)
 
 
-def test_a_workers_log_rotates_too(tmp_path):
+def test_a_workers_log_rotates_too_and_a_follower_loses_no_line(tmp_path):
     """A worker's worker-PID.log grew without bound (a chatty trainer could
     fill the session's disk): it keeps under TROUPE_LOG_MAX_BYTES as the
-    daemons' logs do, its earlier part in worker-PID.log.1."""
+    daemons' logs do, its earlier part in worker-PID.log.1. `troupe logs
+    -f` reads the rest of a file that rotated under it from PATH.1 (it lost
+    the lines written just before each rotation)."""
     env = dict(os.environ, TROUPE_SESSION_DIR=str(tmp_path), TROUPE_LOG_MAX_BYTES="4096")
     env.pop("TROUPE_TOKEN", None)
     env.pop("TROUPE_ADDRESS", None)
     subprocess.run([cli(), "start", "--head", "--port", "0", "--resources", "CPU=1", "--dashboard-port", "-1"],
                    env=env, check=True, capture_output=True, timeout=120)
     try:
-        out = subprocess.run([sys.executable, "-c", _CHATTY, str(tmp_path)], env=env, capture_output=True, text=True,
-                             timeout=240)
+        out = subprocess.run([sys.executable, "-c", _CHATTY, str(tmp_path), cli()], env=env, capture_output=True,
+                             text=True, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         pid = int(out.stdout.split("pid ")[1].split()[0])
         log, older = tmp_path / f"worker-{pid}.log", tmp_path / f"worker-{pid}.log.1"
         assert older.exists(), out.stdout
         # Rotated once a second: at most a second's lines past the bound.
-        assert log.stat().st_size < 4096 + 200 * 300, log.stat().st_size
+        assert log.stat().st_size < 4096 + 200 * 400, log.stat().st_size
         assert "chatty line" in older.read_text(errors="replace")
+        assert "missing [] twice 0" in out.stdout, out.stdout
     finally:
         subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)
 
 
 _CHATTY = """
-import os, sys, time, troupe
+import os, subprocess, sys, threading, time, troupe
+session, cli = sys.argv[1], sys.argv[2]
 troupe.init(address="auto", log_to_driver=False)
 
 @troupe.remote(num_cpus=1)
 class Chatty:
-    def talk(self, n):
-        for k in range(n):
+    def talk(self, start, n, pause=0.0):
+        for k in range(start, start + n):
             print(f"chatty line {k} " + "x" * 180, flush=True)
+            time.sleep(pause)
         return os.getpid()
 
-c = Chatty.remote()
-pid = troupe.get(c.talk.remote(1), timeout=120)
-older = os.path.join(sys.argv[1], f"worker-{pid}.log.1")
-deadline = time.monotonic() + 120
-while not os.path.exists(older) and time.monotonic() < deadline:
-    troupe.get(c.talk.remote(50), timeout=120)
-print("pid", pid, "rotated", os.path.exists(older))
+def until(done, seconds):
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+c = Chatty.options(name="chatty").remote()
+pid = troupe.get(c.talk.remote(0, 1), timeout=120)
+follow = subprocess.Popen([cli, "logs", "-f", "chatty"], stdout=subprocess.PIPE, text=True)
+seen = []
+threading.Thread(target=lambda: seen.extend(follow.stdout), daemon=True).start()
+until(lambda: any("chatty line 0 " in line for line in seen), 60)
+# Lines without a break for 3 s, 40 KB a second: the worker rotates its
+# file each second (it checks once a second), each time with lines the
+# follower has not read yet.
+troupe.get(c.talk.remote(1, 600, 0.005), timeout=120)
+n = 601
+until(lambda: any(f"chatty line {n - 1} " in line for line in seen), 60)
+follow.terminate()
+follow.wait(30)
+got = [int(line.split()[2]) for line in seen if line.startswith("chatty line ")]
+print("pid", pid, "missing", sorted(set(range(n)) - set(got)), "twice", len(got) - len(set(got)))
 troupe.shutdown()
 """
 

@@ -143,9 +143,11 @@ void rotate_own_log_in_background(std::chrono::milliseconds interval) {
 }
 
 std::string read_log_piece(const std::string& path, uint64_t offset, uint32_t max_bytes, uint64_t* next_offset,
-                           uint64_t* size) {
+                           uint64_t* size, uint64_t* file_id) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot read log file " + path);
+  struct stat st {};
+  *file_id = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
   in.seekg(0, std::ios::end);
   *size = static_cast<uint64_t>(in.tellg());
   uint64_t from = offset == UINT64_MAX ? (*size > max_bytes ? *size - max_bytes : 0) : std::min(offset, *size);

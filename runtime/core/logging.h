@@ -42,8 +42,9 @@ void write_output_to(const std::string& path);
 // Up to `max_bytes` of `path` from `offset` (UINT64_MAX: the last
 // max_bytes); sets `next_offset` and `size`. Error naming the file when it
 // cannot be read.
+// `file_id`: the file's inode (a rotation puts another file at `path`).
 std::string read_log_piece(const std::string& path, uint64_t offset, uint32_t max_bytes, uint64_t* next_offset,
-                           uint64_t* size);
+                           uint64_t* size, uint64_t* file_id);
 // What every TROUPE_LOG_* line goes through: this process's troupe logger
 // once init_logging has run, spdlog's default logger before. That logger
 // is never destroyed: a thread that logs while static objects are being

@@ -705,7 +705,8 @@ class Head::Impl {
       LogChunk c;
       c.path = core::own_log_file();
       if (c.path.empty()) throw ConfigError("the head's output is not a file (it was not started as a daemon)");
-      c.text = core::read_log_piece(c.path, req.offset, req.max_bytes, &c.next_offset, &c.size);
+      if (req.rotated) c.path += ".1";
+      c.text = core::read_log_piece(c.path, req.offset, req.max_bytes, &c.next_offset, &c.size, &c.file_id);
       return p.conn->send(ok_response_value(m.id, c));
     }
     uint64_t node = req.id;

@@ -534,7 +534,8 @@ class NodeAgent::Impl {
       } else {
         throw ConfigError("read log: unknown target '" + req.target + "' at the node");
       }
-      c.text = core::read_log_piece(c.path, req.offset, req.max_bytes, &c.next_offset, &c.size);
+      if (req.rotated) c.path += ".1";
+      c.text = core::read_log_piece(c.path, req.offset, req.max_bytes, &c.next_offset, &c.size, &c.file_id);
       head_->send(ok_response_value(m.id, c));
     } catch (const std::exception& e) {
       head_->send(error_response(m.id, e));

@@ -342,7 +342,10 @@ struct ReadLog {
   uint64_t id = 0;
   uint64_t offset = UINT64_MAX;  // UINT64_MAX: the last max_bytes
   uint32_t max_bytes = 64 * 1024;
-  TROUPE_FIELDS(target, id, offset, max_bytes)
+  // The file's rotated part, PATH.1 (`troupe logs -f` reads the rest of a
+  // file that rotated under it there).
+  bool rotated = false;
+  TROUPE_FIELDS(target, id, offset, max_bytes, rotated)
 };
 
 struct LogChunk {
@@ -350,7 +353,8 @@ struct LogChunk {
   std::string text;
   uint64_t next_offset = 0;  // where the next read starts
   uint64_t size = 0;         // the file's size when read
-  TROUPE_FIELDS(path, text, next_offset, size)
+  uint64_t file_id = 0;      // its inode: another one at the same path after a rotation
+  TROUPE_FIELDS(path, text, next_offset, size, file_id)
 };
 
 // What a node agent reports with each heartbeat.
