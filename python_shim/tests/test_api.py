@@ -1566,3 +1566,26 @@ def test_sys_exit_in_an_actor_method_ends_the_actor_as_in_ray():
     # In a task it stays the task's error (the executor serves on).
     with pytest.raises(TaskError, match="SystemExit"):
         troupe.get(troupe.remote(lambda: __import__("sys").exit(3)).remote(), timeout=60)
+
+
+@troupe.remote
+def make_worker_only_thing(directory):
+    import sys
+
+    sys.path.insert(0, directory)
+    import only_in_the_worker
+
+    return only_in_the_worker.Thing()
+
+
+def test_a_value_the_driver_cannot_unpickle_names_its_ref(tmp_path):
+    """Its class's module is on the worker's path only: the get said a bare
+    "No module named ...", naming neither the ref nor what to do; as in
+    Ray, it is a RaySystemError."""
+    (tmp_path / "only_in_the_worker.py").write_text("class Thing:\n    pass\n")
+    ref = make_worker_only_thing.remote(str(tmp_path))
+    with pytest.raises(troupe.exceptions.RaySystemError) as e:
+        troupe.get(ref, timeout=60)
+    text = str(e.value)
+    assert ref.hex() in text and "No module named 'only_in_the_worker'" in text and "py_modules" in text, text
+    assert isinstance(e.value.__cause__, ModuleNotFoundError)

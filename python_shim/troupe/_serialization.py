@@ -113,8 +113,20 @@ def parent(ref):
 
 def value_for(ref, parts):
     """value_of(parts) of `ref`'s whole result, as `ref` sees it (its item
-    for an ItemRef)."""
-    value = value_of(parts)
+    for an ItemRef). A value this process cannot unpickle (its class's
+    module is not here) is RaySystemError naming the ref, as in Ray (it was
+    a bare "No module named ..." from deep in pickle)."""
+    try:
+        value = loads(parts)
+    except (ImportError, AttributeError, pickle.UnpicklingError, EOFError) as e:
+        from troupe.exceptions import RaySystemError
+
+        raise RaySystemError(
+            f"cannot unpickle the value of ObjectRef {ref.hex()} in this process: {type(e).__name__}: {e} (a class "
+            "or module the value needs is not importable here: install it, or ship it with runtime_env's "
+            "py_modules or working_dir)") from e
+    if type(value) is _ErrorBox:
+        raise value.exception()
     return value if type(ref) is not ItemRef else pick(value, ref._item)
 
 
