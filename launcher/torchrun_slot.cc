@@ -35,6 +35,13 @@ namespace troupe::launcher {
 
 namespace {
 
+// The slots' scratch directories, /tmp/troupe-torchrun-PID-XXXXXX.
+constexpr const char* kScratchPrefix = "troupe-torchrun-";
+
+}  // namespace
+
+namespace {
+
 // The interface that carries `address` on this machine ("" when none does).
 std::string interface_of(const std::string& address) {
   ifaddrs* list = nullptr;
@@ -400,7 +407,10 @@ struct TorchrunSlot::State {
   int32_t stopped_through = -1;  // attempts up to this one are stopped
   std::optional<Clock::time_point> kill_at;
   std::unique_ptr<OutputPump> pump;
-  std::string dir;  // holds TORCHELASTIC_ERROR_FILE
+  // Holds TORCHELASTIC_ERROR_FILE: /tmp/troupe-torchrun-PID-XXXXXX, locked
+  // while this worker lives, so that one killed without unwinding (at a
+  // job's end) leaves it to the next slot's cleanup.
+  core::OwnedDir dir;
   std::string error_file;
   std::optional<Spare> spare;
   std::optional<SpareRecipe> recipe;  // set while warm restarts are on
@@ -428,9 +438,7 @@ struct TorchrunSlot::State {
     reaped = false;
     kill_at.reset();
     pump.reset();
-    std::error_code ec;
-    if (!dir.empty()) troupe::core::remove_tree(dir, ec);
-    dir.clear();
+    dir.remove();
     error_file.clear();
   }
 };
@@ -470,8 +478,7 @@ TorchrunSlot::~TorchrunSlot() {
   auto pump = std::move(state_->pump);
   lock.unlock();
   pump.reset();
-  std::error_code ec;
-  if (!state_->dir.empty()) troupe::core::remove_tree(state_->dir, ec);
+  state_->dir.remove();
 }
 
 int32_t TorchrunSlot::free_port() {
@@ -506,10 +513,9 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
   if (exe.empty())
     throw ConfigError("interpreter " + l.python + " not found" +
                       (l.python.find('/') == std::string::npos ? " on PATH" : "") + " (give --python PATH)");
-  char dir[] = "/tmp/troupe-torchrun-XXXXXX";
-  if (::mkdtemp(dir) == nullptr) throw Error(std::string("torchrun slot: mkdtemp: ") + std::strerror(errno));
-  state_->dir = dir;
-  state_->error_file = state_->dir + "/error.json";
+  core::remove_orphaned_dirs("/tmp", kScratchPrefix);
+  state_->dir = core::OwnedDir::make("/tmp", kScratchPrefix);
+  state_->error_file = state_->dir.path() + "/error.json";
   std::vector<std::string> vars = l.env;
   vars.push_back("TORCHELASTIC_ERROR_FILE=" + state_->error_file);
   add_socket_interfaces(vars);
@@ -576,16 +582,14 @@ ScriptExit TorchrunSlot::wait_exit() {
   ::kill(-pid, SIGKILL);
   auto pump = std::move(state_->pump);
   // This attempt's: a start() while the output drains makes its own.
-  const std::string dir = state_->dir, error_file = state_->error_file;
+  const std::string dir = state_->dir.path(), error_file = state_->error_file;
   lock.unlock();
   if (pump) pump->finish(std::chrono::duration_cast<std::chrono::milliseconds>(kDrainBound));
   ScriptExit exit{true, status, read_small_file(error_file)};
   // Read: the directory goes now, not with the slot, whose worker is
   // killed at the job's end without unwinding.
-  std::error_code ec;
-  if (!dir.empty()) troupe::core::remove_tree(dir, ec);
   lock.lock();
-  if (state_->dir == dir) state_->dir.clear();
+  if (state_->dir.path() == dir) state_->dir.remove();
   return exit;
 }
 

@@ -83,42 +83,6 @@ namespace {
 
 constexpr const char* kStateDirPrefix = "troupe-head-";
 
-// The state directories of durable heads whose LocalCluster's process died
-// without its destructor (a crash, SIGKILL): "troupe-head-PID-XXXXXX" in
-// `dir`, this user's, PID no longer running and its lock not held.
-constexpr const char* kOwnerLock = "owner.lock";
-
-// Whether a state directory's owner still holds its lock: a process whose
-// pid means nothing here (another PID namespace sharing /tmp) is alive all
-// the same. One without the lock file was made by an older troupe, or was
-// made a moment ago and is not locked yet: only an old one is taken as
-// orphaned.
-bool still_owned(const std::filesystem::path& dir, const struct stat& st) {
-  const int fd = ::open((dir / kOwnerLock).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return ::time(nullptr) - st.st_mtime < 600;
-  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-  ::close(fd);
-  return held;
-}
-
-void remove_orphaned_state_dirs(const std::filesystem::path& dir) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(kStateDirPrefix, 0) != 0) continue;
-    const std::string rest = name.substr(std::strlen(kStateDirPrefix));
-    const size_t dash = rest.find('-');
-    if (dash == 0 || dash == std::string::npos || rest.find_first_not_of("0123456789") != dash) continue;
-    struct stat st {};
-    if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) continue;
-    pid_t owner = 0;
-    if (std::from_chars(rest.data(), rest.data() + dash, owner).ec != std::errc() || owner <= 0) continue;
-    if (::kill(owner, 0) == 0 || errno != ESRCH || still_owned(entry.path(), st)) continue;
-    std::error_code ignored;
-    troupe::core::remove_tree(entry.path(), ignored);
-  }
-}
-
 }  // namespace
 
 LocalCluster::LocalCluster(LocalClusterOptions options)
@@ -139,7 +103,7 @@ LocalCluster::LocalCluster(LocalClusterOptions options)
   head.dashboard_require_token = options_.dashboard_require_token;
   if (options_.durable_head) {
     make_state_dir();
-    head.head_state_db = state_dir_ + "/head.sqlite";
+    head.head_state_db = state_dir_.path() + "/head.sqlite";
   }
   try {
     head_pid_ = start(head, &line);
@@ -183,27 +147,14 @@ LocalCluster::~LocalCluster() {
   remove_state_dir();
 }
 
+// A durable head's state directory, /tmp/troupe-head-PID-XXXXXX: those
+// that crashed clusters left go first (core::remove_orphaned_dirs).
 void LocalCluster::make_state_dir() {
-  remove_orphaned_state_dirs("/tmp");
-  std::string dir = "/tmp/" + std::string(kStateDirPrefix) + std::to_string(::getpid()) + "-XXXXXX";
-  if (!::mkdtemp(dir.data())) throw Error(std::string("LocalCluster: mkdtemp: ") + std::strerror(errno));
-  state_dir_ = dir;
-  state_lock_fd_ = ::open((dir + "/" + kOwnerLock).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (state_lock_fd_ < 0 || ::flock(state_lock_fd_, LOCK_EX) != 0) {
-    const int e = errno;
-    remove_state_dir();
-    throw Error("LocalCluster: cannot lock " + dir + "/" + kOwnerLock + ": " + std::strerror(e));
-  }
+  core::remove_orphaned_dirs("/tmp", kStateDirPrefix);
+  state_dir_ = core::OwnedDir::make("/tmp", kStateDirPrefix);
 }
 
-// The lock goes last: until the directory is gone, no one else removes it.
-void LocalCluster::remove_state_dir() {
-  if (!state_dir_.empty()) {
-    std::error_code ec;
-    troupe::core::remove_tree(state_dir_, ec);
-  }
-  if (state_lock_fd_ >= 0) ::close(std::exchange(state_lock_fd_, -1));
-}
+void LocalCluster::remove_state_dir() { state_dir_.remove(); }
 
 void LocalCluster::restart_head() {
   {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/core/worker_env.h"
 
@@ -96,11 +97,10 @@ class LocalCluster {
   std::string address_;
   std::string dashboard_url_;
   core::WorkerEnv head_env_;
-  std::string state_dir_;  // durable_head: holds head.sqlite
-  // Held (flock) on state_dir_/owner.lock while the cluster lives: another
-  // process's cleanup, in a PID namespace where this pid means nothing,
-  // sees the directory is in use.
-  int state_lock_fd_ = -1;
+  // durable_head: holds head.sqlite; its owner.lock held while the cluster
+  // lives, so that another process's cleanup (in a PID namespace where this
+  // pid means nothing) sees the directory is in use.
+  core::OwnedDir state_dir_;
   void make_state_dir();
   void remove_state_dir();
   // The node list and the head's pid, for calls from any thread (a test's
