@@ -798,7 +798,7 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
 void TaskSubmitter::check_feasible(const std::shared_ptr<Key>& key) {
   {
     std::lock_guard lock(mu_);
-    if (key->infeasible_since && Clock::now() < key->next_feasibility_check) {
+    if (Clock::now() < key->next_feasibility_check) {
       feasibility_checks_.push_back(key);
       return;
     }
@@ -807,8 +807,11 @@ void TaskSubmitter::check_feasible(const std::shared_ptr<Key>& key) {
   try {
     nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes);
   } catch (const std::exception&) {
+    // Asked again in a second: no update may come to ask (the executor
+    // stays PENDING with the same reason).
     std::lock_guard lock(mu_);
-    key->check_queued = false;  // the next update asks again
+    key->next_feasibility_check = Clock::now() + std::chrono::seconds(1);
+    feasibility_checks_.push_back(key);
     return;
   }
   if (key->spec.node_affinity && !key->spec.affinity_soft)
@@ -820,12 +823,21 @@ void TaskSubmitter::check_feasible(const std::shared_ptr<Key>& key) {
     std::lock_guard lock(mu_);
     const bool waiting =
         std::any_of(key->executors.begin(), key->executors.end(), [](const auto& e) { return !e->ready && !e->gone; });
-    if (feasible || !waiting) {
+    const auto now = Clock::now();
+    if (!waiting) {
       key->infeasible_since.reset();
       key->check_queued = false;
       return;
     }
-    const auto now = Clock::now();
+    if (feasible) {
+      // Still waiting for room that exists: asked again in a second while
+      // an executor waits, so that a node's death seen after this answer
+      // (no new update need come) still fails the queue.
+      key->infeasible_since.reset();
+      key->next_feasibility_check = now + std::chrono::seconds(1);
+      feasibility_checks_.push_back(key);
+      return;
+    }
     if (!key->infeasible_since) key->infeasible_since = now;
     if (now - *key->infeasible_since < options_.infeasible_grace) {
       // Asked again until it is one or the other, a tenth of the grace

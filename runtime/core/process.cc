@@ -423,6 +423,9 @@ RoleProcess start_role_process(const RoleProcessOptions& o, const std::string& w
   s.keep_fds = {fds[1]};
   s.die_with_parent = o.die_with_parent;
   s.new_session = o.new_session;
+  // What `ps` shows: the role, not only the binary's path (workers title
+  // themselves "troupe-worker:<class>").
+  if (!role_env.role.empty()) s.arg0 = "troupe-" + role_env.role;
   std::streamoff log_start = o.log_file.empty() ? 0 : file_size(o.log_file);
   pid_t pid = -1;
   try {

@@ -1197,7 +1197,8 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
   json j;
   j["nodes"] = json::array();
   // A dead node's pool stays as it was when the node died (nothing is
-  // placed there again), but nothing on it runs: it shows nothing in use.
+  // placed there again), but nothing on it runs: it shows nothing in use,
+  // and no idle workers (its last heartbeat's count stayed).
   for (const auto& n : nodes())
     j["nodes"].push_back({{"id", n.id},
                           {"hostname", n.hostname},
@@ -1206,7 +1207,7 @@ nlohmann::json HeadState::status(const StatusRequest& request) const {
                           {"alive", n.alive},
                           {"total", n.total},
                           {"used", n.alive ? json(n.used) : json::object()},
-                          {"idle_workers", n.idle_workers}});
+                          {"idle_workers", n.alive ? n.idle_workers : 0}});
   size_t matching = 0;
   j["actors"] = actors_json(request, &matching);
   j["actors_matching"] = matching;  // more than "actors" holds when --limit cut the list

@@ -693,17 +693,23 @@ class NodeAgent::Impl {
     // Only our own workers: the process may have other children (a driver
     // with an embedded node, a test harness) that are not ours to reap.
     for (auto it = workers_.begin(); it != workers_.end();) {
+      // Seen ended but not reaped yet (WNOWAIT): while the zombie is there
+      // its pid, and so its group's id, is no other process's. A worker
+      // that ended by itself (its actor exited, an idle task executor
+      // released, a crash) leaves nothing it started behind either.
+      siginfo_t info{};
+      if (::waitid(P_PID, static_cast<id_t>(it->first), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+          info.si_pid != it->first) {
+        ++it;
+        continue;
+      }
+      ::kill(-it->first, SIGKILL);
       int status = 0;
-      pid_t pid = ::waitpid(it->first, &status, WNOHANG);
+      const pid_t pid = ::waitpid(it->first, &status, 0);
       if (pid != it->first) {
         ++it;
         continue;
       }
-      // A worker that ended by itself (its actor exited, an idle task
-      // executor released, a crash) leaves nothing it started behind
-      // either: the group's id stays in use, never another process's pid,
-      // while a member lives.
-      ::kill(-pid, SIGKILL);
       std::string how = core::describe_exit_status(status);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 127) how += " (could not exec the worker executable?)";
       if (auto k = kill_reasons_.find(pid); k != kill_reasons_.end()) {

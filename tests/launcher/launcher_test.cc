@@ -1,7 +1,9 @@
 // The `troupe` CLI end to end: start a head and a second node in the
 // background, look at them, run a driver against them, stop them.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <sys/wait.h>
@@ -150,6 +152,11 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   EXPECT_NE(bad.output.find("CPU=x"), std::string::npos) << bad.output;
 
   std::string head_pid = troupe::core::read_session_file(dir, "head.pid");
+  // `ps` names the role (it showed the bare binary's path).
+  std::ifstream cmdline("/proc/" + std::to_string(std::stoi(head_pid)) + "/cmdline");
+  std::string argv0;
+  std::getline(cmdline, argv0, '\0');
+  EXPECT_EQ(argv0, "troupe-head");
   auto stop = run(std::string(TROUPE_CLI) + " stop");
   EXPECT_EQ(stop.status, 0) << stop.output;
   EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(std::stoi(head_pid), 0) != 0; }));
@@ -181,6 +188,7 @@ TEST_F(LauncherTest, StatusShowsNothingInUseOnADeadNode) {
   // on the dead node either.
   const auto dead = nlohmann::json::parse(run(cli() + " status --json").output)["nodes"][1];
   EXPECT_TRUE(dead["used"].empty()) << dead.dump();
+  EXPECT_EQ(dead["idle_workers"], 0) << dead.dump();  // not its last heartbeat's count
   auto after = run(cli() + " status");
   const size_t row = after.output.find("node 2 ");
   ASSERT_NE(row, std::string::npos) << after.output;
@@ -799,7 +807,14 @@ TEST_F(LauncherTest, AHeadWhoseStateDbFailsAWriteSaysSoAndLeavesNoStaleTables) {
     EXPECT_EQ(rt.kv().get("after"), std::optional<std::string>("1"));
   }
   ASSERT_EQ(::kill(head, SIGKILL), 0);
-  ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+  // Gone, and its state file's lock free: a killed process's threads may
+  // still be leaving (the leader a zombie) while they hold its files.
+  ASSERT_TRUE(troupe::test::eventually([&] {
+    const int fd = ::open((dir_ / "head.sqlite.lock").c_str(), O_RDONLY | O_CLOEXEC);
+    const bool free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (fd >= 0) ::close(fd);
+    return troupe::test::process_gone(head) && free;
+  }));
   auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
   ASSERT_EQ(again.status, 0) << again.output;
   troupe::Runtime rt = troupe::Runtime::connect(session_cluster());
