@@ -548,6 +548,18 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
   auto read = [&](const troupe::wire::ReadLog& r) {
     return rt.core()->head().call<troupe::wire::LogChunk>(troupe::wire::Op::kReadLog, r);
   };
+  // Prints the rest of the file `rest` reads, to its end or until a read
+  // is of another file than the one followed (`same` says).
+  auto print_rest = [&](troupe::wire::ReadLog rest, auto same) {
+    for (;;) {
+      auto old = read(rest);
+      if (!same(old)) break;
+      std::fwrite(old.text.data(), 1, old.text.size(), stdout);
+      rest.offset = old.next_offset;
+      if (old.text.empty() || old.next_offset >= old.size) break;
+    }
+    std::fflush(stdout);
+  };
   std::string path;      // the file followed
   uint64_t file_id = 0;  // and its inode
   bool waiting = false;
@@ -560,14 +572,8 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
         // followed, then the new one from its start.
         troupe::wire::ReadLog rest = req;
         rest.target = "actor_previous";
-        for (;;) {
-          auto old = read(rest);
-          if (old.path != path) break;  // restarted more than once meanwhile: that file is gone by
-          std::fwrite(old.text.data(), 1, old.text.size(), stdout);
-          rest.offset = old.next_offset;
-          if (old.text.empty() || old.next_offset >= old.size) break;
-        }
-        std::fflush(stdout);
+        // Restarted more than once meanwhile: that file is gone by.
+        print_rest(rest, [&](const troupe::wire::LogChunk& c) { return c.path == path; });
         std::fprintf(stderr, "troupe logs: actor %llu has a new worker (%s): following it from its start\n",
                      static_cast<unsigned long long>(req.id), chunk.path.c_str());
         path = chunk.path;
@@ -597,19 +603,11 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
       // start. Lines written just before the rotation were lost here.
       troupe::wire::ReadLog rest = req;
       rest.rotated = true;
-      for (;;) {
-        troupe::wire::LogChunk old;
-        try {
-          old = read(rest);
-        } catch (const troupe::Error&) {
-          break;  // gone: rotated again
-        }
-        if (old.file_id != file_id) break;
-        std::fwrite(old.text.data(), 1, old.text.size(), stdout);
-        rest.offset = old.next_offset;
-        if (old.text.empty() || old.next_offset >= old.size) break;
+      try {
+        print_rest(rest, [&](const troupe::wire::LogChunk& c) { return c.file_id == file_id; });
+      } catch (const troupe::Error&) {
+        std::fflush(stdout);  // PATH.1 gone: rotated again
       }
-      std::fflush(stdout);
       file_id = chunk.file_id;
       req.offset = 0;
       continue;
