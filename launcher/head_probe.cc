@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/wire/address.h"
@@ -48,12 +50,12 @@ void connect_by(int fd, const asio::ip::address& ip, uint16_t port, Clock::time_
   if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0) {
     err = errno;
     if (err == EINPROGRESS) {
-      if (!wait_for(fd, POLLOUT, deadline)) throw ConnectionError("cannot connect to " + address + ": timed out");
+      if (!wait_for(fd, POLLOUT, deadline)) throw HeadUnreachable("cannot connect to " + address + ": timed out");
       socklen_t el = sizeof(err);
       ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
     }
   }
-  if (err != 0) throw ConnectionError("cannot connect to " + address + ": " + std::strerror(err));
+  if (err != 0) throw HeadUnreachable("cannot connect to " + address + ": " + std::strerror(err));
 }
 
 // Reads exactly n bytes; returns how many arrived before EOF or the deadline.
@@ -90,7 +92,12 @@ std::string printable(const uint8_t* p, size_t n) {
 
 void probe_head(const std::string& address, const std::string& token, std::chrono::milliseconds timeout) {
   auto [host, port] = wire::parse_address(address);
-  auto ip = wire::resolve_host(host);
+  asio::ip::address ip;
+  try {
+    ip = wire::resolve_host(host);
+  } catch (const ConfigError& e) {
+    throw HeadUnreachable(e.what());  // a name published once the head is up (a Kubernetes service)
+  }
   auto deadline = Clock::now() + timeout;
   Fd s{::socket(ip.is_v4() ? AF_INET : AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)};
   if (s.fd < 0) throw ConnectionError(std::string("socket: ") + std::strerror(errno));
@@ -129,6 +136,33 @@ void probe_head(const std::string& address, const std::string& token, std::chron
                           "(try again)");
   if (answered != answer.size() || !wire::proofs_equal(answer, wire::make_proof(token, 'S', their_nonce, mine)))
     throw ConnectionError("the troupe head at " + address + " refused the cluster token (wrong TROUPE_TOKEN?)");
+}
+
+void wait_for_head(const std::string& address, const std::string& token, std::chrono::milliseconds wait,
+                   const std::string& who) {
+  const auto start = Clock::now();
+  auto say_at = start;
+  for (;;) {
+    try {
+      return probe_head(address, token);
+    } catch (const HeadUnreachable& e) {
+      const auto now = Clock::now();
+      const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - start).count();
+      if (now - start >= wait) {
+        if (wait.count() == 0) throw;
+        throw HeadUnreachable(std::string(e.what()) + " (waited " + std::to_string(waited) + " s for the head)");
+      }
+      if (now >= say_at) {
+        const auto left = std::chrono::duration_cast<std::chrono::seconds>(wait - (now - start)).count();
+        std::fprintf(stderr, "%s: waiting for the head at %s (%s); %lld s left\n", who.c_str(), address.c_str(),
+                     e.what(), static_cast<long long>(left));
+        say_at = now + std::chrono::seconds(10);
+      }
+      // A retry interval, not a wait for an event: nothing tells us when a
+      // head starts listening on another machine.
+      std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::seconds(1), wait - (now - start)));
+    }
+  }
 }
 
 }  // namespace troupe::launcher

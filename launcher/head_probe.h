@@ -7,11 +7,29 @@
 #include <chrono>
 #include <string>
 
+#include "troupe/runtime/core/errors.h"
+
 namespace troupe::launcher {
 
+// What probe_head throws while nothing answers at the address: a connect
+// refused or timed out, or a host name that does not resolve (yet). A head
+// starting later may still answer there; anything else it throws (another
+// service, a wrong token) will not change by waiting.
+class HeadUnreachable : public ConnectionError {
+ public:
+  using ConnectionError::ConnectionError;
+};
+
 // Throws troupe::ConnectionError: "HOST:PORT is not a troupe head (...)",
-// "cannot connect to HOST:PORT: ...", or "... refused the cluster token".
+// or "... refused the cluster token"; HeadUnreachable: "cannot connect to
+// HOST:PORT: ..." or "cannot resolve host ...".
 void probe_head(const std::string& address, const std::string& token,
                 std::chrono::milliseconds timeout = std::chrono::seconds(3));
+
+// probe_head, tried again every second while the head is unreachable, until
+// `wait` has passed (0: once), saying on stderr what it waits for every 10 s
+// (`who`: the command). Throws what the last try threw, the wait named.
+void wait_for_head(const std::string& address, const std::string& token, std::chrono::milliseconds wait,
+                   const std::string& who);
 
 }  // namespace troupe::launcher

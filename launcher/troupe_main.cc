@@ -92,6 +92,7 @@ struct Args {
   uint32_t worker_pool_size = 2;
   double worker_idle_timeout_s = 300;
   double worker_assign_timeout_s = troupe::core::WorkerEnv{}.worker_assign_timeout_ms / 1000.0;
+  double wait_for_head_s = 0;  // start --address: how long to try a head that is not up yet
   std::vector<std::string> command;
   std::string runtime_env_json;  // submit: the job's runtime_env for a Python driver
   double grace_period_s = 30;    // stop: SIGTERM, then after this SIGKILL
@@ -309,8 +310,9 @@ int join_head(const std::string& dir, const Args& given) {
     return 2;
   }
   // Fails fast at a foreign service or with a wrong token, before anything
-  // is started or written.
-  troupe::launcher::probe_head(a.address, token);
+  // is started or written; a head not up yet is waited for if asked.
+  troupe::launcher::wait_for_head(
+      a.address, token, std::chrono::milliseconds(static_cast<int64_t>(a.wait_for_head_s * 1000.0)), "troupe start");
   start_node(dir, a.address, token, a);
   // The token is proven right now: the node joined with it.
   if (read_session_file(dir, "address").empty()) write_session_file(dir, "address", a.address, 0600);
@@ -367,6 +369,8 @@ std::string conflicting_start_options(const Args& a) {
   if (!a.head && !a.head_options_given.empty())
     return a.head_options_given.front() + " is an option of the head: give it with --head (a node agent joining " +
            a.address + " takes the head's settings from it)";
+  if (a.head && a.wait_for_head_s > 0)
+    return "--wait-for-head is for a node agent joining a head (--address), and --head starts the head";
   if (a.head && a.no_node && !a.node_options_given.empty())
     return a.node_options_given.front() + " is an option of the node agent, and --no-node starts none";
   return "";
@@ -1144,7 +1148,8 @@ int main(int argc, char** argv) {
   start
       ->add_option("--worker-pool-size", a.worker_pool_size,
                    "warm idle workers the node keeps per worker executable (0 = start every worker on demand)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(troupe::launcher::in_range(0u, 64u));
   start
       ->add_option("--worker-idle-timeout", a.worker_idle_timeout_s,
                    "seconds an executable's idle workers outlive its last spawn")
@@ -1154,6 +1159,12 @@ int main(int argc, char** argv) {
                    "seconds a warm worker has to take an actor it was given before it is killed and the actor "
                    "started cold")
       ->capture_default_str();
+  start
+      ->add_option("--wait-for-head", a.wait_for_head_s,
+                   "with --address: seconds to keep trying a head that does not answer yet (refused, timed out, "
+                   "or a name that does not resolve), as when agents start before the head; 0 = fail at once")
+      ->capture_default_str()
+      ->check(troupe::launcher::in_range(0.0, 86400.0));
   start->add_flag("--no-node", a.no_node, "with --head: start no node agent");
   start->add_flag("--block", a.block,
                   "stay in the foreground until what was started exits; SIGTERM/Ctrl-C stops it (containers, srun)");

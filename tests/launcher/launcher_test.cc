@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tests/support/process.h"
 #include "tests/support/wait.h"
@@ -383,6 +384,8 @@ TEST_F(LauncherTest, BadStartValuesAreUsageErrorsNamingOptionAndValue) {
   EXPECT_NE(exp.output.find("1e3 is not a whole number"), std::string::npos) << exp.output;
   auto word = run(cli() + " start --head --port abc");
   EXPECT_NE(word.output.find("abc is not a number"), std::string::npos) << word.output;
+  auto negative = run(cli() + " start --head --worker-pool-size -1");
+  EXPECT_NE(negative.output.find("-1 is not in [0, 64]"), std::string::npos) << negative.output;
   auto far = run(cli() + " start --head --heartbeat-ms 5");
   EXPECT_NE(far.output.find("5 is not in [10, 60000]"), std::string::npos) << far.output;
   // Each in range, their product over a day: it wrapped the agents' 32-bit
@@ -748,6 +751,61 @@ TEST_F(LauncherTest, HeadReconnectFromTheEnvironmentReachesTheNodeAgents) {
   EXPECT_EQ(WEXITSTATUS(bad.status), 2) << bad.output;
   EXPECT_NE(bad.output.find("TROUPE_HEAD_RECONNECT_MS"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("soon"), std::string::npos) << bad.output;
+}
+
+// A port on loopback that nothing listens on (taken and given back).
+uint16_t unused_port() {
+  asio::io_context io;
+  asio::ip::tcp::acceptor a{io, {asio::ip::make_address("127.0.0.1"), 0}};
+  return a.local_endpoint().port();
+}
+
+// `troupe start --address A --wait-for-head S`: node agents started before
+// their head (a Kubernetes deployment's pods) wait for it and join once it
+// is up, saying what they wait for, instead of failing at the first refused
+// connect. A wrong token still fails at once, and the wait is bounded.
+TEST_F(LauncherTest, ANodeStartedBeforeItsHeadWaitsForItWhenAsked) {
+  const std::string port = std::to_string(unused_port());
+  const std::string address = "127.0.0.1:" + port;
+  const std::string token = "wait-for-head-token";
+  const std::filesystem::path joined = dir_ / "joined";
+  std::filesystem::create_directories(joined);
+  std::filesystem::permissions(joined, std::filesystem::perms::owner_all);
+  const std::filesystem::path node_out = dir_ / "node.out";
+  std::string node_cmd = "TROUPE_SESSION_DIR=" + joined.string() + " TROUPE_TOKEN=" + token + " " + cli() +
+                         " start --address " + address + " --resources CPU=1,GPU=0 --wait-for-head 600";
+  CommandResult node;
+  std::thread joiner([&] { node = run(node_cmd + " > " + node_out.string()); });
+  EXPECT_TRUE(troupe::test::eventually([&] {
+    return troupe::core::read_session_file(dir_.string(), "node.out").find("waiting for the head at " + address) !=
+           std::string::npos;
+  }));
+  auto head =
+      run("TROUPE_TOKEN=" + token + " " + cli() + " start --head --no-node --port " + port + " --dashboard-port -1");
+  joiner.join();
+  ASSERT_EQ(head.status, 0) << head.output;
+  const std::string said = troupe::core::read_session_file(dir_.string(), "node.out") + node.output;
+  EXPECT_EQ(node.status, 0) << said;
+  EXPECT_NE(said.find("Connection refused"), std::string::npos) << said;
+  auto j = nlohmann::json::parse(run(cli() + " status --json").output);
+  ASSERT_EQ(j["nodes"].size(), 1u) << j.dump();
+  EXPECT_TRUE(j["nodes"][0]["alive"].get<bool>());
+  run("TROUPE_SESSION_DIR=" + joined.string() + " " + cli() + " stop");
+
+  auto wrong = run("TROUPE_SESSION_DIR=" + joined.string() + " TROUPE_TOKEN=not-the-token " + cli() +
+                   " start --address " + address + " --wait-for-head 600");
+  EXPECT_EQ(WEXITSTATUS(wrong.status), 1) << wrong.output;
+  EXPECT_NE(wrong.output.find("token"), std::string::npos) << wrong.output;
+  EXPECT_EQ(wrong.output.find("waiting for the head"), std::string::npos) << wrong.output;
+
+  const std::string nobody = "127.0.0.1:" + std::to_string(unused_port());
+  auto gave_up = run("TROUPE_SESSION_DIR=" + joined.string() + " TROUPE_TOKEN=" + token + " " + cli() +
+                     " start --address " + nobody + " --wait-for-head 1");
+  EXPECT_EQ(WEXITSTATUS(gave_up.status), 1) << gave_up.output;
+  EXPECT_NE(gave_up.output.find("waited 1 s for the head"), std::string::npos) << gave_up.output;
+  auto with_head = run(cli() + " start --head --port 0 --wait-for-head 5");
+  EXPECT_EQ(WEXITSTATUS(with_head.status), 2) << with_head.output;
+  EXPECT_NE(with_head.output.find("--wait-for-head"), std::string::npos) << with_head.output;
 }
 
 // A head that does not exit on SIGTERM (hung; here stopped) is killed
