@@ -182,6 +182,29 @@ pid_t start_node(const std::string& dir, const std::string& address, const std::
   return p.pid;
 }
 
+// Where a head's own node agent joins it: where the head listens (loopback
+// when that is every interface), not the address it advertises, which
+// behind a NAT without hairpinning does not lead back from this machine.
+// The agent's workers still advertise the interface that routes to the
+// advertised address, as an agent joining from elsewhere would (not
+// loopback, when the head listens everywhere).
+void join_own_head(Args& node, const std::string& bind_host, const std::string& advertised, std::string& join) {
+  namespace wire = troupe::wire;
+  const auto [host, port] = wire::parse_address(advertised);
+  node.host = bind_host;  // the node's workers listen where the head does
+  node.advertise_address = "";
+  if (!wire::is_wildcard_host(bind_host)) {
+    join = wire::format_address(wire::strip_brackets(bind_host), port);
+    return;
+  }
+  join = wire::format_address(bind_host.find(':') != std::string::npos ? "::1" : "127.0.0.1", port);
+  try {
+    node.advertise_address = wire::local_address_towards(host, port);
+  } catch (const std::exception&) {
+    join = advertised;  // no route to it: as before, the agent finds out by joining
+  }
+}
+
 // Held while a `troupe start --head` checks for a running head and starts
 // one, so that two at once in one session cannot both start a head: the
 // second waits, then finds the first's. Released when this goes.
@@ -267,10 +290,10 @@ int start_head(const std::string& dir, const Args& a) {
                     : " (needs the token: Authorization: Bearer TOKEN, or log in there)");
   if (!a.no_node) {
     Args node = a;
-    node.host = o.env.head_host;  // the node's workers listen where the head does
-    node.advertise_address = "";  // the interface that routes to the head's advertised address
+    std::string join;
+    join_own_head(node, o.env.head_host, address, join);
     try {
-      start_node(dir, address, token, node);
+      start_node(dir, join, token, node);
     } catch (const std::exception& e) {
       undo_head_start(dir, p.pid);
       throw troupe::ConfigError(std::string(e.what()) + "; the head (pid " + std::to_string(p.pid) +

@@ -506,6 +506,28 @@ TEST_F(LauncherTest, AnAdvertisedAddressThatDoesNotLeadHereIsWarnedOf) {
   run(in_joined + cli() + " stop");
 }
 
+// A head behind a NAT without hairpinning advertises an address that does
+// not lead back from its own machine (here 127.0.0.2, while it listens on
+// 127.0.0.1 alone): its own node agent joins it where it listens. Before,
+// the agent joined through the advertised address and the start failed.
+TEST_F(LauncherTest, AHeadsOwnNodeJoinsWhereTheHeadListensNotWhereItIsAdvertised) {
+  auto head = run(cli() + " start --head --host 127.0.0.1 --advertise-address 127.0.0.2 --port 0 " +
+                  "--dashboard-port -1 --resources CPU=1,GPU=0");
+  ASSERT_EQ(head.status, 0) << head.output;
+  EXPECT_NE(head.output.find("warning: --advertise-address 127.0.0.2 does not reach this head"), std::string::npos)
+      << head.output;
+  const std::string address = troupe::core::read_session_file(dir_.string(), "address");
+  ASSERT_EQ(address.rfind("127.0.0.2:", 0), 0u) << address;
+  const std::string listening = "127.0.0.1:" + address.substr(address.find(':') + 1);
+  auto status = run(cli() + " status --json --address " + listening);
+  ASSERT_EQ(status.status, 0) << status.output;
+  const auto j = nlohmann::json::parse(status.output);
+  ASSERT_EQ(j["nodes"].size(), 1u) << status.output;
+  EXPECT_TRUE(j["nodes"][0]["alive"].get<bool>()) << status.output;
+  // Its workers listen, and are reached, where the head listens.
+  EXPECT_EQ(j["nodes"][0]["address"], "127.0.0.1") << status.output;
+}
+
 // Options that do not fit together are usage errors (exit code 2) naming
 // the option, before anything starts.
 TEST_F(LauncherTest, StartOptionsThatDoNotFitAreRefusedNamingThem) {
@@ -540,8 +562,10 @@ pid_t started_head_pid(const std::string& output) {
 // advertises (127.0.0.2: the head listens on 127.0.0.1 only): the command
 // fails and stops the head it started, leaving no head behind.
 TEST_F(LauncherTest, HeadWhoseNodeAgentFailsIsStoppedAgain) {
-  auto r = run(cli() + " start --head --port 0 --dashboard-port -1 --advertise-address 127.0.0.2");
+  // A setting only the node agent reads, and refuses, as it starts.
+  auto r = run("TROUPE_WORKER_MALLOC=bogus " + cli() + " start --head --port 0 --dashboard-port -1");
   EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("TROUPE_WORKER_MALLOC='bogus'"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("stopped again"), std::string::npos) << r.output;
   const pid_t head = started_head_pid(r.output);
   ASSERT_GT(head, 0) << r.output;
