@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
+#include <ctime>
 #include <deque>
 #include <string>
 
@@ -22,6 +24,24 @@ namespace {
 
 constexpr size_t kMaxQuickRestarts = 5;
 constexpr std::chrono::seconds kQuickWindow{10};
+
+// A line of head.log in the form every other line there has (the time,
+// who, the level), written with stdio: the supervisor forks the head and
+// keeps no logger of its own.
+[[gnu::format(printf, 1, 2)]] void say(const char* format, ...) {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  tm local{};
+  ::localtime_r(&now.tv_sec, &local);
+  std::fprintf(stderr, "[%02d:%02d:%02d.%03ld] [head-supervisor pid %d] [warning] ", local.tm_hour, local.tm_min,
+               local.tm_sec, now.tv_nsec / 1000000, static_cast<int>(::getpid()));
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(stderr, format, args);
+  va_end(args);
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
 
 // The head's ready line, or "" when it exited first (end of file).
 std::string read_ready_line(int fd) {
@@ -77,12 +97,10 @@ int wait_for_head(pid_t head, const sigset_t& signals, int liveness, std::chrono
     if (heard_from(liveness)) last_sign = Clock::now();
     const auto silent = Clock::now() - last_sign;
     if (hang_timeout.count() > 0 && silent >= hang_timeout) {
-      std::fprintf(stderr,
-                   "head supervisor: the head (pid %d) gave no sign of life for %lld ms (its event loop is stuck; "
-                   "--hang-timeout is %lld ms); killing it\n",
-                   head, static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()),
-                   static_cast<long long>(hang_timeout.count()));
-      std::fflush(stderr);
+      say("the head (pid %d) gave no sign of life for %lld ms (its event loop is stuck; "
+          "--hang-timeout is %lld ms); killing it",
+          head, static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()),
+          static_cast<long long>(hang_timeout.count()));
       ::kill(head, SIGKILL);
       core::wait_child(head, &status);
       return status;
@@ -90,7 +108,7 @@ int wait_for_head(pid_t head, const sigset_t& signals, int liveness, std::chrono
     const timespec tick{0, 250 * 1000 * 1000};  // the liveness pipe is read this often
     const int sig = sigtimedwait(&signals, nullptr, &tick);
     if (sig < 0 || sig == SIGCHLD) continue;
-    std::fprintf(stderr, "head supervisor: signal %d; stopping the head (pid %d)\n", sig, head);
+    say("signal %d; stopping the head (pid %d)", sig, head);
     ::kill(head, SIGTERM);
     core::wait_child(head);
     std::_Exit(0);
@@ -153,15 +171,14 @@ core::WorkerEnv supervise_head(core::WorkerEnv env) {
     const auto now = std::chrono::steady_clock::now();
     while (!restarts.empty() && now - restarts.front() > kQuickWindow) restarts.pop_front();
     if (restarts.size() >= kMaxQuickRestarts) {
-      std::fprintf(stderr, "head supervisor: the head (pid %d) %s, its %zu-th death within %lld s; giving up\n", head,
-                   core::describe_exit_status(status).c_str(), restarts.size() + 1,
-                   static_cast<long long>(kQuickWindow.count()));
+      say("the head (pid %d) %s, its %zu-th death within %lld s; giving up", head,
+          core::describe_exit_status(status).c_str(), restarts.size() + 1,
+          static_cast<long long>(kQuickWindow.count()));
       std::_Exit(1);
     }
     restarts.push_back(now);
-    std::fprintf(stderr, "head supervisor: the head (pid %d) %s; starting it again on port %u\n", head,
-                 core::describe_exit_status(status).c_str(), unsigned(env.head_port));
-    std::fflush(stderr);
+    say("the head (pid %d) %s; starting it again on port %u", head, core::describe_exit_status(status).c_str(),
+        unsigned(env.head_port));
   }
 }
 

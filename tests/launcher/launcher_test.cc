@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <thread>
 
 #include "tests/support/process.h"
@@ -249,7 +250,11 @@ TEST_F(LauncherTest, SupervisedHeadComesBackAfterSigkill) {
     }));
   }
   auto log = troupe::core::read_session_file(dir, "head.log");
-  EXPECT_NE(log.find("starting it again"), std::string::npos) << log;
+  // Timed and named as every other line of head.log.
+  EXPECT_TRUE(std::regex_search(
+      log, std::regex(R"(\n\[\d\d:\d\d:\d\d\.\d{3}\] \[head-supervisor pid \d+\] \[warning\] the head \(pid \d+\) )"
+                      R"(killed by signal 9 \(Killed\); starting it again on port \d+\n)")))
+      << log;
   auto stop = run(cli() + " stop");
   EXPECT_EQ(stop.status, 0) << stop.output;
   EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(supervisor); }));
