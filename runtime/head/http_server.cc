@@ -61,13 +61,27 @@ std::string trim(const std::string& s) {
   return s.substr(first, s.find_last_not_of(" \t") - first + 1);
 }
 
-// The request line: METHOD TARGET HTTP/1.x, TARGET an origin path.
+// An absolute-form target ("http://host:port/path?q", which a server must
+// take, RFC 9112 3.2.2: proxies send it) as its origin form ("/path?q");
+// any other target as it is.
+std::string origin_form(const std::string& target) {
+  std::string scheme;
+  for (const char c : target.substr(0, 8)) scheme += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const size_t skip = scheme.rfind("http://", 0) == 0 ? 7 : scheme.rfind("https://", 0) == 0 ? 8 : 0;
+  if (skip == 0) return target;
+  const size_t end = target.find_first_of("/?", skip);  // the authority ends here
+  if (end == std::string::npos) return "/";
+  return target[end] == '/' ? target.substr(end) : "/" + target.substr(end);
+}
+
+// The request line: METHOD TARGET HTTP/1.x, TARGET an origin path or an
+// absolute URL.
 bool parse_request_line(const std::string& line, HttpRequest& req) {
   const size_t a = line.find(' ');
   const size_t b = a == std::string::npos ? a : line.find(' ', a + 1);
   if (b == std::string::npos || line.find(' ', b + 1) != std::string::npos) return false;
   req.method = line.substr(0, a);
-  const std::string target = line.substr(a + 1, b - a - 1);
+  const std::string target = origin_form(line.substr(a + 1, b - a - 1));
   const std::string version = line.substr(b + 1);
   if (req.method.empty() ||
       !std::all_of(req.method.begin(), req.method.end(), [](char c) { return c >= 'A' && c <= 'Z'; }))

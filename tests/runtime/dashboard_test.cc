@@ -167,6 +167,17 @@ TEST_F(DashboardTest, BareLineFeedsAreAnsweredWithA400) {
   std::string doubled = get(port_, "//metrics", "Authorization: Bearer the-token\r\n");
   EXPECT_EQ(doubled.rfind("HTTP/1.1 200", 0), 0u) << doubled.substr(0, 200);
   EXPECT_NE(doubled.find("troupe_node_"), std::string::npos) << doubled.substr(0, 400);
+  // The absolute form a proxy sends is the same request (it was a 400).
+  const std::string host = "127.0.0.1:" + std::to_string(port_);
+  for (const std::string& target : {"http://" + host + "/metrics", "HTTP://" + host + "/metrics?x=1"}) {
+    std::string absolute =
+        http(port_, "GET " + target + " HTTP/1.1\r\nHost: " + host + "\r\nAuthorization: Bearer the-token\r\n\r\n");
+    EXPECT_EQ(absolute.rfind("HTTP/1.1 200", 0), 0u) << target << ": " << absolute.substr(0, 200);
+    EXPECT_NE(absolute.find("troupe_node_"), std::string::npos) << target;
+  }
+  std::string bare = http(port_, "GET http://" + host + " HTTP/1.1\r\nHost: " + host + "\r\n\r\n");
+  EXPECT_EQ(bare.rfind("HTTP/1.1 ", 0), 0u) << bare.substr(0, 200);
+  EXPECT_EQ(bare.rfind("HTTP/1.1 400", 0), std::string::npos) << bare.substr(0, 200);  // "/": the page
 }
 
 // Clients that open connections and dribble half-sent requests (a header
