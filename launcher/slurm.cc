@@ -46,8 +46,11 @@ std::string shell_word(const std::string& s) {
   return out + "'";
 }
 
-// A command's standard output (the Slurm clients: scontrol).
-std::string output_of(const std::vector<std::string>& argv) {
+// A Slurm client's standard output (scontrol), found on PATH.
+std::string output_of(std::vector<std::string> argv) {
+  const std::string name = argv[0];
+  argv[0] = which(name);
+  if (argv[0].empty()) throw Error(name + " is not on PATH (" + env_or("PATH") + ")");
   std::string cmd;
   for (const auto& a : argv) cmd += shell_word(a) + " ";
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -120,7 +123,7 @@ Allocation read_allocation(const SlurmOptions& o) {
                       "'): ask sbatch for them (--gpus-per-node)");
   if (o.gpus_per_node >= 0) a.gpus_per_node = o.gpus_per_node;
   a.gpus_given = o.gpus_per_node >= 0;
-  std::stringstream hosts(output_of({which("scontrol"), "show", "hostnames", env_or("SLURM_JOB_NODELIST")}));
+  std::stringstream hosts(output_of({"scontrol", "show", "hostnames", env_or("SLURM_JOB_NODELIST")}));
   for (std::string h; hosts >> h;) a.nodes.push_back(h);
   if (a.nodes.empty()) throw ConfigError("SLURM_JOB_NODELIST '" + env_or("SLURM_JOB_NODELIST") + "' names no node");
   if (cpn.empty()) {
@@ -138,7 +141,7 @@ Allocation read_allocation(const SlurmOptions& o) {
                       " node(s) but SLURM_JOB_NODELIST='" + env_or("SLURM_JOB_NODELIST") + "' names " +
                       std::to_string(a.nodes.size()));
   // The first node's address, as Slurm reaches it.
-  std::string node = output_of({which("scontrol"), "show", "node", a.nodes[0]});
+  std::string node = output_of({"scontrol", "show", "node", a.nodes[0]});
   size_t at = node.find("NodeAddr=");
   a.head_host = at == std::string::npos ? a.nodes[0] : node.substr(at + 9, node.find_first_of(" \n", at) - at - 9);
   return a;
@@ -292,8 +295,7 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
 
 int run_driver(const Cluster& c, const SlurmOptions& o) {
   core::SpawnOptions s;
-  s.executable = which(o.command[0]);
-  if (s.executable.empty()) throw ConfigError("driver '" + o.command[0] + "' is not on PATH");
+  s.executable = which(o.command[0]);  // there: run_slurm checked it first
   s.arg0 = o.command[0];
   s.args.assign(o.command.begin() + 1, o.command.end());
   s.env =
@@ -330,12 +332,21 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
     std::fprintf(stderr, "troupe slurm: %s\n", why.c_str());
     return 2;
   }
+  // Before anything starts (it was found missing once the cluster was up).
+  if (which(o.command[0]).empty()) {
+    std::fprintf(stderr, "troupe slurm: driver '%s' is not an executable file%s\n", o.command[0].c_str(),
+                 o.command[0].find('/') == std::string::npos ? " on PATH" : "");
+    return 2;
+  }
   Allocation a;
   try {
     a = read_allocation(o);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "troupe slurm: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {  // scontrol could not be run, or failed
+    std::fprintf(stderr, "troupe slurm: reading the allocation: %s\n", e.what());
+    return 1;
   }
   struct sigaction sa {};
   sa.sa_handler = on_stop;

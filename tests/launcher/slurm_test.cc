@@ -140,6 +140,20 @@ TEST(SlurmOptions, BadStartTimeoutAndAMissingDriverAreRefused) {
   std::tie(rc, out) = run("--print-sbatch --start-timeout 90 -- ./driver");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("--start-timeout 90 -- './driver'"), std::string::npos) << out;
+  // A driver that is not there is said before scontrol runs or anything
+  // starts (it was found missing once the whole cluster was up).
+  std::tie(rc, out) =
+      shell("SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n1 SLURM_JOB_CPUS_PER_NODE=2 PATH=/nonexistent " TROUPE_CLI
+            " slurm -- no-such-driver");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("troupe slurm: driver 'no-such-driver' is not an executable file on PATH"), std::string::npos)
+      << out;
+  // scontrol failing is said as reading the allocation, under the command's name.
+  std::tie(rc, out) =
+      shell("SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n1 SLURM_JOB_CPUS_PER_NODE=2 PATH=/nonexistent " TROUPE_CLI
+            " slurm -- /bin/true");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(out.rfind("troupe slurm: reading the allocation: scontrol is not on PATH (/nonexistent)", 0), 0u) << out;
 }
 
 // What the node agent of each node is started with: its own CPUs, and by
