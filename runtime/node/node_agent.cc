@@ -334,6 +334,7 @@ class NodeAgent::Impl {
     rejoin_thread_ = std::thread([this, window, resume_id, live = std::move(live)] {
       const auto deadline = std::chrono::steady_clock::now() + window;
       std::string last;
+      bool token_said = false;
       while (!leaving_.load()) {
         try {
           Registration r = join_head(std::chrono::seconds(2), resume_id, live);
@@ -342,11 +343,24 @@ class NodeAgent::Impl {
         } catch (const std::exception& e) {
           last = e.what();
         }
+        // Said as soon as seen, not only when the wait is over: a head that
+        // answers and refuses the handshake runs with another token.
+        if (!token_said && last.find("cluster token") != std::string::npos) {
+          token_said = true;
+          TROUPE_LOG_WARN(
+              "node {}: a head answers at {} again but refused this node's token ({}): most likely it "
+              "was started again with another cluster token; trying until {} ms have passed",
+              node_id_.load(), opts_.head_address, last, window.count());
+        }
         if (resume_id != 0) head_down_or_cut_off();
         if (std::chrono::steady_clock::now() > deadline) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a retry interval, not a wait for an event
       }
-      if (!leaving_.load())
+      if (leaving_.load()) return shutdown();
+      if (token_said)
+        TROUPE_LOG_WARN("node: the head at {} refused this node's cluster token for {} ms (last: {}); stopping node",
+                        opts_.head_address, window.count(), last);
+      else
         TROUPE_LOG_WARN("node: the head did not come back within {} ms ({}); stopping node", window.count(), last);
       shutdown();
     });

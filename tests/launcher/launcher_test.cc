@@ -837,6 +837,33 @@ TEST_F(LauncherTest, ANodeStartedBeforeItsHeadWaitsForItWhenAsked) {
   EXPECT_NE(with_head.output.find("--wait-for-head"), std::string::npos) << with_head.output;
 }
 
+// A durable head started again on its port with another token: its node
+// agent says at once that the head is back and refuses its token (it said
+// "did not come back" when its wait ran out, the token in parentheses).
+TEST_F(LauncherTest, AnAgentWhoseHeadCameBackWithAnotherTokenSaysSo) {
+  auto r = run("TROUPE_HEAD_RECONNECT_MS=60000 " + cli() + " start --head --port 0 --dashboard-port -1 " +
+               "--resources CPU=1,GPU=0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string address = troupe::core::read_session_file(dir_.string(), "address");
+  const pid_t head = std::stoi(troupe::core::read_session_file(dir_.string(), "head.pid"));
+  ASSERT_EQ(::kill(head, SIGKILL), 0);
+  ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+  auto again = run("TROUPE_TOKEN=another-token " + cli() + " start --head --no-node --dashboard-port -1 --port " +
+                   address.substr(address.find(':') + 1));
+  ASSERT_EQ(again.status, 0) << again.output;
+  auto node_log = [&] {
+    std::string all;
+    for (const auto& e : std::filesystem::directory_iterator(dir_))
+      if (e.path().filename().string().rfind("node-", 0) == 0 && e.path().extension() == ".log")
+        all += troupe::core::read_session_file(dir_.string(), e.path().filename().string());
+    return all;
+  };
+  EXPECT_TRUE(troupe::test::eventually([&] {
+    return node_log().find("a head answers at " + address + " again but refused this node's token") !=
+           std::string::npos;
+  })) << node_log();
+}
+
 // A head that does not exit on SIGTERM (hung; here stopped) is killed
 // after the grace period, and its pid file and state db go with it: a
 // head starts again at once. Before, stop said it was still running, exited
