@@ -20,6 +20,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -481,19 +482,55 @@ TorchrunSlot::~TorchrunSlot() {
   state_->dir.remove();
 }
 
-int32_t TorchrunSlot::free_port() {
+namespace {
+
+// Binds a TCP socket on every interface to `port` (0: the kernel picks one)
+// and gives it back: the port bound, or 0 when it was taken.
+uint16_t bind_and_release(uint16_t port, int* err) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw Error(std::string("torchrun slot: socket: ") + std::strerror(errno));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(port);
   socklen_t len = sizeof(a);
-  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  int err = errno;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  *err = errno;
   ::close(fd);
-  if (!ok) throw Error(std::string("torchrun slot: no free port: ") + std::strerror(err));
-  return ntohs(a.sin_port);
+  return ok ? ntohs(a.sin_port) : 0;
+}
+
+}  // namespace
+
+std::pair<uint16_t, uint16_t> ephemeral_port_range() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  unsigned lo = 0, hi = 0;
+  if (!(in >> lo >> hi) || lo < 1 || hi > 65535 || lo > hi) return {32768, 60999};  // Linux's default
+  return {static_cast<uint16_t>(lo), static_cast<uint16_t>(hi)};
+}
+
+// A port outside the kernel's ephemeral range: one from inside it, free when
+// looked at, could be taken by any outgoing connect on the machine before
+// rank 0's TCPStore binds it (the new attempt's own ranks, connecting to
+// the old port, among them), and the attempt failed with EADDRINUSE. Only
+// an explicit bind takes a port outside it. Random, so that jobs on one
+// node rarely try the same; the kernel's pick when none is free.
+int32_t TorchrunSlot::free_port() {
+  const auto [lo, hi] = ephemeral_port_range();
+  std::vector<std::pair<unsigned, unsigned>> spans;  // [first, last] outside it, above the well-known ports
+  if (lo > 10000) spans.emplace_back(10000u, lo - 1u);
+  if (hi < 65535) spans.emplace_back(hi + 1u, 65535u);
+  std::mt19937 pick(std::random_device{}());
+  int err = 0;
+  for (int tries = 0; tries < 64 && !spans.empty(); ++tries) {
+    const auto& span = spans[pick() % spans.size()];
+    const auto port = static_cast<uint16_t>(span.first + pick() % (span.second - span.first + 1));
+    if (bind_and_release(port, &err) == port) return port;
+  }
+  const uint16_t any = bind_and_release(0, &err);
+  if (any == 0) throw Error(std::string("torchrun slot: no free port: ") + std::strerror(err));
+  return any;
 }
 
 int64_t TorchrunSlot::start(ScriptLaunch l) {

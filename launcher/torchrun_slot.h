@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/runtime/client/runtime.h"
@@ -85,7 +86,8 @@ class TorchrunSlot {
   TorchrunSlot(const TorchrunSlot&) = delete;
   TorchrunSlot& operator=(const TorchrunSlot&) = delete;
 
-  // A TCP port free on this node now (rank 0's slot gives MASTER_PORT).
+  // A TCP port free on this node now, outside the ephemeral range when it
+  // can (rank 0's slot gives MASTER_PORT).
   int32_t free_port();
   // Starts the script (in the spare interpreter when there is one for the
   // same interpreter); returns its pid, -1 when its attempt was stopped
@@ -103,6 +105,10 @@ class TorchrunSlot {
 // `name` when it holds a '/', else the first executable `name` in `path`
 // (a PATH value); "" when there is none.
 std::string find_executable(const std::string& name, const std::string& path);
+
+// The kernel's ephemeral port range (ip_local_port_range): ports outgoing
+// connects are given.
+std::pair<uint16_t, uint16_t> ephemeral_port_range();
 
 }  // namespace troupe::launcher
 

@@ -416,6 +416,13 @@ TEST_F(TorchrunTest, EnvironmentIsTorchrunsAndOutputIsRankPrefixed) {
     EXPECT_FALSE(env["TORCHELASTIC_ERROR_FILE"].empty());
     int p = std::stoi(env["MASTER_PORT"]);
     EXPECT_GT(p, 0);
+    // Outside the ephemeral range, which any outgoing connect may take
+    // before rank 0 binds it (an attempt failed with EADDRINUSE).
+    std::ifstream range_file("/proc/sys/net/ipv4/ip_local_port_range");
+    int lo = 0, hi = 0;
+    if (range_file >> lo >> hi && (lo > 10000 || hi < 65535)) {
+      EXPECT_TRUE(p < lo || p > hi) << p << " is in [" << lo << ", " << hi << "]";
+    }
     if (rank == 0) port = env["MASTER_PORT"];
     EXPECT_EQ(env["MASTER_PORT"], port);
     for (auto& [k, v] : env) EXPECT_NE(k.rfind("TROUPE_", 0), 0u) << "leaked " << k;
