@@ -311,8 +311,14 @@ class Talker:
         print(" (the rest of the line)")
         return os.getpid()
 
+    def trail(self):
+        print("marker-eight left open", end="")
+        return os.getpid()
+
 print("task-pid", troupe.get(shout.remote("marker-six from a task"), timeout=60))
-print("actor-pid", troupe.get(Talker.remote().say.remote("marker-seven from an actor"), timeout=60))
+talker = Talker.remote()
+print("actor-pid", troupe.get(talker.say.remote("marker-seven from an actor"), timeout=60))
+troupe.get(talker.trail.remote(), timeout=60)
 print("the driver's own line")
 troupe.shutdown()
 """
@@ -330,7 +336,9 @@ def test_on_an_embedded_cluster_workers_mark_their_own_lines(tmp_path):
     assert f"(task pid={task_pid}) marker-six from a task" in out, r.stdout
     assert f"(task pid={task_pid}) marker-six from a task on stderr" in r.stderr.splitlines(), r.stderr
     assert f"(Talker pid={actor_pid}) marker-seven from an actor (the rest of the line)" in out, r.stdout
-    assert "the driver's own line" in out, r.stdout
+    # A line a call left open goes out ended when the call ends: before,
+    # it waited in the worker and ran into the next line.
+    assert out.index(f"(Talker pid={actor_pid}) marker-eight left open") < out.index("the driver's own line"), r.stdout
 
 
 _CHURN = """

@@ -572,12 +572,18 @@ def test_max_failures_exhausted_raises_with_the_cause(tmp_path):
     assert info.value.__cause__ is not None and info.value.result.checkpoint is None
 
 
-def test_loop_that_raises_once_is_retried_and_the_run_completes(tmp_path):
+def test_loop_that_raises_once_is_retried_and_the_run_completes(tmp_path, capsys):
     trainer = TorchTrainer(flaky_loop, scaling_config=train.ScalingConfig(num_workers=2),
                            run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=2)))
     result = trainer.fit()
     assert trainer.failures == 1
     assert result.metrics["restart_count"] == 1 and result.error is None
+    # The failure that was retried shows where it happened (it said only
+    # the error's first line, and the run completed without it).
+    err = capsys.readouterr().err
+    assert "attempt 1 failed (rank 1: " in err, err
+    assert "troupe.train: where rank 1's loop failed:\nTraceback (most recent call last):" in err, err
+    assert 'raise RuntimeError("worker 1 failing once")' in err, err
 
 
 def test_loop_that_raises_is_retried_then_fails_and_leaves_no_workers(tmp_path):

@@ -86,6 +86,17 @@ class _Marked(io.TextIOBase):
                 self._partial = ""
         self._stream.flush()
 
+    def end_line(self):
+        """Ends a line left open (a call that printed with end=""): its
+        text goes out now, marked and ended, rather than waiting in this
+        process or running into the next line on the shared console."""
+        with self._lock:
+            if not self._partial and self._line_start:
+                return
+            self._pass_on([self._partial + "\n"])
+            self._partial = ""
+        self._stream.flush()
+
     def writable(self):
         return True
 
@@ -111,6 +122,13 @@ def _after_fork_in_child():
     for w in _installed:
         w._lock = threading.RLock()
     _remark()
+
+
+def end_lines():
+    """At the end of a task, an actor call or a training loop: the lines its
+    work left open go out ended (only where the driver's console is shared)."""
+    for w in _installed:
+        w.end_line()
 
 
 def mark_output(label):

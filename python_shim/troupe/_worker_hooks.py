@@ -282,6 +282,7 @@ def call_method(instance, name, args, top, token=0, stream=None):
         return _error(where())
     finally:
         _current_token.reset(reset)
+        _console.end_lines()
 
 
 def current_task_token():
@@ -407,6 +408,7 @@ def run_task(key, args, top, token=0, stream=None):
         return _error(f"task {name} (pid {os.getpid()})")
     finally:
         _current_token.reset(reset)
+        _console.end_lines()
 
 
 def _task_call(fn, args, top):

@@ -302,6 +302,12 @@ class TorchTrainer:
                 print(f"troupe.train: run {name!r}: attempt {self.failures} failed ({first}); restarting from the "
                       f"latest checkpoint ({self.failures} of {'unlimited' if max_failures < 0 else max_failures} "
                       "failures)", file=sys.stderr, flush=True)
+                # Where it failed, as Ray Train shows each failure: the
+                # run may well complete, and the error be seen nowhere else.
+                trace = getattr(cause, "traceback_str", "")
+                if trace:
+                    loop = "the loop" if failure.rank is None else f"rank {failure.rank}'s loop"
+                    print(f"troupe.train: where {loop} failed:\n{trace.rstrip()}", file=sys.stderr, flush=True)
             except Exception as e:
                 raise self._failed(store, f"run {name!r} failed: {type(e).__name__}: {e}", e) from e
 

@@ -102,6 +102,7 @@ class TrainWorker:
                                "and ends it after: remove the loop's own dist.init_process_group call)") from e
         finally:
             session.end()
+            _console.end_lines()  # a last line printed without its end
             # A loop written for torchrun may have ended it itself.
             if dist.is_initialized():
                 dist.destroy_process_group()
