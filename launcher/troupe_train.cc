@@ -51,7 +51,14 @@ std::string in_flag_terms(std::string text) {
 
 int fail(int code, const std::string& reason) {
   std::fflush(stdout);
-  std::fprintf(stderr, "troupe train: %s\n", in_flag_terms(troupe::core::first_line(reason)).c_str());
+  std::string line = troupe::core::first_line(reason);
+  // A job's errors start with its name ("[train] training failed ..."),
+  // which tells jobs of one driver apart: here there is one.
+  if (line.size() > 2 && line[0] == '[') {
+    const size_t end = line.find("] ");
+    if (end != std::string::npos && line.find(' ') > end) line.erase(0, end + 2);
+  }
+  std::fprintf(stderr, "troupe train: %s\n", in_flag_terms(line).c_str());
   return code;
 }
 

@@ -35,6 +35,7 @@ namespace troupe::trainer {
 // std::exception, so no recovery handler catches it by mistake.
 struct GiveUp {
   std::string why;
+  bool names_step = false;  // `why` says the step it failed at: not said again as a range
 };
 
 class FailureRecovery {

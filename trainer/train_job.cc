@@ -180,7 +180,7 @@ class Run {
   // The newest checkpoint on disk: this run's, or the one it resumed from.
   std::optional<CheckpointInfo> newest_checkpoint() const;
   Result finish();
-  [[noreturn]] void give_up(const std::string& why);
+  [[noreturn]] void give_up(const std::string& why, bool names_step = false);
 
   Runtime& rt_;
   const TrainJobConfig& cfg_;
@@ -356,7 +356,7 @@ void Run::train() {
     } catch (const CallbackFailed& c) {
       std::rethrow_exception(c.error);
     } catch (const GiveUp& g) {
-      give_up(g.why + save_what_survives());
+      give_up(g.why + save_what_survives(), g.names_step);
     } catch (const JobFailed&) {
       throw;
     } catch (const ConfigError& e) {
@@ -385,7 +385,7 @@ Result Run::finish() {
   return std::move(result_);
 }
 
-void Run::give_up(const std::string& why) {
+void Run::give_up(const std::string& why, bool names_step) {
   event(JobEventKind::kFailed, why);
   result_.steps = gang_.step();
   result_.final_world_size = gang_.world();
@@ -393,12 +393,15 @@ void Run::give_up(const std::string& why) {
   // Where it failed: in the round of steps under way (the trainer's error
   // names the very step where it knows it), else at the last step boundary.
   std::ostringstream at;
-  if (round_ && round_->first < round_->second)
-    at << "between steps " << round_->first << " and " << round_->second;
+  // Unless `why` names the step ("the loss is inf at step 2"), which a
+  // range of steps would only blur.
+  if (names_step) {
+  } else if (round_ && round_->first < round_->second)
+    at << " between steps " << round_->first << " and " << round_->second;
   else
-    at << "at step " << (round_ ? round_->first : gang_.step());
+    at << " at step " << (round_ ? round_->first : gang_.step());
   std::ostringstream s;
-  s << "[" << cfg_.name << "] training failed " << at.str() << ": " << why << "\nwhat happened:" << reporter_.history();
+  s << "[" << cfg_.name << "] training failed" << at.str() << ": " << why << "\nwhat happened:" << reporter_.history();
   throw JobFailed(s.str(), result_);
 }
 
@@ -481,7 +484,7 @@ void Run::run_round() {
           << "are not saved";
     else
       why << "no checkpoint was written before it";
-    throw GiveUp{why.str()};  // in the round just run: "between steps A and B"
+    throw GiveUp{why.str(), true};
   }
   round_.reset();
   if (open_recovery_ && reps[0].steps > 0) {
