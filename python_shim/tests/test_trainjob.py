@@ -92,6 +92,33 @@ def test_fit_returns_history_events_and_a_loadable_checkpoint(tmp_path):
     assert sorted(n for n in os.listdir(tmp_path) if n.startswith("step-")) == ["step-00000030", "step-00000032"]
 
 
+class Classifier(torch.nn.Module):
+    """A network, forward(x) -> logits, as `troupe train` takes one."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_a_network_over_input_and_target_trains_as_troupe_train_trains_it(tmp_path):
+    # As `troupe train --model net.pt` does (the `classification` step):
+    # TrainJob refused it as no step module.
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 8)).astype(np.float32)
+    data = {"input": x, "target": (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0).astype(np.int64)}
+    torch.manual_seed(0)
+    np.savez(tmp_path / "cls.npz", **data)
+    for given in (data, str(tmp_path / "cls.npz")):
+        result = TrainJob(Classifier(), given, checkpoint_dir=str(tmp_path / f"ckpt-{type(given).__name__}"),
+                          **JOB).fit()
+        assert "accuracy" in result.history[-1], result.history[-1]
+        assert result.history[-1]["loss"] < result.history[0]["loss"]
+        assert set(result.state_dict()) == {"net.weight", "net.bias"}
+
+
 def test_accumulation_trains_as_one_batch_of_that_many(tmp_path):
     # Two micro-batches of 8 per worker and one optimizer step: the same
     # samples, the same mean loss and so (to rounding) the same weights as
@@ -232,7 +259,8 @@ def test_bad_input_is_a_config_error_naming_it(tmp_path):
         TrainJob(model(), regression(64), checkpoint_dir=str(tmp_path), **JOB).wait(timeout=-1)
     # Named before troupe-train starts: not "no tensor 'input' in the batch",
     # nor pages of TorchScript's compiler output.
-    with pytest.raises(ConfigError, match=r"PlainNet has forward\(x: Tensor\) -> Tensor; TrainJob needs a step module"):
+    with pytest.raises(ConfigError, match=r"PlainNet has forward\(x: Tensor\) -> Tensor; TrainJob needs a step "
+                                          r"module.*the data's keys: features, value"):
         TrainJob(PlainNet(), regression(64), checkpoint_dir=str(tmp_path), **JOB).fit()
     with pytest.raises(ConfigError, match=r"NeedsPython cannot be compiled with torch.jit.script: .*TorchTrainer"):
         TrainJob(NeedsPython(), regression(64), checkpoint_dir=str(tmp_path), **JOB).fit()

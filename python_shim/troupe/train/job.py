@@ -79,7 +79,23 @@ def _train_binary():
                           f"TROUPE_WITH_TORCH=ON): {e}") from None
 
 
-def _save_model(model, work):
+def _data_keys(data):
+    """The batch keys of `data` ({key: array} or an .npz path), or None when
+    they cannot be known here (a token stream's are input and target)."""
+    if isinstance(data, dict):
+        return set(data)
+    if isinstance(data, str) and data.endswith(".npz") and os.path.exists(data):
+        import numpy as np
+
+        try:
+            with np.load(data, allow_pickle=False) as archive:
+                return set(archive.files)
+        except Exception:  # noqa: BLE001 - troupe-train says what is wrong with it
+            return None
+    return None
+
+
+def _save_model(model, work, keys=None):
     if isinstance(model, str):
         if model in ("mlp", "cnn"):
             return model
@@ -94,7 +110,7 @@ def _save_model(model, work):
         raise ConfigError(f"model must be a torch.nn.Module, a TorchScript file or a built-in name, "
                           f"got a {type(model).__name__}")
     scripted = model if isinstance(model, torch.jit.ScriptModule) else _script(model, torch)
-    _check_step_signature(scripted, type(model).__name__)
+    _check_step_signature(scripted, type(model).__name__, keys)
     path = os.path.join(work, "step.pt")
     torch.jit.save(scripted, path)
     return path
@@ -120,9 +136,12 @@ def _script(model, torch):
 _STEP_SIGNATURE = "forward(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor], returning the 'loss' and any metrics"
 
 
-def _check_step_signature(scripted, name):
-    """A plain forward(x) -> y model is refused here, naming what TrainJob
-    needs, rather than by troupe-train as a batch without an 'input' key."""
+def _check_step_signature(scripted, name, keys=None):
+    """A step module, or (as `troupe train` takes it) a network forward(x) -> y
+    over data with 'input' and 'target' arrays, trained with cross-entropy
+    (the `classification` step). Anything else is refused here, naming what
+    TrainJob needs, rather than by troupe-train as a batch without an
+    'input' key."""
     try:
         schema = scripted.forward.schema
     except Exception:  # noqa: BLE001 - no forward, or a torch without schemas: troupe-train will say
@@ -132,10 +151,15 @@ def _check_step_signature(scripted, name):
     returns = ", ".join(str(r.type) for r in schema.returns) or "None"
     if len(args) == 1 and str(args[0].type) == "Dict[str, Tensor]" and returns == "Dict[str, Tensor]":
         return
+    network = len(args) == 1 and str(args[0].type) == "Tensor" and returns == "Tensor"
+    if network and (keys is None or {"input", "target"} <= keys):
+        return
+    have = "" if keys is None else f" (the data's keys: {', '.join(sorted(keys))})"
     raise ConfigError(
         f"TrainJob's model {name} has forward({takes}) -> {returns}; TrainJob needs a step module, "
         f"{_STEP_SIGNATURE}: the batch holds the data's arrays under their keys, so wrap the network in a module "
-        "whose forward computes the loss from them")
+        f"whose forward computes the loss from them; or a network forward(x: Tensor) -> Tensor with data whose "
+        f"arrays are 'input' and 'target', trained with cross-entropy{have}")
 
 
 # What troupe-train's .npz reader loads (NumPy kind, item size): the types
@@ -455,7 +479,7 @@ class TrainJob:
         self._work = tempfile.TemporaryDirectory(prefix="troupe-trainjob-")
         work = self._work.name
         config = {k: v for k, v in self._fields.items()}
-        config["model"] = _save_model(self._model, work)
+        config["model"] = _save_model(self._model, work, _data_keys(self._data))
         config["data"] = _save_data(self._data, work, "data")
         if self._val_data is not None:
             config["val_data"] = _save_data(self._val_data, work, "val_data")
