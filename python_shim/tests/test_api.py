@@ -1467,6 +1467,42 @@ def task_ids():
     return ctx.get_task_id(), ctx.get_worker_id(), ctx.get_actor_name()
 
 
+@troupe.remote
+class Callable:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return x * 2
+
+    def __len__(self):
+        return 7
+
+
+@troupe.remote
+def call_through(handle, x):
+    return troupe.get(handle.__call__.remote(x), timeout=60)
+
+
+def test_special_methods_a_class_defines_are_called_through_its_handle():
+    # As Ray's actor.__call__.remote(): they raised AttributeError.
+    actor = Callable.remote()
+    assert troupe.get(actor.__call__.remote(21), timeout=60) == 42
+    assert troupe.get(actor.__len__.remote(), timeout=60) == 7
+    assert troupe.get(call_through.remote(actor, 5), timeout=60) == 10  # a handle passed on keeps them
+    named = Callable.options(name="callable-by-name").remote()
+    assert troupe.get(troupe.get_actor("callable-by-name").__call__.remote(1), timeout=60) == 2
+    # Ray's __ray_call__: a function run on the actor's instance.
+    assert troupe.get(actor.__ray_call__.remote(lambda self, k: self.calls + k, 10), timeout=60) == 12
+    # What Python's protocols look up stays the handle's own: copies and
+    # pickles of it work, and a special method the class lacks is none.
+    assert troupe.get(copy.deepcopy(actor).__len__.remote(), timeout=60) == 7
+    with pytest.raises(AttributeError):
+        actor.__getitem__
+    troupe.kill(named)
+
+
 def test_code_written_for_ray_finds_rays_names():
     # ray.exceptions' names, catching what troupe raises.
     from troupe import exceptions as ex

@@ -905,7 +905,31 @@ class ActorMethod:
 
 
 # Methods every actor has (troupe._worker_hooks.BUILTIN_METHODS).
-_BUILTIN_METHODS = ("__ray_ready__", "__ray_terminate__")
+_BUILTIN_METHODS = ("__ray_ready__", "__ray_terminate__", "__ray_call__")
+
+# Special methods an actor class may define that are never its remote
+# methods: how its instances are made, ended and copied. Python and pickle
+# look these up on a handle, and must not find an ActorMethod there.
+_NOT_REMOTE = frozenset({
+    "__init__", "__new__", "__del__", "__init_subclass__", "__subclasshook__", "__class_getitem__",
+    "__getattr__", "__getattribute__", "__setattr__", "__delattr__", "__dir__", "__reduce__", "__reduce_ex__",
+    "__getstate__", "__setstate__", "__getnewargs__", "__getnewargs_ex__", "__copy__", "__deepcopy__",
+    "__repr__", "__str__", "__format__", "__sizeof__", "__hash__", "__eq__", "__ne__",
+})
+
+
+def _remote_dunder(cls, name):
+    """Whether `name`, a special method, is one of the class's remote methods
+    (as Ray's actor.__call__.remote()): one the class or a base other than
+    object defines as a function."""
+    if name in _NOT_REMOTE:
+        return False
+    for klass in cls.__mro__:
+        if klass is object:
+            return False
+        if name in vars(klass):
+            return inspect.isfunction(vars(klass)[name])
+    return False
 
 
 class _Id(int):
@@ -940,7 +964,11 @@ class ActorHandle:
     def __getattr__(self, name):
         builtin = name in _BUILTIN_METHODS
         if name.startswith("__") and not builtin:
-            raise AttributeError(name)
+            # Only a special method the class defines (handle.__call__.remote()):
+            # Python's protocols probe others on any object.
+            table = self.__dict__.get("_table")
+            if name in _NOT_REMOTE or table is None or name not in table[1]:
+                raise AttributeError(name)
         methods = self.__dict__["_methods"]
         m = methods.get(name)
         if m is None:
@@ -1028,7 +1056,7 @@ def _method_table(cls):
     check calls against, here and wherever they are sent."""
     methods, groups = {}, {}
     for name in dir(cls):
-        if name.startswith("__"):
+        if name.startswith("__") and not _remote_dunder(cls, name):
             continue
         fn = getattr(cls, name, None)
         if callable(fn):

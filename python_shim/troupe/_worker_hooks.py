@@ -298,8 +298,10 @@ def _ray_terminate(instance):
 
 # Every actor's methods of Ray's: `__ray_ready__` answers once the actor is
 # constructed (to wait for a group of actors), `__ray_terminate__` ends it
-# as exit_actor() does, after the calls queued before it.
-BUILTIN_METHODS = {"__ray_ready__": lambda instance: True, "__ray_terminate__": _ray_terminate}
+# as exit_actor() does, after the calls queued before it, `__ray_call__(fn,
+# *args, **kwargs)` runs fn(the actor's instance, *args, **kwargs) there.
+BUILTIN_METHODS = {"__ray_ready__": lambda instance: True, "__ray_terminate__": _ray_terminate,
+                   "__ray_call__": lambda instance, fn, *args, **kwargs: fn(instance, *args, **kwargs)}
 
 
 def _method_call(instance, name, args, top):
