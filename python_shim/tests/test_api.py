@@ -776,6 +776,19 @@ def test_remote_exceptions_keep_their_class():
     with pytest.raises(AttributeError):
         info.value.no_such_attribute
 
+    # A task that re-raises a nested task's error shows both tracebacks,
+    # its own first, as Ray chains them (it showed only the nested one).
+    @troupe.remote
+    def calls_fail():
+        return troupe.get(fail.remote("value"), timeout=60)
+
+    with pytest.raises(ValueError, match="bad value 42") as info:
+        troupe.get(calls_fail.remote(), timeout=60)
+    text = str(info.value)
+    assert text.startswith("ValueError: bad value 42\n\ntask ") and "calls_fail" in text, text
+    assert text.index("in calls_fail") < text.index("raise ValueError(\"bad value 42\")"), text
+    assert isinstance(info.value.cause, ValueError) and "in calls_fail" in info.value.traceback_str
+
 
 @troupe.remote(max_restarts=1, max_task_retries=-1)
 class Holder:

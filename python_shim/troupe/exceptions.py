@@ -214,7 +214,16 @@ class _ErrorBox:
                 cause = None
         text = f"{self.class_name}: {self.message}\n\n{self.where} raised:\n{self.traceback_str}"
         if isinstance(cause, TaskError):
-            return cause
+            # A task's error re-raised by its caller (a get in a task): this
+            # caller's traceback, which ends with the nested error's, under
+            # the original error's first line, as Ray chains them. The
+            # class and cause stay the nested error's.
+            first = (str(cause).splitlines() or [self.class_name])[0]
+            try:
+                return type(cause)(f"{first}\n\n{self.where} raised:\n{self.traceback_str}", cause.cause,
+                                   self.traceback_str)
+            except Exception:  # noqa: BLE001 - a class made otherwise: the nested error as it came
+                return cause
         if isinstance(cause, Exception):
             try:
                 return _task_error_class(type(cause))(text, cause, self.traceback_str)
