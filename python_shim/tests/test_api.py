@@ -514,18 +514,39 @@ def test_a_result_that_cannot_travel_is_named():
     def makes_lock():
         return threading.Lock()
 
-    with pytest.raises(TypeError, match="task .*counts_up returned a generator, but .* or return a list"):
+    with pytest.raises(TypeError, match="task .*counts_up returned a generator, but it is no generator function: "
+                                        "return a list"):
         troupe.get(counts_up.remote(), timeout=60)
     with pytest.raises(TypeError, match="task .*makes_lock returned a lock that cannot be pickled"):
         troupe.get(makes_lock.remote(), timeout=60)
 
     @troupe.remote
     class Streams:
-        def items(self):
+        def items(self, n):
+            yield from range(n)
+
+        async def later(self):
             yield 1
 
-    with pytest.raises(TypeError, match="Streams.items returned a generator"):
-        troupe.get(Streams.remote().items.options(num_returns=1).remote(), timeout=60)
+    # A generator function with a fixed num_returns: one value per return,
+    # as Ray's static generators (it was refused).
+    streams = Streams.remote()
+    assert troupe.get(streams.items.options(num_returns=1).remote(1), timeout=60) == 0
+    assert troupe.get(streams.items.options(num_returns=3).remote(3), timeout=60) == [0, 1, 2]
+    assert troupe.get(add.remote(streams.items.options(num_returns=1).remote(1), 5), timeout=60) == 5
+    with pytest.raises(ValueError, match="yielded 2 values, but num_returns=3"):
+        troupe.get(streams.items.options(num_returns=3).remote(2)[0], timeout=60)
+    with pytest.raises(ValueError, match="yielded 2 values, but num_returns=1"):
+        troupe.get(streams.items.options(num_returns=1).remote(2), timeout=60)
+
+    @troupe.remote(num_returns=2)
+    def pair():
+        yield "a"
+        yield "b"
+
+    assert troupe.get(pair.remote(), timeout=60) == ["a", "b"]
+    with pytest.raises(TypeError, match="Streams.later returned an async generator"):
+        troupe.get(streams.later.options(num_returns=1).remote(), timeout=60)
 
 
 def test_a_constructor_that_raises_is_named_in_the_actors_death():

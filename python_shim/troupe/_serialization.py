@@ -61,15 +61,31 @@ ObjectRef.__copy__ = lambda self: self
 ObjectRef.__deepcopy__ = lambda self, memo: self
 
 
+class Yielded(list):
+    """What a generator function yielded in a call made with a fixed
+    num_returns (Ray's static generators): one value per return."""
+
+
 def pick(value, item):
     """Item (index, count, what) of a num_returns=count call's value: a
     tuple or list of count values, else the ValueError Ray raises."""
     index, count, what = item
     if not isinstance(value, (tuple, list)) or len(value) != count:
+        if type(value) is Yielded:
+            raise ValueError(f"{what} yielded {len(value)} values, but num_returns={count}: a generator function "
+                             f"called with a fixed num_returns must yield that many")
         got = f"{len(value)} values" if isinstance(value, (tuple, list)) else f"a value of type {type(value).__name__}"
         raise ValueError(f"{what} returned {got}, but num_returns={count}: it must return a tuple or list "
                          f"of {count} values")
     return value[index]
+
+
+def one(value, what):
+    """The value of a num_returns=1 call: for a generator function, the one
+    value it yielded."""
+    if type(value) is not Yielded:
+        return value
+    return pick(value, (0, 1, what))
 
 
 class ItemRef(ObjectRef):
@@ -127,7 +143,9 @@ def value_for(ref, parts):
             "py_modules or working_dir)") from e
     if type(value) is _ErrorBox:
         raise value.exception()
-    return value if type(ref) is not ItemRef else pick(value, ref._item)
+    if type(ref) is ItemRef:
+        return pick(value, ref._item)
+    return one(value, f"the call of ObjectRef {ref.hex()}")
 
 
 def _reduce_tensor(t):
@@ -224,7 +242,7 @@ class _Top:
 
     def value(self, values):
         value = values[self.index]
-        return value if self.item is None else pick(value, self.item)
+        return one(value, "the call of an argument's ObjectRef") if self.item is None else pick(value, self.item)
 
 
 def call_args(args, kwargs):

@@ -65,17 +65,31 @@ def _sync_environment():
 
 def _answer(value, what):
     """The answer of `what` (a task or method), which returned `value`."""
-    if inspect.isgenerator(value) or inspect.isasyncgen(value):
+    if inspect.isasyncgen(value):
         raise TypeError(
-            f"{what} returned a generator, but its caller asked for a fixed num_returns: leave num_returns out "
-            "of a generator function's options (or give num_returns='streaming'), and its values stream to the "
-            "caller; or return a list"
+            f"{what} returned an async generator, but its caller asked for a fixed num_returns: leave num_returns "
+            "out of an async generator function's options (or give num_returns='streaming'), and its values stream "
+            "to the caller; or return a list"
+        )
+    if inspect.isgenerator(value):  # from a plain function: a generator function's values are collected
+        raise TypeError(
+            f"{what} returned a generator, but it is no generator function: return a list, or make it a generator "
+            "function (its values stream to the caller, or with a fixed num_returns are one per return)"
         )
     try:
         data, buffers, refs = ser.dumps(value)
     except Exception as e:
         raise TypeError(f"{what} returned a {type(value).__name__} that cannot be pickled: {e}") from e
     return False, data, buffers, refs
+
+
+def _yielded(fn, value):
+    """The values a generator function yields when its caller asked for a
+    fixed num_returns, one per return, as Ray's static generators; any other
+    value (a generator a plain function returns too) as it is."""
+    if inspect.isgenerator(value) and inspect.isgeneratorfunction(fn):
+        return ser.Yielded(value)
+    return value
 
 
 def _error(where):
@@ -268,7 +282,8 @@ def call_method(instance, name, args, top, token=0, stream=None):
     try:
         if stream is not None:
             return _streamed(stream, lambda: _method_call(instance, name, args, top), what, where, token)
-        return _answer(_settle(_method_call(instance, name, args, top), token), what)
+        value = _yielded(getattr(type(instance), name, None), _method_call(instance, name, args, top))
+        return _answer(_settle(value, token), what)
     except SystemExit as e:
         # sys.exit() in an actor's method ends the actor, as in Ray (it
         # read as the method's error, and the actor served on).
@@ -401,7 +416,7 @@ def run_task(key, args, top, token=0, stream=None):
             if stream is not None:
                 return _streamed(stream, lambda: _task_call(fn, args, top), f"task {name}",
                                  lambda: f"task {name} (pid {os.getpid()})", token)
-            return _answer(_settle(_task_call(fn, args, top), token), f"task {name}")
+            return _answer(_settle(_yielded(fn, _task_call(fn, args, top)), token), f"task {name}")
         finally:
             with _cancel_lock:
                 _running.pop(token, None)
