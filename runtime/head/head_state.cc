@@ -24,6 +24,19 @@ const char* to_string(PlacementGroupState s) {
 }
 
 bool restarts_left(const ActorInfo& info) { return info.max_restarts == -1 || info.restarts < info.max_restarts; }
+
+// How long a restart waits after `early_deaths` workers in a row ended
+// before the actor was ready: none for the first few (a crash while
+// starting can be bad luck, and recovery is what restarts are for), then
+// 100 ms doubling up to 5 s, so that a constructor that always crashes its
+// process does not start workers twenty times a second for ever.
+std::chrono::milliseconds restart_backoff(uint32_t early_deaths) {
+  constexpr uint32_t kFree = 3;
+  constexpr std::chrono::milliseconds kFirst{100}, kMost{5000};
+  if (early_deaths < kFree) return std::chrono::milliseconds(0);
+  const uint32_t doublings = std::min<uint32_t>(early_deaths - kFree, 6);
+  return std::min(kFirst * (1 << doublings), kMost);
+}
 }  // namespace
 
 HeadState::HeadState(HeadConfig config) : config_(config) {}
@@ -90,6 +103,12 @@ void HeadState::check_heartbeats(Time now) {
       dead.emplace_back(id, n.awaiting ? n.awaiting_why : "no heartbeat for " + std::to_string(limit.count()) + " ms");
   for (auto& [id, why] : dead) node_lost(id, why);
   check_restored_owners(now);
+  // A restart whose back-off has run out is placed now.
+  const bool due = std::any_of(pending_actors_.begin(), pending_actors_.end(), [&](uint64_t id) {
+    auto it = actors_.find(id);
+    return it != actors_.end() && it->second.not_before && *it->second.not_before <= now;
+  });
+  if (due) schedule();
 }
 
 void HeadState::node_lost(uint64_t node_id, const std::string& why, bool left) {
@@ -372,6 +391,7 @@ void HeadState::actor_ready(const ActorReady& r) {
   if (a.info.incarnation != r.incarnation || !a.worker_running || a.info.state == ActorState::kDead) return;
   retire_stats(a.info.id, a.info.incarnation);  // a restarted actor's earlier processes
   a.info.state = ActorState::kAlive;
+  a.early_deaths = 0;
   a.info.address = r.address;
   a.info.control_address = r.control_address;
   a.info.pid = r.pid;
@@ -402,6 +422,7 @@ void HeadState::worker_exited(const WorkerExited& w) {
   // Also a worker that died before it was ready, whose pid the actor
   // never showed.
   remember_worker(a, w.pid);
+  a.early_deaths = a.info.state == ActorState::kAlive ? 0 : a.early_deaths + 1;
   actor_lost(a, "worker pid " + std::to_string(w.pid) + " " + w.how);
   drop_exited_workers();
   schedule();
@@ -470,7 +491,17 @@ void HeadState::actor_lost(Actor& a, const std::string& why, bool uses_restart) 
   a.info.incarnation++;
   a.info.state = ActorState::kRestarting;
   a.info.death_cause = why;
-  TROUPE_LOG_WARN("actor {} ({}) died ({}); restarting ({} of {})", a.info.id, a.info.class_name, why, a.info.restarts,
+  const auto wait = restart_backoff(a.early_deaths);
+  a.not_before.reset();
+  std::string when;
+  if (wait.count() > 0 && last_check_) {
+    a.not_before = *last_check_ + wait;
+    when = " in " + std::to_string(wait.count()) + " ms (its last " + std::to_string(a.early_deaths) +
+           " workers ended before it was ready)";
+    a.info.pending_reason = "restarting" + when;
+  }
+  TROUPE_LOG_WARN("actor {} ({}) died ({}); restarting{} ({} of {})", a.info.id, a.info.class_name, why, when,
+                  a.info.restarts,
                   a.info.max_restarts == -1 ? std::string("unlimited") : std::to_string(a.info.max_restarts));
   publish(a);
   pending_actors_.push_back(a.info.id);
@@ -726,6 +757,11 @@ void HeadState::schedule() {
       set_dead(a);
       continue;
     }
+    if (a.not_before && (!last_check_ || *last_check_ < *a.not_before)) {
+      still.push_back(id);  // backing off (restart_backoff); check_heartbeats places it when due
+      continue;
+    }
+    a.not_before.reset();
     if (!try_place(a) && a.info.state != ActorState::kDead) still.push_back(id);
   }
   pending_actors_.swap(still);

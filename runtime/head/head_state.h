@@ -250,6 +250,11 @@ class HeadState {
     // that has none now.
     uint64_t last_node = 0;
     int32_t last_pid = 0;
+    // Its workers that ended before it was ready, in a row (a constructor
+    // that crashes its process): past a few, each restart waits longer
+    // (restart_backoff), until `not_before`, in the head's check time.
+    uint32_t early_deaths = 0;
+    std::optional<Time> not_before;
   };
   struct Group {
     wire::PlacementGroupInfo info;

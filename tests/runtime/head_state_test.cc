@@ -250,6 +250,40 @@ TEST_F(HeadStateTest, RestartsCountUpThenTheActorIsDead) {
   EXPECT_NE(state_.actor_info(a.id).death_cause.find("no restarts left: 2 of 2"), std::string::npos);
 }
 
+// An actor whose workers keep ending before it is ready (a constructor
+// that crashes its process) is restarted at once three times, then after
+// 100 ms, 200 ms, ... (it was restarted twenty times a second for ever);
+// once ready, its next death restarts it at once again.
+TEST_F(HeadStateTest, AnActorThatKeepsDyingBeforeItIsReadyRestartsLessAndLessOften) {
+  add_node({{"CPU", 2}}, 1);
+  state_.check_heartbeats(now_);
+  auto a = state_.create_actor(kDriver, spec({}, -1));
+  // Spawns the actor's worker now if it is due, and ends it before ready.
+  auto spawned_and_died = [&] {
+    auto out = state_.take_outputs();
+    if (out.spawns.empty()) return false;
+    exited(a.id, "exited with code 1");
+    return true;
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(spawned_and_died()) << "early death " << i;
+  for (const auto wait : {100ms, 200ms, 400ms}) {
+    EXPECT_FALSE(spawned_and_died()) << "restarted before its back-off of " << wait.count() << " ms";
+    EXPECT_NE(state_.actor_info(a.id).pending_reason.find("restarting in " + std::to_string(wait.count()) + " ms"),
+              std::string::npos)
+        << state_.actor_info(a.id).pending_reason;
+    state_.check_heartbeats(now_ += wait - 1ms);
+    EXPECT_FALSE(spawned_and_died());
+    state_.check_heartbeats(now_ += 1ms);
+    EXPECT_TRUE(spawned_and_died()) << "not restarted after " << wait.count() << " ms";
+  }
+  // Ready once: the count starts again, and the next death restarts it at once.
+  state_.check_heartbeats(now_ += 800ms);
+  start_spawned();
+  ASSERT_EQ(state_of(a.id), ActorState::kAlive);
+  exited(a.id);
+  EXPECT_FALSE(state_.take_outputs().spawns.empty());
+}
+
 // A worker's last counters, read from its stats page by its agent after
 // the kill, count in place of what it last published (calls served after
 // that were lost); a late publication of the dead worker changes nothing.
