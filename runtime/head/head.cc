@@ -460,13 +460,25 @@ class Head::Impl {
 
   nlohmann::json status_json(const Message& m) {
     // An empty body (older callers) asks for everything.
-    StatusRequest request = m.body.empty() ? StatusRequest{} : body<StatusRequest>(m);
+    return status_document(m.body.empty() ? StatusRequest{} : body<StatusRequest>(m));
+  }
+
+  // What `troupe status --json` and the dashboard's /api/status (and, from
+  // it, /metrics) answer: one document, so that a script written against
+  // one reads the other.
+  nlohmann::json status_document(const StatusRequest& request) {
     auto j = state_.status(request);
     j["address"] = address();
     j["tables"].update(server_table_sizes());
     j["jobs"] = jobs_json();
     if (http_) j["dashboard"] = dashboard_url();
     j["state_db"] = state_db_json();
+    j["workers"] = worker_rates();
+    nlohmann::json messages = nlohmann::json::object();
+    for (const auto& [op, n] : message_counts_) messages[op_name(op)] = n;
+    j["head"] = {{"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
+                 {"messages", std::move(messages)},
+                 {"state_db", state_db_json()}};
     return j;
   }
 
@@ -795,18 +807,7 @@ class Head::Impl {
     return result.get();
   }
 
-  nlohmann::json build_snapshot() {
-    nlohmann::json j = state_.status(StatusRequest{});
-    j["address"] = address();
-    j["jobs"] = jobs_json();
-    j["workers"] = worker_rates();
-    nlohmann::json messages = nlohmann::json::object();
-    for (const auto& [op, n] : message_counts_) messages[op_name(op)] = n;
-    j["head"] = {{"uptime_s", std::chrono::duration<double>(Clock::now() - started_).count()},
-                 {"messages", std::move(messages)},
-                 {"state_db", state_db_json()}};
-    return j;
-  }
+  nlohmann::json build_snapshot() { return status_document(StatusRequest{}); }
 
   // Totals of the workers' calls and stream bytes, and their rates over
   // the last few seconds (samples taken once a second by the timer).

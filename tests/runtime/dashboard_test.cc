@@ -110,6 +110,21 @@ TEST_F(DashboardTest, ServesMetricsAndStatusWithTheBearerToken) {
   auto j = nlohmann::json::parse(s.substr(s.find("\r\n\r\n") + 4));
   EXPECT_TRUE(j["nodes"].is_array());
   EXPECT_TRUE(j["jobs"].is_array());
+  // The same document as `troupe status --json` (the head's status call):
+  // the same keys, at the top and in its tables (each lacked some).
+  troupe::InitOptions io;
+  io.address = head_->address();
+  io.token = "the-token";
+  troupe::Runtime rt = troupe::Runtime::connect(io);
+  const auto cli = nlohmann::json::parse(rt.status_json());
+  auto keys = [](const nlohmann::json& o) {
+    std::vector<std::string> k;
+    for (const auto& [key, value] : o.items()) k.push_back(key);
+    return k;
+  };
+  EXPECT_EQ(keys(j), keys(cli)) << j.dump() << "\n" << cli.dump();
+  EXPECT_EQ(keys(j["tables"]), keys(cli["tables"]));
+  EXPECT_TRUE(cli["head"]["uptime_s"].is_number());
 }
 
 TEST_F(DashboardTest, BrowserLogsInWithTheFormAndItsCookie) {
