@@ -139,6 +139,9 @@ uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete,
     throw ConfigError(wire::too_big_for_a_message(
         "the arguments of a call to actor " + std::to_string(id_) + " (" + info().class_name + ")",
         args.bytes().size()));
+  if (const uint64_t n = wire::payload_bytes(args.bytes(), args.attachments()); n > wire::kMaxFramePayload)
+    throw ConfigError(wire::too_big_for_a_frame(
+        "the arguments of a call to actor " + std::to_string(id_) + " (" + info().class_name + ")", n));
   Message m;
   m.kind = Kind::CALL;
   m.op = method;

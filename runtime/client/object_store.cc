@@ -5,10 +5,12 @@
 #include <random>
 
 #include "troupe/runtime/client/listen_host.h"
+#include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/wire/error_kind.h"
+#include "troupe/runtime/wire/frame.h"
 
 namespace troupe::client {
 
@@ -97,6 +99,9 @@ std::string ObjectStore::full_text_locked(const std::string& what, uint64_t byte
 }
 
 std::shared_ptr<RefHolder> ObjectStore::put(ObjectValue value) {
+  // Another process could never fetch it (the owner's reply would exceed
+  // the receiver's frame limit, read as an owner that is unreachable).
+  if (value.bytes > wire::kMaxFramePayload) throw ConfigError(wire::too_big_for_a_frame("an object", value.bytes));
   ensure_server();
   std::lock_guard lock(mu_);
   if (bytes_ + value.bytes > limit_) throw ObjectStoreFull(full_text_locked("an object", value.bytes));

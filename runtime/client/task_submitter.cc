@@ -65,6 +65,9 @@ struct TaskSubmitter::Executor {
   // Tasks that died with it and wait for the head's cause of death.
   std::vector<std::pair<std::shared_ptr<Task>, std::string>> lost;
   Clock::time_point lost_since;
+  // Its connection failed: when, and why (see cut_off_).
+  Clock::time_point cut_off_since;
+  std::string cut_off_why;
 
   // cancel(force) is killing it: the other tasks in flight here run again
   // elsewhere without spending a retry.
@@ -263,6 +266,8 @@ uint64_t TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::strin
                                int max_retries, Complete complete, Fail fail, bool keep_result) {
   if (body.bytes().size() > kMaxInlineBody)
     throw ConfigError(too_big_for_a_message("the arguments of task '" + name + "'", body.bytes().size()));
+  if (const uint64_t n = payload_bytes(body.bytes(), body.attachments()); n > kMaxFramePayload)
+    throw ConfigError(too_big_for_a_frame("the arguments of task '" + name + "'", n));
   auto t = std::make_shared<Task>();
   t->op = keep_result ? kKeepResult : 0;
   t->key = key;
@@ -552,6 +557,13 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
     if (!e) return;
     e->unsend(t.get());
     --e->inflight;
+    if (!e->gone && e->death_cause.empty() && !e->killed_for_cancel && !stopping_) {
+      // The worker may live on (a connection cut, not a crash): killed
+      // unless the head says it died first (reap_idle).
+      e->cut_off_since = Clock::now();
+      e->cut_off_why = reason;
+      cut_off_.push_back(e);
+    }
     drop_executor_locked(*t->key, *e, "");
     if (t->cancelled) {
       // Ended by cancel() (whose forced kill may be what ended the worker).
@@ -787,10 +799,30 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
     e.lost.clear();
     it = awaiting_cause_.erase(it);
   }
-  if (idle.empty() && overdue.empty() && lends.empty()) return;
+  // Executors whose connection failed and whose death the head has not
+  // reported within kDeathCauseWait live on, cut off from this driver,
+  // holding resources nobody would release: killed.
+  std::vector<std::pair<uint64_t, std::string>> cut;
+  for (auto it = cut_off_.begin(); it != cut_off_.end();) {
+    Executor& e = **it;
+    if (e.death_cause.empty() && now - e.cut_off_since < kDeathCauseWait) {
+      ++it;
+      continue;
+    }
+    if (e.death_cause.empty()) cut.emplace_back(e.id, e.cut_off_why);
+    it = cut_off_.erase(it);
+  }
+  if (idle.empty() && overdue.empty() && lends.empty() && cut.empty()) return;
   lock.unlock();
   for (uint64_t id : lends) lend(id, true);
   for (uint64_t id : idle) kill_executor(id);
+  for (const auto& [id, why] : cut) {
+    TROUPE_LOG_WARN(
+        "task executor {}: its connection failed ({}) but its worker lives on; killing it so that its "
+        "resources come back",
+        id, why);
+    kill_executor(id, "its driver's connection to it failed (" + why + ")");
+  }
   for (auto& [t, error] : overdue) fail_task(t, error);
   lock.lock();
 }

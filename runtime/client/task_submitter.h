@@ -190,6 +190,10 @@ class TaskSubmitter {
   std::deque<std::shared_ptr<Key>> feasibility_checks_;
   // Dead executors whose lost tasks wait for the head's cause of death.
   std::vector<std::shared_ptr<Executor>> awaiting_cause_;
+  // Executors whose connection failed: dropped from their key, and killed
+  // at the head once kDeathCauseWait passes without word of their death
+  // (a connection cut while the worker lives held its CPUs for ever).
+  std::vector<std::shared_ptr<Executor>> cut_off_;
   // Executors lent while idle that pump_locked gave work: send() takes
   // their resources back first.
   std::vector<uint64_t> reclaims_;

@@ -23,6 +23,19 @@ std::string too_big_for_a_message(const std::string& what, uint64_t bytes) {
          "pass its ref, or send bytes as a troupe::Buffer (which travels beside the message)";
 }
 
+uint64_t payload_bytes(const std::string& body, const std::vector<Buffer>& attachments) {
+  uint64_t n = body.size();
+  for (const auto& a : attachments) n += a.size();
+  return n;
+}
+
+std::string too_big_for_a_frame(const std::string& what, uint64_t bytes) {
+  char size[32];
+  std::snprintf(size, sizeof size, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
+  return what + ": " + size + " with buffers, more than the " + std::to_string(FrameLimits{}.max_frame_bytes >> 30) +
+         " GiB one message carries to another process: split it into several values, each put on its own";
+}
+
 OutFrame encode_frame(const Message& m) {
   // A stack-sized first segment covers calls and replies without growing.
   capnp::word scratch[128];

@@ -44,6 +44,15 @@ inline constexpr uint64_t kMaxInlineBody = FrameLimits{}.max_message_bytes - (64
 // message carries; ..." for ConfigErrors of senders.
 std::string too_big_for_a_message(const std::string& what, uint64_t bytes);
 
+// The same for a whole frame: a message and its attachments (buffers,
+// tensors) together, which a receiver refuses past max_frame_bytes by
+// closing the connection (read as the death of whoever sent it).
+inline constexpr uint64_t kMaxFramePayload = FrameLimits{}.max_frame_bytes - (64u << 10);
+uint64_t payload_bytes(const std::string& body, const std::vector<Buffer>& attachments);
+// ConfigError text: "an object: 4.06 GiB with buffers, more than the 4 GiB
+// one message carries to another process: ...".
+std::string too_big_for_a_frame(const std::string& what, uint64_t bytes);
+
 // The head carries control messages and constructor arguments, never
 // tensors or batches: its frames are small, so one connection cannot make
 // it hold much (workers and streams keep the defaults above).

@@ -362,6 +362,9 @@ class ActorHost {
         throw ConfigError(too_big_for_a_message(
             "the result of " + core_->hello_reply().spec.class_name + "." + actor_->method_name(method),
             e.bytes().size()));
+      if (const uint64_t n = payload_bytes(e.bytes(), e.attachments()); n > kMaxFramePayload)
+        throw ConfigError(too_big_for_a_frame(
+            "the result of " + core_->hello_reply().spec.class_name + "." + actor_->method_name(method), n));
       reply.body = std::move(e.bytes());
       reply.attachments = std::move(e.attachments());
     } catch (const std::exception& e) {

@@ -2,18 +2,23 @@
 // processes on loopback. Results, futures as arguments, typed errors,
 // resources respected, retries while the worker is SIGKILLed, and a bounded
 // soak that checks the driver's fds and the executors left behind.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 #include <thread>
 
+#include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
@@ -69,6 +74,7 @@ int64_t overlap(std::string tag, bool wait) {
 }
 
 // A vector of n bytes, all `fill`; and the sum of a referenced vector's bytes.
+int64_t buffer_size(troupe::Buffer b) { return static_cast<int64_t>(b.size()); }
 std::vector<uint8_t> make_bytes(int64_t n, int fill) { return std::vector<uint8_t>(n, static_cast<uint8_t>(fill)); }
 int64_t sum_bytes(troupe::ObjectRef<std::vector<uint8_t>> ref) {
   int64_t s = 0;
@@ -190,6 +196,7 @@ TROUPE_TASK(shout)
 TROUPE_TASK(fail_with)
 TROUPE_TASK(die_once)
 TROUPE_TASK(overlap)
+TROUPE_TASK(buffer_size)
 TROUPE_TASK(make_bytes)
 TROUPE_TASK(sum_bytes)
 TROUPE_TASK(leaf)
@@ -670,6 +677,77 @@ TEST_F(TaskTest, ShortTasksQueuedBehindALongOneRunOnAnIdleExecutor) {
   for (int i = 0; i < 40; ++i) EXPECT_EQ(shorts[i].get(60s), i * i) << "task " << i;
   std::ofstream(release) << "go";
   EXPECT_GT(long_one.get(60s), 0);
+}
+
+// Arguments past the frame limit a receiver takes (4 GiB with their
+// buffers) are refused by the sender, naming the size: the receiving
+// worker closed the connection, which read as its crash, and left it
+// holding its CPU. The buffer is never read, so it need not exist.
+TEST_F(TaskTest, ArgumentsPastTheFrameLimitAreRefusedNamingTheirSize) {
+  const troupe::Buffer huge(nullptr, nullptr, (size_t{4} << 30) + (size_t{64} << 20));
+  try {
+    rt_.submit(&buffer_size, {.name = "too-big"}, huge).get(30s);
+    FAIL() << "a 4.06 GiB argument was sent";
+  } catch (const troupe::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the arguments of task 'too-big': 4.06 GiB with buffers, more than the 4 GiB"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(rt_.submit(&buffer_size, {}, troupe::Buffer::from_string("abc")).get(30s), 3);
+}
+
+// Shuts down this process's TCP connections to 127.0.0.1:`port`, as a
+// network fault cuts them, leaving the process at the other end running.
+int cut_connections_to(uint16_t port) {
+  int cut = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 || peer.sin_family != AF_INET) continue;
+    if (ntohs(peer.sin_port) == port && ::shutdown(fd, SHUT_RDWR) == 0) ++cut;
+  }
+  return cut;
+}
+
+// The driver's connections to two busy executors are cut while their
+// workers live on (a network blip, a frame the worker refused): the
+// workers are killed, their CPUs come back, and the tasks' retries run
+// on new executors. The cut-off executors held both CPUs for ever, and
+// every later task of the driver waited for them.
+TEST_F(TaskTest, ExecutorsCutOffFromTheDriverAreKilledAndTheirTasksRunElsewhere) {
+  auto dir = troupe::test::fresh_dir("task-cut");
+  const std::string release = (dir / "release").string();
+  std::vector<troupe::Future<int>> running;
+  std::vector<std::string> started;
+  for (int i = 0; i < 2; ++i) {
+    started.push_back((dir / ("started-" + std::to_string(i))).string());
+    running.push_back(
+        rt_.submit(&spin_until_file, {.resources = {{"CPU", 1}}, .max_retries = 1}, started.back(), release));
+  }
+  std::vector<int> first;
+  for (const auto& s : started) {
+    ASSERT_TRUE(troupe::test::eventually([&] { return std::filesystem::exists(s); }, 60s)) << s;
+    std::string pid;
+    ASSERT_TRUE(troupe::test::eventually([&] { return (std::ifstream(s) >> pid) && !pid.empty(); }, 60s));
+    first.push_back(std::stoi(pid));
+  }
+  const auto status = nlohmann::json::parse(rt_.status_json());
+  int cut = 0;
+  for (const auto& a : status["actors"])
+    if (std::find(first.begin(), first.end(), a["pid"].get<int>()) != first.end()) {
+      const std::string address = a["address"];
+      cut += cut_connections_to(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+    }
+  ASSERT_GE(cut, 2) << status.dump();
+  std::ofstream(release) << "go";
+  for (auto& f : running) {
+    const int pid = f.get(60s);
+    EXPECT_EQ(std::find(first.begin(), first.end(), pid), first.end()) << "ran on a cut-off executor";
+  }
+  for (int pid : first) EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(pid); }));
+  EXPECT_EQ(rt_.submit(&square, {.resources = {{"CPU", 2}}}, 9).get(60s), 81);  // both CPUs free again
 }
 
 // The only node that could hold a task's resources dies while it runs: the
