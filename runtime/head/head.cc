@@ -30,6 +30,7 @@ namespace {
 struct Peer {
   PeerId id = 0;
   std::shared_ptr<Connection> conn;
+  std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   Role role = Role::kDriver;
   bool hello = false;
   // A node agent's own node, or the node a worker runs on.
@@ -837,12 +838,32 @@ class Head::Impl {
             {"stream_bytes_per_second", bytes_rate}};
   }
 
+  // Closes connections that authenticated and sent no hello within
+  // hello_timeout (every client says hello first), once a second at most.
+  void close_silent_peers() {
+    const auto now = Clock::now();
+    if (now - last_silent_sweep_ < std::chrono::seconds(1) && now - last_silent_sweep_ < opts_.hello_timeout) return;
+    last_silent_sweep_ = now;
+    std::vector<std::shared_ptr<Connection>> silent;
+    for (auto& [raw, p] : peers_)
+      if (!p->hello && now - p->accepted > opts_.hello_timeout) {
+        p->final_close = true;
+        silent.push_back(p->conn);
+      }
+    if (silent.empty()) return;
+    // One line for a flood of them, naming the first.
+    TROUPE_LOG_WARN("closing {} connection(s) that sent no hello within {} ms of the handshake (the first from {})",
+                    silent.size(), opts_.hello_timeout.count(), silent.front()->peer());
+    for (auto& conn : silent) conn->close("no hello within " + std::to_string(opts_.hello_timeout.count()) + " ms");
+  }
+
   void arm_timer() {
     timer_.expires_after(std::chrono::milliseconds(opts_.heartbeat_ms));
     timer_.async_wait([this](asio::error_code ec) {
       if (ec) return;
       state_.check_heartbeats(Clock::now());
       check_watched();
+      close_silent_peers();
       flush();
       sample_worker_stats();
       arm_timer();
@@ -889,6 +910,7 @@ class Head::Impl {
   std::deque<StatsSample> stats_samples_;  // the last few seconds, for rates
   uint64_t next_log_request_ = 1;
   const Clock::time_point started_ = Clock::now();
+  Clock::time_point last_silent_sweep_{};  // close_silent_peers
   // Set by stop() and a Shutdown request (stop() from another thread): the
   // head is going on purpose, and so are the nodes it loses from then on.
   std::atomic<bool> ending_{false};

@@ -50,6 +50,10 @@ struct HeadOptions {
   // A pipe the event loop writes a byte to every second, for a supervisor
   // that restarts a hung head (client/head_supervisor.h); -1 = none.
   int liveness_fd = -1;
+  // A connection that authenticated but sent no hello within this is
+  // closed: a token holder's idle connections held a descriptor and its
+  // buffers each for ever, and 20,000 of them locked every client out.
+  std::chrono::milliseconds hello_timeout{30000};
   // What a connection may cost the head: small frames, a modest write bound
   // (its replies are small too) and the default handshake rules.
   wire::ListenerOptions listener{.connection = {.limits = wire::kHeadFrameLimits, .max_queued_bytes = 64ull << 20}};

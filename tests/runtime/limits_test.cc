@@ -23,6 +23,7 @@
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/stream.h"
+#include "troupe/runtime/head/head.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/runtime/wire/connection.h"
 #include "troupe/runtime/wire/protocol.h"
@@ -231,6 +232,26 @@ TEST_F(LimitsTest, StreamListenerSurvivesIdleAndDribblingConnections) {
     w.write(++next);
     EXPECT_EQ(h.call(&Holder::read_one).get(kWaitBound), next);
   });
+}
+
+// A connection that authenticates and then says nothing is closed after
+// the head's hello_timeout (here 300 ms; 30 s by default): 20,000 of them
+// held a descriptor each and locked every client out. A client that said
+// hello, older than that, is kept.
+TEST(HeadHello, AConnectionThatAuthenticatesAndSaysNoHelloIsClosed) {
+  troupe::head::HeadOptions o;
+  o.token = "hello-token";
+  o.hello_timeout = 300ms;
+  troupe::head::Head head(o);
+  head.start();
+  troupe::InitOptions io;
+  io.address = head.address();
+  io.token = o.token;
+  troupe::Runtime rt = troupe::Runtime::connect(io);
+  RawClient silent(head.address());
+  ASSERT_TRUE(silent.handshake(o.token));
+  EXPECT_TRUE(silent.closed_by_peer(kWaitBound));
+  EXPECT_TRUE(nlohmann::json::parse(rt.status_json()).contains("nodes"));  // its connection is older still
 }
 
 // The head with few descriptors: a storm exhausts them; the listener pauses
