@@ -114,7 +114,10 @@ const std::vector<std::string> kNodeOnlyOptions = {"--resources", "--worker-pool
                                                    "--worker-assign-timeout"};
 
 std::string token_for(const std::string& dir) {
-  if (std::string t = troupe::core::env_value(troupe::core::kEnvToken); !t.empty()) return t;
+  if (std::string t =
+          troupe::core::clean_token(troupe::core::env_value(troupe::core::kEnvToken), troupe::core::kEnvToken);
+      !t.empty())
+    return t;
   return read_session_file(dir, "token");
 }
 

@@ -121,7 +121,7 @@ InitOptions resolve_init_options(std::string address, std::string token) {
   // A malformed address (port 0 or past 65535 included) is named as that,
   // before the token it would need is looked for.
   if (!o.address.empty() && o.address != "auto") wire::parse_address(o.address);
-  o.token = token.empty() ? core::env_value(core::kEnvToken) : std::move(token);
+  o.token = token.empty() ? core::clean_token(core::env_value(core::kEnvToken), core::kEnvToken) : std::move(token);
   if (o.address == "auto" || (!o.address.empty() && o.token.empty())) core::check_session_dir(core::session_dir());
   if (o.address == "auto") {
     std::string dir = core::session_dir();

@@ -168,6 +168,7 @@ Runtime Runtime::connect(const InitOptions& o) {
   } else {
     // A malformed address is named before a missing token is asked for.
     wire::parse_address(address);
+    core::check_token(token, "the cluster token");
     if (token.empty()) {
       // A mistyped address is said as such, not as a token to find.
       if (const std::string why = tcp_unreachable(address); !why.empty())
@@ -380,7 +381,7 @@ Runtime init(int argc, char** argv) {
   run_role_if_requested(argc, argv);
   InitOptions o;
   o.address = core::env_value(core::kEnvAddress);
-  o.token = core::env_value(core::kEnvToken);
+  o.token = core::clean_token(core::env_value(core::kEnvToken), core::kEnvToken);
   for (int i = 1; argv && i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--address" && i + 1 < argc)

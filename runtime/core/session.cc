@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
@@ -119,6 +120,26 @@ std::string read_session_file(const std::string& dir, const std::string& name) {
   ::close(fd);
   while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
   return t;
+}
+
+void check_token(const std::string& token, const std::string& source) {
+  for (size_t i = 0; i < token.size(); ++i) {
+    const auto c = static_cast<unsigned char>(token[i]);
+    if (c > 0x20 && c != 0x7f) continue;
+    throw ConfigError(
+        source + " holds " +
+        (c == ' ' ? std::string("a space") : "a control character (" + std::to_string(unsigned(c)) + ")") +
+        " at character " + std::to_string(i + 1) + " of " + std::to_string(token.size()) +
+        ": a cluster token is printable characters without spaces");
+  }
+}
+
+std::string clean_token(std::string token, const std::string& source) {
+  const bool given = !token.empty();
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (given && token.empty()) throw ConfigError(source + " is only whitespace: give the cluster token, or unset it");
+  check_token(token, source);
+  return token;
 }
 
 void write_pid_file(const std::string& dir, const std::string& name, pid_t pid) {

@@ -29,6 +29,16 @@ void write_session_file(const std::string& dir, const std::string& name, const s
 // Reads dir/name without following a symlink ("" when absent).
 std::string read_session_file(const std::string& dir, const std::string& name);
 
+// A cluster token is printable characters without spaces: one holding
+// whitespace or a control character is refused with a ConfigError naming
+// `source`.
+void check_token(const std::string& token, const std::string& source);
+// A token as given in the environment (`source`: TROUPE_TOKEN): without
+// the trailing newline and spaces a Secret or `$(cat token)` may carry, as
+// the session's token file is read, then checked; one that was only
+// whitespace is refused. "" stays "".
+std::string clean_token(std::string token, const std::string& source);
+
 // Pid files record the pid and its start time (/proc/PID/stat field 22), so
 // that a later `troupe stop` signals that process and no other.
 void write_pid_file(const std::string& dir, const std::string& name, pid_t pid);

@@ -782,6 +782,32 @@ TEST_F(LauncherTest, HeadReconnectFromTheEnvironmentReachesTheNodeAgents) {
   EXPECT_NE(bad.output.find("soon"), std::string::npos) << bad.output;
 }
 
+// A token with a space or a control character inside is refused before
+// anything starts, and a trailing newline or space (a Kubernetes Secret
+// made with echo) is dropped, as the session's token file drops it: the
+// daemons used the raw value, the session the trimmed one, and the
+// cluster refused its own session.
+TEST_F(LauncherTest, ATokensTrailingWhitespaceIsDroppedAndWhitespaceInsideRefused) {
+  for (const std::string token : {"' '", "' tok'", "'to ken'", "\"$(printf 'to\\nken')\""}) {
+    auto r = run("TROUPE_TOKEN=" + token + " " + cli() + " start --head --port 0 --dashboard-port -1");
+    EXPECT_NE(r.status, 0) << token << ": " << r.output;
+    EXPECT_NE(r.output.find("TROUPE_TOKEN "), std::string::npos) << token << ": " << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "head.pid")) << token;
+  }
+  auto r = run("TROUPE_TOKEN=\"$(printf 'tok \\n')\" " + cli() + " start --head --port 0 --dashboard-port -1 " +
+               "--resources CPU=1,GPU=0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(troupe::core::read_session_file(dir_.string(), "token"), "tok");
+  auto status = run("TROUPE_TOKEN=\"$(printf 'tok \\n')\" " + cli() + " status --json");
+  ASSERT_EQ(status.status, 0) << status.output;
+  EXPECT_EQ(nlohmann::json::parse(status.output)["nodes"].size(), 1u);  // its own node joined with it
+  EXPECT_EQ(run(cli() + " status").status, 0);                          // and the session's file reads it
+  troupe::InitOptions o;
+  o.address = "127.0.0.1:1";
+  o.token = "tok ";
+  EXPECT_THROW(troupe::Runtime::connect(o), troupe::ConfigError);
+}
+
 // A port on loopback that nothing listens on (taken and given back).
 uint16_t unused_port() {
   asio::io_context io;
