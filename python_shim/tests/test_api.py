@@ -1659,3 +1659,33 @@ def test_a_value_the_driver_cannot_unpickle_names_its_ref(tmp_path):
     text = str(e.value)
     assert ref.hex() in text and "No module named 'only_in_the_worker'" in text and "py_modules" in text, text
     assert isinstance(e.value.__cause__, ModuleNotFoundError)
+
+
+class _BadOnLoad:
+    """Pickles fine, and fails where it is loaded (int("notanint"))."""
+
+    def __reduce__(self):
+        return int, ("notanint",)
+
+
+class _BadOnDump:
+    def __reduce__(self):
+        raise RuntimeError("cannot reduce me 77")
+
+
+@troupe.remote
+def returns_bad_on_load():
+    return _BadOnLoad()
+
+
+def test_values_that_fail_to_pickle_or_unpickle_are_named():
+    # A value that fails as the driver loads it: RaySystemError naming the
+    # ref (it was a bare ValueError); an argument whose __reduce__ raises:
+    # a TypeError naming the task and the argument (a bare RuntimeError).
+    ref = returns_bad_on_load.remote()
+    with pytest.raises(troupe.exceptions.RaySystemError, match="ValueError: invalid literal") as e:
+        troupe.get(ref, timeout=60)
+    assert ref.hex() in str(e.value) and "py_modules" not in str(e.value)
+    with pytest.raises(TypeError, match=r"task .*square: argument 0 \(a _BadOnDump\) cannot be pickled: "
+                                        r"RuntimeError: cannot reduce me 77"):
+        square.remote(_BadOnDump())

@@ -124,6 +124,12 @@ def test_bad_init_options_are_named(restore_env):
         troupe.init(logging_level="loud")
     with pytest.raises(ConfigError, match="num_cpus, num_gpus and resources describe an embedded cluster"):
         troupe.init("127.0.0.1:1", num_cpus=1)
+    # A bad limit in the environment is said by init (it was said only at
+    # the first put).
+    os.environ["TROUPE_OBJECT_STORE_BYTES"] = "abc"
+    with pytest.raises(ConfigError, match="TROUPE_OBJECT_STORE_BYTES"):
+        troupe.init(num_cpus=1)
+    del os.environ["TROUPE_OBJECT_STORE_BYTES"]
     assert not troupe.is_initialized()
 
 

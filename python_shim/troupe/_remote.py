@@ -22,7 +22,7 @@ from troupe import _packages
 from troupe import _pip
 from troupe import _serialization as ser
 from troupe._launcher import worker_executable
-from troupe.exceptions import ConfigError
+from troupe.exceptions import ConfigError, TroupeError
 
 _FUNCTION_KEY = "troupe.py.fn."
 # Where to run: Ray's scheduling_strategy, or its older placement_group and
@@ -234,7 +234,9 @@ def _call_args(what, args, kwargs):
     """ser.call_args, with an argument that cannot be pickled named."""
     try:
         return ser.call_args(args, kwargs)
-    except (TypeError, AttributeError, ser.pickle.PicklingError) as e:
+    except TroupeError:
+        raise
+    except Exception as e:  # whatever a __reduce__ of the argument's raises (it came bare, unnamed)
         culprit = "an argument"
         for i, a in enumerate(args):
             try:
@@ -249,7 +251,7 @@ def _call_args(what, args, kwargs):
                 except Exception:
                     culprit = f"keyword argument {k!r} (a {type(v).__name__})"
                     break
-        raise TypeError(f"{what}: {culprit} cannot be pickled: {e}") from e
+        raise TypeError(f"{what}: {culprit} cannot be pickled: {type(e).__name__}: {e}") from e
 
 
 # A task's max_retries when none is given, as Ray's: it runs again up to

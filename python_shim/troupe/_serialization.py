@@ -134,13 +134,16 @@ def value_for(ref, parts):
     a bare "No module named ..." from deep in pickle)."""
     try:
         value = loads(parts)
-    except (ImportError, AttributeError, pickle.UnpicklingError, EOFError) as e:
-        from troupe.exceptions import RaySystemError
+    except Exception as e:  # whatever a value's unpickling raises (a __reduce__'s callable, a missing module)
+        from troupe.exceptions import RaySystemError, TroupeError
 
+        if isinstance(e, TroupeError):
+            raise
+        hint = (" (a class or module the value needs is not importable here: install it, or ship it with "
+                "runtime_env's py_modules or working_dir)" if isinstance(e, (ImportError, AttributeError)) else "")
         raise RaySystemError(
-            f"cannot unpickle the value of ObjectRef {ref.hex()} in this process: {type(e).__name__}: {e} (a class "
-            "or module the value needs is not importable here: install it, or ship it with runtime_env's "
-            "py_modules or working_dir)") from e
+            f"cannot unpickle the value of ObjectRef {ref.hex()} in this process: {type(e).__name__}: {e}{hint}"
+        ) from e
     if type(value) is _ErrorBox:
         raise value.exception()
     if type(ref) is ItemRef:

@@ -184,7 +184,10 @@ Runtime Runtime::connect(const InitOptions& o) {
   co.hello.pid = getpid();
   rt.core_ = client::Core::connect(co);
   rt.kv_ = std::make_unique<HeadKvStore>(rt.core_);
-  if (o.object_store_bytes != 0) rt.core_->service<client::ObjectStore>()->set_limit(o.object_store_bytes);
+  // Made now: it reads TROUPE_OBJECT_STORE_BYTES, whose bad value is said
+  // here rather than at the first put.
+  auto store = rt.core_->service<client::ObjectStore>();
+  if (o.object_store_bytes != 0) store->set_limit(o.object_store_bytes);
   return rt;
 }
 
