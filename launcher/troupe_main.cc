@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -151,6 +152,54 @@ std::string node_bind_host(const Args& a, const std::string& head) {
   } catch (const std::exception&) {
     return "";  // the agent names a head it cannot route to when it starts
   }
+}
+
+// Whether `host` is this machine: loopback, or an address one of its
+// interfaces holds (a socket binds to it).
+bool names_this_machine(const std::string& host) {
+  try {
+    const auto ip = troupe::wire::resolve_host(host);
+    if (ip.is_loopback()) return true;
+    sockaddr_storage sa{};
+    const socklen_t len = troupe::wire::to_sockaddr(ip, 0, sa);
+    const int fd = ::socket(sa.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), len) == 0;
+    ::close(fd);
+    return bound;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// Whether two HOST:PORT name one head: the same text, or the same port on
+// hosts that are both this machine (a head's own agent joins it where it
+// listens, others where it is advertised).
+bool same_head(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  try {
+    const auto [ha, pa] = troupe::wire::parse_address(a);
+    const auto [hb, pb] = troupe::wire::parse_address(b);
+    return pa == pb && names_this_machine(ha) && names_this_machine(hb);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// A live node agent of this session joined to the head at `address` (its
+// pid, read from its pid file; its head from its environment), if any.
+std::optional<pid_t> live_agent_of(const std::string& dir, const std::string& address) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename();
+    if (name.rfind("node-", 0) != 0 || entry.path().extension() != ".pid") continue;
+    const auto f = troupe::core::check_pid_file(dir, name);
+    if (!f.alive) continue;
+    std::ifstream in("/proc/" + std::to_string(f.pid) + "/environ");
+    const std::string key = std::string(troupe::core::kEnvHeadAddress) + "=";
+    for (std::string var; std::getline(in, var, '\0');)
+      if (var.rfind(key, 0) == 0 && same_head(var.substr(key.size()), address)) return f.pid;
+  }
+  return std::nullopt;
 }
 
 // Starts a node agent that joins `address`; persists nothing until it has.
@@ -295,6 +344,14 @@ int start_head(const std::string& dir, const Args& a) {
     Args node = a;
     std::string join;
     join_own_head(node, o.env.head_host, address, join);
+    // A head started again on its port (it died) finds its agent there,
+    // which rejoins it: another would count the machine twice.
+    if (const auto agent = live_agent_of(dir, join)) {
+      std::printf("node agent pid %d of this session still runs and rejoins this head: not starting another\n",
+                  static_cast<int>(*agent));
+      std::printf("drivers connect with --address %s (or --address auto on this machine)\n", address.c_str());
+      return 0;
+    }
     try {
       start_node(dir, join, token, node);
     } catch (const std::exception& e) {
@@ -335,6 +392,15 @@ int join_head(const std::string& dir, const Args& given) {
                  dir.c_str());
     return 2;
   }
+  // A second agent of this session on one head offers this machine twice:
+  // said, since it is most likely a mistake (a start typed twice), but done,
+  // since nodes with resources of their own (--resources) on one machine
+  // are how a cluster of several nodes is tried on one.
+  if (const auto agent = live_agent_of(dir, a.address))
+    std::fprintf(stderr,
+                 "troupe start: warning: node agent pid %d of this session has joined %s already: this machine is "
+                 "offered twice unless --resources splits it (troupe stop ends both)\n",
+                 static_cast<int>(*agent), a.address.c_str());
   // Fails fast at a foreign service or with a wrong token, before anything
   // is started or written; a head not up yet is waited for if asked.
   troupe::launcher::wait_for_head(
@@ -529,14 +595,17 @@ troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
   // One byte before the tail too: whether the tail begins a line.
   r.max_bytes = l.tail < (4u << 20) ? l.tail + 1 : l.tail;
   const auto& t = l.target;
+  // Digits only: stoull takes "-1" as 2^64 - 1 ("node 18446744073709551615").
   auto number = [](const std::string& s, const char* what) {
     try {
       size_t used = 0;
-      uint64_t v = std::stoull(s, &used);
-      if (used == s.size()) return v;
+      if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos) {
+        const uint64_t v = std::stoull(s, &used);
+        if (used == s.size()) return v;
+      }
     } catch (const std::exception&) {
     }
-    throw troupe::ConfigError("'" + s + "' is not a " + what);
+    throw troupe::ConfigError("'" + s + "' is not " + what);
   };
   if (!l.name.empty()) {
     if (!t.empty()) throw troupe::ConfigError("give an actor's --name or a target, not both");
@@ -546,12 +615,12 @@ troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
     r.target = "head";
   } else if (t.size() == 2 && t[0] == "node") {
     r.target = "node";
-    r.id = number(t[1], "node id");
+    r.id = number(t[1], "a node id (troupe status lists them)");
   } else if (t.size() == 1) {
     r.target = "actor";
     bool numeric = !t[0].empty() && t[0].find_first_not_of("0123456789") == std::string::npos;
     try {
-      r.id = numeric ? number(t[0], "actor id") : actor_by_name(rt, t[0]);
+      r.id = numeric ? number(t[0], "an actor id") : actor_by_name(rt, t[0]);
     } catch (const troupe::ConfigError& e) {
       // `troupe logs node` most likely meant a node's log, not an actor.
       if (t[0] != "node") throw;

@@ -137,6 +137,10 @@ def test_unknown_targets_are_named(cluster):
     r = logs(cluster, "node", "x")
     assert r.returncode == 2 and "troupe logs: 'x' is not a node id" in r.stderr
     assert "troupe: troupe" not in r.stderr, r.stderr  # one prefix, not two
+    r = logs(cluster, "node", "-1")  # was read as node 18446744073709551615
+    assert r.returncode == 2 and "troupe logs: '-1' is not a node id" in r.stderr, r.stderr
+    r = logs(cluster, "99999999999999999999")
+    assert r.returncode == 2 and "is not an actor id" in r.stderr, r.stderr
     r = logs(cluster, "no-such-actor-name")
     assert r.returncode != 0 and "no-such-actor-name" in r.stderr
 

@@ -808,6 +808,44 @@ TEST_F(LauncherTest, ATokensTrailingWhitespaceIsDroppedAndWhitespaceInsideRefuse
   EXPECT_THROW(troupe::Runtime::connect(o), troupe::ConfigError);
 }
 
+// A head started again on its port after it died finds the session's node
+// agent there (which rejoins it) and starts no second one (it counted the
+// machine's CPUs twice); a second `troupe start --address` of the session to
+// the same head is warned of (nodes of their own --resources on one
+// machine are how several nodes are tried on one), and stopped with it.
+TEST_F(LauncherTest, ASessionStartsOneNodeAgentPerHead) {
+  auto r = run(cli() + " start --head --port 0 --dashboard-port -1 --resources CPU=1,GPU=0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string address = troupe::core::read_session_file(dir_.string(), "address");
+  auto again = run(cli() + " start --address " + address + " --resources CPU=1,GPU=0");
+  EXPECT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("warning: node agent pid "), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("of this session has joined " + address + " already"), std::string::npos) << again.output;
+  ASSERT_EQ(run(cli() + " stop").status, 0);
+  r = run(cli() + " start --head --port 0 --dashboard-port -1 --resources CPU=1,GPU=0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string first = troupe::core::read_session_file(dir_.string(), "address");
+  const pid_t head = std::stoi(troupe::core::read_session_file(dir_.string(), "head.pid"));
+  ASSERT_EQ(::kill(head, SIGKILL), 0);
+  ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+  auto restarted = run(cli() + " start --head --dashboard-port -1 --resources CPU=1,GPU=0 --port " +
+                       first.substr(first.find(':') + 1));
+  ASSERT_EQ(restarted.status, 0) << restarted.output;
+  EXPECT_NE(restarted.output.find("still runs and rejoins this head: not starting another"), std::string::npos)
+      << restarted.output;
+  auto alive_nodes = [&] {
+    int alive = 0;
+    const auto j = nlohmann::json::parse(run(cli() + " status --json").output);  // kept: the loop reads into it
+    for (const auto& n : j["nodes"]) alive += n["alive"].get<bool>();
+    return alive;
+  };
+  EXPECT_TRUE(troupe::test::eventually([&] { return alive_nodes() == 1; })) << run(cli() + " status").output;
+  int pid_files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    pid_files += e.path().filename().string().rfind("node-", 0) == 0 && e.path().extension() == ".pid";
+  EXPECT_EQ(pid_files, 1);
+}
+
 // A port on loopback that nothing listens on (taken and given back).
 uint16_t unused_port() {
   asio::io_context io;
