@@ -32,6 +32,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -119,6 +120,17 @@ std::string token_for(const std::string& dir) {
           troupe::core::clean_token(troupe::core::env_value(troupe::core::kEnvToken), troupe::core::kEnvToken);
       !t.empty())
     return t;
+  // A token file that cannot be read is named (it read as no token at all:
+  // "needs the cluster token").
+  const fs::path file = fs::path(dir) / "token";
+  std::error_code ec;
+  const auto status = fs::symlink_status(file, ec);
+  if (!ec && fs::exists(status) && !fs::is_regular_file(status))
+    throw troupe::ConfigError(file.string() + " is " +
+                              (fs::is_symlink(status) ? "a symbolic link" : "not a regular file") +
+                              ", which troupe does not read as the cluster token: remove it, or set TROUPE_TOKEN");
+  if (!ec && fs::is_regular_file(status) && ::access(file.c_str(), R_OK) != 0)
+    throw troupe::ConfigError("cannot read " + file.string() + ": " + std::strerror(errno) + " (set TROUPE_TOKEN)");
   return read_session_file(dir, "token");
 }
 
@@ -966,9 +978,58 @@ int report_stopped(const Stopped& r) {
   return 1;
 }
 
+// A session whose pid files are gone (its directory removed while its
+// cluster ran) left its head and node agents running where `troupe stop`
+// found nothing to stop. They are found by what they write to: this
+// binary's processes whose output is a log of the session's (head.log,
+// node-*.log; "(deleted)" when removed), and pid files are written for
+// them again: the head's (a supervisor's, when the head under it writes
+// there too), and the agents'.
+void adopt_orphans(const std::string& dir) {
+  if (has_pid_file(dir)) return;
+  std::error_code ec;
+  const auto self = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<std::pair<pid_t, bool>> found;  // pid, is a head (or supervisor)
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = std::stoi(name);
+    if (pid == ::getpid() || fs::read_symlink(entry.path() / "exe", ec) != self || ec) continue;
+    const std::string out = fs::read_symlink(entry.path() / "fd" / "1", ec).string();
+    if (ec || out.rfind(dir + "/", 0) != 0) continue;
+    const std::string file = out.substr(dir.size() + 1);
+    if (file.rfind("head.log", 0) == 0 || file.rfind("node-", 0) == 0) found.emplace_back(pid, file[0] == 'h');
+  }
+  if (found.empty()) return;
+  troupe::core::ensure_session_dir(dir);
+  auto parent_of = [](pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    std::istringstream rest(close == std::string::npos ? "" : line.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    return ppid;
+  };
+  for (const auto& [pid, head] : found) {
+    // A supervised head's head runs under its supervisor: the supervisor's
+    // pid file stops both.
+    if (head && std::any_of(found.begin(), found.end(),
+                            [&, p = pid](const auto& f) { return f.second && f.first == parent_of(p); }))
+      continue;
+    const std::string file = head ? "head.pid" : "node-adopted-" + std::to_string(pid) + ".pid";
+    troupe::core::write_pid_file(dir, file, pid);
+    std::printf("troupe stop: found %s pid %d by its log in %s (the session's pid files were gone)\n",
+                head ? "the head" : "node agent", static_cast<int>(pid), dir.c_str());
+  }
+}
+
 int cmd_stop(const Args& a) {
   std::string dir = session_dir();
   troupe::core::check_session_dir(dir);
+  adopt_orphans(dir);
   const auto grace = std::chrono::milliseconds(static_cast<int64_t>(a.grace_period_s * 1000));
   // `auto` is the session's head, as the default is.
   const std::string address = a.address == "auto" ? "" : a.address;

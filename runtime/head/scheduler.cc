@@ -176,7 +176,8 @@ std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Reso
   }
   if (best) return best->id;
   if (reason && nodes.empty()) {
-    *reason = "no node is alive to hold {" + format_resources(req) + "}";
+    *reason = req.empty() ? std::string("no node is alive to run it")
+                          : "no node is alive to hold {" + format_resources(req) + "}";
   } else if (reason) {
     bool any_total = std::any_of(nodes.begin(), nodes.end(), [&](const NodeView& n) { return fits(n.total, req); });
     *reason = "no node can hold {" + format_resources(req) + "} " +

@@ -846,6 +846,43 @@ TEST_F(LauncherTest, ASessionStartsOneNodeAgentPerHead) {
   EXPECT_EQ(pid_files, 1);
 }
 
+// The session directory removed while its cluster runs: `troupe stop`
+// finds the head and its node agent by their logs there and stops them
+// (it said there was nothing to stop, and they ran on).
+TEST_F(LauncherTest, StopFindsAClusterWhoseSessionDirectoryWasRemoved) {
+  auto r = run(cli() + " start --head --port 0 --dashboard-port -1 --resources CPU=1,GPU=0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const pid_t head = std::stoi(troupe::core::read_session_file(dir_.string(), "head.pid"));
+  pid_t agent = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    if (e.path().filename().string().rfind("node-", 0) == 0 && e.path().extension() == ".pid")
+      agent = std::stoi(troupe::core::read_session_file(dir_.string(), e.path().filename().string()));
+  ASSERT_GT(agent, 0);
+  troupe::core::remove_tree(dir_);
+  auto stop = run(cli() + " stop");
+  EXPECT_EQ(stop.status, 0) << stop.output;
+  EXPECT_NE(stop.output.find("found the head pid " + std::to_string(head)), std::string::npos) << stop.output;
+  EXPECT_NE(stop.output.find("found node agent pid " + std::to_string(agent)), std::string::npos) << stop.output;
+  EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+  EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(agent); }));
+}
+
+// A token file that cannot be read is named, not taken for no token at all
+// ("needs the cluster token").
+TEST_F(LauncherTest, ATokenFileThatCannotBeReadIsNamed) {
+  auto r = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string token = troupe::core::read_session_file(dir_.string(), "token");
+  std::filesystem::remove(dir_ / "token");
+  std::filesystem::create_directory(dir_ / "token");
+  auto status = run(cli() + " status");
+  EXPECT_NE(status.status, 0) << status.output;
+  EXPECT_NE(status.output.find((dir_ / "token").string() + " is not a regular file"), std::string::npos)
+      << status.output;
+  std::filesystem::remove(dir_ / "token");
+  troupe::core::write_session_file(dir_.string(), "token", token);
+}
+
 // A port on loopback that nothing listens on (taken and given back).
 uint16_t unused_port() {
   asio::io_context io;

@@ -60,7 +60,9 @@ TEST(Scheduler, PickNodePrefersEmptierNodeAndExplainsFailure) {
   // With no node at all, that is the reason (it read "no node can hold {}
   // at all (no node has that much in total); no nodes alive").
   EXPECT_FALSE(pick_node({}, {}, &why).has_value());
-  EXPECT_EQ(why, "no node is alive to hold {}");
+  EXPECT_EQ(why, "no node is alive to run it");  // not "to hold {}"
+  EXPECT_FALSE(pick_node({}, {{"CPU", 1}}, &why).has_value());
+  EXPECT_EQ(why, "no node is alive to hold {CPU=1}");
 }
 
 TEST(Scheduler, StrictSpreadUsesDistinctNodes) {
