@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -172,6 +173,15 @@ std::string read_ready_line(int fd, std::chrono::milliseconds timeout, bool& eof
 
 // The child closed its ready pipe without a ready line: it is exiting (or
 // closed the pipe by mistake). Reports how it ended, with its last words.
+// Why a log may be empty: its file system is full (the process could not
+// say why it failed). "" otherwise.
+std::string full_disk_note(const std::string& log_file) {
+  struct statvfs fs {};
+  const std::string dir = log_file.substr(0, log_file.rfind('/') + 1);
+  if (::statvfs(dir.empty() ? "." : dir.c_str(), &fs) != 0 || fs.f_bavail > 0) return "";
+  return ": its file system is full, so it could not say why; free some space there";
+}
+
 [[noreturn]] void report_early_exit(pid_t pid, const RoleProcessOptions& o, const std::string& what,
                                     std::streamoff log_start) {
   int st = 0;
@@ -187,7 +197,8 @@ std::string read_ready_line(int fd, std::chrono::milliseconds timeout, bool& eof
   std::string msg = what + " " + how + " before it was ready";
   if (!o.log_file.empty()) {
     std::string tail = log_tail(o.log_file, log_start);
-    msg += tail.empty() ? " (log " + o.log_file + " is empty)" : "; the end of " + o.log_file + ":\n" + tail;
+    msg += tail.empty() ? " (log " + o.log_file + " is empty" + full_disk_note(o.log_file) + ")"
+                        : "; the end of " + o.log_file + ":\n" + tail;
   }
   throw Error(msg);
 }

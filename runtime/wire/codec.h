@@ -342,6 +342,10 @@ std::string encode_inline(const T& v) {
   encode(e, v);
   return std::move(e.bytes());
 }
+// A type's name as written in C++ ("troupe::head::ActorRow"), not the
+// compiler's mangled one, for messages (wire/error_kind.cc).
+std::string readable_type_name(const std::type_info& type);
+
 // Decodes a whole value and checks nothing is left over.
 template <class T>
 T decode_value(const void* data, size_t size, const std::vector<Buffer>* attachments = nullptr,
@@ -349,7 +353,8 @@ T decode_value(const void* data, size_t size, const std::vector<Buffer>* attachm
   Decoder d(data, size, attachments, core);
   T v = decode<T>(d);
   if (!d.done())
-    throw DecodeError(std::to_string(d.remaining()) + " trailing bytes after decoding " + typeid(T).name());
+    throw DecodeError(std::to_string(d.remaining()) + " trailing bytes after decoding a " +
+                      readable_type_name(typeid(T)));
   return v;
 }
 template <class T>

@@ -34,14 +34,16 @@ ErrorKind builtin_kind(const std::exception& e) {
 
 }  // namespace
 
-std::string type_name_of(const std::exception& e) {
+std::string readable_type_name(const std::type_info& type) {
   int status = 0;
-  const char* mangled = typeid(e).name();
+  const char* mangled = type.name();
   char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string s = (status == 0 && d) ? d : mangled;
   std::free(d);
   return s;
 }
+
+std::string type_name_of(const std::exception& e) { return readable_type_name(typeid(e)); }
 
 void set_error(Message& m, const std::exception& e) {
   m.status = Status::ERROR;

@@ -117,6 +117,17 @@ TEST(Codec, ForgedLengthsThrowWithoutHugeAllocation) {
 TEST(Codec, TrailingBytesAreAnError) {
   Encoder e = encode_value(std::make_tuple(1, 2));
   EXPECT_THROW(decode_value<int>(e.bytes().data(), e.bytes().size()), troupe::DecodeError);
+  // Named as written in C++ (a corrupt state-db row read
+  // "N6troupe4head12_GLOBAL__N_18ActorRowE").
+  Encoder two = encode_value(std::make_tuple(Point{}, 7));
+  try {
+    decode_value<Point>(two.bytes().data(), two.bytes().size());
+    ADD_FAILURE() << "no error";
+  } catch (const troupe::DecodeError& x) {
+    EXPECT_NE(std::string(x.what()).find("trailing bytes after decoding a (anonymous namespace)::Point"),
+              std::string::npos)
+        << x.what();
+  }
 }
 
 }  // namespace
