@@ -32,7 +32,6 @@
 #include <iostream>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -361,15 +360,14 @@ int start_head(const std::string& dir, const Args& a) {
     if (const auto agent = live_agent_of(dir, join)) {
       std::printf("node agent pid %d of this session still runs and rejoins this head: not starting another\n",
                   static_cast<int>(*agent));
-      std::printf("drivers connect with --address %s (or --address auto on this machine)\n", address.c_str());
-      return 0;
-    }
-    try {
-      start_node(dir, join, token, node);
-    } catch (const std::exception& e) {
-      undo_head_start(dir, p.pid);
-      throw troupe::ConfigError(std::string(e.what()) + "; the head (pid " + std::to_string(p.pid) +
-                                ") started with it is stopped again");
+    } else {
+      try {
+        start_node(dir, join, token, node);
+      } catch (const std::exception& e) {
+        undo_head_start(dir, p.pid);
+        throw troupe::ConfigError(std::string(e.what()) + "; the head (pid " + std::to_string(p.pid) +
+                                  ") started with it is stopped again");
+      }
     }
   }
   std::printf("drivers connect with --address %s (or --address auto on this machine)\n", address.c_str());
@@ -1002,22 +1000,11 @@ void adopt_orphans(const std::string& dir) {
   }
   if (found.empty()) return;
   troupe::core::ensure_session_dir(dir);
-  auto parent_of = [](pid_t pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t close = line.rfind(')');
-    std::istringstream rest(close == std::string::npos ? "" : line.substr(close + 2));
-    std::string state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    return ppid;
-  };
   for (const auto& [pid, head] : found) {
     // A supervised head's head runs under its supervisor: the supervisor's
     // pid file stops both.
     if (head && std::any_of(found.begin(), found.end(),
-                            [&, p = pid](const auto& f) { return f.second && f.first == parent_of(p); }))
+                            [&, p = pid](const auto& f) { return f.second && troupe::core::parent_pid(p) == f.first; }))
       continue;
     const std::string file = head ? "head.pid" : "node-adopted-" + std::to_string(pid) + ".pid";
     troupe::core::write_pid_file(dir, file, pid);

@@ -135,13 +135,9 @@ void CallOrder::run_ready(std::unique_lock<std::mutex>& lock) {
 
 uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fail fail,
                              std::optional<int> max_retries) {
-  if (args.bytes().size() > wire::kMaxInlineBody)
-    throw ConfigError(wire::too_big_for_a_message(
-        "the arguments of a call to actor " + std::to_string(id_) + " (" + info().class_name + ")",
-        args.bytes().size()));
-  if (const uint64_t n = wire::payload_bytes(args.bytes(), args.attachments()); n > wire::kMaxFramePayload)
-    throw ConfigError(wire::too_big_for_a_frame(
-        "the arguments of a call to actor " + std::to_string(id_) + " (" + info().class_name + ")", n));
+  wire::check_sendable(args.bytes(), args.attachments(), [&] {
+    return "the arguments of a call to actor " + std::to_string(id_) + " (" + info().class_name + ")";
+  });
   Message m;
   m.kind = Kind::CALL;
   m.op = method;

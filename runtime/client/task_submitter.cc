@@ -264,10 +264,7 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
 
 uint64_t TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::string& name, Encoder&& body,
                                int max_retries, Complete complete, Fail fail, bool keep_result) {
-  if (body.bytes().size() > kMaxInlineBody)
-    throw ConfigError(too_big_for_a_message("the arguments of task '" + name + "'", body.bytes().size()));
-  if (const uint64_t n = payload_bytes(body.bytes(), body.attachments()); n > kMaxFramePayload)
-    throw ConfigError(too_big_for_a_frame("the arguments of task '" + name + "'", n));
+  check_sendable(body.bytes(), body.attachments(), [&] { return "the arguments of task '" + name + "'"; });
   auto t = std::make_shared<Task>();
   t->op = keep_result ? kKeepResult : 0;
   t->key = key;

@@ -243,9 +243,11 @@ std::string describe_exit_status(int status) {
 
 namespace {
 
-// The state (field 3) and start time (field 22) in a /proc/PID/stat line.
+// The state (field 3), parent (field 4) and start time (field 22) in a
+// /proc/PID/stat line.
 struct StatFields {
   std::string state;
+  pid_t parent = 0;
   uint64_t start_time = 0;
 };
 std::optional<StatFields> parse_stat(const std::string& stat) {
@@ -256,8 +258,8 @@ std::optional<StatFields> parse_stat(const std::string& stat) {
   std::istringstream rest(stat.substr(close + 1));
   StatFields f;
   std::string field;
-  if (!(rest >> f.state)) return std::nullopt;
-  for (int i = 4; i <= 22; ++i)
+  if (!(rest >> f.state >> f.parent)) return std::nullopt;
+  for (int i = 5; i <= 22; ++i)
     if (!(rest >> field)) return std::nullopt;
   try {
     f.start_time = std::stoull(field);
@@ -269,14 +271,26 @@ std::optional<StatFields> parse_stat(const std::string& stat) {
 
 }  // namespace
 
-std::optional<uint64_t> process_start_time(pid_t pid) {
+namespace {
+std::optional<StatFields> stat_of(pid_t pid) {
   if (pid <= 0) return std::nullopt;
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
   if (!f || !std::getline(f, stat)) return std::nullopt;
-  auto fields = parse_stat(stat);
+  return parse_stat(stat);
+}
+}  // namespace
+
+std::optional<uint64_t> process_start_time(pid_t pid) {
+  auto fields = stat_of(pid);
   if (!fields) return std::nullopt;
   return fields->start_time;
+}
+
+std::optional<pid_t> parent_pid(pid_t pid) {
+  auto fields = stat_of(pid);
+  if (!fields) return std::nullopt;
+  return fields->parent;
 }
 
 bool process_running(pid_t pid, uint64_t start_time) {

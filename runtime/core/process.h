@@ -87,6 +87,8 @@ std::string describe_exit_status(int status);
 // boot. Together with the pid it names one process for the life of the
 // machine (pids are reused, start times of a reused pid differ).
 std::optional<uint64_t> process_start_time(pid_t pid);
+// Field 4: the pid of its parent.
+std::optional<pid_t> parent_pid(pid_t pid);
 
 // Whether `pid` is still the process that started at `start_time` (from
 // process_start_time) and has not exited: false once it is gone, a zombie,

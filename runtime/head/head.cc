@@ -842,7 +842,7 @@ class Head::Impl {
   // hello_timeout (every client says hello first), once a second at most.
   void close_silent_peers() {
     const auto now = Clock::now();
-    if (now - last_silent_sweep_ < std::chrono::seconds(1) && now - last_silent_sweep_ < opts_.hello_timeout) return;
+    if (now - last_silent_sweep_ < std::min<Clock::duration>(std::chrono::seconds(1), opts_.hello_timeout)) return;
     last_silent_sweep_ = now;
     std::vector<std::shared_ptr<Connection>> silent;
     for (auto& [raw, p] : peers_)

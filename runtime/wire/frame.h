@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "troupe/runtime/core/buffer.h"
+#include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/wire/envelope.capnp.h"
 
 namespace troupe::wire {
@@ -52,6 +53,16 @@ uint64_t payload_bytes(const std::string& body, const std::vector<Buffer>& attac
 // ConfigError text: "an object: 4.06 GiB with buffers, more than the 4 GiB
 // one message carries to another process: ...".
 std::string too_big_for_a_frame(const std::string& what, uint64_t bytes);
+
+// What a sender checks before it sends a body and its attachments: a
+// ConfigError, naming what() (made only then: this is on every call), when
+// the receiver's message or frame limit would refuse them.
+template <class What>
+void check_sendable(const std::string& body, const std::vector<Buffer>& attachments, What&& what) {
+  if (body.size() > kMaxInlineBody) throw ConfigError(too_big_for_a_message(what(), body.size()));
+  if (const uint64_t n = payload_bytes(body, attachments); n > kMaxFramePayload)
+    throw ConfigError(too_big_for_a_frame(what(), n));
+}
 
 // The head carries control messages and constructor arguments, never
 // tensors or batches: its frames are small, so one connection cannot make

@@ -358,13 +358,9 @@ class ActorHost {
       } end_task{token};
       actor_->invoke(method, d, e, keep ? &keep_result_ : nullptr);
       if (lender_ && store_->stats().objects > 0) reply.op |= client::kHoldsObjects;
-      if (e.bytes().size() > kMaxInlineBody)
-        throw ConfigError(too_big_for_a_message(
-            "the result of " + core_->hello_reply().spec.class_name + "." + actor_->method_name(method),
-            e.bytes().size()));
-      if (const uint64_t n = payload_bytes(e.bytes(), e.attachments()); n > kMaxFramePayload)
-        throw ConfigError(too_big_for_a_frame(
-            "the result of " + core_->hello_reply().spec.class_name + "." + actor_->method_name(method), n));
+      check_sendable(e.bytes(), e.attachments(), [&] {
+        return "the result of " + core_->hello_reply().spec.class_name + "." + actor_->method_name(method);
+      });
       reply.body = std::move(e.bytes());
       reply.attachments = std::move(e.attachments());
     } catch (const std::exception& e) {

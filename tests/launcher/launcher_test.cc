@@ -71,6 +71,13 @@ class LauncherTest : public ::testing::Test {
   }
   std::filesystem::path dir_;
   std::string cli() const { return TROUPE_CLI; }
+  // How many nodes the session's head lists alive.
+  int alive_nodes() const {
+    const auto j = nlohmann::json::parse(run(cli() + " status --json").output);  // kept: the loop reads into it
+    int alive = 0;
+    for (const auto& n : j["nodes"]) alive += n["alive"].get<bool>();
+    return alive;
+  }
   // What a driver connects to the session's cluster with.
   troupe::InitOptions session_cluster() const {
     troupe::InitOptions o;
@@ -708,24 +715,18 @@ TEST_F(LauncherTest, StopInASessionThatJoinedStopsItsNodeAlone) {
   std::string in_joined = "TROUPE_SESSION_DIR=" + joined.string();
   in_joined += " TROUPE_TOKEN=" + troupe::core::read_session_file(dir_.string(), "token");
   in_joined += ' ';
-  auto nodes_alive = [&] {
-    auto j = nlohmann::json::parse(run(cli() + " status --json").output);
-    int alive = 0;
-    for (const auto& n : j["nodes"]) alive += n["alive"].get<bool>();
-    return alive;
-  };
   // `--address auto` is this session's cluster, as the default is (it
   // stopped the whole cluster).
   for (const std::string how : {"", " --address auto"}) {
     SCOPED_TRACE("troupe stop" + how);
     auto node = run(in_joined + cli() + " start --address " + address + " --resources CPU=1,GPU=0");
     ASSERT_EQ(node.status, 0) << node.output;
-    ASSERT_EQ(nodes_alive(), 1);
+    ASSERT_EQ(alive_nodes(), 1);
     auto stop = run(in_joined + cli() + " stop" + how);
     EXPECT_EQ(stop.status, 0) << stop.output;
     EXPECT_NE(stop.output.find("this session runs no head"), std::string::npos) << stop.output;
     // The head serves on; the node that left is seen gone.
-    EXPECT_TRUE(troupe::test::eventually([&] { return nodes_alive() == 0; }));
+    EXPECT_TRUE(troupe::test::eventually([&] { return alive_nodes() == 0; }));
     EXPECT_EQ(run(cli() + " status").status, 0);
   }
 }
@@ -833,12 +834,6 @@ TEST_F(LauncherTest, ASessionStartsOneNodeAgentPerHead) {
   ASSERT_EQ(restarted.status, 0) << restarted.output;
   EXPECT_NE(restarted.output.find("still runs and rejoins this head: not starting another"), std::string::npos)
       << restarted.output;
-  auto alive_nodes = [&] {
-    int alive = 0;
-    const auto j = nlohmann::json::parse(run(cli() + " status --json").output);  // kept: the loop reads into it
-    for (const auto& n : j["nodes"]) alive += n["alive"].get<bool>();
-    return alive;
-  };
   EXPECT_TRUE(troupe::test::eventually([&] { return alive_nodes() == 1; })) << run(cli() + " status").output;
   int pid_files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir_))
@@ -903,7 +898,7 @@ TEST_F(LauncherTest, ANodeStartedBeforeItsHeadWaitsForItWhenAsked) {
   std::filesystem::permissions(joined, std::filesystem::perms::owner_all);
   const std::filesystem::path node_out = dir_ / "node.out";
   std::string node_cmd = "TROUPE_SESSION_DIR=" + joined.string() + " TROUPE_TOKEN=" + token + " " + cli() +
-                         " start --address " + address + " --resources CPU=1,GPU=0 --wait-for-head 600";
+                         " start --address " + address + " --resources CPU=1,GPU=0 --wait-for-head 120";
   CommandResult node;
   std::thread joiner([&] { node = run(node_cmd + " > " + node_out.string()); });
   EXPECT_TRUE(troupe::test::eventually([&] {
@@ -923,7 +918,7 @@ TEST_F(LauncherTest, ANodeStartedBeforeItsHeadWaitsForItWhenAsked) {
   run("TROUPE_SESSION_DIR=" + joined.string() + " " + cli() + " stop");
 
   auto wrong = run("TROUPE_SESSION_DIR=" + joined.string() + " TROUPE_TOKEN=not-the-token " + cli() +
-                   " start --address " + address + " --wait-for-head 600");
+                   " start --address " + address + " --wait-for-head 120");
   EXPECT_EQ(WEXITSTATUS(wrong.status), 1) << wrong.output;
   EXPECT_NE(wrong.output.find("token"), std::string::npos) << wrong.output;
   EXPECT_EQ(wrong.output.find("waiting for the head"), std::string::npos) << wrong.output;
