@@ -101,6 +101,8 @@ void validate_resources(const Resources& r, const std::string& where) {
     std::string what = where + ": resource '" + k + "' = " + show(v);
     if (!std::isfinite(v)) throw ConfigError(what + " is not a finite number");
     if (v < 0) throw ConfigError(what + " is negative");
+    if (v > 0 && v < kSmallestAmount)
+      throw ConfigError(what + " is smaller than the smallest amount, " + show(kSmallestAmount) + " (give 0 for none)");
     if (k == "memory") {
       if (v > kMaxMemoryBytes) throw ConfigError(what + " exceeds the limit of " + show(kMaxMemoryBytes) + " bytes");
       if (v != std::floor(v)) throw ConfigError(what + " is not a whole number of bytes");

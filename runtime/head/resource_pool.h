@@ -24,6 +24,9 @@ inline constexpr double kMaxGpus = 1024;
 // "memory" is counted in whole bytes (as Ray's): up to 1 PiB, where sums of
 // whole numbers are still exact in a double.
 inline constexpr double kMaxMemoryBytes = double(1ull << 50);
+// The smallest part of a resource anyone may ask for (as Ray's): smaller
+// amounts read as zero in the scheduler's comparisons and in status.
+inline constexpr double kSmallestAmount = 1e-4;
 
 // Throws ConfigError naming `where`, the key and the value unless every
 // amount is finite, >= 0 and within the bounds above (and every key is

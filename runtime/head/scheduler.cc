@@ -1,7 +1,9 @@
 #include "troupe/runtime/head/scheduler.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -133,6 +135,29 @@ std::string format_resources(const Resources& r) {
   return s.str();
 }
 
+namespace {
+std::string trimmed(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// A decimal amount as people write them: 2, 0.5, .25, 1e3. Hexadecimal
+// ("0x10", which stod read as 16), "inf" and "nan" are not amounts.
+std::optional<double> decimal_amount(const std::string& s) {
+  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.' || s[0] == '-')) return {};
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c)) && std::string_view(".eE+-").find(c) == std::string_view::npos)
+      return {};
+  try {
+    size_t used = 0;
+    double v = std::stod(s, &used);
+    if (used == s.size()) return v;
+  } catch (const std::exception&) {
+  }
+  return {};
+}
+}  // namespace
+
 Resources parse_resources(const std::string& text) {
   Resources r;
   std::stringstream ss(text);
@@ -145,16 +170,11 @@ Resources parse_resources(const std::string& text) {
     }
     any = true;
     auto eq = part.find('=');
-    if (eq == std::string::npos || eq == 0) throw ConfigError("resource '" + part + "' is not NAME=AMOUNT");
-    std::string name = part.substr(0, eq);
-    double v = 0;
-    try {
-      size_t used = 0;
-      v = std::stod(part.substr(eq + 1), &used);
-      if (used != part.size() - eq - 1) throw std::invalid_argument("");
-    } catch (const std::exception&) {
-      throw ConfigError("resource '" + part + "' has a bad amount");
-    }
+    std::string name = trimmed(part.substr(0, eq));
+    if (eq == std::string::npos || name.empty()) throw ConfigError("resource '" + part + "' is not NAME=AMOUNT");
+    auto amount = decimal_amount(trimmed(part.substr(eq + 1)));
+    if (!amount) throw ConfigError("resource '" + part + "' has a bad amount (give a decimal number: 2, 0.5, 1e9)");
+    double v = *amount;
     if (v < 0 || !std::isfinite(v)) throw ConfigError("resource '" + part + "' must be a non-negative number");
     if (!r.emplace(name, v).second)
       throw ConfigError("resource '" + name + "' is given twice in '" + text + "' (give each once)");

@@ -32,6 +32,22 @@ TEST(Scheduler, ParseAndFormatResources) {
   }
   EXPECT_THROW(parse_resources("CPU=x"), troupe::ConfigError);
   EXPECT_THROW(parse_resources("CPU=-1"), troupe::ConfigError);
+  // stod read "0x10" as 16 and "inf" as a number; a blank beside an
+  // amount was refused although one beside a comma is common.
+  for (const char* bad : {"CPU=0x10", "CPU=inf", "CPU=nan", "CPU=1e", "CPU=", "CPU=1 2", " =1"})
+    EXPECT_THROW(parse_resources(bad), troupe::ConfigError) << bad;
+  auto spaced = parse_resources("CPU=1 , GPU = 0.5 ");
+  EXPECT_EQ(spaced.at("CPU"), 1);
+  EXPECT_EQ(spaced.at("GPU"), 0.5);
+  EXPECT_EQ(parse_resources("disk=.25,x=1e3").at("x"), 1000);
+  // An amount too small to tell from zero is refused by name.
+  try {
+    troupe::head::validate_resources(parse_resources("CPU=1e-300"), "--resources");
+    ADD_FAILURE() << "1e-300 taken";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("is smaller than the smallest amount, 0.0001"), std::string::npos) << e.what();
+  }
+  troupe::head::validate_resources(parse_resources("CPU=0.0001,GPU=0"), "ok");
   // Empty entries were skipped: ",,," was a node with nothing.
   EXPECT_EQ(parse_resources("CPU=1,").size(), 1u);
   EXPECT_THROW(parse_resources(",,,"), troupe::ConfigError);
