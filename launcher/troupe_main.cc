@@ -381,6 +381,18 @@ std::string session_address(const std::string& dir, const std::string& flag) {
   return read_session_file(dir, "address");
 }
 
+// False, having said why as "troupe CMD: --address A: ..." (a usage
+// error), unless `address` reads as HOST:PORT.
+bool address_is_well_formed(const char* cmd, const std::string& address) {
+  try {
+    troupe::wire::parse_address(address);
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe %s: --address %s: %s\n", cmd, address.c_str(), e.what());
+    return false;
+  }
+}
+
 int join_head(const std::string& dir, const Args& given) {
   Args a = given;
   a.address = session_address(dir, given.address);
@@ -388,12 +400,7 @@ int join_head(const std::string& dir, const Args& given) {
     std::fprintf(stderr, "troupe start: --address auto: no running cluster in %s (troupe start --head)\n", dir.c_str());
     return 2;
   }
-  try {
-    troupe::wire::parse_address(a.address);
-  } catch (const troupe::ConfigError& e) {
-    std::fprintf(stderr, "troupe start: --address %s: %s\n", a.address.c_str(), e.what());
-    return 2;
-  }
+  if (!address_is_well_formed("start", a.address)) return 2;
   std::string token = token_for(dir);
   if (token.empty()) {
     std::fprintf(stderr,
@@ -1036,14 +1043,7 @@ int cmd_stop(const Args& a) {
   // Another cluster than this session's, named by --address: only its
   // head is told; this session's processes are none of its business.
   const bool elsewhere = !address.empty() && address != read_session_file(dir, "address");
-  if (elsewhere) {
-    try {
-      troupe::wire::parse_address(address);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "troupe stop: --address %s: %s\n", address.c_str(), e.what());
-      return 2;
-    }
-  }
+  if (elsewhere && !address_is_well_formed("stop", address)) return 2;
   bool head_told = false;
   if (!a.force) try {
       auto rt = connect_session(address);
@@ -1102,12 +1102,7 @@ int cmd_submit(const Args& a) {
     std::fprintf(stderr, "troupe submit: no running cluster in %s (troupe start --head)\n", dir.c_str());
     return 1;
   }
-  try {
-    troupe::wire::parse_address(address);  // here, not as the driver's first error
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "troupe submit: %s\n", e.what());
-    return 2;
-  }
+  if (!address_is_well_formed("submit", address)) return 2;  // here, not as the driver's first error
   setenv(troupe::core::kEnvAddress, address.c_str(), 1);
   setenv(troupe::core::kEnvToken, token_for(dir).c_str(), 1);
   std::vector<char*> argv;
