@@ -365,6 +365,8 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
       std::error_code ec;
       std::filesystem::remove_all(c.session, ec);
     } else {
+      // The logs stay; the cluster's secret need not outlive it.
+      ::unlink((c.session + "/token").c_str());
       std::printf("troupe slurm: kept the session directory %s (its logs; remove it when done)\n", c.session.c_str());
     }
     return rc;

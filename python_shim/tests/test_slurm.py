@@ -133,6 +133,22 @@ def test_two_node_job_runs_its_driver_on_both_nodes(slurm, tmp_path):
     assert not list(job_tmp.glob("troupe-slurm-*")), list(job_tmp.iterdir())
 
 
+def test_a_failed_job_keeps_its_logs_but_not_its_token(slurm, tmp_path):
+    out = tmp_path / "job.out"
+    job_tmp = tmp_path / "tmp"
+    job_tmp.mkdir()
+    r = subprocess.run(["sbatch", "--wait", "-N1", f"--output={out}", "--wrap",
+                        f"{cli()} slurm --port 0 -- /bin/sh -c 'exit 3'"],
+                       env={**slurm["env"], "TMPDIR": str(job_tmp)}, capture_output=True, text=True, timeout=300)
+    text = out.read_text()
+    assert r.returncode != 0 and "driver exited with 3" in text, r.stderr + text
+    kept = list(job_tmp.glob("troupe-slurm-*"))
+    assert len(kept) == 1 and f"kept the session directory {kept[0]}" in text, text
+    assert (kept[0] / "head.log").exists(), list(kept[0].iterdir())
+    assert not (kept[0] / "token").exists(), "the cluster's token outlived it"
+    wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
+
+
 CPUS_DRIVER = """
 import troupe
 troupe.init(address="auto")
