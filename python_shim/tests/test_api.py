@@ -1513,6 +1513,14 @@ class Callable:
     def __len__(self):
         return 7
 
+    def __iter__(self):
+        return iter(range(3))
+
+    def __array__(self, dtype=None):
+        import numpy
+
+        return numpy.arange(3)
+
 
 @troupe.remote
 def call_through(handle, x):
@@ -1534,6 +1542,12 @@ def test_special_methods_a_class_defines_are_called_through_its_handle():
     assert troupe.get(copy.deepcopy(actor).__len__.remote(), timeout=60) == 7
     with pytest.raises(AttributeError):
         actor.__getitem__
+    # Nor is a handle iterable or an array because its class is: numpy
+    # called the class's __array__ through the handle (and failed).
+    import numpy
+
+    assert not hasattr(actor, "__iter__") and not hasattr(actor, "__array__")
+    assert numpy.asarray(actor, dtype=object).shape == ()
     troupe.kill(named)
 
 

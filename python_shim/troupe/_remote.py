@@ -917,6 +917,11 @@ _NOT_REMOTE = frozenset({
     "__getattr__", "__getattribute__", "__setattr__", "__delattr__", "__dir__", "__reduce__", "__reduce_ex__",
     "__getstate__", "__setstate__", "__getnewargs__", "__getnewargs_ex__", "__copy__", "__deepcopy__",
     "__repr__", "__str__", "__format__", "__sizeof__", "__hash__", "__eq__", "__ne__",
+    # What libraries probe any object for with hasattr (is it iterable, an
+    # array, a tensor): a handle is none of these, whatever its class is.
+    "__iter__", "__next__", "__aiter__", "__anext__", "__await__", "__array__", "__array_interface__",
+    "__array_struct__", "__array_ufunc__", "__array_function__", "__array_priority__", "__dlpack__",
+    "__dlpack_device__", "__cuda_array_interface__", "__torch_function__",
 })
 
 
