@@ -423,6 +423,11 @@ TEST(ElasticTest, FencedNodeAgentsTrainerNeverStepsBesideItsReplacement) {
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
               .count();
       ::kill(cluster.node_pid(stopped), SIGSTOP);
+      // Held here until the head fences the node: the stale trainer still
+      // steps, and on a loaded machine the job could otherwise end before
+      // the heartbeat timeout, with nothing recovered.
+      EXPECT_TRUE(troupe::test::eventually([&] { return rt.actor_info(stale.id).state == ActorState::kDead; }))
+          << "the head never declared the stopped node's trainer dead";
     } else if (stale.pid > 0 && !woken && rt.actor_info(stale.id).state == ActorState::kDead) {
       ::kill(cluster.node_pid(stopped), SIGCONT);  // after the recovery replaced the trainer
       woken = true;
