@@ -757,7 +757,7 @@ void HeadState::schedule() {
       set_dead(a);
       continue;
     }
-    if (a.not_before && (!last_check_ || *last_check_ < *a.not_before)) {
+    if (backing_off(a)) {
       still.push_back(id);  // backing off (restart_backoff); check_heartbeats places it when due
       continue;
     }
@@ -772,6 +772,10 @@ void HeadState::schedule() {
 // (one idle in some process may be what it waits for). Demand that no
 // executor's resources could meet (a GPU none holds, more than a node has)
 // does not count: releasing executors for it would only cost their reuse.
+bool HeadState::backing_off(const Actor& a) const {
+  return a.not_before && (!last_check_ || *last_check_ < *a.not_before);
+}
+
 bool HeadState::waits_for_room() const {
   if (pending_actors_.empty() && pending_groups_.empty()) return false;
   std::map<uint64_t, ResourcePool> nodes;
@@ -803,7 +807,7 @@ bool HeadState::waits_for_room() const {
     auto it = actors_.find(id);
     if (it == actors_.end()) continue;
     const Actor& a = it->second;
-    if (a.info.state == ActorState::kDead || a.worker_running || a.kill_requested) continue;
+    if (a.info.state == ActorState::kDead || a.worker_running || a.kill_requested || backing_off(a)) continue;
     if (a.spec.placement_group == 0) {
       if (pick_node(keeps_affinity(a.spec) ? affine_views(a.spec, views) : views, a.spec.resources, nullptr))
         return true;

@@ -307,6 +307,9 @@ class HeadState {
   bool could_ever_place(const Group& g) const;
   // Whether an actor or group waits for room that task executors hold.
   bool waits_for_room() const;
+  // Whether `a` waits out a restart back-off (restart_backoff) at the
+  // head's last check.
+  bool backing_off(const Actor& a) const;
   // In take_outputs: tells the owners of actors when the cluster starts or
   // stops waiting for room that task executors hold (wire::ResourcesWanted).
   void update_resources_wanted();

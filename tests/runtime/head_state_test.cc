@@ -1527,6 +1527,29 @@ TEST_F(HeadStateTest, OwnersHearWhileSomethingWaitsForRoomThatExecutorsHold) {
   EXPECT_EQ(state_.take_outputs().resources_wanted, Told{});
 }
 
+// An actor backing off between early deaths (restart_backoff) waits for
+// its time, not for room: task executors keep what they hold (and their
+// reuse) until it is due and finds none.
+TEST_F(HeadStateTest, AnActorBackingOffAsksExecutorsForRoomOnlyWhenDue) {
+  using Told = std::vector<std::pair<PeerId, bool>>;
+  add_node({{"CPU", 2}}, 1);
+  state_.check_heartbeats(now_);
+  const uint64_t a = state_.create_actor(kDriver, spec({{"CPU", 1}}, -1)).id;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(state_.take_outputs().spawns.size(), 1u) << "early death " << i;
+    exited(a, "exited with code 1");
+  }
+  ActorSpec executor = spec({{"CPU", 1}});
+  executor.type_key = troupe::client::kTaskExecutorKey;
+  state_.create_actor(kOtherDriver, executor);
+  state_.create_actor(kOtherDriver, executor);
+  auto out = start_spawned();
+  EXPECT_EQ(out.spawns.size(), 2u);  // the executors, in the room `a` left
+  EXPECT_EQ(out.resources_wanted, Told{});
+  state_.check_heartbeats(now_ += 100ms);
+  EXPECT_EQ(state_.take_outputs().resources_wanted, (Told{{kDriver, true}, {kOtherDriver, true}}));
+}
+
 // The head credits its own late checks to every node; a restored node's
 // last heartbeat lies in the future (its grace), which the credit must not
 // pull back to now.
