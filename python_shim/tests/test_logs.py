@@ -345,6 +345,34 @@ def test_on_an_embedded_cluster_workers_mark_their_own_lines(tmp_path):
     assert out.index(f"(Talker pid={actor_pid}) marker-eight left open") < out.index("the driver's own line"), r.stdout
 
 
+_FULL_DISK_DRIVER = """
+import sys, troupe
+troupe.init(num_cpus=1)
+
+@troupe.remote
+class Chatty:
+    def step(self, i):
+        for _ in range(1000):
+            print("a line of progress a full disk cannot take", i)
+        print("and one left open", end="")
+        return i
+
+chatty = Chatty.remote()
+sys.stderr.write("results %s\\n" % troupe.get([chatty.step.remote(i) for i in range(3)], timeout=60))
+troupe.shutdown()
+"""
+
+
+def test_a_worker_whose_output_cannot_be_written_still_does_its_work(tmp_path):
+    # /dev/full fails every write as a full file system does (ENOSPC): each
+    # call that printed failed with OSError, though its work was done.
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-c", _FULL_DISK_DRIVER], stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=120, env=dict(os.environ, TROUPE_SESSION_DIR=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    assert "results [0, 1, 2]" in r.stderr, r.stderr
+
+
 _CHURN = """
 import troupe
 troupe.init(address="auto")

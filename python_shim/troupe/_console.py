@@ -9,6 +9,7 @@ still says which process printed what, as Ray's does.
 
 Only what Python writes through sys.stdout and sys.stderr is marked; bytes
 written straight to file descriptors 1 and 2 (C extensions) are not."""
+import errno
 import io
 import os
 import re
@@ -108,6 +109,76 @@ class _Marked(io.TextIOBase):
 
     def __getattr__(self, name):  # encoding, buffer, errors, reconfigure, ...
         return getattr(self._stream, name)
+
+
+# What a write to a full file system fails with: no space, over quota, too big.
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class _Unfailing(io.TextIOBase):
+    """A worker's stdout or stderr whose writes never fail its work when the
+    file system of its log is full: what cannot be written is dropped, and
+    once writes go through again a line says that some was. Any other
+    error is raised as before."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._dropped = False
+
+    @property
+    def encoding(self):
+        return self._stream.encoding
+
+    @property
+    def errors(self):
+        return self._stream.errors
+
+    @property
+    def newlines(self):
+        return self._stream.newlines
+
+    def _full(self, e):
+        if e.errno not in _FULL:
+            raise e
+        self._dropped = True
+
+    def write(self, text):
+        try:
+            if self._dropped:
+                self._dropped = False
+                self._stream.write("[troupe: output was dropped here while the log's file system was full]\n")
+            return self._stream.write(text)
+        except OSError as e:
+            self._full(e)
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self._full(e)
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return self._stream.isatty()
+
+    def fileno(self):
+        return self._stream.fileno()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def survive_full_disk():
+    """Makes this worker's print() and logging go on when its log's file
+    system is full (a full disk must not fail a training step), dropping
+    what cannot be written."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _Unfailing):
+            setattr(sys, name, _Unfailing(stream))
 
 
 def _remark():

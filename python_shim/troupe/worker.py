@@ -5,7 +5,7 @@ import importlib
 import os
 import sys
 
-from troupe import _core, _remote, _worker_hooks
+from troupe import _console, _core, _remote, _worker_hooks
 
 
 def preload():
@@ -61,6 +61,7 @@ def main():
     # Line by line into its log file, as on a terminal: what the driver
     # shows of it (troupe._driver_logs) comes as it is printed.
     sys.stdout.reconfigure(line_buffering=True)
+    _console.survive_full_disk()
     preload()
     _core.serve_worker(_worker_hooks)
     sys.exit("troupe.worker: not started by a troupe node agent (TROUPE_ROLE is not 'worker')")
