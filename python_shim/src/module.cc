@@ -20,6 +20,7 @@
 #include "troupe/runtime/core/utf8.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/resource_pool.h"
+#include "troupe/runtime/worker/reply_watch.h"
 
 namespace pyb = pybind11;
 using namespace troupe;
@@ -511,6 +512,8 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
       .def(
           "exit_actor",
           [](PyClient& c, uint64_t id, const std::string& why) {
+            // The replies of the calls read with this one go before the kill.
+            if (auto* watch = troupe::worker::ReplyWatch::of_this_process()) watch->send_held_now();
             c.core()->head().call<void>(wire::Op::kKillActor, wire::KillActor{id, true, why});
           },
           NoGil())

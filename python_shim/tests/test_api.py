@@ -1502,6 +1502,56 @@ def task_ids():
 
 
 @troupe.remote
+class OneAtATime:
+    def __init__(self):
+        self.total = 0.0
+
+    def add(self, a):
+        time.sleep(0.002)
+        self.total += float(a[0])
+        return self.total
+
+    def quick(self, i):
+        return i
+
+    def slow(self, seconds):
+        time.sleep(seconds)
+        return "slow"
+
+    def leave(self):
+        troupe.actor.exit_actor()
+
+
+def test_a_one_at_a_time_actor_takes_arguments_faster_than_it_works():
+    # 300 MiB of arguments for an actor that reads a call when it gets to
+    # it: past 256 MiB queued the caller dropped the connection, and calls
+    # failed with ActorDiedError (some after they had run). Now the caller
+    # waits for room.
+    actor = OneAtATime.remote()
+    refs = [actor.add.remote(np.ones(1 << 17)) for _ in range(300)]  # 1 MiB each
+    assert troupe.get(refs, timeout=300) == [float(i + 1) for i in range(300)]
+    troupe.kill(actor)
+
+
+def test_a_calls_reply_goes_when_it_ends_not_with_the_calls_read_beside_it():
+    # Calls read together used to send their replies together, after the
+    # last: quick calls' results waited for a long call sent behind them,
+    # and were lost when the actor exited after them.
+    actor = OneAtATime.remote()
+    troupe.get(actor.quick.remote(-1), timeout=60)
+    quick = [actor.quick.remote(i) for i in range(5)]
+    slow = actor.slow.remote(120)
+    assert troupe.get(quick, timeout=60) == list(range(5))
+    troupe.kill(actor)
+
+    leaving = OneAtATime.remote()
+    troupe.get(leaving.quick.remote(-1), timeout=60)
+    done = [leaving.quick.remote(i) for i in range(10)]
+    leaving.leave.remote()
+    assert troupe.get(done, timeout=60) == list(range(10))
+
+
+@troupe.remote
 class Callable:
     def __init__(self):
         self.calls = 0

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <random>
 
 #include "troupe/runtime/client/task_cancel.h"
@@ -143,6 +144,7 @@ uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete,
   m.op = method;
   m.body = std::move(args.bytes());
   m.attachments = std::move(args.attachments());
+  wait_for_backlog(m);
   std::unique_lock lock(mu_);
   // Taken under the lock: calls of one client go out in the order of their
   // ids, which retries keep (queued_).
@@ -280,6 +282,21 @@ void warn_if_connect_hangs(asio::io_context& io, std::shared_ptr<std::atomic<boo
 
 }  // namespace
 
+// An actor that runs one call at a time reads the next when it gets to it:
+// a caller whose arguments outpace it waits here while kMaxCallBacklog bytes
+// are queued for it, where the connection's write bound used to drop it
+// (failing calls to a live actor, some of which had run).
+void ActorClient::wait_for_backlog(const Message& m) {
+  std::shared_ptr<Connection> c;
+  {
+    std::lock_guard lock(mu_);
+    c = conn_;
+  }
+  if (!c) return;
+  c->wait_for_room(wire::payload_bytes(m.body, m.attachments), std::chrono::steady_clock::time_point::max(),
+                   kMaxCallBacklog);
+}
+
 void ActorClient::connect_locked() {
   if (!detached_.empty() || connecting_ || info_.state != ActorState::kAlive || info_.address.empty()) return;
   if (conn_ && conn_->is_open() && conn_incarnation_ == info_.incarnation) {
@@ -306,8 +323,12 @@ void ActorClient::connect_locked() {
       return self->on_connected(nullptr, inc, e.what());
     }
     std::weak_ptr<ActorClient> weak = self;
+    // No write bound: what queues here is the caller's own calls, held
+    // back by wait_for_backlog, and resent whole after a reconnection.
+    ConnectionOptions options = self->core_.connection_options();
+    options.max_queued_bytes = std::numeric_limits<uint64_t>::max();
     Connection::connect(
-        self->core_.io(), hp.first, hp.second, self->core_.token(), self->core_.connection_options(),
+        self->core_.io(), hp.first, hp.second, self->core_.token(), options,
         [weak](Message&& m) {
           if (auto s = weak.lock()) s->on_reply(std::move(m));
         },

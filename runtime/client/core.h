@@ -153,6 +153,10 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
     bool cancelled = false;  // withdrawn while in flight: answered, never retried
   };
   void connect_locked();
+  // Bytes of calls queued for the actor past which a caller waits to send
+  // more (wait_for_backlog).
+  static constexpr uint64_t kMaxCallBacklog = 256ull << 20;
+  void wait_for_backlog(const wire::Message& m);
   // A connect failed while the head still says its process is alive:
   // connect_locked() again after connect_backoff_ (doubled each time, reset
   // by a connect that succeeds). One timer at a time (retry_pending_).

@@ -17,8 +17,8 @@
 namespace troupe::wire {
 
 namespace {
-// Room kept for each read once authenticated; buffers grow past it only with
-// bytes that arrive (grown_capacity).
+// Room kept for each read once a connection carries traffic (read_chunk_);
+// buffers grow past it only with bytes that arrive (grown_capacity).
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kLowWater = 256 * 1024;
 
@@ -199,7 +199,7 @@ void Connection::read_more() {
     rend_ -= rpos_;
     rpos_ = 0;
   }
-  size_t want = grown_capacity(rbuf_.size(), rend_, head_expected_, kReadChunk);
+  size_t want = grown_capacity(rbuf_.size(), rend_, head_expected_, read_chunk_);
   if (want != rbuf_.size()) {
     rbuf_.resize(want);
     if (want < rbuf_.capacity()) rbuf_.shrink_to_fit();
@@ -211,6 +211,8 @@ void Connection::read_more() {
           self->fail(ec == asio::error::eof ? "peer closed the connection" : "read failed: " + ec.message());
           return;
         }
+        // A read that filled the room: this connection carries traffic.
+        if (self->rend_ + n == self->rbuf_.size()) self->read_chunk_ = kReadChunk;
         self->on_read(n);
       });
 }
@@ -352,7 +354,7 @@ void Connection::send(OutFrame f, bool direct) {
   queue_.push_back(std::move(f));
   if (writing_ || !ready_) return;
   // Replies made while the reader thread works through a batch of frames go
-  // out together when the batch ends (on_read).
+  // out together when the batch ends (on_read), or earlier by send_held().
   if (std::this_thread::get_id() == reader_thread_ && in_read_batch_) return;
   if (direct) {
     write_direct_locked();
@@ -362,12 +364,18 @@ void Connection::send(OutFrame f, bool direct) {
   }
 }
 
-bool Connection::wait_for_room(uint64_t bytes, std::chrono::steady_clock::time_point deadline) {
+void Connection::send_held() {
+  std::lock_guard lock(write_mu_);
+  if (closed_ || writing_ || !ready_ || queue_.empty()) return;
+  write_direct_locked();
+}
+
+bool Connection::wait_for_room(uint64_t bytes, std::chrono::steady_clock::time_point deadline, uint64_t bound) {
   if (io_.get_executor().running_in_this_thread()) return true;
+  if (bound == 0) bound = opts_.max_queued_bytes;
   std::unique_lock lock(write_mu_);
-  return room_cv_.wait_until(lock, deadline, [&] {
-    return closed_ || overflowed_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= opts_.max_queued_bytes;
-  });
+  return room_cv_.wait_until(
+      lock, deadline, [&] { return closed_ || overflowed_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= bound; });
 }
 
 // A peer that does not read lets replies pile up here without end; past the

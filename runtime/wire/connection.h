@@ -75,16 +75,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Thread-safe. Frames sent after close are dropped. `direct` writes at
   // once on the calling thread when nothing else is queued (lowest latency);
   // otherwise the I/O thread writes, batching whatever queued up meanwhile.
+  // Frames the reader thread sends amid a batch of frames read together
+  // (replies) go out together when the batch is done.
   void send(const Message& m, bool direct = false);
   void send(OutFrame f, bool direct = false);
+  // Thread-safe: writes now what the reader thread's batch holds back (its
+  // replies so far), on the calling thread, unless a write is under way.
+  void send_held();
   // Blocks until `bytes` more fit under the write bound (max_queued_bytes)
   // or nothing is queued, or the connection closed; false when `deadline`
   // passed first. For flow-controlled senders (streams), whose own credits
   // may allow more bytes in flight than the bound: they wait here for the
   // peer to take them instead of tripping the bound, which is for peers
   // that stop reading. Returns at once on the I/O thread (which drains the
-  // queue and must not wait for itself).
-  bool wait_for_room(uint64_t bytes, std::chrono::steady_clock::time_point deadline);
+  // queue and must not wait for itself). `bound`, when not 0, stands for
+  // the write bound (a sender whose connection has none keeps its own).
+  bool wait_for_room(uint64_t bytes, std::chrono::steady_clock::time_point deadline, uint64_t bound = 0);
   // Thread-safe; the close handler runs with `reason`.
   void close(const std::string& reason);
   // Thread-safe: once everything queued is written, sends FIN but keeps
@@ -157,7 +163,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // rbuf_ stays empty until the handshake succeeds.
   std::vector<std::byte> rbuf_;
   size_t rpos_ = 0, rend_ = 0;
-  size_t head_expected_ = 0;             // bytes the frame at rpos_ needs buffered (0: unknown)
+  size_t head_expected_ = 0;  // bytes the frame at rpos_ needs buffered (0: unknown)
+  // Room each read keeps: small until a read fills it (an idle connection
+  // holds 4 KiB, not 64; read_more), then kReadChunk.
+  size_t read_chunk_ = 4096;
   Message pending_;                      // frame being assembled
   std::vector<uint64_t> pending_sizes_;  // its attachment sizes
   size_t pending_next_ = 0;              // next attachment to fill
@@ -167,13 +176,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Write state.
   std::mutex write_mu_;
-  std::vector<OutFrame> queue_;     // guarded by write_mu_
-  std::vector<OutFrame> inflight_;  // being written by the io thread
-  size_t inflight_offset_ = 0;      // bytes of inflight_ already written
-  uint64_t inflight_left_ = 0;      // bytes of inflight_ not yet written
-  uint64_t queued_bytes_ = 0;       // queue_ + inflight_ not yet written, guarded by write_mu_
+  std::vector<OutFrame> queue_;      // guarded by write_mu_
+  std::vector<OutFrame> inflight_;   // being written by the io thread
+  size_t inflight_offset_ = 0;       // bytes of inflight_ already written
+  uint64_t inflight_left_ = 0;       // bytes of inflight_ not yet written
+  uint64_t queued_bytes_ = 0;        // queue_ + inflight_ not yet written, guarded by write_mu_
   std::condition_variable room_cv_;  // with write_mu_: queued_bytes_ went down, or the connection closed
-  bool overflowed_ = false;         // guarded by write_mu_
+  bool overflowed_ = false;          // guarded by write_mu_
   std::atomic<bool> in_read_batch_{false};
   std::thread::id reader_thread_;
   bool writing_ = false;    // guarded by write_mu_

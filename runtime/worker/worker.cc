@@ -19,6 +19,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/malloc_policy.h"
+#include "troupe/runtime/worker/reply_watch.h"
 #include "troupe/runtime/worker/stall_guard.h"
 #include "troupe/runtime/worker/worker_context.h"
 
@@ -394,7 +395,12 @@ class ActorHost {
         return c->send(std::move(reply));
       }
       if (inline_calls_) {
-        c->send(run_call(m));  // leaves with the rest of this read batch
+        // The reply leaves with the rest of this read batch, or while a
+        // later call of it runs long (reply_watch_).
+        reply_watch_->call_starts(c);
+        Message reply = run_call(m);
+        reply_watch_->call_ends();
+        c->send(std::move(reply));
         return;
       }
       Lane& l = lanes_[*lane];
@@ -507,6 +513,8 @@ class ActorHost {
   std::unique_ptr<client::HostedActor> actor_;
   const bool task_executor_;
   const bool inline_calls_;
+  // Inline calls' only: sends replies that a long call would hold.
+  const std::unique_ptr<ReplyWatch> reply_watch_ = inline_calls_ ? std::make_unique<ReplyWatch>() : nullptr;
   const std::string bind_host_;
   const std::string advertise_host_;
   asio::io_context calls_io_{1};  // one thread runs it: asio can skip some locking
