@@ -536,6 +536,8 @@ def test_runtime_lines_below_the_drivers_level_stay_in_the_workers_file(monkeypa
     assert not _below_driver_level(warning, want)
     assert not _below_driver_level("[info] what the program printed itself", want)
     assert not _below_driver_level("step 3 loss 0.25", want)
+    # An actor's worker names its actor: its lines were all kept.
+    assert _below_driver_level("[12:34:56.789] [worker a5533 pid 4242] [info] reconnected to the head", want)
     monkeypatch.setenv("TROUPE_LOG_LEVEL", "info")
     assert not _below_driver_level(info, _driver_level())
     monkeypatch.setenv("TROUPE_LOG_LEVEL", "loud")  # not a level: nothing is left out

@@ -55,8 +55,9 @@ RESTING_KEPT = 1024
 _EXECUTOR_CLASS = "TaskExecutor"  # runtime/client/task.h
 _WORKER_FILE = re.compile(r"worker-(\d+)\.log$")
 # A line of the runtime's own log in a worker's file (runtime/core/logging.cc:
-# "[12:34:56.789] [worker pid 4242] [info] ..."), and its level.
-_RUNTIME_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] \[\w+ pid \d+\] \[(\w+)\] ")
+# "[12:34:56.789] [worker pid 4242] [info] ...", or an actor's worker's
+# "[worker a17 pid 4242]"), and its level.
+_RUNTIME_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] \[\w+(?: a\d+)? pid \d+\] \[(\w+)\] ")
 _LEVELS = ["trace", "debug", "info", "warning", "error", "critical", "off"]
 
 
