@@ -171,9 +171,9 @@ core::WorkerEnv supervise_head(core::WorkerEnv env) {
     const auto now = std::chrono::steady_clock::now();
     while (!restarts.empty() && now - restarts.front() > kQuickWindow) restarts.pop_front();
     if (restarts.size() >= kMaxQuickRestarts) {
-      say("the head (pid %d) %s, its %zu-th death within %lld s; giving up", head,
-          core::describe_exit_status(status).c_str(), restarts.size() + 1,
-          static_cast<long long>(kQuickWindow.count()));
+      say("the head (pid %d) %s: %zu deaths within %lld s, after %zu restarts; giving up", head,
+          core::describe_exit_status(status).c_str(), restarts.size() + 1, static_cast<long long>(kQuickWindow.count()),
+          restarts.size());
       std::_Exit(1);
     }
     restarts.push_back(now);

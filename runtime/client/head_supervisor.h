@@ -8,8 +8,8 @@
 // supervisor's liveness pipe for env.head_hang_timeout_ms, 30 s by default:
 // a deadlock, a disk that does not answer) is SIGKILLed and started again
 // the same way. SIGTERM or SIGINT to the supervisor stop the head, then the
-// supervisor; a head that keeps dying (5 times within 10 s) ends the
-// supervision.
+// supervisor; a head that keeps dying (restarted 5 times within 10 s, its
+// 6th death there) ends the supervision.
 #pragma once
 
 #include "troupe/runtime/core/worker_env.h"
