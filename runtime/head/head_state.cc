@@ -12,6 +12,7 @@
 #include "troupe/runtime/client/task.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/head/metrics.h"
 #include "troupe/runtime/head/scheduler.h"
 
 namespace troupe::head {
@@ -980,6 +981,18 @@ void HeadState::kv_put(const std::string& key, const std::string& value) {
   }
   if (!scoped_key_allowed(key)) return;
   kv_set(key, value);
+  if (key.rfind(kJobKeyPrefix, 0) == 0) trim_jobs();
+}
+
+void HeadState::trim_jobs() {
+  while (job_keys_.size() > kMaxJobDocuments) {
+    auto ended = std::find_if(job_keys_.begin(), job_keys_.end(), [&](const std::string& key) {
+      auto doc = nlohmann::json::parse(kv_.at(key), nullptr, /*allow_exceptions=*/false);
+      return !doc.is_object() || doc.value("state", nlohmann::json()) != "running";
+    });
+    if (ended == job_keys_.end()) return;
+    kv_erase(std::string(*ended));
+  }
 }
 
 namespace {
@@ -1063,9 +1076,12 @@ std::optional<std::string> counted_target(const std::string& key) {
 
 void HeadState::kv_added(const std::string& key) {
   if (auto t = counted_target(key)) ++ref_counts_[*t];
+  if (starts_with(key, kJobKeyPrefix)) job_keys_.push_back(key);
 }
 
 void HeadState::kv_removed(const std::string& key) {
+  if (starts_with(key, kJobKeyPrefix))
+    if (auto it = std::find(job_keys_.begin(), job_keys_.end(), key); it != job_keys_.end()) job_keys_.erase(it);
   auto t = counted_target(key);
   if (!t) return;
   auto it = ref_counts_.find(*t);

@@ -64,6 +64,9 @@ struct HeadOutputs {
 
 class HeadState {
  public:
+  // Ended TrainJob documents kept (running ones are never erased).
+  static constexpr size_t kMaxJobDocuments = 100;
+
   explicit HeadState(HeadConfig config = {});
 
   // ---- nodes ----
@@ -344,6 +347,10 @@ class HeadState {
   // erases a target whose last reference went.
   void kv_added(const std::string& key);
   void kv_removed(const std::string& key);
+  // Erases the oldest ended TrainJob documents (troupe.jobs/<name>) past
+  // kMaxJobDocuments: a cluster that runs uniquely named jobs for weeks
+  // kept every one, in status, the dashboard and /metrics.
+  void trim_jobs();
   // The keys of client `client_id` go (it left, or did not come back).
   void client_gone(uint64_t client_id);
 
@@ -384,6 +391,7 @@ class HeadState {
   std::map<std::string, uint64_t> named_;
   std::map<std::string, std::string> kv_;
   std::map<std::string, size_t> ref_counts_;  // reference target -> its references in kv_
+  std::deque<std::string> job_keys_;          // the troupe.jobs/ keys in kv_, oldest first
   uint64_t retired_calls_ = 0, retired_stream_bytes_ = 0;
   uint64_t retired_restarts_ = 0;  // of the DEAD actors evicted from the table
   std::deque<uint64_t> pending_actors_;

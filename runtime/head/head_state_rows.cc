@@ -152,6 +152,7 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
   // The keys' references are counted again, and a client that holds keys
   // has the grace to come back that an owner has (client_gone otherwise).
   ref_counts_.clear();
+  job_keys_.clear();
   const std::string clients = client::kClientKeyPrefix;
   for (const auto& [key, value] : kv_) {
     kv_added(key);
@@ -163,9 +164,10 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
   written_.clear();
   for (const auto& [key, value] : rows)
     if (key[0] == 'n' || key[0] == 'g' || key[0] == 'm') written_[key] = value;
-  TROUPE_LOG_INFO("restored {} nodes, {} actors, {} placement groups and {} keys; nodes and owners have {} ms to "
-                  "come back",
-                  nodes_.size(), actors_.size(), groups_.size(), kv_.size(), grace.count());
+  TROUPE_LOG_INFO(
+      "restored {} nodes, {} actors, {} placement groups and {} keys; nodes and owners have {} ms to "
+      "come back",
+      nodes_.size(), actors_.size(), groups_.size(), kv_.size(), grace.count());
   schedule();
 }
 

@@ -1527,6 +1527,25 @@ TEST_F(HeadStateTest, OwnersHearWhileSomethingWaitsForRoomThatExecutorsHold) {
   EXPECT_EQ(state_.take_outputs().resources_wanted, Told{});
 }
 
+// TrainJob documents of jobs that ended are kept up to a bound, the oldest
+// erased first; a running job's is never erased (a cluster that ran
+// uniquely named jobs for weeks kept every one in status and /metrics).
+TEST_F(HeadStateTest, EndedJobDocumentsAreKeptUpToABound) {
+  const size_t kMax = troupe::head::HeadState::kMaxJobDocuments;
+  auto job = [](size_t i) { return "troupe.jobs/job-" + std::to_string(i); };
+  state_.kv_put(job(0), R"({"state":"running"})");
+  state_.kv_put(job(1), "not a document");
+  for (size_t i = 2; i < kMax + 10; ++i) state_.kv_put(job(i), R"({"state":"finished"})");
+  EXPECT_EQ(state_.kv_with_prefix("troupe.jobs/").size(), kMax);
+  EXPECT_TRUE(state_.kv_get(job(0)));   // running
+  EXPECT_FALSE(state_.kv_get(job(1)));  // the oldest that is not running
+  EXPECT_FALSE(state_.kv_get(job(10)));
+  EXPECT_TRUE(state_.kv_get(job(11)));
+  state_.kv_put(job(5), R"({"state":"finished"})");  // back under its old name: the newest
+  EXPECT_TRUE(state_.kv_get(job(5)));
+  EXPECT_FALSE(state_.kv_get(job(11)));
+}
+
 // An actor backing off between early deaths (restart_backoff) waits for
 // its time, not for room: task executors keep what they hold (and their
 // reuse) until it is due and finds none.
