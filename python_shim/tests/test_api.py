@@ -1551,6 +1551,22 @@ def test_a_calls_reply_goes_when_it_ends_not_with_the_calls_read_beside_it():
     assert troupe.get(done, timeout=60) == list(range(10))
 
 
+def test_arguments_a_function_cannot_take_are_a_type_error_at_remote():
+    # As Ray's: they failed only at get, after a worker ran the call.
+    with pytest.raises(TypeError, match=r"task square: too many positional arguments"):
+        square.remote(1, 2)
+    with pytest.raises(TypeError, match=r"task add: missing a required argument: 'b'"):
+        add.remote(1)
+    with pytest.raises(TypeError, match=r"actor Counter: got an unexpected keyword argument 'begin'"):
+        Counter.remote(begin=3)
+    counter = Counter.remote(start=1)
+    with pytest.raises(TypeError, match=r"actor method add: too many positional arguments"):
+        counter.add.remote(1, 2)
+    assert troupe.get(counter.add.remote(k=2), timeout=60) == 3
+    assert troupe.get(add.remote(a=1, b=square.remote(3)), timeout=60) == 10
+    troupe.kill(counter)
+
+
 @troupe.remote
 class Callable:
     def __init__(self):

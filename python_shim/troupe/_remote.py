@@ -711,6 +711,44 @@ def export_function(client, fn_hash, blob):
     client.kv_put(_FUNCTION_KEY + fn_hash, blob)
 
 
+def _signature(fn, drop_first=False):
+    """fn's signature (without its first parameter: a method's self), for
+    checking a call's arguments at .remote(); None when Python cannot tell
+    it (a builtin), and then nothing is checked."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    if drop_first:
+        sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+    return sig
+
+
+def _check_arguments(sig, what, args, kwargs):
+    """A TypeError at .remote(), as Ray raises it, for a call whose
+    arguments the function cannot take (it failed only at get)."""
+    if sig is None:
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{what}: {e}") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _method_signatures(cls):
+    """{method: its signature without self} of an actor class's methods."""
+    out = {}
+    for name in _method_table(cls)[1]:
+        for klass in cls.__mro__:
+            if name in vars(klass):
+                raw = vars(klass)[name]
+                fn = getattr(cls, name)
+                out[name] = _signature(fn, drop_first=inspect.isfunction(raw))
+                break
+    return out
+
+
 class RemoteFunction:
     """A function decorated with @troupe.remote; f.remote(...) runs it as a
     task and returns an ObjectRef (a generator function: an
@@ -729,6 +767,7 @@ class RemoteFunction:
             raise ConfigError(f"task {fn.__qualname__}: retry_exceptions does not apply to a streaming generator "
                               "(its values already handed out cannot be taken back)")
         self._credits = _generator.credits(options.get(_generator.BACKPRESSURE_OPTION), f"task {fn.__qualname__}")
+        self._sig = _signature(fn)
         self.__name__ = getattr(fn, "__name__", "task")
         self.__doc__ = getattr(fn, "__doc__", None)
 
@@ -786,6 +825,7 @@ class RemoteFunction:
 
     def remote(self, *args, **kwargs):
         client = _client()
+        _check_arguments(self._sig, f"task {self.__name__}", args, kwargs)
         if self._key_client is not client:
             self._prepare(client)
         data, top = _call_args(f"task {self.__name__}", args, kwargs)
@@ -807,7 +847,7 @@ class ActorMethod:
     # Not the handle itself: a handle caches its methods, and a cycle would
     # keep an actor that went out of scope alive until Python's cycle GC.
     __slots__ = ("_actor", "_client", "_lifetime", "_name", "_num_returns", "_credits", "_pending", "_groups",
-                 "_group")
+                 "_group", "_sig")
 
     def __init__(self, handle, name, num_returns=1, group=None):
         self._actor = handle._actor
@@ -822,6 +862,8 @@ class ActorMethod:
         table = handle._table
         self._groups = table[3] if table is not None else None
         self._group = self._group_number(group) if group is not None else 0
+        signatures = handle.__dict__.get("_signatures")
+        self._sig = signatures.get(name) if signatures else None
 
     def _group_number(self, group):
         """A group's number in the calls' op: 1 + its place among the
@@ -843,6 +885,7 @@ class ActorMethod:
         client = self._client
         if client is not troupe._current_client():  # the message only when needed
             client = _session_client(self, f"{self._name}.remote()")
+        _check_arguments(self._sig, f"actor method {self._name}", args, kwargs)
         data, top = _call_args(f"actor method {self._name}", args, kwargs)
         if self._pending is None:
             return self._send(client, data, top)[0]
@@ -899,7 +942,7 @@ class ActorMethod:
         copy = ActorMethod.__new__(ActorMethod)
         copy._actor, copy._client, copy._lifetime, copy._name = self._actor, self._client, self._lifetime, self._name
         copy._num_returns, copy._credits, copy._pending = count, credits, self._pending
-        copy._groups, copy._group = self._groups, group
+        copy._groups, copy._group, copy._sig = self._groups, group, self._sig
         return copy
 
     def __call__(self, *args, **kwargs):
@@ -966,6 +1009,9 @@ class ActorHandle:
         # concurrency groups: what a handle pickled into another process
         # takes along; None for a handle found by id, which checks nothing.
         self._table = _method_table(cls) + (list(groups),) if cls is not None else table
+        # Its methods' signatures, where the class is known here (not carried
+        # by copies or pickles: the actor checks those calls itself).
+        self._signatures = _method_signatures(cls) if cls is not None else None
         self._methods = {}
 
     def __getattr__(self, name):
@@ -1142,6 +1188,7 @@ class ActorClass:
                 return self._existing(client, name, groups)
             except ConfigError:
                 pass
+        _check_arguments(_signature(self._cls), f"actor {self.__name__}", args, kwargs)
         data, top = _call_args(f"actor {self.__name__}", args, kwargs)
         options = _runtime_options(self._options, 0)
         if name is not None:
