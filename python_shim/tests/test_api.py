@@ -1568,6 +1568,27 @@ def test_arguments_a_function_cannot_take_are_a_type_error_at_remote():
 
 
 @troupe.remote
+def fails_here():
+    raise KeyError("missing")
+
+
+def test_errors_say_what_raised_them_where_as_rays():
+    with pytest.raises(TaskError) as info:
+        troupe.get(fails_here.remote(), timeout=60)
+    e = info.value
+    assert isinstance(e, KeyError) and e.function_name == "fails_here", e.function_name
+    assert isinstance(e.pid, int) and e.pid != os.getpid() and e.ip == "127.0.0.1", (e.pid, e.ip)
+    counter = Counter.remote()
+    with pytest.raises(TaskError) as info:
+        troupe.get(counter.add.remote("not a number"), timeout=60)
+    assert info.value.function_name == "Counter.add", info.value.function_name
+    troupe.kill(counter)
+    with pytest.raises(ActorDiedError) as died:
+        troupe.get(counter.add.remote(1), timeout=60)
+    assert died.value.actor_id == str(counter._actor_id) and died.value.error_msg == str(died.value)
+
+
+@troupe.remote
 class Callable:
     def __init__(self):
         self.calls = 0

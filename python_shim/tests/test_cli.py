@@ -25,6 +25,18 @@ def test_help_lists_the_commands(tmp_path):
     assert "torchrun" in out.stdout and "start" in out.stdout
 
 
+def test_the_package_cli_and_pyproject_say_one_version(tmp_path):
+    import pathlib
+    import re
+
+    import troupe
+
+    out = run_cli(["--version"], tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == f"troupe {troupe.__version__}", out.stdout + out.stderr
+    pyproject = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == troupe.__version__
+
+
 def test_a_mistyped_command_and_a_bad_address_are_named(tmp_path):
     out = run_cli(["stauts"], tmp_path)
     assert out.returncode == 2 and "unknown command 'stauts' (commands: start, status" in out.stderr, out.stderr

@@ -40,6 +40,9 @@ from troupe import _serialization as _ser
 from troupe import _timeouts
 
 ObjectRef = _core.ObjectRef
+# As ray.__version__; the same as `troupe --version` and pyproject.toml's
+# (test_cli.py checks all three agree).
+__version__ = "0.1.0"
 
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "method", "get", "put", "wait", "kill", "cancel", "get_actor",

@@ -92,7 +92,7 @@ def _yielded(fn, value):
     return value
 
 
-def _error(where):
+def _error(where, function_name=None):
     import pickle
 
     import cloudpickle
@@ -113,7 +113,8 @@ def _error(where):
         message = str(exc)
     except Exception:  # its __str__ raised, or returned no string
         message = f"<the {type(exc).__name__}'s str() failed>"
-    box = _ErrorBox(blob, type(exc).__name__, message, text, where)
+    box = _ErrorBox(blob, type(exc).__name__, message, text, where, function_name, os.getpid(),
+                    _core.getenv("TROUPE_ADVERTISE_HOST") or "127.0.0.1")
     data, buffers, refs = ser.dumps(box)
     return True, data, buffers, refs
 
@@ -266,7 +267,7 @@ def _streamed(stream, produce, what, where, token):
         except _ReaderGone:
             raise
         except BaseException:
-            _send(writer, _error(where()))
+            _send(writer, _error(where(), what))
         writer.close()
     except _ReaderGone:
         pass
@@ -292,9 +293,9 @@ def call_method(instance, name, args, top, token=0, stream=None):
             from troupe import actor as actor_module
 
             actor_module._end(actor, f"the actor called sys.exit({e.code!r}) in {what}")
-        return _error(where())
+        return _error(where(), what)
     except BaseException:
-        return _error(where())
+        return _error(where(), what)
     finally:
         _current_token.reset(reset)
         _console.end_lines()
@@ -422,7 +423,7 @@ def run_task(key, args, top, token=0, stream=None):
                 _running.pop(token, None)
                 _async_raise(thread, None)
     except BaseException:
-        return _error(f"task {name} (pid {os.getpid()})")
+        return _error(f"task {name} (pid {os.getpid()})", name)
     finally:
         _current_token.reset(reset)
         _console.end_lines()

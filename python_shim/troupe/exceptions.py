@@ -16,7 +16,10 @@ class TroupeError(Exception):
 class TaskError(TroupeError):
     """A remote function or actor method raised; ``cause`` is the original
     exception (None when it could not be pickled), ``traceback_str`` the
-    remote traceback."""
+    remote traceback; as Ray's RayTaskError, ``function_name``, ``pid`` and
+    ``ip`` say what raised it where (None when not known)."""
+
+    function_name = pid = ip = None
 
     def __init__(self, message, cause=None, traceback_str=""):
         super().__init__(message)
@@ -36,7 +39,19 @@ class RayActorError(TroupeError):
 
 class ActorDiedError(RayActorError):
     """The actor is dead (killed, crashed, out of restarts) or died while the
-    call was in flight."""
+    call was in flight. As Ray's, ``error_msg`` is the message and
+    ``actor_id`` the actor's id where the message names it."""
+
+    @property
+    def error_msg(self):
+        return str(self)
+
+    @property
+    def actor_id(self):
+        import re
+
+        m = re.match(r"actor (\d+)\b", str(self))
+        return m.group(1) if m else None
 
 
 class ActorUnavailableError(RayActorError):
@@ -196,14 +211,27 @@ class _ErrorBox:
     unpicklable one still reports its class and message) and its traceback.
     Loading one where a value is expected raises it (get, task arguments)."""
 
-    def __init__(self, cause_blob, class_name, message, traceback_str, where):
+    # What raised it where (TaskError's function_name, pid, ip).
+    function_name = pid = ip = None
+
+    def __init__(self, cause_blob, class_name, message, traceback_str, where, function_name=None, pid=None, ip=None):
         self.cause_blob = cause_blob
         self.class_name = class_name
         self.message = message
         self.traceback_str = traceback_str
         self.where = where
+        self.function_name, self.pid, self.ip = function_name, pid, ip
 
     def exception(self):
+        e = self._exception()
+        try:
+            if e.function_name is None:
+                e.function_name, e.pid, e.ip = self.function_name, self.pid, self.ip
+        except Exception:  # noqa: BLE001 - an exception class that takes no attributes
+            pass
+        return e
+
+    def _exception(self):
         import pickle
 
         cause = None
