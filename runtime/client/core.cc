@@ -274,7 +274,8 @@ void warn_if_connect_hangs(asio::io_context& io, std::shared_ptr<std::atomic<boo
   timer->async_wait([timer, pending, who = std::move(who), address = std::move(address)](const asio::error_code& ec) {
     if (ec || !pending->load()) return;
     TROUPE_LOG_WARN(
-        "{}: no answer from its process at {} for {} s; calls to it wait. Is that address reachable from here? (a "
+        "{}: no answer from its process at {} for {} s; calls to it wait. An actor that runs one call at a time "
+        "answers a new caller between calls: it may be in a long one. Else, is that address reachable from here? (a "
         "node agent advertises what --advertise-address gives, else the address that routes to the head)",
         who, address, kConnectHangs.count());
   });
