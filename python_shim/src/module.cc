@@ -17,6 +17,7 @@
 #include "python_shim/src/py_convert.h"
 #include "python_shim/src/py_stream.h"
 #include "python_shim/src/py_worker.h"
+#include "troupe/runtime/core/session.h"
 #include "troupe/runtime/core/utf8.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/resource_pool.h"
@@ -636,6 +637,19 @@ PYBIND11_MODULE(_core, m) {
   m.def("set_error_classes", [](pyb::dict d) { g_errors = new pyb::dict(std::move(d)); });
   m.def("serve_worker", &serve_worker);
   m.def("in_worker", [] { return this_actor::in_worker(); });
+  // init() with no address joins this session's cluster when its head (or
+  // the head's supervisor) runs, as Ray's init finds the latest `ray start`
+  // cluster: "session dir", "address", or ("", "") when none runs.
+  m.def("running_cluster", [] {
+    const std::string dir = core::session_dir();
+    try {
+      core::check_session_dir(dir);
+    } catch (const std::exception&) {
+      return std::pair<std::string, std::string>();  // init says what is wrong with it if asked for "auto"
+    }
+    if (!core::check_pid_file(dir, "head.pid").alive) return std::pair<std::string, std::string>();
+    return std::pair(dir, core::read_session_file(dir, "address"));
+  });
   m.def("actor_id", [] { return this_actor::id(); });
   // The concurrency groups of this worker's actor, in their order (the
   // numbers its calls name them by); empty outside an actor.

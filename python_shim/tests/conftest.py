@@ -19,6 +19,18 @@ def cluster():
     troupe.shutdown()
 
 
+def pytest_configure(config):
+    # troupe.init() with no address joins the session's running cluster, as
+    # Ray's: the tests' own session, never a cluster the developer runs.
+    if "TROUPE_SESSION_DIR" not in os.environ:
+        import atexit
+        import shutil
+        import tempfile
+
+        os.environ["TROUPE_SESSION_DIR"] = tempfile.mkdtemp(prefix="troupe-tests-")
+        atexit.register(shutil.rmtree, os.environ["TROUPE_SESSION_DIR"], True)
+
+
 def wait_until(predicate, timeout=60.0, what="condition"):
     """Polls `predicate` (bounded), for state the runtime reports later."""
     import time

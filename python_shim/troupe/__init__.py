@@ -26,6 +26,7 @@ Python values into troupe values and calls troupe._core.
 import atexit
 import json
 import os
+import sys
 import threading
 
 from troupe import _core
@@ -165,9 +166,11 @@ _LOGGING_LEVELS = {10: "debug", 20: "info", 30: "warning", 40: "error", 50: "cri
 def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespace=None,
          ignore_reinit_error=False, object_store_memory=None, logging_level=None, runtime_env=None,
          log_to_driver=True, _token=None):
-    """Starts an embedded local cluster (address None), or connects to one:
-    "HOST:PORT", or "auto" for the cluster `troupe start --head` recorded in
-    the session directory. The token comes from TROUPE_TOKEN or the session
+    """Connects to a cluster, or starts an embedded local one, as Ray's init:
+    "HOST:PORT"; "auto" for the cluster `troupe start --head` recorded in
+    the session directory; None for TROUPE_ADDRESS, else that session's
+    cluster when its head runs (and no num_cpus, num_gpus or resources are
+    given), else an embedded one; "local" for an embedded one whatever runs. The token comes from TROUPE_TOKEN or the session
     directory, as for C++ drivers. `namespace`: where this driver's named
     actors (and those of its tasks and actors) live and are looked up; None
     (the default) keeps names cluster-wide, unlike Ray's anonymous one.
@@ -184,6 +187,14 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     job_env = _remote.parse_runtime_env(_remote.with_submitted_runtime_env(runtime_env), "troupe.init")
     if address is None:
         address = os.environ.get("TROUPE_ADDRESS") or None
+    if address == "local":
+        address = None
+    elif address is None and num_cpus is None and num_gpus is None and resources is None:
+        session, running = _core.running_cluster()
+        if running:
+            print(f"troupe.init: connecting to the cluster running at {running} (session {session}); "
+                  "address='local' starts an embedded one", file=sys.stderr, flush=True)
+            address = running
     # A Python driver's console is the script's: the runtime's warnings and
     # errors only (not a line per actor placed or stopped), unless asked
     # for more with TROUPE_LOG_LEVEL=info. The embedded cluster inherits it.
