@@ -4,6 +4,7 @@
 // blocks or moves bytes runs with the GIL released. The Ray-shaped API is
 // plain Python on top (troupe/__init__.py).
 #include <fmt/format.h>
+#include <pybind11/eval.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,6 +18,7 @@
 #include "python_shim/src/py_convert.h"
 #include "python_shim/src/py_stream.h"
 #include "python_shim/src/py_worker.h"
+#include "troupe/runtime/client/task_cancel.h"
 #include "troupe/runtime/core/session.h"
 #include "troupe/runtime/core/utf8.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -112,6 +114,22 @@ void check_signals() {
   if (PyErr_CheckSignals() != 0) throw pyb::error_already_set();
 }
 
+// Called without the GIL between slices of a wait, on a task's thread: the
+// KeyboardInterrupt troupe.cancel raises in a running task (at its next
+// Python instruction, troupe._worker_hooks.interrupt_task) is raised now,
+// as Ray's get does, not once what the task waits for is there (a parent
+// waiting on its child waited out the child). One instruction runs when
+// the runtime says this thread's task or call was cancelled; an actor
+// method's, which runs on as in Ray, has no interrupt pending.
+bool interpreter_finalizing();
+
+void check_cancelled() {
+  const auto cancelled = client::current_task_cancelled();
+  if (!cancelled || !*cancelled || interpreter_finalizing()) return;
+  pyb::gil_scoped_acquire gil;
+  pyb::eval("None");  // throws error_already_set with the pending KeyboardInterrupt
+}
+
 // Runs `wait_slice(ms)` (true once done) in slices until it is done or
 // `timeout` seconds pass (None = no limit), checking signals between
 // slices. Called without the GIL; false at the timeout. A wait that blocks
@@ -131,6 +149,7 @@ bool wait_interruptibly(WaitSlice wait_slice, const std::optional<double>& timeo
     if (wait_slice(slice)) return true;
     if (timeout && steady_clock::now() >= deadline) return false;
     check_signals();
+    check_cancelled();
   }
 }
 

@@ -47,6 +47,36 @@ def touch(path, value=None):
 pytestmark = pytest.mark.usefixtures("cluster")
 
 
+@troupe.remote
+def waits_on(children, started, interrupted):
+    """Says it started, then waits in troupe.get for its child."""
+    with open(started, "w") as f:
+        f.write(str(os.getpid()))
+    try:
+        return troupe.get(children[0])
+    except KeyboardInterrupt:
+        with open(interrupted, "w") as f:
+            f.write("interrupted")
+        raise
+
+
+def test_a_task_waiting_in_get_is_interrupted_at_once(tmp_path):
+    # The interrupt came only when the child ended (the wait runs in C++,
+    # where Python raises nothing): a cancelled parent waited out its child.
+    child = until_file.remote(str(tmp_path / "child"), str(tmp_path / "release"))
+    started, interrupted = str(tmp_path / "parent"), str(tmp_path / "interrupted")
+    parent = waits_on.remote([child], started, interrupted)
+    wait_until(_exists(started), what="the parent started")
+    wait_until(_exists(str(tmp_path / "child")), what="the child started")
+    troupe.cancel(parent)
+    wait_until(_exists(interrupted), timeout=60, what="the parent interrupted while its child runs")
+    with pytest.raises(TaskCancelledError):
+        troupe.get(parent, timeout=60)
+    assert not os.path.exists(str(tmp_path / "release"))
+    open(str(tmp_path / "release"), "w").close()
+    assert troupe.get(child, timeout=60) == "released"
+
+
 def test_a_task_that_has_not_started_never_runs(tmp_path):
     release = str(tmp_path / "release")
     # Both CPUs busy: the third task waits (queued here, or in an executor's

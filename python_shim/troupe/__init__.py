@@ -570,7 +570,8 @@ def cancel(ref, *, force=False, recursive=True):
     Ray's ray.cancel: unless it has finished, getting `ref` raises
     TaskCancelledError from now on, and one not yet started never runs.
     A running task gets KeyboardInterrupt at its next Python instruction
-    (a blocking call such as time.sleep ends first), or with force=True its
+    (a blocking call such as time.sleep ends first; a troupe.get or
+    troupe.wait it waits in raises it at once), or with force=True its
     worker process is killed (the tasks it started lose their owner). A
     running actor method is not interrupted, as in Ray (the actor's state
     would be left half-changed): it runs on, and may check
