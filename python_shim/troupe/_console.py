@@ -31,7 +31,37 @@ def _shares_drivers_console():
         return False
 
 
-class _Marked(io.TextIOBase):
+class _Wrapper(io.TextIOBase):
+    """A text stream in front of another, `_stream`, which answers for it
+    what a wrapper does not do itself."""
+
+    # TextIOBase defines these (as None): the wrapped stream's, not those.
+    @property
+    def encoding(self):
+        return self._stream.encoding
+
+    @property
+    def errors(self):
+        return self._stream.errors
+
+    @property
+    def newlines(self):
+        return self._stream.newlines
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return self._stream.isatty()
+
+    def fileno(self):
+        return self._stream.fileno()
+
+    def __getattr__(self, name):  # buffer, reconfigure, ...
+        return getattr(self._stream, name)
+
+
+class _Marked(_Wrapper):
     """A text stream that starts each line it passes on with a mark. It
     passes on whole lines, each line in one write: print() writes a line's
     text and its end apart, and between the two another worker on the same
@@ -47,18 +77,6 @@ class _Marked(io.TextIOBase):
         # way must not wait on itself.
         self._lock = threading.RLock()
 
-    # TextIOBase defines these (as None): the wrapped stream's, not those.
-    @property
-    def encoding(self):
-        return self._stream.encoding
-
-    @property
-    def errors(self):
-        return self._stream.errors
-
-    @property
-    def newlines(self):
-        return self._stream.newlines
 
     def write(self, text):
         if not isinstance(text, str):
@@ -98,24 +116,14 @@ class _Marked(io.TextIOBase):
             self._partial = ""
         self._stream.flush()
 
-    def writable(self):
-        return True
 
-    def isatty(self):
-        return self._stream.isatty()
-
-    def fileno(self):
-        return self._stream.fileno()
-
-    def __getattr__(self, name):  # encoding, buffer, errors, reconfigure, ...
-        return getattr(self._stream, name)
 
 
 # What a write to a full file system fails with: no space, over quota, too big.
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-class _Unfailing(io.TextIOBase):
+class _Unfailing(_Wrapper):
     """A worker's stdout or stderr whose writes never fail its work when the
     file system of its log is full: what cannot be written is dropped, and
     once writes go through again a line says that some was. Any other
@@ -125,17 +133,6 @@ class _Unfailing(io.TextIOBase):
         self._stream = stream
         self._dropped = False
 
-    @property
-    def encoding(self):
-        return self._stream.encoding
-
-    @property
-    def errors(self):
-        return self._stream.errors
-
-    @property
-    def newlines(self):
-        return self._stream.newlines
 
     def _full(self, e):
         if e.errno not in _FULL:
@@ -158,17 +155,7 @@ class _Unfailing(io.TextIOBase):
         except OSError as e:
             self._full(e)
 
-    def writable(self):
-        return True
 
-    def isatty(self):
-        return self._stream.isatty()
-
-    def fileno(self):
-        return self._stream.fileno()
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
 
 
 def survive_full_disk():
