@@ -1578,6 +1578,13 @@ def test_errors_say_what_raised_them_where_as_rays():
     e = info.value
     assert isinstance(e, KeyError) and e.function_name == "fails_here", e.function_name
     assert isinstance(e.pid, int) and e.pid != os.getpid() and e.ip == "127.0.0.1", (e.pid, e.ip)
+    # A caught error pickles (a queue, a log handler, multiprocessing): its
+    # class had no name pickle could find.
+    import pickle
+
+    again = pickle.loads(pickle.dumps(e))
+    assert type(again) is type(e) and str(again) == str(e) and again.pid == e.pid
+    assert isinstance(again.cause, KeyError) and again.function_name == "fails_here"
     counter = Counter.remote()
     with pytest.raises(TaskError) as info:
         troupe.get(counter.add.remote("not a number"), timeout=60)

@@ -168,6 +168,20 @@ def _cause_attribute(self, name):
     return getattr(cause, name)
 
 
+def _rebuild_task_error(cause_class, args, state):
+    """A TaskError(cause_class) as pickled by _reduce_task_error."""
+    e = BaseException.__new__(_task_error_class(cause_class))
+    e.args = args
+    e.__dict__.update(state)
+    return e
+
+
+def _reduce_task_error(self):
+    # Pickled by its original class: the class made here has no name pickle
+    # can look up ("TaskError(MyError)" is no attribute of this module).
+    return _rebuild_task_error, (type(self)._cause_class, self.args, dict(self.__dict__))
+
+
 def _task_error_class(cause_class):
     cls = _task_error_classes.get(cause_class)
     if cls is not None:
@@ -177,6 +191,8 @@ def _task_error_class(cause_class):
             "__init__": _dual_init,
             "__str__": lambda self: self.args[0] if self.args else "",
             "__getattr__": _cause_attribute,
+            "__reduce__": _reduce_task_error,
+            "_cause_class": cause_class,
             "__module__": __name__,
         })
     except TypeError:  # a class that cannot be a base (layout, final)
