@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -114,6 +115,16 @@ def test_a_started_clusters_workers_take_the_limit_from_its_environment(tmp_path
                 troupe.shutdown()
     finally:
         subprocess.run([cli(), "stop"], env=env, timeout=120)
+
+
+def test_remote_before_init_initializes_as_rays(tmp_path):
+    # It was "troupe is not initialized: call troupe.init() first".
+    driver = ("import troupe\n@troupe.remote\ndef f(x):\n    return x + 1\n"
+              "print(troupe.get(f.remote(1), timeout=60), troupe.is_initialized())\n")
+    session, env = session_env(tmp_path)
+    r = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["2", "True"], r.stdout + r.stderr
+    assert "troupe: .remote() before troupe.init(): calling troupe.init()" in r.stderr, r.stderr
 
 
 def test_bad_init_options_are_named(restore_env):

@@ -13,6 +13,7 @@ import json
 import numbers
 import os
 import re
+import sys
 import threading
 import types
 
@@ -49,6 +50,17 @@ NAMESPACE_SEPARATOR = "/"
 def _client():
     import troupe
 
+    return troupe._client()
+
+
+def _client_or_init():
+    """As Ray's: a driver's first .remote() without troupe.init() calls it
+    (joining the session's running cluster, else embedding one)."""
+    import troupe
+
+    if troupe._state is None and not _core.in_worker() and troupe._forked_from is None:
+        print("troupe: .remote() before troupe.init(): calling troupe.init()", file=sys.stderr, flush=True)
+        troupe.init(ignore_reinit_error=True)
     return troupe._client()
 
 
@@ -824,7 +836,7 @@ class RemoteFunction:
         self._key_client = client
 
     def remote(self, *args, **kwargs):
-        client = _client()
+        client = _client_or_init()
         _check_arguments(self._sig, f"task {self.__name__}", args, kwargs)
         if self._key_client is not client:
             self._prepare(client)
@@ -1170,7 +1182,7 @@ class ActorClass:
     def remote(self, *args, **kwargs):
         import troupe
 
-        client = _client()
+        client = _client_or_init()
         if "blob" not in self._shared:
             self._shared["blob"] = ser.dumps_code(self._cls)
         # A named actor lives in the namespace given, else in its creator's.
