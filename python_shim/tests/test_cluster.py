@@ -40,12 +40,15 @@ def test_connect_by_address_and_auto_with_a_cpp_driver_beside(head):
 def test_init_without_an_address_joins_the_sessions_running_cluster_as_rays(head):
     # It started an embedded cluster beside the running one; "local" still does.
     env, address = head
-    driver = ("import troupe; troupe.init(); print(troupe.get_runtime_context().gcs_address); troupe.shutdown(); "
+    # init() returns Ray's context: the address, and as a context manager
+    # it shuts down at its end.
+    driver = ("import troupe\nwith troupe.init() as ctx: print(troupe.get_runtime_context().gcs_address, "
+              "ctx['address'])\nassert not troupe.is_initialized()\n"
               "troupe.init(address='local'); print(troupe.get_runtime_context().gcs_address)")
     r = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    joined, local = r.stdout.split()
-    assert joined == address and local != address, r.stdout
+    joined, said, local = r.stdout.split()
+    assert joined == address == said and local != address, r.stdout
     assert f"troupe.init: connecting to the cluster running at {address}" in r.stderr, r.stderr
 
 

@@ -255,7 +255,7 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     with _shutdown_lock, _lock:
         if _state is not None:
             if ignore_reinit_error:
-                return
+                return InitContext(_state.client)
             raise RuntimeError("troupe.init() was called twice (troupe.shutdown() first)")
         for key, value in env.items():
             _init_env.setdefault(key, os.environ.get(key))
@@ -278,6 +278,32 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
 
             _state.logs = _driver_logs.DriverLogs(client)
     atexit.register(shutdown)
+    return InitContext(client)
+
+
+class InitContext:
+    """What troupe.init() returns, as Ray's RayContext: the cluster's
+    address and its dashboard's URL (None where it serves none) in
+    `address_info` (also by key: ctx["webui_url"]); as a context manager
+    it shuts troupe down at its end."""
+
+    def __init__(self, client):
+        address = client.address
+        dashboard = json.loads(client.status_json(limit=1)).get("dashboard")
+        self.address_info = {"address": address, "gcs_address": address, "webui_url": dashboard}
+        self.dashboard_url = dashboard
+
+    def __getitem__(self, key):
+        return self.address_info[key]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        shutdown()
+
+    def __repr__(self):
+        return f"InitContext({self.address_info})"
 
 
 def is_initialized():
