@@ -768,15 +768,15 @@ void HeadState::schedule() {
   pending_actors_.swap(still);
 }
 
+bool HeadState::backing_off(const Actor& a) const {
+  return a.not_before && (!last_check_ || *last_check_ < *a.not_before);
+}
+
 // Whether an actor or placement group waits for room that task executors
 // hold: it would be placed if every task executor gave back what it holds
 // (one idle in some process may be what it waits for). Demand that no
 // executor's resources could meet (a GPU none holds, more than a node has)
 // does not count: releasing executors for it would only cost their reuse.
-bool HeadState::backing_off(const Actor& a) const {
-  return a.not_before && (!last_check_ || *last_check_ < *a.not_before);
-}
-
 bool HeadState::waits_for_room() const {
   if (pending_actors_.empty() && pending_groups_.empty()) return false;
   std::map<uint64_t, ResourcePool> nodes;
