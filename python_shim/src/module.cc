@@ -134,11 +134,18 @@ void check_cancelled() {
 // `timeout` seconds pass (None = no limit), checking signals between
 // slices. Called without the GIL; false at the timeout. A wait that blocks
 // inside a task lends the task's CPU back meanwhile (core::BlockedScope).
+// A cancelled task's interrupt is raised before what it waited for is
+// handed back: a recursive cancel fails the task's children as it
+// interrupts it, and the parent sees the KeyboardInterrupt, not its
+// child's TaskCancelledError followed by the interrupt inside its handler.
 template <class WaitSlice>
 bool wait_interruptibly(WaitSlice wait_slice, const std::optional<double>& timeout) {
   using namespace std::chrono;
   constexpr milliseconds kSlice{100};
-  if (wait_slice(milliseconds{0})) return true;
+  if (wait_slice(milliseconds{0})) {
+    check_cancelled();
+    return true;
+  }
   if (timeout && *timeout <= 0) return false;
   core::BlockedScope blocked;
   const auto deadline = steady_clock::now() + duration_cast<milliseconds>(duration<double>(timeout.value_or(0)));
@@ -146,7 +153,10 @@ bool wait_interruptibly(WaitSlice wait_slice, const std::optional<double>& timeo
     milliseconds slice = kSlice;
     if (timeout)
       slice = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds{0}, kSlice);
-    if (wait_slice(slice)) return true;
+    if (wait_slice(slice)) {
+      check_cancelled();
+      return true;
+    }
     if (timeout && steady_clock::now() >= deadline) return false;
     check_signals();
     check_cancelled();
@@ -489,7 +499,9 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
       .def(
           "stream", [](PyClient& c, size_t credits) { return std::make_shared<PyStream>(c.core(), credits); }, NoGil())
       .def(
-          "cancel", [](PyClient& c, const PyRef& ref, bool force) { return c.cancel(ref, force); }, NoGil())
+          "cancel",
+          [](PyClient& c, const PyRef& ref, bool force, bool recursive) { return c.cancel(ref, force, recursive); },
+          NoGil())
       .def("shutdown", &PyClient::shutdown, NoGil());
   return cls;
 }

@@ -282,11 +282,14 @@ std::string outcome_name(CancelOutcome outcome) {
 
 }  // namespace
 
-std::string PyClient::cancel(const PyRef& ref, bool force) {
+std::string PyClient::cancel(const PyRef& ref, bool force, bool recursive) {
   auto st = const_cast<PyRef&>(ref).answer();
   // What was sent on: the worker marks it (one not started never starts),
-  // interrupts a running task and cancels an async method's coroutine.
-  auto interrupt = [](client::ActorClient& worker, uint64_t token) { return worker.control(PyInterruptTask{token}); };
+  // interrupts a running task and cancels an async method's coroutine, and
+  // with `recursive` the tasks it submitted.
+  auto interrupt = [recursive](client::ActorClient& worker, uint64_t token) {
+    return worker.control(PyInterruptTask{token, recursive});
+  };
   constexpr client::CancelApi api{"troupe.cancel", "troupe.init", "force=True", "troupe.kill"};
   if (const auto& call = ref.call()) return outcome_name(call->cancel(*core(), *st, force, api, interrupt));
   const auto& task = ref.task();

@@ -85,10 +85,11 @@ class PyClient {
   // ended: nothing to do), "dequeued" (it never runs), "started" (a task
   // gets KeyboardInterrupt, an async method's coroutine is cancelled, a
   // plain method runs on and may ask is_canceled()), "killed" (a task with
-  // force: its executor is killed). Unless done, the ref fails with
-  // TaskCancelled at once. ConfigError when `ref` is not the result of a
+  // force: its executor is killed). With `recursive`, a started task's or
+  // plain method's worker cancels the tasks it submitted that have not
+  // finished. Unless done, the ref fails with TaskCancelled at once. ConfigError when `ref` is not the result of a
   // task or call made here, or for force on an actor call.
-  std::string cancel(const PyRef& ref, bool force);
+  std::string cancel(const PyRef& ref, bool force, bool recursive);
   std::shared_ptr<PyRef> put(PyValue value);
 
   std::shared_ptr<client::ActorClient> get_actor(const std::string& name);

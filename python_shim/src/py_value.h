@@ -65,14 +65,17 @@ struct PyCall {
 // task or actor call `task` (a task's PyCall::task, a call's id): a task
 // not started, or a call, is marked so that it never starts; a running
 // task gets KeyboardInterrupt, a running async method's coroutine is
-// cancelled (a plain method runs on: it may ask is_canceled()). Replies
-// what the worker knew (client::TaskState) once asked; the interrupt is
-// delivered on a thread of its own.
+// cancelled (a plain method runs on: it may ask is_canceled()). With
+// `recursive`, the tasks it submitted that have not finished are cancelled
+// too (without force, recursively: Ray's recursive=True). Replies what the
+// worker knew (client::TaskState) once asked; the interrupt is delivered on
+// a thread of its own.
 struct PyInterruptTask {
   static constexpr const char* kControlTag = "troupe.py.interrupt_task";
   using Reply = int32_t;  // client::TaskState
   uint64_t task = 0;
-  TROUPE_FIELDS(task)
+  bool recursive = true;
+  TROUPE_FIELDS(task, recursive)
 };
 
 // What a Python actor's constructor receives: its class, pickled, and the

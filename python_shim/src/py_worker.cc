@@ -146,10 +146,10 @@ void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::Ob
 int32_t interrupt_task(const PyInterruptTask& m) {
   const client::TaskState state = client::mark_task_cancelled(m.task);
   if (state != client::kTaskRunning) return state;
-  std::thread([task = m.task] {
+  std::thread([task = m.task, recursive = m.recursive] {
     pyb::gil_scoped_acquire gil;
     try {
-      hook("interrupt_task")(task);
+      hook("interrupt_task")(task, recursive);
     } catch (const std::exception& e) {
       TROUPE_LOG_WARN("interrupting task {}: {}", task, e.what());
     }

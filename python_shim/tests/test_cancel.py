@@ -77,6 +77,58 @@ def test_a_task_waiting_in_get_is_interrupted_at_once(tmp_path):
     assert troupe.get(child, timeout=60) == "released"
 
 
+@troupe.remote
+def nests(depth, folder):
+    """At depth 0, says it started and waits in Python until folder/release
+    exists; above it, submits itself one level down and waits for that in
+    troupe.get. Each level writes folder/ended-<depth> holding the name of
+    what ended it (KeyboardInterrupt; a parent may see its cancelled
+    child's TaskCancelledError first), folder/finished-<depth> when it
+    returns."""
+    import time
+
+    try:
+        if depth == 0:
+            open(os.path.join(folder, "started"), "w").close()
+            while not os.path.exists(os.path.join(folder, "release")):
+                time.sleep(0.01)
+            result = "released"
+        else:
+            result = troupe.get(nests.remote(depth - 1, folder), timeout=120)
+    except BaseException as e:
+        with open(os.path.join(folder, f"ended-{depth}"), "w") as f:
+            f.write(type(e).__name__)
+        raise
+    open(os.path.join(folder, f"finished-{depth}"), "w").close()
+    return result
+
+
+def test_a_recursive_cancel_reaches_the_tasks_a_task_started_and_theirs(tmp_path):
+    # recursive=True (Ray's default) was taken and ignored: the children of
+    # a cancelled task ran on to their end.
+    parent = nests.remote(2, str(tmp_path))
+    wait_until(_exists(str(tmp_path / "started")), what="the grandchild started")
+    troupe.cancel(parent)
+    with pytest.raises(TaskCancelledError):
+        troupe.get(parent, timeout=60)
+    for depth in (2, 1, 0):
+        wait_until(_exists(str(tmp_path / f"ended-{depth}")), timeout=60, what=f"the task at depth {depth} ended")
+    assert (tmp_path / "ended-0").read_text() == "KeyboardInterrupt"
+    assert not os.path.exists(str(tmp_path / "release"))
+    assert not any(os.path.exists(str(tmp_path / f"finished-{d}")) for d in (0, 1, 2))
+
+
+def test_without_recursive_the_tasks_a_cancelled_task_started_run_on(tmp_path):
+    parent = nests.remote(1, str(tmp_path))
+    wait_until(_exists(str(tmp_path / "started")), what="the child started")
+    troupe.cancel(parent, recursive=False)
+    wait_until(_exists(str(tmp_path / "ended-1")), timeout=60, what="the parent interrupted")
+    assert (tmp_path / "ended-1").read_text() == "KeyboardInterrupt"
+    open(str(tmp_path / "release"), "w").close()
+    wait_until(_exists(str(tmp_path / "finished-0")), timeout=60, what="the child ran to its end")
+    assert not os.path.exists(str(tmp_path / "ended-0"))
+
+
 def test_a_task_that_has_not_started_never_runs(tmp_path):
     release = str(tmp_path / "release")
     # Both CPUs busy: the third task waits (queued here, or in an executor's
@@ -200,6 +252,14 @@ class Gate:
     def seven(self):
         return 7
 
+    def waits_for_a_task(self, folder):
+        """Runs a task and waits for it: a plain method runs on when
+        cancelled, what it started is cancelled (recursive)."""
+        try:
+            return troupe.get(nests.remote(0, folder), timeout=120)
+        except TaskCancelledError:
+            return "its task was cancelled"
+
 
 def test_an_actor_call_not_started_never_runs_and_a_running_one_sees_is_canceled(tmp_path):
     gate = Gate.remote()
@@ -267,3 +327,15 @@ def test_a_running_async_methods_coroutine_is_cancelled(tmp_path):
         troupe.get(ref, timeout=60)
     wait_until(_exists(cancelled), what="the coroutine saw CancelledError")
     assert troupe.get(waiter.ping.remote(), timeout=60) == "pong"
+
+
+def test_a_recursive_cancel_of_a_method_call_reaches_the_tasks_it_started(tmp_path):
+    gate = Gate.remote()
+    call = gate.waits_for_a_task.remote(str(tmp_path))
+    wait_until(_exists(str(tmp_path / "started")), what="the method's task started")
+    troupe.cancel(call)
+    with pytest.raises(TaskCancelledError):
+        troupe.get(call, timeout=60)
+    wait_until(_exists(str(tmp_path / "ended-0")), timeout=60, what="the method's task interrupted")
+    assert (tmp_path / "ended-0").read_text() == "KeyboardInterrupt"
+    assert troupe.get(gate.seven.remote(), timeout=60) == 7

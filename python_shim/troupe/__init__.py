@@ -603,9 +603,11 @@ def cancel(ref, *, force=False, recursive=True):
     would be left half-changed): it runs on, and may check
     get_runtime_context().is_canceled(); an async method's coroutine is
     cancelled (asyncio.CancelledError). force=True on an actor call is a
-    ConfigError (a ValueError): troupe.kill ends the actor. `recursive` is
-    taken for Ray's signature; the tasks a cancelled task started run on
-    unless it is forced. Only the process that made the call can cancel it.
+    ConfigError (a ValueError): troupe.kill ends the actor. With
+    recursive=True (the default, as Ray's), the tasks that a running task
+    or plain method submitted and that have not finished are cancelled
+    too, without force and recursively; with recursive=False they run on.
+    Only the process that made the call can cancel it.
     An ObjectRefGenerator cancels its generator's call: its next ref
     raises TaskCancelledError (after those already received)."""
     if isinstance(ref, ObjectRefGenerator):
@@ -614,7 +616,7 @@ def cancel(ref, *, force=False, recursive=True):
         raise TypeError(f"troupe.cancel takes an ObjectRef, not a {type(ref).__name__}")
     if not isinstance(force, bool) or not isinstance(recursive, bool):
         raise TypeError(f"troupe.cancel: force and recursive are bools, got {force!r} and {recursive!r}")
-    _client().cancel(_ser.parent(ref), force)
+    _client().cancel(_ser.parent(ref), force, recursive)
 
 
 def kill(actor, *, no_restart=True):

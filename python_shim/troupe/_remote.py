@@ -852,6 +852,9 @@ class RemoteFunction:
 
             return _generator.ObjectRefGenerator(start, self._stream_retries, f"task {self.__name__}")
         ref = client.submit(self._key, self._shared["hash"], data, top)
+        hooks = sys.modules.get("troupe._worker_hooks")
+        if hooks is not None:
+            hooks.note_child(ref)  # for a recursive cancel of the task or method running here
         return ref if self._num_returns == 1 else ser.items(ref, self._num_returns, f"task {self.__name__}")
 
 

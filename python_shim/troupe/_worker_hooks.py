@@ -11,8 +11,10 @@ import contextvars
 import ctypes
 import inspect
 import os
+import sys
 import threading
 import traceback
+import weakref
 
 from troupe import _console, _core
 from troupe import _serialization as ser
@@ -33,6 +35,10 @@ _lend_for = 0  # its CpuLender (_core.wait_observer() on a task's thread)
 _running = {}
 _coroutines = {}
 _cancelled = collections.OrderedDict()
+# troupe.cancel(recursive=True): weak references to the refs of the tasks
+# each running task or plain method submitted, by its token. Under
+# _cancel_lock.
+_children = {}
 # The token of the task or call running (get_runtime_context's
 # get_task_id), none outside one: a context variable, which the coroutine
 # of an async method or task takes along to the event loop's thread.
@@ -297,6 +303,7 @@ def call_method(instance, name, args, top, token=0, stream=None):
     except BaseException:
         return _error(where(), what)
     finally:
+        _forget_children(token)
         _current_token.reset(reset)
         _console.end_lines()
 
@@ -363,27 +370,63 @@ def lend_for():
     return _lend_for
 
 
-def interrupt_task(token):
+def note_child(ref):
+    """Called as a task is submitted: a task or plain method running here
+    keeps a weak reference to the ref of each task it submits, which a
+    recursive troupe.cancel of it cancels."""
+    token = _current_token.get()
+    if not token:
+        return
+    with _cancel_lock:
+        children = _children.setdefault(token, [])
+        if len(children) >= 64:
+            # Keep the list to the refs still alive (a loop of tasks whose
+            # refs are dropped would grow it without end).
+            children[:] = [c for c in children if c() is not None]
+        children.append(weakref.ref(ref))
+
+
+def _forget_children(token):
+    with _cancel_lock:
+        _children.pop(token, None)
+
+
+def _cancel_children(children):
+    """A recursive cancel's second half: each child not finished is
+    cancelled as its parent was (without force, recursively)."""
+    import troupe
+
+    for child in children:
+        try:
+            troupe.cancel(child)
+        except Exception as e:  # noqa: BLE001 (a child's cancel must not stop the others')
+            print(f"[troupe] cancelling a child task of a cancelled task: {e}", file=sys.stderr)
+
+
+def interrupt_task(token, recursive=True):
     """troupe.cancel (without force), on a thread of its own: cancels the
     coroutine of async task or method `token`, else raises
     KeyboardInterrupt in the thread that runs task `token` (at its next
     Python instruction: a blocking call such as time.sleep ends first). A
     plain actor method runs on (the C++ side has flagged it for
     is_canceled()). One that has not got this far yet is kept, so that it
-    is cancelled as it gets there. Whether it was running."""
+    is cancelled as it gets there. With `recursive`, the tasks it submitted
+    are cancelled after it is interrupted (their refs are taken first,
+    before the interrupt drops the parent's). Whether it was running."""
     with _cancel_lock:
+        refs = [c() for c in _children.get(token, ())] if recursive else []
         coroutine = _coroutines.get(token)
+        thread = _running.get(token)
         if coroutine is not None:
             coroutine.cancel()
-            return True
-        thread = _running.get(token)
-        if thread is None:
+        elif thread is not None:
+            _async_raise(thread, KeyboardInterrupt)
+        else:
             _cancelled[token] = True
             while len(_cancelled) > _CANCELLED_KEPT:
                 _cancelled.popitem(last=False)
-            return False
-        _async_raise(thread, KeyboardInterrupt)
-        return True
+    _cancel_children([r for r in refs if r is not None])
+    return coroutine is not None or thread is not None
 
 
 def _async_raise(thread, exc):
@@ -425,6 +468,7 @@ def run_task(key, args, top, token=0, stream=None):
     except BaseException:
         return _error(f"task {name} (pid {os.getpid()})", name)
     finally:
+        _forget_children(token)
         _current_token.reset(reset)
         _console.end_lines()
 
