@@ -58,6 +58,10 @@ const char* to_string(JobEventKind kind) {
       return "grow_healed";
     case JobEventKind::kGrowFailed:
       return "grow_failed";
+    case JobEventKind::kGrowPutOff:
+      return "grow_put_off";
+    case JobEventKind::kSamplesSkipped:
+      return "samples_skipped";
   }
   return "unknown";
 }
@@ -92,6 +96,8 @@ bool shown(JobEventKind kind) {
     case JobEventKind::kGrew:
     case JobEventKind::kGrowHealed:
     case JobEventKind::kGrowFailed:
+    case JobEventKind::kGrowPutOff:
+    case JobEventKind::kSamplesSkipped:
       return true;
     default:
       return false;

@@ -146,7 +146,7 @@ class Run {
   void restore_epoch_sums(const std::map<std::string, double>& saved);
   std::map<std::string, int64_t> data_order() const;
   void check_one_step() const;
-  void check_data_order(const std::string& dir, const CheckpointInfo& info) const;
+  void check_data_order(const std::string& dir, const CheckpointInfo& info);
   // Places the slots, sets the trainers up and forms the first group.
   void start();
   // Every failure goes through recover() and training goes on from where
@@ -168,6 +168,18 @@ class Run {
   void evaluate(EpochMetrics& em);
   void checkpoint(const std::map<std::string, double>& metrics);
   void maybe_grow();
+  // Base positions of the running epoch that the rest of it trains from
+  // `c` at `world` ranks: whole steps only (a last short step is
+  // dropped), padding repeats not counted.
+  int64_t trained_rest(const actors::SamplerCursor& c, int64_t world) const {
+    return trained_rest(c, world, per_step());
+  }
+  int64_t trained_rest(const actors::SamplerCursor& c, int64_t world, int64_t per_step) const;
+  // How many of `n` more ranks the job can take now without the rest of
+  // the epoch skipping a sample it trains at its size: the most of them
+  // whose re-split rest still fills as many whole steps (all n before the
+  // epoch's first step).
+  int64_t lossless_growth(int64_t n);
   // How long after the last grow check the next may run: grow_interval, or
   // after failed grows that (at least 5 s) doubled for each, up to 64 times.
   std::chrono::milliseconds grow_wait() const;
@@ -201,6 +213,8 @@ class Run {
   Clock::time_point last_grow_check_;
   // Grows that failed in a row: each doubles the wait before the next try.
   int grow_failures_ = 0;
+  // The epoch in which a grow was last put off (lossless_growth), said once.
+  int64_t grow_put_off_epoch_ = -1;
   // The recovery waiting for its first completed step.
   std::optional<size_t> open_recovery_;
   EpochSums sums_;
@@ -286,30 +300,53 @@ void Run::check_one_step() const {
                     std::to_string(per_step) + " samples a step): no step would train");
 }
 
+// The samples a step takes from each rank (batch size x accumulation): in
+// a checkpoint's data order, though not part of the order itself.
+constexpr const char* kStepSamplesKey = "step_samples";
+
 std::map<std::string, int64_t> Run::data_order() const {
   const auto& o = sampler_.options();
   return {{"seed", static_cast<int64_t>(o.seed)},
           {"dataset_size", o.dataset_size},
           {"shuffle", o.shuffle ? 1 : 0},
-          {"drop_last", o.drop_last ? 1 : 0}};
+          {"drop_last", o.drop_last ? 1 : 0},
+          {kStepSamplesKey, per_step()}};
 }
 
 // A checkpoint's cursor is a position in its run's data order: resumed
 // mid-epoch with another order (another seed, other data), it would train
 // some samples twice and skip others, silently. At an epoch's boundary
 // the next epoch simply begins in the new order.
-void Run::check_data_order(const std::string& dir, const CheckpointInfo& info) const {
-  const auto mine = data_order();
+void Run::check_data_order(const std::string& dir, const CheckpointInfo& info) {
+  auto mine = data_order();
   const auto& c = info.cursor;
   const bool mid_epoch = c.segment_start > 0 || c.segment_consumed > 0;
-  if (info.data_order.empty() || info.data_order == mine || !mid_epoch) return;
+  if (info.data_order.empty() || !mid_epoch) return;
+  auto theirs = info.data_order;
+  if (theirs.contains(kStepSamplesKey)) {
+    // Other steps deal the rest of the epoch out in other whole steps: what
+    // a last short step would leave is said, not refused (a smaller batch
+    // is how a run that ran out of memory goes on).
+    const int64_t before = trained_rest(c, c.world_size, theirs[kStepSamplesKey]);
+    const int64_t now = trained_rest(c, cfg_.scaling.num_workers);
+    if (now < before)
+      event(JobEventKind::kSamplesSkipped,
+            "checkpoint " + dir + " stopped mid-epoch " + std::to_string(c.epoch + 1) + " with steps of " +
+                std::to_string(theirs[kStepSamplesKey]) + " samples a worker; in this run's steps of " +
+                std::to_string(per_step()) + " on " + std::to_string(cfg_.scaling.num_workers) + " worker(s), " +
+                std::to_string(before - now) +
+                " samples of the rest of that epoch go untrained (the next epochs train whole)");
+    theirs.erase(kStepSamplesKey);
+  }
+  mine.erase(kStepSamplesKey);
+  if (theirs == mine) return;
   auto text = [](const std::map<std::string, int64_t>& m) {
     std::string s;
     for (const auto& [k, v] : m) s += (s.empty() ? "" : ", ") + k + "=" + std::to_string(v);
     return s;
   };
   throw ConfigError("resume_from: checkpoint " + dir + " stopped mid-epoch " + std::to_string(c.epoch + 1) +
-                    " in the data order of " + text(info.data_order) + "; this run's is " + text(mine) +
+                    " in the data order of " + text(theirs) + "; this run's is " + text(mine) +
                     ": resuming there would repeat some samples and skip others. Resume with the same seed and "
                     "data, or from a checkpoint at an epoch's end");
 }
@@ -692,6 +729,33 @@ std::chrono::milliseconds Run::grow_wait() const {
          (1 << std::min(grow_failures_ - 1, 6));
 }
 
+int64_t Run::trained_rest(const actors::SamplerCursor& c, int64_t world, int64_t per_step) const {
+  const auto at = sampler_.resize(c, world);
+  const int64_t per_rank = sampler_.remaining_per_rank(at) / per_step * per_step;
+  return std::min(per_rank * world, dataset_size_ - sampler_.consumed(at));
+}
+
+int64_t Run::lossless_growth(int64_t n) {
+  const auto& c = gang_.cursor();
+  const int64_t world = gang_.world();
+  // An epoch not begun yet is dealt out whole at the new size.
+  if (c.segment_start == 0 && c.segment_consumed == 0) return n;
+  const int64_t keep = trained_rest(c, world);
+  int64_t ok = n;
+  while (ok > 0 && trained_rest(c, world + ok) < keep) --ok;
+  if (ok < n && grow_put_off_epoch_ != c.epoch) {
+    grow_put_off_epoch_ = c.epoch;
+    event(JobEventKind::kGrowPutOff, "growing to " + std::to_string(world + n) + " workers now would leave " +
+                                         std::to_string(keep - trained_rest(c, world + n)) + " samples of epoch " +
+                                         std::to_string(c.epoch + 1) +
+                                         " untrained (its rest would not fill whole steps of " +
+                                         std::to_string(world + n) + " x " + std::to_string(per_step()) +
+                                         "); the job grows at a step boundary where none would be, at the latest "
+                                         "at the epoch's end");
+  }
+  return ok;
+}
+
 void Run::maybe_grow() {
   if (gang_.world() >= max_) return;
   auto t = Clock::now();
@@ -699,9 +763,19 @@ void Run::maybe_grow() {
   // would otherwise cost a setup or rendezvous timeout at every boundary.
   if (t - last_grow_check_ < grow_wait()) return;
   last_grow_check_ = t;
-  const int64_t want = pool_.room_to_grow(max_ - gang_.world());
+  // Mid-epoch, the rest of the epoch is dealt out again among the new
+  // ranks, and only whole steps of it train: a grow whose rest would skip
+  // samples the job trains at its size waits for a boundary where it skips
+  // none (at the latest, the epoch's end, where the next epoch begins
+  // whole).
+  const int64_t want = lossless_growth(pool_.room_to_grow(max_ - gang_.world()));
   if (want <= 0) return;
   auto added = pool_.place(want, cfg_.failure.replacement_timeout);
+  if (const auto n = static_cast<size_t>(lossless_growth(static_cast<int64_t>(added.size()))); n < added.size()) {
+    // Fewer placed than asked for, and that many would skip samples.
+    for (size_t i = n; i < added.size(); ++i) pool_.release(added[i]);
+    added.erase(added.begin() + static_cast<std::ptrdiff_t>(n), added.end());
+  }
   if (added.empty()) return;
   const int64_t before = gang_.world();
   const size_t n = added.size();

@@ -249,6 +249,13 @@ enum class JobEventKind {
   kGrowHealed,  // "grow_healed": the newcomers took rank 0's state
   kGrowFailed,  // "grow_failed": the newcomers could not set up or join;
                 // dropped, the job goes on at its old size
+  kGrowPutOff,  // "grow_put_off": growing now would leave samples of the
+                // epoch untrained; it waits for a boundary (said once an
+                // epoch)
+  // "samples_skipped": resumed mid-epoch with other steps (another batch
+  // size, accumulation or worker count), the rest of that epoch does not
+  // fill whole steps: how many of its samples go untrained.
+  kSamplesSkipped,
 };
 const char* to_string(JobEventKind kind);
 std::ostream& operator<<(std::ostream& os, JobEventKind kind);

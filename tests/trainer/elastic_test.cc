@@ -574,6 +574,37 @@ TEST(ElasticTest, ExactlyOnceAcrossShrinkAndGrow) {
   expect_each_sample_once(r, 120, 2);
 }
 
+// One worker, 64 samples, steps of 16: a node joins at step 1. Growing to 2
+// there would deal the 48 samples left out as 24 a rank, one whole step of
+// 16 each, and leave 16 of them untrained (they were, before the grow
+// waited). The grow is put off, said once, to step 2, where the 32 left
+// fill one step of 2 x 16; every epoch trains each sample once.
+TEST(ElasticTest, AGrowThatWouldLeaveSamplesUntrainedWaitsForABoundaryThatLeavesNone) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(1, 16, 64);
+  cfg.scaling.min_workers = 1;
+  cfg.scaling.max_workers = 2;
+  cfg.scaling.grow_interval = 0ms;
+  cfg.progress_every_steps = 1;
+  cfg.record_indices = true;
+  troupe::testing::FaultInjector faults(rt);
+  faults.at_step(1, [&] { cluster.add_node({{"CPU", 1}}); });
+  std::map<int64_t, int64_t> world_at;  // step -> world size
+  cfg.on_step = [&](const StepInfo& s) {
+    world_at[s.step] = s.world_size;
+    faults.on_step(s.step);
+  };
+  const auto r = TrainJob(rt, cfg).fit();
+  EXPECT_EQ(r.final_world_size, 2) << describe(r);
+  int put_off = 0;
+  for (const auto& e : r.events) put_off += e.kind == JobEventKind::kGrowPutOff;
+  EXPECT_EQ(put_off, 1) << describe(r);
+  EXPECT_EQ(world_at[2], 1) << describe(r);
+  EXPECT_EQ(world_at[3], 2) << describe(r);
+  expect_each_sample_once(r, 64, 2);
+}
+
 // An "mlp" that cannot be built on the node whose id the file named by its
 // config holds: a node that lacks what the model needs (a file, a library).
 TROUPE_MODEL("mlp_refused_on_marked_node", [](const ModelSpec& s) {

@@ -732,6 +732,23 @@ TEST_F(TrainCliTest, CheckpointEveryWritesMidEpochCheckpointsAndResumesFromOne) 
   EXPECT_NEAR(resumed_epoch.front()["train_loss"].get<double>(), full_loss, 1e-9 * std::abs(full_loss))
       << resumed_epoch.front().dump() << " vs " << whole.front().dump();
   EXPECT_NE(steps.front()["loss"].get<double>(), full_loss);  // so the check above could fail
+  // Resumed with smaller steps, the rest of the epoch (16 samples a worker)
+  // fills one step of 12: the 8 samples left over are said (they went
+  // untrained without a word).
+  fs::remove_all(dir_ / "ckpt" / "step-00000016");
+  auto smaller = args("smaller.jsonl");
+  *(std::find(smaller.begin(), smaller.end(), std::string("--batch-size")) + 1) = "12";
+  smaller.push_back("--resume");
+  const Outcome short_steps = run(smaller, dir_ / "smaller.log");
+  ASSERT_EQ(short_steps.status, 0) << short_steps.output;
+  EXPECT_NE(short_steps.output.find("in this run's steps of 12 on 2 worker(s), 8 samples of the rest of that epoch go "
+                                    "untrained"),
+            std::string::npos)
+      << short_steps.output;
+  const auto skipped = metrics_lines(dir_ / "smaller.jsonl", "event");
+  EXPECT_EQ(
+      std::count_if(skipped.begin(), skipped.end(), [](const auto& e) { return e["event"] == "samples_skipped"; }), 1);
+  EXPECT_EQ(resumed.output.find("go untrained"), std::string::npos) << resumed.output;
   // A negative N is refused naming the flag.
   auto bad = args("bad.jsonl");
   *std::find(bad.begin(), bad.end(), std::string("5")) = "-5";
