@@ -147,6 +147,13 @@ Runtime Runtime::connect(const InitOptions& o) {
   std::string address = o.address;
   std::string token = o.token;
   if (address.empty()) {
+    if (const std::string role = core::env_value(core::kEnvRole); !role.empty())
+      // A program whose main() does not serve the role first: every worker
+      // the embedded cluster started would embed one more, without end.
+      throw ConfigError("Runtime::connect would start an embedded cluster in a process troupe started as a " + role +
+                        " (" + core::kEnvRole + "=" + role +
+                        "): main() must call troupe::run_role_if_requested(argc, argv), or troupe::init(argc, "
+                        "argv), before anything else");
     core::validate_heartbeat(o.heartbeat_ms, o.heartbeat_misses ? o.heartbeat_misses : core::kOneMachineHeartbeatMisses,
                              "InitOptions");
     rt.embedded_ = std::make_unique<Embedded>();

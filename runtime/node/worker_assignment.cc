@@ -1,5 +1,6 @@
 #include "troupe/runtime/node/worker_assignment.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -30,7 +31,10 @@ bool read_exactly(int fd, char* p, size_t n) {
 
 void write_exactly(int fd, const char* p, size_t n) {
   while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
+    // A pooled worker that died meanwhile has closed its end of the socket
+    // pair: EPIPE, never SIGPIPE, which would kill the agent's process (a
+    // driver's, for an embedded cluster, whose program need not ignore it).
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) throw Error(std::string("sending the worker assignment: ") + std::strerror(errno));
     p += w;

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/worker_env.h"
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/head/resource_pool.h"
@@ -87,6 +89,17 @@ constexpr const char* kStateDirPrefix = "troupe-head-";
 
 LocalCluster::LocalCluster(LocalClusterOptions options)
     : options_(std::move(options)), spawner_(std::make_unique<Spawner>()) {
+  if (const std::string role = core::env_value(core::kEnvRole); !role.empty()) {
+    // A test binary whose main() does not serve the role first runs its
+    // tests again in every head it starts, each starting another head:
+    // this process ends, and the cluster that started it says why.
+    std::fprintf(stderr,
+                 "troupe: a LocalCluster in a process troupe started as a %s (%s=%s): the test binary's main() must "
+                 "call troupe::run_role_if_requested(argc, argv) before anything else (as tests/test_main.cc does), "
+                 "not gtest_main's\n",
+                 role.c_str(), core::kEnvRole, role.c_str());
+    std::_Exit(2);
+  }
   node::validate_pool_options(
       {options_.worker_pool_size, options_.worker_idle_timeout, options_.worker_assign_timeout});
   core::validate_heartbeat(options_.heartbeat_ms, options_.heartbeat_misses, "LocalClusterOptions");

@@ -30,10 +30,11 @@ struct Output {
   std::string text;  // stdout and stderr
 };
 
-// hello_actors' output with this environment minus every TROUPE_ variable
+// A program's output with this environment minus every TROUPE_ variable
 // (no TROUPE_ADDRESS: it embeds its own cluster), plus `extra`. Killed
 // after 45 s, well inside ctest's limit, so a hang shows its output.
-[[maybe_unused]] Output run_hello_actors(const std::vector<std::string>& extra) {
+[[maybe_unused]] Output run_program(const std::string& executable, const std::vector<std::string>& args,
+                                    const std::vector<std::string>& extra) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e)
     if (std::string(*e).rfind("TROUPE_", 0) != 0) env.emplace_back(*e);
@@ -42,9 +43,8 @@ struct Output {
                    ("troupe-driver-log-" + std::to_string(::getpid()) + "-" + std::to_string(extra.size()) + ".log");
   std::filesystem::remove(log);
   troupe::core::SpawnOptions o;
-#ifdef TROUPE_HELLO_ACTORS
-  o.executable = TROUPE_HELLO_ACTORS;
-#endif
+  o.executable = executable;
+  o.args = args;
   o.env = env;
   o.log_file = log.string();
   const pid_t pid = troupe::core::spawn_process(o);
@@ -71,12 +71,12 @@ TEST(DriverLogTest, TroupeInitLogsWarningsOnlyUnlessTroupeLogLevelSaysMore) {
 #ifndef TROUPE_HELLO_ACTORS
   GTEST_SKIP() << "built without the examples (TROUPE_BUILD_EXAMPLES=OFF): no hello_actors to run";
 #else
-  const auto quiet = run_hello_actors({});
+  const auto quiet = run_program(TROUPE_HELLO_ACTORS, {}, {});
   ASSERT_TRUE(WIFEXITED(quiet.status) && WEXITSTATUS(quiet.status) == 0) << quiet.text;
   EXPECT_NE(quiet.text.find("spawned Counter(10)"), std::string::npos) << quiet.text;
   EXPECT_EQ(quiet.text.find("[info]"), std::string::npos) << quiet.text;
 
-  const auto loud = run_hello_actors({"TROUPE_LOG_LEVEL=info"});
+  const auto loud = run_program(TROUPE_HELLO_ACTORS, {}, {"TROUPE_LOG_LEVEL=info"});
   ASSERT_TRUE(WIFEXITED(loud.status) && WEXITSTATUS(loud.status) == 0) << loud.text;
   EXPECT_NE(loud.text.find("[info]"), std::string::npos) << loud.text;
 #endif
@@ -93,6 +93,20 @@ TEST(DriverLogTest, AnUnknownLogLevelInInitOptionsIsRefusedByName) {
   } catch (const troupe::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("InitOptions::log_level 'verbose' is not one of"), std::string::npos)
         << e.what();
+  }
+}
+
+// A program whose main() does not serve troupe's roles first (a test linked
+// with gtest_main's main) ran itself again in every head, node agent or
+// worker it started, each starting another cluster: a probe counted 133
+// nested copies in half a second. Such a process now ends at once, and the
+// program fails saying what its main() must call.
+TEST(DriverLogTest, AProgramWhoseMainServesNoRoleFailsSayingSoInsteadOfStartingItselfAgain) {
+  for (const char* mode : {"local-cluster", "embedded"}) {
+    const auto out = run_program(TROUPE_ROLE_UNAWARE_MAIN, {}, {std::string("ROLE_UNAWARE_MODE=") + mode});
+    EXPECT_TRUE(WIFEXITED(out.status) && WEXITSTATUS(out.status) == 1) << mode << ":\n" << out.text;
+    EXPECT_NE(out.text.find("must call troupe::run_role_if_requested(argc, argv)"), std::string::npos) << mode << ":\n"
+                                                                                                       << out.text;
   }
 }
 
