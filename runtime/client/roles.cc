@@ -170,6 +170,11 @@ void run_role_if_requested(int argc, char** argv) {
   std::string role = core::env_value(core::kEnvRole);
   if (role.empty()) return;
   core::remember_args(argc, argv);  // a pooled worker retitles itself for its actor
+  // An actor's output goes to a file or a pipe, where stdio would hold it
+  // in a 4 KiB buffer: a line at a time, so what `troupe logs` shows is
+  // what ran, and a worker killed with SIGKILL (how workers are stopped)
+  // loses none of it. std::cout, synced with stdio, follows.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   core::WorkerEnv env;
   try {
     env = core::WorkerEnv::from_env();

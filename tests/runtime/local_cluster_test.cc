@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,11 +34,13 @@ class Marker {
   int get() const { return v_; }
   int pid() const { return getpid(); }
   uint64_t node() const { return std::stoull(std::getenv("TROUPE_NODE_ID")); }
+  // A line on stdout, not flushed: a worker's stdout is line-buffered.
+  int say(const std::string& what) { return std::printf("marker %d says %s\n", v_, what.c_str()); }
 
  private:
   int v_;
 };
-TROUPE_ACTOR(Marker, &Marker::get, &Marker::pid, &Marker::node)
+TROUPE_ACTOR(Marker, &Marker::get, &Marker::pid, &Marker::node, &Marker::say)
 
 namespace {
 
@@ -64,6 +68,8 @@ std::string refusal(const troupe::testing::LocalClusterOptions& o) {
 // A test run as `./tests > dir/out.log` gives the cluster's processes that
 // file as their output. It is the test's, not a daemon's log of their own:
 // their workers write into it too, and no worker-PID.log appears beside it.
+// What an actor prints is there at once, a line at a time, though its
+// worker is then SIGKILLed (a file's stdio buffer was lost with it).
 TEST(LocalClusterTest, WorkersOfATestWhoseOutputIsAFileWriteIntoItNotBesideIt) {
   const auto dir = troupe::test::fresh_dir("output-file");
   const auto out = dir / "test.log";
@@ -80,6 +86,8 @@ TEST(LocalClusterTest, WorkersOfATestWhoseOutputIsAFileWriteIntoItNotBesideIt) {
     auto rt = cluster.connect();
     auto e = rt.spawn<Marker>({.resources = {{"CPU", 1}}}, 7);
     answer = e.call(&Marker::get).get(kWaitBound);
+    e.call(&Marker::say, std::string("hello before its end")).get(kWaitBound);
+    ::kill(e.call(&Marker::pid).get(kWaitBound), SIGKILL);
     rt.shutdown();
   }
   fflush(stdout);
@@ -88,6 +96,9 @@ TEST(LocalClusterTest, WorkersOfATestWhoseOutputIsAFileWriteIntoItNotBesideIt) {
   EXPECT_EQ(answer, 7);
   EXPECT_EQ(names_in(dir, "worker-"), std::vector<std::string>{});
   EXPECT_TRUE(std::filesystem::exists(out));
+  std::ifstream in(out);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("marker 7 says hello before its end\n"), std::string::npos) << text;
   troupe::core::remove_tree(dir);
 }
 
