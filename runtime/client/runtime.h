@@ -138,24 +138,30 @@ class ActorHandle {
   template <class M, class... A>
   auto call_ref(M method, A&&... args) const -> Future<ObjectRef<typename client::MethodTraits<M>::Result>>;
 
-  uint64_t id() const { return client_->id(); }
+  // On an empty handle (made by default, or moved from) each of these, and
+  // call, throws troupe::Error.
+  uint64_t id() const { return live().id(); }
   // The latest state the head reported.
-  ActorInfo info() const { return client_->info(); }
+  ActorInfo info() const { return live().info(); }
   // Waits until ALIVE (true) or DEAD (false); Timeout names the reason it is
   // still pending.
   bool wait_ready(std::chrono::milliseconds timeout = std::chrono::seconds(60)) const {
-    return client_->wait_ready(timeout);
+    return live().wait_ready(timeout);
   }
   // Sends a typed control message (client/control.h) to the worker, which
   // serves it beside the running call (it bypasses the mailbox).
   template <ControlMessage M>
   Future<typename M::Reply> control(const M& message) const {
-    return client_->control(message);
+    return live().control(message);
   }
   bool valid() const { return client_ != nullptr; }
 
  private:
   friend class Runtime;
+  client::ActorClient& live() const {
+    if (!client_) throw Error("an empty troupe::ActorHandle (made by default, or moved from) names no actor");
+    return *client_;
+  }
   explicit ActorHandle(std::shared_ptr<client::ActorClient> c) : client_(std::move(c)) {}
   // Sends method `M` as call op `op`; the reply decodes as R.
   template <class R, class M, class... A>
@@ -484,6 +490,7 @@ Future<R> ActorHandle<T>::send_call(M method, uint32_t op, A&&... args) const {
                 "method does not belong to this actor type");
   static_assert(sizeof...(A) == MT::kArity, "wrong number of arguments for this method");
   (void)method;
+  (void)live();
   // The future's state holds what cancel needs: no allocation beside it.
   auto st =
       std::make_shared<client::CallFutureState<R>>(&client::method_names<T>()[client::call_op_method(op)], client_);

@@ -36,8 +36,10 @@ class WorkerDied : public ActorDied {
   using ActorDied::ActorDied;
 };
 
-// A user method (or constructor) threw a class that is neither one of
-// these nor registered with TROUPE_ERROR; carries the remote type name.
+// A user method threw a class that is neither one of these nor registered
+// with TROUPE_ERROR; carries the remote type name. (A constructor that
+// throws kills its actor, without using a restart: the calls fail with
+// ActorDied, whose message carries the constructor's error.)
 class RemoteError : public Error {
  public:
   RemoteError(std::string type_name, std::string message)

@@ -181,21 +181,27 @@ class Future {
   bool ready() const { return state_ && state_->ready(); }
 
   // Blocks until the result is there and returns it (a copy; the future
-  // stays valid), or rethrows the failure.
+  // stays valid), or rethrows the failure. On an empty future (made by
+  // default, or moved from) each of these throws troupe::Error.
   T get() const {
-    state_->wait();
+    live().wait();
     return take();
   }
   // Like get(), but throws troupe::Timeout after `timeout`.
   T get(std::chrono::milliseconds timeout) const {
-    if (!state_->wait_for(timeout)) throw Timeout("future not ready after " + std::to_string(timeout.count()) + " ms");
+    if (!live().wait_for(timeout)) throw Timeout("future not ready after " + std::to_string(timeout.count()) + " ms");
     return take();
   }
-  bool wait_for(std::chrono::milliseconds timeout) const { return state_->wait_for(timeout); }
-  void on_ready(std::function<void()> cb) const { state_->on_ready(std::move(cb)); }
+  void wait() const { live().wait(); }
+  bool wait_for(std::chrono::milliseconds timeout) const { return live().wait_for(timeout); }
+  void on_ready(std::function<void()> cb) const { live().on_ready(std::move(cb)); }
   const std::shared_ptr<core::FutureState<T>>& state() const { return state_; }
 
  private:
+  core::FutureState<T>& live() const {
+    if (!state_) throw Error("an empty troupe::Future (made by default, or moved from) stands for no result");
+    return *state_;
+  }
   T take() const {
     if (auto e = state_->error()) std::rethrow_exception(e);
     if constexpr (!std::is_void_v<T>) return state_->value();
@@ -211,11 +217,11 @@ struct IsFuture<Future<T>> : std::true_type {};
 // Waits for every future (errors are not rethrown here; call get()).
 template <class... F>
 void wait_all(const F&... futures) {
-  (futures.state()->wait(), ...);
+  (futures.wait(), ...);
 }
 template <class T>
 void wait_all(const std::vector<Future<T>>& futures) {
-  for (auto& f : futures) f.state()->wait();
+  for (auto& f : futures) f.wait();
 }
 
 // Waits until one of the futures is ready and returns its index; throws

@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/core/exception_text.h"
 #include "troupe/runtime/core/future.h"
 
@@ -83,4 +84,37 @@ TEST(ExceptionText, LastLineIsTheLastNonEmptyOne) {
   EXPECT_EQ(last_line("first\nsecond"), "second");
   EXPECT_EQ(last_line(""), "");
   EXPECT_EQ(last_line("\n\n"), "\n\n");
+}
+
+// A handle's class, for the empty handle below.
+class Idle {
+ public:
+  int value() const { return 1; }
+};
+TROUPE_ACTOR(Idle, &Idle::value)
+
+// A Future or ActorHandle made by default (or moved from) stands for
+// nothing: using it throws troupe::Error naming what it is. Each of these
+// dereferenced a null pointer (a probe's driver died of SIGSEGV).
+TEST(FutureTest, AnEmptyFutureOrActorHandleThrowsInsteadOfCrashing) {
+  troupe::Future<int> f;
+  EXPECT_FALSE(f.valid());
+  EXPECT_THROW(f.get(), troupe::Error);
+  EXPECT_THROW(f.get(std::chrono::milliseconds(1)), troupe::Error);
+  EXPECT_THROW(f.wait_for(std::chrono::milliseconds(1)), troupe::Error);
+  EXPECT_THROW(f.on_ready([] {}), troupe::Error);
+  EXPECT_THROW(troupe::wait_all(f), troupe::Error);
+  try {
+    f.get();
+  } catch (const troupe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("an empty troupe::Future"), std::string::npos) << e.what();
+  }
+  troupe::ActorHandle<Idle> h;
+  EXPECT_FALSE(h.valid());
+  EXPECT_THROW(h.id(), troupe::Error);
+  EXPECT_THROW(h.info(), troupe::Error);
+  EXPECT_THROW(h.wait_ready(std::chrono::milliseconds(1)), troupe::Error);
+  EXPECT_THROW(h.call(&Idle::value), troupe::Error);
+  troupe::ActorHandle<Idle> moved = std::move(h);
+  EXPECT_THROW(moved.call(&Idle::value), troupe::Error);
 }
