@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -117,10 +118,32 @@ std::shared_ptr<NpyArray::Mapping> NpyArray::Mapping::map(const std::string& pat
     }
     mapping->base = base;
     mapping->mapped = true;
+    mapping->path = path;
+    mapping->kind = kind;
+    mapping->mapped_stat = st;
   }
   ::close(fd);  // the mapping stays valid without the descriptor
   return mapping;
 }
+
+void NpyArray::Mapping::check_unchanged() const {
+  if (!mapped) return;
+  using namespace std::chrono;
+  const int64_t now = duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count();
+  int64_t due = next_check_ns.load(std::memory_order_relaxed);
+  if (now < due || !next_check_ns.compare_exchange_strong(due, now + 100'000'000)) return;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || st.st_dev != mapped_stat.st_dev || st.st_ino != mapped_stat.st_ino) return;
+  const auto& was = mapped_stat;
+  if (st.st_size == was.st_size && st.st_mtim.tv_sec == was.st_mtim.tv_sec && st.st_mtim.tv_nsec == was.st_mtim.tv_nsec)
+    return;
+  throw ConfigError(kind + " '" + path + "' was written while the job read it (" + std::to_string(was.st_size) +
+                    " bytes when opened, " + std::to_string(st.st_size) +
+                    " now): what it reads from here on is not the data it began with. Write a new file and rename it "
+                    "over the old one (a running job keeps reading the old), or stop the job first");
+}
+
+void NpyArray::check_unchanged() const { mapping_->check_unchanged(); }
 
 std::shared_ptr<NpyArray::Mapping> NpyArray::map_file(const std::string& path) {
   return Mapping::map(path, "npy file");
@@ -189,6 +212,7 @@ torch::Tensor NpyArray::tensor() const {
 
 torch::Tensor NpyArray::row(int64_t i) const {
   TROUPE_CHECK(i >= 0 && i < rows()) << "row " << i << " out of range for '" << path_ << "' with " << rows() << " rows";
+  mapping_->check_unchanged();
   std::vector<int64_t> shape;
   if (!header_.shape.empty()) shape.assign(header_.shape.begin() + 1, header_.shape.end());
   auto t = torch::empty(shape, torch::TensorOptions().dtype(header_.dtype));

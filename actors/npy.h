@@ -68,8 +68,14 @@ class NpyArray {
   // A zero-copy view of the whole array. The memory is mapped read-only:
   // writing into the view faults, so clone() before modifying.
   torch::Tensor tensor() const;
-  // A copy of row `i` (shape[1:]), independent of the mapping.
+  // A copy of row `i` (shape[1:]), independent of the mapping. Throws
+  // ConfigError, naming the file, once the file was written in place since
+  // it was opened (checked at most every 100 ms: check_unchanged()).
   torch::Tensor row(int64_t i) const;
+  // Throws ConfigError naming the file when it was written in place (same
+  // inode, another size or modification time) since it was mapped; at
+  // most one look every 100 ms. A file renamed over it changes nothing.
+  void check_unchanged() const;
 
  private:
   struct Mapping;

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -31,9 +34,21 @@ struct NpyArray::Mapping {
     return owned.data();
   }
 
+  // Throws ConfigError when the mapped file was written in place since it
+  // was mapped (its size or modification time changed, same inode): what
+  // the mapping reads then is partly the new file, zeros past a shorter
+  // end, or SIGBUS. A file replaced by a rename is not this one: the
+  // mapping keeps the old. Looks at most every 100 ms; a no-op for bytes
+  // held in memory.
+  void check_unchanged() const;
+
   void* base = nullptr;
   size_t size = 0;
   bool mapped = false;  // base came from mmap
+  // What check_unchanged() compares (a mapped file's).
+  std::string path, kind;
+  struct stat mapped_stat {};
+  mutable std::atomic<int64_t> next_check_ns{0};
   // A deflated .npz member is inflated only when its data is first read:
   // a process that only asks for shapes (a driver counting samples, a
   // trainer fed by loaders) holds no inflated copy.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 
 #include "tests/actors/python_helper.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/wait.h"
 #include "troupe/actors/array_datasets.h"
 #include "troupe/actors/batch_pipeline.h"
 #include "troupe/actors/dataset.h"
@@ -206,6 +208,40 @@ TEST_F(FileData, ACompressedArrayIsInflatedOnlyWhenItsDataIsRead) {
     });
   for (auto& r : readers) r.join();
   EXPECT_EQ(right.load(), 4);
+}
+
+// A data file written in place while a job reads it (np.savez to the
+// same path truncates it, then writes): its mapping would read the new
+// bytes, zeros past a shorter end, or die of SIGBUS. The next sample read
+// says so, naming the file. One renamed over it is another file: the
+// mapping reads on from the old one.
+TEST_F(FileData, AFileWrittenInPlaceWhileReadIsRefusedNamingIt) {
+  if (!python_has_numpy()) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
+  const std::string save = "import numpy as np, os\nd = '" + dir_.string() + "'\n";
+  run_python(save + "np.savez(d + '/live.npz', x=np.arange(4096, dtype=np.float32).reshape(1024, 4))\n"
+                    "np.savez(d + '/other.npz', x=np.zeros((8, 4), dtype=np.float32))\n");
+  auto renamed = make_dataset(DatasetSpec("npz").set("path", path("live.npz")));
+  EXPECT_EQ(renamed->get(5).at("x")[0].item<float>(), 20.0f);
+  run_python(save + "os.rename(d + '/other.npz', d + '/live.npz')\n");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < until)  // past the 100 ms between looks, twice
+    EXPECT_EQ(renamed->get(5).at("x")[0].item<float>(), 20.0f);
+
+  auto ds = make_dataset(DatasetSpec("npz").set("path", path("live.npz")));
+  EXPECT_EQ(ds->get(3).at("x")[0].item<float>(), 0.0f);
+  run_python(save + "np.savez(d + '/live.npz', x=np.ones((2, 4), dtype=np.float32))\n");  // in place
+  std::string error;
+  EXPECT_TRUE(troupe::test::eventually([&] {
+    try {
+      (void)ds->get(1);
+    } catch (const ConfigError& e) {
+      error = e.what();
+      return true;
+    }
+    return false;
+  })) << "the rewritten file was read on";
+  EXPECT_NE(error.find("npz file '" + path("live.npz") + "' was written while the job read it"), std::string::npos)
+      << error;
 }
 
 TEST_F(FileData, NotAZipIsNamed) {
