@@ -5,10 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <vector>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
@@ -69,7 +73,33 @@ std::string worker_log_path(const std::string& dir, pid_t pid) {
   return dir + "/worker-" + std::to_string(pid) + ".log";
 }
 
-ExitedLogs::ExitedLogs(std::string dir, size_t keep) : dir_(std::move(dir)), keep_(keep) {}
+ExitedLogs::ExitedLogs(std::string dir, size_t keep) : dir_(std::move(dir)), keep_(keep) { prune_left_behind(); }
+
+void ExitedLogs::prune_left_behind() {
+  std::vector<std::pair<std::filesystem::file_time_type, std::string>> dead;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    constexpr std::string_view prefix = "worker-", suffix = ".log";
+    if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix)) continue;
+    pid_t pid = 0;
+    const char* first = name.data() + prefix.size();
+    const char* last = name.data() + name.size() - suffix.size();
+    if (auto [end, err] = std::from_chars(first, last, pid); err != std::errc() || end != last || pid <= 0) continue;
+    if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // a live process's (that pid again): its own
+    std::error_code time_ec;
+    const auto written = e.last_write_time(time_ec);
+    if (!time_ec) dead.emplace_back(written, e.path().string());
+  }
+  if (dead.size() <= keep_) return;
+  std::sort(dead.begin(), dead.end());  // oldest first
+  const size_t drop = dead.size() - keep_;
+  for (size_t i = 0; i < drop; ++i) {
+    ::unlink(dead[i].second.c_str());
+    ::unlink((dead[i].second + ".1").c_str());  // its rotated part
+  }
+  TROUPE_LOG_INFO("removed {} log files of exited workers left in {} (the newest {} stay)", drop, dir_, keep_);
+}
 
 void ExitedLogs::exited(pid_t pid) {
   order_.emplace_back(pid, ++seq_);

@@ -53,7 +53,8 @@ std::string worker_log_path(const std::string& dir, pid_t pid);
 // `troupe logs` reads of dead actors), older ones are deleted, so a node
 // running tasks for months does not fill its disk with them. A file whose
 // pid a live process has again is that process's (spawn_logged replaced
-// it) and stays.
+// it) and stays. At its start it bounds what agents before it left in the
+// directory (prune_left_behind).
 class ExitedLogs {
  public:
   ExitedLogs(std::string dir, size_t keep);
@@ -62,6 +63,12 @@ class ExitedLogs {
   size_t kept() const { return latest_.size(); }
 
  private:
+  // The logs of workers no process runs any more that are already in the
+  // directory (those of an agent killed or stopped before this one
+  // started, which no live agent counts; the file names carry no agent):
+  // the newest `keep` of them stay, by modification time.
+  void prune_left_behind();
+
   std::string dir_;
   size_t keep_;
   uint64_t seq_ = 0;

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -382,5 +383,38 @@ TEST(ExitedLogs, KeepsTheNewestAndDeletesOlderOnes) {
   }
   EXPECT_TRUE(std::filesystem::exists(troupe::node::worker_log_path(dir.string(), live)));
   EXPECT_EQ(logs.kept(), 2u);
+  std::filesystem::remove_all(dir);
+}
+
+// Each killed or replaced agent left up to `keep` logs of exited workers
+// that no agent counted again: a soak's session directory grew by 1,000
+// files an agent. The next agent to start there keeps the newest `keep` of
+// those no live process runs, by modification time, with their rotated
+// parts, and leaves a live process's file alone.
+TEST(ExitedLogs, AnAgentStartingBoundsWhatEarlierAgentsLeftBehind) {
+  auto dir = std::filesystem::temp_directory_path() / ("troupe-left-logs-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto now = std::filesystem::file_time_type::clock::now();
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 5; ++i) {
+    pids.push_back(dead_pid());
+    const auto path = troupe::node::worker_log_path(dir.string(), pids.back());
+    touch(path);
+    touch(path + ".1");
+    std::filesystem::last_write_time(path, now - std::chrono::hours(10 - i));  // pids[4] newest
+  }
+  const auto live = troupe::node::worker_log_path(dir.string(), ::getpid());
+  touch(live);
+  std::filesystem::last_write_time(live, now - std::chrono::hours(100));
+  touch((dir / "worker-notapid.log").string());
+  troupe::node::ExitedLogs logs(dir.string(), 2);
+  for (int i = 0; i < 5; ++i) {
+    const auto path = troupe::node::worker_log_path(dir.string(), pids[i]);
+    EXPECT_EQ(std::filesystem::exists(path), i >= 3) << i;
+    EXPECT_EQ(std::filesystem::exists(path + ".1"), i >= 3) << i;
+  }
+  EXPECT_TRUE(std::filesystem::exists(live));
+  EXPECT_TRUE(std::filesystem::exists(dir / "worker-notapid.log"));
   std::filesystem::remove_all(dir);
 }
