@@ -217,18 +217,25 @@ std::string JobReporter::history() const {
 }
 
 void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t samples,
-                       const std::map<std::string, double>& metrics, double samples_per_second, double data_wait) {
+                       const std::map<std::string, double>& metrics, double samples_per_second, double data_wait,
+                       const StepShare* share) {
+  const int64_t world = share ? share->world_size : where_().world_size;
   nlohmann::json j = {{"kind", "step"},
                       {"job", cfg_.name},
                       {"epoch", epoch},
                       {"step", step},
                       {"loss", loss_sum / samples},
-                      {"samples", samples},
-                      {"workers", where_().world_size},
-                      {"world_size", where_().world_size},
+                      {"samples", share ? share->samples_trained : samples},
+                      {"workers", world},
+                      {"world_size", world},
                       {"samples_per_s", samples_per_second},
                       {"data_wait", data_wait},
                       {"time", now()}};
+  if (share) {
+    // Its loss and metrics are the reporting ranks': say how many.
+    j["ranks_reported"] = share->ranks_reported;
+    j["samples_reported"] = samples;
+  }
   // The step's own metrics under their names; fixed keys win a clash.
   for (const auto& [k, v] : metrics) j.emplace(k, v);
   write_metrics(j);

@@ -51,12 +51,21 @@ class JobReporter {
   // Every event so far, one per line, for JobFailed's message.
   std::string history() const;
 
-  // One optimizer step's sums over all ranks.
+  // A step some of whose ranks cannot report it: one completed inside a
+  // round that then failed, healed past, whose dead ranks' sums are gone.
+  struct StepShare {
+    int64_t world_size = 0;       // the ranks that trained it
+    int64_t ranks_reported = 0;   // the ranks whose sums step() was given
+    int64_t samples_trained = 0;  // by all of them
+  };
+  // One optimizer step's sums over all ranks (over `share->ranks_reported`
+  // of them, when given: the line then says so, and its loss and metrics
+  // are those ranks' while its samples are all that were trained).
   // `metrics` are the step's reduced metrics; `samples_per_second` the rate
   // of the train() round the step was part of, `data_wait` the share of
   // that round spent waiting for batches (StepInfo::data_wait).
   void step(int64_t epoch, int64_t step, double loss_sum, int64_t samples, const std::map<std::string, double>& metrics,
-            double samples_per_second, double data_wait);
+            double samples_per_second, double data_wait, const StepShare* share = nullptr);
   // The live line of a running epoch (terminal only).
   void progress(int64_t epoch, double loss, const std::map<std::string, double>& metrics, double samples_per_second);
   void epoch(const EpochMetrics& em);

@@ -163,8 +163,10 @@ class Run {
   void end_epoch();
   // `consumed`: the reports' indices go to the consumed record (a healed
   // round's steps are there already, from the sampler).
-  int64_t record_steps(const std::vector<TrainReport>& reps, bool consumed = true);
-  void record_healed_steps(int64_t before);
+  // A healed round's steps (`healed_world`: the ranks that trained them)
+  // are written with what the survivors report, saying so.
+  int64_t record_steps(const std::vector<TrainReport>& reps, bool consumed = true, int64_t healed_world = 0);
+  void record_healed_steps(int64_t before, int64_t world_before);
   void evaluate(EpochMetrics& em);
   void checkpoint(const std::map<std::string, double>& metrics);
   void maybe_grow();
@@ -576,9 +578,10 @@ int64_t Run::account(const std::vector<TrainReport>& reps) {
 // The steps the survivors of a failed round completed before it failed,
 // which a heal keeps (the job goes on from the furthest): recorded from
 // the survivors that reached the healed step, so that every step has its
-// line and counts in its epoch's sums. A dead rank's share of those steps
-// is gone with it: their lines hold the survivors' samples and losses.
-void Run::record_healed_steps(int64_t before) {
+// line and counts in its epoch's sums. A dead rank's sums of those steps
+// are gone with it: their lines hold the survivors' losses and metrics and
+// say so (ranks_reported), with the samples all `world_before` trained.
+void Run::record_healed_steps(int64_t before, int64_t world_before) {
   const int64_t n = gang_.step() - before;
   if (n <= 0) return;
   auto fs = gang_.call_all(&TrainerActor::take_partial);
@@ -593,10 +596,10 @@ void Run::record_healed_steps(int64_t before) {
       // Not recorded from this one; a failure of its own shows next round.
     }
   }
-  if (!reps.empty()) record_steps(reps, false);
+  if (!reps.empty()) record_steps(reps, false, world_before);
 }
 
-int64_t Run::record_steps(const std::vector<TrainReport>& reps, bool consumed) {
+int64_t Run::record_steps(const std::vector<TrainReport>& reps, bool consumed, int64_t healed_world) {
   const auto& first = reps[0];
   int64_t round_samples = 0;
   double round_seconds = 0;
@@ -618,7 +621,10 @@ int64_t Run::record_steps(const std::vector<TrainReport>& reps, bool consumed) {
     }
     const int64_t st =
         first.global_step - static_cast<int64_t>(first.step_loss_sum.size()) + static_cast<int64_t>(s) + 1;
-    reporter_.step(first.cursor.epoch, st, l, n, finish_metrics(m, first.summed_metrics, n), rate, data_wait);
+    const JobReporter::StepShare share{healed_world, static_cast<int64_t>(reps.size()), healed_world * per_step()};
+    const bool partial = healed_world > static_cast<int64_t>(reps.size());
+    reporter_.step(first.cursor.epoch, st, l, n, finish_metrics(m, first.summed_metrics, n), rate, data_wait,
+                   partial ? &share : nullptr);
     if (!std::isfinite(l) && !nonfinite_loss_) nonfinite_loss_ = std::make_pair(st, l);
   }
   int64_t samples = 0;
@@ -850,7 +856,7 @@ void Run::recover(const std::string& why) {
     give_up_if_head_lost(why);
     throw;
   }
-  if (rec.mode == RecoveryMode::kHeal) record_healed_steps(before);
+  if (rec.mode == RecoveryMode::kHeal) record_healed_steps(before, rec.world_before);
   if (rec.mode != RecoveryMode::kHeal) {
     // Back to a checkpoint or to the start: the epoch's sums are the
     // checkpoint's, and the last checkpoint's step no longer holds.

@@ -195,10 +195,24 @@ TEST_F(TwoWorkerJobTest, TrainerAndLoaderKilledSameWeights) {
     EXPECT_TRUE(has(k)) << k;
   // Every step has its line, once: those the survivor finished inside the
   // round the kill cut short too (a heal keeps them; they had no line).
+  // Each says the samples both ranks trained; one written from the
+  // survivor's report alone says so (it claimed the survivor's samples as
+  // the step's, and the world after the recovery as its world).
   std::vector<int64_t> steps;
   std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);)
-    if (auto j = nlohmann::json::parse(line); j.value("kind", "") == "step") steps.push_back(j["step"].get<int64_t>());
+  std::string wrong;
+  int64_t full = -1;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") != "step") continue;
+    steps.push_back(j["step"].get<int64_t>());
+    if (full < 0) full = j["samples"].get<int64_t>();
+    const bool partial = j.contains("ranks_reported");
+    if (j["samples"] != full || j["world_size"] != 2 || (partial && j["ranks_reported"] != 1) ||
+        (partial && j["samples_reported"].get<int64_t>() * 2 != full))
+      wrong += line + "\n";
+  }
+  EXPECT_TRUE(wrong.empty()) << wrong;
   std::map<int64_t, int> seen;
   for (int64_t s : steps) ++seen[s];
   std::string odd;
