@@ -737,15 +737,21 @@ void Core::resubscribe() {
 // worker, which learns the same and ends. On the I/O thread, as updates.
 void Core::head_gone(const std::string& reason) {
   std::vector<std::shared_ptr<ActorClient>> clients;
+  bool shut = false;
   {
     std::lock_guard lock(mu_);
     for (auto& [id, c] : actors_) clients.push_back(c);
+    shut = shut_;
   }
+  // Closed by this process's own shutdown (a Runtime destroyed while a
+  // call still waited), not by the head.
+  const std::string cause = shut ? "this process's Runtime was shut down before the actor was placed"
+                                 : "the cluster's head is gone (" + reason + ") before the actor was placed";
   for (auto& c : clients) {
     ActorInfo info = c->info();
     if (info.state == ActorState::kAlive || info.state == ActorState::kDead) continue;
     info.state = ActorState::kDead;
-    info.death_cause = "the cluster's head is gone (" + reason + ") before the actor was placed";
+    info.death_cause = cause;
     ++info.version;
     c->on_update(info);
   }

@@ -394,10 +394,14 @@ Runtime init(int argc, char** argv) {
   o.token = core::clean_token(core::env_value(core::kEnvToken), core::kEnvToken);
   for (int i = 1; argv && i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "--address" && i + 1 < argc)
+    if (arg == "--address" || arg == "--address=") {
+      // Without a value it embedded a cluster, as if not given.
+      if (arg == "--address=" || i + 1 >= argc)
+        throw ConfigError("--address needs a value: HOST:PORT of a running cluster, or auto");
       o.address = argv[++i];
-    else if (arg.rfind("--address=", 0) == 0)
+    } else if (arg.rfind("--address=", 0) == 0) {
       o.address = arg.substr(10);
+    }
   }
   if (o.address == "auto" || (!o.address.empty() && o.token.empty())) core::check_session_dir(core::session_dir());
   if (o.address == "auto") {

@@ -670,6 +670,18 @@ TEST_F(ClusterTest, FuturesCanBeArguments) {
   EXPECT_TRUE(fs[0].ready());
 }
 
+// `--address` with no value is refused by name (it embedded a cluster, as
+// if not given, when it came last or as `--address=`).
+TEST(ConnectTest, AnAddressFlagWithoutAValueIsRefused) {
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"driver", "--address"}, std::vector<std::string>{"driver", "--address="}}) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    const std::string why = troupe::test::error_of([&] { troupe::init(static_cast<int>(argv.size()), argv.data()); });
+    EXPECT_NE(why.find("--address needs a value"), std::string::npos) << why;
+  }
+}
+
 // Without a token, a malformed address is still what is named first; a
 // good address without a token asks for the token.
 TEST(ConnectTest, MalformedAddressIsNamedBeforeTheMissingToken) {
@@ -940,6 +952,17 @@ TEST(RuntimeShutdown, CallsAfterShutdownAreRefusedNamingIt) {
   }
   rt.shutdown();
   EXPECT_FALSE(rt.valid());
+}
+
+// A call to an actor that was never placed (nothing can hold it) fails at
+// shutdown naming the shutdown, not a head that is gone.
+TEST(RuntimeShutdown, ACallWaitingForPlacementFailsNamingTheShutdown) {
+  auto rt = embedded_runtime();
+  auto c = rt.spawn<Counter>({.resources = {{"CPU", 1000}}}, 1);
+  auto f = c.call(&Counter::add, 1);
+  rt.shutdown();
+  const std::string why = troupe::test::error_of([&] { f.get(kWaitBound); });
+  EXPECT_NE(why.find("this process's Runtime was shut down before the actor was placed"), std::string::npos) << why;
 }
 
 // A reference to the KV store taken before shutdown refuses afterwards
