@@ -167,3 +167,22 @@ def test_init_options_end_with_their_session(restore_env):
         troupe.init(address="127.0.0.1:1", object_store_memory=1234567, _token="x")
     assert "TROUPE_OBJECT_STORE_BYTES" not in os.environ
     assert os.environ["TROUPE_LOG_LEVEL"] == "error"
+
+
+def test_rays_other_init_options_are_taken_or_refused_by_name(restore_env):
+    # Ray code passes these to init(); they were TypeErrors ("unexpected
+    # keyword argument").
+    with troupe.init(num_cpus=1, include_dashboard=False, configure_logging=False, logging_format="%(message)s",
+                     _system_config={}) as ctx:
+        assert ctx["webui_url"] is None
+    for options, message in (({"include_dashboard": True}, "an embedded cluster serves no dashboard"),
+                             ({"dashboard_port": 8265}, "an embedded cluster serves no dashboard"),
+                             ({"dashboard_host": "0.0.0.0"}, "an embedded cluster serves no dashboard"),
+                             ({"dashboard_port": 70000}, "dashboard_port must be a port number"),
+                             ({"include_dashboard": "yes"}, "include_dashboard must be True, False or None"),
+                             ({"local_mode": True}, "local_mode is not supported"),
+                             ({"_system_config": {"object_spilling_threshold": 0.9}}, "_system_config")):
+        with pytest.raises(ConfigError, match=message):
+            troupe.init(num_cpus=1, **options)
+        assert not troupe.is_initialized()
+

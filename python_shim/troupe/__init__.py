@@ -165,7 +165,8 @@ _LOGGING_LEVELS = {10: "debug", 20: "info", 30: "warning", 40: "error", 50: "cri
 
 def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespace=None,
          ignore_reinit_error=False, object_store_memory=None, logging_level=None, runtime_env=None,
-         log_to_driver=True, _token=None):
+         log_to_driver=True, include_dashboard=None, dashboard_host=None, dashboard_port=None,
+         configure_logging=True, logging_format=None, local_mode=False, _system_config=None, _token=None):
     """Connects to a cluster, or starts an embedded local one, as Ray's init:
     "HOST:PORT"; "auto" for the cluster `troupe start --head` recorded in
     the session directory; None for TROUPE_ADDRESS, else that session's
@@ -181,9 +182,17 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     one is the default, and what is given here wins key by key. `log_to_driver` (Ray's): on a
     cluster started with `troupe start`, what this driver's tasks and actors print shows here too,
     each line marked with its worker (troupe._driver_logs); an embedded cluster's workers print
-    here anyway."""
+    here anyway. Ray's dashboard options describe a cluster this call
+    starts: an embedded one serves no dashboard, so include_dashboard=True,
+    dashboard_host or dashboard_port with one is a ConfigError (`troupe start
+    --head --dashboard-port N` serves one); joining a running cluster, they
+    are ignored, as Ray ignores them. configure_logging and logging_format
+    are taken and change nothing: troupe never configures Python's logging.
+    local_mode and _system_config are refused by name."""
     global _state
     _remote.check_namespace(namespace, "troupe.init")
+    _check_ray_only_init_options(include_dashboard, dashboard_host, dashboard_port, configure_logging,
+                                 logging_format, local_mode, _system_config)
     job_env = _remote.parse_runtime_env(_remote.with_submitted_runtime_env(runtime_env), "troupe.init")
     if address is None:
         address = os.environ.get("TROUPE_ADDRESS") or None
@@ -240,6 +249,10 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     if address and node:
         raise exceptions.ConfigError("num_cpus, num_gpus and resources describe an embedded "
                                      f"cluster; not allowed with address={address!r}")
+    if not address and (include_dashboard or dashboard_host is not None or dashboard_port is not None):
+        raise exceptions.ConfigError("troupe.init: an embedded cluster serves no dashboard (include_dashboard, "
+                                     "dashboard_host, dashboard_port); `troupe start --head --dashboard-port N` "
+                                     "starts a cluster that does, and troupe.init('auto') joins it")
     if object_store_memory is not None:
         # The driver's object store limit (what its puts and the results
         # it sends on keep), as TROUPE_OBJECT_STORE_BYTES sets it; an
@@ -279,6 +292,31 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
             _state.logs = _driver_logs.DriverLogs(client)
     atexit.register(shutdown)
     return InitContext(client)
+
+
+def _check_ray_only_init_options(include_dashboard, dashboard_host, dashboard_port, configure_logging,
+                                 logging_format, local_mode, system_config):
+    """The types of Ray's init options that troupe takes for Ray code's
+    sake, and the refusal of those it has nothing for."""
+    if include_dashboard is not None and not isinstance(include_dashboard, bool):
+        raise exceptions.ConfigError(f"troupe.init: include_dashboard must be True, False or None, "
+                                     f"got {include_dashboard!r}")
+    if dashboard_host is not None and not isinstance(dashboard_host, str):
+        raise exceptions.ConfigError(f"troupe.init: dashboard_host must be a host name, got {dashboard_host!r}")
+    if dashboard_port is not None and (isinstance(dashboard_port, bool) or not isinstance(dashboard_port, int)
+                                       or not 0 <= dashboard_port <= 65535):
+        raise exceptions.ConfigError(f"troupe.init: dashboard_port must be a port number, got {dashboard_port!r}")
+    if not isinstance(configure_logging, bool):
+        raise exceptions.ConfigError(f"troupe.init: configure_logging must be a bool, got {configure_logging!r}")
+    if logging_format is not None and not isinstance(logging_format, str):
+        raise exceptions.ConfigError(f"troupe.init: logging_format must be a format string, got {logging_format!r}")
+    if local_mode:
+        raise exceptions.ConfigError("troupe.init: local_mode is not supported (Ray deprecated it too): tasks and "
+                                     "actors always run in worker processes; an embedded cluster, troupe.init(), "
+                                     "is the nearest thing")
+    if system_config:
+        raise exceptions.ConfigError(f"troupe.init: _system_config is Ray's internal tuning, which troupe has no "
+                                     f"equivalent of; got keys {sorted(system_config)!r}")
 
 
 class InitContext:
