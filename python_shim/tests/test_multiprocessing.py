@@ -68,6 +68,33 @@ def test_apply_async_calls_back_and_errors_keep_their_class():
     assert len(errors) == 1 and isinstance(errors[0], ValueError)
 
 
+def test_a_result_is_ready_only_once_its_callback_has_run():
+    # As the standard library's Pool: the callback runs before the result
+    # counts as ready. It ran on a thread nothing waited for, so ready(),
+    # wait() and the pool's join() could return before it had run.
+    import troupe
+
+    gate, seen = threading.Event(), []
+
+    def slow_callback(value):
+        gate.wait(60)
+        seen.append(value)
+
+    pool = Pool(1)
+    r = pool.apply_async(square, (3,), callback=slow_callback)
+    troupe.wait(list(r._refs), num_returns=1, timeout=60)  # the work itself is done
+    assert not r.ready()
+    pool.close()
+    joined = threading.Thread(target=pool.join)
+    joined.start()
+    joined.join(0.5)  # it cannot end while the callback waits
+    assert joined.is_alive() and seen == []
+    gate.set()
+    joined.join(60)
+    assert not joined.is_alive() and seen == [9]
+    assert r.ready() and r.get(timeout=0) == 9
+
+
 def test_close_join_and_terminate():
     pool = Pool(2)
     pending = pool.map_async(square, range(8))

@@ -44,9 +44,14 @@ class AsyncResult:
         self._refs = refs
         self._flatten = flatten
         self._outcome = None  # (ok, value) once known
+        # As the standard library's: the result counts as ready (ready(),
+        # wait(), get(), the pool's join()) once its callback has run.
+        self._called_back = threading.Event()
         if callback is not None or error_callback is not None:
             threading.Thread(target=self._call_back, args=(callback, error_callback), daemon=True,
                              name="troupe-pool-callback").start()
+        else:
+            self._called_back.set()
 
     def _settle(self, timeout):
         if self._outcome is None:
@@ -62,22 +67,29 @@ class AsyncResult:
         return self._outcome
 
     def _call_back(self, callback, error_callback):
-        ok, value = self._settle(None)
-        if ok and callback is not None:
-            callback(value)
-        elif not ok and error_callback is not None:
-            error_callback(value)
+        try:
+            ok, value = self._settle(None)
+            if ok and callback is not None:
+                callback(value)
+            elif not ok and error_callback is not None:
+                error_callback(value)
+        finally:
+            self._called_back.set()
 
     def get(self, timeout=None):
         ok, value = self._settle(timeout)
+        self._called_back.wait(timeout)
         if not ok:
             raise value
         return value
 
     def wait(self, timeout=None):
         troupe.wait(list(self._refs), num_returns=len(self._refs), timeout=timeout)
+        self._called_back.wait(timeout)
 
     def ready(self):
+        if not self._called_back.is_set():
+            return False
         ready, _ = troupe.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
         return len(ready) == len(self._refs)
 
@@ -109,6 +121,7 @@ class Pool:
         cls = troupe.remote(_PoolProcess).options(**options)
         self._processes = [cls.remote(initializer, tuple(initargs or ())) for _ in range(processes)]
         self._in_flight = []  # refs of work submitted (some may have finished)
+        self._callbacks = []  # events of the async results' callbacks not known to have run
         self._turn = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -153,19 +166,27 @@ class Pool:
     def apply_async(self, func, args=(), kwds=None, callback=None, error_callback=None):
         self._check_open()
         call = _Call(func, tuple(args), dict(kwds or {}))
-        return AsyncResult([self._submit(troupe.put(call), [()], True)], False, callback, error_callback)
+        return self._result([self._submit(troupe.put(call), [()], True)], False, callback, error_callback)
 
     def map(self, func, iterable, chunksize=None):
         return self.map_async(func, iterable, chunksize).get()
 
     def map_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
-        return AsyncResult(self._chunks(func, iterable, chunksize, False), True, callback, error_callback)
+        return self._result(self._chunks(func, iterable, chunksize, False), True, callback, error_callback)
 
     def starmap(self, func, iterable, chunksize=None):
         return self.starmap_async(func, iterable, chunksize).get()
 
     def starmap_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
-        return AsyncResult(self._chunks(func, iterable, chunksize, True), True, callback, error_callback)
+        return self._result(self._chunks(func, iterable, chunksize, True), True, callback, error_callback)
+
+    def _result(self, refs, flatten, callback, error_callback):
+        result = AsyncResult(refs, flatten, callback, error_callback)
+        if callback is not None or error_callback is not None:
+            with self._lock:
+                # join() waits for the callbacks too; those that ran go.
+                self._callbacks = [e for e in self._callbacks if not e.is_set()] + [result._called_back]
+        return result
 
     def imap(self, func, iterable, chunksize=1):
         """Results in the order of `iterable`, each as soon as its chunk is done."""
@@ -194,8 +215,11 @@ class Pool:
             raise ValueError("join() needs close() or terminate() first")
         with self._lock:
             pending = list(self._in_flight)
+            callbacks = list(self._callbacks)
         if pending:
             troupe.wait(pending, num_returns=len(pending))
+        for called_back in callbacks:
+            called_back.wait()
         self._end()
 
     def terminate(self):
