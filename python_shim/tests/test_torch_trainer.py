@@ -523,6 +523,24 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a), (a, b)
 
 
+def test_a_new_run_resumed_from_another_runs_checkpoint_shuffles_as_the_uninterrupted_one(tmp_path):
+    # Ray's resume_from_checkpoint=result.checkpoint pattern, into a run of
+    # another name: the loaders started again at epoch 0's order (their
+    # epochs were looked up in the new run's own progress only).
+    whole = TorchTrainer(ddp_loop, train_loop_config={"epochs": 4}, scaling_config=train.ScalingConfig(num_workers=2),
+                         run_config=train.RunConfig(name="whole", storage_path=str(tmp_path))).fit()
+    after_two = train.Checkpoint(os.path.join(whole.path, "checkpoint_000001"))
+    again = TorchTrainer(ddp_loop, train_loop_config={"epochs": 4}, scaling_config=train.ScalingConfig(num_workers=2),
+                         run_config=train.RunConfig(name="again", storage_path=str(tmp_path)),
+                         resume_from_checkpoint=after_two).fit()
+    assert again.metrics["resumed_from"] == 2
+    progress = CheckpointStore(again.path, train.CheckpointConfig()).progress()
+    assert [p["iteration"] for p in progress] == [1, 2]  # the new run counts its own reports
+    assert [p["loader_epochs"] for p in progress] == [[[3], [3]], [[4], [4]]]
+    a, b = _final_weights(whole), _final_weights(again)
+    assert all(torch.equal(a[k], b[k]) for k in a), (a, b)
+
+
 def test_every_ranks_checkpoint_files_make_the_checkpoint(tmp_path):
     result = TorchTrainer(sharded_checkpoint_loop, scaling_config=train.ScalingConfig(num_workers=2),
                           run_config=run_config(tmp_path)).fit()
@@ -649,6 +667,18 @@ def test_bad_input_names_the_value(tmp_path):
         TorchTrainer(ddp_loop, datasets={"train": [1, 2]})
     with pytest.raises(ConfigError, match="no Ray Data.*prepare_data_loader"):
         train.get_dataset_shard("train")
+    # A config that cannot travel to the workers is named by key before any
+    # worker is placed (it failed once they ran, naming "argument 2").
+    import threading
+
+    with pytest.raises(TypeError, match=r"train_loop_config\['lock'\] \(a lock\) cannot be pickled"):
+        TorchTrainer(ddp_loop, train_loop_config={"epochs": 1, "lock": threading.Lock()},
+                     run_config=run_config(tmp_path)).fit()
+    # A stray file of a checkpoint's name is no checkpoint.
+    store = CheckpointStore(str(tmp_path / "run"), train.CheckpointConfig())
+    os.makedirs(store.path_of(0))
+    open(store.path_of(3), "w").close()
+    assert store.indices() == [0] and store.latest().path == store.path_of(0)
 
 
 def test_checkpoint_metadata_is_a_json_file_in_its_folder(tmp_path):

@@ -27,6 +27,22 @@ _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 _TMP_PREFIX = ".tmp_checkpoint_"
 _PART_PREFIX = ".part_"  # another rank's files of a report, staged for rank 0
 PROGRESS = "progress.jsonl"
+
+
+def _progress_lines(run_dir):
+    """The reports of the run whose folder is `run_dir` ([] without a
+    progress file; a line cut short by a crash is skipped)."""
+    path = os.path.join(run_dir, PROGRESS)
+    if not os.path.exists(path):
+        return []
+    lines = []
+    with open(path) as f:
+        for line in f:
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue
+    return lines
 METADATA = ".metadata.json"  # a checkpoint's metadata (Checkpoint.set_metadata), as Ray names it
 
 
@@ -202,7 +218,9 @@ class CheckpointStore:
         """Indices of the complete checkpoints, oldest first."""
         if not os.path.isdir(self.run_dir):
             return []
-        return sorted(int(m.group(1)) for m in map(_NAME.match, os.listdir(self.run_dir)) if m)
+        # A folder each: a stray file of a checkpoint's name is none.
+        return sorted(int(m.group(1)) for name in os.listdir(self.run_dir)
+                      if (m := _NAME.match(name)) and os.path.isdir(os.path.join(self.run_dir, name)))
 
     def path_of(self, index):
         return os.path.join(self.run_dir, f"checkpoint_{index:06d}")
@@ -281,14 +299,21 @@ class CheckpointStore:
                   "checkpoint with a number", file=sys.stderr, flush=True)
 
     def report_of(self, checkpoint_path):
-        """The report that persisted `checkpoint_path` (a checkpoint of this
-        run: its metrics, iteration, loader epochs), or {}."""
-        if os.path.dirname(os.path.abspath(checkpoint_path)) != os.path.abspath(self.run_dir):
-            return {}  # resume_from_checkpoint of another run
-        name = os.path.basename(checkpoint_path)
-        for line in reversed(self.progress()):
+        """The report that persisted `checkpoint_path`: for a checkpoint of
+        this run its metrics, iteration and loader epochs; for another run's
+        (resume_from_checkpoint) only its loader epochs, read from that
+        run's progress file beside it (this run counts its own
+        iterations); {} for a folder no run made."""
+        run_dir = os.path.dirname(os.path.abspath(checkpoint_path))
+        ours = run_dir == os.path.abspath(self.run_dir)
+        name = os.path.basename(os.path.abspath(checkpoint_path))
+        for line in reversed(self.progress() if ours else _progress_lines(run_dir)):
             if line.get("checkpoint") == name:
-                return line
+                if ours:
+                    return line
+                # The loaders resume where that run's were: resumed from epoch
+                # 0's order instead, a new run repeated it (probe 12b).
+                return {"loader_epochs": line["loader_epochs"]} if line.get("loader_epochs") else {}
         return {}
 
     def record(self, metrics, checkpoint_name=None, extra=None):
@@ -302,11 +327,7 @@ class CheckpointStore:
 
     def progress(self):
         """Every report rank 0 made, in order (across restarts)."""
-        path = os.path.join(self.run_dir, PROGRESS)
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return _progress_lines(self.run_dir)
 
     def _keep(self):
         """Keeps the `num_to_keep` best (the newest, without a score

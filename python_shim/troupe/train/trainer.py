@@ -192,6 +192,39 @@ def _fresh_run_name(storage):
             continue
 
 
+def _check_picklable_config(config):
+    """train_loop_config travels to every worker: one that cannot be pickled
+    is refused before any worker is placed, naming the key (it failed once
+    the workers ran, as "argument 2 (a dict) cannot be pickled")."""
+    if config is None:
+        return
+    import cloudpickle
+
+    class _Nowhere:
+        def write(self, data):
+            return len(data)
+
+    def pickle_away(obj):
+        # Into nothing, arrays' buffers out of band: no copy of a large
+        # config (a data set in it) is kept.
+        cloudpickle.CloudPickler(_Nowhere(), protocol=5, buffer_callback=lambda buffer: None).dump(obj)
+
+    try:
+        pickle_away(config)
+        return
+    except Exception as whole:  # noqa: BLE001 (which key is said below)
+        problem = whole
+    items = config.items() if isinstance(config, dict) else ()
+    for key, value in items:
+        try:
+            pickle_away(value)
+        except Exception as e:  # noqa: BLE001
+            raise TypeError(f"TorchTrainer: train_loop_config[{key!r}] (a {type(value).__name__}) cannot be "
+                            f"pickled, and the config travels to every worker: {e}") from None
+    raise TypeError(f"TorchTrainer: train_loop_config cannot be pickled, and it travels to every worker: "
+                    f"{problem}") from None
+
+
 class TorchTrainer:
     def __init__(self, train_loop_per_worker, *, train_loop_config=None, scaling_config=None, run_config=None,
                  resume_from_checkpoint=None, torch_config=None, datasets=None):
@@ -270,6 +303,7 @@ class TorchTrainer:
     # ------------------------------------------------------------------ fit
 
     def fit(self):
+        _check_picklable_config(self.train_loop_config)
         rt = importlib.import_module(_runtime_name)
         if not rt.is_initialized():
             rt.init()
