@@ -623,8 +623,8 @@ void bind_placement_groups(pyb::class_<PyClient>& cls) {
   };
   cls.def("create_placement_group",
           [info_call](PyClient& c, const std::vector<Resources>& bundles, const std::string& strategy,
-                      const std::string& name) {
-            return info_call([&] { return c.create_placement_group(bundles, strategy, name); });
+                      const std::string& name, bool detached) {
+            return info_call([&] { return c.create_placement_group(bundles, strategy, name, detached); });
           })
       .def("wait_placement_group",
            [info_call](PyClient& c, uint64_t id, double timeout_s) {

@@ -377,9 +377,10 @@ void wait_group_async(std::shared_ptr<client::Core> core, uint64_t id, std::shar
 }  // namespace
 
 wire::PlacementGroupInfo PyClient::create_placement_group(const std::vector<Resources>& bundles,
-                                                          const std::string& strategy, const std::string& name) {
+                                                          const std::string& strategy, const std::string& name,
+                                                          bool detached) {
   if (bundles.empty()) throw ConfigError("a placement group needs at least one bundle, got none");
-  return runtime_.create_placement_group(bundles, strategy_from(strategy), name).info();
+  return runtime_.create_placement_group(bundles, strategy_from(strategy), name, detached).info();
 }
 
 wire::PlacementGroupInfo PyClient::wait_placement_group(uint64_t id, std::chrono::milliseconds timeout) {

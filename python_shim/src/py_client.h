@@ -97,7 +97,7 @@ class PyClient {
   // Placement groups, as the runtime's (Runtime::create_placement_group):
   // `strategy` is Ray's name (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD).
   wire::PlacementGroupInfo create_placement_group(const std::vector<Resources>& bundles, const std::string& strategy,
-                                                  const std::string& name);
+                                                  const std::string& name, bool detached);
   // The group's state once it is reserved, or at the timeout.
   wire::PlacementGroupInfo wait_placement_group(uint64_t id, std::chrono::milliseconds timeout);
   wire::PlacementGroupInfo placement_group_info(uint64_t id);

@@ -383,6 +383,15 @@ class Keeper:
 keeper = Keeper.options(name="keeper", lifetime="detached").remote()
 Keeper.options(name="owned").remote()
 print(troupe.get(keeper.add.remote(1), timeout=60))
+if len(sys.argv) > 2:  # a detached actor in a detached group of its own too
+    from troupe.util import placement_group
+    from troupe.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": 0.5}], name="kept-group", lifetime=sys.argv[2] or None)
+    troupe.get(pg.ready(), timeout=60)
+    inside = Keeper.options(name="in-group", lifetime="detached",
+                            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
+    print(troupe.get(inside.add.remote(5), timeout=60))
 """
 
 
@@ -401,6 +410,29 @@ def test_a_detached_actor_outlives_its_driver(head, tmp_path):
     assert troupe.get(keeper.add.remote(2), timeout=60) == 3
     troupe.kill(keeper)
     wait_until(lambda: not _has_actor("keeper"), what="the killed detached actor to go")
+
+
+def test_a_detached_placement_group_outlives_its_driver(head, tmp_path):
+    # lifetime="detached" was taken and ignored: the group was removed at
+    # the driver's exit, killing the detached actor placed in it.
+    env, address = head
+    script = tmp_path / "driver.py"
+    script.write_text(DETACHED_DRIVER)
+    done = subprocess.run([sys.executable, str(script), address, "detached"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "5"]
+    troupe.init(address=address)
+    wait_until(lambda: not _has_actor("owned"), what="the driver's own actor to go")
+    from troupe.util import get_placement_group, remove_placement_group
+
+    pg = get_placement_group("kept-group")
+    assert troupe.util.placement_group_table(pg)["state"] == "CREATED"
+    inside = troupe.get_actor("in-group")
+    assert troupe.get(inside.add.remote(1), timeout=60) == 6
+    remove_placement_group(pg)  # it ends what is placed in it
+    wait_until(lambda: not _has_actor("in-group"), what="the group's actor to go with it")
+    troupe.kill(troupe.get_actor("keeper"))
 
 
 def _has_actor(name):

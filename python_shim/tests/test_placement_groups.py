@@ -2,6 +2,8 @@
 reserved by the head, actors and tasks run in its bundles, a group that does
 not fit stays pending, removing one kills its actors and gives the resources
 back; bad options are refused with a clear error."""
+import os
+
 import pytest
 
 import troupe
@@ -166,6 +168,30 @@ def test_work_in_a_group_knows_its_group(cluster):
     remove_placement_group(pg)
 
 
+@troupe.remote
+def current_group_bundles():
+    g = get_current_placement_group()
+    return g.bundle_count, g.bundle_specs
+
+
+def test_a_group_found_inside_it_or_by_name_has_its_bundles(cluster):
+    # Found inside the group (or by id) it had no bundles: bundle_count 0,
+    # so `range(pg.bundle_count)` started no work. Ray finds groups by name.
+    pg = placement_group([{"CPU": 1}, {"CPU": 0.5}], name="two-bundles")
+    assert troupe.get(pg.ready(), timeout=60) == pg
+    got = troupe.get(current_group_bundles.options(scheduling_strategy=in_bundle(pg, 0)).remote(), timeout=60)
+    assert got == (2, [{"CPU": 1.0}, {"CPU": 0.5}])
+    by_name = troupe.util.get_placement_group("two-bundles")
+    assert by_name == pg and by_name.bundle_count == 2
+    assert troupe.util.get_placement_group(pg.id).bundle_specs == [{"CPU": 1.0}, {"CPU": 0.5}]
+    assert pg.id.hex() == f"{pg.id:016x}"  # Ray's PlacementGroupID.hex()
+    with pytest.raises(ValueError, match="no placement group named 'nope'"):
+        troupe.util.get_placement_group("nope")
+    remove_placement_group(pg)
+    with pytest.raises(ValueError, match="no placement group named 'two-bundles'"):
+        troupe.util.get_placement_group("two-bundles")
+
+
 def test_a_task_queued_in_a_group_removed_before_it_ran_fails_naming_the_group(cluster):
     """It read "task executors ... died 3 times in a row before starting"
     (a WorkerCrashedError) after three leases no retry could start."""
@@ -176,3 +202,33 @@ def test_a_task_queued_in_a_group_removed_before_it_ran_fails_naming_the_group(c
         troupe.get(ref, timeout=60)
     assert f"placement group {pg.id} was removed" in str(e.value), e.value
     assert "died" not in str(e.value), e.value
+
+
+@troupe.remote
+def runs_until(started, release):
+    import os
+    import time
+
+    open(started, "w").close()
+    while not os.path.exists(release):
+        time.sleep(0.01)
+    return "released"
+
+
+def test_a_task_running_in_a_group_removed_fails_as_its_worker_was_killed(cluster, tmp_path):
+    # Its retry could not run in the removed group, and that failure said
+    # the task "cannot run" (a ConfigError), though it had run.
+    from troupe.exceptions import WorkerCrashedError
+
+    pg = placement_group([{"CPU": 1}])
+    assert troupe.get(pg.ready(), timeout=60) == pg
+    started = str(tmp_path / "started")
+    ref = runs_until.options(placement_group=pg, placement_group_bundle_index=0).remote(
+        started, str(tmp_path / "release"))
+    wait_until(lambda: os.path.exists(started), what="the task started")
+    remove_placement_group(pg)
+    with pytest.raises(WorkerCrashedError) as e:
+        troupe.get(ref, timeout=60)
+    assert f"placement group {pg.id} was removed" in str(e.value), e.value
+    assert "ran, and its worker was killed" in str(e.value), e.value
+

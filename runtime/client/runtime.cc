@@ -307,10 +307,10 @@ ActorWatch Runtime::watch_actor(uint64_t actor_id, std::function<void(const Acto
 }
 
 PlacementGroup Runtime::create_placement_group(const std::vector<Resources>& bundles, PlacementStrategy strategy,
-                                               const std::string& name) {
+                                               const std::string& name, bool detached) {
   for (size_t i = 0; i < bundles.size(); ++i)
     head::validate_resources(bundles[i], "placement group bundle " + std::to_string(i));
-  PlacementGroupSpec spec{bundles, strategy, name};
+  PlacementGroupSpec spec{bundles, strategy, name, detached};
   PlacementGroup pg;
   pg.core_ = live();
   pg.info_ = pg.core_->head().call<PlacementGroupInfo>(Op::kCreatePlacementGroup, spec);

@@ -235,8 +235,9 @@ class Runtime {
   // watch lives. Keep `cb` short.
   ActorWatch watch_actor(uint64_t actor_id, std::function<void(const ActorInfo&)> cb);
 
+  // `detached`: the group outlives this process (Ray's lifetime="detached").
   PlacementGroup create_placement_group(const std::vector<Resources>& bundles, PlacementStrategy strategy,
-                                        const std::string& name = "");
+                                        const std::string& name = "", bool detached = false);
   void remove_placement_group(const PlacementGroup& pg);
 
   // The cluster's KV store (shared by every process of the cluster).

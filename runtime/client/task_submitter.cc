@@ -108,6 +108,7 @@ struct TaskSubmitter::Task {
   Complete complete;
   Fail fail;
   std::shared_ptr<Executor> on;
+  bool ran = false;                // it lost a worker it ran on, and waits for its retry (mu_)
   bool cancelled = false;          // by cancel(): ended, never retried or queued again (mu_)
   std::atomic<bool> ended{false};  // complete or fail was called (finish, fail_task)
 };
@@ -573,6 +574,7 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
           std::make_exception_ptr(Aborted("task '" + t->name + "' did not finish: the runtime shut down while it ran"));
     } else if (t->retries_left != 0) {
       if (t->retries_left > 0) --t->retries_left;
+      t->ran = true;
       TROUPE_LOG_INFO("task '{}' lost its worker ({}); running it again", t->name, reason);
       t->key->queue.push_front(t);
       sends = pump_locked(t->key);
@@ -655,11 +657,17 @@ void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const st
       } else if (never_started && key->spec.placement_group &&
                  cause == head::placement_group_removed_cause(key->spec.placement_group)) {
         // Nor can one start in a group that is gone (it read "task
-        // executors ... died 3 times in a row", a WorkerCrashedError).
-        auto queued =
-            fail_queue_locked(*key, std::make_exception_ptr(ConfigError("tasks " + key->text + " cannot run: " + cause +
-                                                                        " (Ray's TaskPlacementGroupRemoved)")));
-        failures.insert(failures.end(), queued.begin(), queued.end());
+        // executors ... died 3 times in a row", a WorkerCrashedError). A
+        // task that ran there, whose worker the removal killed, failed as
+        // if it never had: it is a WorkerCrashedError, as in Ray.
+        const auto never_ran = std::make_exception_ptr(
+            ConfigError("tasks " + key->text + " cannot run: " + cause + " (Ray's TaskPlacementGroupRemoved)"));
+        for (auto& t : key->queue)
+          failures.emplace_back(
+              t, t->ran ? std::make_exception_ptr(WorkerDied("task '" + t->name + "' ran, and its worker was killed: " +
+                                                             cause + "; no retry can run in a group that is gone"))
+                        : never_ran);
+        key->queue.clear();
       } else if (never_started && ++key->failed_leases >= kMaxFailedLeases) {
         auto error = std::make_exception_ptr(WorkerDied("task executors for " + key->text + " died " +
                                                         std::to_string(kMaxFailedLeases) +

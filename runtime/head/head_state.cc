@@ -597,9 +597,10 @@ std::optional<HeadState::Allocation> HeadState::allocate_in_group(const Actor& a
 
 std::optional<HeadState::Allocation> HeadState::allocate(const Actor& a, std::string* reason) {
   if (a.spec.placement_group) return allocate_in_group(a, reason);
-  std::vector<NodeView> views;
+  std::vector<NodeView> views;  // the actors placed on each break ties of load (SPREAD)
   for (const auto& [id, n] : nodes_)
-    if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available(), n.pool.gpu_free()});
+    if (n.info.alive && !n.awaiting)
+      views.push_back({id, n.pool.total(), n.pool.available(), n.pool.gpu_free(), n.placed});
   auto pick = pick_node(keeps_affinity(a.spec) ? affine_views(a.spec, views) : views, a.spec.resources, reason);
   if (!pick) return std::nullopt;
   return Allocation{*pick, 0, 0, 0, nodes_.at(*pick).pool.take(a.spec.resources)};
@@ -667,6 +668,7 @@ void HeadState::start_worker(Actor& a, Allocation alloc) {
   a.info.gpu_ids = alloc.grant.gpu_ids;
   a.info.pending_reason.clear();
   a.allocation = std::move(alloc);
+  count_placed(*a.allocation, 1);
   a.worker_running = true;
   a.said_hello = false;
   SpawnWorker s;
@@ -694,9 +696,18 @@ ResourcePool* HeadState::pool_of(const Allocation& al) {
   return it != nodes_.end() && it->second.info.alive ? &it->second.pool : nullptr;
 }
 
+void HeadState::count_placed(const Allocation& al, int delta) {
+  if (al.group_id) return;
+  auto it = nodes_.find(al.node_id);
+  if (it == nodes_.end()) return;
+  size_t& placed = it->second.placed;
+  placed = delta > 0 ? placed + 1 : (placed > 0 ? placed - 1 : 0);
+}
+
 void HeadState::release(Actor& a) {
   if (!a.allocation) return;
   mark(a);
+  count_placed(*a.allocation, -1);
   if (ResourcePool* pool = pool_of(*a.allocation)) {
     pool->reclaim(a.lent);  // the lent part is in the pool already
     pool->give_back(a.allocation->grant);
@@ -866,8 +877,11 @@ PlacementGroupInfo HeadState::create_placement_group(PeerId owner, PlacementGrou
   Group g;
   g.info.id = next_group_id_++;
   g.spec = std::move(spec);
-  g.owner = owner;
-  if (auto c = clients_.find(owner); c != clients_.end()) g.owner_client = c->second;
+  // A detached group has no owner: no one's exit removes it.
+  if (!g.spec.detached) {
+    g.owner = owner;
+    if (auto c = clients_.find(owner); c != clients_.end()) g.owner_client = c->second;
+  }
   uint64_t id = g.info.id;
   groups_[id] = std::move(g);
   pending_groups_.push_back(id);

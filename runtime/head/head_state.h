@@ -160,7 +160,7 @@ class HeadState {
   // its fields) changes: a head refuses a state file of another format by
   // name instead of misreading it. HeadStateTest.RowFormatIsKnown trips
   // when the encoded rows change and the number did not.
-  static constexpr int kRowFormat = 5;
+  static constexpr int kRowFormat = 6;
   // Turns change tracking on; every row is due at the next take_rows.
   void enable_write_through();
   // The rows changed since the last call (all of them the first time).
@@ -218,6 +218,9 @@ class HeadState {
     wire::NodeInfo info;
     PeerId peer = 0;
     ResourcePool pool;
+    // Actors holding an allocation from the pool (not a group's): they
+    // break ties of load when placing (NodeView::actors).
+    size_t placed = 0;
     Time last_heartbeat;
     // Restored by a restarted head, or its connection dropped, its agent
     // not back yet: nothing new is placed on it, and past the heartbeat
@@ -294,6 +297,9 @@ class HeadState {
   // The pool an allocation was taken from: its node's, or its bundle's;
   // nullptr when that is gone (a dead node, a given-up reservation).
   ResourcePool* pool_of(const Allocation& al);
+  // Counts an allocation from a node's own pool in (+1) or out (-1) of
+  // Node::placed.
+  void count_placed(const Allocation& al, int delta);
   // Its worker is gone: a restart (when it has one left) or DEAD. With
   // `uses_restart` false (a spawn that may have been lost in flight, see
   // resume_node) it is placed again as a new incarnation, its restarts

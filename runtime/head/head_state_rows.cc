@@ -246,6 +246,7 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
         pool->give_back(Grant{r.lent, {}});
       }
       a.allocation = std::move(al);
+      count_placed(*a.allocation, 1);
       a.lent = r.lent;
     }
     const uint64_t id = a.info.id;

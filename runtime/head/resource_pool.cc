@@ -192,6 +192,11 @@ void ResourcePool::reclaim(const Resources& amounts) { subtract(available_, amou
 
 void ResourcePool::give_back(const Grant& grant) {
   add(available_, grant.resources);
+  // Fractions taken and given back in another order leave rounding dust: an
+  // idle node showed 2.2e-16 of its CPUs used. What is within a billionth of
+  // the total is all of it.
+  for (auto& [k, v] : available_)
+    if (auto t = total_.find(k); t != total_.end() && std::abs(v - t->second) < 1e-9) v = t->second;
   const double each = gpu_share(gpu_amount(grant.resources));
   for (int32_t id : grant.gpu_ids) {
     auto it = std::find(gpu_ids_.begin(), gpu_ids_.end(), id);

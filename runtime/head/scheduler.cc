@@ -111,8 +111,14 @@ void add_scaled(Resources& avail, const Resources& req, double sign) {
   for (const auto& [k, v] : req)
     if (!std::isfinite(v) || !std::isfinite(get(avail, k)))
       throw ConfigError("resource '" + k + "' is not a finite number");
-  for (const auto& [k, v] : req)
-    if (v != 0) avail[k] = get(avail, k) + sign * v;
+  for (const auto& [k, v] : req) {
+    if (v == 0) continue;
+    double& x = avail[k];
+    x += sign * v;
+    // Fractions given back leave rounding dust (2.2e-16 of an idle node's
+    // CPUs, in `troupe status`): amounts are decimal, none that small.
+    if (std::abs(x) < kEps) x = 0;
+  }
 }
 }  // namespace
 
@@ -189,7 +195,7 @@ std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Reso
   for (const auto& n : nodes) {
     if (!fits(n, req)) continue;
     double l = load_after(n, req);
-    if (!best || l < best_load - kEps) {
+    if (!best || l < best_load - kEps || (l <= best_load + kEps && n.actors < best->actors)) {
       best = &n;
       best_load = l;
     }

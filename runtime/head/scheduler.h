@@ -27,6 +27,9 @@ struct NodeView {
   // The free part of each of the node's GPUs (1 = all of it), in GPU id
   // order. Empty: GPUs are counted as an amount only.
   std::vector<double> gpu_free;
+  // Actors placed there: between nodes equally loaded after a request (an
+  // actor that asks for nothing loads none), the one with fewer wins.
+  size_t actors = 0;
 };
 
 // GPUs as devices, not only an amount. A request for a whole number of GPUs

@@ -271,7 +271,10 @@ struct PlacementGroupSpec {
   std::vector<Resources> bundles;
   PlacementStrategy strategy = PlacementStrategy::kPack;
   std::string name;
-  TROUPE_FIELDS(bundles, strategy, name)
+  // Outlives the process that created it (Ray's lifetime="detached"): it
+  // has no owner, and only a removal or the cluster's end frees it.
+  bool detached = false;
+  TROUPE_FIELDS(bundles, strategy, name, detached)
 };
 
 enum class PlacementGroupState : uint8_t { kPending = 0, kCreated = 1, kRemoved = 2 };

@@ -19,6 +19,13 @@ from troupe.exceptions import ConfigError
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
+class PlacementGroupID(int):
+    """A group's id: the head's number, with Ray's PlacementGroupID.hex()."""
+
+    def hex(self):
+        return f"{int(self):016x}"
+
+
 def _client():
     import troupe
 
@@ -60,7 +67,7 @@ class PlacementGroup:
     """A handle on a placement group; pickles (ids travel to tasks and actors)."""
 
     def __init__(self, id, bundle_specs):
-        self.id = int(id)
+        self.id = PlacementGroupID(id)
         self.bundle_specs = [dict(b) for b in bundle_specs]
         self._bind()
 
@@ -75,6 +82,7 @@ class PlacementGroup:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.id = PlacementGroupID(self.id)
         self._bind()
 
     @property
@@ -106,7 +114,10 @@ class PlacementGroup:
 
 def placement_group(bundles, strategy="PACK", name="", lifetime=None):
     """Reserves `bundles` (a list of resource dicts) with `strategy`. Returns
-    at once; the group is PENDING until the cluster has room (see ready())."""
+    at once; the group is PENDING until the cluster has room (see ready()).
+    With lifetime="detached" the group outlives this driver, as Ray's (it
+    was removed at the driver's exit, killing the detached actors in it):
+    only remove_placement_group or the cluster's end frees it."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     if lifetime not in (None, "detached"):
@@ -114,7 +125,7 @@ def placement_group(bundles, strategy="PACK", name="", lifetime=None):
     if not isinstance(bundles, (list, tuple)) or not bundles:
         raise ConfigError(f"a placement group needs a non-empty list of bundles, got {bundles!r}")
     specs = [_bundle(i, b) for i, b in enumerate(bundles)]
-    info = _client().create_placement_group(specs, strategy, str(name or ""))
+    info = _client().create_placement_group(specs, strategy, str(name or ""), lifetime == "detached")
     return PlacementGroup(info["id"], specs)
 
 
@@ -124,20 +135,44 @@ def remove_placement_group(pg):
     _client_of(pg).remove_placement_group(pg.id)
 
 
-def get_placement_group(pg_id):
-    """A handle on the group with this id (bundle specs unknown: empty)."""
-    _client().placement_group_info(int(pg_id))
-    return PlacementGroup(pg_id, [])
+def _head_groups(client):
+    """The head's placement groups (status rows: id, name, bundles, state)."""
+    import json
+
+    # limit=1: the groups are what is asked for, not the actors.
+    return json.loads(client.status_json(limit=1)).get("placement_groups", [])
+
+
+def _handle(client, group_id):
+    """A handle on group `group_id` with its bundles as the head has them."""
+    client.placement_group_info(int(group_id))  # its error: a group the head does not know
+    row = next((g for g in _head_groups(client) if g["id"] == int(group_id)), {})
+    return PlacementGroup(group_id, row.get("bundles", []))
+
+
+def get_placement_group(name_or_id):
+    """As Ray's get_placement_group(name): the live group of that name
+    (ValueError when there is none); an id (an int, or its digits) finds
+    the group with that id. The handle has the group's bundles."""
+    client = _client()
+    if isinstance(name_or_id, int) or (isinstance(name_or_id, str) and name_or_id.isdigit()):
+        return _handle(client, int(name_or_id))
+    if not isinstance(name_or_id, str) or not name_or_id:
+        raise ConfigError(f"get_placement_group takes a group's name (or id), not {name_or_id!r}")
+    for g in _head_groups(client):
+        if g.get("name") == name_or_id and g["state"] != "REMOVED":
+            return PlacementGroup(g["id"], g.get("bundles", []))
+    raise ValueError(f"no placement group named {name_or_id!r} (removed ones are not found)")
 
 
 def get_current_placement_group():
     """As Ray's: inside an actor or a task placed in a placement group,
-    that group (to place more work beside it); None in a driver and in
-    work placed outside any group."""
+    that group, with its bundles (to place more work beside it); None in a
+    driver and in work placed outside any group."""
     from troupe import _core
 
     group = _core.placement_group_id()
-    return PlacementGroup(group, []) if group else None
+    return _handle(_client(), group) if group else None
 
 
 def _table_row(g):
@@ -163,11 +198,8 @@ def placement_group_table(pg=None):
     """As Ray's: the head's view of one group (a dict: its id, name,
     bundles, the node of each bundle, strategy, state; also why it is
     pending), or without pg every group the head has, by id."""
-    import json
-
     client = _client() if pg is None else _client_of(_as_group(pg))
-    # limit=1: the groups are what is asked for, not the actors.
-    rows = {g["id"]: _table_row(g) for g in json.loads(client.status_json(limit=1)).get("placement_groups", [])}
+    rows = {g["id"]: _table_row(g) for g in _head_groups(client)}
     if pg is None:
         return rows
     if pg.id not in rows:
