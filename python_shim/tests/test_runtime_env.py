@@ -642,10 +642,13 @@ def test_a_pip_install_that_fails_says_what_pip_said_and_is_remembered(tmp_path,
             troupe.get(pip_value.options(runtime_env=env).remote("renv_no_such_package"), timeout=300)
         text = str(failed.value)
         assert "renv-no-such-package==1.0" in text and "pip install" in text and "No matching distribution" in text
+        # Ray's class for it (it was a plain ConfigError, which it still is).
+        assert isinstance(failed.value, troupe.exceptions.RuntimeEnvSetupError), type(failed.value).__mro__
+        assert isinstance(failed.value, troupe.exceptions.ConfigError)
         # Nothing half-installed stays behind.
         assert not [e for e in os.listdir(cache) if len(e) == 64 or e.startswith(".")]
         # The next task that needs it fails with that error, without pip.
-        with pytest.raises(Exception, match="ago on this node"):
+        with pytest.raises(troupe.exceptions.RuntimeEnvSetupError, match="ago on this node"):
             troupe.get(pip_value.options(runtime_env=env).remote("renv_no_such_package"), timeout=300)
     finally:
         troupe.shutdown()

@@ -41,7 +41,7 @@ import sys
 import time
 
 from troupe import _core
-from troupe.exceptions import ConfigError
+from troupe.exceptions import ConfigError, RuntimeEnvSetupError
 
 ENV = "PYTROUPE_PIP"
 _DICT_KEYS = ("packages", "pip_install_options", "pip_check", "pip_version")
@@ -219,7 +219,7 @@ def env_id(spec):
 def _failure(spec, what, output):
     lines = [line for line in output.splitlines() if line.strip()][-_OUTPUT_LINES:]
     packages = json.loads(spec)["packages"]
-    return ConfigError(f"runtime_env pip {packages}: {what} on {socket.gethostname()}:\n" + "\n".join(lines))
+    return RuntimeEnvSetupError(f"runtime_env pip {packages}: {what} on {socket.gethostname()}:\n" + "\n".join(lines))
 
 
 _prctl = None
@@ -328,7 +328,7 @@ def local_path(spec):
             if not os.path.exists(os.path.join(venv, INSTALLED)):
                 error = _failed_recently(failed)
                 if error:
-                    raise ConfigError(error)
+                    raise RuntimeEnvSetupError(error)
                 # What an install cut short (its worker killed) left.
                 shutil.rmtree(venv, ignore_errors=True)
                 try:

@@ -97,6 +97,13 @@ class ConfigError(TroupeError, ValueError):
     """Bad input: an option, an address, an actor name that does not exist."""
 
 
+class RuntimeEnvSetupError(ConfigError):
+    """As Ray's: a runtime_env that could not be set up where its task or
+    actor was to run (a pip install that failed, saying what pip said and
+    on which node). A ConfigError too: no retry can mend it. A runtime_env
+    refused before it is sent is a plain ConfigError."""
+
+
 class TroupeConnectionError(TroupeError, ConnectionError):
     """The cluster cannot be reached, or refused this process (wrong token)."""
 
@@ -129,10 +136,6 @@ class ObjectStoreFullError(TroupeError):
     message names the object's size and what the store holds."""
 
 
-class RuntimeEnvSetupError(TroupeError):
-    """Ray's error for a runtime_env that could not be set up; troupe
-    refuses a bad runtime_env with ConfigError, and a failed pip install
-    with TroupeError naming the package."""
 
 
 class TaskUnschedulableError(TroupeError):
