@@ -674,6 +674,13 @@ def test_bad_input_names_the_value(tmp_path):
     with pytest.raises(TypeError, match=r"train_loop_config\['lock'\] \(a lock\) cannot be pickled"):
         TorchTrainer(ddp_loop, train_loop_config={"epochs": 1, "lock": threading.Lock()},
                      run_config=run_config(tmp_path)).fit()
+    # A storage path that cannot hold the run's folder is named as the
+    # option (it was the bare NotADirectoryError of whichever step met it).
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match=r"RunConfig\(storage_path=.*a-file/runs'\) cannot hold the run's folder: "
+                                          r"NotADirectoryError"):
+        TorchTrainer(ddp_loop, train_loop_config={"epochs": 1},
+                     run_config=train.RunConfig(storage_path=str(tmp_path / "a-file" / "runs"))).fit()
     # A stray file of a checkpoint's name is no checkpoint.
     store = CheckpointStore(str(tmp_path / "run"), train.CheckpointConfig())
     os.makedirs(store.path_of(0))

@@ -308,10 +308,16 @@ class TorchTrainer:
         if not rt.is_initialized():
             rt.init()
         storage = self.run_config.storage_path or os.path.join(os.path.expanduser("~"), "troupe_results")
-        name = self.run_config.name or _fresh_run_name(os.path.abspath(storage))
-        store = CheckpointStore(os.path.join(os.path.abspath(storage), name), self.run_config.checkpoint_config)
-        store.sweep()
-        self._save_state(store)
+        try:
+            name = self.run_config.name or _fresh_run_name(os.path.abspath(storage))
+            store = CheckpointStore(os.path.join(os.path.abspath(storage), name), self.run_config.checkpoint_config)
+            store.sweep()
+            self._save_state(store)
+        except OSError as e:
+            # Before anything runs: the folder, named as the option that
+            # gave it (it was the bare OSError of whichever step met it).
+            raise ConfigError(f"TorchTrainer: RunConfig(storage_path={storage!r}) cannot hold the run's folder: "
+                              f"{type(e).__name__}: {e}") from e
         max_failures = self.run_config.failure_config.max_failures
         self.failures = 0
         while True:
