@@ -223,6 +223,7 @@ void HeadState::peer_gone(PeerId peer, const std::string& reason, bool may_retur
         client_id, reason, config_.client_grace.count(), actors.size(), ids.size());
     return;
   }
+  const std::string cause = owner_gone_cause(client_id);
   if (client_id) {
     worker_clients_.erase(client_id);
     client_gone(client_id);
@@ -230,7 +231,7 @@ void HeadState::peer_gone(PeerId peer, const std::string& reason, bool may_retur
   for (auto id : actors)
     if (auto it = actors_.find(id); it != actors_.end()) {
       it->second.owner = 0;
-      kill_actor(id, true, kOwnerExited);
+      kill_actor(id, true, cause);
     }
   for (auto id : ids)
     if (auto it = groups_.find(id); it != groups_.end()) {

@@ -185,6 +185,10 @@ class HeadState {
   void check_restored_owners(Time now);
   // Death causes of an owner's actors.
   static constexpr const char* kOwnerExited = "its driver exited";
+  // The death cause of what client `client_id` owned, now gone:
+  // kOwnerExited for a driver's, naming the owner for an actor's (a child
+  // actor of an actor killed said "its driver exited").
+  std::string owner_gone_cause(uint64_t client_id) const;
   static constexpr const char* kNotBackAfterRestore = "its driver did not come back after the head restarted";
   // A node agent came back to a restarted head (or after its connection
   // dropped) as node `hello.resume_node_id` with `hello.workers`: its

@@ -303,8 +303,19 @@ void HeadState::client_exited(uint64_t client_id) {
   drop_awaited(client_id, kOwnerExited);
 }
 
-void HeadState::drop_awaited(uint64_t client, const std::string& why) {
+std::string HeadState::owner_gone_cause(uint64_t client_id) const {
+  auto w = worker_clients_.find(client_id);
+  if (w == worker_clients_.end()) return kOwnerExited;
+  auto a = actors_.find(w->second.first);
+  const std::string what =
+      "actor " + std::to_string(w->second.first) + (a != actors_.end() ? " (" + a->second.info.class_name + ")" : "");
+  return "its owner, " + what + ", ended";
+}
+
+void HeadState::drop_awaited(uint64_t client, const std::string& given) {
   if (!awaited_owners_.erase(client)) return;
+  // A worker's: said as its actor's (the caller's is a driver's words).
+  const std::string why = given == kOwnerExited ? owner_gone_cause(client) : given;
   worker_clients_.erase(client);
   auto actors = actor_ids_where([&](const Actor& a) { return a.owner == 0 && a.owner_client == client; });
   std::vector<uint64_t> groups;

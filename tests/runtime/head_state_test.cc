@@ -768,6 +768,7 @@ TEST_F(DroppedClientTest, AReconnectThatRacedTheCloseInheritsWhatItOwns) {
 
 // A worker that owns an actor: when its node reports the worker's exit, the
 // head stops waiting for it, whichever comes first, the exit or the close.
+// The owned actor's cause names its owner (it said "its driver exited").
 TEST_F(DroppedClientTest, AWorkersOwnedActorsGoWithTheWorkerWhateverTheOrder) {
   for (bool exit_first : {false, true}) {
     const uint64_t w = state_.create_actor(kDriver, spec({}, 0)).id;
@@ -787,7 +788,8 @@ TEST_F(DroppedClientTest, AWorkersOwnedActorsGoWithTheWorkerWhateverTheOrder) {
     start_spawned();  // takes the kill
     exited(owned);
     EXPECT_EQ(state_of(owned), ActorState::kDead) << exit_first;
-    EXPECT_EQ(state_.actor_info(owned).death_cause, HeadState::kOwnerExited) << exit_first;
+    EXPECT_EQ(state_.actor_info(owned).death_cause, "its owner, actor " + std::to_string(w) + " (Counter), ended")
+        << exit_first;
   }
 }
 
