@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 #include <vector>
 
 #include "troupe/runtime/core/errors.h"
@@ -69,8 +70,24 @@ void WorkerPool::fill(const std::string& executable) {
   }
 }
 
+namespace {
+
+// A worker's log is <dir>/worker-<pid>.log (worker_log_path).
+constexpr std::string_view kLogPrefix = "worker-", kLogSuffix = ".log";
+
+// Whether a process has `pid` (the worker's, or a newer one's).
+bool pid_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+// Deletes a worker's log and its rotated part.
+void remove_log(const std::string& path) {
+  ::unlink(path.c_str());
+  ::unlink((path + ".1").c_str());
+}
+
+}  // namespace
+
 std::string worker_log_path(const std::string& dir, pid_t pid) {
-  return dir + "/worker-" + std::to_string(pid) + ".log";
+  return dir + "/" + std::string(kLogPrefix) + std::to_string(pid) + std::string(kLogSuffix);
 }
 
 ExitedLogs::ExitedLogs(std::string dir, size_t keep) : dir_(std::move(dir)), keep_(keep) { prune_left_behind(); }
@@ -80,13 +97,14 @@ void ExitedLogs::prune_left_behind() {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = e.path().filename().string();
-    constexpr std::string_view prefix = "worker-", suffix = ".log";
-    if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix)) continue;
+    if (name.size() <= kLogPrefix.size() + kLogSuffix.size() || !name.starts_with(kLogPrefix) ||
+        !name.ends_with(kLogSuffix))
+      continue;
     pid_t pid = 0;
-    const char* first = name.data() + prefix.size();
-    const char* last = name.data() + name.size() - suffix.size();
+    const char* first = name.data() + kLogPrefix.size();
+    const char* last = name.data() + name.size() - kLogSuffix.size();
     if (auto [end, err] = std::from_chars(first, last, pid); err != std::errc() || end != last || pid <= 0) continue;
-    if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // a live process's (that pid again): its own
+    if (pid_alive(pid)) continue;  // a live process's (that pid again): its own
     std::error_code time_ec;
     const auto written = e.last_write_time(time_ec);
     if (!time_ec) dead.emplace_back(written, e.path().string());
@@ -94,10 +112,7 @@ void ExitedLogs::prune_left_behind() {
   if (dead.size() <= keep_) return;
   std::sort(dead.begin(), dead.end());  // oldest first
   const size_t drop = dead.size() - keep_;
-  for (size_t i = 0; i < drop; ++i) {
-    ::unlink(dead[i].second.c_str());
-    ::unlink((dead[i].second + ".1").c_str());  // its rotated part
-  }
+  for (size_t i = 0; i < drop; ++i) remove_log(dead[i].second);
   TROUPE_LOG_INFO("removed {} log files of exited workers left in {} (the newest {} stay)", drop, dir_, keep_);
 }
 
@@ -110,12 +125,7 @@ void ExitedLogs::exited(pid_t pid) {
     auto it = latest_.find(old);
     if (it == latest_.end() || it->second != seq) continue;  // that pid exited again since
     latest_.erase(it);
-    bool alive = ::kill(old, 0) == 0 || errno == EPERM;
-    if (!alive) {
-      const std::string path = worker_log_path(dir_, old);
-      ::unlink(path.c_str());
-      ::unlink((path + ".1").c_str());  // its rotated part
-    }
+    if (!pid_alive(old)) remove_log(worker_log_path(dir_, old));
   }
   // Entries of pids that exited again pile up only while nothing is trimmed.
   if (order_.size() > 2 * latest_.size() + 64) {
