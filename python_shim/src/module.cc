@@ -469,14 +469,16 @@ pyb::class_<PyClient> bind_client(pyb::module_& m) {
       .def(
           "call",
           [](PyClient& c, client::ActorClient& actor, std::string method, const pyb::handle& args, const RefList& top,
-             std::shared_ptr<PyRef> keep, std::shared_ptr<PyStream> stream, uint64_t skip, uint32_t group) {
+             std::shared_ptr<PyRef> keep, std::shared_ptr<PyStream> stream, uint64_t skip, uint32_t group,
+             std::optional<int> retries) {
             PyCall call = call_from(std::move(method), args);
             pyb::gil_scoped_release nogil;
             streaming(call, stream.get(), skip);
-            return c.call(actor, std::move(call), top, std::move(keep), group);
+            return c.call(actor, std::move(call), top, std::move(keep), group, retries);
           },
           pyb::arg("actor"), pyb::arg("method"), pyb::arg("args"), pyb::arg("top"), pyb::arg("keep") = nullptr,
-          pyb::arg("stream") = nullptr, pyb::arg("skip") = 0, pyb::arg("group") = 0)
+          pyb::arg("stream") = nullptr, pyb::arg("skip") = 0, pyb::arg("group") = 0,
+          pyb::arg("retries") = std::optional<int>())
       .def("actor_lifetime", &PyClient::actor_lifetime, pyb::call_guard<pyb::gil_scoped_release>())
       .def("task_key",
            [](PyClient& c, const pyb::dict& options) {

@@ -200,20 +200,22 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
 }
 
 std::shared_ptr<PyRef> PyClient::call(client::ActorClient& actor, PyCall call, const RefList& top,
-                                      std::shared_ptr<PyRef> keep, uint32_t group) {
+                                      std::shared_ptr<PyRef> keep, uint32_t group, std::optional<int> max_retries) {
   if (group > wire::kMaxConcurrencyGroups)
     throw ConfigError("concurrency group #" + std::to_string(group) + " is out of range");
+  if (max_retries && *max_retries < -1)
+    throw ConfigError("max_task_retries must be >= -1, got " + std::to_string(*max_retries));
   auto st = std::make_shared<ReplyState>();
   auto client = actor.shared_from_this();
   auto cancel = std::make_shared<client::CallCancel>(call.target, client);
   // May run on the I/O thread (when an argument's answer arrives).
-  auto send = [client, st, keep, cancel, op = group << client::kCallGroupShift](PyCall c) {
+  auto send = [client, st, keep, cancel, max_retries, op = group << client::kCallGroupShift](PyCall c) {
     cancel->submit_once([&] {
       client::Core* core = &client->core();
       // A streaming call is never resent: its stream takes one writer. The
       // caller's ObjectRefGenerator makes it again, on a new stream, past
       // the values it already has.
-      std::optional<int> retries;
+      std::optional<int> retries = max_retries;
       if (c.stream_id != 0) retries = 0;
       auto held = refs_of(c);
       return client->submit(

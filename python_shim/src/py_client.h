@@ -17,6 +17,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,9 +71,11 @@ class PyClient {
   // A call of method `call.target` with `top` as the top-level refs; the
   // call holds `keep` (an actor's lifetime ref, or null) until answered.
   // `group`: the concurrency group the call names (client::kCallGroupShift;
-  // 0 = the default one).
+  // 0 = the default one). `max_retries` (-1: without limit) replaces the
+  // actor's max_task_retries for this call (a method's or a call's own).
   std::shared_ptr<PyRef> call(client::ActorClient& actor, PyCall call, const RefList& top,
-                              std::shared_ptr<PyRef> keep = nullptr, uint32_t group = 0);
+                              std::shared_ptr<PyRef> keep = nullptr, uint32_t group = 0,
+                              std::optional<int> max_retries = std::nullopt);
   // The lifetime ref of actor `actor_id`, which this process created: a
   // stored object that every handle holds (a handle sent to another
   // process carries it as a borrowed ref, calls hold it until answered).

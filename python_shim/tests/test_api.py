@@ -976,8 +976,8 @@ def test_resources_options_and_cluster_info():
     # Per-call options: a label and num_returns are taken, what else would
     # change the call is refused.
     assert troupe.get(c.add.options(name="labelled").remote(), timeout=60) == 1
-    with pytest.raises(ConfigError, match=r"actor method add: option max_task_retries=2 is not supported"):
-        c.add.options(max_task_retries=2)
+    with pytest.raises(ConfigError, match=r"actor method add: option max_retries=2 is not supported"):
+        c.add.options(max_retries=2)
 
 
 @troupe.remote(num_returns=2)

@@ -6,7 +6,7 @@ import signal
 import pytest
 
 import troupe
-from troupe.exceptions import ActorDiedError, WorkerCrashedError
+from troupe.exceptions import ActorDiedError, ConfigError, WorkerCrashedError
 from conftest import wait_until
 
 pytestmark = pytest.mark.usefixtures("cluster")
@@ -96,3 +96,136 @@ def test_task_retried_after_sigkill(tmp_path):
         return os.path.getsize(path)
 
     assert troupe.get(die_three_times.remote(str(tmp_path / "three")), timeout=180) == 4
+
+
+class Flaky(Exception):
+    pass
+
+
+@troupe.remote
+class Tally:
+    def __init__(self):
+        self.n = 0
+
+    def next(self):
+        self.n += 1
+        return self.n - 1
+
+    def count(self):
+        return self.n
+
+
+@troupe.remote(max_restarts=1, max_task_retries=3)
+class TroubleMaker:
+    """Ray's retry_exceptions of actor methods: the method's own count, or
+    the actor's max_task_retries (3), or a call's .options."""
+
+    @troupe.method(max_task_retries=5, retry_exceptions=[Flaky])
+    def raise_n_times(self, tally, n):
+        c = troupe.get(tally.next.remote(), timeout=60)
+        if c < n:
+            raise Flaky(f"call {c}")
+        return c
+
+    @troupe.method(retry_exceptions=[Flaky])
+    def raise_or_exit(self, tally, actions):
+        c = troupe.get(tally.next.remote(), timeout=60)
+        action = actions[c] if c < len(actions) else "return"
+        if action == "raise":
+            raise Flaky(f"call {c}")
+        if action == "exit":
+            os._exit(1)
+        return c
+
+    @troupe.method(retry_exceptions=True)
+    async def async_raise_n_times(self, tally, n):
+        c = await tally.next.remote()
+        if c < n:
+            raise ValueError(f"call {c}")
+        return c
+
+    def plain(self, tally, n):
+        c = troupe.get(tally.next.remote(), timeout=60)
+        if c < n:
+            raise Flaky(f"call {c}")
+        return c
+
+    def mutating(self, items):
+        items.append("x")
+        if len(items) < 3:
+            raise Flaky(f"len={len(items)}")
+        return items
+
+    def stream(self, tally, actions):
+        # Each action is a value to yield, or Flaky to raise.
+        while True:
+            c = troupe.get(tally.next.remote(), timeout=60)
+            if actions[c] is Flaky:
+                raise Flaky(f"call {c}")
+            yield actions[c]
+            if c == len(actions) - 1:
+                return
+
+
+def test_actor_methods_are_run_again_on_the_exceptions_they_name():
+    actor = TroubleMaker.remote()
+
+    def run(call, *args):
+        tally = Tally.remote()
+        try:
+            return troupe.get(call.remote(tally, *args), timeout=120), troupe.get(tally.count.remote(), timeout=60)
+        except Flaky as e:
+            return e, troupe.get(tally.count.remote(), timeout=60)
+
+    # @troupe.method(max_task_retries=5): five retries, and no sixth.
+    assert run(actor.raise_n_times, 5) == (5, 6)
+    error, count = run(actor.raise_n_times, 6)
+    assert isinstance(error, Flaky) and str(error).startswith("Flaky: call 5\n") and count == 6
+    # A call's options win over the method's.
+    assert run(actor.raise_n_times.options(max_task_retries=10), 10) == (10, 11)
+    error, count = run(actor.raise_n_times.options(retry_exceptions=False), 5)
+    assert str(error).startswith("Flaky: call 0\n") and count == 1
+    error, count = run(actor.raise_n_times.options(retry_exceptions=[KeyError]), 5)
+    assert str(error).startswith("Flaky: call 0\n") and count == 1
+    # Without a count of its own, the method has the actor's (3).
+    assert run(actor.raise_or_exit, ["raise"] * 3) == (3, 4)
+    error, count = run(actor.raise_or_exit, ["raise"] * 4)
+    assert str(error).startswith("Flaky: call 3\n") and count == 4
+    # An async method, retry_exceptions=True (any Exception).
+    assert run(actor.async_raise_n_times, 2) == (2, 3)
+    # A method without retry_exceptions runs once, unless its call asks.
+    error, count = run(actor.plain, 1)
+    assert str(error).startswith("Flaky: call 0\n") and count == 1
+    assert run(actor.plain.options(retry_exceptions=[Flaky], max_task_retries=1), 1) == (1, 2)
+    # Each attempt gets the arguments as they arrived.
+    error = None
+    try:
+        troupe.get(actor.mutating.options(retry_exceptions=True).remote([]), timeout=60)
+    except Flaky as e:
+        error = e
+    assert str(error).startswith("Flaky: len=1\n")
+    # A crash is retried too, apart from the exceptions: the method's worker
+    # exits on call 1, the restarted actor runs it again.
+    assert run(actor.raise_or_exit, ["raise", "exit", "raise"]) == (3, 4)
+    # A streaming call starts again past the values already sent.
+    tally = Tally.remote()
+    stream = actor.stream.options(num_returns="streaming", retry_exceptions=[Flaky]).remote(
+        tally, [1, Flaky, 1, Flaky, 1, 2, 3])
+    assert [troupe.get(ref, timeout=60) for ref in stream] == [1, 2, 3]
+    assert troupe.get(tally.count.remote(), timeout=60) == 7
+    # Bad values are named.
+    with pytest.raises(ConfigError, match="max_task_retries must be an int"):
+        actor.plain.options(max_task_retries="2")
+    with pytest.raises(ConfigError, match="retry_exceptions must be"):
+        actor.plain.options(retry_exceptions="yes")
+    with pytest.raises(ConfigError, match="troupe.method: max_task_retries"):
+        troupe.method(max_task_retries=-2)
+
+
+def test_a_handle_found_by_name_keeps_the_methods_retries():
+    TroubleMaker.options(name="trouble").remote()
+    found = troupe.get_actor("trouble")
+    tally = Tally.remote()
+    assert troupe.get(found.raise_n_times.remote(tally, 5), timeout=120) == 5
+    assert found.raise_n_times._retries == 5
+    troupe.kill(found)

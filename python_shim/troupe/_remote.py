@@ -139,18 +139,25 @@ def is_generator_function(fn):
     return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
+_METHOD_OPTIONS = ("concurrency_group", "max_task_retries", "num_returns", "retry_exceptions")
+
+
 def method(**options):
-    """@troupe.method(num_returns=N, concurrency_group="io") on an actor
-    class's method, as Ray's @ray.method: the defaults of its calls'
-    num_returns and concurrency group (one of the class's
-    concurrency_groups)."""
-    unknown = set(options) - {"num_returns", "concurrency_group"}
+    """@troupe.method(num_returns=N, concurrency_group="io",
+    retry_exceptions=[...], max_task_retries=K) on an actor class's method,
+    as Ray's @ray.method: the defaults of its calls' num_returns, concurrency
+    group (one of the class's concurrency_groups), the exceptions it is run
+    again on and how many times (for exceptions and, apart, for crashes; the
+    actor's max_task_retries when not given)."""
+    unknown = set(options) - set(_METHOD_OPTIONS)
     if unknown:
         raise ConfigError(f"troupe.method: unknown option(s) {', '.join(sorted(unknown))} "
-                          "(known: concurrency_group, num_returns)")
+                          f"(known: {', '.join(_METHOD_OPTIONS)})")
     group = options.get("concurrency_group")
     if group is not None and (not isinstance(group, str) or not group):
         raise ConfigError(f"troupe.method: concurrency_group must be a group's name, got {group!r}")
+    retries = _method_retries_option(options, "troupe.method")
+    kinds = _retry_kinds(options, "troupe.method")
 
     def mark(fn):
         if not callable(fn):
@@ -159,6 +166,10 @@ def method(**options):
             fn._troupe_num_returns = num_returns(options["num_returns"], f"method {fn.__qualname__}")
         if group is not None:
             fn._troupe_concurrency_group = group
+        if "retry_exceptions" in options:
+            fn._troupe_retry_exceptions = kinds
+        if retries is not None:
+            fn._troupe_max_task_retries = retries
         return fn
 
     return mark
@@ -196,7 +207,7 @@ def full_actor_name(name, namespace):
     return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
 
 
-def _retry_kinds(options):
+def _retry_kinds(options, what=None):
     """retry_exceptions as Ray takes it: False (default), True (any
     Exception) or a list of exception classes; the classes to retry on, or
     None for none."""
@@ -208,7 +219,37 @@ def _retry_kinds(options):
     if isinstance(value, (list, tuple)) and value and all(
             isinstance(k, type) and issubclass(k, BaseException) for k in value):
         return tuple(value)
-    raise ConfigError(f"retry_exceptions must be a bool or a list of exception classes, got {value!r}")
+    where = f"{what}: " if what else ""
+    raise ConfigError(f"{where}retry_exceptions must be a bool or a list of exception classes, got {value!r}")
+
+
+def _method_retries_option(options, what):
+    """An actor method's max_task_retries option (@troupe.method, a call's
+    .options): an int >= -1 (-1: without limit), or None when not given."""
+    value = options.get("max_task_retries")
+    if value is not None and not _is_int(value, -1):
+        raise ConfigError(f"{what}: max_task_retries must be an int in [-1, {_INT_MAX}], got {value!r}")
+    return value
+
+
+class _CallRetry:
+    """What one actor call's .options(retry_exceptions=..., max_task_retries=...)
+    asked, carried to the actor's worker in front of the call's arguments
+    (which the worker takes off): `kinds` the exception classes to run the
+    method again on (None: none; only when `kinds_given`, else the method's
+    own @troupe.method), `retries` how many times (None: the method's, else
+    the actor's)."""
+
+    __slots__ = ("kinds_given", "kinds", "retries")
+
+    def __init__(self, kinds_given, kinds, retries):
+        self.kinds_given, self.kinds, self.retries = kinds_given, kinds, retries
+
+    def __getstate__(self):
+        return (self.kinds_given, self.kinds, self.retries)
+
+    def __setstate__(self, state):
+        self.kinds_given, self.kinds, self.retries = state
 
 
 class _RetryOnError:
@@ -862,9 +903,9 @@ class ActorMethod:
     # Not the handle itself: a handle caches its methods, and a cycle would
     # keep an actor that went out of scope alive until Python's cycle GC.
     __slots__ = ("_actor", "_client", "_lifetime", "_name", "_num_returns", "_credits", "_pending", "_groups",
-                 "_group", "_sig")
+                 "_group", "_sig", "_retries", "_retry")
 
-    def __init__(self, handle, name, num_returns=1, group=None):
+    def __init__(self, handle, name, num_returns=1, group=None, retries=None):
         self._actor = handle._actor
         self._client = handle._client
         self._lifetime = handle._lifetime
@@ -879,6 +920,12 @@ class ActorMethod:
         self._group = self._group_number(group) if group is not None else 0
         signatures = handle.__dict__.get("_signatures")
         self._sig = signatures.get(name) if signatures else None
+        # Its max_task_retries (@troupe.method's, a call's .options'; None:
+        # the actor's): how often a call lost with the actor's worker is
+        # sent again. `_retry`, a _CallRetry, is what a call's .options
+        # asked of the retries on exceptions, sent along with the call.
+        self._retries = retries
+        self._retry = None
 
     def _group_number(self, group):
         """A group's number in the calls' op: 1 + its place among the
@@ -901,6 +948,8 @@ class ActorMethod:
         if client is not troupe._current_client():  # the message only when needed
             client = _session_client(self, f"{self._name}.remote()")
         _check_arguments(self._sig, f"actor method {self._name}", args, kwargs)
+        if self._retry is not None:
+            args = (self._retry,) + args
         data, top = _call_args(f"actor method {self._name}", args, kwargs)
         if self._pending is None:
             return self._send(client, data, top)[0]
@@ -915,7 +964,8 @@ class ActorMethod:
         if self._num_returns == "streaming":
             generator = self._stream(client, data, top)
             return generator, generator.completed()
-        ref = client.call(self._actor, self._name, data, top, self._lifetime, group=self._group)
+        ref = client.call(self._actor, self._name, data, top, self._lifetime, group=self._group,
+                          retries=self._retries)
         if self._num_returns == 1:
             return ref, ref
         return ser.items(ref, self._num_returns, f"actor method {self._name}"), ref
@@ -934,14 +984,15 @@ class ActorMethod:
             stream.watch(done)
             return stream, done
 
-        retries = actor.info().get("max_task_retries", 0)
+        retries = self._retries if self._retries is not None else actor.info().get("max_task_retries", 0)
         return _generator.ObjectRefGenerator(start, retries, f"actor method {name}",
                                              _generator.actor_restarting(actor))
 
     def options(self, **options):
         """Ray's per-call options: `name` (a label), num_returns,
-        concurrency_group and _generator_backpressure_num_objects are
-        taken; any other is refused rather than ignored."""
+        concurrency_group, retry_exceptions, max_task_retries and
+        _generator_backpressure_num_objects are taken; any other is refused
+        rather than ignored."""
         count, credits, group = self._num_returns, self._credits, self._group
         what = f"actor method {self._name}"
         for key, value in options.items():
@@ -951,13 +1002,25 @@ class ActorMethod:
                 credits = _generator.credits(value, what)
             elif key == "concurrency_group":
                 group = self._group_number(value)
-            elif key != "name":
+            elif key not in ("name", "retry_exceptions", "max_task_retries"):
                 raise ConfigError(f"{what}: option {key}={value!r} is not supported (per-call options are "
-                                  f"name, num_returns, concurrency_group and {_generator.BACKPRESSURE_OPTION})")
+                                  "name, num_returns, concurrency_group, retry_exceptions, max_task_retries and "
+                                  f"{_generator.BACKPRESSURE_OPTION})")
+        retries = _method_retries_option(options, what)
+        retry = self._retry
+        if "retry_exceptions" in options or retries is not None:
+            given = "retry_exceptions" in options
+            kinds = _retry_kinds(options, what) if given else None
+            if retry is not None:  # options(...).options(...): the later wins, key by key
+                given, kinds = (True, kinds) if given else (retry.kinds_given, retry.kinds)
+                retries = retries if retries is not None else retry.retries
+            retry = _CallRetry(given, kinds, retries)
         copy = ActorMethod.__new__(ActorMethod)
         copy._actor, copy._client, copy._lifetime, copy._name = self._actor, self._client, self._lifetime, self._name
         copy._num_returns, copy._credits, copy._pending = count, credits, self._pending
         copy._groups, copy._group, copy._sig = self._groups, group, self._sig
+        copy._retries = retries if retries is not None else self._retries
+        copy._retry = retry
         return copy
 
     def __call__(self, *args, **kwargs):
@@ -1023,7 +1086,7 @@ class ActorHandle:
         # concurrency groups by name (_method_table), and the actor's
         # concurrency groups: what a handle pickled into another process
         # takes along; None for a handle found by id, which checks nothing.
-        self._table = _method_table(cls) + (list(groups),) if cls is not None else table
+        self._table = _method_table(cls) + (list(groups), _method_retries(cls)) if cls is not None else table
         # Its methods' signatures, where the class is known here (not carried
         # by copies or pickles: the actor checks those calls itself).
         self._signatures = _method_signatures(cls) if cls is not None else None
@@ -1045,7 +1108,8 @@ class ActorHandle:
                 raise AttributeError(f"actor class {table[0]} has no method {name!r}")
             returns = table[1][name] if table is not None and not builtin else 1
             group = table[2].get(name) if table is not None and not builtin else None
-            m = methods[name] = ActorMethod(self, name, returns, group)
+            retries = table[4].get(name) if table is not None and len(table) > 4 and not builtin else None
+            m = methods[name] = ActorMethod(self, name, returns, group, retries)
         return m
 
     @property
@@ -1134,6 +1198,18 @@ def _method_table(cls):
     return cls.__name__, methods, groups
 
 
+@functools.lru_cache(maxsize=1024)
+def _method_retries(cls):
+    """{method: its @troupe.method max_task_retries} of an actor class, for
+    the methods that give one."""
+    out = {}
+    for name in dir(cls):
+        retries = getattr(getattr(cls, name, None), "_troupe_max_task_retries", None)
+        if retries is not None:
+            out[name] = retries
+    return out
+
+
 # Where a named actor's method table waits for get_actor: a key that lives
 # as long as the actor (the head erases it at its death;
 # runtime/client/actor_keys.h).
@@ -1147,9 +1223,10 @@ def _named_handle(client, actor):
     blob = client.kv_get(_methods_key(actor.id))
     table = None
     try:
-        name, methods, groups, names = json.loads(blob) if blob is not None else (None, None, None, None)
-        if isinstance(name, str) and isinstance(methods, dict) and isinstance(groups, dict) and isinstance(names, list):
-            table = (name, methods, groups, names)
+        name, methods, groups, names, retries = json.loads(blob) if blob is not None else (None,) * 5
+        if isinstance(name, str) and isinstance(methods, dict) and isinstance(groups, dict) and isinstance(
+                names, list) and isinstance(retries, dict):
+            table = (name, methods, groups, names, retries)
     except (ValueError, TypeError):
         pass  # not a table this shim wrote: a handle that checks nothing
     return ActorHandle(actor, None, client, None, table)
@@ -1220,7 +1297,8 @@ class ActorClass:
         if name is not None:
             # For get_actor's handles: the methods to check calls against,
             # their num_returns defaults and concurrency groups.
-            client.kv_put(_methods_key(actor.id), json.dumps(_method_table(self._cls) + (groups,)).encode())
+            client.kv_put(_methods_key(actor.id),
+                          json.dumps(_method_table(self._cls) + (groups, _method_retries(self._cls))).encode())
         if options.get("detached"):
             # It may outlive its creator, which holds the packages it runs
             # with no longer than it lives.

@@ -248,12 +248,14 @@ def _close(items):
         pass
 
 
-def _streamed(stream, produce, what, where, token):
+def _streamed(stream, produce, what, where, token, retry=None):
     """A streaming call: produce() makes its generator, each value it yields
     goes to the caller's stream (address, id, values to skip) as it is
-    yielded, an exception it (or produce) raises as the stream's last item.
-    The call's own answer is how many values were sent. A caller that stops
-    reading stops the generator at its next yield."""
+    yielded, an exception it (or produce) raises as the stream's last item,
+    unless retry(exception, attempt) says to make the generator again, past
+    the values already sent. The call's own answer is how many values were
+    sent. A caller that stops reading stops the generator at its next
+    yield."""
     address, stream_id, skip = stream
     # Fails the call when the caller's process cannot be reached. One that
     # dropped its generator (or cancelled the call) before the call ran
@@ -263,17 +265,26 @@ def _streamed(stream, produce, what, where, token):
     writer = _core.StreamWriter(address, stream_id)
     sent = 0
     items = None
+    attempt = 0
     try:
-        try:
-            items = produce()
-            for index, value in enumerate(_values(items, what, token)):
-                if index >= skip:
-                    _send(writer, _answer(value, f"{what}, value {index}"))
-                    sent += 1
-        except _ReaderGone:
-            raise
-        except BaseException:
-            _send(writer, _error(where(), what))
+        while True:
+            first = skip + sent  # an attempt after an exception goes on past what the last one sent
+            try:
+                items = produce()
+                for index, value in enumerate(_values(items, what, token)):
+                    if index >= first:
+                        _send(writer, _answer(value, f"{what}, value {index}"))
+                        sent += 1
+            except _ReaderGone:
+                raise
+            except BaseException as e:
+                if retry is not None and isinstance(e, Exception) and retry(e, attempt):
+                    attempt += 1
+                    _close(items)
+                    items = None
+                    continue
+                _send(writer, _error(where(), what))
+            break
         writer.close()
     except _ReaderGone:
         pass
@@ -282,15 +293,74 @@ def _streamed(stream, produce, what, where, token):
     return _answer(sent, what)
 
 
+class _MethodRetry:
+    """An actor call's retries on exceptions (Ray's retry_exceptions of an
+    actor method): the exception classes and the count come from the call's
+    .options (a _CallRetry in front of its arguments, taken off here), else
+    from the method's @troupe.method, the count else from the actor's
+    max_task_retries. Each attempt runs in this worker, on this actor, with
+    the arguments as they arrived."""
+
+    def __init__(self, instance, name, args, top):
+        self._instance, self._name, self._args, self._top = instance, name, args, top
+        self._asked = None
+
+    def arguments(self):
+        from troupe import _remote
+
+        a, kw = ser.load_call_args(self._args, self._top)
+        if a and isinstance(a[0], _remote._CallRetry):
+            self._asked, a = a[0], a[1:]
+        return a, kw
+
+    def again(self, error, attempt):
+        fn = getattr(type(self._instance), self._name, None)
+        asked = self._asked
+        kinds = asked.kinds if asked is not None and asked.kinds_given else getattr(
+            fn, "_troupe_retry_exceptions", None)
+        if kinds is None or not isinstance(error, kinds):
+            return False
+        retries = asked.retries if asked is not None else None
+        if retries is None:
+            retries = getattr(fn, "_troupe_max_task_retries", None)
+        if retries is None:
+            retries = _actor_max_task_retries()
+        return retries < 0 or attempt < retries
+
+
+_own_max_task_retries = None
+
+
+def _actor_max_task_retries():
+    """This worker's actor's max_task_retries (asked of the head once)."""
+    global _own_max_task_retries
+    if _own_max_task_retries is None:
+        import troupe
+
+        _own_max_task_retries = troupe._client().actor_info(user_actor_id())["max_task_retries"]
+    return _own_max_task_retries
+
+
 def call_method(instance, name, args, top, token=0, stream=None):
     what = f"{type(instance).__name__}.{name}"
     where = lambda: f"{what} (pid {os.getpid()})"  # noqa: E731
     reset = _current_token.set(token)
+    retry = _MethodRetry(instance, name, args, top)
     try:
         if stream is not None:
-            return _streamed(stream, lambda: _method_call(instance, name, args, top), what, where, token)
-        value = _yielded(getattr(type(instance), name, None), _method_call(instance, name, args, top))
-        return _answer(_settle(value, token), what)
+            return _streamed(stream, lambda: _method_call(instance, name, retry.arguments()), what, where, token,
+                             retry.again)
+        fn = getattr(type(instance), name, None)
+        attempt = 0
+        while True:
+            try:
+                value = _settle(_yielded(fn, _method_call(instance, name, retry.arguments())), token)
+                break
+            except Exception as e:
+                if not retry.again(e, attempt):
+                    raise
+                attempt += 1
+        return _answer(value, what)
     except SystemExit as e:
         # sys.exit() in an actor's method ends the actor, as in Ray (it
         # read as the method's error, and the actor served on).
@@ -327,8 +397,8 @@ BUILTIN_METHODS = {"__ray_ready__": lambda instance: True, "__ray_terminate__": 
                    "__ray_call__": lambda instance, fn, *args, **kwargs: fn(instance, *args, **kwargs)}
 
 
-def _method_call(instance, name, args, top):
-    a, kw = ser.load_call_args(args, top)
+def _method_call(instance, name, arguments):
+    a, kw = arguments
     builtin = BUILTIN_METHODS.get(name)
     if builtin is not None:
         return builtin(instance, *a, **kw)
