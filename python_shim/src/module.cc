@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "python_shim/src/py_client.h"
+#include "python_shim/src/py_collective.h"
 #include "python_shim/src/py_convert.h"
 #include "python_shim/src/py_stream.h"
 #include "python_shim/src/py_worker.h"
@@ -65,6 +66,8 @@ void translate(std::exception_ptr p) {
     raise_as("RemoteError", e);
   } catch (const ObjectStoreFull& e) {
     raise_as("ObjectStoreFull", e);
+  } catch (const Aborted& e) {
+    raise_as("Aborted", e);
   } catch (const Error& e) {
     raise_as("Error", e);
   }
@@ -594,6 +597,20 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
              if (!v) return pyb::none();
              return pyb::bytes(*v);
            })
+      .def(
+          "kv_add", [](PyClient& c, const std::string& k, int64_t delta) { return c.runtime().kv().add(k, delta); },
+          NoGil())
+      .def("kv_wait",
+           [](PyClient& c, const std::string& k, int64_t ms) {
+             std::string v;
+             {
+               pyb::gil_scoped_release nogil;
+               v = c.runtime().kv().wait(k, std::chrono::milliseconds(ms));
+             }
+             return pyb::bytes(v);
+           })
+      .def(
+          "kv_erase", [](PyClient& c, const std::string& k) { c.runtime().kv().erase(k); }, NoGil())
       .def_property_readonly("address", [](PyClient& c) { return c.runtime().address(); })
       .def_property_readonly("token", [](PyClient& c) { return c.runtime().token(); })
       // The id this process said hello with: the scope of its
@@ -660,6 +677,7 @@ PYBIND11_MODULE(_core, m) {
   auto client = bind_client(m);
   bind_client_queries(client);
   bind_placement_groups(client);
+  bind_collective(m);
   // The most a value kept by the head (an actor's spec, a task's function
   // in the KV store) may take.
   m.attr("HEAD_VALUE_LIMIT") = kMaxSpecBytes;

@@ -138,6 +138,13 @@ class ObjectStoreFullError(TroupeError):
 
 
 
+class CollectiveAbortedError(TroupeError):
+    """A collective operation (troupe.util.collective) that cannot finish:
+    another member of its group died or restarted (the message names its
+    rank and actor), or the group was aborted. The group is broken: every
+    member destroys it and forms it again."""
+
+
 class TaskUnschedulableError(TroupeError):
     """Ray's error for a task that can be placed nowhere; troupe raises
     ConfigError at submit, naming the resources."""
@@ -287,6 +294,7 @@ _FROM_RUNTIME = {
     "Timeout": GetTimeoutError,
     "ObjectLost": ObjectLostError,
     "ObjectStoreFull": ObjectStoreFullError,
+    "Aborted": CollectiveAbortedError,
     "ConfigError": ConfigError,
     "ConnectionError": TroupeConnectionError,
     "TaskCancelled": TaskCancelledError,

@@ -2,7 +2,8 @@
 strategies (troupe.util.placement_group, troupe.util.scheduling_strategies),
 ActorPool (troupe.util.actor_pool), Queue (troupe.util.queue), a
 multiprocessing Pool (troupe.util.multiprocessing), the state API
-(troupe.util.state), list_named_actors and get_node_ip_address."""
+(troupe.util.state), collective groups (troupe.util.collective),
+list_named_actors and get_node_ip_address."""
 
 from troupe.util.actor_pool import ActorPool
 from troupe.util.placement_group import (PlacementGroup, get_current_placement_group, get_placement_group,

@@ -1,0 +1,143 @@
+"""troupe.util.collective (Ray's ray.util.collective) over gloo between
+actor processes: every operation's values, the driver's declared groups,
+re-forming a group, bad input named, and a member's death failing the
+others' operation instead of hanging it."""
+import os
+
+import numpy as np
+import pytest
+
+import troupe
+import troupe.util.collective as col
+from troupe.exceptions import CollectiveAbortedError, ConfigError
+from troupe.util.collective.types import ReduceOp
+
+pytestmark = pytest.mark.usefixtures("cluster")
+
+torch = pytest.importorskip("torch")
+
+
+@troupe.remote(num_cpus=0)
+class Member:
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+
+    def init(self, group="default"):
+        col.init_collective_group(self.world, self.rank, backend="gloo", group_name=group)
+        return col.get_rank(group), col.get_collective_group_size(group), col.is_group_initialized(group)
+
+    def everything(self, group="default"):
+        r, n = self.rank, self.world
+        out = {}
+        a = np.full(4, r + 1, dtype=np.float32)
+        col.allreduce(a, group)
+        out["sum"] = a.tolist()
+        t = torch.full((2, 3), float(r), dtype=torch.bfloat16)
+        col.allreduce(t, group, op=ReduceOp.MAX)
+        out["max_bf16"] = t.float().flatten().tolist()
+        b = np.arange(3, dtype=np.int64) * (r + 10)
+        col.broadcast(b, src_rank=1, group_name=group)
+        out["broadcast"] = b.tolist()
+        parts = [torch.zeros(2, dtype=torch.float64) for _ in range(n)]
+        col.allgather(parts, torch.tensor([r, r * r], dtype=torch.float64), group)
+        out["allgather"] = [p.tolist() for p in parts]
+        mine = np.zeros(2, dtype=np.int32)
+        col.reducescatter(mine, [np.full(2, r * 100 + k, dtype=np.int32) for k in range(n)], group)
+        out["reducescatter"] = mine.tolist()
+        c = np.full(2, float(r + 1), dtype=np.float64)
+        col.reduce(c, dst_rank=2, group_name=group, op=ReduceOp.PRODUCT)
+        out["reduce"] = c.tolist()
+        col.barrier(group)
+        # A ring: each sends to the next and receives from the previous.
+        # A send returns once its peer has received (as Ray's): rank 0
+        # sends first, the others receive first.
+        got = np.zeros(3, dtype=np.float32)
+        mine = np.full(3, float(r), dtype=np.float32)
+        if r == 0:
+            col.send(mine, 1, group)
+            col.recv(got, n - 1, group)
+        else:
+            col.recv(got, r - 1, group)
+            col.send(mine, (r + 1) % n, group)
+        out["ring"] = got.tolist()
+        return out
+
+    def allreduce(self, value, group="default"):
+        a = np.array([value], dtype=np.float64)
+        col.allreduce(a, group)
+        return float(a[0])
+
+    def destroy(self, group="default"):
+        col.destroy_collective_group(group)
+        return col.is_group_initialized(group), col.get_rank(group)
+
+    def misuse(self, group="default"):
+        errors = []
+        for bad in (lambda: col.allreduce(np.zeros(2, dtype=np.complex64), group),
+                    lambda: col.allreduce(np.zeros((4, 4), dtype=np.float32)[:, 0], group),
+                    lambda: col.allreduce(np.frombuffer(b"\0" * 8, dtype=np.float32), group),
+                    lambda: col.allreduce([1.0, 2.0], group),
+                    lambda: col.allreduce(np.zeros(2, dtype=np.float32), group, op="MEDIAN"),
+                    lambda: col.send(np.zeros(2, dtype=np.float32), self.rank, group),
+                    lambda: col.allreduce(np.zeros(2, dtype=np.float32), "never-formed")):
+            try:
+                bad()
+                errors.append(None)
+            except Exception as e:  # noqa: BLE001 - each misuse's error is the result
+                errors.append(f"{type(e).__name__}: {e}")
+        return errors
+
+    def pid(self):
+        return os.getpid()
+
+
+def _members(n):
+    return [Member.remote(r, n) for r in range(n)]
+
+
+def test_every_operation_of_a_gloo_group_between_actors():
+    members = _members(3)
+    assert troupe.get([m.init.remote() for m in members], timeout=120) == [(r, 3, True) for r in range(3)]
+    results = troupe.get([m.everything.remote() for m in members], timeout=120)
+    for r, out in enumerate(results):
+        assert out["sum"] == [6.0] * 4
+        assert out["max_bf16"] == [2.0] * 6
+        assert out["broadcast"] == [0, 11, 22]
+        assert out["allgather"] == [[0.0, 0.0], [1.0, 1.0], [2.0, 4.0]]
+        assert out["reducescatter"] == [0 + 100 + 200 + 3 * r] * 2
+        assert out["reduce"] == ([6.0, 6.0] if r == 2 else [float(r + 1)] * 2)
+        assert out["ring"] == [float((r - 1) % 3)] * 3
+    # Bad input is named, and the group survives it.
+    errors = troupe.get(members[0].misuse.remote(), timeout=60)
+    assert "dtype complex64 is not one a group moves" in errors[0]
+    assert "is not contiguous" in errors[1]
+    assert "is read-only" in errors[2]
+    assert "a list is neither a numpy array nor a torch tensor" in errors[3]
+    assert "op must be a ReduceOp" in errors[4]
+    assert "destination rank 0 is not another member" in errors[5]
+    assert "'never-formed' is not initialized in this process" in errors[6]
+    assert troupe.get([m.allreduce.remote(r) for r, m in enumerate(members)], timeout=60) == [3.0] * 3
+    # Destroyed and formed again (a new generation), under the same name.
+    assert troupe.get([m.destroy.remote() for m in members], timeout=60) == [(False, -1)] * 3
+    assert troupe.get([m.init.remote() for m in members], timeout=120) == [(r, 3, True) for r in range(3)]
+    assert troupe.get([m.allreduce.remote(10 * r) for r, m in enumerate(members)], timeout=60) == [30.0] * 3
+
+
+def test_a_group_the_driver_declares_is_joined_at_the_first_operation():
+    members = _members(2)
+    col.create_collective_group(members, 2, [1, 0], backend="gloo", group_name="declared")
+    assert troupe.get([m.allreduce.remote(r + 1, "declared") for r, m in enumerate(members)], timeout=120) == [3.0] * 2
+    with pytest.raises(ConfigError, match="ranks must be 0..1"):
+        col.create_collective_group(members, 2, [0, 0], backend="gloo", group_name="bad")
+    with pytest.raises(ConfigError, match="backend must be 'gloo' or 'nccl'"):
+        col.create_collective_group(members, 2, [0, 1], backend="mpi", group_name="bad")
+    col.destroy_collective_group("declared")
+
+
+def test_a_members_death_fails_the_others_operation_instead_of_hanging_it():
+    members = _members(2)
+    troupe.get([m.init.remote() for m in members], timeout=120)
+    waiting = members[0].allreduce.remote(1.0)  # rank 1 never joins this allreduce
+    troupe.kill(members[1])
+    with pytest.raises(CollectiveAbortedError, match="rank 1"):
+        troupe.get(waiting, timeout=120)
