@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -143,8 +144,14 @@ void wait_for_head(const std::string& address, const std::string& token, std::ch
   const auto start = Clock::now();
   auto say_at = start;
   for (;;) {
+    // Each try within what is left of the wait (it ran up to 3 s past it),
+    // but never shorter than a second's (a connect across a slow network).
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(wait - (Clock::now() - start));
+    const auto timeout = wait.count() == 0
+                             ? kProbeTimeout
+                             : std::clamp<std::chrono::milliseconds>(left, std::chrono::seconds(1), kProbeTimeout);
     try {
-      return probe_head(address, token);
+      return probe_head(address, token, timeout);
     } catch (const HeadUnreachable& e) {
       const auto now = Clock::now();
       const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - start).count();

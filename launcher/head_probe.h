@@ -23,8 +23,9 @@ class HeadUnreachable : public ConnectionError {
 // Throws troupe::ConnectionError: "HOST:PORT is not a troupe head (...)",
 // or "... refused the cluster token"; HeadUnreachable: "cannot connect to
 // HOST:PORT: ..." or "cannot resolve host ...".
+inline constexpr std::chrono::milliseconds kProbeTimeout{3000};
 void probe_head(const std::string& address, const std::string& token,
-                std::chrono::milliseconds timeout = std::chrono::seconds(3));
+                std::chrono::milliseconds timeout = kProbeTimeout);
 
 // probe_head, tried again every second while the head is unreachable, until
 // `wait` has passed (0: once), saying on stderr what it waits for every 10 s

@@ -565,6 +565,14 @@ struct UsageError : troupe::ConfigError {
   using troupe::ConfigError::ConfigError;
 };
 
+// Whether a process of the session still runs (a live pid file).
+bool has_live_pid_file(const std::string& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".pid" && troupe::core::check_pid_file(dir, it->path().filename()).alive) return true;
+  return false;
+}
+
 troupe::Runtime connect_session(const std::string& address_flag) {
   if (!address_flag.empty() && address_flag != "auto") try {
       troupe::wire::parse_address(address_flag);
@@ -577,7 +585,22 @@ troupe::Runtime connect_session(const std::string& address_flag) {
   o.address = session_address(dir, address_flag);
   o.token = token_for(dir);
   if (o.address.empty()) throw troupe::ConfigError("no running cluster in " + dir + " (troupe start --head)");
-  if (!o.token.empty()) troupe::launcher::probe_head(o.address, o.token);
+  try {
+    if (!o.token.empty()) troupe::launcher::probe_head(o.address, o.token);
+  } catch (const troupe::launcher::HeadUnreachable& e) {
+    // The session's own head, which this session started, has exited
+    // without a `troupe stop` here (one from another host stops it, and
+    // leaves its files): say that rather than "connection refused".
+    const auto head = troupe::core::check_pid_file(dir, "head.pid");
+    if (address_flag.empty() || address_flag == "auto")
+      if (head.pid > 0 && !head.alive && !has_live_pid_file(dir))
+        throw troupe::ConnectionError("no cluster runs in session " + dir + ": its head (pid " +
+                                      std::to_string(head.pid) +
+                                      ") has exited (stopped from another host?); `troupe stop` clears what it "
+                                      "left, `troupe start --head` starts one (" +
+                                      e.what() + ")");
+    throw;
+  }
   return troupe::Runtime::connect(o);
 }
 
@@ -1419,6 +1442,13 @@ int main(int argc, char** argv) {
     if (start->count(name) > 0) a.head_options_given.push_back(name);
   for (const auto& name : kNodeOnlyOptions)
     if (start->count(name) > 0) a.node_options_given.push_back(name);
+  // A head that listens beyond loopback serves agents across a network,
+  // where a lost packet is resent after 200 ms and more: half a second of
+  // silence there is a blip, not a dead node (a 250 ms outage fenced a
+  // healthy node 2 times in 3). Unless told, such a head gives its nodes
+  // 20 heartbeats.
+  if (a.head && start->count("--heartbeat-misses") == 0 && !a.host.empty() && !troupe::head::is_loopback_host(a.host))
+    a.heartbeat_misses = troupe::core::kNetworkHeartbeatMisses;
   try {
     if (*start) return cmd_start(a);
     if (*status) return cmd_status(a);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <filesystem>
 #include <optional>
 #include <thread>
 #include <unordered_set>
@@ -698,7 +699,16 @@ PYBIND11_MODULE(_core, m) {
     } catch (const std::exception&) {
       return std::pair<std::string, std::string>();  // init says what is wrong with it if asked for "auto"
     }
-    if (!core::check_pid_file(dir, "head.pid").alive) return std::pair<std::string, std::string>();
+    // The head runs here, or a node agent that joined it from this host
+    // (`troupe start --address`: its session's address is the head's).
+    bool running = core::check_pid_file(dir, "head.pid").alive;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !running && !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename();
+      running =
+          name.rfind("node-", 0) == 0 && it->path().extension() == ".pid" && core::check_pid_file(dir, name).alive;
+    }
+    if (!running) return std::pair<std::string, std::string>();
     return std::pair(dir, core::read_session_file(dir, "address"));
   });
   m.def("actor_id", [] { return this_actor::id(); });

@@ -52,6 +52,42 @@ def test_init_without_an_address_joins_the_sessions_running_cluster_as_rays(head
     assert f"troupe.init: connecting to the cluster running at {address}" in r.stderr, r.stderr
 
 
+def test_init_on_a_host_that_joined_a_cluster_connects_to_that_cluster(head, tmp_path):
+    # A session whose node agent joined a cluster (`troupe start --address`)
+    # runs no head: init() there started a private one-node cluster, while
+    # `troupe status` in the same session used the joined one.
+    env, address = head
+    token = (os.path.join(env["TROUPE_SESSION_DIR"], "token"))
+    joined = tmp_path / "joined"
+    joined.mkdir(mode=0o700)
+    node_env = dict(env, TROUPE_SESSION_DIR=str(joined))
+    subprocess.run([cli(), "start", "--address", address, "--resources", "CPU=1"],
+                   env=dict(node_env, TROUPE_TOKEN=open(token).read().strip()), check=True, timeout=120)
+    try:
+        driver = ("import troupe\ntroupe.init()\n"
+                  "print(troupe.get_runtime_context().gcs_address, sum(n['Alive'] for n in troupe.nodes()))")
+        r = subprocess.run([sys.executable, "-c", driver], env=node_env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [address, "2"], r.stdout
+        assert f"troupe.init: connecting to the cluster running at {address}" in r.stderr, r.stderr
+    finally:
+        subprocess.run([cli(), "stop"], env=node_env, timeout=120)
+
+
+def test_an_address_where_no_troupe_process_answers_is_a_connection_error():
+    # A port that accepts and says nothing (a dashboard's, given by
+    # mistake): it read as a GetTimeoutError, "connecting ... timed out".
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        with pytest.raises(TroupeConnectionError, match=f"cannot connect to 127.0.0.1:{port}: no troupe handshake"):
+            troupe.init(address=f"127.0.0.1:{port}", _token="0" * 64)
+    assert not troupe.is_initialized()
+
+
 def test_wrong_token_and_address(head):
     env, address = head
     with pytest.raises(TroupeError):

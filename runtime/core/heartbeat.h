@@ -24,6 +24,12 @@ inline constexpr uint32_t kHeartbeatMisses = 5;
 // the program made itself. 100 ms × 30: 3 s before a node is fenced, not
 // 0.5 s. A test of fencing sets heartbeat_misses itself.
 inline constexpr uint32_t kOneMachineHeartbeatMisses = 30;
+// A head started with `troupe start --head --host H` for a non-loopback H
+// (agents reach it over a network) when --heartbeat-misses is not given:
+// 100 ms × 20, 2 s. TCP resends a lost segment after 200 ms, then 400 ms
+// more: a network outage of a quarter second silences a node for over
+// half of one, which 5 misses took for a dead node.
+inline constexpr uint32_t kNetworkHeartbeatMisses = 20;
 
 // The bounds of both settings (`troupe start --head` checks the same).
 inline constexpr uint32_t kMinHeartbeatMs = 10;

@@ -265,8 +265,10 @@ class NodeAgent::Impl {
     if (resuming_ && r.reply.node_id != node_id_) {
       // The head had declared this node dead meanwhile: its actors run
       // elsewhere now (or will), so none of its workers may go on.
-      TROUPE_LOG_WARN("node {}: the restarted head took it back as node {}; killing its {} workers", node_id_.load(),
-                      r.reply.node_id, workers_.size());
+      TROUPE_LOG_WARN(
+          "node {}: the head had declared it dead meanwhile and took it back as a new node {}; killing its "
+          "{} workers",
+          node_id_.load(), r.reply.node_id, workers_.size());
       kill_workers();
       waiting_spawns_.clear();  // their actors are placed anew
       start_cold_.clear();
@@ -510,6 +512,10 @@ class NodeAgent::Impl {
           return;
         }
         case Op::kShutdown:
+          // Said, since nothing else in this agent's log would say why it
+          // exits (its host may not be the one where `troupe stop` ran).
+          TROUPE_LOG_INFO("node {}: the head is stopping for good (troupe stop, or SIGTERM to it); stopping too",
+                          node_id_.load());
           told_to_stop_ = true;
           return shutdown();
         case Op::kNodeFenced:

@@ -68,8 +68,14 @@ std::shared_ptr<RpcChannel> RpcChannel::connect(asio::io_context& io, const std:
         }
         done->set_value(error);
       });
+  // No connection and handshake in time is a connection that failed (a
+  // ConnectionError, as a refused one is), not a slow answer: what listens
+  // there is no troupe process, or the host drops what is sent to it.
   if (!done->wait_for(timeout))
-    throw Timeout("connecting to " + address + " timed out after " + std::to_string(timeout.count()) + " ms");
+    throw ConnectionError("cannot connect to " + address + ": no troupe handshake within " +
+                          std::to_string(timeout.count()) +
+                          " ms (nothing there answers as a troupe process does: a wrong port, a host that drops "
+                          "packets, or a process that is stopped or overloaded)");
   std::string err = done->value();
   if (!err.empty()) throw ConnectionError("cannot connect to " + address + ": " + err);
   return ch;
