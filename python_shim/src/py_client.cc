@@ -177,7 +177,7 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   s.detached = o.detached;
   s.node_affinity = o.node_affinity;
   s.affinity_soft = o.affinity_soft;
-  auto info = core()->head().call<wire::ActorInfo>(wire::Op::kCreateActor, s);
+  auto info = core()->create_actor(std::move(s));
   auto actor = core()->actor(info);
   // A restart runs the constructor again from the spec, with the same refs:
   // their objects are held here while the actor may still restart (until

@@ -1,7 +1,9 @@
 """troupe.init(address=...) against a cluster started with `troupe start
 --head`; a C++ driver's actor and a Python actor on that one cluster; wrong
 address or token; a detached actor outlives its driver."""
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -580,3 +582,49 @@ def test_a_task_running_when_the_cluster_stops_fails_instead_of_waiting(head, tm
     # Said as the head's end, not as executors that "died 3 times in a row
     # before starting" (the task had started).
     assert "head is gone" in str(e.value) and "before starting" not in str(e.value), e.value
+
+
+def test_what_is_asked_of_a_head_that_stalls_past_the_call_timeout_is_made_once(head):
+    """The head stopped (SIGSTOP, no supervisor) for longer than a head
+    call's 30 s: a task that needed a new executor failed with
+    GetTimeoutError, and so did a new named actor, yet the head made both
+    when it woke (the executor held its CPU until the driver exited and
+    later tasks of its kind hung; the actor took its name). Each request
+    is now asked again, as the same request, and made once."""
+    env, address = head
+    troupe.init(address=address, log_to_driver=False)
+
+    @troupe.remote(num_cpus=0.5)
+    def double(x):
+        return 2 * x
+
+    @troupe.remote(num_cpus=0.5)
+    class Once:
+        def ping(self):
+            return "pong"
+
+    with open(os.path.join(env["TROUPE_SESSION_DIR"], "head.pid")) as f:
+        head_pid = int(f.read().split()[0])
+    # Each .remote() waits for the head (as Ray's waits for its GCS): made
+    # in threads of their own while this one holds the stall.
+    made = {}
+    submitters = [threading.Thread(target=lambda: made.update(task=double.remote(21))),  # a new kind of task
+                  threading.Thread(target=lambda: made.update(actor=Once.options(name="once").remote()))]
+    os.kill(head_pid, signal.SIGSTOP)
+    try:
+        for t in submitters:
+            t.start()
+        time.sleep(35)  # the fault under test: a stall past the head calls' 30 s
+    finally:
+        os.kill(head_pid, signal.SIGCONT)
+    for t in submitters:
+        t.join(timeout=120)
+    assert troupe.get(made["task"], timeout=120) == 42
+    assert troupe.get(made["actor"].ping.remote(), timeout=60) == "pong"
+    status = subprocess.run([cli(), "status", "--json", "--limit", "0"], env=env, capture_output=True, text=True,
+                            timeout=60, check=True)
+    actors = json.loads(status.stdout)["actors"]
+    assert [a["class"] for a in actors].count("TaskExecutor") == 1, actors
+    assert [a["name"] for a in actors].count("once") == 1, actors
+    # Later tasks of the kind run (the CPU the first executor holds is its own).
+    assert troupe.get([double.remote(i) for i in range(4)], timeout=120) == [0, 2, 4, 6]

@@ -4,8 +4,10 @@ relayed by the head from the node agent that has the file; -f follows what
 is appended; a dead actor's log is its last worker's, and one whose
 constructor threw shows the error it printed; unknown actors and nodes are
 refused by name, with exit status 2."""
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -542,3 +544,51 @@ def test_runtime_lines_below_the_drivers_level_stay_in_the_workers_file(monkeypa
     assert not _below_driver_level(info, _driver_level())
     monkeypatch.setenv("TROUPE_LOG_LEVEL", "loud")  # not a level: nothing is left out
     assert not _below_driver_level(info, _driver_level())
+
+
+def test_a_dead_actors_log_is_read_on_its_host_after_its_agent_was_killed(tmp_path):
+    # The actor's node agent was SIGKILLed: `troupe logs ACTOR` said "node N
+    # is not alive", with the log file still on that host, where another
+    # agent of the session runs (the head's here; one started again there
+    # in a multi-host cluster).
+    session = tmp_path / "session"
+    session.mkdir(mode=0o700)
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(session))
+    env.pop("TROUPE_TOKEN", None)
+    env.pop("TROUPE_ADDRESS", None)
+    start = [cli(), "start", "--port", "0", "--dashboard-port", "-1"]
+    subprocess.run(start + ["--head", "--resources", "CPU=1", "--heartbeat-misses", "20"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    agent = [cli(), "start", "--address", "auto", "--resources", "CPU=1,spare=1"]
+    try:
+        subprocess.run(agent, env=env, check=True, capture_output=True, timeout=120)
+        driver = (
+            "import troupe, sys\n"
+            "troupe.init(address='auto')\n"
+            "@troupe.remote(resources={'spare': 1})\n"
+            "class Talker:\n"
+            "    def say(self, text):\n"
+            "        print(text, flush=True)\n"
+            "        return troupe.get_runtime_context().get_actor_id(), troupe.get_runtime_context().get_node_id()\n"
+            "t = Talker.options(name='talker', lifetime='detached').remote()\n"
+            "print('ids', *troupe.get(t.say.remote('marker-four on the spare node'), timeout=60))\n")
+        r = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        actor_id, node_id = next(line.split()[1:] for line in r.stdout.splitlines() if line.startswith("ids "))
+        wait_until(lambda: "marker-four" in logs(env, actor_id).stdout, what="the actor's log")
+        status = json.loads(subprocess.run([cli(), "status", "--json"], env=env, capture_output=True, text=True,
+                                           timeout=60, check=True).stdout)
+        pid = next(n["pid"] for n in status["nodes"] if str(n["id"]) == node_id)
+        os.kill(pid, signal.SIGKILL)
+
+        def state():
+            status = subprocess.run([cli(), "status", "--json"], env=env, capture_output=True, text=True, timeout=60)
+            return next(a["state"] for a in json.loads(status.stdout)["actors"] if str(a["id"]) == actor_id)
+
+        wait_until(lambda: state() == "DEAD", what="the actor to die with its node")
+        # The head's own agent runs on that host, in that session: it reads
+        # the file.
+        r = logs(env, actor_id)
+        assert r.returncode == 0 and "marker-four on the spare node" in r.stdout, r.stderr
+    finally:
+        subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)

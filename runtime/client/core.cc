@@ -631,6 +631,50 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
 
 Core::~Core() { shutdown(); }
 
+namespace {
+
+// A request id unique in this process, and across processes as their random
+// client ids are (ActorSpec::request_id).
+uint64_t new_request_id(uint64_t client_id) {
+  static std::atomic<uint64_t> asked{0};
+  return (client_id ^ (++asked * 0x9E3779B97F4A7C15ull)) | 1;
+}
+
+// Sends `spec` (which carries its request id) until the head answers,
+// through stalls (Timeout) and drops of a head that comes back.
+template <class Info, class Spec>
+Info ask_until_answered(wire::RpcChannel& head, wire::Op op, const Spec& spec, const std::string& what,
+                        const std::function<bool()>& give_up) {
+  for (;;) {
+    try {
+      return head.call<Info>(op, spec);
+    } catch (const Timeout& e) {
+      if (head.is_closed()) throw;
+      TROUPE_LOG_WARN(
+          "the head has not answered the request for {} ({}); asking again (the same request: it is "
+          "carried out once)",
+          what, e.what());
+    } catch (const ConnectionError&) {
+      if (head.is_closed()) throw;  // else it dropped while a durable head restarts: the ask waits for its return
+    }
+    if (give_up && give_up()) throw Error("gave up asking the head for " + what);
+  }
+}
+
+}  // namespace
+
+wire::ActorInfo Core::create_actor(wire::ActorSpec spec, const std::function<bool()>& give_up) {
+  if (spec.request_id == 0) spec.request_id = new_request_id(client_id_);
+  return ask_until_answered<wire::ActorInfo>(head(), wire::Op::kCreateActor, spec, "a " + spec.class_name + " actor",
+                                             give_up);
+}
+
+wire::PlacementGroupInfo Core::create_placement_group(wire::PlacementGroupSpec spec) {
+  if (spec.request_id == 0) spec.request_id = new_request_id(client_id_);
+  return ask_until_answered<wire::PlacementGroupInfo>(head(), wire::Op::kCreatePlacementGroup, spec,
+                                                      "a placement group", {});
+}
+
 void Core::shutdown() {
   {
     std::lock_guard lock(mu_);

@@ -238,6 +238,17 @@ class Core : public std::enable_shared_from_this<Core> {
 
   asio::io_context& io() { return io_; }
   wire::RpcChannel& head() { return *head_; }
+  // Asks the head for a new actor and returns its info. The request goes
+  // out once more each time the head does not answer within the call's
+  // timeout (a head that stalls; said in the log) or the connection drops
+  // with it in flight (a durable head restarting): it carries an id, and the
+  // head makes one actor per id, so the actor is made once (a request given
+  // up on used to make one anyway, holding resources no one would use).
+  // Throws what the head answers (ConfigError), ConnectionError once the
+  // head is gone for good, and Error when `give_up` says so between asks.
+  wire::ActorInfo create_actor(wire::ActorSpec spec, const std::function<bool()>& give_up = {});
+  // The same for a placement group.
+  wire::PlacementGroupInfo create_placement_group(wire::PlacementGroupSpec spec);
   const std::string& address() const { return address_; }
   const std::string& token() const { return token_; }
   const wire::HelloReply& hello_reply() const { return hello_reply_; }

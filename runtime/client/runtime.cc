@@ -62,7 +62,9 @@ class HeadKvStore final : public KvStore {
   // cut in flight (the head died, and the link is dialling it again) is
   // sent again, and waits for the link like any call made while it is
   // down, rather than failing the caller (a function's export on its
-  // first .remote()). add is not, and wait has the caller's timeout.
+  // first .remote()); so is one a stalled head has not answered within the
+  // call's timeout (said in the log), for as long as its connection lives.
+  // add is not, and wait has the caller's timeout.
   template <class F>
   auto again_if_cut(F&& f) -> decltype(f()) {
     for (int attempt = 1;; ++attempt) {
@@ -70,6 +72,9 @@ class HeadKvStore final : public KvStore {
         return f();
       } catch (const ConnectionError&) {
         if (attempt >= 3 || live()->head_lost()) throw;
+      } catch (const Timeout& e) {
+        if (live()->head().is_closed()) throw;
+        TROUPE_LOG_WARN("the head has not answered a key-value request ({}); asking again", e.what());
       }
     }
   }
@@ -246,7 +251,7 @@ ActorInfo Runtime::create_actor(ActorSpec spec, const ActorOptions& options, con
   head::validate_concurrency_groups(spec.concurrency_groups, spec.class_name, &methods);
   head::validate_resources(spec.resources, "actor " + spec.class_name + " options");
   auto core = live();
-  auto info = core->head().call<ActorInfo>(Op::kCreateActor, spec);
+  auto info = core->create_actor(std::move(spec));
   // Waiting for resources: this process's idle task executors may hold them.
   if (info.state == ActorState::kPending && !info.pending_reason.empty())
     if (auto tasks = core->find_service<client::TaskSubmitter>()) tasks->release_idle();
@@ -313,7 +318,7 @@ PlacementGroup Runtime::create_placement_group(const std::vector<Resources>& bun
   PlacementGroupSpec spec{bundles, strategy, name, detached};
   PlacementGroup pg;
   pg.core_ = live();
-  pg.info_ = pg.core_->head().call<PlacementGroupInfo>(Op::kCreatePlacementGroup, spec);
+  pg.info_ = pg.core_->create_placement_group(spec);
   pg.bundles_ = bundles.size();
   // As in create_actor: idle task executors may hold what it waits for.
   if (pg.info_.state == wire::PlacementGroupState::kPending && !pg.info_.pending_reason.empty())

@@ -124,6 +124,7 @@ struct TaskSubmitter::Key {
   std::vector<std::shared_ptr<Executor>> executors;  // not gone
   int requested = 0;                                 // leases asked of the lease thread, not yet made
   int failed_leases = 0;
+  bool cap_unknown = false;   // the head did not answer key_for's node list in time: cap counted at the first lease
   bool check_queued = false;  // in feasibility_checks_
   // Since when no live node could hold it (check_feasible); unset while one can.
   std::optional<Clock::time_point> infeasible_since;
@@ -231,10 +232,15 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
   key->max_calls = p.max_calls;
   std::vector<NodeInfo> nodes;
   try {
-    nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes);
+    nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes, kNodeListWait);
   } catch (const ConnectionError& e) {
     if (core_.head().is_closed()) std::rethrow_exception(head_gone(*key, e.what()));
     throw;
+  } catch (const Timeout&) {
+    // A head that stalls: the tasks are taken (.remote() blocked for the
+    // call's 30 s, then failed) and wait for their executors; what fits
+    // where is counted at the first lease (refresh_cap).
+    key->cap_unknown = true;
   }
   // Hard affinity: only that node's room counts (the head refuses a node
   // that is not alive, naming it).
@@ -725,7 +731,10 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
   std::shared_ptr<ActorClient> client;
   std::exception_ptr error;
   try {
-    info = core_.head().call<ActorInfo>(Op::kCreateActor, key->spec);
+    info = core_.create_actor(key->spec, [this] {
+      std::lock_guard lock(mu_);
+      return stopping_;
+    });
     client = core_.actor(info);
     client->stop_awaiting_causes();  // a lost task waits for its cause here (kDeathCauseWait)
   } catch (const ConfigError& e) {
@@ -756,6 +765,7 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
   }
   for (auto& [t, x] : failures) fail_task(t, x);
   if (error) return;
+  if (key->cap_unknown) refresh_cap(key);
   std::weak_ptr<Executor> weak = e;
   std::weak_ptr<Key> weak_key = key;
   client->add_listener([this, weak, weak_key](const ActorInfo& i) {
@@ -765,6 +775,21 @@ void TaskSubmitter::lease_one(const std::shared_ptr<Key>& key) {
   });
   // It may have started before the listener was in place.
   on_executor_update(key, e, client->info());
+}
+
+void TaskSubmitter::refresh_cap(const std::shared_ptr<Key>& key) {
+  std::vector<NodeInfo> nodes;
+  try {
+    nodes = core_.head().call_empty<std::vector<NodeInfo>>(Op::kNodes, kNodeListWait);
+  } catch (const std::exception&) {
+    return;  // at the next lease
+  }
+  if (key->spec.node_affinity && !key->spec.affinity_soft)
+    std::erase_if(nodes, [&](const NodeInfo& n) { return n.id != key->spec.node_affinity; });
+  const int fits = fit_count(key->spec.resources, nodes);
+  std::lock_guard lock(mu_);
+  key->cap = std::max(1, fits);
+  key->cap_unknown = false;
 }
 
 void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {

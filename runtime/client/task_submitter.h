@@ -167,6 +167,9 @@ class TaskSubmitter {
   static std::exception_ptr worker_died(const std::string& task, const Executor& e, const std::string& cause);
   void lease_loop();
   void lease_one(const std::shared_ptr<Key>& key);
+  // The executors a key may hold at once (Key::cap), from the head's node
+  // list, for a key made while the head did not answer (Key::cap_unknown).
+  void refresh_cap(const std::shared_ptr<Key>& key);
   // Releases executors idle for idle_release, or all idle ones after
   // release_idle().
   void reap_idle(std::unique_lock<std::mutex>& lock);
@@ -200,6 +203,9 @@ class TaskSubmitter {
   // Executors to ask for their queued tasks (steal_locked): send() asks.
   std::vector<std::shared_ptr<ActorClient>> hand_backs_;
   bool stopping_ = false;
+  // How long key_for waits for the head's node list before taking the
+  // tasks anyway (refresh_cap counts the key's executors at its first lease).
+  static constexpr std::chrono::milliseconds kNodeListWait{2000};
   bool release_idle_requested_ = false;  // release_idle(): reap_idle takes every idle executor
   bool retire_requested_ = false;        // a spent executor became idle: reap_idle takes it
   bool resources_wanted_ = false;        // set_resources_wanted()

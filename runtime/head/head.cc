@@ -745,6 +745,12 @@ class Head::Impl {
     // same log files, which keeps its earlier workers' logs.
     if (it == node_conns_.end())
       if (const uint64_t same = same_agent_as(node)) it = node_conns_.find(same);
+    // A dead actor's last worker ran on a node whose agent is gone (killed,
+    // then started again): the log file stays on its host, where another
+    // agent started in the same session directory reads it ("no log file"
+    // from one started elsewhere).
+    if (it == node_conns_.end() && req.target == "worker")
+      if (const uint64_t other = agent_on_host_of(node)) it = node_conns_.find(other);
     if (it == node_conns_.end())
       throw ConfigError("node " + std::to_string(node) + " is not alive, or its agent is not connected to the head");
     const uint64_t id = next_log_request_++;
@@ -766,6 +772,22 @@ class Head::Impl {
     for (const auto& n : nodes)
       if (n.alive && n.id != dead && n.pid == was->pid && n.hostname == was->hostname) return n.id;
     return 0;
+  }
+
+  // A live node on the host node `dead` ran on: the same hostname, and the
+  // same advertised address where one has it (hosts that are containers or
+  // network namespaces of one machine share a hostname); 0 when none.
+  uint64_t agent_on_host_of(uint64_t dead) const {
+    const auto nodes = state_.nodes();
+    auto was = std::find_if(nodes.begin(), nodes.end(), [&](const auto& n) { return n.id == dead; });
+    if (was == nodes.end() || was->hostname.empty()) return 0;
+    uint64_t same_name = 0;
+    for (const auto& n : nodes) {
+      if (!n.alive || n.id == dead || n.hostname != was->hostname || !node_conns_.count(n.id)) continue;
+      if (n.address == was->address) return n.id;
+      if (!same_name) same_name = n.id;
+    }
+    return same_name;
   }
 
   void relay_log(Message& m) {

@@ -325,6 +325,11 @@ void HeadState::validate_actor(const ActorSpec& spec) {
 }
 
 ActorInfo HeadState::create_actor(PeerId owner, ActorSpec spec) {
+  // Asked again (no answer came in time): the actor the first ask made, before
+  // its name is found taken by itself.
+  if (spec.request_id != 0)
+    if (auto it = requests_.find(spec.request_id); it != requests_.end())
+      if (auto a = actors_.find(it->second); a != actors_.end()) return a->second.info;
   validate_actor(spec);
   Actor a;
   a.info.id = next_actor_id_++;
@@ -344,6 +349,7 @@ ActorInfo HeadState::create_actor(PeerId owner, ActorSpec spec) {
   uint64_t id = a.info.id;
   mark(a);
   if (!a.info.name.empty()) named_[a.info.name] = id;
+  if (a.spec.request_id != 0) requests_[a.spec.request_id] = id;
   actors_[id] = std::move(a);
   pending_actors_.push_back(id);
   schedule();
@@ -547,6 +553,7 @@ void HeadState::evict_dead() {
     order->pop_front();
     // Its restarts still count in troupe_actor_restarts_total (a counter).
     retired_restarts_ += actors_.at(id).info.restarts;
+    requests_.erase(actors_.at(id).spec.request_id);
     actors_.erase(id);
     out_.evicted.push_back(id);
     if (write_through_) dirty_actors_.insert(id);
@@ -875,6 +882,11 @@ PlacementGroupInfo HeadState::create_placement_group(PeerId owner, PlacementGrou
   if (spec.bundles.empty()) throw ConfigError("a placement group needs at least one bundle");
   for (size_t i = 0; i < spec.bundles.size(); ++i)
     validate_resources(spec.bundles[i], "placement group bundle " + std::to_string(i));
+  // Asked again (no answer came in time): the group the first ask made. A
+  // scan: groups are few, and made seldom.
+  if (spec.request_id != 0)
+    for (const auto& [id, g] : groups_)
+      if (g.spec.request_id == spec.request_id) return g.info;
   Group g;
   g.info.id = next_group_id_++;
   g.spec = std::move(spec);

@@ -160,7 +160,7 @@ class HeadState {
   // its fields) changes: a head refuses a state file of another format by
   // name instead of misreading it. HeadStateTest.RowFormatIsKnown trips
   // when the encoded rows change and the number did not.
-  static constexpr int kRowFormat = 6;
+  static constexpr int kRowFormat = 7;
   // Turns change tracking on; every row is due at the next take_rows.
   void enable_write_through();
   // The rows changed since the last call (all of them the first time).
@@ -399,6 +399,7 @@ class HeadState {
   std::map<uint64_t, Actor> actors_;
   std::map<uint64_t, Group> groups_;
   std::map<std::string, uint64_t> named_;
+  std::unordered_map<uint64_t, uint64_t> requests_;  // ActorSpec::request_id -> the actor that request made
   std::map<std::string, std::string> kv_;
   std::map<std::string, size_t> ref_counts_;  // reference target -> its references in kv_
   std::deque<std::string> job_keys_;          // the troupe.jobs/ keys in kv_, oldest first

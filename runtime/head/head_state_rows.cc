@@ -250,6 +250,7 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
       a.lent = r.lent;
     }
     const uint64_t id = a.info.id;
+    if (a.spec.request_id != 0) requests_[a.spec.request_id] = id;
     if (a.info.state == ActorState::kDead) {
       dead_order(a).push_back(id);
     } else {

@@ -135,9 +135,14 @@ struct ActorSpec {
   bool affinity_soft = false;
   // Groups beside the default one (head::validate_concurrency_groups).
   std::vector<ConcurrencyGroup> concurrency_groups;
+  // The creating process's id for this request (0: none). The head makes
+  // one actor per id: a request asked again after no answer (a head that
+  // stalled past the call's timeout, or restarted) gets the actor the first
+  // one made, not a second (client::Core::create_actor).
+  uint64_t request_id = 0;
   TROUPE_FIELDS(type_key, class_name, ctor_args, ctor_attachments, resources, name, max_restarts, max_task_retries,
                 max_concurrency, placement_group, bundle_index, executable, env, detached, node_affinity, affinity_soft,
-                concurrency_groups)
+                concurrency_groups, request_id)
 };
 
 struct ActorInfo {
@@ -274,7 +279,9 @@ struct PlacementGroupSpec {
   // Outlives the process that created it (Ray's lifetime="detached"): it
   // has no owner, and only a removal or the cluster's end frees it.
   bool detached = false;
-  TROUPE_FIELDS(bundles, strategy, name, detached)
+  // As ActorSpec::request_id: the head makes one group per id.
+  uint64_t request_id = 0;
+  TROUPE_FIELDS(bundles, strategy, name, detached, request_id)
 };
 
 enum class PlacementGroupState : uint8_t { kPending = 0, kCreated = 1, kRemoved = 2 };

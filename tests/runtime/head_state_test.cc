@@ -1109,7 +1109,7 @@ TEST_F(HeadStateTest, RowFormatIsKnown) {
     for (const std::string* part : {&k, &v}) {
       for (unsigned char c : *part + '\0') hash = (hash ^ c) * 1099511628211ull;
     }
-  EXPECT_EQ(std::make_pair(HeadState::kRowFormat, hash), std::make_pair(6, uint64_t{3923319413515640235ull}))
+  EXPECT_EQ(std::make_pair(HeadState::kRowFormat, hash), std::make_pair(7, uint64_t{561531740420673195ull}))
       << "the head's rows changed: bump HeadState::kRowFormat";
 }
 
@@ -1316,6 +1316,41 @@ TEST_F(HeadStateTest, RestartedHeadKeepsWhatComesBackAndLosesWhatDoesNot) {
   EXPECT_EQ(again.actor_info(gone).state, ActorState::kRestarting);  // its node did not come back
   // New ids never collide with old ones.
   EXPECT_GT(again.create_actor(200, spec()).id, gone);
+}
+
+// A request to create an actor asked again (its caller had no answer in
+// time: a head that stalled, or one restarted) gets the actor the first ask
+// made; before, each ask made one, and a caller that gave up left one
+// holding resources (a task executor, a named actor whose name it took).
+TEST_F(HeadStateTest, ARequestAskedAgainMakesOneActor) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  add_node({{"CPU", 4}}, 1);
+  ActorSpec named = spec({{"CPU", 1}}, 0, "once");
+  named.request_id = 41;
+  const auto first = state_.create_actor(kDriver, named);
+  EXPECT_EQ(state_.create_actor(kDriver, named).id, first.id);  // not "the name is taken"
+  ActorSpec plain = spec({{"CPU", 1}});
+  plain.request_id = 42;
+  const auto other = state_.create_actor(kDriver, plain);
+  EXPECT_NE(other.id, first.id);
+  EXPECT_EQ(state_.create_actor(kDriver, plain).id, other.id);
+  // Requests without an id are not merged.
+  EXPECT_NE(state_.create_actor(kDriver, spec()).id, state_.create_actor(kDriver, spec()).id);
+  PlacementGroupSpec group{{{{"CPU", 1}}}, PlacementStrategy::kPack, "", false, 44};
+  const uint64_t group_id = state_.create_placement_group(kDriver, group).id;
+  EXPECT_EQ(state_.create_placement_group(kDriver, group).id, group_id);
+  start_spawned();
+  apply_rows(store, state_.take_rows());
+  // A restarted head knows the requests from its rows.
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  EXPECT_EQ(again.create_actor(kDriver, plain).id, other.id);
+  EXPECT_EQ(again.create_actor(kDriver, named).id, first.id);
+  EXPECT_EQ(again.create_placement_group(kDriver, group).id, group_id);
+  ActorSpec fresh = spec();
+  fresh.request_id = 43;
+  EXPECT_GT(again.create_actor(kDriver, fresh).id, other.id);
 }
 
 TEST_F(HeadStateTest, RestoredNodeReportsWorkersThatEndedAndOnesItMustKill) {
