@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "python_shim/src/py_client.h"
+#include "troupe/config.h"
 #include "troupe/runtime/collective/actor_group.h"
 #include "troupe/runtime/core/errors.h"
 
@@ -103,6 +104,7 @@ class PyGroup {
 
 void bind_collective(pybind11::module_& m) {
   using NoGil = pyb::call_guard<pyb::gil_scoped_release>;
+  m.attr("HAS_NCCL") = static_cast<bool>(TROUPE_WITH_NCCL);
   pyb::class_<PyGroup>(m, "CollectiveGroup")
       .def_property_readonly("rank", &PyGroup::rank)
       .def_property_readonly("world_size", &PyGroup::world_size)

@@ -90,6 +90,37 @@ class Member:
     def pid(self):
         return os.getpid()
 
+    def try_init(self, world, rank, timeout_ms, group="default"):
+        try:
+            col.init_collective_group(world, rank, backend="gloo", group_name=group, gloo_timeout=timeout_ms)
+            return "joined"
+        except Exception as e:  # noqa: BLE001 - the error is the result
+            return f"{type(e).__name__}: {e}"
+
+    def stuck_then_destroyed(self):
+        # An allreduce the peer never joins, in a thread of this member's,
+        # while this call destroys the group.
+        import threading
+        import time
+
+        failed = []
+        t = threading.Thread(target=lambda: failed.append(_error_of(lambda: col.allreduce(np.zeros(2), "u"))))
+        t.start()
+        while not col._groups["u"].lock.locked():  # the thread is in its operation
+            time.sleep(0.01)
+        started = time.monotonic()
+        col.destroy_collective_group("u")
+        t.join(timeout=60)
+        return failed, time.monotonic() - started
+
+
+def _error_of(fn):
+    try:
+        fn()
+        return None
+    except Exception as e:  # noqa: BLE001 - the error is the result
+        return type(e).__name__
+
 
 def _members(n):
     return [Member.remote(r, n) for r in range(n)]
@@ -141,3 +172,25 @@ def test_a_members_death_fails_the_others_operation_instead_of_hanging_it():
     troupe.kill(members[1])
     with pytest.raises(CollectiveAbortedError, match="rank 1"):
         troupe.get(waiting, timeout=120)
+
+
+def test_a_name_forms_again_after_a_timeout_a_resize_or_another_job():
+    # Each forming is rank 0's: before, counters kept per rank drifted apart
+    # after a forming that timed out, and the name never formed again.
+    a, b, c = Member.options(max_concurrency=2).remote(0, 2), Member.remote(1, 2), Member.remote(2, 3)
+    late = troupe.get(a.try_init.remote(2, 0, 1000, "g"), timeout=60)
+    assert "rank(s) 1 of 2 did not join within 1000 ms" in late, late
+    assert troupe.get([a.try_init.remote(2, 0, 30000, "g"), b.try_init.remote(2, 1, 30000, "g")],
+                      timeout=120) == ["joined"] * 2
+    assert troupe.get([a.allreduce.remote(1.0, "g"), b.allreduce.remote(2.0, "g")], timeout=60) == [3.0] * 2
+    # Three members under the same name, after the two destroyed it.
+    troupe.get([a.destroy.remote("g"), b.destroy.remote("g")], timeout=60)
+    assert troupe.get([m.try_init.remote(3, r, 30000, "g") for r, m in enumerate((a, b, c))],
+                      timeout=120) == ["joined"] * 3
+    assert troupe.get([m.allreduce.remote(1.0, "g") for m in (a, b, c)], timeout=60) == [3.0] * 3
+    # A member that destroys the group while another thread of its own waits
+    # in an operation: the operation fails at once (it waited for its 300 s).
+    troupe.get([a.try_init.remote(2, 0, 30000, "u"), b.try_init.remote(2, 1, 30000, "u")], timeout=120)
+    failed, took = troupe.get(a.stuck_then_destroyed.remote(), timeout=120)
+    assert failed == ["CollectiveAbortedError"], failed
+    assert col.Backend("GLOO") == "gloo" and col.gloo_available()

@@ -229,3 +229,32 @@ def test_a_handle_found_by_name_keeps_the_methods_retries():
     assert troupe.get(found.raise_n_times.remote(tally, 5), timeout=120) == 5
     assert found.raise_n_times._retries == 5
     troupe.kill(found)
+
+
+def test_a_cancelled_call_is_not_run_again_on_its_exceptions(tmp_path):
+    # It retried for ever (max_task_retries=-1) after troupe.cancel, and the
+    # actor, which runs one call at a time, answered nothing else.
+    @troupe.remote
+    class Forever:
+        def __init__(self):
+            self.attempts = 0
+
+        @troupe.method(retry_exceptions=[Flaky], max_task_retries=-1)
+        def fail(self, path):
+            self.attempts += 1
+            with open(path, "w") as f:
+                f.write(str(self.attempts))
+            raise Flaky(str(self.attempts))
+
+        def count(self):
+            return self.attempts
+
+    a = Forever.remote()
+    path = tmp_path / "attempts"
+    ref = a.fail.remote(str(path))
+    wait_until(lambda: path.exists() and path.read_text() not in ("", "1", "2"), what="the retries to run")
+    troupe.cancel(ref)
+    with pytest.raises(troupe.exceptions.TaskCancelledError):
+        troupe.get(ref, timeout=60)
+    first = troupe.get(a.count.remote(), timeout=60)
+    assert troupe.get(a.count.remote(), timeout=60) == first  # no attempt after the cancel

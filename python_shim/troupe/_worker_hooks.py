@@ -314,6 +314,8 @@ class _MethodRetry:
         return a, kw
 
     def again(self, error, attempt):
+        if _core.current_task_cancelled():
+            return False  # troupe.cancel reached the call: no attempt after it
         fn = getattr(type(self._instance), self._name, None)
         asked = self._asked
         kinds = asked.kinds if asked is not None and asked.kinds_given else getattr(

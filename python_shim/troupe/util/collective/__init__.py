@@ -10,14 +10,16 @@ or restarted member fails at once with CollectiveAbortedError naming it.
 """
 import json
 import threading
+import time
 
 from troupe import _core
-from troupe.exceptions import ConfigError
+from troupe.exceptions import ConfigError, GetTimeoutError
 from troupe.util.collective.types import Backend, ReduceOp
 
 __all__ = ["Backend", "ReduceOp", "allgather", "allreduce", "barrier", "broadcast", "create_collective_group",
-           "destroy_collective_group", "get_collective_group_size", "get_rank", "init_collective_group",
-           "is_group_initialized", "recv", "reduce", "reducescatter", "send"]
+           "destroy_collective_group", "get_collective_group_size", "get_rank", "gloo_available",
+           "init_collective_group", "is_group_initialized", "nccl_available", "recv", "reduce", "reducescatter",
+           "send"]
 
 # Where groups meet in the head's KV store: "<prefix><name>/...".
 _PREFIX = "troupe.collective/"
@@ -38,6 +40,24 @@ class _Member:
         self.handle, self.backend = handle, backend
         self.rank, self.world_size = handle.rank, handle.world_size
         self.lock = threading.Lock()
+
+
+def gloo_available():
+    """Whether gloo groups can be formed (always: troupe is built with it)."""
+    return True
+
+
+def nccl_available():
+    """Whether nccl groups can be formed here: troupe built with NCCL, and
+    a CUDA device that torch sees."""
+    if not _core.HAS_NCCL:
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
 
 
 def _client():
@@ -88,31 +108,102 @@ def _join(name, key, generation, rank, world_size, members, backend, timeout_ms)
         _groups[name] = _Member(handle, backend)
 
 
+def _left_ms(deadline):
+    return max(1, int((deadline - time.monotonic()) * 1000))
+
+
+def _leader_alive(client, leader):
+    """Whether the rank 0 that announced `leader` still runs, as it was then."""
+    if not leader["actor"]:
+        return True  # a driver: nothing to ask
+    try:
+        info = client.actor_info(leader["actor"])
+    except Exception:  # noqa: BLE001 - an actor the head no longer knows is gone
+        return False
+    return info["state"] == "ALIVE" and info["restarts"] == leader["restarts"]
+
+
+def _follow(client, base, group_name, world_size, rank, deadline):
+    """A rank other than 0: the generation of the forming rank 0 announced
+    last, once that announcement is this rank's to join (its rank 0 runs,
+    as it was then, with this world size, and no process took this rank in
+    it yet, nor did rank 0 give it up: else it is one from before, and this
+    waits for the next)."""
+    while True:
+        blob = client.kv_get(f"{base}/leader")
+        generation = 0
+        if blob is not None:
+            leader = json.loads(blob)
+            generation = leader["generation"]
+            if (leader["world_size"] == world_size and client.kv_get(f"{base}/gen{generation}/member{rank}") is None
+                    and client.kv_get(f"{base}/gen{generation}/abandoned") is None and _leader_alive(client, leader)):
+                client.kv_put(f"{base}/gen{generation}/member{rank}", str(_own_id()).encode())
+                return generation
+        # The next announcement: rank 0's key of the next forming.
+        try:
+            client.kv_wait(f"{base}/gen{generation + 1}/member0", _left_ms(deadline))
+        except GetTimeoutError:
+            raise GetTimeoutError(f"collective group {group_name!r}: rank 0 did not start a forming that rank {rank} "
+                                  f"of {world_size} could join within the timeout") from None
+
+
+def _form(group_name, world_size, rank, backend, timeout_ms):
+    """Forms the group: rank 0 starts a forming (a new generation, which
+    it announces), the other ranks join the one it announced last, each
+    publishing its actor id, so that every member watches the others."""
+    client = _client()
+    base = f"{_PREFIX}{group_name}"
+    deadline = time.monotonic() + timeout_ms / 1000
+    if rank == 0:
+        generation = client.kv_add(f"{base}/generation", 1)
+        me = _own_id()
+        restarts = client.actor_info(me)["restarts"] if me else 0
+        client.kv_put(f"{base}/gen{generation}/member0", str(me).encode())
+        client.kv_put(f"{base}/leader", json.dumps({"generation": generation, "world_size": world_size, "actor": me,
+                                                    "restarts": restarts}).encode())
+        # The forming before this one is given up (a rank that read the
+        # announcement of it just now waits for this one), and its keys go;
+        # the mark of the one before it too.
+        client.kv_put(f"{base}/gen{generation - 1}/abandoned", b"1")
+        for r in range(world_size):
+            client.kv_erase(f"{base}/gen{generation - 1}/member{r}")
+        client.kv_erase(f"{base}/gen{generation - 2}/abandoned")
+    else:
+        generation = _follow(client, base, group_name, world_size, rank, deadline)
+    members = []
+    for r in range(world_size):
+        try:
+            members.append(int(client.kv_wait(f"{base}/gen{generation}/member{r}", _left_ms(deadline))))
+        except GetTimeoutError:
+            if rank == 0:  # no one joins it any more: a rank that comes late waits for rank 0's next
+                client.kv_put(f"{base}/gen{generation}/abandoned", b"1")
+            missing = [k for k in range(world_size) if client.kv_get(f"{base}/gen{generation}/member{k}") is None]
+            raise GetTimeoutError(f"collective group {group_name!r} (generation {generation}): rank(s) "
+                                  f"{', '.join(map(str, missing))} of {world_size} did not join within "
+                                  f"{timeout_ms} ms") from None
+    _join(group_name, base, generation, rank, world_size, members, backend, _left_ms(deadline))
+
+
 def init_collective_group(world_size, rank, backend=Backend.NCCL, group_name="default", gloo_timeout=30000):
     """Joins this process to group `group_name` as `rank` of `world_size`
     (as Ray's): blocks until every member has joined, at most
-    `gloo_timeout` ms. Members that destroy the group and join again form
-    a new one."""
+    `gloo_timeout` ms. Each forming is rank 0's: members that destroy the
+    group and join again, or that join after a forming timed out or after
+    another job used the name, form a new one with whatever rank 0 starts."""
     _check_ranks(world_size, rank)
     _check_name(group_name)
     backend = _backend(backend)
     timeout_ms = _timeout_ms(gloo_timeout)
     if is_group_initialized(group_name):
         raise RuntimeError(f"collective group {group_name!r} is already initialized in this process")
-    client = _client()
-    base = f"{_PREFIX}{group_name}"
-    # The n-th join of rank r is in the n-th forming of the group.
-    generation = client.kv_add(f"{base}/joins/rank{rank}", 1)
-    client.kv_put(f"{base}/gen{generation}/member{rank}", str(_own_id()).encode())
-    members = [int(client.kv_wait(f"{base}/gen{generation}/member{r}", timeout_ms)) for r in range(world_size)]
-    _join(group_name, base, generation, rank, world_size, members, backend, timeout_ms)
+    _form(group_name, world_size, rank, backend, timeout_ms)
 
 
 def create_collective_group(actors, world_size, ranks, backend=Backend.NCCL, group_name="default",
                             gloo_timeout=30000):
     """Declares, from the driver, a group of `actors` (handles) with
     `ranks` (as Ray's): each actor joins it at its first collective call
-    on `group_name`."""
+    on `group_name` (and again, after it destroyed it, at the next)."""
     _check_name(group_name)
     backend = _backend(backend)
     timeout_ms = _timeout_ms(gloo_timeout)
@@ -121,12 +212,9 @@ def create_collective_group(actors, world_size, ranks, backend=Backend.NCCL, gro
         raise ConfigError(f"collective: {len(actors)} actors and {len(ranks)} ranks for world_size {world_size!r}")
     if sorted(ranks) != list(range(world_size)):
         raise ConfigError(f"collective: ranks must be 0..{world_size - 1}, each once, got {ranks!r}")
-    client = _client()
-    base = f"{_PREFIX}{group_name}/declared"
-    generation = client.kv_add(f"{base}/generation", 1)
     members = {str(a._actor.id): r for a, r in zip(actors, ranks)}
-    client.kv_put(base, json.dumps({"generation": generation, "world_size": world_size, "backend": backend,
-                                    "timeout_ms": timeout_ms, "members": members}).encode())
+    _client().kv_put(f"{_PREFIX}{group_name}/declared", json.dumps({
+        "world_size": world_size, "backend": backend, "timeout_ms": timeout_ms, "members": members}).encode())
 
 
 def _declared(group_name):
@@ -138,9 +226,7 @@ def _declared(group_name):
     rank = spec["members"].get(str(_own_id()))
     if rank is None:
         raise RuntimeError(f"collective group {group_name!r} was declared without this actor ({_own_id()})")
-    by_rank = sorted(spec["members"].items(), key=lambda item: item[1])
-    _join(group_name, f"{_PREFIX}{group_name}/declared", spec["generation"], rank, spec["world_size"],
-          [int(actor) for actor, _ in by_rank], spec["backend"], spec["timeout_ms"])
+    _form(group_name, spec["world_size"], rank, spec["backend"], spec["timeout_ms"])
     return _groups[group_name]
 
 
@@ -181,8 +267,15 @@ def destroy_collective_group(group_name="default"):
     with _groups_lock:
         member = _groups.pop(group_name, None)
     if member is not None:
-        with member.lock:
+        if not member.lock.acquire(blocking=False):
+            # Another thread of this member waits in an operation (a peer
+            # that does not come): it fails now rather than at its timeout.
+            member.handle.abort(f"collective group {group_name!r} was destroyed by this member")
+            member.lock.acquire()
+        try:
             member.handle.close()
+        finally:
+            member.lock.release()
     if not _core.in_worker():
         _client().kv_erase(f"{_PREFIX}{group_name}/declared")
 
