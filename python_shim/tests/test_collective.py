@@ -194,3 +194,21 @@ def test_a_name_forms_again_after_a_timeout_a_resize_or_another_job():
     failed, took = troupe.get(a.stuck_then_destroyed.remote(), timeout=120)
     assert failed == ["CollectiveAbortedError"], failed
     assert col.Backend("GLOO") == "gloo" and col.gloo_available()
+
+
+@troupe.remote(num_cpus=0)
+class JoinsInItsConstructor:
+    def __init__(self, rank):
+        col.init_collective_group(2, rank, backend="gloo", group_name="ctor")
+
+    def allreduce(self, value):
+        a = np.array([value], dtype=np.float64)
+        col.allreduce(a, "ctor")
+        return float(a[0])
+
+
+def test_a_group_formed_in_the_members_constructors():
+    # Rank 0 announced its forming while still PENDING (in __init__), and
+    # rank 1 took that for a rank 0 that had ended: it never joined.
+    members = [JoinsInItsConstructor.remote(r) for r in range(2)]
+    assert troupe.get([m.allreduce.remote(r + 1.0) for r, m in enumerate(members)], timeout=120) == [3.0, 3.0]

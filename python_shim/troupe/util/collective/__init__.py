@@ -120,7 +120,8 @@ def _leader_alive(client, leader):
         info = client.actor_info(leader["actor"])
     except Exception:  # noqa: BLE001 - an actor the head no longer knows is gone
         return False
-    return info["state"] == "ALIVE" and info["restarts"] == leader["restarts"]
+    # PENDING: still in its constructor (a group formed in __init__).
+    return info["state"] in ("ALIVE", "PENDING") and info["restarts"] == leader["restarts"]
 
 
 def _follow(client, base, group_name, world_size, rank, deadline):

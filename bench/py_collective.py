@@ -1,0 +1,121 @@
+#!/usr/bin/python3
+"""bench/run py_collective: allreduce between two processes, troupe's Python
+collective groups (troupe.util.collective, Ray's ray.util.collective API)
+against torch.distributed's gloo backend, on the same machine in one run.
+
+Cases `allreduce_4KiB`, `allreduce_1MiB`, `allreduce_16MiB`: a float32
+numpy array (troupe) and a float32 CPU tensor (torch) summed between two
+processes (troupe: two actors of an embedded cluster; torch: two processes
+of torch.multiprocessing, init_process_group("gloo") on loopback). Each
+side runs 3 warm-up rounds, then --rounds timed rounds, each after a
+barrier; a round's time is the slower rank's. `value` is troupe's median
+in ms, `torch` the peer's, `ratio` = torch's median / troupe's (above 1:
+troupe faster), with the GB/s of the data reduced.
+
+    bench/py_collective.py [--rounds 20] [--only 4KiB,1MiB,16MiB]
+
+One JSON object per line on stdout.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20}
+WARMUP = 3
+
+
+def rounds_of(allreduce, barrier, rounds):
+    """Times of `rounds` allreduces (after WARMUP), each after a barrier."""
+    for _ in range(WARMUP):
+        allreduce()
+    times = []
+    for _ in range(rounds):
+        barrier()
+        t0 = time.perf_counter()
+        allreduce()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def troupe_side(sizes, rounds):
+    import numpy as np
+
+    import troupe
+    import troupe.util.collective as col
+
+    troupe.init(num_cpus=2, log_to_driver=False)
+
+    @troupe.remote(num_cpus=1)
+    class Member:
+        def __init__(self, rank):
+            col.init_collective_group(2, rank, backend="gloo", group_name="bench")
+
+        def run(self, nbytes, rounds):
+            data = np.ones(nbytes // 4, dtype=np.float32)
+            times = rounds_of(lambda: col.allreduce(data, "bench"), lambda: col.barrier("bench"), rounds)
+            if data[0] != 2.0 ** (WARMUP + rounds):
+                raise RuntimeError(f"allreduce summed to {data[0]}")
+            return times
+
+    members = [Member.remote(r) for r in range(2)]
+    out = {}
+    for name, nbytes in sizes.items():
+        a, b = troupe.get([m.run.remote(nbytes, rounds) for m in members], timeout=600)
+        out[name] = [max(x, y) for x, y in zip(a, b)]
+    troupe.shutdown()
+    return out
+
+
+def _torch_rank(rank, port, sizes, rounds, queue):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    out = {}
+    for name, nbytes in sizes.items():
+        data = torch.ones(nbytes // 4, dtype=torch.float32)
+        out[name] = rounds_of(lambda: dist.all_reduce(data), dist.barrier, rounds)
+    queue.put((rank, out))
+    dist.destroy_process_group()
+
+
+def torch_side(sizes, rounds):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_torch_rank, args=(r, port, sizes, rounds, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    return {name: [max(x, y) for x, y in zip(results[0][name], results[1][name])] for name in sizes}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--only", default=",".join(SIZES))
+    a = p.parse_args()
+    sizes = {n: SIZES[n] for n in a.only.split(",")}
+    ours = troupe_side(sizes, a.rounds)
+    theirs = torch_side(sizes, a.rounds)
+    for name, nbytes in sizes.items():
+        mine, peer = statistics.median(ours[name]), statistics.median(theirs[name])
+        print(json.dumps({"bench": "py_collective", "case": f"allreduce_{name}", "value": round(mine * 1e3, 4),
+                          "unit": "ms", "torch": round(peer * 1e3, 4), "ratio": round(peer / mine, 3),
+                          "gbps": round(nbytes / mine / 1e9, 3), "torch_gbps": round(nbytes / peer / 1e9, 3),
+                          "rounds": a.rounds}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
