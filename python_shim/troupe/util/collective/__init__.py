@@ -4,7 +4,7 @@ create_collective_group in the driver, and run allreduce, broadcast,
 allgather, reducescatter, reduce, barrier, send and recv on numpy arrays
 and torch tensors (gloo: host memory; nccl: CUDA tensors).
 
-Unlike Ray's, a group never hangs on a member that died: each member
+Unlike Ray's, a group does not wait for a timeout on a member that died: each member
 watches the others through the head, and an operation waiting on a dead
 or restarted member fails at once with CollectiveAbortedError naming it.
 """
