@@ -565,14 +565,6 @@ struct UsageError : troupe::ConfigError {
   using troupe::ConfigError::ConfigError;
 };
 
-// Whether a process of the session still runs (a live pid file).
-bool has_live_pid_file(const std::string& dir) {
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().extension() == ".pid" && troupe::core::check_pid_file(dir, it->path().filename()).alive) return true;
-  return false;
-}
-
 troupe::Runtime connect_session(const std::string& address_flag) {
   if (!address_flag.empty() && address_flag != "auto") try {
       troupe::wire::parse_address(address_flag);
@@ -593,7 +585,7 @@ troupe::Runtime connect_session(const std::string& address_flag) {
     // leaves its files): say that rather than "connection refused".
     const auto head = troupe::core::check_pid_file(dir, "head.pid");
     if (address_flag.empty() || address_flag == "auto")
-      if (head.pid > 0 && !head.alive && !has_live_pid_file(dir))
+      if (head.pid > 0 && !head.alive && !troupe::core::has_live_pid_file(dir))
         throw troupe::ConnectionError("no cluster runs in session " + dir + ": its head (pid " +
                                       std::to_string(head.pid) +
                                       ") has exited (stopped from another host?); `troupe stop` clears what it "

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <filesystem>
 #include <optional>
 #include <thread>
 #include <unordered_set>
@@ -701,14 +700,8 @@ PYBIND11_MODULE(_core, m) {
     }
     // The head runs here, or a node agent that joined it from this host
     // (`troupe start --address`: its session's address is the head's).
-    bool running = core::check_pid_file(dir, "head.pid").alive;
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it(dir, ec), end; !running && !ec && it != end; it.increment(ec)) {
-      const std::string name = it->path().filename();
-      running =
-          name.rfind("node-", 0) == 0 && it->path().extension() == ".pid" && core::check_pid_file(dir, name).alive;
-    }
-    if (!running) return std::pair<std::string, std::string>();
+    if (!core::check_pid_file(dir, "head.pid").alive && !core::has_live_pid_file(dir, "node-"))
+      return std::pair<std::string, std::string>();
     return std::pair(dir, core::read_session_file(dir, "address"));
   });
   m.def("actor_id", [] { return this_actor::id(); });

@@ -106,7 +106,10 @@ class Member:
         failed = []
         t = threading.Thread(target=lambda: failed.append(_error_of(lambda: col.allreduce(np.zeros(2), "u"))))
         t.start()
-        while not col._groups["u"].lock.locked():  # the thread is in its operation
+        deadline = time.monotonic() + 60
+        while not col._groups["u"].lock.locked():  # the thread is in its operation (polled, bounded)
+            if time.monotonic() > deadline:
+                raise TimeoutError("the operation's thread never started")
             time.sleep(0.01)
         started = time.monotonic()
         col.destroy_collective_group("u")

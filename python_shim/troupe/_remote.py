@@ -1108,7 +1108,7 @@ class ActorHandle:
                 raise AttributeError(f"actor class {table[0]} has no method {name!r}")
             returns = table[1][name] if table is not None and not builtin else 1
             group = table[2].get(name) if table is not None and not builtin else None
-            retries = table[4].get(name) if table is not None and len(table) > 4 and not builtin else None
+            retries = table[4].get(name) if table is not None and not builtin else None
             m = methods[name] = ActorMethod(self, name, returns, group, retries)
         return m
 

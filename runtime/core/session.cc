@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include "troupe/runtime/core/errors.h"
@@ -175,6 +176,15 @@ PidFile check_pid_file(const std::string& dir, const std::string& name) {
   else
     f.alive = true;
   return f;
+}
+
+bool has_live_pid_file(const std::string& dir, const std::string& prefix) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename();
+    if (name.rfind(prefix, 0) == 0 && it->path().extension() == ".pid" && check_pid_file(dir, name).alive) return true;
+  }
+  return false;
 }
 
 }  // namespace troupe::core

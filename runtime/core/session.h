@@ -49,5 +49,8 @@ struct PidFile {
   std::string problem;  // why not: absent, malformed, exited, pid reused
 };
 PidFile check_pid_file(const std::string& dir, const std::string& name);
+// Whether a process of session `dir` whose pid file's name starts with
+// `prefix` ("" = any: the head's, a node agent's) still runs.
+bool has_live_pid_file(const std::string& dir, const std::string& prefix = "");
 
 }  // namespace troupe::core
