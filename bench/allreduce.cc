@@ -8,11 +8,16 @@
 // which weighs on small messages most).
 //
 // Usage: troupe_bench_allreduce [--peer PATH/torch_allreduce.py] [--python /usr/bin/python3]
-//                               [--no-peer] [--rounds N] [--sizes B,B,...]
+//                               [--no-peer] [--rounds N] [--sizes B,B,...] [--check on|off|both]
 //
-// Both sides stay up for the whole run, idle between trials, and take
-// turns trial by trial (ABBA order per size), so that load from other
-// processes on a shared machine falls on both alike. A trial is a few
+// --check: troupe's groups with the agreement check (on, the default: each
+// allreduce is preceded by a 24-byte allgather of what each rank asked
+// for), without it (off), or both side by side (rows troupe_gloo and
+// troupe_gloo_unchecked), which measures the check's cost.
+//
+// All sides stay up for the whole run, idle between trials, and take
+// turns trial by trial (the order rotating every round), so that load from
+// other processes on a shared machine falls on all alike. A trial is a few
 // warm-up operations, a barrier, then `iters` back-to-back allreduces; its
 // time per op is the max over the ranks. `value` is the best trial's bus
 // bandwidth, 2(n-1)/n * bytes / time; `median_value` the median trial's.
@@ -86,10 +91,11 @@ std::string trial_command(size_t bytes, int iters, int warmups) {
 // One troupe rank, a forked child: forms the group, then serves trial
 // commands "<bytes> <iters> <warmups>" from stdin until EOF; rank 0 answers
 // each with "<bytes> <seconds per op>" on stdout.
-int serve_rank(int rank, const std::string& dir) {
+int serve_rank(int rank, const std::string& dir, bool check_agreement) {
   FileKvStore kv(dir);
   troupe::collective::GlooGroupOptions opts;
   opts.rendezvous_timeout = 60s;
+  opts.check_agreement = check_agreement;
   auto group = GlooGroup::create(kv, "bench-allreduce", 1, rank, kWorld, opts);
   std::map<size_t, std::vector<float>> buffers;
   char line[128];
@@ -145,16 +151,17 @@ void finish(std::vector<std::unique_ptr<PeerProcess>>& peers) {
 
 class TroupeSide final : public Side {
  public:
-  TroupeSide() {
+  explicit TroupeSide(bool check_agreement) {
     char templ[] = "/tmp/troupe-bench-allreduce-XXXXXX";
     if (::mkdtemp(templ) == nullptr) throw std::runtime_error("mkdtemp failed");
     dir_ = templ;
     for (int r = 0; r < kWorld; ++r)
-      ranks_.push_back(std::make_unique<PeerProcess>([r, this] { return serve_rank(r, dir_); },
-                                                     troupe::bench::PeerOptions{
-                                                         .stdin_pipe = true,
-                                                         .name = "troupe rank " + std::to_string(r),
-                                                     }));
+      ranks_.push_back(
+          std::make_unique<PeerProcess>([r, this, check_agreement] { return serve_rank(r, dir_, check_agreement); },
+                                        troupe::bench::PeerOptions{
+                                            .stdin_pipe = true,
+                                            .name = "troupe rank " + std::to_string(r),
+                                        }));
   }
 
   ~TroupeSide() override {
@@ -218,7 +225,8 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-void print_result(const char* name, size_t bytes, const std::vector<double>& seconds, const std::vector<double>* peer) {
+void print_result(const std::string& name, size_t bytes, const std::vector<double>& seconds,
+                  const std::vector<double>* peer, int check_agreement) {
   const double best = *std::min_element(seconds.begin(), seconds.end());
   const double med = median(seconds);
   nlohmann::ordered_json row = {{"bench", "allreduce"},
@@ -233,6 +241,7 @@ void print_result(const char* name, size_t bytes, const std::vector<double>& sec
     row["peer_value"] = bus_bandwidth_gbps(bytes, peer_best);
     row["peer_median_value"] = bus_bandwidth_gbps(bytes, median(*peer));
   }
+  if (check_agreement >= 0) row["check_agreement"] = check_agreement == 1;
   row["median_value"] = bus_bandwidth_gbps(bytes, med);
   row["seconds_per_op"] = best;
   row["trials"] = seconds.size();
@@ -253,40 +262,54 @@ int main(int argc, char** argv) {
   app.add_option("--peer", peer, "the torch peer script")->capture_default_str();
   app.add_option("--python", python, "interpreter for the peer")->capture_default_str();
   app.add_flag("--no-peer", no_peer, "measure troupe only");
-  app.add_option("--rounds", rounds, "trials per size and side (ABBA order)")
+  app.add_option("--rounds", rounds, "trials per size and side (the order rotating)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--sizes", sizes, "message sizes in bytes")->delimiter(',')->capture_default_str();
+  std::string check = "on";
+  app.add_option("--check", check, "troupe's agreement check: on, off, or both side by side")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off", "both"}));
   CLI11_PARSE(app, argc, argv);
 
-  const char* side = "troupe";
+  // One entry per side: its case name, its processes, its trials' seconds.
+  struct Entry {
+    std::string name;
+    std::unique_ptr<Side> side;
+    int check_agreement = -1;  // troupe sides: 1 or 0
+    std::vector<double> seconds;
+  };
+  std::string side = "troupe_gloo";
   size_t at_bytes = 0;
   try {
-    TroupeSide troupe;
-    std::unique_ptr<TorchSide> torch;
-    if (!no_peer) torch = std::make_unique<TorchSide>(python, peer);
+    std::vector<Entry> sides;
+    if (check != "off") sides.push_back({"troupe_gloo", std::make_unique<TroupeSide>(true), 1, {}});
+    if (check != "on")
+      sides.push_back(
+          {check == "off" ? "troupe_gloo" : "troupe_gloo_unchecked", std::make_unique<TroupeSide>(false), 0, {}});
+    if (!no_peer) sides.push_back({"torch_gloo", std::make_unique<TorchSide>(python, peer), -1, {}});
 
     for (size_t bytes : sizes) {
       at_bytes = bytes;
-      std::vector<double> mine, theirs;
+      for (auto& e : sides) e.seconds.clear();
       const int iters = iterations_for(bytes);
       const int warmups = warmups_for(bytes);
       for (int round = 0; round < rounds; ++round) {
-        // ABBA: neither side always runs right after the other.
-        const bool troupe_first = round % 2 == 0;
-        for (int turn = 0; turn < (torch ? 2 : 1); ++turn) {
-          const bool troupe_turn = (turn == 0) == troupe_first || !torch;
-          side = troupe_turn ? "troupe" : "torch";
-          double s = troupe_turn ? troupe.trial(bytes, iters, warmups) : torch->trial(bytes, iters, warmups);
-          (troupe_turn ? mine : theirs).push_back(s);
+        // The order rotates: no side always runs right after another.
+        for (size_t turn = 0; turn < sides.size(); ++turn) {
+          auto& e = sides[(turn + round) % sides.size()];
+          side = e.name;
+          e.seconds.push_back(e.side->trial(bytes, iters, warmups));
         }
       }
-      if (torch) print_result("torch_gloo", bytes, theirs, nullptr);
-      print_result("troupe_gloo", bytes, mine, torch ? &theirs : nullptr);
+      const std::vector<double>* torch = no_peer ? nullptr : &sides.back().seconds;
+      if (torch) print_result("torch_gloo", bytes, *torch, nullptr, -1);
+      for (auto& e : sides) {
+        if (e.check_agreement >= 0) print_result(e.name, bytes, e.seconds, torch, e.check_agreement);
+      }
     }
   } catch (const std::exception& e) {
-    troupe::bench::print_row(
-        {{"bench", "allreduce"}, {"case", std::string(side) + "_gloo"}, {"bytes", at_bytes}, {"error", e.what()}});
+    troupe::bench::print_row({{"bench", "allreduce"}, {"case", side}, {"bytes", at_bytes}, {"error", e.what()}});
     return 1;
   }
   return 0;

@@ -87,6 +87,23 @@ class Member:
                 errors.append(f"{type(e).__name__}: {e}")
         return errors
 
+    def disagree(self, group="default"):
+        # Each rank asks for something else: a size, a dtype, a message length.
+        errors = []
+        n = 1000 if self.rank == 1 else 5
+        errors.append(_error_text(lambda: col.allreduce(np.ones(n, dtype=np.float32), group)))
+        errors.append(_error_text(lambda: col.broadcast(
+            np.ones(8, dtype=np.int64 if self.rank else np.float64), 0, group)))
+        if self.rank == 0:
+            errors.append(_error_text(lambda: col.send(np.ones(1000, dtype=np.float32), 1, group)))
+        else:
+            got = np.zeros(10, dtype=np.float32)
+            errors.append(_error_text(lambda: col.recv(got, 0, group)))
+            errors.append(got.tolist() == [0.0] * 10)
+        a = np.full(2, self.rank + 1.0)
+        col.allreduce(a, group)  # the group goes on
+        return errors, a.tolist()
+
     def pid(self):
         return os.getpid()
 
@@ -125,6 +142,14 @@ def _error_of(fn):
         return type(e).__name__
 
 
+def _error_text(fn):
+    try:
+        fn()
+        return None
+    except Exception as e:  # noqa: BLE001 - the error is the result
+        return f"{type(e).__name__}: {e}"
+
+
 def _members(n):
     return [Member.remote(r, n) for r in range(n)]
 
@@ -155,6 +180,23 @@ def test_every_operation_of_a_gloo_group_between_actors():
     assert troupe.get([m.destroy.remote() for m in members], timeout=60) == [(False, -1)] * 3
     assert troupe.get([m.init.remote() for m in members], timeout=120) == [(r, 3, True) for r in range(3)]
     assert troupe.get([m.allreduce.remote(10 * r) for r, m in enumerate(members)], timeout=60) == [30.0] * 3
+
+
+def test_members_that_pass_different_tensors_get_an_error_and_keep_the_group():
+    # gloo's transport thread aborted the process that received more bytes
+    # than it posted (as torch.distributed's gloo does); both members now
+    # fail the operation with a ConfigError naming each rank's call.
+    members = _members(2)
+    troupe.get([m.init.remote() for m in members], timeout=120)
+    (errors0, sum0), (errors1, sum1) = troupe.get([m.disagree.remote() for m in members], timeout=120)
+    assert sum0 == sum1 == [3.0, 3.0]
+    for errors in (errors0, errors1):
+        assert errors[0].startswith("ConfigError: allreduce of collective group"), errors[0]
+        assert "rank 0: allreduce of 5 float32 (sum); rank 1: allreduce of 1000 float32 (sum)" in errors[0]
+        assert "rank 0: broadcast of 8 float64 from rank 0; rank 1: broadcast of 8 int64 from rank 0" in errors[1]
+    assert errors0[2] is None  # the send completes; the receive refuses it
+    assert "rank 0 sent 1000 float32 and this receive takes 10 float32" in errors1[2], errors1[2]
+    assert errors1[3] is True  # nothing landed in the receive's array
 
 
 def test_a_group_the_driver_declares_is_joined_at_the_first_operation():

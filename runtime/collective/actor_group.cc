@@ -303,6 +303,7 @@ std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool w
       opts.bind_host = spec.bind_host.empty() ? default_bind_host() : spec.bind_host;
       opts.rendezvous_timeout = spec.rendezvous_timeout;
       opts.op_timeout = spec.op_timeout;
+      opts.check_agreement = spec.check_agreement;
       if (watched) opts.error_grace = kWatchedErrorGrace;
       opts.stragglers = std::move(stragglers);
       return GlooGroup::create(kv, spec.name, spec.generation, spec.rank, spec.world_size, opts);

@@ -75,6 +75,8 @@ struct GroupSpec {
   std::string bind_host;
   // NCCL: the CUDA device (-1 = the calling thread's current one).
   int device = -1;
+  // Gloo: GlooGroupOptions::check_agreement (NCCL has no such check).
+  bool check_agreement = true;
 };
 
 // Inside an actor: forms the group through this_actor::runtime().kv(),

@@ -48,6 +48,57 @@ using std::chrono::milliseconds;
 // Slot prefixes of gloo's own collectives are 0x01..0x08; these stay clear.
 constexpr uint8_t kP2pSlotPrefix = 0x71;
 constexpr uint8_t kReduceScatterSlotPrefix = 0x72;
+constexpr uint8_t kP2pHeaderSlotPrefix = 0x73;
+constexpr uint8_t kCheckSlotPrefix = 0x74;
+
+// What a member was asked to do, as the agreement check compares it
+// (GlooGroupOptions::check_agreement). Fixed-size and padding-free: the
+// members allgather it byte for byte.
+enum class CallKind : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kBarrier };
+struct Call {
+  CallKind kind = CallKind::kBarrier;
+  uint32_t dtype = 0;
+  uint64_t count = 0;
+  int64_t arg = 0;  // the root of a broadcast, the ReduceOp of a reduction
+  bool operator==(const Call&) const = default;
+};
+static_assert(sizeof(Call) == 24);
+
+// The header a checked send puts ahead of its data: what the receive must
+// expect. `bytes` sizes the scratch a disagreeing receive drops them into.
+struct P2pHeader {
+  uint64_t count = 0;
+  uint64_t bytes = 0;
+  uint32_t dtype = 0;
+  uint32_t zero = 0;
+};
+static_assert(sizeof(P2pHeader) == 24);
+
+std::string describe_call(const Call& c) {
+  const auto dtype = static_cast<DType>(c.dtype);
+  const std::string of = " of " + std::to_string(c.count) + " " + to_string(dtype);
+  const auto op = static_cast<ReduceOp>(c.arg);
+  switch (c.kind) {
+    case CallKind::kAllreduce:
+      return "allreduce" + of + " (" + to_string(op) + ")";
+    case CallKind::kBroadcast:
+      return "broadcast" + of + " from rank " + std::to_string(c.arg);
+    case CallKind::kAllgather:
+      return "allgather" + of;
+    case CallKind::kReduceScatter:
+      return "reduce_scatter" + of + " per rank (" + to_string(op) + ")";
+    case CallKind::kBarrier:
+      return "barrier";
+  }
+  return "operation #" + std::to_string(static_cast<uint32_t>(c.kind));
+}
+
+// Thrown on every member alike when the agreement check finds their calls
+// differ: the operation fails with ConfigError and the group stays usable.
+class Disagreement : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Calls f with a value of the C++ type that carries dtype's bytes (16-bit
 // floats travel as uint16_t: only reductions care about their meaning).
@@ -309,12 +360,24 @@ struct QueuedOp {
   std::function<bool(const std::shared_ptr<CompletionWork>&)> run;
 };
 
-// A posted send or receive waiting for completion.
+// A posted send or receive waiting for completion. Checked (with the
+// agreement check) it travels in two parts: the header, then the data; a
+// receive posts the data's receive only once the header has arrived.
 struct InflightP2p {
   std::shared_ptr<CompletionWork> work;
-  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;  // the data; set late on a checked receive
   bool is_send = false;
   milliseconds timeout{0};
+  // Checked only: the header's buffer and what it carries (sent, or received).
+  std::unique_ptr<gloo::transport::UnboundBuffer> header;
+  std::unique_ptr<P2pHeader> header_value;
+  // A checked receive's own call, and where its data goes.
+  void* data = nullptr;
+  uint64_t count = 0;
+  DType dtype = DType::kUInt8;
+  int peer = -1;
+  uint64_t slot = 0;
+  std::vector<char> dropped;  // a disagreeing send's bytes land here
 };
 
 struct GlooGroup::Shared {
@@ -330,6 +393,16 @@ struct GlooGroup::Shared {
   // failed operation. Op thread only. Declared before the context and the
   // device, so that when the group goes they go after them.
   std::vector<std::shared_ptr<void>> held;
+  // The agreement check's messages (agree()): slot r receives rank r's
+  // call; this rank's own slot is what it sends. Never moved once the
+  // buffers over them exist. The receives stay posted for the group's life;
+  // a message that comes for one after its buffer went is not read (gloo
+  // holds posted buffers by weak pointer), and the memory goes after the
+  // buffers.
+  std::vector<Call> check_values;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> check_receives;  // per peer
+  std::vector<std::exception_ptr> check_repost_errors;                          // per peer; op thread only
+  std::unique_ptr<gloo::transport::UnboundBuffer> check_send;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
   // The host each peer advertised (connect_mesh); empty for this rank.
@@ -343,17 +416,20 @@ struct GlooGroup::Shared {
   std::condition_variable idle_cv;  // running changed
   std::deque<QueuedOp> queue;
   std::shared_ptr<CompletionWork> running;  // the op inside gloo, if any
-  std::list<InflightP2p> p2p;               // front is being waited on
-  bool p2p_front_taken = false;
+  // Posted sends ([0]) and receives ([1]), each waited on in order by a
+  // thread of its own (the front is being waited on): a checked receive
+  // needs its thread to post the data's receive while the send ahead of it
+  // waits for the peer to do the same.
+  std::list<InflightP2p> p2p[2];
   bool stopping = false;
   bool aborted = false;
   bool pairs_closed = false;  // by break_group (idle_cv tells)
   std::exception_ptr broken;  // first failure; fails every later op
   uint32_t next_seq = 1;      // collective tags, equal on every rank
   std::thread op_thread;
-  std::thread p2p_thread;
+  std::thread p2p_threads[2];
   std::atomic<bool> op_thread_done{false};
-  std::atomic<bool> p2p_thread_done{false};
+  std::atomic<bool> p2p_thread_done[2]{};
 
   std::string describe() const {
     return "collective group '" + name + "' generation " + std::to_string(generation) + " (rank " +
@@ -414,6 +490,71 @@ struct GlooGroup::Shared {
 
   milliseconds timeout_of(milliseconds requested) const {
     return requested.count() > 0 ? requested : options.op_timeout;
+  }
+
+  bool checks() const { return options.check_agreement && size > 1; }
+
+  // The tag of the next collective, equal on every member.
+  uint32_t take_tag() {
+    std::lock_guard lock(mu);
+    return next_seq++;
+  }
+
+  // Posts the receive of each peer's next check (creation, and each check
+  // as it consumes the last).
+  void post_check_receives() {
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank) check_receives[peer]->recv(peer, gloo::Slot::build(kCheckSlotPrefix, 0));
+    }
+  }
+
+  // The agreement check: every member sends its call (24 bytes) to every
+  // other before any byte of the operation travels. The receives are
+  // posted ahead, so the sends go out at once: one trip between members
+  // (gloo's allgather first asks the receiver for room). One slot serves
+  // every check: gloo matches a peer's messages of a slot in order, so the
+  // k-th check meets the k-th on every member whatever each asked for.
+  // Calls that differ throw Disagreement on every member alike, naming each
+  // rank's call; the exchange itself always matches, so the group stays
+  // usable. It is a barrier too: no member leaves it before every member
+  // has entered.
+  void agree(const Call& mine, milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    const uint64_t slot = gloo::Slot::build(kCheckSlotPrefix, 0);
+    check_values[rank] = mine;  // the last check's sends are done
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank) check_send->send(peer, slot);
+    }
+    std::vector<Call> all(size);
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) {
+        all[peer] = mine;
+        continue;
+      }
+      // A peer whose pair failed as the last check's receive was posted
+      // again fails this one (a peer that left after its last operation
+      // closes its pair: only an operation that needs it fails).
+      if (check_repost_errors[peer]) std::rethrow_exception(check_repost_errors[peer]);
+      if (!check_receives[peer]->waitRecv(left_until(deadline))) throw Aborted("agreement check interrupted");
+      all[peer] = check_values[peer];
+      try {
+        check_receives[peer]->recv(peer, slot);
+      } catch (...) {
+        check_repost_errors[peer] = std::current_exception();
+      }
+    }
+    for (int peer = 0; peer < size - 1; ++peer) {
+      if (!check_send->waitSend(left_until(deadline))) throw Aborted("agreement check interrupted");
+    }
+    bool same = true;
+    for (const auto& c : all) same = same && c == all.front();
+    if (same) return;
+    std::string text = "the members were asked for different operations, so none ran it (";
+    for (int r = 0; r < size; ++r) {
+      if (r > 0) text += "; ";
+      text += "rank " + std::to_string(r) + ": " + describe_call(all[r]);
+    }
+    throw Disagreement(text + ")");
   }
 
   // Enqueues op unless the group is aborted or broken, in which case the
@@ -571,13 +712,18 @@ struct GlooGroup::Shared {
       for (auto& op : queue) queued.push_back(op.work);
       queue.clear();
       in_gloo = running;
-      for (auto& p : p2p) {
-        posted.push_back(p.work);
-        // Wakes the p2p thread if it waits on this buffer; sticky otherwise.
-        if (p.is_send) {
-          p.buffer->abortWaitSend();
-        } else {
-          p.buffer->abortWaitRecv();
+      for (auto& lane : p2p) {
+        for (auto& p : lane) {
+          posted.push_back(p.work);
+          // Wakes the p2p thread if it waits on these buffers; sticky otherwise.
+          for (auto* buffer : {p.header.get(), p.buffer.get()}) {
+            if (buffer == nullptr) continue;
+            if (p.is_send) {
+              buffer->abortWaitSend();
+            } else {
+              buffer->abortWaitRecv();
+            }
+          }
         }
       }
     }
@@ -627,9 +773,13 @@ struct GlooGroup::Shared {
         running = op.work;
       }
       bool finished = false;
+      bool disagreed = false;
       std::exception_ptr error;
       try {
         finished = op.run(op.work);
+      } catch (const Disagreement& e) {
+        error = std::make_exception_ptr(ConfigError(op.work->description() + ": " + e.what()));
+        disagreed = true;
       } catch (...) {
         error = translate(op.work->description(), std::current_exception());
         await_explanation(error);
@@ -638,8 +788,9 @@ struct GlooGroup::Shared {
       // On failure the pairs are closed (here, or by the abort that broke
       // the group) before the work fails and what the operation held goes,
       // so that no gloo thread touches the caller's memory once wait() has
-      // returned, nor memory that was freed.
-      if (error) {
+      // returned, nor memory that was freed. A disagreement moved no byte of
+      // the operation: the group goes on.
+      if (error && !disagreed) {
         break_group(error, false);
         await_pairs_closed();
       }
@@ -658,73 +809,142 @@ struct GlooGroup::Shared {
     op_thread_done = true;
   }
 
-  void p2p_loop() {
+  // The thread of lane p2p[lane] (0: sends, 1: receives).
+  void p2p_loop(int lane) {
+    auto& posted = p2p[lane];
     for (;;) {
-      gloo::transport::UnboundBuffer* buffer = nullptr;
-      bool is_send = false;
-      milliseconds timeout{0};
-      std::shared_ptr<CompletionWork> work;
+      // Only this thread pops the lane and sets an entry's data buffer (under
+      // mu); the operation thread only appends.
+      InflightP2p* front = nullptr;
       {
         std::unique_lock lock(mu);
-        p2p_cv.wait(lock, [&] { return stopping || !p2p.empty(); });
-        if (p2p.empty()) break;
-        auto& front = p2p.front();
-        buffer = front.buffer.get();
-        is_send = front.is_send;
-        timeout = front.timeout;
-        work = front.work;
+        p2p_cv.wait(lock, [&] { return stopping || !posted.empty(); });
+        if (posted.empty()) break;
+        front = &posted.front();
       }
       std::exception_ptr error;
+      std::string disagreement;
       bool ok = false;
       try {
-        ok = is_send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
+        ok = finish_p2p(*front, disagreement);
       } catch (...) {
-        error = translate(work->description(), std::current_exception());
+        error = translate(front->work->description(), std::current_exception());
         await_explanation(error);
         error = final_error(error);
       }
-      std::unique_ptr<gloo::transport::UnboundBuffer> done;
+      InflightP2p done;
       {
         std::lock_guard lock(mu);
-        done = std::move(p2p.front().buffer);
-        p2p.pop_front();
+        done = std::move(posted.front());
+        posted.pop_front();
         if (!ok && !error) error = broken ? broken : aborted_error("point-to-point wait interrupted");
       }
       if (error) {
         break_group(error, false);
         await_pairs_closed();
       }
-      done.reset();
+      auto work = std::move(done.work);
+      done = InflightP2p{};  // its buffers go once no gloo thread can touch them
       if (error) {
         work->fail(error);
+      } else if (!disagreement.empty()) {
+        work->fail(std::make_exception_ptr(ConfigError(work->description() + ": " + disagreement)));
       } else {
         work->complete();
       }
     }
-    p2p_thread_done = true;
+    p2p_thread_done[lane] = true;
+  }
+
+  // Waits for a posted send or receive (p2p thread). A checked receive
+  // waits for the header, then posts the data's receive. False when a wait
+  // was interrupted (the group broke).
+  bool finish_p2p(InflightP2p& p, std::string& disagreement) {
+    if (p.header) {
+      if (!(p.is_send ? p.header->waitSend(p.timeout) : p.header->waitRecv(p.timeout))) return false;
+      if (!p.is_send) post_checked_data(p, disagreement);
+    }
+    if (!p.buffer) return true;  // no bytes to move
+    return p.is_send ? p.buffer->waitSend(p.timeout) : p.buffer->waitRecv(p.timeout);
+  }
+
+  // A checked receive whose header has arrived: posts the data's receive
+  // into the caller's memory when the header agrees with the call, else
+  // into scratch that drops the bytes, `disagreement` saying why (gloo's
+  // transport thread aborts the process on a message longer than the
+  // receive it lands in). The sender's send completes either way.
+  void post_checked_data(InflightP2p& p, std::string& disagreement) {
+    const P2pHeader sent = *p.header_value;
+    void* into = p.data;
+    size_t bytes = p.count * element_size(p.dtype);
+    if (sent.count != p.count || sent.dtype != static_cast<uint32_t>(p.dtype)) {
+      disagreement = "rank " + std::to_string(p.peer) + " sent " + std::to_string(sent.count) + " " +
+                     to_string(static_cast<DType>(sent.dtype)) + " and this receive takes " + std::to_string(p.count) +
+                     " " + to_string(p.dtype) + "; the message was dropped";
+      p.dropped.resize(sent.bytes);
+      into = p.dropped.data();
+      bytes = sent.bytes;
+    }
+    if (bytes == 0) return;
+    auto buffer = context->createUnboundBuffer(into, bytes);
+    buffer->recv(p.peer, p.slot);
+    std::lock_guard lock(mu);
+    p.buffer = std::move(buffer);
+    // break_group() ran before this buffer was there to wake.
+    if (broken) p.buffer->abortWaitRecv();
   }
 
   // Posts a send or receive (never blocks) and hands it to the p2p thread.
-  void post_p2p(const std::shared_ptr<CompletionWork>& work, void* data, size_t bytes, int peer, uint32_t tag,
-                bool is_send, milliseconds timeout) {
-    auto buffer = context->createUnboundBuffer(data, bytes);
-    uint64_t slot = gloo::Slot::build(kP2pSlotPrefix, tag);
-    if (is_send) {
-      buffer->send(peer, slot);
-    } else {
-      buffer->recv(peer, slot);
+  // Checked, a send posts its header and its data at once (gloo moves the
+  // data only once the receiver posts its receive); a receive posts the
+  // header's receive only.
+  void post_p2p(const std::shared_ptr<CompletionWork>& work, void* data, uint64_t count, DType dtype, int peer,
+                uint32_t tag, bool is_send, milliseconds timeout) {
+    InflightP2p p;
+    p.work = work;
+    p.is_send = is_send;
+    p.timeout = timeout;
+    p.peer = peer;
+    p.slot = gloo::Slot::build(kP2pSlotPrefix, tag);
+    const size_t bytes = count * element_size(dtype);
+    if (checks()) {
+      p.header_value = std::make_unique<P2pHeader>();
+      if (is_send) *p.header_value = P2pHeader{count, bytes, static_cast<uint32_t>(dtype), 0};
+      p.header = context->createUnboundBuffer(p.header_value.get(), sizeof(P2pHeader));
+      const uint64_t header_slot = gloo::Slot::build(kP2pHeaderSlotPrefix, tag);
+      if (is_send) {
+        p.header->send(peer, header_slot);
+      } else {
+        p.header->recv(peer, header_slot);
+      }
+      p.data = data;
+      p.count = count;
+      p.dtype = dtype;
     }
+    if (bytes > 0 && (is_send || !checks())) {
+      p.buffer = context->createUnboundBuffer(data, bytes);
+      if (is_send) {
+        p.buffer->send(peer, p.slot);
+      } else {
+        p.buffer->recv(peer, p.slot);
+      }
+    }
+    bool refused = false;
     {
       std::lock_guard lock(mu);
       // Aborted meanwhile: the work has failed already, and nothing would
-      // wake a wait on this buffer; drop it once the pairs are closed.
-      if (!broken) p2p.push_back(InflightP2p{work, std::move(buffer), is_send, timeout});
+      // wake a wait on these buffers; drop them once the pairs are closed.
+      if (broken) {
+        refused = true;
+      } else {
+        p2p[is_send ? 0 : 1].push_back(std::move(p));
+      }
     }
-    if (buffer) {
+    if (refused) {
       await_pairs_closed();
       return;
     }
-    p2p_cv.notify_one();
+    p2p_cv.notify_all();
   }
 
   // Ring reduce-scatter over float/native elements already laid out in
@@ -810,6 +1030,16 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
       auto& barrier = shared->hold<gloo::BarrierOptions>(shared->context);
       barrier.setTimeout(left_until(deadline));
       gloo::barrier(barrier);
+      if (options.check_agreement) {
+        shared->check_values.resize(world_size);
+        shared->check_receives.resize(world_size);
+        shared->check_repost_errors.resize(world_size);
+        for (int peer = 0; peer < world_size; ++peer) {
+          auto buffer = shared->context->createUnboundBuffer(&shared->check_values[peer], sizeof(Call));
+          (peer == rank ? shared->check_send : shared->check_receives[peer]) = std::move(buffer);
+        }
+        shared->post_check_receives();
+      }
     }
     shared->context->setTimeout(options.op_timeout);
   } catch (const Timeout& e) {
@@ -825,7 +1055,7 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
   store.erase_own_keys();
 
   shared->op_thread = std::thread([s = shared.get()] { s->op_loop(); });
-  shared->p2p_thread = std::thread([s = shared.get()] { s->p2p_loop(); });
+  for (int lane : {0, 1}) shared->p2p_threads[lane] = std::thread([s = shared.get(), lane] { s->p2p_loop(lane); });
   return std::unique_ptr<GlooGroup>(new GlooGroup(std::move(shared)));
 }
 
@@ -833,7 +1063,7 @@ GlooGroup::~GlooGroup() {
   bool pending;
   {
     std::lock_guard lock(shared_->mu);
-    pending = !shared_->queue.empty() || shared_->running || !shared_->p2p.empty();
+    pending = !shared_->queue.empty() || shared_->running || !shared_->p2p[0].empty() || !shared_->p2p[1].empty();
   }
   // Unfinished operations cannot complete without their peers' cooperation
   // beyond this point; fail them rather than block on them.
@@ -874,7 +1104,7 @@ GlooGroup::~GlooGroup() {
     t.join();
   };
   finish(shared_->op_thread, shared_->op_thread_done);
-  finish(shared_->p2p_thread, shared_->p2p_thread_done);
+  for (int lane : {0, 1}) finish(shared_->p2p_threads[lane], shared_->p2p_thread_done[lane]);
 }
 
 int GlooGroup::rank() const { return shared_->rank; }
@@ -893,55 +1123,54 @@ WorkPtr GlooGroup::allreduce(void* data, size_t count, DType dtype, const Allred
   TROUPE_CHECK(count == 0 || data != nullptr) << "allreduce of " << count << " elements at nullptr";
   const char* what = "allreduce";
   Shared* s = shared_.get();
-  if (count == 0 || (s->size == 1 && opts.op != ReduceOp::kAvg)) return s->completed(what);
+  if ((count == 0 && !s->checks()) || (s->size == 1 && opts.op != ReduceOp::kAvg)) return s->completed(what);
   const auto timeout = s->timeout_of(opts.timeout);
-  uint32_t tag;
-  {
-    std::lock_guard lock(s->mu);
-    tag = s->next_seq++;
-  }
-  return s->submit(what,
-                   [s, data, count, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
-                     if (s->size == 1) {  // kAvg over one rank: nothing to divide by but 1
-                       return true;
-                     }
-                     auto run = [&](void* buf, DType type) {
-                       with_storage_type(type, [&](auto zero) {
-                         using T = decltype(zero);
-                         auto& o = s->hold<gloo::AllreduceOptions>(s->context);
-                         o.setOutput(static_cast<T*>(buf), count);
-                         o.setReduceFunction(detail::reduce_function(type, op));
-                         o.setTag(tag);
-                         o.setTimeout(timeout);
-                         gloo::allreduce(o);
-                       });
-                       if (op == ReduceOp::kAvg) detail::divide_in_place(buf, count, type, s->size);
-                     };
-                     if (detail::is_half(dtype)) {
-                       auto& wide = s->hold<std::vector<float>>(count);
-                       detail::widen_to_float(data, wide.data(), count, dtype);
-                       run(wide.data(), DType::kFloat32);
-                       detail::narrow_from_float(wide.data(), data, count, dtype);
-                     } else {
-                       run(data, dtype);
-                     }
-                     return true;
-                   });
+  const uint32_t tag = s->take_tag();
+  return s->submit(
+      what, [s, data, count, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+        if (s->size == 1) {  // kAvg over one rank: nothing to divide by but 1
+          return true;
+        }
+        if (s->checks()) {
+          s->agree(Call{CallKind::kAllreduce, static_cast<uint32_t>(dtype), count, static_cast<int64_t>(op)}, timeout);
+        }
+        if (count == 0) return true;
+        auto run = [&](void* buf, DType type) {
+          with_storage_type(type, [&](auto zero) {
+            using T = decltype(zero);
+            auto& o = s->hold<gloo::AllreduceOptions>(s->context);
+            o.setOutput(static_cast<T*>(buf), count);
+            o.setReduceFunction(detail::reduce_function(type, op));
+            o.setTag(tag);
+            o.setTimeout(timeout);
+            gloo::allreduce(o);
+          });
+          if (op == ReduceOp::kAvg) detail::divide_in_place(buf, count, type, s->size);
+        };
+        if (detail::is_half(dtype)) {
+          auto& wide = s->hold<std::vector<float>>(count);
+          detail::widen_to_float(data, wide.data(), count, dtype);
+          run(wide.data(), DType::kFloat32);
+          detail::narrow_from_float(wide.data(), data, count, dtype);
+        } else {
+          run(data, dtype);
+        }
+        return true;
+      });
 }
 
 WorkPtr GlooGroup::broadcast(void* data, size_t count, DType dtype, int root, const BroadcastOptions& opts) {
   Shared* s = shared_.get();
   TROUPE_CHECK(root >= 0 && root < s->size) << "broadcast root " << root << " in a group of " << s->size;
   TROUPE_CHECK(count == 0 || data != nullptr) << "broadcast of " << count << " elements at nullptr";
-  if (count == 0 || s->size == 1) return s->completed("broadcast");
+  if ((count == 0 && !s->checks()) || s->size == 1) return s->completed("broadcast");
   const auto timeout = s->timeout_of(opts.timeout);
-  uint32_t tag;
-  {
-    std::lock_guard lock(s->mu);
-    tag = s->next_seq++;
-  }
+  const uint32_t tag = s->take_tag();
   return s->submit("broadcast",
                    [s, data, count, dtype, root, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+                     if (s->checks())
+                       s->agree(Call{CallKind::kBroadcast, static_cast<uint32_t>(dtype), count, root}, timeout);
+                     if (count == 0) return true;
                      with_storage_type(dtype, [&](auto zero) {
                        using T = decltype(zero);
                        auto& o = s->hold<gloo::BroadcastOptions>(s->context);
@@ -958,20 +1187,19 @@ WorkPtr GlooGroup::broadcast(void* data, size_t count, DType dtype, int root, co
 WorkPtr GlooGroup::allgather(const void* in, void* out, size_t count, DType dtype, const AllgatherOptions& opts) {
   Shared* s = shared_.get();
   TROUPE_CHECK(count == 0 || (in != nullptr && out != nullptr)) << "allgather of " << count << " elements at nullptr";
-  if (count == 0) return s->completed("allgather");
+  if (count == 0 && !s->checks()) return s->completed("allgather");
   const size_t bytes = count * element_size(dtype);
   if (s->size == 1) {
-    if (in != out) std::memmove(out, in, bytes);
+    if (in != out && bytes > 0) std::memmove(out, in, bytes);
     return s->completed("allgather");
   }
   const auto timeout = s->timeout_of(opts.timeout);
-  uint32_t tag;
-  {
-    std::lock_guard lock(s->mu);
-    tag = s->next_seq++;
-  }
+  const uint32_t tag = s->take_tag();
   return s->submit("allgather",
                    [s, in, out, count, dtype, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+                     if (s->checks())
+                       s->agree(Call{CallKind::kAllgather, static_cast<uint32_t>(dtype), count, 0}, timeout);
+                     if (count == 0) return true;
                      with_storage_type(dtype, [&](auto zero) {
                        using T = decltype(zero);
                        auto& o = s->hold<gloo::AllgatherOptions>(s->context);
@@ -990,20 +1218,22 @@ WorkPtr GlooGroup::reduce_scatter(const void* in, void* out, size_t count_per_ra
   Shared* s = shared_.get();
   TROUPE_CHECK(count_per_rank == 0 || (in != nullptr && out != nullptr))
       << "reduce_scatter of " << count_per_rank << " elements at nullptr";
-  if (count_per_rank == 0) return s->completed("reduce_scatter");
+  if (count_per_rank == 0 && !s->checks()) return s->completed("reduce_scatter");
   if (s->size == 1 && opts.op != ReduceOp::kAvg) {
-    if (in != out) std::memmove(out, in, count_per_rank * element_size(dtype));
+    if (in != out && count_per_rank > 0) std::memmove(out, in, count_per_rank * element_size(dtype));
     return s->completed("reduce_scatter");
   }
   const auto timeout = s->timeout_of(opts.timeout);
-  uint32_t tag;
-  {
-    std::lock_guard lock(s->mu);
-    tag = s->next_seq++;
-  }
+  const uint32_t tag = s->take_tag();
   return s->submit(
       "reduce_scatter",
       [s, in, out, count_per_rank, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+        if (s->checks()) {
+          s->agree(
+              Call{CallKind::kReduceScatter, static_cast<uint32_t>(dtype), count_per_rank, static_cast<int64_t>(op)},
+              timeout);
+        }
+        if (count_per_rank == 0) return true;
         const size_t n = count_per_rank;
         const size_t total = n * s->size;
         const size_t mine = static_cast<size_t>(s->rank) * n;
@@ -1033,12 +1263,13 @@ WorkPtr GlooGroup::barrier(const BarrierOptions& opts) {
   Shared* s = shared_.get();
   if (s->size == 1) return s->completed("barrier");
   const auto timeout = s->timeout_of(opts.timeout);
-  uint32_t tag;
-  {
-    std::lock_guard lock(s->mu);
-    tag = s->next_seq++;
-  }
+  const uint32_t tag = s->take_tag();
   return s->submit("barrier", [s, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+    // The agreement check is a barrier itself.
+    if (s->checks()) {
+      s->agree(Call{}, timeout);
+      return true;
+    }
     auto& o = s->hold<gloo::BarrierOptions>(s->context);
     o.setTag(tag);
     o.setTimeout(timeout);
@@ -1052,15 +1283,14 @@ WorkPtr GlooGroup::send(const void* data, size_t count, DType dtype, int dst, co
   TROUPE_CHECK(dst >= 0 && dst < s->size && dst != s->rank)
       << "send to rank " << dst << " from rank " << s->rank << " of " << s->size;
   TROUPE_CHECK(count == 0 || data != nullptr) << "send of " << count << " elements at nullptr";
-  // Both sides know the count; empty messages need not travel.
-  if (count == 0) return s->completed("send");
-  const size_t bytes = count * element_size(dtype);
+  // Unchecked, both sides know the count: empty messages need not travel.
+  if (count == 0 && !s->checks()) return s->completed("send");
   const auto timeout = s->timeout_of(opts.timeout);
   const uint32_t tag = opts.tag;
   return s->submit(
       "send to rank " + std::to_string(dst),
-      [s, data, bytes, dst, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
-        s->post_p2p(work, const_cast<void*>(data), bytes, dst, tag, true, timeout);
+      [s, data, count, dtype, dst, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
+        s->post_p2p(work, const_cast<void*>(data), count, dtype, dst, tag, true, timeout);
         return false;
       },
       dst);
@@ -1071,14 +1301,13 @@ WorkPtr GlooGroup::recv(void* data, size_t count, DType dtype, int src, const Re
   TROUPE_CHECK(src >= 0 && src < s->size && src != s->rank)
       << "recv from rank " << src << " at rank " << s->rank << " of " << s->size;
   TROUPE_CHECK(count == 0 || data != nullptr) << "recv of " << count << " elements at nullptr";
-  if (count == 0) return s->completed("recv");
-  const size_t bytes = count * element_size(dtype);
+  if (count == 0 && !s->checks()) return s->completed("recv");
   const auto timeout = s->timeout_of(opts.timeout);
   const uint32_t tag = opts.tag;
   return s->submit(
       "recv from rank " + std::to_string(src),
-      [s, data, bytes, src, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
-        s->post_p2p(work, data, bytes, src, tag, false, timeout);
+      [s, data, count, dtype, src, tag, timeout](const std::shared_ptr<CompletionWork>& work) -> bool {
+        s->post_p2p(work, data, count, dtype, src, tag, false, timeout);
         return false;
       },
       src);

@@ -5,12 +5,15 @@
 //
 // Threads: operations are queued to one operation thread per group, which
 // runs them in issue order inside gloo; point-to-point operations are posted
-// by that thread and completed by a second thread, so a rank may send and
-// receive without deadlocking on its own queue. abort() fails every Work at
+// by that thread and completed by two more (one waits on sends, one on
+// receives), so a rank may send and receive without deadlocking on its own
+// queue. abort() fails every Work at
 // once (they complete independently of the threads) and hard-closes the TCP
 // pairs, which makes peers blocked on this member fail too. A failed
 // operation leaves the group broken (gloo's pairs are closed); every later
-// operation fails with the first error, and the group must be re-formed.
+// operation fails with the first error, and the group must be re-formed
+// (except for a disagreement the agreement check caught: see
+// GlooGroupOptions::check_agreement).
 // gloo's own event-loop thread runs under SCHED_BATCH (see
 // create_tcp_device in gloo_group.cc): it would otherwise preempt the
 // operation thread while that holds a pair's lock and spin for a time slice.
@@ -56,6 +59,18 @@ struct GlooGroupOptions {
   // this long for that abort so its error names the dead member; without
   // one it fails with the transport error.
   std::chrono::milliseconds error_grace{std::chrono::milliseconds(500)};
+  // The agreement check. Before each collective the members allgather what
+  // each was asked to do (operation, element count, dtype, root or
+  // reduction: 24 bytes); when the calls differ every member fails the
+  // operation with ConfigError naming each rank's call, and the group stays
+  // usable. A send puts a header (count, dtype) ahead of its data; a
+  // receive whose header disagrees drops the data and fails the same way
+  // (the send completes). Without it gloo's transport thread aborts the
+  // process that receives a message longer than it posted, and a shorter
+  // one leaves data unchanged or a member waiting. It costs a small
+  // exchange per collective and a round trip per receive: turn it off only
+  // where the calls agree by construction (the trainer's gradient buckets).
+  bool check_agreement = true;
 };
 
 class GlooGroup final : public Group {

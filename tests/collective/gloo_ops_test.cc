@@ -13,6 +13,7 @@
 #include "troupe/runtime/collective/file_kv_store.h"
 #include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/errors.h"
 
 namespace troupe::collective {
 namespace {
@@ -164,13 +165,15 @@ void run_all_small(Group& g) {
   g.barrier()->wait(kWait);
 }
 
-void run_ranks(int world_size, const std::string& tag, const std::function<void(Group&)>& body) {
+void run_ranks(int world_size, const std::string& tag, const std::function<void(Group&)>& body,
+               bool check_agreement = true) {
   const std::string dir = test::make_temp_dir(tag);
   test::RankProcesses ranks(world_size, [&](int rank) {
     FileKvStore kv(dir);
     GlooGroupOptions opts;
     opts.rendezvous_timeout = 30s;
     opts.op_timeout = 60s;
+    opts.check_agreement = check_agreement;
     auto group = GlooGroup::create(kv, tag, 1, rank, world_size, opts);
     body(*group);
   });
@@ -204,6 +207,125 @@ TEST_P(GlooLargeTest, TenMillionElements) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooLargeTest, ::testing::Values(2, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
+
+// Members asked for different operations: every member fails the operation
+// with a ConfigError naming each rank's call, no process dies (gloo's
+// transport thread aborts one that receives more than it posted), and the
+// group goes on.
+void expect_disagreement(const WorkPtr& work, const std::string& names) {
+  try {
+    work->wait(kWait);
+  } catch (const ConfigError& e) {
+    TROUPE_CHECK(std::string(e.what()).find(names) != std::string::npos)
+        << "the error names '" << names << "': " << e.what();
+    return;
+  }
+  TROUPE_CHECK(false) << "no ConfigError; expected one naming '" << names << "'";
+}
+
+void check_group_goes_on(Group& g) {
+  std::vector<int64_t> x(7, g.rank() + 1);
+  g.allreduce(x.data(), x.size(), DType::kInt64)->wait(kWait);
+  const int64_t n = g.world_size();
+  TROUPE_CHECK(x[6] == n * (n + 1) / 2) << "allreduce after a disagreement got " << x[6];
+}
+
+void run_disagreements(Group& g) {
+  const int r = g.rank();
+  const bool last = r == g.world_size() - 1;
+  // Counts: the last rank passes more than the others (it would receive
+  // less than gloo sends it the other way round).
+  std::vector<float> big(1000, 1.0f);
+  const size_t count = last ? 1000 : 10;
+  expect_disagreement(g.allreduce(big.data(), count, DType::kFloat32),
+                      "rank " + std::to_string(g.world_size() - 1) + ": allreduce of 1000 float32 (sum)");
+  check_group_goes_on(g);
+  // dtypes of one byte size, a reduction, a root, an operation.
+  std::vector<int32_t> words(16, 1);
+  expect_disagreement(g.allreduce(words.data(), 16, last ? DType::kInt32 : DType::kFloat32), "allreduce of 16 int32");
+  AllreduceOptions maxed;
+  maxed.op = last ? ReduceOp::kMax : ReduceOp::kSum;
+  expect_disagreement(g.allreduce(big.data(), 4, DType::kFloat32, maxed), "allreduce of 4 float32 (max)");
+  expect_disagreement(g.broadcast(big.data(), 8, DType::kFloat32, last ? 1 : 0), "broadcast of 8 float32 from rank 1");
+  std::vector<float> gathered(1000 * g.world_size());
+  expect_disagreement(last ? g.barrier() : g.allgather(big.data(), gathered.data(), 3, DType::kFloat32),
+                      "allgather of 3 float32");
+  // A count of zero on one rank only takes part in the check.
+  expect_disagreement(g.allreduce(big.data(), last ? 0 : 5, DType::kFloat32), "allreduce of 0 float32");
+  check_group_goes_on(g);
+  // Point to point between ranks 0 and 1: a longer send, a shorter one,
+  // another dtype. The receive fails and its memory is untouched; the send
+  // completes.
+  if (r <= 1) {
+    std::vector<float> msg(1000, 5.0f), into(1000, -1.0f);
+    for (size_t sent : {size_t{1000}, size_t{3}}) {
+      if (r == 0) {
+        g.send(msg.data(), sent, DType::kFloat32, 1)->wait(kWait);
+      } else {
+        expect_disagreement(g.recv(into.data(), 10, DType::kFloat32, 0),
+                            "rank 0 sent " + std::to_string(sent) + " float32 and this receive takes 10 float32");
+        TROUPE_CHECK(into[0] == -1.0f) << "a refused message landed: " << into[0];
+      }
+    }
+    if (r == 0) {
+      g.send(msg.data(), 4, DType::kInt32, 1)->wait(kWait);
+      g.send(msg.data(), 4, DType::kFloat32, 1)->wait(kWait);
+    } else {
+      expect_disagreement(g.recv(into.data(), 4, DType::kFloat32, 0), "rank 0 sent 4 int32");
+      g.recv(into.data(), 4, DType::kFloat32, 0)->wait(kWait);
+      TROUPE_CHECK(into[3] == 5.0f) << "the agreeing message after a refused one got " << into[3];
+    }
+  }
+  check_group_goes_on(g);
+}
+
+class GlooAgreementTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooAgreementTest, MembersAskedForDifferentCallsFailItAndGoOn) {
+  run_ranks(GetParam(), "agree", run_disagreements);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooAgreementTest, ::testing::Values(2, 3),
+                         [](const auto& info) { return "world" + std::to_string(info.param); });
+
+// A member destroys the group (its check receives still posted) while the
+// other calls an allreduce: that call fails, and the leaving member's
+// process stays up until told the other is done.
+TEST(GlooLeaveTest, AMemberThatLeavesWhileAnotherCallsCrashesNeither) {
+  const std::string dir = test::make_temp_dir("leave");
+  test::RankProcesses ranks(2, [&](int rank) {
+    FileKvStore kv(dir);
+    GlooGroupOptions opts;
+    opts.rendezvous_timeout = 30s;
+    opts.op_timeout = 20s;
+    auto group = GlooGroup::create(kv, "leave", 1, rank, 2, opts);
+    check_group_goes_on(*group);
+    if (rank == 0) {
+      group.reset();
+      kv.put("left", "1");
+      kv.wait("other-done", 60s);
+      return;
+    }
+    kv.wait("left", 60s);
+    std::vector<float> x(4, 1.0f);
+    bool failed = false;
+    try {
+      group->allreduce(x.data(), x.size(), DType::kFloat32)->wait(kWait);
+    } catch (const Error&) {
+      failed = true;
+    }
+    kv.put("other-done", "1");
+    TROUPE_CHECK(failed) << "an allreduce with a member that left succeeded";
+  });
+  auto exits = ranks.wait_all(120s);
+  test::remove_dir(dir);
+  for (const auto& e : exits) EXPECT_TRUE(e.exited && e.code == 0) << test::describe(e);
+}
+
+// The trainer's groups turn the check off: every operation still works.
+TEST(GlooOpsUncheckedTest, EveryOpAndTypeWithoutTheAgreementCheck) {
+  run_ranks(3, "unchecked", run_all_small, /*check_agreement=*/false);
+}
 
 }  // namespace
 }  // namespace troupe::collective
