@@ -25,6 +25,12 @@ namespace troupe {
 template <class T>
 struct ActorTraits;
 
+// Whether T was declared with TROUPE_ACTOR (before this use).
+template <class T, class = void>
+inline constexpr bool kIsActor = false;
+template <class T>
+inline constexpr bool kIsActor<T, std::void_t<decltype(sizeof(ActorTraits<T>))>> = true;
+
 namespace client {
 
 template <class M>
@@ -52,9 +58,20 @@ const std::vector<std::string>& method_names() {
   return names;
 }
 
-// Index of `m` in TROUPE_ACTOR's list for T.
+// Whether TROUPE_ACTOR's list for T has a method of type M.
+template <class M, class Listed>
+inline constexpr bool kListsType = false;
+template <class M, class... L>
+inline constexpr bool kListsType<M, std::tuple<L...>> = (std::is_same_v<M, L> || ...);
+
+// Index of `m` in TROUPE_ACTOR's list for T. A method whose type no listed
+// method has fails to compile; one that shares a listed method's type but
+// is not listed throws ConfigError.
 template <class T, class M>
 uint32_t method_index(M m) {
+  static_assert(kListsType<M, decltype(ActorTraits<T>::methods())>,
+                "this method is not listed in TROUPE_ACTOR(Class, ...): add it to the list (T and M are named in "
+                "'method_index<T, M>' below)");
   uint32_t found = UINT32_MAX;
   uint32_t i = 0;
   std::apply(
@@ -69,7 +86,9 @@ uint32_t method_index(M m) {
             ...);
       },
       ActorTraits<T>::methods());
-  TROUPE_CHECK(found != UINT32_MAX) << "method is not listed in TROUPE_ACTOR(" << ActorTraits<T>::kName << ", ...)";
+  if (found == UINT32_MAX)
+    throw ConfigError(std::string("a method of ") + ActorTraits<T>::kName + " is not listed in TROUPE_ACTOR(" +
+                      ActorTraits<T>::kName + ", ...) (a listed method has its signature): add it to the list");
   return found;
 }
 

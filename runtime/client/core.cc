@@ -726,20 +726,38 @@ void Core::shutdown() {
   while (!services.empty()) services.pop_back();
 }
 
+std::pair<std::shared_ptr<ActorClient>, bool> Core::client_for(const ActorInfo& info) {
+  std::lock_guard lock(mu_);
+  if (shut_) throw ConnectionError("actor " + std::to_string(info.id) + ": the client core was shut down");
+  auto it = actors_.find(info.id);
+  if (it != actors_.end()) return {it->second, false};
+  auto c = std::make_shared<ActorClient>(*this, info);
+  actors_[info.id] = c;
+  return {c, true};
+}
+
 std::shared_ptr<ActorClient> Core::actor(const ActorInfo& info) {
-  std::shared_ptr<ActorClient> c;
-  {
-    std::lock_guard lock(mu_);
-    if (shut_) throw ConnectionError("actor " + std::to_string(info.id) + ": the client core was shut down");
-    auto it = actors_.find(info.id);
-    if (it != actors_.end()) return it->second;
-    c = std::make_shared<ActorClient>(*this, info);
-    actors_[info.id] = c;
-  }
+  auto [c, made] = client_for(info);
+  if (!made) return c;
   // Subscribe, then apply the head's current view (it may be newer).
   auto latest = head_->call<ActorInfo>(Op::kSubscribeActor, info.id);
   c->on_update(latest);
   return c;
+}
+
+std::shared_ptr<ActorClient> Core::adopt_actor(const ActorInfo& info) {
+  auto [client, made] = client_for(info);
+  if (!made) return client;
+  auto f = head_->request(Op::kSubscribeActor, encode_inline(info.id));
+  f.on_ready([f, c = client] {
+    try {
+      Message m = f.get();
+      c->on_update(decode_value<ActorInfo>(m.body));
+    } catch (const std::exception& e) {
+      TROUPE_LOG_DEBUG("actor {}: no subscription for a handle that travelled here ({})", c->id(), e.what());
+    }
+  });
+  return client;
 }
 
 std::shared_ptr<ActorClient> Core::actor(uint64_t id) {

@@ -27,6 +27,7 @@
 #include <thread>
 #include <typeindex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "troupe/runtime/client/control.h"
@@ -261,6 +262,14 @@ class Core : public std::enable_shared_from_this<Core> {
   std::shared_ptr<ActorClient> actor(const wire::ActorInfo& info);
   // The same, knowing only the actor's id (asks the head).
   std::shared_ptr<ActorClient> actor(uint64_t id);
+  // The same, from an ActorInfo that travelled inside a value (an
+  // ActorHandle argument or result, decoded perhaps on the I/O thread):
+  // never waits; subscribes in the background and applies the head's view
+  // when it comes.
+  std::shared_ptr<ActorClient> adopt_actor(const wire::ActorInfo& info);
+  // This process's client for `info.id`, made and registered when it has
+  // none (`second` says so).
+  std::pair<std::shared_ptr<ActorClient>, bool> client_for(const wire::ActorInfo& info);
   // Drops this process's client for actor `id` (one it will never call
   // again, such as a released task executor), so clients do not pile up.
   void forget_actor(uint64_t id);

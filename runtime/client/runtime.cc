@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -281,13 +282,15 @@ client::TaskPlacement Runtime::task_placement(const TaskOptions& options) {
 
 namespace {
 
-// Waits (bounded) until the head reports the actor DEAD.
-void wait_dead(client::ActorClient& actor, std::chrono::milliseconds timeout) {
-  auto dead = std::make_shared<core::FutureState<void>>();
-  uint64_t listener = actor.add_listener([dead](const ActorInfo& info) {
-    if (info.state == ActorState::kDead && !dead->ready()) dead->set_value();
+// Waits (bounded) until the head reports the actor in a state `reached`
+// accepts.
+void wait_until(client::ActorClient& actor, const std::function<bool(const ActorInfo&)>& reached,
+                std::chrono::milliseconds timeout) {
+  auto done = std::make_shared<core::FutureState<void>>();
+  uint64_t listener = actor.add_listener([done, reached](const ActorInfo& info) {
+    if (reached(info) && !done->ready()) done->set_value();
   });
-  if (actor.info().state != ActorState::kDead) dead->wait_for(timeout);
+  if (!reached(actor.info())) done->wait_for(timeout);
   actor.remove_listener(listener);
 }
 
@@ -295,12 +298,20 @@ void wait_dead(client::ActorClient& actor, std::chrono::milliseconds timeout) {
 
 void Runtime::kill_actor(uint64_t actor_id, bool no_restart) {
   auto core = live();
+  auto actor = core->actor(actor_id);
+  const ActorInfo before = actor->info();
   core->head().call<void>(Op::kKillActor, KillActor{actor_id, no_restart});
   // The head answers once the kill is sent; the worker may still serve a
-  // call sent meanwhile. A kill for good returns once the head reports the
-  // actor DEAD, so no call made after it can succeed (bounded: a node that
-  // does not report is declared dead by its heartbeats well within this).
-  if (no_restart) wait_dead(*core->actor(actor_id), std::chrono::seconds(10));
+  // call sent meanwhile. A kill returns once the head reports the killed
+  // incarnation gone (DEAD for good; else RESTARTING or a later
+  // incarnation), so no call made after it reaches that incarnation
+  // (bounded: a node that does not report is declared dead by its
+  // heartbeats well within this).
+  const auto gone = [&](const ActorInfo& info) {
+    if (no_restart) return info.state == ActorState::kDead;
+    return info.state != ActorState::kAlive || info.incarnation != before.incarnation;
+  };
+  wait_until(*actor, gone, std::chrono::seconds(10));
 }
 
 ActorInfo Runtime::actor_info(uint64_t actor_id) { return live()->actor(actor_id)->info(); }

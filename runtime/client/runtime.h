@@ -158,6 +158,8 @@ class ActorHandle {
 
  private:
   friend class Runtime;
+  template <class, class>
+  friend struct wire::Codec;
   client::ActorClient& live() const {
     if (!client_) throw Error("an empty troupe::ActorHandle (made by default, or moved from) names no actor");
     return *client_;
@@ -196,6 +198,34 @@ struct InitOptions {
   // else warn. Another name is a ConfigError naming it.
   std::string log_level;
 };
+
+namespace wire {
+// An actor handle travels inside a value (an argument, a result, a field)
+// as its actor's ActorInfo; the receiving process makes its own handle
+// without waiting for the head, so tasks and actors can be handed actors,
+// as in Ray. An empty handle travels as such; a handle decoded as another
+// class's is a DecodeError naming both.
+template <class T>
+struct Codec<ActorHandle<T>> {
+  static void encode(Encoder& e, const ActorHandle<T>& h) {
+    if (!h.valid()) return e.write_pod<uint8_t>(0);
+    e.write_pod<uint8_t>(1);
+    wire::encode(e, h.info());
+  }
+  static ActorHandle<T> decode(Decoder& d) {
+    const auto has = d.read_pod<uint8_t>();
+    if (has > 1) throw DecodeError("bad actor handle tag " + std::to_string(has));
+    if (!has) return {};
+    auto info = wire::decode<ActorInfo>(d);
+    if (info.class_name != ActorTraits<T>::kName)
+      throw DecodeError("actor " + std::to_string(info.id) + " is a " + info.class_name +
+                        ", decoded as a handle to a " + ActorTraits<T>::kName);
+    if (!d.core())
+      throw DecodeError("an ActorHandle can only be decoded with the process's client core (Decoder::core)");
+    return ActorHandle<T>(d.core()->adopt_actor(info));
+  }
+};
+}  // namespace wire
 
 class Runtime {
  public:
@@ -397,6 +427,38 @@ void complete_call(core::FutureState<R>& st, wire::Message& m, Core* core) {
   }
 }
 
+// Compile-time check of one argument of a call or task: what it gives (a
+// Future<X> gives its X once ready) must make the parameter's type. A
+// mismatch fails here, naming the argument's position (I, from 0), the
+// parameter and the argument in the instantiation note, rather than deep
+// inside std::tuple.
+template <class A>
+struct ArgumentGives {
+  using type = A&&;
+};
+template <class X>
+struct ArgumentGives<Future<X>> {
+  using type = X&&;
+};
+template <size_t I, class Parameter, class Argument>
+constexpr bool argument_fits() {
+  using Given = typename ArgumentGives<std::decay_t<Argument>>::type;
+  constexpr bool fits = std::is_constructible_v<std::decay_t<Parameter>, Given>;
+  static_assert(fits,
+                "argument I (counting from 0) does not convert to the parameter's type: see Parameter and Argument "
+                "in 'argument_fits<I, Parameter, Argument>' below (an ObjectRef<T> goes only to an ObjectRef<T> "
+                "parameter; pass ref.get() for a T)");
+  return fits;
+}
+template <class Parameters, class... A, size_t... I>
+constexpr bool arguments_fit(std::index_sequence<I...>) {
+  if constexpr (sizeof...(A) != std::tuple_size_v<Parameters>) {
+    return false;  // the arity's own static_assert says so
+  } else {
+    return (argument_fits<I, std::tuple_element_t<I, Parameters>, A>() && ...);
+  }
+}
+
 template <class T>
 decltype(auto) resolve_arg(T&& v) {
   if constexpr (IsFuture<std::decay_t<T>>::value) {
@@ -490,38 +552,55 @@ Future<R> ActorHandle<T>::send_call(M method, uint32_t op, A&&... args) const {
   static_assert(std::is_same_v<typename MT::Class, T> || std::is_base_of_v<typename MT::Class, T>,
                 "method does not belong to this actor type");
   static_assert(sizeof...(A) == MT::kArity, "wrong number of arguments for this method");
-  (void)method;
-  (void)live();
-  // The future's state holds what cancel needs: no allocation beside it.
-  auto st =
-      std::make_shared<client::CallFutureState<R>>(&client::method_names<T>()[client::call_op_method(op)], client_);
-  auto send = [client = client_, op, st](Args tuple) {
-    st->submit_once([&] {
-      wire::Encoder e;
-      wire::encode(e, tuple);
-      client::Core* core = &client->core();
-      return client->submit(
-          op, std::move(e), [st, core](wire::Message& m) { client::complete_call<R>(*st, m, core); },
-          [st](std::exception_ptr ex) { st->set_error(ex); });
-    });
-  };
-  client::send_when_ready<Args>(st, client_, std::move(send), std::forward<A>(args)...);
-  return Future<R>(st);
+  constexpr bool fits = client::arguments_fit<Args, A...>(std::index_sequence_for<A...>{});
+  if constexpr (!fits) {
+    return Future<R>();  // not compiled: the argument check above failed
+  } else {
+    (void)method;
+    (void)live();
+    // The future's state holds what cancel needs: no allocation beside it.
+    auto st =
+        std::make_shared<client::CallFutureState<R>>(&client::method_names<T>()[client::call_op_method(op)], client_);
+    auto send = [client = client_, op, st](Args tuple) {
+      st->submit_once([&] {
+        wire::Encoder e;
+        wire::encode(e, tuple);
+        client::Core* core = &client->core();
+        return client->submit(
+            op, std::move(e), [st, core](wire::Message& m) { client::complete_call<R>(*st, m, core); },
+            [st](std::exception_ptr ex) { st->set_error(ex); });
+      });
+    };
+    client::send_when_ready<Args>(st, client_, std::move(send), std::forward<A>(args)...);
+    return Future<R>(st);
+  }
 }
 
 template <class T, class... A>
 ActorHandle<T> Runtime::spawn(const ActorOptions& options, A&&... args) {
-  using Registration = client::CtorRegistration<T, std::decay_t<A>...>;
-  (void)Registration::registered;
-  wire::ActorSpec spec;
-  spec.type_key = client::factory_key<T, std::decay_t<A>...>();
-  spec.class_name = ActorTraits<T>::kName;
-  wire::Encoder e;
-  wire::encode(e, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
-  spec.ctor_args = std::move(e.bytes());
-  spec.ctor_attachments = std::move(e.attachments());
-  auto info = create_actor(std::move(spec), options, client::method_names<T>());
-  return ActorHandle<T>(live()->actor(info));
+  static_assert(kIsActor<T>,
+                "this class is not an actor: declare it with TROUPE_ACTOR(Class, &Class::method, ...) at global "
+                "namespace scope, after the class (T is named in 'spawn<T, ...>' below)");
+  if constexpr (kIsActor<T>) {
+    static_assert(std::is_constructible_v<T, std::decay_t<A>...>,
+                  "the actor's class has no constructor taking these arguments (T and A are named in "
+                  "'spawn<T, A...>' below)");
+  }
+  if constexpr (!kIsActor<T> || !std::is_constructible_v<T, std::decay_t<A>...>) {
+    return ActorHandle<T>();  // not compiled: a static_assert above failed
+  } else {
+    using Registration = client::CtorRegistration<T, std::decay_t<A>...>;
+    (void)Registration::registered;
+    wire::ActorSpec spec;
+    spec.type_key = client::factory_key<T, std::decay_t<A>...>();
+    spec.class_name = ActorTraits<T>::kName;
+    wire::Encoder e;
+    wire::encode(e, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
+    spec.ctor_args = std::move(e.bytes());
+    spec.ctor_attachments = std::move(e.attachments());
+    auto info = create_actor(std::move(spec), options, client::method_names<T>());
+    return ActorHandle<T>(live()->actor(info));
+  }
 }
 
 template <class R, class... P, class... A>
@@ -539,28 +618,33 @@ template <class Result, class R, class... P, class... A>
 Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, bool keep_result, A&&... args) {
   using Args = std::tuple<std::decay_t<P>...>;
   static_assert(sizeof...(A) == sizeof...(P), "wrong number of arguments for this task");
-  const client::TaskEntry& entry = client::task_for_function(client::task_function_key(fn));
-  auto live_core = live();
-  auto submitter = live_core->service<client::TaskSubmitter>();
-  auto key = submitter->key_for(task_placement(options));
-  const std::string& label = options.name.empty() ? entry.name : options.name;
-  // The future's state holds what cancel needs: no allocation beside it.
-  auto st = std::make_shared<client::TaskFutureState<Result>>(label, submitter->instance());
-  auto send = [submitter, key, st, &entry, label, retries = options.max_retries, keep_result,
-               core = live_core.get()](Args tuple) {
-    st->submit_once([&] {
-      wire::Encoder e;
-      wire::encode(e, entry.name);
-      wire::encode(e, st->token());
-      wire::encode(e, tuple);
-      return submitter->submit(
-          key, label, std::move(e), retries,
-          [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
-          [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
-    });
-  };
-  client::send_when_ready<Args>(st, nullptr, std::move(send), std::forward<A>(args)...);
-  return Future<Result>(st);
+  constexpr bool fits = client::arguments_fit<Args, A...>(std::index_sequence_for<A...>{});
+  if constexpr (!fits) {
+    return Future<Result>();  // not compiled: the argument check above failed
+  } else {
+    const client::TaskEntry& entry = client::task_for_function(client::task_function_key(fn));
+    auto live_core = live();
+    auto submitter = live_core->service<client::TaskSubmitter>();
+    auto key = submitter->key_for(task_placement(options));
+    const std::string& label = options.name.empty() ? entry.name : options.name;
+    // The future's state holds what cancel needs: no allocation beside it.
+    auto st = std::make_shared<client::TaskFutureState<Result>>(label, submitter->instance());
+    auto send = [submitter, key, st, &entry, label, retries = options.max_retries, keep_result,
+                 core = live_core.get()](Args tuple) {
+      st->submit_once([&] {
+        wire::Encoder e;
+        wire::encode(e, entry.name);
+        wire::encode(e, st->token());
+        wire::encode(e, tuple);
+        return submitter->submit(
+            key, label, std::move(e), retries,
+            [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
+            [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
+      });
+    };
+    client::send_when_ready<Args>(st, nullptr, std::move(send), std::forward<A>(args)...);
+    return Future<Result>(st);
+  }
 }
 
 }  // namespace troupe

@@ -57,6 +57,10 @@ struct HandBackQueued {
   TROUPE_FIELDS()
 };
 
+// The task this thread last ran in a task executor: what the worker names
+// a result too large to send.
+const std::string& last_task_run();
+
 // Registry key and class name of the built-in task-executor actor.
 inline constexpr const char* kTaskExecutorKey = "troupe.TaskExecutor";
 inline constexpr const char* kTaskExecutorClass = "TaskExecutor";

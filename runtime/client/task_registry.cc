@@ -30,6 +30,8 @@ void throw_if_ambiguous(TaskTable& t, const std::string& name) {
     throw ConfigError("task name '" + name + "' is registered by two different functions (TROUPE_TASK)");
 }
 
+thread_local std::string t_last_task;
+
 // Runs tasks by name, one call at a time (the worker serves it as an actor
 // with max_concurrency 1).
 class TaskExecutor final : public HostedActor {
@@ -40,6 +42,7 @@ class TaskExecutor final : public HostedActor {
     // The submitter's token for the task (task_cancel.h); 0: not cancellable.
     const auto token = wire::decode<uint64_t>(args);
     const TaskEntry& entry = task_named(name);
+    t_last_task = name;
     if (!begin_task(token)) throw TaskCancelled("task '" + name + "' was cancelled before it started");
     struct End {
       uint64_t token;
@@ -52,6 +55,8 @@ class TaskExecutor final : public HostedActor {
 };
 
 }  // namespace
+
+const std::string& last_task_run() { return t_last_task; }
 
 bool register_task(const std::string& name, TaskFunctionKey fn, TaskInvoker invoke) {
   TaskTable& t = table();

@@ -42,7 +42,9 @@ bool register_error(const char* name) {
 #define TROUPE_ERROR_CONCAT(a, b) TROUPE_ERROR_CONCAT_INNER(a, b)
 // Makes `Class` (derived from std::exception, constructible from a message
 // string) reach callers as itself. Use at namespace scope, once per class,
-// in code linked into both the caller and the actor's worker.
+// in code linked into both the caller and the actor's worker. Like
+// TROUPE_TASK and TROUPE_ACTOR it needs no semicolon after it (one is
+// harmless).
 #define TROUPE_ERROR(Class)                                                      \
   static const bool TROUPE_ERROR_CONCAT(troupe_error_registered_, __COUNTER__) = \
-      ::troupe::core::register_error<Class>(#Class)
+      ::troupe::core::register_error<Class>(#Class);

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -126,13 +127,30 @@ class Decoder {
 template <class T, class Enable = void>
 struct Codec;
 
+// Whether T has a Codec: TROUPE_FIELDS inside the struct, or a
+// specialization of troupe::wire::Codec declared before this use.
+template <class T, class = void>
+inline constexpr bool kHasCodec = false;
+template <class T>
+inline constexpr bool kHasCodec<T, std::void_t<decltype(sizeof(Codec<T>))>> = true;
+
 template <class T>
 void encode(Encoder& e, const T& v) {
-  Codec<std::decay_t<T>>::encode(e, v);
+  static_assert(kHasCodec<std::decay_t<T>>,
+                "this type cannot travel: list its fields with TROUPE_FIELDS(a, b, ...) inside the struct, or "
+                "specialize troupe::wire::Codec<T> (T is named in 'encode<T>' below)");
+  if constexpr (kHasCodec<std::decay_t<T>>) Codec<std::decay_t<T>>::encode(e, v);
 }
 template <class T>
 T decode(Decoder& d) {
-  return Codec<T>::decode(d);
+  static_assert(kHasCodec<T>,
+                "this type cannot travel: list its fields with TROUPE_FIELDS(a, b, ...) inside the struct, or "
+                "specialize troupe::wire::Codec<T> (T is named in 'decode<T>' below)");
+  if constexpr (kHasCodec<T>) {
+    return Codec<T>::decode(d);
+  } else {
+    std::abort();  // not compiled: the static_assert above failed
+  }
 }
 
 // Arithmetic and enum types: raw little-endian bytes.

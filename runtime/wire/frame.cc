@@ -18,7 +18,7 @@ size_t OutFrame::total_bytes() const {
 std::string too_big_for_a_message(const std::string& what, uint64_t bytes) {
   char size[32];
   std::snprintf(size, sizeof size, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return what + " encode to " + size + ", more than the " + std::to_string(FrameLimits{}.max_message_bytes >> 20) +
+  return what + ": " + size + " encoded, more than the " + std::to_string(FrameLimits{}.max_message_bytes >> 20) +
          " MiB one message carries: put a large value in the object store (rt.put / troupe.put, or call_ref) and "
          "pass its ref, or send bytes as a troupe::Buffer (which travels beside the message)";
 }

@@ -41,7 +41,7 @@ struct FrameLimits {
 // have the receiver close the connection (which fails every call on it,
 // as if the actor had died).
 inline constexpr uint64_t kMaxInlineBody = FrameLimits{}.max_message_bytes - (64u << 10);
-// "a call's arguments encode to 100.0 MiB, more than the 64 MiB one
+// "a call's arguments: 100.0 MiB encoded, more than the 64 MiB one
 // message carries; ..." for ConfigErrors of senders.
 std::string too_big_for_a_message(const std::string& what, uint64_t bytes);
 

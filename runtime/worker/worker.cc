@@ -360,6 +360,7 @@ class ActorHost {
       actor_->invoke(method, d, e, keep ? &keep_result_ : nullptr);
       if (lender_ && store_->stats().objects > 0) reply.op |= client::kHoldsObjects;
       check_sendable(e.bytes(), e.attachments(), [&] {
+        if (task_executor_) return "the result of task '" + client::last_task_run() + "'";
         return "the result of " + core_->hello_reply().spec.class_name + "." + actor_->method_name(method);
       });
       reply.body = std::move(e.bytes());

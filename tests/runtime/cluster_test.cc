@@ -53,6 +53,30 @@ class Counter {
 };
 TROUPE_ACTOR(Counter, &Counter::add, &Counter::get, &Counter::pid, &Counter::node, &Counter::fail, &Counter::busy)
 
+// Is handed actors: calls one it was given, keeps one in a field, makes one
+// and returns it.
+struct CounterPair {
+  troupe::ActorHandle<Counter> first;
+  troupe::ActorHandle<Counter> second;
+  TROUPE_FIELDS(first, second)
+};
+class Broker {
+ public:
+  int add_through(troupe::ActorHandle<Counter> c, int x) { return c.call(&Counter::add, x).get(); }
+  int add_to_both(CounterPair pair, int x) {
+    pair.first.call(&Counter::add, x).get();
+    return pair.second.call(&Counter::add, x).get();
+  }
+  troupe::ActorHandle<Counter> make_counter(int start) {
+    made_ = troupe::this_actor::runtime().spawn<Counter>({}, start);
+    return made_;
+  }
+
+ private:
+  troupe::ActorHandle<Counter> made_;
+};
+TROUPE_ACTOR(Broker, &Broker::add_through, &Broker::add_to_both, &Broker::make_counter)
+
 // Holds a constructor argument large enough to travel as an attachment.
 class BlobHolder {
  public:
@@ -82,7 +106,7 @@ class QuotaExceeded : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-TROUPE_ERROR(QuotaExceeded);
+TROUPE_ERROR(QuotaExceeded)
 
 // Throws the exception `kind` names with `message`, from a real worker.
 class Raiser {
@@ -410,9 +434,9 @@ TEST_F(ClusterTest, AValueTooBigForAMessageIsRefusedByNameAndTheActorServesOn) {
     }
   };
   refused([&] { return rec.call(&Recorder::measure, std::string(70u << 20, 'x')).get(kWaitBound); },
-          "(Recorder) encode to 70.0 MiB, more than the 64 MiB one message carries");
+          "(Recorder): 70.0 MiB encoded, more than the 64 MiB one message carries");
   refused([&] { return rec.call(&Recorder::make, int64_t{70} << 20).get(kWaitBound); },
-          "the result of Recorder.make encode to 70.0 MiB");
+          "the result of Recorder.make: 70.0 MiB encoded");
   EXPECT_EQ(rec.call(&Recorder::measure, std::string("ok")).get(kWaitBound), 2);
 }
 
@@ -518,6 +542,21 @@ TEST_F(ClusterTest, KilledWorkerRestartsThenDiesWhenRestartsRunOut) {
   ASSERT_TRUE(eventually([&] { return c.info().state == troupe::ActorState::kDead; }));
   EXPECT_NE(c.info().death_cause.find("signal 9"), std::string::npos) << c.info().death_cause;
   EXPECT_THROW(c.call(&Counter::get).get(kWaitBound), troupe::ActorDied);
+}
+
+// Runtime::kill with restarts returns once the killed incarnation is gone:
+// a call made after it reaches the new one (fresh state, another pid).
+// Before, it returned once the head had sent the kill, and the next call
+// was answered by the old incarnation or failed with ActorDied.
+TEST_F(ClusterTest, ACallAfterAKillWithRestartsReachesTheNewIncarnation) {
+  auto c = rt_.spawn<Counter>({.max_restarts = 3}, 10);
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(c.call(&Counter::add, 5).get(kWaitBound), 15) << "round " << round;
+    const int before = c.call(&Counter::pid).get(kWaitBound);
+    rt_.kill(c, /*no_restart=*/false);
+    EXPECT_EQ(c.call(&Counter::get).get(kWaitBound), 10) << "round " << round << ": the old state answered";
+    EXPECT_NE(c.call(&Counter::pid).get(kWaitBound), before) << "round " << round;
+  }
 }
 
 // What a worker started goes with it: killed (troupe.kill, a restart), or
@@ -656,6 +695,23 @@ TEST_F(ClusterTest, NamedActorsAreFoundByName) {
   // Another driver sees it too.
   troupe::Runtime other = cluster_.connect();
   EXPECT_EQ(other.get_actor<Counter>("global-counter").call(&Counter::get).get(kWaitBound), 101);
+}
+
+// Actor handles travel in arguments, fields and results, as Ray's do: a
+// handle had no Codec, so only named actors could be shared.
+TEST_F(ClusterTest, ActorHandlesTravelToAndFromActors) {
+  auto counter = rt_.spawn<Counter>({}, 10);
+  auto broker = rt_.spawn<Broker>({});
+  EXPECT_EQ(broker.call(&Broker::add_through, counter, 5).get(kWaitBound), 15);
+  auto other = rt_.spawn<Counter>({}, 100);
+  EXPECT_EQ(broker.call(&Broker::add_to_both, CounterPair{counter, other}, 1).get(kWaitBound), 101);
+  EXPECT_EQ(counter.call(&Counter::get).get(kWaitBound), 16);
+  // A handle made inside an actor comes back and is called from here.
+  auto made = broker.call(&Broker::make_counter, 7).get(kWaitBound);
+  EXPECT_EQ(made.call(&Counter::add, 3).get(kWaitBound), 10);
+  EXPECT_EQ(broker.call(&Broker::add_through, made, 1).get(kWaitBound), 11);
+  // An empty handle travels as one and names no actor there.
+  EXPECT_THROW(broker.call(&Broker::add_through, troupe::ActorHandle<Counter>(), 1).get(kWaitBound), troupe::Error);
 }
 
 TEST_F(ClusterTest, FuturesCanBeArguments) {

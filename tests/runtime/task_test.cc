@@ -697,6 +697,20 @@ TEST_F(TaskTest, ArgumentsPastTheFrameLimitAreRefusedNamingTheirSize) {
   EXPECT_EQ(rt_.submit(&buffer_size, {}, troupe::Buffer::from_string("abc")).get(30s), 3);
 }
 
+// A result past the message limit names its task (it named the executor:
+// "the result of TaskExecutor.run").
+TEST_F(TaskTest, AResultPastTheMessageLimitNamesItsTask) {
+  try {
+    rt_.submit(&make_bytes, {}, int64_t{70} << 20, 1).get(60s);
+    FAIL() << "a 70 MiB result was sent inline";
+  } catch (const troupe::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the result of task 'make_bytes': 70.0 MiB encoded, more than the 64 MiB"), std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(rt_.submit(&square, {}, 4).get(30s), 16);
+}
+
 // Shuts down this process's TCP connections to 127.0.0.1:`port`, as a
 // network fault cuts them, leaving the process at the other end running.
 int cut_connections_to(uint16_t port) {

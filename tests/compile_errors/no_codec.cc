@@ -1,0 +1,2 @@
+#include "tests/compile_errors/common.h"
+void misuse(troupe::Runtime& rt) { rt.put(NoCodec{}); }
