@@ -253,8 +253,12 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
                                                    wire::PlacementStrategy strategy, std::string* reason) {
   using S = wire::PlacementStrategy;
   std::vector<uint64_t> out(bundles.size(), 0);
+  // The summary names what the nodes have, not what is left of them after
+  // the bundles a failed placement took on trial (it said 1 CPU free on
+  // each of three nodes with 2 free).
+  const std::vector<NodeView> as_given = reason ? nodes : std::vector<NodeView>{};
   auto fail = [&](const std::string& why) -> std::optional<std::vector<uint64_t>> {
-    if (reason) *reason = why + "; " + nodes_summary(nodes);
+    if (reason) *reason = why + "; " + nodes_summary(as_given);
     return std::nullopt;
   };
   if (bundles.empty()) return out;

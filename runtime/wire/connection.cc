@@ -71,6 +71,11 @@ class RefusalLog {
 
 // Why a connection closed whose peer sent nothing at all.
 constexpr const char* kSilentPeer = "closed before sending anything (a port check)";
+// On the accepting side, a connecting peer that went away before its proof:
+// never a wrong token (the connecting side proves first, whatever its
+// token), but a process that exited or gave up while connecting.
+constexpr const char* kLeftMidHandshake =
+    "the peer closed the connection before proving its token (it exited or gave up while connecting)";
 
 RefusalLog& refusal_log() {
   static RefusalLog log;
@@ -150,6 +155,7 @@ void Connection::do_handshake() {
     if (!self->accepting_) send_proof();
     asio::async_read(self->socket_, asio::buffer(self->proof_in_),
                      [self, theirs, send_proof](asio::error_code ec, size_t) {
+                       if (ec && self->accepting_) return self->fail(kLeftMidHandshake);
                        if (ec)
                          return self->fail(
                              "handshake failed: the peer closed the connection after the first exchange (a wrong "
@@ -514,7 +520,9 @@ void Connection::fail(const std::string& reason) {
   if (!ready_ && accepting_) {
     // A port check (a load balancer's or a readiness probe's connect and
     // close, every few seconds) is not worth a warning each time.
-    if (reason == kSilentPeer)
+    // Nor is a peer that exited while it connected (a worker ending as a
+    // cluster shrinks); a wrong token is still named when its proof comes.
+    if (reason == kSilentPeer || reason == kLeftMidHandshake)
       TROUPE_LOG_DEBUG("connection from {} closed: {}", peer_, reason);
     else
       refusal_log().warn("connection from {} refused: {}", peer_, reason);

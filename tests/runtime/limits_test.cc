@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -446,6 +448,42 @@ TEST(ConnectionLimits, APeerClosingBeforeItsHandshakeIsNamedOnTheConnectingSide)
   const std::string why = connect_error([](asio::ip::tcp::socket& s) { s.close(); });
   EXPECT_NE(why.find("closed the connection before its handshake"), std::string::npos) << why;
   EXPECT_EQ(why.find("port check"), std::string::npos) << why;
+}
+
+// A client that sends its hello and leaves before its proof (a process that
+// exited while connecting) is not called a wrong token on the accepting
+// side: the connecting side proves first whatever its token. Before, the
+// listener warned of a wrong cluster token when a worker ended mid-connect.
+TEST(ConnectionLimits, AClientLeavingBeforeItsProofIsNotCalledAWrongToken) {
+  asio::io_context io;
+  auto guard = asio::make_work_guard(io);
+  std::promise<std::string> closed;
+  Listener listener(io, "127.0.0.1", 0, "token", ListenerOptions{}, [&](std::shared_ptr<Connection> c) {
+    c->start([] {}, [](Message&&) {}, [&](const std::string& why) { closed.set_value(why); });
+  });
+  std::thread loop([&] { io.run(); });
+  {
+    RawClient client("127.0.0.1:" + std::to_string(listener.port()));
+    std::array<uint8_t, 40> hello{};
+    std::memcpy(hello.data(), troupe::wire::kAuthMagic, 8);
+    client.write(hello.data(), hello.size());
+    std::array<uint8_t, 40> theirs{};
+    size_t got = 0;
+    while (got < theirs.size()) {
+      const size_t n = client.read_some(theirs.data() + got, theirs.size() - got);
+      ASSERT_GT(n, 0u) << "the listener closed before its hello";
+      got += n;
+    }
+  }  // closes before its proof
+  auto done = closed.get_future();
+  ASSERT_EQ(done.wait_for(kWaitBound), std::future_status::ready);
+  const std::string why = done.get();
+  EXPECT_NE(why.find("before proving its token (it exited or gave up while connecting)"), std::string::npos) << why;
+  EXPECT_EQ(why.find("wrong"), std::string::npos) << why;
+  asio::post(io, [&] { listener.close(); });
+  guard.reset();
+  io.stop();
+  loop.join();
 }
 
 // A peer of another troupe version is refused at the handshake, naming both

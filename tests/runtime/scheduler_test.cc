@@ -91,6 +91,9 @@ TEST(Scheduler, StrictSpreadUsesDistinctNodes) {
                          PlacementStrategy::kStrictSpread, &why);
   EXPECT_FALSE(q);
   EXPECT_NE(why.find("STRICT_SPREAD"), std::string::npos);
+  // The summary names what the nodes have, not what the failed attempt
+  // left of them (node 3 read {CPU=1}).
+  EXPECT_NE(why.find("node 3 {CPU=2}"), std::string::npos) << why;
   // SPREAD reuses nodes when it must.
   auto s = place_bundles(three_nodes(), std::vector<troupe::wire::Resources>(4, {{"CPU", 1}}),
                          PlacementStrategy::kSpread, &why);
