@@ -263,9 +263,6 @@ def late_rank_loop(config):
     """Rank 1 reports a few seconds after rank 0 has begun to wait. Each
     rank's stderr goes to a file of the test's while it reports (where a
     worker's own stderr goes depends on when the pool started it)."""
-    from troupe.train import session
-
-    session.REPORT_WAIT_WARNING_S = 0.5
     rank = train.get_context().get_world_rank()
     marker = os.path.join(config["dir"], "rank0-reporting")
     if rank == 0:
@@ -569,8 +566,11 @@ def test_a_rank_that_reports_more_often_is_told_why_it_failed(tmp_path):
         trainer.fit()
 
 
-def test_a_rank_that_waits_long_in_report_says_so(tmp_path):
-    # A report made only on rank 0 used to wait silently.
+def test_a_rank_that_waits_long_in_report_says_so(tmp_path, monkeypatch):
+    # A report made only on rank 0 used to wait silently. The bound is the
+    # driver's TROUPE_REPORT_WAIT_WARNING_S, which never reached the workers
+    # (they do not inherit troupe's own variables).
+    monkeypatch.setenv("TROUPE_REPORT_WAIT_WARNING_S", "0.5")
     trainer = TorchTrainer(late_rank_loop, train_loop_config={"dir": str(tmp_path)},
                            scaling_config=train.ScalingConfig(num_workers=2), run_config=run_config(tmp_path))
     assert trainer.fit().metrics["late"] is True
@@ -578,6 +578,11 @@ def test_a_rank_that_waits_long_in_report_says_so(tmp_path):
     assert "rank 0 has waited 0.5 s for the other ranks' report #1" in waited, waited
     late = (tmp_path / "stderr-1").read_text()
     assert "has waited" not in late, late  # it came late, it did not wait
+    monkeypatch.setenv("TROUPE_REPORT_WAIT_WARNING_S", "soon")
+    with pytest.raises(ConfigError, match="TROUPE_REPORT_WAIT_WARNING_S must be a positive number of seconds, "
+                                          "got 'soon'"):
+        TorchTrainer(late_rank_loop, train_loop_config={"dir": str(tmp_path)},
+                     scaling_config=train.ScalingConfig(num_workers=2), run_config=run_config(tmp_path)).fit()
 
 
 def test_max_failures_exhausted_raises_with_the_cause(tmp_path):

@@ -113,8 +113,26 @@ class _Session:
 _session: Optional[_Session] = None
 
 # How long a rank waits in report() for the others before it says so (a
-# rank that never reports, or reports only on rank 0, keeps it there).
-REPORT_WAIT_WARNING_S = float(os.environ.get("TROUPE_REPORT_WAIT_WARNING_S", "60"))
+# rank that never reports, or reports only on rank 0, keeps it there). The
+# driver reads TROUPE_REPORT_WAIT_WARNING_S (workers do not inherit troupe's
+# own variables) and hands it to each worker with its spec.
+REPORT_WAIT_WARNING_S = 60.0
+
+
+def report_wait_warning_s():
+    """TROUPE_REPORT_WAIT_WARNING_S of this process (the driver), else 60;
+    a value that is not a positive number is a ConfigError naming it."""
+    raw = os.environ.get("TROUPE_REPORT_WAIT_WARNING_S")
+    if raw is None:
+        return 60.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        from troupe.exceptions import ConfigError
+        raise ConfigError(f"TROUPE_REPORT_WAIT_WARNING_S must be a positive number of seconds, got {raw!r}")
+    return seconds
 
 
 def _current(what):

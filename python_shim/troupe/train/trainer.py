@@ -28,6 +28,7 @@ import sys
 import time
 import uuid
 
+from . import session
 from . import worker as worker_module
 from .checkpoint import Checkpoint, CheckpointStore, StorageNotSharedError
 from .config import RunConfig, ScalingConfig, TorchConfig
@@ -304,6 +305,7 @@ class TorchTrainer:
 
     def fit(self):
         _check_picklable_config(self.train_loop_config)
+        self._report_wait_warning_s = session.report_wait_warning_s()
         rt = importlib.import_module(_runtime_name)
         if not rt.is_initialized():
             rt.init()
@@ -451,6 +453,9 @@ class TorchTrainer:
                 "master_addr": self._infos[0]["ip"], "master_port": port, "use_gpu": self.scaling_config.use_gpu,
                 "backend": tc.backend if tc else None, "timeout_s": tc.timeout_s if tc else None,
                 "checkpoint": latest.path if latest else None,
+                # Read in the driver: workers do not inherit troupe's own
+                # variables.
+                "report_wait_warning_s": self._report_wait_warning_s,
                 "checkpoint_config": {"num_to_keep": cc.num_to_keep,
                                       "checkpoint_score_attribute": cc.checkpoint_score_attribute,
                                       "checkpoint_score_order": cc.checkpoint_score_order},

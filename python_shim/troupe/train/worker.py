@@ -91,6 +91,7 @@ class TrainWorker:
         # report()'s exchanges go over gloo: cheap, and a peer that left is
         # seen at once, where NCCL would wait out its timeout.
         control = dist.new_group(backend="gloo") if backend != "gloo" else None
+        session.REPORT_WAIT_WARNING_S = spec.get("report_wait_warning_s", session.REPORT_WAIT_WARNING_S)
         session.start(session._Session(ctx, store, checkpoint, use_gpu, control_group=control))
         try:
             call_loop(fn, config)
