@@ -7,6 +7,7 @@ that name them; any other runtime_env key, and bad names or values, are
 refused by name."""
 import io
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,21 @@ def test_env_vars_reach_tasks_actors_and_their_children(job):
     assert troupe.get(parent.remote(None), timeout=60) == expect(RENV_JOB="job", RENV_OWN="parent")
     assert troupe.get(parent.remote({"RENV_CHILD": "child"}), timeout=60) == expect(
         RENV_JOB="job", RENV_OWN="parent", RENV_CHILD="child")
+
+
+def test_rays_runtime_env_class_is_taken_where_a_dict_is(job):
+    # Code written for Ray builds its env with ray.runtime_env.RuntimeEnv.
+    from troupe.runtime_env import RuntimeEnv
+
+    env = RuntimeEnv(env_vars={"RENV_OWN": "class"})
+    assert env == {"env_vars": {"RENV_OWN": "class"}} and env.env_vars() == {"RENV_OWN": "class"}
+    assert env.to_dict() == {"env_vars": {"RENV_OWN": "class"}} and not env.has_working_dir()
+    assert troupe.get(read.options(runtime_env=env).remote(), timeout=60) == expect(RENV_JOB="job", RENV_OWN="class")
+    # It pickles as itself (it travels to tasks that start tasks).
+    again = pickle.loads(pickle.dumps(env))
+    assert type(again) is RuntimeEnv and again == env
+    with pytest.raises(ConfigError, match="runtime_env key 'conda' is not supported"):
+        read.options(runtime_env=RuntimeEnv(conda="myenv")).remote()
 
 
 def test_bad_runtime_envs_are_named(job):
