@@ -393,16 +393,6 @@ struct GlooGroup::Shared {
   // failed operation. Op thread only. Declared before the context and the
   // device, so that when the group goes they go after them.
   std::vector<std::shared_ptr<void>> held;
-  // The agreement check's messages (agree()): slot r receives rank r's
-  // call; this rank's own slot is what it sends. Never moved once the
-  // buffers over them exist. The receives stay posted for the group's life;
-  // a message that comes for one after its buffer went is not read (gloo
-  // holds posted buffers by weak pointer), and the memory goes after the
-  // buffers.
-  std::vector<Call> check_values;
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> check_receives;  // per peer
-  std::vector<std::exception_ptr> check_repost_errors;                          // per peer; op thread only
-  std::unique_ptr<gloo::transport::UnboundBuffer> check_send;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
   // The host each peer advertised (connect_mesh); empty for this rank.
@@ -500,51 +490,39 @@ struct GlooGroup::Shared {
     return next_seq++;
   }
 
-  // Posts the receive of each peer's next check (creation, and each check
-  // as it consumes the last).
-  void post_check_receives() {
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer != rank) check_receives[peer]->recv(peer, gloo::Slot::build(kCheckSlotPrefix, 0));
-    }
-  }
-
   // The agreement check: every member sends its call (24 bytes) to every
-  // other before any byte of the operation travels. The receives are
-  // posted ahead, so the sends go out at once: one trip between members
-  // (gloo's allgather first asks the receiver for room). One slot serves
-  // every check: gloo matches a peer's messages of a slot in order, so the
-  // k-th check meets the k-th on every member whatever each asked for.
-  // Calls that differ throw Disagreement on every member alike, naming each
-  // rank's call; the exchange itself always matches, so the group stays
-  // usable. It is a barrier too: no member leaves it before every member
-  // has entered.
+  // other before any byte of the operation travels, into receives it
+  // posted first. One slot serves every check: gloo matches a peer's
+  // messages of a slot in order, so the k-th check meets the k-th on every
+  // member whatever each asked for. The buffers are held like any
+  // operation's (hold()): none stays posted between operations, since gloo
+  // may touch a posted receive until its pair closes. Calls that differ
+  // throw Disagreement on every member alike, naming each rank's call; the
+  // exchange itself always matches, so the group stays usable. It is a
+  // barrier too: no member leaves it before every member has entered.
   void agree(const Call& mine, milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
     const uint64_t slot = gloo::Slot::build(kCheckSlotPrefix, 0);
-    check_values[rank] = mine;  // the last check's sends are done
+    auto& all = hold<std::vector<Call>>(size);
+    all[rank] = mine;
+    std::vector<gloo::transport::UnboundBuffer*> receives(size, nullptr);
     for (int peer = 0; peer < size; ++peer) {
-      if (peer != rank) check_send->send(peer, slot);
+      if (peer == rank) continue;
+      auto& buffer =
+          hold<std::unique_ptr<gloo::transport::UnboundBuffer>>(context->createUnboundBuffer(&all[peer], sizeof(Call)));
+      buffer->recv(peer, slot);
+      receives[peer] = buffer.get();
     }
-    std::vector<Call> all(size);
+    auto& send =
+        hold<std::unique_ptr<gloo::transport::UnboundBuffer>>(context->createUnboundBuffer(&all[rank], sizeof(Call)));
     for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) {
-        all[peer] = mine;
-        continue;
-      }
-      // A peer whose pair failed as the last check's receive was posted
-      // again fails this one (a peer that left after its last operation
-      // closes its pair: only an operation that needs it fails).
-      if (check_repost_errors[peer]) std::rethrow_exception(check_repost_errors[peer]);
-      if (!check_receives[peer]->waitRecv(left_until(deadline))) throw Aborted("agreement check interrupted");
-      all[peer] = check_values[peer];
-      try {
-        check_receives[peer]->recv(peer, slot);
-      } catch (...) {
-        check_repost_errors[peer] = std::current_exception();
-      }
+      if (peer != rank) send->send(peer, slot);
+    }
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank && !receives[peer]->waitRecv(left_until(deadline))) throw Aborted("agreement check interrupted");
     }
     for (int peer = 0; peer < size - 1; ++peer) {
-      if (!check_send->waitSend(left_until(deadline))) throw Aborted("agreement check interrupted");
+      if (!send->waitSend(left_until(deadline))) throw Aborted("agreement check interrupted");
     }
     bool same = true;
     for (const auto& c : all) same = same && c == all.front();
@@ -1030,16 +1008,6 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
       auto& barrier = shared->hold<gloo::BarrierOptions>(shared->context);
       barrier.setTimeout(left_until(deadline));
       gloo::barrier(barrier);
-      if (options.check_agreement) {
-        shared->check_values.resize(world_size);
-        shared->check_receives.resize(world_size);
-        shared->check_repost_errors.resize(world_size);
-        for (int peer = 0; peer < world_size; ++peer) {
-          auto buffer = shared->context->createUnboundBuffer(&shared->check_values[peer], sizeof(Call));
-          (peer == rank ? shared->check_send : shared->check_receives[peer]) = std::move(buffer);
-        }
-        shared->post_check_receives();
-      }
     }
     shared->context->setTimeout(options.op_timeout);
   } catch (const Timeout& e) {
