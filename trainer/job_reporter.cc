@@ -109,6 +109,51 @@ bool shown(JobEventKind kind) {
 JobReporter::JobReporter(const TrainJobConfig& cfg, std::function<JobPosition()> where)
     : cfg_(cfg), where_(std::move(where)), t0_(std::chrono::steady_clock::now()), tty_(::isatty(1)) {}
 
+JobReporter::~JobReporter() {
+  if (!publisher_.joinable()) return;
+  {
+    std::lock_guard lock(publish_mu_);
+    publisher_stopping_ = true;
+  }
+  publish_cv_.notify_all();
+  // Bounded: a put waits for a head that is down only until the driver
+  // declares it lost, and then fails at once.
+  publisher_.join();
+}
+
+void JobReporter::await_published() {
+  std::unique_lock lock(publish_mu_);
+  // Bounded as the destructor's join is.
+  publish_cv_.wait(lock, [&] { return !to_publish_ && !putting_; });
+}
+
+void JobReporter::publisher_loop() {
+  const std::string key = std::string(head::kJobKeyPrefix) + cfg_.name;
+  for (;;) {
+    std::string doc;
+    {
+      std::unique_lock lock(publish_mu_);
+      publish_cv_.wait(lock, [&] { return publisher_stopping_ || to_publish_; });
+      if (!to_publish_) return;  // stopping, and everything was put
+      doc = std::move(*to_publish_);
+      to_publish_.reset();
+      putting_ = true;
+    }
+    try {
+      kv_->put(key, doc);
+    } catch (const std::exception& e) {
+      if (!publish_warned_)
+        TROUPE_LOG_WARN("[{}] cannot publish the job's progress to the head: {}", cfg_.name, e.what());
+      publish_warned_ = true;
+    }
+    {
+      std::lock_guard lock(publish_mu_);
+      putting_ = false;
+    }
+    publish_cv_.notify_all();
+  }
+}
+
 void JobReporter::open_metrics() {
   if (cfg_.metrics_path.empty()) return;
   auto parent = std::filesystem::path(cfg_.metrics_path).parent_path();
@@ -154,6 +199,7 @@ void JobReporter::publish_to(KvStore* kv, uint64_t client_id) {
           {"recoveries", 0},
           {"history", nlohmann::json::array()},
           {"events", nlohmann::json::array()}};
+  publisher_ = std::thread([this] { publisher_loop(); });
   publish(true);
 }
 
@@ -163,14 +209,12 @@ void JobReporter::publish(bool now) {
   if (!now && t - published_ < std::chrono::milliseconds(500)) return;
   published_ = t;
   doc_["time"] = this->now();
-  try {
-    kv_->put(std::string(head::kJobKeyPrefix) + cfg_.name,
-             doc_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  } catch (const std::exception& e) {
-    if (!publish_warned_)
-      TROUPE_LOG_WARN("[{}] cannot publish the job's progress to the head: {}", cfg_.name, e.what());
-    publish_warned_ = true;
+  std::string doc = doc_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  {
+    std::lock_guard lock(publish_mu_);
+    to_publish_ = std::move(doc);  // replaces one the publisher has not taken yet
   }
+  publish_cv_.notify_all();
 }
 
 void JobReporter::event(JobEventKind kind, const std::string& detail) {
@@ -191,6 +235,9 @@ void JobReporter::event(JobEventKind kind, const std::string& detail) {
     }
     doc_["world_size"] = at.world_size;
     publish(true);
+    // The job's last state is at the head when fit() returns or throws.
+    if (kind == JobEventKind::kFinished || kind == JobEventKind::kInterrupted || kind == JobEventKind::kFailed)
+      await_published();
   }
   write_metrics({{"kind", "event"},
                  {"job", cfg_.name},

@@ -8,12 +8,16 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +36,10 @@ class JobReporter {
  public:
   // `where` is asked for the step and world size of every event.
   JobReporter(const TrainJobConfig& cfg, std::function<JobPosition()> where);
+  // Hands the last document to the head before it goes (see publish_to).
+  ~JobReporter();
+  JobReporter(const JobReporter&) = delete;
+  JobReporter& operator=(const JobReporter&) = delete;
 
   // Opens TrainJobConfig::metrics_path for appending (ConfigError if it
   // cannot); without it nothing is written.
@@ -42,6 +50,9 @@ class JobReporter {
   // the driver's (Core::client_id): the document names a key under the
   // driver's client prefix, which the head erases when the driver is gone,
   // so that a job whose driver died is shown "lost", not "running".
+  // Documents go from a thread of the reporter's own, the latest first:
+  // the training loop never waits for the head (one that is down or
+  // stalled held every step up until it was back or declared lost).
   void publish_to(KvStore* kv, uint64_t client_id);
   // Seconds since the reporter was made (the job's clock).
   double now() const;
@@ -75,11 +86,24 @@ class JobReporter {
   void write_metrics(const nlohmann::json& j);
   void publish(bool now);
 
-  // The progress document's state (publish_to).
+  // The publisher thread: puts the latest document handed over, then
+  // waits for the next; on stopping, puts what is left first.
+  void publisher_loop();
+  // Waits until every document handed over has been put (or failed).
+  void await_published();
+
+  // The progress document's state (publish_to). doc_ is the loop's; the
+  // publisher thread owns kv_ and publish_warned_ once started.
   KvStore* kv_ = nullptr;
   nlohmann::json doc_;
   std::chrono::steady_clock::time_point published_{};
   bool publish_warned_ = false;
+  std::mutex publish_mu_;
+  std::condition_variable publish_cv_;
+  std::optional<std::string> to_publish_;  // the latest document not yet put
+  bool publisher_stopping_ = false;
+  bool putting_ = false;  // the publisher is inside a put
+  std::thread publisher_;
 
   const TrainJobConfig& cfg_;
   std::function<JobPosition()> where_;

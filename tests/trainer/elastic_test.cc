@@ -865,6 +865,36 @@ TEST(ElasticTest, HeadKilledEndsInJobFailedNamingTheHead) {
   }
 }
 
+// Steps go on while the head is down (README: "actor calls and training
+// steps go on"): the job's progress document goes to the head from a
+// thread of the reporter's. A put made by the step loop itself held every
+// step from the moment the head went until it was back or declared lost
+// (probe 15a: no step in the 30 s a killed head stayed away). Here the
+// head comes back only after 40 steps made without it, across epochs.
+TEST(ElasticTest, StepsGoOnWhileTheHeadIsDown) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes = {{{"CPU", 2}}};
+  o.durable_head = true;
+  troupe::testing::LocalCluster cluster(o);
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);  // 16 steps an epoch
+  cfg.epochs = 6;
+  int64_t killed_at = -1;
+  int64_t back_at = -1;
+  cfg.on_step = [&](const StepInfo& s) {
+    if (s.step == 4) {
+      cluster.kill_head(9);
+      killed_at = s.step;
+    } else if (killed_at >= 0 && back_at < 0 && s.step >= killed_at + 40) {
+      back_at = s.step;
+      cluster.restart_head();
+    }
+  };
+  auto r = TrainJob(rt, cfg).fit();
+  EXPECT_EQ(back_at, killed_at + 40) << describe(r);
+  EXPECT_EQ(r.steps, 6 * 16) << describe(r);
+}
+
 // A bad elastic range is refused before anything is placed.
 TEST(ElasticConfigTest, BadRangesAreRefused) {
   auto c = job(2, 8, 64);
