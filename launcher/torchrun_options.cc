@@ -6,6 +6,8 @@
 #include <map>
 #include <random>
 
+#include "troupe/runtime/wire/address.h"
+
 namespace troupe::launcher {
 
 namespace {
@@ -173,6 +175,15 @@ void set_value(TorchrunOptions& o, Flag f, const std::string& flag, const std::s
       o.max_restarts = parse_int(flag, v, 0, kMaxRestarts);
       break;
     case Flag::kAddress:
+      // Checked here, as every other flag is: a malformed one is usage
+      // (exit 2, nothing started), where it failed later with exit 1.
+      if (v != "auto") {
+        try {
+          wire::parse_address(v);
+        } catch (const ConfigError& e) {
+          throw TorchrunUsageError(flag + " " + v + ": " + e.what());
+        }
+      }
       o.address = v;
       break;
     case Flag::kPython:

@@ -103,6 +103,9 @@ class HttpEndpoint::Impl {
   // A 401 (or 403) unless the request may pass; true when it may.
   bool allowed(const HttpRequest& req, HttpResponse& res) {
     if (!opts_.require_token) return loopback_allowed(req, res);
+    // A loopback head asked for the token as well keeps its Host check: it
+    // answered a rebound name that brought a token (README's promise).
+    if (is_loopback_host(opts_.host) && !loopback_host_allowed(req, res)) return false;
     const std::string given = token_of(req);
     if (same_token(given, opts_.token)) return true;
     res.status = 401;
@@ -124,16 +127,7 @@ class HttpEndpoint::Impl {
   // rebinds its own DNS name to 127.0.0.1 still sends that name as Host.
   // A client that sends a token is told when it is wrong.
   bool loopback_allowed(const HttpRequest& req, HttpResponse& res) {
-    const std::string host = host_of(req.header("Host"));
-    if (!host.empty() && !loopback_name(host)) {
-      res.status = 403;
-      res.set_content(
-          "troupe dashboard: Host '" + host +
-              "' is not a loopback name; this head serves its dashboard to this machine only "
-              "(open it as http://127.0.0.1:PORT/; a head on another address serves it to all, with the token)\n",
-          "text/plain");
-      return false;
-    }
+    if (!loopback_host_allowed(req, res)) return false;
     const std::string auth = req.header("Authorization");
     if (auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0 && !same_token(auth.substr(7), opts_.token)) {
       res.status = 401;
@@ -142,6 +136,19 @@ class HttpEndpoint::Impl {
       return false;
     }
     return true;
+  }
+
+  // A 403 (false) for a Host that is not a loopback name.
+  static bool loopback_host_allowed(const HttpRequest& req, HttpResponse& res) {
+    const std::string host = host_of(req.header("Host"));
+    if (host.empty() || loopback_name(host)) return true;
+    res.status = 403;
+    res.set_content("troupe dashboard: Host '" + host +
+                        "' is not a loopback name; this head serves its dashboard to this machine only "
+                        "(open it as http://127.0.0.1:PORT/; a head on another address serves it to all, with the "
+                        "token)\n",
+                    "text/plain");
+    return false;
   }
 
   // The snapshot, or a 503 (false) when the head did not answer in time.

@@ -273,6 +273,12 @@ TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   EXPECT_EQ(attached.ignored, (std::vector<std::string>{"-r 3", "-t 3"}));
   EXPECT_TRUE(attached.module);
   EXPECT_THROW(tl::parse_torchrun_args({"-x3", "a.py"}), tl::TorchrunUsageError);
+  // A malformed --address is usage (exit 2) like any other bad flag; it
+  // failed later, with exit 1 (probe 15a).
+  EXPECT_THROW(tl::parse_torchrun_args({"--address", "nonsense", "a.py"}), tl::TorchrunUsageError);
+  EXPECT_THROW(tl::parse_torchrun_args({"--address", "127.0.0.1", "a.py"}), tl::TorchrunUsageError);
+  EXPECT_EQ(tl::parse_torchrun_args({"--address", "auto", "a.py"}).address, "auto");
+  EXPECT_EQ(tl::parse_torchrun_args({"--address", "127.0.0.1:6380", "a.py"}).address, "127.0.0.1:6380");
   // torchrun's PET_* variables are its options' defaults; the command line wins.
   const std::map<std::string, std::string> pet = {{"PET_NPROC_PER_NODE", "3"}, {"PET_MAX_RESTARTS", "2"}};
   const auto lookup = [&](const char* name) -> const char* {

@@ -53,7 +53,7 @@ std::string http(uint16_t port, const std::string& request, bool half_close = fa
 }
 
 std::string get(uint16_t port, const std::string& path, const std::string& extra_headers = "") {
-  return http(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra_headers + "\r\n");
+  return http(port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + extra_headers + "\r\n");
 }
 
 uint16_t port_of(const std::string& url) {
@@ -133,7 +133,7 @@ TEST_F(DashboardTest, BrowserLogsInWithTheFormAndItsCookie) {
   EXPECT_NE(page.find("Location: /login"), std::string::npos) << page;
   const std::string form = "token=the-token";
   std::string login = http(port_,
-                           "POST /login HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                           "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: "
                            "application/x-www-form-urlencoded\r\nContent-Length: " +
                                std::to_string(form.size()) + "\r\n\r\n" + form);
   ASSERT_EQ(login.rfind("HTTP/1.1 303", 0), 0u) << login;
@@ -142,7 +142,7 @@ TEST_F(DashboardTest, BrowserLogsInWithTheFormAndItsCookie) {
   EXPECT_EQ(in.rfind("HTTP/1.1 200", 0), 0u) << in.substr(0, 200);
   EXPECT_NE(in.find("<title>troupe dashboard</title>"), std::string::npos);
   std::string bad = http(port_,
-                         "POST /login HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                         "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: "
                          "application/x-www-form-urlencoded\r\nContent-Length: 9\r\n\r\ntoken=abc");
   EXPECT_EQ(bad.rfind("HTTP/1.1 401", 0), 0u) << bad;
 }
@@ -151,7 +151,7 @@ TEST_F(DashboardTest, GarbageRequestHurtsNeitherEndpointNorHead) {
   static const char kJunk[] = "\x16\x03\x01\x02\x00garbage \xff\xfe\r\n\r\n";  // a NUL inside
   std::string junk = http(port_, std::string(kJunk, sizeof kJunk - 1), true);
   EXPECT_EQ(junk.find("HTTP/1.1 200"), std::string::npos) << junk;
-  std::string huge = http(port_, "GET /" + std::string(100000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", true);
+  std::string huge = http(port_, "GET /" + std::string(100000, 'a') + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", true);
   EXPECT_EQ(huge.find("HTTP/1.1 200"), std::string::npos);
   std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
   EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
@@ -206,7 +206,7 @@ TEST_F(DashboardTest, SlowClientsDoNotStarveTheOthers) {
   for (int i = 0; i < 128; ++i) {
     auto s = std::make_unique<asio::ip::tcp::socket>(io);
     s->connect({asio::ip::make_address("127.0.0.1"), port_});
-    asio::write(*s, asio::buffer(std::string("GET /metrics HTTP/1.1\r\nHost: x\r\n")));
+    asio::write(*s, asio::buffer(std::string("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")));
     slow.push_back(std::move(s));
   }
   for (int round = 0; round < 3; ++round) {
@@ -229,25 +229,25 @@ TEST_F(DashboardTest, SlowClientsDoNotStarveTheOthers) {
 // A method a route does not take is a 405, a path with no route a 404,
 // a body too large a 413 — each answered, none hurting what follows.
 TEST_F(DashboardTest, WrongMethodsPathsAndSizesAreAnsweredWithTheirStatus) {
-  std::string wrong = http(port_, "DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string wrong = http(port_, "DELETE /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   EXPECT_EQ(wrong.rfind("HTTP/1.1 405", 0), 0u) << wrong;
   EXPECT_NE(wrong.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << wrong;
   // HEAD is GET's head (a monitor's probe): its status and length, no body.
-  std::string head = http(port_, "HEAD /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer the-token\r\n\r\n");
+  std::string head = http(port_, "HEAD /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer the-token\r\n\r\n");
   EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
   EXPECT_EQ(head.find("Content-Length: 0\r\n"), std::string::npos) << head;
   EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "") << head;
   std::string missing = get(port_, "/nowhere");
   EXPECT_EQ(missing.rfind("HTTP/1.1 404", 0), 0u) << missing;
   EXPECT_NE(missing.find("/nowhere"), std::string::npos) << missing;
-  std::string big = http(port_, "POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n\r\ntoken=", true);
+  std::string big = http(port_, "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 300000000\r\n\r\ntoken=", true);
   EXPECT_EQ(big.rfind("HTTP/1.1 413", 0), 0u) << big;
   std::string chunked =
-      http(port_, "POST /login HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", true);
+      http(port_, "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", true);
   EXPECT_EQ(chunked.rfind("HTTP/1.1 400", 0), 0u) << chunked;
   std::string form = "other=1&token=the%2Dtoken";  // percent-encoded
   std::string login = http(
-      port_, "POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(form.size()) + "\r\n\r\n" + form);
+      port_, "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + std::to_string(form.size()) + "\r\n\r\n" + form);
   EXPECT_EQ(login.rfind("HTTP/1.1 303", 0), 0u) << login;
   std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
   EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
@@ -281,6 +281,27 @@ TEST(DashboardLoopback, ServesLoopbackHostsWithoutATokenAndRefusesOtherHosts) {
   EXPECT_EQ(wrong.rfind("HTTP/1.1 401", 0), 0u) << wrong;
   const std::string right = with_host("localhost", "Authorization: Bearer the-token\r\n");
   EXPECT_EQ(right.rfind("HTTP/1.1 200", 0), 0u) << right.substr(0, 200);
+}
+
+// A loopback head told to ask for the token as well keeps the Host check:
+// it answered a rebound name that brought the token (probe 15a).
+TEST(DashboardLoopback, ALoopbackHeadThatAsksForTheTokenStillRefusesOtherHosts) {
+  HeadOptions o;
+  o.token = "the-token";
+  o.dashboard_port = 0;
+  o.dashboard_require_token = true;
+  Head head(o);
+  head.start();
+  const uint16_t port = port_of(head.dashboard_url());
+  auto with_host = [&](const std::string& host, const std::string& extra = "") {
+    return http(port, "GET /api/status HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n" + extra + "\r\n");
+  };
+  const std::string token = "Authorization: Bearer the-token\r\n";
+  const std::string refused = with_host("evil.example", token);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 403 Forbidden\r\n", 0), 0u) << refused.substr(0, 200);
+  EXPECT_EQ(with_host("evil.example").rfind("HTTP/1.1 403", 0), 0u);
+  EXPECT_EQ(with_host("127.0.0.1", token).rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(with_host("127.0.0.1").rfind("HTTP/1.1 401", 0), 0u);  // the token is asked for
 }
 
 // The exposition format is UTF-8 text: bytes that are not become U+FFFD
