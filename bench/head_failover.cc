@@ -12,7 +12,11 @@
 //   same_weights      1 when the final weights are bitwise equal to the same
 //                     job's without the kill, measured in the same run.
 //
-//   bench/run head_failover [--trials 3] [--kill-step 20] [--steps 60]
+//   bench/run head_failover [--trials 3] [--kill-step 20] [--steps 600]
+//
+// --steps leaves room for the head to come back: training goes on while it
+// is down, and a job that ended first measures nothing (with 60, since
+// the job reporter stopped holding steps up, it did).
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -58,7 +62,7 @@ TrainJobConfig job(int64_t steps) {
   c.trainer.seed = 5;
   c.trainer.optimizer.name = "adamw";
   c.trainer.optimizer.lr = 1e-3;
-  c.epochs = 1;
+  c.epochs = 8;  // 128 steps an epoch: max_steps ends the job
   c.max_steps = steps;
   c.evaluate = false;
   c.verbose = false;
@@ -186,7 +190,7 @@ using troupe::bench::median;
 int main(int argc, char** argv) {
   run_role_if_requested(argc, argv);
   int trials = 3;
-  int64_t kill_step = 20, steps = 60;
+  int64_t kill_step = 20, steps = 600;
   CLI::App app{"head_failover: the head SIGKILLed mid-training and restarted; training goes on"};
   app.add_option("--trials", trials, "runs (the median is reported)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--kill-step", kill_step, "step after which the head is killed")

@@ -1239,6 +1239,28 @@ int exec_train(int argc, char** argv) {
 // exit code 2 as for troupe's own checks, in one line naming the option
 // (CLI11's own codes, 104 for a conversion error and so on, mean nothing
 // to a shell script).
+// `troupe submit` takes every word after its options as the driver's
+// command, so a misspelt option before `--` became part of it and CLI11
+// complained of the driver's first word instead ("argument not expected:
+// /bin/true"). Its options are checked by name first.
+std::optional<int> unknown_submit_option(CLI::App& submit, int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) != "submit") return std::nullopt;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--" || arg.empty() || arg[0] != '-') return std::nullopt;  // the command begins
+    const std::string name = arg.substr(0, arg.find('='));
+    const CLI::Option* known = submit.get_option_no_throw(name);
+    if (known == nullptr && name != "-h" && name != "--help") {
+      std::fprintf(stderr,
+                   "troupe submit: unknown option %s (troupe submit --help; the driver's command goes after --)\n",
+                   name.c_str());
+      return 2;
+    }
+    if (known != nullptr && known->get_type_size() > 0 && arg.find('=') == std::string::npos) ++i;  // its value
+  }
+  return std::nullopt;
+}
+
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
@@ -1429,6 +1451,7 @@ int main(int argc, char** argv) {
   app.add_subcommand("torchrun", "run an unmodified torchrun script on the cluster (troupe torchrun --help)");
   // Only for --help: `troupe train` is handed to troupe-train before parsing.
   app.add_subcommand("train", "train a TorchScript step module on .npz arrays (troupe train --help)");
+  if (const auto rc = unknown_submit_option(*submit, argc, argv)) return *rc;
   if (const auto rc = parse_command_line(app, argc, argv)) return *rc;
   for (const auto& name : kHeadOnlyOptions)
     if (start->count(name) > 0) a.head_options_given.push_back(name);

@@ -45,6 +45,12 @@ def test_a_mistyped_command_and_a_bad_address_are_named(tmp_path):
     # Checked before the driver runs (it used to start, and fail later).
     out = run_cli(["submit", "--address", "garbage", "--", "/bin/true"], tmp_path)
     assert out.returncode == 2 and "'garbage' is not HOST:PORT" in out.stderr, out.stderr
+    # A misspelt submit option is named (it read "argument not expected: /bin/true").
+    for args in (["submit", "--adress", "auto", "--", "/bin/true"], ["submit", "--adress=auto", "--", "/bin/true"]):
+        out = run_cli(args, tmp_path)
+        assert out.returncode == 2 and "unknown option --adress" in out.stderr, out.stderr
+    out = run_cli(["submit", "--runtime-env-json", "{", "--", "/bin/true"], tmp_path)
+    assert out.returncode == 2 and "unknown option" not in out.stderr, out.stderr  # its own error, about the JSON
 
 
 def test_torchrun_uses_this_interpreter(tmp_path):
