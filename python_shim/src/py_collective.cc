@@ -131,7 +131,11 @@ void bind_collective(pybind11::module_& m) {
             .members = std::move(members),
             .backend = backend == "nccl" ? collective::Backend::kNccl : collective::Backend::kGloo,
             .rendezvous_timeout = Ms(rendezvous_ms),
-            .op_timeout = Ms(op_ms)};
+            .op_timeout = Ms(op_ms),
+            // Ray's send/recv block until done, so a member's receives are
+            // rarely outstanding together: the check's in-order completion
+            // (GlooGroupOptions::check_point_to_point) costs them nothing.
+            .check_point_to_point = true};
         return std::make_unique<PyGroup>(collective::join_group(client.runtime(), spec));
       },
       NoGil());

@@ -304,6 +304,7 @@ std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool w
       opts.rendezvous_timeout = spec.rendezvous_timeout;
       opts.op_timeout = spec.op_timeout;
       opts.check_agreement = spec.check_agreement;
+      opts.check_point_to_point = spec.check_point_to_point;
       if (watched) opts.error_grace = kWatchedErrorGrace;
       opts.stragglers = std::move(stragglers);
       return GlooGroup::create(kv, spec.name, spec.generation, spec.rank, spec.world_size, opts);

@@ -75,8 +75,10 @@ struct GroupSpec {
   std::string bind_host;
   // NCCL: the CUDA device (-1 = the calling thread's current one).
   int device = -1;
-  // Gloo: GlooGroupOptions::check_agreement (NCCL has no such check).
+  // Gloo: GlooGroupOptions::check_agreement and check_point_to_point (NCCL
+  // has no such checks). Every member must set them alike.
   bool check_agreement = true;
+  bool check_point_to_point = false;
 };
 
 // Inside an actor: forms the group through this_actor::runtime().kv(),

@@ -483,6 +483,7 @@ struct GlooGroup::Shared {
   }
 
   bool checks() const { return options.check_agreement && size > 1; }
+  bool checks_p2p() const { return options.check_point_to_point; }
 
   // The tag of the next collective, equal on every member.
   uint32_t take_tag() {
@@ -885,7 +886,7 @@ struct GlooGroup::Shared {
     p.peer = peer;
     p.slot = gloo::Slot::build(kP2pSlotPrefix, tag);
     const size_t bytes = count * element_size(dtype);
-    if (checks()) {
+    if (checks_p2p()) {
       p.header_value = std::make_unique<P2pHeader>();
       if (is_send) *p.header_value = P2pHeader{count, bytes, static_cast<uint32_t>(dtype), 0};
       p.header = context->createUnboundBuffer(p.header_value.get(), sizeof(P2pHeader));
@@ -899,7 +900,7 @@ struct GlooGroup::Shared {
       p.count = count;
       p.dtype = dtype;
     }
-    if (bytes > 0 && (is_send || !checks())) {
+    if (bytes > 0 && (is_send || !checks_p2p())) {
       p.buffer = context->createUnboundBuffer(data, bytes);
       if (is_send) {
         p.buffer->send(peer, p.slot);
@@ -1096,6 +1097,8 @@ WorkPtr GlooGroup::allreduce(void* data, size_t count, DType dtype, const Allred
   const uint32_t tag = s->take_tag();
   return s->submit(
       what, [s, data, count, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+        // One deadline for the check and the operation.
+        const auto deadline = Clock::now() + timeout;
         if (s->size == 1) {  // kAvg over one rank: nothing to divide by but 1
           return true;
         }
@@ -1110,7 +1113,7 @@ WorkPtr GlooGroup::allreduce(void* data, size_t count, DType dtype, const Allred
             o.setOutput(static_cast<T*>(buf), count);
             o.setReduceFunction(detail::reduce_function(type, op));
             o.setTag(tag);
-            o.setTimeout(timeout);
+            o.setTimeout(left_until(deadline));
             gloo::allreduce(o);
           });
           if (op == ReduceOp::kAvg) detail::divide_in_place(buf, count, type, s->size);
@@ -1136,6 +1139,8 @@ WorkPtr GlooGroup::broadcast(void* data, size_t count, DType dtype, int root, co
   const uint32_t tag = s->take_tag();
   return s->submit("broadcast",
                    [s, data, count, dtype, root, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+                     // One deadline for the check and the operation.
+                     const auto deadline = Clock::now() + timeout;
                      if (s->checks())
                        s->agree(Call{CallKind::kBroadcast, static_cast<uint32_t>(dtype), count, root}, timeout);
                      if (count == 0) return true;
@@ -1145,7 +1150,7 @@ WorkPtr GlooGroup::broadcast(void* data, size_t count, DType dtype, int root, co
                        o.setOutput(static_cast<T*>(data), count);
                        o.setRoot(root);
                        o.setTag(tag);
-                       o.setTimeout(timeout);
+                       o.setTimeout(left_until(deadline));
                        gloo::broadcast(o);
                      });
                      return true;
@@ -1165,6 +1170,8 @@ WorkPtr GlooGroup::allgather(const void* in, void* out, size_t count, DType dtyp
   const uint32_t tag = s->take_tag();
   return s->submit("allgather",
                    [s, in, out, count, dtype, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+                     // One deadline for the check and the operation.
+                     const auto deadline = Clock::now() + timeout;
                      if (s->checks())
                        s->agree(Call{CallKind::kAllgather, static_cast<uint32_t>(dtype), count, 0}, timeout);
                      if (count == 0) return true;
@@ -1174,7 +1181,7 @@ WorkPtr GlooGroup::allgather(const void* in, void* out, size_t count, DType dtyp
                        o.setInput(const_cast<T*>(static_cast<const T*>(in)), count);
                        o.setOutput(static_cast<T*>(out), count * s->size);
                        o.setTag(tag);
-                       o.setTimeout(timeout);
+                       o.setTimeout(left_until(deadline));
                        gloo::allgather(o);
                      });
                      return true;
@@ -1196,6 +1203,8 @@ WorkPtr GlooGroup::reduce_scatter(const void* in, void* out, size_t count_per_ra
   return s->submit(
       "reduce_scatter",
       [s, in, out, count_per_rank, dtype, op = opts.op, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+        // One deadline for the check and the operation.
+        const auto deadline = Clock::now() + timeout;
         if (s->checks()) {
           s->agree(
               Call{CallKind::kReduceScatter, static_cast<uint32_t>(dtype), count_per_rank, static_cast<int64_t>(op)},
@@ -1210,7 +1219,7 @@ WorkPtr GlooGroup::reduce_scatter(const void* in, void* out, size_t count_per_ra
           detail::widen_to_float(in, acc.data(), total, dtype);
           if (s->size > 1) {
             s->ring_reduce_scatter(acc.data(), n, sizeof(float), detail::reduce_function(DType::kFloat32, op), tag,
-                                   timeout);
+                                   left_until(deadline));
           }
           if (op == ReduceOp::kAvg) detail::divide_in_place(acc.data() + mine, n, DType::kFloat32, s->size);
           detail::narrow_from_float(acc.data() + mine, out, n, dtype);
@@ -1219,7 +1228,7 @@ WorkPtr GlooGroup::reduce_scatter(const void* in, void* out, size_t count_per_ra
           auto& acc = s->hold<std::vector<char>>(total * elem);
           std::memcpy(acc.data(), in, total * elem);
           if (s->size > 1)
-            s->ring_reduce_scatter(acc.data(), n, elem, detail::reduce_function(dtype, op), tag, timeout);
+            s->ring_reduce_scatter(acc.data(), n, elem, detail::reduce_function(dtype, op), tag, left_until(deadline));
           if (op == ReduceOp::kAvg) detail::divide_in_place(acc.data() + mine * elem, n, dtype, s->size);
           std::memcpy(out, acc.data() + mine * elem, n * elem);
         }
@@ -1233,6 +1242,8 @@ WorkPtr GlooGroup::barrier(const BarrierOptions& opts) {
   const auto timeout = s->timeout_of(opts.timeout);
   const uint32_t tag = s->take_tag();
   return s->submit("barrier", [s, timeout, tag](const std::shared_ptr<CompletionWork>&) -> bool {
+    // One deadline for the check and the operation.
+    const auto deadline = Clock::now() + timeout;
     // The agreement check is a barrier itself.
     if (s->checks()) {
       s->agree(Call{}, timeout);
@@ -1240,7 +1251,7 @@ WorkPtr GlooGroup::barrier(const BarrierOptions& opts) {
     }
     auto& o = s->hold<gloo::BarrierOptions>(s->context);
     o.setTag(tag);
-    o.setTimeout(timeout);
+    o.setTimeout(left_until(deadline));
     gloo::barrier(o);
     return true;
   });
@@ -1252,7 +1263,7 @@ WorkPtr GlooGroup::send(const void* data, size_t count, DType dtype, int dst, co
       << "send to rank " << dst << " from rank " << s->rank << " of " << s->size;
   TROUPE_CHECK(count == 0 || data != nullptr) << "send of " << count << " elements at nullptr";
   // Unchecked, both sides know the count: empty messages need not travel.
-  if (count == 0 && !s->checks()) return s->completed("send");
+  if (count == 0 && !s->checks_p2p()) return s->completed("send");
   const auto timeout = s->timeout_of(opts.timeout);
   const uint32_t tag = opts.tag;
   return s->submit(
@@ -1269,7 +1280,7 @@ WorkPtr GlooGroup::recv(void* data, size_t count, DType dtype, int src, const Re
   TROUPE_CHECK(src >= 0 && src < s->size && src != s->rank)
       << "recv from rank " << src << " at rank " << s->rank << " of " << s->size;
   TROUPE_CHECK(count == 0 || data != nullptr) << "recv of " << count << " elements at nullptr";
-  if (count == 0 && !s->checks()) return s->completed("recv");
+  if (count == 0 && !s->checks_p2p()) return s->completed("recv");
   const auto timeout = s->timeout_of(opts.timeout);
   const uint32_t tag = opts.tag;
   return s->submit(

@@ -13,7 +13,7 @@
 // operation leaves the group broken (gloo's pairs are closed); every later
 // operation fails with the first error, and the group must be re-formed
 // (except for a disagreement the agreement check caught: see
-// GlooGroupOptions::check_agreement).
+// GlooGroupOptions::check_agreement and check_point_to_point).
 // gloo's own event-loop thread runs under SCHED_BATCH (see
 // create_tcp_device in gloo_group.cc): it would otherwise preempt the
 // operation thread while that holds a pair's lock and spin for a time slice.
@@ -59,18 +59,24 @@ struct GlooGroupOptions {
   // this long for that abort so its error names the dead member; without
   // one it fails with the transport error.
   std::chrono::milliseconds error_grace{std::chrono::milliseconds(500)};
-  // The agreement check. Before each collective the members allgather what
+  // The agreement check. Before each collective the members exchange what
   // each was asked to do (operation, element count, dtype, root or
   // reduction: 24 bytes); when the calls differ every member fails the
   // operation with ConfigError naming each rank's call, and the group stays
-  // usable. A send puts a header (count, dtype) ahead of its data; a
-  // receive whose header disagrees drops the data and fails the same way
-  // (the send completes). Without it gloo's transport thread aborts the
-  // process that receives a message longer than it posted, and a shorter
-  // one leaves data unchanged or a member waiting. It costs a small
-  // exchange per collective and a round trip per receive: turn it off only
-  // where the calls agree by construction (the trainer's gradient buckets).
+  // usable. Without it gloo's transport thread aborts the process that
+  // receives a message longer than it posted, and a shorter one leaves
+  // data unchanged or a member waiting. It costs a small exchange per
+  // collective: turn it off only where the calls agree by construction
+  // (the trainer's gradient buckets). Every member must set it alike.
   bool check_agreement = true;
+  // The same for send/recv (off by default): a send puts a header (count,
+  // dtype) ahead of its data; a receive posts its data's receive only once
+  // the header has come and agrees, else drops the bytes and fails with
+  // ConfigError (the send completes). The price besides a round trip:
+  // checked receives complete in the order they were posted, so a receive
+  // whose sender waits for something a later receive must get first never
+  // completes (it waits out the timeout). Every member must set it alike.
+  bool check_point_to_point = false;
 };
 
 class GlooGroup final : public Group {

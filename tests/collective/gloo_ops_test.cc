@@ -166,7 +166,7 @@ void run_all_small(Group& g) {
 }
 
 void run_ranks(int world_size, const std::string& tag, const std::function<void(Group&)>& body,
-               bool check_agreement = true) {
+               bool check_agreement = true, bool check_point_to_point = false) {
   const std::string dir = test::make_temp_dir(tag);
   test::RankProcesses ranks(world_size, [&](int rank) {
     FileKvStore kv(dir);
@@ -174,6 +174,7 @@ void run_ranks(int world_size, const std::string& tag, const std::function<void(
     opts.rendezvous_timeout = 30s;
     opts.op_timeout = 60s;
     opts.check_agreement = check_agreement;
+    opts.check_point_to_point = check_point_to_point;
     auto group = GlooGroup::create(kv, tag, 1, rank, world_size, opts);
     body(*group);
   });
@@ -282,13 +283,13 @@ void run_disagreements(Group& g) {
 class GlooAgreementTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooAgreementTest, MembersAskedForDifferentCallsFailItAndGoOn) {
-  run_ranks(GetParam(), "agree", run_disagreements);
+  run_ranks(GetParam(), "agree", run_disagreements, true, /*check_point_to_point=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooAgreementTest, ::testing::Values(2, 3),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
-// A member destroys the group (its check receives still posted) while the
+// A member destroys the group (after a check of its own) while the
 // other calls an allreduce: that call fails, and the leaving member's
 // process stays up until told the other is done.
 TEST(GlooLeaveTest, AMemberThatLeavesWhileAnotherCallsCrashesNeither) {
@@ -320,6 +321,11 @@ TEST(GlooLeaveTest, AMemberThatLeavesWhileAnotherCallsCrashesNeither) {
   auto exits = ranks.wait_all(120s);
   test::remove_dir(dir);
   for (const auto& e : exits) EXPECT_TRUE(e.exited && e.code == 0) << test::describe(e);
+}
+
+// Point-to-point operations checked too: every operation still works.
+TEST(GlooOpsCheckedTest, EveryOpAndTypeWithPointToPointChecked) {
+  run_ranks(3, "checked", run_all_small, true, /*check_point_to_point=*/true);
 }
 
 // The trainer's groups turn the check off: every operation still works.
