@@ -199,7 +199,7 @@ void JobReporter::publish_to(KvStore* kv, uint64_t client_id) {
           {"recoveries", 0},
           {"history", nlohmann::json::array()},
           {"events", nlohmann::json::array()}};
-  publisher_ = std::thread([this] { publisher_loop(); });
+  if (!publisher_.joinable()) publisher_ = std::thread([this] { publisher_loop(); });
   publish(true);
 }
 

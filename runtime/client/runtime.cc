@@ -307,9 +307,11 @@ void Runtime::kill_actor(uint64_t actor_id, bool no_restart) {
   // incarnation), so no call made after it reaches that incarnation
   // (bounded: a node that does not report is declared dead by its
   // heartbeats well within this).
-  const auto gone = [&](const ActorInfo& info) {
+  // By value: a copy of the listener may still run on the I/O thread after
+  // this function has returned.
+  const auto gone = [no_restart, incarnation = before.incarnation](const ActorInfo& info) {
     if (no_restart) return info.state == ActorState::kDead;
-    return info.state != ActorState::kAlive || info.incarnation != before.incarnation;
+    return info.state != ActorState::kAlive || info.incarnation != incarnation;
   };
   wait_until(*actor, gone, std::chrono::seconds(10));
 }
