@@ -94,6 +94,9 @@ class Member:
         errors.append(_error_text(lambda: col.allreduce(np.ones(n, dtype=np.float32), group)))
         errors.append(_error_text(lambda: col.broadcast(
             np.ones(8, dtype=np.int64 if self.rank else np.float64), 0, group)))
+        mine = np.full(2, self.rank + 1.0)
+        errors.append(_error_text(lambda: col.reduce(mine, dst_rank=self.rank, group_name=group)))
+        errors.append(mine.tolist() == [self.rank + 1.0] * 2)
         if self.rank == 0:
             errors.append(_error_text(lambda: col.send(np.ones(1000, dtype=np.float32), 1, group)))
         else:
@@ -194,9 +197,12 @@ def test_members_that_pass_different_tensors_get_an_error_and_keep_the_group():
         assert errors[0].startswith("ConfigError: allreduce of collective group"), errors[0]
         assert "rank 0: allreduce of 5 float32 (sum); rank 1: allreduce of 1000 float32 (sum)" in errors[0]
         assert "rank 0: broadcast of 8 float64 from rank 0; rank 1: broadcast of 8 int64 from rank 0" in errors[1]
-    assert errors0[2] is None  # the send completes; the receive refuses it
-    assert "rank 0 sent 1000 float32 and this receive takes 10 float32" in errors1[2], errors1[2]
-    assert errors1[3] is True  # nothing landed in the receive's array
+    for errors in (errors0, errors1):  # each named itself the root: each kept the whole sum
+        assert "the members passed different dst_rank (from 0 to 1" in errors[2], errors[2]
+        assert errors[3] is True
+    assert errors0[4] is None  # the send completes; the receive refuses it
+    assert "rank 0 sent 1000 float32 and this receive takes 10 float32" in errors1[4], errors1[4]
+    assert errors1[5] is True  # nothing landed in the receive's array
 
 
 def test_a_group_the_driver_declares_is_joined_at_the_first_operation():

@@ -363,6 +363,16 @@ def reduce(tensor, dst_rank=0, group_name="default", op=ReduceOp.SUM):
     _describe(tensor, member, "reduce", written=False)
     if isinstance(dst_rank, bool) or not isinstance(dst_rank, int) or not 0 <= dst_rank < member.world_size:
         raise ConfigError(f"collective reduce: dst_rank must be in [0, {member.world_size - 1}], got {dst_rank!r}")
+    # A reduce is an allreduce kept at one rank, so the agreement check sees
+    # no root: the members first agree on it (one more small exchange;
+    # members naming different roots each kept the whole sum).
+    import numpy as np
+
+    roots = np.array([dst_rank, -dst_rank], dtype=np.int64)
+    allreduce(roots, group_name, ReduceOp.MAX)
+    if roots[0] != -roots[1]:
+        raise ConfigError(f"collective reduce: the members passed different dst_rank (from {-int(roots[1])} to "
+                          f"{int(roots[0])}; this one {dst_rank}), so none reduced")
     result = _copy_of(tensor)
     allreduce(result, group_name, op)
     if member.rank == dst_rank:
