@@ -103,6 +103,9 @@ class Member:
             got = np.zeros(10, dtype=np.float32)
             errors.append(_error_text(lambda: col.recv(got, 0, group)))
             errors.append(got.tolist() == [0.0] * 10)
+        parts = [np.zeros(3), np.zeros(7) if self.rank == 1 else np.zeros(3)]
+        parts.reverse()  # rank 1's bad entry first
+        errors.append(_error_text(lambda: col.allgather(parts, np.ones(3), group)))
         a = np.full(2, self.rank + 1.0)
         col.allreduce(a, group)  # the group goes on
         return errors, a.tolist()
@@ -203,6 +206,10 @@ def test_members_that_pass_different_tensors_get_an_error_and_keep_the_group():
     assert errors0[4] is None  # the send completes; the receive refuses it
     assert "rank 0 sent 1000 float32 and this receive takes 10 float32" in errors1[4], errors1[4]
     assert errors1[5] is True  # nothing landed in the receive's array
+    # A list entry that cannot take a member's tensor is named on its own
+    # member, after the exchange, and the others are not held up.
+    assert errors0[-1] is None
+    assert "tensor_list[0] has shape (7,), not the tensor's (3,)" in errors1[-1], errors1[-1]
 
 
 def test_a_group_the_driver_declares_is_joined_at_the_first_operation():

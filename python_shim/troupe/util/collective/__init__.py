@@ -399,6 +399,13 @@ def allgather(tensor_list, tensor, group_name="default"):
     out, _, _ = _describe(gathered, member, "allgather")
     with member.lock:
         member.handle.allgather(address, out, count, dtype)
+    # Checked after the exchange, so that the other members are not left
+    # waiting for this one: a list entry that cannot take a member's tensor
+    # is named, and none is written.
+    for r, target in enumerate(tensor_list):
+        if tuple(getattr(target, "shape", ())) != tuple(tensor.shape):
+            raise ConfigError(f"collective allgather: tensor_list[{r}] has shape {tuple(getattr(target, 'shape', ()))}"
+                              f", not the tensor's {tuple(tensor.shape)}")
     for r, target in enumerate(tensor_list):
         _copy_into(target, gathered[r])
 
