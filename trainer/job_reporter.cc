@@ -15,6 +15,7 @@
 #include "troupe/runtime/head/metrics.h"
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/wire/error_kind.h"
 
 namespace troupe::trainer {
 
@@ -109,22 +110,41 @@ bool shown(JobEventKind kind) {
 JobReporter::JobReporter(const TrainJobConfig& cfg, std::function<JobPosition()> where)
     : cfg_(cfg), where_(std::move(where)), t0_(std::chrono::steady_clock::now()), tty_(::isatty(1)) {}
 
+// How long the job's end waits for the head to take its last document.
+constexpr auto kLastDocumentGrace = std::chrono::seconds(2);
+
 JobReporter::~JobReporter() {
   if (!publisher_.joinable()) return;
   {
     std::lock_guard lock(publish_mu_);
     publisher_stopping_ = true;
+    if (!give_up_at_) give_up_at_ = std::chrono::steady_clock::now() + kLastDocumentGrace;
   }
   publish_cv_.notify_all();
-  // Bounded: a put waits for a head that is down only until the driver
-  // declares it lost, and then fails at once.
+  // Bounded by the grace: the publisher gives up a put not answered by then.
   publisher_.join();
 }
 
 void JobReporter::await_published() {
   std::unique_lock lock(publish_mu_);
-  // Bounded as the destructor's join is.
+  if (!give_up_at_) give_up_at_ = std::chrono::steady_clock::now() + kLastDocumentGrace;
+  publish_cv_.notify_all();
+  // Bounded by the grace: the publisher gives up a put not answered by then.
   publish_cv_.wait(lock, [&] { return !to_publish_ && !putting_; });
+}
+
+void JobReporter::put_now(const std::string& key, const std::string& doc) {
+  if (!put_) return kv_->put(key, doc);
+  auto answer = put_(key, doc);
+  for (;;) {
+    if (answer.wait_for(std::chrono::milliseconds(100))) break;
+    std::lock_guard lock(publish_mu_);
+    if (give_up_at_ && std::chrono::steady_clock::now() >= *give_up_at_)
+      throw Error("the head did not take it within " + std::to_string(kLastDocumentGrace.count()) +
+                  " s of the job's end (it is down or stalled)");
+  }
+  wire::Message m = answer.get();
+  if (m.status != wire::Status::OK) std::rethrow_exception(wire::error_from_message(m));
 }
 
 void JobReporter::publisher_loop() {
@@ -140,7 +160,7 @@ void JobReporter::publisher_loop() {
       putting_ = true;
     }
     try {
-      kv_->put(key, doc);
+      put_now(key, doc);
     } catch (const std::exception& e) {
       if (!publish_warned_)
         TROUPE_LOG_WARN("[{}] cannot publish the job's progress to the head: {}", cfg_.name, e.what());
@@ -177,8 +197,9 @@ void JobReporter::write_metrics(const nlohmann::json& j) {
   if (metrics_) *metrics_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n" << std::flush;
 }
 
-void JobReporter::publish_to(KvStore* kv, uint64_t client_id) {
+void JobReporter::publish_to(KvStore* kv, uint64_t client_id, Put put) {
   kv_ = kv;
+  put_ = std::move(put);
   // Lives as long as this driver's connection to the head (actor_keys.h).
   const std::string driver_key = client::client_key_prefix(client_id) + "job/" + cfg_.name;
   try {

@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "troupe/runtime/core/future.h"
+#include "troupe/runtime/wire/protocol.h"
 #include "troupe/trainer/train_job.h"
 
 namespace troupe::trainer {
@@ -53,7 +55,12 @@ class JobReporter {
   // Documents go from a thread of the reporter's own, the latest first:
   // the training loop never waits for the head (one that is down or
   // stalled held every step up until it was back or declared lost).
-  void publish_to(KvStore* kv, uint64_t client_id);
+  // `put` sends one KV put to the head without waiting (the head channel's
+  // request): the publisher waits for its answer, but gives it up a short
+  // grace after the job ends, so a head that is down cannot hold up the
+  // end (a Ctrl-C took 30 s, the head's reconnect window).
+  using Put = std::function<Future<wire::Message>(const std::string& key, const std::string& value)>;
+  void publish_to(KvStore* kv, uint64_t client_id, Put put);
   // Seconds since the reporter was made (the job's clock).
   double now() const;
 
@@ -89,8 +96,11 @@ class JobReporter {
   // The publisher thread: puts the latest document handed over, then
   // waits for the next; on stopping, puts what is left first.
   void publisher_loop();
-  // Waits until every document handed over has been put (or failed).
+  // Waits until every document handed over has been put (or failed, or
+  // was given up a grace after this call).
   void await_published();
+  // One put from the publisher thread (put_, else kv_->put).
+  void put_now(const std::string& key, const std::string& doc);
 
   // The progress document's state (publish_to). doc_ is the loop's; the
   // publisher thread owns kv_ and publish_warned_ once started.
@@ -103,6 +113,10 @@ class JobReporter {
   std::optional<std::string> to_publish_;  // the latest document not yet put
   bool publisher_stopping_ = false;
   bool putting_ = false;  // the publisher is inside a put
+  Put put_;
+  // Once the job has ended (its last state handed over, or the reporter
+  // going), a put not answered by then is given up.
+  std::optional<std::chrono::steady_clock::time_point> give_up_at_;
   std::thread publisher_;
 
   const TrainJobConfig& cfg_;

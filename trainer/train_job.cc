@@ -258,7 +258,11 @@ Result Run::fit() {
   // Then the metrics file, so that it has every event (resume_from too).
   reporter_.open_metrics();
   std::optional<TrainState> resume = load_resume_from();
-  reporter_.publish_to(&rt_.kv(), rt_.core()->client_id());  // the head's dashboard and /metrics
+  // The head's dashboard and /metrics.
+  reporter_.publish_to(&rt_.kv(), rt_.core()->client_id(),
+                       [core = rt_.core()](const std::string& key, const std::string& value) {
+                         return core->head().request(wire::Op::kKvPut, wire::encode_inline(wire::KvEntry{key, value}));
+                       });
 
   start();
   if (resume) {

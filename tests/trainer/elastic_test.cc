@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 
@@ -893,6 +894,29 @@ TEST(ElasticTest, StepsGoOnWhileTheHeadIsDown) {
   auto r = TrainJob(rt, cfg).fit();
   EXPECT_EQ(back_at, killed_at + 40) << describe(r);
   EXPECT_EQ(r.steps, 6 * 16) << describe(r);
+}
+
+// A job stopped while its head is down ends without waiting for the head:
+// its last document is given up after a short grace. The put waited for
+// the head's reconnect window (30 s; probe 16a: a Ctrl-C took 30 s), so
+// the driver had declared the head lost by the time fit() returned.
+TEST(ElasticTest, AJobStoppedWhileTheHeadIsDownEndsWithoutWaitingForIt) {
+  troupe::testing::LocalClusterOptions o;
+  o.nodes = {{{"CPU", 2}}};
+  o.durable_head = true;
+  troupe::testing::LocalCluster cluster(o);
+  Runtime rt = cluster.connect();
+  auto cfg = job(2, 8, 256);
+  cfg.epochs = 50;
+  std::atomic<int64_t> seen{0};
+  cfg.on_step = [&](const StepInfo& s) {
+    if (s.step == 4) cluster.kill_head(9);
+    seen = s.step;
+  };
+  cfg.stop_requested = [&] { return seen.load() >= 10; };
+  auto r = TrainJob(rt, cfg).fit();
+  EXPECT_TRUE(r.interrupted) << describe(r);
+  EXPECT_FALSE(rt.core()->head_lost()) << "fit() waited for the head until it was declared lost";
 }
 
 // A bad elastic range is refused before anything is placed.
