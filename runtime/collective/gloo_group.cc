@@ -1,13 +1,16 @@
 #include "troupe/runtime/collective/gloo_group.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <list>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <arpa/inet.h>
@@ -316,9 +319,11 @@ void connect_pair(gloo::Context& context, int peer, const std::vector<char>& byt
 // gloo's connectFullMesh, bounded by `deadline`: creates a pair per peer,
 // publishes their addresses under "<rank>", then connects the pairs in rank
 // order while a watchdog closes them at the deadline. Records each peer's
-// host in `peer_hosts`.
+// host in `peer_hosts`, and in `dialed` the address this rank dialed for
+// each pair that it connected (AF_UNSPEC where the peer dialed).
 void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_ptr<gloo::transport::Device>& device,
-                  Clock::time_point deadline, milliseconds rendezvous_timeout, std::vector<std::string>& peer_hosts) {
+                  Clock::time_point deadline, milliseconds rendezvous_timeout, std::vector<std::string>& peer_hosts,
+                  std::vector<sockaddr_storage>& dialed) {
   const int rank = context.rank;
   const int size = context.size;
   auto pairs = device->createContext(rank, size);
@@ -332,6 +337,7 @@ void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_pt
   context.adopt(device, std::move(pairs));
   store.set(std::to_string(rank), mine);
   peer_hosts.assign(static_cast<size_t>(size), std::string());
+  dialed.assign(static_cast<size_t>(size), sockaddr_storage{});
   ConnectWatchdog watchdog(context, deadline);
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
@@ -342,7 +348,10 @@ void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_pt
     const size_t slot = static_cast<size_t>(rank > i ? rank - 1 : rank);
     const std::vector<char> bytes(all.begin() + static_cast<std::ptrdiff_t>(slot * width),
                                   all.begin() + static_cast<std::ptrdiff_t>((slot + 1) * width));
-    peer_hosts[static_cast<size_t>(i)] = host_text(gloo::transport::tcp::Address(bytes).getSockaddr());
+    const sockaddr_storage there = gloo::transport::tcp::Address(bytes).getSockaddr();
+    peer_hosts[static_cast<size_t>(i)] = host_text(there);
+    if (const auto* self = dynamic_cast<const gloo::transport::tcp::Address*>(&context.getPair(i)->address()))
+      if (pair_dials(self->getSockaddr(), there)) dialed[static_cast<size_t>(i)] = there;
     connect_pair(context, i, bytes, watchdog, rendezvous_timeout);
   }
   if (!watchdog.disarm())
@@ -397,6 +406,9 @@ struct GlooGroup::Shared {
   std::shared_ptr<gloo::rendezvous::Context> context;
   // The host each peer advertised (connect_mesh); empty for this rank.
   std::vector<std::string> peer_hosts;
+  // The address this rank dialed for each pair it connected; AF_UNSPEC
+  // where the peer dialed (connect_mesh). See shutdown_sockets.
+  std::vector<sockaddr_storage> dialed;
 
   // Lock order: mu before a gloo buffer's lock (abort() calls abortWait*
   // under mu); never hold mu while calling into gloo otherwise.
@@ -452,13 +464,18 @@ struct GlooGroup::Shared {
 
   // After closeConnections() gloo's device thread touches no buffer of this
   // group's pairs (it handles a pair's events under the pair's lock, which
-  // closing takes).
+  // closing takes). Closing first would leave what waits on a pair waiting:
+  // gloo's close() fails nothing pending; the end of stream that the
+  // shutdown makes its device thread read does. So the device thread gets
+  // until abort_settle to read it (it closes the socket when it has).
   void close_pairs() {
     if (context) {
       // Either may throw: a pair that already failed, or a rendezvous that
       // failed before gloo made its pairs. Nothing more to do then.
       try {
-        shutdown_sockets();
+        const auto shut = shutdown_sockets();
+        const auto settle = Clock::now() + options.abort_settle;
+        while (!shut.empty() && any_open(shut) && Clock::now() < settle) std::this_thread::sleep_for(milliseconds(1));
       } catch (...) {
       }
       try {
@@ -608,19 +625,28 @@ struct GlooGroup::Shared {
   // makes the device thread read EOF, which fails every operation posted on
   // the pair, so the operation thread leaves gloo now rather than at its
   // timeout. gloo does not expose the descriptors: they are found by their
-  // local address, which each connected pair reports.
-  void shutdown_sockets() {
-    std::vector<sockaddr_storage> locals;
+  // endpoints. A pair that waited for its peer has its listening port,
+  // which no other socket of the process gets; one that dialed has an
+  // ephemeral port, which Linux also gives connections to elsewhere (the
+  // process's connection to its head was shut down with the group, and a
+  // trainer whose peer died then "lost the head"): its remote end, the
+  // address it dialed, must match too.
+  // Returns the sockets' inode numbers.
+  std::vector<ino_t> shutdown_sockets() {
+    std::vector<ino_t> shut;
+    std::vector<std::pair<sockaddr_storage, sockaddr_storage>> ends;  // local, remote (AF_UNSPEC: any)
     for (int i = 0; i < size; ++i) {
       if (i == rank) continue;
       auto& pair = context->getPair(i);
       if (!pair) continue;
       const auto* addr = dynamic_cast<const gloo::transport::tcp::Address*>(&pair->address());
-      if (addr != nullptr) locals.push_back(addr->getSockaddr());
+      if (addr == nullptr) continue;
+      ends.emplace_back(addr->getSockaddr(),
+                        static_cast<size_t>(i) < dialed.size() ? dialed[static_cast<size_t>(i)] : sockaddr_storage{});
     }
-    if (locals.empty()) return;
+    if (ends.empty()) return shut;
     DIR* dir = ::opendir("/proc/self/fd");
-    if (dir == nullptr) return;
+    if (dir == nullptr) return shut;
     while (dirent* entry = ::readdir(dir)) {
       char* end = nullptr;
       long fd = std::strtol(entry->d_name, &end, 10);
@@ -630,14 +656,42 @@ struct GlooGroup::Shared {
       // which no one else can close (shutdown acts on the socket itself).
       const int dup = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
       if (dup < 0) continue;
-      if (is_pair_socket(dup, locals)) ::shutdown(dup, SHUT_RDWR);
+      struct stat st {};
+      if (is_pair_socket(dup, ends) && ::fstat(dup, &st) == 0) {
+        ::shutdown(dup, SHUT_RDWR);
+        shut.push_back(st.st_ino);
+      }
       ::close(dup);
     }
     ::closedir(dir);
+    return shut;
   }
 
-  // A connected socket whose local endpoint is one of `locals`.
-  static bool is_pair_socket(int fd, const std::vector<sockaddr_storage>& locals) {
+  // Whether a socket of `inodes` is still open in this process.
+  static bool any_open(const std::vector<ino_t>& inodes) {
+    DIR* dir = ::opendir("/proc/self/fd");
+    if (dir == nullptr) return false;
+    bool found = false;
+    char target[64];
+    while (dirent* entry = ::readdir(dir)) {
+      if (entry->d_name[0] == '.') continue;
+      const std::string link = std::string("/proc/self/fd/") + entry->d_name;
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = '\0';
+      unsigned long long inode = 0;
+      if (std::sscanf(target, "socket:[%llu]", &inode) != 1) continue;
+      if (std::find(inodes.begin(), inodes.end(), static_cast<ino_t>(inode)) != inodes.end()) {
+        found = true;
+        break;
+      }
+    }
+    ::closedir(dir);
+    return found;
+  }
+
+  // A connected socket with the endpoints of one of `ends`.
+  static bool is_pair_socket(int fd, const std::vector<std::pair<sockaddr_storage, sockaddr_storage>>& ends) {
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
     sockaddr_storage local{};
@@ -646,22 +700,28 @@ struct GlooGroup::Shared {
     sockaddr_storage peer{};
     socklen_t peer_len = sizeof peer;
     if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
-    for (const auto& want : locals)
-      if (same_endpoint(want, local)) return true;
+    for (const auto& [want_local, want_remote] : ends)
+      if (same_endpoint(want_local, local) &&
+          (want_remote.ss_family == AF_UNSPEC || same_endpoint(want_remote, peer, /*any_address=*/true)))
+        return true;
     return false;
   }
 
-  static bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  // `any_address`: a wildcard address in `a` (a peer bound to 0.0.0.0
+  // advertises it) matches every address of `b`.
+  static bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b, bool any_address = false) {
     if (a.ss_family != b.ss_family) return false;
     if (a.ss_family == AF_INET) {
       const auto& x = reinterpret_cast<const sockaddr_in&>(a);
       const auto& y = reinterpret_cast<const sockaddr_in&>(b);
-      return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+      return x.sin_port == y.sin_port &&
+             (x.sin_addr.s_addr == y.sin_addr.s_addr || (any_address && x.sin_addr.s_addr == htonl(INADDR_ANY)));
     }
     if (a.ss_family == AF_INET6) {
       const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
       const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
-      return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+      return x.sin6_port == y.sin6_port && (std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0 ||
+                                            (any_address && IN6_IS_ADDR_UNSPECIFIED(&x.sin6_addr)));
     }
     return false;
   }
@@ -1005,7 +1065,8 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
     shared->context = mesh;
     shared->context->setTimeout(left_until(deadline));
     if (world_size > 1) {
-      connect_mesh(*mesh, store, shared->device, deadline, options.rendezvous_timeout, shared->peer_hosts);
+      connect_mesh(*mesh, store, shared->device, deadline, options.rendezvous_timeout, shared->peer_hosts,
+                   shared->dialed);
       auto& barrier = shared->hold<gloo::BarrierOptions>(shared->context);
       barrier.setTimeout(left_until(deadline));
       gloo::barrier(barrier);

@@ -9,18 +9,24 @@
 // error that named no peer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gloo/transport/tcp/address.h>
@@ -201,6 +207,141 @@ TEST(GlooConnectTest, OperationsOfAGroupOfTwoNameThePeerHost) {
   one->allreduce(&y, 1, DType::kFloat32)->wait(test::kWaitBound);
   work->wait(test::kWaitBound);
   EXPECT_EQ(x, 3.0f);
+}
+
+// The process's connected IPv4 sockets: local endpoint by socket inode.
+std::map<ino_t, sockaddr_in> connected_sockets() {
+  std::map<ino_t, sockaddr_in> found;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return found;
+  while (dirent* entry = ::readdir(dir)) {
+    const int fd = std::atoi(entry->d_name);
+    struct stat st {};
+    if (fd <= 2 || fd == ::dirfd(dir) || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_in local{}, peer{};
+    socklen_t len = sizeof local, peer_len = sizeof peer;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0 || local.sin_family != AF_INET) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+    found[st.st_ino] = local;
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// Still connected: nothing to read yet, and no end of stream.
+bool open_and_quiet(int fd) {
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+// A store that remembers every value put in it (the group erases its
+// rendezvous keys once it has formed).
+class RecordingStore final : public KvStore {
+ public:
+  void put(const std::string& key, const std::string& value) override {
+    {
+      std::lock_guard lock(mu_);
+      ever_[key] = value;
+    }
+    inner_.put(key, value);
+  }
+  std::optional<std::string> get(const std::string& key) override { return inner_.get(key); }
+  std::string wait(const std::string& key, std::chrono::milliseconds timeout) override {
+    return inner_.wait(key, timeout);
+  }
+  void erase(const std::string& key) override { inner_.erase(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_.add(key, delta); }
+  std::string ever(const std::string& key) {
+    std::lock_guard lock(mu_);
+    return ever_[key];
+  }
+
+ private:
+  MemoryKvStore inner_;
+  std::mutex mu_;
+  std::map<std::string, std::string> ever_;
+};
+
+// An abort shuts down its pairs' sockets (gloo would leave an operation
+// waiting on them until its timeout), found by their endpoints. The pair
+// that dials has an ephemeral port, and Linux gives a connection to
+// elsewhere the same local port: a process's connection to its head could
+// share it, and was shut down with the group when only the local address
+// was compared (a trainer whose peer died then "lost the head" and exited
+// instead of healing the peer).
+TEST(GlooConnectTest, AnAbortLeavesAConnectionSharingAPairsPortAlone) {
+  // Another service, and a connection to it from the dialing pair's local
+  // address (what the kernel may hand out on its own).
+  Fd service(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in service_addr = loopback("127.0.0.1", 0);
+  socklen_t len = sizeof service_addr;
+  ASSERT_EQ(::bind(service.get(), reinterpret_cast<sockaddr*>(&service_addr), sizeof service_addr), 0);
+  ASSERT_EQ(::listen(service.get(), 16), 0);
+  ASSERT_EQ(::getsockname(service.get(), reinterpret_cast<sockaddr*>(&service_addr), &len), 0);
+
+  RecordingStore kv;
+  GlooGroupOptions opts;
+  opts.bind_host = "127.0.0.1";
+  opts.rendezvous_timeout = 30s;
+  std::unique_ptr<GlooGroup> zero, one;
+  std::unique_ptr<Fd> sharing;
+  std::string shared_endpoint;
+  // bind() refuses the port now and then (a connection of an earlier test
+  // in TIME_WAIT on it, which connect() may share): form the group again.
+  for (int attempt = 1; attempt <= 10 && !sharing; ++attempt) {
+    zero.reset();
+    one.reset();
+    const auto before = connected_sockets();
+    const std::string name = "ports-" + std::to_string(attempt);
+    std::string one_error;
+    std::thread t([&] {
+      try {
+        one = GlooGroup::create(kv, name, 1, 1, 2, opts);
+      } catch (const std::exception& e) {
+        one_error = e.what();
+      }
+    });
+    zero = GlooGroup::create(kv, name, 1, 0, 2, opts);
+    t.join();
+    ASSERT_TRUE(one) << one_error;
+    // The ports the two pairs listened on (what each rank advertised).
+    std::vector<uint16_t> listened;
+    for (const char* rank : {"0", "1"}) {
+      const std::string bytes = kv.ever(KvGlooStore::key_prefix(name, 1) + rank);
+      ASSERT_FALSE(bytes.empty()) << "rank " << rank << " advertised no address";
+      const auto addr = gloo::transport::tcp::Address(std::vector<char>(bytes.begin(), bytes.end())).getSockaddr();
+      listened.push_back(ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port));
+    }
+    int dialing = 0;
+    for (const auto& [inode, local] : connected_sockets()) {
+      const uint16_t port = ntohs(local.sin_port);
+      if (before.count(inode) != 0 || std::find(listened.begin(), listened.end(), port) != listened.end()) continue;
+      ++dialing;
+      auto fd = std::make_unique<Fd>(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      const int on = 1;
+      ::setsockopt(fd->get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+      sockaddr_in at = local;
+      if (::bind(fd->get(), reinterpret_cast<sockaddr*>(&at), sizeof at) != 0) {
+        std::fprintf(stderr, "attempt %d: bind to %s: %s\n", attempt, endpoint(local).c_str(), std::strerror(errno));
+        continue;
+      }
+      ASSERT_EQ(::connect(fd->get(), reinterpret_cast<sockaddr*>(&service_addr), sizeof service_addr), 0)
+          << std::strerror(errno);
+      shared_endpoint = endpoint(local);
+      sharing = std::move(fd);
+    }
+    ASSERT_EQ(dialing, 1) << "the dialing pair's socket was not found";
+  }
+  ASSERT_TRUE(sharing) << "no connection could take the dialing pair's local address";
+  ASSERT_TRUE(open_and_quiet(sharing->get()));
+
+  float x = 1;
+  auto waiting = zero->allreduce(&x, 1, DType::kFloat32);  // rank 1 never joins it
+  zero->abort("the test aborts");
+  one->abort("the test aborts");
+  EXPECT_THROW(waiting->wait(test::kWaitBound), Aborted);
+  EXPECT_TRUE(open_and_quiet(sharing->get()))
+      << "the connection from " << shared_endpoint << " (the dialing pair's local address) was shut down";
 }
 
 }  // namespace
