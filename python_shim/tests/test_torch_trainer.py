@@ -289,6 +289,15 @@ def flaky_loop():
     train.report({"restart_count": ctx.get_restart_count()})
 
 
+def scored_loop(config):
+    """Reports config["losses"] one per epoch (rank 0 with a checkpoint),
+    with the variable the workers' runtime_env sets."""
+    for epoch, loss in enumerate(config["losses"]):
+        _report_epoch(epoch, torch.nn.Linear(1, 1), {"loss": loss, "nested": {"loss": loss},
+                                                     "var": os.environ.get("RUN_CONFIG_WORKER_VAR")})
+        torch.distributed.barrier()
+
+
 def torchrun_style_loop():
     """Ends as the scripts of the multi-GPU guides do: the loop destroys the
     process group itself."""
@@ -691,6 +700,81 @@ def test_bad_input_names_the_value(tmp_path):
     os.makedirs(store.path_of(0))
     open(store.path_of(3), "w").close()
     assert store.indices() == [0] and store.latest().path == store.path_of(0)
+
+
+def test_ray_trains_other_options_are_taken_as_ray_takes_them(tmp_path, monkeypatch):
+    # A Ray Train script's options: each was a TypeError ("unexpected
+    # keyword argument"), or taken and honoured silently differently.
+    monkeypatch.setattr(trainer_module, "PLACEMENT_TIMEOUT_S", 30)
+    with pytest.raises(ValueError, match="placement_strategy must be one of PACK, SPREAD.*'RANDOM'"):
+        train.ScalingConfig(placement_strategy="RANDOM")
+    with pytest.raises(ValueError, match="max_failures must be 0 with fail_fast=True, got 1"):
+        train.FailureConfig(max_failures=1, fail_fast=True)
+    for tune_only in ({"stop": {"loss": 0.1}}, {"callbacks": [object()]}, {"log_to_file": True},
+                      {"storage_filesystem": object()}):
+        with pytest.raises(ConfigError, match=f"RunConfig\\({next(iter(tune_only))}=.*troupe.train has no Tune"):
+            train.RunConfig(**tune_only)
+    train.RunConfig(verbose=0, callbacks=[], log_to_file=False)
+    with pytest.raises(ValueError, match=r"checkpoint_frequency=2.*report\(metrics, checkpoint="):
+        TorchTrainer(ddp_loop, run_config=train.RunConfig(
+            checkpoint_config=train.CheckpointConfig(checkpoint_frequency=2)))
+    # "~" is the home folder (it was a folder named "~" here), and a
+    # relative checkpoint path is the driver's (workers resolved it in
+    # their own working directory).
+    assert train.RunConfig(storage_path="~/runs").storage_path == os.path.expanduser("~/runs")
+    monkeypatch.chdir(tmp_path)
+    assert train.Checkpoint("ck/checkpoint_000001").path == str(tmp_path / "ck" / "checkpoint_000001")
+    from troupe.train.base_trainer import TrainingFailedError
+
+    assert TrainingFailedError is train.TrainingFailedError
+
+    # SPREAD places the workers through a placement group, given back after;
+    # worker_runtime_env reaches every worker.
+    cpus = rt.available_resources().get("CPU", 0)
+    result = TorchTrainer(
+        scored_loop, train_loop_config={"losses": [5.0, 1.0, 3.0]},
+        scaling_config=train.ScalingConfig(num_workers=2, placement_strategy="SPREAD", trainer_resources={"CPU": 0}),
+        run_config=run_config(tmp_path, checkpoint_config=train.CheckpointConfig(num_to_keep=2), verbose=0,
+                              worker_runtime_env={"env_vars": {"RUN_CONFIG_WORKER_VAR": "from-runtime-env"}})).fit()
+    assert result.error is None and result.metrics["var"] == "from-runtime-env"
+    deadline = time.monotonic() + 60
+    while rt.available_resources().get("CPU", 0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rt.available_resources().get("CPU", 0) == cpus
+    # Result.get_best_checkpoint among the kept (iterations 2 and 3: losses 1, 3).
+    kept = {os.path.basename(c.path) for c, _ in result.best_checkpoints}
+    assert kept == {"checkpoint_000001", "checkpoint_000002"}
+    assert result.get_best_checkpoint("loss", "min").path.endswith("checkpoint_000001")
+    assert result.get_best_checkpoint("loss", "max").path.endswith("checkpoint_000002")
+    assert result.get_best_checkpoint("nested/loss", "min").path.endswith("checkpoint_000001")
+    assert result.get_best_checkpoint("no_such_metric", "min") is None
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max', got 'avg'"):
+        result.get_best_checkpoint("loss", "avg")
+    # Result.from_path reads the same back from the run's folder.
+    again = train.Result.from_path(result.path)
+    assert again.metrics == result.metrics and again.checkpoint.path == result.checkpoint.path
+    assert [c.path for c, _ in again.best_checkpoints] == [c.path for c, _ in result.best_checkpoints]
+    with pytest.raises(ConfigError, match="holds no run"):
+        train.Result.from_path(str(tmp_path))
+    # A strict strategy the cluster (one node) can never meet fails at once,
+    # saying why; an accelerator type no node offers too.
+    begin = time.monotonic()
+    with pytest.raises(train.TrainingFailedError, match=r"placement_strategy='STRICT_SPREAD' needs 2 workers .* "
+                                                        r"distinct nodes .* place 1") as info:
+        TorchTrainer(scored_loop, train_loop_config={"losses": [1.0]},
+                     scaling_config=train.ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
+                     run_config=train.RunConfig(name="strict", storage_path=str(tmp_path))).fit()
+    assert isinstance(info.value.__cause__, ConfigError)
+    with pytest.raises(train.TrainingFailedError, match="accelerator_type:H100"):
+        TorchTrainer(scored_loop, train_loop_config={"losses": [1.0]},
+                     scaling_config=train.ScalingConfig(num_workers=1, accelerator_type="H100"),
+                     run_config=train.RunConfig(name="accel", storage_path=str(tmp_path))).fit()
+    assert time.monotonic() - begin < 20
+    # fail_fast="raise": the loop's own error, not a TrainingFailedError.
+    with pytest.raises(ValueError, match="bad batch 7"):
+        TorchTrainer(raising_loop, train_loop_config={"rank": 1}, scaling_config=train.ScalingConfig(num_workers=2),
+                     run_config=train.RunConfig(name="fast", storage_path=str(tmp_path),
+                                                failure_config=train.FailureConfig(fail_fast="raise"))).fit()
 
 
 def test_checkpoint_metadata_is_a_json_file_in_its_folder(tmp_path):

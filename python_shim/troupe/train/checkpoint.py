@@ -104,7 +104,10 @@ class Checkpoint:
     """A checkpoint is a directory of files the training loop wrote."""
 
     def __init__(self, path):
-        self.path = os.fspath(path)
+        # Absolute here: a relative path was resolved in each worker's own
+        # working directory, which need not be the driver's.
+        path = os.fspath(path)
+        self.path = path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
     @classmethod
     def from_directory(cls, path):

@@ -30,8 +30,8 @@ import uuid
 
 from . import session
 from . import worker as worker_module
-from .checkpoint import Checkpoint, CheckpointStore, StorageNotSharedError
-from .config import RunConfig, ScalingConfig, TorchConfig
+from .checkpoint import Checkpoint, CheckpointStore, StorageNotSharedError, _lookup
+from .config import CheckpointConfig, RunConfig, ScalingConfig, TorchConfig
 from ..exceptions import ConfigError
 
 # What a TorchTrainer worker imports before it serves (troupe's
@@ -93,8 +93,66 @@ class Result:
         self.path = path
         self.best_checkpoints = best_checkpoints
 
+    @classmethod
+    def from_path(cls, path):
+        """The Result of the run whose folder is `path` (storage_path/name),
+        read from what it left there, as Ray's Result.from_path. `error`
+        is None: a run's error is not kept in its folder."""
+        path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+        if not os.path.isdir(path):
+            raise ConfigError(f"Result.from_path: {path!r} is not a folder")
+        config = CheckpointConfig()
+        state = os.path.join(path, TRAINER_STATE)
+        if os.path.isfile(state):
+            import cloudpickle
+
+            try:
+                with open(state, "rb") as f:
+                    run_config = cloudpickle.load(f).get("run_config")
+                config = run_config.checkpoint_config or config
+            except Exception:  # a loop's module that is gone: the default ranking
+                pass
+        store = CheckpointStore(path, config)
+        if not store.progress() and store.latest() is None:
+            raise ConfigError(f"Result.from_path: {path!r} holds no run (no reported metrics or checkpoints)")
+        return _result_of(store, None)
+
+    def get_best_checkpoint(self, metric, mode):
+        """The kept checkpoint whose reported `metric` is the least
+        (mode "min") or the greatest ("max"); checkpoints reported without
+        it are left out; None when none has it (Ray's)."""
+        if mode not in ("min", "max"):
+            raise ValueError(f"Result.get_best_checkpoint: mode must be 'min' or 'max', got {mode!r}")
+        scored = []
+        for checkpoint, metrics in self.best_checkpoints or []:
+            value = _lookup(metrics, metric)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+                scored.append((value, checkpoint))
+        if not scored:
+            return None
+        pick = min if mode == "min" else max
+        return pick(scored, key=lambda pair: pair[0])[1]
+
     def __repr__(self):
         return f"Result(metrics={self.metrics!r}, checkpoint={self.checkpoint!r}, path={self.path!r})"
+
+
+def _result_of(store, error):
+    progress = store.progress()
+    metrics = progress[-1]["metrics"] if progress else {}
+    rows = []
+    for p in progress:
+        row = dict(p["metrics"])
+        for column, key in _ROW_COLUMNS.items():
+            row.setdefault(column, p.get(key))
+        rows.append(row)
+    try:
+        import pandas
+
+        frame = pandas.DataFrame(rows)
+    except ImportError:
+        frame = rows
+    return Result(metrics, store.latest(), frame, error, store.run_dir, store.best_checkpoints())
 
 
 class _WorkersDied(Exception):
@@ -242,6 +300,12 @@ class TorchTrainer:
             raise TypeError(f"TorchTrainer: resume_from_checkpoint must be a Checkpoint, got {resume_from_checkpoint!r}")
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise TypeError(f"TorchTrainer: torch_config must be a TorchConfig, got {torch_config!r}")
+        cc = run_config.checkpoint_config if run_config is not None else None
+        if cc is not None and (cc.checkpoint_frequency or cc.checkpoint_at_end):
+            raise ValueError(f"TorchTrainer: CheckpointConfig(checkpoint_frequency={cc.checkpoint_frequency!r}, "
+                             f"checkpoint_at_end={cc.checkpoint_at_end!r}) is for trainables that checkpoint "
+                             "themselves; a training loop reports its checkpoints: "
+                             "troupe.train.report(metrics, checkpoint=Checkpoint.from_directory(...))")
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config or ScalingConfig()
@@ -337,6 +401,8 @@ class TorchTrainer:
                 who = "" if failure.rank is None else f"rank {failure.rank}: "
                 what = (f"workers died: {who}{cause}" if isinstance(failure, _WorkersDied)
                         else f"{who}{type(cause).__name__}: {cause}")
+                if self.run_config.failure_config.fail_fast == "raise":
+                    raise cause
                 if 0 <= max_failures < self.failures:
                     raise self._failed(store, f"run {name!r} failed {self.failures} time(s), more than "
                                               f"max_failures={max_failures}; last: {what}", cause) from cause
@@ -357,29 +423,15 @@ class TorchTrainer:
         return TrainingFailedError(message, self._result(store, cause))
 
     def _result(self, store, error):
-        progress = store.progress()
-        metrics = progress[-1]["metrics"] if progress else {}
-        rows = []
-        for p in progress:
-            row = dict(p["metrics"])
-            for column, key in _ROW_COLUMNS.items():
-                row.setdefault(column, p.get(key))
-            rows.append(row)
-        try:
-            import pandas
-
-            frame = pandas.DataFrame(rows)
-        except ImportError:
-            frame = rows
-        return Result(metrics, store.latest(), frame, error, store.run_dir, store.best_checkpoints())
+        return _result_of(store, error)
 
     # -------------------------------------------------------------- attempt
 
     def _attempt(self, rt, store, name):
-        workers = []
+        workers, groups = [], []
         store.sweep()  # what an attempt before this one left half-written or staged
         try:
-            self._place(rt, workers)
+            self._place(rt, workers, groups)
             refs = self._start(rt, workers, store, name)
             self._wait(rt, refs)
         except _death_errors(rt) as e:  # while placing or starting
@@ -389,6 +441,11 @@ class TorchTrainer:
                 try:
                     rt.kill(w)
                 except Exception:  # already gone: nothing to stop
+                    pass
+            for pg in groups:
+                try:
+                    rt.util.remove_placement_group(pg)
+                except Exception:  # the cluster is gone: nothing to give back
                     pass
 
     def _group_size(self, rt):
@@ -405,18 +462,27 @@ class TorchTrainer:
             raise ConfigError(_unplaceable(res, lo, fits, self.scaling_config.elastic, nodes))
         return lo if lo == hi else min(hi if fits is None else fits, hi)
 
-    def _place(self, rt, workers):
+    def _place(self, rt, workers, groups):
         """Creates the workers into `workers` (so that the caller stops them
-        whatever happens), then puts them in rank order."""
+        whatever happens; a placement group they are in goes into
+        `groups`), then puts them in rank order."""
         res = self.scaling_config.worker_resources()
+        bundle = {k: v for k, v in res.items() if v > 0}
         # Workers import torch before they are ready: a pooled one taken for
         # the next attempt (after a death) has it loaded already.
         opts = {"num_cpus": res.pop("CPU"), "num_gpus": res.pop("GPU", 0), "max_restarts": 0,
                 "preload_modules": list(WORKER_PRELOAD)}
         if res:
             opts["resources"] = res
+        if self.run_config.worker_runtime_env:
+            opts["runtime_env"] = dict(self.run_config.worker_runtime_env)
         actor_class = rt.remote(**opts)(worker_module.TrainWorker)
-        workers.extend(actor_class.remote(_runtime_name) for _ in range(self._group_size(rt)))
+        n = self._group_size(rt)
+        strategy = self.scaling_config.placement_strategy
+        if strategy == "PACK" or not bundle:
+            workers.extend(actor_class.remote(_runtime_name) for _ in range(n))
+        else:
+            workers.extend(self._place_in_group(rt, actor_class, bundle, n, strategy, groups))
         try:
             infos = rt.get([w.node_info.remote() for w in workers], timeout=PLACEMENT_TIMEOUT_S)
         except rt.exceptions.GetTimeoutError as e:
@@ -429,6 +495,30 @@ class TorchTrainer:
         self._infos = [infos[i] for i in ranked]
         self._node_order = node_order
         workers[:] = [workers[i] for i in ranked]
+
+    def _place_in_group(self, rt, actor_class, bundle, n, strategy, groups):
+        """n workers, one per bundle of a placement group of `strategy`. A
+        strict strategy the cluster can never meet is a ConfigError at
+        once (its group would stay pending until the placement timeout)."""
+        if strategy in ("STRICT_PACK", "STRICT_SPREAD"):
+            nodes = [nd for nd in rt.nodes() if nd.get("Alive", True)]
+            per_node = [min(_fits_on_node(k, v, float(nd.get("Resources", {}).get(k, 0))) for k, v in bundle.items())
+                        for nd in nodes]
+            can = sum(1 for f in per_node if f >= 1) if strategy == "STRICT_SPREAD" else max(per_node, default=0)
+            if can < n:
+                where = "distinct nodes that each hold" if strategy == "STRICT_SPREAD" else "one node holding"
+                raise ConfigError(f"TorchTrainer: placement_strategy={strategy!r} needs {n} workers of {bundle} on "
+                                  f"{where} them; the cluster's {len(nodes)} node(s) place {can}")
+        strategies = importlib.import_module(f"{_runtime_name}.util.scheduling_strategies")
+        pg = rt.util.placement_group([dict(bundle) for _ in range(n)], strategy=strategy)
+        groups.append(pg)
+        try:
+            rt.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except rt.exceptions.GetTimeoutError as e:
+            raise RuntimeError(f"could not reserve {n} bundles of {bundle} with placement_strategy={strategy!r} "
+                               f"within {PLACEMENT_TIMEOUT_S} s") from e
+        return [actor_class.options(scheduling_strategy=strategies.PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i)).remote(_runtime_name) for i in range(n)]
 
     def _start(self, rt, workers, store, name):
         per_node = {}
