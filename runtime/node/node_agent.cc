@@ -447,13 +447,18 @@ class NodeAgent::Impl {
   }
 
   void lease_expired(std::chrono::milliseconds silent) {
+    // The agent cannot tell a head that is cut off from one that only
+    // stalls (starved of CPU, paused): the remedy for the second is named.
     const std::string why = "its node agent heard nothing from the head for " + std::to_string(silent.count()) +
                             " ms and stopped its workers (the head fences a node silent for " +
-                            std::to_string(fence_after_ms_) + " ms)";
+                            std::to_string(fence_after_ms_) +
+                            " ms; a head that only stalls that long needs a larger `troupe start --head "
+                            "--heartbeat-misses`)";
     TROUPE_LOG_WARN(
         "node {}: heard nothing from the head for {} ms: killing its {} workers before the head can "
-        "restart their actors on other nodes",
-        node_id_.load(), silent.count(), workers_.size() + waiting_spawns_.size());
+        "restart their actors on other nodes (if the head was only slow, not cut off, start it with a larger "
+        "--heartbeat-misses: it fences a node silent for {} ms)",
+        node_id_.load(), silent.count(), workers_.size() + waiting_spawns_.size(), fence_after_ms_);
     for (auto& [pid, w] : workers_) {
       kill_worker(pid);
       kill_reasons_[pid] = why;
