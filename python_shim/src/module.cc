@@ -237,10 +237,15 @@ std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std
   };
   if (!wait_interruptibly(done, timeout)) {
     size_t missing = 0;
-    for (const auto& st : states) missing += st->wait_for(std::chrono::milliseconds(0)) ? 0 : 1;
-    throw Timeout(states.size() == 1
-                      ? fmt::format("get: no result within {:g} s", *timeout)
-                      : fmt::format("get: {} of {} results not there within {:g} s", missing, states.size(), *timeout));
+    std::string first;  // what the first missing one waits for
+    for (size_t i = 0; i < states.size(); ++i) {
+      if (states[i]->wait_for(std::chrono::milliseconds(0))) continue;
+      if (missing++ == 0) first = refs[i]->pending_text();
+    }
+    if (!first.empty()) first = (states.size() == 1 ? ": " : "; the first: ") + first;
+    throw Timeout(states.size() == 1 ? fmt::format("get: no result within {:g} s{}", *timeout, first)
+                                     : fmt::format("get: {} of {} results not there within {:g} s{}", missing,
+                                                   states.size(), *timeout, first));
   }
   return states;
 }

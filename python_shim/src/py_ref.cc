@@ -1,6 +1,9 @@
 #include "python_shim/src/py_ref.h"
 
 #include <random>
+#include <string>
+
+#include "troupe/runtime/client/task_submitter.h"
 
 namespace troupe::py {
 
@@ -31,6 +34,32 @@ std::shared_ptr<ReplyState> fetch_stored(client::Core& core, const ObjectRef<PyV
     }
   });
   return st;
+}
+
+std::string PyRef::pending_text() const {
+  if (task_) {
+    const uint64_t id = task_->submitted_id();
+    if (id == 0) return "task '" + task_->name() + "' waits for its arguments";
+    auto submitter = core_->service<client::TaskSubmitter>();
+    return submitter->instance() == task_->owner() ? submitter->describe(id) : "";
+  }
+  if (!call_) return "";
+  auto actor = call_->actor();
+  if (!actor) return "";
+  const auto info = actor->info();
+  const std::string call = info.class_name + "." + call_->method() + " on actor " + std::to_string(info.id);
+  auto because = [](const std::string& why) { return why.empty() ? std::string() : " (" + why + ")"; };
+  switch (info.state) {
+    case wire::ActorState::kPending:
+      return call + ": the actor is PENDING" + because(info.pending_reason);
+    case wire::ActorState::kRestarting:
+      return call + ": the actor is RESTARTING" + because(info.death_cause);
+    case wire::ActorState::kDead:
+      return call + ": the actor is DEAD" + because(info.death_cause);
+    case wire::ActorState::kAlive:
+      break;
+  }
+  return call + ": the actor (worker pid " + std::to_string(info.pid) + ") has not answered it yet";
 }
 
 std::shared_ptr<ReplyState> PyRef::answer() {

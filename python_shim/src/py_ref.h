@@ -80,6 +80,10 @@ class PyRef {
   // The actor call whose result this is, in the process that made it; else
   // null.
   const std::shared_ptr<client::CallCancel>& call() const { return call_; }
+  // What this ref's value waits for, for a get that timed out: where its
+  // task is (queued, and why; on which worker), or its actor's state (a
+  // PENDING one's reason). "" when not known (a put, a ref received).
+  std::string pending_text() const;
 
  private:
   std::shared_ptr<client::Core> core_;

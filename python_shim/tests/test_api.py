@@ -685,6 +685,38 @@ def test_short_tasks_do_not_wait_behind_a_long_one(tmp_path):
     assert troupe.get(held, timeout=60) == "long"
 
 
+@troupe.remote
+class Sleeper:
+    def ping(self):
+        return "pong"
+
+    def sleep(self, seconds):
+        threading.Event().wait(seconds)
+        return seconds
+
+
+def test_a_get_that_times_out_says_what_the_value_waits_for():
+    # Ray's GetTimeoutError says only that it timed out; a user then looks
+    # for why in the dashboard. The first missing value's wait is named.
+    pending = Sleeper.options(resources={"no_node_has_this": 1}).remote()
+    with pytest.raises(GetTimeoutError, match=r"no result within 0\.2 s: Sleeper\.ping on actor \d+: the actor is "
+                                              r"PENDING \(.*no_node_has_this.*\)"):
+        troupe.get(pending.ping.remote(), timeout=0.2)
+    troupe.kill(pending)
+    alive = Sleeper.remote()
+    assert troupe.get(alive.ping.remote(), timeout=60) == "pong"
+    with pytest.raises(GetTimeoutError, match=r"1 of 2 results not there within 0\.2 s; the first: Sleeper\.sleep on "
+                                              r"actor \d+: the actor \(worker pid \d+\) has not answered it yet"):
+        troupe.get([alive.ping.remote(), alive.sleep.remote(30)], timeout=0.2)
+    troupe.kill(alive)
+    slow = troupe.remote(lambda s: threading.Event().wait(s) or s).options(name="nap")
+    ref = slow.remote(30)
+    with pytest.raises(GetTimeoutError, match=r"no result within 0\.2 s: task 'nap' (runs on its executor, worker pid "
+                                              r"\d+|is queued \(1 queued\) for an executor of \{CPU: 1\}.*)"):
+        troupe.get(ref, timeout=0.2)
+    troupe.cancel(ref, force=True)
+
+
 def test_wait_and_get_timeout():
     slow = troupe.remote(lambda s: threading.Event().wait(s) or s)
     fast_ref, slow_ref = square.remote(2), slow.remote(8)

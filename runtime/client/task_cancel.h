@@ -121,6 +121,13 @@ class SubmitOnce {
   SubmitOnce(const SubmitOnce&) = delete;
   SubmitOnce& operator=(const SubmitOnce&) = delete;
 
+  // The id submit() returned; 0 while it was not submitted (it waits for
+  // its arguments, or was cancelled first).
+  uint64_t submitted_id() const {
+    const uint64_t id = id_.load();
+    return id == kCancelledUnsubmitted || id == kSubmitting ? 0 : id;
+  }
+
   // Submits once, unless cancelled first: `submit()` encodes and hands it
   // on and returns its id there (a TaskSubmitter's task id, a call id). A
   // cancel meanwhile waits for that id (it may already be on a worker); a

@@ -316,6 +316,42 @@ void TaskSubmitter::fail_task(const std::shared_ptr<Task>& t, std::exception_ptr
   if (!t->ended.exchange(true)) t->fail(std::move(error));
 }
 
+std::string TaskSubmitter::describe(uint64_t id) const {
+  std::vector<std::shared_ptr<ActorClient>> starting;  // asked outside mu_ (their own lock)
+  std::string text;
+  {
+    std::lock_guard lock(mu_);
+    auto it = tasks_.find(id);
+    std::shared_ptr<Task> t;
+    if (it == tasks_.end() || !(t = it->second.lock()) || t->ended || t->cancelled) return "";
+    const Key& key = *t->key;
+    if (const auto& e = t->on) {
+      const auto at = std::find(e->sent.begin(), e->sent.end(), t.get());
+      const auto ahead = at == e->sent.end() ? 0 : at - e->sent.begin();
+      return "task '" + t->name + "' " +
+             (ahead == 0 ? std::string("runs")
+                         : "waits behind " + std::to_string(ahead) + " task" + (ahead == 1 ? "" : "s")) +
+             " on its executor, worker pid " + std::to_string(e->pid);
+    }
+    if (t->ran) return "task '" + t->name + "' lost its worker and waits to run again";
+    int ready = 0;
+    for (const auto& e : key.executors) {
+      if (e->ready) {
+        ++ready;
+      } else if (e->client) {
+        starting.push_back(e->client);
+      }
+    }
+    text = "task '" + t->name + "' is queued (" + std::to_string(key.queue.size()) + " queued) for an executor of " +
+           key.text + "; " + std::to_string(ready) + " busy, " + std::to_string(starting.size()) + " starting";
+  }
+  for (const auto& c : starting) {
+    const auto info = c->info();
+    if (!info.pending_reason.empty()) return text + " (" + info.pending_reason + ")";
+  }
+  return text;
+}
+
 TaskSubmitter::Cancel TaskSubmitter::cancel(uint64_t id, bool force) {
   Cancel out;
   std::shared_ptr<Task> t;

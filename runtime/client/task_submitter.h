@@ -119,6 +119,11 @@ class TaskSubmitter {
   // fail callback, on this thread) and is not retried; see Cancel for the
   // rest. Any thread but the I/O thread (a forced cancel calls the head).
   Cancel cancel(uint64_t id, bool force);
+  // Where task `id` is, for a wait that timed out: sent to an executor
+  // (its pid, and how many tasks are ahead of it there), or queued for one
+  // (and why none takes it: the pending executor's reason). "" once it
+  // ended or when it is not this submitter's. Any thread.
+  std::string describe(uint64_t id) const;
   // Releases every executor and stops leasing (before the core closes).
   void release_all();
   // Releases every executor without work now rather than after
