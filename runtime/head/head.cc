@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <map>
@@ -13,6 +14,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/utf8.h"
 #include "troupe/runtime/head/head_state.h"
 #include "troupe/runtime/head/head_store.h"
 #include "troupe/runtime/head/http_endpoint.h"
@@ -35,6 +37,10 @@ struct Peer {
   bool hello = false;
   // A node agent's own node, or the node a worker runs on.
   uint64_t node_id = 0;
+  // A worker: the actor incarnation it runs (its hello), the only one it
+  // may report ready or failed.
+  uint64_t actor_id = 0;
+  uint32_t incarnation = 0;
   // Its node was declared dead: whatever it still sends is ignored.
   bool fenced = false;
   // It said goodbye, or the head closed it: what its client owns goes with
@@ -483,6 +489,8 @@ class Head::Impl {
     return j;
   }
 
+  static constexpr size_t kMaxJobDocument = 1 << 20;
+
   // The progress documents TrainJobs publish in the KV store. A running
   // job's document names its driver's key (under the driver's client
   // prefix, erased when the driver is gone for good): without that key the
@@ -490,6 +498,16 @@ class Head::Impl {
   nlohmann::json jobs_json() const {
     auto jobs = nlohmann::json::array();
     for (const auto& [key, value] : state_.kv_with_prefix(kJobKeyPrefix)) {
+      if (value.size() > kMaxJobDocument) {
+        // Parsed on the event loop for every status and dashboard poll: a
+        // buggy writer's 15 MB document stalled the head past the nodes'
+        // lease, and every worker of the cluster was killed.
+        jobs.push_back({{"name", key.substr(std::strlen(kJobKeyPrefix))},
+                        {"state", "unknown"},
+                        {"error", "its progress document is " + std::to_string(value.size()) + " bytes, over the " +
+                                      std::to_string(kMaxJobDocument) + " a status reads"}});
+        continue;
+      }
       auto doc = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
       if (!doc.is_object()) continue;  // not a job's document
       const auto driver = doc.find("driver_key");
@@ -529,20 +547,50 @@ class Head::Impl {
         // The answer by which the agent knows the head still hears it (its
         // HeadLease); a fenced peer's heartbeats are never read, so it gets none.
         return p.conn->send(make_event(Op::kHeartbeat));
-      case Op::kActorReady:
-        return state_.actor_ready(body<ActorReady>(m));
-      case Op::kActorInitFailed:
-        return state_.actor_init_failed(body<ActorInitFailed>(m));
+      case Op::kActorReady: {
+        auto r = body<ActorReady>(m);
+        require_own_actor(p, "ActorReady", r.actor_id, r.incarnation);
+        return state_.actor_ready(r);
+      }
+      case Op::kActorInitFailed: {
+        auto f = body<ActorInitFailed>(m);
+        require_own_actor(p, "ActorInitFailed", f.actor_id, f.incarnation);
+        return state_.actor_init_failed(f);
+      }
       case Op::kLendResources:
         // From the executor's worker (a task waits), or from its owner (an
         // executor kept idle for its objects).
         return state_.lend_resources(body<LendResources>(m), p.role == Role::kWorker ? 0 : p.id);
       case Op::kWorkerExited:
         if (p.role != Role::kNode) throw DecodeError("worker exit report from a non-node");
-        return state_.worker_exited(body<WorkerExited>(m));
+        return state_.worker_exited(body<WorkerExited>(m), p.node_id);
       default:
         throw DecodeError("unknown event op " + std::to_string(m.op));
     }
+  }
+
+  // An actor's worker says it is ready or failed to start, on the
+  // connection it said hello on as that actor's worker: from any other
+  // peer (a buggy driver's) it would repoint the actor's callers.
+  static void require_own_actor(const Peer& p, const char* what, uint64_t actor_id, uint32_t incarnation) {
+    if (p.role != Role::kWorker || p.actor_id != actor_id || p.incarnation != incarnation)
+      throw DecodeError(std::string(what) + " for actor " + std::to_string(actor_id) + " incarnation " +
+                        std::to_string(incarnation) + " from a connection that is not that worker's");
+  }
+
+  // A node's hostname and address go into log lines and the status: a
+  // buggy agent's 10 MB name, or one with a newline and an escape code,
+  // wrote 10 MB per mention and forged log lines.
+  static void require_printable(const std::string& value, const char* what) {
+    constexpr size_t kMax = 255;
+    bool ok = value.size() <= kMax && core::valid_utf8(value);
+    for (unsigned char c : value) ok = ok && c >= 0x20 && c != 0x7f;
+    if (ok) return;
+    std::string shown;
+    for (unsigned char c : value.substr(0, 64))
+      shown += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+    throw ConfigError(fmt::format("a node's {} must be printable text of at most {} bytes; got {} bytes: \"{}{}\"",
+                                  what, kMax, value.size(), shown, value.size() > 64 ? "..." : ""));
   }
 
   void hello(Peer& p, const Message& m) {
@@ -552,6 +600,8 @@ class Head::Impl {
       throw DecodeError("hello with an unknown role " + std::to_string(static_cast<int>(h.role)));
     HelloReply reply;
     if (h.role == Role::kNode) {
+      require_printable(h.hostname, "hostname");
+      require_printable(h.address, "address");
       reply.node_id =
           h.resume_node_id ? state_.resume_node(p.id, h, Clock::now()) : state_.register_node(p.id, h, Clock::now());
       reply.heartbeat_ms = opts_.heartbeat_ms;
@@ -562,6 +612,8 @@ class Head::Impl {
       reply = state_.worker_hello(h.actor_id, h.incarnation);
       reply.fence_after_ms = opts_.heartbeat_ms * opts_.heartbeat_misses;
       p.node_id = reply.info.node_id;
+      p.actor_id = h.actor_id;
+      p.incarnation = h.incarnation;
     }
     if (h.role != Role::kNode) {
       state_.bind_client(p.id, h.client_id, h.role == Role::kWorker ? h.actor_id : 0, h.incarnation);

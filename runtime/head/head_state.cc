@@ -421,11 +421,18 @@ void HeadState::actor_init_failed(const ActorInitFailed& f) {
   a.kill_requested = true;  // no restart: the constructor would fail again
 }
 
-void HeadState::worker_exited(const WorkerExited& w) {
+void HeadState::worker_exited(const WorkerExited& w, uint64_t from_node) {
   auto it = actors_.find(w.actor_id);
   if (it == actors_.end()) return;
   Actor& a = it->second;
   if (a.info.incarnation != w.incarnation || !a.worker_running) return;
+  if (a.info.node_id != from_node) {
+    // Its worker runs on another node, which alone can say it exited: taken
+    // as said, the actor restarted while its worker lived on.
+    TROUPE_LOG_WARN("node {} reported the exit of actor {}'s worker, which runs on node {}: ignored", from_node,
+                    a.info.id, a.info.node_id);
+    return;
+  }
   if (w.has_stats) last_stats(a.info.id, w.incarnation, w.calls, w.stream_bytes);
   // Also a worker that died before it was ready, whose pid the actor
   // never showed.

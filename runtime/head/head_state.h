@@ -113,7 +113,9 @@ class HeadState {
   void kill_actor(uint64_t actor_id, bool no_restart, const std::string& why);
   void actor_ready(const wire::ActorReady& r);
   void actor_init_failed(const wire::ActorInitFailed& f);
-  void worker_exited(const wire::WorkerExited& w);
+  // From node `from_node`'s agent: a report about a worker of another
+  // node (a buggy agent's) is ignored, saying so.
+  void worker_exited(const wire::WorkerExited& w, uint64_t from_node);
   // A task executor's task blocks in get() (lend) or resumes: its CPU goes
   // back to its node's (or bundle's) pool meanwhile and is taken back on
   // resume, over what is free if need be. Stale incarnations, unknown

@@ -38,6 +38,8 @@ std::string endpoint_text(const asio::ip::tcp::socket& s) {
 // loop's time writing it). Shared by every connection of the process.
 class RefusalLog {
  public:
+  // `what` the log's lines are, as "N more <what> were not logged" says.
+  explicit RefusalLog(const char* what) : what_(what) {}
   template <typename... Args>
   void warn(spdlog::format_string_t<Args...> fmt, Args&&... args) {
     size_t missed = 0;
@@ -56,11 +58,12 @@ class RefusalLog {
       }
       ++logged_;
     }
-    if (missed) TROUPE_LOG_WARN("{} more refused connections were not logged", missed);
+    if (missed) TROUPE_LOG_WARN("{} more {} were not logged", missed, what_);
     TROUPE_LOG_WARN(fmt, std::forward<Args>(args)...);
   }
 
  private:
+  const char* const what_;
   static constexpr size_t kBurst = 20;
   static constexpr std::chrono::seconds kWindow{10};
   std::mutex mu_;
@@ -78,7 +81,12 @@ constexpr const char* kLeftMidHandshake =
     "the peer closed the connection before proving its token (it exited or gave up while connecting)";
 
 RefusalLog& refusal_log() {
-  static RefusalLog log;
+  static RefusalLog log("refused connections");
+  return log;
+}
+
+RefusalLog& bad_frame_log() {
+  static RefusalLog log("connections closed for a bad frame");
   return log;
 }
 
@@ -235,7 +243,10 @@ void Connection::on_read(size_t n) {
     if (!writing_ && ready_ && !closed_) write_direct_locked();
   } catch (const std::exception& e) {
     in_read_batch_ = false;
-    TROUPE_LOG_WARN("closing connection from {}: bad frame: {}", peer_, e.what());
+    // At a bounded rate, as refusals: a peer past the token that opens
+    // connection after connection to send a bad frame grew the log 20 MB a
+    // minute.
+    bad_frame_log().warn("closing connection from {}: bad frame: {}", peer_, e.what());
     fail(std::string("bad frame: ") + e.what());
     return;
   }

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -885,6 +886,92 @@ TEST_F(ClusterTest, HelloWithAnUnknownRoleClosesOnlyThatConnection) {
   auto c = rt_.spawn<Counter>({}, 1);
   EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 2);
   EXPECT_EQ(rt_.nodes().size(), 2u);
+}
+
+// Only an actor's own worker may say it is ready: an ActorReady from any
+// other peer (a buggy driver's) repointed the actor's new callers at the
+// address it named. The head closes that peer's connection instead, and
+// the actor stays where it runs.
+TEST_F(ClusterTest, AnActorReadyFromAnotherPeerClosesItAndMovesNothing) {
+  auto c = rt_.spawn<Counter>({}, 0);
+  ASSERT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 1);
+  const auto before = c.info();
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  std::thread loop([&] { io.run(); });
+  std::atomic<bool> closed{false};
+  {
+    auto channel = troupe::wire::RpcChannel::connect(
+        io, cluster_.address(), cluster_.token(), kWaitBound, [](troupe::wire::Message&&) {},
+        [&](const std::string&) { closed = true; });
+    troupe::wire::Hello hello;
+    hello.role = troupe::wire::Role::kDriver;
+    hello.client_id = 0x5eed;
+    channel->call<troupe::wire::HelloReply>(troupe::wire::Op::kHello, hello, kWaitBound);
+    channel->send(troupe::wire::make_event_value(
+        troupe::wire::Op::kActorReady, troupe::wire::ActorReady{before.id, before.incarnation, "127.0.0.1:1", 1, ""}));
+    EXPECT_TRUE(troupe::test::eventually([&] { return closed.load(); }));
+    channel->close("test done");
+  }
+  work.reset();
+  io.stop();
+  loop.join();
+  EXPECT_EQ(c.call(&Counter::add, 1).get(kWaitBound), 2);
+  const auto after = c.info();
+  EXPECT_EQ(after.address, before.address);
+  EXPECT_EQ(after.pid, before.pid);
+}
+
+// A node's hostname and address go into log lines and the status: one
+// with a newline and an escape code forged log lines, a 10 MB one wrote
+// 10 MB per mention. The hello is refused, naming what was wrong.
+TEST_F(ClusterTest, ANodeWhoseHostnameIsNotAPrintableNameIsRefused) {
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  std::thread loop([&] { io.run(); });
+  for (const std::string& bad :
+       {std::string("evil\n[04:00:00.000] [head pid 1] [error] FORGED \x1b[31m"), std::string(300, 'h')}) {
+    auto channel = troupe::wire::RpcChannel::connect(
+        io, cluster_.address(), cluster_.token(), kWaitBound, [](troupe::wire::Message&&) {},
+        [](const std::string&) {});
+    troupe::wire::Hello hello;
+    hello.role = troupe::wire::Role::kNode;
+    hello.hostname = bad;
+    hello.address = "127.0.0.1";
+    hello.resources = {{"CPU", 1}};
+    try {
+      channel->call<troupe::wire::HelloReply>(troupe::wire::Op::kHello, hello, kWaitBound);
+      ADD_FAILURE() << "a node named " << bad.size() << " bytes joined";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("a node's hostname must be printable text of at most 255 bytes; got " +
+                                           std::to_string(bad.size()) + " bytes"),
+                std::string::npos)
+          << e.what();
+    }
+    channel->close("test done");
+  }
+  work.reset();
+  io.stop();
+  loop.join();
+  EXPECT_EQ(rt_.nodes().size(), cluster_.node_count());
+}
+
+// A job's progress document is parsed for every status and dashboard
+// poll, on the head's event loop: one of 15 MB (a buggy writer's) stalled
+// the head past the nodes' lease, and every worker was killed. One over
+// 1 MiB is listed by name, unread.
+TEST_F(ClusterTest, AJobDocumentTooBigToReadIsListedUnread) {
+  rt_.kv().put("troupe.jobs/huge", "{\"name\":\"huge\",\"pad\":\"" + std::string(2 << 20, 'x') + "\"}");
+  rt_.kv().put("troupe.jobs/fine", R"({"name":"fine","state":"running","step":3})");
+  const auto status = nlohmann::json::parse(rt_.status_json());
+  std::map<std::string, nlohmann::json> jobs;
+  for (const auto& j : status["jobs"]) jobs[j.value("name", "")] = j;
+  ASSERT_EQ(jobs.count("huge"), 1u) << status["jobs"].dump();
+  EXPECT_EQ(jobs["huge"]["state"], "unknown");
+  EXPECT_NE(jobs["huge"]["error"].get<std::string>().find("over the 1048576 a status reads"), std::string::npos);
+  EXPECT_EQ(jobs["fine"]["step"], 3);
+  rt_.kv().erase("troupe.jobs/huge");
+  rt_.kv().erase("troupe.jobs/fine");
 }
 
 TEST_F(ClusterTest, NodesAndClusterResourcesMatchTheLocalCluster) {

@@ -67,7 +67,7 @@ class HeadStateTest : public ::testing::Test {
   // Plays the node agent reporting the exit of the actor's current worker.
   void exited(uint64_t actor_id, const std::string& how = "killed by signal 9") {
     const auto& i = state_.actor_info(actor_id);
-    state_.worker_exited({actor_id, i.incarnation, i.pid, how});
+    state_.worker_exited({actor_id, i.incarnation, i.pid, how}, i.node_id);
   }
 
   ActorState state_of(uint64_t id) { return state_.actor_info(id).state; }
@@ -224,6 +224,23 @@ TEST_F(HeadStateTest, ActorsGoToTheEmptierNodeAndWaitWhenNothingFits) {
   EXPECT_EQ(state_of(c.id), ActorState::kAlive);
 }
 
+// Only the node that runs an actor's worker may say it exited: a report
+// from another node's agent (a buggy one) restarted the actor while its
+// worker lived on.
+TEST_F(HeadStateTest, AWorkerExitReportedByAnotherNodeIsIgnored) {
+  uint64_t n = add_node({{"CPU", 1}}, 1);
+  uint64_t other = add_node({{"CPU", 0}}, 2);
+  auto a = state_.create_actor(kDriver, spec({{"CPU", 1}}));
+  start_spawned();
+  ASSERT_EQ(state_of(a.id), ActorState::kAlive);
+  ASSERT_EQ(state_.actor_info(a.id).node_id, n);
+  state_.worker_exited({a.id, 0, state_.actor_info(a.id).pid, "exited (forged)"}, other);
+  EXPECT_EQ(state_of(a.id), ActorState::kAlive);
+  EXPECT_EQ(state_.actor_info(a.id).restarts, 0);
+  exited(a.id);
+  EXPECT_NE(state_of(a.id), ActorState::kAlive);
+}
+
 TEST_F(HeadStateTest, GpuIdsAreAssignedAndReleased) {
   uint64_t n = add_node({{"CPU", 4}, {"GPU", 2}}, 1);
   auto a = state_.create_actor(kDriver, spec({{"GPU", 1}}, 1));
@@ -234,12 +251,12 @@ TEST_F(HeadStateTest, GpuIdsAreAssignedAndReleased) {
   EXPECT_EQ(out.spawns[1].second.gpu_ids, (std::vector<int32_t>{1}));
   EXPECT_TRUE(node(n).free_gpu_ids.empty());
   // A restart gives the GPU back and takes one again.
-  state_.worker_exited({a.id, 0, 1, "killed by signal 9"});
+  state_.worker_exited({a.id, 0, 1, "killed by signal 9"}, n);
   EXPECT_EQ(state_.actor_info(a.id).restarts, 1);
   out = state_.take_outputs();
   ASSERT_EQ(out.spawns.size(), 1u);
   EXPECT_EQ(out.spawns[0].second.gpu_ids, (std::vector<int32_t>{0}));
-  state_.worker_exited({b.id, 0, 2, "exited with code 0"});
+  state_.worker_exited({b.id, 0, 2, "exited with code 0"}, n);
   EXPECT_EQ(state_of(b.id), ActorState::kDead);
   EXPECT_EQ(node(n).free_gpu_ids, (std::vector<int32_t>{1}));
 }
@@ -256,7 +273,7 @@ TEST_F(HeadStateTest, RestartsCountUpThenTheActorIsDead) {
   }
   start_spawned();
   // A stale report (an older incarnation) changes nothing.
-  state_.worker_exited({a.id, 0, 1, "late"});
+  state_.worker_exited({a.id, 0, 1, "late"}, state_.actor_info(a.id).node_id);
   EXPECT_EQ(state_of(a.id), ActorState::kAlive);
   exited(a.id);
   EXPECT_EQ(state_of(a.id), ActorState::kDead);
@@ -313,7 +330,7 @@ TEST_F(HeadStateTest, AReapedWorkersLastCountersCountInPlaceOfItsLastPublication
   w.has_stats = 1;
   w.calls = 250;
   w.stream_bytes = 100;
-  state_.worker_exited(w);
+  state_.worker_exited(w, state_.actor_info(w.actor_id).node_id);
   EXPECT_EQ(state_of(a.id), ActorState::kRestarting);
   EXPECT_EQ(state_.worker_stats(), (Totals{250, 100}));
   state_.kv_put(key0, client::format_stats(12, 100));  // the killed worker's, late: dropped
@@ -653,7 +670,7 @@ TEST_F(DroppedClientTest, ASpawnLostWithTheConnectionIsSentAgainWithoutARestart)
   const auto& info = state_.actor_info(late);
   EXPECT_EQ(info.state, ActorState::kPending);
   EXPECT_EQ(info.restarts, 0);
-  state_.worker_exited({late, 0, 0, "killed by signal 9"});
+  state_.worker_exited({late, 0, 0, "killed by signal 9"}, state_.actor_info(late).node_id);
   EXPECT_EQ(state_of(late), ActorState::kPending);
   state_.worker_hello(late, 1);
   state_.actor_ready({late, 1, "127.0.0.1:1", 2000, ""});
@@ -1130,7 +1147,7 @@ TEST_F(HeadStateTest, RestartsOfEvictedActorsStillCount) {
         state.actor_ready({sp.actor_id, sp.incarnation, "127.0.0.1:1", 1000 + i, ""});
       }
       const auto& info = state.actor_info(id);
-      state.worker_exited({id, info.incarnation, info.pid, "killed by signal 9"});
+      state.worker_exited({id, info.incarnation, info.pid, "killed by signal 9"}, info.node_id);
     }
   };
   run_and_die(2);
