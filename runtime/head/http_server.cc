@@ -114,6 +114,9 @@ struct HeadEnd {
   result_type operator()(iterator begin, iterator end) const {
     iterator resume = end;
     for (iterator i = begin; i != end; ++i) {
+      // A control byte no request head holds: not HTTP, answered at once
+      // (it waited for an empty line until the deadline).
+      if (is_control(*i) && *i != '\n' && *i != '\r' && *i != '\t') return {i + 1, true};
       if (*i != '\n') continue;
       resume = i;
       iterator next = i + 1;
@@ -156,6 +159,9 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     if (ec == asio::error::not_found) return answer_error(431, "request head over the limit");
     if (ec) return close();
     const std::string all(asio::buffers_begin(head_.data()), asio::buffers_end(head_.data()));
+    if (std::any_of(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n),
+                    [](char c) { return is_control(c) && c != '\n' && c != '\r' && c != '\t'; }))
+      return answer_error(400, "not an HTTP/1.x request");
     if (n < 4 || all.compare(n - 4, 4, "\r\n\r\n") != 0)
       return answer_error(400, "the request's lines must end with CR LF");
     if (!parse_request_head(all.substr(0, n - 4), req_)) return answer_error(400, "not an HTTP/1.x request");
@@ -252,7 +258,13 @@ bool parse_request_head(const std::string& head, HttpRequest& req) {
     if (std::any_of(name.begin(), name.end(), bad) ||
         std::any_of(value.begin(), value.end(), [](char c) { return is_control(c) && c != '\t'; }))
       return false;
-    req.headers[lower(name)] = value;
+    // Two lengths (or hosts, or transfer codings) that differ make the
+    // request's end ambiguous (a smuggling vector, RFC 9112 6.3): refused.
+    auto [it, fresh] = req.headers.emplace(lower(name), value);
+    if (!fresh && it->second != value &&
+        (it->first == "content-length" || it->first == "host" || it->first == "transfer-encoding"))
+      return false;
+    it->second = value;
   }
   return true;
 }

@@ -233,21 +233,37 @@ TEST_F(DashboardTest, WrongMethodsPathsAndSizesAreAnsweredWithTheirStatus) {
   EXPECT_EQ(wrong.rfind("HTTP/1.1 405", 0), 0u) << wrong;
   EXPECT_NE(wrong.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << wrong;
   // HEAD is GET's head (a monitor's probe): its status and length, no body.
-  std::string head = http(port_, "HEAD /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer the-token\r\n\r\n");
+  std::string head =
+      http(port_, "HEAD /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer the-token\r\n\r\n");
   EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
   EXPECT_EQ(head.find("Content-Length: 0\r\n"), std::string::npos) << head;
   EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "") << head;
   std::string missing = get(port_, "/nowhere");
   EXPECT_EQ(missing.rfind("HTTP/1.1 404", 0), 0u) << missing;
   EXPECT_NE(missing.find("/nowhere"), std::string::npos) << missing;
-  std::string big = http(port_, "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 300000000\r\n\r\ntoken=", true);
+  std::string big =
+      http(port_, "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 300000000\r\n\r\ntoken=", true);
   EXPECT_EQ(big.rfind("HTTP/1.1 413", 0), 0u) << big;
   std::string chunked =
       http(port_, "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", true);
   EXPECT_EQ(chunked.rfind("HTTP/1.1 400", 0), 0u) << chunked;
+  // Two lengths that differ (a smuggling vector): 400 at once (it waited
+  // for the longer body until the deadline, and closed without an answer).
+  std::string two = http(port_,
+                         "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\nContent-Length: 100\r\n"
+                         "\r\nabc");
+  EXPECT_EQ(two.rfind("HTTP/1.1 400", 0), 0u) << two;
+  // Bytes that are no HTTP (no line end ever comes): 400 at once, not
+  // silence until the deadline. Not half-closed: the answer must not wait
+  // for the client's end.
+  std::string junk(64, '\x01');
+  junk += "\xff\xfe binary";
+  std::string refused = http(port_, junk);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
   std::string form = "other=1&token=the%2Dtoken";  // percent-encoded
-  std::string login = http(
-      port_, "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + std::to_string(form.size()) + "\r\n\r\n" + form);
+  std::string login =
+      http(port_, "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + std::to_string(form.size()) +
+                      "\r\n\r\n" + form);
   EXPECT_EQ(login.rfind("HTTP/1.1 303", 0), 0u) << login;
   std::string m = get(port_, "/metrics", "Authorization: Bearer the-token\r\n");
   EXPECT_EQ(m.rfind("HTTP/1.1 200", 0), 0u) << m;
