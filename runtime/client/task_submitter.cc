@@ -297,7 +297,7 @@ uint64_t TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::strin
     }
   }
   if (t) {
-    fail_task(t, std::make_exception_ptr(Aborted("task '" + name + "' submitted after the runtime shut down")));
+    fail_task(t, std::make_exception_ptr(Error("task '" + name + "' submitted after the runtime shut down")));
     return 0;
   }
   send(std::move(sends));
@@ -576,7 +576,7 @@ void TaskSubmitter::on_task_bounced(const std::shared_ptr<Task>& t, Message& m) 
       // Ended by cancel(): it does not queue again.
     } else if (stopping_) {
       // release_all failed the queues already: this one would wait for ever.
-      error = std::make_exception_ptr(Aborted("task '" + t->name + "' did not run: the runtime shut down"));
+      error = std::make_exception_ptr(Error("task '" + t->name + "' did not run: the runtime shut down"));
     } else {
       t->body = std::move(m.body);
       t->attachments = std::move(m.attachments);
@@ -613,7 +613,7 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
       sends = pump_locked(t->key);
     } else if (stopping_) {
       error =
-          std::make_exception_ptr(Aborted("task '" + t->name + "' did not finish: the runtime shut down while it ran"));
+          std::make_exception_ptr(Error("task '" + t->name + "' did not finish: the runtime shut down while it ran"));
     } else if (t->retries_left != 0) {
       if (t->retries_left > 0) --t->retries_left;
       t->ran = true;
@@ -1019,7 +1019,7 @@ void TaskSubmitter::release_all() {
   Failures failures;
   {
     std::lock_guard lock(mu_);
-    auto error = std::make_exception_ptr(Aborted("the runtime shut down before the task ran"));
+    auto error = std::make_exception_ptr(Error("the runtime shut down before the task ran"));
     for (auto& [id, key] : keys_) {
       for (auto& e : key->executors) {
         e->gone = true;
