@@ -240,7 +240,13 @@ std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std
     std::string first;  // what the first missing one waits for
     for (size_t i = 0; i < states.size(); ++i) {
       if (states[i]->wait_for(std::chrono::milliseconds(0))) continue;
-      if (missing++ == 0) first = refs[i]->pending_text();
+      if (missing++ != 0) continue;
+      try {
+        first = refs[i]->pending_text();
+      } catch (const std::exception&) {
+        // A diagnostic never changes which error the get raises (the
+        // runtime may be shutting down under it).
+      }
     }
     if (!first.empty()) first = (states.size() == 1 ? ": " : "; the first: ") + first;
     throw Timeout(states.size() == 1 ? fmt::format("get: no result within {:g} s{}", *timeout, first)

@@ -40,14 +40,16 @@ std::string PyRef::pending_text() const {
   if (task_) {
     const uint64_t id = task_->submitted_id();
     if (id == 0) return "task '" + task_->name() + "' waits for its arguments";
-    auto submitter = core_->service<client::TaskSubmitter>();
-    return submitter->instance() == task_->owner() ? submitter->describe(id) : "";
+    auto submitter = core_->find_service<client::TaskSubmitter>();
+    return submitter && submitter->instance() == task_->owner() ? submitter->describe(id) : "";
   }
   if (!call_) return "";
   auto actor = call_->actor();
   if (!actor) return "";
   const auto info = actor->info();
   const std::string call = info.class_name + "." + call_->method() + " on actor " + std::to_string(info.id);
+  // Not sent yet: an argument's value is not there (the actor has not seen it).
+  if (call_->submitted_id() == 0) return call + " waits for its arguments";
   auto because = [](const std::string& why) { return why.empty() ? std::string() : " (" + why + ")"; };
   switch (info.state) {
     case wire::ActorState::kPending:

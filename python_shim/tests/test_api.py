@@ -686,7 +686,7 @@ def test_short_tasks_do_not_wait_behind_a_long_one(tmp_path):
 
 
 @troupe.remote
-class Sleeper:
+class Napper:
     def ping(self):
         return "pong"
 
@@ -698,19 +698,23 @@ class Sleeper:
 def test_a_get_that_times_out_says_what_the_value_waits_for():
     # Ray's GetTimeoutError says only that it timed out; a user then looks
     # for why in the dashboard. The first missing value's wait is named.
-    pending = Sleeper.options(resources={"no_node_has_this": 1}).remote()
-    with pytest.raises(GetTimeoutError, match=r"no result within 0\.2 s: Sleeper\.ping on actor \d+: the actor is "
+    pending = Napper.options(resources={"no_node_has_this": 1}).remote()
+    with pytest.raises(GetTimeoutError, match=r"no result within 0\.2 s: Napper\.ping on actor \d+: the actor is "
                                               r"PENDING \(.*no_node_has_this.*\)"):
         troupe.get(pending.ping.remote(), timeout=0.2)
     troupe.kill(pending)
-    alive = Sleeper.remote()
+    alive = Napper.remote()
     assert troupe.get(alive.ping.remote(), timeout=60) == "pong"
-    with pytest.raises(GetTimeoutError, match=r"1 of 2 results not there within 0\.2 s; the first: Sleeper\.sleep on "
+    with pytest.raises(GetTimeoutError, match=r"1 of 2 results not there within 0\.2 s; the first: Napper\.sleep on "
                                               r"actor \d+: the actor \(worker pid \d+\) has not answered it yet"):
         troupe.get([alive.ping.remote(), alive.sleep.remote(30)], timeout=0.2)
-    troupe.kill(alive)
     slow = troupe.remote(lambda s: threading.Event().wait(s) or s).options(name="nap")
     ref = slow.remote(30)
+    # A call whose argument is not there was never sent: the actor is not to blame.
+    with pytest.raises(GetTimeoutError, match=r"no result within 0\.2 s: Napper\.sleep on actor \d+ waits for its "
+                                              r"arguments"):
+        troupe.get(alive.sleep.remote(ref), timeout=0.2)
+    troupe.kill(alive)
     with pytest.raises(GetTimeoutError, match=r"no result within 0\.2 s: task 'nap' (runs on its executor, worker pid "
                                               r"\d+|is queued \(1 queued\) for an executor of \{CPU: 1\}.*)"):
         troupe.get(ref, timeout=0.2)

@@ -710,6 +710,7 @@ def test_ray_trains_other_options_are_taken_as_ray_takes_them(tmp_path, monkeypa
         train.ScalingConfig(placement_strategy="RANDOM")
     with pytest.raises(ValueError, match="max_failures must be 0 with fail_fast=True, got 1"):
         train.FailureConfig(max_failures=1, fail_fast=True)
+    assert train.FailureConfig(fail_fast="RAISE").fail_fast == "raise"
     for tune_only in ({"stop": {"loss": 0.1}}, {"callbacks": [object()]}, {"log_to_file": True},
                       {"storage_filesystem": object()}):
         with pytest.raises(ConfigError, match=f"RunConfig\\({next(iter(tune_only))}=.*troupe.train has no Tune"):
@@ -747,7 +748,9 @@ def test_ray_trains_other_options_are_taken_as_ray_takes_them(tmp_path, monkeypa
     assert result.get_best_checkpoint("loss", "min").path.endswith("checkpoint_000001")
     assert result.get_best_checkpoint("loss", "max").path.endswith("checkpoint_000002")
     assert result.get_best_checkpoint("nested/loss", "min").path.endswith("checkpoint_000001")
-    assert result.get_best_checkpoint("no_such_metric", "min") is None
+    with pytest.raises(RuntimeError, match="no kept checkpoint reported a number for 'no_such_metric' "
+                                           "\\(reported: .*loss"):
+        result.get_best_checkpoint("no_such_metric", "min")
     with pytest.raises(ValueError, match="mode must be 'min' or 'max', got 'avg'"):
         result.get_best_checkpoint("loss", "avg")
     # Result.from_path reads the same back from the run's folder.

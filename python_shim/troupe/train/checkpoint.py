@@ -23,6 +23,8 @@ import tempfile
 import time
 import uuid
 
+from .config import _URI
+
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 _TMP_PREFIX = ".tmp_checkpoint_"
 _PART_PREFIX = ".part_"  # another rank's files of a report, staged for rank 0
@@ -106,8 +108,8 @@ class Checkpoint:
     def __init__(self, path):
         # Absolute here: a relative path was resolved in each worker's own
         # working directory, which need not be the driver's.
-        path = os.fspath(path)
-        self.path = path if "://" in path else os.path.abspath(os.path.expanduser(path))
+        path = os.fsdecode(os.fspath(path))
+        self.path = path if _URI.match(path) else os.path.abspath(os.path.expanduser(path))
 
     @classmethod
     def from_directory(cls, path):

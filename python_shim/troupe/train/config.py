@@ -101,6 +101,8 @@ class FailureConfig:
     def __post_init__(self):
         _check(isinstance(self.max_failures, int) and self.max_failures >= -1,
                f"FailureConfig.max_failures must be an int >= -1, got {self.max_failures!r}")
+        if isinstance(self.fail_fast, str) and self.fail_fast.lower() == "raise":
+            self.fail_fast = "raise"  # any case, as Ray takes it
         _check(self.fail_fast in (True, False, "raise"),
                f"FailureConfig.fail_fast must be True, False or 'raise', got {self.fail_fast!r}")
         _check(not self.fail_fast or self.max_failures == 0,

@@ -120,16 +120,21 @@ class Result:
     def get_best_checkpoint(self, metric, mode):
         """The kept checkpoint whose reported `metric` is the least
         (mode "min") or the greatest ("max"); checkpoints reported without
-        it are left out; None when none has it (Ray's)."""
+        it are left out. As Ray's: RuntimeError when the run kept no
+        checkpoint, or when none reported `metric` (a misspelt name)."""
         if mode not in ("min", "max"):
             raise ValueError(f"Result.get_best_checkpoint: mode must be 'min' or 'max', got {mode!r}")
+        if not self.best_checkpoints:
+            raise RuntimeError(f"Result.get_best_checkpoint: the run at {self.path} kept no checkpoint")
         scored = []
-        for checkpoint, metrics in self.best_checkpoints or []:
+        for checkpoint, metrics in self.best_checkpoints:
             value = _lookup(metrics, metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
                 scored.append((value, checkpoint))
         if not scored:
-            return None
+            names = sorted({k for _, m in self.best_checkpoints for k in m})
+            raise RuntimeError(f"Result.get_best_checkpoint: no kept checkpoint reported a number for {metric!r} "
+                               f"(reported: {', '.join(names) or 'nothing'})")
         pick = min if mode == "min" else max
         return pick(scored, key=lambda pair: pair[0])[1]
 
@@ -505,6 +510,9 @@ class TorchTrainer:
             per_node = [min(_fits_on_node(k, v, float(nd.get("Resources", {}).get(k, 0))) for k, v in bundle.items())
                         for nd in nodes]
             can = sum(1 for f in per_node if f >= 1) if strategy == "STRICT_SPREAD" else max(per_node, default=0)
+            least = self.scaling_config.worker_bounds()[0]
+            if least <= can < n:
+                n = can  # an elastic group takes what the strategy can place
             if can < n:
                 where = "distinct nodes that each hold" if strategy == "STRICT_SPREAD" else "one node holding"
                 raise ConfigError(f"TorchTrainer: placement_strategy={strategy!r} needs {n} workers of {bundle} on "
