@@ -867,6 +867,12 @@ int cmd_status(const Args& a) {
   if (j.contains("jobs") && !j["jobs"].empty()) {
     std::printf("\njobs:\n");
     for (auto& x : j["jobs"]) {
+      if (x.contains("error") && x["error"].is_string()) {
+        // A document the head did not read (over its size limit): no figures.
+        std::printf("  job %-16s %-9s %s\n", job_text(x, "name").c_str(), job_text(x, "state").c_str(),
+                    one_line(x["error"].get<std::string>()).c_str());
+        continue;
+      }
       // Counted from 1, as the job's console counts them ("epoch 2/3").
       std::string epoch = std::to_string(job_count(x, "epoch") + 1);
       if (x.contains("epochs")) epoch += "/" + std::to_string(job_count(x, "epochs"));

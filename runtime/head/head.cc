@@ -585,6 +585,13 @@ class Head::Impl {
     constexpr size_t kMax = 255;
     bool ok = value.size() <= kMax && core::valid_utf8(value);
     for (unsigned char c : value) ok = ok && c >= 0x20 && c != 0x7f;
+    // UTF-8's controls too: C1 (U+0080-U+009F: C2 80-9F, CSI among them)
+    // and the line and paragraph separators (E2 80 A8/A9).
+    for (size_t i = 0; ok && i + 1 < value.size(); ++i) {
+      const auto c = static_cast<unsigned char>(value[i]), d = static_cast<unsigned char>(value[i + 1]);
+      ok = !(c == 0xc2 && d >= 0x80 && d <= 0x9f) &&
+           !(c == 0xe2 && d == 0x80 && i + 2 < value.size() && (value[i + 2] == '\xa8' || value[i + 2] == '\xa9'));
+    }
     if (ok) return;
     std::string shown;
     for (unsigned char c : value.substr(0, 64))

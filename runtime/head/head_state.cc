@@ -429,8 +429,17 @@ void HeadState::worker_exited(const WorkerExited& w, uint64_t from_node) {
   if (a.info.node_id != from_node) {
     // Its worker runs on another node, which alone can say it exited: taken
     // as said, the actor restarted while its worker lived on.
-    TROUPE_LOG_WARN("node {} reported the exit of actor {}'s worker, which runs on node {}: ignored", from_node,
-                    a.info.id, a.info.node_id);
+    // Once per node at warning level: a buggy agent repeating it would
+    // flood the log.
+    if (foreign_exit_warned_.insert(from_node).second) {
+      TROUPE_LOG_WARN(
+          "node {} reported the exit of actor {}'s worker, which runs on node {}: ignored (later such "
+          "reports of this node are logged at debug level)",
+          from_node, a.info.id, a.info.node_id);
+    } else {
+      TROUPE_LOG_DEBUG("node {} reported the exit of actor {}'s worker, which runs on node {}: ignored", from_node,
+                       a.info.id, a.info.node_id);
+    }
     return;
   }
   if (w.has_stats) last_stats(a.info.id, w.incarnation, w.calls, w.stream_bytes);

@@ -393,6 +393,8 @@ class HeadState {
   std::vector<uint64_t> exited_workers_;  // found by actor_lost, for drop_exited_workers
   bool write_through_ = false;
   std::set<uint64_t> dirty_actors_;
+  // Nodes warned about for reporting another node's worker exit (once each).
+  std::set<uint64_t> foreign_exit_warned_;
   std::set<std::string> dirty_kv_;
   std::map<std::string, std::string> written_;  // nodes, groups, counters: what the store has
   std::map<uint64_t, Node> nodes_;

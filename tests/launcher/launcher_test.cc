@@ -739,10 +739,14 @@ TEST_F(LauncherTest, StatusShowsADivergedJobsLossAsNanAndSurvivesAMalformedJob) 
   troupe::Runtime rt = troupe::Runtime::connect(o);
   rt.kv().put("troupe.jobs/diverged", R"({"name":"diverged","state":"running","step":120,"loss":null})");
   rt.kv().put("troupe.jobs/evil", R"({"name":5,"state":7,"step":"x","loss":"low"})");
+  // One the head leaves unread (over 1 MiB): said, with no figures.
+  rt.kv().put("troupe.jobs/huge", R"({"name":"huge","pad":")" + std::string(2 << 20, 'x') + R"("})");
   auto status = run(cli() + " status");
   EXPECT_EQ(status.status, 0) << status.output;
   EXPECT_NE(status.output.find("loss nan"), std::string::npos) << status.output;
   EXPECT_NE(status.output.find("job ?"), std::string::npos) << status.output;
+  EXPECT_NE(status.output.find("job huge             unknown   its progress document is"), std::string::npos)
+      << status.output;
 }
 
 // `troupe stop` in a session that only joined a cluster stops its own node

@@ -930,7 +930,9 @@ TEST_F(ClusterTest, ANodeWhoseHostnameIsNotAPrintableNameIsRefused) {
   auto work = asio::make_work_guard(io);
   std::thread loop([&] { io.run(); });
   for (const std::string& bad :
-       {std::string("evil\n[04:00:00.000] [head pid 1] [error] FORGED \x1b[31m"), std::string(300, 'h')}) {
+       {std::string("evil\n[04:00:00.000] [head pid 1] [error] FORGED \x1b[31m"), std::string(300, 'h'),
+        std::string("host\xc2\x9b"
+                    "31m")}) {
     auto channel = troupe::wire::RpcChannel::connect(
         io, cluster_.address(), cluster_.token(), kWaitBound, [](troupe::wire::Message&&) {},
         [](const std::string&) {});
