@@ -13,10 +13,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -210,21 +212,41 @@ TEST(GlooConnectTest, OperationsOfAGroupOfTwoNameThePeerHost) {
 }
 
 // The process's connected IPv4 sockets: local endpoint by socket inode.
+// Read from /proc (the links of /proc/self/fd, the table of
+// /proc/net/tcp), never through the descriptors, which gloo's device
+// thread may close meanwhile (TSan calls touching them a race).
 std::map<ino_t, sockaddr_in> connected_sockets() {
-  std::map<ino_t, sockaddr_in> found;
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return found;
-  while (dirent* entry = ::readdir(dir)) {
-    const int fd = std::atoi(entry->d_name);
-    struct stat st {};
-    if (fd <= 2 || fd == ::dirfd(dir) || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_in local{}, peer{};
-    socklen_t len = sizeof local, peer_len = sizeof peer;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0 || local.sin_family != AF_INET) continue;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
-    found[st.st_ino] = local;
+  std::set<unsigned long long> ours;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (dirent* entry = ::readdir(dir)) {
+      char target[64];
+      const std::string link = std::string("/proc/self/fd/") + entry->d_name;
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = '\0';
+      unsigned long long inode = 0;
+      if (std::sscanf(target, "socket:[%llu]", &inode) == 1) ours.insert(inode);
+    }
+    ::closedir(dir);
   }
-  ::closedir(dir);
+  std::map<ino_t, sockaddr_in> found;
+  std::ifstream table("/proc/net/tcp");
+  std::string line;
+  std::getline(table, line);  // the header
+  while (std::getline(table, line)) {
+    unsigned ip = 0, port = 0, state = 0;
+    unsigned long long inode = 0;
+    // sl: local rem st tx:rx tr:when retrnsmt uid timeout inode
+    if (std::sscanf(line.c_str(), " %*d: %8X:%4X %*8X:%*4X %2X %*s %*s %*s %*u %*u %llu", &ip, &port, &state, &inode) !=
+        4)
+      continue;
+    if (state != 0x01 || ours.count(inode) == 0) continue;  // ESTABLISHED, this process's
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    local.sin_addr.s_addr = ip;  // the table prints the address as the host reads the word
+    local.sin_port = htons(static_cast<uint16_t>(port));
+    found[static_cast<ino_t>(inode)] = local;
+  }
   return found;
 }
 
