@@ -54,6 +54,8 @@ std::string lower(std::string s) {
 }
 
 bool is_control(char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }
+// A byte no request head holds (its lines end in CR LF; values may hold tabs).
+bool foreign_to_a_head(char c) { return is_control(c) && c != '\n' && c != '\r' && c != '\t'; }
 
 std::string trim(const std::string& s) {
   const size_t first = s.find_first_not_of(" \t");
@@ -116,7 +118,7 @@ struct HeadEnd {
     for (iterator i = begin; i != end; ++i) {
       // A control byte no request head holds: not HTTP, answered at once
       // (it waited for an empty line until the deadline).
-      if (is_control(*i) && *i != '\n' && *i != '\r' && *i != '\t') return {i + 1, true};
+      if (foreign_to_a_head(*i)) return {i + 1, true};
       if (*i != '\n') continue;
       resume = i;
       iterator next = i + 1;
@@ -159,8 +161,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     if (ec == asio::error::not_found) return answer_error(431, "request head over the limit");
     if (ec) return close();
     const std::string all(asio::buffers_begin(head_.data()), asio::buffers_end(head_.data()));
-    if (std::any_of(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n),
-                    [](char c) { return is_control(c) && c != '\n' && c != '\r' && c != '\t'; }))
+    if (std::any_of(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n), foreign_to_a_head))
       return answer_error(400, "not an HTTP/1.x request");
     if (n < 4 || all.compare(n - 4, 4, "\r\n\r\n") != 0)
       return answer_error(400, "the request's lines must end with CR LF");

@@ -180,11 +180,18 @@ def _workers_that_fit(res, nodes):
     """How many workers asking `res` the nodes hold at once by their total
     resources (a worker is one actor: it lives on one node), None when it
     asks for nothing."""
+    per_node = _fits_per_node(res, nodes)
+    return None if per_node is None else sum(per_node)
+
+
+def _fits_per_node(res, nodes):
+    """How many workers asking `res` each node holds by its total
+    resources, None when it asks for nothing."""
     asked = {k: float(v) for k, v in res.items() if v > 0}
     if not asked:
         return None
-    return sum(min(_fits_on_node(k, v, float(n.get("Resources", {}).get(k, 0))) for k, v in asked.items())
-               for n in nodes)
+    return [min(_fits_on_node(k, v, float(n.get("Resources", {}).get(k, 0))) for k, v in asked.items())
+            for n in nodes]
 
 
 def _fits_on_node(key, amount, total):
@@ -507,8 +514,7 @@ class TorchTrainer:
         once (its group would stay pending until the placement timeout)."""
         if strategy in ("STRICT_PACK", "STRICT_SPREAD"):
             nodes = [nd for nd in rt.nodes() if nd.get("Alive", True)]
-            per_node = [min(_fits_on_node(k, v, float(nd.get("Resources", {}).get(k, 0))) for k, v in bundle.items())
-                        for nd in nodes]
+            per_node = _fits_per_node(bundle, nodes)
             can = sum(1 for f in per_node if f >= 1) if strategy == "STRICT_SPREAD" else max(per_node, default=0)
             least = self.scaling_config.worker_bounds()[0]
             if least <= can < n:
