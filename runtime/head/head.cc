@@ -14,6 +14,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/rate_limited_log.h"
 #include "troupe/runtime/core/utf8.h"
 #include "troupe/runtime/head/head_state.h"
 #include "troupe/runtime/head/head_store.h"
@@ -294,14 +295,14 @@ class Head::Impl {
         throw DecodeError("unexpected frame kind " + std::to_string(static_cast<int>(m.kind)) + " at the head");
       }
     } catch (const DecodeError& e) {
-      TROUPE_LOG_WARN("closing connection {}: {}", p.conn->peer(), e.what());
+      bad_message_log_.warn("closing connection {}: {}", p.conn->peer(), e.what());
       p.final_close = true;
       p.conn->close(std::string("bad message: ") + e.what());
     } catch (const std::exception& e) {
       if (m.kind == Kind::REQUEST) {
         p.conn->send(error_response(m.id, e));
       } else {
-        TROUPE_LOG_WARN("event op {} from {} failed: {}", m.op, p.conn->peer(), e.what());
+        failed_event_log_.warn("event op {} from {} failed: {}", m.op, p.conn->peer(), e.what());
       }
     }
     flush();
@@ -976,6 +977,9 @@ class Head::Impl {
   std::map<uint64_t, std::pair<int32_t, uint64_t>> watched_;        // client id -> pid, start time (see check_watched)
   std::map<uint64_t, std::pair<int32_t, uint64_t>> watched_nodes_;  // node id -> its agent's pid, start time
   std::map<uint32_t, uint64_t> message_counts_;                     // by op, for /metrics
+  // A peer can send these again and again: logged at a bounded rate.
+  core::RateLimitedLog bad_message_log_{"connections closed for a bad message"};
+  core::RateLimitedLog failed_event_log_{"failed events"};
   // troupe logs requests a node agent has not answered yet, by the id the
   // head gave them.
   struct LogRead {

@@ -13,6 +13,7 @@
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/rate_limited_log.h"
 
 namespace troupe::wire {
 
@@ -33,45 +34,6 @@ std::string endpoint_text(const asio::ip::tcp::socket& s) {
   return ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
-// Refused connections are logged at most kBurst times per window, then
-// counted, so a storm of bad connections cannot flood the log (or spend the
-// loop's time writing it). Shared by every connection of the process.
-class RefusalLog {
- public:
-  // `what` the log's lines are, as "N more <what> were not logged" says.
-  explicit RefusalLog(const char* what) : what_(what) {}
-  template <typename... Args>
-  void warn(spdlog::format_string_t<Args...> fmt, Args&&... args) {
-    size_t missed = 0;
-    {
-      std::lock_guard lock(mu_);
-      auto now = std::chrono::steady_clock::now();
-      if (now - window_start_ >= kWindow) {
-        missed = suppressed_;
-        suppressed_ = 0;
-        logged_ = 0;
-        window_start_ = now;
-      }
-      if (logged_ >= kBurst) {
-        ++suppressed_;
-        return;
-      }
-      ++logged_;
-    }
-    if (missed) TROUPE_LOG_WARN("{} more {} were not logged", missed, what_);
-    TROUPE_LOG_WARN(fmt, std::forward<Args>(args)...);
-  }
-
- private:
-  const char* const what_;
-  static constexpr size_t kBurst = 20;
-  static constexpr std::chrono::seconds kWindow{10};
-  std::mutex mu_;
-  std::chrono::steady_clock::time_point window_start_{};
-  size_t logged_ = 0;
-  size_t suppressed_ = 0;
-};
-
 // Why a connection closed whose peer sent nothing at all.
 constexpr const char* kSilentPeer = "closed before sending anything (a port check)";
 // On the accepting side, a connecting peer that went away before its proof:
@@ -80,13 +42,13 @@ constexpr const char* kSilentPeer = "closed before sending anything (a port chec
 constexpr const char* kLeftMidHandshake =
     "the peer closed the connection before proving its token (it exited or gave up while connecting)";
 
-RefusalLog& refusal_log() {
-  static RefusalLog log("refused connections");
+core::RateLimitedLog& refusal_log() {
+  static core::RateLimitedLog log("refused connections");
   return log;
 }
 
-RefusalLog& bad_frame_log() {
-  static RefusalLog log("connections closed for a bad frame");
+core::RateLimitedLog& bad_frame_log() {
+  static core::RateLimitedLog log("connections closed for a bad frame");
   return log;
 }
 

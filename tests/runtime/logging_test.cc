@@ -12,7 +12,14 @@
 #include <utility>
 #include <vector>
 
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/rate_limited_log.h"
 #include "troupe/runtime/core/utf8.h"
 
 namespace troupe::core {
@@ -31,6 +38,31 @@ TEST(LogLevel, EverySpellingIsReadInAnyCase) {
   }
   for (const std::string bad : {"verbose", "", "warnings", "1", "inf o"})
     EXPECT_FALSE(parse_log_level(bad).has_value()) << "'" << bad << "'";
+}
+
+// A line a peer can cause at will (a bad frame, a failing event) is logged
+// `burst` times per window; the rest are counted, and the count is said
+// with the first line of a later window.
+TEST(RateLimitedLog, LogsABurstThenCountsWhatItLeftOut) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  auto* log = logger();
+  log->sinks().push_back(sink);
+  const auto level = log->level();
+  log->set_level(spdlog::level::warn);
+  RateLimitedLog limited("test lines", 3, std::chrono::milliseconds(1500));
+  for (int i = 0; i < 7; ++i) limited.warn("line {}", i);
+  std::string first = out.str();
+  // The window is a clock's: wait it out.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  limited.warn("line {}", 7);
+  log->sinks().pop_back();
+  log->set_level(level);
+  std::string all = out.str();
+  for (int i = 0; i < 3; ++i) EXPECT_NE(first.find("line " + std::to_string(i)), std::string::npos) << first;
+  for (int i = 3; i < 7; ++i) EXPECT_EQ(all.find("line " + std::to_string(i)), std::string::npos) << all;
+  EXPECT_NE(all.find("4 more test lines were not logged"), std::string::npos) << all;
+  EXPECT_NE(all.find("line 7"), std::string::npos) << all;
 }
 
 // What a process started with TROUPE_LOG_LEVEL=`value` writes to stderr
