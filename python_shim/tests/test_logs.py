@@ -175,6 +175,29 @@ def test_the_driver_shows_what_its_tasks_and_actors_print(cluster, capsys):
     assert text.count("marker-three from a task") == 1, text
 
 
+def _print_rank(config):
+    from troupe import train
+    print(f"marker-rank {train.get_context().get_world_rank()}", flush=True)
+
+
+def test_a_torch_trainers_ranks_are_marked_with_their_rank(cluster, capsys, tmp_path):
+    # As an embedded cluster's workers mark their own lines: the driver
+    # marks a rank's lines `(TrainWorker rank=N pid=P)`, not only its pid.
+    from troupe.train import RunConfig, ScalingConfig
+    from troupe.train.torch import TorchTrainer
+
+    TorchTrainer(_print_rank, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                 run_config=RunConfig(name="ranks", storage_path=str(tmp_path))).fit()
+    seen = []
+
+    def shown():
+        seen.append(capsys.readouterr().out)
+        text = "".join(seen)
+        return all(re.search(rf"^\(TrainWorker rank={r} pid=\d+\) marker-rank {r}$", text, re.M) for r in (0, 1))
+
+    wait_until(shown, what="each rank's line marked with its rank")
+
+
 def test_a_detached_actor_prints_to_the_driver_that_made_it(cluster, capsys):
     # It has no owner (it outlives this driver), but while this driver runs
     # its output is this driver's, as in Ray; it used to go nowhere.

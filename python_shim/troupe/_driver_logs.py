@@ -59,6 +59,20 @@ _WORKER_FILE = re.compile(r"worker-(\d+)\.log$")
 # "[worker a17 pid 4242]"), and its level.
 _RUNTIME_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] \[\w+(?: a\d+)? pid \d+\] \[(\w+)\] ")
 _LEVELS = ["trace", "debug", "info", "warning", "error", "critical", "off"]
+# Labels this driver gives its own actors in place of their class's name
+# ("TrainWorker rank=1", as an embedded cluster's worker marks its lines):
+# actor id -> label, the oldest forgotten first.
+_labels = {}
+LABELS_KEPT = 4096
+
+
+def label_actor(actor_id, label):
+    """Marks the lines of actor `actor_id`'s workers `(label pid=N)` from
+    now on (TorchTrainer: its ranks)."""
+    _labels.pop(actor_id, None)
+    _labels[actor_id] = label
+    while len(_labels) > LABELS_KEPT:
+        _labels.pop(next(iter(_labels)), None)
 
 
 def _driver_level():
@@ -182,6 +196,7 @@ class DriverLogs:
                 restarted_unseen = f is None and a.get("restarts", 0) > 0
                 if f is None:
                     f = self._followed[actor] = _Followed(self._label(a))
+                f.label = self._label(a)  # label_actor may have named it since
                 try:
                     if restarted_unseen or (f.path is not None and str(a["pid"]) != f.pid):
                         # It restarted between two looks: the rest of its
@@ -203,6 +218,8 @@ class DriverLogs:
 
     @staticmethod
     def _label(a):
+        if a["id"] in _labels:
+            return _labels[a["id"]]
         return "task" if a["class"] == _EXECUTOR_CLASS else a["class"].rsplit(".", 1)[-1]
 
     def _read_to_end(self, actor, f, deadline):

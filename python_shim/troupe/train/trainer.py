@@ -564,6 +564,11 @@ class TorchTrainer:
                                       "checkpoint_score_attribute": cc.checkpoint_score_attribute,
                                       "checkpoint_score_order": cc.checkpoint_score_order},
             }
+            if _runtime_name == "troupe":
+                # A cluster's worker files reach this console marked as an
+                # embedded cluster's workers mark their lines.
+                from .. import _driver_logs
+                _driver_logs.label_actor(w._actor.id, f"TrainWorker rank={rank}")
             refs.append(w.run.remote(spec, self.train_loop_per_worker, self.train_loop_config))
         return refs
 
