@@ -220,6 +220,75 @@ bool pair_dials(const sockaddr_storage& self, const sockaddr_storage& peer) {
   return rv > 0;
 }
 
+// `any_address`: a wildcard address in `a` (a peer bound to 0.0.0.0
+// advertises it) matches every address of `b`. `any_port`: the hosts alone.
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b, bool any_address = false,
+                   bool any_port = false) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return (any_port || x.sin_port == y.sin_port) &&
+           (x.sin_addr.s_addr == y.sin_addr.s_addr || (any_address && x.sin_addr.s_addr == htonl(INADDR_ANY)));
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return (any_port || x.sin6_port == y.sin6_port) &&
+           (std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0 ||
+            (any_address && IN6_IS_ADDR_UNSPECIFIED(&x.sin6_addr)));
+  }
+  return false;
+}
+
+// Calls `visit(fd, inode)` for each socket of this process until it
+// returns true. gloo's device thread may close a descriptor at any moment
+// and its number be reused: `fd` is a duplicate, which no one else can
+// close (a shutdown through it acts on the socket itself).
+template <class Visit>
+void for_each_socket(Visit&& visit) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  while (dirent* entry = ::readdir(dir)) {
+    char* end = nullptr;
+    long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+    const int dup = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) continue;
+    struct stat st {};
+    const bool stop = ::fstat(dup, &st) == 0 && S_ISSOCK(st.st_mode) && visit(dup, st.st_ino);
+    ::close(dup);
+    if (stop) break;
+  }
+  ::closedir(dir);
+}
+
+// A connected socket's two ends; false for any other descriptor.
+bool socket_ends(int fd, sockaddr_storage& local, sockaddr_storage& peer) {
+  socklen_t len = sizeof local;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return false;
+  socklen_t peer_len = sizeof peer;
+  return ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0;
+}
+
+// The remote end of the connection that a pair which waited for its peer
+// accepted on `local` (its listening address) from `peer_host` (the peer's
+// advertised address; its port is not compared). AF_UNIX, which matches no
+// socket, when there is none: the connection closed already.
+sockaddr_storage accepted_from(const sockaddr_storage& local, const sockaddr_storage& peer_host) {
+  sockaddr_storage found{};
+  found.ss_family = AF_UNIX;
+  for_each_socket([&](int fd, ino_t) {
+    sockaddr_storage here{}, there{};
+    if (!socket_ends(fd, here, there) || !same_endpoint(local, here, /*any_address=*/true) ||
+        !same_endpoint(peer_host, there, /*any_address=*/true, /*any_port=*/true))
+      return false;
+    found = there;
+    return true;
+  });
+  return found;
+}
+
 // A rendezvous context whose full mesh GlooGroup connects itself
 // (connect_mesh) instead of through connectFullMesh.
 class MeshContext final : public gloo::rendezvous::Context {
@@ -319,11 +388,12 @@ void connect_pair(gloo::Context& context, int peer, const std::vector<char>& byt
 // gloo's connectFullMesh, bounded by `deadline`: creates a pair per peer,
 // publishes their addresses under "<rank>", then connects the pairs in rank
 // order while a watchdog closes them at the deadline. Records each peer's
-// host in `peer_hosts`, and in `dialed` the address this rank dialed for
-// each pair that it connected (AF_UNSPEC where the peer dialed).
+// host in `peer_hosts`, and in `remote_ends` the remote end of each pair's
+// connection: the address this rank dialed, or where the connection that
+// it accepted came from (AF_UNIX when that closed already).
 void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_ptr<gloo::transport::Device>& device,
                   Clock::time_point deadline, milliseconds rendezvous_timeout, std::vector<std::string>& peer_hosts,
-                  std::vector<sockaddr_storage>& dialed) {
+                  std::vector<sockaddr_storage>& remote_ends) {
   const int rank = context.rank;
   const int size = context.size;
   auto pairs = device->createContext(rank, size);
@@ -337,7 +407,8 @@ void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_pt
   context.adopt(device, std::move(pairs));
   store.set(std::to_string(rank), mine);
   peer_hosts.assign(static_cast<size_t>(size), std::string());
-  dialed.assign(static_cast<size_t>(size), sockaddr_storage{});
+  remote_ends.assign(static_cast<size_t>(size), sockaddr_storage{});
+  std::vector<sockaddr_storage> advertised(static_cast<size_t>(size));
   ConnectWatchdog watchdog(context, deadline);
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
@@ -350,13 +421,23 @@ void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_pt
                                   all.begin() + static_cast<std::ptrdiff_t>((slot + 1) * width));
     const sockaddr_storage there = gloo::transport::tcp::Address(bytes).getSockaddr();
     peer_hosts[static_cast<size_t>(i)] = host_text(there);
+    advertised[static_cast<size_t>(i)] = there;
     if (const auto* self = dynamic_cast<const gloo::transport::tcp::Address*>(&context.getPair(i)->address()))
-      if (pair_dials(self->getSockaddr(), there)) dialed[static_cast<size_t>(i)] = there;
+      if (pair_dials(self->getSockaddr(), there)) remote_ends[static_cast<size_t>(i)] = there;
     connect_pair(context, i, bytes, watchdog, rendezvous_timeout);
   }
   if (!watchdog.disarm())
     throw Timeout("rank " + std::to_string(rank) + " connected to its peers only at the deadline (" +
                   std::to_string(rendezvous_timeout.count()) + " ms)");
+  // A pair that waited has its listening port, freed once its connection
+  // closes and then free for the kernel to give an outgoing connection: its
+  // connection is known by both ends too.
+  for (int i = 0; i < size; ++i) {
+    auto& end = remote_ends[static_cast<size_t>(i)];
+    if (i == rank || end.ss_family != AF_UNSPEC) continue;
+    if (const auto* self = dynamic_cast<const gloo::transport::tcp::Address*>(&context.getPair(i)->address()))
+      end = accepted_from(self->getSockaddr(), advertised[static_cast<size_t>(i)]);
+  }
 }
 
 }  // namespace
@@ -406,9 +487,9 @@ struct GlooGroup::Shared {
   std::shared_ptr<gloo::rendezvous::Context> context;
   // The host each peer advertised (connect_mesh); empty for this rank.
   std::vector<std::string> peer_hosts;
-  // The address this rank dialed for each pair it connected; AF_UNSPEC
-  // where the peer dialed (connect_mesh). See shutdown_sockets.
-  std::vector<sockaddr_storage> dialed;
+  // The remote end of each pair's connection (connect_mesh). See
+  // shutdown_sockets.
+  std::vector<sockaddr_storage> remote_ends;
 
   // Lock order: mu before a gloo buffer's lock (abort() calls abortWait*
   // under mu); never hold mu while calling into gloo otherwise.
@@ -624,13 +705,13 @@ struct GlooGroup::Shared {
   // Pair::close() does not wake operations waiting on the pair; a shutdown
   // makes the device thread read EOF, which fails every operation posted on
   // the pair, so the operation thread leaves gloo now rather than at its
-  // timeout. gloo does not expose the descriptors: they are found by their
-  // endpoints. A pair that waited for its peer has its listening port,
-  // which no other socket of the process gets; one that dialed has an
-  // ephemeral port, which Linux also gives connections to elsewhere (the
-  // process's connection to its head was shut down with the group, and a
-  // trainer whose peer died then "lost the head"): its remote end, the
-  // address it dialed, must match too.
+  // timeout. gloo does not expose the descriptors: they are found by both
+  // their endpoints (connect_mesh recorded the remote ones). The local one
+  // alone is not enough: a pair that dialed has an ephemeral port, which
+  // Linux also gives connections to elsewhere (the process's connection to
+  // its head was shut down with the group, and a trainer whose peer died
+  // then "lost the head"), and a pair that waited has its listening port,
+  // free again once the pair's connection closed.
   // Returns the sockets' inode numbers.
   std::vector<ino_t> shutdown_sockets() {
     std::vector<ino_t> shut;
@@ -641,29 +722,18 @@ struct GlooGroup::Shared {
       if (!pair) continue;
       const auto* addr = dynamic_cast<const gloo::transport::tcp::Address*>(&pair->address());
       if (addr == nullptr) continue;
-      ends.emplace_back(addr->getSockaddr(),
-                        static_cast<size_t>(i) < dialed.size() ? dialed[static_cast<size_t>(i)] : sockaddr_storage{});
+      ends.emplace_back(addr->getSockaddr(), static_cast<size_t>(i) < remote_ends.size()
+                                                 ? remote_ends[static_cast<size_t>(i)]
+                                                 : sockaddr_storage{});
     }
     if (ends.empty()) return shut;
-    DIR* dir = ::opendir("/proc/self/fd");
-    if (dir == nullptr) return shut;
-    while (dirent* entry = ::readdir(dir)) {
-      char* end = nullptr;
-      long fd = std::strtol(entry->d_name, &end, 10);
-      if (end == entry->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
-      // gloo's device thread may close this descriptor at any moment and
-      // its number be reused: what is checked and shut down is a duplicate,
-      // which no one else can close (shutdown acts on the socket itself).
-      const int dup = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
-      if (dup < 0) continue;
-      struct stat st {};
-      if (is_pair_socket(dup, ends) && ::fstat(dup, &st) == 0) {
-        ::shutdown(dup, SHUT_RDWR);
-        shut.push_back(st.st_ino);
+    for_each_socket([&](int fd, ino_t inode) {
+      if (is_pair_socket(fd, ends)) {
+        ::shutdown(fd, SHUT_RDWR);
+        shut.push_back(inode);
       }
-      ::close(dup);
-    }
-    ::closedir(dir);
+      return false;
+    });
     return shut;
   }
 
@@ -692,37 +762,12 @@ struct GlooGroup::Shared {
 
   // A connected socket with the endpoints of one of `ends`.
   static bool is_pair_socket(int fd, const std::vector<std::pair<sockaddr_storage, sockaddr_storage>>& ends) {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
-    sockaddr_storage local{};
-    socklen_t len = sizeof local;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return false;
-    sockaddr_storage peer{};
-    socklen_t peer_len = sizeof peer;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
+    sockaddr_storage local{}, peer{};
+    if (!socket_ends(fd, local, peer)) return false;
     for (const auto& [want_local, want_remote] : ends)
       if (same_endpoint(want_local, local) &&
           (want_remote.ss_family == AF_UNSPEC || same_endpoint(want_remote, peer, /*any_address=*/true)))
         return true;
-    return false;
-  }
-
-  // `any_address`: a wildcard address in `a` (a peer bound to 0.0.0.0
-  // advertises it) matches every address of `b`.
-  static bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b, bool any_address = false) {
-    if (a.ss_family != b.ss_family) return false;
-    if (a.ss_family == AF_INET) {
-      const auto& x = reinterpret_cast<const sockaddr_in&>(a);
-      const auto& y = reinterpret_cast<const sockaddr_in&>(b);
-      return x.sin_port == y.sin_port &&
-             (x.sin_addr.s_addr == y.sin_addr.s_addr || (any_address && x.sin_addr.s_addr == htonl(INADDR_ANY)));
-    }
-    if (a.ss_family == AF_INET6) {
-      const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
-      const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
-      return x.sin6_port == y.sin6_port && (std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0 ||
-                                            (any_address && IN6_IS_ADDR_UNSPECIFIED(&x.sin6_addr)));
-    }
     return false;
   }
 
@@ -1066,7 +1111,7 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
     shared->context->setTimeout(left_until(deadline));
     if (world_size > 1) {
       connect_mesh(*mesh, store, shared->device, deadline, options.rendezvous_timeout, shared->peer_hosts,
-                   shared->dialed);
+                   shared->remote_ends);
       auto& barrier = shared->hold<gloo::BarrierOptions>(shared->context);
       barrier.setTimeout(left_until(deadline));
       gloo::barrier(barrier);

@@ -290,10 +290,12 @@ class RecordingStore final : public KvStore {
 // elsewhere the same local port: a process's connection to its head could
 // share it, and was shut down with the group when only the local address
 // was compared (a trainer whose peer died then "lost the head" and exited
-// instead of healing the peer).
+// instead of healing the peer). The pair that waits has its listening
+// port, which another connection may get once the pair's closed: it is
+// known by both ends too.
 TEST(GlooConnectTest, AnAbortLeavesAConnectionSharingAPairsPortAlone) {
-  // Another service, and a connection to it from the dialing pair's local
-  // address (what the kernel may hand out on its own).
+  // Another service, and connections to it from each pair's local address
+  // (what the kernel may hand out on its own).
   Fd service(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in service_addr = loopback("127.0.0.1", 0);
   socklen_t len = sizeof service_addr;
@@ -306,11 +308,16 @@ TEST(GlooConnectTest, AnAbortLeavesAConnectionSharingAPairsPortAlone) {
   opts.bind_host = "127.0.0.1";
   opts.rendezvous_timeout = 30s;
   std::unique_ptr<GlooGroup> zero, one;
-  std::unique_ptr<Fd> sharing;
-  std::string shared_endpoint;
-  // bind() refuses the port now and then (a connection of an earlier test
-  // in TIME_WAIT on it, which connect() may share): form the group again.
-  for (int attempt = 1; attempt <= 10 && !sharing; ++attempt) {
+  struct Sharing {
+    std::unique_ptr<Fd> fd;
+    std::string endpoint;
+    const char* pair;  // "dialing" or "waiting"
+  };
+  std::vector<Sharing> sharing;
+  // bind() refuses a port now and then (a connection of an earlier test in
+  // TIME_WAIT on it, which connect() may share): form the group again.
+  for (int attempt = 1; attempt <= 10 && sharing.size() != 2; ++attempt) {
+    sharing.clear();
     zero.reset();
     one.reset();
     const auto before = connected_sockets();
@@ -334,11 +341,11 @@ TEST(GlooConnectTest, AnAbortLeavesAConnectionSharingAPairsPortAlone) {
       const auto addr = gloo::transport::tcp::Address(std::vector<char>(bytes.begin(), bytes.end())).getSockaddr();
       listened.push_back(ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port));
     }
-    int dialing = 0;
+    int dialing = 0, waiting = 0;
     for (const auto& [inode, local] : connected_sockets()) {
-      const uint16_t port = ntohs(local.sin_port);
-      if (before.count(inode) != 0 || std::find(listened.begin(), listened.end(), port) != listened.end()) continue;
-      ++dialing;
+      if (before.count(inode) != 0) continue;
+      const bool waits = std::find(listened.begin(), listened.end(), ntohs(local.sin_port)) != listened.end();
+      ++(waits ? waiting : dialing);
       auto fd = std::make_unique<Fd>(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
       const int on = 1;
       ::setsockopt(fd->get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
@@ -349,21 +356,22 @@ TEST(GlooConnectTest, AnAbortLeavesAConnectionSharingAPairsPortAlone) {
       }
       ASSERT_EQ(::connect(fd->get(), reinterpret_cast<sockaddr*>(&service_addr), sizeof service_addr), 0)
           << std::strerror(errno);
-      shared_endpoint = endpoint(local);
-      sharing = std::move(fd);
+      sharing.push_back({std::move(fd), endpoint(local), waits ? "waiting" : "dialing"});
     }
     ASSERT_EQ(dialing, 1) << "the dialing pair's socket was not found";
+    ASSERT_EQ(waiting, 1) << "the waiting pair's socket was not found";
   }
-  ASSERT_TRUE(sharing) << "no connection could take the dialing pair's local address";
-  ASSERT_TRUE(open_and_quiet(sharing->get()));
+  ASSERT_EQ(sharing.size(), 2u) << "no connection could take both pairs' local addresses";
+  for (const auto& c : sharing) ASSERT_TRUE(open_and_quiet(c.fd->get())) << c.pair;
 
   float x = 1;
   auto waiting = zero->allreduce(&x, 1, DType::kFloat32);  // rank 1 never joins it
   zero->abort("the test aborts");
   one->abort("the test aborts");
   EXPECT_THROW(waiting->wait(test::kWaitBound), Aborted);
-  EXPECT_TRUE(open_and_quiet(sharing->get()))
-      << "the connection from " << shared_endpoint << " (the dialing pair's local address) was shut down";
+  for (const auto& c : sharing)
+    EXPECT_TRUE(open_and_quiet(c.fd->get()))
+        << "the connection from " << c.endpoint << " (the " << c.pair << " pair's local address) was shut down";
 }
 
 }  // namespace
