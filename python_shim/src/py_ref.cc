@@ -38,30 +38,9 @@ std::shared_ptr<ReplyState> fetch_stored(client::Core& core, const ObjectRef<PyV
 
 std::string PyRef::pending_text() const {
   if (task_) {
-    const uint64_t id = task_->submitted_id();
-    if (id == 0) return "task '" + task_->name() + "' waits for its arguments";
-    auto submitter = core_->find_service<client::TaskSubmitter>();
-    return submitter && submitter->instance() == task_->owner() ? submitter->describe(id) : "";
+    return task_->pending_text(core_->find_service<client::TaskSubmitter>().get());
   }
-  if (!call_) return "";
-  auto actor = call_->actor();
-  if (!actor) return "";
-  const auto info = actor->info();
-  const std::string call = info.class_name + "." + call_->method() + " on actor " + std::to_string(info.id);
-  // Not sent yet: an argument's value is not there (the actor has not seen it).
-  if (call_->submitted_id() == 0) return call + " waits for its arguments";
-  auto because = [](const std::string& why) { return why.empty() ? std::string() : " (" + why + ")"; };
-  switch (info.state) {
-    case wire::ActorState::kPending:
-      return call + ": the actor is PENDING" + because(info.pending_reason);
-    case wire::ActorState::kRestarting:
-      return call + ": the actor is RESTARTING" + because(info.death_cause);
-    case wire::ActorState::kDead:
-      return call + ": the actor is DEAD" + because(info.death_cause);
-    case wire::ActorState::kAlive:
-      break;
-  }
-  return call + ": the actor (worker pid " + std::to_string(info.pid) + ") has not answered it yet";
+  return call_ ? call_->pending_text() : "";
 }
 
 std::shared_ptr<ReplyState> PyRef::answer() {

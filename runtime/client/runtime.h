@@ -628,7 +628,7 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
     auto key = submitter->key_for(task_placement(options));
     const std::string& label = options.name.empty() ? entry.name : options.name;
     // The future's state holds what cancel needs: no allocation beside it.
-    auto st = std::make_shared<client::TaskFutureState<Result>>(label, submitter->instance());
+    auto st = std::make_shared<client::TaskFutureState<Result>>(label, submitter->instance(), submitter);
     auto send = [submitter, key, st, &entry, label, retries = options.max_retries, keep_result,
                  core = live_core.get()](Args tuple) {
       st->submit_once([&] {

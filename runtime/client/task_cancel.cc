@@ -179,6 +179,33 @@ CancelOutcome SubmitOnce::tell_worker(ActorClient& worker, uint64_t token, const
 TaskCancel::TaskCancel(std::string name, uint64_t owner)
     : name_(std::move(name)), owner_(owner), token_(unique_call_id()) {}
 
+std::string TaskCancel::pending_text(const TaskSubmitter* s) const {
+  const uint64_t id = submitted_id();
+  if (id == 0) return "task '" + name_ + "' waits for its arguments";
+  return s != nullptr && s->instance() == owner_ ? s->describe(id) : "";
+}
+
+std::string CallCancel::pending_text() const {
+  auto a = actor();
+  if (!a) return "";
+  const auto info = a->info();
+  const std::string call = info.class_name + "." + method() + " on actor " + std::to_string(info.id);
+  // Not sent yet: an argument's value is not there (the actor has not seen it).
+  if (submitted_id() == 0) return call + " waits for its arguments";
+  auto because = [](const std::string& why) { return why.empty() ? std::string() : " (" + why + ")"; };
+  switch (info.state) {
+    case wire::ActorState::kPending:
+      return call + ": the actor is PENDING" + because(info.pending_reason);
+    case wire::ActorState::kRestarting:
+      return call + ": the actor is RESTARTING" + because(info.death_cause);
+    case wire::ActorState::kDead:
+      return call + ": the actor is DEAD" + because(info.death_cause);
+    case wire::ActorState::kAlive:
+      break;
+  }
+  return call + ": the actor (worker pid " + std::to_string(info.pid) + ") has not answered it yet";
+}
+
 CancelOutcome TaskCancel::cancel(TaskSubmitter& s, core::FutureStateBase& answer, bool force, const CancelApi& api,
                                  const TellExecutor& tell) {
   if (owner_ != s.instance())

@@ -177,6 +177,10 @@ class TaskCancel : public SubmitOnce {
   uint64_t token() const { return token_; }
   const std::string& name() const { return name_; }
   uint64_t owner() const { return owner_; }
+  // What the task waits for, for a wait that timed out: its arguments, or
+  // where `s` has it (TaskSubmitter::describe); "" once it ended, or when
+  // `s` is null or not the submitter it went to. Any thread.
+  std::string pending_text(const TaskSubmitter* s) const;
 
   // Cancels the task: unless it had finished, `answer` (its future's state)
   // fails with TaskCancelled now. A task sent to an executor is told
@@ -206,6 +210,10 @@ class CallCancel : public SubmitOnce {
   const std::string& method() const { return *method_; }
   // Null once its client core is gone.
   std::shared_ptr<ActorClient> actor() const { return actor_.lock(); }
+  // What the call waits for, for a wait that timed out: its arguments, or
+  // its actor (PENDING and why, RESTARTING, DEAD, or alive and not
+  // answering yet). "" once its client core is gone. Any thread.
+  std::string pending_text() const;
 
   // Cancels the call: unless it had finished, `answer` fails with
   // TaskCancelled now. A call waiting for its arguments or for its actor
@@ -231,7 +239,12 @@ class CallCancel : public SubmitOnce {
 template <class R>
 class TaskFutureState final : public core::FutureState<R>, public TaskCancel {
  public:
-  TaskFutureState(std::string name, uint64_t owner) : TaskCancel(std::move(name), owner) {}
+  TaskFutureState(std::string name, uint64_t owner, std::weak_ptr<TaskSubmitter> submitter)
+      : TaskCancel(std::move(name), owner), submitter_(std::move(submitter)) {}
+  std::string pending_text() const override { return TaskCancel::pending_text(submitter_.lock().get()); }
+
+ private:
+  const std::weak_ptr<TaskSubmitter> submitter_;
 };
 
 // The same for an actor call (ActorHandle::call, call_ref).
@@ -239,6 +252,7 @@ template <class R>
 class CallFutureState final : public core::FutureState<R>, public CallCancel {
  public:
   CallFutureState(const std::string* method, std::weak_ptr<ActorClient> actor) : CallCancel(method, std::move(actor)) {}
+  std::string pending_text() const override { return CallCancel::pending_text(); }
 };
 
 }  // namespace client

@@ -82,6 +82,10 @@ class FutureStateBase {
  public:
   virtual ~FutureStateBase() = default;
 
+  // What the result still waits for, for a wait that timed out: "" when
+  // the state does not know (a task's or an actor call's does). Any thread.
+  virtual std::string pending_text() const { return {}; }
+
   bool ready() const { return ready_.load(std::memory_order_acquire); }
   // Waits until ready; false on timeout.
   bool wait_for(std::chrono::milliseconds timeout) const {
@@ -187,9 +191,19 @@ class Future {
     live().wait();
     return take();
   }
-  // Like get(), but throws troupe::Timeout after `timeout`.
+  // Like get(), but throws troupe::Timeout after `timeout`, saying what
+  // the result waits for when the future is a task's or an actor call's.
   T get(std::chrono::milliseconds timeout) const {
-    if (!live().wait_for(timeout)) throw Timeout("future not ready after " + std::to_string(timeout.count()) + " ms");
+    if (!live().wait_for(timeout)) {
+      std::string why;
+      try {
+        why = state_->pending_text();
+      } catch (const std::exception&) {
+        // Only the text is lost: the timeout stands.
+      }
+      throw Timeout("future not ready after " + std::to_string(timeout.count()) + " ms" +
+                    (why.empty() ? "" : ": " + why));
+    }
     return take();
   }
   void wait() const { live().wait(); }

@@ -662,6 +662,42 @@ TEST_F(TaskTest, RuntimeCancelSkipsQueuedActorCallsAndFlagsTheRunningOne) {
   EXPECT_THROW(troupe::this_actor::is_cancelled(), troupe::ConfigError);
 }
 
+// A get that times out says what the result waits for, as Python's does:
+// "future not ready after N ms" alone left a C++ driver guessing whether
+// the actor was pending, busy or gone.
+TEST_F(TaskTest, AGetThatTimesOutSaysWhatTheResultWaitsFor) {
+  auto dir = troupe::test::fresh_dir("get-text");
+  auto path = [&](const char* name) { return (dir / name).string(); };
+  auto timeout_text = [](auto&& future) {
+    try {
+      future.get(200ms);
+    } catch (const troupe::Timeout& e) {
+      return std::string(e.what());
+    }
+    return std::string("no Timeout");
+  };
+  // An actor busy with a call: the one behind it has no answer yet.
+  auto gate = rt_.spawn<Gate>({.resources = {{"CPU", 2}}});
+  auto running = gate.call(&Gate::hold, path("started"), path("saw"));
+  ASSERT_TRUE(troupe::test::eventually([&] { return std::filesystem::exists(path("started")); }, 60s));
+  auto behind = gate.call(&Gate::seven);
+  std::string text = timeout_text(behind);
+  EXPECT_NE(text.find("future not ready after 200 ms: Gate.seven on actor "), std::string::npos) << text;
+  EXPECT_NE(text.find("has not answered it yet"), std::string::npos) << text;
+  // An actor that cannot be placed while the first holds both CPUs.
+  auto adder = rt_.spawn<Adder>({.resources = {{"CPU", 2}}});
+  text = timeout_text(adder.call(&Adder::plus, 1, 2));
+  EXPECT_NE(text.find("Adder.plus on actor "), std::string::npos) << text;
+  EXPECT_NE(text.find("the actor is PENDING"), std::string::npos) << text;
+  // A task with no executor to run on, and one whose argument is not there.
+  text = timeout_text(rt_.submit(&square, {.resources = {{"CPU", 1}}}, 3));
+  EXPECT_NE(text.find("task 'square' is queued"), std::string::npos) << text;
+  text = timeout_text(rt_.submit(&add, {}, behind, 1));
+  EXPECT_NE(text.find("task 'add' waits for its arguments"), std::string::npos) << text;
+  EXPECT_EQ(rt_.cancel(running), troupe::CancelOutcome::kStarted);
+  EXPECT_EQ(behind.get(60s), 7);
+}
+
 // A long task and short ones in one burst on two CPUs: once the key holds
 // both executors, short tasks are pipelined behind the long one too. When
 // the other executor runs out of work it takes them (HandBackQueued), so
