@@ -531,16 +531,19 @@ void HeadState::actor_lost(Actor& a, const std::string& why, bool uses_restart) 
   pending_actors_.push_back(a.info.id);
 }
 
+void HeadState::release_name(const Actor& a) {
+  if (a.info.name.empty()) return;
+  auto it = named_.find(a.info.name);
+  if (it != named_.end() && it->second == a.info.id) named_.erase(it);
+}
+
 void HeadState::set_dead(Actor& a) {
   retire_stats(a.info.id, UINT32_MAX);
   kv_erase_prefix(client::actor_key_prefix(a.info.id));
   a.info.state = ActorState::kDead;
   a.info.address.clear();
   a.info.pending_reason.clear();
-  if (!a.info.name.empty()) {
-    auto it = named_.find(a.info.name);
-    if (it != named_.end() && it->second == a.info.id) named_.erase(it);
-  }
+  release_name(a);
   drop_ctor_args_if_final(a);
   publish(a);
   dead_order(a).push_back(a.info.id);
@@ -585,6 +588,9 @@ void HeadState::kill_actor(uint64_t actor_id, bool no_restart, const std::string
   if (no_restart) {
     a.kill_requested = true;
     a.info.death_cause = why;
+    // As Ray's: once kill returns, get_actor no longer finds it and its
+    // name may be taken again, while its worker is still being stopped.
+    release_name(a);
   }
   if (a.worker_running) {
     // DEAD once the node reports the exit (or the node itself is lost).

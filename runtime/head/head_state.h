@@ -312,6 +312,8 @@ class HeadState {
   // untouched.
   void actor_lost(Actor& a, const std::string& why, bool uses_restart = true);
   void set_dead(Actor& a);
+  // Frees `a`'s name, unless another actor holds it now.
+  void release_name(const Actor& a);
   void drop_ctor_args_if_final(Actor& a);
   void evict_dead();
   std::deque<uint64_t>& dead_order(const Actor& a);

@@ -466,18 +466,26 @@ TEST_F(HeadStateTest, TheHeadsOwnStallDoesNotCountAgainstTheNodes) {
   ASSERT_EQ(state_.take_outputs().dead_nodes.size(), 1u);
 }
 
-TEST_F(HeadStateTest, NamedActorsAreFoundAndTheirNameIsFreedAtDeath) {
+// As Ray's: a kill (for good) frees the name at once, while the worker is
+// still being stopped (get_actor found a killed actor for a moment after
+// troupe.kill returned); a restart keeps it; the killed actor's later death
+// leaves the name's new holder alone.
+TEST_F(HeadStateTest, NamedActorsAreFoundAndTheirNameIsFreedWhenKilled) {
   add_node({{"CPU", 2}}, 1);
-  auto a = state_.create_actor(kDriver, spec({}, 0, "svc"));
+  auto a = state_.create_actor(kDriver, spec({}, 1, "svc"));
   EXPECT_EQ(state_.named_actor("svc").id, a.id);
   EXPECT_THROW(state_.create_actor(kDriver, spec({}, 0, "svc")), troupe::ConfigError);
   EXPECT_THROW(state_.named_actor("nope"), troupe::ConfigError);
   start_spawned();
+  state_.kill_actor(a.id, false, "test");  // to restart: the name stays
+  EXPECT_EQ(state_.named_actor("svc").id, a.id);
   state_.kill_actor(a.id, true, "test");
-  EXPECT_EQ(state_.named_actor("svc").id, a.id);  // still alive until its exit
-  exited(a.id);
   EXPECT_THROW(state_.named_actor("svc"), troupe::ConfigError);
-  EXPECT_NO_THROW(state_.create_actor(kDriver, spec({}, 0, "svc")));
+  auto b = state_.create_actor(kDriver, spec({}, 0, "svc"));
+  EXPECT_EQ(state_.named_actor("svc").id, b.id);
+  exited(a.id);
+  EXPECT_EQ(state_.actor_info(a.id).state, ActorState::kDead);
+  EXPECT_EQ(state_.named_actor("svc").id, b.id);
 }
 
 // A group of 0.4, 0.4, 0.6 and 0.6 of a GPU on a node with two GPUs: the
