@@ -107,3 +107,50 @@ def test_a_timed_out_item_dropped_by_ignore_if_timedout_raises_and_is_gone():
     troupe.get(gated.open.remote(), timeout=60)
     pool.submit(lambda a, v: a.double.remote(v), 4)
     assert pool.get_next(timeout=60) == 8
+
+
+@troupe.remote
+class Pair:
+    @troupe.method(num_returns=2)
+    def two(self, x):
+        return x, -x
+
+    def double(self, x):
+        return 2 * x
+
+
+def test_a_pool_with_no_actor_for_its_items_says_so_instead_of_spinning():
+    # get_next spun at 100% CPU for ever (its timeout ignored) when items
+    # waited and no actor was there to run them.
+    with pytest.raises(ValueError, match="wait for an actor and the pool has none"):
+        list(ActorPool([]).map(lambda a, v: a.double.remote(v), range(3)))
+    with pytest.raises(ValueError, match="push"):
+        list(ActorPool([]).map_unordered(lambda a, v: a.double.remote(v), range(3)))
+    actor = Pair.remote()
+    pool = ActorPool([actor])
+    assert pool.pop_idle() is actor
+    pool.submit(lambda a, v: a.double.remote(v), 1)
+    with pytest.raises(ValueError, match="1 submitted item"):
+        pool.get_next(timeout=1)
+    pool.push(actor)  # the waiting item goes to it
+    assert pool.get_next(timeout=60) == 2
+
+
+def test_a_fn_that_raises_keeps_its_actor_in_the_pool():
+    # The actor was popped and never given back: a typo in fn shrank the
+    # pool, and the next get_next hung.
+    pool = ActorPool([Pair.remote()])
+    with pytest.raises(AttributeError):
+        pool.submit(lambda a, v: a.no_such_method.remote(v), 1)
+    assert pool.has_free()
+    pool.submit(lambda a, v: a.double.remote(v), 2)
+    assert pool.get_next(timeout=60) == 4
+
+
+def test_fn_may_return_the_refs_of_a_method_with_several_returns():
+    # As Ray's: the result is the list of their values.
+    pool = ActorPool([Pair.remote() for _ in range(2)])
+    assert list(pool.map(lambda a, v: a.two.remote(v), range(4))) == [[v, -v] for v in range(4)]
+    assert sorted(pool.map_unordered(lambda a, v: a.two.remote(v), range(4))) == sorted([v, -v] for v in range(4))
+    with pytest.raises(TypeError, match="not an empty list"):
+        pool.submit(lambda a, v: [], 1)

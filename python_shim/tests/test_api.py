@@ -502,6 +502,9 @@ def test_an_argument_that_cannot_be_pickled_is_named():
         c.add.remote(k=threading.Lock())
     with pytest.raises(ConfigError, match="lifetime must be"):
         Counter.options(lifetime="bogus")
+    # troupe.put's value too (its error was pickle's alone, naming nothing).
+    with pytest.raises(TypeError, match=r"troupe.put: the value \(a dict\) cannot be pickled: .*lock"):
+        troupe.put({"k": threading.Lock()})
 
 
 def test_a_result_that_cannot_travel_is_named():

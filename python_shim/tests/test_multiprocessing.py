@@ -111,6 +111,46 @@ def test_close_join_and_terminate():
     unclosed.terminate()
 
 
+def test_imap_reads_its_iterable_as_results_are_taken():
+    # imap read the whole iterable and submitted it all first: an endless
+    # one hung and grew the driver by gigabytes.
+    import itertools
+
+    read = []
+
+    def counted():
+        for i in itertools.count():
+            read.append(i)
+            yield i
+
+    with Pool(2) as pool:
+        results = pool.imap(square, counted())
+        assert [next(results) for _ in range(5)] == [0, 1, 4, 9, 16]
+        assert len(read) <= 5 + 2 * 2 + 1  # what was taken, and two chunks per process ahead
+        unordered = pool.imap_unordered(square, itertools.count(), chunksize=3)
+        assert len({next(unordered) for _ in range(30)}) == 30
+        with pytest.raises(ValueError, match="chunksize must be an int >= 1, got 0"):
+            pool.imap(square, range(3), chunksize=0)
+        with pytest.raises(ValueError, match="chunksize"):
+            pool.map(square, range(3), chunksize=0)
+
+
+def test_more_processes_than_the_cluster_has_cpus_is_refused_at_once():
+    # As Ray's: the actors could never all be placed, and Pool(4) on two
+    # CPUs waited for ever in its constructor.
+    with pytest.raises(ValueError, match=r"Pool\(processes=4\) needs 4 CPUs .* the cluster has 2"):
+        Pool(4)
+    with Pool(4, ray_remote_args={"num_cpus": 0.5}) as pool:
+        assert pool.map(square, range(4)) == [0, 1, 4, 9]
+
+
+def test_a_function_that_cannot_be_pickled_is_named():
+    lock = threading.Lock()
+    with Pool(1) as pool:
+        with pytest.raises(TypeError, match="Pool.map: func .* cannot be sent to the pool's processes: troupe.put"):
+            pool.map(lambda x: (lock, x), range(2))
+
+
 FORK_SCRIPT = r"""
 import os, sys, troupe
 troupe.init()

@@ -85,7 +85,7 @@ def test_empty_gets_and_batches_are_all_or_nothing():
     with pytest.raises(ValueError, match="timeout"):
         q.get(timeout=-1)
     with pytest.raises(ValueError, match="maxsize"):
-        Queue(maxsize=-1)
+        Queue(maxsize="8")
 
 
 def test_async_put_and_get():
@@ -105,3 +105,36 @@ def test_shutdown_ends_the_queue_actor():
     q.shutdown()
     with pytest.raises(troupe.exceptions.ActorDiedError):
         troupe.get(actor.qsize.remote(), timeout=60)
+
+
+def test_a_zero_timeout_takes_what_is_there_and_puts_where_there_is_room():
+    # asyncio.wait_for(..., 0) times out before its coroutine runs: put
+    # with timeout=0 raised Full into an empty queue, get raised Empty with
+    # items queued (and the standard library's take them).
+    q = Queue(maxsize=2)
+    q.put("a", timeout=0)
+    q.put("b", timeout=0)
+    with pytest.raises(Full):
+        q.put("c", timeout=0)
+    assert q.get(timeout=0) == "a"
+    assert q.get(block=True, timeout=0) == "b"
+    with pytest.raises(Empty):
+        q.get(timeout=0)
+    assert Queue(maxsize=-1).maxsize == -1  # as the standard library's: no bound
+    with pytest.raises(ValueError, match="maxsize must be an int"):
+        Queue(maxsize=1.5)
+
+
+def test_a_cancelled_get_async_takes_no_item():
+    # The awaiting coroutine was cancelled, not the call at the queue's
+    # actor: that get took the next item put, which nobody received.
+    q = Queue()
+
+    async def give_up():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(q.get_async(), 0.3)
+
+    asyncio.run(give_up())  # its end waits for the cancel it sent off the loop
+    q.put("kept")
+    assert q.qsize() == 1
+    assert q.get(timeout=60) == "kept"

@@ -121,3 +121,9 @@ def test_the_heads_rows_become_rays():
     group, = state._groups({"placement_groups": [{"id": 3, "name": "", "state": "REMOVED", "strategy": "PACK",
                                                   "bundle_nodes": [0, 4], "pending_reason": ""}]})
     assert group.bundle_nodes == [None, "4"] and group.pending_reason is None
+    # A PENDING group's bundles are on no node yet: one None each (the head
+    # lists no nodes for it), not an empty list.
+    pending, = state._groups({"placement_groups": [{"id": 4, "name": "", "state": "PENDING", "strategy": "PACK",
+                                                    "bundles": [{"CPU": 1}, {"CPU": 50}], "bundle_nodes": [],
+                                                    "pending_reason": "no node"}]})
+    assert pending.bundle_nodes == [None, None]

@@ -553,7 +553,14 @@ def put(value):
     or actor, which fetches the value from here."""
     if isinstance(value, ObjectRef):
         raise TypeError("troupe.put of an ObjectRef: pass the ref itself")
-    return _client().put(_ser.dumps(value))
+    try:
+        data = _ser.dumps(value)
+    except exceptions.TroupeError:
+        raise
+    except Exception as e:  # whatever pickling the value raised, bare: name the value
+        raise TypeError(f"troupe.put: the value (a {type(value).__name__}) cannot be pickled: {type(e).__name__}: "
+                        f"{e} (troupe.util.inspect_serializability(value) shows what inside it cannot)") from e
+    return _client().put(data)
 
 
 def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):

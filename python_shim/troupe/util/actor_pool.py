@@ -6,10 +6,25 @@ while every actor is busy wait here and go to the first actor that frees.
     for result in pool.map(lambda a, v: a.work.remote(v), range(100)):
         ...
 
-`fn(actor, value)` must call one method of `actor` and return its ref.
+`fn(actor, value)` must call one method of `actor` and return its ref (or,
+as in Ray, the list of refs of a method with several return values: the
+result is then the list of their values).
 """
+import time
+
 import troupe
 from troupe.exceptions import GetTimeoutError
+
+
+def _refs(future):
+    """The refs of what fn returned: one ref, or a list of them."""
+    return future if isinstance(future, list) else [future]
+
+
+def _shown(value):
+    if isinstance(value, list):
+        return "an empty list" if not value else "a list of " + ", ".join(sorted({type(v).__name__ for v in value}))
+    return f"a {type(value).__name__}"
 
 
 class ActorPool:
@@ -31,11 +46,18 @@ class ActorPool:
             self._waiting.append((fn, value))
             return
         actor = self._idle.pop()
-        ref = fn(actor, value)
-        if not isinstance(ref, troupe.ObjectRef):
+        try:
+            ref = fn(actor, value)
+        except BaseException:
+            self._idle.append(actor)  # a fn that raised leaves the pool as it was
+            raise
+        if isinstance(ref, tuple):
+            ref = list(ref)
+        if not (isinstance(ref, troupe.ObjectRef) or
+                (isinstance(ref, list) and ref and all(isinstance(r, troupe.ObjectRef) for r in ref))):
             self._idle.append(actor)
-            raise TypeError(f"ActorPool: fn(actor, value) must return the ref of a method call, "
-                            f"not a {type(ref).__name__}")
+            raise TypeError(f"ActorPool: fn(actor, value) must return the ref of a method call (or the list of "
+                            f"refs of one with several return values), not {_shown(ref)}")
         self._busy[id(ref)] = (ref, self._next_index, actor)
         self._by_index[self._next_index] = ref
         self._next_index += 1
@@ -55,14 +77,16 @@ class ActorPool:
         dropped, and the error says so (as Ray's)."""
         if not self.has_next():
             raise StopIteration("ActorPool: no more results to get")
+        self._check_runnable("get_next")
         # Skip what get_next_unordered took already. An item still waiting
         # for an actor comes after every submitted one, so the next one in
         # order has been submitted.
         while self._next_return not in self._by_index:
             self._next_return += 1
         ref = self._by_index[self._next_return]
-        ready, _ = troupe.wait([ref], timeout=timeout)
-        if not ready:
+        refs = _refs(ref)
+        ready, _ = troupe.wait(refs, num_returns=len(refs), timeout=timeout)
+        if len(ready) < len(refs):
             if ignore_if_timedout:
                 self._finish(ref)
                 self._next_return += 1
@@ -79,6 +103,7 @@ class ActorPool:
         next)."""
         if not self.has_next():
             raise StopIteration("ActorPool: no more results to get")
+        self._check_runnable("get_next_unordered")
         ref = self._first_ready(timeout)
         if ref is None:
             raise GetTimeoutError(f"ActorPool.get_next_unordered: no result within {timeout} s")
@@ -130,12 +155,33 @@ class ActorPool:
         """Removes and returns an idle actor, or None when all are busy."""
         return self._idle.pop() if self.has_free() else None
 
+    def _check_runnable(self, what):
+        """Items wait for an actor while none is in the pool (none given,
+        or all taken by pop_idle): no result can come, so say so rather
+        than wait for ever."""
+        if not self._busy and self._waiting:
+            raise ValueError(f"ActorPool.{what}: {len(self._waiting)} submitted item(s) wait for an actor and the "
+                             "pool has none (none was given, or pop_idle took them all): push() one")
+
     def _first_ready(self, timeout):
-        if not self._busy:
-            return None
-        refs = [ref for ref, _, _ in self._busy.values()]
-        ready, _ = troupe.wait(refs, num_returns=1, timeout=timeout)
-        return ready[0] if ready else None
+        """The first submission whose refs are all ready, or None at the
+        timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            futures = [ref for ref, _, _ in self._busy.values()]
+            if not futures:
+                return None
+            flat = [r for f in futures for r in _refs(f)]
+            done, _ = troupe.wait(flat, num_returns=len(flat), timeout=0)
+            done_ids = {id(r) for r in done}
+            for f in futures:
+                if all(id(r) in done_ids for r in _refs(f)):
+                    return f
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            waiting = [r for r in flat if id(r) not in done_ids]
+            troupe.wait(waiting, num_returns=1, timeout=left)
 
     def _finish(self, ref):
         _, index, actor = self._busy.pop(id(ref))

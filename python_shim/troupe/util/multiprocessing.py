@@ -11,10 +11,14 @@ Each of the pool's processes is an actor (one CPU each unless
 ray_remote_args say otherwise) that ran `initializer(*initargs)` first.
 Work goes in chunks (`chunksize`, as the standard library picks it when not
 given) to the processes in turn; the function travels
-once per call of map/imap/... as an object ref. An exception in the
+once per call of map/imap/... as an object ref. imap and imap_unordered
+read their iterable as results are taken, keeping two chunks per process
+under way (as Ray's: an endless iterable works). An exception in the
 function is raised by get (or the iterator) as its own class, with the
 remote traceback.
 """
+import collections
+import itertools
 import multiprocessing
 import threading
 
@@ -118,6 +122,7 @@ class Pool:
         if initializer is not None and not callable(initializer):
             raise TypeError(f"initializer must be callable, got a {type(initializer).__name__}")
         options = {"num_cpus": 1, **dict(ray_remote_args or {})}
+        _check_room(processes, options)
         cls = troupe.remote(_PoolProcess).options(**options)
         self._processes = [cls.remote(initializer, tuple(initargs or ())) for _ in range(processes)]
         self._in_flight = []  # refs of work submitted (some may have finished)
@@ -144,19 +149,41 @@ class Pool:
                 _, self._in_flight = troupe.wait(self._in_flight, num_returns=len(self._in_flight), timeout=0)
             return ref
 
-    def _chunks(self, func, iterable, chunksize, star):
+    def _func_ref(self, func, what):
         self._check_open()
         if not callable(func):
             raise TypeError(f"func must be callable, got a {type(func).__name__}")
+        try:
+            return troupe.put(func)
+        except TypeError as e:
+            raise TypeError(f"Pool.{what}: func {getattr(func, '__qualname__', func)!r} cannot be sent to the "
+                            f"pool's processes: {e}") from e
+
+    def _chunks(self, func, iterable, chunksize, star, what):
+        func_ref = self._func_ref(func, what)
         items = list(iterable)
         if chunksize is None:
             chunksize, extra = divmod(len(items), len(self._processes) * 4)
-            chunksize += 1 if extra else 0
-        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 0:
-            raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
-        chunksize = max(1, chunksize)
-        func_ref = troupe.put(func)
+            chunksize = max(1, chunksize + (1 if extra else 0))
+        _check_chunksize(chunksize)
         return [self._submit(func_ref, items[i:i + chunksize], star) for i in range(0, len(items), chunksize)]
+
+    def _lazy(self, func, iterable, chunksize, what):
+        """The refs of `iterable`'s chunks, submitted as they are taken:
+        at most two per process under way beyond the one taken."""
+        func_ref = self._func_ref(func, what)
+        _check_chunksize(chunksize)
+        items = iter(iterable)
+        ahead = 2 * len(self._processes)
+
+        def chunks():
+            while True:
+                chunk = list(itertools.islice(items, chunksize))
+                if not chunk:
+                    return
+                yield self._submit(func_ref, chunk, False)
+
+        return chunks(), ahead
 
     # -- the standard library's methods ----------------------------------
 
@@ -165,20 +192,21 @@ class Pool:
 
     def apply_async(self, func, args=(), kwds=None, callback=None, error_callback=None):
         self._check_open()
-        call = _Call(func, tuple(args), dict(kwds or {}))
-        return self._result([self._submit(troupe.put(call), [()], True)], False, callback, error_callback)
+        call = self._func_ref(_Call(func, tuple(args), dict(kwds or {})), "apply_async")
+        return self._result([self._submit(call, [()], True)], False, callback, error_callback)
 
     def map(self, func, iterable, chunksize=None):
         return self.map_async(func, iterable, chunksize).get()
 
     def map_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
-        return self._result(self._chunks(func, iterable, chunksize, False), True, callback, error_callback)
+        return self._result(self._chunks(func, iterable, chunksize, False, "map"), True, callback, error_callback)
 
     def starmap(self, func, iterable, chunksize=None):
         return self.starmap_async(func, iterable, chunksize).get()
 
     def starmap_async(self, func, iterable, chunksize=None, callback=None, error_callback=None):
-        return self._result(self._chunks(func, iterable, chunksize, True), True, callback, error_callback)
+        return self._result(self._chunks(func, iterable, chunksize, True, "starmap"), True, callback,
+                            error_callback)
 
     def _result(self, refs, flatten, callback, error_callback):
         result = AsyncResult(refs, flatten, callback, error_callback)
@@ -189,18 +217,30 @@ class Pool:
         return result
 
     def imap(self, func, iterable, chunksize=1):
-        """Results in the order of `iterable`, each as soon as its chunk is done."""
-        refs = self._chunks(func, iterable, chunksize, False)
-        return (x for ref in refs for x in troupe.get(ref))
-
-    def imap_unordered(self, func, iterable, chunksize=1):
-        """Results in the order their chunks finish."""
-        refs = self._chunks(func, iterable, chunksize, False)
+        """Results in the order of `iterable`, each as soon as its chunk is
+        done; `iterable` is read as results are taken."""
+        chunks, ahead = self._lazy(func, iterable, chunksize, "imap")
+        window = collections.deque(itertools.islice(chunks, ahead))  # under way at once, as Ray's
 
         def results():
-            pending = list(refs)
+            while window:
+                ref = window.popleft()
+                window.extend(itertools.islice(chunks, 1))
+                yield from troupe.get(ref)
+
+        return results()
+
+    def imap_unordered(self, func, iterable, chunksize=1):
+        """Results in the order their chunks finish; `iterable` is read as
+        results are taken."""
+        chunks, ahead = self._lazy(func, iterable, chunksize, "imap_unordered")
+        first = list(itertools.islice(chunks, ahead))
+
+        def results():
+            pending = first
             while pending:
                 done, pending = troupe.wait(pending, num_returns=1)
+                pending.extend(itertools.islice(chunks, 1))
                 yield from troupe.get(done[0])
 
         return results()
@@ -238,6 +278,22 @@ class Pool:
 
     def __exit__(self, *exc):
         self.terminate()  # as the standard library's Pool
+
+
+def _check_chunksize(chunksize):
+    if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+        raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
+
+
+def _check_room(processes, options):
+    """As Ray's: more processes than the cluster's CPUs hold is a ValueError
+    at once (their actors would wait for ever to be placed)."""
+    per = options.get("num_cpus", 1)
+    total = troupe.cluster_resources().get("CPU", 0)
+    if isinstance(per, (int, float)) and per > 0 and processes * per > total:
+        raise ValueError(f"Pool(processes={processes}) needs {processes * per:g} CPUs ({per:g} per process) and the "
+                         f"cluster has {total:g}: ask for fewer processes, or less per process with "
+                         "ray_remote_args={'num_cpus': ...}")
 
 
 class _Call:

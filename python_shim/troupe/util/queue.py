@@ -42,12 +42,19 @@ class _QueueActor:
         return self.queue.full()
 
     async def put(self, item, timeout=None):
+        # Room now goes first: wait_for(..., 0) times out before its
+        # coroutine runs, so put(timeout=0) found no room in an empty queue.
+        if not self.queue.full():
+            self.queue.put_nowait(item)
+            return
         try:
             await asyncio.wait_for(self.queue.put(item), timeout)
         except asyncio.TimeoutError:
             raise Full(f"no room in the queue (maxsize {self.maxsize}) within {timeout} s") from None
 
     async def get(self, timeout=None):
+        if not self.queue.empty():  # as put: an item there is taken, whatever the timeout
+            return self.queue.get_nowait()
         try:
             return await asyncio.wait_for(self.queue.get(), timeout)
         except asyncio.TimeoutError:
@@ -88,6 +95,28 @@ def _check_timeout(block, timeout):
             raise ValueError(f"timeout must be a non-negative number of seconds or None, got {timeout!r}")
 
 
+def _cancel_call(ref):
+    """A put_async or get_async whose await was cancelled: its call at the
+    queue's actor is cancelled too (a get left waiting there took the next
+    item put, which nobody received). Off the event loop: a cancel waits
+    for the actor's answer."""
+    def cancel():
+        try:
+            troupe.cancel(ref)
+        except Exception:  # noqa: BLE001 - it finished, or the queue is gone: nothing to undo
+            pass
+
+    asyncio.get_running_loop().run_in_executor(None, cancel)
+
+
+async def _awaited(ref):
+    try:
+        return await ref
+    except asyncio.CancelledError:
+        _cancel_call(ref)
+        raise
+
+
 def _count(value, what):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{what} must be a non-negative int, got {value!r}")
@@ -95,13 +124,15 @@ def _count(value, what):
 
 
 class Queue:
-    """Queue(maxsize=0, actor_options=None): maxsize 0 holds any number of
-    items. actor_options go to the queue's actor (.options(...), e.g.
+    """Queue(maxsize=0, actor_options=None): maxsize 0 (or less, as the
+    standard library's) holds any number of items. actor_options go to the queue's actor (.options(...), e.g.
     num_cpus or a scheduling_strategy). Pass the Queue itself to tasks and
     actors; it calls the same actor from anywhere."""
 
     def __init__(self, maxsize=0, actor_options=None):
-        self.maxsize = _count(maxsize, "maxsize")
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int):
+            raise ValueError(f"maxsize must be an int, got {maxsize!r}")
+        self.maxsize = maxsize
         # Each call waiting in put or get holds one of the actor's
         # concurrent calls: room for many waiting consumers and producers.
         options = {"max_concurrency": _WAITERS, **dict(actor_options or {})}
@@ -129,7 +160,7 @@ class Queue:
 
     async def put_async(self, item, block=True, timeout=None):
         _check_timeout(block, timeout)
-        await (self.actor.put.remote(item, timeout) if block else self.actor.put_nowait.remote(item))
+        await _awaited(self.actor.put.remote(item, timeout) if block else self.actor.put_nowait.remote(item))
 
     def get(self, block=True, timeout=None):
         """The oldest item; with block, waits for one (up to `timeout`
@@ -139,7 +170,7 @@ class Queue:
 
     async def get_async(self, block=True, timeout=None):
         _check_timeout(block, timeout)
-        return await (self.actor.get.remote(timeout) if block else self.actor.get_nowait.remote())
+        return await _awaited(self.actor.get.remote(timeout) if block else self.actor.get_nowait.remote())
 
     def put_nowait(self, item):
         return self.put(item, block=False)

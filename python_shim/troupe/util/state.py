@@ -130,10 +130,17 @@ def _nodes(status):
             for n in status.get("nodes", [])]
 
 
+def _bundle_nodes(g):
+    """One node per bundle; None for a bundle not placed (the head lists
+    no nodes for a PENDING group)."""
+    nodes = [_text(n) for n in g["bundle_nodes"]]
+    return nodes + [None] * (len(g.get("bundles", ())) - len(nodes))
+
+
 def _groups(status):
     return [PlacementGroupState(placement_group_id=str(g["id"]), name=g["name"], state=g["state"],
                                 strategy=g["strategy"],
-                                bundle_nodes=[_text(n) for n in g["bundle_nodes"]],
+                                bundle_nodes=_bundle_nodes(g),
                                 pending_reason=g["pending_reason"] or None)
             for g in status.get("placement_groups", [])]
 
