@@ -147,8 +147,13 @@ class Run {
   std::map<std::string, int64_t> data_order() const;
   void check_one_step() const;
   void check_data_order(const std::string& dir, const CheckpointInfo& info);
-  // Places the slots, sets the trainers up and forms the first group.
-  void start();
+  // Places the slots, sets the trainers up, forms the first group and
+  // loads `resume` into it. A trainer that dies meanwhile is a failure
+  // (counted against max_failures): nothing has trained yet, so the job
+  // starts over with new trainers.
+  void start(const std::optional<TrainState>& resume);
+  // start()'s placement.
+  void place();
   // Every failure goes through recover() and training goes on from where
   // the survivors are, until the epochs are done.
   void train();
@@ -264,11 +269,7 @@ Result Run::fit() {
                          return core->head().request(wire::Op::kKvPut, wire::encode_inline(wire::KvEntry{key, value}));
                        });
 
-  start();
-  if (resume) {
-    gang_.load_everywhere(*resume, cfg_.setup_bound());
-    restore_epoch_sums(resume_epoch_sums_);
-  }
+  start(resume);
   last_grow_check_ = Clock::now();
   train();
   return finish();
@@ -357,7 +358,45 @@ void Run::check_data_order(const std::string& dir, const CheckpointInfo& info) {
                     "data, or from a checkpoint at an epoch's end");
 }
 
-void Run::start() {
+void Run::start(const std::optional<TrainState>& resume) {
+  for (;;) {
+    place();
+    try {
+      gang_.setup_new(cfg_.setup_bound());
+      gang_.form(-1, cfg_.setup_bound());
+      if (resume) gang_.load_everywhere(*resume, cfg_.setup_bound());
+      break;
+    } catch (const ConfigError&) {
+      throw;  // the trainers refuse the job: new ones would too
+    } catch (const JobFailed&) {
+      throw;
+    } catch (const std::exception& e) {
+      Recovery rec;
+      rec.failed_at = reporter_.now();
+      rec.cause = std::string("while the job started: ") + e.what();
+      rec.world_before = gang_.world();
+      rec.mode = RecoveryMode::kRestart;
+      ++failures_;
+      event(JobEventKind::kFailure, rec.cause);
+      give_up_if_head_lost(rec.cause);
+      if (cfg_.failure.max_failures >= 0 && failures_ > cfg_.failure.max_failures)
+        give_up("failure " + std::to_string(failures_) + " and failure.max_failures is " +
+                std::to_string(cfg_.failure.max_failures) + ": " + rec.cause);
+      gang_.release_all();
+      event(JobEventKind::kRestored, "no trainer had trained yet: the job starts over with new trainers");
+      rec.resumed_at = reporter_.now();
+      result_.recoveries.push_back(rec);
+    }
+  }
+  if (resume) restore_epoch_sums(resume_epoch_sums_);
+  const TrainerInfo& info = gang_.info();
+  event(JobEventKind::kStarted, std::to_string(gang_.world()) + " trainers, " + info.model + ", " +
+                                    std::to_string(info.parameters) + " parameters on " + info.device);
+  reporter_.started(info, dataset_size_);
+  if (!resume) gang_.begin_epoch(0);
+}
+
+void Run::place() {
   const auto& sc = cfg_.scaling;
   gang_.add(pool_.place(sc.num_workers, sc.placement_timeout));
   if (gang_.world() < min_) {
@@ -371,13 +410,6 @@ void Run::start() {
   event(JobEventKind::kPlaced, std::to_string(gang_.world()) + " bundles " + format_resources(sc.resources_per_worker));
   // Standbys start now, so their setup runs beside the trainers'.
   refill_standby();
-  gang_.setup_new(cfg_.setup_bound());
-  gang_.form(-1, cfg_.setup_bound());
-  const TrainerInfo& info = gang_.info();
-  event(JobEventKind::kStarted, std::to_string(gang_.world()) + " trainers, " + info.model + ", " +
-                                    std::to_string(info.parameters) + " parameters on " + info.device);
-  reporter_.started(info, dataset_size_);
-  gang_.begin_epoch(0);
 }
 
 void Run::train() {
@@ -769,9 +801,16 @@ int64_t Run::lossless_growth(int64_t n) {
 void Run::maybe_grow() {
   if (gang_.world() >= max_) return;
   auto t = Clock::now();
+  // A grow put off to spare an epoch's samples is owed at the next epoch's
+  // start, whatever the wait (an epoch shorter than grow_interval went by
+  // without it, twice in a row).
+  const auto& c = gang_.cursor();
+  const bool owed = grow_put_off_epoch_ >= 0 && grow_put_off_epoch_ < c.epoch && c.segment_start == 0 &&
+                    c.segment_consumed == 0 && grow_failures_ == 0;
   // After failed grows the wait doubles: a node that cannot take part
   // would otherwise cost a setup or rendezvous timeout at every boundary.
-  if (t - last_grow_check_ < grow_wait()) return;
+  if (!owed && t - last_grow_check_ < grow_wait()) return;
+  if (owed) grow_put_off_epoch_ = -1;
   last_grow_check_ = t;
   // Mid-epoch, the rest of the epoch is dealt out again among the new
   // ranks, and only whole steps of it train: a grow whose rest would skip

@@ -620,6 +620,40 @@ TEST(ElasticTest, AGrowThatWouldLeaveSamplesUntrainedWaitsForABoundaryThatLeaves
   expect_each_sample_once(r, 64, 2);
 }
 
+// The same put off, with grow_interval longer than the epoch's rest: the
+// grow is owed at the next epoch's start and happens there. It waited
+// for the next check, after grow_interval, and whole epochs went by at
+// the old size (a probe saw two).
+TEST(ElasticTest, AGrowPutOffHappensAtTheNextEpochsStartWhateverTheInterval) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(1, 16, 64);
+  cfg.epochs = 2;
+  cfg.scaling.min_workers = 1;
+  cfg.scaling.max_workers = 2;
+  cfg.scaling.grow_interval = 2000ms;
+  cfg.progress_every_steps = 1;
+  cfg.record_indices = true;
+  std::map<int64_t, int64_t> world_at;  // step -> world size
+  cfg.on_step = [&](const StepInfo& s) {
+    world_at[s.step] = s.world_size;
+    if (s.step != 3) return;
+    // A node joins with one step of the epoch left (16 samples, not a
+    // step of 2 x 16), and the interval has passed: the check after step 3
+    // puts the grow off, and the next one would be 2 s later.
+    cluster.add_node({{"CPU", 1}});
+    std::this_thread::sleep_for(cfg.scaling.grow_interval + 200ms);  // the interval is a clock's
+  };
+  const auto r = TrainJob(rt, cfg).fit();
+  int put_off = 0;
+  for (const auto& e : r.events) put_off += e.kind == JobEventKind::kGrowPutOff;
+  EXPECT_EQ(put_off, 1) << describe(r);
+  EXPECT_EQ(world_at[4], 1) << describe(r);
+  EXPECT_EQ(world_at[5], 2) << describe(r);  // epoch 2's first step
+  EXPECT_EQ(r.final_world_size, 2) << describe(r);
+  expect_each_sample_once(r, 64, 2);
+}
+
 // An "mlp" that cannot be built on the node whose id the file named by its
 // config holds: a node that lacks what the model needs (a file, a library).
 TROUPE_MODEL("mlp_refused_on_marked_node", [](const ModelSpec& s) {

@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -98,6 +100,14 @@ class RaisingStep : public TrainStep {
 }  // namespace
 
 TROUPE_STEP("test_raising", [](const std::string& config) { return std::make_unique<RaisingStep>(config); });
+// Classification whose trainer, while it is set up, writes DIR/started-PID
+// and waits for DIR/go (config "DIR"; up to two minutes): a test kills a
+// trainer while the job starts.
+TROUPE_STEP("test_gated", [](const std::string& dir) {
+  std::ofstream(dir + "/started-" + std::to_string(::getpid())) << "";
+  troupe::test::eventually([&] { return fs::exists(dir + "/go"); }, 120s);
+  return std::make_unique<RaisingStep>("raise:-1");
+});
 
 namespace {
 
@@ -236,6 +246,50 @@ TEST_F(TrainJobTest, ResumeFromCheckpointIsBitwiseEqual) {
   other.trainer.batch_size = 32;
   auto r3 = TrainJob(rt_, other).fit();
   EXPECT_EQ(r3.steps, r1.steps + 256 / 32);
+  troupe::core::remove_tree(dir);
+}
+
+// A trainer that dies while the job starts (in its setup, before any
+// step) is a failure like any other: the job starts over with new trainers
+// and ends with the weights of a run without it. It failed at once,
+// whatever max_failures said.
+TEST_F(TrainJobTest, ATrainerKilledWhileTheJobStartsIsReplaced) {
+  auto dir = fresh_dir("gated");
+  auto c = small_job(2, 16);
+  c.trainer.step = StepSpec{"test_gated", dir.string()};
+  c.failure.max_failures = 1;
+  std::ofstream((dir / "go").string()) << "";
+  const auto clean = TrainJob(rt_, c).fit();
+  fs::remove(dir / "go");
+  for (const auto& e : fs::directory_iterator(dir)) fs::remove(e.path());
+
+  std::thread killer([&] {
+    std::vector<pid_t> started;
+    eventually(
+        [&] {
+          started.clear();
+          for (const auto& e : fs::directory_iterator(dir))
+            if (e.path().filename().string().rfind("started-", 0) == 0)
+              started.push_back(std::stoi(e.path().filename().string().substr(8)));
+          return started.size() >= 2;
+        },
+        kWaitBound);
+    if (!started.empty()) ::kill(started.front(), SIGKILL);
+    std::ofstream((dir / "go").string()) << "";
+  });
+  Result r;
+  try {
+    r = TrainJob(rt_, c).fit();
+  } catch (...) {
+    killer.join();
+    throw;
+  }
+  killer.join();
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_NE(r.recoveries[0].cause.find("while the job started"), std::string::npos) << r.recoveries[0].cause;
+  EXPECT_EQ(r.steps, clean.steps);
+  for (const auto& [name, t] : clean.final_state.model)
+    EXPECT_TRUE(torch::equal(t, r.final_state.model.at(name))) << name;
   troupe::core::remove_tree(dir);
 }
 
