@@ -16,10 +16,13 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/logging.h"
 
 namespace troupe::core {
 
@@ -226,10 +229,29 @@ void set_process_title(const std::string& title) {
   std::memset(g_args_begin + n, 0, g_args_room - n);
 }
 
+std::string executable_from_link(const std::string& link) {
+  static constexpr std::string_view kDeleted = " (deleted)";
+  if (link.size() <= kDeleted.size() || link.compare(link.size() - kDeleted.size(), kDeleted.size(), kDeleted) != 0)
+    return link;
+  std::string path = link.substr(0, link.size() - kDeleted.size());
+  struct stat st {};
+  // A file named "... (deleted)" itself, or none at the path any more:
+  // the text as it is (an exec of it names it).
+  if (::stat(link.c_str(), &st) == 0 || ::stat(path.c_str(), &st) != 0) return link;
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    TROUPE_LOG_WARN(
+        "this program's file {} was replaced since it started; workers started from now on run the "
+        "file there now",
+        path);
+  });
+  return path;
+}
+
 std::string self_executable_path() {
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : "/proc/self/exe";
+  return n > 0 ? executable_from_link(std::string(buf, n)) : "/proc/self/exe";
 }
 
 std::string describe_exit_status(int status) {

@@ -104,8 +104,13 @@ uint64_t memory_limit_bytes();
 // processes with equal keys see each other's pids in /proc.
 std::string host_key();
 
-// Absolute path of the running binary.
+// Absolute path of the running binary. When its file was replaced since
+// it started (a rebuild, an upgrade in place), the kernel names it
+// "PATH (deleted)": the path is then PATH, the file there now (warned
+// about once), which workers started from now on run.
 std::string self_executable_path();
+// self_executable_path's reading of a /proc/PID/exe link's text.
+std::string executable_from_link(const std::string& link);
 
 // The command line `ps` and /proc/<pid>/cmdline show for this process:
 // remember_args() keeps main's argv (run_role_if_requested does), then

@@ -10,11 +10,33 @@
 
 #include "tests/support/temp_dir.h"
 #include "troupe/runtime/core/files.h"
+#include "troupe/runtime/core/process.h"
 
 namespace fs = std::filesystem;
 
 namespace troupe::core {
 namespace {
+
+// A program whose file was replaced while it ran (a rebuild, an upgrade in
+// place) reads "PATH (deleted)" from /proc/self/exe: workers it started then
+// were sent to exec that text and failed ("cannot run .../troupe-train
+// (deleted)"), spending a job's max_failures in milliseconds. The path is
+// the file there now; the text stays as it is when no file is there, or
+// when a file has that very name.
+TEST(SelfExecutable, AReplacedProgramsPathIsTheFileThereNow) {
+  const auto dir = troupe::test::fresh_dir("self-exe");
+  const std::string prog = (dir / "prog").string();
+  std::ofstream(prog) << "new build";
+  EXPECT_EQ(executable_from_link(prog), prog);
+  EXPECT_EQ(executable_from_link(prog + " (deleted)"), prog);
+  const std::string gone = (dir / "gone").string() + " (deleted)";
+  EXPECT_EQ(executable_from_link(gone), gone);
+  const std::string odd = (dir / "odd (deleted)").string();
+  std::ofstream(odd) << "a file with that name";
+  std::ofstream((dir / "odd").string()) << "";
+  EXPECT_EQ(executable_from_link(odd), odd);
+  EXPECT_EQ(executable_from_link(" (deleted)"), " (deleted)");
+}
 
 void touch(const fs::path& p) { std::ofstream(p) << "x"; }
 
