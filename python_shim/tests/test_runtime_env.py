@@ -77,6 +77,9 @@ def test_rays_runtime_env_class_is_taken_where_a_dict_is(job):
     # It pickles as itself (it travels to tasks that start tasks).
     again = pickle.loads(pickle.dumps(env))
     assert type(again) is RuntimeEnv and again == env
+    assert RuntimeEnv.from_dict(env.to_dict()) == env and type(RuntimeEnv.from_dict({})) is RuntimeEnv
+    with pytest.raises(TypeError, match="takes a dict"):
+        RuntimeEnv.from_dict([("env_vars", {})])
     with pytest.raises(ConfigError, match="runtime_env key 'conda' is not supported"):
         read.options(runtime_env=RuntimeEnv(conda="myenv")).remote()
 

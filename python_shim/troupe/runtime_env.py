@@ -25,6 +25,14 @@ class RuntimeEnv(dict):
                   "worker_process_setup_hook": worker_process_setup_hook, "config": config, **kwargs}
         super().__init__({k: v for k, v in fields.items() if v is not None})
 
+    @classmethod
+    def from_dict(cls, runtime_env_dict):
+        """A RuntimeEnv of a runtime_env dict's fields (Ray's
+        RuntimeEnv.from_dict); checked where it is used, as any."""
+        if not isinstance(runtime_env_dict, dict):
+            raise TypeError(f"RuntimeEnv.from_dict takes a dict, not a {type(runtime_env_dict).__name__}")
+        return cls(**runtime_env_dict)
+
     def to_dict(self):
         """A plain dict of the fields (Ray's RuntimeEnv.to_dict)."""
         return dict(self)
