@@ -1,5 +1,7 @@
 #include "python_shim/src/py_worker.h"
 
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -65,6 +67,34 @@ PyCall decode_call(wire::Decoder& args, const char* what) {
   return call;
 }
 
+// Interrupts handed to a thread of their own (interrupt_task) and not done
+// yet. troupe.cancel returns once a running call is marked, before its
+// async method's coroutine is cancelled on that thread: a call that came
+// after it could run first (a queue's cancelled get took the item that the
+// next put added). A method call waits for the interrupts begun before it
+// (up to kInterruptWait: the interrupt needs the GIL, which a long plain
+// method may hold).
+struct InterruptFence {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t begun = 0;
+  uint64_t done = 0;
+};
+
+constexpr std::chrono::seconds kInterruptWait{1};
+
+InterruptFence& interrupt_fence() {
+  static auto* fence = new InterruptFence;  // never destroyed: detached threads use it
+  return *fence;
+}
+
+void wait_for_earlier_interrupts() {
+  auto& f = interrupt_fence();
+  std::unique_lock lock(f.mu);
+  const uint64_t begun = f.begun;
+  f.cv.wait_for(lock, kInterruptWait, [&] { return f.done >= begun; });
+}
+
 class PyHostedActor final : public client::HostedActor {
  public:
   explicit PyHostedActor(pyb::object instance) : instance_(std::move(instance)) {}
@@ -76,6 +106,7 @@ class PyHostedActor final : public client::HostedActor {
   void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result, const client::ObjectSink* keep) override {
     if (index != 0) throw Error("a Python actor has one entry point, not #" + std::to_string(index));
     PyCall call = decode_call(args, "method call");
+    wait_for_earlier_interrupts();
     PyReply reply;
     {
       pyb::gil_scoped_acquire gil;
@@ -146,13 +177,25 @@ void invoke_py_task(wire::Decoder& args, wire::Encoder& result, const client::Ob
 int32_t interrupt_task(const PyInterruptTask& m) {
   const client::TaskState state = client::mark_task_cancelled(m.task);
   if (state != client::kTaskRunning) return state;
-  std::thread([task = m.task, recursive = m.recursive] {
-    pyb::gil_scoped_acquire gil;
-    try {
-      hook("interrupt_task")(task, recursive);
-    } catch (const std::exception& e) {
-      TROUPE_LOG_WARN("interrupting task {}: {}", task, e.what());
+  auto& fence = interrupt_fence();
+  {
+    std::lock_guard lock(fence.mu);
+    ++fence.begun;
+  }
+  std::thread([task = m.task, recursive = m.recursive, &fence] {
+    {
+      pyb::gil_scoped_acquire gil;
+      try {
+        hook("interrupt_task")(task, recursive);
+      } catch (const std::exception& e) {
+        TROUPE_LOG_WARN("interrupting task {}: {}", task, e.what());
+      }
     }
+    {
+      std::lock_guard lock(fence.mu);
+      ++fence.done;
+    }
+    fence.cv.notify_all();
   }).detach();
   return state;
 }

@@ -96,24 +96,23 @@ def _check_timeout(block, timeout):
 
 
 def _cancel_call(ref):
-    """A put_async or get_async whose await was cancelled: its call at the
-    queue's actor is cancelled too (a get left waiting there took the next
-    item put, which nobody received). Off the event loop: a cancel waits
-    for the actor's answer."""
-    def cancel():
-        try:
-            troupe.cancel(ref)
-        except Exception:  # noqa: BLE001 - it finished, or the queue is gone: nothing to undo
-            pass
-
-    asyncio.get_running_loop().run_in_executor(None, cancel)
+    try:
+        troupe.cancel(ref)
+    except Exception:  # noqa: BLE001 - it finished, or the queue is gone: nothing to undo
+        pass
 
 
 async def _awaited(ref):
+    """A put_async or get_async whose await is cancelled cancels its call
+    at the queue's actor too (a get left waiting there took the next item
+    put, which nobody received), and the cancellation ends once the actor
+    has answered it: a put right after it finds no stale get waiting.
+    asyncio.wait_for waits for that. The cancel runs off the event loop
+    (it waits for the actor's answer)."""
     try:
         return await ref
     except asyncio.CancelledError:
-        _cancel_call(ref)
+        await asyncio.get_running_loop().run_in_executor(None, _cancel_call, ref)
         raise
 
 
