@@ -154,3 +154,18 @@ def test_fn_may_return_the_refs_of_a_method_with_several_returns():
     assert sorted(pool.map_unordered(lambda a, v: a.two.remote(v), range(4))) == sorted([v, -v] for v in range(4))
     with pytest.raises(TypeError, match="not an empty list"):
         pool.submit(lambda a, v: [], 1)
+
+
+def test_a_waiting_items_fn_that_raises_loses_no_result_and_wedges_nothing():
+    # The actor freed by get_next went to a waiting item whose fn raised:
+    # get_next raised that instead of its own result (lost), and the pool
+    # then said it had no actor while one sat idle.
+    pool = ActorPool([Pair.remote()])
+    pool.submit(lambda a, v: a.double.remote(v), 1)
+    pool.submit(lambda a, v: a.no_such_method.remote(v), 2)
+    pool.submit(lambda a, v: a.double.remote(v), 3)
+    assert pool.get_next(timeout=60) == 2  # its own result first
+    with pytest.raises(AttributeError):
+        pool.get_next(timeout=60)  # then what the waiting item's fn raised
+    assert pool.get_next(timeout=60) == 6
+    assert not pool.has_next() and pool.has_free()

@@ -135,6 +135,28 @@ def test_imap_reads_its_iterable_as_results_are_taken():
             pool.map(square, range(3), chunksize=0)
 
 
+def test_join_waits_for_every_item_of_an_imap_as_the_standard_librarys():
+    # imap submitted its chunks as results were taken, so join() waited for
+    # the first few, ended the processes, and the iterator then failed.
+    pool = Pool(2)
+    ordered = pool.imap(square, range(40))
+    unordered = pool.imap_unordered(square, range(40), chunksize=3)
+    pool.close()
+    pool.join()
+    assert list(ordered) == [x * x for x in range(40)]
+    assert sorted(unordered) == [x * x for x in range(40)]
+    terminated = Pool(1)
+    rest = terminated.imap(square, range(40))
+    terminated.terminate()
+    import troupe
+
+    with pytest.raises(troupe.exceptions.ActorDiedError):
+        list(rest)  # its processes are gone, as the work in flight: not ZeroDivisionError
+    # Pool() at 2 CPUs a process on a 2-CPU cluster: one process, not a refusal.
+    with Pool(ray_remote_args={"num_cpus": 2}) as one:
+        assert one.map(square, range(3)) == [0, 1, 4]
+
+
 def test_more_processes_than_the_cluster_has_cpus_is_refused_at_once():
     # As Ray's: the actors could never all be placed, and Pool(4) on two
     # CPUs waited for ever in its constructor.
@@ -149,6 +171,12 @@ def test_a_function_that_cannot_be_pickled_is_named():
     with Pool(1) as pool:
         with pytest.raises(TypeError, match="Pool.map: func .* cannot be sent to the pool's processes: troupe.put"):
             pool.map(lambda x: (lock, x), range(2))
+
+        def holds_the_lock():
+            return lock
+
+        with pytest.raises(TypeError, match="Pool.apply_async: func '.*holds_the_lock' .*cannot be sent"):
+            pool.apply_async(holds_the_lock)
 
 
 FORK_SCRIPT = r"""

@@ -172,6 +172,7 @@ class DriverLogs:
             # (kept: a restart goes on from there).
             for actor in [a for a in self._followed if a not in mine]:
                 f = self._resting[actor] = self._followed.pop(actor)
+                f.label = _labels.get(actor, f.label)  # named since the last look, gone before this one
                 self._read_to_end(actor, f, deadline)
             # Dead before any look saw it alive: its file, whole, once.
             for a in dead:
@@ -218,8 +219,9 @@ class DriverLogs:
 
     @staticmethod
     def _label(a):
-        if a["id"] in _labels:
-            return _labels[a["id"]]
+        label = _labels.get(a["id"])  # one read: label_actor may change the dict meanwhile
+        if label is not None:
+            return label
         return "task" if a["class"] == _EXECUTOR_CLASS else a["class"].rsplit(".", 1)[-1]
 
     def _read_to_end(self, actor, f, deadline):

@@ -39,9 +39,13 @@ class ActorPool:
         self._next_index = 0  # of the next submission
         self._next_return = 0  # the ordered gets' next submission index
         self._waiting = []  # (fn, value) submitted while no actor was idle
+        # What a waiting item's fn raised as an actor freed for it, inside a
+        # get that had its result: raised by the next get or submit.
+        self._deferred = None
 
     def submit(self, fn, value):
         """Runs fn(actor, value) on an idle actor, or once one frees."""
+        self._raise_deferred()
         if not self._idle:
             self._waiting.append((fn, value))
             return
@@ -75,6 +79,7 @@ class ActorPool:
         TimeoutError) when it is not there within `timeout` s. The item
         stays for the next get_next, unless ignore_if_timedout: then it is
         dropped, and the error says so (as Ray's)."""
+        self._raise_deferred()
         if not self.has_next():
             raise StopIteration("ActorPool: no more results to get")
         self._check_runnable("get_next")
@@ -101,6 +106,7 @@ class ActorPool:
         """The first result to be ready, whatever its order; GetTimeoutError
         when none is within `timeout` s (no item is dropped: none was the
         next)."""
+        self._raise_deferred()
         if not self.has_next():
             raise StopIteration("ActorPool: no more results to get")
         self._check_runnable("get_next_unordered")
@@ -136,6 +142,7 @@ class ActorPool:
         an actor are never run; results, errors and calls under way are let
         go (an actor whose call runs takes the next item after it)."""
         self._waiting.clear()
+        self._deferred = None
         for ref, _, actor in list(self._busy.values()):
             self._busy.pop(id(ref))
             self._idle.append(actor)
@@ -155,10 +162,17 @@ class ActorPool:
         """Removes and returns an idle actor, or None when all are busy."""
         return self._idle.pop() if self.has_free() else None
 
+    def _raise_deferred(self):
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
+
     def _check_runnable(self, what):
         """Items wait for an actor while none is in the pool (none given,
         or all taken by pop_idle): no result can come, so say so rather
         than wait for ever."""
+        self._raise_deferred()
+        self._submit_waiting()
         if not self._busy and self._waiting:
             raise ValueError(f"ActorPool.{what}: {len(self._waiting)} submitted item(s) wait for an actor and the "
                              "pool has none (none was given, or pop_idle took them all): push() one")
@@ -193,6 +207,12 @@ class ActorPool:
         self._submit_waiting()
 
     def _submit_waiting(self):
-        while self._idle and self._waiting:
+        """Waiting items to idle actors. A fn that raises leaves its actor
+        idle and its error for the next get or submit: the get that freed
+        the actor returns its own result first."""
+        while self._idle and self._waiting and self._deferred is None:
             fn, value = self._waiting.pop(0)
-            self.submit(fn, value)
+            try:
+                self.submit(fn, value)
+            except Exception as e:  # noqa: BLE001 - fn's own error, raised later
+                self._deferred = e

@@ -21,6 +21,7 @@ import collections
 import itertools
 import multiprocessing
 import threading
+import weakref
 
 import troupe
 
@@ -115,13 +116,16 @@ class Pool:
                  ray_address=None, ray_remote_args=None):
         if not troupe.is_initialized():
             troupe.init(address=ray_address)
+        options = {"num_cpus": 1, **dict(ray_remote_args or {})}
         if processes is None:
-            processes = max(1, int(troupe.cluster_resources().get("CPU", 1)))
+            # As many as the cluster's CPUs hold at each one's num_cpus.
+            per = options["num_cpus"]
+            cpus = troupe.cluster_resources().get("CPU", 1)
+            processes = max(1, int(cpus // per) if isinstance(per, (int, float)) and per > 0 else int(cpus))
         if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
             raise ValueError(f"processes must be an int >= 1, got {processes!r}")
         if initializer is not None and not callable(initializer):
             raise TypeError(f"initializer must be callable, got a {type(initializer).__name__}")
-        options = {"num_cpus": 1, **dict(ray_remote_args or {})}
         _check_room(processes, options)
         cls = troupe.remote(_PoolProcess).options(**options)
         self._processes = [cls.remote(initializer, tuple(initargs or ())) for _ in range(processes)]
@@ -130,6 +134,7 @@ class Pool:
         self._turn = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._lazy_runs = weakref.WeakSet()  # imap iterators not read to their end (join submits their rest)
         # Every process ran its initializer (its error is raised here).
         troupe.get([p.ping.remote() for p in self._processes])
 
@@ -141,6 +146,8 @@ class Pool:
 
     def _submit(self, func_ref, chunk, star):
         with self._lock:
+            if not self._processes:
+                raise ValueError("Pool not running: terminate() or join() ended its processes")
             i = self._turn % len(self._processes)
             self._turn += 1
             ref = self._processes[i].run.remote(func_ref, chunk, star)
@@ -149,15 +156,16 @@ class Pool:
                 _, self._in_flight = troupe.wait(self._in_flight, num_returns=len(self._in_flight), timeout=0)
             return ref
 
-    def _func_ref(self, func, what):
+    def _func_ref(self, func, what, shown=None):
         self._check_open()
         if not callable(func):
             raise TypeError(f"func must be callable, got a {type(func).__name__}")
         try:
             return troupe.put(func)
         except TypeError as e:
-            raise TypeError(f"Pool.{what}: func {getattr(func, '__qualname__', func)!r} cannot be sent to the "
-                            f"pool's processes: {e}") from e
+            shown = shown if shown is not None else func
+            raise TypeError(f"Pool.{what}: func {getattr(shown, '__qualname__', shown)!r} (or its arguments) cannot "
+                            f"be sent to the pool's processes: {e}") from e
 
     def _chunks(self, func, iterable, chunksize, star, what):
         func_ref = self._func_ref(func, what)
@@ -169,21 +177,14 @@ class Pool:
         return [self._submit(func_ref, items[i:i + chunksize], star) for i in range(0, len(items), chunksize)]
 
     def _lazy(self, func, iterable, chunksize, what):
-        """The refs of `iterable`'s chunks, submitted as they are taken:
-        at most two per process under way beyond the one taken."""
+        """`iterable`'s chunks, submitted as their results are taken: two
+        per process under way (the first of them now, as Ray's)."""
         func_ref = self._func_ref(func, what)
         _check_chunksize(chunksize)
-        items = iter(iterable)
-        ahead = 2 * len(self._processes)
-
-        def chunks():
-            while True:
-                chunk = list(itertools.islice(items, chunksize))
-                if not chunk:
-                    return
-                yield self._submit(func_ref, chunk, False)
-
-        return chunks(), ahead
+        run = _LazyRun(self, func_ref, iter(iterable), chunksize)
+        run.fill(2 * len(self._processes))
+        self._lazy_runs.add(run)
+        return run
 
     # -- the standard library's methods ----------------------------------
 
@@ -192,7 +193,9 @@ class Pool:
 
     def apply_async(self, func, args=(), kwds=None, callback=None, error_callback=None):
         self._check_open()
-        call = self._func_ref(_Call(func, tuple(args), dict(kwds or {})), "apply_async")
+        if not callable(func):
+            raise TypeError(f"func must be callable, got a {type(func).__name__}")
+        call = self._func_ref(_Call(func, tuple(args), dict(kwds or {})), "apply_async", shown=func)
         return self._result([self._submit(call, [()], True)], False, callback, error_callback)
 
     def map(self, func, iterable, chunksize=None):
@@ -219,13 +222,13 @@ class Pool:
     def imap(self, func, iterable, chunksize=1):
         """Results in the order of `iterable`, each as soon as its chunk is
         done; `iterable` is read as results are taken."""
-        chunks, ahead = self._lazy(func, iterable, chunksize, "imap")
-        window = collections.deque(itertools.islice(chunks, ahead))  # under way at once, as Ray's
+        run = self._lazy(func, iterable, chunksize, "imap")
 
         def results():
-            while window:
-                ref = window.popleft()
-                window.extend(itertools.islice(chunks, 1))
+            while True:
+                ref = run.take()
+                if ref is None:
+                    return
                 yield from troupe.get(ref)
 
         return results()
@@ -233,15 +236,14 @@ class Pool:
     def imap_unordered(self, func, iterable, chunksize=1):
         """Results in the order their chunks finish; `iterable` is read as
         results are taken."""
-        chunks, ahead = self._lazy(func, iterable, chunksize, "imap_unordered")
-        first = list(itertools.islice(chunks, ahead))
+        run = self._lazy(func, iterable, chunksize, "imap_unordered")
 
         def results():
-            pending = first
-            while pending:
-                done, pending = troupe.wait(pending, num_returns=1)
-                pending.extend(itertools.islice(chunks, 1))
-                yield from troupe.get(done[0])
+            while True:
+                ref = run.take(unordered=True)
+                if ref is None:
+                    return
+                yield from troupe.get(ref)
 
         return results()
 
@@ -250,9 +252,15 @@ class Pool:
         self._closed = True
 
     def join(self):
-        """Waits for the work submitted, then ends the processes (after close)."""
+        """Waits for the work submitted, then ends the processes (after
+        close). As the standard library's, that is all of an imap's items:
+        what its iterator has not submitted yet is submitted now (an endless
+        iterable never ends)."""
         if not self._closed:
             raise ValueError("join() needs close() or terminate() first")
+        if self._processes:
+            for run in list(self._lazy_runs):
+                run.fill(None)
         with self._lock:
             pending = list(self._in_flight)
             callbacks = list(self._callbacks)
@@ -294,6 +302,47 @@ def _check_room(processes, options):
         raise ValueError(f"Pool(processes={processes}) needs {processes * per:g} CPUs ({per:g} per process) and the "
                          f"cluster has {total:g}: ask for fewer processes, or less per process with "
                          "ray_remote_args={'num_cpus': ...}")
+
+
+class _LazyRun:
+    """An imap's chunks: submitted as results are taken (take), or all at
+    once (fill(None), for join). Thread-safe: join may run on another
+    thread than the one reading the results."""
+
+    def __init__(self, pool, func_ref, items, chunksize):
+        self._pool, self._func_ref, self._items, self._chunksize = pool, func_ref, items, chunksize
+        self._refs = collections.deque()  # submitted, result not taken yet
+        self._ended = False  # the iterable gave its last item
+        self._lock = threading.Lock()
+
+    def fill(self, n):
+        """Submits up to n more chunks (None: the rest)."""
+        with self._lock:
+            while not self._ended and (n is None or n > 0):
+                chunk = list(itertools.islice(self._items, self._chunksize))
+                if not chunk:
+                    self._ended = True
+                    break
+                self._refs.append(self._pool._submit(self._func_ref, chunk, False))
+                n = None if n is None else n - 1
+
+    def take(self, unordered=False):
+        """The next chunk's ref (the first done, `unordered`), one more
+        chunk submitted in its place; None at the end."""
+        with self._lock:
+            refs = list(self._refs)
+        if not refs:
+            return None
+        if unordered:
+            done, _ = troupe.wait(refs, num_returns=1)
+            ref = done[0]
+        else:
+            ref = refs[0]
+        with self._lock:
+            del self._refs[next(i for i, r in enumerate(self._refs) if r is ref)]
+        if not self._pool._closed or self._pool._processes:
+            self.fill(1)
+        return ref
 
 
 class _Call:
