@@ -254,7 +254,14 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
     if (a.info.state == ActorState::kDead) {
       dead_order(a).push_back(id);
     } else {
-      if (!a.info.name.empty()) named_[a.info.name] = id;
+      // Two live rows may carry one name: an actor killed for good (its
+      // worker still stopping when the head went), whose kill freed the
+      // name, and the newer one that took it. The killed one claims
+      // nothing; among others (none, but ids grow) the newest holds it.
+      if (!a.info.name.empty() && !a.kill_requested) {
+        auto [it, fresh] = named_.emplace(a.info.name, id);
+        if (!fresh && it->second < id) it->second = id;
+      }
       if (!a.worker_running) pending_actors_.push_back(id);
       if (a.owner_client) awaited_owners_[a.owner_client] = {deadline, kNotBackAfterRestore};
     }

@@ -1301,6 +1301,30 @@ TEST_F(HeadStateTest, ReferencedKeysLiveWhileOneOfTheirReferencesDoes) {
   EXPECT_FALSE(store.count("k/pkg.A") || store.count("k/pkg.A.0"));
 }
 
+// A head restarted between a kill for good and the killed worker's exit,
+// with the name taken again meanwhile: the name is the new holder's. Rows
+// come back in key order ("a/10" before "a/9"), and the killed actor's,
+// restored last, took the name back.
+TEST_F(HeadStateTest, ARestartedHeadKeepsAKilledActorsNameWithItsNewHolder) {
+  state_.enable_write_through();
+  std::map<std::string, std::string> store;
+  state_.bind_client(kDriver, 7);
+  add_node({{"CPU", 4}}, 1);
+  uint64_t killed = 0;
+  while ((killed = state_.create_actor(kDriver, spec({}, 0, "")).id) < 8) {
+  }
+  killed = state_.create_actor(kDriver, spec({}, 0, "svc")).id;
+  start_spawned();
+  state_.kill_actor(killed, true, "test");
+  const uint64_t holder = state_.create_actor(kDriver, spec({}, 0, "svc")).id;
+  ASSERT_EQ(std::to_string(killed).size() + 1, std::to_string(holder).size()) << "ids " << killed << ", " << holder;
+  start_spawned();
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  EXPECT_EQ(again.named_actor("svc").id, holder);
+}
+
 TEST_F(HeadStateTest, RestartedHeadKeepsWhatComesBackAndLosesWhatDoesNot) {
   state_.enable_write_through();
   std::map<std::string, std::string> store;
