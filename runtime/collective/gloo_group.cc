@@ -221,22 +221,20 @@ bool pair_dials(const sockaddr_storage& self, const sockaddr_storage& peer) {
 }
 
 // `any_address`: a wildcard address in `a` (a peer bound to 0.0.0.0
-// advertises it) matches every address of `b`. `any_port`: the hosts alone.
-bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b, bool any_address = false,
-                   bool any_port = false) {
+// advertises it) matches every address of `b`.
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b, bool any_address = false) {
   if (a.ss_family != b.ss_family) return false;
   if (a.ss_family == AF_INET) {
     const auto& x = reinterpret_cast<const sockaddr_in&>(a);
     const auto& y = reinterpret_cast<const sockaddr_in&>(b);
-    return (any_port || x.sin_port == y.sin_port) &&
+    return x.sin_port == y.sin_port &&
            (x.sin_addr.s_addr == y.sin_addr.s_addr || (any_address && x.sin_addr.s_addr == htonl(INADDR_ANY)));
   }
   if (a.ss_family == AF_INET6) {
     const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
     const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
-    return (any_port || x.sin6_port == y.sin6_port) &&
-           (std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0 ||
-            (any_address && IN6_IS_ADDR_UNSPECIFIED(&x.sin6_addr)));
+    return x.sin6_port == y.sin6_port && (std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0 ||
+                                          (any_address && IN6_IS_ADDR_UNSPECIFIED(&x.sin6_addr)));
   }
   return false;
 }
@@ -272,17 +270,18 @@ bool socket_ends(int fd, sockaddr_storage& local, sockaddr_storage& peer) {
 }
 
 // The remote end of the connection that a pair which waited for its peer
-// accepted on `local` (its listening address) from `peer_host` (the peer's
-// advertised address; its port is not compared). AF_UNIX, which matches no
-// socket, when there is none: the connection closed already.
-sockaddr_storage accepted_from(const sockaddr_storage& local, const sockaddr_storage& peer_host) {
+// accepted on `local` (its listening address), while that connection is
+// open: the only connected socket there then (the kernel gives no
+// connect() a port that a socket bound explicitly; the peer's source
+// address need not be the one it advertised, on a host with several).
+// AF_UNIX, which matches no socket, when there is none: the connection
+// closed already.
+sockaddr_storage accepted_from(const sockaddr_storage& local) {
   sockaddr_storage found{};
   found.ss_family = AF_UNIX;
   for_each_socket([&](int fd, ino_t) {
     sockaddr_storage here{}, there{};
-    if (!socket_ends(fd, here, there) || !same_endpoint(local, here, /*any_address=*/true) ||
-        !same_endpoint(peer_host, there, /*any_address=*/true, /*any_port=*/true))
-      return false;
+    if (!socket_ends(fd, here, there) || !same_endpoint(local, here, /*any_address=*/true)) return false;
     found = there;
     return true;
   });
@@ -408,7 +407,6 @@ void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_pt
   store.set(std::to_string(rank), mine);
   peer_hosts.assign(static_cast<size_t>(size), std::string());
   remote_ends.assign(static_cast<size_t>(size), sockaddr_storage{});
-  std::vector<sockaddr_storage> advertised(static_cast<size_t>(size));
   ConnectWatchdog watchdog(context, deadline);
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
@@ -421,7 +419,6 @@ void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_pt
                                   all.begin() + static_cast<std::ptrdiff_t>((slot + 1) * width));
     const sockaddr_storage there = gloo::transport::tcp::Address(bytes).getSockaddr();
     peer_hosts[static_cast<size_t>(i)] = host_text(there);
-    advertised[static_cast<size_t>(i)] = there;
     if (const auto* self = dynamic_cast<const gloo::transport::tcp::Address*>(&context.getPair(i)->address()))
       if (pair_dials(self->getSockaddr(), there)) remote_ends[static_cast<size_t>(i)] = there;
     connect_pair(context, i, bytes, watchdog, rendezvous_timeout);
@@ -436,7 +433,7 @@ void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_pt
     auto& end = remote_ends[static_cast<size_t>(i)];
     if (i == rank || end.ss_family != AF_UNSPEC) continue;
     if (const auto* self = dynamic_cast<const gloo::transport::tcp::Address*>(&context.getPair(i)->address()))
-      end = accepted_from(self->getSockaddr(), advertised[static_cast<size_t>(i)]);
+      end = accepted_from(self->getSockaddr());
   }
 }
 
