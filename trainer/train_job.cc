@@ -154,6 +154,9 @@ class Run {
   void start(const std::optional<TrainState>& resume);
   // start()'s placement.
   void place();
+  // Whether start() failed with `e` because a trainer died: `e` is a
+  // death, or a trainer's worker is gone (its probe says so).
+  bool start_lost_a_trainer(const std::exception& e);
   // Every failure goes through recover() and training goes on from where
   // the survivors are, until the epochs are done.
   void train();
@@ -371,6 +374,10 @@ void Run::start(const std::optional<TrainState>& resume) {
     } catch (const JobFailed&) {
       throw;
     } catch (const std::exception& e) {
+      // Only a trainer's death: any other error (a step factory that
+      // throws, a resume state a trainer refuses) new trainers would meet
+      // again, so it ends the job as it is.
+      if (!start_lost_a_trainer(e)) throw;
       Recovery rec;
       rec.failed_at = reporter_.now();
       rec.cause = std::string("while the job started: ") + e.what();
@@ -394,6 +401,23 @@ void Run::start(const std::optional<TrainState>& resume) {
                                     std::to_string(info.parameters) + " parameters on " + info.device);
   reporter_.started(info, dataset_size_);
   if (!resume) gang_.begin_epoch(0);
+}
+
+bool Run::start_lost_a_trainer(const std::exception& e) {
+  if (dynamic_cast<const ActorDied*>(&e) != nullptr) return true;
+  auto ps = gang_.call_all(&TrainerActor::progress);
+  const auto until = Clock::now() + std::min(cfg_.call_timeout, std::chrono::milliseconds(10000));
+  for (auto& p : ps) {
+    try {
+      p.get(std::max(std::chrono::milliseconds(0),
+                     std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now())));
+    } catch (const ActorDied&) {
+      return true;
+    } catch (const std::exception&) {
+      // Busy or slow: not known to be dead.
+    }
+  }
+  return false;
 }
 
 void Run::place() {

@@ -100,6 +100,11 @@ class RaisingStep : public TrainStep {
 }  // namespace
 
 TROUPE_STEP("test_raising", [](const std::string& config) { return std::make_unique<RaisingStep>(config); });
+// A step that cannot be made anywhere (a missing file, say): its factory
+// throws on every trainer.
+TROUPE_STEP("test_unmakeable", [](const std::string&) -> std::unique_ptr<TrainStep> {
+  throw std::runtime_error("this step needs a file no node has");
+});
 // Classification whose trainer, while it is set up, writes DIR/started-PID
 // and waits for DIR/go (config "DIR"; up to two minutes): a test kills a
 // trainer while the job starts.
@@ -291,6 +296,22 @@ TEST_F(TrainJobTest, ATrainerKilledWhileTheJobStartsIsReplaced) {
   for (const auto& [name, t] : clean.final_state.model)
     EXPECT_TRUE(torch::equal(t, r.final_state.model.at(name))) << name;
   troupe::core::remove_tree(dir);
+}
+
+// Only a death is retried at the start: an error that new trainers would
+// meet again ends the job at once with that error, also with no limit on
+// failures (it started over for ever).
+TEST_F(TrainJobTest, AnErrorEveryTrainerMeetsWhileTheJobStartsIsNotRetried) {
+  auto c = small_job(2, 16);
+  c.trainer.step = StepSpec{"test_unmakeable", ""};
+  c.failure.max_failures = -1;
+  try {
+    TrainJob(rt_, c).fit();
+    ADD_FAILURE() << "the job did not fail";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("this step needs a file no node has"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("while the job started"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(TrainJobTest, PeriodicCheckpointsAndMetrics) {
