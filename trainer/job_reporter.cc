@@ -304,8 +304,19 @@ void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t sam
     j["ranks_reported"] = share->ranks_reported;
     j["samples_reported"] = samples;
   }
-  // The step's own metrics under their names; fixed keys win a clash.
-  for (const auto& [k, v] : metrics) j.emplace(k, v);
+  // The step's own metrics under their names; one named as a field of the
+  // line ("step", "samples", ...) goes in as "metric_<name>", said once
+  // (it was dropped without a word).
+  for (const auto& [k, v] : metrics) {
+    if (j.emplace(k, v).second) continue;
+    const std::string renamed = "metric_" + k;
+    j[renamed] = v;
+    if (renamed_metrics_.insert(k).second)
+      TROUPE_LOG_WARN(
+          "the step's metric '{}' has the name of a field of the metrics file's step lines: written "
+          "there as '{}'",
+          k, renamed);
+  }
   write_metrics(j);
   if (kv_) {
     doc_["step"] = step;

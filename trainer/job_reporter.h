@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -125,6 +126,7 @@ class JobReporter {
   bool tty_ = false;
   std::unique_ptr<std::ofstream> metrics_;
   std::vector<JobEvent> events_;
+  std::set<std::string> renamed_metrics_;  // step metrics named as a field of the line (said once each)
 };
 
 }  // namespace troupe::trainer

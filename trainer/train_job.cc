@@ -18,6 +18,7 @@
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/exception_text.h"
+#include "troupe/runtime/core/logging.h"
 #include "troupe/trainer/consumed_record.h"
 #include "troupe/trainer/failure_recovery.h"
 #include "troupe/trainer/gang.h"
@@ -225,6 +226,7 @@ class Run {
   int grow_failures_ = 0;
   // The epoch in which a grow was last put off (lossless_growth), said once.
   int64_t grow_put_off_epoch_ = -1;
+  bool nonfinite_val_said_ = false;
   // The recovery waiting for its first completed step.
   std::optional<size_t> open_recovery_;
   EpochSums sums_;
@@ -716,6 +718,16 @@ void Run::evaluate(EpochMetrics& em) {
     em.val_accuracy /= em.val_count;
   }
   em.val_metrics = finish_metrics(sums, sums_.summed_metrics, em.val_count);
+  // Training goes on (the training loss is what stop_on_nonfinite_loss
+  // watches), but a run that ends with rc 0 and val_loss nan should not
+  // pass unremarked: said once, with the epoch.
+  if (em.val_count && !std::isfinite(em.val_loss) && !nonfinite_val_said_) {
+    nonfinite_val_said_ = true;
+    TROUPE_LOG_WARN(
+        "[{}] the validation loss of epoch {} is {} (the model's eval mode gives a non-finite loss); "
+        "training goes on",
+        cfg_.name, em.epoch + 1, em.val_loss);
+  }
 }
 
 void Run::end_epoch() {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -23,6 +24,7 @@
 #include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/cpu_gemm.h"
 #include "troupe/trainer/gradient_reducer.h"
+#include "troupe/trainer/job_reporter.h"
 #include "troupe/trainer/model.h"
 #include "troupe/trainer/optimizer.h"
 #include "troupe/trainer/shm_group.h"
@@ -94,6 +96,30 @@ std::unique_ptr<Model> seeded_model(const ModelSpec& spec, uint64_t seed) {
 
 torch::Tensor loss_of(Model& m, const torch::Tensor& x, const torch::Tensor& y) {
   return torch::nn::functional::cross_entropy(m.forward(x), y);
+}
+
+// A step's metric named as a field of the metrics file's step line
+// ("samples", "step", ...) was dropped without a word: it is written as
+// "metric_<name>", and the others under their own names.
+TEST(JobReporterTest, AStepMetricNamedAsALineFieldIsKeptUnderAnotherName) {
+  const auto dir = troupe::test::fresh_dir("reporter");
+  TrainJobConfig cfg;
+  cfg.name = "metrics";
+  cfg.metrics_path = (dir / "m.jsonl").string();
+  {
+    JobReporter reporter(cfg, [] { return JobPosition{1, 2}; });
+    reporter.open_metrics();
+    reporter.step(0, 1, 8.0, 4, {{"samples", 3.0}, {"correct", 2.0}}, 100.0, 0.0);
+  }
+  std::ifstream in(cfg.metrics_path);
+  std::string line, step_line;
+  while (std::getline(in, line))
+    if (line.find("\"kind\":\"step\"") != std::string::npos) step_line = line;
+  ASSERT_FALSE(step_line.empty());
+  const auto j = nlohmann::json::parse(step_line);
+  EXPECT_EQ(j.at("samples").get<int64_t>(), 4) << step_line;
+  EXPECT_EQ(j.at("metric_samples").get<double>(), 3.0) << step_line;
+  EXPECT_EQ(j.at("correct").get<double>(), 2.0) << step_line;
 }
 
 TEST(ModelTest, FactoryBuildsByNameAndRejectsBadSpecs) {
