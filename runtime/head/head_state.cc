@@ -12,6 +12,7 @@
 #include "troupe/runtime/client/task.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/rate_limited_log.h"
 #include "troupe/runtime/head/metrics.h"
 #include "troupe/runtime/head/scheduler.h"
 
@@ -20,6 +21,15 @@ namespace troupe::head {
 using namespace troupe::wire;
 
 namespace {
+// A task's worker that dies is retried by its caller: a program whose tasks
+// kill their workers (a crash, os._exit) wrote one warning per task, on an
+// embedded cluster into the driver's console. Bounded like refused
+// connections.
+core::RateLimitedLog& executor_end_log() {
+  static auto* log = new core::RateLimitedLog("task executor ends");  // never destroyed: any thread may log at exit
+  return *log;
+}
+
 const char* to_string(PlacementGroupState s) {
   return s == PlacementGroupState::kPending ? "PENDING" : s == PlacementGroupState::kCreated ? "CREATED" : "REMOVED";
 }
@@ -504,8 +514,8 @@ void HeadState::actor_lost(Actor& a, const std::string& why, bool uses_restart) 
     if (a.kill_requested || stopping_)
       TROUPE_LOG_INFO("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
     else if (executor)
-      TROUPE_LOG_WARN("task executor {} ended: {} (its caller retries the task if it has retries left)", a.info.id,
-                      a.info.death_cause);
+      executor_end_log().warn("task executor {} ended: {} (its caller retries the task if it has retries left)",
+                              a.info.id, a.info.death_cause);
     else
       TROUPE_LOG_WARN("actor {} ({}) is DEAD: {}", a.info.id, a.info.class_name, a.info.death_cause);
     set_dead(a);
