@@ -20,9 +20,9 @@ namespace troupe::actors {
 // (little-endian or single-byte, C order only); which kinds a reader takes
 // is its own business.
 struct NpyFormat {
-  char kind = 'f';     // NumPy's dtype kind: 'b', 'i', 'u', 'f', 'c', ...
-  int item_size = 4;   // bytes per element
-  std::string descr;   // as in the file, e.g. "<f4", for messages
+  char kind = 'f';    // NumPy's dtype kind: 'b', 'i', 'u', 'f', 'c', ...
+  int item_size = 4;  // bytes per element
+  std::string descr;  // as in the file, e.g. "<f4", for messages
   std::vector<int64_t> shape;
   int major_version = 1;
   size_t data_offset = 0;  // bytes from the image start to the array data
@@ -51,6 +51,7 @@ struct NpzMember {
   uint64_t data_offset = 0;  // of its (compressed) bytes in the archive
   uint64_t compressed = 0;
   uint64_t uncompressed = 0;
+  uint32_t crc32 = 0;  // of the uncompressed bytes, as the directory says
 };
 
 // The members of the archive at base[0, size): only what np.savez and

@@ -83,6 +83,7 @@ struct Member {
   uint64_t compressed = 0;
   uint64_t uncompressed = 0;
   uint64_t local_offset = 0;
+  uint32_t crc32 = 0;
 };
 
 // Replaces the 0xFFFFFFFF fields of `m` from the zip64 extra field (id 1),
@@ -109,6 +110,7 @@ Member read_member(const ZipReader& z, uint64_t& at, const std::string& path) {
   Member m;
   m.flags = z.read<uint16_t>(at + 8);
   m.method = z.read<uint16_t>(at + 10);
+  m.crc32 = z.read<uint32_t>(at + 16);
   m.compressed = z.read<uint32_t>(at + 20);
   m.uncompressed = z.read<uint32_t>(at + 24);
   const uint64_t name_len = z.read<uint16_t>(at + 28), extra_len = z.read<uint16_t>(at + 30),
@@ -168,6 +170,18 @@ std::vector<std::byte> inflate_npz(const std::byte* archive, const NpzMember& m,
   inflateEnd(&s);
   if (out_left != 0 || (whole && rc != Z_STREAM_END) || (!whole && rc != Z_OK && rc != Z_STREAM_END))
     fail(path, "member '" + m.name + "': corrupt deflate data");
+  if (whole) {
+    // A deflate stream can decode cleanly to the wrong bytes: the zip's
+    // CRC-32 says whether these are the ones written.
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (uint64_t done = 0; done < out.size();) {
+      const uInt chunk = static_cast<uInt>(std::min<uint64_t>(out.size() - done, std::numeric_limits<uInt>::max()));
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(out.data() + done), chunk);
+      done += chunk;
+    }
+    if (static_cast<uint32_t>(crc) != m.crc32)
+      fail(path, "member '" + m.name + "': its bytes do not match the archive's CRC-32 (corrupt data)");
+  }
   return out;
 }
 
@@ -202,6 +216,7 @@ std::vector<NpzMember> read_npz_directory(const std::byte* base, size_t size, co
     n.data_offset = member_data(z, m, path);
     n.compressed = m.compressed;
     n.uncompressed = n.deflated ? m.uncompressed : m.compressed;
+    n.crc32 = m.crc32;
     out.push_back(std::move(n));
   }
   if (out.empty()) fail(path, "holds no arrays");

@@ -210,6 +210,32 @@ TEST_F(FileData, ACompressedArrayIsInflatedOnlyWhenItsDataIsRead) {
   EXPECT_EQ(right.load(), 4);
 }
 
+// A compressed member whose bytes are not those written (its CRC-32 in the
+// archive differs) is refused when it is inflated whole, naming it: it was
+// trained on as it came out.
+TEST_F(FileData, ACompressedMemberWhoseCrcDiffersIsRefusedNamingIt) {
+  if (!python_has_numpy()) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
+  run_python(
+      "import numpy as np\n"
+      "p = '" +
+      path("crc.npz") +
+      "'\n"
+      "np.savez_compressed(p, input=np.arange(64, dtype=np.float32).reshape(16, 4), target=np.arange(16))\n"
+      "b = bytearray(open(p, 'rb').read())\n"
+      "at = b.find(b'PK\\x01\\x02')\n"  // the first member's central directory entry
+      "b[at + 16] ^= 0xFF\n"            // its CRC-32
+      "open(p, 'wb').write(bytes(b))\n");
+  try {
+    // A small member is inflated whole at the open, a big one at its
+    // first read: either is checked.
+    make_dataset(DatasetSpec("npz").set("path", path("crc.npz")))->get(3);
+    ADD_FAILURE() << "a member with a wrong CRC-32 was read";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("do not match the archive's CRC-32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("crc.npz"), std::string::npos) << e.what();
+  }
+}
+
 // A data file written in place while a job reads it (np.savez to the
 // same path truncates it, then writes): its mapping would read the new
 // bytes, zeros past a shorter end, or die of SIGBUS. The next sample read
@@ -218,8 +244,9 @@ TEST_F(FileData, ACompressedArrayIsInflatedOnlyWhenItsDataIsRead) {
 TEST_F(FileData, AFileWrittenInPlaceWhileReadIsRefusedNamingIt) {
   if (!python_has_numpy()) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
   const std::string save = "import numpy as np, os\nd = '" + dir_.string() + "'\n";
-  run_python(save + "np.savez(d + '/live.npz', x=np.arange(4096, dtype=np.float32).reshape(1024, 4))\n"
-                    "np.savez(d + '/other.npz', x=np.zeros((8, 4), dtype=np.float32))\n");
+  run_python(save +
+             "np.savez(d + '/live.npz', x=np.arange(4096, dtype=np.float32).reshape(1024, 4))\n"
+             "np.savez(d + '/other.npz', x=np.zeros((8, 4), dtype=np.float32))\n");
   auto renamed = make_dataset(DatasetSpec("npz").set("path", path("live.npz")));
   EXPECT_EQ(renamed->get(5).at("x")[0].item<float>(), 20.0f);
   run_python(save + "os.rename(d + '/other.npz', d + '/live.npz')\n");
