@@ -167,6 +167,21 @@ bool all_on_one_host(collective::Group& g) {
     if (v != mine) return false;
   return true;
 }
+
+// The one line of a user's model or step error to report: a c10::Error's
+// what() ends with LibTorch's C++ backtrace (tens of frames), never the
+// user's to read; TorchScript's message begins with its traceback and
+// ends with the error raised, the line to report (the whole text goes to
+// this worker's log).
+std::string user_error_text(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  std::string text = c10 ? c10->what_without_backtrace() : e.what();
+  if (text.find("TorchScript interpreter") != std::string::npos) {
+    TROUPE_LOG_WARN("the step raised: {}", text);
+    text = core::last_line(text);
+  }
+  return text;
+}
 }  // namespace
 
 TrainerActor::TrainerActor() {
@@ -376,17 +391,8 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
     // shape that does not fit, a `raise` in a TorchScript step) refuses it
     // on every rank and every retry: not a failure a replacement could
     // fix. Unless a peer's failure aborted the group under it.
-    // Either way the message is one line: a c10::Error's what() ends with
-    // LibTorch's C++ backtrace (tens of frames), never the user's to read.
-    const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-    std::string text = c10 ? c10->what_without_backtrace() : e.what();
-    // TorchScript's message begins with its traceback and ends with the
-    // error raised: that last line is the one to report (the whole text
-    // goes to this worker's log).
-    if (text.find("TorchScript interpreter") != std::string::npos) {
-      TROUPE_LOG_WARN("the step raised: {}", text);
-      text = core::last_line(text);
-    }
+    // Either way the message is one line.
+    const std::string text = user_error_text(e);
     // The step being trained (1-based, as the progress lines count them).
     const std::string where = "step " + step_fn_->describe() + " with " + model_->describe() + " failed on a batch " +
                               tensors.describe() + " at rank " + std::to_string(group_ ? group_->rank() : 0) +
@@ -633,14 +639,25 @@ TrainReport TrainerActor::train(TrainRequest req) {
 EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
   TROUPE_CHECK(ready_) << "setup() first";
   torch::NoGradGuard ng;
+  // With EMA on, score the averaged weights: swap them in for the pass,
+  // and back (and to training mode) however the pass ends. A step whose
+  // eval raised left the EMA weights in place as the live ones, which a
+  // heal then sent to every rank.
+  struct LiveWeights {
+    Model& model;
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+    std::vector<torch::Tensor> saved;
+    ~LiveWeights() {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < saved.size(); ++i) params[i].second.copy_(saved[i]);
+      model.train(true);
+    }
+  } live{*model_, model_->named_parameters(), {}};
   model_->train(false);
-  // With EMA on, score the averaged weights: swap them in for the pass.
-  std::vector<torch::Tensor> live;
-  auto params = model_->named_parameters();
   if (!ema_.empty()) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      live.push_back(params[i].second.detach().clone());
-      params[i].second.copy_(ema_[i]);
+    for (size_t i = 0; i < live.params.size(); ++i) {
+      live.saved.push_back(live.params[i].second.detach().clone());
+      live.params[i].second.copy_(ema_[i]);
     }
   }
   const actors::Dataset& data = val_dataset_ ? *val_dataset_ : *dataset_;
@@ -654,7 +671,20 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
   for (size_t s = 0; s < idx.size(); s += 256) {
     std::vector<int64_t> chunk(idx.begin() + s, idx.begin() + std::min(idx.size(), s + 256));
     auto b = actors::load_and_collate(data, std::move(chunk), 0);
-    StepOutput out = step_fn_->eval(*model_, data.finish(b.tensors.to(device_)));
+    auto tensors = data.finish(b.tensors.to(device_));
+    StepOutput out;
+    try {
+      out = step_fn_->eval(*model_, tensors);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      // As in training: the user's step refuses this batch on every rank
+      // and every retry (it was retried as a crash, for ever with no limit
+      // on failures). Said as evaluation, not as training.
+      throw ConfigError("step " + step_fn_->describe() + " with " + model_->describe() + " failed evaluating a batch " +
+                        tensors.describe() + " at rank " + std::to_string(rank) + " (the validation after step " +
+                        std::to_string(step_) + "): " + user_error_text(e));
+    }
     check_output(out, *step_fn_);
     pending.push_back(pending_of(out, b.size()));
     rep.count += b.size();
@@ -664,8 +694,6 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     for (const auto& [k, v] : sums.metric_sums) rep.metric_sums[k] += v;
   }
   rep.correct = correct_of(rep.metric_sums);
-  for (size_t i = 0; i < live.size(); ++i) params[i].second.copy_(live[i]);
-  model_->train(true);
   return rep;
 }
 

@@ -100,6 +100,34 @@ class RaisingStep : public TrainStep {
 }  // namespace
 
 TROUPE_STEP("test_raising", [](const std::string& config) { return std::make_unique<RaisingStep>(config); });
+
+namespace {
+
+// Classification whose evaluation fails: config "user" raises the user's
+// own error on every call; "runtime:DIR" throws a troupe::Error (a failure
+// of the runtime's, which a replacement may mend) once in all, marked by
+// DIR/raised.
+class EvalFailingStep : public RaisingStep {
+ public:
+  explicit EvalFailingStep(std::string config) : RaisingStep("raise:-1"), config_(std::move(config)) {}
+  StepOutput eval(Model& model, const actors::TensorDict& batch) override {
+    if (config_ == "user") throw std::runtime_error("eval bug");
+    const std::string mark = config_.substr(config_.find(':') + 1) + "/raised";
+    if (!fs::exists(mark)) {
+      std::ofstream(mark) << "";
+      throw troupe::Error("a runtime failure during evaluation");
+    }
+    return RaisingStep::eval(model, batch);
+  }
+
+ private:
+  const std::string config_;
+};
+
+}  // namespace
+
+TROUPE_STEP("test_eval_failing", [](const std::string& config) { return std::make_unique<EvalFailingStep>(config); });
+
 // A step that cannot be made anywhere (a missing file, say): its factory
 // throws on every trainer.
 TROUPE_STEP("test_unmakeable", [](const std::string&) -> std::unique_ptr<TrainStep> {
@@ -312,6 +340,47 @@ TEST_F(TrainJobTest, AnErrorEveryTrainerMeetsWhileTheJobStartsIsNotRetried) {
     EXPECT_NE(std::string(e.what()).find("this step needs a file no node has"), std::string::npos) << e.what();
     EXPECT_EQ(std::string(e.what()).find("while the job started"), std::string::npos) << e.what();
   }
+}
+
+// A step whose evaluation raises is the user's error, as one whose training
+// step raises: the job ends at once naming the rank and the validation.
+// It was retried as a crash (for ever with no limit on failures).
+TEST_F(TrainJobTest, AStepWhoseEvaluationRaisesEndsTheJobNamingIt) {
+  auto c = small_job(2, 16);
+  c.trainer.step = StepSpec{"test_eval_failing", "user"};
+  c.evaluate = true;
+  c.failure.max_failures = -1;
+  try {
+    TrainJob(rt_, c).fit();
+    ADD_FAILURE() << "the job did not fail";
+  } catch (const JobFailed& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("failed evaluating a batch"), std::string::npos) << what;
+    EXPECT_NE(what.find("eval bug"), std::string::npos) << what;
+    EXPECT_EQ(what.find("failure 2"), std::string::npos) << what;  // not retried
+  }
+}
+
+// With EMA on, evaluation swaps the averaged weights in: one that failed
+// (here a runtime error, healed) left them in place as the live weights,
+// which the heal then sent to every rank. The job now ends with the
+// weights of a run without the failure.
+TEST_F(TrainJobTest, AFailedEvaluationLeavesTheLiveWeightsNotTheAverage) {
+  auto dir = fresh_dir("eval-failing");
+  auto c = small_job(2, 16);
+  c.epochs = 2;
+  c.trainer.ema_decay = 0.9;
+  c.evaluate = true;
+  c.failure.max_failures = 2;
+  c.trainer.step = StepSpec{"test_eval_failing", "runtime:" + dir.string()};
+  std::ofstream((dir / "raised").string()) << "";
+  const auto clean = TrainJob(rt_, c).fit();
+  fs::remove(dir / "raised");
+  const auto r = TrainJob(rt_, c).fit();
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  for (const auto& [name, t] : clean.final_state.model)
+    EXPECT_TRUE(torch::equal(t, r.final_state.model.at(name))) << name;
+  troupe::core::remove_tree(dir);
 }
 
 TEST_F(TrainJobTest, PeriodicCheckpointsAndMetrics) {
