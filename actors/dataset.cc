@@ -289,8 +289,7 @@ constexpr Builder kBuilders[] = {
 std::vector<std::string> dataset_names() {
   std::vector<std::string> out;
   for (const auto& b : kBuilders) out.push_back(b.name);
-  for (const auto& n : FactoryRegistry<DatasetFactory>::instance().names()) out.push_back(n);
-  return out;
+  return FactoryRegistry<DatasetFactory>::instance().names(std::move(out));
 }
 
 bool register_dataset(const std::string& name, DatasetFactory factory) {
@@ -298,11 +297,15 @@ bool register_dataset(const std::string& name, DatasetFactory factory) {
 }
 
 std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec) {
+  const auto& registry = FactoryRegistry<DatasetFactory>::instance();
+  const bool builtin =
+      std::any_of(std::begin(kBuilders), std::end(kBuilders), [&](const auto& b) { return spec.name == b.name; });
+  registry.check(spec.name, builtin, "dataset", "TROUPE_DATASET");
   for (const auto& b : kBuilders) {
     if (spec.name == b.name) return b.make(spec);
   }
-  if (auto factory = FactoryRegistry<DatasetFactory>::instance().find(spec.name)) {
-    auto ds = (*factory)(spec);
+  if (auto factory = registry.find(spec.name)) {
+    auto ds = run_factory("dataset '" + spec.name + "'", [&] { return (*factory)(spec); });
     if (!ds) throw ConfigError("dataset factory '" + spec.name + "' returned no data set");
     return ds;
   }

@@ -225,9 +225,7 @@ void check_positive(int64_t v, const char* what) {
 }  // namespace
 
 std::vector<std::string> model_names() {
-  std::vector<std::string> out = {"mlp", "cnn", "torchscript"};
-  for (const auto& n : actors::FactoryRegistry<ModelFactory>::instance().names()) out.push_back(n);
-  return out;
+  return actors::FactoryRegistry<ModelFactory>::instance().names({"mlp", "cnn", "torchscript"});
 }
 
 bool register_model(const std::string& name, ModelFactory factory) {
@@ -239,6 +237,8 @@ actors::TensorDict Model::forward_batch(const actors::TensorDict& batch) {
 }
 
 void validate(const ModelSpec& spec) {
+  actors::FactoryRegistry<ModelFactory>::instance().check(
+      spec.name, spec.name == "mlp" || spec.name == "cnn" || spec.name == "torchscript", "model", "TROUPE_MODEL");
   if (spec.name == "mlp") {
     check_positive(spec.input_dim, "input_dim");
     check_positive(spec.hidden, "hidden");
@@ -287,7 +287,8 @@ std::unique_ptr<Model> make_model(const ModelSpec& spec) {
                                                   std::to_string(spec.hidden) + " channels, BatchNorm)");
   }
   if (spec.name == "torchscript") return std::make_unique<ScriptModel>(spec.path);
-  auto model = (*actors::FactoryRegistry<ModelFactory>::instance().find(spec.name))(spec);
+  auto factory = *actors::FactoryRegistry<ModelFactory>::instance().find(spec.name);
+  auto model = actors::run_factory("model '" + spec.name + "'", [&] { return factory(spec); });
   if (!model) throw ConfigError("model factory '" + spec.name + "' returned no model");
   return model;
 }

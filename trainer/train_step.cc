@@ -86,12 +86,14 @@ bool register_step(const std::string& name, StepFactory factory) {
 }
 
 std::vector<std::string> step_names() {
-  std::vector<std::string> out = {"auto", "classification", "regression", "module"};
-  for (const auto& n : actors::FactoryRegistry<StepFactory>::instance().names()) out.push_back(n);
-  return out;
+  return actors::FactoryRegistry<StepFactory>::instance().names({"auto", "classification", "regression", "module"});
 }
 
 void validate(const StepSpec& spec) {
+  actors::FactoryRegistry<StepFactory>::instance().check(
+      spec.name,
+      spec.name == "auto" || spec.name == "classification" || spec.name == "regression" || spec.name == "module",
+      "step", "TROUPE_STEP");
   auto names = step_names();
   if (std::find(names.begin(), names.end(), spec.name) == names.end())
     throw ConfigError("unknown step '" + spec.name + "' (known: " + list(names) + ")");
@@ -115,7 +117,7 @@ std::unique_ptr<TrainStep> make_step(const StepSpec& spec, Model& model) {
     return std::make_unique<ModuleStep>(model);
   }
   if (auto factory = actors::FactoryRegistry<StepFactory>::instance().find(name)) {
-    auto step = (*factory)(spec.config);
+    auto step = actors::run_factory("step '" + name + "'", [&] { return (*factory)(spec.config); });
     if (!step) throw ConfigError("step factory '" + name + "' returned no step");
     return step;
   }

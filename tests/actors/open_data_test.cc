@@ -130,6 +130,43 @@ TEST(Registry, UnknownNamesListTheRegisteredOnes) {
   }
 }
 
+// A name registered twice, or under a built-in name, was used silently:
+// the later registration replaced the earlier (which one is later depends
+// on the order of static initialisation) and a built-in shadowed the
+// user's. Both are refused when the name is asked for, naming it. A
+// factory's own exception arrives as a ConfigError naming what it made
+// (a bare std::runtime_error escaped a driver's catch of troupe::Error).
+struct TestFactory {
+  int value;
+};
+TEST(Registry, ANameRegisteredTwiceOrUnderABuiltInIsRefusedNamingIt) {
+  auto& registry = FactoryRegistry<TestFactory>::instance();
+  registry.add("once", {1});
+  registry.add("twice", {1});
+  registry.add("twice", {2});
+  registry.add("builtin", {3});
+  EXPECT_NO_THROW(registry.check("once", false, "model", "TROUPE_MODEL"));
+  EXPECT_NO_THROW(registry.check("unregistered", true, "model", "TROUPE_MODEL"));
+  auto refused = [&](const std::string& name, bool builtin, const std::string& says) {
+    try {
+      registry.check(name, builtin, "model", "TROUPE_MODEL");
+      ADD_FAILURE() << name << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused("twice", false, "model 'twice' is registered twice (TROUPE_MODEL with that name twice");
+  refused("builtin", true, "model 'builtin' is a built-in name: the TROUPE_MODEL of that name is never used");
+  EXPECT_EQ(registry.names({"builtin", "mlp"}), (std::vector<std::string>{"builtin", "mlp", "once", "twice"}));
+  try {
+    run_factory("dataset 'waves'", []() -> int { throw std::runtime_error("cannot open /data/waves.bin"); });
+    ADD_FAILURE() << "no exception";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "dataset 'waves' could not be made: std::runtime_error: cannot open /data/waves.bin");
+  }
+  EXPECT_THROW(run_factory("x", []() -> int { throw troupe::Timeout("troupe's own"); }), troupe::Timeout);
+}
+
 class FileData : public ::testing::Test {
  protected:
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
