@@ -42,7 +42,8 @@ std::string in_flag_terms(std::string text) {
       {"failure.max_failures is ", "--max-failures "},
       {"scaling.min_workers is ", "--min-workers "},
       {"(scaling.min_workers, else num_workers)", "(--min-workers, else --workers)"},
-      {"failure.replacement_timeout", "--replacement-timeout"}};
+      {"failure.replacement_timeout", "--replacement-timeout"},
+      {"a lower trainer.optimizer.lr or a trainer.grad_clip", "a lower --lr or --grad-clip"}};
   for (const auto& [field, flag] : kFields)
     for (size_t at = text.find(field); at != std::string::npos; at = text.find(field, at + flag.size()))
       text.replace(at, field.size(), flag);

@@ -368,7 +368,7 @@ void JobReporter::epoch(const EpochMetrics& em) {
   write_metrics(record);
   if (!cfg_.verbose) return;
   std::string val;
-  if (cfg_.evaluate) {
+  if (cfg_.evaluate && em.val_count > 0) {  // no samples scored: no val_loss, not a 0 (as in the metrics file)
     char loss[48];
     std::snprintf(loss, sizeof loss, "  val_loss %.4f", em.val_loss);
     val = loss + metrics_text(em.val_metrics, "val_");

@@ -579,7 +579,8 @@ void Run::run_round() {
     const auto newest = newest_checkpoint();
     std::ostringstream why;
     why << "the loss is " << nonfinite_loss_->second << " at step " << nonfinite_loss_->first
-        << " (the step module's loss diverged, or its input holds NaN; try a lower --lr or --grad-clip); ";
+        << " (the step module's loss diverged, or its input holds NaN; try a lower trainer.optimizer.lr or a "
+           "trainer.grad_clip); ";
     if (newest)
       why << "the newest checkpoint is " << newest->path << " (step " << newest->step << "), and the weights past it "
           << "are not saved";

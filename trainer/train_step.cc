@@ -125,7 +125,12 @@ std::unique_ptr<TrainStep> make_step(const StepSpec& spec, Model& model) {
 }
 
 void check_output(const StepOutput& out, const TrainStep& step) {
-  if (!out.loss.defined()) throw ConfigError("step " + step.describe() + " returned no 'loss'");
+  if (!out.loss.defined()) {
+    std::string returned;
+    for (const auto& [key, value] : out.metrics) returned += (returned.empty() ? "" : ", ") + key;
+    throw ConfigError("step " + step.describe() + " returned no 'loss' (it returned " +
+                      (returned.empty() ? std::string("nothing") : returned) + ")");
+  }
   if (out.loss.numel() != 1 || !out.loss.is_floating_point()) {
     throw ConfigError("step " + step.describe() + " returned a 'loss' of " + actors::describe_tensor(out.loss) +
                       "; it must be one floating-point value");
