@@ -169,3 +169,15 @@ def test_a_waiting_items_fn_that_raises_loses_no_result_and_wedges_nothing():
         pool.get_next(timeout=60)  # then what the waiting item's fn raised
     assert pool.get_next(timeout=60) == 6
     assert not pool.has_next() and pool.has_free()
+    # Two failing in a row behind a good one: each error once, then done
+    # (the second spun for ever); a map keeps the error (it was dropped).
+    pool.submit(lambda a, v: a.double.remote(v), 1)
+    pool.submit(lambda a, v: a.no_such_method.remote(v), 2)
+    pool.submit(lambda a, v: a.no_such_method.remote(v), 3)
+    assert pool.get_next(timeout=60) == 2
+    for _ in range(2):
+        with pytest.raises(AttributeError):
+            pool.get_next(timeout=60)
+    assert not pool.has_next()
+    with pytest.raises(AttributeError):
+        list(pool.map(lambda a, v: a.double.remote(v) if v != 2 else a.nope.remote(v), [1, 2]))

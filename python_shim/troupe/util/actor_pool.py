@@ -45,7 +45,6 @@ class ActorPool:
 
     def submit(self, fn, value):
         """Runs fn(actor, value) on an idle actor, or once one frees."""
-        self._raise_deferred()
         if not self._idle:
             self._waiting.append((fn, value))
             return
@@ -67,8 +66,9 @@ class ActorPool:
         self._next_index += 1
 
     def has_next(self):
-        """Whether a result is still to be had (submitted, not yet got)."""
-        return bool(self._busy) or bool(self._waiting)
+        """Whether a result is still to be had (submitted, not yet got), or
+        an error to raise (a waiting item's fn that raised)."""
+        return bool(self._busy) or bool(self._waiting) or self._deferred is not None
 
     def has_free(self):
         """Whether an actor is idle and nothing waits for one."""
@@ -173,6 +173,7 @@ class ActorPool:
         than wait for ever."""
         self._raise_deferred()
         self._submit_waiting()
+        self._raise_deferred()  # a fn that raised just now, with nothing before it to return
         if not self._busy and self._waiting:
             raise ValueError(f"ActorPool.{what}: {len(self._waiting)} submitted item(s) wait for an actor and the "
                              "pool has none (none was given, or pop_idle took them all): push() one")

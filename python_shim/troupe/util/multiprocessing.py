@@ -107,8 +107,9 @@ class AsyncResult:
 class Pool:
     """Pool(processes=None, initializer=None, initargs=None,
     maxtasksperchild=None, context=None, ray_address=None,
-    ray_remote_args=None): `processes` actors (default: the cluster's
-    CPUs). Connects with troupe.init(address=ray_address) when troupe is
+    ray_remote_args=None): `processes` actors (default: as many as the
+    cluster's CPUs hold at each one's num_cpus, 1 unless ray_remote_args
+    say). Connects with troupe.init(address=ray_address) when troupe is
     not initialized yet. maxtasksperchild and context are taken for the
     standard library's signature and not used."""
 
@@ -157,15 +158,18 @@ class Pool:
             return ref
 
     def _func_ref(self, func, what, shown=None):
+        """`func` put for the processes; `shown`: the user's function when
+        `func` wraps it with its arguments (apply_async)."""
         self._check_open()
         if not callable(func):
             raise TypeError(f"func must be callable, got a {type(func).__name__}")
         try:
             return troupe.put(func)
         except TypeError as e:
-            shown = shown if shown is not None else func
-            raise TypeError(f"Pool.{what}: func {getattr(shown, '__qualname__', shown)!r} (or its arguments) cannot "
-                            f"be sent to the pool's processes: {e}") from e
+            named = shown if shown is not None else func
+            also = " (or its arguments)" if shown is not None else ""
+            raise TypeError(f"Pool.{what}: func {getattr(named, '__qualname__', named)!r}{also} cannot be sent to "
+                            f"the pool's processes: {e}") from e
 
     def _chunks(self, func, iterable, chunksize, star, what):
         func_ref = self._func_ref(func, what)
@@ -276,6 +280,8 @@ class Pool:
         self._end()
 
     def _end(self):
+        for run in list(self._lazy_runs):
+            run.ended_by_pool = True
         for p in self._processes:
             troupe.kill(p)
         self._processes = []
@@ -313,6 +319,7 @@ class _LazyRun:
         self._pool, self._func_ref, self._items, self._chunksize = pool, func_ref, items, chunksize
         self._refs = collections.deque()  # submitted, result not taken yet
         self._ended = False  # the iterable gave its last item
+        self.ended_by_pool = False  # terminate() or join() ended the processes first
         self._lock = threading.Lock()
 
     def fill(self, n):
@@ -331,6 +338,12 @@ class _LazyRun:
         chunk submitted in its place; None at the end."""
         with self._lock:
             refs = list(self._refs)
+            cut_short = not refs and not self._ended and self.ended_by_pool
+        if cut_short:
+            # Its items past those taken were never run: say so rather
+            # than end as if the iterable had.
+            raise ValueError("Pool not running: terminate() ended its processes before this imap's remaining items "
+                             "were run")
         if not refs:
             return None
         if unordered:
