@@ -309,7 +309,9 @@ void JobReporter::step(int64_t epoch, int64_t step, double loss_sum, int64_t sam
   // (it was dropped without a word).
   for (const auto& [k, v] : metrics) {
     if (j.emplace(k, v).second) continue;
-    const std::string renamed = "metric_" + k;
+    std::string renamed = "metric_" + k;
+    while (j.contains(renamed) || metrics.count(renamed))
+      renamed = "metric_" + renamed;  // never over a metric of its own
     j[renamed] = v;
     if (renamed_metrics_.insert(k).second)
       TROUPE_LOG_WARN(

@@ -648,9 +648,16 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     std::vector<std::pair<std::string, torch::Tensor>> params;
     std::vector<torch::Tensor> saved;
     ~LiveWeights() {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < saved.size(); ++i) params[i].second.copy_(saved[i]);
-      model.train(true);
+      // A destructor must not throw (a device in a sticky error state may
+      // refuse the copy): the trainer then holds the average, said here,
+      // and the job's next step or heal meets the device's error itself.
+      try {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < saved.size(); ++i) params[i].second.copy_(saved[i]);
+        model.train(true);
+      } catch (const std::exception& e) {
+        TROUPE_LOG_ERROR("trainer: the live weights could not be put back after evaluation: {}", e.what());
+      }
     }
   } live{*model_, model_->named_parameters(), {}};
   model_->train(false);

@@ -128,10 +128,11 @@ class EvalFailingStep : public RaisingStep {
 
 TROUPE_STEP("test_eval_failing", [](const std::string& config) { return std::make_unique<EvalFailingStep>(config); });
 
-// A step that cannot be made anywhere (a missing file, say): its factory
-// throws on every trainer.
+// A step that cannot be made anywhere: its factory throws on every
+// trainer, an error of troupe's own kind (not a ConfigError, which the
+// start rethrows anyway), that new trainers would meet again.
 TROUPE_STEP("test_unmakeable", [](const std::string&) -> std::unique_ptr<TrainStep> {
-  throw std::runtime_error("this step needs a file no node has");
+  throw troupe::Error("this step needs a file no node has");
 });
 // Classification whose trainer, while it is set up, writes DIR/started-PID
 // and waits for DIR/go (config "DIR"; up to two minutes): a test kills a

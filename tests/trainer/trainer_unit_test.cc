@@ -109,7 +109,7 @@ TEST(JobReporterTest, AStepMetricNamedAsALineFieldIsKeptUnderAnotherName) {
   {
     JobReporter reporter(cfg, [] { return JobPosition{1, 2}; });
     reporter.open_metrics();
-    reporter.step(0, 1, 8.0, 4, {{"samples", 3.0}, {"correct", 2.0}}, 100.0, 0.0);
+    reporter.step(0, 1, 8.0, 4, {{"samples", 3.0}, {"metric_samples", 5.0}, {"correct", 2.0}}, 100.0, 0.0);
   }
   std::ifstream in(cfg.metrics_path);
   std::string line, step_line;
@@ -118,7 +118,8 @@ TEST(JobReporterTest, AStepMetricNamedAsALineFieldIsKeptUnderAnotherName) {
   ASSERT_FALSE(step_line.empty());
   const auto j = nlohmann::json::parse(step_line);
   EXPECT_EQ(j.at("samples").get<int64_t>(), 4) << step_line;
-  EXPECT_EQ(j.at("metric_samples").get<double>(), 3.0) << step_line;
+  EXPECT_EQ(j.at("metric_samples").get<double>(), 5.0) << step_line;  // the step's own, kept
+  EXPECT_EQ(j.at("metric_metric_samples").get<double>(), 3.0) << step_line;
   EXPECT_EQ(j.at("correct").get<double>(), 2.0) << step_line;
 }
 
