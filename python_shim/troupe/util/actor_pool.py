@@ -186,6 +186,11 @@ class ActorPool:
             futures = [ref for ref, _, _ in self._busy.values()]
             if not futures:
                 return None
+            if not any(isinstance(f, list) for f in futures):
+                # One ref each (the common case): one wait.
+                ready, _ = troupe.wait(futures, num_returns=1,
+                                       timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+                return ready[0] if ready else None
             flat = [r for f in futures for r in _refs(f)]
             done, _ = troupe.wait(flat, num_returns=len(flat), timeout=0)
             done_ids = {id(r) for r in done}
