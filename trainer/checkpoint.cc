@@ -180,6 +180,9 @@ CheckpointInfo save_checkpoint(const std::string& root, const TrainState& state,
     std::map<std::string, torch::Tensor> rng;
     if (state.rng.defined()) rng["cpu"] = state.rng;
     files["rng.pt"] = pickle_dict(rng);
+    // Only a step that keeps state writes it: checkpoints of the others
+    // stay as they were.
+    if (!state.step_state.empty()) files["step.pt"] = pickle_dict(state.step_state);
     CheckpointManifest m;
     m.step = state.step;
     m.epoch = state.epoch;
@@ -220,6 +223,7 @@ TrainState load_checkpoint(const std::string& dir, CheckpointInfo* info_out) {
   s.optimizer = unpickle_dict(read_file(fs::path(dir) / "optimizer.pt"), dir + "/optimizer.pt");
   auto rng = unpickle_dict(read_file(fs::path(dir) / "rng.pt"), dir + "/rng.pt");
   if (rng.count("cpu")) s.rng = rng["cpu"];
+  if (m.files.count("step.pt")) s.step_state = unpickle_dict(read_file(fs::path(dir) / "step.pt"), dir + "/step.pt");
   if (info_out) *info_out = info;
   return s;
 }

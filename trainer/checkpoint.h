@@ -45,8 +45,10 @@ struct TrainState {
   // torch's default CPU generator (get_state()).
   torch::Tensor rng;
   actors::SamplerCursor cursor;
+  // The train step's own state (TrainStep::state()); empty for most steps.
+  std::map<std::string, torch::Tensor> step_state;
 
-  TROUPE_FIELDS(step, epoch, world_size, model, optimizer, rng, cursor);
+  TROUPE_FIELDS(step, epoch, world_size, model, optimizer, rng, cursor, step_state);
 };
 
 struct CheckpointInfo {

@@ -7,6 +7,15 @@
 #include "troupe/runtime/core/errors.h"
 
 namespace troupe::trainer {
+
+void TrainStep::load_state(const std::map<std::string, torch::Tensor>& state) {
+  if (state.empty()) return;
+  std::string keys;
+  for (const auto& [k, v] : state) keys += (keys.empty() ? "'" : ", '") + k + "'";
+  throw ConfigError("the state to load holds step state (" + keys + ") but step " + describe() +
+                    " keeps none: it was written by another step");
+}
+
 namespace {
 
 // The model's output for steps that feed it batch["input"] only.

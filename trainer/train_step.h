@@ -37,6 +37,28 @@ struct StepOutput {
   std::map<std::string, torch::Tensor> metrics;
 };
 
+// Where a call of train() or eval() stands in the job: what a curriculum,
+// a warm-up of the step's own, or a rank-dependent choice reads. A heal,
+// a resume or a resize gives a step the same context the uninterrupted run
+// would have given it.
+struct StepContext {
+  // Optimizer steps taken before this one: 0 in the job's first step. In
+  // evaluation, the steps taken before it.
+  int64_t step = 0;
+  // The epoch the batch is from (0-based).
+  int64_t epoch = 0;
+  // This forward's place among the step's accumulated micro-batches
+  // (0 .. accumulation - 1); 0 in evaluation.
+  int64_t micro_step = 0;
+  int64_t accumulation = 1;
+  // This trainer's rank and the group's size now (they change with a
+  // resize; a step that must train alike at any size reads neither).
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  // false in evaluation.
+  bool training = true;
+};
+
 // A resource: one per trainer.
 class TrainStep {
  public:
@@ -47,12 +69,36 @@ class TrainStep {
 
   // The training forward pass on `batch` (already on the model's device).
   virtual StepOutput train(Model& model, const actors::TensorDict& batch) = 0;
-  // Validation; called in eval mode under no-grad. Defaults to train().
+  // Validation; called in eval mode under no-grad. Defaults to train()
+  // (context().training tells the two apart).
   virtual StepOutput eval(Model& model, const actors::TensorDict& batch) { return train(model, batch); }
   // Metrics that are summed over samples and ranks (counts, token totals)
   // rather than averaged.
   virtual std::set<std::string> summed_metrics() const { return {}; }
   virtual std::string describe() const = 0;
+
+  // The step's own state (counters, a queue of past embeddings, a
+  // curriculum's stage): tensors by name, kept with the weights, so a
+  // checkpoint holds it, a heal sends a survivor's to the replacement and a
+  // step cut short by a failure is rolled back to the state before it. It
+  // must be the same on every rank, as the weights are (a survivor's stands
+  // for all): update it from what every rank sees alike (the context, a
+  // reduced value), never from the rank's own batch alone. Returned tensors
+  // are copied (to the CPU) before the next call. None by default.
+  virtual std::map<std::string, torch::Tensor> state() const { return {}; }
+  // Takes back what state() returned (CPU tensors: move them where the
+  // step keeps them). Called with every resume, heal and roll-back, also
+  // with an empty map when the checkpoint resumed from has no step state
+  // (one written before the step kept any). By default a step takes an
+  // empty map and refuses any other (ConfigError naming the keys).
+  virtual void load_state(const std::map<std::string, torch::Tensor>& state);
+
+  // Set by the trainer before each train() and eval().
+  const StepContext& context() const { return context_; }
+  void set_context(const StepContext& context) { context_ = context; }
+
+ private:
+  StepContext context_;
 };
 
 struct StepSpec {

@@ -408,9 +408,11 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
   return out;
 }
 
-TrainerActor::PendingSums TrainerActor::micro_step(const actors::Batch& batch, bool sync,
+TrainerActor::PendingSums TrainerActor::micro_step(const actors::Batch& batch, bool sync, StepContext context,
                                                    const std::function<void(const PendingSums&)>* before_backward) {
   bool amp = scales_loss();
+  context.step = step_;
+  step_fn_->set_context(context);
   StepOutput out = run_step(dataset_->finish(batch.tensors.to(device_, /*non_blocking=*/true)));
   auto pending = pending_of(out, batch.size());
   if (before_backward) (*before_backward)(pending);
@@ -585,6 +587,7 @@ TrainReport TrainerActor::train(TrainRequest req) {
     resolved = resolve(pending);
     pending.pop_back();
   };
+  StepContext context = step_context(cursor.epoch, rank, world, true);
   try {
     for (; s < steps; ++s) {
       snap = snapshot();
@@ -594,7 +597,8 @@ TrainReport TrainerActor::train(TrainRequest req) {
         actors::Batch batch = next_batch(req.from_stream, indices, pos, cursor.epoch);
         rep.wait_seconds += seconds_since(asked);
         const bool last = s == steps - 1 && k == config_.accumulation - 1;
-        pending.push_back(micro_step(batch, k == config_.accumulation - 1, last ? &read_back : nullptr));
+        context.micro_step = k;
+        pending.push_back(micro_step(batch, k == config_.accumulation - 1, context, last ? &read_back : nullptr));
         samples += batch.size();
         if (req.record_indices) rep.consumed.insert(rep.consumed.end(), batch.indices.begin(), batch.indices.end());
       }
@@ -667,6 +671,7 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
       live.params[i].second.copy_(ema_[i]);
     }
   }
+  step_fn_->set_context(step_context(epoch_, rank, world_size, false));
   const actors::Dataset& data = val_dataset_ ? *val_dataset_ : *dataset_;
   int64_t n = data.size();
   int64_t begin = !val_dataset_ && config_.validation_fraction > 0 ? train_size(config_, n) : 0;
@@ -721,7 +726,29 @@ TrainState TrainerActor::state() {
   }
   s.rng = at::detail::getDefaultCPUGenerator().get_state();
   s.cursor = cursor_;
+  s.step_state = step_state_copy();
   return s;
+}
+
+StepContext TrainerActor::step_context(int64_t epoch, int64_t rank, int64_t world, bool training) const {
+  StepContext c;
+  c.step = step_;
+  c.epoch = epoch;
+  c.accumulation = config_.accumulation;
+  c.rank = rank;
+  c.world_size = world;
+  c.training = training;
+  return c;
+}
+
+std::map<std::string, torch::Tensor> TrainerActor::step_state_copy() const {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, t] : step_fn_->state()) {
+    if (!t.defined())
+      throw ConfigError("step " + step_fn_->describe() + "'s state() returned '" + name + "' undefined");
+    out[name] = t.detach().to(torch::kCPU).clone();
+  }
+  return out;
 }
 
 void TrainerActor::load_state(TrainState s) {
@@ -765,6 +792,7 @@ void TrainerActor::load_state(TrainState s) {
     throw Error("the checkpoint's EMA covers only some parameters");
   optimizer_->load_state(s.optimizer);
   optimizer_->zero_grad();
+  step_fn_->load_state(s.step_state);
   if (s.rng.defined()) {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -779,6 +807,8 @@ TrainerActor::StepSnapshot TrainerActor::snapshot() {
   StepSnapshot s;
   for (auto& [name, b] : model_->named_buffers()) s.buffers.push_back(b.detach().clone());
   s.rng = at::detail::getDefaultCPUGenerator().get_state();
+  s.step_state = step_state_copy();
+  s.taken = true;
   return s;
 }
 
@@ -793,6 +823,9 @@ void TrainerActor::roll_back(const StepSnapshot& s) {
     gen.set_state(s.rng);
   }
   optimizer_->zero_grad();
+  // The step's state as before the step cut short (a step that keeps none
+  // takes the empty map).
+  if (s.taken) step_fn_->load_state(s.step_state);
 }
 
 Progress TrainerActor::progress() {
@@ -890,11 +923,12 @@ BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup
   b.tensors = dataset_->collate(std::move(samples)).to(device_);
   b.samples = batch;
   model_->train(true);
+  const StepContext bench_context = step_context(0, group_ ? group_->rank() : 0, reducer_->world_size(), true);
   double loss = 0;
   for (int64_t s = 0; s < warmup; ++s) {
     // Read back too, so the device has finished the warm-up (its copy
     // queues behind the optimizer's kernels) before the clock starts.
-    const auto pending = micro_step(b, true);
+    const auto pending = micro_step(b, true, bench_context);
     optimizer_step();
     resolve({pending});
   }
@@ -903,7 +937,7 @@ BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup
   for (int64_t s = 0; s < steps; ++s) {
     // Every step's loss read back before the next (as a training loop that
     // logs each step does, and as the benchmarks' peers do).
-    const auto pending = micro_step(b, true);
+    const auto pending = micro_step(b, true, bench_context);
     optimizer_step();
     loss = resolve({pending}).at(0).loss_sum / static_cast<double>(batch);
   }

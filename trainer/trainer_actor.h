@@ -312,7 +312,9 @@ class TrainerActor {
   StepOutput run_step(const actors::TensorDict& tensors);
   // One micro-step forward + backward; `before_backward`, when given, is
   // called between the two with this micro-step's pending sums.
-  PendingSums micro_step(const actors::Batch& batch, bool sync,
+  // `context` is the step's (StepContext) less the step number, which is
+  // step_'s.
+  PendingSums micro_step(const actors::Batch& batch, bool sync, StepContext context,
                          const std::function<void(const PendingSums&)>* before_backward = nullptr);
   // The next micro-batch of a train() call: read from the batch stream, or
   // collated from this trainer's own data set at indices[pos...]; advances
@@ -324,7 +326,13 @@ class TrainerActor {
   struct StepSnapshot {
     std::vector<torch::Tensor> buffers;
     torch::Tensor rng;
+    std::map<std::string, torch::Tensor> step_state;
+    bool taken = false;
   };
+  // The step's context at step_ (micro_step 0).
+  StepContext step_context(int64_t epoch, int64_t rank, int64_t world, bool training) const;
+  // The step's state() copied to the CPU (it may change it in place).
+  std::map<std::string, torch::Tensor> step_state_copy() const;
   StepSnapshot snapshot();
   void roll_back(const StepSnapshot& s);
 

@@ -12,7 +12,9 @@
 //    `loss`, a batch key the model does not expect, a collate that throws.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +135,42 @@ class CountingMse final : public TrainStep {
 };
 
 TROUPE_STEP("test_counting_mse", [](const std::string&) { return std::make_unique<CountingMse>(); });
+
+// A step with a curriculum read from its context (the loss's weight grows
+// over the first 6 steps) and state of its own: the forwards it has
+// trained, which scale its loss. A heal that gave a replacement a fresh
+// count (or a roll-back that kept a cut-short step's forwards counted)
+// would train other weights.
+class CurriculumStep final : public TrainStep {
+ public:
+  StepOutput train(Model& model, const actors::TensorDict& batch) override {
+    const auto& c = context();
+    if (c.rank < 0 || c.rank >= c.world_size || c.micro_step >= c.accumulation)
+      throw std::logic_error("bad context: rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size));
+    auto pred = model.forward(batch.at("input"));
+    const double weight = std::min(1.0, double(c.step + 1) / 6.0);
+    const double scale = 1.0 + 0.5 * std::sin(double(forwards_));
+    StepOutput out;
+    out.loss = torch::mse_loss(pred, batch.at("target")) * (weight * scale);
+    out.metrics["weight"] = torch::scalar_tensor(weight, torch::kFloat64);
+    out.metrics["epoch"] = torch::scalar_tensor(double(c.epoch), torch::kFloat64);
+    if (c.training) ++forwards_;
+    return out;
+  }
+  std::string describe() const override { return "curriculum"; }
+  std::map<std::string, torch::Tensor> state() const override {
+    return {{"forwards", torch::scalar_tensor(forwards_, torch::kInt64)}};
+  }
+  void load_state(const std::map<std::string, torch::Tensor>& s) override {
+    auto it = s.find("forwards");
+    forwards_ = it == s.end() ? 0 : it->second.item<int64_t>();
+  }
+
+ private:
+  int64_t forwards_ = 0;
+};
+
+TROUPE_STEP("test_curriculum", [](const std::string&) { return std::make_unique<CurriculumStep>(); });
 
 void python(const std::string& script, const fs::path& dir) {
   auto file = dir / "make.py";
@@ -388,6 +426,79 @@ TEST_F(OpenTrainerTest, RegressionAndRegisteredSteps) {
   r = TrainJob(rt_, cfg).fit();
   ASSERT_EQ(r.history.size(), 1u);
   EXPECT_EQ(r.history.back().train_metrics.at("count"), 256.0);
+}
+
+// A step reads where it stands (step, epoch, micro-step, rank) and keeps
+// state of its own: a checkpoint holds the state (step.pt), a resume and a
+// heal give it back, so a run with a trainer SIGKILLed and one resumed from
+// its first epoch's checkpoint end bitwise equal to the uninterrupted run,
+// the step's state included.
+TEST_F(OpenTrainerTest, AStepsContextAndStateSurviveAHealAndAResume) {
+  auto dir = test::fresh_dir("open-step-state");
+  auto cfg = base_job(2);
+  cfg.trainer.model.input_dim = 6;
+  cfg.trainer.model.hidden = 16;
+  cfg.trainer.model.num_classes = 2;  // outputs
+  cfg.trainer.data = actors::DatasetSpec("synthetic_regression")
+                         .set("size", 384)
+                         .set("num_features", 6)
+                         .set("num_outputs", 2)
+                         .set("seed", 3);
+  cfg.trainer.step.name = "test_curriculum";
+  cfg.trainer.batch_size = 8;
+  cfg.trainer.accumulation = 2;
+  cfg.checkpoint.dir = (dir / "ckpt").string();
+  cfg.checkpoint.keep = 0;
+  cfg.checkpoint.async = false;
+  const Result clean = TrainJob(rt_, cfg).fit();
+  ASSERT_EQ(clean.steps, 24);  // 384 / (2 ranks × 8 × 2 micro-batches) per epoch, 2 epochs
+  ASSERT_EQ(clean.final_state.step_state.count("forwards"), 1u);
+  // Each rank's forwards: 2 per step.
+  EXPECT_EQ(clean.final_state.step_state.at("forwards").item<int64_t>(), 48);
+  ASSERT_EQ(clean.history.size(), 2u);
+  EXPECT_DOUBLE_EQ(clean.history[0].train_metrics.at("epoch"), 0.0);
+  EXPECT_DOUBLE_EQ(clean.history[1].train_metrics.at("epoch"), 1.0);
+  EXPECT_DOUBLE_EQ(clean.history[1].train_metrics.at("weight"), 1.0);
+  EXPECT_LT(clean.history[0].train_metrics.at("weight"), 1.0);
+  const auto first_epoch = list_checkpoints(cfg.checkpoint.dir).front();
+  ASSERT_EQ(first_epoch.step, 12);
+  EXPECT_TRUE(fs::exists(fs::path(first_epoch.path) / "step.pt"));
+  EXPECT_EQ(load_checkpoint(first_epoch.path).step_state.at("forwards").item<int64_t>(), 24);
+
+  // A trainer killed mid-run: healed from its peer, the count with it.
+  auto hurt_cfg = cfg;
+  hurt_cfg.checkpoint.dir.clear();
+  troupe::testing::FaultInjector faults(rt_);
+  const uint64_t before = faults.last_actor_id();
+  hurt_cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  faults.at_step(7, [&] {
+    auto id = faults.live_actors(kTrainerClass, before).at(1).id;
+    faults.after(2ms, [&faults, id] { faults.kill_actor(id); });
+  });
+  const Result hurt = TrainJob(rt_, hurt_cfg).fit();
+  ASSERT_EQ(hurt.recoveries.size(), 1u);
+  EXPECT_EQ(hurt.recoveries[0].mode, RecoveryMode::kHeal);
+  test::expect_bitwise_equal(clean.final_state, hurt.final_state);
+
+  // Resumed from the first epoch's checkpoint: the context goes on from
+  // step 12 in epoch 1 and the count from the checkpoint's.
+  auto resumed_cfg = cfg;
+  resumed_cfg.checkpoint.dir.clear();
+  resumed_cfg.resume_from = first_epoch.path;
+  const Result resumed = TrainJob(rt_, resumed_cfg).fit();
+  test::expect_bitwise_equal(clean.final_state, resumed.final_state);
+
+  // A checkpoint with step state resumed by a step that keeps none is
+  // refused, naming the state.
+  auto other = resumed_cfg;
+  other.trainer.step.name = "regression";
+  try {
+    TrainJob(rt_, other).fit();
+    ADD_FAILURE() << "resumed a curriculum step's checkpoint into the regression step";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'forwards'"), std::string::npos) << e.what();
+  }
+  troupe::core::remove_tree(dir);
 }
 
 // Each bad input ends fit() with an error that names the culprit (quickly:

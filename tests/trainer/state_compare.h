@@ -22,6 +22,11 @@ inline void expect_bitwise_equal(const trainer::TrainState& a, const trainer::Tr
     ASSERT_TRUE(b.optimizer.count(name)) << name;
     EXPECT_TRUE(torch::equal(t, b.optimizer.at(name))) << "optimizer " << name << " differs";
   }
+  ASSERT_EQ(a.step_state.size(), b.step_state.size());
+  for (const auto& [name, t] : a.step_state) {
+    ASSERT_TRUE(b.step_state.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, b.step_state.at(name))) << "step state " << name << " differs";
+  }
 }
 
 }  // namespace troupe::test
