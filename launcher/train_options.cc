@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -97,6 +98,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"min_workers", field(&TrainOptions::min_workers)},
       {"max_workers", field(&TrainOptions::max_workers)},
       {"epochs", field(&TrainOptions::epochs)},
+      {"max_steps", field(&TrainOptions::max_steps)},
       {"batch_size", field(&TrainOptions::batch_size)},
       {"accumulation", field(&TrainOptions::accumulation)},
       {"optimizer", field(&TrainOptions::optimizer)},
@@ -243,6 +245,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--max-workers", o.max_workers,
                  "elastic: grow back up to this many when nodes have room (default: --workers)");
   app.add_option("--epochs", o.epochs, "passes over --data")->capture_default_str();
+  app.add_option("--max-steps", o.max_steps,
+                 "stop after N optimizer steps in all (a resume goes on to N), or after --epochs, whichever "
+                 "comes first; a stop mid-epoch writes a checkpoint (0: --epochs alone)")
+      ->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "samples per worker per step (per micro-step with --accumulation)")
       ->capture_default_str();
   app.add_option("--accumulation", o.accumulation,
@@ -528,6 +534,8 @@ void check(const TrainOptions& o) {
           source_of(o, "max_workers") + " must be 0 (as many as --workers) or at least --workers " +
               std::to_string(o.workers) + ", got " + std::to_string(o.max_workers));
   require(o.epochs >= 1, source_of(o, "epochs") + " must be at least 1, got " + std::to_string(o.epochs));
+  require(o.max_steps >= 0,
+          source_of(o, "max_steps") + " must be 0 (--epochs alone) or positive, got " + std::to_string(o.max_steps));
   require(o.batch_size >= 1, source_of(o, "batch_size") + " must be at least 1, got " + std::to_string(o.batch_size));
   require(o.accumulation >= 1 && o.accumulation <= (int64_t{1} << 20),
           source_of(o, "accumulation") + " must be between 1 and 1048576, got " + std::to_string(o.accumulation));
@@ -654,12 +662,17 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   const int64_t per_epoch = steps_per_epoch(o, c.trainer.data);
   if (!o.val_data.empty() && actors::make_dataset(c.trainer.validation_data)->size() <= 0)
     throw ConfigError("--val-data " + o.val_data + " holds no samples");
-  if (o.schedule == "cosine") c.trainer.schedule.total_steps = o.epochs * per_epoch;
+  // The cosine decays to the job's last step: the epochs', or max_steps when
+  // that comes first.
+  if (o.schedule == "cosine")
+    c.trainer.schedule.total_steps =
+        o.max_steps > 0 ? std::min(o.max_steps, o.epochs * per_epoch) : o.epochs * per_epoch;
   c.trainer.compression = o.compression;
   c.trainer.sync_batchnorm = o.sync_batchnorm;
   c.trainer.grad_clip = o.grad_clip;
   c.trainer.cpu_gemm = o.cpu_gemm;
   c.epochs = o.epochs;
+  c.max_steps = o.max_steps;
   c.failure.max_failures = o.max_failures;
   c.checkpoint.dir = fs::absolute(o.checkpoint_dir).string();
   c.checkpoint.at_epoch_end = true;

@@ -42,6 +42,11 @@ struct TrainOptions {
   int64_t min_workers = 0;
   int64_t max_workers = 0;
   int64_t epochs = 1;
+  // Stop after this many optimizer steps in all, counted from the job's
+  // first step (a resume goes on to it), or at the end of the epochs,
+  // whichever comes first (0: the epochs alone). A stop mid-epoch writes a
+  // checkpoint of the step reached.
+  int64_t max_steps = 0;
   int64_t batch_size = 32;
   // Batches of batch_size each worker adds up before the optimizer steps
   // (gradient accumulation): a step is workers × batch_size × accumulation

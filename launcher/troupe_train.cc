@@ -84,8 +84,9 @@ std::string loss_text(double v) {
 // A loss only when steps were taken: an epoch of no steps reports 0, which
 // is no loss at all. It is the last epoch's mean over its samples (a step
 // line's loss is that step's).
-void print_summary(const troupe::trainer::Result& r) {
+void print_summary(const troupe::trainer::Result& r, int64_t max_steps) {
   std::printf("troupe train: done, %lld steps", static_cast<long long>(r.steps));
+  if (max_steps > 0 && r.steps >= max_steps) std::printf(" (--max-steps)");
   if (r.steps > 0 && !r.history.empty()) {
     const auto& last = r.history.back();
     std::printf(", last epoch's mean loss %s", loss_text(last.train_loss).c_str());
@@ -103,7 +104,7 @@ int run(const TrainOptions& o, troupe::trainer::TrainJobConfig cfg, const troupe
   cfg.stop_requested = [&stop] { return stop.requested(); };
   troupe::trainer::Result r = troupe::trainer::TrainJob(rt, std::move(cfg)).fit();
   if (!r.interrupted) {
-    print_summary(r);
+    print_summary(r, o.max_steps);
     return 0;
   }
   std::printf("troupe train: interrupted at step %lld", static_cast<long long>(r.steps));
@@ -167,7 +168,12 @@ int main(int argc, char** argv) {
     // result hold the resume and the end, as a Python TrainJob reads them.
     if (auto latest = troupe::trainer::latest_checkpoint(o.checkpoint_dir); latest) {
       const int64_t done = epochs_done(*latest);
-      if (done >= o.epochs) {
+      if (o.max_steps > 0 && latest->step >= o.max_steps) {
+        std::printf(
+            "troupe train: the checkpoint is at step %lld, and --max-steps is %lld: nothing to train (raise "
+            "--max-steps to go on)\n",
+            static_cast<long long>(latest->step), static_cast<long long>(o.max_steps));
+      } else if (done >= o.epochs) {
         std::printf(
             "troupe train: the checkpoint at step %lld has %lld epoch(s) done, and --epochs is %lld: nothing to "
             "train (raise --epochs to go on)\n",

@@ -231,6 +231,7 @@ class Run {
   std::optional<size_t> open_recovery_;
   EpochSums sums_;
   bool stopped_ = false;     // max_steps reached
+  bool trained_ = false;     // a step recorded by this run
   double step_seconds_ = 0;  // a step's time in the last round (0: none yet)
   // The steps (1-based, first and last) of the round of train() calls under
   // way, kept until it has ended well: a failure in it happened in one of
@@ -292,6 +293,12 @@ std::optional<TrainState> Run::load_resume_from() {
   TrainState resume = load_checkpoint(dir, &info);
   check_data_order(dir, info);
   resume_epoch_sums_ = info.epoch_sums;
+  // A checkpoint of this job's own directory stands for its step: a stop
+  // there (max_steps already reached) writes it no second time.
+  std::error_code ec;
+  if (!cfg_.checkpoint.dir.empty() &&
+      std::filesystem::equivalent(std::filesystem::path(dir).parent_path(), cfg_.checkpoint.dir, ec))
+    last_checkpoint_step_ = resume.step;
   event(JobEventKind::kResumeFrom, dir + " (step " + std::to_string(resume.step) + ", epoch " +
                                        std::to_string(resume.epoch) + ", " + std::to_string(resume.world_size) +
                                        " workers)");
@@ -510,8 +517,17 @@ JobStatus Run::step_boundary() {
   // An async checkpoint that failed since the last round ends the job now,
   // not after more training that could not be saved.
   if (writer_) writer_->check();
+  // Also at the start: a resume from a checkpoint at or past max_steps.
+  if (cfg_.max_steps > 0 && gang_.step() >= cfg_.max_steps) stopped_ = true;
   if (stopped_ || gang_.cursor().epoch >= cfg_.epochs) {
-    if (sums_.epoch >= 0) end_epoch();
+    // max_steps reached mid-epoch: the step reached is kept, as a stop
+    // asked for keeps it (an epoch's end writes its own), so a resume with
+    // a higher max_steps goes on from this very step.
+    if (stopped_ && !sampler_.epoch_done(gang_.cursor()))
+      checkpoint({{"train_loss", sums_.samples ? sums_.loss_sum / sums_.samples : 0.0}});
+    // A resume with max_steps reached already trains nothing: the epoch's
+    // line was written by the run that reached it.
+    if (sums_.epoch >= 0 && (trained_ || !stopped_)) end_epoch();
     return JobStatus::kDone;
   }
   if (cfg_.stop_requested && cfg_.stop_requested()) {
@@ -664,6 +680,7 @@ void Run::record_healed_steps(int64_t before, int64_t world_before) {
 
 int64_t Run::record_steps(const std::vector<TrainReport>& reps, bool consumed, int64_t healed_world) {
   const auto& first = reps[0];
+  trained_ = true;
   int64_t round_samples = 0;
   double round_seconds = 0;
   for (const auto& r : reps) {

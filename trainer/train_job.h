@@ -141,7 +141,10 @@ struct TrainJobConfig {
   ScalingConfig scaling;
   TrainerConfig trainer;
   int64_t epochs = 1;
-  // Stop after this many optimizer steps in all (0 = run the epochs).
+  // Stop after this many optimizer steps in all, counted from the job's
+  // first step (a resume goes on to it), or at the end of the epochs,
+  // whichever comes first (0 = run the epochs). A stop mid-epoch writes a
+  // checkpoint of the step reached (with checkpoint.dir set).
   int64_t max_steps = 0;
   CheckpointConfig checkpoint;
   FailureConfig failure;

@@ -191,6 +191,19 @@ def test_stop_checkpoints_and_resume_ends_with_the_same_weights(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the run never stopped"
 
 
+def test_max_steps_stops_mid_epoch_with_a_checkpoint_and_a_resume_goes_on(tmp_path):
+    # max_steps reached mid-epoch: a checkpoint of that step, from which a
+    # resume with a higher max_steps goes on.
+    data = regression(512)
+    short = TrainJob(model(), data, checkpoint_dir=str(tmp_path), max_steps=5, **JOB).fit()
+    assert short.history[-1]["step"] == 5
+    assert os.path.basename(short.checkpoint) == "step-00000005"
+    more = TrainJob(model(), data, checkpoint_dir=str(tmp_path), resume=True, max_steps=9, **JOB).fit()
+    assert [h["step"] for h in more.history] == [6, 7, 8, 9]
+    with pytest.raises(ConfigError, match="max_steps must be 0"):
+        TrainJob(model(), data, checkpoint_dir=str(tmp_path / "bad"), max_steps=-2, **JOB).fit()
+
+
 def test_an_interrupted_wait_stops_the_job(tmp_path):
     # Ctrl-C while fit() or wait() blocks raises KeyboardInterrupt there;
     # the job ends with it (SIGTERM: it checkpoints and exits) instead of

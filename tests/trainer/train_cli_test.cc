@@ -755,6 +755,61 @@ TEST_F(TrainCliTest, CheckpointEveryWritesMidEpochCheckpointsAndResumesFromOne) 
   expect_one_line_failure(run(bad, dir_ / "bad.log"), "--checkpoint-every -5 must be 0 (off) or a number of steps");
 }
 
+// --max-steps stops mid-epoch with a checkpoint of the step reached; a
+// resume with a higher limit goes on from it and ends with the weights of
+// a run that went there at once; a limit the checkpoint has reached trains
+// nothing and says so.
+TEST_F(TrainCliTest, MaxStepsStopsMidEpochWithACheckpointAndAResumeGoesOnToTheRaisedLimit) {
+  write_inputs(dir_, "ok", 512, 8);
+  auto args = [&](const std::string& ckpt, const std::string& metrics, const std::string& max_steps) {
+    return std::vector<std::string>{TROUPE_TRAIN,  "--model",     at("step.pt"), "--data",    at("train.npz"),
+                                    "--workers",   "2",           "--epochs",    "2",         "--batch-size",
+                                    "16",          "--optimizer", "adamw",       "--lr",      "0.01",
+                                    "--log-every", "4",           "--metrics",   at(metrics), "--checkpoint-dir",
+                                    at(ckpt),      "--max-steps", max_steps};
+  };
+  const Outcome short_run = run(args("ckpt", "short.jsonl", "7"), dir_ / "short.log");
+  ASSERT_EQ(short_run.status, 0) << short_run.output;
+  EXPECT_NE(short_run.output.find("troupe train: done, 7 steps (--max-steps)"), std::string::npos) << short_run.output;
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-00000007")) << short_run.output;
+  EXPECT_EQ(metrics_lines(dir_ / "short.jsonl", "step").back()["step"], 7);
+
+  auto more = args("ckpt", "more.jsonl", "20");  // 16 steps an epoch: into the second
+  more.push_back("--resume");
+  const Outcome resumed = run(more, dir_ / "more.log");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + at("ckpt/step-00000007")), std::string::npos) << resumed.output;
+  const auto steps = metrics_lines(dir_ / "more.jsonl", "step");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.front()["step"], 8);
+  EXPECT_EQ(steps.back()["step"], 20);
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-00000020")) << resumed.output;
+
+  const Outcome straight = run(args("ckpt-straight", "straight.jsonl", "20"), dir_ / "straight.log");
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  const std::string same = python(dir_,
+                                  "import torch\n"
+                                  "a = torch.load('" +
+                                      at("ckpt-straight/step-00000020/model.pt") +
+                                      "')\n"
+                                      "b = torch.load('" +
+                                      at("ckpt/step-00000020/model.pt") +
+                                      "')\n"
+                                      "print('same' if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)"
+                                      " else 'different')\n");
+  EXPECT_NE(same.find("same"), std::string::npos) << same;
+
+  auto past = args("ckpt", "past.jsonl", "20");
+  past.push_back("--resume");
+  const Outcome nothing = run(past, dir_ / "past.log");
+  EXPECT_EQ(nothing.status, 0) << nothing.output;
+  EXPECT_NE(nothing.output.find("the checkpoint is at step 20, and --max-steps is 20: nothing to train"),
+            std::string::npos)
+      << nothing.output;
+  expect_one_line_failure(run(args("ckpt-bad", "bad.jsonl", "-1"), dir_ / "bad.log"),
+                          "--max-steps must be 0 (--epochs alone) or positive, got -1");
+}
+
 TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
   write_inputs(dir_, "ok", 64, 8);
   const std::vector<std::string> ok = {TROUPE_TRAIN,    "--model",          at("step.pt"), "--data",

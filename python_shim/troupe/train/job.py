@@ -59,7 +59,7 @@ from troupe.train.trainer import TrainingFailedError
 # The TrainJobConfig fields troupe-train takes (its --config keys), with
 # their Python types.
 _FIELDS = {
-    "workers": int, "min_workers": int, "max_workers": int, "epochs": int, "batch_size": int, "accumulation": int, "optimizer": str, "lr": float, "weight_decay": float, "momentum": float,
+    "workers": int, "min_workers": int, "max_workers": int, "epochs": int, "max_steps": int, "batch_size": int, "accumulation": int, "optimizer": str, "lr": float, "weight_decay": float, "momentum": float,
     "warmup_steps": int, "grad_clip": float, "max_failures": int, "seed": int, "sync_batchnorm": bool,
     "cpus_per_worker": float, "log_every": int, "name": str, "model_options": dict,
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
@@ -413,7 +413,9 @@ class TrainJob:
     system's temp dir, kept after the run). address: "HOST:PORT", "auto", or
     None (this process's troupe cluster if initialised, else embedded).
     Other keywords: the TrainJobConfig fields of `troupe train` (workers, min_workers, max_workers,
-    epochs, batch_size, accumulation (batches each worker adds up before one
+    epochs, max_steps (stop after N optimizer steps in all, or after the epochs,
+    whichever comes first; a stop mid-epoch writes a checkpoint), batch_size,
+    accumulation (batches each worker adds up before one
     optimizer step), optimizer, lr, weight_decay, warmup_steps, grad_clip,
     max_failures, seed, sync_batchnorm, cpus_per_worker, log_every, checkpoint_every (steps between
     checkpoints inside an epoch; 0: at epoch ends only), name,
