@@ -3,6 +3,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "python_shim/src/py_client.h"
@@ -68,32 +69,50 @@ PyCall decode_call(wire::Decoder& args, const char* what) {
 }
 
 // Interrupts handed to a thread of their own (interrupt_task) and not done
-// yet. troupe.cancel returns once a running call is marked, before its
-// async method's coroutine is cancelled on that thread: a call that came
-// after it could run first (a queue's cancelled get took the item that the
-// next put added). A method call waits for the interrupts begun before it
-// (up to kInterruptWait: the interrupt needs the GIL, which a long plain
-// method may hold).
-struct InterruptFence {
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t begun = 0;
-  uint64_t done = 0;
-};
+// yet, each by its ticket. troupe.cancel returns once a running call is
+// marked, before its async method's coroutine is cancelled on that thread:
+// a call that came after it could run first (a queue's cancelled get took
+// the item that the next put added). A method call waits for the
+// interrupts begun before it (up to kInterruptWait: the interrupt needs
+// the GIL, which a long plain method may hold). An interrupt is done once
+// its coroutine is cancelled or its exception raised, before a recursive
+// cancel's children are cancelled (which calls back into the cluster), and
+// each is tracked by itself: one begun later, or ending sooner, lets no
+// call through early.
+class InterruptFence {
+ public:
+  uint64_t begin() {
+    std::lock_guard lock(mu_);
+    open_.insert(++next_);
+    return next_;
+  }
+  void end(uint64_t ticket) {
+    {
+      std::lock_guard lock(mu_);
+      if (open_.erase(ticket) == 0) return;  // ended already
+    }
+    cv_.notify_all();
+  }
+  void wait_for_earlier() {
+    std::unique_lock lock(mu_);
+    const uint64_t upto = next_;
+    cv_.wait_for(lock, kWait, [&] { return open_.empty() || *open_.begin() > upto; });
+  }
 
-constexpr std::chrono::seconds kInterruptWait{1};
+ private:
+  static constexpr std::chrono::seconds kWait{1};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_ = 0;
+  std::set<uint64_t> open_;
+};
 
 InterruptFence& interrupt_fence() {
   static auto* fence = new InterruptFence;  // never destroyed: detached threads use it
   return *fence;
 }
 
-void wait_for_earlier_interrupts() {
-  auto& f = interrupt_fence();
-  std::unique_lock lock(f.mu);
-  const uint64_t begun = f.begun;
-  f.cv.wait_for(lock, kInterruptWait, [&] { return f.done >= begun; });
-}
+void wait_for_earlier_interrupts() { interrupt_fence().wait_for_earlier(); }
 
 class PyHostedActor final : public client::HostedActor {
  public:
@@ -178,24 +197,20 @@ int32_t interrupt_task(const PyInterruptTask& m) {
   const client::TaskState state = client::mark_task_cancelled(m.task);
   if (state != client::kTaskRunning) return state;
   auto& fence = interrupt_fence();
-  {
-    std::lock_guard lock(fence.mu);
-    ++fence.begun;
-  }
-  std::thread([task = m.task, recursive = m.recursive, &fence] {
+  const uint64_t ticket = fence.begin();
+  std::thread([task = m.task, recursive = m.recursive, &fence, ticket] {
     {
       pyb::gil_scoped_acquire gil;
       try {
-        hook("interrupt_task")(task, recursive);
+        // Called by the hook once the interrupt is made, before the
+        // children of a recursive cancel are cancelled.
+        pyb::cpp_function interrupted([&fence, ticket] { fence.end(ticket); });
+        hook("interrupt_task")(task, recursive, interrupted);
       } catch (const std::exception& e) {
         TROUPE_LOG_WARN("interrupting task {}: {}", task, e.what());
       }
     }
-    {
-      std::lock_guard lock(fence.mu);
-      ++fence.done;
-    }
-    fence.cv.notify_all();
+    fence.end(ticket);
   }).detach();
   return state;
 }

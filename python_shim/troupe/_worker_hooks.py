@@ -475,7 +475,7 @@ def _cancel_children(children):
             print(f"[troupe] cancelling a child task of a cancelled task: {e}", file=sys.stderr)
 
 
-def interrupt_task(token, recursive=True):
+def interrupt_task(token, recursive=True, interrupted=None):
     """troupe.cancel (without force), on a thread of its own: cancels the
     coroutine of async task or method `token`, else raises
     KeyboardInterrupt in the thread that runs task `token` (at its next
@@ -484,7 +484,10 @@ def interrupt_task(token, recursive=True):
     is_canceled()). One that has not got this far yet is kept, so that it
     is cancelled as it gets there. With `recursive`, the tasks it submitted
     are cancelled after it is interrupted (their refs are taken first,
-    before the interrupt drops the parent's). Whether it was running."""
+    before the interrupt drops the parent's). `interrupted` (the worker's
+    fence: calls of the actor that came after the cancel wait for it) is
+    called once the interrupt is made, before the children are cancelled.
+    Whether it was running."""
     with _cancel_lock:
         refs = [c() for c in _children.get(token, ())] if recursive else []
         coroutine = _coroutines.get(token)
@@ -497,6 +500,8 @@ def interrupt_task(token, recursive=True):
             _cancelled[token] = True
             while len(_cancelled) > _CANCELLED_KEPT:
                 _cancelled.popitem(last=False)
+    if interrupted is not None:
+        interrupted()
     _cancel_children([r for r in refs if r is not None])
     return coroutine is not None or thread is not None
 
