@@ -150,6 +150,7 @@ class TorchrunJob {
       say("setting OMP_NUM_THREADS=1 for each process (torchrun's default with several per node); set it to tune");
     }
     if (const char* v = std::getenv("NCCL_ASYNC_ERROR_HANDLING")) nccl_async_ = v;
+    for (char** e = environ; *e; ++e) driver_env_.emplace_back(*e);
   }
 
   // Each attempt runs in the slots of the one before while the group keeps
@@ -327,11 +328,12 @@ class TorchrunJob {
       l.no_python = o_.no_python;
       l.script = script_path();
       l.args = o_.script_args;
-      l.env = torchrun_env(p, env);
+      auto vars = torchrun_env(p, env);
+      if (a.shape.resource == "GPU") vars.push_back("CUDA_VISIBLE_DEVICES=" + gpus[size_t(p.group_rank)]);
+      l.env = rank_environment(driver_env_, std::move(vars));
       l.working_dir = cwd_;
       l.run_id = run_id_;
       l.restart_count = restart;
-      if (a.shape.resource == "GPU") l.env.push_back("CUDA_VISIBLE_DEVICES=" + gpus[size_t(p.group_rank)]);
       // A spare interpreter can only stand in for an interpreter.
       l.warm = !o_.cold_restarts && !o_.no_python;
       l.preload = o_.preload;
@@ -470,6 +472,7 @@ class TorchrunJob {
   std::string run_id_;
   std::string cwd_;
   std::string omp_;
+  std::vector<std::string> driver_env_;  // this process's environment (rank_environment)
   std::string nccl_async_ = "1";
   bool launched_once_ = false;  // an attempt started: later ones wait for room, whatever the nodes
   uint32_t spare_delay_ms_ = spare_delay_from_env();

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <map>
 #include <random>
+#include <set>
 
 #include "troupe/runtime/wire/address.h"
 
@@ -365,6 +366,40 @@ std::vector<std::string> torchrun_env(const RankPlace& p, const AttemptEnv& a) {
       "NCCL_ASYNC_ERROR_HANDLING=" + a.nccl_async_error_handling,
   };
   if (!a.omp_num_threads.empty()) env.push_back("OMP_NUM_THREADS=" + a.omp_num_threads);
+  return env;
+}
+
+bool kept_from_node(const std::string& name) {
+  static const std::set<std::string> exact = {
+      // host, login, shell and terminal
+      "PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "HOSTNAME", "HOST", "PWD",
+      "OLDPWD", "SHLVL", "_", "TERM", "TERMCAP", "COLORTERM", "COLUMNS", "LINES", "DISPLAY", "TMPDIR", "TMUX",
+      "TMUX_PANE", "STY", "WINDOW", "LS_COLORS", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX",
+      // devices: a rank's are its slot's
+      "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+      // torchrun's, set for each rank
+      "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+      "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  static const char* const prefixes[] = {"SSH_",  "XDG_",    "DBUS_",         "SLURM_", "SLURMD_",
+                                         "SRUN_", "SBATCH_", "SALLOC_",       "PMI_",   "PMIX_",
+                                         "OMPI_", "TROUPE_", "TORCHELASTIC_", "PET_",   "CONDA_"};
+  if (exact.count(name)) return true;
+  for (const char* p : prefixes)
+    if (name.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+std::vector<std::string> rank_environment(const std::vector<std::string>& driver, std::vector<std::string> vars) {
+  auto key = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
+  std::set<std::string> set_by_torchrun;
+  for (const auto& v : vars) set_by_torchrun.insert(key(v));
+  std::vector<std::string> env;
+  for (const auto& kv : driver) {
+    const std::string k = key(kv);
+    if (k.empty() || k.size() == kv.size() || kept_from_node(k) || set_by_torchrun.count(k)) continue;
+    env.push_back(kv);
+  }
+  env.insert(env.end(), std::make_move_iterator(vars.begin()), std::make_move_iterator(vars.end()));
   return env;
 }
 

@@ -86,6 +86,22 @@ struct AttemptEnv {
 // and CUDA_VISIBLE_DEVICES are added where the script runs).
 std::vector<std::string> torchrun_env(const RankPlace& place, const AttemptEnv& attempt);
 
+// Whether the driver's variable `name` stays out of the ranks' environment:
+// the variables of its host, shell, terminal and login (PATH, HOME,
+// HOSTNAME, SSH_*, ...), of batch systems and MPI launchers, which set
+// them for each process (SLURM_*, PMI_*, OMPI_*), troupe's own (TROUPE_*)
+// and those torchrun sets for each rank (RANK, MASTER_PORT, TORCHELASTIC_*,
+// CUDA_VISIBLE_DEVICES, ...). A rank has its node's values of these.
+bool kept_from_node(const std::string& name);
+
+// The ranks' environment: the driver's variables (`driver`, KEY=VALUE) but
+// those kept from the node, then `vars` (torchrun's for the rank), which
+// win over the driver's. torchrun's workers inherit their launcher's
+// environment; on a cluster (--address) the ranks' processes are the node
+// agents' children, so the driver's `NCCL_DEBUG=INFO troupe torchrun ...`
+// or PYTHONPATH reaches them only this way.
+std::vector<std::string> rank_environment(const std::vector<std::string>& driver, std::vector<std::string> vars);
+
 // The default run id: a random UUID, as torchrun --standalone makes.
 std::string random_run_id();
 

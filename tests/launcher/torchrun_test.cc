@@ -388,6 +388,56 @@ TEST(TorchrunOptions, EnvironmentIsTorchrunsTable) {
   EXPECT_EQ(env, want);
 }
 
+// The ranks take the driver's environment (torchrun's workers inherit
+// their launcher's), but for what describes the driver's own host, login,
+// batch system or launcher, and for torchrun's own variables, which win.
+TEST(TorchrunOptions, RanksTakeTheDriversEnvironmentButItsHostsAndTorchrunsOwn) {
+  const std::vector<std::string> driver = {"NCCL_DEBUG=INFO",
+                                           "PYTHONPATH=/src:/lib",
+                                           "MYVAR=a=b",
+                                           "PATH=/driver/bin",
+                                           "HOME=/home/driver",
+                                           "SLURM_PROCID=7",
+                                           "SSH_CONNECTION=1 2 3 4",
+                                           "TROUPE_TOKEN=secret",
+                                           "RANK=9",
+                                           "OMP_NUM_THREADS=4",
+                                           "CUDA_VISIBLE_DEVICES=3",
+                                           "TORCHELASTIC_ERROR_FILE=/tmp/x",
+                                           "NOEQUALS"};
+  const auto env = tl::rank_environment(driver, {"RANK=0", "OMP_NUM_THREADS=4", "CUDA_VISIBLE_DEVICES=0"});
+  const std::vector<std::string> want = {"NCCL_DEBUG=INFO", "PYTHONPATH=/src:/lib", "MYVAR=a=b",
+                                         "RANK=0",          "OMP_NUM_THREADS=4",    "CUDA_VISIBLE_DEVICES=0"};
+  EXPECT_EQ(env, want);
+  EXPECT_FALSE(tl::kept_from_node("NCCL_SOCKET_IFNAME"));
+  EXPECT_TRUE(tl::kept_from_node("SLURM_LOCALID"));
+}
+
+// On a cluster (--address) a rank is the node agent's child: the driver's
+// variables reach it only because troupe torchrun sends them.
+TEST_F(TorchrunTest, OnAClusterRanksTakeTheDriversEnvironment) {
+  auto head = run({TROUPE_CLI, "start", "--head", "--port", "0", "--resources", "CPU=2,GPU=0"});
+  ASSERT_EQ(head.status, 0) << head.output;
+  std::ifstream af(session_ / "address");
+  std::string address;
+  af >> address;
+  const std::string node_path = std::getenv("PATH");
+  setenv("DRIVER_ONLY_TEST_VAR", "from the driver", 1);
+  setenv("SLURM_PROCID", "7", 1);
+  setenv("PATH", (node_path + ":/troupe-driver-only").c_str(), 1);
+  auto r = run(torchrun({"--address", address, "--nproc-per-node", "1", "--run-id", "envcluster", "--python", kPython,
+                         kScripts + "/env_dump.py", out_.string()}));
+  setenv("PATH", node_path.c_str(), 1);
+  unsetenv("SLURM_PROCID");
+  unsetenv("DRIVER_ONLY_TEST_VAR");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto env = read_json(out_ / "env-0-0.json")["env"];
+  EXPECT_EQ(env.value("DRIVER_ONLY_TEST_VAR", ""), "from the driver") << env;
+  EXPECT_FALSE(env.contains("SLURM_PROCID")) << env;
+  EXPECT_EQ(env.value("PATH", "").find("/troupe-driver-only"), std::string::npos) << env;
+  EXPECT_EQ(env.value("RANK", ""), "0");
+}
+
 TEST_F(TorchrunTest, EnvironmentIsTorchrunsAndOutputIsRankPrefixed) {
   auto r = run(torchrun(
       {"--nproc-per-node", "2", "--run-id", "envtest", "--python", kPython, kScripts + "/env_dump.py", out_.string()}));
