@@ -134,3 +134,65 @@ def test_submit_gives_a_python_driver_the_jobs_runtime_env(tmp_path):
         assert "('hello from the working_dir', 'yes', 'init')" in run.stdout, run.stdout + run.stderr
     finally:
         subprocess.run([launcher, "stop"], env=env, timeout=120)
+
+
+def test_python_actors_run_on_a_node_that_cannot_see_the_drivers_files(tmp_path):
+    """A node agent whose temp directory is not the driver's (another host,
+    or a Slurm node with its own /tmp: here a mount namespace with a tmpfs
+    over the driver's TMPDIR) runs the driver's Python actors: the worker
+    launcher travels as text and the agent writes it itself. It was
+    written to the driver's TMPDIR, and every worker on such a node failed
+    with "cannot run .../troupe-python-0/worker-...: No such file"."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        import pytest
+
+        pytest.skip("a mount namespace needs root and unshare")
+    launcher = cli()
+    session, env = session_env(tmp_path)
+    driver_tmp = tmp_path / "driver_tmp"
+    driver_tmp.mkdir()
+    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=0"], env=env, check=True,
+                   timeout=120)
+    agent = None
+    try:
+        address = (session / "address").read_text().strip()
+        agent = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs tmpfs "$1" && exec "$2" start --address "$3" --resources CPU=2 --block',
+             "sh", str(driver_tmp), launcher, address], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        driver = tmp_path / "driver.py"
+        driver.write_text(textwrap.dedent("""
+            import os, sys, time
+            import troupe
+
+            troupe.init(address="auto")
+            deadline = time.monotonic() + 120
+            while sum(1 for n in troupe.nodes() if n["Alive"]) < 2:
+                assert time.monotonic() < deadline, "the namespaced agent never joined"
+                time.sleep(0.2)
+
+            @troupe.remote(num_cpus=1)
+            class Where:
+                def files(self, path):
+                    return sorted(os.listdir(path)), os.getpid()
+
+            where = Where.remote()
+            print("seen by the worker:", troupe.get(where.files.remote(sys.argv[1]), timeout=120), flush=True)
+            troupe.shutdown()
+        """))
+        run = subprocess.run([sys.executable, str(driver), str(driver_tmp)], env=dict(env, TMPDIR=str(driver_tmp)),
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+        # The worker's TMPDIR is the namespace's empty tmpfs: what the
+        # driver wrote there (if anything) it cannot see.
+        assert "seen by the worker: ([]," in run.stdout, run.stdout + run.stderr
+    finally:
+        subprocess.run([launcher, "stop"], env=env, timeout=120)
+        if agent is not None:
+            try:
+                agent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()

@@ -1,33 +1,24 @@
 """The executable a node agent starts for Python workers.
 
-A worker executable is a single path (ActorOptions::executable), so the
-driver writes a small launcher that runs this interpreter on troupe.worker
-with this package importable, named by the hash of its content in a
-directory of this user's (mode 0700); the node agent's warm pool keeps idle
-workers per executable, Python ones included. On a multi-machine cluster the
-same path must exist on every node (the same install, e.g. a shared venv).
+A worker executable is a single path or a script's text (ActorOptions::
+executable): the driver gives the text of a small launcher that runs this
+interpreter on troupe.worker with this package importable, and each node
+agent writes it into its own session directory under the hash of its
+content and runs it (runtime/node/script_executable.h). So no file of the
+driver's has to exist on the other nodes; the interpreter and this package
+do, at the same paths (the same install, e.g. a shared venv or image). The
+node agent's warm pool keeps idle workers per executable, Python ones
+included.
 """
-import hashlib
 import os
 import shlex
-import stat
 import sys
-import tempfile
 
 _cached = {}
 
 
-def _private_dir():
-    path = os.path.join(tempfile.gettempdir(), f"troupe-python-{os.getuid()}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"{path} must be a directory of this user's with mode 0700")
-    return path
-
-
 def worker_executable(preload=()):
-    """The launcher's path; `preload` (module names) are imported by the
+    """The launcher's text; `preload` (module names) are imported by the
     worker before it serves, so a pooled worker has them loaded already.
     Each preload set is an executable, and so a pool, of its own."""
     preload = tuple(preload)
@@ -38,14 +29,5 @@ def worker_executable(preload=()):
     text = ("#!/bin/sh\n# troupe Python worker launcher (written by troupe._launcher)\n"
             f"PYTHONPATH={shlex.quote(package_parent)}${{PYTHONPATH:+:$PYTHONPATH}} {imports}"
             f"exec {shlex.quote(sys.executable)} -m troupe.worker \"$@\"\n")
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    directory = _private_dir()
-    path = os.path.join(directory, f"worker-{digest}")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
-    _cached[preload] = path
-    return path
+    _cached[preload] = text
+    return text

@@ -24,6 +24,7 @@
 #include "troupe/runtime/core/malloc_policy.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
+#include "troupe/runtime/node/script_executable.h"
 #include "troupe/runtime/node/stats_pages.h"
 #include "troupe/runtime/node/worker_assignment.h"
 #include "troupe/runtime/wire/address.h"
@@ -590,9 +591,25 @@ class NodeAgent::Impl {
     return env;
   }
 
+  // Where executables given as a script's text are written: the session
+  // directory's launchers/, else one of this user's in the temp directory.
+  std::string launcher_dir() const {
+    if (!opts_.session_dir.empty()) return opts_.session_dir + "/launchers";
+    std::error_code ec;
+    auto tmp = std::filesystem::temp_directory_path(ec);
+    return (ec ? std::filesystem::path("/tmp") : tmp).string() + "/troupe-launchers-" + std::to_string(::getuid());
+  }
+
   // `cold`: not from the pool (its pooled worker did not take it).
   void spawn(const SpawnWorker& s, bool cold = false) {
-    std::string executable = executable_of(s.executable);
+    std::string executable;
+    try {
+      executable =
+          is_script_text(s.executable) ? script_executable(s.executable, launcher_dir()) : executable_of(s.executable);
+    } catch (const std::exception& e) {
+      report_exit(s.actor_id, s.incarnation, 0, std::string("failed to start: ") + e.what());
+      return;
+    }
     std::optional<pid_t> pid;
     // Variables the loader or libc read at exec cannot reach a running
     // worker: such an actor starts cold.

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -21,6 +21,7 @@
 #include "tests/support/process.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/node/script_executable.h"
 #include "troupe/runtime/node/worker_pool.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
@@ -417,4 +418,48 @@ TEST(ExitedLogs, AnAgentStartingBoundsWhatEarlierAgentsLeftBehind) {
   EXPECT_TRUE(std::filesystem::exists(live));
   EXPECT_TRUE(std::filesystem::exists(dir / "worker-notapid.log"));
   std::filesystem::remove_all(dir);
+}
+
+// An executable given as a script's text is written once per content into
+// a directory of this user's closed to others, and run from there; a
+// directory others may write into, or a script too large, is refused
+// naming it.
+TEST(ScriptExecutable, IsWrittenOncePerContentIntoAPrivateDirectory) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("troupe-script-test-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string a = "#!/bin/sh\necho a\n";
+  const std::string b = "#!/bin/sh\necho b\n";
+  EXPECT_TRUE(troupe::node::is_script_text(a));
+  EXPECT_FALSE(troupe::node::is_script_text("/usr/bin/python3"));
+  const std::string pa = troupe::node::script_executable(a, (dir / "launchers").string());
+  EXPECT_EQ(troupe::node::script_executable(a, (dir / "launchers").string()), pa);
+  const std::string pb = troupe::node::script_executable(b, (dir / "launchers").string());
+  EXPECT_NE(pa, pb);
+  std::ifstream in(pa);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), a);
+  EXPECT_EQ(fs::status(pa).permissions() & fs::perms::owner_exec, fs::perms::owner_exec);
+  EXPECT_EQ(fs::status(dir / "launchers").permissions() & fs::perms::others_all, fs::perms::none);
+  // A file of that name with other content (a partial write of an older
+  // version, say) is replaced.
+  std::ofstream(pa, std::ios::trunc) << "#!/bin/sh\n";
+  EXPECT_EQ(troupe::node::script_executable(a, (dir / "launchers").string()), pa);
+  std::ifstream again(pa);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(again), {}), a);
+
+  fs::create_directories(dir / "open");
+  ::chmod((dir / "open").c_str(), 0777);
+  try {
+    troupe::node::script_executable(a, (dir / "open").string());
+    ADD_FAILURE() << "a world-writable directory was taken";
+  } catch (const troupe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mode 0700"), std::string::npos) << e.what();
+  }
+  try {
+    troupe::node::script_executable("#!" + std::string(70000, 'x'), (dir / "launchers").string());
+    ADD_FAILURE() << "a 70 kB script was taken";
+  } catch (const troupe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("70002 bytes (at most 65536)"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
 }
