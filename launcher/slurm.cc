@@ -21,6 +21,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
+#include "troupe/runtime/wire/auth.h"
 
 extern char** environ;
 
@@ -151,6 +152,8 @@ volatile sig_atomic_t g_stop = 0;
 
 void on_stop(int) { g_stop = 1; }
 
+bool child_gone(pid_t pid, int* status) { return ::waitpid(pid, status, WNOHANG) == pid; }
+
 // The cluster's processes: the head's `troupe start --block`, and srun.
 struct Cluster {
   pid_t head = -1;
@@ -160,7 +163,31 @@ struct Cluster {
   std::string session;
 
   ~Cluster() { stop(); }
+  // The head is told to stop its cluster first: every node agent stops its
+  // workers and exits, srun's step ends by itself, and each node cleans up
+  // after its agent. A SIGTERM to srun instead made it force the step's end
+  // (SIGKILL to every agent: "srun: forcing job termination", a step
+  // CANCELLED on every clean job, nothing cleaned up). Signals are for what
+  // is still there after that.
   void stop() {
+    if (head > 0 && !address.empty()) try {
+        InitOptions io;
+        io.address = address;
+        io.token = token;
+        Runtime rt = Runtime::connect(io);
+        rt.core()->head().call_empty<void>(wire::Op::kShutdown, std::chrono::seconds(5));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "troupe slurm: the head could not be told to stop (%s); signalling the cluster\n",
+                     e.what());
+      }
+    int st = 0;
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (srun > 0 && Clock::now() < deadline) {
+      if (child_gone(srun, &st))
+        srun = -1;
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     for (pid_t* p : {&srun, &head})
       if (*p > 0) ::kill(*p, SIGTERM);
     for (pid_t* p : {&srun, &head})
@@ -178,8 +205,6 @@ std::string read_file(const std::string& path) {
   return s;
 }
 
-bool child_gone(pid_t pid, int* status) { return ::waitpid(pid, status, WNOHANG) == pid; }
-
 void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const std::string& self) {
   core::SpawnOptions s;
   s.executable = self;
@@ -192,8 +217,9 @@ void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const st
             "--port",
             std::to_string(o.port),
             "--dashboard-port",
-            std::to_string(o.dashboard_port)};
-  s.env = this_environment({"TROUPE_SESSION_DIR=" + c.session});
+            std::to_string(o.dashboard_port),
+            "--no-token-file"};
+  s.env = this_environment({"TROUPE_SESSION_DIR=" + c.session, "TROUPE_TOKEN=" + c.token});
   c.head = core::spawn_process(s);
   const auto deadline = Clock::now() + std::chrono::duration<double>(o.start_timeout_s);
   int st = 0;
@@ -207,17 +233,24 @@ void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const st
     c.address = read_file(c.session + "/address");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  c.token = read_file(c.session + "/token");
 }
 
 // What srun runs on each node: the node agent, offering its own node's CPUs.
-// $1..$3 are troupe, the head's address and the GPUs; the rest is one CPU
-// count per node in SLURM_JOB_CPUS_PER_NODE's order, which is the order of
-// SLURM_NODEID in a step over all the job's nodes. GPUs "auto": each node
-// its own (nodes of a job may differ): SLURM_GPUS_ON_NODE of its step when
-// a count, else what the agent finds (CUDA, within CUDA_VISIBLE_DEVICES).
+// $1..$4 are troupe, the head's address, the GPUs and the batch node's
+// name; the rest is one CPU count per node in SLURM_JOB_CPUS_PER_NODE's
+// order, which is the order of SLURM_NODEID in a step over all the job's
+// nodes. GPUs "auto": each node its own (nodes of a job may differ):
+// SLURM_GPUS_ON_NODE of its step when a count, else what the agent finds
+// (CUDA, within CUDA_VISIBLE_DEVICES). The token is in TROUPE_TOKEN, and
+// no agent writes it to disk (--no-token-file). The batch node's agent
+// shares the head's session directory (troupe slurm keeps or removes it);
+// another node's has one of its own inside it (node-ID: a directory that
+// only this agent writes, whether or not the nodes share TMPDIR), removed
+// with its logs once the agent has stopped (kept with TROUPE_KEEP_SESSION
+// set), and the session path with it where nothing else is in it. A stop
+// signal to the script is passed on to the agent.
 const char* const kAgentScript =
-    "troupe=$1 address=$2 gpus=$3; shift 3; "
+    "troupe=$1 address=$2 gpus=$3 batch=$4; shift 4; "
     "case $SLURM_NODEID in ''|*[!0-9]*) i=$#;; *) i=$SLURM_NODEID;; esac; "
     "if [ \"$i\" -ge $# ]; then "
     "echo \"troupe slurm: on $SLURMD_NODENAME SLURM_NODEID='$SLURM_NODEID' is not one of the job's $# nodes\" >&2; "
@@ -226,7 +259,15 @@ const char* const kAgentScript =
     "res=\"CPU=$1,GPU=$gpus\"; "
     "if [ \"$gpus\" = auto ]; then case $SLURM_GPUS_ON_NODE in "
     "''|*[!0-9]*) res=\"CPU=$1\";; *) res=\"CPU=$1,GPU=$SLURM_GPUS_ON_NODE\";; esac; fi; "
-    "exec \"$troupe\" start --block --address \"$address\" --resources \"$res\"";
+    "own=; if [ -n \"$batch\" ] && [ \"$SLURMD_NODENAME\" != \"$batch\" ] && [ -n \"$TROUPE_SESSION_DIR\" ]; then "
+    "own=\"$TROUPE_SESSION_DIR/node-$i\"; (umask 077; mkdir -p \"$own\") || exit 1; fi; "
+    "TROUPE_SESSION_DIR=${own:-$TROUPE_SESSION_DIR} \"$troupe\" start --block --no-token-file --address \"$address\" "
+    "--resources \"$res\" & pid=$!; "
+    "trap 'kill -TERM $pid 2>/dev/null' TERM INT HUP; "
+    "wait $pid; rc=$?; while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done; "
+    "if [ -n \"$own\" ] && [ -z \"$TROUPE_KEEP_SESSION\" ]; then "
+    "rm -rf \"$own\"; rmdir \"$TROUPE_SESSION_DIR\" 2>/dev/null; fi; "
+    "exit $rc";
 
 }  // namespace
 
@@ -254,7 +295,8 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
             "troupe-agent",
             self,
             c.address,
-            a.gpus_given ? std::to_string(a.gpus_per_node) : std::string("auto")};
+            a.gpus_given ? std::to_string(a.gpus_per_node) : std::string("auto"),
+            env_or("SLURMD_NODENAME")};
   for (int cpus : a.cpus) s.args.push_back(std::to_string(cpus));
   // srun reads a per-task CPU count from these (sbatch -c sets some): it
   // would ask each node for it and imply --exact. --exact is at odds with
@@ -353,20 +395,23 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   Cluster c;
+  // Made here and given to the head and the agents in their environment
+  // (--no-token-file): the cluster's secret is never on disk, where a
+  // scancel (a SIGKILL to this process: nothing cleans up after it) left it.
+  c.token = wire::random_token();
   c.session = env_or("TMPDIR", "/tmp") + "/troupe-slurm-" + env_or("SLURM_JOB_ID") + "-" + std::to_string(::getpid());
   ::mkdir(c.session.c_str(), 0700);
-  // The session holds the cluster's token and state db: gone with the
-  // cluster when the job went well. Its logs are in it too: kept when the
-  // driver or the cluster failed (the errors point there), or with
-  // TROUPE_KEEP_SESSION=1.
+  // The session holds the cluster's state db: gone with the cluster when
+  // the job went well. Its logs are in it too: kept when the driver or the
+  // cluster failed (the errors point there), or with TROUPE_KEEP_SESSION=1.
+  // A scancel SIGKILLs this process at once: the directory stays, holding
+  // logs only.
   auto finish = [&](int rc) {
     c.stop();
     if (rc == 0 && env_or("TROUPE_KEEP_SESSION").empty()) {
       std::error_code ec;
       std::filesystem::remove_all(c.session, ec);
     } else {
-      // The logs stay; the cluster's secret need not outlive it.
-      ::unlink((c.session + "/token").c_str());
       std::printf("troupe slurm: kept the session directory %s (its logs; remove it when done)\n", c.session.c_str());
     }
     return rc;
@@ -389,7 +434,7 @@ std::string sbatch_script(const SlurmOptions& o, const std::string& self) {
   for (const auto& a : o.command) cmd += " " + shell_word(a);
   std::string gpus = o.gpus_per_node > 0 ? "#SBATCH --gpus-per-node=" + std::to_string(o.gpus_per_node) + "\n" : "";
   // Every option the job would run with, defaults left out.
-  std::string options = " --port " + std::to_string(o.port);
+  std::string options = o.port > 0 ? " --port " + std::to_string(o.port) : std::string();
   if (o.gpus_per_node >= 0) options += " --gpus-per-node " + std::to_string(o.gpus_per_node);
   if (o.dashboard_port >= 0) options += " --dashboard-port " + std::to_string(o.dashboard_port);
   if (o.start_timeout_s != SlurmOptions{}.start_timeout_s) {

@@ -15,7 +15,9 @@
 namespace troupe::launcher {
 
 struct SlurmOptions {
-  int port = 6380;
+  // 0: any free port (two jobs sharing a node must not both want 6380;
+  // troupe slurm hands the address to the agents and the driver itself).
+  int port = 0;
   int dashboard_port = -1;  // -1 = off
   int gpus_per_node = -1;   // -1 = what the allocation has; N = require N
   double start_timeout_s = 120;

@@ -90,6 +90,10 @@ struct Args {
   int dashboard_port = kDefaultDashboardPort;  // -1 = off, 0 = any free port
   bool dashboard_port_given = false;
   bool dashboard_require_token = false;
+  // The token stays out of the session directory (it comes from
+  // TROUPE_TOKEN): troupe slurm's head and agents, whose files a scancel's
+  // SIGKILL leaves behind.
+  bool no_token_file = false;
   uint32_t worker_pool_size = 2;
   double worker_idle_timeout_s = 300;
   double worker_assign_timeout_s = troupe::core::WorkerEnv{}.worker_assign_timeout_ms / 1000.0;
@@ -338,14 +342,14 @@ int start_head(const std::string& dir, const Args& a) {
   const std::string address = p.ready_line.substr(0, space);
   const std::string dashboard = space == std::string::npos ? "" : p.ready_line.substr(space + 1);
   troupe::core::write_pid_file(dir, "head.pid", p.pid);
-  write_session_file(dir, "token", token, 0600);
+  if (!a.no_token_file) write_session_file(dir, "token", token, 0600);
   write_session_file(dir, "address", address, 0600);
   write_session_file(dir, "dashboard", dashboard, 0600);
   write_session_file(dir, "state_db", o.env.head_state_db, 0600);
   // With --supervise, p.pid is the supervisor's: the head is its child.
-  std::printf("head started (%s %d) at %s; session %s (token in %s/token)\n",
+  std::printf("head started (%s %d) at %s; session %s (token %s)\n",
               a.supervise ? "supervised: the supervisor is pid" : "pid", p.pid, address.c_str(), dir.c_str(),
-              dir.c_str());
+              a.no_token_file ? "in TROUPE_TOKEN only" : ("in " + dir + "/token").c_str());
   if (!dashboard.empty())
     std::printf("dashboard at %s%s\n", dashboard.c_str(),
                 troupe::head::is_loopback_host(o.env.head_host) && !a.dashboard_require_token
@@ -425,7 +429,7 @@ int join_head(const std::string& dir, const Args& given) {
   start_node(dir, a.address, token, a);
   // The token is proven right now: the node joined with it.
   if (read_session_file(dir, "address").empty()) write_session_file(dir, "address", a.address, 0600);
-  if (read_session_file(dir, "token").empty()) write_session_file(dir, "token", token, 0600);
+  if (!a.no_token_file && read_session_file(dir, "token").empty()) write_session_file(dir, "token", token, 0600);
   return 0;
 }
 
@@ -552,6 +556,10 @@ int cmd_start(const Args& a) {
   }
   if (const std::string why = conflicting_start_options(a); !why.empty()) {
     std::fprintf(stderr, "troupe start: %s\n", why.c_str());
+    return 2;
+  }
+  if (a.no_token_file && troupe::core::env_value(troupe::core::kEnvToken).empty()) {
+    std::fprintf(stderr, "troupe start: --no-token-file needs the token in TROUPE_TOKEN\n");
     return 2;
   }
   int rc = a.head ? start_head(dir, a) : join_head(dir, a);
@@ -1356,6 +1364,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(troupe::launcher::in_range(-1, 65535))
       ->each([&a](const std::string&) { a.dashboard_port_given = true; });
+  start->add_flag("--no-token-file", a.no_token_file,
+                  "keep the cluster token (from TROUPE_TOKEN) out of the session directory: for a head or agent "
+                  "whose environment carries it, as troupe slurm's do");
   start->add_flag("--dashboard-require-token", a.dashboard_require_token,
                   "with --head: the dashboard asks for the token even when the head listens on loopback only");
   start->add_option("--state-db", a.state_db,
@@ -1439,7 +1450,10 @@ int main(int argc, char** argv) {
   auto* slurm = app.add_subcommand(
       "slurm",
       "inside a Slurm allocation: a cluster on its nodes (head here, an agent per node via srun) for one driver");
-  slurm->add_option("--port", so.port, "head port (0 = any free)")
+  slurm
+      ->add_option("--port", so.port,
+                   "head port (0 = any free, so that jobs sharing a node do not collide; the agents and the driver "
+                   "are told it)")
       ->capture_default_str()
       ->check(troupe::launcher::in_range(0, 65535));
   slurm->add_option("--dashboard-port", so.dashboard_port, "the head's dashboard port (0 = any free, -1 = off)")

@@ -196,3 +196,24 @@ def test_python_actors_run_on_a_node_that_cannot_see_the_drivers_files(tmp_path)
             except subprocess.TimeoutExpired:
                 agent.kill()
                 agent.wait()
+
+
+def test_no_token_file_keeps_the_token_in_the_environment_only(tmp_path):
+    """`troupe start --no-token-file` (troupe slurm's head and agents) writes
+    no token into the session directory; it needs TROUPE_TOKEN."""
+    launcher = cli()
+    session, env = session_env(tmp_path)
+    refused = subprocess.run([launcher, "start", "--head", "--port", "0", "--no-token-file"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--no-token-file needs the token in TROUPE_TOKEN" in refused.stderr, refused
+    env["TROUPE_TOKEN"] = "a" * 32
+    started = subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=1", "--no-token-file"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "token in TROUPE_TOKEN only" in started.stdout, started.stdout
+        assert not (session / "token").exists()
+        status = subprocess.run([launcher, "status"], env=env, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+    finally:
+        subprocess.run([launcher, "stop"], env=env, timeout=120)

@@ -129,6 +129,10 @@ def test_two_node_job_runs_its_driver_on_both_nodes(slurm, tmp_path):
     assert "troupe slurm: cluster of 2 node(s)" in text, text
     assert "nodes: ['1', '2']" in text, text
     assert "troupe slurm: driver exited with 0; cluster stopped" in text, text
+    # The agents stop when the head tells them, and srun's step ends by
+    # itself: a SIGTERM to srun made it SIGKILL every agent, and every
+    # clean job's output said so.
+    assert "forcing job termination" not in text and "CANCELLED" not in text and "Killed" not in text, text
     wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
     assert not list(job_tmp.glob("troupe-slurm-*")), list(job_tmp.iterdir())
 
@@ -174,15 +178,36 @@ def test_nodes_of_different_sizes_each_offer_their_own_cpus(slurm, tmp_path):
 
 def test_scancel_ends_everything(slurm, tmp_path):
     ready = tmp_path / "ready"
+    job_tmp = tmp_path / "tmp"
+    job_tmp.mkdir()
     job = subprocess.run(["sbatch", "--parsable", "-N2", "--exclusive", f"--output={tmp_path / 'job.out'}", "--wrap",
                           f"{cli()} slurm --port 0 -- /bin/sh -c 'touch {ready}; sleep 600'"],
-                         env=slurm["env"], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+                         env={**slurm["env"], "TMPDIR": str(job_tmp)}, capture_output=True, text=True, timeout=60,
+                         check=True).stdout.strip()
     wait_until(ready.exists, timeout=120, what="the driver running")
     assert len(troupe_processes()) >= 3  # the head, its node agents, troupe slurm
     subprocess.run(["scancel", job], env=slurm["env"], check=True, timeout=60)
     t0 = time.monotonic()
     wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process after scancel")
     print(f"every troupe process gone {time.monotonic() - t0:.2f} s after scancel")
+    # The cluster's secret is on no disk: a scancel SIGKILLs troupe slurm
+    # (nothing of it cleans up), and the session it left held the token.
+    assert list(job_tmp.glob("troupe-slurm-*/head.log")), list(job_tmp.rglob("*"))
+    assert not list(job_tmp.rglob("token")), list(job_tmp.rglob("*"))
+
+
+def test_two_jobs_sharing_nodes_each_get_a_head_port(slurm, tmp_path):
+    # Without --port: both used to want 6380 and the second job's head
+    # failed ("bind 127.0.0.1:6380: Address already in use").
+    outs = [tmp_path / f"job{i}.out" for i in range(2)]
+    jobs = [subprocess.Popen(["sbatch", "--wait", "-N2", "-n2", f"--output={out}", "--wrap",
+                              f"{cli()} slurm -- /bin/sh -c 'sleep 3'"], env=slurm["env"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for out in outs]
+    for job, out in zip(jobs, outs):
+        _, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err + out.read_text()
+        assert "driver exited with 0" in out.read_text(), out.read_text()
+    wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
 
 
 def test_bad_input_is_refused_with_what_was_read(slurm, tmp_path):

@@ -2,23 +2,30 @@
 // a node's GPUs, without a Slurm (test_slurm.py runs a real one).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "launcher/slurm.h"
+#include "tests/support/temp_dir.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/files.h"
 
 using troupe::ConfigError;
 using troupe::launcher::cpus_per_node;
 using troupe::launcher::gpus_on_node;
 
 namespace {
+
+namespace fs = std::filesystem;
 
 // The ConfigError's message for `value`, or "" when it was accepted.
 std::string cpu_list_error(const std::string& value) {
@@ -161,37 +168,81 @@ TEST(SlurmOptions, BadStartTimeoutAndAMissingDriverAreRefused) {
 // that the agent counts them) rather than the batch node's count for all:
 // nodes of one job may have different GPUs. --gpus-per-node N gives N to
 // every node. The script runs here with `echo` for troupe.
-TEST(SlurmAgentScript, EachNodeOffersItsOwnGpus) {
-  // The script's output for `env` (NAME=VALUE, set in the child) and GPUS.
-  auto agent = [](const std::vector<std::string>& env, const std::string& gpus) {
-    int fds[2];
-    if (::pipe(fds) != 0) return std::string("pipe failed");
-    const std::string script = troupe::launcher::slurm_agent_script();
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(fds[1], 1);
-      ::dup2(fds[1], 2);
-      ::close(fds[0]);
-      ::unsetenv("SLURM_GPUS_ON_NODE");
-      for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
-      ::execl("/bin/sh", "sh", "-c", script.c_str(), "troupe-agent", "echo", "head:1", gpus.c_str(), "4", "2",
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    std::string out;
-    char buf[512];
-    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+// The script's output for `env` (NAME=VALUE, set in the child), GPUS and
+// the batch node's name, with `troupe` run as the program given.
+std::string run_agent_script(const std::vector<std::string>& env, const std::string& gpus,
+                             const std::string& batch = "", const std::string& troupe = "echo") {
+  int fds[2];
+  if (::pipe(fds) != 0) return std::string("pipe failed");
+  const std::string script = troupe::launcher::slurm_agent_script();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
     ::close(fds[0]);
-    ::waitpid(pid, nullptr, 0);
-    return out;
-  };
+    ::unsetenv("SLURM_GPUS_ON_NODE");
+    ::unsetenv("TROUPE_KEEP_SESSION");
+    for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
+    ::execl("/bin/sh", "sh", "-c", script.c_str(), "troupe-agent", troupe.c_str(), "head:1", gpus.c_str(),
+            batch.c_str(), "4", "2", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  return out;
+}
+
+// What the node agent of each node is started with: its own CPUs, and by
+// default its own GPUs (SLURM_GPUS_ON_NODE of its step, else none named, so
+// that the agent counts them) rather than the batch node's count for all:
+// nodes of one job may have different GPUs. --gpus-per-node N gives N to
+// every node. The script runs here with `echo` for troupe.
+TEST(SlurmAgentScript, EachNodeOffersItsOwnGpus) {
+  auto agent = [](const std::vector<std::string>& env, const std::string& gpus) { return run_agent_script(env, gpus); };
   EXPECT_EQ(agent({"SLURM_NODEID=1", "SLURM_GPUS_ON_NODE=3"}, "auto"),
-            "start --block --address head:1 --resources CPU=2,GPU=3\n");
-  EXPECT_EQ(agent({"SLURM_NODEID=0"}, "auto"), "start --block --address head:1 --resources CPU=4\n");
+            "start --block --no-token-file --address head:1 --resources CPU=2,GPU=3\n");
+  EXPECT_EQ(agent({"SLURM_NODEID=0"}, "auto"), "start --block --no-token-file --address head:1 --resources CPU=4\n");
   EXPECT_EQ(agent({"SLURM_NODEID=0", "SLURM_GPUS_ON_NODE=gpu:2"}, "auto"),
-            "start --block --address head:1 --resources CPU=4\n");
+            "start --block --no-token-file --address head:1 --resources CPU=4\n");
   EXPECT_EQ(agent({"SLURM_NODEID=1", "SLURM_GPUS_ON_NODE=3"}, "1"),
-            "start --block --address head:1 --resources CPU=2,GPU=1\n");
+            "start --block --no-token-file --address head:1 --resources CPU=2,GPU=1\n");
   EXPECT_NE(agent({"SLURM_NODEID=5"}, "auto").find("is not one of the job's 2 nodes"), std::string::npos);
+}
+
+// The batch node's agent runs in the head's session directory, which troupe
+// slurm keeps or removes. Another node's runs in a directory of its own
+// inside it, removed once the agent has stopped (a node's token and logs
+// outlived every job on a node with its own TMPDIR), and so is the session
+// path where nothing else is in it; TROUPE_KEEP_SESSION keeps it. (The
+// fake troupe here writes a file named token into it.)
+TEST(SlurmAgentScript, ANodeOtherThanTheBatchNodeRemovesItsSessionAfterItsAgent) {
+  const auto dir = troupe::test::fresh_dir("slurm-agent");
+  const std::string fake = (dir / "fake-troupe").string();
+  std::ofstream(fake) << "#!/bin/sh\necho \"in $TROUPE_SESSION_DIR\"\necho secret > \"$TROUPE_SESSION_DIR/token\"\n";
+  ::chmod(fake.c_str(), 0755);
+  const std::string session = (dir / "troupe-slurm-7-1").string();
+  const std::string session_env = "TROUPE_SESSION_DIR=" + session;
+
+  // Node 1 (n2), with the batch node n1: its own directory, gone after.
+  std::string out = run_agent_script({"SLURM_NODEID=1", "SLURMD_NODENAME=n2", session_env}, "auto", "n1", fake);
+  EXPECT_EQ(out, "in " + session + "/node-1\n");
+  EXPECT_FALSE(fs::exists(session)) << out;
+  // The batch node keeps its (the head's) directory for troupe slurm.
+  fs::create_directories(session);
+  out = run_agent_script({"SLURM_NODEID=0", "SLURMD_NODENAME=n1", session_env}, "auto", "n1", fake);
+  EXPECT_EQ(out, "in " + session + "\n");
+  EXPECT_TRUE(fs::exists(session + "/token"));
+  // Nodes sharing TMPDIR: the other node removes only its own directory.
+  out = run_agent_script({"SLURM_NODEID=1", "SLURMD_NODENAME=n2", session_env}, "auto", "n1", fake);
+  EXPECT_FALSE(fs::exists(session + "/node-1")) << out;
+  EXPECT_TRUE(fs::exists(session + "/token")) << out;
+  // TROUPE_KEEP_SESSION: the node's directory stays.
+  out = run_agent_script({"SLURM_NODEID=1", "SLURMD_NODENAME=n2", session_env, "TROUPE_KEEP_SESSION=1"}, "auto", "n1",
+                         fake);
+  EXPECT_TRUE(fs::exists(session + "/node-1/token")) << out;
+  troupe::core::remove_tree(dir);
 }
