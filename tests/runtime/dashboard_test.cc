@@ -331,6 +331,22 @@ TEST(DashboardMetrics, LabelBytesThatAreNotUtf8AreReplaced) {
   EXPECT_EQ(text.find('\xff'), std::string::npos);
 }
 
+// Tasks' hidden executors are counted apart from the actors, which the
+// state API lists without them.
+TEST(DashboardMetrics, TaskExecutorsAreCountedApartFromActors) {
+  nlohmann::json snap = {{"nodes", nlohmann::json::array()},
+                         {"actors",
+                          {{{"class", "TaskExecutor"}, {"state", "ALIVE"}},
+                           {{"class", "TaskExecutor"}, {"state", "DEAD"}},
+                           {{"class", "Counter"}, {"state", "ALIVE"}},
+                           "not an object"}}};
+  const std::string text = troupe::head::prometheus_text(snap);
+  EXPECT_NE(text.find("troupe_actors{state=\"ALIVE\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_actors{state=\"DEAD\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_task_executors{state=\"ALIVE\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_task_executors{state=\"DEAD\"} 1\n"), std::string::npos) << text;
+}
+
 TEST(DashboardMetrics, EscapesLabelValuesAndRendersJobs) {
   nlohmann::json snap = {{"nodes", nlohmann::json::array()},
                          {"jobs",
