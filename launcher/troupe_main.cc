@@ -625,8 +625,26 @@ uint64_t actor_by_name(troupe::Runtime& rt, const std::string& name) {
     const auto status = nlohmann::json::parse(rt.status_json());  // kept: the loop reads into it
     for (const auto& a : status["actors"])
       if (a["name"] == name) newest = std::max(newest, a["id"].get<uint64_t>());
-    if (newest == 0) throw;
-    return newest;
+    if (newest != 0) return newest;
+    // A name given without its namespace ("p1" for an actor a driver
+    // named in namespace "probe", kept as "probe/p1"): found when one
+    // namespace has it, else the candidates are named.
+    std::map<std::string, uint64_t> in_namespaces;
+    if (name.find('/') == std::string::npos)
+      for (const auto& a : status["actors"]) {
+        const std::string full = a.value("name", std::string());
+        if (full.size() > name.size() + 1 &&
+            full.compare(full.size() - name.size() - 1, std::string::npos, "/" + name) == 0) {
+          auto& id = in_namespaces[full];
+          id = std::max(id, a["id"].get<uint64_t>());
+        }
+      }
+    if (in_namespaces.size() == 1) return in_namespaces.begin()->second;
+    if (in_namespaces.empty()) throw;
+    std::string names;
+    for (const auto& [full, id] : in_namespaces) names += (names.empty() ? "" : ", ") + full;
+    throw troupe::ConfigError("no actor named '" + name + "' outside a namespace; in namespaces: " + names +
+                              " (give one, as NAMESPACE/NAME)");
   }
 }
 
@@ -675,6 +693,17 @@ troupe::wire::ReadLog log_request(troupe::Runtime& rt, const LogsArgs& l) {
   return r;
 }
 
+// Why actor `id` is dead for good, or nothing while it lives (or restarts).
+std::optional<std::string> dead_actor_cause(troupe::Runtime& rt, uint64_t id) {
+  troupe::wire::StatusRequest dead;
+  dead.state = "DEAD";
+  const auto status = nlohmann::json::parse(rt.status_json(dead), nullptr, false);
+  if (!status.is_object() || !status.contains("actors")) return std::nullopt;
+  for (const auto& a : status["actors"])
+    if (a.value("id", uint64_t{0}) == id) return a.value("death_cause", std::string("dead"));
+  return std::nullopt;
+}
+
 int cmd_logs(const Args& a, const LogsArgs& l) {
   auto rt = connect_session(a.address);
   troupe::wire::ReadLog req;
@@ -702,6 +731,7 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
   std::string path;      // the file followed
   uint64_t file_id = 0;  // and its inode
   bool waiting = false;
+  auto next_liveness_check = std::chrono::steady_clock::now();
   for (bool first = true;; first = false) {
     troupe::wire::LogChunk chunk;
     try {
@@ -772,7 +802,20 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
     std::fflush(stdout);
     if (!l.follow) return 0;
     req.offset = chunk.next_offset;
-    if (chunk.next_offset >= chunk.size) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (chunk.next_offset < chunk.size) continue;
+    // At the end of an actor's file: an actor dead for good writes no more
+    // (following it waited for ever, without a word). Its file is read to
+    // its end once more (lines written before it died), and that is said.
+    if (req.target == "actor" && std::chrono::steady_clock::now() >= next_liveness_check) {
+      next_liveness_check = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      if (const auto cause = dead_actor_cause(rt, req.id)) {
+        print_rest(req, [&](const troupe::wire::LogChunk& c) { return c.path == path; });
+        std::fprintf(stderr, "troupe logs: actor %llu is dead (%s): no more output\n",
+                     static_cast<unsigned long long>(req.id), cause->c_str());
+        return 0;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
 }
 

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 import troupe
-from conftest import cli, wait_until
+from conftest import cli, session_env, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -314,6 +314,60 @@ def test_following_an_actor_goes_on_across_its_restart(cluster):
     assert bad.returncode == 2 and "--previous is for an actor's log" in bad.stderr, bad.stderr
     node = logs(cluster, "node")
     assert node.returncode == 2 and "troupe logs node N" in node.stderr, node.stderr
+
+
+@troupe.remote(max_restarts=0)
+class Mortal:
+    def say(self, text):
+        print(text, flush=True)
+
+    def last_words(self, text):
+        print(text, flush=True)
+        os._exit(1)
+
+
+def test_following_an_actor_that_dies_for_good_ends_saying_so(cluster):
+    # It followed for ever, without a word, once the actor was dead.
+    mortal = Mortal.options(name="mortal-followed").remote()
+    troupe.get(mortal.say.remote("marker-ten, alive"), timeout=60)
+    follow = subprocess.Popen([cli(), "logs", "-f", "mortal-followed"], env=cluster, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(Exception):
+            troupe.get(mortal.last_words.remote("marker-eleven, the last words"), timeout=60)
+        out, err = follow.communicate(timeout=120)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert follow.returncode == 0, (out, err)
+    assert "marker-eleven, the last words" in out, (out, err)
+    assert "is dead" in err and "no more output" in err, err
+
+
+def test_a_name_in_a_namespace_is_found_without_it(tmp_path):
+    # troupe logs NAME found no actor named in a namespace ("ns/NAME").
+    session, env = session_env(tmp_path)
+    subprocess.run([cli(), "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True,
+                   timeout=120)
+    try:
+        driver = tmp_path / "driver.py"
+        driver.write_text(
+            "import troupe, sys\n"
+            "troupe.init(address='auto', namespace='probe')\n"
+            "@troupe.remote\n"
+            "class Talker:\n"
+            "    def say(self, text):\n"
+            "        print(text, flush=True)\n"
+            "t = Talker.options(name='talker-ns', lifetime='detached').remote()\n"
+            "troupe.get(t.say.remote('marker-twelve in a namespace'), timeout=60)\n")
+        subprocess.run([sys.executable, str(driver)], env=env, check=True, timeout=120)
+        for target in ("talker-ns", "probe/talker-ns"):
+            wait_until(lambda: "marker-twelve" in logs(env, target).stdout, timeout=60, what=f"troupe logs {target}")
+        missing = logs(env, "nobody-ns")
+        assert missing.returncode == 2, missing
+    finally:
+        subprocess.run([cli(), "stop"], env=env, timeout=120)
 
 
 def _alive_again(actor, first):
