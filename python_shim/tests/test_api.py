@@ -1717,6 +1717,8 @@ def test_code_written_for_ray_finds_rays_names():
     node = troupe.nodes()[0]
     assert node["alive"] is node["Alive"] is True and node["NodeName"] and node["Labels"] == {}
     assert "GPU" not in node["Resources"]
+    # AvailableResources names what Resources names (it had 'GPU': 0.0).
+    assert set(node["AvailableResources"]) <= set(node["Resources"]), node
 
 
 def test_inspect_serializability_names_what_cannot_be_pickled():

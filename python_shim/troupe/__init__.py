@@ -706,6 +706,10 @@ def nodes():
     for n in _client().nodes():
         n = dict(n)
         n["Resources"] = _positive(n.get("Resources", {}))
+        # Of the resources the node has; a dead node has none available
+        # (it kept the figures of its last heartbeat).
+        available = n.get("AvailableResources", {})
+        n["AvailableResources"] = {k: v for k, v in available.items() if k in n["Resources"]} if n.get("Alive") else {}
         n.setdefault("NodeName", n.get("NodeManagerAddress"))
         n.setdefault("alive", n.get("Alive"))
         n.setdefault("Labels", {})
