@@ -247,7 +247,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--epochs", o.epochs, "passes over --data")->capture_default_str();
   app.add_option("--max-steps", o.max_steps,
                  "stop after N optimizer steps in all (a resume goes on to N), or after --epochs, whichever "
-                 "comes first; a stop mid-epoch writes a checkpoint (0: --epochs alone)")
+                 "comes first; a stop mid-epoch writes a checkpoint; --schedule cosine ends at N (0: --epochs "
+                 "alone)")
       ->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "samples per worker per step (per micro-step with --accumulation)")
       ->capture_default_str();

@@ -29,7 +29,7 @@ actors::Batch first_batch(const actors::DatasetSpec& spec, int64_t batch_size) {
   std::vector<int64_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0);
   auto batch = actors::load_and_collate(*data, std::move(idx), 0);  // as the trainer loads
-  batch.tensors = data->finish(std::move(batch.tensors));  // as the trainer does
+  batch.tensors = data->finish(std::move(batch.tensors));           // as the trainer does
   return batch;
 }
 
@@ -42,6 +42,11 @@ void try_step(trainer::TrainStep& step, trainer::Model& model, const actors::Bat
       "the model " + model.describe() + " on the first samples of " + data_file + " " + batch.tensors.describe();
   try {
     model.train(train);
+    // As the trainer's first step (or its evaluation) would be told.
+    trainer::StepContext context;
+    context.training = train;
+    step.set_context(context);
+    model.set_context(context);
     if (train) {
       out = step.train(model, batch.tensors);
     } else {

@@ -8,6 +8,8 @@
 //   <root>/step-00000120/model.pt        {name: tensor}  (torch.load reads it)
 //   <root>/step-00000120/optimizer.pt    {name: tensor}
 //   <root>/step-00000120/rng.pt          {"cpu": uint8 generator state}
+//   <root>/step-00000120/step.pt         {name: tensor}: the train step's
+//                                        own state, when it keeps any
 //
 // A checkpoint is written under "<root>/.tmp-…" and renamed into place once
 // complete (and fsync'd), so a crash never leaves a directory that looks

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <set>
+#include <sstream>
 
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
@@ -113,6 +114,7 @@ class ScriptModel final : public Model {
       throw ConfigError("cannot load TorchScript model '" + path + "': " + load_error_reason(e.what()));
     }
     takes_batch_ = check_signature();
+    has_set_context_ = check_set_context();
     // Saved training, with some submodules in eval: those stay in eval.
     // (Saved in eval as a whole, nothing can be told apart: all train.)
     if (m_.is_training())
@@ -125,6 +127,24 @@ class ScriptModel final : public Model {
     return m_.forward({input}).toTensor();
   }
   bool takes_batch() const override { return takes_batch_; }
+  void set_context(const StepContext& c) override {
+    if (!has_set_context_) return;
+    c10::Dict<std::string, int64_t> d;
+    d.insert("step", c.step);
+    d.insert("epoch", c.epoch);
+    d.insert("micro_step", c.micro_step);
+    d.insert("accumulation", c.accumulation);
+    d.insert("rank", c.rank);
+    d.insert("world_size", c.world_size);
+    d.insert("training", c.training ? 1 : 0);
+    try {
+      m_.get_method("set_context")({d});
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      throw ConfigError("TorchScript model '" + path_ + "': set_context failed: " + core::last_line(what) + "\n" +
+                        what);
+    }
+  }
   std::vector<std::string> summed_metrics() const override {
     std::vector<std::string> out;
     if (!m_.hasattr("summed_metrics")) return out;
@@ -184,6 +204,29 @@ class ScriptModel final : public Model {
   // True for forward(Dict[str, Tensor]) -> Dict[str, Tensor], false for
   // forward(Tensor) -> Tensor; anything else is a ConfigError naming the
   // file, before any training.
+  // Whether the module defines set_context(self, context: Dict[str, int])
+  // -> None; one of another signature is refused, naming the expected one.
+  bool check_set_context() const {
+    auto method = m_.find_method("set_context");
+    if (!method) return false;
+    const auto& schema = method->function().getSchema();
+    const auto& args = schema.arguments();
+    const auto& rets = schema.returns();
+    bool ok = args.size() == 2 && rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::NoneType;
+    if (ok) {
+      auto d = args[1].type()->cast<c10::DictType>();
+      ok = d && d->getKeyType()->kind() == c10::TypeKind::StringType &&
+           d->getValueType()->kind() == c10::TypeKind::IntType;
+    }
+    if (!ok) {
+      std::ostringstream given;
+      given << schema;
+      throw ConfigError("TorchScript model '" + path_ + "': its set_context is " + given.str() +
+                        ", where troupe calls set_context(self, context: Dict[str, int]) -> None");
+    }
+    return true;
+  }
+
   bool check_signature() const {
     auto method = m_.find_method("forward");
     if (!method) throw ConfigError("TorchScript model '" + path_ + "' has no forward method");
@@ -216,6 +259,7 @@ class ScriptModel final : public Model {
   torch::jit::Module m_;
   std::set<std::string> kept_in_eval_;  // submodules saved in eval mode in a module saved training
   bool takes_batch_ = false;
+  bool has_set_context_ = false;  // set_context(self, context: Dict[str, int])
 };
 
 void check_positive(int64_t v, const char* what) {

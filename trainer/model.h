@@ -20,6 +20,7 @@
 #include "troupe/actors/factory_registry.h"
 #include "troupe/actors/tensor_dict.h"
 #include "troupe/runtime/wire/codec.h"
+#include "troupe/trainer/step_context.h"
 
 namespace troupe::trainer {
 
@@ -79,6 +80,13 @@ class Model {
   // Default: none (a ModuleModel asks its module, module_model.h).
   virtual int route_cpu_gemm() { return 0; }
   virtual std::string describe() const = 0;
+  // Where the next forward stands in the job, before each one in training
+  // and evaluation (the trainer sets the step's context too). Default:
+  // nothing; a TorchScript module that defines (and exports:
+  // @torch.jit.export) `set_context(self, context: Dict[str, int]) -> None`
+  // is called with
+  // step, epoch, micro_step, accumulation, rank, world_size, training (1/0).
+  virtual void set_context(const StepContext& context) { (void)context; }
 
   std::vector<torch::Tensor> parameters();
   int64_t parameter_count();

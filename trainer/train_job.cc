@@ -296,8 +296,9 @@ std::optional<TrainState> Run::load_resume_from() {
   // A checkpoint of this job's own directory stands for its step: a stop
   // there (max_steps already reached) writes it no second time.
   std::error_code ec;
-  if (!cfg_.checkpoint.dir.empty() &&
-      std::filesystem::equivalent(std::filesystem::path(dir).parent_path(), cfg_.checkpoint.dir, ec))
+  auto step_dir = std::filesystem::path(dir).lexically_normal();
+  if (step_dir.filename().empty()) step_dir = step_dir.parent_path();  // "ckpt/step-7/"
+  if (!cfg_.checkpoint.dir.empty() && std::filesystem::equivalent(step_dir.parent_path(), cfg_.checkpoint.dir, ec))
     last_checkpoint_step_ = resume.step;
   event(JobEventKind::kResumeFrom, dir + " (step " + std::to_string(resume.step) + ", epoch " +
                                        std::to_string(resume.epoch) + ", " + std::to_string(resume.world_size) +

@@ -26,6 +26,7 @@
 #include "troupe/actors/tensor_dict.h"
 #include "troupe/runtime/wire/codec.h"
 #include "troupe/trainer/model.h"
+#include "troupe/trainer/step_context.h"
 
 namespace troupe::trainer {
 
@@ -35,28 +36,6 @@ namespace troupe::trainer {
 struct StepOutput {
   torch::Tensor loss;
   std::map<std::string, torch::Tensor> metrics;
-};
-
-// Where a call of train() or eval() stands in the job: what a curriculum,
-// a warm-up of the step's own, or a rank-dependent choice reads. A heal,
-// a resume or a resize gives a step the same context the uninterrupted run
-// would have given it.
-struct StepContext {
-  // Optimizer steps taken before this one: 0 in the job's first step. In
-  // evaluation, the steps taken before it.
-  int64_t step = 0;
-  // The epoch the batch is from (0-based).
-  int64_t epoch = 0;
-  // This forward's place among the step's accumulated micro-batches
-  // (0 .. accumulation - 1); 0 in evaluation.
-  int64_t micro_step = 0;
-  int64_t accumulation = 1;
-  // This trainer's rank and the group's size now (they change with a
-  // resize; a step that must train alike at any size reads neither).
-  int64_t rank = 0;
-  int64_t world_size = 1;
-  // false in evaluation.
-  bool training = true;
 };
 
 // A resource: one per trainer.
@@ -86,8 +65,9 @@ class TrainStep {
   // reduced value), never from the rank's own batch alone. Returned tensors
   // are copied (to the CPU) before the next call. None by default.
   virtual std::map<std::string, torch::Tensor> state() const { return {}; }
-  // Takes back what state() returned (CPU tensors: move them where the
-  // step keeps them). Called with every resume, heal and roll-back, also
+  // Takes back what state() returned: CPU tensors from a checkpoint or a
+  // heal (move them where the step keeps them), copies on their own device
+  // in a roll-back. Called with every resume, heal and roll-back, also
   // with an empty map when the checkpoint resumed from has no step state
   // (one written before the step kept any). By default a step takes an
   // empty map and refuses any other (ConfigError naming the keys).

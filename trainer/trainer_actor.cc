@@ -2,8 +2,10 @@
 
 #include <dlfcn.h>
 #include <unistd.h>
+
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include <ATen/autocast_mode.h>
@@ -203,7 +205,29 @@ TrainerActor::~TrainerActor() {
   group_.reset();
 }
 
+// The files a trainer reads at the driver's paths (a TorchScript model, a
+// data set's `path`) are there: on a cluster whose hosts do not share them
+// a trainer met "does not exist" about a file the driver had just checked,
+// without being told where it ran.
+namespace {
+void check_files_here(const TrainerConfig& c) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!c.model.path.empty()) files.emplace_back("the model", c.model.path);
+  if (c.data.has("path")) files.emplace_back("the data", c.data.get_string("path"));
+  if (c.validation_data.has("path")) files.emplace_back("the validation data", c.validation_data.get_string("path"));
+  for (const auto& [what, path] : files) {
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) continue;
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    throw ConfigError(what + " " + path + " is not on " + host + ", where a trainer runs: trainers read it at " +
+                      "that path on every node, so put it on storage every node shares");
+  }
+}
+}  // namespace
+
 TrainerInfo TrainerActor::setup(TrainerConfig config) {
+  check_files_here(config);
   validate(config);
   config_ = std::move(config);
   if (config_.threads > 0) {
@@ -413,6 +437,7 @@ TrainerActor::PendingSums TrainerActor::micro_step(const actors::Batch& batch, b
   bool amp = scales_loss();
   context.step = step_;
   step_fn_->set_context(context);
+  model_->set_context(context);
   StepOutput out = run_step(dataset_->finish(batch.tensors.to(device_, /*non_blocking=*/true)));
   auto pending = pending_of(out, batch.size());
   if (before_backward) (*before_backward)(pending);
@@ -671,7 +696,9 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
       live.params[i].second.copy_(ema_[i]);
     }
   }
-  step_fn_->set_context(step_context(epoch_, rank, world_size, false));
+  const StepContext context = step_context(epoch_, rank, world_size, false);
+  step_fn_->set_context(context);
+  model_->set_context(context);
   const actors::Dataset& data = val_dataset_ ? *val_dataset_ : *dataset_;
   int64_t n = data.size();
   int64_t begin = !val_dataset_ && config_.validation_fraction > 0 ? train_size(config_, n) : 0;
@@ -726,7 +753,7 @@ TrainState TrainerActor::state() {
   }
   s.rng = at::detail::getDefaultCPUGenerator().get_state();
   s.cursor = cursor_;
-  s.step_state = step_state_copy();
+  s.step_state = step_state_copy(torch::Device(torch::kCPU));
   return s;
 }
 
@@ -741,12 +768,19 @@ StepContext TrainerActor::step_context(int64_t epoch, int64_t rank, int64_t worl
   return c;
 }
 
-std::map<std::string, torch::Tensor> TrainerActor::step_state_copy() const {
+std::map<std::string, torch::Tensor> TrainerActor::step_state_copy(std::optional<torch::Device> to) const {
   std::map<std::string, torch::Tensor> out;
   for (const auto& [name, t] : step_fn_->state()) {
     if (!t.defined())
       throw ConfigError("step " + step_fn_->describe() + "'s state() returned '" + name + "' undefined");
-    out[name] = t.detach().to(torch::kCPU).clone();
+    // The step's own tensor that cannot be copied (a meta tensor, say):
+    // its error, and the user's to fix, not a failure to retry.
+    try {
+      out[name] = to ? t.detach().to(*to).clone() : t.detach().clone();
+    } catch (const std::exception& e) {
+      throw ConfigError("step " + step_fn_->describe() + "'s state() returned '" + name + "', which cannot be copied" +
+                        (to ? " to " + to->str() : std::string()) + ": " + user_error_text(e));
+    }
   }
   return out;
 }
@@ -792,7 +826,11 @@ void TrainerActor::load_state(TrainState s) {
     throw Error("the checkpoint's EMA covers only some parameters");
   optimizer_->load_state(s.optimizer);
   optimizer_->zero_grad();
-  step_fn_->load_state(s.step_state);
+  // Copies: a heal's tensors are views into the whole state block
+  // received, which a step keeping one would hold alive.
+  std::map<std::string, torch::Tensor> step_state;
+  for (const auto& [name, t] : s.step_state) step_state[name] = t.clone();
+  step_fn_->load_state(step_state);
   if (s.rng.defined()) {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -807,7 +845,9 @@ TrainerActor::StepSnapshot TrainerActor::snapshot() {
   StepSnapshot s;
   for (auto& [name, b] : model_->named_buffers()) s.buffers.push_back(b.detach().clone());
   s.rng = at::detail::getDefaultCPUGenerator().get_state();
-  s.step_state = step_state_copy();
+  // Where the step keeps it: a copy to the host every step would wait for
+  // the device each step.
+  s.step_state = step_state_copy(std::nullopt);
   s.taken = true;
   return s;
 }
@@ -898,10 +938,23 @@ Progress TrainerActor::heal(int64_t src) {
   // group moves memory (NCCL broadcasts device memory, Gloo host memory).
   const torch::Device comm = group_on_device_ ? device_ : torch::Device(torch::kCPU);
   const bool mine = group_->rank() == src;
-  torch::Tensor block = mine ? pack_state(state()) : torch::Tensor();
-  auto len = torch::tensor({mine ? block.numel() : int64_t{0}}, torch::kInt64).to(comm);
+  // A source that cannot give its state (a step's state() that throws)
+  // still sends a length, -1, so that no rank waits for a block that never
+  // comes (they waited out the timeout, the driver behind them).
+  torch::Tensor block;
+  std::exception_ptr failed;
+  if (mine) try {
+      block = pack_state(state());
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  auto len = torch::tensor({mine && !failed ? block.numel() : int64_t{mine ? -1 : 0}}, torch::kInt64).to(comm);
   group_->broadcast(len.data_ptr(), 1, collective::DType::kInt64, static_cast<int>(src))->wait(timeout);
+  if (failed) std::rethrow_exception(failed);
   const int64_t length = len.to(torch::kCPU).item<int64_t>();
+  if (length < 0)
+    throw ConfigError("the heal's source, rank " + std::to_string(src) +
+                      ", could not give its state (its own error says why)");
   auto on_device = mine ? block.to(comm) : torch::empty({length}, torch::TensorOptions(torch::kUInt8).device(comm));
   group_->broadcast(on_device.data_ptr(), static_cast<size_t>(length), collective::DType::kUInt8, static_cast<int>(src))
       ->wait(timeout);

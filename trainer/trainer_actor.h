@@ -331,8 +331,9 @@ class TrainerActor {
   };
   // The step's context at step_ (micro_step 0).
   StepContext step_context(int64_t epoch, int64_t rank, int64_t world, bool training) const;
-  // The step's state() copied to the CPU (it may change it in place).
-  std::map<std::string, torch::Tensor> step_state_copy() const;
+  // The step's state() copied (it may change it in place), to `to` or
+  // where it is.
+  std::map<std::string, torch::Tensor> step_state_copy(std::optional<torch::Device> to) const;
   StepSnapshot snapshot();
   void roll_back(const StepSnapshot& s);
 

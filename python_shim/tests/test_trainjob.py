@@ -448,3 +448,17 @@ def test_history_holds_each_step_once_after_a_restore():
                                 step(1, 9.1), step(2, 8.1), dict(epoch, train_loss=8.6)], None, None, "")
     assert [(h["step"], h["loss"]) for h in restarted.history] == [(1, 9.1), (2, 8.1)]
     assert [e["train_loss"] for e in restarted.epochs] == [8.6]
+
+
+def test_a_trainer_that_cannot_see_the_saved_model_is_told_in_trainjobs_terms():
+    # A trainer on another host cannot read what TrainJob saved in the
+    # driver's temp folder: said so, and what to do (it read "TorchScript
+    # model file 'model' does not exist").
+    from troupe.train.job import _python_terms
+
+    work = "/tmp/troupe-trainjob-abc"
+    message = (f"the model {work}/step.pt is not on node-b, where a trainer runs: trainers read it at that path on "
+               "every node, so put it on storage every node shares")
+    said = _python_terms(message, work, {})
+    assert said.startswith("the model, which TrainJob saved in the driver's temp folder, is not on node-b"), said
+    assert "set TMPDIR to a folder every node shares, or give model as a file every node shares" in said, said

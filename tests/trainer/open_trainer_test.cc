@@ -172,6 +172,21 @@ class CurriculumStep final : public TrainStep {
 
 TROUPE_STEP("test_curriculum", [](const std::string&) { return std::make_unique<CurriculumStep>(); });
 
+// A step whose state cannot be copied to the host (a meta tensor).
+class UncopyableStateStep final : public TrainStep {
+ public:
+  StepOutput train(Model& model, const actors::TensorDict& batch) override {
+    return {torch::mse_loss(model.forward(batch.at("input")), batch.at("target")), {}};
+  }
+  std::string describe() const override { return "uncopyable state"; }
+  std::map<std::string, torch::Tensor> state() const override {
+    return {{"meta", torch::empty({4}, torch::TensorOptions().device(torch::kMeta))}};
+  }
+  void load_state(const std::map<std::string, torch::Tensor>&) override {}
+};
+
+TROUPE_STEP("test_uncopyable_state", [](const std::string&) { return std::make_unique<UncopyableStateStep>(); });
+
 void python(const std::string& script, const fs::path& dir) {
   auto file = dir / "make.py";
   std::ofstream(file) << script;
@@ -499,6 +514,118 @@ TEST_F(OpenTrainerTest, AStepsContextAndStateSurviveAHealAndAResume) {
     EXPECT_NE(std::string(e.what()).find("'forwards'"), std::string::npos) << e.what();
   }
   troupe::core::remove_tree(dir);
+}
+
+// A TorchScript step module that defines set_context(context: Dict[str,
+// int]) is told where each forward stands: its metrics echo the step, the
+// epoch and training/evaluation, and a trainer SIGKILLed mid-run heals to
+// the weights of the run without the kill (the loss's weight follows the
+// step). A set_context of another signature is refused, naming it.
+TEST_F(OpenTrainerTest, AScriptedStepIsToldItsContext) {
+  if (!have_python_torch()) GTEST_SKIP() << "no python3 with torch and numpy";
+  auto dir = test::fresh_dir("open-script-context");
+  python("import torch, numpy as np\nfrom typing import Dict\nd = '" + dir.string() +
+             "'\n"
+             "class Step(torch.nn.Module):\n"
+             "    def __init__(self):\n"
+             "        super().__init__()\n"
+             "        self.net = torch.nn.Linear(8, 1)\n"
+             "        self.step = 0\n"
+             "        self.epoch = 0\n"
+             "        self.in_training = 1\n"
+             "    @torch.jit.export\n"
+             "    def set_context(self, context: Dict[str, int]) -> None:\n"
+             "        self.step = context['step']\n"
+             "        self.epoch = context['epoch']\n"
+             "        self.in_training = context['training']\n"
+             "    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:\n"
+             "        err = self.net(batch['features']).squeeze(1) - batch['value']\n"
+             "        weight = min(1.0, (self.step + 1) / 4.0)\n"
+             "        return {'loss': (err * err).mean() * weight,\n"
+             "                'ctx_step': torch.tensor(float(self.step)),\n"
+             "                'ctx_epoch': torch.tensor(float(self.epoch)),\n"
+             "                'ctx_training': torch.tensor(float(self.in_training))}\n"
+             "class Wrong(torch.nn.Module):\n"
+             "    def __init__(self):\n"
+             "        super().__init__()\n"
+             "        self.net = torch.nn.Linear(8, 1)\n"
+             "    @torch.jit.export\n"
+             "    def set_context(self, step: int) -> None:\n"
+             "        pass\n"
+             "    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:\n"
+             "        return {'loss': self.net(batch['features']).mean()}\n"
+             "torch.manual_seed(0)\n"
+             "torch.jit.save(torch.jit.script(Step()), d + '/step.pt')\n"
+             "torch.jit.save(torch.jit.script(Wrong()), d + '/wrong.pt')\n"
+             "rng = np.random.default_rng(0)\n"
+             "x = rng.standard_normal((448, 8)).astype(np.float32)\n"
+             "v = (x @ rng.standard_normal(8)).astype(np.float32)\n"
+             "np.savez(d + '/train.npz', features=x, value=v)\n",
+         dir);
+  auto cfg = base_job(2);
+  cfg.trainer.model.name = "torchscript";
+  cfg.trainer.model.path = (dir / "step.pt").string();
+  cfg.trainer.data = actors::DatasetSpec("npz").set("path", (dir / "train.npz").string());
+  cfg.trainer.validation_fraction = 0.125;  // 392 to train on: 12 steps of 2 × 16 an epoch
+  cfg.evaluate = true;
+  const Result clean = TrainJob(rt_, cfg).fit();
+  ASSERT_EQ(clean.steps, 24);
+  ASSERT_EQ(clean.history.size(), 2u);
+  // The mean over an epoch's steps (equal samples each) of the step number.
+  EXPECT_DOUBLE_EQ(clean.history[0].train_metrics.at("ctx_step"), 5.5);
+  EXPECT_DOUBLE_EQ(clean.history[1].train_metrics.at("ctx_step"), 17.5);
+  EXPECT_DOUBLE_EQ(clean.history[1].train_metrics.at("ctx_epoch"), 1.0);
+  EXPECT_DOUBLE_EQ(clean.history[1].train_metrics.at("ctx_training"), 1.0);
+  EXPECT_DOUBLE_EQ(clean.history[1].val_metrics.at("ctx_training"), 0.0);
+  EXPECT_DOUBLE_EQ(clean.history[1].val_metrics.at("ctx_step"), 24.0);
+
+  troupe::testing::FaultInjector faults(rt_);
+  const uint64_t before = faults.last_actor_id();
+  auto hurt_cfg = cfg;
+  hurt_cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  faults.at_step(5, [&] {
+    auto id = faults.live_actors(kTrainerClass, before).at(1).id;
+    faults.after(2ms, [&faults, id] { faults.kill_actor(id); });
+  });
+  const Result hurt = TrainJob(rt_, hurt_cfg).fit();
+  ASSERT_EQ(hurt.recoveries.size(), 1u);
+  test::expect_bitwise_equal(clean.final_state, hurt.final_state);
+
+  auto wrong = cfg;
+  wrong.trainer.model.path = (dir / "wrong.pt").string();
+  try {
+    TrainJob(rt_, wrong).fit();
+    ADD_FAILURE() << "a set_context of another signature was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("set_context(self, context: Dict[str, int]) -> None"), std::string::npos)
+        << e.what();
+  }
+  troupe::core::remove_tree(dir);
+}
+
+// A step's state that cannot be copied to the host ends the job with an
+// error naming it (the job waited for ever: the final state failed, was
+// taken for a failure, and the heal's source could not send its state
+// while its peers waited for the block).
+TEST_F(OpenTrainerTest, AStepStateThatCannotBeCopiedEndsTheJobNamingIt) {
+  auto cfg = base_job(2);
+  cfg.trainer.model.input_dim = 6;
+  cfg.trainer.model.hidden = 8;
+  cfg.trainer.model.num_classes = 2;
+  cfg.trainer.data = actors::DatasetSpec("synthetic_regression")
+                         .set("size", 128)
+                         .set("num_features", 6)
+                         .set("num_outputs", 2)
+                         .set("seed", 3);
+  cfg.trainer.step.name = "test_uncopyable_state";
+  cfg.epochs = 1;
+  cfg.failure.max_failures = -1;
+  try {
+    TrainJob(rt_, cfg).fit();
+    ADD_FAILURE() << "a step state that cannot be copied was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("'meta', which cannot be copied"), std::string::npos) << e.what();
+  }
 }
 
 // Each bad input ends fit() with an error that names the culprit (quickly:

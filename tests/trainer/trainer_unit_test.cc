@@ -953,3 +953,22 @@ TEST(CheckpointWriterTest, ASecondWriterOfOneDirectoryIsRefusedNamingTheHolder) 
   EXPECT_TRUE(std::filesystem::exists(dir / ".lock"));
   EXPECT_FALSE(latest_checkpoint(dir.string()).has_value());  // .lock is no checkpoint
 }
+
+// A trainer on a node that does not have the driver's model or data file
+// says so, naming the file and this host (it said the file "does not
+// exist", which the driver had just checked it did).
+TEST(TrainerSetupTest, AFileMissingOnTheTrainersNodeIsNamedWithItsHost) {
+  TrainerConfig c = troupe::test::small_mlp_job("files", 1, 32, 256).trainer;
+  c.device = "cpu";
+  c.model.name = "torchscript";
+  c.model.path = "/nonexistent/troupe-test/step.pt";
+  TrainerActor t;
+  try {
+    t.setup(c);
+    ADD_FAILURE() << "a missing model file was taken";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("the model /nonexistent/troupe-test/step.pt is not on "), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("put it on storage every node shares"), std::string::npos) << e.what();
+  }
+}

@@ -267,6 +267,16 @@ def _python_terms(message, work, config):
     TrainJob's argument names (workers=2, batch_size), and the job file
     it wrote by the argument that gave the key (model_options['hidden'])."""
     if work:
+        # A trainer on a host that does not see the driver's temp folder,
+        # where this TrainJob saved what it was given as objects.
+        for what, stem, arg in (("the model", "step.pt", "model"), ("the data", "data.npz", "data"),
+                                ("the validation data", "val_data.npz", "val_data")):
+            message = re.sub(re.escape(f"{what} {os.path.join(work, stem)} is not on ") + r"(\S+), where a trainer "
+                             r"runs: .*",
+                             lambda m, what=what, arg=arg: (
+                                 f"{what}, which TrainJob saved in the driver's temp folder, is not on {m.group(1)}, "
+                                 f"where a trainer runs: set TMPDIR to a folder every node shares, or give {arg} as "
+                                 "a file every node shares"), message)
         job_file = f"job file {os.path.join(work, 'job.json')}: "
         saved = {"data": os.path.join(work, "data.npz"), "val_data": os.path.join(work, "val_data.npz"),
                  "model": os.path.join(work, "step.pt")}
