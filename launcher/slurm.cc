@@ -169,19 +169,30 @@ struct Cluster {
   // (SIGKILL to every agent: "srun: forcing job termination", a step
   // CANCELLED on every clean job, nothing cleaned up). Signals are for what
   // is still there after that.
-  void stop() {
-    if (head > 0 && !address.empty()) try {
+  //
+  // `keep_logs` (a job that failed): srun passes SIGUSR1 on to every
+  // node's script, which stops its agent and keeps the node's session
+  // directory, whose logs tell what failed.
+  void stop(bool keep_logs = false) {
+    bool told = false;
+    if (keep_logs && srun > 0) {
+      told = ::kill(srun, SIGUSR1) == 0;
+    } else if (head > 0 && !address.empty()) {
+      try {
         InitOptions io;
         io.address = address;
         io.token = token;
         Runtime rt = Runtime::connect(io);
         rt.core()->head().call_empty<void>(wire::Op::kShutdown, std::chrono::seconds(5));
+        told = true;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "troupe slurm: the head could not be told to stop (%s); signalling the cluster\n",
                      e.what());
       }
+    }
     int st = 0;
-    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    // Not told: signalled at once (a time limit's SIGKILL follows soon).
+    const auto deadline = Clock::now() + std::chrono::seconds(told ? 20 : 0);
     while (srun > 0 && Clock::now() < deadline) {
       if (child_gone(srun, &st))
         srun = -1;
@@ -247,8 +258,10 @@ void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const st
 // another node's has one of its own inside it (node-ID: a directory that
 // only this agent writes, whether or not the nodes share TMPDIR), removed
 // with its logs once the agent has stopped (kept with TROUPE_KEEP_SESSION
-// set), and the session path with it where nothing else is in it. A stop
-// signal to the script is passed on to the agent.
+// set, or when SIGUSR1 stopped it: troupe slurm's job failed; the agent
+// ignores SIGUSR1, which srun sends to the whole task), and the session
+// path with it where nothing else is in it. A stop signal to the script is
+// passed on to the agent.
 const char* const kAgentScript =
     "troupe=$1 address=$2 gpus=$3 batch=$4; shift 4; "
     "case $SLURM_NODEID in ''|*[!0-9]*) i=$#;; *) i=$SLURM_NODEID;; esac; "
@@ -261,11 +274,12 @@ const char* const kAgentScript =
     "''|*[!0-9]*) res=\"CPU=$1\";; *) res=\"CPU=$1,GPU=$SLURM_GPUS_ON_NODE\";; esac; fi; "
     "own=; if [ -n \"$batch\" ] && [ \"$SLURMD_NODENAME\" != \"$batch\" ] && [ -n \"$TROUPE_SESSION_DIR\" ]; then "
     "own=\"$TROUPE_SESSION_DIR/node-$i\"; (umask 077; mkdir -p \"$own\") || exit 1; fi; "
+    "pid=; keep=$TROUPE_KEEP_SESSION; trap '' USR1; "
     "TROUPE_SESSION_DIR=${own:-$TROUPE_SESSION_DIR} \"$troupe\" start --block --no-token-file --address \"$address\" "
     "--resources \"$res\" & pid=$!; "
-    "trap 'kill -TERM $pid 2>/dev/null' TERM INT HUP; "
+    "trap 'kill -TERM $pid 2>/dev/null' TERM INT HUP; trap 'keep=1; kill -TERM $pid 2>/dev/null' USR1; "
     "wait $pid; rc=$?; while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done; "
-    "if [ -n \"$own\" ] && [ -z \"$TROUPE_KEEP_SESSION\" ]; then "
+    "if [ -n \"$own\" ] && [ -z \"$keep\" ]; then "
     "rm -rf \"$own\"; rmdir \"$TROUPE_SESSION_DIR\" 2>/dev/null; fi; "
     "exit $rc";
 
@@ -407,7 +421,7 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
   // A scancel SIGKILLs this process at once: the directory stays, holding
   // logs only.
   auto finish = [&](int rc) {
-    c.stop();
+    c.stop(rc != 0);
     if (rc == 0 && env_or("TROUPE_KEEP_SESSION").empty()) {
       std::error_code ec;
       std::filesystem::remove_all(c.session, ec);

@@ -375,6 +375,8 @@ bool kept_from_node(const std::string& name) {
       "PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "HOSTNAME", "HOST", "PWD",
       "OLDPWD", "SHLVL", "_", "TERM", "TERMCAP", "COLORTERM", "COLUMNS", "LINES", "DISPLAY", "TMPDIR", "TMUX",
       "TMUX_PANE", "STY", "WINDOW", "LS_COLORS", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX",
+      // the node's worker adds its malloc settings to the node's value
+      "GLIBC_TUNABLES",
       // devices: a rank's are its slot's
       "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
       // torchrun's, set for each rank

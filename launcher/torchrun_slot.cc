@@ -63,18 +63,29 @@ std::string interface_of(const std::string& address) {
 // Gloo and NCCL pick their interface from the host name, which often
 // resolves to 127.0.1.1: ranks on other machines could not reach it. The
 // script gets the interface of this node's address (where its worker
-// listens), unless the environment names one already.
+// listens), unless the node's environment or the launch's variables (the
+// driver's, docs/torchrun.md) name one already.
 void add_socket_interfaces(std::vector<std::string>& vars) {
   std::string host = core::env_value(core::kEnvAdvertiseHost);
   if (host.empty()) host = core::env_value(core::kEnvBindHost);
   if (host.empty() || host.rfind("127.", 0) == 0 || host == "::1") return;
   const std::string ifname = interface_of(host);
   if (ifname.empty()) return;
+  auto given = [&](const std::string& var) {
+    for (const auto& kv : vars)
+      if (kv.rfind(var + "=", 0) == 0) return true;
+    return !core::env_value(var.c_str()).empty();
+  };
   for (const char* var : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
-    if (core::env_value(var).empty()) vars.push_back(std::string(var) + "=" + ifname);
+    if (!given(var)) vars.push_back(std::string(var) + "=" + ifname);
 }
 
 using Clock = std::chrono::steady_clock;
+
+std::string this_host() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("this host");
+}
 
 // Longer lines go out in pieces of this size, which the launcher joins.
 constexpr size_t kMaxLine = 64 * 1024;
@@ -547,6 +558,11 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
         "program " + program +
         (program.find('/') == std::string::npos ? " not found on PATH" : " is not an executable file (chmod +x?)") +
         " (--no-python runs the script as a program)");
+  std::error_code script_ec;
+  if (!l.no_python && !l.module && !std::filesystem::is_regular_file(l.script, script_ec))
+    throw ConfigError("script " + l.script + " is not on this node (" + this_host() +
+                      "): troupe torchrun runs the driver's script at the same path on every node; put it there "
+                      "(a folder every node shares)");
   if (exe.empty())
     throw ConfigError("interpreter " + l.python + " not found" +
                       (l.python.find('/') == std::string::npos ? " on PATH" : "") + " (give --python PATH)");
@@ -559,7 +575,17 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
   std::vector<std::string> env = script_environment(vars);
   std::string cwd;
   std::error_code ec;
-  if (!l.working_dir.empty() && std::filesystem::is_directory(l.working_dir, ec)) cwd = l.working_dir;
+  if (!l.working_dir.empty() && std::filesystem::is_directory(l.working_dir, ec)) {
+    cwd = l.working_dir;
+  } else if (!l.working_dir.empty()) {
+    // The driver's working directory is not on this node: the script's
+    // own folder (where relative paths most likely point), said in the
+    // worker's log, rather than / without a word.
+    const auto folder = std::filesystem::path(l.script).parent_path();
+    if (!l.module && std::filesystem::is_directory(folder, ec)) cwd = folder.string();
+    TROUPE_LOG_WARN("torchrun slot: rank {}: the driver's working directory {} is not on this node; running in {}",
+                    l.rank, l.working_dir, cwd.empty() ? "the node agent's" : cwd);
+  }
 
   auto& spare = state_->spare;
   if (spare && (!l.warm || spare->exe != exe)) {

@@ -628,10 +628,14 @@ uint64_t actor_by_name(troupe::Runtime& rt, const std::string& name) {
     if (newest != 0) return newest;
     // A name given without its namespace ("p1" for an actor a driver
     // named in namespace "probe", kept as "probe/p1"): found when one
-    // namespace has it, else the candidates are named.
+    // namespace has it, else the candidates are named. The live holders
+    // first: a name a dead actor held in another namespace does not make
+    // it ambiguous.
     std::map<std::string, uint64_t> in_namespaces;
-    if (name.find('/') == std::string::npos)
+    for (const bool live_only : {true, false}) {
+      if (!in_namespaces.empty() || name.find('/') != std::string::npos) break;
       for (const auto& a : status["actors"]) {
+        if (live_only && a.value("state", std::string()) == "DEAD") continue;
         const std::string full = a.value("name", std::string());
         if (full.size() > name.size() + 1 &&
             full.compare(full.size() - name.size() - 1, std::string::npos, "/" + name) == 0) {
@@ -639,6 +643,7 @@ uint64_t actor_by_name(troupe::Runtime& rt, const std::string& name) {
           id = std::max(id, a["id"].get<uint64_t>());
         }
       }
+    }
     if (in_namespaces.size() == 1) return in_namespaces.begin()->second;
     if (in_namespaces.empty()) throw;
     std::string names;

@@ -1,11 +1,14 @@
 """The package's `troupe` console script (troupe._cli): it execs the C++ CLI,
 and `troupe torchrun` runs the script with the package's interpreter unless
 --python names another."""
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 from conftest import cli, session_env
 
@@ -136,23 +139,17 @@ def test_submit_gives_a_python_driver_the_jobs_runtime_env(tmp_path):
         subprocess.run([launcher, "stop"], env=env, timeout=120)
 
 
-def test_python_actors_run_on_a_node_that_cannot_see_the_drivers_files(tmp_path):
-    """A node agent whose temp directory is not the driver's (another host,
-    or a Slurm node with its own /tmp: here a mount namespace with a tmpfs
-    over the driver's TMPDIR) runs the driver's Python actors: the worker
-    launcher travels as text and the agent writes it itself. It was
-    written to the driver's TMPDIR, and every worker on such a node failed
-    with "cannot run .../troupe-python-0/worker-...: No such file"."""
+@contextlib.contextmanager
+def agent_that_cannot_see(tmp_path, hidden):
+    """A cluster of one head (no CPUs) and one node agent in a mount
+    namespace with a tmpfs over `hidden` (another host's view: the
+    driver's files there are not its); yields the session's environment."""
     import shutil
 
     if os.geteuid() != 0 or not shutil.which("unshare"):
-        import pytest
-
         pytest.skip("a mount namespace needs root and unshare")
     launcher = cli()
     session, env = session_env(tmp_path)
-    driver_tmp = tmp_path / "driver_tmp"
-    driver_tmp.mkdir()
     subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=0"], env=env, check=True,
                    timeout=120)
     agent = None
@@ -161,18 +158,41 @@ def test_python_actors_run_on_a_node_that_cannot_see_the_drivers_files(tmp_path)
         agent = subprocess.Popen(
             ["unshare", "-m", "--propagation", "private", "sh", "-c",
              'mount -t tmpfs tmpfs "$1" && exec "$2" start --address "$3" --resources CPU=2 --block',
-             "sh", str(driver_tmp), launcher, address], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             "sh", str(hidden), launcher, address], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        yield env
+    finally:
+        subprocess.run([launcher, "stop"], env=env, timeout=120)
+        if agent is not None:
+            try:
+                agent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+
+
+_WAIT_FOR_TWO_NODES = """
+import os, sys, time
+import troupe
+
+troupe.init(address="auto")
+deadline = time.monotonic() + 120
+while sum(1 for n in troupe.nodes() if n["Alive"]) < 2:
+    assert time.monotonic() < deadline, "the namespaced agent never joined"
+    time.sleep(0.2)
+"""
+
+
+def test_python_actors_run_on_a_node_that_cannot_see_the_drivers_files(tmp_path):
+    """A node agent whose temp directory is not the driver's (another host,
+    or a Slurm node with its own /tmp) runs the driver's Python actors: the
+    worker launcher travels as text and the agent writes it itself. It was
+    written to the driver's TMPDIR, and every worker on such a node failed
+    with "cannot run .../troupe-python-0/worker-...: No such file"."""
+    driver_tmp = tmp_path / "driver_tmp"
+    driver_tmp.mkdir()
+    with agent_that_cannot_see(tmp_path, driver_tmp) as env:
         driver = tmp_path / "driver.py"
-        driver.write_text(textwrap.dedent("""
-            import os, sys, time
-            import troupe
-
-            troupe.init(address="auto")
-            deadline = time.monotonic() + 120
-            while sum(1 for n in troupe.nodes() if n["Alive"]) < 2:
-                assert time.monotonic() < deadline, "the namespaced agent never joined"
-                time.sleep(0.2)
-
+        driver.write_text(_WAIT_FOR_TWO_NODES + textwrap.dedent("""
             @troupe.remote(num_cpus=1)
             class Where:
                 def files(self, path):
@@ -185,17 +205,45 @@ def test_python_actors_run_on_a_node_that_cannot_see_the_drivers_files(tmp_path)
         run = subprocess.run([sys.executable, str(driver), str(driver_tmp)], env=dict(env, TMPDIR=str(driver_tmp)),
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout + run.stderr
-        # The worker's TMPDIR is the namespace's empty tmpfs: what the
-        # driver wrote there (if anything) it cannot see.
+        # The worker's view of the driver's TMPDIR is the namespace's
+        # empty tmpfs: what the driver wrote there it cannot see.
         assert "seen by the worker: ([]," in run.stdout, run.stdout + run.stderr
-    finally:
-        subprocess.run([launcher, "stop"], env=env, timeout=120)
-        if agent is not None:
+
+
+def test_a_torch_trainers_rank_0_that_cannot_see_the_run_folder_fails_the_run_at_once(tmp_path):
+    """Rank 0 on a node that does not see RunConfig(storage_path=...) wrote
+    the run's checkpoints and progress to its own disk, and fit() returned
+    a result without them (metrics {}, checkpoint None, no error)."""
+    pytest.importorskip("torch")
+    storage = tmp_path / "results"
+    storage.mkdir()
+    with agent_that_cannot_see(tmp_path, storage) as env:
+        driver = tmp_path / "driver.py"
+        driver.write_text(_WAIT_FOR_TWO_NODES + textwrap.dedent("""
+            import tempfile
+            from troupe import train
+            from troupe.train.torch import TorchTrainer
+
+            def loop():
+                with tempfile.TemporaryDirectory() as d:
+                    open(os.path.join(d, "w.txt"), "w").write("x")
+                    train.report({"loss": 1.0}, checkpoint=train.Checkpoint.from_directory(d))
+
+            trainer = TorchTrainer(loop, scaling_config=train.ScalingConfig(num_workers=2),
+                                   run_config=train.RunConfig(storage_path=sys.argv[1], name="run",
+                                                              failure_config=train.FailureConfig(max_failures=-1)))
             try:
-                agent.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+                trainer.fit()
+                print("fit returned", flush=True)
+            except train.TrainingFailedError as e:
+                print("failed:", e, "failures:", trainer.failures, flush=True)
+        """))
+        run = subprocess.run([sys.executable, str(driver), str(storage)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "does not see the run folder" in run.stdout and "a folder every node shares" in run.stdout, run.stdout
+        assert "failures: 0" in run.stdout, run.stdout  # not retried: every attempt would meet it
+        assert not (storage / "run" / ".validate_storage_marker").exists()
 
 
 def test_no_token_file_keeps_the_token_in_the_environment_only(tmp_path):

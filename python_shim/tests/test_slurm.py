@@ -141,7 +141,7 @@ def test_a_failed_job_keeps_its_logs_but_not_its_token(slurm, tmp_path):
     out = tmp_path / "job.out"
     job_tmp = tmp_path / "tmp"
     job_tmp.mkdir()
-    r = subprocess.run(["sbatch", "--wait", "-N1", f"--output={out}", "--wrap",
+    r = subprocess.run(["sbatch", "--wait", "-N2", f"--output={out}", "--wrap",
                         f"{cli()} slurm --port 0 -- /bin/sh -c 'exit 3'"],
                        env={**slurm["env"], "TMPDIR": str(job_tmp)}, capture_output=True, text=True, timeout=300)
     text = out.read_text()
@@ -149,7 +149,11 @@ def test_a_failed_job_keeps_its_logs_but_not_its_token(slurm, tmp_path):
     kept = list(job_tmp.glob("troupe-slurm-*"))
     assert len(kept) == 1 and f"kept the session directory {kept[0]}" in text, text
     assert (kept[0] / "head.log").exists(), list(kept[0].iterdir())
-    assert not (kept[0] / "token").exists(), "the cluster's token outlived it"
+    # The other node's agent logs are kept too (its directory went with
+    # every job, the failed ones included).
+    assert list((kept[0] / "node-1").glob("node-*.log")), list(kept[0].rglob("*"))
+    assert "Exited with exit code" not in text and "forcing job termination" not in text, text
+    assert not list(kept[0].rglob("token")), "the cluster's token outlived it"
     wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
 
 
@@ -200,8 +204,14 @@ def test_two_jobs_sharing_nodes_each_get_a_head_port(slurm, tmp_path):
     # Without --port: both used to want 6380 and the second job's head
     # failed ("bind 127.0.0.1:6380: Address already in use").
     outs = [tmp_path / f"job{i}.out" for i in range(2)]
+    # Each driver waits for the other's: both heads are up at once.
+    both = tmp_path / "both.sh"
+    both.write_text(f"#!/bin/sh\ntouch {tmp_path}/up-$SLURM_JOB_ID\nn=0\n"
+                    f"while [ $(ls {tmp_path} | grep -c '^up-') -lt 2 ] && [ $n -lt 600 ]; do sleep 0.2; n=$((n+1)); "
+                    "done\n[ $n -lt 600 ]\n")
+    both.chmod(0o755)
     jobs = [subprocess.Popen(["sbatch", "--wait", "-N2", "-n2", f"--output={out}", "--wrap",
-                              f"{cli()} slurm -- /bin/sh -c 'sleep 3'"], env=slurm["env"],
+                              f"{cli()} slurm -- {both}"], env=slurm["env"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for out in outs]
     for job, out in zip(jobs, outs):
         _, err = job.communicate(timeout=300)

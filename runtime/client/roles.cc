@@ -133,6 +133,7 @@ class SignalWaiter {
   o.worker_pool.idle_timeout = std::chrono::milliseconds(env.worker_idle_timeout_ms);
   o.worker_pool.assign_timeout = std::chrono::milliseconds(env.worker_assign_timeout_ms);
   o.worker_logs_beside_own_output = true;
+  o.session_dir = env.session_dir;
   if (env.head_reconnect_ms) o.head_reconnect = std::chrono::milliseconds(env.head_reconnect_ms);
   try {
     o.resources = node::detect_resources(head::parse_resources(env.resources));

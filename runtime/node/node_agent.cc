@@ -595,6 +595,7 @@ class NodeAgent::Impl {
   // directory's launchers/, else one of this user's in the temp directory.
   std::string launcher_dir() const {
     if (!opts_.session_dir.empty()) return opts_.session_dir + "/launchers";
+    if (!opts_.worker_pool.log_dir.empty()) return opts_.worker_pool.log_dir + "/launchers";
     std::error_code ec;
     auto tmp = std::filesystem::temp_directory_path(ec);
     return (ec ? std::filesystem::path("/tmp") : tmp).string() + "/troupe-launchers-" + std::to_string(::getuid());

@@ -33,7 +33,9 @@ struct NodeOptions {
   // bind_host the local address of the interface that routes to the head.
   // Never 0.0.0.0.
   std::string advertise_host;
-  std::string session_dir;  // workers' logs go here when set
+  // The session directory: worker launchers given as text go in its
+  // launchers/ (script_executable.h).
+  std::string session_dir;
   // A daemon agent (`troupe start`, a LocalCluster's) whose output is a
   // file gives each worker a log file beside it (what `troupe logs ACTOR`
   // reads). An agent embedded in a driver does not: its workers write to

@@ -184,6 +184,9 @@ def _fsync_dir(folder):
         os.close(fd)
 
 
+_MARKER = ".validate_storage_marker"
+
+
 class StorageNotSharedError(RuntimeError):
     """Rank 0 cannot see the checkpoint files another rank staged: the run
     folder is not on storage every node shares. Another attempt would
@@ -213,11 +216,39 @@ class CheckpointStore:
         self._warned_repr = set()  # metric names already said to be stored as their repr
 
     def sweep(self):
-        """Creates the run folder; removes temporary folders a crash left."""
+        """Creates the run folder; removes temporary folders a crash left;
+        writes a new marker (marker_token), by which rank 0 checks that it
+        sees the folder the driver made."""
         os.makedirs(self.run_dir, exist_ok=True)
         for entry in os.listdir(self.run_dir):
             if entry.startswith((_TMP_PREFIX, ".deleting_", _PART_PREFIX)):
                 shutil.rmtree(os.path.join(self.run_dir, entry), ignore_errors=True)
+        self.marker_token = uuid.uuid4().hex
+        with open(os.path.join(self.run_dir, _MARKER), "w") as f:
+            f.write(self.marker_token)
+
+    def remove_marker(self):
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(self.run_dir, _MARKER))
+
+    def check_shared(self, token, rank):
+        """Raises StorageNotSharedError unless this process sees the marker
+        the driver wrote with `token` (rank 0 writes the run's progress and
+        checkpoints into the folder: on a node that does not share it they
+        went to that node's disk, and the run ended as a success without
+        them)."""
+        try:
+            with open(os.path.join(self.run_dir, _MARKER)) as f:
+                seen = f.read()
+        except OSError:
+            seen = None
+        if seen != token:
+            import socket
+
+            raise StorageNotSharedError(
+                f"TorchTrainer: rank {rank} on {socket.gethostname()} does not see the run folder {self.run_dir} "
+                f"that the driver made: rank 0 writes the run's progress and checkpoints there, so give "
+                "RunConfig(storage_path=...) a folder every node shares")
 
     def indices(self):
         """Indices of the complete checkpoints, oldest first."""

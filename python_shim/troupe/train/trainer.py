@@ -435,6 +435,7 @@ class TorchTrainer:
         return TrainingFailedError(message, self._result(store, cause))
 
     def _result(self, store, error):
+        store.remove_marker()  # the run is over: rank 0 has checked it
         return _result_of(store, error)
 
     # -------------------------------------------------------------- attempt
@@ -557,6 +558,7 @@ class TorchTrainer:
                 "master_addr": self._infos[0]["ip"], "master_port": port, "use_gpu": self.scaling_config.use_gpu,
                 "backend": tc.backend if tc else None, "timeout_s": tc.timeout_s if tc else None,
                 "checkpoint": latest.path if latest else None,
+                "storage_marker": store.marker_token,
                 # Read in the driver: workers do not inherit troupe's own
                 # variables.
                 "report_wait_warning_s": self._report_wait_warning_s,

@@ -73,6 +73,12 @@ class TrainWorker:
 
         ctx = session.TrainContext(**spec["context"])
         _console.mark_output(f"TrainWorker rank={ctx.world_rank}")
+        from .config import CheckpointConfig
+
+        store = CheckpointStore(ctx.trial_dir, CheckpointConfig(**spec["checkpoint_config"]))
+        if ctx.world_rank == 0 and spec.get("storage_marker"):
+            # Before the group forms: the others are told at once.
+            store.check_shared(spec["storage_marker"], ctx.world_rank)
         os.environ.update(session.local_env(ctx, spec["master_addr"], spec["master_port"]))
         use_gpu = spec["use_gpu"] and torch.cuda.is_available()
         if use_gpu:
@@ -84,9 +90,6 @@ class TrainWorker:
             init_method=f"tcp://{spec['master_addr']}:{spec['master_port']}",
             rank=ctx.world_rank, world_size=ctx.world_size,
             timeout=datetime.timedelta(seconds=spec.get("timeout_s") or PROCESS_GROUP_TIMEOUT_S))
-        from .config import CheckpointConfig
-
-        store = CheckpointStore(ctx.trial_dir, CheckpointConfig(**spec["checkpoint_config"]))
         checkpoint = Checkpoint(spec["checkpoint"]) if spec["checkpoint"] else None
         # report()'s exchanges go over gloo: cheap, and a peer that left is
         # seen at once, where NCCL would wait out its timeout.
