@@ -277,11 +277,11 @@ const char* const kAgentScript =
     "pid=; keep=$TROUPE_KEEP_SESSION; trap '' USR1; "
     "TROUPE_SESSION_DIR=${own:-$TROUPE_SESSION_DIR} \"$troupe\" start --block --no-token-file --address \"$address\" "
     "--resources \"$res\" & pid=$!; "
-    "trap 'kill -TERM $pid 2>/dev/null' TERM INT HUP; trap 'keep=1; kill -TERM $pid 2>/dev/null' USR1; "
+    "trap 'kill -TERM $pid 2>/dev/null' TERM INT HUP; trap 'keep=stopped; kill -TERM $pid 2>/dev/null' USR1; "
     "wait $pid; rc=$?; while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done; "
     "if [ -n \"$own\" ] && [ -z \"$keep\" ]; then "
     "rm -rf \"$own\"; rmdir \"$TROUPE_SESSION_DIR\" 2>/dev/null; fi; "
-    "exit $rc";
+    "[ \"$keep\" = stopped ] && exit 0; exit $rc";
 
 }  // namespace
 

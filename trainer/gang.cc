@@ -76,7 +76,20 @@ void Gang::form(int64_t heal_src, std::chrono::milliseconds timeout) {
   await_joins(joins, members, timeout);
   if (heal_src >= 0) {
     auto heals = call_all(&TrainerActor::heal, heal_src);
-    auto ps = get_all(heals, timeout);
+    // Every call settles; the source's own error wins (the others only
+    // say that it could not send, and its error decides a retry).
+    std::vector<Progress> ps;
+    std::exception_ptr first, source;
+    for (size_t r = 0; r < heals.size(); ++r) {
+      try {
+        ps.push_back(heals[r].get(timeout));
+      } catch (...) {
+        if (!first) first = std::current_exception();
+        if (static_cast<int64_t>(r) == heal_src) source = std::current_exception();
+      }
+    }
+    if (source) std::rethrow_exception(source);
+    if (first) std::rethrow_exception(first);
     // At the driver's own step its cursor is the truth (it may already
     // stand at the next epoch's start, which the trainers have not seen);
     // past it, the survivors completed steps of a failed round.

@@ -138,11 +138,18 @@ class ScriptModel final : public Model {
     d.insert("world_size", c.world_size);
     d.insert("training", c.training ? 1 : 0);
     try {
+      torch::jit::GraphOptimizerEnabledGuard plain(false);  // as forward: the same code on every trainer
       m_.get_method("set_context")({d});
     } catch (const c10::Error& e) {
       const std::string what = e.what_without_backtrace();
       throw ConfigError("TorchScript model '" + path_ + "': set_context failed: " + core::last_line(what) + "\n" +
                         what);
+    } catch (const std::exception& e) {
+      // The interpreter's own errors (a raise, an assert, a KeyError in
+      // the script) are std::runtime_errors: the user's, not a crash to
+      // heal (it was retried for ever).
+      throw ConfigError("TorchScript model '" + path_ + "': set_context failed: " + core::last_line(e.what()) + "\n" +
+                        e.what());
     }
   }
   std::vector<std::string> summed_metrics() const override {

@@ -296,7 +296,7 @@ std::optional<TrainState> Run::load_resume_from() {
   // A checkpoint of this job's own directory stands for its step: a stop
   // there (max_steps already reached) writes it no second time.
   std::error_code ec;
-  auto step_dir = std::filesystem::path(dir).lexically_normal();
+  auto step_dir = std::filesystem::absolute(dir, ec).lexically_normal();
   if (step_dir.filename().empty()) step_dir = step_dir.parent_path();  // "ckpt/step-7/"
   if (!cfg_.checkpoint.dir.empty() && std::filesystem::equivalent(step_dir.parent_path(), cfg_.checkpoint.dir, ec))
     last_checkpoint_step_ = resume.step;

@@ -210,14 +210,22 @@ TrainerActor::~TrainerActor() {
 // a trainer met "does not exist" about a file the driver had just checked,
 // without being told where it ran.
 namespace {
+// Only the built-in readers' paths: a registered data set's `path` may be
+// anything its factory reads (a URL, a shard prefix).
 void check_files_here(const TrainerConfig& c) {
   std::vector<std::pair<std::string, std::string>> files;
-  if (!c.model.path.empty()) files.emplace_back("the model", c.model.path);
-  if (c.data.has("path")) files.emplace_back("the data", c.data.get_string("path"));
-  if (c.validation_data.has("path")) files.emplace_back("the validation data", c.validation_data.get_string("path"));
+  if (c.model.name == "torchscript" && !c.model.path.empty()) files.emplace_back("the model", c.model.path);
+  auto file_of = [&](const char* what, const actors::DatasetSpec& d) {
+    const bool reads_path = d.name == "npz" || d.name == "token_stream" || d.name == "image_records";
+    if (reads_path && d.has("path")) files.emplace_back(what, d.get_string("path"));
+  };
+  file_of("the data", c.data);
+  file_of("the validation data", c.validation_data);
   for (const auto& [what, path] : files) {
     std::error_code ec;
-    if (std::filesystem::exists(path, ec)) continue;
+    // A relative path, or one this host cannot stat, is the reader's to
+    // name: the host's absence is what is told here.
+    if (!std::filesystem::path(path).is_absolute() || std::filesystem::exists(path, ec) || ec) continue;
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     throw ConfigError(what + " " + path + " is not on " + host + ", where a trainer runs: trainers read it at " +
@@ -770,7 +778,15 @@ StepContext TrainerActor::step_context(int64_t epoch, int64_t rank, int64_t worl
 
 std::map<std::string, torch::Tensor> TrainerActor::step_state_copy(std::optional<torch::Device> to) const {
   std::map<std::string, torch::Tensor> out;
-  for (const auto& [name, t] : step_fn_->state()) {
+  std::map<std::string, torch::Tensor> given;
+  try {
+    given = step_fn_->state();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ConfigError("step " + step_fn_->describe() + "'s state() failed: " + user_error_text(e));
+  }
+  for (const auto& [name, t] : given) {
     if (!t.defined())
       throw ConfigError("step " + step_fn_->describe() + "'s state() returned '" + name + "' undefined");
     // The step's own tensor that cannot be copied (a meta tensor, say):
@@ -952,9 +968,11 @@ Progress TrainerActor::heal(int64_t src) {
   group_->broadcast(len.data_ptr(), 1, collective::DType::kInt64, static_cast<int>(src))->wait(timeout);
   if (failed) std::rethrow_exception(failed);
   const int64_t length = len.to(torch::kCPU).item<int64_t>();
+  // Not this rank's error: the source's (Gang::form shows it) decides
+  // whether the job retries.
   if (length < 0)
-    throw ConfigError("the heal's source, rank " + std::to_string(src) +
-                      ", could not give its state (its own error says why)");
+    throw Aborted("the heal's source, rank " + std::to_string(src) +
+                  ", could not give its state (its own error says why)");
   auto on_device = mine ? block.to(comm) : torch::empty({length}, torch::TensorOptions(torch::kUInt8).device(comm));
   group_->broadcast(on_device.data_ptr(), static_cast<size_t>(length), collective::DType::kUInt8, static_cast<int>(src))
       ->wait(timeout);

@@ -366,11 +366,13 @@ def test_a_name_in_a_namespace_is_found_without_it(tmp_path):
             wait_until(lambda: "marker-twelve" in logs(env, target).stdout, timeout=60, what=f"troupe logs {target}")
         # A dead holder of the name in another namespace leaves it found:
         # the live one is meant.
-        other = driver.read_text().replace("namespace='probe'", "namespace='other'") + "troupe.kill(t)\n"
+        other = (driver.read_text().replace("namespace='probe'", "namespace='other'")
+                 .replace("marker-twelve in a namespace", "marker-thirteen, the dead one") + "troupe.kill(t)\n")
         (tmp_path / "other.py").write_text(other)
         subprocess.run([sys.executable, str(tmp_path / "other.py")], env=env, check=True, timeout=120)
         found = logs(env, "talker-ns")
         assert found.returncode == 0 and "marker-twelve" in found.stdout, (found.stdout, found.stderr)
+        assert "marker-thirteen" not in found.stdout, found.stdout
         missing = logs(env, "nobody-ns")
         assert missing.returncode == 2, missing
     finally:

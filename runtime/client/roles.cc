@@ -123,6 +123,10 @@ class SignalWaiter {
 
 [[noreturn]] void run_node(const core::WorkerEnv& env) {
   core::init_logging("node");
+  // Its workers start with the default action of SIGUSR1 (troupe slurm's
+  // node script ignores it, so that srun's SIGUSR1 to the task leaves the
+  // agent it stops to the script; an ignored signal is inherited).
+  ::signal(SIGUSR1, SIG_DFL);
   core::rotate_own_log_in_background();
   node::NodeOptions o;
   o.head_address = env.head_address;

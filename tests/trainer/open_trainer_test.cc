@@ -554,9 +554,20 @@ TEST_F(OpenTrainerTest, AScriptedStepIsToldItsContext) {
              "        pass\n"
              "    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:\n"
              "        return {'loss': self.net(batch['features']).mean()}\n"
+             "class Raising(torch.nn.Module):\n"
+             "    def __init__(self):\n"
+             "        super().__init__()\n"
+             "        self.net = torch.nn.Linear(8, 1)\n"
+             "    @torch.jit.export\n"
+             "    def set_context(self, context: Dict[str, int]) -> None:\n"
+             "        if context['step'] >= 3:\n"
+             "            raise ValueError('no curriculum past step 3')\n"
+             "    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:\n"
+             "        return {'loss': self.net(batch['features']).pow(2).mean()}\n"
              "torch.manual_seed(0)\n"
              "torch.jit.save(torch.jit.script(Step()), d + '/step.pt')\n"
              "torch.jit.save(torch.jit.script(Wrong()), d + '/wrong.pt')\n"
+             "torch.jit.save(torch.jit.script(Raising()), d + '/raising.pt')\n"
              "rng = np.random.default_rng(0)\n"
              "x = rng.standard_normal((448, 8)).astype(np.float32)\n"
              "v = (x @ rng.standard_normal(8)).astype(np.float32)\n"
@@ -599,6 +610,17 @@ TEST_F(OpenTrainerTest, AScriptedStepIsToldItsContext) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("set_context(self, context: Dict[str, int]) -> None"), std::string::npos)
         << e.what();
+  }
+  // A set_context that raises is the user's error, not a crash to heal
+  // (it was retried for ever with no limit on failures).
+  auto raising = cfg;
+  raising.trainer.model.path = (dir / "raising.pt").string();
+  raising.failure.max_failures = -1;
+  try {
+    TrainJob(rt_, raising).fit();
+    ADD_FAILURE() << "a raising set_context trained on";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("no curriculum past step 3"), std::string::npos) << e.what();
   }
   troupe::core::remove_tree(dir);
 }

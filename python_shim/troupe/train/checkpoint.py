@@ -184,7 +184,7 @@ def _fsync_dir(folder):
         os.close(fd)
 
 
-_MARKER = ".validate_storage_marker"
+_MARKER = ".validate_storage_marker_"
 
 
 class StorageNotSharedError(RuntimeError):
@@ -223,13 +223,19 @@ class CheckpointStore:
         for entry in os.listdir(self.run_dir):
             if entry.startswith((_TMP_PREFIX, ".deleting_", _PART_PREFIX)):
                 shutil.rmtree(os.path.join(self.run_dir, entry), ignore_errors=True)
+        self.remove_marker()
+        # A file of its own each attempt (a cached directory entry of an
+        # earlier attempt's on a network file system cannot pass for it).
         self.marker_token = uuid.uuid4().hex
-        with open(os.path.join(self.run_dir, _MARKER), "w") as f:
+        with open(os.path.join(self.run_dir, _MARKER + self.marker_token), "w") as f:
             f.write(self.marker_token)
 
     def remove_marker(self):
+        """Removes this store's markers (every attempt's)."""
         with contextlib.suppress(OSError):
-            os.remove(os.path.join(self.run_dir, _MARKER))
+            for entry in os.listdir(self.run_dir):
+                if entry.startswith(_MARKER):
+                    os.remove(os.path.join(self.run_dir, entry))
 
     def check_shared(self, token, rank):
         """Raises StorageNotSharedError unless this process sees the marker
@@ -238,7 +244,7 @@ class CheckpointStore:
         went to that node's disk, and the run ended as a success without
         them)."""
         try:
-            with open(os.path.join(self.run_dir, _MARKER)) as f:
+            with open(os.path.join(self.run_dir, _MARKER + token)) as f:
                 seen = f.read()
         except OSError:
             seen = None

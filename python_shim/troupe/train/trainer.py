@@ -396,6 +396,12 @@ class TorchTrainer:
             # gave it (it was the bare OSError of whichever step met it).
             raise ConfigError(f"TorchTrainer: RunConfig(storage_path={storage!r}) cannot hold the run's folder: "
                               f"{type(e).__name__}: {e}") from e
+        try:
+            return self._attempts(rt, store, name)
+        finally:
+            store.remove_marker()  # however the run ends (a fail_fast raise, Ctrl-C)
+
+    def _attempts(self, rt, store, name):
         max_failures = self.run_config.failure_config.max_failures
         self.failures = 0
         while True:
