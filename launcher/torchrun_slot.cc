@@ -559,7 +559,7 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
         (program.find('/') == std::string::npos ? " not found on PATH" : " is not an executable file (chmod +x?)") +
         " (--no-python runs the script as a program)");
   std::error_code script_ec;
-  if (!l.no_python && !l.module && !std::filesystem::exists(l.script, script_ec))
+  if (!l.no_python && !l.module && !std::filesystem::is_regular_file(l.script, script_ec))
     throw ConfigError("script " + l.script + " is not on this node (" + this_host() +
                       "): troupe torchrun runs the driver's script at the same path on every node; put it there "
                       "(a folder every node shares)");

@@ -216,7 +216,8 @@ void check_files_here(const TrainerConfig& c) {
   std::vector<std::pair<std::string, std::string>> files;
   if (c.model.name == "torchscript" && !c.model.path.empty()) files.emplace_back("the model", c.model.path);
   auto file_of = [&](const char* what, const actors::DatasetSpec& d) {
-    const bool reads_path = d.name == "npz" || d.name == "token_stream" || d.name == "image_records";
+    const bool reads_path =
+        d.name == "npz" || d.name == "token_stream" || d.name == "image_records" || d.name == "digits";
     if (reads_path && d.has("path")) files.emplace_back(what, d.get_string("path"));
   };
   file_of("the data", c.data);

@@ -152,7 +152,10 @@ def test_a_failed_job_keeps_its_logs_but_not_its_token(slurm, tmp_path):
     # The other node's agent logs are kept too (its directory went with
     # every job, the failed ones included).
     assert list((kept[0] / "node-1").glob("node-*.log")), list(kept[0].rglob("*"))
+    # Each agent was stopped by its script, not killed by the SIGUSR1 srun
+    # sends to the whole task.
     assert "Exited with exit code" not in text and "forcing job termination" not in text, text
+    assert "killed by signal" not in text, text
     assert not list(kept[0].rglob("token")), "the cluster's token outlived it"
     wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
 

@@ -123,10 +123,6 @@ class SignalWaiter {
 
 [[noreturn]] void run_node(const core::WorkerEnv& env) {
   core::init_logging("node");
-  // Its workers start with the default action of SIGUSR1 (troupe slurm's
-  // node script ignores it, so that srun's SIGUSR1 to the task leaves the
-  // agent it stops to the script; an ignored signal is inherited).
-  ::signal(SIGUSR1, SIG_DFL);
   core::rotate_own_log_in_background();
   node::NodeOptions o;
   o.head_address = env.head_address;
@@ -187,6 +183,11 @@ void run_role_if_requested(int argc, char** argv) {
     std::fprintf(stderr, "troupe %s: %s\n", role.c_str(), e.what());
     std::_Exit(2);
   }
+  // A worker has the default action of SIGUSR1 whatever its agent has:
+  // troupe slurm's node script ignores it for the agent (srun sends it to
+  // the whole task, and the script stops the agent cleanly), and an
+  // ignored signal is inherited.
+  if (role == "worker") ::signal(SIGUSR1, SIG_DFL);
   if (role == "worker" && env.pool_fd >= 0) worker::run_pooled_worker(env);
   if (role == "worker") worker::run_worker(env, env.serving_fd);
   if (role == "head") run_head(env);

@@ -615,12 +615,13 @@ TEST_F(OpenTrainerTest, AScriptedStepIsToldItsContext) {
   // (it was retried for ever with no limit on failures).
   auto raising = cfg;
   raising.trainer.model.path = (dir / "raising.pt").string();
-  raising.failure.max_failures = -1;
+  raising.failure.max_failures = 3;
   try {
     TrainJob(rt_, raising).fit();
     ADD_FAILURE() << "a raising set_context trained on";
-  } catch (const std::exception& e) {
+  } catch (const JobFailed& e) {
     EXPECT_NE(std::string(e.what()).find("no curriculum past step 3"), std::string::npos) << e.what();
+    EXPECT_TRUE(e.result().recoveries.empty()) << "healed " << e.result().recoveries.size() << " time(s)";
   }
   troupe::core::remove_tree(dir);
 }

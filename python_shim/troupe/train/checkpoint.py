@@ -232,9 +232,13 @@ class CheckpointStore:
 
     def remove_marker(self):
         """Removes this store's markers (every attempt's)."""
-        with contextlib.suppress(OSError):
-            for entry in os.listdir(self.run_dir):
-                if entry.startswith(_MARKER):
+        try:
+            entries = os.listdir(self.run_dir)
+        except OSError:
+            return
+        for entry in entries:
+            if entry.startswith(_MARKER.rstrip("_")):
+                with contextlib.suppress(OSError):
                     os.remove(os.path.join(self.run_dir, entry))
 
     def check_shared(self, token, rank):
