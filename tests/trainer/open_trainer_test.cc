@@ -187,6 +187,19 @@ class UncopyableStateStep final : public TrainStep {
 
 TROUPE_STEP("test_uncopyable_state", [](const std::string&) { return std::make_unique<UncopyableStateStep>(); });
 
+// A step whose state() throws.
+class ThrowingStateStep final : public TrainStep {
+ public:
+  StepOutput train(Model& model, const actors::TensorDict& batch) override {
+    return {torch::mse_loss(model.forward(batch.at("input")), batch.at("target")), {}};
+  }
+  std::string describe() const override { return "throwing state"; }
+  std::map<std::string, torch::Tensor> state() const override { throw std::runtime_error("state refused"); }
+  void load_state(const std::map<std::string, torch::Tensor>&) override {}
+};
+
+TROUPE_STEP("test_throwing_state", [](const std::string&) { return std::make_unique<ThrowingStateStep>(); });
+
 void python(const std::string& script, const fs::path& dir) {
   auto file = dir / "make.py";
   std::ofstream(file) << script;
@@ -648,6 +661,17 @@ TEST_F(OpenTrainerTest, AStepStateThatCannotBeCopiedEndsTheJobNamingIt) {
     ADD_FAILURE() << "a step state that cannot be copied was taken";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("'meta', which cannot be copied"), std::string::npos) << e.what();
+  }
+  // A state() that throws is the step's error too: the job ends with it,
+  // healing nothing.
+  cfg.trainer.step.name = "test_throwing_state";
+  cfg.failure.max_failures = 3;
+  try {
+    TrainJob(rt_, cfg).fit();
+    ADD_FAILURE() << "a state() that throws was taken";
+  } catch (const JobFailed& e) {
+    EXPECT_NE(std::string(e.what()).find("state() failed: state refused"), std::string::npos) << e.what();
+    EXPECT_TRUE(e.result().recoveries.empty()) << "healed " << e.result().recoveries.size() << " time(s)";
   }
 }
 
