@@ -166,6 +166,16 @@ class TorchrunTest : public ::testing::Test {
     unsetenv("TROUPE_SESSION_DIR");
     troupe::core::remove_tree(dir_);
   }
+  // A head (and its node) of this session with `resources`; its address,
+  // "" when it did not start (said).
+  std::string start_head(const std::string& resources) {
+    auto head = run({TROUPE_CLI, "start", "--head", "--port", "0", "--resources", resources});
+    EXPECT_EQ(head.status, 0) << head.output;
+    std::ifstream af(session_ / "address");
+    std::string address;
+    af >> address;
+    return address;
+  }
   fs::path dir_, out_, session_;
 };
 
@@ -416,11 +426,8 @@ TEST(TorchrunOptions, RanksTakeTheDriversEnvironmentButItsHostsAndTorchrunsOwn) 
 // On a cluster (--address) a rank is the node agent's child: the driver's
 // variables reach it only because troupe torchrun sends them.
 TEST_F(TorchrunTest, OnAClusterRanksTakeTheDriversEnvironment) {
-  auto head = run({TROUPE_CLI, "start", "--head", "--port", "0", "--resources", "CPU=2,GPU=0"});
-  ASSERT_EQ(head.status, 0) << head.output;
-  std::ifstream af(session_ / "address");
-  std::string address;
-  af >> address;
+  const std::string address = start_head("CPU=2,GPU=0");
+  ASSERT_FALSE(address.empty());
   const std::string node_path = std::getenv("PATH");
   setenv("DRIVER_ONLY_TEST_VAR", "from the driver", 1);
   setenv("SLURM_PROCID", "7", 1);
@@ -687,11 +694,8 @@ TEST_F(TorchrunTest, KilledWorkerRestartsTheGroupWhichResumesFromItsCheckpoint) 
 }
 
 TEST_F(TorchrunTest, KilledNodeAgentShrinksAnElasticGroup) {
-  auto head = run({TROUPE_CLI, "start", "--head", "--port", "0", "--resources", "CPU=1,GPU=0"});
-  ASSERT_EQ(head.status, 0) << head.output;
-  std::ifstream af(session_ / "address");
-  std::string address;
-  af >> address;
+  const std::string address = start_head("CPU=1,GPU=0");
+  ASSERT_FALSE(address.empty());
   auto node = run({TROUPE_CLI, "start", "--address", address, "--resources", "CPU=1,GPU=0"});
   ASSERT_EQ(node.status, 0) << node.output;
   std::smatch m;

@@ -345,6 +345,21 @@ TrainJobConfig base_job(int64_t workers) {
   return c;
 }
 
+// base_job on the built-in MLP (6 features in, 2 out, `hidden` wide) over
+// `size` samples of synthetic regression data.
+TrainJobConfig regression_job(int64_t workers, int64_t size, int64_t hidden) {
+  auto c = base_job(workers);
+  c.trainer.model.input_dim = 6;
+  c.trainer.model.hidden = hidden;
+  c.trainer.model.num_classes = 2;  // outputs
+  c.trainer.data = actors::DatasetSpec("synthetic_regression")
+                       .set("size", size)
+                       .set("num_features", 6)
+                       .set("num_outputs", 2)
+                       .set("seed", 3);
+  return c;
+}
+
 class OpenTrainerTest : public ::testing::Test {
  protected:
   troupe::testing::LocalCluster cluster_{{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}};
@@ -433,15 +448,7 @@ TEST_F(OpenTrainerTest, RegisteredGraphPiecesTrainWithTwoWorkers) {
 }
 
 TEST_F(OpenTrainerTest, RegressionAndRegisteredSteps) {
-  auto cfg = base_job(2);
-  cfg.trainer.model.input_dim = 6;
-  cfg.trainer.model.hidden = 16;
-  cfg.trainer.model.num_classes = 2;  // outputs
-  cfg.trainer.data = actors::DatasetSpec("synthetic_regression")
-                         .set("size", 256)
-                         .set("num_features", 6)
-                         .set("num_outputs", 2)
-                         .set("seed", 3);
+  auto cfg = regression_job(2, 256, 16);
   cfg.trainer.step.name = "regression";
   Result r = TrainJob(rt_, cfg).fit();
   ASSERT_EQ(r.history.size(), 2u);
@@ -463,15 +470,7 @@ TEST_F(OpenTrainerTest, RegressionAndRegisteredSteps) {
 // the step's state included.
 TEST_F(OpenTrainerTest, AStepsContextAndStateSurviveAHealAndAResume) {
   auto dir = test::fresh_dir("open-step-state");
-  auto cfg = base_job(2);
-  cfg.trainer.model.input_dim = 6;
-  cfg.trainer.model.hidden = 16;
-  cfg.trainer.model.num_classes = 2;  // outputs
-  cfg.trainer.data = actors::DatasetSpec("synthetic_regression")
-                         .set("size", 384)
-                         .set("num_features", 6)
-                         .set("num_outputs", 2)
-                         .set("seed", 3);
+  auto cfg = regression_job(2, 384, 16);
   cfg.trainer.step.name = "test_curriculum";
   cfg.trainer.batch_size = 8;
   cfg.trainer.accumulation = 2;
@@ -644,15 +643,7 @@ TEST_F(OpenTrainerTest, AScriptedStepIsToldItsContext) {
 // taken for a failure, and the heal's source could not send its state
 // while its peers waited for the block).
 TEST_F(OpenTrainerTest, AStepStateThatCannotBeCopiedEndsTheJobNamingIt) {
-  auto cfg = base_job(2);
-  cfg.trainer.model.input_dim = 6;
-  cfg.trainer.model.hidden = 8;
-  cfg.trainer.model.num_classes = 2;
-  cfg.trainer.data = actors::DatasetSpec("synthetic_regression")
-                         .set("size", 128)
-                         .set("num_features", 6)
-                         .set("num_outputs", 2)
-                         .set("seed", 3);
+  auto cfg = regression_job(2, 128, 8);
   cfg.trainer.step.name = "test_uncopyable_state";
   cfg.epochs = 1;
   cfg.failure.max_failures = -1;

@@ -441,7 +441,6 @@ class TorchTrainer:
         return TrainingFailedError(message, self._result(store, cause))
 
     def _result(self, store, error):
-        store.remove_marker()  # the run is over: rank 0 has checked it
         return _result_of(store, error)
 
     # -------------------------------------------------------------- attempt
