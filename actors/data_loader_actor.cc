@@ -286,7 +286,11 @@ struct DataLoaderActor::State {
 
   std::shared_ptr<const Dataset> open_dataset() {
     std::lock_guard lock(dataset_mutex);
-    if (!dataset) dataset = make_dataset(config.dataset);
+    if (!dataset) {
+      DatasetSpec spec = config.dataset;
+      for (const auto& key : file_keys(spec)) spec.strings[key] = shipped_path(config.shipped_files, spec.strings[key]);
+      dataset = make_dataset(spec);
+    }
     return dataset;
   }
 

@@ -32,6 +32,7 @@
 #include "troupe/actors/distributed_sampler.h"
 #include "troupe/actors/tensor_codec.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/shipped_file.h"
 #include "troupe/runtime/client/stream.h"
 
 namespace troupe::actors {
@@ -73,8 +74,12 @@ struct LoaderConfig {
   int64_t step_batches = 1;
   int64_t epochs = 0;
 
+  // Files the driver sent: a file of the data set's that one of them ships
+  // is read from this host's copy (shipped_file.h), fetched when the data
+  // set is first opened.
+  std::vector<ShippedFile> shipped_files;
   TROUPE_FIELDS(dataset, batch_size, drop_last, sampler_drop_last, shuffle, seed, threads, prefetch_depth,
-                max_live_tokens, credits, intra_op_threads, look_ahead, step_batches, epochs);
+                max_live_tokens, credits, intra_op_threads, look_ahead, step_batches, epochs, shipped_files);
 };
 
 // Counters of one loader, for tests, metrics and the benchmarks. The max_*

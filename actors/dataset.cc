@@ -286,6 +286,23 @@ constexpr Builder kBuilders[] = {
 
 }  // namespace
 
+std::vector<std::string> file_keys(const DatasetSpec& spec) {
+  std::vector<std::string> keys;
+  if (spec.name == "arrays") {
+    for (const auto& [key, value] : spec.strings) keys.push_back(key);
+  } else if (spec.name == "npy") {
+    for (const char* key : {"inputs", "targets"})
+      if (spec.strings.count(key)) keys.emplace_back(key);
+  } else if (spec.name == "npz" || spec.name == "token_stream" || spec.name == "image_records" ||
+             spec.name == "digits") {
+    if (spec.strings.count("path")) keys.emplace_back("path");
+    if (spec.name == "image_records" && spec.strings.count("labels")) keys.emplace_back("labels");
+  }
+  // An empty value names no file (a reader's default).
+  std::erase_if(keys, [&](const std::string& k) { return spec.strings.at(k).empty(); });
+  return keys;
+}
+
 std::vector<std::string> dataset_names() {
   std::vector<std::string> out;
   for (const auto& b : kBuilders) out.push_back(b.name);

@@ -154,6 +154,12 @@ std::unique_ptr<Dataset> make_dataset(const DatasetSpec& spec);
 // The built-in and registered names, for help texts.
 std::vector<std::string> dataset_names();
 
+// The parameters of `spec` that name files a built-in reader opens at that
+// path (npz's `path`, npy's `inputs`/`targets`, every key of `arrays`, ...),
+// present in `spec.strings`. None for a registered data set: its `path`
+// may be anything its factory reads (a URL, a shard prefix).
+std::vector<std::string> file_keys(const DatasetSpec& spec);
+
 // A user-defined data set: built from its spec (parameters in the spec's
 // maps, e.g. a path or a config string) on the loader's or trainer's side.
 using DatasetFactory = std::function<std::unique_ptr<Dataset>(const DatasetSpec&)>;

@@ -89,7 +89,8 @@ class HeaderParser {
   }
   void expect(char c) {
     skip_ws();
-    if (peek() != c) npy_fail(path_, std::string("corrupt header: expected '") + c + "' at offset " + std::to_string(i_));
+    if (peek() != c)
+      npy_fail(path_, std::string("corrupt header: expected '") + c + "' at offset " + std::to_string(i_));
     ++i_;
   }
   std::string parse_string() {
@@ -196,7 +197,7 @@ NpyFormat parse_npy_format(const void* bytes, size_t size, const std::string& pa
   }
   if (size < prefix + header_len) {
     npy_fail(path, "truncated inside the header (" + std::to_string(size) + " bytes, header needs " +
-                   std::to_string(prefix + header_len) + ")");
+                       std::to_string(prefix + header_len) + ")");
   }
   std::string text(reinterpret_cast<const char*>(p + prefix), header_len);
   NpyFormat h = HeaderParser(std::move(text), path).parse();

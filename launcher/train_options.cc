@@ -114,6 +114,7 @@ const std::map<std::string, Setter>& job_keys() {
       {"resume", field(&TrainOptions::resume)},
       {"metrics", field(&TrainOptions::metrics)},
       {"address", field(&TrainOptions::address)},
+      {"ship_files", field(&TrainOptions::ship_files)},
       {"seed", field(&TrainOptions::seed)},
       {"sync_batchnorm", field(&TrainOptions::sync_batchnorm)},
       {"cpus_per_worker", field(&TrainOptions::cpus_per_worker)},
@@ -286,6 +287,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                "--checkpoint-dir that holds checkpoints is refused");
   app.add_option("--metrics", o.metrics, "JSON lines: one per step, epoch and event");
   app.add_option("--address", o.address, "HOST:PORT of a running cluster (default: an embedded one)");
+  app.add_flag("--ship-files", o.ship_files,
+               "send --model and the data files from here to the trainers' hosts, each fetched once per host, "
+               "for hosts that do not share this one's files (default: trainers read them at these paths)");
   app.add_option("--seed", o.seed, "seeds the sampler's shuffle")->capture_default_str();
   app.add_option("--cpu-gemm", o.cpu_gemm,
                  "fp32 products of the model's linear layers on the CPU: auto (oneDNN where found), "
@@ -674,6 +678,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   c.trainer.cpu_gemm = o.cpu_gemm;
   c.epochs = o.epochs;
   c.max_steps = o.max_steps;
+  c.ship_files = o.ship_files;
   c.failure.max_failures = o.max_failures;
   c.checkpoint.dir = fs::absolute(o.checkpoint_dir).string();
   c.checkpoint.at_epoch_end = true;

@@ -82,6 +82,10 @@ struct TrainOptions {
   bool resume = false;
   std::string metrics;  // JSON lines, "" = none
   std::string address;  // "" = an embedded cluster of this machine
+  // Send the model and data files from this driver to the trainers'
+  // hosts (TrainJobConfig::ship_files) rather than have them read at the
+  // same paths there.
+  bool ship_files = false;
   int64_t seed = 0;
   bool sync_batchnorm = false;
   double cpus_per_worker = 1.0;

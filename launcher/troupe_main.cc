@@ -44,6 +44,7 @@
 #include "torchrun_options.h"
 #include "torchrun_slot.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -1051,11 +1052,16 @@ void remove_state_db(const std::string& dir) {
 }
 
 // What stop_local_processes did, said; the exit status (1 when a process
-// is left running).
-int report_stopped(const Stopped& r) {
+// is left running). With none left, the copies of files drivers shipped
+// to this host's trainers (SESSION/shipped, shipped_file.h) go too.
+int report_stopped(const Stopped& r, const std::string& dir) {
   std::printf("stopped %d local troupe process(es)%s\n", r.stopped,
               r.killed > 0 ? (" (" + std::to_string(r.killed) + " killed after the grace period)").c_str() : "");
-  if (r.left == 0) return 0;
+  if (r.left == 0) {
+    std::error_code ec;
+    troupe::core::remove_tree(fs::path(dir) / "shipped", ec);
+    return 0;
+  }
   std::fprintf(stderr, "troupe stop: %d process(es) still running: see above\n", r.left);
   return 1;
 }
@@ -1115,7 +1121,7 @@ int cmd_stop(const Args& a) {
     std::printf(
         "this session runs no head: stopping its local processes only (the cluster goes on; `troupe stop "
         "--address HOST:PORT` stops the whole cluster)\n");
-    return report_stopped(stop_local_processes(dir, grace, a.force));
+    return report_stopped(stop_local_processes(dir, grace, a.force), dir);
   }
   // Another cluster than this session's, named by --address: only its
   // head is told; this session's processes are none of its business.
@@ -1150,7 +1156,7 @@ int cmd_stop(const Args& a) {
     if (!head_told || r.killed > 0) remove_state_db(dir);
     fs::remove(fs::path(dir) / "state_db");
   }
-  return report_stopped(r);
+  return report_stopped(r, dir);
 }
 
 int cmd_submit(const Args& a) {

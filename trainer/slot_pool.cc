@@ -139,6 +139,7 @@ ActorOptions SlotPool::slot_options(const Slot& s) const {
 void SlotPool::spawn_loader(Slot& s) {
   actors::LoaderConfig lc;
   lc.dataset = cfg_.trainer.data;
+  lc.shipped_files = cfg_.trainer.shipped_files;
   lc.batch_size = cfg_.trainer.batch_size;
   lc.shuffle = cfg_.trainer.shuffle;
   lc.seed = cfg_.trainer.seed;

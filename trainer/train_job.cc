@@ -1039,7 +1039,18 @@ TrainJob::TrainJob(Runtime& rt, TrainJobConfig config) : rt_(rt), config_(std::m
 TrainJob::~TrainJob() = default;
 
 Result TrainJob::fit() {
-  Run run(rt_, config_);
+  if (!config_.ship_files) {
+    Run run(rt_, config_);
+    return run.fit();
+  }
+  // The shipped files are the driver's objects while the run holds them.
+  TrainJobConfig config = config_;
+  auto& shipped = config.trainer.shipped_files;
+  for (const ConfigFile& file : files_read(config.trainer)) {
+    auto same = [&](const ShippedFile& f) { return f.path == *file.path; };
+    if (std::none_of(shipped.begin(), shipped.end(), same)) shipped.push_back(ship_file(rt_, *file.path));
+  }
+  Run run(rt_, config);
   return run.fit();
 }
 

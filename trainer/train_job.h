@@ -175,6 +175,13 @@ struct TrainJobConfig {
   int64_t loader_look_ahead = 2;
   // Executable for the trainers ("" = the driver's own).
   std::string executable;
+  // Send the files the trainers read (the TorchScript model, the data sets'
+  // files: files_read) from the driver, which reads them, rather than
+  // have every trainer and loader open them at the driver's paths: for
+  // hosts that do not share the driver's files. Each host fetches each
+  // file once into its session directory (shipped_file.h); the driver
+  // holds them in its object store while the job runs.
+  bool ship_files = false;
   std::chrono::milliseconds call_timeout{std::chrono::minutes(10)};
   // What setting up and forming the gang may take (trainers that start,
   // load their model and meet in a group, a heal's or a checkpoint's state

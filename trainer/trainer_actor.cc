@@ -205,38 +205,40 @@ TrainerActor::~TrainerActor() {
   group_.reset();
 }
 
-// The files a trainer reads at the driver's paths (a TorchScript model, a
-// data set's `path`) are there: on a cluster whose hosts do not share them
-// a trainer met "does not exist" about a file the driver had just checked,
-// without being told where it ran.
-namespace {
-// Only the built-in readers' paths: a registered data set's `path` may be
-// anything its factory reads (a URL, a shard prefix).
-void check_files_here(const TrainerConfig& c) {
-  std::vector<std::pair<std::string, std::string>> files;
-  if (c.model.name == "torchscript" && !c.model.path.empty()) files.emplace_back("the model", c.model.path);
-  auto file_of = [&](const char* what, const actors::DatasetSpec& d) {
-    const bool reads_path =
-        d.name == "npz" || d.name == "token_stream" || d.name == "image_records" || d.name == "digits";
-    if (reads_path && d.has("path")) files.emplace_back(what, d.get_string("path"));
+std::vector<ConfigFile> files_read(TrainerConfig& c) {
+  std::vector<ConfigFile> files;
+  if (c.model.name == "torchscript" && !c.model.path.empty()) files.push_back({"the model", &c.model.path});
+  auto add = [&](const char* what, actors::DatasetSpec& d) {
+    for (const auto& key : actors::file_keys(d)) files.push_back({what, &d.strings[key]});
   };
-  file_of("the data", c.data);
-  file_of("the validation data", c.validation_data);
-  for (const auto& [what, path] : files) {
+  add("the data", c.data);
+  add("the validation data", c.validation_data);
+  return files;
+}
+
+namespace {
+// The files a trainer reads at the driver's paths (a TorchScript model, a
+// data set's `path`) are there, or shipped: on a cluster whose hosts do
+// not share them a trainer met "does not exist" about a file the driver
+// had just checked, without being told where it ran.
+void use_files_here(TrainerConfig& c) {
+  for (auto& [what, path] : files_read(c)) {
+    *path = shipped_path(c.shipped_files, *path);
     std::error_code ec;
     // A relative path, or one this host cannot stat, is the reader's to
     // name: the host's absence is what is told here.
-    if (!std::filesystem::path(path).is_absolute() || std::filesystem::exists(path, ec) || ec) continue;
+    if (!std::filesystem::path(*path).is_absolute() || std::filesystem::exists(*path, ec) || ec) continue;
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
-    throw ConfigError(what + " " + path + " is not on " + host + ", where a trainer runs: trainers read it at " +
-                      "that path on every node, so put it on storage every node shares");
+    throw ConfigError(what + " " + *path + " is not on " + host + ", where a trainer runs: trainers read it at " +
+                      "that path on every node, so put it on storage every node shares, or have the driver " +
+                      "send it (troupe train --ship-files)");
   }
 }
 }  // namespace
 
 TrainerInfo TrainerActor::setup(TrainerConfig config) {
-  check_files_here(config);
+  use_files_here(config);
   validate(config);
   config_ = std::move(config);
   if (config_.threads > 0) {

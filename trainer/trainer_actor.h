@@ -21,6 +21,7 @@
 #include "troupe/actors/dataset.h"
 #include "troupe/actors/distributed_sampler.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/shipped_file.h"
 #include "troupe/runtime/client/stream.h"
 #include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/model.h"
@@ -106,12 +107,24 @@ struct TrainerConfig {
   // LibTorch links libdnnl.so.2 and with ATen otherwise, "onednn" the same but a
   // ConfigError without it, "aten" always ATen (torch's own BLAS).
   std::string cpu_gemm = "auto";
+  // Files the driver sent (TrainJobConfig::ship_files): a path of the
+  // model's or a data set's that one of them ships is read from this host's
+  // copy of it (shipped_file.h), fetched from the driver at setup.
+  std::vector<ShippedFile> shipped_files;
 
   TROUPE_FIELDS(model, step, optimizer, schedule, seed, batch_size, accumulation, compression, bucket_mb, data,
                 validation_fraction, split_seed, shuffle, threads, device, mixed_precision, amp_dtype,
                 initial_loss_scale, collective, shared_memory, ema_decay, validation_data, sync_batchnorm, grad_clip,
-                cpu_gemm);
+                cpu_gemm, shipped_files);
 };
+
+// A file a trainer reads at a path its config names: the TorchScript
+// model, the files of the data sets' built-in readers (actors::file_keys).
+struct ConfigFile {
+  std::string what;   // "the model", "the data", "the validation data"
+  std::string* path;  // its place in the config
+};
+std::vector<ConfigFile> files_read(TrainerConfig& config);
 
 // Throws troupe::ConfigError naming the first bad field (no data set is
 // opened, no model built).

@@ -4,9 +4,11 @@ and `troupe torchrun` runs the script with the package's interpreter unless
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -208,6 +210,73 @@ def test_python_actors_run_on_a_node_that_cannot_see_the_drivers_files(tmp_path)
         # The worker's view of the driver's TMPDIR is the namespace's
         # empty tmpfs: what the driver wrote there it cannot see.
         assert "seen by the worker: ([]," in run.stdout, run.stdout + run.stderr
+
+
+def test_the_model_and_data_are_shipped_to_a_node_that_cannot_see_them(tmp_path):
+    """A TrainJob given its model and data as objects saves them in the
+    driver's temp folder, and `troupe train --model/--data` names the
+    driver's files: a trainer on another host could not read either (a
+    TrainJob could not train on a cluster whose hosts share no temp
+    folder). The driver now ships them: TrainJob does so by itself on a
+    cluster, `troupe train` with --ship-files, and without it says so."""
+    pytest.importorskip("torch")
+    driver_tmp = tmp_path / "driver_tmp"
+    driver_tmp.mkdir()
+    with agent_that_cannot_see(tmp_path, driver_tmp) as env:
+        session = Path(env["TROUPE_SESSION_DIR"])
+        driver = tmp_path / "driver.py"
+        driver.write_text(_WAIT_FOR_TWO_NODES + textwrap.dedent("""
+            from typing import Dict
+            import numpy as np
+            import torch
+            from troupe.train import TrainJob
+
+            class Step(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.net = torch.nn.Linear(8, 1)
+
+                def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+                    err = self.net(batch["features"]).squeeze(1) - batch["value"]
+                    return {"loss": (err * err).mean()}
+
+            rng = np.random.default_rng(0)
+            x = rng.standard_normal((256, 8)).astype(np.float32)
+            data = {"features": x, "value": x.sum(1).astype(np.float32)}
+            torch.manual_seed(0)
+            step = Step()
+            result = TrainJob(step, data, address="auto", workers=1, epochs=2, batch_size=32, lr=0.05,
+                              checkpoint_dir=sys.argv[2], verbose=False).fit()
+            print("trainjob losses:", [round(e["train_loss"], 4) for e in result.epochs], flush=True)
+            # The same, as files in the driver's temp folder, for troupe train.
+            torch.jit.save(torch.jit.script(step), os.path.join(sys.argv[1], "step.pt"))
+            np.savez(os.path.join(sys.argv[1], "data.npz"), **data)
+        """))
+        run = subprocess.run([sys.executable, str(driver), str(driver_tmp), str(tmp_path / "job")],
+                             env=dict(env, TMPDIR=str(driver_tmp)), capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+        losses = re.search(r"trainjob losses: \[(.*)\]", run.stdout)
+        assert losses, run.stdout + run.stderr
+        first, last = (float(v) for v in losses.group(1).split(", "))
+        assert last < first, run.stdout
+
+        train = [cli(), "train", "--model", str(driver_tmp / "step.pt"), "--data", str(driver_tmp / "data.npz"),
+                 "--address", "auto", "--workers", "1", "--epochs", "1", "--batch-size", "32"]
+        refused = subprocess.run(train + ["--checkpoint-dir", str(tmp_path / "refused")], env=env,
+                                 capture_output=True, text=True, timeout=300)
+        assert refused.returncode != 0, refused.stdout + refused.stderr
+        said = refused.stdout + refused.stderr
+        assert f"the model {driver_tmp / 'step.pt'} is not on" in said, said
+        assert "--ship-files" in said, said
+        shipped = subprocess.run(train + ["--checkpoint-dir", str(tmp_path / "shipped"), "--ship-files"], env=env,
+                                 capture_output=True, text=True, timeout=300)
+        assert shipped.returncode == 0, shipped.stdout + shipped.stderr
+        assert "epoch 1/1" in shipped.stdout, shipped.stdout
+        # One copy of each on the trainers' host, in its session directory.
+        copies = [p.name.split("-", 1)[1] for p in (session / "shipped").iterdir() if p.suffix != ".lock"]
+        assert set(copies) == {"data.npz", "step.pt"}, copies  # TrainJob's and troupe train's
+    # troupe stop removes them.
+    assert not (session / "shipped").exists()
 
 
 def test_a_torch_trainers_rank_0_that_cannot_see_the_run_folder_fails_the_run_at_once(tmp_path):

@@ -579,6 +579,9 @@ class NodeAgent::Impl {
     w.advertise_host = opts_.advertise_host;
     w.log_level = core::env_value(core::kEnvLogLevel);
     w.head_reconnect_ms = static_cast<uint64_t>(opts_.head_reconnect.count());
+    // The agent's session: where a worker keeps what is this host's (the
+    // copies of files a driver shipped, shipped_file.h).
+    w.session_dir = opts_.session_dir;
     return w;
   }
 

@@ -100,6 +100,23 @@ TEST(DatasetSpec, FactoryNamesBadNamesAndParameters) {
   EXPECT_THROW(make_dataset(DatasetSpec("digits").set("normalize", 2)), ConfigError);
 }
 
+// The parameters that name files (what a driver ships, and what a trainer
+// checks is on its host): the built-in readers' paths, nothing of a
+// registered or synthetic data set, no empty value.
+TEST(DatasetSpec, FileKeysAreTheBuiltInReadersPaths) {
+  using troupe::actors::DatasetSpec;
+  using troupe::actors::file_keys;
+  using Keys = std::vector<std::string>;
+  EXPECT_EQ(file_keys(DatasetSpec("npz").set("path", "/d/train.npz")), Keys{"path"});
+  EXPECT_EQ(file_keys(DatasetSpec("npy").set("inputs", "x.npy").set("targets", "y.npy")), (Keys{"inputs", "targets"}));
+  EXPECT_EQ(file_keys(DatasetSpec("arrays").set("image", "i.npy").set("label", "l.npy")), (Keys{"image", "label"}));
+  EXPECT_EQ(file_keys(DatasetSpec("image_records").set("path", "r.npy").set("labels", "l.npy").set("crop", 2)),
+            (Keys{"path", "labels"}));
+  EXPECT_EQ(file_keys(DatasetSpec("digits").set("path", "")), Keys{});
+  EXPECT_EQ(file_keys(DatasetSpec("classification").set("size", 10)), Keys{});
+  EXPECT_EQ(file_keys(DatasetSpec("my_shards").set("path", "s3://bucket/x")), Keys{});
+}
+
 TEST(DatasetSpec, FactoryBuildsEachBuiltIn) {
   auto c = make_dataset(DatasetSpec("synthetic_classification").set("size", 50).set("num_classes", 3));
   EXPECT_EQ(c->size(), 50);

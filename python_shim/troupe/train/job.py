@@ -65,7 +65,7 @@ _FIELDS = {
     "block_size": int, "token_dtype": str, "schedule": str, "min_lr_factor": float, "compression": str,
     "gpus_per_worker": float, "amp": str, "loader_threads": int, "step_timeout": float, "resume": bool,
     "replacement_timeout": float, "keep_checkpoints": int,
-    "cpu_gemm": str, "checkpoint_every": int,
+    "cpu_gemm": str, "checkpoint_every": int, "ship_files": bool,
 }
 
 
@@ -275,8 +275,9 @@ def _python_terms(message, work, config):
                              r"runs: .*",
                              lambda m, what=what, arg=arg: (
                                  f"{what}, which TrainJob saved in the driver's temp folder, is not on {m.group(1)}, "
-                                 f"where a trainer runs: set TMPDIR to a folder every node shares, or give {arg} as "
-                                 "a file every node shares"), message)
+                                 f"where a trainer runs: leave ship_files on (it is when address is given), set "
+                                 f"TMPDIR to a folder every node shares, or give {arg} as a file every node shares"),
+                             message)
         job_file = f"job file {os.path.join(work, 'job.json')}: "
         saved = {"data": os.path.join(work, "data.npz"), "val_data": os.path.join(work, "val_data.npz"),
                  "model": os.path.join(work, "step.pt")}
@@ -303,6 +304,7 @@ def _python_terms(message, work, config):
             message = message.replace(f"--{key.replace('_', '-')} {value}", f"{key}={value!r}")
     message = message.replace("the same command with --resume", "a TrainJob with resume=True")
     message = re.sub(r"--resume \(resume=True in Python's TrainJob[^)]*\)", "resume=True", message)
+    message = message.replace("(troupe train --ship-files)", "(ship_files=True)")
     message = message.replace("troupe train --", "TrainJob --")
 
     def number(m):
@@ -437,7 +439,10 @@ class TrainJob:
     counts as hung and is healed), replacement_timeout (seconds a failed
     trainer's replacement may wait for room before the job shrinks or
     fails), keep_checkpoints (the newest N kept; 0 keeps all), cpu_gemm ("auto"/"onednn"/"aten": who
-    computes the fp32 linear layers of a CPU trainer)). verbose: print the driver's progress lines.
+    computes the fp32 linear layers of a CPU trainer), ship_files (send the model and data files from
+    this process to the trainers' hosts, each fetched once per host; on by default when address
+    is given and a model or data set was given as an object, which TrainJob saves in this host's
+    temp folder)). verbose: print the driver's progress lines.
 
     Each epoch trains ceil(N / workers) // batch_size steps of workers x
     batch_size samples (with accumulation=K, read batch_size x K): the last N - steps * workers * batch_size samples
@@ -506,6 +511,11 @@ class TrainJob:
         address = self._cluster_address(env)
         if address:
             config["address"] = address
+            # What this TrainJob saved is in the driver's temp folder, which
+            # other hosts do not see: the driver sends it to them.
+            saved = [config["model"], config["data"], config.get("val_data")]
+            if "ship_files" not in config and any(isinstance(p, str) and p.startswith(work) for p in saved):
+                config["ship_files"] = True
         with open(os.path.join(work, "job.json"), "w") as f:
             json.dump(config, f)
         self._config = config

@@ -1,0 +1,181 @@
+#include "troupe/runtime/client/shipped_file.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/session.h"
+
+namespace troupe {
+namespace {
+
+std::string hex(const unsigned char* md, unsigned int len) {
+  std::string out;
+  char byte[3];
+  for (unsigned int i = 0; i < len; ++i) {
+    std::snprintf(byte, sizeof byte, "%02x", md[i]);
+    out += byte;
+  }
+  return out;
+}
+
+struct Digest {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx{EVP_MD_CTX_new(), EVP_MD_CTX_free};
+  Digest() {
+    if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) throw Error("cannot start a SHA-256 digest");
+  }
+  void add(const std::byte* data, size_t n) { EVP_DigestUpdate(ctx.get(), data, n); }
+  std::string hex_digest() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx.get(), md, &len);
+    return hex(md, len);
+  }
+};
+
+// Reads all of `path` into memory (a mapping would take the driver down
+// with SIGBUS if the file were truncated while it is served).
+Buffer read_whole(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ConfigError("cannot ship " + path + " to the actors: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw ConfigError("cannot ship " + path + " to the actors: not a regular file");
+  }
+  std::byte* data = nullptr;
+  Buffer b = Buffer::allocate(size_t(st.st_size), &data);
+  size_t n = 0;
+  for (ssize_t r; n < b.size() && (r = ::read(fd, data + n, b.size() - n)) != 0;) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      throw ConfigError("cannot ship " + path + " to the actors: " + why);
+    }
+    n += size_t(r);
+  }
+  ::close(fd);
+  if (n != b.size()) throw ConfigError("cannot ship " + path + " to the actors: it shrank while being read");
+  return b;
+}
+
+// A name for the local copy: the digest's first 16 digits and the file's
+// own name (a name of a path's last part only, nothing to climb with).
+std::string copy_name(const ShippedFile& f) {
+  bool digest_ok = f.sha256.size() == 64;
+  for (char c : f.sha256) digest_ok = digest_ok && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+  if (!digest_ok) throw Error("a shipped file's digest is not a SHA-256 (" + f.path + ")");
+  std::string name = std::filesystem::path(f.path).filename().string();
+  if (name.empty() || name == "." || name == "..") name = "file";
+  return f.sha256.substr(0, 16) + "-" + name;
+}
+
+bool has_size(const std::string& path, uint64_t size) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_size) == size;
+}
+
+std::string owner_of(const ShippedFile& f) {
+  if (f.chunks.empty() || !f.chunks.front().valid()) return "the driver";
+  const auto& o = f.chunks.front().info();
+  return "the driver (pid " + std::to_string(o.owner_pid) + " at " + o.owner_address + ")";
+}
+
+// Fetches the chunks into `tmp`, checking sizes and the digest.
+void fetch_into(const ShippedFile& f, const std::string& tmp) {
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw Error("cannot write " + tmp + " (a copy of " + f.path + "): " + std::strerror(errno));
+  std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* p) { ::close(*p); });
+  Digest digest;
+  uint64_t got = 0;
+  for (const auto& chunk : f.chunks) {
+    Buffer b;
+    try {
+      b = chunk.get(std::chrono::minutes(5));
+    } catch (const std::exception& e) {
+      throw Error("cannot fetch " + f.path + " from " + owner_of(f) + ": " + e.what());
+    }
+    if (got + b.size() > f.size) break;
+    digest.add(b.data(), b.size());
+    for (size_t n = 0; n < b.size();) {
+      ssize_t w = ::write(fd, b.data() + n, b.size() - n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw Error("cannot write " + tmp + " (a copy of " + f.path + "): " + std::strerror(errno));
+      n += size_t(w);
+    }
+    got += b.size();
+  }
+  if (got != f.size || digest.hex_digest() != f.sha256)
+    throw Error("the copy of " + f.path + " fetched from " + owner_of(f) + " does not match it (" +
+                std::to_string(got) + " of " + std::to_string(f.size) + " bytes, or a different SHA-256)");
+}
+
+}  // namespace
+
+ShippedFile ship_file(Runtime& rt, const std::string& path) {
+  Buffer whole = read_whole(path);
+  ShippedFile f;
+  f.path = path;
+  f.size = whole.size();
+  Digest digest;
+  digest.add(whole.data(), whole.size());
+  f.sha256 = digest.hex_digest();
+  try {
+    for (uint64_t off = 0; off < f.size; off += kShippedChunkBytes) {
+      const uint64_t n = std::min(kShippedChunkBytes, f.size - off);
+      f.chunks.push_back(rt.put(Buffer(whole.owner(), whole.data() + off, size_t(n))));
+    }
+  } catch (const ObjectStoreFull& e) {
+    throw ObjectStoreFull("cannot ship " + path + " (" + std::to_string(f.size) + " bytes) to the actors: " + e.what() +
+                          "; raise the driver's TROUPE_OBJECT_STORE_BYTES, or put the file on storage " +
+                          "every node shares");
+  }
+  return f;
+}
+
+std::string local_copy(const ShippedFile& f) {
+  const std::string dir = core::session_dir() + "/shipped";
+  core::ensure_session_dir(dir);
+  const std::string dest = dir + "/" + copy_name(f);
+  if (has_size(dest, f.size)) return dest;
+  // One process of the host fetches; the others wait here and read its copy.
+  const std::string lock_path = dest + ".lock";
+  int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lock < 0) throw Error("cannot open " + lock_path + ": " + std::strerror(errno));
+  std::unique_ptr<int, void (*)(int*)> unlock(&lock, [](int* p) { ::close(*p); });  // closing drops the lock
+  while (::flock(lock, LOCK_EX) != 0)
+    if (errno != EINTR) throw Error("cannot lock " + lock_path + ": " + std::strerror(errno));
+  if (has_size(dest, f.size)) return dest;
+  const std::string tmp = dest + "." + std::to_string(::getpid()) + ".tmp";
+  try {
+    fetch_into(f, tmp);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), dest.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw Error("cannot write " + dest + " (a copy of " + f.path + "): " + why);
+  }
+  return dest;
+}
+
+std::string shipped_path(const std::vector<ShippedFile>& files, const std::string& path) {
+  for (const auto& f : files)
+    if (f.path == path) return local_copy(f);
+  return path;
+}
+
+}  // namespace troupe

@@ -1,0 +1,61 @@
+// ShippedFile: a file the driver reads, sent to actors on hosts that do not
+// share the driver's file system. The driver maps the file and puts it into
+// its own object store in chunks (ship_file); an actor that is handed the
+// ShippedFile fetches it once per host into its session directory
+// (local_copy), checking its SHA-256, and reads that copy. Every process of
+// a host that needs the same content reads one copy: the copy is named by
+// the content, written under a lock and renamed into place whole.
+//
+//   // driver
+//   auto model = troupe::ship_file(rt, "/home/me/model.pt");
+//   a.call(&A::load, model).get();
+//   // actor
+//   void A::load(troupe::ShippedFile f) { auto m = torch::jit::load(troupe::local_copy(f)); }
+//
+// The chunks are objects of the driver's: they count against its object
+// store's limit (TROUPE_OBJECT_STORE_BYTES, a quarter of memory by
+// default) while the ShippedFile lives there, and are served by the driver
+// alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "troupe/runtime/client/object_ref.h"
+#include "troupe/runtime/core/buffer.h"
+#include "troupe/runtime/wire/codec.h"
+
+namespace troupe {
+
+class Runtime;
+
+struct ShippedFile {
+  // The path as the driver named it: what the receivers' configurations
+  // still say, replaced there by the local copy (shipped_path).
+  std::string path;
+  uint64_t size = 0;
+  std::string sha256;  // hex, of the whole file
+  std::vector<ObjectRef<Buffer>> chunks;
+  TROUPE_FIELDS(path, size, sha256, chunks);
+};
+
+// The bytes of one chunk (the last one may be shorter).
+inline constexpr uint64_t kShippedChunkBytes = 32ull << 20;
+
+// Maps `path` read-only and puts it into this process's object store.
+// Throws ConfigError naming the path when it cannot be read, and
+// ObjectStoreFull (with the path) when it does not fit the store's limit.
+ShippedFile ship_file(Runtime& rt, const std::string& path);
+
+// The path of this host's copy of `file`: <session>/shipped/<sha256
+// prefix>-<file name>, fetched from the driver when not there yet (one
+// process of the host fetches; the others wait for it and read its copy).
+// Throws Error naming the file and the driver when it cannot be fetched,
+// written, or its bytes do not match their digest.
+std::string local_copy(const ShippedFile& file);
+
+// `path`'s local copy when one of `files` ships it, else `path` itself.
+std::string shipped_path(const std::vector<ShippedFile>& files, const std::string& path);
+
+}  // namespace troupe

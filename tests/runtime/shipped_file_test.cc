@@ -1,0 +1,133 @@
+// Files shipped from the driver to actors (shipped_file.h): the copy on the
+// actor's host is whole and fetched once per host, a copy that does not
+// match its digest is refused and left nowhere, and the driver's errors
+// name the file.
+#include "troupe/runtime/client/shipped_file.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+
+#include "tests/support/temp_dir.h"
+#include "troupe/runtime/testing/local_cluster.h"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// FNV-1a of the bytes and their count: a chunk out of place or missing shows.
+uint64_t fingerprint(const std::string& s) {
+  uint64_t h = 1469598103934665603ull ^ s.size();
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Bytes that differ from chunk to chunk, so a chunk out of place shows.
+std::string pattern(size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 7 + i / 4096) % 253);
+  return s;
+}
+
+}  // namespace
+
+class FileUser {
+ public:
+  // The local copy's path, and its bytes' fingerprint.
+  std::string copy(troupe::ShippedFile f) { return troupe::local_copy(f); }
+  uint64_t fingerprint_of(troupe::ShippedFile f) { return fingerprint(read_file(troupe::local_copy(f))); }
+};
+TROUPE_ACTOR(FileUser, &FileUser::copy, &FileUser::fingerprint_of)
+
+namespace {
+
+class ShippedFileTest : public ::testing::Test {
+ protected:
+  ShippedFileTest()
+      : cluster_(troupe::testing::LocalClusterOptions{.nodes = {{{"CPU", 2}}}}),
+        rt_(cluster_.connect()),
+        dir_(troupe::test::make_temp_dir("shipped")),
+        session_(troupe::test::make_temp_dir("shipped-session")) {}
+  ~ShippedFileTest() override {
+    troupe::test::remove_dir(dir_);
+    troupe::test::remove_dir(session_);
+  }
+  std::string write(const std::string& name, const std::string& bytes) {
+    std::string path = dir_ + "/" + name;
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+  troupe::ActorHandle<FileUser> user() { return rt_.spawn<FileUser>({.env = {"TROUPE_SESSION_DIR=" + session_}}); }
+  troupe::testing::LocalCluster cluster_;
+  troupe::Runtime rt_;
+  std::string dir_;
+  std::string session_;
+};
+
+// Two chunks and a part: every byte arrives in place, into the session's
+// shipped/ folder; a second process of the host reads the same copy, and
+// nothing of the file's size crosses the driver's connections again.
+TEST_F(ShippedFileTest, AFileArrivesWholeOncePerHost) {
+  const std::string bytes = pattern(2 * troupe::kShippedChunkBytes + 12345);
+  troupe::ShippedFile f = troupe::ship_file(rt_, write("data.npz", bytes));
+  EXPECT_EQ(f.chunks.size(), 3u);
+  EXPECT_EQ(f.size, bytes.size());
+  auto a = user();
+  ASSERT_EQ(a.call(&FileUser::fingerprint_of, f).get(120s), fingerprint(bytes));
+  const std::string copy = a.call(&FileUser::copy, f).get(60s);
+  EXPECT_EQ(copy, session_ + "/shipped/" + f.sha256.substr(0, 16) + "-data.npz");
+  const uint64_t written = rt_.core()->traffic().written;
+  auto b = user();
+  EXPECT_EQ(b.call(&FileUser::copy, f).get(60s), copy);
+  EXPECT_LT(rt_.core()->traffic().written - written, 1u << 20);
+  // An empty file ships as no chunks and arrives empty.
+  troupe::ShippedFile empty = troupe::ship_file(rt_, write("empty.txt", ""));
+  EXPECT_TRUE(empty.chunks.empty());
+  EXPECT_EQ(a.call(&FileUser::fingerprint_of, empty).get(60s), fingerprint(""));
+}
+
+// Bytes that do not match the digest the driver sent are refused, naming
+// the file, and no copy (whole or partial) stays to be read later.
+TEST_F(ShippedFileTest, ACopyThatDoesNotMatchItsDigestIsRefusedAndRemoved) {
+  troupe::ShippedFile f = troupe::ship_file(rt_, write("model.pt", pattern(5000)));
+  f.sha256[0] = f.sha256[0] == '0' ? '1' : '0';
+  auto a = user();
+  try {
+    a.call(&FileUser::copy, f).get(60s);
+    FAIL() << "a copy with the wrong digest was taken";
+  } catch (const troupe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.pt"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not match"), std::string::npos) << e.what();
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(session_ + "/shipped"))
+    EXPECT_NE(entry.path().extension(), ".pt") << entry.path();  // only the lock file is left
+  // A digest that is not one is refused before anything is fetched.
+  f.sha256 = "../../etc/passwd";
+  EXPECT_THROW(a.call(&FileUser::copy, f).get(60s), troupe::Error);
+}
+
+TEST_F(ShippedFileTest, TheDriverNamesAFileItCannotShip) {
+  try {
+    troupe::ship_file(rt_, dir_ + "/missing.npz");
+    FAIL() << "a missing file was shipped";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir_ + "/missing.npz"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(troupe::ship_file(rt_, dir_), troupe::ConfigError);  // a directory
+  rt_.core()->service<troupe::client::ObjectStore>()->set_limit(1 << 20);
+  try {
+    troupe::ship_file(rt_, write("big.bin", pattern(2 << 20)));
+    FAIL() << "a file past the store's limit was shipped";
+  } catch (const troupe::ObjectStoreFull& e) {
+    EXPECT_NE(std::string(e.what()).find("big.bin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("TROUPE_OBJECT_STORE_BYTES"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
