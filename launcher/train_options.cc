@@ -678,7 +678,8 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   c.trainer.cpu_gemm = o.cpu_gemm;
   c.epochs = o.epochs;
   c.max_steps = o.max_steps;
-  c.ship_files = o.ship_files;
+  // An embedded cluster's trainers run on this host: nothing to ship.
+  c.ship_files = o.ship_files && !o.address.empty();
   c.failure.max_failures = o.max_failures;
   c.checkpoint.dir = fs::absolute(o.checkpoint_dir).string();
   c.checkpoint.at_epoch_end = true;

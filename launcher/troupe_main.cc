@@ -1116,6 +1116,8 @@ int cmd_stop(const Args& a) {
   if (address.empty() && !fs::exists(fs::path(dir) / "head.pid")) {
     if (!has_pid_file(dir)) {
       std::printf("nothing to stop: session %s runs no troupe process\n", dir.c_str());
+      std::error_code ec;
+      troupe::core::remove_tree(fs::path(dir) / "shipped", ec);  // as report_stopped does
       return 0;
     }
     std::printf(
@@ -1330,20 +1332,24 @@ std::optional<int> unknown_submit_option(CLI::App& submit, int argc, char** argv
 }
 
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  // A misspelt command is named, --help or not (`troupe job --help`
+  // printed the usage and exited 0, so a script could not tell).
+  std::string names;
+  bool known = argc < 2 || argv[1][0] == '-';
+  for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    known = known || sub->get_name() == argv[1];
+  }
+  if (!known) {
+    std::fprintf(stderr, "troupe: unknown command '%s' (commands: %s; troupe --help)\n", argv[1], names.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
-    if (app.get_subcommands().empty() && (argc < 2 || argv[1][0] != '-')) {
-      // No command chosen: a bare `troupe` gets the usage, a typo its name.
-      if (argc < 2) {
-        std::fputs(app.help().c_str(), stderr);
-        return 2;
-      }
-      std::string names;
-      for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; }))
-        names += (names.empty() ? "" : ", ") + sub->get_name();
-      std::fprintf(stderr, "troupe: unknown command '%s' (commands: %s; troupe --help)\n", argv[1], names.c_str());
+    if (argc < 2) {  // a bare `troupe` gets the usage
+      std::fputs(app.help().c_str(), stderr);
       return 2;
     }
     std::fprintf(stderr, "troupe: %s\n", troupe::launcher::cli_message(e).c_str());
@@ -1462,7 +1468,7 @@ int main(int argc, char** argv) {
   status->add_flag("--json", a.json, "machine-readable output");
   status->add_option("--address", a.address, "HOST:PORT of the head (default, or auto: the session's)");
   status->add_option("--state", a.status.state, "list only actors in this state")
-      ->check(CLI::IsMember({"PENDING", "ALIVE", "RESTARTING", "DEAD"}));
+      ->transform(CLI::IsMember({"PENDING", "ALIVE", "RESTARTING", "DEAD"}, CLI::ignore_case));
   status->add_option("--limit", a.status.limit, "list at most N actors, the newest (0 = all)")
       ->check(troupe::launcher::in_range(0u, 1u << 30));
   auto* stop = app.add_subcommand("stop",

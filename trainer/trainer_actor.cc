@@ -221,9 +221,12 @@ namespace {
 // data set's `path`) are there, or shipped: on a cluster whose hosts do
 // not share them a trainer met "does not exist" about a file the driver
 // had just checked, without being told where it ran.
-void use_files_here(TrainerConfig& c) {
+std::vector<std::pair<std::string, std::string>> use_files_here(TrainerConfig& c) {
+  std::vector<std::pair<std::string, std::string>> shipped_as;
   for (auto& [what, path] : files_read(c)) {
-    *path = shipped_path(c.shipped_files, *path);
+    const std::string local = shipped_path(c.shipped_files, *path);
+    if (local != *path) shipped_as.emplace_back(local, *path);
+    *path = local;
     std::error_code ec;
     // A relative path, or one this host cannot stat, is the reader's to
     // name: the host's absence is what is told here.
@@ -234,11 +237,29 @@ void use_files_here(TrainerConfig& c) {
                       "that path on every node, so put it on storage every node shares, or have the driver " +
                       "send it (troupe train --ship-files)");
   }
+  return shipped_as;
 }
 }  // namespace
 
+std::string TrainerActor::driver_named(std::string text) const {
+  for (const auto& [copy, original] : shipped_as_)
+    for (size_t at = text.find(copy); at != std::string::npos; at = text.find(copy, at + original.size()))
+      text.replace(at, copy.size(), original);
+  return text;
+}
+
 TrainerInfo TrainerActor::setup(TrainerConfig config) {
-  use_files_here(config);
+  shipped_as_ = use_files_here(config);
+  if (shipped_as_.empty()) return set_up(std::move(config));
+  // What opening a shipped copy says names the driver's file.
+  try {
+    return set_up(std::move(config));
+  } catch (const ConfigError& e) {
+    throw ConfigError(driver_named(e.what()));
+  }
+}
+
+TrainerInfo TrainerActor::set_up(TrainerConfig config) {
   validate(config);
   config_ = std::move(config);
   if (config_.threads > 0) {
@@ -285,7 +306,7 @@ TrainerInfo TrainerActor::setup(TrainerConfig config) {
   loss_scale_ = config_.initial_loss_scale;
   good_steps_ = 0;
   ready_ = true;
-  return TrainerInfo{device_.str(), model_->describe(), model_->parameter_count(), dataset_->size(),
+  return TrainerInfo{device_.str(), driver_named(model_->describe()), model_->parameter_count(), dataset_->size(),
                      static_cast<int64_t>(::getpid())};
 }
 
@@ -429,9 +450,9 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
     // Either way the message is one line.
     const std::string text = user_error_text(e);
     // The step being trained (1-based, as the progress lines count them).
-    const std::string where = "step " + step_fn_->describe() + " with " + model_->describe() + " failed on a batch " +
-                              tensors.describe() + " at rank " + std::to_string(group_ ? group_->rank() : 0) +
-                              ", step " + std::to_string(step_ + 1);
+    const std::string where = "step " + step_fn_->describe() + " with " + driver_named(model_->describe()) +
+                              " failed on a batch " + tensors.describe() + " at rank " +
+                              std::to_string(group_ ? group_->rank() : 0) + ", step " + std::to_string(step_ + 1);
     // Not the user's error to end the job with (the root cause, a peer's,
     // is): a failure of this round, as any other under an aborted group.
     if (group_ && group_->is_aborted()) throw Aborted(where + " (the group was aborted under it): " + text);
@@ -731,9 +752,9 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
       // As in training: the user's step refuses this batch on every rank
       // and every retry (it was retried as a crash, for ever with no limit
       // on failures). Said as evaluation, not as training.
-      throw ConfigError("step " + step_fn_->describe() + " with " + model_->describe() + " failed evaluating a batch " +
-                        tensors.describe() + " at rank " + std::to_string(rank) + " (the validation after step " +
-                        std::to_string(step_) + "): " + user_error_text(e));
+      throw ConfigError("step " + step_fn_->describe() + " with " + driver_named(model_->describe()) +
+                        " failed evaluating a batch " + tensors.describe() + " at rank " + std::to_string(rank) +
+                        " (the validation after step " + std::to_string(step_) + "): " + user_error_text(e));
     }
     check_output(out, *step_fn_);
     pending.push_back(pending_of(out, b.size()));

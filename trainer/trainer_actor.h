@@ -351,6 +351,11 @@ class TrainerActor {
   void roll_back(const StepSnapshot& s);
 
   TrainerConfig config_;
+  // Each shipped file's local copy and the driver's path it stands for:
+  // messages name the driver's (driver_named).
+  std::vector<std::pair<std::string, std::string>> shipped_as_;
+  std::string driver_named(std::string text) const;
+  TrainerInfo set_up(TrainerConfig config);
   bool ready_ = false;
   torch::Device device_{torch::kCPU};
   std::unique_ptr<Model> model_;

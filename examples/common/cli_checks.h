@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 namespace troupe::examples {
@@ -40,4 +41,23 @@ inline const CLI::Validator kPositive =
 inline const CLI::Validator kNonNegative =
     detail::number_check([](double v) { return std::isfinite(v) && v >= 0; }, "a number >= 0", "NONNEGATIVE");
 
+// Parses the command line: std::nullopt to go on, else the exit status
+// (0 after --help; 2, as the troupe CLI, for a bad flag or value: CLI11's
+// own codes, 105-109, told a script nothing common).
+inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  return std::nullopt;
+}
+
 }  // namespace troupe::examples
+
+// In main(): returns the exit status when the command line says to stop.
+#define TROUPE_EXAMPLE_PARSE(app, argc, argv)                                                               \
+  do {                                                                                                      \
+    if (auto troupe_parse_exit = troupe::examples::parse((app), (argc), (argv))) return *troupe_parse_exit; \
+  } while (0)

@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
       ->check(troupe::examples::kPositive)
       ->check(troupe::examples::kFinite);
   app.add_option("--out", a.out, "output directory")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  TROUPE_EXAMPLE_PARSE(app, argc, argv);
   if (a.grow_at < 0) a.grow_at = a.seconds / 3;
   if (a.kill_at < 0) a.kill_at = 2 * a.seconds / 3;
   std::error_code made;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "examples/common/cli_checks.h"
 #include "troupe/runtime/client/runtime.h"
 
 class Counter {
@@ -30,7 +31,7 @@ int main(int argc, char** argv) {
   std::string address;
   CLI::App app{"hello_actors: spawn an actor, call it, kill its process, watch it restart"};
   app.add_option("--address", address, "HOST:PORT of a running cluster, or auto (default: an embedded one)");
-  CLI11_PARSE(app, argc, argv);
+  TROUPE_EXAMPLE_PARSE(app, argc, argv);
   troupe::Runtime rt = [&] {
     try {
       return troupe::init(argc, argv);

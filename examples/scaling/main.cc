@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
   app.add_option("--size", a.size, "synthetic samples")->capture_default_str()->check(troupe::examples::kPositive);
   app.add_option("--out", a.out, "output directory")->capture_default_str();
   app.add_option("--address", address, "HOST:PORT of a running cluster, or auto (default: an embedded one)");
-  CLI11_PARSE(app, argc, argv);
+  TROUPE_EXAMPLE_PARSE(app, argc, argv);
   try {
     troupe::Runtime rt = troupe::init(argc, argv);
     const int code = run(rt, a);

@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{-1}, int64_t{1000}));
   app.add_option("--out", a.out, "checkpoints and metrics go here")->capture_default_str();
   app.add_option("--address", a.address, "HOST:PORT of a running cluster, or auto (default: an embedded one)");
-  CLI11_PARSE(app, argc, argv);
+  TROUPE_EXAMPLE_PARSE(app, argc, argv);
   if (troupe::actors::find_digits_file().empty()) {
     std::fprintf(stderr, "digits.csv.gz not found: install python3-sklearn or set TROUPE_DIGITS_PATH\n");
     return 2;

@@ -80,8 +80,7 @@ troupe::trainer::TrainJobConfig job_config(const Args& a) {
 int live_trainer_pid(troupe::Runtime& rt) {
   auto status = nlohmann::json::parse(rt.status_json());
   for (const auto& actor : status["actors"])
-    if (actor["class"] == "troupe::trainer::TrainerActor" && actor["state"] == "ALIVE")
-      return actor["pid"].get<int>();
+    if (actor["class"] == "troupe::trainer::TrainerActor" && actor["state"] == "ALIVE") return actor["pid"].get<int>();
   return 0;
 }
 
@@ -98,19 +97,21 @@ int train(troupe::Runtime& rt, const Args& a) {
       ::kill(pid, SIGKILL);
     }
   };
-  std::printf("training a %lld-layer message-passing network (width %lld) on %lld generated molecules, %lld workers, "
-              "%lld epochs\n",
-              static_cast<long long>(a.layers), static_cast<long long>(a.hidden), static_cast<long long>(a.graphs),
-              static_cast<long long>(a.workers), static_cast<long long>(a.epochs));
+  std::printf(
+      "training a %lld-layer message-passing network (width %lld) on %lld generated molecules, %lld workers, "
+      "%lld epochs\n",
+      static_cast<long long>(a.layers), static_cast<long long>(a.hidden), static_cast<long long>(a.graphs),
+      static_cast<long long>(a.workers), static_cast<long long>(a.epochs));
   auto result = troupe::trainer::TrainJob(rt, cfg).fit();
   const auto& first = result.history.front();
   const auto& last = result.history.back();
   const double mae0 = first.val_metrics.count("mae") ? first.val_metrics.at("mae") : 0;
   const double mae1 = last.val_metrics.count("mae") ? last.val_metrics.at("mae") : 0;
-  std::printf("validation MAE (energy per heavy atom): %.4f after epoch 1, %.4f after epoch %lld; %lld steps, %.0f "
-              "graphs/s\n",
-              mae0, mae1, static_cast<long long>(result.history.size()), static_cast<long long>(result.steps),
-              last.samples_per_second);
+  std::printf(
+      "validation MAE (energy per heavy atom): %.4f after epoch 1, %.4f after epoch %lld; %lld steps, %.0f "
+      "graphs/s\n",
+      mae0, mae1, static_cast<long long>(result.history.size()), static_cast<long long>(result.steps),
+      last.samples_per_second);
   for (const auto& r : result.recoveries)
     std::printf("survived a failure at %.2fs: %lld -> %lld workers, %lld step(s) lost, trained on after %.2fs (%s)\n",
                 r.failed_at, static_cast<long long>(r.world_before), static_cast<long long>(r.world_after),
@@ -155,7 +156,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{-1}, int64_t{1000}));
   app.add_option("--out", a.out, "checkpoints and metrics go here")->capture_default_str();
   app.add_option("--address", a.address, "HOST:PORT of a running cluster, or auto (default: an embedded one)");
-  CLI11_PARSE(app, argc, argv);
+  TROUPE_EXAMPLE_PARSE(app, argc, argv);
   // The cosine schedule runs over the job's steps: there must be one.
   const int64_t train_split = a.graphs - a.graphs / 10;
   if (train_split < a.workers * a.batch_size) {

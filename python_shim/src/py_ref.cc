@@ -40,7 +40,18 @@ std::string PyRef::pending_text() const {
   if (task_) {
     return task_->pending_text(core_->find_service<client::TaskSubmitter>().get());
   }
-  return call_ ? call_->pending_text() : "";
+  if (call_) return call_->pending_text();
+  // A stored object: a borrowed one waits for its owner's answer, an own
+  // one for the call whose result it will hold.
+  ObjectRef<PyValue> stored;
+  {
+    std::lock_guard lock(mu_);
+    stored = stored_;
+  }
+  if (!stored.valid()) return "";
+  const std::string what = client::describe(stored.info());
+  return stored.holder()->owned() ? what + ", a call's result not come yet"
+                                  : what + ": its owner has not answered (alive, but busy or stopped?)";
 }
 
 std::shared_ptr<ReplyState> PyRef::answer() {
@@ -54,8 +65,10 @@ ObjectRef<PyValue> PyRef::stored_ref() {
   if (stored_.valid()) return stored_;
   auto store = core_->service<client::ObjectStore>();
   if (answer_->ready() && !answer_->error()) {
-    // An exception answer is kept as its value: its error box raises on load.
-    stored_ = ObjectRef<PyValue>(store->put(client::make_object_value(answer_->value().value)));
+    // An exception answer is kept as its value: its error box raises on
+    // load. The answer is in this process already, the stored copy shares
+    // its memory: kept whatever the store's limit.
+    stored_ = ObjectRef<PyValue>(store->put_held(client::make_object_value(answer_->value().value)));
     return stored_;
   }
   // Not answered yet (or failed): a pending object, filled by the answer,

@@ -87,7 +87,7 @@ class PyRef {
 
  private:
   std::shared_ptr<client::Core> core_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::shared_ptr<ReplyState> answer_;
   ObjectRef<PyValue> stored_;
   std::shared_ptr<client::TaskCancel> task_;

@@ -724,6 +724,27 @@ def test_a_get_that_times_out_says_what_the_value_waits_for():
     troupe.cancel(ref, force=True)
 
 
+@troupe.remote
+class Keeper:
+    def keep(self):
+        return troupe.put(np.arange(1000)), os.getpid()
+
+
+def test_a_get_of_an_object_whose_owner_does_not_answer_names_the_object_and_its_owner():
+    # It said only "no result within 5 s".
+    keeper = Keeper.remote()
+    ref, pid = troupe.get(keeper.keep.remote(), timeout=60)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(GetTimeoutError, match=rf"no result within 0\.5 s: object \d+ of \S+ \(pid {pid}, actor "
+                                                  r"\d+\): its owner has not answered"):
+            troupe.get(ref, timeout=0.5)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert troupe.get(ref, timeout=60)[-1] == 999
+    troupe.kill(keeper)
+
+
 def test_wait_and_get_timeout():
     slow = troupe.remote(lambda s: threading.Event().wait(s) or s)
     fast_ref, slow_ref = square.remote(2), slow.remote(8)

@@ -45,6 +45,9 @@ def test_the_package_cli_and_pyproject_say_one_version(tmp_path):
 def test_a_mistyped_command_and_a_bad_address_are_named(tmp_path):
     out = run_cli(["stauts"], tmp_path)
     assert out.returncode == 2 and "unknown command 'stauts' (commands: start, status" in out.stderr, out.stderr
+    # With --help too (it printed the usage and exited 0).
+    out = run_cli(["stauts", "--help"], tmp_path)
+    assert out.returncode == 2 and "unknown command 'stauts'" in out.stderr, out.stdout + out.stderr
     out = run_cli([], tmp_path)
     assert out.returncode == 2 and "Usage:" in out.stderr, out.stderr
     # Checked before the driver runs (it used to start, and fail later).

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import troupe
-from conftest import cli, in_session, session_env
+from conftest import cli, in_session, session_env, wait_until
 from troupe.exceptions import ConfigError, ObjectStoreFullError
 
 
@@ -36,6 +36,14 @@ def zeros_after(gate, n):
             raise TimeoutError(f"{gate} never appeared")
         time.sleep(0.01)
     return np.zeros(n, dtype=np.uint8)
+
+
+def _fits(n):
+    try:
+        troupe.put(np.zeros(n, dtype=np.uint8))
+        return True
+    except ObjectStoreFullError:
+        return False
 
 
 @troupe.remote
@@ -95,6 +103,28 @@ def test_results_sent_on_before_they_arrive_stay_under_the_limit(tmp_path, resto
             assert re.search(r"a call's result, .* of 6145\d\d bytes does not fit: .* limit 1048576 bytes", e), e
         # The caller's own answers are whole: nothing it asked for is lost.
         assert [a.nbytes for a in troupe.get(refs, timeout=60)] == [600 << 10] * 3
+    finally:
+        troupe.shutdown()
+
+
+def test_a_result_in_hand_is_sent_on_inside_a_list_whatever_the_limit(tmp_path, restore_env):
+    # Results the driver already holds, passed on inside a list: storing
+    # one shares the answer's memory. The second raised ObjectStoreFullError
+    # at .remote(), the first still counted while its ref lived.
+    troupe.init(num_cpus=1, object_store_memory=1 << 20, logging_level=logging.ERROR)
+    try:
+        gate = tmp_path / "open"
+        gate.touch()
+        a, b = zeros_after.remote(str(gate), 600 << 10), zeros_after.remote(str(gate), 600 << 10)
+        troupe.get([a, b], timeout=60)
+        assert troupe.get(sizes_or_errors.remote([a]), timeout=60) == [600 << 10]
+        assert troupe.get(sizes_or_errors.remote([b]), timeout=60) == [600 << 10]
+        # A put of the driver's own still meets the limit, the results'
+        # stored copies counted in what is held (300 KiB fits an empty store).
+        with pytest.raises(ObjectStoreFullError, match="object store full"):
+            troupe.put(np.zeros(300 << 10, dtype=np.uint8))
+        del a, b
+        wait_until(lambda: _fits(300 << 10), what="room once the results' refs are gone")
     finally:
         troupe.shutdown()
 

@@ -310,6 +310,14 @@ def test_following_an_actor_goes_on_across_its_restart(cluster):
     # The crashed worker's output after the restart: --previous.
     prev = logs(cluster, "--previous", "phoenix-followed")
     assert prev.returncode == 0 and "marker-nine, the old worker's last" in prev.stdout, (prev.stdout, prev.stderr)
+    # Dead for good (its one restart used): its log is the last worker's,
+    # --previous the one before (it read the last worker's again).
+    with pytest.raises(Exception):
+        troupe.get(phoenix.last_words.remote("marker-ten, the second worker's last"), timeout=60)
+    wait_until(lambda: "marker-ten" in logs(cluster, "phoenix-followed").stdout, what="the dead actor's log")
+    prev = logs(cluster, "--previous", "phoenix-followed")
+    assert prev.returncode == 0, prev.stderr
+    assert "marker-nine" in prev.stdout and "marker-ten" not in prev.stdout, prev.stdout
     bad = logs(cluster, "--previous", "head")
     assert bad.returncode == 2 and "--previous is for an actor's log" in bad.stderr, bad.stderr
     node = logs(cluster, "node")

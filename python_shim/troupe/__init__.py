@@ -64,6 +64,9 @@ class _State:
     def __init__(self, client, job_id, namespace="", env_vars=None, packages=(None, ()), pip=None):
         self.client = client
         self.job_id = job_id
+        # An embedded cluster (init() without an address): every node is
+        # this host.
+        self.embedded = False
         # Where named actors are made and looked up by default: the
         # driver's init(namespace=...), "" (the default: names as given,
         # cluster-wide) when none was.
@@ -286,6 +289,7 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
             raise
         _state = _State(client, f"{os.getpid()}@{client.address}", namespace or "", job_env.env_vars, packages,
                         job_env.pip)
+        _state.embedded = not address
         if address and log_to_driver:
             from troupe import _driver_logs
 

@@ -98,13 +98,17 @@ std::string ObjectStore::full_text_locked(const std::string& what, uint64_t byte
          " objects, limit " + std::to_string(limit_) + " bytes (TROUPE_OBJECT_STORE_BYTES)";
 }
 
-std::shared_ptr<RefHolder> ObjectStore::put(ObjectValue value) {
+std::shared_ptr<RefHolder> ObjectStore::put(ObjectValue value) { return keep(std::move(value), true); }
+
+std::shared_ptr<RefHolder> ObjectStore::put_held(ObjectValue value) { return keep(std::move(value), false); }
+
+std::shared_ptr<RefHolder> ObjectStore::keep(ObjectValue value, bool limited) {
   // Another process could never fetch it (the owner's reply would exceed
   // the receiver's frame limit, read as an owner that is unreachable).
   if (value.bytes > wire::kMaxFramePayload) throw ConfigError(wire::too_big_for_a_frame("an object", value.bytes));
   ensure_server();
   std::lock_guard lock(mu_);
-  if (bytes_ + value.bytes > limit_) throw ObjectStoreFull(full_text_locked("an object", value.bytes));
+  if (limited && bytes_ + value.bytes > limit_) throw ObjectStoreFull(full_text_locked("an object", value.bytes));
   uint64_t id = next_id_++;
   std::string type = value.type;
   bytes_ += value.bytes;

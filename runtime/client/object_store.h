@@ -82,6 +82,12 @@ class ObjectStore : public std::enable_shared_from_this<ObjectStore> {
   // Keeps `value` and returns the first local handle to it; ObjectStoreFull
   // when it does not fit under the limit.
   std::shared_ptr<RefHolder> put(ObjectValue value);
+  // Keeps a value this process holds anyway (the Python shim's answer to
+  // a call, sent on inside another value once it had come) whatever the
+  // limit: storing it shares its memory rather than adding to it. Its
+  // bytes count toward what later puts find held. (Refusing it made
+  // `f.remote([done])` raise ObjectStoreFull for a result in hand.)
+  std::shared_ptr<RefHolder> put_held(ObjectValue value);
   // An object whose value comes later (a call's result sent on inside
   // another value before it is answered): its first local handle, now.
   // Fetches of it wait, here and at borrowers, until fill() or fail().
@@ -148,6 +154,8 @@ class ObjectStore : public std::enable_shared_from_this<ObjectStore> {
 
   void ensure_server();
   std::string full_text_locked(const std::string& what, uint64_t bytes) const;
+  // put() (limited) and put_held().
+  std::shared_ptr<RefHolder> keep(ObjectValue value, bool limited);
   void start_listener();
   ObjectRefInfo owner_info(uint64_t id, const std::string& type) const;
   uint64_t new_pin();

@@ -78,6 +78,10 @@ std::string copy_name(const ShippedFile& f) {
   if (!digest_ok) throw Error("a shipped file's digest is not a SHA-256 (" + f.path + ")");
   std::string name = std::filesystem::path(f.path).filename().string();
   if (name.empty() || name == "." || name == "..") name = "file";
+  // Room for ".lock" and ".<pid>.tmp" within NAME_MAX (255): the end of
+  // the name, which holds its extension, is kept.
+  constexpr size_t kMaxName = 200;
+  if (name.size() > kMaxName) name = name.substr(name.size() - kMaxName);
   return f.sha256.substr(0, 16) + "-" + name;
 }
 
@@ -144,8 +148,28 @@ ShippedFile ship_file(Runtime& rt, const std::string& path) {
   return f;
 }
 
+namespace {
+
+// Removes what fetchers of `dest` killed mid-fetch left (dest.<pid>.tmp):
+// called under the lock, so no live fetcher's file is among them.
+void remove_stale_parts(const std::string& dir, const std::string& dest) {
+  const std::string prefix = std::filesystem::path(dest).filename().string() + ".";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > prefix.size() + 4 && name.rfind(prefix, 0) == 0 && name.ends_with(".tmp"))
+      std::filesystem::remove(entry.path(), ec);
+  }
+}
+
+}  // namespace
+
 std::string local_copy(const ShippedFile& f) {
-  const std::string dir = core::session_dir() + "/shipped";
+  // The session directory may not exist yet (an embedded cluster's
+  // workers fall back to this user's default one).
+  const std::string session = core::session_dir();
+  core::ensure_session_dir(session);
+  const std::string dir = session + "/shipped";
   core::ensure_session_dir(dir);
   const std::string dest = dir + "/" + copy_name(f);
   if (has_size(dest, f.size)) return dest;
@@ -157,6 +181,7 @@ std::string local_copy(const ShippedFile& f) {
   while (::flock(lock, LOCK_EX) != 0)
     if (errno != EINTR) throw Error("cannot lock " + lock_path + ": " + std::strerror(errno));
   if (has_size(dest, f.size)) return dest;
+  remove_stale_parts(dir, dest);
   const std::string tmp = dest + "." + std::to_string(::getpid()) + ".tmp";
   try {
     fetch_into(f, tmp);

@@ -1,6 +1,6 @@
 // ShippedFile: a file the driver reads, sent to actors on hosts that do not
-// share the driver's file system. The driver maps the file and puts it into
-// its own object store in chunks (ship_file); an actor that is handed the
+// share the driver's file system. The driver reads the file into its own
+// object store in chunks (ship_file); an actor that is handed the
 // ShippedFile fetches it once per host into its session directory
 // (local_copy), checking its SHA-256, and reads that copy. Every process of
 // a host that needs the same content reads one copy: the copy is named by
@@ -43,7 +43,8 @@ struct ShippedFile {
 // The bytes of one chunk (the last one may be shorter).
 inline constexpr uint64_t kShippedChunkBytes = 32ull << 20;
 
-// Maps `path` read-only and puts it into this process's object store.
+// Reads `path` into this process's object store (read, not mapped: a
+// file truncated while served would take the driver down with SIGBUS).
 // Throws ConfigError naming the path when it cannot be read, and
 // ObjectStoreFull (with the path) when it does not fit the store's limit.
 ShippedFile ship_file(Runtime& rt, const std::string& path);

@@ -786,7 +786,7 @@ class Head::Impl {
     if (req.target == "actor" || req.target == "actor_previous") {
       // Its worker's log, or its last worker's when it has none now (a
       // dead actor's log is the one most worth reading); "actor_previous":
-      // the last worker that ended.
+      // the worker that ran before that one.
       const auto [on_node, pid] = state_.actor_log_source(req.id, req.target == "actor_previous");
       if (pid <= 0 && req.target == "actor_previous" && state_.actor_log_source(req.id, false).second > 0)
         throw ConfigError("actor " + std::to_string(req.id) + " has no previous worker: it has not restarted (" +

@@ -276,8 +276,11 @@ std::pair<uint64_t, int32_t> HeadState::actor_log_source(uint64_t id, bool previ
   auto it = actors_.find(id);
   if (it == actors_.end()) throw ConfigError("no actor with id " + std::to_string(id));
   const Actor& a = it->second;
-  if (a.info.pid > 0 && !previous) return {a.info.node_id, a.info.pid};
-  return {a.last_node, a.last_pid};
+  // A live actor's log is its worker's, its previous one the last that
+  // ended; a dead one's is the last that ended, its previous the one
+  // before that.
+  if (a.info.pid > 0) return previous ? std::pair{a.last_node, a.last_pid} : std::pair{a.info.node_id, a.info.pid};
+  return previous ? std::pair{a.prev_node, a.prev_pid} : std::pair{a.last_node, a.last_pid};
 }
 
 const ActorInfo& HeadState::named_actor(const std::string& name) const {
@@ -463,7 +466,9 @@ void HeadState::worker_exited(const WorkerExited& w, uint64_t from_node) {
 }
 
 void HeadState::remember_worker(Actor& a, int32_t pid) {
-  if (pid <= 0) return;
+  if (pid <= 0 || (pid == a.last_pid && a.info.node_id == a.last_node)) return;  // pids repeat across nodes
+  a.prev_node = a.last_node;
+  a.prev_pid = a.last_pid;
   a.last_node = a.info.node_id;
   a.last_pid = pid;
 }

@@ -262,6 +262,11 @@ class HeadState {
     // that has none now.
     uint64_t last_node = 0;
     int32_t last_pid = 0;
+    // The one that ended before it (`troupe logs --previous` of an actor
+    // that has no worker now); kept in memory only: a restarted head
+    // knows the last one.
+    uint64_t prev_node = 0;
+    int32_t prev_pid = 0;
     // Its workers that ended before it was ready, in a row (a constructor
     // that crashes its process): past a few, each restart waits longer
     // (restart_backoff), until `not_before`, in the head's check time.

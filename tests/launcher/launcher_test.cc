@@ -140,7 +140,7 @@ TEST_F(LauncherTest, StartStatusSubmitStop) {
   auto b = rt.spawn<Adder>({});
   rt.kill(b);
   ASSERT_TRUE(troupe::test::eventually([&] { return b.info().state == troupe::ActorState::kDead; }));
-  auto dead = run(std::string(TROUPE_CLI) + " status --json --state DEAD");
+  auto dead = run(std::string(TROUPE_CLI) + " status --json --state dead");  // any case, as the state API
   ASSERT_EQ(dead.status, 0) << dead.output;
   auto dj = nlohmann::json::parse(dead.output);
   ASSERT_EQ(dj["actors"].size(), 1u);

@@ -106,10 +106,35 @@ TEST_F(ShippedFileTest, ACopyThatDoesNotMatchItsDigestIsRefusedAndRemoved) {
     EXPECT_NE(std::string(e.what()).find("does not match"), std::string::npos) << e.what();
   }
   for (const auto& entry : std::filesystem::directory_iterator(session_ + "/shipped"))
-    EXPECT_NE(entry.path().extension(), ".pt") << entry.path();  // only the lock file is left
+    EXPECT_EQ(entry.path().extension(), ".lock") << entry.path();  // no copy, whole or partial
   // A digest that is not one is refused before anything is fetched.
   f.sha256 = "../../etc/passwd";
   EXPECT_THROW(a.call(&FileUser::copy, f).get(60s), troupe::Error);
+}
+
+// Two processes of a host that need the file at once: one fetches, the
+// other waits for its copy (the driver sends the bytes once); what a
+// fetcher killed mid-fetch left is removed by the next.
+TEST_F(ShippedFileTest, ProcessesOfAHostThatAskAtOnceFetchOnce) {
+  const std::string bytes = pattern(troupe::kShippedChunkBytes + 4321);
+  troupe::ShippedFile f = troupe::ship_file(rt_, write("train.npz", bytes));
+  const std::string dest = session_ + "/shipped/" + f.sha256.substr(0, 16) + "-train.npz";
+  std::filesystem::create_directories(session_ + "/shipped");
+  std::filesystem::permissions(session_ + "/shipped", std::filesystem::perms::owner_all,
+                               std::filesystem::perm_options::replace);
+  const std::string stale = dest + ".99999.tmp";
+  std::ofstream(stale) << "half a file";
+  auto a = user();
+  auto b = user();
+  ASSERT_TRUE(a.wait_ready(60s));
+  ASSERT_TRUE(b.wait_ready(60s));
+  const uint64_t written = rt_.core()->traffic().written;
+  auto from_a = a.call(&FileUser::fingerprint_of, f);
+  auto from_b = b.call(&FileUser::fingerprint_of, f);
+  EXPECT_EQ(from_a.get(120s), fingerprint(bytes));
+  EXPECT_EQ(from_b.get(120s), fingerprint(bytes));
+  EXPECT_LT(rt_.core()->traffic().written - written, bytes.size() + bytes.size() / 2);
+  EXPECT_FALSE(std::filesystem::exists(stale));
 }
 
 TEST_F(ShippedFileTest, TheDriverNamesAFileItCannotShip) {

@@ -275,7 +275,8 @@ def _python_terms(message, work, config):
                              r"runs: .*",
                              lambda m, what=what, arg=arg: (
                                  f"{what}, which TrainJob saved in the driver's temp folder, is not on {m.group(1)}, "
-                                 f"where a trainer runs: leave ship_files on (it is when address is given), set "
+                                 f"where a trainer runs: leave ship_files on (it is on a cluster: address given, or "
+                                 f"troupe.init() with one), set "
                                  f"TMPDIR to a folder every node shares, or give {arg} as a file every node shares"),
                              message)
         job_file = f"job file {os.path.join(work, 'job.json')}: "
@@ -440,9 +441,9 @@ class TrainJob:
     trainer's replacement may wait for room before the job shrinks or
     fails), keep_checkpoints (the newest N kept; 0 keeps all), cpu_gemm ("auto"/"onednn"/"aten": who
     computes the fp32 linear layers of a CPU trainer), ship_files (send the model and data files from
-    this process to the trainers' hosts, each fetched once per host; on by default when address
-    is given and a model or data set was given as an object, which TrainJob saves in this host's
-    temp folder)). verbose: print the driver's progress lines.
+    this process to the trainers' hosts, each fetched once per host; on by default on a cluster
+    (address given, or troupe.init(address=...)) when a model or data set was given as an object,
+    which TrainJob saves in this host's temp folder)). verbose: print the driver's progress lines.
 
     Each epoch trains ceil(N / workers) // batch_size steps of workers x
     batch_size samples (with accumulation=K, read batch_size x K): the last N - steps * workers * batch_size samples
@@ -508,14 +509,16 @@ class TrainJob:
         config["checkpoint_dir"] = os.path.abspath(self._checkpoint_dir)
         config["metrics"] = self.metrics_path
         env = dict(os.environ)
-        address = self._cluster_address(env)
+        address, embedded = self._cluster_address(env)
         if address:
             config["address"] = address
-            # What this TrainJob saved is in the driver's temp folder, which
-            # other hosts do not see: the driver sends it to them.
-            saved = [config["model"], config["data"], config.get("val_data")]
-            if "ship_files" not in config and any(isinstance(p, str) and p.startswith(work) for p in saved):
-                config["ship_files"] = True
+        # What this TrainJob saved is in the driver's temp folder, which
+        # other hosts do not see: on a cluster the driver sends it to them
+        # (an embedded one's nodes are this host).
+        saved = [config["model"], config["data"], config.get("val_data")]
+        if address and not embedded and "ship_files" not in config and \
+                any(isinstance(p, str) and p.startswith(work) for p in saved):
+            config["ship_files"] = True
         with open(os.path.join(work, "job.json"), "w") as f:
             json.dump(config, f)
         self._config = config
@@ -526,15 +529,17 @@ class TrainJob:
         return self
 
     def _cluster_address(self, env):
+        """The cluster's address (None: an embedded one of troupe-train's
+        own), and whether it is this process's embedded cluster."""
         if self._address is not None:
-            return self._address
+            return self._address, False
         import troupe
 
         if troupe.is_initialized():
             client = troupe._client()
             env["TROUPE_TOKEN"] = client.token
-            return client.address
-        return None
+            return client.address, bool(getattr(troupe._state, "embedded", False))
+        return None, True
 
     def _pump(self):
         # A `troupe train: ` line and those after it, held back until a
