@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <unordered_set>
 
@@ -213,6 +216,40 @@ ReadyTokens& ready_tokens() {
   return *q;
 }
 
+// A get that has waited a while for an actor no node can ever hold says
+// so on the driver's stderr, once per actor, as Ray warns of an
+// infeasible request: the head's warning went to its log only, and a
+// mistyped resource left a driver blocked without a word. After
+// TROUPE_UNPLACEABLE_WARN_MS (default 10 s) of one get.
+void warn_if_unplaceable(PyRef& ref) {
+  std::string text;
+  try {
+    text = ref.pending_text();
+  } catch (const std::exception&) {
+    return;  // a diagnostic only
+  }
+  const size_t pending = text.find(": the actor is PENDING (");
+  if (pending == std::string::npos || text.find("at all (no node has that much in total)") == std::string::npos) return;
+  static std::mutex mu;
+  static std::set<std::string> said;  // "Class.method on actor N"
+  {
+    std::lock_guard lock(mu);
+    const std::string what = text.substr(0, pending);
+    const std::string actor = what.substr(what.rfind(" on actor ") == std::string::npos ? 0 : what.rfind(" on actor "));
+    if (!said.insert(actor).second) return;
+  }
+  pyb::gil_scoped_acquire gil;
+  PySys_FormatStderr("troupe: (warning) a get waits for %s; it waits until a node that can hold the actor joins\n",
+                     text.c_str());
+}
+
+std::chrono::milliseconds unplaceable_warn_after() {
+  const std::string v = core::env_value("TROUPE_UNPLACEABLE_WARN_MS");
+  char* end = nullptr;
+  const long long ms = v.empty() ? -1 : std::strtoll(v.c_str(), &end, 10);
+  return std::chrono::milliseconds(ms >= 0 && end && *end == '\0' ? ms : 10000);
+}
+
 // The states of `refs`, waited for with the GIL released: all of them,
 // until one of them holds an error (as Ray's get raises as soon as one
 // value is an error), or Timeout after `timeout` seconds (None = no limit).
@@ -221,9 +258,15 @@ std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std
   states.reserve(refs.size());
   for (const auto& r : refs) states.push_back(r->answer());
   size_t next = 0;  // the first state not known to be ready
+  const auto warn_at = std::chrono::steady_clock::now() + unplaceable_warn_after();
+  bool warned = false;
   auto done = [&](std::chrono::milliseconds slice) {
     for (; next < states.size(); ++next) {
       if (!states[next]->wait_for(slice)) {
+        if (!warned && slice.count() > 0 && std::chrono::steady_clock::now() >= warn_at) {
+          warned = true;
+          warn_if_unplaceable(*refs[next]);
+        }
         // Still waiting for this one: an error among those after it ends
         // the wait (looked for once a slice, so a long list costs one pass
         // per 100 ms, not one per ref).

@@ -4,6 +4,7 @@ import asyncio
 import collections
 import copy
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -724,10 +725,26 @@ def test_a_get_that_times_out_says_what_the_value_waits_for():
     troupe.cancel(ref, force=True)
 
 
+def test_a_get_that_waits_for_an_actor_no_node_can_hold_warns_once(monkeypatch, capfd):
+    # The head's warning went to its log only: a driver whose actor asked
+    # for a resource no node has waited without a word (Ray warns).
+    monkeypatch.setenv("TROUPE_UNPLACEABLE_WARN_MS", "200")
+    pending = Napper.options(resources={"no_node_has_this": 1}).remote()
+    for _ in range(2):
+        with pytest.raises(GetTimeoutError):
+            troupe.get(pending.ping.remote(), timeout=1.5)
+    said = capfd.readouterr().err
+    assert re.search(r"troupe: \(warning\) a get waits for Napper\.ping on actor \d+: the actor is PENDING \(.*"
+                     r"no_node_has_this.*at all", said), said
+    assert said.count("troupe: (warning)") == 1, said
+    troupe.kill(pending)
+
+
 @troupe.remote
 class Keeper:
     def keep(self):
-        return troupe.put(np.arange(1000)), os.getpid()
+        # Large enough to stay with its owner (a small value travels with its ref).
+        return troupe.put(np.arange(2_000_000)), os.getpid()
 
 
 def test_a_get_of_an_object_whose_owner_does_not_answer_names_the_object_and_its_owner():
@@ -741,7 +758,7 @@ def test_a_get_of_an_object_whose_owner_does_not_answer_names_the_object_and_its
             troupe.get(ref, timeout=0.5)
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert troupe.get(ref, timeout=60)[-1] == 999
+    assert troupe.get(ref, timeout=60)[-1] == 1_999_999
     troupe.kill(keeper)
 
 

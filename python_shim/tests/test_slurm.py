@@ -90,14 +90,19 @@ def slurm(tmp_path_factory):
 
 
 def troupe_processes():
-    """Pids of processes running the troupe binary (its workers included)."""
+    """Pids of processes of a Slurm job running the troupe binary (its
+    workers included): not those of another troupe cluster on the
+    machine, which a test run beside this one may have."""
     binary = os.path.realpath(cli())
     pids = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                if os.path.realpath(f"/proc/{pid}/exe") == binary:
-                    pids.append(int(pid))
+                if os.path.realpath(f"/proc/{pid}/exe") != binary:
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if any(v.startswith(b"SLURM_JOB_ID=") for v in f.read().split(b"\0")):
+                        pids.append(int(pid))
             except OSError:
                 pass
     return pids
