@@ -105,8 +105,10 @@ constexpr auto kDrainBound = std::chrono::seconds(2);
 // driver's console shows progress as it comes and never a raw '\r'.
 class OutputPump {
  public:
-  OutputPump(int32_t rank, int out_fd, int err_fd, StreamRef ref)
-      : rank_(rank), fds_{out_fd, err_fd}, ref_(std::move(ref)) {
+  // `note`: a line of the slot's own for the driver's console, sent as the
+  // rank's first line of stderr ("" = none).
+  OutputPump(int32_t rank, int out_fd, int err_fd, StreamRef ref, std::string note = "")
+      : rank_(rank), fds_{out_fd, err_fd}, ref_(std::move(ref)), note_(std::move(note)) {
     thread_ = std::thread([this] { run(); });
   }
   ~OutputPump() { finish(std::chrono::milliseconds(0)); }
@@ -123,6 +125,7 @@ class OutputPump {
     } catch (const std::exception&) {
       // The driver is gone: drain only.
     }
+    if (!note_.empty()) send(true, note_);
     while (fds_[0] >= 0 || fds_[1] >= 0) {
       if (Clock::now().time_since_epoch().count() >= give_up_at_.load()) break;
       pollfd p[2] = {{fds_[0], POLLIN, 0}, {fds_[1], POLLIN, 0}};
@@ -219,6 +222,7 @@ class OutputPump {
   std::string sent_frame_[2];     // the frame of the line being redrawn that went out last
   Clock::time_point shown_[2]{};  // when a frame of each was last sent
   StreamRef ref_;
+  std::string note_;
   std::optional<StreamWriter<OutputLine>> writer_;
   std::atomic<Clock::rep> give_up_at_{Clock::time_point::max().time_since_epoch().count()};
   std::thread thread_;
@@ -574,17 +578,20 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
   add_socket_interfaces(vars);
   std::vector<std::string> env = script_environment(vars);
   std::string cwd;
+  std::string note;  // for the driver's console
   std::error_code ec;
   if (!l.working_dir.empty() && std::filesystem::is_directory(l.working_dir, ec)) {
     cwd = l.working_dir;
   } else if (!l.working_dir.empty()) {
     // The driver's working directory is not on this node: the script's
-    // own folder (where relative paths most likely point), said in the
-    // worker's log, rather than / without a word.
+    // own folder (where relative paths most likely point), said on the
+    // driver's console and in the worker's log, rather than / without a
+    // word.
     const auto folder = std::filesystem::path(l.script).parent_path();
     if (!l.module && std::filesystem::is_directory(folder, ec)) cwd = folder.string();
-    TROUPE_LOG_WARN("torchrun slot: rank {}: the driver's working directory {} is not on this node; running in {}",
-                    l.rank, l.working_dir, cwd.empty() ? "the node agent's" : cwd);
+    note = "troupe torchrun: the driver's working directory " + l.working_dir + " is not on " + this_host() +
+           "; rank " + std::to_string(l.rank) + " runs in " + (cwd.empty() ? "its node agent's" : cwd);
+    TROUPE_LOG_WARN("torchrun slot: {}", note);
   }
 
   auto& spare = state_->spare;
@@ -606,7 +613,7 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
   spare.reset();
   state_->pid = pid;
   state_->running_restart = l.restart_count;
-  state_->pump = std::make_unique<OutputPump>(l.rank, out_fd, err_fd, l.output);
+  state_->pump = std::make_unique<OutputPump>(l.rank, out_fd, err_fd, l.output, std::move(note));
   if (l.warm) {
     state_->recipe = SpareRecipe{exe, l.python, env, cwd, l.preload};
     state_->spare_due = Clock::now() + std::chrono::milliseconds(l.spare_delay_ms);

@@ -20,6 +20,7 @@
 #include "cli_message.h"
 #include "troupe/actors/dataset.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/worker_env.h"
 #include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/model.h"
 #include "yaml_to_json.h"
@@ -679,7 +680,9 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   c.epochs = o.epochs;
   c.max_steps = o.max_steps;
   // An embedded cluster's trainers run on this host: nothing to ship.
-  c.ship_files = o.ship_files && !o.address.empty();
+  // (troupe::init joins TROUPE_ADDRESS's cluster, as troupe submit and
+  // troupe slurm set it, when no address is given.)
+  c.ship_files = o.ship_files && (!o.address.empty() || !troupe::core::env_value("TROUPE_ADDRESS").empty());
   c.failure.max_failures = o.max_failures;
   c.checkpoint.dir = fs::absolute(o.checkpoint_dir).string();
   c.checkpoint.at_epoch_end = true;

@@ -1,4 +1,5 @@
 #include "troupe/trainer/trainer_actor.h"
+#include "troupe/runtime/core/error_registry.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -248,14 +249,25 @@ std::string TrainerActor::driver_named(std::string text) const {
   return text;
 }
 
+void TrainerActor::rethrow_driver_named(const std::exception& e) const {
+  const std::string text = driver_named(e.what());
+  if (text != e.what()) {
+    const std::string name = core::registered_error_name(e);
+    if (!name.empty())
+      if (auto renamed = core::make_registered_error(name, text)) std::rethrow_exception(renamed);
+  }
+  throw;
+}
+
 TrainerInfo TrainerActor::setup(TrainerConfig config) {
   shipped_as_ = use_files_here(config);
   if (shipped_as_.empty()) return set_up(std::move(config));
-  // What opening a shipped copy says names the driver's file.
+  // What opening a shipped copy says (a TorchScript or .npz reader's
+  // error) names the driver's file.
   try {
     return set_up(std::move(config));
-  } catch (const ConfigError& e) {
-    throw ConfigError(driver_named(e.what()));
+  } catch (const std::exception& e) {
+    rethrow_driver_named(e);
   }
 }
 
@@ -440,15 +452,15 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
                       config_.amp_dtype == "bf16" ? torch::kBFloat16 : torch::kHalf);
     SyncBatchNormScope sync_bn(config_.sync_batchnorm ? group_.get() : nullptr);
     out = step_fn_->train(*model_, tensors);
-  } catch (const Error&) {
-    throw;  // troupe's own (a SyncBatchNorm collective aborted, say)
+  } catch (const Error& e) {
+    rethrow_driver_named(e);  // troupe's own (a SyncBatchNorm collective aborted, a TorchScript model's refusal)
   } catch (const std::exception& e) {
     // The user's model or step refusing this batch (a missing key, a
     // shape that does not fit, a `raise` in a TorchScript step) refuses it
     // on every rank and every retry: not a failure a replacement could
     // fix. Unless a peer's failure aborted the group under it.
     // Either way the message is one line.
-    const std::string text = user_error_text(e);
+    const std::string text = driver_named(user_error_text(e));
     // The step being trained (1-based, as the progress lines count them).
     const std::string where = "step " + step_fn_->describe() + " with " + driver_named(model_->describe()) +
                               " failed on a batch " + tensors.describe() + " at rank " +
@@ -746,15 +758,16 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     StepOutput out;
     try {
       out = step_fn_->eval(*model_, tensors);
-    } catch (const Error&) {
-      throw;
+    } catch (const Error& e) {
+      rethrow_driver_named(e);
     } catch (const std::exception& e) {
       // As in training: the user's step refuses this batch on every rank
       // and every retry (it was retried as a crash, for ever with no limit
       // on failures). Said as evaluation, not as training.
       throw ConfigError("step " + step_fn_->describe() + " with " + driver_named(model_->describe()) +
                         " failed evaluating a batch " + tensors.describe() + " at rank " + std::to_string(rank) +
-                        " (the validation after step " + std::to_string(step_) + "): " + user_error_text(e));
+                        " (the validation after step " + std::to_string(step_) +
+                        "): " + driver_named(user_error_text(e)));
     }
     check_output(out, *step_fn_);
     pending.push_back(pending_of(out, b.size()));

@@ -8,7 +8,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -220,7 +223,10 @@ ReadyTokens& ready_tokens() {
 // so on the driver's stderr, once per actor, as Ray warns of an
 // infeasible request: the head's warning went to its log only, and a
 // mistyped resource left a driver blocked without a word. After
-// TROUPE_UNPLACEABLE_WARN_MS (default 10 s) of one get.
+// TROUPE_UNPLACEABLE_WARN_MS (default 10 s) of one get, then every 5 s,
+// for the first value not there. Written to fd 2, without the GIL (a
+// daemon thread taking it while the interpreter finalizes is ended in C++
+// frames).
 void warn_if_unplaceable(PyRef& ref) {
   std::string text;
   try {
@@ -238,11 +244,16 @@ void warn_if_unplaceable(PyRef& ref) {
     const std::string actor = what.substr(what.rfind(" on actor ") == std::string::npos ? 0 : what.rfind(" on actor "));
     if (!said.insert(actor).second) return;
   }
-  pyb::gil_scoped_acquire gil;
-  PySys_FormatStderr("troupe: (warning) a get waits for %s; it waits until a node that can hold the actor joins\n",
-                     text.c_str());
+  const std::string line =
+      "troupe: (warning) a get waits for " + text + "; it waits until a node that can hold the actor joins\n";
+  for (size_t n = 0; n < line.size();) {
+    const ssize_t w = ::write(2, line.data() + n, line.size() - n);
+    if (w <= 0 && errno != EINTR) break;
+    if (w > 0) n += size_t(w);
+  }
 }
 
+// Read with the GIL held (a Python thread may be changing os.environ).
 std::chrono::milliseconds unplaceable_warn_after() {
   const std::string v = core::env_value("TROUPE_UNPLACEABLE_WARN_MS");
   char* end = nullptr;
@@ -253,18 +264,18 @@ std::chrono::milliseconds unplaceable_warn_after() {
 // The states of `refs`, waited for with the GIL released: all of them,
 // until one of them holds an error (as Ray's get raises as soon as one
 // value is an error), or Timeout after `timeout` seconds (None = no limit).
-std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std::optional<double>& timeout) {
+std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std::optional<double>& timeout,
+                                                  std::chrono::milliseconds warn_after) {
   std::vector<std::shared_ptr<ReplyState>> states;
   states.reserve(refs.size());
   for (const auto& r : refs) states.push_back(r->answer());
   size_t next = 0;  // the first state not known to be ready
-  const auto warn_at = std::chrono::steady_clock::now() + unplaceable_warn_after();
-  bool warned = false;
+  auto warn_at = std::chrono::steady_clock::now() + warn_after;
   auto done = [&](std::chrono::milliseconds slice) {
     for (; next < states.size(); ++next) {
       if (!states[next]->wait_for(slice)) {
-        if (!warned && slice.count() > 0 && std::chrono::steady_clock::now() >= warn_at) {
-          warned = true;
+        if (slice.count() > 0 && std::chrono::steady_clock::now() >= warn_at) {
+          warn_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
           warn_if_unplaceable(*refs[next]);
         }
         // Still waiting for this one: an error among those after it ends
@@ -306,11 +317,12 @@ std::vector<std::shared_ptr<ReplyState>> wait_all(const RefList& refs, const std
 // wait first) is None; a runtime error is raised here, in list order.
 pyb::list get_many(PyClient& client, const RefList& refs, const std::optional<double>& timeout, uintptr_t lend_for) {
   std::vector<std::shared_ptr<ReplyState>> states;
+  const auto warn_after = unplaceable_warn_after();
   {
     GilReleased nogil;
     core::WaitObserverInstall install(lend_for ? reinterpret_cast<core::WaitObserver*>(lend_for)
                                                : core::tls_wait_observer.observer);
-    states = wait_all(refs, timeout);
+    states = wait_all(refs, timeout, warn_after);
   }
   pyb::list out;
   for (const auto& st : states) {

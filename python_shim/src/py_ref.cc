@@ -51,7 +51,9 @@ std::string PyRef::pending_text() const {
   if (!stored.valid()) return "";
   const std::string what = client::describe(stored.info());
   return stored.holder()->owned() ? what + ", a call's result not come yet"
-                                  : what + ": its owner has not answered (alive, but busy or stopped?)";
+                                  : what +
+                                        ": its owner has not sent it (a call's result not come there yet, or the "
+                                        "owner busy or stopped)";
 }
 
 std::shared_ptr<ReplyState> PyRef::answer() {

@@ -754,7 +754,7 @@ def test_a_get_of_an_object_whose_owner_does_not_answer_names_the_object_and_its
     os.kill(pid, signal.SIGSTOP)
     try:
         with pytest.raises(GetTimeoutError, match=rf"no result within 0\.5 s: object \d+ of \S+ \(pid {pid}, actor "
-                                                  r"\d+\): its owner has not answered"):
+                                                  r"\d+\): its owner has not sent it"):
             troupe.get(ref, timeout=0.5)
     finally:
         os.kill(pid, signal.SIGCONT)

@@ -145,10 +145,12 @@ def test_submit_gives_a_python_driver_the_jobs_runtime_env(tmp_path):
 
 
 @contextlib.contextmanager
-def agent_that_cannot_see(tmp_path, hidden):
+def agent_that_cannot_see(tmp_path, hidden, agent_session=None):
     """A cluster of one head (no CPUs) and one node agent in a mount
     namespace with a tmpfs over `hidden` (another host's view: the
-    driver's files there are not its); yields the session's environment."""
+    driver's files there are not its); yields the session's environment.
+    With `agent_session`, the agent keeps its own session directory there,
+    as on another host."""
     import shutil
 
     if os.geteuid() != 0 or not shutil.which("unshare"):
@@ -160,10 +162,15 @@ def agent_that_cannot_see(tmp_path, hidden):
     agent = None
     try:
         address = (session / "address").read_text().strip()
+        agent_env = env
+        if agent_session is not None:
+            agent_session.mkdir(mode=0o700)
+            agent_env = dict(env, TROUPE_SESSION_DIR=str(agent_session),
+                             TROUPE_TOKEN=(session / "token").read_text().strip())
         agent = subprocess.Popen(
             ["unshare", "-m", "--propagation", "private", "sh", "-c",
              'mount -t tmpfs tmpfs "$1" && exec "$2" start --address "$3" --resources CPU=2 --block',
-             "sh", str(hidden), launcher, address], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             "sh", str(hidden), launcher, address], env=agent_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         yield env
     finally:
         subprocess.run([launcher, "stop"], env=env, timeout=120)
@@ -225,8 +232,8 @@ def test_the_model_and_data_are_shipped_to_a_node_that_cannot_see_them(tmp_path)
     pytest.importorskip("torch")
     driver_tmp = tmp_path / "driver_tmp"
     driver_tmp.mkdir()
-    with agent_that_cannot_see(tmp_path, driver_tmp) as env:
-        session = Path(env["TROUPE_SESSION_DIR"])
+    session = tmp_path / "agent-session"  # the trainers' host's
+    with agent_that_cannot_see(tmp_path, driver_tmp, agent_session=session) as env:
         driver = tmp_path / "driver.py"
         driver.write_text(_WAIT_FOR_TWO_NODES + textwrap.dedent("""
             from typing import Dict
@@ -277,9 +284,31 @@ def test_the_model_and_data_are_shipped_to_a_node_that_cannot_see_them(tmp_path)
         assert "epoch 1/1" in shipped.stdout, shipped.stdout
         # One copy of each on the trainers' host, in its session directory.
         copies = [p.name.split("-", 1)[1] for p in (session / "shipped").iterdir() if p.suffix != ".lock"]
-        assert set(copies) == {"data.npz", "step.pt"}, copies  # TrainJob's and troupe train's
-    # troupe stop removes them.
+        assert set(copies) - {"data.npz.ok", "step.pt.ok"} == {"data.npz", "step.pt"}, copies
+    # They go with the node agent, stopped by `troupe stop` of the head's
+    # session (nobody runs troupe stop on every host).
     assert not (session / "shipped").exists()
+
+
+def test_a_torchrun_rank_on_a_node_without_the_drivers_folder_runs_in_the_scripts_and_says_so(tmp_path):
+    """The driver's working directory is not on the rank's node: the rank
+    runs in the script's folder, and the driver's console says so (it was
+    said in the worker's log only)."""
+    hidden = tmp_path / "hidden"  # empty on the agent's node: driver_cwd is not there
+    driver_cwd = hidden / "driver_cwd"
+    driver_cwd.mkdir(parents=True)
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "where.py").write_text("import os\nprint('cwd', os.getcwd(), flush=True)\n")
+    with agent_that_cannot_see(tmp_path, hidden) as env:
+        run = subprocess.run([cli(), "torchrun", "--address", "auto", "--nproc-per-node", "1", "--python",
+                              sys.executable, str(scripts / "where.py")], cwd=driver_cwd, env=env,
+                             capture_output=True, text=True, timeout=300)
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said
+    assert f"cwd {scripts}" in said, said
+    assert f"the driver's working directory {driver_cwd} is not on " in said, said
+    assert f"rank 0 runs in {scripts}" in said, said
 
 
 def test_a_torch_trainers_rank_0_that_cannot_see_the_run_folder_fails_the_run_at_once(tmp_path):

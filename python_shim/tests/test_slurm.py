@@ -65,6 +65,8 @@ def slurm(tmp_path_factory):
     conf = d / "slurm.conf"
     conf.write_text(CONF.format(d=d, ctld=free_port(), slurmd=free_port(), n1=free_port(), n2=free_port()))
     env = dict(os.environ, SLURM_CONF=str(conf), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    global _CONF_VAR
+    _CONF_VAR = f"SLURM_CONF={conf}".encode()
     daemons = []
     try:
         daemons.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf)], env=env,
@@ -89,10 +91,13 @@ def slurm(tmp_path_factory):
                 p.wait()
 
 
+_CONF_VAR = None  # b"SLURM_CONF=...": what this file's jobs have in their environment
+
+
 def troupe_processes():
-    """Pids of processes of a Slurm job running the troupe binary (its
-    workers included): not those of another troupe cluster on the
-    machine, which a test run beside this one may have."""
+    """Pids of processes of this file's Slurm jobs running the troupe
+    binary (its workers included): not those of another troupe cluster or
+    Slurm on the machine, which a test run beside this one may have."""
     binary = os.path.realpath(cli())
     pids = []
     for pid in os.listdir("/proc"):
@@ -101,7 +106,7 @@ def troupe_processes():
                 if os.path.realpath(f"/proc/{pid}/exe") != binary:
                     continue
                 with open(f"/proc/{pid}/environ", "rb") as f:
-                    if any(v.startswith(b"SLURM_JOB_ID=") for v in f.read().split(b"\0")):
+                    if _CONF_VAR is not None and _CONF_VAR in f.read().split(b"\0"):
                         pids.append(int(pid))
             except OSError:
                 pass

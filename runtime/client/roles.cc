@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <thread>
 
 #include "troupe/runtime/client/head_supervisor.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -158,6 +160,13 @@ class SignalWaiter {
     agent.run();
     std::lock_guard lock(mu);
     agent_ptr = nullptr;
+    // The copies of files drivers shipped to this host's workers
+    // (shipped_file.h) go with the node: nobody runs `troupe stop` on
+    // every host of a cluster stopped from its head.
+    if (!o.session_dir.empty()) {
+      std::error_code ec;
+      core::remove_tree(std::filesystem::path(o.session_dir) / "shipped", ec);
+    }
   } catch (const std::exception& e) {
     TROUPE_LOG_ERROR("node agent failed: {}", e.what());
     std::_Exit(1);

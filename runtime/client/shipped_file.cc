@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "troupe/runtime/client/runtime.h"
@@ -127,7 +129,22 @@ void fetch_into(const ShippedFile& f, const std::string& tmp) {
 
 }  // namespace
 
+namespace {
+[[noreturn]] void too_big(const std::string& path, uint64_t size, const std::string& why) {
+  throw ConfigError("cannot ship " + path + " (" + std::to_string(size) + " bytes) to the actors: " + why +
+                    "; raise the driver's TROUPE_OBJECT_STORE_BYTES, or put the file on storage every node shares");
+}
+}  // namespace
+
 ShippedFile ship_file(Runtime& rt, const std::string& path) {
+  // Refused before the whole file is read when it cannot fit.
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto held = rt.object_store_stats();
+  if (!ec && held.bytes + size > held.limit)
+    too_big(path, size,
+            "the driver's object store holds " + std::to_string(held.bytes) + " of its " + std::to_string(held.limit) +
+                " bytes");
   Buffer whole = read_whole(path);
   ShippedFile f;
   f.path = path;
@@ -141,9 +158,7 @@ ShippedFile ship_file(Runtime& rt, const std::string& path) {
       f.chunks.push_back(rt.put(Buffer(whole.owner(), whole.data() + off, size_t(n))));
     }
   } catch (const ObjectStoreFull& e) {
-    throw ObjectStoreFull("cannot ship " + path + " (" + std::to_string(f.size) + " bytes) to the actors: " + e.what() +
-                          "; raise the driver's TROUPE_OBJECT_STORE_BYTES, or put the file on storage " +
-                          "every node shares");
+    too_big(path, f.size, e.what());
   }
   return f;
 }
@@ -157,22 +172,50 @@ void remove_stale_parts(const std::string& dir, const std::string& dest) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() > prefix.size() + 4 && name.rfind(prefix, 0) == 0 && name.ends_with(".tmp"))
-      std::filesystem::remove(entry.path(), ec);
+    if (name.size() <= prefix.size() + 4 || name.rfind(prefix, 0) != 0 || !name.ends_with(".tmp")) continue;
+    const std::string pid = name.substr(prefix.size(), name.size() - prefix.size() - 4);
+    if (pid.find_first_not_of("0123456789") == std::string::npos) std::filesystem::remove(entry.path(), ec);
   }
 }
 
-}  // namespace
+// What a checked copy looked like when it was renamed into place (size,
+// modification time, inode): a copy changed since (written over in place,
+// even at the same size) no longer matches and is fetched again rather
+// than trained on.
+std::string fingerprint(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  return std::to_string(st.st_size) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec) + " " + std::to_string(st.st_ino) + "\n";
+}
 
-std::string local_copy(const ShippedFile& f) {
+bool checked_copy(const std::string& dest, uint64_t size) {
+  if (!has_size(dest, size)) return false;
+  std::ifstream in(dest + ".ok");
+  std::string seen((std::istreambuf_iterator<char>(in)), {});
+  return !seen.empty() && seen == fingerprint(dest);
+}
+
+// The shipped/ folder: made (0700) if absent, and refused unless it is a
+// directory of this user's closed to others.
+void private_folder(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::create_directory(dir, ec)) ::chmod(dir.c_str(), 0700);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) throw Error("cannot make " + dir + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 077))
+    throw Error(dir + " must be a directory of this user's with mode 0700 (remove it: it only holds copies)");
+}
+
+std::string fetch_copy(const ShippedFile& f) {
   // The session directory may not exist yet (an embedded cluster's
   // workers fall back to this user's default one).
   const std::string session = core::session_dir();
   core::ensure_session_dir(session);
   const std::string dir = session + "/shipped";
-  core::ensure_session_dir(dir);
+  private_folder(dir);
   const std::string dest = dir + "/" + copy_name(f);
-  if (has_size(dest, f.size)) return dest;
+  if (checked_copy(dest, f.size)) return dest;
   // One process of the host fetches; the others wait here and read its copy.
   const std::string lock_path = dest + ".lock";
   int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -180,7 +223,7 @@ std::string local_copy(const ShippedFile& f) {
   std::unique_ptr<int, void (*)(int*)> unlock(&lock, [](int* p) { ::close(*p); });  // closing drops the lock
   while (::flock(lock, LOCK_EX) != 0)
     if (errno != EINTR) throw Error("cannot lock " + lock_path + ": " + std::strerror(errno));
-  if (has_size(dest, f.size)) return dest;
+  if (checked_copy(dest, f.size)) return dest;
   remove_stale_parts(dir, dest);
   const std::string tmp = dest + "." + std::to_string(::getpid()) + ".tmp";
   try {
@@ -194,7 +237,20 @@ std::string local_copy(const ShippedFile& f) {
     ::unlink(tmp.c_str());
     throw Error("cannot write " + dest + " (a copy of " + f.path + "): " + why);
   }
+  core::write_session_file(dir, std::filesystem::path(dest).filename().string() + ".ok", fingerprint(dest));
   return dest;
+}
+
+}  // namespace
+
+std::string local_copy(const ShippedFile& f) {
+  try {
+    return fetch_copy(f);
+  } catch (const Error& e) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    throw Error(std::string("on ") + host + ", making this host's copy of " + f.path + ": " + e.what());
+  }
 }
 
 std::string shipped_path(const std::vector<ShippedFile>& files, const std::string& path) {

@@ -45,15 +45,17 @@ inline constexpr uint64_t kShippedChunkBytes = 32ull << 20;
 
 // Reads `path` into this process's object store (read, not mapped: a
 // file truncated while served would take the driver down with SIGBUS).
-// Throws ConfigError naming the path when it cannot be read, and
-// ObjectStoreFull (with the path) when it does not fit the store's limit.
+// Throws ConfigError naming the path when it cannot be read or does not
+// fit the store's limit (checked before it is read).
 ShippedFile ship_file(Runtime& rt, const std::string& path);
 
 // The path of this host's copy of `file`: <session>/shipped/<sha256
 // prefix>-<file name>, fetched from the driver when not there yet (one
-// process of the host fetches; the others wait for it and read its copy).
-// Throws Error naming the file and the driver when it cannot be fetched,
-// written, or its bytes do not match their digest.
+// process of the host fetches; the others wait for it and read its copy),
+// or when the copy changed since it was checked (its size, modification
+// time and inode are kept beside it, in NAME.ok). Throws Error naming the
+// host, the file and the driver when it cannot be fetched, written, or its
+// bytes do not match their digest.
 std::string local_copy(const ShippedFile& file);
 
 // `path`'s local copy when one of `files` ships it, else `path` itself.

@@ -442,7 +442,8 @@ class TrainJob:
     fails), keep_checkpoints (the newest N kept; 0 keeps all), cpu_gemm ("auto"/"onednn"/"aten": who
     computes the fp32 linear layers of a CPU trainer), ship_files (send the model and data files from
     this process to the trainers' hosts, each fetched once per host; on by default on a cluster
-    (address given, or troupe.init(address=...)) when a model or data set was given as an object,
+    (address given, troupe.init() joined one, or TROUPE_ADDRESS names one) when a model or data
+    set was given as an object,
     which TrainJob saves in this host's temp folder)). verbose: print the driver's progress lines.
 
     Each epoch trains ceil(N / workers) // batch_size steps of workers x
@@ -539,7 +540,9 @@ class TrainJob:
             client = troupe._client()
             env["TROUPE_TOKEN"] = client.token
             return client.address, bool(getattr(troupe._state, "embedded", False))
-        return None, True
+        # troupe-train joins the cluster TROUPE_ADDRESS names (troupe submit
+        # and troupe slurm set it), else starts an embedded one.
+        return None, not env.get("TROUPE_ADDRESS")
 
     def _pump(self):
         # A `troupe train: ` line and those after it, held back until a
