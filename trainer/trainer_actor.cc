@@ -251,11 +251,18 @@ std::string TrainerActor::driver_named(std::string text) const {
 
 void TrainerActor::rethrow_driver_named(const std::exception& e) const {
   const std::string text = driver_named(e.what());
-  if (text != e.what()) {
-    const std::string name = core::registered_error_name(e);
-    if (!name.empty())
-      if (auto renamed = core::make_registered_error(name, text)) std::rethrow_exception(renamed);
-  }
+  if (text == e.what()) throw;
+  // A registered class as itself; troupe's own kinds as the kind the wire
+  // carries them as (which is all the driver sees of them).
+  if (const std::string name = core::registered_error_name(e); !name.empty())
+    if (auto renamed = core::make_registered_error(name, text)) std::rethrow_exception(renamed);
+  if (dynamic_cast<const ActorDied*>(&e)) throw ActorDied(text);
+  if (dynamic_cast<const Timeout*>(&e)) throw Timeout(text);
+  if (dynamic_cast<const ConfigError*>(&e)) throw ConfigError(text);
+  if (dynamic_cast<const Aborted*>(&e)) throw Aborted(text);
+  if (dynamic_cast<const DecodeError*>(&e)) throw DecodeError(text);
+  if (dynamic_cast<const ConnectionError*>(&e)) throw ConnectionError(text);
+  if (dynamic_cast<const Error*>(&e)) throw Error(text);
   throw;
 }
 

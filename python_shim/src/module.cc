@@ -246,6 +246,13 @@ void warn_if_unplaceable(PyRef& ref) {
   }
   const std::string line =
       "troupe: (warning) a get waits for " + text + "; it waits until a node that can hold the actor joins\n";
+  // On the main thread, through sys.stderr (a notebook shows it there);
+  // elsewhere to fd 2, without the GIL.
+  if (PyThread_get_thread_ident() == g_main_thread && !interpreter_finalizing()) {
+    pyb::gil_scoped_acquire gil;
+    PySys_FormatStderr("%s", line.c_str());
+    return;
+  }
   for (size_t n = 0; n < line.size();) {
     const ssize_t w = ::write(2, line.data() + n, line.size() - n);
     if (w <= 0 && errno != EINTR) break;

@@ -284,7 +284,7 @@ def test_the_model_and_data_are_shipped_to_a_node_that_cannot_see_them(tmp_path)
         assert "epoch 1/1" in shipped.stdout, shipped.stdout
         # One copy of each on the trainers' host, in its session directory.
         copies = [p.name.split("-", 1)[1] for p in (session / "shipped").iterdir() if p.suffix != ".lock"]
-        assert set(copies) - {"data.npz.ok", "step.pt.ok"} == {"data.npz", "step.pt"}, copies
+        assert set(copies) == {"data.npz", "step.pt", "data.npz.ok", "step.pt.ok"}, copies  # each with its record
     # They go with the node agent, stopped by `troupe stop` of the head's
     # session (nobody runs troupe stop on every host).
     assert not (session / "shipped").exists()
@@ -301,6 +301,9 @@ def test_a_torchrun_rank_on_a_node_without_the_drivers_folder_runs_in_the_script
     scripts.mkdir()
     (scripts / "where.py").write_text("import os\nprint('cwd', os.getcwd(), flush=True)\n")
     with agent_that_cannot_see(tmp_path, hidden) as env:
+        joined = subprocess.run([sys.executable, "-c", _WAIT_FOR_TWO_NODES], env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert joined.returncode == 0, joined.stdout + joined.stderr
         run = subprocess.run([cli(), "torchrun", "--address", "auto", "--nproc-per-node", "1", "--python",
                               sys.executable, str(scripts / "where.py")], cwd=driver_cwd, env=env,
                              capture_output=True, text=True, timeout=300)

@@ -450,6 +450,16 @@ def test_history_holds_each_step_once_after_a_restore():
     assert [e["train_loss"] for e in restarted.epochs] == [8.6]
 
 
+def test_a_job_run_under_troupe_submit_counts_as_on_a_cluster():
+    # troupe submit and troupe slurm name the cluster in TROUPE_ADDRESS:
+    # troupe-train joins it, so a TrainJob given objects ships them (it
+    # took the job for an embedded one and shipped nothing).
+    assert not troupe.is_initialized()
+    job = TrainJob(model(), regression(64))
+    assert job._cluster_address({"TROUPE_ADDRESS": "10.0.0.7:6380"}) == ("10.0.0.7:6380", False)
+    assert job._cluster_address({}) == (None, True)
+
+
 def test_a_trainer_that_cannot_see_the_saved_model_is_told_in_trainjobs_terms():
     # A trainer on another host cannot read what TrainJob saved in the
     # driver's temp folder: said so, and what to do (it read "TorchScript

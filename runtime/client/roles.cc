@@ -15,6 +15,7 @@
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/session.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/head.h"
 #include "troupe/runtime/head/scheduler.h"
@@ -123,6 +124,23 @@ class SignalWaiter {
   std::_Exit(0);
 }
 
+// The copies of files drivers shipped to this host's workers
+// (shipped_file.h) go with the node: nobody runs `troupe stop` on every
+// host of a cluster stopped from its head. Not while another process of
+// the session runs (a head and its own agent beside an agent that joined
+// another cluster): its workers may be reading or fetching them, and
+// `troupe stop` removes them once none runs.
+void remove_shipped_copies(std::string dir) {
+  if (dir.empty()) dir = core::session_dir();  // where this agent's workers put them
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().extension() != ".pid") continue;
+    const auto f = core::check_pid_file(dir, entry.path().filename().string());
+    if (f.alive && f.pid != ::getpid()) return;
+  }
+  core::remove_tree(std::filesystem::path(dir) / "shipped", ec);
+}
+
 [[noreturn]] void run_node(const core::WorkerEnv& env) {
   core::init_logging("node");
   core::rotate_own_log_in_background();
@@ -160,13 +178,7 @@ class SignalWaiter {
     agent.run();
     std::lock_guard lock(mu);
     agent_ptr = nullptr;
-    // The copies of files drivers shipped to this host's workers
-    // (shipped_file.h) go with the node: nobody runs `troupe stop` on
-    // every host of a cluster stopped from its head.
-    if (!o.session_dir.empty()) {
-      std::error_code ec;
-      core::remove_tree(std::filesystem::path(o.session_dir) / "shipped", ec);
-    }
+    remove_shipped_copies(o.session_dir);
   } catch (const std::exception& e) {
     TROUPE_LOG_ERROR("node agent failed: {}", e.what());
     std::_Exit(1);

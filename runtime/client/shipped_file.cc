@@ -199,8 +199,10 @@ bool checked_copy(const std::string& dest, uint64_t size) {
 // The shipped/ folder: made (0700) if absent, and refused unless it is a
 // directory of this user's closed to others.
 void private_folder(const std::string& dir) {
-  std::error_code ec;
-  if (std::filesystem::create_directory(dir, ec)) ::chmod(dir.c_str(), 0700);
+  // Made with its mode at once: another fetcher of the host must never see
+  // it open to others, even for an instant.
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw Error("cannot make " + dir + ": " + std::strerror(errno));
   struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) throw Error("cannot make " + dir + ": " + std::strerror(errno));
   if (!S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 077))
@@ -237,7 +239,12 @@ std::string fetch_copy(const ShippedFile& f) {
     ::unlink(tmp.c_str());
     throw Error("cannot write " + dest + " (a copy of " + f.path + "): " + why);
   }
-  core::write_session_file(dir, std::filesystem::path(dest).filename().string() + ".ok", fingerprint(dest));
+  try {
+    core::write_session_file(dir, std::filesystem::path(dest).filename().string() + ".ok", fingerprint(dest));
+  } catch (const Error&) {
+    // The copy is whole and checked; without its record the next user
+    // fetches it again.
+  }
   return dest;
 }
 

@@ -366,6 +366,34 @@ class OpenTrainerTest : public ::testing::Test {
   Runtime rt_ = cluster_.connect();
 };
 
+// A trainer reads its shipped model from this host's copy
+// (SESSION/shipped/...), but what it says of the model names the driver's
+// file: a model that does not load, a data file that is not an archive.
+TEST_F(OpenTrainerTest, AShippedFilesErrorsNameTheDriversPath) {
+  auto dir = test::fresh_dir("shipped-errors");
+  auto session = dir / "session";
+  std::filesystem::create_directories(session);
+  std::filesystem::permissions(session, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace);
+  const std::string model = (dir / "step.pt").string();
+  std::ofstream(model) << "not a TorchScript archive";
+  auto cfg = regression_job(1, 64, 8);
+  cfg.trainer.model.name = "torchscript";
+  cfg.trainer.model.path = model;
+  cfg.trainer.shipped_files = {troupe::ship_file(rt_, model)};
+  auto t = rt_.spawn<TrainerActor>({.resources = {{"CPU", 1}}, .env = {"TROUPE_SESSION_DIR=" + session.string()}});
+  try {
+    t.call(&TrainerActor::setup, cfg.trainer).get(120s);
+    ADD_FAILURE() << "a model that is not TorchScript was loaded";
+  } catch (const troupe::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'" + model + "'"), std::string::npos) << what;
+    EXPECT_EQ(what.find("/shipped/"), std::string::npos) << what;
+  }
+  // The copy it read is there, under the session's shipped/.
+  EXPECT_FALSE(std::filesystem::is_empty(session / "shipped"));
+  rt_.kill(t);
+}
+
 TEST_F(OpenTrainerTest, ScriptedDictStepOnNpzHealsBitwise) {
   if (!have_python_torch()) GTEST_SKIP() << "no python3 with torch and numpy";
   auto dir = test::fresh_dir("open-script");

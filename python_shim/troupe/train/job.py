@@ -542,7 +542,8 @@ class TrainJob:
             return client.address, bool(getattr(troupe._state, "embedded", False))
         # troupe-train joins the cluster TROUPE_ADDRESS names (troupe submit
         # and troupe slurm set it), else starts an embedded one.
-        return None, not env.get("TROUPE_ADDRESS")
+        address = env.get("TROUPE_ADDRESS") or None
+        return address, address is None
 
     def _pump(self):
         # A `troupe train: ` line and those after it, held back until a
