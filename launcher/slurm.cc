@@ -426,6 +426,10 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
       std::error_code ec;
       std::filesystem::remove_all(c.session, ec);
     } else {
+      // Kept for its logs, not for the copies of files drivers shipped
+      // (the batch node's agent leaves them while the head still runs).
+      std::error_code ec;
+      std::filesystem::remove_all(std::filesystem::path(c.session) / "shipped", ec);
       std::printf("troupe slurm: kept the session directory %s (its logs; remove it when done)\n", c.session.c_str());
     }
     return rc;

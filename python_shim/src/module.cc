@@ -224,9 +224,9 @@ ReadyTokens& ready_tokens() {
 // infeasible request: the head's warning went to its log only, and a
 // mistyped resource left a driver blocked without a word. After
 // TROUPE_UNPLACEABLE_WARN_MS (default 10 s) of one get, then every 5 s,
-// for the first value not there. Written to fd 2, without the GIL (a
-// daemon thread taking it while the interpreter finalizes is ended in C++
-// frames).
+// for the first value not there. Through sys.stderr on the main thread;
+// elsewhere to fd 2, without the GIL (a daemon thread taking it while the
+// interpreter finalizes is ended in C++ frames).
 void warn_if_unplaceable(PyRef& ref) {
   std::string text;
   try {
@@ -250,6 +250,9 @@ void warn_if_unplaceable(PyRef& ref) {
   // elsewhere to fd 2, without the GIL.
   if (PyThread_get_thread_ident() == g_main_thread && !interpreter_finalizing()) {
     pyb::gil_scoped_acquire gil;
+    // A Ctrl-C pending now is raised, not swallowed by the write (which
+    // clears what sys.stderr.write raises).
+    if (PyErr_CheckSignals() != 0) throw pyb::error_already_set();
     PySys_FormatStderr("%s", line.c_str());
     return;
   }

@@ -725,7 +725,7 @@ def test_a_get_that_times_out_says_what_the_value_waits_for():
     troupe.cancel(ref, force=True)
 
 
-def test_a_get_that_waits_for_an_actor_no_node_can_hold_warns_once(monkeypatch, capfd):
+def test_a_get_that_waits_for_an_actor_no_node_can_hold_warns_once(monkeypatch, capsys):
     # The head's warning went to its log only: a driver whose actor asked
     # for a resource no node has waited without a word (Ray warns).
     monkeypatch.setenv("TROUPE_UNPLACEABLE_WARN_MS", "200")
@@ -733,7 +733,7 @@ def test_a_get_that_waits_for_an_actor_no_node_can_hold_warns_once(monkeypatch, 
     for _ in range(2):
         with pytest.raises(GetTimeoutError):
             troupe.get(pending.ping.remote(), timeout=1.5)
-    said = capfd.readouterr().err
+    said = capsys.readouterr().err  # through sys.stderr (a notebook shows it)
     assert re.search(r"troupe: \(warning\) a get waits for Napper\.ping on actor \d+: the actor is PENDING \(.*"
                      r"no_node_has_this.*at all", said), said
     assert said.count("troupe: (warning)") == 1, said

@@ -5,9 +5,11 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -287,6 +289,34 @@ def test_the_model_and_data_are_shipped_to_a_node_that_cannot_see_them(tmp_path)
         assert set(copies) == {"data.npz", "step.pt", "data.npz.ok", "step.pt.ok"}, copies  # each with its record
     # They go with the node agent, stopped by `troupe stop` of the head's
     # session (nobody runs troupe stop on every host).
+    assert not (session / "shipped").exists()
+
+
+def test_an_agent_leaves_the_shipped_copies_while_its_session_runs_more(tmp_path):
+    """A node agent removes its session's shipped/ when it stops, but not
+    while another process of the session (its head, another agent) runs:
+    their workers may be reading or fetching copies there. `troupe stop`
+    removes them once nothing runs."""
+    launcher = cli()
+    session, env = session_env(tmp_path)
+    subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=1"], env=env, check=True,
+                   timeout=120)
+    try:
+        address = (session / "address").read_text().strip()
+        subprocess.run([launcher, "start", "--address", address, "--resources", "CPU=1"], env=env, check=True,
+                       timeout=120)
+        (session / "shipped").mkdir(mode=0o700)
+        (session / "shipped" / "0123456789abcdef-data.npz").write_bytes(b"a copy")
+        second = next(p for p in session.glob("node-2-*.pid"))
+        pid = int(second.name.rsplit("-", 1)[1].split(".")[0])
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+            assert time.monotonic() < deadline, "the second agent did not stop"
+            time.sleep(0.05)
+        assert (session / "shipped" / "0123456789abcdef-data.npz").exists()  # the head's node still runs
+    finally:
+        subprocess.run([launcher, "stop"], env=env, timeout=120)
     assert not (session / "shipped").exists()
 
 
