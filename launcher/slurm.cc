@@ -18,6 +18,7 @@
 
 #include "torchrun_slot.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/shipped_copies.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -428,8 +429,7 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
     } else {
       // Kept for its logs, not for the copies of files drivers shipped
       // (the batch node's agent leaves them while the head still runs).
-      std::error_code ec;
-      std::filesystem::remove_all(std::filesystem::path(c.session) / "shipped", ec);
+      remove_shipped_copies(c.session);
       std::printf("troupe slurm: kept the session directory %s (its logs; remove it when done)\n", c.session.c_str());
     }
     return rc;

@@ -44,7 +44,7 @@
 #include "torchrun_options.h"
 #include "torchrun_slot.h"
 #include "troupe/runtime/client/runtime.h"
-#include "troupe/runtime/core/files.h"
+#include "troupe/runtime/client/shipped_copies.h"
 #include "troupe/runtime/core/heartbeat.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -1058,8 +1058,7 @@ int report_stopped(const Stopped& r, const std::string& dir) {
   std::printf("stopped %d local troupe process(es)%s\n", r.stopped,
               r.killed > 0 ? (" (" + std::to_string(r.killed) + " killed after the grace period)").c_str() : "");
   if (r.left == 0) {
-    std::error_code ec;
-    troupe::core::remove_tree(fs::path(dir) / "shipped", ec);
+    troupe::remove_shipped_copies(dir);
     return 0;
   }
   std::fprintf(stderr, "troupe stop: %d process(es) still running: see above\n", r.left);
@@ -1116,8 +1115,7 @@ int cmd_stop(const Args& a) {
   if (address.empty() && !fs::exists(fs::path(dir) / "head.pid")) {
     if (!has_pid_file(dir)) {
       std::printf("nothing to stop: session %s runs no troupe process\n", dir.c_str());
-      std::error_code ec;
-      troupe::core::remove_tree(fs::path(dir) / "shipped", ec);  // as report_stopped does
+      troupe::remove_shipped_copies(dir);  // as report_stopped does
       return 0;
     }
     std::printf(

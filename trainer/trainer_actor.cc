@@ -1,5 +1,4 @@
 #include "troupe/trainer/trainer_actor.h"
-#include "troupe/runtime/core/error_registry.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include "troupe/actors/tensor_codec.h"
 #include "troupe/runtime/collective/actor_group.h"
 #include "troupe/runtime/core/check.h"
+#include "troupe/runtime/core/error_registry.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/exception_text.h"
 #include "troupe/runtime/core/logging.h"
@@ -268,7 +268,6 @@ void TrainerActor::rethrow_driver_named(const std::exception& e) const {
 
 TrainerInfo TrainerActor::setup(TrainerConfig config) {
   shipped_as_ = use_files_here(config);
-  if (shipped_as_.empty()) return set_up(std::move(config));
   // What opening a shipped copy says (a TorchScript or .npz reader's
   // error) names the driver's file.
   try {

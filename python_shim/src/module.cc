@@ -241,8 +241,8 @@ void warn_if_unplaceable(PyRef& ref) {
   {
     std::lock_guard lock(mu);
     const std::string what = text.substr(0, pending);
-    const std::string actor = what.substr(what.rfind(" on actor ") == std::string::npos ? 0 : what.rfind(" on actor "));
-    if (!said.insert(actor).second) return;
+    const size_t on = what.rfind(" on actor ");
+    if (!said.insert(what.substr(on == std::string::npos ? 0 : on)).second) return;
   }
   const std::string line =
       "troupe: (warning) a get waits for " + text + "; it waits until a node that can hold the actor joins\n";

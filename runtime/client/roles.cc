@@ -12,6 +12,7 @@
 
 #include "troupe/runtime/client/head_supervisor.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/shipped_copies.h"
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -130,7 +131,7 @@ class SignalWaiter {
 // the session runs (a head and its own agent beside an agent that joined
 // another cluster): its workers may be reading or fetching them, and
 // `troupe stop` removes them once none runs.
-void remove_shipped_copies(std::string dir) {
+void remove_copies_unless_session_runs(std::string dir) {
   if (dir.empty()) dir = core::session_dir();  // where this agent's workers put them
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
@@ -138,7 +139,7 @@ void remove_shipped_copies(std::string dir) {
     const auto f = core::check_pid_file(dir, entry.path().filename().string());
     if (f.alive && f.pid != ::getpid()) return;
   }
-  core::remove_tree(std::filesystem::path(dir) / "shipped", ec);
+  remove_shipped_copies(dir);
 }
 
 [[noreturn]] void run_node(const core::WorkerEnv& env) {
@@ -178,7 +179,7 @@ void remove_shipped_copies(std::string dir) {
     agent.run();
     std::lock_guard lock(mu);
     agent_ptr = nullptr;
-    remove_shipped_copies(o.session_dir);
+    remove_copies_unless_session_runs(o.session_dir);
   } catch (const std::exception& e) {
     TROUPE_LOG_ERROR("node agent failed: {}", e.what());
     std::_Exit(1);

@@ -15,7 +15,9 @@
 #include <memory>
 
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/shipped_copies.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/session.h"
 
 namespace troupe {
@@ -127,9 +129,6 @@ void fetch_into(const ShippedFile& f, const std::string& tmp) {
                 std::to_string(got) + " of " + std::to_string(f.size) + " bytes, or a different SHA-256)");
 }
 
-}  // namespace
-
-namespace {
 [[noreturn]] void too_big(const std::string& path, uint64_t size, const std::string& why) {
   throw ConfigError("cannot ship " + path + " (" + std::to_string(size) + " bytes) to the actors: " + why +
                     "; raise the driver's TROUPE_OBJECT_STORE_BYTES, or put the file on storage every node shares");
@@ -214,7 +213,7 @@ std::string fetch_copy(const ShippedFile& f) {
   // workers fall back to this user's default one).
   const std::string session = core::session_dir();
   core::ensure_session_dir(session);
-  const std::string dir = session + "/shipped";
+  const std::string dir = shipped_copies_dir(session);
   private_folder(dir);
   const std::string dest = dir + "/" + copy_name(f);
   if (checked_copy(dest, f.size)) return dest;
@@ -258,6 +257,13 @@ std::string local_copy(const ShippedFile& f) {
     ::gethostname(host, sizeof host - 1);
     throw Error(std::string("on ") + host + ", making this host's copy of " + f.path + ": " + e.what());
   }
+}
+
+std::string shipped_copies_dir(const std::string& session_dir) { return session_dir + "/shipped"; }
+
+void remove_shipped_copies(const std::string& session_dir) {
+  std::error_code ec;
+  core::remove_tree(shipped_copies_dir(session_dir), ec);
 }
 
 std::string shipped_path(const std::vector<ShippedFile>& files, const std::string& path) {

@@ -172,33 +172,27 @@ class CurriculumStep final : public TrainStep {
 
 TROUPE_STEP("test_curriculum", [](const std::string&) { return std::make_unique<CurriculumStep>(); });
 
-// A step whose state cannot be copied to the host (a meta tensor).
-class UncopyableStateStep final : public TrainStep {
+// A step whose state cannot be had: one that cannot be copied to the host
+// (a meta tensor), or a state() that throws.
+class BadStateStep final : public TrainStep {
  public:
+  explicit BadStateStep(bool throws) : throws_(throws) {}
   StepOutput train(Model& model, const actors::TensorDict& batch) override {
     return {torch::mse_loss(model.forward(batch.at("input")), batch.at("target")), {}};
   }
-  std::string describe() const override { return "uncopyable state"; }
+  std::string describe() const override { return throws_ ? "throwing state" : "uncopyable state"; }
   std::map<std::string, torch::Tensor> state() const override {
+    if (throws_) throw std::runtime_error("state refused");
     return {{"meta", torch::empty({4}, torch::TensorOptions().device(torch::kMeta))}};
   }
   void load_state(const std::map<std::string, torch::Tensor>&) override {}
+
+ private:
+  bool throws_;
 };
 
-TROUPE_STEP("test_uncopyable_state", [](const std::string&) { return std::make_unique<UncopyableStateStep>(); });
-
-// A step whose state() throws.
-class ThrowingStateStep final : public TrainStep {
- public:
-  StepOutput train(Model& model, const actors::TensorDict& batch) override {
-    return {torch::mse_loss(model.forward(batch.at("input")), batch.at("target")), {}};
-  }
-  std::string describe() const override { return "throwing state"; }
-  std::map<std::string, torch::Tensor> state() const override { throw std::runtime_error("state refused"); }
-  void load_state(const std::map<std::string, torch::Tensor>&) override {}
-};
-
-TROUPE_STEP("test_throwing_state", [](const std::string&) { return std::make_unique<ThrowingStateStep>(); });
+TROUPE_STEP("test_uncopyable_state", [](const std::string&) { return std::make_unique<BadStateStep>(false); });
+TROUPE_STEP("test_throwing_state", [](const std::string&) { return std::make_unique<BadStateStep>(true); });
 
 void python(const std::string& script, const fs::path& dir) {
   auto file = dir / "make.py";
