@@ -158,6 +158,14 @@ class TorchrunJob {
   // interpreters have imported torch already. Otherwise the group is placed
   // anew.
   int run() {
+    if (o_.ship_working_dir) {
+      try {
+        ship_working_dir();
+      } catch (const ConfigError& e) {
+        say(e.what());
+        return 1;
+      }
+    }
     Attempt a;
     for (int restart = 0;; ++restart) {
       Outcome out;
@@ -338,6 +346,7 @@ class TorchrunJob {
       l.warm = !o_.cold_restarts && !o_.no_python;
       l.preload = o_.preload;
       l.spare_delay_ms = spare_delay_ms_;
+      l.shipped = shipped_;
       a.readers.push_back(std::make_unique<StreamReader<OutputLine>>(rt_, 64));
       l.output = a.readers.back()->ref();
       StreamReader<OutputLine>* reader = a.readers.back().get();
@@ -457,6 +466,26 @@ class TorchrunJob {
     }
   }
 
+  // --ship-working-dir: the driver's working directory goes to the nodes'
+  // object fetchers once, and each rank runs in its node's copy (the
+  // script's path inside it is the same).
+  void ship_working_dir() {
+    const std::string script = script_path();
+    const bool a_file = !o_.module && !(o_.no_python && o_.script.find('/') == std::string::npos);
+    const ShippedDir here{cwd_};
+    if (a_file && path_in_copy(here, "COPY", script) == script)
+      throw ConfigError("--ship-working-dir ships the working directory " + cwd_ + ", which does not hold the script " +
+                        script + ": run troupe torchrun from a folder that holds it");
+    shipped_ = ship_dir(rt_, cwd_, o_.ship_excludes);
+    char size[32];
+    if (shipped_.bytes >= (1u << 20))
+      std::snprintf(size, sizeof size, "%.1f MiB", double(shipped_.bytes) / double(1 << 20));
+    else
+      std::snprintf(size, sizeof size, "%.1f KiB", double(shipped_.bytes) / 1024.0);
+    say("shipping " + cwd_ + " (" + std::to_string(shipped_.files) + " files, " + size +
+        ") to the nodes; each rank runs in its node's copy, where what it writes to relative paths stays");
+  }
+
   // The script as the nodes should find it: absolute when it is a file
   // here, so it runs from any working directory.
   std::string script_path() const {
@@ -471,6 +500,7 @@ class TorchrunJob {
   TorchrunOptions o_;
   std::string run_id_;
   std::string cwd_;
+  ShippedDir shipped_;  // --ship-working-dir
   std::string omp_;
   std::vector<std::string> driver_env_;  // this process's environment (rank_environment)
   std::string nccl_async_ = "1";

@@ -65,6 +65,7 @@ enum class Flag {
   kPython,
   kRunId,
   kPreload,
+  kShipExclude,
   kNodeRank,
   kLocalRanksFilter,
   kIgnored
@@ -84,6 +85,7 @@ const std::map<std::string, Flag>& value_flags() {
       {"--rdzv-id", Flag::kRunId},
       {"--rdzv_id", Flag::kRunId},
       {"--preload", Flag::kPreload},
+      {"--ship-exclude", Flag::kShipExclude},
       {"--node-rank", Flag::kNodeRank},
       {"--node_rank", Flag::kNodeRank},
       {"--local-ranks-filter", Flag::kLocalRanksFilter},
@@ -198,6 +200,14 @@ void set_value(TorchrunOptions& o, Flag f, const std::string& flag, const std::s
     case Flag::kPreload:
       o.preload = parse_module_list(flag, v);
       break;
+    case Flag::kShipExclude:
+      for (size_t start = 0; start <= v.size();) {
+        const size_t comma = std::min(v.find(',', start), v.size());
+        if (comma > start) o.ship_excludes.push_back(v.substr(start, comma - start));
+        start = comma + 1;
+      }
+      if (o.ship_excludes.empty()) throw TorchrunUsageError(flag + " \"\": give fnmatch patterns, a,b");
+      break;
   }
 }
 
@@ -214,6 +224,10 @@ size_t parse_option(TorchrunOptions& o, const std::vector<std::string>& args, si
   }
   if (arg == "--cold-restarts") {
     o.cold_restarts = true;
+    return i + 1;
+  }
+  if (arg == "--ship-working-dir") {
+    o.ship_working_dir = true;
     return i + 1;
   }
   if (arg == "--no-python" || arg == "--no_python") {
@@ -303,6 +317,8 @@ TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args,
   o.script_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
   if (o.no_python && o.module)
     throw TorchrunUsageError("--no-python and -m cannot be combined: -m names a Python module for the interpreter");
+  if (!o.ship_excludes.empty() && !o.ship_working_dir)
+    throw TorchrunUsageError("--ship-exclude leaves files out of what --ship-working-dir ships: give both");
   return o;
 }
 
@@ -310,7 +326,7 @@ std::string torchrun_usage() {
   return "usage: troupe torchrun [--nproc-per-node N] [--nnodes N|MIN:MAX] [--max-restarts K]\n"
          "                       [--address HOST:PORT] [--python PATH] [--run-id ID] [-m]\n"
          "                       [--preload MODULES] [--cold-restarts] [--no-python]\n"
-         "                       [--local-ranks-filter R,...]\n"
+         "                       [--local-ranks-filter R,...] [--ship-working-dir [--ship-exclude P,...]]\n"
          "                       script.py [args...]\n"
          "\n"
          "Runs an unmodified torchrun script on a troupe cluster (an embedded local one without\n"
@@ -331,6 +347,10 @@ std::string torchrun_usage() {
          "A restart runs each rank in a spare interpreter that has imported --preload MODULES\n"
          "already (default torch,torch.distributed,torch.nn.parallel; \"\" = none);\n"
          "--cold-restarts starts every attempt in a fresh interpreter, as torchrun does.\n"
+         "--ship-working-dir: for nodes that do not share this machine's files, pack the current\n"
+         "directory (the script must be in it; .gitignore, .rayignore and --ship-exclude patterns\n"
+         "leave files out) and run each rank in its node's copy of it. What ranks write there\n"
+         "stays on their node, in the session's shipped/ folder, until the node agent stops.\n"
          "See docs/torchrun.md.\n";
 }
 

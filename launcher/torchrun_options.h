@@ -39,6 +39,11 @@ struct TorchrunOptions {
   // --local-ranks-filter: the local ranks whose output is printed (empty:
   // all).
   std::vector<int> local_ranks_filter;
+  // --ship-working-dir: the driver's working directory, packed, is each
+  // rank's working directory (its node's copy), for nodes that do not
+  // share the driver's files; --ship-exclude patterns leave files out.
+  bool ship_working_dir = false;
+  std::vector<std::string> ship_excludes;
   bool help = false;
   // torchrun's options that troupe has no use for (its rendezvous, ports
   // and log redirection: troupe places, connects and prefixes the ranks

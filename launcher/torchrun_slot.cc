@@ -549,6 +549,14 @@ int32_t TorchrunSlot::free_port() {
 }
 
 int64_t TorchrunSlot::start(ScriptLaunch l) {
+  // The node's copy of the driver's directory, fetched before the lock is
+  // taken (a stop is served meanwhile); every later attempt finds it there.
+  if (!l.shipped.path.empty()) {
+    const std::string copy = local_dir(l.shipped);
+    if (!l.module && !(l.no_python && l.script.find('/') == std::string::npos))
+      l.script = path_in_copy(l.shipped, copy, l.script);
+    l.working_dir = path_in_copy(l.shipped, copy, l.working_dir);
+  }
   std::lock_guard lock(state_->mu);
   if (l.restart_count <= state_->stopped_through) return -1;
   if (state_->pid > 0 && !state_->reaped)
@@ -566,7 +574,8 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
   if (!l.no_python && !l.module && !std::filesystem::is_regular_file(l.script, script_ec))
     throw ConfigError("script " + l.script + " is not on this node (" + this_host() +
                       "): troupe torchrun runs the driver's script at the same path on every node; put it there "
-                      "(a folder every node shares)");
+                      "(a folder every node shares), or give --ship-working-dir to send the driver's working "
+                      "directory to the nodes");
   if (exe.empty())
     throw ConfigError("interpreter " + l.python + " not found" +
                       (l.python.find('/') == std::string::npos ? " on PATH" : "") + " (give --python PATH)");

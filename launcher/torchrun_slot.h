@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/runtime/client/shipped_file.h"
 #include "troupe/runtime/client/stream.h"
 
 namespace troupe::launcher {
@@ -31,7 +32,9 @@ struct OutputLine {
 
 // What a slot runs: `python [-m] script args...` (with `no_python`,
 // `script args...`) with `env` added to the node's environment, in
-// `working_dir` when that exists on the node.
+// `working_dir` when that exists on the node. With `shipped` (the driver's
+// working directory, --ship-working-dir), the script and the working
+// directory are the node's copy of it.
 struct ScriptLaunch {
   int32_t rank = 0;
   std::string python;
@@ -50,8 +53,9 @@ struct ScriptLaunch {
   bool warm = true;
   std::vector<std::string> preload;
   uint32_t spare_delay_ms = 2000;
+  ShippedDir shipped;
   TROUPE_FIELDS(rank, python, module, no_python, script, args, env, working_dir, run_id, restart_count, output, warm,
-                preload, spare_delay_ms)
+                preload, spare_delay_ms, shipped)
 };
 
 // How a script ended: its wait status (`describe_exit_status` spells it),

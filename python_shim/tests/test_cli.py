@@ -344,6 +344,56 @@ def test_a_torchrun_rank_on_a_node_without_the_drivers_folder_runs_in_the_script
     assert f"rank 0 runs in {scripts}" in said, said
 
 
+def test_torchrun_ships_its_working_dir_to_a_node_that_cannot_see_it(tmp_path):
+    """--ship-working-dir: the driver's folder (the script, a module beside
+    it, a data file read by a relative path) reaches a node that does not
+    have it, and each rank runs in that node's copy; what .gitignore names
+    stays behind. Without the flag the rank is refused, naming it; a script
+    outside the folder is refused before anything runs."""
+    hidden = tmp_path / "hidden"  # empty on the agent's node
+    project = hidden / "project"
+    (project / "outputs").mkdir(parents=True)
+    (project / "outputs" / "big.pt").write_text("stays on the driver's machine")
+    (project / ".gitignore").write_text("outputs/\n")
+    (project / "helper.py").write_text("GREETING = 'hello from the shipped folder'\n")
+    (project / "data.txt").write_text("read by a relative path")
+    (project / "train.py").write_text(textwrap.dedent("""
+        import os
+        import helper
+        rank = os.environ["RANK"]
+        print("rank", rank, helper.GREETING, open("data.txt").read(), flush=True)
+        print("rank", rank, "outputs shipped:", os.path.exists("outputs"), flush=True)
+        print("rank", rank, "cwd", os.getcwd(), flush=True)
+    """))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    torchrun = [cli(), "torchrun", "--address", "auto", "--nproc-per-node", "2", "--python", sys.executable]
+    with agent_that_cannot_see(tmp_path, hidden) as env:
+        joined = subprocess.run([sys.executable, "-c", _WAIT_FOR_TWO_NODES], env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+        refused = subprocess.run(torchrun + ["train.py"], cwd=project, env=env, capture_output=True, text=True,
+                                 timeout=300)
+        outside = subprocess.run(torchrun + ["--ship-working-dir", str(project / "train.py")], cwd=elsewhere,
+                                 env=env, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(torchrun + ["--ship-working-dir", "train.py"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=300)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "is not on this node" in said and "--ship-working-dir" in said, said
+    said = outside.stdout + outside.stderr
+    assert outside.returncode == 1, said
+    assert f"ships the working directory {elsewhere}, which does not hold the script {project}/train.py" in said, said
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said
+    assert f"shipping {project} (4 files" in said, said  # .gitignore, data.txt, helper.py, train.py
+    for rank in ("0", "1"):
+        assert f"rank {rank} hello from the shipped folder read by a relative path" in said, said
+        assert f"rank {rank} outputs shipped: False" in said, said
+    cwds = set(re.findall(r"rank \d cwd (\S+)", said))
+    assert len(cwds) == 1, said  # one copy for the node's ranks
+    assert "/shipped/" in next(iter(cwds)) and str(project) not in next(iter(cwds)), said
+
+
 def test_a_torch_trainers_rank_0_that_cannot_see_the_run_folder_fails_the_run_at_once(tmp_path):
     """Rank 0 on a node that does not see RunConfig(storage_path=...) wrote
     the run's checkpoints and progress to its own disk, and fit() returned

@@ -16,6 +16,7 @@
 
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/shipped_copies.h"
+#include "troupe/runtime/core/dir_pack.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/session.h"
@@ -129,9 +130,16 @@ void fetch_into(const ShippedFile& f, const std::string& tmp) {
                 std::to_string(got) + " of " + std::to_string(f.size) + " bytes, or a different SHA-256)");
 }
 
-[[noreturn]] void too_big(const std::string& path, uint64_t size, const std::string& why) {
+[[noreturn]] void too_big(const std::string& path, uint64_t size, const std::string& why,
+                          const std::string& instead = "put the file on storage every node shares") {
   throw ConfigError("cannot ship " + path + " (" + std::to_string(size) + " bytes) to the actors: " + why +
-                    "; raise the driver's TROUPE_OBJECT_STORE_BYTES, or put the file on storage every node shares");
+                    "; raise the driver's TROUPE_OBJECT_STORE_BYTES, or " + instead);
+}
+
+std::string this_host() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
 }
 }  // namespace
 
@@ -144,7 +152,10 @@ ShippedFile ship_file(Runtime& rt, const std::string& path) {
     too_big(path, size,
             "the driver's object store holds " + std::to_string(held.bytes) + " of its " + std::to_string(held.limit) +
                 " bytes");
-  Buffer whole = read_whole(path);
+  return ship_bytes(rt, path, read_whole(path));
+}
+
+ShippedFile ship_bytes(Runtime& rt, const std::string& path, Buffer whole) {
   ShippedFile f;
   f.path = path;
   f.size = whole.size();
@@ -173,7 +184,7 @@ void remove_stale_parts(const std::string& dir, const std::string& dest) {
     const std::string name = entry.path().filename().string();
     if (name.size() <= prefix.size() + 4 || name.rfind(prefix, 0) != 0 || !name.ends_with(".tmp")) continue;
     const std::string pid = name.substr(prefix.size(), name.size() - prefix.size() - 4);
-    if (pid.find_first_not_of("0123456789") == std::string::npos) std::filesystem::remove(entry.path(), ec);
+    if (pid.find_first_not_of("0123456789") == std::string::npos) core::remove_tree(entry.path(), ec);
   }
 }
 
@@ -208,6 +219,28 @@ void private_folder(const std::string& dir) {
     throw Error(dir + " must be a directory of this user's with mode 0700 (remove it: it only holds copies)");
 }
 
+// An exclusive flock on `path` (made if absent) for as long as it lives:
+// one process of the host makes a copy while the others wait for it.
+class HostLock {
+ public:
+  explicit HostLock(const std::string& path)
+      : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) {
+    if (fd_ < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      const std::string why = std::strerror(errno);
+      ::close(fd_);
+      throw Error("cannot lock " + path + ": " + why);
+    }
+  }
+  ~HostLock() { ::close(fd_); }  // closing drops the lock
+  HostLock(const HostLock&) = delete;
+  HostLock& operator=(const HostLock&) = delete;
+
+ private:
+  int fd_;
+};
+
 std::string fetch_copy(const ShippedFile& f) {
   // The session directory may not exist yet (an embedded cluster's
   // workers fall back to this user's default one).
@@ -218,12 +251,7 @@ std::string fetch_copy(const ShippedFile& f) {
   const std::string dest = dir + "/" + copy_name(f);
   if (checked_copy(dest, f.size)) return dest;
   // One process of the host fetches; the others wait here and read its copy.
-  const std::string lock_path = dest + ".lock";
-  int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (lock < 0) throw Error("cannot open " + lock_path + ": " + std::strerror(errno));
-  std::unique_ptr<int, void (*)(int*)> unlock(&lock, [](int* p) { ::close(*p); });  // closing drops the lock
-  while (::flock(lock, LOCK_EX) != 0)
-    if (errno != EINTR) throw Error("cannot lock " + lock_path + ": " + std::strerror(errno));
+  const HostLock lock(dest + ".lock");
   if (checked_copy(dest, f.size)) return dest;
   remove_stale_parts(dir, dest);
   const std::string tmp = dest + "." + std::to_string(::getpid()) + ".tmp";
@@ -253,10 +281,94 @@ std::string local_copy(const ShippedFile& f) {
   try {
     return fetch_copy(f);
   } catch (const Error& e) {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    throw Error(std::string("on ") + host + ", making this host's copy of " + f.path + ": " + e.what());
+    throw Error("on " + this_host() + ", making this host's copy of " + f.path + ": " + e.what());
   }
+}
+
+ShippedDir ship_dir(Runtime& rt, const std::string& dir, const std::vector<std::string>& excludes) {
+  std::error_code ec;
+  std::string root = std::filesystem::absolute(dir, ec).lexically_normal().string();
+  if (ec) root = dir;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  const std::string leave_out = "leave files out with excludes (.gitignore and .rayignore count too)";
+  ShippedDir d;
+  d.path = root;
+  try {
+    const auto files = core::files_to_pack(root, excludes);
+    d.files = files.size();
+    for (const auto& f : files) d.bytes += f.size;
+    const auto held = rt.object_store_stats();
+    if (held.bytes + d.bytes > held.limit)
+      too_big(root, d.bytes,
+              "the driver's object store holds " + std::to_string(held.bytes) + " of its " +
+                  std::to_string(held.limit) + " bytes",
+              leave_out);
+    d.archive = ship_bytes(rt, root, core::pack_files(files));
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    if (what.rfind("cannot ship " + root, 0) == 0) throw;
+    throw ConfigError("cannot ship the directory " + root + " to the actors: " + what);
+  }
+  return d;
+}
+
+namespace {
+
+std::string unpack_copy(const ShippedDir& d) {
+  const std::string session = core::session_dir();
+  core::ensure_session_dir(session);
+  const std::string dir = shipped_copies_dir(session);
+  private_folder(dir);
+  const std::string dest = dir + "/" + copy_name(d.archive) + ".d";
+  struct stat st {};
+  if (::lstat(dest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return dest;
+  const HostLock lock(dest + ".lock");
+  if (::lstat(dest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return dest;
+  remove_stale_parts(dir, dest);
+  // The archive, checked against its digest; unpacked, it is not needed.
+  const std::string archive = fetch_copy(d.archive);
+  std::string bytes;
+  {
+    std::ifstream in(archive, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+    if (!in.good() && !in.eof()) throw Error("cannot read " + archive);
+  }
+  ::unlink(archive.c_str());
+  ::unlink((archive + ".ok").c_str());
+  const std::string staging = dest + "." + std::to_string(::getpid()) + ".tmp";
+  std::error_code ec;
+  try {
+    core::unpack_files(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size(), staging);
+  } catch (...) {
+    core::remove_tree(staging, ec);
+    throw;
+  }
+  if (::rename(staging.c_str(), dest.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    core::remove_tree(staging, ec);
+    throw Error("cannot make " + dest + ": " + why);
+  }
+  return dest;
+}
+
+}  // namespace
+
+std::string local_dir(const ShippedDir& d) {
+  try {
+    return unpack_copy(d);
+  } catch (const Error& e) {
+    throw Error("on " + this_host() + ", making this host's copy of the directory " + d.path + ": " + e.what());
+  }
+}
+
+std::string path_in_copy(const ShippedDir& d, const std::string& copy, const std::string& given) {
+  if (d.path.empty()) return given;
+  // "/dir/../x" is not inside /dir.
+  const std::string path = std::filesystem::path(given).lexically_normal().string();
+  if (path == d.path) return copy;
+  const std::string prefix = d.path == "/" ? "/" : d.path + "/";
+  if (path.rfind(prefix, 0) == 0) return copy + "/" + path.substr(prefix.size());
+  return given;
 }
 
 std::string shipped_copies_dir(const std::string& session_dir) { return session_dir + "/shipped"; }

@@ -12,6 +12,9 @@
 //   // actor
 //   void A::load(troupe::ShippedFile f) { auto m = torch::jit::load(troupe::local_copy(f)); }
 //
+// A directory travels the same way, packed into one file (ship_dir,
+// local_dir below).
+//
 // The chunks are objects of the driver's: they count against its object
 // store's limit (TROUPE_OBJECT_STORE_BYTES, a quarter of memory by
 // default) while the ShippedFile lives there, and are served by the driver
@@ -49,6 +52,11 @@ inline constexpr uint64_t kShippedChunkBytes = 32ull << 20;
 // fit the store's limit (checked before it is read).
 ShippedFile ship_file(Runtime& rt, const std::string& path);
 
+// Ships bytes the driver holds in memory as a file named `path` (what
+// messages and the local copy's name say). ConfigError when they do not fit
+// the store.
+ShippedFile ship_bytes(Runtime& rt, const std::string& path, Buffer bytes);
+
 // The path of this host's copy of `file`: <session>/shipped/<sha256
 // prefix>-<file name>, fetched from the driver when not there yet (one
 // process of the host fetches; the others wait for it and read its copy),
@@ -60,5 +68,33 @@ std::string local_copy(const ShippedFile& file);
 
 // `path`'s local copy when one of `files` ships it, else `path` itself.
 std::string shipped_path(const std::vector<ShippedFile>& files, const std::string& path);
+
+// A directory shipped whole (`troupe torchrun --ship-working-dir`): its
+// files packed into one archive (core/dir_pack.h chooses them as a Python
+// runtime_env working_dir's: .gitignore/.rayignore and `excludes` leave
+// files out), shipped as a ShippedFile.
+struct ShippedDir {
+  std::string path;  // the driver's directory; "" = nothing shipped
+  uint64_t files = 0;
+  uint64_t bytes = 0;  // of the files, unpacked
+  ShippedFile archive;
+  TROUPE_FIELDS(path, files, bytes, archive);
+};
+
+// Packs `dir` and ships it. ConfigError naming the directory when it cannot
+// be read or its files do not fit the driver's object store (checked
+// before they are read).
+ShippedDir ship_dir(Runtime& rt, const std::string& dir, const std::vector<std::string>& excludes);
+
+// This host's copy of `dir`: <session>/shipped/<sha256 prefix>-<name>.d,
+// unpacked once per host (under a lock, through a staging directory
+// renamed into place) and then left as the processes that run in it make
+// it: it is their working directory, shared by every process of the host.
+// Throws Error naming the host and the directory.
+std::string local_dir(const ShippedDir& dir);
+
+// `path` with the driver's directory `dir.path` replaced by `copy` when it
+// lies inside it, else `path` itself.
+std::string path_in_copy(const ShippedDir& dir, const std::string& copy, const std::string& path);
 
 }  // namespace troupe

@@ -355,6 +355,18 @@ TEST(TorchrunOptions, BadValuesNameThemselves) {
             std::string::npos);
   EXPECT_NE(message({"--no-python", "-m", "pkg.train"}).find("--no-python and -m cannot be combined"),
             std::string::npos);
+  EXPECT_NE(message({"--ship-exclude", "*.pt", "a.py"}).find("--ship-exclude leaves files out of what"),
+            std::string::npos);
+  EXPECT_NE(message({"--ship-working-dir", "--ship-exclude=,", "a.py"}).find("--ship-exclude \"\""), std::string::npos);
+}
+
+TEST(TorchrunOptions, ShippingTheWorkingDirectory) {
+  auto o = tl::parse_torchrun_args(
+      {"--ship-working-dir", "--ship-exclude", "*.pt,data/", "--ship-exclude=outputs", "train.py", "--ship-exclude"});
+  EXPECT_TRUE(o.ship_working_dir);
+  EXPECT_EQ(o.ship_excludes, (std::vector<std::string>{"*.pt", "data/", "outputs"}));
+  EXPECT_EQ(o.script_args, (std::vector<std::string>{"--ship-exclude"}));  // the script's own
+  EXPECT_FALSE(tl::parse_torchrun_args({"train.py"}).ship_working_dir);
 }
 
 TEST(TorchrunOptions, ProgramsFiltersAndStartMethods) {

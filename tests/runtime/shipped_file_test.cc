@@ -42,8 +42,13 @@ class FileUser {
   // The local copy's path, and its bytes' fingerprint.
   std::string copy(troupe::ShippedFile f) { return troupe::local_copy(f); }
   uint64_t fingerprint_of(troupe::ShippedFile f) { return fingerprint(read_file(troupe::local_copy(f))); }
+  // The copy of a shipped directory, and the text of `name` in it.
+  std::string dir_copy(troupe::ShippedDir d) { return troupe::local_dir(d); }
+  std::string read_in_copy(troupe::ShippedDir d, std::string name) {
+    return read_file(troupe::local_dir(d) + "/" + name);
+  }
 };
-TROUPE_ACTOR(FileUser, &FileUser::copy, &FileUser::fingerprint_of)
+TROUPE_ACTOR(FileUser, &FileUser::copy, &FileUser::fingerprint_of, &FileUser::dir_copy, &FileUser::read_in_copy)
 
 namespace {
 
@@ -143,6 +148,59 @@ TEST_F(ShippedFileTest, ProcessesOfAHostThatAskAtOnceFetchOnce) {
   EXPECT_EQ(from_b.get(120s), fingerprint(bytes));
   EXPECT_LT(rt_.core()->traffic().written - written, bytes.size() + bytes.size() / 2);
   EXPECT_FALSE(std::filesystem::exists(stale));
+}
+
+// A directory arrives as its files (what .gitignore leaves out stays
+// behind), unpacked once per host: a second process of the host runs in the
+// first one's copy, even after that one wrote into it.
+TEST_F(ShippedFileTest, ADirectoryArrivesAsItsFilesOncePerHost) {
+  const std::string project = dir_ + "/project";
+  std::filesystem::create_directories(project + "/pkg");
+  std::ofstream(project + "/train.py") << "import pkg.helper\n";
+  std::ofstream(project + "/pkg/helper.py") << "ANSWER = 42\n";
+  std::ofstream(project + "/.gitignore") << "outputs/\n";
+  std::filesystem::create_directories(project + "/outputs");
+  std::ofstream(project + "/outputs/ckpt.pt") << "left behind";
+  const std::string big = pattern(troupe::kShippedChunkBytes + 100);  // two chunks
+  std::ofstream(project + "/data.bin", std::ios::binary) << big;
+  troupe::ShippedDir d = troupe::ship_dir(rt_, project + "/", {});
+  EXPECT_EQ(d.path, project);
+  EXPECT_EQ(d.files, 4u);  // .gitignore, data.bin, pkg/helper.py, train.py
+  EXPECT_EQ(d.archive.chunks.size(), 2u);
+  auto a = user();
+  const std::string copy = a.call(&FileUser::dir_copy, d).get(120s);
+  EXPECT_EQ(copy, session_ + "/shipped/" + d.archive.sha256.substr(0, 16) + "-project.d");
+  EXPECT_EQ(read_file(copy + "/pkg/helper.py"), "ANSWER = 42\n");
+  EXPECT_EQ(fingerprint(read_file(copy + "/data.bin")), fingerprint(big));
+  EXPECT_FALSE(std::filesystem::exists(copy + "/outputs"));
+  // The archive itself does not stay once unpacked.
+  for (const auto& entry : std::filesystem::directory_iterator(session_ + "/shipped")) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name.ends_with(".d") || name.ends_with(".lock")) << name;
+  }
+  std::ofstream(copy + "/written_by_a_rank.txt") << "mine";
+  const uint64_t written = rt_.core()->traffic().written;
+  auto b = user();
+  EXPECT_EQ(b.call(&FileUser::read_in_copy, d, std::string("written_by_a_rank.txt")).get(60s), "mine");
+  EXPECT_LT(rt_.core()->traffic().written - written, 1u << 20);
+  EXPECT_EQ(troupe::path_in_copy(d, copy, project + "/pkg/helper.py"), copy + "/pkg/helper.py");
+  EXPECT_EQ(troupe::path_in_copy(d, copy, project + "/../elsewhere.py"), project + "/../elsewhere.py");
+  EXPECT_EQ(troupe::path_in_copy(d, copy, project + "-other/x.py"), project + "-other/x.py");
+  // What the driver cannot ship is named.
+  try {
+    troupe::ship_dir(rt_, dir_ + "/missing", {});
+    FAIL() << "a missing directory was shipped";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir_ + "/missing"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(troupe::ship_dir(rt_, project, {"*.bin"}).files, 3u);
+  rt_.core()->service<troupe::client::ObjectStore>()->set_limit(1 << 20);
+  try {
+    troupe::ship_dir(rt_, project, {});
+    FAIL() << "a directory past the store's limit was shipped";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("excludes"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(ShippedFileTest, TheDriverNamesAFileItCannotShip) {

@@ -1,0 +1,435 @@
+#include "troupe/runtime/core/dir_pack.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+
+#include "troupe/runtime/core/errors.h"
+
+namespace troupe::core {
+namespace {
+
+constexpr char kMagic[] = "TRPK1\n";
+constexpr size_t kMagicBytes = sizeof kMagic - 1;
+const char* const kAlwaysExcluded[] = {"__pycache__", ".git", ".hg", ".svn"};
+
+// ---- .gitignore patterns (the Python shim's _packages.py, ported) ----
+
+// One character as a regex matches it: letters and digits as they are,
+// the rest as \xHH (the same inside and outside a bracket expression);
+// bytes past ASCII as they are (no regex meaning).
+std::string literal(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  if (std::isalnum(u) || u >= 0x80) return std::string(1, c);
+  char out[5];
+  std::snprintf(out, sizeof out, "\\x%02x", u);
+  return out;
+}
+
+std::string literals(const std::string& s) {
+  std::string out;
+  for (char c : s) out += literal(c);
+  return out;
+}
+
+// POSIX classes of a bracket expression ([[:digit:]]), as git knows them.
+const std::map<std::string, std::string>& posix_classes() {
+  static const std::map<std::string, std::string> classes = {
+      {"alnum", "a-zA-Z0-9"},
+      {"alpha", "a-zA-Z"},
+      {"blank", literals(" \t")},
+      {"digit", "0-9"},
+      {"lower", "a-z"},
+      {"upper", "A-Z"},
+      {"space", literals(" \t\n\r\f\v")},
+      {"xdigit", "0-9A-Fa-f"},
+      {"punct", literals("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")},
+  };
+  return classes;
+}
+
+// The regex of the bracket expression at pattern[i] ('['), with the index
+// past it; false when it does not close. A '/' never matches one.
+bool bracket(const std::string& p, size_t i, std::string& regex, size_t& past) {
+  size_t j = i + 1;
+  const bool negated = j < p.size() && (p[j] == '!' || p[j] == '^');
+  j += negated;
+  std::string body;
+  bool first = true;
+  while (j < p.size()) {
+    char c = p[j];
+    if (c == ']' && !first) {
+      regex = negated ? "[^\\x2f" + body + "]" : "(?!\\x2f)[" + body + "]";
+      past = j + 1;
+      return true;
+    }
+    first = false;
+    if (c == '[' && p.compare(j, 2, "[:") == 0) {
+      const size_t end = p.find(":]", j + 2);
+      if (end != std::string::npos) {
+        auto it = posix_classes().find(p.substr(j + 2, end - j - 2));
+        if (it != posix_classes().end()) {
+          body += it->second;
+          j = end + 2;
+          continue;
+        }
+      }
+    }
+    if (c == '\\' && j + 1 < p.size()) c = p[++j];
+    if (j + 2 < p.size() && p[j + 1] == '-' && p[j + 2] != ']') {
+      char high = p[j + 2];
+      if (high == '\\' && j + 3 < p.size()) {
+        high = p[j + 3];
+        ++j;
+      }
+      body += literal(c) + "-" + literal(high);
+      j += 3;
+    } else {
+      body += literal(c);
+      ++j;
+    }
+  }
+  return false;
+}
+
+// A gitignore pattern (its !, leading / and trailing / taken off) as a
+// regex: * and ? never match a /; ** matches across them where it is a
+// whole component ("**/x", "x/**", "x/**/y"), and is * elsewhere.
+std::string wildmatch(const std::string& p) {
+  std::string out;
+  const size_t n = p.size();
+  for (size_t i = 0; i < n;) {
+    const char c = p[i];
+    if (c == '*') {
+      size_t j = i;
+      while (j < n && p[j] == '*') ++j;
+      const bool whole = (i == 0 || p[i - 1] == '/') && (j == n || p[j] == '/');
+      if (j - i >= 2 && whole && j == n) {
+        out += "[\\s\\S]*";  // everything inside
+      } else if (j - i >= 2 && whole) {
+        out += "(?:[\\s\\S]*\\x2f)?";  // no directory or any, its / included
+        ++j;
+      } else {
+        out += "[^\\x2f]*";
+      }
+      i = j;
+    } else if (c == '?') {
+      out += "[^\\x2f]";
+      ++i;
+    } else if (c == '[') {
+      std::string regex;
+      size_t past = i;
+      if (bracket(p, i, regex, past)) {
+        out += regex;
+        i = past;
+      } else {
+        out += literal(c);
+        ++i;
+      }
+    } else if (c == '\\' && i + 1 < n) {
+      out += literal(p[i + 1]);
+      i += 2;
+    } else {
+      out += literal(c);
+      ++i;
+    }
+  }
+  return out;
+}
+
+struct IgnoreRule {
+  std::string base;  // the ignore file's directory in the pack: "" or ending in /
+  std::shared_ptr<const std::regex> regex;
+  bool negated = false;
+  bool dir_only = false;
+  bool anchored = false;  // matched against the path below base, else the name alone
+
+  bool matches(const std::string& relative, bool is_dir) const {
+    if (dir_only && !is_dir) return false;
+    const std::string target =
+        anchored ? relative.substr(base.size()) : relative.substr(relative.find_last_of('/') + 1);
+    return std::regex_match(target, *regex);
+  }
+};
+
+// The rule of one line of an ignore file in directory `base`; false for a
+// blank line, a comment or a pattern git matches nothing with.
+bool ignore_rule(std::string line, const std::string& base, IgnoreRule& rule) {
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (line.empty() || line[0] == '#') return false;
+  // Trailing spaces go, unless a backslash quotes them (git's
+  // trim_trailing_spaces: a line that ends in a lone backslash keeps all).
+  std::optional<size_t> last_space;
+  for (size_t i = 0; i < line.size(); ++i) {
+    if (line[i] == ' ') {
+      if (!last_space) last_space = i;
+      continue;
+    }
+    if (line[i] == '\\' && ++i == line.size()) {
+      last_space.reset();
+      break;
+    }
+    last_space.reset();
+  }
+  if (last_space) line.resize(*last_space);
+  rule.negated = !line.empty() && line[0] == '!';
+  if (rule.negated) line.erase(0, 1);
+  rule.dir_only = !line.empty() && line.back() == '/';
+  if (rule.dir_only) line.pop_back();
+  rule.anchored = line.find('/') != std::string::npos;
+  if (!line.empty() && line[0] == '/') line.erase(0, 1);
+  if (line.empty()) return false;
+  try {
+    rule.regex = std::make_shared<const std::regex>(wildmatch(line), std::regex::ECMAScript);
+  } catch (const std::regex_error&) {
+    return false;  // a range such as [z-a]: git's matches nothing
+  }
+  rule.base = base;
+  return true;
+}
+
+void add_ignore_rules(const std::string& directory, const std::string& base, const std::vector<std::string>& names,
+                      std::vector<IgnoreRule>& rules) {
+  for (const auto& name : names) {
+    const std::string path = directory + "/" + name;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw ConfigError("cannot read " + path + ": " + std::strerror(errno));
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    size_t start = 0;
+    for (;;) {
+      const size_t end = text.find('\n', start);
+      IgnoreRule rule;
+      if (ignore_rule(text.substr(start, end == std::string::npos ? std::string::npos : end - start), base, rule))
+        rules.push_back(std::move(rule));
+      if (end == std::string::npos) break;
+      start = end + 1;
+    }
+  }
+}
+
+// The last rule that matches decides, as in git.
+bool ignored(const std::string& relative, bool is_dir, const std::vector<IgnoreRule>& rules) {
+  bool out = false;
+  for (const auto& rule : rules)
+    if (rule.matches(relative, is_dir)) out = !rule.negated;
+  return out;
+}
+
+bool excluded(const std::string& relative, const std::vector<std::string>& excludes) {
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    const size_t end = relative.find('/', start);
+    parts.push_back(relative.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  for (const auto& part : parts)
+    for (const char* always : kAlwaysExcluded)
+      if (part == always) return true;
+  for (std::string pattern : excludes) {
+    while (!pattern.empty() && pattern.front() == '/') pattern.erase(0, 1);
+    while (!pattern.empty() && pattern.back() == '/') pattern.pop_back();
+    if (::fnmatch(pattern.c_str(), relative.c_str(), FNM_NOESCAPE) == 0) return true;
+    for (const auto& part : parts)
+      if (::fnmatch(pattern.c_str(), part.c_str(), FNM_NOESCAPE) == 0) return true;
+  }
+  return false;
+}
+
+void walk(const std::string& directory, const std::string& relative_dir, std::vector<IgnoreRule> rules,
+          const std::vector<std::string>& excludes, const std::vector<std::string>& ignore_files,
+          std::vector<PackedFile>& out) {
+  add_ignore_rules(directory, relative_dir, ignore_files, rules);
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(directory.c_str()), ::closedir);
+  if (!d) throw ConfigError("cannot read the directory " + directory + ": " + std::strerror(errno));
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d.get())) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  d.reset();
+  std::sort(names.begin(), names.end());
+  for (const auto& name : names) {
+    const std::string path = directory + "/" + name, relative = relative_dir + name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) continue;  // gone meanwhile
+    if (S_ISDIR(st.st_mode)) {
+      if (!excluded(relative, excludes) && !ignored(relative, true, rules))
+        walk(path, relative + "/", rules, excludes, ignore_files, out);
+      continue;
+    }
+    // A link to a file goes as the file; a link to a directory not at all.
+    if (S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0) continue;
+    if (!S_ISREG(st.st_mode) || excluded(relative, excludes) || ignored(relative, false, rules)) continue;
+    out.push_back({path, relative, uint64_t(st.st_size), (st.st_mode & 0111) != 0});
+  }
+}
+
+void put_u32(std::byte*& p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) *p++ = std::byte((v >> (8 * i)) & 0xff);
+}
+void put_u64(std::byte*& p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) *p++ = std::byte((v >> (8 * i)) & 0xff);
+}
+
+}  // namespace
+
+std::vector<std::string> default_ignore_files() {
+  for (const char* name : {"TROUPE_RUNTIME_ENV_IGNORE_GITIGNORE", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"}) {
+    const char* v = std::getenv(name);
+    if (v && std::string(v) == "1") return {".rayignore"};
+  }
+  return {".gitignore", ".rayignore"};
+}
+
+std::vector<PackedFile> files_to_pack(const std::string& root, const std::vector<std::string>& excludes,
+                                      const std::vector<std::string>& ignore_files) {
+  struct stat st {};
+  if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw ConfigError(root + " is not a directory on this machine");
+  std::vector<PackedFile> out;
+  walk(root, "", {}, excludes, ignore_files, out);
+  std::sort(out.begin(), out.end(), [](const PackedFile& a, const PackedFile& b) { return a.name < b.name; });
+  return out;
+}
+
+Buffer pack_files(const std::vector<PackedFile>& files) {
+  uint64_t total = kMagicBytes + 8;
+  for (const auto& f : files) total += 4 + f.name.size() + 4 + 8 + f.size;
+  std::byte* p = nullptr;
+  Buffer out = Buffer::allocate(size_t(total), &p);
+  std::memcpy(p, kMagic, kMagicBytes);
+  p += kMagicBytes;
+  put_u64(p, files.size());
+  for (const auto& f : files) {
+    put_u32(p, uint32_t(f.name.size()));
+    std::memcpy(p, f.name.data(), f.name.size());
+    p += f.name.size();
+    put_u32(p, f.executable ? 0755 : 0644);
+    put_u64(p, f.size);
+    int fd = ::open(f.disk.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw ConfigError("cannot read " + f.disk + ": " + std::strerror(errno));
+    uint64_t n = 0;
+    for (ssize_t r; n < f.size && (r = ::read(fd, p + n, size_t(f.size - n))) != 0;) {
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        throw ConfigError("cannot read " + f.disk + ": " + why);
+      }
+      n += uint64_t(r);
+    }
+    char extra;
+    const bool grew = n == f.size && ::read(fd, &extra, 1) > 0;
+    ::close(fd);
+    if (n != f.size || grew) throw ConfigError(f.disk + " changed size while it was packed");
+    p += f.size;
+  }
+  return out;
+}
+
+namespace {
+
+struct Reader {
+  const std::byte* p;
+  size_t left;
+  bool take(void* out, size_t n) {
+    if (n > left) return false;
+    std::memcpy(out, p, n);
+    p += n;
+    left -= n;
+    return true;
+  }
+  template <class T>
+  bool integer(T& v) {
+    unsigned char b[sizeof(T)];
+    if (!take(b, sizeof b)) return false;
+    v = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) v |= T(b[i]) << (8 * i);
+    return true;
+  }
+};
+
+bool safe_name(const std::string& name) {
+  if (name.empty() || name[0] == '/' || name.find('\0') != std::string::npos) return false;
+  for (size_t start = 0;;) {
+    const size_t end = name.find('/', start);
+    const std::string part = name.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    if (end == std::string::npos) return true;
+    start = end + 1;
+  }
+}
+
+// Makes the directories of `name` below `dest`, refusing one that is there
+// as something else (a file or a link).
+void make_parents(const std::string& dest, const std::string& name) {
+  for (size_t slash = name.find('/'); slash != std::string::npos; slash = name.find('/', slash + 1)) {
+    const std::string dir = dest + "/" + name.substr(0, slash);
+    if (::mkdir(dir.c_str(), 0755) == 0) continue;
+    struct stat st {};
+    if (errno != EEXIST || ::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw Error("cannot unpack " + name + ": " + dir + " cannot be made a directory");
+  }
+}
+
+}  // namespace
+
+void unpack_files(const std::byte* data, size_t size, const std::string& dest) {
+  Reader in{data, size};
+  char magic[kMagicBytes];
+  if (!in.take(magic, kMagicBytes) || std::memcmp(magic, kMagic, kMagicBytes) != 0)
+    throw Error("not a troupe directory pack (no TRPK1 header)");
+  uint64_t count = 0;
+  if (!in.integer(count)) throw Error("a directory pack cut short (its count of files)");
+  if (::mkdir(dest.c_str(), 0755) != 0 && errno != EEXIST)
+    throw Error("cannot make " + dest + ": " + std::strerror(errno));
+  for (uint64_t i = 0; i < count; ++i) {
+    uint32_t name_size = 0, mode = 0;
+    uint64_t file_size = 0;
+    std::string name;
+    if (!in.integer(name_size) || name_size > in.left) throw Error("a directory pack cut short (a name)");
+    name.resize(name_size);
+    in.take(name.data(), name_size);
+    if (!safe_name(name)) throw Error("a directory pack names " + name + ", which is not a path inside it");
+    if (!in.integer(mode) || !in.integer(file_size) || file_size > in.left)
+      throw Error("a directory pack cut short (in " + name + ")");
+    make_parents(dest, name);
+    const std::string path = dest + "/" + name;
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode == 0755 ? 0755 : 0644);
+    if (fd < 0) throw Error("cannot unpack " + name + " into " + dest + ": " + std::strerror(errno));
+    for (uint64_t n = 0; n < file_size;) {
+      ssize_t w = ::write(fd, in.p + n, size_t(file_size - n));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        throw Error("cannot write " + path + ": " + why);
+      }
+      n += uint64_t(w);
+    }
+    ::close(fd);
+    in.p += file_size;
+    in.left -= size_t(file_size);
+  }
+  if (in.left != 0) throw Error("a directory pack holds more than its count of files");
+}
+
+}  // namespace troupe::core

@@ -1,0 +1,192 @@
+// Packing a directory (core/dir_pack.h): the files chosen are those the
+// Python shim's runtime_env working_dir packs (the same tree and the same
+// expected list as test_runtime_env.py's gitignore test, which git itself
+// agrees with), the archive unpacks to the same bytes and modes, and a
+// damaged or hostile archive is refused.
+#include "troupe/runtime/core/dir_pack.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include "tests/support/temp_dir.h"
+#include "troupe/runtime/core/errors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_tree(const std::string& root, const std::map<std::string, std::string>& files) {
+  for (const auto& [name, text] : files) {
+    const fs::path p = fs::path(root) / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << text;
+  }
+}
+
+std::vector<std::string> names(const std::vector<troupe::core::PackedFile>& files) {
+  std::vector<std::string> out;
+  for (const auto& f : files) out.push_back(f.name);
+  return out;
+}
+
+// test_runtime_env.py's _IGNORING and _KEPT.
+const std::map<std::string, std::string> kIgnoring = {
+    {".gitignore",
+     "# a comment, then a blank line\n\n*.log\n!keep.log\nbuild/\n/out\ndocs/**/draft.md\nsecret?.txt\n*.py[co]\n"
+     "\\#notes\ntrailing.txt   \ncache/*\n!cache/wanted\nlogs\n!logs/important.txt\n[z-a]\n"},
+    {"sub/.gitignore", "*.txt\n!important.txt\n/local.md\n"},
+    {".rayignore", "*.bin\n"},
+    {"app.py", ""},
+    {"app.pyc", ""},
+    {"app.pyo", ""},
+    {"app.pyd", ""},
+    {"weights.bin", ""},
+    {"run.log", ""},
+    {"keep.log", ""},
+    {"sub/deep/run.log", ""},
+    {"sub/keep.log", ""},
+    {"build/a.o", ""},
+    {"sub/build/b.o", ""},
+    {"lib/build", ""},
+    {"out/x", ""},
+    {"sub/out/y", ""},
+    {"docs/draft.md", ""},
+    {"docs/a/b/draft.md", ""},
+    {"docs/final.md", ""},
+    {"other/docs/draft.md", ""},
+    {"secret1.txt", ""},
+    {"secret12.txt", ""},
+    {"#notes", ""},
+    {"notes", ""},
+    {"trailing.txt", ""},
+    {"cache/junk", ""},
+    {"cache/wanted", ""},
+    {"logs/important.txt", ""},
+    {"sub/notes.txt", ""},
+    {"sub/important.txt", ""},
+    {"sub/local.md", ""},
+    {"sub/deep/local.md", ""},
+    {"sub/deep/x.txt", ""},
+};
+const std::vector<std::string> kKept = {".gitignore",
+                                        ".rayignore",
+                                        "app.py",
+                                        "app.pyd",
+                                        "cache/wanted",
+                                        "docs/final.md",
+                                        "keep.log",
+                                        "lib/build",
+                                        "notes",
+                                        "other/docs/draft.md",
+                                        "secret12.txt",
+                                        "sub/.gitignore",
+                                        "sub/deep/local.md",
+                                        "sub/important.txt",
+                                        "sub/keep.log",
+                                        "sub/out/y"};
+
+class DirPackTest : public ::testing::Test {
+ protected:
+  DirPackTest() : root_(troupe::test::make_temp_dir("dirpack")) {}
+  ~DirPackTest() override { troupe::test::remove_dir(root_); }
+  std::string root_;
+};
+
+TEST_F(DirPackTest, IgnoreFilesLeaveOutWhatGitWould) {
+  write_tree(root_ + "/project", kIgnoring);
+  fs::create_directories(root_ + "/project/__pycache__");
+  std::ofstream(root_ + "/project/__pycache__/x.pyc") << "cache";
+  fs::create_directories(root_ + "/project/.git");
+  std::ofstream(root_ + "/project/.git/HEAD") << "ref";
+  EXPECT_EQ(names(troupe::core::files_to_pack(root_ + "/project", {})), kKept);
+  // Packing sub/ alone reads its own ignore file, not its parent's.
+  EXPECT_EQ(names(troupe::core::files_to_pack(root_ + "/project/sub", {})),
+            (std::vector<std::string>{".gitignore", "build/b.o", "deep/local.md", "deep/run.log", "important.txt",
+                                      "keep.log", "out/y"}));
+  // Without the .gitignore files, only .rayignore's *.bin goes.
+  std::vector<std::string> everything;
+  for (const auto& [name, text] : kIgnoring)
+    if (name != "weights.bin") everything.push_back(name);
+  EXPECT_EQ(names(troupe::core::files_to_pack(root_ + "/project", {}, {".rayignore"})), everything);
+  // Exclude patterns match the path or any of its parts.
+  auto some = names(troupe::core::files_to_pack(root_ + "/project", {"sub", "*.md", "/cache/"}));
+  EXPECT_EQ(some, (std::vector<std::string>{".gitignore", ".rayignore", "app.py", "app.pyd", "keep.log", "lib/build",
+                                            "notes", "secret12.txt"}));
+}
+
+TEST_F(DirPackTest, AnArchiveUnpacksToTheSameFilesAndModes) {
+  const std::string src = root_ + "/src";
+  std::string big(300000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = char(i * 31 % 251);
+  write_tree(src, {{"train.py", "print('hi')\n"}, {"data/big.bin", big}, {"empty", ""}, {"a/b/c/deep.txt", "deep"}});
+  fs::permissions(src + "/train.py", fs::perms::owner_exec, fs::perm_options::add);
+  fs::create_directory_symlink(src + "/a", src + "/link_to_dir");  // not followed
+  fs::create_symlink(src + "/empty", src + "/link_to_file");       // goes as the file
+  const auto files = troupe::core::files_to_pack(src, {});
+  EXPECT_EQ(names(files),
+            (std::vector<std::string>{"a/b/c/deep.txt", "data/big.bin", "empty", "link_to_file", "train.py"}));
+  const troupe::Buffer packed = troupe::core::pack_files(files);
+  // The same files make the same bytes.
+  const troupe::Buffer again = troupe::core::pack_files(troupe::core::files_to_pack(src, {}));
+  ASSERT_EQ(packed.size(), again.size());
+  EXPECT_EQ(std::memcmp(packed.data(), again.data(), packed.size()), 0);
+  const std::string dest = root_ + "/dest";
+  troupe::core::unpack_files(packed.data(), packed.size(), dest);
+  EXPECT_EQ(read_file(dest + "/data/big.bin"), big);
+  EXPECT_EQ(read_file(dest + "/a/b/c/deep.txt"), "deep");
+  EXPECT_EQ(read_file(dest + "/train.py"), "print('hi')\n");
+  EXPECT_TRUE(fs::exists(dest + "/empty"));
+  EXPECT_FALSE(fs::is_symlink(dest + "/link_to_file"));
+  EXPECT_NE(fs::status(dest + "/train.py").permissions() & fs::perms::owner_exec, fs::perms::none);
+  EXPECT_EQ(fs::status(dest + "/empty").permissions() & fs::perms::owner_exec, fs::perms::none);
+  // Unpacked again over itself: the files are there already.
+  EXPECT_THROW(troupe::core::unpack_files(packed.data(), packed.size(), dest), troupe::Error);
+}
+
+// Every byte string an archive could be cut to, and names that would climb
+// out, are refused with an Error; nothing lands outside the destination.
+TEST_F(DirPackTest, ADamagedOrHostileArchiveIsRefused) {
+  write_tree(root_ + "/src", {{"x/y.txt", "hello"}, {"z.txt", "world"}});
+  const troupe::Buffer packed = troupe::core::pack_files(troupe::core::files_to_pack(root_ + "/src", {}));
+  for (size_t cut = 0; cut < packed.size(); ++cut) {
+    const std::string dest = root_ + "/cut" + std::to_string(cut);
+    EXPECT_THROW(troupe::core::unpack_files(packed.data(), cut, dest), troupe::Error) << cut;
+  }
+  auto archive = [](const std::string& name) {
+    std::string s = "TRPK1\n";
+    for (int i = 0; i < 8; ++i) s += char(i == 0 ? 1 : 0);
+    auto u32 = [&s](uint32_t v) {
+      for (int i = 0; i < 4; ++i) s += char((v >> (8 * i)) & 0xff);
+    };
+    u32(uint32_t(name.size()));
+    s += name;
+    u32(0644);
+    for (int i = 0; i < 8; ++i) s += char(i == 0 ? 2 : 0);
+    return s + "hi";
+  };
+  for (const std::string bad : {"../escape.txt", "/abs.txt", "a/../../escape.txt", "a//b", "", "./x"}) {
+    const std::string a = archive(bad);
+    try {
+      troupe::core::unpack_files(reinterpret_cast<const std::byte*>(a.data()), a.size(), root_ + "/hostile");
+      ADD_FAILURE() << "unpacked " << bad;
+    } catch (const troupe::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a path inside it"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(fs::exists(root_ + "/escape.txt"));
+  const std::string good = archive("ok/fine.txt");
+  troupe::core::unpack_files(reinterpret_cast<const std::byte*>(good.data()), good.size(), root_ + "/good");
+  EXPECT_EQ(read_file(root_ + "/good/ok/fine.txt"), "hi");
+  EXPECT_THROW(troupe::core::files_to_pack(root_ + "/missing", {}), troupe::ConfigError);
+}
+
+}  // namespace
