@@ -238,8 +238,16 @@ void warn_if_unplaceable(PyRef& ref) {
   if (pending == std::string::npos || text.find("at all (no node has that much in total)") == std::string::npos) return;
   static std::mutex mu;
   static std::set<std::string> said;  // "Class.method on actor N"
+  // Of one cluster connection: another init's actor N is another actor (a
+  // weak_ptr keeps its control block, so a new core never compares equal).
+  static std::weak_ptr<client::Core> said_for;
   {
     std::lock_guard lock(mu);
+    const auto& core = ref.core();
+    if (said_for.owner_before(core) || core.owner_before(said_for)) {
+      said.clear();
+      said_for = core;
+    }
     const std::string what = text.substr(0, pending);
     const size_t on = what.rfind(" on actor ");
     if (!said.insert(what.substr(on == std::string::npos ? 0 : on)).second) return;

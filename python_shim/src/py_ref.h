@@ -77,6 +77,8 @@ class PyRef {
   // The task whose result this is, in the process that submitted it; else
   // null.
   const std::shared_ptr<client::TaskCancel>& task() const { return task_; }
+  // The connection to the cluster the ref was made in.
+  const std::shared_ptr<client::Core>& core() const { return core_; }
   // The actor call whose result this is, in the process that made it; else
   // null.
   const std::shared_ptr<client::CallCancel>& call() const { return call_; }

@@ -216,3 +216,29 @@ def test_rays_other_init_options_are_taken_or_refused_by_name(restore_env):
             troupe.init(num_cpus=1, **options)
         assert not troupe.is_initialized()
 
+
+@troupe.remote(resources={"no_node_has_this": 1})
+class Unplaceable:
+    def ping(self):
+        return "pong"
+
+
+def test_a_new_sessions_unplaceable_actor_is_warned_about_again(monkeypatch, capsys):
+    """The warning's "once per actor" outlived shutdown(): a new session's
+    actor with the same id (each embedded cluster counts from 1) was never
+    warned about."""
+    monkeypatch.setenv("TROUPE_UNPLACEABLE_WARN_MS", "100")
+    ids = []
+    for _ in range(2):
+        troupe.init(num_cpus=1)
+        try:
+            pending = Unplaceable.remote()
+            with pytest.raises(troupe.exceptions.GetTimeoutError):
+                troupe.get(pending.ping.remote(), timeout=1)
+            ids.append(pending._actor_id.hex())
+        finally:
+            troupe.shutdown()
+    said = capsys.readouterr().err
+    assert ids[0] == ids[1], ids  # what made the second one look warned already
+    assert said.count("troupe: (warning) a get waits for Unplaceable.ping") == 2, said
+
