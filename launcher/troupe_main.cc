@@ -32,6 +32,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -1166,13 +1167,33 @@ int cmd_submit(const Args& a) {
   }
   if (!a.runtime_env_json.empty()) {
     // Checked here, so that a typo is one line before the driver starts;
-    // its keys and values are troupe.init's to check.
+    // the values are troupe.init's to check, but for a working_dir that
+    // is not a directory here.
+    nlohmann::json env;
     try {
-      if (!nlohmann::json::parse(a.runtime_env_json).is_object()) throw std::runtime_error("not a JSON object");
+      env = nlohmann::json::parse(a.runtime_env_json);
+      if (!env.is_object()) throw std::runtime_error("not a JSON object");
     } catch (const std::exception& e) {
       std::fprintf(stderr,
                    "troupe submit: --runtime-env-json '%s' is not a JSON object such as {\"working_dir\": \".\"}: %s\n",
                    a.runtime_env_json.c_str(), e.what());
+      return 2;
+    }
+    // The Python shim's _RUNTIME_ENV_KEYS.
+    static const std::set<std::string> kKeys = {"env_vars", "working_dir", "py_modules", "excludes", "pip"};
+    for (const auto& [key, value] : env.items()) {
+      if (kKeys.count(key)) continue;
+      std::fprintf(stderr,
+                   "troupe submit: --runtime-env-json: key \"%s\" is not one troupe takes (env_vars, working_dir, "
+                   "py_modules, excludes, pip)\n",
+                   key.c_str());
+      return 2;
+    }
+    std::error_code ec;
+    if (env.contains("working_dir") && env["working_dir"].is_string() &&
+        !std::filesystem::is_directory(env["working_dir"].get<std::string>(), ec)) {
+      std::fprintf(stderr, "troupe submit: --runtime-env-json: working_dir \"%s\" is not a directory here\n",
+                   env["working_dir"].get<std::string>().c_str());
       return 2;
     }
     setenv(troupe::core::kEnvRuntimeEnv, a.runtime_env_json.c_str(), 1);

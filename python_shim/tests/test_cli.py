@@ -133,6 +133,13 @@ def test_submit_gives_a_python_driver_the_jobs_runtime_env(tmp_path):
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "'[1]' is not a JSON object" in bad.stderr, bad.stderr
+    # A misspelt key, or a working_dir that is not there, before the driver starts (it was the driver's first
+    # error, after the cluster was found).
+    for given, said in (({"working_dirs": "."}, 'key "working_dirs" is not one troupe takes'),
+                        ({"working_dir": "no_such_folder"}, 'working_dir "no_such_folder" is not a directory here')):
+        bad = subprocess.run([launcher, "submit", "--runtime-env-json", json.dumps(given), "--", sys.executable,
+                              str(driver)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and said in bad.stderr, bad.stdout + bad.stderr
     subprocess.run([launcher, "start", "--head", "--port", "0", "--resources", "CPU=2"], env=env, check=True,
                    timeout=120)
     try:
