@@ -119,6 +119,8 @@ struct DataLoaderActor::State {
   // failure is not cached: the next call tries again (the file may appear).
   std::mutex dataset_mutex;
   std::shared_ptr<const Dataset> dataset;
+  // The shipped files' copies it reads: its messages name the driver's paths.
+  DriverPaths driver_paths;
 
   mutable std::mutex feeds_mutex;
   std::map<uint64_t, Feed*> feeds;
@@ -288,8 +290,13 @@ struct DataLoaderActor::State {
     std::lock_guard lock(dataset_mutex);
     if (!dataset) {
       DatasetSpec spec = config.dataset;
-      for (const auto& key : file_keys(spec)) spec.strings[key] = shipped_path(config.shipped_files, spec.strings[key]);
-      dataset = make_dataset(spec);
+      for (const auto& key : file_keys(spec))
+        spec.strings[key] = driver_paths.use(config.shipped_files, spec.strings[key]);
+      try {
+        dataset = make_dataset(spec);
+      } catch (const std::exception& e) {
+        driver_paths.rethrow(e);
+      }
     }
     return dataset;
   }
@@ -457,8 +464,8 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
     throw;
   } catch (const std::exception& e) {
     st.feeds_done += 1;
-    writer.fail(e.what());
-    throw;
+    writer.fail(st.driver_paths.named(e.what()));
+    st.driver_paths.rethrow(e);
   }
   st.feeds_done += 1;
   if (feed.cancelled) {

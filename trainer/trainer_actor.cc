@@ -222,12 +222,9 @@ namespace {
 // data set's `path`) are there, or shipped: on a cluster whose hosts do
 // not share them a trainer met "does not exist" about a file the driver
 // had just checked, without being told where it ran.
-std::vector<std::pair<std::string, std::string>> use_files_here(TrainerConfig& c) {
-  std::vector<std::pair<std::string, std::string>> shipped_as;
+void use_files_here(TrainerConfig& c, DriverPaths& paths) {
   for (auto& [what, path] : files_read(c)) {
-    const std::string local = shipped_path(c.shipped_files, *path);
-    if (local != *path) shipped_as.emplace_back(local, *path);
-    *path = local;
+    *path = paths.use(c.shipped_files, *path);
     std::error_code ec;
     // A relative path, or one this host cannot stat, is the reader's to
     // name: the host's absence is what is told here.
@@ -238,42 +235,17 @@ std::vector<std::pair<std::string, std::string>> use_files_here(TrainerConfig& c
                       "that path on every node, so put it on storage every node shares, or have the driver " +
                       "send it (troupe train --ship-files)");
   }
-  return shipped_as;
 }
 }  // namespace
 
-std::string TrainerActor::driver_named(std::string text) const {
-  for (const auto& [copy, original] : shipped_as_)
-    for (size_t at = text.find(copy); at != std::string::npos; at = text.find(copy, at + original.size()))
-      text.replace(at, copy.size(), original);
-  return text;
-}
-
-void TrainerActor::rethrow_driver_named(const std::exception& e) const {
-  const std::string text = driver_named(e.what());
-  if (text == e.what()) throw;
-  // A registered class as itself; troupe's own kinds as the kind the wire
-  // carries them as (which is all the driver sees of them).
-  if (const std::string name = core::registered_error_name(e); !name.empty())
-    if (auto renamed = core::make_registered_error(name, text)) std::rethrow_exception(renamed);
-  if (dynamic_cast<const ActorDied*>(&e)) throw ActorDied(text);
-  if (dynamic_cast<const Timeout*>(&e)) throw Timeout(text);
-  if (dynamic_cast<const ConfigError*>(&e)) throw ConfigError(text);
-  if (dynamic_cast<const Aborted*>(&e)) throw Aborted(text);
-  if (dynamic_cast<const DecodeError*>(&e)) throw DecodeError(text);
-  if (dynamic_cast<const ConnectionError*>(&e)) throw ConnectionError(text);
-  if (dynamic_cast<const Error*>(&e)) throw Error(text);
-  throw;
-}
-
 TrainerInfo TrainerActor::setup(TrainerConfig config) {
-  shipped_as_ = use_files_here(config);
+  use_files_here(config, driver_paths_);
   // What opening a shipped copy says (a TorchScript or .npz reader's
   // error) names the driver's file.
   try {
     return set_up(std::move(config));
   } catch (const std::exception& e) {
-    rethrow_driver_named(e);
+    driver_paths_.rethrow(e);
   }
 }
 
@@ -324,8 +296,8 @@ TrainerInfo TrainerActor::set_up(TrainerConfig config) {
   loss_scale_ = config_.initial_loss_scale;
   good_steps_ = 0;
   ready_ = true;
-  return TrainerInfo{device_.str(), driver_named(model_->describe()), model_->parameter_count(), dataset_->size(),
-                     static_cast<int64_t>(::getpid())};
+  return TrainerInfo{device_.str(), driver_paths_.named(model_->describe()), model_->parameter_count(),
+                     dataset_->size(), static_cast<int64_t>(::getpid())};
 }
 
 void TrainerActor::join(JoinSpec spec) {
@@ -459,16 +431,16 @@ StepOutput TrainerActor::run_step(const actors::TensorDict& tensors) {
     SyncBatchNormScope sync_bn(config_.sync_batchnorm ? group_.get() : nullptr);
     out = step_fn_->train(*model_, tensors);
   } catch (const Error& e) {
-    rethrow_driver_named(e);  // troupe's own (a SyncBatchNorm collective aborted, a TorchScript model's refusal)
+    driver_paths_.rethrow(e);  // troupe's own (a SyncBatchNorm collective aborted, a TorchScript model's refusal)
   } catch (const std::exception& e) {
     // The user's model or step refusing this batch (a missing key, a
     // shape that does not fit, a `raise` in a TorchScript step) refuses it
     // on every rank and every retry: not a failure a replacement could
     // fix. Unless a peer's failure aborted the group under it.
     // Either way the message is one line.
-    const std::string text = driver_named(user_error_text(e));
+    const std::string text = driver_paths_.named(user_error_text(e));
     // The step being trained (1-based, as the progress lines count them).
-    const std::string where = "step " + step_fn_->describe() + " with " + driver_named(model_->describe()) +
+    const std::string where = "step " + step_fn_->describe() + " with " + driver_paths_.named(model_->describe()) +
                               " failed on a batch " + tensors.describe() + " at rank " +
                               std::to_string(group_ ? group_->rank() : 0) + ", step " + std::to_string(step_ + 1);
     // Not the user's error to end the job with (the root cause, a peer's,
@@ -765,15 +737,15 @@ EvalReport TrainerActor::evaluate(int64_t rank, int64_t world_size) {
     try {
       out = step_fn_->eval(*model_, tensors);
     } catch (const Error& e) {
-      rethrow_driver_named(e);
+      driver_paths_.rethrow(e);
     } catch (const std::exception& e) {
       // As in training: the user's step refuses this batch on every rank
       // and every retry (it was retried as a crash, for ever with no limit
       // on failures). Said as evaluation, not as training.
-      throw ConfigError("step " + step_fn_->describe() + " with " + driver_named(model_->describe()) +
+      throw ConfigError("step " + step_fn_->describe() + " with " + driver_paths_.named(model_->describe()) +
                         " failed evaluating a batch " + tensors.describe() + " at rank " + std::to_string(rank) +
                         " (the validation after step " + std::to_string(step_) +
-                        "): " + driver_named(user_error_text(e)));
+                        "): " + driver_paths_.named(user_error_text(e)));
     }
     check_output(out, *step_fn_);
     pending.push_back(pending_of(out, b.size()));

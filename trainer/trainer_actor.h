@@ -352,13 +352,8 @@ class TrainerActor {
 
   TrainerConfig config_;
   // Each shipped file's local copy and the driver's path it stands for:
-  // messages name the driver's (driver_named).
-  std::vector<std::pair<std::string, std::string>> shipped_as_;
-  std::string driver_named(std::string text) const;
-  // Called in a catch block: rethrows the exception being handled, with
-  // driver_named(what()) when that changes it, as its registered class or
-  // the troupe kind the wire carries it as (else unchanged).
-  [[noreturn]] void rethrow_driver_named(const std::exception& e) const;
+  // messages name the driver's.
+  DriverPaths driver_paths_;
   TrainerInfo set_up(TrainerConfig config);
   bool ready_ = false;
   torch::Device device_{torch::kCPU};

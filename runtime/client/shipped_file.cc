@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -382,6 +383,39 @@ std::string shipped_path(const std::vector<ShippedFile>& files, const std::strin
   for (const auto& f : files)
     if (f.path == path) return local_copy(f);
   return path;
+}
+
+std::string DriverPaths::use(const std::vector<ShippedFile>& files, const std::string& path) {
+  std::string local = shipped_path(files, path);
+  std::lock_guard lock(mu_);
+  if (local != path && std::find(copies_.begin(), copies_.end(), std::pair(local, path)) == copies_.end())
+    copies_.emplace_back(local, path);
+  return local;
+}
+
+std::string DriverPaths::named(std::string text) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [copy, original] : copies_)
+    for (size_t at = text.find(copy); at != std::string::npos; at = text.find(copy, at + original.size()))
+      text.replace(at, copy.size(), original);
+  return text;
+}
+
+void DriverPaths::rethrow(const std::exception& e) const {
+  const std::string text = named(e.what());
+  if (text == e.what()) throw;
+  // A registered class as itself; troupe's own kinds as the kind the wire
+  // carries them as (which is all the driver sees of them).
+  if (const std::string name = core::registered_error_name(e); !name.empty())
+    if (auto renamed = core::make_registered_error(name, text)) std::rethrow_exception(renamed);
+  if (dynamic_cast<const ActorDied*>(&e)) throw ActorDied(text);
+  if (dynamic_cast<const Timeout*>(&e)) throw Timeout(text);
+  if (dynamic_cast<const ConfigError*>(&e)) throw ConfigError(text);
+  if (dynamic_cast<const Aborted*>(&e)) throw Aborted(text);
+  if (dynamic_cast<const DecodeError*>(&e)) throw DecodeError(text);
+  if (dynamic_cast<const ConnectionError*>(&e)) throw ConnectionError(text);
+  if (dynamic_cast<const Error*>(&e)) throw Error(text);
+  throw;
 }
 
 }  // namespace troupe

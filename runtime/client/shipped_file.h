@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -68,6 +70,25 @@ std::string local_copy(const ShippedFile& file);
 
 // `path`'s local copy when one of `files` ships it, else `path` itself.
 std::string shipped_path(const std::vector<ShippedFile>& files, const std::string& path);
+
+// The local copies an actor reads in place of the driver's paths, so that
+// what it says (its errors, a model's description) names the driver's:
+// the copy's name means nothing to the user. Thread-safe.
+class DriverPaths {
+ public:
+  // shipped_path(files, path), remembering a copy it gives.
+  std::string use(const std::vector<ShippedFile>& files, const std::string& path);
+  // `text` with every copy's path replaced by the driver's.
+  std::string named(std::string text) const;
+  // Called in a catch block: rethrows the exception being handled, with
+  // named(what()) when that changes it, as its registered class or the
+  // troupe kind the wire carries it as (else unchanged).
+  [[noreturn]] void rethrow(const std::exception& e) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::pair<std::string, std::string>> copies_;  // copy, driver's path; guarded by mu_
+};
 
 // A directory shipped whole (`troupe torchrun --ship-working-dir`): its
 // files packed into one archive (core/dir_pack.h chooses them as a Python

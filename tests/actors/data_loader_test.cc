@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/temp_dir.h"
 #include "tests/support/wait.h"
 #include "troupe/actors/data_loader_actor.h"
 #include "troupe/runtime/core/files.h"
@@ -233,6 +234,52 @@ TEST_F(DataLoaderTest, CorruptOrMissingNpyFailsTheCallAndTheStreamNamingTheFile)
     // The loader survives its error and answers the next call the same way.
     EXPECT_THROW(loader.call(&DataLoaderActor::dataset_size).get(kWaitBound), troupe::RemoteError);
   }
+  troupe::core::remove_tree(dir);
+}
+
+// A shipped file is read from its host's copy, but what the loader says
+// names the driver's path (the copy's name, SESSION/shipped/DIGEST-NAME,
+// means nothing to the user): the stream's error, the feed's and a later
+// call's.
+TEST_F(DataLoaderTest, AShippedFilesErrorsNameTheDriversPath) {
+  const fs::path dir = troupe::test::fresh_dir("loader-shipped");
+  const fs::path session = dir / "session";
+  fs::create_directories(session);
+  fs::permissions(session, fs::perms::owner_all, fs::perm_options::replace);
+  const std::string corrupt = (dir / "corrupt.npy").string();
+  std::ofstream(corrupt, std::ios::binary) << "\x93NUMPY\x01\x00garbage that is not a header";
+  LoaderConfig config;
+  config.dataset = DatasetSpec("npy").set("inputs", corrupt);
+  config.shipped_files = {troupe::ship_file(rt_, corrupt)};
+  Loader loader = rt_.spawn<DataLoaderActor>(
+      {.resources = {{"CPU", 1}}, .env = {"TROUPE_SESSION_DIR=" + session.string()}}, config);
+  StreamReader<Batch> r(rt_, 4);
+  auto f = loader.call(&DataLoaderActor::feed, r.ref(), SamplerCursor{}, 0, 0);
+  auto names_the_drivers_path = [&](const std::string& what) {
+    EXPECT_NE(what.find(corrupt), std::string::npos) << what;
+    EXPECT_EQ(what.find("/shipped/"), std::string::npos) << what;
+  };
+  try {
+    r.read(kWaitBound);
+    ADD_FAILURE() << "read did not throw";
+  } catch (const troupe::StreamError& e) {
+    names_the_drivers_path(e.what());
+  }
+  try {
+    f.get(kWaitBound);
+    ADD_FAILURE() << "feed did not throw";
+  } catch (const troupe::RemoteError& e) {
+    names_the_drivers_path(e.what());
+  }
+  try {
+    loader.call(&DataLoaderActor::dataset_size).get(kWaitBound);
+    ADD_FAILURE() << "dataset_size did not throw";
+  } catch (const troupe::RemoteError& e) {
+    names_the_drivers_path(e.what());
+  }
+  // It read the copy.
+  EXPECT_FALSE(fs::is_empty(session / "shipped"));
+  rt_.kill(loader);
   troupe::core::remove_tree(dir);
 }
 
