@@ -183,6 +183,11 @@ class TorchrunJob {
         release(a);
         say(e.what());
         return 1;
+      } catch (const Error& e) {
+        // A slot lost while the attempt starts (its node died, a start
+        // not answered in time): a failed attempt, restarted as a rank's
+        // failure is; it left the driver without stopping the others.
+        out = {false, 0, 1, std::string("the attempt could not start its ranks: ") + e.what()};
       } catch (const Stopped& s) {
         // As torchrun: SIGTERM to every script (a preemption-aware one
         // checkpoints then), SIGKILL after the grace.
@@ -326,6 +331,7 @@ class TorchrunJob {
     env.master_addr = wire::strip_brackets(wire::parse_address(a.slots[0].info().address).first);
     env.master_port = a.slots[0].call(&TorchrunSlot::free_port).get();
     auto gpus = gpu_lists(a);
+    if (!shipped_.path.empty()) prepare_copies(a);
     std::vector<Future<int64_t>> started;
     for (size_t r = 0; r < a.slots.size(); ++r) {
       RankPlace p{int(r), int(r) % o_.nproc_per_node, int(r) / o_.nproc_per_node, o_.nproc_per_node, a.shape.nodes};
@@ -334,7 +340,7 @@ class TorchrunJob {
       l.python = o_.python;
       l.module = o_.module;
       l.no_python = o_.no_python;
-      l.script = script_path();
+      l.script = shipped_script_.empty() ? script_path() : shipped_script_;
       l.args = o_.script_args;
       auto vars = torchrun_env(p, env);
       if (a.shape.resource == "GPU") vars.push_back("CUDA_VISIBLE_DEVICES=" + gpus[size_t(p.group_rank)]);
@@ -466,24 +472,69 @@ class TorchrunJob {
     }
   }
 
-  // --ship-working-dir: the driver's working directory goes to the nodes'
-  // object fetchers once, and each rank runs in its node's copy (the
-  // script's path inside it is the same).
+  // --ship-working-dir: the driver's working directory goes to the nodes
+  // once per run, and each rank runs in its node's copy, with the script at
+  // the same place inside it. Refused before anything runs: a script
+  // outside the directory, or one its packing leaves out.
   void ship_working_dir() {
-    const std::string script = script_path();
+    if (o_.address.empty()) {
+      say("--ship-working-dir: the ranks run on this machine (no --address), in " + cwd_ + " itself: nothing to ship");
+      return;
+    }
+    // A module is looked up in the copy; a program without a / on the
+    // node's PATH; a --no-python program outside the directory runs at its
+    // own path on the node.
     const bool a_file = !o_.module && !(o_.no_python && o_.script.find('/') == std::string::npos);
-    const ShippedDir here{cwd_};
-    if (a_file && path_in_copy(here, "COPY", script) == script)
+    const std::string inside = a_file ? path_inside_cwd(o_.script) : "";
+    if (a_file && inside.empty() && !o_.no_python)
       throw ConfigError("--ship-working-dir ships the working directory " + cwd_ + ", which does not hold the script " +
-                        script + ": run troupe torchrun from a folder that holds it");
-    shipped_ = ship_dir(rt_, cwd_, o_.ship_excludes);
+                        script_path() + ": run troupe torchrun from a folder that holds it");
+    std::vector<std::string> names;
+    shipped_ = ship_dir(
+        rt_, cwd_,
+        {.excludes = o_.ship_excludes, .leave_out = "--ship-exclude PATTERNS (.gitignore and .rayignore count too)"},
+        &names);
+    if (!inside.empty() && !std::binary_search(names.begin(), names.end(), inside)) {
+      shipped_ = {};
+      throw ConfigError("--ship-working-dir leaves the script " + inside + " out of what it ships from " + cwd_ +
+                        ": a .gitignore or .rayignore pattern, or --ship-exclude, names it");
+    }
+    if (!inside.empty()) shipped_script_ = cwd_ + "/" + inside;
     char size[32];
     if (shipped_.bytes >= (1u << 20))
       std::snprintf(size, sizeof size, "%.1f MiB", double(shipped_.bytes) / double(1 << 20));
     else
       std::snprintf(size, sizeof size, "%.1f KiB", double(shipped_.bytes) / 1024.0);
     say("shipping " + cwd_ + " (" + std::to_string(shipped_.files) + " files, " + size +
-        ") to the nodes; each rank runs in its node's copy, where what it writes to relative paths stays");
+        ") to the nodes; each rank runs in its node's copy, made for this run, where what it writes to relative "
+        "paths stays until the node's next run");
+  }
+
+  // `path` relative to the working directory when it lies inside it (its
+  // folder's links resolved, as the working directory's are: a symlinked
+  // /home names the same place), else "".
+  std::string path_inside_cwd(const std::string& path) const {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path p = fs::absolute(path, ec);
+    if (ec) return "";
+    const fs::path folder = fs::weakly_canonical(p.parent_path(), ec);
+    if (ec) return "";
+    const fs::path rel = (folder / p.filename()).lexically_relative(fs::path(cwd_));
+    if (rel.empty() || *rel.begin() == "..") return "";
+    return rel.generic_string();
+  }
+
+  // Each node's copy of the shipped directory, made before the starts
+  // (which are waited for 60 s): the node's first slot fetches it, the
+  // others wait for its copy. A stop is looked at meanwhile.
+  void prepare_copies(Attempt& a) {
+    std::vector<Future<std::string>> made;
+    for (auto& s : a.slots) made.push_back(s.call(&TorchrunSlot::prepare, shipped_));
+    for (auto& f : made) {
+      while (!f.wait_for(100ms)) check_stop();
+      f.get();
+    }
   }
 
   // The script as the nodes should find it: absolute when it is a file
@@ -500,7 +551,8 @@ class TorchrunJob {
   TorchrunOptions o_;
   std::string run_id_;
   std::string cwd_;
-  ShippedDir shipped_;  // --ship-working-dir
+  ShippedDir shipped_;          // --ship-working-dir
+  std::string shipped_script_;  // the script's path inside it, "" = none
   std::string omp_;
   std::vector<std::string> driver_env_;  // this process's environment (rank_environment)
   std::string nccl_async_ = "1";

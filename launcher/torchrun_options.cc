@@ -349,8 +349,8 @@ std::string torchrun_usage() {
          "--cold-restarts starts every attempt in a fresh interpreter, as torchrun does.\n"
          "--ship-working-dir: for nodes that do not share this machine's files, pack the current\n"
          "directory (the script must be in it; .gitignore, .rayignore and --ship-exclude patterns\n"
-         "leave files out) and run each rank in its node's copy of it. What ranks write there\n"
-         "stays on their node, in the session's shipped/ folder, until the node agent stops.\n"
+         "leave files out) and run each rank in its node's copy of it, made for this run: what\n"
+         "ranks write there stays on their node; write checkpoints to shared storage.\n"
          "See docs/torchrun.md.\n";
 }
 

@@ -548,11 +548,20 @@ int32_t TorchrunSlot::free_port() {
   return any;
 }
 
+std::string TorchrunSlot::prepare(ShippedDir dir) {
+  try {
+    return local_dir(dir);
+  } catch (const Error& e) {
+    // No restart mends it: the job ends, naming the node.
+    throw ConfigError(std::string("troupe torchrun: ") + e.what());
+  }
+}
+
 int64_t TorchrunSlot::start(ScriptLaunch l) {
-  // The node's copy of the driver's directory, fetched before the lock is
-  // taken (a stop is served meanwhile); every later attempt finds it there.
+  // The node's copy of the driver's directory (prepare() made it), looked
+  // up before the lock is taken.
   if (!l.shipped.path.empty()) {
-    const std::string copy = local_dir(l.shipped);
+    const std::string copy = prepare(l.shipped);
     if (!l.module && !(l.no_python && l.script.find('/') == std::string::npos))
       l.script = path_in_copy(l.shipped, copy, l.script);
     l.working_dir = path_in_copy(l.shipped, copy, l.working_dir);
@@ -571,6 +580,9 @@ int64_t TorchrunSlot::start(ScriptLaunch l) {
         (program.find('/') == std::string::npos ? " not found on PATH" : " is not an executable file (chmod +x?)") +
         " (--no-python runs the script as a program)");
   std::error_code script_ec;
+  if (!l.no_python && !l.module && !l.shipped.path.empty() && !std::filesystem::is_regular_file(l.script, script_ec))
+    throw ConfigError("script " + l.script + " is not in " + this_host() + "'s copy of " + l.shipped.path +
+                      " (did a rank remove it?)");
   if (!l.no_python && !l.module && !std::filesystem::is_regular_file(l.script, script_ec))
     throw ConfigError("script " + l.script + " is not on this node (" + this_host() +
                       "): troupe torchrun runs the driver's script at the same path on every node; put it there "

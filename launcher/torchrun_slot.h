@@ -93,6 +93,11 @@ class TorchrunSlot {
   // A TCP port free on this node now, outside the ephemeral range when it
   // can (rank 0's slot gives MASTER_PORT).
   int32_t free_port();
+  // This node's copy of the driver's shipped working directory (fetched
+  // and unpacked by the node's first slot; the others wait for it), before
+  // any start(): a large one may take longer than a start is waited for.
+  // ConfigError naming the node when it cannot be made.
+  std::string prepare(ShippedDir dir);
   // Starts the script (in the spare interpreter when there is one for the
   // same interpreter); returns its pid, -1 when its attempt was stopped
   // already. ConfigError when the interpreter is not found or cannot run.
@@ -117,4 +122,5 @@ std::pair<uint16_t, uint16_t> ephemeral_port_range();
 }  // namespace troupe::launcher
 
 TROUPE_ACTOR(troupe::launcher::TorchrunSlot, &troupe::launcher::TorchrunSlot::free_port,
-             &troupe::launcher::TorchrunSlot::start, &troupe::launcher::TorchrunSlot::wait_exit)
+             &troupe::launcher::TorchrunSlot::prepare, &troupe::launcher::TorchrunSlot::start,
+             &troupe::launcher::TorchrunSlot::wait_exit)

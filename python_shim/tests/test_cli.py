@@ -356,12 +356,17 @@ def test_torchrun_ships_its_working_dir_to_a_node_that_cannot_see_it(tmp_path):
     it, a data file read by a relative path) reaches a node that does not
     have it, and each rank runs in that node's copy; what .gitignore names
     stays behind. Without the flag the rank is refused, naming it; a script
-    outside the folder is refused before anything runs."""
+    outside the folder, or one the packing leaves out, is refused before
+    anything runs. A second run gets a fresh copy (a probe's second run
+    resumed from the checkpoint the first left in the copy), also when
+    started from a symlink to the folder with the script's path through
+    it (refused as outside the folder before)."""
     hidden = tmp_path / "hidden"  # empty on the agent's node
     project = hidden / "project"
     (project / "outputs").mkdir(parents=True)
     (project / "outputs" / "big.pt").write_text("stays on the driver's machine")
-    (project / ".gitignore").write_text("outputs/\n")
+    (project / ".gitignore").write_text("outputs/\nscratch.py\n")
+    (project / "scratch.py").write_text("print('never shipped')\n")
     (project / "helper.py").write_text("GREETING = 'hello from the shipped folder'\n")
     (project / "data.txt").write_text("read by a relative path")
     (project / "train.py").write_text(textwrap.dedent("""
@@ -371,7 +376,11 @@ def test_torchrun_ships_its_working_dir_to_a_node_that_cannot_see_it(tmp_path):
         print("rank", rank, helper.GREETING, open("data.txt").read(), flush=True)
         print("rank", rank, "outputs shipped:", os.path.exists("outputs"), flush=True)
         print("rank", rank, "cwd", os.getcwd(), flush=True)
+        print("rank", rank, "left by an earlier run:", os.path.exists(f"written_{rank}.txt"), flush=True)
+        open(f"written_{rank}.txt", "w").write(rank)
     """))
+    link = tmp_path / "link"
+    link.symlink_to(project)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     torchrun = [cli(), "torchrun", "--address", "auto", "--nproc-per-node", "2", "--python", sys.executable]
@@ -383,13 +392,19 @@ def test_torchrun_ships_its_working_dir_to_a_node_that_cannot_see_it(tmp_path):
                                  timeout=300)
         outside = subprocess.run(torchrun + ["--ship-working-dir", str(project / "train.py")], cwd=elsewhere,
                                  env=env, capture_output=True, text=True, timeout=300)
+        excluded = subprocess.run(torchrun + ["--ship-working-dir", "scratch.py"], cwd=project, env=env,
+                                  capture_output=True, text=True, timeout=300)
         run = subprocess.run(torchrun + ["--ship-working-dir", "train.py"], cwd=project, env=env,
                              capture_output=True, text=True, timeout=300)
+        again = subprocess.run(torchrun + ["--ship-working-dir", str(link / "train.py")], cwd=link, env=env,
+                               capture_output=True, text=True, timeout=300)
     said = refused.stdout + refused.stderr
     assert refused.returncode != 0 and "is not on this node" in said and "--ship-working-dir" in said, said
     said = outside.stdout + outside.stderr
     assert outside.returncode == 1, said
     assert f"ships the working directory {elsewhere}, which does not hold the script {project}/train.py" in said, said
+    said = excluded.stdout + excluded.stderr
+    assert excluded.returncode == 1 and "leaves the script scratch.py out of what it ships" in said, said
     said = run.stdout + run.stderr
     assert run.returncode == 0, said
     assert f"shipping {project} (4 files" in said, said  # .gitignore, data.txt, helper.py, train.py
@@ -399,6 +414,11 @@ def test_torchrun_ships_its_working_dir_to_a_node_that_cannot_see_it(tmp_path):
     cwds = set(re.findall(r"rank \d cwd (\S+)", said))
     assert len(cwds) == 1, said  # one copy for the node's ranks
     assert "/shipped/" in next(iter(cwds)) and str(project) not in next(iter(cwds)), said
+    said = again.stdout + again.stderr
+    assert again.returncode == 0, said
+    for rank in ("0", "1"):
+        assert f"rank {rank} left by an earlier run: False" in said, said
+    assert set(re.findall(r"rank \d cwd (\S+)", said)).isdisjoint(cwds), said
 
 
 def test_a_torch_trainers_rank_0_that_cannot_see_the_run_folder_fails_the_run_at_once(tmp_path):

@@ -14,12 +14,16 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <mutex>
+#include <random>
+#include <set>
 
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/shipped_copies.h"
 #include "troupe/runtime/core/dir_pack.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/files.h"
+#include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/session.h"
 
 namespace troupe {
@@ -133,7 +137,7 @@ void fetch_into(const ShippedFile& f, const std::string& tmp) {
 
 [[noreturn]] void too_big(const std::string& path, uint64_t size, const std::string& why,
                           const std::string& instead = "put the file on storage every node shares") {
-  throw ConfigError("cannot ship " + path + " (" + std::to_string(size) + " bytes) to the actors: " + why +
+  throw ConfigError("cannot ship " + path + " (" + std::to_string(size) + " bytes): " + why +
                     "; raise the driver's TROUPE_OBJECT_STORE_BYTES, or " + instead);
 }
 
@@ -286,16 +290,20 @@ std::string local_copy(const ShippedFile& f) {
   }
 }
 
-ShippedDir ship_dir(Runtime& rt, const std::string& dir, const std::vector<std::string>& excludes) {
+ShippedDir ship_dir(Runtime& rt, const std::string& dir, const DirShipping& how, std::vector<std::string>* names) {
   std::error_code ec;
   std::string root = std::filesystem::absolute(dir, ec).lexically_normal().string();
   if (ec) root = dir;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
-  const std::string leave_out = "leave files out with excludes (.gitignore and .rayignore count too)";
+  const std::string leave_out = "leave files out with " + how.leave_out;
   ShippedDir d;
   d.path = root;
+  std::random_device random;
+  char shipment[17];
+  std::snprintf(shipment, sizeof shipment, "%08x%08x", random(), random());
+  d.shipment = shipment;
   try {
-    const auto files = core::files_to_pack(root, excludes);
+    const auto files = core::files_to_pack(root, how.excludes);
     d.files = files.size();
     for (const auto& f : files) d.bytes += f.size;
     const auto held = rt.object_store_stats();
@@ -305,22 +313,67 @@ ShippedDir ship_dir(Runtime& rt, const std::string& dir, const std::vector<std::
                   std::to_string(held.limit) + " bytes",
               leave_out);
     d.archive = ship_bytes(rt, root, core::pack_files(files));
+    if (names)
+      for (const auto& f : files) names->push_back(f.name);
   } catch (const ConfigError& e) {
     const std::string what = e.what();
     if (what.rfind("cannot ship " + root, 0) == 0) throw;
-    throw ConfigError("cannot ship the directory " + root + " to the actors: " + what);
+    throw ConfigError("cannot ship the directory " + root + ": " + what + " (" + leave_out + ")");
   }
   return d;
 }
 
 namespace {
 
+// The copies this process runs in: a shared flock on each NAME.d.use, held
+// until the process ends (the kernel lets go however it ends).
+void hold_copy(const std::string& use_path) {
+  static std::mutex mu;
+  static std::set<std::string> held;
+  std::lock_guard lock(mu);
+  if (held.count(use_path)) return;
+  const int fd = ::open(use_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw Error("cannot open " + use_path + ": " + std::strerror(errno));
+  while (::flock(fd, LOCK_SH) != 0) {
+    if (errno == EINTR) continue;
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw Error("cannot lock " + use_path + ": " + why);
+  }
+  held.insert(use_path);  // the descriptor stays open, and the lock with it
+}
+
+// Removes the host's other directory copies that no process holds (a
+// finished job's, and what its ranks wrote there); their empty .use and
+// .lock files stay (removing a lock file another process has open would
+// let two hold "the" lock).
+void remove_unused_copies(const std::string& dir, const std::string& keep) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string path = entry.path().string();
+    if (path == keep || entry.path().extension() != ".d" || !entry.is_directory(ec) || entry.is_symlink(ec)) continue;
+    const int fd = ::open((path + ".use").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      core::remove_tree(path, ec);
+      TROUPE_LOG_INFO("shipped copies: removed {}, which no process uses", path);
+    }
+    ::close(fd);
+  }
+}
+
 std::string unpack_copy(const ShippedDir& d) {
   const std::string session = core::session_dir();
   core::ensure_session_dir(session);
   const std::string dir = shipped_copies_dir(session);
   private_folder(dir);
-  const std::string dest = dir + "/" + copy_name(d.archive) + ".d";
+  bool shipment_ok = d.shipment.size() == 16;
+  for (char c : d.shipment) shipment_ok = shipment_ok && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+  if (!shipment_ok) throw Error("a shipped directory's shipment id is not 16 hex digits (" + d.path + ")");
+  const std::string dest = dir + "/" + copy_name(d.archive) + "." + d.shipment.substr(0, 8) + ".d";
+  // Held before the copy is looked at: no other process removes it from
+  // here on.
+  hold_copy(dest + ".use");
   struct stat st {};
   if (::lstat(dest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return dest;
   const HostLock lock(dest + ".lock");
@@ -349,6 +402,7 @@ std::string unpack_copy(const ShippedDir& d) {
     core::remove_tree(staging, ec);
     throw Error("cannot make " + dest + ": " + why);
   }
+  remove_unused_copies(dir, dest);
   return dest;
 }
 

@@ -99,19 +99,33 @@ struct ShippedDir {
   uint64_t files = 0;
   uint64_t bytes = 0;  // of the files, unpacked
   ShippedFile archive;
-  TROUPE_FIELDS(path, files, bytes, archive);
+  // Random, one per ship_dir call: the copies its users share (a later
+  // ship of the same files gets fresh ones, not what earlier users left).
+  std::string shipment;
+  TROUPE_FIELDS(path, files, bytes, archive, shipment);
 };
 
-// Packs `dir` and ships it. ConfigError naming the directory when it cannot
-// be read or its files do not fit the driver's object store (checked
-// before they are read).
-ShippedDir ship_dir(Runtime& rt, const std::string& dir, const std::vector<std::string>& excludes);
+struct DirShipping {
+  std::vector<std::string> excludes;  // fnmatch patterns (dir_pack.h)
+  // How the refusals tell the user to leave files out.
+  std::string leave_out = "excludes (.gitignore and .rayignore count too)";
+};
 
-// This host's copy of `dir`: <session>/shipped/<sha256 prefix>-<name>.d,
-// unpacked once per host (under a lock, through a staging directory
-// renamed into place) and then left as the processes that run in it make
-// it: it is their working directory, shared by every process of the host.
-// Throws Error naming the host and the directory.
+// Packs `dir` and ships it; `names` (if given) receives the files' paths
+// inside it. ConfigError naming the directory when it cannot be read or
+// its files do not fit the driver's object store (checked before they are
+// read).
+ShippedDir ship_dir(Runtime& rt, const std::string& dir, const DirShipping& how = {},
+                    std::vector<std::string>* names = nullptr);
+
+// This host's copy of `dir`'s shipment:
+// <session>/shipped/<sha256 prefix>-<name>.<shipment prefix>.d, unpacked
+// once per host (under a lock, through a staging directory renamed into
+// place) and then left as the processes that run in it make it: it is
+// their working directory, shared by every process of the host that uses
+// the same shipment. This process holds a shared flock on NAME.d.use
+// while it lives; each new copy removes the host's other copies that no
+// process holds. Throws Error naming the host and the directory.
 std::string local_dir(const ShippedDir& dir);
 
 // `path` with the driver's directory `dir.path` replaced by `copy` when it

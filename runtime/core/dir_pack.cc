@@ -258,6 +258,9 @@ void walk(const std::string& directory, const std::string& relative_dir, std::ve
           std::vector<PackedFile>& out) {
   add_ignore_rules(directory, relative_dir, ignore_files, rules);
   std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(directory.c_str()), ::closedir);
+  // A folder below the root that this user may not read is left out, as
+  // the Python packer's os.walk leaves it (a database volume of root's).
+  if (!d && errno == EACCES && !relative_dir.empty()) return;
   if (!d) throw ConfigError("cannot read the directory " + directory + ": " + std::strerror(errno));
   std::vector<std::string> names;
   while (const dirent* e = ::readdir(d.get())) {
@@ -336,10 +339,10 @@ Buffer pack_files(const std::vector<PackedFile>& files) {
       }
       n += uint64_t(r);
     }
-    char extra;
-    const bool grew = n == f.size && ::read(fd, &extra, 1) > 0;
     ::close(fd);
-    if (n != f.size || grew) throw ConfigError(f.disk + " changed size while it was packed");
+    // A file that grew since it was listed (a log being written) goes as
+    // its first f.size bytes; one that shrank cannot be packed.
+    if (n != f.size) throw ConfigError(f.disk + " shrank while it was packed");
     p += f.size;
   }
   return out;

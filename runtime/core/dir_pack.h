@@ -38,13 +38,15 @@ std::vector<std::string> default_ignore_files();
 
 // The files of `root` that a pack holds, sorted by name. `excludes` are
 // fnmatch patterns matched against the relative path and against each of
-// its parts. Throws ConfigError naming the path when `root` is not a
-// directory or an ignore file cannot be read.
+// its parts. A folder below `root` this user may not read is left out (as
+// os.walk does). Throws ConfigError naming the path when `root` is not a
+// directory or cannot be read, or an ignore file cannot be read.
 std::vector<PackedFile> files_to_pack(const std::string& root, const std::vector<std::string>& excludes,
                                       const std::vector<std::string>& ignore_files = default_ignore_files());
 
-// The archive of `files`. Throws ConfigError naming a file that cannot be
-// read or changed size since it was listed.
+// The archive of `files`: a file that grew since it was listed goes as
+// the bytes it had then (a log being appended to). Throws ConfigError
+// naming a file that cannot be read or shrank.
 Buffer pack_files(const std::vector<PackedFile>& files);
 
 // Writes the archive's files under `dest` (made if absent, 0755). Refuses,

@@ -152,6 +152,25 @@ TEST_F(DirPackTest, AnArchiveUnpacksToTheSameFilesAndModes) {
   EXPECT_THROW(troupe::core::unpack_files(packed.data(), packed.size(), dest), troupe::Error);
 }
 
+// A file written to between listing and packing (a log): one that grew
+// goes as it was listed (packing it failed the whole launch before); one
+// that shrank is refused, naming it.
+TEST_F(DirPackTest, AFileThatGrowsWhilePackedGoesAsListed) {
+  write_tree(root_ + "/src", {{"train.py", "x = 1\n"}, {"run.log", "line 1\n"}});
+  auto files = troupe::core::files_to_pack(root_ + "/src", {});
+  std::ofstream(root_ + "/src/run.log", std::ios::app) << "line 2\n";
+  const troupe::Buffer packed = troupe::core::pack_files(files);
+  troupe::core::unpack_files(packed.data(), packed.size(), root_ + "/dest");
+  EXPECT_EQ(read_file(root_ + "/dest/run.log"), "line 1\n");
+  std::ofstream(root_ + "/src/run.log", std::ios::trunc) << "";
+  try {
+    troupe::core::pack_files(files);
+    ADD_FAILURE() << "a file that shrank was packed";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("run.log shrank"), std::string::npos) << e.what();
+  }
+}
+
 // Every byte string an archive could be cut to, and names that would climb
 // out, are refused with an Error; nothing lands outside the destination.
 TEST_F(DirPackTest, ADamagedOrHostileArchiveIsRefused) {

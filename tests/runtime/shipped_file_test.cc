@@ -4,12 +4,16 @@
 // name the file.
 #include "troupe/runtime/client/shipped_file.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <iterator>
 
 #include "tests/support/temp_dir.h"
+#include "tests/support/wait.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;
@@ -152,7 +156,9 @@ TEST_F(ShippedFileTest, ProcessesOfAHostThatAskAtOnceFetchOnce) {
 
 // A directory arrives as its files (what .gitignore leaves out stays
 // behind), unpacked once per host: a second process of the host runs in the
-// first one's copy, even after that one wrote into it.
+// first one's copy, even after that one wrote into it. A later shipment of
+// the same files gets a fresh copy (not what the last run left there), and
+// a copy no process uses any more is removed then.
 TEST_F(ShippedFileTest, ADirectoryArrivesAsItsFilesOncePerHost) {
   const std::string project = dir_ + "/project";
   std::filesystem::create_directories(project + "/pkg");
@@ -163,20 +169,21 @@ TEST_F(ShippedFileTest, ADirectoryArrivesAsItsFilesOncePerHost) {
   std::ofstream(project + "/outputs/ckpt.pt") << "left behind";
   const std::string big = pattern(troupe::kShippedChunkBytes + 100);  // two chunks
   std::ofstream(project + "/data.bin", std::ios::binary) << big;
-  troupe::ShippedDir d = troupe::ship_dir(rt_, project + "/", {});
+  troupe::ShippedDir d = troupe::ship_dir(rt_, project + "/");
   EXPECT_EQ(d.path, project);
   EXPECT_EQ(d.files, 4u);  // .gitignore, data.bin, pkg/helper.py, train.py
   EXPECT_EQ(d.archive.chunks.size(), 2u);
   auto a = user();
   const std::string copy = a.call(&FileUser::dir_copy, d).get(120s);
-  EXPECT_EQ(copy, session_ + "/shipped/" + d.archive.sha256.substr(0, 16) + "-project.d");
+  EXPECT_EQ(copy,
+            session_ + "/shipped/" + d.archive.sha256.substr(0, 16) + "-project." + d.shipment.substr(0, 8) + ".d");
   EXPECT_EQ(read_file(copy + "/pkg/helper.py"), "ANSWER = 42\n");
   EXPECT_EQ(fingerprint(read_file(copy + "/data.bin")), fingerprint(big));
   EXPECT_FALSE(std::filesystem::exists(copy + "/outputs"));
   // The archive itself does not stay once unpacked.
   for (const auto& entry : std::filesystem::directory_iterator(session_ + "/shipped")) {
     const std::string name = entry.path().filename().string();
-    EXPECT_TRUE(name.ends_with(".d") || name.ends_with(".lock")) << name;
+    EXPECT_TRUE(name.ends_with(".d") || name.ends_with(".lock") || name.ends_with(".use")) << name;
   }
   std::ofstream(copy + "/written_by_a_rank.txt") << "mine";
   const uint64_t written = rt_.core()->traffic().written;
@@ -186,17 +193,39 @@ TEST_F(ShippedFileTest, ADirectoryArrivesAsItsFilesOncePerHost) {
   EXPECT_EQ(troupe::path_in_copy(d, copy, project + "/pkg/helper.py"), copy + "/pkg/helper.py");
   EXPECT_EQ(troupe::path_in_copy(d, copy, project + "/../elsewhere.py"), project + "/../elsewhere.py");
   EXPECT_EQ(troupe::path_in_copy(d, copy, project + "-other/x.py"), project + "-other/x.py");
+  // Shipped again: a fresh copy. The first one stays while its users live,
+  // and goes with the next copy made once they are gone.
+  const troupe::ShippedDir again = troupe::ship_dir(rt_, project);
+  EXPECT_EQ(again.archive.sha256, d.archive.sha256);
+  const std::string fresh = b.call(&FileUser::dir_copy, again).get(120s);
+  EXPECT_NE(fresh, copy);
+  EXPECT_FALSE(std::filesystem::exists(fresh + "/written_by_a_rank.txt"));
+  EXPECT_TRUE(std::filesystem::exists(copy + "/written_by_a_rank.txt"));
+  rt_.kill(a);
+  rt_.kill(b);
+  // Their processes gone (the kernel let go of their locks on the copies).
+  auto unused = [](const std::string& use) {
+    const int fd = ::open(use.c_str(), O_RDWR | O_CLOEXEC);
+    const bool free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (fd >= 0) ::close(fd);
+    return free;
+  };
+  ASSERT_TRUE(troupe::test::eventually([&] { return unused(copy + ".use") && unused(fresh + ".use"); }));
+  auto c = user();
+  EXPECT_NE(c.call(&FileUser::dir_copy, troupe::ship_dir(rt_, project)).get(120s), fresh);
+  EXPECT_FALSE(std::filesystem::exists(copy));
+  EXPECT_FALSE(std::filesystem::exists(fresh));
   // What the driver cannot ship is named.
   try {
-    troupe::ship_dir(rt_, dir_ + "/missing", {});
+    troupe::ship_dir(rt_, dir_ + "/missing");
     FAIL() << "a missing directory was shipped";
   } catch (const troupe::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(dir_ + "/missing"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(troupe::ship_dir(rt_, project, {"*.bin"}).files, 3u);
+  EXPECT_EQ(troupe::ship_dir(rt_, project, {.excludes = {"*.bin"}}).files, 3u);
   rt_.core()->service<troupe::client::ObjectStore>()->set_limit(1 << 20);
   try {
-    troupe::ship_dir(rt_, project, {});
+    troupe::ship_dir(rt_, project);
     FAIL() << "a directory past the store's limit was shipped";
   } catch (const troupe::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("excludes"), std::string::npos) << e.what();
