@@ -30,15 +30,29 @@ const char* const kAlwaysExcluded[] = {"__pycache__", ".git", ".hg", ".svn"};
 
 // ---- .gitignore patterns (the Python shim's _packages.py, ported) ----
 
-// One character as a regex matches it: letters and digits as they are,
-// the rest as \xHH (the same inside and outside a bracket expression);
-// bytes past ASCII as they are (no regex meaning).
+// One byte as a regex matches it: letters and digits as they are, the
+// rest as \xHH (the same inside and outside a bracket expression).
 std::string literal(char c) {
   const auto u = static_cast<unsigned char>(c);
-  if (std::isalnum(u) || u >= 0x80) return std::string(1, c);
+  if (std::isalnum(u)) return std::string(1, c);
   char out[5];
   std::snprintf(out, sizeof out, "\\x%02x", u);
   return out;
+}
+
+// Names are matched per character, as Python decodes them (UTF-8, a byte
+// that is not part of a sequence as one character): a character other
+// than '/' is one ASCII byte, or a lead byte and its continuation bytes, or
+// a stray continuation byte.
+constexpr const char* kAnyChar = "(?:[\\x00-\\x2e\\x30-\\x7f]|[\\xc0-\\xff][\\x80-\\xbf]*|[\\x80-\\xbf])";
+
+// The bytes of the character at s[i] (a UTF-8 sequence, or one byte).
+size_t char_bytes(const std::string& s, size_t i) {
+  const auto u = static_cast<unsigned char>(s[i]);
+  size_t n = 1;
+  if (u >= 0xc0)
+    while (i + n < s.size() && (static_cast<unsigned char>(s[i + n]) & 0xc0) == 0x80) ++n;
+  return n;
 }
 
 std::string literals(const std::string& s) {
@@ -69,12 +83,16 @@ bool bracket(const std::string& p, size_t i, std::string& regex, size_t& past) {
   size_t j = i + 1;
   const bool negated = j < p.size() && (p[j] == '!' || p[j] == '^');
   j += negated;
-  std::string body;
+  std::string body;                // the ASCII members, as a class's contents
+  std::vector<std::string> chars;  // members past ASCII, one character each
   bool first = true;
   while (j < p.size()) {
     char c = p[j];
     if (c == ']' && !first) {
-      regex = negated ? "[^\\x2f" + body + "]" : "(?!\\x2f)[" + body + "]";
+      std::string item = body.empty() ? "" : "[" + body + "]";
+      for (const auto& m : chars) item += (item.empty() ? "" : "|") + m;
+      item = "(?:" + item + ")";
+      regex = negated ? "(?!" + item + ")" + std::string(kAnyChar) : "(?!\\x2f)" + item;
       past = j + 1;
       return true;
     }
@@ -91,6 +109,12 @@ bool bracket(const std::string& p, size_t i, std::string& regex, size_t& past) {
       }
     }
     if (c == '\\' && j + 1 < p.size()) c = p[++j];
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      const size_t n = char_bytes(p, j);
+      chars.push_back(literals(p.substr(j, n)));
+      j += n;
+      continue;
+    }
     if (j + 2 < p.size() && p[j + 1] == '-' && p[j + 2] != ']') {
       char high = p[j + 2];
       if (high == '\\' && j + 3 < p.size()) {
@@ -129,7 +153,7 @@ std::string wildmatch(const std::string& p) {
       }
       i = j;
     } else if (c == '?') {
-      out += "[^\\x2f]";
+      out += kAnyChar;
       ++i;
     } else if (c == '[') {
       std::string regex;

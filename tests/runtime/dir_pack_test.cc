@@ -123,6 +123,21 @@ TEST_F(DirPackTest, IgnoreFilesLeaveOutWhatGitWould) {
                                             "notes", "secret12.txt"}));
 }
 
+// Patterns match names per character, as the Python packer (and Ray's)
+// decode them: ? and a bracket member are one UTF-8 character, not one
+// byte (review r28 found caf?.txt shipped café.txt).
+TEST_F(DirPackTest, PatternsMatchNonAsciiNamesPerCharacter) {
+  write_tree(root_ + "/p", {{".gitignore", "caf?.txt\n[\xc3\xa9]x.txt\n[!\xc3\xa9]y.txt\n?z.txt\n"},
+                            {"caf\xc3\xa9.txt", ""},
+                            {"\xc3\xa9x.txt", ""},
+                            {"ay.txt", ""},
+                            {"\xc3\xa9y.txt", ""},
+                            {"\xe2\x82\xacz.txt", ""},
+                            {"ab/z.txt", ""}});
+  EXPECT_EQ(names(troupe::core::files_to_pack(root_ + "/p", {})),
+            (std::vector<std::string>{".gitignore", "ab/z.txt", "\xc3\xa9y.txt"}));
+}
+
 TEST_F(DirPackTest, AnArchiveUnpacksToTheSameFilesAndModes) {
   const std::string src = root_ + "/src";
   std::string big(300000, '\0');
