@@ -1,7 +1,10 @@
 #include "troupe/runtime/client/object_store.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <random>
 
 #include "troupe/runtime/client/listen_host.h"
@@ -51,6 +54,56 @@ uint64_t configured_limit() {
 }
 
 }  // namespace
+
+namespace {
+
+struct FilePiece {
+  std::string path;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+Buffer read_piece(const FilePiece& p) {
+  const std::string what =
+      p.path + " (bytes " + std::to_string(p.offset) + " to " + std::to_string(p.offset + p.size) + ")";
+  const int fd = ::open(p.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot read " + what + " to send it: " + std::strerror(errno));
+  std::byte* data = nullptr;
+  Buffer b = Buffer::allocate(size_t(p.size), &data);
+  uint64_t n = 0;
+  for (ssize_t r; n < p.size && (r = ::pread(fd, data + n, size_t(p.size - n), off_t(p.offset + n))) != 0;) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      throw Error("cannot read " + what + " to send it: " + why);
+    }
+    n += uint64_t(r);
+  }
+  ::close(fd);
+  if (n != p.size) throw Error("cannot read " + what + " to send it: the file is shorter than when it was shipped");
+  return b;
+}
+
+void encode_piece(const std::shared_ptr<const void>& v, wire::Encoder& e) {
+  ObjectPayload<Buffer>::encode(std::make_shared<const Buffer>(read_piece(*static_cast<const FilePiece*>(v.get()))), e);
+}
+
+}  // namespace
+
+ObjectValue file_piece_value(const std::string& path, uint64_t offset, uint64_t size) {
+  ObjectValue o;
+  o.value = std::make_shared<const FilePiece>(FilePiece{path, offset, size});
+  o.encode = &encode_piece;
+  o.bytes = 0;  // nothing held
+  o.type = typeid(Buffer).name();
+  return o;
+}
+
+std::shared_ptr<const void> value_of(const ObjectValue& v) {
+  if (v.encode != &encode_piece) return v.value;
+  return std::make_shared<const Buffer>(read_piece(*static_cast<const FilePiece*>(v.value.get())));
+}
 
 std::string describe(const ObjectRefInfo& info) {
   std::string who = info.owner_actor ? "actor " + std::to_string(info.owner_actor) : std::string("driver");
@@ -191,14 +244,18 @@ ObjectRefInfo ObjectStore::owner_info(uint64_t id, const std::string& type) cons
 }
 
 std::shared_ptr<const void> ObjectStore::local_value(uint64_t id, const std::string& type) const {
-  std::lock_guard lock(mu_);
-  auto it = objects_.find(id);
-  if (it == objects_.end()) throw ObjectLost(describe(owner_info(id, type)) + " is no longer held by its owner");
-  if (it->second.error) std::rethrow_exception(it->second.error);
-  if (it->second.pending) throw Error("object " + std::to_string(id) + " has no value yet");
-  if (type != it->second.value.type)
-    throw DecodeError("object " + std::to_string(id) + " holds a " + it->second.value.type + ", not a " + type);
-  return it->second.value.value;
+  ObjectValue v;
+  {
+    std::lock_guard lock(mu_);
+    auto it = objects_.find(id);
+    if (it == objects_.end()) throw ObjectLost(describe(owner_info(id, type)) + " is no longer held by its owner");
+    if (it->second.error) std::rethrow_exception(it->second.error);
+    if (it->second.pending) throw Error("object " + std::to_string(id) + " has no value yet");
+    if (type != it->second.value.type)
+      throw DecodeError("object " + std::to_string(id) + " holds a " + it->second.value.type + ", not a " + type);
+    v = it->second.value;
+  }
+  return value_of(v);  // a file piece read outside the lock
 }
 
 // Unique per store (a counter), and across stores with high probability

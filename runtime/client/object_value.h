@@ -103,6 +103,15 @@ ObjectValue make_object_value(T v) {
   return o;
 }
 
+// A piece of a file its owner reads each time the object is asked for (a
+// fetch, a local get), holding no memory meanwhile: an object of type
+// Buffer. ship_file serves a file this way, so that a driver does not keep
+// a data set it ships in memory for the whole job. Errors naming the file
+// when it can no longer be read whole (it shrank, it was removed).
+ObjectValue file_piece_value(const std::string& path, uint64_t offset, uint64_t size);
+// The typed value of `v`: a file piece's bytes read now, else v.value.
+std::shared_ptr<const void> value_of(const ObjectValue& v);
+
 // Keeps a call's result with the callee and writes a reference to it into
 // the reply (the worker's side of ActorHandle::call_ref).
 using ObjectSink = std::function<void(ObjectValue value, wire::Encoder& reply)>;

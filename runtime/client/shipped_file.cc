@@ -17,7 +17,10 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <tuple>
+#include <vector>
 
+#include "troupe/runtime/client/object_store.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/shipped_copies.h"
 #include "troupe/runtime/core/dir_pack.h"
@@ -53,31 +56,25 @@ struct Digest {
   }
 };
 
-// Reads all of `path` into memory (a mapping would take the driver down
-// with SIGBUS if the file were truncated while it is served).
-Buffer read_whole(const std::string& path) {
+// The size and SHA-256 of `path`, read through once in pieces (never held
+// whole: the pieces are read again when they are served).
+std::pair<uint64_t, std::string> size_and_digest(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw ConfigError("cannot ship " + path + " to the actors: " + std::strerror(errno));
+  std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* p) { ::close(*p); });
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     throw ConfigError("cannot ship " + path + " to the actors: not a regular file");
-  }
-  std::byte* data = nullptr;
-  Buffer b = Buffer::allocate(size_t(st.st_size), &data);
-  size_t n = 0;
-  for (ssize_t r; n < b.size() && (r = ::read(fd, data + n, b.size() - n)) != 0;) {
+  Digest digest;
+  std::vector<std::byte> piece(size_t(std::min<uint64_t>(uint64_t(st.st_size), 8u << 20)) + 1);
+  uint64_t n = 0;
+  for (ssize_t r; (r = ::read(fd, piece.data(), piece.size())) != 0;) {
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      throw ConfigError("cannot ship " + path + " to the actors: " + why);
-    }
-    n += size_t(r);
+    if (r < 0) throw ConfigError("cannot ship " + path + " to the actors: " + std::strerror(errno));
+    digest.add(piece.data(), size_t(r));
+    n += uint64_t(r);
   }
-  ::close(fd);
-  if (n != b.size()) throw ConfigError("cannot ship " + path + " to the actors: it shrank while being read");
-  return b;
+  return {n, digest.hex_digest()};
 }
 
 // A name for the local copy: the digest's first 16 digits and the file's
@@ -132,7 +129,8 @@ void fetch_into(const ShippedFile& f, const std::string& tmp) {
   }
   if (got != f.size || digest.hex_digest() != f.sha256)
     throw Error("the copy of " + f.path + " fetched from " + owner_of(f) + " does not match it (" +
-                std::to_string(got) + " of " + std::to_string(f.size) + " bytes, or a different SHA-256)");
+                std::to_string(got) + " of " + std::to_string(f.size) +
+                " bytes, or a different SHA-256: did the file change after it was shipped?)");
 }
 
 [[noreturn]] void too_big(const std::string& path, uint64_t size, const std::string& why,
@@ -149,15 +147,16 @@ std::string this_host() {
 }  // namespace
 
 ShippedFile ship_file(Runtime& rt, const std::string& path) {
-  // Refused before the whole file is read when it cannot fit.
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  const auto held = rt.object_store_stats();
-  if (!ec && held.bytes + size > held.limit)
-    too_big(path, size,
-            "the driver's object store holds " + std::to_string(held.bytes) + " of its " + std::to_string(held.limit) +
-                " bytes");
-  return ship_bytes(rt, path, read_whole(path));
+  ShippedFile f;
+  f.path = path;
+  std::tie(f.size, f.sha256) = size_and_digest(path);
+  // Pieces of the file, read again each time a host fetches one: the
+  // driver holds none of it (a host's copy that does not match the digest,
+  // the file changed since, is refused there).
+  auto store = rt.core()->service<client::ObjectStore>();
+  for (uint64_t off = 0; off < f.size; off += kShippedChunkBytes)
+    f.chunks.emplace_back(store->put(client::file_piece_value(path, off, std::min(kShippedChunkBytes, f.size - off))));
+  return f;
 }
 
 ShippedFile ship_bytes(Runtime& rt, const std::string& path, Buffer whole) {

@@ -1,6 +1,7 @@
 // ShippedFile: a file the driver reads, sent to actors on hosts that do not
-// share the driver's file system. The driver reads the file into its own
-// object store in chunks (ship_file); an actor that is handed the
+// share the driver's file system. The driver serves the file from its own
+// object store in chunks read from the file when asked (ship_file); an
+// actor that is handed the
 // ShippedFile fetches it once per host into its session directory
 // (local_copy), checking its SHA-256, and reads that copy. Every process of
 // a host that needs the same content reads one copy: the copy is named by
@@ -15,10 +16,11 @@
 // A directory travels the same way, packed into one file (ship_dir,
 // local_dir below).
 //
-// The chunks are objects of the driver's: they count against its object
-// store's limit (TROUPE_OBJECT_STORE_BYTES, a quarter of memory by
-// default) while the ShippedFile lives there, and are served by the driver
-// alone.
+// The chunks are objects of the driver's, served by the driver alone: a
+// file's (ship_file) are read from the file when fetched and hold no
+// memory; a directory's archive (ship_dir) is built in memory and counts
+// against the store's limit (TROUPE_OBJECT_STORE_BYTES, a quarter of
+// memory by default) while the ShippedDir lives.
 #pragma once
 
 #include <cstdint>
@@ -48,10 +50,12 @@ struct ShippedFile {
 // The bytes of one chunk (the last one may be shorter).
 inline constexpr uint64_t kShippedChunkBytes = 32ull << 20;
 
-// Reads `path` into this process's object store (read, not mapped: a
-// file truncated while served would take the driver down with SIGBUS).
-// Throws ConfigError naming the path when it cannot be read or does not
-// fit the store's limit (checked before it is read).
+// Ships `path`: reads it once for its size and SHA-256 and puts its
+// pieces in this process's object store as file pieces (object_value.h),
+// read again each time a host fetches one, so the driver holds none of it
+// in memory and no store limit applies. A host's copy of a file changed
+// after this is refused there (its digest differs). Throws ConfigError
+// naming the path when it cannot be read or is not a regular file.
 ShippedFile ship_file(Runtime& rt, const std::string& path);
 
 // Ships bytes the driver holds in memory as a file named `path` (what

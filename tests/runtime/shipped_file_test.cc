@@ -240,13 +240,41 @@ TEST_F(ShippedFileTest, TheDriverNamesAFileItCannotShip) {
     EXPECT_NE(std::string(e.what()).find(dir_ + "/missing.npz"), std::string::npos) << e.what();
   }
   EXPECT_THROW(troupe::ship_file(rt_, dir_), troupe::ConfigError);  // a directory
+}
+
+// The driver holds none of a shipped file: its pieces are read from the
+// file when fetched (they were held in its store, against its limit, for
+// the whole job), so a file past the store's limit ships. A file changed
+// or removed after it was shipped is refused on the host, naming it.
+TEST_F(ShippedFileTest, TheDriverServesAFileFromDiskAndHoldsNoneOfIt) {
   rt_.core()->service<troupe::client::ObjectStore>()->set_limit(1 << 20);
+  const std::string bytes = pattern(troupe::kShippedChunkBytes + (3 << 20));
+  const uint64_t held_before = rt_.object_store_stats().bytes;
+  troupe::ShippedFile f = troupe::ship_file(rt_, write("big.bin", bytes));
+  EXPECT_EQ(rt_.object_store_stats().bytes, held_before);
+  EXPECT_EQ(f.chunks.size(), 2u);
+  auto a = user();
+  EXPECT_EQ(a.call(&FileUser::fingerprint_of, f).get(120s), fingerprint(bytes));
+  // A local get reads the piece too.
+  EXPECT_EQ(f.chunks[1].get(60s).size(), bytes.size() - troupe::kShippedChunkBytes);
+  const std::string changed = write("changed.bin", pattern(5000));
+  troupe::ShippedFile g = troupe::ship_file(rt_, changed);
+  std::ofstream(changed, std::ios::binary) << std::string(5000, 'x');
   try {
-    troupe::ship_file(rt_, write("big.bin", pattern(2 << 20)));
-    FAIL() << "a file past the store's limit was shipped";
-  } catch (const troupe::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("big.bin"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("TROUPE_OBJECT_STORE_BYTES"), std::string::npos) << e.what();
+    a.call(&FileUser::copy, g).get(60s);
+    ADD_FAILURE() << "a changed file was taken";
+  } catch (const troupe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("changed.bin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("did the file change after it was shipped"), std::string::npos) << e.what();
+  }
+  const std::string removed = write("removed.bin", pattern(5000));
+  troupe::ShippedFile h = troupe::ship_file(rt_, removed);
+  std::filesystem::remove(removed);
+  try {
+    a.call(&FileUser::copy, h).get(60s);
+    ADD_FAILURE() << "a removed file was fetched";
+  } catch (const troupe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot read " + removed), std::string::npos) << e.what();
   }
 }
 
