@@ -8,6 +8,7 @@ refused by name."""
 import io
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import zipfile
 import pytest
 
 import troupe
+from troupe.runtime_env import RuntimeEnv
 from troupe.exceptions import ConfigError
 
 NAMES = ["RENV_JOB", "RENV_OWN", "RENV_EMPTY", "RENV_CHILD"]
@@ -699,3 +701,32 @@ def test_eviction_reads_each_entrys_size_from_beside_it(tmp_path, monkeypatch):
     (tmp_path / venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     _packages._entry_bytes(str(tmp_path), venv)
     assert not (tmp_path / f"{venv}.size").exists()
+
+
+@troupe.remote
+def own_runtime_env():
+    return dict(troupe.get_runtime_context().runtime_env)
+
+
+def test_the_runtime_context_gives_the_runtime_env_in_effect(tmp_path):
+    """Ray's get_runtime_context().runtime_env: the job's in the driver, the
+    task's own (its options over the job's, env_vars merged) in a worker."""
+    project = _project(tmp_path / "project")
+    troupe.init(num_cpus=2, runtime_env={"working_dir": str(project), "excludes": ["*.bin"],
+                                         "env_vars": {"JOB": "1"}})
+    try:
+        driver = troupe.get_runtime_context().runtime_env
+        assert isinstance(driver, RuntimeEnv)
+        assert driver.env_vars() == {"JOB": "1"}
+        assert re.fullmatch(r"troupe_pkg://[0-9a-f]{64}", driver.working_dir()), driver
+        task = troupe.get(own_runtime_env.options(runtime_env={"env_vars": {"TASK": "2"}}).remote(), timeout=60)
+        assert task["env_vars"] == {"JOB": "1", "TASK": "2"}, task
+        assert task["working_dir"] == driver.working_dir(), task
+    finally:
+        troupe.shutdown()
+    troupe.init(num_cpus=1)
+    try:
+        assert troupe.get_runtime_context().runtime_env == {}
+    finally:
+        troupe.shutdown()
+

@@ -737,6 +737,10 @@ def get_gpu_ids():
     return list(_core.gpu_ids())
 
 
+# How get_runtime_context().runtime_env names an uploaded package.
+_PACKAGE_URI = "troupe_pkg://"
+
+
 class RuntimeContext:
     """Where the calling code runs: job, namespace, node, actor, GPUs."""
 
@@ -843,6 +847,29 @@ class RuntimeContext:
         if not _core.in_worker():
             raise RuntimeError("get_assigned_resources() is for actors and tasks; this is a driver")
         return dict(_core.assigned_resources())
+
+    @property
+    def runtime_env(self):
+        """As Ray's: the runtime_env the calling code runs with, as a
+        RuntimeEnv: the job's in a driver (init's over troupe submit's), a
+        task's or an actor's in its worker (its options' over what it
+        inherited, env_vars merged by name). A working_dir or py_module is
+        named by its package's URI, troupe_pkg://<sha256> (Ray names its
+        uploads gcs://_ray_pkg_<hash>.zip); pip is its canonical spec."""
+        state = self._state
+        working_dir, py_modules = state.packages
+        fields = {}
+        if state.env_vars:
+            fields["env_vars"] = dict(state.env_vars)
+        if working_dir:
+            fields["working_dir"] = _PACKAGE_URI + working_dir
+        if py_modules:
+            fields["py_modules"] = [_PACKAGE_URI + m for m in py_modules]
+        if state.pip:
+            fields["pip"] = json.loads(state.pip) if isinstance(state.pip, str) else state.pip
+        from troupe.runtime_env import RuntimeEnv
+
+        return RuntimeEnv(**fields)
 
     def get_placement_group_id(self):
         """As Ray's: the id of the placement group this actor or task runs
