@@ -553,7 +553,7 @@ std::string TorchrunSlot::prepare(ShippedDir dir) {
     return local_dir(dir);
   } catch (const Error& e) {
     // No restart mends it: the job ends, naming the node.
-    throw ConfigError(std::string("troupe torchrun: ") + e.what());
+    throw ConfigError(e.what());
   }
 }
 

@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <random>
+#include <thread>
 
 #include "troupe/runtime/client/listen_host.h"
 #include "troupe/runtime/core/errors.h"
@@ -63,25 +66,58 @@ struct FilePiece {
   uint64_t size = 0;
 };
 
-Buffer read_piece(const FilePiece& p) {
+// The pieces a PieceReader has read whose bytes are not written yet (their
+// buffers give their slot back when they go), its queue and its stop.
+struct PieceSlots {
+  static constexpr int kMax = 4;  // 128 MiB of 32 MiB pieces
+  std::mutex mu;
+  std::condition_variable cv;
+  int used = 0;
+  bool stopping = false;
+  std::deque<std::function<void()>> jobs;
+};
+
+void give_back(PieceSlots& slots) {
+  {
+    std::lock_guard lock(slots.mu);
+    --slots.used;
+  }
+  slots.cv.notify_all();
+}
+
+// Reads `p` into a buffer of its own (with `slots`: one slot of theirs,
+// taken by the caller, given back when the buffer goes).
+Buffer read_piece(const FilePiece& p, const std::shared_ptr<PieceSlots>& slots = nullptr) {
   const std::string what =
       p.path + " (bytes " + std::to_string(p.offset) + " to " + std::to_string(p.offset + p.size) + ")";
+  std::shared_ptr<std::byte[]> memory;
+  try {
+    memory = slots ? std::shared_ptr<std::byte[]>(new std::byte[p.size ? p.size : 1],
+                                                  [slots](std::byte* q) {
+                                                    delete[] q;
+                                                    give_back(*slots);
+                                                  })
+                   : std::shared_ptr<std::byte[]>(new std::byte[p.size ? p.size : 1]);
+  } catch (...) {
+    if (slots) give_back(*slots);
+    throw;
+  }
+  std::byte* data = memory.get();
+  Buffer b(std::shared_ptr<const void>(memory, memory.get()), data, size_t(p.size));
   const int fd = ::open(p.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error("cannot read " + what + " to send it: " + std::strerror(errno));
-  std::byte* data = nullptr;
-  Buffer b = Buffer::allocate(size_t(p.size), &data);
+  if (fd < 0) throw Error("cannot read " + what + ": " + std::strerror(errno));
   uint64_t n = 0;
   for (ssize_t r; n < p.size && (r = ::pread(fd, data + n, size_t(p.size - n), off_t(p.offset + n))) != 0;) {
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
       const std::string why = std::strerror(errno);
       ::close(fd);
-      throw Error("cannot read " + what + " to send it: " + why);
+      throw Error("cannot read " + what + ": " + why);
     }
     n += uint64_t(r);
   }
   ::close(fd);
-  if (n != p.size) throw Error("cannot read " + what + " to send it: the file is shorter than when it was shipped");
+  if (n != p.size) throw Error("cannot read " + what + ": the file is shorter than when it was shipped");
   return b;
 }
 
@@ -90,6 +126,61 @@ void encode_piece(const std::shared_ptr<const void>& v, wire::Encoder& e) {
 }
 
 }  // namespace
+
+// One thread that reads the pieces asked for and sends the answers, taking
+// a slot for each: a driver that serves many hosts at once holds at most
+// PieceSlots::kMax pieces read and not yet written, and its I/O thread
+// never waits on the disk.
+struct ObjectStore::PieceReader {
+  std::shared_ptr<PieceSlots> slots = std::make_shared<PieceSlots>();
+  std::thread thread{[this] { run(); }};
+
+  ~PieceReader() {
+    {
+      std::lock_guard lock(slots->mu);
+      slots->stopping = true;
+    }
+    slots->cv.notify_all();
+    thread.join();
+  }
+
+  void serve(ConnPtr c, uint64_t request, ObjectValue piece) {
+    {
+      std::lock_guard lock(slots->mu);
+      slots->jobs.push_back([this, c = std::move(c), request, piece = std::move(piece)] {
+        std::exception_ptr error;
+        ObjectValue read;
+        try {
+          read = make_object_value<Buffer>(read_piece(*static_cast<const FilePiece*>(piece.value.get()), slots));
+        } catch (...) {
+          error = std::current_exception();
+        }
+        try {
+          c->send(get_answer(request, read, error));
+        } catch (const std::exception&) {
+          // The borrower is gone: nobody to answer.
+        }
+      });
+    }
+    slots->cv.notify_all();
+  }
+
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(slots->mu);
+        slots->cv.wait(lock,
+                       [&] { return slots->stopping || (!slots->jobs.empty() && slots->used < PieceSlots::kMax); });
+        if (slots->stopping) return;
+        job = std::move(slots->jobs.front());
+        slots->jobs.pop_front();
+        ++slots->used;  // given back by the piece's buffer
+      }
+      job();
+    }
+  }
+};
 
 ObjectValue file_piece_value(const std::string& path, uint64_t offset, uint64_t size) {
   ObjectValue o;
@@ -125,7 +216,7 @@ ObjectStore::ObjectStore(Core& core) : core_(core), instance_(random_u64() | 1),
 
 // Destroyed by the core's shutdown, after its I/O thread stopped: the
 // connections' handlers will never run again.
-ObjectStore::~ObjectStore() = default;
+ObjectStore::~ObjectStore() = default;  // joins the piece reader; answers it has not sent go
 
 uint64_t ObjectStore::default_limit() {
   const uint64_t bytes = core::memory_limit_bytes();
@@ -426,6 +517,11 @@ void ObjectStore::serve_get(const ConnPtr& c, const Message& m) {
     }
     v = it->second.value;
     error = it->second.error;
+    if (!error && v.encode == &encode_piece) {
+      if (!pieces_) pieces_ = std::make_unique<PieceReader>();
+      pieces_->serve(c, m.id, v);
+      return;
+    }
   } catch (...) {
     error = std::current_exception();
   }

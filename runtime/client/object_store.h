@@ -196,6 +196,11 @@ class ObjectStore : public std::enable_shared_from_this<ObjectStore> {
   // Registrations per borrower connection: object id -> count.
   std::map<wire::Connection*, std::pair<ConnPtr, std::map<uint64_t, int64_t>>> borrowers_;
   std::map<std::string, Link> links_;  // by owner address
+  // File pieces (file_piece_value) are read off the I/O thread, one at a
+  // time, with at most a few read and not yet written; started with the
+  // first piece served.
+  struct PieceReader;
+  std::unique_ptr<PieceReader> pieces_;
 };
 
 }  // namespace troupe::client

@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -28,6 +30,7 @@
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/session.h"
+#include "troupe/runtime/core/worker_env.h"
 
 namespace troupe {
 namespace {
@@ -179,17 +182,29 @@ ShippedFile ship_bytes(Runtime& rt, const std::string& path, Buffer whole) {
 
 namespace {
 
-// Removes what fetchers of `dest` killed mid-fetch left (dest.<pid>.tmp):
-// called under the lock, so no live fetcher's file is among them.
+// Removes the parts (NAME.<pid>.tmp: a fetch, an unpack or a removal cut
+// short) that processes which no longer run left: those of `dest` (called
+// under its lock, so no live fetcher's file is among them), and any other
+// whose process is gone from this host (a part of a file no later job
+// fetches again stayed until the node agent stopped: a probe found 115 MB
+// left by a driver killed mid-fetch).
 void remove_stale_parts(const std::string& dir, const std::string& dest) {
-  const std::string prefix = std::filesystem::path(dest).filename().string() + ".";
+  const std::string own = std::filesystem::path(dest).filename().string() + ".";
   std::error_code ec;
+  std::vector<std::filesystem::path> stale;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() <= prefix.size() + 4 || name.rfind(prefix, 0) != 0 || !name.ends_with(".tmp")) continue;
-    const std::string pid = name.substr(prefix.size(), name.size() - prefix.size() - 4);
-    if (pid.find_first_not_of("0123456789") == std::string::npos) core::remove_tree(entry.path(), ec);
+    if (!name.ends_with(".tmp")) continue;
+    const size_t dot = name.rfind('.', name.size() - 5);
+    if (dot == std::string::npos || dot + 1 >= name.size() - 4) continue;
+    const std::string pid = name.substr(dot + 1, name.size() - dot - 5);
+    if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    const bool gone = ::kill(pid_t(std::stol(pid)), 0) != 0 && errno == ESRCH;
+    // Exactly dest.<pid>.tmp (not another copy whose name dest begins).
+    const bool dests = dot + 1 == own.size() && name.compare(0, own.size(), own) == 0;
+    if (dests || gone) stale.push_back(entry.path());
   }
+  for (const auto& path : stale) core::remove_tree(path, ec);
 }
 
 // What a checked copy looked like when it was renamed into place (size,
@@ -326,11 +341,12 @@ namespace {
 
 // The copies this process runs in: a shared flock on each NAME.d.use, held
 // until the process ends (the kernel lets go however it ends).
-void hold_copy(const std::string& use_path) {
+void hold_copy(const std::string& copy) {
   static std::mutex mu;
   static std::set<std::string> held;
   std::lock_guard lock(mu);
-  if (held.count(use_path)) return;
+  if (held.count(copy)) return;
+  const std::string use_path = copy + ".use";
   const int fd = ::open(use_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) throw Error("cannot open " + use_path + ": " + std::strerror(errno));
   while (::flock(fd, LOCK_SH) != 0) {
@@ -339,23 +355,84 @@ void hold_copy(const std::string& use_path) {
     ::close(fd);
     throw Error("cannot lock " + use_path + ": " + why);
   }
-  held.insert(use_path);  // the descriptor stays open, and the lock with it
+  // In use again: a sweep that saw it unused starts counting anew.
+  ::unlink((copy + ".unused").c_str());
+  held.insert(copy);  // the descriptor stays open, and the lock with it
 }
 
-// Removes the host's other directory copies that no process holds (a
-// finished job's, and what its ranks wrote there); their empty .use and
-// .lock files stay (removing a lock file another process has open would
-// let two hold "the" lock).
-void remove_unused_copies(const std::string& dir, const std::string& keep) {
+// How long a copy must have been seen unused before a sweep removes it
+// (TROUPE_SHIPPED_COPY_GRACE_S, 600 s by default): a run whose group is
+// placed anew after a failure holds no copy between its slots' release
+// and the new slots' prepare, and must find what its ranks wrote there.
+std::chrono::seconds unused_grace() {
+  const std::string v = core::env_value("TROUPE_SHIPPED_COPY_GRACE_S");
+  char* end = nullptr;
+  const long long s = v.empty() ? -1 : std::strtoll(v.c_str(), &end, 10);
+  return std::chrono::seconds(s >= 0 && end && *end == '\0' ? s : 600);
+}
+
+// Removes `path` (a copy, or a part a killed unpacker left): renamed
+// aside first, so that a tree only half removed never keeps a copy's name
+// (the next sweep finishes it).
+void remove_aside(const std::string& path, const std::string& why) {
+  std::string doomed = path;
+  if (!path.ends_with(".tmp")) {
+    doomed = path + "." + std::to_string(::getpid()) + ".tmp";
+    if (::rename(path.c_str(), doomed.c_str()) != 0) {
+      TROUPE_LOG_WARN("shipped copies: cannot remove {}: {}", path, std::strerror(errno));
+      return;
+    }
+  }
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string path = entry.path().string();
-    if (path == keep || entry.path().extension() != ".d" || !entry.is_directory(ec) || entry.is_symlink(ec)) continue;
-    const int fd = ::open((path + ".use").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  core::remove_tree(doomed, ec);
+  if (ec)
+    TROUPE_LOG_WARN("shipped copies: cannot remove {} ({}): {}", doomed, why, ec.message());
+  else
+    TROUPE_LOG_INFO("shipped copies: removed {} ({})", path, why);
+}
+
+// The copy a name of SESSION/shipped belongs to: NAME.d for NAME.d and for
+// the parts NAME.d.<pid>.tmp of an unpack (or a removal) cut short; "" for
+// anything else.
+std::string copy_of(const std::string& name) {
+  if (name.ends_with(".d")) return name;
+  const size_t d = name.rfind(".d.");
+  if (d == std::string::npos || !name.ends_with(".tmp")) return "";
+  const std::string pid = name.substr(d + 3, name.size() - d - 3 - 4);
+  if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) return "";
+  return name.substr(0, d + 2);
+}
+
+// Removes the host's other directory copies that no process has used for
+// unused_grace() (a finished job's, and what its ranks wrote there), and
+// parts that killed unpackers left. A copy is first marked NAME.d.unused
+// by a sweep that finds it unused; a later sweep past the grace removes
+// it. The empty .use and .lock files stay (removing a lock file another
+// process has open would let two hold "the" lock).
+void remove_unused_copies(const std::string& dir, const std::string& keep) {
+  const auto grace = unused_grace();
+  std::error_code ec;
+  std::vector<std::filesystem::directory_entry> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) entries.push_back(entry);
+  for (const auto& entry : entries) {
+    const std::string name = entry.path().filename().string(), copy = copy_of(name);
+    if (copy.empty() || dir + "/" + copy == keep || entry.is_symlink(ec) || !entry.is_directory(ec)) continue;
+    const std::string base = dir + "/" + copy;
+    const int fd = ::open((base + ".use").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) continue;
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
-      core::remove_tree(path, ec);
-      TROUPE_LOG_INFO("shipped copies: removed {}, which no process uses", path);
+      if (name != copy) {
+        remove_aside(entry.path().string(), "left by a process that was killed");
+      } else {
+        const std::string marker = base + ".unused";
+        struct stat st {};
+        if (::stat(marker.c_str(), &st) != 0) {
+          core::write_session_file(dir, copy + ".unused", "");
+        } else if (std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) >= grace) {
+          remove_aside(base, "no process has used it for " + std::to_string(grace.count()) + " s");
+          ::unlink(marker.c_str());
+        }
+      }
     }
     ::close(fd);
   }
@@ -372,22 +449,30 @@ std::string unpack_copy(const ShippedDir& d) {
   const std::string dest = dir + "/" + copy_name(d.archive) + "." + d.shipment.substr(0, 8) + ".d";
   // Held before the copy is looked at: no other process removes it from
   // here on.
-  hold_copy(dest + ".use");
+  hold_copy(dest);
   struct stat st {};
   if (::lstat(dest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return dest;
   const HostLock lock(dest + ".lock");
   if (::lstat(dest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return dest;
   remove_stale_parts(dir, dest);
   // The archive, checked against its digest; unpacked, it is not needed.
-  const std::string archive = fetch_copy(d.archive);
+  // Read and removed under its lock: another shipment of the same files
+  // (the same archive) may be unpacking it too, and fetches it again if
+  // this one removed it first.
   std::string bytes;
-  {
+  for (int tries = 0; bytes.empty(); ++tries) {
+    const std::string archive = fetch_copy(d.archive);
+    const HostLock archive_lock(archive + ".lock");
+    if (!checked_copy(archive, d.archive.size)) {
+      if (tries < 3) continue;
+      throw Error("the copy of " + d.archive.path + " kept being removed while it was unpacked");
+    }
     std::ifstream in(archive, std::ios::binary);
     bytes.assign(std::istreambuf_iterator<char>(in), {});
-    if (!in.good() && !in.eof()) throw Error("cannot read " + archive);
+    if (bytes.size() != d.archive.size) throw Error("cannot read " + archive);
+    ::unlink(archive.c_str());
+    ::unlink((archive + ".ok").c_str());
   }
-  ::unlink(archive.c_str());
-  ::unlink((archive + ".ok").c_str());
   const std::string staging = dest + "." + std::to_string(::getpid()) + ".tmp";
   std::error_code ec;
   try {

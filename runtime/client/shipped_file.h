@@ -128,8 +128,10 @@ ShippedDir ship_dir(Runtime& rt, const std::string& dir, const DirShipping& how 
 // place) and then left as the processes that run in it make it: it is
 // their working directory, shared by every process of the host that uses
 // the same shipment. This process holds a shared flock on NAME.d.use
-// while it lives; each new copy removes the host's other copies that no
-// process holds. Throws Error naming the host and the directory.
+// while it lives; each new copy marks the host's other copies that no
+// process holds, and removes those marked at least
+// TROUPE_SHIPPED_COPY_GRACE_S (600 s) before and not used since. Throws
+// Error naming the host and the directory.
 std::string local_dir(const ShippedDir& dir);
 
 // `path` with the driver's directory `dir.path` replaced by `copy` when it

@@ -40,11 +40,17 @@ std::string literal(char c) {
   return out;
 }
 
-// Names are matched per character, as Python decodes them (UTF-8, a byte
-// that is not part of a sequence as one character): a character other
-// than '/' is one ASCII byte, or a lead byte and its continuation bytes, or
-// a stray continuation byte.
-constexpr const char* kAnyChar = "(?:[\\x00-\\x2e\\x30-\\x7f]|[\\xc0-\\xff][\\x80-\\xbf]*|[\\x80-\\xbf])";
+// Names are matched per character, as Python decodes them (UTF-8, with a
+// byte that starts no whole sequence as one character of its own): a
+// character other than '/' is one ASCII byte, a whole 2-, 3- or 4-byte
+// sequence, or a byte past ASCII that starts none (never the lead of a
+// whole sequence: a ? must not take é as two characters).
+const std::string& any_char() {
+  static const std::string sequence =
+      "[\\xc2-\\xdf][\\x80-\\xbf]|[\\xe0-\\xef][\\x80-\\xbf]{2}|[\\xf0-\\xf4][\\x80-\\xbf]{3}";
+  static const std::string any = "(?:[\\x00-\\x2e\\x30-\\x7f]|" + sequence + "|(?!" + sequence + ")[\\x80-\\xff])";
+  return any;
+}
 
 // The bytes of the character at s[i] (a UTF-8 sequence, or one byte).
 size_t char_bytes(const std::string& s, size_t i) {
@@ -92,7 +98,7 @@ bool bracket(const std::string& p, size_t i, std::string& regex, size_t& past) {
       std::string item = body.empty() ? "" : "[" + body + "]";
       for (const auto& m : chars) item += (item.empty() ? "" : "|") + m;
       item = "(?:" + item + ")";
-      regex = negated ? "(?!" + item + ")" + std::string(kAnyChar) : "(?!\\x2f)" + item;
+      regex = negated ? "(?!" + item + ")" + any_char() : "(?!\\x2f)" + item;
       past = j + 1;
       return true;
     }
@@ -153,7 +159,7 @@ std::string wildmatch(const std::string& p) {
       }
       i = j;
     } else if (c == '?') {
-      out += kAnyChar;
+      out += any_char();
       ++i;
     } else if (c == '[') {
       std::string regex;

@@ -127,7 +127,10 @@ TEST_F(DirPackTest, IgnoreFilesLeaveOutWhatGitWould) {
 // decode them: ? and a bracket member are one UTF-8 character, not one
 // byte (review r28 found caf?.txt shipped café.txt).
 TEST_F(DirPackTest, PatternsMatchNonAsciiNamesPerCharacter) {
-  write_tree(root_ + "/p", {{".gitignore", "caf?.txt\n[\xc3\xa9]x.txt\n[!\xc3\xa9]y.txt\n?z.txt\n"},
+  write_tree(root_ + "/p", {{".gitignore", "caf?.txt\n[\xc3\xa9]x.txt\n[!\xc3\xa9]y.txt\n?z.txt\n??.md\n"},
+                            {"\xc3\xa9.md", ""},
+                            {"\xe2\x82\xac.md", ""},
+                            {"ab.md", ""},
                             {"caf\xc3\xa9.txt", ""},
                             {"\xc3\xa9x.txt", ""},
                             {"ay.txt", ""},
@@ -135,7 +138,7 @@ TEST_F(DirPackTest, PatternsMatchNonAsciiNamesPerCharacter) {
                             {"\xe2\x82\xacz.txt", ""},
                             {"ab/z.txt", ""}});
   EXPECT_EQ(names(troupe::core::files_to_pack(root_ + "/p", {})),
-            (std::vector<std::string>{".gitignore", "ab/z.txt", "\xc3\xa9y.txt"}));
+            (std::vector<std::string>{".gitignore", "ab/z.txt", "\xc3\xa9.md", "\xc3\xa9y.txt", "\xe2\x82\xac.md"}));
 }
 
 TEST_F(DirPackTest, AnArchiveUnpacksToTheSameFilesAndModes) {

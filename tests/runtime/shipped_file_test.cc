@@ -72,7 +72,11 @@ class ShippedFileTest : public ::testing::Test {
     std::ofstream(path, std::ios::binary) << bytes;
     return path;
   }
-  troupe::ActorHandle<FileUser> user() { return rt_.spawn<FileUser>({.env = {"TROUPE_SESSION_DIR=" + session_}}); }
+  troupe::ActorHandle<FileUser> user(const std::string& env = "") {
+    std::vector<std::string> vars = {"TROUPE_SESSION_DIR=" + session_};
+    if (!env.empty()) vars.push_back(env);
+    return rt_.spawn<FileUser>({.env = vars});
+  }
   troupe::testing::LocalCluster cluster_;
   troupe::Runtime rt_;
   std::string dir_;
@@ -141,6 +145,15 @@ TEST_F(ShippedFileTest, ProcessesOfAHostThatAskAtOnceFetchOnce) {
                                std::filesystem::perm_options::replace);
   const std::string stale = dest + ".99999.tmp";
   std::ofstream(stale) << "half a file";
+  // Parts of other files: one whose process is gone from the host (past
+  // pid_max: no such process) goes too; one whose process runs stays.
+  long pid_max = 0;
+  std::ifstream("/proc/sys/kernel/pid_max") >> pid_max;
+  ASSERT_GT(pid_max, 0);
+  const std::string dead = session_ + "/shipped/0123456789abcdef-other.npz." + std::to_string(pid_max + 1) + ".tmp";
+  const std::string live = session_ + "/shipped/0123456789abcdef-other.npz." + std::to_string(::getpid()) + ".tmp";
+  std::ofstream(dead) << "left by a fetcher that was killed";
+  std::ofstream(live) << "being written";
   auto a = user();
   auto b = user();
   ASSERT_TRUE(a.wait_ready(60s));
@@ -152,13 +165,18 @@ TEST_F(ShippedFileTest, ProcessesOfAHostThatAskAtOnceFetchOnce) {
   EXPECT_EQ(from_b.get(120s), fingerprint(bytes));
   EXPECT_LT(rt_.core()->traffic().written - written, bytes.size() + bytes.size() / 2);
   EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(live));
 }
 
 // A directory arrives as its files (what .gitignore leaves out stays
 // behind), unpacked once per host: a second process of the host runs in the
 // first one's copy, even after that one wrote into it. A later shipment of
-// the same files gets a fresh copy (not what the last run left there), and
-// a copy no process uses any more is removed then.
+// the same files gets a fresh copy (not what the last run left there). A
+// copy no process uses is marked by the next copy made, and removed by one
+// made past TROUPE_SHIPPED_COPY_GRACE_S after that unless used again
+// meanwhile (a run placed anew after a failure comes back to it); a part a
+// killed unpacker left goes then too.
 TEST_F(ShippedFileTest, ADirectoryArrivesAsItsFilesOncePerHost) {
   const std::string project = dir_ + "/project";
   std::filesystem::create_directories(project + "/pkg");
@@ -211,10 +229,20 @@ TEST_F(ShippedFileTest, ADirectoryArrivesAsItsFilesOncePerHost) {
     return free;
   };
   ASSERT_TRUE(troupe::test::eventually([&] { return unused(copy + ".use") && unused(fresh + ".use"); }));
-  auto c = user();
+  auto c = user("TROUPE_SHIPPED_COPY_GRACE_S=0");
   EXPECT_NE(c.call(&FileUser::dir_copy, troupe::ship_dir(rt_, project)).get(120s), fresh);
-  EXPECT_FALSE(std::filesystem::exists(copy));
+  EXPECT_TRUE(std::filesystem::exists(copy + ".unused") && std::filesystem::exists(fresh + ".unused"));
+  EXPECT_TRUE(std::filesystem::exists(copy) && std::filesystem::exists(fresh));
+  // The first copy used again: no longer unused, and kept by the next sweep.
+  auto e = user();
+  EXPECT_EQ(e.call(&FileUser::read_in_copy, d, std::string("written_by_a_rank.txt")).get(60s), "mine");
+  EXPECT_FALSE(std::filesystem::exists(copy + ".unused"));
+  const std::string part = fresh + ".99999.tmp";
+  std::filesystem::create_directories(part + "/half");
+  c.call(&FileUser::dir_copy, troupe::ship_dir(rt_, project)).get(120s);
+  EXPECT_TRUE(std::filesystem::exists(copy));
   EXPECT_FALSE(std::filesystem::exists(fresh));
+  EXPECT_FALSE(std::filesystem::exists(part));
   // What the driver cannot ship is named.
   try {
     troupe::ship_dir(rt_, dir_ + "/missing");
