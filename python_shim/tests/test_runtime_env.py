@@ -722,6 +722,9 @@ def test_the_runtime_context_gives_the_runtime_env_in_effect(tmp_path):
         task = troupe.get(own_runtime_env.options(runtime_env={"env_vars": {"TASK": "2"}}).remote(), timeout=60)
         assert task["env_vars"] == {"JOB": "1", "TASK": "2"}, task
         assert task["working_dir"] == driver.working_dir(), task
+        # Handed back, as Ray code does (f.options(runtime_env=get_runtime_context().runtime_env)).
+        again = troupe.get(own_runtime_env.options(runtime_env=driver).remote(), timeout=60)
+        assert again["working_dir"] == driver.working_dir() and again["env_vars"] == {"JOB": "1"}, again
     finally:
         troupe.shutdown()
     troupe.init(num_cpus=1)

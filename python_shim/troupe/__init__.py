@@ -737,10 +737,6 @@ def get_gpu_ids():
     return list(_core.gpu_ids())
 
 
-# How get_runtime_context().runtime_env names an uploaded package.
-_PACKAGE_URI = "troupe_pkg://"
-
-
 class RuntimeContext:
     """Where the calling code runs: job, namespace, node, actor, GPUs."""
 
@@ -855,18 +851,22 @@ class RuntimeContext:
         task's or an actor's in its worker (its options' over what it
         inherited, env_vars merged by name). A working_dir or py_module is
         named by its package's URI, troupe_pkg://<sha256> (Ray names its
-        uploads gcs://_ray_pkg_<hash>.zip); pip is its canonical spec."""
+        uploads gcs://_ray_pkg_<hash>.zip), which runtime_env takes back
+        (a child given the caller's env runs with the same packages); pip in
+        Ray's shape, {"packages", "pip_install_options", "pip_check"}."""
         state = self._state
         working_dir, py_modules = state.packages
         fields = {}
         if state.env_vars:
             fields["env_vars"] = dict(state.env_vars)
         if working_dir:
-            fields["working_dir"] = _PACKAGE_URI + working_dir
+            fields["working_dir"] = _remote.PACKAGE_URI + working_dir
         if py_modules:
-            fields["py_modules"] = [_PACKAGE_URI + m for m in py_modules]
+            fields["py_modules"] = [_remote.PACKAGE_URI + m for m in py_modules]
         if state.pip:
-            fields["pip"] = json.loads(state.pip) if isinstance(state.pip, str) else state.pip
+            spec = json.loads(state.pip) if isinstance(state.pip, str) else state.pip
+            fields["pip"] = {"packages": spec["packages"], "pip_install_options": spec["options"],
+                             "pip_check": spec["check"]}
         from troupe.runtime_env import RuntimeEnv
 
         return RuntimeEnv(**fields)

@@ -400,10 +400,13 @@ class RuntimeEnv:
         `client`'s cluster, over the `inherited` ones (the job's, or the
         starting worker's) where it gives them."""
         working_dir, py_modules = inherited
+        def upload(path, kind):
+            return _package_id(path) or _packages.upload(client, path, kind, self.excludes)
+
         if self.working_dir is not None:
-            working_dir = _packages.upload(client, self.working_dir, "working_dir", self.excludes)
+            working_dir = upload(self.working_dir, "working_dir")
         if self.py_modules is not None:
-            py_modules = tuple(_packages.upload(client, p, "py_modules", self.excludes) for p in self.py_modules)
+            py_modules = tuple(upload(p, "py_modules") for p in self.py_modules)
         return working_dir, py_modules
 
 
@@ -412,9 +415,23 @@ def _local_path(value, what, key):
         value = os.fspath(value)
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{what}: runtime_env {key} must be a local path, got {value!r}")
+    if _package_id(value):
+        return value  # a package already uploaded (get_runtime_context().runtime_env names them so)
     if "://" in value:
         raise ConfigError(f"{what}: runtime_env {key} {value!r} is a URI; troupe packs local paths only")
     return os.path.abspath(value)
+
+
+PACKAGE_URI = "troupe_pkg://"
+
+
+def _package_id(value):
+    """The package id a troupe_pkg://<sha256> URI names, else None."""
+    if isinstance(value, str) and value.startswith(PACKAGE_URI):
+        package = value[len(PACKAGE_URI):]
+        if len(package) == 64 and all(c in "0123456789abcdef" for c in package):
+            return package
+    return None
 
 
 def _module_path(value, what):
@@ -476,7 +493,7 @@ def parse_runtime_env(runtime_env, what):
     working_dir = runtime_env.get("working_dir")
     if working_dir is not None:
         working_dir = _local_path(working_dir, what, "working_dir")
-        if not os.path.isdir(working_dir):
+        if not _package_id(working_dir) and not os.path.isdir(working_dir):
             raise ConfigError(f"{what}: runtime_env working_dir {working_dir!r} is not a directory")
     py_modules = runtime_env.get("py_modules")
     if py_modules is not None:

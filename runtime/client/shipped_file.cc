@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -194,7 +195,8 @@ void remove_stale_parts(const std::string& dir, const std::string& dest) {
   std::vector<std::filesystem::path> stale;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!name.ends_with(".tmp")) continue;
+    // .NAME.<pid>.<n>.tmp are write_session_file's, not parts.
+    if (!name.ends_with(".tmp") || name[0] == '.') continue;
     const size_t dot = name.rfind('.', name.size() - 5);
     if (dot == std::string::npos || dot + 1 >= name.size() - 4) continue;
     const std::string pid = name.substr(dot + 1, name.size() - dot - 5);
@@ -260,7 +262,10 @@ class HostLock {
   int fd_;
 };
 
-std::string fetch_copy(const ShippedFile& f) {
+// This host's copy of `f` (fetched when absent or changed). With
+// `under_lock`, the lock is taken even when the copy is there, and
+// `under_lock(copy)` runs while it is held.
+std::string fetch_copy(const ShippedFile& f, const std::function<void(const std::string&)>& under_lock = nullptr) {
   // The session directory may not exist yet (an embedded cluster's
   // workers fall back to this user's default one).
   const std::string session = core::session_dir();
@@ -268,10 +273,13 @@ std::string fetch_copy(const ShippedFile& f) {
   const std::string dir = shipped_copies_dir(session);
   private_folder(dir);
   const std::string dest = dir + "/" + copy_name(f);
-  if (checked_copy(dest, f.size)) return dest;
+  if (!under_lock && checked_copy(dest, f.size)) return dest;
   // One process of the host fetches; the others wait here and read its copy.
   const HostLock lock(dest + ".lock");
-  if (checked_copy(dest, f.size)) return dest;
+  if (checked_copy(dest, f.size)) {
+    if (under_lock) under_lock(dest);
+    return dest;
+  }
   remove_stale_parts(dir, dest);
   const std::string tmp = dest + "." + std::to_string(::getpid()) + ".tmp";
   try {
@@ -291,6 +299,7 @@ std::string fetch_copy(const ShippedFile& f) {
     // The copy is whole and checked; without its record the next user
     // fetches it again.
   }
+  if (under_lock) under_lock(dest);
   return dest;
 }
 
@@ -418,23 +427,26 @@ void remove_unused_copies(const std::string& dir, const std::string& keep) {
     const std::string name = entry.path().filename().string(), copy = copy_of(name);
     if (copy.empty() || dir + "/" + copy == keep || entry.is_symlink(ec) || !entry.is_directory(ec)) continue;
     const std::string base = dir + "/" + copy;
-    const int fd = ::open((base + ".use").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = ::open((base + ".use").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
-      if (name != copy) {
-        remove_aside(entry.path().string(), "left by a process that was killed");
-      } else {
-        const std::string marker = base + ".unused";
-        struct stat st {};
-        if (::stat(marker.c_str(), &st) != 0) {
-          core::write_session_file(dir, copy + ".unused", "");
-        } else if (std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) >= grace) {
-          remove_aside(base, "no process has used it for " + std::to_string(grace.count()) + " s");
-          ::unlink(marker.c_str());
-        }
-      }
+    // Closed (and the lock let go) however this ends: a lock kept would
+    // block every later user of the copy.
+    std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* p) { ::close(*p); });
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) continue;
+    if (name != copy) {
+      remove_aside(entry.path().string(), "left by a process that was killed");
+      continue;
     }
-    ::close(fd);
+    const std::string marker = base + ".unused";
+    struct stat st {};
+    if (::stat(marker.c_str(), &st) != 0) {
+      // Best effort: a sweep that cannot mark leaves the copy for later.
+      const int m = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+      if (m >= 0) ::close(m);
+    } else if (std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) >= grace) {
+      remove_aside(base, "no process has used it for " + std::to_string(grace.count()) + " s");
+      ::unlink(marker.c_str());
+    }
   }
 }
 
@@ -460,19 +472,13 @@ std::string unpack_copy(const ShippedDir& d) {
   // (the same archive) may be unpacking it too, and fetches it again if
   // this one removed it first.
   std::string bytes;
-  for (int tries = 0; bytes.empty(); ++tries) {
-    const std::string archive = fetch_copy(d.archive);
-    const HostLock archive_lock(archive + ".lock");
-    if (!checked_copy(archive, d.archive.size)) {
-      if (tries < 3) continue;
-      throw Error("the copy of " + d.archive.path + " kept being removed while it was unpacked");
-    }
+  fetch_copy(d.archive, [&](const std::string& archive) {
     std::ifstream in(archive, std::ios::binary);
     bytes.assign(std::istreambuf_iterator<char>(in), {});
     if (bytes.size() != d.archive.size) throw Error("cannot read " + archive);
     ::unlink(archive.c_str());
     ::unlink((archive + ".ok").c_str());
-  }
+  });
   const std::string staging = dest + "." + std::to_string(::getpid()) + ".tmp";
   std::error_code ec;
   try {

@@ -46,8 +46,12 @@ std::string literal(char c) {
 // sequence, or a byte past ASCII that starts none (never the lead of a
 // whole sequence: a ? must not take é as two characters).
 const std::string& any_char() {
+  // Well-formed sequences only (no overlongs, surrogates or code points
+  // past U+10FFFF: Python's decoder takes their bytes one by one).
   static const std::string sequence =
-      "[\\xc2-\\xdf][\\x80-\\xbf]|[\\xe0-\\xef][\\x80-\\xbf]{2}|[\\xf0-\\xf4][\\x80-\\xbf]{3}";
+      "[\\xc2-\\xdf][\\x80-\\xbf]|\\xe0[\\xa0-\\xbf][\\x80-\\xbf]|[\\xe1-\\xec\\xee\\xef][\\x80-\\xbf]{2}|"
+      "\\xed[\\x80-\\x9f][\\x80-\\xbf]|\\xf0[\\x90-\\xbf][\\x80-\\xbf]{2}|[\\xf1-\\xf3][\\x80-\\xbf]{3}|"
+      "\\xf4[\\x80-\\x8f][\\x80-\\xbf]{2}";
   static const std::string any = "(?:[\\x00-\\x2e\\x30-\\x7f]|" + sequence + "|(?!" + sequence + ")[\\x80-\\xff])";
   return any;
 }

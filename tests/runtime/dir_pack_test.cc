@@ -127,7 +127,9 @@ TEST_F(DirPackTest, IgnoreFilesLeaveOutWhatGitWould) {
 // decode them: ? and a bracket member are one UTF-8 character, not one
 // byte (review r28 found caf?.txt shipped café.txt).
 TEST_F(DirPackTest, PatternsMatchNonAsciiNamesPerCharacter) {
-  write_tree(root_ + "/p", {{".gitignore", "caf?.txt\n[\xc3\xa9]x.txt\n[!\xc3\xa9]y.txt\n?z.txt\n??.md\n"},
+  // An overlong sequence (e0 80 80) is three characters to Python.
+  write_tree(root_ + "/p", {{".gitignore", "caf?.txt\n[\xc3\xa9]x.txt\n[!\xc3\xa9]y.txt\n?z.txt\n??.md\n???.bin\n"},
+                            {"\xe0\x80\x80.bin", ""},
                             {"\xc3\xa9.md", ""},
                             {"\xe2\x82\xac.md", ""},
                             {"ab.md", ""},

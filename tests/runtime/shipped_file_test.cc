@@ -233,6 +233,10 @@ TEST_F(ShippedFileTest, ADirectoryArrivesAsItsFilesOncePerHost) {
   EXPECT_NE(c.call(&FileUser::dir_copy, troupe::ship_dir(rt_, project)).get(120s), fresh);
   EXPECT_TRUE(std::filesystem::exists(copy + ".unused") && std::filesystem::exists(fresh + ".unused"));
   EXPECT_TRUE(std::filesystem::exists(copy) && std::filesystem::exists(fresh));
+  // A sweep within the grace (600 s by default) keeps what is marked.
+  auto patient = user();
+  patient.call(&FileUser::dir_copy, troupe::ship_dir(rt_, project)).get(120s);
+  EXPECT_TRUE(std::filesystem::exists(fresh) && std::filesystem::exists(fresh + ".unused"));
   // The first copy used again: no longer unused, and kept by the next sweep.
   auto e = user();
   EXPECT_EQ(e.call(&FileUser::read_in_copy, d, std::string("written_by_a_rank.txt")).get(60s), "mine");
