@@ -747,11 +747,26 @@ class Keeper:
         return troupe.put(np.arange(2_000_000)), os.getpid()
 
 
+def _all_threads_stopped(pid):
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue  # a thread that ended
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
 def test_a_get_of_an_object_whose_owner_does_not_answer_names_the_object_and_its_owner():
     # It said only "no result within 5 s".
     keeper = Keeper.remote()
     ref, pid = troupe.get(keeper.keep.remote(), timeout=60)
     os.kill(pid, signal.SIGSTOP)
+    # kill() returns before every thread has stopped: under load the owner's
+    # object server served the get first (1 run in 10).
+    wait_until(lambda: _all_threads_stopped(pid), timeout=30, what=f"pid {pid} to stop")
     try:
         with pytest.raises(GetTimeoutError, match=rf"no result within 0\.5 s: object \d+ of \S+ \(pid {pid}, actor "
                                                   r"\d+\): its owner has not sent it"):
