@@ -506,8 +506,8 @@ class TorchrunJob {
     else
       std::snprintf(size, sizeof size, "%.1f KiB", double(shipped_.bytes) / 1024.0);
     say("shipping " + cwd_ + " (" + std::to_string(shipped_.files) + " files, " + size +
-        ") to the nodes; each rank runs in its node's copy, made for this run, where what it writes to relative "
-        "paths stays until the node's next run");
+        ") to the nodes; each rank runs in its node's copy, made for this run: what it writes to relative paths "
+        "stays on that node");
   }
 
   // `path` relative to the working directory when it lies inside it (its

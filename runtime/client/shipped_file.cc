@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -262,6 +263,9 @@ class HostLock {
   int fd_;
 };
 
+void hold_copy(const std::string& copy);
+void remove_unused_copies(const std::string& dir, const std::string& keep);
+
 // This host's copy of `f` (fetched when absent or changed). With
 // `under_lock`, the lock is taken even when the copy is there, and
 // `under_lock(copy)` runs while it is held.
@@ -273,6 +277,9 @@ std::string fetch_copy(const ShippedFile& f, const std::function<void(const std:
   const std::string dir = shipped_copies_dir(session);
   private_folder(dir);
   const std::string dest = dir + "/" + copy_name(f);
+  // Held before it is looked at: no sweep removes it while this process
+  // lives.
+  hold_copy(dest);
   if (!under_lock && checked_copy(dest, f.size)) return dest;
   // One process of the host fetches; the others wait here and read its copy.
   const HostLock lock(dest + ".lock");
@@ -299,7 +306,11 @@ std::string fetch_copy(const ShippedFile& f, const std::function<void(const std:
     // The copy is whole and checked; without its record the next user
     // fetches it again.
   }
-  if (under_lock) under_lock(dest);
+  if (under_lock) {
+    under_lock(dest);  // a directory's archive: its unpacker sweeps once, with its copy in place
+  } else {
+    remove_unused_copies(dir, dest);
+  }
   return dest;
 }
 
@@ -400,21 +411,32 @@ void remove_aside(const std::string& path, const std::string& why) {
     TROUPE_LOG_INFO("shipped copies: removed {} ({})", path, why);
 }
 
-// The copy a name of SESSION/shipped belongs to: NAME.d for NAME.d and for
-// the parts NAME.d.<pid>.tmp of an unpack (or a removal) cut short; "" for
-// anything else.
+// The copy a name of SESSION/shipped belongs to: itself for a copy (a
+// file DIGEST16-NAME, a directory DIGEST16-NAME.SHIPMENT.d), NAME.d for the
+// parts NAME.d.<pid>.tmp of an unpack (or a removal) cut short; "" for the
+// rest (records, locks, markers, a file fetch's parts, which
+// remove_stale_parts clears).
 std::string copy_of(const std::string& name) {
+  for (const char* record : {".lock", ".ok", ".use", ".unused"})
+    if (name.ends_with(record)) return "";
   if (name.ends_with(".d")) return name;
   const size_t d = name.rfind(".d.");
-  if (d == std::string::npos || !name.ends_with(".tmp")) return "";
-  const std::string pid = name.substr(d + 3, name.size() - d - 3 - 4);
-  if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) return "";
-  return name.substr(0, d + 2);
+  if (d != std::string::npos && name.ends_with(".tmp")) {
+    const std::string pid = name.substr(d + 3, name.size() - d - 3 - 4);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) return "";
+    return name.substr(0, d + 2);
+  }
+  if (name.ends_with(".tmp") || name.size() < 18 || name[16] != '-') return "";
+  for (size_t i = 0; i < 16; ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(name[i])) || std::isupper(static_cast<unsigned char>(name[i])))
+      return "";
+  return name;
 }
 
-// Removes the host's other directory copies that no process has used for
-// unused_grace() (a finished job's, and what its ranks wrote there), and
-// parts that killed unpackers left. A copy is first marked NAME.d.unused
+// Removes the host's other copies, files and directories, that no process
+// has used for unused_grace() (a finished job's data set, a working
+// directory and what its ranks wrote there), and parts that killed
+// unpackers left. A copy is first marked NAME.d.unused
 // by a sweep that finds it unused; a later sweep past the grace removes
 // it. The empty .use and .lock files stay (removing a lock file another
 // process has open would let two hold "the" lock).
@@ -425,7 +447,7 @@ void remove_unused_copies(const std::string& dir, const std::string& keep) {
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) entries.push_back(entry);
   for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string(), copy = copy_of(name);
-    if (copy.empty() || dir + "/" + copy == keep || entry.is_symlink(ec) || !entry.is_directory(ec)) continue;
+    if (copy.empty() || dir + "/" + copy == keep || entry.is_symlink(ec)) continue;
     const std::string base = dir + "/" + copy;
     int fd = ::open((base + ".use").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) continue;
@@ -446,6 +468,7 @@ void remove_unused_copies(const std::string& dir, const std::string& keep) {
     } else if (std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) >= grace) {
       remove_aside(base, "no process has used it for " + std::to_string(grace.count()) + " s");
       ::unlink(marker.c_str());
+      ::unlink((base + ".ok").c_str());
     }
   }
 }
