@@ -39,6 +39,14 @@ std::string pattern(size_t n) {
   return s;
 }
 
+// Whether no process holds `use` (a copy's NAME.use): its users are gone.
+bool unused(const std::string& use) {
+  const int fd = ::open(use.c_str(), O_RDWR | O_CLOEXEC);
+  const bool free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  if (fd >= 0) ::close(fd);
+  return free;
+}
+
 }  // namespace
 
 class FileUser {
@@ -222,12 +230,6 @@ TEST_F(ShippedFileTest, ADirectoryArrivesAsItsFilesOncePerHost) {
   rt_.kill(a);
   rt_.kill(b);
   // Their processes gone (the kernel let go of their locks on the copies).
-  auto unused = [](const std::string& use) {
-    const int fd = ::open(use.c_str(), O_RDWR | O_CLOEXEC);
-    const bool free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
-    if (fd >= 0) ::close(fd);
-    return free;
-  };
   ASSERT_TRUE(troupe::test::eventually([&] { return unused(copy + ".use") && unused(fresh + ".use"); }));
   auto c = user("TROUPE_SHIPPED_COPY_GRACE_S=0");
   EXPECT_NE(c.call(&FileUser::dir_copy, troupe::ship_dir(rt_, project)).get(120s), fresh);
@@ -275,12 +277,6 @@ TEST_F(ShippedFileTest, UnusedFileCopiesGoPastTheGrace) {
   const std::string kept =
       keeper.call(&FileUser::copy, troupe::ship_file(rt_, write("kept.npz", pattern(5000)))).get(60s);
   rt_.kill(a);
-  auto unused = [](const std::string& use) {
-    const int fd = ::open(use.c_str(), O_RDWR | O_CLOEXEC);
-    const bool free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
-    if (fd >= 0) ::close(fd);
-    return free;
-  };
   ASSERT_TRUE(troupe::test::eventually([&] { return unused(v1 + ".use"); }));
   auto c = user("TROUPE_SHIPPED_COPY_GRACE_S=0");
   c.call(&FileUser::copy, troupe::ship_file(rt_, write("v2.npz", pattern(4100)))).get(60s);
