@@ -292,7 +292,7 @@ def test_the_model_and_data_are_shipped_to_a_node_that_cannot_see_them(tmp_path)
         assert shipped.returncode == 0, shipped.stdout + shipped.stderr
         assert "epoch 1/1" in shipped.stdout, shipped.stdout
         # One copy of each on the trainers' host, in its session directory.
-        copies = [p.name.split("-", 1)[1] for p in (session / "shipped").iterdir() if p.suffix != ".lock"]
+        copies = [p.name.split("-", 1)[1] for p in (session / "shipped").iterdir() if p.suffix not in (".lock", ".use")]
         assert set(copies) == {"data.npz", "step.pt", "data.npz.ok", "step.pt.ok"}, copies  # each with its record
     # They go with the node agent, stopped by `troupe stop` of the head's
     # session (nobody runs troupe stop on every host).
