@@ -243,18 +243,23 @@ void private_folder(const std::string& dir) {
 
 // An exclusive flock on `path` (made if absent) for as long as it lives:
 // one process of the host makes a copy while the others wait for it.
+// A descriptor of `path` (made if absent) holding flock `operation`
+// (LOCK_EX, LOCK_SH), waited for; Error naming the path.
+int locked_file(const std::string& path, int operation) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+  while (::flock(fd, operation) != 0) {
+    if (errno == EINTR) continue;
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw Error("cannot lock " + path + ": " + why);
+  }
+  return fd;
+}
+
 class HostLock {
  public:
-  explicit HostLock(const std::string& path)
-      : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) {
-    if (fd_ < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      const std::string why = std::strerror(errno);
-      ::close(fd_);
-      throw Error("cannot lock " + path + ": " + why);
-    }
-  }
+  explicit HostLock(const std::string& path) : fd_(locked_file(path, LOCK_EX)) {}
   ~HostLock() { ::close(fd_); }  // closing drops the lock
   HostLock(const HostLock&) = delete;
   HostLock& operator=(const HostLock&) = delete;
@@ -366,18 +371,10 @@ void hold_copy(const std::string& copy) {
   static std::set<std::string> held;
   std::lock_guard lock(mu);
   if (held.count(copy)) return;
-  const std::string use_path = copy + ".use";
-  const int fd = ::open(use_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) throw Error("cannot open " + use_path + ": " + std::strerror(errno));
-  while (::flock(fd, LOCK_SH) != 0) {
-    if (errno == EINTR) continue;
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    throw Error("cannot lock " + use_path + ": " + why);
-  }
+  locked_file(copy + ".use", LOCK_SH);  // never closed: the lock lasts as long as the process
   // In use again: a sweep that saw it unused starts counting anew.
   ::unlink((copy + ".unused").c_str());
-  held.insert(copy);  // the descriptor stays open, and the lock with it
+  held.insert(copy);
 }
 
 // How long a copy must have been seen unused before a sweep removes it
