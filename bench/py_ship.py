@@ -12,6 +12,10 @@ process, from wait4's rusage; wall seconds):
   ship_driver_rss_mb      shipped, every host fetching (no copy there yet)
   ship_cached_rss_mb      shipped again: the hosts' copies are reused
   ship_wall_s             the first, wall clock (peer: unshipped)
+  ship_dir_rss_mb         `troupe torchrun --ship-working-dir`, one rank per
+                          host, from a folder that holds the same data set
+                          (peer: the same run from a folder the hosts see)
+  ship_dir_wall_s         the same, wall clock
 
 Needs root and unshare (mount namespaces), numpy, and a build with troupe,
 troupe-train and the Python package (--build-dir).
@@ -30,16 +34,18 @@ def log(msg):
     print(f"py_ship: {msg}", file=sys.stderr, flush=True)
 
 
-def measured(cmd, env):
+def measured(cmd, env, cwd=None):
     """(peak RSS in MB, wall seconds) of one run of `cmd`, which must succeed
     (the peak is at least this process's own at the fork: kept small)."""
     start = time.monotonic()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd)
     out = p.stdout.read()
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.monotonic() - start
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"py_ship: {' '.join(cmd)} failed:\n{out.decode(errors='replace')[-3000:]}")
+    if os.environ.get("PY_SHIP_VERBOSE"):
+        log(f"{' '.join(cmd)}:\n{out.decode(errors='replace')[-2000:]}")
     return usage.ru_maxrss / 1024.0, wall
 
 
@@ -81,6 +87,18 @@ x = np.random.default_rng(0).standard_normal(({rows}, 256), dtype=np.float32)
 np.savez({os.path.join(hidden, "data.npz")!r}, input=x, target=x[:, :10].argmax(1).astype(np.int64))
 """], check=True, timeout=600)
     os.link(os.path.join(hidden, "data.npz"), os.path.join(visible, "data.npz"))
+    # A torchrun project holding the data set, hidden from the hosts and
+    # visible to them (hard links: the same bytes).
+    script = f"""import os
+size = os.path.getsize("data.npz")
+assert size == {os.path.getsize(os.path.join(hidden, "data.npz"))}, size
+print("rank", os.environ["RANK"], "sees", size, "bytes", flush=True)
+"""
+    for folder in (hidden, visible):
+        os.mkdir(os.path.join(folder, "project"))
+        os.link(os.path.join(folder, "data.npz"), os.path.join(folder, "project", "data.npz"))
+        with open(os.path.join(folder, "project", "train.py"), "w") as f:
+            f.write(script)
     agents = []
     try:
         subprocess.run([troupe, "start", "--head", "--port", "0", "--resources", "CPU=0"], env=env, check=True,
@@ -119,6 +137,17 @@ while sum(1 for n in troupe.nodes() if n["Alive"]) < {1 + a.hosts}:
         row("ship_driver_rss_mb", fresh[0], "MB", plain[0], hosts=a.hosts, file_mb=a.mb)
         row("ship_cached_rss_mb", cached[0], "MB", plain[0], hosts=a.hosts, file_mb=a.mb)
         row("ship_wall_s", fresh[1], "s", plain[1], hosts=a.hosts, file_mb=a.mb)
+
+        def torchrun(folder, *extra):
+            return measured([troupe, "torchrun", "--address", "auto", "--nnodes", str(a.hosts), "--nproc-per-node",
+                             "1", "--python", sys.executable, *extra, "train.py"], env,
+                            cwd=os.path.join(folder, "project"))
+
+        log(f"torchrun: the working directory shipped to {a.hosts} host(s), then unshipped")
+        shipped_dir = torchrun(hidden, "--ship-working-dir")
+        plain_dir = torchrun(visible)
+        row("ship_dir_rss_mb", shipped_dir[0], "MB", plain_dir[0], hosts=a.hosts, file_mb=a.mb)
+        row("ship_dir_wall_s", shipped_dir[1], "s", plain_dir[1], hosts=a.hosts, file_mb=a.mb)
     finally:
         subprocess.run([troupe, "stop"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
         for p in agents:

@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -61,62 +63,83 @@ uint64_t configured_limit() {
 namespace {
 
 struct FilePiece {
-  std::string path;
+  std::string path;  // read by this name, or only named when `file` is set
   uint64_t offset = 0;
   uint64_t size = 0;
+  std::shared_ptr<const OpenFile> file;
 };
 
 // The pieces a PieceReader has read whose bytes are not written yet (their
-// buffers give their slot back when they go), its queue and its stop.
+// buffers give their slot back when they go), its queue and its stop. A
+// borrower holds at most kPerBorrower slots: one that stops reading (a
+// stopped process, a partitioned host) keeps what it holds until its
+// connection's send timeout ends it, and the others are served meanwhile
+// (four such borrowers held every slot: review r30).
 struct PieceSlots {
   static constexpr int kMax = 4;  // 128 MiB of 32 MiB pieces
+  static constexpr int kPerBorrower = 1;
+  struct Job {
+    const void* borrower;  // its connection: only counted, never used
+    std::function<void()> run;
+  };
   std::mutex mu;
   std::condition_variable cv;
   int used = 0;
+  std::map<const void*, int> used_by;
   bool stopping = false;
-  std::deque<std::function<void()>> jobs;
+  std::deque<Job> jobs;
+
+  // The first job queued that may take a slot now (jobs.end(): none).
+  std::deque<Job>::iterator runnable() {
+    if (used >= kMax) return jobs.end();
+    return std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) {
+      auto it = used_by.find(j.borrower);
+      return it == used_by.end() || it->second < kPerBorrower;
+    });
+  }
 };
 
-void give_back(PieceSlots& slots) {
+void give_back(PieceSlots& slots, const void* borrower) {
   {
     std::lock_guard lock(slots.mu);
     --slots.used;
+    if (auto it = slots.used_by.find(borrower); it != slots.used_by.end() && --it->second <= 0) slots.used_by.erase(it);
   }
   slots.cv.notify_all();
 }
 
 // Reads `p` into a buffer of its own (with `slots`: one slot of theirs,
-// taken by the caller, given back when the buffer goes).
-Buffer read_piece(const FilePiece& p, const std::shared_ptr<PieceSlots>& slots = nullptr) {
+// taken by the caller for `borrower`, given back when the buffer goes).
+Buffer read_piece(const FilePiece& p, const std::shared_ptr<PieceSlots>& slots = nullptr,
+                  const void* borrower = nullptr) {
   const std::string what =
       p.path + " (bytes " + std::to_string(p.offset) + " to " + std::to_string(p.offset + p.size) + ")";
   std::shared_ptr<std::byte[]> memory;
   try {
     memory = slots ? std::shared_ptr<std::byte[]>(new std::byte[p.size ? p.size : 1],
-                                                  [slots](std::byte* q) {
+                                                  [slots, borrower](std::byte* q) {
                                                     delete[] q;
-                                                    give_back(*slots);
+                                                    give_back(*slots, borrower);
                                                   })
                    : std::shared_ptr<std::byte[]>(new std::byte[p.size ? p.size : 1]);
   } catch (...) {
-    if (slots) give_back(*slots);
+    if (slots) give_back(*slots, borrower);
     throw;
   }
   std::byte* data = memory.get();
   Buffer b(std::shared_ptr<const void>(memory, memory.get()), data, size_t(p.size));
-  const int fd = ::open(p.path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = p.file ? p.file->fd : ::open(p.path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error("cannot read " + what + ": " + std::strerror(errno));
+  const bool own = !p.file;
+  std::unique_ptr<const int, std::function<void(const int*)>> closer(&fd, [own](const int* f) {
+    if (own) ::close(*f);
+  });
   uint64_t n = 0;
   for (ssize_t r; n < p.size && (r = ::pread(fd, data + n, size_t(p.size - n), off_t(p.offset + n))) != 0;) {
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      throw Error("cannot read " + what + ": " + why);
-    }
+    if (r < 0) throw Error("cannot read " + what + ": " + std::strerror(errno));
     n += uint64_t(r);
   }
-  ::close(fd);
   if (n != p.size) throw Error("cannot read " + what + ": the file is shorter than when it was shipped");
   return b;
 }
@@ -144,7 +167,7 @@ struct ObjectStore::PieceReader {
     thread.join();
     // The jobs not run hold their connections, whose queued frames may
     // hold buffers that hold `slots`: dropped here, not left in a cycle.
-    std::deque<std::function<void()>> dropped;
+    std::deque<PieceSlots::Job> dropped;
     {
       std::lock_guard lock(slots->mu);
       dropped.swap(slots->jobs);
@@ -154,44 +177,61 @@ struct ObjectStore::PieceReader {
   void serve(ConnPtr c, uint64_t request, ObjectValue piece) {
     {
       std::lock_guard lock(slots->mu);
-      slots->jobs.push_back([this, c = std::move(c), request, piece = std::move(piece)] {
-        std::exception_ptr error;
-        ObjectValue read;
-        try {
-          read = make_object_value<Buffer>(read_piece(*static_cast<const FilePiece*>(piece.value.get()), slots));
-        } catch (...) {
-          error = std::current_exception();
-        }
-        try {
-          c->send(get_answer(request, read, error));
-        } catch (const std::exception&) {
-          // The borrower is gone: nobody to answer.
-        }
-      });
+      const void* borrower = c.get();
+      slots->jobs.push_back({borrower, [this, c = std::move(c), request, piece = std::move(piece), borrower] {
+                               std::exception_ptr error;
+                               ObjectValue read;
+                               try {
+                                 read = make_object_value<Buffer>(
+                                     read_piece(*static_cast<const FilePiece*>(piece.value.get()), slots, borrower));
+                               } catch (...) {
+                                 error = std::current_exception();
+                               }
+                               try {
+                                 c->send(get_answer(request, read, error));
+                               } catch (const std::exception&) {
+                                 // The borrower is gone: nobody to answer.
+                               }
+                             }});
     }
     slots->cv.notify_all();
   }
 
   void run() {
     for (;;) {
-      std::function<void()> job;
+      PieceSlots::Job job;
       {
         std::unique_lock lock(slots->mu);
-        slots->cv.wait(lock,
-                       [&] { return slots->stopping || (!slots->jobs.empty() && slots->used < PieceSlots::kMax); });
+        slots->cv.wait(lock, [&] { return slots->stopping || slots->runnable() != slots->jobs.end(); });
         if (slots->stopping) return;
-        job = std::move(slots->jobs.front());
-        slots->jobs.pop_front();
+        auto it = slots->runnable();
+        job = std::move(*it);
+        slots->jobs.erase(it);
         ++slots->used;  // given back by the piece's buffer
+        ++slots->used_by[job.borrower];
       }
-      job();
+      job.run();
     }
+  }
+
+  int unsent() const {
+    std::lock_guard lock(slots->mu);
+    return slots->used;
   }
 };
 
+OpenFile::~OpenFile() {
+  if (fd >= 0) ::close(fd);
+}
+
 ObjectValue file_piece_value(const std::string& path, uint64_t offset, uint64_t size) {
+  return file_piece_value(nullptr, path, offset, size);
+}
+
+ObjectValue file_piece_value(std::shared_ptr<const OpenFile> file, const std::string& name, uint64_t offset,
+                             uint64_t size) {
   ObjectValue o;
-  o.value = std::make_shared<const FilePiece>(FilePiece{path, offset, size});
+  o.value = std::make_shared<const FilePiece>(FilePiece{name, offset, size, std::move(file)});
   o.encode = &encode_piece;
   o.bytes = 0;  // nothing held
   o.type = typeid(Buffer).name();
@@ -225,6 +265,22 @@ ObjectStore::ObjectStore(Core& core) : core_(core), instance_(random_u64() | 1),
 // connections' handlers will never run again.
 ObjectStore::~ObjectStore() = default;  // joins the piece reader; answers it has not sent go
 
+namespace {
+
+// How long a borrower may leave what it asked for untaken
+// (TROUPE_OBJECT_SEND_TIMEOUT_S, 120 s by default; 0: the kernel's
+// default) before its connection is dropped.
+std::chrono::milliseconds send_timeout() {
+  const std::string v = core::env_value("TROUPE_OBJECT_SEND_TIMEOUT_S");
+  char* end = nullptr;
+  const double s = v.empty() ? -1 : std::strtod(v.c_str(), &end);
+  if (s >= 0 && end && *end == '\0' && s < 1e6) return std::chrono::milliseconds(int64_t(s * 1000));
+  if (!v.empty()) TROUPE_LOG_WARN("TROUPE_OBJECT_SEND_TIMEOUT_S={} is not a number of seconds; using 120", v);
+  return std::chrono::seconds(120);
+}
+
+}  // namespace
+
 uint64_t ObjectStore::default_limit() {
   const uint64_t bytes = core::memory_limit_bytes();
   return bytes ? bytes / 4 : 2ull << 30;
@@ -237,7 +293,7 @@ void ObjectStore::set_limit(uint64_t bytes) {
 
 ObjectStoreStats ObjectStore::stats() const {
   std::lock_guard lock(mu_);
-  return ObjectStoreStats{objects_.size(), bytes_, limit_};
+  return ObjectStoreStats{objects_.size(), bytes_, limit_, pieces_ ? uint64_t(pieces_->unsent()) : 0};
 }
 
 // ---- owner side -------------------------------------------------------------
@@ -459,6 +515,9 @@ void ObjectStore::start_listener() {
   if (advertise.empty()) advertise = default_advertise_host(host);
   ListenerOptions options;
   options.connection = core_.connection_options();
+  // A borrower that stops taking what it asked for is dropped (its pieces
+  // hold the piece reader's slots): a stopped process, a partitioned host.
+  options.connection.send_timeout = send_timeout();
   auto listener = std::make_unique<Listener>(core_.io(), host, 0, core_.token(), options,
                                              [this](ConnPtr c) { accept(std::move(c)); });
   std::lock_guard lock(mu_);

@@ -45,7 +45,9 @@ struct ObjectStoreStats {
   uint64_t objects = 0;
   uint64_t bytes = 0;
   uint64_t limit = 0;
-  TROUPE_FIELDS(objects, bytes, limit)
+  // File pieces read for borrowers and not yet written to them.
+  uint64_t unsent_pieces = 0;
+  TROUPE_FIELDS(objects, bytes, limit, unsent_pieces)
 };
 
 // One handle's worth of reference, shared by the copies of an ObjectRef:

@@ -109,6 +109,19 @@ ObjectValue make_object_value(T v) {
 // a data set it ships in memory for the whole job. Errors naming the file
 // when it can no longer be read whole (it shrank, it was removed).
 ObjectValue file_piece_value(const std::string& path, uint64_t offset, uint64_t size);
+// A file this process holds open, closed when the last of its pieces goes
+// (an unlinked file's disk is freed then).
+struct OpenFile {
+  int fd = -1;
+  explicit OpenFile(int f) : fd(f) {}
+  ~OpenFile();
+  OpenFile(const OpenFile&) = delete;
+  OpenFile& operator=(const OpenFile&) = delete;
+};
+// A piece of `file`, read through its descriptor; `name` is what messages
+// call it.
+ObjectValue file_piece_value(std::shared_ptr<const OpenFile> file, const std::string& name, uint64_t offset,
+                             uint64_t size);
 // The typed value of `v`: a file piece's bytes read now, else v.value.
 std::shared_ptr<const void> value_of(const ObjectValue& v);
 

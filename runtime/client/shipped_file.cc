@@ -1,10 +1,14 @@
 #include "troupe/runtime/client/shipped_file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <openssl/evp.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -138,12 +142,6 @@ void fetch_into(const ShippedFile& f, const std::string& tmp) {
                 " bytes, or a different SHA-256: did the file change after it was shipped?)");
 }
 
-[[noreturn]] void too_big(const std::string& path, uint64_t size, const std::string& why,
-                          const std::string& instead = "put the file on storage every node shares") {
-  throw ConfigError("cannot ship " + path + " (" + std::to_string(size) + " bytes): " + why +
-                    "; raise the driver's TROUPE_OBJECT_STORE_BYTES, or " + instead);
-}
-
 std::string this_host() {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
@@ -161,24 +159,6 @@ ShippedFile ship_file(Runtime& rt, const std::string& path) {
   auto store = rt.core()->service<client::ObjectStore>();
   for (uint64_t off = 0; off < f.size; off += kShippedChunkBytes)
     f.chunks.emplace_back(store->put(client::file_piece_value(path, off, std::min(kShippedChunkBytes, f.size - off))));
-  return f;
-}
-
-ShippedFile ship_bytes(Runtime& rt, const std::string& path, Buffer whole) {
-  ShippedFile f;
-  f.path = path;
-  f.size = whole.size();
-  Digest digest;
-  digest.add(whole.data(), whole.size());
-  f.sha256 = digest.hex_digest();
-  try {
-    for (uint64_t off = 0; off < f.size; off += kShippedChunkBytes) {
-      const uint64_t n = std::min(kShippedChunkBytes, f.size - off);
-      f.chunks.push_back(rt.put(Buffer(whole.owner(), whole.data() + off, size_t(n))));
-    }
-  } catch (const ObjectStoreFull& e) {
-    too_big(path, f.size, e.what());
-  }
   return f;
 }
 
@@ -329,6 +309,85 @@ std::string local_copy(const ShippedFile& f) {
   }
 }
 
+namespace {
+
+bool writable_folder(const std::string& dir) {
+  struct stat st {};
+  return !dir.empty() && ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+         ::access(dir.c_str(), W_OK | X_OK) == 0;
+}
+
+bool in_memory(const std::string& dir) {
+  struct statfs fs {};
+  return ::statfs(dir.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
+}
+
+}  // namespace
+
+std::string shipping_folder() {
+  const std::string given = core::env_value("TROUPE_SHIPPING_DIR");
+  if (!given.empty()) return given;
+  const std::vector<std::string> candidates = {core::env_value("TMPDIR"), "/var/tmp", "/tmp"};
+  for (const auto& dir : candidates)
+    if (writable_folder(dir) && !in_memory(dir)) return dir;
+  for (const auto& dir : candidates)
+    if (writable_folder(dir)) return dir;
+  const std::string session = core::session_dir();
+  core::ensure_session_dir(session);
+  return session;
+}
+
+namespace {
+
+// The archive of `files`, written to a file of shipping_folder() that is
+// unlinked at once: its pieces are read through the descriptor when hosts
+// fetch them (the driver holds none of it in memory), and its disk is
+// freed when the last of them goes. ConfigError when it cannot be
+// written, or would not fit the folder's free space (checked before).
+ShippedFile ship_archive(Runtime& rt, const std::string& root, const std::vector<core::PackedFile>& files) {
+  const std::string folder = shipping_folder();
+  ShippedFile f;
+  f.path = root;
+  f.size = core::packed_size(files);
+  struct statvfs room {};
+  if (::statvfs(folder.c_str(), &room) == 0 && f.size > uint64_t(room.f_bavail) * room.f_frsize)
+    throw ConfigError("its archive (" + std::to_string(f.size) + " bytes) does not fit " + folder + " (" +
+                      std::to_string(uint64_t(room.f_bavail) * room.f_frsize) +
+                      " bytes free; TROUPE_SHIPPING_DIR names another folder)");
+  std::string name = folder + "/.shipping-XXXXXX";
+  const int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0)
+    throw ConfigError("cannot make its archive in " + folder + ": " + std::strerror(errno) +
+                      " (TROUPE_SHIPPING_DIR names another folder)");
+  ::unlink(name.c_str());
+  auto file = std::make_shared<const client::OpenFile>(fd);
+  Digest digest;
+  uint64_t written = 0;
+  core::pack_files(files, [&](const std::byte* p, size_t n) {
+    digest.add(p, n);
+    for (size_t done = 0; done < n;) {
+      const ssize_t w = ::write(fd, p + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0)
+        throw ConfigError("cannot write its archive in " + folder + ": " + std::strerror(errno) +
+                          " (TROUPE_SHIPPING_DIR names another folder)");
+      done += size_t(w);
+    }
+    written += n;
+  });
+  if (written != f.size)
+    throw Error("the archive of " + root + " came out " + std::to_string(written) + " bytes, not " +
+                std::to_string(f.size));
+  f.sha256 = digest.hex_digest();
+  auto store = rt.core()->service<client::ObjectStore>();
+  for (uint64_t off = 0; off < f.size; off += kShippedChunkBytes)
+    f.chunks.emplace_back(store->put(
+        client::file_piece_value(file, root + " (packed)", off, std::min(kShippedChunkBytes, f.size - off))));
+  return f;
+}
+
+}  // namespace
+
 ShippedDir ship_dir(Runtime& rt, const std::string& dir, const DirShipping& how, std::vector<std::string>* names) {
   std::error_code ec;
   std::string root = std::filesystem::absolute(dir, ec).lexically_normal().string();
@@ -345,13 +404,7 @@ ShippedDir ship_dir(Runtime& rt, const std::string& dir, const DirShipping& how,
     const auto files = core::files_to_pack(root, how.excludes);
     d.files = files.size();
     for (const auto& f : files) d.bytes += f.size;
-    const auto held = rt.object_store_stats();
-    if (held.bytes + d.bytes > held.limit)
-      too_big(root, d.bytes,
-              "the driver's object store holds " + std::to_string(held.bytes) + " of its " +
-                  std::to_string(held.limit) + " bytes",
-              leave_out);
-    d.archive = ship_bytes(rt, root, core::pack_files(files));
+    d.archive = ship_archive(rt, root, files);
     if (names)
       for (const auto& f : files) names->push_back(f.name);
   } catch (const ConfigError& e) {
@@ -491,18 +544,30 @@ std::string unpack_copy(const ShippedDir& d) {
   // Read and removed under its lock: another shipment of the same files
   // (the same archive) may be unpacking it too, and fetches it again if
   // this one removed it first.
-  std::string bytes;
+  // Mapped, not read into memory: a folder of gigabytes unpacks through
+  // the page cache.
+  std::unique_ptr<void, std::function<void(void*)>> mapped;
   fetch_copy(d.archive, [&](const std::string& archive) {
-    std::ifstream in(archive, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-    if (bytes.size() != d.archive.size) throw Error("cannot read " + archive);
+    const int fd = ::open(archive.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error("cannot read " + archive + ": " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || uint64_t(st.st_size) != d.archive.size || st.st_size == 0) {
+      ::close(fd);
+      throw Error("cannot read " + archive + ": it is not the " + std::to_string(d.archive.size) +
+                  " bytes it was checked at");
+    }
+    void* p = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    const std::string why = std::strerror(errno);
+    ::close(fd);  // the mapping keeps the file
+    if (p == MAP_FAILED) throw Error("cannot read " + archive + ": " + why);
+    mapped = {p, [size = size_t(st.st_size)](void* q) { ::munmap(q, size); }};
     ::unlink(archive.c_str());
     ::unlink((archive + ".ok").c_str());
   });
   const std::string staging = dest + "." + std::to_string(::getpid()) + ".tmp";
   std::error_code ec;
   try {
-    core::unpack_files(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size(), staging);
+    core::unpack_files(static_cast<const std::byte*>(mapped.get()), size_t(d.archive.size), staging);
   } catch (...) {
     core::remove_tree(staging, ec);
     throw;

@@ -16,11 +16,11 @@
 // A directory travels the same way, packed into one file (ship_dir,
 // local_dir below).
 //
-// The chunks are objects of the driver's, served by the driver alone: a
-// file's (ship_file) are read from the file when fetched and hold no
-// memory; a directory's archive (ship_dir) is built in memory and counts
-// against the store's limit (TROUPE_OBJECT_STORE_BYTES, a quarter of
-// memory by default) while the ShippedDir lives.
+// The chunks are objects of the driver's, served by the driver alone and
+// read from disk when fetched, so they hold no memory and no store limit
+// applies: a file's (ship_file) from the file, a directory's (ship_dir)
+// from its archive, written to an unlinked file of shipping_folder() whose
+// disk is freed when the ShippedDir's chunks go.
 #pragma once
 
 #include <cstdint>
@@ -57,11 +57,6 @@ inline constexpr uint64_t kShippedChunkBytes = 32ull << 20;
 // after this is refused there (its digest differs). Throws ConfigError
 // naming the path when it cannot be read or is not a regular file.
 ShippedFile ship_file(Runtime& rt, const std::string& path);
-
-// Ships bytes the driver holds in memory as a file named `path` (what
-// messages and the local copy's name say). ConfigError when they do not fit
-// the store.
-ShippedFile ship_bytes(Runtime& rt, const std::string& path, Buffer bytes);
 
 // The path of this host's copy of `file`: <session>/shipped/<sha256
 // prefix>-<file name>, fetched from the driver when not there yet (one
@@ -117,10 +112,17 @@ struct DirShipping {
 
 // Packs `dir` and ships it; `names` (if given) receives the files' paths
 // inside it. ConfigError naming the directory when it cannot be read or
-// its files do not fit the driver's object store (checked before they are
-// read).
+// its archive does not fit the free space of shipping_folder() (checked
+// before anything is read).
 ShippedDir ship_dir(Runtime& rt, const std::string& dir, const DirShipping& how = {},
                     std::vector<std::string>* names = nullptr);
+
+// Where ship_dir writes archives: TROUPE_SHIPPING_DIR when set, else the
+// first of $TMPDIR, /var/tmp and /tmp that this user can write and that is
+// not held in memory (a tmpfs, such as $XDG_RUNTIME_DIR where sessions
+// live by default, capped at a tenth of RAM), else the first writable,
+// else the session folder.
+std::string shipping_folder();
 
 // This host's copy of `dir`'s shipment:
 // <session>/shipped/<sha256 prefix>-<name>.<shipment prefix>.d, unpacked

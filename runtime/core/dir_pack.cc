@@ -13,11 +13,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
 #include <regex>
+#include <vector>
 
 #include "troupe/runtime/core/errors.h"
 
@@ -319,13 +321,6 @@ void walk(const std::string& directory, const std::string& relative_dir, std::ve
   }
 }
 
-void put_u32(std::byte*& p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) *p++ = std::byte((v >> (8 * i)) & 0xff);
-}
-void put_u64(std::byte*& p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) *p++ = std::byte((v >> (8 * i)) & 0xff);
-}
-
 }  // namespace
 
 std::vector<std::string> default_ignore_files() {
@@ -347,38 +342,54 @@ std::vector<PackedFile> files_to_pack(const std::string& root, const std::vector
   return out;
 }
 
-Buffer pack_files(const std::vector<PackedFile>& files) {
+uint64_t packed_size(const std::vector<PackedFile>& files) {
   uint64_t total = kMagicBytes + 8;
   for (const auto& f : files) total += 4 + f.name.size() + 4 + 8 + f.size;
-  std::byte* p = nullptr;
-  Buffer out = Buffer::allocate(size_t(total), &p);
-  std::memcpy(p, kMagic, kMagicBytes);
-  p += kMagicBytes;
-  put_u64(p, files.size());
+  return total;
+}
+
+void pack_files(const std::vector<PackedFile>& files, const std::function<void(const std::byte*, size_t)>& out) {
+  const auto put = [&](const void* p, size_t n) { out(static_cast<const std::byte*>(p), n); };
+  const auto integer = [&](uint64_t v, size_t bytes) {
+    unsigned char b[8];
+    for (size_t i = 0; i < bytes; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+    put(b, bytes);
+  };
+  put(kMagic, kMagicBytes);
+  integer(files.size(), 8);
+  // Files go through this much memory at a time, however big they are.
+  uint64_t largest = 0;
+  for (const auto& f : files) largest = std::max(largest, f.size);
+  std::vector<std::byte> piece(size_t(std::min<uint64_t>(largest, 4u << 20)) + 1);
   for (const auto& f : files) {
-    put_u32(p, uint32_t(f.name.size()));
-    std::memcpy(p, f.name.data(), f.name.size());
-    p += f.name.size();
-    put_u32(p, f.executable ? 0755 : 0644);
-    put_u64(p, f.size);
+    integer(f.name.size(), 4);
+    put(f.name.data(), f.name.size());
+    integer(f.executable ? 0755 : 0644, 4);
+    integer(f.size, 8);
     int fd = ::open(f.disk.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw ConfigError("cannot read " + f.disk + ": " + std::strerror(errno));
+    std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* p) { ::close(*p); });
     uint64_t n = 0;
-    for (ssize_t r; n < f.size && (r = ::read(fd, p + n, size_t(f.size - n))) != 0;) {
+    for (ssize_t r;
+         n < f.size && (r = ::read(fd, piece.data(), size_t(std::min<uint64_t>(piece.size(), f.size - n)))) != 0;) {
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0) {
-        const std::string why = std::strerror(errno);
-        ::close(fd);
-        throw ConfigError("cannot read " + f.disk + ": " + why);
-      }
+      if (r < 0) throw ConfigError("cannot read " + f.disk + ": " + std::strerror(errno));
+      put(piece.data(), size_t(r));
       n += uint64_t(r);
     }
-    ::close(fd);
     // A file that grew since it was listed (a log being written) goes as
     // its first f.size bytes; one that shrank cannot be packed.
     if (n != f.size) throw ConfigError(f.disk + " shrank while it was packed");
-    p += f.size;
   }
+}
+
+Buffer pack_files(const std::vector<PackedFile>& files) {
+  std::byte* p = nullptr;
+  Buffer out = Buffer::allocate(size_t(packed_size(files)), &p);
+  pack_files(files, [&](const std::byte* data, size_t n) {
+    std::memcpy(p, data, n);
+    p += n;
+  });
   return out;
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,10 +45,14 @@ std::vector<std::string> default_ignore_files();
 std::vector<PackedFile> files_to_pack(const std::string& root, const std::vector<std::string>& excludes,
                                       const std::vector<std::string>& ignore_files = default_ignore_files());
 
-// The archive of `files`: a file that grew since it was listed goes as
-// the bytes it had then (a log being appended to). Throws ConfigError
-// naming a file that cannot be read or shrank.
+// The archive of `files`, handed to `out` a few MiB at a time (it is never
+// held whole): a file that grew since it was listed goes as the bytes it
+// had then (a log being appended to). Throws ConfigError naming a file
+// that cannot be read or shrank (what `out` throws goes through).
+void pack_files(const std::vector<PackedFile>& files, const std::function<void(const std::byte*, size_t)>& out);
+// The same archive in memory, and its size.
 Buffer pack_files(const std::vector<PackedFile>& files);
+uint64_t packed_size(const std::vector<PackedFile>& files);
 
 // Writes the archive's files under `dest` (made if absent, 0755). Refuses,
 // with an Error that names the entry, an archive that is cut short, a name

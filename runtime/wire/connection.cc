@@ -1,6 +1,8 @@
 #include "troupe/runtime/wire/connection.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -70,6 +72,10 @@ Connection::Connection(asio::ip::tcp::socket socket, std::string token, bool acc
   peer_ = endpoint_text(socket_);
   asio::error_code ec;
   socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  if (opts_.send_timeout.count() > 0) {
+    const unsigned ms = unsigned(opts_.send_timeout.count());
+    ::setsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+  }
 }
 
 Connection::~Connection() = default;

@@ -52,6 +52,11 @@ struct ConnectionOptions {
   uint64_t max_queued_bytes = 256ull << 20;
   // Frames handled per read turn before the loop serves other connections.
   uint32_t max_frames_per_turn = 64;
+  // Bytes written that the peer has not acknowledged, or not taken (its
+  // window stays shut: it stopped reading), for this long end the
+  // connection (TCP_USER_TIMEOUT). 0: the kernel's default, about 15
+  // minutes of retransmissions, and never for a shut window.
+  std::chrono::milliseconds send_timeout{0};
   // Where this connection adds the bytes it reads and writes (none: nowhere).
   std::shared_ptr<ByteCounters> counters;
 };
