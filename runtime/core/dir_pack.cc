@@ -67,6 +67,89 @@ size_t char_bytes(const std::string& s, size_t i) {
   return n;
 }
 
+// The code point of the well-formed UTF-8 sequence at s[i] and its length
+// (0: none starts there; ASCII is a sequence of one).
+size_t utf8_at(const std::string& s, size_t i, uint32_t& cp) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char u = b(0);
+  size_t n = u < 0x80 ? 1 : u >= 0xc2 && u <= 0xdf ? 2 : u >= 0xe0 && u <= 0xef ? 3 : u >= 0xf0 && u <= 0xf4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  cp = n == 1 ? u : u & (0xff >> (n + 1));
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(k) & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (b(k) & 0x3f);
+  }
+  const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return n;
+}
+
+std::string utf8(uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += {char(0xc0 | (cp >> 6)), char(0x80 | (cp & 0x3f))};
+  } else if (cp < 0x10000) {
+    out += {char(0xe0 | (cp >> 12)), char(0x80 | ((cp >> 6) & 0x3f)), char(0x80 | (cp & 0x3f))};
+  } else {
+    out += {char(0xf0 | (cp >> 18)), char(0x80 | ((cp >> 12) & 0x3f)), char(0x80 | ((cp >> 6) & 0x3f)),
+            char(0x80 | (cp & 0x3f))};
+  }
+  return out;
+}
+
+// Regexes of the UTF-8 sequences of code points [lo, hi] (no surrogates
+// within), added to `out`: split until each piece's sequences have one
+// length and differ only in trailing bytes that cover their whole range,
+// so each piece is one byte range per position.
+void utf8_ranges(uint32_t lo, uint32_t hi, std::vector<std::string>& out) {
+  if (lo > hi) return;
+  for (uint32_t edge : {0x7fu, 0x7ffu, 0xffffu}) {
+    if (lo <= edge && hi > edge) {
+      utf8_ranges(lo, edge, out);
+      utf8_ranges(edge + 1, hi, out);
+      return;
+    }
+  }
+  const size_t n = utf8(lo).size();
+  for (size_t k = 1; k < n; ++k) {
+    const uint32_t m = (1u << (6 * k)) - 1;
+    if ((lo & ~m) == (hi & ~m)) continue;
+    if ((lo & m) != 0) {
+      utf8_ranges(lo, lo | m, out);
+      utf8_ranges((lo | m) + 1, hi, out);
+      return;
+    }
+    if ((hi & m) != m) {
+      utf8_ranges(lo, (hi & ~m) - 1, out);
+      utf8_ranges(hi & ~m, hi, out);
+      return;
+    }
+  }
+  const std::string a = utf8(lo), z = utf8(hi);
+  std::string regex;
+  for (size_t k = 0; k < n; ++k)
+    regex += a[k] == z[k] ? literal(a[k]) : "[" + literal(a[k]) + "-" + literal(z[k]) + "]";
+  out.push_back(regex);
+}
+
+// The members of code points [lo, hi] (a range of a bracket expression
+// with an end past ASCII, compared by code point as Python's re does): the
+// ASCII ones added to a class's `body`, the others to `chars`. Throws
+// regex_error for a reversed range (Python's pattern fails to compile,
+// and the rule is dropped, as an ASCII one's).
+void code_point_range(uint32_t lo, uint32_t hi, std::string& body, std::vector<std::string>& chars) {
+  if (lo > hi) throw std::regex_error(std::regex_constants::error_range);
+  if (lo < 0x80) body += literal(char(lo)) + "-" + literal(char(std::min<uint32_t>(hi, 0x7f)));
+  if (hi < 0x80) return;
+  // Surrogates have no UTF-8 (the lone bytes Python decodes to U+DC80 to
+  // U+DCFF are not matched by a range here).
+  const uint32_t from = std::max<uint32_t>(lo, 0x80);
+  if (from <= std::min<uint32_t>(hi, 0xd7ff)) utf8_ranges(from, std::min<uint32_t>(hi, 0xd7ff), chars);
+  if (hi >= 0xe000) utf8_ranges(std::max<uint32_t>(from, 0xe000), hi, chars);
+}
+
 std::string literals(const std::string& s) {
   std::string out;
   for (char c : s) out += literal(c);
@@ -121,6 +204,19 @@ bool bracket(const std::string& p, size_t i, std::string& regex, size_t& past) {
       }
     }
     if (c == '\\' && j + 1 < p.size()) c = p[++j];
+    // A range with an end past ASCII: by code point, as Python compares.
+    uint32_t lo = 0, hi = 0;
+    const size_t lo_bytes = utf8_at(p, j, lo);
+    if (lo_bytes && j + lo_bytes + 1 < p.size() && p[j + lo_bytes] == '-' && p[j + lo_bytes + 1] != ']') {
+      size_t h = j + lo_bytes + 1;
+      if (p[h] == '\\' && h + 1 < p.size()) ++h;
+      const size_t hi_bytes = utf8_at(p, h, hi);
+      if (hi_bytes && (lo >= 0x80 || hi >= 0x80)) {
+        code_point_range(lo, hi, body, chars);
+        j = h + hi_bytes;
+        continue;
+      }
+    }
     if (static_cast<unsigned char>(c) >= 0x80) {
       const size_t n = char_bytes(p, j);
       chars.push_back(literals(p.substr(j, n)));

@@ -143,6 +143,45 @@ TEST_F(DirPackTest, PatternsMatchNonAsciiNamesPerCharacter) {
             (std::vector<std::string>{".gitignore", "ab/z.txt", "\xc3\xa9.md", "\xc3\xa9y.txt", "\xe2\x82\xac.md"}));
 }
 
+// A range of a bracket expression with an end past ASCII was taken byte
+// by byte ([à-é] matched à, '-' and é; [a-é] a byte range): it is
+// compared by code point, as Python's packer does, across lead bytes,
+// sequence lengths and the surrogates; a reversed one drops its rule. The
+// expected list is the Python packer's (troupe._packages._files) for the
+// same tree.
+TEST_F(DirPackTest, RangesPastAsciiCompareCodePoints) {
+  std::map<std::string, std::string> tree = {
+      {".gitignore",
+       "[\xc3\xa0-\xc3\xa9]r.txt\n[a-\xc3\xa9]s.txt\n[\xc3\xbf-\xc4\x81]t.txt\n"
+       "[\xe2\x82\xac-\xf0\x90\x80\x80]u.txt\n[\xc3\xa9-\xc3\xa0]v.txt\n[!\xc3\xa0-\xc3\xa9]w.txt\n"}};
+  for (const char* name : {"\xc3\xa1r",
+                           "\xc3\xaar",
+                           "-r",
+                           "\xc3\xa0r",
+                           "zs",
+                           "\xc3\xa7s",
+                           "\xc3\xabs",
+                           "\xe2\x82\xacs",
+                           "\xc4\x80t",
+                           "\xc4\x81t",
+                           "\xc3\xa4t",
+                           "\xe4\xb8\xadu",
+                           "\xf0\x9f\x98\x80u",
+                           "\xf0\x90\x80\x80u",
+                           "\xc3\xa9u",
+                           "\xc3\xa9v",
+                           "\xc3\xa0v",
+                           "\xc3\xa1w",
+                           "zw",
+                           "\xe2\x82\xacw"})
+    tree[std::string(name) + ".txt"] = "";
+  write_tree(root_ + "/p", tree);
+  EXPECT_EQ(names(troupe::core::files_to_pack(root_ + "/p", {})),
+            (std::vector<std::string>{"-r.txt", ".gitignore", "\xc3\xa0v.txt", "\xc3\xa1w.txt", "\xc3\xa4t.txt",
+                                      "\xc3\xa9u.txt", "\xc3\xa9v.txt", "\xc3\xaar.txt", "\xc3\xabs.txt",
+                                      "\xe2\x82\xacs.txt", "\xf0\x9f\x98\x80u.txt"}));
+}
+
 TEST_F(DirPackTest, AnArchiveUnpacksToTheSameFilesAndModes) {
   const std::string src = root_ + "/src";
   std::string big(300000, '\0');
