@@ -327,6 +327,74 @@ TEST_F(ShippedFileTest, ADirectoryArrivesAsItsFilesOncePerHost) {
   EXPECT_EQ(troupe::ship_dir(rt_, project, {.excludes = {"*.bin"}}).files, 3u);
 }
 
+// Every version of a shipped data set stayed on each host until its node
+// agent stopped (probe 26a: 1.4 GB): a file copy no process uses is marked
+// by the next copy made and removed by one made past the grace; one in use
+// stays.
+TEST_F(ShippedFileTest, UnusedFileCopiesGoPastTheGrace) {
+  auto a = user();
+  const std::string v1 = a.call(&FileUser::copy, troupe::ship_file(rt_, write("v1.npz", pattern(4000)))).get(60s);
+  auto keeper = user();
+  const std::string kept =
+      keeper.call(&FileUser::copy, troupe::ship_file(rt_, write("kept.npz", pattern(5000)))).get(60s);
+  rt_.kill(a);
+  ASSERT_TRUE(troupe::test::eventually([&] { return unused(v1 + ".use"); }));
+  auto c = user("TROUPE_SHIPPED_COPY_GRACE_S=0");
+  c.call(&FileUser::copy, troupe::ship_file(rt_, write("v2.npz", pattern(4100)))).get(60s);
+  EXPECT_TRUE(std::filesystem::exists(v1) && std::filesystem::exists(v1 + ".unused"));
+  c.call(&FileUser::copy, troupe::ship_file(rt_, write("v3.npz", pattern(4200)))).get(60s);
+  EXPECT_FALSE(std::filesystem::exists(v1));
+  EXPECT_FALSE(std::filesystem::exists(v1 + ".ok"));
+  EXPECT_TRUE(std::filesystem::exists(kept));
+  EXPECT_FALSE(std::filesystem::exists(kept + ".unused"));
+}
+
+TEST_F(ShippedFileTest, TheDriverNamesAFileItCannotShip) {
+  try {
+    troupe::ship_file(rt_, dir_ + "/missing.npz");
+    FAIL() << "a missing file was shipped";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir_ + "/missing.npz"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(troupe::ship_file(rt_, dir_), troupe::ConfigError);  // a directory
+}
+
+// The driver holds none of a shipped file: its pieces are read from the
+// file when fetched (they were held in its store, against its limit, for
+// the whole job), so a file past the store's limit ships. A file changed
+// or removed after it was shipped is refused on the host, naming it.
+TEST_F(ShippedFileTest, TheDriverServesAFileFromDiskAndHoldsNoneOfIt) {
+  rt_.core()->service<troupe::client::ObjectStore>()->set_limit(1 << 20);
+  const std::string bytes = pattern(troupe::kShippedChunkBytes + (3 << 20));
+  const uint64_t held_before = rt_.object_store_stats().bytes;
+  troupe::ShippedFile f = troupe::ship_file(rt_, write("big.bin", bytes));
+  EXPECT_EQ(rt_.object_store_stats().bytes, held_before);
+  EXPECT_EQ(f.chunks.size(), 2u);
+  auto a = user();
+  EXPECT_EQ(a.call(&FileUser::fingerprint_of, f).get(120s), fingerprint(bytes));
+  // A local get reads the piece too.
+  EXPECT_EQ(f.chunks[1].get(60s).size(), bytes.size() - troupe::kShippedChunkBytes);
+  const std::string changed = write("changed.bin", pattern(5000));
+  troupe::ShippedFile g = troupe::ship_file(rt_, changed);
+  std::ofstream(changed, std::ios::binary) << std::string(5000, 'x');
+  try {
+    a.call(&FileUser::copy, g).get(60s);
+    ADD_FAILURE() << "a changed file was taken";
+  } catch (const troupe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("changed.bin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("did the file change after it was shipped"), std::string::npos) << e.what();
+  }
+  const std::string removed = write("removed.bin", pattern(5000));
+  troupe::ShippedFile h = troupe::ship_file(rt_, removed);
+  std::filesystem::remove(removed);
+  try {
+    a.call(&FileUser::copy, h).get(60s);
+    ADD_FAILURE() << "a removed file was fetched";
+  } catch (const troupe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot read " + removed), std::string::npos) << e.what();
+  }
+}
+
 // How many archives of shipped directories this process holds open (they
 // are unlinked at once: "/…/.shipping-XXXXXX (deleted)").
 int open_archives() {
