@@ -221,22 +221,33 @@ void private_folder(const std::string& dir) {
     throw Error(dir + " must be a directory of this user's with mode 0700 (remove it: it only holds copies)");
 }
 
-// An exclusive flock on `path` (made if absent) for as long as it lives:
-// one process of the host makes a copy while the others wait for it.
 // A descriptor of `path` (made if absent) holding flock `operation`
-// (LOCK_EX, LOCK_SH), waited for; Error naming the path.
+// (LOCK_EX, LOCK_SH), waited for; Error naming the path. The file locked
+// is the one at `path` when the lock is had: a sweep removes the lock
+// files of a copy it removed while it holds them (forget_copy), and a
+// lock taken on such a file, opened before it went, is taken again on the
+// file now there.
 int locked_file(const std::string& path, int operation) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
-  while (::flock(fd, operation) != 0) {
-    if (errno == EINTR) continue;
-    const std::string why = std::strerror(errno);
+  for (;;) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+    while (::flock(fd, operation) != 0) {
+      if (errno == EINTR) continue;
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      throw Error("cannot lock " + path + ": " + why);
+    }
+    struct stat held {
+    }, named{};
+    if (::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+        held.st_ino == named.st_ino)
+      return fd;
     ::close(fd);
-    throw Error("cannot lock " + path + ": " + why);
   }
-  return fd;
 }
 
+// An exclusive flock on `path` (made if absent) for as long as it lives:
+// one process of the host makes a copy while the others wait for it.
 class HostLock {
  public:
   explicit HostLock(const std::string& path) : fd_(locked_file(path, LOCK_EX)) {}
@@ -483,18 +494,60 @@ std::string copy_of(const std::string& name) {
   return name;
 }
 
+// Removes the records of the copy `base`, which is gone: its .ok and
+// .unused, and its .use and .lock (each one shipment's, so they piled up
+// per run on a long-lived node) while this process holds them, so that
+// no other holds a lock on a file no longer there (locked_file takes its
+// lock again on the new file). Called with base.use held exclusively, or
+// with base.use absent.
+void forget_copy(const std::string& base) {
+  ::unlink((base + ".unused").c_str());
+  ::unlink((base + ".ok").c_str());
+  const int lock = ::open((base + ".lock").c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (lock >= 0) {
+    if (::flock(lock, LOCK_EX | LOCK_NB) == 0) ::unlink((base + ".lock").c_str());
+    ::close(lock);
+  }
+  ::unlink((base + ".use").c_str());
+}
+
+// The records of copies that are gone (a .use with no copy beside it: one
+// removed before forget_copy, or by an older troupe), dropped when no
+// process holds them.
+void forget_gone_copies(const std::string& dir, const std::vector<std::filesystem::directory_entry>& entries) {
+  std::set<std::string> names;
+  for (const auto& entry : entries) names.insert(entry.path().filename().string());
+  for (const auto& name : names) {
+    // A copy of a shipped file named *.use has a .use of its own.
+    if (!name.ends_with(".use") || names.count(name + ".use")) continue;
+    const std::string copy = name.substr(0, name.size() - 4);
+    if (copy_of(copy) != copy || names.count(copy)) continue;
+    const std::string base = dir + "/" + copy;
+    const int fd = ::open((base + ".use").c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    struct stat use {
+    }, st{};
+    // Empty (a record), held by none, and still no copy (a fetcher holds
+    // .use before it makes one).
+    if (::fstat(fd, &use) == 0 && S_ISREG(use.st_mode) && use.st_size == 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        ::lstat(base.c_str(), &st) != 0 && errno == ENOENT)
+      forget_copy(base);
+    ::close(fd);
+  }
+}
+
 // Removes the host's other copies, files and directories, that no process
 // has used for unused_grace() (a finished job's data set, a working
 // directory and what its ranks wrote there), and parts that killed
 // unpackers left. A copy is first marked NAME.d.unused
 // by a sweep that finds it unused; a later sweep past the grace removes
-// it. The empty .use and .lock files stay (removing a lock file another
-// process has open would let two hold "the" lock).
+// it, and its records (forget_copy).
 void remove_unused_copies(const std::string& dir, const std::string& keep) {
   const auto grace = unused_grace();
   std::error_code ec;
   std::vector<std::filesystem::directory_entry> entries;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) entries.push_back(entry);
+  forget_gone_copies(dir, entries);
   for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string(), copy = copy_of(name);
     if (copy.empty() || dir + "/" + copy == keep || entry.is_symlink(ec)) continue;
@@ -507,6 +560,8 @@ void remove_unused_copies(const std::string& dir, const std::string& keep) {
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) continue;
     if (name != copy) {
       remove_aside(entry.path().string(), "left by a process that was killed");
+      struct stat gone {};
+      if (::lstat(base.c_str(), &gone) != 0 && errno == ENOENT) forget_copy(base);
       continue;
     }
     const std::string marker = base + ".unused";
@@ -517,8 +572,7 @@ void remove_unused_copies(const std::string& dir, const std::string& keep) {
       if (m >= 0) ::close(m);
     } else if (std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) >= grace) {
       remove_aside(base, "no process has used it for " + std::to_string(grace.count()) + " s");
-      ::unlink(marker.c_str());
-      ::unlink((base + ".ok").c_str());
+      forget_copy(base);
     }
   }
 }

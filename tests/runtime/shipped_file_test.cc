@@ -345,8 +345,35 @@ TEST_F(ShippedFileTest, UnusedFileCopiesGoPastTheGrace) {
   c.call(&FileUser::copy, troupe::ship_file(rt_, write("v3.npz", pattern(4200)))).get(60s);
   EXPECT_FALSE(std::filesystem::exists(v1));
   EXPECT_FALSE(std::filesystem::exists(v1 + ".ok"));
+  // Its lock files go with it (they piled up, a set per shipment, on a
+  // long-lived node).
+  EXPECT_FALSE(std::filesystem::exists(v1 + ".use"));
+  EXPECT_FALSE(std::filesystem::exists(v1 + ".lock"));
   EXPECT_TRUE(std::filesystem::exists(kept));
   EXPECT_FALSE(std::filesystem::exists(kept + ".unused"));
+}
+
+// The records of a copy that is gone (left before they were removed with
+// it) go when no process holds them; a copy whose own name ends in .use
+// is not taken for one.
+TEST_F(ShippedFileTest, RecordsOfGoneCopiesGoAndACopyNamedLikeOneStays) {
+  auto a = user();
+  const std::string empty_use = a.call(&FileUser::copy, troupe::ship_file(rt_, write("empty.use", ""))).get(60s);
+  rt_.kill(a);
+  ASSERT_TRUE(troupe::test::eventually([&] { return unused(empty_use + ".use"); }));
+  const std::string gone = session_ + "/shipped/0123456789abcdef-gone.npz";
+  for (const char* record : {".use", ".lock", ".ok", ".unused"}) std::ofstream(gone + record).flush();
+  const std::string held = session_ + "/shipped/0123456789abcdef-held.npz";
+  const int holder = ::open((held + ".use").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(holder, 0);
+  ASSERT_EQ(::flock(holder, LOCK_SH), 0);  // a process about to fetch it
+  auto c = user("TROUPE_SHIPPED_COPY_GRACE_S=0");
+  c.call(&FileUser::copy, troupe::ship_file(rt_, write("next.npz", pattern(3100)))).get(60s);
+  for (const char* record : {".use", ".lock", ".ok", ".unused"})
+    EXPECT_FALSE(std::filesystem::exists(gone + record)) << record;
+  EXPECT_TRUE(std::filesystem::exists(held + ".use"));
+  EXPECT_TRUE(std::filesystem::exists(empty_use));
+  ::close(holder);
 }
 
 TEST_F(ShippedFileTest, TheDriverNamesAFileItCannotShip) {
