@@ -42,29 +42,32 @@ std::string literal(char c) {
   return out;
 }
 
+// A well-formed UTF-8 sequence of two to four bytes (no overlongs,
+// surrogates or code points past U+10FFFF: Python's decoder takes their
+// bytes one by one).
+const std::string& well_formed() {
+  static const std::string sequence =
+      "[\\xc2-\\xdf][\\x80-\\xbf]|\\xe0[\\xa0-\\xbf][\\x80-\\xbf]|[\\xe1-\\xec\\xee\\xef][\\x80-\\xbf]{2}|"
+      "\\xed[\\x80-\\x9f][\\x80-\\xbf]|\\xf0[\\x90-\\xbf][\\x80-\\xbf]{2}|[\\xf1-\\xf3][\\x80-\\xbf]{3}|"
+      "\\xf4[\\x80-\\x8f][\\x80-\\xbf]{2}";
+  return sequence;
+}
+
 // Names are matched per character, as Python decodes them (UTF-8, with a
 // byte that starts no whole sequence as one character of its own): a
 // character other than '/' is one ASCII byte, a whole 2-, 3- or 4-byte
 // sequence, or a byte past ASCII that starts none (never the lead of a
 // whole sequence: a ? must not take é as two characters).
 const std::string& any_char() {
-  // Well-formed sequences only (no overlongs, surrogates or code points
-  // past U+10FFFF: Python's decoder takes their bytes one by one).
-  static const std::string sequence =
-      "[\\xc2-\\xdf][\\x80-\\xbf]|\\xe0[\\xa0-\\xbf][\\x80-\\xbf]|[\\xe1-\\xec\\xee\\xef][\\x80-\\xbf]{2}|"
-      "\\xed[\\x80-\\x9f][\\x80-\\xbf]|\\xf0[\\x90-\\xbf][\\x80-\\xbf]{2}|[\\xf1-\\xf3][\\x80-\\xbf]{3}|"
-      "\\xf4[\\x80-\\x8f][\\x80-\\xbf]{2}";
-  static const std::string any = "(?:[\\x00-\\x2e\\x30-\\x7f]|" + sequence + "|(?!" + sequence + ")[\\x80-\\xff])";
+  static const std::string any =
+      "(?:[\\x00-\\x2e\\x30-\\x7f]|" + well_formed() + "|(?!" + well_formed() + ")[\\x80-\\xff])";
   return any;
 }
 
-// The bytes of the character at s[i] (a UTF-8 sequence, or one byte).
-size_t char_bytes(const std::string& s, size_t i) {
-  const auto u = static_cast<unsigned char>(s[i]);
-  size_t n = 1;
-  if (u >= 0xc0)
-    while (i + n < s.size() && (static_cast<unsigned char>(s[i + n]) & 0xc0) == 0x80) ++n;
-  return n;
+// Bytes [lo, hi] past ASCII each standing alone (starting no whole
+// sequence): the characters U+DC00 + byte of Python's surrogateescape.
+std::string lone_bytes(unsigned char lo, unsigned char hi) {
+  return "(?!" + well_formed() + ")[" + literal(char(lo)) + "-" + literal(char(hi)) + "]";
 }
 
 // The code point of the well-formed UTF-8 sequence at s[i] and its length
@@ -82,6 +85,15 @@ size_t utf8_at(const std::string& s, size_t i, uint32_t& cp) {
   const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
   if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
   return n;
+}
+
+// The character at s[i] as Python decodes it (surrogateescape): a
+// well-formed sequence's code point, or one byte (ASCII, or past it and
+// starting none: U+DC00 + the byte); its length in bytes.
+size_t char_at(const std::string& s, size_t i, uint32_t& cp) {
+  if (const size_t n = utf8_at(s, i, cp)) return n;
+  cp = 0xdc00 + static_cast<unsigned char>(s[i]);
+  return 1;
 }
 
 std::string utf8(uint32_t cp) {
@@ -143,11 +155,13 @@ void code_point_range(uint32_t lo, uint32_t hi, std::string& body, std::vector<s
   if (lo > hi) throw std::regex_error(std::regex_constants::error_range);
   if (lo < 0x80) body += literal(char(lo)) + "-" + literal(char(std::min<uint32_t>(hi, 0x7f)));
   if (hi < 0x80) return;
-  // Surrogates have no UTF-8 (the lone bytes Python decodes to U+DC80 to
-  // U+DCFF are not matched by a range here).
+  // Surrogates have no UTF-8; U+DC80 to U+DCFF are the lone bytes.
   const uint32_t from = std::max<uint32_t>(lo, 0x80);
   if (from <= std::min<uint32_t>(hi, 0xd7ff)) utf8_ranges(from, std::min<uint32_t>(hi, 0xd7ff), chars);
   if (hi >= 0xe000) utf8_ranges(std::max<uint32_t>(from, 0xe000), hi, chars);
+  const uint32_t a = std::max<uint32_t>(from, 0xdc80), z = std::min<uint32_t>(hi, 0xdcff);
+  if (a <= z)
+    chars.push_back(lone_bytes(static_cast<unsigned char>(a - 0xdc00), static_cast<unsigned char>(z - 0xdc00)));
 }
 
 std::string literals(const std::string& s) {
@@ -206,21 +220,20 @@ bool bracket(const std::string& p, size_t i, std::string& regex, size_t& past) {
     if (c == '\\' && j + 1 < p.size()) c = p[++j];
     // A range with an end past ASCII: by code point, as Python compares.
     uint32_t lo = 0, hi = 0;
-    const size_t lo_bytes = utf8_at(p, j, lo);
-    if (lo_bytes && j + lo_bytes + 1 < p.size() && p[j + lo_bytes] == '-' && p[j + lo_bytes + 1] != ']') {
+    const size_t lo_bytes = char_at(p, j, lo);
+    if (j + lo_bytes + 1 < p.size() && p[j + lo_bytes] == '-' && p[j + lo_bytes + 1] != ']') {
       size_t h = j + lo_bytes + 1;
       if (p[h] == '\\' && h + 1 < p.size()) ++h;
-      const size_t hi_bytes = utf8_at(p, h, hi);
-      if (hi_bytes && (lo >= 0x80 || hi >= 0x80)) {
+      const size_t hi_bytes = char_at(p, h, hi);
+      if (lo >= 0x80 || hi >= 0x80) {
         code_point_range(lo, hi, body, chars);
         j = h + hi_bytes;
         continue;
       }
     }
-    if (static_cast<unsigned char>(c) >= 0x80) {
-      const size_t n = char_bytes(p, j);
-      chars.push_back(literals(p.substr(j, n)));
-      j += n;
+    if (lo >= 0x80) {
+      chars.push_back(lo >= 0xdc80 && lo <= 0xdcff ? lone_bytes(p[j], p[j]) : literals(p.substr(j, lo_bytes)));
+      j += lo_bytes;
       continue;
     }
     if (j + 2 < p.size() && p[j + 1] == '-' && p[j + 2] != ']') {

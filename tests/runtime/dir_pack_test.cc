@@ -180,6 +180,39 @@ TEST_F(DirPackTest, RangesPastAsciiCompareCodePoints) {
             (std::vector<std::string>{"-r.txt", ".gitignore", "\xc3\xa0v.txt", "\xc3\xa1w.txt", "\xc3\xa4t.txt",
                                       "\xc3\xa9u.txt", "\xc3\xa9v.txt", "\xc3\xaar.txt", "\xc3\xabs.txt",
                                       "\xe2\x82\xacs.txt", "\xf0\x9f\x98\x80u.txt"}));
+  // Bytes that are no UTF-8 (a Latin-1 .gitignore, a name in another
+  // encoding) are the characters U+DC80 to U+DCFF to Python
+  // (surrogateescape): a lone byte matches them, not the sequence it
+  // begins elsewhere (review r31).
+  write_tree(root_ + "/q", {{".gitignore", "[\xc2\x80-\xf4\x8f\xbf\xbf]a.txt\n[\xe0-\xe9]b.txt\n[\xe1]c.txt\n"},
+                            {"\xff"
+                             "a.txt",
+                             ""},
+                            {"\xe1"
+                             "b.txt",
+                             ""},
+                            {"-b.txt", ""},
+                            {"\xc3\xa1"
+                             "b.txt",
+                             ""},
+                            {"\xe1"
+                             "c.txt",
+                             ""},
+                            {"\xc3\xa1"
+                             "c.txt",
+                             ""},
+                            {"\xe1\xb8\xbf"
+                             "c.txt",
+                             ""},
+                            {"zb.txt", ""}});
+  EXPECT_EQ(names(troupe::core::files_to_pack(root_ + "/q", {})),
+            (std::vector<std::string>{"-b.txt", ".gitignore", "zb.txt",
+                                      "\xc3\xa1"
+                                      "b.txt",
+                                      "\xc3\xa1"
+                                      "c.txt",
+                                      "\xe1\xb8\xbf"
+                                      "c.txt"}));
 }
 
 TEST_F(DirPackTest, AnArchiveUnpacksToTheSameFilesAndModes) {
