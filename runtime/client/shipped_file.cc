@@ -368,8 +368,8 @@ ShippedFile ship_archive(Runtime& rt, const std::string& root, const std::vector
   std::string name = folder + "/.shipping-XXXXXX";
   const int fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0)
-    throw ConfigError("cannot make its archive in " + folder + ": " + std::strerror(errno) +
-                      " (TROUPE_SHIPPING_DIR names another folder)");
+    throw ConfigError("cannot ship the directory " + root + ": cannot make its archive in " + folder + ": " +
+                      std::strerror(errno) + " (TROUPE_SHIPPING_DIR names another folder)");
   ::unlink(name.c_str());
   auto file = std::make_shared<const client::OpenFile>(fd);
   Digest digest;
@@ -380,8 +380,8 @@ ShippedFile ship_archive(Runtime& rt, const std::string& root, const std::vector
       const ssize_t w = ::write(fd, p + done, n - done);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0)
-        throw ConfigError("cannot write its archive in " + folder + ": " + std::strerror(errno) +
-                          " (TROUPE_SHIPPING_DIR names another folder)");
+        throw ConfigError("cannot ship the directory " + root + ": cannot write its archive in " + folder + ": " +
+                          std::strerror(errno) + " (TROUPE_SHIPPING_DIR names another folder)");
       done += size_t(w);
     }
     written += n;
@@ -419,8 +419,9 @@ ShippedDir ship_dir(Runtime& rt, const std::string& dir, const DirShipping& how,
     if (names)
       for (const auto& f : files) names->push_back(f.name);
   } catch (const ConfigError& e) {
+    // Its own (the folder for the archive, not which files go) as they are.
     const std::string what = e.what();
-    if (what.rfind("cannot ship " + root, 0) == 0) throw;
+    if (what.rfind("cannot ship " + root, 0) == 0 || what.rfind("cannot ship the directory " + root, 0) == 0) throw;
     throw ConfigError("cannot ship the directory " + root + ": " + what + " (" + leave_out + ")");
   }
   return d;

@@ -448,6 +448,24 @@ TEST_F(ShippedFileTest, ADirectorysArchiveIsServedFromDiskNotMemory) {
       EXPECT_NE(troupe::shipping_folder(), "/dev/shm");
     }
   }
+  {
+    // A folder that cannot take it is named, with how to name another
+    // (not which files to leave out: that would not help).
+    const ScopedEnv missing("TROUPE_SHIPPING_DIR", dir_ + "/missing");
+    std::filesystem::create_directories(dir_ + "/small");
+    std::ofstream(dir_ + "/small/a.txt") << "a";
+    try {
+      troupe::ship_dir(rt_, dir_ + "/small");
+      ADD_FAILURE() << "an archive was made in a missing folder";
+    } catch (const troupe::ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("cannot ship the directory " + dir_ + "/small: cannot make its archive in " + dir_ +
+                          "/missing: No such file or directory (TROUPE_SHIPPING_DIR names another folder)"),
+                std::string::npos)
+          << what;
+      EXPECT_EQ(what.find("leave files out"), std::string::npos) << what;
+    }
+  }
   const std::string archives = dir_ + "/archives";
   std::filesystem::create_directories(archives);
   const ScopedEnv folder("TROUPE_SHIPPING_DIR", archives);
