@@ -271,7 +271,7 @@ namespace {
 // (TROUPE_OBJECT_SEND_TIMEOUT_S, 120 s by default; 0: the kernel's
 // default) before its connection is dropped.
 std::chrono::milliseconds send_timeout() {
-  const std::string v = core::env_value("TROUPE_OBJECT_SEND_TIMEOUT_S");
+  const std::string v = core::env_value(core::kEnvObjectSendTimeout);
   char* end = nullptr;
   const double s = v.empty() ? -1 : std::strtod(v.c_str(), &end);
   if (s >= 0 && end && *end == '\0' && s < 1e6) return std::chrono::milliseconds(int64_t(s * 1000));
@@ -535,7 +535,17 @@ void ObjectStore::accept(ConnPtr c) {
            [this, weak](Message&& m) {
              if (auto conn = weak.lock()) on_borrower_frame(conn, std::move(m));
            },
-           [this, raw = c.get()](const std::string&) { on_borrower_closed(raw); });
+           [this, raw = c.get(), peer = c->peer()](const std::string& why) {
+             // The send timeout's drop (TCP_USER_TIMEOUT: ETIMEDOUT) is
+             // said where the driver's user sees it: the host's own error
+             // only says its owner became unreachable (probe 27a).
+             if (why.find("timed out") != std::string::npos)
+               TROUPE_LOG_WARN(
+                   "object server: dropped {}, which took nothing of what it asked for in {} s "
+                   "(TROUPE_OBJECT_SEND_TIMEOUT_S; a stopped or cut-off process): its gets fail",
+                   peer, send_timeout().count() / 1000.0);
+             on_borrower_closed(raw);
+           });
 }
 
 void ObjectStore::on_borrower_frame(const ConnPtr& c, Message&& m) {

@@ -336,7 +336,7 @@ bool in_memory(const std::string& dir) {
 }  // namespace
 
 std::string shipping_folder() {
-  const std::string given = core::env_value("TROUPE_SHIPPING_DIR");
+  const std::string given = core::env_value(core::kEnvShippingDir);
   if (!given.empty()) return given;
   const std::vector<std::string> candidates = {core::env_value("TMPDIR"), "/var/tmp", "/tmp"};
   for (const auto& dir : candidates)
@@ -364,14 +364,19 @@ ShippedFile ship_archive(Runtime& rt, const std::string& root, const std::vector
   if (::statvfs(folder.c_str(), &room) == 0 && f.size > uint64_t(room.f_bavail) * room.f_frsize)
     throw ConfigError("its archive (" + std::to_string(f.size) + " bytes) does not fit " + folder + " (" +
                       std::to_string(uint64_t(room.f_bavail) * room.f_frsize) +
-                      " bytes free; TROUPE_SHIPPING_DIR names another folder)");
+                      " bytes free; set TROUPE_SHIPPING_DIR to another folder)");
   std::string name = folder + "/.shipping-XXXXXX";
   const int fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0)
     throw ConfigError("cannot ship the directory " + root + ": cannot make its archive in " + folder + ": " +
-                      std::strerror(errno) + " (TROUPE_SHIPPING_DIR names another folder)");
+                      std::strerror(errno) + " (set TROUPE_SHIPPING_DIR to another folder)");
   ::unlink(name.c_str());
   auto file = std::make_shared<const client::OpenFile>(fd);
+  // Reserved before it is written: two drivers that passed the check
+  // above at once both failed half way (probe 27a).
+  if (const int err = f.size ? ::posix_fallocate(fd, 0, off_t(f.size)) : 0; err == ENOSPC)
+    throw ConfigError("its archive (" + std::to_string(f.size) + " bytes) does not fit " + folder +
+                      " (set TROUPE_SHIPPING_DIR to another folder)");
   Digest digest;
   uint64_t written = 0;
   core::pack_files(files, [&](const std::byte* p, size_t n) {
@@ -381,7 +386,7 @@ ShippedFile ship_archive(Runtime& rt, const std::string& root, const std::vector
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0)
         throw ConfigError("cannot ship the directory " + root + ": cannot write its archive in " + folder + ": " +
-                          std::strerror(errno) + " (TROUPE_SHIPPING_DIR names another folder)");
+                          std::strerror(errno) + " (set TROUPE_SHIPPING_DIR to another folder)");
       done += size_t(w);
     }
     written += n;
@@ -447,7 +452,7 @@ void hold_copy(const std::string& copy) {
 // placed anew after a failure holds no copy between its slots' release
 // and the new slots' prepare, and must find what its ranks wrote there.
 std::chrono::seconds unused_grace() {
-  const std::string v = core::env_value("TROUPE_SHIPPED_COPY_GRACE_S");
+  const std::string v = core::env_value(core::kEnvShippedCopyGrace);
   char* end = nullptr;
   const long long s = v.empty() ? -1 : std::strtoll(v.c_str(), &end, 10);
   return std::chrono::seconds(s >= 0 && end && *end == '\0' ? s : 600);

@@ -66,6 +66,13 @@ inline constexpr const char* kEnvRuntimeEnv = "TROUPE_RUNTIME_ENV";
 inline constexpr const char* kEnvWorkerBinary = "TROUPE_WORKER_BINARY";
 inline constexpr const char* kEnvObjectStoreBytes = "TROUPE_OBJECT_STORE_BYTES";
 inline constexpr const char* kEnvDigitsPath = "TROUPE_DIGITS_PATH";
+// Shipped files (runtime/client/shipped_file.h, object_store.h): how long
+// an unused copy stays, where a directory's archive is written, how long
+// a borrower may leave what it asked for untaken. Read where the copies
+// are made and served: workers too.
+inline constexpr const char* kEnvShippedCopyGrace = "TROUPE_SHIPPED_COPY_GRACE_S";
+inline constexpr const char* kEnvShippingDir = "TROUPE_SHIPPING_DIR";
+inline constexpr const char* kEnvObjectSendTimeout = "TROUPE_OBJECT_SEND_TIMEOUT_S";
 // Workers: "reuse" (default) or "system"; see malloc_policy.h.
 inline constexpr const char* kEnvWorkerMalloc = "TROUPE_WORKER_MALLOC";
 // Python workers: how many GiB of unpacked runtime_env packages a machine
@@ -151,8 +158,9 @@ std::string env_value(const char* name);
 // base a child's environment is built on, so that no role, address or token
 // leaks by accident while a setting such as TROUPE_DIGITS_PATH reaches the
 // trainer that reads it.
-inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath, kEnvWorkerMalloc, kEnvRuntimeEnvCacheGb,
-                                                 kEnvLogMaxBytes, kEnvObjectStoreBytes};
+inline constexpr const char* kEnvForWorkers[] = {kEnvDigitsPath,  kEnvWorkerMalloc,     kEnvRuntimeEnvCacheGb,
+                                                 kEnvLogMaxBytes, kEnvObjectStoreBytes, kEnvShippedCopyGrace,
+                                                 kEnvShippingDir, kEnvObjectSendTimeout};
 std::vector<std::string> clean_environment(const std::vector<std::string>& drop = {});
 
 }  // namespace troupe::core

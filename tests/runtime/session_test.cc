@@ -204,16 +204,25 @@ TEST(WorkerEnvTest, ChildEnvironmentKeepsUserSettingsAndDropsWiring) {
   ::setenv(core::kEnvToken, "secret", 1);
   ::setenv("TROUPE_DIGITS_PATH", "/data/digits.csv.gz", 1);
   ::setenv("CUDA_VISIBLE_DEVICES", "3", 1);
+  // Read by workers that make and serve shipped copies: set where the
+  // node agents start, they never reached them (probe 27a).
+  for (const char* name : {"TROUPE_SHIPPED_COPY_GRACE_S", "TROUPE_SHIPPING_DIR", "TROUPE_OBJECT_SEND_TIMEOUT_S"})
+    ::setenv(name, "7", 1);
   auto env = core::clean_environment({"CUDA_VISIBLE_DEVICES"});
   ::unsetenv(core::kEnvToken);
   ::unsetenv("TROUPE_DIGITS_PATH");
   ::unsetenv("CUDA_VISIBLE_DEVICES");
+  for (const char* name : {"TROUPE_SHIPPED_COPY_GRACE_S", "TROUPE_SHIPPING_DIR", "TROUPE_OBJECT_SEND_TIMEOUT_S"})
+    ::unsetenv(name);
   auto has = [&](const std::string& prefix) {
     return std::any_of(env.begin(), env.end(), [&](const std::string& kv) { return kv.rfind(prefix, 0) == 0; });
   };
   EXPECT_FALSE(has(std::string(core::kEnvToken) + "="));
   EXPECT_FALSE(has("CUDA_VISIBLE_DEVICES="));
   EXPECT_TRUE(has("TROUPE_DIGITS_PATH=/data/digits.csv.gz"));
+  EXPECT_TRUE(has("TROUPE_SHIPPED_COPY_GRACE_S=7"));
+  EXPECT_TRUE(has("TROUPE_SHIPPING_DIR=7"));
+  EXPECT_TRUE(has("TROUPE_OBJECT_SEND_TIMEOUT_S=7"));
 }
 
 TEST(WorkerEnvTest, MallocPolicyIsReuseByDefaultAndABadValueIsNamed) {

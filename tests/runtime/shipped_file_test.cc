@@ -460,7 +460,7 @@ TEST_F(ShippedFileTest, ADirectorysArchiveIsServedFromDiskNotMemory) {
     } catch (const troupe::ConfigError& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find("cannot ship the directory " + dir_ + "/small: cannot make its archive in " + dir_ +
-                          "/missing: No such file or directory (TROUPE_SHIPPING_DIR names another folder)"),
+                          "/missing: No such file or directory (set TROUPE_SHIPPING_DIR to another folder)"),
                 std::string::npos)
           << what;
       EXPECT_EQ(what.find("leave files out"), std::string::npos) << what;
