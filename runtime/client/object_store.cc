@@ -74,7 +74,7 @@ struct FilePiece {
 // borrower holds at most kPerBorrower slots: one that stops reading (a
 // stopped process, a partitioned host) keeps what it holds until its
 // connection's send timeout ends it, and the others are served meanwhile
-// (four such borrowers held every slot: review r30).
+// (one that had asked for four pieces held every slot: review r30).
 struct PieceSlots {
   static constexpr int kMax = 4;  // 128 MiB of 32 MiB pieces
   static constexpr int kPerBorrower = 1;
