@@ -488,7 +488,7 @@ class TorchrunJob {
     const std::string inside = a_file ? path_inside_cwd(o_.script) : "";
     if (a_file && inside.empty() && !o_.no_python)
       throw ConfigError("--ship-working-dir ships the working directory " + cwd_ + ", which does not hold the script " +
-                        script_path() + ": run troupe torchrun from a folder that holds it");
+                        shown_path(script_path()) + ": run troupe torchrun from a folder that holds it");
     std::vector<std::string> names;
     shipped_ = ship_dir(
         rt_, cwd_,
@@ -539,6 +539,14 @@ class TorchrunJob {
 
   // The script as the nodes should find it: absolute when it is a file
   // here, so it runs from any working directory.
+  // `path` as a message names it: without "." and ".." (which a path
+  // given as ../x/train.py keeps), its links resolved.
+  static std::string shown_path(const std::string& path) {
+    std::error_code ec;
+    const auto real = std::filesystem::weakly_canonical(path, ec);
+    return ec ? path : real.string();
+  }
+
   std::string script_path() const {
     // A module's name, or a program looked up on the node's PATH.
     if (o_.module || (o_.no_python && o_.script.find('/') == std::string::npos)) return o_.script;

@@ -390,7 +390,9 @@ def test_torchrun_ships_its_working_dir_to_a_node_that_cannot_see_it(tmp_path):
         assert joined.returncode == 0, joined.stdout + joined.stderr
         refused = subprocess.run(torchrun + ["train.py"], cwd=project, env=env, capture_output=True, text=True,
                                  timeout=300)
-        outside = subprocess.run(torchrun + ["--ship-working-dir", str(project / "train.py")], cwd=elsewhere,
+        # Given as ../project/train.py: named without the "..".
+        outside = subprocess.run(torchrun + ["--ship-working-dir", os.path.relpath(project / "train.py", elsewhere)],
+                                 cwd=elsewhere,
                                  env=env, capture_output=True, text=True, timeout=300)
         excluded = subprocess.run(torchrun + ["--ship-working-dir", "scratch.py"], cwd=project, env=env,
                                   capture_output=True, text=True, timeout=300)
@@ -402,7 +404,8 @@ def test_torchrun_ships_its_working_dir_to_a_node_that_cannot_see_it(tmp_path):
     assert refused.returncode != 0 and "is not on this node" in said and "--ship-working-dir" in said, said
     said = outside.stdout + outside.stderr
     assert outside.returncode == 1, said
-    assert f"ships the working directory {elsewhere}, which does not hold the script {project}/train.py" in said, said
+    assert (f"ships the working directory {elsewhere}, which does not hold the script {project.resolve()}/train.py: "
+            "run troupe torchrun from a folder that holds it") in said, said
     said = excluded.stdout + excluded.stderr
     assert excluded.returncode == 1 and "leaves the script scratch.py out of what it ships" in said, said
     said = run.stdout + run.stderr
