@@ -101,15 +101,29 @@ void print_summary(const troupe::trainer::Result& r, int64_t max_steps) {
 
 int run(const TrainOptions& o, troupe::trainer::TrainJobConfig cfg, const troupe::launcher::StopSignals& stop) {
   troupe::Runtime rt = connect(o);
+  const bool resumed = !cfg.resume_from.empty();
   cfg.stop_requested = [&stop] { return stop.requested(); };
   troupe::trainer::Result r = troupe::trainer::TrainJob(rt, std::move(cfg)).fit();
   if (!r.interrupted) {
     print_summary(r, o.max_steps);
     return 0;
   }
-  std::printf("troupe train: interrupted at step %lld", static_cast<long long>(r.steps));
+  // "at step 12", or "while waiting for the trainers' setup, at step 0,
+  // epoch 1 of 3" when the stop came while the job started or healed: the
+  // job's interrupted event says so, and whether the state could be saved.
+  std::string where = "at step " + std::to_string(r.steps);
+  for (const auto& e : r.events) {
+    if (e.kind != troupe::trainer::JobEventKind::kInterrupted || e.detail.rfind("while waiting", 0) != 0) continue;
+    const size_t clause = e.detail.find("; ");
+    where = e.detail.substr(0, clause);
+    if (clause != std::string::npos && e.detail.find("could not be saved", clause) != std::string::npos)
+      std::printf("troupe train: %s\n", e.detail.substr(clause + 2).c_str());
+  }
+  std::printf("troupe train: interrupted %s", where.c_str());
   if (r.last_checkpoint)
     std::printf(", checkpoint %s; the same command with --resume goes on from it\n", r.last_checkpoint->path.c_str());
+  else if (resumed)
+    std::printf(" (no checkpoint written since the one it resumed from: the same command goes on from that)\n");
   else
     std::printf(" (no checkpoint written)\n");
   std::fflush(stdout);

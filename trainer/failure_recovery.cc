@@ -288,6 +288,10 @@ void FailureRecovery::restore_from_disk() {
     for (auto& s : gang.slots()) s.ready = false;
     gang.setup_new(p_.cfg.setup_bound());
   }
+  // Forming the group sends rank 0's weights to every rank: from here a
+  // survivor holds the job's state no more (a stop, or a failure, before
+  // the load has ended must not save or heal from it).
+  for (auto& s : gang.slots()) s.has_state = false;
   gang.form(-1, p_.cfg.setup_bound());
   if (disk) {
     for (auto& s : gang.slots()) s.has_state = false;  // until the load succeeds

@@ -10,11 +10,14 @@
 
 namespace troupe::trainer {
 
-void get_all(std::vector<Future<void>>& fs, std::chrono::milliseconds timeout) {
+void get_all(std::vector<Future<void>>& fs, std::chrono::milliseconds timeout, const std::function<bool()>& stop,
+             const std::string& what) {
   std::exception_ptr first;
   for (auto& f : fs) {
     try {
-      f.get(timeout);
+      get_or_stop(f, timeout, stop, what);
+    } catch (const StopRequested&) {
+      throw;
     } catch (...) {
       if (!first) first = std::current_exception();
     }
@@ -60,7 +63,7 @@ void Gang::setup_new(std::chrono::milliseconds timeout) {
                                       : slots_[i].trainer.call(&TrainerActor::setup, cfg_.trainer));
     which.push_back(i);
   }
-  auto infos = get_all(fs, timeout);
+  auto infos = get_all(fs, timeout, cfg_.stop_requested, "the trainers' setup");
   for (size_t k = 0; k < which.size(); ++k) slots_[which[k]].ready = true;
   if (!infos.empty()) info_ = infos[0];
 }
@@ -82,7 +85,9 @@ void Gang::form(int64_t heal_src, std::chrono::milliseconds timeout) {
     std::exception_ptr first, source;
     for (size_t r = 0; r < heals.size(); ++r) {
       try {
-        ps.push_back(heals[r].get(timeout));
+        ps.push_back(get_or_stop(heals[r], timeout, cfg_.stop_requested, "the heal"));
+      } catch (const StopRequested&) {
+        throw;
       } catch (...) {
         if (!first) first = std::current_exception();
         if (static_cast<int64_t>(r) == heal_src) source = std::current_exception();
@@ -105,7 +110,9 @@ void Gang::await_joins(std::vector<Future<void>>& joins, const std::vector<uint6
   std::string ranks;
   for (size_t r = 0; r < joins.size(); ++r) {
     try {
-      joins[r].get(timeout);
+      get_or_stop(joins[r], timeout, cfg_.stop_requested, "the trainers to join their group");
+    } catch (const StopRequested&) {
+      throw;
     } catch (...) {
       if (!first) first = std::current_exception();
       const auto info = slots_[r].trainer.info();
@@ -134,8 +141,9 @@ void Gang::await_joins(std::vector<Future<void>>& joins, const std::vector<uint6
 }
 
 void Gang::load_everywhere(const TrainState& state, std::chrono::milliseconds timeout) {
+  for (auto& s : slots_) s.has_state = false;  // until every load has ended
   auto loads = call_all(&TrainerActor::load_state, state);
-  get_all(loads, timeout);
+  get_all(loads, timeout, cfg_.stop_requested, "the trainers to load the state");
   for (auto& s : slots_) s.has_state = true;
   step_ = state.step;
   cursor_ = sampler_.resize(state.cursor, world());

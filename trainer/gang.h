@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "troupe/actors/distributed_sampler.h"
 #include "troupe/runtime/core/future.h"
 #include "troupe/trainer/slot_pool.h"
+#include "troupe/trainer/stop_wait.h"
 
 namespace troupe::trainer {
 
@@ -27,14 +29,19 @@ class StepFailed : public Error {
 };
 
 // Waits for every future; rethrows the first failure after all settled, so
-// no call is left running unobserved.
+// no call is left running unobserved. With `stop` set, a stop during the
+// wait throws StopRequested at once (stop_wait.h; the calls are left to
+// the release of their actors).
 template <class R>
-std::vector<R> get_all(std::vector<Future<R>>& fs, std::chrono::milliseconds timeout) {
+std::vector<R> get_all(std::vector<Future<R>>& fs, std::chrono::milliseconds timeout,
+                       const std::function<bool()>& stop = {}, const std::string& what = "") {
   std::vector<R> out;
   std::exception_ptr first;
   for (auto& f : fs) {
     try {
-      out.push_back(f.get(timeout));
+      out.push_back(get_or_stop(f, timeout, stop, what));
+    } catch (const StopRequested&) {
+      throw;
     } catch (...) {
       if (!first) first = std::current_exception();
     }
@@ -42,7 +49,8 @@ std::vector<R> get_all(std::vector<Future<R>>& fs, std::chrono::milliseconds tim
   if (first) std::rethrow_exception(first);
   return out;
 }
-void get_all(std::vector<Future<void>>& fs, std::chrono::milliseconds timeout);
+void get_all(std::vector<Future<void>>& fs, std::chrono::milliseconds timeout, const std::function<bool()>& stop = {},
+             const std::string& what = "");
 
 class Gang {
  public:

@@ -111,7 +111,9 @@ std::vector<Slot> SlotPool::respawn(std::vector<Slot> dead, std::chrono::millise
     for (; i < dead.size(); ++i) {
       Slot& s = dead[i];
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (s.pg && s.pg->wait(std::max(left, std::chrono::milliseconds(1)))) {
+      if (s.pg && wait_or_stop([&](std::chrono::milliseconds d) { return s.pg->wait(d); },
+                               std::max(left, std::chrono::milliseconds(1)), cfg_.stop_requested,
+                               "a replacement's placement")) {
         spawn_actors(s);
         out.push_back(std::move(s));
         continue;
@@ -170,7 +172,8 @@ std::vector<Slot> SlotPool::place(int64_t n, std::chrono::milliseconds timeout) 
     for (; i < pgs.size(); ++i) {
       auto& pg = pgs[i];
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (pg.wait(std::max(left, std::chrono::milliseconds(1)))) {
+      if (wait_or_stop([&](std::chrono::milliseconds d) { return pg.wait(d); },
+                       std::max(left, std::chrono::milliseconds(1)), cfg_.stop_requested, "the placement")) {
         // The slot holds the group (and what is spawned) from here on, so
         // release() below finds it all if a spawn fails.
         Slot& s = out.emplace_back();

@@ -16,6 +16,7 @@
 
 #include "troupe/actors/data_loader_actor.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/trainer/stop_wait.h"
 #include "troupe/trainer/train_job.h"
 #include "troupe/trainer/trainer_actor.h"
 

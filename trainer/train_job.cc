@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include "troupe/runtime/collective/actor_group.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/exception_text.h"
 #include "troupe/runtime/core/logging.h"
@@ -163,6 +164,8 @@ class Run {
   void train();
   // One step boundary's work.
   JobStatus step_boundary();
+  // A stop seen at a step boundary: a checkpoint of the step reached.
+  JobStatus stop_at_boundary();
   // Steps for the next round of train() calls.
   int64_t round_steps(int64_t remaining) const;
   void run_round();
@@ -200,6 +203,15 @@ class Run {
   // ends at once, saying so, rather than blaming the trainer that died of it.
   void give_up_if_head_lost(const std::string& why);
   std::string save_what_survives();
+  // A stop asked for while the driver waited (stop_wait.h: a placement, a
+  // setup, a group forming) ends the job as interrupted, with the state of
+  // trainers that hold it saved as save_what_survives() does.
+  // `save`: false while the job starts (nothing trained yet; a resume's
+  // checkpoint stands).
+  void interrupted_while_waiting(const StopRequested& s, bool save);
+  // Sends the gang's generation an abort: trainers in a join or a heal that
+  // will not complete leave it and answer calls again.
+  void abort_generation(const std::string& reason);
   // The newest checkpoint on disk: this run's, or the one it resumed from.
   std::optional<CheckpointInfo> newest_checkpoint() const;
   Result finish();
@@ -275,7 +287,14 @@ Result Run::fit() {
                          return core->head().request(wire::Op::kKvPut, wire::encode_inline(wire::KvEntry{key, value}));
                        });
 
-  start(resume);
+  try {
+    start(resume);
+  } catch (const StopRequested& s) {
+    // Nothing trained: a resume stands where its checkpoint does.
+    if (resume) gang_.set_position(resume->step, resume->cursor);
+    interrupted_while_waiting(s, /*save=*/false);
+    return finish();
+  }
   last_grow_check_ = Clock::now();
   train();
   return finish();
@@ -383,6 +402,8 @@ void Run::start(const std::optional<TrainState>& resume) {
       throw;  // the trainers refuse the job: new ones would too
     } catch (const JobFailed&) {
       throw;
+    } catch (const StopRequested&) {
+      throw;
     } catch (const std::exception& e) {
       // Only a trainer's death: any other error (a step factory that
       // throws, a resume state a trainer refuses) new trainers would meet
@@ -479,6 +500,9 @@ void Run::train() {
       const auto newest = newest_checkpoint();
       give_up(std::string(e.what()) + "; the newest checkpoint written is " +
               (newest ? newest->path + " (step " + std::to_string(newest->step) + ")" : std::string("none")));
+    } catch (const StopRequested& s) {
+      interrupted_while_waiting(s, /*save=*/true);
+      return;
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -531,18 +555,16 @@ JobStatus Run::step_boundary() {
     if (sums_.epoch >= 0 && (trained_ || !stopped_)) end_epoch();
     return JobStatus::kDone;
   }
-  if (cfg_.stop_requested && cfg_.stop_requested()) {
-    // Mid-epoch: no epoch summary nor evaluation; the checkpoint holds the
-    // cursor, so a resume goes on from this very step.
-    result_.interrupted = true;
-    event(JobEventKind::kInterrupted, "at step " + std::to_string(gang_.step()) + ", epoch " +
-                                          std::to_string(gang_.cursor().epoch + 1) + " of " +
-                                          std::to_string(cfg_.epochs));
-    checkpoint({{"train_loss", sums_.samples ? sums_.loss_sum / sums_.samples : 0.0}});
-    return JobStatus::kDone;
+  if (cfg_.stop_requested && cfg_.stop_requested()) return stop_at_boundary();
+  try {
+    maybe_grow();
+    refill_standby();
+  } catch (const StopRequested&) {
+    // Asked for while a grow or a standby's placement waited: the gang is
+    // this boundary's still (a grow drops its newcomers), so the stop is
+    // taken here, as if it had come a moment earlier.
+    return stop_at_boundary();
   }
-  maybe_grow();
-  refill_standby();
   if (sums_.epoch != gang_.cursor().epoch) {
     sums_ = EpochSums{};
     sums_.epoch = gang_.cursor().epoch;
@@ -555,6 +577,17 @@ JobStatus Run::step_boundary() {
   }
   run_round();
   return JobStatus::kRunning;
+}
+
+JobStatus Run::stop_at_boundary() {
+  // Mid-epoch: no epoch summary nor evaluation; the checkpoint holds the
+  // cursor, so a resume goes on from this very step.
+  result_.interrupted = true;
+  event(JobEventKind::kInterrupted, "at step " + std::to_string(gang_.step()) + ", epoch " +
+                                        std::to_string(gang_.cursor().epoch + 1) + " of " +
+                                        std::to_string(cfg_.epochs));
+  checkpoint({{"train_loss", sums_.samples ? sums_.loss_sum / sums_.samples : 0.0}});
+  return JobStatus::kDone;
 }
 
 int64_t Run::round_steps(int64_t remaining) const {
@@ -889,6 +922,12 @@ void Run::maybe_grow() {
   try {
     gang_.setup_new(cfg_.setup_bound());
     gang_.form(0, cfg_.setup_bound());
+  } catch (const StopRequested& s) {
+    // The old trainers hold the state at this step boundary still (a grow
+    // sends them none): out of a join that will not complete, they answer.
+    gang_.drop_from(before);
+    abort_generation(s.what());
+    throw;
   } catch (const GiveUp& g) {
     failed = g.why;
   } catch (...) {
@@ -982,14 +1021,21 @@ std::string Run::save_what_survives() {
   try {
     writer_->wait();
     const auto last = writer_->last();
-    const int64_t saved = last ? last->step : -1;
+    // Nor again a checkpoint of this job's directory it resumed from (its
+    // trainers loaded it; rewritten, it would lose its epoch sums).
+    const int64_t saved = std::max<int64_t>(last ? last->step : -1, last_checkpoint_step_);
     const auto bound = std::min(cfg_.call_timeout, std::chrono::milliseconds(10000));
-    auto ps = gang_.call_all(&TrainerActor::progress);
+    // Only trainers holding the job's state are asked (a recovery or a
+    // grow cut short by a stop leaves empty slots and new trainers).
+    auto& slots = gang_.slots();
+    std::vector<std::optional<Future<Progress>>> ps(slots.size());
+    for (size_t r = 0; r < slots.size(); ++r)
+      if (slots[r].has_state && slots[r].trainer.valid()) ps[r] = slots[r].trainer.call(&TrainerActor::progress);
     std::optional<std::pair<size_t, Progress>> best;
     for (size_t r = 0; r < ps.size(); ++r) {
       try {
-        if (!gang_.slots()[r].has_state) continue;
-        const Progress p = ps[r].get(bound);
+        if (!ps[r]) continue;
+        const Progress p = ps[r]->get(bound);
         if (!best || p.step > best->second.step) best = {r, p};
       } catch (const std::exception&) {
       }
@@ -1009,6 +1055,33 @@ std::string Run::save_what_survives() {
     return "; the survivors' state at step " + std::to_string(info->step) + " is saved in " + info->path;
   } catch (const std::exception& e) {
     return std::string("; the survivors' state could not be saved: ") + e.what();
+  }
+}
+
+void Run::interrupted_while_waiting(const StopRequested& s, bool save) {
+  result_.interrupted = true;
+  std::string saved;
+  if (save) {
+    abort_generation(s.what());
+    saved = save_what_survives();
+  }
+  event(JobEventKind::kInterrupted, "while waiting for " + s.waiting_for + ", at step " + std::to_string(gang_.step()) +
+                                        ", epoch " + std::to_string(gang_.cursor().epoch + 1) + " of " +
+                                        std::to_string(cfg_.epochs) + saved);
+  if (writer_) {
+    writer_->wait();
+    result_.last_checkpoint = writer_->last();
+  }
+}
+
+void Run::abort_generation(const std::string& reason) {
+  std::vector<uint64_t> ids;
+  for (auto& s : gang_.slots())
+    if (s.trainer.valid()) ids.push_back(s.trainer.id());
+  try {
+    collective::abort_group(rt_, ids, gang_.group_name(), reason, gang_.generation(), std::chrono::seconds(2));
+  } catch (const std::exception&) {
+    // Best effort: a trainer left in its join answers when that times out.
   }
 }
 

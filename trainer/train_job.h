@@ -199,7 +199,12 @@ struct TrainJobConfig {
   // job there, early. It checkpoints the step reached (with checkpoint.dir
   // set; mid-epoch, so resume_from goes on from that very step) and fit()
   // returns with Result::interrupted. For a driver told to stop by a
-  // signal (troupe train on SIGINT or SIGTERM). Keep it cheap.
+  // signal (troupe train on SIGINT or SIGTERM). Also polled every 200 ms
+  // while the driver waits for a placement, the trainers' setup (a
+  // shipped file's fetch), a group forming or a state loading, as the job
+  // starts, heals or grows: a stop there ends fit() at once, interrupted,
+  // with the state of trainers that hold it saved when it is newer than
+  // the last checkpoint (nothing trained yet: none). Keep it cheap.
   std::function<bool()> stop_requested;
   // With stop_requested set, a round of train() calls (the steps between
   // two boundaries) is cut to about this long, at least one step, judged
@@ -310,7 +315,10 @@ struct Result {
   int64_t final_world_size = 0;
   // With record_indices: epoch -> the data set indices trained on.
   std::map<int64_t, std::vector<int64_t>> consumed;
-  // Stopped early by TrainJobConfig::stop_requested (steps: where).
+  // Stopped early by TrainJobConfig::stop_requested (steps: the last step
+  // boundary). Stopped while the job started, healed or grew, final_state
+  // is empty, a recovery cut short is not in `recoveries`, and the newest
+  // state is last_checkpoint (a survivor's may be past `steps`).
   bool interrupted = false;
 };
 

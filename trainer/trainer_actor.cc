@@ -764,7 +764,7 @@ TrainState TrainerActor::state() {
   TrainState s;
   s.step = step_;
   s.epoch = epoch_;
-  s.world_size = reducer_->world_size();
+  s.world_size = reducer_ ? reducer_->world_size() : 0;  // none after a join that failed: the driver's says
   for (auto& [name, p] : model_->named_parameters()) s.model[name] = p.detach().to(torch::kCPU).clone();
   for (auto& [name, b] : model_->named_buffers()) s.model[name] = b.detach().to(torch::kCPU).clone();
   s.optimizer = optimizer_->state();
@@ -1009,7 +1009,8 @@ BenchReport TrainerActor::benchmark(int64_t steps, int64_t batch, int64_t warmup
   b.tensors = dataset_->collate(std::move(samples)).to(device_);
   b.samples = batch;
   model_->train(true);
-  const StepContext bench_context = step_context(0, group_ ? group_->rank() : 0, reducer_->world_size(), true);
+  const StepContext bench_context =
+      step_context(0, group_ ? group_->rank() : 0, reducer_ ? reducer_->world_size() : 1, true);
   double loss = 0;
   for (int64_t s = 0; s < warmup; ++s) {
     // Read back too, so the device has finished the warm-up (its copy

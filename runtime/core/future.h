@@ -194,17 +194,20 @@ class Future {
   // Like get(), but throws troupe::Timeout after `timeout`, saying what
   // the result waits for when the future is a task's or an actor call's.
   T get(std::chrono::milliseconds timeout) const {
-    if (!live().wait_for(timeout)) {
-      std::string why;
-      try {
-        why = state_->pending_text();
-      } catch (const std::exception&) {
-        // Only the text is lost: the timeout stands.
-      }
-      throw Timeout("future not ready after " + std::to_string(timeout.count()) + " ms" +
-                    (why.empty() ? "" : ": " + why));
-    }
+    if (!live().wait_for(timeout)) throw timed_out(timeout);
     return take();
+  }
+  // The Timeout get(timeout) throws after waiting `waited`: for a caller
+  // that waits in slices of its own (to see a stop between them).
+  Timeout timed_out(std::chrono::milliseconds waited) const {
+    std::string why;
+    try {
+      why = live().pending_text();
+    } catch (const std::exception&) {
+      // Only the text is lost: the timeout stands.
+    }
+    return Timeout("future not ready after " + std::to_string(waited.count()) + " ms" +
+                   (why.empty() ? "" : ": " + why));
   }
   void wait() const { live().wait(); }
   bool wait_for(std::chrono::milliseconds timeout) const { return live().wait_for(timeout); }

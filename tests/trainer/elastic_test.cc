@@ -12,6 +12,7 @@
 #include <signal.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
 #include <atomic>
@@ -20,6 +21,7 @@
 
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -37,8 +39,10 @@
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/testing/fault_injector.h"
 #include "troupe/runtime/testing/local_cluster.h"
+#include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/train_job.h"
 #include "troupe/trainer/train_step.h"
+#include "troupe/trainer/trainer_actor.h"
 
 using namespace std::chrono_literals;
 using namespace troupe;
@@ -258,22 +262,26 @@ TEST_F(TwoWorkerJobTest, StandbyTrainerReplacesADeadOne) {
   expect_bitwise_equal(clean_.final_state, hurt.final_state);
 }
 
+// Which worker process to build a test model this is (1, 2, ...), claimed
+// by creating CONFIG/setup-N exclusively; 0 in the driver. Call once per
+// process (a static).
+static int build_number(const std::string& config) {
+  if (troupe::core::env_value(troupe::core::kEnvNodeId).empty()) return 0;  // the driver: not counted
+  for (int n = 1;; ++n) {
+    const int fd = ::open((config + "/setup-" + std::to_string(n)).c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      return n;
+    }
+    if (errno != EEXIST) return 0;
+  }
+}
+
 // An "mlp" whose third worker process to build it (the standby, after the
 // two trainers) takes 6 s to: a model that is slow to set up (a large one,
-// a GPU's start). Each worker process claims a number once, by creating
-// CONFIG/setup-N exclusively.
+// a GPU's start).
 TROUPE_MODEL("mlp_slow_third_setup", [](const ModelSpec& s) {
-  static const int mine = [&] {
-    if (troupe::core::env_value(troupe::core::kEnvNodeId).empty()) return 0;  // the driver: not counted
-    for (int n = 1;; ++n) {
-      const int fd = ::open((s.config + "/setup-" + std::to_string(n)).c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
-      if (fd >= 0) {
-        ::close(fd);
-        return n;
-      }
-      if (errno != EEXIST) return 0;
-    }
-  }();
+  static const int mine = build_number(s.config);
   static bool slept = false;
   if (mine == 3 && !std::exchange(slept, true)) std::this_thread::sleep_for(6s);
   ModelSpec mlp = s;
@@ -303,6 +311,184 @@ TEST_F(TwoWorkerJobTest, AStandbyStillSettingUpStandsInAndIsWaitedFor) {
   EXPECT_EQ(hurt.recoveries[0].placed, 0) << describe(hurt);
   EXPECT_EQ(hurt.recoveries[0].lost_steps, 0);
   expect_bitwise_equal(clean_.final_state, hurt.final_state);
+}
+
+// An "mlp" whose build in a worker process waits at CONFIG/gate-N, a FIFO,
+// when there is one (N: its build_number): a setup that hangs, as one
+// fetching a shipped file from a host that stopped reading does, until the
+// test opens the FIFO's other end and closes it.
+TROUPE_MODEL("mlp_gated_setup", [](const ModelSpec& s) {
+  static const int mine = build_number(s.config);
+  const std::string gate = s.config + "/gate-" + std::to_string(mine);
+  struct stat st {};
+  if (mine > 0 && ::stat(gate.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)) {
+    const int fd = ::open(gate.c_str(), O_RDONLY | O_CLOEXEC);
+    char buf[64];
+    while (fd >= 0 && ::read(fd, buf, sizeof buf) > 0) {
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  ModelSpec mlp = s;
+  mlp.name = "mlp";
+  return make_model(mlp);
+});
+
+// A stop (Ctrl-C, a batch system's SIGTERM: TrainJobConfig::stop_requested)
+// while the driver waits for trainers to set up ends the job at once,
+// interrupted, rather than when the setup ends (the setup bound, 5
+// minutes). The gates are FIFOs the trainers' setups wait at.
+class StopWhileWaitingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = troupe::test::make_temp_dir("stop-waiting");
+    cfg_.trainer.model.name = "mlp_gated_setup";
+    cfg_.trainer.model.config = dir_;
+    cfg_.checkpoint.dir = dir_ + "/ckpt";
+    cfg_.stop_requested = [this] { return stop_.load(); };
+  }
+  void TearDown() override { troupe::test::remove_dir(dir_); }
+  std::string gate(int n) const { return dir_ + "/gate-" + std::to_string(n); }
+  // The write end of gate n, once a setup waits at its read end; -1 when
+  // none came within the bound.
+  static int writer_of(const std::string& gate) {
+    int fd = -1;
+    troupe::test::eventually(
+        [&] {
+          fd = ::open(gate.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+          return fd >= 0;
+        },
+        120s);
+    return fd;
+  }
+  // Stops the job once every gate has a setup waiting at it, and returns
+  // what fit() returned; `stopped_soon` says whether it returned within
+  // the bound (the gates are then closed: a job that did not stop goes on).
+  Result stop_when_waiting(std::future<Result>& running, const std::vector<int>& gates, bool& stopped_soon) {
+    std::vector<int> fds;
+    bool all = true;
+    for (int n : gates) {
+      fds.push_back(writer_of(gate(n)));
+      all = all && fds.back() >= 0;
+    }
+    EXPECT_TRUE(all) << "no setup came to wait at its gate";
+    stop_ = true;
+    stopped_soon = running.wait_for(120s) == std::future_status::ready;
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+    return running.get();
+  }
+
+  troupe::testing::LocalCluster cluster_{{.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}}};
+  Runtime rt_ = cluster_.connect();
+  troupe::testing::FaultInjector faults_{rt_};
+  TrainJobConfig cfg_ = job(2, 16, 1024);  // 32 steps an epoch
+  std::string dir_;
+  std::atomic<bool> stop_{false};
+};
+
+TEST_F(StopWhileWaitingTest, AStopWhileTheTrainersSetUpEndsTheJobAtOnce) {
+  for (int n : {1, 2}) ASSERT_EQ(::mkfifo(gate(n).c_str(), 0600), 0);
+  auto running = std::async(std::launch::async, [this] { return TrainJob(rt_, cfg_).fit(); });
+  bool stopped_soon = false;
+  const Result r = stop_when_waiting(running, {1, 2}, stopped_soon);
+  EXPECT_TRUE(stopped_soon) << "fit() waited for the trainers' setup to end:\n" << describe(r);
+  EXPECT_TRUE(r.interrupted) << describe(r);
+  EXPECT_EQ(r.steps, 0);
+  EXPECT_FALSE(r.last_checkpoint.has_value()) << r.last_checkpoint->path;  // nothing trained
+  const auto it = std::find_if(r.events.begin(), r.events.end(),
+                               [](const JobEvent& e) { return e.kind == JobEventKind::kInterrupted; });
+  ASSERT_NE(it, r.events.end()) << describe(r);
+  EXPECT_NE(it->detail.find("while waiting for the trainers' setup, at step 0"), std::string::npos) << it->detail;
+  for (const auto& e : r.events) EXPECT_NE(e.kind, JobEventKind::kFailed) << describe(r);
+}
+
+// A stop while a heal waits for its replacement's setup: the survivor's
+// state, past the last checkpoint, is saved, so a resume loses no step.
+TEST_F(StopWhileWaitingTest, AStopWhileAHealWaitsForItsReplacementSavesTheSurvivorsState) {
+  ASSERT_EQ(::mkfifo(gate(3).c_str(), 0600), 0);  // the third build: the replacement's
+  const uint64_t before = faults_.last_actor_id();
+  cfg_.on_step = [this](const StepInfo& s) { faults_.on_step(s.step); };
+  faults_.at_step(8, [&] { faults_.kill_actor(faults_.live_actors(kTrainerClass, before).at(1).id); });
+  auto running = std::async(std::launch::async, [this] { return TrainJob(rt_, cfg_).fit(); });
+  bool stopped_soon = false;
+  const Result r = stop_when_waiting(running, {3}, stopped_soon);
+  EXPECT_TRUE(stopped_soon) << "fit() waited for the replacement's setup to end:\n" << describe(r);
+  ASSERT_EQ(faults_.faults().size(), 1u);
+  EXPECT_TRUE(r.interrupted) << describe(r);
+  EXPECT_GE(r.steps, 8) << describe(r);  // the first boundary at or past 8
+  // The epoch's end (step 32) wrote no checkpoint yet: this one is the
+  // survivor's, at the step it reached.
+  ASSERT_TRUE(r.last_checkpoint.has_value()) << describe(r);
+  EXPECT_GE(r.last_checkpoint->step, r.steps) << describe(r);
+  const auto latest = latest_checkpoint(cfg_.checkpoint.dir);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, r.last_checkpoint->step);
+  for (const auto& e : r.events) EXPECT_NE(e.kind, JobEventKind::kFailed) << describe(r);
+}
+
+// A stop while a grow's newcomer sets up is taken at that step boundary:
+// the newcomer is dropped and the old trainer's state is checkpointed there,
+// as a stop at a boundary is.
+TEST_F(StopWhileWaitingTest, AStopWhileAGrowsNewcomerSetsUpStopsAtTheBoundary) {
+  ASSERT_EQ(::mkfifo(gate(2).c_str(), 0600), 0);  // the second build: the newcomer's
+  cfg_.scaling.num_workers = 1;
+  cfg_.scaling.min_workers = 1;
+  cfg_.scaling.max_workers = 2;
+  cfg_.scaling.grow_interval = 0ms;
+  auto running = std::async(std::launch::async, [this] { return TrainJob(rt_, cfg_).fit(); });
+  bool stopped_soon = false;
+  const Result r = stop_when_waiting(running, {2}, stopped_soon);
+  EXPECT_TRUE(stopped_soon) << "fit() waited for the newcomer's setup to end:\n" << describe(r);
+  EXPECT_TRUE(r.interrupted) << describe(r);
+  EXPECT_EQ(r.final_world_size, 1) << describe(r);
+  ASSERT_TRUE(r.last_checkpoint.has_value()) << describe(r);
+  EXPECT_EQ(r.last_checkpoint->step, r.steps) << describe(r);
+  bool grew = false;
+  for (const auto& e : r.events) {
+    grew = grew || e.kind == JobEventKind::kGrew;
+    for (auto bad : {JobEventKind::kFailed, JobEventKind::kFailure, JobEventKind::kGrowFailed})
+      EXPECT_NE(e.kind, bad) << describe(r);
+    if (e.kind == JobEventKind::kInterrupted) {
+      EXPECT_EQ(e.detail.rfind("at step ", 0), 0u) << e.detail;
+    }
+  }
+  EXPECT_TRUE(grew) << describe(r);
+}
+
+// A stop while a resumed job's trainers set up leaves the checkpoint it
+// resumed from as it was: nothing is written.
+TEST_F(StopWhileWaitingTest, AStopWhileAResumedJobSetsUpWritesNothing) {
+  cfg_.epochs = 1;
+  const Result first = TrainJob(rt_, cfg_).fit();  // builds 1 and 2
+  ASSERT_EQ(first.steps, 32);
+  const auto before = list_checkpoints(cfg_.checkpoint.dir);
+  ASSERT_FALSE(before.empty());
+  const auto manifest = fs::path(before.back().path) / "manifest.json";
+  const auto written = fs::last_write_time(manifest);
+  for (int n : {3, 4}) ASSERT_EQ(::mkfifo(gate(n).c_str(), 0600), 0);
+  cfg_.epochs = 2;
+  cfg_.resume_from = cfg_.checkpoint.dir;
+  auto running = std::async(std::launch::async, [this] { return TrainJob(rt_, cfg_).fit(); });
+  bool stopped_soon = false;
+  const Result r = stop_when_waiting(running, {3, 4}, stopped_soon);
+  EXPECT_TRUE(stopped_soon) << describe(r);
+  EXPECT_TRUE(r.interrupted) << describe(r);
+  EXPECT_EQ(r.steps, 32) << describe(r);
+  const auto after = list_checkpoints(cfg_.checkpoint.dir);
+  ASSERT_EQ(after.size(), before.size());
+  EXPECT_EQ(after.back().path, before.back().path);
+  EXPECT_EQ(fs::last_write_time(manifest), written);
+}
+
+// A trainer asked for its state outside a group (set up and never joined,
+// or out of a join a stop cut short) answers; it used to crash its worker.
+TEST_F(StopWhileWaitingTest, ATrainerOutsideAGroupGivesItsState) {
+  auto t = rt_.spawn<TrainerActor>({.resources = {{"CPU", 1}}});
+  t.call(&TrainerActor::setup, cfg_.trainer).get(120s);
+  const TrainState s = t.call(&TrainerActor::state).get(120s);
+  EXPECT_FALSE(s.model.empty());
+  EXPECT_EQ(s.step, 0);
+  rt_.kill(t);
 }
 
 // A straggler is not a failure: a trainer stopped (SIGSTOP) for a while

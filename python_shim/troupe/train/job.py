@@ -304,6 +304,7 @@ def _python_terms(message, work, config):
         if isinstance(value, str) and value:
             message = message.replace(f"--{key.replace('_', '-')} {value}", f"{key}={value!r}")
     message = message.replace("the same command with --resume", "a TrainJob with resume=True")
+    message = message.replace("the same command goes on", "a TrainJob with resume=True goes on")
     message = re.sub(r"--resume \(resume=True in Python's TrainJob[^)]*\)", "resume=True", message)
     message = message.replace("(troupe train --ship-files)", "(ship_files=True)")
     message = message.replace("troupe train --", "TrainJob --")
