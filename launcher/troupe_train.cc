@@ -197,17 +197,28 @@ int main(int argc, char** argv) {
   } else if (o.resume)
     std::printf("troupe train: --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir.c_str());
   // A run that ends before its first checkpoint (refused by the cluster,
-  // say) leaves no empty directory of its own behind.
-  auto tidy = [&](int code, const char* what) {
+  // or interrupted while it started) leaves no empty directory of its own
+  // behind.
+  auto tidy = [&] {
     std::error_code ec;
     if (made_dir && std::filesystem::is_empty(o.checkpoint_dir, ec)) std::filesystem::remove(o.checkpoint_dir, ec);
-    return fail(code, what);
   };
+  if (stop.requested()) {
+    // Taken while the files were checked (troupe-train starts with the
+    // signals blocked: troupe and Python's TrainJob start it so).
+    tidy();
+    std::printf("troupe train: interrupted before the job started (no checkpoint written)\n");
+    return 128 + stop.signal();
+  }
   try {
-    return run(o, std::move(cfg), stop);
+    const int code = run(o, std::move(cfg), stop);
+    tidy();
+    return code;
   } catch (const troupe::ConfigError& e) {
-    return tidy(2, e.what());
+    tidy();
+    return fail(2, e.what());
   } catch (const std::exception& e) {
-    return tidy(1, e.what());
+    tidy();
+    return fail(1, e.what());
   }
 }

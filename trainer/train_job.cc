@@ -202,7 +202,9 @@ class Run {
   // With the head gone nothing can be placed, probed or healed: the job
   // ends at once, saying so, rather than blaming the trainer that died of it.
   void give_up_if_head_lost(const std::string& why);
-  std::string save_what_survives();
+  // `healed_world` > 0 (a heal cut short; the world that trained the
+  // round): the survivors' steps past the last boundary are recorded too.
+  std::string save_what_survives(int64_t healed_world = 0);
   // A stop asked for while the driver waited (stop_wait.h: a placement, a
   // setup, a group forming) ends the job as interrupted, with the state of
   // trainers that hold it saved as save_what_survives() does.
@@ -241,6 +243,8 @@ class Run {
   bool nonfinite_val_said_ = false;
   // The recovery waiting for its first completed step.
   std::optional<size_t> open_recovery_;
+  // The world size before the recovery under way (0: none).
+  int64_t recovering_from_world_ = 0;
   EpochSums sums_;
   bool stopped_ = false;     // max_steps reached
   bool trained_ = false;     // a step recorded by this run
@@ -697,7 +701,11 @@ int64_t Run::account(const std::vector<TrainReport>& reps) {
 void Run::record_healed_steps(int64_t before, int64_t world_before) {
   const int64_t n = gang_.step() - before;
   if (n <= 0) return;
-  auto fs = gang_.call_all(&TrainerActor::take_partial);
+  // From the trainers that hold the job's state (all of them after a heal;
+  // the survivors of one a stop cut short).
+  std::vector<Future<TrainReport>> fs;
+  for (auto& s : gang_.slots())
+    if (s.has_state && s.trainer.valid()) fs.push_back(s.trainer.call(&TrainerActor::take_partial));
   std::vector<TrainReport> reps;
   for (auto& f : fs) {
     try {
@@ -985,6 +993,7 @@ void Run::recover(const std::string& why) {
   give_up_if_head_lost(why);
   const int64_t before = gang_.step();
   FailureRecovery recovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec);
+  recovering_from_world_ = rec.world_before;
   try {
     recovery.run();
   } catch (const JobFailed&) {
@@ -993,6 +1002,7 @@ void Run::recover(const std::string& why) {
     give_up_if_head_lost(why);
     throw;
   }
+  recovering_from_world_ = 0;
   if (rec.mode == RecoveryMode::kHeal) record_healed_steps(before, rec.world_before);
   if (rec.mode != RecoveryMode::kHeal) {
     // Back to a checkpoint or to the start: the epoch's sums are the
@@ -1014,7 +1024,7 @@ void Run::recover(const std::string& why) {
 // are whole ones every rank took part in) is written as a checkpoint when
 // it is newer than the last one, so that --resume loses none of it. Said
 // as a clause of the give-up's reason; "" when there is nothing to save.
-std::string Run::save_what_survives() {
+std::string Run::save_what_survives(int64_t healed_world) {
   // Weights past a non-finite loss are not worth resuming from, and saving
   // them would prune a good checkpoint (only the newest few are kept).
   if (!writer_ || (nonfinite_loss_ && cfg_.stop_on_nonfinite_loss)) return "";
@@ -1041,6 +1051,14 @@ std::string Run::save_what_survives() {
       }
     }
     if (!best || best->second.step <= saved || best->second.step <= 0) return "";
+    if (healed_world > 0 && best->second.step > gang_.step()) {
+      // The survivors' steps past the last boundary get their lines and
+      // join the epoch's sums first, as a heal's would: the checkpoint
+      // stands at their step, and a resume's epoch summary covers them.
+      const int64_t before = gang_.step();
+      gang_.set_position(best->second.step, best->second.cursor);
+      record_healed_steps(before, healed_world);
+    }
     TrainState state = gang_.slots()[best->first].trainer.call(&TrainerActor::state).get(cfg_.call_timeout);
     state.world_size = gang_.world();
     state.cursor = best->second.cursor;
@@ -1063,7 +1081,7 @@ void Run::interrupted_while_waiting(const StopRequested& s, bool save) {
   std::string saved;
   if (save) {
     abort_generation(s.what());
-    saved = save_what_survives();
+    saved = save_what_survives(recovering_from_world_);
   }
   event(JobEventKind::kInterrupted, "while waiting for " + s.waiting_for + ", at step " + std::to_string(gang_.step()) +
                                         ", epoch " + std::to_string(gang_.cursor().epoch + 1) + " of " +

@@ -191,6 +191,19 @@ def test_stop_checkpoints_and_resume_ends_with_the_same_weights(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the run never stopped"
 
 
+def test_a_stop_right_after_start_is_an_interrupt_that_leaves_nothing(tmp_path):
+    # stop() at once: troupe-train takes the SIGTERM once it can (it used to
+    # die of it before, "exited with -15"), and the checkpoint folder it
+    # made is gone again.
+    job = TrainJob(model(), regression(256), checkpoint_dir=str(tmp_path / "ckpt"), **JOB).start()
+    job.stop(timeout=120)
+    # Taken while troupe-train checks its files, or at the first wait.
+    taken = r"interrupted (before the job started|while waiting for [^,]+, at step 0, epoch 1 of 2)"
+    with pytest.raises(TrainingFailedError, match=taken + r" \(no checkpoint written\)"):
+        job.wait(timeout=60)
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_max_steps_stops_mid_epoch_with_a_checkpoint_and_a_resume_goes_on(tmp_path):
     # max_steps reached mid-epoch: a checkpoint of that step, from which a
     # resume with a higher max_steps goes on.

@@ -407,8 +407,15 @@ TEST_F(StopWhileWaitingTest, AStopWhileTheTrainersSetUpEndsTheJobAtOnce) {
 TEST_F(StopWhileWaitingTest, AStopWhileAHealWaitsForItsReplacementSavesTheSurvivorsState) {
   ASSERT_EQ(::mkfifo(gate(3).c_str(), 0600), 0);  // the third build: the replacement's
   const uint64_t before = faults_.last_actor_id();
+  const std::string metrics = dir_ + "/metrics.jsonl";
+  cfg_.metrics_path = metrics;
   cfg_.on_step = [this](const StepInfo& s) { faults_.on_step(s.step); };
-  faults_.at_step(8, [&] { faults_.kill_actor(faults_.live_actors(kTrainerClass, before).at(1).id); });
+  // Inside the next round: the survivor may finish a step or more past the
+  // boundary before the death is seen.
+  faults_.at_step(8, [&] {
+    const uint64_t victim = faults_.live_actors(kTrainerClass, before).at(1).id;
+    faults_.after(2ms, [this, victim] { faults_.kill_actor(victim); });
+  });
   auto running = std::async(std::launch::async, [this] { return TrainJob(rt_, cfg_).fit(); });
   bool stopped_soon = false;
   const Result r = stop_when_waiting(running, {3}, stopped_soon);
@@ -417,12 +424,23 @@ TEST_F(StopWhileWaitingTest, AStopWhileAHealWaitsForItsReplacementSavesTheSurviv
   EXPECT_TRUE(r.interrupted) << describe(r);
   EXPECT_GE(r.steps, 8) << describe(r);  // the first boundary at or past 8
   // The epoch's end (step 32) wrote no checkpoint yet: this one is the
-  // survivor's, at the step it reached.
+  // survivor's, at the step it reached, which the job ends at.
   ASSERT_TRUE(r.last_checkpoint.has_value()) << describe(r);
-  EXPECT_GE(r.last_checkpoint->step, r.steps) << describe(r);
+  EXPECT_EQ(r.last_checkpoint->step, r.steps) << describe(r);
   const auto latest = latest_checkpoint(cfg_.checkpoint.dir);
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, r.last_checkpoint->step);
+  // Every step up to it has its line (the survivor's past the boundary
+  // too), so a resume's records and epoch summary miss none.
+  std::vector<int64_t> steps;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") == "step") steps.push_back(j["step"].get<int64_t>());
+  }
+  std::vector<int64_t> want(static_cast<size_t>(r.steps));
+  std::iota(want.begin(), want.end(), int64_t{1});
+  EXPECT_EQ(steps, want) << describe(r);
   for (const auto& e : r.events) EXPECT_NE(e.kind, JobEventKind::kFailed) << describe(r);
 }
 

@@ -47,6 +47,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -524,8 +525,16 @@ class TrainJob:
         with open(os.path.join(work, "job.json"), "w") as f:
             json.dump(config, f)
         self._config = config
-        self._proc = subprocess.Popen([_train_binary(), "--config", os.path.join(work, "job.json")], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        # troupe-train starts with SIGINT and SIGTERM blocked (the mask
+        # survives exec) and takes them once LibTorch has loaded: a stop()
+        # or Ctrl-C in its first half second waits for that, rather than
+        # killing it without a word.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            self._proc = subprocess.Popen([_train_binary(), "--config", os.path.join(work, "job.json")], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
         return self
