@@ -714,6 +714,18 @@ void ObjectStore::on_link_frame(const std::string& address, Message&& m) {
 // The owner is gone or unreachable: every fetch waiting on it fails with
 // ObjectLost, and the next use of the link connects afresh.
 void ObjectStore::fail_link(const std::string& address, const std::string& reason) {
+  const std::string dropped_prefix = "connection dropped: ";
+  std::string why = " is lost: its owner is unreachable (" + reason + ")";
+  if (reason.rfind(dropped_prefix, 0) == 0) {
+    const std::string how = reason.substr(dropped_prefix.size());
+    why = " is lost: the connection to its owner dropped (" + how + ")";
+    // Closed by the owner: it ended, or it dropped this process for
+    // reading nothing of what it asked for (its send timeout), which only
+    // the owner's log says.
+    if (how == "peer closed the connection" || how.find("reset by peer") != std::string::npos)
+      why += std::string(": the owner ended, or dropped this process for taking nothing for ") +
+             core::kEnvObjectSendTimeout + " seconds (a stopped process, a stalled link)";
+  }
   Link link;
   {
     std::lock_guard lock(mu_);
@@ -722,9 +734,7 @@ void ObjectStore::fail_link(const std::string& address, const std::string& reaso
     link = std::move(it->second);
     links_.erase(it);
   }
-  for (auto& [id, get] : link.gets)
-    get.reply->set_error(
-        std::make_exception_ptr(ObjectLost(get.object + " is lost: its owner is unreachable (" + reason + ")")));
+  for (auto& [id, get] : link.gets) get.reply->set_error(std::make_exception_ptr(ObjectLost(get.object + why)));
 }
 
 }  // namespace troupe::client

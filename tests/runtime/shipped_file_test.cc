@@ -16,6 +16,7 @@
 #include <atomic>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -69,22 +70,26 @@ class FileUser {
   }
   int pid() { return ::getpid(); }
   // Gets each of `pieces` over and over, all at once (one thread each),
-  // until `rounds` are done; the gets that failed.
-  int get_over_and_over(std::vector<troupe::ObjectRef<troupe::Buffer>> pieces, int rounds) {
-    std::atomic<int> failed{0};
+  // until `rounds` are done or one fails; the first failure's text ("":
+  // none).
+  std::string get_over_and_over(std::vector<troupe::ObjectRef<troupe::Buffer>> pieces, int rounds) {
+    std::mutex mu;
+    std::string first;
+    std::atomic<bool> failed{false};
     std::vector<std::thread> threads;
     for (const auto& piece : pieces)
       threads.emplace_back([&, piece] {
-        for (int i = 0; i < rounds; ++i) {
+        for (int i = 0; i < rounds && !failed; ++i) {
           try {
             piece.get(std::chrono::minutes(5));
-          } catch (const std::exception&) {
-            ++failed;
+          } catch (const std::exception& e) {
+            std::lock_guard lock(mu);
+            if (!failed.exchange(true)) first = e.what();
           }
         }
       });
     for (auto& t : threads) t.join();
-    return failed;
+    return first;
   }
 };
 TROUPE_ACTOR(FileUser, &FileUser::copy, &FileUser::fingerprint_of, &FileUser::dir_copy, &FileUser::read_in_copy,
@@ -562,6 +567,13 @@ TEST_F(ShippedFileTest, ABorrowerThatStopsReadingIsDroppedAfterTheSendTimeout) {
   EXPECT_TRUE(troupe::test::eventually([&] { return rt_.object_store_stats().unsent_pieces == 0; }));
   EXPECT_TRUE(all_stopped(pid));
   ::kill(pid, SIGCONT);
+  // Woken, it is told why its gets failed as well as the owner can be
+  // sure of: the owner may have ended, or dropped it (said in its log).
+  const std::string error = endless.get(120s);
+  EXPECT_NE(error.find("the connection to its owner dropped ("), std::string::npos) << error;
+  EXPECT_NE(error.find("or dropped this process for taking nothing for TROUPE_OBJECT_SEND_TIMEOUT_S seconds"),
+            std::string::npos)
+      << error;
   rt_.kill(stopped);
 }
 
