@@ -8,10 +8,16 @@
 // them a signal sent to the process: a handler forwards it to the waiting
 // thread, where the default action would have killed the process. The
 // first sets requested() and prints `first_note`; a second ends the
-// process at once (128 + signal). The same signal again within
-// kSameRequest of the first is that request arriving twice, not a second
-// one: `timeout` and job schedulers send SIGTERM to the process and then to
-// its process group, and a terminal's Ctrl-C reaches every process of it.
+// process at once (128 + signal). Either signal again within kSameRequest
+// of the first is that request arriving twice, not a second one: `timeout`
+// and job schedulers send SIGTERM to the process and then to its process
+// group, a terminal's Ctrl-C reaches every process of it, and a parent
+// that took the same Ctrl-C passes it on (Python's TrainJob sends SIGTERM
+// on KeyboardInterrupt: probe 28b). From the first request on SIGPIPE is
+// ignored: a pipe's reader (`| tee log`) killed by the same Ctrl-C must
+// not end the command before it has stopped in order (what it writes
+// there is lost). Not before: a reader that goes away (`| head`, a Python
+// driver that died) still ends a command nobody asked to stop.
 #pragma once
 
 #include <pthread.h>
@@ -50,6 +56,7 @@ class StopSignals {
     done_ = true;
     pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes sigwait
     waiter_.join();
+    if (pipe_ignored_) sigaction(SIGPIPE, &old_pipe_, nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -67,11 +74,17 @@ class StopSignals {
       int sig = 0;
       if (sigwait(&set_, &sig) != 0 || done_) return;
       const auto now = std::chrono::steady_clock::now();
-      if (signal_.load() == sig && now - first_at_ < kSameRequest) {
+      if (signal_.load() != 0 && now - first_at_ < kSameRequest) {
         repeats_.fetch_add(1);
         continue;
       }
-      if (signal_.load() == 0) first_at_ = now;
+      if (signal_.load() == 0) {
+        first_at_ = now;
+        struct sigaction ignore {};
+        ignore.sa_handler = SIG_IGN;
+        sigemptyset(&ignore.sa_mask);
+        pipe_ignored_ = sigaction(SIGPIPE, &ignore, &old_pipe_) == 0;
+      }
       if (signal_.exchange(sig) != 0) {
         std::fprintf(stderr, "%s: %s again: stopping now\n", command_.c_str(), name(sig));
         std::fflush(stderr);
@@ -94,6 +107,8 @@ class StopSignals {
   const std::string first_note_;
   struct sigaction old_int_ {};
   struct sigaction old_term_ {};
+  struct sigaction old_pipe_ {};  // the waiter's, until it has ended
+  bool pipe_ignored_ = false;     // the same
   sigset_t set_;
   std::atomic<int> signal_{0};
   std::atomic<int> repeats_{0};

@@ -1391,12 +1391,13 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: the signals it blocks for troupe-train are blocked the sooner.
+  if (argc >= 2 && std::string(argv[1]) == "train") return exec_train(argc, argv);
   troupe::run_role_if_requested(argc, argv);
   bool torchrun = argc >= 2 && std::string(argv[1]) == "torchrun";
   // The script's output is what a torchrun user reads: the runtime says
   // only what went wrong unless asked for more.
   if (torchrun) setenv(troupe::core::kEnvLogLevel, "warn", 0);
-  if (argc >= 2 && std::string(argv[1]) == "train") return exec_train(argc, argv);
   troupe::core::init_logging("troupe");
   if (torchrun) {
     try {

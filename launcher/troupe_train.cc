@@ -146,6 +146,23 @@ int64_t epochs_done(const troupe::trainer::CheckpointInfo& c) {
   }
 }
 
+// `dir` absolute, without "." or ".." or a trailing /.
+std::filesystem::path normal(const std::string& dir) {
+  std::error_code ec;
+  auto p = std::filesystem::absolute(dir, ec).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p;
+}
+
+// The highest folder of `dir` that does not exist (what making it makes
+// first); empty when `dir` exists.
+std::filesystem::path first_missing(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::path top;
+  for (auto p = normal(dir); !std::filesystem::exists(p, ec) && p != p.parent_path(); p = p.parent_path()) top = p;
+  return top;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,10 +174,22 @@ int main(int argc, char** argv) {
   // Progress lines reach a log file (a batch job's output) as they are
   // printed, not when a buffer fills or the job ends.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  troupe::launcher::StopSignals stop("troupe train", "stopping after the current round of steps, with a checkpoint");
+  troupe::launcher::StopSignals stop(
+      "troupe train", "stopping at the next step boundary with a checkpoint (at once, before the first step)");
   TrainOptions o;
   troupe::trainer::TrainJobConfig cfg;
-  bool made_dir = false;
+  std::filesystem::path made_dir;  // the highest folder of --checkpoint-dir this run makes
+  // A run that ends before its first checkpoint (refused, by the cluster
+  // or when the folder is made, or interrupted while it started) leaves
+  // no empty folder of its own behind.
+  auto tidy = [&] {
+    if (made_dir.empty()) return;
+    std::error_code ec;
+    for (auto dir = normal(o.checkpoint_dir); std::filesystem::is_empty(dir, ec); dir = dir.parent_path()) {
+      std::filesystem::remove(dir, ec);
+      if (ec || dir == made_dir || dir == dir.parent_path()) break;
+    }
+  };
   try {
     if (!troupe::launcher::parse_train_args(argc, argv, o)) return 0;
     troupe::launcher::check(o);
@@ -169,10 +198,10 @@ int main(int argc, char** argv) {
     for (const auto& n : notes) std::printf("troupe train: %s\n", n.c_str());
     troupe::launcher::preflight(cfg.trainer);
     // Last: a run refused above leaves no empty directory behind.
-    std::error_code ec;
-    made_dir = !std::filesystem::exists(o.checkpoint_dir, ec);
+    made_dir = first_missing(o.checkpoint_dir);
     troupe::launcher::make_checkpoint_dir(o);
   } catch (const std::exception& e) {
+    tidy();
     return fail(2, e.what());
   }
   if (!cfg.resume_from.empty()) {
@@ -196,13 +225,6 @@ int main(int argc, char** argv) {
     }
   } else if (o.resume)
     std::printf("troupe train: --resume: no checkpoint in %s yet, starting at step 0\n", o.checkpoint_dir.c_str());
-  // A run that ends before its first checkpoint (refused by the cluster,
-  // or interrupted while it started) leaves no empty directory of its own
-  // behind.
-  auto tidy = [&] {
-    std::error_code ec;
-    if (made_dir && std::filesystem::is_empty(o.checkpoint_dir, ec)) std::filesystem::remove(o.checkpoint_dir, ec);
-  };
   if (stop.requested()) {
     // Taken while the files were checked (troupe-train starts with the
     // signals blocked: troupe and Python's TrainJob start it so).

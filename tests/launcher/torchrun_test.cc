@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
@@ -245,6 +246,41 @@ TEST(StopSignalsTest, TheSameSignalTwiceAtOnceIsOneRequest) {
       for (int i = 0; i < 6000 && stop.repeats() == 0; ++i) ::usleep(10000);
       code = stop.requested() && stop.repeats() == 1 ? 0 : 4;
     }
+    ::_exit(code);
+  }
+  expect_clean_exit(child);
+}
+
+// A terminal's Ctrl-C reaches a Python driver and troupe-train alike, and
+// TrainJob passes its KeyboardInterrupt on as SIGTERM: one request, not
+// "stop now" (which ended the job without its checkpoint: probe 28b). And
+// a pipe's reader killed by that Ctrl-C (`| tee log`) ends nothing: the
+// write fails, the process goes on to stop in order. Before a stop a
+// broken pipe still ends it (`| head`), and after it as before.
+TEST(StopSignalsTest, SigtermAtOnceAfterSigintIsOneRequestAndABrokenPipeEndsNothing) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::signal(SIGPIPE, SIG_DFL);
+    auto pipe_ignored = [] {
+      struct sigaction now {};
+      return ::sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_IGN;
+    };
+    int code = 3;
+    {
+      troupe::launcher::StopSignals stop("test", "stopping");
+      const bool default_before = !pipe_ignored();
+      ::kill(::getpid(), SIGINT);
+      for (int i = 0; i < 6000 && !stop.requested(); ++i) ::usleep(10000);  // a bounded poll of its state
+      ::kill(::getpid(), SIGTERM);
+      for (int i = 0; i < 6000 && stop.repeats() == 0; ++i) ::usleep(10000);
+      int p[2];
+      const bool piped = ::pipe(p) == 0;
+      if (piped) ::close(p[0]);
+      const bool broken = piped && ::write(p[1], "x", 1) < 0 && errno == EPIPE;
+      code = default_before && stop.signal() == SIGINT && stop.repeats() == 1 && broken ? 0 : 4;
+    }
+    if (code == 0 && pipe_ignored()) code = 5;  // the default back with the scope's end
     ::_exit(code);
   }
   expect_clean_exit(child);
