@@ -74,17 +74,19 @@ struct Waiter {
 // (heartbeat checks, waits with a timeout) live here too.
 class Head::Impl {
  public:
-  explicit Impl(HeadOptions o)
-      : opts_(std::move(o)),
-        state_(head_config(opts_)),
-        listener_(io_, opts_.host, opts_.port, opts_.token, opts_.listener,
-                  [this](std::shared_ptr<Connection> c) { accept(std::move(c)); }),
-        timer_(io_) {
+  explicit Impl(HeadOptions o) : opts_(std::move(o)), state_(head_config(opts_)), timer_(io_) {
     if (opts_.advertise_host.empty())
       opts_.advertise_host = wire::default_advertise_host(opts_.host);
     else
       wire::check_host("advertise address", opts_.advertise_host);
     if (!opts_.state_db.empty()) open_store();
+    // Listens only once the tables are loaded: until then a node agent's
+    // connect is refused, which tells it no head runs to fence it, so it
+    // keeps its lease and its workers however long a large store takes to
+    // load. (Bound earlier, the kernel would accept and no handshake would
+    // come: the agent's lease would run out and its workers go.)
+    listener_.emplace(io_, opts_.host, opts_.port, opts_.token, opts_.listener,
+                      [this](std::shared_ptr<Connection> c) { accept(std::move(c)); });
     arm_timer();
     if (opts_.liveness_fd >= 0) beat();
     if (opts_.dashboard_port >= 0) {
@@ -109,7 +111,7 @@ class Head::Impl {
     return c;
   }
 
-  std::string address() const { return wire::format_address(opts_.advertise_host, listener_.port()); }
+  std::string address() const { return wire::format_address(opts_.advertise_host, listener_->port()); }
   std::string dashboard_url() const { return http_ ? http_->url(opts_.advertise_host) : ""; }
   void stop() {
     ending_ = true;  // before the post: a node may go before it runs
@@ -117,7 +119,7 @@ class Head::Impl {
       state_.stopping();
       end_for_good();
       shutdown_nodes();
-      listener_.close();
+      listener_->close();
       // Give the shutdown events a moment to leave, then stop the loop.
       after(std::chrono::milliseconds(50), [this] { io_.stop(); });
     });
@@ -150,13 +152,14 @@ class Head::Impl {
   // change is written through (flush).
   void open_store() {
     store_ = std::make_unique<HeadStore>(opts_.state_db);
-    store_->check_format(HeadState::kRowFormat);
+    store_->check_format(HeadState::kRowFormat, HeadState::kOldestReadableRowFormat);
     auto rows = store_->load();
+    const auto grace =
+        std::max(opts_.restore_grace, std::chrono::milliseconds(uint64_t(opts_.heartbeat_ms) * opts_.heartbeat_misses));
     if (!rows.empty()) {
       TROUPE_LOG_INFO("reloading the tables of the head before this one from {}", opts_.state_db);
-      auto limit = std::chrono::milliseconds(uint64_t(opts_.heartbeat_ms) * opts_.heartbeat_misses);
       try {
-        state_.restore(rows, Clock::now(), std::max(opts_.restore_grace, limit));
+        state_.restore(rows, Clock::now(), grace);
       } catch (const DecodeError& e) {
         throw ConfigError("head state file " + opts_.state_db + " has a row this head cannot read (" + e.what() +
                           "): it is damaged. Move it away (or start the head with --no-state-db)");
@@ -164,6 +167,9 @@ class Head::Impl {
     }
     state_.enable_write_through();
     persist();
+    // The nodes' and owners' grace counts from now, when the head is about
+    // to serve: writing a large store back may have taken longer than it.
+    if (!rows.empty()) state_.restart_grace(Clock::now(), grace);
   }
 
   void persist() {
@@ -965,7 +971,7 @@ class Head::Impl {
     return j;
   }
   asio::io_context io_;
-  Listener listener_;
+  std::optional<Listener> listener_;
   asio::steady_timer timer_;
   asio::steady_timer liveness_timer_{io_};
   std::unordered_map<Connection*, std::unique_ptr<Peer>> peers_;

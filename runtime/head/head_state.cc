@@ -141,14 +141,12 @@ void HeadState::node_lost(uint64_t node_id, const std::string& why, bool left) {
   for (auto id : actor_ids_where([&](const Actor& a) { return a.worker_running && a.info.node_id == node_id; }))
     if (auto it = actors_.find(id); it != actors_.end())
       actor_lost(it->second, "node " + std::to_string(node_id) + " died (" + why + ")");
-  // Bundles on the dead node must be placed again.
+  // Bundles on the dead node must be placed again; the group's others stay.
   for (auto& [id, g] : groups_) {
-    if (g.info.state != PlacementGroupState::kCreated) continue;
+    if (g.info.state == PlacementGroupState::kRemoved) continue;
     if (std::find(g.info.bundle_nodes.begin(), g.info.bundle_nodes.end(), node_id) == g.info.bundle_nodes.end())
       continue;
-    unreserve_group(g);
-    g.info.state = PlacementGroupState::kPending;
-    pending_groups_.push_back(g.info.id);
+    lose_bundles(g, node_id);
   }
   forget_oldest(nodes_, dead_nodes_order_, config_.max_dead_nodes);
   drop_exited_workers();
@@ -625,16 +623,22 @@ void HeadState::kill_all(const std::string& why) {
 
 std::optional<HeadState::Allocation> HeadState::allocate_in_group(const Actor& a, std::string* reason) {
   auto& g = groups_.at(a.spec.placement_group);
-  if (g.info.state != PlacementGroupState::kCreated) {
+  // A group placing again the bundles a node took with it still holds the
+  // others: an actor may start (or restart) in one of those.
+  const bool placing = g.info.state == PlacementGroupState::kPending && !kept_bundles(g).empty();
+  auto waiting = [&] {
     *reason = "waiting for placement group " + std::to_string(g.info.id) + ": " + g.info.pending_reason;
     return std::nullopt;
-  }
+  };
+  if (g.info.state != PlacementGroupState::kCreated && !placing) return waiting();
   for (size_t b = 0; b < g.bundles.size(); ++b) {
     if (a.spec.bundle_index >= 0 && static_cast<size_t>(a.spec.bundle_index) != b) continue;
+    if (g.info.bundle_nodes[b] == 0) continue;  // lost with its node
     const Node& n = nodes_.at(g.info.bundle_nodes[b]);
     if (!g.bundles[b].fits(a.spec.resources) || n.awaiting || !n.info.alive) continue;
     return Allocation{g.info.bundle_nodes[b], g.info.id, b, g.epoch, g.bundles[b].take(a.spec.resources)};
   }
+  if (placing) return waiting();
   *reason = "bundle " + std::to_string(a.spec.bundle_index) + " of placement group " + std::to_string(g.info.id) +
             " has no room for {" + format_resources(a.spec.resources) + "}";
   return std::nullopt;
@@ -732,8 +736,10 @@ ResourcePool* HeadState::pool_of(const Allocation& al) {
   if (al.group_id) {
     auto git = groups_.find(al.group_id);
     // A reservation that was given up took the actor's share with it.
-    if (git != groups_.end() && git->second.info.state == PlacementGroupState::kCreated &&
-        git->second.epoch == al.epoch && al.bundle < git->second.bundles.size())
+    // A kept bundle of a group placing its lost ones counts as well.
+    if (git != groups_.end() && git->second.info.state != PlacementGroupState::kRemoved &&
+        git->second.epoch == al.epoch && al.bundle < git->second.bundles.size() &&
+        git->second.info.bundle_nodes[al.bundle] != 0)
       return &git->second.bundles[al.bundle];
     return nullptr;
   }
@@ -839,9 +845,11 @@ bool HeadState::waits_for_room() const {
   for (const auto& [id, n] : nodes_)
     if (n.info.alive && !n.awaiting) nodes.emplace(id, n.pool);
   std::map<std::pair<uint64_t, size_t>, ResourcePool> bundles;
+  // Every bundle a group holds (a PENDING one's kept bundles too).
   for (const auto& [id, g] : groups_)
-    if (g.info.state == PlacementGroupState::kCreated)
-      for (size_t b = 0; b < g.bundles.size(); ++b) bundles.emplace(std::pair{id, b}, g.bundles[b]);
+    if (g.info.state != PlacementGroupState::kRemoved)
+      for (size_t b = 0; b < g.bundles.size(); ++b)
+        if (g.info.bundle_nodes[b] != 0) bundles.emplace(std::pair{id, b}, g.bundles[b]);
   bool held = false;
   for (const auto& [id, a] : actors_) {
     if (a.spec.type_key != client::kTaskExecutorKey || !a.allocation || a.info.state == ActorState::kDead) continue;
@@ -877,8 +885,9 @@ bool HeadState::waits_for_room() const {
         return true;
   }
   for (auto id : pending_groups_)
-    if (auto it = groups_.find(id); it != groups_.end() && it->second.info.state == PlacementGroupState::kPending &&
-                                    place_bundles(views, it->second.spec.bundles, it->second.spec.strategy, nullptr))
+    if (auto it = groups_.find(id);
+        it != groups_.end() && it->second.info.state == PlacementGroupState::kPending &&
+        place_bundles(views, it->second.spec.bundles, it->second.spec.strategy, nullptr, kept_bundles(it->second)))
       return true;
   return false;
 }
@@ -944,7 +953,8 @@ bool HeadState::try_place_group(Group& g) {
   for (const auto& [id, n] : nodes_)
     if (n.info.alive && !n.awaiting) views.push_back({id, n.pool.total(), n.pool.available(), n.pool.gpu_free()});
   std::string reason;
-  auto placed = place_bundles(views, g.spec.bundles, g.spec.strategy, &reason);
+  const auto kept = kept_bundles(g);
+  auto placed = place_bundles(views, g.spec.bundles, g.spec.strategy, &reason, kept);
   if (!placed) {
     if (g.info.pending_reason != reason) {
       g.info.pending_reason = reason;
@@ -960,11 +970,21 @@ bool HeadState::try_place_group(Group& g) {
     return false;
   }
   g.info.bundle_nodes = *placed;
+  // A new epoch voids allocations in the bundles that were lost (a share
+  // given back late must not land in the bundle placed in their stead);
+  // the actors in kept bundles move to it with theirs.
   g.epoch++;
-  g.reserved.assign(g.spec.bundles.size(), Grant{});
-  g.bundles.assign(g.spec.bundles.size(), ResourcePool{});
+  for (auto& [aid, a] : actors_)
+    if (a.allocation && a.allocation->group_id == g.info.id && a.allocation->bundle < kept.size() &&
+        kept[a.allocation->bundle] != 0) {
+      a.allocation->epoch = g.epoch;
+      mark(a);
+    }
+  g.reserved.resize(g.spec.bundles.size());
+  g.bundles.resize(g.spec.bundles.size());
   // In the order place_bundles planned them, so every take fits.
   for (size_t b : placement_order(g.spec.bundles)) {
+    if (b < kept.size() && kept[b] != 0) continue;
     Grant grant = nodes_.at(g.info.bundle_nodes[b]).pool.take(g.spec.bundles[b]);
     g.bundles[b] = ResourcePool(grant.resources, grant.gpu_ids);
     g.reserved[b] = std::move(grant);
@@ -985,6 +1005,32 @@ bool HeadState::could_ever_place(const Group& g) const {
       std::fill(idle.back().gpu_free.begin(), idle.back().gpu_free.end(), 1.0);
     }
   return place_bundles(idle, g.spec.bundles, g.spec.strategy, nullptr).has_value();
+}
+
+std::vector<uint64_t> HeadState::kept_bundles(const Group& g) {
+  if (g.reserved.size() != g.spec.bundles.size()) return {};
+  return g.info.bundle_nodes;
+}
+
+void HeadState::lose_bundles(Group& g, uint64_t node) {
+  for (size_t b = 0; b < g.info.bundle_nodes.size(); ++b) {
+    if (g.info.bundle_nodes[b] != node) continue;
+    // The node's pool went with it: nothing to give back.
+    if (b < g.reserved.size()) g.reserved[b] = Grant{};
+    if (b < g.bundles.size()) g.bundles[b] = ResourcePool{};
+    g.info.bundle_nodes[b] = 0;
+    for (auto& [id, a] : actors_)
+      if (a.allocation && a.allocation->group_id == g.info.id && a.allocation->bundle == b) {
+        mark(a);
+        a.allocation.reset();
+        a.info.gpu_ids.clear();
+      }
+  }
+  if (g.info.state == PlacementGroupState::kCreated) {
+    g.info.state = PlacementGroupState::kPending;
+    pending_groups_.push_back(g.info.id);
+  }
+  g.info.pending_reason = "bundles lost with node " + std::to_string(node) + " are placed again";
 }
 
 // Gives the whole reservation back to the live nodes; the actors' shares in
@@ -1013,7 +1059,7 @@ void HeadState::remove_placement_group(uint64_t id) {
   // back with the bundles.
   for (auto aid : actor_ids_where([&](const Actor& a) { return a.spec.placement_group == id; }))
     if (actors_.count(aid)) kill_actor(aid, true, placement_group_removed_cause(id));
-  if (g.info.state == PlacementGroupState::kCreated) unreserve_group(g);
+  if (!g.reserved.empty()) unreserve_group(g);  // a PENDING group may keep some bundles
   g.info.state = PlacementGroupState::kRemoved;
   g.info.pending_reason.clear();  // it waits for nothing now
   out_.groups_settled.push_back(g.info);

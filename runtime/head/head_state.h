@@ -162,7 +162,11 @@ class HeadState {
   // its fields) changes: a head refuses a state file of another format by
   // name instead of misreading it. HeadStateTest.RowFormatIsKnown trips
   // when the encoded rows change and the number did not.
-  static constexpr int kRowFormat = 7;
+  static constexpr int kRowFormat = 8;
+  // The oldest format this head reads as well: its rows mean the same here
+  // (8 only added meaning: a PENDING group may hold bundles it kept when a
+  // node took others with it, which a format-7 head would not count).
+  static constexpr int kOldestReadableRowFormat = 7;
   // Turns change tracking on; every row is due at the next take_rows.
   void enable_write_through();
   // The rows changed since the last call (all of them the first time).
@@ -173,6 +177,10 @@ class HeadState {
   // bind_client); a node that does not is dead, and what an owner that
   // does not owned is killed, as if they had gone while the head was up.
   void restore(const std::map<std::string, std::string>& rows, Time now, std::chrono::milliseconds grace);
+  // Counts restore()'s grace from `now` instead (never shorter): from when
+  // the head serves, once it has written its tables back, which for a
+  // large store on a slow disk can take longer than the grace itself.
+  void restart_grace(Time now, std::chrono::milliseconds grace);
   // The process `client_id` said hello on `peer` (a worker: of actor
   // `worker_actor`): what it created before a restart, or before its last
   // connection dropped, is its own again.
@@ -279,6 +287,9 @@ class HeadState {
     PeerId owner = 0;
     uint64_t owner_client = 0;
     uint64_t epoch = 0;  // bumped at every reservation
+    // One per bundle, or empty when none is reserved. A group that lost
+    // some bundles with a node keeps the others (PENDING, the lost ones'
+    // node 0 and grant empty) until those are placed again.
     std::vector<Grant> reserved;
     std::vector<ResourcePool> bundles;
     // It was warned of as placeable nowhere: said once, not again each
@@ -340,6 +351,11 @@ class HeadState {
   // told yet (or `again`).
   void tell_resources_wanted(PeerId owner, bool again = false);
   void unreserve_group(Group& g);
+  // `node` died: the bundles `g` had there go (the others, and the actors
+  // in them, stay where they are) and `g` waits to place them again.
+  void lose_bundles(Group& g, uint64_t node);
+  // The node of each bundle that still holds its reservation (0: to place).
+  static std::vector<uint64_t> kept_bundles(const Group& g);
   void kv_set(const std::string& key, const std::string& value);
   // The actors the request asks for, the newest `limit`; `matching`: how
   // many matched before the limit cut them.

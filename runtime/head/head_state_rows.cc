@@ -171,6 +171,15 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
   schedule();
 }
 
+void HeadState::restart_grace(Time now, std::chrono::milliseconds grace) {
+  const Time deadline = now + grace;
+  const auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  for (auto& [id, n] : nodes_)
+    if (n.info.alive && n.awaiting) n.last_heartbeat = std::max(n.last_heartbeat, deadline - limit);
+  for (auto& [client, awaited] : awaited_owners_)
+    if (awaited.why == kNotBackAfterRestore) awaited.deadline = std::max(awaited.deadline, deadline);
+}
+
 void HeadState::restore_nodes_and_keys(const std::map<std::string, std::string>& rows, Time deadline) {
   const auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
   for (const auto& [key, value] : rows) {
@@ -207,15 +216,16 @@ void HeadState::restore_groups(const std::map<std::string, std::string>& rows, T
     g.spec = r.spec;
     g.owner_client = r.owner_client;
     g.epoch = r.epoch;
-    if (g.info.state == PlacementGroupState::kCreated) {
+    if (g.info.state != PlacementGroupState::kRemoved) {
+      // A PENDING group holds the bundles it kept when others were lost
+      // with a node (0: to place again).
       for (size_t b = 0; b < r.reserved.size() && b < g.info.bundle_nodes.size(); ++b) {
         Grant grant{r.reserved[b], r.reserved_gpus.at(b)};
-        nodes_.at(g.info.bundle_nodes[b]).pool.retake(grant);
+        if (g.info.bundle_nodes[b] != 0) nodes_.at(g.info.bundle_nodes[b]).pool.retake(grant);
         g.bundles.emplace_back(grant.resources, grant.gpu_ids);
         g.reserved.push_back(std::move(grant));
       }
-    } else if (g.info.state == PlacementGroupState::kPending) {
-      pending_groups_.push_back(g.info.id);
+      if (g.info.state == PlacementGroupState::kPending) pending_groups_.push_back(g.info.id);
     } else {
       removed_groups_order_.push_back(g.info.id);
     }

@@ -228,7 +228,7 @@ int64_t query_int(sqlite3* db, const char* sql, bool& ok) {
 
 }  // namespace
 
-void HeadStore::check_format(int format) {
+void HeadStore::check_format(int format, int oldest) {
   bool ok = false;
   const int64_t has_rows = query_int(db_, "SELECT EXISTS (SELECT 1 FROM head_rows)", ok);
   if (!ok) fail("read");
@@ -236,7 +236,7 @@ void HeadStore::check_format(int format) {
   // before formats were kept, or new ones).
   const int64_t written = query_int(db_, "PRAGMA user_version", ok);
   if (!ok) fail("read its format");
-  if (has_rows && written != format)
+  if (has_rows && written != format && !(oldest > 0 && written >= oldest && written < format))
     throw ConfigError("head state file " + path_ + " holds a cluster's tables in format " +
                       (written == 0 ? std::string("0 (unmarked)") : std::to_string(written)) +
                       ", and this head reads format " + std::to_string(format) +

@@ -43,10 +43,12 @@ class HeadStore {
   HeadStore& operator=(const HeadStore&) = delete;
 
   const std::string& path() const { return path_; }
-  // A file with rows must hold `format` (HeadState::kRowFormat); an empty
-  // one is marked with it. ConfigError naming the file and both formats
-  // otherwise: a head of another troupe version wrote it.
-  void check_format(int format);
+  // A file with rows must hold `format` (HeadState::kRowFormat) or one as
+  // old as `oldest` (one this head reads as well); an empty or older one is
+  // marked `format` (a head of the older format then refuses it). A
+  // ConfigError names the file and both formats otherwise: a head of
+  // another troupe version wrote it.
+  void check_format(int format, int oldest = 0);
   std::map<std::string, std::string> load();
   void write(const std::vector<HeadState::Row>& rows);
   // Forgets every row (the cluster was stopped on purpose).

@@ -43,6 +43,7 @@ std::string nodes_summary(const std::vector<NodeView>& nodes) {
   for (const auto& n : nodes) s << " node " << n.id << " {" << format_resources(n.available) << "}";
   return s.str();
 }
+
 }  // namespace
 
 double gpu_amount(const Resources& r) { return get(r, "GPU"); }
@@ -247,54 +248,65 @@ const NodeView* node_for_all(const std::vector<NodeView>& nodes, const std::vect
   }
   return best;
 }
-}  // namespace
 
-std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, const std::vector<Resources>& bundles,
-                                                   wire::PlacementStrategy strategy, std::string* reason) {
-  using S = wire::PlacementStrategy;
-  std::vector<uint64_t> out(bundles.size(), 0);
-  // The summary names what the nodes have, not what is left of them after
-  // the bundles a failed placement took on trial (it said 1 CPU free on
-  // each of three nodes with 2 free).
-  const std::vector<NodeView> as_given = reason ? nodes : std::vector<NodeView>{};
-  auto fail = [&](const std::string& why) -> std::optional<std::vector<uint64_t>> {
-    if (reason) *reason = why + "; " + nodes_summary(as_given);
-    return std::nullopt;
-  };
-  if (bundles.empty()) return out;
+std::string bundle_text(const std::vector<Resources>& bundles, size_t i) {
+  return "bundle " + std::to_string(i) + " {" + format_resources(bundles[i]) + "}";
+}
 
-  if (strategy == S::kStrictPack || strategy == S::kPack) {
-    Resources sum;
-    for (const auto& b : bundles) add(sum, b);
-    if (const NodeView* all_on = node_for_all(nodes, bundles, sum)) {
-      std::fill(out.begin(), out.end(), all_on->id);
-      return out;
-    }
-    if (strategy == S::kStrictPack)
-      return fail("STRICT_PACK: no single node can hold all bundles {" + format_resources(sum) + "}");
-    // PACK falls back to filling the fullest node that still fits each bundle.
-    for (size_t i : placement_order(bundles)) {
-      NodeView* target = nullptr;
-      for (auto& n : nodes) {
-        if (!fits(n, bundles[i])) continue;
-        if (!target || load_after(n, {}) > load_after(*target, {})) target = &n;
-      }
-      if (!target)
-        return fail("PACK: bundle " + std::to_string(i) + " {" + format_resources(bundles[i]) + "} fits on no node");
-      reserve(*target, bundles[i]);
-      out[i] = target->id;
-    }
-    return out;
+// PACK and STRICT_PACK of the bundles in `order` (the others are kept on
+// `kept_nodes`): all on one node — the kept bundles' node when there is
+// one, the only one STRICT_PACK may use —, else (PACK) each on the fullest
+// node that fits it. Fills `out`; returns why not.
+std::optional<std::string> pack(std::vector<NodeView>& nodes, const std::vector<Resources>& bundles, bool strict,
+                                const std::vector<size_t>& order, const std::vector<uint64_t>& kept_nodes,
+                                std::vector<uint64_t>& out) {
+  std::vector<Resources> rest;
+  Resources sum;
+  for (size_t i : order) {
+    rest.push_back(bundles[i]);
+    add(sum, bundles[i]);
   }
+  std::vector<NodeView> candidates;
+  if (kept_nodes.size() == 1) {
+    for (const auto& n : nodes)
+      if (n.id == kept_nodes[0]) candidates.push_back(n);
+  } else if (kept_nodes.empty()) {
+    candidates = nodes;
+  }
+  if (const NodeView* all_on = node_for_all(candidates, rest, sum)) {
+    for (size_t i : order) out[i] = all_on->id;
+    return std::nullopt;
+  }
+  if (strict) {
+    if (!kept_nodes.empty())
+      return "STRICT_PACK: node " + std::to_string(kept_nodes[0]) +
+             ", which holds the group's other bundles, cannot also hold {" + format_resources(sum) + "}";
+    return "STRICT_PACK: no single node can hold all bundles {" + format_resources(sum) + "}";
+  }
+  for (size_t i : order) {
+    NodeView* target = nullptr;
+    for (auto& n : nodes) {
+      if (!fits(n, bundles[i])) continue;
+      if (!target || load_after(n, {}) > load_after(*target, {})) target = &n;
+    }
+    if (!target) return "PACK: " + bundle_text(bundles, i) + " fits on no node";
+    reserve(*target, bundles[i]);
+    out[i] = target->id;
+  }
+  return std::nullopt;
+}
 
-  // SPREAD and STRICT_SPREAD: each bundle on the least loaded node not yet
-  // used by this group (STRICT_SPREAD insists; SPREAD reuses when it must).
-  std::vector<uint64_t> used;
-  for (size_t i : placement_order(bundles)) {
+// SPREAD and STRICT_SPREAD: each bundle of `order` on the least loaded node
+// not yet used by this group, the kept bundles' nodes included (STRICT
+// insists; SPREAD reuses when it must). Fills `out`; returns why not.
+std::optional<std::string> spread(std::vector<NodeView>& nodes, const std::vector<Resources>& bundles, bool strict,
+                                  const std::vector<size_t>& order, std::vector<uint64_t> used,
+                                  std::vector<uint64_t>& out) {
+  for (size_t i : order) {
     NodeView* target = nullptr;
     double best = 0;
     for (int pass = 0; pass < 2 && !target; ++pass) {
-      if (pass == 1 && strategy == S::kStrictSpread) break;
+      if (pass == 1 && strict) break;
       for (auto& n : nodes) {
         bool taken = std::find(used.begin(), used.end(), n.id) != used.end();
         if (pass == 0 && taken) continue;
@@ -307,14 +319,42 @@ std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, 
       }
     }
     if (!target)
-      return fail(std::string(strategy == S::kStrictSpread ? "STRICT_SPREAD" : "SPREAD") + ": bundle " +
-                  std::to_string(i) + " {" + format_resources(bundles[i]) + "} has no " +
-                  (strategy == S::kStrictSpread ? "distinct " : "") + "node that fits");
+      return std::string(strict ? "STRICT_SPREAD" : "SPREAD") + ": " + bundle_text(bundles, i) + " has no " +
+             (strict ? "distinct " : "") + "node that fits";
     reserve(*target, bundles[i]);
     used.push_back(target->id);
     out[i] = target->id;
   }
-  return out;
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, const std::vector<Resources>& bundles,
+                                                   wire::PlacementStrategy strategy, std::string* reason,
+                                                   const std::vector<uint64_t>& kept) {
+  using S = wire::PlacementStrategy;
+  std::vector<uint64_t> out(bundles.size(), 0);
+  if (kept.size() == bundles.size()) out = kept;
+  // The bundles to place, in placement order, and the nodes of the kept ones.
+  std::vector<size_t> order;
+  std::vector<uint64_t> kept_nodes;
+  for (size_t i : placement_order(bundles)) {
+    if (out[i] == 0)
+      order.push_back(i);
+    else if (std::find(kept_nodes.begin(), kept_nodes.end(), out[i]) == kept_nodes.end())
+      kept_nodes.push_back(out[i]);
+  }
+  if (order.empty()) return out;
+  // The summary names what the nodes have, not what is left of them after
+  // the bundles a failed placement took on trial (it said 1 CPU free on
+  // each of three nodes with 2 free).
+  const std::vector<NodeView> as_given = reason ? nodes : std::vector<NodeView>{};
+  const auto why = strategy == S::kStrictPack || strategy == S::kPack
+                       ? pack(nodes, bundles, strategy == S::kStrictPack, order, kept_nodes, out)
+                       : spread(nodes, bundles, strategy == S::kStrictSpread, order, kept_nodes, out);
+  if (!why) return out;
+  if (reason) *reason = *why + "; " + nodes_summary(as_given);
+  return std::nullopt;
 }
 
 }  // namespace troupe::head

@@ -75,8 +75,13 @@ std::vector<NodeView> affine_views(const wire::ActorSpec& spec, const std::vecto
 std::vector<size_t> placement_order(const std::vector<Resources>& bundles);
 
 // Places every bundle (all or nothing) under `strategy`; returns the node of
-// each bundle, or nullopt with `reason`.
+// each bundle, or nullopt with `reason`. With `kept` (a node id or 0 per
+// bundle: a group that lost some of its bundles with a node), the bundles
+// with a node stay on it (`nodes` count what they hold as taken) and only
+// the others are placed, around them: STRICT_PACK on their node, PACK there
+// first, SPREAD and STRICT_SPREAD away from them.
 std::optional<std::vector<uint64_t>> place_bundles(std::vector<NodeView> nodes, const std::vector<Resources>& bundles,
-                                                   wire::PlacementStrategy strategy, std::string* reason);
+                                                   wire::PlacementStrategy strategy, std::string* reason,
+                                                   const std::vector<uint64_t>& kept = {});
 
 }  // namespace troupe::head

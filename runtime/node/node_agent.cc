@@ -254,7 +254,15 @@ class NodeAgent::Impl {
     h.address = opts_.advertise_host;
     h.resume_node_id = resume_id;
     h.workers = std::move(workers);
-    r.reply = r.channel->call<HelloReply>(Op::kHello, h, timeout);
+    try {
+      r.reply = r.channel->call<HelloReply>(Op::kHello, h, timeout);
+    } catch (...) {
+      // Closed, not dropped: a head that reads this hello late (a slow
+      // link) sees the connection gone with it, and does not keep a node
+      // that no agent serves beside the one the next try registers.
+      r.channel->close("the hello was not answered in time");
+      throw;
+    }
     return r;
   }
 

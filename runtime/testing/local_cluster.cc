@@ -116,7 +116,7 @@ LocalCluster::LocalCluster(LocalClusterOptions options)
   head.dashboard_require_token = options_.dashboard_require_token;
   if (options_.durable_head) {
     make_state_dir();
-    head.head_state_db = state_dir_.path() + "/head.sqlite";
+    head.head_state_db = head_state_db();
   }
   try {
     head_pid_ = start(head, &line);

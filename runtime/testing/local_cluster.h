@@ -82,6 +82,8 @@ class LocalCluster {
   // Starts the head again, on the same address and (durable_head) with the
   // tables the last one wrote; returns once it listens.
   void restart_head();
+  // durable_head: the SQLite file the head writes its tables to ("" otherwise).
+  std::string head_state_db() const { return options_.durable_head ? state_dir_.path() + "/head.sqlite" : ""; }
 
  private:
   struct Proc {

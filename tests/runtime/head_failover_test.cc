@@ -10,6 +10,7 @@
 #include <future>
 #include <optional>
 
+#include <sqlite3.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
@@ -110,6 +111,45 @@ TEST(HeadFailover, WorkersServeThroughAHeadDownForLongerThanTheLease) {
     auto ns = rt.nodes();
     return ns.size() == 1 && ns[0].id == node && ns[0].alive;
   }));
+}
+
+// A restarted head that takes long to load its tables (a large store, a
+// slow disk: here its file's write lock is held, so its first write waits)
+// does not listen before it serves: the agent's connects are refused all
+// along, it keeps its lease, and its workers serve through the load. (A
+// head that listened first let the kernel accept the agent's connects and
+// answered no handshake: the lease ran out and the workers went.)
+TEST(HeadFailover, WorkersServeThroughARestartedHeadsSlowLoad) {
+  auto o = durable(1);
+  o.heartbeat_misses = troupe::core::kHeartbeatMisses;  // the 400 ms lease of a cluster across machines
+  troupe::testing::LocalCluster cluster(o);
+  troupe::Runtime rt = cluster.connect();
+  auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}}, 0);
+  const int pid = t.call(&Ledger::pid).get(kWaitBound);
+  cluster.kill_head(SIGKILL);
+  wait_until_head_lost(rt);
+
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(cluster.head_state_db().c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  auto restarted = std::async(std::launch::async, [&] { cluster.restart_head(); });
+  // Held for 1.2 s (three leases; under the head's 2 s wait for the lock,
+  // after which it would give up writing its tables).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1200);
+  int calls = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    ASSERT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), ++calls);
+    ASSERT_EQ(t.call(&Ledger::pid).get(kWaitBound), pid);
+  }
+  sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  ASSERT_EQ(restarted.wait_for(kWaitBound), std::future_status::ready);
+  restarted.get();
+  EXPECT_EQ(t.call(&Ledger::add, 1).get(kWaitBound), calls + 1);
+  EXPECT_EQ(t.call(&Ledger::pid).get(kWaitBound), pid);
+  // The head wrote its tables through the wait (it did not fall back to a
+  // head that keeps nothing).
+  EXPECT_TRUE(nlohmann::json::parse(rt.status_json())["state_db"]["written"].get<bool>());
 }
 
 TEST(HeadFailover, WorkerThatDiedWhileTheHeadWasDownIsRestartedAfter) {

@@ -1134,8 +1134,99 @@ TEST_F(HeadStateTest, RowFormatIsKnown) {
     for (const std::string* part : {&k, &v}) {
       for (unsigned char c : *part + '\0') hash = (hash ^ c) * 1099511628211ull;
     }
-  EXPECT_EQ(std::make_pair(HeadState::kRowFormat, hash), std::make_pair(7, uint64_t{561531740420673195ull}))
+  EXPECT_EQ(std::make_pair(HeadState::kRowFormat, hash), std::make_pair(8, uint64_t{561531740420673195ull}))
       << "the head's rows changed: bump HeadState::kRowFormat";
+}
+
+// A node with one of a group's bundles dies: that bundle alone is placed
+// again. The others keep their node, their reservation and their actors,
+// whose shares stay taken (a newcomer does not get them twice) and come
+// back to their bundle when they end; a restarted head keeps it so too.
+TEST_F(HeadStateTest, ANodeLossPlacesAgainOnlyTheBundlesLostWithIt) {
+  state_.enable_write_through();
+  const uint64_t n1 = add_node({{"CPU", 2}, {"GPU", 1}}, 1);
+  const uint64_t n2 = add_node({{"CPU", 2}, {"GPU", 1}}, 2);
+  auto g = state_.create_placement_group(
+      kDriver, {{{{"CPU", 1}, {"GPU", 1}}, {{"CPU", 1}, {"GPU", 1}}}, PlacementStrategy::kStrictSpread, ""});
+  ASSERT_EQ(g.state, PlacementGroupState::kCreated) << g.pending_reason;
+  const size_t on1 = g.bundle_nodes[0] == n1 ? 0 : 1;
+  const size_t on2 = 1 - on1;
+  auto s = spec({{"GPU", 1}});
+  s.placement_group = g.id;
+  s.bundle_index = static_cast<int32_t>(on1);
+  auto kept = state_.create_actor(kDriver, s);
+  s.bundle_index = static_cast<int32_t>(on2);
+  s.max_restarts = 1;
+  auto moved = state_.create_actor(kDriver, s);
+  start_spawned();
+  const auto kept_gpus = state_.actor_info(kept.id).gpu_ids;
+  ASSERT_EQ(kept_gpus.size(), 1u);
+
+  state_.heartbeat(n1, now_ + 400ms);
+  state_.check_heartbeats(now_ + 600ms);  // n2 silent for 600 ms > 5 * 100 ms
+  ASSERT_FALSE(node(n2).alive);
+  auto pg = state_.placement_group(g.id);
+  EXPECT_EQ(pg.state, PlacementGroupState::kPending);
+  EXPECT_EQ(pg.bundle_nodes[on1], n1);
+  EXPECT_EQ(pg.bundle_nodes[on2], 0u);
+  EXPECT_EQ(state_of(kept.id), ActorState::kAlive);
+  EXPECT_EQ(state_.actor_info(kept.id).gpu_ids, kept_gpus);
+  EXPECT_TRUE(node(n1).free_gpu_ids.empty());  // still the bundle's
+  EXPECT_EQ(node(n1).available.at("CPU"), 1);
+  // A kept bundle takes actors meanwhile; the lost one waits.
+  auto cpu = spec({{"CPU", 1}});
+  cpu.placement_group = g.id;
+  cpu.bundle_index = static_cast<int32_t>(on1);
+  auto meanwhile = state_.create_actor(kDriver, cpu);
+  cpu.bundle_index = static_cast<int32_t>(on2);
+  auto waits = state_.create_actor(kDriver, cpu);
+  start_spawned();
+  EXPECT_EQ(state_of(meanwhile.id), ActorState::kAlive);
+  EXPECT_EQ(state_.actor_info(meanwhile.id).node_id, n1);
+  EXPECT_EQ(state_of(waits.id), ActorState::kPending);
+  EXPECT_NE(state_.actor_info(waits.id).pending_reason.find("waiting for placement group"), std::string::npos);
+
+  // Restarted now, a head holds the kept bundle as this one does.
+  std::map<std::string, std::string> store;
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  EXPECT_EQ(again.placement_group(g.id).bundle_nodes[on1], n1);
+  for (const auto& n : again.nodes())
+    if (n.id == n1) {
+      EXPECT_EQ(n.available.at("CPU"), 1);
+    }
+
+  // A new node takes the lost bundle; the group is whole again and the
+  // actor lost with n2 starts there.
+  const uint64_t n3 = add_node({{"CPU", 2}, {"GPU", 1}}, 3);
+  pg = state_.placement_group(g.id);
+  ASSERT_EQ(pg.state, PlacementGroupState::kCreated) << pg.pending_reason;
+  EXPECT_EQ(pg.bundle_nodes[on1], n1);
+  EXPECT_EQ(pg.bundle_nodes[on2], n3);
+  start_spawned();
+  EXPECT_EQ(state_.actor_info(moved.id).node_id, n3);
+  EXPECT_EQ(state_of(moved.id), ActorState::kAlive);
+  EXPECT_EQ(state_.actor_info(waits.id).node_id, n3);
+  EXPECT_EQ(state_of(waits.id), ActorState::kAlive);
+  // The kept bundle is full: a newcomer for it waits...
+  s.bundle_index = static_cast<int32_t>(on1);
+  s.max_restarts = 0;
+  auto newcomer = state_.create_actor(kDriver, s);
+  EXPECT_EQ(state_of(newcomer.id), ActorState::kPending);
+  // ...until the actor holding it ends and gives its share back.
+  exited(kept.id);
+  EXPECT_EQ(state_of(kept.id), ActorState::kDead);
+  start_spawned();
+  EXPECT_EQ(state_of(newcomer.id), ActorState::kAlive);
+  EXPECT_EQ(state_.actor_info(newcomer.id).gpu_ids, kept_gpus);
+  // Removed, the group gives every node all it had.
+  state_.remove_placement_group(g.id);
+  for (auto id : {newcomer.id, moved.id, meanwhile.id, waits.id}) exited(id);
+  EXPECT_EQ(node(n1).available.at("CPU"), 2);
+  EXPECT_EQ(node(n1).free_gpu_ids.size(), 1u);
+  EXPECT_EQ(node(n3).available.at("CPU"), 2);
+  EXPECT_EQ(node(n3).free_gpu_ids.size(), 1u);
 }
 
 // troupe_actor_restarts_total is a counter: the restarts of a DEAD actor
@@ -1717,6 +1808,33 @@ TEST_F(HeadStateTest, LateChecksDoNotCutARestoredNodesGraceShort) {
   EXPECT_TRUE(alive);
 }
 
+// A restarted head whose writing back of its tables took longer than the
+// grace counts the grace from when it serves (restart_grace): its nodes and
+// the owners of its actors are not lost before they could come back.
+TEST_F(HeadStateTest, ARestartedHeadsGraceCountsFromWhenItServes) {
+  state_.enable_write_through();
+  const uint64_t n = add_node({{"CPU", 2}}, 1);
+  state_.bind_client(kDriver, 7);
+  auto a = state_.create_actor(kDriver, spec({{"CPU", 1}}));
+  start_spawned();
+  std::map<std::string, std::string> store;
+  apply_rows(store, state_.take_rows());
+  auto node_alive = [&](HeadState& h) {
+    for (const auto& node : h.nodes())
+      if (node.id == n) return node.alive;
+    return false;
+  };
+  for (const bool rebased : {false, true}) {
+    SCOPED_TRACE(rebased ? "grace from when it serves" : "grace from the restore");
+    HeadState again(HeadConfig{100, 5, 1000});
+    again.restore(store, now_, 2s);
+    if (rebased) again.restart_grace(now_ + 10s, 2s);  // 10 s writing back
+    again.check_heartbeats(now_ + 11s);
+    EXPECT_EQ(node_alive(again), rebased);
+    EXPECT_EQ(again.actor_info(a.id).state == ActorState::kDead, !rebased);
+  }
+}
+
 // A stopped cluster's state file is emptied and gives its pages back: a
 // long session's KV store once left tens of MB of free pages behind.
 TEST(HeadStoreTest, ClearShrinksTheFile) {
@@ -1736,6 +1854,31 @@ TEST(HeadStoreTest, ClearShrinksTheFile) {
   uintmax_t bytes = std::filesystem::file_size(path);
   if (std::filesystem::exists(path + "-wal")) bytes += std::filesystem::file_size(path + "-wal");
   EXPECT_LT(bytes, 256u * 1024) << "the emptied state file keeps its pages";
+  std::filesystem::remove_all(dir);
+}
+
+// A file of an older format this head still reads is taken and marked
+// with the head's format (a head of the older one then refuses it, rather
+// than misread what the newer wrote); one older than that is refused.
+TEST(HeadStoreTest, AnOlderFormatItReadsIsTakenAndMarkedNew) {
+  using troupe::head::HeadStore;
+  const std::string dir = ::testing::TempDir() + "head-store-format-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/head.sqlite";
+  {
+    HeadStore store(path);
+    store.check_format(7);
+    store.write({{"k/x", std::string("1")}});
+  }
+  {
+    HeadStore store(path);
+    EXPECT_THROW(store.check_format(9, 8), troupe::ConfigError);
+    store.check_format(8, 7);
+  }
+  HeadStore store(path);
+  EXPECT_THROW(store.check_format(7), troupe::ConfigError);  // marked 8 now
+  EXPECT_NO_THROW(store.check_format(8));
   std::filesystem::remove_all(dir);
 }
 

@@ -112,6 +112,36 @@ TEST(Scheduler, PackAndStrictPack) {
   ASSERT_TRUE(q) << why;
 }
 
+// A group that lost some bundles with a node places only those, around
+// the bundles it kept (`kept`: their node, 0 for the lost).
+TEST(Scheduler, LostBundlesArePlacedAroundTheKeptOnes) {
+  std::string why;
+  // STRICT_SPREAD: not on a node that holds a kept bundle.
+  auto spread = place_bundles(three_nodes(), {{{"CPU", 1}}, {{"CPU", 1}}, {{"CPU", 1}}},
+                              PlacementStrategy::kStrictSpread, &why, {1, 0, 2});
+  ASSERT_TRUE(spread) << why;
+  EXPECT_EQ(*spread, (std::vector<uint64_t>{1, 3, 2}));
+  auto two =
+      place_bundles({three_nodes()[0]}, {{{"CPU", 1}}, {{"CPU", 1}}}, PlacementStrategy::kStrictSpread, &why, {1, 0});
+  EXPECT_FALSE(two);
+  EXPECT_NE(why.find("STRICT_SPREAD: bundle 1"), std::string::npos) << why;
+  // PACK: on the kept bundles' node when it holds the rest, though another
+  // node is emptier.
+  auto nodes = three_nodes();
+  nodes[1].available = {{"CPU", 1}, {"GPU", 2}};
+  auto pack = place_bundles(nodes, {{{"CPU", 1}}, {{"CPU", 1}}}, PlacementStrategy::kPack, &why, {0, 2});
+  ASSERT_TRUE(pack) << why;
+  EXPECT_EQ(*pack, (std::vector<uint64_t>{2, 2}));
+  // STRICT_PACK: there or nowhere, and the refusal names that node.
+  auto strict = place_bundles(nodes, {{{"CPU", 2}}, {{"CPU", 1}}}, PlacementStrategy::kStrictPack, &why, {0, 2});
+  EXPECT_FALSE(strict);
+  EXPECT_NE(why.find("STRICT_PACK: node 2, which holds the group's other bundles"), std::string::npos) << why;
+  // Nothing lost: the kept placement as it is.
+  auto whole = place_bundles({}, {{{"CPU", 1}}}, PlacementStrategy::kPack, &why, {3});
+  ASSERT_TRUE(whole) << why;
+  EXPECT_EQ(*whole, (std::vector<uint64_t>{3}));
+}
+
 // GPUs as devices: fractions of a GPU pack onto the fullest GPU that still
 // holds them, whole GPUs are never split, and a node whose free GPU amount
 // would do but whose GPUs are each too full does not fit.
