@@ -22,9 +22,12 @@ void FailureRecovery::run() {
   stop_round();
   probe();
   respawn_loaders();
-  replace_trainers();
+  const std::string replaced = replace_trainers();
   // A new generation, and one state everywhere.
   p_.gang.setup_new(p_.cfg.setup_bound());
+  // Said once the replacements are set up: asked for, they may still never
+  // come (a cluster stopped meanwhile takes the head away with them).
+  if (!replaced.empty()) event(JobEventKind::kReplaced, replaced);
   if (!any_state_ || p_.cfg.failure.mode == RecoveryMode::kCheckpoint)
     restore_from_disk();
   else
@@ -249,20 +252,27 @@ std::vector<Slot> FailureRecovery::next_ranks(std::vector<Slot> fresh) {
 //     reduction order as before), standbys first, else in the dead slots'
 //     own placement groups; what cannot be placed in time is dropped (the
 //     job shrinks).
-void FailureRecovery::replace_trainers() {
+std::string FailureRecovery::replace_trainers() {
   // Every trainer dead: the wait was placement_timeout's (replacements()).
   const bool all_dead = dead_.size() == p_.gang.slots().size();
   auto fresh = replacements();
   const size_t replaced = fresh.size();
   p_.gang.set_slots(next_ranks(std::move(fresh)));
+  // The head went while the replacements were asked for (the cluster was
+  // stopped, which is often what killed the trainers): nothing was placed,
+  // whatever the handles say.
+  if (!dead_.empty() && p_.rt.valid() && p_.rt.core()->head_lost())
+    throw GiveUp{"lost the cluster's head, so none of the " + std::to_string(dead_.size()) +
+                 " dead trainer(s) could be replaced (the failure seen: " + rec_.cause + ")"};
   const auto& reason = p_.pool.pending_reason();
-  if (!dead_.empty())
-    event(JobEventKind::kReplaced,
-          std::to_string(replaced) + " of " + std::to_string(dead_.size()) + " dead trainer(s) replaced" +
-              (rec_.from_standby ? " (" + std::to_string(rec_.from_standby) + " from standby)" : "") +
-              (replaced < dead_.size() ? " (no room: " + reason + ")" : ""));
+  const std::string said =
+      dead_.empty() ? ""
+                    : std::to_string(replaced) + " of " + std::to_string(dead_.size()) + " dead trainer(s) replaced" +
+                          (rec_.from_standby ? " (" + std::to_string(rec_.from_standby) + " from standby)" : "") +
+                          (replaced < dead_.size() ? " (no room: " + reason + ")" : "");
   const int64_t world = p_.gang.world();
   if (world < p_.min_workers) {
+    if (!said.empty()) event(JobEventKind::kReplaced, said);
     const auto waited = all_dead ? p_.cfg.scaling.placement_timeout : p_.cfg.failure.replacement_timeout;
     char secs[32];
     std::snprintf(secs, sizeof secs, "%g s", static_cast<double>(waited.count()) / 1000.0);
@@ -271,6 +281,7 @@ void FailureRecovery::replace_trainers() {
                  "), and the job runs on at least " + std::to_string(p_.min_workers) +
                  " (scaling.min_workers, else num_workers)" + (reason.empty() ? "" : " (" + reason + ")")};
   }
+  return said;
 }
 
 // 4, from disk: the last checkpoint, or the initial weights without one.

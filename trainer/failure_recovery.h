@@ -87,7 +87,9 @@ class FailureRecovery {
   bool loader_answers(std::optional<Future<actors::LoaderStats>>& stats);
   // 3.
   void respawn_loaders();
-  void replace_trainers();
+  // Returns the "replaced" event's text ("" when none died), said once the
+  // replacements are set up.
+  std::string replace_trainers();
   // Replacements for the dead trainers, their slots emptied: standbys
   // first, then new actors in the dead slots' placement groups.
   std::vector<Slot> replacements();
