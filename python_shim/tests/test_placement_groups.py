@@ -28,6 +28,18 @@ def in_bundle(pg, index):
     return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
 
 
+def test_a_pending_groups_kept_bundles_keep_their_node_in_the_table():
+    # A group that lost a bundle with a node is PENDING while it places that
+    # one again; the bundle it kept still runs where it is (probe 30a: Ray's
+    # bundles_to_node_id read {} until the group was whole).
+    from troupe.util.placement_group import _table_row
+    row = _table_row({"id": 4, "state": "PENDING", "bundle_nodes": [7, 0], "strategy": "STRICT_SPREAD",
+                      "bundles": [{"CPU": 1}, {"CPU": 1}]})
+    assert row["bundles_to_node_id"] == {0: "7"}
+    removed = _table_row({"id": 4, "state": "REMOVED", "bundle_nodes": [0, 0], "strategy": "PACK", "bundles": []})
+    assert removed["bundles_to_node_id"] == {}
+
+
 def test_actor_and_task_run_in_reserved_bundles(cluster):
     pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK")
     assert troupe.get(pg.ready(), timeout=60) == pg

@@ -638,7 +638,10 @@ std::optional<HeadState::Allocation> HeadState::allocate_in_group(const Actor& a
     if (!g.bundles[b].fits(a.spec.resources) || n.awaiting || !n.info.alive) continue;
     return Allocation{g.info.bundle_nodes[b], g.info.id, b, g.epoch, g.bundles[b].take(a.spec.resources)};
   }
-  if (placing) return waiting();
+  // Waiting for the group only when what it asks for is still to be placed
+  // (any bundle, or a lost one); a full kept bundle is said to be full.
+  if (placing && (a.spec.bundle_index < 0 || g.info.bundle_nodes[static_cast<size_t>(a.spec.bundle_index)] == 0))
+    return waiting();
   *reason = "bundle " + std::to_string(a.spec.bundle_index) + " of placement group " + std::to_string(g.info.id) +
             " has no room for {" + format_resources(a.spec.resources) + "}";
   return std::nullopt;

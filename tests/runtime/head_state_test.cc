@@ -1185,6 +1185,13 @@ TEST_F(HeadStateTest, ANodeLossPlacesAgainOnlyTheBundlesLostWithIt) {
   EXPECT_EQ(state_.actor_info(meanwhile.id).node_id, n1);
   EXPECT_EQ(state_of(waits.id), ActorState::kPending);
   EXPECT_NE(state_.actor_info(waits.id).pending_reason.find("waiting for placement group"), std::string::npos);
+  // One more for the kept bundle, full now, is told so (a new node would
+  // not help it), not that the group is being placed.
+  cpu.bundle_index = static_cast<int32_t>(on1);
+  auto full = state_.create_actor(kDriver, cpu);
+  EXPECT_EQ(state_of(full.id), ActorState::kPending);
+  EXPECT_NE(state_.actor_info(full.id).pending_reason.find("has no room"), std::string::npos)
+      << state_.actor_info(full.id).pending_reason;
 
   // Restarted now, a head holds the kept bundle as this one does.
   std::map<std::string, std::string> store;

@@ -180,12 +180,14 @@ def _table_row(g):
     one (placement_group_id, name, bundles, bundles_to_node_id, strategy,
     state, stats), with troupe's own keys beside them (id, bundle_nodes,
     pending_reason)."""
-    placed = g["state"] == "CREATED"
+    # A PENDING group that lost bundles with a node still holds the others
+    # (their node is named; 0 is a bundle to place).
+    placed = g["state"] != "REMOVED"
     row = {
         "placement_group_id": str(g["id"]),
         "name": g.get("name", ""),
         "bundles": {i: dict(b) for i, b in enumerate(g.get("bundles", []))},
-        "bundles_to_node_id": {i: str(n) for i, n in enumerate(g["bundle_nodes"])} if placed else {},
+        "bundles_to_node_id": {i: str(n) for i, n in enumerate(g["bundle_nodes"]) if n} if placed else {},
         "strategy": g["strategy"],
         "state": g["state"],
         "stats": {"scheduling_state": {"CREATED": "FINISHED", "REMOVED": "REMOVED"}.get(g["state"], "PENDING")},
