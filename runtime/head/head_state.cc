@@ -92,7 +92,7 @@ constexpr const char* kLossyHint =
     " (on a lossy or high-latency network, troupe start --head --heartbeat-misses N gives nodes longer)";
 
 void HeadState::check_heartbeats(Time now) {
-  auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  auto limit = fence_time();
   // The time this check came later than due is the head's own stall, not
   // the nodes' silence: it is credited to every node (heartbeats sent
   // meanwhile may sit unread in the head's sockets still).
@@ -184,7 +184,7 @@ void HeadState::peer_gone(PeerId peer, const std::string& reason, bool may_retur
   std::vector<uint64_t> ids;
   for (auto& [id, n] : nodes_)
     if (n.peer == peer && n.info.alive) ids.push_back(id);
-  const auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  const auto limit = fence_time();
   for (auto id : ids) {
     Node& n = nodes_.at(id);
     if (may_return && config_.client_grace.count() > 0) {

@@ -336,6 +336,10 @@ class HeadState {
   template <class Table>
   static void forget_oldest(Table& table, std::deque<uint64_t>& order, size_t keep);
   bool try_place_group(Group& g);
+  // How long a node may stay silent before it is dead (fenced).
+  std::chrono::milliseconds fence_time() const {
+    return std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  }
   // Whether `g` would fit the live nodes if they were idle.
   bool could_ever_place(const Group& g) const;
   // Whether an actor or group waits for room that task executors hold.

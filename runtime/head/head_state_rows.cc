@@ -173,7 +173,7 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
 
 void HeadState::restart_grace(Time now, std::chrono::milliseconds grace) {
   const Time deadline = now + grace;
-  const auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  const auto limit = fence_time();
   for (auto& [id, n] : nodes_)
     if (n.info.alive && n.awaiting) n.last_heartbeat = std::max(n.last_heartbeat, deadline - limit);
   for (auto& [client, awaited] : awaited_owners_)
@@ -181,7 +181,7 @@ void HeadState::restart_grace(Time now, std::chrono::milliseconds grace) {
 }
 
 void HeadState::restore_nodes_and_keys(const std::map<std::string, std::string>& rows, Time deadline) {
-  const auto limit = std::chrono::milliseconds(uint64_t(config_.heartbeat_ms) * config_.heartbeat_misses);
+  const auto limit = fence_time();
   for (const auto& [key, value] : rows) {
     if (key == kCountersKey) {
       auto c = decode_value<Counters>(value);
