@@ -44,12 +44,23 @@ export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/s
 # failed probe could not read. TSan needs descriptors of its own too.
 rc=0
 ctest --test-dir "build-$preset" --output-on-failure -j 2 --timeout 900 -E '^LimitsFd\.' "$@" || rc=$?
+# A file holding only LeakSanitizer's "Unable to get registers from thread
+# N." is no finding: LSan writes it when a thread of a process doing its
+# exit leak check cannot be read (the process is being killed, as the
+# integration tests kill real processes, or the thread is exiting), and it
+# then counts that thread's whole stack as reachable and goes on; a leak
+# it finds after that is reported in the same file, which then fails.
+note='^==[0-9]+==Unable to get registers from thread [0-9]+\.$'
 if compgen -G "$reports/*" >/dev/null; then
-  echo "sanitize: $lane reports from processes the tests started:" >&2
   for f in "$reports"/*; do
+    if ! grep -Evq "$note|^\s*$" "$f"; then
+      echo "sanitize: note only, not a finding: $f: $(head -n 1 "$f")" >&2
+      continue
+    fi
+    echo "sanitize: $lane report from a process the tests started:" >&2
     echo "--- $f" >&2
     head -n 60 "$f" >&2
+    rc=1
   done
-  rc=1
 fi
 exit $rc
