@@ -1,11 +1,13 @@
 #include "troupe/runtime/client/head_supervisor.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdarg>
@@ -43,15 +45,49 @@ constexpr std::chrono::seconds kQuickWindow{10};
   std::fflush(stderr);
 }
 
-// The head's ready line, or "" when it exited first (end of file).
-std::string read_ready_line(int fd) {
-  std::string line;
-  char c = 0;
+// A stop signal (troupe stop, ^C) ends the head and then the supervisor.
+// SIGCONT too: a stopped head (SIGSTOP, a debugger gone) takes the SIGTERM
+// only once it runs.
+[[noreturn]] void stop_head(pid_t head, int sig) {
+  say("signal %d; stopping the head (pid %d)", sig, head);
+  ::kill(head, SIGTERM);
+  ::kill(head, SIGCONT);
+  core::wait_child(head);
+  std::_Exit(0);
+}
+
+// A stop signal waiting, looked at for up to `wait`: its number, or 0
+// when none came in that time or a SIGCHLD came first (the head may have
+// ended: the caller looks at once rather than at the end of `wait`).
+int stop_signal(const sigset_t& signals, std::chrono::milliseconds wait) {
+  const auto until = std::chrono::steady_clock::now() + wait;
   for (;;) {
-    const ssize_t n = ::read(fd, &c, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0 || c == '\n') return line;
-    line += c;
+    const auto left = std::max(std::chrono::nanoseconds(0), until - std::chrono::steady_clock::now());
+    const timespec t{static_cast<time_t>(left.count() / 1000000000), static_cast<long>(left.count() % 1000000000)};
+    const int sig = sigtimedwait(&signals, nullptr, &t);
+    if (sig == SIGCHLD) return 0;
+    if (sig > 0) return sig;
+    if (errno != EINTR || std::chrono::steady_clock::now() >= until) return 0;
+  }
+}
+
+// The head's ready line, or "" when it exited first (end of file). However
+// long its tables take to load, a stop signal meanwhile is heeded.
+std::string read_ready_line(int fd, pid_t head, const sigset_t& signals) {
+  std::string line;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 100);
+    if (ready < 0 && errno != EINTR) return line;
+    if (ready > 0) {
+      char c = 0;
+      const ssize_t n = ::read(fd, &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0 || c == '\n') return line;
+      line += c;
+      continue;  // the rest of the line is there already
+    }
+    if (const int sig = stop_signal(signals, std::chrono::milliseconds(0))) stop_head(head, sig);
   }
 }
 
@@ -105,14 +141,19 @@ int wait_for_head(pid_t head, const sigset_t& signals, int liveness, std::chrono
       core::wait_child(head, &status);
       return status;
     }
-    const timespec tick{0, 250 * 1000 * 1000};  // the liveness pipe is read this often
-    const int sig = sigtimedwait(&signals, nullptr, &tick);
-    if (sig < 0 || sig == SIGCHLD) continue;
-    say("signal %d; stopping the head (pid %d)", sig, head);
-    ::kill(head, SIGTERM);
-    core::wait_child(head);
-    std::_Exit(0);
+    // The liveness pipe is read this often.
+    if (const int sig = stop_signal(signals, std::chrono::milliseconds(250))) stop_head(head, sig);
   }
+}
+
+// How long to wait before the next start, after `quick` restarts within
+// kQuickWindow: none after a first death; then 250 ms, doubling to 2 s, so
+// that a cause that passes (a full disk, a port still held) can pass, while
+// a head that dies at every start still ends supervision within the window.
+std::chrono::milliseconds restart_delay(size_t quick) {
+  if (quick == 0) return std::chrono::milliseconds(0);
+  return std::min(std::chrono::milliseconds(2000),
+                  std::chrono::milliseconds(250) * (1 << std::min<size_t>(quick - 1, 3)));
 }
 
 }  // namespace
@@ -148,7 +189,7 @@ core::WorkerEnv supervise_head(core::WorkerEnv env) {
     }
     ::close(pipe_fds[1]);
     ::close(liveness_fds[1]);
-    const std::string ready = read_ready_line(pipe_fds[0]);
+    const std::string ready = read_ready_line(pipe_fds[0], head, signals);
     ::close(pipe_fds[0]);
     if (!ready.empty()) {
       pin_ports(ready, env);
@@ -176,9 +217,26 @@ core::WorkerEnv supervise_head(core::WorkerEnv env) {
           restarts.size());
       std::_Exit(1);
     }
+    const auto delay = restart_delay(restarts.size());
     restarts.push_back(now);
-    say("the head (pid %d) %s; starting it again on port %u", head, core::describe_exit_status(status).c_str(),
-        unsigned(env.head_port));
+    if (delay.count() == 0) {
+      say("the head (pid %d) %s; starting it again on port %u", head, core::describe_exit_status(status).c_str(),
+          unsigned(env.head_port));
+    } else {
+      say("the head (pid %d) %s; starting it again on port %u in %lld ms (restart %zu within %lld s)", head,
+          core::describe_exit_status(status).c_str(), unsigned(env.head_port), static_cast<long long>(delay.count()),
+          restarts.size(), static_cast<long long>(kQuickWindow.count()));
+      // A stray SIGCHLD (no head runs now) ends stop_signal early: waited out.
+      for (const auto until = std::chrono::steady_clock::now() + delay;;) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+        if (left.count() <= 0) break;
+        if (const int sig = stop_signal(signals, left)) {
+          say("signal %d while waiting to start the head again; stopping", sig);
+          std::_Exit(0);
+        }
+      }
+    }
   }
 }
 

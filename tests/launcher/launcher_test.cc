@@ -19,6 +19,8 @@
 #include <regex>
 #include <thread>
 
+#include <sqlite3.h>
+
 #include "tests/support/process.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
@@ -52,6 +54,23 @@ CommandResult run(const std::string& cmd) {
   return r;
 }
 
+// The oldest child of `p` (0 when none), from /proc.
+pid_t child_of(pid_t p) {
+  std::ifstream f("/proc/" + std::to_string(p) + "/task/" + std::to_string(p) + "/children");
+  pid_t c = 0;
+  f >> c;
+  return c;
+}
+
+// Whether nothing holds the lock of the session's head state file (a
+// SIGKILLed head's threads may still be leaving while they hold it).
+bool state_lock_free(const std::filesystem::path& dir) {
+  const int fd = ::open((dir / "head.sqlite.lock").c_str(), O_RDONLY | O_CLOEXEC);
+  const bool free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  if (fd >= 0) ::close(fd);
+  return free;
+}
+
 class LauncherTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -77,6 +96,15 @@ class LauncherTest : public ::testing::Test {
     int alive = 0;
     for (const auto& n : j["nodes"]) alive += n["alive"].get<bool>();
     return alive;
+  }
+  // Starts a supervised head with `flags` added: the supervisor's pid (in
+  // head.pid) and the head's (its child).
+  void start_supervised(const std::string& flags, pid_t* supervisor, pid_t* head) {
+    auto r = run(cli() + " start --head --supervise --port 0 " + flags);
+    ASSERT_EQ(r.status, 0) << r.output;
+    *supervisor = std::stoi(troupe::core::read_session_file(dir_.string(), "head.pid"));
+    *head = child_of(*supervisor);
+    ASSERT_GT(*head, 0) << "no head under the supervisor " << *supervisor;
   }
   // What a driver connects to the session's cluster with.
   troupe::InitOptions session_cluster() const {
@@ -210,16 +238,6 @@ TEST_F(LauncherTest, StatusShowsNothingInUseOnADeadNode) {
   EXPECT_EQ(line.find("1/1"), std::string::npos) << line;
 }
 
-namespace {
-// The oldest child of `p` (0 when none), from /proc.
-pid_t child_of(pid_t p) {
-  std::ifstream f("/proc/" + std::to_string(p) + "/task/" + std::to_string(p) + "/children");
-  pid_t c = 0;
-  f >> c;
-  return c;
-}
-}  // namespace
-
 // --supervise: the head SIGKILLed is started again on its address by the
 // supervisor that head.pid names; the node rejoins as itself, an actor
 // spawned before keeps its process and its name, and troupe stop ends
@@ -279,12 +297,9 @@ TEST_F(LauncherTest, SupervisedHeadComesBackAfterSigkill) {
 // actor. (The node agent, hearing nothing from the head, killed its workers
 // long before: HeadLease.)
 TEST_F(LauncherTest, SupervisedHeadThatHangsIsKilledAndStartedAgain) {
-  auto head = run(cli() + " start --head --supervise --hang-timeout 2 --port 0 --resources CPU=2,GPU=0");
-  ASSERT_EQ(head.status, 0) << head.output;
   const std::string dir = dir_.string();
-  const pid_t supervisor = std::stoi(troupe::core::read_session_file(dir, "head.pid"));
-  const pid_t first = child_of(supervisor);
-  ASSERT_GT(first, 0) << "no head under the supervisor " << supervisor;
+  pid_t supervisor = 0, first = 0;
+  ASSERT_NO_FATAL_FAILURE(start_supervised("--hang-timeout 2 --resources CPU=2,GPU=0", &supervisor, &first));
   const troupe::InitOptions o = session_cluster();
   {
     troupe::Runtime rt = troupe::Runtime::connect(o);
@@ -319,6 +334,75 @@ TEST_F(LauncherTest, SupervisedHeadThatHangsIsKilledAndStartedAgain) {
   auto stop = run(cli() + " stop");
   EXPECT_EQ(stop.status, 0) << stop.output;
   EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(supervisor); }));
+}
+
+// A restarted head that cannot start (here its state file's lock is held,
+// as by a killed head's threads that have not all left yet) is tried again
+// after a pause that grows (none, then 250 ms, 500 ms, ...). Started again
+// at once, it died five times within milliseconds and the supervisor gave
+// up. Once the lock is free, the next try serves with the cluster's tables.
+TEST_F(LauncherTest, SupervisedHeadThatCannotStartIsTriedAgainAfterAPause) {
+  const std::string dir = dir_.string();
+  pid_t supervisor = 0, first = 0;
+  ASSERT_NO_FATAL_FAILURE(start_supervised("--resources CPU=1,GPU=0", &supervisor, &first));
+  troupe::Runtime rt = troupe::Runtime::connect(session_cluster());
+  rt.kv().put("before", "1");
+  // The supervisor held still until the lock is taken, so that no restart
+  // comes between the head's end and the test's flock.
+  ASSERT_EQ(::kill(supervisor, SIGSTOP), 0);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  const int lock = ::open((dir_ / "head.sqlite.lock").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lock, 0);
+  ASSERT_TRUE(troupe::test::eventually([&] { return ::flock(lock, LOCK_EX | LOCK_NB) == 0; }));
+  ASSERT_EQ(::kill(supervisor, SIGCONT), 0);
+  const bool paused = troupe::test::eventually([&] {
+    return troupe::core::read_session_file(dir, "head.log").find(" in 500 ms (restart ") != std::string::npos;
+  });
+  ::close(lock);
+  ASSERT_TRUE(paused) << troupe::core::read_session_file(dir, "head.log");
+  EXPECT_TRUE(troupe::test::eventually([&] {
+    try {
+      return rt.kv().get("before") == std::optional<std::string>("1");
+    } catch (const troupe::Error&) {
+      return false;  // the driver's own reconnection is still under way
+    }
+  }));
+  const auto log = troupe::core::read_session_file(dir, "head.log");
+  EXPECT_NE(log.find(" in 250 ms (restart "), std::string::npos) << log;
+  EXPECT_EQ(log.find("giving up"), std::string::npos) << log;
+  EXPECT_TRUE(troupe::test::process_gone(first));
+}
+
+// A stop signal reaches a supervised head that has not served yet (a
+// restarted one writing back its tables, held up by its file's write lock,
+// then SIGSTOPped): the supervisor passes it on with a SIGCONT and both
+// end, so troupe stop kills nothing after its grace period. The supervisor
+// used to read the head's ready line with its stop signals blocked, and to
+// send a stopped head a SIGTERM it never took.
+TEST_F(LauncherTest, SupervisedHeadStoppedBeforeItServesEndsWithoutAKill) {
+  pid_t supervisor = 0, first = 0;
+  ASSERT_NO_FATAL_FAILURE(start_supervised("--resources CPU=1,GPU=0", &supervisor, &first));
+  ASSERT_EQ(::kill(supervisor, SIGSTOP), 0);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  ASSERT_TRUE(troupe::test::eventually([&] { return state_lock_free(dir_); }));
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ / "head.sqlite").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  ASSERT_EQ(::kill(supervisor, SIGCONT), 0);
+  pid_t second = 0;
+  const bool restarted = troupe::test::eventually([&] {
+    second = child_of(supervisor);
+    return second > 0 && second != first;
+  });
+  if (restarted) ::kill(second, SIGSTOP);
+  sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  ASSERT_TRUE(restarted) << "the supervisor " << supervisor << " did not start the head again";
+  auto stop = run(cli() + " stop --grace-period 20");
+  EXPECT_EQ(stop.status, 0) << stop.output;
+  EXPECT_EQ(stop.output.find("killed after the grace period"), std::string::npos) << stop.output;
+  EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(supervisor); }));
+  EXPECT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(second); }));
 }
 
 // `troupe session` names the directory the other commands use, for
@@ -1071,12 +1155,7 @@ TEST_F(LauncherTest, AHeadWhoseStateDbFailsAWriteSaysSoAndLeavesNoStaleTables) {
   ASSERT_EQ(::kill(head, SIGKILL), 0);
   // Gone, and its state file's lock free: a killed process's threads may
   // still be leaving (the leader a zombie) while they hold its files.
-  ASSERT_TRUE(troupe::test::eventually([&] {
-    const int fd = ::open((dir_ / "head.sqlite.lock").c_str(), O_RDONLY | O_CLOEXEC);
-    const bool free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
-    if (fd >= 0) ::close(fd);
-    return troupe::test::process_gone(head) && free;
-  }));
+  ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head) && state_lock_free(dir_); }));
   auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
   ASSERT_EQ(again.status, 0) << again.output;
   troupe::Runtime rt = troupe::Runtime::connect(session_cluster());
