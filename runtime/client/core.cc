@@ -619,9 +619,16 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
     core->client_id_ = hello.client_id;
     core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, hello, o.timeout);
     if (core->hello_reply_.durable && o.head_reconnect.count() > 0)
-      core->head_->enable_reconnect({.window = o.head_reconnect,
-                                     .hello = encode_inline(hello),
-                                     .on_reconnected = [c](Message&&) { c->resubscribe(); }});
+      core->head_->enable_reconnect(
+          {.window = o.head_reconnect, .hello = encode_inline(hello), .on_reconnected = [c](Message&&) {
+             c->resubscribe();
+             std::function<void()> hook;
+             {
+               std::lock_guard lock(c->mu_);
+               hook = c->on_reconnected_;
+             }
+             if (hook) hook();
+           }});
   } catch (...) {
     core->shutdown();
     throw;
@@ -630,6 +637,11 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
 }
 
 Core::~Core() { shutdown(); }
+
+void Core::set_on_reconnected(std::function<void()> cb) {
+  std::lock_guard lock(mu_);
+  on_reconnected_ = std::move(cb);
+}
 
 namespace {
 
@@ -774,7 +786,10 @@ std::shared_ptr<ActorClient> Core::actor(uint64_t id) {
 // come there too).
 void Core::resubscribe() {
   // It tells again whether room is wanted, if it is.
-  if (auto tasks = find_service<TaskSubmitter>()) tasks->set_resources_wanted(false);
+  if (auto tasks = find_service<TaskSubmitter>()) {
+    tasks->set_resources_wanted(false);
+    tasks->tell_lends_again();
+  }
   std::vector<std::shared_ptr<ActorClient>> clients;
   {
     std::lock_guard lock(mu_);

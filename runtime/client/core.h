@@ -277,6 +277,11 @@ class Core : public std::enable_shared_from_this<Core> {
   // durable head once it has not come back within head_reconnect.
   void set_on_head_lost(std::function<void(const std::string&)> cb) { on_head_lost_ = std::move(cb); }
   bool head_lost() const { return head_lost_.load(); }
+  // Called on the I/O thread each time the channel to a durable head is
+  // back after a drop, after this core's own resubscriptions: what an event
+  // sent just before the drop told the head (it may have died unread or
+  // unwritten), the caller tells it again.
+  void set_on_reconnected(std::function<void()> cb);
   // The options of every connection this core makes or accepts: default
   // limits, and byte counters shared by all of them (traffic()).
   wire::ConnectionOptions connection_options() const { return {.counters = counters_}; }
@@ -322,6 +327,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<ActorClient>> actors_;
   std::function<void(const std::string&)> on_head_lost_;
+  std::function<void()> on_reconnected_;  // under mu_
   std::atomic<bool> head_lost_{false};
   bool shut_ = false;
   ControlTable controls_;

@@ -647,26 +647,24 @@ Future<Message> ObjectStore::fetch(const ObjectRefInfo& info) {
   return Future<Message>(st);
 }
 
+// Sent under mu_ (Connection::send only queues, and calls back nothing):
+// what this process tells an owner arrives in the order it happened, from
+// whichever threads. A ref's RemoveRef sent outside the lock could overtake
+// its AddRef (queued while the link connected, or sent by another thread):
+// the owner ignored the first and kept the object for the second until
+// this process exited.
 void ObjectStore::send_to_owner(const ObjectRefInfo& info, Message m,
                                 std::shared_ptr<core::FutureState<Message>> reply) {
-  ConnPtr conn;
-  {
-    std::lock_guard lock(mu_);
-    auto [it, fresh] = links_.try_emplace(info.owner_address);
-    Link& link = it->second;
-    if (reply) {
-      m.id = next_request_++;
-      link.gets[m.id] = Link::Get{reply, describe(info)};
-    }
-    if (link.conn) {
-      conn = link.conn;
-    } else {
-      link.queued.push_back(std::move(m));
-      if (fresh) asio::post(core_.io(), [this, address = info.owner_address] { connect_link(address); });
-      return;
-    }
+  std::lock_guard lock(mu_);
+  auto [it, fresh] = links_.try_emplace(info.owner_address);
+  Link& link = it->second;
+  if (reply) {
+    m.id = next_request_++;
+    link.gets[m.id] = Link::Get{reply, describe(info)};
   }
-  conn->send(m);
+  if (link.conn) return link.conn->send(m);
+  link.queued.push_back(std::move(m));
+  if (fresh) asio::post(core_.io(), [this, address = info.owner_address] { connect_link(address); });
 }
 
 void ObjectStore::connect_link(const std::string& address) {
@@ -685,15 +683,12 @@ void ObjectStore::connect_link(const std::string& address) {
 
 void ObjectStore::on_link_ready(const std::string& address, ConnPtr c, const std::string& error) {
   if (!c) return fail_link(address, error);
-  std::vector<Message> queued;
-  {
-    std::lock_guard lock(mu_);
-    auto it = links_.find(address);
-    if (it == links_.end()) return c->close("object link no longer wanted");
-    it->second.conn = c;
-    queued.swap(it->second.queued);
-  }
-  for (auto& m : queued) c->send(m);
+  std::lock_guard lock(mu_);
+  auto it = links_.find(address);
+  if (it == links_.end()) return c->close("object link no longer wanted");
+  it->second.conn = c;
+  // Under mu_, before anything sent after them (send_to_owner).
+  for (auto& m : std::exchange(it->second.queued, {})) c->send(m);
 }
 
 void ObjectStore::on_link_frame(const std::string& address, Message&& m) {

@@ -413,7 +413,9 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
         best_ptr = e;
       }
     if (!best || best->inflight >= depth) break;
-    if (std::exchange(best->lent_idle, false)) reclaims_.push_back(best->id);
+    // Told under mu_, as lends are (reap_idle): the head hears this
+    // process's lends and take-backs of an executor in their order.
+    if (std::exchange(best->lent_idle, false)) lend(best->id, false);
     if (best->inflight++ == 0) best->progress_at = Clock::now();
     if (k.max_calls > 0 && !best->holds_objects && ++best->given >= k.max_calls) best->spent = true;
     auto t = std::move(k.queue.front());
@@ -477,14 +479,11 @@ void TaskSubmitter::request_leases_locked(const std::shared_ptr<Key>& key) {
 }
 
 void TaskSubmitter::send(std::vector<Send> sends) {
-  std::vector<uint64_t> reclaims;
   std::vector<std::shared_ptr<ActorClient>> hand_backs;
   {
     std::lock_guard lock(mu_);
-    reclaims.swap(reclaims_);
     hand_backs.swap(hand_backs_);
   }
-  for (uint64_t id : reclaims) lend(id, false);
   // The tasks come back as bounced replies. None back (they were still on
   // their way into its mailbox): it may be asked again.
   for (const auto& c : hand_backs) {
@@ -526,7 +525,10 @@ void TaskSubmitter::on_task_done(const std::shared_ptr<Task>& t, Message& m) {
   {
     std::lock_guard lock(mu_);
     if (auto& e = t->on) {
-      if ((t->op & kKeepResult) || (m.op & kHoldsObjects)) e->holds_objects = true;
+      // As its store is now: objects it held once may all be freed (kept
+      // for good, it held its GPU or custom resources, which no lend gives
+      // back, for as long as this process lived).
+      e->holds_objects = (t->op & kKeepResult) || (m.op & kHoldsObjects);
       // Released, its objects would go with it; kept spent, it would hold
       // its resources (a GPU) for good. It stays and takes tasks again.
       if (e->spent && e->holds_objects) {
@@ -834,14 +836,14 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
                             ? Clock::duration::zero()
                             : Clock::duration(options_.idle_release);
   retire_requested_ = false;
-  std::vector<uint64_t> idle, lends;
+  std::vector<uint64_t> idle;
   for (auto& [id, key] : keys_) {
     auto& v = key->executors;
     for (auto it = v.begin(); it != v.end();) {
       Executor& e = **it;
       if (e.ready && e.inflight == 0 && (e.spent || now - e.idle_since >= idle_for)) {
         if (e.holds_objects) {
-          if (!std::exchange(e.lent_idle, true)) lends.push_back(e.id);
+          if (!std::exchange(e.lent_idle, true)) lend(e.id, true);  // under mu_: see pump_locked
           ++it;
           continue;
         }
@@ -878,9 +880,8 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
     if (e.death_cause.empty()) cut.emplace_back(e.id, e.cut_off_why);
     it = cut_off_.erase(it);
   }
-  if (idle.empty() && overdue.empty() && lends.empty() && cut.empty()) return;
+  if (idle.empty() && overdue.empty() && cut.empty()) return;
   lock.unlock();
-  for (uint64_t id : lends) lend(id, true);
   for (uint64_t id : idle) kill_executor(id);
   for (const auto& [id, why] : cut) {
     TROUPE_LOG_WARN(
@@ -1003,6 +1004,14 @@ void TaskSubmitter::set_resources_wanted(bool wanted) {
   if (wanted) cv_.notify_all();
 }
 
+void TaskSubmitter::tell_lends_again() {
+  // Under mu_, as every change of lent_idle and its telling are.
+  std::lock_guard lock(mu_);
+  for (auto& [name, key] : keys_)
+    for (auto& e : key->executors)
+      if (e->ready && !e->gone && e->holds_objects) lend(e->id, e->lent_idle);
+}
+
 bool TaskSubmitter::resources_wanted() const {
   std::lock_guard lock(mu_);
   return resources_wanted_;
@@ -1029,6 +1038,12 @@ void TaskSubmitter::release_all() {
       auto queued = fail_queue_locked(*key, error);
       failures.insert(failures.end(), queued.begin(), queued.end());
     }
+    // Tasks that lost their worker and wait for the head's word on its
+    // death: the lease thread that would end the wait is gone, and their
+    // gets would wait for ever.
+    for (auto& e : std::exchange(awaiting_cause_, {}))
+      for (auto& [t, reason] : std::exchange(e->lost, {}))
+        failures.emplace_back(t, worker_died(t->name, *e, reason + "; the runtime shut down before the head said why"));
   }
   for (auto& [t, error] : failures) fail_task(t, error);
   for (const auto& c : clients) {

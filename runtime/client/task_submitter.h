@@ -136,6 +136,11 @@ class TaskSubmitter {
   // thread; returns at once).
   void set_resources_wanted(bool wanted);
   bool resources_wanted() const;
+  // Tells a head that came back whether each executor kept for its objects
+  // lends its resources now (one telling may have died unread with the
+  // last head; a repeat changes nothing). On the I/O thread, after the
+  // reconnect.
+  void tell_lends_again();
   // A number no other TaskSubmitter of this process had or will have
   // (unlike its address): what a task's TaskCancel names its submitter by.
   uint64_t instance() const { return instance_; }
@@ -180,7 +185,9 @@ class TaskSubmitter {
   void reap_idle(std::unique_lock<std::mutex>& lock);
   void kill_executor(uint64_t id, const std::string& why = "");
   // Tells the head that executor `id`, idle and kept for its objects, lends
-  // its resources (or takes them back before it gets a task).
+  // its resources (or takes them back before it gets a task). Called under
+  // mu_ with the change it tells (never blocks), so that the head hears an
+  // executor's lends and take-backs in their order.
   void lend(uint64_t id, bool lend);
   // On the lease thread: when no live node could hold `key` for
   // infeasible_grace, its queued tasks fail and its pending executors go.
@@ -202,9 +209,6 @@ class TaskSubmitter {
   // at the head once kDeathCauseWait passes without word of their death
   // (a connection cut while the worker lives held its CPUs for ever).
   std::vector<std::shared_ptr<Executor>> cut_off_;
-  // Executors lent while idle that pump_locked gave work: send() takes
-  // their resources back first.
-  std::vector<uint64_t> reclaims_;
   // Executors to ask for their queued tasks (steal_locked): send() asks.
   std::vector<std::shared_ptr<ActorClient>> hand_backs_;
   bool stopping_ = false;

@@ -564,10 +564,15 @@ class Head::Impl {
         require_own_actor(p, "ActorInitFailed", f.actor_id, f.incarnation);
         return state_.actor_init_failed(f);
       }
-      case Op::kLendResources:
-        // From the executor's worker (a task waits), or from its owner (an
-        // executor kept idle for its objects).
-        return state_.lend_resources(body<LendResources>(m), p.role == Role::kWorker ? 0 : p.id);
+      case Op::kLendResources: {
+        // From the executor's own worker (a task waits), or from its owner
+        // (an executor kept idle for its objects), which may be a worker
+        // too (a task or actor that submits tasks): only the executor's own
+        // worker speaks as it.
+        auto l = body<LendResources>(m);
+        const bool own = p.role == Role::kWorker && p.actor_id == l.actor_id && p.incarnation == l.incarnation;
+        return state_.lend_resources(l, own ? 0 : p.id);
+      }
       case Op::kWorkerExited:
         if (p.role != Role::kNode) throw DecodeError("worker exit report from a non-node");
         return state_.worker_exited(body<WorkerExited>(m), p.node_id);

@@ -408,6 +408,13 @@ void HeadState::publish(Actor& a) {
 void HeadState::actor_ready(const ActorReady& r) {
   Actor& a = actor(r.actor_id);
   if (a.info.incarnation != r.incarnation || !a.worker_running || a.info.state == ActorState::kDead) return;
+  // Killed for good while it started (its worker is being stopped): it
+  // never serves, even briefly (its address was published until the node
+  // reported the exit).
+  if (a.kill_requested) return;
+  // Told again by a worker whose head came back (it cannot know whether
+  // the first one arrived).
+  if (a.info.state == ActorState::kAlive && a.info.pid == r.pid && a.info.address == r.address) return;
   retire_stats(a.info.id, a.info.incarnation);  // a restarted actor's earlier processes
   a.info.state = ActorState::kAlive;
   a.early_deaths = 0;
@@ -423,13 +430,16 @@ void HeadState::actor_ready(const ActorReady& r) {
 void HeadState::actor_init_failed(const ActorInitFailed& f) {
   Actor& a = actor(f.actor_id);
   if (a.info.incarnation != f.incarnation) return;
+  const std::string cause = "constructor failed: " + f.error;
+  if (a.kill_requested && a.info.death_cause == cause) return;  // told again (the worker could not tell it had it)
   // The worker logged the whole error (a Python traceback); its first line
   // is enough here, where an embedded cluster prints beside that log.
   const auto eol = f.error.find('\n');
   TROUPE_LOG_WARN("actor {} ({}) failed to start: {}{}", a.info.id, a.info.class_name, f.error.substr(0, eol),
                   eol == std::string::npos ? "" : " (the traceback is in its worker's log)");
-  a.info.death_cause = "constructor failed: " + f.error;
+  a.info.death_cause = cause;
   a.kill_requested = true;  // no restart: the constructor would fail again
+  mark(a);                  // written down: a head restarted before the exit reads no crash
 }
 
 void HeadState::worker_exited(const WorkerExited& w, uint64_t from_node) {
@@ -767,6 +777,7 @@ void HeadState::release(Actor& a) {
     pool->give_back(a.allocation->grant);
   }
   a.lent.clear();
+  a.lenders = 0;
   a.info.blocked = false;
   a.allocation.reset();
   a.info.gpu_ids.clear();
@@ -779,24 +790,37 @@ void HeadState::lend_resources(const wire::LendResources& l, PeerId owner) {
   if (a.info.incarnation != l.incarnation || !a.allocation || (owner != 0 && owner != a.owner)) return;
   ResourcePool* pool = pool_of(*a.allocation);
   if (!pool) return;
+  // The owner lends an idle executor it keeps, the worker lends while its
+  // task waits, each on its own connection: when the owner gives the
+  // executor a task whose first thing is to wait, the two tellings may come
+  // in either order. The CPU is lent while either lends, taken back when
+  // neither does (one slot for both took the owner's take-back for the end
+  // of the worker's lend, and ignored the worker's lend: its task waited
+  // with no CPU lent and was never known as blocked).
+  const uint8_t who = owner ? kLentByOwner : kLentByWorker;
   if (!l.lend) {
-    if (a.lent.empty()) return;
-    pool->reclaim(a.lent);
-    TROUPE_LOG_DEBUG("actor {} took back {{{}}}", a.info.id, format_resources(a.lent));
-    a.lent.clear();
-    if (std::exchange(a.info.blocked, false)) return publish(a);
+    a.lenders &= static_cast<uint8_t>(~who);
+    if (!a.lent.empty() && a.lenders == 0) {
+      pool->reclaim(a.lent);
+      TROUPE_LOG_DEBUG("actor {} took back {{{}}}", a.info.id, format_resources(a.lent));
+      a.lent.clear();
+    }
+    if (owner == 0 && std::exchange(a.info.blocked, false)) return publish(a);
     mark(a);
     return;
   }
-  if (!a.lent.empty() || a.info.state != ActorState::kAlive) return;
+  if (a.info.state != ActorState::kAlive) return;
   auto cpu = a.allocation->grant.resources.find("CPU");
   if (cpu == a.allocation->grant.resources.end() || cpu->second <= 0) return;
-  a.lent = {{"CPU", cpu->second}};
-  pool->give_back(Grant{a.lent, {}});
-  TROUPE_LOG_DEBUG("actor {} lent {{{}}} ({})", a.info.id, format_resources(a.lent),
-                   owner ? "idle, kept by its owner" : "its task waits");
+  a.lenders |= who;
+  if (a.lent.empty()) {
+    a.lent = {{"CPU", cpu->second}};
+    pool->give_back(Grant{a.lent, {}});
+    TROUPE_LOG_DEBUG("actor {} lent {{{}}} ({})", a.info.id, format_resources(a.lent),
+                     owner ? "idle, kept by its owner" : "its task waits");
+  }
   // Its submitter hears that its task waits (and sends it no more).
-  if (owner == 0) {
+  if (owner == 0 && !a.info.blocked) {
     a.info.blocked = true;
     publish(a);
   } else {

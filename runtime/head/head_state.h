@@ -242,6 +242,8 @@ class HeadState {
     bool awaiting = false;
     std::string awaiting_why;
   };
+  // Actor::lenders' bits.
+  static constexpr uint8_t kLentByWorker = 1, kLentByOwner = 2;
   struct Actor {
     wire::ActorInfo info;
     wire::ActorSpec spec;
@@ -254,6 +256,9 @@ class HeadState {
     // The part of allocation->grant given back while its task waits
     // (lend_resources); release() gives back only the rest.
     Resources lent;
+    // Who lends it now (kLentByWorker, kLentByOwner; not kept across a
+    // restart, where both tell again): it is taken back when neither does.
+    uint8_t lenders = 0;
     // A worker process of this incarnation was started on info.node_id and
     // its exit has not been reported: the actor cannot be DEAD yet.
     bool worker_running = false;

@@ -258,6 +258,9 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
       a.allocation = std::move(al);
       count_placed(*a.allocation, 1);
       a.lent = r.lent;
+      // Who lent it is not kept: blocked says its worker did; lent and not
+      // blocked, its owner (an idle executor). Both tell again once back.
+      if (!a.lent.empty()) a.lenders = a.info.blocked ? kLentByWorker : kLentByOwner;
     }
     const uint64_t id = a.info.id;
     if (a.spec.request_id != 0) requests_[a.spec.request_id] = id;

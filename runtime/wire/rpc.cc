@@ -217,7 +217,31 @@ void RpcChannel::on_close(uint64_t gen, const std::string& reason) {
                         ") with this request in flight; it may or may not have been carried out")));
   TROUPE_LOG_WARN("lost the head at {} ({}); reconnecting for up to {} ms", format_address(host_, port_), reason,
                   reconnect_.window.count());
+  end_at_window();
   dial(next);
+}
+
+// The window bounds the whole reconnect, also a dial that neither fails nor
+// finishes: a connect into a partition (the kernel's SYN retries take two
+// minutes), a head that accepts and says nothing (stopped, or its link
+// holding every byte). retry_later's check alone waited as long as it hung.
+void RpcChannel::end_at_window() {
+  std::chrono::steady_clock::time_point lost_at;
+  {
+    std::lock_guard lock(mu_);
+    lost_at = lost_at_;
+  }
+  auto t = std::make_shared<asio::steady_timer>(*io_, lost_at + reconnect_.window);
+  t->async_wait([t, weak = std::weak_ptr<RpcChannel>(shared_from_this()), lost_at](asio::error_code) {
+    auto c = weak.lock();
+    if (!c) return;
+    std::unique_lock lock(c->mu_);
+    if (!c->reconnecting_ || c->closed_ || c->lost_at_ != lost_at) return;  // back, or lost again since
+    if (auto d = std::exchange(c->dialing_, nullptr)) d->close("reconnect window over");
+    std::string why = c->lost_reason_ + "; not back within " + std::to_string(c->reconnect_.window.count()) + " ms";
+    lock.unlock();
+    c->give_up(why);
+  });
 }
 
 void RpcChannel::dial(uint64_t gen) {

@@ -97,6 +97,8 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
   // Starts connection generation `gen`'s connect (on io's thread).
   void dial(uint64_t gen);
   void retry_later(uint64_t gen);
+  // Gives up when the reconnect begun now is not done within the window.
+  void end_at_window();
   void on_hello_reply(uint64_t gen, Message&& m);
   // The end: fails everything waiting and runs the close handler.
   void give_up(const std::string& reason);

@@ -132,6 +132,13 @@ class CpuLender final : public core::WaitObserver {
     ++epoch_;
     if (std::exchange(waiting_, 0) > 0) take_back();
   }
+  // Tells the head again whether the resources are lent now: a head that
+  // died with the last telling unread came back with the state before it
+  // (a repeat changes nothing).
+  void tell_again() {
+    std::lock_guard lock(mu_);
+    tell(waiting_ > 0);
+  }
 
  private:
   // Under mu_, so that the head hears lends and take-backs in their order.
@@ -189,9 +196,22 @@ std::unique_ptr<client::HostedActor> construct_actor(client::Core& core, const c
   const ActorSpec& spec = core.hello_reply().spec;
   auto fail_init = [&](const std::string& error) {
     TROUPE_LOG_ERROR("actor {} ({}) failed to start: {}", env.actor_id, spec.class_name, error);
-    core.head().send(make_event_value(Op::kActorInitFailed, ActorInitFailed{env.actor_id, env.incarnation, error}));
-    // Let the event leave before exiting; the head also learns from the exit.
-    core.head().call_empty<std::string>(Op::kStatus, std::chrono::seconds(5));
+    // Not exited before the head has it (a request answered after it on the
+    // same connection): one sent as a durable head died would be lost with
+    // it, and the restarted head would take the exit for a crash (a restart
+    // spent, the constructor run again). Told again after each failed ask
+    // until the head is gone for good or six asks failed; a repeat changes
+    // nothing. (A throw here ended the worker in std::terminate.)
+    for (int ask = 0; ask < 6; ++ask) {
+      core.head().send(make_event_value(Op::kActorInitFailed, ActorInitFailed{env.actor_id, env.incarnation, error}));
+      try {
+        core.head().call_empty<std::string>(Op::kStatus, std::chrono::seconds(5));
+        break;
+      } catch (const std::exception& e) {
+        if (core.head().is_closed()) break;
+        TROUPE_LOG_WARN("actor {}: telling the head it failed to start: {}; telling it again", env.actor_id, e.what());
+      }
+    }
     std::_Exit(1);
   };
   const client::ActorFactory* factory = client::find_factory(spec.type_key);
@@ -288,6 +308,17 @@ class ActorHost {
     if (task_executor_) register_hand_back();
     ActorReady ready{env.actor_id, env.incarnation, format_address(advertise_host_, call_listener->port()), getpid(),
                      format_address(advertise_host_, control_listener->port())};
+    // Sends made while the head is away wait and are replayed; one made
+    // just before a durable head died is lost with it (unread, or read and
+    // not yet written down): the restarted head would keep the actor
+    // PENDING while it serves, or count a task executor's CPU as lent or
+    // not when it is the other. Told again each time the head is back
+    // (repeats change nothing); set before the first telling, so that a
+    // reconnect between the two cannot miss it.
+    core_->set_on_reconnected([this, ready] {
+      core_->head().send(make_event_value(Op::kActorReady, ready));
+      if (lender_) lender_->tell_again();
+    });
     core_->head().send(make_event_value(Op::kActorReady, ready));
     if (serving_fd >= 0) {
       const char serving = 'S';
@@ -358,7 +389,6 @@ class ActorHost {
         ~EndTask() { client::end_task(token); }
       } end_task{token};
       actor_->invoke(method, d, e, keep ? &keep_result_ : nullptr);
-      if (lender_ && store_->stats().objects > 0) reply.op |= client::kHoldsObjects;
       check_sendable(e.bytes(), e.attachments(), [&] {
         if (task_executor_) return "the result of task '" + client::last_task_run() + "'";
         return "the result of " + core_->hello_reply().spec.class_name + "." + actor_->method_name(method);
@@ -370,6 +400,10 @@ class ActorHost {
     } catch (...) {
       set_unknown_error(reply);
     }
+    // Also after a task that threw: it may have handed out refs to objects
+    // it put before (a task executor that holds none is released when idle,
+    // and its objects would go with it).
+    if (lender_ && store_->stats().objects > 0) reply.op |= client::kHoldsObjects;
     return reply;
   }
 

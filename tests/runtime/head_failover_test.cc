@@ -6,15 +6,22 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <optional>
+#include <thread>
 
 #include <sqlite3.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
 #include "tests/support/tcp_proxy.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/core.h"
 #include "troupe/runtime/client/runtime.h"
@@ -36,6 +43,60 @@ class Ledger {
   int value_;
 };
 
+// An actor whose constructor writes its pid to GATE.entered and then waits
+// (at most a minute) for the file GATE: the test decides when it is ready.
+void wait_at(const std::string& gate) {
+  std::ofstream(gate + ".entered") << getpid();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (!std::filesystem::exists(gate) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+class Gated {
+ public:
+  explicit Gated(const std::string& gate) { wait_at(gate); }
+  int pid() const { return getpid(); }
+};
+
+// As Gated, and then its constructor fails.
+class FailsAtTheGate {
+ public:
+  explicit FailsAtTheGate(const std::string& gate) {
+    wait_at(gate);
+    throw std::runtime_error("no good at the gate");
+  }
+  int pid() const { return getpid(); }
+};
+
+// This process's stderr, and so that of every process it starts meanwhile,
+// goes to `path` while it lives.
+class StderrToFile {
+ public:
+  explicit StderrToFile(const std::string& path) : saved_(::dup(2)) {
+    std::fflush(stderr);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+  }
+  ~StderrToFile() {
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+  }
+  StderrToFile(const StderrToFile&) = delete;
+  StderrToFile& operator=(const StderrToFile&) = delete;
+
+ private:
+  int saved_;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 troupe::testing::LocalClusterOptions durable(int nodes) {
   troupe::testing::LocalClusterOptions o;
   o.nodes.assign(nodes, {{"CPU", 2}});
@@ -52,6 +113,8 @@ void wait_until_head_lost(troupe::Runtime& rt) {
 }  // namespace
 
 TROUPE_ACTOR(Ledger, &Ledger::add, &Ledger::pid)
+TROUPE_ACTOR(Gated, &Gated::pid)
+TROUPE_ACTOR(FailsAtTheGate, &FailsAtTheGate::pid)
 
 TEST(HeadFailover, ActorsNamesKeysAndNodesOutliveARestartedHead) {
   troupe::testing::LocalCluster cluster(durable(1));
@@ -150,6 +213,71 @@ TEST(HeadFailover, WorkersServeThroughARestartedHeadsSlowLoad) {
   // The head wrote its tables through the wait (it did not fall back to a
   // head that keeps nothing).
   EXPECT_TRUE(nlohmann::json::parse(rt.status_json())["state_db"]["written"].get<bool>());
+}
+
+// A worker's ActorReady sent just before the head died (here: the head
+// SIGSTOPped, so it lies unread in the socket, then SIGKILLed) is lost with
+// the head; sends are replayed only when made while the head is away. The
+// worker tells it again when the head is back, so the restarted head does
+// not keep the actor PENDING (its calls waiting) while its worker serves.
+TEST(HeadFailover, AnActorReadyLostWithTheHeadIsToldAgain) {
+  const std::string dir = troupe::test::make_temp_dir("ready-lost");
+  const std::string gate = dir + "/gate", log = dir + "/stderr.log";
+  auto o = durable(1);
+  o.env = {"TROUPE_LOG_LEVEL=debug"};  // for the worker's "serving at" line
+  o.heartbeat_misses = 300;            // the agent keeps its lease while the head is stopped
+  {
+    StderrToFile capture(log);
+    troupe::testing::LocalCluster cluster(o);
+    troupe::Runtime rt = cluster.connect();
+    auto g = rt.spawn<Gated>({.resources = {{"CPU", 1}}}, gate);
+    ASSERT_TRUE(eventually([&] { return !read_text(gate + ".entered").empty(); }));
+    const int pid = std::stoi(read_text(gate + ".entered"));
+    ASSERT_EQ(::kill(cluster.head_pid(), SIGSTOP), 0);
+    std::ofstream(gate).put('1');
+    const std::string serving = "actor " + std::to_string(g.id()) + " (Gated) serving at";
+    ASSERT_TRUE(eventually([&] { return read_text(log).find(serving) != std::string::npos; }));
+    cluster.kill_head(SIGKILL);
+    wait_until_head_lost(rt);
+    cluster.restart_head();
+    EXPECT_TRUE(eventually([&] { return rt.actor_info(g.id()).state == troupe::ActorState::kAlive; }))
+        << "actor " << g.id() << " is " << troupe::wire::to_string(rt.actor_info(g.id()).state);
+    EXPECT_EQ(g.call(&Gated::pid).get(kWaitBound), pid);  // the same worker, not a restart
+    EXPECT_EQ(rt.actor_info(g.id()).restarts, 0);
+  }
+  troupe::test::remove_dir(dir);
+}
+
+// A constructor failure told just before the head died (SIGSTOPped, then
+// SIGKILLed, as above) is told again once the head is back, so the actor is
+// dead of its constructor without a restart spent on it. The worker used
+// to end in std::terminate when its confirming request failed, and the
+// restarted head took the exit for a crash and ran the constructor again.
+TEST(HeadFailover, AConstructorFailureToldAsTheHeadDiesIsNotTakenForACrash) {
+  const std::string dir = troupe::test::make_temp_dir("init-failed-lost");
+  const std::string gate = dir + "/gate", log = dir + "/stderr.log";
+  auto o = durable(1);
+  o.heartbeat_misses = 300;  // the agent keeps its lease while the head is stopped
+  {
+    StderrToFile capture(log);
+    troupe::testing::LocalCluster cluster(o);
+    troupe::Runtime rt = cluster.connect();
+    auto g = rt.spawn<FailsAtTheGate>({.resources = {{"CPU", 1}}, .max_restarts = 1}, gate);
+    ASSERT_TRUE(eventually([&] { return !read_text(gate + ".entered").empty(); }));
+    ASSERT_EQ(::kill(cluster.head_pid(), SIGSTOP), 0);
+    std::ofstream(gate).put('1');
+    const std::string failed = "actor " + std::to_string(g.id()) + " (FailsAtTheGate) failed to start";
+    ASSERT_TRUE(eventually([&] { return read_text(log).find(failed) != std::string::npos; }));
+    cluster.kill_head(SIGKILL);
+    wait_until_head_lost(rt);
+    cluster.restart_head();
+    ASSERT_TRUE(eventually([&] { return rt.actor_info(g.id()).state == troupe::ActorState::kDead; }));
+    const auto info = rt.actor_info(g.id());
+    EXPECT_NE(info.death_cause.find("constructor failed: "), std::string::npos) << info.death_cause;
+    EXPECT_NE(info.death_cause.find("no good at the gate"), std::string::npos) << info.death_cause;
+    EXPECT_EQ(info.restarts, 0);
+  }
+  troupe::test::remove_dir(dir);
 }
 
 TEST(HeadFailover, WorkerThatDiedWhileTheHeadWasDownIsRestartedAfter) {
@@ -251,6 +379,31 @@ TEST(HeadFailover, AKvRequestCutInFlightIsSentAgain) {
   ASSERT_EQ(put.wait_for(kWaitBound), std::future_status::ready);
   EXPECT_NO_THROW(put.get());
   EXPECT_EQ(watcher.kv().get("cut-in-flight"), std::optional<std::string>(value));
+}
+
+// A reconnect whose dial hangs (the link takes the connect and then holds
+// every byte, as a head that accepts and says nothing would) ends when the
+// reconnect window does, as one refused all along would. It waited as long
+// as the dial hung: in a partition, the kernel's two minutes of SYN retries.
+TEST(HeadFailover, AReconnectWhoseDialHangsEndsAtTheWindow) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  TcpProxy proxy(cluster.address());
+  ::setenv("TROUPE_HEAD_RECONNECT_MS", "1000", 1);
+  std::optional<troupe::Runtime> rt;
+  try {
+    rt.emplace(connect_through(cluster, proxy));
+  } catch (...) {
+    ::unsetenv("TROUPE_HEAD_RECONNECT_MS");
+    throw;
+  }
+  ::unsetenv("TROUPE_HEAD_RECONNECT_MS");
+  rt->kv().put("k", "v");
+  proxy.hold(true);
+  ASSERT_EQ(proxy.cut(), 1);
+  ASSERT_TRUE(eventually([&] { return proxy.accepted() >= 2; }));  // the new dial, held
+  EXPECT_TRUE(eventually([&] { return rt->core()->head_lost(); }));
+  proxy.hold(false);
+  EXPECT_THROW(rt->kv().get("k"), troupe::Error);
 }
 
 // A driver that stays away past the grace loses what it owned, with a

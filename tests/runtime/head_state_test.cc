@@ -224,6 +224,42 @@ TEST_F(HeadStateTest, ActorsGoToTheEmptierNodeAndWaitWhenNothingFits) {
   EXPECT_EQ(state_of(c.id), ActorState::kAlive);
 }
 
+// A worker tells its ActorReady again each time a durable head comes back
+// (the first may have died with the last head): a head that heard it
+// already changes nothing and tells nobody; one that did not (the actor
+// still PENDING with its worker running) takes it.
+TEST_F(HeadStateTest, AnActorReadyToldAgainIsTakenOnlyWhereItWasLost) {
+  add_node({{"CPU", 3}}, 1);
+  auto a = state_.create_actor(kDriver, spec({{"CPU", 1}}));
+  start_spawned();
+  ASSERT_EQ(state_of(a.id), ActorState::kAlive);
+  const auto before = state_.actor_info(a.id);
+  state_.take_outputs();
+  state_.actor_ready({a.id, before.incarnation, before.address, before.pid, ""});
+  EXPECT_EQ(state_.actor_info(a.id).version, before.version);
+  EXPECT_TRUE(state_.take_outputs().updates.empty());
+
+  auto b = state_.create_actor(kDriver, spec({{"CPU", 1}}));
+  auto out = state_.take_outputs();
+  ASSERT_EQ(out.spawns.size(), 1u);
+  state_.worker_hello(b.id, 0);  // its ActorReady lost: still PENDING
+  ASSERT_EQ(state_of(b.id), ActorState::kPending);
+  state_.actor_ready({b.id, 0, "127.0.0.1:2", 4242, ""});
+  EXPECT_EQ(state_of(b.id), ActorState::kAlive);
+  EXPECT_EQ(state_.actor_info(b.id).pid, 4242);
+  EXPECT_EQ(state_.take_outputs().updates.size(), 1u);
+
+  // Killed for good before its ready came: its worker is being stopped,
+  // and it is never published as serving meanwhile.
+  auto c = state_.create_actor(kDriver, spec({{"CPU", 1}}));
+  ASSERT_EQ(state_.take_outputs().spawns.size(), 1u);
+  state_.worker_hello(c.id, 0);
+  state_.kill_actor(c.id, true, "test");
+  state_.actor_ready({c.id, 0, "127.0.0.1:3", 4343, ""});
+  EXPECT_NE(state_of(c.id), ActorState::kAlive);
+  EXPECT_TRUE(state_.actor_info(c.id).address.empty());
+}
+
 // Only the node that runs an actor's worker may say it exited: a report
 // from another node's agent (a buggy one) restarted the actor while its
 // worker lived on.
@@ -1705,6 +1741,43 @@ TEST_F(HeadStateTest, OnlyItsOwnerLendsAnIdleExecutorsCpu) {
   state_.lend_resources({kept, 0, true}, kDriver);
   EXPECT_EQ(node(n).available.at("CPU"), 1);
   EXPECT_FALSE(state_.actor_info(kept).blocked);  // idle, not waiting
+  state_.lend_resources({kept, 0, false}, kDriver);
+  EXPECT_EQ(node(n).available.at("CPU"), 0);
+}
+
+// The owner lends an idle executor's CPU and then gives it a task that
+// waits at once: the worker's lend and the owner's take-back come on two
+// connections, in either order. The CPU stays lent, and the executor known
+// as blocked, until neither lends (the owner's take-back used to end the
+// worker's lend, which had been ignored).
+TEST_F(HeadStateTest, AnExecutorLentByItsOwnerAndItsWorkerIsLentUntilNeitherDoes) {
+  const uint64_t n = add_node({{"CPU", 1}}, 1);
+  const uint64_t kept = state_.create_actor(kDriver, spec({{"CPU", 1}})).id;
+  start_spawned();
+  for (bool worker_first : {false, true}) {
+    SCOPED_TRACE(worker_first ? "the worker's lend first" : "the owner's take-back first");
+    state_.lend_resources({kept, 0, true}, kDriver);  // idle, kept for its objects
+    ASSERT_EQ(node(n).available.at("CPU"), 1);
+    if (worker_first) {
+      state_.lend_resources({kept, 0, true});  // its new task waits
+      state_.lend_resources({kept, 0, false}, kDriver);
+    } else {
+      state_.lend_resources({kept, 0, false}, kDriver);
+      state_.lend_resources({kept, 0, true});
+    }
+    EXPECT_EQ(node(n).available.at("CPU"), 1);
+    EXPECT_TRUE(state_.actor_info(kept).blocked);
+    state_.lend_resources({kept, 0, false});  // the task goes on
+    EXPECT_EQ(node(n).available.at("CPU"), 0);
+    EXPECT_FALSE(state_.actor_info(kept).blocked);
+  }
+  // Told again after a reconnect: repeats change nothing.
+  state_.lend_resources({kept, 0, true}, kDriver);
+  state_.lend_resources({kept, 0, true}, kDriver);
+  EXPECT_EQ(node(n).available.at("CPU"), 1);
+  state_.lend_resources({kept, 0, false});
+  EXPECT_EQ(node(n).available.at("CPU"), 1);  // the worker did not lend: the owner's stands
+  state_.lend_resources({kept, 0, false}, kDriver);
   state_.lend_resources({kept, 0, false}, kDriver);
   EXPECT_EQ(node(n).available.at("CPU"), 0);
 }

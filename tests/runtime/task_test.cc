@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -155,6 +156,38 @@ class Adder {
   int plus(int a, int b) { return a + b; }
 };
 
+// Holds a ref another process handed it, reads it, lets it go.
+class Keeper {
+ public:
+  int keep(troupe::ObjectRef<std::vector<uint8_t>> ref) {
+    ref_ = std::move(ref);
+    return 1;
+  }
+  int64_t sum() {
+    int64_t s = 0;
+    for (uint8_t b : ref_->get(30s)) s += b;
+    return s;
+  }
+  int drop() {
+    ref_.reset();
+    return 1;
+  }
+
+ private:
+  std::optional<troupe::ObjectRef<std::vector<uint8_t>>> ref_;
+};
+
+// Puts 1000 bytes of 5 into its executor's store, hands the ref to
+// `keeper`, and then fails.
+int put_then_throw(troupe::ActorHandle<Keeper> keeper) {
+  auto ref = troupe::this_actor::runtime().put(std::vector<uint8_t>(1000, 5));
+  keeper.call(&Keeper::keep, ref).get(30s);
+  throw std::runtime_error("thrown after handing out a ref");
+}
+
+// The objects its executor's store holds.
+int64_t objects_here() { return troupe::this_actor::runtime().object_store_stats().objects; }
+
 // Writes `started`, then polls this_actor::is_cancelled() (for up to two
 // minutes) and writes `saw` once it says so; returns its polls.
 int64_t poll_until_cancelled(std::string started, std::string saw) {
@@ -209,7 +242,10 @@ TROUPE_TASK(touch_file)
 TROUPE_TASK(gang_member)
 TROUPE_TASK(path_when_released)
 TROUPE_TASK(poll_until_cancelled)
+TROUPE_TASK(put_then_throw)
+TROUPE_TASK(objects_here)
 TROUPE_ACTOR(Adder, &Adder::plus)
+TROUPE_ACTOR(Keeper, &Keeper::keep, &Keeper::sum, &Keeper::drop)
 TROUPE_ACTOR(Gate, &Gate::hold, &Gate::touch, &Gate::seven)
 
 class TaskTest : public ::testing::Test {
@@ -334,6 +370,30 @@ TEST_F(TaskTest, MaxCallsGivesEachWorkerThatManyTasks) {
   auto again = rt_.submit_ref(&make_bytes, whole, int64_t{1000}, 2).get(60s);
   EXPECT_EQ(kept.get(30s), std::vector<uint8_t>(1000, 1));
   EXPECT_EQ(again.get(30s), std::vector<uint8_t>(1000, 2));
+}
+
+// An executor whose store holds objects is kept when idle (its CPU lent),
+// also after a task that put one, handed out its ref and then threw (its
+// error answer said nothing of its store, and the executor was released
+// with the object). Once its objects are all freed it is released when
+// idle, as any other (it used to be kept, with what it held, for good).
+TEST_F(TaskTest, AnExecutorIsKeptWhileItsStoreHoldsObjectsAndReleasedOnceItHoldsNone) {
+  auto keeper = rt_.spawn<Keeper>({});
+  auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
+  const troupe::TaskOptions one{.resources = {{"CPU", 1}}};
+  EXPECT_THROW(rt_.submit(&put_then_throw, one, keeper).get(60s), troupe::RemoteError);
+  ASSERT_EQ(tasks->executor_count(), 1u);
+  tasks->release_idle();
+  // Lent or released, its CPU comes back; released, it is no longer counted.
+  ASSERT_TRUE(troupe::test::eventually([&] { return rt_.available_resources().at("CPU") == 2; }));
+  EXPECT_EQ(tasks->executor_count(), 1u);
+  EXPECT_EQ(keeper.call(&Keeper::sum).get(60s), 5000);
+
+  keeper.call(&Keeper::drop).get(30s);
+  // Once its store is empty, an answer says so.
+  ASSERT_TRUE(troupe::test::eventually([&] { return rt_.submit(&objects_here, one).get(60s) == 0; }));
+  tasks->release_idle();
+  EXPECT_TRUE(troupe::test::eventually([&] { return tasks->executor_count() == 0; }));
 }
 
 TEST_F(TaskTest, RetriesOnAnotherWorkerWhenItsWorkerIsKilled) {
