@@ -584,8 +584,13 @@ void ObjectStore::serve_get(const ConnPtr& c, const Message& m) {
     auto f = decode_value<ObjectFrame>(m.body);
     std::lock_guard lock(mu_);
     auto it = objects_.find(f.id);
-    if (f.instance != instance_ || it == objects_.end())
-      throw ObjectLost(describe(owner_info(f.id, "")) + " is no longer held by its owner");
+    // Another store's instance: its owner is gone and this process took its
+    // port. Said so, not in this process's name (the owner_info of this
+    // store named this pid and actor as the object's owner).
+    if (f.instance != instance_)
+      throw ObjectLost("object " + std::to_string(f.id) + " is lost: the process that owned it is gone, and " +
+                       address_ + " is now another process's (pid " + std::to_string(::getpid()) + ")");
+    if (it == objects_.end()) throw ObjectLost(describe(owner_info(f.id, "")) + " is no longer held by its owner");
     if (it->second.pending) {
       // Answered by settle(); the borrower's registration keeps it held.
       it->second.waiting_gets.emplace_back(c, m.id);

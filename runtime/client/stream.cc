@@ -206,15 +206,43 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   conn->send(std::move(f), true);
 }
 
+namespace {
+// A value larger than the write bound less kControlRoom goes out alone
+// (write() waits for an empty queue): until the socket has taken enough of
+// it, even a small frame would trip the bound and drop the connection with
+// the value half sent (a data loader closes its stream right after its
+// last batch). The end and error frames wait for that room first, without
+// the stream's lock (the I/O thread, which drains the queue, takes it),
+// for a while: a reader that stopped reading is the bound's to drop.
+constexpr auto kEndFrameWait = std::chrono::seconds(60);
+void wait_for_end_room(Connection& conn) {
+  conn.wait_for_room(kControlRoom, std::chrono::steady_clock::now() + kEndFrameWait);
+}
+}  // namespace
+
 void StreamWriterCore::close() {
   std::lock_guard order(state_->send_mu);
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->closed) return;
+    conn = state_->conn;
+  }
+  wait_for_end_room(*conn);
   std::lock_guard lock(state_->mu);
-  if (state_->closed) return;
+  if (state_->closed) return;  // failed meanwhile
   state_->closed = true;
   state_->conn->send(stream_event(StreamOp::kEnd, state_->id), true);
 }
 
 void StreamWriterCore::fail(const std::string& error) {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->closed) return;
+    conn = state_->conn;
+  }
+  wait_for_end_room(*conn);
   std::lock_guard lock(state_->mu);
   if (state_->closed) return;
   state_->closed = true;

@@ -162,13 +162,32 @@ TEST_F(StreamTest, ItemsWhoseCreditsExceedTheWriteBoundStillFlow) {
     }
     EXPECT_FALSE(r.read(kWaitBound).has_value());
     int64_t timeouts = done.get(kWaitBound);
-    std::printf("[measured] writes of %d ms: %lld timed out and were tried again (%lld waiting to drain)\n",
-                slice_ms, static_cast<long long>(timeouts),
+    std::printf("[measured] writes of %d ms: %lld timed out and were tried again (%lld waiting to drain)\n", slice_ms,
+                static_cast<long long>(timeouts),
                 static_cast<long long>(p.call(&Producer::drain_timeouts).get(kWaitBound)));
     if (slice_ms > 1000) {
       EXPECT_EQ(timeouts, 0);
     }
   }
+}
+
+// A value larger than the write bound goes out alone, and the end that
+// close() sends right after it waits until the socket has taken enough of
+// it: sent at once, it tripped the bound and dropped the connection with
+// the value half sent (the reader got "stream writer disconnected", not
+// the value and the end), as a data loader's close after a last batch of
+// over 256 MB did.
+TEST_F(StreamTest, AValueLargerThanTheWriteBoundAndTheEndArriveWhole) {
+  const int64_t bytes = 300ll << 20;
+  troupe::StreamReader<Item> r(rt_, 2);
+  auto p = rt_.spawn<Producer>({});
+  auto done = p.call(&Producer::produce_views, r.ref(), 1, bytes, 86'400'000);
+  auto item = r.read(kWaitBound);
+  ASSERT_TRUE(item.has_value());
+  ASSERT_EQ(item->payload.size(), static_cast<size_t>(bytes));
+  EXPECT_EQ(static_cast<char>(item->payload.data()[bytes - 1]), 'v');
+  EXPECT_FALSE(r.read(kWaitBound).has_value());
+  EXPECT_EQ(done.get(kWaitBound), 0);
 }
 
 TEST_F(StreamTest, WriterKilledGivesReaderAClearError) {
