@@ -110,6 +110,19 @@ void wait_until_head_lost(troupe::Runtime& rt) {
   ASSERT_TRUE(eventually([&] { return !rt.core()->head().is_open(); }));
 }
 
+// With the head SIGSTOPped, opens `gate` and waits for `line` in `log`: what
+// the gated worker tells the head then lies unread in its socket. Then the
+// head is SIGKILLed (taking that with it) and started again.
+void tell_a_dying_head(troupe::testing::LocalCluster& cluster, troupe::Runtime& rt, const std::string& gate,
+                       const std::string& log, const std::string& line) {
+  ASSERT_EQ(::kill(cluster.head_pid(), SIGSTOP), 0);
+  std::ofstream(gate).put('1');
+  ASSERT_TRUE(eventually([&] { return read_text(log).find(line) != std::string::npos; }));
+  cluster.kill_head(SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(wait_until_head_lost(rt));
+  cluster.restart_head();
+}
+
 }  // namespace
 
 TROUPE_ACTOR(Ledger, &Ledger::add, &Ledger::pid)
@@ -233,13 +246,8 @@ TEST(HeadFailover, AnActorReadyLostWithTheHeadIsToldAgain) {
     auto g = rt.spawn<Gated>({.resources = {{"CPU", 1}}}, gate);
     ASSERT_TRUE(eventually([&] { return !read_text(gate + ".entered").empty(); }));
     const int pid = std::stoi(read_text(gate + ".entered"));
-    ASSERT_EQ(::kill(cluster.head_pid(), SIGSTOP), 0);
-    std::ofstream(gate).put('1');
     const std::string serving = "actor " + std::to_string(g.id()) + " (Gated) serving at";
-    ASSERT_TRUE(eventually([&] { return read_text(log).find(serving) != std::string::npos; }));
-    cluster.kill_head(SIGKILL);
-    wait_until_head_lost(rt);
-    cluster.restart_head();
+    ASSERT_NO_FATAL_FAILURE(tell_a_dying_head(cluster, rt, gate, log, serving));
     EXPECT_TRUE(eventually([&] { return rt.actor_info(g.id()).state == troupe::ActorState::kAlive; }))
         << "actor " << g.id() << " is " << troupe::wire::to_string(rt.actor_info(g.id()).state);
     EXPECT_EQ(g.call(&Gated::pid).get(kWaitBound), pid);  // the same worker, not a restart
@@ -264,13 +272,8 @@ TEST(HeadFailover, AConstructorFailureToldAsTheHeadDiesIsNotTakenForACrash) {
     troupe::Runtime rt = cluster.connect();
     auto g = rt.spawn<FailsAtTheGate>({.resources = {{"CPU", 1}}, .max_restarts = 1}, gate);
     ASSERT_TRUE(eventually([&] { return !read_text(gate + ".entered").empty(); }));
-    ASSERT_EQ(::kill(cluster.head_pid(), SIGSTOP), 0);
-    std::ofstream(gate).put('1');
     const std::string failed = "actor " + std::to_string(g.id()) + " (FailsAtTheGate) failed to start";
-    ASSERT_TRUE(eventually([&] { return read_text(log).find(failed) != std::string::npos; }));
-    cluster.kill_head(SIGKILL);
-    wait_until_head_lost(rt);
-    cluster.restart_head();
+    ASSERT_NO_FATAL_FAILURE(tell_a_dying_head(cluster, rt, gate, log, failed));
     ASSERT_TRUE(eventually([&] { return rt.actor_info(g.id()).state == troupe::ActorState::kDead; }));
     const auto info = rt.actor_info(g.id());
     EXPECT_NE(info.death_cause.find("constructor failed: "), std::string::npos) << info.death_cause;
