@@ -8,6 +8,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <random>
 #include <set>
 #include <unordered_map>
 
@@ -29,6 +30,24 @@ using namespace troupe::wire;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// The state file's row holding the cluster's id (HelloReply::cluster_id):
+// the head's own, beside HeadState's rows, which leave "c/" alone.
+constexpr const char* kClusterRow = "c/cluster";
+
+// Why a process of cluster `was` cannot go on with a head of cluster `now`.
+std::string other_cluster_text(uint64_t now, uint64_t was) {
+  return "the head came back without this cluster's tables (its state file was lost or removed; cluster " +
+         std::to_string(now) + ", not " + std::to_string(was) +
+         "): this process's actors, objects and keys are gone with them";
+}
+
+uint64_t new_cluster_id() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t(rd()) << 32) ^ rd();
+  return id;
+}
 
 struct Peer {
   PeerId id = 0;
@@ -154,6 +173,18 @@ class Head::Impl {
     store_ = std::make_unique<HeadStore>(opts_.state_db);
     store_->check_format(HeadState::kRowFormat, HeadState::kOldestReadableRowFormat);
     auto rows = store_->load();
+    // The tables' identity is theirs: a head that reloads them keeps it, one
+    // that starts without them (the file new, cleared by `troupe stop`, or
+    // removed) draws one.
+    uint64_t kept = 0;
+    if (auto it = rows.find(kClusterRow); it != rows.end()) {
+      kept = std::strtoull(it->second.c_str(), nullptr, 10);
+      rows.erase(it);
+    }
+    if (kept != 0)
+      cluster_id_ = kept;
+    else
+      cluster_row_due_ = true;  // written with the tables, below
     const auto grace =
         std::max(opts_.restore_grace, std::chrono::milliseconds(uint64_t(opts_.heartbeat_ms) * opts_.heartbeat_misses));
     if (!rows.empty()) {
@@ -175,7 +206,10 @@ class Head::Impl {
   void persist() {
     if (!store_) return;
     try {
-      store_->write(state_.take_rows());
+      auto rows = state_.take_rows();
+      if (cluster_row_due_) rows.emplace_back(kClusterRow, std::to_string(cluster_id_));
+      store_->write(rows);
+      cluster_row_due_ = false;
     } catch (const std::exception& e) {
       // A head that cannot write goes on as a non-durable one, loudly (the
       // log, `troupe status`, /metrics). Its file, behind the head's
@@ -617,6 +651,7 @@ class Head::Impl {
     auto h = body<Hello>(m);
     if (h.role != Role::kDriver && h.role != Role::kNode && h.role != Role::kWorker)
       throw DecodeError("hello with an unknown role " + std::to_string(static_cast<int>(h.role)));
+    if (h.cluster_id != 0 && h.cluster_id != cluster_id_) throw Error(other_cluster_text(cluster_id_, h.cluster_id));
     HelloReply reply;
     if (h.role == Role::kNode) {
       require_printable(h.hostname, "hostname");
@@ -649,6 +684,7 @@ class Head::Impl {
         p.started = *started;
       }
     reply.durable = store_ != nullptr;
+    reply.cluster_id = cluster_id_;
     p.role = h.role;
     p.hello = true;
     p.conn->send(ok_response_value(m.id, reply));
@@ -965,6 +1001,8 @@ class Head::Impl {
 
   HeadOptions opts_;
   HeadState state_;
+  uint64_t cluster_id_ = new_cluster_id();  // see HelloReply::cluster_id
+  bool cluster_row_due_ = false;            // not in the state file yet
   std::unique_ptr<HeadStore> store_;
   std::unique_ptr<HeadStore> failed_store_;  // a store that failed a write: kept for its lock
   std::string store_error_;                  // that write's error

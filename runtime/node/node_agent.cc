@@ -271,13 +271,16 @@ class NodeAgent::Impl {
   // once) are handled now, with the node id they are meant for.
   void install(const Registration& r) {
     if (stopping_) return r.channel->close("node stopping");
-    if (resuming_ && r.reply.node_id != node_id_) {
+    // A head back with other tables (its state file lost: cluster_id) may
+    // give this node its old id again, from 1, and knows none of its actors.
+    const bool other_tables = cluster_id_ != 0 && r.reply.cluster_id != 0 && r.reply.cluster_id != cluster_id_;
+    if (resuming_ && (r.reply.node_id != node_id_ || other_tables)) {
       // The head had declared this node dead meanwhile: its actors run
       // elsewhere now (or will), so none of its workers may go on.
-      TROUPE_LOG_WARN(
-          "node {}: the head had declared it dead meanwhile and took it back as a new node {}; killing its "
-          "{} workers",
-          node_id_.load(), r.reply.node_id, workers_.size());
+      TROUPE_LOG_WARN("node {}: {} and took it back as a new node {}; killing its {} workers", node_id_.load(),
+                      other_tables ? "the head came back without this cluster's tables (its state file was lost)"
+                                   : "the head had declared it dead meanwhile",
+                      r.reply.node_id, workers_.size());
       kill_workers();
       waiting_spawns_.clear();  // their actors are placed anew
       start_cold_.clear();
@@ -297,6 +300,7 @@ class NodeAgent::Impl {
     last_heard_ = Clock::now();
     lease_spent_ = false;
     durable_ = r.reply.durable;
+    cluster_id_ = r.reply.cluster_id;
     rejoining_ = false;
     for (auto& w : std::exchange(missed_exits_, {})) head_->send(make_event_value(Op::kWorkerExited, w));
     for (auto& m : std::exchange(early_events_, {})) on_event(std::move(m));
@@ -816,6 +820,7 @@ class NodeAgent::Impl {
   bool rejoining_ = false;                  // fenced, not yet registered again
   bool resuming_ = false;                   // waiting for a restarted head (rejoining_ too)
   bool durable_ = false;                    // the head reloads its tables when restarted
+  uint64_t cluster_id_ = 0;                 // the head's tables' (HelloReply::cluster_id)
   bool told_to_stop_ = false;               // the head said it is going for good
   std::atomic<bool> leaving_{false};        // shutdown began (read by the rejoin thread)
   std::vector<WorkerExited> missed_exits_;  // while resuming

@@ -87,8 +87,12 @@ struct Hello {
   // when the process shares the head's host key the head watches its pid
   // and ends the wait once the process is gone.
   std::string host_key;
+  // A driver or worker coming back: the cluster it joined
+  // (HelloReply::cluster_id). A head of another refuses it before taking
+  // anything of it (a worker's hello would take a constructor's arguments).
+  uint64_t cluster_id = 0;
   TROUPE_FIELDS(role, actor_id, incarnation, resources, hostname, pid, address, resume_node_id, workers, client_id,
-                host_key)
+                host_key, cluster_id)
 };
 
 enum class ActorState : uint8_t { kPending = 0, kAlive = 1, kRestarting = 2, kDead = 3 };
@@ -193,7 +197,13 @@ struct HelloReply {
   // (node::HeadLease), so that they stop before the head restarts their
   // actors elsewhere.
   uint32_t fence_after_ms = core::kHeartbeatMs * core::kHeartbeatMisses;
-  TROUPE_FIELDS(node_id, heartbeat_ms, spec, info, durable, fence_after_ms)
+  // The tables' identity: drawn at random by a head that starts with none,
+  // kept in a durable head's state file. A head that comes back with
+  // another (its state file was lost, or removed after a failed write)
+  // holds none of this cluster's actors, nodes or keys, and its ids (from
+  // 1 again) name other things: whoever reconnects to it gives it up.
+  uint64_t cluster_id = 0;
+  TROUPE_FIELDS(node_id, heartbeat_ms, spec, info, durable, fence_after_ms, cluster_id)
 };
 
 struct ActorReady {

@@ -291,8 +291,12 @@ void RpcChannel::retry_later(uint64_t gen) {
 }
 
 void RpcChannel::on_hello_reply(uint64_t gen, Message&& m) {
-  if (m.status != Status::OK) {
-    std::string why = "the head refused this process when it came back: " + core::exception_text(error_from_message(m));
+  std::string why;
+  if (m.status != Status::OK)
+    why = "the head refused this process when it came back: " + core::exception_text(error_from_message(m));
+  else if (reconnect_.accept)
+    why = reconnect_.accept(m);
+  if (!why.empty()) {
     std::shared_ptr<Connection> d;
     {
       std::lock_guard lock(mu_);

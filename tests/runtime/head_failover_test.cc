@@ -158,6 +158,41 @@ TEST(HeadFailover, ActorsNamesKeysAndNodesOutliveARestartedHead) {
   EXPECT_EQ(u.call(&Ledger::add, 2).get(kWaitBound), 2);
 }
 
+// The head's state file is lost while the head is down (removed here; a
+// head that fails a write removes it too): the head comes back empty,
+// counting ids from 1 again. Those of the old cluster give it up rather
+// than take its actor 1 for theirs: the driver's link ends, naming the
+// lost tables, instead of reconnecting; the node agent kills the old
+// worker; and a new driver's actor of the same id is its own.
+TEST(HeadFailover, AHeadBackWithoutItsTablesIsGivenUpNotTakenForTheSameCluster) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  troupe::Runtime rt = cluster.connect();
+  auto t = rt.spawn<Ledger>({.resources = {{"CPU", 1}}, .name = "ledger"}, 10);
+  const int pid = t.call(&Ledger::pid).get(kWaitBound);
+  rt.kv().put("answer", "42");
+  cluster.kill_head(SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(wait_until_head_lost(rt));
+  const std::string db = cluster.head_state_db();
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
+  cluster.restart_head();
+
+  ASSERT_TRUE(eventually([&] { return rt.core()->head().is_closed(); })) << "the driver took the new head for its own";
+  try {
+    rt.kv().get("answer");
+    ADD_FAILURE() << "the old driver still reaches the head";
+  } catch (const troupe::ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("without this cluster's tables"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(eventually([&] { return ::kill(pid, 0) != 0; })) << "the old worker " << pid << " still runs";
+
+  troupe::Runtime rt2 = cluster.connect();
+  EXPECT_EQ(rt2.kv().get("answer"), std::nullopt);
+  auto u = rt2.spawn<Ledger>({.resources = {{"CPU", 1}}}, 100);
+  EXPECT_EQ(u.id(), t.id());
+  EXPECT_EQ(u.call(&Ledger::add, 1).get(kWaitBound), 101);
+  EXPECT_NE(u.call(&Ledger::pid).get(kWaitBound), pid);
+}
+
 // The head is down for longer than a node's lease: the agent, which
 // keeps its lease while it waits for a durable head, finds nothing
 // listening at the head's address (refused: no head runs there to fence
