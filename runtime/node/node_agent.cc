@@ -310,8 +310,13 @@ class NodeAgent::Impl {
   void on_head_event(uint64_t gen, Message&& m) {
     if (gen > generation_) return early_events_.push_back(std::move(m));
     if (gen != generation_) return;
-    last_heard_ = Clock::now();
-    lease_spent_ = false;
+    // Only a heartbeat's answer says the head hears this node (and so will
+    // not fence it yet): its other messages (a spawn, a kill, a log read)
+    // come as well while the link from this node is down.
+    if (static_cast<Op>(m.op) == Op::kHeartbeat) {
+      last_heard_ = Clock::now();
+      lease_spent_ = false;
+    }
     on_event(std::move(m));
   }
 
