@@ -387,6 +387,32 @@ DataLoaderActor::DataLoaderActor(LoaderConfig config) : state_(std::make_shared<
 
 DataLoaderActor::~DataLoaderActor() = default;
 
+namespace {
+
+// Writes `b` (batch b.sequence of `rank`'s feed), in slices of kWriteSlice
+// so that a stop (`cancelled`) is seen while the reader grants no credit;
+// false when cancelled first.
+bool write_batch(StreamWriter<Batch>& writer, const Batch& b, const std::atomic<bool>& cancelled, int32_t rank) {
+  for (;;) {
+    if (cancelled) return false;
+    try {
+      writer.write(b, kWriteSlice);
+      return true;
+    } catch (const Timeout&) {
+    } catch (const StreamValueRefused& e) {
+      // Not the reader's going (which ends the feed quietly): this batch
+      // is too large to send, at every retry, so it ends the job (TrainJob
+      // does not retry a ConfigError).
+      throw ConfigError("data loader of rank " + std::to_string(rank) + ": batch " + std::to_string(b.sequence) + " (" +
+                        std::to_string(b.size()) + " samples) cannot be sent to its trainer: " + e.what() +
+                        "; a batch must fit one frame: fewer samples per batch (batch_size) or fewer tensors per "
+                        "sample");
+    }
+  }
+}
+
+}  // namespace
+
 // Makes a running feed visible to stop() (by rank) for as long as it runs.
 class DataLoaderActor::FeedRegistration {
  public:
@@ -433,14 +459,7 @@ int64_t DataLoaderActor::feed(StreamRef ref, SamplerCursor cursor, int32_t rank,
     auto sink = [&](Batch&& b) {
       const int64_t rows = b.size();
       b.sequence = sent;  // batches made ahead and the pipeline's, numbered as one feed
-      for (;;) {
-        if (feed.cancelled) return;
-        try {
-          writer.write(b, kWriteSlice);
-          break;
-        } catch (const Timeout&) {
-        }
-      }
+      if (!write_batch(writer, b, feed.cancelled, rank)) return;
       raise_max(st.max_in_flight, static_cast<int64_t>(writer.in_flight()));
       raise_max(st.max_live_batches, pipeline.live_batches());
       ++sent;

@@ -137,7 +137,9 @@ class DataLoaderActor {
   // max_batches of them; <= 0 = all) to the stream `ref`, then closes it.
   // Returns the batches sent. A data set, sampler or load error fails the
   // stream with the error's text (which names the file) and is rethrown; a
-  // reader that goes away ends the feed with StreamError. A feed cancelled
+  // reader that goes away ends the feed with StreamError. A batch over the
+  // frame limits (wire/frame.h: over 4096 tensors of 16 KiB or more, say) fails the stream
+  // and the call with a ConfigError naming it. A feed cancelled
   // by stop fails its stream with "stopped" and returns what it had sent.
   int64_t feed(StreamRef ref, SamplerCursor cursor, int32_t rank, int64_t max_batches);
 

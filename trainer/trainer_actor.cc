@@ -542,7 +542,7 @@ actors::Batch TrainerActor::next_batch(bool from_stream, const std::vector<int64
     auto& reader = stream_->reader;
     TROUPE_CHECK(reader) << "open_stream() first";
     auto b = reader->read(std::chrono::minutes(5));
-    if (!b) throw Error("the batch stream ended before step " + std::to_string(step_));
+    if (!b) throw Error("the batch stream ended before step " + std::to_string(step_ + 1));
     pos += static_cast<size_t>(b->size());
     return std::move(*b);
   }

@@ -172,7 +172,9 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   std::shared_ptr<Connection> conn;
   {
     std::unique_lock lock(st.mu);
-    if (st.closed) throw StreamError("write after close on stream " + std::to_string(st.id));
+    if (st.closed)
+      throw StreamError(std::string(st.failed ? "write after fail()" : "write after close()") + " on stream " +
+                        std::to_string(st.id));
     if (!st.cv.wait_until(lock, deadline, [&] { return st.credits > 0 || !st.error.empty(); }))
       throw timed_out("no credit from the reader");
     if (!st.error.empty()) throw StreamError(st.error);
@@ -185,7 +187,7 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   // default limits) would close the connection there, and every stream on
   // it: refused here, for this stream alone.
   if (std::string why = frame_refusal(f, FrameLimits{}); !why.empty())
-    throw StreamError("stream " + std::to_string(st.id) + ": value not sent: " + why);
+    throw StreamValueRefused("stream " + std::to_string(st.id) + ": value not sent: " + why);
   // Credits bound the items in flight, not their bytes: large items (a
   // batch of images) could exceed the connection's write bound, which would
   // drop a reader that is reading. Wait for the socket to take enough, one
@@ -245,7 +247,7 @@ void StreamWriterCore::fail(const std::string& error) {
   wait_for_end_room(*conn);
   std::lock_guard lock(state_->mu);
   if (state_->closed) return;
-  state_->closed = true;
+  state_->closed = state_->failed = true;
   state_->conn->send(stream_event(StreamOp::kError, state_->id, error), true);
   // A write() blocked on credit (another thread) returns now.
   if (state_->error.empty()) state_->error = "stream failed by its writer: " + error;

@@ -39,6 +39,14 @@ class StreamError : public Error {
   using Error::Error;
 };
 
+// write() refused a value over the frame limits (wire/frame.h): nothing was
+// sent and the stream is as it was. Not the reader's doing: the value is
+// too large whoever reads it, so sending it again fails again.
+class StreamValueRefused : public StreamError {
+ public:
+  using StreamError::StreamError;
+};
+
 namespace client {
 
 class StreamServer;
@@ -144,7 +152,7 @@ class StreamWriter {
   // over, or has another writer) drops what came, and the next write after
   // the refusal throws StreamError saying why: the second write at the
   // latest, since it waits for the window. A value over the frame limits
-  // (wire/frame.h) throws StreamError and is not sent.
+  // (wire/frame.h) throws StreamValueRefused and is not sent.
   void write(const T& v, std::chrono::milliseconds timeout = std::chrono::hours(24)) {
     wire::Encoder e;
     wire::encode(e, v);

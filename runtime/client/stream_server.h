@@ -141,6 +141,7 @@ struct StreamWriterCore::State {
   bool opened = false;    // kOpened came (before it: one credit, as every window has)
   bool answered = false;  // kOpened or the refusal came
   bool closed = false;
+  bool failed = false;  // closed by fail()
   std::string error;
   uint64_t id = 0;
   std::shared_ptr<StreamLink> link;

@@ -143,6 +143,25 @@ TROUPE_STEP("test_gated", [](const std::string& dir) {
   return std::make_unique<RaisingStep>("raise:-1");
 });
 
+// Classification samples that carry 4200 tensors each besides their input
+// and target: a batch of 4 makes each a 32 KiB tensor, sent beside the
+// message (as every tensor of 16 KiB or more is), and one frame carries
+// 4096 of those: no loader can stream the batch to its trainer.
+class ManyTensors final : public actors::Dataset {
+ public:
+  int64_t size() const override { return 64; }
+  std::string describe() const override { return "many_tensors"; }
+
+ protected:
+  actors::Sample load(int64_t index, int64_t /*epoch*/) const override {
+    actors::TensorDict::Map m{{"input", torch::full({16}, static_cast<float>(index))},
+                              {"target", torch::tensor(index % 4, torch::kLong)}};
+    for (int i = 0; i < 4200; ++i) m.emplace("extra" + std::to_string(i), torch::zeros({2048}));
+    return actors::Sample(std::move(m));
+  }
+};
+TROUPE_DATASET("test_many_tensors", [](const actors::DatasetSpec&) { return std::make_unique<ManyTensors>(); });
+
 namespace {
 
 using troupe::test::eventually;
@@ -340,6 +359,31 @@ TEST_F(TrainJobTest, AnErrorEveryTrainerMeetsWhileTheJobStartsIsNotRetried) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("this step needs a file no node has"), std::string::npos) << e.what();
     EXPECT_EQ(std::string(e.what()).find("while the job started"), std::string::npos) << e.what();
+  }
+}
+
+// A batch too large to stream (over the frame limits) is the job's
+// configuration: every retry would make the same batch. The loader's feed
+// failed with a StreamError, which it took for its reader's going and kept
+// from the driver; the trainers failed with "stream writer destroyed" and
+// the job was retried until max_failures. It now ends at once, naming the
+// batch and what to change.
+TEST_F(TrainJobTest, ABatchTooLargeToStreamEndsTheJobNamingIt) {
+  auto c = small_job(2, 4);
+  c.trainer.data = actors::DatasetSpec("test_many_tensors");
+  c.failure.max_failures = 3;
+  try {
+    TrainJob(rt_, c).fit();
+    ADD_FAILURE() << "the job did not fail";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cannot be sent to its trainer"), std::string::npos) << what;
+    EXPECT_NE(what.find("4096"), std::string::npos) << what;
+    EXPECT_NE(what.find("fewer tensors per sample"), std::string::npos) << what;
+    EXPECT_EQ(what.find("failure 2"), std::string::npos) << what;  // not retried
+    if (const auto* failed = dynamic_cast<const JobFailed*>(&e)) {
+      EXPECT_TRUE(failed->result().recoveries.empty()) << failed->result().recoveries.front().cause;
+    }
   }
 }
 
