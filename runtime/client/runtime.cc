@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -42,17 +43,17 @@ class HeadKvStore final : public KvStore {
  public:
   explicit HeadKvStore(const std::shared_ptr<client::Core>& core) : core_(core) {}
   void put(const std::string& key, const std::string& value) override {
-    again_if_cut([&] { live()->head().call<void>(Op::kKvPut, KvEntry{key, value}); });
+    again_if_cut([&] { ask<void>(Op::kKvPut, KvEntry{key, value}); });
   }
   std::optional<std::string> get(const std::string& key) override {
-    return again_if_cut([&] { return live()->head().call<std::optional<std::string>>(Op::kKvGet, key); });
+    return again_if_cut([&] { return ask<std::optional<std::string>>(Op::kKvGet, key); });
   }
   std::string wait(const std::string& key, std::chrono::milliseconds timeout) override {
     uint32_t ms = static_cast<uint32_t>(std::min<int64_t>(timeout.count(), UINT32_MAX));
     return live()->head().call<std::string>(Op::kKvWait, KvWait{key, ms}, timeout + std::chrono::seconds(5));
   }
   void erase(const std::string& key) override {
-    again_if_cut([&] { live()->head().call<void>(Op::kKvErase, key); });
+    again_if_cut([&] { ask<void>(Op::kKvErase, key); });
   }
   int64_t add(const std::string& key, int64_t delta) override {
     return live()->head().call<int64_t>(Op::kKvAdd, KvAdd{key, delta});
@@ -63,9 +64,7 @@ class HeadKvStore final : public KvStore {
   // cut in flight (the head died, and the link is dialling it again) is
   // sent again, and waits for the link like any call made while it is
   // down, rather than failing the caller (a function's export on its
-  // first .remote()); so is one a stalled head has not answered within the
-  // call's timeout (said in the log), for as long as its connection lives.
-  // add is not, and wait has the caller's timeout.
+  // first .remote()). add is not, and wait has the caller's timeout.
   template <class F>
   auto again_if_cut(F&& f) -> decltype(f()) {
     for (int attempt = 1;; ++attempt) {
@@ -73,11 +72,28 @@ class HeadKvStore final : public KvStore {
         return f();
       } catch (const ConnectionError&) {
         if (attempt >= 3 || live()->head_lost()) throw;
-      } catch (const Timeout& e) {
-        if (live()->head().is_closed()) throw;
-        TROUPE_LOG_WARN("the head has not answered a key-value request ({}); asking again", e.what());
       }
     }
+  }
+
+  // Sends one request and waits for its answer for as long as its
+  // connection lives, saying so in the log every 30 s: a stalled head
+  // answers once it wakes. (Asked again instead, a put could land after a
+  // newer put of another process, which it then undid.)
+  template <class R, class Q>
+  R ask(Op op, const Q& q) {
+    static constexpr auto kPatience = std::chrono::seconds(30);
+    auto core = live();
+    auto f = core->head().request(op, encode_inline(q));
+    core::WaitObserverInstall quick(nullptr);  // answered within a round trip (RpcChannel::call)
+    for (int waited = 1; !f.wait_for(kPatience); ++waited)
+      TROUPE_LOG_WARN("the head has not answered a key-value request ({}) in {} s; waiting on", op_name(op),
+                      waited * kPatience.count());
+    Message m = f.get();
+    if constexpr (std::is_void_v<R>)
+      return;
+    else
+      return decode_value<R>(m.body.data(), m.body.size(), &m.attachments);
   }
 
   // The Runtime owns the core: once it is shut down the store refuses.
