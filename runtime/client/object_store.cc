@@ -267,9 +267,9 @@ ObjectStore::~ObjectStore() = default;  // joins the piece reader; answers it ha
 
 namespace {
 
-// How long a borrower may leave what it asked for untaken
-// (TROUPE_OBJECT_SEND_TIMEOUT_S, 120 s by default; 0: the kernel's
-// default) before its connection is dropped.
+// How long a borrower may leave what it asked for untaken, and an owner
+// what it was asked (TROUPE_OBJECT_SEND_TIMEOUT_S, 120 s by default; 0:
+// the kernel's default), before the connection is dropped.
 std::chrono::milliseconds send_timeout() {
   const std::string v = core::env_value(core::kEnvObjectSendTimeout);
   char* end = nullptr;
@@ -679,8 +679,15 @@ void ObjectStore::connect_link(const std::string& address) {
   } catch (const std::exception& e) {
     return fail_link(address, e.what());
   }
+  // An owner that acknowledges nothing of what is sent to it (a get, the
+  // connect itself) for the send timeout is gone (its host vanished): the
+  // gets waiting on it fail with ObjectLost, where TCP retried for about 15
+  // minutes. Its I/O thread reads whatever it is sent, so a live but busy
+  // owner always acknowledges.
+  ConnectionOptions options = core_.connection_options();
+  options.send_timeout = send_timeout();
   Connection::connect(
-      core_.io(), hp.first, hp.second, core_.token(), core_.connection_options(),
+      core_.io(), hp.first, hp.second, core_.token(), options,
       [this, address](Message&& m) { on_link_frame(address, std::move(m)); },
       [this, address](const std::string& reason) { fail_link(address, "connection dropped: " + reason); },
       [this, address](ConnPtr c, std::string error) { on_link_ready(address, std::move(c), error); });

@@ -29,6 +29,28 @@ constexpr size_t kLowWater = 256 * 1024;
 // exec (spawn_process also closes stray descriptors in the child).
 void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
 
+// Bytes unacknowledged for `timeout` end the connection (TCP_USER_TIMEOUT);
+// set before a connect, it bounds the SYN's retries too.
+void set_user_timeout(int fd, std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) return;
+  const unsigned ms = unsigned(timeout.count());
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+}
+
+// A peer whose host vanished (powered off, its cable pulled: no reset, no
+// close) is found out on a connection that carries nothing: after 10 s of
+// silence the kernel probes every 2 s, and 5 unanswered probes (or the
+// connection's TCP_USER_TIMEOUT, where set) end it. Without, such a
+// connection waited for ever: a stream's reader, a borrower that had asked
+// for nothing yet. A live peer's kernel answers the probes, stopped or not.
+void set_keepalive(int fd) {
+  const int on = 1, idle_s = 10, interval_s = 2, count = 5;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+}
+
 std::string endpoint_text(const asio::ip::tcp::socket& s) {
   asio::error_code ec;
   auto ep = s.remote_endpoint(ec);
@@ -72,10 +94,8 @@ Connection::Connection(asio::ip::tcp::socket socket, std::string token, bool acc
   peer_ = endpoint_text(socket_);
   asio::error_code ec;
   socket_.set_option(asio::ip::tcp::no_delay(true), ec);
-  if (opts_.send_timeout.count() > 0) {
-    const unsigned ms = unsigned(opts_.send_timeout.count());
-    ::setsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
-  }
+  set_user_timeout(socket_.native_handle(), opts_.send_timeout);
+  set_keepalive(socket_.native_handle());
 }
 
 Connection::~Connection() = default;
@@ -538,7 +558,10 @@ void Connection::connect(asio::io_context& io, const std::string& host, uint16_t
   asio::ip::tcp::endpoint ep(addr, port);
   asio::error_code ec;
   socket->open(ep.protocol(), ec);
-  if (!ec) set_cloexec(socket->native_handle());
+  if (!ec) {
+    set_cloexec(socket->native_handle());
+    set_user_timeout(socket->native_handle(), options.send_timeout);
+  }
   socket->async_connect(ep, [&io, socket, token, options, on_frame, on_close, done, host, port](asio::error_code ec) {
     if (ec) return done(nullptr, "connect to " + host + ":" + std::to_string(port) + " failed: " + ec.message());
     auto conn = std::make_shared<Connection>(std::move(*socket), token, false, options);
