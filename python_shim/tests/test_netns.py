@@ -287,6 +287,8 @@ def test_a_get_from_an_owner_whose_host_is_cut_off_fails_within_a_bound(hosts):
         t.join(120)
         assert not t.is_alive(), "the get still waits two minutes after the cut"
         assert isinstance(outcome.get("error"), ObjectLostError), outcome
+        assert "acknowledged nothing" in str(outcome["error"]), outcome
+        assert "TROUPE_OBJECT_SEND_TIMEOUT_S" in str(outcome["error"]), outcome
         assert outcome["took"] < 100, outcome
     finally:
         os.environ.pop("TROUPE_OBJECT_SEND_TIMEOUT_S", None)

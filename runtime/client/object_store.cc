@@ -265,11 +265,6 @@ ObjectStore::ObjectStore(Core& core) : core_(core), instance_(random_u64() | 1),
 // connections' handlers will never run again.
 ObjectStore::~ObjectStore() = default;  // joins the piece reader; answers it has not sent go
 
-namespace {
-
-// How long a borrower may leave what it asked for untaken, and an owner
-// what it was asked (TROUPE_OBJECT_SEND_TIMEOUT_S, 120 s by default; 0:
-// the kernel's default), before the connection is dropped.
 std::chrono::milliseconds send_timeout() {
   const std::string v = core::env_value(core::kEnvObjectSendTimeout);
   char* end = nullptr;
@@ -278,8 +273,6 @@ std::chrono::milliseconds send_timeout() {
   if (!v.empty()) TROUPE_LOG_WARN("TROUPE_OBJECT_SEND_TIMEOUT_S={} is not a number of seconds; using 120", v);
   return std::chrono::seconds(120);
 }
-
-}  // namespace
 
 uint64_t ObjectStore::default_limit() {
   const uint64_t bytes = core::memory_limit_bytes();
@@ -541,8 +534,8 @@ void ObjectStore::accept(ConnPtr c) {
              // only says its owner became unreachable (probe 27a).
              if (why.find("timed out") != std::string::npos)
                TROUPE_LOG_WARN(
-                   "object server: dropped {}, which took nothing of what it asked for in {} s "
-                   "(TROUPE_OBJECT_SEND_TIMEOUT_S; a stopped or cut-off process): its gets fail",
+                   "object server: dropped {}, which took nothing of what it asked for, or answered nothing, for "
+                   "{} s (TROUPE_OBJECT_SEND_TIMEOUT_S; a stopped, vanished or cut-off process): its gets fail",
                    peer, send_timeout().count() / 1000.0);
              on_borrower_closed(raw);
            });
@@ -732,6 +725,9 @@ void ObjectStore::fail_link(const std::string& address, const std::string& reaso
     if (how == "peer closed the connection" || how.find("reset by peer") != std::string::npos)
       why += std::string(": the owner ended, or dropped this process for taking nothing for ") +
              core::kEnvObjectSendTimeout + " seconds (a stopped process, a stalled link)";
+    else if (how.find("timed out") != std::string::npos)
+      why += std::string(": its host acknowledged nothing sent to it for ") + core::kEnvObjectSendTimeout +
+             " seconds (it vanished, or the network between is cut)";
   }
   Link link;
   {

@@ -40,6 +40,14 @@ namespace troupe::client {
 
 class ObjectStore;
 
+// How long a borrower may leave what it asked for untaken, an owner what
+// it was asked, and a stream's writer the credits its reader returns
+// (TROUPE_OBJECT_SEND_TIMEOUT_S, 120 s by default; 0: the kernel's
+// default), before the connection is dropped (TCP_USER_TIMEOUT): the peer
+// stopped taking, or its host vanished. The peers' I/O threads read all
+// they are sent, so live ones, however busy, always acknowledge requests.
+std::chrono::milliseconds send_timeout();
+
 // What a process's store holds (a typed query for tests and tools).
 struct ObjectStoreStats {
   uint64_t objects = 0;

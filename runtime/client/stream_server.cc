@@ -1,6 +1,7 @@
 #include "troupe/runtime/client/stream_server.h"
 
 #include "troupe/runtime/client/listen_host.h"
+#include "troupe/runtime/client/object_store.h"
 #include "troupe/runtime/client/process_stats.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -33,6 +34,10 @@ StreamServer::StreamServer(Core& core) : core_(core) {
     try {
       ListenerOptions options;
       options.connection = core_.connection_options();
+      // A writer whose host vanished acknowledges none of the credits this
+      // reader returns: the connection ends, and its streams fail, after
+      // the send timeout (keepalive finds it where nothing was sent).
+      options.connection.send_timeout = send_timeout();
       listener_ = std::make_unique<Listener>(core_.io(), host, 0, core_.token(), options,
                                              [this](std::shared_ptr<Connection> c) { accept(std::move(c)); });
       done->set_value(format_address(advertise, listener_->port()));

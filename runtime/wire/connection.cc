@@ -38,13 +38,15 @@ void set_user_timeout(int fd, std::chrono::milliseconds timeout) {
 }
 
 // A peer whose host vanished (powered off, its cable pulled: no reset, no
-// close) is found out on a connection that carries nothing: after 10 s of
-// silence the kernel probes every 2 s, and 5 unanswered probes (or the
-// connection's TCP_USER_TIMEOUT, where set) end it. Without, such a
-// connection waited for ever: a stream's reader, a borrower that had asked
-// for nothing yet. A live peer's kernel answers the probes, stopped or not.
+// close) is found out on a connection that carries nothing: after 60 s of
+// silence the kernel probes every 10 s, and 6 unanswered probes end it
+// (about 2 minutes; where TCP_USER_TIMEOUT is set, that time since the
+// last byte received instead). Without, such a connection waited for
+// ever: a stream's reader, a borrower that had asked for nothing yet. A
+// live peer's kernel answers the probes, stopped or not, and a network
+// outage shorter than that leaves idle connections be, as before.
 void set_keepalive(int fd) {
-  const int on = 1, idle_s = 10, interval_s = 2, count = 5;
+  const int on = 1, idle_s = 60, interval_s = 10, count = 6;
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
