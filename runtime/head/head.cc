@@ -84,6 +84,10 @@ constexpr std::chrono::seconds kFencedLinger{60};
 struct Waiter {
   std::shared_ptr<Connection> conn;
   uint64_t request_id = 0;
+  // Its timeout, owned here alone: a waiter answered or dropped takes it
+  // along (cancelled). Kept by its handler, it held the waiter's
+  // connection until the timeout, up to ~49 days after the answer.
+  std::shared_ptr<asio::steady_timer> timer;
 };
 
 }  // namespace
@@ -460,21 +464,39 @@ class Head::Impl {
     const PlacementGroupInfo& info = state_.placement_group(w.id);
     if (info.state != PlacementGroupState::kPending || w.timeout_ms == 0)
       return p.conn->send(ok_response_value(m.id, info));
-    group_waiters_[w.id].push_back({p.conn, m.id});
-    after(std::chrono::milliseconds(w.timeout_ms), [this, id = w.id, conn = p.conn, rid = m.id] {
-      if (take_waiter(group_waiters_, id, conn, rid)) conn->send(ok_response_value(rid, state_.placement_group(id)));
-    });
+    auto timer =
+        waiter_timer(w.timeout_ms, p.conn, [this, id = w.id, rid = m.id](const std::shared_ptr<Connection>& conn) {
+          if (take_waiter(group_waiters_, id, conn, rid))
+            conn->send(ok_response_value(rid, state_.placement_group(id)));
+        });
+    group_waiters_[w.id].push_back({p.conn, m.id, std::move(timer)});
   }
 
   void wait_kv(Peer& p, const Message& m) {
     auto w = body<KvWait>(m);
     if (auto v = state_.kv_get(w.key)) return p.conn->send(ok_response_value(m.id, *v));
-    kv_waiters_[w.key].push_back({p.conn, m.id});
-    after(std::chrono::milliseconds(w.timeout_ms), [this, key = w.key, conn = p.conn, rid = m.id, ms = w.timeout_ms] {
-      if (take_waiter(kv_waiters_, key, conn, rid))
-        conn->send(error_response(
-            rid, Timeout("kv wait for key '" + key + "' timed out after " + std::to_string(ms) + " ms")));
-    });
+    auto timer = waiter_timer(
+        w.timeout_ms, p.conn,
+        [this, key = w.key, rid = m.id, ms = w.timeout_ms](const std::shared_ptr<Connection>& conn) {
+          if (take_waiter(kv_waiters_, key, conn, rid))
+            conn->send(error_response(
+                rid, Timeout("kv wait for key '" + key + "' timed out after " + std::to_string(ms) + " ms")));
+        });
+    kv_waiters_[w.key].push_back({p.conn, m.id, std::move(timer)});
+  }
+
+  // A waiter's timeout: `on_timeout(conn)` runs after `ms` unless the timer
+  // went first (with its waiter) or `conn` did.
+  template <class F>
+  std::shared_ptr<asio::steady_timer> waiter_timer(uint32_t ms, const std::shared_ptr<Connection>& conn, F on_timeout) {
+    auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(ms));
+    ++waiter_timers_;
+    t->async_wait(
+        [this, weak = std::weak_ptr<Connection>(conn), on_timeout = std::move(on_timeout)](asio::error_code ec) {
+          --waiter_timers_;
+          if (auto c = weak.lock(); c && !ec) on_timeout(c);
+        });
+    return t;
   }
 
   // Removes the waiter (conn, rid) under `key`; false when it was answered already.
@@ -575,7 +597,8 @@ class Head::Impl {
             {"subscribed_actors", subscribers_.size()},
             {"subscriptions", subscriptions},
             {"kv_waiters", kv_waiting},
-            {"group_waiters", group_waiting}};
+            {"group_waiters", group_waiting},
+            {"waiter_timers", waiter_timers_}};
   }
 
   void handle_event(Peer& p, const Message& m) {
@@ -1022,6 +1045,7 @@ class Head::Impl {
   std::map<uint64_t, std::vector<std::weak_ptr<Connection>>> subscribers_;
   std::map<uint64_t, std::vector<Waiter>> group_waiters_;
   std::map<std::string, std::vector<Waiter>> kv_waiters_;
+  size_t waiter_timers_ = 0;  // the waiters' timers not yet done (fired or cancelled)
   PeerId next_peer_id_ = 1;
   std::map<uint64_t, std::pair<int32_t, uint64_t>> watched_;        // client id -> pid, start time (see check_watched)
   std::map<uint64_t, std::pair<int32_t, uint64_t>> watched_nodes_;  // node id -> its agent's pid, start time

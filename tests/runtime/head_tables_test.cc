@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <future>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -54,6 +55,22 @@ TEST(HeadTables, DriversThatComeAndGoLeaveNothingBehind) {
     auto watch = driver.watch_actor(e.id(), [](const troupe::ActorInfo&) {});
     auto pg = driver.create_placement_group({{{"CPU", 1}}}, troupe::PlacementStrategy::kPack);
     EXPECT_THROW(driver.kv().wait("never-" + std::to_string(i), 1ms), troupe::Timeout);
+    // A wait answered long before its timeout, and one its driver leaves
+    // in: neither's timer outlives it (each kept its connection for the
+    // hour).
+    const std::string answered = "answered-" + std::to_string(i);
+    auto waits = std::async(std::launch::async, [&] { return driver.kv().wait(answered, 1h); });
+    ASSERT_TRUE(eventually([&] { return live_tables(rt)["kv_waiters"] == base["kv_waiters"].get<int>() + 1; }));
+    rt.kv().put(answered, "v");
+    EXPECT_EQ(waits.get(), "v");
+    rt.kv().erase(answered);
+    auto left = std::async(std::launch::async, [&] {
+      try {
+        driver.kv().wait("left-" + std::to_string(i), 1h);
+      } catch (const std::exception&) {  // the driver shuts down under it
+      }
+    });
+    ASSERT_TRUE(eventually([&] { return live_tables(rt)["kv_waiters"] == base["kv_waiters"].get<int>() + 1; }));
     // Keys the driver holds by a reference of its client's go with it.
     const std::string held = "held-" + std::to_string(i) + "/";
     driver.kv().put(held + "data", "x");
@@ -65,6 +82,7 @@ TEST(HeadTables, DriversThatComeAndGoLeaveNothingBehind) {
       driver.remove_placement_group(pg);
     }
     driver.shutdown();
+    left.get();
     // Its connection is gone before the next driver comes (its actor and
     // group are then released: the node has room for the next cycle).
     EXPECT_TRUE(eventually([&] { return live_tables(rt)["connections"] == base["connections"]; }))
