@@ -818,6 +818,32 @@ def test_checkpoint_store_is_atomic_and_keeps_the_best(tmp_path):
     assert [m["acc"] for _, m in store.best_checkpoints()] == [0.5, 0.9]
 
 
+def test_a_checkpoint_on_disk_always_has_its_report(tmp_path, monkeypatch):
+    """Rank 0 killed while it persists a checkpoint (here: its report's
+    write fails): whichever checkpoint a restart resumes from has its
+    report, with the loader epochs that restore the data order."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w").write_text("x")
+    store = CheckpointStore(tmp_path / "run", train.CheckpointConfig())
+    store.sweep()
+    store.persist(str(src), {"loss": 1.0}, extra={"loader_epochs": [0]})
+
+    def killed(*args, **kwargs):
+        raise OSError("killed while persisting")
+
+    monkeypatch.setattr(store, "record", killed)
+    with pytest.raises(OSError, match="killed while persisting"):
+        store.persist(str(src), {"loss": 0.5}, extra={"loader_epochs": [1]})
+    monkeypatch.undo()
+    store.sweep()  # what the restart does first
+    latest = store.latest()
+    assert store.report_of(latest.path).get("loader_epochs") == [0], (latest.path, store.progress())
+    # The next report takes the index the lost one did not fill.
+    store.persist(str(src), {"loss": 0.25}, extra={"loader_epochs": [2]})
+    assert store.report_of(store.latest().path)["metrics"] == {"loss": 0.25}
+
+
 def _kept(store):
     return sorted(int(name[-6:]) for name in os.listdir(store.run_dir) if name.startswith("checkpoint_"))
 

@@ -310,9 +310,15 @@ class CheckpointStore:
             shutil.rmtree(part, ignore_errors=True)
         _fsync_tree(tmp)
         final = self.path_of(index)
+        # The report first: a rank killed between the two left a checkpoint
+        # without its line, and the restart resumed from it with no
+        # iteration count and no loader epochs (its data order started
+        # again). Killed now, a line names a checkpoint that never came,
+        # which the next persist() takes the index of (the latest line of a
+        # name is its report).
+        self.record(metrics, os.path.basename(final), extra)
         os.rename(tmp, final)
         _fsync_dir(self.run_dir)
-        self.record(metrics, os.path.basename(final), extra)
         self._warn_if_unranked(os.path.basename(final), metrics)
         self._keep()
         return Checkpoint(final)
