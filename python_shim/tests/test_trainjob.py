@@ -137,6 +137,21 @@ def test_accumulation_trains_as_one_batch_of_that_many(tmp_path):
         TrainJob(model(), data, batch_size=8, accumulation=0, checkpoint_dir=str(tmp_path / "c"), **job).fit()
 
 
+def test_a_job_refused_before_it_starts_leaves_no_checkpoint_folder(tmp_path, monkeypatch):
+    """Without troupe-train, fit() is a ConfigError naming it, and the
+    temporary checkpoint folder TrainJob makes when given none is not left
+    behind (one was, for every refused fit())."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TROUPE_TRAIN", str(tmp_path / "no-such-binary"))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with pytest.raises(ConfigError, match="no-such-binary is not an executable file"):
+        TrainJob(model(), regression(64), workers=1, epochs=1, verbose=False).fit()
+    assert not list(scratch.glob("troupe-trainjob-ckpt-*"))
+
+
 def trainer_pids():
     status = json.loads(troupe._client().status_json())
     return [a["pid"] for a in status["actors"] if a["class"] == TRAINER_CLASS and a["state"] == "ALIVE"]

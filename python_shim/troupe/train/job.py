@@ -504,15 +504,17 @@ class TrainJob:
         config["data"] = _save_data(self._data, work, "data")
         if self._val_data is not None:
             config["val_data"] = _save_data(self._val_data, work, "val_data")
-        # Made once the input is known good. Left for the caller
+        env = dict(os.environ)
+        address, embedded = self._cluster_address(env)
+        binary = _train_binary()
+        # Made once the input, the cluster and the binary are known good
+        # (one made before a refusal was left behind). Left for the caller
         # (result.path): the final weights are there.
         self._made_checkpoint_dir = self._checkpoint_dir is None
         if self._made_checkpoint_dir:
             self._checkpoint_dir = tempfile.mkdtemp(prefix="troupe-trainjob-ckpt-")
         config["checkpoint_dir"] = os.path.abspath(self._checkpoint_dir)
         config["metrics"] = self.metrics_path
-        env = dict(os.environ)
-        address, embedded = self._cluster_address(env)
         if address:
             config["address"] = address
         # What this TrainJob saved is in the driver's temp folder, which
@@ -531,7 +533,7 @@ class TrainJob:
         # killing it without a word.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            self._proc = subprocess.Popen([_train_binary(), "--config", os.path.join(work, "job.json")], env=env,
+            self._proc = subprocess.Popen([binary, "--config", os.path.join(work, "job.json")], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
