@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
-#include <random>
 
 #include "troupe/runtime/client/task_cancel.h"
 #include "troupe/runtime/client/task_submitter.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/random_id.h"
 #include "troupe/runtime/core/worker_env.h"
 
 namespace troupe::client {
@@ -20,34 +20,6 @@ namespace {
 // How long a leaving client waits for the head to take its goodbye.
 constexpr std::chrono::seconds kGoodbyeTimeout{2};
 
-// A process's id towards the head: random, so that two processes (or two
-// runs of one) never share one.
-uint64_t new_client_id() {
-  std::random_device rd;
-  uint64_t id = 0;
-  while (id == 0) id = (uint64_t(rd()) << 32) ^ rd();
-  return id;
-}
-
-// "" when the head that answered a reconnection's hello (`m`) holds the
-// tables of the cluster this process joined (`cluster`); else why not. A
-// head of another (its state file lost) would take this process's
-// requests about actor 3 for its own actor 3.
-std::string same_cluster(uint64_t cluster, const wire::Message& m, const std::string& address) {
-  uint64_t now = 0;
-  try {
-    now = wire::decode_value<wire::HelloReply>(m.body).cluster_id;
-  } catch (const std::exception& e) {
-    return std::string("the head at ") + address + " came back with a reply this process cannot read: " + e.what();
-  }
-  if (cluster == 0 || now == 0 || now == cluster) return "";
-  // (A head that reads Hello::cluster_id refuses the hello itself.)
-  return "the head at " + address +
-         " came back without this cluster's tables (its state file was lost or removed; cluster " +
-         std::to_string(now) + ", not " + std::to_string(cluster) +
-         "): this process's actors, objects and keys are "
-         "gone with them";
-}
 }  // namespace
 
 using namespace troupe::wire;
@@ -634,26 +606,22 @@ std::shared_ptr<Core> Core::connect(const ConnectOptions& o) {
         },
         core->connection_options());
     Hello hello = o.hello;
-    if (hello.client_id == 0) hello.client_id = new_client_id();
+    if (hello.client_id == 0) hello.client_id = core::random_id();
     if (hello.host_key.empty()) hello.host_key = core::host_key();
     core->client_id_ = hello.client_id;
     core->hello_reply_ = core->head_->call<HelloReply>(Op::kHello, hello, o.timeout);
     hello.cluster_id = core->hello_reply_.cluster_id;  // said when it comes back
     if (core->hello_reply_.durable && o.head_reconnect.count() > 0)
-      core->head_->enable_reconnect({.window = o.head_reconnect,
-                                     .hello = encode_inline(hello),
-                                     .on_reconnected =
-                                         [c](Message&&) {
-                                           c->resubscribe();
-                                           std::function<void()> hook;
-                                           {
-                                             std::lock_guard lock(c->mu_);
-                                             hook = c->on_reconnected_;
-                                           }
-                                           if (hook) hook();
-                                         },
-                                     .accept = [cluster = core->hello_reply_.cluster_id, address = o.address](
-                                                   const Message& m) { return same_cluster(cluster, m, address); }});
+      core->head_->enable_reconnect(
+          {.window = o.head_reconnect, .hello = encode_inline(hello), .on_reconnected = [c](Message&&) {
+             c->resubscribe();
+             std::function<void()> hook;
+             {
+               std::lock_guard lock(c->mu_);
+               hook = c->on_reconnected_;
+             }
+             if (hook) hook();
+           }});
   } catch (...) {
     core->shutdown();
     throw;

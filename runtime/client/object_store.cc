@@ -9,13 +9,13 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <random>
 #include <thread>
 
 #include "troupe/runtime/client/listen_host.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/random_id.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/wire/error_kind.h"
 #include "troupe/runtime/wire/frame.h"
@@ -43,11 +43,6 @@ Message object_message(Kind kind, ObjectOp op, const ObjectRefInfo& info, uint64
   m.op = static_cast<uint32_t>(op);
   m.body = encode_inline(ObjectFrame{info.id, info.owner_instance, pin});
   return m;
-}
-
-uint64_t random_u64() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ rd();
 }
 
 // The limit from TROUPE_OBJECT_STORE_BYTES, else the default.
@@ -259,7 +254,7 @@ std::shared_ptr<ObjectStore> RefHolder::store() const {
   return s;
 }
 
-ObjectStore::ObjectStore(Core& core) : core_(core), instance_(random_u64() | 1), limit_(configured_limit()) {}
+ObjectStore::ObjectStore(Core& core) : core_(core), instance_(core::random_id()), limit_(configured_limit()) {}
 
 // Destroyed by the core's shutdown, after its I/O thread stopped: the
 // connections' handlers will never run again.

@@ -8,13 +8,13 @@
 #include <deque>
 #include <future>
 #include <map>
-#include <random>
 #include <set>
 #include <unordered_map>
 
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
+#include "troupe/runtime/core/random_id.h"
 #include "troupe/runtime/core/rate_limited_log.h"
 #include "troupe/runtime/core/utf8.h"
 #include "troupe/runtime/head/head_state.h"
@@ -40,13 +40,6 @@ std::string other_cluster_text(uint64_t now, uint64_t was) {
   return "the head came back without this cluster's tables (its state file was lost or removed; cluster " +
          std::to_string(now) + ", not " + std::to_string(was) +
          "): this process's actors, objects and keys are gone with them";
-}
-
-uint64_t new_cluster_id() {
-  std::random_device rd;
-  uint64_t id = 0;
-  while (id == 0) id = (uint64_t(rd()) << 32) ^ rd();
-  return id;
 }
 
 struct Peer {
@@ -1024,8 +1017,8 @@ class Head::Impl {
 
   HeadOptions opts_;
   HeadState state_;
-  uint64_t cluster_id_ = new_cluster_id();  // see HelloReply::cluster_id
-  bool cluster_row_due_ = false;            // not in the state file yet
+  uint64_t cluster_id_ = core::random_id();  // see HelloReply::cluster_id
+  bool cluster_row_due_ = false;             // not in the state file yet
   std::unique_ptr<HeadStore> store_;
   std::unique_ptr<HeadStore> failed_store_;  // a store that failed a write: kept for its lock
   std::string store_error_;                  // that write's error

@@ -291,19 +291,14 @@ void RpcChannel::retry_later(uint64_t gen) {
 }
 
 void RpcChannel::on_hello_reply(uint64_t gen, Message&& m) {
-  std::string why;
-  if (m.status != Status::OK)
-    why = "the head refused this process when it came back: " + core::exception_text(error_from_message(m));
-  else if (reconnect_.accept)
-    why = reconnect_.accept(m);
-  if (!why.empty()) {
+  if (m.status != Status::OK) {
     std::shared_ptr<Connection> d;
     {
       std::lock_guard lock(mu_);
       d = std::exchange(dialing_, nullptr);
     }
     if (d) d->close("hello refused");
-    return give_up(why);
+    return give_up("the head refused this process when it came back: " + core::exception_text(error_from_message(m)));
   }
   double away = 0;
   {

@@ -65,16 +65,13 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
   // Requests in flight at the drop fail with ConnectionError (the head may
   // or may not have acted on them); requests and events made meanwhile wait
   // and go out once the hello is answered, when `on_reconnected` (on io's
-  // thread) gets the reply. `accept` (when set) reads the reply first: a
-  // reason it returns refuses the head that answered (nothing waiting is
-  // sent to it) as a refused hello is. Only when the window passes, or the
+  // thread) gets the reply. Only when the window passes, or the
   // hello is refused, does the close handler run. Call once, right after
   // connect.
   struct Reconnect {
     std::chrono::milliseconds window{0};
     std::string hello;
     std::function<void(Message&& reply)> on_reconnected;
-    std::function<std::string(const Message& reply)> accept;
   };
   void enable_reconnect(Reconnect r);
 
