@@ -364,15 +364,22 @@ def reduce(tensor, dst_rank=0, group_name="default", op=ReduceOp.SUM):
     if isinstance(dst_rank, bool) or not isinstance(dst_rank, int) or not 0 <= dst_rank < member.world_size:
         raise ConfigError(f"collective reduce: dst_rank must be in [0, {member.world_size - 1}], got {dst_rank!r}")
     # A reduce is an allreduce kept at one rank, so the agreement check sees
-    # no root: the members first agree on it (one more small exchange;
+    # no root: the members first agree on it (one more small exchange, in
+    # the memory the group moves: an NCCL group refuses host arrays;
     # members naming different roots each kept the whole sum).
-    import numpy as np
+    if member.backend == Backend.NCCL:
+        import torch
 
-    roots = np.array([dst_rank, -dst_rank], dtype=np.int64)
+        roots = torch.tensor([dst_rank, -dst_rank], dtype=torch.int64, device=tensor.device)
+    else:
+        import numpy as np
+
+        roots = np.array([dst_rank, -dst_rank], dtype=np.int64)
     allreduce(roots, group_name, ReduceOp.MAX)
-    if roots[0] != -roots[1]:
-        raise ConfigError(f"collective reduce: the members passed different dst_rank (from {-int(roots[1])} to "
-                          f"{int(roots[0])}; this one {dst_rank}), so none reduced")
+    highest, lowest = int(roots[0]), -int(roots[1])
+    if highest != lowest:
+        raise ConfigError(f"collective reduce: the members passed different dst_rank (from {lowest} to "
+                          f"{highest}; this one {dst_rank}), so none reduced")
     result = _copy_of(tensor)
     allreduce(result, group_name, op)
     if member.rank == dst_rank:
