@@ -851,4 +851,11 @@ PYBIND11_MODULE(_core, m) {
   // ran (None on a thread that runs none).
   m.def("current_task_cancelled", [] { return client::current_task_cancelled(); });
   m.def("getenv", [](const std::string& name) { return core::env_value(name.c_str()); });
+  // None when unset, where getenv says "" for unset and empty alike: an
+  // empty CUDA_VISIBLE_DEVICES hides every GPU, an unset one none.
+  m.def("getenv_or_none", [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (!v) return std::nullopt;
+    return std::string(v);
+  });
 }

@@ -68,6 +68,24 @@ def test_env_vars_reach_tasks_actors_and_their_children(job):
         RENV_JOB="job", RENV_OWN="parent", RENV_CHILD="child")
 
 
+@troupe.remote
+class GpuView:
+    def visible(self):
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_an_actor_without_gpus_sees_none_whether_pooled_or_cold(job):
+    """CUDA_VISIBLE_DEVICES is set empty for an actor that asked for no GPU
+    (it hides every device), in a warm pooled worker and in a cold one
+    alike (a variable the loader reads, LD_BIND_NOW, makes it cold): a cold
+    worker's Python removed the empty value, and CUDA then showed it every
+    GPU of the host."""
+    pooled = GpuView.remote()
+    cold = GpuView.options(runtime_env={"env_vars": {"LD_BIND_NOW": "1"}}).remote()
+    assert troupe.get(pooled.visible.remote(), timeout=60) == ""
+    assert troupe.get(cold.visible.remote(), timeout=60) == ""
+
+
 def test_rays_runtime_env_class_is_taken_where_a_dict_is(job):
     # Code written for Ray builds its env with ray.runtime_env.RuntimeEnv.
     from troupe.runtime_env import RuntimeEnv

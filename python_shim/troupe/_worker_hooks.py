@@ -53,12 +53,15 @@ def _sync_environment():
     # catches up.
     from troupe import _remote
 
+    # An empty value stays (an empty CUDA_VISIBLE_DEVICES hides every GPU;
+    # popping it unset the variable of a worker that had it from its exec,
+    # and CUDA then showed that actor every GPU of the host).
     for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE", _remote.RUNTIME_ENV_VARS):
-        value = _core.getenv(name)
-        if value:
-            os.environ[name] = value
-        else:
+        value = _core.getenv_or_none(name)
+        if value is None:
             os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     # References expanded here too: a pooled worker was not started for
     # them (troupe.worker expands them in one that was).
     _remote.apply_env_vars()

@@ -70,6 +70,23 @@ int cuda_device_count() {
   return n;
 }
 
+// This agent's own CUDA_VISIBLE_DEVICES, one entry per device (an index,
+// a UUID, a MIG id); empty when it is not set.
+std::vector<std::string> visible_devices() {
+  std::vector<std::string> out;
+  const std::string v = core::env_value("CUDA_VISIBLE_DEVICES");
+  size_t start = 0;
+  while (!v.empty() && start <= v.size()) {
+    const size_t comma = std::min(v.find(',', start), v.size());
+    std::string one = v.substr(start, comma - start);
+    while (!one.empty() && one.front() == ' ') one.erase(0, 1);
+    while (!one.empty() && one.back() == ' ') one.pop_back();
+    out.push_back(one);
+    start = comma + 1;
+  }
+  return out;
+}
+
 std::string hostname() {
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
@@ -603,9 +620,16 @@ class NodeAgent::Impl {
   }
 
   // The actor's part of a worker's environment: its GPUs, then its extra env.
+  // The node's GPU k is the k-th device this agent sees: of its own
+  // CUDA_VISIBLE_DEVICES when it was started with one (a Slurm step's GPUs,
+  // a host's share given to one agent), where k itself named another GPU.
   static std::vector<std::string> actor_env(const SpawnWorker& s) {
+    static const std::vector<std::string> visible = visible_devices();
     std::string gpus;
-    for (size_t i = 0; i < s.gpu_ids.size(); ++i) gpus += (i ? "," : "") + std::to_string(s.gpu_ids[i]);
+    for (size_t i = 0; i < s.gpu_ids.size(); ++i) {
+      const auto k = static_cast<size_t>(s.gpu_ids[i]);
+      gpus += (i ? "," : "") + (k < visible.size() ? visible[k] : std::to_string(k));
+    }
     std::vector<std::string> env{"CUDA_VISIBLE_DEVICES=" + gpus};
     env.insert(env.end(), s.env.begin(), s.env.end());
     return env;

@@ -188,6 +188,23 @@ TEST(WorkerPool, PooledActorGetsItsGpusAndEnvironment) {
   EXPECT_EQ(b.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get(), "");
 }
 
+// An agent started with CUDA_VISIBLE_DEVICES (a Slurm step's GPUs, a
+// host's share given to one agent) numbers only those: its GPU k is the
+// k-th of that list, which is what a worker is given, pooled or cold. It
+// gave ids 0..n-1 as the host's own (GPU 0, not 5).
+TEST(WorkerPool, WorkersGetTheAgentsOwnVisibleDevices) {
+  auto o = one_node(2);
+  o.env = {"CUDA_VISIBLE_DEVICES=5,7"};
+  troupe::testing::LocalCluster cluster(o);
+  auto rt = cluster.connect();
+  auto pooled = rt.spawn<PoolProbe>({.resources = {{"GPU", 1}}});
+  auto cold = rt.spawn<PoolProbe>({.resources = {{"GPU", 1}}, .env = {"LD_BIND_NOW=1"}});
+  expect_worker(cold, false);
+  std::set<std::string> seen{pooled.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get(),
+                             cold.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get()};
+  EXPECT_EQ(seen, (std::set<std::string>{"5", "7"}));
+}
+
 // Workers keep freed memory in their heap (see malloc_policy.h): a large
 // block is not a mapping of its own there, unless the actor asks for the
 // system allocator's defaults. Pooled and cold workers alike.
