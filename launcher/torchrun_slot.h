@@ -115,10 +115,6 @@ class TorchrunSlot {
 // (a PATH value); "" when there is none.
 std::string find_executable(const std::string& name, const std::string& path);
 
-// The kernel's ephemeral port range (ip_local_port_range): ports outgoing
-// connects are given.
-std::pair<uint16_t, uint16_t> ephemeral_port_range();
-
 }  // namespace troupe::launcher
 
 TROUPE_ACTOR(troupe::launcher::TorchrunSlot, &troupe::launcher::TorchrunSlot::free_port,

@@ -30,6 +30,7 @@
 #include "troupe/runtime/core/utf8.h"
 #include "troupe/runtime/core/worker_env.h"
 #include "troupe/runtime/head/resource_pool.h"
+#include "troupe/runtime/wire/local_host.h"
 #include "troupe/runtime/worker/reply_watch.h"
 
 namespace pyb = pybind11;
@@ -858,4 +859,8 @@ PYBIND11_MODULE(_core, m) {
     if (!v) return std::nullopt;
     return std::string(v);
   });
+  // TorchTrainer's MASTER_PORT and GLOO_SOCKET_IFNAME, as `troupe torchrun`
+  // picks them (wire/local_host.h).
+  m.def("free_port", [] { return wire::free_listen_port(); });
+  m.def("interface_of", [](const std::string& address) { return wire::interface_of(address); });
 }

@@ -171,6 +171,43 @@ def test_torchrun_workers_meet_at_rank0s_host_address(hosts, tmp_path):
     assert len(master) == 1 and master <= addresses, (master, addresses)  # a host's own address, never 127.0.0.1
 
 
+def test_torch_trainer_ranks_on_two_hosts_meet_at_rank0s_host_address(hosts, tmp_path):
+    """TorchTrainer with its two workers on two hosts: MASTER_ADDR is rank
+    0's host's own address (as the head has its node), never the loopback
+    address the host name resolves to here, and gloo is told the interface
+    that carries it; the ranks' all-reduce meets."""
+    import troupe
+    from troupe import train
+    from troupe.train.torch import TorchConfig, TorchTrainer
+
+    def loop():
+        import os
+
+        import torch
+        import torch.distributed as dist
+        from troupe import train
+
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        train.report({"sum": t.item(), "master": os.environ["MASTER_ADDR"],
+                      "ifname": os.environ.get("GLOO_SOCKET_IFNAME", "")})
+
+    os.environ["TROUPE_TOKEN"] = hosts["token"]
+    troupe.init(address=hosts["address"])
+    try:
+        # A short process-group timeout: ranks that cannot meet fail in a
+        # minute instead of the default half hour.
+        result = TorchTrainer(loop, torch_config=TorchConfig(timeout_s=60),
+                              scaling_config=train.ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
+                              run_config=train.RunConfig(name="spread", storage_path=str(tmp_path))).fit()
+    finally:
+        troupe.shutdown()
+    assert result.error is None, result.error
+    assert result.metrics["sum"] == 3, result.metrics
+    assert result.metrics["master"] in {v["ip"] for v in hosts["nodes"].values()}, result.metrics
+    assert result.metrics["ifname"].startswith("tp"), result.metrics  # the host's veth
+
+
 def test_training_across_hosts_heals_when_a_host_is_cut_off(hosts, tmp_path):
     clean = job(hosts, tmp_path, "clean").fit()
     assert clean.recoveries == 0

@@ -23,14 +23,37 @@ from .checkpoint import Checkpoint, CheckpointStore
 PROCESS_GROUP_TIMEOUT_S = 300
 
 
-def _node_ip():
-    ip = os.environ.get("TROUPE_NODE_IP")
-    if ip:
-        return ip
+def _node_ip(rt):
+    """The address the node's other hosts reach it at: the runtime's
+    get_node_ip_address (troupe's and Ray's: the node's address as the head
+    has it). The host name often resolves to 127.0.1.1, which rank 0's
+    peers on other hosts could not reach."""
+    return importlib.import_module(rt.__name__ + ".util").get_node_ip_address()
+
+
+def _native():
+    """troupe's native module; None where the package runs from its source
+    folder alone (the tests that run TorchTrainer on Ray's actors)."""
     try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+        from .. import _core
+    except ImportError:
+        return None
+    return _core
+
+
+def _socket_interfaces(ip):
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME naming the interface that
+    carries `ip`, for those the environment does not set (as `troupe
+    torchrun` does): gloo and NCCL pick theirs from the host name, which
+    often resolves to loopback, and a rank would tell its peers on other
+    hosts an address they cannot reach."""
+    core = _native()
+    if core is None or not ip or ip.startswith("127.") or ip == "::1":
+        return {}
+    ifname = core.interface_of(ip)
+    if not ifname:
+        return {}
+    return {var: ifname for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if not os.environ.get(var)}
 
 
 def _node_id(rt):
@@ -58,10 +81,16 @@ class TrainWorker:
         self._rt = importlib.import_module(runtime_name)
 
     def node_info(self):
-        return {"node_id": _node_id(self._rt), "ip": _node_ip(), "pid": os.getpid()}
+        return {"node_id": _node_id(self._rt), "ip": _node_ip(self._rt), "pid": os.getpid()}
 
     def free_port(self):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        """MASTER_PORT: a port free now, outside the kernel's ephemeral
+        range where one is (any outgoing connect could take one from inside
+        it before rank 0's store binds it)."""
+        core = _native()
+        if core is not None:
+            return core.free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the package's source alone (tests on Ray)
             s.bind(("", 0))
             return s.getsockname()[1]
 
@@ -80,6 +109,7 @@ class TrainWorker:
             # Before the group forms: the others are told at once.
             store.check_shared(spec["storage_marker"], ctx.world_rank)
         os.environ.update(session.local_env(ctx, spec["master_addr"], spec["master_port"]))
+        os.environ.update(_socket_interfaces(self.node_info()["ip"]))
         use_gpu = spec["use_gpu"] and torch.cuda.is_available()
         if use_gpu:
             torch.cuda.set_device(_device_index(ctx))
