@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
@@ -66,51 +68,70 @@ struct ShmGroup::Header {
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
+namespace {
+
+// What a create made so far, undone when it does not get as far as the
+// group: a collective in it that throws (a peer died, the group was
+// aborted while it formed) left the segment in /dev/shm until reboot and
+// its mapping in the process.
+struct PendingSegment {
+  std::string name;
+  bool unlink = false;  // rank 0, which created it
+  int fd = -1;
+  void* base = MAP_FAILED;
+  size_t total = 0;
+  ~PendingSegment() {
+    if (fd >= 0) ::close(fd);
+    if (base != MAP_FAILED) ::munmap(base, total);
+    if (unlink) ::shm_unlink(name.c_str());
+  }
+};
+
+}  // namespace
+
 std::unique_ptr<ShmGroup> ShmGroup::create(std::unique_ptr<collective::Group>& inner, size_t arena_bytes,
                                            std::chrono::milliseconds timeout) {
   TROUPE_CHECK(inner);
   arena_bytes = (arena_bytes + kAlign - 1) / kAlign * kAlign;
-  const size_t total = kHeaderBytes + arena_bytes * static_cast<size_t>(inner->world_size());
+  PendingSegment s;
+  s.total = kHeaderBytes + arena_bytes * static_cast<size_t>(inner->world_size());
   // A name every rank derives alike; the random part comes from rank 0
   // through a broadcast, so a stale segment of an earlier run never matches.
   uint64_t nonce = 0;
   if (inner->rank() == 0) nonce = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
   inner->broadcast(&nonce, 1, collective::DType::kInt64, 0)->wait(timeout);
-  std::string shm_name = "/troupe-" + std::to_string(nonce);
-  int fd = -1;
+  s.name = "/troupe-" + std::to_string(nonce);
+  int err = 0;
   if (inner->rank() == 0) {
-    fd = ::shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    s.fd = ::shm_open(s.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    s.unlink = s.fd >= 0;
     // Reserve the pages now: a tmpfs too small for the segment fails here
     // (and every rank falls back) instead of SIGBUS on first touch.
-    if (fd >= 0 &&
-        (::ftruncate(fd, static_cast<off_t>(total)) != 0 || ::posix_fallocate(fd, 0, static_cast<off_t>(total)) != 0)) {
-      ::close(fd);
-      ::shm_unlink(shm_name.c_str());
-      fd = -1;
-    }
+    if (s.fd < 0 || ::ftruncate(s.fd, static_cast<off_t>(s.total)) != 0)
+      err = errno;
+    else
+      err = ::posix_fallocate(s.fd, 0, static_cast<off_t>(s.total));  // returns its error
+    if (err != 0 && s.fd >= 0) ::close(std::exchange(s.fd, -1));
   }
-  int64_t ok = inner->rank() == 0 ? (fd >= 0) : 1;
+  int64_t ok = inner->rank() == 0 ? (s.fd >= 0) : 1;
   inner->broadcast(&ok, 1, collective::DType::kInt64, 0)->wait(timeout);
-  if (!ok) throw Error("cannot create shared memory segment " + shm_name + ": " + std::strerror(errno));
-  if (inner->rank() != 0) fd = ::shm_open(shm_name.c_str(), O_RDWR, 0600);
-  int64_t mine = fd >= 0, all = 0;
-  void* base = MAP_FAILED;
-  if (fd >= 0) {
-    base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (base == MAP_FAILED) mine = 0;
+  if (!ok)
+    throw Error("cannot create shared memory segment " + s.name + ": " +
+                (inner->rank() == 0 ? std::strerror(err) : "rank 0 could not"));
+  if (inner->rank() != 0) s.fd = ::shm_open(s.name.c_str(), O_RDWR, 0600);
+  if (s.fd >= 0) {
+    s.base = ::mmap(nullptr, s.total, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd, 0);
+    ::close(std::exchange(s.fd, -1));
   }
-  all = mine;
+  int64_t all = s.base != MAP_FAILED;
   collective::AllreduceOptions ao;
   ao.op = collective::ReduceOp::kMin;
   inner->allreduce(&all, 1, collective::DType::kInt64, ao)->wait(timeout);
-  // Everyone has it mapped (or failed): the name is no longer needed.
-  if (inner->rank() == 0) ::shm_unlink(shm_name.c_str());
-  if (!all) {
-    if (base != MAP_FAILED) ::munmap(base, total);
-    throw Error("a rank could not map the shared memory segment " + shm_name);
-  }
-  return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(inner), base, total, arena_bytes, timeout));
+  // Everyone has it mapped (or failed): the name is no longer needed
+  // (PendingSegment unlinks it on rank 0, whatever happens).
+  if (!all) throw Error("a rank could not map the shared memory segment " + s.name);
+  void* base = std::exchange(s.base, MAP_FAILED);
+  return std::unique_ptr<ShmGroup>(new ShmGroup(std::move(inner), base, s.total, arena_bytes, timeout));
 }
 
 ShmGroup::ShmGroup(std::unique_ptr<collective::Group> inner, void* base, size_t total, size_t arena,

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -406,6 +407,32 @@ TEST(ShmGroupTest, AnAbortsReasonReachesThePeers) {
           << e.what();
     }
   });
+}
+
+// A create cut short by a peer (a replacement killed, or the group aborted,
+// while the gang forms) leaves neither its segment in /dev/shm nor its
+// mapping in the process: they stayed until reboot, one more each time.
+TEST(ShmGroupTest, ACreateCutShortLeavesNoSegmentAndNoMapping) {
+  std::string name;
+  run_ranks_owned(2, [&](int rank, std::unique_ptr<collective::Group>& inner) {
+    if (rank == 0) {
+      EXPECT_ANY_THROW(ShmGroup::create(inner, 1 << 20, std::chrono::seconds(30)));
+      return;
+    }
+    // Rank 1 takes part as far as the segment's making, then leaves.
+    uint64_t nonce = 0;
+    int64_t ok = 0;
+    inner->broadcast(&nonce, 1, collective::DType::kInt64, 0)->wait(std::chrono::seconds(30));
+    inner->broadcast(&ok, 1, collective::DType::kInt64, 0)->wait(std::chrono::seconds(30));
+    EXPECT_EQ(ok, 1);
+    name = "troupe-" + std::to_string(nonce);
+    inner->abort("rank 1 died");
+  });
+  ASSERT_FALSE(name.empty());
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + name)) << name << " left in /dev/shm";
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    EXPECT_EQ(line.find(name), std::string::npos) << "still mapped: " << line;
 }
 
 // The reducer with buckets in the shared arena gives the averaged gradient.
