@@ -32,10 +32,14 @@ class TensorWork final : public collective::Work {
 
 enum class Kind { kGloo, kNccl, kOther };
 
+// Of the group that moves the data: a trainer's is join_group's wrapper,
+// which alone is neither (an NCCL trainer's SyncBatchNorm staged its
+// statistics to host memory and handed NCCL a host pointer).
 Kind kind_of(Group& group) {
-  if (dynamic_cast<collective::GlooGroup*>(&group) != nullptr) return Kind::kGloo;
+  Group& backend = group.backend();
+  if (dynamic_cast<collective::GlooGroup*>(&backend) != nullptr) return Kind::kGloo;
 #if TROUPE_WITH_NCCL
-  if (dynamic_cast<collective::NcclGroup*>(&group) != nullptr) return Kind::kNccl;
+  if (dynamic_cast<collective::NcclGroup*>(&backend) != nullptr) return Kind::kNccl;
 #endif
   return Kind::kOther;
 }

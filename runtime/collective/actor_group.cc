@@ -207,6 +207,7 @@ class JoinedGroup final : public Group {
   }
   void abort(const std::string& reason) override { backend_->abort(reason); }
   bool is_aborted() const override { return backend_->is_aborted(); }
+  Group& backend() override { return backend_->backend(); }
 
  private:
   std::unique_ptr<Group> backend_;

@@ -136,6 +136,11 @@ class Group {
   // from any thread (the runtime calls it from its control thread).
   virtual void abort(const std::string& reason) = 0;
   virtual bool is_aborted() const = 0;
+
+  // The group that moves the data: this one, or the one a wrapper forwards
+  // to (join_group's), for callers that ask which backend it is (host or
+  // device memory).
+  virtual Group& backend() { return *this; }
 };
 
 }  // namespace troupe::collective

@@ -20,6 +20,7 @@
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/collective/actor_group.h"
+#include "troupe/runtime/collective/gloo_group.h"
 #include "troupe/runtime/collective/kv_gloo_store.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/testing/local_cluster.h"
@@ -54,6 +55,13 @@ class Rank {
   Rank() = default;
 
   int pid() const { return ::getpid(); }
+
+  // The type of the group that moves the data behind join_group's.
+  std::string backend(std::string name) {
+    Group& b = group(name).backend();
+    if (&b == &group(name)) return "the wrapper itself";
+    return dynamic_cast<troupe::collective::GlooGroup*>(&b) != nullptr ? "gloo" : "another";
+  }
 
   void join(std::string name, int64_t generation, int rank, int world, std::vector<uint64_t> members,
             int64_t rendezvous_ms) {
@@ -179,7 +187,7 @@ class Rank {
   std::map<std::string, std::unique_ptr<Group>> groups_;
 };
 TROUPE_ACTOR(Rank, &Rank::pid, &Rank::join, &Rank::allreduce, &Rank::broadcast, &Rank::allgather, &Rank::reduce_scatter,
-             &Rank::send_recv, &Rank::barrier, &Rank::allreduce_until_failure)
+             &Rank::send_recv, &Rank::barrier, &Rank::allreduce_until_failure, &Rank::backend)
 
 namespace {
 
@@ -243,6 +251,9 @@ TEST_F(ActorGroupTest, EveryOpAndTypeForWorldSizesOneToFour) {
     std::vector<ActorHandle<Rank>> ranks(all.begin(), all.begin() + world);
     const std::string name = "ops-w" + std::to_string(world);
     join_all(ranks, name, 1);
+    // What the trainer's tensor collectives ask to tell host from device
+    // memory (trainer/tensor_collectives.cc).
+    for (auto& r : ranks) EXPECT_EQ(r.call(&Rank::backend, name).get(kWaitBound), "gloo");
 
     // (description, one future per rank)
     std::vector<std::pair<std::string, std::vector<Future<std::string>>>> checks;
