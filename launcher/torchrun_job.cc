@@ -150,6 +150,7 @@ class TorchrunJob {
       say("setting OMP_NUM_THREADS=1 for each process (torchrun's default with several per node); set it to tune");
     }
     if (const char* v = std::getenv("NCCL_ASYNC_ERROR_HANDLING")) nccl_async_ = v;
+    if (const char* v = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")) torch_nccl_async_ = v;
     for (char** e = environ; *e; ++e) driver_env_.emplace_back(*e);
   }
 
@@ -327,7 +328,7 @@ class TorchrunJob {
   void launch(Attempt& a, int restart) {
     a.restart = restart;
     launched_once_ = true;
-    AttemptEnv env{restart, o_.max_restarts, run_id_, "", 0, omp_, nccl_async_};
+    AttemptEnv env{restart, o_.max_restarts, run_id_, "", 0, omp_, nccl_async_, torch_nccl_async_};
     env.master_addr = wire::strip_brackets(wire::parse_address(a.slots[0].info().address).first);
     env.master_port = a.slots[0].call(&TorchrunSlot::free_port).get();
     auto gpus = gpu_lists(a);
@@ -564,6 +565,7 @@ class TorchrunJob {
   std::string omp_;
   std::vector<std::string> driver_env_;  // this process's environment (rank_environment)
   std::string nccl_async_ = "1";
+  std::string torch_nccl_async_ = "1";
   bool launched_once_ = false;  // an attempt started: later ones wait for room, whatever the nodes
   uint32_t spare_delay_ms_ = spare_delay_from_env();
   const StopSignals* stop_ = nullptr;

@@ -386,6 +386,7 @@ std::vector<std::string> torchrun_env(const RankPlace& p, const AttemptEnv& a) {
       // torchrun's c10d rendezvous: rank 0's process hosts the TCP store.
       "TORCHELASTIC_USE_AGENT_STORE=False",
       "NCCL_ASYNC_ERROR_HANDLING=" + a.nccl_async_error_handling,
+      "TORCH_NCCL_ASYNC_ERROR_HANDLING=" + a.torch_nccl_async_error_handling,
   };
   if (!a.omp_num_threads.empty()) env.push_back("OMP_NUM_THREADS=" + a.omp_num_threads);
   return env;

@@ -84,7 +84,10 @@ struct AttemptEnv {
   std::string master_addr;
   int master_port = 0;
   std::string omp_num_threads;  // "" = not set (torchrun: 1 when nproc > 1 and unset)
+  // torchrun sets the one its torch reads: 1.x NCCL_ASYNC_ERROR_HANDLING,
+  // 2.x TORCH_NCCL_ASYNC_ERROR_HANDLING; the script's torch may be either.
   std::string nccl_async_error_handling = "1";
+  std::string torch_nccl_async_error_handling = "1";
 };
 
 // The torchrun variables for one rank, KEY=VALUE (TORCHELASTIC_ERROR_FILE

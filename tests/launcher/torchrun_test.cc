@@ -442,6 +442,7 @@ TEST(TorchrunOptions, EnvironmentIsTorchrunsTable) {
                                    "TORCHELASTIC_RUN_ID=job",
                                    "TORCHELASTIC_USE_AGENT_STORE=False",
                                    "NCCL_ASYNC_ERROR_HANDLING=1",
+                                   "TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
                                    "OMP_NUM_THREADS=1"};
   EXPECT_EQ(env, want);
 }
@@ -523,6 +524,7 @@ TEST_F(TorchrunTest, EnvironmentIsTorchrunsAndOutputIsRankPrefixed) {
                                                {"TORCHELASTIC_RUN_ID", "envtest"},
                                                {"TORCHELASTIC_USE_AGENT_STORE", "False"},
                                                {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+                                               {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
                                                {"OMP_NUM_THREADS", "1"}};
     for (auto& [k, v] : want) EXPECT_EQ(env[k], v) << k << " of rank " << rank;
     EXPECT_TRUE(env.count("CUDA_VISIBLE_DEVICES")) << "rank " << rank;
