@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <ostream>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/exception_text.h"
 #include "troupe/runtime/core/logging.h"
+#include "troupe/runtime/core/random_id.h"
 #include "troupe/trainer/consumed_record.h"
 #include "troupe/trainer/failure_recovery.h"
 #include "troupe/trainer/gang.h"
@@ -107,9 +109,18 @@ double wait_share(const std::vector<TrainReport>& reps) {
 
 // Unique per fit() in this process: names the collective group and the
 // placement groups.
+// With a random part: a rank killed mid-rendezvous leaves its keys in the
+// head's KV (a durable head keeps them), and a later job of the same name
+// and pid (the default name; a container's entrypoint is pid 1) read them
+// as its own peers' and failed its join.
 std::string unique_group_name(const TrainJobConfig& cfg) {
   static std::atomic<int64_t> job_counter{0};
-  return cfg.name + "-" + std::to_string(::getpid()) + "-" + std::to_string(job_counter++);
+  static const std::string run = [] {
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", static_cast<uint32_t>(core::random_id()));
+    return std::string(hex);
+  }();
+  return cfg.name + "-" + std::to_string(::getpid()) + "-" + std::to_string(job_counter++) + "-" + run;
 }
 
 // What a step boundary leaves to do.
