@@ -27,6 +27,25 @@ torch::Tensor offset_edges(const torch::Tensor& e, size_t g, int64_t nodes, int6
   return e.to(torch::kLong) + offset;
 }
 
+// Sample `g`'s node and edge keys have a row per node and per edge: one
+// that did not was concatenated out of line with the others' rows.
+void check_rows(const Sample& s, size_t g, int64_t nodes, const GraphKeys& keys) {
+  auto rows = [&](const std::string& key, int64_t want, const char* per) {
+    if (!s.contains(key)) return;
+    const torch::Tensor& t = s.at(key);
+    if (t.dim() == 0 || t.size(0) != want)
+      bad(g, "has " + describe_tensor(t) + " under '" + key + "'; it must have " + std::to_string(want) +
+                 " rows, one per " + per);
+  };
+  for (const auto& key : keys.node) rows(key, nodes, "node");
+  for (const auto& key : keys.edge) {
+    if (!s.contains(key)) continue;
+    if (!s.contains(keys.edge_index)) bad(g, "has '" + key + "' but no edge index '" + keys.edge_index + "'");
+    const torch::Tensor& e = s.at(keys.edge_index);
+    if (e.dim() == 2) rows(key, e.size(1), "edge");
+  }
+}
+
 }  // namespace
 
 TensorDict graph_collate(const std::vector<Sample>& samples, const GraphKeys& keys) {
@@ -39,6 +58,7 @@ TensorDict graph_collate(const std::vector<Sample>& samples, const GraphKeys& ke
     const Sample& s = samples[g];
     if (!s.contains(keys.node.front())) bad(g, "has no node key '" + keys.node.front() + "'");
     const int64_t nodes = s.at(keys.node.front()).size(0);
+    check_rows(s, g, nodes, keys);
     for (const auto& [key, t] : s) {
       if (key == keys.edge_index) {
         edges.push_back(offset_edges(t, g, nodes, offset));
@@ -52,7 +72,10 @@ TensorDict graph_collate(const std::vector<Sample>& samples, const GraphKeys& ke
     offset += nodes;
   }
   TensorDict out;
-  for (auto& [key, parts] : cat0) out.set(key, torch::cat(parts));
+  for (auto& [key, parts] : cat0) {
+    if (parts.size() != samples.size()) throw Error("graph_collate: key '" + key + "' is missing in some samples");
+    out.set(key, torch::cat(parts));
+  }
   if (!edges.empty()) out.set(keys.edge_index, torch::cat(edges, 1));
   for (const auto& [key, parts] : stack) {
     if (parts.size() != samples.size()) throw Error("graph_collate: key '" + key + "' is missing in some samples");

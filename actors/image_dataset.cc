@@ -199,9 +199,11 @@ std::unique_ptr<ImageRecordDataset> ImageRecordDataset::from_npy(const std::stri
   if (images.dtype() != torch::kByte || images.shape().size() != 4) {
     throw Error("npy file '" + images_path + "': image records must be uint8 with shape (N, C, H, W)");
   }
+  std::vector<NpyArray> files{images};
   torch::Tensor labels;
   if (!labels_path.empty()) {
     NpyArray l = NpyArray::open(labels_path);
+    files.push_back(l);
     if (l.shape().size() != 1 || l.shape()[0] != images.rows() || !c10::isIntegralType(l.dtype(), false)) {
       throw Error("npy file '" + labels_path + "': labels must be integers with shape (" +
                   std::to_string(images.rows()) + ",)");
@@ -210,7 +212,15 @@ std::unique_ptr<ImageRecordDataset> ImageRecordDataset::from_npy(const std::stri
   }
   auto ds = std::make_unique<ImageRecordDataset>(images.tensor(), labels, std::move(transform));
   ds->origin_ = "'" + images_path + "'" + (labels_path.empty() ? "" : ", labels '" + labels_path + "'");
+  ds->files_ = std::move(files);
   return ds;
+}
+
+// The views of a file written in place since it was mapped read what the
+// writer left, or fault (a shorter file): a ConfigError naming it instead,
+// as NpyArray::row says for the other .npy data sets.
+void ImageRecordDataset::check_files() const {
+  for (const NpyArray& f : files_) f.check_unchanged();
 }
 
 std::string ImageRecordDataset::describe() const {
@@ -221,6 +231,7 @@ std::string ImageRecordDataset::describe() const {
 }
 
 Sample ImageRecordDataset::load(int64_t index, int64_t epoch) const {
+  check_files();
   const int64_t c = images_.size(1), h = images_.size(2), w = images_.size(3);
   const uint8_t* src = images_.data_ptr<uint8_t>() + index * c * h * w;
   return {{"input", transform_raw(src, c, h, w, transform_, epoch, index)},
@@ -230,6 +241,7 @@ Sample ImageRecordDataset::load(int64_t index, int64_t epoch) const {
 std::optional<TensorDict> ImageRecordDataset::load_batch(const std::vector<int64_t>& indices, int64_t epoch) const {
   if (indices.empty()) return std::nullopt;
   for (int64_t i : indices) check_index(i);
+  check_files();
   const int64_t c = images_.size(1), h = images_.size(2), w = images_.size(3);
   const auto one = transformed_sizes(c, h, w, transform_);
   std::vector<int64_t> sizes{static_cast<int64_t>(indices.size())};

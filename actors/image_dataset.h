@@ -103,6 +103,10 @@ class ImageRecordDataset final : public Dataset {
   torch::Tensor labels_;
   ImageTransformOptions transform_;
   std::string origin_;
+  // The mapped .npy files images_ and labels_ view (none for synthetic
+  // records): a read checks that they were not written in place since.
+  std::vector<NpyArray> files_;
+  void check_files() const;
   mutable std::mutex finish_mu_;
   mutable torch::Tensor finish_out_;  // finish()'s last CPU output
   // finish()'s table and channel offsets (channel·256) on the last GPU it

@@ -11,6 +11,17 @@ namespace {
 // What is inflated of a deflated member to read its .npy header: NumPy's
 // headers are a few hundred bytes.
 constexpr uint64_t kHeaderBytes = 64 * 1024;
+
+// Whether the .npy header of a member that starts with `head` reaches past
+// it: only then can the whole member say more of it than `head` did.
+bool header_reaches_past(const std::vector<std::byte>& head) {
+  const auto* p = reinterpret_cast<const unsigned char*>(head.data());
+  if (head.size() < 12) return false;
+  if (p[6] == 1) return 10 + (size_t(p[8]) | size_t(p[9]) << 8) > head.size();
+  if (p[6] == 2 || p[6] == 3)
+    return 12 + (size_t(p[8]) | size_t(p[9]) << 8 | size_t(p[10]) << 16 | size_t(p[11]) << 24) > head.size();
+  return false;
+}
 }  // namespace
 
 std::map<std::string, NpyArray> NpyArray::open_npz(const std::string& path, bool allow_unsigned) {
@@ -41,8 +52,11 @@ std::map<std::string, NpyArray> NpyArray::open_npz(const std::string& path, bool
         out.emplace(m.key, from_header(label, head.data(), head.size(), inflated->size, inflated, allow_unsigned));
         continue;
       } catch (const Error&) {
-        // A header longer than kHeaderBytes (or a bad one): read it from
-        // the whole member below, which names the problem.
+        // A refused header (fortran order, a dtype not read, more data than
+        // the member holds) is refused now: going on inflated the whole
+        // member (4 GB of a 4 MB file of zeros) to say the same. One longer
+        // than kHeaderBytes is read from the whole member below.
+        if (!header_reaches_past(head)) throw;
       }
     }
     const size_t size = inflated->size;

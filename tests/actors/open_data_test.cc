@@ -103,6 +103,52 @@ TEST(CustomCollate, GraphCollateNamesABadEdgeIndex) {
   }
 }
 
+// Node and edge keys have a row per node and per edge of their sample, in
+// every sample: rows out of line with the others' were concatenated into a
+// batch whose rows no longer matched its nodes.
+TEST(GraphCollate, KeysWithoutARowPerNodeOrEdgeAreNamed) {
+  auto edge = torch::tensor({{0}, {1}}, torch::kLong);
+  auto refused = [](const std::vector<Sample>& s, const std::string& says) {
+    try {
+      graph_collate(s);
+      ADD_FAILURE() << "taken; expected: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  GraphKeys keys;
+  keys.node = {"x", "pos"};
+  auto collate = [&](const std::vector<Sample>& s) { return graph_collate(s, keys); };
+  std::vector<Sample> two_rows = {{{"x", torch::zeros({5, 2})}, {"pos", torch::zeros({4, 3})}}};
+  try {
+    collate(two_rows);
+    ADD_FAILURE() << "pos with 4 rows for 5 nodes was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sample 0 has"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("under 'pos'; it must have 5 rows, one per node"), std::string::npos)
+        << e.what();
+  }
+  std::vector<Sample> missing = {{{"x", torch::zeros({5, 2})}, {"pos", torch::zeros({5, 3})}},
+                                 {{"x", torch::zeros({4, 2})}}};
+  try {
+    collate(missing);
+    ADD_FAILURE() << "pos in one sample of two was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'pos' is missing in some samples"), std::string::npos) << e.what();
+  }
+  refused({{{"x", torch::zeros({2, 1})}, {"edge_index", edge}, {"edge_attr", torch::zeros({3, 4})}}},
+          "under 'edge_attr'; it must have 1 rows, one per edge");
+  refused({{{"x", torch::zeros({2, 1})}, {"edge_attr", torch::zeros({1, 4})}}},
+          "has 'edge_attr' but no edge index 'edge_index'");
+  // What fits is taken: 2 + 3 nodes, 1 + 2 edges.
+  auto ok = graph_collate({{{"x", torch::zeros({2, 1})}, {"edge_index", edge}, {"edge_attr", torch::ones({1, 4})}},
+                           {{"x", torch::zeros({3, 1})},
+                            {"edge_index", torch::tensor({{0, 1}, {1, 2}}, torch::kLong)},
+                            {"edge_attr", torch::ones({2, 4})}}});
+  EXPECT_EQ(ok.at("edge_attr").size(0), 3);
+  EXPECT_EQ(ok.at("batch").size(0), 5);
+}
+
 TEST(CustomCollate, AThrowingCollateNamesTheDataSet) {
   ChainGraphs broken(6, /*broken=*/true);
   BatchPipeline pipeline(broken, {.batch_size = 2, .num_threads = 2});
@@ -245,6 +291,65 @@ TEST_F(FileData, ACompressedArrayIsInflatedOnlyWhenItsDataIsRead) {
     });
   for (auto& r : readers) r.join();
   EXPECT_EQ(right.load(), 4);
+}
+
+namespace {
+// This process's peak resident memory in MiB since reset_peak_resident().
+double peak_resident_mib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+  return 0;
+}
+void reset_peak_resident() { std::ofstream("/proc/self/clear_refs") << "5"; }
+}  // namespace
+
+// A compressed member whose header is refused (here fortran order) is
+// refused from the header's bytes: the whole member was inflated first
+// (64 MiB here; 4 GB of a 4 MB archive of zeros) to say the same thing.
+TEST_F(FileData, ACompressedMemberWithARefusedHeaderIsNotInflated) {
+  if (!python_has_numpy()) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
+  run_python(
+      "import numpy as np\n"
+      "x = np.asfortranarray(np.zeros((4096, 4096), dtype=np.float32))\n"  // 64 MiB
+      "np.savez_compressed('" +
+      path("fortran.npz") + "', input=x, target=np.arange(4096))\n");
+  reset_peak_resident();
+  const double before = peak_resident_mib();
+  try {
+    make_dataset(DatasetSpec("npz").set("path", path("fortran.npz")));
+    ADD_FAILURE() << "a fortran-order member was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("fortran_order"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fortran.npz"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(peak_resident_mib() - before, 24) << "the member was inflated to refuse its header";
+}
+
+// image_records' .npy files stay mapped: one written in place while a job
+// reads it is refused, naming it, as the other .npy data sets do (its new
+// pixels were trained on, or a shorter file faulted the loader).
+TEST_F(FileData, ImageRecordsWrittenInPlaceAreRefusedNamingThem) {
+  if (!python_has_numpy()) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
+  const std::string save = "import numpy as np\nd = '" + dir_.string() + "'\n";
+  run_python(save +
+             "np.save(d + '/imgs.npy', np.zeros((16, 3, 8, 8), dtype=np.uint8))\n"
+             "np.save(d + '/labels.npy', np.arange(16, dtype=np.int64))\n");
+  auto ds = make_dataset(DatasetSpec("image_records").set("path", path("imgs.npy")).set("labels", path("labels.npy")));
+  EXPECT_EQ(ds->get(3).at("target").item<int64_t>(), 3);
+  run_python(save + "np.save(d + '/imgs.npy', np.full((16, 3, 8, 8), 9, dtype=np.uint8))\n");  // same size
+  std::string error;
+  EXPECT_TRUE(troupe::test::eventually([&] {
+    try {
+      (void)ds->get(1);
+      (void)ds->load_batch({1, 2}, 0);
+    } catch (const ConfigError& e) {
+      error = e.what();
+      return true;
+    }
+    return false;
+  })) << "the rewritten images were read on";
+  EXPECT_NE(error.find("'" + path("imgs.npy") + "' was written while the job read it"), std::string::npos) << error;
 }
 
 // A compressed member whose bytes are not those written (its CRC-32 in the
