@@ -19,6 +19,7 @@
 #include "torchrun_slot.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/shipped_copies.h"
+#include "troupe/runtime/core/cuda_devices.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/worker_env.h"
@@ -513,17 +514,7 @@ int gpus_on_node(const std::string& slurm_gpus_on_node, const std::string& cuda_
     if (n < 0) throw ConfigError("SLURM_GPUS_ON_NODE='" + slurm_gpus_on_node + "' is not a count of GPUs");
     return static_cast<int>(n);
   }
-  // As CUDA reads it: an index or a GPU-/MIG- UUID per entry, and the
-  // devices end at the first entry that is neither ("-1", "", "NoDevFiles").
-  int n = 0;
-  for (size_t start = 0;; ++n) {
-    const size_t comma = cuda_visible_devices.find(',', start);
-    const std::string e = cuda_visible_devices.substr(start, comma - start);
-    const bool device = plain_count(e) >= 0 || e.rfind("GPU-", 0) == 0 || e.rfind("MIG-", 0) == 0;
-    if (!device) return n;
-    if (comma == std::string::npos) return n + 1;
-    start = comma + 1;
-  }
+  return static_cast<int>(core::cuda_visible_devices(cuda_visible_devices).size());
 }
 
 }  // namespace troupe::launcher

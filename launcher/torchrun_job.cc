@@ -150,6 +150,9 @@ class TorchrunJob {
       say("setting OMP_NUM_THREADS=1 for each process (torchrun's default with several per node); set it to tune");
     }
     if (const char* v = std::getenv("NCCL_ASYNC_ERROR_HANDLING")) nccl_async_ = v;
+    // torch 2.x reads the new name first: a driver that set only the old
+    // one (to 0, say) keeps its value there too.
+    torch_nccl_async_ = nccl_async_;
     if (const char* v = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")) torch_nccl_async_ = v;
     for (char** e = environ; *e; ++e) driver_env_.emplace_back(*e);
   }
@@ -315,12 +318,18 @@ class TorchrunJob {
 
   // Every rank's CUDA_VISIBLE_DEVICES on GPU slots: its node's slot GPUs in
   // local-rank order, so cuda:LOCAL_RANK is the rank's own GPU.
-  std::vector<std::string> gpu_lists(const Attempt& a) {
+  // Each node's GPUs of the job in local-rank order, as the slots' own
+  // CUDA_VISIBLE_DEVICES name them (the agent's devices: its GPU k is not
+  // the host's GPU k when it was started with a CUDA_VISIBLE_DEVICES).
+  std::vector<std::string> gpu_lists(Attempt& a) {
     std::vector<std::string> lists(static_cast<size_t>(a.shape.nodes));
     if (a.shape.resource != "GPU") return lists;
+    std::vector<Future<std::string>> named;
+    for (auto& s : a.slots) named.push_back(s.call(&TorchrunSlot::devices));
     for (size_t r = 0; r < a.slots.size(); ++r) {
       auto& l = lists[r / static_cast<size_t>(o_.nproc_per_node)];
-      for (int g : a.slots[r].info().gpu_ids) l += (l.empty() ? "" : ",") + std::to_string(g);
+      const std::string devices = named[r].get();
+      if (!devices.empty()) l += (l.empty() ? "" : ",") + devices;
     }
     return lists;
   }

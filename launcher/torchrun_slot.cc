@@ -476,6 +476,8 @@ TorchrunSlot::~TorchrunSlot() {
 
 int32_t TorchrunSlot::free_port() { return wire::free_listen_port(); }
 
+std::string TorchrunSlot::devices() { return core::env_value("CUDA_VISIBLE_DEVICES"); }
+
 std::string TorchrunSlot::prepare(ShippedDir dir) {
   try {
     return local_dir(dir);

@@ -93,6 +93,10 @@ class TorchrunSlot {
   // A TCP port free on this node now, outside the ephemeral range when it
   // can (rank 0's slot gives MASTER_PORT).
   int32_t free_port();
+  // The GPUs this slot was given as its CUDA_VISIBLE_DEVICES names them:
+  // its node agent's own devices, not the node's numbers (which are the
+  // agent's k-th devices); "" for a CPU slot.
+  std::string devices();
   // This node's copy of the driver's shipped working directory (fetched
   // and unpacked by the node's first slot; the others wait for it), before
   // any start(): a large one may take longer than a start is waited for.
@@ -118,5 +122,5 @@ std::string find_executable(const std::string& name, const std::string& path);
 }  // namespace troupe::launcher
 
 TROUPE_ACTOR(troupe::launcher::TorchrunSlot, &troupe::launcher::TorchrunSlot::free_port,
-             &troupe::launcher::TorchrunSlot::prepare, &troupe::launcher::TorchrunSlot::start,
-             &troupe::launcher::TorchrunSlot::wait_exit)
+             &troupe::launcher::TorchrunSlot::devices, &troupe::launcher::TorchrunSlot::prepare,
+             &troupe::launcher::TorchrunSlot::start, &troupe::launcher::TorchrunSlot::wait_exit)

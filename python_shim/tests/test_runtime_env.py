@@ -73,6 +73,10 @@ class GpuView:
     def visible(self):
         return os.environ.get("CUDA_VISIBLE_DEVICES")
 
+    def ids(self):
+        return (os.environ.get("CUDA_VISIBLE_DEVICES"), troupe.get_gpu_ids(),
+                troupe.get_runtime_context().get_accelerator_ids())
+
 
 def test_an_actor_without_gpus_sees_none_whether_pooled_or_cold(job):
     """CUDA_VISIBLE_DEVICES is set empty for an actor that asked for no GPU
@@ -84,6 +88,23 @@ def test_an_actor_without_gpus_sees_none_whether_pooled_or_cold(job):
     cold = GpuView.options(runtime_env={"env_vars": {"LD_BIND_NOW": "1"}}).remote()
     assert troupe.get(pooled.visible.remote(), timeout=60) == ""
     assert troupe.get(cold.visible.remote(), timeout=60) == ""
+
+
+def test_gpu_ids_name_the_node_agents_own_devices(monkeypatch):
+    """A node agent started with CUDA_VISIBLE_DEVICES=5,7 offers those two:
+    an actor of one GPU is given one of them, and get_gpu_ids names the
+    device its CUDA_VISIBLE_DEVICES holds (as Ray's), not the node's number
+    (0 or 1, the host's first GPUs)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    troupe.init(num_cpus=2, num_gpus=2)
+    try:
+        views = [GpuView.options(num_gpus=1).remote() for _ in range(2)]
+        seen = troupe.get([v.ids.remote() for v in views], timeout=60)
+    finally:
+        troupe.shutdown()
+    assert sorted(visible for visible, _, _ in seen) == ["5", "7"], seen
+    for visible, ids, accelerators in seen:
+        assert ids == [int(visible)] and accelerators == {"GPU": [visible]}, seen
 
 
 def test_rays_runtime_env_class_is_taken_where_a_dict_is(job):

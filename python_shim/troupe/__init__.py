@@ -733,8 +733,21 @@ def available_resources():
     return _positive(_client().available_resources())
 
 
+def _assigned_gpus():
+    """This worker's GPUs as its CUDA_VISIBLE_DEVICES names them (as Ray's
+    get_gpu_ids: ints for indices): its node agent's own devices, which
+    are not the node's numbers when the agent was started with a
+    CUDA_VISIBLE_DEVICES. The node's numbers where the variable does not
+    list one per GPU (a driver; code that changed it)."""
+    ids = list(_core.gpu_ids())
+    names = (_core.getenv_or_none("CUDA_VISIBLE_DEVICES") or "").split(",")
+    if not ids or len(names) != len(ids) or not all(names):
+        return ids
+    return [int(n) if n.isdigit() else n for n in names]
+
+
 def get_gpu_ids():
-    return list(_core.gpu_ids())
+    return _assigned_gpus()
 
 
 class RuntimeContext:
@@ -878,10 +891,10 @@ class RuntimeContext:
         return str(group) if group else None
 
     def get_accelerator_ids(self):
-        return {"GPU": [str(g) for g in _core.gpu_ids()]}
+        return {"GPU": [str(g) for g in _assigned_gpus()]}
 
     def get_gpu_ids(self):
-        return list(_core.gpu_ids())
+        return _assigned_gpus()
 
     def is_canceled(self):
         """As Ray's: inside a task or an actor method, whether troupe.cancel

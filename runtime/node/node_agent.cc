@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "troupe/runtime/core/cuda_devices.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/malloc_policy.h"
@@ -70,21 +71,18 @@ int cuda_device_count() {
   return n;
 }
 
-// This agent's own CUDA_VISIBLE_DEVICES, one entry per device (an index,
-// a UUID, a MIG id); empty when it is not set.
-std::vector<std::string> visible_devices() {
-  std::vector<std::string> out;
-  const std::string v = core::env_value("CUDA_VISIBLE_DEVICES");
-  size_t start = 0;
-  while (!v.empty() && start <= v.size()) {
-    const size_t comma = std::min(v.find(',', start), v.size());
-    std::string one = v.substr(start, comma - start);
-    while (!one.empty() && one.front() == ' ') one.erase(0, 1);
-    while (!one.empty() && one.back() == ' ') one.pop_back();
-    out.push_back(one);
-    start = comma + 1;
-  }
-  return out;
+// GPU k of the node is the agent's k-th visible device (actor_env): more
+// GPUs offered than it sees are given as the host's own numbers, which may
+// be another agent's devices. Said once, at the start.
+void warn_of_gpus_beyond_visible(const Resources& offered) {
+  const std::string value = core::env_value("CUDA_VISIBLE_DEVICES");
+  const auto visible = core::cuda_visible_devices(value);
+  const auto gpus = offered.find("GPU");
+  if (visible.empty() || gpus == offered.end() || gpus->second <= static_cast<double>(visible.size())) return;
+  TROUPE_LOG_WARN(
+      "this node offers GPU={} but its CUDA_VISIBLE_DEVICES ({}) names {} devices: GPUs {} and up of the node are "
+      "given as the host's device numbers",
+      gpus->second, value, visible.size(), visible.size());
 }
 
 std::string hostname() {
@@ -141,6 +139,7 @@ class NodeAgent::Impl {
         opts_.worker_logs_beside_own_output && !own.empty() && opts_.worker_pool.log_dir.empty())
       opts_.worker_pool.log_dir = std::filesystem::path(own).parent_path().string();
     if (opts_.resources.empty()) opts_.resources = detect_resources({});
+    warn_of_gpus_beyond_visible(opts_.resources);
     choose_addresses(opts_);
     // Ray's node:<address> resource, one of it per node: what programs ask
     // a small part of ({"node:10.0.0.5": 0.01}) to run on that node.
@@ -623,8 +622,8 @@ class NodeAgent::Impl {
   // The node's GPU k is the k-th device this agent sees: of its own
   // CUDA_VISIBLE_DEVICES when it was started with one (a Slurm step's GPUs,
   // a host's share given to one agent), where k itself named another GPU.
-  static std::vector<std::string> actor_env(const SpawnWorker& s) {
-    static const std::vector<std::string> visible = visible_devices();
+  std::vector<std::string> actor_env(const SpawnWorker& s) const {
+    const std::vector<std::string>& visible = visible_gpus_;
     std::string gpus;
     for (size_t i = 0; i < s.gpu_ids.size(); ++i) {
       const auto k = static_cast<size_t>(s.gpu_ids[i]);
@@ -836,6 +835,9 @@ class NodeAgent::Impl {
   }
 
   NodeOptions opts_;
+  // Its CUDA_VISIBLE_DEVICES when it was made (an agent may run inside a
+  // driver's process, whose environment changes after): actor_env.
+  const std::vector<std::string> visible_gpus_ = core::cuda_visible_devices(core::env_value("CUDA_VISIBLE_DEVICES"));
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer timer_;

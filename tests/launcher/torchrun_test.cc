@@ -496,6 +496,24 @@ TEST_F(TorchrunTest, OnAClusterRanksTakeTheDriversEnvironment) {
   EXPECT_EQ(env.value("RANK", ""), "0");
 }
 
+// GPU slots of an agent started with CUDA_VISIBLE_DEVICES=5,7 give their
+// ranks those devices, not the node's numbers 0 and 1 (which named the
+// host's first GPUs, another agent's perhaps).
+TEST_F(TorchrunTest, GpuRanksGetTheAgentsOwnDevices) {
+  setenv("CUDA_VISIBLE_DEVICES", "5,7", 1);
+  const std::string address = start_head("CPU=2,GPU=2");
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  ASSERT_FALSE(address.empty());
+  auto r = run(torchrun({"--address", address, "--nproc-per-node", "2", "--run-id", "gpus", "--python", kPython,
+                         kScripts + "/env_dump.py", out_.string()}));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string list =
+        read_json(out_ / ("env-" + std::to_string(rank) + "-0.json"))["env"].value("CUDA_VISIBLE_DEVICES", "<unset>");
+    EXPECT_TRUE(list == "5,7" || list == "7,5") << "rank " << rank << ": " << list;
+  }
+}
+
 TEST_F(TorchrunTest, EnvironmentIsTorchrunsAndOutputIsRankPrefixed) {
   auto r = run(torchrun(
       {"--nproc-per-node", "2", "--run-id", "envtest", "--python", kPython, kScripts + "/env_dump.py", out_.string()}));
