@@ -46,6 +46,27 @@ void check_rows(const Sample& s, size_t g, int64_t nodes, const GraphKeys& keys)
   }
 }
 
+// A node or edge key that some samples have is in every sample with nodes
+// (edges) to have rows for: without it there, the concatenated rows no
+// longer line up with the batch's nodes. A graph without edges may leave
+// its edge keys out.
+void check_present(const std::vector<Sample>& samples, const std::string& key, const GraphKeys& keys) {
+  const bool node_key = listed(keys.node, key);
+  for (size_t g = 0; g < samples.size(); ++g) {
+    const Sample& s = samples[g];
+    if (s.contains(key)) continue;
+    int64_t rows = 0;
+    if (node_key) {
+      rows = s.at(keys.node.front()).size(0);
+    } else if (s.contains(keys.edge_index) && s.at(keys.edge_index).dim() == 2) {
+      rows = s.at(keys.edge_index).size(1);
+    }
+    if (rows > 0)
+      bad(g, "has no '" + key + "', which other samples have, for its " + std::to_string(rows) +
+                 (node_key ? " nodes" : " edges"));
+  }
+}
+
 }  // namespace
 
 TensorDict graph_collate(const std::vector<Sample>& samples, const GraphKeys& keys) {
@@ -73,7 +94,7 @@ TensorDict graph_collate(const std::vector<Sample>& samples, const GraphKeys& ke
   }
   TensorDict out;
   for (auto& [key, parts] : cat0) {
-    if (parts.size() != samples.size()) throw Error("graph_collate: key '" + key + "' is missing in some samples");
+    check_present(samples, key, keys);
     out.set(key, torch::cat(parts));
   }
   if (!edges.empty()) out.set(keys.edge_index, torch::cat(edges, 1));

@@ -134,7 +134,9 @@ TEST(GraphCollate, KeysWithoutARowPerNodeOrEdgeAreNamed) {
     collate(missing);
     ADD_FAILURE() << "pos in one sample of two was taken";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("key 'pos' is missing in some samples"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sample 1 has no 'pos', which other samples have, for its 4 nodes"),
+              std::string::npos)
+        << e.what();
   }
   refused({{{"x", torch::zeros({2, 1})}, {"edge_index", edge}, {"edge_attr", torch::zeros({3, 4})}}},
           "under 'edge_attr'; it must have 1 rows, one per edge");
@@ -147,6 +149,15 @@ TEST(GraphCollate, KeysWithoutARowPerNodeOrEdgeAreNamed) {
                             {"edge_attr", torch::ones({2, 4})}}});
   EXPECT_EQ(ok.at("edge_attr").size(0), 3);
   EXPECT_EQ(ok.at("batch").size(0), 5);
+  // A graph without edges (a single atom) may leave its edge keys out.
+  auto atom = graph_collate({{{"x", torch::zeros({2, 1})}, {"edge_index", edge}, {"edge_attr", torch::ones({1, 4})}},
+                             {{"x", torch::zeros({1, 1})}},
+                             {{"x", torch::zeros({1, 1})}, {"edge_index", torch::zeros({2, 0}, torch::kLong)}}});
+  EXPECT_EQ(atom.at("edge_attr").size(0), 1);
+  EXPECT_EQ(atom.at("edge_index").size(1), 1);
+  refused({{{"x", torch::zeros({2, 1})}, {"edge_index", edge}, {"edge_attr", torch::ones({1, 4})}},
+           {{"x", torch::zeros({2, 1})}, {"edge_index", edge}}},
+          "sample 1 has no 'edge_attr', which other samples have, for its 1 edges");
 }
 
 TEST(CustomCollate, AThrowingCollateNamesTheDataSet) {
