@@ -18,7 +18,7 @@ std::string interface_of(const std::string& address);
 // outgoing connects are given.
 std::pair<uint16_t, uint16_t> ephemeral_port_range();
 
-// A TCP port free on every interface now, outside the ephemeral range when
+// A TCP port free now (bound on IPv4's any-address), outside the ephemeral range when
 // one is: a port from inside it, free when looked at, can be taken by any
 // outgoing connect on the machine before the listener told of it binds
 // it. Random, so that jobs on one node rarely try the same; the kernel's

@@ -47,6 +47,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -533,8 +534,17 @@ class TrainJob:
         # killing it without a word.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            self._proc = subprocess.Popen([binary, "--config", os.path.join(work, "job.json")], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+            try:
+                self._proc = subprocess.Popen([binary, "--config", os.path.join(work, "job.json")], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                              bufsize=1)
+            except OSError:
+                # Not a program after all (ENOEXEC), or too large a launch:
+                # the folder made for it goes, as for any refusal.
+                if self._made_checkpoint_dir:
+                    shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
+                    self._checkpoint_dir = None
+                raise
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self._reader = threading.Thread(target=self._pump, daemon=True)

@@ -115,9 +115,13 @@ class TrainWorker:
             torch.cuda.set_device(_device_index(ctx))
         # TorchConfig's backend and timeout when the trainer was given one.
         backend = spec.get("backend") or ("nccl" if use_gpu else "gloo")
+        # An IPv6 address goes in brackets in the URL (MASTER_ADDR keeps it
+        # bare, as torchrun sets it).
+        host = spec["master_addr"]
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
         dist.init_process_group(
             backend,
-            init_method=f"tcp://{spec['master_addr']}:{spec['master_port']}",
+            init_method=f"tcp://{host}:{spec['master_port']}",
             rank=ctx.world_rank, world_size=ctx.world_size,
             timeout=datetime.timedelta(seconds=spec.get("timeout_s") or PROCESS_GROUP_TIMEOUT_S))
         checkpoint = Checkpoint(spec["checkpoint"]) if spec["checkpoint"] else None
