@@ -146,7 +146,12 @@ int fit_count(const Resources& r, const std::vector<NodeInfo>& nodes) {
       if (amount <= 0) continue;
       auto it = n.total.find(name);
       double have = it == n.total.end() ? 0 : it->second;
-      fits = std::min(fits, std::floor(have / amount + 1e-9));
+      // A part of a GPU is placed on one device (scheduler.cc's
+      // pick_gpus): a device holds floor(1 / part) of them, so two GPUs
+      // hold two of 0.6, not three.
+      const bool gpu_part = name == "GPU" && amount < 1 - 1e-9;
+      fits = std::min(
+          fits, gpu_part ? std::floor(have + 1e-9) * std::floor(1 / amount + 1e-9) : std::floor(have / amount + 1e-9));
     }
     if (r.empty() || fits >= 1e9) {
       auto cpu = n.total.find("CPU");
