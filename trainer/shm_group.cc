@@ -10,12 +10,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <random>
 #include <string>
 #include <utility>
 
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/random_id.h"
 
 namespace troupe::trainer {
 
@@ -98,7 +98,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(std::unique_ptr<collective::Group>& i
   // A name every rank derives alike; the random part comes from rank 0
   // through a broadcast, so a stale segment of an earlier run never matches.
   uint64_t nonce = 0;
-  if (inner->rank() == 0) nonce = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  if (inner->rank() == 0) nonce = core::random_id();
   inner->broadcast(&nonce, 1, collective::DType::kInt64, 0)->wait(timeout);
   s.name = "/troupe-" + std::to_string(nonce);
   int err = 0;
