@@ -71,17 +71,19 @@ int cuda_device_count() {
   return n;
 }
 
-// GPU k of the node is the agent's k-th visible device (actor_env): more
-// GPUs offered than it sees are given as the host's own numbers, which may
-// be another agent's devices. Said once, at the start.
+// GPU k of the node is the agent's k-th visible device (actor_env); with
+// a CUDA_VISIBLE_DEVICES that names fewer than it offers (an override, a
+// mask such as -1), the rest are left out of workers' lists: never a
+// device the agent was not given. Said once, at the start.
 void warn_of_gpus_beyond_visible(const Resources& offered) {
-  const std::string value = core::env_value("CUDA_VISIBLE_DEVICES");
-  const auto visible = core::cuda_visible_devices(value);
+  const char* value = std::getenv("CUDA_VISIBLE_DEVICES");
   const auto gpus = offered.find("GPU");
-  if (visible.empty() || gpus == offered.end() || gpus->second <= static_cast<double>(visible.size())) return;
+  if (!value || gpus == offered.end()) return;
+  const auto visible = core::cuda_visible_devices(value);
+  if (gpus->second <= static_cast<double>(visible.size())) return;
   TROUPE_LOG_WARN(
-      "this node offers GPU={} but its CUDA_VISIBLE_DEVICES ({}) names {} devices: GPUs {} and up of the node are "
-      "given as the host's device numbers",
+      "this node offers GPU={} but its CUDA_VISIBLE_DEVICES ('{}') names {} devices: GPUs {} and up of the node "
+      "are given to workers as no device",
       gpus->second, value, visible.size(), visible.size());
 }
 
@@ -622,12 +624,14 @@ class NodeAgent::Impl {
   // The node's GPU k is the k-th device this agent sees: of its own
   // CUDA_VISIBLE_DEVICES when it was started with one (a Slurm step's GPUs,
   // a host's share given to one agent), where k itself named another GPU.
+  // One past what that names is left out (the worker sees no device for
+  // it: none when it is left with none), never the host's GPU k.
   std::vector<std::string> actor_env(const SpawnWorker& s) const {
-    const std::vector<std::string>& visible = visible_gpus_;
     std::string gpus;
-    for (size_t i = 0; i < s.gpu_ids.size(); ++i) {
-      const auto k = static_cast<size_t>(s.gpu_ids[i]);
-      gpus += (i ? "," : "") + (k < visible.size() ? visible[k] : std::to_string(k));
+    for (const int id : s.gpu_ids) {
+      const auto k = static_cast<size_t>(id);
+      if (k >= visible_gpus_.size() && gpu_mask_set_) continue;
+      gpus += (gpus.empty() ? "" : ",") + (k < visible_gpus_.size() ? visible_gpus_[k] : std::to_string(k));
     }
     std::vector<std::string> env{"CUDA_VISIBLE_DEVICES=" + gpus};
     env.insert(env.end(), s.env.begin(), s.env.end());
@@ -838,6 +842,9 @@ class NodeAgent::Impl {
   // Its CUDA_VISIBLE_DEVICES when it was made (an agent may run inside a
   // driver's process, whose environment changes after): actor_env.
   const std::vector<std::string> visible_gpus_ = core::cuda_visible_devices(core::env_value("CUDA_VISIBLE_DEVICES"));
+  // Set at all (if only to hide every device): GPUs past visible_gpus_ are
+  // left out of a worker's list rather than given as the host's numbers.
+  const bool gpu_mask_set_ = std::getenv("CUDA_VISIBLE_DEVICES") != nullptr;
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer timer_;

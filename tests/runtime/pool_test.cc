@@ -194,7 +194,7 @@ TEST(WorkerPool, PooledActorGetsItsGpusAndEnvironment) {
 // gave ids 0..n-1 as the host's own (GPU 0, not 5).
 TEST(WorkerPool, WorkersGetTheAgentsOwnVisibleDevices) {
   auto o = one_node(2);
-  o.env = {"CUDA_VISIBLE_DEVICES=5,7"};
+  o.env = {"CUDA_VISIBLE_DEVICES= 5, 7"};  // blanks as torch reads them
   troupe::testing::LocalCluster cluster(o);
   auto rt = cluster.connect();
   auto pooled = rt.spawn<PoolProbe>({.resources = {{"GPU", 1}}});
@@ -203,6 +203,22 @@ TEST(WorkerPool, WorkersGetTheAgentsOwnVisibleDevices) {
   std::set<std::string> seen{pooled.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get(),
                              cold.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get()};
   EXPECT_EQ(seen, (std::set<std::string>{"5", "7"}));
+}
+
+// An agent offering more GPUs than its CUDA_VISIBLE_DEVICES names (an
+// override beside a mask) leaves the rest out of its workers' lists: the
+// worker of node GPU 1 sees no device, not the host's GPU 1 (which the
+// agent was not given).
+TEST(WorkerPool, GpusPastTheAgentsVisibleDevicesAreNoDevice) {
+  auto o = one_node(2);
+  o.env = {"CUDA_VISIBLE_DEVICES=5"};
+  troupe::testing::LocalCluster cluster(o);
+  auto rt = cluster.connect();
+  auto a = rt.spawn<PoolProbe>({.resources = {{"GPU", 1}}});
+  auto b = rt.spawn<PoolProbe>({.resources = {{"GPU", 1}}});
+  std::set<std::string> seen{a.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get(),
+                             b.call(&PoolProbe::env, std::string("CUDA_VISIBLE_DEVICES")).get()};
+  EXPECT_EQ(seen, (std::set<std::string>{"5", ""}));
 }
 
 // Workers keep freed memory in their heap (see malloc_policy.h): a large
