@@ -123,3 +123,20 @@ def test_a_hard_actor_dies_with_its_node_and_a_soft_one_restarts_elsewhere(two_n
     with pytest.raises(ActorDiedError, match="hard affinity"):
         troupe.get(hard.node.remote(), timeout=60)
     assert troupe.get(soft.node.remote(), timeout=60) != second
+
+
+def test_tasks_of_parts_of_gpus_fit_as_the_head_places_them():
+    """The task submitter counts how many executors the nodes hold as the
+    head places them: parts of a GPU on one device each. A node with half
+    a GPU runs tasks of a quarter (counting by whole devices refused them
+    as fitting no node), and a node of two GPUs runs three tasks of 0.6
+    two at a time."""
+    troupe.init(num_cpus=2, num_gpus=0.5)
+    try:
+        @troupe.remote(num_gpus=0.25)
+        def quarter():
+            return troupe.get_gpu_ids()
+
+        assert troupe.get([quarter.remote() for _ in range(3)], timeout=120) == [[0]] * 3
+    finally:
+        troupe.shutdown()

@@ -147,11 +147,16 @@ int fit_count(const Resources& r, const std::vector<NodeInfo>& nodes) {
       auto it = n.total.find(name);
       double have = it == n.total.end() ? 0 : it->second;
       // A part of a GPU is placed on one device (scheduler.cc's
-      // pick_gpus): a device holds floor(1 / part) of them, so two GPUs
-      // hold two of 0.6, not three.
-      const bool gpu_part = name == "GPU" && amount < 1 - 1e-9;
-      fits = std::min(
-          fits, gpu_part ? std::floor(have + 1e-9) * std::floor(1 / amount + 1e-9) : std::floor(have / amount + 1e-9));
+      // pick_gpus): a whole device holds floor(1 / part) of them, so two
+      // GPUs hold two of 0.6, not three; a node's share of a device (GPU
+      // 0.5) holds what fits in it.
+      if (name == "GPU" && amount < 1 - 1e-9) {
+        const double devices = std::floor(have + 1e-9);
+        const double share = std::max(0.0, have - devices);
+        fits = std::min(fits, devices * std::floor(1 / amount + 1e-9) + std::floor(share / amount + 1e-9));
+      } else {
+        fits = std::min(fits, std::floor(have / amount + 1e-9));
+      }
     }
     if (r.empty() || fits >= 1e9) {
       auto cpu = n.total.find("CPU");
