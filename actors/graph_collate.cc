@@ -62,8 +62,8 @@ void check_present(const std::vector<Sample>& samples, const std::string& key, c
       rows = s.at(keys.edge_index).size(1);
     }
     if (rows > 0)
-      bad(g, "has no '" + key + "', which other samples have, for its " + std::to_string(rows) +
-                 (node_key ? " nodes" : " edges"));
+      bad(g, "has no '" + key + "', which other samples have, though it has " + (node_key ? "nodes" : "edges") + " (" +
+                 std::to_string(rows) + ")");
   }
 }
 

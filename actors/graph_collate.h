@@ -32,8 +32,9 @@ struct GraphKeys {
 
 // Throws troupe::Error naming the sample and key that do not fit (no node
 // key, an edge index that is not [2, E] of integers, or numbers out of its
-// graph's range, a node or edge key without a row per node or edge, or in
-// some samples only).
+// graph's range, a node or edge key without a row per node or edge, or
+// missing from a sample with nodes or edges to give it rows for while
+// other samples have it; a graph without edges may leave edge keys out).
 TensorDict graph_collate(const std::vector<Sample>& samples, const GraphKeys& keys = {});
 
 }  // namespace troupe::actors
