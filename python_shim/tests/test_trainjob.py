@@ -150,6 +150,14 @@ def test_a_job_refused_before_it_starts_leaves_no_checkpoint_folder(tmp_path, mo
     with pytest.raises(ConfigError, match="no-such-binary is not an executable file"):
         TrainJob(model(), regression(64), workers=1, epochs=1, verbose=False).fit()
     assert not list(scratch.glob("troupe-trainjob-ckpt-*"))
+    # Executable but not a program: the launch itself fails (ENOEXEC).
+    garbage = tmp_path / "not-a-program"
+    garbage.write_bytes(b"\x00\x01\x02 not an executable format")
+    garbage.chmod(0o755)
+    monkeypatch.setenv("TROUPE_TRAIN", str(garbage))
+    with pytest.raises(OSError):
+        TrainJob(model(), regression(64), workers=1, epochs=1, verbose=False).fit()
+    assert not list(scratch.glob("troupe-trainjob-ckpt-*"))
 
 
 def trainer_pids():

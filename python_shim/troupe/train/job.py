@@ -514,6 +514,22 @@ class TrainJob:
         self._made_checkpoint_dir = self._checkpoint_dir is None
         if self._made_checkpoint_dir:
             self._checkpoint_dir = tempfile.mkdtemp(prefix="troupe-trainjob-ckpt-")
+        try:
+            self._launch(binary, work, env, address, embedded, config)
+        except BaseException:
+            # Not started (job.json not written, troupe-train not a program
+            # after all, Ctrl-C): the folder made for it goes, as for any
+            # refusal, and a second start() does not take it for the user's.
+            if self._made_checkpoint_dir:
+                shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
+                self._checkpoint_dir = None
+            raise
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+        return self
+
+    def _launch(self, binary, work, env, address, embedded, config):
+        """Writes job.json and starts troupe-train on it."""
         config["checkpoint_dir"] = os.path.abspath(self._checkpoint_dir)
         config["metrics"] = self.metrics_path
         if address:
@@ -534,22 +550,10 @@ class TrainJob:
         # killing it without a word.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            try:
-                self._proc = subprocess.Popen([binary, "--config", os.path.join(work, "job.json")], env=env,
-                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                              bufsize=1)
-            except OSError:
-                # Not a program after all (ENOEXEC), or too large a launch:
-                # the folder made for it goes, as for any refusal.
-                if self._made_checkpoint_dir:
-                    shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
-                    self._checkpoint_dir = None
-                raise
+            self._proc = subprocess.Popen([binary, "--config", os.path.join(work, "job.json")], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        self._reader = threading.Thread(target=self._pump, daemon=True)
-        self._reader.start()
-        return self
 
     def _cluster_address(self, env):
         """The cluster's address (None: an embedded one of troupe-train's
