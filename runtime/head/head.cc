@@ -545,7 +545,7 @@ class Head::Impl {
     return j;
   }
 
-  static constexpr size_t kMaxJobDocument = 1 << 20;
+  static constexpr size_t kMaxJobDocument = HeadState::kMaxJobDocument;
 
   // The progress documents TrainJobs publish in the KV store. A running
   // job's document names its driver's key (under the driver's client

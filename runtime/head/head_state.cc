@@ -1121,12 +1121,22 @@ void HeadState::kv_put(const std::string& key, const std::string& value) {
   if (key.rfind(kJobKeyPrefix, 0) == 0) trim_jobs();
 }
 
+// A job document that is not a running job's: ended, not a document, over
+// the size a status reads, or running with its driver gone (a killed
+// driver's job, which status shows as lost: its document said "running"
+// for ever and was never trimmed, and every job's put parsed it again).
+bool HeadState::job_document_spent(const std::string& value) const {
+  if (value.size() > kMaxJobDocument) return true;
+  auto doc = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_object() || doc.value("state", nlohmann::json()) != "running") return true;
+  const auto driver = doc.find("driver_key");
+  return driver != doc.end() && driver->is_string() && !kv_.count(driver->get<std::string>());
+}
+
 void HeadState::trim_jobs() {
   while (job_keys_.size() > kMaxJobDocuments) {
-    auto ended = std::find_if(job_keys_.begin(), job_keys_.end(), [&](const std::string& key) {
-      auto doc = nlohmann::json::parse(kv_.at(key), nullptr, /*allow_exceptions=*/false);
-      return !doc.is_object() || doc.value("state", nlohmann::json()) != "running";
-    });
+    auto ended = std::find_if(job_keys_.begin(), job_keys_.end(),
+                              [&](const std::string& key) { return job_document_spent(kv_.at(key)); });
     if (ended == job_keys_.end()) return;
     kv_erase(std::string(*ended));
   }

@@ -66,6 +66,9 @@ class HeadState {
  public:
   // Ended TrainJob documents kept (running ones are never erased).
   static constexpr size_t kMaxJobDocuments = 100;
+  // The largest job document a status parses (a buggy writer's 15 MB one
+  // stalled the head past the nodes' lease on every poll).
+  static constexpr size_t kMaxJobDocument = 1 << 20;
 
   explicit HeadState(HeadConfig config = {});
 
@@ -395,6 +398,7 @@ class HeadState {
   // kMaxJobDocuments: a cluster that runs uniquely named jobs for weeks
   // kept every one, in status, the dashboard and /metrics.
   void trim_jobs();
+  bool job_document_spent(const std::string& value) const;
   // The keys of client `client_id` go (it left, or did not come back).
   void client_gone(uint64_t client_id);
 

@@ -1849,6 +1849,29 @@ TEST_F(HeadStateTest, EndedJobDocumentsAreKeptUpToABound) {
   EXPECT_FALSE(state_.kv_get(job(11)));
 }
 
+// A running job whose driver is gone (killed: status shows it lost) is
+// trimmed as an ended one is, and so is a document too large to read: a
+// killed driver's document said "running" for ever, was never erased, and
+// every job's put parsed it again.
+TEST_F(HeadStateTest, LostJobDocumentsAreTrimmedAsEndedOnesAre) {
+  const size_t kMax = troupe::head::HeadState::kMaxJobDocuments;
+  state_.bind_client(kDriver, 7);
+  const std::string alive = troupe::client::client_key_prefix(7) + "job";
+  state_.kv_put(alive, "here");
+  ASSERT_TRUE(state_.kv_get(alive));
+  auto job = [](size_t i) { return "troupe.jobs/job-" + std::to_string(i); };
+  state_.kv_put(job(0), R"({"state":"running","driver_key":")" + alive + R"("})");
+  state_.kv_put(job(1), R"({"state":"running","driver_key":"troupe.client/99/job"})");
+  state_.kv_put(job(2), std::string(troupe::head::HeadState::kMaxJobDocument + 1, ' '));
+  for (size_t i = 3; i < kMax + 10; ++i)
+    state_.kv_put(job(i), R"({"state":"running","driver_key":"troupe.client/99/job"})");
+  EXPECT_EQ(state_.kv_with_prefix("troupe.jobs/").size(), kMax);
+  EXPECT_TRUE(state_.kv_get(job(0)));  // its driver is there
+  EXPECT_FALSE(state_.kv_get(job(1)));
+  EXPECT_FALSE(state_.kv_get(job(2)));
+  EXPECT_TRUE(state_.kv_get(job(kMax + 9)));
+}
+
 // An actor backing off between early deaths (restart_backoff) waits for
 // its time, not for room: task executors keep what they hold (and their
 // reuse) until it is due and finds none.
