@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -144,18 +145,33 @@ void rotate_own_log_in_background(std::chrono::milliseconds interval) {
 
 std::string read_log_piece(const std::string& path, uint64_t offset, uint32_t max_bytes, uint64_t* next_offset,
                            uint64_t* size, uint64_t* file_id) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read log file " + path);
+  // The file's identity and size from the file read (fstat), not from its
+  // name: a rotation between an open and a stat(path) paired the new
+  // file's inode with the old file's text, and a follower took the
+  // rotation for a truncation and lost the old file's last lines.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot read log file " + path + ": " + std::strerror(errno));
   struct stat st {};
-  *file_id = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
-  in.seekg(0, std::ios::end);
-  *size = static_cast<uint64_t>(in.tellg());
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error("cannot read log file " + path + ": " + std::strerror(err));
+  }
+  *file_id = static_cast<uint64_t>(st.st_ino);
+  *size = static_cast<uint64_t>(st.st_size);
   uint64_t from = offset == UINT64_MAX ? (*size > max_bytes ? *size - max_bytes : 0) : std::min(offset, *size);
   uint64_t n = std::min<uint64_t>(max_bytes, *size - from);
   std::string text(n, '\0');
-  in.seekg(static_cast<std::streamoff>(from));
-  in.read(text.data(), static_cast<std::streamsize>(n));
-  *next_offset = from + n;
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, text.data() + got, n - got, static_cast<off_t>(from + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;  // shorter than its size a moment ago (truncated): what was there
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  text.resize(got);
+  *next_offset = from + got;
   return text;
 }
 

@@ -38,7 +38,7 @@ function num(v) { const x = +v; return Number.isFinite(x) ? x : 0; }
 function bytes(v) { const u = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0;
   for (v = num(v); v >= 1024 && i < u.length - 1; i++) v /= 1024; return v.toFixed(i ? 1 : 0) + " " + u[i]; }
 function res(o) { return Object.entries(o || {}).map(([k, v]) => k + "=" +
-  (k === "memory" || k === "object_store_memory" ? bytes(v) : num(v).toFixed(v % 1 ? 1 : 0))).join(" "); }
+  (k === "memory" || k === "object_store_memory" ? bytes(v) : String(+num(v).toFixed(3)))).join(" "); }
 function table(el, head, rows) {
   el.innerHTML = "<tr>" + head.map(h => "<th>" + h + "</th>").join("") + "</tr>" +
     rows.map(r => "<tr>" + r.join("") + "</tr>").join("");
@@ -88,9 +88,13 @@ function render(st) {
       `<td class="${n.alive ? "ALIVE" : "DEAD"}">${n.alive ? "alive" : "dead"}</td>`,
       `<td>${esc(res(n.total))}</td>`, `<td>${esc(res(n.used))}</td>`, `<td>${n.idle_workers ?? ""}</td>`]));
   // Every actor not dead (the newest 1000), then the latest dead ones: churn
-  // of short-lived actors never pushes a live one off the table.
+  // of short-lived actors never pushes a live one off the table. Task
+  // executors their pools let go are routine (the head keeps them apart):
+  // a few of them after the other dead, whose ids they would outnumber.
+  const routine = a => a.class === "TaskExecutor" && a.death_cause === "killed by request";
   const live = actors.filter(a => a.state !== "DEAD"), dead = actors.filter(a => a.state === "DEAD");
-  const shown = live.slice(-1000).reverse().concat(dead.slice(-100).reverse());
+  const shown = live.slice(-1000).reverse().concat(dead.filter(a => !routine(a)).slice(-100).reverse(),
+    dead.filter(routine).slice(-10).reverse());
   document.getElementById("actors-shown").textContent = shown.length < actors.length ?
     `(showing ${shown.length} of ${actors.length}: the newest ${Math.min(live.length, 1000)} not dead, then the latest dead)` : "";
   table(document.getElementById("actors"), ["id", "class", "name", "state", "node", "pid", "restarts", "cause"],
