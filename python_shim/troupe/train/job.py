@@ -517,6 +517,13 @@ class TrainJob:
         try:
             self._launch(binary, work, env, address, embedded, config)
         except BaseException:
+            if self._proc is not None:
+                # Started, then a Ctrl-C taken as the signal mask came back:
+                # the job is ended as wait() ends it, checkpointing the step
+                # reached (its folder is the job's now).
+                self._start_reader()
+                self.stop()
+                raise
             # Not started (job.json not written, troupe-train not a program
             # after all, Ctrl-C): the folder made for it goes, as for any
             # refusal, and a second start() does not take it for the user's.
@@ -524,9 +531,12 @@ class TrainJob:
                 shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
                 self._checkpoint_dir = None
             raise
+        self._start_reader()
+        return self
+
+    def _start_reader(self):
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
-        return self
 
     def _launch(self, binary, work, env, address, embedded, config):
         """Writes job.json and starts troupe-train on it."""
