@@ -129,8 +129,7 @@ def test_tasks_of_parts_of_gpus_fit_as_the_head_places_them():
     """The task submitter counts how many executors the nodes hold as the
     head places them: parts of a GPU on one device each. A node with half
     a GPU runs tasks of a quarter (counting by whole devices refused them
-    as fitting no node), and a node of two GPUs runs three tasks of 0.6
-    two at a time."""
+    as fitting no node)."""
     troupe.init(num_cpus=2, num_gpus=0.5)
     try:
         @troupe.remote(num_gpus=0.25)
