@@ -116,9 +116,11 @@ async function poll() {
     render(await r.json());
     document.getElementById("error").textContent = "";
   } catch (e) { document.getElementById("error").textContent = "cannot read /api/status: " + e.message; }
+  // The next a second after this one's answer: a slow head is asked once
+  // at a time, not once a second whatever it has not answered yet.
+  setTimeout(poll, 1000);
 }
 poll();
-setInterval(poll, 1000);
 </script></body></html>
 )HTML";
 

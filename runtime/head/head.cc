@@ -8,6 +8,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <mutex>
 #include <set>
 #include <unordered_map>
 
@@ -938,17 +939,29 @@ class Head::Impl {
   // ---- the HTTP endpoint's view ------------------------------------------
   // The status document plus jobs and the head's counters, built on the
   // event loop for an HTTP thread; null if the loop does not get to it in
-  // time (stopped, or very busy).
+  // time (stopped, or very busy). Requests that come while a build waits
+  // for the loop share it: each used to queue a build of its own, run
+  // after its requester had given up (a head stalled for T seconds then
+  // built T/2 snapshots, each the size of the cluster, that nobody read).
   nlohmann::json snapshot() {
-    auto done = std::make_shared<std::promise<nlohmann::json>>();
-    auto result = done->get_future();
-    asio::post(io_, [this, done] {
-      try {
-        done->set_value(build_snapshot());
-      } catch (...) {
-        done->set_value(nullptr);
+    std::shared_future<nlohmann::json> result;
+    {
+      std::lock_guard lock(snapshot_mu_);
+      const bool queued =
+          queued_snapshot_.valid() && queued_snapshot_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+      if (!queued) {
+        auto done = std::make_shared<std::promise<nlohmann::json>>();
+        queued_snapshot_ = done->get_future().share();
+        asio::post(io_, [this, done] {
+          try {
+            done->set_value(build_snapshot());
+          } catch (...) {
+            done->set_value(nullptr);
+          }
+        });
       }
-    });
+      result = queued_snapshot_;
+    }
     if (result.wait_for(std::chrono::seconds(2)) != std::future_status::ready) return nullptr;
     return result.get();
   }
@@ -1059,6 +1072,9 @@ class Head::Impl {
     uint64_t calls = 0, bytes = 0;
   };
   std::deque<StatsSample> stats_samples_;  // the last few seconds, for rates
+  // snapshot()'s last build asked of the loop (HTTP threads share it).
+  std::mutex snapshot_mu_;
+  std::shared_future<nlohmann::json> queued_snapshot_;
   uint64_t next_log_request_ = 1;
   const Clock::time_point started_ = Clock::now();
   Clock::time_point last_silent_sweep_{};  // close_silent_peers
