@@ -46,6 +46,10 @@ std::map<std::string, NpyArray> NpyArray::open_npz(const std::string& path, bool
     } else {
       inflated->lazy = true;
       inflated->fill = [archive, m, path] {
+        // The archive stays mapped until its member is read: one written
+        // in place meanwhile is said so (it read as a CRC error, or faulted
+        // past a shorter end), as for the other .npy data.
+        archive->check_unchanged();
         return inflate_npz_member(static_cast<const std::byte*>(archive->base), m, path);
       };
       try {

@@ -337,6 +337,28 @@ TEST_F(FileData, ACompressedMemberWithARefusedHeaderIsNotInflated) {
   EXPECT_LT(peak_resident_mib() - before, 24) << "the member was inflated to refuse its header";
 }
 
+// A deflated member is inflated from the archive's mapping when first read:
+// an archive written in place since it was opened is refused, naming it,
+// as a mapped .npy is (it read as a CRC error, or faulted past a shorter
+// end).
+TEST_F(FileData, ACompressedArchiveWrittenInPlaceBeforeItsFirstReadIsRefused) {
+  if (!python_has_numpy()) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
+  const std::string save = "import numpy as np\np = '" + path("val.npz") + "'\n";
+  run_python(save + "np.savez_compressed(p, x=np.arange(65536, dtype=np.float32).reshape(4096, 16))\n");
+  auto ds = make_dataset(DatasetSpec("npz").set("path", path("val.npz")));
+  run_python(save + "np.savez_compressed(p, x=np.random.default_rng(0).random((8192, 16)).astype(np.float32))\n");
+  try {
+    (void)ds->get(0);
+    ADD_FAILURE() << "the rewritten archive was read";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + path("val.npz") + "' was written while the job read it"),
+              std::string::npos)
+        << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not named as rewritten: " << e.what();
+  }
+}
+
 // image_records' .npy files stay mapped: one written in place while a job
 // reads it is refused, naming it, as the other .npy data sets do (its new
 // pixels were trained on, or a shorter file faulted the loader).
