@@ -17,8 +17,6 @@
 #include <sstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/logging.h"
@@ -255,13 +253,15 @@ pid_t spawn_with_output(core::SpawnOptions s, int& out_fd, int& err_fd) {
 
 // What a spare interpreter runs: it imports the modules named in
 // TROUPE_TORCHRUN_PRELOAD (one that fails is skipped), then blocks reading
-// its launch (JSON) from the descriptor TROUPE_TORCHRUN_SPARE_FD names.
+// its launch from the descriptor TROUPE_TORCHRUN_SPARE_FD names: fields
+// ended by NUL (hand_over), bytes as given, decoded as Python decodes a
+// fresh interpreter's argv and environment (os.fsdecode).
 // EOF with nothing read (the slot let it go, or died) ends it. Otherwise it
 // takes the launch's environment (whole), working directory and argv and
 // runs the script or module as __main__, as `python script.py` would: its
 // exceptions and SystemExit end the process the same way.
 constexpr const char* kSpareBootstrap = R"PY(
-import importlib, json, os, runpy, sys
+import importlib, os, runpy, sys
 _fd = int(os.environ.pop("TROUPE_TORCHRUN_SPARE_FD"))
 for _m in os.environ.pop("TROUPE_TORCHRUN_PRELOAD", "").split(","):
     if _m:
@@ -273,18 +273,19 @@ with os.fdopen(_fd, "rb") as _f:
     _raw = _f.read()
 if not _raw:
     os._exit(0)
-_l = json.loads(_raw)
+_f = [os.fsdecode(p) for p in _raw.split(b"\0")[:-1]]
+_module, _cwd, _script, _n = _f[0] == "1", _f[1], _f[2], int(_f[3])
 os.environ.clear()
-os.environ.update(kv.split("=", 1) for kv in _l["env"] if "=" in kv)
-if _l["cwd"]:
-    os.chdir(_l["cwd"])
-sys.argv = [_l["script"]] + _l["args"]
-if _l["module"]:
+os.environ.update(kv.split("=", 1) for kv in _f[4 + _n:] if "=" in kv)
+if _cwd:
+    os.chdir(_cwd)
+sys.argv = [_script] + _f[4:4 + _n]
+if _module:
     sys.path[0] = os.getcwd()
-    runpy.run_module(_l["script"], run_name="__main__", alter_sys=True)
+    runpy.run_module(_script, run_name="__main__", alter_sys=True)
 else:
-    sys.path[0] = os.path.dirname(os.path.realpath(_l["script"]))
-    runpy.run_path(_l["script"], run_name="__main__")
+    sys.path[0] = os.path.dirname(os.path.realpath(_script))
+    runpy.run_path(_script, run_name="__main__")
 )PY";
 
 // A spare interpreter, started ahead of the next attempt: its pid (the
@@ -356,9 +357,20 @@ bool hand_over(Spare& spare, const ScriptLaunch& l, const std::vector<std::strin
     spare.discard();
     return false;
   }
-  std::string text =
-      nlohmann::json{{"env", env}, {"cwd", cwd}, {"script", l.script}, {"args", l.args}, {"module", l.module}}.dump(
-          -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // Bytes as given, each field ended by NUL (none holds one: they are argv
+  // and environment strings): JSON replaced what was not UTF-8, so a warm
+  // restart's script got U+FFFD where its first attempt got the bytes.
+  std::string text;
+  auto field = [&text](const std::string& s) {
+    text += s;
+    text.push_back('\0');
+  };
+  field(l.module ? "1" : "0");
+  field(cwd);
+  field(l.script);
+  field(std::to_string(l.args.size()));
+  for (const auto& a : l.args) field(a);
+  for (const auto& kv : env) field(kv);
   size_t off = 0;
   while (off < text.size()) {
     ssize_t n = ::write(spare.launch_fd, text.data() + off, text.size() - off);

@@ -706,20 +706,28 @@ TEST_F(TorchrunTest, RestartRunsInASpareInterpreterThatPreloaded) {
   // The spare starts with its script (no delay), so it is there, its
   // import done or under way, when rank 1 fails at once.
   setenv("TROUPE_TORCHRUN_SPARE_DELAY_MS", "0", 1);
+  // Bytes that are not UTF-8 reach the spare's script as they reach a
+  // fresh one (they arrived as U+FFFD).
+  setenv("WARM_TEST_BYTES", "caf\xe9", 1);
   const std::string run_id = "warm-" + std::to_string(::getpid());
   auto r = run(torchrun({"--nproc-per-node", "2", "--max-restarts", "1", "--python", kPython, "--run-id", run_id,
-                         "--preload", "email.mime.text", kScripts + "/warm_restart.py", out_.string()}));
+                         "--preload", "email.mime.text", kScripts + "/warm_restart.py", out_.string(), "caf\xe9"}));
+  unsetenv("WARM_TEST_BYTES");
   unsetenv("TROUPE_TORCHRUN_SPARE_DELAY_MS");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("rank 1 exited with code 3; restarting the group (restart 1/1)"), std::string::npos)
       << r.output;
   auto first = read_json(out_ / "warm-1-0.json");
   EXPECT_FALSE(first["preloaded"].get<bool>()) << first;  // a fresh interpreter
+  EXPECT_EQ(first["argv_hex"], (nlohmann::json{"636166e9"})) << first;
+  EXPECT_EQ(first["env_hex"], "636166e9") << first;
   for (auto rank : {"0", "1"}) {
     auto w = read_json(out_ / (std::string("warm-") + rank + "-1.json"));
     EXPECT_TRUE(w["preloaded"].get<bool>()) << "rank " << rank << ": " << w;
     EXPECT_EQ(w["name"], "__main__") << w;
     EXPECT_EQ(w["argv"], (nlohmann::json{kScripts + "/warm_restart.py", out_.string()})) << w;
+    EXPECT_EQ(w["argv_hex"], (nlohmann::json{"636166e9"})) << w;
+    EXPECT_EQ(w["env_hex"], "636166e9") << w;
     EXPECT_EQ(w["path0"], fs::canonical(kScripts).string()) << w;
     EXPECT_EQ(w["cwd"], fs::current_path().string()) << w;
     EXPECT_TRUE(w["troupe_vars"].empty()) << w;

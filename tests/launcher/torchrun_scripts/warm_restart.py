@@ -2,7 +2,8 @@
 # module troupe torchrun was asked to preload was imported before the
 # script ran, and what a script started by `python script.py` would see.
 # In attempt 0 rank 1 exits 3 and the others wait to be stopped (at most
-# 120 s); in later attempts every rank exits 0.
+# 120 s); in later attempts every rank exits 0. Arguments after OUT are
+# only reported.
 import json
 import os
 import sys
@@ -14,7 +15,11 @@ rank, restart = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
 info = {
     "preloaded": preloaded,
     "name": __name__,
-    "argv": sys.argv,
+    "argv": sys.argv[:2],
+    # Bytes that are not UTF-8 (argument 2, WARM_TEST_BYTES) as the script
+    # got them, hex: the same in a fresh interpreter and a spare.
+    "argv_hex": [os.fsencode(a).hex() for a in sys.argv[2:]],
+    "env_hex": os.environb.get(b"WARM_TEST_BYTES", b"").hex(),
     "cwd": os.getcwd(),
     "path0": sys.path[0],
     "pid": os.getpid(),
