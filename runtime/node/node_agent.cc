@@ -75,16 +75,13 @@ int cuda_device_count() {
 // a CUDA_VISIBLE_DEVICES that names fewer than it offers (an override, a
 // mask such as -1), the rest are left out of workers' lists: never a
 // device the agent was not given. Said once, at the start.
-void warn_of_gpus_beyond_visible(const Resources& offered) {
-  const char* value = std::getenv("CUDA_VISIBLE_DEVICES");
+void warn_of_gpus_beyond_visible(const Resources& offered, const std::vector<std::string>& visible, bool mask_set) {
   const auto gpus = offered.find("GPU");
-  if (!value || gpus == offered.end()) return;
-  const auto visible = core::cuda_visible_devices(value);
-  if (gpus->second <= static_cast<double>(visible.size())) return;
+  if (!mask_set || gpus == offered.end() || gpus->second <= static_cast<double>(visible.size())) return;
   TROUPE_LOG_WARN(
-      "this node offers GPU={} but its CUDA_VISIBLE_DEVICES ('{}') names {} devices: GPUs {} and up of the node "
-      "are given to workers as no device",
-      gpus->second, value, visible.size(), visible.size());
+      "this node offers GPU={} but its CUDA_VISIBLE_DEVICES names {} devices: GPUs {} and up of the node are given "
+      "to workers as no device",
+      gpus->second, visible.size(), visible.size());
 }
 
 std::string hostname() {
@@ -141,7 +138,7 @@ class NodeAgent::Impl {
         opts_.worker_logs_beside_own_output && !own.empty() && opts_.worker_pool.log_dir.empty())
       opts_.worker_pool.log_dir = std::filesystem::path(own).parent_path().string();
     if (opts_.resources.empty()) opts_.resources = detect_resources({});
-    warn_of_gpus_beyond_visible(opts_.resources);
+    warn_of_gpus_beyond_visible(opts_.resources, visible_gpus_, gpu_mask_set_);
     choose_addresses(opts_);
     // Ray's node:<address> resource, one of it per node: what programs ask
     // a small part of ({"node:10.0.0.5": 0.01}) to run on that node.

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "troupe/runtime/core/errors.h"
@@ -32,14 +33,16 @@ std::string interface_of(const std::string& address) {
   return name;
 }
 
+namespace {
+
+// The kernel's ephemeral port range (ip_local_port_range): the ports
+// outgoing connects are given.
 std::pair<uint16_t, uint16_t> ephemeral_port_range() {
   std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
   unsigned lo = 0, hi = 0;
   if (!(in >> lo >> hi) || lo < 1 || hi > 65535 || lo > hi) return {32768, 60999};  // Linux's default
   return {static_cast<uint16_t>(lo), static_cast<uint16_t>(hi)};
 }
-
-namespace {
 
 // Binds a TCP socket on every interface to `port` (0: the kernel picks one)
 // and gives it back: the port bound, or 0 when it was taken.

@@ -6,17 +6,12 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 
 namespace troupe::wire {
 
 // The interface that carries `address` (an IPv4 or IPv6 literal) on this
 // machine; "" when none does.
 std::string interface_of(const std::string& address);
-
-// The kernel's ephemeral port range (ip_local_port_range): the ports
-// outgoing connects are given.
-std::pair<uint16_t, uint16_t> ephemeral_port_range();
 
 // A TCP port free now (bound on IPv4's any-address), outside the ephemeral range when
 // one is: a port from inside it, free when looked at, can be taken by any
