@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -296,8 +297,19 @@ std::string default_bind_host() {
   return bind.empty() ? "127.0.0.1" : bind;
 }
 
-std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool watched,
-                                      std::weak_ptr<core::ThreadSet> stragglers) {
+// Why forming the group should stop: the first member death the watch
+// saw, "" while none.
+std::function<std::string()> death_of(const std::shared_ptr<MemberWatch>& watch) {
+  return [weak = std::weak_ptr<MemberWatch>(watch)] {
+    auto w = weak.lock();
+    if (!w) return std::string();
+    std::lock_guard lock(w->mu);
+    return w->death;
+  };
+}
+
+std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, const std::shared_ptr<MemberWatch>& watch,
+                                      bool watched, std::weak_ptr<core::ThreadSet> stragglers) {
   switch (spec.backend) {
     case Backend::kGloo: {
       GlooGroupOptions opts;
@@ -306,7 +318,10 @@ std::unique_ptr<Group> create_backend(KvStore& kv, const GroupSpec& spec, bool w
       opts.op_timeout = spec.op_timeout;
       opts.check_agreement = spec.check_agreement;
       opts.check_point_to_point = spec.check_point_to_point;
-      if (watched) opts.error_grace = kWatchedErrorGrace;
+      if (watched) {
+        opts.error_grace = kWatchedErrorGrace;
+        opts.abandoned = death_of(watch);
+      }
       opts.stragglers = std::move(stragglers);
       return GlooGroup::create(kv, spec.name, spec.generation, spec.rank, spec.world_size, opts);
     }
@@ -376,7 +391,7 @@ std::unique_ptr<Group> join_group(Runtime& runtime, const GroupSpec& spec) {
   WatchedKv kv(runtime.kv(), watch);
   std::unique_ptr<Group> formed;
   try {
-    formed = create_backend(kv, spec, watched, table->threads());
+    formed = create_backend(kv, spec, watch, watched, table->threads());
   } catch (const Aborted& e) {
     throw Aborted("forming collective group '" + spec.name + "' generation " + std::to_string(spec.generation) +
                   " failed: " + e.what());

@@ -300,17 +300,18 @@ class MeshContext final : public gloo::rendezvous::Context {
   }
 };
 
-// Closes every pair of `context` at `deadline` unless destroyed first.
-// gloo's Pair::connect waits five times the pair's timeout for the
-// connection, and a dialing pair whose SYNs are dropped (a peer address
-// that black-holes packets) stays in SYN_SENT for the kernel's retries
-// (about two minutes) before the connection fails. Closing the pair wakes
-// that wait at once: connect() returns (the pair CLOSED) or, when the close
-// came first, throws; either way fired() tells.
+// Closes every pair of `context` at `deadline`, or as soon as `abandoned`
+// gives a reason, unless destroyed first. gloo's Pair::connect waits five
+// times the pair's timeout for the connection, and a dialing pair whose
+// SYNs are dropped (a peer address that black-holes packets) stays in
+// SYN_SENT for the kernel's retries (about two minutes) before the
+// connection fails. Closing the pair wakes that wait at once: connect()
+// returns (the pair CLOSED) or, when the close came first, throws; either
+// way fired() tells, and abandoned_for() why when it was not the deadline.
 class ConnectWatchdog {
  public:
-  ConnectWatchdog(gloo::Context& context, Clock::time_point deadline)
-      : thread_([this, &context, deadline] { watch(context, deadline); }) {}
+  ConnectWatchdog(gloo::Context& context, Clock::time_point deadline, std::function<std::string()> abandoned)
+      : abandoned_(std::move(abandoned)), thread_([this, &context, deadline] { watch(context, deadline); }) {}
   ~ConnectWatchdog() {
     {
       std::lock_guard lock(mu_);
@@ -323,6 +324,9 @@ class ConnectWatchdog {
   ConnectWatchdog& operator=(const ConnectWatchdog&) = delete;
 
   bool fired() const { return fired_; }
+  // Why it fired before the deadline; "" when it fired at the deadline.
+  // Read only once fired() is true.
+  const std::string& abandoned_for() const { return reason_; }
 
   // Stops the watchdog; false when it fired (the pairs are closed).
   bool disarm() {
@@ -335,7 +339,19 @@ class ConnectWatchdog {
   void watch(gloo::Context& context, Clock::time_point deadline) {
     {
       std::unique_lock lock(mu_);
-      if (cv_.wait_until(lock, deadline, [&] { return done_; })) return;
+      for (;;) {
+        const auto until = abandoned_ ? std::min(deadline, Clock::now() + kAbandonPoll) : deadline;
+        if (cv_.wait_until(lock, until, [&] { return done_; })) return;
+        if (Clock::now() >= deadline) break;
+        lock.unlock();
+        std::string why = abandoned_();
+        lock.lock();
+        if (done_) return;
+        if (!why.empty()) {
+          reason_ = std::move(why);
+          break;
+        }
+      }
       fired_ = true;
     }
     for (int i = 0; i < context.size; ++i) {
@@ -347,9 +363,13 @@ class ConnectWatchdog {
     }
   }
 
+  static constexpr milliseconds kAbandonPoll{100};
+
+  std::function<std::string()> abandoned_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::string reason_;  // written before fired_
   std::atomic<bool> fired_{false};
   std::thread thread_;  // last: starts once the members above exist
 };
@@ -380,6 +400,7 @@ void connect_pair(gloo::Context& context, int peer, const std::vector<char>& byt
                     "; nothing arrived)";
   }
   const std::string what = "rank " + me + " cannot connect to rank " + them + " at " + endpoint_text(there);
+  if (watchdog.fired() && !watchdog.abandoned_for().empty()) throw Aborted(what + ": " + watchdog.abandoned_for());
   if (watchdog.fired()) throw Timeout(what + " within " + std::to_string(rendezvous_timeout.count()) + " ms" + how);
   throw Error(what + ": gloo: " + gloo_error + how);
 }
@@ -391,8 +412,9 @@ void connect_pair(gloo::Context& context, int peer, const std::vector<char>& byt
 // connection: the address this rank dialed, or where the connection that
 // it accepted came from (AF_UNIX when that closed already).
 void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_ptr<gloo::transport::Device>& device,
-                  Clock::time_point deadline, milliseconds rendezvous_timeout, std::vector<std::string>& peer_hosts,
+                  Clock::time_point deadline, const GlooGroupOptions& options, std::vector<std::string>& peer_hosts,
                   std::vector<sockaddr_storage>& remote_ends) {
+  const milliseconds rendezvous_timeout = options.rendezvous_timeout;
   const int rank = context.rank;
   const int size = context.size;
   auto pairs = device->createContext(rank, size);
@@ -407,7 +429,7 @@ void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_pt
   store.set(std::to_string(rank), mine);
   peer_hosts.assign(static_cast<size_t>(size), std::string());
   remote_ends.assign(static_cast<size_t>(size), sockaddr_storage{});
-  ConnectWatchdog watchdog(context, deadline);
+  ConnectWatchdog watchdog(context, deadline, options.abandoned);
   for (int i = 0; i < size; ++i) {
     if (i == rank) continue;
     store.wait({std::to_string(i)}, left_until(deadline));
@@ -423,7 +445,9 @@ void connect_mesh(MeshContext& context, KvGlooStore& store, const std::shared_pt
       if (pair_dials(self->getSockaddr(), there)) remote_ends[static_cast<size_t>(i)] = there;
     connect_pair(context, i, bytes, watchdog, rendezvous_timeout);
   }
-  if (!watchdog.disarm())
+  if (!watchdog.disarm() && !watchdog.abandoned_for().empty())
+    throw Aborted("rank " + std::to_string(rank) + " stopped connecting to its peers: " + watchdog.abandoned_for());
+  if (watchdog.fired())
     throw Timeout("rank " + std::to_string(rank) + " connected to its peers only at the deadline (" +
                   std::to_string(rendezvous_timeout.count()) + " ms)");
   // A pair that waited has its listening port, freed once its connection
@@ -1107,8 +1131,7 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
     shared->context = mesh;
     shared->context->setTimeout(left_until(deadline));
     if (world_size > 1) {
-      connect_mesh(*mesh, store, shared->device, deadline, options.rendezvous_timeout, shared->peer_hosts,
-                   shared->remote_ends);
+      connect_mesh(*mesh, store, shared->device, deadline, options, shared->peer_hosts, shared->remote_ends);
       auto& barrier = shared->hold<gloo::BarrierOptions>(shared->context);
       barrier.setTimeout(left_until(deadline));
       gloo::barrier(barrier);
@@ -1118,6 +1141,10 @@ std::unique_ptr<GlooGroup> GlooGroup::create(KvStore& kv, const std::string& nam
     shared->close_pairs();
     store.erase_own_keys();
     throw Timeout("rendezvous of " + where + " failed: " + e.what());
+  } catch (const Aborted& e) {
+    shared->close_pairs();
+    store.erase_own_keys();
+    throw Aborted("rendezvous of " + where + " failed: " + e.what());
   } catch (const std::exception& e) {
     shared->close_pairs();
     store.erase_own_keys();

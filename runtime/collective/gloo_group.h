@@ -20,6 +20,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -77,6 +78,13 @@ struct GlooGroupOptions {
   // whose sender waits for something a later receive must get first never
   // completes (it waits out the timeout). Every member must set it alike.
   bool check_point_to_point = false;
+  // Asked every 100 ms while the mesh connects: why forming should stop
+  // (a member died after publishing its addresses, so the pair waiting
+  // for it never completes), or "" to go on. create() then fails with
+  // troupe::Aborted and that reason at once instead of at
+  // rendezvous_timeout. join_group asks its member watch. Called on a
+  // thread of the group's own, so it must be thread-safe.
+  std::function<std::string()> abandoned;
 };
 
 class GlooGroup final : public Group {

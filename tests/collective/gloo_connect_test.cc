@@ -180,6 +180,34 @@ TEST(GlooConnectTest, WaitingForAPeerThatNeverDialsFailsAtTheDeadlineNamingIt) {
   EXPECT_NE(error.find("waited for rank 1 to connect to 127.0.0.1:"), std::string::npos) << error;
 }
 
+// A member that dies after publishing its addresses never dials: the
+// runtime's member watch says so (GlooGroupOptions::abandoned), and the
+// rendezvous fails then with the death as its reason, not at its deadline
+// (a heal whose replacement died there waited the whole 60 s).
+TEST(GlooConnectTest, AMemberDyingWhileTheMeshConnectsFailsItAtOnceWithTheDeath) {
+  MemoryKvStore kv;
+  const sockaddr_in peer = loopback("127.0.0.2", 40998);  // rank 0 waits for it to dial
+  fake_rank_one(kv, "dies", peer);
+  const std::string mesh_key = KvGlooStore::key_prefix("dies", 1) + "0";
+  GlooGroupOptions opts;
+  opts.bind_host = "127.0.0.1";
+  opts.rendezvous_timeout = 2min;  // without the watch, a Timeout after 2 min
+  // Rank 1 "dies" once rank 0 has published its own addresses, so rank 0
+  // is connecting its pairs by then.
+  opts.abandoned = [&] { return kv.get(mesh_key) ? std::string("member rank 1 (actor 7) is DEAD: killed") : ""; };
+  try {
+    auto group = GlooGroup::create(kv, "dies", 1, 0, 2, opts);
+    FAIL() << "formed a group with a dead member";
+  } catch (const Aborted& e) {
+    const std::string error = e.what();
+    EXPECT_NE(error.find("'dies' generation 1"), std::string::npos) << error;
+    EXPECT_NE(error.find("rank 0 cannot connect to rank 1 at 127.0.0.2:40998: member rank 1 (actor 7) is DEAD"),
+              std::string::npos)
+        << error;
+  }
+  EXPECT_FALSE(kv.get(mesh_key)) << "a failed rendezvous left its mesh key";
+}
+
 // An operation of a group of two can only wait on the other rank: its
 // messages name it and its host.
 TEST(GlooConnectTest, OperationsOfAGroupOfTwoNameThePeerHost) {
