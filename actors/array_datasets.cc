@@ -47,6 +47,9 @@ ArrayDataset::ArrayDataset(std::map<std::string, NpyArray> arrays, std::string d
     }
   }
   rows_ = first.rows();
+  std::vector<const NpyArray*> all;
+  for (const auto& [key, a] : arrays_) all.push_back(&a);
+  require_data_in_rows(all, description_);
 }
 
 std::unique_ptr<ArrayDataset> ArrayDataset::from_npz(const std::string& path) {

@@ -199,6 +199,7 @@ std::unique_ptr<ImageRecordDataset> ImageRecordDataset::from_npy(const std::stri
   if (images.dtype() != torch::kByte || images.shape().size() != 4) {
     throw Error("npy file '" + images_path + "': image records must be uint8 with shape (N, C, H, W)");
   }
+  require_data_in_rows({&images}, "image records '" + images_path + "'");
   std::vector<NpyArray> files{images};
   torch::Tensor labels;
   if (!labels_path.empty()) {

@@ -261,6 +261,20 @@ void write_npy(const std::string& path, const torch::Tensor& tensor) {
   if (!ok) fail(path, std::string("write failed: ") + std::strerror(e));
 }
 
+void require_data_in_rows(const std::vector<const NpyArray*>& arrays, const std::string& what) {
+  if (arrays.empty() || arrays.front()->shape().empty() || arrays.front()->rows() == 0) return;
+  std::string shapes;
+  for (const NpyArray* a : arrays) {
+    if (a->nbytes() > 0) return;
+    std::string shape;
+    for (int64_t d : a->shape()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    if (a->shape().size() == 1) shape += ",";
+    shapes += (shapes.empty() ? "'" : ", '") + a->path() + "' has shape (" + shape + ")";
+  }
+  throw ConfigError(what + ": " + std::to_string(arrays.front()->rows()) + " rows hold no data (" + shapes +
+                    "); a sample needs at least one element");
+}
+
 // --- NpyDataset ---
 
 NpyDataset::NpyDataset(const std::string& inputs_path, const std::string& targets_path)
@@ -273,6 +287,9 @@ NpyDataset::NpyDataset(const std::string& inputs_path, const std::string& target
                              " rows but inputs '" + inputs_path + "' have " + std::to_string(inputs_.rows()));
     }
   }
+  std::vector<const NpyArray*> arrays{&inputs_};
+  if (targets_) arrays.push_back(targets_.get());
+  require_data_in_rows(arrays, describe());
 }
 
 std::string NpyDataset::describe() const {

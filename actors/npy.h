@@ -101,6 +101,12 @@ class NpyArray {
 // failure or for a dtype NumPy cannot read back the same way.
 void write_npy(const std::string& path, const torch::Tensor& t);
 
+// Throws ConfigError, naming `what` and each array's shape, when the
+// arrays have rows but not one byte among them: a header such as
+// (2**40, 0) claims rows no file backs, and a sampler's order of them
+// would not fit in memory. A data set whose rows are samples calls it.
+void require_data_in_rows(const std::vector<const NpyArray*>& arrays, const std::string& what);
+
 // Rows of one .npy file as inputs and, optionally, rows of another as
 // targets (the same number of rows). Samples are copies of the rows.
 class NpyDataset final : public Dataset {

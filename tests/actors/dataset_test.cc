@@ -3,8 +3,8 @@
 // records and their transforms.
 #include <gtest/gtest.h>
 
-#include <numeric>
 #include <unistd.h>
+#include <numeric>
 
 #include <cstring>
 #include <filesystem>
@@ -289,6 +289,30 @@ TEST_F(Npy, ErrorsNameTheFileAndTheProblem) {
   std::string short_targets = path("short_targets.npy");
   write_npy(short_targets, torch::zeros({9}, torch::kLong));
   expect_error_mentions([&] { NpyDataset(good, short_targets); }, {"short_targets.npy", "9 rows"});
+}
+
+// np.empty((2**40, 0)) is a valid .npy of a few bytes that claims 2**40
+// rows: a data set of it made the loader's order of 2**40 indices
+// (std::bad_alloc, the loader gone) instead of an error naming the file.
+TEST_F(Npy, RowsThatHoldNoDataAreRefusedNamingTheShape) {
+  const std::string empty_rows = path("empty_rows.npy");
+  write_raw_npy(empty_rows, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776, 0), }", "");
+  expect_error_mentions([&] { NpyDataset{empty_rows}; },
+                        {"1099511627776 rows hold no data", "'" + empty_rows + "' has shape (1099511627776, 0)"});
+  expect_error_mentions([&] { make_dataset(DatasetSpec("npy").set("inputs", empty_rows)); }, {"empty_rows.npy"});
+  const std::string images = path("no_pixels.npy");
+  write_raw_npy(images, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (4096, 3, 0, 8), }", "");
+  expect_error_mentions([&] { ImageRecordDataset::from_npy(images, "", {}); }, {"no_pixels.npy", "rows hold no data"});
+
+  // Rows of data beside them, or no rows at all, are a data set.
+  const std::string labels = path("labels.npy");
+  write_raw_npy(labels, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (2, 0), }", "");
+  const std::string inputs = path("inputs.npy");
+  write_npy(inputs, torch::zeros({2, 3}));
+  EXPECT_EQ(NpyDataset(inputs, labels).size(), 2);
+  const std::string none = path("none.npy");
+  write_raw_npy(none, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 3), }", "");
+  EXPECT_EQ(NpyDataset(none).size(), 0);
 }
 
 TEST_F(Npy, ReadsWhatNumPyWrites) {

@@ -240,7 +240,8 @@ TEST_F(FileData, NpzStoredAndCompressedAndNpyByKey) {
              "np.savez(d + '/plain.npz', features=x, label=y, weight=w)\n"
              "np.savez_compressed(d + '/packed.npz', features=x, label=y, weight=w)\n"
              "np.save(d + '/x.npy', x)\nnp.save(d + '/y.npy', y)\n"
-             "np.savez(d + '/ragged.npz', a=x, b=y[:7])\n");
+             "np.savez(d + '/ragged.npz', a=x, b=y[:7])\n"
+             "np.savez(d + '/hollow.npz', a=np.empty((2**40, 0)), b=np.empty((2**40, 0), dtype=np.int8))\n");
   auto x = torch::arange(40, torch::kFloat).reshape({10, 4}) / 3;
   for (const char* name : {"plain.npz", "packed.npz"}) {
     auto ds = make_dataset(DatasetSpec("npz").set("path", path(name)));
@@ -259,6 +260,14 @@ TEST_F(FileData, NpzStoredAndCompressedAndNpyByKey) {
     ADD_FAILURE() << "no exception";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("'b' has 7 rows"), std::string::npos) << e.what();
+  }
+  // Rows of nothing: 2**40 of them in a few hundred bytes.
+  try {
+    make_dataset(DatasetSpec("npz").set("path", path("hollow.npz")));
+    ADD_FAILURE() << "no exception";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("1099511627776 rows hold no data"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has shape (1099511627776, 0)"), std::string::npos) << e.what();
   }
 }
 
