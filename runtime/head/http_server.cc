@@ -161,6 +161,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     deadline_.cancel();
   }
 
+  // Whether its answer is being written: closing it then loses an answer
+  // already made, where closing one still sending its request loses none.
+  bool answering() const { return answering_; }
+
  private:
   void on_head(asio::error_code ec, size_t n) {
     if (ec == asio::error::not_found) return answer_error(431, "request head over the limit");
@@ -213,8 +217,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     for (const auto& [name, value] : res.headers) out_ += name + ": " + value + "\r\n";
     out_ += "\r\n";
     if (req_.method != "HEAD") out_ += res.body;  // HEAD: GET's head, its Content-Length too
+    answering_ = true;
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(out_), [self](asio::error_code ec, size_t) {
+      self->answering_ = false;
       if (ec) return self->close();
       asio::error_code ignored;
       self->socket_.shutdown(tcp::socket::shutdown_send, ignored);
@@ -237,6 +243,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   asio::streambuf head_;
   HttpRequest req_;
   std::string out_;
+  bool answering_ = false;  // the server's thread only
   char sink_[512];
   const HttpServer::Handler& handler_;
   const HttpServerOptions& opts_;
@@ -354,13 +361,21 @@ class HttpServer::Impl {
     });
   }
 
-  // The oldest connection makes room for the newest: a client holding
-  // many open cannot keep a new one from being served.
+  // The oldest connection not being answered makes room for the newest:
+  // a client holding many open cannot keep a new one from being served,
+  // nor cut off an answer another client is taking (a flood closed a
+  // large log piece or /metrics mid-write). Only when every connection is
+  // being answered does the oldest of those go.
   void admit(tcp::socket s) {
     live_.remove_if([](const std::weak_ptr<Exchange>& w) { return w.expired(); });
     while (live_.size() >= std::max<size_t>(opts_.max_connections, 1)) {
-      if (auto oldest = live_.front().lock()) oldest->close();
-      live_.pop_front();
+      auto victim = std::find_if(live_.begin(), live_.end(), [](const std::weak_ptr<Exchange>& w) {
+        auto x = w.lock();
+        return !x || !x->answering();
+      });
+      if (victim == live_.end()) victim = live_.begin();
+      if (auto x = victim->lock()) x->close();
+      live_.erase(victim);
     }
     auto x = std::make_shared<Exchange>(std::move(s), handler_, opts_);
     live_.push_back(x);

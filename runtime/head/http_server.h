@@ -8,7 +8,8 @@
 // Limits, each ending only the connection that broke it:
 //   - a connection has `deadline` in all to send its request and take the
 //     answer, however steadily it sends;
-//   - at most `max_connections` at once; one more closes the oldest;
+//   - at most `max_connections` at once; one more closes the oldest that
+//     is not being answered (the oldest of all when every one is);
 //   - a request head (request line and headers) of at most `max_head_bytes`
 //     (else 431) and a body of at most `max_body_bytes` (else 413);
 //   - what does not parse as HTTP/1.x is a 400.

@@ -13,6 +13,8 @@
 
 #include <asio.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "tests/support/wait.h"
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/head/head.h"
+#include "troupe/runtime/head/http_server.h"
 #include "troupe/runtime/head/metrics.h"
 #include "troupe/runtime/testing/local_cluster.h"
 #include "troupe/runtime/wire/address.h"
@@ -224,6 +227,55 @@ TEST_F(DashboardTest, SlowClientsDoNotStarveTheOthers) {
   asio::error_code ec;
   slow.front()->read_some(asio::buffer(buf), ec);
   EXPECT_TRUE(ec == asio::error::eof || ec == asio::error::connection_reset) << ec.message();
+}
+
+// A flood of connections makes room by closing those still sending their
+// request, not one taking its answer: a client reading a large answer
+// slowly (a log piece, /metrics of a big cluster) got it cut off when
+// more than max_connections others connected meanwhile.
+TEST(HttpServerLimits, AFloodDoesNotCutOffAnAnswerBeingTaken) {
+  const std::string big(64 << 20, 'x');  // far past the socket buffers: the write waits for the reader
+  std::atomic<int> answered{0};
+  troupe::head::HttpServerOptions opts;
+  opts.max_connections = 8;
+  opts.deadline = std::chrono::seconds(120);
+  troupe::head::HttpServer server(
+      "127.0.0.1", 0,
+      [&](const troupe::head::HttpRequest& req, troupe::head::HttpResponse& res) {
+        res.set_content(req.path == "/big" ? big : "small", "text/plain");
+        answered.fetch_add(1);
+      },
+      opts);
+  const auto port = static_cast<uint16_t>(server.port());
+  asio::io_context io;
+  asio::ip::tcp::socket reader(io);
+  reader.connect({asio::ip::make_address("127.0.0.1"), port});
+  asio::write(reader, asio::buffer(std::string("GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")));
+  ASSERT_TRUE(troupe::test::eventually([&] { return answered.load() == 1; }, troupe::test::kWaitBound));
+  // Twice the limit of connections that never finish their request.
+  std::vector<std::unique_ptr<asio::ip::tcp::socket>> flood;
+  for (int i = 0; i < 16; ++i) {
+    auto s = std::make_unique<asio::ip::tcp::socket>(io);
+    s->connect({asio::ip::make_address("127.0.0.1"), port});
+    asio::write(*s, asio::buffer(std::string("GET / HTTP/1.1\r\n")));
+    flood.push_back(std::move(s));
+  }
+  // Served after the flood was admitted (one accepting thread, in order).
+  EXPECT_EQ(http(port, "GET /small HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  timeval limit{30, 0};
+  ::setsockopt(reader.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  std::string got;
+  asio::error_code ec;
+  std::vector<char> buf(1 << 16);
+  for (;;) {
+    size_t n = reader.read_some(asio::buffer(buf), ec);
+    got.append(buf.data(), n);
+    if (ec) break;
+  }
+  EXPECT_EQ(ec, asio::error::eof) << ec.message();
+  const size_t body = got.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos) << got.substr(0, 200);
+  EXPECT_EQ(got.size() - body - 4, big.size()) << "the answer was cut off";
 }
 
 // A method a route does not take is a 405, a path with no route a 404,
