@@ -1078,15 +1078,45 @@ void HeadState::unreserve_group(Group& g) {
   g.info.bundle_nodes.assign(g.spec.bundles.size(), 0);
 }
 
+// `a`, whose group's bundles went back to their nodes, holds `al`'s grant
+// of its node's pool instead, lent part and all, until release().
+void HeadState::hold_on_node(Actor& a, Allocation al) {
+  auto n = nodes_.find(al.node_id);
+  if (n == nodes_.end() || !n->second.info.alive) return;
+  try {
+    n->second.pool.retake(al.grant);
+  } catch (const ConfigError& e) {  // never expected: the bundle just gave it back
+    TROUPE_LOG_WARN("actor {}: its share of a removed group cannot be held on node {}: {}", a.info.id, al.node_id,
+                    e.what());
+    return;
+  }
+  if (!a.lent.empty()) n->second.pool.give_back(Grant{a.lent, {}});
+  al.group_id = 0;
+  al.bundle = 0;
+  al.epoch = 0;
+  a.info.gpu_ids = al.grant.gpu_ids;
+  a.allocation = std::move(al);
+  count_placed(*a.allocation, 1);
+  mark(a);
+}
+
 void HeadState::remove_placement_group(uint64_t id) {
   Group& g = group(id);
   if (g.info.state == PlacementGroupState::kRemoved) return;
-  // Kill first: the workers keep running until their exit is reported, and
-  // that report makes them DEAD even though their resources already went
-  // back with the bundles.
+  // Kill first: the workers keep running until their exit is reported.
+  // Until then each keeps what it holds of its bundle, as a killed actor
+  // outside a group keeps its resources: its part (its GPU ids among it)
+  // goes back to the node held by it, and is free only at its exit. (It
+  // went back free with the bundle: a new actor got the GPU of a worker
+  // still running on it, and ran out of device memory.)
   for (auto aid : actor_ids_where([&](const Actor& a) { return a.spec.placement_group == id; }))
     if (actors_.count(aid)) kill_actor(aid, true, placement_group_removed_cause(id));
+  std::vector<std::pair<uint64_t, Allocation>> held;
+  for (const auto& [aid, a] : actors_)
+    if (a.allocation && a.allocation->group_id == id && a.worker_running && pool_of(*a.allocation))
+      held.emplace_back(aid, *a.allocation);
   if (!g.reserved.empty()) unreserve_group(g);  // a PENDING group may keep some bundles
+  for (auto& [aid, al] : held) hold_on_node(actors_.at(aid), al);
   g.info.state = PlacementGroupState::kRemoved;
   g.info.pending_reason.clear();  // it waits for nothing now
   out_.groups_settled.push_back(g.info);

@@ -363,6 +363,7 @@ class HeadState {
   // told yet (or `again`).
   void tell_resources_wanted(PeerId owner, bool again = false);
   void unreserve_group(Group& g);
+  void hold_on_node(Actor& a, Allocation al);
   // `node` died: the bundles `g` had there go (the others, and the actors
   // in them, stay where they are) and `g` waits to place them again.
   void lose_bundles(Group& g, uint64_t node);

@@ -538,6 +538,45 @@ TEST_F(HeadStateTest, PartsOfGpusPackIntoAGroup) {
   EXPECT_EQ(node(n).free_gpu_ids, (std::vector<int32_t>{0, 1}));
 }
 
+// A removed group's workers are told to die, and run on until their exit
+// is reported: until then what each holds stays held on its node (its GPU
+// above all), as a killed actor's resources do. It went back free with
+// the bundles: a new actor got the GPU a dying worker still used.
+TEST_F(HeadStateTest, ARemovedGroupsWorkersKeepTheirGpusUntilTheyExit) {
+  uint64_t n = add_node({{"CPU", 4}, {"GPU", 2}}, 1);
+  auto g = state_.create_placement_group(kDriver, {{{{"GPU", 1}}, {{"CPU", 1}}}, PlacementStrategy::kPack, ""});
+  ASSERT_EQ(g.state, PlacementGroupState::kCreated) << g.pending_reason;
+  auto s = spec({{"GPU", 1}});
+  s.placement_group = g.id;
+  auto a = state_.create_actor(kDriver, s);
+  start_spawned();
+  ASSERT_EQ(state_of(a.id), ActorState::kAlive);
+  const auto held = state_.actor_info(a.id).gpu_ids;
+  ASSERT_EQ(held.size(), 1u);
+
+  state_.remove_placement_group(g.id);
+  auto both = state_.create_actor(kDriver, spec({{"GPU", 2}}));
+  auto out = start_spawned();
+  ASSERT_EQ(out.kills.size(), 1u);
+  EXPECT_EQ(out.kills[0].second.actor_id, a.id);
+  EXPECT_NE(state_of(a.id), ActorState::kDead);  // its worker has not exited
+  EXPECT_EQ(state_of(both.id), ActorState::kPending) << "placed on the GPU of a worker still running";
+  EXPECT_EQ(node(n).free_gpu_ids, (std::vector<int32_t>{1 - held[0]}));
+  EXPECT_EQ(node(n).available.at("GPU"), 1);
+  EXPECT_EQ(node(n).available.at("CPU"), 4);  // the CPU bundle nobody used went back at once
+
+  exited(a.id);
+  EXPECT_EQ(state_of(a.id), ActorState::kDead);
+  start_spawned();
+  EXPECT_EQ(state_of(both.id), ActorState::kAlive);
+  EXPECT_EQ(state_.actor_info(both.id).gpu_ids, (std::vector<int32_t>{0, 1}));
+  state_.kill_actor(both.id, true, "test");
+  exited(both.id);
+  EXPECT_EQ(node(n).available.at("GPU"), 2);
+  EXPECT_EQ(node(n).available.at("CPU"), 4);
+  EXPECT_EQ(node(n).free_gpu_ids, (std::vector<int32_t>{0, 1}));
+}
+
 // A removed group waits for nothing: status must not keep showing why it
 // could not be placed.
 TEST_F(HeadStateTest, ARemovedGroupKeepsNoPendingReason) {
