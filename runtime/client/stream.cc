@@ -75,10 +75,23 @@ StreamReaderCore::~StreamReaderCore() {
   if (auto s = server_.lock()) s->remove(ref_.id);
 }
 
+namespace {
+// now + timeout, saturated: milliseconds::max() ("for ever") overflowed
+// the clock's nanoseconds into a deadline in the past, a read or write
+// that timed out at once.
+std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  const auto now = std::chrono::steady_clock::now();
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::time_point::max() - now) -
+      std::chrono::hours(24);
+  return timeout >= left ? now + left : now + timeout;
+}
+}  // namespace
+
 std::optional<Message> StreamReaderCore::read(std::chrono::milliseconds timeout) {
   std::unique_lock lock(state_->mu);
-  if (!state_->cv.wait_for(lock, timeout,
-                           [&] { return !state_->items.empty() || state_->ended || !state_->error.empty(); }))
+  if (!state_->cv.wait_until(lock, deadline_after(timeout),
+                             [&] { return !state_->items.empty() || state_->ended || !state_->error.empty(); }))
     throw Timeout("stream " + std::to_string(ref_.id) + ": nothing to read after " + std::to_string(timeout.count()) +
                   " ms");
   if (!state_->items.empty()) {
@@ -144,7 +157,7 @@ StreamWriterCore::StreamWriterCore(const std::shared_ptr<Core>& core, const Stre
   // is gone, over, or has a writer, and the reader side drops what came)
   // fails the write that waits for credit after it.
   st.credits = 1;
-  core->service<StreamLinks>()->attach(ref.address, state_, std::chrono::steady_clock::now() + timeout);
+  core->service<StreamLinks>()->attach(ref.address, state_, deadline_after(timeout));
   st.conn->send(stream_event(StreamOp::kOpen, ref.id), true);
 }
 
@@ -160,7 +173,7 @@ StreamWriterCore::~StreamWriterCore() {
 
 void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   auto& st = *state_;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   auto timed_out = [&](const std::string& what) {
     return Timeout("stream " + std::to_string(st.id) + ": " + what + " within " + std::to_string(timeout.count()) +
                    " ms");

@@ -48,6 +48,24 @@ StreamServer::StreamServer(Core& core) : core_(core) {
   address_ = Future<std::string>(done).get(std::chrono::seconds(10));
 }
 
+StreamServer::~StreamServer() {
+  std::map<uint64_t, std::shared_ptr<StreamReaderCore::State>> readers;
+  {
+    std::lock_guard lock(mu_);
+    readers.swap(readers_);
+  }
+  for (auto& [id, st] : readers) {
+    std::shared_ptr<const std::function<void()>> changed;
+    {
+      std::lock_guard lock(st->mu);
+      if (!st->over()) st->error = "stream " + std::to_string(id) + ": its runtime was shut down";
+      changed = st->on_change;
+    }
+    st->cv.notify_all();
+    if (changed) (*changed)();
+  }
+}
+
 uint64_t StreamServer::add(std::shared_ptr<StreamReaderCore::State> st) {
   std::lock_guard lock(mu_);
   uint64_t id = next_id_++;
@@ -232,6 +250,32 @@ void StreamLinks::detach(StreamWriterCore::State& st) {
     it->second.reset();
 }
 
+StreamLinks::~StreamLinks() {
+  std::map<std::string, std::shared_ptr<StreamLink>> links;
+  {
+    std::lock_guard lock(mu_);
+    links.swap(links_);
+  }
+  for (auto& [address, link] : links) {
+    std::vector<std::shared_ptr<StreamWriterCore::State>> writers;
+    {
+      std::lock_guard lock(link->mu);
+      if (link->error.empty()) link->error = "its runtime was shut down";
+      for (auto& [id, w] : link->writers)
+        if (auto st = w.lock()) writers.push_back(std::move(st));
+    }
+    link->cv.notify_all();
+    link->turn_cv.notify_all();
+    for (auto& st : writers) {
+      {
+        std::lock_guard lock(st->mu);
+        if (st->error.empty()) st->error = "stream " + std::to_string(st->id) + ": its runtime was shut down";
+      }
+      st->cv.notify_all();
+    }
+  }
+}
+
 std::shared_ptr<StreamLink> StreamLinks::link_to(const std::string& address) {
   auto [host, port] = parse_address(address);
   std::shared_ptr<StreamLink> link;
@@ -244,9 +288,15 @@ std::shared_ptr<StreamLink> StreamLinks::link_to(const std::string& address) {
   // The connection's handlers hold the link weakly: the link (in links_ and
   // in its writers) holds the connection, never the other way round.
   std::weak_ptr<StreamLink> weak = link;
-  asio::post(core_.io(), [this, host = host, port = port, address, weak] {
+  // A reader whose host vanished takes none of what this writer sends:
+  // the connection ends after the send timeout (as the reader's side
+  // does), not after the kernel's retransmissions, about 15 minutes of a
+  // writer (and a one-at-a-time actor's other callers) blocked.
+  ConnectionOptions options = core_.connection_options();
+  options.send_timeout = send_timeout();
+  asio::post(core_.io(), [this, host = host, port = port, address, weak, options] {
     Connection::connect(
-        core_.io(), host, port, core_.token(), core_.connection_options(),
+        core_.io(), host, port, core_.token(), options,
         [this, weak](Message&& m) {
           if (auto link = weak.lock()) on_frame(*link, std::move(m));
         },

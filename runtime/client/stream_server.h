@@ -76,6 +76,9 @@ class StreamServer {
  public:
   // Listens on TROUPE_BIND_HOST (or loopback) on `core`'s I/O thread.
   explicit StreamServer(Core& core);
+  // Core::shutdown (the I/O thread stopped): fails every reader still
+  // waiting, which would otherwise wait out its timeout (a day by default).
+  ~StreamServer();
   StreamServer(const StreamServer&) = delete;
   StreamServer& operator=(const StreamServer&) = delete;
 
@@ -153,6 +156,8 @@ struct StreamWriterCore::State {
 class StreamLinks {
  public:
   explicit StreamLinks(Core& core) : core_(core) {}
+  // Core::shutdown: fails every writer still registered, as above.
+  ~StreamLinks();
   StreamLinks(const StreamLinks&) = delete;
   StreamLinks& operator=(const StreamLinks&) = delete;
 

@@ -389,7 +389,16 @@ bool Connection::wait_for_room(uint64_t bytes, std::chrono::steady_clock::time_p
 // bound it is dropped (a lone frame always goes, however large).
 bool Connection::over_write_bound_locked(uint64_t bytes) {
   if (overflowed_) return true;
-  if (queued_bytes_ == 0 || queued_bytes_ + bytes <= opts_.max_queued_bytes) return false;
+  if (queued_bytes_ == 0) {
+    if (bytes > opts_.max_queued_bytes) lone_left_ = bytes;
+    return false;
+  }
+  // A lone frame over the bound does not count against the frames behind
+  // it: a small one (a stream's open, a credit, an answer) tripped the
+  // bound while it was being written, and dropped a peer that was reading
+  // it, with the value half sent.
+  const uint64_t behind = queued_bytes_ - std::min(queued_bytes_, lone_left_);
+  if (behind + bytes <= opts_.max_queued_bytes) return false;
   overflowed_ = true;
   queue_.clear();
   std::string why = "peer does not read: " + std::to_string(queued_bytes_ + bytes) +
@@ -397,6 +406,13 @@ bool Connection::over_write_bound_locked(uint64_t bytes) {
   TROUPE_LOG_WARN("dropping connection {}: {}", peer_, why);
   asio::post(io_, [self = shared_from_this(), why] { self->fail(why); });
   return true;
+}
+
+// `n` queued bytes were written: a lone frame's first (it was queued
+// first, into an empty queue).
+void Connection::written_out_locked(uint64_t n) {
+  queued_bytes_ -= std::min(queued_bytes_, n);
+  lone_left_ -= std::min(lone_left_, n);
 }
 
 // Writes the queue with one non-blocking sendmsg on the calling thread: the
@@ -427,11 +443,12 @@ void Connection::write_direct_locked() {
   if (written == total) {
     queue_.clear();
     queued_bytes_ = 0;
+    lone_left_ = 0;
     room_cv_.notify_all();
     return;
   }
   // The I/O thread writes the rest, starting `written` bytes in.
-  queued_bytes_ -= std::min<uint64_t>(queued_bytes_, written);
+  written_out_locked(written);
   if (written > 0) room_cv_.notify_all();
   writing_ = true;
   inflight_.swap(queue_);
@@ -482,7 +499,7 @@ void Connection::write_inflight() {
     self->inflight_offset_ = 0;
     {
       std::lock_guard lock(self->write_mu_);
-      self->queued_bytes_ -= std::min(self->queued_bytes_, self->inflight_left_);
+      self->written_out_locked(self->inflight_left_);
       self->room_cv_.notify_all();
     }
     if (ec) return self->fail("write failed: " + ec.message());
@@ -516,6 +533,7 @@ void Connection::fail(const std::string& reason) {
     socket_.close(ec);
     queue_.clear();
     queued_bytes_ = 0;
+    lone_left_ = 0;
     room_cv_.notify_all();
   }
   if (!ready_ && accepting_) {

@@ -137,6 +137,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void write_direct_locked();
   void write_inflight();
   bool over_write_bound_locked(uint64_t bytes);
+  void written_out_locked(uint64_t n);
   void fail(const std::string& reason);
   void count_read(size_t n) {
     if (opts_.counters) opts_.counters->read.fetch_add(n, std::memory_order_relaxed);
@@ -181,11 +182,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Write state.
   std::mutex write_mu_;
-  std::vector<OutFrame> queue_;      // guarded by write_mu_
-  std::vector<OutFrame> inflight_;   // being written by the io thread
-  size_t inflight_offset_ = 0;       // bytes of inflight_ already written
-  uint64_t inflight_left_ = 0;       // bytes of inflight_ not yet written
-  uint64_t queued_bytes_ = 0;        // queue_ + inflight_ not yet written, guarded by write_mu_
+  std::vector<OutFrame> queue_;     // guarded by write_mu_
+  std::vector<OutFrame> inflight_;  // being written by the io thread
+  size_t inflight_offset_ = 0;      // bytes of inflight_ already written
+  uint64_t inflight_left_ = 0;      // bytes of inflight_ not yet written
+  uint64_t queued_bytes_ = 0;       // queue_ + inflight_ not yet written, guarded by write_mu_
+  // Of queued_bytes_, what is left of a frame over the write bound that was
+  // queued alone (and so went): the bound counts the frames behind it
+  // without it. Guarded by write_mu_.
+  uint64_t lone_left_ = 0;
   std::condition_variable room_cv_;  // with write_mu_: queued_bytes_ went down, or the connection closed
   bool overflowed_ = false;          // guarded by write_mu_
   std::atomic<bool> in_read_batch_{false};

@@ -190,6 +190,87 @@ TEST_F(StreamTest, AValueLargerThanTheWriteBoundAndTheEndArriveWhole) {
   EXPECT_EQ(done.get(kWaitBound), 0);
 }
 
+// A value over the write bound goes out alone, and the frames sent behind
+// it while it is written (another stream's open, an error, a credit) must
+// not count it against the bound: a stream opened then tripped it, the
+// connection dropped, the large value was cut off (its writer never knew)
+// and the new stream's reader was never told.
+TEST_F(StreamTest, AStreamOpenedBehindAValueOverTheWriteBoundLosesNothing) {
+  const size_t bytes = 300u << 20;
+  auto block = std::make_shared<std::vector<std::byte>>(bytes, std::byte{'v'});
+  troupe::Buffer view(block, block->data(), block->size());
+  troupe::StreamReader<Item> a(rt_, 2), b(rt_, 2);
+  auto wrote = std::async(std::launch::async, [this, &a, &b, view] {
+    troupe::StreamWriter<Item> big(rt_, a.ref());
+    big.write(Item{0, view}, kWaitBound);
+    troupe::StreamWriter<Item> small(rt_, b.ref());  // its open goes while the value is being written
+    small.write(Item{1, troupe::Buffer::from_string("small")}, kWaitBound);
+    small.close();
+    big.close();
+  });
+  auto first = a.read(kWaitBound);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->payload.size(), bytes);
+  auto second = b.read(kWaitBound);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->seq, 1);
+  EXPECT_FALSE(a.read(kWaitBound).has_value());
+  EXPECT_FALSE(b.read(kWaitBound).has_value());
+  ASSERT_EQ(wrote.wait_for(kWaitBound), std::future_status::ready);
+  wrote.get();
+}
+
+// A read that times out throws Timeout and changes nothing: the next read
+// gets the next value. A "for ever" timeout (milliseconds::max()) waits:
+// it overflowed into a deadline in the past and threw at once.
+TEST_F(StreamTest, AReadTimesOutChangingNothingAndForeverWaits) {
+  troupe::StreamReader<Item> r(rt_, 4);
+  EXPECT_THROW(r.read(200ms), troupe::Timeout);
+  troupe::StreamWriter<Item> w(rt_, r.ref());
+  EXPECT_THROW(r.read(200ms), troupe::Timeout);  // a writer that sends nothing
+  auto wrote = std::async(std::launch::async, [&w] {
+    w.write(Item{7, troupe::Buffer::from_string("x")}, std::chrono::milliseconds::max());
+    w.close();
+  });
+  auto item = r.read(std::chrono::milliseconds::max());
+  ASSERT_TRUE(item.has_value());
+  EXPECT_EQ(item->seq, 7);
+  EXPECT_FALSE(r.read(kWaitBound).has_value());
+  ASSERT_EQ(wrote.wait_for(kWaitBound), std::future_status::ready);
+  wrote.get();
+}
+
+// A reader and a writer blocked on other threads are woken, with a
+// StreamError, when their runtime shuts down: calls and tasks were failed
+// then, while streams waited out their timeout (a day by default).
+TEST_F(StreamTest, ReadersAndWritersWaitingAreWokenByTheirRuntimesShutdown) {
+  troupe::StreamReader<Item> elsewhere(rt_, 1);
+  troupe::Runtime other = cluster_.connect();
+  auto r = std::make_unique<troupe::StreamReader<Item>>(other, 4);
+  auto w = std::make_unique<troupe::StreamWriter<Item>>(other, elsewhere.ref());
+  w->write(Item{0, troupe::Buffer::from_string("x")}, kWaitBound);  // its one credit
+  auto outcome = [](auto&& f) {
+    try {
+      f();
+      return std::string("done");
+    } catch (const troupe::StreamError&) {
+      return std::string("StreamError");
+    } catch (const troupe::Timeout&) {
+      return std::string("Timeout");
+    }
+  };
+  auto reading = std::async(std::launch::async, [&] { return outcome([&] { r->read(std::chrono::minutes(10)); }); });
+  auto writing = std::async(std::launch::async, [&] {
+    return outcome([&] { w->write(Item{1, troupe::Buffer::from_string("y")}, std::chrono::minutes(10)); });
+  });
+  ASSERT_TRUE(troupe::test::eventually([&] { return elsewhere.buffered() == 1; }));
+  other.shutdown();
+  ASSERT_EQ(reading.wait_for(kWaitBound), std::future_status::ready);
+  ASSERT_EQ(writing.wait_for(kWaitBound), std::future_status::ready);
+  EXPECT_EQ(reading.get(), "StreamError");
+  EXPECT_EQ(writing.get(), "StreamError");
+}
+
 TEST_F(StreamTest, WriterKilledGivesReaderAClearError) {
   troupe::StreamReader<Item> r(rt_, 4);
   auto p = rt_.spawn<Producer>({});
