@@ -109,10 +109,21 @@ template <>
 struct ObjectPayload<py::PyValue> {
   static void encode(const std::shared_ptr<const py::PyValue>& v, wire::Encoder& e) { wire::encode(e, *v); }
   static py::PyValue decode(wire::Decoder& d) { return wire::decode<py::PyValue>(d); }
-  static uint64_t bytes(const py::PyValue& v) {
-    uint64_t n = v.data.size();
-    for (const auto& b : v.buffers) n += b.size();
-    return n;
+  static ObjectSize measure(const py::PyValue& v) {
+    ObjectSize size;
+    // The pickle and each buffer: attached when large, else inline
+    // (Codec<Buffer>), and its refs inline.
+    auto add = [&](const Buffer& b) {
+      size.bytes += b.size();
+      const bool attached = b.size() >= wire::kAttachThreshold;
+      size.inline_bytes += attached ? 16 : b.size() + 16;
+      size.attachments += attached ? 1 : 0;
+    };
+    add(v.data);
+    for (const auto& b : v.buffers) add(b);
+    // Each ref: its owner's address, ids and type, about a hundred bytes.
+    size.inline_bytes += v.refs.size() * 128;
+    return size;
   }
 };
 }  // namespace troupe::client

@@ -579,6 +579,20 @@ def test_put_large_array_zero_copy():
     assert back.shape == a.shape and np.array_equal(back[:10], a[:10])
 
 
+def test_a_borrower_fetching_more_than_the_write_bound_at_once_gets_it_all():
+    # 312 MiB asked for at once (one get of a list sends each object's
+    # request together): past the connection's write bound of 256 MiB the
+    # owner dropped the borrower as "not reading", and its gets failed with
+    # ObjectLostError although it was reading.
+    refs = [troupe.put(np.full(13 << 20, float(i + 1))) for i in range(3)]  # 104 MiB each
+
+    @troupe.remote
+    def sum_all(arrays):
+        return sum(float(a.sum()) for a in troupe.get(arrays, timeout=240))
+
+    assert troupe.get(sum_all.remote(refs), timeout=300) == float(6 * (13 << 20))
+
+
 def test_a_value_is_what_it_was_when_sent():
     # As Ray's object store: writing an array after put or .remote() is not
     # seen (large arrays used to travel as views of the caller's memory).

@@ -543,9 +543,15 @@ void ActorClient::remove_listener(uint64_t listener_id) {
   listeners_.erase(listener_id);
 }
 
+void ActorClient::keep_until_dead(std::shared_ptr<const void> refs) {
+  std::lock_guard lock(mu_);
+  if (info_.state != ActorState::kDead) ctor_refs_ = std::move(refs);
+}
+
 void ActorClient::on_update(const ActorInfo& info) {
   std::vector<std::pair<Fail, std::exception_ptr>> failures;
   std::vector<std::function<void(const ActorInfo&)>> listeners;
+  std::shared_ptr<const void> dropped_refs;  // released after the lock: a release may send
   {
     std::lock_guard lock(mu_);
     // A stale view (an older incarnation, or a subscribe reply that lost
@@ -567,6 +573,7 @@ void ActorClient::on_update(const ActorInfo& info) {
     if (info.state == ActorState::kDead) {
       if (conn_) conn_->close("actor dead");
       conn_.reset();
+      dropped_refs = std::move(ctor_refs_);  // let go outside the lock
       in_order_.store(false, std::memory_order_release);
       auto more = fail_all_locked(info.death_cause);
       failures.insert(failures.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));

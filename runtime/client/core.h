@@ -119,6 +119,9 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   Future<wire::Message> control(const std::string& tag, std::string body);
 
   void on_update(const wire::ActorInfo& info);
+  // Holds `refs` (Encoder::take_kept: the constructor's ObjectRefs, which
+  // each restart decodes again) until the actor is DEAD.
+  void keep_until_dead(std::shared_ptr<const void> refs);
   // Calls in flight when the connection closes fail at once with the
   // connection's reason, not after waiting for the head's death cause
   // (the orphans waiting now fail so too).
@@ -189,6 +192,7 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
   Core& core_;
   const uint64_t id_;
   CallOrder order_;
+  std::shared_ptr<const void> ctor_refs_;  // keep_until_dead; guarded by mu_
   std::atomic<bool> in_order_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -71,6 +71,7 @@ struct Codec<ObjectRef<T>> {
   static void encode(Encoder& e, const ObjectRef<T>& r) {
     if (!r.valid()) return e.write_pod<uint8_t>(0);
     r.holder()->store()->encode_ref(e, *r.holder());
+    if (!e.is_measuring()) e.keep(r.holder());
   }
   static ObjectRef<T> decode(Decoder& d) {
     auto has = d.read_pod<uint8_t>();

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -286,6 +288,24 @@ ObjectStoreStats ObjectStore::stats() const {
 
 // ---- owner side -------------------------------------------------------------
 
+namespace {
+// Why no other process could fetch an object whose payload has
+// `inline_bytes` in its message part and `attachments` buffers beside it.
+std::string unfetchable_text(const char* type, uint64_t inline_bytes, uint64_t attachments) {
+  const std::string what = "an object of type " + wire::readable_type_name(type);
+  const wire::FrameLimits limits;
+  if (attachments > limits.max_attachments)
+    return what + " has " + std::to_string(attachments) + " buffers, more than the " +
+           std::to_string(limits.max_attachments) + " one message carries to another process";
+  char size[32];
+  std::snprintf(size, sizeof size, "%.1f MiB", static_cast<double>(inline_bytes) / (1 << 20));
+  return what + " encodes " + size + " in its message part, more than the " +
+         std::to_string(limits.max_message_bytes >> 20) +
+         " MiB one message carries to another process: keep bulk data in a std::vector of numbers or a "
+         "troupe::Buffer, which travel beside the message";
+}
+}  // namespace
+
 // What a store past its limit says of an object of `bytes` (`what`: which).
 std::string ObjectStore::full_text_locked(const std::string& what, uint64_t bytes) const {
   return "object store full: " + what + " of " + std::to_string(bytes) +
@@ -301,9 +321,17 @@ std::shared_ptr<RefHolder> ObjectStore::keep(ObjectValue value, bool limited) {
   // Another process could never fetch it (the owner's reply would exceed
   // the receiver's frame limit, read as an owner that is unreachable).
   if (value.bytes > wire::kMaxFramePayload) throw ConfigError(wire::too_big_for_a_frame("an object", value.bytes));
+  // Nor one whose message part or attachment count a receiver refuses
+  // (closing the connection, with every registration on it).
+  if (value.inline_bytes > wire::kMaxInlineBody || value.attachments > wire::FrameLimits{}.max_attachments)
+    throw ConfigError(unfetchable_text(value.type, value.inline_bytes, value.attachments));
   ensure_server();
   std::lock_guard lock(mu_);
-  if (limited && bytes_ + value.bytes > limit_) throw ObjectStoreFull(full_text_locked("an object", value.bytes));
+  // An object of no bytes always fits (an actor's lifetime object, a file
+  // piece): a store pushed past its limit (put_held, set_limit) refused
+  // them too, and a Python actor was left running without its handle.
+  if (limited && value.bytes > 0 && bytes_ + value.bytes > limit_)
+    throw ObjectStoreFull(full_text_locked("an object", value.bytes));
   uint64_t id = next_id_++;
   std::string type = value.type;
   bytes_ += value.bytes;
@@ -435,6 +463,11 @@ ObjectValue ObjectStore::free_if_unused_locked(uint64_t id) {
 
 void ObjectStore::encode_ref(Encoder& e, const RefHolder& holder) {
   ObjectRefInfo info = holder.info();
+  if (e.is_measuring()) {  // a size only: no pin, which nobody would release
+    e.write_pod<uint8_t>(1);
+    encode(e, info);
+    return;
+  }
   info.pin = new_pin();
   if (info.owner_instance == instance_) {
     pin_local(info.id, info.pin);
@@ -506,6 +539,13 @@ void ObjectStore::start_listener() {
   // A borrower that stops taking what it asked for is dropped (its pieces
   // hold the piece reader's slots): a stopped process, a partitioned host.
   options.connection.send_timeout = send_timeout();
+  // No write bound: a borrower that asks for several large objects at once
+  // (troupe.get of a list) has their answers queued together, and past the
+  // bound of 256 MiB it was dropped as "not reading", with every
+  // registration it held (objects it alone kept were freed). What queues
+  // views the objects the store holds anyway; a borrower that truly stops
+  // reading is dropped by the send timeout above.
+  options.connection.max_queued_bytes = std::numeric_limits<uint64_t>::max();
   auto listener = std::make_unique<Listener>(core_.io(), host, 0, core_.token(), options,
                                              [this](ConnPtr c) { accept(std::move(c)); });
   std::lock_guard lock(mu_);
@@ -609,6 +649,12 @@ Message ObjectStore::get_answer(uint64_t request, const ObjectValue& value, std:
     value.encode(value.value, e);
     r.body = std::move(e.bytes());
     r.attachments = std::move(e.attachments());
+    // Refused here, with a reason, rather than by the borrower's frame
+    // limits, which close the connection (a value put before its size was
+    // measured, or grown past it: a file piece).
+    if (r.attachments.size() > wire::FrameLimits{}.max_attachments)
+      throw ConfigError(unfetchable_text(value.type, r.body.size(), r.attachments.size()));
+    wire::check_sendable(r.body, r.attachments, [&] { return "object " + std::to_string(request); });
   } catch (const std::exception& e) {
     set_error(r, e);
   } catch (...) {

@@ -43,7 +43,19 @@ struct ObjectValue {
   std::shared_ptr<const void> value;
   void (*encode)(const std::shared_ptr<const void>& value, wire::Encoder& e) = nullptr;
   uint64_t bytes = 0;
+  // Its payload's message part and attachment count, which a receiver's
+  // frame limits bound (0 where not measured: file pieces).
+  uint64_t inline_bytes = 0;
+  uint64_t attachments = 0;
   const char* type = "";
+};
+
+// What a value costs its owner's store (`bytes`), and the shape of its
+// payload on the wire (ObjectValue's fields of the same names).
+struct ObjectSize {
+  uint64_t bytes = 0;
+  uint64_t inline_bytes = 0;
+  uint64_t attachments = 0;
 };
 
 template <class T>
@@ -76,17 +88,21 @@ struct ObjectPayload {
       return wire::decode<T>(d);
     }
   }
-  // What the value costs its owner's store.
-  static uint64_t bytes(const T& v) {
+  static ObjectSize measure(const T& v) {
     if constexpr (IsArithmeticVector<T>::value) {
-      return v.size() * sizeof(typename T::value_type);
-    } else if constexpr (std::is_same_v<T, Buffer> || std::is_same_v<T, std::string>) {
-      return v.size();
+      return {v.size() * sizeof(typename T::value_type), sizeof(uint64_t) * 2, 1};
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      return {v.size(), v.size() + sizeof(uint64_t), 0};
+    } else if constexpr (std::is_same_v<T, Buffer>) {
+      const bool attached = v.size() >= wire::kAttachThreshold;
+      return {v.size(), attached ? 16 : v.size() + 16, attached ? 1u : 0u};
     } else {
-      wire::Encoder e = wire::encode_value(v);
+      // Measured, not sent: refs inside take no pins (they leaked one each).
+      wire::Encoder e = wire::Encoder::measuring();
+      wire::encode(e, v);
       uint64_t n = e.bytes().size();
       for (const auto& a : e.attachments()) n += a.size();
-      return n;
+      return {n, e.bytes().size(), e.attachments().size()};
     }
   }
 };
@@ -94,7 +110,10 @@ struct ObjectPayload {
 template <class T>
 ObjectValue make_object_value(T v) {
   ObjectValue o;
-  o.bytes = ObjectPayload<T>::bytes(v);
+  const ObjectSize size = ObjectPayload<T>::measure(v);
+  o.bytes = size.bytes;
+  o.inline_bytes = size.inline_bytes;
+  o.attachments = size.attachments;
   o.value = std::make_shared<const T>(std::move(v));
   o.encode = [](const std::shared_ptr<const void>& p, wire::Encoder& e) {
     ObjectPayload<T>::encode(std::static_pointer_cast<const T>(p), e);

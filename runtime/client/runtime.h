@@ -566,9 +566,12 @@ Future<R> ActorHandle<T>::send_call(M method, uint32_t op, A&&... args) const {
         wire::Encoder e;
         wire::encode(e, tuple);
         client::Core* core = &client->core();
+        // The refs the call carries live until its answer: a retry sends
+        // the same bytes after the caller may have dropped its own.
+        auto refs = e.take_kept();
         return client->submit(
-            op, std::move(e), [st, core](wire::Message& m) { client::complete_call<R>(*st, m, core); },
-            [st](std::exception_ptr ex) { st->set_error(ex); });
+            op, std::move(e), [st, core, refs](wire::Message& m) { client::complete_call<R>(*st, m, core); },
+            [st, refs](std::exception_ptr ex) { st->set_error(ex); });
       });
     };
     client::send_when_ready<Args>(st, client_, std::move(send), std::forward<A>(args)...);
@@ -598,8 +601,13 @@ ActorHandle<T> Runtime::spawn(const ActorOptions& options, A&&... args) {
     wire::encode(e, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
     spec.ctor_args = std::move(e.bytes());
     spec.ctor_attachments = std::move(e.attachments());
+    auto refs = e.take_kept();
     auto info = create_actor(std::move(spec), options, client::method_names<T>());
-    return ActorHandle<T>(live()->actor(info));
+    auto client = live()->actor(info);
+    // A restart decodes the constructor's refs again: they live until
+    // the actor is dead (one that never restarts decodes them once).
+    if (refs && options.max_restarts != 0) client->keep_until_dead(std::move(refs));
+    return ActorHandle<T>(std::move(client));
   }
 }
 
@@ -636,10 +644,11 @@ Future<Result> Runtime::submit_task(R (*fn)(P...), const TaskOptions& options, b
         wire::encode(e, entry.name);
         wire::encode(e, st->token());
         wire::encode(e, tuple);
+        auto refs = e.take_kept();  // until the answer, as a call's
         return submitter->submit(
             key, label, std::move(e), retries,
-            [st, core](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
-            [st](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
+            [st, core, refs](wire::Message& m) { client::complete_call<Result>(*st, m, core); },
+            [st, refs](std::exception_ptr ex) { st->set_error(ex); }, keep_result);
       });
     };
     client::send_when_ready<Args>(st, nullptr, std::move(send), std::forward<A>(args)...);

@@ -45,6 +45,25 @@ class Encoder {
   // (see encode_inline).
   explicit Encoder(bool inline_buffers) : inline_buffers_(inline_buffers) {}
   bool inline_buffers() const { return inline_buffers_; }
+  // An encoder whose bytes only measure a value (an object's size in its
+  // owner's store) and go nowhere: what encoding would do besides writing
+  // bytes is left out (an ObjectRef takes no pin, which no receiver would
+  // ever release). The same size as a real encoding.
+  static Encoder measuring() {
+    Encoder e;
+    e.measuring_ = true;
+    return e;
+  }
+  bool is_measuring() const { return measuring_; }
+  // What the value's ObjectRefs hold (Codec<ObjectRef>): a sender that may
+  // send the same bytes again (a retry, an actor's restart) keeps them, so
+  // that the objects outlive a first receiver that registered and died.
+  void keep(std::shared_ptr<const void> holder) { kept_.push_back(std::move(holder)); }
+  // Those holders as one handle (null when the value has no refs).
+  std::shared_ptr<const void> take_kept() {
+    if (kept_.empty()) return nullptr;
+    return std::make_shared<const std::vector<std::shared_ptr<const void>>>(std::move(kept_));
+  }
 
   void write_bytes(const void* p, size_t n) {
     auto* c = static_cast<const char*>(p);
@@ -69,6 +88,8 @@ class Encoder {
   std::string bytes_;
   std::vector<Buffer> attachments_;
   bool inline_buffers_ = false;
+  bool measuring_ = false;
+  std::vector<std::shared_ptr<const void>> kept_;
 };
 
 class Decoder {
@@ -363,6 +384,8 @@ std::string encode_inline(const T& v) {
 // A type's name as written in C++ ("troupe::head::ActorRow"), not the
 // compiler's mangled one, for messages (wire/error_kind.cc).
 std::string readable_type_name(const std::type_info& type);
+// The same from typeid(T).name() (what an ObjectValue keeps).
+std::string readable_type_name(const char* mangled);
 
 // Decodes a whole value and checks nothing is left over.
 template <class T>

@@ -34,14 +34,15 @@ ErrorKind builtin_kind(const std::exception& e) {
 
 }  // namespace
 
-std::string readable_type_name(const std::type_info& type) {
+std::string readable_type_name(const char* mangled) {
   int status = 0;
-  const char* mangled = type.name();
   char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string s = (status == 0 && d) ? d : mangled;
   std::free(d);
   return s;
 }
+
+std::string readable_type_name(const std::type_info& type) { return readable_type_name(type.name()); }
 
 std::string type_name_of(const std::exception& e) { return readable_type_name(typeid(e)); }
 

@@ -60,6 +60,9 @@ std::string too_big_for_a_frame(const std::string& what, uint64_t bytes);
 template <class What>
 void check_sendable(const std::string& body, const std::vector<Buffer>& attachments, What&& what) {
   if (body.size() > kMaxInlineBody) throw ConfigError(too_big_for_a_message(what(), body.size()));
+  if (attachments.size() > FrameLimits{}.max_attachments)
+    throw ConfigError(what() + ": " + std::to_string(attachments.size()) + " buffers, more than the " +
+                      std::to_string(FrameLimits{}.max_attachments) + " one message carries");
   if (const uint64_t n = payload_bytes(body, attachments); n > kMaxFramePayload)
     throw ConfigError(too_big_for_a_frame(what(), n));
 }

@@ -200,6 +200,51 @@ TEST_F(ObjectRefTest, FreedWhenTheLastHandleGoes) {
   }));
 }
 
+// A value holding refs is measured for the store by encoding it: the refs
+// took a pin each there, which nothing released, so the objects they named
+// stayed until their owner exited. Both owned here and borrowed (the
+// maker's, pinned at the maker by a message).
+TEST_F(ObjectRefTest, AValueHoldingRefsFreesThemWhenItGoes) {
+  const auto base = rt_.object_store_stats();
+  {
+    auto inner = rt_.put(pattern(1 << 20));
+    auto outer = rt_.put(std::vector<troupe::ObjectRef<Bytes>>{inner});
+    auto shard = rt_.put(Shard{1, inner});
+    EXPECT_EQ(rt_.object_store_stats().objects, base.objects + 3);
+  }
+  EXPECT_TRUE(eventually([&] { return rt_.object_store_stats().objects == base.objects; }))
+      << rt_.object_store_stats().objects << " objects left of " << base.objects;
+  EXPECT_EQ(rt_.object_store_stats().bytes, base.bytes);
+
+  auto m = maker();
+  const auto maker_base = m.call(&Maker::stats).get(30s);
+  {
+    auto borrowed = m.call_ref(&Maker::make, int64_t{1} << 20).get(30s);
+    auto outer = rt_.put(std::vector<troupe::ObjectRef<Bytes>>{borrowed});
+    EXPECT_EQ(m.call(&Maker::stats).get(30s).objects, maker_base.objects + 1);
+  }
+  EXPECT_TRUE(eventually([&] { return m.call(&Maker::stats).get(30s).objects == maker_base.objects; }))
+      << "the maker still holds the borrowed object";
+}
+
+// A value encoded inside its message (a string, a struct) past the 64 MiB
+// a message carries could be put, and read here, but not fetched: the
+// borrower's frame limit closed the connection ("bad frame", taken for a
+// lost owner, every registration on it dropped). Refused at put, naming it.
+TEST_F(ObjectRefTest, AnObjectNoOtherProcessCouldFetchIsRefusedAtPut) {
+  try {
+    rt_.put(std::string(80 << 20, 'x'));
+    FAIL() << "an 80 MiB string was put";
+  } catch (const troupe::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("an object of type std::"), std::string::npos) << what;
+    EXPECT_NE(what.find("80.0 MiB in its message part, more than the 64 MiB"), std::string::npos) << what;
+  }
+  // Numbers travel beside the message: as many bytes are fetched whole.
+  auto big = rt_.put(std::vector<int>(20 << 20, 1));
+  EXPECT_EQ(user().call(&User::sum, big).get(60s), int64_t{20} << 20);
+}
+
 TEST_F(ObjectRefTest, OwnerKilledMeansObjectLost) {
   auto m = maker();
   auto r = m.call_ref(&Maker::make, int64_t{1000}).get(30s);
@@ -230,6 +275,12 @@ TEST_F(ObjectRefTest, StoreLimitIsEnforced) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(600 << 10)), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(std::to_string(1 << 20)), std::string::npos) << e.what();
   }
+  // Past its limit (lowered under what it holds), the store still takes
+  // objects of no bytes: an actor's lifetime object is one.
+  rt_.core()->service<troupe::client::ObjectStore>()->set_limit(1 << 19);
+  EXPECT_THROW(rt_.put(pattern(1)), troupe::ObjectStoreFull);
+  EXPECT_EQ(rt_.put(Bytes{}).get(30s), Bytes{});
+  rt_.core()->service<troupe::client::ObjectStore>()->set_limit(1 << 20);
   // A worker's limit comes from TROUPE_OBJECT_STORE_BYTES; a call_ref past
   // it fails typed at the caller.
   auto m = maker({"TROUPE_OBJECT_STORE_BYTES=100000"});

@@ -58,6 +58,16 @@ int die_once(std::string marker) {
   return ::getpid();
 }
 
+// Reads its ref (registering with the owner), then dies as die_once does;
+// afterwards returns the sum.
+int64_t sum_then_die_once(troupe::ObjectRef<std::vector<int>> ref, std::string marker) {
+  const auto v = ref.get(std::chrono::seconds(30));
+  die_once(marker);
+  int64_t sum = 0;
+  for (int x : v) sum += x;
+  return sum;
+}
+
 // Counts the tasks running at once under KV key `tag` and returns the most
 // it saw. With `wait` it waits (bounded) until a second task ran beside it:
 // one that found another running bumps `tag/overlaps`, so a short partner
@@ -228,6 +238,7 @@ TROUPE_TASK(add)
 TROUPE_TASK(shout)
 TROUPE_TASK(fail_with)
 TROUPE_TASK(die_once)
+TROUPE_TASK(sum_then_die_once)
 TROUPE_TASK(overlap)
 TROUPE_TASK(buffer_size)
 TROUPE_TASK(make_bytes)
@@ -401,6 +412,18 @@ TEST_F(TaskTest, RetriesOnAnotherWorkerWhenItsWorkerIsKilled) {
   std::string marker = (dir / "retry-once").string();
   int pid = rt_.submit(&die_once, {.max_retries = 1}, marker).get(60s);
   EXPECT_GT(pid, 0);
+  EXPECT_TRUE(std::filesystem::exists(marker));
+}
+
+// A retry sends the task's bytes again: the refs in them must still name
+// live objects after the caller dropped its own and the first worker,
+// which had registered for them, died (the object went with that worker's
+// registration, and the retry failed with ObjectLost).
+TEST_F(TaskTest, ARetryStillFindsTheObjectsItsCallerDropped) {
+  auto dir = troupe::test::fresh_dir("task-retry-ref");
+  std::string marker = (dir / "retry-once").string();
+  auto sum = rt_.submit(&sum_then_die_once, {.max_retries = 1}, rt_.put(std::vector<int>(1000, 2)), marker);
+  EXPECT_EQ(sum.get(60s), 2000);
   EXPECT_TRUE(std::filesystem::exists(marker));
 }
 
