@@ -772,3 +772,27 @@ def test_the_runtime_context_gives_the_runtime_env_in_effect(tmp_path):
     finally:
         troupe.shutdown()
 
+
+
+_CHILD_ROLE = [sys.executable, "-c", "import os; print(repr(os.environ.get('TROUPE_ROLE')), os.environ.get('TROUPE_SERVING_FD'))"]
+
+
+@troupe.remote
+class _ChildRole:
+    def child(self):
+        return subprocess.run(_CHILD_ROLE, capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+@troupe.remote
+def _task_child_role():
+    return subprocess.run(_CHILD_ROLE, capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def test_what_an_actor_or_task_starts_is_not_told_it_is_a_worker(job):
+    # A troupe program among them (the troupe CLI, a helper of the same
+    # executable) took TROUPE_ROLE=worker for itself and said hello as a
+    # second worker of the actor.
+    actor = _ChildRole.remote()
+    assert troupe.get(actor.child.remote(), timeout=120) == "None None"
+    assert troupe.get(_task_child_role.remote(), timeout=120) == "None None"
+    troupe.kill(actor)

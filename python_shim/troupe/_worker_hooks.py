@@ -56,7 +56,10 @@ def _sync_environment():
     # An empty value stays (an empty CUDA_VISIBLE_DEVICES hides every GPU;
     # popping it unset the variable of a worker that had it from its exec,
     # and CUDA then showed that actor every GPU of the host).
-    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE", _remote.RUNTIME_ENV_VARS):
+    # TROUPE_ROLE and the worker's descriptors are gone from the process's
+    # environment (run_worker): gone from what subprocesses get too.
+    for name in ("CUDA_VISIBLE_DEVICES", "PYTROUPE_JOB_ID", "PYTROUPE_NAMESPACE", _remote.RUNTIME_ENV_VARS,
+                 "TROUPE_ROLE", "TROUPE_SERVING_FD", "TROUPE_POOL_FD", "TROUPE_READY_FD"):
         value = _core.getenv_or_none(name)
         if value is None:
             os.environ.pop(name, None)

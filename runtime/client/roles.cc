@@ -210,6 +210,8 @@ void run_role_if_requested(int argc, char** argv) {
   // the whole task, and the script stops the agent cleanly), and an
   // ignored signal is inherited.
   if (role == "worker") ::signal(SIGUSR1, SIG_DFL);
+  // Its node agent dying takes the actor's own processes too.
+  if (role == "worker") core::kill_group_when_parent_dies();
   if (role == "worker" && env.pool_fd >= 0) worker::run_pooled_worker(env);
   if (role == "worker") worker::run_worker(env, env.serving_fd);
   if (role == "head") run_head(env);

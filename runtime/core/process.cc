@@ -54,6 +54,7 @@ struct ChildSetup {
   int error_fd;  // write end of the exec-error pipe (close-on-exec)
   std::vector<int> keep;
   long max_fd;
+  int death_signal = SIGKILL;  // PR_SET_PDEATHSIG's, when die_with_parent
 };
 
 // Between fork and execve. The parent is threaded, so only
@@ -61,7 +62,7 @@ struct ChildSetup {
 [[noreturn]] void exec_child(const SpawnOptions& o, const ChildSetup& c, const std::string& exe, char* const* argv,
                              char* const* envp) {
   if (o.die_with_parent) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::prctl(PR_SET_PDEATHSIG, c.death_signal);
     if (::getppid() != c.parent) ::_exit(127);
   }
   if (o.new_session) ::setsid();
@@ -95,6 +96,9 @@ struct ChildSetup {
   (void)!::write(c.error_fd, &err, sizeof(err));
   ::_exit(127);
 }
+
+// A worker's handler of group_death_signal(): its whole group goes.
+void kill_own_group(int) { ::kill(0, SIGKILL); }
 
 // Opens what the child's 0, 1 and 2 become (-1, -1 when it inherits ours).
 std::pair<int, int> open_log(const std::string& log_file) {
@@ -212,6 +216,16 @@ char* g_args_begin = nullptr;
 size_t g_args_room = 0;
 
 }  // namespace
+
+int group_death_signal() { return SIGRTMIN + 4; }
+
+void kill_group_when_parent_dies() {
+  if (::getpgrp() != ::getpid()) return;  // not a group's leader: its group is another's
+  struct sigaction sa {};
+  sa.sa_handler = kill_own_group;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(group_death_signal(), &sa, nullptr);
+}
 
 void remember_args(int argc, char** argv) {
   if (argc <= 0 || argv == nullptr || argv[0] == nullptr) return;
@@ -422,6 +436,10 @@ pid_t spawn_process(const SpawnOptions& o) {
   if (::pipe2(error_pipe, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
   long open_max = ::sysconf(_SC_OPEN_MAX);
   ChildSetup c{::getpid(), -1, -1, error_pipe[1], {}, open_max > 0 ? std::min(open_max, 1L << 20) : 65536};
+  // A process in a group of its own (a worker) takes its group with it
+  // when its parent dies (kill_group_when_parent_dies); until it has said
+  // so, the signal's default action ends it alone, as SIGKILL did.
+  if (o.own_process_group && !o.new_session) c.death_signal = group_death_signal();
   try {
     std::tie(c.log_fd, c.null_fd) = open_log(o.log_file);
     if (c.null_fd < 0 && o.own_process_group) c.null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);

@@ -28,10 +28,12 @@ struct SpawnOptions {
   // `troupe torchrun` slot forwards its script's lines).
   int stdout_fd = -1;
   int stderr_fd = -1;
-  std::string working_dir;      // "" = the parent's
-  std::vector<int> keep_fds;    // descriptors above 2 the child keeps, under the same numbers
-  bool die_with_parent = true;  // PR_SET_PDEATHSIG(SIGKILL)
-  bool new_session = false;     // setsid(), for daemons
+  std::string working_dir;    // "" = the parent's
+  std::vector<int> keep_fds;  // descriptors above 2 the child keeps, under the same numbers
+  // PR_SET_PDEATHSIG: SIGKILL, or group_death_signal() for a process in a
+  // group of its own (own_process_group), which takes its group with it.
+  bool die_with_parent = true;
+  bool new_session = false;  // setsid(), for daemons
   // setpgid(0, 0), stdin /dev/null: a worker. What a terminal sends the
   // parent's process group (Ctrl-C's SIGINT, a batch system's or
   // `timeout`'s group SIGTERM) does not kill it under the program that
@@ -39,6 +41,16 @@ struct SpawnOptions {
   // stops it, and it dies with it (die_with_parent).
   bool own_process_group = false;
 };
+
+// The signal a process started in a group of its own gets when its parent
+// dies (a node agent killed with SIGKILL, out of memory): a worker whose
+// handler (kill_group_when_parent_dies) kills its whole group, so what the
+// actor started (a server, a data loader's workers, a tool holding a GPU)
+// does not outlive it, reparented to init.
+int group_death_signal();
+// Installs that handler in a process that leads its own group (a worker,
+// at its start); does nothing in one that does not.
+void kill_group_when_parent_dies();
 
 // `env` with one entry per name, the last one given (a later setting, such
 // as an actor's own `env` after the inherited environment, overrides an

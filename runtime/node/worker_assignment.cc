@@ -1,5 +1,6 @@
 #include "troupe/runtime/node/worker_assignment.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,6 +30,12 @@ bool read_exactly(int fd, char* p, size_t n) {
   return true;
 }
 
+// How long a worker may take to read what does not fit in the socket's
+// buffer at once. The agent's I/O thread (its heartbeats too) waits: only
+// a ready worker gets a large assignment (WorkerPool::take), and reads it
+// as it comes; one that does not within this is stuck.
+constexpr int kAssignmentWriteMs = 250;
+
 void write_exactly(int fd, const char* p, size_t n) {
   while (n > 0) {
     // A pooled worker that died meanwhile has closed its end of the socket
@@ -36,6 +43,19 @@ void write_exactly(int fd, const char* p, size_t n) {
     // driver's, for an embedded cluster, whose program need not ignore it).
     ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
+    // The pool's socket is non-blocking (asio watched it): an assignment
+    // larger than its buffer (an environment of a few hundred KiB) waits
+    // for the worker to read, instead of taking EAGAIN for a dead worker
+    // (every idle worker of the executable was killed so, one by one).
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pfd{fd, POLLOUT, 0};
+      const int ready = ::poll(&pfd, 1, kAssignmentWriteMs);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0)
+        throw Error("sending the worker assignment: the worker took none of the rest within " +
+                    std::to_string(kAssignmentWriteMs) + " ms");
+      continue;
+    }
     if (w < 0) throw Error(std::string("sending the worker assignment: ") + std::strerror(errno));
     p += w;
     n -= static_cast<size_t>(w);
@@ -43,6 +63,8 @@ void write_exactly(int fd, const char* p, size_t n) {
 }
 
 }  // namespace
+
+bool large_assignment(const WorkerAssignment& a) { return wire::encode_inline(a).size() > kSmallAssignmentBytes; }
 
 void send_assignment(int fd, const WorkerAssignment& a) {
   std::string body = wire::encode_inline(a);

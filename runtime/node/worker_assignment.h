@@ -30,6 +30,11 @@ struct WorkerAssignment {
 // The largest assignment either side accepts (the environment is small).
 inline constexpr uint32_t kMaxAssignmentBytes = 1 << 20;
 
+// What always fits in a pool socket's buffer at once; a larger assignment
+// (an environment of hundreds of KiB) needs the worker reading it.
+inline constexpr size_t kSmallAssignmentBytes = 64 << 10;
+bool large_assignment(const WorkerAssignment& a);
+
 // Writes `a` to `fd` (blocking). Throws troupe::Error when the worker's end is
 // gone.
 void send_assignment(int fd, const WorkerAssignment& a);

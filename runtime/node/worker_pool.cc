@@ -211,11 +211,14 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
   auto& e = executables_[executable];
   e.last_used = std::chrono::steady_clock::now();
   e.active = true;
-  // A ready worker first; one still starting is still ahead of a cold start.
+  // A ready worker first; one still starting is still ahead of a cold start,
+  // but for an assignment too large for the socket's buffer: writing it
+  // would wait, on this I/O thread, for the worker to be ready to read.
+  const bool large = large_assignment(a);
+  auto eligible = [&](const Idle& w) { return w.executable == executable && (w.ready || !large); };
   auto chosen = idle_.end();
   for (auto it = idle_.begin(); it != idle_.end(); ++it)
-    if (it->second.executable == executable && (chosen == idle_.end() || (it->second.ready && !chosen->second.ready)))
-      chosen = it;
+    if (eligible(it->second) && (chosen == idle_.end() || (it->second.ready && !chosen->second.ready))) chosen = it;
   while (chosen != idle_.end()) {
     pid_t pid = chosen->first;
     const bool ready = chosen->second.ready;
@@ -237,7 +240,7 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
     }
     chosen = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it)
-      if (it->second.executable == executable) chosen = it;
+      if (eligible(it->second)) chosen = it;
   }
   post_refill(executable);
   return std::nullopt;

@@ -1,5 +1,6 @@
 #include "troupe/runtime/worker/worker.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -594,6 +595,14 @@ void run_worker(const core::WorkerEnv& env, int serving_fd) {
   // disk). What the actor starts is not told the file is its own.
   core::rotate_own_log_in_background();
   ::unsetenv(core::kEnvOwnLog);
+  // What made this process the actor's worker is not passed on to what the
+  // actor starts: a troupe program among its children (`troupe status`, a
+  // helper of the same executable) said hello as a second worker of this
+  // actor, and the head took its failure, or its ActorReady, as the
+  // actor's. The identity (TROUPE_ACTOR_ID, TROUPE_GPU_IDS) stays: the
+  // actor's code reads it.
+  for (const char* name : {core::kEnvRole, core::kEnvServingFd, core::kEnvPoolFd, core::kEnvReadyFd}) ::unsetenv(name);
+  if (serving_fd >= 0) ::fcntl(serving_fd, F_SETFD, ::fcntl(serving_fd, F_GETFD) | FD_CLOEXEC);
   apply_worker_malloc_policy();
   // Maps the agent's counter page now (and closes its descriptor), before
   // the actor can start a child that would inherit it.

@@ -1,11 +1,13 @@
 // Integration tests of the actor runtime on a LocalCluster: a real head
 // process, two node-agent processes and real worker processes on loopback.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -262,8 +264,31 @@ class ChildMaker {
     return child;
   }
   int quit() { ::_exit(0); }
+  // Runs this executable (a troupe program: its main serves a role when
+  // told to) to list its tests, as an actor runs `troupe status` or a
+  // helper of its own; its exit status, or -2 when it ran past 60 s.
+  int run_self() {
+    posix_spawn_file_actions_t quiet;
+    ::posix_spawn_file_actions_init(&quiet);
+    ::posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
+    pid_t child = -1;
+    char exe[] = "/proc/self/exe", list[] = "--gtest_list_tests";
+    char* argv[] = {exe, list, nullptr};
+    const int spawned = ::posix_spawn(&child, exe, &quiet, nullptr, argv, environ);
+    ::posix_spawn_file_actions_destroy(&quiet);
+    if (spawned != 0) return -1;
+    int status = 0;
+    for (int i = 0; i < 600; ++i) {
+      if (::waitpid(child, &status, WNOHANG) == child) return WIFEXITED(status) ? WEXITSTATUS(status) : -3;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    return -2;
+  }
+  int pid() { return ::getpid(); }
 };
-TROUPE_ACTOR(ChildMaker, &ChildMaker::start_sleeper, &ChildMaker::quit)
+TROUPE_ACTOR(ChildMaker, &ChildMaker::start_sleeper, &ChildMaker::quit, &ChildMaker::run_self, &ChildMaker::pid)
 
 namespace {
 
@@ -282,6 +307,35 @@ class ClusterTest : public ::testing::Test {
   LocalCluster cluster_;
   troupe::Runtime rt_;
 };
+
+// A troupe program an actor starts runs as itself: it inherited the
+// worker's TROUPE_ROLE and said hello as a second worker of the actor
+// (constructing it again, taking its callers, never exiting).
+TEST_F(ClusterTest, ATroupeProgramAnActorStartsIsNotAWorkerOfIt) {
+  auto maker = rt_.spawn<ChildMaker>({});
+  const int pid = maker.call(&ChildMaker::pid).get(kWaitBound);
+  EXPECT_EQ(maker.call(&ChildMaker::run_self).get(std::chrono::seconds(90)), 0);
+  EXPECT_EQ(maker.call(&ChildMaker::pid).get(kWaitBound), pid);
+  EXPECT_EQ(rt_.actor_info(maker.id()).pid, pid);
+}
+
+// A node agent killed outright (out of memory, kill -9) takes its workers
+// with it (the parent-death signal), and what they started: the worker
+// alone died, and the actor's own processes ran on, reparented to init.
+TEST(AgentKilled, WhatItsWorkersStartedEndsWithThem) {
+  LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  troupe::Runtime rt = cluster.connect();
+  auto maker = rt.spawn<ChildMaker>({});
+  const int worker = maker.call(&ChildMaker::pid).get(kWaitBound);
+  const int sleeper = maker.call(&ChildMaker::start_sleeper).get(kWaitBound);
+  ASSERT_GT(sleeper, 0);
+  const uint64_t node = rt.actor_info(maker.id()).node_id;
+  size_t index = 0;
+  while (cluster.node_id(index) != node) ++index;
+  cluster.kill_node(index, SIGKILL);
+  EXPECT_TRUE(eventually([&] { return ended(worker); }));
+  EXPECT_TRUE(eventually([&] { return ended(sleeper); })) << "the actor's process outlived its node agent";
+}
 
 TEST_F(ClusterTest, CallsFromOneCallerRunInOrder) {
   auto c = rt_.spawn<Counter>({}, 0);

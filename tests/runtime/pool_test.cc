@@ -145,6 +145,30 @@ TEST(WorkerPool, RefillsAfterSpawnsAndReportsIdleWorkers) {
   EXPECT_EQ(idle_children(cluster.node_pid(0), actors).size(), 2u);
 }
 
+// An assignment larger than the pool socket's buffer (an actor's
+// environment of 400 KiB) waits for the idle worker to read it: the socket
+// is non-blocking, and EAGAIN was taken for a dead worker, so each idle
+// worker of the executable was killed in turn and the actor started cold.
+TEST(WorkerPool, ALargeAssignmentIsTakenByAnIdleWorker) {
+  troupe::testing::LocalCluster cluster(one_node(2));
+  auto rt = cluster.connect();
+  ASSERT_TRUE(eventually([&] { return idle_reported(rt, cluster.node_id(0)) == 2; }, 30s));
+  const std::set<pid_t> before = idle_children(cluster.node_pid(0));
+  ASSERT_EQ(before.size(), 2u);
+  std::vector<std::string> env;
+  for (char c : {'A', 'B', 'C', 'D'}) env.push_back(std::string("BIG_") + c + "=" + std::string(100 << 10, c));
+  auto a = rt.spawn<PoolProbe>({.env = env});
+  const pid_t pid = a.call(&PoolProbe::pid).get();
+  expect_worker(a, true);
+  EXPECT_TRUE(before.count(pid)) << "actor's worker " << pid << " was not one of the idle ones";
+  EXPECT_EQ(a.call(&PoolProbe::env, std::string("BIG_D")).get(), std::string(100 << 10, 'D'));
+  for (pid_t p : before) {
+    if (p != pid) {
+      EXPECT_FALSE(process_gone(p)) << "idle worker " << p << " was killed";
+    }
+  }
+}
+
 TEST(WorkerPool, IdleWorkersAreReapedAfterTheTimeoutAndComeBackWithUse) {
   troupe::testing::LocalCluster cluster(one_node(2, 400ms));
   auto rt = cluster.connect();
