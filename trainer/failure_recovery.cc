@@ -284,16 +284,31 @@ std::string FailureRecovery::replace_trainers() {
   return said;
 }
 
-// 4, from disk: the last checkpoint, or the initial weights without one.
+// 4, from disk: the last checkpoint, the one the job resumed from when it
+// has none later of its own (it went back to the initial weights: a
+// fine-tune lost what it started from at its first failure), or the
+// initial weights without either.
 void FailureRecovery::restore_from_disk() {
   auto& gang = p_.gang;
   std::optional<TrainState> disk;
+  std::string from;
   if (p_.writer) p_.writer->wait();
-  if (!p_.cfg.checkpoint.dir.empty())
-    if (auto latest = latest_checkpoint(p_.cfg.checkpoint.dir)) {
-      disk = load_checkpoint(latest->path);
-      restored_epoch_sums_ = latest->epoch_sums;
+  std::optional<CheckpointInfo> latest;
+  if (!p_.cfg.checkpoint.dir.empty()) latest = latest_checkpoint(p_.cfg.checkpoint.dir);
+  if (p_.resumed && (!latest || latest->step < p_.resumed->step)) {
+    try {
+      disk = load_checkpoint(p_.resumed->path);
+    } catch (const std::exception& e) {
+      throw GiveUp{"the job resumed from " + p_.resumed->path + " (step " + std::to_string(p_.resumed->step) +
+                   "), has no later checkpoint, and cannot read that one again: " + e.what()};
     }
+    restored_epoch_sums_ = p_.resumed->epoch_sums;
+    from = "the checkpoint it resumed from, " + p_.resumed->path + ", ";
+  } else if (latest) {
+    disk = load_checkpoint(latest->path);
+    restored_epoch_sums_ = latest->epoch_sums;
+    from = "the checkpoint of ";
+  }
   if (!disk) {
     // Back to the initial weights: survivors set up afresh too.
     for (auto& s : gang.slots()) s.ready = false;
@@ -308,7 +323,7 @@ void FailureRecovery::restore_from_disk() {
     for (auto& s : gang.slots()) s.has_state = false;  // until the load succeeds
     gang.load_everywhere(*disk, p_.cfg.setup_bound());
     rec_.mode = RecoveryMode::kCheckpoint;
-    event(JobEventKind::kRestored, "every trainer took the checkpoint of step " + std::to_string(disk->step));
+    event(JobEventKind::kRestored, "every trainer took " + from + "step " + std::to_string(disk->step));
   } else {
     // No checkpoint: every trainer holds the initial weights.
     gang.set_position(0, gang.cursor());

@@ -50,6 +50,9 @@ class FailureRecovery {
     ConsumedRecord& consumed;
     CheckpointWriter* writer;  // null without checkpoints
     int64_t min_workers;
+    // The checkpoint the job resumed from (null: none): restored from
+    // disk while this job has no later checkpoint of its own.
+    const CheckpointInfo* resumed = nullptr;
   };
   // `record` has failed_at, cause and world_before set; run() fills the rest.
   FailureRecovery(Parts parts, Recovery& record);

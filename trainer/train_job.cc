@@ -244,6 +244,10 @@ class Run {
   ConsumedRecord consumed_;
   Result result_;
   int64_t last_checkpoint_step_ = -1;
+  // No periodic checkpoint is owed for steps up to here: where the job
+  // started (or resumed) and where a restore from disk put it.
+  int64_t checkpoint_floor_ = 0;
+  bool periodic_checkpoint_owed() const;
   std::optional<std::pair<int64_t, double>> nonfinite_loss_;  // the first step whose loss was not finite, and it
   int64_t failures_ = 0;
   Clock::time_point last_grow_check_;
@@ -265,6 +269,9 @@ class Run {
   // them, past gang_.step() (the last step boundary seen).
   std::optional<std::pair<int64_t, int64_t>> round_;
   std::map<std::string, double> resume_epoch_sums_;  // of the resume_from checkpoint
+  // The resume_from checkpoint (its path and step): a restore from disk
+  // before this job wrote a later one of its own goes back to it.
+  std::optional<CheckpointInfo> resumed_;
 };
 
 Run::Run(Runtime& rt, const TrainJobConfig& cfg)
@@ -311,6 +318,7 @@ Result Run::fit() {
     return finish();
   }
   last_grow_check_ = Clock::now();
+  checkpoint_floor_ = gang_.step();
   train();
   return finish();
 }
@@ -327,6 +335,8 @@ std::optional<TrainState> Run::load_resume_from() {
   TrainState resume = load_checkpoint(dir, &info);
   check_data_order(dir, info);
   resume_epoch_sums_ = info.epoch_sums;
+  resumed_ = info;
+  resumed_->path = dir;
   // A checkpoint of this job's own directory stands for its step: a stop
   // there (max_steps already reached) writes it no second time.
   std::error_code ec;
@@ -341,16 +351,18 @@ std::optional<TrainState> Run::load_resume_from() {
 }
 
 // Data too small for one step on every worker would "train" 0 steps and
-// report success. (With a validation split the trainers count their own
-// part, and the check is theirs.)
+// report success. With a validation split, its training part (the check
+// was left to the trainers, which made none: 0-step epochs, success).
 void Run::check_one_step() const {
-  if (cfg_.trainer.validation_fraction > 0) return;
+  const int64_t training = train_size(cfg_.trainer, dataset_size_);
   const int64_t workers = std::max(cfg_.scaling.num_workers, cfg_.scaling.max_workers);
-  const int64_t per_worker = (dataset_size_ + workers - 1) / std::max<int64_t>(1, workers);
+  const int64_t per_worker = (training + workers - 1) / std::max<int64_t>(1, workers);
   const int64_t per_step = cfg_.trainer.batch_size * std::max<int64_t>(1, cfg_.trainer.accumulation);
   if (per_worker >= per_step) return;
-  throw ConfigError("data " + cfg_.trainer.data.name + " has " + std::to_string(dataset_size_) +
-                    " samples, fewer than one step on each of " + std::to_string(workers) + " workers (" +
+  const std::string split =
+      training == dataset_size_ ? "" : " (" + std::to_string(training) + " in its training split)";
+  throw ConfigError("data " + cfg_.trainer.data.name + " has " + std::to_string(dataset_size_) + " samples" + split +
+                    ", fewer than one step on each of " + std::to_string(workers) + " workers (" +
                     std::to_string(per_step) + " samples a step): no step would train");
 }
 
@@ -621,7 +633,20 @@ int64_t Run::round_steps(int64_t remaining) const {
   return chunk;
 }
 
+// A multiple of checkpoint.every_steps was passed without its checkpoint:
+// a failure cut it short (rank 0 died in it, and a heal came back to that
+// step) or a heal moved the survivors past it.
+bool Run::periodic_checkpoint_owed() const {
+  const int64_t every = cfg_.checkpoint.every_steps;
+  const int64_t step = gang_.step();
+  if (every <= 0 || !writer_ || step <= 0) return false;
+  return step - step % every > std::max(last_checkpoint_step_, checkpoint_floor_);
+}
+
 void Run::run_round() {
+  // Owed from before the last recovery: taken before training on, so that
+  // a restore loses at most every_steps steps (up to twice that, less one).
+  if (periodic_checkpoint_owed()) checkpoint({{"train_loss", sums_.samples ? sums_.loss_sum / sums_.samples : 0.0}});
   const int64_t remaining = sampler_.remaining_per_rank(gang_.cursor()) / per_step();
   const int64_t chunk = round_steps(remaining);
   const int64_t steps_now = std::min(chunk, remaining);
@@ -802,6 +827,17 @@ void Run::evaluate(EpochMetrics& em) {
 }
 
 void Run::end_epoch() {
+  // Recorded already, and then its checkpoint failed (rank 0 died in it)
+  // and a heal came back to this boundary: the checkpoint is taken now,
+  // the epoch recorded once (it had a second history entry, metrics line
+  // and event).
+  if (!result_.history.empty() && result_.history.back().epoch == sums_.epoch &&
+      result_.history.back().steps == gang_.step()) {
+    if (cfg_.checkpoint.at_epoch_end && sampler_.epoch_done(gang_.cursor()))
+      checkpoint(result_.history.back().summary());
+    sums_ = EpochSums{};
+    return;
+  }
   EpochMetrics em;
   em.epoch = sums_.epoch;
   em.steps = gang_.step();
@@ -993,7 +1029,9 @@ void Run::recover(const std::string& why) {
     // the rank whose step raised); a ConfigError the round ended with is
     // the reason given. Nothing else of the settling matters: it gives up.
     try {
-      FailureRecovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec).settle();
+      FailureRecovery(
+          {rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_, resumed_ ? &*resumed_ : nullptr}, rec)
+          .settle();
     } catch (const ConfigError&) {
       throw;
     } catch (...) {
@@ -1003,7 +1041,8 @@ void Run::recover(const std::string& why) {
   }
   give_up_if_head_lost(why);
   const int64_t before = gang_.step();
-  FailureRecovery recovery({rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_}, rec);
+  FailureRecovery recovery(
+      {rt_, cfg_, pool_, gang_, reporter_, consumed_, writer_.get(), min_, resumed_ ? &*resumed_ : nullptr}, rec);
   recovering_from_world_ = rec.world_before;
   try {
     recovery.run();
@@ -1020,6 +1059,7 @@ void Run::recover(const std::string& why) {
     // checkpoint's, and the last checkpoint's step no longer holds.
     restore_epoch_sums(recovery.restored_epoch_sums());
     last_checkpoint_step_ = -1;
+    checkpoint_floor_ = gang_.step();
     // Epochs that ended past the restored step run again: each is kept
     // once, as it runs the second time.
     std::erase_if(result_.history, [&](const EpochMetrics& em) { return em.steps > gang_.step(); });

@@ -991,7 +991,17 @@ Progress TrainerActor::heal(int64_t src) {
   auto on_device = mine ? block.to(comm) : torch::empty({length}, torch::TensorOptions(torch::kUInt8).device(comm));
   group_->broadcast(on_device.data_ptr(), static_cast<size_t>(length), collective::DType::kUInt8, static_cast<int>(src))
       ->wait(timeout);
-  if (!mine) load_state(unpack_state(on_device.to(torch::kCPU).contiguous()));
+  if (!mine) {
+    TrainState state = unpack_state(on_device.to(torch::kCPU).contiguous());
+    // A survivor at the source's step keeps its own random stream: ranks
+    // draw differently (ragged batches, per-rank noise), and the source's
+    // stream changed what a survivor drew from here on, so the weights
+    // differed from a run without the failure (even after a heal where no
+    // process died). A replacement, or a survivor at another step, takes
+    // the source's: its own is gone.
+    if (step_ == state.step) state.rng = torch::Tensor();
+    load_state(std::move(state));
+  }
   return progress();
 }
 

@@ -123,6 +123,30 @@ class LoggedStep final : public TrainStep {
 
 TROUPE_STEP("test_logged_classification", [](const std::string& path) { return std::make_unique<LoggedStep>(path); });
 
+// The classification step on inputs scaled by a draw of the rank's own
+// random stream, which draws one number more on rank 1 than on rank 0
+// (and none on the others): the final weights depend on ranks 0 and 1
+// keeping their own streams.
+class RankNoiseStep final : public TrainStep {
+ public:
+  StepOutput train(Model& model, const actors::TensorDict& batch) override {
+    if (!inner_) inner_ = make_step(StepSpec{"classification", ""}, model);
+    inner_->set_context(context());
+    const int64_t rank = context().rank;
+    if (rank > 1) return inner_->train(model, batch);
+    const auto r = torch::rand({rank + 1});
+    actors::TensorDict noisy = batch;
+    noisy.set("input", batch.at("input") * (1 + 0.05 * r[rank].item<float>()));
+    return inner_->train(model, noisy);
+  }
+  std::string describe() const override { return "rank noise classification"; }
+
+ private:
+  std::unique_ptr<TrainStep> inner_;
+};
+
+TROUPE_STEP("test_rank_noise", [](const std::string&) { return std::make_unique<RankNoiseStep>(); });
+
 // Each process's steps in the log: pid -> (first start, last end).
 std::map<pid_t, std::pair<int64_t, int64_t>> step_spans(const fs::path& log) {
   std::map<pid_t, std::pair<int64_t, int64_t>> spans;
@@ -226,6 +250,27 @@ TEST_F(TwoWorkerJobTest, TrainerAndLoaderKilledSameWeights) {
   EXPECT_EQ(steps.size(), 64u) << odd << "\n" << describe(hurt);
   EXPECT_TRUE(odd.empty()) << odd << "\n" << describe(hurt);
   EXPECT_TRUE(std::is_sorted(steps.begin(), steps.end())) << describe(hurt);
+}
+
+// Where ranks draw from their random streams differently, a heal leaves
+// each survivor its own: every rank took the heal source's, and the
+// weights differed from a run without the failure. Rank 2 dies; its
+// replacement takes the source's stream, and draws nothing from it.
+TEST(ElasticTest, AHealLeavesEachSurvivorItsOwnRandomStream) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto cfg = job(3, 8, 240);  // 10 steps an epoch
+  cfg.trainer.step = StepSpec{"test_rank_noise", ""};
+  const auto clean = TrainJob(rt, cfg).fit();
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  faults.at_step(7, [&] { faults.kill_actor(faults.live_actors(kTrainerClass, before).at(2).id); });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(faults.faults().size(), 1u);
+  ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].mode, RecoveryMode::kHeal) << describe(hurt);
+  expect_bitwise_equal(clean.final_state, hurt.final_state);
 }
 
 // A network fault: every caller connection of one trainer is closed while
@@ -725,6 +770,95 @@ TEST(ElasticTest, AllTrainersLostRestartsFromCheckpoint) {
   for (size_t e = 0; e < clean.history.size(); ++e)
     EXPECT_NEAR(hurt.history[e].train_loss, clean.history[e].train_loss, 1e-9 * clean.history[e].train_loss)
         << "epoch " << e << describe(hurt);
+  troupe::core::remove_tree(dir);
+}
+
+// A job resumed from a checkpoint outside its own checkpoint directory
+// (here it has none) that loses every trainer before writing a checkpoint
+// of its own restores the one it resumed from, and ends with the weights
+// of a run without the failure: it went back to the initial weights (a
+// fine-tune lost what it started from, and reported success).
+TEST(ElasticTest, AllTrainersLostAfterAResumeGoBackToTheCheckpointItResumedFrom) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto dir = fresh_dir("resumed-from");
+  auto first = job(2, 8, 256);  // 16 steps an epoch
+  first.epochs = 1;
+  first.checkpoint.dir = dir.string();
+  ASSERT_TRUE(TrainJob(rt, first).fit().last_checkpoint.has_value());
+  auto cfg = job(2, 8, 256);
+  cfg.resume_from = dir.string();
+  const auto clean = TrainJob(rt, cfg).fit();
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  faults.at_step(22, [&] {
+    for (const auto& t : faults.live_actors(kTrainerClass, before)) faults.kill_actor(t.id);
+  });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].mode, RecoveryMode::kCheckpoint) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].resumed_step, 16) << describe(hurt);
+  EXPECT_EQ(hurt.steps, clean.steps);
+  expect_bitwise_equal(clean.final_state, hurt.final_state);
+  troupe::core::remove_tree(dir);
+}
+
+// Rank 0 killed at an epoch's last step dies in its epoch-end checkpoint
+// (the epoch was recorded just before): the heal comes back to the same
+// boundary, which recorded the epoch a second time (history, metrics file,
+// events).
+TEST(ElasticTest, AnEpochWhoseEndCheckpointFailedIsRecordedOnce) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto dir = fresh_dir("epoch-end-ckpt");
+  auto cfg = job(2, 8, 128);  // 8 steps an epoch
+  cfg.evaluate = false;
+  cfg.checkpoint.dir = (dir / "ckpt").string();
+  cfg.checkpoint.async = false;
+  cfg.metrics_path = (dir / "m.jsonl").string();
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  faults.at_step(8, [&] { faults.kill_actor(faults.live_actors(kTrainerClass, before).at(0).id); });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(faults.faults().size(), 1u);
+  ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
+  ASSERT_EQ(hurt.history.size(), 2u) << describe(hurt);
+  EXPECT_EQ(hurt.history[0].epoch, 0);
+  EXPECT_EQ(hurt.history[1].epoch, 1);
+  int epoch_lines = 0;
+  std::ifstream in(cfg.metrics_path);
+  for (std::string line; std::getline(in, line);)
+    if (nlohmann::json::parse(line).value("kind", "") == "epoch") ++epoch_lines;
+  EXPECT_EQ(epoch_lines, 2) << describe(hurt);
+  EXPECT_FALSE(list_checkpoints(cfg.checkpoint.dir).empty());
+  troupe::core::remove_tree(dir);
+}
+
+// Rank 0 killed as a periodic checkpoint is due dies in it: the heal comes
+// back to that step, and its checkpoint was never written (the next was
+// every_steps later, so a restore could lose twice every_steps, less one).
+TEST(ElasticTest, APeriodicCheckpointAFailureCutShortIsWrittenAfterTheHeal) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}}, {{"CPU", 2}}}});
+  Runtime rt = cluster.connect();
+  auto dir = fresh_dir("owed-ckpt");
+  auto cfg = job(2, 8, 256);  // 16 steps an epoch
+  cfg.epochs = 1;
+  cfg.checkpoint.dir = dir.string();
+  cfg.checkpoint.every_steps = 4;
+  cfg.checkpoint.keep = 0;
+  cfg.checkpoint.async = false;
+  troupe::testing::FaultInjector faults(rt);
+  const uint64_t before = faults.last_actor_id();
+  faults.at_step(12, [&] { faults.kill_actor(faults.live_actors(kTrainerClass, before).at(0).id); });
+  cfg.on_step = [&](const StepInfo& s) { faults.on_step(s.step); };
+  const auto hurt = TrainJob(rt, cfg).fit();
+  ASSERT_EQ(hurt.recoveries.size(), 1u) << describe(hurt);
+  EXPECT_EQ(hurt.recoveries[0].mode, RecoveryMode::kHeal) << describe(hurt);
+  std::vector<int64_t> steps;
+  for (const auto& c : list_checkpoints(dir.string())) steps.push_back(c.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{4, 8, 12, 16})) << describe(hurt);
   troupe::core::remove_tree(dir);
 }
 

@@ -577,6 +577,11 @@ TEST_F(TrainJobTest, BadInputFailsBeforeAnyWork) {
   expect_error(c, "batch_size must be positive");
   c = small_job(2, 200);  // 256 samples: 128 a worker, less than a step
   expect_error(c, "fewer than one step on each of 2 workers (200 samples a step)");
+  // A validation split counts only its training part: 256 less half is 64
+  // a worker, less than a step of 100 (0-step epochs, reported a success).
+  c = small_job(2, 100);
+  c.trainer.validation_fraction = 0.5;
+  expect_error(c, "256 samples (128 in its training split), fewer than one step on each of 2 workers");
   c = small_job(5, 16);
   expect_error(c, "PENDING");
   expect_error(c, "CPU");
