@@ -323,7 +323,12 @@ int start_head(const std::string& dir, const Args& a) {
   o.env.max_dead_actors = a.max_dead_actors;
   o.env.heartbeat_ms = a.heartbeat_ms;
   o.env.heartbeat_misses = a.heartbeat_misses;
-  if (!a.no_state_db) o.env.head_state_db = a.state_db.empty() ? dir + "/head.sqlite" : a.state_db;
+  // Absolute: the head and a later `troupe stop` (which empties it) run
+  // elsewhere than this command; a relative path named another file there,
+  // and the next head reloaded the stopped cluster.
+  if (!a.no_state_db)
+    o.env.head_state_db =
+        a.state_db.empty() ? dir + "/head.sqlite" : fs::absolute(fs::path(a.state_db)).lexically_normal().string();
   o.env.head_supervise = a.supervise;
   o.env.head_hang_timeout_ms = static_cast<uint64_t>(a.hang_timeout_s * 1000);
   o.env.dashboard = a.dashboard_port >= 0;
@@ -447,6 +452,10 @@ int block_on(const std::string& dir, const std::vector<std::pair<pid_t, std::str
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  // The terminal or ssh session closing: stopped as by Ctrl-C (its default
+  // action ended this process alone, the head's state db not emptied and
+  // the session's files left for the next head to reload).
+  sigaddset(&set, SIGHUP);
   sigaddset(&set, SIGCHLD);
   sigprocmask(SIG_BLOCK, &set, nullptr);
   std::printf("troupe start: running in the foreground; SIGTERM or Ctrl-C stops it\n");
@@ -461,11 +470,12 @@ int block_on(const std::string& dir, const std::vector<std::pair<pid_t, std::str
       rc = WIFEXITED(st) ? WEXITSTATUS(st) : 1;
       pids.erase(it);
       done = true;
+      break;  // `it` is no more
     }
     if (done) break;
     timespec wait{1, 0};  // SIGCHLD wakes it; the timeout covers a missed one
     int sig = sigtimedwait(&set, nullptr, &wait);
-    if (sig == SIGTERM || sig == SIGINT) done = true;
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) done = true;
   }
   for (pid_t p : pids) ::kill(p, SIGTERM);
   for (pid_t p : pids) troupe::core::reap_process(p, std::chrono::seconds(10));
@@ -711,6 +721,13 @@ std::optional<std::string> dead_actor_cause(troupe::Runtime& rt, uint64_t id) {
   return std::nullopt;
 }
 
+// Whether node `id` is known to the head and dead.
+bool node_is_dead(troupe::Runtime& rt, uint64_t id) {
+  for (const auto& n : rt.nodes())
+    if (n.id == id) return !n.alive;
+  return false;
+}
+
 int cmd_logs(const Args& a, const LogsArgs& l) {
   auto rt = connect_session(a.address);
   troupe::wire::ReadLog req;
@@ -761,11 +778,33 @@ int cmd_logs(const Args& a, const LogsArgs& l) {
       // change (a new worker whose file is not there yet, a node agent
       // reconnecting): tried again, said once. An actor that is gone, or
       // the first read, ends it (no such actor or node, no log file).
+      // A connection error ends it only when the head is gone for good: a
+      // durable head's restart fails the reads in flight while its client
+      // reconnects (the follower ended, exit 1, at every such restart).
       const bool gone = std::string_view(e.what()).find("no actor with id") != std::string_view::npos ||
-                        dynamic_cast<const troupe::ConnectionError*>(&e) != nullptr;
+                        (dynamic_cast<const troupe::ConnectionError*>(&e) != nullptr && rt.core()->head().is_closed());
       if (!l.follow || first || gone) {
         std::fprintf(stderr, "troupe logs: %s\n", e.what());
         return dynamic_cast<const troupe::ConfigError*>(&e) ? 2 : 1;
+      }
+      // Nor does a node that is gone, nor an actor dead for good whose
+      // file can no longer be read: each read failed again every 300 ms,
+      // for ever (the end of a followed actor was only seen after a read
+      // that went well).
+      // (An agent reconnecting to a durable head is not gone: waited for.)
+      if (std::chrono::steady_clock::now() >= next_liveness_check) {
+        next_liveness_check = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        if (req.target == "node" && node_is_dead(rt, req.id)) {
+          std::fprintf(stderr, "troupe logs: node %llu is dead: no more output (%s)\n",
+                       static_cast<unsigned long long>(req.id), e.what());
+          return 1;
+        }
+        if (req.target == "actor")
+          if (const auto cause = dead_actor_cause(rt, req.id)) {
+            std::fprintf(stderr, "troupe logs: actor %llu is dead (%s): no more output (%s)\n",
+                         static_cast<unsigned long long>(req.id), cause->c_str(), e.what());
+            return 0;
+          }
       }
       if (!waiting) std::fprintf(stderr, "troupe logs: waiting for the log (%s)\n", e.what());
       waiting = true;
@@ -1048,8 +1087,12 @@ void remove_state_db(const std::string& dir) {
   if (db.empty()) return;
   // PATH.lock stays: a head that has not exited yet holds it, and a new
   // file of that name would let another head in beside it.
-  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) fs::remove(db + suffix);
-  std::printf("removed the head's state db %s\n", db.c_str());
+  bool removed = false;
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
+    std::error_code ec;
+    removed = fs::remove(db + suffix, ec) || removed;
+  }
+  if (removed) std::printf("removed the head's state db %s\n", db.c_str());
 }
 
 // What stop_local_processes did, said; the exit status (1 when a process

@@ -2,6 +2,7 @@
 
 #include <yaml.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -24,8 +25,11 @@ Json scalar(const yaml_node_t& n) {
     if (s == f) return false;
   if (s == "null" || s == "~" || s.empty()) return nullptr;
   char* end = nullptr;
+  errno = 0;
   long long i = std::strtoll(s.c_str(), &end, 10);
-  if (end && *end == '\0') return static_cast<int64_t>(i);
+  // Past int64 it is the number it says, as a JSON job file's (strtoll
+  // clamped it to INT64_MAX silently).
+  if (end && *end == '\0' && errno != ERANGE) return static_cast<int64_t>(i);
   double d = std::strtod(s.c_str(), &end);
   if (end && *end == '\0') return d;
   return s;

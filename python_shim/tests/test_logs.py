@@ -686,3 +686,39 @@ def test_a_dead_actors_log_is_read_on_its_host_after_its_agent_was_killed(tmp_pa
         assert r.returncode == 0 and "marker-four on the spare node" in r.stdout, r.stderr
     finally:
         subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)
+
+
+def test_following_a_node_that_dies_ends_saying_so(tmp_path):
+    # Each read of a dead node's log failed ("node N is not alive") and was
+    # tried again every 300 ms, for ever.
+    session = tmp_path / "session"
+    session.mkdir(mode=0o700)
+    env = dict(os.environ, TROUPE_SESSION_DIR=str(session), TROUPE_LOG_LEVEL="info")
+    env.pop("TROUPE_TOKEN", None)
+    env.pop("TROUPE_ADDRESS", None)
+    start = [cli(), "start", "--port", "0", "--dashboard-port", "-1"]
+    subprocess.run(start + ["--head", "--resources", "CPU=1", "--heartbeat-misses", "20"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    follow = None
+    try:
+        subprocess.run([cli(), "start", "--address", "auto", "--resources", "CPU=1,spare=1"], env=env, check=True,
+                       capture_output=True, timeout=120)
+        status = json.loads(subprocess.run([cli(), "status", "--json"], env=env, capture_output=True, text=True,
+                                           timeout=60, check=True).stdout)
+        node = max(status["nodes"], key=lambda n: n["id"])
+        out_path, err_path = tmp_path / "follow.out", tmp_path / "follow.err"
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            follow = subprocess.Popen([cli(), "logs", "-f", "node", str(node["id"])], env=env, stdout=out,
+                                      stderr=err)
+        # Following: its first read went well (one that fails ends it).
+        wait_until(lambda: "serving" in out_path.read_text(), what="the follower's first lines")
+        os.kill(node["pid"], signal.SIGKILL)
+        follow.wait(timeout=120)
+        err = err_path.read_text()
+        assert follow.returncode == 1, err
+        assert f"node {node['id']} is dead: no more output" in err, err
+    finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+            follow.wait()
+        subprocess.run([cli(), "stop"], env=env, capture_output=True, timeout=120)

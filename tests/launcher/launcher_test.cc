@@ -81,6 +81,7 @@ class LauncherTest : public ::testing::Test {
     setenv("TROUPE_SESSION_DIR", dir_.c_str(), 1);
     unsetenv("TROUPE_TOKEN");
   }
+  void stop_a_blocking_start_with(int signal);
   void TearDown() override {
     std::string stop = TROUPE_CLI;  // built in steps: GCC 12 misreads the one-expression form (-Warray-bounds)
     stop += " stop";
@@ -712,11 +713,20 @@ TEST_F(LauncherTest, HeadWhoseNodeAgentFailsIsStoppedAgain) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "address"));
 }
 
-// `troupe start --block` in the foreground, stopped by Ctrl-C: what it
+// `troupe start --block` in the foreground, stopped by Ctrl-C, or by its
+// terminal closing (SIGHUP, whose default action ended it alone): what it
 // started ends with it, and so do their pid files and the head's address,
 // so the session reads as having no cluster (not as a head that refuses).
 TEST_F(LauncherTest, ABlockingStartStoppedByCtrlCLeavesNoClusterBehind) {
+  for (const int signal : {SIGINT, SIGHUP}) {
+    SCOPED_TRACE(signal == SIGINT ? "SIGINT" : "SIGHUP");
+    stop_a_blocking_start_with(signal);
+  }
+}
+
+void LauncherTest::stop_a_blocking_start_with(int signal) {
   const std::string out = (dir_ / "block.out").string();
+  std::filesystem::remove(out);  // an earlier start's words are not this one's
   const pid_t start = ::fork();
   ASSERT_GE(start, 0);
   if (start == 0) {
@@ -737,7 +747,7 @@ TEST_F(LauncherTest, ABlockingStartStoppedByCtrlCLeavesNoClusterBehind) {
       troupe::test::eventually([&] { return printed().find("running in the foreground") != std::string::npos; });
   EXPECT_TRUE(node_pid_file());
   const pid_t head = started_head_pid(printed());
-  ::kill(start, SIGINT);
+  ::kill(start, signal);
   int st = 0;
   EXPECT_TRUE(troupe::test::eventually([&] { return ::waitpid(start, &st, WNOHANG) == start; }));
   ASSERT_TRUE(up) << printed();
@@ -787,6 +797,27 @@ TEST_F(LauncherTest, StopWithTheHeadGoneEmptiesItsStateDb) {
   auto again = run(cli() + " start --head --no-node --port 0 --dashboard-port -1");
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_EQ(troupe::core::read_session_file(dir_.string(), "head.log").find("reloading"), std::string::npos);
+}
+
+// A relative --state-db is the file where `troupe start` ran: the session
+// recorded it as typed, and `troupe stop` run from elsewhere removed (and
+// said it removed) a file of that name there, leaving the head's, which
+// the next head reloaded.
+TEST_F(LauncherTest, ARelativeStateDbIsTheFileWhereStartRan) {
+  const auto where = dir_ / "started-here";
+  std::filesystem::create_directories(where);
+  auto r = run("cd '" + where.string() + "' && " + cli() +
+               " start --head --no-node --port 0 --dashboard-port -1 --state-db relative.sqlite");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const pid_t head = started_head_pid(r.output);
+  ASSERT_GT(head, 0) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(where / "relative.sqlite")) << r.output;
+  EXPECT_EQ(troupe::core::read_session_file(dir_.string(), "state_db"), (where / "relative.sqlite").string());
+  ASSERT_EQ(::kill(head, SIGKILL), 0);
+  ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(head); }));
+  auto stop = run("cd / && " + cli() + " stop");
+  EXPECT_EQ(stop.status, 0) << stop.output;
+  EXPECT_FALSE(std::filesystem::exists(where / "relative.sqlite")) << stop.output;
 }
 
 // A state db that another troupe version wrote (rows of another format),

@@ -83,6 +83,15 @@ TEST(YamlToJsonTest, Yaml11BooleansAreBooleansOnlyWhenPlain) {
   EXPECT_EQ(troupe::launcher::yaml_to_json("on: 1\n", "k.yaml").at("on"), nlohmann::json(1));
 }
 
+// An integer past int64 is the number it says, as in a JSON job file (the
+// options then refuse it): it was clamped to INT64_MAX without a word.
+TEST(YamlToJsonTest, IntegersPastInt64AreNotClamped) {
+  const auto v = troupe::launcher::yaml_to_json("seed: 99999999999999999999\n", "big.yaml").at("seed");
+  EXPECT_NE(v, nlohmann::json(INT64_MAX)) << v.dump();
+  EXPECT_EQ(v, nlohmann::json::parse("99999999999999999999")) << v.dump();
+  EXPECT_EQ(troupe::launcher::yaml_to_json("seed: -42\n", "small.yaml").at("seed"), nlohmann::json(-42));
+}
+
 // Gradient accumulation reaches the trainers' config, from a flag or a job
 // file's key; the flag wins.
 TEST_F(TrainOptionsTest, AccumulationComesFromTheFlagOrTheJobFile) {
