@@ -218,7 +218,15 @@ def _send(writer, parts):
     try:
         writer.write(parts)
     except StreamError as e:
-        raise _ReaderGone(str(e)) from None
+        # Gone when the reader ended the stream (its generator dropped, the
+        # call cancelled) or its process refused it ("... by its reader");
+        # a connection that dropped ("stream reader disconnected") may
+        # leave a reader waiting: the call fails, and tells it so (it was
+        # answered as a success, and the caller's generator waited for
+        # ever).
+        if "by its reader" in str(e):
+            raise _ReaderGone(str(e)) from None
+        raise
 
 
 async def _next_of(agen):
