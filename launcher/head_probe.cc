@@ -1,6 +1,7 @@
 #include "head_probe.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -166,8 +167,23 @@ void wait_for_head(const std::string& address, const std::string& token, std::ch
         say_at = now + std::chrono::seconds(10);
       }
       // A retry interval, not a wait for an event: nothing tells us when a
-      // head starts listening on another machine.
-      std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::seconds(1), wait - (now - start)));
+      // head starts listening on another machine. A stop signal the caller
+      // blocked ends the wait (sigtimedwait takes it).
+      sigset_t stop;
+      sigemptyset(&stop);
+      for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop, sig);
+      const auto pause = std::min<Clock::duration>(std::chrono::seconds(1), wait - (now - start));
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(pause).count();
+      const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      sigset_t blocked;
+      ::pthread_sigmask(SIG_BLOCK, nullptr, &blocked);
+      bool any_blocked = false;
+      for (int sig : {SIGTERM, SIGINT, SIGHUP}) any_blocked = any_blocked || sigismember(&blocked, sig);
+      if (!any_blocked) {
+        std::this_thread::sleep_for(pause);
+        continue;
+      }
+      if (const int sig = ::sigtimedwait(&stop, nullptr, &ts); sig > 0) throw StopSignal{sig};
     }
   }
 }

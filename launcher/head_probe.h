@@ -29,8 +29,14 @@ void probe_head(const std::string& address, const std::string& token,
 
 // probe_head, tried again every second while the head is unreachable, until
 // `wait` has passed (0: once), saying on stderr what it waits for every 10 s
-// (`who`: the command). Throws what the last try threw, the wait named.
+// (`who`: the command). Throws what the last try threw, the wait named; or
+// StopSignal when SIGTERM, SIGINT or SIGHUP is pending (a caller that
+// blocked them: a container's PID 1, where their default action is none).
 void wait_for_head(const std::string& address, const std::string& token, std::chrono::milliseconds wait,
                    const std::string& who);
+
+struct StopSignal {
+  int signal;
+};
 
 }  // namespace troupe::launcher

@@ -461,16 +461,27 @@ int block_on(const std::string& dir, const std::vector<std::pair<pid_t, std::str
   std::printf("troupe start: running in the foreground; SIGTERM or Ctrl-C stops it\n");
   std::fflush(stdout);
   int rc = 0;
+  // As a container's PID 1 (deploy/kubernetes), the orphans of the
+  // container are this process's to reap: they piled up as zombies.
+  const bool init = ::getpid() == 1;
   for (bool done = false; !done;) {
-    for (auto it = pids.begin(); it != pids.end() && !done; ++it) {
-      int st = 0;
-      if (::waitpid(*it, &st, WNOHANG) != *it) continue;
-      std::fprintf(stderr, "troupe start: process %d %s; stopping the rest\n", *it,
+    auto ended = [&](pid_t pid, int st) {
+      auto it = std::find(pids.begin(), pids.end(), pid);
+      if (it == pids.end()) return;  // an orphan, reaped
+      std::fprintf(stderr, "troupe start: process %d %s; stopping the rest\n", pid,
                    troupe::core::describe_exit_status(st).c_str());
       rc = WIFEXITED(st) ? WEXITSTATUS(st) : 1;
       pids.erase(it);
       done = true;
-      break;  // `it` is no more
+    };
+    if (init) {
+      int st = 0;
+      for (pid_t p; !done && (p = ::waitpid(-1, &st, WNOHANG)) > 0;) ended(p, st);
+    } else {
+      for (size_t i = 0; i < pids.size() && !done; ++i) {
+        int st = 0;
+        if (::waitpid(pids[i], &st, WNOHANG) == pids[i]) ended(pids[i], st);
+      }
     }
     if (done) break;
     timespec wait{1, 0};  // SIGCHLD wakes it; the timeout covers a missed one
@@ -574,7 +585,22 @@ int cmd_start(const Args& a) {
     std::fprintf(stderr, "troupe start: --no-token-file needs the token in TROUPE_TOKEN\n");
     return 2;
   }
-  int rc = a.head ? start_head(dir, a) : join_head(dir, a);
+  // A container's PID 1 gets no signal whose action is the default: a
+  // SIGTERM (the pod deleted) while it waited for its head was dropped,
+  // and the container waited out its grace period. Blocked, it is taken.
+  if (a.block && ::getpid() == 1) {
+    sigset_t stop;
+    sigemptyset(&stop);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop, sig);
+    sigprocmask(SIG_BLOCK, &stop, nullptr);
+  }
+  int rc = 0;
+  try {
+    rc = a.head ? start_head(dir, a) : join_head(dir, a);
+  } catch (const troupe::launcher::StopSignal& s) {
+    std::fprintf(stderr, "troupe start: %s while waiting for the head: stopped\n", strsignal(s.signal));
+    return 0;
+  }
   if (rc != 0 || !a.block) return rc;
   return block_on(dir, g_started);
 }
@@ -1503,10 +1529,11 @@ int main(int argc, char** argv) {
                   "whose environment carries it, as troupe slurm's do");
   start->add_flag("--dashboard-require-token", a.dashboard_require_token,
                   "with --head: the dashboard asks for the token even when the head listens on loopback only");
-  start->add_option("--state-db", a.state_db,
-                    "with --head: SQLite file the head writes its tables through to; a head started again on the "
-                    "same port after it died reloads them, and node agents, workers and drivers reconnect to it "
-                    "(default: SESSION/head.sqlite; troupe stop empties it)");
+  auto* state_db =
+      start->add_option("--state-db", a.state_db,
+                        "with --head: SQLite file the head writes its tables through to; a head started again on the "
+                        "same port after it died reloads them, and node agents, workers and drivers reconnect to it "
+                        "(default: SESSION/head.sqlite; troupe stop empties it)");
   auto* supervise =
       start->add_flag("--supervise", a.supervise,
                       "with --head: a supervisor process (the pid in SESSION/head.pid) starts the head again at once "
@@ -1522,7 +1549,8 @@ int main(int argc, char** argv) {
   start
       ->add_flag("--no-state-db", a.no_state_db,
                  "with --head: keep the tables in memory only (a head that dies ends the cluster)")
-      ->excludes(supervise);
+      ->excludes(supervise)
+      ->excludes(state_db);  // the file given was ignored without a word
   start
       ->add_option("--max-dead-actors", a.max_dead_actors, "with --head: DEAD actors kept for status (oldest go first)")
       ->capture_default_str()
@@ -1575,7 +1603,11 @@ int main(int argc, char** argv) {
                  "keep printing what is appended (Ctrl-C ends); an actor's new worker is followed after a restart");
   logs->add_flag("--previous", la.previous,
                  "an actor's worker before its current one (what a crash printed, after a restart)");
-  logs->add_option("--name", la.name, "an actor by its name, also one that reads as a number or as head");
+  logs->add_option("--name", la.name, "an actor by its name, also one that reads as a number or as head")
+      ->check([](const std::string& name) {
+        // An empty name read as no name: the head's log was printed.
+        return name.empty() ? std::string("an actor's name is not empty") : std::string();
+      });
   logs->add_option("--tail", la.tail, "bytes from the end to start with (and per read)")
       ->capture_default_str()
       ->check(troupe::launcher::in_range(1u, 4u << 20));

@@ -680,6 +680,10 @@ TEST_F(LauncherTest, StartOptionsThatDoNotFitAreRefusedNamingThem) {
       {" start --head --no-node --advertise-address 'bad host'", "'bad host'"},
       // Neither --head nor --address: the head's option is named all the same.
       {" start --port 6390", "--port is an option of the head"},
+      // The file given was ignored without a word.
+      {" start --head --state-db x.sqlite --no-state-db", "--state-db"},
+      // An empty name read as none: the head's log was printed.
+      {" logs --name ''", "an actor's name is not empty"},
   };
   for (const auto& [args, named] : cases) {
     auto r = run(cli() + args);
@@ -760,6 +764,44 @@ void LauncherTest::stop_a_blocking_start_with(int signal) {
   auto status = run(cli() + " status");
   EXPECT_NE(status.status, 0);
   EXPECT_NE(status.output.find("no running cluster"), std::string::npos) << status.output;
+}
+
+// As a container's PID 1 (a pod of deploy/kubernetes/nodes.yaml), `troupe
+// start --block` waiting for its head stops on SIGTERM: PID 1 gets no
+// signal whose action is the default, and the pod waited out its grace
+// period (the wait here is 600 s).
+TEST_F(LauncherTest, ABlockingStartAsPid1StopsOnSigtermWhileWaitingForItsHead) {
+  const std::string out = (dir_ / "pid1.out").string();
+  const pid_t unshare = ::fork();
+  ASSERT_GE(unshare, 0);
+  if (unshare == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::setenv("TROUPE_TOKEN", "pid-one", 1);
+    ::execlp("unshare", "unshare", "--pid", "--fork", TROUPE_CLI, "start", "--address", "127.0.0.1:1",
+             "--wait-for-head", "600", "--block", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto printed = [&] { return troupe::core::read_session_file(dir_.string(), "pid1.out"); };
+  const bool waiting =
+      troupe::test::eventually([&] { return printed().find("waiting for the head") != std::string::npos; });
+  const pid_t init = child_of(unshare);
+  int st = 0;
+  if (!waiting || init <= 0 || ::kill(init, SIGTERM) != 0) {
+    ::kill(unshare, SIGKILL);
+    ::waitpid(unshare, &st, 0);
+    if (printed().find("unshare failed") != std::string::npos) GTEST_SKIP() << "no PID namespace here: " << printed();
+    FAIL() << "not waiting for its head as PID 1: " << printed();
+  }
+  const bool ended = troupe::test::eventually([&] { return ::waitpid(unshare, &st, WNOHANG) == unshare; });
+  if (!ended) {
+    ::kill(init, SIGKILL);
+    ::waitpid(unshare, &st, 0);
+  }
+  EXPECT_TRUE(ended) << "SIGTERM to PID 1 was dropped: " << printed();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << ": " << printed();
+  EXPECT_NE(printed().find("while waiting for the head: stopped"), std::string::npos) << printed();
 }
 
 // Two `troupe start --head` at once in one session: one head starts, the
