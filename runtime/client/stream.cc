@@ -165,7 +165,7 @@ StreamWriterCore::~StreamWriterCore() {
   {
     std::lock_guard lock(state_->mu);
     // Without end-of-stream the reader must see the writer go: as an error.
-    if (!state_->closed && state_->error.empty())
+    if (!state_->closed && state_->error.empty() && state_->conn)
       state_->conn->send(stream_event(StreamOp::kError, state_->id, "stream writer destroyed before close()"), true);
   }
   StreamLinks::detach(*state_);
@@ -243,11 +243,16 @@ void StreamWriterCore::close() {
     if (state_->closed) return;
     conn = state_->conn;
   }
+  if (!conn) {  // its runtime was shut down: nothing to tell
+    std::lock_guard lock(state_->mu);
+    state_->closed = true;
+    return;
+  }
   wait_for_end_room(*conn);
   std::lock_guard lock(state_->mu);
   if (state_->closed) return;  // failed meanwhile
   state_->closed = true;
-  state_->conn->send(stream_event(StreamOp::kEnd, state_->id), true);
+  if (state_->conn) state_->conn->send(stream_event(StreamOp::kEnd, state_->id), true);
 }
 
 void StreamWriterCore::fail(const std::string& error) {
@@ -257,11 +262,11 @@ void StreamWriterCore::fail(const std::string& error) {
     if (state_->closed) return;
     conn = state_->conn;
   }
-  wait_for_end_room(*conn);
+  if (conn) wait_for_end_room(*conn);
   std::lock_guard lock(state_->mu);
   if (state_->closed) return;
   state_->closed = state_->failed = true;
-  state_->conn->send(stream_event(StreamOp::kError, state_->id, error), true);
+  if (state_->conn) state_->conn->send(stream_event(StreamOp::kError, state_->id, error), true);
   // A write() blocked on credit (another thread) returns now.
   if (state_->error.empty()) state_->error = "stream failed by its writer: " + error;
   state_->cv.notify_all();

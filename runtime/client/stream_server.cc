@@ -257,12 +257,17 @@ StreamLinks::~StreamLinks() {
     links.swap(links_);
   }
   for (auto& [address, link] : links) {
+    // The connections go now, while the core's io_context they belong to
+    // still exists: a writer that outlives its runtime held one, and
+    // destroyed it after the io_context (a use after free).
     std::vector<std::shared_ptr<StreamWriterCore::State>> writers;
+    std::vector<std::shared_ptr<Connection>> conns;
     {
       std::lock_guard lock(link->mu);
       if (link->error.empty()) link->error = "its runtime was shut down";
       for (auto& [id, w] : link->writers)
         if (auto st = w.lock()) writers.push_back(std::move(st));
+      if (link->conn) conns.push_back(std::move(link->conn));
     }
     link->cv.notify_all();
     link->turn_cv.notify_all();
@@ -270,6 +275,7 @@ StreamLinks::~StreamLinks() {
       {
         std::lock_guard lock(st->mu);
         if (st->error.empty()) st->error = "stream " + std::to_string(st->id) + ": its runtime was shut down";
+        if (st->conn) conns.push_back(std::move(st->conn));
       }
       st->cv.notify_all();
     }

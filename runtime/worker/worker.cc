@@ -1,6 +1,7 @@
 #include "troupe/runtime/worker/worker.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -186,6 +187,11 @@ std::shared_ptr<client::Core> connect_to_head(const core::WorkerEnv& env) {
   }
   core->set_on_head_lost([](const std::string& reason) {
     TROUPE_LOG_WARN("lost the head ({}); exiting", reason);
+    // What the actor started goes too: the node agent that kills the rest
+    // of an exited worker's group may be what is gone (a killed agent's
+    // head connection drops first, and its parent-death signal can come
+    // after this exit). The worker leads its group: it goes with it.
+    if (::getpgrp() == ::getpid()) ::kill(0, SIGKILL);
     std::_Exit(0);
   });
   return core;
