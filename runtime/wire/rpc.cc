@@ -86,12 +86,33 @@ void RpcChannel::enable_reconnect(Reconnect r) {
   reconnect_ = std::move(r);
 }
 
-void RpcChannel::timed_out(Op op, std::chrono::milliseconds timeout) const {
+void RpcChannel::timed_out(Op op, uint64_t id, std::chrono::milliseconds timeout) {
+  bool withdrawn = false;
+  {
+    std::lock_guard lock(mu_);
+    // An answer coming later finds nothing to complete and is dropped.
+    pending_.erase(id);
+    auto it = std::find_if(backlog_.begin(), backlog_.end(),
+                           [id](const Message& b) { return b.kind == Kind::REQUEST && b.id == id; });
+    if (it != backlog_.end()) {
+      backlog_.erase(it);
+      withdrawn = true;
+    }
+  }
+  if (withdrawn)
+    throw Timeout(op_name(op) + " (op " + std::to_string(static_cast<uint32_t>(op)) + ") to " +
+                  format_address(host_, port_) + " was not sent within " + std::to_string(timeout.count()) +
+                  " ms: the connection is being re-established; the request is withdrawn, not carried out");
   throw Timeout("no answer to " + op_name(op) + " (op " + std::to_string(static_cast<uint32_t>(op)) + ") from " +
                 format_address(host_, port_) + " within " + std::to_string(timeout.count()) + " ms");
 }
 
 Future<Message> RpcChannel::request(Op op, std::string body) {
+  uint64_t id = 0;
+  return send_request(op, std::move(body), &id);
+}
+
+Future<Message> RpcChannel::send_request(Op op, std::string body, uint64_t* id) {
   auto state = std::make_shared<core::FutureState<Message>>();
   Message m;
   m.kind = Kind::REQUEST;
@@ -103,6 +124,7 @@ Future<Message> RpcChannel::request(Op op, std::string body) {
     return Future<Message>(state);
   }
   m.id = next_id_++;
+  *id = m.id;
   pending_[m.id] = state;
   if (reconnecting_) {
     backlog_.push_back(std::move(m));

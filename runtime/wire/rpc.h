@@ -41,13 +41,20 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
 
   Future<Message> request(Op op, std::string body = {});
   // Sends a request and decodes the response body as R (void for none).
+  // A request that times out while still waiting for a reconnection is
+  // withdrawn, never sent: a caller that asks again does not have it
+  // carried out twice.
   template <class R, class Q>
   R call(Op op, const Q& req, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-    return finish<R>(request(op, encode_inline(req)), op, timeout);
+    uint64_t id = 0;
+    auto f = send_request(op, encode_inline(req), &id);
+    return finish<R>(std::move(f), op, id, timeout);
   }
   template <class R>
   R call_empty(Op op, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-    return finish<R>(request(op), op, timeout);
+    uint64_t id = 0;
+    auto f = send_request(op, {}, &id);
+    return finish<R>(std::move(f), op, id, timeout);
   }
   // An event; while the channel reconnects it waits (a bounded backlog)
   // and leaves on the new connection.
@@ -76,13 +83,14 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
   void enable_reconnect(Reconnect r);
 
  private:
+  Future<Message> send_request(Op op, std::string body, uint64_t* id);
   template <class R>
-  R finish(Future<Message> f, Op op, std::chrono::milliseconds timeout) const {
+  R finish(Future<Message> f, Op op, uint64_t id, std::chrono::milliseconds timeout) {
     // An answer comes within a round trip: a task waiting for one lends
     // its CPU only where the request waits by design (core::WaitObserver).
     const bool waits = op == Op::kKvWait || op == Op::kWaitPlacementGroup;
     core::WaitObserverInstall quick(waits ? core::tls_wait_observer.observer : nullptr);
-    if (!f.wait_for(timeout)) timed_out(op, timeout);
+    if (!f.wait_for(timeout)) timed_out(op, id, timeout);
     Message m = f.get();
     if constexpr (std::is_void_v<R>) {
       return;
@@ -90,9 +98,10 @@ class RpcChannel : public std::enable_shared_from_this<RpcChannel> {
       return decode_value<R>(m.body.data(), m.body.size(), &m.attachments);
     }
   }
-  // Throws the Timeout of a request that got no answer, naming the request
-  // and the address it went to.
-  [[noreturn]] void timed_out(Op op, std::chrono::milliseconds timeout) const;
+  // Throws the Timeout of request `id` that got no answer, naming the
+  // request and the address it went to; one not yet sent (waiting for a
+  // reconnection) is withdrawn and the Timeout says it was not sent.
+  [[noreturn]] void timed_out(Op op, uint64_t id, std::chrono::milliseconds timeout);
   void on_frame(uint64_t gen, Message&& m);
   void on_close(uint64_t gen, const std::string& reason);
   // Starts connection generation `gen`'s connect (on io's thread).

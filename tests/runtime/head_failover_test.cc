@@ -546,3 +546,25 @@ TEST(HeadFailover, ACallToAnActorWhoseProcessAndHeadAreGoneFails) {
     EXPECT_NE(what.find("the cluster's head is gone"), std::string::npos) << what;
   }
 }
+
+// A request that times out while the driver waits to reconnect is withdrawn:
+// the head that comes back never carries it out, so a caller that asks
+// again on the Timeout does not have it done twice. It was sent with the
+// backlog once the head was back.
+TEST(HeadFailover, ARequestThatTimesOutWaitingForTheHeadIsNeverSent) {
+  troupe::testing::LocalCluster cluster(durable(1));
+  troupe::Runtime rt = cluster.connect();
+  auto& head = rt.core()->head();
+  ASSERT_EQ(head.call<int64_t>(troupe::wire::Op::kKvAdd, troupe::wire::KvAdd{"n", 0}), 0);
+  cluster.kill_head(SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(wait_until_head_lost(rt));
+  try {
+    head.call<int64_t>(troupe::wire::Op::kKvAdd, troupe::wire::KvAdd{"n", 1}, std::chrono::milliseconds(300));
+    FAIL() << "a request to a head that is down was answered";
+  } catch (const troupe::Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("was not sent"), std::string::npos) << e.what();
+  }
+  cluster.restart_head();
+  // Waits for the reconnection and goes out after anything still queued.
+  EXPECT_EQ(head.call<int64_t>(troupe::wire::Op::kKvAdd, troupe::wire::KvAdd{"n", 0}, kWaitBound), 0);
+}
