@@ -33,9 +33,12 @@ class LinkTurn {
   explicit LinkTurn(StreamLink& link) : link_(link) {}
   LinkTurn(const LinkTurn&) = delete;
   LinkTurn& operator=(const LinkTurn&) = delete;
+  // False when `deadline` passed first, or the link failed (its error set:
+  // a shutdown, or its connection gone) while this waited.
   bool take(std::chrono::steady_clock::time_point deadline) {
     std::unique_lock lock(link_.mu);
-    if (!link_.turn_cv.wait_until(lock, deadline, [&] { return !link_.sending; })) return false;
+    if (!link_.turn_cv.wait_until(lock, deadline, [&] { return !link_.sending || !link_.error.empty(); })) return false;
+    if (!link_.error.empty()) return false;
     link_.sending = taken_ = true;
     return true;
   }
@@ -206,10 +209,30 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   // drop a reader that is reading. Wait for the socket to take enough, one
   // writer of the link at a time (two that both saw room could overflow it
   // together), leaving room for the small frames sent without waiting.
+  // A stream that failed meanwhile (its link's connection gone, its
+  // runtime shut down) says so rather than that it timed out.
+  auto throw_if_failed = [&] {
+    std::string error;
+    {
+      std::lock_guard lock(st.mu);
+      error = st.error;
+    }
+    if (error.empty()) {
+      std::lock_guard lock(st.link->mu);
+      if (!st.link->error.empty()) error = "stream " + std::to_string(st.id) + ": " + st.link->error;
+    }
+    if (!error.empty()) throw StreamError(error);
+  };
   LinkTurn turn(*st.link);
-  if (!turn.take(deadline)) throw timed_out("another stream to the reader did not drain");
-  if (!conn->wait_for_room(f.total_bytes() + kControlRoom, deadline))
+  if (!turn.take(deadline)) {
+    throw_if_failed();
+    throw timed_out("another stream to the reader did not drain");
+  }
+  if (!conn->wait_for_room(f.total_bytes() + kControlRoom, deadline)) {
+    throw_if_failed();
     throw timed_out("the connection to the reader did not drain");
+  }
+  throw_if_failed();
   {
     // Credits only grow while send_mu is held: the one checked is still here.
     std::lock_guard lock(st.mu);

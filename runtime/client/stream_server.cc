@@ -269,16 +269,19 @@ StreamLinks::~StreamLinks() {
         if (auto st = w.lock()) writers.push_back(std::move(st));
       if (link->conn) conns.push_back(std::move(link->conn));
     }
-    link->cv.notify_all();
-    link->turn_cv.notify_all();
+    // Every writer's error is set before any waiter is woken: a woken
+    // writer finds it.
     for (auto& st : writers) {
-      {
-        std::lock_guard lock(st->mu);
-        if (st->error.empty()) st->error = "stream " + std::to_string(st->id) + ": its runtime was shut down";
-        if (st->conn) conns.push_back(std::move(st->conn));
-      }
-      st->cv.notify_all();
+      std::lock_guard lock(st->mu);
+      if (st->error.empty()) st->error = "stream " + std::to_string(st->id) + ": its runtime was shut down";
+      if (st->conn) conns.push_back(std::move(st->conn));
     }
+    link->cv.notify_all();
+    link->turn_cv.notify_all();  // writers waiting for the link's turn
+    for (auto& st : writers) st->cv.notify_all();
+    // Writers waiting for room on the connection: the I/O thread that would
+    // have drained it is stopped.
+    for (auto& c : conns) c->release_room_waiters();
   }
 }
 
@@ -395,6 +398,7 @@ void StreamLinks::on_closed(const std::string& address, const std::shared_ptr<St
       if (auto st = w.lock()) writers.push_back(std::move(st));
     link->writers.clear();
     link->cv.notify_all();
+    link->turn_cv.notify_all();
   }
   for (auto& st : writers) {
     std::lock_guard lock(st->mu);

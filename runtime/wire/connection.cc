@@ -381,8 +381,17 @@ bool Connection::wait_for_room(uint64_t bytes, std::chrono::steady_clock::time_p
   if (io_.get_executor().running_in_this_thread()) return true;
   if (bound == 0) bound = opts_.max_queued_bytes;
   std::unique_lock lock(write_mu_);
-  return room_cv_.wait_until(
-      lock, deadline, [&] { return closed_ || overflowed_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= bound; });
+  return room_cv_.wait_until(lock, deadline, [&] {
+    return closed_ || overflowed_ || room_released_ || queued_bytes_ == 0 || queued_bytes_ + bytes <= bound;
+  });
+}
+
+void Connection::release_room_waiters() {
+  {
+    std::lock_guard lock(write_mu_);
+    room_released_ = true;
+  }
+  room_cv_.notify_all();
 }
 
 // A peer that does not read lets replies pile up here without end; past the

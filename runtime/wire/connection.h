@@ -96,6 +96,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // queue and must not wait for itself). `bound`, when not 0, stands for
   // the write bound (a sender whose connection has none keeps its own).
   bool wait_for_room(uint64_t bytes, std::chrono::steady_clock::time_point deadline, uint64_t bound = 0);
+  // Wakes every thread in wait_for_room, and lets any later one return at
+  // once (as if there were room): for a shutdown that stopped the I/O
+  // thread, which alone would have drained the queue. The senders check
+  // their own state (failed by the shutdown) before sending.
+  void release_room_waiters();
   // Thread-safe; the close handler runs with `reason`.
   void close(const std::string& reason);
   // Thread-safe: once everything queued is written, sends FIN but keeps
@@ -193,6 +198,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t lone_left_ = 0;
   std::condition_variable room_cv_;  // with write_mu_: queued_bytes_ went down, or the connection closed
   bool overflowed_ = false;          // guarded by write_mu_
+  bool room_released_ = false;       // guarded by write_mu_ (release_room_waiters)
   std::atomic<bool> in_read_batch_{false};
   std::thread::id reader_thread_;
   bool writing_ = false;    // guarded by write_mu_

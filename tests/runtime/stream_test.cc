@@ -6,8 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstring>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <mutex>
 
 #include "tests/support/wait.h"
@@ -83,13 +87,18 @@ class Consumer {
     reader_ = std::make_unique<troupe::StreamReader<Item>>(troupe::this_actor::runtime(), credits);
     return reader_->ref();
   }
+  // A second stream to this process, beside the first.
+  troupe::StreamRef open_another(int credits) {
+    another_ = std::make_unique<troupe::StreamReader<Item>>(troupe::this_actor::runtime(), credits);
+    return another_->ref();
+  }
   int64_t read_one() { return reader_->read(10s)->seq; }
   int pid() { return getpid(); }
 
  private:
-  std::unique_ptr<troupe::StreamReader<Item>> reader_;
+  std::unique_ptr<troupe::StreamReader<Item>> reader_, another_;
 };
-TROUPE_ACTOR(Consumer, &Consumer::open, &Consumer::read_one, &Consumer::pid)
+TROUPE_ACTOR(Consumer, &Consumer::open, &Consumer::open_another, &Consumer::read_one, &Consumer::pid)
 
 namespace {
 
@@ -240,6 +249,21 @@ TEST_F(StreamTest, AReadTimesOutChangingNothingAndForeverWaits) {
   wrote.get();
 }
 
+namespace {
+// How `f` ended: "done", or the kind of error it threw.
+template <class F>
+std::string outcome(F&& f) {
+  try {
+    f();
+    return "done";
+  } catch (const troupe::StreamError&) {
+    return "StreamError";
+  } catch (const troupe::Timeout&) {
+    return "Timeout";
+  }
+}
+}  // namespace
+
 // A reader and a writer blocked on other threads are woken, with a
 // StreamError, when their runtime shuts down: calls and tasks were failed
 // then, while streams waited out their timeout (a day by default).
@@ -249,16 +273,6 @@ TEST_F(StreamTest, ReadersAndWritersWaitingAreWokenByTheirRuntimesShutdown) {
   auto r = std::make_unique<troupe::StreamReader<Item>>(other, 4);
   auto w = std::make_unique<troupe::StreamWriter<Item>>(other, elsewhere.ref());
   w->write(Item{0, troupe::Buffer::from_string("x")}, kWaitBound);  // its one credit
-  auto outcome = [](auto&& f) {
-    try {
-      f();
-      return std::string("done");
-    } catch (const troupe::StreamError&) {
-      return std::string("StreamError");
-    } catch (const troupe::Timeout&) {
-      return std::string("Timeout");
-    }
-  };
   auto reading = std::async(std::launch::async, [&] { return outcome([&] { r->read(std::chrono::minutes(10)); }); });
   auto writing = std::async(std::launch::async, [&] {
     return outcome([&] { w->write(Item{1, troupe::Buffer::from_string("y")}, std::chrono::minutes(10)); });
@@ -269,6 +283,64 @@ TEST_F(StreamTest, ReadersAndWritersWaitingAreWokenByTheirRuntimesShutdown) {
   ASSERT_EQ(writing.wait_for(kWaitBound), std::future_status::ready);
   EXPECT_EQ(reading.get(), "StreamError");
   EXPECT_EQ(writing.get(), "StreamError");
+}
+
+namespace {
+// Thread `tid` of this process is asleep (waiting, here on a condition).
+bool thread_sleeps(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'S';
+}
+
+troupe::Buffer zeros(size_t n) {
+  std::byte* p = nullptr;
+  auto b = troupe::Buffer::allocate(n, &p);
+  std::memset(p, 0, n);
+  return b;
+}
+}  // namespace
+
+// Writers that wait for the connection to drain (to a reader that stopped
+// taking bytes: SIGSTOPped here), and a writer of another stream waiting
+// for the link's turn behind one, are woken at shutdown too: the I/O
+// thread that would have drained it is stopped, and they waited out their
+// timeout.
+TEST_F(StreamTest, WritersWaitingForRoomOrTheirTurnAreWokenByTheirRuntimesShutdown) {
+  auto c = rt_.spawn<Consumer>({});
+  auto first = c.call(&Consumer::open, 4).get(kWaitBound);
+  auto second = c.call(&Consumer::open_another, 4).get(kWaitBound);
+  const int pid = c.call(&Consumer::pid).get(kWaitBound);
+  troupe::Runtime other = cluster_.connect();
+  auto w1 = std::make_unique<troupe::StreamWriter<Item>>(other, first);
+  auto w2 = std::make_unique<troupe::StreamWriter<Item>>(other, second);
+  // Each has its credits before the reader stops.
+  w1->write(Item{0, troupe::Buffer::from_string("x")}, kWaitBound);
+  w2->write(Item{0, troupe::Buffer::from_string("x")}, kWaitBound);
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  struct Continue {
+    int pid;
+    ~Continue() { ::kill(pid, SIGCONT); }
+  } resume{pid};
+  constexpr size_t kBig = 160u << 20;           // two are over the write bound (256 MiB)
+  w1->write(Item{1, zeros(kBig)}, kWaitBound);  // queued: the stopped reader takes little of it
+  std::atomic<pid_t> room_tid{0}, turn_tid{0};
+  auto room = std::async(std::launch::async, [&] {
+    room_tid = ::gettid();
+    return outcome([&] { w1->write(Item{2, zeros(kBig)}, std::chrono::minutes(10)); });
+  });
+  ASSERT_TRUE(eventually([&] { return room_tid != 0 && thread_sleeps(room_tid); }));
+  auto turn = std::async(std::launch::async, [&] {
+    turn_tid = ::gettid();
+    return outcome([&] { w2->write(Item{1, zeros(kBig)}, std::chrono::minutes(10)); });
+  });
+  ASSERT_TRUE(eventually([&] { return turn_tid != 0 && thread_sleeps(turn_tid); }));
+  other.shutdown();
+  ASSERT_EQ(room.wait_for(kWaitBound), std::future_status::ready);
+  ASSERT_EQ(turn.wait_for(kWaitBound), std::future_status::ready);
+  EXPECT_EQ(room.get(), "StreamError");
+  EXPECT_EQ(turn.get(), "StreamError");
 }
 
 TEST_F(StreamTest, WriterKilledGivesReaderAClearError) {
