@@ -3,6 +3,7 @@ running one is interrupted (KeyboardInterrupt) or, forced, its worker is
 killed; its ref raises TaskCancelledError; other work goes on. An actor
 call not started never runs; a running plain method runs on and sees
 is_canceled(), an async one's coroutine is cancelled."""
+import gc
 import os
 
 import pytest
@@ -152,6 +153,33 @@ def test_a_task_that_has_not_started_never_runs(tmp_path):
     # did not: they had run first if they ever were to.
     assert troupe.get(touch.remote(str(tmp_path / "after"), 7), timeout=60) == 7
     assert not os.path.exists(never) and not os.path.exists(str(tmp_path / "never2"))
+
+
+def test_an_actor_handle_in_a_task_cancelled_while_queued_does_not_keep_its_actor(tmp_path):
+    # The handle carries the actor's lifetime object, pinned when the task
+    # was encoded: a task that never went left the pin (and the actor, and
+    # what it holds) until this driver exited.
+    release = str(tmp_path / "release")
+    busy = until_file.options(num_cpus=2).remote(str(tmp_path / "started"), release)
+    try:
+        wait_until(_exists(str(tmp_path / "started")), what="the task holding both CPUs to start")
+        gate = Gate.options(num_cpus=0).remote()
+        assert troupe.get(gate.seven.remote(), timeout=60) == 7
+        actor = gate._actor
+        # Needs a CPU, with none free, and an executor of its own (other
+        # resources than the running task's): it waits here, never sent.
+        queued = touch.options(num_cpus=1).remote(str(tmp_path / "never"), gate)
+        troupe.cancel(queued)
+        with pytest.raises(TaskCancelledError):
+            troupe.get(queued, timeout=60)
+        del gate, queued
+        gc.collect()
+        wait_until(lambda: actor.info()["state"] == "DEAD", timeout=60, what="the actor whose handles all went")
+        assert "out of scope" in actor.info()["death_cause"]
+    finally:
+        open(release, "w").close()
+    assert troupe.get(busy, timeout=60) == "released"
+    assert not os.path.exists(str(tmp_path / "never"))
 
 
 def test_a_running_task_is_interrupted_and_its_worker_serves_on(tmp_path):

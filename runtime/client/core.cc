@@ -128,6 +128,9 @@ void CallOrder::run_ready(std::unique_lock<std::mutex>& lock) {
 
 uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete, Fail fail,
                              std::optional<int> max_retries) {
+  // Given back (the pins of the refs it carries) unless the call goes out:
+  // as it fails here, or is withdrawn or failed while queued.
+  wire::Unsent unsent = args.take_unsent();
   wire::check_sendable(args.bytes(), args.attachments(), [&] {
     return "the arguments of a call to actor " + std::to_string(id_) + " (" + info().class_name + ")";
   });
@@ -142,6 +145,7 @@ uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete,
   // ids, which retries keep (queued_).
   m.id = unique_call_id();
   Pending p{m.id, encode_frame(m), std::move(complete), std::move(fail), max_retries.value_or(info_.max_task_retries)};
+  p.unsent = std::move(unsent);
   if (!detached_.empty()) {
     auto f = std::move(p.fail);
     auto error = std::make_exception_ptr(ConnectionError(detached_error_locked()));
@@ -163,6 +167,7 @@ uint64_t ActorClient::submit(uint32_t method, Encoder&& args, Complete complete,
     // a retry may need it again.
     bool lone = inflight_.empty();
     p.sent = true;
+    p.unsent.sent();
     if (p.retries_left != 0) {
       conn_->send(p.frame, lone);
     } else {
@@ -297,6 +302,7 @@ void ActorClient::connect_locked() {
     for (auto& [id, p] : queued_) {
       conn_->send(p.frame);
       p.sent = true;
+      p.unsent.sent();
       inflight_.emplace(id, std::move(p));
     }
     queued_.clear();
@@ -382,6 +388,7 @@ void ActorClient::on_connected(std::shared_ptr<Connection> c, uint32_t incarnati
       for (auto& [id, p] : queued_) {
         conn_->send(p.frame);
         p.sent = true;
+        p.unsent.sent();
         inflight_.emplace(id, std::move(p));
       }
       queued_.clear();

@@ -155,6 +155,8 @@ class ActorClient : public std::enable_shared_from_this<ActorClient> {
     int retries_left;
     bool sent = false;       // its frame went out once (it may be queued again for a retry)
     bool cancelled = false;  // withdrawn while in flight: answered, never retried
+    // Given back when it goes never sent (Encoder::take_unsent).
+    wire::Unsent unsent;
   };
   void connect_locked();
   // Bytes of calls queued for the actor past which a caller waits to send

@@ -476,6 +476,11 @@ void ObjectStore::encode_ref(Encoder& e, const RefHolder& holder) {
     // anyone, on the connection this process's own registration uses.
     send_to_owner(info, object_message(Kind::EVENT, ObjectOp::kPin, info, info.pin));
   }
+  // A message that never goes gives the pin back as its receiver would
+  // have: registered, and let go at once.
+  e.on_unsent([weak = weak_from_this(), info] {
+    if (auto store = weak.lock()) store->adopt(info);
+  });
   e.write_pod<uint8_t>(1);  // Codec<ObjectRef<T>>: a valid ref follows
   encode(e, info);
 }

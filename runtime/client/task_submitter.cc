@@ -107,6 +107,9 @@ struct TaskSubmitter::Task {
   uint32_t op = 0;  // 0, or kKeepResult for submit_ref
   Complete complete;
   Fail fail;
+  // Given back if it goes never sent (Encoder::take_unsent): cancelled or
+  // failed while queued. Sent once, its first receiver gives them back.
+  wire::Unsent unsent;
   std::shared_ptr<Executor> on;
   bool ran = false;                // it lost a worker it ran on, and waits for its retry (mu_)
   bool cancelled = false;          // by cancel(): ended, never retried or queued again (mu_)
@@ -281,6 +284,7 @@ std::shared_ptr<TaskSubmitter::Key> TaskSubmitter::key_for(const TaskPlacement& 
 
 uint64_t TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::string& name, Encoder&& body,
                                int max_retries, Complete complete, Fail fail, bool keep_result) {
+  wire::Unsent unsent = body.take_unsent();
   check_sendable(body.bytes(), body.attachments(), [&] { return "the arguments of task '" + name + "'"; });
   auto t = std::make_shared<Task>();
   t->op = keep_result ? kKeepResult : 0;
@@ -291,6 +295,7 @@ uint64_t TaskSubmitter::submit(const std::shared_ptr<Key>& key, const std::strin
   t->retries_left = max_retries;
   t->complete = std::move(complete);
   t->fail = std::move(fail);
+  t->unsent = std::move(unsent);
   std::vector<Send> sends;
   uint64_t id = 0;
   {
@@ -430,6 +435,7 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
     if (k.max_calls > 0 && !best->holds_objects && ++best->given >= k.max_calls) best->spent = true;
     auto t = std::move(k.queue.front());
     k.queue.pop_front();
+    t->unsent.sent();
     best->sent.push_back(t.get());
     t->on = best_ptr;
     out.emplace_back(std::move(best_ptr), std::move(t));

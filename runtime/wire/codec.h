@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -37,6 +38,37 @@ inline constexpr size_t kAttachThreshold = 16 * 1024;
 // Upper bound on any decoded container length, so a forged length cannot
 // make the decoder allocate terabytes before noticing the input is short.
 inline constexpr uint64_t kMaxDecodedElements = uint64_t(1) << 32;
+
+// What a message's encoding took that its receiver would have given back
+// (an ObjectRef's pin, ObjectStore::encode_ref): given back here when the
+// message is never sent (a call to an actor already dead, a task cancelled
+// while queued, arguments too large to send), as it goes unless sent()
+// was called first.
+class Unsent {
+ public:
+  Unsent() = default;
+  explicit Unsent(std::vector<std::function<void()>> undo) : undo_(std::move(undo)) {}
+  Unsent(Unsent&& o) noexcept : undo_(std::exchange(o.undo_, {})) {}
+  Unsent& operator=(Unsent&& o) noexcept {
+    if (this != &o) {
+      release();
+      undo_ = std::exchange(o.undo_, {});
+    }
+    return *this;
+  }
+  Unsent(const Unsent&) = delete;
+  Unsent& operator=(const Unsent&) = delete;
+  ~Unsent() { release(); }
+  // The message went: its receiver gives back what it carries.
+  void sent() { undo_.clear(); }
+  // It never will: gives everything back now (once).
+  void release() {
+    for (auto& f : std::exchange(undo_, {})) f();
+  }
+
+ private:
+  std::vector<std::function<void()>> undo_;
+};
 
 class Encoder {
  public:
@@ -65,6 +97,11 @@ class Encoder {
     return std::make_shared<const std::vector<std::shared_ptr<const void>>>(std::move(kept_));
   }
 
+  // What to give back if the message is never sent (see Unsent); a sender
+  // that knows takes them with take_unsent(), others drop them.
+  void on_unsent(std::function<void()> undo) { unsent_.push_back(std::move(undo)); }
+  Unsent take_unsent() { return Unsent(std::exchange(unsent_, {})); }
+
   void write_bytes(const void* p, size_t n) {
     auto* c = static_cast<const char*>(p);
     bytes_.append(c, n);
@@ -90,6 +127,7 @@ class Encoder {
   bool inline_buffers_ = false;
   bool measuring_ = false;
   std::vector<std::shared_ptr<const void>> kept_;
+  std::vector<std::function<void()>> unsent_;
 };
 
 class Decoder {

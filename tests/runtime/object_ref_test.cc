@@ -227,6 +227,29 @@ TEST_F(ObjectRefTest, AValueHoldingRefsFreesThemWhenItGoes) {
       << "the maker still holds the borrowed object";
 }
 
+// A call that is never sent (its actor is dead) gives back the pins its
+// refs took, as its receiver would have: they kept the objects until this
+// process exited (here, and at the maker for one borrowed from it).
+TEST_F(ObjectRefTest, RefsInACallThatIsNeverSentAreLetGo) {
+  auto m = maker();
+  auto u = user();
+  ASSERT_TRUE(u.wait_ready(kWaitBound));
+  rt_.kill(u);
+  ASSERT_TRUE(eventually([&] { return u.info().state == troupe::ActorState::kDead; }));
+  const auto base = rt_.object_store_stats();
+  const auto maker_base = m.call(&Maker::stats).get(30s);
+  {
+    auto owned = rt_.put(pattern(1 << 20));
+    auto borrowed = m.call_ref(&Maker::make, int64_t{1} << 20).get(30s);
+    EXPECT_THROW(u.call(&User::consume, owned).get(30s), troupe::ActorDied);
+    EXPECT_THROW(u.call(&User::consume, borrowed).get(30s), troupe::ActorDied);
+  }
+  EXPECT_TRUE(eventually([&] { return rt_.object_store_stats().objects == base.objects; }))
+      << rt_.object_store_stats().objects << " objects left of " << base.objects;
+  EXPECT_TRUE(eventually([&] { return m.call(&Maker::stats).get(30s).objects == maker_base.objects; }))
+      << "the maker still holds the object the call to a dead actor carried";
+}
+
 // A value encoded inside its message (a string, a struct) past the 64 MiB
 // a message carries could be put, and read here, but not fetched: the
 // borrower's frame limit closed the connection ("bad frame", taken for a

@@ -602,6 +602,31 @@ TEST_F(TaskTest, CancelledTasksFailAndOnlyAForcedOneCostsItsWorker) {
   EXPECT_FALSE(std::filesystem::exists(path("never")));
 }
 
+// A task cancelled while still queued here never went: the pins its
+// refs took are given back, as its receiver would have (they kept the
+// objects until this process exited).
+TEST_F(TaskTest, ARefInATaskCancelledWhileQueuedIsLetGo) {
+  using Cancel = troupe::client::TaskSubmitter::Cancel;
+  auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
+  tasks->set_options({.pipeline_depth = 1, .max_executors = 1});
+  auto dir = troupe::test::fresh_dir("task-cancel-ref");
+  auto path = [&](const char* name) { return (dir / name).string(); };
+  const auto base = rt_.object_store_stats().objects;
+  auto [running, running_f] = submit_with_id(rt_, &spin_until_file, path("started"), path("release"));
+  ASSERT_TRUE(troupe::test::eventually([p = path("started")] { return std::filesystem::exists(p); }, 60s));
+  {
+    auto ref = rt_.put(std::vector<uint8_t>(1 << 20, 1));
+    auto [queued, queued_f] = submit_with_id(rt_, &sum_bytes, ref);
+    EXPECT_EQ(tasks->cancel(queued, false).outcome, Cancel::kDequeued);
+    EXPECT_THROW(queued_f.get(30s), troupe::TaskCancelled);
+    EXPECT_EQ(rt_.object_store_stats().objects, base + 1);
+  }
+  EXPECT_TRUE(troupe::test::eventually([&] { return rt_.object_store_stats().objects == base; }))
+      << rt_.object_store_stats().objects << " objects, " << base << " before";
+  std::ofstream(path("release")) << "go";
+  EXPECT_GT(running_f.get(60s), 0);
+}
+
 // Runtime::cancel, as ray.cancel: a task waiting in its executor's mailbox
 // or for its arguments never runs; a running C++ task runs to its end with
 // its result dropped, or is killed with its worker when forced; a finished
