@@ -14,6 +14,7 @@
 #include <functional>
 #include <iomanip>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "torchrun_slot.h"
@@ -150,9 +151,31 @@ Allocation read_allocation(const SlurmOptions& o) {
   return a;
 }
 
+// The signal that stops troupe slurm (SIGTERM from Slurm, SIGINT, SIGHUP
+// from a closed terminal), or 0.
 volatile sig_atomic_t g_stop = 0;
 
-void on_stop(int) { g_stop = 1; }
+void on_stop(int sig) { g_stop = sig; }
+
+// Thrown by the waits for the cluster to start when a signal stops it:
+// said as the signal, not as a start that took too long.
+struct StoppedBySignal : std::runtime_error {
+  StoppedBySignal(int sig, const std::string& what) : std::runtime_error(what), signal(sig) {}
+  int signal;
+};
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "signal " + std::to_string(sig);
+  }
+}
 
 bool child_gone(pid_t pid, int* status) { return ::waitpid(pid, status, WNOHANG) == pid; }
 
@@ -241,7 +264,9 @@ void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const st
       c.head = -1;
       throw Error("the head did not start (" + core::describe_exit_status(st) + "); see " + c.session + "/head.log");
     }
-    if (Clock::now() > deadline || g_stop)
+    if (const int sig = g_stop)
+      throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " before the head was up");
+    if (Clock::now() > deadline)
       throw Timeout("the head did not start in " + seconds(o.start_timeout_s) + "; see " + c.session + "/head.log");
     c.address = read_file(c.session + "/address");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -342,7 +367,10 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
       throw Error("srun of the node agents ended (" + core::describe_exit_status(st) + ") with " +
                   std::to_string(alive) + " of " + n + " nodes up");
     }
-    if (Clock::now() > deadline || g_stop)
+    if (const int sig = g_stop)
+      throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " before the cluster was up (" +
+                                     std::to_string(alive) + " of " + n + " node agents had joined)");
+    if (Clock::now() > deadline)
       throw Timeout(std::to_string(alive) + " of " + n + " node agents joined in " + seconds(o.start_timeout_s));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -351,7 +379,11 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
   std::fflush(stdout);
 }
 
-int run_driver(const Cluster& c, const SlurmOptions& o) {
+// The driver's exit status; or, when a signal stopped troupe slurm
+// (`*stopped_by` set to it), 128 + that signal, as the CLI's other commands
+// that a signal stops exit, whichever ended first: the driver gets a
+// terminal's Ctrl-C too, and may exit before it is told to.
+int run_driver(const Cluster& c, const SlurmOptions& o, int* stopped_by) {
   core::SpawnOptions s;
   s.executable = which(o.command[0]);  // there: run_slurm checked it first
   s.arg0 = o.command[0];
@@ -361,15 +393,34 @@ int run_driver(const Cluster& c, const SlurmOptions& o) {
   pid_t driver = core::spawn_process(s);
   int st = 0;
   while (!child_gone(driver, &st)) {
-    if (g_stop) {
-      std::fprintf(stderr, "troupe slurm: stopping (signal); ending the driver and the cluster\n");
+    if (const int sig = g_stop) {
+      std::fprintf(stderr, "troupe slurm: %s: ending the driver and the cluster\n", signal_name(sig).c_str());
       ::kill(driver, SIGTERM);
       core::reap_process(driver, std::chrono::seconds(10));
-      return 143;
+      *stopped_by = sig;
+      return 128 + sig;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  if (const int sig = g_stop) {
+    std::fprintf(stderr, "troupe slurm: %s: ending the cluster\n", signal_name(sig).c_str());
+    *stopped_by = sig;
+    return 128 + sig;
+  }
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// troupe slurm runs where Slurm starts a batch script, on the allocation's
+// first node, which hosts the head: "" there, else why not (salloc's shell
+// on a login node: the head was started there on the first node's address,
+// which it cannot bind, and said only "the head did not start").
+std::string not_on_first_node(const Allocation& a) {
+  const std::string here = env_or("SLURMD_NODENAME");
+  if (here == a.nodes[0]) return "";
+  return "troupe slurm runs on the allocation's first node (" + a.nodes[0] + "), which hosts the head; this shell " +
+         (here.empty() ? std::string("is on no node of it (SLURMD_NODENAME is not set: a login node?)")
+                       : "is on " + here + " (SLURMD_NODENAME)") +
+         ": run it from sbatch, or with srun -N1 -n1 --overlap --pty troupe slurm ... inside salloc";
 }
 
 }  // namespace
@@ -406,10 +457,18 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
     std::fprintf(stderr, "troupe slurm: reading the allocation: %s\n", e.what());
     return 1;
   }
+  if (const std::string why = not_on_first_node(a); !why.empty()) {
+    std::fprintf(stderr, "troupe slurm: %s\n", why.c_str());
+    return 2;
+  }
+  // A closed terminal (an interactive allocation) stops it as Ctrl-C does:
+  // by default SIGHUP killed it at once, and its children by their parent
+  // death signal (the head without emptying its state db).
   struct sigaction sa {};
   sa.sa_handler = on_stop;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
   Cluster c;
   // Made here and given to the head and the agents in their environment
   // (--no-token-file): the cluster's secret is never on disk, where a
@@ -438,10 +497,18 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
   try {
     start_head(c, o, a, self);
     start_nodes(c, o, a, self);
-    int rc = run_driver(c, o);
+    int stopped_by = 0;
+    int rc = run_driver(c, o, &stopped_by);
     finish(rc);
-    std::printf("troupe slurm: driver exited with %d; cluster stopped\n", rc);
+    if (stopped_by != 0)
+      std::printf("troupe slurm: driver stopped by troupe slurm (%s); cluster stopped\n",
+                  signal_name(stopped_by).c_str());
+    else
+      std::printf("troupe slurm: driver exited with %d; cluster stopped\n", rc);
     return rc;
+  } catch (const StoppedBySignal& e) {
+    std::fprintf(stderr, "troupe slurm: %s\n", e.what());
+    return finish(128 + e.signal);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "troupe slurm: %s\n", e.what());
     return finish(1);

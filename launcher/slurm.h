@@ -1,12 +1,14 @@
 // `troupe slurm`: a troupe cluster inside a Slurm allocation, for the life
-// of one driver. From the batch step (sbatch or salloc) it starts the head
-// on the first node (`troupe start --head --block`, its child), a node agent
+// of one driver. On the allocation's first node (an sbatch script, or an
+// srun step inside salloc; elsewhere it is refused) it starts the head
+// there (`troupe start --head --block`, its child), a node agent
 // on every node of the allocation with one `srun` (`troupe start --address
 // HEAD --block` per node, each offering its own node's CPUs in the job and
 // its own GPUs, or --gpus-per-node), waits for all of them, runs the driver
 // with TROUPE_ADDRESS/TROUPE_TOKEN/TROUPE_SESSION_DIR set, and tears the
 // cluster down when the driver exits or the job is cancelled (SIGTERM, as
-// scancel sends): nothing is left running.
+// scancel sends; SIGINT, SIGHUP: exit 128 + the signal): nothing is left
+// running.
 #pragma once
 
 #include <string>

@@ -2,11 +2,13 @@
 // a node's GPUs, without a Slurm (test_slurm.py runs a real one).
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -244,5 +246,81 @@ TEST(SlurmAgentScript, ANodeOtherThanTheBatchNodeRemovesItsSessionAfterItsAgent)
   out = run_agent_script({"SLURM_NODEID=1", "SLURMD_NODENAME=n2", session_env, "TROUPE_KEEP_SESSION=1"}, "auto", "n1",
                          fake);
   EXPECT_TRUE(fs::exists(session + "/node-1/token")) << out;
+  troupe::core::remove_tree(dir);
+}
+
+namespace {
+
+// A Slurm of two scripts on PATH: scontrol names one node, n1, at
+// `node_addr`; srun's step never comes up (its agents never join).
+// Returns the PATH to run troupe slurm with.
+std::string fake_slurm(const fs::path& dir, const std::string& node_addr) {
+  fs::create_directories(dir / "bin");
+  const std::string scontrol = (dir / "bin" / "scontrol").string();
+  std::ofstream(scontrol) << "#!/bin/sh\n"
+                             "if [ \"$2\" = hostnames ]; then echo n1; else echo \"NodeName=n1 NodeAddr="
+                          << node_addr << " State=IDLE\"; fi\n";
+  const std::string srun = (dir / "bin" / "srun").string();
+  std::ofstream(srun) << "#!/bin/sh\nexec sleep 600\n";
+  ::chmod(scontrol.c_str(), 0755);
+  ::chmod(srun.c_str(), 0755);
+  return (dir / "bin").string() + ":" + (std::getenv("PATH") ? std::getenv("PATH") : "/usr/bin:/bin");
+}
+
+}  // namespace
+
+// troupe slurm runs on the allocation's first node, which hosts the head.
+// In salloc's shell on a login node it started the head there on the first
+// node's address, which it cannot bind, and said only "the head did not
+// start": refused before anything starts, naming the node and the shell's.
+TEST(SlurmCli, ItRefusesToRunAnywhereButTheAllocationsFirstNode) {
+  const auto dir = troupe::test::fresh_dir("slurm-login-node");
+  const std::string path = fake_slurm(dir, "192.0.2.1");
+  auto run = [&](const std::string& node) {
+    return shell("env -u SLURMD_NODENAME " + node + " PATH='" + path +
+                 "' SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n1 SLURM_JOB_CPUS_PER_NODE=2 TMPDIR='" + dir.string() +
+                 "' " TROUPE_CLI " slurm -- /bin/true");
+  };
+  auto [rc, out] = run("");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("the allocation's first node (n1)"), std::string::npos) << out;
+  EXPECT_NE(out.find("SLURMD_NODENAME is not set"), std::string::npos) << out;
+  std::tie(rc, out) = run("SLURMD_NODENAME=n2");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("is on n2 (SLURMD_NODENAME)"), std::string::npos) << out;
+  for (const auto& entry : fs::directory_iterator(dir))
+    EXPECT_EQ(entry.path().filename().string().rfind("troupe-slurm-", 0), std::string::npos)
+        << "a session was made: " << entry.path();
+  troupe::core::remove_tree(dir);
+}
+
+// A signal while the cluster starts (Slurm's SIGTERM at a preemption or a
+// time limit, Ctrl-C, a closed terminal) is said as that signal and exits
+// 128 + it; it was said as a start that timed out ("0 of 1 node agents
+// joined in 120 s", two seconds after the start) with exit 1, and SIGHUP
+// killed troupe slurm outright.
+TEST(SlurmCli, ASignalWhileTheClusterStartsIsSaidAsThatSignal) {
+  const auto dir = troupe::test::fresh_dir("slurm-signal");
+  const std::string path = fake_slurm(dir, "127.0.0.1");
+  for (const auto& [sig, name] :
+       {std::pair{SIGTERM, "SIGTERM"}, std::pair{SIGINT, "SIGINT"}, std::pair{SIGHUP, "SIGHUP"}}) {
+    // Signalled once its head is up (its address written), while the wait
+    // for the agents goes on.
+    auto [rc, out] =
+        shell("timeout 120 sh -c 'SLURMD_NODENAME=n1 PATH=\"" + path +
+              "\" SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n1 SLURM_JOB_CPUS_PER_NODE=2 TMPDIR=\"" + dir.string() +
+              "\" " TROUPE_CLI
+              " slurm --start-timeout 300 -- /bin/true & pid=$!; "
+              "while [ ! -s \"" +
+              dir.string() + "/troupe-slurm-1-$pid/address\" ]; do kill -0 $pid || exit 99; sleep 0.05; done; kill -" +
+              std::to_string(sig) + " $pid; wait $pid; echo \"rc=$?\"'");
+    EXPECT_EQ(rc, 0) << name << ": " << out;
+    EXPECT_NE(out.find("rc=" + std::to_string(128 + sig)), std::string::npos) << name << ": " << out;
+    // Before the head was up (troupe slurm had not yet read the address
+    // the head wrote) or while the agents were awaited: said either way.
+    EXPECT_NE(out.find(std::string("troupe slurm: stopped by ") + name + " before the "), std::string::npos) << out;
+    EXPECT_EQ(out.find("joined in"), std::string::npos) << out;
+    EXPECT_EQ(out.find("did not start in"), std::string::npos) << out;
+  }
   troupe::core::remove_tree(dir);
 }
