@@ -195,3 +195,20 @@ def test_job_documents_cannot_script_the_page(cluster, healed_job):
     assert "evil-job" in body, dom[-2000:]
     assert "data-xss" not in dom.split("</h1>", 1)[0], dom[:2000]
     assert "<img" not in body, body[-3000:]
+
+
+def test_a_job_document_with_a_long_history_leaves_the_other_charts_drawn(cluster, healed_job):
+    # More points than a spread takes as arguments (V8 throws past about
+    # 125,000): the chart's maxima threw, and no job's chart was drawn again
+    # ("cannot read /api/status: Maximum call stack size exceeded").
+    doc = {"name": "long-job", "state": "running", "history": [[1, 1, 1]] * 2 + [1] * 130000}
+    troupe.init(address=cluster["address"])
+    try:
+        troupe._client().kv_put("troupe.jobs/long-job", json.dumps(doc, separators=(",", ":")).encode())
+        dom = headless(["--dump-dom", cluster["url"]]).stdout
+    finally:
+        troupe._client().kv_erase("troupe.jobs/long-job")
+        troupe.shutdown()
+    assert re.search(r'<svg[^>]*class="job-chart" id="job-chart-dash-job"', dom), dom[-2000:]
+    assert re.search(r'<svg[^>]*class="job-chart" id="job-chart-long-job"', dom), dom[-2000:]
+    assert '<div id="error"></div>' in dom, dom[:3000]

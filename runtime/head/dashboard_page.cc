@@ -43,14 +43,21 @@ function table(el, head, rows) {
   el.innerHTML = "<tr>" + head.map(h => "<th>" + h + "</th>").join("") + "</tr>" +
     rows.map(r => "<tr>" + r.join("") + "</tr>").join("");
 }
+// One job's chart, or what stopped it: the others are drawn all the same.
+function drawn(job) {
+  try { return chart(job); } catch (e) { return `<i>no chart: ${esc(e.message)}</i>`; }
+}
 function chart(job) {
   const list = v => Array.isArray(v) ? v : [];
-  const h = list(job.history).map(list).map(p => [num(p[0]), num(p[1]), num(p[2])]);
-  const events = list(job.events).map(e => e || {}).map(e => ({t: num(e.t), kind: e.kind, detail: e.detail}));
+  // The last 600 points, as the reporter keeps: a document any client
+  // wrote may hold more than a chart shows (or than a spread's arguments).
+  const h = list(job.history).slice(-600).map(list).map(p => [num(p[0]), num(p[1]), num(p[2])]);
+  const events = list(job.events).slice(-600).map(e => e || {}).map(e => ({t: num(e.t), kind: e.kind, detail: e.detail}));
   const ns = "http://www.w3.org/2000/svg";
-  const tMax = Math.max(1e-9, ...h.map(p => p[0]), ...events.map(e => e.t));
-  const rMax = Math.max(1e-9, ...h.map(p => p[1])) * 1.1;
-  const wMax = Math.max(1, ...h.map(p => p[2])) + 1;
+  const most = (from, xs) => xs.reduce((m, v) => v > m ? v : m, from);
+  const tMax = most(most(1e-9, h.map(p => p[0])), events.map(e => e.t));
+  const rMax = most(1e-9, h.map(p => p[1])) * 1.1;
+  const wMax = most(1, h.map(p => p[2])) + 1;
   const x = t => PAD.l + (W - PAD.l - PAD.r) * t / tMax;
   const yr = r => H - PAD.b - (H - PAD.t - PAD.b) * r / rMax;
   const yw = w => H - PAD.b - (H - PAD.t - PAD.b) * w / wMax;
@@ -105,7 +112,7 @@ function render(st) {
   document.getElementById("jobs").innerHTML = !jobs.length ? "<i>no TrainJob has reported to this head</i>" : jobs.map(j =>
     `<div class="job"><b>${esc(j.name)}</b> — ${esc(j.state)}, step ${num(j.step)}, epoch ${num(j.epoch) + 1}${num(j.epochs) ? '/' + num(j.epochs) : ''}, ` +
     `${num(j.samples_per_s).toFixed(0)} samples/s, loss ${j.loss === null ? "nan" : num(j.loss).toFixed(4)}, ` +
-    `${num(j.world_size)} worker(s), ${num(j.recoveries)} recover${num(j.recoveries) === 1 ? "y" : "ies"}<br>` + chart(j) +
+    `${num(j.world_size)} worker(s), ${num(j.recoveries)} recover${num(j.recoveries) === 1 ? "y" : "ies"}<br>` + drawn(j) +
     `<div class="legend"><span style="color:#1f77b4">— samples/s (left)</span>` +
     `<span style="color:#2ca02c">— world size (right)</span><span style="color:#d62728">┆ failure</span></div></div>`).join("");
 }
