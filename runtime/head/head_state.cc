@@ -307,6 +307,12 @@ void HeadState::validate_actor(const ActorSpec& spec) {
                         std::to_string(spec.node_affinity) + " has in all {" +
                         format_resources(it->second.pool.total()) + "} (a hard node affinity)");
   }
+  // -1 is any bundle; another negative index was taken for it (a task's
+  // options refused it), and an index without a group was ignored.
+  if (spec.bundle_index < -1 || (spec.bundle_index >= 0 && !spec.placement_group))
+    throw ConfigError("bundle index " + std::to_string(spec.bundle_index) +
+                      (spec.placement_group ? " is out of range (-1 is any bundle of the group)"
+                                            : " names a bundle of no placement group"));
   if (spec.placement_group) {
     auto& g = group(spec.placement_group);
     if (spec.bundle_index >= static_cast<int>(g.spec.bundles.size()))
@@ -585,10 +591,14 @@ std::deque<uint64_t>& HeadState::dead_order(const Actor& a) {
 }
 
 void HeadState::evict_dead() {
+  // The newest dead row stays whatever the limit (--max-dead-actors 0): it
+  // is the actor set_dead was just given, which its caller still holds (a
+  // schedule pass read its freed state; create_actor answered "map::at").
+  const size_t cap = std::max<size_t>(1, config_.max_dead_actors);
   const size_t routine_cap = std::max<size_t>(1, config_.max_dead_actors / 10);
   for (;;) {
     std::deque<uint64_t>* order = nullptr;
-    if (dead_order_.size() > config_.max_dead_actors) order = &dead_order_;
+    if (dead_order_.size() > cap) order = &dead_order_;
     if (dead_routine_.size() > routine_cap) order = &dead_routine_;
     if (!order) break;
     uint64_t id = order->front();
@@ -652,8 +662,12 @@ std::optional<HeadState::Allocation> HeadState::allocate_in_group(const Actor& a
   // (any bundle, or a lost one); a full kept bundle is said to be full.
   if (placing && (a.spec.bundle_index < 0 || g.info.bundle_nodes[static_cast<size_t>(a.spec.bundle_index)] == 0))
     return waiting();
-  *reason = "bundle " + std::to_string(a.spec.bundle_index) + " of placement group " + std::to_string(g.info.id) +
-            " has no room for {" + format_resources(a.spec.resources) + "}";
+  // Any bundle (index -1) was said as "bundle -1", which does not exist.
+  *reason = (a.spec.bundle_index < 0
+                 ? std::string("no bundle of placement group ") + std::to_string(g.info.id) + " has room for {"
+                 : "bundle " + std::to_string(a.spec.bundle_index) + " of placement group " +
+                       std::to_string(g.info.id) + " has no room for {") +
+            format_resources(a.spec.resources) + "}";
   return std::nullopt;
 }
 

@@ -21,12 +21,16 @@ double get(const Resources& r, const std::string& k) {
 }
 
 // Fraction of the node in use after placing req (the largest over the
-// resources the request names); lower is emptier.
+// resources the request names); lower is emptier. Only those: a node
+// whose one GPU (or most of whose memory) was held scored full for every
+// CPU request, and SPREAD put all of them on the other nodes. A request
+// of nothing scores 0 everywhere (the fewest actors decide).
 double load_after(const NodeView& n, const Resources& req) {
   double worst = 0;
-  for (const auto& [k, v] : n.total) {
-    if (v <= 0) continue;
-    double used = v - get(n.available, k) + get(req, k);
+  for (const auto& [k, amount] : req) {
+    const double v = get(n.total, k);
+    if (v <= 0 || amount <= 0) continue;
+    double used = v - get(n.available, k) + amount;
     worst = std::max(worst, used / v);
   }
   return worst;

@@ -1019,6 +1019,77 @@ TEST(HeadStateLimits, DeadActorsAreKeptUpToTheLimitOldestFirst) {
   EXPECT_EQ(out.evicted, (std::vector<uint64_t>{ids[0], ids[1]}));
 }
 
+// --max-dead-actors 0 (keep none): the actor set_dead had just retired was
+// evicted under its caller, which read it freed (a schedule pass), and
+// create_actor in a removed group answered "map::at". The newest dead row
+// stays; older ones go.
+TEST(HeadStateLimits, NoDeadActorsKeptStillAnswersTheOneThatJustDied) {
+  HeadState state(HeadConfig{100, 5, 0});
+  Hello h;
+  h.role = Role::kNode;
+  h.resources = {{"CPU", 1}};
+  h.hostname = "host1";
+  h.pid = 1;
+  state.register_node(1, h, Time{});
+  auto g = state.create_placement_group(kDriver, {{{{"CPU", 1}}}, PlacementStrategy::kPack, ""});
+  state.remove_placement_group(g.id);
+  ActorSpec s;
+  s.class_name = "C";
+  s.placement_group = g.id;
+  ActorInfo first, second;
+  ASSERT_NO_THROW(first = state.create_actor(kDriver, s));
+  EXPECT_EQ(first.state, ActorState::kDead);
+  EXPECT_NE(first.death_cause.find("placement group " + std::to_string(g.id) + " was removed"), std::string::npos)
+      << first.death_cause;
+  ASSERT_NO_THROW(second = state.create_actor(kDriver, s));
+  EXPECT_EQ(second.state, ActorState::kDead);
+  EXPECT_EQ(state.actor_count(), 1u);  // the first one's row went
+  EXPECT_THROW(state.actor_info(first.id), troupe::ConfigError);
+}
+
+// Placement-group options the head refuses for every client, naming them:
+// a negative bundle index other than -1 (taken for "any"; a task's options
+// refused it) and an index without a group (ignored).
+TEST_F(HeadStateTest, BundleIndexesThatNameNoBundleAreRefused) {
+  add_node({{"CPU", 2}}, 1);
+  auto g = state_.create_placement_group(kDriver, {{{{"CPU", 1}}}, PlacementStrategy::kPack, ""});
+  auto s = spec({{"CPU", 1}});
+  s.placement_group = g.id;
+  s.bundle_index = -7;
+  try {
+    state_.create_actor(kDriver, s);
+    ADD_FAILURE() << "bundle index -7 taken";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("bundle index -7 is out of range"), std::string::npos) << e.what();
+  }
+  s.placement_group = 0;
+  s.bundle_index = 2;
+  try {
+    state_.create_actor(kDriver, s);
+    ADD_FAILURE() << "bundle index 2 without a group taken";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("bundle index 2 names a bundle of no placement group"), std::string::npos)
+        << e.what();
+  }
+}
+
+// An actor that may use any bundle of a full group says so: it read
+// "bundle -1 of placement group N has no room", a bundle that does not exist.
+TEST_F(HeadStateTest, AnActorWaitingForAnyBundleOfAFullGroupSaysNoBundleHasRoom) {
+  add_node({{"CPU", 2}}, 1);
+  auto g = state_.create_placement_group(kDriver, {{{{"CPU", 1}}}, PlacementStrategy::kPack, ""});
+  auto s = spec({{"CPU", 1}});
+  s.placement_group = g.id;
+  state_.create_actor(kDriver, s);
+  start_spawned();
+  auto waiting = state_.create_actor(kDriver, s);
+  const std::string why = state_.actor_info(waiting.id).pending_reason;
+  EXPECT_NE(why.find("no bundle of placement group " + std::to_string(g.id) + " has room for {CPU=1}"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(why.find("bundle -1"), std::string::npos) << why;
+}
+
 // Names are printed in status, logs and the dashboard: a newline would
 // forge a log line, bytes that are not UTF-8 broke every status reader.
 TEST(HeadStateNames, NamesWithControlCharactersOrNotUtf8AreRefusedNamingThem) {

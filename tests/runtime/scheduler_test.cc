@@ -65,6 +65,18 @@ TEST(Scheduler, ParseAndFormatResources) {
   troupe::head::validate_resources({{"node:10.0.0.1", 1}, {"accelerator_type/A100", 1}}, "ok");
 }
 
+// The load is over what the request names: a node whose one GPU is held
+// scored full for every CPU request, and CPU actors all went to the other
+// node while this one's eight CPUs stood idle (SPREAD stopped spreading).
+TEST(Scheduler, TheLoadCountsOnlyWhatTheRequestNames) {
+  NodeView gpu_held{1, {{"CPU", 8}, {"GPU", 1}}, {{"CPU", 8}, {"GPU", 0}}, {0.0}, 1};
+  NodeView busier{2, {{"CPU", 8}}, {{"CPU", 6}}, {}, 2};
+  EXPECT_EQ(pick_node({gpu_held, busier}, {{"CPU", 1}}, nullptr), 1u);
+  // A request of nothing: the fewest actors.
+  EXPECT_EQ(pick_node({gpu_held, busier}, {}, nullptr), 1u);
+  EXPECT_FALSE(pick_node({gpu_held, busier}, {{"GPU", 1}}, nullptr).has_value());
+}
+
 TEST(Scheduler, PickNodePrefersEmptierNodeAndExplainsFailure) {
   auto nodes = three_nodes();
   nodes[0].available["CPU"] = 1;
