@@ -1,6 +1,8 @@
-// StopSignals: SIGINT and SIGTERM for a launcher command that must stop
-// what it runs in order (troupe train, troupe torchrun) rather than die at
-// once. Construct it first in main: it blocks the two signals in this
+// StopSignals: SIGINT, SIGTERM, SIGHUP and SIGQUIT (torchrun's four) for a
+// launcher command that must stop what it runs in order (troupe train,
+// troupe torchrun) rather than die at once: a closed ssh session's SIGHUP
+// killed the launcher outright, and no rank got its SIGTERM to save.
+// Construct it first in main: it blocks the signals in this
 // thread, so every later thread inherits the mask (processes the runtime
 // spawns get a clear one: runtime/core/process.cc), and takes them on a
 // thread of its own. Threads that exist already (a BLAS library's pool,
@@ -24,6 +26,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -38,8 +41,7 @@ class StopSignals {
   StopSignals(std::string command, std::string first_note)
       : command_(std::move(command)), first_note_(std::move(first_note)) {
     sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
+    for (int sig : kSignals) sigaddset(&set_, sig);
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
     waiter_ = std::thread([this] { wait(); });
     waiter_thread() = waiter_.native_handle();
@@ -47,12 +49,10 @@ class StopSignals {
     forward.sa_handler = [](int sig) { pthread_kill(waiter_thread(), sig); };  // async-signal-safe
     sigemptyset(&forward.sa_mask);
     forward.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &forward, &old_int_);
-    sigaction(SIGTERM, &forward, &old_term_);
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &forward, &old_[i]);
   }
   ~StopSignals() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
     done_ = true;
     pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes sigwait
     waiter_.join();
@@ -66,7 +66,18 @@ class StopSignals {
   int signal() const { return signal_.load(); }
   // Signals taken as the first request arriving again (kSameRequest).
   int repeats() const { return repeats_.load(); }
-  static const char* name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+  static const char* name(int sig) {
+    switch (sig) {
+      case SIGINT:
+        return "SIGINT";
+      case SIGHUP:
+        return "SIGHUP";
+      case SIGQUIT:
+        return "SIGQUIT";
+      default:
+        return "SIGTERM";
+    }
+  }
 
  private:
   void wait() {
@@ -105,8 +116,8 @@ class StopSignals {
   std::chrono::steady_clock::time_point first_at_{};  // the waiter's alone
   const std::string command_;
   const std::string first_note_;
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
+  static constexpr std::array<int, 4> kSignals{SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  std::array<struct sigaction, 4> old_{};
   struct sigaction old_pipe_ {};  // the waiter's, until it has ended
   bool pipe_ignored_ = false;     // the same
   sigset_t set_;

@@ -112,24 +112,33 @@ constexpr size_t kMaxJoinedLine = 16u << 20;
 // so that the rank never waits on its output.
 void print_lines(StreamReader<OutputLine>& reader, bool shown) {
   std::string pending[2];  // a line's pieces so far, stdout's and stderr's
+  int rank = 0;
+  auto print = [&](bool is_stderr) {
+    std::string& line = pending[is_stderr];
+    std::lock_guard lock(print_mu);
+    FILE* f = is_stderr ? stderr : stdout;
+    // torchrun's --tee prefix, "[<role><rank>]:".
+    std::fprintf(f, "[default%d]:", rank);
+    std::fwrite(line.data(), 1, line.size(), f);
+    std::fputc('\n', f);
+    std::fflush(f);
+    line.clear();
+  };
   try {
     while (auto l = reader.read()) {
       if (!shown) continue;
-      std::string& line = pending[l->is_stderr];
-      line += l->text;
-      if (l->continues && line.size() < kMaxJoinedLine) continue;
-      std::lock_guard lock(print_mu);
-      FILE* f = l->is_stderr ? stderr : stdout;
-      // torchrun's --tee prefix, "[<role><rank>]:".
-      std::fprintf(f, "[default%d]:", l->rank);
-      std::fwrite(line.data(), 1, line.size(), f);
-      std::fputc('\n', f);
-      std::fflush(f);
-      line.clear();
+      rank = l->rank;
+      pending[l->is_stderr] += l->text;
+      if (l->continues && pending[l->is_stderr].size() < kMaxJoinedLine) continue;
+      print(l->is_stderr);
     }
   } catch (const std::exception&) {
     // The slot is gone or the stream was cancelled: its lines end here.
   }
+  // What a rank left unfinished at its end: its last pieces, a whole 64 KiB
+  // each, had nothing after them to say the line was done.
+  for (bool is_stderr : {false, true})
+    if (!pending[is_stderr].empty()) print(is_stderr);
 }
 
 // The command was told to stop (StopSignals): no restart follows.
@@ -220,15 +229,23 @@ class TorchrunJob {
     const auto started = Clock::now();
     for (;;) {
       auto nodes = rt_.nodes();
-      Shape s{"CPU", 0};
+      // GPU slots when any node the cluster knows, alive or not, has a
+      // node's worth of GPUs, and ever after a GPU attempt: a restart after
+      // the GPU node died ran at once on the head's CPUs (the script's
+      // torch.cuda.set_device failing, or training on CPU unsaid); it waits
+      // for a GPU node instead.
+      Shape s{used_gpus_ ? "GPU" : "CPU", 0};
       for (auto& n : nodes)
-        if (n.alive && n.total.count("GPU") && n.total.at("GPU") >= o_.nproc_per_node) s.resource = "GPU";
+        if (n.total.count("GPU") && n.total.at("GPU") >= o_.nproc_per_node) s.resource = "GPU";
       for (auto& n : nodes) {
         auto it = n.available.find(s.resource);
         if (n.alive && it != n.available.end() && it->second >= o_.nproc_per_node) ++s.nodes;
       }
       s.nodes = std::min(s.nodes, o_.max_nodes);
-      if (s.nodes >= o_.min_nodes) return s;
+      if (s.nodes >= o_.min_nodes) {
+        used_gpus_ = used_gpus_ || s.resource == "GPU";
+        return s;
+      }
       if (!launched_once_ && Clock::now() - started >= kNoNodeGrace) refuse_if_no_node_can_hold(nodes);
       if (Clock::now() >= deadline)
         throw ConfigError("waited " + std::to_string(kRendezvousTimeout.count()) + " s for " +
@@ -567,6 +584,7 @@ class TorchrunJob {
 
   Runtime& rt_;
   TorchrunOptions o_;
+  bool used_gpus_ = false;  // an attempt ran on GPU slots: every later one does
   std::string run_id_;
   std::string cwd_;
   ShippedDir shipped_;          // --ship-working-dir

@@ -172,7 +172,7 @@ void set_value(TorchrunOptions& o, Flag f, const std::string& flag, const std::s
       o.ignored.push_back(flag + " " + v);
       break;
     case Flag::kNnodes:
-      std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(v);
+      std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(v, flag);
       break;
     case Flag::kMaxRestarts:
       o.max_restarts = parse_int(flag, v, 0, kMaxRestarts);
@@ -265,19 +265,19 @@ size_t parse_option(TorchrunOptions& o, const std::vector<std::string>& args, si
 
 }  // namespace
 
-std::pair<int, int> parse_nnodes(const std::string& value) {
+std::pair<int, int> parse_nnodes(const std::string& value, const std::string& flag) {
   auto colon = value.find(':');
   if (colon == std::string::npos) {
-    int n = parse_int("--nnodes", value, 1, kMaxNodes);
+    int n = parse_int(flag, value, 1, kMaxNodes);
     return {n, n};
   }
   auto bad = [&](const std::string& why) {
-    return TorchrunUsageError("--nnodes " + value + ": " + why + " (give N or MIN:MAX with 1 <= MIN <= MAX)");
+    return TorchrunUsageError(flag + " " + value + ": " + why + " (give N or MIN:MAX with 1 <= MIN <= MAX)");
   };
   int lo = 0, hi = 0;
   try {
-    lo = parse_int("--nnodes", value.substr(0, colon), 1, kMaxNodes);
-    hi = parse_int("--nnodes", value.substr(colon + 1), 1, kMaxNodes);
+    lo = parse_int(flag, value.substr(0, colon), 1, kMaxNodes);
+    hi = parse_int(flag, value.substr(colon + 1), 1, kMaxNodes);
   } catch (const TorchrunUsageError&) {
     throw bad("MIN and MAX must be whole numbers in [1, " + std::to_string(kMaxNodes) + "]");
   }
@@ -296,15 +296,19 @@ TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args,
   }
   // torchrun's environment defaults, for the options the command line
   // did not give (a bad value is named by its variable).
-  const size_t options_end = i;
+  // Given in any spelling of the option (--run-id is --rdzv_id's: a
+  // PET_RDZV_ID overrode it), a short one with its value attached too.
+  std::set<Flag> given_flags;
+  for (size_t k = 0; k < i; ++k) {
+    const std::string& arg = args[k];
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    auto it = value_flags().find(arg.substr(0, arg.find('=')));
+    if (it == value_flags().end() && arg[1] != '-') it = value_flags().find(arg.substr(0, 2));
+    if (it != value_flags().end()) given_flags.insert(it->second);
+  }
   for (const std::string flag :
        {"--nproc_per_node", "--nnodes", "--max_restarts", "--rdzv_id", "--node_rank", "--local_ranks_filter"}) {
-    std::string dashed = flag;
-    std::replace(dashed.begin() + 2, dashed.end(), '_', '-');
-    bool given = false;
-    for (size_t k = 0; k < options_end; ++k)
-      for (const auto& spelling : {flag, dashed})
-        given = given || args[k] == spelling || args[k].rfind(spelling + "=", 0) == 0;
+    const bool given = given_flags.count(value_flags().at(flag)) != 0;
     std::string name = "PET_" + flag.substr(2);
     for (auto& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     const char* value = env && !given ? env(name.c_str()) : nullptr;

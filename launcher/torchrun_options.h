@@ -63,7 +63,8 @@ TorchrunOptions parse_torchrun_args(const std::vector<std::string>& args,
 // cluster; with --address a TorchrunUsageError (the nodes may differ).
 void resolve_nproc(TorchrunOptions& o, int cpus, int gpus);
 // "N" or "MIN:MAX" with 1 <= MIN <= MAX.
-std::pair<int, int> parse_nnodes(const std::string& value);
+// `flag` names where the value came from in an error (PET_NNODES).
+std::pair<int, int> parse_nnodes(const std::string& value, const std::string& flag = "--nnodes");
 std::string torchrun_usage();
 
 // Where one rank sits in the group of one attempt.

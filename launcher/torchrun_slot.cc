@@ -212,9 +212,13 @@ std::string read_small_file(const std::string& path) {
   return text;
 }
 
-// The node's environment less what torchrun sets, then torchrun's.
+// The node's environment less troupe's own variables and what torchrun
+// sets, then torchrun's. (clean_environment keeps the TROUPE_ settings
+// meant for workers, TROUPE_OBJECT_STORE_BYTES and the like: every rank
+// saw them.)
 std::vector<std::string> script_environment(const std::vector<std::string>& vars) {
   std::vector<std::string> env = core::clean_environment();
+  std::erase_if(env, [](const std::string& e) { return e.rfind("TROUPE_", 0) == 0; });
   auto key = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
   for (auto& v : vars) {
     std::string k = key(v);

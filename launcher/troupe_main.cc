@@ -1357,6 +1357,14 @@ int cmd_torchrun(const std::vector<std::string>& args) {
                  o.min_nodes, o.min_nodes);
     return 2;
   }
+  // A path is where the command runs, as the script's is: a node agent
+  // started elsewhere looked it up in its own directory ("interpreter
+  // .venv/bin/python not found", or another venv's).
+  if (!o.no_python && o.python.find('/') != std::string::npos) {
+    std::error_code ec;
+    const auto absolute = std::filesystem::absolute(o.python, ec);
+    if (!ec) o.python = absolute.lexically_normal().string();
+  }
   if (!o.no_python && o.address.empty() && tl::find_executable(o.python, path ? path : "").empty()) {
     std::fprintf(stderr, "troupe torchrun: --python %s: no such interpreter%s\n", o.python.c_str(),
                  o.python.find('/') == std::string::npos ? " on PATH" : "");

@@ -338,6 +338,21 @@ TEST(TorchrunOptions, TorchrunSpellingsAndScriptArguments) {
   // A bad value the command line overrides is never read; one it does not is named.
   const auto bad = [](const char* name) -> const char* { return std::string(name) == "PET_NODE_RANK" ? "x" : nullptr; };
   EXPECT_EQ(tl::parse_torchrun_args({"--node_rank=0", "a.py"}, bad).script, "a.py");
+  // Any spelling of an option is the command line's: --run-id is --rdzv_id
+  // (PET_RDZV_ID overrode it); and a bad PET_NNODES is named as itself, not
+  // as a --nnodes nobody gave.
+  const auto rdzv = [](const char* name) -> const char* {
+    const std::string n = name;
+    return n == "PET_RDZV_ID" ? "envid" : n == "PET_NNODES" ? "3:1" : nullptr;
+  };
+  EXPECT_EQ(tl::parse_torchrun_args({"--run-id", "job7", "--nnodes", "1", "a.py"}, rdzv).run_id, "job7");
+  EXPECT_EQ(tl::parse_torchrun_args({"--run_id=job8", "--nnodes=1", "a.py"}, rdzv).run_id, "job8");
+  try {
+    tl::parse_torchrun_args({"a.py"}, rdzv);
+    ADD_FAILURE() << "PET_NNODES=3:1 was accepted";
+  } catch (const tl::TorchrunUsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("PET_NNODES 3:1: MIN is above MAX"), std::string::npos) << e.what();
+  }
   try {
     tl::parse_torchrun_args({"a.py"}, bad);
     ADD_FAILURE() << "PET_NODE_RANK=x was accepted";
@@ -515,8 +530,12 @@ TEST_F(TorchrunTest, GpuRanksGetTheAgentsOwnDevices) {
 }
 
 TEST_F(TorchrunTest, EnvironmentIsTorchrunsAndOutputIsRankPrefixed) {
+  // A setting troupe keeps for its workers (clean_environment) is not the
+  // ranks': it reached every one.
+  setenv("TROUPE_LOG_MAX_BYTES", "1000000", 1);
   auto r = run(torchrun(
       {"--nproc-per-node", "2", "--run-id", "envtest", "--python", kPython, kScripts + "/env_dump.py", out_.string()}));
+  unsetenv("TROUPE_LOG_MAX_BYTES");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("[default0]:hello from 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[default1]:hello from 1"), std::string::npos) << r.output;
@@ -611,6 +630,33 @@ TEST_F(TorchrunTest, ALineLongerThanAMessageIsPrintedWhole) {
   EXPECT_EQ(prefixes, 2u) << r.output.size() << " bytes";
 }
 
+// Output a rank leaves unfinished at its end, exactly a message's worth
+// (64 KiB) long, is printed: its pieces waited for a rest of the line that
+// never came, and were dropped with the stream.
+TEST_F(TorchrunTest, AnUnfinishedLastLineOfExactlyAMessageIsPrinted) {
+  auto r = run(torchrun({"--nproc-per-node", "1", "--no-python", kScripts + "/exact_block.sh"}));
+  ASSERT_EQ(r.status, 0) << r.output.substr(0, 2000);
+  EXPECT_NE(r.output.find("[default0]:" + std::string(65536, 'x') + "\n"), std::string::npos)
+      << r.output.size() << " bytes";
+}
+
+// A --python given as a path is the driver's, as the script's path is: a
+// node agent started in another directory looked it up in its own ("an
+// interpreter venv/bin/python not found", or another venv's interpreter).
+TEST_F(TorchrunTest, ARelativePythonIsTheDriversPath) {
+  const std::string address = start_head("CPU=2,GPU=0");
+  ASSERT_FALSE(address.empty());
+  fs::create_directories(dir_ / "venv" / "bin");
+  fs::create_symlink(kPython, dir_ / "venv" / "bin" / "python");
+  const auto here = fs::current_path();
+  fs::current_path(dir_);
+  auto r = run(torchrun({"--address", address, "--nproc-per-node", "1", "--python", "venv/bin/python",
+                         kScripts + "/env_dump.py", out_.string()}));
+  fs::current_path(here);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out_ / "env-0-0.json")) << r.output;
+}
+
 TEST_F(TorchrunTest, MaxRestartsExhaustedExitsNonZeroAndStopsEveryScript) {
   auto r = run(torchrun({"--nproc-per-node", "2", "--max-restarts", "1", "--python", kPython,
                          kScripts + "/fail_rank1.py", out_.string()}));
@@ -662,6 +708,22 @@ TEST_F(TorchrunTest, SigtermReachesEveryScriptAndNothingRestarts) {
   ASSERT_TRUE(running) << r.output;
   EXPECT_EQ(r.status, 128 + SIGTERM) << r.output;
   EXPECT_NE(r.output.find("stopped every rank on SIGTERM"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
+  expect_every_rank_saved(out_, r);
+}
+
+// A closed ssh session's SIGHUP (and SIGQUIT) stops the job as SIGTERM
+// does, as torchrun takes all four: it killed the launcher at once, and
+// the ranks were SIGKILLed without their SIGTERM.
+TEST_F(TorchrunTest, SighupReachesEveryScriptAsSigtermDoes) {
+  Started c = start(torchrun({"--nproc-per-node", "2", "--max-restarts", "3", "--python", kPython,
+                              kScripts + "/save_on_sigterm.py", out_.string()}));
+  const bool running = both_ranks_wait(out_);
+  if (running) ::kill(c.pid, SIGHUP);
+  CommandResult r = collect(c);
+  ASSERT_TRUE(running) << r.output;
+  EXPECT_EQ(r.status, 128 + SIGHUP) << r.output;
+  EXPECT_NE(r.output.find("stopped every rank on SIGHUP"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
   expect_every_rank_saved(out_, r);
 }
