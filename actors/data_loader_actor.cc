@@ -68,7 +68,8 @@ std::vector<int64_t> feed_indices(int64_t dataset_size, const LoaderConfig& c, c
                       std::to_string(cursor.world_size));
   }
   std::vector<int64_t> indices = sampler.remaining(cursor, rank);
-  if (max_batches > 0 && static_cast<int64_t>(indices.size()) > max_batches * c.batch_size)
+  // Compared by division: max_batches x batch_size may overflow.
+  if (max_batches > 0 && max_batches < (static_cast<int64_t>(indices.size()) + c.batch_size - 1) / c.batch_size)
     indices.resize(static_cast<size_t>(max_batches * c.batch_size));
   return indices;
 }
@@ -152,7 +153,12 @@ struct DataLoaderActor::State {
   std::atomic<int64_t> ahead_hits{0};
   std::atomic<int64_t> ahead_misses{0};
 
-  ~State() { drop_ahead(-1); }
+  // Stopped look-aheads whose threads are joined later (stop() runs on the
+  // worker's I/O thread, which must not wait out a load in progress).
+  std::mutex retired_mutex;  // never held with ahead_mutex
+  std::vector<std::shared_ptr<Ahead>> retired;
+
+  ~State() { drop_ahead(-1, true); }
 
   static void stop_ahead(Ahead& a) {
     std::lock_guard lock(a.mutex);
@@ -189,6 +195,9 @@ struct DataLoaderActor::State {
     } catch (...) {  // the feed makes its batches itself, and reports what fails
       std::lock_guard lock(a.mutex);
       a.failed = true;
+      // Nothing will use them (a stopped look-ahead waits, retired, for its
+      // join): their memory goes now.
+      a.batches.clear();
     }
   }
 
@@ -258,8 +267,10 @@ struct DataLoaderActor::State {
     return ready;
   }
 
-  // Stops and forgets `rank`'s look-ahead (-1: every rank's).
-  void drop_ahead(int32_t rank) {
+  // Stops and forgets `rank`'s look-ahead (-1: every rank's); with `wait`
+  // joins its thread (and those stopped before without waiting), else
+  // leaves that to the next drop that waits.
+  void drop_ahead(int32_t rank, bool wait) {
     std::vector<std::shared_ptr<Ahead>> gone;
     {
       std::lock_guard lock(ahead_mutex);
@@ -273,6 +284,12 @@ struct DataLoaderActor::State {
       }
     }
     for (auto& a : gone) stop_ahead(*a);
+    {
+      std::lock_guard lock(retired_mutex);
+      retired.insert(retired.end(), gone.begin(), gone.end());
+      if (!wait) return;
+      gone.swap(retired);
+    }
     for (auto& a : gone) finish_ahead(*a);
   }
 
@@ -331,8 +348,11 @@ struct DataLoaderActor::State {
         ++n;
       }
     }
-    // The running feeds first: the look-ahead's join may wait for a load.
-    drop_ahead(rank);
+    // Stopped, not joined: this runs on the worker's I/O thread (a control
+    // message), and the join waited out a load in progress (a slow data
+    // set: the recovery's 5 s stats probe timed out and a healthy loader
+    // was killed; one whose load() calls the runtime: a deadlock).
+    drop_ahead(rank, false);
     return n;
   }
 
@@ -361,12 +381,19 @@ DataLoaderActor::DataLoaderActor(LoaderConfig config) : state_(std::make_shared<
   if (c.batch_size < 1)
     throw ConfigError("DataLoaderActor: batch_size must be >= 1, got " + std::to_string(c.batch_size));
   if (c.threads < 1) throw ConfigError("DataLoaderActor: threads must be >= 1, got " + std::to_string(c.threads));
-  if (c.prefetch_depth < 0) throw ConfigError("DataLoaderActor: prefetch_depth must be >= 0");
-  if (c.max_live_tokens < 0) throw ConfigError("DataLoaderActor: max_live_tokens must be >= 0");
-  if (c.credits < 1) throw ConfigError("DataLoaderActor: credits must be >= 1");
-  if (c.intra_op_threads < 0) throw ConfigError("DataLoaderActor: intra_op_threads must be >= 0");
-  if (c.look_ahead < 0)
-    throw ConfigError("DataLoaderActor: look_ahead must be >= 0, got " + std::to_string(c.look_ahead));
+  // Upper bounds as well: the token pool is made up front, so a prefetch
+  // depth of 2^30 ran the loader out of memory with no setting named.
+  auto within = [](const char* name, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi)
+      throw ConfigError(std::string("DataLoaderActor: ") + name + " must be between " + std::to_string(lo) + " and " +
+                        std::to_string(hi) + ", got " + std::to_string(v));
+  };
+  within("threads", c.threads, 1, 256);
+  within("prefetch_depth", c.prefetch_depth, 0, 4096);
+  within("max_live_tokens", c.max_live_tokens, 0, 4096);
+  within("credits", c.credits, 1, 4096);
+  within("intra_op_threads", c.intra_op_threads, 0, 1024);
+  within("look_ahead", c.look_ahead, 0, 64);
   if (c.step_batches < 1)
     throw ConfigError("DataLoaderActor: step_batches must be >= 1, got " + std::to_string(c.step_batches));
   if (c.epochs < 0) throw ConfigError("DataLoaderActor: epochs must be >= 0, got " + std::to_string(c.epochs));

@@ -224,6 +224,12 @@ void ImageRecordDataset::check_files() const {
   for (const NpyArray& f : files_) f.check_unchanged();
 }
 
+std::vector<const NpyArray*> ImageRecordDataset::mapped_files() const {
+  std::vector<const NpyArray*> out;
+  for (const NpyArray& f : files_) out.push_back(&f);
+  return out;
+}
+
 std::string ImageRecordDataset::describe() const {
   std::ostringstream os;
   os << "image_records(" << origin_ << ", crop=" << transform_.crop << ", flip=" << transform_.flip
@@ -235,8 +241,12 @@ Sample ImageRecordDataset::load(int64_t index, int64_t epoch) const {
   check_files();
   const int64_t c = images_.size(1), h = images_.size(2), w = images_.size(3);
   const uint8_t* src = images_.data_ptr<uint8_t>() + index * c * h * w;
-  return {{"input", transform_raw(src, c, h, w, transform_, epoch, index)},
-          {"target", torch::scalar_tensor(labels_.data_ptr<int64_t>()[index], torch::kLong)}};
+  Sample out;
+  read_mapped(mapped_files(), [&] {
+    out = Sample{{"input", transform_raw(src, c, h, w, transform_, epoch, index)},
+                 {"target", torch::scalar_tensor(labels_.data_ptr<int64_t>()[index], torch::kLong)}};
+  });
+  return out;
 }
 
 std::optional<TensorDict> ImageRecordDataset::load_batch(const std::vector<int64_t>& indices, int64_t epoch) const {
@@ -254,12 +264,14 @@ std::optional<TensorDict> ImageRecordDataset::load_batch(const std::vector<int64
   auto* rows = static_cast<char*>(input.data_ptr());
   const int64_t row_bytes = input.numel() / input.size(0) * static_cast<int64_t>(input.element_size());
   int64_t* targets = target.data_ptr<int64_t>();
-  for (size_t k = 0; k < indices.size(); ++k) {
-    const int64_t index = indices[k];
-    transform_into(rows + static_cast<int64_t>(k) * row_bytes, images + index * c * h * w, c, h, w, transform_, epoch,
-                   index);
-    targets[k] = labels[index];
-  }
+  read_mapped(mapped_files(), [&] {
+    for (size_t k = 0; k < indices.size(); ++k) {
+      const int64_t index = indices[k];
+      transform_into(rows + static_cast<int64_t>(k) * row_bytes, images + index * c * h * w, c, h, w, transform_, epoch,
+                     index);
+      targets[k] = labels[index];
+    }
+  });
   return TensorDict{{"input", input}, {"target", target}};
 }
 

@@ -1,6 +1,8 @@
 #include "troupe/actors/npy.h"
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -126,12 +129,12 @@ std::shared_ptr<NpyArray::Mapping> NpyArray::Mapping::map(const std::string& pat
   return mapping;
 }
 
-void NpyArray::Mapping::check_unchanged() const {
+void NpyArray::Mapping::check_unchanged(bool at_once) const {
   if (!mapped) return;
   using namespace std::chrono;
   const int64_t now = duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count();
   int64_t due = next_check_ns.load(std::memory_order_relaxed);
-  if (now < due || !next_check_ns.compare_exchange_strong(due, now + 100'000'000)) return;
+  if (!at_once && (now < due || !next_check_ns.compare_exchange_strong(due, now + 100'000'000))) return;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || st.st_dev != mapped_stat.st_dev || st.st_ino != mapped_stat.st_ino) return;
   const auto& was = mapped_stat;
@@ -144,6 +147,51 @@ void NpyArray::Mapping::check_unchanged() const {
 }
 
 void NpyArray::check_unchanged() const { mapping_->check_unchanged(); }
+void NpyArray::check_unchanged_now() const { mapping_->check_unchanged(true); }
+
+namespace {
+// The jump of the guarded read running on this thread (read_mapped), or null.
+thread_local sigjmp_buf* t_mapped_read = nullptr;
+struct sigaction g_previous_bus {};
+
+void on_bus(int, siginfo_t*, void*) {
+  if (sigjmp_buf* jump = t_mapped_read) siglongjmp(*jump, 1);
+  // Not a guarded read: the access runs again under what was there before.
+  ::sigaction(SIGBUS, &g_previous_bus, nullptr);
+}
+
+void take_bus_faults() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_bus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_bus);
+  });
+}
+}  // namespace
+
+void read_mapped(const std::vector<const NpyArray*>& files, const std::function<void()>& read) {
+  take_bus_faults();
+  sigjmp_buf jump;
+  sigjmp_buf* const outer = t_mapped_read;
+  if (sigsetjmp(jump, 1) != 0) {
+    t_mapped_read = outer;
+    for (const NpyArray* f : files) f->check_unchanged_now();
+    throw ConfigError("reading " + (files.empty() ? std::string("a mapped file") : "'" + files[0]->path() + "'") +
+                      " faulted (SIGBUS): a file was cut short while the job read it. Write a new file and rename it "
+                      "over the old one (a running job keeps reading the old), or stop the job first");
+  }
+  t_mapped_read = &jump;
+  try {
+    read();
+  } catch (...) {
+    t_mapped_read = outer;
+    throw;
+  }
+  t_mapped_read = outer;
+}
 
 std::shared_ptr<NpyArray::Mapping> NpyArray::map_file(const std::string& path) {
   return Mapping::map(path, "npy file");
@@ -202,7 +250,7 @@ torch::Tensor NpyArray::tensor() const {
     // NumPy aligns data to 64 bytes, but a hand-written header may not:
     // vectorised kernels assume aligned elements, so copy instead.
     auto t = torch::empty(header_.shape, options);
-    if (nbytes()) std::memcpy(t.data_ptr(), p, nbytes());
+    if (nbytes()) read_mapped({this}, [&] { std::memcpy(t.data_ptr(), p, nbytes()); });
     return t;
   }
   auto keep = mapping_;
@@ -217,7 +265,7 @@ torch::Tensor NpyArray::row(int64_t i) const {
   if (!header_.shape.empty()) shape.assign(header_.shape.begin() + 1, header_.shape.end());
   auto t = torch::empty(shape, torch::TensorOptions().dtype(header_.dtype));
   size_t row_bytes = t.numel() * t.element_size();
-  if (row_bytes) std::memcpy(t.data_ptr(), data() + size_t(i) * row_bytes, row_bytes);
+  if (row_bytes) read_mapped({this}, [&] { std::memcpy(t.data_ptr(), data() + size_t(i) * row_bytes, row_bytes); });
   return t;
 }
 

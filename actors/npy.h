@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +39,17 @@ struct NpyHeader {
 // or all of it). `path` only names the file in error messages. Unsigned
 // dtypes other than uint8 are an error unless `allow_unsigned`.
 NpyHeader parse_npy_header(const void* bytes, size_t size, const std::string& path, bool allow_unsigned = false);
+
+class NpyArray;
+
+// Runs `read`, which reads mapped bytes of `files`. A SIGBUS while it runs
+// (a file cut short under its mapping: np.save truncates a file and then
+// writes it again) ends it with the ConfigError of the file that changed,
+// instead of killing the process: the 100 ms between check_unchanged()'s
+// looks left a loader reading rows a window in which to die, and its
+// replacement read the new file's data unsaid. A SIGBUS elsewhere is as
+// fatal as before.
+void read_mapped(const std::vector<const NpyArray*>& files, const std::function<void()>& read);
 
 // A read-only memory-mapped .npy array. A cheap handle: copies share the
 // mapping, and tensor views returned by tensor() keep it alive on their own.
@@ -76,6 +88,8 @@ class NpyArray {
   // inode, another size or modification time) since it was mapped; at
   // most one look every 100 ms. A file renamed over it changes nothing.
   void check_unchanged() const;
+  // The same look now, whenever the last one was.
+  void check_unchanged_now() const;
 
  private:
   struct Mapping;

@@ -40,7 +40,7 @@ struct NpyArray::Mapping {
   // end, or SIGBUS. A file replaced by a rename is not this one: the
   // mapping keeps the old. Looks at most every 100 ms; a no-op for bytes
   // held in memory.
-  void check_unchanged() const;
+  void check_unchanged(bool now = false) const;
 
   void* base = nullptr;
   size_t size = 0;

@@ -160,6 +160,7 @@ class Run {
   std::map<std::string, int64_t> data_order() const;
   void check_one_step() const;
   void check_data_order(const std::string& dir, const CheckpointInfo& info);
+  static bool at_epoch_end(const CheckpointInfo& info);
   // Places the slots, sets the trainers up, forms the first group and
   // loads `resume` into it. A trainer that dies meanwhile is a failure
   // (counted against max_failures): nothing has trained yet, so the job
@@ -334,6 +335,9 @@ std::optional<TrainState> Run::load_resume_from() {
   CheckpointInfo info;
   TrainState resume = load_checkpoint(dir, &info);
   check_data_order(dir, info);
+  // Taken at its epoch's end (in its own order): the next epoch begins,
+  // in this run's order, whatever its data set's size now is.
+  if (at_epoch_end(info)) resume.cursor = actors::SamplerCursor{info.cursor.epoch + 1, info.cursor.world_size, 0, 0};
   resume_epoch_sums_ = info.epoch_sums;
   resumed_ = info;
   resumed_->path = dir;
@@ -372,21 +376,48 @@ constexpr const char* kStepSamplesKey = "step_samples";
 
 std::map<std::string, int64_t> Run::data_order() const {
   const auto& o = sampler_.options();
-  return {{"seed", static_cast<int64_t>(o.seed)},
-          {"dataset_size", o.dataset_size},
-          {"shuffle", o.shuffle ? 1 : 0},
-          {"drop_last", o.drop_last ? 1 : 0},
-          {kStepSamplesKey, per_step()}};
+  std::map<std::string, int64_t> order = {{"seed", static_cast<int64_t>(o.seed)},
+                                          {"dataset_size", o.dataset_size},
+                                          {"shuffle", o.shuffle ? 1 : 0},
+                                          {"drop_last", o.drop_last ? 1 : 0},
+                                          {kStepSamplesKey, per_step()}};
+  // With a validation split, which samples make the training split: a
+  // sampler position names another sample under another split seed (a
+  // mid-epoch resume repeated some, skipped others, trained held-out ones).
+  if (cfg_.trainer.validation_fraction > 0) order["split_seed"] = cfg_.trainer.split_seed;
+  return order;
 }
 
 // A checkpoint's cursor is a position in its run's data order: resumed
 // mid-epoch with another order (another seed, other data), it would train
 // some samples twice and skip others, silently. At an epoch's boundary
 // the next epoch simply begins in the new order.
+// Whether a checkpoint's cursor is at its epoch's end in the data order
+// of the run that wrote it (false when the checkpoint does not say its
+// order). A cursor there has consumed the epoch: it was taken for
+// "mid-epoch", and a checkpoint written at an epoch's end was refused
+// with another seed or grown data, as one a run stopped mid-epoch.
+bool Run::at_epoch_end(const CheckpointInfo& info) {
+  const auto& o = info.data_order;
+  for (const char* key : {"seed", "dataset_size", "shuffle", "drop_last"})
+    if (!o.contains(key)) return false;
+  actors::SamplerOptions so;
+  so.dataset_size = o.at("dataset_size");
+  so.world_size = info.cursor.world_size;
+  so.shuffle = o.at("shuffle") != 0;
+  so.seed = o.at("seed");
+  so.drop_last = o.at("drop_last") != 0;
+  try {
+    return actors::DistributedSampler(so).epoch_done(info.cursor);
+  } catch (const std::exception&) {
+    return false;  // a cursor that order cannot have: judged as mid-epoch
+  }
+}
+
 void Run::check_data_order(const std::string& dir, const CheckpointInfo& info) {
   auto mine = data_order();
   const auto& c = info.cursor;
-  const bool mid_epoch = c.segment_start > 0 || c.segment_consumed > 0;
+  const bool mid_epoch = (c.segment_start > 0 || c.segment_consumed > 0) && !at_epoch_end(info);
   if (info.data_order.empty() || !mid_epoch) return;
   auto theirs = info.data_order;
   if (theirs.contains(kStepSamplesKey)) {

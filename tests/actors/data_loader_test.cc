@@ -12,6 +12,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -377,6 +378,68 @@ TEST(DataLoaderWorkerBinary, ServesTheLoader) {
   expect_epoch_once(got, config, 0);
 }
 
+namespace {
+// Samples of epoch 0 at once; from epoch 1 on, the first load says it began
+// (GATE.entered) and waits, at most two minutes, for the file GATE.
+class GatedEpochs final : public troupe::actors::Dataset {
+ public:
+  GatedEpochs(int64_t n, std::string gate) : n_(n), gate_(std::move(gate)) {}
+  int64_t size() const override { return n_; }
+  std::string describe() const override { return "gated_epochs"; }
+
+ protected:
+  troupe::actors::Sample load(int64_t index, int64_t epoch) const override {
+    if (epoch >= 1) {
+      std::ofstream(gate_ + ".entered") << "1";
+      const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+      while (!std::filesystem::exists(gate_) && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(10ms);
+    }
+    return {{"input", torch::full({4}, static_cast<double>(index))}, {"target", torch::scalar_tensor(index % 2)}};
+  }
+
+ private:
+  int64_t n_;
+  std::string gate_;
+};
+}  // namespace
+
+TROUPE_DATASET("test_gated_epochs", [](const DatasetSpec& s) {
+  return std::make_unique<GatedEpochs>(s.get_int("size", 64), s.get_string("gate"));
+});
+
+// StopFeeds is a control message: it runs on the loader's I/O thread, which
+// joined the stopped look-ahead there and so waited out a load in
+// progress (a slow data set's: the recovery's 5 s stats probe timed out
+// and a healthy loader was killed; one whose load() calls the runtime
+// deadlocked). It answers while the load goes on.
+TEST_F(DataLoaderTest, StopFeedsAnswersWhileALookAheadsLoadRuns) {
+  auto dir = troupe::test::fresh_dir("loader-gate");
+  const std::string gate = (dir / "gate").string();
+  LoaderConfig config;
+  config.dataset = DatasetSpec("test_gated_epochs").set("size", int64_t{64}).set("gate", gate);
+  config.batch_size = 32;
+  config.threads = 2;
+  config.look_ahead = 1;
+  Loader loader = spawn(config);
+  {
+    StreamReader<Batch> r(rt_, config.credits);
+    auto f = loader.call(&DataLoaderActor::feed, r.ref(), SamplerCursor{}, 0, 0);
+    EXPECT_EQ(Drain(r).get().size(), 2u);
+    EXPECT_EQ(f.get(kWaitBound), 2);
+  }
+  // Epoch 1's look-ahead has begun its first load, which waits.
+  ASSERT_TRUE(troupe::test::eventually([&] { return std::filesystem::exists(gate + ".entered"); }));
+  struct Release {
+    std::string gate;
+    ~Release() { std::ofstream(gate) << "go"; }
+  } release{gate};
+  auto stopped = std::async(std::launch::async, [&] { return troupe::actors::stop_feeds(loader, -1, 60s); });
+  ASSERT_EQ(stopped.wait_for(30s), std::future_status::ready) << "StopFeeds waited for the look-ahead's load";
+  EXPECT_EQ(stopped.get(), 0);
+  EXPECT_EQ(troupe::actors::loader_stats(loader).feeds_running, 0);
+}
+
 TEST_F(DataLoaderTest, StopCancelsRunningFeeds) {
   const LoaderConfig config = classification(20000);
   // A single-threaded loader is busy in feed(): stop goes as a control message.
@@ -495,3 +558,27 @@ TEST_F(DataLoaderTest, LookAheadFollowsStepsOfSeveralBatchesAndStopsAtTheLastEpo
 }
 
 }  // namespace
+
+// Settings past their bounds are refused naming them: the token pool is
+// made up front, and a prefetch depth of 2^30 ran the loader out of memory
+// with nothing named.
+TEST(DataLoaderConfig, SettingsPastTheirBoundsAreRefusedNamingThem) {
+  auto refused = [](LoaderConfig c) -> std::string {
+    try {
+      DataLoaderActor loader(c);
+    } catch (const troupe::ConfigError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  LoaderConfig c;
+  c.prefetch_depth = 1 << 30;
+  EXPECT_NE(refused(c).find("prefetch_depth must be between 0 and 4096, got 1073741824"), std::string::npos)
+      << refused(c);
+  c = {};
+  c.look_ahead = 1000;
+  EXPECT_NE(refused(c).find("look_ahead must be between 0 and 64, got 1000"), std::string::npos) << refused(c);
+  c = {};
+  c.credits = 100000;
+  EXPECT_NE(refused(c).find("credits must be between 1 and 4096"), std::string::npos) << refused(c);
+}

@@ -23,6 +23,7 @@
 #include "troupe/actors/batch_pipeline.h"
 #include "troupe/actors/dataset.h"
 #include "troupe/actors/graph_collate.h"
+#include "troupe/actors/npy.h"
 #include "troupe/runtime/core/errors.h"
 
 using namespace troupe;
@@ -453,6 +454,27 @@ TEST_F(FileData, AFileWrittenInPlaceWhileReadIsRefusedNamingIt) {
   })) << "the rewritten file was read on";
   EXPECT_NE(error.find("npz file '" + path("live.npz") + "' was written while the job read it"), std::string::npos)
       << error;
+}
+
+// A file cut short under its mapping (np.save truncates, then writes) is
+// read within the 100 ms between looks: the read faulted (SIGBUS) and the
+// loader died; its replacement then trained on the new data unsaid. The
+// fault is the ConfigError naming the file, and the process lives on.
+TEST_F(FileData, AFileCutShortUnderARowBeingReadIsRefusedNotFatal) {
+  const std::string file = path("cut.npy");
+  troupe::actors::write_npy(file, torch::ones({4096, 1024}, torch::kFloat));  // 16 MiB
+  auto a = troupe::actors::NpyArray::open(file);
+  EXPECT_EQ(a.row(0)[0].item<float>(), 1.0f);  // and the look at the file, for the next 100 ms
+  ASSERT_EQ(::truncate(file.c_str(), 256), 0);
+  try {
+    (void)a.row(4000);
+    ADD_FAILURE() << "a row past the file's new end was read";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + file + "' was written while the job read it"), std::string::npos)
+        << e.what();
+  }
+  // Reads go on being refused, not fatal.
+  EXPECT_THROW((void)a.row(4001), ConfigError);
 }
 
 TEST_F(FileData, NotAZipIsNamed) {

@@ -293,6 +293,16 @@ TEST_F(TrainJobTest, ResumeFromCheckpointIsBitwiseEqual) {
                     "d['fc1.weight'].shape==(32,16) and 'step' in o else 1)\"";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 
+  // Written at an epoch's end, it takes another data order too: the next
+  // epoch begins in it. It was refused as "stopped mid-epoch 2" (its
+  // cursor at the end of the epoch was taken for one inside it).
+  auto reseeded = second;
+  reseeded.trainer.seed = 99;
+  auto r4 = TrainJob(rt_, reseeded).fit();
+  EXPECT_EQ(r4.steps, rf.steps);
+  ASSERT_EQ(r4.history.size(), 1u);
+  EXPECT_EQ(r4.history[0].epoch, 2);
+
   // A different number of workers continues from the same checkpoint.
   auto other = second;
   other.scaling.num_workers = 1;
