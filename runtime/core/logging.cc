@@ -133,11 +133,20 @@ void rotate_own_log_in_background(std::chrono::milliseconds interval) {
       TROUPE_LOG_WARN("{}='{}' is not a byte count of at least 4096: rotating the log at {} bytes", kEnvLogMaxBytes, v,
                       max_bytes);
   }
-  const std::string path = own_log_file();
-  if (path.empty()) return;
-  signal_free_thread([interval, max_bytes, path] {
+  const std::string first = own_log_file();
+  if (first.empty()) return;
+  signal_free_thread([interval, max_bytes, first] {
+    const auto dir = std::filesystem::path(first).parent_path();
+    std::string path = first;
     for (;;) {
       std::this_thread::sleep_for(interval);
+      // The file's name now: a node agent names a cold worker's log after
+      // its pid once it has started it (from a temporary name, which the
+      // worker may have read first: every rename of that name failed, and
+      // the log grew without end). Followed within its directory only.
+      std::error_code ec;
+      const auto now = std::filesystem::read_symlink("/proc/self/fd/1", ec);
+      if (!ec && now.parent_path() == dir && now.string().find(" (deleted)") == std::string::npos) path = now.string();
       rotate_own_log_if_over(max_bytes, path);
     }
   }).detach();

@@ -2,12 +2,14 @@
 // value that is none of them logs at info with a warning naming it. spdlog's
 // own parser turned an unknown name into "off", so TROUPE_LOG_LEVEL=verbose
 // silenced errors too.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/temp_dir.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/rate_limited_log.h"
 #include "troupe/runtime/core/utf8.h"
@@ -121,3 +124,49 @@ TEST(Utf8, WellFormedTextPassesAndEachBadByteBecomesOneReplacement) {
   EXPECT_EQ(to_valid_utf8("\xe2\x9c"), "\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(to_valid_utf8("ok \xc3\xa9"), "ok \xc3\xa9");
 }
+
+namespace troupe::core {
+namespace {
+
+// A worker's own log is rotated under the name its file has now: a cold
+// worker may read its log's temporary name before its node agent renames
+// it after the worker's pid, and every rename of the old name then failed
+// (the log grew without end).
+TEST(OwnLogRotation, FollowsItsFileRenamedAfterItStarted) {
+  const auto dir = troupe::test::fresh_dir("own-log");
+  const std::string first = (dir / "worker-starting-1.log").string(), named = (dir / "worker-42.log").string();
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(first.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    ::dup2(fd, 1);
+    ::close(fd);
+    ::setenv("TROUPE_OWN_LOG", "1", 1);
+    ::setenv("TROUPE_LOG_MAX_BYTES", "4096", 1);
+    rotate_own_log_in_background(std::chrono::milliseconds(10));
+    char c = 'r';
+    if (::write(ready[1], &c, 1) != 1 || ::read(go[0], &c, 1) != 1) ::_exit(2);
+    const std::string line(999, 'x');
+    for (int i = 0; i < 20; ++i) {
+      if (::write(1, line.data(), line.size()) < 0 || ::write(1, "\n", 1) < 0) ::_exit(3);
+    }
+    const std::string older = named + ".1";
+    for (int i = 0; i < 2000 && ::access(older.c_str(), F_OK) != 0; ++i) ::usleep(10000);  // at most 20 s
+    ::_exit(::access(older.c_str(), F_OK) == 0 ? 0 : 1);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(std::rename(first.c_str(), named.c_str()), 0);  // the agent names it after the worker's pid
+  ASSERT_EQ(::write(go[1], &c, 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  EXPECT_TRUE(std::filesystem::exists(named + ".1"));
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace troupe::core
