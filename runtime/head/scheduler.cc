@@ -36,6 +36,18 @@ double load_after(const NodeView& n, const Resources& req) {
   return worst;
 }
 
+// The largest used fraction over every resource of the node: how full it
+// is, for PACK's "the fullest node that fits" (load_after counts only what
+// a request names, and a request of nothing named none).
+double fullness(const NodeView& n) {
+  double worst = 0;
+  for (const auto& [k, v] : n.total) {
+    if (v <= 0) continue;
+    worst = std::max(worst, (v - get(n.available, k)) / v);
+  }
+  return worst;
+}
+
 // Takes req out of a node view being planned on: its amounts and its GPUs.
 // Defined below the public helpers it uses.
 void reserve(NodeView& n, const Resources& req);
@@ -291,7 +303,7 @@ std::optional<std::string> pack(std::vector<NodeView>& nodes, const std::vector<
     NodeView* target = nullptr;
     for (auto& n : nodes) {
       if (!fits(n, bundles[i])) continue;
-      if (!target || load_after(n, {}) > load_after(*target, {})) target = &n;
+      if (!target || fullness(n) > fullness(*target)) target = &n;
     }
     if (!target) return "PACK: " + bundle_text(bundles, i) + " fits on no node";
     reserve(*target, bundles[i]);

@@ -75,6 +75,14 @@ TEST(Scheduler, TheLoadCountsOnlyWhatTheRequestNames) {
   // A request of nothing: the fewest actors.
   EXPECT_EQ(pick_node({gpu_held, busier}, {}, nullptr), 1u);
   EXPECT_FALSE(pick_node({gpu_held, busier}, {{"GPU", 1}}, nullptr).has_value());
+  // PACK still takes the fullest node that fits, over all its resources:
+  // the small bundle on the busy node leaves the empty one for the large.
+  NodeView empty{1, {{"CPU", 8}}, {{"CPU", 8}}, {}, 0};
+  NodeView busy{2, {{"CPU", 8}}, {{"CPU", 2}}, {}, 3};
+  std::string why;
+  auto packed = place_bundles({empty, busy}, {{{"CPU", 2}}, {{"CPU", 8}}}, PlacementStrategy::kPack, &why);
+  ASSERT_TRUE(packed.has_value()) << why;
+  EXPECT_EQ(*packed, (std::vector<uint64_t>{2, 1}));
 }
 
 TEST(Scheduler, PickNodePrefersEmptierNodeAndExplainsFailure) {
