@@ -260,12 +260,14 @@ void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const st
   const auto deadline = Clock::now() + std::chrono::duration<double>(o.start_timeout_s);
   int st = 0;
   while (c.address.empty()) {
+    // The signal first: one sent to the whole step (or process group)
+    // reaches the head too, which may end first.
+    if (const int sig = g_stop)
+      throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " before the head was up");
     if (child_gone(c.head, &st)) {
       c.head = -1;
       throw Error("the head did not start (" + core::describe_exit_status(st) + "); see " + c.session + "/head.log");
     }
-    if (const int sig = g_stop)
-      throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " before the head was up");
     if (Clock::now() > deadline)
       throw Timeout("the head did not start in " + seconds(o.start_timeout_s) + "; see " + c.session + "/head.log");
     c.address = read_file(c.session + "/address");
@@ -361,15 +363,17 @@ void start_nodes(Cluster& c, const SlurmOptions& o, const Allocation& a, const s
       gpus.push_back(g == node.total.end() ? 0 : static_cast<int>(g->second));
     }
     if (alive >= a.nodes.size()) break;
+    // The signal first: Slurm signals the whole step, srun included,
+    // which may end first ("srun of the node agents ended").
+    if (const int sig = g_stop)
+      throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " before the cluster was up (" +
+                                     std::to_string(alive) + " of " + n + " node agents had joined)");
     int st = 0;
     if (child_gone(c.srun, &st)) {
       c.srun = -1;
       throw Error("srun of the node agents ended (" + core::describe_exit_status(st) + ") with " +
                   std::to_string(alive) + " of " + n + " nodes up");
     }
-    if (const int sig = g_stop)
-      throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " before the cluster was up (" +
-                                     std::to_string(alive) + " of " + n + " node agents had joined)");
     if (Clock::now() > deadline)
       throw Timeout(std::to_string(alive) + " of " + n + " node agents joined in " + seconds(o.start_timeout_s));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

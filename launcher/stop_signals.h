@@ -1,7 +1,8 @@
 // StopSignals: SIGINT, SIGTERM, SIGHUP and SIGQUIT (torchrun's four) for a
 // launcher command that must stop what it runs in order (troupe train,
 // troupe torchrun) rather than die at once: a closed ssh session's SIGHUP
-// killed the launcher outright, and no rank got its SIGTERM to save.
+// killed the launcher outright, and no rank got its SIGTERM to save. A
+// SIGHUP or SIGQUIT ignored when it starts (nohup) is left ignored.
 // Construct it first in main: it blocks the signals in this
 // thread, so every later thread inherits the mask (processes the runtime
 // spawns get a clear one: runtime/core/process.cc), and takes them on a
@@ -41,7 +42,14 @@ class StopSignals {
   StopSignals(std::string command, std::string first_note)
       : command_(std::move(command)), first_note_(std::move(first_note)) {
     sigemptyset(&set_);
-    for (int sig : kSignals) sigaddset(&set_, sig);
+    for (size_t i = 0; i < kSignals.size(); ++i) {
+      // A hang-up or quit the command was started to ignore (nohup) stays
+      // ignored: a nohup'd job did not stop when its ssh session closed.
+      struct sigaction now {};
+      sigaction(kSignals[i], nullptr, &now);
+      taken_[i] = !((kSignals[i] == SIGHUP || kSignals[i] == SIGQUIT) && now.sa_handler == SIG_IGN);
+      if (taken_[i]) sigaddset(&set_, kSignals[i]);
+    }
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
     waiter_ = std::thread([this] { wait(); });
     waiter_thread() = waiter_.native_handle();
@@ -49,10 +57,12 @@ class StopSignals {
     forward.sa_handler = [](int sig) { pthread_kill(waiter_thread(), sig); };  // async-signal-safe
     sigemptyset(&forward.sa_mask);
     forward.sa_flags = SA_RESTART;
-    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &forward, &old_[i]);
+    for (size_t i = 0; i < kSignals.size(); ++i)
+      if (taken_[i]) sigaction(kSignals[i], &forward, &old_[i]);
   }
   ~StopSignals() {
-    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
+    for (size_t i = 0; i < kSignals.size(); ++i)
+      if (taken_[i]) sigaction(kSignals[i], &old_[i], nullptr);
     done_ = true;
     pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes sigwait
     waiter_.join();
@@ -118,6 +128,7 @@ class StopSignals {
   const std::string first_note_;
   static constexpr std::array<int, 4> kSignals{SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   std::array<struct sigaction, 4> old_{};
+  std::array<bool, 4> taken_{};   // not a SIGHUP or SIGQUIT that was ignored
   struct sigaction old_pipe_ {};  // the waiter's, until it has ended
   bool pipe_ignored_ = false;     // the same
   sigset_t set_;

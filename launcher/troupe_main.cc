@@ -1393,14 +1393,13 @@ int exec_train(int argc, char** argv) {
   std::vector<char*> args = {const_cast<char*>("troupe-train")};
   for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
-  // SIGINT and SIGTERM stay blocked across exec until troupe-train takes
+  // The stop signals stay blocked across exec until troupe-train takes
   // them (launcher/stop_signals.h, once LibTorch has loaded): one that
   // comes in its first half second waits for that, rather than killing
   // it without a word.
   sigset_t stop;
   sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&stop, sig);
   sigset_t was;
   sigprocmask(SIG_BLOCK, &stop, &was);
   execv(train.c_str(), args.data());

@@ -302,25 +302,30 @@ TEST(SlurmCli, ItRefusesToRunAnywhereButTheAllocationsFirstNode) {
 TEST(SlurmCli, ASignalWhileTheClusterStartsIsSaidAsThatSignal) {
   const auto dir = troupe::test::fresh_dir("slurm-signal");
   const std::string path = fake_slurm(dir, "127.0.0.1");
-  for (const auto& [sig, name] :
-       {std::pair{SIGTERM, "SIGTERM"}, std::pair{SIGINT, "SIGINT"}, std::pair{SIGHUP, "SIGHUP"}}) {
-    // Signalled once its head is up (its address written), while the wait
-    // for the agents goes on.
-    auto [rc, out] =
-        shell("timeout 120 sh -c 'SLURMD_NODENAME=n1 PATH=\"" + path +
-              "\" SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n1 SLURM_JOB_CPUS_PER_NODE=2 TMPDIR=\"" + dir.string() +
-              "\" " TROUPE_CLI
-              " slurm --start-timeout 300 -- /bin/true & pid=$!; "
-              "while [ ! -s \"" +
-              dir.string() + "/troupe-slurm-1-$pid/address\" ]; do kill -0 $pid || exit 99; sleep 0.05; done; kill -" +
-              std::to_string(sig) + " $pid; wait $pid; echo \"rc=$?\"'");
-    EXPECT_EQ(rc, 0) << name << ": " << out;
-    EXPECT_NE(out.find("rc=" + std::to_string(128 + sig)), std::string::npos) << name << ": " << out;
-    // Before the head was up (troupe slurm had not yet read the address
-    // the head wrote) or while the agents were awaited: said either way.
-    EXPECT_NE(out.find(std::string("troupe slurm: stopped by ") + name + " before the "), std::string::npos) << out;
-    EXPECT_EQ(out.find("joined in"), std::string::npos) << out;
-    EXPECT_EQ(out.find("did not start in"), std::string::npos) << out;
-  }
+  // To troupe slurm alone, and to its whole process group as Slurm signals
+  // a step (srun and the head get it too, and may end first: that was said
+  // as "srun of the node agents ended", exit 1).
+  for (const bool group : {false, true})
+    for (const auto& [sig, name] :
+         {std::pair{SIGTERM, "SIGTERM"}, std::pair{SIGINT, "SIGINT"}, std::pair{SIGHUP, "SIGHUP"}}) {
+      // Signalled once its head is up (its address written), while the wait
+      // for the agents goes on.
+      auto [rc, out] = shell("timeout 120 sh -c 'SLURMD_NODENAME=n1 PATH=\"" + path +
+                             "\" SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n1 SLURM_JOB_CPUS_PER_NODE=2 TMPDIR=\"" +
+                             dir.string() + "\" " + (group ? "setsid " : "") +
+                             TROUPE_CLI
+                             " slurm --start-timeout 300 -- /bin/true & pid=$!; "
+                             "while [ ! -s \"" +
+                             dir.string() +
+                             "/troupe-slurm-1-$pid/address\" ]; do kill -0 $pid || exit 99; sleep 0.05; done; kill -" +
+                             std::to_string(sig) + (group ? " -$pid" : " $pid") + "; wait $pid; echo \"rc=$?\"'");
+      EXPECT_EQ(rc, 0) << name << ": " << out;
+      EXPECT_NE(out.find("rc=" + std::to_string(128 + sig)), std::string::npos) << name << ": " << out;
+      // Before the head was up (troupe slurm had not yet read the address
+      // the head wrote) or while the agents were awaited: said either way.
+      EXPECT_NE(out.find(std::string("troupe slurm: stopped by ") + name + " before the "), std::string::npos) << out;
+      EXPECT_EQ(out.find("joined in"), std::string::npos) << out;
+      EXPECT_EQ(out.find("did not start in"), std::string::npos) << out;
+    }
   troupe::core::remove_tree(dir);
 }
