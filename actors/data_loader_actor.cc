@@ -145,7 +145,8 @@ struct DataLoaderActor::State {
     std::mutex mutex;                   // guards the three below
     BatchPipeline* pipeline = nullptr;  // while it runs
     bool stopped = false;
-    bool failed = false;  // or stopped: nothing to use
+    bool failed = false;            // or stopped: nothing to use
+    std::atomic<bool> done{false};  // make_ahead returned: a join is at once
     std::thread thread;
   };
   std::mutex ahead_mutex;  // never held with feeds_mutex
@@ -199,6 +200,7 @@ struct DataLoaderActor::State {
       // join): their memory goes now.
       a.batches.clear();
     }
+    a.done = true;
   }
 
   // Starts making the first batches of `rank`'s feed at `next`, replacing
@@ -287,8 +289,21 @@ struct DataLoaderActor::State {
     {
       std::lock_guard lock(retired_mutex);
       retired.insert(retired.end(), gone.begin(), gone.end());
-      if (!wait) return;
-      gone.swap(retired);
+      gone.clear();
+      if (wait) {
+        gone.swap(retired);
+      } else {
+        // Those whose thread has ended are joined at once, their batches
+        // (a look-ahead done before the stop holds them all) freed now.
+        for (auto it = retired.begin(); it != retired.end();) {
+          if ((*it)->done) {
+            gone.push_back(std::move(*it));
+            it = retired.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
     }
     for (auto& a : gone) finish_ahead(*a);
   }

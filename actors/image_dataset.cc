@@ -241,12 +241,15 @@ Sample ImageRecordDataset::load(int64_t index, int64_t epoch) const {
   check_files();
   const int64_t c = images_.size(1), h = images_.size(2), w = images_.size(3);
   const uint8_t* src = images_.data_ptr<uint8_t>() + index * c * h * w;
-  Sample out;
+  // Made before the guarded read: a fault jumps out of it, past the
+  // destructors of whatever it made.
+  auto input = torch::empty(transformed_sizes(c, h, w, transform_), transformed_dtype(transform_));
+  int64_t label = 0;
   read_mapped(mapped_files(), [&] {
-    out = Sample{{"input", transform_raw(src, c, h, w, transform_, epoch, index)},
-                 {"target", torch::scalar_tensor(labels_.data_ptr<int64_t>()[index], torch::kLong)}};
+    transform_into(input.data_ptr(), src, c, h, w, transform_, epoch, index);
+    label = labels_.data_ptr<int64_t>()[index];
   });
-  return out;
+  return {{"input", input}, {"target", torch::scalar_tensor(label, torch::kLong)}};
 }
 
 std::optional<TensorDict> ImageRecordDataset::load_batch(const std::vector<int64_t>& indices, int64_t epoch) const {

@@ -163,9 +163,12 @@ void on_bus(int, siginfo_t*, void*) {
 void take_bus_faults() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // SA_NODEFER: SIGBUS stays unblocked in the handler, so the jump out
+    // of it need not restore the signal mask (sigsetjmp's savemask, a
+    // system call on every guarded read).
     struct sigaction sa {};
     sa.sa_sigaction = on_bus;
-    sa.sa_flags = SA_SIGINFO;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
     ::sigaction(SIGBUS, &sa, &g_previous_bus);
   });
@@ -176,7 +179,7 @@ void read_mapped(const std::vector<const NpyArray*>& files, const std::function<
   take_bus_faults();
   sigjmp_buf jump;
   sigjmp_buf* const outer = t_mapped_read;
-  if (sigsetjmp(jump, 1) != 0) {
+  if (sigsetjmp(jump, 0) != 0) {
     t_mapped_read = outer;
     for (const NpyArray* f : files) f->check_unchanged_now();
     throw ConfigError("reading " + (files.empty() ? std::string("a mapped file") : "'" + files[0]->path() + "'") +

@@ -436,6 +436,9 @@ void Run::check_data_order(const std::string& dir, const CheckpointInfo& info) {
     theirs.erase(kStepSamplesKey);
   }
   mine.erase(kStepSamplesKey);
+  // A checkpoint written before the split seed was part of the order says
+  // nothing of it: taken as this run's.
+  if (!theirs.contains("split_seed")) mine.erase("split_seed");
   if (theirs == mine) return;
   auto text = [](const std::map<std::string, int64_t>& m) {
     std::string s;
