@@ -28,6 +28,7 @@ struct GradientReducer::Bucket {
   collective::WorkPtr work;
   size_t pending = 0;
   bool launched = false;
+  bool averaged = false;  // reduced with kAvg (a 16-bit wire), not summed
 };
 
 GradientReducer::GradientReducer(std::vector<torch::Tensor> params, collective::Group* group, ReducerOptions options)
@@ -155,7 +156,14 @@ void GradientReducer::launch(Bucket& b) {
   if (stage) w = w.to(torch::kCPU);
   b.wire = w.is_same(b.flat) ? b.flat : w.contiguous();
   collective::AllreduceOptions opts;
-  opts.op = collective::ReduceOp::kSum;
+  // A 16-bit wire is averaged by the group (gloo divides in float32 before
+  // narrowing; NCCL has ncclAvg), as torch's fp16_compress_hook divides
+  // first: its sum overflowed fp16 N times sooner than one rank's gradient
+  // (inf at 65504; with --amp fp16 a loss scale N times smaller, without
+  // it inf weights). float32 is summed (ShmGroup serves only kSum).
+  const auto wire_type = b.wire.scalar_type();
+  b.averaged = wire_type == torch::kHalf || wire_type == torch::kBFloat16;
+  opts.op = b.averaged ? collective::ReduceOp::kAvg : collective::ReduceOp::kSum;
   opts.timeout = options_.timeout;
   b.work = group_->allreduce(b.wire.data_ptr(), static_cast<size_t>(b.wire.numel()),
                              collective_dtype(b.wire.scalar_type()), opts);
@@ -189,7 +197,7 @@ void GradientReducer::finish() {
     b->work->wait(options_.timeout);
     b->work.reset();
     if (!b->wire.is_same(b->flat)) b->flat.copy_(b->wire);
-    b->flat.mul_(inv);
+    if (!b->averaged) b->flat.mul_(inv);
     for (size_t i : b->params) {
       const auto& p = params_[i];
       auto view = b->flat.narrow(0, offset_of_[i], p.numel()).view(p.sizes());

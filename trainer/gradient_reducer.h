@@ -57,7 +57,8 @@ struct ReducerOptions {
 class GradientReducer {
  public:
   // `group` may be null (or of world size 1): then nothing is communicated
-  // and finish() only makes sure every parameter has a gradient.
+  // and finish() returns at once (a parameter backward gave no gradient
+  // keeps none).
   GradientReducer(std::vector<torch::Tensor> params, collective::Group* group, ReducerOptions options = {});
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;

@@ -84,14 +84,20 @@ torch::Tensor sync_batch_norm(const torch::Tensor& input, const torch::Tensor& w
   // squared deviations from the global mean (two passes, as stable as one
   // process computing the variance of the concatenated batch).
   const double local = static_cast<double>(input.numel() / std::max<int64_t>(channels, 1));
-  auto first = all_reduce_sum(
-      torch::cat({input.sum(dims), torch::full({1}, local, input.options().requires_grad(false))}), group);
+  // Statistics in float32 for a 16-bit input (autocast's conv output), as
+  // ATen's batch_norm keeps them: in fp16 the count (N*H*W, 65536 for a
+  // batch of 64 32x32 images) overflowed and every step threw; in bf16
+  // counts and sums were rounded to 8 bits. The output is the input's type.
+  const bool narrow = input.scalar_type() == torch::kHalf || input.scalar_type() == torch::kBFloat16;
+  const torch::Tensor x = narrow ? input.to(torch::kFloat) : input;
+  auto first =
+      all_reduce_sum(torch::cat({x.sum(dims), torch::full({1}, local, x.options().requires_grad(false))}), group);
   const double count = first[channels].item<double>();
   if (count <= 1)
     throw ConfigError("sync_batch_norm: " + std::to_string(static_cast<int64_t>(count)) +
                       " value(s) per channel over all ranks; batch statistics need more than one");
   auto mean = first.slice(0, 0, channels) / count;
-  auto centered = input - mean.reshape(shape);
+  auto centered = x - mean.reshape(shape);
   auto var = all_reduce_sum((centered * centered).sum(dims), group) / count;
   if (running_mean.defined() && running_var.defined()) {
     torch::NoGradGuard no_grad;
@@ -101,7 +107,7 @@ torch::Tensor sync_batch_norm(const torch::Tensor& input, const torch::Tensor& w
   auto out = centered * torch::rsqrt(var + eps).reshape(shape);
   if (weight.defined()) out = out * weight.reshape(shape);
   if (bias.defined()) out = out + bias.reshape(shape);
-  return out;
+  return narrow ? out.to(input.scalar_type()) : out;
 }
 
 }  // namespace troupe::trainer

@@ -349,6 +349,22 @@ TEST(GradientReducerTest, TwoRanksAverageOverlapAndAccumulate) {
   }
 }
 
+// A 16-bit wire is averaged by the group, not summed and then divided:
+// two ranks' gradients of 40000 summed to inf in fp16 (65504 at most),
+// where their average is exact.
+TEST(GradientReducerTest, ASixteenBitWireAveragesWithoutOverflowing) {
+  run_ranks(2, [&](int rank, collective::Group& g) {
+    auto p = torch::zeros({4}, torch::requires_grad());
+    ReducerOptions o;
+    o.compression = Compression::kFloat16;
+    GradientReducer r({p}, &g, o);
+    r.prepare(true);
+    (p * 40000).sum().backward();
+    r.finish();
+    EXPECT_TRUE(torch::equal(p.grad(), torch::full({4}, 40000.0f))) << "rank " << rank << ": " << p.grad();
+  });
+}
+
 TEST(GradientReducerTest, BroadcastMakesRanksEqual) {
   run_ranks(2, [](int rank, collective::Group& g) {
     auto m = seeded_model(mlp(16, 8, 3), 100 + rank);
@@ -566,6 +582,25 @@ TEST(SyncBatchNormTest, TwoRanksEqualOneProcessOnTheConcatenatedBatch) {
 
 // trainer::batch_norm() outside a scope (or in eval mode) is the layer's own
 // forward, bit for bit; in a scope of one rank too.
+// A 16-bit input (autocast's conv output) has its statistics taken in
+// float32, as ATen's batch_norm does: in bf16 the count and sums were
+// rounded to 8 bits (mean and variance off by up to ~0.4 %), in fp16 a
+// count over 65504 threw on every step. The output keeps the input's type.
+TEST(SyncBatchNormTest, SixteenBitInputsHaveFloat32Statistics) {
+  torch::manual_seed(8);
+  const auto x = (torch::randn({14, 1, 28, 28}) * 3 + 1).to(torch::kBFloat16);  // 10,976 values, 7 a rank
+  const auto all = x.to(torch::kDouble);
+  const double mean = all.mean().item<double>();
+  const double var = all.var(/*unbiased=*/true).item<double>();
+  run_ranks(2, [&](int rank, collective::Group& g) {
+    auto rm = torch::zeros({1}), rv = torch::ones({1});
+    auto out = sync_batch_norm(x.narrow(0, rank * 7, 7), {}, {}, rm, rv, 1.0, 1e-5, g);
+    EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+    EXPECT_NEAR(rm.item<double>(), mean, 1e-4 * std::abs(mean)) << "rank " << rank;
+    EXPECT_NEAR(rv.item<double>(), var, 1e-4 * var) << "rank " << rank;
+  });
+}
+
 TEST(SyncBatchNormTest, LocalPathIsTheLayersOwnForward) {
   torch::manual_seed(5);
   auto x = torch::randn({7, 4, 3});
