@@ -453,6 +453,38 @@ def test_a_group_that_fits_but_finds_the_cluster_busy_waits(tmp_path, monkeypatc
     assert rt.available_resources().get("CPU", 0) == 4
 
 
+def test_a_restart_waits_for_a_lost_node_rather_than_failing_the_run(tmp_path, monkeypatch):
+    # After a node is lost, the cluster alive may hold fewer workers than
+    # the group: a first attempt is refused at once (nothing to wait for),
+    # but a restart waits for the node to come back, and a placement that
+    # times out then is one more failure, not the run's end (it failed at
+    # once, whatever max_failures said).
+    class Shrunk:
+        @staticmethod
+        def nodes():
+            return [{"Alive": True, "Resources": {"CPU": 1.0}}, {"Alive": False, "Resources": {"CPU": 4.0}}]
+
+    trainer = TorchTrainer(context_loop, scaling_config=train.ScalingConfig(num_workers=2),
+                           run_config=run_config(tmp_path))
+    trainer.failures = 0
+    with pytest.raises(ConfigError):
+        trainer._group_size(Shrunk())
+    trainer.failures = 1
+    assert trainer._group_size(Shrunk()) == 2
+    monkeypatch.setattr(trainer_module, "PLACEMENT_TIMEOUT_S", 2)
+    hog = rt.remote(num_cpus=3)(Hog).remote()
+    try:
+        assert rt.get(hog.ping.remote(), timeout=60)
+        workers, groups = [], []
+        with pytest.raises(trainer_module._WorkersDied) as info:
+            trainer._place(rt, workers, groups)
+        assert "could not place 2 workers" in str(info.value.__cause__)
+        for w in workers:
+            rt.kill(w)
+    finally:
+        rt.kill(hog)
+
+
 def test_prepare_data_loader_shards_and_advances_epochs(tmp_path):
     result = TorchTrainer(sharding_loop, scaling_config=train.ScalingConfig(num_workers=2),
                           run_config=run_config(tmp_path)).fit()
@@ -700,6 +732,49 @@ def test_bad_input_names_the_value(tmp_path):
     os.makedirs(store.path_of(0))
     open(store.path_of(3), "w").close()
     assert store.indices() == [0] and store.latest().path == store.path_of(0)
+
+
+def test_gpus_asked_for_and_use_gpu_must_agree():
+    # As Ray's: a worker holding a GPU trained on the CPU, and one with
+    # use_gpu but GPU=0 fell back to gloo on the CPU, both silently.
+    with pytest.raises(ValueError, match=r"GPU=1 but use_gpu is False"):
+        train.ScalingConfig(num_workers=1, resources_per_worker={"GPU": 1})
+    with pytest.raises(ValueError, match=r"use_gpu=True but resources_per_worker gives GPU=0"):
+        train.ScalingConfig(num_workers=1, use_gpu=True, resources_per_worker={"CPU": 1, "GPU": 0})
+    train.ScalingConfig(num_workers=1, use_gpu=True, resources_per_worker={"GPU": 0.5})
+
+
+def slow_rank_0_loop(config):
+    """Rank 0 alone works for a while (an evaluation, a save) before the
+    report every rank makes."""
+    if train.get_context().get_world_rank() == 0:
+        time.sleep(config["rank_0_works_s"])  # the slowness under test, not a synchronisation
+    train.report({"done": True})
+
+
+def test_the_process_groups_timeout_is_torchs_and_is_named_when_waited_out(tmp_path):
+    # Without a TorchConfig the group's timeout was 300 s, and it bounds every
+    # collective: a loop whose rank 0 alone worked for five minutes failed
+    # every attempt, told that a rank had died.
+    assert trainer_module.worker_module.PROCESS_GROUP_TIMEOUT_S >= 1800
+    trainer = TorchTrainer(slow_rank_0_loop, train_loop_config={"rank_0_works_s": 8},
+                           torch_config=TorchConfig(timeout_s=3),
+                           scaling_config=train.ScalingConfig(num_workers=2), run_config=run_config(tmp_path))
+    with pytest.raises(train.TrainingFailedError, match=r"waited out the process group's timeout of 3 s.*"
+                                                        r"TorchConfig\(timeout_s=\.\.\.\)"):
+        trainer.fit()
+
+
+def memory_loop():
+    train.report({"ok": True})
+
+
+def test_memory_per_worker_is_the_actors_memory_option(tmp_path):
+    # Passed as a custom resource it was refused ("use num_cpus/num_gpus/
+    # memory, not resources={'memory': ...}"), failing a config from Ray.
+    result = TorchTrainer(memory_loop, scaling_config=train.ScalingConfig(
+        num_workers=1, resources_per_worker={"CPU": 1, "memory": 1 << 20}), run_config=run_config(tmp_path)).fit()
+    assert result.metrics["ok"] is True
 
 
 def test_ray_trains_other_options_are_taken_as_ray_takes_them(tmp_path, monkeypatch):

@@ -214,6 +214,24 @@ def test_stop_checkpoints_and_resume_ends_with_the_same_weights(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the run never stopped"
 
 
+def test_a_job_killed_by_a_signal_says_so_not_its_last_line(tmp_path):
+    # Killed (the OOM killer, a segfault, stop()'s SIGKILL), its error was
+    # its last line of its own ("resuming from ...") and every progress line
+    # after it, with nothing of the kill.
+    data = regression(1024)
+    long_job = dict(JOB, epochs=50, log_every=1, checkpoint_every=4)
+    first = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "ckpt"), **dict(JOB, epochs=1)).fit()
+    assert first.checkpoint
+    job = TrainJob(model(), data, checkpoint_dir=str(tmp_path / "ckpt"), resume=True, **long_job).start()
+    wait_until(lambda: len(job.progress()) >= 3, timeout=120, what="three steps")
+    os.kill(job._proc.pid, signal.SIGKILL)
+    with pytest.raises(TrainingFailedError) as info:
+        job.wait(timeout=60)
+    message = str(info.value)
+    assert message.startswith("troupe-train was killed by SIGKILL; its newest checkpoint is "), message
+    assert "resuming from" not in message and "step" not in message.split("checkpoint is ")[0], message
+
+
 def test_a_stop_right_after_start_is_an_interrupt_that_leaves_nothing(tmp_path):
     # stop() at once: troupe-train takes the SIGTERM once it can (it used to
     # die of it before, "exited with -15"), and the checkpoint folder it

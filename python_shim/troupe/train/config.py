@@ -62,6 +62,14 @@ class ScalingConfig:
         for k, v in (self.resources_per_worker or {}).items():
             _check(isinstance(v, (int, float)) and v >= 0,
                    f"ScalingConfig.resources_per_worker[{k!r}] must be a number >= 0, got {v!r}")
+        # As Ray's: GPUs asked for and use_gpu agree (a worker holding a GPU
+        # trained on the CPU, or one with use_gpu and none fell back to it).
+        gpus = (self.resources_per_worker or {}).get("GPU")
+        _check(not (gpus and not self.use_gpu),
+               f"ScalingConfig: resources_per_worker asks for GPU={gpus!r} but use_gpu is False: set use_gpu=True")
+        _check(not (self.use_gpu and gpus is not None and gpus == 0),
+               "ScalingConfig: use_gpu=True but resources_per_worker gives GPU=0: give each worker a GPU "
+               "(or a fraction of one), or set use_gpu=False")
 
     @property
     def elastic(self):
@@ -139,8 +147,8 @@ class CheckpointConfig:
 @dataclasses.dataclass
 class TorchConfig:
     """Ray's ray.train.torch.TorchConfig: the process group's `backend`
-    ("gloo" or "nccl"; None: nccl with use_gpu, else gloo) and how long
-    its setup waits for every rank (`timeout_s`)."""
+    ("gloo" or "nccl"; None: nccl with use_gpu, else gloo) and its timeout
+    (`timeout_s`), which bounds its setup and every collective on it."""
 
     backend: Optional[str] = None
     timeout_s: int = 1800

@@ -340,6 +340,26 @@ def _read_lines(path):
     return out
 
 
+def _killed_message(sig, checkpoint_dir):
+    """Why a troupe-train killed by signal `sig` ended, and the newest
+    checkpoint it left in `checkpoint_dir` (to resume from)."""
+    import signal as signals
+
+    try:
+        name = signals.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    newest = None
+    try:
+        steps = [d for d in os.listdir(checkpoint_dir) if d.startswith("step-")
+                 and os.path.exists(os.path.join(checkpoint_dir, d, "manifest.json"))]
+        newest = os.path.join(checkpoint_dir, max(steps)) if steps else None
+    except OSError:
+        pass
+    return (f"troupe-train was killed by {name}; "
+            + (f"its newest checkpoint is {newest}" if newest else "it left no checkpoint"))
+
+
 def _reason(output):
     """What the last `troupe train: ` line said, with the lines after it
     (a reason of several lines, such as a model torch could not load)."""
@@ -637,6 +657,12 @@ class TrainJob:
                 pass  # it holds a checkpoint to resume from
         if code != 0:
             message = _python_terms(_reason(output), self._work.name, self._config)
+            if code < 0:
+                # Killed (the OOM killer, a segfault, stop()'s SIGKILL): its
+                # last line of its own is not why it ended ("resuming from"
+                # and every progress line after it, or a SIGTERM's promise
+                # of a checkpoint it never wrote).
+                message = _killed_message(-code, self._checkpoint_dir)
             message = message or f"troupe-train exited with {code}"
             if code == 2:
                 raise ConfigError(message)

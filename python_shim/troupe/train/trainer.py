@@ -49,6 +49,9 @@ CLASSIFY_GRACE_S = 5.0
 _PEER_LOST = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "NCCL error",
               "ProcessGroupNCCL", "ProcessGroupGloo")
 
+# What a collective that waited out the process group's timeout says.
+_TIMED_OUT = ("Timed out waiting", "Watchdog caught collective operation timeout")
+
 _runtime_name = "troupe"
 
 # What fit() leaves in the run folder for TorchTrainer.restore: the
@@ -477,7 +480,12 @@ class TorchTrainer:
         nodes = [n for n in rt.nodes() if n.get("Alive", True)]
         fits = _workers_that_fit(res, nodes)
         if fits is not None and fits < lo:
-            raise ConfigError(_unplaceable(res, lo, fits, self.scaling_config.elastic, nodes))
+            if self.failures == 0:
+                raise ConfigError(_unplaceable(res, lo, fits, self.scaling_config.elastic, nodes))
+            # A restart after a node was lost: it may come back, as Ray's
+            # restart waits for resources (it failed the run at once,
+            # whatever max_failures said). Placing waits for it, bounded.
+            return lo
         return lo if lo == hi else min(hi if fits is None else fits, hi)
 
     def _place(self, rt, workers, groups):
@@ -490,6 +498,8 @@ class TorchTrainer:
         # the next attempt (after a death) has it loaded already.
         opts = {"num_cpus": res.pop("CPU"), "num_gpus": res.pop("GPU", 0), "max_restarts": 0,
                 "preload_modules": list(WORKER_PRELOAD)}
+        if "memory" in res:  # an actor option of its own, as Ray's WorkerGroup passes it
+            opts["memory"] = res.pop("memory")
         if res:
             opts["resources"] = res
         if self.run_config.worker_runtime_env:
@@ -504,8 +514,13 @@ class TorchTrainer:
         try:
             infos = rt.get([w.node_info.remote() for w in workers], timeout=PLACEMENT_TIMEOUT_S)
         except rt.exceptions.GetTimeoutError as e:
-            raise RuntimeError(f"could not place {len(workers)} workers of {self.scaling_config.worker_resources()} "
-                               f"within {PLACEMENT_TIMEOUT_S} s") from e
+            why = RuntimeError(f"could not place {len(workers)} workers of {self.scaling_config.worker_resources()} "
+                               f"within {PLACEMENT_TIMEOUT_S} s")
+            if self.failures > 0:
+                # On a restart (a node lost and not back yet) a failure of
+                # its own, counted against max_failures, not the run's end.
+                raise _WorkersDied() from why
+            raise why from e
         node_order = {}
         for info in infos:
             node_order.setdefault(info["node_id"], len(node_order))
@@ -606,4 +621,13 @@ class TorchTrainer:
         if errors:
             roots = [(r, e) for r, e in errors if not any(m in str(e) for m in _PEER_LOST)]
             rank, error = (roots or errors)[0]
+            if not roots and any(m in str(error) for m in _TIMED_OUT):
+                # Every rank's error is a collective that waited out the
+                # group's timeout: said as that, not as a lost peer.
+                timeout = (self.torch_config.timeout_s if self.torch_config
+                           else worker_module.PROCESS_GROUP_TIMEOUT_S)
+                raise _LoopRaised(rank) from RuntimeError(
+                    f"a collective waited out the process group's timeout of {timeout} s (one rank was that "
+                    "much slower to reach it than another; give TorchTrainer(torch_config=TorchConfig("
+                    f"timeout_s=...)) more): {error}")
             raise _LoopRaised(rank) from error

@@ -17,10 +17,13 @@ from .. import _console
 from . import session
 from .checkpoint import Checkpoint, CheckpointStore
 
-# How long init_process_group waits for every rank. A peer that never comes
-# (it died while starting) is also caught by the driver, which sees the death
-# and restarts the group; this only bounds a hang nobody reports.
-PROCESS_GROUP_TIMEOUT_S = 300
+# The process group's timeout without a TorchConfig: torch's own for gloo
+# and Ray's TorchConfig default. It bounds every collective on the group,
+# not only its setup (300 s failed a loop whose rank 0 alone evaluated or
+# saved for over five minutes before a barrier or a report). A peer that
+# dies is caught by the driver sooner, which sees the death and restarts
+# the group.
+PROCESS_GROUP_TIMEOUT_S = 1800
 
 
 def _node_ip(rt):
@@ -105,8 +108,11 @@ class TrainWorker:
         from .config import CheckpointConfig
 
         store = CheckpointStore(ctx.trial_dir, CheckpointConfig(**spec["checkpoint_config"]))
-        if ctx.world_rank == 0 and spec.get("storage_marker"):
-            # Before the group forms: the others are told at once.
+        if spec.get("storage_marker"):
+            # Every rank, before the group forms, as Ray's check does: the
+            # others stage their checkpoints in the run folder and read the
+            # checkpoint a restart hands them from it (a rank 1 that could
+            # not see it failed every restart with FileNotFoundError).
             store.check_shared(spec["storage_marker"], ctx.world_rank)
         os.environ.update(session.local_env(ctx, spec["master_addr"], spec["master_port"]))
         os.environ.update(_socket_interfaces(self.node_info()["ip"]))
