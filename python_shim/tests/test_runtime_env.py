@@ -6,6 +6,7 @@ the working_dir); pip packages are installed on the node for the tasks
 that name them; any other runtime_env key, and bad names or values, are
 refused by name."""
 import io
+import json
 import os
 import pickle
 import re
@@ -796,3 +797,57 @@ def test_what_an_actor_or_task_starts_is_not_told_it_is_a_worker(job):
     assert troupe.get(actor.child.remote(), timeout=120) == "None None"
     assert troupe.get(_task_child_role.remote(), timeout=120) == "None None"
     troupe.kill(actor)
+
+
+def test_two_venvs_of_one_base_interpreter_get_pip_installs_of_their_own(tmp_path, monkeypatch):
+    # A venv's python links to its base interpreter: keyed by that alone,
+    # two venvs shared one install, whose .pth put the first venv's
+    # packages ahead of the second's.
+    from troupe import _pip
+
+    spec = _pip.parse(["einops"], "test")
+    ids = set()
+    for name in ("a", "b"):
+        prefix = tmp_path / name
+        (prefix / "bin").mkdir(parents=True)
+        os.symlink(sys.executable, prefix / "bin" / "python")
+        monkeypatch.setattr(sys, "executable", str(prefix / "bin" / "python"))
+        monkeypatch.setattr(sys, "prefix", str(prefix))
+        ids.add(_pip.env_id(spec))
+    assert len(ids) == 2
+
+
+def test_a_relative_find_links_is_the_requirements_files(tmp_path, monkeypatch):
+    # pip reads a relative --find-links against the requirements file's
+    # folder; the rewritten file workers read lives elsewhere, and the
+    # install found nothing ("No matching distribution").
+    from troupe import _pip
+
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "req.txt").write_text("--no-index\n--find-links ./wheels\n-f wheels\nx\n")
+    monkeypatch.chdir("/")
+    packages = json.loads(_pip.parse(str(tmp_path / "req.txt"), "test"))["packages"]
+    wheels = os.path.realpath(tmp_path / "wheels")
+    for option in ("--find-links", "-f"):
+        assert any(p.startswith(option + " ") and os.path.realpath(p.split(" ", 1)[1]) == wheels
+                   for p in packages), packages
+    assert "--find-links https://example.com/wheels" in json.loads(
+        _pip.parse(["--find-links https://example.com/wheels", "x"], "test"))["packages"]
+
+
+def test_a_pip_env_with_path_env_vars_keeps_its_venv_first_for_every_task(tmp_path, monkeypatch):
+    # env_vars are set again before each task, as given: from the second
+    # task on, PATH and PYTHONPATH lost the venv's entries, and the
+    # processes a task started could not import its packages.
+    _isolated_cache(tmp_path, monkeypatch)
+    (tmp_path / "own").mkdir()
+    own_wheel = _wheel(tmp_path / "own", "renv_pip_path", 5)
+    troupe.init(num_cpus=1)
+    try:
+        env = {"pip": {"packages": [own_wheel], "pip_install_options": ["--no-index"]},
+               "env_vars": {"PATH": "/opt/renv/bin:${PATH}", "PYTHONPATH": "/opt/renv/lib"}}
+        for _ in range(3):  # one executor (one CPU): the same worker each time
+            value, _, child = troupe.get(pip_value.options(runtime_env=env).remote("renv_pip_path"), timeout=300)
+            assert (value, child) == (5, "5")
+    finally:
+        troupe.shutdown()

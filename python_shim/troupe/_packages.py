@@ -622,6 +622,12 @@ def apply(client_of):
     working_dir, py_modules = inherited()
     pip = _pip.inherited()
     if (working_dir, py_modules, pip) == (_applied["working_dir"], _applied["py_modules"], _applied["pip"]):
+        # Unchanged, but the env_vars applied before each task set PATH and
+        # PYTHONPATH again as given: the venv's entries go back in front
+        # (from the second task on, its scripts and packages were gone for
+        # the processes a task started).
+        if _applied["venv"]:
+            _pip.put_first(_applied["venv"])
         return
     with _apply_lock:
         if (working_dir, py_modules, pip) == (_applied["working_dir"], _applied["py_modules"], _applied["pip"]):

@@ -53,8 +53,9 @@ _MAX_SPEC_BYTES = 32 << 10
 # How long a failed install is remembered on its node (Ray's default).
 FAILED_TTL_S = 600
 INSTALLED = ".troupe-installed"
-# Requirement-file options whose argument is a path.
-_PATH_OPTIONS = ("-c", "--constraint", "-e", "--editable")
+# Requirement-file options whose argument is a path (a --find-links URL
+# is left as it is: only a path that exists here is made absolute).
+_PATH_OPTIONS = ("-c", "--constraint", "-e", "--editable", "-f", "--find-links")
 _INCLUDE_OPTIONS = ("-r", "--requirement")
 
 
@@ -212,7 +213,11 @@ def inherited():
 def env_id(spec):
     """The cache directory's name of `spec`'s install for this interpreter
     (64 hex digits, as a package's)."""
-    interpreter = f"{os.path.realpath(sys.executable)}\0{sys.version}"
+    # sys.prefix too: a venv's python is a link to its base interpreter, so
+    # two venvs of one base had one install, whose .pth (the building
+    # worker's site directories) put the first venv's packages ahead of
+    # the second's (another torch, imported by the second project).
+    interpreter = f"{os.path.realpath(sys.executable)}\0{sys.prefix}\0{sys.version}"
     return hashlib.sha256(b"pip\0" + spec.encode() + b"\0" + interpreter.encode()).hexdigest()
 
 
@@ -363,11 +368,16 @@ def activate(venv):
     added = [p for p in sys.path if p not in before]
     for p in added:
         sys.path.remove(p)
-    os.environ["PATH"] = os.pathsep.join([os.path.join(venv, "bin")] + [p for p in os.environ.get(
-        "PATH", "").split(os.pathsep) if p])
-    os.environ["PYTHONPATH"] = os.pathsep.join([packages] + [p for p in os.environ.get(
-        "PYTHONPATH", "").split(os.pathsep) if p])
+    put_first(venv)
     return added or [packages]
+
+
+def put_first(venv):
+    """`venv`'s bin first on PATH and its site-packages first on
+    PYTHONPATH, for the processes this one starts (once each)."""
+    for name, entry in (("PATH", os.path.join(venv, "bin")), ("PYTHONPATH", site_packages(venv))):
+        rest = [p for p in os.environ.get(name, "").split(os.pathsep) if p and p != entry]
+        os.environ[name] = os.pathsep.join([entry] + rest)
 
 
 def deactivate(venv):
