@@ -310,11 +310,25 @@ def _tree(root, files):
     return root
 
 
-def _packed(path, kind="working_dir"):
+def _packed(path, kind="working_dir", excludes=()):
     from troupe import _packages
 
-    with zipfile.ZipFile(io.BytesIO(_packages.pack(str(path), kind))) as z:
+    with zipfile.ZipFile(io.BytesIO(_packages.pack(str(path), kind, excludes))) as z:
         return sorted(z.namelist())
+
+
+def test_excludes_are_read_as_ignore_file_lines_as_ray_reads_them(tmp_path):
+    # Matched with fnmatch on every part of the path, "/data" (anchored to
+    # the top, as Ray's docs advise) left out pkg/data as well, "**/x"
+    # missed x at the top, and "src/*.py" reached into src's subfolders.
+    project = _tree(tmp_path / "p", {"data/a": "", "pkg/data/b": "", "node_modules/m.js": "", "x.ckpt": "",
+                                     "src/a.py": "", "src/sub/b.py": "", "build": "", "out/build/c": "",
+                                     "logs/keep.log": "", "logs/drop.log": ""})
+    assert _packed(project, excludes=["/data"]) == sorted(
+        ["pkg/data/b", "node_modules/m.js", "x.ckpt", "src/a.py", "src/sub/b.py", "build", "out/build/c",
+         "logs/keep.log", "logs/drop.log"])
+    kept = _packed(project, excludes=["**/node_modules", "**/*.ckpt", "src/*.py", "build/", "*.log", "!keep.log"])
+    assert kept == sorted(["data/a", "pkg/data/b", "src/sub/b.py", "build", "logs/keep.log"]), kept
 
 
 # A project whose .gitignore files use gitignore's syntax: what git itself
@@ -851,3 +865,4 @@ def test_a_pip_env_with_path_env_vars_keeps_its_venv_first_for_every_task(tmp_pa
             assert (value, child) == (5, "5")
     finally:
         troupe.shutdown()
+

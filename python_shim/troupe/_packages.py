@@ -24,7 +24,6 @@ a shared flock on <hash>.lock beside it (the kernel lets go of it when the
 process dies); an eviction takes it exclusively, without waiting, or
 leaves that package alone."""
 import fcntl
-import fnmatch
 import hashlib
 import io
 import json
@@ -78,15 +77,18 @@ def _size(n):
     return f"{n / 2**20:.1f} MiB" if n >= 1 << 20 else f"{max(1, round(n / 1024))} KiB"
 
 
-def _excluded(relative, excludes):
-    parts = relative.split("/")
-    if any(p in _ALWAYS_EXCLUDED for p in parts):
-        return True
-    for pattern in excludes:
-        pattern = pattern.strip("/")
-        if fnmatch.fnmatch(relative, pattern) or any(fnmatch.fnmatch(p, pattern) for p in parts):
-            return True
-    return False
+def _always_excluded(relative):
+    return any(p in _ALWAYS_EXCLUDED for p in relative.split("/"))
+
+
+def _exclude_rules(excludes):
+    """runtime_env's excludes as Ray reads them: the lines of an ignore file
+    at the package's top, in git's syntax ("/data" only at the top, "**/x"
+    at any depth including the top, "build/" directories alone, "src/*.py"
+    not below src's subdirectories, "!keep" bringing a file back). Matched
+    with fnmatch on every part of the path, "/data" left out pkg/data too
+    and "**/node_modules" missed the top one."""
+    return [r for r in (_ignore_rule(p, "") for p in excludes) if r]
 
 
 def _ignore_files():
@@ -267,6 +269,7 @@ def _files(root, prefix, excludes, ignore_files=()):
     leave out (a directory left out is not looked into: a pattern cannot
     bring back what is under it, as in git)."""
     out = []
+    excluded = _exclude_rules(excludes)
     rules = {}  # directory in the package -> the rules that apply in it: its parents', then its own
     for directory, dirs, files in os.walk(root, followlinks=False):
         relative_dir = os.path.relpath(directory, root)
@@ -274,13 +277,15 @@ def _files(root, prefix, excludes, ignore_files=()):
         parent = relative_dir[:-1].rpartition("/")[0]
         inherited = rules.get(parent + "/" if parent else "", []) if relative_dir else []
         here = rules[relative_dir] = inherited + _ignore_rules(directory, relative_dir, ignore_files)
-        dirs[:] = sorted(d for d in dirs if not _excluded(relative_dir + d, excludes)
+        dirs[:] = sorted(d for d in dirs if not _always_excluded(relative_dir + d)
+                         and not _ignored(relative_dir + d, True, excluded)
                          and not os.path.islink(os.path.join(directory, d))
                          and not _ignored(relative_dir + d, True, here))
         for name in sorted(files):
             relative = relative_dir + name
             path = os.path.join(directory, name)
-            if _excluded(relative, excludes) or not os.path.isfile(path) or _ignored(relative, False, here):
+            if (_always_excluded(relative) or _ignored(relative, False, excluded) or not os.path.isfile(path)
+                    or _ignored(relative, False, here)):
                 continue
             out.append((path, prefix + relative))
     return out
