@@ -56,6 +56,34 @@ class LinkTurn {
   bool taken_ = false;
 };
 
+// A writer's own copy of its link's connection, counted on the link while
+// held: a runtime's shutdown wakes the writers waiting on it, and one
+// whose copy was the last, dropped after the core's io_context was gone,
+// destroyed the connection's timers in freed memory (ASan).
+class ConnCopy {
+ public:
+  explicit ConnCopy(const std::shared_ptr<StreamLink>& link) : link_(link) {
+    if (!link_) return;
+    std::lock_guard lock(link_->mu);
+    ++link_->conn_users;
+  }
+  ConnCopy(const ConnCopy&) = delete;
+  ConnCopy& operator=(const ConnCopy&) = delete;
+  ~ConnCopy() {
+    conn.reset();
+    if (!link_) return;
+    {
+      std::lock_guard lock(link_->mu);
+      --link_->conn_users;
+    }
+    link_->users_cv.notify_all();
+  }
+  std::shared_ptr<Connection> conn;
+
+ private:
+  std::shared_ptr<StreamLink> link_;
+};
+
 }  // namespace
 
 StreamReaderCore::StreamReaderCore(const std::shared_ptr<Core>& core, size_t credits)
@@ -185,7 +213,8 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   // loader's feed retries in short slices) leaves credits and counts as
   // they were.
   std::lock_guard order(st.send_mu);
-  std::shared_ptr<Connection> conn;
+  ConnCopy held(st.link);
+  auto& conn = held.conn;
   {
     std::unique_lock lock(st.mu);
     if (st.closed)
@@ -260,7 +289,8 @@ void wait_for_end_room(Connection& conn) {
 
 void StreamWriterCore::close() {
   std::lock_guard order(state_->send_mu);
-  std::shared_ptr<Connection> conn;
+  ConnCopy held(state_->link);
+  auto& conn = held.conn;
   {
     std::lock_guard lock(state_->mu);
     if (state_->closed) return;
@@ -279,7 +309,8 @@ void StreamWriterCore::close() {
 }
 
 void StreamWriterCore::fail(const std::string& error) {
-  std::shared_ptr<Connection> conn;
+  ConnCopy held(state_->link);
+  auto& conn = held.conn;
   {
     std::lock_guard lock(state_->mu);
     if (state_->closed) return;

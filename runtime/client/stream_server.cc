@@ -282,6 +282,12 @@ StreamLinks::~StreamLinks() {
     // Writers waiting for room on the connection: the I/O thread that would
     // have drained it is stopped.
     for (auto& c : conns) c->release_room_waiters();
+    // The writers woken hold copies of the connection on their threads:
+    // they let go (at once: they fail) before `conns` destroys it, while
+    // the core's io_context exists. Bounded: a writer's thread that is
+    // not scheduled does not hold up the shutdown for ever.
+    std::unique_lock lock(link->mu);
+    link->users_cv.wait_for(lock, std::chrono::seconds(10), [&] { return link->conn_users == 0; });
   }
 }
 

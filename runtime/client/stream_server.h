@@ -129,6 +129,11 @@ struct StreamLink {
   // std::timed_mutex: ThreadSanitizer does not see its timed lock.)
   bool sending = false;
   std::condition_variable turn_cv;
+  // Writers holding a copy of the connection on their own thread (in
+  // write, close or fail), under `mu`: ~StreamLinks waits for them to let
+  // go before the connection is destroyed, while its io_context exists.
+  int conn_users = 0;
+  std::condition_variable users_cv;
 };
 
 struct StreamWriterCore::State {
