@@ -866,3 +866,25 @@ def test_a_pip_env_with_path_env_vars_keeps_its_venv_first_for_every_task(tmp_pa
     finally:
         troupe.shutdown()
 
+
+@troupe.remote
+class Interpreter:
+    def startup(self, entry):
+        return entry in sys.path, hash("troupe")
+
+
+def test_python_startup_variables_reach_an_actor_the_pool_would_have_served(job, tmp_path):
+    # PYTHONPATH builds sys.path and PYTHONHASHSEED the hash seed as the
+    # interpreter starts: a warm pooled worker took them too late, and a
+    # literal PYTHONPATH did nothing there. They make the worker cold.
+    first = Interpreter.remote()
+    troupe.get(first.startup.remote(""), timeout=60)
+    from conftest import wait_until
+
+    wait_until(lambda: any(n.get("IdleWorkers", 0) > 0 for n in troupe.nodes()), what="a warm pooled worker")
+    seeded = subprocess.run([sys.executable, "-c", "print(hash('troupe'))"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONHASHSEED": "0"}, timeout=60)
+    env = {"env_vars": {"PYTHONPATH": str(tmp_path), "PYTHONHASHSEED": "0"}}
+    actor = Interpreter.options(runtime_env=env).remote()
+    on_path, hashed = troupe.get(actor.startup.remote(str(tmp_path)), timeout=60)
+    assert on_path and hashed == int(seeded.stdout), (on_path, hashed, seeded.stdout)

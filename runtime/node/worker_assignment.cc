@@ -86,7 +86,11 @@ std::optional<WorkerAssignment> receive_assignment(int fd) {
 }
 
 std::string exec_time_variable(const std::vector<std::string>& env) {
-  static const char* const kPrefixes[] = {"LD_", "GLIBC_TUNABLES", "MALLOC_", "OMP_", "KMP_", "MKL_", "TROUPE_"};
+  // PYTHON*: read by the interpreter as it starts (PYTHONPATH builds
+  // sys.path, PYTHONHASHSEED the hash seed): a pooled worker took them
+  // too late, and a literal PYTHONPATH did nothing there.
+  static const char* const kPrefixes[] = {"LD_",  "GLIBC_TUNABLES", "MALLOC_", "OMP_",
+                                          "KMP_", "MKL_",           "TROUPE_", "PYTHON"};
   for (const auto& kv : env)
     for (const char* prefix : kPrefixes)
       if (kv.rfind(prefix, 0) == 0) return kv.substr(0, kv.find('='));

@@ -48,7 +48,8 @@ std::optional<WorkerAssignment> receive_assignment(int fd);
 // when the process is exec'd, so that a pooled worker, already running,
 // cannot take it: read by the dynamic loader or libc at start (LD_*,
 // GLIBC_TUNABLES, MALLOC_*), by OpenMP/MKL runtimes when they are loaded
-// (OMP_*, KMP_*, MKL_*), or troupe's own (TROUPE_*). "" when there is none.
+// (OMP_*, KMP_*, MKL_*), by the Python interpreter as it starts (PYTHON*),
+// or troupe's own (TROUPE_*). "" when there is none.
 std::string exec_time_variable(const std::vector<std::string>& env);
 
 }  // namespace troupe::node
