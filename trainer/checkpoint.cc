@@ -314,6 +314,36 @@ int lock_checkpoint_dir(const std::string& root) {
 
 }  // namespace
 
+void refuse_if_checkpoint_dir_in_use(const std::string& root) {
+  const std::string path = root + "/.lock";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK) {
+    ::close(fd);  // free (the lock goes with the descriptor), or no flock here
+    return;
+  }
+  char pid[32] = {};
+  const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+  ::close(fd);
+  throw ConfigError("checkpoint directory " + root + " is in use by another running job" +
+                    (n > 0 ? " (pid " + std::string(pid, static_cast<size_t>(n)) + ")" : std::string()) +
+                    ": two jobs writing there would mix their checkpoints; name another directory");
+}
+
+std::string newest_checkpoint_folder(const std::string& root) {
+  std::string newest;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || !fs::exists(e.path() / "manifest.json", ec)) continue;
+    // step-%08lld: longer is later, and names of one length sort as steps.
+    const std::string was = fs::path(newest).filename().string();
+    if (newest.empty() || name.size() > was.size() || (name.size() == was.size() && name > was))
+      newest = e.path().string();
+  }
+  return newest;
+}
+
 CheckpointWriter::CheckpointWriter(std::string root, int keep, std::map<std::string, int64_t> data_order)
     : root_(std::move(root)),
       lock_fd_(lock_checkpoint_dir(root_)),

@@ -76,6 +76,15 @@ class CheckpointWriteError : public Error {
   using Error::Error;
 };
 
+// Throws ConfigError naming the holder when another running job holds
+// `root` (its ROOT/.lock flocked by a CheckpointWriter); a no-op when none
+// does, or the directory has no lock file.
+void refuse_if_checkpoint_dir_in_use(const std::string& root);
+
+// The newest complete checkpoint folder under `root` (step-N holding a
+// manifest.json; nothing read or verified), or "" when there is none.
+std::string newest_checkpoint_folder(const std::string& root);
+
 // Writes `state` as <root>/step-NNNNNNNN atomically; returns its info.
 // Throws CheckpointWriteError on I/O failure (the temporary directory is
 // removed).

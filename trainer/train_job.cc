@@ -1201,8 +1201,38 @@ void Run::give_up_if_head_lost(const std::string& why) {
 
 }  // namespace
 
+namespace {
+// A checkpoint directory that holds another run's checkpoints: this run
+// would prune its own new ones (the other's steps count as newest) and,
+// losing every trainer, restore the other run's weights (recovery takes
+// the directory's newest). Going on from its newest checkpoint (resume_from
+// that one, or the directory) is this run's own; from an older one, the
+// newer ones are another run's. A directory a running job holds says so
+// first. Nothing is read but names: a resume reads its checkpoint later.
+void refuse_another_runs_checkpoints(const TrainJobConfig& c) {
+  if (c.checkpoint.dir.empty() || !std::filesystem::is_directory(c.checkpoint.dir)) return;
+  refuse_if_checkpoint_dir_in_use(c.checkpoint.dir);
+  const std::string newest = newest_checkpoint_folder(c.checkpoint.dir);
+  if (newest.empty()) return;
+  std::error_code ec;
+  const auto canonical = [&](const std::string& p) { return std::filesystem::weakly_canonical(p, ec); };
+  const auto from = c.resume_from.empty() ? std::filesystem::path() : canonical(c.resume_from);
+  if (!from.empty() && (from == canonical(c.checkpoint.dir) || from == canonical(newest))) return;
+  const std::string name = std::filesystem::path(newest).filename().string();
+  if (!from.empty() && from.parent_path() == canonical(c.checkpoint.dir))
+    throw ConfigError("checkpoint.dir " + c.checkpoint.dir + " holds checkpoints newer than resume_from " +
+                      c.resume_from + " (up to " + name +
+                      "), another run's to this one: it would prune its own and, losing every trainer, restore "
+                      "those; resume in another directory, or move them aside");
+  throw ConfigError("checkpoint.dir " + c.checkpoint.dir + " already holds a checkpoint (" + name +
+                    ") of another run: set resume_from to it (or to the directory) to go on from it, or name "
+                    "another directory");
+}
+}  // namespace
+
 TrainJob::TrainJob(Runtime& rt, TrainJobConfig config) : rt_(rt), config_(std::move(config)) {
   validate(config_);
+  refuse_another_runs_checkpoints(config_);
   // Trainers that hold part of a GPU may share it with another rank, which
   // NCCL cannot do: they reduce through host memory (Gloo).
   auto gpu = config_.scaling.resources_per_worker.find("GPU");

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "examples/common/cli_checks.h"
 #include "troupe/actors/digits_dataset.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/train_job.h"
 
 namespace {
@@ -108,6 +110,13 @@ int train(troupe::Runtime& rt, const Args& a) {
   // the job's first line says how many it placed.
   std::printf("training an MLP 64→128→128→10 on digits with up to %lld workers for %lld epochs\n",
               static_cast<long long>(a.workers), static_cast<long long>(a.epochs));
+  // The example's own output: a run again starts afresh (a TrainJob does
+  // not write into a directory that holds another run's checkpoints),
+  // unless a running one holds it (ConfigError).
+  troupe::trainer::refuse_if_checkpoint_dir_in_use(cfg.checkpoint.dir);
+  std::error_code ec;
+  if (std::filesystem::remove_all(cfg.checkpoint.dir, ec) > 0)
+    std::printf("(removed the previous run's checkpoints in %s)\n", cfg.checkpoint.dir.c_str());
   auto result = troupe::trainer::TrainJob(rt, cfg).fit();
   const auto& last = result.history.back();
   std::printf("done: %lld steps, validation accuracy %.3f on %lld images (loss %.4f), %.0f samples/s\n",

@@ -21,6 +21,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +29,7 @@
 #include "examples/common/cli_checks.h"
 #include "examples/train_graphs/molecules.h"
 #include "troupe/runtime/client/runtime.h"
+#include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/train_job.h"
 
 namespace {
@@ -102,6 +104,13 @@ int train(troupe::Runtime& rt, const Args& a) {
       "%lld epochs\n",
       static_cast<long long>(a.layers), static_cast<long long>(a.hidden), static_cast<long long>(a.graphs),
       static_cast<long long>(a.workers), static_cast<long long>(a.epochs));
+  // The example's own output: a run again starts afresh (a TrainJob does
+  // not write into a directory that holds another run's checkpoints),
+  // unless a running one holds it (ConfigError).
+  troupe::trainer::refuse_if_checkpoint_dir_in_use(cfg.checkpoint.dir);
+  std::error_code ec;
+  if (std::filesystem::remove_all(cfg.checkpoint.dir, ec) > 0)
+    std::printf("(removed the previous run's checkpoints in %s)\n", cfg.checkpoint.dir.c_str());
   auto result = troupe::trainer::TrainJob(rt, cfg).fit();
   const auto& first = result.history.front();
   const auto& last = result.history.back();

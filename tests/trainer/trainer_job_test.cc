@@ -312,6 +312,55 @@ TEST_F(TrainJobTest, ResumeFromCheckpointIsBitwiseEqual) {
   troupe::core::remove_tree(dir);
 }
 
+// A job does not write into a directory that holds another run's
+// checkpoints: its own new ones were pruned at once (the other's steps
+// counted as newest; its last_checkpoint named a folder gone), and losing
+// every trainer it restored the other run's weights. Going on from them
+// (resume_from in that directory) is its own.
+TEST_F(TrainJobTest, AJobRefusesADirectoryHoldingAnotherRunsCheckpoints) {
+  auto dir = fresh_dir("another-run");
+  auto c = small_job(2, 16);
+  c.checkpoint.dir = dir.string();
+  c.checkpoint.every_steps = 4;
+  c.checkpoint.keep = 0;  // every one kept
+  ASSERT_TRUE(TrainJob(rt_, c).fit().last_checkpoint.has_value());
+  const auto all = list_checkpoints(dir.string());
+  ASSERT_GE(all.size(), 2u);
+  {
+    // A running job holds it: said first (its advice would not help).
+    troupe::trainer::CheckpointWriter held(dir.string(), 0);
+    try {
+      TrainJob busy(rt_, c);
+      ADD_FAILURE() << "a directory a running job holds was taken";
+    } catch (const troupe::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("is in use by another running job"), std::string::npos) << e.what();
+    }
+  }
+  // From an older checkpoint of it: the newer ones are another run's.
+  auto older = c;
+  older.resume_from = all.front().path;
+  try {
+    TrainJob rollback(rt_, older);
+    ADD_FAILURE() << "a resume below newer checkpoints of the directory was taken";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds checkpoints newer than resume_from"), std::string::npos) << e.what();
+  }
+  try {
+    TrainJob again(rt_, c);
+    ADD_FAILURE() << "a second run into the same checkpoint directory was taken";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint.dir " + dir.string() + " already holds a checkpoint"),
+              std::string::npos)
+        << e.what();
+  }
+  c.resume_from = dir.string();
+  c.epochs = 3;
+  auto r = TrainJob(rt_, c).fit();
+  ASSERT_TRUE(r.last_checkpoint.has_value());
+  EXPECT_TRUE(fs::exists(r.last_checkpoint->path)) << r.last_checkpoint->path;
+  troupe::core::remove_tree(dir);
+}
+
 // A trainer that dies while the job starts (in its setup, before any
 // step) is a failure like any other: the job starts over with new trainers
 // and ends with the weights of a run without it. It failed at once,
