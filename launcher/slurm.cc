@@ -472,7 +472,9 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
   sa.sa_handler = on_stop;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGHUP, &sa, nullptr);
+  // A hang-up ignored when it started (nohup) stays ignored.
+  struct sigaction hup {};
+  if (::sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) ::sigaction(SIGHUP, &sa, nullptr);
   Cluster c;
   // Made here and given to the head and the agents in their environment
   // (--no-token-file): the cluster's secret is never on disk, where a

@@ -56,9 +56,10 @@ struct ReducerOptions {
 // A resource bound to one model's parameters and one group; not copyable.
 class GradientReducer {
  public:
-  // `group` may be null (or of world size 1): then nothing is communicated
-  // and finish() returns at once (a parameter backward gave no gradient
-  // keeps none).
+  // `group` may be null: then nothing is communicated and finish()
+  // returns at once (a parameter backward gave no gradient keeps none). A
+  // group of world size 1 is used as any other (its reductions change
+  // nothing; every parameter gets a gradient, zeros when unused).
   GradientReducer(std::vector<torch::Tensor> params, collective::Group* group, ReducerOptions options = {});
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;

@@ -481,6 +481,17 @@ def test_a_restart_waits_for_a_lost_node_rather_than_failing_the_run(tmp_path, m
         assert "could not place 2 workers" in str(info.value.__cause__)
         for w in workers:
             rt.kill(w)
+        # The same with a placement group (SPREAD), and a strict strategy
+        # the nodes alive cannot meet waits rather than being refused.
+        spread = TorchTrainer(context_loop, scaling_config=train.ScalingConfig(
+            num_workers=2, placement_strategy="SPREAD"), run_config=run_config(tmp_path))
+        spread.failures = 1
+        workers, groups = [], []
+        with pytest.raises(trainer_module._WorkersDied) as info:
+            spread._place(rt, workers, groups)
+        assert "could not reserve 2 bundles" in str(info.value.__cause__)
+        for pg in groups:
+            rt.util.remove_placement_group(pg)
     finally:
         rt.kill(hog)
 

@@ -574,11 +574,12 @@ class TrainJob:
         with open(os.path.join(work, "job.json"), "w") as f:
             json.dump(config, f)
         self._config = config
-        # troupe-train starts with SIGINT and SIGTERM blocked (the mask
+        # troupe-train starts with its stop signals blocked (the mask
         # survives exec) and takes them once LibTorch has loaded: a stop()
         # or Ctrl-C in its first half second waits for that, rather than
         # killing it without a word.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK,
+                                         {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
         try:
             self._proc = subprocess.Popen([binary, "--config", os.path.join(work, "job.json")], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)

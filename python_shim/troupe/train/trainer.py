@@ -540,7 +540,7 @@ class TorchTrainer:
             least = self.scaling_config.worker_bounds()[0]
             if least <= can < n:
                 n = can  # an elastic group takes what the strategy can place
-            if can < n:
+            if can < n and self.failures == 0:  # a restart waits for a lost node, as below
                 where = "distinct nodes that each hold" if strategy == "STRICT_SPREAD" else "one node holding"
                 raise ConfigError(f"TorchTrainer: placement_strategy={strategy!r} needs {n} workers of {bundle} on "
                                   f"{where} them; the cluster's {len(nodes)} node(s) place {can}")
@@ -550,8 +550,11 @@ class TorchTrainer:
         try:
             rt.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
         except rt.exceptions.GetTimeoutError as e:
-            raise RuntimeError(f"could not reserve {n} bundles of {bundle} with placement_strategy={strategy!r} "
-                               f"within {PLACEMENT_TIMEOUT_S} s") from e
+            why = RuntimeError(f"could not reserve {n} bundles of {bundle} with placement_strategy={strategy!r} "
+                               f"within {PLACEMENT_TIMEOUT_S} s")
+            if self.failures > 0:
+                raise _WorkersDied() from why  # a restart's: one more failure, as _place's
+            raise why from e
         return [actor_class.options(scheduling_strategy=strategies.PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=i)).remote(_runtime_name) for i in range(n)]
 
