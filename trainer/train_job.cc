@@ -1219,11 +1219,16 @@ void refuse_another_runs_checkpoints(const TrainJobConfig& c) {
   const auto from = c.resume_from.empty() ? std::filesystem::path() : canonical(c.resume_from);
   if (!from.empty() && (from == canonical(c.checkpoint.dir) || from == canonical(newest))) return;
   const std::string name = std::filesystem::path(newest).filename().string();
-  if (!from.empty() && from.parent_path() == canonical(c.checkpoint.dir))
+  if (!from.empty() && from.parent_path() == canonical(c.checkpoint.dir)) {
+    // The newer ones may be damaged (a resume passes over them, as pruning
+    // and recovery do): only then, read them all to see.
+    auto latest = latest_checkpoint(c.checkpoint.dir);
+    if (latest && canonical(latest->path) == from) return;
     throw ConfigError("checkpoint.dir " + c.checkpoint.dir + " holds checkpoints newer than resume_from " +
                       c.resume_from + " (up to " + name +
                       "), another run's to this one: it would prune its own and, losing every trainer, restore "
                       "those; resume in another directory, or move them aside");
+  }
   throw ConfigError("checkpoint.dir " + c.checkpoint.dir + " already holds a checkpoint (" + name +
                     ") of another run: set resume_from to it (or to the directory) to go on from it, or name "
                     "another directory");
