@@ -315,25 +315,29 @@ TEST_F(StreamTest, WritersWaitingForRoomOrTheirTurnAreWokenByTheirRuntimesShutdo
   troupe::Runtime other = cluster_.connect();
   auto w1 = std::make_unique<troupe::StreamWriter<Item>>(other, first);
   auto w2 = std::make_unique<troupe::StreamWriter<Item>>(other, second);
-  // Each has its credits before the reader stops.
-  w1->write(Item{0, troupe::Buffer::from_string("x")}, kWaitBound);
-  w2->write(Item{0, troupe::Buffer::from_string("x")}, kWaitBound);
+  // Each has its credits before the reader stops: a stream's first value
+  // goes on the one credit every window holds, its second waits for the
+  // open's answer, which brings the rest of the window (4).
+  for (int seq : {0, 1}) {
+    w1->write(Item{seq, troupe::Buffer::from_string("x")}, kWaitBound);
+    w2->write(Item{seq, troupe::Buffer::from_string("x")}, kWaitBound);
+  }
   ASSERT_EQ(::kill(pid, SIGSTOP), 0);
   struct Continue {
     int pid;
     ~Continue() { ::kill(pid, SIGCONT); }
   } resume{pid};
   constexpr size_t kBig = 160u << 20;           // two are over the write bound (256 MiB)
-  w1->write(Item{1, zeros(kBig)}, kWaitBound);  // queued: the stopped reader takes little of it
+  w1->write(Item{2, zeros(kBig)}, kWaitBound);  // queued: the stopped reader takes little of it
   std::atomic<pid_t> room_tid{0}, turn_tid{0};
   auto room = std::async(std::launch::async, [&] {
     room_tid = ::gettid();
-    return outcome([&] { w1->write(Item{2, zeros(kBig)}, std::chrono::minutes(10)); });
+    return outcome([&] { w1->write(Item{3, zeros(kBig)}, std::chrono::minutes(10)); });
   });
   ASSERT_TRUE(eventually([&] { return room_tid != 0 && thread_sleeps(room_tid); }));
   auto turn = std::async(std::launch::async, [&] {
     turn_tid = ::gettid();
-    return outcome([&] { w2->write(Item{1, zeros(kBig)}, std::chrono::minutes(10)); });
+    return outcome([&] { w2->write(Item{2, zeros(kBig)}, std::chrono::minutes(10)); });
   });
   ASSERT_TRUE(eventually([&] { return turn_tid != 0 && thread_sleeps(turn_tid); }));
   other.shutdown();
