@@ -170,7 +170,8 @@ class Head::Impl {
   void open_store() {
     store_ = std::make_unique<HeadStore>(opts_.state_db);
     store_->check_format(HeadState::kRowFormat, HeadState::kOldestReadableRowFormat);
-    auto rows = store_->load();
+    std::vector<std::string> written_order;
+    auto rows = store_->load(&written_order);
     // The tables' identity is theirs: a head that reloads them keeps it, one
     // that starts without them (the file new, cleared by `troupe stop`, or
     // removed) draws one.
@@ -188,7 +189,7 @@ class Head::Impl {
     if (!rows.empty()) {
       TROUPE_LOG_INFO("reloading the tables of the head before this one from {}", opts_.state_db);
       try {
-        state_.restore(rows, Clock::now(), grace);
+        state_.restore(rows, Clock::now(), grace, written_order);
       } catch (const DecodeError& e) {
         throw ConfigError("head state file " + opts_.state_db + " has a row this head cannot read (" + e.what() +
                           "): it is damaged. Move it away (or start the head with --no-state-db)");

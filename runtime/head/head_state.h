@@ -179,7 +179,11 @@ class HeadState {
   // and groups get until now + grace to come back (resume_node,
   // bind_client); a node that does not is dead, and what an owner that
   // does not owned is killed, as if they had gone while the head was up.
-  void restore(const std::map<std::string, std::string>& rows, Time now, std::chrono::milliseconds grace);
+  // `written_order`: the rows' keys, oldest write first (HeadStore::load),
+  // so that "the oldest ended job documents" are the oldest after a
+  // restart too (without it, the keys' order).
+  void restore(const std::map<std::string, std::string>& rows, Time now, std::chrono::milliseconds grace,
+               const std::vector<std::string>& written_order = {});
   // Counts restore()'s grace from `now` instead (never shorter): from when
   // the head serves, once it has written its tables back, which for a
   // large store on a slow disk can take longer than the grace itself.
@@ -413,6 +417,9 @@ class HeadState {
   void restore_nodes_and_keys(const std::map<std::string, std::string>& rows, Time deadline);
   void restore_groups(const std::map<std::string, std::string>& rows, Time deadline);
   void restore_actors(const std::map<std::string, std::string>& rows, Time deadline);
+  // Puts job_keys_ in the order their rows were last written (store keys
+  // "k/<key>", oldest first); keys not in it keep their place, in front.
+  void order_job_keys(const std::vector<std::string>& written_order);
   void mark(const Actor& a) {
     if (write_through_) dirty_actors_.insert(a.info.id);
   }

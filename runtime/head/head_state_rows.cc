@@ -3,6 +3,7 @@
 // restarted head's reload of them. See head_state.h.
 #include <algorithm>
 #include <cstdlib>
+#include <unordered_map>
 
 #include "troupe/runtime/client/actor_keys.h"
 #include "troupe/runtime/core/errors.h"
@@ -112,10 +113,19 @@ std::vector<HeadState::Row> HeadState::take_rows() {
     r.said_hello = a.said_hello;
     rows.emplace_back(actor_key(id), encode_row(r));
   }
-  for (const auto& key : std::exchange(dirty_kv_, {})) {
+  // Job documents last and oldest first: the store's write order is what
+  // a restarted head reads their age from (order_job_keys), and a head
+  // writing back all its rows (after a restore) wrote them in name order.
+  auto dirty = std::exchange(dirty_kv_, {});
+  std::vector<std::string> jobs;
+  for (const auto& key : job_keys_)
+    if (dirty.erase(key)) jobs.push_back(key);
+  auto add_kv = [&](const std::string& key) {
     auto it = kv_.find(key);
     rows.emplace_back("k/" + key, it == kv_.end() ? std::nullopt : std::optional<std::string>(it->second));
-  }
+  };
+  for (const auto& key : dirty) add_kv(key);
+  for (const auto& key : jobs) add_kv(key);
   // Nodes, groups and the counters are few: each is compared with what the
   // store has and written when it changed.
   std::map<std::string, std::string> now;
@@ -144,7 +154,8 @@ std::vector<HeadState::Row> HeadState::take_rows() {
   return rows;
 }
 
-void HeadState::restore(const std::map<std::string, std::string>& rows, Time now, std::chrono::milliseconds grace) {
+void HeadState::restore(const std::map<std::string, std::string>& rows, Time now, std::chrono::milliseconds grace,
+                        const std::vector<std::string>& written_order) {
   const Time deadline = now + grace;
   restore_nodes_and_keys(rows, deadline);
   restore_groups(rows, deadline);
@@ -161,6 +172,7 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
       if (id != 0) awaited_owners_.emplace(id, Awaited{deadline, kNotBackAfterRestore});
     }
   }
+  order_job_keys(written_order);
   written_.clear();
   for (const auto& [key, value] : rows)
     if (key[0] == 'n' || key[0] == 'g' || key[0] == 'm') written_[key] = value;
@@ -169,6 +181,19 @@ void HeadState::restore(const std::map<std::string, std::string>& rows, Time now
       "come back",
       nodes_.size(), actors_.size(), groups_.size(), kv_.size(), grace.count());
   schedule();
+}
+
+void HeadState::order_job_keys(const std::vector<std::string>& written_order) {
+  if (written_order.empty() || job_keys_.size() < 2) return;
+  std::unordered_map<std::string, size_t> rank;
+  for (size_t i = 0; i < written_order.size(); ++i)
+    if (written_order[i].rfind("k/", 0) == 0) rank[written_order[i].substr(2)] = i + 1;
+  auto rank_of = [&](const std::string& key) {
+    auto it = rank.find(key);
+    return it == rank.end() ? size_t{0} : it->second;
+  };
+  std::stable_sort(job_keys_.begin(), job_keys_.end(),
+                   [&](const std::string& a, const std::string& b) { return rank_of(a) < rank_of(b); });
 }
 
 void HeadState::restart_grace(Time now, std::chrono::milliseconds grace) {

@@ -16,6 +16,31 @@ namespace troupe::head {
 
 namespace {
 
+// The first table or index of SQLite file `path` that a head does not
+// make, or "" (none, or the file cannot be read here: opening it to
+// write says why).
+std::string other_programs_table(const std::string& path) {
+  sqlite3* db = nullptr;
+  std::string found;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    // A program writing its database holds it a moment: waited for, as the
+    // head's own connection waits, rather than taken as "cannot tell".
+    sqlite3_busy_timeout(db, 2000);
+    sqlite3_stmt* q = nullptr;
+    if (sqlite3_prepare_v2(db,
+                           "SELECT name FROM sqlite_master WHERE name <> 'head_rows' AND name NOT LIKE 'sqlite\\_%' "
+                           "ESCAPE '\\' LIMIT 1",
+                           -1, &q, nullptr) == SQLITE_OK &&
+        sqlite3_step(q) == SQLITE_ROW) {
+      const auto* name = reinterpret_cast<const char*>(sqlite3_column_text(q, 0));
+      found = name ? name : "?";
+    }
+    sqlite3_finalize(q);
+  }
+  sqlite3_close(db);
+  return found;
+}
+
 // The state file a path names: none yet, an empty file, or a SQLite file.
 // Anything else is refused by name before anything is created, locked or
 // chmod'ed, so that a mistyped --state-db never changes the user's files.
@@ -39,6 +64,15 @@ void check_state_path(const std::string& path) {
   ::close(fd);
   if (n != static_cast<ssize_t>(sizeof header) || std::memcmp(header, kMagic, sizeof kMagic) != 0)
     throw ConfigError(refused + "is not a SQLite file (a head's state file is one); left as it is");
+  // Another program's database (an app's db.sqlite3, a tracker's) is a
+  // SQLite file too: one with a table other than the head's is refused,
+  // before WAL mode, the head's table and format mark go into it (and a
+  // failed write or `troupe stop --force` would remove it).
+  const std::string other = other_programs_table(path);
+  if (!other.empty())
+    throw ConfigError(refused + "is a SQLite database with a table '" + other +
+                      "' that no troupe head writes: another program's, left as it is. Give the head a file of its "
+                      "own (or start it with --no-state-db)");
 }
 
 // One head per state file: two would each take the other's nodes and
@@ -245,15 +279,22 @@ void HeadStore::check_format(int format, int oldest) {
   if (written != format) exec(("PRAGMA user_version = " + std::to_string(format)).c_str());
 }
 
-std::map<std::string, std::string> HeadStore::load() {
+std::map<std::string, std::string> HeadStore::load(std::vector<std::string>* written_order) {
   std::map<std::string, std::string> rows;
   sqlite3_stmt* q = nullptr;
-  if (sqlite3_prepare_v2(db_, "SELECT key, value FROM head_rows", -1, &q, nullptr) != SQLITE_OK) fail("read");
+  // In rowid order: a row's rowid is new at every write (INSERT OR
+  // REPLACE), so this is the order they were last written in.
+  if (sqlite3_prepare_v2(db_, "SELECT key, value FROM head_rows ORDER BY rowid", -1, &q, nullptr) != SQLITE_OK)
+    fail("read");
   int rc = 0;
   while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    // The key with its length: a KV key may hold NUL bytes, which a C
+    // string would cut it at (two keys then read back as one).
     auto* k = reinterpret_cast<const char*>(sqlite3_column_text(q, 0));
+    std::string key(k ? k : "", k ? static_cast<size_t>(sqlite3_column_bytes(q, 0)) : 0);
     auto* v = static_cast<const char*>(sqlite3_column_blob(q, 1));
-    rows[k ? k : ""] = std::string(v ? v : "", static_cast<size_t>(sqlite3_column_bytes(q, 1)));
+    if (written_order) written_order->push_back(key);
+    rows[std::move(key)] = std::string(v ? v : "", static_cast<size_t>(sqlite3_column_bytes(q, 1)));
   }
   sqlite3_finalize(q);
   if (rc != SQLITE_DONE) fail("read");

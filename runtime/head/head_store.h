@@ -49,7 +49,9 @@ class HeadStore {
   // ConfigError names the file and both formats otherwise: a head of
   // another troupe version wrote it.
   void check_format(int format, int oldest = 0);
-  std::map<std::string, std::string> load();
+  // `written_order`, when given, gets the keys in the order they were last
+  // written, oldest first.
+  std::map<std::string, std::string> load(std::vector<std::string>* written_order = nullptr);
   void write(const std::vector<HeadState::Row>& rows);
   // Forgets every row (the cluster was stopped on purpose).
   void clear();

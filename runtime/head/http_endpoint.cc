@@ -110,14 +110,19 @@ class HttpEndpoint::Impl {
     if (same_token(given, opts_.token)) return true;
     res.status = 401;
     res.set_header("WWW-Authenticate", "Bearer realm=\"troupe\"");
-    if (req.path == "/" && given.empty()) {
-      res.status = 303;  // a browser: to the login form
+    // A browser (no token, or the cookie of an earlier cluster on this
+    // port and its token): to the login form. A wrong bearer token is a
+    // program's, told so.
+    const std::string auth = req.header("Authorization");
+    const bool bearer = auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0;
+    if (req.path == "/" && (given.empty() || !bearer)) {
+      res.status = 303;
       res.set_header("Location", "/login");
       return false;
     }
     res.set_content(given.empty() ? "troupe dashboard: missing token (send Authorization: Bearer TOKEN, or log in "
                                     "at /login)\n"
-                                  : "troupe dashboard: wrong token\n",
+                                  : "troupe dashboard: wrong token (log in again at /login)\n",
                     "text/plain");
     return false;
   }

@@ -101,6 +101,15 @@ TEST_F(DashboardTest, RefusesRequestsWithoutOrWithAWrongToken) {
   EXPECT_NE(wrong.find("wrong token"), std::string::npos) << wrong;
   std::string prefix = get(port_, "/metrics", "Authorization: Bearer the-token-and-more\r\n");
   EXPECT_EQ(prefix.rfind("HTTP/1.1 401", 0), 0u) << prefix;
+  // A browser with the cookie of an earlier cluster on this port is sent
+  // to the login form (it got a bare 401 and no way on); a program's wrong
+  // bearer token is told so.
+  std::string stale = get(port_, "/", "Cookie: troupe_token=an-earlier-clusters\r\n");
+  EXPECT_EQ(stale.rfind("HTTP/1.1 303", 0), 0u) << stale;
+  EXPECT_NE(stale.find("Location: /login"), std::string::npos) << stale;
+  std::string bearer = get(port_, "/", "Authorization: Bearer not-the-token\r\n");
+  EXPECT_EQ(bearer.rfind("HTTP/1.1 401", 0), 0u) << bearer;
+  EXPECT_NE(bearer.find("log in again at /login"), std::string::npos) << bearer;
 }
 
 TEST_F(DashboardTest, ServesMetricsAndStatusWithTheBearerToken) {

@@ -2,11 +2,15 @@
 // sockets, no clocks, no threads. Each test plays the messages a server
 // would pass in, with made-up times, and checks the state and its outputs.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 
@@ -2092,6 +2096,112 @@ TEST(HeadStoreTest, AnOlderFormatItReadsIsTakenAndMarkedNew) {
   HeadStore store(path);
   EXPECT_THROW(store.check_format(7), troupe::ConfigError);  // marked 8 now
   EXPECT_NO_THROW(store.check_format(8));
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+// A KV key is bytes: one with a NUL comes back whole from the state file
+// (it was cut at the NUL on reload: it took the value of the key before
+// it, and could never be erased).
+TEST(HeadStoreTest, KeysWithNulBytesComeBackWhole) {
+  using troupe::head::HeadStore;
+  const std::string dir = ::testing::TempDir() + "head-store-nul-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/head.sqlite";
+  const std::string with_nul("k/a\0b", 5);
+  {
+    HeadStore store(path);
+    store.write({{"k/a", std::string("real")}});
+    store.write({{with_nul, std::string("x")}});
+  }
+  HeadStore store(path);
+  const auto rows = store.load();
+  EXPECT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows.count("k/a") ? rows.at("k/a") : "(none)", "real");
+  EXPECT_EQ(rows.count(with_nul) ? rows.at(with_nul) : "(none)", "x");
+  std::filesystem::remove_all(dir);
+}
+
+// Another program's SQLite database named as the state file is refused
+// and left as it was: it was taken (WAL mode, the head's table, its
+// format mark over the program's user_version, mode 0600), and a failed
+// write or `troupe stop --force` removed it.
+TEST(HeadStoreTest, AnotherProgramsDatabaseIsRefusedAndLeftAsItWas) {
+  using troupe::head::HeadStore;
+  const std::string dir = ::testing::TempDir() + "head-store-other-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/app.sqlite3";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE users (id INTEGER); PRAGMA user_version = 42", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  ::chmod(path.c_str(), 0644);
+  const std::string before = slurp(path);
+  try {
+    HeadStore store(path);
+    ADD_FAILURE() << "another program's database was taken";
+  } catch (const troupe::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("table 'users'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slurp(path), before);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  EXPECT_FALSE(std::filesystem::exists(path + "-wal"));
+  std::filesystem::remove_all(dir);
+}
+
+// After a restart, "the oldest ended job documents" are still the oldest
+// written, not the first by name: a job that had just ended was trimmed
+// before ones that ended long ago.
+TEST_F(HeadStateTest, ARestartedHeadTrimsTheOldestJobDocumentsFirst) {
+  using troupe::head::HeadStore;
+  const std::string dir = ::testing::TempDir() + "head-store-jobs-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/head.sqlite";
+  const size_t kMax = troupe::head::HeadState::kMaxJobDocuments;
+  auto job = [](const std::string& name) { return "troupe.jobs/" + name; };
+  {
+    HeadStore store(path);
+    state_.enable_write_through();
+    store.write(state_.take_rows());
+    for (size_t i = 0; i + 1 < kMax; ++i) {
+      state_.kv_put(job("z" + std::to_string(1000 + i)), R"({"state":"finished"})");
+      store.write(state_.take_rows());  // one message, one write
+    }
+    state_.kv_put(job("a"), R"({"state":"finished"})");  // the newest
+    store.write(state_.take_rows());
+  }
+  {
+    // A restarted head writes all its rows back: the order must survive
+    // that write too (it was the keys' order then).
+    HeadStore store(path);
+    std::vector<std::string> order;
+    const auto rows = store.load(&order);
+    HeadState again(HeadConfig{100, 5, 1000});
+    again.restore(rows, now_, 2s, order);
+    again.enable_write_through();
+    store.write(again.take_rows());
+  }
+  HeadStore store(path);
+  std::vector<std::string> order;
+  const auto rows = store.load(&order);
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(rows, now_, 2s, order);
+  again.kv_put(job("m"), R"({"state":"running"})");
+  EXPECT_TRUE(again.kv_get(job("a")));
+  EXPECT_FALSE(again.kv_get(job("z1000")));  // the oldest
+  EXPECT_TRUE(again.kv_get(job("z1001")));
   std::filesystem::remove_all(dir);
 }
 
