@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +34,16 @@ constexpr int kMaxFailedStarts = 3;
 // The longest a refill waits for the worker taken before it to serve.
 constexpr std::chrono::milliseconds kRefillBound{500};
 
+// How long after it gave up on an executable the pool tries it again: what
+// failed may have been passing (a full log disk, the process limit), and
+// the pool was off for that executable until the agent restarted.
+constexpr std::chrono::seconds kRetryStartsAfter{30};
+
+// What a worker taken before it was ready has, beyond assign_timeout, to
+// finish its start (a Python worker's preload of torch takes 15 s on a
+// loaded node): one killed for a slow start started again cold, slower.
+constexpr std::chrono::seconds kStartingGrace{60};
+
 }  // namespace
 
 void validate_pool_options(const WorkerPoolOptions& o) {
@@ -57,16 +68,59 @@ WorkerPool::~WorkerPool() { stop(); }
 void WorkerPool::fill(const std::string& executable) {
   if (stopped_ || opts_.size == 0) return;
   auto& e = executables_[executable];
-  e.last_used = std::chrono::steady_clock::now();
+  const auto now = std::chrono::steady_clock::now();
+  e.last_used = now;
   e.active = true;
-  if (e.failed_starts >= kMaxFailedStarts) return;
+  if (e.failed_starts >= kMaxFailedStarts) {
+    if (now - e.gave_up < kRetryStartsAfter) return;
+    e.failed_starts = 0;
+    TROUPE_LOG_INFO("worker pool: trying idle workers of {} again", executable);
+  }
+  drop_stale(executable);
   while (count(executable) < opts_.size && e.failed_starts < kMaxFailedStarts) {
     try {
       start_one(executable);
     } catch (const std::exception& ex) {
-      ++e.failed_starts;
-      TROUPE_LOG_WARN("worker pool: cannot start an idle worker of {}: {}", executable, ex.what());
+      start_failed(e, executable, ex.what());
     }
+  }
+}
+
+void WorkerPool::start_failed(Executable& e, const std::string& executable, const std::string& why) {
+  TROUPE_LOG_WARN("worker pool: cannot start an idle worker of {}: {}", executable, why);
+  if (++e.failed_starts < kMaxFailedStarts) return;
+  e.gave_up = std::chrono::steady_clock::now();
+  TROUPE_LOG_WARN(
+      "worker pool: {} idle workers of {} failed to start; its spawns start cold, and the pool tries it "
+      "again in {} s",
+      kMaxFailedStarts, executable, kRetryStartsAfter.count());
+}
+
+std::optional<WorkerPool::FileId> WorkerPool::file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{st.st_dev, st.st_ino, st.st_size, int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+void WorkerPool::drop_stale(const std::string& executable) {
+  const auto now = file_id(executable);
+  bool dropped = false;
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    if (it->second.executable != executable || it->second.file == now) {
+      ++it;
+      continue;
+    }
+    TROUPE_LOG_INFO("worker pool: {} changed since idle worker {} started from it (rebuilt?); killing that worker",
+                    executable, it->first);
+    ::kill(it->first, SIGKILL);
+    core::wait_child(it->first);
+    worker_exited(it->first);
+    it = idle_.erase(it);
+    dropped = true;
+  }
+  if (dropped) {
+    executables_[executable].failed_starts = 0;  // a new file: its own tries
+    report_idle_count();
   }
 }
 
@@ -160,6 +214,7 @@ pid_t spawn_logged(core::SpawnOptions o, const std::string& dir) {
 }
 
 void WorkerPool::start_one(const std::string& executable) {
+  const auto file = file_id(executable);  // before the exec: a rebuild after it is seen as one
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
     throw Error(std::string("socketpair: ") + std::strerror(errno));
@@ -191,6 +246,7 @@ void WorkerPool::start_one(const std::string& executable) {
   ::close(fds[1]);
   Idle idle;
   idle.executable = executable;
+  idle.file = file;
   idle.socket = std::make_unique<asio::local::stream_protocol::socket>(io_, asio::local::stream_protocol(), fds[0]);
   idle_[pid] = std::move(idle);
   watch_ready(pid);
@@ -211,6 +267,7 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
   auto& e = executables_[executable];
   e.last_used = std::chrono::steady_clock::now();
   e.active = true;
+  drop_stale(executable);
   // A ready worker first; one still starting is still ahead of a cold start,
   // but for an assignment too large for the socket's buffer: writing it
   // would wait, on this I/O thread, for the worker to be ready to read.
@@ -255,30 +312,41 @@ std::optional<pid_t> WorkerPool::take(const std::string& executable, const Worke
 void WorkerPool::watch_assignment(pid_t pid, std::unique_ptr<asio::local::stream_protocol::socket> socket,
                                   const std::string& executable, uint64_t actor_id, uint32_t incarnation, bool ready) {
   using Seen = ServingWatch::Seen;
-  taken_[pid] = std::make_unique<ServingWatch>(io_, std::move(socket), opts_.assign_timeout,
-                                               [this, pid, executable, actor_id, incarnation, ready](
-                                                   Seen seen, char byte, std::unique_ptr<ServingWatch::Socket> s) {
-                                                 switch (seen) {
-                                                   case Seen::kByte:
-                                                     if (!ready && byte == 'R')
-                                                       return watch_assignment(pid, std::move(s), executable, actor_id,
-                                                                               incarnation, true);
-                                                     if (on_assignment_taken_) on_assignment_taken_(pid);
-                                                     return refill_when_serving(pid, std::move(s), executable);
-                                                   case Seen::kClosed:
-                                                     // It died: the agent reaps it and reports the actor's exit.
-                                                     return refill_after_take(pid, executable);
-                                                   case Seen::kBound:
-                                                     return assignment_lost(pid, executable, actor_id, incarnation);
-                                                 }
-                                               });
+  const auto bound = ready
+                         ? opts_.assign_timeout
+                         : std::chrono::duration_cast<std::chrono::milliseconds>(opts_.assign_timeout + kStartingGrace);
+  taken_[pid] = std::make_unique<ServingWatch>(
+      io_, std::move(socket), bound,
+      [this, pid, executable, actor_id, incarnation, ready](Seen seen, char byte,
+                                                            std::unique_ptr<ServingWatch::Socket> s) {
+        switch (seen) {
+          case Seen::kByte:
+            if (!ready && byte == 'R')
+              return watch_assignment(pid, std::move(s), executable, actor_id, incarnation, true);
+            if (on_assignment_taken_) on_assignment_taken_(pid);
+            return refill_when_serving(pid, std::move(s), executable);
+          case Seen::kClosed:
+            // It died: the agent reaps it and reports the actor's exit.
+            return refill_after_take(pid, executable);
+          case Seen::kBound:
+            return assignment_lost(pid, executable, actor_id, incarnation, ready);
+        }
+      });
 }
 
-void WorkerPool::assignment_lost(pid_t pid, const std::string& executable, uint64_t actor_id, uint32_t incarnation) {
-  TROUPE_LOG_WARN(
-      "worker pool: pooled worker {} did not take its assignment (actor {}, incarnation {}) within {} ms (stopped "
-      "or hung?); killing it, the actor starts in a fresh worker",
-      pid, actor_id, incarnation, opts_.assign_timeout.count());
+void WorkerPool::assignment_lost(pid_t pid, const std::string& executable, uint64_t actor_id, uint32_t incarnation,
+                                 bool ready) {
+  if (ready)
+    TROUPE_LOG_WARN(
+        "worker pool: pooled worker {} did not take its assignment (actor {}, incarnation {}) within {} ms (stopped "
+        "or hung?); killing it, the actor starts in a fresh worker",
+        pid, actor_id, incarnation, opts_.assign_timeout.count());
+  else
+    TROUPE_LOG_WARN(
+        "worker pool: pooled worker {}, taken for actor {} (incarnation {}) while it started, did not finish its "
+        "start within {} s (stopped or hung?); killing it, the actor starts in a fresh worker",
+        pid, actor_id, incarnation,
+        std::chrono::duration_cast<std::chrono::seconds>(opts_.assign_timeout + kStartingGrace).count());
   taken_.erase(pid);
   ::kill(pid, SIGKILL);
   core::wait_child(pid);
@@ -377,10 +445,9 @@ void WorkerPool::reap() {
     auto& e = executables_[it->second.executable];
     TROUPE_LOG_DEBUG("worker pool: idle worker {} of {} {}", it->first, it->second.executable,
                      core::describe_exit_status(status));
-    if (!it->second.ready && ++e.failed_starts == kMaxFailedStarts)
-      TROUPE_LOG_WARN("worker pool: {} idle workers of {} died before they were ready; spawns of it start cold",
-                      kMaxFailedStarts, it->second.executable);
     std::string executable = it->second.executable;
+    if (!it->second.ready)
+      start_failed(e, executable, "it " + core::describe_exit_status(status) + " before it was ready");
     worker_exited(it->first);
     it = idle_.erase(it);
     if (e.active) post_refill(executable);

@@ -35,9 +35,9 @@ namespace troupe::node {
 struct WorkerPoolOptions {
   uint32_t size = 2;  // idle workers per executable; 0 disables the pool
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};
-  // How long a taken worker may take to acknowledge its assignment (and, one
-  // taken while still starting, to become ready first) before the pool kills
-  // it and the agent starts the actor cold.
+  // How long a taken worker may take to acknowledge its assignment (one
+  // taken while still starting has a minute more to finish its start)
+  // before the pool kills it and the agent starts the actor cold.
   std::chrono::milliseconds assign_timeout{std::chrono::seconds(10)};
   // Where each worker's stdout and stderr go, one file per worker
   // (worker_log_path); "" = the agent's own output.
@@ -149,16 +149,30 @@ class WorkerPool {
   void recycle();
 
  private:
+  // Which file a path named when it was looked at: a rebuild puts a new
+  // file (or new bytes) at the same path.
+  struct FileId {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    off_t size = 0;
+    int64_t mtime_ns = 0;
+    bool operator==(const FileId&) const = default;
+  };
+  static std::optional<FileId> file_id(const std::string& path);
   struct Idle {
     std::string executable;
     std::unique_ptr<asio::local::stream_protocol::socket> socket;
     bool ready = false;
+    std::optional<FileId> file;  // what `executable` was when it started
   };
   struct Executable {
     std::chrono::steady_clock::time_point last_used;
     bool active = false;     // refilled; false once idle past the timeout
     bool refilling = false;  // a refill is posted
-    int failed_starts = 0;   // workers that died before they were ready
+    int failed_starts = 0;   // workers that failed to start or died before they were ready
+    // When the last of kMaxFailedStarts failed: starts are tried again
+    // kRetryStartsAfter later (a full disk, a process limit pass).
+    std::chrono::steady_clock::time_point gave_up;
   };
 
   void start_one(const std::string& executable);
@@ -166,13 +180,19 @@ class WorkerPool {
   void post_refill(const std::string& executable);
   void watch_assignment(pid_t pid, std::unique_ptr<asio::local::stream_protocol::socket> socket,
                         const std::string& executable, uint64_t actor_id, uint32_t incarnation, bool ready);
-  void assignment_lost(pid_t pid, const std::string& executable, uint64_t actor_id, uint32_t incarnation);
+  void assignment_lost(pid_t pid, const std::string& executable, uint64_t actor_id, uint32_t incarnation, bool ready);
   void refill_when_serving(pid_t pid, std::unique_ptr<asio::local::stream_protocol::socket> socket,
                            const std::string& executable);
   void refill_after_take(pid_t pid, const std::string& executable);
   size_t count(const std::string& executable) const;
   void check_idle();
   void kill_idle(const std::string& executable);
+  // Kills the idle workers of `executable` started from another file than
+  // the one at its path now (it was rebuilt): they would run the old code.
+  void drop_stale(const std::string& executable);
+  // Counts a failed start of `executable`; the pool stops starting it at
+  // kMaxFailedStarts, and says so.
+  void start_failed(Executable& e, const std::string& executable, const std::string& why);
   void kill_all_idle();
   void report_idle_count();
 

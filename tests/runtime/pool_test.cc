@@ -169,6 +169,45 @@ TEST(WorkerPool, ALargeAssignmentIsTakenByAnIdleWorker) {
   }
 }
 
+// An executable rebuilt at its path (a new file renamed over it) is not
+// served by idle workers started from the old file: they ran the old code
+// (a new actor class: "no constructor"; a changed method: its old body).
+TEST(WorkerPool, IdleWorkersOfARebuiltExecutableAreNotHandedOut) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("pool-rebuilt-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto app = dir / "app";
+  std::filesystem::copy_file("/proc/self/exe", app);
+  troupe::testing::LocalCluster cluster(one_node(2));
+  auto rt = cluster.connect();
+  const pid_t node = cluster.node_pid(0);
+  auto first = rt.spawn<PoolProbe>({.executable = app.string()});
+  const std::set<pid_t> actor{first.call(&PoolProbe::pid).get()};
+  // The pool fills with workers of `app` (and of the test binary, whose
+  // idle workers the cluster started).
+  auto of_app = [&] {
+    std::set<pid_t> out;
+    for (pid_t p : idle_children(node, actor)) {
+      std::error_code ec;
+      if (std::filesystem::read_symlink("/proc/" + std::to_string(p) + "/exe", ec) == app) out.insert(p);
+    }
+    return out;
+  };
+  ASSERT_TRUE(eventually([&] { return of_app().size() == 2; }, 30s));
+  const std::set<pid_t> old = of_app();
+  // The rebuild: a new file renamed over the path.
+  std::filesystem::copy_file("/proc/self/exe", dir / "app.new");
+  std::filesystem::rename(dir / "app.new", app);
+  auto second = rt.spawn<PoolProbe>({.executable = app.string()});
+  const pid_t pid = second.call(&PoolProbe::pid).get();
+  EXPECT_FALSE(old.count(pid)) << "an idle worker of the old file took the actor";
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).string();
+  EXPECT_EQ(exe, app.string());  // not "app (deleted)"
+  for (pid_t p : old) EXPECT_TRUE(eventually([&] { return process_gone(p); }, 10s)) << p;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(WorkerPool, IdleWorkersAreReapedAfterTheTimeoutAndComeBackWithUse) {
   troupe::testing::LocalCluster cluster(one_node(2, 400ms));
   auto rt = cluster.connect();
