@@ -36,8 +36,8 @@ void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const R
   p->call = std::move(call);
   p->call.top.resize(top.size());
   for (size_t i = 0; i < top.size(); ++i) {
-    if (const auto* stored = top[i]->stored_if_any()) {
-      p->call.top[i].ref = *stored;
+    if (auto stored = top[i]->stored_if_any()) {
+      p->call.top[i].ref = std::move(*stored);
     } else {
       p->answers.emplace_back(i, top[i]->answer());
     }
@@ -97,8 +97,13 @@ void send_when_ready(const std::shared_ptr<ReplyState>& st, PyCall call, const R
 std::shared_ptr<const std::vector<ObjectRef<PyValue>>> refs_of(const PyCall& c) {
   if (c.args.refs.empty() && c.top.empty()) return nullptr;
   auto held = std::make_shared<std::vector<ObjectRef<PyValue>>>(c.args.refs);
-  for (const auto& arg : c.top)
+  for (const auto& arg : c.top) {
     if (!arg.inline_value && arg.ref.valid()) held->push_back(arg.ref);
+    // A top-level argument that was a call's answer goes inline: the refs
+    // inside that value too (no one else held them, and a retry found
+    // them freed once the first attempt's worker died).
+    if (arg.inline_value) held->insert(held->end(), arg.value.refs.begin(), arg.value.refs.end());
+  }
   return held;
 }
 
@@ -161,6 +166,11 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   s.type_key = kPyActorKey;
   s.class_name = class_name;
   wire::Encoder e = wire::encode_value(spec);
+  // Refused (too large, a name taken: ConfigError), the creation sent
+  // nothing a worker will decode: its refs' pins are given back (in Python
+  // an actor handle's lifetime ref, which kept that actor alive). After any
+  // other error the head may have made the actor.
+  wire::Unsent unsent = e.take_unsent();
   check_spec_size(class_name, e);
   s.ctor_args = std::move(e.bytes());
   s.ctor_attachments = std::move(e.attachments());
@@ -177,7 +187,7 @@ std::shared_ptr<client::ActorClient> PyClient::spawn(const std::string& class_na
   s.detached = o.detached;
   s.node_affinity = o.node_affinity;
   s.affinity_soft = o.affinity_soft;
-  auto info = core()->create_actor(std::move(s));
+  auto info = unsent.sent_by([&] { return core()->create_actor(std::move(s)); });
   auto actor = core()->actor(info);
   // A restart runs the constructor again from the spec, with the same refs:
   // their objects are held here while the actor may still restart (until

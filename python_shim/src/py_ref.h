@@ -40,18 +40,26 @@ void bump_ready_signal();
 class PyRef {
  public:
   PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer)
-      : core_(std::move(core)), answer_(std::move(answer)), key_(next_call_key()) {}
+      : core_(std::move(core)), from_call_(true), answer_(std::move(answer)), key_(next_call_key()) {}
   PyRef(std::shared_ptr<client::Core> core, ObjectRef<PyValue> stored)
       : core_(std::move(core)), stored_(std::move(stored)) {}
   // A task's result; `task` (shared with the task's submission, which waits
   // for its top-level arguments first) is how troupe.cancel reaches it.
   PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer,
         std::shared_ptr<client::TaskCancel> task)
-      : core_(std::move(core)), answer_(std::move(answer)), task_(std::move(task)), key_(next_call_key()) {}
+      : core_(std::move(core)),
+        from_call_(true),
+        answer_(std::move(answer)),
+        task_(std::move(task)),
+        key_(next_call_key()) {}
   // An actor method call's result; `call` is how troupe.cancel reaches it.
   PyRef(std::shared_ptr<client::Core> core, std::shared_ptr<ReplyState> answer,
         std::shared_ptr<client::CallCancel> call)
-      : core_(std::move(core)), answer_(std::move(answer)), call_(std::move(call)), key_(next_call_key()) {}
+      : core_(std::move(core)),
+        from_call_(true),
+        answer_(std::move(answer)),
+        call_(std::move(call)),
+        key_(next_call_key()) {}
 
   // The state that completes with the value (for a stored ref: starts the
   // fetch from its owner on first use). Thread-safe.
@@ -66,7 +74,15 @@ class PyRef {
   // arrived inside a value), else null: a call's result goes by its answer
   // (inline, and waited for by the caller), even once it was sent on as a
   // ref, which may still be pending.
-  const ObjectRef<PyValue>* stored_if_any() const { return stored_.valid() && !answer_ ? &stored_ : nullptr; }
+  // Whether it was a call's is fixed when the ref is made: a stored ref
+  // fetched once (get, wait) has an answer too, and went inline as a
+  // call's result, its whole value relayed through this process.
+  std::optional<ObjectRef<PyValue>> stored_if_any() const {
+    if (from_call_) return std::nullopt;
+    std::lock_guard lock(mu_);
+    if (!stored_.valid()) return std::nullopt;
+    return stored_;
+  }
   // Names this ref's object for the ref's whole life (hex, ==, hash): a
   // stored object by its owner store's instance and its id; a call's
   // answer by a number of this process's, given when the call is made and
@@ -89,6 +105,7 @@ class PyRef {
 
  private:
   std::shared_ptr<client::Core> core_;
+  const bool from_call_ = false;  // made with a call's answer (not a put or a ref received)
   mutable std::mutex mu_;
   std::shared_ptr<ReplyState> answer_;
   ObjectRef<PyValue> stored_;

@@ -37,7 +37,7 @@ class ObjectRef {
     auto store = holder_->store();
     const client::ObjectRefInfo& info = holder_->info();
     if (holder_->owned()) return *std::static_pointer_cast<const T>(store->local_value(info.id, typeid(T).name()));
-    wire::Message m = store->fetch(info).get(timeout);
+    wire::Message m = holder_->fetch(timeout);
     wire::Decoder d(m.body.data(), m.body.size(), &m.attachments, store->core());
     T v = client::ObjectPayload<T>::decode(d);
     if (!d.done()) throw DecodeError("trailing bytes after the payload of " + client::describe(info));

@@ -256,6 +256,23 @@ std::shared_ptr<ObjectStore> RefHolder::store() const {
   return s;
 }
 
+wire::Message RefHolder::fetch(std::chrono::milliseconds timeout) {
+  std::shared_ptr<Future<Message>> f;
+  {
+    std::lock_guard lock(fetch_mu_);
+    if (!fetching_) fetching_ = std::make_shared<Future<Message>>(store()->fetch(info_));
+    f = fetching_;
+  }
+  if (!f->wait_for(timeout))
+    throw Timeout(describe(info_) + " did not come from its owner within " + std::to_string(timeout.count()) +
+                  " ms (still being fetched: a get after this one waits for the same copy)");
+  {
+    std::lock_guard lock(fetch_mu_);
+    if (fetching_ == f) fetching_.reset();  // the next get asks again
+  }
+  return f->get();
+}
+
 ObjectStore::ObjectStore(Core& core) : core_(core), instance_(core::random_id()), limit_(configured_limit()) {}
 
 // Destroyed by the core's shutdown, after its I/O thread stopped: the

@@ -73,11 +73,19 @@ class RefHolder {
   bool owned() const { return owned_; }
   // The store, or Error when the runtime was shut down.
   std::shared_ptr<ObjectStore> store() const;
+  // The borrowed value, fetched from its owner within `timeout`. A get
+  // that times out leaves its fetch running for the next get to take:
+  // each one asked the owner for another whole copy, queued behind the
+  // others, so a caller retrying a large object in short slices never got
+  // it. The Timeout names the object and its owner.
+  wire::Message fetch(std::chrono::milliseconds timeout);
 
  private:
   std::weak_ptr<ObjectStore> store_;
   ObjectRefInfo info_;
   bool owned_;
+  std::mutex fetch_mu_;
+  std::shared_ptr<Future<wire::Message>> fetching_;  // under fetch_mu_
 };
 
 class ObjectStore : public std::enable_shared_from_this<ObjectStore> {

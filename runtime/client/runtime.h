@@ -602,7 +602,11 @@ ActorHandle<T> Runtime::spawn(const ActorOptions& options, A&&... args) {
     spec.ctor_args = std::move(e.bytes());
     spec.ctor_attachments = std::move(e.attachments());
     auto refs = e.take_kept();
-    auto info = create_actor(std::move(spec), options, client::method_names<T>());
+    // A creation refused (a name taken, a bad option: ConfigError) sent
+    // nothing a worker will decode: the pins of the constructor's refs are
+    // given back. After any other error the head may have made the actor.
+    auto info =
+        e.take_unsent().sent_by([&] { return create_actor(std::move(spec), options, client::method_names<T>()); });
     auto client = live()->actor(info);
     // A restart decodes the constructor's refs again: they live until
     // the actor is dead (one that never restarts decodes them once).

@@ -211,7 +211,9 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
   };
   // Nothing changes until the frame goes: a write that times out (the
   // loader's feed retries in short slices) leaves credits and counts as
-  // they were.
+  // they were, and gives back the pins of the refs the value carries
+  // (each timed-out try of a value with refs kept them for good).
+  wire::Unsent unsent = e.take_unsent();
   std::lock_guard order(st.send_mu);
   ConnCopy held(st.link);
   auto& conn = held.conn;
@@ -270,6 +272,7 @@ void StreamWriterCore::write(Encoder&& e, std::chrono::milliseconds timeout) {
     ++st.in_flight;
     st.max_in_flight = std::max(st.max_in_flight, st.in_flight);
   }
+  unsent.sent();
   conn->send(std::move(f), true);
 }
 

@@ -65,6 +65,23 @@ class Unsent {
   void release() {
     for (auto& f : std::exchange(undo_, {})) f();
   }
+  // Returns what `send` (which sends the message) returns, the message
+  // sent. A ConfigError is a refusal before anything went (a name taken,
+  // a bad option): what it carries is given back when this goes. After
+  // any other error the receiver may have it, as after a return.
+  template <class Send>
+  auto sent_by(Send&& send) -> decltype(send()) {
+    try {
+      auto result = send();
+      sent();
+      return result;
+    } catch (const ConfigError&) {
+      throw;
+    } catch (...) {
+      sent();
+      throw;
+    }
+  }
 
  private:
   std::vector<std::function<void()>> undo_;

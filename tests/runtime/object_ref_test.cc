@@ -111,6 +111,17 @@ class User {
 };
 TROUPE_ACTOR(User, &User::consume, &User::sum, &User::keep, &User::drop, &User::pass)
 
+// Takes a ref in its constructor.
+class RefHolder {
+ public:
+  explicit RefHolder(troupe::ObjectRef<Bytes> r) : r_(std::move(r)) {}
+  int64_t checksum_of_it() { return checksum(r_.get(30s)); }
+
+ private:
+  troupe::ObjectRef<Bytes> r_;
+};
+TROUPE_ACTOR(RefHolder, &RefHolder::checksum_of_it)
+
 namespace {
 
 using troupe::test::eventually;
@@ -183,6 +194,32 @@ TEST_F(ObjectRefTest, CallRefIsConsumedOnAnotherNodeWithoutTheDriver) {
   EXPECT_TRUE(eventually([&] { return m.call(&Maker::stats).get(30s).objects == 0; }));
 }
 
+// A get that times out leaves its fetch running, and the next get takes
+// it: each asked the owner for a whole copy more, so a caller retrying in
+// short slices read the object many times (or, on a slow link, never got
+// it). The Timeout names the object.
+TEST_F(ObjectRefTest, AGetAfterATimedOutOneTakesTheSameFetch) {
+  constexpr int64_t kBytes = 64 << 20;
+  auto m = maker();
+  auto r = m.call_ref(&Maker::make, kBytes).get(60s);
+  const auto& traffic = rt_.core()->traffic();
+  const uint64_t read0 = traffic.read;
+  int timed_out = 0;
+  for (int i = 0; i < 10; ++i) {
+    try {
+      r.get(1ms);
+      break;  // came within a millisecond (a fast machine): nothing to count
+    } catch (const troupe::Timeout& e) {
+      ++timed_out;
+      EXPECT_NE(std::string(e.what()).find("object " + std::to_string(r.id())), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(checksum(r.get(60s)), checksum(pattern(kBytes)));
+  EXPECT_GT(timed_out, 0);
+  const uint64_t read = traffic.read - read0;
+  EXPECT_LT(read, 2 * static_cast<uint64_t>(kBytes)) << "read " << read << " bytes for " << timed_out + 1 << " gets";
+}
+
 TEST_F(ObjectRefTest, FreedWhenTheLastHandleGoes) {
   auto m = maker();
   auto u = user();
@@ -248,6 +285,50 @@ TEST_F(ObjectRefTest, RefsInACallThatIsNeverSentAreLetGo) {
       << rt_.object_store_stats().objects << " objects left of " << base.objects;
   EXPECT_TRUE(eventually([&] { return m.call(&Maker::stats).get(30s).objects == maker_base.objects; }))
       << "the maker still holds the object the call to a dead actor carried";
+}
+
+// An actor creation refused (its name taken) sent nothing a worker will
+// decode: its constructor's refs' pins are given back (the object stayed
+// in its owner until the owner exited; a notebook cell re-run with the
+// same name kept one more each time).
+TEST_F(ObjectRefTest, RefsOfARefusedActorCreationAreLetGo) {
+  auto first = rt_.spawn<User>({.name = "only"});
+  ASSERT_TRUE(first.wait_ready(kWaitBound));
+  const auto base = rt_.object_store_stats();
+  {
+    auto owned = rt_.put(pattern(1 << 20));
+    EXPECT_THROW(rt_.spawn<RefHolder>({.name = "only"}, owned), troupe::ConfigError);
+  }
+  EXPECT_TRUE(eventually([&] { return rt_.object_store_stats().objects == base.objects; }))
+      << rt_.object_store_stats().objects << " objects left of " << base.objects;
+  // One that is made keeps its ref as before.
+  auto owned = rt_.put(pattern(1 << 20));
+  auto holder = rt_.spawn<RefHolder>({}, owned);
+  owned = {};
+  EXPECT_EQ(holder.call(&RefHolder::checksum_of_it).get(30s), checksum(pattern(1 << 20)));
+}
+
+// A stream write that times out (no credit) gives back the pins of the
+// refs its value carries: a writer that retries in short slices kept one
+// more pin of the object at each try, for good.
+TEST_F(ObjectRefTest, RefsInAStreamWriteThatTimesOutAreLetGo) {
+  const auto base = rt_.object_store_stats();
+  {
+    troupe::StreamReader<troupe::ObjectRef<Bytes>> r(rt_, 1);
+    troupe::StreamWriter<troupe::ObjectRef<Bytes>> w(rt_, r.ref());
+    w.write(rt_.put(pattern(1 << 10)), kWaitBound);  // the window's one value
+    {
+      auto late = rt_.put(pattern(2 << 10));
+      for (int i = 0; i < 5; ++i) EXPECT_THROW(w.write(late, 10ms), troupe::Timeout);
+    }
+    auto first = r.read(kWaitBound);
+    ASSERT_TRUE(first.has_value());
+    EXPECT_EQ(first->get(30s), pattern(1 << 10));
+    w.close();
+    EXPECT_FALSE(r.read(kWaitBound).has_value());
+  }
+  EXPECT_TRUE(eventually([&] { return rt_.object_store_stats().objects == base.objects; }))
+      << rt_.object_store_stats().objects << " objects left of " << base.objects;
 }
 
 // A value encoded inside its message (a string, a struct) past the 64 MiB
