@@ -503,7 +503,7 @@ void bind_streams(pyb::module_& m) {
       .def("next", [](PyStream& s, const std::optional<double>& timeout) -> pyb::object {
         std::optional<PyStream::Next> got;
         {
-          pyb::gil_scoped_release nogil;
+          GilReleased nogil;  // a daemon thread reading a stream at exit waits, not aborts
           wait_interruptibly(
               [&](std::chrono::milliseconds slice) {
                 got = s.next(slice);
@@ -608,11 +608,12 @@ void bind_client_queries(pyb::class_<PyClient>& cls) {
       .def("get", &get_many, pyb::arg("refs"), pyb::arg("timeout") = pyb::none(), pyb::arg("lend_for") = 0)
       .def("wait_refs", [](PyClient&, const pyb::list& refs, size_t n,
                            const std::optional<double>& timeout) { return wait_refs(refs, n, timeout); })
-      .def(
-          "wait",
-          [](PyClient&, const RefList& refs, const std::vector<std::shared_ptr<PyStream>>& streams, size_t n,
-             const std::optional<double>& timeout) { return wait_some(refs, streams, n, timeout); },
-          NoGil())
+      .def("wait",
+           [](PyClient&, const RefList& refs, const std::vector<std::shared_ptr<PyStream>>& streams, size_t n,
+              const std::optional<double>& timeout) {
+             GilReleased nogil;  // as get's: a daemon thread waiting at exit must not abort the process
+             return wait_some(refs, streams, n, timeout);
+           })
       .def(
           "kill", [](PyClient& c, uint64_t id, bool no_restart) { c.runtime().kill_actor(id, no_restart); }, NoGil())
       // A piece of actor `id`'s worker log from `offset` (troupe logs),

@@ -429,6 +429,23 @@ def test_refs_a_restart_or_a_retry_needs_stay_held_by_their_caller(tmp_path):
     ref = dies_once.remote(troupe.put("top"), [troupe.put("inside")], str(tmp_path / "died"))
     assert troupe.get(ref, timeout=90) == ("top", "inside")
 
+    # Refs inside a top-level argument that was another call's answer (the
+    # map/reduce shape): that value goes inline, and the refs in it were
+    # held by no one once the first attempt's worker died.
+    @troupe.remote
+    def wrap(x):
+        return x
+
+    @troupe.remote(max_retries=2)
+    def dies_once_then_reads(listed, flag):
+        if not os.path.exists(flag):
+            open(flag, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return troupe.get(listed[0], timeout=60)
+
+    ref = dies_once_then_reads.remote(wrap.remote([troupe.put("inside an answer")]), str(tmp_path / "died-2"))
+    assert troupe.get(ref, timeout=90) == "inside an answer"
+
 
 def test_get_of_a_list_raises_an_error_without_waiting_for_the_rest():
     # As Ray: the error of one ref ends the get; it used to wait for every
@@ -1905,3 +1922,49 @@ def test_values_that_fail_to_pickle_or_unpickle_are_named():
     with pytest.raises(TypeError, match=r"task .*square: argument 0 \(a _BadOnDump\) cannot be pickled: "
                                         r"RuntimeError: cannot reduce me 77"):
         square.remote(_BadOnDump())
+
+
+@troupe.remote
+class InitProbe:
+    def __init__(self):
+        # Ray code's idiom; troupe is the worker's cluster already.
+        self.was = troupe.is_initialized()
+        troupe.init(ignore_reinit_error=True)
+
+    def seen(self):
+        try:
+            troupe.init()
+            twice = "no error"
+        except RuntimeError as e:
+            twice = str(e)
+        return self.was, [n["NodeID"] for n in troupe.nodes()], twice
+
+
+def test_in_an_actor_troupe_is_initialized_and_init_joins_nothing_new():
+    # is_initialized() was False in a worker, and init() joined the cluster
+    # again as a new driver (another namespace) or embedded a second one.
+    was, nodes, twice = troupe.get(InitProbe.remote().seen.remote(), timeout=120)
+    assert was is True
+    assert nodes == [n["NodeID"] for n in troupe.nodes()]
+    assert "called in a worker" in twice, twice
+
+
+@troupe.remote
+def echo_handle(handle):
+    return handle
+
+
+def test_handles_of_one_actor_are_equal_and_hash_alike():
+    a = Counter.remote()
+    back = troupe.get(echo_handle.remote(a), timeout=60)
+    assert a == back and hash(a) == hash(back)
+    assert len({a, back}) == 1
+    assert a != Counter.remote()
+    named = Counter.options(name="equal_by_name").remote()
+    assert troupe.get_actor("equal_by_name") == named
+    troupe.kill(named)
+
+
+def test_get_if_exists_without_a_name_is_refused():
+    with pytest.raises(ConfigError, match="get_if_exists=True needs a name"):
+        Counter.options(get_if_exists=True).remote()

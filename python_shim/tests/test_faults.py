@@ -258,3 +258,43 @@ def test_a_cancelled_call_is_not_run_again_on_its_exceptions(tmp_path):
         troupe.get(ref, timeout=60)
     first = troupe.get(a.count.remote(), timeout=60)
     assert troupe.get(a.count.remote(), timeout=60) == first  # no attempt after the cancel
+
+
+def test_retry_exceptions_retries_async_and_generator_tasks(tmp_path):
+    # The retry ran around the function's call only: an async def task's
+    # error came later, when its coroutine ran (one attempt, no retry), and a
+    # generator task with a fixed num_returns failed every call ("returned a
+    # generator, but it is no generator function").
+    attempts = str(tmp_path / "attempts")
+
+    @troupe.remote(max_retries=3, retry_exceptions=True)
+    async def settles_on_the_third(path):
+        with open(path, "a") as f:
+            f.write("x\n")
+        with open(path) as f:
+            if len(f.readlines()) < 3:
+                raise Flaky("not yet")
+        return "third"
+
+    assert troupe.get(settles_on_the_third.remote(attempts), timeout=120) == "third"
+    with open(attempts) as f:
+        assert len(f.readlines()) == 3
+
+    @troupe.remote(num_returns=2, retry_exceptions=True)
+    def two():
+        yield 1
+        yield 2
+
+    assert troupe.get(list(two.remote()), timeout=120) == [1, 2]
+
+    failed = str(tmp_path / "generator")
+
+    @troupe.remote(num_returns=2, max_retries=2, retry_exceptions=[Flaky])
+    def fails_while_yielding(path):
+        yield "a"
+        if not os.path.exists(path):
+            open(path, "w").close()
+            raise Flaky("between its values")
+        yield "b"
+
+    assert troupe.get(list(fails_while_yielding.remote(failed)), timeout=120) == ["a", "b"]

@@ -400,3 +400,57 @@ def test_options_and_misuse_are_named():
     with pytest.raises(TypeError, match="stays with its caller"):
         squares.remote(gen)
     assert troupe.get(list(gen)) == [0, 1]
+
+
+@troupe.remote
+class TwoStreams:
+    async def count(self, n):
+        for i in range(n):
+            yield i
+
+
+def test_two_streams_of_an_async_generator_actor_interleave():
+    # An actor whose only async methods are async generators got one call
+    # slot: a second stream never started while the first, out of credit,
+    # waited for its reader to read it.
+    a = TwoStreams.remote()
+    g1 = a.count.remote(1000)
+    g2 = a.count.remote(1000)
+    assert troupe.get(next(g1), timeout=60) == 0
+    assert troupe.get(g2._next_sync(timeout_s=30), timeout=60) == 0
+    for _ in range(100):
+        assert troupe.get(next(g1), timeout=60) == troupe.get(next(g2), timeout=60)
+
+
+def test_a_daemon_thread_reading_a_stream_at_exit_does_not_abort_the_process():
+    # Stream.next and wait let go of the GIL as pybind11's guard does: a
+    # daemon thread woken by the exit's shutdown took the GIL back while the
+    # interpreter finalized and the process aborted ("terminate called").
+    import subprocess
+    import sys
+
+    code = """
+import threading, time, troupe
+troupe.init(address="local", num_cpus=2)
+@troupe.remote
+def endless():
+    i = 0
+    while True:
+        yield i
+        i += 1
+        time.sleep(0.001)
+def read():
+    for ref in endless.remote():
+        troupe.get(ref)
+@troupe.remote
+def forever():
+    time.sleep(3600)
+def wait():
+    troupe.wait([forever.remote()], num_returns=1, timeout=None)
+threading.Thread(target=read, daemon=True).start()
+threading.Thread(target=wait, daemon=True).start()
+time.sleep(1)
+"""
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "terminate called" not in out.stderr, out.stderr[-2000:]

@@ -193,6 +193,14 @@ def init(address=None, *, num_cpus=None, num_gpus=None, resources=None, namespac
     are taken and change nothing: troupe never configures Python's logging.
     local_mode and _system_config are refused by name."""
     global _state
+    if _core.in_worker():
+        # In an actor or a task, troupe is its cluster's already: init()
+        # joined that cluster again as a new driver (another job, another
+        # namespace), or embedded a second cluster inside the worker.
+        if ignore_reinit_error:
+            return InitContext(_client())
+        raise RuntimeError("troupe.init() was called in a worker, which is connected to its cluster already "
+                           "(troupe.is_initialized() is True there; init(ignore_reinit_error=True) passes)")
     _remote.check_namespace(namespace, "troupe.init")
     _check_ray_only_init_options(include_dashboard, dashboard_host, dashboard_port, configure_logging,
                                  logging_format, local_mode, _system_config)
@@ -349,7 +357,8 @@ class InitContext:
 
 
 def is_initialized():
-    return _state is not None
+    # A worker's (an actor's, a task's) is its node's cluster, as in Ray.
+    return _state is not None or _core.in_worker()
 
 
 def shutdown():

@@ -265,6 +265,13 @@ class _RetryOnError:
         self.__name__ = getattr(fn, "__name__", "task")
 
     def __call__(self, *args, **kwargs):
+        return self.attempts(lambda fn, a, kw: fn(*a, **kw), args, kwargs)
+
+    def attempts(self, run, args, kwargs):
+        """run(fn, args, kwargs) until it returns, or raises what is not
+        retried; the worker's run settles an async def function's coroutine
+        and collects a generator function's values inside it, so that what
+        they raise is retried as a plain function's error is."""
         # Each attempt gets the arguments as they arrived, as in Ray (where
         # each attempt deserializes them): one that changed them before
         # raising must not hand its changes to the next.
@@ -275,7 +282,7 @@ class _RetryOnError:
         attempt = 0
         while True:
             try:
-                return self.fn(*args, **kwargs)
+                return run(self.fn, args, kwargs)
             except self.kinds:
                 if 0 <= self.retries <= attempt:
                     raise
@@ -325,7 +332,10 @@ _ASYNC_MAX_CONCURRENCY = 100
 
 
 def _has_async_methods(cls):
-    return any(inspect.iscoroutinefunction(getattr(cls, name, None)) for name in dir(cls))
+    # async generators too (Ray counts them): with one call slot, a second
+    # stream of one never started while the first waited for its reader.
+    return any(inspect.iscoroutinefunction(m) or inspect.isasyncgenfunction(m)
+               for m in (getattr(cls, name, None) for name in dir(cls)))
 
 
 def _is_int(value, least):
@@ -1144,6 +1154,18 @@ class ActorHandle:
         state = "session shut down" if troupe._is_stale(self._client) else info["state"]
         return f"ActorHandle({info['class_name']}, id={info['id']}, {state})"
 
+    # Handles of one actor are equal and hash alike, as Ray's (by the
+    # actor's id, in one session: another session numbers its actors from 1
+    # again): a handle sent through a task and back, or found by name, is
+    # the same key in a dict or set.
+    def __eq__(self, other):
+        if not isinstance(other, ActorHandle):
+            return NotImplemented
+        return self._actor.id == other._actor.id and self._client is other._client
+
+    def __hash__(self):
+        return hash(("troupe.ActorHandle", self._actor.id))
+
     def __copy__(self):
         # A copy holds the actor as the original does.
         return ActorHandle(self._actor, None, self._client, self._lifetime, self._table)
@@ -1286,6 +1308,10 @@ class ActorClass:
         name = str(self._options["name"]) if self._options.get("name") else None
         if name is not None:
             name = full_actor_name(name, self._options.get("namespace") or troupe._namespace())
+        if self._options.get("get_if_exists") and name is None:
+            # Ray refuses it too: without a name every call made a new actor.
+            raise ConfigError(f"actor {self.__name__}: get_if_exists=True needs a name (it gets the actor of that "
+                              f"name, or makes it), got name={self._options.get('name')!r}")
         groups = _concurrency_groups(self._options, f"actor {self.__name__}")
         for method_name, group in sorted(_method_table(self._cls)[2].items()):
             if group not in groups:

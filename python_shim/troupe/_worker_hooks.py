@@ -551,7 +551,17 @@ def run_task(key, args, top, token=0, stream=None):
             if stream is not None:
                 return _streamed(stream, lambda: _task_call(fn, args, top), f"task {name}",
                                  lambda: f"task {name} (pid {os.getpid()})", token)
-            return _answer(_settle(_yielded(fn, _task_call(fn, args, top)), token), f"task {name}")
+            from troupe import _remote
+
+            if isinstance(fn, _remote._RetryOnError):
+                # Retried here, not in the wrapper: an async def function's
+                # error comes when its coroutine runs, a generator's while
+                # its values are collected (_yielded looks at the function).
+                a, kw = ser.load_call_args(args, top)
+                value = fn.attempts(lambda f, a, kw: _settle(_yielded(f, f(*a, **kw)), token), a, kw)
+            else:
+                value = _settle(_yielded(fn, _task_call(fn, args, top)), token)
+            return _answer(value, f"task {name}")
         finally:
             with _cancel_lock:
                 _running.pop(token, None)
