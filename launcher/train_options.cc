@@ -383,14 +383,16 @@ int64_t steps_per_epoch(const TrainOptions& o, const actors::DatasetSpec& data) 
   int64_t step = 0;  // samples of one worker's step (both are checked positive, and at most 2^20 accumulated)
   const bool step_fits = !__builtin_mul_overflow(o.batch_size, o.accumulation, &step);
   if (step_fits && per_worker >= step) return (n / o.workers + (n % o.workers != 0 ? 1 : 0)) / step;
-  const std::string held =
-      o.block_size > 0 ? plural(n, "window") + " of --block-size " + std::to_string(o.block_size) : plural(n, "sample");
+  const std::string held = o.block_size > 0
+                               ? plural(n, "window") + " of " + named(o, "block_size", std::to_string(o.block_size))
+                               : plural(n, "sample");
   int64_t global = 0;
   const bool fits = step_fits && !__builtin_mul_overflow(workers, step, &global);
-  throw ConfigError("--data " + o.data + " has " + held + ", fewer than one step of " +
-                    (grows ? "--max-workers " : "--workers ") + std::to_string(workers) + " × --batch-size " +
-                    std::to_string(o.batch_size) +
-                    (o.accumulation > 1 ? " × --accumulation " + std::to_string(o.accumulation) : "") +
+  // Each value named as the user gave it: a flag, or a job file's key.
+  throw ConfigError(named(o, "data", o.data) + " has " + held + ", fewer than one step of " +
+                    named(o, grows ? "max_workers" : "workers", std::to_string(workers)) + " × " +
+                    named(o, "batch_size", std::to_string(o.batch_size)) +
+                    (o.accumulation > 1 ? " × " + named(o, "accumulation", std::to_string(o.accumulation)) : "") +
                     (fits ? " = " + std::to_string(global) : ""));
 }
 
@@ -428,8 +430,9 @@ actors::DatasetSpec data_spec(const TrainOptions& o, const std::string& path) {
   const std::string abs = fs::absolute(path).string();
   if (o.block_size > 0) {
     // An .npz is a zip: its bytes read as token ids train on noise.
-    require(!ends_with(path, ".npz"), "--block-size " + std::to_string(o.block_size) + " reads a token stream, and " +
-                                          path + " is an .npz of arrays: give a .bin of token ids or a 1-d integer " +
+    require(!ends_with(path, ".npz"), named(o, "block_size", std::to_string(o.block_size)) +
+                                          " reads a token stream, and " + path +
+                                          " is an .npz of arrays: give a .bin of token ids or a 1-d integer " +
                                           ".npy, or leave out --block-size");
     auto spec = actors::DatasetSpec("token_stream").set("path", abs).set("block_size", o.block_size);
     if (!ends_with(path, ".npy")) spec.set("dtype", o.token_dtype);
@@ -572,8 +575,8 @@ void check(const TrainOptions& o) {
           source_of(o, "cpu_gemm") + " must be auto, onednn or aten, got '" + o.cpu_gemm + "'");
   require(o.amp == "none" || o.amp == "bf16" || o.amp == "fp16",
           source_of(o, "amp") + " must be none, bf16 or fp16, got '" + o.amp + "'");
-  require(o.amp != "fp16" || o.gpus_per_worker > 0,
-          "--amp fp16 is mixed precision on a GPU: give --gpus-per-worker too (on the CPU, --amp bf16)");
+  require(o.amp != "fp16" || o.gpus_per_worker > 0, named(o, "amp", "fp16") + " is mixed precision on a GPU: give " +
+                                                        source_of(o, "gpus_per_worker") + " too (on the CPU, bf16)");
   // Last: an error in what the job is given names that first.
   require(!o.checkpoint_dir.empty(), "no checkpoint directory: give --checkpoint-dir DIR");
   std::error_code ec;
@@ -584,7 +587,7 @@ void check(const TrainOptions& o) {
 void make_checkpoint_dir(const TrainOptions& o) {
   std::error_code ec;
   fs::create_directories(o.checkpoint_dir, ec);
-  if (ec) throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + ": cannot create it: " + ec.message());
+  if (ec) throw ConfigError(named(o, "checkpoint_dir", o.checkpoint_dir) + ": cannot create it: " + ec.message());
   // One that exists but takes no file (read-only, another's) is said now,
   // not at the first checkpoint after training has run.
   std::random_device rd;
@@ -592,7 +595,7 @@ void make_checkpoint_dir(const TrainOptions& o) {
       fs::path(o.checkpoint_dir) / (".troupe-write-check-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0)
-    throw ConfigError("--checkpoint-dir " + o.checkpoint_dir + " takes no checkpoint: " + std::strerror(errno));
+    throw ConfigError(named(o, "checkpoint_dir", o.checkpoint_dir) + " takes no checkpoint: " + std::strerror(errno));
   ::close(fd);
   fs::remove(probe, ec);
 }
@@ -667,7 +670,7 @@ trainer::TrainJobConfig to_job_config(const TrainOptions& o, std::vector<std::st
   }
   const int64_t per_epoch = steps_per_epoch(o, c.trainer.data);
   if (!o.val_data.empty() && actors::make_dataset(c.trainer.validation_data)->size() <= 0)
-    throw ConfigError("--val-data " + o.val_data + " holds no samples");
+    throw ConfigError(named(o, "val_data", o.val_data) + " holds no samples");
   // The cosine decays to the job's last step: the epochs', or max_steps when
   // that comes first.
   if (o.schedule == "cosine")

@@ -77,7 +77,7 @@ def main():
     p.add_argument("--storage", default=None, help="where checkpoints go (default: a new temporary directory)")
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-step", type=int, default=-1)
-    p.add_argument("--address", default=None, help="HOST:PORT of a cluster (default: an embedded one)")
+    p.add_argument("--address", default=None, help="HOST:PORT of a cluster, or local for an embedded one (default: $TROUPE_ADDRESS, else the cluster troupe start runs on this machine, else an embedded one)")
     a = p.parse_args()
     a.storage = a.storage or tempfile.mkdtemp(prefix="troupe-torchtrainer-")
     troupe.init(address=a.address)

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Dict
@@ -40,10 +41,19 @@ class Step(nn.Module):
         return {"loss": self.loss_fn(logits, batch["y"]), "accuracy": accuracy.detach()}
 
 
-def trainer_pids():
+def job_trainers(before):
+    """(pid, on this host) of the trainers this job placed: TrainerActors
+    alive now that were not there before it started (`before`: their ids
+    then); os.kill reaches only those on a node of this machine."""
     status = json.loads(troupe._client().status_json())
-    return [a["pid"] for a in status["actors"]
-            if a["class"] == "troupe::trainer::TrainerActor" and a["state"] == "ALIVE"]
+    here = {n["id"] for n in status["nodes"] if n.get("hostname") == socket.gethostname()}
+    return [(a["pid"], a["node"] in here) for a in status["actors"]
+            if a["class"] == "troupe::trainer::TrainerActor" and a["state"] == "ALIVE" and a["id"] not in before]
+
+
+def trainer_ids():
+    status = json.loads(troupe._client().status_json())
+    return {a["id"] for a in status["actors"] if a["class"] == "troupe::trainer::TrainerActor"}
 
 
 def main():
@@ -55,25 +65,30 @@ def main():
     p.add_argument("--max-failures", type=int, default=3)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--kill-after-steps", type=int, default=-1)
-    p.add_argument("--address", default=None, help="HOST:PORT of a cluster (default: an embedded one)")
+    p.add_argument("--address", default=None, help="HOST:PORT of a cluster, or local for an embedded one (default: $TROUPE_ADDRESS, else the cluster troupe start runs on this machine, else an embedded one)")
     a = p.parse_args()
     torch.manual_seed(0)
     x = torch.randn(a.samples, 16)
     y = (x.sum(1, keepdim=True) > 0).float()
     troupe.init(address=a.address)
+    before = trainer_ids() if a.kill_after_steps > 0 else set()
     job = TrainJob(Step(), {"x": x, "y": y}, workers=a.workers, epochs=a.epochs, batch_size=a.batch_size,
                    optimizer="sgd", lr=0.1, momentum=0.0,  # torch.optim.SGD(lr=0.1), as train_ddp.py
                    max_failures=a.max_failures, checkpoint_dir=a.checkpoint_dir).start()
     if a.kill_after_steps > 0:
         deadline = time.time() + 300
-        while time.time() < deadline and (len(job.progress()) < a.kill_after_steps or len(trainer_pids()) < 2):
-            time.sleep(0.005)
-        victim = trainer_pids()[-1]
-        print(f"killing trainer pid {victim} after {len(job.progress())} steps", flush=True)
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            print("the job had finished already: nothing to kill", flush=True)
+        while time.time() < deadline and job._proc.poll() is None and \
+                (len(job.progress()) < a.kill_after_steps or len(job_trainers(before)) < 2):
+            time.sleep(0.02)
+        pids = [pid for pid, here in job_trainers(before) if here]
+        if not pids:
+            print("no trainer of this job runs on this host (or the job had finished): nothing to kill", flush=True)
+        else:
+            print(f"killing trainer pid {pids[-1]} after {len(job.progress())} steps", flush=True)
+            try:
+                os.kill(pids[-1], signal.SIGKILL)
+            except ProcessLookupError:
+                print("the job had finished already: nothing to kill", flush=True)
     result = job.wait()
     last = result.history[-1]
     print(f"done: {last['step']} steps, loss {last['loss']:.4f}, {result.recoveries} recovery(ies), "

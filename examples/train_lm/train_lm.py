@@ -28,6 +28,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import sysconfig
 import tempfile
@@ -60,19 +61,29 @@ def stdlib_corpus(max_bytes):
     return bytes(text[:max_bytes]), root, used
 
 
-def trainer_pids():
+def job_trainers(before):
+    """(pid, on this host) of the trainers this job placed: TrainerActors
+    alive now that were not there before it started (`before`: their ids
+    then); os.kill reaches only those on a node of this machine."""
     status = json.loads(troupe._client().status_json())
-    return [a["pid"] for a in status["actors"]
-            if a["class"] == "troupe::trainer::TrainerActor" and a["state"] == "ALIVE"]
+    here = {n["id"] for n in status["nodes"] if n.get("hostname") == socket.gethostname()}
+    return [(a["pid"], a["node"] in here) for a in status["actors"]
+            if a["class"] == "troupe::trainer::TrainerActor" and a["state"] == "ALIVE" and a["id"] not in before]
 
 
-def kill_one_trainer_after(job, steps):
+def trainer_ids():
+    status = json.loads(troupe._client().status_json())
+    return {a["id"] for a in status["actors"] if a["class"] == "troupe::trainer::TrainerActor"}
+
+
+def kill_one_trainer_after(job, before, steps):
     deadline = time.time() + 600
-    while time.time() < deadline and (len(job.progress()) < steps or len(trainer_pids()) < 2):
-        time.sleep(0.01)
-    pids = trainer_pids()
+    while time.time() < deadline and job._proc.poll() is None and \
+            (len(job.progress()) < steps or len(job_trainers(before)) < 2):
+        time.sleep(0.05)
+    pids = [pid for pid, here in job_trainers(before) if here]
     if not pids:
-        print("the job had finished already: nothing to kill", flush=True)
+        print("no trainer of this job runs on this host (or the job had finished): nothing to kill", flush=True)
         return
     print(f"killing trainer pid {pids[-1]} after {len(job.progress())} steps", flush=True)
     try:
@@ -98,7 +109,7 @@ def main():
     p.add_argument("--amp", choices=["none", "bf16"], default="none", help="bf16 autocast for the forward pass")
     p.add_argument("--sample-bytes", type=int, default=300)
     p.add_argument("--out", default=None, help="corpus, checkpoints (default: a new temp dir)")
-    p.add_argument("--address", default=None, help="HOST:PORT of a cluster (default: an embedded one)")
+    p.add_argument("--address", default=None, help="HOST:PORT of a cluster, or local for an embedded one (default: $TROUPE_ADDRESS, else the cluster troupe start runs on this machine, else an embedded one)")
     a = p.parse_args()
     for name in ("workers", "epochs", "corpus_bytes", "block_size", "width", "layers", "heads", "batch_size"):
         if getattr(a, name) < 1:
@@ -148,6 +159,7 @@ def train(a, out):
 
 
 def run_job(a, out, model):
+    before = trainer_ids() if a.kill_after_steps > 0 else set()
     job = TrainJob(model, os.path.join(out, "train.bin"), val_data=os.path.join(out, "val.bin"),
                    block_size=a.block_size, workers=a.workers, epochs=a.epochs, batch_size=a.batch_size,
                    optimizer="adamw", lr=a.lr, weight_decay=0.01, warmup_steps=a.warmup_steps,
@@ -155,7 +167,7 @@ def run_job(a, out, model):
                    max_failures=a.max_failures, amp=a.amp, log_every=20, checkpoint_dir=os.path.join(out, "checkpoints"),
                    name="train_lm").start()
     if a.kill_after_steps > 0:
-        kill_one_trainer_after(job, a.kill_after_steps)
+        kill_one_trainer_after(job, before, a.kill_after_steps)
     return job.wait()
 
 

@@ -919,6 +919,15 @@ TEST_F(TrainCliTest, BadInputExitsNonZeroWithOneLineNamingIt) {
     }
   }
   expect_one_line_failure(with({"--config", at("bomb.yaml")}), "bomb.yaml: YAML expands to more than 100000 values");
+  // What a job file gave is named by its key, not by flags the command
+  // never had ("--data … fewer than one step of --workers 2").
+  std::ofstream(dir_ / "small.yaml") << "model: " << at("step.pt") << "\ndata: " << at("train.npz")
+                                     << "\nworkers: 2\nbatch_size: 64\ncheckpoint_dir: " << at("ckpt") << "\n";
+  const Outcome small = run({TROUPE_TRAIN, "--config", at("small.yaml")}, dir_ / "small.log");
+  const std::string key = "job file " + at("small.yaml") + ": key ";
+  expect_one_line_failure(small, key + "'data': " + at("train.npz") + " has 64 samples, fewer than one step of " + key +
+                                     "'workers': 2 × " + key + "'batch_size': 64 = 128");
+  EXPECT_EQ(small.output.find("--workers"), std::string::npos) << small.output;
   EXPECT_EQ(run({TROUPE_TRAIN, "--help"}, dir_ / "help.log").status, 0);
 
   expect_one_line_failure(with({"--momentum", "1"}), "--momentum must be a number in [0, 1), got 1");

@@ -290,6 +290,13 @@ def _python_terms(message, work, config):
             value = config.get(key)
             if isinstance(value, str) and value:
                 message = message.replace(f"{job_file}key '{key}': {value}", f"{key}={value!r}")
+        # Numbers and the words of string settings the job file gave:
+        # "key 'workers': 2" is workers=2, "key 'amp': fp16" is amp='fp16'.
+        message = re.sub(re.escape(job_file) + r"key '(\w+)': (-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)(?![\w.])",
+                         r"\1=\2", message)
+        message = re.sub(re.escape(job_file) + r"key '(\w+)': ([\w.-]+)",
+                         lambda m: (f"{m.group(1)}={m.group(2)!r}" if m.group(2) in _STRING_VALUES
+                                    or m.group(2) == config.get(m.group(1)) else m.group(0)), message)
         message = re.sub(re.escape(job_file) + r"key '(\w+)(?:\.([^']+))?'",
                          lambda m: m.group(1) + (f"[{m.group(2)!r}]" if m.group(2) else ""), message)
         message = message.replace(job_file, "")
