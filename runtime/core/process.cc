@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -378,6 +379,25 @@ uint64_t memory_limit_bytes() {
   }
   if (limit && *limit > 0 && (bytes == 0 || *limit < bytes)) bytes = *limit;
   return bytes;
+}
+
+int cpu_limit() {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  std::ifstream cgroup("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroup, line);) {
+    if (line.rfind("0::", 0) != 0) continue;
+    std::ifstream max("/sys/fs/cgroup" + line.substr(3) + "/cpu.max");  // "QUOTA PERIOD" or "max PERIOD"
+    std::string quota;
+    long long period = 0;
+    if (max >> quota >> period && quota != "max" && period > 0) {
+      const long long q = std::atoll(quota.c_str());
+      if (q > 0) n = std::min<long>(n, static_cast<long>((q + period - 1) / period));
+    }
+  }
+  return static_cast<int>(std::max(1L, n));
 }
 
 std::string host_key() {

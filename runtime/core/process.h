@@ -112,6 +112,11 @@ bool process_running(pid_t pid, uint64_t start_time);
 // is lower. 0 when neither can be read.
 uint64_t memory_limit_bytes();
 
+// The CPUs this process may use: its affinity mask's count (taskset, a
+// container's CPU set), or its cgroup's v2 cpu.max quota rounded up when
+// that is lower (a container's CPU limit). At least 1.
+int cpu_limit();
+
 // This machine's boot and this process's pid namespace, as one string: two
 // processes with equal keys see each other's pids in /proc.
 std::string host_key();

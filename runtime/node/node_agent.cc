@@ -115,7 +115,9 @@ void choose_addresses(NodeOptions& o) {
 
 Resources detect_resources(const Resources& overrides) {
   Resources r;
-  r["CPU"] = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  // The CPUs this agent may use (a container's CPU set or quota), not the
+  // machine's: a pod limited to 4 of 64 offered 64.
+  r["CPU"] = static_cast<double>(core::cpu_limit());
   r["GPU"] = cuda_device_count();
   // Bytes, as Ray's "memory": what actors and tasks ask with `memory=` (a
   // reservation the scheduler counts, not a limit it enforces).

@@ -3,6 +3,7 @@
 // connect to (never the wildcard a process binds to).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/files.h"
 #include "troupe/runtime/core/process.h"
+#include "troupe/runtime/node/node_agent.h"
 #include "troupe/runtime/testing/local_cluster.h"
 
 using namespace std::chrono_literals;
@@ -191,3 +193,23 @@ TEST(Addresses, IPv6LoopbackWorks) {
 }
 
 }  // namespace
+
+// A node agent offers the CPUs it may use: its affinity mask (a
+// container's CPU set, taskset), not the machine's online CPUs.
+TEST(CpuLimit, IsWhatTheAffinityMaskAllows) {
+  cpu_set_t was;
+  CPU_ZERO(&was);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof was, &was), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &was)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+  const int limited = troupe::core::cpu_limit();
+  const double offered = troupe::node::detect_resources({}).at("CPU");
+  ::sched_setaffinity(0, sizeof was, &was);
+  EXPECT_EQ(limited, 1);
+  EXPECT_EQ(offered, 1.0);
+  EXPECT_LE(troupe::core::cpu_limit(), CPU_COUNT(&was));
+}
