@@ -133,7 +133,8 @@ int parse(int argc, char** argv, Args& a) {
   try {
     app.parse(argc, argv);
     if (a.crop > a.image)
-      throw CLI::ValidationError("--crop", std::to_string(a.crop) + " is larger than --image " + std::to_string(a.image));
+      throw CLI::ValidationError("--crop",
+                                 std::to_string(a.crop) + " is larger than --image " + std::to_string(a.image));
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
@@ -146,11 +147,18 @@ bool wanted(const Args& a, const char* name) { return a.only == "all" || a.only 
 nlohmann::ordered_json run_peer(const Args& a) {
   std::ostringstream seconds;
   seconds << a.seconds;
-  return troupe::bench::run_peer_json(
-      {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_dataloader.py", "--seconds", seconds.str(),
-       "--size", std::to_string(a.size), "--batch", std::to_string(a.batch), "--workers", "2",
-       "--image", std::to_string(a.image), "--crop", std::to_string(a.crop)},
-      {.name = "torch_dataloader.py"}, std::chrono::milliseconds(static_cast<int64_t>((a.seconds + 120) * 1000)));
+  // The same work as troupe's side: as many workers as loader threads,
+  // and the normalisation deferred to the consumer when troupe's is.
+  std::vector<std::string> args = {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_dataloader.py",
+                                   "--seconds",        seconds.str(),
+                                   "--size",           std::to_string(a.size),
+                                   "--batch",          std::to_string(a.batch),
+                                   "--workers",        std::to_string(a.threads),
+                                   "--image",          std::to_string(a.image),
+                                   "--crop",           std::to_string(a.crop)};
+  if (a.defer_normalize) args.push_back("--defer-normalize");
+  return troupe::bench::run_peer_json(args, {.name = "torch_dataloader.py"},
+                                      std::chrono::milliseconds(static_cast<int64_t>((a.seconds + 120) * 1000)));
 }
 
 troupe::actors::ImageTransformOptions transform(const Args& a) {
@@ -173,8 +181,7 @@ struct Rate {
 // BatchPipeline with an in-process consumer.
 Rate pipeline_inprocess(const Args& a, int64_t* token_bound) {
   auto ds = troupe::actors::ImageRecordDataset::synthetic(
-      {.size = a.size, .channels = 3, .height = a.image, .width = a.image, .num_classes = 10, .seed = 0},
-      transform(a));
+      {.size = a.size, .channels = 3, .height = a.image, .width = a.image, .num_classes = 10, .seed = 0}, transform(a));
   troupe::actors::DistributedSampler sampler({.dataset_size = a.size, .world_size = 1, .shuffle = true, .seed = 0});
   troupe::actors::BatchPipeline pipe(*ds, {.batch_size = a.batch, .num_threads = a.threads, .prefetch_depth = 2});
   *token_bound = pipe.max_live_tokens();

@@ -291,8 +291,16 @@ struct LoaderFed {
 
 // The steps per train() call of the loader-bound cases: troupe's trainer
 // reads the steps' losses back from the GPU once per call, and the peer
-// (--loss-every) once per as many steps.
-int64_t loss_every(const Args& a) { return std::max<int64_t>(1, a.steps / 6); }
+// (--loss-every) once per as many steps. A call also ends at each epoch's
+// end, so the round is the largest divisor of an epoch's steps up to a
+// sixth of the steps: every round of either side is that long (it was a
+// sixth, 25 at the defaults, against troupe's 16-step epochs).
+int64_t loss_every(const Args& a) {
+  const int64_t epoch = std::max<int64_t>(1, a.records / std::max<int64_t>(1, a.batch));
+  int64_t round = std::clamp<int64_t>(a.steps / 6, 1, epoch);
+  while (epoch % round != 0) --round;
+  return round;
+}
 
 // The peer's arguments for a loader-fed case: the same data format
 // (uint8 to the GPU unless --normalize-in-loader) and loss read-back

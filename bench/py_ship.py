@@ -4,7 +4,7 @@ A cluster of one head (no CPUs) and --hosts node agents, each in a mount
 namespace with a tmpfs over the folder that holds the data set (another
 host's view: the driver's file is not there) and a session directory of its
 own. `troupe train --ship-files` trains an MLP for a few steps on an .npz of
---mb MB that the hosts fetch from the driver; the peer is the same job
+--mb MiB that the hosts fetch from the driver; the peer is the same job
 without shipping on a path the hosts see (a hard link to the same file),
 measured in the same run. Cases (peak resident memory of the driver's
 process, from wait4's rusage; wall seconds):
@@ -35,7 +35,7 @@ def log(msg):
 
 
 def measured(cmd, env, cwd=None):
-    """(peak RSS in MB, wall seconds) of one run of `cmd`, which must succeed
+    """(peak RSS in MiB, wall seconds) of one run of `cmd`, which must succeed
     (the peak is at least this process's own at the fork: kept small)."""
     start = time.monotonic()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd)
@@ -61,7 +61,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default="build")
     ap.add_argument("--hosts", type=int, default=2, help="node agents, one trainer each (default 2)")
-    ap.add_argument("--mb", type=int, default=300, help="size of the .npz in MB (default 300)")
+    ap.add_argument("--mb", type=int, default=300, help="size of the .npz in MiB (default 300)")
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
     if os.geteuid() != 0 or not shutil.which("unshare"):
@@ -78,7 +78,7 @@ def main():
     os.mkdir(hidden)
     os.mkdir(visible)
     rows = max(1, a.mb * (1 << 20) // (256 * 4 + 8))
-    log(f"writing a {a.mb} MB .npz ({rows} rows)")
+    log(f"writing a {a.mb} MiB .npz ({rows} rows)")
     # In a process of its own: a child's peak RSS (wait4) starts from this
     # process's at the fork, which must stay small.
     subprocess.run([sys.executable, "-c", f"""
@@ -134,8 +134,8 @@ while sum(1 for n in troupe.nodes() if n["Alive"]) < {1 + a.hosts}:
         fresh = train(os.path.join(hidden, "data.npz"), "--ship-files")
         cached = train(os.path.join(hidden, "data.npz"), "--ship-files")
         plain = train(os.path.join(visible, "data.npz"))
-        row("ship_driver_rss_mb", fresh[0], "MB", plain[0], hosts=a.hosts, file_mb=a.mb)
-        row("ship_cached_rss_mb", cached[0], "MB", plain[0], hosts=a.hosts, file_mb=a.mb)
+        row("ship_driver_rss_mb", fresh[0], "MiB", plain[0], hosts=a.hosts, file_mb=a.mb)
+        row("ship_cached_rss_mb", cached[0], "MiB", plain[0], hosts=a.hosts, file_mb=a.mb)
         row("ship_wall_s", fresh[1], "s", plain[1], hosts=a.hosts, file_mb=a.mb)
 
         def torchrun(folder, *extra):
@@ -146,7 +146,7 @@ while sum(1 for n in troupe.nodes() if n["Alive"]) < {1 + a.hosts}:
         log(f"torchrun: the working directory shipped to {a.hosts} host(s), then unshipped")
         shipped_dir = torchrun(hidden, "--ship-working-dir")
         plain_dir = torchrun(visible)
-        row("ship_dir_rss_mb", shipped_dir[0], "MB", plain_dir[0], hosts=a.hosts, file_mb=a.mb)
+        row("ship_dir_rss_mb", shipped_dir[0], "MiB", plain_dir[0], hosts=a.hosts, file_mb=a.mb)
         row("ship_dir_wall_s", shipped_dir[1], "s", plain_dir[1], hosts=a.hosts, file_mb=a.mb)
     finally:
         subprocess.run([troupe, "stop"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)

@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,7 +58,7 @@ namespace {
 struct Trial {
   double recovery_s = 0;
   int64_t lost_steps = 0;
-  double heal_s = 0;  // failure seen -> training resumed, inside the driver
+  double heal_s = 0;      // failure seen -> training resumed, inside the driver
   bool pool_full = true;  // the pool had refilled after the job's own spawns
 };
 
@@ -115,7 +116,13 @@ Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_
   std::atomic<bool> killed{false};
   Clock::time_point kill_at, done_at;
   bool pool_full = true;
+  // The job's clock (StepInfo::time, Recovery's times: seconds since its
+  // fit() began) on this one: taken at a step's report, so at most that
+  // report's delay late.
+  std::optional<Clock::time_point> job_start;
   c.on_step = [&](const StepInfo& s) {
+    if (!job_start)
+      job_start = Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s.time));
     if (killed && done_at == Clock::time_point{}) done_at = Clock::now();
     if (s.step == kill_step && !killed) {
       // The job's own spawns took the pooled workers; the kill waits until
@@ -142,6 +149,12 @@ Trial run_trial(troupe::testing::LocalCluster& cluster, Mode mode, int64_t kill_
       std::fprintf(stderr, "  %8.3fs %-10s %s\n", e.time, to_string(e.kind), e.detail.c_str());
   if (r.recoveries.size() != 1) throw Error("expected one recovery, saw " + std::to_string(r.recoveries.size()));
   Trial t;
+  // The step the job itself says completed after the failure: the first
+  // on_step after the kill could be a step that finished before it (its
+  // reply read just after), which read as a recovery of about 0 s.
+  if (r.recoveries[0].step_done_at > 0 && job_start)
+    done_at = *job_start +
+              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(r.recoveries[0].step_done_at));
   t.recovery_s = std::chrono::duration<double>(done_at - kill_at).count();
   t.lost_steps = r.recoveries[0].lost_steps;
   t.heal_s = r.recoveries[0].resumed_at - r.recoveries[0].failed_at;

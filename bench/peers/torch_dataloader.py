@@ -3,8 +3,10 @@
 that bench/data_loader.cc reports its ratio against.
 
 3x64x64 uint8 images held in memory (--image), random crop to 56 (--crop),
-horizontal flip, ToTensor-style scaling and Normalize, batch 64, shuffled, 2 worker
-processes: what torchvision's RandomCrop + RandomHorizontalFlip + ToTensor +
+horizontal flip, ToTensor-style scaling and Normalize, batch 64, shuffled, --workers
+worker processes (the benchmark passes its --threads); with --defer-normalize
+the workers ship uint8 crops and the main loop scales and normalises each
+batch, as troupe's consumer does then: what torchvision's RandomCrop + RandomHorizontalFlip + ToTensor +
 Normalize do, written with plain tensor ops (Debian has no torchvision).
 Prints one JSON line, then leaves with os._exit(0): the DataLoader's worker
 processes are not joined (the benchmark kills the process group once the
@@ -24,7 +26,8 @@ STD = (0.229, 0.224, 0.225)
 
 
 class Images(Dataset):
-    def __init__(self, size, image, crop, seed):
+    def __init__(self, size, image, crop, seed, defer=False):
+        self.defer = defer
         g = torch.Generator().manual_seed(seed)
         self.images = torch.randint(0, 256, (size, 3, image, image), dtype=torch.uint8, generator=g)
         self.labels = torch.randint(0, 10, (size,), generator=g)
@@ -45,6 +48,8 @@ class Images(Dataset):
         # RandomHorizontalFlip()
         if torch.rand(1) < 0.5:
             img = img.flip(-1)
+        if self.defer:
+            return img.contiguous(), self.labels[i]
         # ToTensor() then Normalize(MEAN, STD)
         x = img.float().div(255)
         x = x.sub_(self.mean).div_(self.std)
@@ -59,19 +64,26 @@ def main():
     p.add_argument("--crop", type=int, default=56)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--defer-normalize", action="store_true")
     args = p.parse_args()
+    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(STD).view(1, 3, 1, 1)
 
-    ds = Images(args.size, args.image, args.crop, seed=0)
+    def finish(x):
+        # The consumer's half of a deferred normalisation.
+        return x.float().div_(255).sub_(mean).div_(std) if args.defer_normalize else x
+
+    ds = Images(args.size, args.image, args.crop, seed=0, defer=args.defer_normalize)
     loader = DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
                         persistent_workers=args.workers > 0, drop_last=False)
     checksum = 0.0
     for x, y in loader:  # warm-up epoch: starts the workers
-        checksum += float(x[0, 0, 0, 0])
+        checksum += float(finish(x)[0, 0, 0, 0])
     batches = samples = 0
     start = time.perf_counter()
     while time.perf_counter() - start < args.seconds:
         for x, y in loader:
-            checksum += float(x[0, 0, 0, 0])
+            checksum += float(finish(x)[0, 0, 0, 0])
             batches += 1
             samples += x.shape[0]
     elapsed = time.perf_counter() - start
@@ -83,6 +95,7 @@ def main():
         "batches_per_s": batches / elapsed,
         "batch": args.batch,
         "workers": args.workers,
+        "defer_normalize": args.defer_normalize,
         "samples": samples,
         "seconds": elapsed,
         "torch": torch.__version__,
