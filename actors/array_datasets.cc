@@ -103,7 +103,7 @@ Sample TokenStreamDataset::load(int64_t index, int64_t /*epoch*/) const {
   const size_t item = torch::elementSize(tokens_.dtype());
   auto window = torch::empty({len}, torch::TensorOptions().dtype(tokens_.dtype()));
   tokens_.check_unchanged();
-  read_mapped({&tokens_}, [&] {
+  read_mapped(&tokens_, 1, [&] {
     std::memcpy(window.data_ptr(), tokens_.data() + static_cast<size_t>(start) * item, static_cast<size_t>(len) * item);
   });
   auto ids = widen(window, tokens_.unsigned_ints());

@@ -224,12 +224,6 @@ void ImageRecordDataset::check_files() const {
   for (const NpyArray& f : files_) f.check_unchanged();
 }
 
-std::vector<const NpyArray*> ImageRecordDataset::mapped_files() const {
-  std::vector<const NpyArray*> out;
-  for (const NpyArray& f : files_) out.push_back(&f);
-  return out;
-}
-
 std::string ImageRecordDataset::describe() const {
   std::ostringstream os;
   os << "image_records(" << origin_ << ", crop=" << transform_.crop << ", flip=" << transform_.flip
@@ -245,7 +239,7 @@ Sample ImageRecordDataset::load(int64_t index, int64_t epoch) const {
   // destructors of whatever it made.
   auto input = torch::empty(transformed_sizes(c, h, w, transform_), transformed_dtype(transform_));
   int64_t label = 0;
-  read_mapped(mapped_files(), [&] {
+  read_mapped(files_.data(), files_.size(), [&] {
     transform_into(input.data_ptr(), src, c, h, w, transform_, epoch, index);
     label = labels_.data_ptr<int64_t>()[index];
   });
@@ -267,7 +261,7 @@ std::optional<TensorDict> ImageRecordDataset::load_batch(const std::vector<int64
   auto* rows = static_cast<char*>(input.data_ptr());
   const int64_t row_bytes = input.numel() / input.size(0) * static_cast<int64_t>(input.element_size());
   int64_t* targets = target.data_ptr<int64_t>();
-  read_mapped(mapped_files(), [&] {
+  read_mapped(files_.data(), files_.size(), [&] {
     for (size_t k = 0; k < indices.size(); ++k) {
       const int64_t index = indices[k];
       transform_into(rows + static_cast<int64_t>(k) * row_bytes, images + index * c * h * w, c, h, w, transform_, epoch,

@@ -107,8 +107,6 @@ class ImageRecordDataset final : public Dataset {
   // records): a read checks that they were not written in place since.
   std::vector<NpyArray> files_;
   void check_files() const;
-  // The mapped files it reads, for read_mapped.
-  std::vector<const NpyArray*> mapped_files() const;
   mutable std::mutex finish_mu_;
   mutable torch::Tensor finish_out_;  // finish()'s last CPU output
   // finish()'s table and channel offsets (channel·256) on the last GPU it

@@ -175,26 +175,28 @@ void take_bus_faults() {
 }
 }  // namespace
 
-void read_mapped(const std::vector<const NpyArray*>& files, const std::function<void()>& read) {
+namespace detail {
+void read_mapped(const NpyArray* files, size_t count, void (*read)(void*), void* context) {
   take_bus_faults();
   sigjmp_buf jump;
   sigjmp_buf* const outer = t_mapped_read;
   if (sigsetjmp(jump, 0) != 0) {
     t_mapped_read = outer;
-    for (const NpyArray* f : files) f->check_unchanged_now();
-    throw ConfigError("reading " + (files.empty() ? std::string("a mapped file") : "'" + files[0]->path() + "'") +
+    for (size_t i = 0; i < count; ++i) files[i].check_unchanged_now();
+    throw ConfigError("reading " + (count == 0 ? std::string("a mapped file") : "'" + files[0].path() + "'") +
                       " faulted (SIGBUS): a file was cut short while the job read it. Write a new file and rename it "
                       "over the old one (a running job keeps reading the old), or stop the job first");
   }
   t_mapped_read = &jump;
   try {
-    read();
+    read(context);
   } catch (...) {
     t_mapped_read = outer;
     throw;
   }
   t_mapped_read = outer;
 }
+}  // namespace detail
 
 std::shared_ptr<NpyArray::Mapping> NpyArray::map_file(const std::string& path) {
   return Mapping::map(path, "npy file");
@@ -253,7 +255,7 @@ torch::Tensor NpyArray::tensor() const {
     // NumPy aligns data to 64 bytes, but a hand-written header may not:
     // vectorised kernels assume aligned elements, so copy instead.
     auto t = torch::empty(header_.shape, options);
-    if (nbytes()) read_mapped({this}, [&] { std::memcpy(t.data_ptr(), p, nbytes()); });
+    if (nbytes()) read_mapped(this, 1, [&] { std::memcpy(t.data_ptr(), p, nbytes()); });
     return t;
   }
   auto keep = mapping_;
@@ -268,7 +270,7 @@ torch::Tensor NpyArray::row(int64_t i) const {
   if (!header_.shape.empty()) shape.assign(header_.shape.begin() + 1, header_.shape.end());
   auto t = torch::empty(shape, torch::TensorOptions().dtype(header_.dtype));
   size_t row_bytes = t.numel() * t.element_size();
-  if (row_bytes) read_mapped({this}, [&] { std::memcpy(t.data_ptr(), data() + size_t(i) * row_bytes, row_bytes); });
+  if (row_bytes) read_mapped(this, 1, [&] { std::memcpy(t.data_ptr(), data() + size_t(i) * row_bytes, row_bytes); });
   return t;
 }
 

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "troupe/actors/dataset.h"
@@ -49,7 +50,11 @@ class NpyArray;
 // looks left a loader reading rows a window in which to die, and its
 // replacement read the new file's data unsaid. A SIGBUS elsewhere is as
 // fatal as before.
-void read_mapped(const std::vector<const NpyArray*>& files, const std::function<void()>& read);
+// `files` are `count` arrays side by side (one, or a vector's data());
+// only a fault reads them. Nothing is allocated per read: it runs for
+// every row a loader loads.
+template <class Read>
+void read_mapped(const NpyArray* files, size_t count, Read&& read);
 
 // A read-only memory-mapped .npy array. A cheap handle: copies share the
 // mapping, and tensor views returned by tensor() keep it alive on their own.
@@ -136,5 +141,17 @@ class NpyDataset final : public Dataset {
   NpyArray inputs_;
   std::unique_ptr<NpyArray> targets_;
 };
+
+namespace detail {
+void read_mapped(const NpyArray* files, size_t count, void (*read)(void*), void* context);
+}  // namespace detail
+
+template <class Read>
+void read_mapped(const NpyArray* files, size_t count, Read&& read) {
+  using R = std::remove_reference_t<Read>;
+  detail::read_mapped(
+      files, count, [](void* context) { (*static_cast<R*>(context))(); },
+      const_cast<void*>(static_cast<const void*>(&read)));
+}
 
 }  // namespace troupe::actors

@@ -255,12 +255,19 @@ def _run(spec, command, what, env=None):
         raise _failure(spec, f"{what} failed (exit {done.returncode})", done.stdout)
 
 
+_site_packages_of = {}
+
+
 def site_packages(venv):
-    """The venv's site-packages directory."""
-    found = glob.glob(os.path.join(venv, "lib", "python*", "site-packages"))
-    if not found:
-        raise ConfigError(f"runtime_env pip: {venv} has no lib/python*/site-packages")
-    return found[0]
+    """The venv's site-packages directory (looked up once per venv: every
+    task of a pip env asks, see put_first)."""
+    found = _site_packages_of.get(venv)
+    if found is None:
+        matches = glob.glob(os.path.join(venv, "lib", "python*", "site-packages"))
+        if not matches:
+            raise ConfigError(f"runtime_env pip: {venv} has no lib/python*/site-packages")
+        found = _site_packages_of[venv] = matches[0]
+    return found
 
 
 def _site_directories():

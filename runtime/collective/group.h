@@ -23,10 +23,12 @@ namespace troupe::collective {
 // size (integer division for integer types).
 enum class ReduceOp { kSum, kAvg, kMin, kMax, kProduct };
 
-// Element types. kBFloat16 and kFloat16 are reduced in float32 (each member
-// widens its input to float32, the float32 values are reduced and the result
-// is rounded back to 16 bits once), so the sum of many ranks does not lose
-// precision at every step and every rank gets bit-identical results.
+// Element types. On Gloo (host memory), kBFloat16 and kFloat16 are reduced
+// in float32 (each member widens its input to float32, the float32 values
+// are reduced and the result is rounded back to 16 bits once), so the sum
+// of many ranks does not lose precision at every step and every rank gets
+// bit-identical results. NCCL reduces 16-bit types in their own width, as
+// its ncclFloat16/ncclBfloat16 do.
 enum class DType { kFloat32, kFloat64, kInt32, kInt64, kBFloat16, kFloat16, kUInt8 };
 
 // Bytes per element of dtype.
