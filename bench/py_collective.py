@@ -74,13 +74,15 @@ def troupe_side(sizes, rounds):
             check(data, 2.0 ** (WARMUP + rounds), "troupe")
             return times
 
-    members = [Member.remote(r) for r in range(2)]
-    out = {}
-    for name, nbytes in sizes.items():
-        a, b = troupe.get([m.run.remote(nbytes, rounds) for m in members], timeout=600)
-        out[name] = [max(x, y) for x, y in zip(a, b)]
-    troupe.shutdown()
-    return out
+    try:
+        members = [Member.remote(r) for r in range(2)]
+        out = {}
+        for name, nbytes in sizes.items():
+            a, b = troupe.get([m.run.remote(nbytes, rounds) for m in members], timeout=600)
+            out[name] = [max(x, y) for x, y in zip(a, b)]
+        return out
+    finally:
+        troupe.shutdown()
 
 
 def _torch_rank(rank, port, sizes, rounds, queue):
@@ -113,8 +115,19 @@ def torch_side(sizes, rounds):
     procs = [ctx.Process(target=_torch_rank, args=(r, port, sizes, rounds, queue)) for r in range(2)]
     for p in procs:
         p.start()
+    import queue as queues
+
+    results = {}
     try:
-        results = dict(queue.get(timeout=600) for _ in procs)
+        # A rank that failed says why; the other may then wait for it until
+        # the deadline: what came is kept, so the failure's reason is too.
+        for _ in procs:
+            rank, got = queue.get(timeout=600)
+            results[rank] = got
+            if isinstance(got, str):
+                raise RuntimeError(got)
+    except queues.Empty:
+        raise RuntimeError(f"a torch rank sent nothing within 600 s (received: {sorted(results)})")
     finally:
         for p in procs:
             p.join(timeout=60)
@@ -132,6 +145,9 @@ def main():
     p.add_argument("--trials", type=int, default=2, help="runs of each side, in alternating order")
     p.add_argument("--only", default=",".join(SIZES))
     a = p.parse_args()
+    if not 1 <= a.rounds <= 100:
+        # Each round doubles the buffer: past 2^127 float32 is inf.
+        p.error(f"--rounds must be between 1 and 100, got {a.rounds}")
     sizes = {n: SIZES[n] for n in a.only.split(",")}
     ours = {n: [] for n in sizes}
     theirs = {n: [] for n in sizes}

@@ -537,14 +537,14 @@ void check(const TrainOptions& o) {
   if (!o.val_data.empty()) check_file(o, "val_data", o.val_data);
   require(o.workers >= 1, source_of(o, "workers") + " must be at least 1, got " + std::to_string(o.workers));
   require(o.min_workers >= 0 && o.min_workers <= o.workers,
-          source_of(o, "min_workers") + " must be 0 (as many as --workers) or 1 to --workers " +
-              std::to_string(o.workers) + ", got " + std::to_string(o.min_workers));
+          source_of(o, "min_workers") + " must be 0 (as many as " + source_of(o, "workers") + ") or 1 to " +
+              named(o, "workers", std::to_string(o.workers)) + ", got " + std::to_string(o.min_workers));
   require(o.max_workers == 0 || o.max_workers >= o.workers,
-          source_of(o, "max_workers") + " must be 0 (as many as --workers) or at least --workers " +
-              std::to_string(o.workers) + ", got " + std::to_string(o.max_workers));
+          source_of(o, "max_workers") + " must be 0 (as many as " + source_of(o, "workers") + ") or at least " +
+              named(o, "workers", std::to_string(o.workers)) + ", got " + std::to_string(o.max_workers));
   require(o.epochs >= 1, source_of(o, "epochs") + " must be at least 1, got " + std::to_string(o.epochs));
-  require(o.max_steps >= 0,
-          source_of(o, "max_steps") + " must be 0 (--epochs alone) or positive, got " + std::to_string(o.max_steps));
+  require(o.max_steps >= 0, source_of(o, "max_steps") + " must be 0 (" + source_of(o, "epochs") +
+                                " alone) or positive, got " + std::to_string(o.max_steps));
   require(o.batch_size >= 1, source_of(o, "batch_size") + " must be at least 1, got " + std::to_string(o.batch_size));
   require(o.accumulation >= 1 && o.accumulation <= (int64_t{1} << 20),
           source_of(o, "accumulation") + " must be between 1 and 1048576, got " + std::to_string(o.accumulation));

@@ -66,6 +66,9 @@ def main():
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--defer-normalize", action="store_true")
     args = p.parse_args()
+    # One thread for the main loop's work, as the benchmark gives troupe's
+    # consumer (at::set_num_threads(1)); the workers have one each anyway.
+    torch.set_num_threads(1)
     mean = torch.tensor(MEAN).view(1, 3, 1, 1)
     std = torch.tensor(STD).view(1, 3, 1, 1)
 

@@ -62,12 +62,22 @@ def stdlib_corpus(max_bytes):
 
 
 def job_trainers(before):
-    """(pid, on this host) of the trainers this job placed: TrainerActors
+    """(pid, killable here) of the trainers this job placed: TrainerActors
     alive now that were not there before it started (`before`: their ids
-    then); os.kill reaches only those on a node of this machine."""
+    then). os.kill reaches only those on a node of this machine whose pid
+    is a troupe worker here (a container with the host's name has pids of
+    its own)."""
     status = json.loads(troupe._client().status_json())
     here = {n["id"] for n in status["nodes"] if n.get("hostname") == socket.gethostname()}
-    return [(a["pid"], a["node"] in here) for a in status["actors"]
+
+    def troupe_worker(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().startswith(b"troupe-worker")
+        except OSError:
+            return False
+
+    return [(a["pid"], a["node"] in here and troupe_worker(a["pid"])) for a in status["actors"]
             if a["class"] == "troupe::trainer::TrainerActor" and a["state"] == "ALIVE" and a["id"] not in before]
 
 

@@ -381,21 +381,60 @@ uint64_t memory_limit_bytes() {
   return bytes;
 }
 
-int cpu_limit() {
+namespace {
+
+// The CPUs a quota of `quota` µs per `period` µs gives, rounded up; 0 for
+// none (-1 or "max": no limit).
+long quota_cpus(long long quota, long long period) {
+  return quota > 0 && period > 0 ? static_cast<long>((quota + period - 1) / period) : 0;
+}
+
+// The lowest CPU quota on the way from cgroup directory `dir` up to
+// `root` (a limit set on a parent, a pod's or a slice's, binds too): v2's
+// cpu.max ("QUOTA PERIOD" or "max PERIOD"), v1's cfs_quota_us and
+// cfs_period_us. 0 when none is set.
+long cgroup_cpus(const std::string& root, std::string dir, bool v2) {
+  long lowest = 0;
+  for (;;) {
+    long n = 0;
+    if (v2) {
+      std::ifstream max(root + dir + "/cpu.max");
+      std::string quota;
+      long long period = 0;
+      if (max >> quota >> period && quota != "max") n = quota_cpus(std::atoll(quota.c_str()), period);
+    } else {
+      std::ifstream q(root + dir + "/cpu.cfs_quota_us"), p(root + dir + "/cpu.cfs_period_us");
+      long long quota = 0, period = 0;
+      if (q >> quota && p >> period) n = quota_cpus(quota, period);
+    }
+    if (n > 0 && (lowest == 0 || n < lowest)) lowest = n;
+    if (dir.empty() || dir == "/") return lowest;
+    const auto slash = dir.rfind('/');
+    dir = slash == std::string::npos || slash == 0 ? std::string() : dir.substr(0, slash);
+  }
+}
+
+}  // namespace
+
+int cpu_limit(const std::string& cgroup_root, const std::string& proc_cgroup) {
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   cpu_set_t set;
   CPU_ZERO(&set);
   if (::sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-  std::ifstream cgroup("/proc/self/cgroup");
+  std::ifstream cgroup(proc_cgroup);
   for (std::string line; std::getline(cgroup, line);) {
-    if (line.rfind("0::", 0) != 0) continue;
-    std::ifstream max("/sys/fs/cgroup" + line.substr(3) + "/cpu.max");  // "QUOTA PERIOD" or "max PERIOD"
-    std::string quota;
-    long long period = 0;
-    if (max >> quota >> period && quota != "max" && period > 0) {
-      const long long q = std::atoll(quota.c_str());
-      if (q > 0) n = std::min<long>(n, static_cast<long>((q + period - 1) / period));
-    }
+    // "ID:CONTROLLERS:PATH": v2's is "0::PATH"; v1's cpu controller (alone
+    // or with cpuacct) is mounted at /sys/fs/cgroup/cpu.
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(first + 1, second - first - 1) + ",";
+    const std::string path = line.substr(second + 1);
+    long quota = 0;
+    if (controllers == ",,")
+      quota = cgroup_cpus(cgroup_root, path, true);
+    else if (controllers.find(",cpu,") != std::string::npos)
+      quota = cgroup_cpus(cgroup_root + "/cpu", path, false);
+    if (quota > 0) n = std::min(n, quota);
   }
   return static_cast<int>(std::max(1L, n));
 }

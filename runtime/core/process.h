@@ -113,9 +113,11 @@ bool process_running(pid_t pid, uint64_t start_time);
 uint64_t memory_limit_bytes();
 
 // The CPUs this process may use: its affinity mask's count (taskset, a
-// container's CPU set), or its cgroup's v2 cpu.max quota rounded up when
-// that is lower (a container's CPU limit). At least 1.
-int cpu_limit();
+// container's CPU set), or the lowest CPU quota of its cgroup and the
+// cgroups above it (v2 cpu.max, v1 cpu.cfs_quota_us), rounded up, when that
+// is lower (a container's or a pod's CPU limit). At least 1. The cgroup
+// file system's root and this process's cgroup list may be given (tests).
+int cpu_limit(const std::string& cgroup_root = "/sys/fs/cgroup", const std::string& proc_cgroup = "/proc/self/cgroup");
 
 // This machine's boot and this process's pid namespace, as one string: two
 // processes with equal keys see each other's pids in /proc.

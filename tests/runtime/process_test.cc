@@ -213,3 +213,25 @@ TEST(CpuLimit, IsWhatTheAffinityMaskAllows) {
   EXPECT_EQ(offered, 1.0);
   EXPECT_LE(troupe::core::cpu_limit(), CPU_COUNT(&was));
 }
+
+// And the lowest CPU quota of its cgroup and those above it, v2 or v1 (a
+// pod's limit on a parent bound, and v1 hosts were not read at all).
+TEST(CpuLimit, IsTheLowestQuotaOnTheWayUpInEitherCgroupVersion) {
+  const auto root = std::filesystem::path(::testing::TempDir()) / ("cgroups-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root / "pod" / "ctr");
+  std::filesystem::create_directories(root / "cpu" / "kubepods" / "ctr");
+  std::ofstream(root / "pod" / "cpu.max") << "100000 100000\n";  // 1 CPU on the pod
+  std::ofstream(root / "pod" / "ctr" / "cpu.max") << "max 100000\n";
+  std::ofstream(root / "cpu" / "kubepods" / "cpu.cfs_quota_us") << "50000\n";  // half a CPU: 1
+  std::ofstream(root / "cpu" / "kubepods" / "cpu.cfs_period_us") << "100000\n";
+  std::ofstream(root / "cpu" / "kubepods" / "ctr" / "cpu.cfs_quota_us") << "-1\n";
+  std::ofstream(root / "cpu" / "kubepods" / "ctr" / "cpu.cfs_period_us") << "100000\n";
+  std::ofstream(root / "v2") << "0::/pod/ctr\n";
+  std::ofstream(root / "v1") << "5:cpuacct,cpu:/kubepods/ctr\n4:memory:/kubepods/ctr\n";
+  std::ofstream(root / "none") << "0::/nowhere\n";
+  EXPECT_EQ(troupe::core::cpu_limit(root.string(), (root / "v2").string()), 1);
+  EXPECT_EQ(troupe::core::cpu_limit(root.string(), (root / "v1").string()), 1);
+  EXPECT_EQ(troupe::core::cpu_limit(root.string(), (root / "none").string()), troupe::core::cpu_limit("/nonexistent"));
+  std::filesystem::remove_all(root);
+}
