@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -420,6 +421,14 @@ class ActorHost {
       c->send(ok_response(m.id, core_->controls().find(request.tag)(request.body)), true);
     } catch (const std::exception& e) {
       c->send(error_response(m.id, e), true);
+    } catch (...) {
+      // A handler's `throw 42` escaped to the I/O thread and ended the
+      // worker (std::terminate): the caller is told, as a method's is.
+      Message r;
+      r.kind = Kind::RESPONSE;
+      r.id = m.id;
+      set_unknown_error(r);
+      c->send(std::move(r), true);
     }
   }
 
@@ -459,6 +468,15 @@ class ActorHost {
   std::unique_ptr<Listener> make_listener(asio::io_context& io, std::shared_ptr<ConnMap> conns) {
     ListenerOptions options;
     options.connection = core_->connection_options();
+    // A caller that reads is never dropped for the replies it asked for:
+    // an in-order actor runs the calls of one read batch (up to 64) before
+    // their replies go, and 40 pipelined calls of 8 MiB each passed the
+    // write bound of 256 MiB; the caller was dropped as "not reading", its
+    // calls failed as the actor's death, and retries ran them again. One
+    // that truly stops reading is dropped by the send timeout, as the
+    // object server's borrowers are.
+    options.connection.max_queued_bytes = std::numeric_limits<uint64_t>::max();
+    options.connection.send_timeout = std::chrono::seconds(120);
     return std::make_unique<Listener>(io, bind_host_, 0, core_->token(), options, [this, conns](auto c) {
       (*conns)[c.get()] = c;
       std::weak_ptr<Connection> weak = c;

@@ -148,6 +148,11 @@ struct Refuse {
   using Reply = std::string;
   TROUPE_FIELDS()
 };
+struct ThrowInt {
+  static constexpr const char* kControlTag = "test.throw_int";
+  using Reply = int32_t;
+  TROUPE_FIELDS()
+};
 struct Unhandled {
   static constexpr const char* kControlTag = "test.unhandled";
   using Reply = void;
@@ -166,6 +171,7 @@ class Latch {
     });
     troupe::this_actor::on_control<Refuse>(
         [](const Refuse&) -> std::string { throw troupe::ConfigError("refused on purpose"); });
+    troupe::this_actor::on_control<ThrowInt>([](const ThrowInt&) -> int32_t { throw 42; });
   }
   // Returns once a Release control message arrives (at most 60 s): only a
   // message that bypasses the mailbox can end this call.
@@ -407,6 +413,10 @@ TEST_F(ClusterTest, TypedControlMessagesBypassTheMailbox) {
   troupe::Future<std::string> waiting = l.call(&Latch::wait_release);
   EXPECT_EQ(l.control(Add{.a = 40, .b = 2}).get(kWaitBound), 42);
   EXPECT_THROW(l.control(Refuse{}).get(kWaitBound), troupe::ConfigError);
+  // A handler that throws what is no std::exception is answered as a
+  // method's is (it ended the worker: std::terminate on its I/O thread).
+  EXPECT_THROW(l.control(ThrowInt{}).get(kWaitBound), troupe::Error);
+  EXPECT_EQ(l.control(Add{.a = 1, .b = 2}).get(kWaitBound), 3);
   try {
     l.control(Unhandled{}).get(kWaitBound);
     ADD_FAILURE() << "expected ConfigError";

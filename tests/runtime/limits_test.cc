@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "tests/support/process.h"
 #include "tests/support/raw_client.h"
@@ -42,12 +43,19 @@ class Holder {
     return ref_.address + "#" + std::to_string(ref_.id);
   }
   int read_one() { return *reader_->read(30s); }
+  void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+  troupe::Buffer bytes(int64_t n) {
+    std::byte* p = nullptr;
+    auto b = troupe::Buffer::allocate(static_cast<size_t>(n), &p);
+    std::memset(p, 7, static_cast<size_t>(n));
+    return b;
+  }
 
  private:
   std::unique_ptr<troupe::StreamReader<int>> reader_;
   troupe::StreamRef ref_;
 };
-TROUPE_ACTOR(Holder, &Holder::pid, &Holder::open_stream, &Holder::read_one)
+TROUPE_ACTOR(Holder, &Holder::pid, &Holder::open_stream, &Holder::read_one, &Holder::sleep_ms, &Holder::bytes)
 
 namespace {
 
@@ -351,6 +359,21 @@ TEST_F(LimitsTest, HugeFrameAnnouncementsDoNotGrowTheHeadOrWorker) {
 
 // One client pipelines thousands of requests (and reads the replies); a
 // second client's request is still answered.
+// A caller that reads is never dropped for the size of the replies it
+// asked for: calls pipelined behind a slow one are read in one batch by
+// an in-order actor, whose replies wait for the batch's end; past 256 MiB
+// the worker dropped the caller as "not reading", and every call in flight
+// failed as if the actor had died (with retries, they ran again).
+TEST_F(LimitsTest, RepliesAddingUpPastTheWriteBoundReachACallerThatReads) {
+  auto h = rt_.spawn<Holder>({});
+  ASSERT_TRUE(h.wait_ready(kWaitBound));
+  auto slow = h.call(&Holder::sleep_ms, 300);
+  std::vector<troupe::Future<troupe::Buffer>> replies;
+  for (int i = 0; i < 40; ++i) replies.push_back(h.call(&Holder::bytes, int64_t{8} << 20));
+  slow.get(kWaitBound);
+  for (auto& r : replies) EXPECT_EQ(r.get(kWaitBound).size(), size_t{8} << 20);
+}
+
 TEST_F(LimitsTest, PipeliningClientDoesNotStarveAnother) {
   RawClient flood(cluster_.address());
   ASSERT_TRUE(flood.handshake(cluster_.token()));
