@@ -125,6 +125,7 @@ class PyHostedActor final : public client::HostedActor {
   void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result, const client::ObjectSink* keep) override {
     if (index != 0) throw Error("a Python actor has one entry point, not #" + std::to_string(index));
     PyCall call = decode_call(args, "method call");
+    t_method = call.target;
     wait_for_earlier_interrupts();
     PyReply reply;
     {
@@ -138,9 +139,12 @@ class PyHostedActor final : public client::HostedActor {
     write_reply(std::move(reply), result, keep);
   }
   size_t method_count() const override { return 1; }
-  std::string method_name(uint32_t) const override { return "call"; }
+  // The method this thread ran last (an error about its result names it),
+  // or "call" before any.
+  std::string method_name(uint32_t) const override { return t_method.empty() ? "call" : t_method; }
 
  private:
+  static inline thread_local std::string t_method;
   pyb::object instance_;
 };
 

@@ -129,7 +129,11 @@ class ActorHandle {
   ActorHandle() = default;
 
   // Calls `method` with `args` (Futures among them are awaited first and
-  // their values sent). Calls from one thread to one actor run in order.
+  // their values sent). Calls from one thread to an in-order actor
+  // (max_concurrency 1, no concurrency groups: ActorInfo::in_order) run in
+  // the order made; other actors keep no order (a call waiting for a
+  // Future argument is sent after later ones, and sent calls may run at
+  // once on separate threads).
   template <class M, class... A>
   auto call(M method, A&&... args) const -> Future<typename client::MethodTraits<M>::Result>;
   // The same, but the callee keeps the result in its process's object store

@@ -4,6 +4,7 @@
 // let the runtime chain work (futures passed as call arguments).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -89,11 +90,12 @@ class FutureStateBase {
   bool ready() const { return ready_.load(std::memory_order_acquire); }
   // Waits until ready; false on timeout.
   bool wait_for(std::chrono::milliseconds timeout) const {
-    if (spin()) return true;
     if (timeout.count() <= 0) return ready();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    if (spin(timeout)) return true;
     BlockedScope blocked;
     std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return ready_.load(); });
+    return cv_.wait_until(lock, deadline, [&] { return ready_.load(); });
   }
   void wait() const {
     if (spin()) return;
@@ -116,11 +118,14 @@ class FutureStateBase {
   }
   // A reply to a synchronous call usually lands within tens of
   // microseconds: checking for that briefly saves a sleep and a wake-up.
-  bool spin() const {
-    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
-    for (unsigned i = 1; !ready(); ++i) {
+  // Never longer than `limit`; the clock is read after every yield, which
+  // on a loaded machine may give the CPU away for milliseconds (reading
+  // it every 16th let a get(1ms) block for tens of them).
+  bool spin(std::chrono::microseconds limit = std::chrono::microseconds(kSpinMicros)) const {
+    const auto until = std::chrono::steady_clock::now() + std::min(limit, std::chrono::microseconds(kSpinMicros));
+    while (!ready()) {
       std::this_thread::yield();
-      if (i % 16 == 0 && std::chrono::steady_clock::now() > until) return false;
+      if (std::chrono::steady_clock::now() > until) return ready();
     }
     return true;
   }

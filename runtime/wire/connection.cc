@@ -530,6 +530,16 @@ void Connection::close(const std::string& reason) {
   asio::post(io_, [self = shared_from_this(), reason] { self->fail(reason); });
 }
 
+void Connection::sever(const std::string& reason) {
+  {
+    // Under write_mu_: fail() closes the descriptor under it, so it is
+    // still this socket's here.
+    std::lock_guard lock(write_mu_);
+    if (!closed_) ::shutdown(socket_.native_handle(), SHUT_RDWR);
+  }
+  close(reason);
+}
+
 void Connection::fail(const std::string& reason) {
   if (closed_.exchange(true)) return;
   asio::error_code ec;

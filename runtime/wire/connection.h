@@ -103,6 +103,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void release_room_waiters();
   // Thread-safe; the close handler runs with `reason`.
   void close(const std::string& reason);
+  // As close, but the socket is shut both ways now, on the calling thread,
+  // not when the I/O thread comes to it: a peer sees the end at once even
+  // while that thread is busy (it runs an inline actor's call).
+  void sever(const std::string& reason);
   // Thread-safe: once everything queued is written, sends FIN but keeps
   // reading until the peer closes too. Closing hard with unread bytes in
   // the receive buffer would make the kernel reset the connection and could

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <typeinfo>
 
@@ -344,9 +345,13 @@ class ActorHost {
   }
 
  private:
-  // Keeps every caller connection alive until it closes (touched on the
-  // thread of the listener that accepted it).
-  using ConnMap = std::map<Connection*, std::shared_ptr<Connection>>;
+  // Keeps every caller connection alive until it closes: added and erased
+  // on the thread of the listener that accepted it, read by fault
+  // injection's control handler on another.
+  struct ConnMap {
+    std::mutex mu;
+    std::map<Connection*, std::shared_ptr<Connection>> all;
+  };
 
   // One concurrency group's calls: its mailbox, and the threads that drain
   // it, started as calls find them all busy (up to the group's cap).
@@ -478,7 +483,10 @@ class ActorHost {
     options.connection.max_queued_bytes = std::numeric_limits<uint64_t>::max();
     options.connection.send_timeout = std::chrono::seconds(120);
     return std::make_unique<Listener>(io, bind_host_, 0, core_->token(), options, [this, conns](auto c) {
-      (*conns)[c.get()] = c;
+      {
+        std::lock_guard lock(conns->mu);
+        conns->all[c.get()] = c;
+      }
       std::weak_ptr<Connection> weak = c;
       c->start([] {},
                [weak, this](Message&& m) {
@@ -486,21 +494,26 @@ class ActorHost {
                },
                [conns, raw = c.get()](const std::string& reason) {
                  TROUPE_LOG_DEBUG("caller connection closed: {}", reason);
-                 conns->erase(raw);
+                 std::lock_guard lock(conns->mu);
+                 conns->all.erase(raw);
                });
     });
   }
 
   // Fault injection (FaultInjector::drop_connections): closes every caller
   // connection of the call listener, as a network fault would, while the
-  // process lives on. Runs on the call listener's thread, which owns them.
+  // process lives on. Shut now, from the control thread: an inline actor's
+  // listener thread runs its call, and a close posted there waited for the
+  // call's end, whose reply went first (its caller saw no fault).
   void register_drop_connections() {
     core_->controls().set(DropConnections::kControlTag,
-                          client::typed_control_handler<DropConnections>([this](const DropConnections&) {
-                            asio::post(call_io_, [conns = call_conns_] {
-                              auto all = *conns;
-                              for (auto& [raw, c] : all) c->close("connection dropped (fault injection)");
-                            });
+                          client::typed_control_handler<DropConnections>([conns = call_conns_](const DropConnections&) {
+                            std::map<Connection*, std::shared_ptr<Connection>> all;
+                            {
+                              std::lock_guard lock(conns->mu);
+                              all = conns->all;
+                            }
+                            for (auto& [raw, c] : all) c->sever("connection dropped (fault injection)");
                           }));
   }
 
@@ -553,8 +566,25 @@ class ActorHost {
   // did). On the I/O thread.
   void add_hand(Lane& l) {
     if (l.hands >= l.max_hands) return;
+    try {
+      std::thread([this, &l] { drain(l); }).detach();
+    } catch (const std::system_error& e) {
+      // At the process's thread limit. A hand is counted once its thread
+      // runs (counted before, a group left with none took calls that never
+      // ran). Threads it has will get to the call; with none, what waits
+      // fails now and the next call tries again.
+      if (l.hands > 0) return;
+      for (Job& j : l.mailbox.take_queued()) {
+        Message reply;
+        reply.kind = Kind::REPLY;
+        reply.id = j.msg.id;
+        set_error(reply, Error("no thread could be started for the call to actor " +
+                               core_->hello_reply().spec.class_name + ": " + e.what()));
+        j.conn->send(std::move(reply));
+      }
+      return;
+    }
     ++l.hands;
-    std::thread([this, &l] { drain(l); }).detach();
   }
 
   [[noreturn]] void drain(Lane& l) {

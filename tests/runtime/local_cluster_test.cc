@@ -36,11 +36,19 @@ class Marker {
   uint64_t node() const { return std::stoull(std::getenv("TROUPE_NODE_ID")); }
   // A line on stdout, not flushed: a worker's stdout is line-buffered.
   int say(const std::string& what) { return std::printf("marker %d says %s\n", v_, what.c_str()); }
+  // Runs until `dir`/release exists (at most a minute), after writing
+  // `dir`/started: a call in flight for as long as a test wants.
+  int hold(const std::string& dir) {
+    std::ofstream(dir + "/started") << getpid();
+    for (int i = 0; i < 6000 && !std::filesystem::exists(dir + "/release"); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return v_;
+  }
 
  private:
   int v_;
 };
-TROUPE_ACTOR(Marker, &Marker::get, &Marker::pid, &Marker::node, &Marker::say)
+TROUPE_ACTOR(Marker, &Marker::get, &Marker::pid, &Marker::node, &Marker::say, &Marker::hold)
 
 namespace {
 
@@ -164,6 +172,23 @@ TEST(LocalClusterTest, AFaultInjectorDestroyedEarlyWakesTheActorItStalled) {
   }
   EXPECT_EQ(e.call(&Marker::get).get(kWaitBound), 5);
   EXPECT_EQ(e.call(&Marker::pid).get(kWaitBound), pid);  // the same process, woken
+}
+
+// Dropped connections fail the calls in flight, also on an actor that runs
+// its calls on its listener's thread (the default): the close waited there
+// for the running call, whose reply went first, so no caller saw a fault.
+TEST(LocalClusterTest, DroppedConnectionsFailTheCallInFlightOfAnInlineActor) {
+  const auto dir = troupe::test::fresh_dir("drop-inflight");
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 1}}}});
+  auto rt = cluster.connect();
+  auto e = rt.spawn<Marker>({.resources = {{"CPU", 1}}}, 4);
+  auto held = e.call(&Marker::hold, dir.string());
+  ASSERT_TRUE(troupe::test::eventually([&] { return std::filesystem::exists(dir / "started"); }));
+  troupe::testing::FaultInjector faults(rt);
+  faults.drop_connections(e.id());
+  EXPECT_THROW(held.get(kWaitBound), troupe::ActorDied);
+  std::ofstream(dir / "release") << 1;
+  troupe::core::remove_tree(dir);
 }
 
 TEST(LocalClusterTest, KillingANodeAgentTwiceIsRefusedByName) {
