@@ -79,6 +79,8 @@ class Member:
                     lambda: col.allreduce([1.0, 2.0], group),
                     lambda: col.allreduce(np.zeros(2, dtype=np.float32), group, op="MEDIAN"),
                     lambda: col.send(np.zeros(2, dtype=np.float32), self.rank, group),
+                    lambda: col.reducescatter(np.zeros(2, np.int32), [np.full(1, 5, np.int32)] * self.world, group),
+                    lambda: col.reduce(np.frombuffer(b"\0" * 16), dst_rank=self.rank, group_name=group),
                     lambda: col.allreduce(np.zeros(2, dtype=np.float32), "never-formed")):
             try:
                 bad()
@@ -180,7 +182,11 @@ def test_every_operation_of_a_gloo_group_between_actors():
     assert "a list is neither a numpy array nor a torch tensor" in errors[3]
     assert "op must be a ReduceOp" in errors[4]
     assert "destination rank 0 is not another member" in errors[5]
-    assert "'never-formed' is not initialized in this process" in errors[6]
+    # An entry of another shape was broadcast into its slot; a read-only
+    # destination of a reduce was numpy's ValueError after both exchanges.
+    assert "reducescatter: tensor_list[0] is a ndarray of shape (1,)" in errors[6], errors[6]
+    assert errors[7].startswith("ConfigError: collective reduce: the array is read-only"), errors[7]
+    assert "'never-formed' is not initialized in this process" in errors[8]
     assert troupe.get([m.allreduce.remote(r) for r, m in enumerate(members)], timeout=60) == [3.0] * 3
     # Destroyed and formed again (a new generation), under the same name.
     assert troupe.get([m.destroy.remote() for m in members], timeout=60) == [(False, -1)] * 3
@@ -252,6 +258,50 @@ def test_a_name_forms_again_after_a_timeout_a_resize_or_another_job():
     failed, took = troupe.get(a.stuck_then_destroyed.remote(), timeout=120)
     assert failed == ["CollectiveAbortedError"], failed
     assert col.Backend("GLOO") == "gloo" and col.gloo_available()
+
+
+OTHER_JOB = """
+import sys
+
+import troupe
+import troupe.util.collective as col
+
+
+@troupe.remote(num_cpus=0)
+def rank0_of_x():
+    try:
+        col.init_collective_group(2, 0, backend="gloo", group_name="x", gloo_timeout=3000)
+        return "joined"
+    except Exception as e:  # noqa: BLE001 - the error is the result
+        return f"{type(e).__name__}: {e}"
+
+
+troupe.init(address=sys.argv[1])
+print(troupe.get(rank0_of_x.remote(), timeout=120))
+troupe.shutdown()
+"""
+
+
+def test_two_jobs_using_one_group_name_at_once_do_not_pair_their_ranks(tmp_path):
+    # Group names were cluster-wide: another job's rank 0 of "x" took this
+    # job's waiting rank 1, and their allreduces summed two runs' data.
+    import subprocess
+    import sys
+
+    a1 = Member.remote(1, 2)
+    waiting = a1.try_init.remote(2, 1, 60000, "x")
+    client = troupe._client()
+    script = tmp_path / "other_job.py"
+    script.write_text(OTHER_JOB)
+    env = dict(os.environ, TROUPE_TOKEN=client.token, TROUPE_SESSION_DIR=str(tmp_path / "session"))
+    env.pop("TROUPE_ADDRESS", None)
+    other = subprocess.run([sys.executable, str(script), client.address], env=env, capture_output=True, text=True,
+                           timeout=180)
+    assert other.returncode == 0, other.stderr
+    assert "rank(s) 1 of 2 did not join" in other.stdout, other.stdout
+    a0 = Member.remote(0, 2)
+    assert troupe.get([a0.try_init.remote(2, 0, 60000, "x"), waiting], timeout=120) == ["joined"] * 2
+    assert troupe.get([a0.allreduce.remote(1.0, "x"), a1.allreduce.remote(2.0, "x")], timeout=60) == [3.0] * 2
 
 
 @troupe.remote(num_cpus=0)

@@ -2,6 +2,8 @@
 
 #if TROUPE_WITH_NCCL
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -95,6 +97,11 @@ struct NcclGroup::Shared {
   cudaEvent_t follow = nullptr;
   int* barrier_scratch = nullptr;  // one device int for barrier()
   bool aborted = false;
+  // Set by abort() before it takes comm_mu: a wait_ready() holding the
+  // lock (NCCL answering "in progress" while it connects to a peer that
+  // died) gives up at once, so that the abort can run (it waited out the
+  // op timeout, 300 s, spinning).
+  std::atomic<bool> abort_asked{false};
   std::string abort_reason;
   std::exception_ptr broken;
 
@@ -118,12 +125,14 @@ struct NcclGroup::Shared {
       if (state != ncclInProgress) {
         throw Error(describe() + ": " + what + ": " + ncclGetErrorString(state) + " (" + ncclGetLastError(comm) + ")");
       }
+      if (abort_asked.load()) throw Aborted(describe() + ": " + what + " was aborted while it waited for NCCL");
       if (Clock::now() > deadline) throw Timeout(describe() + ": " + what + " did not finish in time");
-      std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
   void abort(const std::string& reason) {
+    abort_asked.store(true);
     std::lock_guard lock(comm_mu);
     if (aborted) return;
     aborted = true;

@@ -1,7 +1,9 @@
 #include "troupe/runtime/collective/reduce.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "troupe/runtime/core/errors.h"
 
@@ -114,10 +116,16 @@ ReduceFn typed_function(ReduceOp op) {
   throw ConfigError("unknown reduce op");
 }
 
+// Integers divide as int64_t: the world size cast to uint8_t was 0 at 256
+// ranks (a division by zero that ended the process) and 44 at 300.
 template <class T>
 void divide(void* data, size_t n, int divisor) {
   auto* p = static_cast<T*>(data);
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(divisor));
+  if constexpr (std::is_integral_v<T>) {
+    for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<int64_t>(p[i]) / divisor);
+  } else {
+    for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(divisor));
+  }
 }
 
 }  // namespace

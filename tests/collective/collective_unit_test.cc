@@ -42,6 +42,20 @@ TEST(ReduceTest, HalfConversionsRoundTripAndRoundToNearestEven) {
   EXPECT_THROW(detail::reduce_function(DType::kFloat16, ReduceOp::kSum), ConfigError);
 }
 
+// An average over 256 or more ranks of uint8 data: the world size cast to
+// uint8_t divided by 0 (SIGFPE) at 256 and by 44 at 300.
+TEST(ReduceTest, AnAverageOfBytesDividesByTheWholeWorldSize) {
+  std::vector<uint8_t> bytes{255, 200};
+  detail::divide_in_place(bytes.data(), bytes.size(), DType::kUInt8, 256);
+  EXPECT_EQ(bytes, (std::vector<uint8_t>{0, 0}));
+  std::vector<uint8_t> more{255};
+  detail::divide_in_place(more.data(), 1, DType::kUInt8, 100);
+  EXPECT_EQ(more[0], 2);
+  std::vector<int32_t> ints{-7, 1000};
+  detail::divide_in_place(ints.data(), ints.size(), DType::kInt32, 300);
+  EXPECT_EQ(ints, (std::vector<int32_t>{0, 3}));
+}
+
 TEST(FileKvStoreTest, PutGetWaitEraseAdd) {
   const std::string dir = test::make_temp_dir("kv");
   FileKvStore kv(dir);

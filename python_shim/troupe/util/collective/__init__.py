@@ -21,7 +21,7 @@ __all__ = ["Backend", "ReduceOp", "allgather", "allreduce", "barrier", "broadcas
            "init_collective_group", "is_group_initialized", "nccl_available", "recv", "reduce", "reducescatter",
            "send"]
 
-# Where groups meet in the head's KV store: "<prefix><name>/...".
+# Where groups meet in the head's KV store: "<prefix><job id>/<name>/...".
 _PREFIX = "troupe.collective/"
 # An operation's own bound, after which it fails with a timeout (a member
 # that died fails it at once): long, since ranks may reach a collective
@@ -69,6 +69,17 @@ def _client():
 def _own_id():
     """The id of the actor (or task executor) this runs in; 0 in a driver."""
     return _core.actor_id() if _core.in_worker() else 0
+
+
+def _base(group_name):
+    """The KV prefix of a group's keys: the job's, as Ray's groups live in
+    the job's own namespace, so that two jobs using one name at once (a
+    sweep's runs, each with "default") never pair each other's ranks or
+    withdraw each other's declarations. An actor is of the job of the
+    driver that made it."""
+    import troupe
+
+    return f"{_PREFIX}{troupe.get_runtime_context().get_job_id()}/{group_name}"
 
 
 def _check_name(group_name):
@@ -153,7 +164,7 @@ def _form(group_name, world_size, rank, backend, timeout_ms):
     it announces), the other ranks join the one it announced last, each
     publishing its actor id, so that every member watches the others."""
     client = _client()
-    base = f"{_PREFIX}{group_name}"
+    base = _base(group_name)
     deadline = time.monotonic() + timeout_ms / 1000
     if rank == 0:
         generation = client.kv_add(f"{base}/generation", 1)
@@ -214,13 +225,13 @@ def create_collective_group(actors, world_size, ranks, backend=Backend.NCCL, gro
     if sorted(ranks) != list(range(world_size)):
         raise ConfigError(f"collective: ranks must be 0..{world_size - 1}, each once, got {ranks!r}")
     members = {str(a._actor.id): r for a, r in zip(actors, ranks)}
-    _client().kv_put(f"{_PREFIX}{group_name}/declared", json.dumps({
+    _client().kv_put(f"{_base(group_name)}/declared", json.dumps({
         "world_size": world_size, "backend": backend, "timeout_ms": timeout_ms, "members": members}).encode())
 
 
 def _declared(group_name):
     """This actor's place in a group the driver declared, joined now."""
-    blob = _client().kv_get(f"{_PREFIX}{group_name}/declared")
+    blob = _client().kv_get(f"{_base(group_name)}/declared")
     if blob is None:
         return None
     spec = json.loads(blob)
@@ -278,7 +289,7 @@ def destroy_collective_group(group_name="default"):
         finally:
             member.lock.release()
     if not _core.in_worker():
-        _client().kv_erase(f"{_PREFIX}{group_name}/declared")
+        _client().kv_erase(f"{_base(group_name)}/declared")
 
 
 # Element types by numpy and torch name.
@@ -360,9 +371,11 @@ def reduce(tensor, dst_rank=0, group_name="default", op=ReduceOp.SUM):
     """`dst_rank`'s `tensor` becomes the reduction of all; the others' are
     left as they were."""
     member = _member(group_name)
-    _describe(tensor, member, "reduce", written=False)
     if isinstance(dst_rank, bool) or not isinstance(dst_rank, int) or not 0 <= dst_rank < member.world_size:
         raise ConfigError(f"collective reduce: dst_rank must be in [0, {member.world_size - 1}], got {dst_rank!r}")
+    # Only the destination's is written (a read-only one there was numpy's
+    # ValueError after both exchanges).
+    _describe(tensor, member, "reduce", written=member.rank == dst_rank)
     # A reduce is an allreduce kept at one rank, so the agreement check sees
     # no root: the members first agree on it (one more small exchange, in
     # the memory the group moves: an NCCL group refuses host arrays;
@@ -425,6 +438,14 @@ def reducescatter(tensor, tensor_list, group_name="default", op=ReduceOp.SUM):
     if len(tensor_list) != member.world_size:
         raise ConfigError(f"collective reducescatter: tensor_list has {len(tensor_list)} tensors for "
                           f"{member.world_size} members")
+    for r, entry in enumerate(tensor_list):
+        # Checked before anything moves (an entry of another shape was
+        # broadcast into its slot: a sum no member held, and no error).
+        shape = tuple(getattr(entry, "shape", ()))
+        if shape != tuple(tensor.shape) or _is_torch(entry) != _is_torch(tensor) or entry.dtype != tensor.dtype:
+            raise ConfigError(f"collective reducescatter: tensor_list[{r}] is a {type(entry).__name__} of shape "
+                              f"{shape} and dtype {getattr(entry, 'dtype', None)}, not as the tensor's "
+                              f"({type(tensor).__name__}, {tuple(tensor.shape)}, {tensor.dtype})")
     stacked = _empty_like(tensor, member.world_size)
     for r, source in enumerate(tensor_list):
         _copy_into(stacked[r], source)
