@@ -199,9 +199,20 @@ def test_a_group_found_inside_it_or_by_name_has_its_bundles(cluster):
     assert pg.id.hex() == f"{pg.id:016x}"  # Ray's PlacementGroupID.hex()
     with pytest.raises(ValueError, match="no placement group named 'nope'"):
         troupe.util.get_placement_group("nope")
+    # A name is one live group's, as Ray's (a second reserved again, and
+    # the name found the older); digits are a name first (a group named
+    # "7" was looked up as id 7).
+    with pytest.raises(ConfigError, match="a placement group named 'two-bundles' already exists"):
+        placement_group([{"CPU": 0.5}], name="two-bundles")
+    digits = placement_group([{"CPU": 0.1}], name=str(pg.id))
+    assert troupe.util.get_placement_group(str(pg.id)) == digits
+    remove_placement_group(digits)
     remove_placement_group(pg)
     with pytest.raises(ValueError, match="no placement group named 'two-bundles'"):
         troupe.util.get_placement_group("two-bundles")
+    again = placement_group([{"CPU": 0.5}], name="two-bundles")  # free again once removed
+    assert troupe.util.get_placement_group("two-bundles") == again
+    remove_placement_group(again)
 
 
 def test_a_task_queued_in_a_group_removed_before_it_ran_fails_naming_the_group(cluster):

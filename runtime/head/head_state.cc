@@ -981,12 +981,37 @@ PlacementGroupInfo HeadState::create_placement_group(PeerId owner, PlacementGrou
   if (!g.spec.detached) {
     g.owner = owner;
     if (auto c = clients_.find(owner); c != clients_.end()) g.owner_client = c->second;
+    job_owns(g);
   }
   uint64_t id = g.info.id;
   groups_[id] = std::move(g);
   pending_groups_.push_back(id);
   schedule();
   return groups_.at(id).info;
+}
+
+// A group made inside a task or an actor is its job's, as Ray's: owned by
+// the driver its creator's owners lead to, while that driver is connected.
+// Owned by the worker, it went with the worker's process (a task executor
+// released when idle, an actor that restarted), and so did everything
+// placed in it. A detached actor on the way keeps it the worker's (the
+// actor outlives its job).
+void HeadState::job_owns(Group& g) {
+  uint64_t client = g.owner_client;
+  for (int depth = 0; depth < 64; ++depth) {
+    auto w = worker_clients_.find(client);
+    if (w == worker_clients_.end()) break;
+    auto a = actors_.find(w->second.first);
+    if (a == actors_.end() || a->second.spec.detached) return;
+    client = a->second.owner_client ? a->second.owner_client : a->second.creator_client;
+  }
+  if (client == g.owner_client || client == 0 || worker_clients_.count(client)) return;
+  for (const auto& [peer, id] : clients_)
+    if (id == client) {
+      g.owner = peer;
+      g.owner_client = client;
+      return;
+    }
 }
 
 bool HeadState::try_place_group(Group& g) {

@@ -381,6 +381,7 @@ class HeadState {
   // actor's: its creator), or its owner's owner when that is an actor's
   // worker, and so on (0: none).
   uint64_t driver_of(const Actor& a) const;
+  void job_owns(Group& g);
   // A reaped worker's last counters (WorkerExited), counted in place of
   // what it last published.
   void last_stats(uint64_t actor_id, uint32_t incarnation, uint64_t calls, uint64_t stream_bytes);

@@ -230,6 +230,9 @@ void HeadState::restore_nodes_and_keys(const std::map<std::string, std::string>&
       nodes_[n.info.id] = std::move(n);
     }
   }
+  // Rows come in key order ("n/10" before "n/9"): oldest first by id, so
+  // that the limit forgets the oldest dead node.
+  std::sort(dead_nodes_order_.begin(), dead_nodes_order_.end());
 }
 
 void HeadState::restore_groups(const std::map<std::string, std::string>& rows, Time deadline) {
@@ -258,6 +261,11 @@ void HeadState::restore_groups(const std::map<std::string, std::string>& rows, T
       awaited_owners_[g.owner_client] = {deadline, kNotBackAfterRestore};
     groups_[g.info.id] = std::move(g);
   }
+  // Oldest first by id, as they were queued (key order put group 10 before
+  // 9: a restart reserved them the other way round, and forgot the newest
+  // removed group rather than the oldest).
+  std::sort(pending_groups_.begin(), pending_groups_.end());
+  std::sort(removed_groups_order_.begin(), removed_groups_order_.end());
 }
 
 void HeadState::restore_actors(const std::map<std::string, std::string>& rows, Time deadline) {
@@ -309,6 +317,7 @@ void HeadState::restore_actors(const std::map<std::string, std::string>& rows, T
   // first by id, as they were filled (ids grow with creation).
   std::sort(dead_order_.begin(), dead_order_.end());
   std::sort(dead_routine_.begin(), dead_routine_.end());
+  std::sort(pending_actors_.begin(), pending_actors_.end());
 }
 
 void HeadState::bind_client(PeerId peer, uint64_t client_id, uint64_t worker_actor, uint32_t incarnation) {

@@ -1,6 +1,7 @@
 #include "troupe/runtime/head/scheduler.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <optional>
@@ -93,10 +94,25 @@ std::optional<std::vector<size_t>> pick_gpus(const std::vector<double>& free, do
 }
 
 std::vector<size_t> placement_order(const std::vector<Resources>& bundles) {
+  // Largest first, by GPUs, then CPUs, memory, then the other resources'
+  // sum: in the order given, {GPU:1} took the 8-GPU node and {GPU:8}, next,
+  // fitted nowhere, though the group fits in the other order.
+  auto key = [&](size_t i) {
+    const Resources& r = bundles[i];
+    double others = 0;
+    for (const auto& [name, amount] : r)
+      if (name != "GPU" && name != "CPU" && name != "memory") others += amount;
+    return std::array<double, 4>{gpu_amount(r), get(r, "CPU"), get(r, "memory"), others};
+  };
   std::vector<size_t> order(bundles.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return gpu_share(gpu_amount(bundles[a])) > gpu_share(gpu_amount(bundles[b])) + kEps;
+    const auto ka = key(a), kb = key(b);
+    for (size_t k = 0; k < ka.size(); ++k) {
+      if (ka[k] > kb[k] + kEps) return true;
+      if (kb[k] > ka[k] + kEps) return false;
+    }
+    return false;
   });
   return order;
 }
@@ -225,6 +241,18 @@ std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Reso
     bool any_total = std::any_of(nodes.begin(), nodes.end(), [&](const NodeView& n) { return fits(n.total, req); });
     *reason = "no node can hold {" + format_resources(req) + "} " +
               (any_total ? "right now" : "at all (no node has that much in total)") + "; " + nodes_summary(nodes);
+    // The amount is free somewhere, but as parts of GPUs: a whole GPU (or
+    // a part) must come from one device. Said with each device's free
+    // share; the summary alone showed enough free.
+    for (const auto& n : nodes) {
+      if (n.gpu_free.empty() || !fits(n.available, req) || fits(n, req)) continue;
+      std::string shares;
+      for (double f : n.gpu_free) shares += (shares.empty() ? "" : ", ") + fmt::format("{:g}", f);
+      *reason += fmt::format(
+          "; node {} has GPU={:g} free, but only as parts of its devices ({}), and a request "
+          "takes its GPUs whole from one device each (a part from one device)",
+          n.id, get(n.available, "GPU"), shares);
+    }
   }
   return std::nullopt;
 }

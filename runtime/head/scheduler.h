@@ -69,9 +69,11 @@ std::optional<uint64_t> pick_node(const std::vector<NodeView>& nodes, const Reso
 std::vector<NodeView> affine_views(const wire::ActorSpec& spec, const std::vector<NodeView>& views);
 
 // The order in which a group's bundles are placed and taken: the largest
-// GPU share first (stable otherwise), so that parts of GPUs pack as well as
-// they can (0.6 before 0.4). place_bundles plans in this order, and the
-// head takes the bundles' resources in it too, so plan and take agree.
+// first (GPUs, then CPUs, memory, the other resources; stable otherwise),
+// as Ray's, so that a big bundle is not left without a node the small ones
+// took, and parts of GPUs pack as well as they can (0.6 before 0.4).
+// place_bundles plans in this order, and the head takes the bundles'
+// resources in it too, so plan and take agree.
 std::vector<size_t> placement_order(const std::vector<Resources>& bundles);
 
 // Places every bundle (all or nothing) under `strategy`; returns the node of

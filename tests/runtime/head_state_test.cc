@@ -897,6 +897,22 @@ TEST_F(DroppedClientTest, AWorkersOwnedActorsGoWithTheWorkerWhateverTheOrder) {
   }
 }
 
+// A placement group made inside an actor or a task is its job's, as Ray's:
+// the worker's end (a task executor released when idle, an actor that
+// restarts) removed it, and killed what ran in it. Its driver's end does.
+TEST_F(DroppedClientTest, AGroupMadeInsideAWorkerIsItsJobsAndOutlivesTheWorker) {
+  const uint64_t w = state_.create_actor(kDriver, spec({}, 0)).id;
+  start_spawned();
+  constexpr PeerId kWorkerPeer = 200;
+  state_.bind_client(kWorkerPeer, 20, w, state_.actor_info(w).incarnation);
+  const auto g = state_.create_placement_group(kWorkerPeer, {{{{"CPU", 1}}}, PlacementStrategy::kPack, ""});
+  exited(w);
+  state_.peer_gone(kWorkerPeer, "connection reset", true, now_);
+  EXPECT_NE(state_.placement_group(g.id).state, PlacementGroupState::kRemoved);  // PENDING: the node is full
+  state_.peer_gone(kDriver, "goodbye");
+  EXPECT_EQ(state_.placement_group(g.id).state, PlacementGroupState::kRemoved);
+}
+
 // Actors that ask for nothing load no node: they all went to the first
 // node of equally loaded ones (SPREAD too). The node with fewer actors wins
 // a tie of load.
@@ -1260,6 +1276,35 @@ void apply_rows(std::map<std::string, std::string>& store, const std::vector<Hea
       store[k] = *v;
     else
       store.erase(k);
+}
+
+// A restarted head places what waits oldest first, as before: its rows
+// come in key order ("g/10" before "g/9"), and group 10 took the room
+// group 9 had waited for longer.
+TEST_F(HeadStateTest, ARestartedHeadPlacesWaitingGroupsOldestFirst) {
+  state_.enable_write_through();
+  add_node({{"CPU", 1}}, 1);
+  const PlacementGroupSpec one{{{{"CPU", 1}}}, PlacementStrategy::kPack, "", true};
+  for (int i = 0; i < 8; ++i) state_.remove_placement_group(state_.create_placement_group(kDriver, one).id);
+  auto hold = state_.create_actor(kDriver, spec({{"CPU", 1}}));
+  start_spawned();
+  ASSERT_EQ(state_of(hold.id), ActorState::kAlive);
+  const auto older = state_.create_placement_group(kDriver, one);
+  const auto newer = state_.create_placement_group(kDriver, one);
+  ASSERT_EQ(older.id, 9u);
+  ASSERT_EQ(newer.id, 10u);
+  std::map<std::string, std::string> store;
+  apply_rows(store, state_.take_rows());
+  HeadState again(HeadConfig{100, 5, 1000});
+  again.restore(store, now_, 2s);
+  Hello h;
+  h.role = Role::kNode;
+  h.resources = {{"CPU", 1}};
+  h.hostname = "host2";
+  h.pid = 2;
+  again.register_node(2, h, now_);
+  EXPECT_EQ(again.placement_group(older.id).state, PlacementGroupState::kCreated);
+  EXPECT_EQ(again.placement_group(newer.id).state, PlacementGroupState::kPending);
 }
 
 // The rows a durable head writes, against the format number that names

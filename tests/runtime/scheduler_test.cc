@@ -191,16 +191,39 @@ TEST(Scheduler, FractionsOfAGpuPackAndWholeGpusStayWhole) {
   EXPECT_FALSE(fits(split, {{"GPU", 0.5}}));
   EXPECT_TRUE(fits(split, {{"GPU", 0.4}}));
   EXPECT_FALSE(pick_node({split}, {{"GPU", 0.5}}, &why).has_value());
+  // Enough free in all, split over two devices: said so, with each share.
+  NodeView halves_free{1, {{"GPU", 2}}, {{"GPU", 1}}, {0.5, 0.5}};
+  EXPECT_FALSE(pick_node({halves_free}, {{"GPU", 1}}, &why).has_value());
+  EXPECT_NE(why.find("node 1 has GPU=1 free, but only as parts of its devices (0.5, 0.5)"), std::string::npos) << why;
   // Largest share first: 0.4, 0.4, 0.6, 0.6 fit two GPUs as 0.6 + 0.4 each
   // (in the order given, the two 0.4s would take one GPU and strand a 0.6).
   NodeView two_gpus{4, {{"GPU", 2}}, {{"GPU", 2}}, {1.0, 1.0}};
   std::vector<Resources> mixed = {{{"GPU", 0.4}}, {{"GPU", 0.4}}, {{"GPU", 0.6}}, {{"GPU", 0.6}}};
   EXPECT_EQ(placement_order(mixed), (std::vector<size_t>{2, 3, 0, 1}));
   EXPECT_TRUE(place_bundles({two_gpus}, mixed, PlacementStrategy::kStrictPack, &why)) << why;
-  EXPECT_EQ(placement_order({{{"CPU", 1}}, {{"CPU", 2}}}), (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(placement_order({{{"CPU", 1}}, {{"CPU", 2}}}), (std::vector<size_t>{1, 0}));
   // A view without GPU shares counts the amount only.
   NodeView amounts{3, {{"GPU", 2}}, {{"GPU", 0.8}}};
   EXPECT_TRUE(fits(amounts, {{"GPU", 0.5}}));
+}
+
+// The largest bundle is placed first, as Ray's: in the order given, the
+// small bundle took the node the big one alone fits on, and a group the
+// cluster can hold stayed PENDING for ever (for every strategy).
+TEST(Scheduler, TheLargestBundleIsPlacedFirst) {
+  std::string why;
+  NodeView eight{1, {{"GPU", 8}}, {{"GPU", 8}}, std::vector<double>(8, 1.0)};
+  NodeView one{2, {{"GPU", 1}}, {{"GPU", 1}}, {1.0}};
+  for (auto s : {PlacementStrategy::kPack, PlacementStrategy::kSpread, PlacementStrategy::kStrictSpread}) {
+    auto placed = place_bundles({eight, one}, {{{"GPU", 1}}, {{"GPU", 8}}}, s, &why);
+    ASSERT_TRUE(placed) << why;
+    EXPECT_EQ(*placed, (std::vector<uint64_t>{2, 1}));
+  }
+  NodeView four{1, {{"CPU", 4}}, {{"CPU", 4}}};
+  NodeView two{2, {{"CPU", 2}}, {{"CPU", 2}}};
+  auto placed = place_bundles({four, two}, {{{"CPU", 2}}, {{"CPU", 4}}}, PlacementStrategy::kPack, &why);
+  ASSERT_TRUE(placed) << why;
+  EXPECT_EQ(*placed, (std::vector<uint64_t>{2, 1}));
 }
 
 }  // namespace

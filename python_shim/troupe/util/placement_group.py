@@ -125,7 +125,17 @@ def placement_group(bundles, strategy="PACK", name="", lifetime=None):
     if not isinstance(bundles, (list, tuple)) or not bundles:
         raise ConfigError(f"a placement group needs a non-empty list of bundles, got {bundles!r}")
     specs = [_bundle(i, b) for i, b in enumerate(bundles)]
-    info = _client().create_placement_group(specs, strategy, str(name or ""), lifetime == "detached")
+    client = _client()
+    if name:
+        # A name is one live group's, as Ray's: a second reserved the
+        # resources again, and get_placement_group(name) found the older.
+        # (Checked here, by this API: two made at the same instant may
+        # both pass; the runtime's own groups are not held to it.)
+        for g in _head_groups(client):
+            if g.get("name") == str(name) and g["state"] != "REMOVED":
+                raise ConfigError(f"a placement group named {str(name)!r} already exists (id {g['id']}); remove it "
+                                  "first or choose another name")
+    info = client.create_placement_group(specs, strategy, str(name or ""), lifetime == "detached")
     return PlacementGroup(info["id"], specs)
 
 
@@ -152,16 +162,19 @@ def _handle(client, group_id):
 
 def get_placement_group(name_or_id):
     """As Ray's get_placement_group(name): the live group of that name
-    (ValueError when there is none); an id (an int, or its digits) finds
-    the group with that id. The handle has the group's bundles."""
+    (ValueError when there is none); an int finds the group with that id,
+    and so do digits that name no group (a group named "7" is found by
+    its name). The handle has the group's bundles."""
     client = _client()
-    if isinstance(name_or_id, int) or (isinstance(name_or_id, str) and name_or_id.isdigit()):
-        return _handle(client, int(name_or_id))
+    if isinstance(name_or_id, int) and not isinstance(name_or_id, bool):
+        return _handle(client, name_or_id)
     if not isinstance(name_or_id, str) or not name_or_id:
         raise ConfigError(f"get_placement_group takes a group's name (or id), not {name_or_id!r}")
     for g in _head_groups(client):
         if g.get("name") == name_or_id and g["state"] != "REMOVED":
             return PlacementGroup(g["id"], g.get("bundles", []))
+    if name_or_id.isdigit():
+        return _handle(client, int(name_or_id))
     raise ValueError(f"no placement group named {name_or_id!r} (removed ones are not found)")
 
 
