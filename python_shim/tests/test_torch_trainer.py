@@ -390,6 +390,22 @@ class Hog:
         return True
 
 
+def test_an_elastic_group_takes_what_is_free_now(tmp_path):
+    # One of the 4 CPUs is held by another actor: between 1 and 4 workers of
+    # 1 CPU, three start. Sized by the cluster's totals it asked for 4,
+    # waited out the placement timeout and failed every attempt.
+    if AGAINST != "troupe":
+        pytest.skip("Ray's ray.nodes() says nothing of what is free on each node")
+    hog = rt.remote(num_cpus=1)(Hog).remote()
+    try:
+        assert rt.get(hog.ping.remote(), timeout=60)
+        scaling = train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}, min_workers=1, max_workers=4)
+        result = TorchTrainer(context_loop, scaling_config=scaling, run_config=run_config(tmp_path)).fit()
+        assert [r["world_size"] for r in result.metrics["ranks"]] == [3, 3, 3]
+    finally:
+        rt.kill(hog)
+
+
 def test_a_group_the_cluster_can_never_hold_fails_at_once(tmp_path, monkeypatch):
     # More workers, or bigger ones, than the cluster's 4 CPUs (and no 64
     # GPUs) can ever hold: fit fails before it places anything, naming what
@@ -976,3 +992,25 @@ def test_keep_k_ranks_scores_as_numbers_and_keeps_the_best_beside_the_latest(tmp
     # A score that is no number (text, missing, NaN) ranks below every number.
     odd = _store_of(tmp_path, "odd", ["n/a", None, math.nan, 0.5, "x", 0.1], num_to_keep=1)
     assert _kept(odd) == [3, 5]
+
+
+def test_batches_of_namedtuples_and_other_mappings_reach_the_device():
+    # A namedtuple of two fields raised TypeError, one of one field held a
+    # generator, and a UserDict (a tokenizer's BatchEncoding is one) kept
+    # its tensors on the CPU.
+    import collections
+
+    from troupe.train import torch as train_torch
+
+    meta = torch.device("meta")
+    Pair = collections.namedtuple("Pair", "x y")
+    One = collections.namedtuple("One", "x")
+    moved = train_torch._to(Pair(torch.ones(2), [torch.zeros(1), 3]), meta)
+    assert type(moved) is Pair and moved.x.device == meta and moved.y[0].device == meta and moved.y[1] == 3
+    one = train_torch._to(One(torch.ones(1)), meta)
+    assert type(one) is One and one.x.device == meta
+    encoding = train_torch._to(collections.UserDict(input_ids=torch.ones(2), mask=torch.ones(2)), meta)
+    assert type(encoding) is collections.UserDict
+    assert encoding["input_ids"].device == meta and encoding["mask"].device == meta
+    plain = train_torch._to({"a": (torch.ones(1),)}, meta)
+    assert type(plain) is dict and type(plain["a"]) is tuple and plain["a"][0].device == meta

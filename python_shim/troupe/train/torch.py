@@ -20,6 +20,7 @@ not sharded either (each rank reads the whole stream unless the dataset
 splits it by rank itself): a warning says so, once per worker process.
 """
 
+import collections.abc
 import os
 import random
 import warnings
@@ -180,12 +181,24 @@ def prepare_data_loader(data_loader, add_dist_sampler=True, move_to_device=True)
 
 
 def _to(batch, device):
+    """The batch with its tensors on `device`, in containers of the same
+    types: a namedtuple (torch's collate keeps them; one of two fields
+    raised TypeError) and any mapping (a tokenizer's BatchEncoding is a
+    UserDict, whose tensors stayed on the CPU) included."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_to(b, device) for b in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to(v, device) for k, v in batch.items()}
+    if isinstance(batch, collections.abc.Mapping):
+        moved = {k: _to(v, device) for k, v in batch.items()}
+        if type(batch) is dict:
+            return moved
+        try:
+            return type(batch)(moved)
+        except Exception:  # noqa: BLE001 - a mapping that cannot be built from a dict goes as one
+            return moved
     return batch
 
 

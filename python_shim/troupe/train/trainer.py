@@ -179,21 +179,25 @@ class _LoopRaised(Exception):
         self.rank = rank  # the world rank whose loop raised
 
 
-def _workers_that_fit(res, nodes):
+def _workers_that_fit(res, nodes, available=False):
     """How many workers asking `res` the nodes hold at once by their total
-    resources (a worker is one actor: it lives on one node), None when it
-    asks for nothing."""
-    per_node = _fits_per_node(res, nodes)
+    resources (a worker is one actor: it lives on one node), or with
+    `available` by what is free on them now; None when it asks for
+    nothing, or (available) when the nodes do not say what is free
+    (Ray's ray.nodes())."""
+    if available and not all("AvailableResources" in n for n in nodes):
+        return None
+    per_node = _fits_per_node(res, nodes, "AvailableResources" if available else "Resources")
     return None if per_node is None else sum(per_node)
 
 
-def _fits_per_node(res, nodes):
+def _fits_per_node(res, nodes, field="Resources"):
     """How many workers asking `res` each node holds by its total
-    resources, None when it asks for nothing."""
+    resources (or by `field`'s), None when it asks for nothing."""
     asked = {k: float(v) for k, v in res.items() if v > 0}
     if not asked:
         return None
-    return [min(_fits_on_node(k, v, float(n.get("Resources", {}).get(k, 0))) for k, v in asked.items())
+    return [min(_fits_on_node(k, v, float(n.get(field, {}).get(k, 0))) for k, v in asked.items())
             for n in nodes]
 
 
@@ -486,7 +490,15 @@ class TorchTrainer:
             # restart waits for resources (it failed the run at once,
             # whatever max_failures said). Placing waits for it, bounded.
             return lo
-        return lo if lo == hi else min(hi if fits is None else fits, hi)
+        if lo == hi:
+            return lo
+        size = min(hi if fits is None else fits, hi)
+        # Elastic: as many as what is free now holds (others' actors hold
+        # part of the cluster), at least min_workers, which waits. Sized by
+        # the totals alone it asked for max_workers, waited out the
+        # placement timeout, and failed every attempt.
+        free = _workers_that_fit(res, nodes, available=True)
+        return size if free is None else max(lo, min(size, free))
 
     def _place(self, rt, workers, groups):
         """Creates the workers into `workers` (so that the caller stops them
@@ -569,6 +581,7 @@ class TorchTrainer:
         # The same id for every attempt of a run, and for a run resumed by its name.
         trial_id = hashlib.sha1(os.path.abspath(store.run_dir).encode()).hexdigest()[:8]
         refs, seen = [], {}
+        node_gpus = worker_module.node_gpu_lists(self._infos) if self.scaling_config.use_gpu else {}
         for rank, (w, info) in enumerate(zip(workers, self._infos)):
             node = info["node_id"]
             local_rank = seen.get(node, 0)
@@ -579,6 +592,7 @@ class TorchTrainer:
                             "experiment_name": name, "trial_dir": store.run_dir, "restart_count": self.failures,
                             "trial_id": trial_id},
                 "master_addr": self._infos[0]["ip"], "master_port": port, "use_gpu": self.scaling_config.use_gpu,
+                "node_gpus": node_gpus.get(node),
                 "backend": tc.backend if tc else None, "timeout_s": tc.timeout_s if tc else None,
                 "checkpoint": latest.path if latest else None,
                 "storage_marker": store.marker_token,

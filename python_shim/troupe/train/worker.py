@@ -82,9 +82,13 @@ def call_loop(fn, config):
 class TrainWorker:
     def __init__(self, runtime_name):
         self._rt = importlib.import_module(runtime_name)
+        # The GPUs the runtime gave this worker (run() widens the variable
+        # to the node's, as torchrun's ranks see them).
+        self._own_gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def node_info(self):
-        return {"node_id": _node_id(self._rt), "ip": _node_ip(self._rt), "pid": os.getpid()}
+        return {"node_id": _node_id(self._rt), "ip": _node_ip(self._rt), "pid": os.getpid(),
+                "gpus": self._own_gpus}
 
     def free_port(self):
         """MASTER_PORT: a port free now, outside the kernel's ephemeral
@@ -116,9 +120,14 @@ class TrainWorker:
             store.check_shared(spec["storage_marker"], ctx.world_rank)
         os.environ.update(session.local_env(ctx, spec["master_addr"], spec["master_port"]))
         os.environ.update(_socket_interfaces(self.node_info()["ip"]))
+        # Before CUDA starts (it reads the variable once): the node's GPUs,
+        # so that cuda:LOCAL_RANK is this rank's own as under torchrun.
+        visible = node_visible_gpus(spec.get("node_gpus"), self._own_gpus) if spec["use_gpu"] else None
+        if visible:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible[0]
         use_gpu = spec["use_gpu"] and torch.cuda.is_available()
         if use_gpu:
-            torch.cuda.set_device(_device_index(ctx))
+            torch.cuda.set_device(visible[1] if visible else _device_index(ctx))
         # TorchConfig's backend and timeout when the trainer was given one.
         backend = spec.get("backend") or ("nccl" if use_gpu else "gloo")
         # An IPv6 address goes in brackets in the URL (MASTER_ADDR keeps it
@@ -150,6 +159,31 @@ class TrainWorker:
             # A loop written for torchrun may have ended it itself.
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def node_visible_gpus(node_gpus, own):
+    """(CUDA_VISIBLE_DEVICES, device index) for a worker, as torchrun and
+    Ray Train give them: every GPU of its node's workers in local-rank order
+    (once each: workers holding parts of one GPU share it), and where this
+    worker's first GPU is among them. None when it holds none of them."""
+    own = [g for g in (own or "").split(",") if g]
+    if not own or not node_gpus or own[0] not in node_gpus:
+        return None
+    return ",".join(node_gpus), node_gpus.index(own[0])
+
+
+def node_gpu_lists(infos):
+    """By node id: the GPUs of its workers (`infos` in rank order), each
+    once, in local-rank order; a node with a worker that names none is
+    left out (its workers keep their own)."""
+    out, bare = {}, set()
+    for info in infos:
+        gpus = [g for g in (info.get("gpus") or "").split(",") if g]
+        if not gpus:
+            bare.add(info["node_id"])
+        listed = out.setdefault(info["node_id"], [])
+        listed.extend(g for g in gpus if g not in listed)
+    return {node: gpus for node, gpus in out.items() if node not in bare}
 
 
 def _device_index(ctx):
