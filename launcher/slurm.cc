@@ -16,6 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "torchrun_slot.h"
 #include "troupe/runtime/client/runtime.h"
@@ -157,6 +158,30 @@ volatile sig_atomic_t g_stop = 0;
 
 void on_stop(int sig) { g_stop = sig; }
 
+// SIGUSR1 and SIGUSR2 received and not yet passed on to the driver: a
+// time-limit warning (#SBATCH --signal=B:USR1@90, scancel --batch
+// --signal=USR2) is the driver's, to checkpoint. Their default action
+// ended troupe slurm, and its driver with it.
+volatile sig_atomic_t g_usr1 = 0;
+volatile sig_atomic_t g_usr2 = 0;
+
+void on_user_signal(int sig) {
+  if (sig == SIGUSR1)
+    g_usr1 = 1;
+  else
+    g_usr2 = 1;
+}
+
+// Passes what came on to `driver`.
+void pass_on_user_signals(pid_t driver) {
+  for (auto [flag, sig, name] : {std::tuple{&g_usr1, SIGUSR1, "SIGUSR1"}, std::tuple{&g_usr2, SIGUSR2, "SIGUSR2"}}) {
+    if (!*flag) continue;
+    *flag = 0;
+    std::fprintf(stderr, "troupe slurm: %s: passed on to the driver (pid %d)\n", name, static_cast<int>(driver));
+    ::kill(driver, sig);
+  }
+}
+
 // Thrown by the waits for the cluster to start when a signal stops it:
 // said as the signal, not as a start that took too long.
 struct StoppedBySignal : std::runtime_error {
@@ -195,14 +220,25 @@ struct Cluster {
   // CANCELLED on every clean job, nothing cleaned up). Signals are for what
   // is still there after that.
   //
-  // `keep_logs` (a job that failed): srun passes SIGUSR1 on to every
-  // node's script, which stops its agent and keeps the node's session
-  // directory, whose logs tell what failed.
+  // `keep_logs` (a job that failed): `scancel --signal=SIGPWR` reaches every
+  // node's script (the job's steps, not the batch step), which stops its
+  // agent and keeps the node's session directory, whose logs tell what
+  // failed. srun passes on only SIGUSR1 and SIGUSR2 (it takes the others
+  // for itself: SIGALRM ends the step), which users' time-limit warnings
+  // send (#SBATCH --signal=USR1@90): with SIGUSR1 every agent stopped 90 s
+  // early.
   void stop(bool keep_logs = false) {
     bool told = false;
     if (keep_logs && srun > 0) {
-      told = ::kill(srun, SIGUSR1) == 0;
-    } else if (head > 0 && !address.empty()) {
+      try {
+        // By number: scancel knows only some names ("Unknown job signal: PWR").
+        output_of({"scancel", "--signal=" + std::to_string(SIGPWR), env_or("SLURM_JOB_ID")});
+        told = true;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "troupe slurm: the node agents could not be told to keep their logs (%s)\n", e.what());
+      }
+    }
+    if (!told && head > 0 && !address.empty()) {
       try {
         InitOptions io;
         io.address = address;
@@ -287,10 +323,12 @@ void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const st
 // another node's has one of its own inside it (node-ID: a directory that
 // only this agent writes, whether or not the nodes share TMPDIR), removed
 // with its logs once the agent has stopped (kept with TROUPE_KEEP_SESSION
-// set, or when SIGUSR1 stopped it: troupe slurm's job failed; the agent
-// ignores SIGUSR1, which srun sends to the whole task), and the session
+// set, or when SIGPWR stopped it: troupe slurm's job failed; the agent
+// ignores SIGPWR, which scancel sends to the whole task), and the session
 // path with it where nothing else is in it. A stop signal to the script is
-// passed on to the agent.
+// passed on to the agent. SIGUSR1 and SIGUSR2, a time-limit warning's
+// (--signal=USR1@90, submitit's USR2), are the driver's: the script and the
+// agent ignore them (USR1 stopped every agent, USR2 killed them).
 const char* const kAgentScript =
     "troupe=$1 address=$2 gpus=$3 batch=$4; shift 4; "
     "case $SLURM_NODEID in ''|*[!0-9]*) i=$#;; *) i=$SLURM_NODEID;; esac; "
@@ -303,10 +341,10 @@ const char* const kAgentScript =
     "''|*[!0-9]*) res=\"CPU=$1\";; *) res=\"CPU=$1,GPU=$SLURM_GPUS_ON_NODE\";; esac; fi; "
     "own=; if [ -n \"$batch\" ] && [ \"$SLURMD_NODENAME\" != \"$batch\" ] && [ -n \"$TROUPE_SESSION_DIR\" ]; then "
     "own=\"$TROUPE_SESSION_DIR/node-$i\"; (umask 077; mkdir -p \"$own\") || exit 1; fi; "
-    "pid=; keep=$TROUPE_KEEP_SESSION; trap '' USR1; "
+    "pid=; keep=$TROUPE_KEEP_SESSION; trap '' PWR USR1 USR2; "
     "TROUPE_SESSION_DIR=${own:-$TROUPE_SESSION_DIR} \"$troupe\" start --block --no-token-file --address \"$address\" "
     "--resources \"$res\" & pid=$!; "
-    "trap 'kill -TERM $pid 2>/dev/null' TERM INT HUP; trap 'keep=stopped; kill -TERM $pid 2>/dev/null' USR1; "
+    "trap 'kill -TERM $pid 2>/dev/null' TERM INT HUP; trap 'keep=stopped; kill -TERM $pid 2>/dev/null' PWR; "
     "wait $pid; rc=$?; while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done; "
     "if [ -n \"$own\" ] && [ -z \"$keep\" ]; then "
     "rm -rf \"$own\"; rmdir \"$TROUPE_SESSION_DIR\" 2>/dev/null; fi; "
@@ -397,6 +435,7 @@ int run_driver(const Cluster& c, const SlurmOptions& o, int* stopped_by) {
   pid_t driver = core::spawn_process(s);
   int st = 0;
   while (!child_gone(driver, &st)) {
+    pass_on_user_signals(driver);
     if (const int sig = g_stop) {
       std::fprintf(stderr, "troupe slurm: %s: ending the driver and the cluster\n", signal_name(sig).c_str());
       ::kill(driver, SIGTERM);
@@ -475,6 +514,12 @@ int run_slurm(const SlurmOptions& o, const std::string& self) {
   // A hang-up ignored when it started (nohup) stays ignored.
   struct sigaction hup {};
   if (::sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) ::sigaction(SIGHUP, &sa, nullptr);
+  // Before the driver runs they wait for it (one that came while the
+  // cluster started goes to it once it runs).
+  struct sigaction user {};
+  user.sa_handler = on_user_signal;
+  ::sigaction(SIGUSR1, &user, nullptr);
+  ::sigaction(SIGUSR2, &user, nullptr);
   Cluster c;
   // Made here and given to the head and the agents in their environment
   // (--no-token-file): the cluster's secret is never on disk, where a

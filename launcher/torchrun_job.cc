@@ -202,9 +202,11 @@ class TorchrunJob {
         // failure is; it left the driver without stopping the others.
         out = {false, 0, 1, std::string("the attempt could not start its ranks: ") + e.what()};
       } catch (const Stopped& s) {
-        // As torchrun: SIGTERM to every script (a preemption-aware one
-        // checkpoints then), SIGKILL after the grace.
-        stop(a, kFinalGraceMs);
+        // As torchrun: the signal to every script (a preemption-aware one
+        // checkpoints then), SIGKILL after the grace. Ctrl-C's SIGINT stays
+        // SIGINT (KeyboardInterrupt: `except`, `finally` and atexit run);
+        // SIGHUP and SIGQUIT go as SIGTERM, which such scripts handle.
+        stop(a, kFinalGraceMs, s.signal == SIGINT ? SIGINT : SIGTERM);
         release(a);
         say(std::string("stopped every rank on ") + StopSignals::name(s.signal));
         return 128 + s.signal;
@@ -447,11 +449,11 @@ class TorchrunJob {
   // Stops every rank (SIGTERM, SIGKILL after the grace) and waits for the
   // scripts to exit; joins the printers. A slot that does not answer, or
   // whose script's end cannot be learnt, marks the group as lost.
-  void stop(Attempt& a, uint32_t grace_ms = kStopGraceMs) {
+  void stop(Attempt& a, uint32_t grace_ms = kStopGraceMs, int signal = SIGTERM) {
     std::vector<Future<int32_t>> stops;
     for (auto& s : a.slots) {
       try {
-        stops.push_back(s.control(StopScript{grace_ms, a.restart}));
+        stops.push_back(s.control(StopScript{grace_ms, a.restart, signal}));
       } catch (const std::exception&) {
         a.slot_lost = true;
       }
@@ -605,7 +607,9 @@ int run_torchrun(Runtime& rt, const TorchrunOptions& options, const StopSignals*
 }
 
 Resources torchrun_local_resources(const TorchrunOptions& options) {
-  double cores = std::max(1u, std::thread::hardware_concurrency());
+  // The CPUs this process may use, as --nproc-per-node cpu counts them and
+  // every other embedded node offers (it offered the machine's).
+  const double cores = core::cpu_limit();
   return {{"CPU", std::max(cores, double(options.nproc_per_node))}};
 }
 

@@ -425,11 +425,13 @@ struct TorchrunSlot::State {
   std::optional<SpareRecipe> recipe;  // set while warm restarts are on
   Clock::time_point spare_due = Clock::time_point::max();
 
-  int32_t stop(uint32_t grace_ms, int32_t restart_count) {
+  int32_t stop(uint32_t grace_ms, int32_t restart_count, int32_t signal) {
     std::lock_guard lock(mu);
     stopped_through = std::max(stopped_through, restart_count);
     if (pid <= 0 || reaped || running_restart > restart_count) return 0;
-    ::kill(-pid, SIGTERM);
+    // SIGINT when the launcher had Ctrl-C (a script's `except
+    // KeyboardInterrupt` saves), else SIGTERM; nothing else is sent.
+    ::kill(-pid, signal == SIGINT ? SIGINT : SIGTERM);
     kill_at = Clock::now() + std::chrono::milliseconds(grace_ms);
     return 1;
   }
@@ -472,7 +474,7 @@ TorchrunSlot::TorchrunSlot() : state_(std::make_shared<State>()) {
   std::weak_ptr<State> weak = state_;
   this_actor::on_control<StopScript>([weak](const StopScript& m) {
     auto st = weak.lock();
-    return st ? st->stop(m.grace_ms, m.restart_count) : 0;
+    return st ? st->stop(m.grace_ms, m.restart_count, m.signal) : 0;
   });
 }
 

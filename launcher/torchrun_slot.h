@@ -68,16 +68,18 @@ struct ScriptExit {
 };
 
 // Control message: stop the script of attempt `restart_count` (or an
-// earlier one) — SIGTERM to its process group, SIGKILL after `grace_ms` —
-// as torchrun stops its workers; a start() of that attempt arriving later
-// is refused. Served beside a running wait_exit(); the reply is 1 when a
-// script was signalled.
+// earlier one) — `signal` (SIGTERM, or the launcher's Ctrl-C SIGINT) to
+// its process group, SIGKILL after `grace_ms` — as torchrun stops its
+// workers; a start() of that attempt arriving later is refused. Served
+// beside a running wait_exit(); the reply is 1 when a script was
+// signalled.
 struct StopScript {
   static constexpr const char* kControlTag = "torchrun.stop";
   using Reply = int32_t;
   uint32_t grace_ms = 5000;
   int32_t restart_count = 0;
-  TROUPE_FIELDS(grace_ms, restart_count)
+  int32_t signal = 15;  // SIGTERM
+  TROUPE_FIELDS(grace_ms, restart_count, signal)
 };
 
 // A resource: one per worker process. A slot serves the attempts of its

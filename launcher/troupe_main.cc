@@ -294,10 +294,16 @@ class StartLock {
 };
 
 // Undoes a head start whose node agent failed: stops the head and removes
-// what was written of it, so the session is as before (the state db too is
-// left as it was: the head reloaded it and was stopped before changing it).
-void undo_head_start(const std::string& dir, pid_t head) {
-  ::kill(head, SIGTERM);
+// what was written of it, so the session is as before. A head that
+// reloaded a cluster's state (a restart after a crash) is SIGKILLed, its
+// process group with it (a supervisor's head): a stop signal ends a
+// cluster for good, emptying the state db and telling the nodes and
+// drivers that had come back that it had ended. A fresh one is stopped.
+void undo_head_start(const std::string& dir, pid_t head, bool reloaded, bool own_group) {
+  if (reloaded && own_group)
+    ::kill(-head, SIGKILL);
+  else
+    ::kill(head, reloaded ? SIGKILL : SIGTERM);
   troupe::core::reap_process(head, std::chrono::seconds(10));
   for (const char* f : {"head.pid", "address", "dashboard", "state_db"}) fs::remove(fs::path(dir) / f);
   g_started.clear();
@@ -342,6 +348,8 @@ int start_head(const std::string& dir, const Args& a) {
   // die with it: a container or Slurm task killed leaves nothing behind).
   o.die_with_parent = a.block;
   o.new_session = !a.block;
+  std::error_code db_ec;
+  const bool reloads = !o.env.head_state_db.empty() && fs::exists(o.env.head_state_db, db_ec);
   auto p = troupe::core::start_role_process(o, "head");
   g_started.emplace_back(p.pid, "head.pid");
   // The ready line: "ADDRESS" or "ADDRESS DASHBOARD_URL".
@@ -375,7 +383,7 @@ int start_head(const std::string& dir, const Args& a) {
       try {
         start_node(dir, join, token, node);
       } catch (const std::exception& e) {
-        undo_head_start(dir, p.pid);
+        undo_head_start(dir, p.pid, reloads, o.new_session);
         throw troupe::ConfigError(std::string(e.what()) + "; the head (pid " + std::to_string(p.pid) +
                                   ") started with it is stopped again");
       }
@@ -1349,12 +1357,18 @@ int cmd_torchrun(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  if (o.address.empty() && o.min_nodes > 1) {
-    // An embedded cluster is this machine: it would wait for nodes that never come.
+  if (o.address.empty() && o.max_nodes > 1) {
+    // An embedded cluster is this machine: it would wait for nodes that
+    // never come; and `--nnodes 1:4`, run on each machine of a Slurm job
+    // (srun torchrun ...), trained one whole job per machine, each writing
+    // the same checkpoints.
+    const std::string nnodes = o.min_nodes == o.max_nodes
+                                   ? std::to_string(o.min_nodes)
+                                   : std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes);
     std::fprintf(stderr,
-                 "troupe torchrun: --nnodes %d needs a cluster of %d nodes: give --address of one (troupe start); "
-                 "without it the ranks run on this machine alone\n",
-                 o.min_nodes, o.min_nodes);
+                 "troupe torchrun: --nnodes %s needs a cluster of up to %d nodes: give --address of one (troupe "
+                 "start); without it the ranks run on this machine alone (--nnodes 1)\n",
+                 nnodes.c_str(), o.max_nodes);
     return 2;
   }
   // A path is where the command runs, as the script's is: a node agent

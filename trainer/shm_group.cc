@@ -15,6 +15,7 @@
 
 #include "troupe/runtime/core/check.h"
 #include "troupe/runtime/core/errors.h"
+#include "troupe/runtime/core/process.h"
 #include "troupe/runtime/core/random_id.h"
 
 namespace troupe::trainer {
@@ -42,9 +43,8 @@ void cpu_relax() {
 // rank has a CPU of its own; with more ranks than CPUs a spinning rank holds
 // the CPU the late one needs.
 std::chrono::microseconds spin_budget(int world_size) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  // Affinity and the cgroup's quota, whichever is lower.
+  const int cpus = core::cpu_limit();
   return cpus >= world_size ? std::chrono::microseconds(200) : std::chrono::microseconds(0);
 }
 

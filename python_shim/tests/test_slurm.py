@@ -10,6 +10,7 @@ refuses with the variables it read.
 Skipped where slurmctld is missing or the test is not root."""
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -211,6 +212,61 @@ def test_scancel_ends_everything(slurm, tmp_path):
     # (nothing of it cleans up), and the session it left held the token.
     assert list(job_tmp.glob("troupe-slurm-*/head.log")), list(job_tmp.rglob("*"))
     assert not list(job_tmp.rglob("token")), list(job_tmp.rglob("*"))
+
+
+# DRIVER, which first waits (bounded) for a SIGUSR1 and says whether it came.
+WARNED_DRIVER = """
+import signal
+import sys
+import time
+
+got = []
+signal.signal(signal.SIGUSR1, lambda sig, frame: got.append(sig))
+""" + DRIVER.replace("actors = [", """open(sys.argv[1], "w").close()
+deadline = time.monotonic() + 120
+while not got and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("usr1:", len(got), flush=True)
+actors = [""", 1)
+
+
+def _troupe_slurm_pid():
+    """The pid of this file's running `troupe slurm` (the batch shell's
+    command: what --signal=B:USR1@T signals)."""
+    for pid in troupe_processes():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[1:2] == [b"slurm"]:
+                    return pid
+        except OSError:
+            pass
+    return None
+
+
+def test_a_time_limit_warning_reaches_the_driver_and_spares_the_cluster(slurm, tmp_path):
+    # --signal=USR1@90 signals the job's steps: each agent's script took it
+    # for troupe slurm's "keep the logs" and stopped its agent. With B: it
+    # signals the batch shell: troupe slurm died of it, and its driver with
+    # it. Now the steps ignore it and troupe slurm passes it on.
+    (tmp_path / "driver.py").write_text(WARNED_DRIVER)
+    ready = tmp_path / "ready"
+    out = tmp_path / "job.out"
+    job = subprocess.run(["sbatch", "--parsable", "-N2", "--exclusive", f"--output={out}", "--wrap",
+                          f"{cli()} slurm --port 0 -- /usr/bin/python3 {tmp_path / 'driver.py'} {ready}"],
+                         env=slurm["env"], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    wait_until(ready.exists, timeout=120, what="the driver running")
+    subprocess.run(["scancel", "--signal=USR1", job], env=slurm["env"], check=True, timeout=60)
+    pid = _troupe_slurm_pid()
+    assert pid is not None, troupe_processes()
+    os.kill(pid, signal.SIGUSR1)
+    wait_until(lambda: "driver exited" in out.read_text() or not troupe_processes(), timeout=240,
+               what="the job's end")
+    text = out.read_text()
+    assert "troupe slurm: SIGUSR1: passed on to the driver" in text, text
+    assert "usr1: 1" in text, text
+    assert "nodes: ['1', '2']" in text, text  # both agents still served
+    assert "driver exited with 0" in text, text
+    wait_until(lambda: not troupe_processes(), timeout=30, what="no troupe process left")
 
 
 def test_two_jobs_sharing_nodes_each_get_a_head_port(slurm, tmp_path):

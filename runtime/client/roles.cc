@@ -205,11 +205,12 @@ void run_role_if_requested(int argc, char** argv) {
     std::fprintf(stderr, "troupe %s: %s\n", role.c_str(), e.what());
     std::_Exit(2);
   }
-  // A worker has the default action of SIGUSR1 whatever its agent has:
-  // troupe slurm's node script ignores it for the agent (srun sends it to
-  // the whole task, and the script stops the agent cleanly), and an
-  // ignored signal is inherited.
-  if (role == "worker") ::signal(SIGUSR1, SIG_DFL);
+  // A worker has the default action of SIGUSR1 and SIGUSR2 whatever its
+  // agent has: troupe slurm's node script ignores them for the agent (a
+  // time-limit warning for the driver), and an ignored signal is
+  // inherited. (SIGPWR, the script's own stop, stays ignored.)
+  if (role == "worker")
+    for (const int sig : {SIGUSR1, SIGUSR2}) ::signal(sig, SIG_DFL);
   // Its node agent dying takes the actor's own processes too.
   if (role == "worker") core::kill_group_when_parent_dies();
   if (role == "worker" && env.pool_fd >= 0) worker::run_pooled_worker(env);

@@ -705,13 +705,10 @@ class NodeAgent::Impl {
     spawn(kept.mapped(), /*cold=*/true);
   }
 
-  // The cores this process may run on (its affinity mask, which a
-  // container's cpuset narrows), else the machine's.
-  static size_t usable_cores() {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) return static_cast<size_t>(CPU_COUNT(&set));
-    return std::thread::hardware_concurrency();
-  }
+  // The CPUs this process may use: its affinity mask, or its cgroup's CPU
+  // quota when lower (in a pod limited to 4 CPUs on 64 cores, 64 cold
+  // starts ran at once).
+  static size_t usable_cores() { return static_cast<size_t>(core::cpu_limit()); }
 
   // Fork + exec of a worker for this actor alone; a failure is the actor's
   // exit. It counts as starting (starting_) until it writes its serving

@@ -717,6 +717,41 @@ TEST_F(LauncherTest, HeadWhoseNodeAgentFailsIsStoppedAgain) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "address"));
 }
 
+// A head restarted after a crash whose node agent then fails to start is
+// undone without ending the cluster: the state it reloaded is there for the
+// next start. Stopped with SIGTERM, it emptied the state db (a stop ends a
+// cluster for good) and told those that had come back that it had ended.
+TEST_F(LauncherTest, AFailedRestartOfACrashedHeadKeepsItsState) {
+  auto first = run(cli() + " start --head --port 0 --dashboard-port -1 --resources CPU=1,GPU=0");
+  ASSERT_EQ(first.status, 0) << first.output;
+  {
+    troupe::Runtime rt = troupe::Runtime::connect(session_cluster());
+    rt.kv().put("kept", "1");
+    rt.shutdown();
+  }
+  // The machine's crash: head and agent SIGKILLed.
+  ASSERT_EQ(::kill(started_head_pid(first.output), SIGKILL), 0);
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("node-", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".pid") {
+      const auto cut = name.rfind('-');
+      ::kill(std::stoi(name.substr(cut + 1, name.size() - 4 - cut - 1)), SIGKILL);
+    }
+  }
+  ASSERT_TRUE(troupe::test::eventually([&] { return state_lock_free(dir_); }));
+  auto failed = run("TROUPE_WORKER_MALLOC=bogus " + cli() + " start --head --port 0 --dashboard-port -1");
+  EXPECT_NE(failed.status, 0) << failed.output;
+  EXPECT_NE(failed.output.find("stopped again"), std::string::npos) << failed.output;
+  const pid_t undone = started_head_pid(failed.output);
+  ASSERT_GT(undone, 0) << failed.output;
+  ASSERT_TRUE(troupe::test::eventually([&] { return troupe::test::process_gone(undone); }));
+  ASSERT_TRUE(troupe::test::eventually([&] { return state_lock_free(dir_); }));
+  auto again = run(cli() + " start --head --port 0 --dashboard-port -1 --resources CPU=1,GPU=0");
+  ASSERT_EQ(again.status, 0) << again.output;
+  troupe::Runtime rt = troupe::Runtime::connect(session_cluster());
+  EXPECT_EQ(rt.kv().get("kept"), std::optional<std::string>("1"));
+}
+
 // `troupe start --block` in the foreground, stopped by Ctrl-C, or by its
 // terminal closing (SIGHUP, whose default action ended it alone): what it
 // started ends with it, and so do their pid files and the head's address,

@@ -684,12 +684,12 @@ bool both_ranks_wait(const fs::path& out) {
 
 // Each rank of save_on_sigterm.py saved on the launcher's SIGTERM, and
 // nothing of the run is left.
-void expect_every_rank_saved(const fs::path& out, const CommandResult& r) {
+void expect_every_rank_saved(const fs::path& out, const CommandResult& r, int signal = SIGTERM) {
   for (auto rank : {"0", "1"}) {
     std::ifstream saved(out / (std::string("saved-") + rank));
     std::string line;
     std::getline(saved, line);
-    EXPECT_EQ(line, std::string("rank ") + rank + " saved on signal 15") << r.output;
+    EXPECT_EQ(line, std::string("rank ") + rank + " saved on signal " + std::to_string(signal)) << r.output;
   }
   EXPECT_TRUE(eventually([&] { return left_in_session(r.session).empty(); }));
 }
@@ -732,7 +732,9 @@ TEST_F(TorchrunTest, SighupReachesEveryScriptAsSigtermDoes) {
 // group, `timeout` and batch systems a group SIGTERM: the workers that
 // host the ranks' slots used to share the launcher's group and die of it,
 // so their scripts were SIGKILLed before the launcher's SIGTERM came and
-// nothing was saved. Workers have groups of their own now.
+// nothing was saved. Workers have groups of their own now. The scripts
+// get Ctrl-C's SIGINT, as under torchrun, so `except KeyboardInterrupt`
+// runs (they got SIGTERM, and such a handler never ran).
 TEST_F(TorchrunTest, CtrlCToTheProcessGroupStillLetsEveryScriptSave) {
   Started c = start(torchrun({"--nproc-per-node", "2", "--max-restarts", "3", "--python", kPython,
                               kScripts + "/save_on_sigterm.py", out_.string()}));
@@ -743,7 +745,7 @@ TEST_F(TorchrunTest, CtrlCToTheProcessGroupStillLetsEveryScriptSave) {
   EXPECT_EQ(r.status, 128 + SIGINT) << r.output;
   EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("lost its slot"), std::string::npos) << r.output;
-  expect_every_rank_saved(out_, r);
+  expect_every_rank_saved(out_, r, SIGINT);
 }
 
 // Processes whose environment carries TORCHELASTIC_RUN_ID=`run_id` (the
@@ -882,6 +884,8 @@ TEST_F(TorchrunTest, BadInputIsOneClearLineAndLeavesNothingRunning) {
       {{"missing_script.py"}, "troupe torchrun: script missing_script.py: no such file"},
       {{"--nnodes", "3:1", script}, "troupe torchrun: --nnodes 3:1: MIN is above MAX"},
       {{"--nnodes", "x", script}, "troupe torchrun: --nnodes x: "},
+      // srun torchrun --nnodes 1:4 ...: each machine trained a whole job of its own.
+      {{"--nnodes", "1:2", script}, "troupe torchrun: --nnodes 1:2 needs a cluster of up to 2 nodes: give --address"},
       {{"--nproc-per-node", "0", script}, "troupe torchrun: --nproc-per-node 0: expected a whole number"},
       {{"--nproc_per_node", "two", script}, "troupe torchrun: --nproc_per_node two: expected a whole number"},
       {{"--python", "/no/such/python3", script}, "troupe torchrun: --python /no/such/python3: no such interpreter"},

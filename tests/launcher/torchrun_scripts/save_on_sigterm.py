@@ -1,5 +1,5 @@
 # A preemption-aware script: on SIGTERM it saves its state (here a file,
-# OUT/saved-RANK) and exits 0. Each rank writes OUT/pid-RANK once its
+# OUT/saved-RANK) and exits 0; on Ctrl-C (KeyboardInterrupt) as well. Each rank writes OUT/pid-RANK once its
 # handler is in place, then waits to be stopped (at most 120 s).
 import os
 import signal
@@ -22,5 +22,8 @@ def save_and_leave(signum, frame):
 
 signal.signal(signal.SIGTERM, save_and_leave)
 write_pid_file(os.path.join(out, f"pid-{rank}"))
-time.sleep(120)
+try:
+    time.sleep(120)
+except KeyboardInterrupt:
+    save_and_leave(signal.SIGINT, None)
 sys.exit(9)
