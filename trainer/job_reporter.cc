@@ -247,13 +247,14 @@ void JobReporter::event(JobEventKind kind, const std::string& detail) {
     auto& list = doc_["events"];
     if (list.size() >= 100) list.erase(list.begin());
     list.push_back({{"t", e.time}, {"kind", to_string(kind)}, {"detail", detail}, {"step", at.step}});
-    if (kind == JobEventKind::kFailure) doc_["recoveries"] = doc_["recoveries"].get<int64_t>() + 1;
+    // Counted as each recovery completes, never taken back: a failure
+    // counted at once and taken back when the job gave up made the counter
+    // (troupe_job_recoveries_total) go down, and -1 for a job that gave up
+    // without any failure (a diverging loss, a ConfigError).
+    if (kind == JobEventKind::kResumed) doc_["recoveries"] = doc_["recoveries"].get<int64_t>() + 1;
     if (kind == JobEventKind::kFinished) doc_["state"] = "finished";
     if (kind == JobEventKind::kInterrupted) doc_["state"] = "interrupted";
-    if (kind == JobEventKind::kFailed) {
-      doc_["state"] = "failed";
-      doc_["recoveries"] = doc_["recoveries"].get<int64_t>() - 1;  // the last failure was not survived
-    }
+    if (kind == JobEventKind::kFailed) doc_["state"] = "failed";
     doc_["world_size"] = at.world_size;
     publish(true);
     // The job's last state is at the head when fit() returns or throws.

@@ -124,6 +124,44 @@ TEST(JobReporterTest, AStepMetricNamedAsALineFieldIsKeptUnderAnotherName) {
   EXPECT_EQ(j.at("correct").get<double>(), 2.0) << step_line;
 }
 
+// The job document's recoveries are those completed, and never go down:
+// a job that gave up without a failure showed -1, and one that gave up
+// after failures took one back (a Prometheus counter that went down).
+TEST(JobReporterTest, RecoveriesCountThoseCompletedAndNeverGoDown) {
+  for (const bool failed_before : {false, true}) {
+    SCOPED_TRACE(failed_before ? "after two recoveries and a failure" : "without a failure");
+    TrainJobConfig cfg;
+    cfg.name = "counted";
+    troupe::MemoryKvStore kv;
+    std::mutex mu;
+    std::vector<int64_t> seen;
+    {
+      JobReporter reporter(cfg, [] { return JobPosition{1, 2}; });
+      reporter.publish_to(&kv, 1, [&](const std::string&, const std::string& value) {
+        {
+          std::lock_guard lock(mu);
+          seen.push_back(nlohmann::json::parse(value).at("recoveries").get<int64_t>());
+        }
+        auto state = std::make_shared<troupe::core::FutureState<troupe::wire::Message>>();
+        state->set_value(troupe::wire::Message{});
+        return troupe::Future<troupe::wire::Message>(state);
+      });
+      if (failed_before) {
+        for (int k = 0; k < 2; ++k) {
+          reporter.event(JobEventKind::kFailure, "rank 1 died");
+          reporter.event(JobEventKind::kResumed, "at step 3");
+        }
+        reporter.event(JobEventKind::kFailure, "rank 1 died");
+      }
+      reporter.event(JobEventKind::kFailed, "the loss is inf at step 4");
+    }
+    std::lock_guard lock(mu);
+    ASSERT_FALSE(seen.empty());
+    for (size_t i = 1; i < seen.size(); ++i) EXPECT_GE(seen[i], seen[i - 1]) << i;
+    EXPECT_EQ(seen.back(), failed_before ? 2 : 0);
+  }
+}
+
 TEST(ModelTest, FactoryBuildsByNameAndRejectsBadSpecs) {
   auto m = make_model(mlp(64, 32, 10));
   EXPECT_EQ(m->parameter_count(), 64 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10);
