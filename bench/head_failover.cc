@@ -25,8 +25,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -192,7 +192,9 @@ int main(int argc, char** argv) {
   int trials = 3;
   int64_t kill_step = 20, steps = 600;
   CLI::App app{"head_failover: the head SIGKILLed mid-training and restarted; training goes on"};
-  app.add_option("--trials", trials, "runs (the median is reported)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--trials", trials, "runs (the median is reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--kill-step", kill_step, "step after which the head is killed")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -231,8 +233,8 @@ int main(int argc, char** argv) {
                       {"steps", t.steps},
                       {"same_weights", t.same}});
     }
-    nlohmann::ordered_json base = {{"bench", "head_failover"}, {"workers", 2}, {"kill_step", kill_step},
-                                   {"steps", steps}};
+    nlohmann::ordered_json base = {
+        {"bench", "head_failover"}, {"workers", 2}, {"kill_step", kill_step}, {"steps", steps}};
     auto row = [&](const char* name, double v, const char* unit, bool with_trials = false) {
       auto j = base;
       j["case"] = name;
@@ -247,7 +249,7 @@ int main(int argc, char** argv) {
     row("steps_while_head_down", static_cast<double>(median(down)), "steps");
     row("same_weights", all_same ? 1 : 0, "bool");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "head_failover: %s\n", e.what());
+    troupe::bench::print_error_row("head_failover", "head_recovery_s", e.what());
     return 1;
   }
   return 0;

@@ -43,10 +43,17 @@ def measured(cmd, env, cwd=None):
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.monotonic() - start
     if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"py_ship: {' '.join(cmd)} failed:\n{out.decode(errors='replace')[-3000:]}")
+        fail(f"{' '.join(cmd)} failed:\n{out.decode(errors='replace')[-3000:]}")
     if os.environ.get("PY_SHIP_VERBOSE"):
         log(f"{' '.join(cmd)}:\n{out.decode(errors='replace')[-2000:]}")
     return usage.ru_maxrss / 1024.0, wall
+
+
+def fail(message):
+    """An error row on stdout, where the figures go (a failure was said on
+    stderr only), the message on stderr, and exit 1."""
+    print(json.dumps({"bench": "py_ship", "case": "ship_driver_rss_mb", "error": message.splitlines()[0]}), flush=True)
+    sys.exit(f"py_ship: {message}")
 
 
 def row(case, value, unit, peer=None, **extra):
@@ -65,11 +72,11 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
     if os.geteuid() != 0 or not shutil.which("unshare"):
-        sys.exit("py_ship: needs root and unshare (node agents in mount namespaces)")
+        fail("needs root and unshare (node agents in mount namespaces)")
     build = os.path.abspath(a.build_dir)
     troupe = os.path.join(build, "launcher", "troupe")
     if not os.access(troupe, os.X_OK):
-        sys.exit(f"py_ship: {troupe} is not built (bench/run py_ship builds it)")
+        fail(f"{troupe} is not built (bench/run py_ship builds it)")
     root = tempfile.mkdtemp(prefix="troupe-py-ship-")
     session = os.path.join(root, "session")
     os.mkdir(session, 0o700)

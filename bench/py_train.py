@@ -173,15 +173,23 @@ def main():
     a.troupe = os.path.join(a.build_dir, "launcher", "troupe")
     import py_train_jobs
 
-    if a.case in ("trainjob", "all"):
-        for row in py_train_jobs.trainjob_cases(a, log):
-            print(json.dumps(row), flush=True)
-    if a.case in ("trainer_recovery_s", "all"):
-        for row in py_train_jobs.trainer_case(a, log):
-            print(json.dumps(row), flush=True)
+    failed = False
+    # A case that raises prints an error row and the others still run (a
+    # traceback ended the run, and --case all skipped the later cases).
+    for case, rows in (("trainjob", lambda: py_train_jobs.trainjob_cases(a, log)),
+                       ("trainer_recovery_s", lambda: py_train_jobs.trainer_case(a, log))):
+        if a.case not in (case, "all"):
+            continue
+        try:
+            for row in rows():
+                print(json.dumps(row), flush=True)
+        except Exception as e:  # noqa: BLE001 - reported as the case's error row
+            log(f"{case}: {type(e).__name__}: {e}")
+            print(json.dumps({"bench": "py_train", "case": case, "error": f"{type(e).__name__}: {e}"}), flush=True)
+            failed = True
     if a.case in ("torchrun_restart", "all"):
         torchrun_case(a)
-    return 0
+    return 1 if failed else 0
 
 
 def torchrun_case(a):

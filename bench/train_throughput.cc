@@ -205,7 +205,8 @@ double ddp_rate(const Args& a) {
   auto row = troupe::bench::run_peer_json(
       {"/usr/bin/python3", std::string(TROUPE_BENCH_PEERS_DIR) + "/torch_ddp.py", "--hidden", std::to_string(a.hidden),
        "--batch", std::to_string(a.batch), "--workers", std::to_string(a.workers), "--steps", std::to_string(a.steps),
-       "--warmup", std::to_string(a.warmup)},
+       "--warmup", std::to_string(a.warmup), "--bucket-mb", std::to_string(a.bucket_mb), "--compression",
+       a.compression},
       {.env = {"OPENBLAS_NUM_THREADS=1"}, .name = "torch_ddp.py"},
       std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
   return row.at("value").get<double>();
@@ -223,7 +224,9 @@ double ddp_lm_rate(const Args& a, int64_t workers, bool bf16) {
                                    "--batch",          std::to_string(a.lm_batch),
                                    "--workers",        std::to_string(workers),
                                    "--steps",          std::to_string(a.lm_steps),
-                                   "--warmup",         std::to_string(a.warmup)};
+                                   "--warmup",         std::to_string(a.warmup),
+                                   "--bucket-mb",      std::to_string(a.bucket_mb),
+                                   "--compression",    a.compression};
   args.insert(args.end(), {"--amp", bf16 ? "bf16" : "none"});
   auto row = troupe::bench::run_peer_json(args, {.env = {"OPENBLAS_NUM_THREADS=1"}, .name = "torch_ddp.py --model lm"},
                                           std::chrono::milliseconds(static_cast<int64_t>(a.peer_timeout_s * 1000)));
@@ -267,6 +270,10 @@ void lm_row(const std::string& c, double value, const std::string& unit, const A
   j["workers"] = workers;
   j["steps"] = a.lm_steps;
   j["amp"] = bf16 ? "bf16" : "none";
+  // Both sides run with these (the peer's DDP bucket_cap_mb and its
+  // compression hook): they changed troupe's side alone before.
+  j["bucket_mb"] = a.bucket_mb;
+  j["compression"] = a.compression;
   gemm_fields(j, a, side);
   troupe::bench::print_row(j);
 }
@@ -324,6 +331,8 @@ void row(const std::string& c, double value, const std::string& unit, const Args
   j["batch"] = a.batch;
   j["workers"] = a.workers;
   j["steps"] = a.steps;
+  j["bucket_mb"] = a.bucket_mb;
+  j["compression"] = a.compression;
   gemm_fields(j, a, side);
   troupe::bench::print_row(j);
 }

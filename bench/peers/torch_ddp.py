@@ -30,6 +30,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def compress(ddp, compression):
+    """The gradient wire troupe's --compression picks: torch's own
+    compression hooks (16-bit on the wire, averaged back in float32)."""
+    if compression == "none":
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    hook = default_hooks.bf16_compress_hook if compression == "bf16" else default_hooks.fp16_compress_hook
+    ddp.register_comm_hook(None, hook)
+
+
 def run_rank(rank, world, port, args, queue):
     import torch
     import torch.distributed as dist
@@ -44,7 +55,9 @@ def run_rank(rank, world, port, args, queue):
         from model import TinyGPT
 
         ddp = nn.parallel.DistributedDataParallel(
-            TinyGPT(block_size=args.block, width=args.width, layers=args.layers, heads=args.heads))
+            TinyGPT(block_size=args.block, width=args.width, layers=args.layers, heads=args.heads),
+            bucket_cap_mb=args.bucket_mb)
+        compress(ddp, args.compression)
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, weight_decay=0.0)
         torch.manual_seed(1000 + rank)
         tokens = torch.randint(0, 256, (args.batch, args.block + 1))
@@ -58,7 +71,8 @@ def run_rank(rank, world, port, args, queue):
     else:
         model = nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden),
                               nn.ReLU(), nn.Linear(args.hidden, 10))
-        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+        compress(ddp, args.compression)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         torch.manual_seed(1000 + rank)
         x = torch.randn(args.batch, 784)
@@ -107,6 +121,9 @@ def main():
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--amp", choices=["none", "bf16"], default="none")
+    p.add_argument("--bucket-mb", type=float, default=25, help="DDP's bucket_cap_mb (troupe's --bucket-mb)")
+    p.add_argument("--compression", choices=["none", "bf16", "fp16"], default="none",
+                   help="a compression hook on the gradients (troupe's --compression)")
     args = p.parse_args()
     if args.model == "mlp":
         case = f"torch_ddp_{args.workers}"
@@ -142,7 +159,8 @@ def main():
             pr.kill()
     samples = args.steps * args.batch * args.workers
     row = {"bench": "train_throughput", "case": case, "value": samples / elapsed, "unit": "samples/s",
-           "batch": args.batch, "workers": args.workers, "steps": args.steps}
+           "batch": args.batch, "workers": args.workers, "steps": args.steps, "bucket_mb": args.bucket_mb,
+           "compression": args.compression}
     if args.model == "lm":
         row["tokens_per_s"] = samples * args.block / elapsed
     else:
