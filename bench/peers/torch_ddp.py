@@ -129,6 +129,13 @@ def main():
         case = f"torch_ddp_{args.workers}"
     else:
         case = f"torch_ddp_lm_{'bf16_' if args.amp == 'bf16' else ''}{args.workers}"
+    if args.compression == "bf16":
+        # torch's bf16 hook needs CUDA and NCCL, and gloo has no bfloat16
+        # allreduce: no like-for-like peer here, said as the row's error.
+        print(json.dumps({"bench": "train_throughput", "case": case, "error":
+                          "no peer for --compression bf16 on the CPU: torch's bf16_compress_hook needs CUDA and "
+                          "NCCL, and gloo has no bfloat16 allreduce"}), flush=True)
+        return 1
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
