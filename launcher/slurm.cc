@@ -204,6 +204,14 @@ std::string signal_name(int sig) {
 
 bool child_gone(pid_t pid, int* status) { return ::waitpid(pid, status, WNOHANG) == pid; }
 
+// The first line of a file ("" when it cannot be read).
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
 // The cluster's processes: the head's `troupe start --block`, and srun.
 struct Cluster {
   pid_t head = -1;
@@ -230,9 +238,14 @@ struct Cluster {
   void stop(bool keep_logs = false) {
     bool told = false;
     if (keep_logs && srun > 0) {
+      // The agents' step alone (the batch node's script wrote its id):
+      // the whole job's steps held troupe slurm's own under salloc
+      // (srun --pty troupe slurm), and a user's other steps.
+      const std::string step = read_file(session + "/agents-step");
       try {
+        if (step.empty()) throw Error("the agents' step id was not written");
         // By number: scancel knows only some names ("Unknown job signal: PWR").
-        output_of({"scancel", "--signal=" + std::to_string(SIGPWR), env_or("SLURM_JOB_ID")});
+        output_of({"scancel", "--signal=" + std::to_string(SIGPWR), step});
         told = true;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "troupe slurm: the node agents could not be told to keep their logs (%s)\n", e.what());
@@ -269,13 +282,6 @@ struct Cluster {
       }
   }
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::string s;
-  std::getline(in, s);
-  return s;
-}
 
 void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const std::string& self) {
   core::SpawnOptions s;
@@ -323,8 +329,10 @@ void start_head(Cluster& c, const SlurmOptions& o, const Allocation& a, const st
 // another node's has one of its own inside it (node-ID: a directory that
 // only this agent writes, whether or not the nodes share TMPDIR), removed
 // with its logs once the agent has stopped (kept with TROUPE_KEEP_SESSION
-// set, or when SIGPWR stopped it: troupe slurm's job failed; the agent
-// ignores SIGPWR, which scancel sends to the whole task), and the session
+// set, or when SIGPWR stopped it: troupe slurm's job failed and sent it
+// with scancel to the step whose id the batch node's script wrote in the
+// session directory (agents-step); the agent ignores SIGPWR, which goes to
+// the whole task), and the session
 // path with it where nothing else is in it. A stop signal to the script is
 // passed on to the agent. SIGUSR1 and SIGUSR2, a time-limit warning's
 // (--signal=USR1@90, submitit's USR2), are the driver's: the script and the
@@ -340,7 +348,9 @@ const char* const kAgentScript =
     "if [ \"$gpus\" = auto ]; then case $SLURM_GPUS_ON_NODE in "
     "''|*[!0-9]*) res=\"CPU=$1\";; *) res=\"CPU=$1,GPU=$SLURM_GPUS_ON_NODE\";; esac; fi; "
     "own=; if [ -n \"$batch\" ] && [ \"$SLURMD_NODENAME\" != \"$batch\" ] && [ -n \"$TROUPE_SESSION_DIR\" ]; then "
-    "own=\"$TROUPE_SESSION_DIR/node-$i\"; (umask 077; mkdir -p \"$own\") || exit 1; fi; "
+    "own=\"$TROUPE_SESSION_DIR/node-$i\"; (umask 077; mkdir -p \"$own\") || exit 1; "
+    "elif [ -n \"$SLURM_STEP_ID\" ] && [ -n \"$TROUPE_SESSION_DIR\" ]; then "
+    "echo \"$SLURM_JOB_ID.$SLURM_STEP_ID\" > \"$TROUPE_SESSION_DIR/agents-step\"; fi; "
     "pid=; keep=$TROUPE_KEEP_SESSION; trap '' PWR USR1 USR2; "
     "TROUPE_SESSION_DIR=${own:-$TROUPE_SESSION_DIR} \"$troupe\" start --block --no-token-file --address \"$address\" "
     "--resources \"$res\" & pid=$!; "

@@ -251,7 +251,13 @@ void JobReporter::event(JobEventKind kind, const std::string& detail) {
     // counted at once and taken back when the job gave up made the counter
     // (troupe_job_recoveries_total) go down, and -1 for a job that gave up
     // without any failure (a diverging loss, a ConfigError).
-    if (kind == JobEventKind::kResumed) doc_["recoveries"] = doc_["recoveries"].get<int64_t>() + 1;
+    // A recovery while the job starts ends at "restored" (new trainers
+    // start over; no "resumed" follows).
+    const bool restarted_at_start = kind == JobEventKind::kRestored &&
+                                    std::none_of(events_.begin(), events_.end(),
+                                                 [](const JobEvent& ev) { return ev.kind == JobEventKind::kStarted; });
+    if (kind == JobEventKind::kResumed || restarted_at_start)
+      doc_["recoveries"] = doc_["recoveries"].get<int64_t>() + 1;
     if (kind == JobEventKind::kFinished) doc_["state"] = "finished";
     if (kind == JobEventKind::kInterrupted) doc_["state"] = "interrupted";
     if (kind == JobEventKind::kFailed) doc_["state"] = "failed";

@@ -125,7 +125,7 @@ class PyHostedActor final : public client::HostedActor {
   void invoke(uint32_t index, wire::Decoder& args, wire::Encoder& result, const client::ObjectSink* keep) override {
     if (index != 0) throw Error("a Python actor has one entry point, not #" + std::to_string(index));
     PyCall call = decode_call(args, "method call");
-    t_method = call.target;
+    t_method = {client::current_task_token(), call.target};
     wait_for_earlier_interrupts();
     PyReply reply;
     {
@@ -139,12 +139,16 @@ class PyHostedActor final : public client::HostedActor {
     write_reply(std::move(reply), result, keep);
   }
   size_t method_count() const override { return 1; }
-  // The method this thread ran last (an error about its result names it),
-  // or "call" before any.
-  std::string method_name(uint32_t) const override { return t_method.empty() ? "call" : t_method; }
+  // The method this thread runs now, by its call's token (an error about
+  // its result names it); "call" outside it (a call cancelled before it
+  // started was named after the one before).
+  std::string method_name(uint32_t) const override {
+    const uint64_t now = client::current_task_token();
+    return now != 0 && t_method.first == now ? t_method.second : "call";
+  }
 
  private:
-  static inline thread_local std::string t_method;
+  static inline thread_local std::pair<uint64_t, std::string> t_method;
   pyb::object instance_;
 };
 

@@ -260,6 +260,22 @@ def test_a_name_forms_again_after_a_timeout_a_resize_or_another_job():
     assert col.Backend("GLOO") == "gloo" and col.gloo_available()
 
 
+def test_a_groups_keys_are_its_namespaces_or_else_its_jobs(monkeypatch):
+    # Drivers of one namespace meet (a detached actor made by an earlier
+    # job, and a later job's actors); without a namespace each job is alone.
+    class Context:
+        def __init__(self, namespace):
+            self.namespace = namespace
+
+        def get_job_id(self):
+            return "7@head:1"
+
+    monkeypatch.setattr(troupe, "get_runtime_context", lambda: Context("svc"))
+    assert col._base("g") == "troupe.collective/ns:svc/g"
+    monkeypatch.setattr(troupe, "get_runtime_context", lambda: Context(""))
+    assert col._base("g") == "troupe.collective/job:7@head:1/g"
+
+
 OTHER_JOB = """
 import sys
 

@@ -383,6 +383,27 @@ def test_elastic_group_takes_what_the_cluster_holds(tmp_path):
         TorchTrainer(context_loop, scaling_config=scaling, run_config=run_config(tmp_path)).fit()
 
 
+def dies_once_loop():
+    """Rank 1 SIGKILLs itself in the first attempt; every rank reports the
+    world size it trained with."""
+    ctx = train.get_context()
+    if ctx.get_restart_count() == 0 and ctx.get_world_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    train.report({"world_size": ctx.get_world_size(), "restart": ctx.get_restart_count()})
+
+
+def test_an_elastic_group_restarts_as_large_as_before(tmp_path):
+    # The restart was sized at once from what was free, while the head
+    # still held the killed workers' resources until their nodes reported
+    # the exits: every restart shrank.
+    if AGAINST != "troupe":
+        pytest.skip("Ray's ray.nodes() says nothing of what is free on each node")
+    scaling = train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}, min_workers=1, max_workers=4)
+    result = TorchTrainer(dies_once_loop, scaling_config=scaling,
+                          run_config=run_config(tmp_path, failure_config=train.FailureConfig(max_failures=1))).fit()
+    assert result.metrics["restart"] == 1 and result.metrics["world_size"] == 4, result.metrics
+
+
 class Hog:
     """Holds CPUs of the cluster while it lives."""
 

@@ -147,10 +147,13 @@ TEST(JobReporterTest, RecoveriesCountThoseCompletedAndNeverGoDown) {
         return troupe::Future<troupe::wire::Message>(state);
       });
       if (failed_before) {
-        for (int k = 0; k < 2; ++k) {
-          reporter.event(JobEventKind::kFailure, "rank 1 died");
-          reporter.event(JobEventKind::kResumed, "at step 3");
-        }
+        // One while the job starts (it ends at "restored"), one later.
+        reporter.event(JobEventKind::kFailure, "while the job started: rank 1 died");
+        reporter.event(JobEventKind::kRestored, "the job starts over with new trainers");
+        reporter.event(JobEventKind::kStarted, "2 trainers");
+        reporter.event(JobEventKind::kFailure, "rank 1 died");
+        reporter.event(JobEventKind::kRestored, "from the checkpoint of step 2");
+        reporter.event(JobEventKind::kResumed, "at step 3");
         reporter.event(JobEventKind::kFailure, "rank 1 died");
       }
       reporter.event(JobEventKind::kFailed, "the loss is inf at step 4");

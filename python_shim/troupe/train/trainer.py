@@ -498,6 +498,9 @@ class TorchTrainer:
         # the totals alone it asked for max_workers, waited out the
         # placement timeout, and failed every attempt.
         free = _workers_that_fit(res, nodes, available=True)
+        # (A restart sees the last attempt's workers' resources free: each
+        # rt.kill returns once its worker is DEAD, which the head sets as
+        # it gives them back; test_an_elastic_group_restarts_as_large_as_before.)
         return size if free is None else max(lo, min(size, free))
 
     def _place(self, rt, workers, groups):

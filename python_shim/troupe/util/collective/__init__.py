@@ -72,14 +72,18 @@ def _own_id():
 
 
 def _base(group_name):
-    """The KV prefix of a group's keys: the job's, as Ray's groups live in
-    the job's own namespace, so that two jobs using one name at once (a
-    sweep's runs, each with "default") never pair each other's ranks or
-    withdraw each other's declarations. An actor is of the job of the
-    driver that made it."""
+    """The KV prefix of a group's keys: its namespace's, as Ray's groups
+    live in a namespace, or, where none is set (each job alone in Ray's
+    anonymous one), the job's: two jobs using one name at once (a sweep's
+    runs, each with "default") never pair each other's ranks or withdraw
+    each other's declarations, while drivers of one namespace (a detached
+    actor's and a later job's) meet. An actor has the namespace and job of
+    the driver that made it."""
     import troupe
 
-    return f"{_PREFIX}{troupe.get_runtime_context().get_job_id()}/{group_name}"
+    context = troupe.get_runtime_context()
+    scope = f"ns:{context.namespace}" if context.namespace else f"job:{context.get_job_id()}"
+    return f"{_PREFIX}{scope}/{group_name}"
 
 
 def _check_name(group_name):
