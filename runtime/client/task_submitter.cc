@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cmath>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "troupe/runtime/client/task.h"
+#include "troupe/runtime/client/task_controls.h"
 #include "troupe/runtime/core/exception_text.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/process.h"
@@ -26,6 +28,9 @@ constexpr int kMaxFailedLeases = 3;
 // How long a task whose worker died waits for the head to say why before
 // it fails with what the connection saw.
 constexpr auto kDeathCauseWait = std::chrono::seconds(2);
+// How often an idle executor kept for its objects is asked whether any
+// are left (ObjectsHeld).
+constexpr auto kAskObjectsEvery = std::chrono::seconds(1);
 // An executor that has answered nothing for this long, with tasks queued
 // behind the one it runs, hands them to an idle one (steal_locked): short
 // enough that a long task holds up little, long enough that executors
@@ -54,6 +59,10 @@ struct TaskSubmitter::Executor {
   // (LendResources) until it gets work again.
   bool holds_objects = false;
   bool lent_idle = false;
+  // Kept for its objects: when it was last asked whether any are left
+  // (ObjectsHeld), and how many tasks it had been given then.
+  Clock::time_point objects_asked_at{};
+  int given_when_asked = -1;
   // Its task waits in get() (ActorInfo::blocked): no task is sent to it,
   // and the key may lease one more executor in its place.
   bool blocked = false;
@@ -83,6 +92,16 @@ struct TaskSubmitter::Executor {
   // that order, so the first is the one running (what a forced cancel may
   // kill it for).
   std::deque<Task*> sent;
+  // When it was lost: whether that was seen yet, and the task it ran then
+  // (the first sent). The others had not started: they run again
+  // elsewhere without spending a retry, as Ray spends only the crashing
+  // task's (one segfault failed or cost a retry to up to 255 tasks queued
+  // behind it).
+  bool loss_seen = false;
+  Task* running_when_lost = nullptr;
+  // Of `lost`, those that had not started: run again once the head says
+  // the worker died (a cut connection's worker may still run them).
+  std::set<Task*> lost_not_started;
   void unsend(Task* t) {
     if (auto it = std::find(sent.begin(), sent.end(), t); it != sent.end()) sent.erase(it);
   }
@@ -613,6 +632,8 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
     std::lock_guard lock(mu_);
     std::shared_ptr<Executor> e = std::move(t->on);
     if (!e) return;
+    if (!std::exchange(e->loss_seen, true)) e->running_when_lost = e->sent.empty() ? nullptr : e->sent.front();
+    const bool started = e->running_when_lost == t.get();
     e->unsend(t.get());
     --e->inflight;
     if (!e->gone && e->death_cause.empty() && !e->killed_for_cancel && !stopping_) {
@@ -633,10 +654,14 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
       error =
           std::make_exception_ptr(Error("task '" + t->name + "' did not finish: the runtime shut down while it ran"));
     } else if (t->retries_left != 0) {
-      if (t->retries_left > 0) --t->retries_left;
-      t->ran = true;
+      // One that had not started spends no retry.
+      if (t->retries_left > 0 && started) --t->retries_left;
+      t->ran = t->ran || started;
       TROUPE_LOG_INFO("task '{}' lost its worker ({}); running it again", t->name, reason);
       t->key->queue.push_front(t);
+      sends = pump_locked(t->key);
+    } else if (!started && !e->death_cause.empty()) {
+      t->key->queue.push_front(t);  // its worker died before it started
       sends = pump_locked(t->key);
     } else if (e->death_cause.empty()) {
       // The head's word on why the worker died is usually a moment behind
@@ -646,6 +671,7 @@ void TaskSubmitter::on_task_lost(const std::shared_ptr<Task>& t, const std::stri
         awaiting_cause_.push_back(e);
       }
       e->lost.emplace_back(t, reason);
+      if (!started) e->lost_not_started.insert(t.get());
     } else {
       error = worker_died(t->name, *e, e->death_cause);
     }
@@ -707,7 +733,14 @@ void TaskSubmitter::on_executor_update(const std::shared_ptr<Key>& key, const st
       died = true;
       std::string cause = info.death_cause.empty() ? "the head reports it dead" : info.death_cause;
       bool never_started = !e->ready;
-      for (auto& t : drop_executor_locked(*key, *e, cause)) failures.emplace_back(t, worker_died(t->name, *e, cause));
+      // Those that had not started run again: their worker is dead, so
+      // they cannot run twice.
+      for (auto& t : drop_executor_locked(*key, *e, cause)) {
+        if (e->lost_not_started.erase(t.get()))
+          key->queue.push_front(t);
+        else
+          failures.emplace_back(t, worker_died(t->name, *e, cause));
+      }
       std::erase(awaiting_cause_, e);
       if (never_started && core_.head_lost()) {
         // Not the executors' fault, and no retry can start one: say what
@@ -767,6 +800,12 @@ void TaskSubmitter::lease_loop() {
       lock.lock();
     }
     if (!stopping_) reap_idle(lock);
+    if (!stopping_ && !objects_asks_.empty()) {
+      auto asks = std::exchange(objects_asks_, {});
+      lock.unlock();
+      ask_objects_held(asks);
+      lock.lock();
+    }
     if (!stopping_) {
       auto now = Clock::now();
       for (auto& [id, key] : keys_)
@@ -846,6 +885,33 @@ void TaskSubmitter::refresh_cap(const std::shared_ptr<Key>& key) {
   key->cap_unknown = false;
 }
 
+// Idle executors kept for their objects: one whose store is empty now (its
+// refs fetched and let go), and that took no task since it was asked, goes
+// at the next reap like any idle one.
+void TaskSubmitter::ask_objects_held(const std::vector<std::shared_ptr<Executor>>& asks) {
+  for (const auto& e : asks) {
+    Future<int64_t> answer;
+    try {
+      answer = e->client->control(ObjectsHeld{});
+    } catch (const std::exception&) {
+      continue;  // gone: its death is handled as any
+    }
+    std::weak_ptr<Executor> weak = e;
+    answer.on_ready([this, answer, weak]() mutable {
+      int64_t held = 1;
+      try {
+        held = answer.get();
+      } catch (const std::exception&) {
+        return;  // an older worker without the control, or gone: kept as it was
+      }
+      auto e = weak.lock();
+      if (!e || held != 0) return;
+      std::lock_guard lock(mu_);
+      if (!e->gone && e->inflight == 0 && e->given == e->given_when_asked) e->holds_objects = false;
+    });
+  }
+}
+
 void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
   auto now = Clock::now();
   const auto idle_for = std::exchange(release_idle_requested_, false) || resources_wanted_
@@ -860,6 +926,11 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
       if (e.ready && e.inflight == 0 && (e.spent || now - e.idle_since >= idle_for)) {
         if (e.holds_objects) {
           if (!std::exchange(e.lent_idle, true)) lend(e.id, true);  // under mu_: see pump_locked
+          if (e.client && now - e.objects_asked_at >= kAskObjectsEvery) {
+            e.objects_asked_at = now;
+            e.given_when_asked = e.given;
+            objects_asks_.push_back(*it);
+          }
           ++it;
           continue;
         }

@@ -180,6 +180,7 @@ class TaskSubmitter {
   // The executors a key may hold at once (Key::cap), from the head's node
   // list, for a key made while the head did not answer (Key::cap_unknown).
   void refresh_cap(const std::shared_ptr<Key>& key);
+  void ask_objects_held(const std::vector<std::shared_ptr<Executor>>& asks);
   // Releases executors idle for idle_release, or all idle ones after
   // release_idle().
   void reap_idle(std::unique_lock<std::mutex>& lock);
@@ -211,6 +212,9 @@ class TaskSubmitter {
   std::vector<std::shared_ptr<Executor>> cut_off_;
   // Executors to ask for their queued tasks (steal_locked): send() asks.
   std::vector<std::shared_ptr<ActorClient>> hand_backs_;
+  // Idle executors kept for their objects, to ask outside mu_ whether any
+  // are left (reap_idle, ask_objects_held).
+  std::vector<std::shared_ptr<Executor>> objects_asks_;
   bool stopping_ = false;
   // How long key_for waits for the head's node list before taking the
   // tasks anyway (refresh_cap counts the key's executors at its first lease).

@@ -20,6 +20,7 @@
 #include "troupe/runtime/client/runtime.h"
 #include "troupe/runtime/client/task.h"
 #include "troupe/runtime/client/task_cancel.h"
+#include "troupe/runtime/client/task_controls.h"
 #include "troupe/runtime/core/errors.h"
 #include "troupe/runtime/core/logging.h"
 #include "troupe/runtime/core/malloc_policy.h"
@@ -520,6 +521,10 @@ class ActorHost {
   // A task executor's submitter takes back the tasks queued here for an
   // idle executor (HandBackQueued).
   void register_hand_back() {
+    core_->controls().set(client::ObjectsHeld::kControlTag, client::typed_control_handler<client::ObjectsHeld>(
+                                                                [store = store_](const client::ObjectsHeld&) {
+                                                                  return static_cast<int64_t>(store->stats().objects);
+                                                                }));
     core_->controls().set(client::HandBackQueued::kControlTag,
                           client::typed_control_handler<client::HandBackQueued>([this](const client::HandBackQueued&) {
                             auto jobs = lanes_.front().mailbox.take_queued();

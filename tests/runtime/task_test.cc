@@ -121,6 +121,14 @@ int spin_until_file(std::string started, std::string release) {
   while (!std::filesystem::exists(release)) std::this_thread::sleep_for(10ms);
   return ::getpid();
 }
+// Says it started, then SIGKILLs its own worker once `release` exists (a
+// crash while tasks wait behind it on the same executor).
+int die_when_released(std::string started, std::string release) {
+  std::ofstream(started) << ::getpid();
+  while (!std::filesystem::exists(release)) std::this_thread::sleep_for(10ms);
+  ::kill(::getpid(), SIGKILL);
+  return 0;
+}
 // Ray's gang of num_cpus=0 tasks: each says it started (a file in `dir`)
 // and polls, lending nothing, until `n` have; returns how many it saw.
 int64_t gang_member(std::string dir, int64_t i, int64_t n) {
@@ -249,6 +257,7 @@ TROUPE_TASK(set_key)
 TROUPE_TASK(middle)
 TROUPE_TASK(top)
 TROUPE_TASK(spin_until_file)
+TROUPE_TASK(die_when_released)
 TROUPE_TASK(touch_file)
 TROUPE_TASK(gang_member)
 TROUPE_TASK(path_when_released)
@@ -600,6 +609,40 @@ TEST_F(TaskTest, CancelledTasksFailAndOnlyAForcedOneCostsItsWorker) {
   EXPECT_EQ(behind_b.second.get(60s), 49);
   EXPECT_TRUE(troupe::test::eventually([&] { return ::kill(pid, 0) != 0; }, 30s)) << "executor " << pid;
   EXPECT_FALSE(std::filesystem::exists(path("never")));
+}
+
+// An executor kept for the object its task left in its store goes once
+// that object is fetched and let go: it held its resources (here `slot`,
+// as a GPU) until the driver exited, and an actor that needs them waited
+// for ever.
+TEST(TaskObjects, AnExecutorKeptForItsObjectsGoesOnceTheyAreGone) {
+  troupe::testing::LocalCluster cluster({.nodes = {{{"CPU", 2}, {"slot", 1}}}});
+  troupe::Runtime rt = cluster.connect();
+  {
+    auto ref = rt.submit_ref(&square, {.resources = {{"slot", 1}}}, 6).get(60s);
+    EXPECT_EQ(ref.get(60s), 36);
+  }  // the only ref: let go
+  auto adder = rt.spawn<Adder>({.resources = {{"slot", 1}}});
+  EXPECT_EQ(adder.call(&Adder::plus, 2, 3).get(60s), 5);
+}
+
+// A task that crashes its worker costs only its own retries: those sent
+// behind it to the same executor had not started, and run again elsewhere
+// (with no retries, as C++ tasks have by default, they failed as
+// "its worker died while running it").
+TEST_F(TaskTest, TasksQueuedBehindOneThatCrashesItsWorkerRunElsewhere) {
+  auto tasks = rt_.core()->service<troupe::client::TaskSubmitter>();
+  tasks->set_options({.pipeline_depth = 8, .max_executors = 1});
+  auto dir = troupe::test::fresh_dir("task-crash-behind");
+  const std::string started = (dir / "started").string(), release = (dir / "release").string();
+  auto crashing = rt_.submit(&die_when_released, {}, started, release);
+  ASSERT_TRUE(troupe::test::eventually([&] { return std::filesystem::exists(started); }, 60s));
+  std::vector<troupe::Future<int>> behind;
+  for (int i = 1; i <= 4; ++i) behind.push_back(rt_.submit(&square, {}, i));
+  std::ofstream(release) << "go";
+  EXPECT_THROW(crashing.get(60s), troupe::WorkerDied);
+  for (int i = 1; i <= 4; ++i) EXPECT_EQ(behind[static_cast<size_t>(i - 1)].get(60s), i * i) << i;
+  troupe::core::remove_tree(dir);
 }
 
 // A task cancelled while still queued here never went: the pins its
