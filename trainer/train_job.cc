@@ -552,8 +552,11 @@ void Run::train() {
       throw;
     } catch (const ConfigError& e) {
       // A trainer refusing its config will refuse it again: not a failure
-      // a replacement can fix (its ConfigError arrives as itself).
-      give_up(e.what());
+      // a replacement can fix (its ConfigError arrives as itself). The
+      // trainers that hold the job's state are saved first: a replacement
+      // refusing its setup (a file missing on its node) ended the job and
+      // lost every step since the last checkpoint.
+      give_up(e.what() + save_what_survives());
     } catch (const CheckpointWriteError& e) {
       // Nor is a checkpoint the disk refuses: training on would lose all
       // it does past the newest checkpoint on disk (this run's, or the
