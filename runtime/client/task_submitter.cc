@@ -60,9 +60,11 @@ struct TaskSubmitter::Executor {
   bool holds_objects = false;
   bool lent_idle = false;
   // Kept for its objects: when it was last asked whether any are left
-  // (ObjectsHeld), and how many tasks it had been given then.
+  // (ObjectsHeld), and how many tasks it had been sent then (an answer
+  // that tasks sent since may have outdated is not taken).
   Clock::time_point objects_asked_at{};
-  int given_when_asked = -1;
+  uint64_t sent_count = 0;
+  uint64_t sent_when_asked = 0;
   // Its task waits in get() (ActorInfo::blocked): no task is sent to it,
   // and the key may lease one more executor in its place.
   bool blocked = false;
@@ -451,6 +453,7 @@ std::vector<TaskSubmitter::Send> TaskSubmitter::pump_locked(const std::shared_pt
     // process's lends and take-backs of an executor in their order.
     if (std::exchange(best->lent_idle, false)) lend(best->id, false);
     if (best->inflight++ == 0) best->progress_at = Clock::now();
+    ++best->sent_count;
     if (k.max_calls > 0 && !best->holds_objects && ++best->given >= k.max_calls) best->spent = true;
     auto t = std::move(k.queue.front());
     k.queue.pop_front();
@@ -907,7 +910,7 @@ void TaskSubmitter::ask_objects_held(const std::vector<std::shared_ptr<Executor>
       auto e = weak.lock();
       if (!e || held != 0) return;
       std::lock_guard lock(mu_);
-      if (!e->gone && e->inflight == 0 && e->given == e->given_when_asked) e->holds_objects = false;
+      if (!e->gone && e->inflight == 0 && e->sent_count == e->sent_when_asked) e->holds_objects = false;
     });
   }
 }
@@ -928,7 +931,7 @@ void TaskSubmitter::reap_idle(std::unique_lock<std::mutex>& lock) {
           if (!std::exchange(e.lent_idle, true)) lend(e.id, true);  // under mu_: see pump_locked
           if (e.client && now - e.objects_asked_at >= kAskObjectsEvery) {
             e.objects_asked_at = now;
-            e.given_when_asked = e.given;
+            e.sent_when_asked = e.sent_count;
             objects_asks_.push_back(*it);
           }
           ++it;
