@@ -228,12 +228,12 @@ struct Cluster {
   // CANCELLED on every clean job, nothing cleaned up). Signals are for what
   // is still there after that.
   //
-  // `keep_logs` (a job that failed): `scancel --signal=SIGPWR` reaches every
-  // node's script (the job's steps, not the batch step), which stops its
-  // agent and keeps the node's session directory, whose logs tell what
-  // failed. srun passes on only SIGUSR1 and SIGUSR2 (it takes the others
-  // for itself: SIGALRM ends the step), which users' time-limit warnings
-  // send (#SBATCH --signal=USR1@90): with SIGUSR1 every agent stopped 90 s
+  // `keep_logs` (a job that failed): SIGPWR, sent with scancel to the
+  // agents' step, reaches every node's script, which stops its agent and
+  // keeps the node's session directory, whose logs tell what failed. srun
+  // passes on only SIGUSR1 and SIGUSR2 (it takes the others for itself:
+  // SIGALRM ends the step), which users' time-limit warnings send
+  // (#SBATCH --signal=USR1@90): with SIGUSR1 every agent stopped 90 s
   // early.
   void stop(bool keep_logs = false) {
     bool told = false;
