@@ -997,15 +997,12 @@ PlacementGroupInfo HeadState::create_placement_group(PeerId owner, PlacementGrou
 // placed in it. A detached actor on the way keeps it the worker's (the
 // actor outlives its job).
 void HeadState::job_owns(Group& g) {
-  uint64_t client = g.owner_client;
-  for (int depth = 0; depth < 64; ++depth) {
-    auto w = worker_clients_.find(client);
-    if (w == worker_clients_.end()) break;
-    auto a = actors_.find(w->second.first);
-    if (a == actors_.end() || a->second.spec.detached) return;
-    client = a->second.owner_client ? a->second.owner_client : a->second.creator_client;
-  }
-  if (client == g.owner_client || client == 0 || worker_clients_.count(client)) return;
+  auto w = worker_clients_.find(g.owner_client);
+  if (w == worker_clients_.end()) return;  // a driver's own
+  auto a = actors_.find(w->second.first);
+  if (a == actors_.end() || a->second.spec.detached) return;
+  const uint64_t client = driver_of(a->second, /*through_detached=*/false);
+  if (client == 0 || worker_clients_.count(client)) return;
   for (const auto& [peer, id] : clients_)
     if (id == client) {
       g.owner = peer;
@@ -1447,7 +1444,7 @@ nlohmann::json HeadState::actors_json(const StatusRequest& request, size_t* matc
   return j;
 }
 
-uint64_t HeadState::driver_of(const Actor& a) const {
+uint64_t HeadState::driver_of(const Actor& a, bool through_detached) const {
   uint64_t client = a.owner_client ? a.owner_client : a.creator_client;
   // Bounded: owners form a tree, but a table restored half-way must not
   // loop.
@@ -1455,7 +1452,7 @@ uint64_t HeadState::driver_of(const Actor& a) const {
     auto w = worker_clients_.find(client);
     if (w == worker_clients_.end()) return client;
     auto owner = actors_.find(w->second.first);
-    if (owner == actors_.end()) return 0;
+    if (owner == actors_.end() || (!through_detached && owner->second.spec.detached)) return 0;
     client = owner->second.owner_client ? owner->second.owner_client : owner->second.creator_client;
   }
   return 0;

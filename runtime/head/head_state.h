@@ -379,8 +379,9 @@ class HeadState {
   nlohmann::json actors_json(const wire::StatusRequest& request, size_t* matching) const;
   // The client id of the driver whose work `a` is: its owner (a detached
   // actor's: its creator), or its owner's owner when that is an actor's
-  // worker, and so on (0: none).
-  uint64_t driver_of(const Actor& a) const;
+  // worker, and so on (0: none; with !through_detached, also when a
+  // detached actor is on the way: job_owns).
+  uint64_t driver_of(const Actor& a, bool through_detached = true) const;
   void job_owns(Group& g);
   // A reaped worker's last counters (WorkerExited), counted in place of
   // what it last published.
